@@ -1,0 +1,234 @@
+"""The table formats that cross the aggregation boundary: row batches workers write, result tables sinks store.
+
+Row batch: one row per mutation of a windowed function, ``vb int32, seqno int64, key string,
+event_time timestamp[us, UTC]``, then the function's group-by columns (string) and value columns (float64,
+nullable). A row is identified by ``(vb, seqno)``: readers drop duplicates on that pair, so a batch written
+again after a crash (under the same or a new name) never counts twice.
+
+Result table: ``window_start_ms int64, window_end_ms int64``, the group-by columns, then one column per
+aggregate (``count`` int64, the others float64). The group-by column names ride in the schema metadata so a
+sink can order and key results without being told.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Literal
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+AggregateOp = Literal["count", "sum", "avg", "min", "max"]
+# (op, value field or None, output column name); the field may be None only for count, meaning count(*).
+Aggregate = tuple[AggregateOp, str | None, str]
+AGGREGATE_OPS: frozenset[str] = frozenset({"count", "sum", "avg", "min", "max"})
+
+ROW_ID_COLUMNS = ("vb", "seqno")
+EVENT_TIME = "event_time"
+EVENT_TIME_TYPE = pa.timestamp("us", tz="UTC")
+WINDOW_START = "window_start_ms"
+WINDOW_END = "window_end_ms"
+GROUP_BY_METADATA_KEY = b"eventing.group_by"
+
+_BASE_FIELDS = (
+    pa.field("vb", pa.int32(), nullable=False),
+    pa.field("seqno", pa.int64(), nullable=False),
+    pa.field("key", pa.string(), nullable=False),
+    pa.field(EVENT_TIME, EVENT_TIME_TYPE, nullable=False),
+)
+_BASE_NAMES = frozenset(f.name for f in _BASE_FIELDS)
+# Spark and our own readers skip names starting with "." or "_", so a half-written temp file is invisible.
+_BATCH_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=-]{0,199}$")
+
+
+def _check_names(kind: str, names: Sequence[str], reserved: frozenset[str]) -> None:
+    seen: set[str] = set()
+    for name in names:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"{kind} name {name!r} must be a non-empty string")
+        if name in reserved:
+            raise ValueError(f"{kind} name {name!r} is reserved by the row format; rename it")
+        if name in seen:
+            raise ValueError(f"{kind} name {name!r} is given twice; each column needs a unique name")
+        seen.add(name)
+
+
+def row_schema(group_by: Sequence[str], value_fields: Sequence[str]) -> pa.Schema:
+    """Arrow schema of a function's row batches: the row id and event time, then group and value columns."""
+    _check_names("group-by/value column", [*group_by, *value_fields], _BASE_NAMES)
+    return pa.schema(
+        [
+            *_BASE_FIELDS,
+            *(pa.field(name, pa.string()) for name in group_by),
+            *(pa.field(name, pa.float64()) for name in value_fields),
+        ]
+    )
+
+
+def build_row_batch(
+    schema: pa.Schema,
+    *,
+    vb: Sequence[int],
+    seqno: Sequence[int],
+    key: Sequence[str],
+    event_time_ms: Sequence[int],
+    columns: Mapping[str, Sequence[str | float | None]] | None = None,
+) -> pa.Table:
+    """Build a row batch from plain lists; event times are epoch milliseconds (UTC).
+
+    Group and value columns missing from ``columns`` are filled with nulls.
+    """
+    columns = dict(columns or {})
+    unknown = set(columns) - set(schema.names)
+    if unknown:
+        raise ValueError(f"columns {sorted(unknown)} are not in the row schema {schema.names}")
+    n = len(vb)
+    arrays: list[pa.Array] = [
+        pa.array(vb, pa.int32()),
+        pa.array(seqno, pa.int64()),
+        pa.array(key, pa.string()),
+        pa.array(event_time_ms, pa.int64()).cast(pa.timestamp("ms", tz="UTC")).cast(EVENT_TIME_TYPE),
+    ]
+    for field in list(schema)[len(_BASE_FIELDS) :]:
+        values = columns.get(field.name)
+        arrays.append(pa.nulls(n, field.type) if values is None else pa.array(values, field.type))
+    lengths = {len(a) for a in arrays}
+    if len(lengths) != 1:
+        raise ValueError(
+            f"row batch columns have different lengths {sorted(lengths)}; give one value per row"
+        )
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _checked_rows(table: pa.Table) -> pa.Table:
+    for field in _BASE_FIELDS:
+        if field.name not in table.schema.names:
+            raise ValueError(f"row batch has no {field.name!r} column; build it with row_schema()")
+    ts_type = table.schema.field(EVENT_TIME).type
+    if not pa.types.is_timestamp(ts_type) or ts_type.tz is None:
+        # A naive timestamp reaches Spark as TIMESTAMP_NTZ, which withWatermark rejects.
+        raise ValueError(
+            f"row batch column 'event_time' is {ts_type}; it must be timestamp('us', tz='UTC') "
+            "(build it with build_row_batch() or cast it)"
+        )
+    if ts_type != EVENT_TIME_TYPE:
+        table = table.set_column(
+            table.schema.get_field_index(EVENT_TIME), EVENT_TIME, table[EVENT_TIME].cast(EVENT_TIME_TYPE)
+        )
+    for field in _BASE_FIELDS:
+        if table[field.name].null_count:
+            raise ValueError(
+                f"row batch column {field.name!r} has nulls; every row needs vb, seqno, key, event_time"
+            )
+    base = [f.name for f in _BASE_FIELDS]
+    table = table.select([*base, *(name for name in table.schema.names if name not in _BASE_NAMES)])
+    return table.cast(pa.schema([*_BASE_FIELDS, *list(table.schema)[len(_BASE_FIELDS) :]]))
+
+
+def batch_file_name(batch_name: str) -> str:
+    """File name of a batch: the name plus ``.parquet``; names that readers would skip are refused."""
+    name = batch_name if batch_name.endswith(".parquet") else f"{batch_name}.parquet"
+    if not _BATCH_NAME.match(name):
+        raise ValueError(
+            f"row batch name {batch_name!r} must start with a letter or digit and use only letters, digits "
+            "and _ . = - (names starting with '.' or '_' are skipped by Spark)"
+        )
+    return name
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_parquet(table: pa.Table, path: Path, *, overwrite: bool) -> bool:
+    """Write ``table`` to ``path`` so that readers see the whole file or nothing.
+
+    The file is written under a hidden temporary name, flushed to disk, then moved into place in one step.
+    With ``overwrite=False`` an existing file wins and the call returns False (``os.link`` refuses to
+    replace, so two concurrent writers cannot both succeed).
+    """
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        pq.write_table(table, tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        if overwrite:
+            os.replace(tmp, path)
+        else:
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                return False
+    finally:
+        tmp.unlink(missing_ok=True)
+    _fsync_dir(path.parent)
+    return True
+
+
+def write_row_batch(directory: str | os.PathLike[str], batch_name: str, table: pa.Table) -> Path:
+    """Write one row batch atomically as ``<directory>/<batch_name>.parquet`` and return its path.
+
+    A crash leaves either the whole file or none (only a hidden temp file, which readers skip). Writing the
+    same batch again replaces it with the same rows; rows written under two names are deduplicated by
+    ``(vb, seqno)`` when read, so replays after a crash never double count.
+    """
+    path = Path(directory) / batch_file_name(batch_name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_parquet(_checked_rows(table), path, overwrite=True)
+    return path
+
+
+def check_aggregates(aggregates: Sequence[Aggregate], group_by: Sequence[str]) -> list[str]:
+    """Validate aggregate specs and return the value fields they read, in first-use order."""
+    if not aggregates:
+        raise ValueError("no aggregates given; ask for at least one, e.g. ('count', None, 'n')")
+    _check_names("group-by column", group_by, frozenset({WINDOW_START, WINDOW_END}))
+    _check_names("aggregate", [a[2] for a in aggregates], frozenset({WINDOW_START, WINDOW_END, *group_by}))
+    fields: list[str] = []
+    for op, field, name in aggregates:
+        if op not in AGGREGATE_OPS:
+            raise ValueError(f"aggregate {name!r} uses unknown op {op!r}; use one of {sorted(AGGREGATE_OPS)}")
+        if field is None and op != "count":
+            raise ValueError(f"aggregate {name!r} ({op}) needs a value field; only count may omit it")
+        if field is not None and field not in fields:
+            fields.append(field)
+    return fields
+
+
+def result_schema(group_by: Sequence[str], aggregates: Sequence[Aggregate]) -> pa.Schema:
+    """Arrow schema of window results, with the group-by column names in the schema metadata."""
+    check_aggregates(aggregates, group_by)
+    return pa.schema(
+        [
+            pa.field(WINDOW_START, pa.int64(), nullable=False),
+            pa.field(WINDOW_END, pa.int64(), nullable=False),
+            *(pa.field(name, pa.string()) for name in group_by),
+            *(pa.field(name, pa.int64() if op == "count" else pa.float64()) for op, _, name in aggregates),
+        ],
+        metadata={GROUP_BY_METADATA_KEY: json.dumps(list(group_by)).encode()},
+    )
+
+
+def result_group_by(schema: pa.Schema) -> list[str]:
+    """Group-by columns of a result table: from its metadata, else every string column (results built by hand)."""
+    raw = (schema.metadata or {}).get(GROUP_BY_METADATA_KEY)
+    if raw is not None:
+        return list(json.loads(raw))
+    return [f.name for f in schema if pa.types.is_string(f.type) or pa.types.is_large_string(f.type)]
+
+
+def sort_results(table: pa.Table) -> pa.Table:
+    """Order results by window, then group values (a null group value sorts after every string)."""
+    keys = [(WINDOW_START, "ascending"), (WINDOW_END, "ascending")]
+    keys += [(name, "ascending") for name in result_group_by(table.schema)]
+    return table.take(pc.sort_indices(table, sort_keys=keys))

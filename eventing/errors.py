@@ -1,0 +1,40 @@
+"""Errors of the runtime; the hierarchy is drawn in `metadata.errors`, re-exported here for users."""
+
+from metadata.errors import (
+    ConfigError,
+    EventingError,
+    FencedError,
+    HandlerLoadError,
+    LifecycleError,
+    NotFoundError,
+    OrderViolationError,
+    StoreCorruptError,
+    StoreError,
+    StoreLockedError,
+)
+from sharding.vbucket import InvalidKeyError
+
+
+class InvalidDocumentError(EventingError):
+    """A document that is not a JSON object, or too large."""
+
+
+class BindingError(EventingError):
+    """A handler misused a bucket binding (for example wrote through a read-only alias)."""
+
+
+__all__ = [
+    "BindingError",
+    "ConfigError",
+    "EventingError",
+    "FencedError",
+    "HandlerLoadError",
+    "InvalidDocumentError",
+    "InvalidKeyError",
+    "LifecycleError",
+    "NotFoundError",
+    "OrderViolationError",
+    "StoreCorruptError",
+    "StoreError",
+    "StoreLockedError",
+]

@@ -1,0 +1,196 @@
+"""Where worker cores run: Ray actors (the real runtime) or in-process (fast unit tests), one interface."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Protocol
+
+from eventing.errors import EventingError
+from eventing.worker import WorkerCore, WorkerSpec
+
+
+class WorkerDied(Exception):
+    """The worker process is gone (killed, crashed); the supervisor restarts it from its checkpoints."""
+
+
+class WorkerHandle(Protocol):
+    def call(self, method: str, *args: Any) -> Any: ...
+
+
+class Executor(Protocol):
+    name: str
+
+    def start_worker(self, spec: WorkerSpec) -> WorkerHandle: ...
+    def wait(self, futures: list[Any], timeout: float) -> list[Any]: ...
+    def result(self, future: Any) -> Any: ...
+    def kill(self, handle: WorkerHandle) -> None: ...
+    def pid(self, handle: WorkerHandle) -> int | None: ...
+
+
+class WorkerHost:
+    """What runs inside the worker process: builds the core lazily so start-up errors reach the caller."""
+
+    def __init__(self, spec: WorkerSpec):
+        self.spec = spec
+        self.core: WorkerCore | None = None
+
+    def call(self, method: str, *args: Any) -> Any:
+        if method == "start":
+            self.core = WorkerCore(self.spec)
+            return self.core.owned()
+        if method == "pid":
+            return os.getpid()
+        assert self.core is not None, "worker not started"
+        return getattr(self.core, method)(*args)
+
+
+# -- in-process ---------------------------------------------------------------------------------------
+
+
+class _Done:
+    __slots__ = ("value", "error")
+
+    def __init__(self, value: Any = None, error: BaseException | None = None):
+        self.value, self.error = value, error
+
+
+class _LocalHandle:
+    def __init__(self, host: WorkerHost):
+        self.host = host
+        self.dead = False
+
+    def call(self, method: str, *args: Any) -> _Done:
+        if self.dead:
+            return _Done(error=WorkerDied("worker was killed"))
+        try:
+            return _Done(self.host.call(method, *args))
+        except Exception as exc:  # noqa: BLE001 - delivered to the caller through result()
+            return _Done(error=exc)
+
+
+class InProcessExecutor:
+    """Runs worker cores in the calling process, one call at a time: deterministic and fast to start."""
+
+    name = "in-process"
+
+    def start_worker(self, spec: WorkerSpec) -> _LocalHandle:
+        return _LocalHandle(WorkerHost(spec))
+
+    def wait(self, futures: list[Any], timeout: float) -> list[Any]:
+        return list(futures)
+
+    def result(self, future: _Done) -> Any:
+        if future.error is not None:
+            raise future.error
+        return future.value
+
+    def kill(self, handle: _LocalHandle) -> None:
+        handle.dead = True
+        if handle.host.core is not None:
+            handle.host.core.close()
+
+    def pid(self, handle: _LocalHandle) -> int | None:
+        return os.getpid()
+
+
+# -- Ray ----------------------------------------------------------------------------------------------
+
+
+def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> None:
+    """Start a local Ray instance, or join the cluster at `address`, once per process."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # Workers must import this project the way the driver does (an editable install or a checkout).
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {"PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    kwargs: dict[str, Any] = {
+        "include_dashboard": False,
+        "log_to_driver": True,
+        "logging_level": "ERROR",
+        "runtime_env": {"env_vars": env},
+        "configure_logging": True,
+    }
+    if address:
+        kwargs["address"] = address
+    elif num_cpus is not None:
+        kwargs["num_cpus"] = num_cpus
+    try:
+        ray.init(**kwargs)
+    except (ConnectionError, ValueError, RuntimeError) as exc:
+        target = address or "a local Ray instance"
+        raise EventingError(f"cannot start or join {target}: {exc}; check --ray-address or `ray status`") from None
+
+
+class _RayHandle:
+    def __init__(self, actor: Any):
+        self.actor = actor
+
+    def call(self, method: str, *args: Any) -> Any:
+        return self.actor.call.remote(method, *args)
+
+
+class RayExecutor:
+    """Each worker is a Ray actor with num_cpus=0, so more workers than cores can run (4 on 2 cores)."""
+
+    name = "ray"
+
+    def __init__(self, address: str | None = None):
+        import ray
+
+        init_ray(address)
+        self._ray = ray
+        self._actor_cls = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=1)(WorkerHost)
+
+    def start_worker(self, spec: WorkerSpec) -> _RayHandle:
+        return _RayHandle(self._actor_cls.remote(spec))
+
+    def wait(self, futures: list[Any], timeout: float) -> list[Any]:
+        if not futures:
+            return []
+        ready, _ = self._ray.wait(futures, num_returns=len(futures), timeout=timeout)
+        if not ready:
+            ready, _ = self._ray.wait(futures, num_returns=1, timeout=0)
+        return ready
+
+    def result(self, future: Any) -> Any:
+        from ray.exceptions import (
+            ActorDiedError,
+            ActorUnavailableError,
+            RayActorError,
+            RayTaskError,
+            WorkerCrashedError,
+        )
+
+        try:
+            return self._ray.get(future)
+        except (RayActorError, ActorDiedError, ActorUnavailableError, WorkerCrashedError) as exc:
+            raise WorkerDied(str(exc).splitlines()[0]) from None
+        except RayTaskError as exc:
+            cause = exc.as_instanceof_cause()
+            if isinstance(cause, EventingError):
+                raise type(cause)(*cause.args) from None
+            raise
+
+    def kill(self, handle: _RayHandle) -> None:
+        try:
+            self._ray.kill(handle.actor, no_restart=True)
+        except Exception:  # noqa: BLE001 - already dead is fine
+            pass
+
+    def pid(self, handle: _RayHandle) -> int | None:
+        try:
+            return self._ray.get(handle.call("pid"), timeout=10)
+        except Exception:  # noqa: BLE001
+            return None
+
+
+def make_executor(kind: str, ray_address: str | None = None) -> Executor:
+    if kind == "in-process":
+        return InProcessExecutor()
+    if kind == "ray":
+        return RayExecutor(ray_address)
+    raise EventingError(f"unknown executor {kind!r}; use 'ray' or 'in-process'")

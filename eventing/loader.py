@@ -1,0 +1,62 @@
+"""Loads a function's handler source (stored in the metadata store at deploy) into a fresh module."""
+
+from __future__ import annotations
+
+import traceback
+import types
+from collections.abc import Mapping
+from typing import Any
+
+from eventing import handler as handler_api
+from eventing.errors import HandlerLoadError
+
+
+def load_handler(function: str, source: str, injected: Mapping[str, Any]) -> types.ModuleType:
+    """Execute the handler source with bindings, constants and `log` as globals.
+
+    Raises HandlerLoadError if it does not import or defines neither on_update nor on_delete.
+    """
+    module = types.ModuleType(f"eventing_handler_{function}")
+    module.__dict__.update({"log": handler_api.log, **injected})
+    filename = f"<handler of {function}>"
+    try:
+        code = compile(source, filename, "exec")
+        exec(code, module.__dict__)
+    except SyntaxError as exc:
+        raise HandlerLoadError(
+            f"handler of function '{function}' has a syntax error at line {exc.lineno}: {exc.msg}; "
+            "fix the file and deploy again"
+        ) from None
+    except Exception as exc:
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        raise HandlerLoadError(
+            f"handler of function '{function}' fails on import ({type(exc).__name__}: {exc}, "
+            f"line {where.lineno}); fix the file and deploy again"
+        ) from None
+    on_update = module.__dict__.get("on_update")
+    on_delete = module.__dict__.get("on_delete")
+    if on_update is None and on_delete is None:
+        raise HandlerLoadError(
+            f"handler of function '{function}' defines neither on_update(doc, meta) nor on_delete(meta, options); "
+            "define at least one"
+        )
+    for name, fn in (("on_update", on_update), ("on_delete", on_delete)):
+        if fn is not None and not callable(fn):
+            raise HandlerLoadError(f"handler of function '{function}': {name} is not a function")
+    return module
+
+
+class _ImportTimeBinding:
+    """Stands in for a binding while a handler is validated at deploy: using it at import is an error."""
+
+    def __init__(self, alias: str):
+        self._alias = alias
+
+    def __getattr__(self, name: str):
+        raise HandlerLoadError(f"binding '{self._alias}' is used at import time; use it inside on_update/on_delete")
+
+    __getitem__ = __setitem__ = __delitem__ = __contains__ = __getattr__
+
+
+def validate_handler(function: str, source: str, aliases: list[str], constants: Mapping[str, Any]) -> None:
+    load_handler(function, source, {**{a: _ImportTimeBinding(a) for a in aliases}, **constants})

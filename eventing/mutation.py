@@ -1,0 +1,98 @@
+"""The mutation model and document codec: documents travel as msgpack bytes and are decoded once."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, NamedTuple
+
+import msgpack
+
+from eventing.errors import InvalidDocumentError
+
+OP_UPDATE = 0
+OP_DELETE = 1
+OP_EXPIRE = 2
+OP_NAMES = {OP_UPDATE: "update", OP_DELETE: "delete", OP_EXPIRE: "expire"}
+
+# Couchbase refuses documents over 20 MiB; so does a local bucket.
+MAX_DOCUMENT_BYTES = 20 * 1024 * 1024
+
+
+class Mutation(NamedTuple):
+    """One row of a bucket's per-vBucket mutation log; `doc` stays msgpack bytes until the handler."""
+
+    vb: int
+    seqno: int
+    key: str
+    op: int
+    cas: int
+    doc: bytes | None
+    origin: str | None  # name of the function whose binding wrote it (recursion guard), else None
+    expiry: int
+    flags: int
+
+
+def _check_json(value: Any, path: str) -> None:
+    if value is None or isinstance(value, bool | int | str):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise InvalidDocumentError(f"document field {path} is {value}; JSON has no NaN or infinity")
+        return
+    if isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            _check_json(item, f"{path}[{i}]")
+        return
+    if isinstance(value, dict):
+        for k, item in value.items():
+            if not isinstance(k, str):
+                raise InvalidDocumentError(f"document field {path} has a non-string key {k!r}; JSON keys are strings")
+            _check_json(item, f"{path}.{k}")
+        return
+    raise InvalidDocumentError(
+        f"document field {path} is a {type(value).__name__}; documents hold only JSON values"
+    )
+
+
+def encode_document(doc: Any) -> bytes:
+    """Validate a JSON object and encode it as msgpack bytes."""
+    if not isinstance(doc, dict):
+        raise InvalidDocumentError(
+            f"document is a JSON {_json_kind(doc)}, not an object; wrap it, for example {{\"value\": ...}}"
+        )
+    _check_json(doc, "$")
+    data = msgpack.packb(doc, use_bin_type=True)
+    if len(data) > MAX_DOCUMENT_BYTES:
+        raise InvalidDocumentError(
+            f"document is {len(data)} bytes encoded; the limit is {MAX_DOCUMENT_BYTES} bytes, split it"
+        )
+    return data
+
+
+def decode_document(data: bytes) -> dict:
+    return msgpack.unpackb(data, raw=False)
+
+
+def parse_json_document(text: str) -> dict:
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidDocumentError(f"document is not valid JSON ({exc}); check the quoting") from None
+    encode_document(doc)  # validates
+    return doc
+
+
+def _json_kind(value: Any) -> str:
+    return {list: "array", str: "string", int: "number", float: "number", bool: "boolean"}.get(
+        type(value), "null" if value is None else type(value).__name__
+    )
+
+
+def pack_mutation(m: Mutation) -> bytes:
+    """The mutation itself as bytes, for dead-letter rows."""
+    return msgpack.packb(list(m), use_bin_type=True)
+
+
+def unpack_mutation(data: bytes) -> Mutation:
+    return Mutation(*msgpack.unpackb(data, raw=False))

@@ -1,0 +1,319 @@
+"""One worker of one function: owns vBuckets, streams their mutations from the source in seqno order,
+calls the handler, flushes binding effects and commits checkpoints.
+
+`WorkerCore` is a plain class so tests can drive it in-process; `eventing.executor` wraps it in a Ray actor.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+import traceback
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgpack
+
+from eventing.bindings import BucketBinding
+from eventing.bucket import LocalBucket
+from eventing.definition import FunctionDefinition
+from eventing.errors import FencedError, OrderViolationError, StoreError
+from eventing.handler import DeleteOptions, Meta
+from eventing.loader import load_handler
+from eventing.mutation import OP_EXPIRE, OP_UPDATE, Mutation, pack_mutation
+from metadata import DlqRow, SqliteMetadataStore
+
+METADATA_FILE = "metadata.sqlite3"
+
+
+def open_metadata(data_dir: str | Path, *, create: bool = True) -> SqliteMetadataStore:
+    return SqliteMetadataStore(Path(data_dir) / METADATA_FILE, create=create)
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    data_dir: str
+    function: str
+    generation: int  # the deployment this worker serves; a redeploy makes it stale
+    worker_id: str  # "node/wN", recorded as the owner of its vBuckets
+    vbuckets: tuple[int, ...]
+    targets: tuple[int, ...] | None = None  # stop at these seqnos (index = vBucket): --until-caught-up
+
+
+@dataclass
+class StepReport:
+    worker_id: str
+    handled: int = 0  # mutations whose position advanced in this step
+    caught_up: bool = False  # every owned vBucket reached its target (or the high seqno)
+    backlog: int = 0  # mutations known to be waiting in owned vBuckets after this step
+    fenced: list[int] = field(default_factory=list)  # vBuckets lost to a newer owner
+    owned: int = 0
+
+
+class HandlerTimeout(Exception):
+    pass
+
+
+def _alarm(signum, frame):
+    raise HandlerTimeout()
+
+
+class WorkerCore:
+    """Processes its vBuckets strictly in seqno order; every write it makes is fenced by its epochs."""
+
+    def __init__(self, spec: WorkerSpec):
+        self.spec = spec
+        self.name = spec.function
+        self.store = open_metadata(spec.data_dir, create=False)
+        record = self.store.get_function(spec.function)
+        if record.generation != spec.generation:
+            raise FencedError(
+                f"function '{spec.function}' was redeployed (generation {record.generation}, "
+                f"worker for {spec.generation}); this worker stops"
+            )
+        self.defn = FunctionDefinition.from_dict(record.definition)
+        self.source = LocalBucket.open(spec.data_dir, self.defn.source_bucket)
+        self.bindings: list[BucketBinding] = []
+        injected: dict[str, object] = dict(self.defn.constants)
+        for b in self.defn.bindings:
+            bucket = (
+                self.source if b.bucket == self.defn.source_bucket else LocalBucket.open(spec.data_dir, b.bucket)
+            )
+            binding = BucketBinding(b.alias, bucket, b.access, self.name)
+            injected[b.alias] = binding
+            self.bindings.append(binding)
+        self.rw_bindings = [b for b in self.bindings if b.access == "rw"]
+        module = load_handler(self.name, record.source, injected)
+        self.on_update = module.__dict__.get("on_update")
+        self.on_delete = module.__dict__.get("on_delete")
+        self.keyspace = {"bucket_name": self.defn.source_bucket, "scope_name": "_default", "collection_name": "_default"}
+        self.timeout_s = self.defn.execution_timeout.total_seconds()
+        self.max_bytes = self.defn.max_document_bytes
+        self.positions: dict[int, int] = {}  # vb -> last handled seqno
+        self.committed: dict[int, int] = {}  # vb -> last checkpointed seqno
+        self.epochs: dict[int, int] = {}
+        self.targets = spec.targets
+        self.counters: Counter[str] = Counter()
+        self.dlq: list[DlqRow] = []
+        self.last_commit = time.monotonic()
+        self._rotor = 0
+        self.tracer = None  # set by the debugger: receives handler events
+        self.assign_vbuckets(spec.vbuckets)
+
+    # -- ownership ----------------------------------------------------------------------------------
+
+    def assign_vbuckets(self, vbuckets) -> None:
+        """Claim vBuckets with a higher epoch and resume each right after its checkpoint."""
+        vbs = list(vbuckets)
+        if not vbs:
+            return
+        claimed = self.store.claim(self.name, vbs, self.spec.worker_id)
+        for vb, cp in claimed.items():
+            if cp.bucket_uuid != self.source.uuid:
+                raise StoreError(
+                    f"source bucket '{self.defn.source_bucket}' was recreated after function '{self.name}' "
+                    "was deployed, so its checkpoints do not apply; undeploy and deploy the function again"
+                )
+            self.positions[vb] = self.committed[vb] = cp.seqno
+            self.epochs[vb] = cp.epoch
+        # Raise the effect fences first, so a zombie's binding writes are rejected from now on.
+        epochs = {vb: self.epochs[vb] for vb in vbs}
+        for bucket in {id(b.bucket): b.bucket for b in self.rw_bindings}.values():
+            bucket.fence(self.name, epochs)
+
+    def revoke_vbuckets(self, vbuckets) -> dict[int, int]:
+        """Finish, flush, checkpoint and release vBuckets; returns their final checkpoints."""
+        vbs = [vb for vb in vbuckets if vb in self.epochs]
+        self.commit()
+        self.store.release(self.name, {vb: self.epochs[vb] for vb in vbs})
+        out = {vb: self.committed[vb] for vb in vbs}
+        for vb in vbs:
+            self._forget(vb)
+        return out
+
+    def stop(self) -> dict[int, int]:
+        return self.revoke_vbuckets(list(self.epochs))
+
+    def _forget(self, vb: int) -> None:
+        self.positions.pop(vb, None)
+        self.committed.pop(vb, None)
+        self.epochs.pop(vb, None)
+
+    def owned(self) -> list[int]:
+        return sorted(self.epochs)
+
+    # -- processing ---------------------------------------------------------------------------------
+
+    def step(self, budget: int | None = None) -> StepReport:
+        """Handle up to `budget` mutations across owned vBuckets, flush effects, checkpoint if due."""
+        budget = budget or self.defn.batch_size
+        highs = self.source.high_seqnos()
+        targets = self.targets
+        limits = {vb: (min(highs[vb], targets[vb]) if targets else highs[vb]) for vb in self.epochs}
+        work = [vb for vb in self.epochs if self.positions[vb] < limits[vb]]
+        handled = 0
+        if work:
+            # Rotate the starting vBucket so that every vBucket makes progress under a small budget.
+            self._rotor = (self._rotor + 1) % len(work)
+            per_vb = max(1, budget // len(work)) if len(work) <= budget else 1
+            for vb in work[self._rotor :] + work[: self._rotor]:
+                if handled >= budget:
+                    break
+                limit = min(per_vb * 4, budget - handled, limits[vb] - self.positions[vb])
+                for m in self.source.read_vb(vb, self.positions[vb], limit):
+                    if m.seqno <= self.positions[vb]:
+                        raise OrderViolationError(
+                            f"vBucket {vb} of bucket '{self.source.name}' went backwards: seqno {m.seqno} "
+                            f"after {self.positions[vb]}"
+                        )
+                    self._handle(m)
+                    self.positions[vb] = m.seqno
+                    handled += 1
+        fenced = self.flush_effects()
+        if time.monotonic() - self.last_commit >= self.defn.checkpoint_interval.total_seconds():
+            fenced |= self.commit()
+        backlog = sum(max(0, limits[vb] - self.positions[vb]) for vb in self.epochs)
+        return StepReport(
+            self.spec.worker_id,
+            handled=handled,
+            caught_up=backlog == 0,
+            backlog=backlog,
+            fenced=sorted(fenced),
+            owned=len(self.epochs),
+        )
+
+    def _handle(self, m: Mutation) -> None:
+        c = self.counters
+        c["mutations_seen"] += 1
+        if m.origin == self.name:
+            # Recursion guard: this function's own binding wrote it; handling it again would loop.
+            c["recursion_filtered"] += 1
+            return
+        if m.op == OP_UPDATE:
+            if self.on_update is None:
+                c["no_handler"] += 1
+                return
+            if m.doc is not None and len(m.doc) > self.max_bytes:
+                self._dead_letter(m, "oversize", f"document is {len(m.doc)} bytes; max_document_bytes is {self.max_bytes}", "", 0)
+                return
+            try:
+                doc = msgpack.unpackb(m.doc, raw=False)
+            except Exception as exc:  # noqa: BLE001 - any decode failure is the document's fault
+                self._dead_letter(m, "undecodable", f"{type(exc).__name__}: {exc}", "", 0)
+                return
+            self._call("on_update", self.on_update, (doc, self._meta(m)), m)
+        else:
+            if self.on_delete is None:
+                c["no_handler"] += 1
+                return
+            options = DeleteOptions(expired=m.op == OP_EXPIRE)
+            self._call("on_delete", self.on_delete, (self._meta(m), options), m)
+
+    def _meta(self, m: Mutation) -> Meta:
+        return Meta(m.key, m.cas, m.vb, m.seqno, m.expiry, m.flags, "json", self.keyspace)
+
+    def _call(self, kind: str, fn, args: tuple, m: Mutation) -> None:
+        attempts = self.defn.retries + 1
+        backoff = self.defn.retry_backoff.total_seconds()
+        first_failed = 0.0
+        for attempt in range(1, attempts + 1):
+            for b in self.rw_bindings:
+                b.begin(m.vb, m.seqno)
+            try:
+                self._run_with_timeout(fn, args)
+            except HandlerTimeout:
+                for b in self.rw_bindings:
+                    b.discard()
+                self.counters[f"{kind}_timeout"] += 1
+                # A handler that hung once will likely hang again: no retry, straight to the DLQ.
+                self._dead_letter(m, "timeout", f"{kind} ran longer than execution_timeout ({self.timeout_s}s)", "", attempt)
+                return
+            except Exception as exc:  # noqa: BLE001 - a handler error is data for the DLQ
+                for b in self.rw_bindings:
+                    b.discard()
+                first_failed = first_failed or time.time()
+                if attempt < attempts:
+                    self.counters["retries"] += 1
+                    time.sleep(backoff * (2 ** (attempt - 1)))
+                    continue
+                self.counters[f"{kind}_failure"] += 1
+                self._dead_letter(
+                    m, "error", f"{type(exc).__name__}: {exc}", traceback.format_exc(), attempt, first_failed
+                )
+                return
+            else:
+                epoch = self.epochs[m.vb]
+                for b in self.rw_bindings:
+                    b.keep(epoch)
+                self.counters[f"{kind}_success"] += 1
+                return
+
+    def _run_with_timeout(self, fn, args: tuple) -> None:
+        # SIGALRM interrupts Python-level hangs (loops, sleeps) in the main thread, where Ray runs a
+        # synchronous actor's methods; elsewhere the supervisor's step deadline recycles the worker.
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.signal(signal.SIGALRM, _alarm)
+            signal.setitimer(signal.ITIMER_REAL, self.timeout_s)
+            try:
+                fn(*args)
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, previous)
+        else:
+            fn(*args)
+
+    def _dead_letter(self, m: Mutation, reason: str, error: str, tb: str, attempts: int, first: float = 0.0) -> None:
+        now = time.time()
+        self.counters[f"dlq_{reason}"] += 1
+        self.dlq.append(
+            DlqRow(self.name, m.vb, m.seqno, m.key, reason, error, tb, attempts, first or now, now, pack_mutation(m))
+        )
+
+    # -- durability ---------------------------------------------------------------------------------
+
+    def flush_effects(self) -> set[int]:
+        """Apply buffered binding writes to their buckets (deduplicated by source seqno, fenced by epoch)."""
+        fenced: set[int] = set()
+        for binding in self.rw_bindings:
+            if not binding.pending():
+                continue
+            result = binding.bucket.apply_effects(self.name, binding.take_groups())
+            self.counters["effects_applied"] += result.applied
+            self.counters["effects_duplicate"] += result.duplicates
+            self.counters["effects_fenced"] += result.fenced_writes
+            fenced |= result.fenced_vbs
+        for vb in fenced:
+            self._forget(vb)
+        return fenced
+
+    def commit(self) -> set[int]:
+        """The one place checkpoints are written. Order matters:
+
+        1. flush binding effects: a checkpoint must never cover an effect that is not durable;
+        2. in one metadata transaction, conditional on this worker's epochs: DLQ rows, counters, then
+           checkpoints. A zombie (older epoch) has all three rejected. A crash between 1 and 2 replays
+           the mutations after the old checkpoint; their effects are skipped by the bucket's marks and
+           their DLQ rows by the (function, vBucket, seqno) key, so nothing applies twice.
+        """
+        fenced = self.flush_effects()
+        moved = {vb: s for vb, s in self.positions.items() if s != self.committed.get(vb)}
+        dlq, counters = self.dlq, dict(self.counters)
+        if moved or dlq or counters:
+            fenced |= self.store.commit(self.name, self.epochs, moved, dlq, counters)
+            self.dlq = []
+            self.counters.clear()
+            for vb, seqno in moved.items():
+                if vb not in fenced:
+                    self.committed[vb] = seqno
+        for vb in fenced:
+            self._forget(vb)
+        self.last_commit = time.monotonic()
+        return fenced
+
+    def positions_snapshot(self) -> dict[int, int]:
+        return dict(self.positions)
+
+    def close(self) -> None:
+        self.store.close()

@@ -1,0 +1,82 @@
+"""Values kept in the metadata store: function states and their transition table, checkpoints, DLQ rows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from metadata.errors import LifecycleError
+
+
+class FunctionState(StrEnum):
+    UNDEPLOYED = "undeployed"  # stored; no workers, no checkpoints
+    DEPLOYING = "deploying"  # checkpoints being initialised from the feed boundary
+    DEPLOYED = "deployed"  # the service runs it
+    PAUSING = "pausing"  # the service is checkpointing and stopping its workers
+    PAUSED = "paused"  # stopped with checkpoints kept; resume continues right after them
+    UNDEPLOYING = "undeploying"  # the service is stopping its workers; checkpoints are then dropped
+
+
+TRANSITIONS: dict[FunctionState, frozenset[FunctionState]] = {
+    FunctionState.UNDEPLOYED: frozenset({FunctionState.DEPLOYING}),
+    FunctionState.DEPLOYING: frozenset({FunctionState.DEPLOYED, FunctionState.UNDEPLOYED}),
+    FunctionState.DEPLOYED: frozenset({FunctionState.PAUSING, FunctionState.UNDEPLOYING}),
+    FunctionState.PAUSING: frozenset({FunctionState.PAUSED}),
+    FunctionState.PAUSED: frozenset({FunctionState.DEPLOYED, FunctionState.UNDEPLOYING}),
+    FunctionState.UNDEPLOYING: frozenset({FunctionState.UNDEPLOYED}),
+}
+
+# What a user should do instead, per (current state, attempted action).
+_HINTS = {
+    "deploy": "undeploy it first, or use `eventing resume` if it is paused",
+    "pause": "only a deployed function can be paused",
+    "resume": "only a paused function can be resumed; deploy it if it is undeployed",
+    "undeploy": "only a deployed or paused function can be undeployed",
+    "delete": "undeploy it first",
+    "update": "pause or undeploy it first, then update the handler",
+}
+
+
+def check_transition(name: str, current: FunctionState, target: FunctionState, action: str) -> None:
+    """Raise LifecycleError unless `current -> target` is in the transition table."""
+    if target not in TRANSITIONS[current]:
+        hint = _HINTS.get(action, "")
+        raise LifecycleError(f"cannot {action} function '{name}': it is {current.value}; {hint}".rstrip("; "))
+
+
+@dataclass(frozen=True)
+class FunctionRecord:
+    name: str
+    definition: dict
+    source: str
+    state: FunctionState
+    generation: int  # bumped on every deploy, so a running service notices a redeploy
+    updated_at: float
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    function: str
+    vb: int
+    seqno: int  # last seqno whose effects are durable; processing resumes at seqno + 1
+    epoch: int  # ownership epoch: a write with a lower epoch is from a zombie and is rejected
+    owner: str | None  # "node/worker" of the last owner
+    bucket_uuid: str  # identity of the source bucket; a recreated bucket is never resumed
+    updated_at: float
+    leased: bool = False  # True while the owner holds it; False once released
+
+
+@dataclass(frozen=True)
+class DlqRow:
+    function: str
+    vb: int
+    seqno: int
+    key: str
+    reason: str  # error | timeout | undecodable | oversize | late | ...
+    error: str
+    traceback: str
+    attempts: int
+    first_failed_at: float
+    last_failed_at: float
+    mutation: bytes  # the mutation itself, msgpack-encoded (see eventing.mutation)
+    replayed_at: float | None = None

@@ -1,0 +1,51 @@
+"""Pure vBucket maths: key -> vBucket, node and worker plans, rebalance moves. No I/O."""
+
+from sharding.plan import NUM_VBUCKETS, VBucketPlan, format_ranges, split_even, worker_plan
+from sharding.rebalance import (
+    DuplicateNodeError,
+    FunctionAssignment,
+    InvalidOwnershipError,
+    InvalidWorkerCountError,
+    Move,
+    NoNodesError,
+    RebalanceError,
+    RebalancePlan,
+    WorkerId,
+    WorkerMove,
+    assign_function,
+    assign_workers,
+    function_moves,
+    minimum_moves,
+    minimum_worker_moves,
+    plan_rebalance,
+    worker_moves,
+)
+from sharding.vbucket import InvalidKeyError, validate_key, vbucket_of
+
+__all__ = [
+    "NUM_VBUCKETS",
+    "DuplicateNodeError",
+    "FunctionAssignment",
+    "InvalidKeyError",
+    "InvalidOwnershipError",
+    "InvalidWorkerCountError",
+    "Move",
+    "NoNodesError",
+    "RebalanceError",
+    "RebalancePlan",
+    "VBucketPlan",
+    "WorkerId",
+    "WorkerMove",
+    "assign_function",
+    "assign_workers",
+    "format_ranges",
+    "function_moves",
+    "minimum_moves",
+    "minimum_worker_moves",
+    "plan_rebalance",
+    "split_even",
+    "validate_key",
+    "vbucket_of",
+    "worker_moves",
+    "worker_plan",
+]
