@@ -56,10 +56,6 @@ class HandlerTimeout(Exception):
     pass
 
 
-def _alarm(signum, frame):
-    raise HandlerTimeout()
-
-
 class WorkerCore:
     """Processes its vBuckets strictly in seqno order; every write it makes is fenced by its epochs."""
 
@@ -100,6 +96,8 @@ class WorkerCore:
         self.last_commit = time.monotonic()
         self._rotor = 0
         self.tracer = None  # set by the debugger: receives handler events
+        self._in_handler = False
+        self._call_started = 0.0
         self.assign_vbuckets(spec.vbuckets)
 
     # -- ownership ----------------------------------------------------------------------------------
@@ -155,22 +153,12 @@ class WorkerCore:
         work = [vb for vb in self.epochs if self.positions[vb] < limits[vb]]
         handled = 0
         if work:
-            # Rotate the starting vBucket so that every vBucket makes progress under a small budget.
-            self._rotor = (self._rotor + 1) % len(work)
-            per_vb = max(1, budget // len(work)) if len(work) <= budget else 1
-            for vb in work[self._rotor :] + work[: self._rotor]:
-                if handled >= budget:
-                    break
-                limit = min(per_vb * 4, budget - handled, limits[vb] - self.positions[vb])
-                for m in self.source.read_vb(vb, self.positions[vb], limit):
-                    if m.seqno <= self.positions[vb]:
-                        raise OrderViolationError(
-                            f"vBucket {vb} of bucket '{self.source.name}' went backwards: seqno {m.seqno} "
-                            f"after {self.positions[vb]}"
-                        )
-                    self._handle(m)
-                    self.positions[vb] = m.seqno
-                    handled += 1
+            armed = self._arm_watchdog()
+            try:
+                handled = self._process(work, limits, budget)
+            finally:
+                if armed:
+                    self._disarm_watchdog()
         fenced = self.flush_effects()
         if time.monotonic() - self.last_commit >= self.defn.checkpoint_interval.total_seconds():
             fenced |= self.commit()
@@ -183,6 +171,29 @@ class WorkerCore:
             fenced=sorted(fenced),
             owned=len(self.epochs),
         )
+
+    def _process(self, work: list[int], limits: dict[int, int], budget: int) -> int:
+        # Resume the rotation where the last step stopped, so every vBucket makes progress even when
+        # the budget is smaller than the backlog; read long runs of one vBucket per query.
+        handled = 0
+        start = self._rotor % len(work)
+        self._rotor = 0
+        for i, vb in enumerate(work[start:] + work[:start]):
+            if handled >= budget:
+                self._rotor = start + i
+                break
+            limit = min(budget - handled, limits[vb] - self.positions[vb])
+            position = self.positions[vb]
+            for m in self.source.read_vb(vb, position, limit):
+                if m.seqno <= position:
+                    raise OrderViolationError(
+                        f"vBucket {vb} of bucket '{self.source.name}' went backwards: seqno {m.seqno} "
+                        f"after {position}"
+                    )
+                self._handle(m)
+                position = self.positions[vb] = m.seqno
+                handled += 1
+        return handled
 
     def _handle(self, m: Mutation) -> None:
         c = self.counters
@@ -251,18 +262,35 @@ class WorkerCore:
                 return
 
     def _run_with_timeout(self, fn, args: tuple) -> None:
-        # SIGALRM interrupts Python-level hangs (loops, sleeps) in the main thread, where Ray runs a
-        # synchronous actor's methods; elsewhere the supervisor's step deadline recycles the worker.
-        if threading.current_thread() is threading.main_thread():
-            previous = signal.signal(signal.SIGALRM, _alarm)
-            signal.setitimer(signal.ITIMER_REAL, self.timeout_s)
-            try:
-                fn(*args)
-            finally:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-                signal.signal(signal.SIGALRM, previous)
-        else:
+        self._call_started = time.monotonic()
+        self._in_handler = True
+        try:
             fn(*args)
+        finally:
+            self._in_handler = False
+
+    def _watchdog_tick(self, signum, frame) -> None:
+        # Runs in the main thread between bytecodes; only a handler call that overran is interrupted.
+        if self._in_handler and time.monotonic() - self._call_started >= self.timeout_s:
+            self._in_handler = False
+            raise HandlerTimeout()
+
+    def _arm_watchdog(self) -> bool:
+        """A periodic SIGALRM checks the running handler's age. Arming it once per step rather than per
+        mutation keeps the cost to two attribute writes per call (per-call setitimer cost ~4 us).
+        SIGALRM interrupts Python-level hangs (loops, sleeps) in the main thread, where Ray runs a
+        synchronous actor's methods; a hang inside C code is left to the supervisor's step deadline."""
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        signal.signal(signal.SIGALRM, self._watchdog_tick)
+        tick = max(0.01, min(0.25, self.timeout_s / 4))
+        signal.setitimer(signal.ITIMER_REAL, tick, tick)
+        return True
+
+    @staticmethod
+    def _disarm_watchdog() -> None:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
 
     def _dead_letter(self, m: Mutation, reason: str, error: str, tb: str, attempts: int, first: float = 0.0) -> None:
         now = time.time()

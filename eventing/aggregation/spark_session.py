@@ -29,9 +29,10 @@ appender.stderr.name = stderr
 appender.stderr.target = SYSTEM_ERR
 appender.stderr.layout.type = PatternLayout
 appender.stderr.layout.pattern = %d{{yy/MM/dd HH:mm:ss}} %p %c{{1}}: %m%n%ex
-# Same level for the shell logger, or PySpark prints a "Setting default log level" banner at start-up.
-logger.repl.name = org.apache.spark.repl.Main
-logger.repl.level = {level}
+# PySpark's gateway counts as a shell: unless its logger has the root's level, Spark prints a
+# "Setting default log level" banner at start-up.
+logger.gateway.name = org.apache.spark.api.python.PythonGatewayServer
+logger.gateway.level = {level}
 """
 
 _lock = threading.Lock()

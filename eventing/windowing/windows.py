@@ -87,19 +87,30 @@ def late_cutoff_ms(spec: WindowSpec, close_frontier_ms: int | None) -> int | Non
 def classify_late(event_times_ms: Iterable[int] | pa.Array | pa.ChunkedArray, cutoff_ms: int | None) -> Any:
     """Late flags for many rows at once, against a cut-off from ``late_cutoff_ms``.
 
-    A pyarrow Array or ChunkedArray gives a pyarrow boolean array of the same shape (nulls stay null);
-    any other iterable of ints gives ``list[bool]``.
+    A pyarrow Array or ChunkedArray (integer epoch ms, or timestamps of any unit) gives a pyarrow boolean
+    array of the same shape, nulls staying null; any other iterable of ints gives ``list[bool]``.
     """
     if _is_arrow(event_times_ms):
         import pyarrow as pa
         import pyarrow.compute as pc
 
+        event_times_ms = arrow_epoch_ms(event_times_ms)
         # No int64 is below the smallest int64, so a missing cut-off flags nothing and keeps nulls null.
         bound = _INT64_MIN if cutoff_ms is None else cutoff_ms
         return pc.less(event_times_ms, pa.scalar(bound, pa.int64()))
     if cutoff_ms is None:
         return [False for _ in event_times_ms]
     return [t < cutoff_ms for t in event_times_ms]
+
+
+def arrow_epoch_ms(values: Any) -> Any:
+    """A pyarrow array of epoch ms as int64; timestamp arrays (the row batches use microseconds) are
+    converted, sub-millisecond digits dropped."""
+    import pyarrow as pa
+
+    if pa.types.is_timestamp(values.type):
+        values = values.cast(pa.timestamp("ms", values.type.tz), safe=False)
+    return values.cast(pa.int64())
 
 
 def _is_arrow(value: Any) -> bool:
