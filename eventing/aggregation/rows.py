@@ -12,6 +12,7 @@ sink can order and key results without being told.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -169,6 +170,13 @@ def atomic_write_parquet(table: pa.Table, path: Path, *, overwrite: bool) -> boo
                 os.link(tmp, path)
             except FileExistsError:
                 return False
+            except OSError as err:
+                if err.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP):
+                    raise
+                # No hard links on this file system: check-then-rename, first writer wins unless two race.
+                if path.exists():
+                    return False
+                os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
     _fsync_dir(path.parent)

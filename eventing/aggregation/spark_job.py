@@ -17,23 +17,38 @@ from eventing.aggregation.rows import (
     Aggregate,
     check_aggregates,
     result_schema,
+    row_schema,
     sort_results,
 )
+
+_SPARK_TYPES = {pa.int32(): "INT", pa.int64(): "BIGINT", pa.string(): "STRING", pa.float64(): "DOUBLE"}
+
+
+def spark_ddl(schema: pa.Schema) -> str:
+    """Spark DDL for a row or result schema; the UTC event time becomes TIMESTAMP (with local time zone)."""
+    parts = []
+    for field in schema:
+        sql_type = "TIMESTAMP" if pa.types.is_timestamp(field.type) else _SPARK_TYPES[field.type]
+        parts.append(f"`{field.name}` {sql_type}")
+    return ", ".join(parts)
 
 
 def aggregate_column(op: str, field: str | None, name: str) -> Column:
     """Spark expression for one aggregate; nulls in the value field are skipped, as SQL does."""
+    if field is None:
+        if op != "count":
+            raise ValueError(f"aggregate {name!r} ({op}) needs a value field; only count may omit it")
+        return F.count(F.lit(1)).alias(name)
     if op == "count":
-        expr = F.count(F.lit(1)) if field is None else F.count(F.col(field))
-    else:
-        value = F.col(field).cast("double")  # type: ignore[arg-type]  # check_aggregates guarantees a field
-        expr = {"sum": F.sum, "avg": F.avg, "min": F.min, "max": F.max}[op](value)
-    return expr.alias(name)
+        return F.count(F.col(field)).alias(name)
+    return {"sum": F.sum, "avg": F.avg, "min": F.min, "max": F.max}[op](F.col(field).cast("double")).alias(
+        name
+    )
 
 
 def window_column(size_ms: int, slide_ms: int, offset_ms: int = 0) -> Column:
-    """Spark's own window assignment: a row at t is in every [start, start + size) with start <= t < end,
-    starts at offset + k * slide (epoch-aligned when offset is 0)."""
+    """Spark's window assignment: a row at t goes to every window [start, start + size) that contains t,
+    with starts at offset + k * slide (aligned to the epoch when the offset is 0)."""
     return F.window(
         F.col(EVENT_TIME), f"{size_ms} milliseconds", f"{slide_ms} milliseconds", f"{offset_ms} milliseconds"
     )
@@ -109,12 +124,12 @@ def aggregate_windows(
     if not starts or not _has_row_files(rows_path):
         return schema.empty_table()
 
-    rows = spark.read.option("recursiveFileLookup", "true").parquet(rows_path)
-    missing = [c for c in [*ROW_ID_COLUMNS, EVENT_TIME, *group_by, *value_fields] if c not in rows.columns]
-    if missing:
-        raise ValueError(
-            f"row batches in {rows_path} have no columns {missing}; write them with row_schema()"
-        )
+    # An explicit schema skips footer sampling and reads a column that an older batch lacks as nulls.
+    rows = (
+        spark.read.schema(spark_ddl(row_schema(group_by, value_fields)))
+        .option("recursiveFileLookup", "true")
+        .parquet(rows_path)
+    )
 
     lo_ms, hi_ms = starts[0], starts[-1] + size_ms
     aggs = [aggregate_column(op, field, name) for op, field, name in aggregates]

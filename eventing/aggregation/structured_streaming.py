@@ -30,6 +30,7 @@ from eventing.aggregation.spark_job import (
     aggregate_column,
     check_window_shape,
     results_from_windowed,
+    spark_ddl,
     to_result_table,
     window_column,
 )
@@ -37,20 +38,6 @@ from eventing.aggregation.spark_job import (
 # Year 2200: later than any real event time, still well inside Spark's timestamp range.
 SENTINEL_EVENT_TIME_MS = 7_258_118_400_000
 SENTINEL_BATCH_NAME = "zz-watermark-sentinel"
-
-_SPARK_TYPES = {pa.int32(): "INT", pa.int64(): "BIGINT", pa.string(): "STRING", pa.float64(): "DOUBLE"}
-
-
-def spark_ddl(schema: pa.Schema) -> str:
-    """Spark DDL for a row or result schema (event time as TIMESTAMP, i.e. with local time zone = UTC)."""
-    parts = []
-    for field in schema:
-        if pa.types.is_timestamp(field.type):
-            sql_type = "TIMESTAMP"
-        else:
-            sql_type = _SPARK_TYPES[field.type]
-        parts.append(f"`{field.name}` {sql_type}")
-    return ", ".join(parts)
 
 
 def write_watermark_sentinel(

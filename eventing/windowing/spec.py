@@ -57,6 +57,8 @@ def parse_duration(value: Any, *, field: str = "duration") -> timedelta:
         raise WindowConfigError(field, f"has {field} {value!r}, which is not a duration; {_DURATION_HELP}")
     else:
         text = str(value).strip().replace(" ", "")
+        negative = text.startswith("-")
+        text = text.removeprefix("-")
         try:
             if _DURATION.fullmatch(text):
                 total = sum(
@@ -73,9 +75,11 @@ def parse_duration(value: Any, *, field: str = "duration") -> timedelta:
                 field, f"has {field} {value!r}, which is not a whole number of milliseconds; {_DURATION_HELP}"
             )
         try:
-            result = timedelta(milliseconds=int(total))
+            result = timedelta(milliseconds=-int(total) if negative else int(total))
         except OverflowError:
-            raise WindowConfigError(field, f"has {field} {value!r}, which is too long; use at most days") from None
+            raise WindowConfigError(
+                field, f"has {field} {value!r}, which is too long; use at most 999999999 days"
+            ) from None
     if result < timedelta(0):
         raise WindowConfigError(field, f"has negative {field} {value!r}; durations are zero or more")
     if result % _MS:
@@ -146,15 +150,25 @@ class WindowSink:
 
     def __post_init__(self) -> None:
         if self.kind not in SINK_KINDS:
-            raise WindowConfigError("sink.kind", f"has sink kind {self.kind!r}; use one of {', '.join(SINK_KINDS)}")
+            raise WindowConfigError(
+                "sink.kind", f"has sink kind {self.kind!r}; use one of {', '.join(SINK_KINDS)}"
+            )
         if self.path is not None and (not isinstance(self.path, str) or not self.path):
-            raise WindowConfigError("sink.path", f"has sink path {self.path!r}; give a non-empty path or omit it")
+            raise WindowConfigError(
+                "sink.path", f"has sink path {self.path!r}; give a non-empty path or omit it"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "path": self.path}
 
 
-_EVENT_TIME_ONLY = ("time_field", "out_of_order_tolerance", "allowed_lateness", "partition_idle_timeout", "idle_timeout")
+_EVENT_TIME_ONLY = (
+    "time_field",
+    "out_of_order_tolerance",
+    "allowed_lateness",
+    "partition_idle_timeout",
+    "idle_timeout",
+)
 
 
 @dataclass(frozen=True)
@@ -202,7 +216,9 @@ class WindowSpec:
             raise WindowConfigError("kind", f"has kind {self.kind!r}; use 'tumbling' or 'hopping'")
         _check_duration("size", self.size)
         if self.size <= timedelta(0):
-            raise WindowConfigError("size", f"has size {_show(self.size)}; size must be positive, such as '5m'")
+            raise WindowConfigError(
+                "size", f"has size {_show(self.size)}; size must be positive, such as '5m'"
+            )
         if self.kind == "tumbling":
             if self.slide is not None and self.slide != self.size:
                 raise WindowConfigError(
@@ -213,10 +229,14 @@ class WindowSpec:
             object.__setattr__(self, "slide", self.size)
             return
         if self.slide is None:
-            raise WindowConfigError("slide", "is hopping but has no slide; set slide, such as '1m', to at most size")
+            raise WindowConfigError(
+                "slide", "is hopping but has no slide; set slide, such as '1m', to at most size"
+            )
         _check_duration("slide", self.slide)
         if self.slide <= timedelta(0):
-            raise WindowConfigError("slide", f"has slide {_show(self.slide)}; slide must be positive, such as '1m'")
+            raise WindowConfigError(
+                "slide", f"has slide {_show(self.slide)}; slide must be positive, such as '1m'"
+            )
         if self.slide > self.size:
             raise WindowConfigError(
                 "slide",
@@ -349,7 +369,9 @@ class WindowSpec:
             )
         for required in ("kind", "size"):
             if data.get(required) is None:
-                raise WindowConfigError(required, f"has no {required}; set it (for example kind 'tumbling', size '5m')")
+                raise WindowConfigError(
+                    required, f"has no {required}; set it (for example kind 'tumbling', size '5m')"
+                )
         kwargs: dict[str, Any] = {"kind": data["kind"], "size": parse_duration(data["size"], field="size")}
         if data.get("slide") is not None:
             kwargs["slide"] = parse_duration(data["slide"], field="slide")
@@ -367,7 +389,9 @@ class WindowSpec:
                 raise WindowConfigError("group_by", f"has group_by {group_by!r}; give a list of field names")
             kwargs["group_by"] = tuple(group_by)
         if data.get("aggregates") is not None:
-            kwargs["aggregates"] = tuple(_aggregate_from(i, raw) for i, raw in enumerate(_as_list(data["aggregates"])))
+            kwargs["aggregates"] = tuple(
+                _aggregate_from(i, raw) for i, raw in enumerate(_as_list(data["aggregates"]))
+            )
         if data.get("sink") is not None:
             kwargs["sink"] = _sink_from(data["sink"])
         return cls(**kwargs)
@@ -392,7 +416,9 @@ class WindowSpec:
 
 def _check_duration(name: str, value: Any) -> None:
     if not isinstance(value, timedelta):
-        raise WindowConfigError(name, f"has {name} {value!r}; give a timedelta (or a string like '30s' in JSON)")
+        raise WindowConfigError(
+            name, f"has {name} {value!r}; give a timedelta (or a string like '30s' in JSON)"
+        )
     if value < timedelta(0):
         raise WindowConfigError(name, f"has negative {name} {_show(value)}; durations are zero or more")
     if value % _MS:
@@ -408,7 +434,9 @@ def _show(value: timedelta) -> str:
 def _as_list(value: Any) -> list[Any]:
     if isinstance(value, list | tuple):
         return list(value)
-    raise WindowConfigError("aggregates", f"has aggregates {value!r}; give a list such as [{{'op': 'count'}}]")
+    raise WindowConfigError(
+        "aggregates", f"has aggregates {value!r}; give a list such as [{{'op': 'count'}}]"
+    )
 
 
 def _aggregate_from(index: int, raw: Any) -> Aggregate:
@@ -416,7 +444,9 @@ def _aggregate_from(index: int, raw: Any) -> Aggregate:
     if isinstance(raw, str):  # "count" is shorthand for {"op": "count"}
         raw = {"op": raw}
     if not isinstance(raw, Mapping):
-        raise WindowConfigError(where, f"has {where} {raw!r}; give an object such as {{'op': 'sum', 'field': 'amount'}}")
+        raise WindowConfigError(
+            where, f"has {where} {raw!r}; give an object such as {{'op': 'sum', 'field': 'amount'}}"
+        )
     unknown = sorted(set(raw) - {"op", "field", "name"})
     if unknown:
         raise WindowConfigError(
@@ -437,5 +467,7 @@ def _sink_from(raw: Any) -> WindowSink:
         raise WindowConfigError("sink", f"has sink {raw!r}; give an object such as {{'kind': 'parquet'}}")
     unknown = sorted(set(raw) - {"kind", "path"})
     if unknown:
-        raise WindowConfigError("sink", f"has unknown key(s) {', '.join(map(repr, unknown))} in sink; use kind and path")
+        raise WindowConfigError(
+            "sink", f"has unknown key(s) {', '.join(map(repr, unknown))} in sink; use kind and path"
+        )
     return WindowSink(raw.get("kind", "parquet"), raw.get("path"))

@@ -41,7 +41,9 @@ class WatermarkTracker:
         partition_idle_timeout: timedelta | None = None,
     ) -> None:
         self._tolerance_ms = duration_ms(out_of_order_tolerance)
-        self._idle_timeout_ms = None if partition_idle_timeout is None else duration_ms(partition_idle_timeout)
+        self._idle_timeout_ms = (
+            None if partition_idle_timeout is None else duration_ms(partition_idle_timeout)
+        )
         if self._tolerance_ms < 0 or (self._idle_timeout_ms is not None and self._idle_timeout_ms <= 0):
             raise ValueError(
                 "out_of_order_tolerance must be >= 0 and partition_idle_timeout positive (or None for off)"
@@ -141,7 +143,11 @@ class WatermarkTracker:
         return {
             "watermark_ms": self._watermark_ms,
             "partitions": {
-                str(p): {"max_event_ms": part.max_event_ms, "last_seen_ms": part.last_seen_ms, "idle": part.idle}
+                str(p): {
+                    "max_event_ms": part.max_event_ms,
+                    "last_seen_ms": part.last_seen_ms,
+                    "idle": part.idle,
+                }
                 for p, part in sorted(self._partitions.items())
             },
         }

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
-from eventing.windowing.spec import WindowSpec
+from eventing.windowing.spec import WindowSpec, format_duration
 from eventing.windowing.watermark import WatermarkTracker
 from eventing.windowing.windows import (
     Window,
@@ -71,7 +72,7 @@ class WindowOperator:
     ``end + allowed_lateness`` and the whole source has delivered nothing for ``idle_timeout`` since the
     later of that moment and its last row, the watermark advances to ``end + allowed_lateness`` and the
     window closes. Processing time: a row's time is ``now_ms``, the frontier is the ``now_ms`` of the last
-    ``advance``, and rows are never late.
+    ``advance``, and rows are never late (until ``close_all``).
 
     Guarantees: the frontier never moves backwards; a row is late exactly when all its windows end at or
     before the frontier (``time < late_cutoff_ms``); ``advance`` returns each window that holds at least one
@@ -96,6 +97,9 @@ class WindowOperator:
         self._now_ms: int | None = None  # latest processing time seen; held when the clock steps back
         self._last_activity_ms: int | None = None  # processing time of the latest row from any partition
         self._clock_frontier_ms: int | None = None  # processing-time windows: now_ms of the last advance
+        # The frontier of the last close. A checkpoint resumed with a longer allowed_lateness would put
+        # watermark - lateness behind it and reopen windows already emitted; the frontier never goes below it.
+        self._closed_through_ms: int | None = None
         self._late_rows = 0
 
     # -- reading ---------------------------------------------------------------------------------------
@@ -105,7 +109,8 @@ class WindowOperator:
         return self._spec
 
     @property
-    def watermark(self) -> WatermarkTracker:
+    def tracker(self) -> WatermarkTracker:
+        """The per-partition watermark state (event time), for stats such as idle partitions."""
         return self._tracker
 
     @property
@@ -116,10 +121,14 @@ class WindowOperator:
     @property
     def close_frontier_ms(self) -> int | None:
         """Windows with ``end_ms <= close_frontier_ms`` are closed; None until the first watermark/advance."""
-        if not self._event_time:
-            return self._clock_frontier_ms
-        watermark = self._tracker.watermark_ms
-        return None if watermark is None else watermark - self._lateness_ms
+        if self._event_time:
+            watermark = self._tracker.watermark_ms
+            frontier = None if watermark is None else watermark - self._lateness_ms
+        else:
+            frontier = self._clock_frontier_ms
+        if frontier is None or (self._closed_through_ms is not None and frontier < self._closed_through_ms):
+            return self._closed_through_ms
+        return frontier
 
     @property
     def late_cutoff_ms(self) -> int | None:
@@ -143,7 +152,7 @@ class WindowOperator:
         self._tracker.assign_partitions(partitions, self._tick(now_ms))
 
     def revoke_partitions(self, partitions: Iterable[int]) -> None:
-        """Stop waiting for ``partitions``; the watermark may advance at the next ``advance``."""
+        """Stop waiting for ``partitions``; windows they held open close at the next ``advance``."""
         self._tracker.revoke_partitions(partitions)
 
     # -- rows ------------------------------------------------------------------------------------------
@@ -166,6 +175,8 @@ class WindowOperator:
         frontier = self.close_frontier_ms
         watermark = self.watermark_ms
         candidates = window_range(time_ms, self._size_ms, self._slide_ms)
+        joined: tuple[Window, ...]
+        missed: tuple[Window, ...]
         if frontier is None:
             joined, missed = tuple(candidates), ()
         else:
@@ -216,7 +227,9 @@ class WindowOperator:
         frontier = self.close_frontier_ms
         watermark = self._tracker.watermark_ms
         if _is_arrow(event_times_ms):
-            late, late_count, behind, starts, maxima = self._scan_arrow(partitions, event_times_ms, cutoff, watermark)
+            late, late_count, behind, starts, maxima = self._scan_arrow(
+                partitions, event_times_ms, cutoff, watermark
+            )
         else:
             late, late_count, behind, starts, maxima = self._scan_python(
                 partitions, event_times_ms, cutoff, watermark
@@ -345,8 +358,9 @@ class WindowOperator:
 
     def _take_closed(self) -> list[Window]:
         frontier = self.close_frontier_ms
-        if frontier is None or not self._open:
+        if frontier is None:
             return []
+        self._closed_through_ms = frontier
         closed = sorted(w for w in self._open if w.end_ms <= frontier)
         self._open.difference_update(closed)
         return closed
@@ -370,6 +384,7 @@ class WindowOperator:
             "now_ms": self._now_ms,
             "last_activity_ms": self._last_activity_ms,
             "clock_frontier_ms": self._clock_frontier_ms,
+            "closed_through_ms": self._closed_through_ms,
             "late_rows": self._late_rows,
         }
 
@@ -397,6 +412,7 @@ class WindowOperator:
         op._now_ms = _opt_ms(state["now_ms"], "now_ms")
         op._last_activity_ms = _opt_ms(state["last_activity_ms"], "last_activity_ms")
         op._clock_frontier_ms = _opt_ms(state["clock_frontier_ms"], "clock_frontier_ms")
+        op._closed_through_ms = _opt_ms(state["closed_through_ms"], "closed_through_ms")
         op._late_rows = int(state["late_rows"])
         return op
 
@@ -406,10 +422,14 @@ def _fingerprint(spec: WindowSpec) -> dict[str, Any]:
 
 
 def _describe(fingerprint: Mapping[str, Any]) -> str:
-    shape = f"{fingerprint.get('size_ms')}ms"
+    shape = _duration_text(fingerprint.get("size_ms"))
     if fingerprint.get("kind") == "hopping":
-        shape += f" every {fingerprint.get('slide_ms')}ms"
+        shape += f" every {_duration_text(fingerprint.get('slide_ms'))}"
     return f"{fingerprint.get('kind')} {shape} {fingerprint.get('boundary')}"
+
+
+def _duration_text(ms: Any) -> str:
+    return format_duration(timedelta(milliseconds=ms)) if isinstance(ms, int) else repr(ms)
 
 
 def _opt_ms(value: Any, what: str) -> int | None:

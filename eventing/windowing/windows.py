@@ -68,7 +68,9 @@ def window_range(time_ms: int, size_ms: int, slide_ms: int) -> list[Window]:
     """The windows of ``size_ms`` every ``slide_ms`` (size a multiple of slide) holding ``time_ms``, by start."""
     last_start = time_ms - time_ms % slide_ms  # Python's % floors, so negative times align too
     count = size_ms // slide_ms
-    return [Window(s, s + size_ms) for s in range(last_start - (count - 1) * slide_ms, last_start + 1, slide_ms)]
+    return [
+        Window(s, s + size_ms) for s in range(last_start - (count - 1) * slide_ms, last_start + 1, slide_ms)
+    ]
 
 
 def late_cutoff_ms(spec: WindowSpec, close_frontier_ms: int | None) -> int | None:
@@ -135,4 +137,3 @@ def ensure_ms(value: Any, what: str) -> int:
     if not _is_ms(value):
         raise TypeError(f"{what} must be integer epoch milliseconds (UTC), not {value!r}")
     return int(value)
-

@@ -1,0 +1,5 @@
+import sys
+
+from eventing.cli import main
+
+sys.exit(main())

@@ -1,0 +1,36 @@
+"""Shared fixtures: a fresh data directory per test; one Ray instance per test session."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+
+@pytest.fixture
+def data_dir(tmp_path) -> str:
+    path = tmp_path / "data"
+    path.mkdir()
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray instance for the whole session (start-up costs seconds; keep it out of each test)."""
+    import ray
+
+    from eventing.executor import init_ray
+
+    init_ray(num_cpus=2)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture
+def ray_executor(ray_session):
+    from eventing.executor import RayExecutor
+
+    return RayExecutor()
