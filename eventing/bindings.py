@@ -32,6 +32,11 @@ class BucketBinding:
         self._current_overlay: dict[str, bytes | None] = {}
         self._groups: dict[int, EffectGroup] = {}
         self._source: tuple[int, int] = (0, 0)
+        # Per source vBucket, the last source seqno whose effects this bucket already holds (read at
+        # claim). A replayed mutation at or below it had its writes applied before a crash: they are
+        # dropped here, so later mutations never read a replay's second copy (read-your-writes stays true).
+        self.applied_upto: dict[int, int] = {}
+        self.replayed_writes = 0
 
     # -- handler-facing ---------------------------------------------------------------------------
 
@@ -101,6 +106,10 @@ class BucketBinding:
         if not self._current:
             return
         vb, seqno = self._source
+        if seqno <= self.applied_upto.get(vb, 0):
+            self.replayed_writes += len(self._current)
+            self.discard()
+            return
         group = self._groups.get(vb)
         if group is None:
             group = self._groups[vb] = EffectGroup(vb, epoch)

@@ -104,7 +104,7 @@ def check_ledger(source: LocalBucket, ledger: LocalBucket, *, upto: list[int] | 
     report.missing = sorted(
         (k.split("|")[1], int(k.split("|")[2])) for k in expected_keys if k not in writes
     )
-    for key, seqs in expected.items():
+    for key in expected:
         history = ledger.get(f"h|{key}")
         got = history["seqs"] if history else []
         if any(b <= a for a, b in zip(got, got[1:], strict=False)):

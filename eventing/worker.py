@@ -120,6 +120,11 @@ class WorkerCore:
         epochs = {vb: self.epochs[vb] for vb in vbs}
         for bucket in {id(b.bucket): b.bucket for b in self.rw_bindings}.values():
             bucket.fence(self.name, epochs)
+        # Then learn how far each bucket already holds this function's effects (see BucketBinding.keep).
+        for binding in self.rw_bindings:
+            marks = binding.bucket.effect_marks(self.name)
+            for vb in vbs:
+                binding.applied_upto[vb] = marks.get(vb, (0, 0))[1]
 
     def revoke_vbuckets(self, vbuckets) -> dict[int, int]:
         """Finish, flush, checkpoint and release vBuckets; returns their final checkpoints."""
@@ -309,7 +314,8 @@ class WorkerCore:
                 continue
             result = binding.bucket.apply_effects(self.name, binding.take_groups())
             self.counters["effects_applied"] += result.applied
-            self.counters["effects_duplicate"] += result.duplicates
+            self.counters["effects_duplicate"] += result.duplicates + binding.replayed_writes
+            binding.replayed_writes = 0
             self.counters["effects_fenced"] += result.fenced_writes
             fenced |= result.fenced_vbs
         for vb in fenced:

@@ -261,7 +261,9 @@ class SqliteMetadataStore:
         now = time.time()
 
         def body(db: sqlite3.Connection) -> set[int]:
-            vbs = list(set(seqnos) | {r.vb for r in dlq})
+            # Every held vBucket is checked, not only those that moved: a zombie learns at its next
+            # commit that it lost them all, and stops working on them.
+            vbs = list(set(epochs) | set(seqnos) | {r.vb for r in dlq})
             current = {
                 r[0]: (r[1], r[2])
                 for r in _select_vbs(
@@ -289,7 +291,8 @@ class SqliteMetadataStore:
                     if r.vb not in fenced
                 ],
             )
-            _add_counters(db, function, dict(counters or {}, fenced_checkpoint_writes=len(fenced)))
+            rejected = sum(1 for vb in seqnos if vb in fenced)
+            _add_counters(db, function, dict(counters or {}, fenced_checkpoint_writes=rejected))
             return fenced
 
         return self._tx(body)

@@ -75,6 +75,10 @@ def run_structured_streaming(
     ``<out_dir>/checkpoint`` and trigger ``availableNow`` (process what is there, then stop). Returns every
     window emitted so far in ``aggregate_windows``'s layout and order. Rerunning with the same ``out_dir``
     resumes from the checkpoint and only adds windows closed since.
+
+    The results equal ``aggregate_windows`` over the same closed windows when no row is later than the
+    watermark of the micro-batch that reads it: always with one micro-batch (the default), not with a small
+    ``max_files_per_trigger`` over shuffled event times, where Spark drops the late rows silently.
     """
     slide = size_ms if slide_ms is None else slide_ms
     check_window_shape(size_ms, slide)

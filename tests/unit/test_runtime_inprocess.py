@@ -1,0 +1,263 @@
+"""The runtime on the in-process executor: order, exactly-once effects, recursion guard, dead letters,
+timeouts, retries, crash and restart. The same scenarios run on real Ray in tests/integration."""
+
+from __future__ import annotations
+
+import pytest
+
+from eventing import lifecycle, loadgen
+from eventing.bucket import LocalBucket, chunked
+from eventing.definition import FunctionDefinition
+from eventing.executor import InProcessExecutor
+from eventing.mutation import unpack_mutation
+from eventing.service import EventingService
+from eventing.testing import LEDGER_HANDLER, check_ledger, ledger_definition, read_call_log
+from eventing.worker import WorkerCore, WorkerSpec, open_metadata
+from sharding import NUM_VBUCKETS
+
+
+def load(data_dir: str, documents: int = 300, mutations: int = 3000, seed: int = 1) -> LocalBucket:
+    source = LocalBucket.create(data_dir, "src", exist_ok=True)
+    for chunk in chunked(loadgen.generate(documents, mutations, seed=seed), 5000):
+        source.write(chunk)
+    return source
+
+
+def deploy(data_dir: str, defn: FunctionDefinition, source: str = LEDGER_HANDLER, boundary=None) -> None:
+    for b in defn.bindings:
+        LocalBucket.create(data_dir, b.bucket, exist_ok=True)
+    lifecycle.save_function(data_dir, defn, source)
+    lifecycle.deploy(data_dir, defn.name, boundary)
+
+
+def run(data_dir: str, **kwargs):
+    return EventingService(data_dir, InProcessExecutor(), until_caught_up=True, **kwargs).run()
+
+
+def test_every_mutation_is_handled_once_in_per_document_order(data_dir, tmp_path):
+    source = load(data_dir)
+    calls = tmp_path / "calls.log"
+    deploy(data_dir, ledger_definition("fn_a", "src", "ledger", workers=3, call_log=str(calls)))
+    summary = run(data_dir)
+    assert summary.functions["fn_a"].handled == 3000
+    report = check_ledger(source, LocalBucket.open(data_dir, "ledger"))
+    assert report.ok, report.summary()
+    assert report.handled == 3000
+    per_doc = read_call_log(calls)
+    assert sum(len(v) for v in per_doc.values()) == 3000  # no fault: exactly one call per mutation
+    assert all(seqs == sorted(set(seqs)) for seqs in per_doc.values())
+
+
+def test_checkpoints_reach_the_high_seqnos_and_stats_count_calls(data_dir):
+    source = load(data_dir)
+    deploy(data_dir, ledger_definition("fn_a", "src", "ledger"))
+    run(data_dir)
+    store = open_metadata(data_dir)
+    cps = store.checkpoints("fn_a")
+    assert [cps[vb].seqno for vb in range(NUM_VBUCKETS)] == source.high_seqnos()
+    counters = store.counters("fn_a")
+    assert counters["on_update_success"] + counters["on_delete_success"] == 3000
+    assert all(not cp.leased for cp in cps.values())
+
+
+def test_from_now_boundary_skips_existing_mutations(data_dir):
+    source = load(data_dir)
+    deploy(data_dir, ledger_definition("fn_a", "src", "ledger"), boundary="from_now")
+    source.upsert("late-comer", {"rev": 1})
+    run(data_dir)
+    ledger = LocalBucket.open(data_dir, "ledger")
+    assert [k for k in ledger.keys() if k.startswith("e|")] == [f"e|late-comer|{source.get_meta('late-comer')['seqno']}"]
+
+
+def test_a_function_writing_to_its_own_source_does_not_trigger_itself(data_dir):
+    source = LocalBucket.create(data_dir, "src")
+    source.upsert("a", {"n": 1})
+    handler = "def on_update(doc, meta):\n    if 'copy' not in doc:\n        src[meta.id + '-copy'] = {'copy': True, **doc}\n"
+    defn = FunctionDefinition.from_dict(
+        {"name": "fn_self", "source_bucket": "src", "bindings": [{"alias": "src", "bucket": "src", "access": "rw"}]}
+    )
+    deploy(data_dir, defn, handler)
+    run(data_dir)
+    run(data_dir)  # the copy was written after the first run's targets; the second run sees it
+    assert source.get("a-copy") == {"copy": True, "n": 1}
+    counters = open_metadata(data_dir).counters("fn_self")
+    assert counters["recursion_filtered"] == 1 and counters["on_update_success"] == 1
+    assert source.get("a-copy-copy") is None
+
+
+def test_a_handler_error_goes_to_the_dlq_and_the_vbucket_moves_on(data_dir):
+    source = LocalBucket.create(data_dir, "src")
+    for i in range(20):
+        source.upsert(f"k{i}", {"i": i})
+    handler = "def on_update(doc, meta):\n    if doc['i'] % 5 == 0:\n        raise ValueError('poison ' + meta.id)\n    out[meta.id] = doc\n"
+    defn = FunctionDefinition.from_dict({
+        "name": "fn_p", "source_bucket": "src", "retries": 2, "retry_backoff": "1ms",
+        "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
+    })
+    deploy(data_dir, defn, handler)
+    run(data_dir)
+    store = open_metadata(data_dir)
+    rows = store.dlq_rows("fn_p")
+    assert sorted(r.key for r in rows) == ["k0", "k10", "k15", "k5"]
+    assert all(r.reason == "error" and r.attempts == 3 and "poison" in r.error and "ValueError" in r.traceback for r in rows)
+    assert unpack_mutation(rows[0].mutation).key == rows[0].key
+    assert len(LocalBucket.open(data_dir, "out").keys()) == 16
+    assert store.counters("fn_p")["retries"] == 8
+
+
+def test_a_failed_attempt_leaves_no_partial_effects(data_dir):
+    source = LocalBucket.create(data_dir, "src")
+    source.upsert("k", {"i": 1})
+    handler = "def on_update(doc, meta):\n    out['partial'] = {'x': 1}\n    raise RuntimeError('after a write')\n"
+    defn = FunctionDefinition.from_dict(
+        {"name": "fn_p", "source_bucket": "src", "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}]}
+    )
+    deploy(data_dir, defn, handler)
+    run(data_dir)
+    assert LocalBucket.open(data_dir, "out").get("partial") is None
+    assert len(open_metadata(data_dir).dlq_rows("fn_p")) == 1
+
+
+def test_a_hung_handler_is_abandoned_and_dead_lettered_as_timeout(data_dir):
+    source = LocalBucket.create(data_dir, "src")
+    for i in range(6):
+        source.upsert(f"k{i}", {"i": i})
+    handler = (
+        "import time\n"
+        "def on_update(doc, meta):\n"
+        "    if doc['i'] == 3:\n"
+        "        while True:\n"
+        "            time.sleep(0.01)\n"
+        "    out[meta.id] = doc\n"
+    )
+    defn = FunctionDefinition.from_dict({
+        "name": "fn_h", "source_bucket": "src", "execution_timeout": "300ms",
+        "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
+    })
+    deploy(data_dir, defn, handler)
+    run(data_dir)
+    rows = open_metadata(data_dir).dlq_rows("fn_h")
+    assert [(r.key, r.reason) for r in rows] == [("k3", "timeout")]
+    assert sorted(LocalBucket.open(data_dir, "out").keys()) == ["k0", "k1", "k2", "k4", "k5"]
+
+
+def test_an_oversize_document_is_dead_lettered_before_the_handler(data_dir):
+    source = LocalBucket.create(data_dir, "src")
+    source.upsert("small", {"s": "x"})
+    source.upsert("big", {"s": "x" * 5000})
+    defn = FunctionDefinition.from_dict({
+        "name": "fn_o", "source_bucket": "src", "max_document_bytes": 1000,
+        "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
+    })
+    deploy(data_dir, defn, "def on_update(doc, meta):\n    out[meta.id] = {'len': len(doc['s'])}\n")
+    run(data_dir)
+    rows = open_metadata(data_dir).dlq_rows("fn_o")
+    assert [(r.key, r.reason) for r in rows] == [("big", "oversize")]
+    assert LocalBucket.open(data_dir, "out").keys() == ["small"]
+
+
+def test_an_undecodable_document_is_dead_lettered(data_dir):
+    source = LocalBucket.create(data_dir, "src")
+    source.upsert("good", {"a": 1})
+    vb, seqno = source.upsert("bad", {"a": 2})
+    source._db.execute("UPDATE log SET doc=? WHERE vb=? AND seqno=?", (b"\xc1\xc1", vb, seqno))
+    defn = FunctionDefinition.from_dict({
+        "name": "fn_u", "source_bucket": "src", "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
+    })
+    deploy(data_dir, defn, "def on_update(doc, meta):\n    out[meta.id] = doc\n")
+    run(data_dir)
+    rows = open_metadata(data_dir).dlq_rows("fn_u")
+    assert [(r.key, r.reason) for r in rows] == [("bad", "undecodable")]
+    assert LocalBucket.open(data_dir, "out").keys() == ["good"]
+
+
+def test_writing_through_a_read_only_binding_is_a_dlq_error(data_dir):
+    source = LocalBucket.create(data_dir, "src")
+    source.upsert("k", {"a": 1})
+    defn = FunctionDefinition.from_dict({
+        "name": "fn_r", "source_bucket": "src", "bindings": [{"alias": "ro", "bucket": "other", "access": "r"}],
+    })
+    deploy(data_dir, defn, "def on_update(doc, meta):\n    ro[meta.id] = doc\n")
+    run(data_dir)
+    rows = open_metadata(data_dir).dlq_rows("fn_r")
+    assert len(rows) == 1 and "read-only" in rows[0].error
+
+
+def test_a_crashed_worker_resumes_after_its_checkpoint_without_duplicate_effects(data_dir):
+    source = load(data_dir, 200, 2000)
+    deploy(data_dir, ledger_definition("fn_c", "src", "ledger", workers=1, batch_size=100))
+    generation = open_metadata(data_dir).get_function("fn_c").generation
+    spec = WorkerSpec(data_dir, "fn_c", generation, "local/w0", tuple(range(NUM_VBUCKETS)))
+    first = WorkerCore(spec)
+    first.step(300)
+    first.commit()
+    first.step(300)
+    first.flush_effects()  # effects durable, checkpoint not yet: the worst moment to die
+    committed = open_metadata(data_dir).checkpoints("fn_c")
+    del first  # crash: no stop, no release
+    second = WorkerCore(spec)
+    assert all(second.positions[vb] == committed[vb].seqno for vb in range(NUM_VBUCKETS))
+    while not second.step(500).caught_up:
+        pass
+    second.stop()
+    report = check_ledger(source, LocalBucket.open(data_dir, "ledger"))
+    assert report.ok, report.summary()
+    counters = open_metadata(data_dir).counters("fn_c")
+    assert counters["effects_duplicate"] > 0  # the replayed mutations' effects were recognised and skipped
+
+
+def test_a_zombie_worker_is_fenced_from_checkpoints_and_effects(data_dir):
+    source = load(data_dir, 100, 1000)
+    deploy(data_dir, ledger_definition("fn_z", "src", "ledger", workers=1))
+    generation = open_metadata(data_dir).get_function("fn_z").generation
+    spec = WorkerSpec(data_dir, "fn_z", generation, "local/w0", tuple(range(NUM_VBUCKETS)))
+    zombie = WorkerCore(spec)
+    successor = WorkerCore(WorkerSpec(data_dir, "fn_z", generation, "local/w1", tuple(range(NUM_VBUCKETS))))
+    report = zombie.step(400)
+    assert report.handled == 400
+    zombie_fenced = zombie.commit()
+    assert zombie.owned() == []  # every vBucket it touched was rejected, and it let them go
+    assert zombie_fenced or report.fenced
+    assert open_metadata(data_dir).counters("fn_z")["effects_fenced"] > 0
+    while not successor.step(1000).caught_up:
+        pass
+    successor.stop()
+    assert check_ledger(source, LocalBucket.open(data_dir, "ledger")).ok
+
+
+def test_pause_and_resume_continue_after_the_checkpoint(data_dir):
+    source = load(data_dir, 100, 1000)
+    deploy(data_dir, ledger_definition("fn_pr", "src", "ledger"))
+    run(data_dir)
+    lifecycle.pause(data_dir, "fn_pr")
+    for i in range(50):
+        source.upsert(f"new{i}", {"rev": 1})
+    assert run(data_dir).functions == {}  # paused: nothing runs
+    lifecycle.resume(data_dir, "fn_pr")
+    summary = run(data_dir)
+    assert summary.functions["fn_pr"].handled == 50
+    assert check_ledger(source, LocalBucket.open(data_dir, "ledger")).ok
+
+
+def test_redeploy_starts_again_from_the_boundary(data_dir):
+    load(data_dir, 50, 200)
+    deploy(data_dir, ledger_definition("fn_re", "src", "ledger"))
+    run(data_dir)
+    lifecycle.undeploy(data_dir, "fn_re")
+    assert open_metadata(data_dir).checkpoints("fn_re") == {}
+    lifecycle.deploy(data_dir, "fn_re")
+    assert run(data_dir).functions["fn_re"].handled == 200
+
+
+def test_a_handler_that_does_not_import_is_refused_at_deploy(data_dir):
+    LocalBucket.create(data_dir, "src")
+    defn = FunctionDefinition.from_dict({"name": "fn_bad", "source_bucket": "src"})
+    from eventing.errors import HandlerLoadError
+
+    with pytest.raises(HandlerLoadError, match="syntax error at line 1"):
+        lifecycle.save_function(data_dir, defn, "def on_update(doc, meta)\n    pass\n")
+    with pytest.raises(HandlerLoadError, match="fails on import"):
+        lifecycle.save_function(data_dir, defn, "import no_such_module_here\ndef on_update(d, m): pass\n")
+    with pytest.raises(HandlerLoadError, match="defines neither on_update"):
+        lifecycle.save_function(data_dir, defn, "x = 1\n")
+    assert open_metadata(data_dir).list_functions() == []  # nothing half-written
