@@ -28,7 +28,7 @@ EPOCH_SHIFT = 32
 def save_function(data_dir: str, defn: FunctionDefinition, source: str) -> FunctionRecord:
     """Create or update a function definition (and its handler source) without deploying it."""
     validate_handler(defn.name, source, [b.alias for b in defn.bindings], defn.constants)
-    for bucket in {defn.source_bucket, *(b.bucket for b in defn.bindings)}:
+    for bucket in dict.fromkeys([defn.source_bucket, *(b.bucket for b in defn.bindings)]):
         LocalBucket.open(data_dir, bucket).close()  # unknown bucket -> clear error now, not at run time
     if defn.window is not None:
         from eventing.windowing import WindowSpec

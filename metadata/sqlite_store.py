@@ -220,7 +220,7 @@ class SqliteMetadataStore:
 
     def checkpoints(self, function: str) -> dict[int, Checkpoint]:
         rows = self._read("SELECT * FROM checkpoints WHERE function=?", (function,))
-        return {r[1]: Checkpoint(*r[:7], leased=bool(r[7])) for r in rows}
+        return {r[1]: _checkpoint(r) for r in rows}
 
     def claim(self, function: str, vbuckets: Iterable[int], owner: str) -> dict[int, Checkpoint]:
         """Take ownership of vBuckets with a higher epoch; any previous owner is fenced from then on."""
@@ -233,7 +233,7 @@ class SqliteMetadataStore:
                 [(owner, now, function, vb) for vb in vbs],
             )
             rows = _select_vbs(db, "SELECT * FROM checkpoints WHERE function=? AND vb IN ({})", function, vbs)
-            return {r[1]: Checkpoint(*r[:7], leased=bool(r[7])) for r in rows}
+            return {r[1]: _checkpoint(r) for r in rows}
 
         claimed = self._tx(body)
         missing = set(vbs) - set(claimed)
@@ -392,6 +392,11 @@ def retry_locked(path: Path, fn: Callable[[], T], lock_wait_s: float = 60.0) -> 
                 log.warning("%s is locked by another process; waiting (up to %.0fs)", path, lock_wait_s)
                 warned = True
             time.sleep(0.05)
+
+
+def _checkpoint(row: tuple) -> Checkpoint:
+    function, vb, seqno, epoch, owner, bucket_uuid, updated_at, leased = row
+    return Checkpoint(function, vb, seqno, epoch, owner, bucket_uuid, updated_at, bool(leased))
 
 
 def _add_counters(db: sqlite3.Connection, function: str, counters: Mapping[str, int | float]) -> None:
