@@ -24,7 +24,6 @@ class Executor(Protocol):
     def wait(self, futures: list[Any], timeout: float) -> list[Any]: ...
     def result(self, future: Any) -> Any: ...
     def kill(self, handle: Any) -> None: ...
-    def pid(self, handle: Any) -> int | None: ...
 
 
 class WorkerHost:
@@ -37,8 +36,6 @@ class WorkerHost:
     def call(self, method: str, *args: Any) -> Any:
         if method == "start":
             self.core = WorkerCore(self.spec)
-            return self.core.owned()
-        if method == "pid":
             return os.getpid()
         assert self.core is not None, "worker not started"
         return getattr(self.core, method)(*args)
@@ -88,9 +85,6 @@ class InProcessExecutor:
         handle.dead = True
         if handle.host.core is not None:
             handle.host.core.close()
-
-    def pid(self, handle: _LocalHandle) -> int | None:
-        return os.getpid()
 
 
 # -- Ray ----------------------------------------------------------------------------------------------
@@ -180,12 +174,6 @@ class RayExecutor:
             self._ray.kill(handle.actor, no_restart=True)
         except Exception:  # noqa: BLE001 - already dead is fine
             pass
-
-    def pid(self, handle: _RayHandle) -> int | None:
-        try:
-            return self._ray.get(handle.call("pid"), timeout=10)
-        except Exception:  # noqa: BLE001
-            return None
 
 
 def make_executor(kind: str, ray_address: str | None = None) -> Executor:

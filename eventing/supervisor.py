@@ -37,6 +37,7 @@ class WorkerSlot:
     restarts: int = 0
     next_step_at: float = 0.0
     started_at: float = 0.0
+    pid: int | None = None  # the worker's process, once started
 
 
 class FunctionSupervisor:
@@ -135,6 +136,7 @@ class FunctionSupervisor:
         if fut is slot.starting:
             slot.starting = None
             slot.ready = True
+            slot.pid = value
             return
         slot.inflight.remove(fut)
         report: StepReport = value
@@ -189,5 +191,6 @@ class FunctionSupervisor:
                 self.executor.kill(slot.handle)
                 slot.handle = None
 
-    def worker_pids(self) -> dict[str, int | None]:
-        return {wid: self.executor.pid(s.handle) for wid, s in self.slots.items() if s.handle is not None}
+    @property
+    def restarts(self) -> int:
+        return sum(s.restarts for s in self.slots.values())

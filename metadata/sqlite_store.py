@@ -66,7 +66,9 @@ class SqliteMetadataStore:
             )
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+            self._db = sqlite3.connect(
+                self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False
+            )
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(
                 f"cannot open metadata store {self.path}: {exc}; check that the data directory is writable"

@@ -1,0 +1,209 @@
+"""The runtime on a real local Ray instance: order, exactly-once, distribution, crash recovery,
+and a long-running service that follows lifecycle changes made by other processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from eventing import lifecycle, loadgen
+from eventing.bucket import LocalBucket, chunked
+from eventing.service import EventingService
+from eventing.testing import LEDGER_HANDLER, check_ledger, ledger_definition, read_call_log
+from eventing.worker import open_metadata
+from sharding import NUM_VBUCKETS
+
+pytestmark = pytest.mark.integration
+
+
+def load(data_dir: str, documents: int, mutations: int, seed: int = 3, bucket: str = "src") -> LocalBucket:
+    source = LocalBucket.create(data_dir, bucket, exist_ok=True)
+    for chunk in chunked(loadgen.generate(documents, mutations, seed=seed), 10_000):
+        source.write(chunk)
+    return source
+
+
+def deploy(data_dir: str, defn) -> None:
+    for b in defn.bindings:
+        LocalBucket.create(data_dir, b.bucket, exist_ok=True)
+    lifecycle.save_function(data_dir, defn, LEDGER_HANDLER)
+    lifecycle.deploy(data_dir, defn.name)
+
+
+class CheckpointWatcher:
+    """Samples every checkpoint in the background and records any that moved backwards."""
+
+    def __init__(self, data_dir: str, functions: list[str]):
+        self.data_dir, self.functions = data_dir, functions
+        self.backwards: list[tuple] = []
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        store = open_metadata(self.data_dir)
+        last: dict[tuple[str, int], int] = {}
+        while not self._stop.is_set():
+            for fn in self.functions:
+                for vb, cp in store.checkpoints(fn).items():
+                    if cp.seqno < last.get((fn, vb), 0):
+                        self.backwards.append((fn, vb, last[(fn, vb)], cp.seqno))
+                    last[(fn, vb)] = cp.seqno
+            self.samples += 1
+            time.sleep(0.05)
+        store.close()
+
+
+def test_several_functions_handle_every_mutation_once_in_per_document_order(data_dir, tmp_path, ray_executor):
+    source = load(data_dir, documents=1500, mutations=15_000)
+    workers = {"fn_four": 4, "fn_three": 3, "fn_two": 2}
+    logs = {}
+    for name, count in workers.items():
+        logs[name] = tmp_path / f"{name}.calls"
+        deploy(data_dir, ledger_definition(name, "src", f"ledger_{name}", workers=count, call_log=str(logs[name]), batch_size=500))
+    summary = EventingService(data_dir, ray_executor, until_caught_up=True).run()
+    assert not summary.errors
+    store = open_metadata(data_dir)
+    for name, count in workers.items():
+        assert summary.functions[name].handled == 15_000
+        report = check_ledger(source, LocalBucket.open(data_dir, f"ledger_{name}"))
+        assert report.ok, f"{name}: {report.summary()}"
+        calls = read_call_log(logs[name])
+        assert sum(len(v) for v in calls.values()) == 15_000  # no fault: exactly once
+        assert all(seqs == sorted(set(seqs)) for seqs in calls.values())
+        owners: dict[str, int] = {}
+        for cp in store.checkpoints(name).values():
+            owners[cp.owner] = owners.get(cp.owner, 0) + 1
+        expected = {4: [256] * 4, 3: [342, 341, 341], 2: [512, 512]}[count]
+        assert [owners[f"local/w{i}"] for i in range(count)] == expected
+        assert len({pid for pid in read_pids(logs[name])}) == count  # really on `count` processes
+
+
+def read_pids(path) -> set[str]:
+    with open(path) as f:
+        return {line.split()[2] for line in f}
+
+
+def test_killing_worker_processes_mid_run_loses_nothing(data_dir, tmp_path, ray_executor):
+    source = load(data_dir, documents=400, mutations=6000)
+    calls = tmp_path / "calls.log"
+    deploy(data_dir, ledger_definition("fn_k", "src", "ledger", workers=4, call_log=str(calls), sleep_ms=3, batch_size=100))
+    service = EventingService(data_dir, ray_executor, until_caught_up=True)
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(summary=service.run()))
+    with CheckpointWatcher(data_dir, ["fn_k"]) as watcher:
+        thread.start()
+        killed = 0
+        deadline = time.monotonic() + 120
+        while killed < 3 and time.monotonic() < deadline and thread.is_alive():
+            time.sleep(0.7)
+            sup = service.supervisors.get("fn_k")
+            if sup is None:
+                continue
+            slot = sup.slots[f"local/w{killed % 4}"]
+            if slot.ready and slot.pid and not slot.caught_up:
+                os.kill(slot.pid, signal.SIGKILL)  # kill -9 mid-batch
+                killed += 1
+        thread.join(timeout=180)
+    assert killed == 3
+    assert not result["summary"].errors
+    report = check_ledger(source, LocalBucket.open(data_dir, "ledger"))
+    assert report.ok, report.summary()
+    assert watcher.backwards == [] and watcher.samples > 5
+    per_doc = read_call_log(calls)
+    total_calls = sum(len(v) for v in per_doc.values())
+    assert total_calls >= 6000  # at least once; replays after a kill are allowed, duplicate effects are not
+    cps = open_metadata(data_dir).checkpoints("fn_k")
+    assert [cps[vb].seqno for vb in range(NUM_VBUCKETS)] == source.high_seqnos()
+
+
+def test_a_driver_killed_mid_run_resumes_from_its_checkpoints(data_dir, ray_session):
+    source = load(data_dir, documents=300, mutations=4000)
+    deploy(data_dir, ledger_definition("fn_d", "src", "ledger", workers=2, sleep_ms=1, batch_size=50))
+    address = ray_session.get_runtime_context().gcs_address
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "eventing", "--data-dir", data_dir, "run", "--until-caught-up", "--quiet",
+         "--ray-address", address],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    store = open_metadata(data_dir)
+    deadline = time.monotonic() + 90
+    progressed = 0
+    while time.monotonic() < deadline:
+        progressed = sum(cp.seqno for cp in store.checkpoints("fn_d").values())
+        if progressed > 500:
+            break
+        time.sleep(0.2)
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    assert 500 < progressed < 4000, "the driver should have been killed mid-run"
+    before = {vb: cp.seqno for vb, cp in store.checkpoints("fn_d").items()}
+    from eventing.executor import RayExecutor
+
+    summary = EventingService(data_dir, RayExecutor(), until_caught_up=True).run()
+    assert not summary.errors
+    after = store.checkpoints("fn_d")
+    assert all(after[vb].seqno >= seqno for vb, seqno in before.items())
+    report = check_ledger(source, LocalBucket.open(data_dir, "ledger"))
+    assert report.ok, report.summary()
+
+
+def test_a_running_service_follows_deploys_pauses_and_resumes_from_other_processes(data_dir, ray_executor):
+    source = load(data_dir, documents=200, mutations=1000)
+    deploy(data_dir, ledger_definition("fn_live", "src", "ledger_live", workers=2))
+    service = EventingService(data_dir, ray_executor)
+    thread = threading.Thread(target=service.run)
+    thread.start()
+    try:
+        wait_for(lambda: caught_up(data_dir, "fn_live", source), "fn_live catches up")
+        for i in range(100):  # new mutations while running are picked up
+            source.upsert(f"live::{i}", {"rev": 1})
+        wait_for(lambda: caught_up(data_dir, "fn_live", source), "new mutations handled")
+        # A pause from another process: the service checkpoints, releases and confirms.
+        cli = [sys.executable, "-m", "eventing", "--data-dir", data_dir]
+        assert subprocess.run([*cli, "pause", "fn_live"], capture_output=True, timeout=60).returncode == 0
+        assert open_metadata(data_dir).get_function("fn_live").state.value == "paused"
+        assert not any(cp.leased for cp in open_metadata(data_dir).checkpoints("fn_live").values())
+        for i in range(100, 200):
+            source.upsert(f"live::{i}", {"rev": 1})
+        time.sleep(1.0)
+        assert not caught_up(data_dir, "fn_live", source)  # paused: nothing handled
+        assert subprocess.run([*cli, "resume", "fn_live"], capture_output=True, timeout=60).returncode == 0
+        wait_for(lambda: caught_up(data_dir, "fn_live", source), "handled after resume")
+        # A function deployed while the service runs starts without a restart.
+        deploy(data_dir, ledger_definition("fn_late", "src", "ledger_late", workers=1))
+        wait_for(lambda: caught_up(data_dir, "fn_late", source), "fn_late deployed while running")
+    finally:
+        service.stop()
+        thread.join(timeout=60)
+    for fn, ledger in (("fn_live", "ledger_live"), ("fn_late", "ledger_late")):
+        report = check_ledger(source, LocalBucket.open(data_dir, ledger))
+        assert report.ok and report.handled == 1200, f"{fn}: {report.summary()}"
+
+
+def caught_up(data_dir: str, function: str, source: LocalBucket) -> bool:
+    cps = open_metadata(data_dir).checkpoints(function)
+    return bool(cps) and [cps[vb].seqno for vb in range(NUM_VBUCKETS)] == source.high_seqnos()
+
+
+def wait_for(predicate, what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting until {what}")
