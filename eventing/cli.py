@@ -7,6 +7,7 @@ data, --json. User mistakes print `error: ...` naming the thing and the fix, and
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import os
@@ -25,6 +26,9 @@ from eventing.worker import METADATA_FILE, open_metadata
 from sharding import NUM_VBUCKETS, format_ranges, validate_key, worker_plan
 
 DEFAULT_DATA_DIR = ".eventing"
+
+# Modules with a `register(sub, add)` function that adds their subcommands (see build_parser).
+COMMAND_MODULES: list[str] = []
 EXIT_USAGE = 2
 
 
@@ -617,6 +621,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--ray-address", default=os.environ.get("EVENTING_RAY_ADDRESS"))
     p.add_argument("--executor", choices=["ray", "in-process"], default="ray")
+
+    # Commands that live in their own modules register themselves here: register(sub, add).
+    for module_name in COMMAND_MODULES:
+        importlib.import_module(module_name).register(sub, add)
     return parser
 
 
