@@ -20,7 +20,7 @@ class WorkerHandle(Protocol):
 class Executor(Protocol):
     name: str
 
-    def start_worker(self, spec: WorkerSpec) -> Any: ...
+    def start_worker(self, spec: WorkerSpec, ray_node_id: str | None = None) -> Any: ...
     def wait(self, futures: list[Any], timeout: float) -> list[Any]: ...
     def result(self, future: Any) -> Any: ...
     def kill(self, handle: Any) -> None: ...
@@ -70,7 +70,7 @@ class InProcessExecutor:
 
     name = "in-process"
 
-    def start_worker(self, spec: WorkerSpec) -> _LocalHandle:
+    def start_worker(self, spec: WorkerSpec, ray_node_id: str | None = None) -> _LocalHandle:
         return _LocalHandle(WorkerHost(spec))
 
     def wait(self, futures: list[Any], timeout: float) -> list[Any]:
@@ -139,8 +139,14 @@ class RayExecutor:
         self._ray = ray
         self._actor_cls = ray.remote(num_cpus=0, max_restarts=0)(WorkerHost)
 
-    def start_worker(self, spec: WorkerSpec) -> _RayHandle:
-        return _RayHandle(self._actor_cls.remote(spec))
+    def start_worker(self, spec: WorkerSpec, ray_node_id: str | None = None) -> _RayHandle:
+        """Start a worker actor; pinned to a Ray node when its eventing node names one."""
+        options: dict[str, Any] = {}
+        if ray_node_id:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=ray_node_id, soft=False)
+        return _RayHandle(self._actor_cls.options(**options).remote(spec))
 
     def wait(self, futures: list[Any], timeout: float) -> list[Any]:
         if not futures:

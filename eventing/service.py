@@ -13,12 +13,15 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from eventing.definition import FunctionDefinition
 from eventing.errors import EventingError
 from eventing.executor import Executor
-from eventing.lifecycle import HEARTBEAT_S, complete_transition
+from eventing.lifecycle import HEARTBEAT_S, SERVICE_STALE_S, complete_transition
+from eventing.nodes import Topology, function_assignment
 from eventing.supervisor import FunctionSupervisor
 from eventing.worker import open_metadata
 from metadata import FunctionState
+from sharding import VBucketPlan
 
 log = logging.getLogger("eventing.service")
 
@@ -133,6 +136,42 @@ class EventingService:
                 self._progress(name).state = "undeployed"
             elif running is not None:
                 self._stop_function(name)
+        self._follow_rebalance()
+
+    # -- rebalance ----------------------------------------------------------------------------------
+
+    def _follow_rebalance(self) -> None:
+        """Start a requested rebalance on every running function; record the new plan once all are done."""
+        topology = Topology(self.store)
+        request = topology.pending_request()
+        if request is None:
+            return
+        if request["status"] == "running" and request.get("service") not in self.store.live_services(SERVICE_STALE_S):
+            # The service that ran it stopped midway: carry it on from where the checkpoints' owners stand.
+            request = topology.update_request(request, status="requested", restarted=request.get("restarted", 0) + 1)
+        if request["status"] == "requested":
+            owners, nodes = tuple(request["owners"]), request["nodes"]
+            topology.placements()  # make sure joining nodes are known before workers start there
+            for sup in self.supervisors.values():
+                sup.start_rebalance(owners, nodes)
+            self._rebalance_started = time.monotonic()
+            self._handled_at_rebalance = sum(s.handled for s in self.supervisors.values())
+            topology.update_request(request, status="running", service=self.service_id)
+            request = topology.pending_request()
+            assert request is not None
+        if request.get("service") != self.service_id or any(s.handoff for s in self.supervisors.values()):
+            return
+        handoffs = [s.last_handoff for s in self.supervisors.values() if s.last_handoff is not None]
+        elapsed = time.monotonic() - getattr(self, "_rebalance_started", time.monotonic())
+        topology.complete(request["owners"])
+        topology.update_request(
+            request,
+            status="done",
+            finished_at=time.time(),
+            seconds=round(elapsed, 3),
+            longest_unowned_ms=round(max((h.longest_unowned_s() for h in handoffs), default=0.0) * 1000, 1),
+            worker_moves={s.name: s.last_handoff.moves for s in self.supervisors.values() if s.last_handoff},
+        )
 
     def _nothing_left(self) -> bool:
         for record in self.store.list_functions():
@@ -144,7 +183,15 @@ class EventingService:
 
     def _start_function(self, record) -> None:
         try:
-            sup = FunctionSupervisor(self.data_dir, record, self.executor, until_caught_up=self.until_caught_up)
+            topology = Topology(self.store)
+            worker_count = FunctionDefinition.from_dict(record.definition).worker_count
+            pending = topology.pending_request()
+            plan = VBucketPlan(tuple(pending["owners"])) if pending else topology.node_plan()
+            assignment = function_assignment(self.store, record.name, worker_count, plan)
+            sup = FunctionSupervisor(
+                self.data_dir, record, self.executor, assignment,
+                until_caught_up=self.until_caught_up, placements=topology.placements(),
+            )
         except EventingError as exc:
             self._progress(record.name).error = str(exc)
             self.summary.errors.append(f"{record.name}: {exc}")

@@ -1,20 +1,22 @@
-"""Runs one deployed function: starts its workers per the vBucket plan, keeps them stepping with bounded
-credits, restarts dead workers from their checkpoints, and stops them cleanly (checkpoint, release)."""
+"""Runs one deployed function: starts its workers per the vBucket assignment, keeps them stepping with
+bounded credits, restarts dead workers from their checkpoints, hands vBuckets over live on rebalance,
+and stops them cleanly (checkpoint, release)."""
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from eventing.bucket import LocalBucket
 from eventing.definition import FunctionDefinition
 from eventing.errors import EventingError
-from eventing.executor import Executor, WorkerDied, WorkerHandle
+from eventing.executor import Executor, WorkerDied
 from eventing.worker import StepReport, WorkerSpec
 from metadata import FunctionRecord
-from sharding import NUM_VBUCKETS, worker_plan
+from sharding.rebalance import FunctionAssignment, assign_function, function_moves
 
 log = logging.getLogger("eventing.supervisor")
 
@@ -28,7 +30,8 @@ RESTART_BACKOFF_S = (0.2, 1.0, 2.0, 5.0)
 @dataclass
 class WorkerSlot:
     spec: WorkerSpec
-    handle: WorkerHandle | None = None
+    node: str
+    handle: Any = None
     starting: Any = None  # future of the "start" call
     inflight: list[Any] = field(default_factory=list)
     ready: bool = False
@@ -38,6 +41,32 @@ class WorkerSlot:
     next_step_at: float = 0.0
     started_at: float = 0.0
     pid: int | None = None  # the worker's process, once started
+    leaving: bool = False  # on a departing node: stopped once its vBuckets are handed over
+
+
+@dataclass
+class Handoff:
+    """One live rebalance of this function: vBuckets leave old workers, then are claimed by new ones."""
+
+    target: FunctionAssignment
+    started_at: float
+    outgoing: dict[str, list[int]]  # old worker -> vBuckets it must release
+    incoming: dict[str, list[int]]  # new worker -> vBuckets it will claim
+    released_at: dict[int, float] = field(default_factory=dict)
+    claimed_at: dict[int, float] = field(default_factory=dict)
+    waiting: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))  # released, not yet claimed
+    calls: dict[Any, tuple[str, str, list[int]]] = field(default_factory=dict)  # future -> (kind, worker, vbs)
+    revokes_issued: bool = False
+    released_from: float = 0.0  # when the first revoke was sent (new workers were up by then)
+    finished_at: float | None = None
+
+    @property
+    def moves(self) -> int:
+        return sum(len(v) for v in self.incoming.values())
+
+    def longest_unowned_s(self) -> float:
+        gaps = [self.claimed_at[vb] - t for vb, t in self.released_at.items() if vb in self.claimed_at]
+        return max(gaps, default=0.0)
 
 
 class FunctionSupervisor:
@@ -46,9 +75,10 @@ class FunctionSupervisor:
         data_dir: str,
         record: FunctionRecord,
         executor: Executor,
+        assignment: FunctionAssignment,
         *,
         until_caught_up: bool = False,
-        node: str = "local",
+        placements: dict[str, str | None] | None = None,
     ):
         self.data_dir = data_dir
         self.record = record
@@ -56,20 +86,28 @@ class FunctionSupervisor:
         self.defn = FunctionDefinition.from_dict(record.definition)
         self.executor = executor
         self.until_caught_up = until_caught_up
+        self.placements = placements or {}
         targets = None
         if until_caught_up:
             source = LocalBucket.open(data_dir, self.defn.source_bucket)
             targets = tuple(source.high_seqnos())
             source.close()
         self.targets = targets
+        self.assignment = assignment
         self.slots: dict[str, WorkerSlot] = {}
-        for index, vbs in enumerate(worker_plan(range(NUM_VBUCKETS), self.defn.worker_count)):
-            wid = f"{node}/w{index}"
-            self.slots[wid] = WorkerSlot(WorkerSpec(data_dir, self.name, record.generation, wid, tuple(vbs), targets))
+        for worker in assignment.workers():
+            self._add_slot(str(worker), worker.node, assignment.vbuckets_of(worker))
         self.handled = 0
         self.error: EventingError | None = None
         self.started_at = time.monotonic()
+        self.handoff: Handoff | None = None
+        self.last_handoff: Handoff | None = None
         self._future_owner: dict[Any, str] = {}
+
+    def _add_slot(self, wid: str, node: str, vbuckets: list[int]) -> WorkerSlot:
+        spec = WorkerSpec(self.data_dir, self.name, self.record.generation, wid, tuple(vbuckets), self.targets)
+        slot = self.slots[wid] = WorkerSlot(spec, node)
+        return slot
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
@@ -78,7 +116,7 @@ class FunctionSupervisor:
             self._spawn(slot)
 
     def _spawn(self, slot: WorkerSlot) -> None:
-        slot.handle = self.executor.start_worker(slot.spec)
+        slot.handle = self.executor.start_worker(slot.spec, self.placements.get(slot.node))
         slot.starting = slot.handle.call("start")
         slot.ready = False
         slot.inflight = []
@@ -92,18 +130,24 @@ class FunctionSupervisor:
     @property
     def done(self) -> bool:
         return self.error is not None or (
-            self.until_caught_up and all(s.ready and s.caught_up and not s.inflight for s in self.slots.values())
+            self.until_caught_up
+            and self.handoff is None
+            and all(s.ready and s.caught_up and not s.inflight for s in self.slots.values())
         )
 
     @property
     def backlog(self) -> int:
         return sum(s.backlog for s in self.slots.values())
 
+    @property
+    def restarts(self) -> int:
+        return sum(s.restarts for s in self.slots.values())
+
     def pump(self, timeout: float = 0.1) -> int:
         """Submit steps where credits allow, wait up to `timeout` for results, handle them. Returns handled."""
         now = time.monotonic()
         for slot in self.slots.values():
-            if not slot.ready or slot.handle is None:
+            if not slot.ready or slot.handle is None or not slot.spec.vbuckets:
                 continue
             if self.until_caught_up and slot.caught_up:
                 continue
@@ -114,12 +158,17 @@ class FunctionSupervisor:
                 if slot.caught_up:
                     break  # an idle worker gets one probe at a time
         pending = [f for s in self.slots.values() for f in ([s.starting] if s.starting is not None else []) + s.inflight]
+        if self.handoff is not None:
+            pending.extend(self.handoff.calls)
         before = self.handled
         for fut in self.executor.wait(pending, timeout):
             self._settle(fut)
         return self.handled - before
 
     def _settle(self, fut: Any) -> None:
+        if self.handoff is not None and fut in self.handoff.calls:
+            self._settle_handoff(fut)
+            return
         wid = self._future_owner.pop(fut, None)
         if wid is None:
             return
@@ -137,6 +186,8 @@ class FunctionSupervisor:
             slot.starting = None
             slot.ready = True
             slot.pid = value
+            self._issue_revokes()
+            self._claim_waiting(wid)
             return
         slot.inflight.remove(fut)
         report: StepReport = value
@@ -169,9 +220,136 @@ class FunctionSupervisor:
         if slot.handle is not None:
             self.executor.kill(slot.handle)
 
+    # -- live rebalance -----------------------------------------------------------------------------
+
+    def start_rebalance(self, node_owners: tuple[str, ...], nodes: list[str]) -> Handoff:
+        """Begin handing vBuckets over to match the new node plan; other vBuckets keep flowing.
+
+        For each moving vBucket: its old worker finishes the step it started, flushes effects, writes its
+        checkpoint and releases (revoke_vbuckets); then the new worker claims it with a higher epoch and
+        resumes right after that checkpoint (assign_vbuckets). Calls on one actor run in order, so the
+        revoke lands between two steps and nothing of that vBucket is handled twice or out of order.
+        """
+        from sharding import VBucketPlan
+
+        target = assign_function(VBucketPlan(node_owners), self.defn.worker_count, self.assignment, nodes=nodes)
+        handoff = Handoff(target, time.monotonic(), defaultdict(list), defaultdict(list))
+        for move in function_moves(self.assignment, target):
+            assert move.from_worker is not None
+            handoff.outgoing[str(move.from_worker)].append(move.vb)
+            handoff.incoming[str(move.to_worker)].append(move.vb)
+        for worker in target.workers():
+            wid = str(worker)
+            if wid not in self.slots:
+                self._spawn(self._add_slot(wid, worker.node, []))
+        for slot in self.slots.values():
+            slot.leaving = slot.node not in nodes
+        self.handoff = handoff
+        self.assignment = target
+        self._issue_revokes()
+        return handoff
+
+    def _issue_revokes(self) -> None:
+        """Release moving vBuckets only once every receiving worker is up: a new actor takes seconds to
+        start, and a vBucket should not wait that long without an owner."""
+        handoff = self.handoff
+        if handoff is None or handoff.revokes_issued:
+            return
+        if not all(self.slots[wid].ready for wid in handoff.incoming):
+            return
+        handoff.revokes_issued = True
+        handoff.released_from = time.monotonic()
+        for wid, vbs in handoff.outgoing.items():
+            slot = self.slots[wid]
+            slot.spec = replace(slot.spec, vbuckets=tuple(vb for vb in slot.spec.vbuckets if vb not in set(vbs)))
+            handoff.calls[slot.handle.call("revoke_vbuckets", vbs)] = ("revoke", wid, vbs)
+        self._maybe_finish()
+
+    def _settle_handoff(self, fut: Any) -> None:
+        handoff = self.handoff
+        assert handoff is not None
+        kind, wid, vbs = handoff.calls.pop(fut)
+        now = time.monotonic()
+        try:
+            self.executor.result(fut)
+        except WorkerDied as exc:
+            if kind == "revoke":
+                # The old owner died before releasing: its last checkpoint stands, and the new owner's
+                # higher epoch fences it should it come back. Restart it for what it still owns.
+                log.warning("function %s worker %s died while releasing (%s)", self.name, wid, exc)
+                self._restart_if_needed(wid, str(exc))
+            else:
+                # The new owner died before its first checkpoint: its restart claims again (its spec
+                # already lists the vBuckets) and resumes after the old owner's checkpoint.
+                self._restart(self.slots[wid], str(exc))
+                for vb in vbs:
+                    handoff.claimed_at.setdefault(vb, time.monotonic())
+                self._maybe_finish()
+                return
+        except EventingError as exc:
+            self.error = exc
+            return
+        if kind == "revoke":
+            for vb in vbs:
+                handoff.released_at[vb] = now
+            for new_wid, new_vbs in handoff.incoming.items():
+                released = [vb for vb in new_vbs if vb in set(vbs)]
+                if released:
+                    handoff.waiting[new_wid].extend(released)
+                    self._claim_waiting(new_wid)
+        else:
+            for vb in vbs:
+                handoff.claimed_at[vb] = now
+            self.slots[wid].caught_up = False
+        self._maybe_finish()
+
+    def _restart_if_needed(self, wid: str, why: str) -> None:
+        slot = self.slots[wid]
+        if slot.spec.vbuckets:
+            self._restart(slot, why)
+
+    def _claim_waiting(self, wid: str) -> None:
+        """Hand released vBuckets to their new worker once it is up."""
+        handoff = self.handoff
+        if handoff is None or not handoff.waiting.get(wid):
+            return
+        slot = self.slots[wid]
+        if not slot.ready:
+            return
+        vbs = handoff.waiting.pop(wid)
+        slot.spec = replace(slot.spec, vbuckets=tuple(sorted(set(slot.spec.vbuckets) | set(vbs))))
+        handoff.calls[slot.handle.call("assign_vbuckets", vbs)] = ("assign", wid, vbs)
+
+    def _maybe_finish(self) -> None:
+        handoff = self.handoff
+        if handoff is None or not handoff.revokes_issued or handoff.calls or any(handoff.waiting.values()):
+            return
+        if len(handoff.claimed_at) < handoff.moves:
+            return
+        handoff.finished_at = time.monotonic()
+        for wid, slot in list(self.slots.items()):
+            if slot.leaving and not slot.spec.vbuckets:
+                self._end_slot(wid)
+        self.last_handoff, self.handoff = handoff, None
+        log.info(
+            "function %s rebalanced: %d vBuckets moved in %.2fs, longest unowned %.0f ms",
+            self.name, handoff.moves, handoff.finished_at - handoff.started_at, handoff.longest_unowned_s() * 1000,
+        )
+
+    def _end_slot(self, wid: str) -> None:
+        slot = self.slots.pop(wid)
+        for fut in slot.inflight:
+            self._future_owner.pop(fut, None)
+        if slot.handle is not None:
+            self.executor.kill(slot.handle)
+
+    # -- stopping -----------------------------------------------------------------------------------
+
     def stop(self, timeout: float = 60.0) -> None:
         """Let in-flight steps finish, then checkpoint and release every vBucket, then end the workers."""
         deadline = time.monotonic() + timeout
+        while self.handoff is not None and time.monotonic() < deadline:
+            self.pump(0.2)
         for slot in self.slots.values():
             while (slot.inflight or slot.starting is not None) and time.monotonic() < deadline:
                 for fut in self.executor.wait(list(slot.inflight) + ([slot.starting] if slot.starting else []), 0.5):
@@ -190,7 +368,3 @@ class FunctionSupervisor:
             if slot.handle is not None:
                 self.executor.kill(slot.handle)
                 slot.handle = None
-
-    @property
-    def restarts(self) -> int:
-        return sum(s.restarts for s in self.slots.values())

@@ -77,8 +77,31 @@ def _targets(total: int, owners: Sequence[Owner], held: Mapping[Owner, int]) -> 
     return {owner: base + (1 if owner in larger else 0) for owner in owners}
 
 
+def _give_up(held: list[int], surplus: int, spread: Mapping[int, Hashable] | None) -> set[int]:
+    """Which of an over-full owner's items leave: its highest ones, or, with `spread`, the highest item of
+    whichever group (for example the worker a vBucket belongs to on that node) is largest, one at a time,
+    so every group shrinks evenly and the workers left behind stay balanced without moving anything more.
+    """
+    if surplus <= 0:
+        return set()
+    if spread is None:
+        return set(held[len(held) - surplus :])
+    groups: dict[Hashable, list[int]] = {}
+    for item in held:
+        groups.setdefault(spread.get(item), []).append(item)
+    order = {group: i for i, group in enumerate(groups)}
+    gone: set[int] = set()
+    for _ in range(surplus):
+        group = max(groups, key=lambda g: (len(groups[g]), order[g]))
+        gone.add(groups[group].pop())
+    return gone
+
+
 def _rebalance(
-    items: Sequence[int], previous: Mapping[int, Owner], owners: Sequence[Owner]
+    items: Sequence[int],
+    previous: Mapping[int, Owner],
+    owners: Sequence[Owner],
+    spread: Mapping[int, Hashable] | None = None,
 ) -> dict[int, Owner]:
     """Assign sorted `items` to `owners`, balanced, keeping as many items on their previous owner as possible.
 
@@ -99,10 +122,12 @@ def _rebalance(
     targets = _targets(len(items), owners, {owner: len(vbs) for owner, vbs in held.items()})
     result: dict[int, Owner] = {}
     for owner in owners:
-        keep = targets[owner]
-        for item in held[owner][:keep]:
-            result[item] = owner
-        pool.extend(held[owner][keep:])
+        gone = _give_up(held[owner], len(held[owner]) - targets[owner], spread)
+        for item in held[owner]:
+            if item in gone:
+                pool.append(item)
+            else:
+                result[item] = owner
     pool.sort()
     start = 0
     for owner in owners:
@@ -272,6 +297,8 @@ def plan_rebalance(
     current: VBucketPlan | Mapping[int, str] | None,
     nodes: Sequence[str],
     num_vbuckets: int | None = None,
+    *,
+    spread: Mapping[int, Hashable] | None = None,
 ) -> RebalancePlan:
     """Plan node ownership for the new ordered node list, balanced and moving the fewest vBuckets possible.
 
@@ -280,6 +307,11 @@ def plan_rebalance(
     at most 1) and `move_count == minimum_moves(current, nodes)`. It depends only on its inputs, so every
     process that plans the same rebalance gets the same plan. `num_vbuckets` defaults to the size of
     `current`, or NUM_VBUCKETS at first deployment.
+
+    `spread` (vb -> group, e.g. the tuple of workers that own it in each function) changes only *which*
+    vBuckets a node gives up, never how many: they are taken evenly from its groups, so the workers that
+    stay on the node remain balanced and the worker-level handoffs drop to the node-level moves
+    (1 -> 2 nodes with 4 workers: 512 handoffs instead of 768).
     """
     node_list = _check_nodes(nodes)
     owners = _current_owners(current, num_vbuckets)
@@ -288,7 +320,7 @@ def plan_rebalance(
     if owners is None:
         size = num_vbuckets if num_vbuckets is not None else NUM_VBUCKETS
         return RebalancePlan(None, VBucketPlan.initial(node_list, size), (), node_list)
-    assignment = _rebalance(range(len(owners)), dict(enumerate(owners)), node_list)
+    assignment = _rebalance(range(len(owners)), dict(enumerate(owners)), node_list, spread)
     after = tuple(assignment[vb] for vb in range(len(owners)))
     moves = tuple(Move(vb, owners[vb], after[vb]) for vb in range(len(owners)) if owners[vb] != after[vb])
     return RebalancePlan(VBucketPlan(owners), VBucketPlan(after), moves, node_list)

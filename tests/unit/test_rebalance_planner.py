@@ -487,3 +487,36 @@ def test_worker_split_without_history_matches_worker_plan(vbuckets: set[int], wo
     assignment = assign_workers(vbuckets, {}, workers)
     groups = [sorted(vb for vb, w in assignment.items() if w == i) for i in range(workers)]
     assert groups == worker_plan(sorted(vbuckets), workers)
+
+
+def test_spreading_the_given_up_vbuckets_keeps_worker_handoffs_at_the_node_moves():
+    from sharding import VBucketPlan
+    from sharding.rebalance import assign_function, function_moves, plan_rebalance
+
+    one = VBucketPlan.initial(["n1"])
+    before = assign_function(one, 4)
+    spread = {vb: str(worker) for vb, worker in enumerate(before.owners)}
+    plan = plan_rebalance(one, ["n1", "n2"], spread=spread)
+    assert plan.move_count == 512 and plan.counts_after() == {"n1": 512, "n2": 512}
+    after = assign_function(plan.after, 4, before, nodes=["n1", "n2"])
+    assert len(function_moves(before, after)) == 512  # without spread: 768 (256 more inside n1)
+    assert set(after.counts().values()) == {128}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    groups=st.integers(min_value=1, max_value=7),
+    steps=st.lists(st.integers(min_value=1, max_value=5), min_size=1, max_size=4),
+)
+def test_spread_never_changes_how_many_vbuckets_move(groups, steps):
+    from sharding.rebalance import minimum_moves, plan_rebalance
+
+    current = None
+    for count in steps:
+        nodes = [f"n{i}" for i in range(count)]
+        spread = {vb: vb % groups for vb in range(64)}
+        plan = plan_rebalance(current, nodes, 64, spread=spread)
+        if current is not None:
+            assert plan.move_count == minimum_moves(current, nodes, 64)
+        assert max(plan.counts_after().values()) - min(plan.counts_after().values()) <= 1
+        current = plan.after
