@@ -28,7 +28,7 @@ from sharding import NUM_VBUCKETS, format_ranges, validate_key, worker_plan
 DEFAULT_DATA_DIR = ".eventing"
 
 # Modules with a `register(sub, add)` function that adds their subcommands (see build_parser).
-COMMAND_MODULES: list[str] = []
+COMMAND_MODULES: list[str] = ["eventing.nodes_cli"]
 EXIT_USAGE = 2
 
 

@@ -42,6 +42,31 @@ class MetadataStore(Protocol):
     def dlq_rows(
         self, function: str, *, limit: int | None = None, include_replayed: bool = False
     ) -> list[DlqRow]: ...
+    def dlq_row(self, function: str, vb: int, seqno: int) -> DlqRow | None: ...
+    def find_dlq_rows(
+        self,
+        function: str,
+        *,
+        vb: int | None = None,
+        seqno: int | None = None,
+        key: str | None = None,
+        reason: str | None = None,
+        include_replayed: bool = False,
+        replayed_only: bool = False,
+        limit: int | None = None,
+    ) -> list[DlqRow]: ...
+    def mark_replayed(self, function: str, keys: Iterable[tuple[int, int]]) -> int: ...
+    def record_replay_failure(
+        self, function: str, vb: int, seqno: int, reason: str, error: str, traceback: str
+    ) -> None: ...
+    def purge_dlq(
+        self,
+        function: str,
+        reason: str | None = None,
+        replayed_only: bool = False,
+        *,
+        keys: Iterable[tuple[int, int]] | None = None,
+    ) -> int: ...
     def heartbeat(self, service_id: str, info: str) -> None: ...
     def live_services(self, max_age_s: float) -> list[str]: ...
     def close(self) -> None: ...

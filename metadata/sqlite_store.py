@@ -34,6 +34,24 @@ CREATE TABLE IF NOT EXISTS checkpoints(
     function TEXT NOT NULL, vb INTEGER NOT NULL, seqno INTEGER NOT NULL, epoch INTEGER NOT NULL,
     owner TEXT, bucket_uuid TEXT NOT NULL, updated_at REAL NOT NULL, leased INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY(function, vb)) WITHOUT ROWID;
+-- Where each deployment's checkpoints started (its feed boundary), so `eventing verify` knows which
+-- source mutations the function owes.
+CREATE TABLE IF NOT EXISTS checkpoint_starts(
+    function TEXT NOT NULL, vb INTEGER NOT NULL, seqno INTEGER NOT NULL,
+    PRIMARY KEY(function, vb)) WITHOUT ROWID;
+-- Every backwards move of a checkpoint, for `eventing verify`: 'refused' by commit (which raised
+-- OrderViolationError and rolled back), or 'applied' by a write that bypassed commit (the trigger).
+-- The trigger costs one comparison per updated checkpoint row.
+CREATE TABLE IF NOT EXISTS checkpoint_regressions(
+    function TEXT NOT NULL, vb INTEGER NOT NULL, epoch INTEGER NOT NULL, from_seqno INTEGER NOT NULL,
+    to_seqno INTEGER NOT NULL, how TEXT NOT NULL, at REAL NOT NULL);
+CREATE TRIGGER IF NOT EXISTS checkpoint_moved_backwards AFTER UPDATE OF seqno ON checkpoints
+    WHEN NEW.seqno < OLD.seqno
+    BEGIN
+        INSERT INTO checkpoint_regressions VALUES(
+            NEW.function, NEW.vb, NEW.epoch, OLD.seqno, NEW.seqno, 'applied',
+            (julianday('now') - 2440587.5) * 86400.0);
+    END;
 CREATE TABLE IF NOT EXISTS counters(
     function TEXT NOT NULL, name TEXT NOT NULL, value REAL NOT NULL,
     PRIMARY KEY(function, name)) WITHOUT ROWID;
@@ -44,10 +62,27 @@ CREATE TABLE IF NOT EXISTS dlq(
     replayed_at REAL, PRIMARY KEY(function, vb, seqno));
 CREATE TABLE IF NOT EXISTS services(id TEXT PRIMARY KEY, info TEXT NOT NULL, heartbeat_at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS kv(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS nodes(
+    name TEXT PRIMARY KEY, state TEXT NOT NULL, ray_node_id TEXT, added_at REAL NOT NULL);
 """
 
 # How long one statement waits for another process's write lock before we log and retry.
 BUSY_TIMEOUT_MS = 2000
+# How long a write waits, retrying, for a lock to be released or for disk space to come back before it
+# fails: $EVENTING_STORE_WAIT_S seconds, 60 by default.
+STORE_WAIT_ENV = "EVENTING_STORE_WAIT_S"
+DEFAULT_STORE_WAIT_S = 60.0
+
+CORRUPT_RECOVERY = (
+    "stop every eventing process, then restore the file from a backup (replays after the restored "
+    "checkpoints apply no effect twice), or move it aside and redeploy the functions (they restart from "
+    "their feed boundary); see 'Damaged metadata store' in README.md"
+)
+
+# Fault injection for tests: when set, called with the file's path inside every write transaction of a
+# metadata store or a local bucket, right before COMMIT. Raising there (for example
+# sqlite3.OperationalError("database or disk is full")) fails the transaction as the storage would.
+write_fault: Callable[[Path], None] | None = None
 
 
 class SqliteMetadataStore:
@@ -57,9 +92,9 @@ class SqliteMetadataStore:
     `lock_wait_s`, then fail with StoreLockedError: processing waits, it never skips a checkpoint.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, lock_wait_s: float = 60.0, create: bool = True):
+    def __init__(self, path: str | os.PathLike[str], *, lock_wait_s: float | None = None, create: bool = True):
         self.path = Path(path)
-        self.lock_wait_s = lock_wait_s
+        self.lock_wait_s = lock_wait_s  # None: $EVENTING_STORE_WAIT_S, default 60s (see retry_locked)
         if not self.path.exists() and not create:
             raise NotFoundError(
                 f"metadata store {self.path} does not exist; deploy a function first or pass the right --data-dir"
@@ -77,9 +112,7 @@ class SqliteMetadataStore:
             self._retry(self._setup)
         except sqlite3.DatabaseError as exc:
             raise StoreCorruptError(
-                f"metadata store {self.path} is not a valid SQLite database ({exc}); "
-                "restore it from a backup, or move it aside and redeploy the functions "
-                "(checkpoints restart from each function's feed boundary)"
+                f"metadata store {self.path} is not a valid SQLite database ({_one_line(exc)}); {CORRUPT_RECOVERY}"
             ) from None
 
     def _setup(self) -> None:
@@ -95,28 +128,21 @@ class SqliteMetadataStore:
             result = str(exc)
         if result != "ok":
             raise StoreCorruptError(
-                f"metadata store {self.path} failed its integrity check ({result}); "
-                "restore it from a backup, or move it aside and redeploy the functions "
-                "(checkpoints restart from each function's feed boundary)"
+                f"metadata store {self.path} failed its integrity check ({_one_line(result)}); {CORRUPT_RECOVERY}"
             )
 
     # -- transactions -------------------------------------------------------------------------------
 
     def _retry(self, fn: Callable[[], T]) -> T:
-        return retry_locked(self.path, fn, self.lock_wait_s)
+        try:
+            return retry_locked(self.path, fn, self.lock_wait_s)
+        except sqlite3.DatabaseError as exc:
+            if type(exc) is not sqlite3.DatabaseError:  # a subclass: a bug or a constraint, not damage
+                raise
+            raise StoreCorruptError(f"metadata store {self.path} is damaged ({_one_line(exc)}); {CORRUPT_RECOVERY}") from None
 
     def _tx(self, body: Callable[[sqlite3.Connection], T]) -> T:
-        def run() -> T:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                out = body(self._db)
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
-            return out
-
-        return self._retry(run)
+        return self._retry(lambda: run_transaction(self._db, self.path, lambda: body(self._db)))
 
     def _read(self, sql: str, args: tuple = ()) -> list[tuple]:
         return self._retry(lambda: self._db.execute(sql, args).fetchall())
@@ -342,6 +368,84 @@ class SqliteMetadataStore:
             sql += f" LIMIT {int(limit)}"
         return [DlqRow(*r) for r in self._read(sql, (function,))]
 
+    # -- DLQ inspection, replay and purge (eventing.dlq) --------------------------------------------------
+
+    def dlq_row(self, function: str, vb: int, seqno: int) -> DlqRow | None:
+        """The dead letter of (function, vBucket, seqno), replayed or not; None if there is none."""
+        rows = self._read("SELECT * FROM dlq WHERE function=? AND vb=? AND seqno=?", (function, vb, seqno))
+        return DlqRow(*rows[0]) if rows else None
+
+    def find_dlq_rows(
+        self,
+        function: str,
+        *,
+        vb: int | None = None,
+        seqno: int | None = None,
+        key: str | None = None,
+        reason: str | None = None,
+        include_replayed: bool = False,
+        replayed_only: bool = False,
+        limit: int | None = None,
+    ) -> list[DlqRow]:
+        """Dead letters matching every given filter, in (vBucket, seqno) order: per-document order."""
+        where, args = _dlq_filter(function, vb, seqno, key, reason, include_replayed, replayed_only)
+        sql = f"SELECT * FROM dlq WHERE {where} ORDER BY vb, seqno"
+        if limit is not None:
+            sql += f" LIMIT {int(limit)}"
+        return [DlqRow(*r) for r in self._read(sql, args)]
+
+    def mark_replayed(self, function: str, keys: Iterable[tuple[int, int]]) -> int:
+        """Set replayed_at on the (vBucket, seqno) rows not yet replayed; returns how many changed."""
+        now = time.time()
+        rows = list(keys)  # the transaction may be retried; a generator would be spent
+
+        def body(db: sqlite3.Connection) -> int:
+            changed = 0
+            for vb, seqno in rows:
+                cur = db.execute(
+                    "UPDATE dlq SET replayed_at=? WHERE function=? AND vb=? AND seqno=? AND replayed_at IS NULL",
+                    (now, function, vb, seqno),
+                )
+                changed += cur.rowcount
+            return changed
+
+        return self._tx(body)
+
+    def record_replay_failure(
+        self, function: str, vb: int, seqno: int, reason: str, error: str, traceback: str
+    ) -> None:
+        """A replay of the row failed again: attempts + 1, and the newest reason, error and traceback."""
+        self._tx(
+            lambda db: db.execute(
+                "UPDATE dlq SET reason=?, error=?, traceback=?, attempts=attempts+1, last_failed_at=? "
+                "WHERE function=? AND vb=? AND seqno=? AND replayed_at IS NULL",
+                (reason, error, traceback, time.time(), function, vb, seqno),
+            )
+        )
+
+    def purge_dlq(
+        self,
+        function: str,
+        reason: str | None = None,
+        replayed_only: bool = False,
+        *,
+        keys: Iterable[tuple[int, int]] | None = None,
+    ) -> int:
+        """Delete dead letters (all of the function's, or those matching reason / replayed_only, or the
+        given (vBucket, seqno) keys among them); returns how many rows were removed."""
+        where, args = _dlq_filter(function, None, None, None, reason, True, replayed_only)
+        selected = None if keys is None else list(keys)
+
+        def body(db: sqlite3.Connection) -> int:
+            if selected is None:
+                return db.execute(f"DELETE FROM dlq WHERE {where}", args).rowcount
+            return sum(
+                db.execute(f"DELETE FROM dlq WHERE {where} AND vb=? AND seqno=?", (*args, vb, seqno)).rowcount
+                for vb, seqno in selected
+            )
+
+        return self._tx(body)
+
     def heartbeat(self, service_id: str, info: str) -> None:
         self._tx(
             lambda db: db.execute(
@@ -358,6 +462,24 @@ class SqliteMetadataStore:
         rows = self._read("SELECT id FROM services WHERE heartbeat_at>=?", (time.time() - max_age_s,))
         return [r[0] for r in rows]
 
+    # -- eventing nodes -----------------------------------------------------------------------------------
+
+    def nodes(self) -> list[dict]:
+        """Eventing nodes in the order they were added; state is active, joining or leaving."""
+        return [_node(r) for r in self._read("SELECT * FROM nodes ORDER BY added_at, name")]
+
+    def put_node(self, name: str, state: str, ray_node_id: str | None = None) -> None:
+        self._tx(
+            lambda db: db.execute(
+                "INSERT INTO nodes VALUES(?,?,?,?) ON CONFLICT(name) DO UPDATE SET state=excluded.state, "
+                "ray_node_id=COALESCE(excluded.ray_node_id, ray_node_id)",
+                (name, state, ray_node_id, time.time()),
+            )
+        )
+
+    def delete_node(self, name: str) -> None:
+        self._tx(lambda db: db.execute("DELETE FROM nodes WHERE name=?", (name,)))
+
     def get_kv(self, key: str) -> str | None:
         rows = self._read("SELECT value FROM kv WHERE key=?", (key,))
         return rows[0][0] if rows else None
@@ -368,6 +490,11 @@ class SqliteMetadataStore:
                 "INSERT INTO kv VALUES(?,?) ON CONFLICT(key) DO UPDATE SET value=excluded.value", (key, value)
             )
         )
+
+
+def _node(row: tuple) -> dict:
+    name, state, ray_node_id, added_at = row
+    return {"name": name, "state": state, "ray_node_id": ray_node_id, "added_at": added_at}
 
 
 def retry_locked(path: Path, fn: Callable[[], T], lock_wait_s: float = 60.0) -> T:
@@ -406,6 +533,27 @@ def _add_counters(db: sqlite3.Connection, function: str, counters: Mapping[str, 
         "INSERT INTO counters VALUES(?,?,?) ON CONFLICT(function, name) DO UPDATE SET value=value+excluded.value",
         [(function, k, v) for k, v in counters.items() if v],
     )
+
+
+def _dlq_filter(
+    function: str,
+    vb: int | None,
+    seqno: int | None,
+    key: str | None,
+    reason: str | None,
+    include_replayed: bool,
+    replayed_only: bool,
+) -> tuple[str, tuple]:
+    clauses, args = ["function=?"], [function]
+    for column, value in (("vb", vb), ("seqno", seqno), ("key", key), ("reason", reason)):
+        if value is not None:
+            clauses.append(f"{column}=?")
+            args.append(value)
+    if replayed_only:
+        clauses.append("replayed_at IS NOT NULL")
+    elif not include_replayed:
+        clauses.append("replayed_at IS NULL")
+    return " AND ".join(clauses), tuple(args)
 
 
 def _select_vbs(db: sqlite3.Connection, sql: str, function: str, vbs: list[int]) -> list[tuple]:
