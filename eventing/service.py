@@ -75,6 +75,13 @@ class EventingService:
         self._rate_window: dict[str, tuple[float, int]] = {}
 
     def run(self) -> RunSummary:
+        others = [sid for sid in self.store.live_services(SERVICE_STALE_S) if _alive(sid)]
+        if others:
+            self.store.close()
+            raise EventingError(
+                f"another eventing service ({others[0]}) is running on this data directory; "
+                "stop it first (Ctrl-C), or run commands against it instead of starting a second one"
+            )
         start = time.monotonic()
         self.store.heartbeat(self.service_id, json.dumps({"pid": os.getpid(), "executor": self.executor.name}))
         try:
@@ -244,6 +251,21 @@ class EventingService:
         self.summary.seconds = elapsed
         if self.on_progress is not None:
             self.on_progress(self.summary)
+
+
+def _alive(service_id: str) -> bool:
+    """A service on this host whose process is gone is not alive, whatever its last heartbeat says."""
+    host, _, rest = service_id.partition(":")
+    pid = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid.isdigit():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 __all__ = ["HEARTBEAT_S", "EventingService", "FunctionProgress", "RunSummary"]

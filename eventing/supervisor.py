@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -102,6 +103,9 @@ class FunctionSupervisor:
         self.started_at = time.monotonic()
         self.handoff: Handoff | None = None
         self.last_handoff: Handoff | None = None
+        # Fault-injection points for tests: called with (worker id, vBuckets) right after a release or claim.
+        self.after_release: Callable[[str, list[int]], None] | None = None
+        self.after_claim: Callable[[str, list[int]], None] | None = None
         self._future_owner: dict[Any, str] = {}
 
     def _add_slot(self, wid: str, node: str, vbuckets: list[int]) -> WorkerSlot:
@@ -292,6 +296,8 @@ class FunctionSupervisor:
         if kind == "revoke":
             for vb in vbs:
                 handoff.released_at[vb] = now
+            if self.after_release is not None:
+                self.after_release(wid, vbs)
             for new_wid, new_vbs in handoff.incoming.items():
                 released = [vb for vb in new_vbs if vb in set(vbs)]
                 if released:
@@ -301,6 +307,8 @@ class FunctionSupervisor:
             for vb in vbs:
                 handoff.claimed_at[vb] = now
             self.slots[wid].caught_up = False
+            if self.after_claim is not None:
+                self.after_claim(wid, vbs)
         self._maybe_finish()
 
     def _restart_if_needed(self, wid: str, why: str) -> None:
