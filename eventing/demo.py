@@ -61,8 +61,15 @@ def run_demo(data_dir: str, args: argparse.Namespace) -> int:
         lifecycle.save_from_file(data_dir, FUNCTIONS_DIR / f"{name}.json")
         lifecycle.deploy(data_dir, name)
     say(f"4. processing everything on {'a local Ray instance' if args.executor == 'ray' and not args.ray_address else args.executor}")
+    from eventing.cli import _ProgressRenderer
+    from eventing.output import progress_enabled
+
     executor = make_executor(args.executor, args.ray_address)
-    summary = EventingService(data_dir, executor, until_caught_up=True).run()
+    renderer = _ProgressRenderer(enabled=not args.json and progress_enabled())
+    try:
+        summary = EventingService(data_dir, executor, until_caught_up=True, on_progress=renderer).run()
+    finally:
+        renderer.close()
     if summary.errors:
         for err in summary.errors:
             print(f"error: {err}")
