@@ -20,7 +20,7 @@ from pathlib import Path
 
 from eventing.errors import ConfigError, NotFoundError, StoreError
 from eventing.mutation import OP_DELETE, OP_EXPIRE, OP_UPDATE, Mutation, decode_document, encode_document
-from metadata.sqlite_store import retry_locked
+from metadata.sqlite_store import retry_locked, run_transaction
 from sharding import NUM_VBUCKETS, validate_key, vbucket_of
 
 BUCKET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.%-]{0,99}$")
@@ -164,17 +164,11 @@ class LocalBucket:
 
         Returns (vb, seqno) per write, or None for a delete of a missing document (nothing logged).
         """
-        return _retry_locked(self.path, lambda: self._tx(lambda: self._apply(writes, origin)))
+        batch = list(writes)  # a retried transaction (locked, disk full) must see every write again
+        return _retry_locked(self.path, lambda: self._tx(lambda: self._apply(batch, origin)))
 
     def _tx(self, body):
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            out = body()
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
-        return out
+        return run_transaction(self._db, self.path, body)
 
     def _apply(self, writes: Iterable[Write], origin: str | None) -> list[tuple[int, int] | None]:
         db = self._db
@@ -282,6 +276,27 @@ class LocalBucket:
                 return
             yield [Mutation(*r) for r in rows]
             last = (rows[-1][0], rows[-1][1])
+
+    def log_index(self, batch: int = 50_000) -> Iterable[list[tuple[int, int, str, str | None]]]:
+        """(vb, seqno, key, origin) of the whole log in (vb, seqno) order, in batches, without documents."""
+        last = (-1, 0)
+        while True:
+            rows = self._db.execute(
+                "SELECT vb, seqno, key, origin FROM log WHERE (vb, seqno) > (?, ?) ORDER BY vb, seqno LIMIT ?",
+                (*last, batch),
+            ).fetchall()
+            if not rows:
+                return
+            yield rows
+            last = (rows[-1][0], rows[-1][1])
+
+    def logged_writes(self, prefix: str) -> dict[str, int]:
+        """How many upserts of each key starting with `prefix` the log holds (every version is kept)."""
+        rows = self._db.execute(
+            "SELECT key, COUNT(*) FROM log WHERE op=? AND substr(key, 1, ?)=? GROUP BY key",
+            (OP_UPDATE, len(prefix), prefix),
+        )
+        return dict(rows.fetchall())
 
     def keys(self) -> list[str]:
         return [r[0] for r in self._db.execute("SELECT key FROM docs WHERE deleted=0 ORDER BY key")]

@@ -28,7 +28,7 @@ from sharding import NUM_VBUCKETS, format_ranges, validate_key, worker_plan
 DEFAULT_DATA_DIR = ".eventing"
 
 # Modules with a `register(sub, add)` function that adds their subcommands (see build_parser).
-COMMAND_MODULES: list[str] = ["eventing.nodes_cli"]
+COMMAND_MODULES: list[str] = ["eventing.nodes_cli", "eventing.dlq_cli", "eventing.debug_cli", "eventing.verify_cli", "eventing.windows_cli"]
 EXIT_USAGE = 2
 
 

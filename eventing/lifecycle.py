@@ -12,6 +12,7 @@ from eventing.bucket import LocalBucket
 from eventing.definition import Boundary, FunctionDefinition, load_definition_file
 from eventing.errors import ConfigError, LifecycleError
 from eventing.loader import validate_handler
+from eventing.window_runtime.paths import reset_windows
 from eventing.worker import open_metadata
 from metadata import FunctionRecord, FunctionState, SqliteMetadataStore
 from sharding import NUM_VBUCKETS
@@ -61,6 +62,7 @@ def deploy(data_dir: str, name: str, boundary: Boundary | None = None) -> Functi
             highs = source.high_seqnos() if defn.boundary == "from_now" else [0] * NUM_VBUCKETS
             epoch_base = record.generation << EPOCH_SHIFT
             store.init_checkpoints(name, dict(enumerate(highs)), source.uuid, epoch_base)
+            reset_windows(data_dir, store, name)  # window state and unaggregated rows start afresh too
             for b in defn.bindings:
                 if b.access == "rw":
                     bucket = LocalBucket.open(data_dir, b.bucket)

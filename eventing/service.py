@@ -19,6 +19,7 @@ from eventing.executor import Executor
 from eventing.lifecycle import HEARTBEAT_S, SERVICE_STALE_S, complete_transition
 from eventing.nodes import Topology, function_assignment
 from eventing.supervisor import FunctionSupervisor
+from eventing.window_runtime.host import WindowHost
 from eventing.worker import open_metadata
 from metadata import FunctionState
 from sharding import VBucketPlan
@@ -69,6 +70,7 @@ class EventingService:
         self.supervisors: dict[str, FunctionSupervisor] = {}
         self.finished: set[str] = set()  # caught up (until_caught_up mode)
         self.summary = RunSummary()
+        self.windows = WindowHost(data_dir, errors=self.summary.errors)  # windowed functions' coordinators
         self.stop_event = threading.Event()
         self._last_state_poll = 0.0
         self._last_gauges = 0.0
@@ -98,6 +100,7 @@ class EventingService:
                         self._stop_function(sup.name)
                         self.finished.add(sup.name)
                         self.summary.functions[sup.name].state = "caught up"
+                self.windows.poll(self.supervisors)
                 self._report(now - start)
                 if self.until_caught_up and not self.supervisors and self._nothing_left():
                     break
@@ -106,6 +109,7 @@ class EventingService:
         finally:
             for name in list(self.supervisors):
                 self._stop_function(name)
+            self.windows.close()
             self._report(time.monotonic() - start, final=True)
             self.store.remove_service(self.service_id)
             self.store.close()
@@ -216,6 +220,7 @@ class EventingService:
         if sup is None:
             return
         sup.stop()
+        self.windows.function_stopped(sup)  # after the workers' last rows are on disk
         progress = self._progress(name)
         progress.handled = sup.handled
         progress.backlog = sup.backlog

@@ -185,6 +185,10 @@ class FunctionSupervisor:
         except EventingError as exc:
             log.error("function %s worker %s failed: %s", self.name, wid, exc)
             self.error = exc
+            if fut is slot.starting:
+                slot.starting = None
+            elif fut in slot.inflight:
+                slot.inflight.remove(fut)
             return
         if fut is slot.starting:
             slot.starting = None

@@ -23,13 +23,19 @@ from eventing.errors import FencedError, OrderViolationError, StoreError
 from eventing.handler import DeleteOptions, Meta
 from eventing.loader import load_handler
 from eventing.mutation import OP_EXPIRE, OP_UPDATE, Mutation, pack_mutation
+from eventing.window_runtime.rows import WindowRowWriter
 from metadata import DlqRow, SqliteMetadataStore
 
 METADATA_FILE = "metadata.sqlite3"
 
 
 def open_metadata(data_dir: str | Path, *, create: bool = True) -> SqliteMetadataStore:
-    return SqliteMetadataStore(Path(data_dir) / METADATA_FILE, create=create)
+    from metadata.factory import open_store
+
+    # SQLite under data_dir, or Couchbase when $EVENTING_METADATA_URL is set. The runtime is still
+    # annotated with the SQLite class; CouchbaseMetadataStore has the same methods (one contract suite
+    # runs against both).
+    return open_store(data_dir, create=create)  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -92,6 +98,7 @@ class WorkerCore:
         self.epochs: dict[int, int] = {}
         self.targets = spec.targets
         self.counters: Counter[str] = Counter()
+        self.window_rows = WindowRowWriter.attach(self)  # rows of a windowed function, else None
         self.dlq: list[DlqRow] = []
         self.last_commit = time.monotonic()
         self._rotor = 0
@@ -107,7 +114,16 @@ class WorkerCore:
         vbs = list(vbuckets)
         if not vbs:
             return
-        claimed = self.store.claim(self.name, vbs, self.spec.worker_id)
+        # A bucket whose effect marks hold a higher epoch than the store (the store was restored from a
+        # backup) would reject every effect of this claim as a zombie's: claim above its marks instead.
+        # Normally the marks trail the store's epochs and this changes nothing.
+        wanted = set(vbs)
+        floor: dict[int, int] = {}
+        for bucket in {id(b.bucket): b.bucket for b in self.rw_bindings}.values():
+            for vb, (mark_epoch, _) in bucket.effect_marks(self.name).items():
+                if vb in wanted and mark_epoch >= floor.get(vb, 0):
+                    floor[vb] = mark_epoch + 1
+        claimed = self.store.claim(self.name, vbs, self.spec.worker_id, min_epochs=floor)
         for vb, cp in claimed.items():
             if cp.bucket_uuid != self.source.uuid:
                 raise StoreError(
@@ -219,6 +235,9 @@ class WorkerCore:
             except Exception as exc:  # noqa: BLE001 - any decode failure is the document's fault
                 self._dead_letter(m, "undecodable", f"{type(exc).__name__}: {exc}", "", 0)
                 return
+            if self.window_rows is not None and not self.window_rows.add(m, doc):
+                self._dead_letter(m, "bad_event_time", self.window_rows.rejection, "", 0)
+                return
             self._call("on_update", self.on_update, (doc, self._meta(m)), m)
         else:
             if self.on_delete is None:
@@ -309,18 +328,42 @@ class WorkerCore:
     def flush_effects(self) -> set[int]:
         """Apply buffered binding writes to their buckets (deduplicated by source seqno, fenced by epoch)."""
         fenced: set[int] = set()
-        for binding in self.rw_bindings:
-            if not binding.pending():
-                continue
-            result = binding.bucket.apply_effects(self.name, binding.take_groups())
-            self.counters["effects_applied"] += result.applied
-            self.counters["effects_duplicate"] += result.duplicates + binding.replayed_writes
-            binding.replayed_writes = 0
-            self.counters["effects_fenced"] += result.fenced_writes
-            fenced |= result.fenced_vbs
+        try:
+            for binding in self.rw_bindings:
+                # Replayed writes dropped before the batch (BucketBinding.keep) count even when nothing is pending.
+                if binding.replayed_writes:
+                    self.counters["effects_duplicate"] += binding.replayed_writes
+                    binding.replayed_writes = 0
+                if not binding.pending():
+                    continue
+                result = binding.bucket.apply_effects(self.name, binding.take_groups())
+                self.counters["effects_applied"] += result.applied
+                self.counters["effects_duplicate"] += result.duplicates
+                self.counters["effects_fenced"] += result.fenced_writes
+                fenced |= result.fenced_vbs
+        except Exception:
+            self._rewind()
+            raise
         for vb in fenced:
             self._forget(vb)
         return fenced
+
+    def _rewind(self) -> None:
+        """A flush failed (disk full, a damaged bucket): the writes it took are gone from memory. Forget
+        everything since the last checkpoint (positions, buffered writes, DLQ rows, counters) so that no
+        later commit, not even the one at stop, checkpoints past effects that never became durable. The
+        mutations are handled again; effects that did apply are skipped by the buckets' marks."""
+        for binding in self.rw_bindings:
+            binding.take_groups()
+            binding.discard()
+            binding.replayed_writes = 0
+        self.dlq = []
+        self.counters.clear()
+        self.positions.update(self.committed)
+        for binding in self.rw_bindings:
+            marks = binding.bucket.effect_marks(self.name)
+            for vb in self.epochs:
+                binding.applied_upto[vb] = marks.get(vb, (0, 0))[1]
 
     def commit(self) -> set[int]:
         """The one place checkpoints are written. Order matters:
@@ -330,7 +373,10 @@ class WorkerCore:
            checkpoints. A zombie (older epoch) has all three rejected. A crash between 1 and 2 replays
            the mutations after the old checkpoint; their effects are skipped by the bucket's marks and
            their DLQ rows by the (function, vBucket, seqno) key, so nothing applies twice.
+        Window rows are written first, as one batch file: the coordinator drops replayed rows by (vb, seqno).
         """
+        if self.window_rows is not None:
+            self.window_rows.flush()
         fenced = self.flush_effects()
         moved = {vb: s for vb, s in self.positions.items() if s != self.committed.get(vb)}
         dlq, counters = self.dlq, dict(self.counters)

@@ -1,5 +1,10 @@
-"""The metadata store: function definitions and states, checkpoints with ownership epochs, counters, DLQ."""
+"""The metadata store: function definitions and states, checkpoints with ownership epochs, counters, DLQ.
 
+Backends: SqliteMetadataStore (embedded default) and CouchbaseMetadataStore; `open_store` picks one from
+the environment ($EVENTING_METADATA_URL).
+"""
+
+from metadata.couchbase_store import CouchbaseMetadataStore, CouchbaseWindowStateStore
 from metadata.errors import (
     ConfigError,
     EventingError,
@@ -12,6 +17,7 @@ from metadata.errors import (
     StoreError,
     StoreLockedError,
 )
+from metadata.factory import METADATA_URL_ENV, open_store, parse_metadata_url
 from metadata.model import TRANSITIONS, Checkpoint, DlqRow, FunctionRecord, FunctionState, check_transition
 from metadata.protocol import MetadataStore
 from metadata.sqlite_store import SqliteMetadataStore
@@ -20,6 +26,8 @@ __all__ = [
     "TRANSITIONS",
     "Checkpoint",
     "ConfigError",
+    "CouchbaseMetadataStore",
+    "CouchbaseWindowStateStore",
     "DlqRow",
     "EventingError",
     "FencedError",
@@ -27,6 +35,7 @@ __all__ = [
     "FunctionState",
     "HandlerLoadError",
     "LifecycleError",
+    "METADATA_URL_ENV",
     "MetadataStore",
     "NotFoundError",
     "OrderViolationError",
@@ -35,4 +44,6 @@ __all__ = [
     "StoreError",
     "StoreLockedError",
     "check_transition",
+    "open_store",
+    "parse_metadata_url",
 ]

@@ -74,9 +74,9 @@ STORE_WAIT_ENV = "EVENTING_STORE_WAIT_S"
 DEFAULT_STORE_WAIT_S = 60.0
 
 CORRUPT_RECOVERY = (
-    "stop every eventing process, then restore the file from a backup (replays after the restored "
-    "checkpoints apply no effect twice), or move it aside and redeploy the functions (they restart from "
-    "their feed boundary); see 'Damaged metadata store' in README.md"
+    "stop every eventing process, then restore it from a backup (replays after the restored checkpoints "
+    "apply no effect twice), or move it aside and redeploy the functions (they restart from their feed "
+    "boundary); see 'Damaged metadata store' in README.md"
 )
 
 # Fault injection for tests: when set, called with the file's path inside every write transaction of a
@@ -203,7 +203,7 @@ class SqliteMetadataStore:
                 raise LifecycleError(f"cannot delete function '{name}': it is {row[0]}; undeploy it first")
             for table in ("functions",):
                 db.execute(f"DELETE FROM {table} WHERE name=?", (name,))
-            for table in ("checkpoints", "counters", "dlq"):
+            for table in ("checkpoints", "counters", "dlq", "checkpoint_starts", "checkpoint_regressions"):
                 db.execute(f"DELETE FROM {table} WHERE function=?", (name,))
 
         self._tx(body)
@@ -240,25 +240,42 @@ class SqliteMetadataStore:
                 "INSERT INTO checkpoints VALUES(?,?,?,?,NULL,?,?,0)",
                 [(function, vb, seqno, epoch_base, bucket_uuid, now) for vb, seqno in positions.items()],
             )
+            db.execute("DELETE FROM checkpoint_starts WHERE function=?", (function,))
+            db.executemany(
+                "INSERT INTO checkpoint_starts VALUES(?,?,?)",
+                [(function, vb, seqno) for vb, seqno in positions.items()],
+            )
 
         self._tx(body)
 
     def drop_checkpoints(self, function: str) -> None:
-        self._tx(lambda db: db.execute("DELETE FROM checkpoints WHERE function=?", (function,)))
+        def body(db: sqlite3.Connection) -> None:
+            db.execute("DELETE FROM checkpoints WHERE function=?", (function,))
+            db.execute("DELETE FROM checkpoint_starts WHERE function=?", (function,))
+
+        self._tx(body)
 
     def checkpoints(self, function: str) -> dict[int, Checkpoint]:
         rows = self._read("SELECT * FROM checkpoints WHERE function=?", (function,))
         return {r[1]: _checkpoint(r) for r in rows}
 
-    def claim(self, function: str, vbuckets: Iterable[int], owner: str) -> dict[int, Checkpoint]:
-        """Take ownership of vBuckets with a higher epoch; any previous owner is fenced from then on."""
+    def claim(
+        self, function: str, vbuckets: Iterable[int], owner: str, *, min_epochs: Mapping[int, int] | None = None
+    ) -> dict[int, Checkpoint]:
+        """Take ownership of vBuckets with a higher epoch; any previous owner is fenced from then on.
+
+        min_epochs: per vBucket, an epoch the new one must reach at least (used when a bucket's effect
+        marks show a higher epoch than this store holds, as after restoring the store from a backup).
+        """
         vbs = list(vbuckets)
         now = time.time()
+        floor = dict(min_epochs or {})
 
         def body(db: sqlite3.Connection) -> dict[int, Checkpoint]:
             db.executemany(
-                "UPDATE checkpoints SET epoch=epoch+1, owner=?, leased=1, updated_at=? WHERE function=? AND vb=?",
-                [(owner, now, function, vb) for vb in vbs],
+                "UPDATE checkpoints SET epoch=MAX(epoch+1, ?), owner=?, leased=1, updated_at=? "
+                "WHERE function=? AND vb=?",
+                [(floor.get(vb, 0), owner, now, function, vb) for vb in vbs],
             )
             rows = _select_vbs(db, "SELECT * FROM checkpoints WHERE function=? AND vb IN ({})", function, vbs)
             return {r[1]: _checkpoint(r) for r in rows}
@@ -287,8 +304,10 @@ class SqliteMetadataStore:
         """
         dlq = list(dlq_rows)
         now = time.time()
+        refused: list[tuple] = []
 
         def body(db: sqlite3.Connection) -> set[int]:
+            refused.clear()
             # Every held vBucket is checked, not only those that moved: a zombie learns at its next
             # commit that it lost them all, and stops working on them.
             vbs = list(set(epochs) | set(seqnos) | {r.vb for r in dlq})
@@ -304,6 +323,7 @@ class SqliteMetadataStore:
                 if vb in fenced:
                     continue
                 if seqno < current[vb][1]:
+                    refused.append((function, vb, epochs.get(vb, 0), current[vb][1], seqno, "refused", now))
                     raise OrderViolationError(
                         f"checkpoint of function '{function}' vBucket {vb} would move backwards "
                         f"from {current[vb][1]} to {seqno}"
@@ -323,7 +343,27 @@ class SqliteMetadataStore:
             _add_counters(db, function, dict(counters or {}, fenced_checkpoint_writes=rejected))
             return fenced
 
-        return self._tx(body)
+        try:
+            return self._tx(body)
+        except OrderViolationError:
+            # The commit rolled back; the refusal is recorded on its own so `eventing verify` reports it.
+            self._tx(lambda db: db.executemany("INSERT INTO checkpoint_regressions VALUES(?,?,?,?,?,?,?)", refused))
+            raise
+
+    def checkpoint_starts(self, function: str) -> dict[int, int]:
+        """Per vBucket, the seqno the current deployment started after (its feed boundary)."""
+        return dict(self._read("SELECT vb, seqno FROM checkpoint_starts WHERE function=?", (function,)))  # type: ignore[arg-type]
+
+    def checkpoint_regressions(self, function: str, *, min_epoch: int = 0) -> list[dict]:
+        """Backwards moves of the function's checkpoints (refused by commit, or applied behind its back),
+        oldest first; min_epoch limits them to one deployment (epochs start at generation << 32)."""
+        rows = self._read(
+            "SELECT vb, epoch, from_seqno, to_seqno, how, at FROM checkpoint_regressions "
+            "WHERE function=? AND epoch>=? ORDER BY at, vb",
+            (function, min_epoch),
+        )
+        keys = ("vb", "epoch", "from_seqno", "to_seqno", "how", "at")
+        return [dict(zip(keys, r, strict=True)) for r in rows]
 
     def release(self, function: str, epochs: Mapping[int, int]) -> set[int]:
         """Give vBuckets up (lease cleared; owner and epoch kept) after a final commit; returns fenced ones."""
@@ -497,30 +537,76 @@ def _node(row: tuple) -> dict:
     return {"name": name, "state": state, "ray_node_id": ray_node_id, "added_at": added_at}
 
 
-def retry_locked(path: Path, fn: Callable[[], T], lock_wait_s: float = 60.0) -> T:
-    """Run fn; while SQLite says the file is locked, warn once and retry for up to lock_wait_s."""
-    deadline = time.monotonic() + lock_wait_s
+def retry_locked(path: Path, fn: Callable[[], T], lock_wait_s: float | None = None) -> T:
+    """Run fn; while SQLite says the file is locked, or its disk is full, warn once and retry.
+
+    Waits up to lock_wait_s (None: $EVENTING_STORE_WAIT_S, default 60s), then fails with StoreLockedError
+    or StoreError naming the fix. fn must be safe to run again: a whole transaction, its inputs in memory.
+    A caller that waits here is paused, not skipping: nothing moves past the write that failed.
+    """
+    started = time.monotonic()
     warned = False
     while True:
         try:
             return fn()
         except sqlite3.OperationalError as exc:
             msg = str(exc)
-            if "locked" not in msg and "busy" not in msg:
+            full = "full" in msg  # SQLITE_FULL: "database or disk is full"
+            if not full and "locked" not in msg and "busy" not in msg:
                 if "readonly" in msg or "unable to open" in msg or "disk" in msg:
                     raise StoreError(
                         f"cannot write {path}: {msg}; check permissions and free space of the data directory"
                     ) from None
                 raise
-            if time.monotonic() >= deadline:
+            wait_s = store_wait_s() if lock_wait_s is None else lock_wait_s
+            if time.monotonic() - started >= wait_s:
+                if full:
+                    raise StoreError(
+                        f"cannot write {path}: the disk is full ({msg}) and stayed full for {wait_s:.0f}s; "
+                        "free space on the data directory's file system, then start `eventing run` again "
+                        "(processing resumes after the last checkpoint)"
+                    ) from None
                 raise StoreLockedError(
-                    f"{path} stayed locked by another process for {lock_wait_s:.0f}s; "
+                    f"{path} stayed locked by another process for {wait_s:.0f}s; "
                     f"stop the process holding it (see `fuser {path}`)"
                 ) from None
             if not warned:
-                log.warning("%s is locked by another process; waiting (up to %.0fs)", path, lock_wait_s)
+                if full:
+                    log.warning("%s: the disk is full; waiting for free space (up to %.0fs)", path, wait_s)
+                else:
+                    log.warning("%s is locked by another process; waiting (up to %.0fs)", path, wait_s)
                 warned = True
-            time.sleep(0.05)
+            time.sleep(0.05 if not full else 0.2)
+
+
+def run_transaction(db: sqlite3.Connection, path: Path, body: Callable[[], T]) -> T:
+    """BEGIN IMMEDIATE, body, COMMIT; on any failure (the body, an injected fault, the COMMIT itself) roll
+    back if SQLite has not already done so (it does on SQLITE_FULL), so a retry starts clean."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        out = body()
+        if write_fault is not None:
+            write_fault(path)
+        db.execute("COMMIT")
+    except BaseException:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        raise
+    return out
+
+
+def store_wait_s() -> float:
+    raw = os.environ.get(STORE_WAIT_ENV)
+    try:
+        return float(raw) if raw else DEFAULT_STORE_WAIT_S
+    except ValueError:
+        log.warning("%s=%r is not a number of seconds; using %.0f", STORE_WAIT_ENV, raw, DEFAULT_STORE_WAIT_S)
+        return DEFAULT_STORE_WAIT_S
+
+
+def _one_line(value: object) -> str:
+    """SQLite's integrity reports span lines; an error message is one line."""
+    return " ".join(str(value).split())
 
 
 def _checkpoint(row: tuple) -> Checkpoint:
@@ -544,7 +630,8 @@ def _dlq_filter(
     include_replayed: bool,
     replayed_only: bool,
 ) -> tuple[str, tuple]:
-    clauses, args = ["function=?"], [function]
+    clauses: list[str] = ["function=?"]
+    args: list[str | int] = [function]
     for column, value in (("vb", vb), ("seqno", seqno), ("key", key), ("reason", reason)):
         if value is not None:
             clauses.append(f"{column}=?")

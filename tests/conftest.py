@@ -1,4 +1,4 @@
-"""Shared fixtures: a fresh data directory per test; one Ray instance per test session."""
+"""Shared fixtures: a fresh data directory per test; one Ray instance and one Spark session per test session."""
 
 from __future__ import annotations
 
@@ -34,3 +34,14 @@ def ray_executor(ray_session):
     from eventing.executor import RayExecutor
 
     return RayExecutor()
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """The process's one SparkSession (local[2]) for the whole session: a cold start costs ~10 s. The runtime's
+    window coordinators pick up the same session through get_spark()."""
+    from eventing.aggregation.spark_session import get_spark, stop_spark
+
+    session = get_spark("local[2]")
+    yield session
+    stop_spark()

@@ -100,10 +100,12 @@ def aggregate_windows(
     group_by: list[str],
     aggregates: list[Aggregate],
     windows: list[tuple[int, int]],
+    deduplicate: bool = True,
 ) -> pa.Table:
     """Compute ``aggregates`` per (window, group) for exactly the given closed ``windows``.
 
-    Reads every row batch under ``rows_dir``, keeps one row per ``(vb, seqno)``, puts each row in every
+    Reads every row batch under ``rows_dir``, keeps one row per ``(vb, seqno)`` (``deduplicate=False``
+    skips that shuffle, for callers whose batches hold each row once by construction), puts each row in every
     window ``[start, end)`` that contains its event time (one window when ``size_ms == slide_ms``), keeps
     only the requested windows and returns ``window_start_ms, window_end_ms, *group_by, *aggregate names``
     ordered by window then group. A requested window with no rows has no result row. Every requested window
@@ -133,16 +135,19 @@ def aggregate_windows(
 
     lo_ms, hi_ms = starts[0], starts[-1] + size_ms
     aggs = [aggregate_column(op, field, name) for op, field, name in aggregates]
-    df = (
+    pruned = (
         rows.select(*ROW_ID_COLUMNS, EVENT_TIME, *group_by, *value_fields)
         # Prune before the dedup shuffle: Parquet row-group statistics skip batches outside the windows.
         .where(
             (F.col(EVENT_TIME) >= F.timestamp_millis(F.lit(lo_ms)))
             & (F.col(EVENT_TIME) < F.timestamp_millis(F.lit(hi_ms)))
         )
+    )
+    if deduplicate:
         # A replayed batch repeats (vb, seqno); the copies are identical, so which one survives is irrelevant.
-        .dropDuplicates(list(ROW_ID_COLUMNS))
-        .withColumn("window", window_column(size_ms, slide_ms, offset_ms))
+        pruned = pruned.dropDuplicates(list(ROW_ID_COLUMNS))
+    df = (
+        pruned.withColumn("window", window_column(size_ms, slide_ms, offset_ms))
         .where(F.unix_millis(F.col("window.start")).isin(starts))
         .groupBy("window", *group_by)
         .agg(*aggs)

@@ -24,7 +24,6 @@ from eventing.aggregation.rows import (
 )
 from eventing.aggregation.sink import ParquetWindowSink, SqliteWindowSink, WindowSink
 from eventing.aggregation.spark_job import aggregate_windows
-from eventing.aggregation.spark_session import get_spark, stop_spark
 from eventing.aggregation.structured_streaming import run_structured_streaming, write_watermark_sentinel
 
 pytestmark = pytest.mark.integration
@@ -141,13 +140,6 @@ def tumbling_windows(size_ms: int, first_ms: int, last_start_ms: int) -> list[tu
 
 def hopping_windows(size_ms: int, slide_ms: int, first_ms: int, last_start_ms: int) -> list[tuple[int, int]]:
     return [(s, s + size_ms) for s in range(first_ms, last_start_ms + 1, slide_ms)]
-
-
-@pytest.fixture(scope="session")
-def spark():
-    session = get_spark("local[2]")
-    yield session
-    stop_spark()
 
 
 @pytest.fixture(scope="module")

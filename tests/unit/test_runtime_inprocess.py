@@ -66,7 +66,7 @@ def test_from_now_boundary_skips_existing_mutations(data_dir):
     source.upsert("late-comer", {"rev": 1})
     run(data_dir)
     ledger = LocalBucket.open(data_dir, "ledger")
-    assert [k for k in ledger.keys() if k.startswith("e|")] == [f"e|late-comer|{source.get_meta('late-comer')['seqno']}"]
+    assert [k for k in ledger.keys() if k.startswith("e|")] == [f"e|fn_a|late-comer|{source.get_meta('late-comer')['seqno']}"]
 
 
 def test_a_function_writing_to_its_own_source_does_not_trigger_itself(data_dir):

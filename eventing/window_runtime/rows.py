@@ -1,0 +1,266 @@
+"""Worker side of windowed aggregation: one row per on_update mutation, written as Parquet before the checkpoint.
+
+A row is ``vb, seqno, key, event_time`` (the document's time field, epoch ms UTC; for processing-time windows
+the time the worker saw it, which the coordinator replaces by its own clock), the group-by fields as
+strings and the aggregated fields as floats. ``WindowRowWriter`` buffers rows and writes them as one
+batch file per checkpoint (``WorkerCore.commit`` flushes it before the metadata commit, the same rule as
+binding effects), so a checkpoint never covers a row that is not on disk. After a crash the mutations
+after the checkpoint are handled again and their rows written again; the coordinator drops the copies
+by ``(vb, seqno)``.
+
+Batch files are named ``g<generation>-<worker>-<incarnation>-<counter>.parquet``: the incarnation is new
+for every start of a worker and the counter counts that incarnation's files from 0 without gaps, so the
+coordinator can tell a file it has consumed (counter below its mark) from one still being written.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from eventing.errors import ConfigError
+from eventing.mutation import Mutation
+from eventing.window_runtime.paths import WindowPaths
+from eventing.windowing import WindowConfigError, WindowSpec
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from eventing.worker import WorkerCore
+
+# Spark's TIMESTAMP covers years 0001..9999; event times outside cannot be windowed.
+MIN_EVENT_MS = -62_135_596_800_000
+MAX_EVENT_MS = 253_402_300_799_999
+# A worker writes its rows at every checkpoint; past this many buffered rows it writes early (always safe:
+# early is still before the checkpoint), which bounds a worker's memory when checkpoints are far apart.
+MAX_BUFFERED_ROWS = 200_000
+BATCH_NAME = re.compile(r"^g(\d+)-(.+)-([0-9a-f]+)-(\d{9})\.parquet$")
+BASE_COLUMNS = ("vb", "seqno", "key", "event_time")
+
+
+def count_column(field: str) -> str:
+    """Row column behind ``count(field)``: 1.0 where the field is present and not null, else null."""
+    return f"{field}#present"
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """The columns a windowed function's rows carry and the aggregates Spark computes over them."""
+
+    spec: WindowSpec
+    group_by: tuple[str, ...]
+    numeric_fields: tuple[str, ...]  # read as float for sum/avg/min/max
+    counted_fields: tuple[str, ...]  # read as presence for count(field)
+
+    @classmethod
+    def for_spec(cls, spec: WindowSpec, *, function: str = "?") -> RowLayout:
+        numeric: list[str] = []
+        counted: list[str] = []
+        for agg in spec.aggregates:
+            if agg.field is None:
+                continue
+            target = counted if agg.op == "count" else numeric
+            if agg.field not in target:
+                target.append(agg.field)
+        layout = cls(spec, tuple(spec.group_by), tuple(numeric), tuple(counted))
+        try:
+            layout.schema  # noqa: B018 - validates the column names
+        except ValueError as exc:
+            raise ConfigError(
+                f"window of function '{function}' cannot be laid out as rows ({exc}); the row columns "
+                f"{', '.join(BASE_COLUMNS)} are reserved, so group or aggregate by other field names"
+            ) from None
+        return layout
+
+    @classmethod
+    def for_definition(cls, function: str, window: dict[str, Any]) -> RowLayout:
+        try:
+            spec = WindowSpec.from_dict(window, function=function)
+        except WindowConfigError as exc:
+            raise ConfigError(str(exc)) from None
+        return cls.for_spec(spec, function=function)
+
+    @property
+    def value_columns(self) -> tuple[str, ...]:
+        return self.numeric_fields + tuple(count_column(f) for f in self.counted_fields)
+
+    @property
+    def schema(self) -> pa.Schema:
+        from eventing.aggregation.rows import row_schema
+
+        return row_schema(self.group_by, self.value_columns)
+
+    @property
+    def aggregates(self) -> list[tuple[Any, str | None, str]]:
+        """``(op, row column, result name)`` for ``aggregate_windows``."""
+        out: list[tuple[Any, str | None, str]] = []
+        for agg in self.spec.aggregates:
+            column = agg.field if agg.field is None or agg.op != "count" else count_column(agg.field)
+            out.append((agg.op, column, agg.name))
+        return out
+
+
+def event_time_of(doc: Any, field: str) -> tuple[int | None, str]:
+    """The document's event time in epoch ms, or None and why it cannot be used."""
+    if not isinstance(doc, dict):
+        return None, f"document is not a JSON object, so it has no event time field {field!r}"
+    if field not in doc:
+        return None, f"document has no event time field {field!r}; add it as epoch milliseconds (UTC)"
+    value = doc[field]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None, (
+            f"event time field {field!r} is {value!r} ({type(value).__name__}); it must be a number of "
+            "epoch milliseconds (UTC)"
+        )
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return None, f"event time field {field!r} is {value}; it must be a finite number of epoch milliseconds"
+        value = math.floor(value)
+    if not MIN_EVENT_MS <= value <= MAX_EVENT_MS:
+        return None, (
+            f"event time field {field!r} is {value}, outside years 0001-9999 in epoch milliseconds; "
+            "is it in seconds or microseconds instead of milliseconds?"
+        )
+    return int(value), ""
+
+
+def _group_value(value: Any) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return str(value)
+    import json
+
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def _number(value: Any, counters: Counter[str]) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            pass
+        else:
+            if math.isfinite(number):
+                return number
+    counters["window_values_not_numeric"] += 1  # aggregates skip it, as SQL skips nulls
+    return None
+
+
+class WindowRowWriter:
+    """Buffers the rows of one worker and writes them as atomic Parquet batch files into ``incoming/``."""
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str],
+        function: str,
+        generation: int,
+        worker_id: str,
+        layout: RowLayout,
+        counters: Counter[str] | None = None,
+    ):
+        self.layout = layout
+        self.directory = WindowPaths.of(data_dir, function).incoming
+        self.counters = counters if counters is not None else Counter()
+        slug = re.sub(r"[^A-Za-z0-9_.=]", "_", worker_id)
+        incarnation = f"{time.time_ns():x}{os.getpid():x}"
+        self.prefix = f"g{generation}-{slug}-{incarnation}"
+        self.files_written = 0
+        self.rejection = ""  # why the last add() refused its document
+        self._event_time = layout.spec.boundary == "event_time"
+        self._time_field = layout.spec.time_field or ""
+        self._fields = (*layout.group_by, *layout.numeric_fields, *layout.counted_fields)
+        self._clear()
+
+    @classmethod
+    def attach(cls, core: WorkerCore) -> WindowRowWriter | None:
+        """The writer for a worker of a windowed function (None otherwise). A windowed function needs no
+        on_update of its own: the worker then calls a no-op, so every update still becomes a row."""
+        window = core.defn.window
+        if window is None:
+            return None
+        spec = core.spec
+        writer = cls(
+            spec.data_dir, spec.function, spec.generation, spec.worker_id,
+            RowLayout.for_definition(spec.function, window), core.counters,
+        )
+        if core.on_update is None:
+            core.on_update = _window_only
+        return writer
+
+    def _clear(self) -> None:
+        # Raw values in one list per column, appended through bound methods (~0.6 us a row); flush() converts
+        # whole columns with list comprehensions. Only ints, floats and strings stay buffered: no GC work.
+        self._base: tuple[list[Any], ...] = ([], [], [], [])  # vb, seqno, key, event time
+        self._values: tuple[list[Any], ...] = tuple([] for _ in self._fields)
+        self._appends = tuple(column.append for column in self._base)
+        self._value_appends = tuple(zip(self._fields, (column.append for column in self._values), strict=True))
+
+    def __len__(self) -> int:
+        return len(self._base[0])
+
+    def add(self, m: Mutation, doc: Any) -> bool:
+        """Buffer the row of an on_update mutation; False (with ``rejection`` set) if it has no usable
+        event time: the caller dead-letters it as ``bad_event_time``."""
+        if self._event_time:
+            t = doc.get(self._time_field) if type(doc) is dict else None
+            if type(t) is not int or not MIN_EVENT_MS <= t <= MAX_EVENT_MS:
+                t, why = event_time_of(doc, self._time_field)
+                if t is None:
+                    self.rejection = why
+                    return False
+        else:
+            t = int(time.time() * 1000)
+        add_vb, add_seqno, add_key, add_time = self._appends
+        add_vb(m.vb)
+        add_seqno(m.seqno)
+        add_key(m.key)
+        add_time(t)
+        get = doc.get
+        for field, append in self._value_appends:
+            append(get(field))
+        if len(self._base[0]) >= MAX_BUFFERED_ROWS:
+            self.flush()
+        return True
+
+    def flush(self) -> Path | None:
+        """Write the buffered rows as one batch file (atomically) and return its path; None if empty.
+        The buffer is kept if the write fails, so a later flush retries it."""
+        rows = len(self._base[0])
+        if not rows:
+            return None
+        from eventing.aggregation.rows import build_row_batch, write_row_batch
+
+        layout = self.layout
+        vb, seqno, key, times = self._base
+        values = iter(self._values)
+        columns: dict[str, list[Any]] = {}
+        for name in layout.group_by:
+            columns[name] = [v if v is None or type(v) is str else _group_value(v) for v in next(values)]
+        for name in layout.numeric_fields:
+            columns[name] = [float(v) if type(v) is float or type(v) is int else _number(v, self.counters)
+                             for v in next(values)]
+        for name in layout.counted_fields:
+            columns[count_column(name)] = [None if v is None else 1.0 for v in next(values)]
+        table = build_row_batch(layout.schema, vb=vb, seqno=seqno, key=key, event_time_ms=times, columns=columns)
+        path = write_row_batch(self.directory, f"{self.prefix}-{self.files_written:09d}", table)
+        self.files_written += 1
+        self.counters["window_rows_written"] += rows
+        self._clear()
+        return path
+
+
+def _window_only(doc: Any, meta: Any) -> None:
+    """on_update of a windowed function whose handler defines none: the row is all it contributes."""

@@ -1,0 +1,177 @@
+"""Windowed functions end to end on real Ray and real PySpark (local[2], one session for the test session):
+results equal a plain-Python computation from the documents, late rows are in the DLQ, and a worker killed
+mid-run or a service killed between the coordinator's state commit and the sink write changes nothing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from eventing import lifecycle, loadgen
+from eventing.aggregation.sink import ParquetWindowSink
+from eventing.bucket import LocalBucket, chunked
+from eventing.definition import FunctionDefinition
+from eventing.mutation import OP_UPDATE, decode_document
+from eventing.service import EventingService
+from eventing.window_runtime.coordinator import FAULT_ENV, FAULT_EXIT_CODE
+from eventing.window_runtime.host import CLOSE_WINDOWS_ENV
+from eventing.window_runtime.paths import WindowPaths
+from eventing.window_runtime.testing import reference_results
+from eventing.windowing import WindowSpec
+from eventing.worker import open_metadata
+
+pytestmark = pytest.mark.integration
+
+MIN = 60_000
+T0 = loadgen.BASE_TIME_MS
+FN = "fn_win"
+WINDOW = {
+    "kind": "tumbling",
+    "size": "1m",
+    "time_field": "ts",
+    "group_by": ["country"],
+    "aggregates": [
+        "count",
+        {"op": "sum", "field": "amount"},
+        {"op": "avg", "field": "amount"},
+        {"op": "min", "field": "purchases"},
+        {"op": "max", "field": "purchases"},
+    ],
+    "out_of_order_tolerance": "5s",
+}
+SLOW_HANDLER = "import time\n\ndef on_update(doc, meta):\n    time.sleep(SLEEP_MS / 1000)\n"
+
+
+def load(data_dir: str, documents: int, mutations: int, seed: int = 5) -> LocalBucket:
+    source = LocalBucket.create(data_dir, "src", exist_ok=True)
+    writes = loadgen.generate(documents, mutations, seed=seed, span_ms=10 * MIN, disorder_ms=5_000)
+    for chunk in chunked(writes, 10_000):
+        source.write(chunk)
+    return source
+
+
+def deploy(data_dir: str, *, workers: int = 3, sleep_ms: float = 0, window: dict | None = None) -> None:
+    defn = FunctionDefinition.from_dict({
+        "name": FN, "source_bucket": "src", "worker_count": workers, "checkpoint_interval": "100ms",
+        "batch_size": 100, "constants": {"SLEEP_MS": sleep_ms}, "window": window or WINDOW,
+    })
+    lifecycle.save_function(data_dir, defn, SLOW_HANDLER)
+    lifecycle.deploy(data_dir, FN)
+
+
+def sink(data_dir: str) -> ParquetWindowSink:
+    return ParquetWindowSink(WindowPaths.of(data_dir, FN).root / "results")
+
+
+def assert_results_match_the_documents(data_dir: str, source: LocalBucket, late: set[tuple[int, int]]) -> int:
+    """Every window with an on-time row is in the sink once, with the values computed from the documents."""
+    docs = [(m.vb, m.seqno, decode_document(m.doc)) for batch in source.scan_log() for m in batch
+            if m.op == OP_UPDATE]
+    on_time = [d for d in docs if (d[0], d[1]) not in late]
+    spec = WindowSpec.from_dict(WINDOW)
+    expected_windows = sorted({(t - t % MIN, t - t % MIN + MIN) for t in (d[2]["ts"] for d in on_time)})
+    results = sink(data_dir).read(FN)
+    assert sorted(sink(data_dir).written_windows(FN)) == expected_windows
+    expected = reference_results(docs, spec, expected_windows, exclude=late)
+    got, want = results.to_pylist(), expected.to_pylist()
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert {k: v for k, v in g.items() if k not in ("sum_amount", "avg_amount")} == {
+            k: v for k, v in w.items() if k not in ("sum_amount", "avg_amount")
+        }
+        # Spark and math.fsum may add in different orders: equal to the last few bits.
+        assert g["sum_amount"] == pytest.approx(w["sum_amount"], rel=1e-12)
+        assert g["avg_amount"] == pytest.approx(w["avg_amount"], rel=1e-12)
+    counters = open_metadata(data_dir).counters(FN)
+    assert counters["windows_emitted"] == len(expected_windows)
+    assert counters["window_rows_accepted"] == len(on_time)
+    return len(on_time)
+
+
+def test_windows_match_plain_python_and_late_rows_go_to_the_dlq(data_dir, ray_executor, spark, monkeypatch):
+    source = load(data_dir, documents=400, mutations=6000)
+    deploy(data_dir)
+    # First run: windows close as the watermark passes them; the last ones stay open for the next run.
+    summary = EventingService(data_dir, ray_executor, until_caught_up=True).run()
+    assert not summary.errors
+    emitted_first = set(sink(data_dir).written_windows(FN))
+    assert emitted_first, "windows close on the watermark during the run"
+    # Late arrivals: documents whose event time is in a window that has closed, and two on time.
+    late_keys = [f"late-{i}" for i in range(5)]
+    for i, key in enumerate(late_keys):
+        source.upsert(key, {"ts": T0 + 1_000 * i, "country": "KR", "amount": 1000.0, "purchases": 1})
+    source.upsert("on-time-1", {"ts": T0 + 9 * MIN + 59_000, "country": "KR", "amount": 7.25, "purchases": 3})
+    source.upsert("on-time-2", {"ts": T0 + 12 * MIN, "country": "ZZ", "amount": 1.5, "purchases": 2})
+    monkeypatch.setenv(CLOSE_WINDOWS_ENV, "1")
+    summary = EventingService(data_dir, ray_executor, until_caught_up=True).run()
+    assert not summary.errors
+    store = open_metadata(data_dir)
+    dlq = store.dlq_rows(FN)
+    assert sorted(r.key for r in dlq) == late_keys
+    assert {r.reason for r in dlq} == {"late"}
+    assert store.counters(FN)["dlq_late"] == 5
+    accepted = assert_results_match_the_documents(data_dir, source, {(r.vb, r.seqno) for r in dlq})
+    assert accepted > 5000
+    assert emitted_first < set(sink(data_dir).written_windows(FN))
+
+
+def test_a_worker_killed_mid_run_leaves_every_window_exact(data_dir, ray_executor, spark, monkeypatch):
+    monkeypatch.setenv(CLOSE_WINDOWS_ENV, "1")
+    source = load(data_dir, documents=400, mutations=5000, seed=9)
+    deploy(data_dir, workers=3, sleep_ms=1.5)
+    service = EventingService(data_dir, ray_executor, until_caught_up=True)
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.update(summary=service.run()))
+    thread.start()
+    killed = 0
+    deadline = time.monotonic() + 60
+    while killed < 2 and time.monotonic() < deadline and thread.is_alive():
+        time.sleep(0.8)
+        sup = service.supervisors.get(FN)
+        if sup is None:
+            continue
+        slots = [s for s in sup.slots.values() if s.ready and s.pid and not s.caught_up]
+        if slots:
+            os.kill(slots[killed % len(slots)].pid, signal.SIGKILL)  # kill -9 between row flushes
+            killed += 1
+    thread.join(timeout=120)
+    assert killed == 2
+    assert not result["summary"].errors
+    assert_results_match_the_documents(data_dir, source, late=set())
+    assert open_metadata(data_dir).dlq_rows(FN) == []
+
+
+@pytest.mark.parametrize("fault", ["after_state_commit", "after_sink_write"])
+def test_a_service_killed_between_state_commit_and_sink_write_emits_every_window_once(
+    data_dir, ray_executor, spark, monkeypatch, fault
+):
+    source = load(data_dir, documents=300, mutations=3000, seed=11)
+    deploy(data_dir, workers=2)
+    env = {**os.environ, FAULT_ENV: fault, CLOSE_WINDOWS_ENV: "1", "EVENTING_SPARK_MASTER": "local[1]"}
+    driver = subprocess.run(
+        [sys.executable, "-m", "eventing", "--data-dir", data_dir, "run", "--until-caught-up", "--quiet",
+         "--executor", "in-process"],
+        env=env, capture_output=True, text=True, timeout=180,
+    )
+    assert driver.returncode == FAULT_EXIT_CODE, driver.stderr[-2000:]
+    store = open_metadata(data_dir)
+    from metadata.window_state import WindowStateStore
+
+    state = WindowStateStore(store).load(FN)
+    assert state is not None and state["pending"], "the crash left closed windows not recorded as emitted"
+    written_before = sink(data_dir).written_windows(FN)
+    if fault == "after_sink_write":
+        assert written_before, "the crashed service had written windows to the sink"
+    else:
+        assert not written_before
+    monkeypatch.setenv(CLOSE_WINDOWS_ENV, "1")
+    summary = EventingService(data_dir, ray_executor, until_caught_up=True).run()
+    assert not summary.errors
+    assert_results_match_the_documents(data_dir, source, late=set())
+    assert WindowStateStore(store).load(FN)["pending"] == []

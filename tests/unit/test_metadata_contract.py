@@ -1,0 +1,728 @@
+"""One contract for every metadata backend: lifecycle, functions, ownership epochs and fencing,
+checkpoints, dead letters, counters, services, nodes and settings.
+
+Backends:
+- sqlite: SqliteMetadataStore on a file (always);
+- couchbase-logic: CouchbaseMetadataStore's logic over in-memory documents that follow Couchbase's CAS
+  rules (always; everything but the SDK calls themselves);
+- couchbase: CouchbaseMetadataStore on a live cluster, when $EVENTING_TEST_COUCHBASE_URL is set
+  (`couchbase://host/bucket?username=..&password=..`; each test writes under its own key prefix and
+  removes its documents afterwards).
+Plus the Couchbase failure path, which needs no server: no answer, bad URLs, the factory's choice.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import json
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import pytest
+
+from metadata import (
+    TRANSITIONS,
+    CouchbaseMetadataStore,
+    CouchbaseWindowStateStore,
+    DlqRow,
+    FencedError,
+    FunctionState,
+    LifecycleError,
+    NotFoundError,
+    OrderViolationError,
+    SqliteMetadataStore,
+    StoreError,
+    open_store,
+    parse_metadata_url,
+)
+from metadata import factory as factory_module
+
+LIVE_URL_ENV = "EVENTING_TEST_COUCHBASE_URL"
+
+
+# -- documents in memory, with Couchbase's CAS rules -----------------------------------------------------
+
+
+class MemoryDocuments:
+    """A bucket in memory: JSON values, a fresh CAS per write, insert/replace/remove semantics and expiry.
+
+    `before_write(key)` runs before every CAS-checked replace or remove (outside the lock), so a test can
+    slip a competing write between a writer's read and its write.
+    """
+
+    where = "memory bucket 'test'"
+
+    def __init__(self) -> None:
+        self._data: dict[str, tuple[str, int, float | None]] = {}
+        self._cas = itertools.count(1)
+        self._lock = threading.Lock()
+        self.before_write: Callable[[str], None] | None = None
+        self.lost_races = 0
+
+    def _live(self, key: str) -> tuple[str, int, float | None] | None:
+        item = self._data.get(key)
+        if item is not None and item[2] is not None and item[2] <= time.time():
+            del self._data[key]
+            return None
+        return item
+
+    def _hook(self, key: str) -> None:
+        if self.before_write is not None:
+            self.before_write(key)
+
+    def get(self, key: str) -> tuple[dict, int] | None:
+        with self._lock:
+            item = self._live(key)
+            return None if item is None else (json.loads(item[0]), item[1])
+
+    def get_many(self, keys: Sequence[str]) -> dict[str, tuple[dict, int]]:
+        return {k: got for k in keys if (got := self.get(k)) is not None}
+
+    def insert(self, key: str, value: dict, *, expiry_s: float | None = None) -> bool:
+        with self._lock:
+            if self._live(key) is not None:
+                return False
+            self._data[key] = (json.dumps(value), next(self._cas), None if expiry_s is None else time.time() + expiry_s)
+            return True
+
+    def replace(self, key: str, value: dict, cas: int) -> bool:
+        self._hook(key)
+        with self._lock:
+            item = self._live(key)
+            if item is None or item[1] != cas:
+                self.lost_races += 1
+                return False
+            self._data[key] = (json.dumps(value), next(self._cas), None)  # replace clears expiry, as in Couchbase
+            return True
+
+    def replace_many(self, items: Mapping[str, tuple[dict, int]]) -> set[str]:
+        return {k for k, (v, cas) in items.items() if not self.replace(k, v, cas)}
+
+    def upsert(self, key: str, value: dict, *, expiry_s: float | None = None) -> None:
+        with self._lock:
+            self._data[key] = (json.dumps(value), next(self._cas), None if expiry_s is None else time.time() + expiry_s)
+
+    def upsert_many(self, items: Mapping[str, dict]) -> None:
+        for k, v in items.items():
+            self.upsert(k, v)
+
+    def remove(self, key: str, cas: int | None = None) -> bool:
+        self._hook(key)
+        with self._lock:
+            item = self._live(key)
+            if item is None or cas is not None and item[1] != cas:
+                return False
+            del self._data[key]
+            return True
+
+    def remove_many(self, keys: Sequence[str]) -> None:
+        for k in keys:
+            self.remove(k)
+
+    def close(self) -> None:
+        pass
+
+    def keys(self) -> list[str]:
+        return sorted(self._data)
+
+
+class RecordingDocuments:
+    """Wraps live documents and remembers every key written, so a test can remove what it wrote."""
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+        self.where = inner.where
+        self.written: set[str] = set()
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if name in ("insert", "replace", "upsert"):
+            return lambda key, *a, **kw: (self.written.add(key), attr(key, *a, **kw))[1]
+        if name in ("replace_many", "upsert_many"):
+            return lambda items, *a, **kw: (self.written.update(items), attr(items, *a, **kw))[1]
+        return attr
+
+
+# -- backends -----------------------------------------------------------------------------------------
+
+
+class Backend:
+    """Opens stores on one shared metadata location; two stores act like two processes."""
+
+    def __init__(self, opener: Callable[[], Any], cleanup: Callable[[], None] = lambda: None):
+        self._opener = opener
+        self._cleanup = cleanup
+        self._open: list[Any] = []
+
+    def open(self) -> Any:
+        store = self._opener()
+        self._open.append(store)
+        return store
+
+    def close(self) -> None:
+        self._cleanup()
+        for store in self._open:
+            store.close()
+
+
+def _live_backend() -> Backend:
+    url = os.environ.get(LIVE_URL_ENV)
+    if not url:
+        pytest.skip(f"no Couchbase cluster configured: set {LIVE_URL_ENV}=couchbase://host/bucket?username=..&password=..")
+    target = parse_metadata_url(url)
+    prefix = f"contract-{uuid.uuid4().hex[:12]}"
+    recorders: list[RecordingDocuments] = []
+
+    def opener() -> CouchbaseMetadataStore:
+        store = CouchbaseMetadataStore(
+            target.connection_string, target.bucket, target.username, target.password, target.timeout_s, prefix=prefix
+        )
+        recorder = RecordingDocuments(store._docs)
+        recorders.append(recorder)
+        store._docs = recorder  # type: ignore[assignment]
+        return store
+
+    def cleanup() -> None:
+        if recorders:
+            recorders[0].inner.remove_many(sorted(set().union(*(r.written for r in recorders))))
+
+    return Backend(opener, cleanup)
+
+
+@pytest.fixture(params=["sqlite", "couchbase-logic", "couchbase"])
+def backend(request, tmp_path):
+    if request.param == "sqlite":
+        b = Backend(lambda: SqliteMetadataStore(tmp_path / "metadata.sqlite3"))
+    elif request.param == "couchbase-logic":
+        docs = MemoryDocuments()
+        b = Backend(lambda: CouchbaseMetadataStore.on_documents(docs))
+    else:
+        b = _live_backend()
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def store(backend):
+    return backend.open()
+
+
+def _dlq(vb: int, seqno: int, *, key: str = "k", reason: str = "error", error: str = "boom") -> DlqRow:
+    return DlqRow("fn", vb, seqno, key, reason, error, "tb", 1, 1.0, 1.0, b"\x93\x00mutation")
+
+
+def _path_to(target: FunctionState) -> list[FunctionState]:
+    """The shortest legal path from undeployed to `target` (breadth-first over the transition table)."""
+    paths = {FunctionState.UNDEPLOYED: [FunctionState.UNDEPLOYED]}
+    queue = collections.deque([FunctionState.UNDEPLOYED])
+    while queue:
+        state = queue.popleft()
+        for nxt in sorted(TRANSITIONS[state]):
+            if nxt not in paths:
+                paths[nxt] = [*paths[state], nxt]
+                queue.append(nxt)
+    return paths[target]
+
+
+def _put_in_state(store, name: str, state: FunctionState) -> None:
+    store.put_function(name, {"name": name}, "src")
+    for nxt in _path_to(state)[1:]:
+        store.transition(name, nxt, "move")
+
+
+# -- functions and lifecycle ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("current", list(FunctionState))
+@pytest.mark.parametrize("target", list(FunctionState))
+def test_only_transitions_in_the_table_are_allowed(store, current, target):
+    _put_in_state(store, "fn", current)
+    if target in TRANSITIONS[current]:
+        assert store.transition("fn", target, "move").state is target
+        assert store.get_function("fn").state is target
+    else:
+        with pytest.raises(LifecycleError, match=f"cannot move function 'fn': it is {current.value}"):
+            store.transition("fn", target, "move")
+        assert store.get_function("fn").state is current
+
+
+def test_deploying_a_deployed_function_names_the_fix(store):
+    _put_in_state(store, "fn", FunctionState.DEPLOYED)
+    with pytest.raises(LifecycleError, match="it is deployed; undeploy it first"):
+        store.transition("fn", FunctionState.DEPLOYING, "deploy")
+
+
+def test_a_transition_can_bump_the_generation(store):
+    store.put_function("fn", {}, "")
+    assert store.transition("fn", FunctionState.DEPLOYING, "deploy", bump_generation=True).generation == 1
+    assert store.transition("fn", FunctionState.DEPLOYED, "deploy").generation == 1
+    assert store.get_function("fn").generation == 1
+
+
+def test_functions_are_stored_listed_by_name_and_deleted(store):
+    created = store.put_function("fn_b", {"name": "fn_b", "workers": 3, "nested": {"a": [1, 2]}}, "def on_update(): pass")
+    store.put_function("fn_a", {"name": "fn_a"}, "src a")
+    assert (created.state, created.generation, created.source) == (FunctionState.UNDEPLOYED, 0, "def on_update(): pass")
+    got = store.get_function("fn_b")
+    assert got.definition == {"name": "fn_b", "workers": 3, "nested": {"a": [1, 2]}}
+    assert got.updated_at == pytest.approx(time.time(), abs=60)
+    assert [f.name for f in store.list_functions()] == ["fn_a", "fn_b"]
+    store.delete_function("fn_b")
+    assert [f.name for f in store.list_functions()] == ["fn_a"]
+    with pytest.raises(NotFoundError, match="unknown function 'fn_b' \\(known: fn_a\\)"):
+        store.get_function("fn_b")
+
+
+def test_unknown_functions_raise_not_found(store):
+    with pytest.raises(NotFoundError, match="known: none"):
+        store.get_function("fn")
+    with pytest.raises(NotFoundError, match="unknown function 'fn'"):
+        store.transition("fn", FunctionState.DEPLOYING, "deploy")
+    with pytest.raises(NotFoundError, match="unknown function 'fn'"):
+        store.delete_function("fn")
+
+
+@pytest.mark.parametrize("state", [FunctionState.UNDEPLOYED, FunctionState.PAUSED])
+def test_an_undeployed_or_paused_function_can_be_updated(store, state):
+    _put_in_state(store, "fn", state)
+    updated = store.put_function("fn", {"v": 2}, "new source")
+    assert (updated.state, updated.definition, updated.source) == (state, {"v": 2}, "new source")
+
+
+@pytest.mark.parametrize("state", [FunctionState.DEPLOYING, FunctionState.DEPLOYED, FunctionState.PAUSING])
+def test_a_running_function_cannot_be_updated(store, state):
+    _put_in_state(store, "fn", state)
+    with pytest.raises(LifecycleError, match="pause or undeploy it first"):
+        store.put_function("fn", {"v": 2}, "new")
+    assert store.get_function("fn").source == "src"
+
+
+def test_only_an_undeployed_function_can_be_deleted_and_it_takes_its_state_along(store):
+    _put_in_state(store, "fn", FunctionState.DEPLOYED)
+    store.init_checkpoints("fn", {0: 0, 1: 0}, "uuid")
+    e = store.claim("fn", [0, 1], "n/w0")
+    store.commit("fn", {0: e[0].epoch, 1: e[1].epoch}, {0: 4}, [_dlq(0, 2)], {"success": 3})
+    with pytest.raises(LifecycleError, match="it is deployed; undeploy it first"):
+        store.delete_function("fn")
+    store.transition("fn", FunctionState.UNDEPLOYING, "undeploy")
+    store.transition("fn", FunctionState.UNDEPLOYED, "undeploy")
+    store.delete_function("fn")
+    assert store.list_functions() == []
+    assert store.checkpoints("fn") == {}
+    assert store.counters("fn") == {}
+    assert store.dlq_rows("fn", include_replayed=True) == []
+
+
+def test_racing_transitions_let_exactly_one_process_win(backend):
+    first = backend.open()
+    _put_in_state(first, "fn", FunctionState.DEPLOYED)
+    stores = [first, backend.open()]
+    outcomes: list[str] = []
+    barrier = threading.Barrier(2)
+
+    def pause(s) -> None:
+        barrier.wait()
+        try:
+            s.transition("fn", FunctionState.PAUSING, "pause")
+            outcomes.append("won")
+        except LifecycleError:
+            outcomes.append("refused")
+
+    threads = [threading.Thread(target=pause, args=(s,)) for s in stores]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(outcomes) == ["refused", "won"]
+    assert first.get_function("fn").state is FunctionState.PAUSING
+
+
+# -- checkpoints, ownership and fencing ---------------------------------------------------------------------
+
+
+def test_init_checkpoints_records_the_boundary_and_replaces_older_ones(store):
+    store.init_checkpoints("fn", {0: 5, 1: 7, 2: 9}, "uuid-1")
+    store.init_checkpoints("fn", {0: 10, 1: 11}, "uuid-2", epoch_base=1 << 32)
+    cps = store.checkpoints("fn")
+    assert sorted(cps) == [0, 1]
+    assert (cps[0].seqno, cps[0].epoch, cps[0].owner, cps[0].bucket_uuid, cps[0].leased) == (10, 1 << 32, None, "uuid-2", False)
+    assert cps[1].updated_at == pytest.approx(time.time(), abs=60)
+    assert store.checkpoint_starts("fn") == {0: 10, 1: 11}
+    store.drop_checkpoints("fn")
+    assert store.checkpoints("fn") == {} and store.checkpoint_starts("fn") == {}
+
+
+def test_claim_raises_the_epoch_and_fences_the_previous_owner(backend):
+    store, zombie_store = backend.open(), backend.open()
+    store.init_checkpoints("fn", {0: 0, 1: 0}, "uuid")
+    old = zombie_store.claim("fn", [0, 1], "n/w0")
+    new = store.claim("fn", [0], "n/w1")
+    assert new[0].epoch == old[0].epoch + 1 and (new[0].owner, new[0].leased) == ("n/w1", True)
+    fenced = zombie_store.commit("fn", {0: old[0].epoch, 1: old[1].epoch}, {0: 5, 1: 6}, [_dlq(0, 3)])
+    assert fenced == {0}
+    cps = store.checkpoints("fn")
+    assert cps[0].seqno == 0 and cps[1].seqno == 6
+    assert store.dlq_rows("fn") == []  # the zombie's dead letter for vb 0 was rejected too
+    assert store.counters("fn")["fenced_checkpoint_writes"] == 1
+
+
+def test_claim_reaches_the_minimum_epochs_asked_for(store):
+    store.init_checkpoints("fn", {0: 0, 1: 0}, "uuid")
+    claimed = store.claim("fn", [0, 1], "w", min_epochs={0: 50})
+    assert (claimed[0].epoch, claimed[1].epoch) == (50, 1)
+
+
+def test_claiming_vbuckets_without_checkpoints_is_fenced(store):
+    store.init_checkpoints("fn", {0: 0}, "uuid")
+    with pytest.raises(FencedError, match="no checkpoints for 1 vBuckets"):
+        store.claim("fn", [0, 1], "w")
+
+
+def test_epoch_base_keeps_older_deployments_fenced(backend):
+    store, zombie_store = backend.open(), backend.open()
+    store.init_checkpoints("fn", {0: 0}, "uuid")
+    old = zombie_store.claim("fn", [0], "w")[0].epoch
+    store.init_checkpoints("fn", {0: 0}, "uuid", epoch_base=1 << 32)
+    assert zombie_store.commit("fn", {0: old}, {0: 9}) == {0}
+    assert store.claim("fn", [0], "w")[0].epoch == (1 << 32) + 1
+    assert store.checkpoints("fn")[0].seqno == 0
+
+
+def test_checkpoint_never_moves_backwards(store):
+    store.init_checkpoints("fn", {0: 0}, "uuid")
+    e = store.claim("fn", [0], "w")[0].epoch
+    store.commit("fn", {0: e}, {0: 10})
+    with pytest.raises(OrderViolationError, match="vBucket 0 would move backwards from 10 to 9"):
+        store.commit("fn", {0: e}, {0: 9}, [_dlq(0, 9)])
+    assert store.checkpoints("fn")[0].seqno == 10
+    assert store.dlq_rows("fn") == []  # the refused commit wrote nothing
+    (refused,) = store.checkpoint_regressions("fn")
+    assert {k: refused[k] for k in ("vb", "epoch", "from_seqno", "to_seqno", "how")} == {
+        "vb": 0, "epoch": e, "from_seqno": 10, "to_seqno": 9, "how": "refused",
+    }
+    assert store.checkpoint_regressions("fn", min_epoch=e + 1) == []
+
+
+def test_commit_moves_checkpoints_and_counts_in_one_call(store):
+    store.init_checkpoints("fn", {vb: 0 for vb in range(4)}, "uuid")
+    epochs = {vb: cp.epoch for vb, cp in store.claim("fn", range(4), "w").items()}
+    assert store.commit("fn", epochs, {0: 3, 2: 8}, (), {"success": 5, "failure": 0}) == set()
+    assert {vb: cp.seqno for vb, cp in store.checkpoints("fn").items()} == {0: 3, 1: 0, 2: 8, 3: 0}
+    assert store.counters("fn") == {"success": 5}  # zero increments are not stored
+
+
+def test_release_keeps_owner_and_epoch_but_clears_the_lease(backend):
+    store, zombie_store = backend.open(), backend.open()
+    store.init_checkpoints("fn", {0: 0, 1: 0}, "uuid")
+    stale = zombie_store.claim("fn", [1], "old")[1].epoch
+    e = store.claim("fn", [0, 1], "w")
+    assert zombie_store.release("fn", {1: stale}) == {1}
+    assert store.checkpoints("fn")[1].leased  # the zombie's release changed nothing
+    assert store.release("fn", {0: e[0].epoch, 1: e[1].epoch}) == set()
+    cp = store.checkpoints("fn")[0]
+    assert (cp.owner, cp.epoch, cp.leased) == ("w", e[0].epoch, False)
+
+
+# -- dead letters -------------------------------------------------------------------------------------
+
+
+def test_dlq_rows_are_inserted_once_per_function_vbucket_and_seqno(store):
+    store.init_checkpoints("fn", {0: 0}, "uuid")
+    e = store.claim("fn", [0], "w")[0].epoch
+    store.commit("fn", {0: e}, {0: 1}, [_dlq(0, 1, error="first")])
+    store.commit("fn", {0: e}, {0: 1}, [_dlq(0, 1, error="second")])
+    (row,) = store.dlq_rows("fn")
+    assert (row.error, row.mutation, row.replayed_at) == ("first", b"\x93\x00mutation", None)
+    assert store.dlq_row("fn", 0, 1) == row
+    assert store.dlq_row("fn", 0, 2) is None
+
+
+def test_dlq_rows_can_be_found_replayed_retried_and_purged(store):
+    store.init_checkpoints("fn", {0: 0, 5: 0}, "uuid")
+    e = {vb: cp.epoch for vb, cp in store.claim("fn", [0, 5], "w").items()}
+    rows = [_dlq(5, 2, key="a"), _dlq(0, 7, key="b", reason="timeout"), _dlq(0, 3, key="a"), _dlq(5, 1, key="c")]
+    store.commit("fn", e, {0: 7, 5: 2}, rows)
+    assert [(r.vb, r.seqno) for r in store.dlq_rows("fn")] == [(0, 3), (0, 7), (5, 1), (5, 2)]
+    assert [(r.vb, r.seqno) for r in store.dlq_rows("fn", limit=2)] == [(0, 3), (0, 7)]
+    assert [(r.vb, r.seqno) for r in store.find_dlq_rows("fn", key="a")] == [(0, 3), (5, 2)]
+    assert [(r.vb, r.seqno) for r in store.find_dlq_rows("fn", vb=5, seqno=1)] == [(5, 1)]
+    assert [(r.vb, r.seqno) for r in store.find_dlq_rows("fn", reason="timeout")] == [(0, 7)]
+
+    assert store.mark_replayed("fn", [(0, 3), (5, 1), (9, 9)]) == 2
+    assert store.mark_replayed("fn", [(0, 3)]) == 0  # already replayed
+    assert [(r.vb, r.seqno) for r in store.dlq_rows("fn")] == [(0, 7), (5, 2)]
+    assert [(r.vb, r.seqno) for r in store.find_dlq_rows("fn", replayed_only=True)] == [(0, 3), (5, 1)]
+    assert len(store.dlq_rows("fn", include_replayed=True)) == 4
+    assert store.dlq_row("fn", 0, 3).replayed_at == pytest.approx(time.time(), abs=60)
+
+    store.record_replay_failure("fn", 5, 2, "timeout", "again", "tb2")
+    again = store.dlq_row("fn", 5, 2)
+    assert (again.attempts, again.reason, again.error, again.traceback) == (2, "timeout", "again", "tb2")
+
+    assert store.purge_dlq("fn", replayed_only=True) == 2
+    assert store.purge_dlq("fn", keys=[(0, 7), (1, 1)]) == 1
+    assert [(r.vb, r.seqno) for r in store.dlq_rows("fn", include_replayed=True)] == [(5, 2)]
+    assert store.purge_dlq("fn", reason="error") == 0
+    assert store.purge_dlq("fn") == 1
+    assert store.dlq_rows("fn", include_replayed=True) == []
+
+
+# -- counters, services, nodes, settings --------------------------------------------------------------
+
+
+def test_counters_add_and_gauges_set(store):
+    store.add_counters("fn", {"success": 2, "failure": 1})
+    store.add_counters("fn", {"success": 3, "latency_s": 0.25})
+    store.set_gauges("fn", {"throughput_mps": 10.5})
+    store.set_gauges("fn", {"throughput_mps": 7.0})
+    store.add_counters("other", {"success": 1})
+    assert store.counters("fn") == {"success": 5, "failure": 1, "latency_s": 0.25, "throughput_mps": 7.0}
+    assert store.counters("other") == {"success": 1}
+    assert store.counters("absent") == {}
+
+
+def test_racing_counter_adds_lose_nothing(backend):
+    stores = [backend.open(), backend.open()]
+    barrier = threading.Barrier(2)
+
+    def add(s) -> None:
+        barrier.wait()
+        for _ in range(25):
+            s.add_counters("fn", {"success": 1})
+
+    threads = [threading.Thread(target=add, args=(s,)) for s in stores]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert stores[0].counters("fn") == {"success": 50}
+
+
+def test_heartbeats_make_services_live_until_they_go_stale_or_leave(store):
+    store.heartbeat("svc-a", '{"pid": 1}')
+    store.heartbeat("svc-b", '{"pid": 2}')
+    store.heartbeat("svc-a", '{"pid": 1}')
+    assert sorted(store.live_services(60)) == ["svc-a", "svc-b"]
+    time.sleep(0.05)
+    assert store.live_services(0.01) == []
+    store.remove_service("svc-a")
+    assert store.live_services(60) == ["svc-b"]
+
+
+def test_nodes_keep_the_order_they_were_added_in(store):
+    store.put_node("n2", "active", "ray-2")
+    time.sleep(0.01)
+    store.put_node("n1", "joining")
+    store.put_node("n2", "leaving")  # keeps its ray node id and its place
+    store.put_node("n1", "active", "ray-1")
+    nodes = store.nodes()
+    assert [(n["name"], n["state"], n["ray_node_id"]) for n in nodes] == [("n2", "leaving", "ray-2"), ("n1", "active", "ray-1")]
+    assert nodes[0]["added_at"] <= nodes[1]["added_at"]
+    store.delete_node("n2")
+    store.delete_node("absent")
+    assert [n["name"] for n in store.nodes()] == ["n1"]
+
+
+def test_settings_round_trip(store):
+    assert store.get_kv("plan") is None
+    store.set_kv("plan", '{"a": 1}')
+    store.set_kv("plan", '{"a": 2}')
+    assert store.get_kv("plan") == '{"a": 2}'
+
+
+def test_a_healthy_store_passes_its_integrity_check(store):
+    store.put_function("fn", {}, "")
+    store.verify_integrity()
+
+
+def _window_state(store):
+    if isinstance(store, SqliteMetadataStore):
+        from metadata.window_state import WindowStateStore
+
+        return WindowStateStore(store)
+    return CouchbaseWindowStateStore(store)
+
+
+def test_a_window_coordinator_claim_fences_the_previous_coordinator(backend):
+    store = backend.open()
+    old, new = _window_state(store), _window_state(backend.open())
+    assert old.claim("fn") == (1, None)
+    assert old.commit("fn", 1, {"windows": [1]}, [_dlq(3, 4, reason="late")], {"late_rows": 1})
+    assert new.claim("fn") == (2, {"windows": [1]})
+    assert not old.commit("fn", 1, {"windows": [1, 2]}, [_dlq(3, 5, reason="late")], {"late_rows": 1})
+    assert new.load("fn") == {"windows": [1]}
+    assert [(r.vb, r.seqno, r.reason) for r in store.dlq_rows("fn")] == [(3, 4, "late")]
+    assert store.counters("fn") == {"late_rows": 1}
+    assert new.commit("fn", 2, {"windows": [2]}, [_dlq(3, 4, reason="late", error="again")])
+    assert store.dlq_row("fn", 3, 4).error == "boom"  # inserted once
+
+
+def test_resetting_window_state_forgets_it_and_fences_its_coordinator(store):
+    ws = _window_state(store)
+    fence, _ = ws.claim("fn")
+    assert ws.commit("fn", fence, {"w": 1})
+    ws.reset("fn")
+    assert ws.load("fn") is None
+    assert not ws.commit("fn", fence, {"w": 2})
+    assert ws.claim("fn") == (fence + 2, None)
+
+
+# -- the Couchbase logic's CAS loops, with a competing write slipped in -------------------------------------
+
+
+def _slip_in_once(docs: MemoryDocuments, when: Callable[[str], bool], competitor: Callable[[], None]) -> None:
+    def hook(key: str) -> None:
+        if when(key):
+            docs.before_write = None
+            competitor()
+
+    docs.before_write = hook
+
+
+def test_a_claim_between_a_zombies_epoch_check_and_its_write_fences_the_zombie():
+    docs = MemoryDocuments()
+    zombie, owner = CouchbaseMetadataStore.on_documents(docs), CouchbaseMetadataStore.on_documents(docs)
+    zombie.init_checkpoints("fn", {0: 0}, "uuid")
+    old = zombie.claim("fn", [0], "old")[0].epoch
+    # The zombie reads epoch `old` (still current), then the new owner claims before the zombie writes.
+    _slip_in_once(docs, lambda key: key.endswith("::cp::fn::0"), lambda: owner.claim("fn", [0], "new"))
+    assert zombie.commit("fn", {0: old}, {0: 42}) == {0}
+    cp = owner.checkpoints("fn")[0]
+    assert (cp.seqno, cp.epoch, cp.owner) == (0, old + 1, "new")
+    assert docs.lost_races == 1
+
+
+def test_a_transition_rechecks_the_state_another_process_set_in_between():
+    docs = MemoryDocuments()
+    a, b = CouchbaseMetadataStore.on_documents(docs), CouchbaseMetadataStore.on_documents(docs)
+    _put_in_state(a, "fn", FunctionState.DEPLOYED)
+    _slip_in_once(docs, lambda key: key.endswith("::fn::fn"), lambda: b.transition("fn", FunctionState.UNDEPLOYING, "undeploy"))
+    with pytest.raises(LifecycleError, match="cannot pause function 'fn': it is undeploying"):
+        a.transition("fn", FunctionState.PAUSING, "pause")
+    assert a.get_function("fn").state is FunctionState.UNDEPLOYING
+
+
+def test_a_function_deployed_while_being_deleted_is_kept():
+    docs = MemoryDocuments()
+    a, b = CouchbaseMetadataStore.on_documents(docs), CouchbaseMetadataStore.on_documents(docs)
+    a.put_function("fn", {}, "")
+    _slip_in_once(docs, lambda key: key.endswith("::fn::fn"), lambda: b.transition("fn", FunctionState.DEPLOYING, "deploy"))
+    with pytest.raises(LifecycleError, match="it is deploying; undeploy it first"):
+        a.delete_function("fn")
+    assert [f.name for f in a.list_functions()] == ["fn"]
+
+
+def test_a_checkpoint_moved_ahead_by_the_same_owner_in_between_is_not_moved_back():
+    docs = MemoryDocuments()
+    a, b = CouchbaseMetadataStore.on_documents(docs), CouchbaseMetadataStore.on_documents(docs)
+    a.init_checkpoints("fn", {0: 0}, "uuid")
+    e = a.claim("fn", [0], "w")[0].epoch
+    _slip_in_once(docs, lambda key: key.endswith("::cp::fn::0"), lambda: b.commit("fn", {0: e}, {0: 20}))
+    with pytest.raises(OrderViolationError, match="from 20 to 10"):
+        a.commit("fn", {0: e}, {0: 10})
+    assert a.checkpoints("fn")[0].seqno == 20
+
+
+def test_the_couchbase_documents_follow_the_documented_layout():
+    docs = MemoryDocuments()
+    store = CouchbaseMetadataStore.on_documents(docs, prefix="p")
+    store.put_function("fn", {}, "")
+    store.init_checkpoints("fn", {0: 0, 1023: 0}, "uuid")
+    e = {vb: cp.epoch for vb, cp in store.claim("fn", [0, 1023], "w").items()}
+    store.commit("fn", e, {0: 5}, [_dlq(0, 5)], {"success": 1})
+    store.heartbeat("svc", "{}")
+    store.put_node("n", "active")
+    store.set_kv("plan", "{}")
+    assert docs.keys() == sorted([
+        "p::functions", "p::fn::fn", "p::cp::fn::0", "p::cp::fn::1023", "p::ctr::fn", "p::dlq::fn::0::5",
+        "p::dlqix::fn::0", "p::services", "p::svc::svc", "p::nodes", "p::kv::plan",
+    ])
+
+
+# -- the Couchbase failure path and the factory (no server needed) -----------------------------------------
+
+
+def test_connecting_where_no_server_answers_fails_within_the_timeout_naming_the_fix():
+    started = time.monotonic()
+    with pytest.raises(StoreError) as caught:
+        CouchbaseMetadataStore("couchbase://127.0.0.1:1", "meta", "user", "secret", timeout_s=1.5)
+    elapsed = time.monotonic() - started
+    message = str(caught.value)
+    assert 1.0 <= elapsed < 4.0
+    assert "couchbase://127.0.0.1:1" in message and "bucket 'meta'" in message
+    assert message.endswith("check EVENTING_METADATA_URL, credentials and that the cluster is reachable")
+    assert "\n" not in message and "secret" not in message
+
+
+def test_the_factory_opens_sqlite_under_the_data_directory_by_default(tmp_path, monkeypatch):
+    monkeypatch.delenv("EVENTING_METADATA_URL", raising=False)
+    store = open_store(tmp_path)
+    try:
+        assert isinstance(store, SqliteMetadataStore) and store.path == tmp_path / "metadata.sqlite3"
+    finally:
+        store.close()
+    with pytest.raises(NotFoundError):
+        open_store(tmp_path / "absent", create=False)
+
+
+def test_the_factory_opens_couchbase_when_the_url_is_set(tmp_path, monkeypatch):
+    opened: list[tuple] = []
+
+    class Recorder:
+        def __init__(self, *args, **kwargs):
+            opened.append((args, kwargs))
+
+    monkeypatch.setattr(factory_module, "CouchbaseMetadataStore", Recorder)
+    monkeypatch.setenv("EVENTING_METADATA_URL", "couchbase://cb1:11210,cb2/meta?timeout=2&prefix=prod&network=external")
+    monkeypatch.setenv("EVENTING_COUCHBASE_USERNAME", "eventing")
+    monkeypatch.setenv("EVENTING_COUCHBASE_PASSWORD", "s3cret")
+    assert isinstance(open_store(tmp_path), Recorder)
+    assert opened == [(("couchbase://cb1:11210,cb2?network=external", "meta", "eventing", "s3cret", 2.0), {"prefix": "prod"})]
+    assert not (tmp_path / "metadata.sqlite3").exists()
+
+
+def test_open_metadata_goes_through_the_factory(tmp_path, monkeypatch):
+    from eventing.worker import open_metadata
+
+    monkeypatch.setenv("EVENTING_METADATA_URL", "couchbase://127.0.0.1:1/meta?username=u&password=hidden&timeout=1")
+    started = time.monotonic()
+    with pytest.raises(StoreError, match=r"cannot connect to the Couchbase metadata store at couchbase://127\.0\.0\.1:1 ") as caught:
+        open_metadata(tmp_path)
+    assert time.monotonic() - started < 3.5
+    assert "hidden" not in str(caught.value)
+
+
+def test_credentials_in_the_url_win_over_the_environment():
+    env = {"EVENTING_COUCHBASE_USERNAME": "env-user", "EVENTING_COUCHBASE_PASSWORD": "env-pw"}
+    target = parse_metadata_url("couchbases://cb.example.com/meta?username=url-user&password=p%40ss", env)
+    assert (target.connection_string, target.username, target.password) == ("couchbases://cb.example.com", "url-user", "p@ss")
+    assert (target.timeout_s, target.prefix) == (5.0, "eventing")
+    assert parse_metadata_url("couchbase://u:pw@cb/meta", env).username == "u"
+    assert parse_metadata_url("couchbase://cb/meta", env).password == "env-pw"
+
+
+@pytest.mark.parametrize("url", ["redis://cache/meta", "sqlite:///tmp/metadata.sqlite3", "cb.example.com/meta"])
+def test_an_unknown_scheme_names_the_supported_ones(url, tmp_path, monkeypatch):
+    monkeypatch.setenv("EVENTING_METADATA_URL", url)
+    with pytest.raises(StoreError, match="unsupported scheme .*supported: couchbase://, couchbases://"):
+        open_store(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("url", "fix"),
+    [
+        ("couchbase://cb", "must name one host list and one bucket"),
+        ("couchbase:///meta", "must name one host list and one bucket"),
+        ("couchbase://cb/meta?username=u", "has no credentials; add \\?username=..&password=.."),
+        ("couchbase://cb/meta?username=u&password=pw&timeout=soon", "timeout='soon' is not a positive number"),
+    ],
+)
+def test_a_malformed_couchbase_url_names_the_fix(url, fix):
+    with pytest.raises(StoreError, match=fix) as caught:
+        parse_metadata_url(url, {})
+    assert "pw&" not in str(caught.value) and "password=pw" not in str(caught.value)
