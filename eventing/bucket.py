@@ -334,7 +334,9 @@ class LocalBucket:
 
         _retry_locked(self.path, lambda: self._tx(body))
 
-    def apply_effects(self, function: str, groups: Sequence[EffectGroup]) -> EffectResult:
+    def apply_effects(
+        self, function: str, groups: Sequence[EffectGroup], *, origin: str | None = None
+    ) -> EffectResult:
         """Apply binding writes exactly once: skip those at or below the (function, vb) mark, reject stale epochs."""
 
         def body() -> EffectResult:
@@ -358,7 +360,9 @@ class LocalBucket:
                     writes.append(w)
                     top = max(top, src_seqno)
                 marks.append((function, g.vb, g.epoch, top))
-            self._apply(writes, function)
+            # The writes carry the function as their origin (recursion guard); `function` also names
+            # the marks, which a replay keeps apart from the live ones (origin stays the function).
+            self._apply(writes, origin or function)
             result.applied = len(writes)
             self._db.executemany(
                 "INSERT INTO effect_marks VALUES(?,?,?,?) ON CONFLICT(function, vb) DO UPDATE SET "

@@ -23,6 +23,7 @@ from eventing.errors import ConfigError, EventingError, InvalidDocumentError, In
 from eventing.mutation import OP_DELETE, OP_UPDATE, encode_document, parse_json_document
 from eventing.output import emit_json, progress_enabled, table
 from eventing.worker import METADATA_FILE, open_metadata
+from metadata import METADATA_URL_ENV
 from sharding import NUM_VBUCKETS, format_ranges, validate_key, worker_plan
 
 DEFAULT_DATA_DIR = ".eventing"
@@ -57,7 +58,7 @@ def writable_data_dir(args: argparse.Namespace) -> str:
 
 def existing_data_dir(args: argparse.Namespace) -> str:
     path = Path(data_dir_of(args))
-    if not (path / METADATA_FILE).exists():
+    if not (path / METADATA_FILE).exists() and not os.environ.get(METADATA_URL_ENV):
         raise NotFoundError(
             f"no eventing metadata in {path}; deploy a function first (`eventing deploy functions/fn_email.json`) "
             "or pass the right --data-dir"
@@ -296,7 +297,8 @@ def cmd_delete(args: argparse.Namespace) -> int:
 
 def cmd_list(args: argparse.Namespace) -> int:
     path = Path(data_dir_of(args)) / METADATA_FILE
-    records = [] if not path.exists() else open_metadata(data_dir_of(args)).list_functions()
+    exists = path.exists() or bool(os.environ.get(METADATA_URL_ENV))
+    records = open_metadata(data_dir_of(args)).list_functions() if exists else []
     views = [_record_view(r) for r in records]
     if args.json:
         emit_json(views)

@@ -49,7 +49,7 @@ from eventing.handler import DeleteOptions, Meta
 from eventing.loader import load_handler
 from eventing.mutation import OP_EXPIRE, OP_NAMES, OP_UPDATE, Mutation
 from eventing.worker import HandlerTimeout, open_metadata
-from metadata import Checkpoint, SqliteMetadataStore
+from metadata import Checkpoint, MetadataStore
 from sharding import NUM_VBUCKETS, validate_key, vbucket_of
 
 Status = Literal["ok", "no_handler", "error", "timeout", "undecodable", "oversize", "quit"]
@@ -292,7 +292,7 @@ class Pulled:
 
 
 def find_next(
-    store: SqliteMetadataStore, source: LocalBucket, function: str, *, key: str | None = None, vb: int | None = None
+    store: MetadataStore, source: LocalBucket, function: str, *, key: str | None = None, vb: int | None = None
 ) -> Pulled | None:
     """The next mutation of `function` after its checkpoint (see the module docstring), or None. Reads only."""
     cps = store.checkpoints(function)

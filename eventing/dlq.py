@@ -27,9 +27,8 @@ handler still fails stays in the queue with attempts + 1 and the newest reason, 
 Replayed rows are hidden from `list` unless asked for, and kept until purged; replay marks stay in the
 destination buckets' effect-mark tables (one small row per replayed row and bucket written).
 
-Replayed writes carry the replay namespace as their origin, not the function's name, so the worker's
-recursion guard (which filters origin == function name) does not recognise them: a replayed write to the
-function's own source bucket is handled by the function once more (its write from there is filtered).
+Replayed writes carry the function's name as their origin, like its live writes, so the recursion guard
+holds: a replayed write to the function's own source bucket does not trigger the function again.
 
 Replay runs beside the stream, not in it: a replayed mutation's effects land after those of any later
 mutation of the same document that the stream already handled. Each row gets one attempt per replay,
@@ -51,7 +50,7 @@ from eventing.debugger import ForegroundHandler, writes_by_bucket
 from eventing.errors import ConfigError, NotFoundError
 from eventing.mutation import OP_NAMES, Mutation, unpack_mutation
 from eventing.worker import open_metadata
-from metadata import DlqRow, SqliteMetadataStore
+from metadata import DlqRow, MetadataStore
 from sharding import NUM_VBUCKETS, validate_key
 
 REPLAYABLE_REASONS = frozenset({"error", "timeout", "undecodable", "oversize"})
@@ -231,7 +230,7 @@ def replay(
 
 
 def _replay_row(
-    store: SqliteMetadataStore,
+    store: MetadataStore,
     runtime: ForegroundHandler,
     row: DlqRow,
     after_effects: Callable[[DlqRow], None] | None,
@@ -257,7 +256,7 @@ def _replay_row(
         if outcome.ok:
             namespace = replay_namespace(row)
             for bucket, writes in writes_by_bucket(runtime.take_writes()):
-                applied = bucket.apply_effects(namespace, [EffectGroup(row.vb, 0, writes)])
+                applied = bucket.apply_effects(namespace, [EffectGroup(row.vb, 0, writes)], origin=row.function)
                 result.writes_applied += applied.applied
                 result.writes_skipped += applied.duplicates
             if after_effects is not None:
@@ -269,7 +268,7 @@ def _replay_row(
     return result
 
 
-def _explain_missing(store: SqliteMetadataStore, function: str, selector: DlqSelector) -> None:
+def _explain_missing(store: MetadataStore, function: str, selector: DlqSelector) -> None:
     assert selector.vb is not None and selector.seqno is not None
     row = store.dlq_row(function, selector.vb, selector.seqno)
     if row is not None and row.replayed_at is not None:
@@ -328,7 +327,7 @@ class _store:
     def __init__(self, data_dir: str):
         self.store = open_metadata(data_dir, create=False)
 
-    def __enter__(self) -> SqliteMetadataStore:
+    def __enter__(self) -> MetadataStore:
         return self.store
 
     def __exit__(self, *exc: object) -> None:

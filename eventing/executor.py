@@ -90,6 +90,14 @@ class InProcessExecutor:
 # -- Ray ----------------------------------------------------------------------------------------------
 
 
+FORWARDED_ENV = (
+    "EVENTING_METADATA_URL",
+    "EVENTING_COUCHBASE_USERNAME",
+    "EVENTING_COUCHBASE_PASSWORD",
+    "EVENTING_STORE_WAIT_S",
+)
+
+
 def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> None:
     """Start a local Ray instance, or join the cluster at `address`, once per process."""
     import ray
@@ -101,6 +109,10 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> None
     # Workers must import this project the way the driver does (an editable install or a checkout).
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {"PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    # Workers on other machines must open the same metadata store as the driver.
+    for name in FORWARDED_ENV:
+        if os.environ.get(name):
+            env[name] = os.environ[name]
     kwargs: dict[str, Any] = {
         "include_dashboard": False,
         "log_to_driver": True,

@@ -14,7 +14,7 @@ from eventing.errors import ConfigError, LifecycleError
 from eventing.loader import validate_handler
 from eventing.window_runtime.paths import reset_windows
 from eventing.worker import open_metadata
-from metadata import FunctionRecord, FunctionState, SqliteMetadataStore
+from metadata import FunctionRecord, FunctionState, MetadataStore
 from sharding import NUM_VBUCKETS
 
 # A running `eventing run` writes a heartbeat this often; a command that sees none this recent
@@ -98,7 +98,7 @@ def delete(data_dir: str, name: str) -> None:
         store.delete_function(name)
 
 
-def _finish(store: SqliteMetadataStore, name: str, target: FunctionState, action: str, wait_s: float) -> FunctionRecord:
+def _finish(store: MetadataStore, name: str, target: FunctionState, action: str, wait_s: float) -> FunctionRecord:
     """Wait for a running service to complete a transition, or complete it here if none runs."""
     deadline = time.monotonic() + wait_s
     while store.live_services(SERVICE_STALE_S):
@@ -115,7 +115,7 @@ def _finish(store: SqliteMetadataStore, name: str, target: FunctionState, action
 
 
 def complete_transition(
-    store: SqliteMetadataStore, name: str, target: FunctionState, action: str
+    store: MetadataStore, name: str, target: FunctionState, action: str
 ) -> FunctionRecord:
     if target is FunctionState.UNDEPLOYED:
         store.drop_checkpoints(name)
@@ -144,7 +144,7 @@ class _store:
     def __init__(self, data_dir: str, create: bool = True):
         self.store = open_metadata(data_dir, create=create)
 
-    def __enter__(self) -> SqliteMetadataStore:
+    def __enter__(self) -> MetadataStore:
         return self.store
 
     def __exit__(self, *exc: object) -> None:

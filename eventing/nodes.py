@@ -15,7 +15,7 @@ import uuid
 from typing import Any
 
 from eventing.errors import ConfigError, LifecycleError, NotFoundError
-from metadata import FunctionState, SqliteMetadataStore
+from metadata import FunctionState, MetadataStore
 from sharding import NUM_VBUCKETS, VBucketPlan
 from sharding.rebalance import FunctionAssignment, RebalancePlan, WorkerId, assign_function, plan_rebalance
 
@@ -26,7 +26,7 @@ REQUEST_KEY = "rebalance_request"
 
 
 class Topology:
-    def __init__(self, store: SqliteMetadataStore):
+    def __init__(self, store: MetadataStore):
         self.store = store
 
     # -- nodes --------------------------------------------------------------------------------------
@@ -159,7 +159,7 @@ def worker_id_of(owner: str | None) -> WorkerId | None:
 
 
 def function_assignment(
-    store: SqliteMetadataStore, function: str, worker_count: int, node_plan: VBucketPlan
+    store: MetadataStore, function: str, worker_count: int, node_plan: VBucketPlan
 ) -> FunctionAssignment:
     """The function's workers per node, keeping each vBucket on its last owner where the plan allows."""
     previous: dict[int, WorkerId] = {}

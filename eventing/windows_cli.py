@@ -21,7 +21,7 @@ def _window_report(data_dir: str, name: str) -> dict[str, Any]:
     from eventing.window_runtime.paths import WindowPaths
     from eventing.window_runtime.rows import RowLayout
     from eventing.worker import open_metadata
-    from metadata.window_state import WindowStateStore
+    from metadata.window_state import window_state_store
 
     store = open_metadata(data_dir, create=False)
     try:
@@ -32,7 +32,7 @@ def _window_report(data_dir: str, name: str) -> dict[str, Any]:
                 f"function '{name}' declares no window; add a \"window\" object to its definition and deploy it"
             )
         layout = RowLayout.for_definition(name, window)
-        state = WindowStateStore(store).load(name)
+        state = window_state_store(store).load(name)
         counters = store.counters(name)
     finally:
         store.close()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import msgpack
 
-from eventing.bindings import BucketBinding
+from eventing.bindings import BucketBinding, EffectBuffer
 from eventing.bucket import LocalBucket
 from eventing.definition import FunctionDefinition
 from eventing.errors import FencedError, OrderViolationError, StoreError
@@ -24,18 +24,17 @@ from eventing.handler import DeleteOptions, Meta
 from eventing.loader import load_handler
 from eventing.mutation import OP_EXPIRE, OP_UPDATE, Mutation, pack_mutation
 from eventing.window_runtime.rows import WindowRowWriter
-from metadata import DlqRow, SqliteMetadataStore
+from metadata import DlqRow, MetadataStore
 
 METADATA_FILE = "metadata.sqlite3"
 
 
-def open_metadata(data_dir: str | Path, *, create: bool = True) -> SqliteMetadataStore:
+def open_metadata(data_dir: str | Path, *, create: bool = True) -> MetadataStore:
+    """SQLite under data_dir, or Couchbase when $EVENTING_METADATA_URL is set (one contract suite runs
+    against both)."""
     from metadata.factory import open_store
 
-    # SQLite under data_dir, or Couchbase when $EVENTING_METADATA_URL is set. The runtime is still
-    # annotated with the SQLite class; CouchbaseMetadataStore has the same methods (one contract suite
-    # runs against both).
-    return open_store(data_dir, create=create)  # type: ignore[return-value]
+    return open_store(data_dir, create=create)
 
 
 @dataclass(frozen=True)
@@ -79,11 +78,13 @@ class WorkerCore:
         self.source = LocalBucket.open(spec.data_dir, self.defn.source_bucket)
         self.bindings: list[BucketBinding] = []
         injected: dict[str, object] = dict(self.defn.constants)
+        buffers: dict[str, EffectBuffer] = {}
         for b in self.defn.bindings:
             bucket = (
                 self.source if b.bucket == self.defn.source_bucket else LocalBucket.open(spec.data_dir, b.bucket)
             )
-            binding = BucketBinding(b.alias, bucket, b.access, self.name)
+            buffer = buffers.setdefault(b.bucket, EffectBuffer())  # aliases of one bucket share writes
+            binding = BucketBinding(b.alias, bucket, b.access, self.name, buffer)
             injected[b.alias] = binding
             self.bindings.append(binding)
         self.rw_bindings = [b for b in self.bindings if b.access == "rw"]

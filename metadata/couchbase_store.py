@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import functools
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -471,7 +472,9 @@ class CouchbaseMetadataStore:
         """Insert each dead letter once (a second insert of the same key is a no-op), then index it."""
         by_vb: dict[tuple[str, int], list[int]] = defaultdict(list)
         for r in rows:
-            self._docs.insert(self._dlq_key(r.function, r.vb, r.seqno), _encode_dlq(r))
+            key = self._dlq_key(r.function, r.vb, r.seqno)
+            if not self._docs.insert(key, _encode_dlq(r)):
+                self._mutate(key, functools.partial(_revive_dlq, row=r))
             by_vb[(r.function, r.vb)].append(r.seqno)
         # Indexed after the rows: a crash in between is repaired when the batch is redone (the insert is
         # a no-op, the index entry is added then).
@@ -729,6 +732,19 @@ def _encode_dlq(row: DlqRow) -> Doc:
         "first_failed_at": row.first_failed_at, "last_failed_at": row.last_failed_at,
         "mutation": base64.b64encode(row.mutation).decode("ascii"), "replayed_at": row.replayed_at,
     }
+
+
+def _revive_dlq(doc: Doc | None, row: DlqRow) -> Doc | None:
+    """A mutation that fails again after its dead letter was replayed gets the letter back (as SQLite's
+    upsert does); an unreplayed letter stays as it is (a second insert after a crash is a no-op)."""
+    if doc is None or doc.get("replayed_at") is None:
+        return None
+    return dict(
+        _encode_dlq(row),
+        attempts=doc["attempts"] + row.attempts,
+        first_failed_at=doc["first_failed_at"],
+        replayed_at=None,
+    )
 
 
 def _decode_dlq(doc: Doc) -> DlqRow:

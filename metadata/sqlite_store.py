@@ -331,7 +331,12 @@ class SqliteMetadataStore:
                 updates.append((seqno, now, function, vb))
             db.executemany("UPDATE checkpoints SET seqno=?, updated_at=? WHERE function=? AND vb=?", updates)
             db.executemany(
-                "INSERT OR IGNORE INTO dlq VALUES(?,?,?,?,?,?,?,?,?,?,?,NULL)",
+                # Keyed by (function, vb, seqno): the same failure written again after a crash is a no-op,
+                # but a mutation that fails again after its letter was replayed gets the letter back.
+                "INSERT INTO dlq VALUES(?,?,?,?,?,?,?,?,?,?,?,NULL) ON CONFLICT(function, vb, seqno) DO UPDATE SET "
+                "reason=excluded.reason, error=excluded.error, traceback=excluded.traceback, "
+                "attempts=attempts+excluded.attempts, last_failed_at=excluded.last_failed_at, "
+                "mutation=excluded.mutation, replayed_at=NULL WHERE replayed_at IS NOT NULL",
                 [
                     (r.function, r.vb, r.seqno, r.key, r.reason, r.error, r.traceback, r.attempts,
                      r.first_failed_at, r.last_failed_at, r.mutation)

@@ -25,12 +25,21 @@ CREATE TABLE IF NOT EXISTS window_state(
 """
 
 
-class WindowStateStore:
-    """Window coordinator state in the SQLite metadata store (its own table, the store's transactions).
+def window_state_store(store: Any) -> Any:
+    """The coordinator-state store of whichever metadata backend `store` is."""
+    if WindowStateStore.supported(store):
+        return WindowStateStore(store)
+    from metadata.couchbase_store import CouchbaseMetadataStore, CouchbaseWindowStateStore
 
-    Other backends (Couchbase) have no transaction spanning the state, the DLQ and the counters yet, so a
-    windowed function refuses to run on them rather than give weaker guarantees.
-    """
+    if isinstance(store, CouchbaseMetadataStore):
+        # No transaction spans documents there: dead letters (insert-once) go first, then the state under
+        # its fence (CAS), then counters; a crash in between redoes the batch, and only counters can lag.
+        return CouchbaseWindowStateStore(store)
+    raise ConfigError(f"windowed functions cannot keep their state in a {type(store).__name__}")
+
+
+class WindowStateStore:
+    """Window coordinator state in the SQLite metadata store (its own table, the store's transactions)."""
 
     def __init__(self, store: Any):
         if not self.supported(store):

@@ -50,8 +50,8 @@ from eventing.window_runtime.paths import WindowPaths
 from eventing.window_runtime.rows import BATCH_NAME, RowLayout
 from eventing.windowing import Window, WindowOperator, WindowStateError, windows_for
 from eventing.windowing.windows import arrow_epoch_ms
-from metadata import DlqRow, SqliteMetadataStore
-from metadata.window_state import WindowStateStore
+from metadata import DlqRow, MetadataStore
+from metadata.window_state import window_state_store
 from sharding import NUM_VBUCKETS
 
 log = logging.getLogger("eventing.windows")
@@ -142,7 +142,7 @@ class WindowCoordinator:
         function: str,
         generation: int,
         window: dict[str, Any],
-        store: SqliteMetadataStore,
+        store: MetadataStore,
         *,
         aggregator: Aggregator,
         sink: Sink | None = None,
@@ -158,7 +158,7 @@ class WindowCoordinator:
         self.spec = self.layout.spec
         self.paths = WindowPaths.of(data_dir, function)
         self.store = store
-        self.states = WindowStateStore(store)
+        self.states = window_state_store(store)
         self.aggregator = aggregator
         self.sink = sink if sink is not None else make_sink(self.paths, self.layout)
         self.emitter: Emitter = emitter if emitter is not None else _InlineEmitter()

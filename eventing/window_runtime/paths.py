@@ -50,10 +50,9 @@ class WindowPaths:
 def reset_windows(data_dir: str | os.PathLike[str], store: Any, function: str) -> None:
     """Start a deployment's windows afresh: drop the coordinator state (fencing any coordinator still
     running for the previous deployment) and the row files it had not aggregated yet. Results stay."""
-    from metadata.window_state import WindowStateStore
+    from metadata.window_state import window_state_store
 
-    if WindowStateStore.supported(store):
-        WindowStateStore(store).reset(function)
+    window_state_store(store).reset(function)
     paths = WindowPaths.of(data_dir, function)
     for folder in (paths.incoming, paths.accepted, paths.staging):
         shutil.rmtree(folder, ignore_errors=True)

@@ -519,3 +519,24 @@ def test_debugging_an_undeployed_function_says_to_deploy_it_first(data_dir, caps
     code, _, err = cli(capsys, "debug", "fn_d", "--data-dir", data_dir)
     assert code == 2 and "is undeployed" in err and "deploy it first" in err
     assert open_metadata(data_dir).checkpoints("fn_d") == {}
+
+
+def test_a_replayed_write_to_the_source_bucket_does_not_trigger_the_function_again(data_dir):
+    source = LocalBucket.create(data_dir, "src_rg")
+    source.upsert("a", {"n": 1})
+    broken = "def on_update(doc, meta):\n    raise ValueError('not yet')\n"
+    fixed = "def on_update(doc, meta):\n    if 'copy' not in doc:\n        src[meta.id + '-copy'] = {'copy': True}\n"
+    defn = FunctionDefinition.from_dict({
+        "name": "fn_rg", "source_bucket": "src_rg", "bindings": [{"alias": "src", "bucket": "src_rg", "access": "rw"}],
+    })
+    lifecycle.save_function(data_dir, defn, broken)
+    lifecycle.deploy(data_dir, "fn_rg")
+    EventingService(data_dir, InProcessExecutor(), until_caught_up=True).run()
+    lifecycle.pause(data_dir, "fn_rg")
+    lifecycle.save_function(data_dir, defn, fixed)
+    lifecycle.resume(data_dir, "fn_rg")
+    dlq.replay(data_dir, "fn_rg", dlq.DlqSelector(everything=True))
+    assert source.get("a-copy") == {"copy": True}
+    EventingService(data_dir, InProcessExecutor(), until_caught_up=True).run()
+    counters = open_metadata(data_dir).counters("fn_rg")
+    assert counters["recursion_filtered"] == 1  # the replayed copy was recognised as the function's own write

@@ -442,6 +442,18 @@ def test_dlq_rows_are_inserted_once_per_function_vbucket_and_seqno(store):
     assert store.dlq_row("fn", 0, 2) is None
 
 
+def test_a_mutation_failing_again_after_its_replay_gets_its_dead_letter_back(store):
+    store.init_checkpoints("fn", {0: 0}, "uuid")
+    e = store.claim("fn", [0], "w")[0].epoch
+    store.commit("fn", {0: e}, {0: 1}, [_dlq(0, 1, error="first")])
+    assert store.mark_replayed("fn", [(0, 1)]) == 1
+    assert store.find_dlq_rows("fn") == []
+    store.commit("fn", {0: e}, {0: 1}, [_dlq(0, 1, error="again")])
+    rows = store.find_dlq_rows("fn")
+    assert [(r.error, r.replayed_at) for r in rows] == [("again", None)]
+    assert rows[0].attempts == 2
+
+
 def test_dlq_rows_can_be_found_replayed_retried_and_purged(store):
     store.init_checkpoints("fn", {0: 0, 5: 0}, "uuid")
     e = {vb: cp.epoch for vb, cp in store.claim("fn", [0, 5], "w").items()}

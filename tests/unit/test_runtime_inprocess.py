@@ -261,3 +261,24 @@ def test_a_handler_that_does_not_import_is_refused_at_deploy(data_dir):
     with pytest.raises(HandlerLoadError, match="defines neither on_update"):
         lifecycle.save_function(data_dir, defn, "x = 1\n")
     assert open_metadata(data_dir).list_functions() == []  # nothing half-written
+
+
+def test_two_aliases_of_one_bucket_share_their_writes(data_dir):
+    source = LocalBucket.create(data_dir, "src")
+    for i in range(3):
+        source.upsert(f"k{i}", {"i": i})
+    handler = (
+        "def on_update(doc, meta):\n"
+        "    a[meta.id + '-a'] = {'i': doc['i']}\n"
+        "    b[meta.id + '-b'] = {'seen_a': meta.id + '-a' in b}\n"
+    )
+    defn = FunctionDefinition.from_dict({
+        "name": "fn_two", "source_bucket": "src",
+        "bindings": [{"alias": "a", "bucket": "out", "access": "rw"}, {"alias": "b", "bucket": "out", "access": "rw"}],
+    })
+    deploy(data_dir, defn, handler)
+    run(data_dir)
+    out = LocalBucket.open(data_dir, "out")
+    assert sorted(out.keys()) == ["k0-a", "k0-b", "k1-a", "k1-b", "k2-a", "k2-b"]
+    assert all(out.get(f"k{i}-b") == {"seen_a": True} for i in range(3))
+    assert open_metadata(data_dir).counters("fn_two").get("effects_duplicate", 0) == 0
