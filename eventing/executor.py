@@ -29,13 +29,14 @@ class Executor(Protocol):
 class WorkerHost:
     """What runs inside the worker process: builds the core lazily so start-up errors reach the caller."""
 
-    def __init__(self, spec: WorkerSpec):
+    def __init__(self, spec: WorkerSpec, own_process: bool = False):
         self.spec = spec
+        self.own_process = own_process  # a Ray actor: the worker may end its process if a handler hangs
         self.core: WorkerCore | None = None
 
     def call(self, method: str, *args: Any) -> Any:
         if method == "start":
-            self.core = WorkerCore(self.spec)
+            self.core = WorkerCore(self.spec, recycle_on_hang=self.own_process)
             return os.getpid()
         assert self.core is not None, "worker not started"
         return getattr(self.core, method)(*args)
@@ -158,7 +159,7 @@ class RayExecutor:
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=ray_node_id, soft=False)
-        return _RayHandle(self._actor_cls.options(**options).remote(spec))
+        return _RayHandle(self._actor_cls.options(**options).remote(spec, True))
 
     def wait(self, futures: list[Any], timeout: float) -> list[Any]:
         if not futures:

@@ -157,7 +157,8 @@ class EventingService:
         request = topology.pending_request()
         if request is None:
             return
-        if request["status"] == "running" and request.get("service") not in self.store.live_services(SERVICE_STALE_S):
+        live = [sid for sid in self.store.live_services(SERVICE_STALE_S) if _alive(sid)]
+        if request["status"] == "running" and request.get("service") not in live:
             # The service that ran it stopped midway: carry it on from where the checkpoints' owners stand.
             request = topology.update_request(request, status="requested", restarted=request.get("restarted", 0) + 1)
         if request["status"] == "requested":

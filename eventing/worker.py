@@ -6,6 +6,7 @@ calls the handler, flushes binding effects and commits checkpoints.
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -27,6 +28,7 @@ from eventing.window_runtime.rows import WindowRowWriter
 from metadata import DlqRow, MetadataStore
 
 METADATA_FILE = "metadata.sqlite3"
+HANG_GRACE_S = 2.0  # past execution_timeout, how long a handler SIGALRM could not stop may still run
 
 
 def open_metadata(data_dir: str | Path, *, create: bool = True) -> MetadataStore:
@@ -64,7 +66,7 @@ class HandlerTimeout(Exception):
 class WorkerCore:
     """Processes its vBuckets strictly in seqno order; every write it makes is fenced by its epochs."""
 
-    def __init__(self, spec: WorkerSpec):
+    def __init__(self, spec: WorkerSpec, *, recycle_on_hang: bool = False):
         self.spec = spec
         self.name = spec.function
         self.store = open_metadata(spec.data_dir, create=False)
@@ -106,7 +108,11 @@ class WorkerCore:
         self.tracer = None  # set by the debugger: receives handler events
         self._in_handler = False
         self._call_started = 0.0
+        self._current: Mutation | None = None
+        self._hung: set[tuple[int, int]] = set()
         self.assign_vbuckets(spec.vbuckets)
+        if recycle_on_hang:
+            threading.Thread(target=self._hang_guard, name="hang-guard", daemon=True).start()
 
     # -- ownership ----------------------------------------------------------------------------------
 
@@ -142,6 +148,11 @@ class WorkerCore:
             marks = binding.bucket.effect_marks(self.name)
             for vb in vbs:
                 binding.applied_upto[vb] = marks.get(vb, (0, 0))[1]
+        # Mutations a previous process of this worker hung on (and was recycled for) are already dead
+        # letters; handling them again would hang again.
+        for row in self.store.find_dlq_rows(self.name, reason="timeout"):
+            if row.vb in wanted and row.seqno > self.committed[row.vb]:
+                self._hung.add((row.vb, row.seqno))
 
     def revoke_vbuckets(self, vbuckets) -> dict[int, int]:
         """Finish, flush, checkpoint and release vBuckets; returns their final checkpoints."""
@@ -224,6 +235,9 @@ class WorkerCore:
             # Recursion guard: this function's own binding wrote it; handling it again would loop.
             c["recursion_filtered"] += 1
             return
+        if self._hung and (m.vb, m.seqno) in self._hung:
+            c["hung_skipped"] += 1  # dead-lettered as `timeout` when its handler could not be interrupted
+            return
         if m.op == OP_UPDATE:
             if self.on_update is None:
                 c["no_handler"] += 1
@@ -258,7 +272,7 @@ class WorkerCore:
             for b in self.rw_bindings:
                 b.begin(m.vb, m.seqno)
             try:
-                self._run_with_timeout(fn, args)
+                self._run_with_timeout(fn, args, m)
             except HandlerTimeout:
                 for b in self.rw_bindings:
                     b.discard()
@@ -286,13 +300,41 @@ class WorkerCore:
                 self.counters[f"{kind}_success"] += 1
                 return
 
-    def _run_with_timeout(self, fn, args: tuple) -> None:
+    def _run_with_timeout(self, fn, args: tuple, m: Mutation | None = None) -> None:
+        self._current = m
         self._call_started = time.monotonic()
         self._in_handler = True
         try:
             fn(*args)
         finally:
             self._in_handler = False
+
+    def _hang_guard(self) -> None:
+        """Last resort for a handler that SIGALRM cannot interrupt (blocked in C code, signals masked):
+        once it overruns execution_timeout by HANG_GRACE_S, record its mutation as a `timeout` dead letter
+        (fenced by this worker's epoch, checkpoint untouched) and end the process. The supervisor restarts
+        the worker from its checkpoint; the restarted worker skips that mutation, so it cannot hang again.
+        Only used where the worker has a process of its own (a Ray actor)."""
+        store = None
+        while True:
+            time.sleep(0.25)
+            m = self._current
+            if not self._in_handler or m is None:
+                continue
+            if time.monotonic() - self._call_started < self.timeout_s + HANG_GRACE_S:
+                continue
+            now = time.time()
+            row = DlqRow(
+                self.name, m.vb, m.seqno, m.key, "timeout",
+                f"handler did not return within execution_timeout ({self.timeout_s}s) and could not be "
+                "interrupted; the worker process was recycled",
+                "", 1, now, now, pack_mutation(m),
+            )
+            try:
+                store = store or open_metadata(self.spec.data_dir, create=False)
+                store.commit(self.name, {m.vb: self.epochs.get(m.vb, -1)}, {}, [row], {"workers_recycled": 1})
+            finally:
+                os._exit(70)
 
     def _watchdog_tick(self, signum, frame) -> None:
         # Runs in the main thread between bytecodes; only a handler call that overran is interrupted.

@@ -207,3 +207,37 @@ def wait_for(predicate, what: str, timeout: float = 60.0) -> None:
             return
         time.sleep(0.1)
     raise AssertionError(f"timed out waiting until {what}")
+
+
+def test_a_handler_that_cannot_be_interrupted_gets_its_worker_recycled(data_dir, ray_executor):
+    from eventing.definition import FunctionDefinition
+
+    source = LocalBucket.create(data_dir, "src")
+    for i in range(20):
+        source.upsert(f"k{i:02d}", {"i": i})
+    LocalBucket.create(data_dir, "out")
+    handler = (
+        "import signal, time\n"
+        "def on_update(doc, meta):\n"
+        "    if doc['i'] == 7:\n"
+        "        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})  # as if stuck in C code\n"
+        "        time.sleep(600)\n"
+        "    out[meta.id] = doc\n"
+    )
+    defn = FunctionDefinition.from_dict({
+        "name": "fn_stuck", "source_bucket": "src", "execution_timeout": "500ms", "checkpoint_interval": "100ms",
+        "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
+    })
+    lifecycle.save_function(data_dir, defn, handler)
+    lifecycle.deploy(data_dir, "fn_stuck")
+    started = time.monotonic()
+    summary = EventingService(data_dir, ray_executor, until_caught_up=True).run()
+    assert not summary.errors
+    assert time.monotonic() - started < 60
+    store = open_metadata(data_dir)
+    rows = store.dlq_rows("fn_stuck")
+    assert [(r.key, r.reason) for r in rows] == [("k07", "timeout")]
+    assert "recycled" in rows[0].error
+    assert sorted(LocalBucket.open(data_dir, "out").keys()) == [f"k{i:02d}" for i in range(20) if i != 7]
+    counters = store.counters("fn_stuck")
+    assert counters["workers_recycled"] == 1 and counters["hung_skipped"] == 1

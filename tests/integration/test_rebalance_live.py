@@ -198,3 +198,47 @@ def test_rebalancing_while_a_function_is_deploying_is_refused(data_dir, capsys):
     assert cli(["--data-dir", data_dir, "rebalance"]) == 2
     assert "fn_dep is deploying" in capsys.readouterr().err
     assert Topology(store).node_plan().counts() == {"local": 1024}
+
+
+def test_a_rebalance_stopped_midway_is_carried_on_by_the_next_service(data_dir, ray_session, ray_executor):
+    import subprocess
+    import sys
+
+    source = LocalBucket.create(data_dir, "src")
+    for i in range(3000):
+        source.upsert(f"doc::{i % 300}", {"rev": i})
+    LocalBucket.create(data_dir, "ledger_fn_rs")
+    lifecycle.save_function(
+        data_dir, ledger_definition("fn_rs", "src", "ledger_fn_rs", workers=2, sleep_ms=1), LEDGER_HANDLER
+    )
+    lifecycle.deploy(data_dir, "fn_rs")
+    address = ray_session.get_runtime_context().gcs_address
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "eventing", "--data-dir", data_dir, "run", "--quiet", "--ray-address", address],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    store = open_metadata(data_dir)
+    wait_for(lambda: sum(cp.seqno for cp in store.checkpoints("fn_rs").values()) > 200, timeout=90)
+    assert cli(["--data-dir", data_dir, "node", "add", "n2"]) == 0
+    topology = Topology(store)
+    topology.check_can_rebalance()
+    topology.request_rebalance(topology.plan())  # what `eventing rebalance` does before it waits
+    wait_for(lambda: (topology.request() or {}).get("status") == "running", timeout=60)
+    driver.kill()  # kill -9 in the middle of the handoff
+    driver.wait()
+    assert topology.request()["status"] == "running"
+    service = EventingService(data_dir, ray_executor)
+    thread = threading.Thread(target=service.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: (topology.request() or {}).get("status") == "done", timeout=90)
+        assert topology.request().get("restarted") == 1
+        wait_for(lambda: caught_up(data_dir, "fn_rs", source), timeout=90)
+    finally:
+        service.stop()
+        thread.join(timeout=60)
+    assert topology.node_plan().counts() == {"local": 512, "n2": 512}
+    owners = Counter(cp.owner for cp in store.checkpoints("fn_rs").values())
+    assert owners == {"local/w0": 256, "local/w1": 256, "n2/w0": 256, "n2/w1": 256}
+    report = check_ledger(source, LocalBucket.open(data_dir, "ledger_fn_rs"))
+    assert report.ok, report.summary()
