@@ -8,4 +8,4 @@ cd "$(dirname "$0")/.."
 [ -x .venv/bin/python ] || bash scripts/setup.sh
 export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"
 export RAY_USAGE_STATS_ENABLED=0
-exec .venv/bin/python -m pytest -m soak -s -q tests/integration/test_faults.py "$@"
+exec .venv/bin/python -m pytest -m soak -s -q tests/integration/test_faults.py tests/integration/test_ray_runtime.py "$@"

@@ -98,18 +98,19 @@ def read_pids(path) -> set[str]:
         return {line.split()[2] for line in f}
 
 
-def test_killing_worker_processes_mid_run_loses_nothing(data_dir, tmp_path, ray_executor):
-    source = load(data_dir, documents=400, mutations=6000)
+def kill_workers_during_run(data_dir, tmp_path, executor, *, mutations: int, kills: int) -> None:
+    """Run a slow ledger function on 4 workers and kill -9 one worker process `kills` times, in turn."""
+    source = load(data_dir, documents=400, mutations=mutations)
     calls = tmp_path / "calls.log"
     deploy(data_dir, ledger_definition("fn_k", "src", "ledger", workers=4, call_log=str(calls), sleep_ms=3, batch_size=100))
-    service = EventingService(data_dir, ray_executor, until_caught_up=True)
+    service = EventingService(data_dir, executor, until_caught_up=True)
     result = {}
     thread = threading.Thread(target=lambda: result.update(summary=service.run()))
     with CheckpointWatcher(data_dir, ["fn_k"]) as watcher:
         thread.start()
         killed = 0
-        deadline = time.monotonic() + 120
-        while killed < 3 and time.monotonic() < deadline and thread.is_alive():
+        deadline = time.monotonic() + 120 + kills * 5
+        while killed < kills and time.monotonic() < deadline and thread.is_alive():
             time.sleep(0.7)
             sup = service.supervisors.get("fn_k")
             if sup is None:
@@ -118,17 +119,28 @@ def test_killing_worker_processes_mid_run_loses_nothing(data_dir, tmp_path, ray_
             if slot.ready and slot.pid and not slot.caught_up:
                 os.kill(slot.pid, signal.SIGKILL)  # kill -9 mid-batch
                 killed += 1
-        thread.join(timeout=180)
-    assert killed == 3
+        thread.join(timeout=300)
+    assert killed == kills
     assert not result["summary"].errors
     report = check_ledger(source, LocalBucket.open(data_dir, "ledger"))
     assert report.ok, report.summary()
     assert watcher.backwards == [] and watcher.samples > 5
     per_doc = read_call_log(calls)
     total_calls = sum(len(v) for v in per_doc.values())
-    assert total_calls >= 6000  # at least once; replays after a kill are allowed, duplicate effects are not
+    assert total_calls >= mutations  # at least once; replays after a kill are allowed, duplicate effects are not
     cps = open_metadata(data_dir).checkpoints("fn_k")
     assert [cps[vb].seqno for vb in range(NUM_VBUCKETS)] == source.high_seqnos()
+    print(f"kill -9 x{kills}: {mutations} mutations, {total_calls} handler calls "
+          f"({total_calls - mutations} repeated after kills), {service.summary.seconds:.1f}s")
+
+
+def test_killing_worker_processes_mid_run_loses_nothing(data_dir, tmp_path, ray_executor):
+    kill_workers_during_run(data_dir, tmp_path, ray_executor, mutations=6000, kills=3)
+
+
+@pytest.mark.soak
+def test_soak_killing_workers_repeatedly_during_a_long_run(data_dir, tmp_path, ray_executor):
+    kill_workers_during_run(data_dir, tmp_path, ray_executor, mutations=60_000, kills=30)
 
 
 def test_a_driver_killed_mid_run_resumes_from_its_checkpoints(data_dir, ray_session):
