@@ -301,10 +301,6 @@ class LocalBucket:
     def keys(self) -> list[str]:
         return [r[0] for r in self._db.execute("SELECT key FROM docs WHERE deleted=0 ORDER BY key")]
 
-    def items(self) -> Iterable[tuple[str, dict]]:
-        for key, doc in self._db.execute("SELECT key, doc FROM docs WHERE deleted=0 ORDER BY key"):
-            yield key, decode_document(doc)
-
     def stats(self) -> dict:
         docs, deleted = self._db.execute(
             "SELECT COALESCE(SUM(deleted=0),0), COALESCE(SUM(deleted=1),0) FROM docs"

@@ -17,9 +17,8 @@ from eventing.worker import open_metadata
 from metadata import FunctionRecord, FunctionState, MetadataStore
 from sharding import NUM_VBUCKETS
 
-# A running `eventing run` writes a heartbeat this often; a command that sees none this recent
-# completes a pause or undeploy itself, since no worker is holding vBuckets.
-HEARTBEAT_S = 0.5
+# A running `eventing run` writes a heartbeat every STATE_POLL_S (0.5 s, eventing.service); a command that
+# sees none this recent completes a pause or undeploy itself, since no worker is holding vBuckets.
 SERVICE_STALE_S = 5.0
 
 # Each deployment's epochs start at generation << 32, so workers of an older deployment stay fenced.

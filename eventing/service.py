@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from eventing.definition import FunctionDefinition
 from eventing.errors import EventingError
 from eventing.executor import Executor
-from eventing.lifecycle import HEARTBEAT_S, SERVICE_STALE_S, complete_transition
+from eventing.lifecycle import SERVICE_STALE_S, complete_transition
 from eventing.nodes import Topology, function_assignment
 from eventing.supervisor import FunctionSupervisor
 from eventing.window_runtime.host import WindowHost
@@ -274,4 +274,4 @@ def _alive(service_id: str) -> bool:
     return True
 
 
-__all__ = ["HEARTBEAT_S", "EventingService", "FunctionProgress", "RunSummary"]
+__all__ = ["EventingService", "FunctionProgress", "RunSummary"]

@@ -222,12 +222,6 @@ class FunctionSupervisor:
         slot.caught_up = False
         self._spawn(slot)
 
-    def kill_worker(self, worker_id: str) -> None:
-        """Fault injection: kill one worker's process as kill -9 would (the supervisor restarts it)."""
-        slot = self.slots[worker_id]
-        if slot.handle is not None:
-            self.executor.kill(slot.handle)
-
     # -- live rebalance -----------------------------------------------------------------------------
 
     def start_rebalance(self, node_owners: tuple[str, ...], nodes: list[str]) -> Handoff:

@@ -435,8 +435,5 @@ class WorkerCore:
         self.last_commit = time.monotonic()
         return fenced
 
-    def positions_snapshot(self) -> dict[int, int]:
-        return dict(self.positions)
-
     def close(self) -> None:
         self.store.close()
