@@ -120,7 +120,7 @@ class ForegroundHandler:
             self.bindings.append(binding)
         self._buckets = list(buckets.values())
         self.rw_bindings = [b for b in self.bindings if b.access == "rw"]
-        module = load_handler(function, record.source, injected)
+        module = load_handler(function, record.source, injected, windowed=self.defn.window is not None)
         self.on_update = module.__dict__.get("on_update")
         self.on_delete = module.__dict__.get("on_delete")
         self.keyspace = {"bucket_name": self.defn.source_bucket, "scope_name": "_default", "collection_name": "_default"}

@@ -27,7 +27,9 @@ EPOCH_SHIFT = 32
 
 def save_function(data_dir: str, defn: FunctionDefinition, source: str) -> FunctionRecord:
     """Create or update a function definition (and its handler source) without deploying it."""
-    validate_handler(defn.name, source, [b.alias for b in defn.bindings], defn.constants)
+    validate_handler(
+        defn.name, source, [b.alias for b in defn.bindings], defn.constants, windowed=defn.window is not None
+    )
     for bucket in dict.fromkeys([defn.source_bucket, *(b.bucket for b in defn.bindings)]):
         LocalBucket.open(data_dir, bucket).close()  # unknown bucket -> clear error now, not at run time
     if defn.window is not None:
@@ -51,7 +53,9 @@ def deploy(data_dir: str, name: str, boundary: Boundary | None = None) -> Functi
     with _store(data_dir) as store:
         record = store.get_function(name)
         defn = FunctionDefinition.from_dict(record.definition).with_boundary(boundary)
-        validate_handler(name, record.source, [b.alias for b in defn.bindings], defn.constants)
+        validate_handler(
+            name, record.source, [b.alias for b in defn.bindings], defn.constants, windowed=defn.window is not None
+        )
         if record.state is FunctionState.UNDEPLOYED and boundary is not None:
             record = store.put_function(name, defn.to_dict(), record.source)  # remember the chosen boundary
         if record.state is not FunctionState.DEPLOYING:  # DEPLOYING: a deploy that crashed halfway; finish it

@@ -11,7 +11,9 @@ from eventing import handler as handler_api
 from eventing.errors import HandlerLoadError
 
 
-def load_handler(function: str, source: str, injected: Mapping[str, Any]) -> types.ModuleType:
+def load_handler(
+    function: str, source: str, injected: Mapping[str, Any], *, windowed: bool = False
+) -> types.ModuleType:
     """Execute the handler source with bindings, constants and `log` as globals.
 
     Raises HandlerLoadError if it does not import or defines neither on_update nor on_delete.
@@ -35,7 +37,7 @@ def load_handler(function: str, source: str, injected: Mapping[str, Any]) -> typ
         ) from None
     on_update = module.__dict__.get("on_update")
     on_delete = module.__dict__.get("on_delete")
-    if on_update is None and on_delete is None:
+    if on_update is None and on_delete is None and not windowed:
         raise HandlerLoadError(
             f"handler of function '{function}' defines neither on_update(doc, meta) nor on_delete(meta, options); "
             "define at least one"
@@ -58,5 +60,8 @@ class _ImportTimeBinding:
     __getitem__ = __setitem__ = __delitem__ = __contains__ = __getattr__
 
 
-def validate_handler(function: str, source: str, aliases: list[str], constants: Mapping[str, Any]) -> None:
-    load_handler(function, source, {**{a: _ImportTimeBinding(a) for a in aliases}, **constants})
+def validate_handler(
+    function: str, source: str, aliases: list[str], constants: Mapping[str, Any], *, windowed: bool = False
+) -> None:
+    """A windowed function may define neither entry point: its window does the work."""
+    load_handler(function, source, {**{a: _ImportTimeBinding(a) for a in aliases}, **constants}, windowed=windowed)

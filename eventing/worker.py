@@ -90,7 +90,7 @@ class WorkerCore:
             injected[b.alias] = binding
             self.bindings.append(binding)
         self.rw_bindings = [b for b in self.bindings if b.access == "rw"]
-        module = load_handler(self.name, record.source, injected)
+        module = load_handler(self.name, record.source, injected, windowed=self.defn.window is not None)
         self.on_update = module.__dict__.get("on_update")
         self.on_delete = module.__dict__.get("on_delete")
         self.keyspace = {"bucket_name": self.defn.source_bucket, "scope_name": "_default", "collection_name": "_default"}
@@ -239,7 +239,7 @@ class WorkerCore:
             c["hung_skipped"] += 1  # dead-lettered as `timeout` when its handler could not be interrupted
             return
         if m.op == OP_UPDATE:
-            if self.on_update is None:
+            if self.on_update is None and self.window_rows is None:
                 c["no_handler"] += 1
                 return
             if m.doc is not None and len(m.doc) > self.max_bytes:
@@ -250,9 +250,13 @@ class WorkerCore:
             except Exception as exc:  # noqa: BLE001 - any decode failure is the document's fault
                 self._dead_letter(m, "undecodable", f"{type(exc).__name__}: {exc}", "", 0)
                 return
-            if self.window_rows is not None and not self.window_rows.add(m, doc):
-                self._dead_letter(m, "bad_event_time", self.window_rows.rejection, "", 0)
-                return
+            if self.window_rows is not None:
+                if not self.window_rows.add(m, doc):
+                    self._dead_letter(m, "bad_event_time", self.window_rows.rejection, "", 0)
+                    return
+                if self.on_update is None:  # a window-only function: the row is the whole effect
+                    c["on_update_success"] += 1
+                    return
             self._call("on_update", self.on_update, (doc, self._meta(m)), m)
         else:
             if self.on_delete is None:

@@ -187,7 +187,7 @@ class WindowRowWriter:
     @classmethod
     def attach(cls, core: WorkerCore) -> WindowRowWriter | None:
         """The writer for a worker of a windowed function (None otherwise). A windowed function needs no
-        on_update of its own: the worker then calls a no-op, so every update still becomes a row."""
+        on_update of its own: every update still becomes a row (see WorkerCore._handle)."""
         window = core.defn.window
         if window is None:
             return None
@@ -196,8 +196,6 @@ class WindowRowWriter:
             spec.data_dir, spec.function, spec.generation, spec.worker_id,
             RowLayout.for_definition(spec.function, window), core.counters,
         )
-        if core.on_update is None:
-            core.on_update = _window_only
         return writer
 
     def _clear(self) -> None:
@@ -260,7 +258,3 @@ class WindowRowWriter:
         self.counters["window_rows_written"] += rows
         self._clear()
         return path
-
-
-def _window_only(doc: Any, meta: Any) -> None:
-    """on_update of a windowed function whose handler defines none: the row is all it contributes."""
