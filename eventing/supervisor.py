@@ -42,6 +42,7 @@ class WorkerSlot:
     next_step_at: float = 0.0
     started_at: float = 0.0
     pid: int | None = None  # the worker's process, once started
+    respawn_at: float | None = None  # a dead worker is started again at this time
     leaving: bool = False  # on a departing node: stopped once its vBuckets are handed over
 
 
@@ -151,6 +152,9 @@ class FunctionSupervisor:
         """Submit steps where credits allow, wait up to `timeout` for results, handle them. Returns handled."""
         now = time.monotonic()
         for slot in self.slots.values():
+            if slot.respawn_at is not None and now >= slot.respawn_at:
+                slot.respawn_at = None
+                self._spawn(slot)
             if not slot.ready or slot.handle is None or not slot.spec.vbuckets:
                 continue
             if self.until_caught_up and slot.caught_up:
@@ -218,9 +222,14 @@ class FunctionSupervisor:
         )
         if slot.handle is not None:
             self.executor.kill(slot.handle)
-        time.sleep(delay)
+        # Respawned by pump() once the backoff has passed: the service loop never sleeps here, so the
+        # function's other workers (and other functions) keep flowing meanwhile.
+        slot.handle = None
+        slot.starting = None
+        slot.inflight = []
+        slot.ready = False
         slot.caught_up = False
-        self._spawn(slot)
+        slot.respawn_at = time.monotonic() + delay
 
     # -- live rebalance -----------------------------------------------------------------------------
 
@@ -264,7 +273,10 @@ class FunctionSupervisor:
         for wid, vbs in handoff.outgoing.items():
             slot = self.slots[wid]
             slot.spec = replace(slot.spec, vbuckets=tuple(vb for vb in slot.spec.vbuckets if vb not in set(vbs)))
-            handoff.calls[slot.handle.call("revoke_vbuckets", vbs)] = ("revoke", wid, vbs)
+            if slot.handle is None:
+                self._released(wid, vbs)  # down (waiting to respawn): its last checkpoint stands
+            else:
+                handoff.calls[slot.handle.call("revoke_vbuckets", vbs)] = ("revoke", wid, vbs)
         self._maybe_finish()
 
     def _settle_handoff(self, fut: Any) -> None:
@@ -292,15 +304,9 @@ class FunctionSupervisor:
             self.error = exc
             return
         if kind == "revoke":
-            for vb in vbs:
-                handoff.released_at[vb] = now
+            self._released(wid, vbs)
             if self.after_release is not None:
                 self.after_release(wid, vbs)
-            for new_wid, new_vbs in handoff.incoming.items():
-                released = [vb for vb in new_vbs if vb in set(vbs)]
-                if released:
-                    handoff.waiting[new_wid].extend(released)
-                    self._claim_waiting(new_wid)
         else:
             for vb in vbs:
                 handoff.claimed_at[vb] = now
@@ -308,6 +314,20 @@ class FunctionSupervisor:
             if self.after_claim is not None:
                 self.after_claim(wid, vbs)
         self._maybe_finish()
+
+    def _released(self, wid: str, vbs: list[int]) -> None:
+        """vBuckets left their old worker: queue each for its new worker and claim where it is up."""
+        handoff = self.handoff
+        assert handoff is not None
+        now = time.monotonic()
+        gone = set(vbs)
+        for vb in vbs:
+            handoff.released_at[vb] = now
+        for new_wid, new_vbs in handoff.incoming.items():
+            released = [vb for vb in new_vbs if vb in gone]
+            if released:
+                handoff.waiting[new_wid].extend(released)
+                self._claim_waiting(new_wid)
 
     def _restart_if_needed(self, wid: str, why: str) -> None:
         slot = self.slots[wid]
