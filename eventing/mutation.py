@@ -34,21 +34,33 @@ class Mutation(NamedTuple):
 
 
 def _check_json(value: Any, path: str) -> None:
+    """Raise InvalidDocumentError unless value holds only JSON values. Scalars inside a container are
+    checked inline (no call, no path string): most documents are flat, and this runs on every write."""
+    if isinstance(value, dict):
+        items: Any = value.items()
+    elif isinstance(value, list | tuple):
+        items = enumerate(value)
+    else:
+        _check_scalar(value, path)
+        return
+    is_dict = isinstance(value, dict)
+    for k, item in items:
+        if is_dict and type(k) is not str:
+            raise InvalidDocumentError(f"document field {path} has a non-string key {k!r}; JSON keys are strings")
+        t = type(item)
+        if t is str or t is int or t is bool or item is None:
+            continue
+        if t is float and math.isfinite(item):
+            continue
+        _check_json(item, f"{path}.{k}" if is_dict else f"{path}[{k}]")
+
+
+def _check_scalar(value: Any, path: str) -> None:
     if value is None or isinstance(value, bool | int | str):
         return
     if isinstance(value, float):
         if not math.isfinite(value):
             raise InvalidDocumentError(f"document field {path} is {value}; JSON has no NaN or infinity")
-        return
-    if isinstance(value, list | tuple):
-        for i, item in enumerate(value):
-            _check_json(item, f"{path}[{i}]")
-        return
-    if isinstance(value, dict):
-        for k, item in value.items():
-            if not isinstance(k, str):
-                raise InvalidDocumentError(f"document field {path} has a non-string key {k!r}; JSON keys are strings")
-            _check_json(item, f"{path}.{k}")
         return
     raise InvalidDocumentError(
         f"document field {path} is a {type(value).__name__}; documents hold only JSON values"
