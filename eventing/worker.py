@@ -350,7 +350,7 @@ class WorkerCore:
         """A periodic SIGALRM checks the running handler's age. Arming it once per step rather than per
         mutation keeps the cost to two attribute writes per call (per-call setitimer cost ~4 us).
         SIGALRM interrupts Python-level hangs (loops, sleeps) in the main thread, where Ray runs a
-        synchronous actor's methods; a hang inside C code is left to the supervisor's step deadline."""
+        synchronous actor's methods; a hang SIGALRM cannot break is left to _hang_guard."""
         if threading.current_thread() is not threading.main_thread():
             return False
         signal.signal(signal.SIGALRM, self._watchdog_tick)
