@@ -225,6 +225,8 @@ class EventingService:
         progress = self._progress(name)
         progress.handled = sup.handled
         progress.backlog = sup.backlog
+        if progress.state == "running":
+            progress.state = "stopped (checkpointed)"
         elapsed = time.monotonic() - sup.started_at
         self.store.set_gauges(name, {"last_run_handled": sup.handled, "last_run_seconds": elapsed})
 
