@@ -13,6 +13,8 @@ Set the constant `CALL_LOG` to a file path to also record every handler call (at
 from __future__ import annotations
 
 import os
+import threading
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,3 +91,34 @@ def call_log_figures(path: str | Path) -> CallLogFigures:
     total = sum(len(v) for v in calls.values())
     distinct = sum(len(set(v)) for v in calls.values())
     return CallLogFigures(total, distinct, total - distinct)
+
+
+class BackgroundLoop:
+    """Runs `tick()` on a daemon thread inside a `with` block (test load generators and samplers)."""
+
+    interval_s = 0.0
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.tick()
+            if self.interval_s:
+                time.sleep(self.interval_s)
+        self.finish()
+
+    def tick(self) -> None:
+        raise NotImplementedError
+
+    def finish(self) -> None:
+        pass

@@ -15,7 +15,7 @@ import pytest
 from eventing import lifecycle, loadgen
 from eventing.bucket import LocalBucket, chunked
 from eventing.service import EventingService
-from eventing.testing import LEDGER_HANDLER, check_ledger, ledger_definition, read_call_log
+from eventing.testing import LEDGER_HANDLER, BackgroundLoop, check_ledger, ledger_definition, read_call_log
 from eventing.worker import open_metadata
 from sharding import NUM_VBUCKETS
 
@@ -36,36 +36,29 @@ def deploy(data_dir: str, defn) -> None:
     lifecycle.deploy(data_dir, defn.name)
 
 
-class CheckpointWatcher:
+class CheckpointWatcher(BackgroundLoop):
     """Samples every checkpoint in the background and records any that moved backwards."""
 
+    interval_s = 0.05
+
     def __init__(self, data_dir: str, functions: list[str]):
-        self.data_dir, self.functions = data_dir, functions
+        super().__init__()
+        self.functions = functions
+        self.store = open_metadata(data_dir)
         self.backwards: list[tuple] = []
         self.samples = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._last: dict[tuple[str, int], int] = {}
 
-    def __enter__(self):
-        self._thread.start()
-        return self
+    def tick(self) -> None:
+        for fn in self.functions:
+            for vb, cp in self.store.checkpoints(fn).items():
+                if cp.seqno < self._last.get((fn, vb), 0):
+                    self.backwards.append((fn, vb, self._last[(fn, vb)], cp.seqno))
+                self._last[(fn, vb)] = cp.seqno
+        self.samples += 1
 
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        store = open_metadata(self.data_dir)
-        last: dict[tuple[str, int], int] = {}
-        while not self._stop.is_set():
-            for fn in self.functions:
-                for vb, cp in store.checkpoints(fn).items():
-                    if cp.seqno < last.get((fn, vb), 0):
-                        self.backwards.append((fn, vb, last[(fn, vb)], cp.seqno))
-                    last[(fn, vb)] = cp.seqno
-            self.samples += 1
-            time.sleep(0.05)
-        store.close()
+    def finish(self) -> None:
+        self.store.close()
 
 
 def test_several_functions_handle_every_mutation_once_in_per_document_order(data_dir, tmp_path, ray_executor):

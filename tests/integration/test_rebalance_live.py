@@ -16,7 +16,7 @@ from eventing.bucket import LocalBucket
 from eventing.cli import main as cli
 from eventing.nodes import Topology
 from eventing.service import EventingService
-from eventing.testing import LEDGER_HANDLER, check_ledger, ledger_definition
+from eventing.testing import LEDGER_HANDLER, BackgroundLoop, check_ledger, ledger_definition
 from eventing.worker import WorkerCore, WorkerSpec, open_metadata
 from sharding import NUM_VBUCKETS
 from sharding.rebalance import minimum_moves
@@ -24,28 +24,17 @@ from sharding.rebalance import minimum_moves
 pytestmark = pytest.mark.integration
 
 
-class Stream:
+class Stream(BackgroundLoop):
     """Writes mutations (several revisions per document) in the background until stopped."""
 
     def __init__(self, bucket: LocalBucket, docs: int = 300, pause_s: float = 0.002):
-        self.bucket, self.docs, self.pause_s = bucket, docs, pause_s
+        super().__init__()
+        self.bucket, self.docs, self.interval_s = bucket, docs, pause_s
         self.written = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.bucket.upsert(f"doc::{self.written % self.docs}", {"rev": self.written})
-            self.written += 1
-            time.sleep(self.pause_s)
+    def tick(self) -> None:
+        self.bucket.upsert(f"doc::{self.written % self.docs}", {"rev": self.written})
+        self.written += 1
 
 
 def start(data_dir: str, executor, *functions: tuple[str, int], before_service=None):
