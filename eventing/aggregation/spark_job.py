@@ -1,4 +1,5 @@
-"""The Spark batch job that turns a folder of row batches into results for the windows the caller says are closed."""
+"""The Spark batch jobs that turn a folder of row batches (``aggregate_windows``) or of partial aggregates
+(``merge_partials``, what the window runtime uses) into results for the windows the caller says are closed."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from eventing.aggregation.partials import AVG_COUNT, AVG_SUM, partial_schema
 from eventing.aggregation.rows import (
     EVENT_TIME,
     ROW_ID_COLUMNS,
@@ -153,3 +155,55 @@ def aggregate_windows(
         .agg(*aggs)
     )
     return to_result_table(results_from_windowed(df, group_by, aggregates), schema)
+
+
+def merge_column(op: str, name: str) -> Column:
+    """Spark expression merging one aggregate's partial columns (see ``eventing.aggregation.partials``)."""
+    if op == "avg":
+        total, n = F.sum(F.col(name + AVG_SUM)), F.sum(F.col(name + AVG_COUNT))
+        # Spark 4 runs in ANSI mode, where x / 0 raises: a window with no values has a null average.
+        return F.when(n > 0, total / n).alias(name)
+    if op == "count":
+        return F.sum(F.col(name)).cast("bigint").alias(name)
+    return {"sum": F.sum, "min": F.min, "max": F.max}[op](F.col(name)).alias(name)
+
+
+def merge_partials(
+    spark: SparkSession,
+    partials_dir: str | os.PathLike[str],
+    *,
+    size_ms: int,
+    slide_ms: int,
+    group_by: list[str],
+    aggregates: list[Aggregate],
+    windows: list[tuple[int, int]],
+) -> pa.Table:
+    """Results of the given closed ``windows`` from every partial batch under ``partials_dir``
+    (``eventing.aggregation.partials.combine_rows``), in the same layout and order as ``aggregate_windows``
+    gives from the rows themselves. A requested window with no partials has no result row."""
+    check_window_shape(size_ms, slide_ms)
+    schema = result_schema(group_by, aggregates)
+    starts = sorted({start for start, _ in windows})
+    for start, end in windows:
+        if end - start != size_ms:
+            raise ValueError(f"window [{start}, {end}) is not {size_ms} ms long; ask only for this function's windows")
+    path = os.fspath(partials_dir)
+    if not starts or not _has_row_files(path):
+        return schema.empty_table()
+    partials = (
+        spark.read.schema(spark_ddl(partial_schema(group_by, aggregates)))
+        .option("recursiveFileLookup", "true")
+        .parquet(path)
+    )
+    df = (
+        partials.where(F.col(WINDOW_START).isin(starts))
+        .groupBy(WINDOW_START, *group_by)
+        .agg(*(merge_column(op, name) for op, _, name in aggregates))
+        .select(
+            F.col(WINDOW_START),
+            (F.col(WINDOW_START) + F.lit(size_ms)).alias(WINDOW_END),
+            *(F.col(g) for g in group_by),
+            *(F.col(name) for _, _, name in aggregates),
+        )
+    )
+    return to_result_table(df, schema)

@@ -6,7 +6,8 @@ Every ``poll(now)``:
    incarnation, in file order and without gaps), drops rows at or below ``classified_upto[vb]`` (copies a
    restarted worker wrote again) and duplicate ``(vb, seqno)`` pairs;
 2. judges them with ``WindowOperator.observe_batch`` (each vBucket is a watermark partition): late rows go
-   to the dead-letter queue with reason ``late``, the others are appended to ``accepted/`` as one file;
+   to the dead-letter queue with reason ``late``; the others are combined into partial aggregates per
+   (window, group) (``eventing.aggregation.partials``) and written to ``accepted/`` as one file;
 3. ``advance(now)`` closes windows (watermark, allowed lateness, idle timeouts); at the end of input, with
    ``close_windows``, every open window closes;
 4. commits, in one metadata transaction and fenced against any other coordinator: the operator state,
@@ -14,8 +15,8 @@ Every ``poll(now)``:
    windows, the late rows' DLQ entries and counters;
 5. only then deletes the consumed incoming files and the accepted files no window needs any more, and
    hands closed windows to PySpark (on a background thread, so a Spark job never stalls the service):
-   the aggregates of each closed window over the accepted rows go to the sink, which keeps the first
-   write per window id. The next poll records them as emitted.
+   the aggregates of each closed window, merged from the partials of the batches accepted while it was
+   open, go to the sink, which keeps the first write per window id. The next poll records them as emitted.
 
 A crash anywhere repeats at most the uncommitted part of one poll: the incoming files it read are still
 there (deleted only after the commit) and its accepted file was written under this coordinator's fence,
@@ -56,7 +57,7 @@ from sharding import NUM_VBUCKETS
 
 log = logging.getLogger("eventing.windows")
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: accepted files hold partial aggregates instead of rows
 FAULT_ENV = "EVENTING_WINDOWS_FAULT"  # tests: "after_state_commit" or "after_sink_write" kills the process there
 FAULT_EXIT_CODE = 97
 EMIT_RETRY_S = (1.0, 5.0, 15.0, 30.0)
@@ -70,10 +71,10 @@ def wall_clock_ms() -> int:
 
 
 class Aggregator(Protocol):
-    """Computes the results of ``windows`` from every row batch under ``rows_dir`` (result layout of
-    ``eventing.aggregation.rows.result_schema``)."""
+    """Computes the results of ``windows`` by merging every partial batch under ``partials_dir`` (layout of
+    ``eventing.aggregation.partials.partial_schema``; results in ``eventing.aggregation.rows.result_schema``)."""
 
-    def __call__(self, rows_dir: Path, layout: RowLayout, windows: list[tuple[int, int]]) -> pa.Table: ...
+    def __call__(self, partials_dir: Path, layout: RowLayout, windows: list[tuple[int, int]]) -> pa.Table: ...
 
 
 class Sink(Protocol):
@@ -406,13 +407,19 @@ class WindowCoordinator:
             table = table.filter(pc.invert(fate.late))
         if table.num_rows == 0:
             return
-        from eventing.aggregation.rows import write_row_batch
+        from eventing.aggregation.partials import combine_rows
+        from eventing.aggregation.rows import atomic_write_parquet
 
         seq = self.next_seq
-        name = f"f{self.fence}-{seq:09d}"
-        path = write_row_batch(self.paths.accepted, name, table)
+        name = f"f{self.fence}-{seq:09d}.parquet"
+        # Only the batch's partial aggregates per (window, group) are kept: Spark merges them per window.
+        partials = combine_rows(
+            table, size_ms=self.spec.size_ms, slide_ms=self.spec.slide_ms, group_by=self.layout.group_by,
+            aggregates=self.layout.aggregates,
+        )
+        atomic_write_parquet(partials, self.paths.accepted / name, overwrite=True)
         bounds = pc.min_max(arrow_epoch_ms(table["event_time"])).as_py()
-        self.accepted.append(AcceptedBatch(path.name, seq, bounds["min"], bounds["max"], table.num_rows))
+        self.accepted.append(AcceptedBatch(name, seq, bounds["min"], bounds["max"], table.num_rows))
         self.next_seq = seq + 1
         counters["window_rows_accepted"] += table.num_rows
 

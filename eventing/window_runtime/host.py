@@ -34,27 +34,25 @@ CLOSE_WINDOWS_ENV = "EVENTING_CLOSE_WINDOWS"
 
 
 class SparkAggregator:
-    """Aggregates with ``eventing.aggregation.aggregate_windows`` on this process's shared SparkSession,
-    started at the first closed window."""
+    """Merges partial aggregates with ``eventing.aggregation.spark_job.merge_partials`` on this process's
+    shared SparkSession, started at the first closed window."""
 
     def __init__(self, master: str | None = None):
         self.master = master
 
-    def __call__(self, rows_dir: Path, layout: RowLayout, windows: list[tuple[int, int]]) -> pa.Table:
-        from eventing.aggregation.spark_job import aggregate_windows
+    def __call__(self, partials_dir: Path, layout: RowLayout, windows: list[tuple[int, int]]) -> pa.Table:
+        from eventing.aggregation.spark_job import merge_partials
         from eventing.aggregation.spark_session import get_spark
 
         spec = layout.spec
-        return aggregate_windows(
+        return merge_partials(
             get_spark(self.master),
-            rows_dir,
+            partials_dir,
             size_ms=spec.size_ms,
             slide_ms=spec.slide_ms,
             group_by=list(layout.group_by),
             aggregates=layout.aggregates,
             windows=windows,
-            # The coordinator accepts each (vb, seqno) once, so the dedup shuffle would find nothing.
-            deduplicate=False,
         )
 
 

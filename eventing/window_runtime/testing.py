@@ -15,10 +15,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from eventing.aggregation.partials import merge_partial_tables, partial_schema
 from eventing.aggregation.rows import result_schema, sort_results
 from eventing.window_runtime.rows import RowLayout
 from eventing.windowing import WindowSpec, window_range
-from eventing.windowing.windows import arrow_epoch_ms
 
 
 class ManualClock:
@@ -85,22 +85,30 @@ def _aggregate(op: str, field: str | None, members: list[Mapping[str, Any]]) -> 
     return min(values) if op == "min" else max(values)
 
 
-def python_aggregator(rows_dir: Path, layout: RowLayout, windows: list[tuple[int, int]]) -> pa.Table:
-    """An ``Aggregator`` (see ``eventing.window_runtime.coordinator``) without Spark."""
-    rows: list[dict[str, Any]] = []
-    for path in sorted(Path(rows_dir).rglob("*.parquet")):
-        if path.name.startswith((".", "_")):
-            continue
-        table = pq.read_table(path)
-        times = arrow_epoch_ms(table["event_time"]).to_pylist()
-        for row, t in zip(table.drop(["event_time"]).to_pylist(), times, strict=True):
-            row["event_time_ms"] = t
-            rows.append(row)
+def python_aggregator(partials_dir: Path, layout: RowLayout, windows: list[tuple[int, int]]) -> pa.Table:
+    """An ``Aggregator`` (see ``eventing.window_runtime.coordinator``) without Spark: merges the partial
+    batches in plain Python."""
     spec = layout.spec
-    return python_aggregate(
-        rows, size_ms=spec.size_ms, slide_ms=spec.slide_ms, group_by=layout.group_by,
-        aggregates=layout.aggregates, windows=windows,
+    files = [p for p in sorted(Path(partials_dir).rglob("*.parquet")) if not p.name.startswith((".", "_"))]
+    schema = partial_schema(layout.group_by, layout.aggregates)
+    partials = pa.concat_tables([pq.read_table(p).select(schema.names).cast(schema) for p in files]) if files \
+        else schema.empty_table()
+    merged = merge_partial_tables(
+        partials, size_ms=spec.size_ms, group_by=layout.group_by, aggregates=layout.aggregates
     )
+    wanted = {start for start, _ in windows}
+    result = result_schema(list(layout.group_by), layout.aggregates)
+    out: dict[str, list[Any]] = {name: [] for name in result.names}
+    for (start, *groups), values in merged.items():
+        if start not in wanted:
+            continue
+        out["window_start_ms"].append(start)
+        out["window_end_ms"].append(start + spec.size_ms)
+        for g, value in zip(layout.group_by, groups, strict=True):
+            out[g].append(value)
+        for name, value in values.items():
+            out[name].append(value)
+    return sort_results(pa.Table.from_pydict(out, schema=result))
 
 
 def reference_results(
@@ -128,3 +136,16 @@ def reference_results(
         rows, size_ms=spec.size_ms, slide_ms=spec.slide_ms, group_by=spec.group_by,
         aggregates=[(a.op, a.field, a.name) for a in spec.aggregates], windows=windows,
     )
+
+
+def assert_same_results(actual: pa.Table, expected: pa.Table, *, rel: float = 1e-12) -> None:
+    """Equal windows, groups and counts; floats equal up to summation order (partials add up per batch)."""
+    got, want = actual.to_pylist(), expected.to_pylist()
+    assert len(got) == len(want), f"{len(got)} result rows, expected {len(want)}"
+    for g, w in zip(got, want, strict=True):
+        assert g.keys() == w.keys(), f"columns {list(g)} != {list(w)}"
+        for name, value in w.items():
+            if isinstance(value, float) and isinstance(g[name], float):
+                assert math.isclose(g[name], value, rel_tol=rel, abs_tol=1e-9), f"{name}: {g} != {w}"
+            else:
+                assert g[name] == value, f"{name}: {g} != {w}"

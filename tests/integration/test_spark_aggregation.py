@@ -13,17 +13,20 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from eventing.aggregation.partials import combine_rows
 from eventing.aggregation.rows import (
     WINDOW_END,
     WINDOW_START,
     Aggregate,
+    atomic_write_parquet,
     build_row_batch,
+    result_schema,
     row_schema,
     sort_results,
     write_row_batch,
 )
 from eventing.aggregation.sink import ParquetWindowSink, SqliteWindowSink, WindowSink
-from eventing.aggregation.spark_job import aggregate_windows
+from eventing.aggregation.spark_job import aggregate_windows, merge_partials
 from eventing.aggregation.structured_streaming import run_structured_streaming, write_watermark_sentinel
 
 pytestmark = pytest.mark.integration
@@ -401,3 +404,56 @@ def test_structured_streaming_matches_aggregate_windows_when_all_windows_are_clo
     )
     assert batch.num_rows > 0
     assert streamed.equals(batch)
+
+
+# -- two-phase aggregation: Arrow partials per batch, merged by Spark -----------------------------------
+
+
+def write_partials(directory: Path, rows: list[Row], *, size_ms: int, slide_ms: int) -> None:
+    """Each batch of rows combined on its own, as the window coordinator does for each accepted batch."""
+    schema = row_schema(GROUP_BY, VALUE_FIELDS)
+    directory.mkdir(parents=True, exist_ok=True)
+    for i in range(0, len(rows), BATCH_ROWS):
+        chunk = rows[i : i + BATCH_ROWS]
+        batch = build_row_batch(
+            schema,
+            vb=[r["vb"] for r in chunk],
+            seqno=[r["seqno"] for r in chunk],
+            key=[r["key"] for r in chunk],
+            event_time_ms=[r["event_time_ms"] for r in chunk],
+            columns={c: [r[c] for r in chunk] for c in [*GROUP_BY, *VALUE_FIELDS]},
+        )
+        partials = combine_rows(batch, size_ms=size_ms, slide_ms=slide_ms, group_by=GROUP_BY, aggregates=AGGREGATES)
+        assert partials.num_rows < len(chunk), "partials are fewer than the rows they stand for"
+        atomic_write_parquet(partials, directory / f"partials-{i // BATCH_ROWS:03d}.parquet", overwrite=True)
+
+
+@pytest.mark.parametrize(("size_ms", "slide_ms"), [(10_000, 10_000), (10_000, 2_500)])
+def test_spark_merges_partials_into_the_results_of_the_rows(spark, tmp_path: Path, rows, size_ms, slide_ms) -> None:
+    write_partials(tmp_path / "partials", rows, size_ms=size_ms, slide_ms=slide_ms)
+    windows = hopping_windows(size_ms, slide_ms, BASE_MS - size_ms + slide_ms, BASE_MS + SPAN_MS - 2 * size_ms)
+    windows.append((BASE_MS + 10 * SPAN_MS, BASE_MS + 10 * SPAN_MS + size_ms))  # no rows: no result row
+    merged = merge_partials(
+        spark, tmp_path / "partials", size_ms=size_ms, slide_ms=slide_ms, group_by=GROUP_BY,
+        aggregates=AGGREGATES, windows=windows,
+    )
+    assert_matches_reference(merged, reference(rows, windows))
+    assert merged.equals(sort_results(merged))
+    assert merged.schema == result_schema(GROUP_BY, AGGREGATES)
+
+
+def test_a_window_whose_values_are_all_null_merges_to_null_sums_and_zero_counts(spark, tmp_path: Path) -> None:
+    rows = [
+        {"vb": 1, "seqno": s, "key": f"k{s}", "event_time_ms": BASE_MS + s, "region": "eu", "tier": "gold",
+         "amount": None, "latency": None}
+        for s in range(1, 4)
+    ]
+    write_partials(tmp_path / "partials", rows, size_ms=10_000, slide_ms=10_000)
+    merged = merge_partials(
+        spark, tmp_path / "partials", size_ms=10_000, slide_ms=10_000, group_by=GROUP_BY,
+        aggregates=AGGREGATES, windows=[(BASE_MS, BASE_MS + 10_000)],
+    )
+    assert merged.to_pylist() == [{
+        WINDOW_START: BASE_MS, WINDOW_END: BASE_MS + 10_000, "region": "eu", "tier": "gold", "n": 3,
+        "n_amount": 0, "total": None, "mean": None, "fastest": None, "slowest": None,
+    }]

@@ -24,7 +24,12 @@ from eventing.window_runtime import host
 from eventing.window_runtime.coordinator import WindowCoordinator
 from eventing.window_runtime.paths import WindowPaths
 from eventing.window_runtime.rows import RowLayout, WindowRowWriter
-from eventing.window_runtime.testing import ManualClock, python_aggregator, reference_results
+from eventing.window_runtime.testing import (
+    ManualClock,
+    assert_same_results,
+    python_aggregator,
+    reference_results,
+)
 from eventing.windowing import WindowSpec
 from eventing.worker import open_metadata
 from sharding import vbucket_of
@@ -366,7 +371,7 @@ def test_the_runtime_windows_every_update_and_dead_letters_documents_without_eve
     sink = ParquetWindowSink(WindowPaths.of(data_dir, FN).root / "results")
     windows = sorted(sink.written_windows(FN))
     expected = reference_results(docs, WindowSpec.from_dict(WINDOW), windows)
-    assert sink.read(FN).to_pylist() == expected.to_pylist()
+    assert_same_results(sink.read(FN), expected)
     counters = store.counters(FN)
     # Workers handle one vBucket after another; vBuckets with a backlog hold the watermark, so no row is late.
     assert counters.get("dlq_late", 0) == 0
