@@ -256,12 +256,16 @@ class LocalBucket:
 
     def read_vb(self, vb: int, after_seqno: int, limit: int) -> list[Mutation]:
         """Mutations of one vBucket with seqno > after_seqno, in seqno order, at most `limit`."""
-        rows = self._db.execute(
+        return [Mutation(*r) for r in self.read_vb_rows(vb, after_seqno, limit)]
+
+    def read_vb_rows(self, vb: int, after_seqno: int, limit: int) -> list[tuple]:
+        """As read_vb, as raw tuples in Mutation's field order: a caller that looks at a few columns
+        of many rows skips building a Mutation per row."""
+        return self._db.execute(
             "SELECT vb, seqno, key, op, cas, doc, origin, expiry, flags FROM log "
             "WHERE vb=? AND seqno>? ORDER BY seqno LIMIT ?",
             (vb, after_seqno, limit),
         ).fetchall()
-        return [Mutation(*r) for r in rows]
 
     def scan_log(self, batch: int = 10_000) -> Iterable[list[Mutation]]:
         """The whole log in (vb, seqno) order, in batches."""

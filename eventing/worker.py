@@ -13,6 +13,7 @@ import time
 import traceback
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import compress
 from pathlib import Path
 
 import msgpack
@@ -211,12 +212,19 @@ class WorkerCore:
         handled = 0
         start = self._rotor % len(work)
         self._rotor = 0
+        window_only = self.on_update is None and self.window_rows is not None
         for i, vb in enumerate(work[start:] + work[:start]):
             if handled >= budget:
                 self._rotor = start + i
                 break
             limit = min(budget - handled, limits[vb] - self.positions[vb])
             position = self.positions[vb]
+            if window_only:
+                rows = self.source.read_vb_rows(vb, position, limit)
+                if rows:
+                    self._handle_window_batch(vb, rows)
+                handled += len(rows)
+                continue
             for m in self.source.read_vb(vb, position, limit):
                 if m.seqno <= position:
                     raise OrderViolationError(
@@ -227,6 +235,49 @@ class WorkerCore:
                 position = self.positions[vb] = m.seqno
                 handled += 1
         return handled
+
+    def _handle_window_batch(self, vb: int, rows: list[tuple]) -> None:
+        """Raw log rows of one vBucket for a window-only function (no on_update): whole when every row is
+        a plain update (or a delete without on_delete), else row by row through _handle, with the same
+        rows, counters and dead letters either way."""
+        position = self.positions[vb]
+        if rows[0][1] <= position:  # the rows are in seqno order (the log's key): the first says it all
+            raise OrderViolationError(
+                f"vBucket {vb} of bucket '{self.source.name}' went backwards: seqno {rows[0][1]} after {position}"
+            )
+        if self._window_batch(vb, rows):
+            self.positions[vb] = rows[-1][1]
+            return
+        for r in rows:
+            self._handle(Mutation(*r))
+            self.positions[vb] = r[1]
+
+    def _window_batch(self, vb: int, rows: list[tuple]) -> bool:
+        """Buffer the rows of a batch _handle would take without a dead letter, a filter or a handler
+        call, and count them as _handle would; False, with nothing counted or buffered, otherwise."""
+        if self._hung and any(hung_vb == vb for hung_vb, _ in self._hung):
+            return False
+        # Columns (transposed in C): the checks below run over whole columns, not row by row.
+        _, seqnos, keys, ops, _, docs, origins, _, _ = zip(*rows, strict=True)
+        if self.name in origins:  # recursion guard
+            return False
+        others = len(ops) - ops.count(OP_UPDATE)  # deletes and expirations
+        if others:
+            if self.on_delete is not None:
+                return False
+            updates = [op == OP_UPDATE for op in ops]
+            seqnos, keys, docs = (tuple(compress(column, updates)) for column in (seqnos, keys, docs))
+        if docs and (None in docs or max(map(len, docs)) > self.max_bytes):  # undecodable or oversize
+            return False
+        if not self.window_rows.add_batch(vb, seqnos, keys, docs):  # type: ignore[union-attr]
+            return False
+        c = self.counters
+        c["mutations_seen"] += len(ops)
+        if others:  # as _handle, no zero entries: a counter appears once it counts something
+            c["no_handler"] += others
+        if docs:
+            c["on_update_success"] += len(docs)
+        return True
 
     def _handle(self, m: Mutation) -> None:
         c = self.counters

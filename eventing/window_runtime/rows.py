@@ -20,9 +20,13 @@ import os
 import re
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from eventing.errors import ConfigError
 from eventing.mutation import Mutation
@@ -182,7 +186,23 @@ class WindowRowWriter:
         self._event_time = layout.spec.boundary == "event_time"
         self._time_field = layout.spec.time_field or ""
         self._fields = (*layout.group_by, *layout.numeric_fields, *layout.counted_fields)
+        self._decode, self._time_of, self._value_of = self._field_decoder()
         self._clear()
+
+    def _field_decoder(self) -> tuple[Any, Any, tuple[Any, ...]]:
+        """For add_batch: a decoder of just the fields rows need (unknown fields are skipped, ~0.1 us a
+        document against ~0.6 us for a whole msgpack.unpackb) and getters of the time and value fields.
+        Each field is an `object` defaulting to None: a missing field and a null give None, as doc.get
+        does. Attributes are f0, f1, ... renamed to the document's names, so any field name works."""
+        names = list(dict.fromkeys([self._time_field, *self._fields] if self._event_time else self._fields))
+        attrs = {name: f"f{i}" for i, name in enumerate(names)}
+        # gc=False: decoded values cannot form cycles, and untracked instances are cheaper to create.
+        struct = msgspec.defstruct(
+            "WindowFields", [(a, object, None) for a in attrs.values()],
+            rename={a: name for name, a in attrs.items()}, gc=False,
+        )
+        time_of = attrgetter(attrs[self._time_field]) if self._event_time else None
+        return msgspec.msgpack.Decoder(struct).decode, time_of, tuple(attrgetter(attrs[f]) for f in self._fields)
 
     @classmethod
     def attach(cls, core: WorkerCore) -> WindowRowWriter | None:
@@ -211,7 +231,8 @@ class WindowRowWriter:
 
     def add(self, m: Mutation, doc: Any) -> bool:
         """Buffer the row of an on_update mutation; False (with ``rejection`` set) if it has no usable
-        event time: the caller dead-letters it as ``bad_event_time``."""
+        event time, or is not an object in a processing-time window: the caller dead-letters it as
+        ``bad_event_time``."""
         if self._event_time:
             t = doc.get(self._time_field) if type(doc) is dict else None
             if type(t) is not int or not MIN_EVENT_MS <= t <= MAX_EVENT_MS:
@@ -219,6 +240,9 @@ class WindowRowWriter:
                 if t is None:
                     self.rejection = why
                     return False
+        elif type(doc) is not dict:
+            self.rejection = "document is not a JSON object, so it has no fields to group or aggregate"
+            return False
         else:
             t = int(time.time() * 1000)
         add_vb, add_seqno, add_key, add_time = self._appends
@@ -231,6 +255,42 @@ class WindowRowWriter:
             append(get(field))
         if len(self._base[0]) >= MAX_BUFFERED_ROWS:
             self.flush()
+        return True
+
+    def add_batch(self, vb: int, seqnos: Sequence[int], keys: Sequence[str], docs: Sequence[bytes]) -> bool:
+        """Buffer the rows of update mutations of one vBucket (in seqno order; documents as msgpack bytes)
+        exactly as add() would one by one, several times faster. False, with nothing buffered, if a
+        document does not decode as an object or has no int event time in range: the caller then takes
+        add()'s path, which handles float times and rejections row by row.
+
+        Fields rows do not need are skipped, not checked: a payload that is not JSON-only msgpack (no write
+        path produces one, encode_document checks every write) may have a bad string or a non-string key
+        there that msgpack.unpackb would refuse."""
+        if not docs:
+            return True
+        try:
+            decoded = list(map(self._decode, docs))
+        except Exception:  # noqa: BLE001 - not an object, undecodable, ...: add()'s path says why
+            return False
+        n = len(docs)
+        if self._event_time:
+            times = list(map(self._time_of, decoded))
+            # type() is int: bool and float times go the per-row way (rejected or floored there).
+            if set(map(type, times)) != {int} or min(times) < MIN_EVENT_MS or max(times) > MAX_EVENT_MS:
+                return False
+        else:
+            times = [int(time.time() * 1000)] * n
+        columns = ([vb] * n, seqnos, keys, times, *(list(map(value_of, decoded)) for value_of in self._value_of))
+        # Fill up to MAX_BUFFERED_ROWS and write, as add() does, so the batch files are the same (a buffer
+        # a failed write left full takes one row per retry, as in add()).
+        start = 0
+        while start < n:
+            end = min(n, start + max(1, MAX_BUFFERED_ROWS - len(self)))
+            for buffered, column in zip((*self._base, *self._values), columns, strict=True):
+                buffered.extend(column[start:end])
+            start = end
+            if len(self) >= MAX_BUFFERED_ROWS:
+                self.flush()
         return True
 
     def flush(self) -> Path | None:
