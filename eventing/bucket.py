@@ -103,6 +103,8 @@ class LocalBucket:
         self.name = name
         self._db = db
         self.uuid = self._info("uuid")
+        self._highs: list[int] | None = None  # cached high seqnos, valid while _highs_version holds
+        self._highs_version = -1
 
     # -- opening ------------------------------------------------------------------------------------
 
@@ -168,6 +170,7 @@ class LocalBucket:
         return _retry_locked(self.path, lambda: self._tx(lambda: self._apply(batch, origin)))
 
     def _tx(self, body):
+        self._highs = None  # data_version does not count this connection's own commits
         return run_transaction(self._db, self.path, body)
 
     def _apply(self, writes: Iterable[Write], origin: str | None) -> list[tuple[int, int] | None]:
@@ -248,11 +251,15 @@ class LocalBucket:
         return None if row is None else dict(zip(("vb", "seqno", "cas", "expiry", "flags"), row, strict=True))
 
     def high_seqnos(self) -> list[int]:
-        """High seqno of every vBucket, index = vBucket."""
-        highs = [0] * NUM_VBUCKETS
-        for vb, seqno in self._db.execute("SELECT vb, seqno FROM high"):
-            highs[vb] = seqno
-        return highs
+        """High seqno of every vBucket, index = vBucket. Workers ask at every step; the table is read
+        again only when a commit happened since (SQLite's data_version, a few microseconds to check)."""
+        version = self._db.execute("PRAGMA data_version").fetchone()[0]
+        if self._highs is None or version != self._highs_version:
+            highs = [0] * NUM_VBUCKETS
+            for vb, seqno in self._db.execute("SELECT vb, seqno FROM high"):
+                highs[vb] = seqno
+            self._highs, self._highs_version = highs, version
+        return list(self._highs)
 
     def read_vb(self, vb: int, after_seqno: int, limit: int) -> list[Mutation]:
         """Mutations of one vBucket with seqno > after_seqno, in seqno order, at most `limit`."""
@@ -264,6 +271,14 @@ class LocalBucket:
         return self._db.execute(
             "SELECT vb, seqno, key, op, cas, doc, origin, expiry, flags FROM log "
             "WHERE vb=? AND seqno>? ORDER BY seqno LIMIT ?",
+            (vb, after_seqno, limit),
+        ).fetchall()
+
+    def read_vb_updates(self, vb: int, after_seqno: int, limit: int) -> list[tuple[int, str, int, bytes | None, str | None]]:
+        """As read_vb_rows, only ``(seqno, key, op, doc, origin)``: all a window row needs, and a third
+        cheaper to fetch than the whole row."""
+        return self._db.execute(
+            "SELECT seqno, key, op, doc, origin FROM log WHERE vb=? AND seqno>? ORDER BY seqno LIMIT ?",
             (vb, after_seqno, limit),
         ).fetchall()
 

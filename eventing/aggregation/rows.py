@@ -3,7 +3,9 @@
 Row batch: one row per mutation of a windowed function, ``vb int32, seqno int64, key string,
 event_time timestamp[us, UTC]``, then the function's group-by columns (string) and value columns (float64,
 nullable). A row is identified by ``(vb, seqno)``: readers drop duplicates on that pair, so a batch written
-again after a crash (under the same or a new name) never counts twice.
+again after a crash (under the same or a new name) never counts twice. Batches are Parquet for Spark
+(``write_row_batch``) or Arrow IPC for a Python reader (``write_row_spool``, the worker-to-coordinator
+hand-off); ``read_row_batch`` reads both.
 
 Result table: ``window_start_ms int64, window_end_ms int64``, the group-by columns, then one column per
 aggregate (``count`` int64, the others float64). The group-by column names ride in the schema metadata so a
@@ -17,7 +19,7 @@ import json
 import os
 import re
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -36,6 +38,7 @@ EVENT_TIME_TYPE = pa.timestamp("us", tz="UTC")
 WINDOW_START = "window_start_ms"
 WINDOW_END = "window_end_ms"
 GROUP_BY_METADATA_KEY = b"eventing.group_by"
+ROW_SPOOL_SUFFIX = ".arrow"
 
 _BASE_FIELDS = (
     pa.field("vb", pa.int32(), nullable=False),
@@ -132,9 +135,9 @@ def _checked_rows(table: pa.Table) -> pa.Table:
     return table.cast(pa.schema([*_BASE_FIELDS, *list(table.schema)[len(_BASE_FIELDS) :]]))
 
 
-def batch_file_name(batch_name: str) -> str:
-    """File name of a batch: the name plus ``.parquet``; names that readers would skip are refused."""
-    name = batch_name if batch_name.endswith(".parquet") else f"{batch_name}.parquet"
+def batch_file_name(batch_name: str, suffix: str = ".parquet") -> str:
+    """File name of a batch: the name plus ``suffix``; names that readers would skip are refused."""
+    name = batch_name if batch_name.endswith(suffix) else f"{batch_name}{suffix}"
     if not _BATCH_NAME.match(name):
         raise ValueError(
             f"row batch name {batch_name!r} must start with a letter or digit and use only letters, digits "
@@ -152,7 +155,12 @@ def _fsync_dir(directory: Path) -> None:
 
 
 def atomic_write_parquet(table: pa.Table, path: Path, *, overwrite: bool) -> bool:
-    """Write ``table`` to ``path`` so that readers see the whole file or nothing.
+    """Write ``table`` as Parquet to ``path`` so that readers see the whole file or nothing (``atomic_write``)."""
+    return atomic_write(path, lambda tmp: pq.write_table(table, tmp), overwrite=overwrite)
+
+
+def atomic_write(path: Path, write: Callable[[Path], object], *, overwrite: bool) -> bool:
+    """Have ``write`` fill a file that readers see at ``path`` whole or not at all.
 
     The file is written under a hidden temporary name, flushed to disk, then moved into place in one step.
     With ``overwrite=False`` an existing file wins and the call returns False (``os.link`` refuses to
@@ -160,7 +168,7 @@ def atomic_write_parquet(table: pa.Table, path: Path, *, overwrite: bool) -> boo
     """
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     try:
-        pq.write_table(table, tmp)
+        write(tmp)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         if overwrite:
@@ -194,6 +202,32 @@ def write_row_batch(directory: str | os.PathLike[str], batch_name: str, table: p
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_parquet(_checked_rows(table), path, overwrite=True)
     return path
+
+
+def write_row_spool(directory: str | os.PathLike[str], batch_name: str, table: pa.Table) -> Path:
+    """Write one row batch atomically as ``<directory>/<batch_name>.arrow``: an Arrow IPC file (LZ4), for
+    a reader in Python. Writing and reading it cost a fraction of Parquet (no encoding, ~30 ms a million
+    rows each way), so the worker-to-coordinator hand-off uses it; Parquet stays for what Spark reads."""
+    path = Path(directory) / batch_file_name(batch_name, ROW_SPOOL_SUFFIX)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    checked = _checked_rows(table)
+
+    def write(tmp: Path) -> None:
+        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(
+            sink, checked.schema, options=pa.ipc.IpcWriteOptions(compression="lz4")
+        ) as writer:
+            writer.write_table(checked)
+
+    atomic_write(path, write, overwrite=True)
+    return path
+
+
+def read_row_batch(path: str | os.PathLike[str]) -> pa.Table:
+    """A row batch written by ``write_row_spool`` (``.arrow``) or ``write_row_batch`` (``.parquet``)."""
+    if os.fspath(path).endswith(ROW_SPOOL_SUFFIX):
+        with pa.memory_map(os.fspath(path)) as source:
+            return pa.ipc.open_file(source).read_all()
+    return pq.read_table(path)
 
 
 def check_aggregates(aggregates: Sequence[Aggregate], group_by: Sequence[str]) -> list[str]:

@@ -7,6 +7,8 @@ import os
 from collections.abc import Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -168,6 +170,25 @@ def merge_column(op: str, name: str) -> Column:
     return {"sum": F.sum, "min": F.min, "max": F.max}[op](F.col(name)).alias(name)
 
 
+# Partial rows a merge job hands to Spark from the driver as Arrow; above this it reads the Parquet files.
+DRIVER_PARTIAL_ROWS = 200_000
+
+
+def _local_partials(path: str, schema: pa.Schema, starts: list[int]) -> pa.Table | None:
+    """The partial rows of the requested windows, read on the driver; None for shared storage (``://``)
+    or when the files hold too many rows to be worth it."""
+    if "://" in path:
+        return None
+    files = []
+    for root, dirs, names in os.walk(path):
+        dirs[:] = [d for d in dirs if not d.startswith((".", "_"))]
+        files += [os.path.join(root, f) for f in names if f.endswith(".parquet") and not f.startswith((".", "_"))]
+    if sum(pq.ParquetFile(f).metadata.num_rows for f in files) > 4 * DRIVER_PARTIAL_ROWS:
+        return None
+    table = pa.concat_tables([pq.read_table(f, schema=schema) for f in files])
+    return table.filter(pc.is_in(table[WINDOW_START], pa.array(starts, pa.int64())))
+
+
 def merge_partials(
     spark: SparkSession,
     partials_dir: str | os.PathLike[str],
@@ -190,11 +211,16 @@ def merge_partials(
     path = os.fspath(partials_dir)
     if not starts or not _has_row_files(path):
         return schema.empty_table()
-    partials = (
-        spark.read.schema(spark_ddl(partial_schema(group_by, aggregates)))
-        .option("recursiveFileLookup", "true")
-        .parquet(path)
-    )
+    ddl = spark_ddl(partial_schema(group_by, aggregates))
+    local = _local_partials(path, partial_schema(group_by, aggregates), starts)
+    if local is not None and local.num_rows == 0:
+        return schema.empty_table()
+    if local is not None and local.num_rows <= DRIVER_PARTIAL_ROWS:
+        # A few rows per window and group: handing them over as Arrow skips Spark's file listing and
+        # scan (~0.15 s a job instead of ~0.3 s). Larger sets go through Parquet: the JVM heap stays small.
+        partials = spark.createDataFrame(local)
+    else:
+        partials = spark.read.schema(ddl).option("recursiveFileLookup", "true").parquet(path)
     df = (
         partials.where(F.col(WINDOW_START).isin(starts))
         .groupBy(WINDOW_START, *group_by)

@@ -1,4 +1,4 @@
-"""Worker side of windowed aggregation: one row per on_update mutation, written as Parquet before the checkpoint.
+"""Worker side of windowed aggregation: one row per on_update mutation, written to disk before the checkpoint.
 
 A row is ``vb, seqno, key, event_time`` (the document's time field, epoch ms UTC; for processing-time windows
 the time the worker saw it, which the coordinator replaces by its own clock), the group-by fields as
@@ -8,7 +8,8 @@ binding effects), so a checkpoint never covers a row that is not on disk. After 
 after the checkpoint are handled again and their rows written again; the coordinator drops the copies
 by ``(vb, seqno)``.
 
-Batch files are named ``g<generation>-<worker>-<incarnation>-<counter>.parquet``: the incarnation is new
+Batch files are Arrow IPC files (``aggregation.rows.write_row_spool``) named
+``g<generation>-<worker>-<incarnation>-<counter>.arrow``: the incarnation is new
 for every start of a worker and the counter counts that incarnation's files from 0 without gaps, so the
 coordinator can tell a file it has consumed (counter below its mark) from one still being written.
 """
@@ -44,7 +45,7 @@ MAX_EVENT_MS = 253_402_300_799_999
 # A worker writes its rows at every checkpoint; past this many buffered rows it writes early (always safe:
 # early is still before the checkpoint), which bounds a worker's memory when checkpoints are far apart.
 MAX_BUFFERED_ROWS = 200_000
-BATCH_NAME = re.compile(r"^g(\d+)-(.+)-([0-9a-f]+)-(\d{9})\.parquet$")
+BATCH_NAME = re.compile(r"^g(\d+)-(.+)-([0-9a-f]+)-(\d{9})\.arrow$")
 BASE_COLUMNS = ("vb", "seqno", "key", "event_time")
 
 
@@ -164,7 +165,7 @@ def _number(value: Any, counters: Counter[str]) -> float | None:
 
 
 class WindowRowWriter:
-    """Buffers the rows of one worker and writes them as atomic Parquet batch files into ``incoming/``."""
+    """Buffers the rows of one worker and writes them as atomic Arrow batch files into ``incoming/``."""
 
     def __init__(
         self,
@@ -299,7 +300,7 @@ class WindowRowWriter:
         rows = len(self._base[0])
         if not rows:
             return None
-        from eventing.aggregation.rows import build_row_batch, write_row_batch
+        from eventing.aggregation.rows import build_row_batch, write_row_spool
 
         layout = self.layout
         vb, seqno, key, times = self._base
@@ -313,7 +314,7 @@ class WindowRowWriter:
         for name in layout.counted_fields:
             columns[count_column(name)] = [None if v is None else 1.0 for v in next(values)]
         table = build_row_batch(layout.schema, vb=vb, seqno=seqno, key=key, event_time_ms=times, columns=columns)
-        path = write_row_batch(self.directory, f"{self.prefix}-{self.files_written:09d}", table)
+        path = write_row_spool(self.directory, f"{self.prefix}-{self.files_written:09d}", table)
         self.files_written += 1
         self.counters["window_rows_written"] += rows
         self._clear()

@@ -9,6 +9,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 from eventing import lifecycle, loadgen
@@ -21,7 +22,7 @@ from eventing.mutation import OP_UPDATE, Mutation, decode_document, unpack_mutat
 from eventing.service import EventingService
 from eventing.window_runtime import coordinator as coordinator_module
 from eventing.window_runtime import host
-from eventing.window_runtime.coordinator import WindowCoordinator
+from eventing.window_runtime.coordinator import WindowCoordinator, _has_duplicate_rows
 from eventing.window_runtime.paths import WindowPaths
 from eventing.window_runtime.rows import RowLayout, WindowRowWriter
 from eventing.window_runtime.testing import (
@@ -165,6 +166,31 @@ def test_rows_written_again_by_a_restarted_worker_count_once(data_dir):
     h.coordinator.finish(end_of_input=True)
     assert [r["count"] for r in h.results()] == [15]
     assert h.store.counters(FN)["window_rows_replayed"] == 6
+
+
+def test_rows_written_twice_before_one_poll_count_once(data_dir):
+    h = Harness(data_dir)
+    # Rows out of (vb, seqno) order across vBuckets, as a live worker writes them, then a restarted
+    # incarnation writing some again; the coordinator sees both files in one poll.
+    h.write(h.writer(), [(vb, s, s * 1_000, "KR", 1.0) for s in range(1, 6) for vb in (3, 1)])
+    h.write(h.writer(), [(1, s, s * 1_000, "KR", 1.0) for s in range(4, 8)])
+    h.coordinator.poll()
+    h.coordinator.finish(end_of_input=True)
+    assert [r["count"] for r in h.results()] == [12]
+    assert h.store.counters(FN)["window_rows_replayed"] == 2
+    assert h.results() == h.expected()
+
+
+def test_duplicate_rows_are_found_in_order_and_out_of_order():
+    def table(pairs: list[tuple[int, int]]) -> pa.Table:
+        return pa.table({"vb": pa.array([p[0] for p in pairs], pa.int32()), "seqno": [p[1] for p in pairs]})
+
+    assert not _has_duplicate_rows(table([(0, 1), (0, 2), (1, 1), (1, 2)]))
+    assert not _has_duplicate_rows(table([(1, 1), (0, 1), (1, 2), (0, 2)]))
+    assert _has_duplicate_rows(table([(1, 1), (0, 1), (1, 2), (0, 1)]))
+    assert _has_duplicate_rows(table([(0, 1), (0, 2), (0, 2)]))
+    assert not _has_duplicate_rows(table([(0, 1), (1, 1)]))  # equal seqnos in different vBuckets
+    assert _has_duplicate_rows(table([(5, 2**50), (5, 2**50)]))  # past the packed key: sorted instead
 
 
 def test_a_later_batch_of_a_worker_waits_until_the_earlier_one_is_visible(data_dir):
@@ -393,7 +419,7 @@ def test_a_redeploy_starts_the_windows_afresh(data_dir, monkeypatch):
     assert states.load(FN)["classified_upto"]
     lifecycle.undeploy(data_dir, FN)
     paths = WindowPaths.of(data_dir, FN)
-    (paths.incoming / "g1-local_w0-1-000000000.parquet").write_bytes(b"stale")
+    (paths.incoming / "g1-local_w0-1-000000000.arrow").write_bytes(b"stale")
     lifecycle.deploy(data_dir, FN)
     assert states.load(FN) is None
     assert not paths.incoming.exists()
@@ -442,7 +468,7 @@ def test_batch_files_of_one_worker_sort_in_write_order(tmp_path):
         w.add(Mutation(0, i + 1, "k", OP_UPDATE, 0, b"", None, 0, 0), {"ts": T0, "country": "KR", "amount": 1})
         w.flush()
     names = [p.name for p in Path(w.directory).iterdir()]
-    assert sorted(names) == [f"{w.prefix}-{i:09d}.parquet" for i in range(12)]
+    assert sorted(names) == [f"{w.prefix}-{i:09d}.arrow" for i in range(12)]
     assert all(n.startswith("g3-node_a_w1-") for n in names)
 
 

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
-import pyarrow.parquet as pq
 import pytest
 
 from eventing import lifecycle, loadgen
+from eventing.aggregation.rows import read_row_batch
 from eventing.bucket import LocalBucket, Write, chunked
 from eventing.definition import FunctionDefinition
 from eventing.mutation import OP_DELETE, OP_EXPIRE, OP_UPDATE, Mutation, encode_document
@@ -136,10 +136,10 @@ def run_worker(
     handled += report.handled
     core.stop()
     core.close()
-    files = sorted(WindowPaths.of(data_dir, FN).incoming.glob("*.parquet"))
+    files = sorted(WindowPaths.of(data_dir, FN).incoming.glob("*.arrow"))
     return {
         "handled": handled,
-        "files": [pq.read_table(p).to_pylist() for p in files],
+        "files": [read_row_batch(p).to_pylist() for p in files],
         "counters": store.counters(FN),
         "checkpoints": {vb: cp.seqno for vb, cp in store.checkpoints(FN).items()},
         "dlq": [(r.vb, r.seqno, r.key, r.reason, r.error, r.traceback, r.attempts, r.mutation)
