@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 from eventing.errors import EventingError
@@ -118,18 +120,38 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> None
         "include_dashboard": False,
         "log_to_driver": True,
         "logging_level": "ERROR",
-        "runtime_env": {"env_vars": env},
         "configure_logging": True,
     }
     if address:
         kwargs["address"] = address
+        kwargs["runtime_env"] = {"env_vars": env}
     elif num_cpus is not None:
         kwargs["num_cpus"] = num_cpus
     try:
-        ray.init(**kwargs)
+        if address:
+            ray.init(**kwargs)
+        else:
+            # A local instance's workers inherit the environment its raylet starts with. A runtime_env
+            # would do the same through Ray's runtime-env agent, at ~0.4 s more per worker start.
+            with _environment(env):
+                ray.init(**kwargs)
     except (ConnectionError, ValueError, RuntimeError) as exc:
         target = address or "a local Ray instance"
         raise EventingError(f"cannot start or join {target}: {exc}; check --ray-address or `ray status`") from None
+
+
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 class _RayHandle:

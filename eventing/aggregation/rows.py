@@ -166,28 +166,45 @@ def atomic_write(path: Path, write: Callable[[Path], object], *, overwrite: bool
     With ``overwrite=False`` an existing file wins and the call returns False (``os.link`` refuses to
     replace, so two concurrent writers cannot both succeed).
     """
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    return atomic_write_many([(path, write)], overwrite=overwrite) == 1
+
+
+def atomic_write_many(files: Sequence[tuple[Path, Callable[[Path], object]]], *, overwrite: bool) -> int:
+    """``atomic_write`` for many files at once; returns how many were placed. Each file is still whole or
+    absent, but the directories are flushed once at the end instead of once per file (a window sink writes
+    a file per window, and those flushes were most of its time)."""
+    staged: list[tuple[Path, Path]] = []
     try:
-        write(tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        if overwrite:
-            os.replace(tmp, path)
-        else:
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
-                return False
-            except OSError as err:
-                if err.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP):
-                    raise
-                # No hard links on this file system: check-then-rename, first writer wins unless two race.
-                if path.exists():
-                    return False
-                os.replace(tmp, path)
+        for path, write in files:
+            tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+            staged.append((tmp, path))
+            write(tmp)
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+        placed = sum(_place(tmp, path, overwrite=overwrite) for tmp, path in staged)
     finally:
-        tmp.unlink(missing_ok=True)
-    _fsync_dir(path.parent)
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
+    for directory in {path.parent for _, path in staged}:
+        _fsync_dir(directory)
+    return placed
+
+
+def _place(tmp: Path, path: Path, *, overwrite: bool) -> bool:
+    if overwrite:
+        os.replace(tmp, path)
+        return True
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        return False
+    except OSError as err:
+        if err.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise
+        # No hard links on this file system: check-then-rename, first writer wins unless two race.
+        if path.exists():
+            return False
+        os.replace(tmp, path)
     return True
 
 

@@ -8,6 +8,7 @@ per window) and ``SqliteWindowSink`` (one typed table per function).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -23,7 +24,7 @@ import pyarrow.parquet as pq
 from eventing.aggregation.rows import (
     WINDOW_END,
     WINDOW_START,
-    atomic_write_parquet,
+    atomic_write_many,
     result_group_by,
     sort_results,
 )
@@ -112,13 +113,13 @@ class ParquetWindowSink:
     def write(self, function: str, results: pa.Table, *, windows: Iterable[WindowId] = ()) -> int:
         folder = self._function_dir(function)
         folder.mkdir(parents=True, exist_ok=True)
-        written = 0
+        files = []
         for (start, end), part in split_by_window(results, windows).items():
             path = folder / f"window_{start}_{end}.parquet"
-            if path.exists():  # cheap skip for replays; atomic_write_parquet still refuses to overwrite
+            if path.exists():  # cheap skip for replays; atomic_write_many still refuses to overwrite
                 continue
-            written += atomic_write_parquet(part, path, overwrite=False)
-        return written
+            files.append((path, functools.partial(pq.write_table, part)))
+        return atomic_write_many(files, overwrite=False)
 
     def _window_files(self, function: str) -> list[tuple[WindowId, Path]]:
         folder = self._function_dir(function)
