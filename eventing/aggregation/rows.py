@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -39,6 +40,7 @@ WINDOW_START = "window_start_ms"
 WINDOW_END = "window_end_ms"
 GROUP_BY_METADATA_KEY = b"eventing.group_by"
 ROW_SPOOL_SUFFIX = ".arrow"
+_MAX_MS_AS_US = (2**63 - 1) // 1000
 
 _BASE_FIELDS = (
     pa.field("vb", pa.int32(), nullable=False),
@@ -97,7 +99,7 @@ def build_row_batch(
         pa.array(vb, pa.int32()),
         pa.array(seqno, pa.int64()),
         pa.array(key, pa.string()),
-        pa.array(event_time_ms, pa.int64()).cast(pa.timestamp("ms", tz="UTC")).cast(EVENT_TIME_TYPE),
+        _event_times(event_time_ms),
     ]
     for field in list(schema)[len(_BASE_FIELDS) :]:
         values = columns.get(field.name)
@@ -108,6 +110,15 @@ def build_row_batch(
             f"row batch columns have different lengths {sorted(lengths)}; give one value per row"
         )
     return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _event_times(event_time_ms: Sequence[int]) -> pa.Array:
+    """Epoch ms as the row batches' microsecond timestamps: multiplied in numpy (~5x faster than Arrow's
+    checked cast) when no value can overflow, else cast with Arrow's overflow check."""
+    ms = np.array(event_time_ms, dtype=np.int64)
+    if len(ms) and -_MAX_MS_AS_US <= ms.min() and ms.max() <= _MAX_MS_AS_US:
+        return pa.array(ms * 1000, EVENT_TIME_TYPE)
+    return pa.array(ms, pa.int64()).cast(pa.timestamp("ms", tz="UTC")).cast(EVENT_TIME_TYPE)
 
 
 def _checked_rows(table: pa.Table) -> pa.Table:
@@ -222,17 +233,16 @@ def write_row_batch(directory: str | os.PathLike[str], batch_name: str, table: p
 
 
 def write_row_spool(directory: str | os.PathLike[str], batch_name: str, table: pa.Table) -> Path:
-    """Write one row batch atomically as ``<directory>/<batch_name>.arrow``: an Arrow IPC file (LZ4), for
-    a reader in Python. Writing and reading it cost a fraction of Parquet (no encoding, ~30 ms a million
-    rows each way), so the worker-to-coordinator hand-off uses it; Parquet stays for what Spark reads."""
+    """Write one row batch atomically as ``<directory>/<batch_name>.arrow``: an uncompressed Arrow IPC file,
+    for a reader in Python. Writing it costs a fraction of Parquet (no encoding, ~20 ms a million rows) and
+    reading it is a memory map, so the worker-to-coordinator hand-off uses it; Parquet stays for what
+    Spark reads. The files live until the coordinator consumes them, a poll later."""
     path = Path(directory) / batch_file_name(batch_name, ROW_SPOOL_SUFFIX)
     path.parent.mkdir(parents=True, exist_ok=True)
     checked = _checked_rows(table)
 
     def write(tmp: Path) -> None:
-        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(
-            sink, checked.schema, options=pa.ipc.IpcWriteOptions(compression="lz4")
-        ) as writer:
+        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, checked.schema) as writer:
             writer.write_table(checked)
 
     atomic_write(path, write, overwrite=True)
@@ -242,8 +252,9 @@ def write_row_spool(directory: str | os.PathLike[str], batch_name: str, table: p
 def read_row_batch(path: str | os.PathLike[str]) -> pa.Table:
     """A row batch written by ``write_row_spool`` (``.arrow``) or ``write_row_batch`` (``.parquet``)."""
     if os.fspath(path).endswith(ROW_SPOOL_SUFFIX):
-        with pa.memory_map(os.fspath(path)) as source:
-            return pa.ipc.open_file(source).read_all()
+        # Mapped, not read: columns nobody touches (the key, mostly) are never paged in. The map lives as
+        # long as the table's buffers do.
+        return pa.ipc.open_file(pa.memory_map(os.fspath(path))).read_all()
     return pq.read_table(path)
 
 

@@ -47,6 +47,8 @@ MAX_EVENT_MS = 253_402_300_799_999
 MAX_BUFFERED_ROWS = 200_000
 BATCH_NAME = re.compile(r"^g(\d+)-(.+)-([0-9a-f]+)-(\d{9})\.arrow$")
 BASE_COLUMNS = ("vb", "seqno", "key", "event_time")
+_STRINGS = frozenset({str, type(None)})
+_FLOATS = frozenset({float, type(None)})
 
 
 def count_column(field: str) -> str:
@@ -306,11 +308,18 @@ class WindowRowWriter:
         vb, seqno, key, times = self._base
         values = iter(self._values)
         columns: dict[str, list[Any]] = {}
+        # A column of only the expected types (the common case) goes to Arrow as is; one type check per
+        # value in C instead of a Python expression per value.
         for name in layout.group_by:
-            columns[name] = [v if v is None or type(v) is str else _group_value(v) for v in next(values)]
+            column = next(values)
+            columns[name] = column if set(map(type, column)) <= _STRINGS else [
+                v if v is None or type(v) is str else _group_value(v) for v in column
+            ]
         for name in layout.numeric_fields:
-            columns[name] = [float(v) if type(v) is float or type(v) is int else _number(v, self.counters)
-                             for v in next(values)]
+            column = next(values)
+            columns[name] = column if set(map(type, column)) <= _FLOATS else [
+                float(v) if type(v) is float or type(v) is int else _number(v, self.counters) for v in column
+            ]
         for name in layout.counted_fields:
             columns[count_column(name)] = [None if v is None else 1.0 for v in next(values)]
         table = build_row_batch(layout.schema, vb=vb, seqno=seqno, key=key, event_time_ms=times, columns=columns)
