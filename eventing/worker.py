@@ -60,9 +60,9 @@ class StepReport:
     owned: int = 0
 
 
-# A supervisor's step keeps taking batches this long while the worker is behind: ~25 round trips a
+# A supervisor's step keeps taking batches this long while the worker is behind: ~10 round trips a
 # second instead of one per batch_size mutations, each of which costs the worker and the driver CPU.
-STEP_SLICE_S = 0.04
+STEP_SLICE_S = 0.1
 
 
 class HandlerTimeout(Exception):

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from eventing.aggregation import spark_job
 from eventing.aggregation.partials import combine_rows
 from eventing.aggregation.rows import (
     WINDOW_END,
@@ -428,8 +429,13 @@ def write_partials(directory: Path, rows: list[Row], *, size_ms: int, slide_ms: 
         atomic_write_parquet(partials, directory / f"partials-{i // BATCH_ROWS:03d}.parquet", overwrite=True)
 
 
+@pytest.mark.parametrize("through", ["arrow", "parquet"])
 @pytest.mark.parametrize(("size_ms", "slide_ms"), [(10_000, 10_000), (10_000, 2_500)])
-def test_spark_merges_partials_into_the_results_of_the_rows(spark, tmp_path: Path, rows, size_ms, slide_ms) -> None:
+def test_spark_merges_partials_into_the_results_of_the_rows(
+    spark, tmp_path: Path, rows, size_ms, slide_ms, through, monkeypatch
+) -> None:
+    if through == "parquet":  # as for a large partial set: Spark reads the files itself
+        monkeypatch.setattr(spark_job, "DRIVER_PARTIAL_ROWS", 0)
     write_partials(tmp_path / "partials", rows, size_ms=size_ms, slide_ms=slide_ms)
     windows = hopping_windows(size_ms, slide_ms, BASE_MS - size_ms + slide_ms, BASE_MS + SPAN_MS - 2 * size_ms)
     windows.append((BASE_MS + 10 * SPAN_MS, BASE_MS + 10 * SPAN_MS + size_ms))  # no rows: no result row

@@ -148,3 +148,16 @@ def test_a_reader_in_another_process_sees_a_growing_log_while_a_writer_writes(da
     proc.join(timeout=30)
     assert counts == sorted(counts)  # never goes back: each read sees a committed prefix
     assert all(c % 50 == 0 for c in counts)  # never half a transaction
+
+
+def test_high_seqnos_follow_other_connections_and_our_own_writes(data_dir):
+    reader = LocalBucket.create(data_dir, "b")
+    writer = LocalBucket.open(data_dir, "b")
+    assert sum(reader.high_seqnos()) == 0
+    writer.upsert("a", {"n": 1})  # another connection commits: data_version moves
+    assert sum(reader.high_seqnos()) == 1
+    reader.upsert("b", {"n": 1})  # our own commit does not move data_version: the cache is dropped instead
+    assert sum(reader.high_seqnos()) == 2
+    highs = reader.high_seqnos()
+    highs[vbucket_of("a")] = 99  # callers get a copy, never the cache itself
+    assert reader.high_seqnos()[vbucket_of("a")] == 1

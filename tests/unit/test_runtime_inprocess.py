@@ -282,3 +282,17 @@ def test_two_aliases_of_one_bucket_share_their_writes(data_dir):
     assert sorted(out.keys()) == ["k0-a", "k0-b", "k1-a", "k1-b", "k2-a", "k2-b"]
     assert all(out.get(f"k{i}-b") == {"seen_a": True} for i in range(3))
     assert open_metadata(data_dir).counters("fn_two").get("effects_duplicate", 0) == 0
+
+
+def test_an_explicit_budget_is_one_batch_and_a_supervisor_step_keeps_going_while_behind(data_dir, monkeypatch):
+    load(data_dir, 200, 2000)
+    deploy(data_dir, ledger_definition("fn_s", "src", "ledger", workers=1, batch_size=100))
+    generation = open_metadata(data_dir).get_function("fn_s").generation
+    core = WorkerCore(WorkerSpec(data_dir, "fn_s", generation, "local/w0", tuple(range(NUM_VBUCKETS))))
+    assert core.step(100).handled == 100
+    monkeypatch.setattr("eventing.worker.STEP_SLICE_S", 60.0)  # the slice never runs out: only the backlog ends it
+    report = core.step()
+    assert report.handled == 1900 and report.caught_up
+    monkeypatch.setattr("eventing.worker.STEP_SLICE_S", 0.0)  # an expired slice still takes one batch
+    load(data_dir, 200, 300, seed=2)
+    assert core.step().handled == 100
