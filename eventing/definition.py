@@ -59,7 +59,7 @@ class FunctionDefinition:
     boundary: Boundary = "everything"
     checkpoint_interval: timedelta = timedelta(seconds=1)
     execution_timeout: timedelta = timedelta(seconds=60)
-    batch_size: int = 1000  # mutations per worker step; in flight <= workers x 2 x batch_size
+    batch_size: int = 1000  # mutations a worker handles before flushing their effects; a step takes one or more
     retries: int = 0  # extra attempts after a handler error before the mutation goes to the DLQ
     retry_backoff: timedelta = timedelta(milliseconds=100)  # doubles after each attempt
     max_document_bytes: int = 1024 * 1024  # larger documents go to the DLQ as `oversize`
