@@ -186,9 +186,12 @@ class RayExecutor:
     def wait(self, futures: list[Any], timeout: float) -> list[Any]:
         if not futures:
             return []
-        ready, _ = self._ray.wait(futures, num_returns=len(futures), timeout=timeout)
-        if not ready:
-            ready, _ = self._ray.wait(futures, num_returns=1, timeout=0)
+        # Back as soon as one call is done (and with every other one done by then): the supervisor refills
+        # that worker's credit at once instead of after the whole timeout, so a busy worker never idles.
+        ready, rest = self._ray.wait(futures, num_returns=1, timeout=timeout)
+        if ready and rest:
+            more, _ = self._ray.wait(rest, num_returns=len(rest), timeout=0)
+            ready += more
         return ready
 
     def result(self, future: Any) -> Any:
