@@ -28,7 +28,7 @@ from eventing.worker import open_metadata
 
 log = logging.getLogger("eventing.windows")
 
-POLL_S = 0.5
+POLL_S = 0.25  # how often a coordinator consumes its workers' row files and closes windows
 DRAIN_TIMEOUT_S = 600.0  # how long a stopping service waits for Spark to emit the last closed windows
 CLOSE_WINDOWS_ENV = "EVENTING_CLOSE_WINDOWS"
 

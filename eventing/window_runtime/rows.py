@@ -43,8 +43,9 @@ if TYPE_CHECKING:
 MIN_EVENT_MS = -62_135_596_800_000
 MAX_EVENT_MS = 253_402_300_799_999
 # A worker writes its rows at every checkpoint; past this many buffered rows it writes early (always safe:
-# early is still before the checkpoint), which bounds a worker's memory when checkpoints are far apart.
-MAX_BUFFERED_ROWS = 200_000
+# early is still before the checkpoint). That bounds a worker's memory, and during a catch-up it hands the
+# coordinator a file every ~0.1 s instead of one per checkpoint, so little is left for the last poll.
+MAX_BUFFERED_ROWS = 50_000
 BATCH_NAME = re.compile(r"^g(\d+)-(.+)-([0-9a-f]+)-(\d{9})\.arrow$")
 BASE_COLUMNS = ("vb", "seqno", "key", "event_time")
 _STRINGS = frozenset({str, type(None)})
