@@ -82,17 +82,19 @@ def generate_rows(n: int, seed: int = 7) -> list[Row]:
     return rows
 
 
-def write_rows(directory: Path, name: str, rows: list[Row]) -> Path:
-    schema = row_schema(GROUP_BY, VALUE_FIELDS)
-    batch = build_row_batch(
-        schema,
+def row_batch(rows: list[Row]) -> pa.Table:
+    return build_row_batch(
+        row_schema(GROUP_BY, VALUE_FIELDS),
         vb=[r["vb"] for r in rows],
         seqno=[r["seqno"] for r in rows],
         key=[r["key"] for r in rows],
         event_time_ms=[r["event_time_ms"] for r in rows],
         columns={c: [r[c] for r in rows] for c in [*GROUP_BY, *VALUE_FIELDS]},
     )
-    return write_row_batch(directory, name, batch)
+
+
+def write_rows(directory: Path, name: str, rows: list[Row]) -> Path:
+    return write_row_batch(directory, name, row_batch(rows))
 
 
 def reference(rows: list[Row], windows: list[tuple[int, int]]) -> dict[tuple, Row]:
@@ -412,19 +414,10 @@ def test_structured_streaming_matches_aggregate_windows_when_all_windows_are_clo
 
 def write_partials(directory: Path, rows: list[Row], *, size_ms: int, slide_ms: int) -> None:
     """Each batch of rows combined on its own, as the window coordinator does for each accepted batch."""
-    schema = row_schema(GROUP_BY, VALUE_FIELDS)
     directory.mkdir(parents=True, exist_ok=True)
     for i in range(0, len(rows), BATCH_ROWS):
         chunk = rows[i : i + BATCH_ROWS]
-        batch = build_row_batch(
-            schema,
-            vb=[r["vb"] for r in chunk],
-            seqno=[r["seqno"] for r in chunk],
-            key=[r["key"] for r in chunk],
-            event_time_ms=[r["event_time_ms"] for r in chunk],
-            columns={c: [r[c] for r in chunk] for c in [*GROUP_BY, *VALUE_FIELDS]},
-        )
-        partials = combine_rows(batch, size_ms=size_ms, slide_ms=slide_ms, group_by=GROUP_BY, aggregates=AGGREGATES)
+        partials = combine_rows(row_batch(chunk), size_ms=size_ms, slide_ms=slide_ms, group_by=GROUP_BY, aggregates=AGGREGATES)
         assert partials.num_rows < len(chunk), "partials are fewer than the rows they stand for"
         atomic_write_parquet(partials, directory / f"partials-{i // BATCH_ROWS:03d}.parquet", overwrite=True)
 
