@@ -103,8 +103,11 @@ class LocalBucket:
         self.name = name
         self._db = db
         self.uuid = self._info("uuid")
-        self._highs: list[int] | None = None  # cached high seqnos, valid while _highs_version holds
-        self._highs_version = -1
+        # Cached high seqnos and the (data_version, own commits) they were read at: SQLite's data_version
+        # counts other connections' commits, _commits this connection's.
+        self._highs: list[int] = []
+        self._highs_read_at: tuple[int, int] = (-1, -1)
+        self._commits = 0
 
     # -- opening ------------------------------------------------------------------------------------
 
@@ -170,8 +173,10 @@ class LocalBucket:
         return _retry_locked(self.path, lambda: self._tx(lambda: self._apply(batch, origin)))
 
     def _tx(self, body):
-        self._highs = None  # data_version does not count this connection's own commits
-        return run_transaction(self._db, self.path, body)
+        try:
+            return run_transaction(self._db, self.path, body)
+        finally:
+            self._commits += 1
 
     def _apply(self, writes: Iterable[Write], origin: str | None) -> list[tuple[int, int] | None]:
         db = self._db
@@ -253,12 +258,13 @@ class LocalBucket:
     def high_seqnos(self) -> list[int]:
         """High seqno of every vBucket, index = vBucket. Workers ask at every step; the table is read
         again only when a commit happened since (SQLite's data_version, a few microseconds to check)."""
-        version = self._db.execute("PRAGMA data_version").fetchone()[0]
-        if self._highs is None or version != self._highs_version:
+        # Taken before reading: a commit that lands during the read changes it, so the next call reads again.
+        read_at = (self._db.execute("PRAGMA data_version").fetchone()[0], self._commits)
+        if read_at != self._highs_read_at:
             highs = [0] * NUM_VBUCKETS
             for vb, seqno in self._db.execute("SELECT vb, seqno FROM high"):
                 highs[vb] = seqno
-            self._highs, self._highs_version = highs, version
+            self._highs, self._highs_read_at = highs, read_at
         return list(self._highs)
 
     def read_vb(self, vb: int, after_seqno: int, limit: int) -> list[Mutation]:
