@@ -18,7 +18,10 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from eventing import lifecycle, loadgen
+from eventing.bucket import LocalBucket, chunked
 from eventing.definition import FunctionDefinition
 from eventing.verify import VerifyReport, check_ledger
 
@@ -91,6 +94,27 @@ def call_log_figures(path: str | Path) -> CallLogFigures:
     total = sum(len(v) for v in calls.values())
     distinct = sum(len(set(v)) for v in calls.values())
     return CallLogFigures(total, distinct, total - distinct)
+
+
+def load_source(
+    data_dir: str, documents: int, mutations: int, *, bucket: str = "src", chunk: int = 10_000, **generate: Any
+) -> LocalBucket:
+    """The bucket (created if missing) with ``loadgen.generate(documents, mutations, **generate)`` written
+    into it in chunks."""
+    source = LocalBucket.create(data_dir, bucket, exist_ok=True)
+    for writes in chunked(loadgen.generate(documents, mutations, **generate), chunk):
+        source.write(writes)
+    return source
+
+
+def deploy_function(
+    data_dir: str, defn: FunctionDefinition, handler: str = LEDGER_HANDLER, boundary: str | None = None
+) -> None:
+    """Create the function's binding buckets, save it with ``handler`` and deploy it."""
+    for b in defn.bindings:
+        LocalBucket.create(data_dir, b.bucket, exist_ok=True)
+    lifecycle.save_function(data_dir, defn, handler)
+    lifecycle.deploy(data_dir, defn.name, boundary)
 
 
 class BackgroundLoop:

@@ -18,7 +18,7 @@ import pytest
 from eventing import lifecycle, loadgen
 from eventing.bucket import LocalBucket, chunked
 from eventing.service import EventingService
-from eventing.testing import LEDGER_HANDLER, check_ledger, ledger_definition
+from eventing.testing import LEDGER_HANDLER, BackgroundLoop, check_ledger, ledger_definition
 from eventing.worker import open_metadata
 from sharding import NUM_VBUCKETS, vbucket_of
 
@@ -61,28 +61,19 @@ def wait_for(predicate, what: str, timeout: float = 40.0) -> None:
     raise AssertionError(f"timed out waiting until {what}")
 
 
-class Producer:
+class Producer(BackgroundLoop):
     """Writes a mutation every few milliseconds, so the stream has work while a debug session runs."""
 
+    interval_s = 0.005
+
     def __init__(self, data_dir: str):
+        super().__init__()
         self.bucket = LocalBucket.open(data_dir, "src")
         self.written = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> Producer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.written += 1
-            self.bucket.upsert(f"live::{self.written % 97}", {"rev": self.written})
-            time.sleep(0.005)
+    def tick(self) -> None:
+        self.written += 1
+        self.bucket.upsert(f"live::{self.written % 97}", {"rev": self.written})
 
 
 def read_lines(stream, lines: queue.Queue) -> None:

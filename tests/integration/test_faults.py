@@ -27,12 +27,18 @@ from pathlib import Path
 
 import pytest
 
-from eventing import lifecycle, loadgen
+from eventing import loadgen
 from eventing.bucket import LocalBucket, chunked
 from eventing.definition import FunctionDefinition
 from eventing.executor import InProcessExecutor
 from eventing.service import EventingService
-from eventing.testing import LEDGER_HANDLER, call_log_figures, ledger_definition, read_call_log
+from eventing.testing import (
+    call_log_figures,
+    deploy_function,
+    ledger_definition,
+    load_source,
+    read_call_log,
+)
 from eventing.verify import effect_key, history_key, verify_function
 from eventing.worker import METADATA_FILE, open_metadata
 from metadata import sqlite_store
@@ -58,17 +64,11 @@ db.execute("ROLLBACK")
 
 
 def load(data_dir: str, documents: int, mutations: int, *, seed: int = 7, prefix: str = "customer") -> LocalBucket:
-    source = LocalBucket.create(data_dir, "src", exist_ok=True)
-    for chunk in chunked(loadgen.generate(documents, mutations, seed=seed, prefix=prefix), 10_000):
-        source.write(chunk)
-    return source
+    return load_source(data_dir, documents, mutations, seed=seed, prefix=prefix)
 
 
 def deploy(data_dir: str, defn: FunctionDefinition) -> None:
-    for b in defn.bindings:
-        LocalBucket.create(data_dir, b.bucket, exist_ok=True)
-    lifecycle.save_function(data_dir, defn, LEDGER_HANDLER)
-    lifecycle.deploy(data_dir, defn.name)
+    deploy_function(data_dir, defn)
 
 
 class Checkpoints:

@@ -12,10 +12,17 @@ import time
 
 import pytest
 
-from eventing import lifecycle, loadgen
-from eventing.bucket import LocalBucket, chunked
+from eventing import lifecycle
+from eventing.bucket import LocalBucket
 from eventing.service import EventingService
-from eventing.testing import LEDGER_HANDLER, BackgroundLoop, check_ledger, ledger_definition, read_call_log
+from eventing.testing import (
+    BackgroundLoop,
+    check_ledger,
+    deploy_function,
+    ledger_definition,
+    load_source,
+    read_call_log,
+)
 from eventing.worker import open_metadata
 from sharding import NUM_VBUCKETS
 
@@ -23,17 +30,11 @@ pytestmark = pytest.mark.integration
 
 
 def load(data_dir: str, documents: int, mutations: int, seed: int = 3, bucket: str = "src") -> LocalBucket:
-    source = LocalBucket.create(data_dir, bucket, exist_ok=True)
-    for chunk in chunked(loadgen.generate(documents, mutations, seed=seed), 10_000):
-        source.write(chunk)
-    return source
+    return load_source(data_dir, documents, mutations, bucket=bucket, seed=seed)
 
 
 def deploy(data_dir: str, defn) -> None:
-    for b in defn.bindings:
-        LocalBucket.create(data_dir, b.bucket, exist_ok=True)
-    lifecycle.save_function(data_dir, defn, LEDGER_HANDLER)
-    lifecycle.deploy(data_dir, defn.name)
+    deploy_function(data_dir, defn)
 
 
 class CheckpointWatcher(BackgroundLoop):

@@ -15,10 +15,11 @@ import pytest
 
 from eventing import lifecycle, loadgen
 from eventing.aggregation.sink import ParquetWindowSink
-from eventing.bucket import LocalBucket, chunked
+from eventing.bucket import LocalBucket
 from eventing.definition import FunctionDefinition
 from eventing.mutation import OP_UPDATE, decode_document
 from eventing.service import EventingService
+from eventing.testing import load_source
 from eventing.window_runtime.coordinator import FAULT_ENV, FAULT_EXIT_CODE
 from eventing.window_runtime.host import CLOSE_WINDOWS_ENV
 from eventing.window_runtime.paths import WindowPaths
@@ -49,11 +50,7 @@ SLOW_HANDLER = "import time\n\ndef on_update(doc, meta):\n    time.sleep(SLEEP_M
 
 
 def load(data_dir: str, documents: int, mutations: int, seed: int = 5) -> LocalBucket:
-    source = LocalBucket.create(data_dir, "src", exist_ok=True)
-    writes = loadgen.generate(documents, mutations, seed=seed, span_ms=10 * MIN, disorder_ms=5_000)
-    for chunk in chunked(writes, 10_000):
-        source.write(chunk)
-    return source
+    return load_source(data_dir, documents, mutations, seed=seed, span_ms=10 * MIN, disorder_ms=5_000)
 
 
 def deploy(data_dir: str, *, workers: int = 3, sleep_ms: float = 0, window: dict | None = None) -> None:

@@ -19,7 +19,7 @@ from eventing.definition import FunctionDefinition
 from eventing.errors import InvalidKeyError
 from eventing.executor import InProcessExecutor
 from eventing.service import EventingService
-from eventing.testing import LEDGER_HANDLER, LedgerReport, check_ledger, ledger_definition
+from eventing.testing import LEDGER_HANDLER, LedgerReport, check_ledger, deploy_function, ledger_definition
 from eventing.verify import effect_key, history_key
 from eventing.worker import open_metadata
 from sharding import vbucket_of
@@ -76,10 +76,7 @@ def cli_json(capsys, *argv: str, expect: int = 0):
 
 
 def deploy(data_dir: str, defn: FunctionDefinition, source: str) -> None:
-    for b in defn.bindings:
-        LocalBucket.create(data_dir, b.bucket, exist_ok=True)
-    lifecycle.save_function(data_dir, defn, source)
-    lifecycle.deploy(data_dir, defn.name)
+    deploy_function(data_dir, defn, source)
 
 
 def update_handler(data_dir: str, name: str, source: str) -> None:

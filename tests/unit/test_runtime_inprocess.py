@@ -5,29 +5,28 @@ from __future__ import annotations
 
 import pytest
 
-from eventing import lifecycle, loadgen
-from eventing.bucket import LocalBucket, chunked
+from eventing import lifecycle
+from eventing.bucket import LocalBucket
 from eventing.definition import FunctionDefinition
 from eventing.executor import InProcessExecutor
 from eventing.mutation import unpack_mutation
 from eventing.service import EventingService
-from eventing.testing import LEDGER_HANDLER, check_ledger, ledger_definition, read_call_log
+from eventing.testing import (
+    check_ledger,
+    deploy_function,
+    ledger_definition,
+    load_source,
+    read_call_log,
+)
 from eventing.worker import WorkerCore, WorkerSpec, open_metadata
 from sharding import NUM_VBUCKETS
 
 
 def load(data_dir: str, documents: int = 300, mutations: int = 3000, seed: int = 1) -> LocalBucket:
-    source = LocalBucket.create(data_dir, "src", exist_ok=True)
-    for chunk in chunked(loadgen.generate(documents, mutations, seed=seed), 5000):
-        source.write(chunk)
-    return source
+    return load_source(data_dir, documents, mutations, chunk=5000, seed=seed)
 
 
-def deploy(data_dir: str, defn: FunctionDefinition, source: str = LEDGER_HANDLER, boundary=None) -> None:
-    for b in defn.bindings:
-        LocalBucket.create(data_dir, b.bucket, exist_ok=True)
-    lifecycle.save_function(data_dir, defn, source)
-    lifecycle.deploy(data_dir, defn.name, boundary)
+deploy = deploy_function
 
 
 def run(data_dir: str, **kwargs):

@@ -8,32 +8,24 @@ import json
 
 import pytest
 
-from eventing import lifecycle, loadgen
-from eventing.bucket import LocalBucket, Write, chunked
+from eventing import lifecycle
+from eventing.bucket import LocalBucket, Write
 from eventing.cli import main
-from eventing.definition import FunctionDefinition
 from eventing.errors import OrderViolationError
 from eventing.executor import InProcessExecutor
 from eventing.mutation import OP_UPDATE, encode_document
 from eventing.service import EventingService
-from eventing.testing import LEDGER_HANDLER, check_ledger, ledger_definition
+from eventing.testing import LEDGER_HANDLER, check_ledger, deploy_function, ledger_definition, load_source
 from eventing.verify import effect_key, history_key, parse_effect_key, verify_function
 from eventing.worker import WorkerCore, WorkerSpec, open_metadata
 from sharding import NUM_VBUCKETS
 
 
 def load(data_dir: str, documents: int = 100, mutations: int = 600) -> LocalBucket:
-    source = LocalBucket.create(data_dir, "src", exist_ok=True)
-    for chunk in chunked(loadgen.generate(documents, mutations, seed=5), 5000):
-        source.write(chunk)
-    return source
+    return load_source(data_dir, documents, mutations, chunk=5000, seed=5)
 
 
-def deploy(data_dir: str, defn: FunctionDefinition, handler: str = LEDGER_HANDLER, boundary=None) -> None:
-    for b in defn.bindings:
-        LocalBucket.create(data_dir, b.bucket, exist_ok=True)
-    lifecycle.save_function(data_dir, defn, handler)
-    lifecycle.deploy(data_dir, defn.name, boundary)
+deploy = deploy_function
 
 
 def run(data_dir: str) -> None:

@@ -12,14 +12,15 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from eventing import lifecycle, loadgen
+from eventing import lifecycle
 from eventing.aggregation.sink import ParquetWindowSink
-from eventing.bucket import LocalBucket, chunked
+from eventing.bucket import LocalBucket
 from eventing.definition import FunctionDefinition
 from eventing.errors import FencedError
 from eventing.executor import InProcessExecutor
 from eventing.mutation import OP_UPDATE, Mutation, decode_document, unpack_mutation
 from eventing.service import EventingService
+from eventing.testing import load_source
 from eventing.window_runtime import coordinator as coordinator_module
 from eventing.window_runtime import host
 from eventing.window_runtime.coordinator import WindowCoordinator, _has_duplicate_rows
@@ -363,11 +364,7 @@ def test_a_second_coordinator_fences_the_first(data_dir):
 
 
 def load(data_dir: str, documents: int, mutations: int, seed: int = 1) -> LocalBucket:
-    source = LocalBucket.create(data_dir, "src", exist_ok=True)
-    for chunk in chunked(loadgen.generate(documents, mutations, seed=seed, span_ms=10 * MIN, disorder_ms=5_000),
-                         5000):
-        source.write(chunk)
-    return source
+    return load_source(data_dir, documents, mutations, chunk=5000, seed=seed, span_ms=10 * MIN, disorder_ms=5_000)
 
 
 def source_docs(source: LocalBucket) -> list[tuple[int, int, dict]]:
