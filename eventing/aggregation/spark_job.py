@@ -85,14 +85,18 @@ def check_window_shape(size_ms: int, slide_ms: int) -> None:
         )
 
 
-def _has_row_files(rows_dir: str) -> bool:
-    if "://" in rows_dir:  # shared storage for a Spark cluster (hdfs://, s3a://): let Spark look
-        return True
-    for _root, dirs, files in os.walk(rows_dir):
+def _parquet_files(rows_dir: str) -> list[str]:
+    """The Parquet files under a local folder that Spark would read (hidden and ``_`` names skipped)."""
+    found = []
+    for root, dirs, names in os.walk(rows_dir):
         dirs[:] = [d for d in dirs if not d.startswith((".", "_"))]
-        if any(f.endswith(".parquet") and not f.startswith((".", "_")) for f in files):
-            return True
-    return False
+        found += [os.path.join(root, f) for f in names if f.endswith(".parquet") and not f.startswith((".", "_"))]
+    return found
+
+
+def _has_row_files(rows_dir: str) -> bool:
+    # Shared storage for a Spark cluster (hdfs://, s3a://): let Spark look.
+    return "://" in rows_dir or bool(_parquet_files(rows_dir))
 
 
 def aggregate_windows(
@@ -174,15 +178,9 @@ def merge_column(op: str, name: str) -> Column:
 DRIVER_PARTIAL_ROWS = 200_000
 
 
-def _local_partials(path: str, schema: pa.Schema, starts: list[int]) -> pa.Table | None:
-    """The partial rows of the requested windows, read on the driver; None for shared storage (``://``)
-    or when the files hold too many rows to be worth it."""
-    if "://" in path:
-        return None
-    files = []
-    for root, dirs, names in os.walk(path):
-        dirs[:] = [d for d in dirs if not d.startswith((".", "_"))]
-        files += [os.path.join(root, f) for f in names if f.endswith(".parquet") and not f.startswith((".", "_"))]
+def _local_partials(files: list[str], schema: pa.Schema, starts: list[int]) -> pa.Table | None:
+    """The partial rows of the requested windows, read on the driver; None when the files hold too many
+    rows to be worth it."""
     if sum(pq.ParquetFile(f).metadata.num_rows for f in files) > 4 * DRIVER_PARTIAL_ROWS:
         return None
     table = pa.concat_tables([pq.read_table(f, schema=schema) for f in files])
@@ -209,10 +207,12 @@ def merge_partials(
         if end - start != size_ms:
             raise ValueError(f"window [{start}, {end}) is not {size_ms} ms long; ask only for this function's windows")
     path = os.fspath(partials_dir)
-    if not starts or not _has_row_files(path):
+    shared = "://" in path  # shared storage for a Spark cluster (hdfs://, s3a://): Spark lists and reads it
+    files = [] if shared else _parquet_files(path)
+    if not starts or not (shared or files):
         return schema.empty_table()
-    ddl = spark_ddl(partial_schema(group_by, aggregates))
-    local = _local_partials(path, partial_schema(group_by, aggregates), starts)
+    parts = partial_schema(group_by, aggregates)
+    local = None if shared else _local_partials(files, parts, starts)
     if local is not None and local.num_rows == 0:
         return schema.empty_table()
     if local is not None and local.num_rows <= DRIVER_PARTIAL_ROWS:
@@ -222,7 +222,7 @@ def merge_partials(
         # thousand rows are not worth spreading over spark.sql.shuffle.partitions tasks (~0.1 s a job).
         partials = spark.createDataFrame(local).repartition(1, WINDOW_START, *group_by)
     else:
-        partials = spark.read.schema(ddl).option("recursiveFileLookup", "true").parquet(path)
+        partials = spark.read.schema(spark_ddl(parts)).option("recursiveFileLookup", "true").parquet(path)
     df = (
         partials.where(F.col(WINDOW_START).isin(starts))
         .groupBy(WINDOW_START, *group_by)
