@@ -156,6 +156,18 @@ class LocalBucket:
     def close(self) -> None:
         self._db.close()
 
+    def copy_to(self, data_dir: str | os.PathLike[str]) -> Path:
+        """Copy this bucket, consistently even while it is written (SQLite's online backup), into another
+        data directory under the same name; returns the new file's path."""
+        target = bucket_path(data_dir, self.name)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        copy = sqlite3.connect(target)
+        try:
+            self._db.backup(copy)
+        finally:
+            copy.close()
+        return target
+
     def _info(self, key: str) -> str:
         row = self._db.execute("SELECT value FROM info WHERE key=?", (key,)).fetchone()
         if row is None:

@@ -29,7 +29,6 @@ import json
 import math
 import os
 import shutil
-import sqlite3
 import sys
 import tempfile
 import time
@@ -51,7 +50,7 @@ from eventing.aggregation.structured_streaming import (  # noqa: E402
     run_structured_streaming,
     write_watermark_sentinel,
 )
-from eventing.bucket import LocalBucket, bucket_path, chunked  # noqa: E402
+from eventing.bucket import LocalBucket, chunked  # noqa: E402
 from eventing.definition import FunctionDefinition  # noqa: E402
 from eventing.executor import RayExecutor, init_ray  # noqa: E402
 from eventing.mutation import OP_UPDATE  # noqa: E402
@@ -100,11 +99,8 @@ def load(data_dir: str, documents: int, mutations: int) -> LocalBucket:
 
 
 def copy_bucket(bucket: LocalBucket, data_dir: str) -> str:
-    """A new data directory holding a copy of ``bucket`` (SQLite's online backup), for one more run."""
-    target = bucket_path(data_dir, bucket.name)
-    target.parent.mkdir(parents=True)
-    with sqlite3.connect(target) as copy:
-        bucket._db.backup(copy)
+    """A new data directory holding a copy of ``bucket``, for one more run."""
+    bucket.copy_to(data_dir)
     return data_dir
 
 

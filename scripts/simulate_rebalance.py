@@ -265,6 +265,13 @@ def json_report(steps: Sequence[Step], pictures: dict[int, Path], num_vbuckets: 
 # ---------------------------------------------------------------------------------------------------------
 
 
+def _changed(before, after) -> list[bool] | None:
+    """Per vBucket, whether its owner changed; None at a first deployment (nothing before)."""
+    if before is None:
+        return None
+    return [a != b for a, b in zip(before.owners, after.owners, strict=True)]
+
+
 def draw_step(step: Step, num_vbuckets: int, path: Path) -> None:
     """One PNG: a 'before' block over an 'after' block; each has a node section and one per function.
 
@@ -313,12 +320,7 @@ def draw_step(step: Step, num_vbuckets: int, path: Path) -> None:
             grid, labels = section(node_rows, before_nodes, None)
             title = "before: nodes" if before_nodes is not None else "before: nothing deployed yet"
         else:
-            changed = (
-                [a != b for a, b in zip(plan.before.owners, plan.after.owners, strict=True)]
-                if plan.before is not None
-                else None
-            )
-            grid, labels = section(node_rows, plan.after.owners, changed)
+            grid, labels = section(node_rows, plan.after.owners, _changed(plan.before, plan.after))
             title = (
                 f"after: nodes, {plan.move_count} moves (minimum {step.minimum})"
                 if plan.before is not None
@@ -332,12 +334,7 @@ def draw_step(step: Step, num_vbuckets: int, path: Path) -> None:
                 grid, labels = section(rows, owners, None)
                 title = f"before: {fn.spec.name} ({fn.spec.workers} workers per node)"
             else:
-                changed = (
-                    [a != b for a, b in zip(fn.before.owners, fn.after.owners, strict=True)]
-                    if fn.before is not None
-                    else None
-                )
-                grid, labels = section(rows, fn.after.owners, changed)
+                grid, labels = section(rows, fn.after.owners, _changed(fn.before, fn.after))
                 title = (
                     f"after: {fn.spec.name}, {fn.handoffs} handoffs"
                     f" ({fn.between_workers} between workers of a node, minimum {fn.minimum_between_workers})"

@@ -161,3 +161,15 @@ def test_high_seqnos_follow_other_connections_and_our_own_writes(data_dir):
     highs = reader.high_seqnos()
     highs[vbucket_of("a")] = 99  # callers get a copy, never the cache itself
     assert reader.high_seqnos()[vbucket_of("a")] == 1
+
+
+def test_a_copy_holds_the_same_log_and_documents(data_dir, tmp_path):
+    bucket = LocalBucket.create(data_dir, "b")
+    for i in range(20):
+        bucket.upsert(f"k{i % 7}", {"i": i})
+    bucket.delete("k0")
+    bucket.copy_to(tmp_path / "other")
+    copy = LocalBucket.open(tmp_path / "other", "b")
+    assert copy.high_seqnos() == bucket.high_seqnos()
+    assert copy.keys() == bucket.keys() and copy.get("k3") == bucket.get("k3")
+    assert [m for batch in copy.scan_log() for m in batch] == [m for batch in bucket.scan_log() for m in batch]
