@@ -66,6 +66,25 @@ class Write:
     flags: int = 0
 
 
+@dataclass(frozen=True)
+class PackedUpdates:
+    """Log entries ``(after_seqno, last_seqno]`` of one vBucket (contiguous seqnos) in bulk: the seqnos of
+    its deletes and expirations, then its updates' keys (UTF-8, joined by NUL bytes) and documents
+    (msgpack values back to back), in seqno order."""
+
+    vb: int
+    after_seqno: int
+    last_seqno: int
+    other_seqnos: list[int]
+    update_count: int
+    keys: bytes
+    docs: bytes
+
+    @property
+    def count(self) -> int:
+        return self.last_seqno - self.after_seqno
+
+
 @dataclass
 class EffectGroup:
     """Binding writes of one function caused by one source vBucket, in source seqno order."""
@@ -292,13 +311,34 @@ class LocalBucket:
             (vb, after_seqno, limit),
         ).fetchall()
 
-    def read_vb_updates(self, vb: int, after_seqno: int, limit: int) -> list[tuple[int, str, int, bytes | None, str | None]]:
-        """As read_vb_rows, only ``(seqno, key, op, doc, origin)``: all a window row needs, and a third
-        cheaper to fetch than the whole row."""
-        return self._db.execute(
-            "SELECT seqno, key, op, doc, origin FROM log WHERE vb=? AND seqno>? ORDER BY seqno LIMIT ?",
-            (vb, after_seqno, limit),
-        ).fetchall()
+    def read_vb_packed(self, vb: int, after_seqno: int, limit: int, origin: str) -> PackedUpdates | None:
+        """The next ``limit`` log entries of one vBucket after ``after_seqno`` for a caller that wants the
+        updates' documents and keys in bulk: SQLite concatenates them, so no Python object is made per
+        entry (a third of the cost of fetching the rows). None when the entries are not the plain case
+        the caller can take whole: no entries, a gap in the seqnos, an entry written by ``origin``, an
+        update without a document or a delete with one; read them with read_vb_rows then."""
+        count, last, docs_count, own, others, keys, docs = self._db.execute(
+            "SELECT count(*), max(seqno), count(doc), max(origin = ?4), "
+            "group_concat(CASE WHEN op != 0 THEN seqno END), "
+            "CAST(group_concat(CASE WHEN op = 0 THEN key END, char(0)) AS BLOB), CAST(group_concat(doc, '') AS BLOB) "
+            # A range scan of the primary key feeds the aggregates in (vb, seqno) order. (Before SQLite
+            # 3.44 group_concat takes no ORDER BY; a sorted subquery would cost a third more.)
+            "FROM log WHERE vb = ?1 AND seqno > ?2 AND seqno <= ?3",
+            (vb, after_seqno, after_seqno + limit, origin),
+        ).fetchone()
+        if not count or last - after_seqno != count or own:
+            return None
+        other_seqnos = [int(s) for s in others.split(",")] if others else []
+        if docs_count != count - len(other_seqnos):
+            return None
+        return PackedUpdates(vb, after_seqno, last, other_seqnos, docs_count, keys or b"", docs or b"")
+
+    def max_doc_bytes(self, vb: int, after_seqno: int, last_seqno: int) -> int:
+        """Size of the largest document logged in one vBucket in ``(after_seqno, last_seqno]``."""
+        row = self._db.execute(
+            "SELECT max(length(doc)) FROM log WHERE vb=? AND seqno>? AND seqno<=?", (vb, after_seqno, last_seqno)
+        ).fetchone()
+        return row[0] or 0
 
     def scan_log(self, batch: int = 10_000) -> Iterable[list[Mutation]]:
         """The whole log in (vb, seqno) order, in batches."""

@@ -13,7 +13,6 @@ import time
 import traceback
 from collections import Counter
 from dataclasses import dataclass, field
-from itertools import compress
 from pathlib import Path
 
 import msgpack
@@ -235,11 +234,10 @@ class WorkerCore:
             limit = min(budget - handled, limits[vb] - self.positions[vb])
             position = self.positions[vb]
             if window_only:
-                rows = self.source.read_vb_updates(vb, position, limit)
-                if rows:
-                    self._handle_window_batch(vb, rows)
-                handled += len(rows)
-                continue
+                taken = self._take_window_batch(vb, position, limit)
+                if taken:
+                    handled += taken
+                    continue
             for m in self.source.read_vb(vb, position, limit):
                 if m.seqno <= position:
                     raise OrderViolationError(
@@ -251,49 +249,30 @@ class WorkerCore:
                 handled += 1
         return handled
 
-    def _handle_window_batch(self, vb: int, rows: list[tuple]) -> None:
-        """``(seqno, key, op, doc, origin)`` log rows of one vBucket for a window-only function (no
-        on_update): whole when every row is a plain update (or a delete without on_delete), else row by
-        row through _handle, with the same rows, counters and dead letters either way."""
-        position = self.positions[vb]
-        if rows[0][0] <= position:  # the rows are in seqno order (the log's key): the first says it all
-            raise OrderViolationError(
-                f"vBucket {vb} of bucket '{self.source.name}' went backwards: seqno {rows[0][0]} after {position}"
-            )
-        if self._window_batch(vb, rows):
-            self.positions[vb] = rows[-1][0]
-            return
-        # The same rows again, whole: the log only grows after them, so the first len(rows) are these.
-        for r in self.source.read_vb_rows(vb, position, len(rows)):
-            self._handle(Mutation(*r))
-            self.positions[vb] = r[1]
-
-    def _window_batch(self, vb: int, rows: list[tuple]) -> bool:
-        """Buffer the rows of a batch _handle would take without a dead letter, a filter or a handler
-        call, and count them as _handle would; False, with nothing counted or buffered, otherwise."""
+    def _take_window_batch(self, vb: int, position: int, limit: int) -> int:
+        """For a window-only function (no on_update): buffer the rows of the next ``limit`` log entries
+        of a vBucket whole, read in bulk, and count them as _handle would, when every entry is a plain
+        update (or a delete without on_delete) that gives a row. Returns how many entries it took: 0, with
+        nothing counted or buffered, leaves them to _handle one by one (dead letters, the function's own
+        writes, float times, ...), with the same rows, counters and dead letters either way."""
         if self._hung and any(hung_vb == vb for hung_vb, _ in self._hung):
-            return False
-        # Columns (transposed in C): the checks below run over whole columns, not row by row.
-        seqnos, keys, ops, docs, origins = zip(*rows, strict=True)
-        if self.name in origins:  # recursion guard
-            return False
-        others = len(ops) - ops.count(OP_UPDATE)  # deletes and expirations
-        if others:
-            if self.on_delete is not None:
-                return False
-            updates = [op == OP_UPDATE for op in ops]
-            seqnos, keys, docs = (tuple(compress(column, updates)) for column in (seqnos, keys, docs))
-        if docs and (None in docs or max(map(len, docs)) > self.max_bytes):  # undecodable or oversize
-            return False
-        if not self.window_rows.add_batch(vb, seqnos, keys, docs):  # type: ignore[union-attr]
-            return False
+            return 0
+        batch = self.source.read_vb_packed(vb, position, limit, self.name)
+        if batch is None or (batch.other_seqnos and self.on_delete is not None):
+            return 0
+        # An oversize document is dead-lettered: only a batch larger than the limit can hold one.
+        if len(batch.docs) > self.max_bytes and self.source.max_doc_bytes(vb, position, batch.last_seqno) > self.max_bytes:
+            return 0
+        if not self.window_rows.add_packed(batch):  # type: ignore[union-attr]
+            return 0
+        self.positions[vb] = batch.last_seqno
         c = self.counters
-        c["mutations_seen"] += len(ops)
-        if others:  # as _handle, no zero entries: a counter appears once it counts something
-            c["no_handler"] += others
-        if docs:
-            c["on_update_success"] += len(docs)
-        return True
+        c["mutations_seen"] += batch.count
+        if batch.other_seqnos:  # as _handle, no zero entries: a counter appears once it counts something
+            c["no_handler"] += len(batch.other_seqnos)
+        if batch.update_count:
+            c["on_update_success"] += batch.update_count
+        return batch.count
 
     def _handle(self, m: Mutation) -> None:
         c = self.counters

@@ -81,13 +81,13 @@ def row_schema(group_by: Sequence[str], value_fields: Sequence[str]) -> pa.Schem
 def build_row_batch(
     schema: pa.Schema,
     *,
-    vb: Sequence[int],
-    seqno: Sequence[int],
-    key: Sequence[str],
-    event_time_ms: Sequence[int],
+    vb: Sequence[int] | pa.Array,
+    seqno: Sequence[int] | pa.Array,
+    key: Sequence[str] | pa.Array,
+    event_time_ms: Sequence[int] | pa.Array,
     columns: Mapping[str, Sequence[str | float | None]] | None = None,
 ) -> pa.Table:
-    """Build a row batch from plain lists; event times are epoch milliseconds (UTC).
+    """Build a row batch from lists, numpy arrays or Arrow arrays; event times are epoch milliseconds (UTC).
 
     Group and value columns missing from ``columns`` are filled with nulls.
     """
@@ -97,9 +97,9 @@ def build_row_batch(
         raise ValueError(f"columns {sorted(unknown)} are not in the row schema {schema.names}")
     n = len(vb)
     arrays: list[pa.Array] = [
-        pa.array(vb, pa.int32()),
-        pa.array(seqno, pa.int64()),
-        pa.array(key, pa.string()),
+        _array(vb, pa.int32()),
+        _array(seqno, pa.int64()),
+        _array(key, pa.string()),
         _event_times(event_time_ms),
     ]
     for field in list(schema)[len(_BASE_FIELDS) :]:
@@ -111,6 +111,12 @@ def build_row_batch(
             f"row batch columns have different lengths {sorted(lengths)}; give one value per row"
         )
     return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _array(values: Sequence[object] | pa.Array, type_: pa.DataType) -> pa.Array:
+    if isinstance(values, pa.Array):
+        return values if values.type == type_ else values.cast(type_)
+    return pa.array(values, type_)
 
 
 def _event_times(event_time_ms: Sequence[int]) -> pa.Array:

@@ -216,16 +216,18 @@ def merge_partials(
     if local is not None and local.num_rows == 0:
         return schema.empty_table()
     if local is not None and local.num_rows <= DRIVER_PARTIAL_ROWS:
-        # A few rows per window and group: handing them over as Arrow skips Spark's file listing and
-        # scan (~0.15 s a job instead of ~0.3 s). Larger sets go through Parquet: the JVM heap stays small.
-        # One partition hashed on the group keys: the aggregate needs no second exchange, and a few
-        # thousand rows are not worth spreading over spark.sql.shuffle.partitions tasks (~0.1 s a job).
-        partials = spark.createDataFrame(local).repartition(1, WINDOW_START, *group_by)
+        # A few rows per window and group, already only the requested windows': handed over as Arrow
+        # (Spark skips its file listing and scan) in one partition, so the aggregate needs no exchange and
+        # the job is one stage (~0.07 s, against ~0.3 s for a scan and a shuffle). Larger sets go through
+        # Parquet: the JVM heap stays small.
+        partials = spark.createDataFrame(local).coalesce(1)
     else:
-        partials = spark.read.schema(spark_ddl(parts)).option("recursiveFileLookup", "true").parquet(path)
+        partials = (
+            spark.read.schema(spark_ddl(parts)).option("recursiveFileLookup", "true").parquet(path)
+            .where(F.col(WINDOW_START).isin(starts))
+        )
     df = (
-        partials.where(F.col(WINDOW_START).isin(starts))
-        .groupBy(WINDOW_START, *group_by)
+        partials.groupBy(WINDOW_START, *group_by)
         .agg(*(merge_column(op, name) for op, _, name in aggregates))
         .select(
             F.col(WINDOW_START),

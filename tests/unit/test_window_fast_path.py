@@ -1,4 +1,4 @@
-"""The fast path of window-only functions (WorkerCore._window_batch, WindowRowWriter.add_batch) against the
+"""The fast path of window-only functions (WorkerCore._take_window_batch, WindowRowWriter.add_packed) against the
 per-row path (WorkerCore._handle, WindowRowWriter.add): the same row files, counters, checkpoints and dead
 letters for a mix of documents, on real SQLite buckets."""
 
@@ -14,7 +14,7 @@ import pytest
 
 from eventing import lifecycle, loadgen
 from eventing.aggregation.rows import read_row_batch
-from eventing.bucket import LocalBucket, Write, chunked
+from eventing.bucket import LocalBucket, PackedUpdates, Write, chunked
 from eventing.definition import FunctionDefinition
 from eventing.mutation import OP_DELETE, OP_EXPIRE, OP_UPDATE, Mutation, encode_document
 from eventing.window_runtime import rows as rows_module
@@ -148,24 +148,24 @@ def run_worker(
 
 
 class FastPathCalls:
-    """Counts the batches add_batch buffered, by vBucket."""
+    """Counts the batches add_packed buffered, by vBucket."""
 
     def __init__(self, monkeypatch):
         self.taken: Counter[int] = Counter()
-        original = WindowRowWriter.add_batch
+        original = WindowRowWriter.add_packed
 
-        def counted(writer, vb, *args):
-            ok = original(writer, vb, *args)
+        def counted(writer, batch):
+            ok = original(writer, batch)
             if ok:
-                self.taken[vb] += 1
+                self.taken[batch.vb] += 1
             return ok
 
-        monkeypatch.setattr(WindowRowWriter, "add_batch", counted)
+        monkeypatch.setattr(WindowRowWriter, "add_packed", counted)
 
 
 def both_paths(tmp_path: Path, monkeypatch, writes, **kwargs) -> tuple[dict, dict, FastPathCalls]:
     """Run the same source (a copy of one bucket file: same cas, same documents) with the fast path and
-    with add_batch refusing every batch, so every row takes _handle."""
+    with add_packed refusing every batch, so every row takes _handle."""
     make_source(tmp_path / "base", writes)
     for name in ("fast", "per_row"):
         shutil.copytree(tmp_path / "base", tmp_path / name)
@@ -173,7 +173,7 @@ def both_paths(tmp_path: Path, monkeypatch, writes, **kwargs) -> tuple[dict, dic
         calls = FastPathCalls(m)
         fast = run_worker(tmp_path / "fast", **kwargs)
     with monkeypatch.context() as m:
-        m.setattr(WindowRowWriter, "add_batch", lambda writer, *args: False)
+        m.setattr(WindowRowWriter, "add_packed", lambda writer, batch: False)
         per_row = run_worker(tmp_path / "per_row", **kwargs)
     return fast, per_row, calls
 
@@ -253,25 +253,73 @@ def test_plain_documents_never_go_row_by_row(tmp_path, monkeypatch):
     assert outcome["counters"]["no_handler"] == 3000 - updates
 
 
-def test_add_batch_buffers_what_add_buffers(tmp_path):
+def packed(vb: int, keys: list[str], docs: list[bytes], *, after: int = 0, others: list[int] = ()) -> PackedUpdates:
+    """The updates of keys and docs (and deletes at seqnos `others`) as read_vb_packed gives them."""
+    last = after + len(docs) + len(others)
+    return PackedUpdates(vb, after, last, list(others), len(docs), b"\0".join(k.encode() for k in keys), b"".join(docs))
+
+
+def flushed(writer: WindowRowWriter) -> list[dict]:
+    return read_row_batch(writer.flush()).to_pylist()
+
+
+def test_add_packed_buffers_what_add_buffers(tmp_path):
     layout = RowLayout.for_definition(FN, WINDOW)
     docs = [{"ts": T0 + i, "country": c, "amount": a, "email": e, "f0": "not a row field"}
             for i, (c, a, e) in enumerate([("KR", 1, "a"), (None, "2", None), (3, None, "b"), ([1], True, {})])]
     docs.append({"ts": T0})  # every other field missing
     one, batch = (WindowRowWriter(tmp_path, FN, 1, w, layout) for w in ("one", "batch"))
-    for seqno, d in enumerate(docs, 1):
-        assert one.add(Mutation(7, seqno, f"k{seqno}", OP_UPDATE, 0, b"", None, 0, 0), d)
-    packed = [encode_document(d) for d in docs]
-    assert batch.add_batch(7, range(1, len(docs) + 1), [f"k{s}" for s in range(1, len(docs) + 1)], packed)
-    assert batch._base == one._base and batch._values == one._values
-    assert [type(v) for v in batch._values[1]] == [type(v) for v in one._values[1]]
+    # Keys of every width, non-ASCII among them; seqnos 3 and 6 are deletes.
+    keys = ["k", "ключ-2", "k\u00e9y3", "𝄞" * 30, "k5"]
+    seqnos = [1, 2, 4, 5, 7]
+    for seqno, key, d in zip(seqnos, keys, docs, strict=True):
+        assert one.add(Mutation(7, seqno, key, OP_UPDATE, 0, b"", None, 0, 0), d)
+    assert batch.add_packed(packed(7, keys, [encode_document(d) for d in docs], others=[3, 6]))
+    assert len(batch) == len(one) == 5
+    assert flushed(batch) == flushed(one)
+    assert batch.counters == one.counters
+
+
+def test_add_packed_keeps_the_order_of_rows_add_buffered_before_and_after(tmp_path):
+    writer = WindowRowWriter(tmp_path, FN, 1, "w", RowLayout.for_definition(FN, WINDOW))
+    writer.add(Mutation(1, 1, "a", OP_UPDATE, 0, b"", None, 0, 0), {"ts": T0})
+    assert writer.add_packed(packed(2, ["b", "c"], [encode_document({"ts": T0 + 1})] * 2))
+    writer.add(Mutation(1, 2, "d", OP_UPDATE, 0, b"", None, 0, 0), {"ts": T0 + 2})
+    assert [(r["vb"], r["seqno"], r["key"]) for r in flushed(writer)] == [(1, 1, "a"), (2, 1, "b"), (2, 2, "c"), (1, 2, "d")]
 
 
 @pytest.mark.parametrize("bad", [msgpack.packb({"ts": T0 + 0.5}), msgpack.packb({"ts": True}),
-                                 msgpack.packb({"ts": MAX_EVENT_MS + 1}), msgpack.packb({}), msgpack.packb([1]),
-                                 b"\xc1", b""])
-def test_add_batch_refuses_a_batch_with_one_unusable_document_and_buffers_nothing(tmp_path, bad):
+                                 msgpack.packb({"ts": MAX_EVENT_MS + 1}), msgpack.packb({"ts": 2**64 - 1}),
+                                 msgpack.packb({}), msgpack.packb([1]), b"\xc1", b""])
+def test_add_packed_refuses_a_batch_with_one_unusable_document_and_buffers_nothing(tmp_path, bad):
     writer = WindowRowWriter(tmp_path, FN, 1, "w", RowLayout.for_definition(FN, WINDOW))
     docs = [encode_document({"ts": T0, "country": "KR"}), bad, encode_document({"ts": T0})]
-    assert not writer.add_batch(0, [1, 2, 3], ["a", "b", "c"], docs)
-    assert len(writer) == 0 and all(not column for column in writer._values)
+    assert not writer.add_packed(packed(0, ["a", "b", "c"], docs))
+    assert len(writer) == 0 and writer.flush() is None and not writer.counters
+
+
+def test_add_packed_refuses_keys_holding_a_nul_byte(tmp_path):
+    writer = WindowRowWriter(tmp_path, FN, 1, "w", RowLayout.for_definition(FN, WINDOW))
+    assert not writer.add_packed(packed(0, ["a\0b", "c"], [encode_document({"ts": T0})] * 2))
+    assert len(writer) == 0
+
+
+def test_read_vb_packed_gives_the_log_in_seqno_order_or_none_when_it_cannot(tmp_path):
+    bucket = LocalBucket.create(tmp_path, "src")
+    keys = keys_by_vb(1, 6)[0]
+    vb = vbucket_of(keys[0])
+    bucket.write([update(k, doc(i)) for i, k in enumerate(keys)])
+    bucket.write([Write(keys[0], OP_DELETE), update(keys[1], doc(9))])
+    batch = bucket.read_vb_packed(vb, 0, 100, FN)
+    assert (batch.after_seqno, batch.last_seqno, batch.other_seqnos, batch.update_count) == (0, 8, [7], 7)
+    assert batch.keys.split(b"\0") == [k.encode() for k in [*keys, keys[1]]]
+    assert batch.docs == b"".join([*(doc(i) for i in range(6)), doc(9)])
+    assert bucket.read_vb_packed(vb, 2, 3, FN).last_seqno == 5  # a window of the log
+    assert bucket.read_vb_packed(vb, 8, 100, FN) is None  # nothing after the last
+    bucket.write([update(keys[2], doc(1))], origin=FN)  # the function's own write: row by row
+    assert bucket.read_vb_packed(vb, 0, 100, FN) is None
+    assert bucket.read_vb_packed(vb, 0, 100, "another") is not None
+    bucket.write([update(keys[3], None)])  # an update without a document
+    assert bucket.read_vb_packed(vb, 8, 100, FN) is None
+    assert bucket.max_doc_bytes(vb, 0, 9) == max(len(doc(i)) for i in (*range(6), 9, 1))
+    bucket.close()
