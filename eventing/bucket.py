@@ -317,15 +317,20 @@ class LocalBucket:
         entry (a third of the cost of fetching the rows). None when the entries are not the plain case
         the caller can take whole: no entries, a gap in the seqnos, an entry written by ``origin``, an
         update without a document or a delete with one; read them with read_vb_rows then."""
-        count, last, docs_count, own, others, keys, docs = self._db.execute(
-            "SELECT count(*), max(seqno), count(doc), max(origin = ?4), "
-            "group_concat(CASE WHEN op != 0 THEN seqno END), "
-            "CAST(group_concat(CASE WHEN op = 0 THEN key END, char(0)) AS BLOB), CAST(group_concat(doc, '') AS BLOB) "
-            # A range scan of the primary key feeds the aggregates in (vb, seqno) order. (Before SQLite
-            # 3.44 group_concat takes no ORDER BY; a sorted subquery would cost a third more.)
-            "FROM log WHERE vb = ?1 AND seqno > ?2 AND seqno <= ?3",
-            (vb, after_seqno, after_seqno + limit, origin),
-        ).fetchone()
+        try:
+            row = self._db.execute(
+                "SELECT count(*), max(seqno), count(doc), max(origin = ?4), "
+                "group_concat(CASE WHEN op != 0 THEN seqno END), "
+                "CAST(group_concat(CASE WHEN op = 0 THEN key END, char(0)) AS BLOB), "
+                "CAST(group_concat(doc, '') AS BLOB) "
+                # A range scan of the primary key feeds the aggregates in (vb, seqno) order. (Before SQLite
+                # 3.44 group_concat takes no ORDER BY; a sorted subquery would cost a third more.)
+                "FROM log WHERE vb = ?1 AND seqno > ?2 AND seqno <= ?3",
+                (vb, after_seqno, after_seqno + limit, origin),
+            ).fetchone()
+        except sqlite3.DataError:  # the concatenation is over SQLite's length limit (huge documents)
+            return None
+        count, last, docs_count, own, others, keys, docs = row
         if not count or last - after_seqno != count or own:
             return None
         other_seqnos = [int(s) for s in others.split(",")] if others else []
