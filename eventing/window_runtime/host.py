@@ -28,9 +28,7 @@ from eventing.worker import open_metadata
 
 log = logging.getLogger("eventing.windows")
 
-# How often a coordinator consumes its workers' row files and closes windows. Often, so that little is left
-# for the poll after the workers stop (it reads whatever they wrote since the last one).
-POLL_S = 0.1
+POLL_S = 0.25  # how often a coordinator consumes its workers' row files and closes windows
 DRAIN_TIMEOUT_S = 600.0  # how long a stopping service waits for Spark to emit the last closed windows
 CLOSE_WINDOWS_ENV = "EVENTING_CLOSE_WINDOWS"
 
