@@ -369,7 +369,9 @@ class WindowRowWriter:
         from eventing.aggregation.rows import write_row_spool
 
         self._seal()
-        table = self._chunks[0] if len(self._chunks) == 1 else pa.concat_tables(self._chunks)
+        # One record batch per file: the coordinator's compute then runs over whole columns, not over
+        # hundreds of small chunks (one per vBucket run).
+        table = pa.concat_tables(self._chunks).combine_chunks()
         path = write_row_spool(self.directory, f"{self.prefix}-{self.files_written:09d}", table)
         self.files_written += 1
         self.counters["window_rows_written"] += rows
