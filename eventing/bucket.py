@@ -314,7 +314,7 @@ class LocalBucket:
     def read_vb_packed(self, vb: int, after_seqno: int, limit: int, origin: str) -> PackedUpdates | None:
         """The next ``limit`` log entries of one vBucket after ``after_seqno`` for a caller that wants the
         updates' documents and keys in bulk: SQLite concatenates them, so no Python object is made per
-        entry (a third of the cost of fetching the rows). None when the entries are not the plain case
+        entry (about half the cost of fetching the rows). None when the entries are not the plain case
         the caller can take whole: no entries, a gap in the seqnos, an entry written by ``origin``, an
         update without a document or a delete with one; read them with read_vb_rows then."""
         try:
