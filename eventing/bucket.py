@@ -300,23 +300,19 @@ class LocalBucket:
 
     def read_vb(self, vb: int, after_seqno: int, limit: int) -> list[Mutation]:
         """Mutations of one vBucket with seqno > after_seqno, in seqno order, at most `limit`."""
-        return [Mutation(*r) for r in self.read_vb_rows(vb, after_seqno, limit)]
-
-    def read_vb_rows(self, vb: int, after_seqno: int, limit: int) -> list[tuple]:
-        """As read_vb, as raw tuples in Mutation's field order: a caller that looks at a few columns
-        of many rows skips building a Mutation per row."""
-        return self._db.execute(
+        rows = self._db.execute(
             "SELECT vb, seqno, key, op, cas, doc, origin, expiry, flags FROM log "
             "WHERE vb=? AND seqno>? ORDER BY seqno LIMIT ?",
             (vb, after_seqno, limit),
         ).fetchall()
+        return [Mutation(*r) for r in rows]
 
     def read_vb_packed(self, vb: int, after_seqno: int, limit: int, origin: str) -> PackedUpdates | None:
         """The next ``limit`` log entries of one vBucket after ``after_seqno`` for a caller that wants the
         updates' documents and keys in bulk: SQLite concatenates them, so no Python object is made per
         entry (about half the cost of fetching the rows). None when the entries are not the plain case
         the caller can take whole: no entries, a gap in the seqnos, an entry written by ``origin``, an
-        update without a document or a delete with one; read them with read_vb_rows then."""
+        update without a document or a delete with one; read them with read_vb then."""
         try:
             row = self._db.execute(
                 "SELECT count(*), max(seqno), count(doc), max(origin = ?4), "

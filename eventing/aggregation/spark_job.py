@@ -94,9 +94,13 @@ def _parquet_files(rows_dir: str) -> list[str]:
     return found
 
 
+def _shared_storage(path: str) -> bool:
+    """A URL of storage a Spark cluster shares (hdfs://, s3a://): Spark lists and reads it, not the driver."""
+    return "://" in path
+
+
 def _has_row_files(rows_dir: str) -> bool:
-    # Shared storage for a Spark cluster (hdfs://, s3a://): let Spark look.
-    return "://" in rows_dir or bool(_parquet_files(rows_dir))
+    return _shared_storage(rows_dir) or bool(_parquet_files(rows_dir))
 
 
 def aggregate_windows(
@@ -207,7 +211,7 @@ def merge_partials(
         if end - start != size_ms:
             raise ValueError(f"window [{start}, {end}) is not {size_ms} ms long; ask only for this function's windows")
     path = os.fspath(partials_dir)
-    shared = "://" in path  # shared storage for a Spark cluster (hdfs://, s3a://): Spark lists and reads it
+    shared = _shared_storage(path)
     files = [] if shared else _parquet_files(path)
     if not starts or not (shared or files):
         return schema.empty_table()
