@@ -1,5 +1,5 @@
 import sys
 
-from eventing.cli import main
+from eventing.cli.app import main
 
 sys.exit(main())

@@ -78,5 +78,5 @@ class DlqRow:
     attempts: int
     first_failed_at: float
     last_failed_at: float
-    mutation: bytes  # the mutation itself, msgpack-encoded (see eventing.mutation)
+    mutation: bytes  # the mutation itself, msgpack-encoded (see eventing.core.mutation)
     replayed_at: float | None = None

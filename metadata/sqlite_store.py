@@ -18,9 +18,9 @@ from metadata.errors import (
     OrderViolationError,
     StoreCorruptError,
     StoreError,
-    StoreLockedError,
 )
 from metadata.model import Checkpoint, DlqRow, FunctionRecord, FunctionState, check_transition
+from metadata.sqlite_io import retry_locked, run_transaction
 
 log = logging.getLogger("eventing.metadata")
 
@@ -68,21 +68,12 @@ CREATE TABLE IF NOT EXISTS nodes(
 
 # How long one statement waits for another process's write lock before we log and retry.
 BUSY_TIMEOUT_MS = 2000
-# How long a write waits, retrying, for a lock to be released or for disk space to come back before it
-# fails: $EVENTING_STORE_WAIT_S seconds, 60 by default.
-STORE_WAIT_ENV = "EVENTING_STORE_WAIT_S"
-DEFAULT_STORE_WAIT_S = 60.0
-
 CORRUPT_RECOVERY = (
     "stop every eventing process, then restore it from a backup (replays after the restored checkpoints "
     "apply no effect twice), or move it aside and redeploy the functions (they restart from their feed "
     "boundary); see 'Damaged metadata store' in README.md"
 )
 
-# Fault injection for tests: when set, called with the file's path inside every write transaction of a
-# metadata store or a local bucket, right before COMMIT. Raising there (for example
-# sqlite3.OperationalError("database or disk is full")) fails the transaction as the storage would.
-write_fault: Callable[[Path], None] | None = None
 
 
 class SqliteMetadataStore:
@@ -540,73 +531,6 @@ class SqliteMetadataStore:
 def _node(row: tuple) -> dict:
     name, state, ray_node_id, added_at = row
     return {"name": name, "state": state, "ray_node_id": ray_node_id, "added_at": added_at}
-
-
-def retry_locked(path: Path, fn: Callable[[], T], lock_wait_s: float | None = None) -> T:
-    """Run fn; while SQLite says the file is locked, or its disk is full, warn once and retry.
-
-    Waits up to lock_wait_s (None: $EVENTING_STORE_WAIT_S, default 60s), then fails with StoreLockedError
-    or StoreError naming the fix. fn must be safe to run again: a whole transaction, its inputs in memory.
-    A caller that waits here is paused, not skipping: nothing moves past the write that failed.
-    """
-    started = time.monotonic()
-    warned = False
-    while True:
-        try:
-            return fn()
-        except sqlite3.OperationalError as exc:
-            msg = str(exc)
-            full = "full" in msg  # SQLITE_FULL: "database or disk is full"
-            if not full and "locked" not in msg and "busy" not in msg:
-                if "readonly" in msg or "unable to open" in msg or "disk" in msg:
-                    raise StoreError(
-                        f"cannot write {path}: {msg}; check permissions and free space of the data directory"
-                    ) from None
-                raise
-            wait_s = store_wait_s() if lock_wait_s is None else lock_wait_s
-            if time.monotonic() - started >= wait_s:
-                if full:
-                    raise StoreError(
-                        f"cannot write {path}: the disk is full ({msg}) and stayed full for {wait_s:.0f}s; "
-                        "free space on the data directory's file system, then start `eventing run` again "
-                        "(processing resumes after the last checkpoint)"
-                    ) from None
-                raise StoreLockedError(
-                    f"{path} stayed locked by another process for {wait_s:.0f}s; "
-                    f"stop the process holding it (see `fuser {path}`)"
-                ) from None
-            if not warned:
-                if full:
-                    log.warning("%s: the disk is full; waiting for free space (up to %.0fs)", path, wait_s)
-                else:
-                    log.warning("%s is locked by another process; waiting (up to %.0fs)", path, wait_s)
-                warned = True
-            time.sleep(0.05 if not full else 0.2)
-
-
-def run_transaction(db: sqlite3.Connection, path: Path, body: Callable[[], T]) -> T:
-    """BEGIN IMMEDIATE, body, COMMIT; on any failure (the body, an injected fault, the COMMIT itself) roll
-    back if SQLite has not already done so (it does on SQLITE_FULL), so a retry starts clean."""
-    db.execute("BEGIN IMMEDIATE")
-    try:
-        out = body()
-        if write_fault is not None:
-            write_fault(path)
-        db.execute("COMMIT")
-    except BaseException:
-        if db.in_transaction:
-            db.execute("ROLLBACK")
-        raise
-    return out
-
-
-def store_wait_s() -> float:
-    raw = os.environ.get(STORE_WAIT_ENV)
-    try:
-        return float(raw) if raw else DEFAULT_STORE_WAIT_S
-    except ValueError:
-        log.warning("%s=%r is not a number of seconds; using %.0f", STORE_WAIT_ENV, raw, DEFAULT_STORE_WAIT_S)
-        return DEFAULT_STORE_WAIT_S
 
 
 def _one_line(value: object) -> str:

@@ -19,12 +19,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import msgpack  # noqa: E402
 
-from eventing import lifecycle, loadgen  # noqa: E402
-from eventing.bucket import LocalBucket, chunked  # noqa: E402
-from eventing.definition import FunctionDefinition  # noqa: E402
-from eventing.executor import RayExecutor  # noqa: E402
+from eventing.core.definition import FunctionDefinition  # noqa: E402
 from eventing.handler import Meta  # noqa: E402
-from eventing.service import EventingService  # noqa: E402
+from eventing.runtime import lifecycle  # noqa: E402
+from eventing.runtime.executor import RayExecutor  # noqa: E402
+from eventing.runtime.service import EventingService  # noqa: E402
+from eventing.storage import loadgen  # noqa: E402
+from eventing.storage.bucket import LocalBucket, chunked  # noqa: E402
 
 HANDLER = '''
 seen = {}

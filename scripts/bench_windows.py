@@ -42,24 +42,25 @@ import msgpack  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 import ray  # noqa: E402
 
-from eventing import lifecycle, loadgen  # noqa: E402
-from eventing.aggregation.rows import read_row_batch  # noqa: E402
-from eventing.aggregation.sink import ParquetWindowSink  # noqa: E402
-from eventing.aggregation.spark_session import get_spark  # noqa: E402
-from eventing.aggregation.structured_streaming import (  # noqa: E402
+from eventing.core.definition import FunctionDefinition  # noqa: E402
+from eventing.core.mutation import OP_UPDATE  # noqa: E402
+from eventing.runtime import lifecycle  # noqa: E402
+from eventing.runtime.executor import RayExecutor, init_ray  # noqa: E402
+from eventing.runtime.service import EventingService  # noqa: E402
+from eventing.storage.metadata import open_metadata  # noqa: E402
+from eventing.storage import loadgen  # noqa: E402
+from eventing.storage.bucket import LocalBucket, chunked  # noqa: E402
+from eventing.windows.batches import read_row_batch  # noqa: E402
+from eventing.windows.runtime import host  # noqa: E402
+from eventing.windows.runtime.coordinator import WindowCoordinator  # noqa: E402
+from eventing.windows.runtime.paths import WindowPaths  # noqa: E402
+from eventing.windows.runtime.row_writer import RowLayout, WindowRowWriter  # noqa: E402
+from eventing.windows.spark.sink import ParquetWindowSink  # noqa: E402
+from eventing.windows.spark.spark_session import get_spark  # noqa: E402
+from eventing.windows.spark.structured_streaming import (  # noqa: E402
     run_structured_streaming,
     write_watermark_sentinel,
 )
-from eventing.bucket import LocalBucket, chunked  # noqa: E402
-from eventing.definition import FunctionDefinition  # noqa: E402
-from eventing.executor import RayExecutor, init_ray  # noqa: E402
-from eventing.mutation import OP_UPDATE  # noqa: E402
-from eventing.service import EventingService  # noqa: E402
-from eventing.window_runtime import host  # noqa: E402
-from eventing.window_runtime.coordinator import WindowCoordinator  # noqa: E402
-from eventing.window_runtime.paths import WindowPaths  # noqa: E402
-from eventing.window_runtime.rows import RowLayout, WindowRowWriter  # noqa: E402
-from eventing.worker import open_metadata  # noqa: E402
 
 FUNCTION = "fn_bench_windows"
 WINDOW = {

@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from eventing.output import table  # noqa: E402
+from eventing.cli.output import table  # noqa: E402
 
 COLUMNS = ("mutations", "handled", "duplicate_handler_calls", "recovery_s")
 SKIP = {"scenario", "test", *COLUMNS}

@@ -22,7 +22,7 @@ def ray_session():
     """One local Ray instance for the whole session (start-up costs seconds; keep it out of each test)."""
     import ray
 
-    from eventing.executor import init_ray
+    from eventing.runtime.executor import init_ray
 
     init_ray(num_cpus=2)
     yield ray
@@ -31,7 +31,7 @@ def ray_session():
 
 @pytest.fixture
 def ray_executor(ray_session):
-    from eventing.executor import RayExecutor
+    from eventing.runtime.executor import RayExecutor
 
     return RayExecutor()
 
@@ -40,7 +40,7 @@ def ray_executor(ray_session):
 def spark():
     """The process's one SparkSession (local[2]) for the whole session: a cold start costs ~10 s. The runtime's
     window coordinators pick up the same session through get_spark()."""
-    from eventing.aggregation.spark_session import get_spark, stop_spark
+    from eventing.windows.spark.spark_session import get_spark, stop_spark
 
     session = get_spark("local[2]")
     yield session

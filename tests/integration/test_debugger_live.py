@@ -15,11 +15,12 @@ import time
 
 import pytest
 
-from eventing import lifecycle, loadgen
-from eventing.bucket import LocalBucket, chunked
-from eventing.service import EventingService
+from eventing.runtime import lifecycle
+from eventing.runtime.service import EventingService
+from eventing.storage import loadgen
+from eventing.storage.bucket import LocalBucket, chunked
+from eventing.storage.metadata import open_metadata
 from eventing.testing import LEDGER_HANDLER, BackgroundLoop, check_ledger, ledger_definition
-from eventing.worker import open_metadata
 from sharding import NUM_VBUCKETS, vbucket_of
 
 pytestmark = pytest.mark.integration

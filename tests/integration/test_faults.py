@@ -27,11 +27,13 @@ from pathlib import Path
 
 import pytest
 
-from eventing import loadgen
-from eventing.bucket import LocalBucket, chunked
-from eventing.definition import FunctionDefinition
-from eventing.executor import InProcessExecutor
-from eventing.service import EventingService
+from eventing.core.definition import FunctionDefinition
+from eventing.ops.verify import effect_key, history_key, verify_function
+from eventing.runtime.executor import InProcessExecutor
+from eventing.runtime.service import EventingService
+from eventing.storage import loadgen
+from eventing.storage.bucket import LocalBucket, chunked
+from eventing.storage.metadata import METADATA_FILE, open_metadata
 from eventing.testing import (
     call_log_figures,
     deploy_function,
@@ -39,9 +41,7 @@ from eventing.testing import (
     load_source,
     read_call_log,
 )
-from eventing.verify import effect_key, history_key, verify_function
-from eventing.worker import METADATA_FILE, open_metadata
-from metadata import sqlite_store
+from metadata import sqlite_io
 from sharding import NUM_VBUCKETS
 
 pytestmark = pytest.mark.integration
@@ -342,7 +342,7 @@ def test_an_empty_metadata_file_runs_nothing(data_dir, figures):
 
 
 class DiskFull:
-    """A write fault (metadata.sqlite_store.write_fault): while active, transactions on the named files
+    """A write fault (metadata.sqlite_io.write_fault): while active, transactions on the named files
     (all files if none) fail as SQLite fails them on a full disk."""
 
     def __init__(self, *names: str, after: int = 0):
@@ -367,7 +367,7 @@ def test_a_full_disk_pauses_processing_until_space_returns(data_dir, tmp_path, m
     calls = tmp_path / "calls.log"
     deploy(data_dir, ledger_definition("fn_full", "src", "ledger", call_log=str(calls), sleep_ms=1, batch_size=100))
     full = DiskFull()
-    monkeypatch.setattr(sqlite_store, "write_fault", full)
+    monkeypatch.setattr(sqlite_io, "write_fault", full)
     cps = Checkpoints(data_dir, "fn_full")
     with RunningService(data_dir, InProcessExecutor()) as running:
         wait_for(lambda: cps.total() > 500, "processing is under way")
@@ -396,10 +396,10 @@ def test_a_disk_full_for_too_long_stops_cleanly_and_a_rerun_loses_nothing(
     load(data_dir, 200, 3000)
     calls = tmp_path / "calls.log"
     deploy(data_dir, ledger_definition("fn_stop", "src", "ledger", call_log=str(calls), batch_size=200))
-    monkeypatch.setenv(sqlite_store.STORE_WAIT_ENV, "1")
+    monkeypatch.setenv(sqlite_io.STORE_WAIT_ENV, "1")
     full = DiskFull("ledger.sqlite3", after=8)  # effects cannot be written: they fail mid-run
     full.active = True
-    monkeypatch.setattr(sqlite_store, "write_fault", full)
+    monkeypatch.setattr(sqlite_io, "write_fault", full)
     summary = EventingService(data_dir, InProcessExecutor(), until_caught_up=True).run()
     assert len(summary.errors) == 1
     assert "the disk is full" in summary.errors[0] and "free space" in summary.errors[0]
@@ -487,7 +487,7 @@ def test_a_real_full_disk_pauses_ray_workers_and_a_run_that_cannot_wait_stops_cl
             [sys.executable, "-m", "eventing", "--data-dir", data_dir, "run", "--until-caught-up",
              "--executor", "in-process"],
             capture_output=True, text=True, timeout=180, cwd=ROOT,
-            env={**os.environ, sqlite_store.STORE_WAIT_ENV: "1"},
+            env={**os.environ, sqlite_io.STORE_WAIT_ENV: "1"},
         )
         output = done.stdout + done.stderr
         assert done.returncode != 0 and "Traceback" not in output, output

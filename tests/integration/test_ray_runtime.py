@@ -12,9 +12,10 @@ import time
 
 import pytest
 
-from eventing import lifecycle
-from eventing.bucket import LocalBucket
-from eventing.service import EventingService
+from eventing.runtime import lifecycle
+from eventing.runtime.service import EventingService
+from eventing.storage.bucket import LocalBucket
+from eventing.storage.metadata import open_metadata
 from eventing.testing import (
     BackgroundLoop,
     check_ledger,
@@ -23,7 +24,6 @@ from eventing.testing import (
     load_source,
     read_call_log,
 )
-from eventing.worker import open_metadata
 from sharding import NUM_VBUCKETS
 
 pytestmark = pytest.mark.integration
@@ -158,7 +158,7 @@ def test_a_driver_killed_mid_run_resumes_from_its_checkpoints(data_dir, ray_sess
     driver.wait()
     assert 500 < progressed < 4000, "the driver should have been killed mid-run"
     before = {vb: cp.seqno for vb, cp in store.checkpoints("fn_d").items()}
-    from eventing.executor import RayExecutor
+    from eventing.runtime.executor import RayExecutor
 
     summary = EventingService(data_dir, RayExecutor(), until_caught_up=True).run()
     assert not summary.errors
@@ -216,7 +216,7 @@ def wait_for(predicate, what: str, timeout: float = 60.0) -> None:
 
 
 def test_a_handler_that_cannot_be_interrupted_gets_its_worker_recycled(data_dir, ray_executor):
-    from eventing.definition import FunctionDefinition
+    from eventing.core.definition import FunctionDefinition
 
     source = LocalBucket.create(data_dir, "src")
     for i in range(20):

@@ -11,13 +11,14 @@ from collections import Counter
 
 import pytest
 
-from eventing import lifecycle
-from eventing.bucket import LocalBucket
-from eventing.cli import main as cli
-from eventing.nodes import Topology
-from eventing.service import EventingService
+from eventing.cli.app import main as cli
+from eventing.runtime import lifecycle
+from eventing.runtime.nodes import Topology
+from eventing.runtime.service import EventingService
+from eventing.runtime.worker import WorkerCore, WorkerSpec
+from eventing.storage.bucket import LocalBucket
+from eventing.storage.metadata import open_metadata
 from eventing.testing import LEDGER_HANDLER, BackgroundLoop, check_ledger, ledger_definition
-from eventing.worker import WorkerCore, WorkerSpec, open_metadata
 from sharding import NUM_VBUCKETS
 from sharding.rebalance import minimum_moves
 

@@ -13,9 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from eventing.aggregation import spark_job
-from eventing.aggregation.partials import combine_rows
-from eventing.aggregation.rows import (
+from eventing.windows.batches import (
     WINDOW_END,
     WINDOW_START,
     Aggregate,
@@ -26,9 +24,11 @@ from eventing.aggregation.rows import (
     sort_results,
     write_row_batch,
 )
-from eventing.aggregation.sink import ParquetWindowSink, SqliteWindowSink, WindowSink
-from eventing.aggregation.spark_job import aggregate_windows, merge_partials
-from eventing.aggregation.structured_streaming import run_structured_streaming, write_watermark_sentinel
+from eventing.windows.spark import spark_job
+from eventing.windows.spark.partials import combine_rows
+from eventing.windows.spark.sink import ParquetWindowSink, SqliteWindowSink, WindowSink
+from eventing.windows.spark.spark_job import aggregate_windows, merge_partials
+from eventing.windows.spark.structured_streaming import run_structured_streaming, write_watermark_sentinel
 
 pytestmark = pytest.mark.integration
 
@@ -301,7 +301,7 @@ def test_windows_off_the_function_grid_are_refused(spark, rows_dir: Path) -> Non
 
 
 def test_row_batch_write_leaves_no_half_file_when_it_fails(tmp_path: Path, rows, monkeypatch) -> None:
-    import eventing.aggregation.rows as rows_module
+    import eventing.windows.batches as rows_module
 
     def crash(*_args: object) -> None:
         raise OSError("disk full")

@@ -13,19 +13,20 @@ import time
 
 import pytest
 
-from eventing import lifecycle, loadgen
-from eventing.aggregation.sink import ParquetWindowSink
-from eventing.bucket import LocalBucket
-from eventing.definition import FunctionDefinition
-from eventing.mutation import OP_UPDATE, decode_document
-from eventing.service import EventingService
+from eventing.core.definition import FunctionDefinition
+from eventing.core.mutation import OP_UPDATE, decode_document
+from eventing.runtime import lifecycle
+from eventing.runtime.service import EventingService
+from eventing.storage import loadgen
+from eventing.storage.bucket import LocalBucket
+from eventing.storage.metadata import open_metadata
 from eventing.testing import load_source
-from eventing.window_runtime.coordinator import FAULT_ENV, FAULT_EXIT_CODE
-from eventing.window_runtime.host import CLOSE_WINDOWS_ENV
-from eventing.window_runtime.paths import WindowPaths
-from eventing.window_runtime.testing import reference_results
-from eventing.windowing import WindowSpec
-from eventing.worker import open_metadata
+from eventing.testing.windows import reference_results
+from eventing.windows.runtime.coordinator import FAULT_ENV, FAULT_EXIT_CODE
+from eventing.windows.runtime.host import CLOSE_WINDOWS_ENV
+from eventing.windows.runtime.paths import WindowPaths
+from eventing.windows.semantics import WindowSpec
+from eventing.windows.spark.sink import ParquetWindowSink
 
 pytestmark = pytest.mark.integration
 

@@ -7,9 +7,9 @@ import sqlite3
 
 import pytest
 
-from eventing.bucket import EffectGroup, LocalBucket, Write
+from eventing.core.mutation import OP_DELETE, OP_UPDATE, encode_document
 from eventing.errors import ConfigError, InvalidDocumentError, InvalidKeyError, NotFoundError
-from eventing.mutation import OP_DELETE, OP_UPDATE, encode_document
+from eventing.storage.bucket import EffectGroup, LocalBucket, Write
 from sharding import vbucket_of
 
 

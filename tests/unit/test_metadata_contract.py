@@ -699,7 +699,7 @@ def test_the_factory_opens_couchbase_when_the_url_is_set(tmp_path, monkeypatch):
 
 
 def test_open_metadata_goes_through_the_factory(tmp_path, monkeypatch):
-    from eventing.worker import open_metadata
+    from eventing.storage.metadata import open_metadata
 
     monkeypatch.setenv("EVENTING_METADATA_URL", "couchbase://127.0.0.1:1/meta?username=u&password=hidden&timeout=1")
     started = time.monotonic()

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from eventing import lifecycle
-from eventing.bucket import LocalBucket
-from eventing.definition import FunctionDefinition
-from eventing.executor import InProcessExecutor
-from eventing.mutation import unpack_mutation
-from eventing.service import EventingService
+from eventing.core.definition import FunctionDefinition
+from eventing.core.mutation import unpack_mutation
+from eventing.runtime import lifecycle
+from eventing.runtime.executor import InProcessExecutor
+from eventing.runtime.service import EventingService
+from eventing.runtime.worker import WorkerCore, WorkerSpec
+from eventing.storage.bucket import LocalBucket
+from eventing.storage.metadata import open_metadata
 from eventing.testing import (
     check_ledger,
     deploy_function,
@@ -18,7 +20,6 @@ from eventing.testing import (
     load_source,
     read_call_log,
 )
-from eventing.worker import WorkerCore, WorkerSpec, open_metadata
 from sharding import NUM_VBUCKETS
 
 
@@ -289,9 +290,9 @@ def test_an_explicit_budget_is_one_batch_and_a_supervisor_step_keeps_going_while
     generation = open_metadata(data_dir).get_function("fn_s").generation
     core = WorkerCore(WorkerSpec(data_dir, "fn_s", generation, "local/w0", tuple(range(NUM_VBUCKETS))))
     assert core.step(100).handled == 100
-    monkeypatch.setattr("eventing.worker.STEP_SLICE_S", 60.0)  # the slice never runs out: only the backlog ends it
+    monkeypatch.setattr("eventing.runtime.worker.STEP_SLICE_S", 60.0)  # the slice never runs out: only the backlog ends it
     report = core.step()
     assert report.handled == 1900 and report.caught_up
-    monkeypatch.setattr("eventing.worker.STEP_SLICE_S", 0.0)  # an expired slice still takes one batch
+    monkeypatch.setattr("eventing.runtime.worker.STEP_SLICE_S", 0.0)  # an expired slice still takes one batch
     load(data_dir, 200, 300, seed=2)
     assert core.step().handled == 100

@@ -8,16 +8,17 @@ import json
 
 import pytest
 
-from eventing import lifecycle
-from eventing.bucket import LocalBucket, Write
-from eventing.cli import main
+from eventing.cli.app import main
+from eventing.core.mutation import OP_UPDATE, encode_document
 from eventing.errors import OrderViolationError
-from eventing.executor import InProcessExecutor
-from eventing.mutation import OP_UPDATE, encode_document
-from eventing.service import EventingService
+from eventing.ops.verify import effect_key, history_key, parse_effect_key, verify_function
+from eventing.runtime import lifecycle
+from eventing.runtime.executor import InProcessExecutor
+from eventing.runtime.service import EventingService
+from eventing.runtime.worker import WorkerCore, WorkerSpec
+from eventing.storage.bucket import LocalBucket, Write
+from eventing.storage.metadata import open_metadata
 from eventing.testing import LEDGER_HANDLER, check_ledger, deploy_function, ledger_definition, load_source
-from eventing.verify import effect_key, history_key, parse_effect_key, verify_function
-from eventing.worker import WorkerCore, WorkerSpec, open_metadata
 from sharding import NUM_VBUCKETS
 
 

@@ -12,28 +12,28 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from eventing import lifecycle
-from eventing.aggregation.sink import ParquetWindowSink
-from eventing.bucket import LocalBucket
-from eventing.definition import FunctionDefinition
+from eventing.core.definition import FunctionDefinition
+from eventing.core.mutation import OP_UPDATE, Mutation, decode_document, unpack_mutation
 from eventing.errors import FencedError
-from eventing.executor import InProcessExecutor
-from eventing.mutation import OP_UPDATE, Mutation, decode_document, unpack_mutation
-from eventing.service import EventingService
+from eventing.runtime import lifecycle
+from eventing.runtime.executor import InProcessExecutor
+from eventing.runtime.service import EventingService
+from eventing.storage.bucket import LocalBucket
+from eventing.storage.metadata import open_metadata
 from eventing.testing import load_source
-from eventing.window_runtime import coordinator as coordinator_module
-from eventing.window_runtime import host
-from eventing.window_runtime.coordinator import WindowCoordinator, _has_duplicate_rows
-from eventing.window_runtime.paths import WindowPaths
-from eventing.window_runtime.rows import RowLayout, WindowRowWriter
-from eventing.window_runtime.testing import (
+from eventing.testing.windows import (
     ManualClock,
     assert_same_results,
     python_aggregator,
     reference_results,
 )
-from eventing.windowing import WindowSpec
-from eventing.worker import open_metadata
+from eventing.windows.runtime import coordinator as coordinator_module
+from eventing.windows.runtime import host
+from eventing.windows.runtime.coordinator import WindowCoordinator, _has_duplicate_rows
+from eventing.windows.runtime.paths import WindowPaths
+from eventing.windows.runtime.row_writer import RowLayout, WindowRowWriter
+from eventing.windows.semantics import WindowSpec
+from eventing.windows.spark.sink import ParquetWindowSink
 from sharding import vbucket_of
 
 MIN = 60_000
@@ -449,7 +449,7 @@ def test_count_of_a_field_counts_documents_where_it_is_present(data_dir):
      (1_767_225_600.0, None), (float("inf"), "finite"), (10**20, "outside years")],
 )
 def test_event_times_are_integer_epoch_milliseconds(value, reason):
-    from eventing.window_runtime.rows import event_time_of
+    from eventing.windows.runtime.row_writer import event_time_of
 
     t, why = event_time_of({"ts": value}, "ts")
     if reason is None:

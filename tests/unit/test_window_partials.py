@@ -8,9 +8,9 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eventing.aggregation.partials import combine_rows, merge_partial_tables, partial_schema
-from eventing.aggregation.rows import build_row_batch, row_schema
-from eventing.window_runtime.testing import python_aggregate
+from eventing.testing.windows import python_aggregate
+from eventing.windows.batches import build_row_batch, row_schema
+from eventing.windows.spark.partials import combine_rows, merge_partial_tables, partial_schema
 
 GROUP_BY = ["g"]
 AGGREGATES = [

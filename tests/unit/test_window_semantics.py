@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from eventing.windowing import (
+from eventing.windows.semantics import (
     Aggregate,
     WatermarkTracker,
     Window,

@@ -1,0 +1,161 @@
+"""`eventing node add|remove|list` and `eventing rebalance [--dry-run]`."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from eventing.cli.output import emit_json, table
+from eventing.errors import ConfigError, LifecycleError
+from eventing.runtime.lifecycle import SERVICE_STALE_S
+from eventing.runtime.nodes import Topology
+from eventing.storage.metadata import open_metadata
+from sharding import format_ranges
+from sharding.rebalance import RebalanceError, RebalancePlan, assign_function
+
+
+def _topology(args: argparse.Namespace) -> Topology:
+    from eventing.cli.app import writable_data_dir
+
+    return Topology(open_metadata(writable_data_dir(args)))
+
+
+def cmd_node_add(args: argparse.Namespace) -> int:
+    node = _topology(args).add_node(args.name, args.ray_node_id)
+    if args.json:
+        emit_json(node)
+    else:
+        print(f"node '{args.name}' is {node['state']}; run `eventing rebalance` to give it vBuckets")
+    return 0
+
+
+def cmd_node_remove(args: argparse.Namespace) -> int:
+    node = _topology(args).remove_node(args.name)
+    if args.json:
+        emit_json(node)
+    elif node["state"] == "removed":
+        print(f"node '{args.name}' owned nothing and is removed")
+    else:
+        print(f"node '{args.name}' is leaving; run `eventing rebalance` to move its vBuckets away")
+    return 0
+
+
+def cmd_node_list(args: argparse.Namespace) -> int:
+    topology = _topology(args)
+    counts = topology.node_plan().counts()
+    nodes = [{**n, "vbuckets": counts.get(n["name"], 0)} for n in topology.nodes()]
+    request = topology.request()
+    if args.json:
+        emit_json({"nodes": nodes, "last_rebalance": request})
+        return 0
+    print(table(["node", "state", "vBuckets", "ray node"],
+                [[n["name"], n["state"], n["vbuckets"], n["ray_node_id"]] for n in nodes]))
+    if request:
+        print(f"last rebalance {request['id']}: {request['status']}")
+    return 0
+
+
+def describe_plan(topology: Topology, plan: RebalancePlan) -> dict[str, Any]:
+    """Per node and per worker counts before and after, and the list of moves, for every function."""
+    functions = {}
+    for record in topology.store.list_functions():
+        from eventing.runtime.nodes import function_assignment
+
+        count = record.definition.get("worker_count", 1)
+        before = function_assignment(topology.store, record.name, count, plan.before or plan.after)
+        after = assign_function(plan.after, count, before, nodes=list(plan.nodes))
+        functions[record.name] = {
+            "before": {str(w): n for w, n in before.counts().items() if n},
+            "after": {str(w): n for w, n in after.counts().items()},
+            "worker_moves": sum(1 for a, b in zip(before.owners, after.owners, strict=True) if a != b),
+        }
+    return {
+        "nodes_before": plan.counts_before(),
+        "nodes_after": plan.counts_after(),
+        "moves": plan.move_count,
+        "move_groups": [
+            {"from": a, "to": b, "vbuckets": len(vbs), "ranges": format_ranges(vbs)}
+            for (a, b), vbs in plan.move_groups().items()
+        ],
+        "functions": functions,
+    }
+
+
+def cmd_rebalance(args: argparse.Namespace) -> int:
+    topology = _topology(args)
+    try:
+        plan = topology.plan()
+    except RebalanceError as exc:
+        raise ConfigError(str(exc)) from None
+    described = describe_plan(topology, plan)
+    if not args.dry_run:
+        topology.check_can_rebalance()
+    if not args.json:
+        _print_plan(described)
+    if args.dry_run:
+        if args.json:
+            emit_json({"dry_run": True, **described})
+        return 0
+    if plan.move_count == 0 and not plan.joined() and not plan.departed():
+        if args.json:
+            emit_json({"status": "nothing to do", **described})
+        else:
+            print("nothing to move")
+        return 0
+    request = topology.request_rebalance(plan)
+    services = topology.store.live_services(SERVICE_STALE_S)
+    if not services:
+        # No service holds vBuckets: the new plan applies when workers next start.
+        topology.complete(request["owners"])
+        request = topology.update_request(request, status="done", seconds=0.0, longest_unowned_ms=0.0,
+                                          note="no service was running; the plan applies at the next start")
+    else:
+        if not args.json:
+            print(f"rebalance {request['id']} handed to the running service; waiting", flush=True)
+        deadline = time.monotonic() + args.wait
+        while True:
+            request = topology.request() or request
+            if request["status"] == "done":
+                break
+            if time.monotonic() > deadline:
+                raise LifecycleError(
+                    f"rebalance {request['id']} is still {request['status']} after {args.wait:.0f}s; "
+                    "the service carries on; check `eventing node list`"
+                )
+            time.sleep(0.1)
+    if args.json:
+        emit_json({**described, "result": request})
+    else:
+        print(f"rebalance {request['id']} done in {request.get('seconds', 0):.2f}s; "
+              f"longest time a vBucket had no owner: {request.get('longest_unowned_ms', 0):.0f} ms")
+    return 0
+
+
+def _print_plan(d: dict[str, Any]) -> None:
+    print("nodes (vBuckets before -> after):")
+    for node, before in d["nodes_before"].items():
+        print(f"  {node}: {before} -> {d['nodes_after'].get(node, 0)}")
+    print(f"moves: {d['moves']} vBuckets")
+    for g in d["move_groups"]:
+        print(f"  {g['from']} -> {g['to']}: {g['vbuckets']} ({g['ranges']})")
+    for name, f in d["functions"].items():
+        after = ", ".join(f"{w}={n}" for w, n in f["after"].items())
+        print(f"  {name}: {f['worker_moves']} worker handoffs; after: {after}")
+
+
+def register(sub: Any, add: Any) -> None:
+    node = sub.add_parser("node", help="eventing nodes: add, remove, list", description="Eventing nodes.")
+    nsub = node.add_subparsers(dest="node_command", metavar="ACTION", required=True)
+    p = add("add", cmd_node_add, "add a node (it joins at the next rebalance)", nsub)
+    p.add_argument("name")
+    p.add_argument("--ray-node-id", help="pin this node's workers to a Ray node (see `ray list nodes`)")
+    p = add("remove", cmd_node_remove, "remove a node (it leaves at the next rebalance)", nsub)
+    p.add_argument("name")
+    add("list", cmd_node_list, "nodes, their states and vBucket counts", nsub)
+    p = add("rebalance", cmd_rebalance, "plan (and without --dry-run carry out) the minimal-move vBucket rebalance")
+    p.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
+    p.add_argument("--wait", type=float, default=120.0, help="seconds to wait for a running service (default 120)")
+
+
+__all__ = ["register"]

@@ -1,0 +1,145 @@
+"""Function definitions: what a user declares about a handler, validated, with JSON import and export."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field, replace
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Literal
+
+from eventing.core import durations
+from eventing.core.names import check_bucket_name
+from eventing.errors import ConfigError
+
+FUNCTION_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,99}$")
+ALIAS = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+Boundary = Literal["everything", "from_now"]
+Access = Literal["r", "rw"]
+
+def parse_duration(value: Any, field_name: str, function: str) -> timedelta:
+    """eventing.core.durations.parse_duration (the rule window sizes follow too), as a ConfigError."""
+    try:
+        return durations.parse_duration(value, field=field_name)
+    except durations.DurationError as exc:
+        raise ConfigError(f"function '{function}' {exc}") from None
+
+
+@dataclass(frozen=True)
+class Binding:
+    """A bucket alias visible to the handler as a global, used like a dict."""
+
+    alias: str
+    bucket: str
+    access: Access = "r"
+
+
+@dataclass(frozen=True)
+class FunctionDefinition:
+    name: str
+    source_bucket: str
+    handler: str = ""  # where the handler came from (file path or module), for humans
+    bindings: tuple[Binding, ...] = ()
+    constants: dict[str, Any] = field(default_factory=dict)  # constant bindings: alias -> JSON value
+    worker_count: int = 1
+    boundary: Boundary = "everything"
+    checkpoint_interval: timedelta = timedelta(seconds=1)
+    execution_timeout: timedelta = timedelta(seconds=60)
+    batch_size: int = 1000  # mutations a worker handles before flushing their effects; a step takes one or more
+    retries: int = 0  # extra attempts after a handler error before the mutation goes to the DLQ
+    retry_backoff: timedelta = timedelta(milliseconds=100)  # doubles after each attempt
+    max_document_bytes: int = 1024 * 1024  # larger documents go to the DLQ as `oversize`
+    description: str = ""
+    window: dict[str, Any] | None = None  # event-time aggregation, see eventing.windows.semantics
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> FunctionDefinition:
+        if not isinstance(data, dict):
+            raise ConfigError("a function definition must be a JSON object")
+        known = set(cls.__dataclass_fields__) | {"handler_source"}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(
+                f"unknown field(s) {', '.join(unknown)} in the definition of function "
+                f"'{data.get('name', '?')}'; known fields: {', '.join(sorted(cls.__dataclass_fields__))}"
+            )
+        for required in ("name", "source_bucket"):
+            if not data.get(required):
+                raise ConfigError(f"function definition needs '{required}'")
+        name = data["name"]
+        if not isinstance(name, str) or not FUNCTION_NAME.match(name):
+            raise ConfigError(
+                f"function name {name!r} is not valid; use a letter then letters, digits, '_' or '-' (max 100)"
+            )
+        check_bucket_name(data["source_bucket"])
+        bindings = []
+        for raw in data.get("bindings", []):
+            if isinstance(raw, str):  # "alias=bucket:rw"
+                alias, _, rest = raw.partition("=")
+                bucket, _, access = rest.partition(":")
+                raw = {"alias": alias, "bucket": bucket, "access": access or "r"}
+            b = Binding(raw.get("alias", ""), raw.get("bucket", ""), raw.get("access", "r"))
+            if not ALIAS.match(b.alias):
+                raise ConfigError(f"binding alias {b.alias!r} of function '{name}' is not a Python identifier")
+            check_bucket_name(b.bucket)
+            if b.access not in ("r", "rw"):
+                raise ConfigError(f"binding '{b.alias}' of function '{name}' has access {b.access!r}; use 'r' or 'rw'")
+            bindings.append(b)
+        aliases = [b.alias for b in bindings] + list(data.get("constants", {}))
+        if len(set(aliases)) != len(aliases):
+            raise ConfigError(f"function '{name}' binds the same alias twice; aliases must be unique")
+        kwargs = dict(data)
+        kwargs.pop("handler_source", None)
+        kwargs["bindings"] = tuple(bindings)
+        for key in ("checkpoint_interval", "execution_timeout", "retry_backoff"):
+            if key in kwargs:
+                kwargs[key] = parse_duration(kwargs[key], key, name)
+        for key, low in (("worker_count", 1), ("batch_size", 1), ("retries", 0), ("max_document_bytes", 1)):
+            if key in kwargs and (not isinstance(kwargs[key], int) or kwargs[key] < low):
+                raise ConfigError(f"{key} of function '{name}' must be an integer >= {low}, not {kwargs[key]!r}")
+        if kwargs.get("worker_count", 1) > 64:
+            raise ConfigError(f"worker_count of function '{name}' is {kwargs['worker_count']}; the maximum is 64")
+        if kwargs.get("boundary", "everything") not in ("everything", "from_now"):
+            raise ConfigError(f"boundary of function '{name}' must be 'everything' or 'from_now'")
+        if kwargs.get("execution_timeout", timedelta(seconds=1)).total_seconds() <= 0:
+            raise ConfigError(f"execution_timeout of function '{name}' must be positive")
+        return cls(**kwargs)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["bindings"] = [asdict(b) for b in self.bindings]
+        for key in ("checkpoint_interval", "execution_timeout", "retry_backoff"):
+            out[key] = durations.format_duration(getattr(self, key))
+        if out["window"] is None:
+            del out["window"]
+        return out
+
+    def with_boundary(self, boundary: Boundary | None) -> FunctionDefinition:
+        return self if boundary is None else replace(self, boundary=boundary)
+
+
+def load_definition_file(path: str | Path) -> tuple[FunctionDefinition, str]:
+    """Read a definition JSON; its `handler` is a path relative to the JSON file, or `handler_source` inline."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"definition file {path} does not exist") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"definition file {path} is not valid JSON ({exc})") from None
+    if isinstance(data, dict) and "handler_source" in data:
+        source = data["handler_source"]
+    else:
+        handler = data.get("handler") if isinstance(data, dict) else None
+        if not handler:
+            raise ConfigError(f"definition file {path} names no 'handler' file; add \"handler\": \"my_handler.py\"")
+        handler_path = (path.parent / handler).resolve()
+        try:
+            source = handler_path.read_text()
+        except OSError as exc:
+            raise ConfigError(
+                f"handler file {handler_path} of definition {path} cannot be read ({exc.strerror}); fix 'handler'"
+            ) from None
+    return FunctionDefinition.from_dict(data), source

@@ -1,0 +1,17 @@
+"""Names users give things: buckets (function names are checked by the definition)."""
+
+from __future__ import annotations
+
+import re
+
+from eventing.errors import ConfigError
+
+BUCKET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.%-]{0,99}$")
+
+
+def check_bucket_name(name: str) -> None:
+    if not BUCKET_NAME.match(name or ""):
+        raise ConfigError(
+            f"bucket name {name!r} is not valid; use 1-100 letters, digits, '_', '-', '.' or '%', "
+            "starting with a letter or digit"
+        )

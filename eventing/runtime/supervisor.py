@@ -1,0 +1,396 @@
+"""Runs one deployed function: starts its workers per the vBucket assignment, keeps them stepping with
+bounded credits, restarts dead workers from their checkpoints, hands vBuckets over live on rebalance,
+and stops them cleanly (checkpoint, release)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from eventing.core.definition import FunctionDefinition
+from eventing.errors import EventingError
+from eventing.runtime.executor import Executor, WorkerDied
+from eventing.runtime.worker import StepReport, WorkerSpec
+from eventing.storage.bucket import LocalBucket
+from metadata import FunctionRecord
+from sharding.rebalance import FunctionAssignment, assign_function, function_moves
+
+log = logging.getLogger("eventing.runtime.supervisor")
+
+# Outstanding step calls per worker. Two hide the ~0.7 ms Ray round trip; the bound on work in flight
+# is workers x CREDITS x batch_size mutations (credit-based flow control, as in Flink).
+CREDITS = 2
+IDLE_POLL_S = 0.05  # a caught-up worker is asked again after this long
+RESTART_BACKOFF_S = (0.2, 1.0, 2.0, 5.0)
+
+
+@dataclass
+class WorkerSlot:
+    spec: WorkerSpec
+    node: str
+    handle: Any = None
+    starting: Any = None  # future of the "start" call
+    inflight: list[Any] = field(default_factory=list)
+    ready: bool = False
+    caught_up: bool = False
+    backlog: int = 0
+    restarts: int = 0
+    next_step_at: float = 0.0
+    started_at: float = 0.0
+    pid: int | None = None  # the worker's process, once started
+    respawn_at: float | None = None  # a dead worker is started again at this time
+    leaving: bool = False  # on a departing node: stopped once its vBuckets are handed over
+
+
+@dataclass
+class Handoff:
+    """One live rebalance of this function: vBuckets leave old workers, then are claimed by new ones."""
+
+    target: FunctionAssignment
+    started_at: float
+    outgoing: dict[str, list[int]]  # old worker -> vBuckets it must release
+    incoming: dict[str, list[int]]  # new worker -> vBuckets it will claim
+    released_at: dict[int, float] = field(default_factory=dict)
+    claimed_at: dict[int, float] = field(default_factory=dict)
+    waiting: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))  # released, not yet claimed
+    calls: dict[Any, tuple[str, str, list[int]]] = field(default_factory=dict)  # future -> (kind, worker, vbs)
+    revokes_issued: bool = False
+    released_from: float = 0.0  # when the first revoke was sent (new workers were up by then)
+    finished_at: float | None = None
+
+    @property
+    def moves(self) -> int:
+        return sum(len(v) for v in self.incoming.values())
+
+    def longest_unowned_s(self) -> float:
+        gaps = [self.claimed_at[vb] - t for vb, t in self.released_at.items() if vb in self.claimed_at]
+        return max(gaps, default=0.0)
+
+
+class FunctionSupervisor:
+    def __init__(
+        self,
+        data_dir: str,
+        record: FunctionRecord,
+        executor: Executor,
+        assignment: FunctionAssignment,
+        *,
+        until_caught_up: bool = False,
+        placements: dict[str, str | None] | None = None,
+    ):
+        self.data_dir = data_dir
+        self.record = record
+        self.name = record.name
+        self.defn = FunctionDefinition.from_dict(record.definition)
+        self.executor = executor
+        self.until_caught_up = until_caught_up
+        self.placements = placements or {}
+        targets = None
+        if until_caught_up:
+            source = LocalBucket.open(data_dir, self.defn.source_bucket)
+            targets = tuple(source.high_seqnos())
+            source.close()
+        self.targets = targets
+        self.assignment = assignment
+        self.slots: dict[str, WorkerSlot] = {}
+        for worker in assignment.workers():
+            self._add_slot(str(worker), worker.node, assignment.vbuckets_of(worker))
+        self.handled = 0
+        self.error: EventingError | None = None
+        self.started_at = time.monotonic()
+        self.handoff: Handoff | None = None
+        self.last_handoff: Handoff | None = None
+        # Fault-injection points for tests: called with (worker id, vBuckets) right after a release or claim.
+        self.after_release: Callable[[str, list[int]], None] | None = None
+        self.after_claim: Callable[[str, list[int]], None] | None = None
+        self._future_owner: dict[Any, str] = {}
+
+    def _add_slot(self, wid: str, node: str, vbuckets: list[int]) -> WorkerSlot:
+        spec = WorkerSpec(self.data_dir, self.name, self.record.generation, wid, tuple(vbuckets), self.targets)
+        slot = self.slots[wid] = WorkerSlot(spec, node)
+        return slot
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        for slot in self.slots.values():
+            self._spawn(slot)
+
+    def _spawn(self, slot: WorkerSlot) -> None:
+        slot.handle = self.executor.start_worker(slot.spec, self.placements.get(slot.node))
+        slot.starting = slot.handle.call("start")
+        slot.ready = False
+        slot.inflight = []
+        slot.started_at = time.monotonic()
+        self._future_owner[slot.starting] = slot.spec.worker_id
+
+    @property
+    def ready(self) -> bool:
+        return all(s.ready for s in self.slots.values())
+
+    @property
+    def done(self) -> bool:
+        return self.error is not None or (
+            self.until_caught_up
+            and self.handoff is None
+            and all(s.ready and s.caught_up and not s.inflight for s in self.slots.values())
+        )
+
+    @property
+    def backlog(self) -> int:
+        return sum(s.backlog for s in self.slots.values())
+
+    @property
+    def restarts(self) -> int:
+        return sum(s.restarts for s in self.slots.values())
+
+    def pump(self, timeout: float = 0.1) -> int:
+        """Submit steps where credits allow, wait up to `timeout` for results, handle them. Returns handled."""
+        now = time.monotonic()
+        for slot in self.slots.values():
+            if slot.respawn_at is not None and now >= slot.respawn_at:
+                slot.respawn_at = None
+                self._spawn(slot)
+            if not slot.ready or slot.handle is None or not slot.spec.vbuckets:
+                continue
+            if self.until_caught_up and slot.caught_up:
+                continue
+            while len(slot.inflight) < CREDITS and now >= slot.next_step_at:
+                fut = slot.handle.call("step")
+                slot.inflight.append(fut)
+                self._future_owner[fut] = slot.spec.worker_id
+                if slot.caught_up:
+                    break  # an idle worker gets one probe at a time
+        pending = [f for s in self.slots.values() for f in ([s.starting] if s.starting is not None else []) + s.inflight]
+        if self.handoff is not None:
+            pending.extend(self.handoff.calls)
+        before = self.handled
+        for fut in self.executor.wait(pending, timeout):
+            self._settle(fut)
+        return self.handled - before
+
+    def _settle(self, fut: Any) -> None:
+        if self.handoff is not None and fut in self.handoff.calls:
+            self._settle_handoff(fut)
+            return
+        wid = self._future_owner.pop(fut, None)
+        if wid is None:
+            return
+        slot = self.slots[wid]
+        try:
+            value = self.executor.result(fut)
+        except WorkerDied as exc:
+            self._restart(slot, str(exc))
+            return
+        except EventingError as exc:
+            log.error("function %s worker %s failed: %s", self.name, wid, exc)
+            self.error = exc
+            if fut is slot.starting:
+                slot.starting = None
+            elif fut in slot.inflight:
+                slot.inflight.remove(fut)
+            return
+        if fut is slot.starting:
+            slot.starting = None
+            slot.ready = True
+            slot.pid = value
+            self._issue_revokes()
+            self._claim_waiting(wid)
+            return
+        slot.inflight.remove(fut)
+        report: StepReport = value
+        self.handled += report.handled
+        slot.caught_up = report.caught_up
+        slot.backlog = report.backlog
+        if report.fenced:
+            log.warning("function %s worker %s lost %d vBuckets to a newer owner", self.name, wid, len(report.fenced))
+        if report.handled == 0:
+            slot.next_step_at = time.monotonic() + IDLE_POLL_S
+
+    def _restart(self, slot: WorkerSlot, why: str) -> None:
+        for fut in slot.inflight + ([slot.starting] if slot.starting is not None else []):
+            self._future_owner.pop(fut, None)
+        delay = RESTART_BACKOFF_S[min(slot.restarts, len(RESTART_BACKOFF_S) - 1)]
+        slot.restarts += 1
+        log.warning(
+            "function %s worker %s died (%s); restarting from its checkpoints in %.1fs",
+            self.name, slot.spec.worker_id, why, delay,
+        )
+        if slot.handle is not None:
+            self.executor.kill(slot.handle)
+        # Respawned by pump() once the backoff has passed: the service loop never sleeps here, so the
+        # function's other workers (and other functions) keep flowing meanwhile.
+        slot.handle = None
+        slot.starting = None
+        slot.inflight = []
+        slot.ready = False
+        slot.caught_up = False
+        slot.respawn_at = time.monotonic() + delay
+
+    # -- live rebalance -----------------------------------------------------------------------------
+
+    def start_rebalance(self, node_owners: tuple[str, ...], nodes: list[str]) -> Handoff:
+        """Begin handing vBuckets over to match the new node plan; other vBuckets keep flowing.
+
+        For each moving vBucket: its old worker finishes the step it started, flushes effects, writes its
+        checkpoint and releases (revoke_vbuckets); then the new worker claims it with a higher epoch and
+        resumes right after that checkpoint (assign_vbuckets). Calls on one actor run in order, so the
+        revoke lands between two steps and nothing of that vBucket is handled twice or out of order.
+        """
+        from sharding import VBucketPlan
+
+        target = assign_function(VBucketPlan(node_owners), self.defn.worker_count, self.assignment, nodes=nodes)
+        handoff = Handoff(target, time.monotonic(), defaultdict(list), defaultdict(list))
+        for move in function_moves(self.assignment, target):
+            assert move.from_worker is not None
+            handoff.outgoing[str(move.from_worker)].append(move.vb)
+            handoff.incoming[str(move.to_worker)].append(move.vb)
+        for worker in target.workers():
+            wid = str(worker)
+            if wid not in self.slots:
+                self._spawn(self._add_slot(wid, worker.node, []))
+        for slot in self.slots.values():
+            slot.leaving = slot.node not in nodes
+        self.handoff = handoff
+        self.assignment = target
+        self._issue_revokes()
+        return handoff
+
+    def _issue_revokes(self) -> None:
+        """Release moving vBuckets only once every receiving worker is up: a new actor takes seconds to
+        start, and a vBucket should not wait that long without an owner."""
+        handoff = self.handoff
+        if handoff is None or handoff.revokes_issued:
+            return
+        if not all(self.slots[wid].ready for wid in handoff.incoming):
+            return
+        handoff.revokes_issued = True
+        handoff.released_from = time.monotonic()
+        for wid, vbs in handoff.outgoing.items():
+            slot = self.slots[wid]
+            slot.spec = replace(slot.spec, vbuckets=tuple(vb for vb in slot.spec.vbuckets if vb not in set(vbs)))
+            if slot.handle is None:
+                self._released(wid, vbs)  # down (waiting to respawn): its last checkpoint stands
+            else:
+                handoff.calls[slot.handle.call("revoke_vbuckets", vbs)] = ("revoke", wid, vbs)
+        self._maybe_finish()
+
+    def _settle_handoff(self, fut: Any) -> None:
+        handoff = self.handoff
+        assert handoff is not None
+        kind, wid, vbs = handoff.calls.pop(fut)
+        now = time.monotonic()
+        try:
+            self.executor.result(fut)
+        except WorkerDied as exc:
+            if kind == "revoke":
+                # The old owner died before releasing: its last checkpoint stands, and the new owner's
+                # higher epoch fences it should it come back. Restart it for what it still owns.
+                log.warning("function %s worker %s died while releasing (%s)", self.name, wid, exc)
+                self._restart_if_needed(wid, str(exc))
+            else:
+                # The new owner died before its first checkpoint: its restart claims again (its spec
+                # already lists the vBuckets) and resumes after the old owner's checkpoint.
+                self._restart(self.slots[wid], str(exc))
+                for vb in vbs:
+                    handoff.claimed_at.setdefault(vb, time.monotonic())
+                self._maybe_finish()
+                return
+        except EventingError as exc:
+            self.error = exc
+            return
+        if kind == "revoke":
+            self._released(wid, vbs)
+            if self.after_release is not None:
+                self.after_release(wid, vbs)
+        else:
+            for vb in vbs:
+                handoff.claimed_at[vb] = now
+            self.slots[wid].caught_up = False
+            if self.after_claim is not None:
+                self.after_claim(wid, vbs)
+        self._maybe_finish()
+
+    def _released(self, wid: str, vbs: list[int]) -> None:
+        """vBuckets left their old worker: queue each for its new worker and claim where it is up."""
+        handoff = self.handoff
+        assert handoff is not None
+        now = time.monotonic()
+        gone = set(vbs)
+        for vb in vbs:
+            handoff.released_at[vb] = now
+        for new_wid, new_vbs in handoff.incoming.items():
+            released = [vb for vb in new_vbs if vb in gone]
+            if released:
+                handoff.waiting[new_wid].extend(released)
+                self._claim_waiting(new_wid)
+
+    def _restart_if_needed(self, wid: str, why: str) -> None:
+        slot = self.slots[wid]
+        if slot.spec.vbuckets:
+            self._restart(slot, why)
+
+    def _claim_waiting(self, wid: str) -> None:
+        """Hand released vBuckets to their new worker once it is up."""
+        handoff = self.handoff
+        if handoff is None or not handoff.waiting.get(wid):
+            return
+        slot = self.slots[wid]
+        if not slot.ready:
+            return
+        vbs = handoff.waiting.pop(wid)
+        slot.spec = replace(slot.spec, vbuckets=tuple(sorted(set(slot.spec.vbuckets) | set(vbs))))
+        handoff.calls[slot.handle.call("assign_vbuckets", vbs)] = ("assign", wid, vbs)
+
+    def _maybe_finish(self) -> None:
+        handoff = self.handoff
+        if handoff is None or not handoff.revokes_issued or handoff.calls or any(handoff.waiting.values()):
+            return
+        if len(handoff.claimed_at) < handoff.moves:
+            return
+        handoff.finished_at = time.monotonic()
+        for wid, slot in list(self.slots.items()):
+            if slot.leaving and not slot.spec.vbuckets:
+                self._end_slot(wid)
+        self.last_handoff, self.handoff = handoff, None
+        log.info(
+            "function %s rebalanced: %d vBuckets moved in %.2fs, longest unowned %.0f ms",
+            self.name, handoff.moves, handoff.finished_at - handoff.started_at, handoff.longest_unowned_s() * 1000,
+        )
+
+    def _end_slot(self, wid: str) -> None:
+        slot = self.slots.pop(wid)
+        for fut in slot.inflight:
+            self._future_owner.pop(fut, None)
+        if slot.handle is not None:
+            self.executor.kill(slot.handle)
+
+    # -- stopping -----------------------------------------------------------------------------------
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Let in-flight steps finish, then checkpoint and release every vBucket, then end the workers."""
+        deadline = time.monotonic() + timeout
+        while self.handoff is not None and time.monotonic() < deadline:
+            self.pump(0.2)
+        for slot in self.slots.values():
+            while (slot.inflight or slot.starting is not None) and time.monotonic() < deadline:
+                for fut in self.executor.wait(list(slot.inflight) + ([slot.starting] if slot.starting else []), 0.5):
+                    self._settle(fut)
+        stops = {}
+        for wid, slot in self.slots.items():
+            if slot.handle is not None and slot.ready:
+                stops[wid] = slot.handle.call("stop")
+        for wid, fut in stops.items():
+            try:
+                self.executor.wait([fut], max(0.1, deadline - time.monotonic()))
+                self.executor.result(fut)
+            except (WorkerDied, EventingError) as exc:
+                log.warning("function %s worker %s did not stop cleanly (%s); its checkpoints stand", self.name, wid, exc)
+        for slot in self.slots.values():
+            if slot.handle is not None:
+                self.executor.kill(slot.handle)
+                slot.handle = None

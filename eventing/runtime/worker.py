@@ -1,0 +1,481 @@
+"""One worker of one function: owns vBuckets, streams their mutations from the source in seqno order,
+calls the handler, flushes binding effects and commits checkpoints.
+
+`WorkerCore` is a plain class so tests can drive it in-process; `eventing.runtime.executor` wraps it in a Ray actor.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import traceback
+from collections import Counter
+from dataclasses import dataclass, field
+
+import msgpack
+
+from eventing.core.definition import FunctionDefinition
+from eventing.core.mutation import OP_EXPIRE, OP_UPDATE, Mutation, pack_mutation
+from eventing.errors import FencedError, OrderViolationError, StoreError
+from eventing.handler import DeleteOptions, Meta
+from eventing.runtime.bindings import BucketBinding, EffectBuffer
+from eventing.runtime.loader import load_handler
+from eventing.storage.bucket import LocalBucket
+from eventing.storage.metadata import open_metadata
+from eventing.windows.runtime.row_writer import WindowRowWriter
+from metadata import DlqRow
+
+HANG_GRACE_S = 2.0  # past execution_timeout, how long a handler SIGALRM could not stop may still run
+
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    data_dir: str
+    function: str
+    generation: int  # the deployment this worker serves; a redeploy makes it stale
+    worker_id: str  # "node/wN", recorded as the owner of its vBuckets
+    vbuckets: tuple[int, ...]
+    targets: tuple[int, ...] | None = None  # stop at these seqnos (index = vBucket): --until-caught-up
+
+
+@dataclass
+class StepReport:
+    worker_id: str
+    handled: int = 0  # mutations whose position advanced in this step
+    caught_up: bool = False  # every owned vBucket reached its target (or the high seqno)
+    backlog: int = 0  # mutations known to be waiting in owned vBuckets after this step
+    fenced: list[int] = field(default_factory=list)  # vBuckets lost to a newer owner
+    owned: int = 0
+
+
+# A supervisor's step keeps taking batches this long while the worker is behind: ~10 round trips a
+# second instead of one per batch_size mutations, each of which costs the worker and the driver CPU.
+STEP_SLICE_S = 0.1
+
+
+class HandlerTimeout(Exception):
+    pass
+
+
+class WorkerCore:
+    """Processes its vBuckets strictly in seqno order; every write it makes is fenced by its epochs."""
+
+    def __init__(self, spec: WorkerSpec, *, recycle_on_hang: bool = False):
+        self.spec = spec
+        self.name = spec.function
+        self.store = open_metadata(spec.data_dir, create=False)
+        record = self.store.get_function(spec.function)
+        if record.generation != spec.generation:
+            raise FencedError(
+                f"function '{spec.function}' was redeployed (generation {record.generation}, "
+                f"worker for {spec.generation}); this worker stops"
+            )
+        self.defn = FunctionDefinition.from_dict(record.definition)
+        self.source = LocalBucket.open(spec.data_dir, self.defn.source_bucket)
+        self.bindings: list[BucketBinding] = []
+        injected: dict[str, object] = dict(self.defn.constants)
+        buffers: dict[str, EffectBuffer] = {}
+        for b in self.defn.bindings:
+            bucket = (
+                self.source if b.bucket == self.defn.source_bucket else LocalBucket.open(spec.data_dir, b.bucket)
+            )
+            buffer = buffers.setdefault(b.bucket, EffectBuffer())  # aliases of one bucket share writes
+            binding = BucketBinding(b.alias, bucket, b.access, self.name, buffer)
+            injected[b.alias] = binding
+            self.bindings.append(binding)
+        self.rw_bindings = [b for b in self.bindings if b.access == "rw"]
+        module = load_handler(self.name, record.source, injected, windowed=self.defn.window is not None)
+        self.on_update = module.__dict__.get("on_update")
+        self.on_delete = module.__dict__.get("on_delete")
+        self.keyspace = {"bucket_name": self.defn.source_bucket, "scope_name": "_default", "collection_name": "_default"}
+        self.timeout_s = self.defn.execution_timeout.total_seconds()
+        self.max_bytes = self.defn.max_document_bytes
+        self.positions: dict[int, int] = {}  # vb -> last handled seqno
+        self.committed: dict[int, int] = {}  # vb -> last checkpointed seqno
+        self.epochs: dict[int, int] = {}
+        self.targets = spec.targets
+        self.counters: Counter[str] = Counter()
+        self.window_rows = WindowRowWriter.attach(self)  # rows of a windowed function, else None
+        self.dlq: list[DlqRow] = []
+        self.last_commit = time.monotonic()
+        self._rotor = 0
+        self.tracer = None  # set by the debugger: receives handler events
+        self._in_handler = False
+        self._call_started = 0.0
+        self._current: Mutation | None = None
+        self._hung: set[tuple[int, int]] = set()
+        self.assign_vbuckets(spec.vbuckets)
+        if recycle_on_hang:
+            threading.Thread(target=self._hang_guard, name="hang-guard", daemon=True).start()
+
+    # -- ownership ----------------------------------------------------------------------------------
+
+    def assign_vbuckets(self, vbuckets) -> None:
+        """Claim vBuckets with a higher epoch and resume each right after its checkpoint."""
+        vbs = list(vbuckets)
+        if not vbs:
+            return
+        # A bucket whose effect marks hold a higher epoch than the store (the store was restored from a
+        # backup) would reject every effect of this claim as a zombie's: claim above its marks instead.
+        # Normally the marks trail the store's epochs and this changes nothing.
+        wanted = set(vbs)
+        floor: dict[int, int] = {}
+        for bucket in {id(b.bucket): b.bucket for b in self.rw_bindings}.values():
+            for vb, (mark_epoch, _) in bucket.effect_marks(self.name).items():
+                if vb in wanted and mark_epoch >= floor.get(vb, 0):
+                    floor[vb] = mark_epoch + 1
+        claimed = self.store.claim(self.name, vbs, self.spec.worker_id, min_epochs=floor)
+        for vb, cp in claimed.items():
+            if cp.bucket_uuid != self.source.uuid:
+                raise StoreError(
+                    f"source bucket '{self.defn.source_bucket}' was recreated after function '{self.name}' "
+                    "was deployed, so its checkpoints do not apply; undeploy and deploy the function again"
+                )
+            self.positions[vb] = self.committed[vb] = cp.seqno
+            self.epochs[vb] = cp.epoch
+        # Raise the effect fences first, so a zombie's binding writes are rejected from now on.
+        epochs = {vb: self.epochs[vb] for vb in vbs}
+        for bucket in {id(b.bucket): b.bucket for b in self.rw_bindings}.values():
+            bucket.fence(self.name, epochs)
+        # Then learn how far each bucket already holds this function's effects (see BucketBinding.keep).
+        for binding in self.rw_bindings:
+            marks = binding.bucket.effect_marks(self.name)
+            for vb in vbs:
+                binding.applied_upto[vb] = marks.get(vb, (0, 0))[1]
+        # Mutations a previous process of this worker hung on (and was recycled for) are already dead
+        # letters; handling them again would hang again.
+        for row in self.store.find_dlq_rows(self.name, reason="timeout"):
+            if row.vb in wanted and row.seqno > self.committed[row.vb]:
+                self._hung.add((row.vb, row.seqno))
+
+    def revoke_vbuckets(self, vbuckets) -> dict[int, int]:
+        """Finish, flush, checkpoint and release vBuckets; returns their final checkpoints."""
+        vbs = [vb for vb in vbuckets if vb in self.epochs]
+        self.commit()
+        self.store.release(self.name, {vb: self.epochs[vb] for vb in vbs})
+        out = {vb: self.committed[vb] for vb in vbs}
+        for vb in vbs:
+            self._forget(vb)
+        return out
+
+    def stop(self) -> dict[int, int]:
+        return self.revoke_vbuckets(list(self.epochs))
+
+    def _forget(self, vb: int) -> None:
+        self.positions.pop(vb, None)
+        self.committed.pop(vb, None)
+        self.epochs.pop(vb, None)
+
+    def owned(self) -> list[int]:
+        return sorted(self.epochs)
+
+    # -- processing ---------------------------------------------------------------------------------
+
+    def step(self, budget: int | None = None) -> StepReport:
+        """Handle mutations across owned vBuckets in batches of `budget` (default batch_size), flushing
+        effects after each batch, and checkpoint if due. An explicit budget is exactly one batch; the
+        supervisor's call (no budget) keeps taking batches for STEP_SLICE_S while a backlog is left, so a
+        worker that is behind pays one round trip per slice instead of one per batch."""
+        slice_ends = time.monotonic() + (STEP_SLICE_S if budget is None else 0.0)
+        budget = budget or self.defn.batch_size
+        targets = self.targets
+        handled = 0
+        fenced: set[int] = set()
+        while True:
+            highs = self.source.high_seqnos()
+            limits = {vb: (min(highs[vb], targets[vb]) if targets else highs[vb]) for vb in self.epochs}
+            work = [vb for vb in self.epochs if self.positions[vb] < limits[vb]]
+            batch = 0
+            if work:
+                armed = self._arm_watchdog()
+                try:
+                    batch = self._process(work, limits, budget)
+                finally:
+                    if armed:
+                        self._disarm_watchdog()
+            fenced |= self.flush_effects()
+            handled += batch
+            if batch < budget or fenced or time.monotonic() >= slice_ends:
+                break
+        if time.monotonic() - self.last_commit >= self.defn.checkpoint_interval.total_seconds():
+            fenced |= self.commit()
+        backlog = sum(max(0, limits[vb] - self.positions[vb]) for vb in self.epochs)
+        return StepReport(
+            self.spec.worker_id,
+            handled=handled,
+            caught_up=backlog == 0,
+            backlog=backlog,
+            fenced=sorted(fenced),
+            owned=len(self.epochs),
+        )
+
+    def _process(self, work: list[int], limits: dict[int, int], budget: int) -> int:
+        # Resume the rotation where the last step stopped, so every vBucket makes progress even when
+        # the budget is smaller than the backlog; read long runs of one vBucket per query.
+        handled = 0
+        start = self._rotor % len(work)
+        self._rotor = 0
+        window_only = self.on_update is None and self.window_rows is not None
+        for i, vb in enumerate(work[start:] + work[:start]):
+            if handled >= budget:
+                self._rotor = start + i
+                break
+            limit = min(budget - handled, limits[vb] - self.positions[vb])
+            position = self.positions[vb]
+            if window_only:
+                taken = self._take_window_batch(vb, position, limit)
+                if taken:
+                    handled += taken
+                    continue
+            for m in self.source.read_vb(vb, position, limit):
+                if m.seqno <= position:
+                    raise OrderViolationError(
+                        f"vBucket {vb} of bucket '{self.source.name}' went backwards: seqno {m.seqno} "
+                        f"after {position}"
+                    )
+                self._handle(m)
+                position = self.positions[vb] = m.seqno
+                handled += 1
+        return handled
+
+    def _take_window_batch(self, vb: int, position: int, limit: int) -> int:
+        """For a window-only function (no on_update): buffer the rows of the next ``limit`` log entries
+        of a vBucket whole, read in bulk, and count them as _handle would, when every entry is a plain
+        update (or a delete without on_delete) that gives a row. Returns how many entries it took: 0, with
+        nothing counted or buffered, leaves them to _handle one by one (dead letters, the function's own
+        writes, float times, ...), with the same rows, counters and dead letters either way."""
+        if self._hung and any(hung_vb == vb for hung_vb, _ in self._hung):
+            return 0
+        batch = self.source.read_vb_packed(vb, position, limit, self.name)
+        if batch is None or (batch.other_seqnos and self.on_delete is not None):
+            return 0
+        # An oversize document is dead-lettered: only a batch larger than the limit can hold one.
+        if len(batch.docs) > self.max_bytes and self.source.max_doc_bytes(vb, position, batch.last_seqno) > self.max_bytes:
+            return 0
+        if not self.window_rows.add_packed(batch):  # type: ignore[union-attr]
+            return 0
+        self.positions[vb] = batch.last_seqno
+        c = self.counters
+        c["mutations_seen"] += batch.count
+        if batch.other_seqnos:  # as _handle, no zero entries: a counter appears once it counts something
+            c["no_handler"] += len(batch.other_seqnos)
+        if batch.update_count:
+            c["on_update_success"] += batch.update_count
+        return batch.count
+
+    def _handle(self, m: Mutation) -> None:
+        c = self.counters
+        c["mutations_seen"] += 1
+        if m.origin == self.name:
+            # Recursion guard: this function's own binding wrote it; handling it again would loop.
+            c["recursion_filtered"] += 1
+            return
+        if self._hung and (m.vb, m.seqno) in self._hung:
+            c["hung_skipped"] += 1  # dead-lettered as `timeout` when its handler could not be interrupted
+            return
+        if m.op == OP_UPDATE:
+            if self.on_update is None and self.window_rows is None:
+                c["no_handler"] += 1
+                return
+            if m.doc is not None and len(m.doc) > self.max_bytes:
+                self._dead_letter(m, "oversize", f"document is {len(m.doc)} bytes; max_document_bytes is {self.max_bytes}", "", 0)
+                return
+            try:
+                doc = msgpack.unpackb(m.doc, raw=False)
+            except Exception as exc:  # noqa: BLE001 - any decode failure is the document's fault
+                self._dead_letter(m, "undecodable", f"{type(exc).__name__}: {exc}", "", 0)
+                return
+            if self.window_rows is not None:
+                if not self.window_rows.add(m, doc):
+                    self._dead_letter(m, "bad_event_time", self.window_rows.rejection, "", 0)
+                    return
+                if self.on_update is None:  # a window-only function: the row is the whole effect
+                    c["on_update_success"] += 1
+                    return
+            self._call("on_update", self.on_update, (doc, self._meta(m)), m)
+        else:
+            if self.on_delete is None:
+                c["no_handler"] += 1
+                return
+            options = DeleteOptions(expired=m.op == OP_EXPIRE)
+            self._call("on_delete", self.on_delete, (self._meta(m), options), m)
+
+    def _meta(self, m: Mutation) -> Meta:
+        return Meta(m.key, m.cas, m.vb, m.seqno, m.expiry, m.flags, "json", self.keyspace)
+
+    def _call(self, kind: str, fn, args: tuple, m: Mutation) -> None:
+        attempts = self.defn.retries + 1
+        backoff = self.defn.retry_backoff.total_seconds()
+        first_failed = 0.0
+        for attempt in range(1, attempts + 1):
+            for b in self.rw_bindings:
+                b.begin(m.vb, m.seqno)
+            try:
+                self._run_with_timeout(fn, args, m)
+            except HandlerTimeout:
+                for b in self.rw_bindings:
+                    b.discard()
+                self.counters[f"{kind}_timeout"] += 1
+                # A handler that hung once will likely hang again: no retry, straight to the DLQ.
+                self._dead_letter(m, "timeout", f"{kind} ran longer than execution_timeout ({self.timeout_s}s)", "", attempt)
+                return
+            except Exception as exc:  # noqa: BLE001 - a handler error is data for the DLQ
+                for b in self.rw_bindings:
+                    b.discard()
+                first_failed = first_failed or time.time()
+                if attempt < attempts:
+                    self.counters["retries"] += 1
+                    time.sleep(backoff * (2 ** (attempt - 1)))
+                    continue
+                self.counters[f"{kind}_failure"] += 1
+                self._dead_letter(
+                    m, "error", f"{type(exc).__name__}: {exc}", traceback.format_exc(), attempt, first_failed
+                )
+                return
+            else:
+                epoch = self.epochs[m.vb]
+                for b in self.rw_bindings:
+                    b.keep(epoch)
+                self.counters[f"{kind}_success"] += 1
+                return
+
+    def _run_with_timeout(self, fn, args: tuple, m: Mutation | None = None) -> None:
+        self._current = m
+        self._call_started = time.monotonic()
+        self._in_handler = True
+        try:
+            fn(*args)
+        finally:
+            self._in_handler = False
+
+    def _hang_guard(self) -> None:
+        """Last resort for a handler that SIGALRM cannot interrupt (blocked in C code, signals masked):
+        once it overruns execution_timeout by HANG_GRACE_S, record its mutation as a `timeout` dead letter
+        (fenced by this worker's epoch, checkpoint untouched) and end the process. The supervisor restarts
+        the worker from its checkpoint; the restarted worker skips that mutation, so it cannot hang again.
+        Only used where the worker has a process of its own (a Ray actor)."""
+        store = None
+        while True:
+            time.sleep(0.25)
+            m = self._current
+            if not self._in_handler or m is None:
+                continue
+            if time.monotonic() - self._call_started < self.timeout_s + HANG_GRACE_S:
+                continue
+            now = time.time()
+            row = DlqRow(
+                self.name, m.vb, m.seqno, m.key, "timeout",
+                f"handler did not return within execution_timeout ({self.timeout_s}s) and could not be "
+                "interrupted; the worker process was recycled",
+                "", 1, now, now, pack_mutation(m),
+            )
+            try:
+                store = store or open_metadata(self.spec.data_dir, create=False)
+                store.commit(self.name, {m.vb: self.epochs.get(m.vb, -1)}, {}, [row], {"workers_recycled": 1})
+            finally:
+                os._exit(70)
+
+    def _watchdog_tick(self, signum, frame) -> None:
+        # Runs in the main thread between bytecodes; only a handler call that overran is interrupted.
+        if self._in_handler and time.monotonic() - self._call_started >= self.timeout_s:
+            self._in_handler = False
+            raise HandlerTimeout()
+
+    def _arm_watchdog(self) -> bool:
+        """A periodic SIGALRM checks the running handler's age. Arming it once per step rather than per
+        mutation keeps the cost to two attribute writes per call (per-call setitimer cost ~4 us).
+        SIGALRM interrupts Python-level hangs (loops, sleeps) in the main thread, where Ray runs a
+        synchronous actor's methods; a hang SIGALRM cannot break is left to _hang_guard."""
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        signal.signal(signal.SIGALRM, self._watchdog_tick)
+        tick = max(0.01, min(0.25, self.timeout_s / 4))
+        signal.setitimer(signal.ITIMER_REAL, tick, tick)
+        return True
+
+    @staticmethod
+    def _disarm_watchdog() -> None:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+
+    def _dead_letter(self, m: Mutation, reason: str, error: str, tb: str, attempts: int, first: float = 0.0) -> None:
+        now = time.time()
+        self.counters[f"dlq_{reason}"] += 1
+        self.dlq.append(
+            DlqRow(self.name, m.vb, m.seqno, m.key, reason, error, tb, attempts, first or now, now, pack_mutation(m))
+        )
+
+    # -- durability ---------------------------------------------------------------------------------
+
+    def flush_effects(self) -> set[int]:
+        """Apply buffered binding writes to their buckets (deduplicated by source seqno, fenced by epoch)."""
+        fenced: set[int] = set()
+        try:
+            for binding in self.rw_bindings:
+                # Replayed writes dropped before the batch (BucketBinding.keep) count even when nothing is pending.
+                if binding.replayed_writes:
+                    self.counters["effects_duplicate"] += binding.replayed_writes
+                    binding.replayed_writes = 0
+                if not binding.pending():
+                    continue
+                result = binding.bucket.apply_effects(self.name, binding.take_groups())
+                self.counters["effects_applied"] += result.applied
+                self.counters["effects_duplicate"] += result.duplicates
+                self.counters["effects_fenced"] += result.fenced_writes
+                fenced |= result.fenced_vbs
+        except Exception:
+            self._rewind()
+            raise
+        for vb in fenced:
+            self._forget(vb)
+        return fenced
+
+    def _rewind(self) -> None:
+        """A flush failed (disk full, a damaged bucket): the writes it took are gone from memory. Forget
+        everything since the last checkpoint (positions, buffered writes, DLQ rows, counters) so that no
+        later commit, not even the one at stop, checkpoints past effects that never became durable. The
+        mutations are handled again; effects that did apply are skipped by the buckets' marks."""
+        for binding in self.rw_bindings:
+            binding.take_groups()
+            binding.discard()
+            binding.replayed_writes = 0
+        self.dlq = []
+        self.counters.clear()
+        self.positions.update(self.committed)
+        for binding in self.rw_bindings:
+            marks = binding.bucket.effect_marks(self.name)
+            for vb in self.epochs:
+                binding.applied_upto[vb] = marks.get(vb, (0, 0))[1]
+
+    def commit(self) -> set[int]:
+        """The one place checkpoints are written. Order matters:
+
+        1. flush binding effects: a checkpoint must never cover an effect that is not durable;
+        2. in one metadata transaction, conditional on this worker's epochs: DLQ rows, counters, then
+           checkpoints. A zombie (older epoch) has all three rejected. A crash between 1 and 2 replays
+           the mutations after the old checkpoint; their effects are skipped by the bucket's marks and
+           their DLQ rows by the (function, vBucket, seqno) key, so nothing applies twice.
+        Window rows are written first, as one batch file: the coordinator drops replayed rows by (vb, seqno).
+        """
+        if self.window_rows is not None:
+            self.window_rows.flush()
+        fenced = self.flush_effects()
+        moved = {vb: s for vb, s in self.positions.items() if s != self.committed.get(vb)}
+        dlq, counters = self.dlq, dict(self.counters)
+        if moved or dlq or counters:
+            fenced |= self.store.commit(self.name, self.epochs, moved, dlq, counters)
+            self.dlq = []
+            self.counters.clear()
+            for vb, seqno in moved.items():
+                if vb not in fenced:
+                    self.committed[vb] = seqno
+        for vb in fenced:
+            self._forget(vb)
+        self.last_commit = time.monotonic()
+        return fenced
+
+    def close(self) -> None:
+        self.store.close()

@@ -1,0 +1,149 @@
+"""A test harness shipped with the product: a ledger handler, and the ledger check that counts, per
+mutation, whether it was handled exactly once and in per-document order (see eventing.ops.verify).
+
+The ledger handler writes, through a read-write binding `ledger`:
+  - `e|<function>|<key>|<seqno>`: one effect per handled mutation (so an effect applied twice shows up as
+    two mutations of the same key in the ledger bucket's log);
+  - `h|<function>|<key>`: the document's history, the list of source seqnos in the order their effects
+    applied (it reads its own previous write, so a reordering or a lost effect is visible in the list).
+The function's name (the constant `FUNCTION`) is in both, so one ledger bucket can serve several functions.
+Set the constant `CALL_LOG` to a file path to also record every handler call (at-least-once).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from eventing.core.definition import FunctionDefinition
+from eventing.ops.verify import VerifyReport, check_ledger
+from eventing.runtime import lifecycle
+from eventing.storage import loadgen
+from eventing.storage.bucket import LocalBucket, chunked
+
+LEDGER_HANDLER = '''
+import os
+
+def _record(meta, op, rev):
+    ledger[f"e|{FUNCTION}|{meta.id}|{meta.seq}"] = {
+        "fn": FUNCTION, "key": meta.id, "seq": meta.seq, "vb": meta.vb, "op": op, "rev": rev}
+    history = ledger.get(f"h|{FUNCTION}|{meta.id}") or {"seqs": []}
+    history["seqs"].append(meta.seq)
+    ledger[f"h|{FUNCTION}|{meta.id}"] = history
+    if CALL_LOG:
+        with open(CALL_LOG, "a") as f:
+            f.write(f"{meta.id} {meta.seq} {os.getpid()}\\n")
+
+def on_update(doc, meta):
+    if SLEEP_MS:
+        import time
+        time.sleep(SLEEP_MS / 1000)
+    _record(meta, "update", doc.get("rev"))
+
+def on_delete(meta, options):
+    _record(meta, "expire" if options.expired else "delete", None)
+'''
+
+# The ledger check and its report live in eventing.ops.verify (`eventing verify` uses them too).
+LedgerReport = VerifyReport
+__all__ = [
+    "LEDGER_HANDLER", "CallLogFigures", "LedgerReport", "call_log_figures", "check_ledger", "ledger_definition",
+    "read_call_log",
+]
+
+
+def ledger_definition(
+    name: str, source: str, ledger: str, *, workers: int = 2, call_log: str | None = None, sleep_ms: float = 0, **extra
+) -> FunctionDefinition:
+    return FunctionDefinition.from_dict({
+        "name": name,
+        "source_bucket": source,
+        "bindings": [{"alias": "ledger", "bucket": ledger, "access": "rw"}],
+        "constants": {"FUNCTION": name, "CALL_LOG": call_log or "", "SLEEP_MS": sleep_ms},
+        "worker_count": workers,
+        "checkpoint_interval": "100ms",
+        **extra,
+    })
+
+
+def read_call_log(path: str | Path) -> dict[str, list[int]]:
+    """Handler calls per document key, in the order they were made (per process)."""
+    calls: dict[str, list[int]] = defaultdict(list)
+    if not os.path.exists(path):
+        return calls
+    with open(path) as f:
+        for line in f:
+            key, seq, _pid = line.split()
+            calls[key].append(int(seq))
+    return calls
+
+
+@dataclass(frozen=True)
+class CallLogFigures:
+    calls: int  # handler calls made (at least once: replays after a fault call again)
+    distinct: int  # distinct (key, seqno) handled
+    duplicate_calls: int  # calls - distinct
+
+
+def call_log_figures(path: str | Path) -> CallLogFigures:
+    calls = read_call_log(path)
+    total = sum(len(v) for v in calls.values())
+    distinct = sum(len(set(v)) for v in calls.values())
+    return CallLogFigures(total, distinct, total - distinct)
+
+
+def load_source(
+    data_dir: str, documents: int, mutations: int, *, bucket: str = "src", chunk: int = 10_000, **generate: Any
+) -> LocalBucket:
+    """The bucket (created if missing) with ``loadgen.generate(documents, mutations, **generate)`` written
+    into it in chunks."""
+    source = LocalBucket.create(data_dir, bucket, exist_ok=True)
+    for writes in chunked(loadgen.generate(documents, mutations, **generate), chunk):
+        source.write(writes)
+    return source
+
+
+def deploy_function(
+    data_dir: str, defn: FunctionDefinition, handler: str = LEDGER_HANDLER, boundary: str | None = None
+) -> None:
+    """Create the function's binding buckets, save it with ``handler`` and deploy it."""
+    for b in defn.bindings:
+        LocalBucket.create(data_dir, b.bucket, exist_ok=True)
+    lifecycle.save_function(data_dir, defn, handler)
+    lifecycle.deploy(data_dir, defn.name, boundary)
+
+
+class BackgroundLoop:
+    """Runs `tick()` on a daemon thread inside a `with` block (test load generators and samplers)."""
+
+    interval_s = 0.0
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.tick()
+            if self.interval_s:
+                time.sleep(self.interval_s)
+        self.finish()
+
+    def tick(self) -> None:
+        raise NotImplementedError
+
+    def finish(self) -> None:
+        pass

@@ -1,0 +1,151 @@
+"""Test harness for windowed functions: a movable clock, a pure-Python aggregator with the Spark job's
+contract, and a reference computation of window results straight from documents.
+
+``python_aggregate`` is an independent re-implementation (plain loops over dicts, no Spark, no Arrow
+compute) used to check the runtime's results and to run the coordinator in unit tests without a JVM.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from eventing.windows.batches import result_schema, sort_results
+from eventing.windows.runtime.row_writer import RowLayout
+from eventing.windows.semantics import WindowSpec, window_range
+from eventing.windows.spark.partials import merge_partial_tables, partial_schema
+
+
+class ManualClock:
+    """Processing time that moves only when told to (epoch ms)."""
+
+    def __init__(self, now_ms: int):
+        self.now_ms = now_ms
+
+    def __call__(self) -> int:
+        return self.now_ms
+
+    def advance(self, ms: int) -> int:
+        self.now_ms += ms
+        return self.now_ms
+
+
+def python_aggregate(
+    rows: Iterable[Mapping[str, Any]],
+    *,
+    size_ms: int,
+    slide_ms: int,
+    group_by: Sequence[str],
+    aggregates: Sequence[tuple[str, str | None, str]],
+    windows: Iterable[tuple[int, int]],
+) -> pa.Table:
+    """Window results of ``rows`` (dicts with ``event_time_ms`` and the named fields) for ``windows``.
+
+    count without a field counts rows; count(field) counts rows whose field is not None; sum, avg, min
+    and max read the field as a float and skip None, as SQL does. Returns the result layout, sorted.
+    """
+    wanted = set(windows)
+    groups: dict[tuple[int, int, tuple[Any, ...]], list[Mapping[str, Any]]] = {}
+    for row in rows:
+        t = row["event_time_ms"]
+        key = tuple(row.get(g) for g in group_by)
+        for w in window_range(t, size_ms, slide_ms):
+            if (w.start_ms, w.end_ms) in wanted:
+                groups.setdefault((w.start_ms, w.end_ms, key), []).append(row)
+    schema = result_schema(list(group_by), list(aggregates))  # type: ignore[arg-type]
+    out: dict[str, list[Any]] = {name: [] for name in schema.names}
+    for (start, end, key), members in groups.items():
+        out["window_start_ms"].append(start)
+        out["window_end_ms"].append(end)
+        for g, value in zip(group_by, key, strict=True):
+            out[g].append(value)
+        for op, field, name in aggregates:
+            out[name].append(_aggregate(op, field, members))
+    table = pa.Table.from_pydict(out, schema=schema)
+    return sort_results(table)
+
+
+def _aggregate(op: str, field: str | None, members: list[Mapping[str, Any]]) -> Any:
+    if field is None:
+        return len(members)
+    if op == "count":
+        return sum(1 for m in members if m.get(field) is not None)
+    values = [float(m[field]) for m in members if m.get(field) is not None]
+    if not values:
+        return None
+    if op == "sum":
+        return math.fsum(values)
+    if op == "avg":
+        return math.fsum(values) / len(values)
+    return min(values) if op == "min" else max(values)
+
+
+def python_aggregator(partials_dir: Path, layout: RowLayout, windows: list[tuple[int, int]]) -> pa.Table:
+    """An ``Aggregator`` (see ``eventing.windows.runtime.coordinator``) without Spark: merges the partial
+    batches in plain Python."""
+    spec = layout.spec
+    files = [p for p in sorted(Path(partials_dir).rglob("*.parquet")) if not p.name.startswith((".", "_"))]
+    schema = partial_schema(layout.group_by, layout.aggregates)
+    partials = pa.concat_tables([pq.read_table(p).select(schema.names).cast(schema) for p in files]) if files \
+        else schema.empty_table()
+    merged = merge_partial_tables(
+        partials, size_ms=spec.size_ms, group_by=layout.group_by, aggregates=layout.aggregates
+    )
+    wanted = {start for start, _ in windows}
+    result = result_schema(list(layout.group_by), layout.aggregates)
+    out: dict[str, list[Any]] = {name: [] for name in result.names}
+    for (start, *groups), values in merged.items():
+        if start not in wanted:
+            continue
+        out["window_start_ms"].append(start)
+        out["window_end_ms"].append(start + spec.size_ms)
+        for g, value in zip(layout.group_by, groups, strict=True):
+            out[g].append(value)
+        for name, value in values.items():
+            out[name].append(value)
+    return sort_results(pa.Table.from_pydict(out, schema=result))
+
+
+def reference_results(
+    docs: Iterable[tuple[int, int, Mapping[str, Any]]],
+    spec: WindowSpec,
+    windows: Iterable[tuple[int, int]],
+    *,
+    exclude: set[tuple[int, int]] = frozenset(),  # type: ignore[assignment]
+) -> pa.Table:
+    """Expected results from ``(vb, seqno, doc)`` of every on_update mutation, leaving out ``exclude``
+    (late rows), computed from the documents alone: no row files, no Arrow, no Spark."""
+    rows = []
+    for vb, seqno, doc in docs:
+        if (vb, seqno) in exclude:
+            continue
+        row: dict[str, Any] = {"event_time_ms": int(doc[spec.time_field or ""])}
+        for g in spec.group_by:
+            value = doc.get(g)
+            row[g] = None if value is None else str(value)
+        for agg in spec.aggregates:
+            if agg.field is not None:
+                row[agg.field] = doc.get(agg.field)
+        rows.append(row)
+    return python_aggregate(
+        rows, size_ms=spec.size_ms, slide_ms=spec.slide_ms, group_by=spec.group_by,
+        aggregates=[(a.op, a.field, a.name) for a in spec.aggregates], windows=windows,
+    )
+
+
+def assert_same_results(actual: pa.Table, expected: pa.Table, *, rel: float = 1e-12) -> None:
+    """Equal windows, groups and counts; floats equal up to summation order (partials add up per batch)."""
+    got, want = actual.to_pylist(), expected.to_pylist()
+    assert len(got) == len(want), f"{len(got)} result rows, expected {len(want)}"
+    for g, w in zip(got, want, strict=True):
+        assert g.keys() == w.keys(), f"columns {list(g)} != {list(w)}"
+        for name, value in w.items():
+            if isinstance(value, float) and isinstance(g[name], float):
+                assert math.isclose(g[name], value, rel_tol=rel, abs_tol=1e-9), f"{name}: {g} != {w}"
+            else:
+                assert g[name] == value, f"{name}: {g} != {w}"

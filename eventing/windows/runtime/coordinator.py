@@ -1,0 +1,671 @@
+"""The window coordinator of one function: classifies the workers' rows, closes windows, emits each exactly once.
+
+Every ``poll(now)``:
+
+1. reads the row batches that workers wrote into ``incoming/`` since the last poll (per worker
+   incarnation, in file order and without gaps), drops rows at or below ``classified_upto[vb]`` (copies a
+   restarted worker wrote again) and duplicate ``(vb, seqno)`` pairs;
+2. judges them with ``WindowOperator.observe_batch`` (each vBucket is a watermark partition): late rows go
+   to the dead-letter queue with reason ``late``; the others are combined into partial aggregates per
+   (window, group) (``eventing.windows.spark.partials``) and written to ``accepted/`` as one file;
+3. ``advance(now)`` closes windows (watermark, allowed lateness, idle timeouts); at the end of input, with
+   ``close_windows``, every open window closes;
+4. commits, in one metadata transaction and fenced against any other coordinator: the operator state,
+   ``classified_upto``, the consumed-file marks, the accepted files, the closed-but-not-yet-emitted
+   windows, the late rows' DLQ entries and counters;
+5. only then deletes the consumed incoming files and the accepted files no window needs any more, and
+   hands closed windows to PySpark (on a background thread, so a Spark job never stalls the service):
+   the aggregates of each closed window, merged from the partials of the batches accepted while it was
+   open, go to the sink, which keeps the first write per window id. The next poll records them as emitted.
+
+A crash anywhere repeats at most the uncommitted part of one poll: the incoming files it read are still
+there (deleted only after the commit) and its accepted file was written under this coordinator's fence,
+so a restarted coordinator ignores and deletes it. Windows closed but not yet recorded as emitted are
+emitted again on restart; the sink skips those it already holds. Every window is emitted exactly once,
+from exactly the rows accepted while it was open.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+import msgpack
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from eventing.core.mutation import OP_UPDATE, Mutation, pack_mutation
+from eventing.errors import ConfigError, FencedError
+from eventing.windows.batches import read_row_batch
+from eventing.windows.runtime.paths import WindowPaths
+from eventing.windows.runtime.row_writer import BATCH_NAME, RowLayout
+from eventing.windows.semantics import Window, WindowOperator, WindowStateError, windows_for
+from eventing.windows.semantics.windows import arrow_epoch_ms
+from metadata import DlqRow, MetadataStore
+from metadata.window_state import window_state_store
+from sharding import NUM_VBUCKETS
+
+log = logging.getLogger("eventing.windows")
+
+STATE_VERSION = 2  # 2: accepted files hold partial aggregates instead of rows
+FAULT_ENV = "EVENTING_WINDOWS_FAULT"  # tests: "after_state_commit" or "after_sink_write" kills the process there
+FAULT_EXIT_CODE = 97
+EMIT_RETRY_S = (1.0, 5.0, 15.0, 30.0)
+DRAIN_ATTEMPTS = 3  # a stopping service gives up emitting after this many failed Spark jobs in a row
+WAITING_CHECK_S = 2.0  # how often silent vBuckets with a backlog are checked against their checkpoints
+_ACCEPTED_NAME = re.compile(r"^f(\d+)-(\d{9})\.parquet$")
+
+
+def wall_clock_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Aggregator(Protocol):
+    """Computes the results of ``windows`` by merging every partial batch under ``partials_dir`` (layout of
+    ``eventing.windows.spark.partials.partial_schema``; results in ``eventing.windows.batches.result_schema``)."""
+
+    def __call__(self, partials_dir: Path, layout: RowLayout, windows: list[tuple[int, int]]) -> pa.Table: ...
+
+
+class Sink(Protocol):
+    def write(self, function: str, results: pa.Table, *, windows: Any = ()) -> int: ...
+    def read(self, function: str) -> pa.Table: ...
+    def written_windows(self, function: str) -> set[tuple[int, int]]: ...
+
+
+class Emitter(Protocol):
+    def submit(self, fn: Callable[..., Any], /, *args: Any) -> Future: ...
+
+
+class _InlineEmitter:
+    """Runs emission jobs in the calling thread (tests, and the final flush when no thread is given)."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any) -> Future:
+        future: Future = Future()
+        try:
+            future.set_result(fn(*args))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller through the future
+            future.set_exception(exc)
+        return future
+
+
+@dataclass(frozen=True)
+class AcceptedBatch:
+    """One file of accepted rows: ``seq`` orders them; event times span [min_ms, max_ms]."""
+
+    name: str
+    seq: int
+    min_ms: int
+    max_ms: int
+    rows: int
+
+
+@dataclass(frozen=True)
+class PendingWindow:
+    """A closed window not yet recorded as emitted; its rows are those of accepted batches up to ``closed_at``."""
+
+    window: Window
+    closed_at: int
+
+
+def make_sink(paths: WindowPaths, layout: RowLayout) -> Sink:
+    from eventing.windows.spark.sink import ParquetWindowSink, SqliteWindowSink
+
+    sink = layout.spec.sink
+    location = paths.sink_location(sink.kind, sink.path)
+    if sink.kind == "sqlite":
+        return SqliteWindowSink(location)
+    return ParquetWindowSink(location)
+
+
+def _fault(point: str) -> None:
+    if os.environ.get(FAULT_ENV) == point:
+        log.error("fault injection: exiting at %s", point)
+        os._exit(FAULT_EXIT_CODE)
+
+
+class WindowCoordinator:
+    """Windows one function's rows; see the module docstring for the steps and the guarantees."""
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str],
+        function: str,
+        generation: int,
+        window: dict[str, Any],
+        store: MetadataStore,
+        *,
+        aggregator: Aggregator,
+        sink: Sink | None = None,
+        emitter: Emitter | None = None,
+        clock: Callable[[], int] = wall_clock_ms,
+        close_windows: bool = False,
+        source_bucket: str | None = None,
+    ):
+        self.function = function
+        self.generation = generation
+        self.data_dir = str(data_dir)
+        self.layout = RowLayout.for_definition(function, window)
+        self.spec = self.layout.spec
+        self.paths = WindowPaths.of(data_dir, function)
+        self.store = store
+        self.states = window_state_store(store)
+        self.aggregator = aggregator
+        self.sink = sink if sink is not None else make_sink(self.paths, self.layout)
+        self.emitter: Emitter = emitter if emitter is not None else _InlineEmitter()
+        self.clock = clock
+        self.close_windows = close_windows
+        self.source_bucket = source_bucket
+        self.schema = self.layout.schema
+        self._hopping = self.spec.slide_ms != self.spec.size_ms
+        self._inflight: Future | None = None
+        self._inflight_windows: list[PendingWindow] = []
+        self.last_error: BaseException | None = None
+        self._emit_failures = 0
+        self._retry_at = 0.0
+        self._jobs = 0
+        self._last_waiting_check = 0.0
+        self._source: Any = None
+        self.fence, saved = self.states.claim(function)
+        self._load(saved)
+        for folder in (self.paths.incoming, self.paths.accepted):
+            folder.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(self.paths.staging, ignore_errors=True)
+        self._drop_orphans()
+
+    # -- state ----------------------------------------------------------------------------------------
+
+    def _load(self, saved: dict[str, Any] | None) -> None:
+        now = self.clock()
+        if saved is not None and saved.get("generation") != self.generation:
+            saved = None  # another deployment's windows: this one starts afresh
+        if saved is not None and saved.get("version") != STATE_VERSION:
+            raise ConfigError(
+                f"window state of function '{self.function}' has version {saved.get('version')}; this build "
+                f"reads version {STATE_VERSION}: undeploy and deploy the function again to reset it"
+            )
+        if saved is None:
+            self.operator = WindowOperator(self.spec)
+            self.classified_upto = [0] * NUM_VBUCKETS
+            self.marks: dict[str, int] = {}
+            self.accepted: list[AcceptedBatch] = []
+            self.next_seq = 1
+            self.pending: list[PendingWindow] = []
+            self.waiting: dict[int, int] = {}
+            self._dirty = True
+        else:
+            try:
+                self.operator = WindowOperator.from_state(self.spec, saved["operator"])
+            except WindowStateError as exc:
+                raise ConfigError(f"function '{self.function}': {exc}") from None
+            self.classified_upto = [0] * NUM_VBUCKETS
+            for vb, seqno in saved["classified_upto"].items():
+                self.classified_upto[int(vb)] = int(seqno)
+            self.marks = {k: int(v) for k, v in saved["marks"].items()}
+            self.accepted = [AcceptedBatch(*a) for a in saved["accepted"]]
+            self.next_seq = int(saved["next_seq"])
+            self.pending = [PendingWindow(Window(s, e), c) for s, e, c in saved["pending"]]
+            self.waiting = {int(vb): int(t) for vb, t in saved["waiting"].items()}
+            self._dirty = False
+        if self.spec.boundary == "event_time":
+            self._hold_for_backlog(now)
+
+    def _state(self) -> dict[str, Any]:
+        return {
+            "version": STATE_VERSION,
+            "generation": self.generation,
+            "operator": self.operator.to_state(),
+            "classified_upto": {str(vb): s for vb, s in enumerate(self.classified_upto) if s},
+            "marks": self.marks,
+            "accepted": [[a.name, a.seq, a.min_ms, a.max_ms, a.rows] for a in self.accepted],
+            "next_seq": self.next_seq,
+            "pending": [[p.window.start_ms, p.window.end_ms, p.closed_at] for p in self.pending],
+            "waiting": {str(vb): t for vb, t in self.waiting.items()},
+        }
+
+    def _commit(self, dlq: list[DlqRow], counters: Counter[str]) -> None:
+        if not self.states.commit(self.function, self.fence, self._state(), dlq, counters):
+            raise FencedError(
+                f"the window coordinator of function '{self.function}' was replaced (another service runs it on "
+                "this data directory, or it was redeployed); this coordinator stops without writing"
+            )
+        self._dirty = False
+
+    def _hold_for_backlog(self, now_ms: int) -> None:
+        """vBuckets with mutations still to handle hold the watermark from now on, as Flink's assigned splits
+        do, so a catch-up that handles one vBucket after another does not make the others' rows late.
+        One that never delivered a row is released once its checkpoint reaches where its backlog ended."""
+        try:
+            checkpoints = self.store.checkpoints(self.function)
+            if not checkpoints or self.source_bucket is None:
+                return
+            highs = self._source_bucket().high_seqnos()
+        except Exception as exc:  # noqa: BLE001 - without this hint the watermark is merely less patient
+            log.warning("function %s: cannot read the backlog of its vBuckets (%s)", self.function, exc)
+            return
+        tracker = self.operator.tracker
+        backlog = {vb: highs[vb] for vb, cp in checkpoints.items() if highs[vb] > cp.seqno}
+        silent = [vb for vb in backlog if tracker.partition_watermark_ms(vb) is None]
+        seen = {vb: tracker.partition_watermark_ms(vb) for vb in backlog if vb not in silent}
+        if silent:
+            self.operator.assign_partitions(silent, now_ms)
+            self.waiting.update({vb: backlog[vb] for vb in silent})
+        if seen:
+            # Known vBuckets with a backlog are alive again, idle or not: their rows are on their way.
+            tolerance = self.spec.out_of_order_tolerance_ms
+            tracker.observe_maxima({vb: w + tolerance for vb, w in seen.items() if w is not None}, now_ms)
+        if silent or seen:
+            self._dirty = True
+
+    def _waiting_checkpoints(self) -> dict[int, Any] | None:
+        """Checkpoints of the function, read before listing the incoming files, when silent vBuckets wait."""
+        if not self.waiting or time.monotonic() - self._last_waiting_check < WAITING_CHECK_S:
+            return None
+        self._last_waiting_check = time.monotonic()
+        return self.store.checkpoints(self.function)
+
+    def _release_waiting(self, checkpoints: dict[int, Any]) -> None:
+        # A worker writes its rows before its checkpoint moves, so a checkpoint read before the listing
+        # vouches for rows that were in the listing: a vBucket past its target without a row has none.
+        tracker = self.operator.tracker
+        delivered = [vb for vb in self.waiting if tracker.partition_watermark_ms(vb) is not None]
+        done = [
+            vb for vb, target in self.waiting.items()
+            if vb not in delivered and vb in checkpoints and checkpoints[vb].seqno >= target
+        ]
+        if done:
+            self.operator.revoke_partitions(done)
+        for vb in delivered + done:
+            del self.waiting[vb]
+        if delivered or done:
+            self._dirty = True
+
+    # -- files ----------------------------------------------------------------------------------------
+
+    def _incoming(self) -> list[tuple[str, int, Path]]:
+        """(incarnation, counter, path) of this deployment's batch files; other deployments' are deleted."""
+        found = []
+        try:
+            entries = list(os.scandir(self.paths.incoming))
+        except FileNotFoundError:
+            return []
+        for entry in entries:
+            match = BATCH_NAME.match(entry.name)
+            if not match:
+                continue
+            if int(match[1]) != self.generation:
+                if int(match[1]) < self.generation:
+                    Path(entry.path).unlink(missing_ok=True)  # a stopped deployment's leftovers
+                continue
+            found.append((f"{match[2]}-{match[3]}", int(match[4]), Path(entry.path)))
+        return sorted(found)
+
+    def _ready(self) -> tuple[list[Path], dict[str, int], list[Path], bool]:
+        """Files to consume now, the marks after consuming them, files already consumed, and whether a
+        file waits for an earlier one of its worker."""
+        ready: list[Path] = []
+        consumed: list[Path] = []
+        deferred = False
+        marks = dict(self.marks)
+        for incarnation, counter, path in self._incoming():
+            mark = marks.get(incarnation, 0)
+            if counter < mark:
+                consumed.append(path)
+            elif counter == mark:
+                ready.append(path)
+                marks[incarnation] = counter + 1
+            else:
+                deferred = True  # an earlier file of the same worker is not visible yet; wait for it
+        return ready, marks, consumed, deferred
+
+    def _drop_orphans(self) -> None:
+        """Accepted files that no committed state lists (a poll that crashed before its commit)."""
+        listed = {a.name for a in self.accepted}
+        for entry in os.scandir(self.paths.accepted):
+            if _ACCEPTED_NAME.match(entry.name) and entry.name not in listed:
+                Path(entry.path).unlink(missing_ok=True)
+        _, _, consumed, _ = self._ready()  # listing also deletes older deployments' batches
+        for path in consumed:
+            path.unlink(missing_ok=True)
+
+    def _source_bucket(self) -> Any:
+        if self._source is None:
+            from eventing.storage.bucket import LocalBucket
+
+            assert self.source_bucket is not None
+            self._source = LocalBucket.open(self.data_dir, self.source_bucket)
+        return self._source
+
+    # -- the poll -------------------------------------------------------------------------------------
+
+    def poll(self, *, end_of_input: bool = False) -> list[Window]:
+        """One round (see the module docstring); returns the windows that closed in it."""
+        now = self.clock()
+        dlq: list[DlqRow] = []
+        counters: Counter[str] = Counter()
+        self._collect(counters)
+        checkpoints = self._waiting_checkpoints()
+        ready, marks, consumed, deferred = self._ready()
+        if ready:
+            self._classify(ready, now, dlq, counters)
+            self.marks = marks
+            self._dirty = True
+        if checkpoints is not None and not deferred:
+            self._release_waiting(checkpoints)
+        closed = self.operator.advance(now)
+        if end_of_input and self.close_windows:
+            closed += self.operator.close_all()
+        if closed:
+            last = self.next_seq - 1
+            self.pending.extend(PendingWindow(w, last) for w in closed)
+            counters["windows_closed"] += len(closed)
+            self._dirty = True
+        prunable = self._take_prunable()
+        if self._dirty or dlq or counters:
+            self._commit(dlq, counters)
+            if closed:
+                _fault("after_state_commit")
+        for path in consumed + ready:
+            path.unlink(missing_ok=True)
+        self._unlink_accepted(prunable)
+        self._submit()
+        return closed
+
+    def _classify(self, files: list[Path], now: int, dlq: list[DlqRow], counters: Counter[str]) -> None:
+        table = pa.concat_tables([read_row_batch(p).select(self.schema.names) for p in files])
+        read = table.num_rows
+        upto = pa.array(self.classified_upto, pa.int64())
+        fresh = pc.greater(table["seqno"], pc.take(upto, table["vb"]))
+        if not pc.all(fresh).as_py():  # rows a restarted worker wrote again (filtering costs: only then)
+            table = table.filter(fresh)
+        if _has_duplicate_rows(table):
+            table = _drop_duplicate_rows(table.sort_by([("vb", "ascending"), ("seqno", "ascending")]))
+        counters["window_rows_replayed"] += read - table.num_rows
+        if table.num_rows == 0:
+            return
+        if self.spec.boundary == "processing_time":
+            # Processing time is when the coordinator windows the row: the one clock that closes windows.
+            index = table.schema.get_field_index("event_time")
+            stamped = pa.array([now] * table.num_rows, pa.int64()).cast(pa.timestamp("ms", tz="UTC"))
+            table = table.set_column(index, "event_time", stamped.cast(table.schema.field(index).type))
+        vbs = table["vb"]
+        fate = self.operator.observe_batch(vbs, table["event_time"], now)
+        for vb, seqno in _max_per_vb(table).items():
+            self.classified_upto[vb] = max(self.classified_upto[vb], seqno)
+        if fate.late_count:
+            late = table.filter(fate.late)
+            dlq.extend(self._late_rows(late, fate.cutoff_ms, now))
+            counters["dlq_late"] += late.num_rows
+            table = table.filter(pc.invert(fate.late))
+        if table.num_rows == 0:
+            return
+        from eventing.windows.batches import atomic_write_parquet
+        from eventing.windows.spark.partials import combine_rows
+
+        seq = self.next_seq
+        name = f"f{self.fence}-{seq:09d}.parquet"
+        # Only the batch's partial aggregates per (window, group) are kept: Spark merges them per window.
+        partials = combine_rows(
+            table, size_ms=self.spec.size_ms, slide_ms=self.spec.slide_ms, group_by=self.layout.group_by,
+            aggregates=self.layout.aggregates,
+        )
+        atomic_write_parquet(partials, self.paths.accepted / name, overwrite=True)
+        bounds = pc.min_max(arrow_epoch_ms(table["event_time"])).as_py()
+        self.accepted.append(AcceptedBatch(name, seq, bounds["min"], bounds["max"], table.num_rows))
+        self.next_seq = seq + 1
+        counters["window_rows_accepted"] += table.num_rows
+
+    def _late_rows(self, late: pa.Table, cutoff_ms: int | None, now: int) -> list[DlqRow]:
+        """DLQ rows for late rows, carrying the original mutation from the source bucket when it is there."""
+        rows = late.select(["vb", "seqno", "key"]).to_pylist()
+        times = arrow_epoch_ms(late["event_time"]).to_pylist()
+        originals: dict[tuple[int, int], Mutation] = {}
+        if self.source_bucket is not None:
+            try:
+                source = self._source_bucket()
+                by_vb: dict[int, list[int]] = {}
+                for r in rows:
+                    by_vb.setdefault(r["vb"], []).append(r["seqno"])
+                for vb, seqnos in by_vb.items():
+                    lo, hi = min(seqnos), max(seqnos)
+                    for m in source.read_vb(vb, lo - 1, hi - lo + 1):
+                        originals[(m.vb, m.seqno)] = m
+            except Exception as exc:  # noqa: BLE001 - the row itself is still kept
+                log.warning("function %s: cannot read late rows' mutations from the source (%s)", self.function, exc)
+        out = []
+        at = now / 1000
+        # Shared by every late row of this poll (formatting costs ~5 us a row, and a catch-up can make many).
+        tail = (
+            f"closed when the watermark passed its end + allowed lateness {self.spec.allowed_lateness_ms} ms); rows "
+            f"before {iso_ms(cutoff_ms)} were late, the watermark was {iso_ms(self.operator.watermark_ms)}"
+        )
+        labels: dict[int, str] = {}
+        slide = self.spec.slide_ms
+        for r, t_ms in zip(rows, times, strict=True):
+            last_start = t_ms - t_ms % slide
+            label = labels.get(last_start)
+            if label is None:
+                label = labels[last_start] = windows_for(t_ms, self.spec)[-1].label
+            error = (
+                f"event time {iso_ms(t_ms)} arrived after every window holding it had closed (the last, {label}, "
+                + tail
+            )
+            original = originals.get((r["vb"], r["seqno"]))
+            if original is None:
+                doc = msgpack.packb({"event_time_ms": t_ms}, use_bin_type=True)
+                original = Mutation(r["vb"], r["seqno"], r["key"], OP_UPDATE, 0, doc, None, 0, 0)
+            out.append(DlqRow(self.function, r["vb"], r["seqno"], r["key"], "late", error, "", 0, at, at,
+                              pack_mutation(original)))
+        return out
+
+    def _take_prunable(self) -> set[str]:
+        """Drop from the state the accepted files no window needs any more; unlink them after the commit."""
+        prunable = self._prunable()
+        if prunable:
+            self.accepted = [a for a in self.accepted if a.name not in prunable]
+            self._dirty = True
+        return prunable
+
+    def _unlink_accepted(self, names: set[str]) -> None:
+        for name in names:
+            (self.paths.accepted / name).unlink(missing_ok=True)
+
+    def _prunable(self) -> set[str]:
+        """Accepted files whose rows belong only to closed windows that are all emitted."""
+        cutoff = self.operator.late_cutoff_ms
+        if cutoff is None:
+            return set()
+        out = set()
+        for a in self.accepted:
+            if a.max_ms >= cutoff:
+                continue
+            needed = any(
+                a.seq <= p.closed_at and a.min_ms < p.window.end_ms and p.window.start_ms <= a.max_ms
+                for p in self.pending
+            )
+            if not needed:
+                out.add(a.name)
+        return out
+
+    # -- emission -------------------------------------------------------------------------------------
+
+    def _submit(self) -> None:
+        if self._inflight is not None or not self.pending or time.monotonic() < self._retry_at:
+            return
+        written = self.sink.written_windows(self.function)
+        todo = [p for p in self.pending if (p.window.start_ms, p.window.end_ms) not in written]
+        if len(todo) < len(self.pending):
+            # Emitted before a crash, not yet recorded: record them now.
+            done = [p for p in self.pending if p not in todo]
+            self.pending = todo
+            self._commit([], Counter(windows_emitted=len(done)))
+        if not todo:
+            return
+        # Tumbling: a row accepted after a window closed cannot fall in it (it would have been late), so
+        # one job covers every pending window. Hopping: a row accepted later may fall in an earlier,
+        # closed window too, so each window only sees the batches accepted before it closed.
+        group = todo if not self._hopping else [p for p in todo if p.closed_at == todo[0].closed_at]
+        self._jobs += 1
+        staged = self.paths.staging / f"job-{self.fence}-{self._jobs}"
+        self._stage(staged, group)
+        windows = sorted({(p.window.start_ms, p.window.end_ms) for p in group})
+        self._inflight_windows = group
+        self._inflight = self.emitter.submit(self._emit, staged, windows)
+
+    def _stage(self, staged: Path, group: list[PendingWindow]) -> None:
+        staged.mkdir(parents=True, exist_ok=True)
+        lo = min(p.window.start_ms for p in group)
+        hi = max(p.window.end_ms for p in group)
+        limit = max(p.closed_at for p in group)
+        for a in self.accepted:
+            if a.seq <= limit and a.min_ms < hi and lo <= a.max_ms:
+                source, target = self.paths.accepted / a.name, staged / a.name
+                try:
+                    os.link(source, target)  # the job keeps its rows even if the file is pruned meanwhile
+                except OSError:
+                    shutil.copyfile(source, target)
+
+    def _emit(self, staged: Path, windows: list[tuple[int, int]]) -> int:
+        """Runs on the emitter: aggregate the windows with Spark and write them to the sink."""
+        try:
+            results = self.aggregator(staged, self.layout, windows)
+            written = self.sink.write(self.function, results, windows=windows)
+        finally:
+            shutil.rmtree(staged, ignore_errors=True)
+        _fault("after_sink_write")
+        return written
+
+    def _collect(self, counters: Counter[str]) -> bool:
+        """Record a finished emission; returns False if one is still running (or failed)."""
+        future = self._inflight
+        if future is None:
+            return True
+        if not future.done():
+            return False
+        self._inflight = None
+        group, self._inflight_windows = self._inflight_windows, []
+        error = future.exception()
+        if error is not None:
+            delay = EMIT_RETRY_S[min(self._emit_failures, len(EMIT_RETRY_S) - 1)]
+            self._emit_failures += 1
+            self._retry_at = time.monotonic() + delay
+            counters["window_emit_failures"] += 1
+            log.error(
+                "function %s: computing %d closed window(s) failed (%s: %s); retrying in %.0fs",
+                self.function, len(group), type(error).__name__, error, delay,
+            )
+            self.last_error = error
+            return False
+        self._emit_failures = 0
+        self.pending = [p for p in self.pending if p not in group]
+        counters["windows_emitted"] += len(group)
+        self._dirty = True
+        return True
+
+    def final_poll(self, *, end_of_input: bool = False) -> None:
+        """The round after the function's workers stopped (every row is on disk): consume every batch, close
+        what the semantics allow (every window at the end of input with ``close_windows``), commit, and
+        start emitting. Does not wait for Spark: ``drain`` does."""
+        self.poll(end_of_input=end_of_input)
+        self._retry_at = 0.0
+
+    def drain_step(self) -> bool:
+        """Record a finished emission and start the next one, without waiting; True once every closed
+        window is emitted and recorded."""
+        counters: Counter[str] = Counter()
+        self._collect(counters)
+        if counters or self._dirty:
+            self._commit([], counters)
+        self._submit()
+        if self.pending or self._inflight is not None:
+            return False
+        prunable = self._take_prunable()
+        if self._dirty:
+            self._commit([], Counter())
+        self._unlink_accepted(prunable)
+        return True
+
+    def drain(self, timeout: float = 600.0) -> bool:
+        """Wait until every closed window is emitted and recorded (True), or ``timeout`` passes (False: the
+        rest is emitted by the next coordinator of the function, from the committed state)."""
+        deadline = time.monotonic() + timeout
+        self._retry_at = 0.0
+        while not self.drain_step():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self._emit_failures >= DRAIN_ATTEMPTS:
+                log.error(
+                    "function %s: %d closed window(s) are not emitted yet; the next run emits them",
+                    self.function, len(self.pending),
+                )
+                return False
+            if self._inflight is not None:
+                try:
+                    self._inflight.exception(timeout=min(remaining, 1.0))
+                except TimeoutError:
+                    pass
+            else:
+                time.sleep(min(remaining, max(0.0, self._retry_at - time.monotonic()), 1.0))
+        return True
+
+    def finish(self, *, end_of_input: bool = False, timeout: float = 600.0) -> bool:
+        """``final_poll`` then ``drain``."""
+        self.final_poll(end_of_input=end_of_input)
+        return self.drain(timeout)
+
+    def close(self) -> None:
+        if self._source is not None:
+            self._source.close()
+            self._source = None
+
+
+def _has_duplicate_rows(table: pa.Table) -> bool:
+    """Whether two rows share (vb, seqno): a worker's replay within one poll. Checked on one int64 key per
+    row, already in order in the common case (a catch-up), else sorted: far cheaper than sorting the table."""
+    if table.num_rows < 2:
+        return False
+    seqno = table["seqno"].to_numpy()
+    if seqno.max() >= 1 << 43:
+        return True  # the key would overflow: let the table sort decide
+    key = (table["vb"].to_numpy().astype(np.int64) << 43) | seqno
+    if (key[1:] > key[:-1]).all():
+        return False
+    key.sort()
+    return bool((key[1:] == key[:-1]).any())
+
+
+def _drop_duplicate_rows(table: pa.Table) -> pa.Table:
+    """Keep the first of rows with equal (vb, seqno) in a table sorted by them (a worker replay within one poll)."""
+    if table.num_rows < 2:
+        return table
+    vb = table["vb"].combine_chunks()
+    seqno = table["seqno"].combine_chunks()
+    same = pc.and_(pc.equal(vb[1:], vb[:-1]), pc.equal(seqno[1:], seqno[:-1]))
+    if not pc.any(same).as_py():
+        return table
+    keep = pa.concat_arrays([pa.array([True]), pc.invert(same)])
+    return table.filter(keep)
+
+
+def _max_per_vb(table: pa.Table) -> dict[int, int]:
+    grouped = table.group_by("vb").aggregate([("seqno", "max")])
+    return dict(zip(grouped["vb"].to_pylist(), grouped["seqno_max"].to_pylist(), strict=True))
+
+
+def iso_ms(ms: int | None) -> str:
+    """Epoch milliseconds as ISO 8601 UTC (``2026-01-01T00:01:00Z``, milliseconds only when present)."""
+    if ms is None:
+        return "-"
+    moment = datetime.fromtimestamp(ms / 1000, UTC)
+    text = moment.strftime("%Y-%m-%dT%H:%M:%S")
+    return f"{text}.{ms % 1000:03d}Z" if ms % 1000 else f"{text}Z"
