@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Protocol
 
 from eventing.errors import EventingError
@@ -110,7 +111,7 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> None
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     # Workers must import this project the way the driver does (an editable install or a checkout).
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = str(Path(__file__).resolve().parents[2])  # the folder holding eventing/, metadata/, sharding/
     env = {"PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
     # Workers on other machines must open the same metadata store as the driver.
     for name in FORWARDED_ENV:
