@@ -1,5 +1,5 @@
 import sys
 
-from eventing.cli.app import main
+from eventing.cli import main
 
 sys.exit(main())

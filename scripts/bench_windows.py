@@ -47,9 +47,9 @@ from eventing.core.mutation import OP_UPDATE  # noqa: E402
 from eventing.runtime import lifecycle  # noqa: E402
 from eventing.runtime.executor import RayExecutor, init_ray  # noqa: E402
 from eventing.runtime.service import EventingService  # noqa: E402
-from eventing.storage.metadata import open_metadata  # noqa: E402
 from eventing.storage import loadgen  # noqa: E402
 from eventing.storage.bucket import LocalBucket, chunked  # noqa: E402
+from eventing.storage.metadata import open_metadata  # noqa: E402
 from eventing.windows.batches import read_row_batch  # noqa: E402
 from eventing.windows.runtime import host  # noqa: E402
 from eventing.windows.runtime.coordinator import WindowCoordinator  # noqa: E402

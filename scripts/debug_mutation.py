@@ -15,7 +15,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from eventing.cli.app import main as eventing_main  # noqa: E402
+from eventing.cli import main as eventing_main  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

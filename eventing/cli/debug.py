@@ -9,7 +9,7 @@ import signal
 import sys
 import threading
 
-from eventing.cli.app import existing_data_dir
+from eventing.cli.common import existing_data_dir
 from eventing.cli.output import emit_json
 from eventing.ops.debugger import DebugSession
 

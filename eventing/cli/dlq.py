@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from eventing.cli.app import existing_data_dir
+from eventing.cli.common import existing_data_dir
 from eventing.cli.output import emit_json, progress_enabled, table
 from eventing.ops import dlq
 

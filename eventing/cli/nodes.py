@@ -16,7 +16,7 @@ from sharding.rebalance import RebalanceError, RebalancePlan, assign_function
 
 
 def _topology(args: argparse.Namespace) -> Topology:
-    from eventing.cli.app import writable_data_dir
+    from eventing.cli.common import writable_data_dir
 
     return Topology(open_metadata(writable_data_dir(args)))
 

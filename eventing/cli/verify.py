@@ -12,7 +12,7 @@ EXIT_NOT_ACCOUNTED = 1
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from eventing.cli.app import existing_data_dir
+    from eventing.cli.common import existing_data_dir
 
     report = verify_function(existing_data_dir(args), args.function, ledger=args.ledger)
     if args.json:

@@ -71,7 +71,7 @@ def _describe(spec: dict[str, Any]) -> str:
 
 
 def cmd_windows(args: argparse.Namespace) -> int:
-    from eventing.cli.app import existing_data_dir
+    from eventing.cli.common import existing_data_dir
 
     report = _window_report(existing_data_dir(args), args.function)
     aggregates = report["aggregates"]

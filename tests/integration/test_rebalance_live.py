@@ -11,7 +11,7 @@ from collections import Counter
 
 import pytest
 
-from eventing.cli.app import main as cli
+from eventing.cli import main as cli
 from eventing.runtime import lifecycle
 from eventing.runtime.nodes import Topology
 from eventing.runtime.service import EventingService

@@ -8,7 +8,7 @@ import stat
 
 import pytest
 
-from eventing.cli.app import main
+from eventing.cli import main
 from functions import FUNCTIONS_DIR
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from eventing.cli.app import main
+from eventing.cli import main
 from eventing.core.definition import FunctionDefinition
 from eventing.errors import InvalidKeyError
 from eventing.ops import dlq

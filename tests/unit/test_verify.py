@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from eventing.cli.app import main
+from eventing.cli import main
 from eventing.core.mutation import OP_UPDATE, encode_document
 from eventing.errors import OrderViolationError
 from eventing.ops.verify import effect_key, history_key, parse_effect_key, verify_function

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import time
+from typing import Any
 
-from eventing.cli.output import emit_json
+from eventing.cli.common import ProgressRenderer, writable_data_dir
+from eventing.cli.output import emit_json, progress_enabled
 from eventing.errors import EventingError
+from eventing.ops.stats import function_stats, vbucket_map
 from eventing.runtime import lifecycle
 from eventing.storage import loadgen
 from eventing.storage.bucket import LocalBucket, bucket_path, chunked
@@ -39,7 +43,6 @@ def _reset(data_dir: str) -> None:
 
 
 def run_demo(data_dir: str, args: argparse.Namespace) -> int:
-    from eventing.cli.app import _stats, _vbmap
     from eventing.runtime.executor import make_executor
     from eventing.runtime.service import EventingService
 
@@ -62,11 +65,9 @@ def run_demo(data_dir: str, args: argparse.Namespace) -> int:
         lifecycle.save_from_file(data_dir, FUNCTIONS_DIR / f"{name}.json")
         lifecycle.deploy(data_dir, name)
     say(f"4. processing everything on {'a local Ray instance' if args.executor == 'ray' and not args.ray_address else args.executor}")
-    from eventing.cli.app import _ProgressRenderer
-    from eventing.cli.output import progress_enabled
 
     executor = make_executor(args.executor, args.ray_address)
-    renderer = _ProgressRenderer(enabled=not args.json and progress_enabled())
+    renderer = ProgressRenderer(enabled=not args.json and progress_enabled())
     try:
         summary = EventingService(data_dir, executor, until_caught_up=True, on_progress=renderer).run()
     finally:
@@ -75,8 +76,8 @@ def run_demo(data_dir: str, args: argparse.Namespace) -> int:
         for err in summary.errors:
             print(f"error: {err}")
         return 1
-    stats = {name: _stats(data_dir, name) for name in DEMO_FUNCTIONS}
-    vbmaps = {name: _vbmap(data_dir, name) for name in DEMO_FUNCTIONS}
+    stats = {name: function_stats(data_dir, name) for name in DEMO_FUNCTIONS}
+    vbmaps = {name: vbucket_map(data_dir, name) for name in DEMO_FUNCTIONS}
     emails = LocalBucket.open(data_dir, "emails")
     scores = LocalBucket.open(data_dir, "scores")
     result = {
@@ -109,3 +110,17 @@ def run_demo(data_dir: str, args: argparse.Namespace) -> int:
         print(f"         scores[{key!r}] = {scores.get(key)}")
     print(f"\nnext: eventing --data-dir {data_dir} stats fn_email   |   eventing --data-dir {data_dir} vbmap fn_score")
     return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    return run_demo(writable_data_dir(args), args)
+
+
+def register(sub: Any, add: Any) -> None:
+    p = add("demo", cmd_demo, "the main job on embedded defaults: load customers, deploy fn_email and fn_score, "
+            "process everything on a local Ray instance, print stats and vBucket maps")
+    p.add_argument("--documents", type=int, default=20_000)
+    p.add_argument("--mutations", type=int, default=200_000)
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--ray-address", default=os.environ.get("EVENTING_RAY_ADDRESS"))
+    p.add_argument("--executor", choices=["ray", "in-process"], default="ray")

@@ -1,0 +1,103 @@
+"""What every command module shares: the data directory, function views, progress on the terminal."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from eventing.cli.output import emit_json
+from eventing.core.mutation import parse_json_document
+from eventing.errors import EventingError, NotFoundError
+from eventing.storage.metadata import METADATA_FILE
+from metadata import METADATA_URL_ENV
+
+DEFAULT_DATA_DIR = ".eventing"
+EXIT_USAGE = 2
+
+
+def data_dir_of(args: argparse.Namespace) -> str:
+    return args.data_dir or os.environ.get("EVENTING_DATA_DIR") or DEFAULT_DATA_DIR
+
+
+def writable_data_dir(args: argparse.Namespace) -> str:
+    """The data directory, created if needed; a clear error if it cannot be written."""
+    path = Path(data_dir_of(args))
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise EventingError(
+            f"data directory {path} is not writable ({exc.strerror}); pass --data-dir DIR or set EVENTING_DATA_DIR "
+            "to a writable directory"
+        ) from None
+    return str(path)
+
+
+def existing_data_dir(args: argparse.Namespace) -> str:
+    path = Path(data_dir_of(args))
+    if not (path / METADATA_FILE).exists() and not os.environ.get(METADATA_URL_ENV):
+        raise NotFoundError(
+            f"no eventing metadata in {path}; deploy a function first (`eventing deploy functions/fn_email.json`) "
+            "or pass the right --data-dir"
+        )
+    return str(path)
+
+
+def parse_doc_arg(text: str) -> dict:
+    return parse_json_document(text)
+
+
+def record_view(record) -> dict[str, Any]:
+    d = record.definition
+    return {
+        "name": record.name,
+        "state": record.state.value,
+        "source_bucket": d["source_bucket"],
+        "workers": d.get("worker_count", 1),
+        "boundary": d.get("boundary", "everything"),
+        "bindings": [f"{b['alias']}={b['bucket']}:{b['access']}" for b in d.get("bindings", [])],
+        "generation": record.generation,
+    }
+
+
+def announce(args: argparse.Namespace, record, verb: str) -> int:
+    if args.json:
+        emit_json(record_view(record))
+    else:
+        print(f"function '{record.name}' {verb} (state: {record.state.value})")
+    return 0
+
+
+class ProgressRenderer:
+    """Live counters on stderr: one tqdm bar per function (total known in --until-caught-up)."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.bars: dict[str, Any] = {}
+        self.last = 0.0
+
+    def __call__(self, summary) -> None:
+        if not self.enabled or time.monotonic() - self.last < 0.2:
+            return
+        from tqdm import tqdm
+
+        self.last = time.monotonic()
+        for position, (name, p) in enumerate(sorted(summary.functions.items())):
+            bar = self.bars.get(name)
+            if bar is None:
+                bar = self.bars[name] = tqdm(desc=name, unit="mut", position=position, leave=True, dynamic_ncols=True)
+            total = p.handled + p.backlog
+            if total and bar.total != total:
+                bar.total = total
+            bar.n = p.handled
+            bar.set_postfix_str(p.state, refresh=False)
+            bar.refresh()
+
+    def close(self) -> None:
+        for bar in self.bars.values():
+            bar.close()

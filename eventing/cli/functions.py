@@ -1,0 +1,149 @@
+"""Function lifecycle commands: create, deploy, pause, resume, undeploy, delete, list, status, export, import."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from eventing.cli.common import announce, data_dir_of, existing_data_dir, record_view, writable_data_dir
+from eventing.cli.output import emit_json, table
+from eventing.errors import ConfigError
+from eventing.runtime import lifecycle
+from eventing.storage.metadata import METADATA_FILE, open_metadata
+from metadata import METADATA_URL_ENV
+from sharding import NUM_VBUCKETS
+
+
+def _name_or_file(args: argparse.Namespace, data_dir: str) -> str:
+    """`deploy` takes a definition file (saved first) or the name of a stored function."""
+    target = args.function
+    if target.endswith(".json") or os.path.sep in target:
+        return lifecycle.save_from_file(data_dir, target).name
+    return target
+
+
+def cmd_create(args: argparse.Namespace) -> int:
+    data_dir = writable_data_dir(args)
+    return announce(args, lifecycle.save_from_file(data_dir, args.file), "saved")
+
+
+def cmd_deploy(args: argparse.Namespace) -> int:
+    data_dir = writable_data_dir(args)
+    name = _name_or_file(args, data_dir)
+    record = lifecycle.deploy(data_dir, name, args.boundary)
+    return announce(args, record, "deployed")
+
+
+def cmd_pause(args: argparse.Namespace) -> int:
+    return announce(args, lifecycle.pause(existing_data_dir(args), args.function, wait_s=args.wait), "paused")
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    return announce(args, lifecycle.resume(existing_data_dir(args), args.function), "resumed")
+
+
+def cmd_undeploy(args: argparse.Namespace) -> int:
+    return announce(args, lifecycle.undeploy(existing_data_dir(args), args.function, wait_s=args.wait), "undeployed")
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    lifecycle.delete(existing_data_dir(args), args.function)
+    if args.json:
+        emit_json({"name": args.function, "deleted": True})
+    else:
+        print(f"function '{args.function}' deleted")
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    path = Path(data_dir_of(args)) / METADATA_FILE
+    exists = path.exists() or bool(os.environ.get(METADATA_URL_ENV))
+    records = open_metadata(data_dir_of(args)).list_functions() if exists else []
+    views = [record_view(r) for r in records]
+    if args.json:
+        emit_json(views)
+    elif not views:
+        print("no functions; deploy one with `eventing deploy functions/fn_email.json`")
+    else:
+        print(table(["function", "state", "source", "workers", "boundary", "bindings"],
+                    [[v["name"], v["state"], v["source_bucket"], v["workers"], v["boundary"], " ".join(v["bindings"])]
+                     for v in views]))
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    store = open_metadata(existing_data_dir(args), create=False)
+    records = [store.get_function(args.function)] if args.function else store.list_functions()
+    services = store.live_services(lifecycle.SERVICE_STALE_S)
+    views = []
+    for r in records:
+        view = record_view(r)
+        cps = store.checkpoints(r.name)
+        view["vbuckets_leased"] = sum(1 for c in cps.values() if c.leased)
+        view["service_running"] = bool(services)
+        views.append(view)
+    if args.json:
+        emit_json({"services": services, "functions": views})
+    else:
+        print(f"eventing service: {'running (' + ', '.join(services) + ')' if services else 'not running'}")
+        for v in views:
+            print(f"  {v['name']}: {v['state']} ({v['vbuckets_leased']}/{NUM_VBUCKETS} vBuckets owned by live workers)")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    data = lifecycle.export_function(existing_data_dir(args), args.function)
+    text = json.dumps(data, indent=2)
+    if args.output:
+        Path(args.output).write_text(text + "\n")
+        print(f"exported function '{args.function}' to {args.output}")
+    else:
+        print(text)
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    data_dir = writable_data_dir(args)
+    try:
+        data = json.loads(Path(args.file).read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"file {args.file} does not exist") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{args.file} is not valid JSON ({exc})") from None
+    records = lifecycle.import_definitions(data_dir, data)
+    if args.json:
+        emit_json([record_view(r) for r in records])
+    else:
+        for r in records:
+            print(f"imported function '{r.name}' (state: {r.state.value})")
+    return 0
+
+
+def register(sub: Any, add: Any) -> None:
+    p = add("create", cmd_create, "save a function definition (JSON + handler file) without deploying it")
+    p.add_argument("file")
+    p = add("deploy", cmd_deploy, "deploy a function: a definition file (saved first) or a stored function's name")
+    p.add_argument("function", help="NAME or path/to/definition.json")
+    p.add_argument("--boundary", choices=["everything", "from_now"], default=None,
+                   help="feed boundary: all mutations from seqno 0, or only new ones (default: the definition's)")
+    p = add("pause", cmd_pause, "pause a deployed function: workers checkpoint and stop")
+    p.add_argument("function")
+    p.add_argument("--wait", type=float, default=60.0, help="seconds to wait for a running service (default 60)")
+    p = add("resume", cmd_resume, "resume a paused function right after its checkpoints")
+    p.add_argument("function")
+    p = add("undeploy", cmd_undeploy, "undeploy a function: workers stop and checkpoints are dropped")
+    p.add_argument("function")
+    p.add_argument("--wait", type=float, default=60.0, help="seconds to wait for a running service (default 60)")
+    p = add("delete", cmd_delete, "delete an undeployed function's definition")
+    p.add_argument("function")
+    add("list", cmd_list, "list functions and their states")
+    p = add("status", cmd_status, "function states and whether an eventing service is running")
+    p.add_argument("function", nargs="?")
+    p = add("export", cmd_export, "print a function definition with its handler source as JSON")
+    p.add_argument("function")
+    p.add_argument("-o", "--output", help="write to this file instead of stdout")
+    p = add("import", cmd_import, "import function definitions exported with `eventing export`")
+    p.add_argument("file")

@@ -1,0 +1,99 @@
+"""`eventing run` (the service), and the views of a running function: vbmap, stats."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+from typing import Any
+
+from eventing.cli.common import ProgressRenderer, existing_data_dir
+from eventing.cli.output import emit_json, progress_enabled, table
+from eventing.ops.stats import function_stats, vbucket_map
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from eventing.runtime.executor import make_executor
+    from eventing.runtime.service import EventingService
+
+    data_dir = existing_data_dir(args)
+    executor = make_executor(args.executor, args.ray_address)
+    renderer = ProgressRenderer(enabled=not args.json and not args.quiet and progress_enabled())
+    service = EventingService(
+        data_dir, executor, until_caught_up=args.until_caught_up, functions=args.function or None,
+        on_progress=renderer,
+    )
+    previous = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, lambda *_: service.stop())
+    try:
+        summary = service.run()
+    except KeyboardInterrupt:
+        service.stop()
+        summary = service.summary
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        renderer.close()
+    result = {
+        "seconds": round(summary.seconds, 2),
+        "functions": {
+            name: {"handled": p.handled, "backlog": p.backlog, "state": p.state, "error": p.error}
+            for name, p in summary.functions.items()
+        },
+        "errors": summary.errors,
+    }
+    if args.json:
+        emit_json(result)
+    elif not args.quiet:
+        if not summary.functions:
+            print("no deployed functions to run; deploy one with `eventing deploy functions/fn_email.json`")
+        for name, p in summary.functions.items():
+            rate = p.handled / summary.seconds if summary.seconds else 0
+            extra = f" error: {p.error}" if p.error else ""
+            print(f"{name}: {p.handled:,} mutations handled in {summary.seconds:.1f}s ({rate:,.0f}/s), {p.state}{extra}")
+    return 1 if summary.errors else 0
+
+
+def cmd_vbmap(args: argparse.Namespace) -> int:
+    data = vbucket_map(existing_data_dir(args), args.function)
+    if args.json:
+        emit_json(data)
+    else:
+        print(f"vBucket map of {data['function']} (from the {data['source']}):")
+        print(table(["worker", "vBuckets", "live", "ranges"],
+                    [[w["worker"], w["vbuckets"], "yes" if w["live"] else "no", w["ranges"]] for w in data["workers"]]))
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    data = function_stats(existing_data_dir(args), args.function)
+    if args.json:
+        emit_json(data)
+    else:
+        _print_stats(data)
+    return 0
+
+
+def _print_stats(data: dict[str, Any]) -> None:
+    print(f"stats of {data['function']} ({data['state']}):")
+    for k, v in data.items():
+        if k in ("function", "state"):
+            continue
+        if isinstance(v, dict):
+            v = ", ".join(f"{a}={b}" for a, b in v.items()) or "-"
+        print(f"  {k:>26}: {v if v is not None else '-'}")
+
+
+def register(sub: Any, add: Any) -> None:
+    p = add("run", cmd_run, "run every deployed function on Ray workers (Ctrl-C stops after a checkpoint)")
+    p.add_argument("--until-caught-up", action="store_true",
+                   help="stop once the high seqnos seen at start are processed and checkpointed")
+    p.add_argument("--ray-address", default=os.environ.get("EVENTING_RAY_ADDRESS"),
+                   help="join an existing Ray cluster (default: start a local Ray instance)")
+    p.add_argument("--executor", choices=["ray", "in-process"], default="ray",
+                   help="ray (default) or in-process (one process, for debugging and tests)")
+    p.add_argument("--function", action="append", help="run only this function (repeatable)")
+    p.add_argument("--quiet", action="store_true", help="no progress and no summary")
+    p = add("vbmap", cmd_vbmap, "which worker owns which vBucket ranges")
+    p.add_argument("function")
+    p = add("stats", cmd_stats, "mutations seen, handler successes and failures, checkpoint lag, throughput")
+    p.add_argument("function")

@@ -1,0 +1,59 @@
+"""Function statistics and vBucket maps, as the CLI, the demo and the HTTP API show them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from eventing.core import counters as counter_names
+from eventing.storage.bucket import LocalBucket
+from eventing.storage.metadata import open_metadata
+from sharding import NUM_VBUCKETS, format_ranges, worker_plan
+
+
+def vbucket_map(data_dir: str, name: str) -> dict[str, Any]:
+    store = open_metadata(data_dir, create=False)
+    record = store.get_function(name)
+    cps = store.checkpoints(name)
+    workers: dict[str, list[int]] = {}
+    if cps:
+        for vb, cp in cps.items():
+            workers.setdefault(cp.owner or "(never owned)", []).append(vb)
+        source = "metadata store (last recorded owners)"
+    else:
+        count = record.definition.get("worker_count", 1)
+        for i, vbs in enumerate(worker_plan(range(NUM_VBUCKETS), count)):
+            workers[f"local/w{i}"] = vbs
+        source = "plan (function not deployed)"
+    leased = {cp.owner for cp in cps.values() if cp.leased}
+    return {
+        "function": name,
+        "source": source,
+        "workers": [
+            {"worker": w, "vbuckets": len(vbs), "ranges": format_ranges(vbs), "live": w in leased}
+            for w, vbs in sorted(workers.items())
+        ],
+    }
+
+
+def function_stats(data_dir: str, name: str) -> dict[str, Any]:
+    store = open_metadata(data_dir, create=False)
+    record = store.get_function(name)
+    counters = store.counters(name)
+    cps = store.checkpoints(name)
+    lag = None
+    if cps:
+        source = LocalBucket.open(data_dir, record.definition["source_bucket"])
+        highs = source.high_seqnos()
+        lag = sum(max(0, highs[vb] - cp.seqno) for vb, cp in cps.items())
+    out: dict[str, Any] = {"function": name, "state": record.state.value}
+    out.update({k: int(counters.get(k, 0)) for k in counter_names.STATS_KEYS})
+    out["dlq"] = {k[4:]: int(v) for k, v in counters.items() if k.startswith("dlq_")}
+    out["checkpoint_lag"] = lag
+    out["throughput_mps"] = counters.get("throughput_mps", 0.0)
+    if counters.get("last_run_seconds"):
+        out["last_run"] = {
+            "handled": int(counters.get("last_run_handled", 0)),
+            "seconds": round(counters["last_run_seconds"], 2),
+            "mutations_per_s": round(counters.get("last_run_handled", 0) / counters["last_run_seconds"]),
+        }
+    return out
