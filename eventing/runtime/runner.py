@@ -61,6 +61,8 @@ class Rejection(NamedTuple):
 
 
 NO_HANDLER = Rejection("no_handler")
+# Builds a Call in C: Call(...) goes through a generated Python __new__, ~0.3 us a mutation on the hot path.
+_new_call = tuple.__new__
 
 
 @dataclass
@@ -155,11 +157,13 @@ class HandlerRunner:
             except Exception as exc:  # noqa: BLE001 - any decode failure is the document's fault
                 return Rejection("undecodable", f"{type(exc).__name__}: {exc}")
             if self.on_update is None:
-                return Call("on_update", None, (), doc)
-            return Call("on_update", self.on_update, (doc, self.meta(m)), doc)
+                return _new_call(Call, ("on_update", None, (), doc))
+            meta = Meta(m.key, m.cas, m.vb, m.seqno, m.expiry, m.flags, "json", self.keyspace)
+            return _new_call(Call, ("on_update", self.on_update, (doc, meta), doc))
         if self.on_delete is None:
             return NO_HANDLER
-        return Call("on_delete", self.on_delete, (self.meta(m), DeleteOptions(expired=m.op == OP_EXPIRE)), None)
+        args = (self.meta(m), DeleteOptions(expired=m.op == OP_EXPIRE))
+        return _new_call(Call, ("on_delete", self.on_delete, args, None))
 
     def call(
         self,

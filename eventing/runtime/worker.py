@@ -75,6 +75,8 @@ class WorkerCore:
         self.on_delete = self.runner.on_delete
         self.max_bytes = self.defn.max_document_bytes
         self.timeout_s = self.runner.timeout_s
+        self._attempts = self.defn.retries + 1
+        self._backoff_s = self.defn.retry_backoff.total_seconds()
         self._success = {kind: counter_names.handler_outcome(kind, "success") for kind in ("on_update", "on_delete")}
         self.positions: dict[int, int] = {}  # vb -> last handled seqno
         self.committed: dict[int, int] = {}  # vb -> last checkpointed seqno
@@ -271,8 +273,8 @@ class WorkerCore:
                 c[self._success["on_update"]] += 1
                 return
         failure = self.runner.call(
-            m, call, epoch=self.epochs[m.vb], attempts=self.defn.retries + 1,
-            backoff_s=self.defn.retry_backoff.total_seconds(), on_retry=self._count_retry,
+            m, call, epoch=self.epochs[m.vb], attempts=self._attempts, backoff_s=self._backoff_s,
+            on_retry=self._count_retry,
         )
         if failure is None:
             c[self._success[call.kind]] += 1
