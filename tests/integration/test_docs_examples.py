@@ -129,6 +129,9 @@ def test_every_shell_block_runs_or_says_why_not() -> None:
         for block in blocks_of(page):
             if block.language in ("sh", "shell", "console"):
                 pytest.fail(f"{block.page}:{block.line}: mark shell blocks ```bash so they are run or marked")
+            if block.language == "bash" and block.not_run is None and re.search(r"&&|^\s*(if|for|while)\b", block.text, re.M):
+                pytest.fail(f"{block.page}:{block.line}: one command per line in a runnable block; `a && b` or a "
+                            "compound command would hide a's failure from this check (set -e)")
             if block.not_run is not None:
                 assert block.not_run, f"{block.page}:{block.line}: a not-run marker needs a reason"
                 assert block.language == "bash", f"{block.page}:{block.line}: not-run marks only bash blocks"
