@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eventing.core.definition import FunctionDefinition
+from eventing.core.definition import Boundary, FunctionDefinition
 from eventing.ops.verify import VerifyReport, check_ledger
 from eventing.runtime import lifecycle
 from eventing.storage import loadgen
@@ -109,7 +109,7 @@ def load_source(
 
 
 def deploy_function(
-    data_dir: str, defn: FunctionDefinition, handler: str = LEDGER_HANDLER, boundary: str | None = None
+    data_dir: str, defn: FunctionDefinition, handler: str = LEDGER_HANDLER, boundary: Boundary | None = None
 ) -> None:
     """Create the function's binding buckets, save it with ``handler`` and deploy it."""
     for b in defn.bindings:
