@@ -4,7 +4,7 @@ Backends: SqliteMetadataStore (embedded default) and CouchbaseMetadataStore; `op
 the environment ($EVENTING_METADATA_URL).
 """
 
-from metadata.couchbase_store import CouchbaseMetadataStore, CouchbaseWindowStateStore
+from metadata.couchbase import CouchbaseMetadataStore, CouchbaseWindowStateStore
 from metadata.errors import (
     ConfigError,
     EventingError,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
-from metadata.couchbase_store import CouchbaseMetadataStore
+from metadata.couchbase import CouchbaseMetadataStore
 from metadata.errors import StoreError
 from metadata.sqlite_store import SqliteMetadataStore
 
