@@ -9,7 +9,7 @@ import functools
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from metadata.couchbase.adapter import SdkDocuments
 from metadata.couchbase.documents import Doc, Documents
@@ -27,6 +27,8 @@ from sharding import NUM_VBUCKETS
 
 if TYPE_CHECKING:
     from metadata.protocol import MetadataStore
+
+T = TypeVar("T")
 
 # (seconds), so a live service never vanishes, while a crashed one's document is reclaimed by the server.
 SERVICE_TTL_S = 24 * 3600
@@ -72,14 +74,42 @@ class CouchbaseMetadataStore:
         self._docs.close()
 
     def verify_integrity(self) -> None:
-        """A sanity read: the cluster answers and the function index is a well-formed document."""
-        got = self._docs.get(self._key("functions"))
-        if got is not None and not isinstance(got[0].get("names"), list):
-            raise StoreCorruptError(
-                f"metadata store {self.where}: document {self._key('functions')} is not a function index; "
-                "restore the bucket from a backup, or remove the documents under prefix "
-                f"'{self.prefix}::' and deploy the functions again"
-            )
+        """Read every function's documents (index, definition, checkpoints, counters) and check their shape:
+        a document that is not a JSON object, or lacks the fields the store writes, raises StoreCorruptError
+        naming it (the runtime must stop at its last checkpoint, never skip ahead of a damaged one)."""
+        got = self._get(self._key("functions"))
+        if got is not None and not (isinstance(got[0].get("names"), list) and all(isinstance(n, str) for n in got[0]["names"])):
+            raise self._corrupt(self._key("functions"), "is not a function index")
+        for record in self.list_functions():
+            self.checkpoints(record.name)
+            self.counters(record.name)
+
+    def _corrupt(self, key: str, what: str) -> StoreCorruptError:
+        return StoreCorruptError(
+            f"metadata store {self.where}: document {key} {what}; restore the bucket from a backup "
+            f"(cbbackupmgr), or remove the documents under prefix '{self.prefix}::' and deploy the functions again"
+        )
+
+    def _get(self, key: str) -> tuple[Doc, int] | None:
+        """`Documents.get`, with a value that is not a JSON object reported as corruption."""
+        got = self._docs.get(key)
+        if got is not None and not isinstance(got[0], dict):
+            raise self._corrupt(key, f"is not a JSON object (a {type(got[0]).__name__})")
+        return got
+
+    def _get_many(self, keys: Sequence[str]) -> dict[str, tuple[Doc, int]]:
+        found = self._docs.get_many(keys)
+        for key, (value, _) in found.items():
+            if not isinstance(value, dict):
+                raise self._corrupt(key, f"is not a JSON object (a {type(value).__name__})")
+        return found
+
+    def _decode(self, key: str, decode: Callable[..., T], *args: Any) -> T:
+        """Turn a stored document into a value; missing or mistyped fields are corruption, not a crash."""
+        try:
+            return decode(*args)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise self._corrupt(key, f"lacks a valid field ({type(exc).__name__}: {exc})") from None
 
     # -- keys and CAS loops ---------------------------------------------------------------------------
 
@@ -106,7 +136,7 @@ class CouchbaseMetadataStore:
         decide from its argument.
         """
         for attempt in range(MAX_CAS_ATTEMPTS):
-            got = self._docs.get(key)
+            got = self._get(key)
             new = change(copy.deepcopy(got[0]) if got else None)
             if new is None:
                 return None
@@ -124,7 +154,7 @@ class CouchbaseMetadataStore:
 
     def _mutate_many(self, changes: Mapping[str, Callable[[Doc | None], Doc | None]]) -> dict[str, Doc | None]:
         """`_mutate` for many documents: one multi-get and one multi-replace, then each lost race alone."""
-        current = self._docs.get_many(list(changes))
+        current = self._get_many(list(changes))
         out: dict[str, Doc | None] = {}
         batch: dict[str, tuple[Doc, int]] = {}
         for key, change in changes.items():
@@ -187,22 +217,26 @@ class CouchbaseMetadataStore:
         return _function(name, written)
 
     def get_function(self, name: str) -> FunctionRecord:
-        got = self._docs.get(self._key("fn", name))
+        got = self._get(self._key("fn", name))
         if got is None:
             known = ", ".join(r.name for r in self.list_functions()) or "none"
             raise NotFoundError(f"unknown function '{name}' (known: {known}); see `eventing list`")
-        return _function(name, got[0])
+        return self._decode(self._key("fn", name), _function, name, got[0])
 
     def list_functions(self) -> list[FunctionRecord]:
-        index = self._docs.get(self._key("functions"))
+        index = self._get(self._key("functions"))
         names = index[0]["names"] if index else []
-        docs = self._docs.get_many([self._key("fn", n) for n in names])
-        return [_function(n, docs[self._key("fn", n)][0]) for n in sorted(names) if self._key("fn", n) in docs]
+        docs = self._get_many([self._key("fn", n) for n in names])
+        return [
+            self._decode(self._key("fn", n), _function, n, docs[self._key("fn", n)][0])
+            for n in sorted(names)
+            if self._key("fn", n) in docs
+        ]
 
     def delete_function(self, name: str) -> None:
         key = self._key("fn", name)
         for _ in range(MAX_CAS_ATTEMPTS):
-            got = self._docs.get(key)
+            got = self._get(key)
             if got is None:
                 raise NotFoundError(f"unknown function '{name}'; see `eventing list`")
             if got[0]["state"] != FunctionState.UNDEPLOYED.value:
@@ -263,19 +297,19 @@ class CouchbaseMetadataStore:
 
     def checkpoints(self, function: str) -> dict[int, Checkpoint]:
         keys = self._cp_keys(function)
-        docs = self._docs.get_many(list(keys.values()))
-        return {vb: _checkpoint(function, vb, docs[key][0]) for vb, key in keys.items() if key in docs}
+        docs = self._get_many(list(keys.values()))
+        return {vb: self._decode(key, _checkpoint, function, vb, docs[key][0]) for vb, key in keys.items() if key in docs}
 
     def checkpoint_starts(self, function: str) -> dict[int, int]:
         """Per vBucket, the seqno the current deployment started after (its feed boundary)."""
         keys = self._cp_keys(function)
-        docs = self._docs.get_many(list(keys.values()))
+        docs = self._get_many(list(keys.values()))
         return {vb: docs[key][0]["start"] for vb, key in keys.items() if key in docs}
 
     def checkpoint_regressions(self, function: str, *, min_epoch: int = 0) -> list[dict]:
         """Backwards moves of the function's checkpoints that commit refused, oldest first (every write
         goes through commit here, so there is no 'applied' kind as SQLite's trigger can record)."""
-        got = self._docs.get(self._key("cpreg", function))
+        got = self._get(self._key("cpreg", function))
         rows = [r for r in (got[0]["rows"] if got else []) if r["epoch"] >= min_epoch]
         return sorted(rows, key=lambda r: (r["at"], r["vb"]))
 
@@ -329,7 +363,7 @@ class CouchbaseMetadataStore:
         # that it lost them all, and stops working on them.
         vbs = sorted(set(epochs) | set(seqnos) | {r.vb for r in dlq})
         keys = {vb: self._cp_key(function, vb) for vb in vbs}
-        current = self._docs.get_many(list(keys.values()))
+        current = self._get_many(list(keys.values()))
         fenced = {vb for vb in vbs if keys[vb] not in current or current[keys[vb]][0]["epoch"] != epochs.get(vb)}
         for vb, seqno in seqnos.items():
             if vb not in fenced and seqno < current[keys[vb]][0]["seqno"]:
@@ -409,8 +443,8 @@ class CouchbaseMetadataStore:
             )
 
     def counters(self, function: str) -> dict[str, float]:
-        got = self._docs.get(self._key("ctr", function))
-        return dict(got[0]["values"]) if got else {}
+        got = self._get(self._key("ctr", function))
+        return self._decode(self._key("ctr", function), lambda: dict(got[0]["values"])) if got else {}
 
     # -- dead letters ---------------------------------------------------------------------------------
 
@@ -433,7 +467,7 @@ class CouchbaseMetadataStore:
     def _dlq_positions(self, function: str, vb: int | None) -> list[tuple[int, int]]:
         vbs = range(NUM_VBUCKETS) if vb is None else [vb]
         keys = {v: self._key("dlqix", function, v) for v in vbs}
-        docs = self._docs.get_many(list(keys.values()))
+        docs = self._get_many(list(keys.values()))
         return sorted((v, s) for v, key in keys.items() if key in docs for s in docs[key][0]["seqnos"])
 
     def dlq_rows(
@@ -443,7 +477,7 @@ class CouchbaseMetadataStore:
 
     def dlq_row(self, function: str, vb: int, seqno: int) -> DlqRow | None:
         """The dead letter of (function, vBucket, seqno), replayed or not; None if there is none."""
-        got = self._docs.get(self._dlq_key(function, vb, seqno))
+        got = self._get(self._dlq_key(function, vb, seqno))
         return _decode_dlq(got[0]) if got else None
 
     def find_dlq_rows(
@@ -463,7 +497,7 @@ class CouchbaseMetadataStore:
         found: list[DlqRow] = []
         for i in range(0, len(positions), DLQ_FETCH_CHUNK):
             keys = [self._dlq_key(function, v, s) for v, s in positions[i : i + DLQ_FETCH_CHUNK]]
-            docs = self._docs.get_many(keys)
+            docs = self._get_many(keys)
             for k in keys:
                 if k not in docs:
                     continue  # removed after the index was read, or before its index entry was
@@ -537,7 +571,7 @@ class CouchbaseMetadataStore:
         self._docs.upsert(
             self._key("svc", service_id), {"info": info, "heartbeat_at": time.time()}, expiry_s=SERVICE_TTL_S
         )
-        index = self._docs.get(self._key("services"))
+        index = self._get(self._key("services"))
         if index is None or service_id not in index[0]["ids"]:
             self._index_add(self._key("services"), "ids", [service_id])
 
@@ -546,9 +580,9 @@ class CouchbaseMetadataStore:
         self._index_remove(self._key("services"), "ids", [service_id])
 
     def live_services(self, max_age_s: float) -> list[str]:
-        index = self._docs.get(self._key("services"))
+        index = self._get(self._key("services"))
         ids = index[0]["ids"] if index else []
-        docs = self._docs.get_many([self._key("svc", i) for i in ids])
+        docs = self._get_many([self._key("svc", i) for i in ids])
         since = time.time() - max_age_s
         return [i for i in ids if self._key("svc", i) in docs and docs[self._key("svc", i)][0]["heartbeat_at"] >= since]
 
@@ -556,7 +590,7 @@ class CouchbaseMetadataStore:
 
     def nodes(self) -> list[dict]:
         """Eventing nodes in the order they were added; state is active, joining or leaving."""
-        got = self._docs.get(self._key("nodes"))
+        got = self._get(self._key("nodes"))
         nodes = [dict(n, name=name) for name, n in (got[0]["nodes"] if got else {}).items()]
         return [
             {"name": n["name"], "state": n["state"], "ray_node_id": n["ray_node_id"], "added_at": n["added_at"]}
@@ -587,7 +621,7 @@ class CouchbaseMetadataStore:
     # -- small settings -------------------------------------------------------------------------------
 
     def get_kv(self, key: str) -> str | None:
-        got = self._docs.get(self._key("kv", key))
+        got = self._get(self._key("kv", key))
         return got[0]["value"] if got else None
 
     def set_kv(self, key: str, value: str) -> None:

@@ -45,7 +45,7 @@ class CouchbaseWindowStateStore:
         counters: Mapping[str, int | float] | None = None,
     ) -> bool:
         """Write state, DLQ rows and counters if ``fence`` is still current; False if fenced."""
-        got = self.store._docs.get(self._key(function))
+        got = self.store._get(self._key(function))
         if got is None or got[0]["fence"] != fence:
             return False
         self.store._insert_dlq(list(dlq_rows))
@@ -66,7 +66,7 @@ class CouchbaseWindowStateStore:
 
     def load(self, function: str) -> dict[str, Any] | None:
         """The last committed state, read-only (for inspection)."""
-        got = self.store._docs.get(self._key(function))
+        got = self.store._get(self._key(function))
         return got[0]["state"] if got else None
 
     def reset(self, function: str) -> None:
