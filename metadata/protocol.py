@@ -29,6 +29,20 @@ class MetadataStore(Protocol):
     ) -> dict[int, Checkpoint]: ...
     def checkpoint_starts(self, function: str) -> dict[int, int]: ...
     def checkpoint_regressions(self, function: str, *, min_epoch: int = 0) -> list[dict]: ...
+    def rewind_checkpoints(
+        self, function: str, targets: Mapping[int, int], *, reapply_effects: bool = False
+    ) -> dict[int, tuple[int, int]]:
+        """Move a paused function's checkpoints back to `targets` ({vb: seqno}), so resuming handles the
+        mutations after them again; returns {vb: (from, to)} of the vBuckets that moved.
+
+        LifecycleError unless the function is paused. A vBucket at or below its target stays. Each move
+        bumps the vBucket's epoch (an owner from before the pause is fenced), lowers the deployment's start
+        to the target, and is recorded as a rewind (checkpoint_rewinds), never as a regression. Without
+        reapply_effects a target below the start is refused (see metadata.model.plan_rewind); lowering the
+        effect marks in the binding buckets is the caller's part (eventing.ops.rewind).
+        """
+        ...
+    def checkpoint_rewinds(self, function: str, *, min_epoch: int = 0) -> list[dict]: ...
     def commit(
         self,
         function: str,

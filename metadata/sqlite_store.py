@@ -19,7 +19,17 @@ from metadata.errors import (
     StoreCorruptError,
     StoreError,
 )
-from metadata.model import Checkpoint, DlqRow, FunctionRecord, FunctionState, check_transition
+from metadata.model import (
+    REWIND,
+    REWIND_REAPPLY,
+    Checkpoint,
+    DlqRow,
+    FunctionRecord,
+    FunctionState,
+    check_rewind_allowed,
+    check_transition,
+    plan_rewind,
+)
 from metadata.sqlite_io import retry_locked, run_transaction
 
 log = logging.getLogger("eventing.metadata")
@@ -352,14 +362,62 @@ class SqliteMetadataStore:
 
     def checkpoint_regressions(self, function: str, *, min_epoch: int = 0) -> list[dict]:
         """Backwards moves of the function's checkpoints (refused by commit, or applied behind its back),
-        oldest first; min_epoch limits them to one deployment (epochs start at generation << 32)."""
+        oldest first; min_epoch limits them to one deployment (epochs start at generation << 32).
+        Deliberate rewinds (rewind_checkpoints) are not regressions; see checkpoint_rewinds."""
+        return self._moves(function, min_epoch, "NOT IN")
+
+    def checkpoint_rewinds(self, function: str, *, min_epoch: int = 0) -> list[dict]:
+        """The moves rewind_checkpoints made, oldest first: how is REWIND (effect marks kept) or
+        REWIND_REAPPLY (effects of the rewound range apply again)."""
+        return self._moves(function, min_epoch, "IN")
+
+    def _moves(self, function: str, min_epoch: int, op: str) -> list[dict]:
         rows = self._read(
             "SELECT vb, epoch, from_seqno, to_seqno, how, at FROM checkpoint_regressions "
-            "WHERE function=? AND epoch>=? ORDER BY at, vb",
-            (function, min_epoch),
+            f"WHERE function=? AND epoch>=? AND how {op} (?, ?) ORDER BY at, vb",
+            (function, min_epoch, REWIND, REWIND_REAPPLY),
         )
         keys = ("vb", "epoch", "from_seqno", "to_seqno", "how", "at")
         return [dict(zip(keys, r, strict=True)) for r in rows]
+
+    def rewind_checkpoints(
+        self, function: str, targets: Mapping[int, int], *, reapply_effects: bool = False
+    ) -> dict[int, tuple[int, int]]:
+        """Move a paused function's checkpoints back (see MetadataStore.rewind_checkpoints); one transaction."""
+        now = time.time()
+        how = REWIND_REAPPLY if reapply_effects else REWIND
+
+        def body(db: sqlite3.Connection) -> dict[int, tuple[int, int]]:
+            row = db.execute("SELECT state FROM functions WHERE name=?", (function,)).fetchone()
+            if row is None:
+                raise NotFoundError(f"unknown function '{function}'; see `eventing list`")
+            check_rewind_allowed(function, FunctionState(row[0]))
+            current = {
+                vb: (seqno, epoch, start)
+                for vb, seqno, epoch, start in db.execute(
+                    "SELECT c.vb, c.seqno, c.epoch, s.seqno FROM checkpoints c LEFT JOIN checkpoint_starts s "
+                    "ON s.function=c.function AND s.vb=c.vb WHERE c.function=?",
+                    (function,),
+                )
+            }
+            moves = plan_rewind(function, current, targets, reapply_effects)
+            # The trigger logs every backwards UPDATE as 'applied'; the rows it adds here are relabelled.
+            mark = db.execute("SELECT COALESCE(MAX(rowid), 0) FROM checkpoint_regressions").fetchone()[0]
+            db.executemany(
+                # epoch + 1 fences any owner from before the pause: its late commit cannot move it forward.
+                "UPDATE checkpoints SET seqno=?, epoch=epoch+1, leased=0, updated_at=? WHERE function=? AND vb=?",
+                [(to, now, function, vb) for vb, (_, to) in moves.items()],
+            )
+            db.execute(
+                "UPDATE checkpoint_regressions SET how=?, at=? WHERE rowid>? AND function=?", (how, now, mark, function)
+            )
+            db.executemany(
+                "UPDATE checkpoint_starts SET seqno=MIN(seqno, ?) WHERE function=? AND vb=?",
+                [(to, function, vb) for vb, (_, to) in moves.items()],
+            )
+            return moves
+
+        return self._tx(body)
 
     def release(self, function: str, epochs: Mapping[int, int]) -> set[int]:
         """Give vBuckets up (lease cleared; owner and epoch kept) after a final commit; returns fenced ones."""

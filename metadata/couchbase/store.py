@@ -22,7 +22,17 @@ from metadata.errors import (
     StoreCorruptError,
     StoreError,
 )
-from metadata.model import Checkpoint, DlqRow, FunctionRecord, FunctionState, check_transition
+from metadata.model import (
+    REWIND,
+    REWIND_REAPPLY,
+    Checkpoint,
+    DlqRow,
+    FunctionRecord,
+    FunctionState,
+    check_rewind_allowed,
+    check_transition,
+    plan_rewind,
+)
 from sharding import NUM_VBUCKETS
 
 if TYPE_CHECKING:
@@ -308,10 +318,68 @@ class CouchbaseMetadataStore:
 
     def checkpoint_regressions(self, function: str, *, min_epoch: int = 0) -> list[dict]:
         """Backwards moves of the function's checkpoints that commit refused, oldest first (every write
-        goes through commit here, so there is no 'applied' kind as SQLite's trigger can record)."""
+        goes through commit here, so there is no 'applied' kind as SQLite's trigger can record).
+        Deliberate rewinds (rewind_checkpoints) are not regressions; see checkpoint_rewinds."""
+        return [r for r in self._moves(function, min_epoch) if r["how"] not in (REWIND, REWIND_REAPPLY)]
+
+    def checkpoint_rewinds(self, function: str, *, min_epoch: int = 0) -> list[dict]:
+        """The moves rewind_checkpoints made, oldest first (how: REWIND or REWIND_REAPPLY)."""
+        return [r for r in self._moves(function, min_epoch) if r["how"] in (REWIND, REWIND_REAPPLY)]
+
+    def _moves(self, function: str, min_epoch: int) -> list[dict]:
         got = self._get(self._key("cpreg", function))
         rows = [r for r in (got[0]["rows"] if got else []) if r["epoch"] >= min_epoch]
         return sorted(rows, key=lambda r: (r["at"], r["vb"]))
+
+    def rewind_checkpoints(
+        self, function: str, targets: Mapping[int, int], *, reapply_effects: bool = False
+    ) -> dict[int, tuple[int, int]]:
+        """Move a paused function's checkpoints back (see MetadataStore.rewind_checkpoints).
+
+        Per document, as everything here: the state is checked first, then each checkpoint is replaced
+        only while it still holds the epoch read with it, so a worker that claimed it in between (the
+        function was resumed meanwhile) makes the rewind fail with LifecycleError instead of being undone.
+        The rewinds are recorded after the checkpoints moved.
+        """
+        check_rewind_allowed(function, self.get_function(function).state)
+        keys = {vb: self._cp_key(function, vb) for vb in targets}
+        docs = self._get_many(list(keys.values()))
+        current = {
+            vb: (docs[k][0]["seqno"], docs[k][0]["epoch"], docs[k][0].get("start")) for vb, k in keys.items() if k in docs
+        }
+        moves = plan_rewind(function, current, targets, reapply_effects)
+        now = time.time()
+        raced: list[int] = []
+
+        def rewind(vb: int, epoch: int, to: int) -> Callable[[Doc | None], Doc | None]:
+            def change(doc: Doc | None) -> Doc | None:
+                if doc is None or doc["epoch"] != epoch:
+                    raced.append(vb)
+                    return None
+                start = doc.get("start")
+                return dict(
+                    doc, seqno=to, epoch=epoch + 1, leased=False, updated_at=now,
+                    start=to if start is None else min(start, to),
+                )
+
+            return change
+
+        self._mutate_many({keys[vb]: rewind(vb, current[vb][1], to) for vb, (_, to) in moves.items()})
+        how = REWIND_REAPPLY if reapply_effects else REWIND
+        done = {vb: m for vb, m in moves.items() if vb not in raced}
+        rows = [
+            {"vb": vb, "epoch": current[vb][1] + 1, "from_seqno": f, "to_seqno": t, "how": how, "at": now}
+            for vb, (f, t) in done.items()
+        ]
+        if rows:
+            self._mutate(self._key("cpreg", function), lambda doc: {"rows": [*(doc or {"rows": []})["rows"], *rows]})
+        if raced:
+            raise LifecycleError(
+                f"function '{function}' was resumed while its checkpoints were being rewound: {len(done)} vBuckets "
+                f"moved back, {len(raced)} (e.g. {sorted(raced)[:3]}) were claimed by a worker first; pause it and "
+                "rewind again"
+            )
+        return moves
 
     def claim(
         self, function: str, vbuckets: Iterable[int], owner: str, *, min_epochs: Mapping[int, int] | None = None

@@ -27,6 +27,7 @@ import pytest
 
 from metadata import (
     TRANSITIONS,
+    ConfigError,
     CouchbaseMetadataStore,
     CouchbaseWindowStateStore,
     DlqRow,
@@ -408,6 +409,66 @@ def test_checkpoint_never_moves_backwards(store):
     assert store.checkpoint_regressions("fn", min_epoch=e + 1) == []
 
 
+def _paused_with_checkpoints(store, positions: dict[int, int], starts: dict[int, int] | None = None) -> dict[int, int]:
+    """A paused function 'fn' whose checkpoints were claimed, committed at `positions` and released."""
+    _put_in_state(store, "fn", FunctionState.PAUSED)
+    store.init_checkpoints("fn", starts or dict.fromkeys(positions, 0), "uuid")
+    epochs = {vb: cp.epoch for vb, cp in store.claim("fn", positions, "n/w0").items()}
+    store.commit("fn", epochs, positions)
+    store.release("fn", epochs)
+    return epochs
+
+
+def test_a_rewind_moves_a_paused_functions_checkpoints_back_and_is_not_a_regression(store):
+    epochs = _paused_with_checkpoints(store, {0: 10, 1: 20, 2: 3})
+    moved = store.rewind_checkpoints("fn", {0: 4, 1: 0, 2: 5})
+    assert moved == {0: (10, 4), 1: (20, 0)}  # vBucket 2 is already below its target: it stays
+    cps = store.checkpoints("fn")
+    assert {vb: cp.seqno for vb, cp in cps.items()} == {0: 4, 1: 0, 2: 3}
+    assert (cps[0].epoch, cps[0].owner, cps[0].leased) == (epochs[0] + 1, "n/w0", False)
+    assert cps[2].epoch == epochs[2]
+    assert store.checkpoint_regressions("fn") == []
+    rewinds = store.checkpoint_rewinds("fn")
+    assert [(r["vb"], r["from_seqno"], r["to_seqno"], r["how"], r["epoch"]) for r in rewinds] == [
+        (0, 10, 4, "rewind", epochs[0] + 1), (1, 20, 0, "rewind", epochs[1] + 1),
+    ]
+    assert store.checkpoint_rewinds("fn", min_epoch=epochs[0] + 2) == []
+
+
+def test_an_owner_from_before_a_rewind_is_fenced(store):
+    epochs = _paused_with_checkpoints(store, {0: 10})
+    store.rewind_checkpoints("fn", {0: 2})
+    assert store.commit("fn", epochs, {0: 11}) == {0}
+    assert store.checkpoints("fn")[0].seqno == 2
+    assert store.claim("fn", [0], "n/w1")[0].epoch == epochs[0] + 2
+
+
+@pytest.mark.parametrize("state", [s for s in FunctionState if s is not FunctionState.PAUSED])
+def test_only_a_paused_function_can_be_rewound(store, state):
+    _put_in_state(store, "fn", state)
+    store.init_checkpoints("fn", {0: 0}, "uuid")
+    with pytest.raises(LifecycleError, match=f"cannot rewind function 'fn': it is {state.value}; only a paused"):
+        store.rewind_checkpoints("fn", {0: 0})
+
+
+def test_a_rewind_below_the_feed_boundary_needs_the_effects_reapplied(store):
+    _paused_with_checkpoints(store, {0: 30, 1: 30}, starts={0: 20, 1: 0})
+    with pytest.raises(ConfigError, match="vBucket 0 .* started after seqno 20 .*rewind to 20 or later, or pass --reapply-effects"):
+        store.rewind_checkpoints("fn", {0: 5, 1: 5})
+    assert {vb: cp.seqno for vb, cp in store.checkpoints("fn").items()} == {0: 30, 1: 30}  # nothing moved
+    assert store.rewind_checkpoints("fn", {0: 5, 1: 5}, reapply_effects=True) == {0: (30, 5), 1: (30, 5)}
+    assert store.checkpoint_starts("fn") == {0: 5, 1: 0}
+    assert {r["how"] for r in store.checkpoint_rewinds("fn")} == {"rewind-reapply"}
+
+
+def test_rewinding_vbuckets_without_checkpoints_or_to_a_negative_seqno_is_refused(store):
+    _paused_with_checkpoints(store, {0: 3})
+    with pytest.raises(ConfigError, match=r"no checkpoint for vBuckets \[7\]"):
+        store.rewind_checkpoints("fn", {7: 0})
+    with pytest.raises(ConfigError, match="to seqno -1; seqnos start at 0"):
+        store.rewind_checkpoints("fn", {0: -1})
+
+
 def test_commit_moves_checkpoints_and_counts_in_one_call(store):
     store.init_checkpoints("fn", {vb: 0 for vb in range(4)}, "uuid")
     epochs = {vb: cp.epoch for vb, cp in store.claim("fn", range(4), "w").items()}
@@ -638,6 +699,17 @@ def test_a_checkpoint_moved_ahead_by_the_same_owner_in_between_is_not_moved_back
     with pytest.raises(OrderViolationError, match="from 20 to 10"):
         a.commit("fn", {0: e}, {0: 10})
     assert a.checkpoints("fn")[0].seqno == 20
+
+
+def test_a_worker_claiming_while_a_rewind_writes_makes_the_rewind_fail_not_undo_the_claim():
+    docs = MemoryDocuments()
+    a, b = CouchbaseMetadataStore.on_documents(docs), CouchbaseMetadataStore.on_documents(docs)
+    _paused_with_checkpoints(a, {0: 10})
+    _slip_in_once(docs, lambda key: key.endswith("::cp::fn::0"), lambda: b.claim("fn", [0], "n/w9"))
+    with pytest.raises(LifecycleError, match="was resumed while its checkpoints were being rewound"):
+        a.rewind_checkpoints("fn", {0: 0})
+    cp = a.checkpoints("fn")[0]
+    assert (cp.seqno, cp.owner) == (10, "n/w9") and a.checkpoint_rewinds("fn") == []
 
 
 def test_the_couchbase_documents_follow_the_documented_layout():
