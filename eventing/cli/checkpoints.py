@@ -1,5 +1,5 @@
 """`eventing checkpoints FN` (the per-vBucket view of a function) and `eventing rewind FN` (move its
-checkpoints back so a paused function handles a range of mutations again)."""
+checkpoints back so a paused function handles a range of mutations again; see eventing.ops.rewind)."""
 
 from __future__ import annotations
 
@@ -48,6 +48,35 @@ def _epoch(epoch: int) -> str:
     return f"{epoch >> 32}:{epoch & 0xFFFFFFFF}"
 
 
+def cmd_rewind(args: argparse.Namespace) -> int:
+    from eventing.ops.rewind import rewind
+
+    result = rewind(
+        existing_data_dir(args), args.function, to_seqno=args.to_seqno, to_time=args.to_time, vb=args.vb,
+        reapply_effects=args.reapply_effects,
+    )
+    if args.json:
+        emit_json(result.to_dict())
+        return 0
+    name = result.function
+    if not result.moves:
+        print(f"nothing to rewind: every checkpoint of '{name}' in scope is already at or before {result.target}")
+        return 0
+    print(f"rewound '{name}' to {result.target}: {len(result.moves)} vBuckets moved back; "
+          f"{result.mutations_again:,} mutations will be handled again after `eventing resume {name}`")
+    if result.reapply_effects:
+        lowered = ", ".join(f"{b} ({n} vBuckets)" for b, n in result.effect_marks_lowered.items()) or "none held any"
+        print("effects: REAPPLIED. The effect marks were lowered (" + lowered + "), so every binding write of the "
+              "rewound range applies again, a second time where it had applied; `eventing verify` will report "
+              "those as duplicates")
+    else:
+        print("effects: kept. The handlers run again on the rewound range, but binding writes they already "
+              "applied are skipped by the effect marks (exactly once still holds; `eventing verify` still "
+              "passes); output outside bindings (print, log, calls to other systems) happens again. Pass "
+              "--reapply-effects to apply the binding writes again")
+    return 0
+
+
 def register(sub: Any, add: Any) -> None:
     p = add("checkpoints", cmd_checkpoints,
             "per vBucket of a function: checkpoint, high seqno, backlog, owner and epoch "
@@ -55,3 +84,16 @@ def register(sub: Any, add: Any) -> None:
     p.add_argument("function")
     p.add_argument("--vb", type=non_negative_int, help="only this vBucket")
     p.add_argument("--backlog-only", action="store_true", help="only vBuckets with mutations not yet checkpointed")
+    p = add("rewind", cmd_rewind,
+            "move a paused function's checkpoints back to a seqno or a point in time, so resuming handles those "
+            "mutations again; binding writes already applied are skipped unless --reapply-effects")
+    p.add_argument("function")
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("--to-seqno", type=non_negative_int, metavar="N",
+                        help="rewind every vBucket (or --vb) to seqno N; 0 handles everything again")
+    target.add_argument("--to-time", metavar="TIME",
+                        help="rewind to the last seqno written before TIME: ISO 8601 (UTC without a zone) or "
+                        "epoch seconds (milliseconds when 13 digits)")
+    p.add_argument("--vb", type=non_negative_int, help="only this vBucket")
+    p.add_argument("--reapply-effects", action="store_true",
+                   help="lower the effect marks too, so binding writes of the rewound range apply again")

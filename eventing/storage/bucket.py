@@ -498,6 +498,30 @@ class LocalBucket:
         rows = self._db.execute("SELECT vb, epoch, seqno FROM effect_marks WHERE function=?", (function,))
         return {vb: (epoch, seqno) for vb, epoch, seqno in rows}
 
+    def lower_effect_marks(self, function: str, seqnos: dict[int, int]) -> dict[int, int]:
+        """Lower the (function, vb) effect marks to at most the given seqnos, so effects of the function's
+        mutations after them apply again (a rewind with --reapply-effects); epochs are kept. Returns the
+        vBuckets whose mark moved, with their old seqno."""
+
+        def body() -> dict[int, int]:
+            old = self.effect_marks(function)
+            moved = {vb: old[vb][1] for vb, s in seqnos.items() if vb in old and old[vb][1] > s}
+            self._db.executemany(
+                "UPDATE effect_marks SET seqno=? WHERE function=? AND vb=? AND seqno>?",
+                [(seqnos[vb], function, vb, seqnos[vb]) for vb in moved],
+            )
+            return moved
+
+        return _retry_locked(self.path, lambda: self._tx(body))
+
+    def seqnos_before(self, time_ns: int) -> dict[int, int]:
+        """Per vBucket with a mutation logged at or after `time_ns`: the seqno right before the first such
+        mutation. A mutation's cas is the wall-clock time of its write in nanoseconds (see _next_cas), the
+        log's own arrival timestamp."""
+        time_ns = max(-(2**63), min(time_ns, 2**63 - 1))  # SQLite integers are 64-bit (year 2262 in ns)
+        rows = self._db.execute("SELECT vb, MIN(seqno) - 1 FROM log WHERE cas >= ? GROUP BY vb", (time_ns,))
+        return dict(rows.fetchall())
+
     def drop_effect_marks(self, function: str) -> None:
         _retry_locked(
             self.path,

@@ -185,3 +185,146 @@ def test_a_function_deployed_on_a_flushed_and_refilled_bucket_handles_only_the_n
     assert code == 0 and "ALL MUTATIONS ACCOUNTED FOR (1 of 1)" in out
     store = open_metadata(data_dir)
     assert {cp.bucket_uuid for cp in store.checkpoints("fn_a").values()} == {source.uuid}
+
+
+# -- checkpoints: the per-vBucket view ----------------------------------------------------------------------
+
+
+def test_the_checkpoint_view_shows_backlog_owner_epoch_and_lease_per_vbucket(capsys, dd, data_dir):
+    from eventing.ops.stats import checkpoint_view
+
+    _deployed(data_dir)
+    before = checkpoint_view(data_dir, "fn_a", backlog_only=True)
+    assert before["backlog"] == 60 and before["owners"] == [] and before["leased"] == 0
+    assert all(r["backlog"] == r["high_seqno"] > 0 and r["checkpoint"] == 0 for r in before["rows"])
+    assert len(before["rows"]) == before["vbuckets_with_backlog"]
+    run_until_caught_up(data_dir)
+    after = json_of(capsys, "checkpoints", "fn_a", *dd)
+    assert (after["backlog"], after["vbuckets"], after["source_identity_matches"]) == (0, 1024, True)
+    assert after["owners"] == ["local/w0", "local/w1"]
+    busy = before["rows"][0]["vb"]
+    (row,) = json_of(capsys, "checkpoints", "fn_a", "--vb", str(busy), *dd)["rows"]
+    assert row["checkpoint"] == row["high_seqno"] == before["rows"][0]["high_seqno"]
+    assert row["owner"].startswith("local/w") and row["epoch"] == (1 << 32) + 1 and row["leased"] is False
+    code, out, _ = run_cli(capsys, "checkpoints", "fn_a", "--vb", str(busy), *dd)
+    assert code == 0 and "backlog 0 in 0 vBuckets" in out and f"\n{busy} " in out and " 1:1 " in out
+    code, out, _ = run_cli(capsys, "checkpoints", "fn_a", "--backlog-only", *dd)
+    assert code == 0 and "no vBucket matches (no backlog anywhere)" in out
+
+
+def test_the_checkpoint_view_of_an_undeployed_function_or_a_missing_vbucket_names_the_fix(capsys, dd, data_dir):
+    _deployed(data_dir)
+    code, _, err = run_cli(capsys, "checkpoints", "fn_a", "--vb", "1024", *dd)
+    assert code == 2 and "vBucket 1024 does not exist; vBuckets are numbered 0..1023" in err
+    lifecycle.undeploy(data_dir, "fn_a")
+    code, _, err = run_cli(capsys, "checkpoints", "fn_a", *dd)
+    assert code == 2 and err == "error: function 'fn_a' has no checkpoints (it is undeployed); deploy it first\n"
+
+
+# -- rewind ---------------------------------------------------------------------------------------------------
+
+
+def _ran_and_paused(data_dir: str, tmp_path, documents: int = 100, mutations: int = 600, **deploy_kwargs) -> str:
+    calls = str(tmp_path / "calls.log")
+    load_source(data_dir, documents, mutations)
+    deploy_function(data_dir, ledger_definition("fn_a", "src", "ledger", call_log=calls), **deploy_kwargs)
+    run_until_caught_up(data_dir)
+    lifecycle.pause(data_dir, "fn_a")
+    return calls
+
+
+def _calls(path: str) -> int:
+    from eventing.testing import read_call_log
+
+    return sum(len(seqs) for seqs in read_call_log(path).values())
+
+
+def test_a_rewind_to_zero_reruns_every_handler_without_applying_an_effect_twice(capsys, dd, data_dir, tmp_path):
+    calls = _ran_and_paused(data_dir, tmp_path)
+    assert _calls(calls) == 600
+    code, out, _ = run_cli(capsys, "rewind", "fn_a", "--to-seqno", "0", *dd)
+    assert code == 0, out
+    assert "600 mutations will be handled again after `eventing resume fn_a`" in out
+    assert "effects: kept." in out and "`eventing verify` still passes" in out
+    assert json_of(capsys, "checkpoints", "fn_a", *dd)["backlog"] == 600
+    lifecycle.resume(data_dir, "fn_a")
+    assert run_until_caught_up(data_dir).functions["fn_a"].handled == 600
+    assert _calls(calls) == 1200  # every handler ran again ...
+    report = json_of(capsys, "verify", "fn_a", *dd)  # ... and every effect applied once
+    assert report["ok"] and report["handled"] == 600 and report["duplicate_effects"] == []
+    assert report["checkpoint_regressions"] == []
+    assert any("checkpoint rewinds with effect marks kept" in n for n in report["notes"])
+
+
+def test_a_rewind_with_reapply_effects_applies_the_effects_again_and_says_so(capsys, dd, data_dir, tmp_path):
+    _ran_and_paused(data_dir, tmp_path)
+    result = json_of(capsys, "rewind", "fn_a", "--to-seqno", "0", "--reapply-effects", *dd)
+    assert (result["effects"], result["mutations_again"]) == ("reapplied", 600)
+    assert result["effect_marks_lowered"]["ledger"] > 0
+    lifecycle.resume(data_dir, "fn_a")
+    run_until_caught_up(data_dir)
+    code, out, _ = run_cli(capsys, "verify", "fn_a", *dd)
+    assert code == 1 and "600 effects applied more than once" in out
+
+
+def test_a_rewind_to_a_time_handles_again_exactly_what_arrived_since(capsys, dd, data_dir, tmp_path):
+    import time
+
+    from eventing.testing import read_call_log
+
+    calls = str(tmp_path / "calls.log")
+    source = load_source(data_dir, 50, 200)
+    time.sleep(0.01)
+    since = time.time()
+    time.sleep(0.01)
+    for i in range(30):
+        source.upsert(f"late::{i}", {"i": i})
+    deploy_function(data_dir, ledger_definition("fn_a", "src", "ledger", call_log=calls))
+    run_until_caught_up(data_dir)
+    lifecycle.pause(data_dir, "fn_a")
+    result = json_of(capsys, "rewind", "fn_a", "--to-time", f"{since:.6f}", *dd)
+    assert result["mutations_again"] == 30 and result["vbuckets_moved"] == len({source.get_meta(f"late::{i}")["vb"] for i in range(30)})
+    lifecycle.resume(data_dir, "fn_a")
+    run_until_caught_up(data_dir)
+    handled = read_call_log(calls)
+    assert all(len(seqs) == 2 for key, seqs in handled.items() if key.startswith("late::"))
+    assert all(len(set(seqs)) == len(seqs) for key, seqs in handled.items() if not key.startswith("late::"))
+    code, out, _ = run_cli(capsys, "verify", "fn_a", *dd)
+    assert code == 0 and out.startswith("ALL MUTATIONS ACCOUNTED FOR (230 of 230)")
+    # An ISO 8601 time works too; one after everything arrived leaves nothing to rewind.
+    lifecycle.pause(data_dir, "fn_a")
+    code, out, _ = run_cli(capsys, "rewind", "fn_a", "--to-time", "2999-01-01T00:00:00Z", *dd)
+    assert code == 0 and out.startswith("nothing to rewind")
+
+
+def test_a_rewind_of_one_vbucket_moves_only_that_one(capsys, dd, data_dir, tmp_path):
+    _ran_and_paused(data_dir, tmp_path)
+    busy = max(json_of(capsys, "checkpoints", "fn_a", *dd)["rows"], key=lambda r: r["checkpoint"])
+    result = json_of(capsys, "rewind", "fn_a", "--to-seqno", "1", "--vb", str(busy["vb"]), *dd)
+    assert result["moves"] == {str(busy["vb"]): {"from": busy["checkpoint"], "to": 1}}
+    assert json_of(capsys, "checkpoints", "fn_a", *dd)["backlog"] == busy["checkpoint"] - 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--to-seqno", "0"], "cannot rewind function 'fn_a': it is deployed; only a paused function can be rewound"),
+        (["--to-time", "yesterday"], None),
+    ],
+)
+def test_rewinding_a_running_function_is_refused_in_one_line(capsys, dd, data_dir, argv, message):
+    _deployed(data_dir)
+    code, _, err = run_cli(capsys, "rewind", "fn_a", *argv, *dd)
+    assert code == 2 and err.count("\n") == 1
+    assert message is None or message in err
+
+
+def test_a_bad_time_and_a_rewind_below_the_feed_boundary_name_the_fix(capsys, dd, data_dir, tmp_path):
+    _ran_and_paused(data_dir, tmp_path, boundary="from_now")
+    code, _, err = run_cli(capsys, "rewind", "fn_a", "--to-time", "yesterday", *dd)
+    assert code == 2 and "neither ISO 8601 (2026-01-31T12:00:00Z) nor epoch seconds" in err
+    code, _, err = run_cli(capsys, "rewind", "fn_a", "--to-seqno", "0", *dd)
+    assert code == 2 and "boundary from_now" in err and "or pass --reapply-effects" in err
+    with pytest.raises(SystemExit):
+        main(["rewind", "fn_a", *dd])  # a target is required
+    assert "one of the arguments --to-seqno --to-time is required" in capsys.readouterr().err
