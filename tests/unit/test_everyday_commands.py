@@ -328,3 +328,50 @@ def test_a_bad_time_and_a_rewind_below_the_feed_boundary_name_the_fix(capsys, dd
     with pytest.raises(SystemExit):
         main(["rewind", "fn_a", *dd])  # a target is required
     assert "one of the arguments --to-seqno --to-time is required" in capsys.readouterr().err
+
+
+# -- stats --watch ----------------------------------------------------------------------------------------------
+
+
+def test_stats_watch_prints_one_line_per_refresh_when_not_on_a_terminal(capsys, dd, data_dir):
+    _deployed(data_dir)
+    code, out, _ = run_cli(capsys, "stats", "fn_a", "--watch", "--interval", "0.1", "--count", "3", *dd)
+    lines = out.splitlines()
+    assert code == 0 and len(lines) == 3
+    assert all(" fn_a state=deployed " in line and "checkpoint_lag=60" in line for line in lines)
+    code, out, _ = run_cli(capsys, "stats", "fn_a", "--watch", "--interval", "0.1", "--count", "2", "--json", *dd)
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert code == 0 and [r["function"] for r in rows] == ["fn_a", "fn_a"] and rows[1]["at"] >= rows[0]["at"]
+
+
+def test_stats_watch_redraws_in_place_on_a_terminal_and_ctrl_c_exits_0_like_run():
+    import io
+
+    from eventing.cli.watch import CLEAR, watch
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    samples = iter(range(100))
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        if len(sleeps) == 3:
+            raise KeyboardInterrupt
+
+    screen = Terminal()
+    code = watch(lambda: {"n": next(samples)}, lambda d: print(f"n is {d['n']}"), str, interval_s=0.5,
+                 as_json=False, out=screen, sleep=sleep)
+    assert code == 0 and sleeps == [0.5, 0.5, 0.5]
+    frames = screen.getvalue().split(CLEAR)[1:]
+    assert len(frames) == 3 and [f.splitlines()[1] for f in frames] == ["n is 0", "n is 1", "n is 2"]
+    assert "every 0.5s (Ctrl-C to stop)" in frames[0]
+
+
+@pytest.mark.parametrize("interval", ["0", "-1", "soon"])
+def test_a_watch_interval_below_a_tenth_of_a_second_is_refused(capsys, dd, interval):
+    with pytest.raises(SystemExit) as caught:
+        main(["stats", "fn_a", "--watch", "--interval", interval, *dd])
+    assert caught.value.code == 2 and "must be a number of seconds of at least 0.1" in capsys.readouterr().err
