@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
 from typing import Protocol
 
@@ -96,4 +97,8 @@ class MetadataStore(Protocol):
     def delete_node(self, name: str) -> None: ...
     def get_kv(self, key: str) -> str | None: ...
     def set_kv(self, key: str, value: str) -> None: ...
+    def backup(self, target: str | os.PathLike[str]) -> None:
+        """A consistent copy of the store in the file `target`, safe while other processes use the store
+        (SQLite's online backup); a backend backed up by its own tools raises StoreError naming them."""
+        ...
     def close(self) -> None: ...

@@ -20,6 +20,7 @@ COMMAND_MODULES: list[str] = [
     "eventing.cli.functions",
     "eventing.cli.run",
     "eventing.cli.checkpoints",
+    "eventing.cli.backup",
     "eventing.cli.demo",
     "eventing.cli.nodes",
     "eventing.cli.dlq",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import copy
 import functools
+import os
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -82,6 +83,13 @@ class CouchbaseMetadataStore:
 
     def close(self) -> None:
         self._docs.close()
+
+    def backup(self, target: str | os.PathLike[str]) -> None:
+        """Not done here: Couchbase backs its buckets up with its own tools."""
+        raise StoreError(
+            f"the metadata store is in Couchbase ({self.where}); back it up with Couchbase's own tools, "
+            f"e.g. `cbbackupmgr backup` of that bucket (documents under '{self.prefix}::'), not `eventing backup`"
+        )
 
     def verify_integrity(self) -> None:
         """Read every function's documents (index, definition, checkpoints, counters) and check their shape:

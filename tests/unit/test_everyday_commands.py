@@ -375,3 +375,108 @@ def test_a_watch_interval_below_a_tenth_of_a_second_is_refused(capsys, dd, inter
     with pytest.raises(SystemExit) as caught:
         main(["stats", "fn_a", "--watch", "--interval", interval, *dd])
     assert caught.value.code == 2 and "must be a number of seconds of at least 0.1" in capsys.readouterr().err
+
+
+# -- backup and restore of the metadata store ----------------------------------------------------------------
+
+
+def test_a_backup_taken_while_another_process_writes_is_a_whole_consistent_store(capsys, dd, data_dir, tmp_path):
+    import threading
+
+    from metadata import SqliteMetadataStore
+
+    _deployed(data_dir)
+    writer = SqliteMetadataStore(f"{data_dir}/metadata.sqlite3")
+    stop = threading.Event()
+
+    def write() -> None:
+        while not stop.is_set():
+            writer.add_counters("fn_a", {"busy": 1})
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    try:
+        results = [json_of(capsys, "backup", "-o", str(tmp_path / f"b{i}.sqlite3"), *dd) for i in range(3)]
+    finally:
+        stop.set()
+        thread.join()
+        writer.close()
+    for result in results:
+        copy = SqliteMetadataStore(result["file"], create=False)
+        copy.verify_integrity()
+        assert [f.name for f in copy.list_functions()] == ["fn_a"] and len(copy.checkpoints("fn_a")) == 1024
+        copy.close()
+    busy = [SqliteMetadataStore(r["file"]).counters("fn_a").get("busy", 0) for r in results]
+    assert busy == sorted(busy)  # each a snapshot of a later moment
+
+
+def test_backup_writes_under_the_data_directory_by_default(capsys, dd, data_dir):
+    _deployed(data_dir)
+    code, out, _ = run_cli(capsys, "backup", *dd)
+    assert code == 0 and f"to {data_dir}/backups/metadata-" in out and "restore it with `eventing restore" in out
+
+
+def test_a_restore_brings_checkpoints_back_and_the_rerun_applies_no_effect_twice(capsys, dd, data_dir, tmp_path):
+    source = load_source(data_dir, 50, 300)
+    deploy_function(data_dir, ledger_definition("fn_a", "src", "ledger"))
+    run_until_caught_up(data_dir)
+    backup_file = str(tmp_path / "meta.sqlite3")
+    assert run_cli(capsys, "backup", "-o", backup_file, *dd)[0] == 0
+    for i in range(100):
+        source.upsert(f"after::{i}", {"i": i})
+    run_until_caught_up(data_dir)
+    assert json_of(capsys, "verify", "fn_a", *dd)["handled"] == 400
+    code, out, _ = run_cli(capsys, "restore", backup_file, *dd)
+    assert code == 0, out
+    assert f"the replaced store is kept as {data_dir}/metadata.sqlite3.bak" in out and "fn_a: deployed" in out
+    assert json_of(capsys, "checkpoints", "fn_a", *dd)["backlog"] == 100  # back to where the backup was
+    assert run_until_caught_up(data_dir).functions["fn_a"].handled == 100
+    report = json_of(capsys, "verify", "fn_a", *dd)
+    assert report["ok"] and report["handled"] == 400 and report["duplicate_effects"] == []
+
+
+def test_restore_is_refused_while_a_service_runs(capsys, dd, data_dir, tmp_path):
+    _deployed(data_dir)
+    backup_file = str(tmp_path / "meta.sqlite3")
+    run_cli(capsys, "backup", "-o", backup_file, *dd)
+    store = open_metadata(data_dir)
+    store.heartbeat("host:123", "{}")
+    store.close()
+    code, _, err = run_cli(capsys, "restore", backup_file, *dd)
+    assert code == 2 and err == (
+        "error: cannot restore the metadata store while an eventing service runs (host:123); "
+        "stop it first (Ctrl-C on `eventing run`), then restore\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "backup file .* does not exist"),
+        (b"not a database at all, just text" * 200, "is not a SQLite database"),
+        ("empty-sqlite", "is a SQLite database but not an eventing metadata store"),
+    ],
+)
+def test_restoring_something_that_is_not_a_backup_names_it_and_changes_nothing(
+    capsys, dd, data_dir, tmp_path, content, message
+):
+    import re
+    import sqlite3
+
+    _deployed(data_dir)
+    bad = tmp_path / "bad.sqlite3"
+    if content == "empty-sqlite":
+        sqlite3.connect(bad).execute("CREATE TABLE t(x)").connection.commit()
+    elif content is not None:
+        bad.write_bytes(content)
+    code, _, err = run_cli(capsys, "restore", str(bad), *dd)
+    assert code == 2 and re.search(message, err) and err.count("\n") == 1
+    assert [f["name"] for f in json_of(capsys, "list", *dd)] == ["fn_a"]
+    assert not (tmp_path / "data" / "metadata.sqlite3.bak").exists()
+
+
+def test_a_couchbase_store_is_restored_with_couchbases_tools(capsys, dd, tmp_path, monkeypatch):
+    # (its backup: test_metadata_contract.py::test_a_couchbase_store_is_backed_up_with_couchbases_tools)
+    monkeypatch.setenv("EVENTING_METADATA_URL", "couchbase://cb/meta?username=u&password=p")
+    code, _, err = run_cli(capsys, "restore", str(tmp_path / "b.sqlite3"), *dd)
+    assert code == 2 and "restore it with Couchbase's own tools (`cbbackupmgr restore`)" in err

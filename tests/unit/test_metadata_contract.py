@@ -712,6 +712,12 @@ def test_a_worker_claiming_while_a_rewind_writes_makes_the_rewind_fail_not_undo_
     assert (cp.seqno, cp.owner) == (10, "n/w9") and a.checkpoint_rewinds("fn") == []
 
 
+def test_a_couchbase_store_is_backed_up_with_couchbases_tools(tmp_path):
+    with pytest.raises(StoreError, match="back it up with Couchbase's own tools, e.g. `cbbackupmgr backup`"):
+        CouchbaseMetadataStore.on_documents(MemoryDocuments()).backup(tmp_path / "b.sqlite3")
+    assert not (tmp_path / "b.sqlite3").exists()
+
+
 def test_the_couchbase_documents_follow_the_documented_layout():
     docs = MemoryDocuments()
     store = CouchbaseMetadataStore.on_documents(docs, prefix="p")
