@@ -16,7 +16,8 @@ def cmd_backup(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(result)
     else:
-        print(f"backed up the metadata store ({result['functions']} functions, {result['bytes']:,} bytes) to "
+        functions = f"{result['functions']} function" + ("" if result["functions"] == 1 else "s")
+        print(f"backed up the metadata store ({functions}, {result['bytes']:,} bytes) to "
               f"{result['file']}; restore it with `eventing restore {result['file']}`")
     return 0
 

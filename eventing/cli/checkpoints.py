@@ -59,14 +59,18 @@ def cmd_rewind(args: argparse.Namespace) -> int:
         emit_json(result.to_dict())
         return 0
     name = result.function
-    if not result.moves:
+    lowered = {b: n for b, n in result.effect_marks_lowered.items() if n}
+    if not result.moves and not lowered:
         print(f"nothing to rewind: every checkpoint of '{name}' in scope is already at or before {result.target}")
         return 0
-    print(f"rewound '{name}' to {result.target}: {len(result.moves)} vBuckets moved back; "
-          f"{result.mutations_again:,} mutations will be handled again after `eventing resume {name}`")
+    if result.moves:
+        print(f"rewound '{name}' to {result.target}: {len(result.moves)} vBuckets moved back; "
+              f"{result.mutations_again:,} mutations will be handled again after `eventing resume {name}`")
+    else:
+        print(f"the checkpoints of '{name}' in scope are already at or before {result.target}; none moved")
     if result.reapply_effects:
-        lowered = ", ".join(f"{b} ({n} vBuckets)" for b, n in result.effect_marks_lowered.items()) or "none held any"
-        print("effects: REAPPLIED. The effect marks were lowered (" + lowered + "), so every binding write of the "
+        shown = ", ".join(f"{b} ({n} vBuckets)" for b, n in lowered.items()) or "none was above the checkpoints"
+        print(f"effects: REAPPLIED. The effect marks were lowered ({shown}), so every binding write of the "
               "rewound range applies again, a second time where it had applied; `eventing verify` will report "
               "those as duplicates")
     else:

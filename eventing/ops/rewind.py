@@ -121,18 +121,19 @@ def rewind(
         result = RewindResult(name, described, reapply_effects)
         current = {v: (cp.seqno, cp.epoch, starts.get(v)) for v, cp in cps.items()}
         planned = plan_rewind(name, current, targets, reapply_effects)  # refuses before anything is changed
-        if not planned:
-            return result
         if reapply_effects:
-            # Marks first: if the rewind below then fails, a mark under an unmoved checkpoint only lets
-            # effects of mutations not yet handled apply, which they would anyway.
-            lowered = {v: to for v, (_, to) in planned.items()}
+            # Every vBucket in scope, moved or not: effects after min(target, checkpoint) apply again (a
+            # function rewound earlier with its marks kept can have them lowered now). Marks first: if the
+            # rewind below then fails, the marks only let effects apply that the user asked to apply again.
+            lowered = {v: min(t, current[v][0]) for v, t in targets.items() if v in current}
             for bucket_name in sorted({b.bucket for b in defn.bindings if b.access == "rw"}):
                 bucket = LocalBucket.open(data_dir, bucket_name)
                 try:
                     result.effect_marks_lowered[bucket_name] = len(bucket.lower_effect_marks(name, lowered))
                 finally:
                     bucket.close()
+        if not planned:
+            return result
         result.moves = store.rewind_checkpoints(name, targets, reapply_effects=reapply_effects)
         if store.get_function(name).state is not FunctionState.PAUSED:  # resumed by another process meanwhile
             raise LifecycleError(f"function '{name}' was resumed while being rewound; pause it and rewind again")

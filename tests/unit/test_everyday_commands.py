@@ -480,3 +480,14 @@ def test_a_couchbase_store_is_restored_with_couchbases_tools(capsys, dd, tmp_pat
     monkeypatch.setenv("EVENTING_METADATA_URL", "couchbase://cb/meta?username=u&password=p")
     code, _, err = run_cli(capsys, "restore", str(tmp_path / "b.sqlite3"), *dd)
     assert code == 2 and "restore it with Couchbase's own tools (`cbbackupmgr restore`)" in err
+
+
+def test_effects_kept_by_one_rewind_can_be_reapplied_by_the_next(capsys, dd, data_dir, tmp_path):
+    _ran_and_paused(data_dir, tmp_path)
+    assert run_cli(capsys, "rewind", "fn_a", "--to-seqno", "0", *dd)[0] == 0
+    code, out, _ = run_cli(capsys, "rewind", "fn_a", "--to-seqno", "0", "--reapply-effects", *dd)
+    assert code == 0 and "already at or before seqno 0; none moved" in out and "effects: REAPPLIED." in out
+    lifecycle.resume(data_dir, "fn_a")
+    run_until_caught_up(data_dir)
+    code, out, _ = run_cli(capsys, "verify", "fn_a", "--json", *dd)
+    assert code == 1 and json.loads(out)["duplicate_writes"] == 600
