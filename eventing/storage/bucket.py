@@ -516,10 +516,12 @@ class LocalBucket:
 
     def seqnos_before(self, time_ns: int) -> dict[int, int]:
         """Per vBucket with a mutation logged at or after `time_ns`: the seqno right before the first such
-        mutation. A mutation's cas is the wall-clock time of its write in nanoseconds (see _next_cas), the
-        log's own arrival timestamp."""
-        time_ns = max(-(2**63), min(time_ns, 2**63 - 1))  # SQLite integers are 64-bit (year 2262 in ns)
-        rows = self._db.execute("SELECT vb, MIN(seqno) - 1 FROM log WHERE cas >= ? GROUP BY vb", (time_ns,))
+        mutation. The time of a mutation is its arrival_ms where the log has that column, else its cas,
+        the wall-clock time of its write in nanoseconds (see _next_cas)."""
+        column, value = "cas", max(-(2**63), min(time_ns, 2**63 - 1))  # SQLite integers are 64-bit
+        if "arrival_ms" in {r[1] for r in self._db.execute("PRAGMA table_info(log)")}:
+            column, value = "arrival_ms", time_ns // 1_000_000  # the log's own arrival time, where it keeps one
+        rows = self._db.execute(f"SELECT vb, MIN(seqno) - 1 FROM log WHERE {column} >= ? GROUP BY vb", (value,))
         return dict(rows.fetchall())
 
     def drop_effect_marks(self, function: str) -> None:

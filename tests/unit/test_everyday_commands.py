@@ -491,3 +491,14 @@ def test_effects_kept_by_one_rewind_can_be_reapplied_by_the_next(capsys, dd, dat
     run_until_caught_up(data_dir)
     code, out, _ = run_cli(capsys, "verify", "fn_a", "--json", *dd)
     assert code == 1 and json.loads(out)["duplicate_writes"] == 600
+
+
+def test_a_windowed_function_cannot_be_rewound(capsys, dd, data_dir):
+    from pathlib import Path
+
+    functions = Path(__file__).resolve().parents[2] / "functions"
+    LocalBucket.create(data_dir, "customers")
+    assert run_cli(capsys, "deploy", str(functions / "fn_sales_per_minute.json"), *dd)[0] == 0
+    lifecycle.pause(data_dir, "fn_sales_per_minute")
+    code, _, err = run_cli(capsys, "rewind", "fn_sales_per_minute", "--to-seqno", "0", *dd)
+    assert code == 2 and "it aggregates windows" in err and "undeploy and deploy it" in err
