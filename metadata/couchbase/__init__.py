@@ -6,7 +6,7 @@ Document layout (keys start with a prefix, ``eventing`` by default, in the bucke
     <p>::functions                   {"names": [...]}                 index of function names
     <p>::fn::<name>                  {definition, source, state, generation, updated_at}
     <p>::cp::<fn>::<vb>              {seqno, epoch, owner, bucket_uuid, updated_at, leased, start}
-    <p>::cpreg::<fn>                 {"rows": [...]}                  checkpoint moves refused by commit
+    <p>::cpreg::<fn>                 {"rows": [...]}                  checkpoint moves refused by commit, and rewinds
     <p>::ctr::<fn>                   {"values": {name: number}}       counters and gauges
     <p>::dlq::<fn>::<vb>::<seqno>    one dead letter (mutation base64), written with insert() only
     <p>::dlqix::<fn>::<vb>           {"seqnos": [...]}                index of that vBucket's dead letters

@@ -37,8 +37,9 @@ OBJECT_OPTIONS = frozenset({
 
 def check_connection_options(url: str) -> None:
     """Reject query parameters of a Couchbase connection string that the installed SDK does not know or
-    will not take: the SDK drops unknown ones silently (a typo would be ignored) and fails durations given
-    as numbers only once connecting (reported as a connection problem before this check)."""
+    will not take. The SDK drops unknown ones silently (a typo would be ignored), and it refuses a value
+    of the wrong type (`kv_timeout=2500`: durations are timedeltas) only while connecting, where the failure
+    used to read as a connection problem. Each is one line naming the option and the fix."""
     from couchbase.exceptions import CouchbaseException
     from couchbase.options import ClusterOptions, get_valid_args
 
