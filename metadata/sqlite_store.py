@@ -19,7 +19,17 @@ from metadata.errors import (
     StoreCorruptError,
     StoreError,
 )
-from metadata.model import Checkpoint, DlqRow, FunctionRecord, FunctionState, check_transition
+from metadata.model import (
+    REWIND,
+    REWIND_REAPPLY,
+    Checkpoint,
+    DlqRow,
+    FunctionRecord,
+    FunctionState,
+    check_rewind_allowed,
+    check_transition,
+    plan_rewind,
+)
 from metadata.sqlite_io import retry_locked, run_transaction
 
 log = logging.getLogger("eventing.metadata")
@@ -140,6 +150,29 @@ class SqliteMetadataStore:
 
     def close(self) -> None:
         self._db.close()
+
+    def backup(self, target: str | os.PathLike[str]) -> None:
+        """Copy the store to `target` with SQLite's online backup: a consistent snapshot even while other
+        processes write. It copies in one step, inside one read transaction, which in WAL mode never blocks
+        a writer (copying in several steps would restart whenever another process commits). The copy is
+        written beside `target` and renamed into place once it passed its integrity check."""
+        path = Path(target)
+        staging = path.with_name(path.name + ".partial")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            staging.unlink(missing_ok=True)
+            copy = sqlite3.connect(staging)
+            try:
+                self._retry(lambda: self._db.backup(copy))
+                check = copy.execute("PRAGMA quick_check").fetchone()[0]
+            finally:
+                copy.close()
+            if check != "ok":
+                raise StoreCorruptError(f"the backup copy of {self.path} failed its integrity check ({_one_line(check)})")
+            os.replace(staging, path)
+        except (OSError, sqlite3.Error) as exc:
+            staging.unlink(missing_ok=True)
+            raise StoreError(f"cannot write the backup {path}: {exc}; pick a writable path with -o") from None
 
     # -- functions ----------------------------------------------------------------------------------
 
@@ -352,14 +385,62 @@ class SqliteMetadataStore:
 
     def checkpoint_regressions(self, function: str, *, min_epoch: int = 0) -> list[dict]:
         """Backwards moves of the function's checkpoints (refused by commit, or applied behind its back),
-        oldest first; min_epoch limits them to one deployment (epochs start at generation << 32)."""
+        oldest first; min_epoch limits them to one deployment (epochs start at generation << 32).
+        Deliberate rewinds (rewind_checkpoints) are not regressions; see checkpoint_rewinds."""
+        return self._moves(function, min_epoch, "NOT IN")
+
+    def checkpoint_rewinds(self, function: str, *, min_epoch: int = 0) -> list[dict]:
+        """The moves rewind_checkpoints made, oldest first: how is REWIND (effect marks kept) or
+        REWIND_REAPPLY (effects of the rewound range apply again)."""
+        return self._moves(function, min_epoch, "IN")
+
+    def _moves(self, function: str, min_epoch: int, op: str) -> list[dict]:
         rows = self._read(
             "SELECT vb, epoch, from_seqno, to_seqno, how, at FROM checkpoint_regressions "
-            "WHERE function=? AND epoch>=? ORDER BY at, vb",
-            (function, min_epoch),
+            f"WHERE function=? AND epoch>=? AND how {op} (?, ?) ORDER BY at, vb",
+            (function, min_epoch, REWIND, REWIND_REAPPLY),
         )
         keys = ("vb", "epoch", "from_seqno", "to_seqno", "how", "at")
         return [dict(zip(keys, r, strict=True)) for r in rows]
+
+    def rewind_checkpoints(
+        self, function: str, targets: Mapping[int, int], *, reapply_effects: bool = False
+    ) -> dict[int, tuple[int, int]]:
+        """Move a paused function's checkpoints back (see MetadataStore.rewind_checkpoints); one transaction."""
+        now = time.time()
+        how = REWIND_REAPPLY if reapply_effects else REWIND
+
+        def body(db: sqlite3.Connection) -> dict[int, tuple[int, int]]:
+            row = db.execute("SELECT state FROM functions WHERE name=?", (function,)).fetchone()
+            if row is None:
+                raise NotFoundError(f"unknown function '{function}'; see `eventing list`")
+            check_rewind_allowed(function, FunctionState(row[0]))
+            current = {
+                vb: (seqno, epoch, start)
+                for vb, seqno, epoch, start in db.execute(
+                    "SELECT c.vb, c.seqno, c.epoch, s.seqno FROM checkpoints c LEFT JOIN checkpoint_starts s "
+                    "ON s.function=c.function AND s.vb=c.vb WHERE c.function=?",
+                    (function,),
+                )
+            }
+            moves = plan_rewind(function, current, targets, reapply_effects)
+            # The trigger logs every backwards UPDATE as 'applied'; the rows it adds here are relabelled.
+            mark = db.execute("SELECT COALESCE(MAX(rowid), 0) FROM checkpoint_regressions").fetchone()[0]
+            db.executemany(
+                # epoch + 1 fences any owner from before the pause: its late commit cannot move it forward.
+                "UPDATE checkpoints SET seqno=?, epoch=epoch+1, leased=0, updated_at=? WHERE function=? AND vb=?",
+                [(to, now, function, vb) for vb, (_, to) in moves.items()],
+            )
+            db.execute(
+                "UPDATE checkpoint_regressions SET how=?, at=? WHERE rowid>? AND function=?", (how, now, mark, function)
+            )
+            db.executemany(
+                "UPDATE checkpoint_starts SET seqno=MIN(seqno, ?) WHERE function=? AND vb=?",
+                [(to, function, vb) for vb, (_, to) in moves.items()],
+            )
+            return moves
+
+        return self._tx(body)
 
     def release(self, function: str, epochs: Mapping[int, int]) -> set[int]:
         """Give vBuckets up (lease cleared; owner and epoch kept) after a final commit; returns fenced ones."""
@@ -579,3 +660,48 @@ def _select_vbs(db: sqlite3.Connection, sql: str, function: str, vbs: list[int])
         chunk = vbs[i : i + 500]
         out.extend(db.execute(sql.format(",".join("?" * len(chunk))), (function, *chunk)).fetchall())
     return out
+
+
+def restore_sqlite_store(backup: str | os.PathLike[str], target: str | os.PathLike[str]) -> Path | None:
+    """Put a backup made by SqliteMetadataStore.backup in place of the store file `target`; the file it
+    replaces is kept as `<target>.bak` (returned; None if there was none). The backup is checked first
+    (a SQLite file that passes its integrity check and holds a metadata store), and copied in beside
+    the target before anything is moved, so a failure leaves the current store as it was. The caller
+    makes sure no process uses the store (eventing.ops.backup refuses while a service runs)."""
+    source, path = Path(backup), Path(target)
+    if not source.is_file():
+        raise NotFoundError(f"backup file {source} does not exist; pass the file `eventing backup` wrote")
+    try:
+        db = sqlite3.connect(f"file:{source}?mode=ro", uri=True)
+        try:
+            check = db.execute("PRAGMA quick_check").fetchone()[0]
+            tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        finally:
+            db.close()
+    except sqlite3.DatabaseError as exc:
+        raise StoreCorruptError(f"backup file {source} is not a SQLite database ({_one_line(exc)}); pick another backup") from None
+    if check != "ok":
+        raise StoreCorruptError(f"backup file {source} failed its integrity check ({_one_line(check)}); pick another backup")
+    if not {"functions", "checkpoints", "checkpoint_starts"} <= tables:
+        raise StoreCorruptError(f"backup file {source} is a SQLite database but not an eventing metadata store")
+    staging = path.with_name(path.name + ".restoring")
+    staging.unlink(missing_ok=True)
+    src, copy = sqlite3.connect(f"file:{source}?mode=ro", uri=True), sqlite3.connect(staging)
+    try:
+        src.backup(copy)
+    finally:
+        src.close()
+        copy.close()
+    kept = None
+    if path.exists():
+        current = sqlite3.connect(path)
+        try:  # fold the WAL into the file, so the .bak is whole on its own
+            current.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            current.close()
+        kept = path.with_name(path.name + ".bak")
+        os.replace(path, kept)
+    for suffix in ("-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    os.replace(staging, path)
+    return kept

@@ -29,7 +29,7 @@ def window_state_store(store: Any) -> Any:
     """The coordinator-state store of whichever metadata backend `store` is."""
     if WindowStateStore.supported(store):
         return WindowStateStore(store)
-    from metadata.couchbase_store import CouchbaseMetadataStore, CouchbaseWindowStateStore
+    from metadata.couchbase import CouchbaseMetadataStore, CouchbaseWindowStateStore
 
     if isinstance(store, CouchbaseMetadataStore):
         # No transaction spans documents there: dead letters (insert-once) go first, then the state under
