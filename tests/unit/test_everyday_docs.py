@@ -14,7 +14,7 @@ DOC = ROOT / "docs" / "everyday-commands.md"
 
 
 def doc_commands() -> list[list[str]]:
-    blocks = re.findall(r"```sh\n(.*?)```", DOC.read_text(), flags=re.S)
+    blocks = re.findall(r"```bash\n(.*?)```", DOC.read_text(), flags=re.S)
     lines = [line.strip() for block in blocks for line in block.splitlines() if line.strip()]
     assert all(line.startswith("eventing ") for line in lines), "the examples are plain eventing commands"
     return [shlex.split(line)[1:] for line in lines]
