@@ -4,9 +4,28 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
 from metadata.model import Checkpoint, DlqRow, FunctionRecord, FunctionState
+
+
+class WindowStateStore(Protocol):
+    """The window coordinator's checkpoint: one JSON state per function, fenced. A coordinator `claim`s a
+    function's state (bumping its fence); `commit` writes the state, the late rows' dead letters and
+    counter increments only while the committer's fence is current, so two coordinators never both move
+    it."""
+
+    def claim(self, function: str) -> tuple[int, dict[str, Any] | None]: ...
+    def commit(
+        self,
+        function: str,
+        fence: int,
+        state: Mapping[str, Any],
+        dlq_rows: Iterable[DlqRow] = (),
+        counters: Mapping[str, int | float] | None = None,
+    ) -> bool: ...
+    def load(self, function: str) -> dict[str, Any] | None: ...
+    def reset(self, function: str) -> None: ...
 
 
 class MetadataStore(Protocol):
@@ -101,4 +120,5 @@ class MetadataStore(Protocol):
         """A consistent copy of the store in the file `target`, safe while other processes use the store
         (SQLite's online backup); a backend backed up by its own tools raises StoreError naming them."""
         ...
+    def window_states(self) -> WindowStateStore: ...
     def close(self) -> None: ...

@@ -48,6 +48,9 @@ MAX_CAS_ATTEMPTS = 200
 # Dead letters fetched per multi-get while filtering (bounds memory on large dead-letter queues).
 DLQ_FETCH_CHUNK = 500
 
+if TYPE_CHECKING:
+    from metadata.couchbase.window_state import CouchbaseWindowStateStore
+
 
 class CouchbaseMetadataStore:
     """MetadataStore on a Couchbase bucket (see metadata/couchbase/__init__.py for the layout and the guarantees).
@@ -80,6 +83,14 @@ class CouchbaseMetadataStore:
         self._docs = documents
         self.prefix = prefix
         self.where = documents.where
+
+    def window_states(self) -> CouchbaseWindowStateStore:
+        """The window coordinators' fenced state, one document per function (no cross-document transaction
+        here: dead letters (insert-once) go first, then the state under its fence (CAS), then counters; a
+        crash in between redoes the batch, and only counters can lag)."""
+        from metadata.couchbase.window_state import CouchbaseWindowStateStore
+
+        return CouchbaseWindowStateStore(self)
 
     def close(self) -> None:
         self._docs.close()

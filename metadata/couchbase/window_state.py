@@ -12,7 +12,7 @@ from metadata.model import DlqRow
 
 
 class CouchbaseWindowStateStore:
-    """The window coordinator's fenced state (as metadata.window_state.WindowStateStore keeps it in SQLite)
+    """The window coordinator's fenced state (as metadata.sqlite_store.SqliteWindowStateStore keeps it in SQLite)
     in one document per function, ``<p>::win::<fn>`` = {fence, state, updated_at}.
 
     claim bumps the fence with a CAS loop; commit writes the state only while the document still holds

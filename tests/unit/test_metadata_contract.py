@@ -29,7 +29,6 @@ from metadata import (
     TRANSITIONS,
     ConfigError,
     CouchbaseMetadataStore,
-    CouchbaseWindowStateStore,
     DlqRow,
     FencedError,
     FunctionState,
@@ -614,11 +613,7 @@ def test_a_healthy_store_passes_its_integrity_check(store):
 
 
 def _window_state(store):
-    if isinstance(store, SqliteMetadataStore):
-        from metadata.window_state import WindowStateStore
-
-        return WindowStateStore(store)
-    return CouchbaseWindowStateStore(store)
+    return store.window_states()
 
 
 def test_a_window_coordinator_claim_fences_the_previous_coordinator(backend):
