@@ -16,6 +16,7 @@ import os
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -116,6 +117,18 @@ def deploy_function(
         LocalBucket.create(data_dir, b.bucket, exist_ok=True)
     lifecycle.save_function(data_dir, defn, handler)
     lifecycle.deploy(data_dir, defn.name, boundary)
+
+
+def wait_for(
+    predicate: Callable[[], bool], what: str = "the condition holds", timeout: float = 90.0, every: float = 0.05
+) -> float:
+    """Wait until predicate() holds; returns the seconds it took, or fails the test after `timeout`."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if predicate():
+            return time.monotonic() - start
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting until {what}")
 
 
 class BackgroundLoop:

@@ -285,6 +285,9 @@ def test_unknown_functions_raise_not_found(store):
         store.transition("fn", FunctionState.DEPLOYING, "deploy")
     with pytest.raises(NotFoundError, match="unknown function 'fn'"):
         store.delete_function("fn")
+    store.put_function("fn_a", {}, "")
+    with pytest.raises(NotFoundError, match="known: fn_a"):
+        store.get_function("fn_b")
 
 
 @pytest.mark.parametrize("state", [FunctionState.UNDEPLOYED, FunctionState.PAUSED])
