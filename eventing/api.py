@@ -27,6 +27,7 @@ from eventing.runtime.executor import make_executor
 from eventing.runtime.service import EventingService, RunSummary
 from eventing.storage import loadgen
 from eventing.storage.bucket import LocalBucket, Write, chunked
+from eventing.windows.runtime.host import WindowOptions
 from metadata import FunctionRecord
 
 ExecutorKind = Literal["ray", "in-process"]
@@ -126,15 +127,20 @@ class Eventing:
         until_caught_up: bool = True,
         functions: list[str] | None = None,
         on_progress: Callable[[RunSummary], None] | None = None,
+        close_windows: bool = False,
+        spark_master: str | None = None,
     ) -> RunSummary:
         """Run the deployed functions (`eventing run`); by default until the high seqnos seen at start are
-        handled and checkpointed. Blocks; errors of a function are in the summary's `errors`."""
+        handled and checkpointed. Blocks; errors of a function are in the summary's `errors`. Windowed
+        functions: `close_windows` closes every open window at the end of the input (with until_caught_up),
+        `spark_master` sends merge jobs to a Spark cluster (default local[*])."""
         service = EventingService(
             self.data_dir,
             make_executor(self.executor, self.ray_address),
             until_caught_up=until_caught_up,
             functions=functions,
             on_progress=on_progress,
+            windows=WindowOptions(close_windows=close_windows, spark_master=spark_master),
         )
         return service.run()
 

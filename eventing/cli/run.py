@@ -15,6 +15,7 @@ from eventing.ops.stats import function_stats, vbucket_map
 def cmd_run(args: argparse.Namespace) -> int:
     from eventing.runtime.executor import make_executor
     from eventing.runtime.service import EventingService
+    from eventing.windows.runtime.host import WindowOptions
 
     data_dir = existing_data_dir(args)
     executor = make_executor(args.executor, args.ray_address)
@@ -22,6 +23,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     service = EventingService(
         data_dir, executor, until_caught_up=args.until_caught_up, functions=args.function or None,
         on_progress=renderer,
+        windows=WindowOptions(close_windows=args.close_windows, spark_master=args.spark_master),
     )
     previous = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, lambda *_: service.stop())
@@ -105,6 +107,12 @@ def register(sub: Any, add: Any) -> None:
                    help="ray (default) or in-process (one process, for debugging and tests)")
     p.add_argument("--function", action="append", help="run only this function (repeatable)")
     p.add_argument("--quiet", action="store_true", help="no progress and no summary")
+    p.add_argument("--spark-master", default=os.environ.get("EVENTING_SPARK_MASTER"),
+                   help="Spark master for window aggregation, e.g. spark://HOST:7077 (default "
+                   "$EVENTING_SPARK_MASTER or local[*])")
+    p.add_argument("--close-windows", action="store_true",
+                   help="with --until-caught-up: at the end of the input close every window still open "
+                   "(default: windows close only by watermark and idle timeouts, and stay open for the next run)")
     p = add("vbmap", cmd_vbmap, "which worker owns which vBucket ranges")
     p.add_argument("function")
     p = add("stats", cmd_stats, "mutations seen, handler successes and failures, checkpoint lag, throughput")

@@ -20,7 +20,7 @@ from eventing.runtime.lifecycle import SERVICE_STALE_S, complete_transition
 from eventing.runtime.nodes import Topology, function_assignment
 from eventing.runtime.supervisor import FunctionSupervisor
 from eventing.storage.metadata import open_metadata
-from eventing.windows.runtime.host import WindowHost
+from eventing.windows.runtime.host import WindowHost, WindowOptions
 from metadata import FunctionState
 from sharding import VBucketPlan
 
@@ -58,6 +58,7 @@ class EventingService:
         until_caught_up: bool = False,
         functions: list[str] | None = None,
         on_progress: Callable[[RunSummary], None] | None = None,
+        windows: WindowOptions | None = None,
     ):
         self.data_dir = data_dir
         self.executor = executor
@@ -70,7 +71,7 @@ class EventingService:
         self.supervisors: dict[str, FunctionSupervisor] = {}
         self.finished: set[str] = set()  # caught up (until_caught_up mode)
         self.summary = RunSummary()
-        self.windows = WindowHost(data_dir, errors=self.summary.errors)  # windowed functions' coordinators
+        self.windows = WindowHost(data_dir, errors=self.summary.errors, options=windows or WindowOptions())  # windowed functions' coordinators
         self.stop_event = threading.Event()
         self._last_state_poll = 0.0
         self._last_gauges = 0.0
