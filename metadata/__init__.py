@@ -18,7 +18,15 @@ from metadata.errors import (
     StoreLockedError,
 )
 from metadata.factory import METADATA_URL_ENV, open_store, parse_metadata_url
-from metadata.model import TRANSITIONS, Checkpoint, DlqRow, FunctionRecord, FunctionState, check_transition
+from metadata.model import (
+    TRANSITIONS,
+    Checkpoint,
+    DlqRow,
+    FunctionRecord,
+    FunctionState,
+    Lease,
+    check_transition,
+)
 from metadata.protocol import MetadataStore
 from metadata.sqlite_store import SqliteMetadataStore
 
@@ -34,6 +42,7 @@ __all__ = [
     "FunctionRecord",
     "FunctionState",
     "HandlerLoadError",
+    "Lease",
     "LifecycleError",
     "METADATA_URL_ENV",
     "MetadataStore",
