@@ -315,6 +315,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     store = open_metadata(existing_data_dir(args), create=False)
     records = [store.get_function(args.function)] if args.function else store.list_functions()
     services = store.live_services(lifecycle.SERVICE_STALE_S)
+    leader = _leader_view(store, services)
+    standbys = [sid for sid in services if leader is None or sid != leader["id"]]
     views = []
     for r in records:
         view = _record_view(r)
@@ -323,12 +325,29 @@ def cmd_status(args: argparse.Namespace) -> int:
         view["service_running"] = bool(services)
         views.append(view)
     if args.json:
-        emit_json({"services": services, "functions": views})
+        emit_json({"services": services, "leader": leader, "standbys": standbys, "functions": views})
     else:
         print(f"eventing service: {'running (' + ', '.join(services) + ')' if services else 'not running'}")
+        if leader is not None:
+            print(f"  leader: {leader['id']} (lease term {leader['term']}, expires in {leader['expires_in_s']:.1f}s)")
+        if services:
+            print(f"  standby: {', '.join(standbys) if standbys else 'none'}")
         for v in views:
             print(f"  {v['name']}: {v['state']} ({v['vbuckets_leased']}/{NUM_VBUCKETS} vBuckets owned by live workers)")
     return 0
+
+
+def _leader_view(store, services: list[str]) -> dict[str, Any] | None:
+    """The service holding the leader lease, if the lease is current."""
+    from eventing.runtime.failover import LEADER_LEASE
+
+    lease = store.lease(LEADER_LEASE)
+    if lease is None or lease.expired(time.time()):
+        return None
+    return {
+        "id": lease.holder, "term": lease.term, "since": lease.acquired_at,
+        "expires_in_s": round(lease.expires_at - time.time(), 2), "heartbeat": lease.holder in services,
+    }
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -364,15 +383,20 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from eventing.runtime.executor import make_executor
+    from eventing.runtime.failover import failover_timeout_s
     from eventing.runtime.service import EventingService
 
     data_dir = existing_data_dir(args)
+    timeout_s = failover_timeout_s(args.failover_timeout)  # a bad value fails before Ray starts
     executor = make_executor(args.executor, args.ray_address)
     renderer = _ProgressRenderer(enabled=not args.json and not args.quiet and progress_enabled())
     service = EventingService(
         data_dir, executor, until_caught_up=args.until_caught_up, functions=args.function or None,
-        on_progress=renderer,
+        on_progress=renderer, standby=args.standby, failover_timeout_s=timeout_s,
     )
+    if args.standby and not args.json and not args.quiet:
+        print(f"standby {service.service_id}: waiting for the leader's lease; takes over when it stops",
+              file=sys.stderr, flush=True)
     previous = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, lambda *_: service.stop())
     try:
@@ -390,10 +414,18 @@ def cmd_run(args: argparse.Namespace) -> int:
             for name, p in summary.functions.items()
         },
         "errors": summary.errors,
+        "leadership": summary.leadership,
+        "failovers": summary.failovers,
     }
     if args.json:
         emit_json(result)
     elif not args.quiet:
+        if summary.leadership.get("took_over_from"):
+            print(f"took over from {summary.leadership['took_over_from']} after waiting "
+                  f"{summary.leadership['waited_s']:.1f}s as a standby")
+        for f in summary.failovers:
+            print(f"failed over node(s) {', '.join(f['nodes'])}: their vBuckets had no live owner for "
+                  f"{f['unowned_s']:.1f}s (failover timeout {f['timeout_s']:g}s)")
         if not summary.functions:
             print("no deployed functions to run; deploy one with `eventing deploy functions/fn_email.json`")
         for name, p in summary.functions.items():
@@ -611,6 +643,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ray (default) or in-process (one process, for debugging and tests)")
     p.add_argument("--function", action="append", help="run only this function (repeatable)")
     p.add_argument("--quiet", action="store_true", help="no progress and no summary")
+    p.add_argument("--standby", action="store_true",
+                   help="wait as a standby while another service leads; take over (resuming every function from "
+                        "its checkpoints) within seconds of its death")
+    p.add_argument("--failover-timeout", metavar="DURATION", default=None,
+                   help="fail over an eventing node whose Ray node is down this long, e.g. 10s; 0 turns it off "
+                        "(default: $EVENTING_FAILOVER_TIMEOUT or 10s)")
     p = add("vbmap", cmd_vbmap, "which worker owns which vBucket ranges")
     p.add_argument("function")
     p = add("stats", cmd_stats, "mutations seen, handler successes and failures, checkpoint lag, throughput")

@@ -52,7 +52,18 @@ def cmd_node_list(args: argparse.Namespace) -> int:
     print(table(["node", "state", "vBuckets", "ray node"],
                 [[n["name"], n["state"], n["vbuckets"], n["ray_node_id"]] for n in nodes]))
     if request:
-        print(f"last rebalance {request['id']}: {request['status']}")
+        failover = request.get("failover")
+        extra = ""
+        if failover:
+            extra = f" (failover of {', '.join(failover['nodes'])}"
+            if "failover_unowned_s" in request:
+                extra += f": its vBuckets had no live owner for {request['failover_unowned_s']:.1f}s"
+            extra += ")"
+        print(f"last rebalance {request['id']}: {request['status']}{extra}")
+    failed = [n["name"] for n in nodes if n["state"] == "failed"]
+    if failed:
+        print(f"failed over: {', '.join(failed)}; to bring one back, start its Ray node, then "
+              "`eventing node add NAME --ray-node-id NEW_ID` and `eventing rebalance`")
     return 0
 
 

@@ -231,6 +231,30 @@ class FunctionSupervisor:
         slot.caught_up = False
         slot.respawn_at = time.monotonic() + delay
 
+    # -- node failover ------------------------------------------------------------------------------
+
+    def fail_node(self, node: str) -> list[str]:
+        """Give up the workers of a dead eventing node: no more calls, no respawn. The failover rebalance
+        that follows then releases their vBuckets at once (their last checkpoints stand) and the surviving
+        workers claim them with higher epochs, which fences anything those workers might still write."""
+        gone = []
+        for wid, slot in self.slots.items():
+            if slot.node != node:
+                continue
+            for fut in slot.inflight + ([slot.starting] if slot.starting is not None else []):
+                self._future_owner.pop(fut, None)
+            if slot.handle is not None:
+                self.executor.kill(slot.handle)
+            slot.handle = None
+            slot.starting = None
+            slot.inflight = []
+            slot.ready = False
+            slot.caught_up = False
+            slot.respawn_at = None
+            slot.leaving = True
+            gone.append(wid)
+        return gone
+
     # -- live rebalance -----------------------------------------------------------------------------
 
     def start_rebalance(self, node_owners: tuple[str, ...], nodes: list[str]) -> Handoff:
