@@ -86,7 +86,7 @@ class FailoverDetector:
                     log.warning("eventing node %s is reachable again after %.1fs", node, now - self.down_since[node])
                 self.forget(node)
             elif node not in self.down_since:
-                log.warning("eventing node %s looks down (%s); failover in %.0fs unless it recovers",
+                log.warning("eventing node %s looks down (%s); failover in %gs unless it recovers",
                             node, why, self.timeout_s)
                 self.down_since[node] = now
                 self.why[node] = why

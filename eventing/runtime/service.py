@@ -10,7 +10,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from eventing.core.definition import FunctionDefinition
@@ -104,6 +104,10 @@ class EventingService:
         )
         self._last_health = 0.0
         self._keeper: _LeaseKeeper | None = None
+        # (alive, why) per Ray node id; only Ray has nodes to lose (tests may plug in their own)
+        self.node_health: Callable[[Iterable[str]], dict[str, tuple[bool, str]]] | None = (
+            ray_node_health if executor.name == "ray" else None
+        )
 
     def _info(self) -> str:
         return json.dumps({"pid": os.getpid(), "executor": self.executor.name, "role": self.role})
@@ -250,7 +254,7 @@ class EventingService:
     def _watch_nodes(self) -> None:
         """Fail over eventing nodes whose Ray node has been down for the failover timeout."""
         now = time.monotonic()
-        if self.executor.name != "ray" or now - self._last_health < HEALTH_POLL_S:
+        if self.node_health is None or now - self._last_health < HEALTH_POLL_S:
             return
         self._last_health = now
         topology = Topology(self.store)
@@ -264,7 +268,7 @@ class EventingService:
             self.detector.observe(now, {})
             return
         try:
-            health = ray_node_health(pinned.values())
+            health = self.node_health(pinned.values())
         except Exception as exc:  # noqa: BLE001 - Ray's control plane busy: look again next time
             log.warning("cannot read Ray's node table (%s); looking again in %.0fs", exc, HEALTH_POLL_S)
             return
