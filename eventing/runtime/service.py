@@ -104,6 +104,8 @@ class EventingService:
         )
         self._last_health = 0.0
         self._keeper: _LeaseKeeper | None = None
+        self._leading_since: float | None = None
+        self._deferred: list[str] = []  # nodes due for failover while a rebalance runs (logged once)
         # (alive, why) per Ray node id; only Ray has nodes to lose (tests may plug in their own)
         self.node_health: Callable[[Iterable[str]], dict[str, tuple[bool, str]]] | None = (
             ray_node_health if executor.name == "ray" else None
@@ -123,7 +125,7 @@ class EventingService:
             self.store.remove_service(self.service_id)
             self.store.close()
             return self.summary
-        start = time.monotonic()
+        start = self._leading_since = time.monotonic()
         self.store.heartbeat(self.service_id, self._info())
         self._keeper = _LeaseKeeper(self)
         self._keeper.start()
@@ -142,6 +144,12 @@ class EventingService:
                         self.finished.add(sup.name)
                         self.summary.functions[sup.name].state = "caught up"
                 self.windows.poll(self.supervisors)
+                if self._leading_since is not None and self.supervisors and all(
+                    sup.ready for sup in self.supervisors.values()
+                ):
+                    # Lease taken -> every function's workers up and claimed: the takeover's cost after the lease.
+                    self.summary.leadership["workers_ready_s"] = round(time.monotonic() - self._leading_since, 3)
+                    self._leading_since = None
                 self._report(now - start)
                 if self.until_caught_up and not self.supervisors and self._nothing_left():
                     break
@@ -278,8 +286,11 @@ class EventingService:
 
     def _fail_over(self, topology: Topology, owning: list[str], due: list[str]) -> None:
         if topology.pending_request() is not None or any(s.handoff for s in self.supervisors.values()):
-            log.warning("nodes %s are due for failover; waiting for the rebalance in progress", ", ".join(due))
+            if self._deferred != due:
+                log.warning("nodes %s are due for failover; waiting for the rebalance in progress", ", ".join(due))
+                self._deferred = due
             return
+        self._deferred = []
         survivors = failover_survivors(owning, due)
         if not survivors:
             log.error("cannot fail over %s: no other node holds vBuckets; add a node and rebalance", ", ".join(due))

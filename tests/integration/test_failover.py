@@ -77,11 +77,13 @@ class LocalRayCluster:
                 return pid, node_id.group(1)
         raise AssertionError(f"no raylet with resource {resource} under {self.temp_dir}")
 
-    def kill_raylet(self, resource: str) -> float:
+    def kill_raylet(self, resource: str) -> tuple[float, set[int]]:
+        """kill -9 the node's raylet; returns when, and the pids of its children (its workers) at that time."""
         self.remember()
         pid, _ = self.raylet(resource)
+        children = {p for p, ppid, _ in _processes() if ppid == pid}
         os.kill(pid, signal.SIGKILL)
-        return time.time()
+        return time.time(), children
 
     def remember(self) -> set[int]:
         """The cluster's processes now: those naming the temp dir and their descendants."""
@@ -121,6 +123,14 @@ def _processes() -> list[tuple[int, int, str]]:
         if len(parts) == 3:
             rows.append((int(parts[0]), int(parts[1]), parts[2]))
     return rows
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").exists() and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
 
 
 def _free_port() -> int:
@@ -255,7 +265,7 @@ def test_a_killed_ray_node_is_failed_over_then_added_back_and_nothing_is_lost(cl
         epochs_before = {vb: e for vb, (_, e, _) in owners(data_dir, fn).items()}
         with Stream(source, "live") as stream:
             wait_for(lambda: stream.written > 300, what="the stream to start")
-            killed_at = cluster.kill_raylet("n2")
+            killed_at, n2_workers = cluster.kill_raylet("n2")
 
             def taken_over() -> bool:
                 now = owners(data_dir, fn)
@@ -264,6 +274,7 @@ def test_a_killed_ray_node_is_failed_over_then_added_back_and_nothing_is_lost(cl
 
             owned_at = wait_for(taken_over, timeout=FAILOVER_TIMEOUT_S + 60, what="the failover")
             unowned_s = owned_at - killed_at
+            outlived = sorted(p for p in n2_workers if _running(p))  # zombies, if any: fenced by the new epochs
             assert FAILOVER_TIMEOUT_S <= unowned_s <= FAILOVER_TIMEOUT_S + 5
             capsys.readouterr()
             assert cli(["--data-dir", data_dir, "node", "list", "--json"]) == 0
@@ -287,7 +298,8 @@ def test_a_killed_ray_node_is_failed_over_then_added_back_and_nothing_is_lost(cl
     assert [f["nodes"] for f in failovers] == [["n2"]]
     print(f"\nfailover: n2's {len(moved)} vBuckets had no live owner for {unowned_s:.2f}s after its raylet's "
           f"kill -9 (failover timeout {FAILOVER_TIMEOUT_S:g}s; the service's own figure, from the first sign of "
-          f"death to the last claim: {failovers[0]['unowned_s']:.2f}s); the stream wrote {stream.written} mutations")
+          f"death to the last claim: {failovers[0]['unowned_s']:.2f}s); the stream wrote {stream.written} mutations; "
+          f"{len(outlived)} of the node's {len(n2_workers)} worker processes outlived its raylet by then")
     assert failovers[0]["unowned_s"] <= FAILOVER_TIMEOUT_S + 5
     verify(data_dir, fn, source)
 
@@ -340,6 +352,7 @@ def test_a_standby_takes_over_from_a_killed_leader_and_finishes_the_stream(clust
             wait_for(lambda: stream.written > mark + 300, what="more mutations after the takeover")
         wait_for(lambda: caught_up(data_dir, fn, source), what="the standby to finish the stream")
         summary = standby.stop()
+        ready_s = summary["leadership"].get("workers_ready_s")
         assert summary["leadership"]["took_over_from"] and f":{leader.pid}:" in summary["leadership"]["took_over_from"]
     finally:
         leader.end()
@@ -349,4 +362,5 @@ def test_a_standby_takes_over_from_a_killed_leader_and_finishes_the_stream(clust
     print(f"\nstandby: lease taken {took.acquired_at - killed_at:.2f}s after the leader's kill -9 (seen by the test "
           f"{taken_at - killed_at:.2f}s); a first vBucket claimed again after {first_claim - killed_at:.2f}s, every "
           f"one after {resumed_at - killed_at:.2f}s (the leader took {leader_up:.1f}s from its start to own every "
-          f"vBucket); the stream wrote {stream.written} mutations")
+          f"vBucket; the standby's own figure, lease to workers ready: {ready_s}s); the stream wrote {stream.written} "
+          "mutations")
