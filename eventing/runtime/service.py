@@ -33,7 +33,7 @@ from eventing.runtime.nodes import Topology, function_assignment
 from eventing.runtime.supervisor import FunctionSupervisor
 from eventing.storage.metadata import open_metadata
 from eventing.windows.runtime.host import WindowHost
-from metadata import FunctionState
+from metadata import FunctionState, Lease
 from sharding import VBucketPlan
 
 log = logging.getLogger("eventing.runtime.service")
@@ -214,7 +214,7 @@ class EventingService:
             self.store.heartbeat(self.service_id, self._info())
             self.stop_event.wait(STANDBY_POLL_S)
 
-    def _take_lease(self, lease):
+    def _take_lease(self, lease: Lease | None) -> Lease | None:
         """Take the leader lease if it is free, or held by a service whose process is gone (same host)."""
         dead = lease.holder if lease is not None and lease.holder != self.service_id and not _alive(lease.holder) else None
         return self.store.acquire_lease(LEADER_LEASE, self.service_id, self.lease_ttl_s, info=self._info(), take_from=dead)

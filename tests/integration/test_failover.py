@@ -269,7 +269,7 @@ def test_a_killed_ray_node_is_failed_over_then_added_back_and_nothing_is_lost(cl
 
             def taken_over() -> bool:
                 now = owners(data_dir, fn)
-                return all(now[vb][0].startswith("n1/") and now[vb][2] and now[vb][1] > epochs_before[vb]
+                return all(str(now[vb][0]).startswith("n1/") and now[vb][2] and now[vb][1] > epochs_before[vb]
                            for vb in moved)
 
             owned_at = wait_for(taken_over, timeout=FAILOVER_TIMEOUT_S + 60, what="the failover")

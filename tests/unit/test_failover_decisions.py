@@ -176,7 +176,7 @@ def test_a_node_down_for_the_timeout_is_failed_over_and_nothing_is_lost(data_dir
     owners = Counter(cp.owner for cp in open_metadata(data_dir).checkpoints("fn").values())
     assert set(owners) == {"local/w0", "local/w1"} and sum(owners.values()) == NUM_VBUCKETS
     request = Topology(open_metadata(data_dir)).request()
-    assert request["failover"]["nodes"] == ["n2"] and request["failover_unowned_s"] >= 0.3
+    assert request is not None and request["failover"]["nodes"] == ["n2"] and request["failover_unowned_s"] >= 0.3
     assert service.summary.failovers and service.summary.failovers[0]["nodes"] == ["n2"]
     _verify(data_dir, source)
 
@@ -208,7 +208,8 @@ def test_a_standby_takes_over_when_the_leader_stops_and_finishes_the_stream(data
     leader_thread.join(30)
     _wait(lambda: "fn" in standby.supervisors)
     assert standby.summary.leadership["took_over_from"] == leader.service_id
-    assert open_metadata(data_dir).lease(LEADER_LEASE).term == 2
+    lease = open_metadata(data_dir).lease(LEADER_LEASE)
+    assert lease is not None and lease.term == 2
     source.upsert("after::1", {"rev": 1})
     _wait(lambda: _caught_up(data_dir, source))
     standby.stop()
