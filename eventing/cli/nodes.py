@@ -22,11 +22,16 @@ def _topology(args: argparse.Namespace) -> Topology:
 
 
 def cmd_node_add(args: argparse.Namespace) -> int:
-    node = _topology(args).add_node(args.name, args.ray_node_id)
+    topology = _topology(args)
+    was_failed = any(n["name"] == args.name and n["state"] == "failed" for n in topology.nodes())
+    node = topology.add_node(args.name, args.ray_node_id)
     if args.json:
         emit_json(node)
     else:
         print(f"node '{args.name}' is {node['state']}; run `eventing rebalance` to give it vBuckets")
+        if was_failed and not args.ray_node_id and node["ray_node_id"]:
+            print(f"note: it stays pinned to Ray node {node['ray_node_id']}, the one that failed; if that node was "
+                  "restarted it has a new id: add it again with --ray-node-id NEW_ID")
     return 0
 
 
