@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from eventing.core.definition import FunctionDefinition
 from eventing.errors import EventingError
@@ -31,6 +32,7 @@ from eventing.runtime.failover import (
 from eventing.runtime.lifecycle import SERVICE_STALE_S, complete_transition
 from eventing.runtime.nodes import Topology, function_assignment
 from eventing.runtime.supervisor import FunctionSupervisor
+from eventing.runtime.worker import WorkerSpec
 from eventing.storage.metadata import open_metadata
 from eventing.windows.runtime.host import WindowHost
 from metadata import FunctionState, Lease
@@ -39,6 +41,7 @@ from sharding import VBucketPlan
 log = logging.getLogger("eventing.runtime.service")
 
 STATE_POLL_S = 0.5
+WARM_REFRESH_S = 5.0  # a standby checks this often which workers it would need
 
 
 @dataclass
@@ -106,6 +109,10 @@ class EventingService:
         self._keeper: _LeaseKeeper | None = None
         self._leading_since: float | None = None
         self._deferred: list[str] = []  # nodes due for failover while a rebalance runs (logged once)
+        # A standby's workers, started while it waits (idle, claiming nothing), handed to its supervisors
+        # when it takes over: Ray needs seconds to start an actor, the hand-over a call.
+        self.warm: dict[tuple[str, str, str | None], Any] = {}
+        self._last_warm = 0.0
         # (alive, why) per Ray node id; only Ray has nodes to lose (tests may plug in their own)
         self.node_health: Callable[[Iterable[str]], dict[str, tuple[bool, str]]] | None = (
             ray_node_health if executor.name == "ray" else None
@@ -118,10 +125,12 @@ class EventingService:
         try:
             self._lead()
         except BaseException:
+            self._cool_down()
             self.store.remove_service(self.service_id)
             self.store.close()
             raise
         if self.stop_event.is_set():  # a standby stopped before it had to take over
+            self._cool_down()
             self.store.remove_service(self.service_id)
             self.store.close()
             return self.summary
@@ -150,6 +159,7 @@ class EventingService:
                     # Lease taken -> every function's workers up and claimed: the takeover's cost after the lease.
                     self.summary.leadership["workers_ready_s"] = round(time.monotonic() - self._leading_since, 3)
                     self._leading_since = None
+                    self._cool_down()
                 self._report(now - start)
                 if self.until_caught_up and not self.supervisors and self._nothing_left():
                     break
@@ -158,6 +168,7 @@ class EventingService:
         finally:
             for name in list(self.supervisors):
                 self._stop_function(name)
+            self._cool_down()
             self.windows.close()
             self._report(time.monotonic() - start, final=True)
             self._keeper.finish()  # a clean stop frees the lease: a standby takes over at once
@@ -212,7 +223,38 @@ class EventingService:
                 log.warning("standby %s waiting for the leader %s", self.service_id, lease.holder if lease else "?")
                 logged = True
             self.store.heartbeat(self.service_id, self._info())
+            self._warm_up()
             self.stop_event.wait(STANDBY_POLL_S)
+
+    def _warm_up(self) -> None:
+        """Start (idle) the workers this standby would need now, every WARM_REFRESH_S: one per worker of
+        every deployed function, on the Ray node its eventing node is pinned to."""
+        now = time.monotonic()
+        if now - self._last_warm < WARM_REFRESH_S:
+            return
+        self._last_warm = now
+        try:
+            topology = Topology(self.store)
+            pending = topology.pending_request()
+            plan = VBucketPlan(tuple(pending["owners"])) if pending else topology.node_plan()
+            placements = topology.placements()
+            for record in self.store.list_functions():
+                if record.state is not FunctionState.DEPLOYED or (self.only is not None and record.name not in self.only):
+                    continue
+                count = FunctionDefinition.from_dict(record.definition).worker_count
+                for worker in function_assignment(self.store, record.name, count, plan).workers():
+                    key = (record.name, str(worker), placements.get(worker.node))
+                    if key not in self.warm:
+                        spec = WorkerSpec(self.data_dir, record.name, record.generation, str(worker), ())
+                        self.warm[key] = self.executor.start_worker(spec, key[2])
+        except EventingError as exc:
+            log.warning("standby could not start its workers ahead of time (%s); it will at takeover", exc)
+
+    def _cool_down(self) -> None:
+        """End the started-ahead workers no function took (the plan or the functions changed meanwhile)."""
+        for handle in self.warm.values():
+            self.executor.kill(handle)
+        self.warm.clear()
 
     def _take_lease(self, lease: Lease | None) -> Lease | None:
         """Take the leader lease if it is free, or held by a service whose process is gone (same host)."""
@@ -383,7 +425,7 @@ class EventingService:
             assignment = function_assignment(self.store, record.name, worker_count, plan)
             sup = FunctionSupervisor(
                 self.data_dir, record, self.executor, assignment,
-                until_caught_up=self.until_caught_up, placements=topology.placements(),
+                until_caught_up=self.until_caught_up, placements=topology.placements(), warm=self.warm,
             )
         except EventingError as exc:
             self._progress(record.name).error = str(exc)
