@@ -347,7 +347,7 @@ def test_a_standby_takes_over_from_a_killed_leader_and_finishes_the_stream(clust
             )
             assert took.term >= 2
             assert took.acquired_at - killed_at < 5.0
-            assert resumed_at - killed_at < 30.0
+            assert resumed_at - killed_at < 10.0  # ~1 s here: the standby's workers were started ahead
             mark = stream.written
             wait_for(lambda: stream.written > mark + 300, what="more mutations after the takeover")
         wait_for(lambda: caught_up(data_dir, fn, source), what="the standby to finish the stream")

@@ -203,10 +203,13 @@ def test_a_standby_takes_over_when_the_leader_stops_and_finishes_the_stream(data
     assert cli(["--data-dir", data_dir, "status"]) == 0
     out = capsys.readouterr().out
     assert f"leader: {leader.service_id}" in out and f"standby: {standby.service_id}" in out
-    assert not standby.supervisors  # waiting: no workers
+    assert not standby.supervisors  # waiting: its workers started ahead of time, idle
+    warm = dict(standby.warm)
+    assert sorted(wid for _, wid, _ in warm) == ["local/w0", "local/w1"]
     leader.stop()
     leader_thread.join(30)
-    _wait(lambda: "fn" in standby.supervisors)
+    _wait(lambda: "fn" in standby.supervisors and standby.supervisors["fn"].ready)
+    assert {s.handle for s in standby.supervisors["fn"].slots.values()} == set(warm.values())  # taken, not restarted
     assert standby.summary.leadership["took_over_from"] == leader.service_id
     lease = open_metadata(data_dir).lease(LEADER_LEASE)
     assert lease is not None and lease.term == 2
