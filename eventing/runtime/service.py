@@ -309,10 +309,12 @@ class EventingService:
         self._last_health = now
         topology = Topology(self.store)
         owning = topology.owning_nodes()
+        pending = topology.pending_request()
+        watched = set(owning) | set(pending["nodes"] if pending else [])  # a rebalance's joining nodes too
         pinned = {
             n["name"]: n["ray_node_id"]
             for n in topology.nodes()
-            if n["ray_node_id"] and n["state"] != "failed" and n["name"] in owning
+            if n["ray_node_id"] and n["state"] != "failed" and n["name"] in watched
         }
         if not pinned:
             self.detector.observe(now, {})
@@ -328,8 +330,13 @@ class EventingService:
 
     def _fail_over(self, topology: Topology, owning: list[str], due: list[str]) -> None:
         if topology.pending_request() is not None or any(s.handoff for s in self.supervisors.values()):
+            # Let the rebalance in progress finish without the dead workers (what they release counts as
+            # released, what they were to claim waits), then fail the node over.
+            for node in due:
+                for sup in self.supervisors.values():
+                    sup.fail_node(node)
             if self._deferred != due:
-                log.warning("nodes %s are due for failover; waiting for the rebalance in progress", ", ".join(due))
+                log.warning("nodes %s are due for failover once the rebalance in progress ends", ", ".join(due))
                 self._deferred = due
             return
         self._deferred = []

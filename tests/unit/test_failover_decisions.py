@@ -181,6 +181,57 @@ def test_a_node_down_for_the_timeout_is_failed_over_and_nothing_is_lost(data_dir
     _verify(data_dir, source)
 
 
+class _Hung:
+    """A call to a worker on a dead node: it never completes."""
+
+
+class _Pinned:
+    def __init__(self, inner, ray_node: str | None, dead: set[str]):
+        self.inner, self.ray_node, self.dead = inner, ray_node, dead
+
+    def call(self, method: str, *args):
+        return _Hung() if self.ray_node in self.dead else self.inner.call(method, *args)
+
+
+class NodeLosingExecutor(InProcessExecutor):
+    """In-process workers, except that workers pinned to a Ray node in `dead` never answer again (their
+    calls hang, as on a Ray node whose raylet was killed)."""
+
+    def __init__(self) -> None:
+        self.dead: set[str] = set()
+
+    def start_worker(self, spec, ray_node_id=None):
+        return _Pinned(super().start_worker(spec, ray_node_id), ray_node_id, self.dead)
+
+    def wait(self, futures, timeout):
+        return [f for f in futures if not isinstance(f, _Hung)]
+
+    def kill(self, handle) -> None:
+        super().kill(handle.inner)
+
+
+def test_a_node_that_dies_while_joining_in_a_rebalance_is_failed_over_once_the_rebalance_ends(data_dir):
+    source = _deploy(data_dir)
+    topology = _two_nodes(data_dir)
+    executor = NodeLosingExecutor()
+    service = EventingService(data_dir, executor, failover_timeout_s=0.3)
+    service.node_health = lambda ids: {i: (DOWN if i in executor.dead else UP) for i in ids}
+    thread = _run(service)
+    _wait(lambda: "fn" in service.supervisors and service.supervisors["fn"].ready)
+    topology.add_node("n3", "ray-3")
+    executor.dead.add("ray-3")  # n3's workers will never start: its Ray node is gone
+    topology.request_rebalance(topology.plan())
+    _wait(lambda: {n["name"]: n["state"] for n in open_metadata(data_dir).nodes()}.get("n3") == "failed")
+    _wait(lambda: (Topology(open_metadata(data_dir)).request() or {}).get("status") == "done")
+    source.upsert("late::1", {"rev": 1})
+    _wait(lambda: _caught_up(data_dir, source))
+    service.stop()
+    thread.join(30)
+    owners = Counter(str(cp.owner).split("/")[0] for cp in open_metadata(data_dir).checkpoints("fn").values())
+    assert owners == {"local": 512, "n2": 512}
+    _verify(data_dir, source)
+
+
 def test_a_second_service_without_standby_is_refused_as_before(data_dir):
     _deploy(data_dir, 1000)
     leader = EventingService(data_dir, InProcessExecutor())
