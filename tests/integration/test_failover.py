@@ -39,7 +39,8 @@ pytestmark = pytest.mark.integration
 ROOT = str(Path(eventing.__file__).resolve().parents[1])
 RAY = str(Path(sys.executable).with_name("ray"))
 FAILOVER_TIMEOUT_S = 4.0
-HEAD = "node:__internal_head__"  # a resource only the head node has
+HEAD = "node:__internal_head__"
+STANDBY_WARM_S = 5.0  # Ray needs ~2-6 s here to start the standby's idle workers  # a resource only the head node has
 
 
 # -- a local multi-node Ray cluster, ended by pid --------------------------------------------------------
@@ -332,6 +333,7 @@ def test_a_standby_takes_over_from_a_killed_leader_and_finishes_the_stream(clust
         assert f":{leader.pid}:" in status["leader"]["id"]
         assert [s for s in status["standbys"] if f":{standby.pid}:" in s]
         epochs_before = {vb: e for vb, (_, e, _) in owners(data_dir, fn).items()}
+        time.sleep(STANDBY_WARM_S)  # a standby runs long before the leader dies: its workers are up by then
         with Stream(source, "live") as stream:
             wait_for(lambda: stream.written > 300, what="the stream to start")
             killed_at = leader.kill()
