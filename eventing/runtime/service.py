@@ -245,7 +245,11 @@ class EventingService:
                 for worker in function_assignment(self.store, record.name, count, plan).workers():
                     key = (record.name, str(worker), placements.get(worker.node))
                     if key not in self.warm:
-                        spec = WorkerSpec(self.data_dir, record.name, record.generation, str(worker), ())
+                        # A placeholder: the supervisor sends the real spec ("respec") before "start".
+                        spec = WorkerSpec(
+                            data_dir=self.data_dir, function=record.name, generation=record.generation,
+                            worker_id=str(worker), vbuckets=(),
+                        )
                         self.warm[key] = self.executor.start_worker(spec, key[2])
         except EventingError as exc:
             log.warning("standby could not start its workers ahead of time (%s); it will at takeover", exc)
