@@ -254,7 +254,8 @@ def test_a_standby_takes_over_when_the_leader_stops_and_finishes_the_stream(data
     assert cli(["--data-dir", data_dir, "status"]) == 0
     out = capsys.readouterr().out
     assert f"leader: {leader.service_id}" in out and f"standby: {standby.service_id}" in out
-    assert not standby.supervisors  # waiting: its workers started ahead of time, idle
+    _wait(lambda: len(standby.warm) == 2)  # waiting, its workers started ahead of time (idle)
+    assert not standby.supervisors
     warm = dict(standby.warm)
     assert sorted(wid for _, wid, _ in warm) == ["local/w0", "local/w1"]
     leader.stop()
