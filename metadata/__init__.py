@@ -26,6 +26,7 @@ from metadata.model import (
     DlqRow,
     FunctionRecord,
     FunctionState,
+    Lease,
     check_transition,
 )
 from metadata.protocol import MetadataStore
@@ -45,6 +46,7 @@ __all__ = [
     "FunctionRecord",
     "FunctionState",
     "HandlerLoadError",
+    "Lease",
     "LifecycleError",
     "METADATA_URL_ENV",
     "MetadataStore",

@@ -127,3 +127,33 @@ def plan_rewind(
             )
         moves[vb] = (seqno, target)
     return moves
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A named lease (the service's leadership): who holds it and until when (wall-clock epoch seconds).
+
+    `term` grows by one each time the lease changes hands, so a holder can tell its own tenure from a later
+    one of the same name. Holders renew well before `expires_at`; anyone may take an expired lease.
+    """
+
+    name: str
+    holder: str
+    expires_at: float
+    acquired_at: float  # when this holder took it (kept across renewals)
+    term: int
+    info: str = ""  # the holder's description (pid, host, executor), JSON by convention
+
+    def expired(self, now: float) -> bool:
+        return self.expires_at <= now
+
+
+def next_lease(
+    current: Lease | None, name: str, holder: str, ttl_s: float, info: str, take_from: str | None, now: float
+) -> Lease | None:
+    """The lease after `holder` asks for it at `now`, or None if it stays with someone else (both backends)."""
+    if current is not None and current.holder == holder and current.expires_at > 0:
+        return Lease(name, holder, now + ttl_s, current.acquired_at, current.term, info)  # a renewal
+    if current is not None and not current.expired(now) and current.holder != take_from:
+        return None
+    return Lease(name, holder, now + ttl_s, now, (current.term if current else 0) + 1, info)

@@ -26,8 +26,10 @@ from metadata.model import (
     DlqRow,
     FunctionRecord,
     FunctionState,
+    Lease,
     check_rewind_allowed,
     check_transition,
+    next_lease,
     plan_rewind,
 )
 from metadata.sqlite_io import retry_locked, run_transaction
@@ -74,6 +76,9 @@ CREATE TABLE IF NOT EXISTS services(id TEXT PRIMARY KEY, info TEXT NOT NULL, hea
 CREATE TABLE IF NOT EXISTS kv(key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS nodes(
     name TEXT PRIMARY KEY, state TEXT NOT NULL, ray_node_id TEXT, added_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS leases(
+    name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires_at REAL NOT NULL, acquired_at REAL NOT NULL,
+    term INTEGER NOT NULL, info TEXT NOT NULL);
 """
 
 # How long one statement waits for another process's write lock before we log and retry.
@@ -582,6 +587,45 @@ class SqliteMetadataStore:
     def live_services(self, max_age_s: float) -> list[str]:
         rows = self._read("SELECT id FROM services WHERE heartbeat_at>=?", (time.time() - max_age_s,))
         return [r[0] for r in rows]
+
+    # -- leases -------------------------------------------------------------------------------------------
+
+    def acquire_lease(
+        self, name: str, holder: str, ttl_s: float, *, info: str = "", take_from: str | None = None
+    ) -> Lease | None:
+        """Take or renew lease `name` for `ttl_s` seconds; None if someone else holds it unexpired.
+
+        The check and the write are one IMMEDIATE transaction, so of two racing takers exactly one wins.
+        `take_from`: a holder the caller knows is dead (its process is gone); its lease is taken at once.
+        """
+
+        def body(db: sqlite3.Connection) -> Lease | None:
+            now = time.time()
+            row = db.execute("SELECT * FROM leases WHERE name=?", (name,)).fetchone()
+            current = Lease(*row) if row else None
+            new = next_lease(current, name, holder, ttl_s, info, take_from, now)
+            if new is not None:
+                db.execute(
+                    "INSERT OR REPLACE INTO leases VALUES(?,?,?,?,?,?)",
+                    (new.name, new.holder, new.expires_at, new.acquired_at, new.term, new.info),
+                )
+            return new
+
+        return self._tx(body)
+
+    def lease(self, name: str) -> Lease | None:
+        rows = self._read("SELECT * FROM leases WHERE name=?", (name,))
+        return Lease(*rows[0]) if rows else None
+
+    def release_lease(self, name: str, holder: str) -> bool:
+        """Expire the lease now if `holder` holds it (its term stays, so the next holder's is higher)."""
+        return bool(
+            self._tx(
+                lambda db: db.execute(
+                    "UPDATE leases SET expires_at=0 WHERE name=? AND holder=? AND expires_at>0", (name, holder)
+                ).rowcount
+            )
+        )
 
     # -- eventing nodes -----------------------------------------------------------------------------------
 

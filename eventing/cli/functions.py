@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     store = open_metadata(existing_data_dir(args), create=False)
     records = [store.get_function(args.function)] if args.function else store.list_functions()
     services = store.live_services(lifecycle.SERVICE_STALE_S)
+    leader = _leader_view(store, services)
+    standbys = [sid for sid in services if leader is None or sid != leader["id"]]
     views = []
     for r in records:
         view = record_view(r)
@@ -86,12 +89,29 @@ def cmd_status(args: argparse.Namespace) -> int:
         view["service_running"] = bool(services)
         views.append(view)
     if args.json:
-        emit_json({"services": services, "functions": views})
+        emit_json({"services": services, "leader": leader, "standbys": standbys, "functions": views})
     else:
         print(f"eventing service: {'running (' + ', '.join(services) + ')' if services else 'not running'}")
+        if leader is not None:
+            print(f"  leader: {leader['id']} (lease term {leader['term']}, expires in {leader['expires_in_s']:.1f}s)")
+        if services:
+            print(f"  standby: {', '.join(standbys) if standbys else 'none'}")
         for v in views:
             print(f"  {v['name']}: {v['state']} ({v['vbuckets_leased']}/{NUM_VBUCKETS} vBuckets owned by live workers)")
     return 0
+
+
+def _leader_view(store, services: list[str]) -> dict[str, Any] | None:
+    """The service holding the leader lease, if the lease is current."""
+    from eventing.runtime.failover import LEADER_LEASE
+
+    lease = store.lease(LEADER_LEASE)
+    if lease is None or lease.expired(time.time()):
+        return None
+    return {
+        "id": lease.holder, "term": lease.term, "since": lease.acquired_at,
+        "expires_in_s": round(lease.expires_at - time.time(), 2), "heartbeat": lease.holder in services,
+    }
 
 
 def cmd_export(args: argparse.Namespace) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import sys
 from typing import Any
 
 from eventing.cli.common import ProgressRenderer, existing_data_dir, positive_int
@@ -14,17 +15,23 @@ from eventing.ops.stats import function_stats, vbucket_map
 
 def cmd_run(args: argparse.Namespace) -> int:
     from eventing.runtime.executor import make_executor
+    from eventing.runtime.failover import failover_timeout_s
     from eventing.runtime.service import EventingService
     from eventing.windows.runtime.host import WindowOptions
 
     data_dir = existing_data_dir(args)
+    timeout_s = failover_timeout_s(args.failover_timeout)  # a bad value fails before Ray starts
     executor = make_executor(args.executor, args.ray_address)
     renderer = ProgressRenderer(enabled=not args.json and not args.quiet and progress_enabled())
     service = EventingService(
         data_dir, executor, until_caught_up=args.until_caught_up, functions=args.function or None,
         on_progress=renderer,
         windows=WindowOptions(close_windows=args.close_windows, spark_master=args.spark_master),
+        standby=args.standby, failover_timeout_s=timeout_s,
     )
+    if args.standby and not args.json and not args.quiet:
+        print(f"standby {service.service_id}: waiting for the leader's lease; takes over when it stops",
+              file=sys.stderr, flush=True)
     previous = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, lambda *_: service.stop())
     try:
@@ -42,10 +49,18 @@ def cmd_run(args: argparse.Namespace) -> int:
             for name, p in summary.functions.items()
         },
         "errors": summary.errors,
+        "leadership": summary.leadership,
+        "failovers": summary.failovers,
     }
     if args.json:
         emit_json(result)
     elif not args.quiet:
+        if summary.leadership.get("took_over_from"):
+            print(f"took over from {summary.leadership['took_over_from']} after waiting "
+                  f"{summary.leadership['waited_s']:.1f}s as a standby")
+        for f in summary.failovers:
+            print(f"failed over node(s) {', '.join(f['nodes'])}: their vBuckets had no live owner for "
+                  f"{f['unowned_s']:.1f}s (failover timeout {f['timeout_s']:g}s)")
         if not summary.functions:
             print("no deployed functions to run; deploy one with `eventing deploy functions/fn_email.json`")
         for name, p in summary.functions.items():
@@ -107,6 +122,12 @@ def register(sub: Any, add: Any) -> None:
                    help="ray (default) or in-process (one process, for debugging and tests)")
     p.add_argument("--function", action="append", help="run only this function (repeatable)")
     p.add_argument("--quiet", action="store_true", help="no progress and no summary")
+    p.add_argument("--standby", action="store_true",
+                   help="wait as a standby while another service leads; take over (resuming every function from "
+                        "its checkpoints) within seconds of its death")
+    p.add_argument("--failover-timeout", metavar="DURATION", default=None,
+                   help="fail over an eventing node whose Ray node is down this long, e.g. 10s; 0 turns it off "
+                        "(default: $EVENTING_FAILOVER_TIMEOUT or 10s)")
     p.add_argument("--spark-master", default=os.environ.get("EVENTING_SPARK_MASTER"),
                    help="Spark master for window aggregation, e.g. spark://HOST:7077 (default "
                    "$EVENTING_SPARK_MASTER or local[*])")

@@ -13,6 +13,7 @@ Document layout (keys start with a prefix, ``eventing`` by default, in the bucke
     <p>::services                    {"ids": [...]}                   index of service heartbeats
     <p>::svc::<id>                   {info, heartbeat_at}             expires SERVICE_TTL_S after its last beat
     <p>::nodes                       {"nodes": {name: {...}}}         eventing nodes
+    <p>::lease::<name>               {holder, expires_at, acquired_at, term, info}   a lease (leadership)
     <p>::kv::<key>                   {"value": ...}
     <p>::win::<fn>                   {fence, state, updated_at}       window coordinator state (fenced)
 

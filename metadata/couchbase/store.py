@@ -30,8 +30,10 @@ from metadata.model import (
     DlqRow,
     FunctionRecord,
     FunctionState,
+    Lease,
     check_rewind_allowed,
     check_transition,
+    next_lease,
     plan_rewind,
 )
 from sharding import NUM_VBUCKETS
@@ -673,6 +675,37 @@ class CouchbaseMetadataStore:
         since = time.time() - max_age_s
         return [i for i in ids if self._key("svc", i) in docs and docs[self._key("svc", i)][0]["heartbeat_at"] >= since]
 
+    # -- leases ---------------------------------------------------------------------------------------
+
+    def acquire_lease(
+        self, name: str, holder: str, ttl_s: float, *, info: str = "", take_from: str | None = None
+    ) -> Lease | None:
+        """Take or renew lease `name` (see SqliteMetadataStore.acquire_lease): a CAS loop on its document,
+        so of two racing takers the second re-reads the first's lease and declines."""
+        taken: list[Lease | None] = [None]
+
+        def change(doc: Doc | None) -> Doc | None:
+            new = next_lease(_lease(name, doc) if doc else None, name, holder, ttl_s, info, take_from, time.time())
+            taken[0] = new
+            return None if new is None else _lease_doc(new)
+
+        self._mutate(self._key("lease", name), change)
+        return taken[0]
+
+    def lease(self, name: str) -> Lease | None:
+        got = self._docs.get(self._key("lease", name))
+        return _lease(name, got[0]) if got else None
+
+    def release_lease(self, name: str, holder: str) -> bool:
+        released = [False]
+
+        def change(doc: Doc | None) -> Doc | None:
+            released[0] = doc is not None and doc["holder"] == holder and doc["expires_at"] > 0
+            return {**doc, "expires_at": 0} if doc is not None and released[0] else None
+
+        self._mutate(self._key("lease", name), change)
+        return released[0]
+
     # -- eventing nodes -------------------------------------------------------------------------------
 
     def nodes(self) -> list[dict]:
@@ -713,6 +746,17 @@ class CouchbaseMetadataStore:
 
     def set_kv(self, key: str, value: str) -> None:
         self._docs.upsert(self._key("kv", key), {"value": value})
+
+
+def _lease(name: str, doc: Doc) -> Lease:
+    return Lease(name, doc["holder"], doc["expires_at"], doc["acquired_at"], doc["term"], doc.get("info", ""))
+
+
+def _lease_doc(lease: Lease) -> Doc:
+    return {
+        "holder": lease.holder, "expires_at": lease.expires_at, "acquired_at": lease.acquired_at,
+        "term": lease.term, "info": lease.info,
+    }
 
 
 def _function(name: str, doc: Doc) -> FunctionRecord:

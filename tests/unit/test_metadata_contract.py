@@ -610,6 +610,57 @@ def test_settings_round_trip(store):
     assert store.get_kv("plan") == '{"a": 2}'
 
 
+def test_a_lease_is_held_renewed_and_refused_to_others_until_it_expires(store):
+    assert store.lease("leader") is None
+    first = store.acquire_lease("leader", "svc-a", 60, info='{"pid": 1}')
+    assert first is not None and (first.holder, first.term, first.info) == ("svc-a", 1, '{"pid": 1}')
+    assert store.acquire_lease("leader", "svc-b", 60) is None  # held: the standby keeps waiting
+    time.sleep(0.01)
+    renewed = store.acquire_lease("leader", "svc-a", 60, info='{"pid": 1}')
+    assert renewed is not None and renewed.term == 1 and renewed.expires_at > first.expires_at
+    assert renewed.acquired_at == first.acquired_at
+    assert store.lease("leader") == renewed
+    assert store.lease("other") is None
+
+
+def test_an_expired_lease_goes_to_the_next_taker_with_a_higher_term_and_the_old_holder_learns_it(store):
+    store.acquire_lease("leader", "svc-a", 0.05)
+    time.sleep(0.1)
+    taken = store.acquire_lease("leader", "svc-b", 60)
+    assert taken is not None and (taken.holder, taken.term) == ("svc-b", 2)
+    assert store.acquire_lease("leader", "svc-a", 60) is None  # the old leader's renewal fails: it steps down
+
+
+def test_a_lease_of_a_holder_known_dead_is_taken_at_once_and_a_released_lease_is_free(store):
+    store.acquire_lease("leader", "svc-a", 60)
+    assert store.acquire_lease("leader", "svc-b", 60, take_from="svc-x") is None  # not the holder named
+    taken = store.acquire_lease("leader", "svc-b", 60, take_from="svc-a")
+    assert taken is not None and taken.holder == "svc-b" and taken.term == 2
+    assert not store.release_lease("leader", "svc-a")  # not its lease any more
+    assert store.release_lease("leader", "svc-b")
+    assert store.lease("leader").expired(time.time())
+    again = store.acquire_lease("leader", "svc-c", 60)
+    assert again is not None and again.term == 3
+
+
+def test_racing_takers_get_a_free_lease_exactly_once(backend):
+    stores = [backend.open() for _ in range(4)]
+    won: list[str] = []
+    barrier = threading.Barrier(len(stores))
+
+    def take(i: int) -> None:
+        barrier.wait()
+        if stores[i].acquire_lease("leader", f"svc-{i}", 60) is not None:
+            won.append(f"svc-{i}")
+
+    threads = [threading.Thread(target=take, args=(i,)) for i in range(len(stores))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(won) == 1 and stores[0].lease("leader").holder == won[0]
+
+
 def test_a_healthy_store_passes_its_integrity_check(store):
     store.put_function("fn", {}, "")
     store.verify_integrity()
@@ -726,9 +777,10 @@ def test_the_couchbase_documents_follow_the_documented_layout():
     store.heartbeat("svc", "{}")
     store.put_node("n", "active")
     store.set_kv("plan", "{}")
+    store.acquire_lease("leader", "svc", 5)
     assert docs.keys() == sorted([
         "p::functions", "p::fn::fn", "p::cp::fn::0", "p::cp::fn::1023", "p::ctr::fn", "p::dlq::fn::0::5",
-        "p::dlqix::fn::0", "p::services", "p::svc::svc", "p::nodes", "p::kv::plan",
+        "p::dlqix::fn::0", "p::services", "p::svc::svc", "p::nodes", "p::kv::plan", "p::lease::leader",
     ])
 
 
