@@ -123,7 +123,7 @@ def test_the_operator_windows_rows_on_the_offset_grid():
 # -- session semantics ---------------------------------------------------------------------------------
 
 
-def test_rows_closer_than_the_gap_form_one_session_per_group():
+def test_rows_at_most_a_gap_apart_form_one_session_per_group():
     op = SessionOperator(session_spec())
     fate = op.observe_batch(0, [("a",), ("a",), ("b",), ("a",)], [T0, T0 + 9 * S, T0 + 5 * S, T0 + 30 * S], T0)
     assert fate.late_count == 0
@@ -363,3 +363,16 @@ def test_offset_windows_through_the_coordinator(data_dir):
 
 def test_session_spec_keeps_timedelta_values():
     assert session_spec(max_duration="1m").max_duration == timedelta(minutes=1)
+
+
+def test_rows_exactly_a_gap_apart_share_a_session_as_in_flink_and_spark():
+    op = SessionOperator(session_spec(out_of_order_tolerance="1h"))
+    op.observe_batch(0, [("a",), ("a",), ("a",)], [T0, T0 + 10 * S, T0 + 20 * S + 1], T0)
+    assert [(s.start_ms - T0, s.end_ms - T0) for s in op.close_all()] == [(0, 20 * S), (20 * S + 1, 30 * S + 1)]
+
+
+def test_a_row_at_the_end_of_an_emitted_session_is_late():
+    op = SessionOperator(session_spec())
+    op.observe_batch(0, [("a",), ("b",)], [T0, T0 + 60 * S], T0)
+    op.advance(T0)
+    assert op.observe_batch(0, [("a",)], [T0 + 10 * S], T0).late == [True]  # would touch [0, 10 s)

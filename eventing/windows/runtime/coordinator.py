@@ -469,7 +469,7 @@ class WindowCoordinator:
         breaks = np.zeros(n, dtype=bool)
         breaks[0] = True
         if n > 1:
-            breaks[1:] |= (times[1:] - times[:-1]) >= spec.gap_ms
+            breaks[1:] |= (times[1:] - times[:-1]) > spec.gap_ms
             if spec.max_duration_ms is not None:
                 cell = (times - spec.offset_ms) // spec.max_duration_ms
                 breaks[1:] |= cell[1:] != cell[:-1]

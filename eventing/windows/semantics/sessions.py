@@ -1,10 +1,11 @@
 """Session windows per group: which rows form a session, when sessions merge, which rows are late, and when
 each session closes, exactly once.
 
-A session of a group is a maximal set of rows whose consecutive event times are less than ``gap`` apart;
-it spans [first row, last row + gap). With ``max_duration`` the time axis is cut at ``offset + k *
+A session of a group is a maximal set of rows whose consecutive event times are at most ``gap`` apart (as
+in Flink and Spark, where the windows [t, t + gap) of two rows merge when they touch); it spans [first row,
+last row + gap). With ``max_duration`` the time axis is cut at ``offset + k *
 max_duration`` and no session crosses a cut. Rows come in batches in any order: a batch is first cut into
-*chains* (its rows of one group, sorted, split where two neighbours are ``gap`` or more apart or a cut lies
+*chains* (its rows of one group, sorted, split where two neighbours are more than ``gap`` apart or a cut lies
 between them); each chain then either joins (and merges) the open sessions of its group it touches, or
 starts a new one. The chain, not the row, is the unit of judgement, so a batch's verdict does not depend on
 the order of its rows.
@@ -51,7 +52,7 @@ class Session:
 
 @dataclass(frozen=True)
 class Chain:
-    """Rows of one group in one batch, consecutive ones less than gap apart: [first_ms, last_ms], ``rows`` rows."""
+    """Rows of one group in one batch, consecutive ones at most gap apart: [first_ms, last_ms], ``rows`` rows."""
 
     group: Group
     first_ms: int
@@ -77,7 +78,7 @@ def chains_of(
     for i in order:
         g, t = groups[i], times_ms[i]
         if (
-            chains and g == prev_group and t - prev_t < gap_ms
+            chains and g == prev_group and t - prev_t <= gap_ms
             and session_bucket(t, max_duration_ms, offset_ms) == session_bucket(prev_t, max_duration_ms, offset_ms)
         ):
             c = chains[-1]
@@ -120,9 +121,9 @@ class SessionOperator:
         self._idle_timeout_ms = spec.idle_timeout_ms
         self._event_time = spec.boundary == "event_time"
         self._tracker = WatermarkTracker.for_spec(spec)
-        # (group, cell) -> open sessions [[start, last], ...] sorted by start, pairwise >= gap apart
+        # (group, cell) -> open sessions [[start, last], ...] sorted by start, pairwise more than gap apart
         self._open: dict[tuple[Group, int], list[list[int]]] = {}
-        # (group, cell) -> greatest end of a closed session: a chain starting before it would touch that one
+        # (group, cell) -> greatest end of a closed session: a chain starting at or before it touches that one
         self._horizon: dict[tuple[Group, int], int] = {}
         self._now_ms: int | None = None
         self._last_activity_ms: int | None = None
@@ -230,16 +231,16 @@ class SessionOperator:
             key = (chain.group, session_bucket(chain.first_ms, self._max_ms, self._offset_ms))
             sessions = self._open.get(key)
             horizon = self._horizon.get(key)
-            if horizon is not None and chain.first_ms < horizon:
+            if horizon is not None and chain.first_ms <= horizon:
                 out.append(True)  # within gap of a session already closed
                 continue
-            lo = chain.first_ms - gap  # a session with last > lo and start < last + gap touches the chain
+            lo = chain.first_ms - gap  # a session with last >= lo and start <= hi touches the chain
             hi = chain.last_ms + gap
             touched: list[int] = []
             if sessions:
-                i = bisect.bisect_left(sessions, [hi, -(2**63)])
+                i = bisect.bisect_right(sessions, [hi, 2**63])
                 j = i - 1
-                while j >= 0 and sessions[j][1] > lo:
+                while j >= 0 and sessions[j][1] >= lo:
                     touched.append(j)
                     j -= 1
             if not touched and frontier is not None and chain.last_ms + gap <= frontier:
@@ -407,7 +408,7 @@ def plain_sessions(
         times.sort()
         start = prev = times[0]
         for t in times[1:]:
-            if t - prev < gap_ms and session_bucket(t, max_duration_ms, offset_ms) == session_bucket(
+            if t - prev <= gap_ms and session_bucket(t, max_duration_ms, offset_ms) == session_bucket(
                 prev, max_duration_ms, offset_ms
             ):
                 prev = t

@@ -138,7 +138,7 @@ class WindowSpec:
     window's end and the whole source has been silent for ``idle_timeout``, that window closes anyway.
     Zero tolerance/lateness and ``None`` timeouts mean off.
 
-    A session window (``kind="session"``) has no size: per group, rows closer than ``gap`` in time form one
+    A session window (``kind="session"``) has no size: per group, rows at most ``gap`` apart in time form one
     session [first row, last row + gap), sessions merge when a row bridges them, and a session closes when
     the watermark reaches its end + ``allowed_lateness``. ``max_duration`` cuts sessions at multiples of it
     (from the epoch plus ``offset``; Azure checks its maximum duration on the same grid), so no session spans
@@ -234,7 +234,7 @@ class WindowSpec:
     def _check_session(self) -> None:
         if self.gap is None:
             raise WindowConfigError(
-                "gap", "is a session window without a gap; set gap, such as '30s' (rows closer than it form "
+                "gap", "is a session window without a gap; set gap, such as '30s' (rows at most that far apart form "
                 "one session)",
             )
         _check_duration("gap", self.gap)
@@ -405,7 +405,7 @@ class WindowSpec:
         if data["kind"] == "session":
             if data.get("gap") is None:
                 raise WindowConfigError(
-                    "gap", "is a session window without a gap; set gap, such as '30s' (rows closer than it "
+                    "gap", "is a session window without a gap; set gap, such as '30s' (rows at most that far apart "
                     "form one session)",
                 )
         elif data.get("size") is None:
