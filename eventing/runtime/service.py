@@ -17,12 +17,13 @@ from eventing.core.definition import FunctionDefinition
 from eventing.errors import EventingError
 from eventing.runtime.executor import Executor
 from eventing.runtime.lifecycle import SERVICE_STALE_S, complete_transition
-from eventing.runtime.nodes import Topology, function_assignment
+from eventing.runtime.nodes import Topology, function_assignment, packed_node_plan, save_packed_placement
 from eventing.runtime.supervisor import FunctionSupervisor
 from eventing.storage.metadata import open_metadata
 from eventing.windows.runtime.host import WindowHost
 from metadata import FunctionState
 from sharding import VBucketPlan
+from sharding.placement import PackedPlacement
 
 log = logging.getLogger("eventing.runtime.service")
 
@@ -75,6 +76,9 @@ class EventingService:
         self._last_state_poll = 0.0
         self._last_gauges = 0.0
         self._rate_window: dict[str, tuple[float, int]] = {}
+        # Packed functions (placement: packed) on their nodes. Only this service runs functions on the data
+        # directory, so the placement starts empty with it: nothing runs before it starts them.
+        self.packed = PackedPlacement()
 
     def run(self) -> RunSummary:
         others = [sid for sid in self.store.live_services(SERVICE_STALE_S) if _alive(sid)]
@@ -165,7 +169,8 @@ class EventingService:
             owners, nodes = tuple(request["owners"]), request["nodes"]
             topology.placements()  # make sure joining nodes are known before workers start there
             for sup in self.supervisors.values():
-                sup.start_rebalance(owners, nodes)
+                if self.packed.node_of(sup.name) is None:  # a packed function stays on its one node
+                    sup.start_rebalance(owners, nodes)
             self._rebalance_started = time.monotonic()
             self._handled_at_rebalance = sum(s.handled for s in self.supervisors.values())
             topology.update_request(request, status="running", service=self.service_id)
@@ -196,14 +201,24 @@ class EventingService:
     def _start_function(self, record) -> None:
         try:
             topology = Topology(self.store)
-            worker_count = FunctionDefinition.from_dict(record.definition).worker_count
-            pending = topology.pending_request()
-            plan = VBucketPlan(tuple(pending["owners"])) if pending else topology.node_plan()
+            definition = FunctionDefinition.from_dict(record.definition)
+            worker_count = definition.worker_count
+            packed = None
+            if definition.placement == "packed":
+                packed, step = self.packed.start(record.name)
+                plan = packed_node_plan(step.node)
+                log.info("function %s placed: %s", record.name, step.describe())
+            else:
+                pending = topology.pending_request()
+                plan = VBucketPlan(tuple(pending["owners"])) if pending else topology.node_plan()
             assignment = function_assignment(self.store, record.name, worker_count, plan)
             sup = FunctionSupervisor(
                 self.data_dir, record, self.executor, assignment,
                 until_caught_up=self.until_caught_up, placements=topology.placements(),
             )
+            if packed is not None:
+                self.packed = packed
+                save_packed_placement(self.store, packed)
         except EventingError as exc:
             self._progress(record.name).error = str(exc)
             self.summary.errors.append(f"{record.name}: {exc}")
@@ -221,6 +236,10 @@ class EventingService:
         if sup is None:
             return
         sup.stop()
+        if self.packed.node_of(name) is not None:
+            self.packed, step = self.packed.stop(name)  # its slot is free; an empty node is released
+            save_packed_placement(self.store, self.packed)
+            log.info("function %s unplaced: %s", name, step.describe())
         self.windows.function_stopped(sup)  # after the workers' last rows are on disk
         progress = self._progress(name)
         progress.handled = sup.handled
