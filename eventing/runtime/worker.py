@@ -87,6 +87,8 @@ class WorkerCore:
             injected[b.alias] = binding
             self.bindings.append(binding)
         self.rw_bindings = [b for b in self.bindings if b.access == "rw"]
+        # at_least_once: no effect marks are read, fenced or written (see LocalBucket.apply_effects).
+        self.marked = self.defn.delivery == "exactly_once"
         module = load_handler(self.name, record.source, injected, windowed=self.defn.window is not None)
         self.on_update = module.__dict__.get("on_update")
         self.on_delete = module.__dict__.get("on_delete")
@@ -123,7 +125,7 @@ class WorkerCore:
         # Normally the marks trail the store's epochs and this changes nothing.
         wanted = set(vbs)
         floor: dict[int, int] = {}
-        for bucket in {id(b.bucket): b.bucket for b in self.rw_bindings}.values():
+        for bucket in {id(b.bucket): b.bucket for b in self.rw_bindings if self.marked}.values():
             for vb, (mark_epoch, _) in bucket.effect_marks(self.name).items():
                 if vb in wanted and mark_epoch >= floor.get(vb, 0):
                     floor[vb] = mark_epoch + 1
@@ -138,10 +140,10 @@ class WorkerCore:
             self.epochs[vb] = cp.epoch
         # Raise the effect fences first, so a zombie's binding writes are rejected from now on.
         epochs = {vb: self.epochs[vb] for vb in vbs}
-        for bucket in {id(b.bucket): b.bucket for b in self.rw_bindings}.values():
+        for bucket in {id(b.bucket): b.bucket for b in self.rw_bindings if self.marked}.values():
             bucket.fence(self.name, epochs)
         # Then learn how far each bucket already holds this function's effects (see BucketBinding.keep).
-        for binding in self.rw_bindings:
+        for binding in self.rw_bindings if self.marked else ():
             marks = binding.bucket.effect_marks(self.name)
             for vb in vbs:
                 binding.applied_upto[vb] = marks.get(vb, (0, 0))[1]
@@ -421,7 +423,7 @@ class WorkerCore:
                     binding.replayed_writes = 0
                 if not binding.pending():
                     continue
-                result = binding.bucket.apply_effects(self.name, binding.take_groups())
+                result = binding.bucket.apply_effects(self.name, binding.take_groups(), marks=self.marked)
                 self.counters["effects_applied"] += result.applied
                 self.counters["effects_duplicate"] += result.duplicates
                 self.counters["effects_fenced"] += result.fenced_writes
@@ -445,7 +447,7 @@ class WorkerCore:
         self.dlq = []
         self.counters.clear()
         self.positions.update(self.committed)
-        for binding in self.rw_bindings:
+        for binding in self.rw_bindings if self.marked else ():
             marks = binding.bucket.effect_marks(self.name)
             for vb in self.epochs:
                 binding.applied_upto[vb] = marks.get(vb, (0, 0))[1]
