@@ -13,6 +13,8 @@ WindowKind = Literal["tumbling", "hopping", "session"]
 TimeBoundary = Literal["event_time", "processing_time"]
 AggregateOp = Literal["count", "sum", "avg", "min", "max"]
 SinkKind = Literal["parquet", "sqlite"]
+PolicyAction = Literal["adjust", "drop"]
+POLICY_ACTIONS: tuple[str, ...] = get_args(PolicyAction)
 
 WINDOW_KINDS: tuple[str, ...] = get_args(WindowKind)
 TIME_BOUNDARIES: tuple[str, ...] = get_args(TimeBoundary)
@@ -119,6 +121,11 @@ _EVENT_TIME_ONLY = (
     "allowed_lateness",
     "partition_idle_timeout",
     "idle_timeout",
+    "early_arrival_policy",
+    "out_of_order_policy",
+    "late_arrival_tolerance",
+    "late_arrival_policy",
+    "substream_key",
 )
 
 
@@ -161,6 +168,12 @@ class WindowSpec:
     offset: timedelta = timedelta(0)
     gap: timedelta | None = None
     max_duration: timedelta | None = None
+    # Azure's arrival-time policies (eventing.windows.semantics.arrival); None leaves each off.
+    early_arrival_policy: PolicyAction | None = None
+    out_of_order_policy: PolicyAction | None = None
+    late_arrival_tolerance: timedelta | None = None
+    late_arrival_policy: PolicyAction | None = None  # None: adjust, once a late_arrival_tolerance is set
+    substream_key: str | None = None
 
     def __post_init__(self) -> None:
         # Lists from Python callers become tuples so the spec stays hashable and immutable.
@@ -280,6 +293,7 @@ class WindowSpec:
                     raise WindowConfigError(
                         name, f"has {name} {_show(value)}; make it positive, or remove it to turn it off"
                     )
+        self._check_policies()
         if self.boundary == "processing_time":
             for name in _EVENT_TIME_ONLY:
                 value = getattr(self, name)
@@ -296,6 +310,44 @@ class WindowSpec:
                 "uses event time but has no time_field; name the document field holding the event time "
                 "(epoch ms, UTC), or set boundary to processing_time",
             )
+
+    def _check_policies(self) -> None:
+        for name in ("early_arrival_policy", "out_of_order_policy", "late_arrival_policy"):
+            value = getattr(self, name)
+            if value is not None and value not in POLICY_ACTIONS:
+                raise WindowConfigError(
+                    name, f"has {name} {value!r}; use 'adjust' or 'drop' (or remove it to leave the policy off)"
+                )
+        if self.late_arrival_tolerance is not None:
+            _check_duration("late_arrival_tolerance", self.late_arrival_tolerance)
+        elif self.late_arrival_policy is not None:
+            raise WindowConfigError(
+                "late_arrival_policy",
+                "has a late_arrival_policy but no late_arrival_tolerance; set late_arrival_tolerance, such as '5m'",
+            )
+        if self.substream_key is not None:
+            if not isinstance(self.substream_key, str) or not self.substream_key:
+                raise WindowConfigError(
+                    "substream_key", f"has substream_key {self.substream_key!r}; name a document field, such as 'device_id'"
+                )
+            if self.late_arrival_tolerance is None:
+                raise WindowConfigError(
+                    "substream_key",
+                    "has substreams but no late_arrival_tolerance, which bounds how far substreams drift apart; "
+                    "set late_arrival_tolerance, such as '5m'",
+                )
+
+    @property
+    def uses_arrival_policies(self) -> bool:
+        """Whether rows are judged against their arrival time (needs each mutation's arrival time)."""
+        return any(
+            getattr(self, name) is not None
+            for name in ("early_arrival_policy", "out_of_order_policy", "late_arrival_tolerance", "substream_key")
+        )
+
+    @property
+    def late_arrival_tolerance_ms(self) -> int | None:
+        return None if self.late_arrival_tolerance is None else duration_ms(self.late_arrival_tolerance)
 
     def _check_columns(self) -> None:
         seen: set[str] = set()
@@ -413,9 +465,12 @@ class WindowSpec:
         for name in ("size", "slide", "offset", "gap", "max_duration"):
             if data.get(name) is not None:
                 kwargs[name] = parse_duration(data[name], field=name)
-        for name in ("boundary", "time_field"):
+        for name in ("boundary", "time_field", "early_arrival_policy", "out_of_order_policy",
+                     "late_arrival_policy", "substream_key"):
             if data.get(name) is not None:
                 kwargs[name] = data[name]
+        if data.get("late_arrival_tolerance") is not None:
+            kwargs["late_arrival_tolerance"] = parse_duration(data["late_arrival_tolerance"], field="late_arrival_tolerance")
         for name in ("out_of_order_tolerance", "allowed_lateness", "partition_idle_timeout", "idle_timeout"):
             if data.get(name) is not None:
                 kwargs[name] = parse_duration(data[name], field=name)
@@ -457,6 +512,11 @@ class WindowSpec:
             value = getattr(self, name)
             out[name] = None if value is None else format_duration(value)
         out["sink"] = self.sink.to_dict()
+        for name in ("early_arrival_policy", "out_of_order_policy", "late_arrival_policy", "substream_key"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        if self.late_arrival_tolerance is not None:
+            out["late_arrival_tolerance"] = format_duration(self.late_arrival_tolerance)
         return out
 
 
