@@ -7,7 +7,7 @@ import os
 import signal
 from typing import Any
 
-from eventing.cli.common import ProgressRenderer, existing_data_dir
+from eventing.cli.common import ProgressRenderer, existing_data_dir, positive_int
 from eventing.cli.output import emit_json, progress_enabled, table
 from eventing.ops.stats import function_stats, vbucket_map
 
@@ -65,6 +65,12 @@ def cmd_vbmap(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
+    if args.watch:
+        from eventing.cli.watch import stats_line, watch
+
+        data_dir = existing_data_dir(args)
+        return watch(lambda: function_stats(data_dir, args.function), _print_stats, stats_line,
+                     interval_s=args.interval, as_json=args.json, count=args.count)
     data = function_stats(existing_data_dir(args), args.function)
     if args.json:
         emit_json(data)
@@ -83,6 +89,12 @@ def _print_stats(data: dict[str, Any]) -> None:
         print(f"  {k:>26}: {v if v is not None else '-'}")
 
 
+def _interval(text: str) -> float:
+    from eventing.cli.watch import interval_seconds
+
+    return interval_seconds(text)
+
+
 def register(sub: Any, add: Any) -> None:
     p = add("run", cmd_run, "run every deployed function on Ray workers (Ctrl-C stops after a checkpoint)")
     p.add_argument("--until-caught-up", action="store_true",
@@ -97,3 +109,8 @@ def register(sub: Any, add: Any) -> None:
     p.add_argument("function")
     p = add("stats", cmd_stats, "mutations seen, handler successes and failures, checkpoint lag, throughput")
     p.add_argument("function")
+    p.add_argument("--watch", action="store_true",
+                   help="refresh until Ctrl-C: redrawn in place on a terminal, one line per refresh otherwise "
+                   "(with --json one JSON object per line)")
+    p.add_argument("--interval", type=_interval, default=2.0, metavar="S", help="seconds between refreshes (default 2)")
+    p.add_argument("--count", type=positive_int, metavar="N", help="with --watch: stop after N refreshes")

@@ -21,7 +21,6 @@ def _window_report(data_dir: str, name: str) -> dict[str, Any]:
     from eventing.windows.runtime.coordinator import iso_ms, make_sink
     from eventing.windows.runtime.paths import WindowPaths
     from eventing.windows.runtime.row_writer import RowLayout
-    from metadata.window_state import window_state_store
 
     store = open_metadata(data_dir, create=False)
     try:
@@ -32,7 +31,7 @@ def _window_report(data_dir: str, name: str) -> dict[str, Any]:
                 f"function '{name}' declares no window; add a \"window\" object to its definition and deploy it"
             )
         layout = RowLayout.for_definition(name, window)
-        state = window_state_store(store).load(name)
+        state = store.window_states().load(name)
         counters = store.counters(name)
     finally:
         store.close()

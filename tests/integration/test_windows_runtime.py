@@ -159,9 +159,8 @@ def test_a_service_killed_between_state_commit_and_sink_write_emits_every_window
     )
     assert driver.returncode == FAULT_EXIT_CODE, driver.stderr[-2000:]
     store = open_metadata(data_dir)
-    from metadata.window_state import WindowStateStore
 
-    state = WindowStateStore(store).load(FN)
+    state = store.window_states().load(FN)
     assert state is not None and state["pending"], "the crash left closed windows not recorded as emitted"
     written_before = sink(data_dir).written_windows(FN)
     if fault == "after_sink_write":
@@ -172,7 +171,7 @@ def test_a_service_killed_between_state_commit_and_sink_write_emits_every_window
     summary = EventingService(data_dir, ray_executor, until_caught_up=True).run()
     assert not summary.errors
     assert_results_match_the_documents(data_dir, source, late=set())
-    assert WindowStateStore(store).load(FN)["pending"] == []
+    assert store.window_states().load(FN)["pending"] == []
 
 
 def test_a_window_only_function_killed_mid_run_on_ray_leaves_every_window_exact(

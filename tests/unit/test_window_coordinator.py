@@ -410,9 +410,8 @@ def test_a_redeploy_starts_the_windows_afresh(data_dir, monkeypatch):
     lifecycle.deploy(data_dir, FN)
     EventingService(data_dir, InProcessExecutor(), until_caught_up=True).run()
     store = open_metadata(data_dir)
-    from metadata.window_state import WindowStateStore
 
-    states = WindowStateStore(store)
+    states = store.window_states()
     assert states.load(FN)["classified_upto"]
     lifecycle.undeploy(data_dir, FN)
     paths = WindowPaths.of(data_dir, FN)
