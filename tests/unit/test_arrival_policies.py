@@ -206,3 +206,15 @@ def test_a_spec_with_policies_round_trips_and_builds_the_seed_policy():
     fates = [policy.observe(hm(e), hm(a), key=d) for e, a, d in TABLE]
     assert [f.watermark_ms for f in fates] == [hm(w) for *_, w in FIGURE_3]
     assert not WindowSpec.from_dict({"kind": "tumbling", "size": "1m", "time_field": "ts"}).uses_arrival_policies
+
+
+def test_policy_state_resumes_exactly_midway_through_the_table():
+    import json
+
+    a = seed_policy(early_arrival="drop", substreams=True)
+    first = [a.observe(hm(e), hm(x), key=d) for e, x, d in TABLE[:6]]
+    b = seed_policy(early_arrival="drop", substreams=True).restore(json.loads(json.dumps(a.to_state())))
+    rest_a = [a.observe(hm(e), hm(x), key=d) for e, x, d in TABLE[6:]]
+    rest_b = [b.observe(hm(e), hm(x), key=d) for e, x, d in TABLE[6:]]
+    assert rest_a == rest_b and len(first) == 6
+    assert a.metrics() == b.metrics()

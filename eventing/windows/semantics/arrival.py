@@ -175,6 +175,25 @@ class ArrivalPolicy:
             if self._watermarks.get(stream, floor) <= floor:
                 self._watermarks[stream] = floor
 
+    def to_state(self) -> dict[str, Any]:
+        """JSON-able watermarks and metrics; ``from_state`` with the same settings resumes exactly here.
+        Substream keys are document values (strings, numbers), kept as ``[key]`` pairs."""
+        return {
+            "watermarks": [[list(s) if isinstance(s, tuple) else s, w] for s, w in self._watermarks.items()],
+            "metrics": self.metrics(),
+        }
+
+    def restore(self, state: dict[str, Any]) -> ArrivalPolicy:
+        """Resume from ``to_state()`` (settings come from this policy, as a changed spec may change them)."""
+        self._watermarks = {
+            (tuple(s) if isinstance(s, list) else s): ensure_ms(w, "watermark_ms") for s, w in state["watermarks"]
+        }
+        metrics = state["metrics"]
+        self.out_of_order_events = int(metrics["out_of_order_events"])
+        self.late_input_events = int(metrics["late_input_events"])
+        self.early_input_events = int(metrics["early_input_events"])
+        return self
+
     def metrics(self, now_ms: int | None = None) -> dict[str, int | None]:
         out: dict[str, int | None] = {
             "out_of_order_events": self.out_of_order_events,
