@@ -376,3 +376,11 @@ def test_a_row_at_the_end_of_an_emitted_session_is_late():
     op.observe_batch(0, [("a",), ("b",)], [T0, T0 + 60 * S], T0)
     op.advance(T0)
     assert op.observe_batch(0, [("a",)], [T0 + 10 * S], T0).late == [True]  # would touch [0, 10 s)
+
+
+def test_an_idle_source_closes_sessions_after_the_idle_timeout():
+    op = SessionOperator(session_spec(idle_timeout="1m"))
+    op.observe_batch(0, [("a",)], [T0], T0)
+    assert op.advance(T0 + 69 * S) == []  # due at end (10 s) + 1 min of silence
+    assert [s.group for s in op.advance(T0 + 70 * S)] == [("a",)]
+    assert op.observe_batch(0, [("a",)], [T0 + 5 * S], T0 + 70 * S).late == [True]
