@@ -49,7 +49,8 @@ def _window_report(data_dir: str, name: str) -> dict[str, Any]:
         "group_by": list(layout.group_by),
         "aggregates": [a.name for a in spec.aggregates],
         "watermark": iso_ms(watermark) if spec.boundary == "event_time" else None,
-        "open_windows": len(operator.get("open_windows") or []),
+        "open_windows": len(operator.get("open_windows") or [])
+        + sum(len(sessions) for _, _, sessions in operator.get("open") or []),
         "closed_not_emitted": len((state or {}).get("pending") or []),
         "windows_emitted": int(counters.get("windows_emitted", 0)),
         "late_rows": int(counters.get("dlq_late", 0)),
@@ -59,7 +60,12 @@ def _window_report(data_dir: str, name: str) -> dict[str, Any]:
 
 
 def _describe(spec: dict[str, Any]) -> str:
-    shape = f"{spec['kind']} {spec['size']}" + (f" every {spec['slide']}" if spec["kind"] == "hopping" else "")
+    if spec["kind"] == "session":
+        shape = f"session gap {spec['gap']}" + (f" max {spec['max_duration']}" if spec.get("max_duration") else "")
+    else:
+        shape = f"{spec['kind']} {spec['size']}" + (f" every {spec['slide']}" if spec["kind"] == "hopping" else "")
+    if spec.get("offset"):
+        shape += f" offset {spec['offset']}"
     time_basis = f"event time '{spec['time_field']}'" if spec["boundary"] == "event_time" else "processing time"
     return f"{shape}, {time_basis}"
 

@@ -18,6 +18,10 @@ ALIAS = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 Boundary = Literal["everything", "from_now"]
 Access = Literal["r", "rw"]
+Placement = Literal["spread", "packed"]
+Delivery = Literal["exactly_once", "at_least_once"]
+PLACEMENTS = ("spread", "packed")
+DELIVERIES = ("exactly_once", "at_least_once")
 
 def parse_duration(value: Any, field_name: str, function: str) -> timedelta:
     """eventing.core.durations.parse_duration (the rule window sizes follow too), as a ConfigError."""
@@ -53,6 +57,12 @@ class FunctionDefinition:
     max_document_bytes: int = 1024 * 1024  # larger documents go to the DLQ as `oversize`
     description: str = ""
     window: dict[str, Any] | None = None  # event-time aggregation, see eventing.windows.semantics
+    # spread: every eventing node runs the function's workers (Couchbase); packed: one node runs them all,
+    # at most 4 running functions a node (Atlas; sharding.placement).
+    placement: Placement = "spread"
+    # exactly_once: effects are marked by (function, vBucket, seqno) so a replay never applies one twice;
+    # at_least_once: no marks (cheaper writes), so a replay after a crash may apply an effect again.
+    delivery: Delivery = "exactly_once"
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FunctionDefinition:
@@ -103,6 +113,12 @@ class FunctionDefinition:
             raise ConfigError(f"worker_count of function '{name}' is {kwargs['worker_count']}; the maximum is 64")
         if kwargs.get("boundary", "everything") not in ("everything", "from_now"):
             raise ConfigError(f"boundary of function '{name}' must be 'everything' or 'from_now'")
+        for key, allowed in (("placement", PLACEMENTS), ("delivery", DELIVERIES)):
+            if key in kwargs and kwargs[key] not in allowed:
+                raise ConfigError(
+                    f"{key} of function '{name}' is {kwargs[key]!r}; use one of {', '.join(map(repr, allowed))} "
+                    f"(default {allowed[0]!r})"
+                )
         if kwargs.get("execution_timeout", timedelta(seconds=1)).total_seconds() <= 0:
             raise ConfigError(f"execution_timeout of function '{name}' must be positive")
         return cls(**kwargs)

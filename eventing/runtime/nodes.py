@@ -19,6 +19,7 @@ from typing import Any
 from eventing.errors import ConfigError, LifecycleError, NotFoundError
 from metadata import FunctionState, MetadataStore
 from sharding import NUM_VBUCKETS, VBucketPlan
+from sharding.placement import PackedPlacement
 from sharding.rebalance import FunctionAssignment, RebalancePlan, WorkerId, assign_function, plan_rebalance
 
 DEFAULT_NODE = "local"
@@ -163,10 +164,29 @@ def worker_id_of(owner: str | None) -> WorkerId | None:
     return WorkerId(node, int(index)) if index.isdigit() else None
 
 
+PACKED_KEY = "packed_placement"
+
+
+def packed_node_plan(node: str) -> VBucketPlan:
+    """The node plan of a packed function: every vBucket on its one node, so all its workers run there."""
+    return VBucketPlan.initial([node])
+
+
+def save_packed_placement(store: MetadataStore, placement: PackedPlacement) -> None:
+    """Publish the service's packed placement (for `eventing status` and tests); the service owns it."""
+    store.set_kv(PACKED_KEY, json.dumps(placement.to_dict()))
+
+
+def load_packed_placement(store: MetadataStore) -> PackedPlacement:
+    raw = store.get_kv(PACKED_KEY)
+    return PackedPlacement.from_dict(json.loads(raw)) if raw else PackedPlacement()
+
+
 def function_assignment(
     store: MetadataStore, function: str, worker_count: int, node_plan: VBucketPlan
 ) -> FunctionAssignment:
-    """The function's workers per node, keeping each vBucket on its last owner where the plan allows."""
+    """The function's workers per node, keeping each vBucket on its last owner where the plan allows.
+    For a packed function ``node_plan`` is ``packed_node_plan(its node)``: all its workers on that node."""
     previous: dict[int, WorkerId] = {}
     for vb, cp in store.checkpoints(function).items():
         worker = worker_id_of(cp.owner)

@@ -30,13 +30,14 @@ from eventing.runtime.failover import (
     wall_of,
 )
 from eventing.runtime.lifecycle import SERVICE_STALE_S, complete_transition
-from eventing.runtime.nodes import Topology, function_assignment
+from eventing.runtime.nodes import Topology, function_assignment, packed_node_plan, save_packed_placement
 from eventing.runtime.supervisor import FunctionSupervisor
 from eventing.runtime.worker import WorkerSpec
 from eventing.storage.metadata import open_metadata
 from eventing.windows.runtime.host import WindowHost, WindowOptions
 from metadata import FunctionState, Lease
 from sharding import VBucketPlan
+from sharding.placement import PackedPlacement
 
 log = logging.getLogger("eventing.runtime.service")
 
@@ -118,6 +119,10 @@ class EventingService:
         self.node_health: Callable[[Iterable[str]], dict[str, tuple[bool, str]]] | None = (
             ray_node_health if executor.name == "ray" else None
         )
+
+        # Packed functions (placement: packed) on their nodes. Only this service runs functions on the data
+        # directory, so the placement starts empty with it: nothing runs before it starts them.
+        self.packed = PackedPlacement()
 
     def _info(self) -> str:
         return json.dumps({"pid": os.getpid(), "executor": self.executor.name, "role": self.role})
@@ -387,8 +392,9 @@ class EventingService:
             owners, nodes = tuple(request["owners"]), request["nodes"]
             placements = topology.placements()  # joining nodes' Ray nodes, before workers start there
             for sup in self.supervisors.values():
-                sup.placements = placements
-                sup.start_rebalance(owners, nodes)
+                if self.packed.node_of(sup.name) is None:  # a packed function stays on its one node
+                    sup.placements = placements
+                    sup.start_rebalance(owners, nodes)
             self._rebalance_started = time.monotonic()
             self._handled_at_rebalance = sum(s.handled for s in self.supervisors.values())
             topology.update_request(request, status="running", service=self.service_id)
@@ -431,14 +437,24 @@ class EventingService:
     def _start_function(self, record) -> None:
         try:
             topology = Topology(self.store)
-            worker_count = FunctionDefinition.from_dict(record.definition).worker_count
-            pending = topology.pending_request()
-            plan = VBucketPlan(tuple(pending["owners"])) if pending else topology.node_plan()
+            definition = FunctionDefinition.from_dict(record.definition)
+            worker_count = definition.worker_count
+            packed = None
+            if definition.placement == "packed":
+                packed, step = self.packed.start(record.name)
+                plan = packed_node_plan(step.node)
+                log.info("function %s placed: %s", record.name, step.describe())
+            else:
+                pending = topology.pending_request()
+                plan = VBucketPlan(tuple(pending["owners"])) if pending else topology.node_plan()
             assignment = function_assignment(self.store, record.name, worker_count, plan)
             sup = FunctionSupervisor(
                 self.data_dir, record, self.executor, assignment,
                 until_caught_up=self.until_caught_up, placements=topology.placements(), warm=self.warm,
             )
+            if packed is not None:
+                self.packed = packed
+                save_packed_placement(self.store, packed)
         except EventingError as exc:
             self._progress(record.name).error = str(exc)
             self.summary.errors.append(f"{record.name}: {exc}")
@@ -456,6 +472,10 @@ class EventingService:
         if sup is None:
             return
         sup.stop()
+        if self.packed.node_of(name) is not None:
+            self.packed, step = self.packed.stop(name)  # its slot is free; an empty node is released
+            save_packed_placement(self.store, self.packed)
+            log.info("function %s unplaced: %s", name, step.describe())
         self.windows.function_stopped(sup)  # after the workers' last rows are on disk
         progress = self._progress(name)
         progress.handled = sup.handled

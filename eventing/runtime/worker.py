@@ -71,6 +71,8 @@ class WorkerCore:
             self.name, self.defn, record.source, self.source, lambda name: LocalBucket.open(spec.data_dir, name)
         )
         self.rw_bindings = self.runner.rw_bindings
+        # at_least_once: no effect marks are read, fenced or written (see LocalBucket.apply_effects).
+        self.marked = self.defn.delivery == "exactly_once"
         self.on_update = self.runner.on_update
         self.on_delete = self.runner.on_delete
         self.max_bytes = self.defn.max_document_bytes
@@ -106,7 +108,7 @@ class WorkerCore:
         # Normally the marks trail the store's epochs and this changes nothing.
         wanted = set(vbs)
         floor: dict[int, int] = {}
-        for bucket in {id(b.bucket): b.bucket for b in self.rw_bindings}.values():
+        for bucket in {id(b.bucket): b.bucket for b in self.rw_bindings if self.marked}.values():
             for vb, (mark_epoch, _) in bucket.effect_marks(self.name).items():
                 if vb in wanted and mark_epoch >= floor.get(vb, 0):
                     floor[vb] = mark_epoch + 1
@@ -121,10 +123,10 @@ class WorkerCore:
             self.epochs[vb] = cp.epoch
         # Raise the effect fences first, so a zombie's binding writes are rejected from now on.
         epochs = {vb: self.epochs[vb] for vb in vbs}
-        for bucket in {id(b.bucket): b.bucket for b in self.rw_bindings}.values():
+        for bucket in {id(b.bucket): b.bucket for b in self.rw_bindings if self.marked}.values():
             bucket.fence(self.name, epochs)
         # Then learn how far each bucket already holds this function's effects (see BucketBinding.keep).
-        for binding in self.rw_bindings:
+        for binding in self.rw_bindings if self.marked else ():
             marks = binding.bucket.effect_marks(self.name)
             for vb in vbs:
                 binding.applied_upto[vb] = marks.get(vb, (0, 0))[1]
@@ -362,7 +364,7 @@ class WorkerCore:
                     binding.replayed_writes = 0
                 if not binding.pending():
                     continue
-                result = binding.bucket.apply_effects(self.name, binding.take_groups())
+                result = binding.bucket.apply_effects(self.name, binding.take_groups(), marks=self.marked)
                 self.counters[counter_names.EFFECTS_APPLIED] += result.applied
                 self.counters[counter_names.EFFECTS_DUPLICATE] += result.duplicates
                 self.counters[counter_names.EFFECTS_FENCED] += result.fenced_writes
@@ -386,7 +388,7 @@ class WorkerCore:
         self.dlq = []
         self.counters.clear()
         self.positions.update(self.committed)
-        for binding in self.rw_bindings:
+        for binding in self.rw_bindings if self.marked else ():
             marks = binding.bucket.effect_marks(self.name)
             for vb in self.epochs:
                 binding.applied_upto[vb] = marks.get(vb, (0, 0))[1]

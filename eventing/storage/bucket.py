@@ -456,9 +456,22 @@ class LocalBucket:
         _retry_locked(self.path, lambda: self._tx(body))
 
     def apply_effects(
-        self, function: str, groups: Sequence[EffectGroup], *, origin: str | None = None
+        self, function: str, groups: Sequence[EffectGroup], *, origin: str | None = None, marks: bool = True
     ) -> EffectResult:
-        """Apply binding writes exactly once: skip those at or below the (function, vb) mark, reject stale epochs."""
+        """Apply binding writes exactly once: skip those at or below the (function, vb) mark, reject stale epochs.
+
+        ``marks=False`` (a function with ``delivery: at_least_once``) applies every write as it comes, without
+        reading or moving the marks: cheaper, but a replay applies its writes again and a zombie's are not
+        rejected."""
+
+        if not marks:
+            writes = [w for g in groups for _, w in g.writes]
+
+            def unmarked() -> EffectResult:
+                self._apply(writes, origin or function)
+                return EffectResult(applied=len(writes))
+
+            return _retry_locked(self.path, lambda: self._tx(unmarked))
 
         def body() -> EffectResult:
             result = EffectResult()

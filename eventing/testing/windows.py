@@ -18,7 +18,13 @@ import pyarrow.parquet as pq
 from eventing.windows.batches import result_schema, sort_results
 from eventing.windows.runtime.row_writer import RowLayout
 from eventing.windows.semantics import WindowSpec, window_range
-from eventing.windows.spark.partials import merge_partial_tables, partial_schema
+from eventing.windows.semantics.sessions import Session, plain_sessions
+from eventing.windows.spark.partials import (
+    merge_partial_tables,
+    merge_session_partial_tables,
+    partial_schema,
+    session_partial_schema,
+)
 
 
 class ManualClock:
@@ -43,6 +49,7 @@ def python_aggregate(
     group_by: Sequence[str],
     aggregates: Sequence[tuple[str, str | None, str]],
     windows: Iterable[tuple[int, int]],
+    offset_ms: int = 0,
 ) -> pa.Table:
     """Window results of ``rows`` (dicts with ``event_time_ms`` and the named fields) for ``windows``.
 
@@ -54,7 +61,7 @@ def python_aggregate(
     for row in rows:
         t = row["event_time_ms"]
         key = tuple(row.get(g) for g in group_by)
-        for w in window_range(t, size_ms, slide_ms):
+        for w in window_range(t, size_ms, slide_ms, offset_ms):
             if (w.start_ms, w.end_ms) in wanted:
                 groups.setdefault((w.start_ms, w.end_ms, key), []).append(row)
     schema = result_schema(list(group_by), list(aggregates))  # type: ignore[arg-type]
@@ -85,11 +92,13 @@ def _aggregate(op: str, field: str | None, members: list[Mapping[str, Any]]) -> 
     return min(values) if op == "min" else max(values)
 
 
-def python_aggregator(partials_dir: Path, layout: RowLayout, windows: list[tuple[int, int]]) -> pa.Table:
+def python_aggregator(partials_dir: Path, layout: RowLayout, windows: list[tuple]) -> pa.Table:
     """An ``Aggregator`` (see ``eventing.windows.runtime.coordinator``) without Spark: merges the partial
     batches in plain Python."""
     spec = layout.spec
     files = [p for p in sorted(Path(partials_dir).rglob("*.parquet")) if not p.name.startswith((".", "_"))]
+    if spec.is_session:
+        return _python_session_aggregator(files, layout, windows)
     schema = partial_schema(layout.group_by, layout.aggregates)
     partials = pa.concat_tables([pq.read_table(p).select(schema.names).cast(schema) for p in files]) if files \
         else schema.empty_table()
@@ -109,6 +118,72 @@ def python_aggregator(partials_dir: Path, layout: RowLayout, windows: list[tuple
         for name, value in values.items():
             out[name].append(value)
     return sort_results(pa.Table.from_pydict(out, schema=result))
+
+
+def _python_session_aggregator(files: list[Path], layout: RowLayout, sessions: list[tuple]) -> pa.Table:
+    schema = session_partial_schema(layout.group_by, layout.aggregates)
+    partials = pa.concat_tables([pq.read_table(p).select(schema.names).cast(schema) for p in files]) if files \
+        else schema.empty_table()
+    merged = merge_session_partial_tables(
+        partials, sessions, group_by=layout.group_by, aggregates=layout.aggregates, gap_ms=layout.spec.gap_ms
+    )
+    result = result_schema(list(layout.group_by), layout.aggregates)
+    out: dict[str, list[Any]] = {name: [] for name in result.names}
+    for (start, end, *groups), values in merged.items():
+        out["window_start_ms"].append(start)
+        out["window_end_ms"].append(end)
+        for g, value in zip(layout.group_by, groups, strict=True):
+            out[g].append(value)
+        for name, value in values.items():
+            out[name].append(value)
+    return sort_results(pa.Table.from_pydict(out, schema=result))
+
+
+def reference_sessions(
+    docs: Iterable[tuple[int, int, Mapping[str, Any]]],
+    spec: WindowSpec,
+    *,
+    exclude: set[tuple[int, int]] = frozenset(),  # type: ignore[assignment]
+    times: Mapping[tuple[int, int], int] | None = None,
+) -> pa.Table:
+    """Expected session results from ``(vb, seqno, doc)`` of every on_update mutation, leaving out ``exclude``
+    (late rows): sessions per group computed in one pass over the sorted times (``plain_sessions``), then
+    aggregated with plain loops. ``times`` overrides a row's time (processing-time sessions)."""
+    rows: list[dict[str, Any]] = []
+    keyed: list[tuple[tuple, int]] = []
+    for vb, seqno, doc in docs:
+        if (vb, seqno) in exclude:
+            continue
+        t = times[(vb, seqno)] if times is not None else int(doc[spec.time_field or ""])
+        row: dict[str, Any] = {"event_time_ms": t}
+        for g in spec.group_by:
+            value = doc.get(g)
+            row[g] = None if value is None else str(value)
+        for agg in spec.aggregates:
+            if agg.field is not None:
+                row[agg.field] = doc.get(agg.field)
+        rows.append(row)
+        keyed.append((tuple(row[g] for g in spec.group_by), t))
+    sessions = plain_sessions(keyed, spec.gap_ms, spec.max_duration_ms, spec.offset_ms)
+    by_group: dict[tuple, list[Session]] = {}
+    for s in sessions:
+        by_group.setdefault(s.group, []).append(s)
+    members: dict[Session, list[Mapping[str, Any]]] = {s: [] for s in sessions}
+    for row, (group, t) in zip(rows, keyed, strict=True):
+        for s in by_group[group]:
+            if s.start_ms <= t <= s.last_ms:
+                members[s].append(row)
+                break
+    schema = result_schema(list(spec.group_by), [(a.op, a.field, a.name) for a in spec.aggregates])  # type: ignore[misc]
+    out: dict[str, list[Any]] = {name: [] for name in schema.names}
+    for s, mine in members.items():
+        out["window_start_ms"].append(s.start_ms)
+        out["window_end_ms"].append(s.end_ms)
+        for g, value in zip(spec.group_by, s.group, strict=True):
+            out[g].append(value)
+        for a in spec.aggregates:
+            out[a.name].append(_aggregate(a.op, a.field, mine))
+    return sort_results(pa.Table.from_pydict(out, schema=schema))
 
 
 def reference_results(
@@ -135,6 +210,7 @@ def reference_results(
     return python_aggregate(
         rows, size_ms=spec.size_ms, slide_ms=spec.slide_ms, group_by=spec.group_by,
         aggregates=[(a.op, a.field, a.name) for a in spec.aggregates], windows=windows,
+        offset_ms=spec.offset_ms,
     )
 
 

@@ -783,7 +783,7 @@ def test_processing_time_window_accepts_zero_lateness_and_null_timeouts() -> Non
     "data, field, fix",
     [
         ({"kind": "tumbling", "size": "0s"}, "size", "positive"),
-        ({"kind": "sliding", "size": "5m"}, "kind", "use 'tumbling' or 'hopping'"),
+        ({"kind": "sliding", "size": "5m"}, "kind", "use 'tumbling', 'hopping' or 'session'"),
         ({"kind": "hopping", "size": "5m"}, "slide", "set slide"),
         ({"kind": "hopping", "size": "5m", "slide": "10m"}, "slide", "make slide at most size"),
         ({"kind": "hopping", "size": "5m", "slide": "2m"}, "slide", "choose a slide that divides size"),

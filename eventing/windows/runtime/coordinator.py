@@ -51,6 +51,7 @@ from eventing.windows.batches import read_row_batch
 from eventing.windows.runtime.paths import WindowPaths
 from eventing.windows.runtime.row_writer import BATCH_NAME, RowLayout
 from eventing.windows.semantics import Window, WindowOperator, WindowStateError, windows_for
+from eventing.windows.semantics.sessions import Chain, Session, SessionOperator
 from eventing.windows.semantics.windows import arrow_epoch_ms
 from metadata import DlqRow, MetadataStore
 from sharding import NUM_VBUCKETS
@@ -74,7 +75,7 @@ class Aggregator(Protocol):
     """Computes the results of ``windows`` by merging every partial batch under ``partials_dir`` (layout of
     ``eventing.windows.spark.partials.partial_schema``; results in ``eventing.windows.batches.result_schema``)."""
 
-    def __call__(self, partials_dir: Path, layout: RowLayout, windows: list[tuple[int, int]]) -> pa.Table: ...
+    def __call__(self, partials_dir: Path, layout: RowLayout, windows: list[tuple]) -> pa.Table: ...
 
 
 class Sink(Protocol):
@@ -112,10 +113,27 @@ class AcceptedBatch:
 
 @dataclass(frozen=True)
 class PendingWindow:
-    """A closed window not yet recorded as emitted; its rows are those of accepted batches up to ``closed_at``."""
+    """A closed window not yet recorded as emitted; its rows are those of accepted batches up to ``closed_at``.
+    A session (``group`` set) is [first row, last row + gap) of that group."""
 
     window: Window
     closed_at: int
+    group: tuple | None = None
+
+    def to_state(self) -> list[Any]:
+        out: list[Any] = [self.window.start_ms, self.window.end_ms, self.closed_at]
+        return out if self.group is None else [*out, list(self.group)]
+
+    @classmethod
+    def from_state(cls, raw: list[Any]) -> PendingWindow:
+        group = tuple(raw[3]) if len(raw) > 3 else None
+        return cls(Window(int(raw[0]), int(raw[1])), int(raw[2]), group)
+
+    @property
+    def job_key(self) -> tuple:
+        """What the aggregator is asked for: ``(start, end)``, or ``(start, end, group)`` for a session."""
+        w = self.window
+        return (w.start_ms, w.end_ms) if self.group is None else (w.start_ms, w.end_ms, self.group)
 
 
 def make_sink(paths: WindowPaths, layout: RowLayout) -> Sink:
@@ -167,7 +185,8 @@ class WindowCoordinator:
         self.close_windows = close_windows
         self.source_bucket = source_bucket
         self.schema = self.layout.schema
-        self._hopping = self.spec.slide_ms != self.spec.size_ms
+        self._sessions = self.spec.is_session
+        self._hopping = not self._sessions and self.spec.slide_ms != self.spec.size_ms
         self._inflight: Future | None = None
         self._inflight_windows: list[PendingWindow] = []
         self.last_error: BaseException | None = None
@@ -194,8 +213,9 @@ class WindowCoordinator:
                 f"window state of function '{self.function}' has version {saved.get('version')}; this build "
                 f"reads version {STATE_VERSION}: undeploy and deploy the function again to reset it"
             )
+        self.operator: WindowOperator | SessionOperator
         if saved is None:
-            self.operator = WindowOperator(self.spec)
+            self.operator = SessionOperator(self.spec) if self.spec.is_session else WindowOperator(self.spec)
             self.classified_upto = [0] * NUM_VBUCKETS
             self.marks: dict[str, int] = {}
             self.accepted: list[AcceptedBatch] = []
@@ -205,7 +225,10 @@ class WindowCoordinator:
             self._dirty = True
         else:
             try:
-                self.operator = WindowOperator.from_state(self.spec, saved["operator"])
+                if self.spec.is_session:
+                    self.operator = SessionOperator.from_state(self.spec, saved["operator"])
+                else:
+                    self.operator = WindowOperator.from_state(self.spec, saved["operator"])
             except WindowStateError as exc:
                 raise ConfigError(f"function '{self.function}': {exc}") from None
             self.classified_upto = [0] * NUM_VBUCKETS
@@ -214,7 +237,7 @@ class WindowCoordinator:
             self.marks = {k: int(v) for k, v in saved["marks"].items()}
             self.accepted = [AcceptedBatch(*a) for a in saved["accepted"]]
             self.next_seq = int(saved["next_seq"])
-            self.pending = [PendingWindow(Window(s, e), c) for s, e, c in saved["pending"]]
+            self.pending = [PendingWindow.from_state(raw) for raw in saved["pending"]]
             self.waiting = {int(vb): int(t) for vb, t in saved["waiting"].items()}
             self._dirty = False
         if self.spec.boundary == "event_time":
@@ -229,7 +252,7 @@ class WindowCoordinator:
             "marks": self.marks,
             "accepted": [[a.name, a.seq, a.min_ms, a.max_ms, a.rows] for a in self.accepted],
             "next_seq": self.next_seq,
-            "pending": [[p.window.start_ms, p.window.end_ms, p.closed_at] for p in self.pending],
+            "pending": [p.to_state() for p in self.pending],
             "waiting": {str(vb): t for vb, t in self.waiting.items()},
         }
 
@@ -362,12 +385,12 @@ class WindowCoordinator:
             self._dirty = True
         if checkpoints is not None and not deferred:
             self._release_waiting(checkpoints)
-        closed = self.operator.advance(now)
+        closed: list[Any] = list(self.operator.advance(now))
         if end_of_input and self.close_windows:
             closed += self.operator.close_all()
         if closed:
             last = self.next_seq - 1
-            self.pending.extend(PendingWindow(w, last) for w in closed)
+            self.pending.extend(_pending(w, last) for w in closed)
             counters["windows_closed"] += len(closed)
             self._dirty = True
         prunable = self._take_prunable()
@@ -398,6 +421,9 @@ class WindowCoordinator:
             index = table.schema.get_field_index("event_time")
             stamped = pa.array([now] * table.num_rows, pa.int64()).cast(pa.timestamp("ms", tz="UTC"))
             table = table.set_column(index, "event_time", stamped.cast(table.schema.field(index).type))
+        if isinstance(self.operator, SessionOperator):
+            self._classify_sessions(self.operator, table, now, dlq, counters)
+            return
         vbs = table["vb"]
         fate = self.operator.observe_batch(vbs, table["event_time"], now)
         for vb, seqno in _max_per_vb(table).items():
@@ -417,7 +443,72 @@ class WindowCoordinator:
         # Only the batch's partial aggregates per (window, group) are kept: Spark merges them per window.
         partials = combine_rows(
             table, size_ms=self.spec.size_ms, slide_ms=self.spec.slide_ms, group_by=self.layout.group_by,
-            aggregates=self.layout.aggregates,
+            aggregates=self.layout.aggregates, offset_ms=self.spec.offset_ms,
+        )
+        atomic_write_parquet(partials, self.paths.accepted / name, overwrite=True)
+        bounds = pc.min_max(arrow_epoch_ms(table["event_time"])).as_py()
+        self.accepted.append(AcceptedBatch(name, seq, bounds["min"], bounds["max"], table.num_rows))
+        self.next_seq = seq + 1
+        counters["window_rows_accepted"] += table.num_rows
+
+    def _classify_sessions(
+        self, operator: SessionOperator, table: pa.Table, now: int, dlq: list[DlqRow], counters: Counter[str]
+    ) -> None:
+        """Sessions: cut the batch into chains (Arrow sort + numpy), let the operator judge and merge them,
+        and keep one partial row per accepted chain."""
+        from eventing.windows.batches import atomic_write_parquet
+        from eventing.windows.spark.partials import combine_session_rows
+
+        group_by = list(self.layout.group_by)
+        keys = [(g, "ascending") for g in group_by] + [("event_time", "ascending")]
+        table = table.sort_by(keys) if table.num_rows > 1 else table
+        times = arrow_epoch_ms(table["event_time"]).to_numpy()
+        n = len(times)
+        spec = self.spec
+        breaks = np.zeros(n, dtype=bool)
+        breaks[0] = True
+        if n > 1:
+            breaks[1:] |= (times[1:] - times[:-1]) > spec.gap_ms
+            if spec.max_duration_ms is not None:
+                cell = (times - spec.offset_ms) // spec.max_duration_ms
+                breaks[1:] |= cell[1:] != cell[:-1]
+            for g in group_by:
+                # Nulls compare as a value of their own (no document string holds NUL).
+                col = pc.fill_null(table[g], "\x00").combine_chunks()
+                breaks[1:] |= np.asarray(pc.not_equal(col[1:], col[:-1]).to_numpy(zero_copy_only=False), dtype=bool)
+        chain_of_row = np.cumsum(breaks) - 1
+        starts = np.flatnonzero(breaks)
+        ends = np.append(starts[1:], n) - 1
+        first, last = times[starts], times[ends]
+        group_values = (
+            list(zip(*(table[g].take(pa.array(starts)).to_pylist() for g in group_by), strict=True))
+            if group_by else [()] * len(starts)
+        )
+        chains = [
+            Chain(tuple(gv), int(f), int(la), int(e - s + 1))
+            for gv, f, la, s, e in zip(group_values, first, last, starts, ends, strict=True)
+        ]
+        maxima = (
+            {int(vb): int(t) for vb, t in _max_time_per_vb(table).items()}
+            if spec.boundary == "event_time" else {}
+        )
+        verdict = np.array(operator.observe_chains(chains, maxima, now), dtype=bool)
+        for vb, seqno in _max_per_vb(table).items():
+            self.classified_upto[vb] = max(self.classified_upto[vb], seqno)
+        row_late = verdict[chain_of_row]
+        if row_late.any():
+            late = table.filter(pa.array(row_late))
+            dlq.extend(self._late_rows(late, None, now))
+            counters["dlq_late"] += late.num_rows
+            keep = pa.array(~row_late)
+            table = table.filter(keep)
+            chain_of_row = chain_of_row[~row_late]
+        if table.num_rows == 0:
+            return
+        seq = self.next_seq
+        name = f"f{self.fence}-{seq:09d}.parquet"
+        partials = combine_session_rows(
+            table, chain_of_row, first, last, group_by=group_by, aggregates=self.layout.aggregates
         )
         atomic_write_parquet(partials, self.paths.accepted / name, overwrite=True)
         bounds = pc.min_max(arrow_epoch_ms(table["event_time"])).as_py()
@@ -450,16 +541,24 @@ class WindowCoordinator:
             f"before {iso_ms(cutoff_ms)} were late, the watermark was {iso_ms(self.operator.watermark_ms)}"
         )
         labels: dict[int, str] = {}
-        slide = self.spec.slide_ms
-        for r, t_ms in zip(rows, times, strict=True):
-            last_start = t_ms - t_ms % slide
-            label = labels.get(last_start)
-            if label is None:
-                label = labels[last_start] = windows_for(t_ms, self.spec)[-1].label
-            error = (
-                f"event time {iso_ms(t_ms)} arrived after every window holding it had closed (the last, {label}, "
-                + tail
+        slide, offset = self.spec.slide_ms, self.spec.offset_ms
+        if self._sessions:
+            tail = (
+                f"its session (gap {self.spec.gap_ms} ms) would end at or before the close frontier "
+                f"{iso_ms(self.operator.close_frontier_ms)}, or it came within the gap of a session already emitted"
             )
+        for r, t_ms in zip(rows, times, strict=True):
+            if self._sessions:
+                error = f"event time {iso_ms(t_ms)} arrived too late for a session: " + tail
+            else:
+                last_start = t_ms - (t_ms - offset) % slide
+                label = labels.get(last_start)
+                if label is None:
+                    label = labels[last_start] = windows_for(t_ms, self.spec)[-1].label
+                error = (
+                    f"event time {iso_ms(t_ms)} arrived after every window holding it had closed (the last, "
+                    f"{label}, " + tail
+                )
             original = originals.get((r["vb"], r["seqno"]))
             if original is None:
                 doc = msgpack.packb({"event_time_ms": t_ms}, use_bin_type=True)
@@ -482,9 +581,14 @@ class WindowCoordinator:
 
     def _prunable(self) -> set[str]:
         """Accepted files whose rows belong only to closed windows that are all emitted."""
-        cutoff = self.operator.late_cutoff_ms
-        if cutoff is None:
-            return set()
+        if isinstance(self.operator, SessionOperator):
+            # Rows are in exactly one session; an open one starts at or after min_open_start_ms.
+            open_start = self.operator.min_open_start_ms
+            cutoff = (2**63 - 1) if open_start is None else open_start
+        else:
+            cutoff = self.operator.late_cutoff_ms  # type: ignore[assignment]
+            if cutoff is None:
+                return set()
         out = set()
         for a in self.accepted:
             if a.max_ms >= cutoff:
@@ -518,7 +622,7 @@ class WindowCoordinator:
         self._jobs += 1
         staged = self.paths.staging / f"job-{self.fence}-{self._jobs}"
         self._stage(staged, group)
-        windows = sorted({(p.window.start_ms, p.window.end_ms) for p in group})
+        windows = sorted({p.job_key for p in group}, key=_job_sort_key)
         self._inflight_windows = group
         self._inflight = self.emitter.submit(self._emit, staged, windows)
 
@@ -535,11 +639,12 @@ class WindowCoordinator:
                 except OSError:
                     shutil.copyfile(source, target)
 
-    def _emit(self, staged: Path, windows: list[tuple[int, int]]) -> int:
+    def _emit(self, staged: Path, windows: list[tuple]) -> int:
         """Runs on the emitter: aggregate the windows with Spark and write them to the sink."""
         try:
             results = self.aggregator(staged, self.layout, windows)
-            written = self.sink.write(self.function, results, windows=windows)
+            ids = sorted({(w[0], w[1]) for w in windows})
+            written = self.sink.write(self.function, results, windows=ids)
         finally:
             shutil.rmtree(staged, ignore_errors=True)
         _fault("after_sink_write")
@@ -626,6 +731,24 @@ class WindowCoordinator:
         if self._source is not None:
             self._source.close()
             self._source = None
+
+
+def _pending(closed: Window | Session, closed_at: int) -> PendingWindow:
+    if isinstance(closed, Session):
+        return PendingWindow(Window(closed.start_ms, closed.end_ms), closed_at, closed.group)
+    return PendingWindow(closed, closed_at)
+
+
+def _job_sort_key(key: tuple) -> tuple:
+    if len(key) == 2:
+        return key
+    return (key[0], key[1], tuple((0, "") if v is None else (1, v) for v in key[2]))
+
+
+def _max_time_per_vb(table: pa.Table) -> dict[int, int]:
+    times = arrow_epoch_ms(table["event_time"])
+    grouped = pa.table({"vb": table["vb"], "t": times}).group_by("vb").aggregate([("t", "max")])
+    return dict(zip(grouped["vb"].to_pylist(), grouped["t_max"].to_pylist(), strict=True))
 
 
 def _has_duplicate_rows(table: pa.Table) -> bool:

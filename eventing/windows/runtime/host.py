@@ -47,11 +47,16 @@ class SparkAggregator:
     def __init__(self, master: str | None = None):
         self.master = master
 
-    def __call__(self, partials_dir: Path, layout: RowLayout, windows: list[tuple[int, int]]) -> pa.Table:
-        from eventing.windows.spark.spark_job import merge_partials
+    def __call__(self, partials_dir: Path, layout: RowLayout, windows: list[tuple]) -> pa.Table:
+        from eventing.windows.spark.spark_job import merge_partials, merge_session_partials
         from eventing.windows.spark.spark_session import get_spark
 
         spec = layout.spec
+        if spec.is_session:
+            return merge_session_partials(
+                get_spark(self.master), partials_dir, gap_ms=spec.gap_ms, group_by=list(layout.group_by),
+                aggregates=layout.aggregates, sessions=windows,
+            )
         return merge_partials(
             get_spark(self.master),
             partials_dir,

@@ -9,10 +9,12 @@ from typing import Any, Literal, cast, get_args
 
 from eventing.core import durations
 
-WindowKind = Literal["tumbling", "hopping"]
+WindowKind = Literal["tumbling", "hopping", "session"]
 TimeBoundary = Literal["event_time", "processing_time"]
 AggregateOp = Literal["count", "sum", "avg", "min", "max"]
 SinkKind = Literal["parquet", "sqlite"]
+PolicyAction = Literal["adjust", "drop"]
+POLICY_ACTIONS: tuple[str, ...] = get_args(PolicyAction)
 
 WINDOW_KINDS: tuple[str, ...] = get_args(WindowKind)
 TIME_BOUNDARIES: tuple[str, ...] = get_args(TimeBoundary)
@@ -119,6 +121,11 @@ _EVENT_TIME_ONLY = (
     "allowed_lateness",
     "partition_idle_timeout",
     "idle_timeout",
+    "early_arrival_policy",
+    "out_of_order_policy",
+    "late_arrival_tolerance",
+    "late_arrival_policy",
+    "substream_key",
 )
 
 
@@ -126,7 +133,8 @@ _EVENT_TIME_ONLY = (
 class WindowSpec:
     """A validated window declaration. Construction raises WindowConfigError for anything that cannot run.
 
-    Windows are [start, end) in epoch milliseconds, aligned to the Unix epoch (UTC). A tumbling window has
+    Windows are [start, end) in epoch milliseconds, aligned to the Unix epoch (UTC) plus ``offset`` (less
+    than the slide; ``offset='-5h'`` is not allowed, give ``19h`` for days in UTC-5). A tumbling window has
     ``slide == size`` (filled in when ``slide`` is omitted); a hopping window needs ``0 < slide <= size``
     with ``size`` a whole multiple of ``slide``, so every time falls in exactly ``size / slide`` windows.
 
@@ -135,12 +143,18 @@ class WindowSpec:
     when the function's watermark reaches ``end + allowed_lateness``. A partition silent for
     ``partition_idle_timeout`` stops holding the watermark back; once processing time passes an open
     window's end and the whole source has been silent for ``idle_timeout``, that window closes anyway.
-    Zero tolerance/lateness and ``None`` timeouts mean off. Processing-time windows use the arrival time
+    Zero tolerance/lateness and ``None`` timeouts mean off.
+
+    A session window (``kind="session"``) has no size: per group, rows at most ``gap`` apart in time form one
+    session [first row, last row + gap), sessions merge when a row bridges them, and a session closes when
+    the watermark reaches its end + ``allowed_lateness``. ``max_duration`` cuts sessions at multiples of it
+    (from the epoch plus ``offset``; Azure checks its maximum duration on the same grid), so no session spans
+    more than ``max_duration``. Processing-time windows use the arrival time
     and close on the clock, so they refuse the event-time settings.
     """
 
     kind: WindowKind
-    size: timedelta
+    size: timedelta = timedelta(0)
     slide: timedelta | None = None
     boundary: TimeBoundary = "event_time"
     time_field: str | None = None
@@ -151,6 +165,15 @@ class WindowSpec:
     partition_idle_timeout: timedelta | None = None
     idle_timeout: timedelta | None = None
     sink: WindowSink = WindowSink()
+    offset: timedelta = timedelta(0)
+    gap: timedelta | None = None
+    max_duration: timedelta | None = None
+    # Azure's arrival-time policies (eventing.windows.semantics.arrival); None leaves each off.
+    early_arrival_policy: PolicyAction | None = None
+    out_of_order_policy: PolicyAction | None = None
+    late_arrival_tolerance: timedelta | None = None
+    late_arrival_policy: PolicyAction | None = None  # None: adjust, once a late_arrival_tolerance is set
+    substream_key: str | None = None
 
     def __post_init__(self) -> None:
         # Lists from Python callers become tuples so the spec stays hashable and immutable.
@@ -164,7 +187,17 @@ class WindowSpec:
 
     def _check_shape(self) -> None:
         if self.kind not in WINDOW_KINDS:
-            raise WindowConfigError("kind", f"has kind {self.kind!r}; use 'tumbling' or 'hopping'")
+            raise WindowConfigError("kind", f"has kind {self.kind!r}; use 'tumbling', 'hopping' or 'session'")
+        _check_duration("offset", self.offset)
+        if self.kind == "session":
+            self._check_session()
+            return
+        for name in ("gap", "max_duration"):
+            if getattr(self, name) is not None:
+                raise WindowConfigError(
+                    name, f"is {self.kind} but has {name}; {name} is for session windows: remove it or set kind "
+                    "to session",
+                )
         _check_duration("size", self.size)
         if self.size <= timedelta(0):
             raise WindowConfigError(
@@ -178,6 +211,7 @@ class WindowSpec:
                     "remove slide, or set kind to hopping",
                 )
             object.__setattr__(self, "slide", self.size)
+            self._check_offset(self.size)
             return
         if self.slide is None:
             raise WindowConfigError(
@@ -200,6 +234,49 @@ class WindowSpec:
                 f"has size {_show(self.size)} that is not a whole multiple of slide {_show(self.slide)}; "
                 "choose a slide that divides size, so every event falls in size/slide windows",
             )
+        self._check_offset(self.slide)
+
+    def _check_offset(self, period: timedelta) -> None:
+        if self.offset >= period:
+            raise WindowConfigError(
+                "offset",
+                f"has offset {_show(self.offset)}, not shorter than the {'slide' if self.kind == 'hopping' else 'size'} "
+                f"{_show(period)}; use an offset from 0 up to (not including) {_show(period)}",
+            )
+
+    def _check_session(self) -> None:
+        if self.gap is None:
+            raise WindowConfigError(
+                "gap", "is a session window without a gap; set gap, such as '30s' (rows at most that far apart form "
+                "one session)",
+            )
+        _check_duration("gap", self.gap)
+        if self.gap <= timedelta(0):
+            raise WindowConfigError(
+                "gap", f"has gap {_show(self.gap)}; a session gap must be positive, such as '30s'"
+            )
+        if self.size != timedelta(0) or self.slide is not None:
+            raise WindowConfigError(
+                "size", "is a session window with a size or slide; sessions are as long as their rows: "
+                "remove size and slide (gap sets when a session ends, max_duration caps it)",
+            )
+        if self.max_duration is not None:
+            _check_duration("max_duration", self.max_duration)
+            if self.max_duration <= self.gap:
+                raise WindowConfigError(
+                    "max_duration",
+                    f"has max_duration {_show(self.max_duration)}, not longer than the gap {_show(self.gap)}; "
+                    "make it longer than gap, or remove it",
+                )
+            if self.offset >= self.max_duration:
+                raise WindowConfigError(
+                    "offset", f"has offset {_show(self.offset)}, not shorter than max_duration; make it shorter"
+                )
+        elif self.offset != timedelta(0):
+            raise WindowConfigError(
+                "offset", "is a session window with an offset but no max_duration; the offset only aligns "
+                "max_duration: remove it or set max_duration",
+            )
 
     def _check_time(self) -> None:
         if self.boundary not in TIME_BOUNDARIES:
@@ -216,6 +293,7 @@ class WindowSpec:
                     raise WindowConfigError(
                         name, f"has {name} {_show(value)}; make it positive, or remove it to turn it off"
                     )
+        self._check_policies()
         if self.boundary == "processing_time":
             for name in _EVENT_TIME_ONLY:
                 value = getattr(self, name)
@@ -232,6 +310,44 @@ class WindowSpec:
                 "uses event time but has no time_field; name the document field holding the event time "
                 "(epoch ms, UTC), or set boundary to processing_time",
             )
+
+    def _check_policies(self) -> None:
+        for name in ("early_arrival_policy", "out_of_order_policy", "late_arrival_policy"):
+            value = getattr(self, name)
+            if value is not None and value not in POLICY_ACTIONS:
+                raise WindowConfigError(
+                    name, f"has {name} {value!r}; use 'adjust' or 'drop' (or remove it to leave the policy off)"
+                )
+        if self.late_arrival_tolerance is not None:
+            _check_duration("late_arrival_tolerance", self.late_arrival_tolerance)
+        elif self.late_arrival_policy is not None:
+            raise WindowConfigError(
+                "late_arrival_policy",
+                "has a late_arrival_policy but no late_arrival_tolerance; set late_arrival_tolerance, such as '5m'",
+            )
+        if self.substream_key is not None:
+            if not isinstance(self.substream_key, str) or not self.substream_key:
+                raise WindowConfigError(
+                    "substream_key", f"has substream_key {self.substream_key!r}; name a document field, such as 'device_id'"
+                )
+            if self.late_arrival_tolerance is None:
+                raise WindowConfigError(
+                    "substream_key",
+                    "has substreams but no late_arrival_tolerance, which bounds how far substreams drift apart; "
+                    "set late_arrival_tolerance, such as '5m'",
+                )
+
+    @property
+    def uses_arrival_policies(self) -> bool:
+        """Whether rows are judged against their arrival time (needs each mutation's arrival time)."""
+        return any(
+            getattr(self, name) is not None
+            for name in ("early_arrival_policy", "out_of_order_policy", "late_arrival_tolerance", "substream_key")
+        )
+
+    @property
+    def late_arrival_tolerance_ms(self) -> int | None:
+        return None if self.late_arrival_tolerance is None else duration_ms(self.late_arrival_tolerance)
 
     def _check_columns(self) -> None:
         seen: set[str] = set()
@@ -277,6 +393,23 @@ class WindowSpec:
         return self.size_ms // self.slide_ms
 
     @property
+    def offset_ms(self) -> int:
+        return duration_ms(self.offset)
+
+    @property
+    def is_session(self) -> bool:
+        return self.kind == "session"
+
+    @property
+    def gap_ms(self) -> int:
+        """The session gap (0 for tumbling and hopping windows)."""
+        return 0 if self.gap is None else duration_ms(self.gap)
+
+    @property
+    def max_duration_ms(self) -> int | None:
+        return None if self.max_duration is None else duration_ms(self.max_duration)
+
+    @property
     def out_of_order_tolerance_ms(self) -> int:
         return duration_ms(self.out_of_order_tolerance)
 
@@ -296,7 +429,7 @@ class WindowSpec:
     def from_dict(cls, data: Mapping[str, Any], *, function: str | None = None) -> WindowSpec:
         """Read the ``window`` object of a JSON function definition; errors name ``function`` when given.
 
-        Keys: kind, size, slide (hopping), boundary, time_field, group_by (list, or one field as a string),
+        Keys: kind, size, slide (hopping), gap and max_duration (session), offset, boundary, time_field, group_by (list, or one field as a string),
         aggregates (list of {op, field, name}), out_of_order_tolerance, allowed_lateness,
         partition_idle_timeout, idle_timeout (durations; null for off), sink ({kind, path}).
         """
@@ -318,17 +451,26 @@ class WindowSpec:
                 f"has unknown key(s) {', '.join(map(repr, unknown))}; fix the spelling or remove them "
                 f"(known keys: {', '.join(known)})",
             )
-        for required in ("kind", "size"):
-            if data.get(required) is None:
+        if data.get("kind") is None:
+            raise WindowConfigError("kind", "has no kind; set it (for example kind 'tumbling', size '5m')")
+        kwargs: dict[str, Any] = {"kind": data["kind"]}
+        if data["kind"] == "session":
+            if data.get("gap") is None:
                 raise WindowConfigError(
-                    required, f"has no {required}; set it (for example kind 'tumbling', size '5m')"
+                    "gap", "is a session window without a gap; set gap, such as '30s' (rows at most that far apart "
+                    "form one session)",
                 )
-        kwargs: dict[str, Any] = {"kind": data["kind"], "size": parse_duration(data["size"], field="size")}
-        if data.get("slide") is not None:
-            kwargs["slide"] = parse_duration(data["slide"], field="slide")
-        for name in ("boundary", "time_field"):
+        elif data.get("size") is None:
+            raise WindowConfigError("size", "has no size; set it (for example kind 'tumbling', size '5m')")
+        for name in ("size", "slide", "offset", "gap", "max_duration"):
+            if data.get(name) is not None:
+                kwargs[name] = parse_duration(data[name], field=name)
+        for name in ("boundary", "time_field", "early_arrival_policy", "out_of_order_policy",
+                     "late_arrival_policy", "substream_key"):
             if data.get(name) is not None:
                 kwargs[name] = data[name]
+        if data.get("late_arrival_tolerance") is not None:
+            kwargs["late_arrival_tolerance"] = parse_duration(data["late_arrival_tolerance"], field="late_arrival_tolerance")
         for name in ("out_of_order_tolerance", "allowed_lateness", "partition_idle_timeout", "idle_timeout"):
             if data.get(name) is not None:
                 kwargs[name] = parse_duration(data[name], field=name)
@@ -349,9 +491,17 @@ class WindowSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form ``from_dict`` reads back to an equal spec."""
-        out: dict[str, Any] = {"kind": self.kind, "size": format_duration(self.size)}
+        out: dict[str, Any] = {"kind": self.kind}
+        if self.kind == "session":
+            out["gap"] = format_duration(self.gap_ms * _MS)
+            if self.max_duration is not None:
+                out["max_duration"] = format_duration(self.max_duration)
+        else:
+            out["size"] = format_duration(self.size)
         if self.kind == "hopping":
             out["slide"] = format_duration(self.slide_ms * _MS)
+        if self.offset:
+            out["offset"] = format_duration(self.offset)
         out["boundary"] = self.boundary
         out["time_field"] = self.time_field
         out["group_by"] = list(self.group_by)
@@ -362,6 +512,11 @@ class WindowSpec:
             value = getattr(self, name)
             out[name] = None if value is None else format_duration(value)
         out["sink"] = self.sink.to_dict()
+        for name in ("early_arrival_policy", "out_of_order_policy", "late_arrival_policy", "substream_key"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        if self.late_arrival_tolerance is not None:
+            out["late_arrival_tolerance"] = format_duration(self.late_arrival_tolerance)
         return out
 
 

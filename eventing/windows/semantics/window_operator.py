@@ -89,6 +89,9 @@ class WindowOperator:
         self._spec = spec
         self._size_ms = spec.size_ms
         self._slide_ms = spec.slide_ms
+        self._offset_ms = spec.offset_ms
+        if spec.is_session:
+            raise ValueError("session windows are run by SessionOperator, not WindowOperator")
         self._lateness_ms = spec.allowed_lateness_ms
         self._idle_timeout_ms = spec.idle_timeout_ms
         self._event_time = spec.boundary == "event_time"
@@ -174,7 +177,7 @@ class WindowOperator:
             time_ms = now_ms
         frontier = self.close_frontier_ms
         watermark = self.watermark_ms
-        candidates = window_range(time_ms, self._size_ms, self._slide_ms)
+        candidates = window_range(time_ms, self._size_ms, self._slide_ms, self._offset_ms)
         joined: tuple[Window, ...]
         missed: tuple[Window, ...]
         if frontier is None:
@@ -257,7 +260,7 @@ class WindowOperator:
         maxima: dict[int, int] = {}
         starts: set[int] = set()
         late_count = behind = 0
-        slide = self._slide_ms
+        slide, offset = self._slide_ms, self._offset_ms
         for i, t in enumerate(times):
             p = partitions if per_row is None else per_row[i]
             if p not in maxima or t > maxima[p]:
@@ -265,7 +268,7 @@ class WindowOperator:
             if late[i]:
                 late_count += 1
             else:
-                starts.add(t - t % slide)
+                starts.add(t - (t - offset) % slide)
             if watermark is not None and t < watermark:
                 behind += 1
         return late, late_count, behind, starts, maxima
@@ -290,7 +293,8 @@ class WindowOperator:
         behind = 0 if watermark is None else int(pc.sum(pc.less(times, watermark)).as_py() or 0)
         on_time = times if late_count == 0 else pc.filter(times, pc.invert(late))
         # Arrow's modulo floors like Python's, so this is t - t % slide for negative times too.
-        starts = set(pc.unique(pc.subtract(on_time, pc.modulo(on_time, self._slide_ms))).to_pylist())
+        shifted = on_time if not self._offset_ms else pc.subtract(on_time, self._offset_ms)
+        starts = set(pc.unique(pc.subtract(on_time, pc.modulo(shifted, self._slide_ms))).to_pylist())
         maxima: dict[int, int] = {}
         if len(times):
             if isinstance(partitions, int) and not isinstance(partitions, bool):
@@ -310,7 +314,7 @@ class WindowOperator:
             raise ValueError("give the batch's partitions as a sequence (one per row) or its event times")
         else:
             rows = len(partitions)
-        windows = tuple(window_range(now_ms, self._size_ms, self._slide_ms)) if rows else ()
+        windows = tuple(window_range(now_ms, self._size_ms, self._slide_ms, self._offset_ms)) if rows else ()
         if rows:
             self._last_activity_ms = now_ms
             self._open.update(windows)
@@ -418,7 +422,10 @@ class WindowOperator:
 
 
 def _fingerprint(spec: WindowSpec) -> dict[str, Any]:
-    return {"kind": spec.kind, "boundary": spec.boundary, "size_ms": spec.size_ms, "slide_ms": spec.slide_ms}
+    out = {"kind": spec.kind, "boundary": spec.boundary, "size_ms": spec.size_ms, "slide_ms": spec.slide_ms}
+    if spec.offset_ms:  # only when set, so states written before offsets existed still resume
+        out["offset_ms"] = spec.offset_ms
+    return out
 
 
 def _describe(fingerprint: Mapping[str, Any]) -> str:

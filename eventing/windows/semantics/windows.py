@@ -59,14 +59,16 @@ class Window:
 def windows_for(time_ms: int, spec: WindowSpec) -> list[Window]:
     """Every window of ``spec`` that holds ``time_ms``, by start: one for tumbling, size/slide for hopping.
 
-    Windows are aligned to the epoch: starts are whole multiples of the slide (the size, for tumbling).
+    Windows are aligned to the epoch plus the spec's offset: starts are ``offset + k * slide`` (the size, for
+    tumbling).
     """
-    return window_range(time_ms, spec.size_ms, spec.slide_ms)
+    return window_range(time_ms, spec.size_ms, spec.slide_ms, spec.offset_ms)
 
 
-def window_range(time_ms: int, size_ms: int, slide_ms: int) -> list[Window]:
-    """The windows of ``size_ms`` every ``slide_ms`` (size a multiple of slide) holding ``time_ms``, by start."""
-    last_start = time_ms - time_ms % slide_ms  # Python's % floors, so negative times align too
+def window_range(time_ms: int, size_ms: int, slide_ms: int, offset_ms: int = 0) -> list[Window]:
+    """The windows of ``size_ms`` every ``slide_ms`` (size a multiple of slide), starting at
+    ``offset_ms + k * slide_ms``, holding ``time_ms``, by start."""
+    last_start = time_ms - (time_ms - offset_ms) % slide_ms  # Python's % floors, so negative times align too
     count = size_ms // slide_ms
     return [
         Window(s, s + size_ms) for s in range(last_start - (count - 1) * slide_ms, last_start + 1, slide_ms)
@@ -82,8 +84,8 @@ def late_cutoff_ms(spec: WindowSpec, close_frontier_ms: int | None) -> int | Non
     """
     if close_frontier_ms is None:
         return None
-    slide_ms = spec.slide_ms
-    return ((close_frontier_ms - spec.size_ms) // slide_ms + 1) * slide_ms
+    slide_ms, offset_ms = spec.slide_ms, spec.offset_ms
+    return ((close_frontier_ms - spec.size_ms - offset_ms) // slide_ms + 1) * slide_ms + offset_ms
 
 
 def classify_late(event_times_ms: Iterable[int] | pa.Array | pa.ChunkedArray, cutoff_ms: int | None) -> Any:

@@ -62,10 +62,11 @@ def partial_schema(group_by: Sequence[str], aggregates: Sequence[Aggregate]) -> 
     )
 
 
-def window_starts(event_ms: np.ndarray, size_ms: int, slide_ms: int) -> list[np.ndarray]:
-    """For each row, the start of every epoch-aligned window holding it: one array per window position
-    (one for tumbling, size / slide for hopping), as ``windowing.window_range`` does row by row."""
-    last = event_ms - event_ms % slide_ms  # numpy's % floors like Python's, so negative times align too
+def window_starts(event_ms: np.ndarray, size_ms: int, slide_ms: int, offset_ms: int = 0) -> list[np.ndarray]:
+    """For each row, the start of every window (aligned to the epoch plus ``offset_ms``) holding it: one array
+    per window position (one for tumbling, size / slide for hopping), as ``window_range`` does row by row."""
+    # numpy's % floors like Python's, so negative times align too
+    last = event_ms - (event_ms - offset_ms) % slide_ms if offset_ms else event_ms - event_ms % slide_ms
     return [last - k * slide_ms for k in range(size_ms // slide_ms)]
 
 
@@ -76,13 +77,14 @@ def combine_rows(
     slide_ms: int,
     group_by: Sequence[str],
     aggregates: Sequence[Aggregate],
+    offset_ms: int = 0,
 ) -> pa.Table:
     """Partial aggregates of ``rows`` (the row batch layout) per (window, group), in ``partial_schema``."""
     schema = partial_schema(group_by, aggregates)
     if rows.num_rows == 0:
         return schema.empty_table()
     event_ms = rows[EVENT_TIME].cast(pa.timestamp("ms", "UTC"), safe=False).cast(pa.int64())
-    starts = window_starts(event_ms.to_numpy(), size_ms, slide_ms)
+    starts = window_starts(event_ms.to_numpy(), size_ms, slide_ms, offset_ms)
     columns = partial_columns(aggregates)
     fields = sorted({field for _, _, _, field in columns if field is not None})
     base = rows.select([*group_by, *fields])
@@ -136,3 +138,75 @@ def _merge(op: str, a: float | int | None, b: float | int | None) -> float | int
     if op == "sum":
         return a + b
     return min(a, b) if op == "min" else max(a, b)
+
+
+# Session partials: one row per chain (``eventing.windows.semantics.sessions.Chain``) of a batch, keyed by its
+# first row's time in ``window_start_ms`` and its last row's in SESSION_LAST; a closed session [start, last]
+# of a group is merged from exactly the chains of that group with start <= first and last <= last.
+SESSION_LAST = "session_last_ms"
+
+
+def session_partial_schema(group_by: Sequence[str], aggregates: Sequence[Aggregate]) -> pa.Schema:
+    base = partial_schema(group_by, aggregates)
+    return base.insert(1, pa.field(SESSION_LAST, pa.int64(), nullable=False))
+
+
+def combine_session_rows(
+    rows: pa.Table,
+    chain_of_row: np.ndarray,
+    chain_first: np.ndarray,
+    chain_last: np.ndarray,
+    *,
+    group_by: Sequence[str],
+    aggregates: Sequence[Aggregate],
+) -> pa.Table:
+    """Partial aggregates of ``rows`` per chain (``chain_of_row[i]`` indexes ``chain_first``/``chain_last``),
+    in ``session_partial_schema``."""
+    schema = session_partial_schema(group_by, aggregates)
+    if rows.num_rows == 0:
+        return schema.empty_table()
+    columns = partial_columns(aggregates)
+    fields = sorted({field for _, _, _, field in columns if field is not None})
+    base = rows.select([*group_by, *fields]).append_column("#chain", pa.array(chain_of_row, pa.int64()))
+    result_names = ["count_all" if how == "count_all" else f"{field}_{how}" for _, _, how, field in columns]
+    specs: dict[str, tuple[str | list[str], str]] = {
+        result: ([], how) if how == "count_all" else (field, how)  # type: ignore[misc]
+        for result, (_, _, how, field) in zip(result_names, columns, strict=True)
+    }
+    aggs = list(specs.values()) + [(g, "first") for g in group_by]
+    grouped = base.group_by(["#chain"], use_threads=False).aggregate(aggs)
+    chain = grouped["#chain"].to_numpy()
+    picked = [grouped[result].cast(kind) for result, (_, kind, _, _) in zip(result_names, columns, strict=True)]
+    arrays = [
+        pa.array(chain_first[chain], pa.int64()),
+        pa.array(chain_last[chain], pa.int64()),
+        *(grouped[f"{g}_first"].cast(pa.string()) for g in group_by),
+        *picked,
+    ]
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def merge_session_partial_tables(
+    partials: pa.Table, sessions: Sequence[tuple[int, int, tuple]], *, group_by: Sequence[str],
+    aggregates: Sequence[Aggregate], gap_ms: int,
+) -> dict[tuple, dict[str, object]]:
+    """Merge session partials in plain Python: ``{(start, end, *groups): {aggregate: value}}`` for the given
+    ``(start, end, group)`` sessions (tests and small tables; Spark does it for the runtime)."""
+    by_group: dict[tuple, list[tuple[int, int, int]]] = {}
+    for start, end, group in sessions:
+        by_group.setdefault(tuple(group), []).append((start, end - gap_ms, end))
+    relabelled: dict[str, list] = {name: [] for name in partials.schema.names}
+    keys: list[tuple] = []
+    for row in partials.to_pylist():
+        group = tuple(row[g] for g in group_by)
+        for start, last, end in by_group.get(group, ()):
+            if start <= row[WINDOW_START] and row[SESSION_LAST] <= last:
+                keys.append((start, end))
+                for name, value in row.items():
+                    relabelled[name].append(value)
+                break
+    relabelled[WINDOW_START] = [k[0] for k in keys]  # the session's start identifies it within its group
+    table = pa.Table.from_pydict(relabelled, schema=partials.schema).drop_columns([SESSION_LAST])
+    merged = merge_partial_tables(table, size_ms=0, group_by=group_by, aggregates=aggregates)
+    ends = {(k[0], *g): end for g, items in by_group.items() for k in items for end in [k[2]]}
+    return {(key[0], ends[key], *key[1:]): values for key, values in merged.items()}

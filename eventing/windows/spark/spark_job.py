@@ -23,7 +23,13 @@ from eventing.windows.batches import (
     row_schema,
     sort_results,
 )
-from eventing.windows.spark.partials import AVG_COUNT, AVG_SUM, partial_schema
+from eventing.windows.spark.partials import (
+    AVG_COUNT,
+    AVG_SUM,
+    SESSION_LAST,
+    partial_schema,
+    session_partial_schema,
+)
 
 _SPARK_TYPES = {pa.int32(): "INT", pa.int64(): "BIGINT", pa.string(): "STRING", pa.float64(): "DOUBLE"}
 
@@ -241,3 +247,89 @@ def merge_partials(
         )
     )
     return to_result_table(df, schema)
+
+
+def merge_session_partials(
+    spark: SparkSession,
+    partials_dir: str | os.PathLike[str],
+    *,
+    gap_ms: int,
+    group_by: list[str],
+    aggregates: list[Aggregate],
+    sessions: list[tuple[int, int, tuple]],
+) -> pa.Table:
+    """Results of the given closed ``(start, end, group values)`` sessions from the session partials under
+    ``partials_dir`` (``eventing.windows.spark.partials.combine_session_rows``): each session merges the
+    chains of its group lying within [start, end - gap]. Same result layout and order as the windows'."""
+    schema = result_schema(group_by, aggregates)
+    path = os.fspath(partials_dir)
+    shared = _shared_storage(path)
+    files = [] if shared else _parquet_files(path)
+    if not sessions or not (shared or files):
+        return schema.empty_table()
+    parts = session_partial_schema(group_by, aggregates)
+    closed = pa.table(
+        {
+            "#start": pa.array([s for s, _, _ in sessions], pa.int64()),
+            "#end": pa.array([e for _, e, _ in sessions], pa.int64()),
+            **{f"#{g}": pa.array([grp[i] for _, _, grp in sessions], pa.string()) for i, g in enumerate(group_by)},
+        }
+    )
+    if not shared and sum(pq.ParquetFile(f).metadata.num_rows for f in files) <= DRIVER_PARTIAL_ROWS:
+        # Few partial rows: label each chain with its session on the driver (an Arrow hash join), so the
+        # Spark job is the one-stage merge of the windows' (~0.1 s, against ~1 s for a join in Spark).
+        local = pa.concat_tables([pq.read_table(f, schema=parts) for f in files])
+        labelled = _label_chains(local, closed, group_by, gap_ms)
+        if labelled.num_rows == 0:
+            return schema.empty_table()
+        df = (
+            spark.createDataFrame(labelled).coalesce(1)
+            .groupBy("#start", "#end", *group_by).agg(*(merge_column(op, name) for op, _, name in aggregates))
+            .select(
+                F.col("#start").alias(WINDOW_START),
+                F.col("#end").alias(WINDOW_END),
+                *(F.col(g) for g in group_by),
+                *(F.col(name) for _, _, name in aggregates),
+            )
+        )
+        return to_result_table(df, schema)
+    partials = spark.read.schema(spark_ddl(parts)).option("recursiveFileLookup", "true").parquet(path)
+    # A chain belongs to the one session of its group that spans it (sessions of a group are disjoint).
+    condition = (F.col(WINDOW_START) >= F.col("#start")) & (F.col(SESSION_LAST) <= F.col("#end") - F.lit(gap_ms))
+    for g in group_by:
+        condition = condition & F.col(g).eqNullSafe(F.col(f"#{g}"))
+    joined = partials.join(F.broadcast(spark.createDataFrame(closed)), condition, "inner")
+    df = joined.groupBy("#start", "#end", *group_by).agg(
+        *(merge_column(op, name) for op, _, name in aggregates)
+    ).select(
+        F.col("#start").alias(WINDOW_START),
+        F.col("#end").alias(WINDOW_END),
+        *(F.col(g) for g in group_by),
+        *(F.col(name) for _, _, name in aggregates),
+    )
+    return to_result_table(df, schema)
+
+
+_NULL_KEY = "\x00"  # stands for a null group value in a join key (no document string holds NUL)
+
+
+def _label_chains(partials: pa.Table, closed: pa.Table, group_by: Sequence[str], gap_ms: int) -> pa.Table:
+    """Partial rows of chains that lie in a closed session, with that session's ``#start`` and ``#end``."""
+    left = partials
+    right = closed
+    keys = []
+    for g in group_by:
+        left = left.append_column(f"#k_{g}", pc.fill_null(left[g], _NULL_KEY))
+        right = right.append_column(f"#k_{g}", pc.fill_null(right[f"#{g}"], _NULL_KEY))
+        keys.append(f"#k_{g}")
+    if not keys:  # no group_by: every session is a candidate for every chain
+        left = left.append_column("#k", pa.array([0] * left.num_rows, pa.int8()))
+        right = right.append_column("#k", pa.array([0] * right.num_rows, pa.int8()))
+        keys = ["#k"]
+    right = right.select([*keys, "#start", "#end"])
+    joined = left.join(right, keys=keys, join_type="inner", use_threads=False)
+    inside = pc.and_(
+        pc.greater_equal(joined[WINDOW_START], joined["#start"]),
+        pc.less_equal(joined[SESSION_LAST], pc.subtract(joined["#end"], gap_ms)),
+    )
+    return joined.filter(inside).drop_columns(keys)
