@@ -249,7 +249,9 @@ class WorkerCore:
         writes, float times, ...), with the same rows, counters and dead letters either way."""
         if self._hung and any(hung_vb == vb for hung_vb, _ in self._hung):
             return 0
-        batch = self.source.read_vb_packed(vb, position, limit, self.name)
+        batch = self.source.read_vb_packed(
+            vb, position, limit, self.name, exact_arrivals_over_ms=self.window_rows.arrival_gap_ms  # type: ignore[union-attr]
+        )
         if batch is None or (batch.other_seqnos and self.on_delete is not None):
             return 0
         # An oversize document is dead-lettered: only a batch larger than the limit can hold one.
