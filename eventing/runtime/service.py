@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from eventing.core.definition import FunctionDefinition
 from eventing.errors import EventingError
 from eventing.runtime.executor import Executor
+from eventing.runtime.handler_log import handler_log_path
 from eventing.runtime.lifecycle import SERVICE_STALE_S, complete_transition
 from eventing.runtime.nodes import Topology, function_assignment
 from eventing.runtime.supervisor import FunctionSupervisor
@@ -37,6 +38,10 @@ class FunctionProgress:
     state: str = "starting"
     rate_mps: float = 0.0
     error: str | None = None
+    # Dead letters this run added, by reason (`error`, `timeout`, `late`, ...): a run in which mutations
+    # failed must not look like a clean one.
+    dead_letters: dict[str, int] = field(default_factory=dict)
+    log_path: str | None = None  # the handler log, once a handler logged something
 
 
 @dataclass
@@ -75,6 +80,8 @@ class EventingService:
         self._last_state_poll = 0.0
         self._last_gauges = 0.0
         self._rate_window: dict[str, tuple[float, int]] = {}
+        self._handled_before: dict[str, int] = {}  # handled by earlier starts in this run (pause/resume)
+        self._dlq_baseline: dict[str, dict[str, int]] = {}  # dead letters by reason when this run began
 
     def run(self) -> RunSummary:
         others = [sid for sid in self.store.live_services(SERVICE_STALE_S) if _alive(sid)]
@@ -204,16 +211,21 @@ class EventingService:
                 self.data_dir, record, self.executor, assignment,
                 until_caught_up=self.until_caught_up, placements=topology.placements(),
             )
-        except EventingError as exc:
-            self._progress(record.name).error = str(exc)
-            self.summary.errors.append(f"{record.name}: {exc}")
+        except Exception as exc:  # noqa: BLE001 - one function that cannot start must not stop the others
+            message = str(exc) if isinstance(exc, EventingError) else f"cannot start: {type(exc).__name__}: {exc}"
+            self._progress(record.name).error = message
+            self._progress(record.name).state = "failed"
+            self.summary.errors.append(f"{record.name}: {message}")
             self.finished.add(record.name)
-            log.error("cannot start function %s: %s", record.name, exc)
+            log.error("cannot start function %s: %s", record.name, message)
             return
+        if record.name not in self._dlq_baseline:
+            self._dlq_baseline[record.name] = self._dead_letters(record.name)
         sup.start()
         self.supervisors[record.name] = sup
         progress = self._progress(record.name)
         progress.state = "running"
+        progress.rate_mps = 0.0
         self._rate_window[record.name] = (time.monotonic(), 0)
 
     def _stop_function(self, name: str) -> None:
@@ -223,12 +235,31 @@ class EventingService:
         sup.stop()
         self.windows.function_stopped(sup)  # after the workers' last rows are on disk
         progress = self._progress(name)
-        progress.handled = sup.handled
+        before = self._handled_before.get(name, 0)
+        progress.handled = before + sup.handled
+        self._handled_before[name] = progress.handled
         progress.backlog = sup.backlog
+        progress.rate_mps = 0.0
         if progress.state == "running":
             progress.state = "stopped (checkpointed)"
         elapsed = time.monotonic() - sup.started_at
-        self.store.set_gauges(name, {"last_run_handled": sup.handled, "last_run_seconds": elapsed})
+        # A stopped function handles nothing: its throughput is 0 until it runs again.
+        self.store.set_gauges(name, {"last_run_handled": sup.handled, "last_run_seconds": elapsed, "throughput_mps": 0.0})
+        baseline = self._dlq_baseline.get(name, {})
+        progress.dead_letters = {
+            reason: n - baseline.get(reason, 0) for reason, n in self._dead_letters(name).items()
+            if n > baseline.get(reason, 0)
+        }
+        log_file = handler_log_path(self.data_dir, name)
+        if log_file.exists():
+            progress.log_path = str(log_file)
+
+    def _dead_letters(self, name: str) -> dict[str, int]:
+        try:
+            counters = self.store.counters(name)
+        except EventingError:
+            return {}
+        return {k[4:]: int(v) for k, v in counters.items() if k.startswith("dlq_") and v}
 
     def _fail(self, sup: FunctionSupervisor) -> None:
         message = f"{sup.name}: {sup.error}"
@@ -246,7 +277,7 @@ class EventingService:
         now = time.monotonic()
         for name, sup in self.supervisors.items():
             p = self._progress(name)
-            p.handled, p.backlog = sup.handled, sup.backlog
+            p.handled, p.backlog = self._handled_before.get(name, 0) + sup.handled, sup.backlog
             t0, n0 = self._rate_window.get(name, (now, 0))
             if now - t0 >= 1.0:
                 p.rate_mps = (sup.handled - n0) / (now - t0)
@@ -259,6 +290,12 @@ class EventingService:
         self.summary.seconds = elapsed
         if self.on_progress is not None:
             self.on_progress(self.summary)
+
+
+def running_services(store) -> list[str]:
+    """Services whose heartbeat is fresh and, on this host, whose process still exists (a service killed
+    with kill -9 leaves a fresh heartbeat behind for up to SERVICE_STALE_S)."""
+    return [sid for sid in store.live_services(SERVICE_STALE_S) if _alive(sid)]
 
 
 def _alive(service_id: str) -> bool:
@@ -276,4 +313,4 @@ def _alive(service_id: str) -> bool:
     return True
 
 
-__all__ = ["EventingService", "FunctionProgress", "RunSummary"]
+__all__ = ["EventingService", "FunctionProgress", "RunSummary", "running_services"]

@@ -21,6 +21,7 @@ from eventing.core.mutation import OP_EXPIRE, OP_UPDATE, Mutation, pack_mutation
 from eventing.errors import FencedError, OrderViolationError, StoreError
 from eventing.handler import DeleteOptions, Meta
 from eventing.runtime.bindings import BucketBinding, EffectBuffer
+from eventing.runtime.handler_log import HandlerLogFile
 from eventing.runtime.loader import load_handler
 from eventing.storage.bucket import LocalBucket
 from eventing.storage.metadata import open_metadata
@@ -87,6 +88,10 @@ class WorkerCore:
             injected[b.alias] = binding
             self.bindings.append(binding)
         self.rw_bindings = [b for b in self.bindings if b.access == "rw"]
+        self._current: Mutation | None = None
+        # log() lines go to <data-dir>/logs/<function>.log, each with the mutation being handled.
+        self.handler_log = HandlerLogFile(spec.data_dir, self.name, lambda: self._current)
+        injected["log"] = self.handler_log
         module = load_handler(self.name, record.source, injected, windowed=self.defn.window is not None)
         self.on_update = module.__dict__.get("on_update")
         self.on_delete = module.__dict__.get("on_delete")
@@ -105,7 +110,6 @@ class WorkerCore:
         self.tracer = None  # set by the debugger: receives handler events
         self._in_handler = False
         self._call_started = 0.0
-        self._current: Mutation | None = None
         self._hung: set[tuple[int, int]] = set()
         self.assign_vbuckets(spec.vbuckets)
         if recycle_on_hang:
@@ -264,9 +268,7 @@ class WorkerCore:
         c["mutations_seen"] += batch.count
         if batch.other_seqnos:  # as _handle, no zero entries: a counter appears once it counts something
             c["no_handler"] += len(batch.other_seqnos)
-        if batch.update_count:
-            c["on_update_success"] += batch.update_count
-        return batch.count
+        return batch.count  # the updates count as window_rows_written once flushed, as in _handle
 
     def _handle(self, m: Mutation) -> None:
         c = self.counters
@@ -295,8 +297,7 @@ class WorkerCore:
                     self._dead_letter(m, "bad_event_time", self.window_rows.rejection, "", 0)
                     return
                 if self.on_update is None:  # a window-only function: the row is the whole effect
-                    c["on_update_success"] += 1
-                    return
+                    return  # counted as window_rows_written (no handler ran, so no on_update_success)
             self._call("on_update", self.on_update, (doc, self._meta(m)), m)
         else:
             if self.on_delete is None:
@@ -480,4 +481,5 @@ class WorkerCore:
         return fenced
 
     def close(self) -> None:
+        self.handler_log.close()
         self.store.close()
