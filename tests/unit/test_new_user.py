@@ -338,3 +338,25 @@ def test_debug_mutation_script_finds_the_project_without_an_active_venv(tmp_path
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "debug_mutation.py"), "--help"],
                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
     assert done.returncode == 0 and "Debug one mutation" in done.stdout
+
+
+def test_run_prints_periodic_progress_lines_when_not_on_a_terminal(capsys, dd, tmp_path):
+    load(capsys, dd, 200)
+    handler = "import time\ndef on_update(doc, meta):\n    time.sleep(0.002)\n"
+    assert run_cli(capsys, "deploy", str(write_function(tmp_path, handler, batch_size=10)), *dd)[0] == 0
+    code, _, err = run_cli(capsys, "run", "--until-caught-up", "--executor", "in-process", "--progress-every", "0.05",
+                           *dd)
+    assert code == 0
+    assert "progress: fn: " in err and " handled, backlog " in err
+
+
+def test_ctrl_c_of_run_exits_130_as_bucket_load_does(capsys, dd, tmp_path, monkeypatch):
+    load(capsys, dd)
+    assert run_cli(capsys, "deploy", str(write_function(tmp_path, "def on_update(d, m):\n    pass\n")), *dd)[0] == 0
+
+    def interrupted(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(EventingService, "run", interrupted)
+    code, _, err = run_cli(capsys, "run", "--executor", "in-process", *dd)
+    assert code == 130 and "interrupted: stopped after a checkpoint" in err

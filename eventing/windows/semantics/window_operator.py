@@ -64,7 +64,8 @@ class WindowOperator:
 
     The caller feeds rows with ``observe`` / ``observe_batch`` and calls ``advance(now_ms)`` after each batch
     and on a timer even when no rows come (idle timeouts fire only there). Rows observed with some
-    ``now_ms`` count as source activity at that time before an ``advance`` with the same ``now_ms``.
+    ``now_ms`` (or ``arrival_ms``, when the source's arrival time is known) count as source activity at that
+    time before an ``advance`` with the same time.
 
     Event time: the close frontier is ``watermark - allowed_lateness``; a window [start, end) is closed once
     ``end <= frontier`` (watermark >= end + allowed_lateness). The watermark comes from
