@@ -131,7 +131,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     text = json.dumps(data, indent=2)
     if args.output:
         Path(args.output).write_text(text + "\n")
-        print(f"exported function '{args.function}' to {args.output}")
+        if args.json:
+            emit_json({"function": args.function, "output": args.output})
+        else:
+            print(f"exported function '{args.function}' to {args.output}")
     else:
         print(text)
     return 0
