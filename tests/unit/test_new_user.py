@@ -360,3 +360,17 @@ def test_ctrl_c_of_run_exits_130_as_bucket_load_does(capsys, dd, tmp_path, monke
     monkeypatch.setattr(EventingService, "run", interrupted)
     code, _, err = run_cli(capsys, "run", "--executor", "in-process", *dd)
     assert code == 130 and "interrupted: stopped after a checkpoint" in err
+
+
+def test_the_jvm_incubator_warning_is_dropped_and_other_stderr_lines_pass(monkeypatch):
+    import io
+
+    from eventing.windows.spark import spark_session
+
+    class Err:
+        buffer = io.BytesIO()
+
+    monkeypatch.setattr(sys, "stderr", Err)
+    jvm = io.BytesIO(b"WARNING: Using incubator modules: jdk.incubator.vector\nERROR real trouble\n")
+    spark_session._forward_stderr(jvm)
+    assert Err.buffer.getvalue() == b"ERROR real trouble\n"
