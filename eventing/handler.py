@@ -54,4 +54,12 @@ class HandlerLog:
 
 log = HandlerLog()
 
-__all__ = ["DeleteOptions", "Meta", "log"]
+# Names the handler module gets from the system or defines for it: a binding alias or constant of the same
+# name would hide them (name -> what it is, for the message that refuses such an alias).
+RESERVED_NAMES: dict[str, str] = {
+    "log": "log() (the application log)",
+    "on_update": "on_update(doc, meta) entry point",
+    "on_delete": "on_delete(meta, options) entry point",
+}
+
+__all__ = ["RESERVED_NAMES", "DeleteOptions", "Meta", "log"]

@@ -13,7 +13,25 @@ from __future__ import annotations
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+def _use_project_venv() -> None:
+    """Run under the project's .venv (scripts/setup.sh makes it) when this Python lacks its dependencies,
+    so the script works without activating the venv first."""
+    try:
+        import msgpack  # noqa: F401 - one of the project's dependencies
+    except ImportError:
+        venv = os.path.join(ROOT, ".venv")
+        python = os.path.join(venv, "bin", "python")
+        if os.path.exists(python) and os.path.realpath(sys.prefix) != os.path.realpath(venv):
+            os.execv(python, [python, os.path.abspath(__file__), *sys.argv[1:]])
+        sys.exit(f"error: the project's dependencies are not installed for {sys.executable}; run "
+                 "scripts/setup.sh first (it creates .venv), or run this script with .venv/bin/python")
+
+
+_use_project_venv()
 
 from eventing.cli import main as eventing_main  # noqa: E402
 

@@ -1,12 +1,25 @@
 #!/usr/bin/env bash
-# Creates ./.venv (if missing) and installs the project with its test extras. Idempotent.
+# Creates ./.venv (if missing) and installs the project with its test extras. Idempotent and quiet: pip's
+# output (setuptools' notes on editable installs included) goes to .venv/pip-install.log and is shown only
+# when the installation fails. Nothing is reinstalled while pyproject.toml is unchanged.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
-.venv/bin/python -m pip install --quiet --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/python -m pip install --quiet -e ".[test]" 2>&1 | grep -v "^WARNING: Location" || true
+LOG=.venv/pip-install.log
+STAMP=.venv/.eventing-installed
+WANTED="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+if [ "$(cat "$STAMP" 2>/dev/null || true)" != "$WANTED" ] \
+  || ! .venv/bin/python -c "import eventing, ray, pyspark, msgpack, faker, pytest" 2>/dev/null; then
+  if ! { .venv/bin/python -m pip install --quiet --upgrade pip \
+         && .venv/bin/python -m pip install --quiet -e ".[test]"; } >"$LOG" 2>&1; then
+    tail -n 30 "$LOG" >&2
+    echo "error: installing the project failed; the full pip output is in $LOG" >&2
+    exit 1
+  fi
+  echo "$WANTED" >"$STAMP"
+fi
 .venv/bin/python -c "import eventing, ray, pyspark, msgpack, faker, pytest" \
-  || { echo "error: installation incomplete; see the pip output above" >&2; exit 1; }
+  || { echo "error: installation incomplete; see $LOG" >&2; exit 1; }

@@ -1,17 +1,20 @@
 """The `eventing` command's parser and entry point; each command group lives in its own module.
 
 Every subcommand takes --data-dir (default $EVENTING_DATA_DIR or ./.eventing) and, where it prints
-data, --json. User mistakes print `error: ...` naming the thing and the fix, and exit 2.
+data, --json. User mistakes print `error: ...` naming the thing and the fix, and exit 2; under --json the
+error is one JSON object on stderr, `{"error": "...", "exit": 2}`. Ctrl-C exits 130.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import logging
 import sys
 
-from eventing.cli.common import DEFAULT_DATA_DIR, EXIT_USAGE
+from eventing import __version__
+from eventing.cli.common import DEFAULT_DATA_DIR, EXIT_INTERRUPTED, EXIT_USAGE
 from eventing.errors import EventingError, InvalidKeyError
 
 # Modules with a `register(sub, add)` function that adds their subcommands, in the order --help lists them.
@@ -44,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
         "eventing bucket load customers; eventing deploy functions/fn_email.json; eventing run --until-caught-up",
         parents=[common],
     )
+    parser.add_argument("--version", action="version", version=f"eventing {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     def add(name: str, func, help_text: str, parent=sub) -> argparse.ArgumentParser:
@@ -71,13 +75,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except (EventingError, InvalidKeyError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return _fail(args, str(exc), EXIT_USAGE)
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+        return _fail(args, "interrupted", EXIT_INTERRUPTED)
     except BrokenPipeError:
         return 0
+
+
+def _fail(args: argparse.Namespace, message: str, status: int) -> int:
+    """An error line on stderr: `error: ...`, or under --json one JSON object, {"error": "...", "exit": N}."""
+    if args.json:
+        print(json.dumps({"error": message, "exit": status}), file=sys.stderr)
+    else:
+        print(f"error: {message}" if status != EXIT_INTERRUPTED else message, file=sys.stderr)
+    return status
 
 
 if __name__ == "__main__":

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import Any
 
-from eventing.cli.common import data_dir_of, parse_doc_arg, positive_int, writable_data_dir
+from eventing.cli.common import EXIT_INTERRUPTED, data_dir_of, parse_doc_arg, positive_int, writable_data_dir
 from eventing.cli.output import emit_json, progress_enabled, table
 from eventing.core.mutation import OP_DELETE, OP_UPDATE, encode_document
 from eventing.errors import ConfigError, EventingError, InvalidDocumentError, InvalidKeyError, NotFoundError
@@ -50,6 +51,9 @@ def cmd_bucket_load(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     rejected: list[str] = []
     if args.file:
+        if args.file != "-" and not os.path.isfile(args.file):
+            what = "is a directory" if os.path.isdir(args.file) else "does not exist"
+            raise NotFoundError(f"file {args.file} {what}; give a JSON lines file with --file (or - for stdin)")
         writes = _json_lines(args.file, rejected)
         total = None
     else:
@@ -60,13 +64,24 @@ def cmd_bucket_load(args: argparse.Namespace) -> int:
         writes = loadgen.generate(args.documents, args.mutations, seed=args.seed, prefix=args.prefix)
         total = args.mutations
     written = skipped = 0
-    with tqdm(total=total, unit="mut", disable=args.json or not progress_enabled(), desc=f"load {args.name}") as bar:
-        for chunk in chunked(writes, 20_000):
-            results = bucket.write(chunk)
-            done = sum(1 for r in results if r is not None)
-            written += done
-            skipped += len(results) - done
-            bar.update(len(chunk))
+    try:
+        with tqdm(total=total, unit="mut", disable=args.json or not progress_enabled(), desc=f"load {args.name}") as bar:
+            for chunk in chunked(writes, 20_000):
+                results = bucket.write(chunk)  # one transaction: a chunk is committed whole or not at all
+                done = sum(1 for r in results if r is not None)
+                written += done
+                skipped += len(results) - done
+                bar.update(len(chunk))
+    except KeyboardInterrupt:
+        # Chunks are transactions: what was counted is committed, the chunk in flight was rolled back.
+        message = (f"interrupted: {written:,} mutations committed to '{args.name}' before Ctrl-C; the rest was not "
+                   "loaded (run the load again for it: a seed gives the same mutations again)")
+        if args.json:
+            print(json.dumps({"error": message, "exit": EXIT_INTERRUPTED, "mutations_written": written}),
+                  file=sys.stderr)
+        else:
+            print(message, file=sys.stderr)
+        return EXIT_INTERRUPTED
     seconds = time.perf_counter() - start
     summary = {
         "bucket": args.name,
@@ -124,6 +139,10 @@ def _json_lines(path: str, rejected: list[str]):
 
 
 def cmd_bucket_upsert(args: argparse.Namespace) -> int:
+    if args.expiry < 0:
+        raise ConfigError(
+            f"--expiry is {args.expiry}; give epoch seconds after which the document expires, or 0 for never"
+        )
     bucket = LocalBucket.open(writable_data_dir(args), args.name)
     vb, seqno = bucket.upsert(args.key, parse_doc_arg(args.doc), expiry=args.expiry)
     _print_write(args, "upserted", vb, seqno)
@@ -169,7 +188,10 @@ def cmd_bucket_info(args: argparse.Namespace) -> int:
 
 def cmd_bucket_expire(args: argparse.Namespace) -> int:
     n = LocalBucket.open(writable_data_dir(args), args.name).expire_due()
-    print(f"{n} expired documents turned into expiration mutations")
+    if args.json:
+        emit_json({"bucket": args.name, "expired": n})
+    else:
+        print(f"{n} expired documents turned into expiration mutations")
     return 0
 
 

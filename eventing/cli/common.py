@@ -16,6 +16,7 @@ from metadata import METADATA_URL_ENV
 
 DEFAULT_DATA_DIR = ".eventing"
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # Ctrl-C, for every command (128 + SIGINT, as shells report it)
 
 
 def data_dir_of(args: argparse.Namespace) -> str:

@@ -11,8 +11,9 @@ from typing import Any
 
 from eventing.cli.common import announce, data_dir_of, existing_data_dir, record_view, writable_data_dir
 from eventing.cli.output import emit_json, table
-from eventing.errors import ConfigError
+from eventing.errors import ConfigError, LifecycleError
 from eventing.runtime import lifecycle
+from eventing.runtime.service import running_services
 from eventing.storage.metadata import METADATA_FILE, open_metadata
 from metadata import METADATA_URL_ENV
 from sharding import NUM_VBUCKETS
@@ -26,6 +27,29 @@ def _name_or_file(args: argparse.Namespace, data_dir: str) -> str:
     return target
 
 
+def _refuse_if_paused(target: str, data_dir: str) -> None:
+    """Deploying a paused function is an illegal move; say which moves do what the user likely wants."""
+    from eventing.core.definition import load_definition_file
+    from metadata import FunctionState
+
+    is_file = target.endswith(".json") or os.path.sep in target
+    name = load_definition_file(target)[0].name if is_file else target
+    if not (Path(data_dir) / METADATA_FILE).exists() and not os.environ.get(METADATA_URL_ENV):
+        return
+    store = open_metadata(data_dir)
+    try:
+        known = {r.name: r for r in store.list_functions()}
+    finally:
+        store.close()
+    if name in known and known[name].state is FunctionState.PAUSED:
+        update = f"`eventing create {target}` updates its definition and handler, then " if is_file else ""
+        raise LifecycleError(
+            f"function '{name}' is paused, so it cannot be deployed again; {update}`eventing resume {name}` "
+            f"continues from its checkpoints (to start over from the feed boundary: `eventing undeploy {name}`, "
+            "then deploy)"
+        )
+
+
 def cmd_create(args: argparse.Namespace) -> int:
     data_dir = writable_data_dir(args)
     return announce(args, lifecycle.save_from_file(data_dir, args.file), "saved")
@@ -33,6 +57,7 @@ def cmd_create(args: argparse.Namespace) -> int:
 
 def cmd_deploy(args: argparse.Namespace) -> int:
     data_dir = writable_data_dir(args)
+    _refuse_if_paused(args.function, data_dir)
     name = _name_or_file(args, data_dir)
     record = lifecycle.deploy(data_dir, name, args.boundary)
     return announce(args, record, "deployed")
@@ -78,14 +103,17 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     store = open_metadata(existing_data_dir(args), create=False)
     records = [store.get_function(args.function)] if args.function else store.list_functions()
-    services = store.live_services(lifecycle.SERVICE_STALE_S)
+    services = running_services(store)
     leader = _leader_view(store, services)
     standbys = [sid for sid in services if leader is None or sid != leader["id"]]
     views = []
     for r in records:
         view = record_view(r)
         cps = store.checkpoints(r.name)
-        view["vbuckets_leased"] = sum(1 for c in cps.values() if c.leased)
+        leased = sum(1 for c in cps.values() if c.leased)
+        # A lease held by a service that is gone (kill -9) is not a live worker: the next run takes it over.
+        view["vbuckets_leased"] = leased if services else 0
+        view["vbuckets_leased_by_stopped_service"] = 0 if services else leased
         view["service_running"] = bool(services)
         views.append(view)
     if args.json:
@@ -97,7 +125,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         if services:
             print(f"  standby: {', '.join(standbys) if standbys else 'none'}")
         for v in views:
-            print(f"  {v['name']}: {v['state']} ({v['vbuckets_leased']}/{NUM_VBUCKETS} vBuckets owned by live workers)")
+            line = f"  {v['name']}: {v['state']} ({v['vbuckets_leased']}/{NUM_VBUCKETS} vBuckets owned by live workers"
+            if v["vbuckets_leased_by_stopped_service"]:
+                line += (f"; {v['vbuckets_leased_by_stopped_service']} still leased by a service that stopped "
+                         "without releasing them, which the next `eventing run` takes over")
+            print(line + ")")
     return 0
 
 
@@ -119,7 +151,10 @@ def cmd_export(args: argparse.Namespace) -> int:
     text = json.dumps(data, indent=2)
     if args.output:
         Path(args.output).write_text(text + "\n")
-        print(f"exported function '{args.function}' to {args.output}")
+        if args.json:
+            emit_json({"function": args.function, "output": args.output})
+        else:
+            print(f"exported function '{args.function}' to {args.output}")
     else:
         print(text)
     return 0

@@ -6,11 +6,38 @@ import argparse
 import os
 import signal
 import sys
+import time
 from typing import Any
 
 from eventing.cli.common import ProgressRenderer, existing_data_dir, positive_int
 from eventing.cli.output import emit_json, progress_enabled, table
 from eventing.ops.stats import function_stats, vbucket_map
+
+# Exit statuses of `eventing run` (docs/operations-run.md): scripts can tell a clean run from one that
+# dead-lettered mutations without parsing its output.
+EXIT_OK = 0  # every mutation handled (or no function to run)
+EXIT_FAILED = 1  # a function failed (its error is printed) or a window could not be emitted
+EXIT_DEAD_LETTERS = 3  # the run finished, but some mutations went to the dead-letter queue in it
+EXIT_INTERRUPTED = 130  # Ctrl-C: stopped after a checkpoint, as `bucket load` does
+PROGRESS_EVERY_S = 30.0  # one progress line this often when the output is not a terminal
+
+
+class LineProgress:
+    """One line per function every ``every`` seconds on stderr, for logs and pipes (a terminal gets bars)."""
+
+    def __init__(self, every: float, enabled: bool):
+        self.every = every
+        self.enabled = enabled
+        self.last = time.monotonic()
+
+    def __call__(self, summary: Any) -> None:
+        if not self.enabled or time.monotonic() - self.last < self.every:
+            return
+        self.last = time.monotonic()
+        for name, p in sorted(summary.functions.items()):
+            letters = sum(p.dead_letters.values())
+            print(f"progress: {name}: {p.handled:,} handled, backlog {p.backlog:,}, {p.rate_mps:,.0f}/s, {p.state}"
+                  + (f", {letters:,} dead-lettered" if letters else ""), file=sys.stderr, flush=True)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -22,10 +49,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     data_dir = existing_data_dir(args)
     timeout_s = failover_timeout_s(args.failover_timeout)  # a bad value fails before Ray starts
     executor = make_executor(args.executor, args.ray_address)
-    renderer = ProgressRenderer(enabled=not args.json and not args.quiet and progress_enabled())
+    live = not args.json and not args.quiet
+    bars = ProgressRenderer(enabled=live and progress_enabled())
+    lines = LineProgress(args.progress_every, enabled=live and not progress_enabled() and args.progress_every > 0)
+
+    def on_progress(summary: Any) -> None:
+        bars(summary)
+        lines(summary)
+
     service = EventingService(
         data_dir, executor, until_caught_up=args.until_caught_up, functions=args.function or None,
-        on_progress=renderer,
+        on_progress=on_progress,
         windows=WindowOptions(close_windows=args.close_windows, spark_master=args.spark_master),
         standby=args.standby, failover_timeout_s=timeout_s,
     )
@@ -34,23 +68,37 @@ def cmd_run(args: argparse.Namespace) -> int:
               file=sys.stderr, flush=True)
     previous = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, lambda *_: service.stop())
+    interrupted = False
     try:
         summary = service.run()
     except KeyboardInterrupt:
+        interrupted = True
         service.stop()
         summary = service.summary
     finally:
         signal.signal(signal.SIGTERM, previous)
-        renderer.close()
+        bars.close()
+    dead = {name: p.dead_letters for name, p in summary.functions.items() if p.dead_letters}
+    if interrupted:
+        status = EXIT_INTERRUPTED
+    elif summary.errors:
+        status = EXIT_FAILED
+    elif dead:
+        status = EXIT_DEAD_LETTERS
+    else:
+        status = EXIT_OK
     result = {
         "seconds": round(summary.seconds, 2),
         "functions": {
-            name: {"handled": p.handled, "backlog": p.backlog, "state": p.state, "error": p.error}
+            name: {"handled": p.handled, "backlog": p.backlog, "state": p.state, "error": p.error,
+                   "dead_letters": p.dead_letters, "handler_log": p.log_path}
             for name, p in summary.functions.items()
         },
         "errors": summary.errors,
         "leadership": summary.leadership,
         "failovers": summary.failovers,
+        "interrupted": interrupted,
+        "exit": status,
     }
     if args.json:
         emit_json(result)
@@ -67,7 +115,15 @@ def cmd_run(args: argparse.Namespace) -> int:
             rate = p.handled / summary.seconds if summary.seconds else 0
             extra = f" error: {p.error}" if p.error else ""
             print(f"{name}: {p.handled:,} mutations handled in {summary.seconds:.1f}s ({rate:,.0f}/s), {p.state}{extra}")
-    return 1 if summary.errors else 0
+            if p.dead_letters:
+                reasons = ", ".join(f"{reason} {n:,}" for reason, n in sorted(p.dead_letters.items()))
+                print(f"  {sum(p.dead_letters.values()):,} went to the dead-letter queue in this run ({reasons}); "
+                      f"see `eventing dlq list {name}`")
+            if p.log_path:
+                print(f"  handler log: {p.log_path}")
+        if interrupted:
+            print("interrupted: stopped after a checkpoint; `eventing run` resumes from there", file=sys.stderr)
+    return status
 
 
 def cmd_vbmap(args: argparse.Namespace) -> int:
@@ -113,7 +169,8 @@ def _interval(text: str) -> float:
 
 
 def register(sub: Any, add: Any) -> None:
-    p = add("run", cmd_run, "run every deployed function on Ray workers (Ctrl-C stops after a checkpoint)")
+    p = add("run", cmd_run, "run every deployed function on Ray workers (Ctrl-C stops after a checkpoint); "
+            "exit 0: all handled, 1: a function failed, 3: mutations were dead-lettered, 130: interrupted")
     p.add_argument("--until-caught-up", action="store_true",
                    help="stop once the high seqnos seen at start are processed and checkpointed")
     p.add_argument("--ray-address", default=os.environ.get("EVENTING_RAY_ADDRESS"),
@@ -134,6 +191,9 @@ def register(sub: Any, add: Any) -> None:
     p.add_argument("--close-windows", action="store_true",
                    help="with --until-caught-up: at the end of the input close every window still open "
                    "(default: windows close only by watermark and idle timeouts, and stay open for the next run)")
+    p.add_argument("--progress-every", type=float, default=PROGRESS_EVERY_S, metavar="SECONDS",
+                   help="when stderr is not a terminal, print one progress line per function this often "
+                   f"(default {PROGRESS_EVERY_S:.0f}; 0: never)")
     p = add("vbmap", cmd_vbmap, "which worker owns which vBucket ranges")
     p.add_argument("function")
     p = add("stats", cmd_stats, "mutations seen, handler successes and failures, checkpoint lag, throughput")

@@ -79,9 +79,14 @@ def cmd_windows(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"function '{args.function}' has no aggregate {args.aggregate!r}; its aggregates are {', '.join(aggregates)}"
         )
+    if args.limit < 0:
+        raise ConfigError(f"--limit is {args.limit}; give a number of result rows >= 1 (0: all)")
     if args.png:
         _chart(report, args.aggregate or aggregates[0], args.png)
     if args.json:
+        if args.limit:
+            report["results_total"] = len(report["results"])
+            report["results"] = report["results"][-args.limit :]
         emit_json(report)
         return 0
     print(

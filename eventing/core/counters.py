@@ -20,8 +20,11 @@ EFFECTS_DUPLICATE = "effects_duplicate"  # skipped: already applied before a cra
 EFFECTS_FENCED = "effects_fenced"  # rejected: written by a stale owner
 FENCED_CHECKPOINT_WRITES = "fenced_checkpoint_writes"
 WORKERS_RECYCLED = "workers_recycled"
-WINDOW_ROWS_WRITTEN = "window_rows_written"
-WINDOW_VALUES_NOT_NUMERIC = "window_values_not_numeric"
+WINDOW_ROWS_WRITTEN = "window_rows_written"  # rows workers wrote for the window (a window-only function's updates)
+WINDOW_ROWS_ACCEPTED = "window_rows_accepted"  # rows the coordinator windowed (not late, not replayed)
+WINDOW_VALUES_NOT_NUMERIC = "window_values_not_numeric"  # aggregated field values that were not numbers (skipped)
+WINDOWS_CLOSED = "windows_closed"
+WINDOWS_EMITTED = "windows_emitted"
 
 
 def handler_outcome(kind: HandlerKind, outcome: Outcome) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import keyword
 import re
 from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
@@ -12,6 +13,7 @@ from typing import Any, Literal
 from eventing.core import durations
 from eventing.core.names import check_bucket_name
 from eventing.errors import ConfigError
+from eventing.handler import RESERVED_NAMES
 
 FUNCTION_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,99}$")
 ALIAS = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -91,15 +93,27 @@ class FunctionDefinition:
                 bucket, _, access = rest.partition(":")
                 raw = {"alias": alias, "bucket": bucket, "access": access or "r"}
             b = Binding(raw.get("alias", ""), raw.get("bucket", ""), raw.get("access", "r"))
-            if not ALIAS.match(b.alias):
-                raise ConfigError(f"binding alias {b.alias!r} of function '{name}' is not a Python identifier")
+            _check_alias("binding alias", b.alias, name)
             check_bucket_name(b.bucket)
             if b.access not in ("r", "rw"):
                 raise ConfigError(f"binding '{b.alias}' of function '{name}' has access {b.access!r}; use 'r' or 'rw'")
             bindings.append(b)
-        aliases = [b.alias for b in bindings] + list(data.get("constants", {}))
-        if len(set(aliases)) != len(aliases):
-            raise ConfigError(f"function '{name}' binds the same alias twice; aliases must be unique")
+        aliases = [b.alias for b in bindings]
+        for alias in aliases:
+            if aliases.count(alias) > 1:
+                raise ConfigError(
+                    f"function '{name}' binds the alias '{alias}' to two buckets; give each binding its own alias"
+                )
+        constants = data.get("constants", {})
+        if not isinstance(constants, dict):
+            raise ConfigError(f"constants of function '{name}' must be a JSON object of name: value")
+        for constant in constants:
+            _check_alias("constant", constant, name)
+            if constant in aliases:
+                raise ConfigError(
+                    f"constant '{constant}' of function '{name}' has the same name as the binding alias "
+                    f"'{constant}'; rename the constant or the binding"
+                )
         kwargs = dict(data)
         kwargs.pop("handler_source", None)
         kwargs["bindings"] = tuple(bindings)
@@ -107,8 +121,14 @@ class FunctionDefinition:
             if key in kwargs:
                 kwargs[key] = parse_duration(kwargs[key], key, name)
         for key, low in (("worker_count", 1), ("batch_size", 1), ("retries", 0), ("max_document_bytes", 1)):
-            if key in kwargs and (not isinstance(kwargs[key], int) or kwargs[key] < low):
-                raise ConfigError(f"{key} of function '{name}' must be an integer >= {low}, not {kwargs[key]!r}")
+            value = kwargs.get(key, low)
+            if isinstance(value, bool):  # True is an int to Python, not a count to anyone
+                raise ConfigError(
+                    f"{key} of function '{name}' is {json.dumps(value)}, a boolean; give a number >= {low}, "
+                    f'for example "{key}": {max(low, 2) if key == "worker_count" else low}'
+                )
+            if not isinstance(value, int) or value < low:
+                raise ConfigError(f"{key} of function '{name}' must be an integer >= {low}, not {value!r}")
         if kwargs.get("worker_count", 1) > 64:
             raise ConfigError(f"worker_count of function '{name}' is {kwargs['worker_count']}; the maximum is 64")
         if kwargs.get("boundary", "everything") not in ("everything", "from_now"):
@@ -136,6 +156,23 @@ class FunctionDefinition:
         return self if boundary is None else replace(self, boundary=boundary)
 
 
+def _check_alias(kind: str, alias: Any, function: str) -> None:
+    """A binding alias or constant becomes a global of the handler module: it must be a usable name that
+    hides nothing the handler API provides."""
+    if not isinstance(alias, str) or not ALIAS.match(alias):
+        raise ConfigError(f"{kind} {alias!r} of function '{function}' is not a Python identifier; rename it")
+    if keyword.iskeyword(alias):
+        raise ConfigError(
+            f"{kind} '{alias}' of function '{function}' is a Python keyword, which a handler cannot use as a "
+            f"name; rename it (for example '{alias}_')"
+        )
+    if alias in RESERVED_NAMES:
+        raise ConfigError(
+            f"{kind} '{alias}' of function '{function}' would hide the handler API's {RESERVED_NAMES[alias]}; "
+            f"rename it (for example '{alias}_bucket')"
+        )
+
+
 def load_definition_file(path: str | Path) -> tuple[FunctionDefinition, str]:
     """Read a definition JSON; its `handler` is a path relative to the JSON file, or `handler_source` inline."""
     path = Path(path)
@@ -145,6 +182,10 @@ def load_definition_file(path: str | Path) -> tuple[FunctionDefinition, str]:
         raise ConfigError(f"definition file {path} does not exist") from None
     except json.JSONDecodeError as exc:
         raise ConfigError(f"definition file {path} is not valid JSON ({exc})") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"definition file {path} is not UTF-8 text ({_decode_error(exc)}); save it as UTF-8") from None
+    except OSError as exc:
+        raise ConfigError(f"definition file {path} cannot be read ({exc.strerror})") from None
     if isinstance(data, dict) and "handler_source" in data:
         source = data["handler_source"]
     else:
@@ -154,8 +195,17 @@ def load_definition_file(path: str | Path) -> tuple[FunctionDefinition, str]:
         handler_path = (path.parent / handler).resolve()
         try:
             source = handler_path.read_text()
+        except UnicodeDecodeError as exc:
+            raise ConfigError(
+                f"handler file {handler_path} of definition {path} is not UTF-8 text ({_decode_error(exc)}); "
+                "save it as UTF-8"
+            ) from None
         except OSError as exc:
             raise ConfigError(
                 f"handler file {handler_path} of definition {path} cannot be read ({exc.strerror}); fix 'handler'"
             ) from None
     return FunctionDefinition.from_dict(data), source
+
+
+def _decode_error(exc: UnicodeDecodeError) -> str:
+    return f"byte 0x{exc.object[exc.start]:02x} at offset {exc.start}"

@@ -20,7 +20,10 @@ MAX_DOCUMENT_BYTES = 20 * 1024 * 1024
 
 
 class Mutation(NamedTuple):
-    """One row of a bucket's per-vBucket mutation log; `doc` stays msgpack bytes until the handler."""
+    """One row of a bucket's per-vBucket mutation log; `doc` stays msgpack bytes until the handler.
+
+    ``arrival_ms`` is when the source assigned the seqno (epoch ms UTC, see ``eventing.storage.bucket``);
+    0 means unknown (a mutation built by hand, or a dead-letter row written before the field existed)."""
 
     vb: int
     seqno: int
@@ -31,6 +34,7 @@ class Mutation(NamedTuple):
     origin: str | None  # name of the function whose binding wrote it (recursion guard), else None
     expiry: int
     flags: int
+    arrival_ms: int = 0
 
 
 def _check_json(value: Any, path: str) -> None:

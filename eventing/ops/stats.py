@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from eventing.core import counters as counter_names
+from eventing.runtime.handler_log import handler_log_path
+from eventing.runtime.service import running_services
 from eventing.storage.bucket import LocalBucket
 from eventing.storage.metadata import open_metadata
 from sharding import NUM_VBUCKETS, format_ranges, worker_plan
@@ -24,7 +26,8 @@ def vbucket_map(data_dir: str, name: str) -> dict[str, Any]:
         for i, vbs in enumerate(worker_plan(range(NUM_VBUCKETS), count)):
             workers[f"local/w{i}"] = vbs
         source = "plan (function not deployed)"
-    leased = {cp.owner for cp in cps.values() if cp.leased}
+    # A lease outlives a service killed with kill -9: it counts as live only while a service runs.
+    leased = {cp.owner for cp in cps.values() if cp.leased} if running_services(store) else set()
     return {
         "function": name,
         "source": source,
@@ -49,7 +52,21 @@ def function_stats(data_dir: str, name: str) -> dict[str, Any]:
     out.update({k: int(counters.get(k, 0)) for k in counter_names.STATS_KEYS})
     out["dlq"] = {k[4:]: int(v) for k, v in counters.items() if k.startswith("dlq_")}
     out["checkpoint_lag"] = lag
-    out["throughput_mps"] = counters.get("throughput_mps", 0.0)
+    # The service writes the gauge while the function runs (0 when it stops); a paused function, or one
+    # whose service is gone, handles nothing whatever the last gauge says.
+    running = record.state.value == "deployed" and bool(running_services(store))
+    out["throughput_mps"] = counters.get("throughput_mps", 0.0) if running else 0.0
+    if record.definition.get("window") is not None:
+        out["window"] = {
+            "rows_written": int(counters.get(counter_names.WINDOW_ROWS_WRITTEN, 0)),
+            "rows_accepted": int(counters.get(counter_names.WINDOW_ROWS_ACCEPTED, 0)),
+            "rows_late": int(counters.get(counter_names.dlq("late"), 0)),
+            "values_not_numeric": int(counters.get(counter_names.WINDOW_VALUES_NOT_NUMERIC, 0)),
+            "windows_closed": int(counters.get(counter_names.WINDOWS_CLOSED, 0)),
+            "windows_emitted": int(counters.get(counter_names.WINDOWS_EMITTED, 0)),
+        }
+    log_file = handler_log_path(data_dir, name)
+    out["handler_log"] = str(log_file) if log_file.exists() else None
     if counters.get("last_run_seconds"):
         out["last_run"] = {
             "handled": int(counters.get("last_run_handled", 0)),

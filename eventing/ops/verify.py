@@ -269,6 +269,17 @@ def verify_function(data_dir: str, function: str, *, ledger: str | None = None) 
     source = LocalBucket.open(data_dir, defn.source_bucket)
     target = LocalBucket.open(data_dir, ledger_name)
     try:
+        if function not in ledger_functions(target):
+            named = ledger is not None or any(b.alias == "ledger" for b in defn.bindings)
+            if not named or not dead_letters:
+                how = "the bucket given with --ledger" if ledger else (
+                    "its binding 'ledger'" if named else "its only read-write binding"
+                )
+                raise ConfigError(
+                    f"function '{function}' has no ledger: bucket '{ledger_name}' ({how}) holds no ledger entries "
+                    "of it; verify checks a function whose handler writes a ledger (eventing.testing.LEDGER_HANDLER) "
+                    "through a binding named 'ledger', or the bucket named with --ledger BUCKET"
+                )
         if any(cp.bucket_uuid != source.uuid for cp in checkpoints.values()):
             raise ConfigError(
                 f"source bucket '{defn.source_bucket}' was recreated after function '{function}' was deployed; "

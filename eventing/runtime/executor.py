@@ -132,6 +132,8 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> None
         kwargs["runtime_env"] = {"env_vars": env}
     elif num_cpus is not None:
         kwargs["num_cpus"] = num_cpus
+    if address:
+        _probe(address)
     try:
         if address:
             ray.init(**kwargs)
@@ -143,6 +145,28 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> None
     except (ConnectionError, ValueError, RuntimeError) as exc:
         target = address or "a local Ray instance"
         raise EventingError(f"cannot start or join {target}: {exc}; check --ray-address or `ray status`") from None
+
+
+PROBE_TIMEOUT_S = 3.0
+
+
+def _probe(address: str) -> None:
+    """Fail in seconds, with one line, when nothing listens at a Ray address: ray.init would retry for
+    minutes, printing its C++ warnings all the while."""
+    import socket
+
+    target = address.removeprefix("ray://")
+    host, sep, port = target.rpartition(":")
+    if address == "auto" or not sep or not port.isdigit():
+        return  # "auto" or a form Ray resolves itself: let it
+    try:
+        socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=PROBE_TIMEOUT_S).close()
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise EventingError(
+            f"no Ray cluster answers at {address} ({reason}); check --ray-address (the head's address, "
+            "host:6379 by default) or start one with `ray start --head`"
+        ) from None
 
 
 @contextlib.contextmanager

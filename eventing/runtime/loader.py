@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import traceback
 import types
 from collections.abc import Mapping
@@ -43,9 +44,34 @@ def load_handler(
             "define at least one"
         )
     for name, fn in (("on_update", on_update), ("on_delete", on_delete)):
-        if fn is not None and not callable(fn):
-            raise HandlerLoadError(f"handler of function '{function}': {name} is not a function")
+        if fn is not None:
+            _check_entry_point(function, name, fn)
     return module
+
+
+_ENTRY_POINTS = {"on_update": ("doc", "meta"), "on_delete": ("meta", "options")}
+
+
+def _check_entry_point(function: str, name: str, fn: Any) -> None:
+    """on_update and on_delete are called with two positional arguments: refuse anything else at deploy,
+    not with a dead letter per mutation."""
+    params = ", ".join(_ENTRY_POINTS[name])
+    if not callable(fn):
+        raise HandlerLoadError(
+            f"handler of function '{function}': {name} is a {type(fn).__name__}, not a function; "
+            f"define it as def {name}({params}):"
+        )
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return  # a builtin or extension without a signature: it answers for itself at the first call
+    try:
+        signature.bind(None, None)
+    except TypeError:
+        raise HandlerLoadError(
+            f"handler of function '{function}': {name}{signature} cannot be called as {name}({params}); "
+            f"define it as def {name}({params}):"
+        ) from None
 
 
 class _ImportTimeBinding:

@@ -97,6 +97,8 @@ class HandlerRunner:
         source_code: str,
         source: LocalBucket,
         open_bucket: Callable[[str], LocalBucket],
+        *,
+        log: Callable[..., None] | None = None,
     ):
         self.function = function
         self.defn = defn
@@ -113,6 +115,8 @@ class HandlerRunner:
             injected[b.alias] = binding
             self.bindings.append(binding)
         self.rw_bindings = [b for b in self.bindings if b.access == "rw"]
+        if log is not None:  # a worker's log() writes the function's handler log file
+            injected["log"] = log
         self.windowed = defn.window is not None
         module = load_handler(function, source_code, injected, windowed=self.windowed)
         self.on_update = module.__dict__.get("on_update")

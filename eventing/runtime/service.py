@@ -29,6 +29,7 @@ from eventing.runtime.failover import (
     ray_node_health,
     wall_of,
 )
+from eventing.runtime.handler_log import handler_log_path
 from eventing.runtime.lifecycle import SERVICE_STALE_S, complete_transition
 from eventing.runtime.nodes import Topology, function_assignment, packed_node_plan, save_packed_placement
 from eventing.runtime.supervisor import FunctionSupervisor
@@ -53,6 +54,10 @@ class FunctionProgress:
     state: str = "starting"
     rate_mps: float = 0.0
     error: str | None = None
+    # Dead letters this run added, by reason (`error`, `timeout`, `late`, ...): a run in which mutations
+    # failed must not look like a clean one.
+    dead_letters: dict[str, int] = field(default_factory=dict)
+    log_path: str | None = None  # the handler log, once a handler logged something
 
 
 @dataclass
@@ -96,7 +101,8 @@ class EventingService:
         self.supervisors: dict[str, FunctionSupervisor] = {}
         self.finished: set[str] = set()  # caught up (until_caught_up mode)
         self.summary = RunSummary()
-        self.windows = WindowHost(data_dir, errors=self.summary.errors, options=windows or WindowOptions())  # windowed functions' coordinators
+        # Windowed functions' coordinators.
+        self.windows = WindowHost(data_dir, errors=self.summary.errors, options=windows or WindowOptions())
         self.stop_event = threading.Event()
         self._last_state_poll = 0.0
         self._last_gauges = 0.0
@@ -123,6 +129,8 @@ class EventingService:
         # Packed functions (placement: packed) on their nodes. Only this service runs functions on the data
         # directory, so the placement starts empty with it: nothing runs before it starts them.
         self.packed = PackedPlacement()
+        self._handled_before: dict[str, int] = {}  # handled by earlier starts in this run (pause/resume)
+        self._dlq_baseline: dict[str, dict[str, int]] = {}  # dead letters by reason when this run began
 
     def _info(self) -> str:
         return json.dumps({"pid": os.getpid(), "executor": self.executor.name, "role": self.role})
@@ -455,16 +463,21 @@ class EventingService:
             if packed is not None:
                 self.packed = packed
                 save_packed_placement(self.store, packed)
-        except EventingError as exc:
-            self._progress(record.name).error = str(exc)
-            self.summary.errors.append(f"{record.name}: {exc}")
+        except Exception as exc:  # noqa: BLE001 - one function that cannot start must not stop the others
+            message = str(exc) if isinstance(exc, EventingError) else f"cannot start: {type(exc).__name__}: {exc}"
+            self._progress(record.name).error = message
+            self._progress(record.name).state = "failed"
+            self.summary.errors.append(f"{record.name}: {message}")
             self.finished.add(record.name)
-            log.error("cannot start function %s: %s", record.name, exc)
+            log.error("cannot start function %s: %s", record.name, message)
             return
+        if record.name not in self._dlq_baseline:
+            self._dlq_baseline[record.name] = self._dead_letters(record.name)
         sup.start()
         self.supervisors[record.name] = sup
         progress = self._progress(record.name)
         progress.state = "running"
+        progress.rate_mps = 0.0
         self._rate_window[record.name] = (time.monotonic(), 0)
 
     def _stop_function(self, name: str) -> None:
@@ -478,12 +491,31 @@ class EventingService:
             log.info("function %s unplaced: %s", name, step.describe())
         self.windows.function_stopped(sup)  # after the workers' last rows are on disk
         progress = self._progress(name)
-        progress.handled = sup.handled
+        before = self._handled_before.get(name, 0)
+        progress.handled = before + sup.handled
+        self._handled_before[name] = progress.handled
         progress.backlog = sup.backlog
+        progress.rate_mps = 0.0
         if progress.state == "running":
             progress.state = "stopped (checkpointed)"
         elapsed = time.monotonic() - sup.started_at
-        self.store.set_gauges(name, {"last_run_handled": sup.handled, "last_run_seconds": elapsed})
+        # A stopped function handles nothing: its throughput is 0 until it runs again.
+        self.store.set_gauges(name, {"last_run_handled": sup.handled, "last_run_seconds": elapsed, "throughput_mps": 0.0})
+        baseline = self._dlq_baseline.get(name, {})
+        progress.dead_letters = {
+            reason: n - baseline.get(reason, 0) for reason, n in self._dead_letters(name).items()
+            if n > baseline.get(reason, 0)
+        }
+        log_file = handler_log_path(self.data_dir, name)
+        if log_file.exists():
+            progress.log_path = str(log_file)
+
+    def _dead_letters(self, name: str) -> dict[str, int]:
+        try:
+            counters = self.store.counters(name)
+        except EventingError:
+            return {}
+        return {k[4:]: int(v) for k, v in counters.items() if k.startswith("dlq_") and v}
 
     def _fail(self, sup: FunctionSupervisor) -> None:
         message = f"{sup.name}: {sup.error}"
@@ -501,7 +533,7 @@ class EventingService:
         now = time.monotonic()
         for name, sup in self.supervisors.items():
             p = self._progress(name)
-            p.handled, p.backlog = sup.handled, sup.backlog
+            p.handled, p.backlog = self._handled_before.get(name, 0) + sup.handled, sup.backlog
             t0, n0 = self._rate_window.get(name, (now, 0))
             if now - t0 >= 1.0:
                 p.rate_mps = (sup.handled - n0) / (now - t0)
@@ -558,6 +590,12 @@ def _resolve_failover_timeout() -> float:
     return failover_timeout_s()
 
 
+def running_services(store) -> list[str]:
+    """Services whose heartbeat is fresh and, on this host, whose process still exists (a service killed
+    with kill -9 leaves a fresh heartbeat behind for up to SERVICE_STALE_S)."""
+    return [sid for sid in store.live_services(SERVICE_STALE_S) if _alive(sid)]
+
+
 def _alive(service_id: str) -> bool:
     """A service on this host whose process is gone is not alive, whatever its last heartbeat says."""
     host, _, rest = service_id.partition(":")
@@ -573,4 +611,4 @@ def _alive(service_id: str) -> bool:
     return True
 
 
-__all__ = ["EventingService", "FunctionProgress", "RunSummary"]
+__all__ = ["EventingService", "FunctionProgress", "RunSummary", "running_services"]

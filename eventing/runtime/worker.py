@@ -17,6 +17,7 @@ from eventing.core import counters as counter_names
 from eventing.core.definition import FunctionDefinition
 from eventing.core.mutation import Mutation, pack_mutation
 from eventing.errors import FencedError, OrderViolationError, StoreError
+from eventing.runtime.handler_log import HandlerLogFile
 from eventing.runtime.runner import NO_HANDLER, Call, HandlerRunner, HandlerTimeout, Rejection
 from eventing.storage.bucket import LocalBucket
 from eventing.storage.metadata import open_metadata
@@ -67,8 +68,11 @@ class WorkerCore:
             )
         self.defn = FunctionDefinition.from_dict(record.definition)
         self.source = LocalBucket.open(spec.data_dir, self.defn.source_bucket)
+        # log() lines go to <data-dir>/logs/<function>.log, each with the mutation being handled.
+        self.handler_log = HandlerLogFile(spec.data_dir, self.name, lambda: self.runner.current)
         self.runner = HandlerRunner(
-            self.name, self.defn, record.source, self.source, lambda name: LocalBucket.open(spec.data_dir, name)
+            self.name, self.defn, record.source, self.source, lambda name: LocalBucket.open(spec.data_dir, name),
+            log=self.handler_log,
         )
         self.rw_bindings = self.runner.rw_bindings
         # at_least_once: no effect marks are read, fenced or written (see LocalBucket.apply_effects).
@@ -234,7 +238,9 @@ class WorkerCore:
         writes, float times, ...), with the same rows, counters and dead letters either way."""
         if self._hung and any(hung_vb == vb for hung_vb, _ in self._hung):
             return 0
-        batch = self.source.read_vb_packed(vb, position, limit, self.name)
+        batch = self.source.read_vb_packed(
+            vb, position, limit, self.name, exact_arrivals_over_ms=self.window_rows.arrival_gap_ms  # type: ignore[union-attr]
+        )
         if batch is None or (batch.other_seqnos and self.on_delete is not None):
             return 0
         # An oversize document is dead-lettered: only a batch larger than the limit can hold one.
@@ -247,9 +253,7 @@ class WorkerCore:
         c[counter_names.MUTATIONS_SEEN] += batch.count
         if batch.other_seqnos:  # as _handle, no zero entries: a counter appears once it counts something
             c[counter_names.NO_HANDLER] += len(batch.other_seqnos)
-        if batch.update_count:
-            c[self._success["on_update"]] += batch.update_count
-        return batch.count
+        return batch.count  # the updates count as window_rows_written once flushed, as in _handle
 
     def _handle(self, m: Mutation) -> None:
         c = self.counters
@@ -274,8 +278,7 @@ class WorkerCore:
                 self._dead_letter(m, "bad_event_time", self.window_rows.rejection, "", 0)
                 return
             if call.fn is None:  # a window-only function: the row is the whole effect
-                c[self._success["on_update"]] += 1
-                return
+                return  # counted as window_rows_written (no handler ran, so no on_update_success)
         failure = self.runner.call(
             m, call, epoch=self.epochs[m.vb], attempts=self._attempts, backoff_s=self._backoff_s,
             on_retry=self._count_retry,
@@ -421,4 +424,5 @@ class WorkerCore:
         return fenced
 
     def close(self) -> None:
+        self.handler_log.close()
         self.store.close()

@@ -3,6 +3,14 @@
 A local bucket is both the embedded source of mutations (workers stream their own vBuckets from it, as
 Couchbase workers open DCP streams) and a target of handler bindings. WAL mode lets one writer and
 readers in other processes work at once.
+
+Every log entry keeps its **arrival time** (``arrival_ms``, epoch milliseconds UTC): when the bucket
+assigned its seqno, one value per write transaction, never going backwards within a vBucket. It travels
+with the mutation (``Mutation.arrival_ms``) so that time policies that depend on when data reached the
+source (the window idle timeout, DESIGN §3.12) give the same answer on every replay, whenever the service
+happened to run. Bucket files written
+before the column existed are upgraded when first opened: their entries get the time of their ``cas``
+(nanoseconds since the epoch, taken at the same write), so no entry is left without an arrival time.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ CREATE TABLE IF NOT EXISTS docs(
 CREATE TABLE IF NOT EXISTS log(
     vb INTEGER NOT NULL, seqno INTEGER NOT NULL, key TEXT NOT NULL, op INTEGER NOT NULL,
     cas INTEGER NOT NULL, doc BLOB, origin TEXT, expiry INTEGER NOT NULL, flags INTEGER NOT NULL,
+    arrival_ms INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY(vb, seqno)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS high(vb INTEGER PRIMARY KEY, seqno INTEGER NOT NULL);
 -- Per (function, source vBucket): the owner epoch and the last source seqno whose effects are applied.
@@ -41,6 +50,7 @@ CREATE TABLE IF NOT EXISTS effect_marks(
     PRIMARY KEY(function, vb)) WITHOUT ROWID;
 """
 
+_LOG_COLUMNS = "vb, seqno, key, op, cas, doc, origin, expiry, flags, arrival_ms"
 _cas_lock = threading.Lock()
 _last_cas = 0
 
@@ -77,6 +87,11 @@ class PackedUpdates:
     update_count: int
     keys: bytes
     docs: bytes
+    # The updates' arrival times (epoch ms): their least and greatest, and each one in seqno order when
+    # the reader asked for them (``read_vb_packed(exact_arrivals_over_ms=...)``), else None.
+    arrival_min_ms: int = 0
+    arrival_max_ms: int = 0
+    arrivals: list[int] | None = None
 
     @property
     def count(self) -> int:
@@ -158,6 +173,7 @@ class LocalBucket:
             )
         try:
             db = _connect(path)
+            _upgrade(db, path)
             return cls(path, name, db)
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"bucket file {path} cannot be read ({exc}); restore it or recreate the bucket") from None
@@ -185,13 +201,16 @@ class LocalBucket:
 
     # -- writes -------------------------------------------------------------------------------------
 
-    def write(self, writes: Iterable[Write], *, origin: str | None = None) -> list[tuple[int, int] | None]:
-        """Apply writes in one transaction; each gets the next seqno of its vBucket and a fresh cas.
+    def write(
+        self, writes: Iterable[Write], *, origin: str | None = None, arrival_ms: int | None = None
+    ) -> list[tuple[int, int] | None]:
+        """Apply writes in one transaction; each gets the next seqno of its vBucket, a fresh cas and the
+        transaction's arrival time (``arrival_ms``, default now; tests and imports may give their own).
 
         Returns (vb, seqno) per write, or None for a delete of a missing document (nothing logged).
         """
         batch = list(writes)  # a retried transaction (locked, disk full) must see every write again
-        return _retry_locked(self.path, lambda: self._tx(lambda: self._apply(batch, origin)))
+        return _retry_locked(self.path, lambda: self._tx(lambda: self._apply(batch, origin, arrival_ms)))
 
     def _tx(self, body):
         try:
@@ -199,8 +218,12 @@ class LocalBucket:
         finally:
             self._commits += 1
 
-    def _apply(self, writes: Iterable[Write], origin: str | None) -> list[tuple[int, int] | None]:
+    def _apply(
+        self, writes: Iterable[Write], origin: str | None, arrival_ms: int | None = None
+    ) -> list[tuple[int, int] | None]:
         db = self._db
+        arrival = int(time.time() * 1000) if arrival_ms is None else int(arrival_ms)
+        arrivals: dict[int, int] = {}
         highs: dict[int, int] = {}
         log_rows = []
         doc_rows = []
@@ -219,25 +242,33 @@ class LocalBucket:
             live[w.key] = w.op == OP_UPDATE
             if vb not in highs:
                 highs[vb] = db.execute("SELECT seqno FROM high WHERE vb=?", (vb,)).fetchone()[0]
+                # Arrival times never go backwards within a vBucket (a wall clock stepped back, or an
+                # older time given), so readers find the earliest unread one first.
+                last = db.execute("SELECT arrival_ms FROM log WHERE vb=? AND seqno=?", (vb, highs[vb])).fetchone()
+                arrivals[vb] = arrival if last is None else max(arrival, last[0])
             seqno = highs[vb] = highs[vb] + 1
             cas = _next_cas()
-            log_rows.append((vb, seqno, w.key, w.op, cas, w.doc, origin, w.expiry, w.flags))
+            log_rows.append((vb, seqno, w.key, w.op, cas, w.doc, origin, w.expiry, w.flags, arrivals[vb]))
             deleted = 0 if w.op == OP_UPDATE else 1
             doc_rows.append((w.key, vb, seqno, cas, deleted, w.doc if not deleted else None, w.expiry, w.flags))
             out.append((vb, seqno))
             if len(log_rows) >= 5000:
-                db.executemany("INSERT INTO log VALUES(?,?,?,?,?,?,?,?,?)", log_rows)
+                db.executemany(f"INSERT INTO log({_LOG_COLUMNS}) VALUES(?,?,?,?,?,?,?,?,?,?)", log_rows)
                 db.executemany("INSERT OR REPLACE INTO docs VALUES(?,?,?,?,?,?,?,?)", doc_rows)
                 log_rows.clear()
                 doc_rows.clear()
-        db.executemany("INSERT INTO log VALUES(?,?,?,?,?,?,?,?,?)", log_rows)
+        db.executemany(f"INSERT INTO log({_LOG_COLUMNS}) VALUES(?,?,?,?,?,?,?,?,?,?)", log_rows)
         db.executemany("INSERT OR REPLACE INTO docs VALUES(?,?,?,?,?,?,?,?)", doc_rows)
         db.executemany("UPDATE high SET seqno=? WHERE vb=?", [(s, vb) for vb, s in highs.items()])
         return out
 
-    def upsert(self, key: str, doc: dict, *, origin: str | None = None, expiry: int = 0) -> tuple[int, int]:
+    def upsert(
+        self, key: str, doc: dict, *, origin: str | None = None, expiry: int = 0, arrival_ms: int | None = None
+    ) -> tuple[int, int]:
         validate_key(key)
-        result = self.write([Write(key, OP_UPDATE, encode_document(doc), expiry)], origin=origin)[0]
+        result = self.write(
+            [Write(key, OP_UPDATE, encode_document(doc), expiry)], origin=origin, arrival_ms=arrival_ms
+        )[0]
         assert result is not None
         return result
 
@@ -291,24 +322,29 @@ class LocalBucket:
     def read_vb(self, vb: int, after_seqno: int, limit: int) -> list[Mutation]:
         """Mutations of one vBucket with seqno > after_seqno, in seqno order, at most `limit`."""
         rows = self._db.execute(
-            "SELECT vb, seqno, key, op, cas, doc, origin, expiry, flags FROM log "
-            "WHERE vb=? AND seqno>? ORDER BY seqno LIMIT ?",
+            f"SELECT {_LOG_COLUMNS} FROM log WHERE vb=? AND seqno>? ORDER BY seqno LIMIT ?",
             (vb, after_seqno, limit),
         ).fetchall()
         return [Mutation(*r) for r in rows]
 
-    def read_vb_packed(self, vb: int, after_seqno: int, limit: int, origin: str) -> PackedUpdates | None:
+    def read_vb_packed(
+        self, vb: int, after_seqno: int, limit: int, origin: str, *, exact_arrivals_over_ms: int | None = None
+    ) -> PackedUpdates | None:
         """The next ``limit`` log entries of one vBucket after ``after_seqno`` for a caller that wants the
         updates' documents and keys in bulk: SQLite concatenates them, so no Python object is made per
         entry (about half the cost of fetching the rows). None when the entries are not the plain case
         the caller can take whole: no entries, a gap in the seqnos, an entry written by ``origin``, an
-        update without a document or a delete with one; read them with read_vb then."""
+        update without a document or a delete with one; read them with read_vb then.
+
+        The updates' arrival times come as their least and greatest; each one is read as well (a second
+        query, about as costly as the first) only when they spread over ``exact_arrivals_over_ms`` or more."""
         try:
             row = self._db.execute(
                 "SELECT count(*), max(seqno), count(doc), max(origin = ?4), "
                 "group_concat(CASE WHEN op != 0 THEN seqno END), "
                 "CAST(group_concat(CASE WHEN op = 0 THEN key END, char(0)) AS BLOB), "
-                "CAST(group_concat(doc, '') AS BLOB) "
+                "CAST(group_concat(doc, '') AS BLOB), "
+                "min(CASE WHEN op = 0 THEN arrival_ms END), max(CASE WHEN op = 0 THEN arrival_ms END) "
                 # A range scan of the primary key feeds the aggregates in (vb, seqno) order. (Before SQLite
                 # 3.44 group_concat takes no ORDER BY; a sorted subquery would cost a third more.)
                 "FROM log WHERE vb = ?1 AND seqno > ?2 AND seqno <= ?3",
@@ -316,13 +352,38 @@ class LocalBucket:
             ).fetchone()
         except sqlite3.DataError:  # the concatenation is over SQLite's length limit (huge documents)
             return None
-        count, last, docs_count, own, others, keys, docs = row
+        count, last, docs_count, own, others, keys, docs, first_arrival, last_arrival = row
         if not count or last - after_seqno != count or own:
             return None
         other_seqnos = [int(s) for s in others.split(",")] if others else []
         if docs_count != count - len(other_seqnos):
             return None
-        return PackedUpdates(vb, after_seqno, last, other_seqnos, docs_count, keys or b"", docs or b"")
+        arrivals = None
+        if docs_count and exact_arrivals_over_ms is not None and last_arrival - first_arrival >= exact_arrivals_over_ms:
+            arrivals = [
+                r[0]
+                for r in self._db.execute(
+                    "SELECT arrival_ms FROM log WHERE vb=? AND seqno>? AND seqno<=? AND op=? ORDER BY seqno",
+                    (vb, after_seqno, last, OP_UPDATE),
+                )
+            ]
+        return PackedUpdates(
+            vb, after_seqno, last, other_seqnos, docs_count, keys or b"", docs or b"",
+            first_arrival or 0, last_arrival or 0, arrivals,
+        )
+
+    def first_arrival_after(self, positions: dict[int, int]) -> int | None:
+        """The earliest arrival time (epoch ms) of the log entries after ``positions[vb]`` in each given
+        vBucket, or None when there are none: what a reader at those positions has still to read."""
+        earliest: int | None = None
+        for vb, after in positions.items():
+            # Arrival times never go backwards within a vBucket: the first entry has the earliest.
+            row = self._db.execute(
+                "SELECT arrival_ms FROM log WHERE vb=? AND seqno>? ORDER BY seqno LIMIT 1", (vb, after)
+            ).fetchone()
+            if row is not None and (earliest is None or row[0] < earliest):
+                earliest = row[0]
+        return earliest
 
     def max_doc_bytes(self, vb: int, after_seqno: int, last_seqno: int) -> int:
         """Size of the largest document logged in one vBucket in ``(after_seqno, last_seqno]``."""
@@ -336,8 +397,7 @@ class LocalBucket:
         last = (-1, 0)
         while True:
             rows = self._db.execute(
-                "SELECT vb, seqno, key, op, cas, doc, origin, expiry, flags FROM log "
-                "WHERE (vb, seqno) > (?, ?) ORDER BY vb, seqno LIMIT ?",
+                f"SELECT {_LOG_COLUMNS} FROM log WHERE (vb, seqno) > (?, ?) ORDER BY vb, seqno LIMIT ?",
                 (*last, batch),
             ).fetchall()
             if not rows:
@@ -549,6 +609,22 @@ def _connect(path: Path) -> sqlite3.Connection:
     db.execute("PRAGMA journal_mode=WAL")
     db.execute("PRAGMA synchronous=NORMAL")
     return db
+
+
+def _upgrade(db: sqlite3.Connection, path: Path) -> None:
+    """Add the log's ``arrival_ms`` column to a bucket file written before it existed; existing entries get
+    the time of their cas (nanoseconds since the epoch, taken when the entry was written)."""
+    columns = {r[1] for r in db.execute("PRAGMA table_info(log)")}
+    if not columns or "arrival_ms" in columns:
+        return
+
+    def body() -> None:
+        if "arrival_ms" in {r[1] for r in db.execute("PRAGMA table_info(log)")}:
+            return  # another process upgraded it first
+        db.execute("ALTER TABLE log ADD COLUMN arrival_ms INTEGER NOT NULL DEFAULT 0")
+        db.execute("UPDATE log SET arrival_ms = cas / 1000000")
+
+    _retry_locked(path, lambda: run_transaction(db, path, body))
 
 
 def _retry_locked(path: Path, fn):

@@ -1,7 +1,8 @@
 """The table formats that cross the aggregation boundary: row batches workers write, result tables sinks store.
 
 Row batch: one row per mutation of a windowed function, ``vb int32, seqno int64, key string,
-event_time timestamp[us, UTC]``, then the function's group-by columns (string) and value columns (float64,
+event_time timestamp[us, UTC], arrival_ms int64`` (when the source assigned the seqno, epoch ms; 0 when
+unknown), then the function's group-by columns (string) and value columns (float64,
 nullable). A row is identified by ``(vb, seqno)``: readers drop duplicates on that pair, so a batch written
 again after a crash (under the same or a new name) never counts twice. Batches are Parquet for Spark
 (``write_row_batch``) or Arrow IPC for a Python reader (``write_row_spool``, the worker-to-coordinator
@@ -36,6 +37,7 @@ AGGREGATE_OPS: frozenset[str] = frozenset({"count", "sum", "avg", "min", "max"})
 
 ROW_ID_COLUMNS = ("vb", "seqno")
 EVENT_TIME = "event_time"
+ARRIVAL = "arrival_ms"
 EVENT_TIME_TYPE = pa.timestamp("us", tz="UTC")
 WINDOW_START = "window_start_ms"
 WINDOW_END = "window_end_ms"
@@ -48,6 +50,7 @@ _BASE_FIELDS = (
     pa.field("seqno", pa.int64(), nullable=False),
     pa.field("key", pa.string(), nullable=False),
     pa.field(EVENT_TIME, EVENT_TIME_TYPE, nullable=False),
+    pa.field(ARRIVAL, pa.int64(), nullable=False),
 )
 _BASE_NAMES = frozenset(f.name for f in _BASE_FIELDS)
 # Spark and our own readers skip names starting with "." or "_", so a half-written temp file is invisible.
@@ -86,10 +89,12 @@ def build_row_batch(
     key: Sequence[str] | pa.Array,
     event_time_ms: Sequence[int] | pa.Array,
     columns: Mapping[str, Sequence[str | float | None]] | None = None,
+    arrival_ms: Sequence[int] | pa.Array | None = None,
 ) -> pa.Table:
     """Build a row batch from lists, numpy arrays or Arrow arrays; event times are epoch milliseconds (UTC).
 
-    Group and value columns missing from ``columns`` are filled with nulls.
+    Group and value columns missing from ``columns`` are filled with nulls; arrival times (epoch ms, when
+    the source assigned the mutation's seqno) default to 0, unknown.
     """
     columns = dict(columns or {})
     unknown = set(columns) - set(schema.names)
@@ -101,6 +106,7 @@ def build_row_batch(
         _array(seqno, pa.int64()),
         _array(key, pa.string()),
         _event_times(event_time_ms),
+        pa.array(np.zeros(n, np.int64)) if arrival_ms is None else _array(arrival_ms, pa.int64()),
     ]
     for field in list(schema)[len(_BASE_FIELDS) :]:
         values = columns.get(field.name)
@@ -129,6 +135,8 @@ def _event_times(event_time_ms: Sequence[int]) -> pa.Array:
 
 
 def _checked_rows(table: pa.Table) -> pa.Table:
+    if ARRIVAL not in table.schema.names:  # written before rows carried arrival times: unknown (0)
+        table = table.append_column(ARRIVAL, pa.array(np.zeros(table.num_rows, np.int64)))
     for field in _BASE_FIELDS:
         if field.name not in table.schema.names:
             raise ValueError(f"row batch has no {field.name!r} column; build it with row_schema()")

@@ -9,7 +9,12 @@ Every ``poll(now)``:
    to the dead-letter queue with reason ``late``; the others are combined into partial aggregates per
    (window, group) (``eventing.windows.spark.partials``) and written to ``accepted/`` as one file;
 3. ``advance(now)`` closes windows (watermark, allowed lateness, idle timeouts); at the end of input, with
-   ``close_windows``, every open window closes;
+   ``close_windows``, every open window closes. Timeouts judge the source's silence by the rows' arrival
+   times (when the source assigned their seqnos, DESIGN §3.12), not by when this service read them: rows
+   read together are split where the source fell silent for a timeout's length, timeouts due before a
+   row arrived fire before it is windowed, and no timeout fires while mutations that reached the source
+   before it are unread (``_timeout_clock``). So the windows depend on the mutations and their arrival
+   times, not on when the service happened to run;
 4. commits, in one metadata transaction and fenced against any other coordinator: the operator state,
    ``classified_upto``, the consumed-file marks, the accepted files, the closed-but-not-yet-emitted
    windows, the late rows' DLQ entries and counters;
@@ -378,21 +383,22 @@ class WindowCoordinator:
         counters: Counter[str] = Counter()
         self._collect(counters)
         checkpoints = self._waiting_checkpoints()
+        if checkpoints is None and self._has_timeouts:
+            # Read before listing the files, so that they vouch for every row written up to them (see
+            # _unread_arrival): a timeout must not fire while rows that reached the source before it wait.
+            checkpoints = self.store.checkpoints(self.function)
         ready, marks, consumed, deferred = self._ready()
+        unread = _Memo(lambda: self._unread_arrival(checkpoints, deferred))
+        closed: list[Any] = []
         if ready:
-            self._classify(ready, now, dlq, counters)
+            closed += self._classify(ready, now, dlq, counters, unread)
             self.marks = marks
             self._dirty = True
         if checkpoints is not None and not deferred:
             self._release_waiting(checkpoints)
-        closed: list[Any] = list(self.operator.advance(now))
+        closed += self._close(self._timeout_clock(now, unread), counters)
         if end_of_input and self.close_windows:
-            closed += self.operator.close_all()
-        if closed:
-            last = self.next_seq - 1
-            self.pending.extend(_pending(w, last) for w in closed)
-            counters["windows_closed"] += len(closed)
-            self._dirty = True
+            closed += self._close_all(counters)
         prunable = self._take_prunable()
         if self._dirty or dlq or counters:
             self._commit(dlq, counters)
@@ -404,7 +410,99 @@ class WindowCoordinator:
         self._submit()
         return closed
 
-    def _classify(self, files: list[Path], now: int, dlq: list[DlqRow], counters: Counter[str]) -> None:
+    # -- time: arrival times and timeouts ---------------------------------------------------------------
+
+    @property
+    def _has_timeouts(self) -> bool:
+        """Event-time windows with an idle timeout or a partition idle timeout, over a known source."""
+        # Session windows judge idleness when the coordinator polls (their operator has no deadline to ask).
+        return self.spec.arrival_gap_ms is not None and self.source_bucket is not None and not self._sessions
+
+    def _next_deadline(self) -> int | None:
+        operator = self.operator
+        return operator.next_timeout_ms() if isinstance(operator, WindowOperator) else None
+
+    def _timeout_due(self, at_ms: int) -> bool:
+        """Whether a timeout (idle timeout, partition idleness) would fire at ``at_ms`` without more rows."""
+        if not self._has_timeouts:
+            return False
+        deadline = self._next_deadline()
+        return deadline is not None and deadline <= at_ms
+
+    def _timeout_clock(self, at_ms: int, unread: _Memo) -> int:
+        """The processing time up to which timeouts may be applied now: ``at_ms``, unless a timeout would fire
+        by then while mutations that reached the source earlier are still unread. Then just before the
+        earliest of them: the source was not silent, only the service was slow or stopped (DESIGN §3.12).
+        Those mutations are read first; their arrival times decide whether the source was silent."""
+        if not self._timeout_due(at_ms):
+            return at_ms
+        first = unread()
+        return at_ms if first is None else min(at_ms, first - 1)
+
+    def _unread_arrival(self, checkpoints: dict[int, Any] | None, deferred: bool) -> int | None:
+        """The earliest arrival time of the source's mutations whose rows this coordinator has not read
+        (None: none). A vBucket's rows are read up to the greater of the last row classified and its
+        checkpoint read before the file listing (a worker writes its rows before its checkpoint moves).
+        Without that checkpoint, or while a worker's earlier file is missing, it cannot tell: then the
+        operator's next deadline, which holds every timeout back until a later poll can tell."""
+        deadline = self._next_deadline()
+        unknown = deadline if deadline is not None else self.clock()
+        if checkpoints is None or deferred:
+            return unknown
+        try:
+            source = self._source_bucket()
+            highs = source.high_seqnos()
+            behind: dict[int, int] = {}
+            for vb, high in enumerate(highs):
+                cp = checkpoints.get(vb)
+                done = max(self.classified_upto[vb], cp.seqno if cp is not None else 0)
+                if high > done:
+                    behind[vb] = done
+            return source.first_arrival_after(behind) if behind else None
+        except Exception as exc:  # noqa: BLE001 - holding the timeout back is the safe side
+            log.warning("function %s: cannot read the source's waiting mutations (%s)", self.function, exc)
+            return unknown
+
+    def _close(self, at_ms: int, counters: Counter[str]) -> list[Any]:
+        """Apply processing time ``at_ms`` (watermark, timeouts); closed windows wait for emission."""
+        return self._pend(self.operator.advance(at_ms), counters)
+
+    def _close_all(self, counters: Counter[str]) -> list[Any]:
+        return self._pend(self.operator.close_all(), counters)
+
+    def _pend(self, closed: list[Any], counters: Counter[str]) -> list[Any]:
+        if closed:
+            last = self.next_seq - 1  # the windows hold the rows of the batches accepted so far
+            self.pending.extend(_pending(w, last) for w in closed)
+            counters["windows_closed"] += len(closed)
+            self._dirty = True
+        return closed
+
+    def _arrival_segments(self, table: pa.Table, now: int) -> list[pa.Table]:
+        """The rows split where the source fell silent for at least the shortest timeout, in arrival order
+        (one piece, as read, when there is no such silence). Rows of an older build (arrival 0) count as
+        arriving now."""
+        arrival = table["arrival_ms"]
+        if pc.any(pc.equal(arrival, 0)).as_py():
+            arrival = pc.if_else(pc.equal(arrival, 0), now, arrival)
+            table = table.set_column(table.schema.get_field_index("arrival_ms"), "arrival_ms", arrival)
+        gap = self.spec.arrival_gap_ms
+        if gap is None or table.num_rows < 2:
+            return [table]
+        bounds = pc.min_max(arrival).as_py()
+        if bounds["max"] - bounds["min"] < gap:
+            return [table]
+        order = pc.sort_indices(table, [("arrival_ms", "ascending"), ("vb", "ascending"), ("seqno", "ascending")])
+        table = table.take(order)
+        times = table["arrival_ms"].to_numpy()
+        cuts = (np.flatnonzero(np.diff(times) >= gap) + 1).tolist()
+        edges = [0, *cuts, table.num_rows]
+        return [table.slice(a, b - a) for a, b in zip(edges, edges[1:], strict=False)]
+
+    def _classify(
+        self, files: list[Path], now: int, dlq: list[DlqRow], counters: Counter[str], unread: _Memo
+    ) -> list[Window]:
+        """Window the rows of ``files``; returns the windows that closed between their arrivals."""
         table = pa.concat_tables([read_row_batch(p).select(self.schema.names) for p in files])
         read = table.num_rows
         upto = pa.array(self.classified_upto, pa.int64())
@@ -415,7 +513,9 @@ class WindowCoordinator:
             table = _drop_duplicate_rows(table.sort_by([("vb", "ascending"), ("seqno", "ascending")]))
         counters["window_rows_replayed"] += read - table.num_rows
         if table.num_rows == 0:
-            return
+            return []
+        for vb, seqno in _max_per_vb(table).items():
+            self.classified_upto[vb] = max(self.classified_upto[vb], seqno)
         if self.spec.boundary == "processing_time":
             # Processing time is when the coordinator windows the row: the one clock that closes windows.
             index = table.schema.get_field_index("event_time")
@@ -423,11 +523,24 @@ class WindowCoordinator:
             table = table.set_column(index, "event_time", stamped.cast(table.schema.field(index).type))
         if isinstance(self.operator, SessionOperator):
             self._classify_sessions(self.operator, table, now, dlq, counters)
-            return
+            return []
+        if self.spec.boundary == "processing_time":
+            self._classify_rows(table, now, None, dlq, counters)
+            return []
+        closed: list[Any] = []
+        for segment in self._arrival_segments(table, now):
+            bounds = pc.min_max(segment["arrival_ms"]).as_py()
+            # Timeouts due before these rows reached the source fire first, as they would have live.
+            closed += self._close(self._timeout_clock(bounds["min"] - 1, unread), counters)
+            self._classify_rows(segment, now, bounds["max"], dlq, counters)
+        return closed
+
+    def _classify_rows(
+        self, table: pa.Table, now: int, arrival_ms: int | None, dlq: list[DlqRow], counters: Counter[str]
+    ) -> None:
         vbs = table["vb"]
-        fate = self.operator.observe_batch(vbs, table["event_time"], now)
-        for vb, seqno in _max_per_vb(table).items():
-            self.classified_upto[vb] = max(self.classified_upto[vb], seqno)
+        assert isinstance(self.operator, WindowOperator)  # sessions go through _classify_sessions
+        fate = self.operator.observe_batch(vbs, table["event_time"], now, arrival_ms=arrival_ms)
         if fate.late_count:
             late = table.filter(fate.late)
             dlq.extend(self._late_rows(late, fate.cutoff_ms, now))
@@ -749,6 +862,20 @@ def _max_time_per_vb(table: pa.Table) -> dict[int, int]:
     times = arrow_epoch_ms(table["event_time"])
     grouped = pa.table({"vb": table["vb"], "t": times}).group_by("vb").aggregate([("t", "max")])
     return dict(zip(grouped["vb"].to_pylist(), grouped["t_max"].to_pylist(), strict=True))
+
+
+class _Memo:
+    """A value computed at its first use in a poll, then kept (the source is asked at most once a poll)."""
+
+    def __init__(self, compute: Callable[[], int | None]):
+        self._compute = compute
+        self._done = False
+        self._value: int | None = None
+
+    def __call__(self) -> int | None:
+        if not self._done:
+            self._value, self._done = self._compute(), True
+        return self._value
 
 
 def _has_duplicate_rows(table: pa.Table) -> bool:

@@ -1,7 +1,8 @@
 """Worker side of windowed aggregation: one row per on_update mutation, written to disk before the checkpoint.
 
 A row is ``vb, seqno, key, event_time`` (the document's time field, epoch ms UTC; for processing-time windows
-the time the worker saw it, which the coordinator replaces by its own clock), the group-by fields as
+the time the worker saw it, which the coordinator replaces by its own clock), ``arrival_ms`` (when the source
+assigned the mutation's seqno: the coordinator judges the source's silence by it, see ``arrival_times``), the group-by fields as
 strings and the aggregated fields as floats. ``WindowRowWriter`` buffers rows and writes them as one
 batch file per checkpoint (``WorkerCore.commit`` flushes it before the metadata commit, the same rule as
 binding effects), so a checkpoint never covers a row that is not on disk. After a crash the mutations
@@ -47,7 +48,7 @@ MAX_EVENT_MS = 253_402_300_799_999
 # coordinator a file every ~0.1 s instead of one per checkpoint, so little is left for the last poll.
 MAX_BUFFERED_ROWS = 50_000
 BATCH_NAME = re.compile(r"^g(\d+)-(.+)-([0-9a-f]+)-(\d{9})\.arrow$")
-BASE_COLUMNS = ("vb", "seqno", "key", "event_time")
+BASE_COLUMNS = ("vb", "seqno", "key", "event_time", "arrival_ms")
 _STRINGS = frozenset({str, type(None)})
 _FLOATS = frozenset({float, type(None)})
 
@@ -188,6 +189,7 @@ class WindowRowWriter:
         self.files_written = 0
         self.rejection = ""  # why the last add() refused its document
         self._event_time = layout.spec.boundary == "event_time"
+        self.arrival_gap_ms = layout.spec.arrival_gap_ms  # bulk reads give each arrival time past this spread
         self._time_field = layout.spec.time_field or ""
         self._fields = (*layout.group_by, *layout.numeric_fields, *layout.counted_fields)
         self._decode, self._time_of, self._value_of = self._field_decoder()
@@ -227,7 +229,7 @@ class WindowRowWriter:
     def _clear(self) -> None:
         # Rows of add(): raw values in one list per column, appended through bound methods (~0.6 us a row).
         # Only ints, floats and strings stay buffered: no GC work. _seal() turns them into an Arrow chunk.
-        self._base: tuple[list[Any], ...] = ([], [], [], [])  # vb, seqno, key, event time
+        self._base: tuple[list[Any], ...] = ([], [], [], [], [])  # vb, seqno, key, event time, arrival
         self._values: tuple[list[Any], ...] = tuple([] for _ in self._fields)
         self._appends = tuple(column.append for column in self._base)
         self._value_appends = tuple(zip(self._fields, (column.append for column in self._values), strict=True))
@@ -251,11 +253,12 @@ class WindowRowWriter:
             return False
         else:
             t = int(time.time() * 1000)
-        add_vb, add_seqno, add_key, add_time = self._appends
+        add_vb, add_seqno, add_key, add_time, add_arrival = self._appends
         add_vb(m.vb)
         add_seqno(m.seqno)
         add_key(m.key)
         add_time(t)
+        add_arrival(m.arrival_ms)
         get = doc.get
         for field, append in self._value_appends:
             append(get(field))
@@ -308,7 +311,7 @@ class WindowRowWriter:
             updates[np.array(batch.other_seqnos, np.int64) - (batch.after_seqno + 1)] = False
             seqnos = seqnos[updates]
         chunk = self._rows_table(
-            np.full(n, batch.vb, np.int32), seqnos, keys, event_ms,
+            np.full(n, batch.vb, np.int32), seqnos, keys, event_ms, arrival_times(batch),
             [list(map(value_of, decoded)) for value_of in self._value_of],
         )
         self._seal()
@@ -327,12 +330,14 @@ class WindowRowWriter:
     def _seal(self) -> None:
         """Turn the rows add() buffered into an Arrow chunk, after the chunks before them."""
         if self._base[0]:
-            vb, seqno, key, event_ms = self._base
-            self._chunks.append(self._rows_table(vb, seqno, key, event_ms, self._values))
+            vb, seqno, key, event_ms, arrival_ms = self._base
+            self._chunks.append(self._rows_table(vb, seqno, key, event_ms, arrival_ms, self._values))
             self._chunk_rows += len(self._base[0])
             self._clear()
 
-    def _rows_table(self, vb: Any, seqno: Any, key: Any, event_ms: Any, values: Sequence[list[Any]]) -> pa.Table:
+    def _rows_table(
+        self, vb: Any, seqno: Any, key: Any, event_ms: Any, arrival_ms: Any, values: Sequence[list[Any]]
+    ) -> pa.Table:
         """Rows as a table of the row schema, the values converted as the layout says."""
         from eventing.windows.batches import build_row_batch
 
@@ -353,7 +358,9 @@ class WindowRowWriter:
             ]
         for name in layout.counted_fields:
             columns[count_column(name)] = [None if v is None else 1.0 for v in next(columns_in)]
-        return build_row_batch(layout.schema, vb=vb, seqno=seqno, key=key, event_time_ms=event_ms, columns=columns)
+        return build_row_batch(
+            layout.schema, vb=vb, seqno=seqno, key=key, event_time_ms=event_ms, columns=columns, arrival_ms=arrival_ms
+        )
 
     def flush(self) -> Path | None:
         """Write the buffered rows as one batch file (atomically) and return its path; None if empty.
@@ -374,6 +381,25 @@ class WindowRowWriter:
         self.counters["window_rows_written"] += rows
         self._chunks, self._chunk_rows = [], 0
         return path
+
+
+def arrival_times(batch: PackedUpdates) -> Any:
+    """The rows' arrival times of a bulk read, as an int64 numpy array.
+
+    Exact when the read gave each one (``PackedUpdates.arrivals``). Otherwise the first row gets the
+    batch's least and every other row its greatest arrival time: the reader asks for each one whenever they
+    spread over the shortest idle timeout (``WindowSpec.arrival_gap_ms``), so a spread left out is shorter
+    than any timeout, and the coordinator, which only looks for silences at least that long and for the
+    greatest arrival time, reaches the same answers as with the exact times."""
+    import numpy as np
+
+    n = batch.update_count
+    if batch.arrivals is not None:
+        return np.array(batch.arrivals, np.int64)
+    out = np.full(n, batch.arrival_max_ms, np.int64)
+    if n:
+        out[0] = batch.arrival_min_ms
+    return out
 
 
 def _split_keys(joined: bytes, n: int) -> pa.Array | None:

@@ -425,6 +425,14 @@ class WindowSpec:
     def idle_timeout_ms(self) -> int | None:
         return None if self.idle_timeout is None else duration_ms(self.idle_timeout)
 
+    @property
+    def arrival_gap_ms(self) -> int | None:
+        """The shortest silence of the source (between two arrival times) after which a timeout can fire:
+        the lesser of the two idle timeouts, None when neither is set (arrival times then only mark
+        activity). Event-time windows only."""
+        timeouts = [t for t in (self.idle_timeout_ms, self.partition_idle_timeout_ms) if t is not None]
+        return min(timeouts) if timeouts and self.boundary == "event_time" else None
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, function: str | None = None) -> WindowSpec:
         """Read the ``window`` object of a JSON function definition; errors name ``function`` when given.

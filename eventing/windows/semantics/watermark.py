@@ -118,6 +118,13 @@ class WatermarkTracker:
                     part.idle = True
         return self._recompute()
 
+    def next_idle_ms(self) -> int | None:
+        """When the first active partition turns idle if it delivers nothing more (None: never)."""
+        if self._idle_timeout_ms is None:
+            return None
+        seen = [part.last_seen_ms for part in self._partitions.values() if not part.idle]
+        return min(seen) + self._idle_timeout_ms if seen else None
+
     def advance_to(self, watermark_ms: int) -> int | None:
         """Move the function watermark forward to ``watermark_ms`` without data (idle timeout); never back."""
         watermark_ms = ensure_ms(watermark_ms, "watermark_ms")

@@ -64,7 +64,8 @@ class WindowOperator:
 
     The caller feeds rows with ``observe`` / ``observe_batch`` and calls ``advance(now_ms)`` after each batch
     and on a timer even when no rows come (idle timeouts fire only there). Rows observed with some
-    ``now_ms`` count as source activity at that time before an ``advance`` with the same ``now_ms``.
+    ``now_ms`` (or ``arrival_ms``, when the source's arrival time is known) count as source activity at that
+    time before an ``advance`` with the same time.
 
     Event time: the close frontier is ``watermark - allowed_lateness``; a window [start, end) is closed once
     ``end <= frontier`` (watermark >= end + allowed_lateness). The watermark comes from
@@ -78,7 +79,10 @@ class WindowOperator:
     before the frontier (``time < late_cutoff_ms``); ``advance`` returns each window that holds at least one
     row once, when it closes, ordered by start, and window ends never decrease from one call to the next;
     no row joins a window after it was returned. Processing time that goes backwards (a wall clock stepped
-    back) is held at the latest value seen, so it can neither reopen windows nor re-arm timeouts.
+    back) is held at the latest value seen, so it can neither reopen windows nor re-arm timeouts; an
+    ``advance`` to an earlier time applies the timeouts due by that time only (it fires fewer, never
+    reopens anything), which is how a caller holds them back until it has read what reached the source
+    before them (``next_timeout_ms``).
 
     ``to_state()`` / ``from_state()`` checkpoint all of this in a small JSON-able dict. Take it after the
     windows returned by ``advance`` are durably written: a window returned after the last checkpoint is
@@ -207,8 +211,14 @@ class WindowOperator:
         partitions: int | Sequence[int] | Any,
         event_times_ms: Sequence[int] | Any | None,
         now_ms: int,
+        *,
+        arrival_ms: int | None = None,
     ) -> BatchFate:
         """Window a batch arriving at ``now_ms``: one partition for all rows, or one per row (list or pyarrow).
+
+        ``arrival_ms``, when given, is when the batch's rows reached the source (the greatest of their
+        arrival times): the source and its partitions count as active then, not at ``now_ms``, so a batch
+        read late (a service that was stopped) does not look like fresh activity. Without it, ``now_ms``.
 
         Every row is judged against the cut-off in force before the batch (as a Spark micro-batch is
         against the previous watermark); the batch then lifts each partition's watermark by its greatest
@@ -245,8 +255,10 @@ class WindowOperator:
                 if frontier is None or start + self._size_ms > frontier:
                     joined.add(Window(start, start + self._size_ms))
         if maxima:
-            self._last_activity_ms = now_ms
-            self._tracker.observe_maxima(maxima, now_ms)
+            activity = now_ms if arrival_ms is None else ensure_ms(arrival_ms, "arrival_ms")
+            if self._last_activity_ms is None or activity > self._last_activity_ms:
+                self._last_activity_ms = activity
+            self._tracker.observe_maxima(maxima, activity)
         self._late_rows += late_count
         self._open.update(joined)
         return BatchFate(late, late_count, tuple(sorted(joined)), cutoff, behind)
@@ -324,14 +336,37 @@ class WindowOperator:
 
     def advance(self, now_ms: int) -> list[Window]:
         """Apply processing time ``now_ms`` and return the windows that closed since the last call, by start."""
-        now_ms = self._tick(now_ms)
+        at_ms = ensure_ms(now_ms, "now_ms")
+        now_ms = self._tick(at_ms)
         if self._event_time:
-            self._tracker.advance(now_ms)
+            # Timeouts apply at the time given even when it is behind the latest seen: a caller holds them
+            # back while rows that reached the source earlier are unread, and an earlier time fires fewer.
+            self._tracker.advance(at_ms)
             if self._idle_timeout_ms is not None:
-                self._apply_idle_timeout(now_ms, self._idle_timeout_ms)
+                self._apply_idle_timeout(at_ms, self._idle_timeout_ms)
         elif self._clock_frontier_ms is None or now_ms > self._clock_frontier_ms:
             self._clock_frontier_ms = now_ms
         return self._take_closed()
+
+    def next_timeout_ms(self) -> int | None:
+        """The earliest processing time at which ``advance`` would apply a timeout (a partition turning
+        idle, or the idle timeout closing a window), given no more rows; None when none is armed. A caller
+        that may still have rows to read which reached the source before that time reads them first."""
+        if not self._event_time:
+            return None
+        deadlines = []
+        partition = self._tracker.next_idle_ms()
+        if partition is not None:
+            deadlines.append(partition)
+        if self._idle_timeout_ms is not None and self._last_activity_ms is not None:
+            frontier = self.close_frontier_ms
+            for window in sorted(self._open):
+                if frontier is not None and window.end_ms <= frontier:
+                    continue
+                due_ms = window.end_ms + self._lateness_ms
+                deadlines.append(max(due_ms, self._last_activity_ms) + self._idle_timeout_ms)
+                break
+        return min(deadlines) if deadlines else None
 
     def _apply_idle_timeout(self, now_ms: int, idle_timeout_ms: int) -> None:
         if self._last_activity_ms is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
 import sys
 import tempfile
 import threading
@@ -79,28 +80,65 @@ def get_spark(master: str | None = None) -> SparkSession:
             # Bind the local driver to loopback: nothing outside this machine should reach it, and Spark
             # stops warning that the hostname resolves to 127.0.0.1.
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-        session = (
-            SparkSession.builder.master(wanted)
-            .appName("eventing-windows")
-            .config("spark.sql.session.timeZone", "UTC")
-            .config("spark.sql.shuffle.partitions", str(SHUFFLE_PARTITIONS))
+        settings = {
+            "spark.master": wanted,
+            "spark.app.name": "eventing-windows",
+            "spark.sql.session.timeZone": "UTC",
+            "spark.sql.shuffle.partitions": str(SHUFFLE_PARTITIONS),
             # Adaptive execution re-plans a job at every stage: for the small merge jobs of closed windows
             # that doubles their cost (~0.15 s of JVM time a job) and has nothing to fix. (Streaming
             # queries never use it.)
-            .config("spark.sql.adaptive.enabled", "false")
+            "spark.sql.adaptive.enabled": "false",
             # 1M-row batches overflow the default 1 GB heap in Arrow conversions; 2 GB leaves room.
-            .config("spark.driver.memory", "2g")
-            .config("spark.ui.enabled", "false")
-            .config("spark.ui.showConsoleProgress", "false")
-            .config(
-                "spark.driver.extraJavaOptions",
-                f"-Dlog4j2.configurationFile=file:{_log4j2_config(log_level)}",
-            )
-            .getOrCreate()
-        )
+            "spark.driver.memory": "2g",
+            "spark.ui.enabled": "false",
+            "spark.ui.showConsoleProgress": "false",
+            "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{_log4j2_config(log_level)}",
+        }
+        _launch_quiet_gateway(settings)
+        builder = SparkSession.builder
+        for key, value in settings.items():
+            builder = builder.config(key, value)
+        session = builder.getOrCreate()
         session.sparkContext.setLogLevel(log_level)
         _session, _master = session, wanted
         return session
+
+
+# Printed by the JVM itself on every start (Spark's launcher always adds this module); it says nothing a user
+# can act on. Everything else the JVM prints on stderr still goes to stderr.
+_QUIET_LINES = (b"WARNING: Using incubator modules: jdk.incubator.vector",)
+
+
+def _launch_quiet_gateway(settings: dict[str, str]) -> None:
+    """Start the driver JVM (as SparkContext would, with the same settings) with its stderr read through a
+    filter that drops ``_QUIET_LINES``. No-op when a JVM is already up."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    if SparkContext._gateway is not None:
+        return
+    conf = SparkConf(loadDefaults=False).setAll(list(settings.items()))
+    gateway = launch_gateway(conf, popen_kwargs={"stderr": subprocess.PIPE})
+    stream = gateway.proc.stderr  # type: ignore[attr-defined]
+    threading.Thread(target=_forward_stderr, args=(stream,), name="spark-stderr", daemon=True).start()
+    SparkContext._gateway = gateway
+    SparkContext._jvm = gateway.jvm
+
+
+def _forward_stderr(stream) -> None:  # type: ignore[no-untyped-def]
+    target = getattr(sys.stderr, "buffer", None)
+    for line in iter(stream.readline, b""):
+        if line.rstrip().startswith(_QUIET_LINES):
+            continue
+        try:
+            if target is not None:
+                target.write(line)
+                target.flush()
+            else:
+                sys.stderr.write(line.decode("utf-8", "replace"))
+        except (OSError, ValueError):  # stderr closed at exit
+            return
 
 
 def stop_spark() -> None:
