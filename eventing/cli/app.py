@@ -25,6 +25,7 @@ COMMAND_MODULES: list[str] = [
     "eventing.cli.debug",
     "eventing.cli.verify",
     "eventing.cli.windows",
+    "eventing.cli.serve",
 ]
 
 

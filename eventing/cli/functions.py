@@ -11,6 +11,7 @@ from typing import Any
 from eventing.cli.common import announce, data_dir_of, existing_data_dir, record_view, writable_data_dir
 from eventing.cli.output import emit_json, table
 from eventing.errors import ConfigError
+from eventing.ops.stats import function_status
 from eventing.runtime import lifecycle
 from eventing.storage.metadata import METADATA_FILE, open_metadata
 from metadata import METADATA_URL_ENV
@@ -75,16 +76,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    store = open_metadata(existing_data_dir(args), create=False)
-    records = [store.get_function(args.function)] if args.function else store.list_functions()
-    services = store.live_services(lifecycle.SERVICE_STALE_S)
-    views = []
-    for r in records:
-        view = record_view(r)
-        cps = store.checkpoints(r.name)
-        view["vbuckets_leased"] = sum(1 for c in cps.values() if c.leased)
-        view["service_running"] = bool(services)
-        views.append(view)
+    status = function_status(existing_data_dir(args), args.function)
+    services, views = status["services"], status["functions"]
     if args.json:
         emit_json({"services": services, "functions": views})
     else:

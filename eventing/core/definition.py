@@ -19,6 +19,14 @@ ALIAS = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 Boundary = Literal["everything", "from_now"]
 Access = Literal["r", "rw"]
 
+def check_function_name(name: object) -> None:
+    """The one rule for function names (they become file names and URL path segments)."""
+    if not isinstance(name, str) or not FUNCTION_NAME.match(name):
+        raise ConfigError(
+            f"function name {name!r} is not valid; use a letter then letters, digits, '_' or '-' (max 100)"
+        )
+
+
 def parse_duration(value: Any, field_name: str, function: str) -> timedelta:
     """eventing.core.durations.parse_duration (the rule window sizes follow too), as a ConfigError."""
     try:
@@ -69,10 +77,7 @@ class FunctionDefinition:
             if not data.get(required):
                 raise ConfigError(f"function definition needs '{required}'")
         name = data["name"]
-        if not isinstance(name, str) or not FUNCTION_NAME.match(name):
-            raise ConfigError(
-                f"function name {name!r} is not valid; use a letter then letters, digits, '_' or '-' (max 100)"
-            )
+        check_function_name(name)
         check_bucket_name(data["source_bucket"])
         bindings = []
         for raw in data.get("bindings", []):

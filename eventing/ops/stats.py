@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from eventing.core import counters as counter_names
+from eventing.runtime.lifecycle import SERVICE_STALE_S
 from eventing.storage.bucket import LocalBucket
 from eventing.storage.metadata import open_metadata
+from metadata import FunctionRecord
 from sharding import NUM_VBUCKETS, format_ranges, worker_plan
 
 
@@ -57,3 +59,60 @@ def function_stats(data_dir: str, name: str) -> dict[str, Any]:
             "mutations_per_s": round(counters.get("last_run_handled", 0) / counters["last_run_seconds"]),
         }
     return out
+
+
+def function_view(record: FunctionRecord) -> dict[str, Any]:
+    d = record.definition
+    return {
+        "name": record.name,
+        "state": record.state.value,
+        "source_bucket": d["source_bucket"],
+        "workers": d.get("worker_count", 1),
+        "boundary": d.get("boundary", "everything"),
+        "bindings": [f"{b['alias']}={b['bucket']}:{b['access']}" for b in d.get("bindings", [])],
+        "generation": record.generation,
+    }
+
+
+def function_status(data_dir: str, name: str | None = None) -> dict[str, Any]:
+    """States of one function (or all), how many vBuckets live workers own, and the live services."""
+    store = open_metadata(data_dir, create=False)
+    try:
+        records = [store.get_function(name)] if name else store.list_functions()
+        services = store.live_services(SERVICE_STALE_S)
+        views = []
+        for r in records:
+            view = function_view(r)
+            view["vbuckets_leased"] = sum(1 for c in store.checkpoints(r.name).values() if c.leased)
+            view["service_running"] = bool(services)
+            views.append(view)
+    finally:
+        store.close()
+    return {"services": services, "functions": views}
+
+
+def checkpoint_table(data_dir: str, name: str) -> dict[str, Any]:
+    """Per vBucket: checkpoint seqno, the source's high seqno, backlog, owner, epoch, lease (the vBucket
+    map picture and the checkpoint table of the console). Empty while the function is not deployed."""
+    store = open_metadata(data_dir, create=False)
+    try:
+        record = store.get_function(name)
+        cps = store.checkpoints(name)
+    finally:
+        store.close()
+    rows: list[dict[str, Any]] = []
+    if cps:
+        source = LocalBucket.open(data_dir, record.definition["source_bucket"])
+        try:
+            highs = source.high_seqnos()
+        finally:
+            source.close()
+        for vb in range(NUM_VBUCKETS):
+            cp = cps.get(vb)
+            if cp is None:
+                continue
+            rows.append({
+                "vb": vb, "seqno": cp.seqno, "high_seqno": highs[vb], "backlog": max(0, highs[vb] - cp.seqno),
+                "owner": cp.owner, "epoch": cp.epoch, "leased": cp.leased, "updated_at": cp.updated_at,
+            })
+    return {"function": name, "state": record.state.value, "vbuckets": rows}
