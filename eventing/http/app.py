@@ -21,6 +21,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from eventing.http.auth import ServerConfig, is_loopback, needs_admin, presented_token, role_of
 
 PROTECTED_PREFIXES = ("/api/", "/metrics", "/getAppLog")
+# The console loads only its own script and style; nothing may frame it or sniff types.
+SECURITY_HEADERS = [
+    (b"content-security-policy",
+     b"default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; frame-ancestors 'none'"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+    (b"referrer-policy", b"no-referrer"),
+]
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]", "::1"})
 
 
@@ -118,7 +126,12 @@ class GuardMiddleware:
                 return {"type": "http.request", "body": body, "more_body": False}
             return await receive()
 
-        await self.app(scope, replay, send)
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), *SECURITY_HEADERS]
+            await send(message)
+
+        await self.app(scope, replay, send_with_headers)
 
 
 def _host_name(header: str) -> str:
