@@ -304,8 +304,21 @@ def _topology_call(c: Call, fn: Callable[[Topology], Any]) -> Any:
         store.close()
 
 
+def _request_view(request: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A rebalance request with its 1024 target owners summed per node (the full list is noise here)."""
+    if request is None or "owners" not in request:
+        return request
+    view = {k: v for k, v in request.items() if k != "owners"}
+    counts: dict[str, int] = {}
+    for node in request["owners"]:
+        counts[node] = counts.get(node, 0) + 1
+    view["vbuckets_after"] = counts
+    return view
+
+
 def list_nodes(c: Call) -> dict[str, Any]:
-    return _topology_call(c, nodes_ops.node_list)
+    listing = _topology_call(c, nodes_ops.node_list)
+    return {**listing, "last_rebalance": _request_view(listing["last_rebalance"])}
 
 
 def add_node(c: Call) -> dict[str, Any]:
@@ -328,13 +341,14 @@ def rebalance_start(c: Call) -> dict[str, Any]:
         if nodes_ops.nothing_to_do(plan):
             return {"status": "nothing to do", **described}
         request = nodes_ops.start_rebalance(t, plan)
-        return {"status": request["status"], "request": request, **described}
+        return {"status": request["status"], "request": _request_view(request), **described}
 
     return _topology_call(c, start)
 
 
 def rebalance_progress(c: Call) -> dict[str, Any]:
-    return _topology_call(c, nodes_ops.rebalance_progress)
+    progress = _topology_call(c, nodes_ops.rebalance_progress)
+    return {**progress, "request": _request_view(progress["request"])}
 
 
 def _selector(c: Call, source: dict[str, Any]) -> dlq.DlqSelector:
