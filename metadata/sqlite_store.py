@@ -71,7 +71,7 @@ BUSY_TIMEOUT_MS = 2000
 CORRUPT_RECOVERY = (
     "stop every eventing process, then restore it from a backup (replays after the restored checkpoints "
     "apply no effect twice), or move it aside and redeploy the functions (they restart from their feed "
-    "boundary); see 'Damaged metadata store' in README.md"
+    "boundary); see 'Damaged metadata store' in docs/operations.md"
 )
 
 

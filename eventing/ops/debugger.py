@@ -20,7 +20,8 @@ then the writes of a handler call that returned are written directly to their bu
 function's name (so the recursion guard still filters them), outside the effect marks. The owning worker
 still handles the mutation in its place, so with `apply` its effects may be applied twice.
 
-`ForegroundHandler`, the stored handler loaded in this process with its real bindings, is also what
+The handler runs through `eventing.runtime.runner.HandlerRunner`, the code a worker runs it with (same
+bindings, shared effect buffers, document checks and execution timeout); `run_once` is also what
 `eventing.ops.dlq` uses to replay dead letters.
 """
 
@@ -29,26 +30,28 @@ from __future__ import annotations
 import bdb
 import copy
 import pdb
-import signal
-import threading
 import time
-import traceback
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, TextIO
 
 import msgpack
 
 from eventing import handler as handler_api
-from eventing.core.definition import FunctionDefinition
-from eventing.core.mutation import OP_EXPIRE, OP_NAMES, OP_UPDATE, Mutation
+from eventing.core.mutation import OP_NAMES, OP_UPDATE, Mutation
 from eventing.errors import ConfigError, LifecycleError, NotFoundError, StoreError
-from eventing.handler import DeleteOptions, Meta
-from eventing.runtime.bindings import BucketBinding
-from eventing.runtime.loader import load_handler
-from eventing.runtime.worker import HandlerTimeout, open_metadata
-from eventing.storage.bucket import LocalBucket, Write
+from eventing.handler import Meta
+from eventing.runtime.runner import (
+    Call,
+    HandlerQuit,
+    HandlerRunner,
+    HeldWrite,
+    Invoke,
+    Rejection,
+    writes_by_bucket,
+)
+from eventing.storage.bucket import LocalBucket
+from eventing.storage.metadata import open_metadata
 from metadata import Checkpoint, MetadataStore
 from sharding import NUM_VBUCKETS, validate_key, vbucket_of
 
@@ -80,154 +83,38 @@ class CallOutcome:
         return self.status in ("ok", "no_handler")
 
 
-@dataclass(frozen=True)
-class HeldWrite:
-    """A binding write of a call that returned, not yet applied anywhere."""
+def prepare_call(runner: HandlerRunner, m: Mutation) -> tuple[CallOutcome, Call | None]:
+    """The runner's decision for `m` as an outcome so far, and the call to make (None: no handler call)."""
+    call = runner.prepare(m)
+    if isinstance(call, Rejection):
+        return CallOutcome(call.status, error=call.error), None
+    meta = call.args[0] if call.kind == "on_delete" else (call.args[1] if call.args else None)
+    if call.fn is None:  # a window-only function: no handler runs here
+        return CallOutcome("no_handler", call.kind, doc=call.doc), None
+    return CallOutcome("ok", call.kind, doc=call.doc, meta=meta), call
 
-    alias: str
-    bucket: LocalBucket
-    seqno: int  # the source seqno that caused it
-    write: Write
 
-
-class ForegroundHandler:
-    """The current stored handler of one function, loaded in this process with its real bindings.
-
-    `call` runs it on one mutation as a worker does (same document checks, meta, delete options and
-    execution timeout), but applies nothing: the writes of a call that returned are held until
-    `take_writes`, and a call that raised or timed out has them discarded. Nothing here reads or writes
-    checkpoints, ownership or effect marks.
-    """
-
-    def __init__(self, data_dir: str, function: str):
-        store = open_metadata(data_dir, create=False)
-        try:
-            record = store.get_function(function)
-        finally:
-            store.close()
-        self.function = function
-        self.record = record
-        self.defn = FunctionDefinition.from_dict(record.definition)
-        self.source = LocalBucket.open(data_dir, self.defn.source_bucket)
-        buckets = {self.source.name: self.source}
-        self.bindings: list[BucketBinding] = []
-        injected: dict[str, object] = dict(self.defn.constants)
-        for b in self.defn.bindings:
-            if b.bucket not in buckets:
-                buckets[b.bucket] = LocalBucket.open(data_dir, b.bucket)
-            binding = BucketBinding(b.alias, buckets[b.bucket], b.access, function)
-            injected[b.alias] = binding
-            self.bindings.append(binding)
-        self._buckets = list(buckets.values())
-        self.rw_bindings = [b for b in self.bindings if b.access == "rw"]
-        module = load_handler(function, record.source, injected, windowed=self.defn.window is not None)
-        self.on_update = module.__dict__.get("on_update")
-        self.on_delete = module.__dict__.get("on_delete")
-        self.keyspace = {"bucket_name": self.defn.source_bucket, "scope_name": "_default", "collection_name": "_default"}
-        self.timeout_s = self.defn.execution_timeout.total_seconds()
-
-    def set_tracer(self, tracer: Callable[[str, str, str, object], None] | None) -> None:
-        for b in self.bindings:
-            b.tracer = tracer
-
-    def meta(self, m: Mutation) -> Meta:
-        return Meta(m.key, m.cas, m.vb, m.seqno, m.expiry, m.flags, "json", self.keyspace)
-
-    def prepare(self, m: Mutation) -> tuple[CallOutcome, Callable[..., Any] | None, tuple]:
-        """Decode and check `m` as a worker does; returns the outcome so far, the handler and its arguments
-        (no handler when the mutation never reaches one: no handler for the operation, oversize, undecodable)."""
-        if m.op == OP_UPDATE:
-            if self.on_update is None:
-                return CallOutcome("no_handler"), None, ()
-            limit = self.defn.max_document_bytes
-            if m.doc is not None and len(m.doc) > limit:
-                error = f"document is {len(m.doc)} bytes; max_document_bytes is {limit}"
-                return CallOutcome("oversize", error=error), None, ()
-            try:
-                doc = msgpack.unpackb(m.doc, raw=False)
-            except Exception as exc:  # noqa: BLE001 - any decode failure is the document's fault
-                return CallOutcome("undecodable", error=f"{type(exc).__name__}: {exc}"), None, ()
-            meta = self.meta(m)
-            return CallOutcome("ok", "on_update", doc=doc, meta=meta), self.on_update, (doc, meta)
-        if self.on_delete is None:
-            return CallOutcome("no_handler"), None, ()
-        meta = self.meta(m)
-        options = DeleteOptions(expired=m.op == OP_EXPIRE)
-        return CallOutcome("ok", "on_delete", meta=meta), self.on_delete, (meta, options)
-
-    def call(
-        self,
-        m: Mutation,
-        *,
-        timeout_s: float | None = None,
-        runner: Callable[..., Any] | None = None,
-        prepared: tuple[CallOutcome, Callable[..., Any] | None, tuple] | None = None,
-    ) -> CallOutcome:
-        """Run the handler on `m`. `runner(fn, *args)` replaces the plain call (the debugger passes pdb's).
-
-        A KeyboardInterrupt discards the call's writes and propagates.
-        """
-        outcome, fn, args = prepared or self.prepare(m)
-        if fn is None:
-            return outcome
-        for b in self.rw_bindings:
-            b.begin(m.vb, m.seqno)
-        start = time.perf_counter()
-        try:
-            with _deadline(timeout_s):
-                (runner or _plain_call)(fn, *args)
-        except HandlerTimeout:
-            self._discard()
-            outcome.status = "timeout"
-            outcome.error = f"{outcome.kind} ran longer than execution_timeout ({timeout_s}s)"
-        except _DebuggerQuit:
-            self._discard()
-            outcome.status = "quit"
-        except KeyboardInterrupt:
-            self._discard()
-            raise
-        except Exception as exc:  # noqa: BLE001 - a handler error is the outcome, not a crash
-            self._discard()
-            outcome.status = "error"
-            outcome.error = f"{type(exc).__name__}: {exc}"
-            outcome.traceback = traceback.format_exc()
-        else:
-            for b in self.rw_bindings:
-                b.keep(0)
-        outcome.seconds = time.perf_counter() - start
+def run_once(
+    runner: HandlerRunner,
+    m: Mutation,
+    *,
+    invoke: Invoke | None = None,
+    prepared: tuple[CallOutcome, Call | None] | None = None,
+) -> CallOutcome:
+    """Run the handler on `m` once, as a worker would (same checks, bindings and execution timeout; no
+    retries), keeping the writes of a call that returned for `runner.take_writes()`. `invoke(fn, *args)`
+    replaces the plain call (the debugger passes pdb's); under pdb there is no timeout."""
+    outcome, call = prepared or prepare_call(runner, m)
+    if call is None:
         return outcome
-
-    def take_writes(self) -> list[HeldWrite]:
-        """The held writes of the calls that returned since the last take, in binding order; clears them."""
-        held: list[HeldWrite] = []
-        for b in self.rw_bindings:
-            for group in b.take_groups():
-                held.extend(HeldWrite(b.alias, b.bucket, seqno, w) for seqno, w in group.writes)
-        return held
-
-    def _discard(self) -> None:
-        for b in self.rw_bindings:
-            b.discard()
-
-    def close(self) -> None:
-        for bucket in self._buckets:
-            bucket.close()
-
-
-def writes_by_bucket(held: list[HeldWrite]) -> list[tuple[LocalBucket, list[tuple[int, Write]]]]:
-    """Held writes grouped per bucket (two aliases may name one bucket), each in the order they were made."""
-    out: dict[str, tuple[LocalBucket, list[tuple[int, Write]]]] = {}
-    for h in held:
-        out.setdefault(h.bucket.name, (h.bucket, []))[1].append((h.seqno, h.write))
-    return list(out.values())
-
-
-def _plain_call(fn: Callable[..., Any], *args: Any) -> Any:
-    return fn(*args)
-
-
-class _DebuggerQuit(Exception):
-    """The user quit pdb before the handler returned."""
+    start = time.perf_counter()
+    failure = runner.call(m, call, timeout_s=None if invoke else runner.timeout_s, invoke=invoke)
+    outcome.seconds = time.perf_counter() - start
+    if failure is not None:
+        outcome.status = failure.status
+        outcome.error = failure.error
+        outcome.traceback = failure.traceback
+    return outcome
 
 
 class _QuitAwarePdb(pdb.Pdb):
@@ -240,44 +127,20 @@ class _QuitAwarePdb(pdb.Pdb):
         super().set_quit()
 
 
-def pdb_runner(stdout: TextIO | None = None) -> Callable[..., Any]:
-    """A runner that calls the handler under pdb (prompts on `stdout`, default the terminal's stdout)."""
+def pdb_runner(stdout: TextIO | None = None) -> Invoke:
+    """An invoke that calls the handler under pdb (prompts on `stdout`, default the terminal's stdout)."""
 
     def run(fn: Callable[..., Any], *args: Any) -> Any:
         debugger = _QuitAwarePdb(stdout=stdout)
         try:
             result = debugger.runcall(fn, *args)
         except bdb.BdbQuit:
-            raise _DebuggerQuit() from None
+            raise HandlerQuit() from None
         if debugger.quit_requested:
-            raise _DebuggerQuit()
+            raise HandlerQuit()
         return result
 
     return run
-
-
-@contextmanager
-def _deadline(seconds: float | None) -> Iterator[None]:
-    """Raise HandlerTimeout in the block after `seconds` (SIGALRM: main thread only, Python-level hangs)."""
-    if not seconds or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    armed = True
-
-    def expire(signum, frame) -> None:
-        nonlocal armed
-        if armed:
-            armed = False
-            raise HandlerTimeout()
-
-    previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        armed = False
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous if previous is not None else signal.SIG_DFL)
 
 
 # -- pulling a copy of one mutation -----------------------------------------------------------------------
@@ -405,7 +268,7 @@ class DebugSession:
             raise ConfigError(f"vBucket {self.vb} does not exist; use 0..{NUM_VBUCKETS - 1}")
         if self.wait_s is not None and self.wait_s < 0:
             raise ConfigError(f"--wait {self.wait_s:g} is negative; give seconds >= 0")
-        runtime = ForegroundHandler(self.data_dir, self.function)
+        runtime = HandlerRunner.open(self.data_dir, self.function)
         try:
             self.pulled = pull(
                 self.data_dir, runtime.source, self.function, key=self.key, vb=self.vb, wait_s=self.wait_s
@@ -426,10 +289,10 @@ class DebugSession:
         finally:
             runtime.close()
 
-    def _call(self, runtime: ForegroundHandler) -> CallOutcome:
+    def _call(self, runtime: HandlerRunner) -> CallOutcome:
         assert self.pulled is not None
         m = self.pulled.mutation
-        prepared = runtime.prepare(m)
+        prepared = prepare_call(runtime, m)
         outcome = prepared[0]
         self._emit({"event": "call", "kind": outcome.kind or None, "doc": outcome.doc,
                     "meta": outcome.meta.to_dict() if outcome.meta else None})
@@ -438,8 +301,8 @@ class DebugSession:
         handler_api.log.sink = _EventSink(self._emit)
         try:
             if self.mode == "pdb":
-                return runtime.call(m, runner=pdb_runner(self.pdb_stdout), prepared=prepared)
-            return runtime.call(m, timeout_s=runtime.timeout_s, prepared=prepared)
+                return run_once(runtime, m, invoke=pdb_runner(self.pdb_stdout), prepared=prepared)
+            return run_once(runtime, m, prepared=prepared)
         finally:
             handler_api.log.sink = previous_sink
             runtime.set_tracer(None)

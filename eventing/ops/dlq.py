@@ -47,7 +47,8 @@ import msgpack
 
 from eventing.core.mutation import OP_NAMES, Mutation, unpack_mutation
 from eventing.errors import ConfigError, NotFoundError
-from eventing.ops.debugger import ForegroundHandler, writes_by_bucket
+from eventing.ops.debugger import run_once
+from eventing.runtime.runner import HandlerRunner, writes_by_bucket
 from eventing.storage.bucket import EffectGroup
 from eventing.storage.metadata import open_metadata
 from metadata import DlqRow, MetadataStore
@@ -203,7 +204,7 @@ def replay(
     if not selector.everything and not selector.narrows:
         raise ConfigError("`dlq replay` needs --all or a selector: --vb N [--seqno S], --key KEY or --reason R")
     report = ReplayReport(function)
-    runtime = ForegroundHandler(data_dir, function)
+    runtime = HandlerRunner.open(data_dir, function)
     try:
         with _store(data_dir) as store:
             rows = store.find_dlq_rows(function, vb=selector.vb, seqno=selector.seqno, key=selector.key,
@@ -231,7 +232,7 @@ def replay(
 
 def _replay_row(
     store: MetadataStore,
-    runtime: ForegroundHandler,
+    runtime: HandlerRunner,
     row: DlqRow,
     after_effects: Callable[[DlqRow], None] | None,
     *,
@@ -251,7 +252,7 @@ def _replay_row(
     except Exception as exc:  # noqa: BLE001 - a damaged row fails again, it does not stop the replay
         outcome_status, error, tb = "undecodable", f"stored mutation cannot be unpacked ({type(exc).__name__}: {exc})", ""
     else:
-        outcome = runtime.call(m, timeout_s=runtime.timeout_s)
+        outcome = run_once(runtime, m)
         outcome_status, error, tb = outcome.status, outcome.error, outcome.traceback
         if outcome.ok:
             namespace = replay_namespace(row)

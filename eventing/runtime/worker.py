@@ -10,19 +10,14 @@ import os
 import signal
 import threading
 import time
-import traceback
 from collections import Counter
 from dataclasses import dataclass, field
 
-import msgpack
-
 from eventing.core import counters as counter_names
 from eventing.core.definition import FunctionDefinition
-from eventing.core.mutation import OP_EXPIRE, OP_UPDATE, Mutation, pack_mutation
+from eventing.core.mutation import Mutation, pack_mutation
 from eventing.errors import FencedError, OrderViolationError, StoreError
-from eventing.handler import DeleteOptions, Meta
-from eventing.runtime.bindings import BucketBinding, EffectBuffer
-from eventing.runtime.loader import load_handler
+from eventing.runtime.runner import NO_HANDLER, Call, HandlerRunner, HandlerTimeout, Rejection
 from eventing.storage.bucket import LocalBucket
 from eventing.storage.metadata import open_metadata
 from eventing.windows.runtime.row_writer import WindowRowWriter
@@ -57,10 +52,6 @@ class StepReport:
 STEP_SLICE_S = 0.1
 
 
-class HandlerTimeout(Exception):
-    pass
-
-
 class WorkerCore:
     """Processes its vBuckets strictly in seqno order; every write it makes is fenced by its epochs."""
 
@@ -76,24 +67,17 @@ class WorkerCore:
             )
         self.defn = FunctionDefinition.from_dict(record.definition)
         self.source = LocalBucket.open(spec.data_dir, self.defn.source_bucket)
-        self.bindings: list[BucketBinding] = []
-        injected: dict[str, object] = dict(self.defn.constants)
-        buffers: dict[str, EffectBuffer] = {}
-        for b in self.defn.bindings:
-            bucket = (
-                self.source if b.bucket == self.defn.source_bucket else LocalBucket.open(spec.data_dir, b.bucket)
-            )
-            buffer = buffers.setdefault(b.bucket, EffectBuffer())  # aliases of one bucket share writes
-            binding = BucketBinding(b.alias, bucket, b.access, self.name, buffer)
-            injected[b.alias] = binding
-            self.bindings.append(binding)
-        self.rw_bindings = [b for b in self.bindings if b.access == "rw"]
-        module = load_handler(self.name, record.source, injected, windowed=self.defn.window is not None)
-        self.on_update = module.__dict__.get("on_update")
-        self.on_delete = module.__dict__.get("on_delete")
-        self.keyspace = {"bucket_name": self.defn.source_bucket, "scope_name": "_default", "collection_name": "_default"}
-        self.timeout_s = self.defn.execution_timeout.total_seconds()
+        self.runner = HandlerRunner(
+            self.name, self.defn, record.source, self.source, lambda name: LocalBucket.open(spec.data_dir, name)
+        )
+        self.rw_bindings = self.runner.rw_bindings
+        self.on_update = self.runner.on_update
+        self.on_delete = self.runner.on_delete
         self.max_bytes = self.defn.max_document_bytes
+        self.timeout_s = self.runner.timeout_s
+        self._attempts = self.defn.retries + 1
+        self._backoff_s = self.defn.retry_backoff.total_seconds()
+        self._success = {kind: counter_names.handler_outcome(kind, "success") for kind in ("on_update", "on_delete")}
         self.positions: dict[int, int] = {}  # vb -> last handled seqno
         self.committed: dict[int, int] = {}  # vb -> last checkpointed seqno
         self.epochs: dict[int, int] = {}
@@ -103,10 +87,6 @@ class WorkerCore:
         self.dlq: list[DlqRow] = []
         self.last_commit = time.monotonic()
         self._rotor = 0
-        self.tracer = None  # set by the debugger: receives handler events
-        self._in_handler = False
-        self._call_started = 0.0
-        self._current: Mutation | None = None
         self._hung: set[tuple[int, int]] = set()
         self.assign_vbuckets(spec.vbuckets)
         if recycle_on_hang:
@@ -270,97 +250,53 @@ class WorkerCore:
             return 0
         self.positions[vb] = batch.last_seqno
         c = self.counters
-        c["mutations_seen"] += batch.count
+        c[counter_names.MUTATIONS_SEEN] += batch.count
         if batch.other_seqnos:  # as _handle, no zero entries: a counter appears once it counts something
-            c["no_handler"] += len(batch.other_seqnos)
+            c[counter_names.NO_HANDLER] += len(batch.other_seqnos)
         if batch.update_count:
-            c["on_update_success"] += batch.update_count
+            c[self._success["on_update"]] += batch.update_count
         return batch.count
 
     def _handle(self, m: Mutation) -> None:
         c = self.counters
-        c["mutations_seen"] += 1
+        c[counter_names.MUTATIONS_SEEN] += 1
         if m.origin == self.name:
             # Recursion guard: this function's own binding wrote it; handling it again would loop.
-            c["recursion_filtered"] += 1
+            c[counter_names.RECURSION_FILTERED] += 1
             return
         if self._hung and (m.vb, m.seqno) in self._hung:
-            c["hung_skipped"] += 1  # dead-lettered as `timeout` when its handler could not be interrupted
+            c[counter_names.HUNG_SKIPPED] += 1  # dead-lettered as `timeout` when its handler could not be interrupted
             return
-        if m.op == OP_UPDATE:
-            if self.on_update is None and self.window_rows is None:
-                c["no_handler"] += 1
-                return
-            if m.doc is not None and len(m.doc) > self.max_bytes:
-                self._dead_letter(m, "oversize", f"document is {len(m.doc)} bytes; max_document_bytes is {self.max_bytes}", "", 0)
-                return
-            try:
-                doc = msgpack.unpackb(m.doc, raw=False)
-            except Exception as exc:  # noqa: BLE001 - any decode failure is the document's fault
-                self._dead_letter(m, "undecodable", f"{type(exc).__name__}: {exc}", "", 0)
-                return
-            if self.window_rows is not None:
-                if not self.window_rows.add(m, doc):
-                    self._dead_letter(m, "bad_event_time", self.window_rows.rejection, "", 0)
-                    return
-                if self.on_update is None:  # a window-only function: the row is the whole effect
-                    c["on_update_success"] += 1
-                    return
-            self._call("on_update", self.on_update, (doc, self._meta(m)), m)
-        else:
-            if self.on_delete is None:
-                c["no_handler"] += 1
-                return
-            options = DeleteOptions(expired=m.op == OP_EXPIRE)
-            self._call("on_delete", self.on_delete, (self._meta(m), options), m)
-
-    def _meta(self, m: Mutation) -> Meta:
-        return Meta(m.key, m.cas, m.vb, m.seqno, m.expiry, m.flags, "json", self.keyspace)
-
-    def _call(self, kind: str, fn, args: tuple, m: Mutation) -> None:
-        attempts = self.defn.retries + 1
-        backoff = self.defn.retry_backoff.total_seconds()
-        first_failed = 0.0
-        for attempt in range(1, attempts + 1):
-            for b in self.rw_bindings:
-                b.begin(m.vb, m.seqno)
-            try:
-                self._run_with_timeout(fn, args, m)
-            except HandlerTimeout:
-                for b in self.rw_bindings:
-                    b.discard()
-                self.counters[f"{kind}_timeout"] += 1
-                # A handler that hung once will likely hang again: no retry, straight to the DLQ.
-                self._dead_letter(m, "timeout", f"{kind} ran longer than execution_timeout ({self.timeout_s}s)", "", attempt)
-                return
-            except Exception as exc:  # noqa: BLE001 - a handler error is data for the DLQ
-                for b in self.rw_bindings:
-                    b.discard()
-                first_failed = first_failed or time.time()
-                if attempt < attempts:
-                    self.counters["retries"] += 1
-                    time.sleep(backoff * (2 ** (attempt - 1)))
-                    continue
-                self.counters[f"{kind}_failure"] += 1
-                self._dead_letter(
-                    m, "error", f"{type(exc).__name__}: {exc}", traceback.format_exc(), attempt, first_failed
-                )
-                return
+        call = self.runner.prepare(m)
+        if type(call) is Rejection:
+            if call is NO_HANDLER:
+                c[counter_names.NO_HANDLER] += 1
             else:
-                epoch = self.epochs[m.vb]
-                for b in self.rw_bindings:
-                    b.keep(epoch)
-                self.counters[f"{kind}_success"] += 1
+                self._dead_letter(m, call.status, call.error, "", 0)
+            return
+        assert type(call) is Call
+        if self.window_rows is not None and call.kind == "on_update":
+            if not self.window_rows.add(m, call.doc):
+                self._dead_letter(m, "bad_event_time", self.window_rows.rejection, "", 0)
                 return
+            if call.fn is None:  # a window-only function: the row is the whole effect
+                c[self._success["on_update"]] += 1
+                return
+        failure = self.runner.call(
+            m, call, epoch=self.epochs[m.vb], attempts=self._attempts, backoff_s=self._backoff_s,
+            on_retry=self._count_retry,
+        )
+        if failure is None:
+            c[self._success[call.kind]] += 1
+        elif failure.status == "timeout":
+            c[counter_names.handler_outcome(call.kind, "timeout")] += 1
+            self._dead_letter(m, "timeout", failure.error, "", failure.attempts)
+        else:
+            c[counter_names.handler_outcome(call.kind, "failure")] += 1
+            self._dead_letter(m, "error", failure.error, failure.traceback, failure.attempts, failure.first_failed_at)
 
-    def _run_with_timeout(self, fn, args: tuple, m: Mutation | None = None) -> None:
-        self._current = m
-        self._call_started = time.monotonic()
-        self._in_handler = True
-        try:
-            fn(*args)
-        finally:
-            self._in_handler = False
+    def _count_retry(self) -> None:
+        self.counters[counter_names.RETRIES] += 1
 
     def _hang_guard(self) -> None:
         """Last resort for a handler that SIGALRM cannot interrupt (blocked in C code, signals masked):
@@ -371,10 +307,11 @@ class WorkerCore:
         store = None
         while True:
             time.sleep(0.25)
-            m = self._current
-            if not self._in_handler or m is None:
+            runner = self.runner
+            m = runner.current
+            if not runner.in_handler or m is None:
                 continue
-            if time.monotonic() - self._call_started < self.timeout_s + HANG_GRACE_S:
+            if time.monotonic() - runner.call_started < self.timeout_s + HANG_GRACE_S:
                 continue
             now = time.time()
             row = DlqRow(
@@ -385,14 +322,15 @@ class WorkerCore:
             )
             try:
                 store = store or open_metadata(self.spec.data_dir, create=False)
-                store.commit(self.name, {m.vb: self.epochs.get(m.vb, -1)}, {}, [row], {"workers_recycled": 1})
+                store.commit(self.name, {m.vb: self.epochs.get(m.vb, -1)}, {}, [row], {counter_names.WORKERS_RECYCLED: 1})
             finally:
                 os._exit(70)
 
     def _watchdog_tick(self, signum, frame) -> None:
         # Runs in the main thread between bytecodes; only a handler call that overran is interrupted.
-        if self._in_handler and time.monotonic() - self._call_started >= self.timeout_s:
-            self._in_handler = False
+        runner = self.runner
+        if runner.in_handler and time.monotonic() - runner.call_started >= self.timeout_s:
+            runner.in_handler = False
             raise HandlerTimeout()
 
     def _arm_watchdog(self) -> bool:
@@ -414,7 +352,7 @@ class WorkerCore:
 
     def _dead_letter(self, m: Mutation, reason: str, error: str, tb: str, attempts: int, first: float = 0.0) -> None:
         now = time.time()
-        self.counters[f"dlq_{reason}"] += 1
+        self.counters[counter_names.dlq(reason)] += 1
         self.dlq.append(
             DlqRow(self.name, m.vb, m.seqno, m.key, reason, error, tb, attempts, first or now, now, pack_mutation(m))
         )
@@ -428,14 +366,14 @@ class WorkerCore:
             for binding in self.rw_bindings:
                 # Replayed writes dropped before the batch (BucketBinding.keep) count even when nothing is pending.
                 if binding.replayed_writes:
-                    self.counters["effects_duplicate"] += binding.replayed_writes
+                    self.counters[counter_names.EFFECTS_DUPLICATE] += binding.replayed_writes
                     binding.replayed_writes = 0
                 if not binding.pending():
                     continue
                 result = binding.bucket.apply_effects(self.name, binding.take_groups())
-                self.counters["effects_applied"] += result.applied
-                self.counters["effects_duplicate"] += result.duplicates
-                self.counters["effects_fenced"] += result.fenced_writes
+                self.counters[counter_names.EFFECTS_APPLIED] += result.applied
+                self.counters[counter_names.EFFECTS_DUPLICATE] += result.duplicates
+                self.counters[counter_names.EFFECTS_FENCED] += result.fenced_writes
                 fenced |= result.fenced_vbs
         except Exception:
             self._rewind()
