@@ -281,3 +281,36 @@ def test_metrics_parse_with_the_prometheus_parser_and_match_the_stats(site):
     assert m[("eventing_handler_latency_seconds_sum", ("fn_ledger",))] > 0
     assert m[("eventing_function_state", ("fn_ledger", "deployed"))] == 1
     assert m[("eventing_rebalance_progress_ratio", ())] == 1.0
+
+
+def test_eventing_run_serve_answers_from_inside_the_running_service(tmp_path):
+    import os
+    import signal
+    import time
+
+    data_dir = str(tmp_path / "data")
+    load_source(data_dir, 100, 500, seed=3)
+    deploy_function(data_dir, ledger_definition("fn_served", "src", "ledger"))
+    port = free_port()
+    env = {**os.environ, "EVENTING_ADMIN_TOKEN": ADMIN, "EVENTING_READ_TOKEN": READ}
+    proc = subprocess.Popen([sys.executable, "-m", "eventing", "--data-dir", data_dir, "run", "--executor", "in-process",
+                             "--quiet", "--serve", str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        deadline = time.monotonic() + 60
+        app = None
+        while time.monotonic() < deadline:
+            try:
+                app = httpx.get(f"http://127.0.0.1:{port}/api/v1/status/fn_served",
+                                headers={"Authorization": f"Bearer {READ}"}).json()["apps"][0]
+            except httpx.HTTPError:
+                app = None
+            if app and app["vbuckets_leased"] == 1024 and app["num_deployed_nodes"] == 1:
+                break
+            time.sleep(0.2)
+        assert app and app["vbuckets_leased"] == 1024, app
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert f"eventing console and API on http://127.0.0.1:{port}/ (tokens required)" in err

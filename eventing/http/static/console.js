@@ -349,14 +349,17 @@ function drawWindows(report, aggregate) {
     return;
   }
   const t0 = Math.min(...points.map((p) => p[0])), t1 = Math.max(...points.map((p) => p[0]));
-  const max = Math.max(...points.map((p) => p[1]), 1);
+  const max = Math.max(...points.map((p) => p[1]));
+  const min = Math.min(...points.map((p) => p[1]));
+  const span = Math.max(max - min, 1e-9);
   const x = (t) => pad + ((t - t0) / Math.max(1, t1 - t0)) * (w - pad - 10);
-  const y = (v) => h - 20 - (v / max) * (h - 40);
+  const y = (v) => h - 20 - ((v - min) / span) * (h - 50);
   ctx.strokeStyle = "#dde1e8";
   ctx.strokeRect(pad, 10, w - pad - 10, h - 30);
   ctx.fillStyle = "#6b7385";
   ctx.font = "11px system-ui";
-  ctx.fillText(fmt(max), 2, 18);
+  ctx.fillText(fmt(max), 2, 40);
+  ctx.fillText(fmt(min), 2, h - 20);
   ctx.fillText(new Date(t0).toISOString().slice(11, 16), pad, h - 5);
   ctx.fillText(new Date(t1).toISOString().slice(11, 16), w - 50, h - 5);
   Object.entries(series).slice(0, 12).forEach(([label, pts], i) => {
