@@ -56,6 +56,7 @@ def run_demo(data_dir: str, args: argparse.Namespace) -> int:
     from eventing.runtime.service import EventingService
 
     say = (lambda *a: None) if args.json else print
+    started = time.perf_counter()
     if open_metadata(data_dir).live_services(lifecycle.SERVICE_STALE_S):
         raise EventingError(f"an eventing service is running on {data_dir}; stop it (Ctrl-C) before the demo resets it")
     _reset(data_dir)
@@ -111,6 +112,7 @@ def run_demo(data_dir: str, args: argparse.Namespace) -> int:
             "results_shown": windows["results"][:WINDOW_ROWS_SHOWN], "result_rows": len(windows["results"])},
         "chart": chart or None,
         "console": _console_hint(data_dir),
+        "demo_seconds": round(time.perf_counter() - started, 1),
     }
     if args.json:
         emit_json(result)
@@ -138,6 +140,7 @@ def run_demo(data_dir: str, args: argparse.Namespace) -> int:
     print(f"\nnext: eventing --data-dir {data_dir} stats fn_email   |   eventing --data-dir {data_dir} vbmap fn_score"
           f"   |   eventing --data-dir {data_dir} windows {WINDOW_FUNCTION}")
     print(f"console: {_console_hint(data_dir)}")
+    print(f"(demo took {result['demo_seconds']:.0f}s: loading {load_s:.0f}s, processing {summary.seconds:.0f}s)")
     return 0
 
 

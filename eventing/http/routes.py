@@ -226,6 +226,7 @@ def _status_app(view: dict[str, Any], nodes: int) -> dict[str, Any]:
         "vbuckets_leased": view["vbuckets_leased"],
         "workers": view["workers"],
         "source_bucket": view["source_bucket"],
+        "windowed": view["windowed"],
     }
 
 

@@ -71,6 +71,7 @@ def function_view(record: FunctionRecord) -> dict[str, Any]:
         "boundary": d.get("boundary", "everything"),
         "bindings": [f"{b['alias']}={b['bucket']}:{b['access']}" for b in d.get("bindings", [])],
         "generation": record.generation,
+        "windowed": d.get("window") is not None,
     }
 
 

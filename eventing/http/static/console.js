@@ -205,7 +205,8 @@ async function pollDetail() {
     api("GET", base + "/checkpoints"),
     api("GET", base + "/dlq" + showReplayed),
     api("GET", `/getAppLog?name=${encodeURIComponent(name)}`),
-    api("GET", base + "/windows?limit=400"),
+    state.functions[name] && state.functions[name].windowed ? api("GET", base + "/windows?limit=400")
+      : Promise.reject(new Error("not windowed")),
   ]);
   if (name !== state.selected) return;
   if (cps.status === "fulfilled") renderCheckpoints(cps.value.vbuckets);
