@@ -14,8 +14,11 @@ from sharding import NUM_VBUCKETS, format_ranges, worker_plan
 
 def vbucket_map(data_dir: str, name: str) -> dict[str, Any]:
     store = open_metadata(data_dir, create=False)
-    record = store.get_function(name)
-    cps = store.checkpoints(name)
+    try:  # closed here: the HTTP API calls this on every poll, from a thread pool
+        record = store.get_function(name)
+        cps = store.checkpoints(name)
+    finally:
+        store.close()
     workers: dict[str, list[int]] = {}
     if cps:
         for vb, cp in cps.items():
@@ -39,13 +42,19 @@ def vbucket_map(data_dir: str, name: str) -> dict[str, Any]:
 
 def function_stats(data_dir: str, name: str) -> dict[str, Any]:
     store = open_metadata(data_dir, create=False)
-    record = store.get_function(name)
-    counters = store.counters(name)
-    cps = store.checkpoints(name)
+    try:
+        record = store.get_function(name)
+        counters = store.counters(name)
+        cps = store.checkpoints(name)
+    finally:
+        store.close()
     lag = None
     if cps:
         source = LocalBucket.open(data_dir, record.definition["source_bucket"])
-        highs = source.high_seqnos()
+        try:
+            highs = source.high_seqnos()
+        finally:
+            source.close()
         lag = sum(max(0, highs[vb] - cp.seqno) for vb, cp in cps.items())
     out: dict[str, Any] = {"function": name, "state": record.state.value}
     out.update({k: int(counters.get(k, 0)) for k in counter_names.STATS_KEYS})
