@@ -57,6 +57,12 @@ def site(tmp_path_factory):
     deploy_function(data_dir, failing, FAILING_HANDLER)
     summary = EventingService(data_dir, make_executor("in-process"), until_caught_up=True).run()
     assert not summary.errors
+    # A windowed function, deployed after the run (no Spark here): its window metrics exist from the start.
+    windowed = FunctionDefinition.from_dict({
+        "name": "fn_windowed", "source_bucket": "src", "window": {
+            "kind": "tumbling", "size": "1m", "boundary": "event_time", "time_field": "ts",
+            "aggregates": [{"op": "count"}], "out_of_order_tolerance": "5s"}})
+    deploy_function(data_dir, windowed, "")
     config = ServerConfig(data_dir, port=free_port(), admin_token=ADMIN, read_token=READ, max_body_bytes=64 * 1024)
     server = start_in_thread(config)
     base = f"http://127.0.0.1:{config.port}"
@@ -87,7 +93,7 @@ def test_no_credentials_is_401_everywhere_but_the_console(site):
 
 def test_read_only_token_reads_but_a_write_is_403_and_changes_nothing(site):
     reader = client(site, READ)
-    assert [f["name"] for f in reader.get("/api/v1/functions").json()] == ["fn_fail", "fn_ledger"]
+    assert [f["name"] for f in reader.get("/api/v1/functions").json()] == ["fn_fail", "fn_ledger", "fn_windowed"]
     r = reader.post("/api/v1/functions/fn_ledger/pause")
     assert r.status_code == 403
     assert "admin token" in r.json()["error"]
@@ -190,7 +196,9 @@ def test_lifecycle_follows_the_cli_rules_and_messages(site):
     assert state_of(site, "fn_ledger") == "paused"
     assert admin.post("/api/v1/functions/fn_ledger/resume").json()["state"] == "deployed"
     status = admin.get("/api/v1/status").json()
-    assert {a["name"]: a["composite_status"] for a in status["apps"]} == {"fn_fail": "deployed", "fn_ledger": "deployed"}
+    assert {a["name"]: a["composite_status"] for a in status["apps"]} == {
+        "fn_fail": "deployed", "fn_ledger": "deployed", "fn_windowed": "deployed"}
+    assert {a["name"] for a in status["apps"] if a["windowed"]} == {"fn_windowed"}
     assert status["num_eventing_nodes"] == 1
 
 
@@ -281,6 +289,11 @@ def test_metrics_parse_with_the_prometheus_parser_and_match_the_stats(site):
     assert m[("eventing_handler_latency_seconds_sum", ("fn_ledger",))] > 0
     assert m[("eventing_function_state", ("fn_ledger", "deployed"))] == 1
     assert m[("eventing_rebalance_progress_ratio", ())] == 1.0
+    assert m[("eventing_open_windows", ("fn_windowed",))] == 0
+    assert m[("eventing_late_rows_total", ("fn_windowed",))] == 0
+    assert ("eventing_open_windows", ("fn_ledger",)) not in m  # window metrics only for windowed functions
+    report = client(site, READ).get("/api/v1/functions/fn_windowed/windows").json()
+    assert report["results"] == [] and report["window"]["size"] == "1m"
 
 
 def test_eventing_run_serve_answers_from_inside_the_running_service(tmp_path):
