@@ -109,7 +109,7 @@ def run_demo(data_dir: str, args: argparse.Namespace) -> int:
         "vbmap": vbmaps,
         "buckets": {b.name: b.stats()["documents"] for b in (source, emails, scores)},
         "windows": {k: v for k, v in windows.items() if k != "results"} | {
-            "results_shown": windows["results"][:WINDOW_ROWS_SHOWN], "result_rows": len(windows["results"])},
+            "results_shown": _last_windows(windows)[1], "result_rows": len(windows["results"])},
         "chart": chart or None,
         "console": _console_hint(data_dir),
         "demo_seconds": round(time.perf_counter() - started, 1),
@@ -157,20 +157,28 @@ def _console_hint(data_dir: str) -> str:
     return f"eventing serve --data-dir {data_dir}   then open http://127.0.0.1:8096/"
 
 
+def _last_windows(report: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A few closed windows in a row for one group (the last result's): the most recent ones."""
+    results = report["results"]
+    if not results:
+        return {}, []
+    group = {g: results[-1][g] for g in report["group_by"]}
+    return group, [r for r in results if all(r[g] == v for g, v in group.items())][-WINDOW_ROWS_SHOWN:]
+
+
 def _print_windows(report: dict[str, Any], stats: dict[str, Any]) -> None:
     results = report["results"]
     print(f"== {WINDOW_FUNCTION}: {stats['mutations_seen']:,} mutations seen; {report['windows_emitted']:,} windows "
           f"emitted ({len(results):,} rows, one per window and country), {report['open_windows']} still open; "
           f"late rows {report['late_rows']}")
-    print(f"   watermark: {report['watermark']} (max event time seen minus "
-          f"{report['window']['out_of_order_tolerance']} out-of-order tolerance, over all vBuckets)")
+    print(f"   watermark: {report['watermark']} (per vBucket the latest event time seen minus the "
+          f"{report['window']['out_of_order_tolerance']} out-of-order tolerance; the least over active vBuckets; "
+          "windows ending at or before it are closed)")
     if not results:
         print("   no window has closed yet")
         return
     aggregates = report["aggregates"]
-    # A few closed windows in a row, for one group: the most recent ones, the watermark just past them.
-    group = {g: results[-1][g] for g in report["group_by"]}
-    shown = [r for r in results if all(r[g] == v for g, v in group.items())][-WINDOW_ROWS_SHOWN:]
+    group, shown = _last_windows(report)
     rows = [[r["window_start"], r["window_end"], *(r[g] for g in report["group_by"]),
              *(round(r[a], 2) if isinstance(r[a], float) else r[a] for a in aggregates)]
             for r in shown]
