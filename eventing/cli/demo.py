@@ -60,7 +60,8 @@ def run_demo(data_dir: str, args: argparse.Namespace) -> int:
     if open_metadata(data_dir).live_services(lifecycle.SERVICE_STALE_S):
         raise EventingError(f"an eventing service is running on {data_dir}; stop it (Ctrl-C) before the demo resets it")
     _reset(data_dir)
-    # Spark's cold start (~10 s of JVM) overlaps loading and deploying instead of stalling the first window.
+    # Spark's cold start (~10 s of JVM, and a first job) overlaps loading and deploying instead of stalling
+    # the first window.
     warm = threading.Thread(target=_warm_spark, name="spark-warm-up", daemon=True)
     warm.start()
     say(f"1. creating buckets {', '.join(DEMO_BUCKETS)} in {data_dir}")
@@ -145,10 +146,13 @@ def run_demo(data_dir: str, args: argparse.Namespace) -> int:
 
 
 def _warm_spark() -> None:
+    from pyspark.sql import functions as F
+
     from eventing.windows.spark.spark_session import get_spark
 
     try:
-        get_spark()
+        # The session and a first tiny aggregation: a cold JVM's first job costs another ~5 s (MEASURED.md).
+        get_spark().range(100).groupBy((F.col("id") % 3).alias("k")).count().collect()
     except Exception as exc:  # noqa: BLE001 - the window coordinator reports a Spark failure itself
         log.warning("Spark warm-up failed: %s", exc)
 
