@@ -4,7 +4,7 @@ Backends: SqliteMetadataStore (embedded default) and CouchbaseMetadataStore; `op
 the environment ($EVENTING_METADATA_URL).
 """
 
-from metadata.couchbase_store import CouchbaseMetadataStore, CouchbaseWindowStateStore
+from metadata.couchbase import CouchbaseMetadataStore, CouchbaseWindowStateStore
 from metadata.errors import (
     ConfigError,
     EventingError,
@@ -18,11 +18,23 @@ from metadata.errors import (
     StoreLockedError,
 )
 from metadata.factory import METADATA_URL_ENV, open_store, parse_metadata_url
-from metadata.model import TRANSITIONS, Checkpoint, DlqRow, FunctionRecord, FunctionState, check_transition
+from metadata.model import (
+    REWIND,
+    REWIND_REAPPLY,
+    TRANSITIONS,
+    Checkpoint,
+    DlqRow,
+    FunctionRecord,
+    FunctionState,
+    Lease,
+    check_transition,
+)
 from metadata.protocol import MetadataStore
 from metadata.sqlite_store import SqliteMetadataStore
 
 __all__ = [
+    "REWIND",
+    "REWIND_REAPPLY",
     "TRANSITIONS",
     "Checkpoint",
     "ConfigError",
@@ -34,6 +46,7 @@ __all__ = [
     "FunctionRecord",
     "FunctionState",
     "HandlerLoadError",
+    "Lease",
     "LifecycleError",
     "METADATA_URL_ENV",
     "MetadataStore",

@@ -4,7 +4,8 @@ Couchbase when $EVENTING_METADATA_URL names a cluster.
     EVENTING_METADATA_URL=couchbase://host[:port][,host2...]/bucket[?username=..&password=..&timeout=5&prefix=eventing]
     EVENTING_COUCHBASE_USERNAME, EVENTING_COUCHBASE_PASSWORD   credentials when the URL carries none
 
-`couchbases://` connects with TLS. Other query parameters are passed on to the SDK's connection string.
+`couchbases://` connects with TLS. Other query parameters go to the SDK's connection string once the installed SDK
+is known to take them (metadata.couchbase.adapter.check_connection_options); it would drop unknown ones silently.
 Every process of a deployment (CLI, service, Ray workers) must see the same variables.
 """
 
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
-from metadata.couchbase_store import CouchbaseMetadataStore
+from metadata.couchbase import CouchbaseMetadataStore
 from metadata.errors import StoreError
 from metadata.sqlite_store import SqliteMetadataStore
 

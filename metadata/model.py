@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-from metadata.errors import LifecycleError
+from metadata.errors import ConfigError, LifecycleError
 
 
 class FunctionState(StrEnum):
@@ -80,3 +81,79 @@ class DlqRow:
     last_failed_at: float
     mutation: bytes  # the mutation itself, msgpack-encoded (see eventing.core.mutation)
     replayed_at: float | None = None
+
+
+# How a deliberate rewind of a checkpoint is recorded (next to the regressions `eventing verify` reports,
+# but never counted as one): effect marks kept, or lowered so the rewound range's effects apply again.
+REWIND = "rewind"
+REWIND_REAPPLY = "rewind-reapply"
+
+
+def check_rewind_allowed(name: str, state: FunctionState) -> None:
+    if state is not FunctionState.PAUSED:
+        raise LifecycleError(
+            f"cannot rewind function '{name}': it is {state.value}; only a paused function can be rewound "
+            f"(`eventing pause {name}` first)"
+        )
+
+
+def plan_rewind(
+    name: str,
+    current: Mapping[int, tuple[int, int, int | None]],
+    targets: Mapping[int, int],
+    reapply_effects: bool,
+) -> dict[int, tuple[int, int]]:
+    """The (from, to) seqno per vBucket a rewind moves, from current = {vb: (seqno, epoch, start)}.
+
+    A vBucket whose checkpoint is at or below its target stays (a rewind never moves one forward). With the
+    effect marks kept, a target below the deployment's start (its feed boundary) is refused: the mutations
+    between them were never handled, and the marks (a high-water mark per vBucket) would skip their effects.
+    """
+    unknown = sorted(set(targets) - set(current))
+    if unknown:
+        raise ConfigError(f"function '{name}' has no checkpoint for vBuckets {unknown[:5]}; vBuckets are 0..1023")
+    moves: dict[int, tuple[int, int]] = {}
+    for vb, target in sorted(targets.items()):
+        if target < 0:
+            raise ConfigError(f"cannot rewind vBucket {vb} of function '{name}' to seqno {target}; seqnos start at 0")
+        seqno, _epoch, start = current[vb]
+        if target >= seqno:
+            continue
+        if not reapply_effects and start is not None and target < start:
+            raise ConfigError(
+                f"cannot rewind vBucket {vb} of function '{name}' to seqno {target}: its deployment started after "
+                f"seqno {start} (boundary from_now), and with the effect marks kept the effects of the mutations "
+                f"in between, never handled, would be skipped; rewind to {start} or later, or pass --reapply-effects"
+            )
+        moves[vb] = (seqno, target)
+    return moves
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A named lease (the service's leadership): who holds it and until when (wall-clock epoch seconds).
+
+    `term` grows by one each time the lease changes hands, so a holder can tell its own tenure from a later
+    one of the same name. Holders renew well before `expires_at`; anyone may take an expired lease.
+    """
+
+    name: str
+    holder: str
+    expires_at: float
+    acquired_at: float  # when this holder took it (kept across renewals)
+    term: int
+    info: str = ""  # the holder's description (pid, host, executor), JSON by convention
+
+    def expired(self, now: float) -> bool:
+        return self.expires_at <= now
+
+
+def next_lease(
+    current: Lease | None, name: str, holder: str, ttl_s: float, info: str, take_from: str | None, now: float
+) -> Lease | None:
+    """The lease after `holder` asks for it at `now`, or None if it stays with someone else (both backends)."""
+    if current is not None and current.holder == holder and current.expires_at > 0:
+        return Lease(name, holder, now + ttl_s, current.acquired_at, current.term, info)  # a renewal
+    if current is not None and not current.expired(now) and current.holder != take_from:
+        return None
+    return Lease(name, holder, now + ttl_s, now, (current.term if current else 0) + 1, info)

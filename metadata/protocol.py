@@ -2,10 +2,30 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
-from metadata.model import Checkpoint, DlqRow, FunctionRecord, FunctionState
+from metadata.model import Checkpoint, DlqRow, FunctionRecord, FunctionState, Lease
+
+
+class WindowStateStore(Protocol):
+    """The window coordinator's checkpoint: one JSON state per function, fenced. A coordinator `claim`s a
+    function's state (bumping its fence); `commit` writes the state, the late rows' dead letters and
+    counter increments only while the committer's fence is current, so two coordinators never both move
+    it."""
+
+    def claim(self, function: str) -> tuple[int, dict[str, Any] | None]: ...
+    def commit(
+        self,
+        function: str,
+        fence: int,
+        state: Mapping[str, Any],
+        dlq_rows: Iterable[DlqRow] = (),
+        counters: Mapping[str, int | float] | None = None,
+    ) -> bool: ...
+    def load(self, function: str) -> dict[str, Any] | None: ...
+    def reset(self, function: str) -> None: ...
 
 
 class MetadataStore(Protocol):
@@ -29,6 +49,20 @@ class MetadataStore(Protocol):
     ) -> dict[int, Checkpoint]: ...
     def checkpoint_starts(self, function: str) -> dict[int, int]: ...
     def checkpoint_regressions(self, function: str, *, min_epoch: int = 0) -> list[dict]: ...
+    def rewind_checkpoints(
+        self, function: str, targets: Mapping[int, int], *, reapply_effects: bool = False
+    ) -> dict[int, tuple[int, int]]:
+        """Move a paused function's checkpoints back to `targets` ({vb: seqno}), so resuming handles the
+        mutations after them again; returns {vb: (from, to)} of the vBuckets that moved.
+
+        LifecycleError unless the function is paused. A vBucket at or below its target stays. Each move
+        bumps the vBucket's epoch (an owner from before the pause is fenced), lowers the deployment's start
+        to the target, and is recorded as a rewind (checkpoint_rewinds), never as a regression. Without
+        reapply_effects a target below the start is refused (see metadata.model.plan_rewind); lowering the
+        effect marks in the binding buckets is the caller's part (eventing.ops.rewind).
+        """
+        ...
+    def checkpoint_rewinds(self, function: str, *, min_epoch: int = 0) -> list[dict]: ...
     def commit(
         self,
         function: str,
@@ -76,10 +110,22 @@ class MetadataStore(Protocol):
     def live_services(self, max_age_s: float) -> list[str]: ...
     def verify_integrity(self) -> None: ...
 
+    # leases (the service's leadership; a standby waits on it): taken with a compare-and-set
+    def acquire_lease(
+        self, name: str, holder: str, ttl_s: float, *, info: str = "", take_from: str | None = None
+    ) -> Lease | None: ...
+    def lease(self, name: str) -> Lease | None: ...
+    def release_lease(self, name: str, holder: str) -> bool: ...
+
     # eventing nodes and small settings (node plan, rebalance requests)
     def nodes(self) -> list[dict]: ...
     def put_node(self, name: str, state: str, ray_node_id: str | None = None) -> None: ...
     def delete_node(self, name: str) -> None: ...
     def get_kv(self, key: str) -> str | None: ...
     def set_kv(self, key: str, value: str) -> None: ...
+    def backup(self, target: str | os.PathLike[str]) -> None:
+        """A consistent copy of the store in the file `target`, safe while other processes use the store
+        (SQLite's online backup); a backend backed up by its own tools raises StoreError naming them."""
+        ...
+    def window_states(self) -> WindowStateStore: ...
     def close(self) -> None: ...

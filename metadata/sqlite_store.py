@@ -9,7 +9,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from metadata.errors import (
     FencedError,
@@ -19,7 +19,19 @@ from metadata.errors import (
     StoreCorruptError,
     StoreError,
 )
-from metadata.model import Checkpoint, DlqRow, FunctionRecord, FunctionState, check_transition
+from metadata.model import (
+    REWIND,
+    REWIND_REAPPLY,
+    Checkpoint,
+    DlqRow,
+    FunctionRecord,
+    FunctionState,
+    Lease,
+    check_rewind_allowed,
+    check_transition,
+    next_lease,
+    plan_rewind,
+)
 from metadata.sqlite_io import retry_locked, run_transaction
 
 log = logging.getLogger("eventing.metadata")
@@ -64,6 +76,9 @@ CREATE TABLE IF NOT EXISTS services(id TEXT PRIMARY KEY, info TEXT NOT NULL, hea
 CREATE TABLE IF NOT EXISTS kv(key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS nodes(
     name TEXT PRIMARY KEY, state TEXT NOT NULL, ray_node_id TEXT, added_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS leases(
+    name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires_at REAL NOT NULL, acquired_at REAL NOT NULL,
+    term INTEGER NOT NULL, info TEXT NOT NULL);
 """
 
 # How long one statement waits for another process's write lock before we log and retry.
@@ -138,8 +153,35 @@ class SqliteMetadataStore:
     def _read(self, sql: str, args: tuple = ()) -> list[tuple]:
         return self._retry(lambda: self._db.execute(sql, args).fetchall())
 
+    def window_states(self) -> SqliteWindowStateStore:
+        """The window coordinators' fenced state, in this store's file and transactions."""
+        return SqliteWindowStateStore(self)
+
     def close(self) -> None:
         self._db.close()
+
+    def backup(self, target: str | os.PathLike[str]) -> None:
+        """Copy the store to `target` with SQLite's online backup: a consistent snapshot even while other
+        processes write. It copies in one step, inside one read transaction, which in WAL mode never blocks
+        a writer (copying in several steps would restart whenever another process commits). The copy is
+        written beside `target` and renamed into place once it passed its integrity check."""
+        path = Path(target)
+        staging = path.with_name(path.name + ".partial")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            staging.unlink(missing_ok=True)
+            copy = sqlite3.connect(staging)
+            try:
+                self._retry(lambda: self._db.backup(copy))
+                check = copy.execute("PRAGMA quick_check").fetchone()[0]
+            finally:
+                copy.close()
+            if check != "ok":
+                raise StoreCorruptError(f"the backup copy of {self.path} failed its integrity check ({_one_line(check)})")
+            os.replace(staging, path)
+        except (OSError, sqlite3.Error) as exc:
+            staging.unlink(missing_ok=True)
+            raise StoreError(f"cannot write the backup {path}: {exc}; pick a writable path with -o") from None
 
     # -- functions ----------------------------------------------------------------------------------
 
@@ -352,14 +394,62 @@ class SqliteMetadataStore:
 
     def checkpoint_regressions(self, function: str, *, min_epoch: int = 0) -> list[dict]:
         """Backwards moves of the function's checkpoints (refused by commit, or applied behind its back),
-        oldest first; min_epoch limits them to one deployment (epochs start at generation << 32)."""
+        oldest first; min_epoch limits them to one deployment (epochs start at generation << 32).
+        Deliberate rewinds (rewind_checkpoints) are not regressions; see checkpoint_rewinds."""
+        return self._moves(function, min_epoch, "NOT IN")
+
+    def checkpoint_rewinds(self, function: str, *, min_epoch: int = 0) -> list[dict]:
+        """The moves rewind_checkpoints made, oldest first: how is REWIND (effect marks kept) or
+        REWIND_REAPPLY (effects of the rewound range apply again)."""
+        return self._moves(function, min_epoch, "IN")
+
+    def _moves(self, function: str, min_epoch: int, op: str) -> list[dict]:
         rows = self._read(
             "SELECT vb, epoch, from_seqno, to_seqno, how, at FROM checkpoint_regressions "
-            "WHERE function=? AND epoch>=? ORDER BY at, vb",
-            (function, min_epoch),
+            f"WHERE function=? AND epoch>=? AND how {op} (?, ?) ORDER BY at, vb",
+            (function, min_epoch, REWIND, REWIND_REAPPLY),
         )
         keys = ("vb", "epoch", "from_seqno", "to_seqno", "how", "at")
         return [dict(zip(keys, r, strict=True)) for r in rows]
+
+    def rewind_checkpoints(
+        self, function: str, targets: Mapping[int, int], *, reapply_effects: bool = False
+    ) -> dict[int, tuple[int, int]]:
+        """Move a paused function's checkpoints back (see MetadataStore.rewind_checkpoints); one transaction."""
+        now = time.time()
+        how = REWIND_REAPPLY if reapply_effects else REWIND
+
+        def body(db: sqlite3.Connection) -> dict[int, tuple[int, int]]:
+            row = db.execute("SELECT state FROM functions WHERE name=?", (function,)).fetchone()
+            if row is None:
+                raise NotFoundError(f"unknown function '{function}'; see `eventing list`")
+            check_rewind_allowed(function, FunctionState(row[0]))
+            current = {
+                vb: (seqno, epoch, start)
+                for vb, seqno, epoch, start in db.execute(
+                    "SELECT c.vb, c.seqno, c.epoch, s.seqno FROM checkpoints c LEFT JOIN checkpoint_starts s "
+                    "ON s.function=c.function AND s.vb=c.vb WHERE c.function=?",
+                    (function,),
+                )
+            }
+            moves = plan_rewind(function, current, targets, reapply_effects)
+            # The trigger logs every backwards UPDATE as 'applied'; the rows it adds here are relabelled.
+            mark = db.execute("SELECT COALESCE(MAX(rowid), 0) FROM checkpoint_regressions").fetchone()[0]
+            db.executemany(
+                # epoch + 1 fences any owner from before the pause: its late commit cannot move it forward.
+                "UPDATE checkpoints SET seqno=?, epoch=epoch+1, leased=0, updated_at=? WHERE function=? AND vb=?",
+                [(to, now, function, vb) for vb, (_, to) in moves.items()],
+            )
+            db.execute(
+                "UPDATE checkpoint_regressions SET how=?, at=? WHERE rowid>? AND function=?", (how, now, mark, function)
+            )
+            db.executemany(
+                "UPDATE checkpoint_starts SET seqno=MIN(seqno, ?) WHERE function=? AND vb=?",
+                [(to, function, vb) for vb, (_, to) in moves.items()],
+            )
+            return moves
+
+        return self._tx(body)
 
     def release(self, function: str, epochs: Mapping[int, int]) -> set[int]:
         """Give vBuckets up (lease cleared; owner and epoch kept) after a final commit; returns fenced ones."""
@@ -498,6 +588,45 @@ class SqliteMetadataStore:
         rows = self._read("SELECT id FROM services WHERE heartbeat_at>=?", (time.time() - max_age_s,))
         return [r[0] for r in rows]
 
+    # -- leases -------------------------------------------------------------------------------------------
+
+    def acquire_lease(
+        self, name: str, holder: str, ttl_s: float, *, info: str = "", take_from: str | None = None
+    ) -> Lease | None:
+        """Take or renew lease `name` for `ttl_s` seconds; None if someone else holds it unexpired.
+
+        The check and the write are one IMMEDIATE transaction, so of two racing takers exactly one wins.
+        `take_from`: a holder the caller knows is dead (its process is gone); its lease is taken at once.
+        """
+
+        def body(db: sqlite3.Connection) -> Lease | None:
+            now = time.time()
+            row = db.execute("SELECT * FROM leases WHERE name=?", (name,)).fetchone()
+            current = Lease(*row) if row else None
+            new = next_lease(current, name, holder, ttl_s, info, take_from, now)
+            if new is not None:
+                db.execute(
+                    "INSERT OR REPLACE INTO leases VALUES(?,?,?,?,?,?)",
+                    (new.name, new.holder, new.expires_at, new.acquired_at, new.term, new.info),
+                )
+            return new
+
+        return self._tx(body)
+
+    def lease(self, name: str) -> Lease | None:
+        rows = self._read("SELECT * FROM leases WHERE name=?", (name,))
+        return Lease(*rows[0]) if rows else None
+
+    def release_lease(self, name: str, holder: str) -> bool:
+        """Expire the lease now if `holder` holds it (its term stays, so the next holder's is higher)."""
+        return bool(
+            self._tx(
+                lambda db: db.execute(
+                    "UPDATE leases SET expires_at=0 WHERE name=? AND holder=? AND expires_at>0", (name, holder)
+                ).rowcount
+            )
+        )
+
     # -- eventing nodes -----------------------------------------------------------------------------------
 
     def nodes(self) -> list[dict]:
@@ -579,3 +708,136 @@ def _select_vbs(db: sqlite3.Connection, sql: str, function: str, vbs: list[int])
         chunk = vbs[i : i + 500]
         out.extend(db.execute(sql.format(",".join("?" * len(chunk))), (function, *chunk)).fetchall())
     return out
+
+
+def restore_sqlite_store(backup: str | os.PathLike[str], target: str | os.PathLike[str]) -> Path | None:
+    """Put a backup made by SqliteMetadataStore.backup in place of the store file `target`; the file it
+    replaces is kept as `<target>.bak` (returned; None if there was none). The backup is checked first
+    (a SQLite file that passes its integrity check and holds a metadata store), and copied in beside
+    the target before anything is moved, so a failure leaves the current store as it was. The caller
+    makes sure no process uses the store (eventing.ops.backup refuses while a service runs)."""
+    source, path = Path(backup), Path(target)
+    if not source.is_file():
+        raise NotFoundError(f"backup file {source} does not exist; pass the file `eventing backup` wrote")
+    try:
+        db = sqlite3.connect(f"file:{source}?mode=ro", uri=True)
+        try:
+            check = db.execute("PRAGMA quick_check").fetchone()[0]
+            tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        finally:
+            db.close()
+    except sqlite3.DatabaseError as exc:
+        raise StoreCorruptError(f"backup file {source} is not a SQLite database ({_one_line(exc)}); pick another backup") from None
+    if check != "ok":
+        raise StoreCorruptError(f"backup file {source} failed its integrity check ({_one_line(check)}); pick another backup")
+    if not {"functions", "checkpoints", "checkpoint_starts"} <= tables:
+        raise StoreCorruptError(f"backup file {source} is a SQLite database but not an eventing metadata store")
+    staging = path.with_name(path.name + ".restoring")
+    staging.unlink(missing_ok=True)
+    src, copy = sqlite3.connect(f"file:{source}?mode=ro", uri=True), sqlite3.connect(staging)
+    try:
+        src.backup(copy)
+    finally:
+        src.close()
+        copy.close()
+    kept = None
+    if path.exists():
+        current = sqlite3.connect(path)
+        try:  # fold the WAL into the file, so the .bak is whole on its own
+            current.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        finally:
+            current.close()
+        kept = path.with_name(path.name + ".bak")
+        os.replace(path, kept)
+    for suffix in ("-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    os.replace(staging, path)
+    return kept
+
+
+# -- window coordinator state ----------------------------------------------------------------------
+
+WINDOW_STATE_SCHEMA = """
+CREATE TABLE IF NOT EXISTS window_state(
+    function TEXT PRIMARY KEY, fence INTEGER NOT NULL, state TEXT, updated_at REAL NOT NULL);
+"""
+
+
+class SqliteWindowStateStore:
+    """Window coordinator state in the SQLite metadata store (its own table, the store's transactions).
+
+    The window coordinator's checkpoint: one JSON state per function, fenced, committed with its DLQ rows.
+
+    A coordinator ``claim``s a function's state, which bumps the function's fence; every ``commit`` names the
+    fence it claimed with and is refused once another coordinator has claimed since (a second service on
+    the same data directory, or a coordinator of an older deployment), so two coordinators never both move
+    the state. A commit writes the state, the late rows' DLQ entries (``INSERT OR IGNORE`` keyed by
+    function, vBucket and seqno, like the workers' dead letters) and counter increments in one transaction.
+    """
+
+    def __init__(self, store: SqliteMetadataStore):
+        self.store = store
+        store._retry(lambda: store._db.executescript(WINDOW_STATE_SCHEMA))
+
+    def claim(self, function: str) -> tuple[int, dict[str, Any] | None]:
+        """Become the function's coordinator: returns the new fence and the last committed state (or None)."""
+
+        def body(db: sqlite3.Connection) -> tuple[int, dict[str, Any] | None]:
+            db.execute(
+                "INSERT INTO window_state VALUES(?, 1, NULL, ?) "
+                "ON CONFLICT(function) DO UPDATE SET fence=fence+1, updated_at=excluded.updated_at",
+                (function, time.time()),
+            )
+            fence, state = db.execute(
+                "SELECT fence, state FROM window_state WHERE function=?", (function,)
+            ).fetchone()
+            return int(fence), None if state is None else json.loads(state)
+
+        return self.store._tx(body)
+
+    def commit(
+        self,
+        function: str,
+        fence: int,
+        state: Mapping[str, Any],
+        dlq_rows: Iterable[DlqRow] = (),
+        counters: Mapping[str, int | float] | None = None,
+    ) -> bool:
+        """Write state, DLQ rows and counters at once if ``fence`` is still current; False if fenced."""
+        text = json.dumps(state, separators=(",", ":"))
+        rows = list(dlq_rows)
+
+        def body(db: sqlite3.Connection) -> bool:
+            row = db.execute("SELECT fence FROM window_state WHERE function=?", (function,)).fetchone()
+            if row is None or int(row[0]) != fence:
+                return False
+            db.execute(
+                "UPDATE window_state SET state=?, updated_at=? WHERE function=?", (text, time.time(), function)
+            )
+            db.executemany(
+                "INSERT OR IGNORE INTO dlq(function, vb, seqno, key, reason, error, traceback, attempts,"
+                " first_failed_at, last_failed_at, mutation) VALUES(?,?,?,?,?,?,?,?,?,?,?)",
+                [
+                    (r.function, r.vb, r.seqno, r.key, r.reason, r.error, r.traceback, r.attempts,
+                     r.first_failed_at, r.last_failed_at, r.mutation)
+                    for r in rows
+                ],
+            )
+            _add_counters(db, function, dict(counters or {}))
+            return True
+
+        return self.store._tx(body)
+
+    def load(self, function: str) -> dict[str, Any] | None:
+        """The last committed state, read-only (for inspection)."""
+        rows = self.store._read("SELECT state FROM window_state WHERE function=?", (function,))
+        return json.loads(rows[0][0]) if rows and rows[0][0] is not None else None
+
+    def reset(self, function: str) -> None:
+        """Forget the state (a new deployment starts its windows afresh) and fence its coordinator."""
+        self.store._tx(
+            lambda db: db.execute(
+                "UPDATE window_state SET fence=fence+1, state=NULL, updated_at=? WHERE function=?",
+                (time.time(), function),
+            )
+        )

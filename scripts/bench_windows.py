@@ -121,7 +121,11 @@ def run_eventing(data_dir: str, workers: int, batch_size: int, aggregator: Timed
         if sup is not None and sup.done and "caught_up" not in marks:
             marks["caught_up"] = time.perf_counter()
 
-    service = EventingService(data_dir, RayExecutor(), until_caught_up=True, on_progress=on_progress)
+    # The end of the input closes every window, as `eventing run --close-windows`.
+    service = EventingService(
+        data_dir, RayExecutor(), until_caught_up=True, on_progress=on_progress,
+        windows=host.WindowOptions(close_windows=True),
+    )
     stopped = service.windows.function_stopped
 
     def function_stopped(sup) -> None:
@@ -225,9 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     root = args.data_dir or tempfile.mkdtemp(prefix="eventing-bench-windows-")
-    os.environ[host.CLOSE_WINDOWS_ENV] = "1"  # the end of the input closes every window, as --close-windows
     aggregator = Timed(host.SparkAggregator(args.spark_master))
-    host.make_aggregator = lambda: aggregator
+    host.make_aggregator = lambda master=None: aggregator
 
     t0 = time.perf_counter()
     init_ray()

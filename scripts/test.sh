@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
-# One command: set up ./.venv, then run the whole quick suite (unit + integration with real Ray,
-# real PySpark and real SQLite). Long soak variants are marked `soak` and run by scripts/soak.sh.
+# One command: set up ./.venv, lint (ruff) and type-check (mypy) the packages, then run the whole quick
+# suite (unit + integration with real Ray, real PySpark and real SQLite). Long soak variants are marked
+# `soak` and run by scripts/soak.sh. Arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+echo "== ruff"
+.venv/bin/ruff check --output-format concise .
+echo "== mypy"
+.venv/bin/mypy
 export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"
 export RAY_USAGE_STATS_ENABLED=0
+echo "== pytest"
 exec .venv/bin/python -m pytest -q "$@"

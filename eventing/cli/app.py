@@ -19,6 +19,8 @@ COMMAND_MODULES: list[str] = [
     "eventing.cli.buckets",
     "eventing.cli.functions",
     "eventing.cli.run",
+    "eventing.cli.checkpoints",
+    "eventing.cli.backup",
     "eventing.cli.demo",
     "eventing.cli.nodes",
     "eventing.cli.dlq",

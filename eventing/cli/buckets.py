@@ -8,7 +8,7 @@ import sys
 import time
 from typing import Any
 
-from eventing.cli.common import data_dir_of, parse_doc_arg, writable_data_dir
+from eventing.cli.common import data_dir_of, parse_doc_arg, positive_int, writable_data_dir
 from eventing.cli.output import emit_json, progress_enabled, table
 from eventing.core.mutation import OP_DELETE, OP_UPDATE, encode_document
 from eventing.errors import ConfigError, EventingError, InvalidDocumentError, InvalidKeyError, NotFoundError
@@ -173,8 +173,113 @@ def cmd_bucket_expire(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bucket_keys(args: argparse.Namespace) -> int:
+    bucket = LocalBucket.open(data_dir_of(args), args.name)
+    try:
+        keys = bucket.keys(args.prefix, args.limit)
+    finally:
+        bucket.close()
+    if args.json:
+        emit_json(keys)
+    else:
+        for key in keys:
+            print(key)
+    return 0
+
+
+def _doc_line(key: str, doc: dict, meta: dict) -> dict:
+    # `bucket load --file` reads key, doc and expiry back and ignores meta.
+    line: dict[str, Any] = {"key": key, "doc": doc}
+    if meta["expiry"]:
+        line["expiry"] = meta["expiry"]
+    line["meta"] = meta
+    return line
+
+
+def cmd_bucket_scan(args: argparse.Namespace) -> int:
+    bucket = LocalBucket.open(data_dir_of(args), args.name)
+    try:
+        lines = (_doc_line(*item) for item in bucket.scan(args.prefix, args.limit))
+        if args.json:
+            emit_json(list(lines))
+        else:
+            for line in lines:
+                print(json.dumps(line, separators=(",", ":"), default=str))
+    finally:
+        bucket.close()
+    return 0
+
+
+def cmd_bucket_export(args: argparse.Namespace) -> int:
+    bucket = LocalBucket.open(data_dir_of(args), args.name)
+    count = 0
+    try:
+        out = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8")  # noqa: SIM115
+    except OSError as exc:
+        bucket.close()
+        raise ConfigError(f"cannot write {args.output}: {exc.strerror}; pick a writable path with -o") from None
+    try:
+        for item in bucket.scan(args.prefix, args.limit):
+            out.write(json.dumps(_doc_line(*item), separators=(",", ":"), default=str) + "\n")
+            count += 1
+    finally:
+        bucket.close()
+        if out is not sys.stdout:
+            out.close()
+    summary = {"bucket": args.name, "documents": count, "file": args.output}
+    if args.output != "-":
+        if args.json:
+            emit_json(summary)
+        else:
+            print(f"exported {count:,} documents of '{args.name}' to {args.output} "
+                  f"(read back with `eventing bucket load NAME --file {args.output}`)")
+    return 0
+
+
+def cmd_bucket_count(args: argparse.Namespace) -> int:
+    bucket = LocalBucket.open(data_dir_of(args), args.name)
+    try:
+        count = bucket.count()
+    finally:
+        bucket.close()
+    if args.json:
+        emit_json({"bucket": args.name, "documents": count})
+    else:
+        print(count)
+    return 0
+
+
+def cmd_bucket_drop(args: argparse.Namespace) -> int:
+    from eventing.ops import buckets
+
+    result = buckets.drop(data_dir_of(args), args.name)
+    if args.json:
+        emit_json(result)
+    else:
+        print(f"dropped bucket '{args.name}': deleted {result['path']} with {result['documents']:,} documents, "
+              f"{result['tombstones']:,} tombstones and a log of {result['mutations']:,} mutations")
+        if result["named_by_undeployed_functions"]:
+            names = ", ".join(result["named_by_undeployed_functions"])
+            print(f"  undeployed functions still name it ({names}); recreate it before deploying them")
+    return 0
+
+
+def cmd_bucket_flush(args: argparse.Namespace) -> int:
+    from eventing.ops import buckets
+
+    result = buckets.flush(data_dir_of(args), args.name)
+    if args.json:
+        emit_json(result)
+    else:
+        print(f"flushed bucket '{args.name}': deleted {result['documents']:,} documents, "
+              f"{result['tombstones']:,} tombstones and a log of {result['mutations']:,} mutations; "
+              "it has a new identity, so functions deployed later start from seqno 0")
+    return 0
+
+
 def register(sub: Any, add: Any) -> None:
-    bucket = sub.add_parser("bucket", help="local buckets: create, load, upsert, delete, get, info, list",
+    bucket = sub.add_parser("bucket", help="local buckets: create, load, upsert, delete, get, info, list, keys, scan, export, "
+                            "count, drop, flush",
                             description="Local buckets (SQLite files under the data directory).")
     bsub = bucket.add_subparsers(dest="bucket_command", metavar="ACTION", required=True)
     p = add("create", cmd_bucket_create, "create an empty bucket", bsub)
@@ -202,4 +307,28 @@ def register(sub: Any, add: Any) -> None:
     p = add("info", cmd_bucket_info, "documents, mutations and identity of a bucket", bsub)
     p.add_argument("name")
     p = add("expire", cmd_bucket_expire, "turn documents past their expiry into expiration mutations", bsub)
+    p.add_argument("name")
+    p = add("keys", cmd_bucket_keys, "list document keys in key order", bsub)
+    p.add_argument("name")
+    p.add_argument("--prefix", default="", help="only keys starting with this")
+    p.add_argument("--limit", type=positive_int, help="at most this many keys")
+    p = add("scan", cmd_bucket_scan,
+            "print documents as JSON lines {key, doc, meta} in key order (--json: one JSON array)", bsub)
+    p.add_argument("name")
+    p.add_argument("--prefix", default="", help="only keys starting with this")
+    p.add_argument("--limit", type=positive_int, help="at most this many documents")
+    p = add("export", cmd_bucket_export, "write documents as JSON lines that `bucket load --file` reads back", bsub)
+    p.add_argument("name")
+    p.add_argument("-o", "--output", required=True, metavar="FILE", help="the file to write; - for stdout")
+    p.add_argument("--prefix", default="", help="only keys starting with this")
+    p.add_argument("--limit", type=positive_int, help="at most this many documents")
+    p = add("count", cmd_bucket_count, "how many documents a bucket holds (tombstones not counted)", bsub)
+    p.add_argument("name")
+    p = add("drop", cmd_bucket_drop,
+            "delete a bucket: its file, documents, mutation log and effect marks (refused while a deployed or "
+            "paused function uses it)", bsub)
+    p.add_argument("name")
+    p = add("flush", cmd_bucket_flush,
+            "empty a bucket: documents and mutation log deleted, new identity (refused while a deployed or "
+            "paused function uses it)", bsub)
     p.add_argument("name")

@@ -89,3 +89,24 @@ class ProgressRenderer:
     def close(self) -> None:
         for bar in self.bars.values():
             bar.close()
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number >= 1 (argparse prints the message on one line and exits 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 0, got {text!r}")
+    return value

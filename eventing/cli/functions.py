@@ -77,11 +77,15 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     status = function_status(existing_data_dir(args), args.function)
-    services, views = status["services"], status["functions"]
+    services, leader, standbys, views = status["services"], status["leader"], status["standbys"], status["functions"]
     if args.json:
-        emit_json({"services": services, "functions": views})
+        emit_json({"services": services, "leader": leader, "standbys": standbys, "functions": views})
     else:
         print(f"eventing service: {'running (' + ', '.join(services) + ')' if services else 'not running'}")
+        if leader is not None:
+            print(f"  leader: {leader['id']} (lease term {leader['term']}, expires in {leader['expires_in_s']:.1f}s)")
+        if services:
+            print(f"  standby: {', '.join(standbys) if standbys else 'none'}")
         for v in views:
             print(f"  {v['name']}: {v['state']} ({v['vbuckets_leased']}/{NUM_VBUCKETS} vBuckets owned by live workers)")
     return 0

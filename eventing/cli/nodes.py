@@ -20,11 +20,16 @@ def _topology(args: argparse.Namespace) -> Topology:
 
 
 def cmd_node_add(args: argparse.Namespace) -> int:
-    node = _topology(args).add_node(args.name, args.ray_node_id)
+    topology = _topology(args)
+    was_failed = any(n["name"] == args.name and n["state"] == "failed" for n in topology.nodes())
+    node = topology.add_node(args.name, args.ray_node_id)
     if args.json:
         emit_json(node)
     else:
         print(f"node '{args.name}' is {node['state']}; run `eventing rebalance` to give it vBuckets")
+        if was_failed and not args.ray_node_id and node["ray_node_id"]:
+            print(f"note: it stays pinned to Ray node {node['ray_node_id']}, the one that failed; if that node was "
+                  "restarted it has a new id: add it again with --ray-node-id NEW_ID")
     return 0
 
 
@@ -48,7 +53,18 @@ def cmd_node_list(args: argparse.Namespace) -> int:
     print(table(["node", "state", "vBuckets", "ray node"],
                 [[n["name"], n["state"], n["vbuckets"], n["ray_node_id"]] for n in nodes]))
     if request:
-        print(f"last rebalance {request['id']}: {request['status']}")
+        failover = request.get("failover")
+        extra = ""
+        if failover:
+            extra = f" (failover of {', '.join(failover['nodes'])}"
+            if "failover_unowned_s" in request:
+                extra += f": its vBuckets had no live owner for {request['failover_unowned_s']:.1f}s"
+            extra += ")"
+        print(f"last rebalance {request['id']}: {request['status']}{extra}")
+    failed = [n["name"] for n in nodes if n["state"] == "failed"]
+    if failed:
+        print(f"failed over: {', '.join(failed)}; to bring one back, start its Ray node, then "
+              "`eventing node add NAME --ray-node-id NEW_ID` and `eventing rebalance`")
     return 0
 
 

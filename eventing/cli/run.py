@@ -5,24 +5,33 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import sys
 from typing import Any
 
-from eventing.cli.common import ProgressRenderer, existing_data_dir
+from eventing.cli.common import ProgressRenderer, existing_data_dir, positive_int
 from eventing.cli.output import emit_json, progress_enabled, table
 from eventing.ops.stats import function_stats, vbucket_map
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     from eventing.runtime.executor import make_executor
+    from eventing.runtime.failover import failover_timeout_s
     from eventing.runtime.service import EventingService
+    from eventing.windows.runtime.host import WindowOptions
 
     data_dir = existing_data_dir(args)
+    timeout_s = failover_timeout_s(args.failover_timeout)  # a bad value fails before Ray starts
     executor = make_executor(args.executor, args.ray_address)
     renderer = ProgressRenderer(enabled=not args.json and not args.quiet and progress_enabled())
     service = EventingService(
         data_dir, executor, until_caught_up=args.until_caught_up, functions=args.function or None,
         on_progress=renderer,
+        windows=WindowOptions(close_windows=args.close_windows, spark_master=args.spark_master),
+        standby=args.standby, failover_timeout_s=timeout_s,
     )
+    if args.standby and not args.json and not args.quiet:
+        print(f"standby {service.service_id}: waiting for the leader's lease; takes over when it stops",
+              file=sys.stderr, flush=True)
     previous = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, lambda *_: service.stop())
     try:
@@ -40,10 +49,18 @@ def cmd_run(args: argparse.Namespace) -> int:
             for name, p in summary.functions.items()
         },
         "errors": summary.errors,
+        "leadership": summary.leadership,
+        "failovers": summary.failovers,
     }
     if args.json:
         emit_json(result)
     elif not args.quiet:
+        if summary.leadership.get("took_over_from"):
+            print(f"took over from {summary.leadership['took_over_from']} after waiting "
+                  f"{summary.leadership['waited_s']:.1f}s as a standby")
+        for f in summary.failovers:
+            print(f"failed over node(s) {', '.join(f['nodes'])}: their vBuckets had no live owner for "
+                  f"{f['unowned_s']:.1f}s (failover timeout {f['timeout_s']:g}s)")
         if not summary.functions:
             print("no deployed functions to run; deploy one with `eventing deploy functions/fn_email.json`")
         for name, p in summary.functions.items():
@@ -65,6 +82,12 @@ def cmd_vbmap(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
+    if args.watch:
+        from eventing.cli.watch import stats_line, watch
+
+        data_dir = existing_data_dir(args)
+        return watch(lambda: function_stats(data_dir, args.function), _print_stats, stats_line,
+                     interval_s=args.interval, as_json=args.json, count=args.count)
     data = function_stats(existing_data_dir(args), args.function)
     if args.json:
         emit_json(data)
@@ -83,6 +106,12 @@ def _print_stats(data: dict[str, Any]) -> None:
         print(f"  {k:>26}: {v if v is not None else '-'}")
 
 
+def _interval(text: str) -> float:
+    from eventing.cli.watch import interval_seconds
+
+    return interval_seconds(text)
+
+
 def register(sub: Any, add: Any) -> None:
     p = add("run", cmd_run, "run every deployed function on Ray workers (Ctrl-C stops after a checkpoint)")
     p.add_argument("--until-caught-up", action="store_true",
@@ -93,7 +122,24 @@ def register(sub: Any, add: Any) -> None:
                    help="ray (default) or in-process (one process, for debugging and tests)")
     p.add_argument("--function", action="append", help="run only this function (repeatable)")
     p.add_argument("--quiet", action="store_true", help="no progress and no summary")
+    p.add_argument("--standby", action="store_true",
+                   help="wait as a standby while another service leads; take over (resuming every function from "
+                        "its checkpoints) within seconds of its death")
+    p.add_argument("--failover-timeout", metavar="DURATION", default=None,
+                   help="fail over an eventing node whose Ray node is down this long, e.g. 10s; 0 turns it off "
+                        "(default: $EVENTING_FAILOVER_TIMEOUT or 10s)")
+    p.add_argument("--spark-master", default=os.environ.get("EVENTING_SPARK_MASTER"),
+                   help="Spark master for window aggregation, e.g. spark://HOST:7077 (default "
+                   "$EVENTING_SPARK_MASTER or local[*])")
+    p.add_argument("--close-windows", action="store_true",
+                   help="with --until-caught-up: at the end of the input close every window still open "
+                   "(default: windows close only by watermark and idle timeouts, and stay open for the next run)")
     p = add("vbmap", cmd_vbmap, "which worker owns which vBucket ranges")
     p.add_argument("function")
     p = add("stats", cmd_stats, "mutations seen, handler successes and failures, checkpoint lag, throughput")
     p.add_argument("function")
+    p.add_argument("--watch", action="store_true",
+                   help="refresh until Ctrl-C: redrawn in place on a terminal, one line per refresh otherwise "
+                   "(with --json one JSON object per line)")
+    p.add_argument("--interval", type=_interval, default=2.0, metavar="S", help="seconds between refreshes (default 2)")
+    p.add_argument("--count", type=positive_int, metavar="N", help="with --watch: stop after N refreshes")

@@ -1,13 +1,8 @@
-"""`eventing windows FN`: a windowed function's results (and a PNG chart), plus the window options of `run`.
-
-Registers `windows` and adds `--spark-master` and `--close-windows` to `eventing run` (they reach the
-service's window coordinators through EVENTING_SPARK_MASTER and EVENTING_CLOSE_WINDOWS).
-"""
+"""`eventing windows FN`: a windowed function's results (and a PNG chart)."""
 
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -59,32 +54,9 @@ def cmd_windows(args: argparse.Namespace) -> int:
     return 0
 
 
-def _with_window_options(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    def run_with_window_options(args: argparse.Namespace) -> int:
-        from eventing.windows.runtime.host import CLOSE_WINDOWS_ENV
-        from eventing.windows.spark.spark_session import MASTER_ENV
-
-        if getattr(args, "spark_master", None):
-            os.environ[MASTER_ENV] = args.spark_master
-        if getattr(args, "close_windows", False):
-            os.environ[CLOSE_WINDOWS_ENV] = "1"
-        return run(args)
-
-    return run_with_window_options
-
-
 def register(sub: Any, add: Callable[..., argparse.ArgumentParser]) -> None:
     p = add("windows", cmd_windows, "results of a windowed function: one row per window and group, and a chart")
     p.add_argument("function")
     p.add_argument("--png", metavar="FILE", help="also write a chart of one aggregate over the windows (PNG)")
     p.add_argument("--aggregate", metavar="NAME", help="the aggregate to chart (default: the first one)")
     p.add_argument("--limit", type=int, default=0, help="show only the last N result rows (default: all)")
-    run = sub.choices.get("run")
-    if run is None:
-        return
-    run.add_argument("--spark-master", default=None,
-                     help="Spark master for window aggregation (default $EVENTING_SPARK_MASTER or local[*])")
-    run.add_argument("--close-windows", action="store_true",
-                     help="with --until-caught-up: at the end of the input close every window still open "
-                     "(default: windows close only by watermark and idle timeouts, and stay open for the next run)")
-    run.set_defaults(func=_with_window_options(run.get_default("func")))

@@ -294,7 +294,7 @@ def vbmap(c: Call) -> dict[str, Any]:
 
 
 def checkpoints(c: Call) -> dict[str, Any]:
-    return stats.checkpoint_table(c.data_dir, c.name)
+    return stats.checkpoint_view(c.data_dir, c.name, vb=c.int_arg(c.query, "vb"), backlog_only=c.flag(c.query, "backlog"))
 
 
 def _topology_call(c: Call, fn: Callable[[Topology], Any]) -> Any:
@@ -444,8 +444,8 @@ ENDPOINTS: list[Endpoint] = [
     Endpoint("GET", "/getAppLog", "logs", "the newest part of a function's application log (?name=, ?size=bytes)",
              app_log, couchbase=True),
     Endpoint("GET", F + "/vbmap", "vbuckets", "which worker owns which vBucket ranges", vbmap),
-    Endpoint("GET", F + "/checkpoints", "vbuckets", "per vBucket: checkpoint, high seqno, backlog, owner, epoch",
-             checkpoints),
+    Endpoint("GET", F + "/checkpoints", "vbuckets", "per vBucket: checkpoint, high seqno, backlog, owner, epoch "
+             "(?vb=N for one, ?backlog=1 for those behind; 409 if not deployed)", checkpoints),
     Endpoint("GET", "/api/v1/nodes", "nodes", "eventing nodes, their vBucket counts, the last rebalance", list_nodes),
     Endpoint("POST", "/api/v1/nodes", "nodes", "add a node: {\"name\": ..., \"ray_node_id\": ...}", add_node),
     Endpoint("DELETE", "/api/v1/nodes/{node}", "nodes", "remove a node (it leaves at the next rebalance)",

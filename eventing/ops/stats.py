@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from eventing.core import counters as counter_names
@@ -85,7 +86,8 @@ def function_view(record: FunctionRecord) -> dict[str, Any]:
 
 
 def function_status(data_dir: str, name: str | None = None) -> dict[str, Any]:
-    """States of one function (or all), how many vBuckets live workers own, and the live services."""
+    """States of one function (or all), how many vBuckets live workers own, the live services and which
+    of them leads (the others are standbys)."""
     store = open_metadata(data_dir, create=False)
     try:
         records = [store.get_function(name)] if name else store.list_functions()
@@ -96,33 +98,73 @@ def function_status(data_dir: str, name: str | None = None) -> dict[str, Any]:
             view["vbuckets_leased"] = sum(1 for c in store.checkpoints(r.name).values() if c.leased)
             view["service_running"] = bool(services)
             views.append(view)
+        leader = leader_view(store, services)
     finally:
         store.close()
-    return {"services": services, "functions": views}
+    standbys = [sid for sid in services if leader is None or sid != leader["id"]]
+    return {"services": services, "leader": leader, "standbys": standbys, "functions": views}
 
 
-def checkpoint_table(data_dir: str, name: str) -> dict[str, Any]:
-    """Per vBucket: checkpoint seqno, the source's high seqno, backlog, owner, epoch, lease (the vBucket
-    map picture and the checkpoint table of the console). Empty while the function is not deployed."""
+def leader_view(store: Any, services: list[str]) -> dict[str, Any] | None:
+    """The service holding the leader lease, if the lease is current."""
+    from eventing.runtime.failover import LEADER_LEASE
+
+    lease = store.lease(LEADER_LEASE)
+    if lease is None or lease.expired(time.time()):
+        return None
+    return {
+        "id": lease.holder, "term": lease.term, "since": lease.acquired_at,
+        "expires_in_s": round(lease.expires_at - time.time(), 2), "heartbeat": lease.holder in services,
+    }
+
+
+def checkpoint_view(
+    data_dir: str, name: str, *, vb: int | None = None, backlog_only: bool = False
+) -> dict[str, Any]:
+    """Per vBucket of a deployed or paused function: its checkpoint, the source's high seqno, the backlog
+    between them, the owner and epoch of the last claim, whether the owner still holds its lease, and when
+    the record last changed (a commit or a claim). `vb` keeps one vBucket; `backlog_only` those with a
+    backlog. Totals cover every vBucket whatever the filter."""
+    from eventing.errors import ConfigError, LifecycleError
+
+    if vb is not None and not 0 <= vb < NUM_VBUCKETS:
+        raise ConfigError(f"vBucket {vb} does not exist; vBuckets are numbered 0..{NUM_VBUCKETS - 1}")
     store = open_metadata(data_dir, create=False)
     try:
         record = store.get_function(name)
         cps = store.checkpoints(name)
+        starts = store.checkpoint_starts(name)
     finally:
         store.close()
-    rows: list[dict[str, Any]] = []
-    if cps:
-        source = LocalBucket.open(data_dir, record.definition["source_bucket"])
-        try:
-            highs = source.high_seqnos()
-        finally:
-            source.close()
-        for vb in range(NUM_VBUCKETS):
-            cp = cps.get(vb)
-            if cp is None:
-                continue
-            rows.append({
-                "vb": vb, "seqno": cp.seqno, "high_seqno": highs[vb], "backlog": max(0, highs[vb] - cp.seqno),
-                "owner": cp.owner, "epoch": cp.epoch, "leased": cp.leased, "updated_at": cp.updated_at,
-            })
-    return {"function": name, "state": record.state.value, "vbuckets": rows}
+    if not cps:
+        raise LifecycleError(
+            f"function '{name}' has no checkpoints (it is {record.state.value}); deploy it first"
+        )
+    source = LocalBucket.open(data_dir, record.definition["source_bucket"])
+    try:
+        highs = source.high_seqnos()
+        source_uuid = source.uuid
+    finally:
+        source.close()
+    rows = []
+    for n, cp in sorted(cps.items()):
+        backlog = max(0, highs[n] - cp.seqno)
+        rows.append({
+            "vb": n, "checkpoint": cp.seqno, "high_seqno": highs[n], "backlog": backlog,
+            "owner": cp.owner, "epoch": cp.epoch, "leased": cp.leased, "updated_at": cp.updated_at,
+            "start": starts.get(n),
+        })
+    shown = [r for r in rows if (vb is None or r["vb"] == vb) and (not backlog_only or r["backlog"])]
+    return {
+        "function": name,
+        "state": record.state.value,
+        "source_bucket": record.definition["source_bucket"],
+        # A recreated or flushed source has a new identity: these checkpoints will not resume on it.
+        "source_identity_matches": all(cp.bucket_uuid == source_uuid for cp in cps.values()),
+        "vbuckets": len(rows),
+        "backlog": sum(r["backlog"] for r in rows),
+        "vbuckets_with_backlog": sum(1 for r in rows if r["backlog"]),
+        "leased": sum(1 for r in rows if r["leased"]),
+        "owners": sorted({r["owner"] for r in rows if r["owner"]}),
+        "rows": shown,
+    }

@@ -262,6 +262,7 @@ def verify_function(data_dir: str, function: str, *, ledger: str | None = None) 
         starts = store.checkpoint_starts(function)
         dead_letters = {(r.vb, r.seqno) for r in store.dlq_rows(function, include_replayed=True)}
         regressions = store.checkpoint_regressions(function, min_epoch=record.generation << EPOCH_SHIFT)
+        rewinds = store.checkpoint_rewinds(function, min_epoch=record.generation << EPOCH_SHIFT)
     finally:
         store.close()
     ledger_name = ledger or ledger_bucket_of(defn)
@@ -284,4 +285,25 @@ def verify_function(data_dir: str, function: str, *, ledger: str | None = None) 
         target.close()
     if not starts:
         report.notes.append("no feed boundary recorded for this deployment; counted from seqno 0")
+    report.notes.extend(_rewind_notes(rewinds))
     return report
+
+
+def _rewind_notes(rewinds: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Deliberate rewinds are not regressions; say they happened, and what a reapplied one implies."""
+    from metadata import REWIND_REAPPLY
+
+    notes = []
+    kept = [r for r in rewinds if r["how"] != REWIND_REAPPLY]
+    again = [r for r in rewinds if r["how"] == REWIND_REAPPLY]
+    if kept:
+        notes.append(
+            f"{len(kept)} checkpoint rewinds with effect marks kept (`eventing rewind`): the rewound ranges were "
+            "handled again without applying their effects twice; not counted as regressions"
+        )
+    if again:
+        notes.append(
+            f"{len(again)} checkpoint rewinds with --reapply-effects: the effects of the rewound ranges were "
+            "applied again on purpose, so those documents show duplicate effects and out-of-order histories"
+        )
+    return notes

@@ -13,7 +13,6 @@ def window_status(data_dir: str, name: str) -> dict[str, Any]:
     from eventing.storage.metadata import open_metadata
     from eventing.windows.runtime.coordinator import iso_ms
     from eventing.windows.runtime.row_writer import RowLayout
-    from metadata.window_state import window_state_store
 
     store = open_metadata(data_dir, create=False)
     try:
@@ -24,7 +23,7 @@ def window_status(data_dir: str, name: str) -> dict[str, Any]:
                 f"function '{name}' declares no window; add a \"window\" object to its definition and deploy it"
             )
         layout = RowLayout.for_definition(name, window)
-        state = window_state_store(store).load(name)
+        state = store.window_states().load(name)
         counters = store.counters(name)
     finally:
         store.close()

@@ -38,6 +38,10 @@ class WorkerHost:
         self.core: WorkerCore | None = None
 
     def call(self, method: str, *args: Any) -> Any:
+        if method == "respec":  # a worker started ahead of time (a standby's) learns what it serves
+            assert self.core is None, "respec after start"
+            self.spec = args[0]
+            return None
         if method == "start":
             self.core = WorkerCore(self.spec, recycle_on_hang=self.own_process)
             return os.getpid()

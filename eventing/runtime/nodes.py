@@ -4,6 +4,8 @@ On one machine a node is a named group of worker actors; on a Ray cluster a node
 node (its workers are scheduled there). `node add` and `node remove` only record the wish (joining,
 leaving); `rebalance` computes the minimal-move plan and, when a service runs, hands the moving vBuckets
 over live (see FunctionSupervisor.start_rebalance); when none runs it just records the new plan.
+A node the service failed over (its Ray node died; see eventing.runtime.failover) is `failed`: it owns
+nothing and stays listed until it is added back (`node add` + `rebalance`) or removed.
 """
 
 from __future__ import annotations
@@ -44,15 +46,16 @@ class Topology:
 
     def target_nodes(self) -> list[str]:
         """Nodes that should hold vBuckets after the next rebalance, in the order they were added."""
-        return [n["name"] for n in self.nodes() if n["state"] != "leaving"]
+        return [n["name"] for n in self.nodes() if n["state"] not in ("leaving", "failed")]
 
     def add_node(self, name: str, ray_node_id: str | None = None) -> dict[str, Any]:
         if not NODE_NAME.match(name or ""):
             raise ConfigError(f"node name {name!r} is not valid; use letters, digits, '_', '-' or '.' (max 63)")
         existing = {n["name"]: n for n in self.nodes()}
-        if name in existing and existing[name]["state"] != "leaving":
+        if name in existing and existing[name]["state"] not in ("leaving", "failed"):
             raise ConfigError(f"node '{name}' is already {existing[name]['state']}; pick another name")
-        state = "active" if name in self.owning_nodes() else "joining"  # re-adding a leaving node cancels
+        # Re-adding a leaving node cancels its departure; a failed node comes back as joining (it owns nothing).
+        state = "active" if name in self.owning_nodes() else "joining"
         self.store.put_node(name, state, ray_node_id)
         return {n["name"]: n for n in self.store.nodes()}[name]
 
@@ -64,8 +67,8 @@ class Topology:
         staying = [n for n in self.target_nodes() if n != name]
         if not staying:
             raise ConfigError(f"cannot remove node '{name}': it is the last eventing node; add another node first")
-        if existing[name]["state"] == "joining":
-            self.store.delete_node(name)  # it owns nothing yet: just forget it
+        if existing[name]["state"] in ("joining", "failed"):
+            self.store.delete_node(name)  # it owns nothing: just forget it
             return {**existing[name], "state": "removed"}
         self.store.put_node(name, "leaving")
         return {**existing[name], "state": "leaving"}
@@ -84,9 +87,10 @@ class Topology:
         active = [n["name"] for n in self.nodes() if n["state"] in ("active", "leaving")] or [DEFAULT_NODE]
         return VBucketPlan.initial(active)
 
-    def plan(self) -> RebalancePlan:
-        """Minimal-move node plan; a node gives up vBuckets evenly across the workers of every function
-        on it, so the workers that stay remain balanced without extra handoffs."""
+    def plan(self, targets: list[str] | None = None) -> RebalancePlan:
+        """Minimal-move node plan onto `targets` (default: target_nodes()); a node gives up vBuckets evenly
+        across the workers of every function on it, so the workers that stay remain balanced without extra
+        handoffs."""
         current = self.node_plan()
         owners: dict[int, list[str]] = {vb: [] for vb in range(NUM_VBUCKETS)}
         for record in self.store.list_functions():
@@ -96,7 +100,7 @@ class Topology:
             for vb, worker in enumerate(assignment.owners):
                 owners[vb].append(str(worker))
         spread = {vb: tuple(o) for vb, o in owners.items()}
-        return plan_rebalance(current, self.target_nodes(), spread=spread)
+        return plan_rebalance(current, self.target_nodes() if targets is None else targets, spread=spread)
 
     def check_can_rebalance(self) -> None:
         busy = [
@@ -114,8 +118,9 @@ class Topology:
                 f"rebalance {request['id']} is still in progress; wait for it (see `eventing node list`)"
             )
 
-    def request_rebalance(self, plan: RebalancePlan) -> dict[str, Any]:
+    def request_rebalance(self, plan: RebalancePlan, **extra: Any) -> dict[str, Any]:
         request = {
+            **extra,
             "id": uuid.uuid4().hex[:8],
             "status": "requested",
             "requested_at": time.time(),

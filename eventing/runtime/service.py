@@ -10,23 +10,38 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from eventing.core.definition import FunctionDefinition
 from eventing.errors import EventingError
 from eventing.runtime.executor import Executor
+from eventing.runtime.failover import (
+    HEALTH_POLL_S,
+    LEADER_LEASE,
+    LEASE_RENEW_S,
+    STANDBY_POLL_S,
+    FailoverDetector,
+    failover_survivors,
+    failover_timeout_s,
+    lease_ttl_s,
+    ray_node_health,
+    wall_of,
+)
 from eventing.runtime.lifecycle import SERVICE_STALE_S, complete_transition
 from eventing.runtime.nodes import Topology, function_assignment
 from eventing.runtime.supervisor import FunctionSupervisor
+from eventing.runtime.worker import WorkerSpec
 from eventing.storage.metadata import open_metadata
-from eventing.windows.runtime.host import WindowHost
-from metadata import FunctionState
+from eventing.windows.runtime.host import WindowHost, WindowOptions
+from metadata import FunctionState, Lease
 from sharding import VBucketPlan
 
 log = logging.getLogger("eventing.runtime.service")
 
 STATE_POLL_S = 0.5
+WARM_REFRESH_S = 5.0  # a standby checks this often which workers it would need
 
 
 @dataclass
@@ -44,11 +59,18 @@ class RunSummary:
     functions: dict[str, FunctionProgress] = field(default_factory=dict)
     seconds: float = 0.0
     errors: list[str] = field(default_factory=list)
+    leadership: dict = field(default_factory=dict)  # how this service became leader (and when it took over)
+    failovers: list[dict] = field(default_factory=list)  # nodes this service failed over
 
 
 class EventingService:
     """Runs until stopped; with `until_caught_up`, stops once every function reached the high seqnos
-    its source had when the function started, after a final checkpoint."""
+    its source had when the function started, after a final checkpoint.
+
+    The running service is the leader: it holds the leader lease (eventing.runtime.failover). With
+    `standby`, it first waits for that lease and takes over when the leader dies. It fails over eventing
+    nodes whose Ray node has been down for `failover_timeout_s` (None: $EVENTING_FAILOVER_TIMEOUT or 10 s).
+    """
 
     def __init__(
         self,
@@ -58,6 +80,9 @@ class EventingService:
         until_caught_up: bool = False,
         functions: list[str] | None = None,
         on_progress: Callable[[RunSummary], None] | None = None,
+        windows: WindowOptions | None = None,
+        standby: bool = False,
+        failover_timeout_s: float | None = None,
     ):
         self.data_dir = data_dir
         self.executor = executor
@@ -70,22 +95,50 @@ class EventingService:
         self.supervisors: dict[str, FunctionSupervisor] = {}
         self.finished: set[str] = set()  # caught up (until_caught_up mode)
         self.summary = RunSummary()
-        self.windows = WindowHost(data_dir, errors=self.summary.errors)  # windowed functions' coordinators
+        self.windows = WindowHost(data_dir, errors=self.summary.errors, options=windows or WindowOptions())  # windowed functions' coordinators
         self.stop_event = threading.Event()
         self._last_state_poll = 0.0
         self._last_gauges = 0.0
         self._rate_window: dict[str, tuple[float, int]] = {}
+        self.standby = standby
+        self.role = "standby" if standby else "leader"
+        self.lease_ttl_s = lease_ttl_s()
+        self.detector = FailoverDetector(
+            _resolve_failover_timeout() if failover_timeout_s is None else failover_timeout_s
+        )
+        self._last_health = 0.0
+        self._keeper: _LeaseKeeper | None = None
+        self._leading_since: float | None = None
+        self._deferred: list[str] = []  # nodes due for failover while a rebalance runs (logged once)
+        # A standby's workers, started while it waits (idle, claiming nothing), handed to its supervisors
+        # when it takes over: Ray needs seconds to start an actor, the hand-over a call.
+        self.warm: dict[tuple[str, str, str | None], Any] = {}
+        self._last_warm = 0.0
+        # (alive, why) per Ray node id; only Ray has nodes to lose (tests may plug in their own)
+        self.node_health: Callable[[Iterable[str]], dict[str, tuple[bool, str]]] | None = (
+            ray_node_health if executor.name == "ray" else None
+        )
+
+    def _info(self) -> str:
+        return json.dumps({"pid": os.getpid(), "executor": self.executor.name, "role": self.role})
 
     def run(self) -> RunSummary:
-        others = [sid for sid in self.store.live_services(SERVICE_STALE_S) if _alive(sid)]
-        if others:
+        try:
+            self._lead()
+        except BaseException:
+            self._cool_down()
+            self.store.remove_service(self.service_id)
             self.store.close()
-            raise EventingError(
-                f"another eventing service ({others[0]}) is running on this data directory; "
-                "stop it first (Ctrl-C), or run commands against it instead of starting a second one"
-            )
-        start = time.monotonic()
-        self.store.heartbeat(self.service_id, json.dumps({"pid": os.getpid(), "executor": self.executor.name}))
+            raise
+        if self.stop_event.is_set():  # a standby stopped before it had to take over
+            self._cool_down()
+            self.store.remove_service(self.service_id)
+            self.store.close()
+            return self.summary
+        start = self._leading_since = time.monotonic()
+        self.store.heartbeat(self.service_id, self._info())
+        self._keeper = _LeaseKeeper(self)
+        self._keeper.start()
         try:
             self._sync_states()
             while not self.stop_event.is_set():
@@ -101,6 +154,13 @@ class EventingService:
                         self.finished.add(sup.name)
                         self.summary.functions[sup.name].state = "caught up"
                 self.windows.poll(self.supervisors)
+                if self._leading_since is not None and self.supervisors and all(
+                    sup.ready for sup in self.supervisors.values()
+                ):
+                    # Lease taken -> every function's workers up and claimed: the takeover's cost after the lease.
+                    self.summary.leadership["workers_ready_s"] = round(time.monotonic() - self._leading_since, 3)
+                    self._leading_since = None
+                    self._cool_down()
                 self._report(now - start)
                 if self.until_caught_up and not self.supervisors and self._nothing_left():
                     break
@@ -109,8 +169,10 @@ class EventingService:
         finally:
             for name in list(self.supervisors):
                 self._stop_function(name)
+            self._cool_down()
             self.windows.close()
             self._report(time.monotonic() - start, final=True)
+            self._keeper.finish()  # a clean stop frees the lease: a standby takes over at once
             self.store.remove_service(self.service_id)
             self.store.close()
         self.summary.seconds = time.monotonic() - start
@@ -119,11 +181,103 @@ class EventingService:
     def stop(self) -> None:
         self.stop_event.set()
 
+    # -- leadership ---------------------------------------------------------------------------------
+
+    def _lead(self) -> None:
+        """Become the leader: take the lease now, or (standby) wait for it. Without `standby`, a second
+        service is refused as before."""
+        if not self.standby:
+            others = [sid for sid in self.store.live_services(SERVICE_STALE_S) if _alive(sid)]
+            lease = self.store.lease(LEADER_LEASE)
+            if not others and lease is not None and not lease.expired(time.time()) and _alive(lease.holder):
+                others = [lease.holder]
+            taken = None if others else self._take_lease(lease)
+            if taken is None:
+                raise EventingError(
+                    f"another eventing service ({(others or [lease.holder if lease else '?'])[0]}) is running on "
+                    "this data directory; stop it first (Ctrl-C), or run commands against it instead of starting "
+                    "a second one; to wait as a standby and take over when it stops, add --standby"
+                )
+            self.summary.leadership = {"role": "leader", "term": taken.term, "waited_s": 0.0}
+            return
+        waiting_since = time.monotonic()
+        self.store.heartbeat(self.service_id, self._info())
+        last_holder = None
+        logged = False
+        while not self.stop_event.is_set():
+            lease = self.store.lease(LEADER_LEASE)
+            if lease is not None and lease.holder != self.service_id and not lease.expired(time.time()):
+                last_holder = lease.holder
+            taken = self._take_lease(lease)
+            if taken is not None:
+                waited = time.monotonic() - waiting_since
+                self.role = "leader"
+                self.summary.leadership = {
+                    "role": "leader", "term": taken.term, "waited_s": round(waited, 3), "took_over_from": last_holder,
+                }
+                if last_holder is not None:
+                    log.warning("standby %s took over from %s (lease term %d)", self.service_id, last_holder, taken.term)
+                    if not _alive(last_holder):
+                        self.store.remove_service(last_holder)  # its heartbeat row would look live a while
+                return
+            if not logged:
+                log.warning("standby %s waiting for the leader %s", self.service_id, lease.holder if lease else "?")
+                logged = True
+            self.store.heartbeat(self.service_id, self._info())
+            self._warm_up()
+            self.stop_event.wait(STANDBY_POLL_S)
+
+    def _warm_up(self) -> None:
+        """Start (idle) the workers this standby would need now, every WARM_REFRESH_S: one per worker of
+        every deployed function, on the Ray node its eventing node is pinned to."""
+        now = time.monotonic()
+        if now - self._last_warm < WARM_REFRESH_S:
+            return
+        self._last_warm = now
+        try:
+            topology = Topology(self.store)
+            pending = topology.pending_request()
+            plan = VBucketPlan(tuple(pending["owners"])) if pending else topology.node_plan()
+            placements = topology.placements()
+            for record in self.store.list_functions():
+                if record.state is not FunctionState.DEPLOYED or (self.only is not None and record.name not in self.only):
+                    continue
+                count = FunctionDefinition.from_dict(record.definition).worker_count
+                for worker in function_assignment(self.store, record.name, count, plan).workers():
+                    key = (record.name, str(worker), placements.get(worker.node))
+                    if key not in self.warm:
+                        # A placeholder: the supervisor sends the real spec ("respec") before "start".
+                        spec = WorkerSpec(
+                            data_dir=self.data_dir, function=record.name, generation=record.generation,
+                            worker_id=str(worker), vbuckets=(),
+                        )
+                        self.warm[key] = self.executor.start_worker(spec, key[2])
+        except EventingError as exc:
+            log.warning("standby could not start its workers ahead of time (%s); it will at takeover", exc)
+
+    def _cool_down(self) -> None:
+        """End the started-ahead workers no function took (the plan or the functions changed meanwhile)."""
+        for handle in self.warm.values():
+            self.executor.kill(handle)
+        self.warm.clear()
+
+    def _take_lease(self, lease: Lease | None) -> Lease | None:
+        """Take the leader lease if it is free, or held by a service whose process is gone (same host)."""
+        dead = lease.holder if lease is not None and lease.holder != self.service_id and not _alive(lease.holder) else None
+        return self.store.acquire_lease(LEADER_LEASE, self.service_id, self.lease_ttl_s, info=self._info(), take_from=dead)
+
+    def lost_leadership(self, holder: str | None) -> None:
+        """Called by the lease keeper: another service holds the lease now. Stop; its workers have fenced ours."""
+        message = f"lost the leader lease to {holder or 'nobody (it could not be renewed)'}; stopping"
+        log.error(message)
+        self.summary.errors.append(message)
+        self.stop_event.set()
+
     # -- following the metadata store -------------------------------------------------------------------
 
     def _sync_states(self) -> None:
         self._last_state_poll = time.monotonic()
-        self.store.heartbeat(self.service_id, json.dumps({"pid": os.getpid(), "executor": self.executor.name}))
+        self.store.heartbeat(self.service_id, self._info())
         for record in self.store.list_functions():
             name = record.name
             if self.only is not None and name not in self.only:
@@ -148,6 +302,74 @@ class EventingService:
             elif running is not None:
                 self._stop_function(name)
         self._follow_rebalance()
+        self._watch_nodes()
+
+    # -- node failover ------------------------------------------------------------------------------
+
+    def _watch_nodes(self) -> None:
+        """Fail over eventing nodes whose Ray node has been down for the failover timeout."""
+        now = time.monotonic()
+        if self.node_health is None or now - self._last_health < HEALTH_POLL_S:
+            return
+        self._last_health = now
+        topology = Topology(self.store)
+        owning = topology.owning_nodes()
+        pending = topology.pending_request()
+        watched = set(owning) | set(pending["nodes"] if pending else [])  # a rebalance's joining nodes too
+        pinned = {
+            n["name"]: n["ray_node_id"]
+            for n in topology.nodes()
+            if n["ray_node_id"] and n["state"] != "failed" and n["name"] in watched
+        }
+        if not pinned:
+            self.detector.observe(now, {})
+            return
+        try:
+            health = self.node_health(pinned.values())
+        except Exception as exc:  # noqa: BLE001 - Ray's control plane busy: look again next time
+            log.warning("cannot read Ray's node table (%s); looking again in %.0fs", exc, HEALTH_POLL_S)
+            return
+        due = self.detector.observe(now, {name: health.get(rid, (True, "")) for name, rid in pinned.items()})
+        if due:
+            self._fail_over(topology, owning, due)
+
+    def _fail_over(self, topology: Topology, owning: list[str], due: list[str]) -> None:
+        if topology.pending_request() is not None or any(s.handoff for s in self.supervisors.values()):
+            # Let the rebalance in progress finish without the dead workers (what they release counts as
+            # released, what they were to claim waits), then fail the node over.
+            for node in due:
+                for sup in self.supervisors.values():
+                    sup.fail_node(node)
+            if self._deferred != due:
+                log.warning("nodes %s are due for failover once the rebalance in progress ends", ", ".join(due))
+                self._deferred = due
+            return
+        self._deferred = []
+        survivors = failover_survivors(owning, due)
+        if not survivors:
+            log.error("cannot fail over %s: no other node holds vBuckets; add a node and rebalance", ", ".join(due))
+            return
+        down_since = min(self.detector.down_since[n] for n in due)
+        record = {
+            "nodes": due,
+            "why": {n: self.detector.why.get(n, "") for n in due},
+            "down_since": wall_of(down_since),
+            "failed_at": time.time(),
+            "timeout_s": self.detector.timeout_s,
+            "service": self.service_id,
+        }
+        for node in due:
+            self.store.put_node(node, "failed")
+            self.detector.forget(node)
+            for sup in self.supervisors.values():
+                sup.fail_node(node)
+        plan = topology.plan(targets=survivors)
+        request = topology.request_rebalance(plan, failover=record)
+        log.warning(
+            "failed over eventing node(s) %s after %.1fs down: %d vBuckets go to %s (rebalance %s)",
+            ", ".join(due), time.monotonic() - down_since, plan.move_count, ", ".join(survivors), request["id"],
+        )
+        self._follow_rebalance()
 
     # -- rebalance ----------------------------------------------------------------------------------
 
@@ -163,8 +385,9 @@ class EventingService:
             request = topology.update_request(request, status="requested", restarted=request.get("restarted", 0) + 1)
         if request["status"] == "requested":
             owners, nodes = tuple(request["owners"]), request["nodes"]
-            topology.placements()  # make sure joining nodes are known before workers start there
+            placements = topology.placements()  # joining nodes' Ray nodes, before workers start there
             for sup in self.supervisors.values():
+                sup.placements = placements
                 sup.start_rebalance(owners, nodes)
             self._rebalance_started = time.monotonic()
             self._handled_at_rebalance = sum(s.handled for s in self.supervisors.values())
@@ -176,6 +399,17 @@ class EventingService:
         handoffs = [s.last_handoff for s in self.supervisors.values() if s.last_handoff is not None]
         elapsed = time.monotonic() - getattr(self, "_rebalance_started", time.monotonic())
         topology.complete(request["owners"])
+        extra = {}
+        if "failover" in request:
+            # From the first sign of the node's death to the last claim of its vBuckets by a survivor.
+            claimed = [wall_of(max(h.claimed_at.values())) for h in handoffs if h.claimed_at]
+            last_claim = max(claimed, default=time.time())
+            extra["failover_unowned_s"] = round(last_claim - request["failover"]["down_since"], 3)
+            self.summary.failovers.append({**request["failover"], "unowned_s": extra["failover_unowned_s"]})
+            log.warning(
+                "failover of %s done: its vBuckets had no live owner for %.1fs",
+                ", ".join(request["failover"]["nodes"]), extra["failover_unowned_s"],
+            )
         topology.update_request(
             request,
             status="done",
@@ -183,6 +417,7 @@ class EventingService:
             seconds=round(elapsed, 3),
             longest_unowned_ms=round(max((h.longest_unowned_s() for h in handoffs), default=0.0) * 1000, 1),
             worker_moves={s.name: s.last_handoff.moves for s in self.supervisors.values() if s.last_handoff},
+            **extra,
         )
 
     def _nothing_left(self) -> bool:
@@ -202,7 +437,7 @@ class EventingService:
             assignment = function_assignment(self.store, record.name, worker_count, plan)
             sup = FunctionSupervisor(
                 self.data_dir, record, self.executor, assignment,
-                until_caught_up=self.until_caught_up, placements=topology.placements(),
+                until_caught_up=self.until_caught_up, placements=topology.placements(), warm=self.warm,
             )
         except EventingError as exc:
             self._progress(record.name).error = str(exc)
@@ -259,6 +494,48 @@ class EventingService:
         self.summary.seconds = elapsed
         if self.on_progress is not None:
             self.on_progress(self.summary)
+
+
+class _LeaseKeeper(threading.Thread):
+    """Renews the leader lease every LEASE_RENEW_S on its own connection to the store, so a main loop busy
+    stopping a function for seconds never lets the lease lapse. If another service holds it, or it cannot
+    be renewed before it expires, the service stops (the new leader's claims have fenced its workers)."""
+
+    def __init__(self, service: EventingService):
+        super().__init__(name="eventing-lease", daemon=True)
+        self.service = service
+        self.done = threading.Event()
+        self.store = open_metadata(service.data_dir)
+
+    def run(self) -> None:
+        svc = self.service
+        renewed = time.monotonic()
+        while not self.done.wait(LEASE_RENEW_S):
+            try:
+                lease = self.store.acquire_lease(LEADER_LEASE, svc.service_id, svc.lease_ttl_s, info=svc._info())
+            except EventingError as exc:
+                log.warning("cannot renew the leader lease (%s)", exc)
+                if time.monotonic() - renewed > svc.lease_ttl_s:
+                    svc.lost_leadership(None)
+                    return
+                continue
+            if lease is None:
+                holder = self.store.lease(LEADER_LEASE)
+                svc.lost_leadership(holder.holder if holder else None)
+                return
+            renewed = time.monotonic()
+
+    def finish(self) -> None:
+        self.done.set()
+        self.join(timeout=5)
+        try:
+            self.store.release_lease(LEADER_LEASE, self.service.service_id)
+        finally:
+            self.store.close()
+
+
+def _resolve_failover_timeout() -> float:
+    return failover_timeout_s()
 
 
 def _alive(service_id: str) -> bool:

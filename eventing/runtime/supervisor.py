@@ -44,6 +44,7 @@ class WorkerSlot:
     pid: int | None = None  # the worker's process, once started
     respawn_at: float | None = None  # a dead worker is started again at this time
     leaving: bool = False  # on a departing node: stopped once its vBuckets are handed over
+    failed: bool = False  # on a node that was failed over: never called or started again
 
 
 @dataclass
@@ -81,6 +82,7 @@ class FunctionSupervisor:
         *,
         until_caught_up: bool = False,
         placements: dict[str, str | None] | None = None,
+        warm: dict[tuple[str, str, str | None], Any] | None = None,
     ):
         self.data_dir = data_dir
         self.record = record
@@ -89,6 +91,9 @@ class FunctionSupervisor:
         self.executor = executor
         self.until_caught_up = until_caught_up
         self.placements = placements or {}
+        # Workers started ahead of time by a standby service, by (function, worker id, Ray node id): taken
+        # instead of starting new actors, which costs seconds.
+        self.warm = warm if warm is not None else {}
         targets = None
         if until_caught_up:
             source = LocalBucket.open(data_dir, self.defn.source_bucket)
@@ -121,7 +126,12 @@ class FunctionSupervisor:
             self._spawn(slot)
 
     def _spawn(self, slot: WorkerSlot) -> None:
-        slot.handle = self.executor.start_worker(slot.spec, self.placements.get(slot.node))
+        ray_node = self.placements.get(slot.node)
+        slot.handle = self.warm.pop((self.name, slot.spec.worker_id, ray_node), None)
+        if slot.handle is not None:
+            slot.handle.call("respec", slot.spec)  # runs before "start": one actor's calls run in order
+        else:
+            slot.handle = self.executor.start_worker(slot.spec, ray_node)
         slot.starting = slot.handle.call("start")
         slot.ready = False
         slot.inflight = []
@@ -212,6 +222,8 @@ class FunctionSupervisor:
             slot.next_step_at = time.monotonic() + IDLE_POLL_S
 
     def _restart(self, slot: WorkerSlot, why: str) -> None:
+        if slot.failed:
+            return  # its node is gone: the failover rebalance moves its vBuckets
         for fut in slot.inflight + ([slot.starting] if slot.starting is not None else []):
             self._future_owner.pop(fut, None)
         delay = RESTART_BACKOFF_S[min(slot.restarts, len(RESTART_BACKOFF_S) - 1)]
@@ -230,6 +242,53 @@ class FunctionSupervisor:
         slot.ready = False
         slot.caught_up = False
         slot.respawn_at = time.monotonic() + delay
+
+    # -- node failover ------------------------------------------------------------------------------
+
+    def fail_node(self, node: str) -> list[str]:
+        """Give up the workers of a dead eventing node: no more calls, no respawn. The failover rebalance
+        that follows then releases their vBuckets at once (their last checkpoints stand) and the surviving
+        workers claim them with higher epochs, which fences anything those workers might still write."""
+        gone = []
+        for wid, slot in self.slots.items():
+            if slot.node != node or slot.failed:
+                continue
+            for fut in slot.inflight + ([slot.starting] if slot.starting is not None else []):
+                self._future_owner.pop(fut, None)
+            if slot.handle is not None:
+                self.executor.kill(slot.handle)
+            slot.handle = None
+            slot.starting = None
+            slot.inflight = []
+            slot.ready = False
+            slot.caught_up = False
+            slot.respawn_at = None
+            slot.leaving = True
+            slot.failed = True
+            gone.append(wid)
+        if self.handoff is not None and gone:
+            self._drop_from_handoff(self.handoff, set(gone))
+        return gone
+
+    def _drop_from_handoff(self, handoff: Handoff, gone: set[str]) -> None:
+        """A rebalance in flight loses workers with their node: what they were releasing counts as
+        released (their last checkpoints stand), what they were to claim stays unclaimed (it goes to the
+        survivors in the failover rebalance that follows), so the rebalance can still finish."""
+        for fut, (kind, wid, vbs) in list(handoff.calls.items()):
+            if wid not in gone:
+                continue
+            del handoff.calls[fut]
+            if kind == "revoke":
+                self._released(wid, vbs)
+            else:
+                for vb in vbs:
+                    handoff.claimed_at.setdefault(vb, time.monotonic())
+        for wid in gone:
+            for vb in handoff.incoming.pop(wid, []):
+                handoff.claimed_at.pop(vb, None)
+            handoff.waiting.pop(wid, None)
+        self._issue_revokes()
+        self._maybe_finish()
 
     # -- live rebalance -----------------------------------------------------------------------------
 
@@ -266,7 +325,7 @@ class FunctionSupervisor:
         handoff = self.handoff
         if handoff is None or handoff.revokes_issued:
             return
-        if not all(self.slots[wid].ready for wid in handoff.incoming):
+        if not all(self.slots[wid].ready or self.slots[wid].failed for wid in handoff.incoming):
             return
         handoff.revokes_issued = True
         handoff.released_from = time.monotonic()
@@ -353,8 +412,9 @@ class FunctionSupervisor:
         if len(handoff.claimed_at) < handoff.moves:
             return
         handoff.finished_at = time.monotonic()
+        kept = {str(w) for w in handoff.target.workers()}  # a failed node's workers stay until its failover
         for wid, slot in list(self.slots.items()):
-            if slot.leaving and not slot.spec.vbuckets:
+            if slot.leaving and not slot.spec.vbuckets and wid not in kept:
                 self._end_slot(wid)
         self.last_handoff, self.handoff = handoff, None
         log.info(

@@ -83,7 +83,9 @@ class WorkerCore:
         self.epochs: dict[int, int] = {}
         self.targets = spec.targets
         self.counters: Counter[str] = Counter()
-        self.window_rows = WindowRowWriter.attach(self)  # rows of a windowed function, else None
+        self.window_rows = WindowRowWriter.for_worker(  # rows of a windowed function, else None
+            spec.data_dir, spec.function, spec.generation, spec.worker_id, self.defn.window, self.counters
+        )
         self.dlq: list[DlqRow] = []
         self.last_commit = time.monotonic()
         self._rotor = 0

@@ -13,7 +13,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -366,8 +366,65 @@ class LocalBucket:
         )
         return dict(rows.fetchall())
 
-    def keys(self) -> list[str]:
-        return [r[0] for r in self._db.execute("SELECT key FROM docs WHERE deleted=0 ORDER BY key")]
+    def keys(self, prefix: str = "", limit: int | None = None) -> list[str]:
+        """Keys of live documents in key order, those starting with `prefix`, at most `limit`."""
+        return [key for key, *_ in self._live_docs(prefix, limit, with_docs=False)]
+
+    def scan(self, prefix: str = "", limit: int | None = None) -> Iterator[tuple[str, dict, dict]]:
+        """(key, document, meta) of live documents in key order; meta has vb, seqno, cas, expiry, flags."""
+        for key, vb, seqno, cas, expiry, flags, raw in self._live_docs(prefix, limit, with_docs=True):
+            meta = {"vb": vb, "seqno": seqno, "cas": cas, "expiry": expiry, "flags": flags}
+            yield key, decode_document(raw), meta
+
+    def _live_docs(self, prefix: str, limit: int | None, *, with_docs: bool, batch: int = 1000) -> Iterator[tuple]:
+        """Live documents in key order, read in batches (keyset paging, so a large bucket streams)."""
+        columns = "key, vb, seqno, cas, expiry, flags" + (", doc" if with_docs else "")
+        after: str | None = None
+        left = limit
+        while left is None or left > 0:
+            take = batch if left is None else min(batch, left)
+            clauses = ["deleted=0"]
+            args: list[object] = []
+            if prefix:  # a range scan of the primary key, then the exact prefix test
+                clauses.append("key >= ? AND substr(key, 1, ?) = ?")
+                args += [prefix, len(prefix), prefix]
+            if after is not None:
+                clauses.append("key > ?")
+                args.append(after)
+            rows = self._db.execute(
+                f"SELECT {columns} FROM docs WHERE {' AND '.join(clauses)} ORDER BY key LIMIT ?", (*args, take)
+            ).fetchall()
+            yield from rows
+            if len(rows) < take:
+                return
+            after = rows[-1][0]
+            if left is not None:
+                left -= len(rows)
+
+    def count(self) -> int:
+        """Live documents (deleted and expired-then-deleted ones are tombstones, not counted)."""
+        return self._db.execute("SELECT COUNT(*) FROM docs WHERE deleted=0").fetchone()[0]
+
+    def flush(self) -> dict:
+        """Empty the bucket: documents, mutation log, high seqnos and effect marks go, in one transaction,
+        and the bucket gets a new identity (uuid), so checkpoints taken on its old contents never resume
+        on the new ones (a worker refuses a checkpoint whose bucket uuid differs). Returns what went."""
+        before = self.stats()
+        new_uuid = uuid.uuid4().hex
+
+        def body() -> None:
+            for table in ("docs", "log", "effect_marks"):
+                self._db.execute(f"DELETE FROM {table}")
+            self._db.execute("UPDATE high SET seqno=0")
+            self._db.execute("UPDATE info SET value=? WHERE key='uuid'", (new_uuid,))
+
+        _retry_locked(self.path, lambda: self._tx(body))
+        self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        self.uuid = new_uuid
+        return {
+            "bucket": self.name, "documents": before["documents"], "tombstones": before["tombstones"],
+            "mutations": before["mutations"], "old_uuid": before["uuid"], "uuid": new_uuid,
+        }
 
     def stats(self) -> dict:
         docs, deleted = self._db.execute(
@@ -441,6 +498,32 @@ class LocalBucket:
         rows = self._db.execute("SELECT vb, epoch, seqno FROM effect_marks WHERE function=?", (function,))
         return {vb: (epoch, seqno) for vb, epoch, seqno in rows}
 
+    def lower_effect_marks(self, function: str, seqnos: dict[int, int]) -> dict[int, int]:
+        """Lower the (function, vb) effect marks to at most the given seqnos, so effects of the function's
+        mutations after them apply again (a rewind with --reapply-effects); epochs are kept. Returns the
+        vBuckets whose mark moved, with their old seqno."""
+
+        def body() -> dict[int, int]:
+            old = self.effect_marks(function)
+            moved = {vb: old[vb][1] for vb, s in seqnos.items() if vb in old and old[vb][1] > s}
+            self._db.executemany(
+                "UPDATE effect_marks SET seqno=? WHERE function=? AND vb=? AND seqno>?",
+                [(seqnos[vb], function, vb, seqnos[vb]) for vb in moved],
+            )
+            return moved
+
+        return _retry_locked(self.path, lambda: self._tx(body))
+
+    def seqnos_before(self, time_ns: int) -> dict[int, int]:
+        """Per vBucket with a mutation logged at or after `time_ns`: the seqno right before the first such
+        mutation. The time of a mutation is its arrival_ms where the log has that column, else its cas,
+        the wall-clock time of its write in nanoseconds (see _next_cas)."""
+        column, value = "cas", max(-(2**63), min(time_ns, 2**63 - 1))  # SQLite integers are 64-bit
+        if "arrival_ms" in {r[1] for r in self._db.execute("PRAGMA table_info(log)")}:
+            column, value = "arrival_ms", time_ns // 1_000_000  # the log's own arrival time, where it keeps one
+        rows = self._db.execute(f"SELECT vb, MIN(seqno) - 1 FROM log WHERE {column} >= ? GROUP BY vb", (value,))
+        return dict(rows.fetchall())
+
     def drop_effect_marks(self, function: str) -> None:
         _retry_locked(
             self.path,
@@ -457,6 +540,19 @@ def _connect(path: Path) -> sqlite3.Connection:
 
 def _retry_locked(path: Path, fn):
     return retry_locked(path, fn)
+
+
+def drop_bucket(data_dir: str | os.PathLike[str], name: str) -> Path:
+    """Delete a bucket's file (with its WAL and shared-memory files); returns the path that went."""
+    path = bucket_path(data_dir, name)
+    bucket = LocalBucket.open(data_dir, name)  # unknown name or not a bucket: the usual clear error
+    # Move the WAL into the file first: a stale WAL left behind must never meet a new bucket of this name.
+    bucket._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    bucket.close()
+    for suffix in ("-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    path.unlink()
+    return path
 
 
 def list_buckets(data_dir: str | os.PathLike[str]) -> list[str]:

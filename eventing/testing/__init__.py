@@ -16,11 +16,12 @@ import os
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eventing.core.definition import FunctionDefinition
+from eventing.core.definition import Boundary, FunctionDefinition
 from eventing.ops.verify import VerifyReport, check_ledger
 from eventing.runtime import lifecycle
 from eventing.storage import loadgen
@@ -109,13 +110,25 @@ def load_source(
 
 
 def deploy_function(
-    data_dir: str, defn: FunctionDefinition, handler: str = LEDGER_HANDLER, boundary: str | None = None
+    data_dir: str, defn: FunctionDefinition, handler: str = LEDGER_HANDLER, boundary: Boundary | None = None
 ) -> None:
     """Create the function's binding buckets, save it with ``handler`` and deploy it."""
     for b in defn.bindings:
         LocalBucket.create(data_dir, b.bucket, exist_ok=True)
     lifecycle.save_function(data_dir, defn, handler)
     lifecycle.deploy(data_dir, defn.name, boundary)
+
+
+def wait_for(
+    predicate: Callable[[], bool], what: str = "the condition holds", timeout: float = 90.0, every: float = 0.05
+) -> float:
+    """Wait until predicate() holds; returns the seconds it took, or fails the test after `timeout`."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if predicate():
+            return time.monotonic() - start
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting until {what}")
 
 
 class BackgroundLoop:

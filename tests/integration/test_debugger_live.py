@@ -20,7 +20,7 @@ from eventing.runtime.service import EventingService
 from eventing.storage import loadgen
 from eventing.storage.bucket import LocalBucket, chunked
 from eventing.storage.metadata import open_metadata
-from eventing.testing import LEDGER_HANDLER, BackgroundLoop, check_ledger, ledger_definition
+from eventing.testing import LEDGER_HANDLER, BackgroundLoop, check_ledger, ledger_definition, wait_for
 from sharding import NUM_VBUCKETS, vbucket_of
 
 pytestmark = pytest.mark.integration
@@ -53,13 +53,6 @@ def caught_up(data_dir: str, function: str, source: LocalBucket) -> bool:
     return bool(cps) and [cps[vb].seqno for vb in range(NUM_VBUCKETS)] == source.high_seqnos()
 
 
-def wait_for(predicate, what: str, timeout: float = 40.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting until {what}")
 
 
 class Producer(BackgroundLoop):

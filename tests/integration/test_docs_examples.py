@@ -32,7 +32,7 @@ NOT_COPIED = (".git", ".venv", ".eventing", "__pycache__", "*.egg-info", ".mypy_
               ".pytest_cache", ".hypothesis", "rebalance-sim", "out", "backups")
 # Settings of the caller's shell that would point the examples at another deployment.
 CLEARED_ENV = ("EVENTING_DATA_DIR", "EVENTING_METADATA_URL", "EVENTING_RAY_ADDRESS", "EVENTING_SPARK_MASTER",
-               "EVENTING_COUCHBASE_USERNAME", "EVENTING_COUCHBASE_PASSWORD", "EVENTING_CLOSE_WINDOWS",
+               "EVENTING_COUCHBASE_USERNAME", "EVENTING_COUCHBASE_PASSWORD",
                "VIRTUAL_ENV")
 
 

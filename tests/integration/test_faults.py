@@ -40,6 +40,7 @@ from eventing.testing import (
     ledger_definition,
     load_source,
     read_call_log,
+    wait_for,
 )
 from metadata import sqlite_io
 from sharding import NUM_VBUCKETS
@@ -127,14 +128,6 @@ class RunningService:
         self.thread.join(timeout=120)
 
 
-def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 90.0, every: float = 0.05) -> float:
-    """Wait until predicate() holds; returns the seconds it took."""
-    start = time.monotonic()
-    while time.monotonic() - start < timeout:
-        if predicate():
-            return time.monotonic() - start
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting until {what}")
 
 
 def run_until_caught_up(data_dir: str, executor) -> None:

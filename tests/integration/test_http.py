@@ -222,8 +222,12 @@ def test_create_export_import_settings_and_delete_round_trip(site):
 
 def test_vbuckets_checkpoints_nodes_rebalance_and_verify(site):
     reader = client(site, READ)
-    cps = reader.get("/api/v1/functions/fn_ledger/checkpoints").json()["vbuckets"]
-    assert len(cps) == 1024 and sum(c["backlog"] for c in cps) == 0
+    view = reader.get("/api/v1/functions/fn_ledger/checkpoints").json()
+    cps = view["rows"]
+    assert len(cps) == 1024 and view["backlog"] == sum(c["backlog"] for c in cps) == 0
+    assert reader.get("/api/v1/functions/fn_ledger/checkpoints?vb=5").json()["rows"][0]["vb"] == 5
+    r = reader.get("/api/v1/functions/fn_ledger/checkpoints?vb=2000")
+    assert r.status_code == 400 and "vBucket 2000 does not exist" in r.json()["error"]
     assert {c["owner"] for c in cps} == {"local/w0", "local/w1"}
     assert sum(w["vbuckets"] for w in reader.get("/api/v1/functions/fn_ledger/vbmap").json()["workers"]) == 1024
     assert reader.get("/api/v1/nodes").json()["nodes"][0]["vbuckets"] == 1024

@@ -23,6 +23,7 @@ from eventing.testing import (
     ledger_definition,
     load_source,
     read_call_log,
+    wait_for,
 )
 from sharding import NUM_VBUCKETS
 
@@ -206,13 +207,6 @@ def caught_up(data_dir: str, function: str, source: LocalBucket) -> bool:
     return bool(cps) and [cps[vb].seqno for vb in range(NUM_VBUCKETS)] == source.high_seqnos()
 
 
-def wait_for(predicate, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting until {what}")
 
 
 def test_a_handler_that_cannot_be_interrupted_gets_its_worker_recycled(data_dir, ray_executor):

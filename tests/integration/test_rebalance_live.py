@@ -18,7 +18,7 @@ from eventing.runtime.service import EventingService
 from eventing.runtime.worker import WorkerCore, WorkerSpec
 from eventing.storage.bucket import LocalBucket
 from eventing.storage.metadata import open_metadata
-from eventing.testing import LEDGER_HANDLER, BackgroundLoop, check_ledger, ledger_definition
+from eventing.testing import LEDGER_HANDLER, BackgroundLoop, check_ledger, ledger_definition, wait_for
 from sharding import NUM_VBUCKETS
 from sharding.rebalance import minimum_moves
 
@@ -68,13 +68,6 @@ def caught_up(data_dir: str, name: str, source: LocalBucket) -> bool:
     return bool(cps) and [cps[vb].seqno for vb in range(NUM_VBUCKETS)] == source.high_seqnos()
 
 
-def wait_for(predicate, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError("timed out")
 
 
 def rebalance(data_dir: str, *steps: list[str]) -> dict:

@@ -23,11 +23,12 @@ from eventing.storage.metadata import open_metadata
 from eventing.testing import load_source
 from eventing.testing.windows import reference_results
 from eventing.windows.runtime.coordinator import FAULT_ENV, FAULT_EXIT_CODE
-from eventing.windows.runtime.host import CLOSE_WINDOWS_ENV
+from eventing.windows.runtime.host import WindowOptions
 from eventing.windows.runtime.paths import WindowPaths
 from eventing.windows.semantics import WindowSpec
 from eventing.windows.spark.sink import ParquetWindowSink
 
+CLOSE_WINDOWS = WindowOptions(close_windows=True)  # as `eventing run --close-windows`
 pytestmark = pytest.mark.integration
 
 MIN = 60_000
@@ -106,8 +107,7 @@ def test_windows_match_plain_python_and_late_rows_go_to_the_dlq(data_dir, ray_ex
         source.upsert(key, {"ts": T0 + 1_000 * i, "country": "KR", "amount": 1000.0, "purchases": 1})
     source.upsert("on-time-1", {"ts": T0 + 9 * MIN + 59_000, "country": "KR", "amount": 7.25, "purchases": 3})
     source.upsert("on-time-2", {"ts": T0 + 12 * MIN, "country": "ZZ", "amount": 1.5, "purchases": 2})
-    monkeypatch.setenv(CLOSE_WINDOWS_ENV, "1")
-    summary = EventingService(data_dir, ray_executor, until_caught_up=True).run()
+    summary = EventingService(data_dir, ray_executor, until_caught_up=True, windows=CLOSE_WINDOWS).run()
     assert not summary.errors
     store = open_metadata(data_dir)
     dlq = store.dlq_rows(FN)
@@ -120,10 +120,9 @@ def test_windows_match_plain_python_and_late_rows_go_to_the_dlq(data_dir, ray_ex
 
 
 def test_a_worker_killed_mid_run_leaves_every_window_exact(data_dir, ray_executor, spark, monkeypatch):
-    monkeypatch.setenv(CLOSE_WINDOWS_ENV, "1")
     source = load(data_dir, documents=400, mutations=5000, seed=9)
     deploy(data_dir, workers=3, sleep_ms=1.5)
-    service = EventingService(data_dir, ray_executor, until_caught_up=True)
+    service = EventingService(data_dir, ray_executor, until_caught_up=True, windows=CLOSE_WINDOWS)
     result: dict = {}
     thread = threading.Thread(target=lambda: result.update(summary=service.run()))
     thread.start()
@@ -151,28 +150,26 @@ def test_a_service_killed_between_state_commit_and_sink_write_emits_every_window
 ):
     source = load(data_dir, documents=300, mutations=3000, seed=11)
     deploy(data_dir, workers=2)
-    env = {**os.environ, FAULT_ENV: fault, CLOSE_WINDOWS_ENV: "1", "EVENTING_SPARK_MASTER": "local[1]"}
+    env = {**os.environ, FAULT_ENV: fault}
     driver = subprocess.run(
         [sys.executable, "-m", "eventing", "--data-dir", data_dir, "run", "--until-caught-up", "--quiet",
-         "--executor", "in-process"],
+         "--executor", "in-process", "--close-windows", "--spark-master", "local[1]"],
         env=env, capture_output=True, text=True, timeout=180,
     )
     assert driver.returncode == FAULT_EXIT_CODE, driver.stderr[-2000:]
     store = open_metadata(data_dir)
-    from metadata.window_state import WindowStateStore
 
-    state = WindowStateStore(store).load(FN)
+    state = store.window_states().load(FN)
     assert state is not None and state["pending"], "the crash left closed windows not recorded as emitted"
     written_before = sink(data_dir).written_windows(FN)
     if fault == "after_sink_write":
         assert written_before, "the crashed service had written windows to the sink"
     else:
         assert not written_before
-    monkeypatch.setenv(CLOSE_WINDOWS_ENV, "1")
-    summary = EventingService(data_dir, ray_executor, until_caught_up=True).run()
+    summary = EventingService(data_dir, ray_executor, until_caught_up=True, windows=CLOSE_WINDOWS).run()
     assert not summary.errors
     assert_results_match_the_documents(data_dir, source, late=set())
-    assert WindowStateStore(store).load(FN)["pending"] == []
+    assert store.window_states().load(FN)["pending"] == []
 
 
 def test_a_window_only_function_killed_mid_run_on_ray_leaves_every_window_exact(
@@ -181,7 +178,6 @@ def test_a_window_only_function_killed_mid_run_on_ray_leaves_every_window_exact(
     """The bulk read path (a window-only function: no on_update) on Ray workers, one killed with kill -9
     while it has a backlog: the rows it had buffered die with it, and its restart reads them again from
     the checkpoint, so every window still comes out exact."""
-    monkeypatch.setenv(CLOSE_WINDOWS_ENV, "1")
     source = load(data_dir, documents=2000, mutations=60_000, seed=13)
     defn = FunctionDefinition.from_dict({
         "name": FN, "source_bucket": "src", "worker_count": 3, "checkpoint_interval": "100ms",
@@ -190,7 +186,7 @@ def test_a_window_only_function_killed_mid_run_on_ray_leaves_every_window_exact(
     })
     lifecycle.save_function(data_dir, defn, '"""Window-only: the window does the work."""\n')
     lifecycle.deploy(data_dir, FN)
-    service = EventingService(data_dir, ray_executor, until_caught_up=True)
+    service = EventingService(data_dir, ray_executor, until_caught_up=True, windows=CLOSE_WINDOWS)
     result: dict = {}
     thread = threading.Thread(target=lambda: result.update(summary=service.run()))
     thread.start()

@@ -27,8 +27,8 @@ import pytest
 
 from metadata import (
     TRANSITIONS,
+    ConfigError,
     CouchbaseMetadataStore,
-    CouchbaseWindowStateStore,
     DlqRow,
     FencedError,
     FunctionState,
@@ -285,6 +285,9 @@ def test_unknown_functions_raise_not_found(store):
         store.transition("fn", FunctionState.DEPLOYING, "deploy")
     with pytest.raises(NotFoundError, match="unknown function 'fn'"):
         store.delete_function("fn")
+    store.put_function("fn_a", {}, "")
+    with pytest.raises(NotFoundError, match="known: fn_a"):
+        store.get_function("fn_b")
 
 
 @pytest.mark.parametrize("state", [FunctionState.UNDEPLOYED, FunctionState.PAUSED])
@@ -406,6 +409,66 @@ def test_checkpoint_never_moves_backwards(store):
         "vb": 0, "epoch": e, "from_seqno": 10, "to_seqno": 9, "how": "refused",
     }
     assert store.checkpoint_regressions("fn", min_epoch=e + 1) == []
+
+
+def _paused_with_checkpoints(store, positions: dict[int, int], starts: dict[int, int] | None = None) -> dict[int, int]:
+    """A paused function 'fn' whose checkpoints were claimed, committed at `positions` and released."""
+    _put_in_state(store, "fn", FunctionState.PAUSED)
+    store.init_checkpoints("fn", starts or dict.fromkeys(positions, 0), "uuid")
+    epochs = {vb: cp.epoch for vb, cp in store.claim("fn", positions, "n/w0").items()}
+    store.commit("fn", epochs, positions)
+    store.release("fn", epochs)
+    return epochs
+
+
+def test_a_rewind_moves_a_paused_functions_checkpoints_back_and_is_not_a_regression(store):
+    epochs = _paused_with_checkpoints(store, {0: 10, 1: 20, 2: 3})
+    moved = store.rewind_checkpoints("fn", {0: 4, 1: 0, 2: 5})
+    assert moved == {0: (10, 4), 1: (20, 0)}  # vBucket 2 is already below its target: it stays
+    cps = store.checkpoints("fn")
+    assert {vb: cp.seqno for vb, cp in cps.items()} == {0: 4, 1: 0, 2: 3}
+    assert (cps[0].epoch, cps[0].owner, cps[0].leased) == (epochs[0] + 1, "n/w0", False)
+    assert cps[2].epoch == epochs[2]
+    assert store.checkpoint_regressions("fn") == []
+    rewinds = store.checkpoint_rewinds("fn")
+    assert [(r["vb"], r["from_seqno"], r["to_seqno"], r["how"], r["epoch"]) for r in rewinds] == [
+        (0, 10, 4, "rewind", epochs[0] + 1), (1, 20, 0, "rewind", epochs[1] + 1),
+    ]
+    assert store.checkpoint_rewinds("fn", min_epoch=epochs[0] + 2) == []
+
+
+def test_an_owner_from_before_a_rewind_is_fenced(store):
+    epochs = _paused_with_checkpoints(store, {0: 10})
+    store.rewind_checkpoints("fn", {0: 2})
+    assert store.commit("fn", epochs, {0: 11}) == {0}
+    assert store.checkpoints("fn")[0].seqno == 2
+    assert store.claim("fn", [0], "n/w1")[0].epoch == epochs[0] + 2
+
+
+@pytest.mark.parametrize("state", [s for s in FunctionState if s is not FunctionState.PAUSED])
+def test_only_a_paused_function_can_be_rewound(store, state):
+    _put_in_state(store, "fn", state)
+    store.init_checkpoints("fn", {0: 0}, "uuid")
+    with pytest.raises(LifecycleError, match=f"cannot rewind function 'fn': it is {state.value}; only a paused"):
+        store.rewind_checkpoints("fn", {0: 0})
+
+
+def test_a_rewind_below_the_feed_boundary_needs_the_effects_reapplied(store):
+    _paused_with_checkpoints(store, {0: 30, 1: 30}, starts={0: 20, 1: 0})
+    with pytest.raises(ConfigError, match="vBucket 0 .* started after seqno 20 .*rewind to 20 or later, or pass --reapply-effects"):
+        store.rewind_checkpoints("fn", {0: 5, 1: 5})
+    assert {vb: cp.seqno for vb, cp in store.checkpoints("fn").items()} == {0: 30, 1: 30}  # nothing moved
+    assert store.rewind_checkpoints("fn", {0: 5, 1: 5}, reapply_effects=True) == {0: (30, 5), 1: (30, 5)}
+    assert store.checkpoint_starts("fn") == {0: 5, 1: 0}
+    assert {r["how"] for r in store.checkpoint_rewinds("fn")} == {"rewind-reapply"}
+
+
+def test_rewinding_vbuckets_without_checkpoints_or_to_a_negative_seqno_is_refused(store):
+    _paused_with_checkpoints(store, {0: 3})
+    with pytest.raises(ConfigError, match=r"no checkpoint for vBuckets \[7\]"):
+        store.rewind_checkpoints("fn", {7: 0})
+    with pytest.raises(ConfigError, match="to seqno -1; seqnos start at 0"):
+        store.rewind_checkpoints("fn", {0: -1})
 
 
 def test_commit_moves_checkpoints_and_counts_in_one_call(store):
@@ -547,17 +610,64 @@ def test_settings_round_trip(store):
     assert store.get_kv("plan") == '{"a": 2}'
 
 
+def test_a_lease_is_held_renewed_and_refused_to_others_until_it_expires(store):
+    assert store.lease("leader") is None
+    first = store.acquire_lease("leader", "svc-a", 60, info='{"pid": 1}')
+    assert first is not None and (first.holder, first.term, first.info) == ("svc-a", 1, '{"pid": 1}')
+    assert store.acquire_lease("leader", "svc-b", 60) is None  # held: the standby keeps waiting
+    time.sleep(0.01)
+    renewed = store.acquire_lease("leader", "svc-a", 60, info='{"pid": 1}')
+    assert renewed is not None and renewed.term == 1 and renewed.expires_at > first.expires_at
+    assert renewed.acquired_at == first.acquired_at
+    assert store.lease("leader") == renewed
+    assert store.lease("other") is None
+
+
+def test_an_expired_lease_goes_to_the_next_taker_with_a_higher_term_and_the_old_holder_learns_it(store):
+    store.acquire_lease("leader", "svc-a", 0.05)
+    time.sleep(0.1)
+    taken = store.acquire_lease("leader", "svc-b", 60)
+    assert taken is not None and (taken.holder, taken.term) == ("svc-b", 2)
+    assert store.acquire_lease("leader", "svc-a", 60) is None  # the old leader's renewal fails: it steps down
+
+
+def test_a_lease_of_a_holder_known_dead_is_taken_at_once_and_a_released_lease_is_free(store):
+    store.acquire_lease("leader", "svc-a", 60)
+    assert store.acquire_lease("leader", "svc-b", 60, take_from="svc-x") is None  # not the holder named
+    taken = store.acquire_lease("leader", "svc-b", 60, take_from="svc-a")
+    assert taken is not None and taken.holder == "svc-b" and taken.term == 2
+    assert not store.release_lease("leader", "svc-a")  # not its lease any more
+    assert store.release_lease("leader", "svc-b")
+    assert store.lease("leader").expired(time.time())
+    again = store.acquire_lease("leader", "svc-c", 60)
+    assert again is not None and again.term == 3
+
+
+def test_racing_takers_get_a_free_lease_exactly_once(backend):
+    stores = [backend.open() for _ in range(4)]
+    won: list[str] = []
+    barrier = threading.Barrier(len(stores))
+
+    def take(i: int) -> None:
+        barrier.wait()
+        if stores[i].acquire_lease("leader", f"svc-{i}", 60) is not None:
+            won.append(f"svc-{i}")
+
+    threads = [threading.Thread(target=take, args=(i,)) for i in range(len(stores))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(won) == 1 and stores[0].lease("leader").holder == won[0]
+
+
 def test_a_healthy_store_passes_its_integrity_check(store):
     store.put_function("fn", {}, "")
     store.verify_integrity()
 
 
 def _window_state(store):
-    if isinstance(store, SqliteMetadataStore):
-        from metadata.window_state import WindowStateStore
-
-        return WindowStateStore(store)
-    return CouchbaseWindowStateStore(store)
+    return store.window_states()
 
 
 def test_a_window_coordinator_claim_fences_the_previous_coordinator(backend):
@@ -640,6 +750,23 @@ def test_a_checkpoint_moved_ahead_by_the_same_owner_in_between_is_not_moved_back
     assert a.checkpoints("fn")[0].seqno == 20
 
 
+def test_a_worker_claiming_while_a_rewind_writes_makes_the_rewind_fail_not_undo_the_claim():
+    docs = MemoryDocuments()
+    a, b = CouchbaseMetadataStore.on_documents(docs), CouchbaseMetadataStore.on_documents(docs)
+    _paused_with_checkpoints(a, {0: 10})
+    _slip_in_once(docs, lambda key: key.endswith("::cp::fn::0"), lambda: b.claim("fn", [0], "n/w9"))
+    with pytest.raises(LifecycleError, match="was resumed while its checkpoints were being rewound"):
+        a.rewind_checkpoints("fn", {0: 0})
+    cp = a.checkpoints("fn")[0]
+    assert (cp.seqno, cp.owner) == (10, "n/w9") and a.checkpoint_rewinds("fn") == []
+
+
+def test_a_couchbase_store_is_backed_up_with_couchbases_tools(tmp_path):
+    with pytest.raises(StoreError, match="back it up with Couchbase's own tools, e.g. `cbbackupmgr backup`"):
+        CouchbaseMetadataStore.on_documents(MemoryDocuments()).backup(tmp_path / "b.sqlite3")
+    assert not (tmp_path / "b.sqlite3").exists()
+
+
 def test_the_couchbase_documents_follow_the_documented_layout():
     docs = MemoryDocuments()
     store = CouchbaseMetadataStore.on_documents(docs, prefix="p")
@@ -650,9 +777,10 @@ def test_the_couchbase_documents_follow_the_documented_layout():
     store.heartbeat("svc", "{}")
     store.put_node("n", "active")
     store.set_kv("plan", "{}")
+    store.acquire_lease("leader", "svc", 5)
     assert docs.keys() == sorted([
         "p::functions", "p::fn::fn", "p::cp::fn::0", "p::cp::fn::1023", "p::ctr::fn", "p::dlq::fn::0::5",
-        "p::dlqix::fn::0", "p::services", "p::svc::svc", "p::nodes", "p::kv::plan",
+        "p::dlqix::fn::0", "p::services", "p::svc::svc", "p::nodes", "p::kv::plan", "p::lease::leader",
     ])
 
 
@@ -738,3 +866,181 @@ def test_a_malformed_couchbase_url_names_the_fix(url, fix):
     with pytest.raises(StoreError, match=fix) as caught:
         parse_metadata_url(url, {})
     assert "pw&" not in str(caught.value) and "password=pw" not in str(caught.value)
+
+
+# -- the SDK adapter against the real SDK's exception classes (no server needed) ---------------------------
+
+
+class _Result:
+    """What the SDK's GetResult offers the adapter: the decoded value and the CAS."""
+
+    def __init__(self, value: Any, cas: int = 7):
+        self.value, self.cas = value, cas
+
+
+class _MultiResult:
+    def __init__(self, results: dict, exceptions: dict):
+        self.results, self.exceptions = results, exceptions
+
+
+class _Collection:
+    """A collection whose calls return stored values or raise the exception a test sets for an operation."""
+
+    def __init__(self, values: dict[str, Any] | None = None):
+        self.values = dict(values or {})
+        self.raises: dict[str, BaseException] = {}
+
+    def _maybe_raise(self, op: str) -> None:
+        if op in self.raises:
+            raise self.raises[op]
+
+    def get(self, key, *a, **kw):
+        self._maybe_raise("get")
+        from couchbase.exceptions import DocumentNotFoundException
+
+        if key not in self.values:
+            raise DocumentNotFoundException()
+        return _Result(self.values[key])
+
+    def get_multi(self, keys, *a, **kw):
+        self._maybe_raise("get")
+        return _MultiResult({k: _Result(self.values[k]) for k in keys if k in self.values}, {})
+
+    def upsert(self, key, value, *a, **kw):
+        self._maybe_raise("upsert")
+        self.values[key] = value
+
+    def replace(self, key, value, *a, **kw):
+        self._maybe_raise("replace")
+        self.values[key] = value
+
+    def insert(self, key, value, *a, **kw):
+        self._maybe_raise("insert")
+        self.values[key] = value
+
+
+def _sdk_docs(values: dict[str, Any] | None = None):
+    pytest.importorskip("couchbase")
+    from metadata.couchbase import SdkDocuments
+
+    collection = _Collection(values)
+    return SdkDocuments.on_collection(collection), collection
+
+
+CONNECT_HINT = "check EVENTING_METADATA_URL, credentials and that the cluster is reachable"
+
+
+def test_an_operation_after_close_raises_store_error_not_the_sdks_runtime_error():
+    docs, collection = _sdk_docs()
+    store = CouchbaseMetadataStore.on_documents(docs)
+    store.close()
+    with pytest.raises(StoreError, match=r"metadata store .* is closed; get eventing::functions needs an open store"):
+        store.list_functions()
+    store.close()  # closing twice is fine
+    # The SDK raises a plain RuntimeError when its connection is gone: that is a StoreError too.
+    docs, collection = _sdk_docs()
+    collection.raises["get"] = RuntimeError("Cannot perform operations without first establishing a connection.")
+    with pytest.raises(StoreError, match="establishing a connection"):
+        CouchbaseMetadataStore.on_documents(docs).get_kv("plan")
+
+
+@pytest.mark.parametrize("value", [[1, 2], "text", 42, None])
+def test_a_document_that_is_not_a_json_object_is_reported_as_corruption(value):
+    from metadata import StoreCorruptError
+
+    docs, _ = _sdk_docs({"eventing::functions": {"names": ["fn"]}, "eventing::fn::fn": value})
+    store = CouchbaseMetadataStore.on_documents(docs)
+    with pytest.raises(StoreCorruptError, match=r"document eventing::fn::fn is not a JSON object") as caught:
+        store.get_function("fn")
+    assert "restore the bucket from a backup" in str(caught.value) and CONNECT_HINT not in str(caught.value)
+    with pytest.raises(StoreCorruptError, match="eventing::fn::fn"):
+        store.verify_integrity()
+
+
+def test_verify_integrity_reports_a_damaged_document_of_any_function():
+    from metadata import StoreCorruptError
+
+    docs = MemoryDocuments()
+    store = CouchbaseMetadataStore.on_documents(docs)
+    store.put_function("fn", {"name": "fn"}, "src")
+    store.init_checkpoints("fn", {0: 0, 1: 0}, "uuid")
+    store.verify_integrity()
+    docs.upsert("eventing::cp::fn::1", ["not", "a", "checkpoint"])  # type: ignore[arg-type]
+    with pytest.raises(StoreCorruptError, match=r"document eventing::cp::fn::1 is not a JSON object \(a list\)"):
+        store.verify_integrity()
+    docs.upsert("eventing::cp::fn::1", {"seqno": 3})
+    with pytest.raises(StoreCorruptError, match=r"document eventing::cp::fn::1 lacks a valid field"):
+        store.verify_integrity()
+
+
+def _sdk_error(name: str, **kwargs):
+    from couchbase import exceptions
+
+    return getattr(exceptions, name)(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("op", "error", "expected"),
+    [
+        ("replace", ("DocumentLockedException", {}), "the document is locked by another client"),
+        ("upsert", ("CouchbaseException", {"message": "value too large", "error_code": 104}),
+         "over Couchbase's 20 MiB value limit"),
+        ("upsert", ("InvalidArgumentException", {"message": "Expected timedelta"}), "Expected timedelta"),
+    ],
+)
+def test_errors_that_are_not_connection_problems_get_their_own_message(op, error, expected):
+    docs, collection = _sdk_docs({"eventing::kv::plan": {"value": "1"}})
+    collection.raises[op] = _sdk_error(error[0], **error[1])
+    store = CouchbaseMetadataStore.on_documents(docs)
+    with pytest.raises(StoreError) as caught:
+        if op == "replace":
+            store.put_node("n", "active")  # insert, then a CAS replace of the same document
+            store.put_node("n", "leaving")
+        else:
+            store.set_kv("plan", "2")
+    message = str(caught.value)
+    assert expected in message and CONNECT_HINT not in message and "\n" not in message
+
+
+def test_a_connection_problem_carries_the_connection_hint():
+    docs, collection = _sdk_docs()
+    collection.raises["get"] = _sdk_error("UnAmbiguousTimeoutException", message="timed out")
+    with pytest.raises(StoreError, match=f"get eventing::kv::plan failed: UnAmbiguousTimeoutException: timed out; {CONNECT_HINT}"):
+        CouchbaseMetadataStore.on_documents(docs).get_kv("plan")
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ("kv_timeout=2500", "option kv_timeout=2500 is refused by the Couchbase SDK .*takes durations only from code"),
+        ("bogus=1", "option 'bogus' is not a Couchbase SDK connection option"),
+        ("enable_tls=maybe", "option enable_tls=maybe is refused by the Couchbase SDK"),
+        ("network=external&kv_timout=1", "option 'kv_timout' is not a Couchbase SDK connection option \\(similar: kv_"),
+        ("transcoder=raw", "option 'transcoder' is not a Couchbase SDK connection option"),
+    ],
+)
+def test_url_options_the_sdk_does_not_know_or_take_are_rejected(query, expected):
+    pytest.importorskip("couchbase")
+    from metadata.couchbase.adapter import check_connection_options
+
+    with pytest.raises(StoreError, match=expected) as caught:
+        check_connection_options(f"couchbase://cb?{query}")
+    assert CONNECT_HINT not in str(caught.value)
+
+
+def test_url_options_the_sdk_takes_pass():
+    pytest.importorskip("couchbase")
+    from metadata.couchbase.adapter import check_connection_options
+
+    check_connection_options("couchbase://cb?network=external&enable_tls=true&num_io_threads=2&ssl=no_verify")
+    check_connection_options("couchbase://cb")
+
+
+def test_a_bad_url_option_fails_before_connecting_with_its_own_message(tmp_path, monkeypatch):
+    pytest.importorskip("couchbase")
+    monkeypatch.setenv("EVENTING_METADATA_URL", "couchbase://127.0.0.1:1/meta?username=u&password=p&kv_timeout=2500")
+    started = time.monotonic()
+    with pytest.raises(StoreError, match="option kv_timeout=2500 is refused") as caught:
+        open_store(tmp_path)
+    assert time.monotonic() - started < 1.0
+    assert "cannot connect" not in str(caught.value) and CONNECT_HINT not in str(caught.value)

@@ -1,4 +1,5 @@
-"""The SQLite metadata store: lifecycle transitions, epochs and fencing, checkpoints, DLQ, locks, corruption."""
+"""What only the SQLite metadata store does: waiting on locks, failing closed on damage. Everything every
+backend does is in the contract suite, test_metadata_contract.py."""
 
 from __future__ import annotations
 
@@ -10,12 +11,8 @@ import time
 import pytest
 
 from metadata import (
-    TRANSITIONS,
     DlqRow,
-    FunctionState,
-    LifecycleError,
     NotFoundError,
-    OrderViolationError,
     SqliteMetadataStore,
     StoreCorruptError,
     StoreLockedError,
@@ -31,79 +28,6 @@ def store(tmp_path):
 
 def _dlq(vb: int, seqno: int) -> DlqRow:
     return DlqRow("fn", vb, seqno, "k", "error", "boom", "tb", 1, 1.0, 1.0, b"m")
-
-
-ALL_STATES = list(FunctionState)
-
-
-@pytest.mark.parametrize("current", ALL_STATES)
-@pytest.mark.parametrize("target", ALL_STATES)
-def test_only_transitions_in_the_table_are_allowed(store, current, target):
-    store.put_function("fn", {"name": "fn"}, "src")
-    store._db.execute("UPDATE functions SET state=? WHERE name='fn'", (current.value,))
-    if target in TRANSITIONS[current]:
-        assert store.transition("fn", target, "move").state is target
-    else:
-        with pytest.raises(LifecycleError, match="cannot move function 'fn'"):
-            store.transition("fn", target, "move")
-        assert store.get_function("fn").state is current
-
-
-def test_deploying_a_deployed_function_names_the_fix(store):
-    store.put_function("fn", {"name": "fn"}, "src")
-    store.transition("fn", FunctionState.DEPLOYING, "deploy")
-    store.transition("fn", FunctionState.DEPLOYED, "deploy")
-    with pytest.raises(LifecycleError, match="it is deployed; undeploy it first"):
-        store.transition("fn", FunctionState.DEPLOYING, "deploy")
-
-
-def test_unknown_function_names_the_known_ones(store):
-    store.put_function("fn_a", {}, "")
-    with pytest.raises(NotFoundError, match="known: fn_a"):
-        store.get_function("fn_b")
-
-
-def test_claim_raises_the_epoch_and_fences_the_previous_owner(store):
-    store.init_checkpoints("fn", {0: 0, 1: 0}, "uuid")
-    old = store.claim("fn", [0, 1], "n/w0")
-    new = store.claim("fn", [0], "n/w1")
-    assert new[0].epoch == old[0].epoch + 1
-    fenced = store.commit("fn", {0: old[0].epoch, 1: old[1].epoch}, {0: 5, 1: 6}, [_dlq(0, 3)])
-    assert fenced == {0}
-    cps = store.checkpoints("fn")
-    assert cps[0].seqno == 0 and cps[1].seqno == 6
-    assert store.dlq_rows("fn") == []  # the zombie's DLQ row for vb 0 was rejected too
-    assert store.counters("fn")["fenced_checkpoint_writes"] == 1
-
-
-def test_checkpoint_never_moves_backwards(store):
-    store.init_checkpoints("fn", {0: 0}, "uuid")
-    e = store.claim("fn", [0], "w")[0].epoch
-    store.commit("fn", {0: e}, {0: 10})
-    with pytest.raises(OrderViolationError, match="backwards"):
-        store.commit("fn", {0: e}, {0: 9})
-    assert store.checkpoints("fn")[0].seqno == 10
-
-
-def test_dlq_rows_are_keyed_by_function_vbucket_and_seqno(store):
-    store.init_checkpoints("fn", {0: 0}, "uuid")
-    e = store.claim("fn", [0], "w")[0].epoch
-    store.commit("fn", {0: e}, {0: 1}, [_dlq(0, 1)])
-    store.commit("fn", {0: e}, {0: 1}, [_dlq(0, 1)])
-    assert len(store.dlq_rows("fn")) == 1
-
-
-def test_epoch_base_keeps_older_deployments_fenced(store):
-    store.init_checkpoints("fn", {0: 0}, "uuid", epoch_base=1 << 32)
-    assert store.claim("fn", [0], "w")[0].epoch == (1 << 32) + 1
-
-
-def test_release_keeps_owner_and_epoch_but_clears_the_lease(store):
-    store.init_checkpoints("fn", {0: 0}, "uuid")
-    e = store.claim("fn", [0], "w")[0].epoch
-    assert store.release("fn", {0: e}) == set()
-    cp = store.checkpoints("fn")[0]
-    assert (cp.owner, cp.epoch, cp.leased) == ("w", e, False)
 
 
 def test_a_locked_store_makes_writes_wait_with_a_warning(tmp_path, caplog):

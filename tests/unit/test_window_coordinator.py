@@ -30,6 +30,7 @@ from eventing.testing.windows import (
 from eventing.windows.runtime import coordinator as coordinator_module
 from eventing.windows.runtime import host
 from eventing.windows.runtime.coordinator import WindowCoordinator, _has_duplicate_rows
+from eventing.windows.runtime.host import WindowOptions
 from eventing.windows.runtime.paths import WindowPaths
 from eventing.windows.runtime.row_writer import RowLayout, WindowRowWriter
 from eventing.windows.semantics import WindowSpec
@@ -38,6 +39,7 @@ from sharding import vbucket_of
 
 MIN = 60_000
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z
+CLOSE_WINDOWS = WindowOptions(close_windows=True)  # as `eventing run --close-windows`
 FN = "fn_w"
 WINDOW = {
     "kind": "tumbling",
@@ -373,8 +375,7 @@ def source_docs(source: LocalBucket) -> list[tuple[int, int, dict]]:
 
 
 def test_the_runtime_windows_every_update_and_dead_letters_documents_without_event_time(data_dir, monkeypatch):
-    monkeypatch.setattr(host, "make_aggregator", lambda: python_aggregator)
-    monkeypatch.setenv(host.CLOSE_WINDOWS_ENV, "1")
+    monkeypatch.setattr(host, "make_aggregator", lambda master=None: python_aggregator)
     source = load(data_dir, 200, 3000)
     source.upsert("no-time", {"country": "KR", "amount": 1.0})
     source.upsert("text-time", {"country": "KR", "amount": 1.0, "ts": "yesterday"})
@@ -384,7 +385,7 @@ def test_the_runtime_windows_every_update_and_dead_letters_documents_without_eve
     })
     lifecycle.save_function(data_dir, defn, "def on_delete(meta, options):\n    pass\n")  # no on_update
     lifecycle.deploy(data_dir, FN)
-    summary = EventingService(data_dir, InProcessExecutor(), until_caught_up=True).run()
+    summary = EventingService(data_dir, InProcessExecutor(), until_caught_up=True, windows=CLOSE_WINDOWS).run()
     assert not summary.errors
     store = open_metadata(data_dir)
     dlq = store.dlq_rows(FN)
@@ -403,16 +404,15 @@ def test_the_runtime_windows_every_update_and_dead_letters_documents_without_eve
 
 
 def test_a_redeploy_starts_the_windows_afresh(data_dir, monkeypatch):
-    monkeypatch.setattr(host, "make_aggregator", lambda: python_aggregator)
+    monkeypatch.setattr(host, "make_aggregator", lambda master=None: python_aggregator)
     load(data_dir, 50, 400)
     defn = FunctionDefinition.from_dict({"name": FN, "source_bucket": "src", "window": WINDOW})
     lifecycle.save_function(data_dir, defn, "def on_update(doc, meta):\n    pass\n")
     lifecycle.deploy(data_dir, FN)
     EventingService(data_dir, InProcessExecutor(), until_caught_up=True).run()
     store = open_metadata(data_dir)
-    from metadata.window_state import WindowStateStore
 
-    states = WindowStateStore(store)
+    states = store.window_states()
     assert states.load(FN)["classified_upto"]
     lifecycle.undeploy(data_dir, FN)
     paths = WindowPaths.of(data_dir, FN)
@@ -474,8 +474,7 @@ def test_the_windows_command_shows_results_and_writes_a_chart(data_dir, tmp_path
 
     from eventing import cli
 
-    monkeypatch.setattr(host, "make_aggregator", lambda: python_aggregator)
-    monkeypatch.setenv(host.CLOSE_WINDOWS_ENV, "0")  # restored after the test; --close-windows sets it
+    monkeypatch.setattr(host, "make_aggregator", lambda master=None: python_aggregator)
     load(data_dir, 100, 1000)
     lifecycle.save_function(data_dir, FunctionDefinition.from_dict({"name": FN, "source_bucket": "src",
                                                                     "window": WINDOW}),
@@ -505,14 +504,13 @@ def test_a_slow_spark_job_never_blocks_the_service_loop(data_dir, monkeypatch):
         time.sleep(1.5)
         return python_aggregator(rows_dir, layout, windows)
 
-    monkeypatch.setattr(host, "make_aggregator", lambda: slow_aggregator)
-    monkeypatch.setenv(host.CLOSE_WINDOWS_ENV, "1")
+    monkeypatch.setattr(host, "make_aggregator", lambda master=None: slow_aggregator)
     load(data_dir, 100, 1000)
     lifecycle.save_function(data_dir, FunctionDefinition.from_dict({"name": FN, "source_bucket": "src",
                                                                     "window": WINDOW}),
                             "def on_update(doc, meta):\n    pass\n")
     lifecycle.deploy(data_dir, FN)
-    service = EventingService(data_dir, InProcessExecutor(), until_caught_up=True)
+    service = EventingService(data_dir, InProcessExecutor(), until_caught_up=True, windows=CLOSE_WINDOWS)
     stopped = service.windows.function_stopped
     took: list[float] = []
 

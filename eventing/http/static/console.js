@@ -209,7 +209,8 @@ async function pollDetail() {
       : Promise.reject(new Error("not windowed")),
   ]);
   if (name !== state.selected) return;
-  if (cps.status === "fulfilled") renderCheckpoints(cps.value.vbuckets);
+  if (cps.status === "fulfilled") renderCheckpoints(cps.value.rows);
+  else if (cps.reason.status === 409) renderCheckpoints([]); // not deployed: no checkpoints
   if (dlq.status === "fulfilled") renderDlq(dlq.value);
   $("#app-log").textContent = log.status === "fulfilled" ? log.value || "(empty)" : log.reason.message;
   const logBox = $("#app-log");
@@ -253,7 +254,7 @@ function renderCheckpoints(rows) {
   const sorted = [...rows].sort((a, b) => b.backlog - a.backlog || a.vb - b.vb);
   const shown = state.showAllCheckpoints ? sorted : sorted.slice(0, 32);
   $("#checkpoints tbody").replaceChildren(...shown.map((r) => el("tr", {},
-    el("td", { class: "num" }, r.vb), el("td", { class: "num" }, fmt(r.seqno)), el("td", { class: "num" }, fmt(r.high_seqno)),
+    el("td", { class: "num" }, r.vb), el("td", { class: "num" }, fmt(r.checkpoint)), el("td", { class: "num" }, fmt(r.high_seqno)),
     el("td", { class: "num" }, fmt(r.backlog)), el("td", {}, r.owner || "-"), el("td", { class: "num" }, r.epoch),
     el("td", {}, r.leased ? "yes" : "no"), el("td", { class: "muted" }, new Date(r.updated_at * 1000).toLocaleTimeString()))));
   $("#checkpoints-more").textContent = state.showAllCheckpoints ? "show the top 32" : `show all ${rows.length}`;
@@ -273,7 +274,7 @@ function vbHover(ev) {
   if (col < 0 || col > 31 || line < 0 || line > 31) return;
   const vb = line * 32 + col;
   const r = state.checkpoints.find((c) => c.vb === vb);
-  const text = r ? `vBucket ${vb}: owner ${r.owner || "-"}, epoch ${r.epoch}, checkpoint ${r.seqno} of ${r.high_seqno} ` +
+  const text = r ? `vBucket ${vb}: owner ${r.owner || "-"}, epoch ${r.epoch}, checkpoint ${r.checkpoint} of ${r.high_seqno} ` +
     `(backlog ${r.backlog}), ${r.leased ? "held by a live worker" : "not held"}` : `vBucket ${vb}: no checkpoint`;
   canvas.title = text;
   $("#vbmap-hover").textContent = text;

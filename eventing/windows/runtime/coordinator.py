@@ -53,7 +53,6 @@ from eventing.windows.runtime.row_writer import BATCH_NAME, RowLayout
 from eventing.windows.semantics import Window, WindowOperator, WindowStateError, windows_for
 from eventing.windows.semantics.windows import arrow_epoch_ms
 from metadata import DlqRow, MetadataStore
-from metadata.window_state import window_state_store
 from sharding import NUM_VBUCKETS
 
 log = logging.getLogger("eventing.windows")
@@ -160,7 +159,7 @@ class WindowCoordinator:
         self.spec = self.layout.spec
         self.paths = WindowPaths.of(data_dir, function)
         self.store = store
-        self.states = window_state_store(store)
+        self.states = store.window_states()
         self.aggregator = aggregator
         self.sink = sink if sink is not None else make_sink(self.paths, self.layout)
         self.emitter: Emitter = emitter if emitter is not None else _InlineEmitter()

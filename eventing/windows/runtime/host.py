@@ -5,17 +5,15 @@ The service calls ``poll(supervisors)`` from its loop (each coordinator polls at
 ``close()`` at the end. Spark jobs run on one background thread so the service loop keeps pumping the
 workers and writing heartbeats while a job (or Spark's ~10 s cold start) runs.
 
-Options come from the environment, which ``eventing run --spark-master/--close-windows`` set:
-``EVENTING_SPARK_MASTER`` (default ``local[*]``) and ``EVENTING_CLOSE_WINDOWS=1`` (at the end of input in
-``--until-caught-up`` mode, close every window that is still open).
+Options are a ``WindowOptions`` the service is given (``eventing run --spark-master/--close-windows``).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +28,16 @@ log = logging.getLogger("eventing.windows")
 
 POLL_S = 0.25  # how often a coordinator consumes its workers' row files and closes windows
 DRAIN_TIMEOUT_S = 600.0  # how long a stopping service waits for Spark to emit the last closed windows
-CLOSE_WINDOWS_ENV = "EVENTING_CLOSE_WINDOWS"
+
+
+@dataclass(frozen=True)
+class WindowOptions:
+    """How a service runs its windowed functions."""
+
+    # With --until-caught-up: at the end of the input close every window still open (default: windows
+    # close only by watermark and idle timeouts, and stay open for the next run).
+    close_windows: bool = False
+    spark_master: str | None = None  # None: $EVENTING_SPARK_MASTER or local[*]
 
 
 class SparkAggregator:
@@ -56,13 +63,9 @@ class SparkAggregator:
         )
 
 
-def make_aggregator() -> Aggregator:
+def make_aggregator(master: str | None = None) -> Aggregator:
     """The aggregator new hosts use (tests replace it with a pure-Python one)."""
-    return SparkAggregator()
-
-
-def close_windows_default() -> bool:
-    return os.environ.get(CLOSE_WINDOWS_ENV, "").lower() in ("1", "true", "yes")
+    return SparkAggregator(master)
 
 
 class WindowHost:
@@ -71,12 +74,13 @@ class WindowHost:
         data_dir: str,
         *,
         errors: list[str] | None = None,
-        close_windows: bool | None = None,
+        options: WindowOptions | None = None,
         aggregator: Aggregator | None = None,
     ):
         self.data_dir = data_dir
         self.errors = errors if errors is not None else []
-        self.close_windows = close_windows_default() if close_windows is None else close_windows
+        self.options = options = options or WindowOptions()
+        self.close_windows = options.close_windows
         self._aggregator = aggregator
         self.coordinators: dict[str, WindowCoordinator] = {}
         self.draining: list[tuple[str, WindowCoordinator]] = []  # stopped functions still emitting windows
@@ -105,7 +109,7 @@ class WindowHost:
         if existing is not None:
             self._drop(name)
         if self._aggregator is None:
-            self._aggregator = make_aggregator()
+            self._aggregator = make_aggregator(self.options.spark_master)
         coordinator = WindowCoordinator(
             self.data_dir,
             name,

@@ -50,9 +50,8 @@ class WindowPaths:
 def reset_windows(data_dir: str | os.PathLike[str], store: Any, function: str) -> None:
     """Start a deployment's windows afresh: drop the coordinator state (fencing any coordinator still
     running for the previous deployment) and the row files it had not aggregated yet. Results stay."""
-    from metadata.window_state import window_state_store
 
-    window_state_store(store).reset(function)
+    store.window_states().reset(function)
     paths = WindowPaths.of(data_dir, function)
     for folder in (paths.incoming, paths.accepted, paths.staging):
         shutil.rmtree(folder, ignore_errors=True)

@@ -37,7 +37,6 @@ from eventing.windows.semantics import WindowConfigError, WindowSpec
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from eventing.runtime.worker import WorkerCore
     from eventing.storage.bucket import PackedUpdates
 
 # Spark's TIMESTAMP covers years 0001..9999; event times outside cannot be windowed.
@@ -215,18 +214,15 @@ class WindowRowWriter:
         return decoder.decode, time_of, tuple(attrgetter(attrs[f]) for f in self._fields)
 
     @classmethod
-    def attach(cls, core: WorkerCore) -> WindowRowWriter | None:
-        """The writer for a worker of a windowed function (None otherwise). A windowed function needs no
-        on_update of its own: every update still becomes a row (see WorkerCore._handle)."""
-        window = core.defn.window
+    def for_worker(
+        cls, data_dir: str, function: str, generation: int, worker_id: str, window: dict[str, Any] | None,
+        counters: Counter[str],
+    ) -> WindowRowWriter | None:
+        """The writer for a worker of a windowed function (None when `window` is None). A windowed function
+        needs no on_update of its own: every update still becomes a row (see WorkerCore._handle)."""
         if window is None:
             return None
-        spec = core.spec
-        writer = cls(
-            spec.data_dir, spec.function, spec.generation, spec.worker_id,
-            RowLayout.for_definition(spec.function, window), core.counters,
-        )
-        return writer
+        return cls(data_dir, function, generation, worker_id, RowLayout.for_definition(function, window), counters)
 
     def _clear(self) -> None:
         # Rows of add(): raw values in one list per column, appended through bound methods (~0.6 us a row).
@@ -331,7 +327,8 @@ class WindowRowWriter:
     def _seal(self) -> None:
         """Turn the rows add() buffered into an Arrow chunk, after the chunks before them."""
         if self._base[0]:
-            self._chunks.append(self._rows_table(*self._base, self._values))
+            vb, seqno, key, event_ms = self._base
+            self._chunks.append(self._rows_table(vb, seqno, key, event_ms, self._values))
             self._chunk_rows += len(self._base[0])
             self._clear()
 

@@ -1,47 +1,19 @@
-"""Couchbase backend of the metadata store: JSON documents in one bucket, every change guarded by CAS.
-
-Document layout (keys start with a prefix, ``eventing`` by default, in the bucket's default collection;
-``<p>`` below):
-
-    <p>::functions                   {"names": [...]}                 index of function names
-    <p>::fn::<name>                  {definition, source, state, generation, updated_at}
-    <p>::cp::<fn>::<vb>              {seqno, epoch, owner, bucket_uuid, updated_at, leased, start}
-    <p>::cpreg::<fn>                 {"rows": [...]}                  checkpoint moves refused by commit
-    <p>::ctr::<fn>                   {"values": {name: number}}       counters and gauges
-    <p>::dlq::<fn>::<vb>::<seqno>    one dead letter (mutation base64), written with insert() only
-    <p>::dlqix::<fn>::<vb>           {"seqnos": [...]}                index of that vBucket's dead letters
-    <p>::services                    {"ids": [...]}                   index of service heartbeats
-    <p>::svc::<id>                   {info, heartbeat_at}             expires SERVICE_TTL_S after its last beat
-    <p>::nodes                       {"nodes": {name: {...}}}         eventing nodes
-    <p>::kv::<key>                   {"value": ...}
-    <p>::win::<fn>                   {fence, state, updated_at}       window coordinator state (fenced)
-
-Nothing needs N1QL: checkpoints have deterministic keys (vBuckets 0..1023, fetched with one multi-get),
-functions, dead letters and services are listed through the index documents.
-
-Atomicity is per document. Every read-modify-write is a CAS loop (read the document and its CAS, check,
-replace with that CAS; on a CAS mismatch read again and re-check), so two writers never both win:
-- a lifecycle transition is checked against the state it replaces, so an illegal move raises
-  LifecycleError exactly as in SQLite even when another process moved the function in between;
-- a checkpoint is written only while its document still holds the writer's epoch: a claim in between
-  changes the CAS, the retry sees the new epoch and the write is fenced (the zombie learns it lost the
-  vBucket); a checkpoint below the stored seqno raises OrderViolationError and is recorded.
-What SQLite does in one transaction (a commit's dead letters, checkpoints and counters) happens here in
-order, dead letters first, so a crash in between leaves at most work that is redone, never skipped.
-"""
+"""CouchbaseMetadataStore: the MetadataStore protocol over Couchbase documents (layout and guarantees in
+the package docstring, metadata/couchbase/__init__.py)."""
 
 from __future__ import annotations
 
 import base64
 import copy
 import functools
+import os
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from metadata.couchbase.adapter import SdkDocuments
+from metadata.couchbase.documents import Doc, Documents
 from metadata.errors import (
     ConfigError,
     FencedError,
@@ -51,13 +23,26 @@ from metadata.errors import (
     StoreCorruptError,
     StoreError,
 )
-from metadata.model import Checkpoint, DlqRow, FunctionRecord, FunctionState, check_transition
+from metadata.model import (
+    REWIND,
+    REWIND_REAPPLY,
+    Checkpoint,
+    DlqRow,
+    FunctionRecord,
+    FunctionState,
+    Lease,
+    check_rewind_allowed,
+    check_transition,
+    next_lease,
+    plan_rewind,
+)
 from sharding import NUM_VBUCKETS
 
 if TYPE_CHECKING:
     from metadata.protocol import MetadataStore
 
-# A service's heartbeat document outlives its last beat by a day: far longer than any staleness window
+T = TypeVar("T")
+
 # (seconds), so a live service never vanishes, while a crashed one's document is reclaimed by the server.
 SERVICE_TTL_S = 24 * 3600
 # A CAS loop gives up after this many lost races (with backoff up to 50 ms: ~10 s of contention).
@@ -65,30 +50,12 @@ MAX_CAS_ATTEMPTS = 200
 # Dead letters fetched per multi-get while filtering (bounds memory on large dead-letter queues).
 DLQ_FETCH_CHUNK = 500
 
-CONNECT_FIX = "check EVENTING_METADATA_URL, credentials and that the cluster is reachable"
-
-Doc = dict[str, Any]
-
-
-class Documents(Protocol):
-    """The key-value operations the store needs. CAS values are opaque; a failed CAS check returns False."""
-
-    where: str  # "couchbase://host bucket 'meta'", for messages
-
-    def get(self, key: str) -> tuple[Doc, int] | None: ...
-    def get_many(self, keys: Sequence[str]) -> dict[str, tuple[Doc, int]]: ...  # missing keys left out
-    def insert(self, key: str, value: Doc, *, expiry_s: float | None = None) -> bool: ...  # False: exists
-    def replace(self, key: str, value: Doc, cas: int) -> bool: ...  # False: changed or gone since `cas`
-    def replace_many(self, items: Mapping[str, tuple[Doc, int]]) -> set[str]: ...  # keys whose CAS failed
-    def upsert(self, key: str, value: Doc, *, expiry_s: float | None = None) -> None: ...
-    def upsert_many(self, items: Mapping[str, Doc]) -> None: ...
-    def remove(self, key: str, cas: int | None = None) -> bool: ...  # False: gone, or changed since `cas`
-    def remove_many(self, keys: Sequence[str]) -> None: ...  # missing keys are fine
-    def close(self) -> None: ...
+if TYPE_CHECKING:
+    from metadata.couchbase.window_state import CouchbaseWindowStateStore
 
 
 class CouchbaseMetadataStore:
-    """MetadataStore on a Couchbase bucket (see the module docstring for the layout and the guarantees).
+    """MetadataStore on a Couchbase bucket (see metadata/couchbase/__init__.py for the layout and the guarantees).
 
     Connecting is eager: a cluster that does not answer within `timeout_s` raises StoreError naming the
     URL and the fix. Operations that fail later (the cluster went away) raise StoreError too; processing
@@ -105,7 +72,7 @@ class CouchbaseMetadataStore:
         *,
         prefix: str = "eventing",
     ):
-        self._setup(_SdkDocuments(url, bucket, username, password, timeout_s), prefix)
+        self._setup(SdkDocuments(url, bucket, username, password, timeout_s), prefix)
 
     @classmethod
     def on_documents(cls, documents: Documents, *, prefix: str = "eventing") -> CouchbaseMetadataStore:
@@ -119,18 +86,61 @@ class CouchbaseMetadataStore:
         self.prefix = prefix
         self.where = documents.where
 
+    def window_states(self) -> CouchbaseWindowStateStore:
+        """The window coordinators' fenced state, one document per function (no cross-document transaction
+        here: dead letters (insert-once) go first, then the state under its fence (CAS), then counters; a
+        crash in between redoes the batch, and only counters can lag)."""
+        from metadata.couchbase.window_state import CouchbaseWindowStateStore
+
+        return CouchbaseWindowStateStore(self)
+
     def close(self) -> None:
         self._docs.close()
 
+    def backup(self, target: str | os.PathLike[str]) -> None:
+        """Not done here: Couchbase backs its buckets up with its own tools."""
+        raise StoreError(
+            f"the metadata store is in Couchbase ({self.where}); back it up with Couchbase's own tools, "
+            f"e.g. `cbbackupmgr backup` of that bucket (documents under '{self.prefix}::'), not `eventing backup`"
+        )
+
     def verify_integrity(self) -> None:
-        """A sanity read: the cluster answers and the function index is a well-formed document."""
-        got = self._docs.get(self._key("functions"))
-        if got is not None and not isinstance(got[0].get("names"), list):
-            raise StoreCorruptError(
-                f"metadata store {self.where}: document {self._key('functions')} is not a function index; "
-                "restore the bucket from a backup, or remove the documents under prefix "
-                f"'{self.prefix}::' and deploy the functions again"
-            )
+        """Read every function's documents (index, definition, checkpoints, counters) and check their shape:
+        a document that is not a JSON object, or lacks the fields the store writes, raises StoreCorruptError
+        naming it (the runtime must stop at its last checkpoint, never skip ahead of a damaged one)."""
+        got = self._get(self._key("functions"))
+        if got is not None and not (isinstance(got[0].get("names"), list) and all(isinstance(n, str) for n in got[0]["names"])):
+            raise self._corrupt(self._key("functions"), "is not a function index")
+        for record in self.list_functions():
+            self.checkpoints(record.name)
+            self.counters(record.name)
+
+    def _corrupt(self, key: str, what: str) -> StoreCorruptError:
+        return StoreCorruptError(
+            f"metadata store {self.where}: document {key} {what}; restore the bucket from a backup "
+            f"(cbbackupmgr), or remove the documents under prefix '{self.prefix}::' and deploy the functions again"
+        )
+
+    def _get(self, key: str) -> tuple[Doc, int] | None:
+        """`Documents.get`, with a value that is not a JSON object reported as corruption."""
+        got = self._docs.get(key)
+        if got is not None and not isinstance(got[0], dict):
+            raise self._corrupt(key, f"is not a JSON object (a {type(got[0]).__name__})")
+        return got
+
+    def _get_many(self, keys: Sequence[str]) -> dict[str, tuple[Doc, int]]:
+        found = self._docs.get_many(keys)
+        for key, (value, _) in found.items():
+            if not isinstance(value, dict):
+                raise self._corrupt(key, f"is not a JSON object (a {type(value).__name__})")
+        return found
+
+    def _decode(self, key: str, decode: Callable[..., T], *args: Any) -> T:
+        """Turn a stored document into a value; missing or mistyped fields are corruption, not a crash."""
+        try:
+            return decode(*args)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise self._corrupt(key, f"lacks a valid field ({type(exc).__name__}: {exc})") from None
 
     # -- keys and CAS loops ---------------------------------------------------------------------------
 
@@ -157,7 +167,7 @@ class CouchbaseMetadataStore:
         decide from its argument.
         """
         for attempt in range(MAX_CAS_ATTEMPTS):
-            got = self._docs.get(key)
+            got = self._get(key)
             new = change(copy.deepcopy(got[0]) if got else None)
             if new is None:
                 return None
@@ -175,7 +185,7 @@ class CouchbaseMetadataStore:
 
     def _mutate_many(self, changes: Mapping[str, Callable[[Doc | None], Doc | None]]) -> dict[str, Doc | None]:
         """`_mutate` for many documents: one multi-get and one multi-replace, then each lost race alone."""
-        current = self._docs.get_many(list(changes))
+        current = self._get_many(list(changes))
         out: dict[str, Doc | None] = {}
         batch: dict[str, tuple[Doc, int]] = {}
         for key, change in changes.items():
@@ -238,22 +248,26 @@ class CouchbaseMetadataStore:
         return _function(name, written)
 
     def get_function(self, name: str) -> FunctionRecord:
-        got = self._docs.get(self._key("fn", name))
+        got = self._get(self._key("fn", name))
         if got is None:
             known = ", ".join(r.name for r in self.list_functions()) or "none"
             raise NotFoundError(f"unknown function '{name}' (known: {known}); see `eventing list`")
-        return _function(name, got[0])
+        return self._decode(self._key("fn", name), _function, name, got[0])
 
     def list_functions(self) -> list[FunctionRecord]:
-        index = self._docs.get(self._key("functions"))
+        index = self._get(self._key("functions"))
         names = index[0]["names"] if index else []
-        docs = self._docs.get_many([self._key("fn", n) for n in names])
-        return [_function(n, docs[self._key("fn", n)][0]) for n in sorted(names) if self._key("fn", n) in docs]
+        docs = self._get_many([self._key("fn", n) for n in names])
+        return [
+            self._decode(self._key("fn", n), _function, n, docs[self._key("fn", n)][0])
+            for n in sorted(names)
+            if self._key("fn", n) in docs
+        ]
 
     def delete_function(self, name: str) -> None:
         key = self._key("fn", name)
         for _ in range(MAX_CAS_ATTEMPTS):
-            got = self._docs.get(key)
+            got = self._get(key)
             if got is None:
                 raise NotFoundError(f"unknown function '{name}'; see `eventing list`")
             if got[0]["state"] != FunctionState.UNDEPLOYED.value:
@@ -314,21 +328,79 @@ class CouchbaseMetadataStore:
 
     def checkpoints(self, function: str) -> dict[int, Checkpoint]:
         keys = self._cp_keys(function)
-        docs = self._docs.get_many(list(keys.values()))
-        return {vb: _checkpoint(function, vb, docs[key][0]) for vb, key in keys.items() if key in docs}
+        docs = self._get_many(list(keys.values()))
+        return {vb: self._decode(key, _checkpoint, function, vb, docs[key][0]) for vb, key in keys.items() if key in docs}
 
     def checkpoint_starts(self, function: str) -> dict[int, int]:
         """Per vBucket, the seqno the current deployment started after (its feed boundary)."""
         keys = self._cp_keys(function)
-        docs = self._docs.get_many(list(keys.values()))
+        docs = self._get_many(list(keys.values()))
         return {vb: docs[key][0]["start"] for vb, key in keys.items() if key in docs}
 
     def checkpoint_regressions(self, function: str, *, min_epoch: int = 0) -> list[dict]:
         """Backwards moves of the function's checkpoints that commit refused, oldest first (every write
-        goes through commit here, so there is no 'applied' kind as SQLite's trigger can record)."""
-        got = self._docs.get(self._key("cpreg", function))
+        goes through commit here, so there is no 'applied' kind as SQLite's trigger can record).
+        Deliberate rewinds (rewind_checkpoints) are not regressions; see checkpoint_rewinds."""
+        return [r for r in self._moves(function, min_epoch) if r["how"] not in (REWIND, REWIND_REAPPLY)]
+
+    def checkpoint_rewinds(self, function: str, *, min_epoch: int = 0) -> list[dict]:
+        """The moves rewind_checkpoints made, oldest first (how: REWIND or REWIND_REAPPLY)."""
+        return [r for r in self._moves(function, min_epoch) if r["how"] in (REWIND, REWIND_REAPPLY)]
+
+    def _moves(self, function: str, min_epoch: int) -> list[dict]:
+        got = self._get(self._key("cpreg", function))
         rows = [r for r in (got[0]["rows"] if got else []) if r["epoch"] >= min_epoch]
         return sorted(rows, key=lambda r: (r["at"], r["vb"]))
+
+    def rewind_checkpoints(
+        self, function: str, targets: Mapping[int, int], *, reapply_effects: bool = False
+    ) -> dict[int, tuple[int, int]]:
+        """Move a paused function's checkpoints back (see MetadataStore.rewind_checkpoints).
+
+        Per document, as everything here: the state is checked first, then each checkpoint is replaced
+        only while it still holds the epoch read with it, so a worker that claimed it in between (the
+        function was resumed meanwhile) makes the rewind fail with LifecycleError instead of being undone.
+        The rewinds are recorded after the checkpoints moved.
+        """
+        check_rewind_allowed(function, self.get_function(function).state)
+        keys = {vb: self._cp_key(function, vb) for vb in targets}
+        docs = self._get_many(list(keys.values()))
+        current = {
+            vb: (docs[k][0]["seqno"], docs[k][0]["epoch"], docs[k][0].get("start")) for vb, k in keys.items() if k in docs
+        }
+        moves = plan_rewind(function, current, targets, reapply_effects)
+        now = time.time()
+        raced: list[int] = []
+
+        def rewind(vb: int, epoch: int, to: int) -> Callable[[Doc | None], Doc | None]:
+            def change(doc: Doc | None) -> Doc | None:
+                if doc is None or doc["epoch"] != epoch:
+                    raced.append(vb)
+                    return None
+                start = doc.get("start")
+                return dict(
+                    doc, seqno=to, epoch=epoch + 1, leased=False, updated_at=now,
+                    start=to if start is None else min(start, to),
+                )
+
+            return change
+
+        self._mutate_many({keys[vb]: rewind(vb, current[vb][1], to) for vb, (_, to) in moves.items()})
+        how = REWIND_REAPPLY if reapply_effects else REWIND
+        done = {vb: m for vb, m in moves.items() if vb not in raced}
+        rows = [
+            {"vb": vb, "epoch": current[vb][1] + 1, "from_seqno": f, "to_seqno": t, "how": how, "at": now}
+            for vb, (f, t) in done.items()
+        ]
+        if rows:
+            self._mutate(self._key("cpreg", function), lambda doc: {"rows": [*(doc or {"rows": []})["rows"], *rows]})
+        if raced:
+            raise LifecycleError(
+                f"function '{function}' was resumed while its checkpoints were being rewound: {len(done)} vBuckets "
+                f"moved back, {len(raced)} (e.g. {sorted(raced)[:3]}) were claimed by a worker first; pause it and "
+                "rewind again"
+            )
+        return moves
 
     def claim(
         self, function: str, vbuckets: Iterable[int], owner: str, *, min_epochs: Mapping[int, int] | None = None
@@ -380,7 +452,7 @@ class CouchbaseMetadataStore:
         # that it lost them all, and stops working on them.
         vbs = sorted(set(epochs) | set(seqnos) | {r.vb for r in dlq})
         keys = {vb: self._cp_key(function, vb) for vb in vbs}
-        current = self._docs.get_many(list(keys.values()))
+        current = self._get_many(list(keys.values()))
         fenced = {vb for vb in vbs if keys[vb] not in current or current[keys[vb]][0]["epoch"] != epochs.get(vb)}
         for vb, seqno in seqnos.items():
             if vb not in fenced and seqno < current[keys[vb]][0]["seqno"]:
@@ -460,8 +532,8 @@ class CouchbaseMetadataStore:
             )
 
     def counters(self, function: str) -> dict[str, float]:
-        got = self._docs.get(self._key("ctr", function))
-        return dict(got[0]["values"]) if got else {}
+        got = self._get(self._key("ctr", function))
+        return self._decode(self._key("ctr", function), lambda: dict(got[0]["values"])) if got else {}
 
     # -- dead letters ---------------------------------------------------------------------------------
 
@@ -484,7 +556,7 @@ class CouchbaseMetadataStore:
     def _dlq_positions(self, function: str, vb: int | None) -> list[tuple[int, int]]:
         vbs = range(NUM_VBUCKETS) if vb is None else [vb]
         keys = {v: self._key("dlqix", function, v) for v in vbs}
-        docs = self._docs.get_many(list(keys.values()))
+        docs = self._get_many(list(keys.values()))
         return sorted((v, s) for v, key in keys.items() if key in docs for s in docs[key][0]["seqnos"])
 
     def dlq_rows(
@@ -494,7 +566,7 @@ class CouchbaseMetadataStore:
 
     def dlq_row(self, function: str, vb: int, seqno: int) -> DlqRow | None:
         """The dead letter of (function, vBucket, seqno), replayed or not; None if there is none."""
-        got = self._docs.get(self._dlq_key(function, vb, seqno))
+        got = self._get(self._dlq_key(function, vb, seqno))
         return _decode_dlq(got[0]) if got else None
 
     def find_dlq_rows(
@@ -514,7 +586,7 @@ class CouchbaseMetadataStore:
         found: list[DlqRow] = []
         for i in range(0, len(positions), DLQ_FETCH_CHUNK):
             keys = [self._dlq_key(function, v, s) for v, s in positions[i : i + DLQ_FETCH_CHUNK]]
-            docs = self._docs.get_many(keys)
+            docs = self._get_many(keys)
             for k in keys:
                 if k not in docs:
                     continue  # removed after the index was read, or before its index entry was
@@ -588,7 +660,7 @@ class CouchbaseMetadataStore:
         self._docs.upsert(
             self._key("svc", service_id), {"info": info, "heartbeat_at": time.time()}, expiry_s=SERVICE_TTL_S
         )
-        index = self._docs.get(self._key("services"))
+        index = self._get(self._key("services"))
         if index is None or service_id not in index[0]["ids"]:
             self._index_add(self._key("services"), "ids", [service_id])
 
@@ -597,17 +669,48 @@ class CouchbaseMetadataStore:
         self._index_remove(self._key("services"), "ids", [service_id])
 
     def live_services(self, max_age_s: float) -> list[str]:
-        index = self._docs.get(self._key("services"))
+        index = self._get(self._key("services"))
         ids = index[0]["ids"] if index else []
-        docs = self._docs.get_many([self._key("svc", i) for i in ids])
+        docs = self._get_many([self._key("svc", i) for i in ids])
         since = time.time() - max_age_s
         return [i for i in ids if self._key("svc", i) in docs and docs[self._key("svc", i)][0]["heartbeat_at"] >= since]
+
+    # -- leases ---------------------------------------------------------------------------------------
+
+    def acquire_lease(
+        self, name: str, holder: str, ttl_s: float, *, info: str = "", take_from: str | None = None
+    ) -> Lease | None:
+        """Take or renew lease `name` (see SqliteMetadataStore.acquire_lease): a CAS loop on its document,
+        so of two racing takers the second re-reads the first's lease and declines."""
+        taken: list[Lease | None] = [None]
+
+        def change(doc: Doc | None) -> Doc | None:
+            new = next_lease(_lease(name, doc) if doc else None, name, holder, ttl_s, info, take_from, time.time())
+            taken[0] = new
+            return None if new is None else _lease_doc(new)
+
+        self._mutate(self._key("lease", name), change)
+        return taken[0]
+
+    def lease(self, name: str) -> Lease | None:
+        got = self._docs.get(self._key("lease", name))
+        return _lease(name, got[0]) if got else None
+
+    def release_lease(self, name: str, holder: str) -> bool:
+        released = [False]
+
+        def change(doc: Doc | None) -> Doc | None:
+            released[0] = doc is not None and doc["holder"] == holder and doc["expires_at"] > 0
+            return {**doc, "expires_at": 0} if doc is not None and released[0] else None
+
+        self._mutate(self._key("lease", name), change)
+        return released[0]
 
     # -- eventing nodes -------------------------------------------------------------------------------
 
     def nodes(self) -> list[dict]:
         """Eventing nodes in the order they were added; state is active, joining or leaving."""
-        got = self._docs.get(self._key("nodes"))
+        got = self._get(self._key("nodes"))
         nodes = [dict(n, name=name) for name, n in (got[0]["nodes"] if got else {}).items()]
         return [
             {"name": n["name"], "state": n["state"], "ray_node_id": n["ray_node_id"], "added_at": n["added_at"]}
@@ -638,78 +741,22 @@ class CouchbaseMetadataStore:
     # -- small settings -------------------------------------------------------------------------------
 
     def get_kv(self, key: str) -> str | None:
-        got = self._docs.get(self._key("kv", key))
+        got = self._get(self._key("kv", key))
         return got[0]["value"] if got else None
 
     def set_kv(self, key: str, value: str) -> None:
         self._docs.upsert(self._key("kv", key), {"value": value})
 
 
-class CouchbaseWindowStateStore:
-    """The window coordinator's fenced state (as metadata.window_state.WindowStateStore keeps it in SQLite)
-    in one document per function, ``<p>::win::<fn>`` = {fence, state, updated_at}.
+def _lease(name: str, doc: Doc) -> Lease:
+    return Lease(name, doc["holder"], doc["expires_at"], doc["acquired_at"], doc["term"], doc.get("info", ""))
 
-    claim bumps the fence with a CAS loop; commit writes the state only while the document still holds
-    the committer's fence (CAS), after the late rows' dead letters (insert-once) and before the counters.
-    """
 
-    def __init__(self, store: CouchbaseMetadataStore):
-        self.store = store
-
-    def _key(self, function: str) -> str:
-        return self.store._key("win", function)
-
-    def claim(self, function: str) -> tuple[int, dict[str, Any] | None]:
-        """Become the function's coordinator: returns the new fence and the last committed state (or None)."""
-
-        def change(doc: Doc | None) -> Doc:
-            doc = doc or {"fence": 0, "state": None}
-            return dict(doc, fence=doc["fence"] + 1, updated_at=time.time())
-
-        written = self.store._mutate(self._key(function), change)
-        assert written is not None
-        return int(written["fence"]), written["state"]
-
-    def commit(
-        self,
-        function: str,
-        fence: int,
-        state: Mapping[str, Any],
-        dlq_rows: Iterable[DlqRow] = (),
-        counters: Mapping[str, int | float] | None = None,
-    ) -> bool:
-        """Write state, DLQ rows and counters if ``fence`` is still current; False if fenced."""
-        got = self.store._docs.get(self._key(function))
-        if got is None or got[0]["fence"] != fence:
-            return False
-        self.store._insert_dlq(list(dlq_rows))
-        fenced = False
-
-        def change(doc: Doc | None) -> Doc | None:
-            nonlocal fenced
-            if doc is None or doc["fence"] != fence:
-                fenced = True
-                return None
-            return dict(doc, state=dict(state), updated_at=time.time())
-
-        self.store._mutate(self._key(function), change)
-        if fenced:
-            return False
-        self.store.add_counters(function, dict(counters or {}))
-        return True
-
-    def load(self, function: str) -> dict[str, Any] | None:
-        """The last committed state, read-only (for inspection)."""
-        got = self.store._docs.get(self._key(function))
-        return got[0]["state"] if got else None
-
-    def reset(self, function: str) -> None:
-        """Forget the state (a new deployment starts its windows afresh) and fence its coordinator."""
-
-        def change(doc: Doc | None) -> Doc | None:
-            return None if doc is None else dict(doc, fence=doc["fence"] + 1, state=None, updated_at=time.time())
-
-        self.store._mutate(self._key(function), change)
+def _lease_doc(lease: Lease) -> Doc:
+    return {
+        "holder": lease.holder, "expires_at": lease.expires_at, "acquired_at": lease.acquired_at,
+        "term": lease.term, "info": lease.info,
+    }
 
 
 def _function(name: str, doc: Doc) -> FunctionRecord:
@@ -751,151 +798,8 @@ def _decode_dlq(doc: Doc) -> DlqRow:
     return DlqRow(**dict(doc, mutation=base64.b64decode(doc["mutation"])))
 
 
-class _SdkDocuments:
-    """`Documents` on a bucket's default collection through the Couchbase Python SDK (4.x).
-
-    The SDK is imported here, not at module import, so the package works without the optional
-    dependency as long as no Couchbase URL is configured.
-    """
-
-    def __init__(self, url: str, bucket: str, username: str, password: str, timeout_s: float):
-        self.where = f"{url} bucket '{bucket}'"
-        try:
-            from couchbase import exceptions
-            from couchbase.auth import PasswordAuthenticator
-            from couchbase.cluster import Cluster
-            from couchbase.options import ClusterOptions, ClusterTimeoutOptions, ReplaceOptions
-        except ImportError:
-            raise StoreError(
-                f"cannot use the Couchbase metadata store at {url}: the couchbase Python SDK is not installed; "
-                "install it (pip install 'eventing[couchbase]') or unset EVENTING_METADATA_URL"
-            ) from None
-        self._x: Any = exceptions
-        self._replace_options: Any = ReplaceOptions
-        timeout = timedelta(seconds=timeout_s)
-        # bootstrap_timeout bounds the whole eager connect (connect_timeout alone still waits ~10 s).
-        timeouts = ClusterTimeoutOptions(bootstrap_timeout=timeout, connect_timeout=timeout, kv_timeout=timeout)
-        options = ClusterOptions(PasswordAuthenticator(username, password), timeout_options=timeouts)
-        self._cluster: Any = None
-        try:
-            self._cluster = Cluster(url, options)
-            self._collection: Any = self._cluster.bucket(bucket).default_collection()
-            # Fail now, not at the first write, when the bucket is missing or the user may not read it.
-            self._collection.exists("eventing-connect-probe")
-        except exceptions.CouchbaseException as exc:
-            if self._cluster is not None:
-                self._cluster.close()
-            raise StoreError(
-                f"cannot connect to the Couchbase metadata store at {url} (bucket '{bucket}') within "
-                f"{timeout_s:g}s: {_reason(exc)}; {CONNECT_FIX}"
-            ) from None
-
-    @contextmanager
-    def _guard(self, op: str, key: str) -> Iterator[None]:
-        try:
-            yield
-        except self._x.CouchbaseException as exc:
-            raise StoreError(
-                f"metadata store {self.where}: {op} {key} failed: {_reason(exc)}; {CONNECT_FIX}"
-            ) from None
-
-    def _check(self, result: Any, op: str, tolerated: tuple[type, ...]) -> set[str]:
-        """Keys of a multi-operation that failed with a tolerated error; any other error raises."""
-        failed = set()
-        for key, exc in result.exceptions.items():
-            if not isinstance(exc, tolerated):
-                raise StoreError(f"metadata store {self.where}: {op} {key} failed: {_reason(exc)}; {CONNECT_FIX}")
-            failed.add(key)
-        return failed
-
-    def get(self, key: str) -> tuple[Doc, int] | None:
-        with self._guard("get", key):
-            try:
-                result = self._collection.get(key)
-            except self._x.DocumentNotFoundException:
-                return None
-            return result.content_as[dict], result.cas
-
-    def get_many(self, keys: Sequence[str]) -> dict[str, tuple[Doc, int]]:
-        if not keys:
-            return {}
-        with self._guard("get", f"{keys[0]} (+{len(keys) - 1})"):
-            result = self._collection.get_multi(list(keys), return_exceptions=True)
-        self._check(result, "get", (self._x.DocumentNotFoundException,))
-        return {k: (r.content_as[dict], r.cas) for k, r in result.results.items()}
-
-    def insert(self, key: str, value: Doc, *, expiry_s: float | None = None) -> bool:
-        with self._guard("insert", key):
-            try:
-                if expiry_s is None:
-                    self._collection.insert(key, value)
-                else:
-                    self._collection.insert(key, value, expiry=timedelta(seconds=expiry_s))
-            except self._x.DocumentExistsException:
-                return False
-            return True
-
-    def replace(self, key: str, value: Doc, cas: int) -> bool:
-        with self._guard("replace", key):
-            try:
-                # cas as a keyword argument: options passed as `opts=` are ignored by the SDK.
-                self._collection.replace(key, value, cas=cas)
-            except (self._x.CasMismatchException, self._x.DocumentExistsException, self._x.DocumentNotFoundException):
-                return False
-            return True
-
-    def replace_many(self, items: Mapping[str, tuple[Doc, int]]) -> set[str]:
-        if not items:
-            return set()
-        per_key = {k: self._replace_options(cas=cas) for k, (_, cas) in items.items()}
-        with self._guard("replace", f"{next(iter(items))} (+{len(items) - 1})"):
-            result = self._collection.replace_multi(
-                {k: v for k, (v, _) in items.items()}, per_key_options=per_key, return_exceptions=True
-            )
-        lost = (self._x.CasMismatchException, self._x.DocumentExistsException, self._x.DocumentNotFoundException)
-        return self._check(result, "replace", lost)
-
-    def upsert(self, key: str, value: Doc, *, expiry_s: float | None = None) -> None:
-        with self._guard("upsert", key):
-            if expiry_s is None:
-                self._collection.upsert(key, value)
-            else:
-                self._collection.upsert(key, value, expiry=timedelta(seconds=expiry_s))
-
-    def upsert_many(self, items: Mapping[str, Doc]) -> None:
-        if items:
-            with self._guard("upsert", f"{next(iter(items))} (+{len(items) - 1})"):
-                result = self._collection.upsert_multi(dict(items), return_exceptions=True)
-            self._check(result, "upsert", ())
-
-    def remove(self, key: str, cas: int | None = None) -> bool:
-        with self._guard("remove", key):
-            try:
-                if cas is None:
-                    self._collection.remove(key)
-                else:
-                    self._collection.remove(key, cas=cas)
-            except (self._x.CasMismatchException, self._x.DocumentExistsException, self._x.DocumentNotFoundException):
-                return False
-            return True
-
-    def remove_many(self, keys: Sequence[str]) -> None:
-        if keys:
-            with self._guard("remove", f"{keys[0]} (+{len(keys) - 1})"):
-                result = self._collection.remove_multi(list(keys), return_exceptions=True)
-            self._check(result, "remove", (self._x.DocumentNotFoundException,))
-
-    def close(self) -> None:
-        self._cluster.close()
-
-
-def _reason(exc: BaseException) -> str:
-    """The SDK's short message ('Failed to connect') with the exception's name, on one line."""
-    message = getattr(exc, "message", None) or str(exc)
-    return " ".join(f"{type(exc).__name__}: {message}".split())
-
-
 if TYPE_CHECKING:
 
     def _implements_the_protocol(store: CouchbaseMetadataStore) -> MetadataStore:
         return store  # mypy checks every MetadataStore method is here with a compatible signature
+

@@ -1,0 +1,97 @@
+"""Imports point one way (DESIGN §2): each module imports only from its own layer or the layers below.
+
+Layers, lowest first. Lazy imports inside functions count too: a wrong-way import that is only deferred
+still ties the lower room to the upper one. `eventing/__init__.py` (the public facade, imported lazily by
+name) is the one exception.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+LAYERS: list[tuple[str, ...]] = [
+    ("sharding",),
+    ("metadata",),
+    ("eventing.errors", "eventing.handler", "eventing.core"),
+    ("eventing.storage",),
+    ("eventing.windows.semantics", "eventing.windows.batches"),
+    ("eventing.windows.runtime", "eventing.windows.spark"),
+    ("eventing.runtime",),
+    ("eventing.ops",),
+    ("eventing.api",),
+    ("eventing.cli", "eventing.http", "eventing.testing", "eventing.__main__"),
+]
+HANDLERS = ("functions", "examples")  # user handlers: the handler API only
+
+
+def layer_of(module: str) -> int | None:
+    for index, prefixes in enumerate(LAYERS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return index
+    return None
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imported_modules(tree: ast.AST) -> list[tuple[int, str]]:
+    out: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.extend((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == "eventing":  # `from eventing import x`: the facade's names, or a submodule
+                out.extend((node.lineno, f"eventing.{alias.name}") for alias in node.names)
+            else:
+                out.append((node.lineno, node.module))
+    return out
+
+
+def project_files() -> list[Path]:
+    files = [p for top in ("sharding", "metadata", "eventing", *HANDLERS) for p in (ROOT / top).rglob("*.py")]
+    # The facade and empty package markers (eventing/windows/__init__.py) belong to no layer.
+    return sorted(p for p in files if p != ROOT / "eventing" / "__init__.py" and p.read_text().strip())
+
+
+def wrong_way_imports() -> list[str]:
+    problems: list[str] = []
+    for path in project_files():
+        name = module_name(path)
+        tree = ast.parse(path.read_text(), str(path))
+        if name.split(".")[0] in HANDLERS:
+            for line, target in imported_modules(tree):
+                if target.split(".")[0] in ("eventing", "metadata", "sharding") and target != "eventing.handler":
+                    problems.append(f"{path.relative_to(ROOT)}:{line} imports {target} (handlers use eventing.handler)")
+            continue
+        own = layer_of(name)
+        assert own is not None, f"{name} is in no layer; add it to LAYERS"
+        for line, target in imported_modules(tree):
+            theirs = layer_of(target)
+            if theirs is not None and theirs > own:
+                problems.append(f"{path.relative_to(ROOT)}:{line} imports {target} from a higher layer")
+    return problems
+
+
+def test_every_import_points_down_the_layers():
+    assert wrong_way_imports() == []
+
+
+def test_the_check_sees_a_wrong_way_import(tmp_path, monkeypatch):
+    tree = ast.parse("from eventing.runtime.worker import WorkerCore\n")
+    assert layer_of("eventing.storage.bucket") < layer_of(imported_modules(tree)[0][1])
+
+
+@pytest.mark.parametrize("top", ["sharding", "metadata"])
+def test_sharding_and_metadata_never_import_ray_or_spark(top):
+    for path in (ROOT / top).rglob("*.py"):
+        for _, target in imported_modules(ast.parse(path.read_text())):
+            assert target.split(".")[0] not in ("ray", "pyspark"), f"{path} imports {target}"
