@@ -30,6 +30,7 @@ COMMAND_MODULES: list[str] = [
     "eventing.cli.debug",
     "eventing.cli.verify",
     "eventing.cli.windows",
+    "eventing.cli.serve",
 ]
 
 

@@ -11,6 +11,7 @@ from typing import Any
 from eventing.cli.output import emit_json
 from eventing.core.mutation import parse_json_document
 from eventing.errors import EventingError, NotFoundError
+from eventing.ops.stats import function_view as record_view
 from eventing.storage.metadata import METADATA_FILE
 from metadata import METADATA_URL_ENV
 
@@ -51,19 +52,6 @@ def existing_data_dir(args: argparse.Namespace) -> str:
 
 def parse_doc_arg(text: str) -> dict:
     return parse_json_document(text)
-
-
-def record_view(record) -> dict[str, Any]:
-    d = record.definition
-    return {
-        "name": record.name,
-        "state": record.state.value,
-        "source_bucket": d["source_bucket"],
-        "workers": d.get("worker_count", 1),
-        "boundary": d.get("boundary", "everything"),
-        "bindings": [f"{b['alias']}={b['bucket']}:{b['access']}" for b in d.get("bindings", [])],
-        "generation": record.generation,
-    }
 
 
 def announce(args: argparse.Namespace, record, verb: str) -> int:

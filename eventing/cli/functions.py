@@ -5,15 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
 from eventing.cli.common import announce, data_dir_of, existing_data_dir, record_view, writable_data_dir
 from eventing.cli.output import emit_json, table
 from eventing.errors import ConfigError, LifecycleError
+from eventing.ops.stats import function_status
 from eventing.runtime import lifecycle
-from eventing.runtime.service import running_services
 from eventing.storage.metadata import METADATA_FILE, open_metadata
 from metadata import METADATA_URL_ENV
 from sharding import NUM_VBUCKETS
@@ -101,21 +100,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    store = open_metadata(existing_data_dir(args), create=False)
-    records = [store.get_function(args.function)] if args.function else store.list_functions()
-    services = running_services(store)
-    leader = _leader_view(store, services)
-    standbys = [sid for sid in services if leader is None or sid != leader["id"]]
-    views = []
-    for r in records:
-        view = record_view(r)
-        cps = store.checkpoints(r.name)
-        leased = sum(1 for c in cps.values() if c.leased)
-        # A lease held by a service that is gone (kill -9) is not a live worker: the next run takes it over.
-        view["vbuckets_leased"] = leased if services else 0
-        view["vbuckets_leased_by_stopped_service"] = 0 if services else leased
-        view["service_running"] = bool(services)
-        views.append(view)
+    status = function_status(existing_data_dir(args), args.function)
+    services, leader, standbys, views = status["services"], status["leader"], status["standbys"], status["functions"]
     if args.json:
         emit_json({"services": services, "leader": leader, "standbys": standbys, "functions": views})
     else:
@@ -131,19 +117,6 @@ def cmd_status(args: argparse.Namespace) -> int:
                          "without releasing them, which the next `eventing run` takes over")
             print(line + ")")
     return 0
-
-
-def _leader_view(store, services: list[str]) -> dict[str, Any] | None:
-    """The service holding the leader lease, if the lease is current."""
-    from eventing.runtime.failover import LEADER_LEASE
-
-    lease = store.lease(LEADER_LEASE)
-    if lease is None or lease.expired(time.time()):
-        return None
-    return {
-        "id": lease.holder, "term": lease.term, "since": lease.acquired_at,
-        "expires_in_s": round(lease.expires_at - time.time(), 2), "heartbeat": lease.holder in services,
-    }
 
 
 def cmd_export(args: argparse.Namespace) -> int:

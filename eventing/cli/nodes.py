@@ -7,12 +7,10 @@ import time
 from typing import Any
 
 from eventing.cli.output import emit_json, table
-from eventing.errors import ConfigError, LifecycleError
-from eventing.runtime.lifecycle import SERVICE_STALE_S
+from eventing.errors import LifecycleError
+from eventing.ops import nodes as nodes_ops
 from eventing.runtime.nodes import Topology
 from eventing.storage.metadata import open_metadata
-from sharding import format_ranges
-from sharding.rebalance import RebalanceError, RebalancePlan, assign_function
 
 
 def _topology(args: argparse.Namespace) -> Topology:
@@ -47,10 +45,8 @@ def cmd_node_remove(args: argparse.Namespace) -> int:
 
 
 def cmd_node_list(args: argparse.Namespace) -> int:
-    topology = _topology(args)
-    counts = topology.node_plan().counts()
-    nodes = [{**n, "vbuckets": counts.get(n["name"], 0)} for n in topology.nodes()]
-    request = topology.request()
+    listing = nodes_ops.node_list(_topology(args))
+    nodes, request = listing["nodes"], listing["last_rebalance"]
     if args.json:
         emit_json({"nodes": nodes, "last_rebalance": request})
         return 0
@@ -72,39 +68,10 @@ def cmd_node_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def describe_plan(topology: Topology, plan: RebalancePlan) -> dict[str, Any]:
-    """Per node and per worker counts before and after, and the list of moves, for every function."""
-    functions = {}
-    for record in topology.store.list_functions():
-        from eventing.runtime.nodes import function_assignment
-
-        count = record.definition.get("worker_count", 1)
-        before = function_assignment(topology.store, record.name, count, plan.before or plan.after)
-        after = assign_function(plan.after, count, before, nodes=list(plan.nodes))
-        functions[record.name] = {
-            "before": {str(w): n for w, n in before.counts().items() if n},
-            "after": {str(w): n for w, n in after.counts().items()},
-            "worker_moves": sum(1 for a, b in zip(before.owners, after.owners, strict=True) if a != b),
-        }
-    return {
-        "nodes_before": plan.counts_before(),
-        "nodes_after": plan.counts_after(),
-        "moves": plan.move_count,
-        "move_groups": [
-            {"from": a, "to": b, "vbuckets": len(vbs), "ranges": format_ranges(vbs)}
-            for (a, b), vbs in plan.move_groups().items()
-        ],
-        "functions": functions,
-    }
-
-
 def cmd_rebalance(args: argparse.Namespace) -> int:
     topology = _topology(args)
-    try:
-        plan = topology.plan()
-    except RebalanceError as exc:
-        raise ConfigError(str(exc)) from None
-    described = describe_plan(topology, plan)
+    plan = nodes_ops.plan(topology)
+    described = nodes_ops.describe_plan(topology, plan)
     if not args.dry_run:
         topology.check_can_rebalance()
     if not args.json:
@@ -113,20 +80,14 @@ def cmd_rebalance(args: argparse.Namespace) -> int:
         if args.json:
             emit_json({"dry_run": True, **described})
         return 0
-    if plan.move_count == 0 and not plan.joined() and not plan.departed():
+    if nodes_ops.nothing_to_do(plan):
         if args.json:
             emit_json({"status": "nothing to do", **described})
         else:
             print("nothing to move")
         return 0
-    request = topology.request_rebalance(plan)
-    services = topology.store.live_services(SERVICE_STALE_S)
-    if not services:
-        # No service holds vBuckets: the new plan applies when workers next start.
-        topology.complete(request["owners"])
-        request = topology.update_request(request, status="done", seconds=0.0, longest_unowned_ms=0.0,
-                                          note="no service was running; the plan applies at the next start")
-    else:
+    request = nodes_ops.start_rebalance(topology, plan)
+    if request["status"] != "done":
         if not args.json:
             print(f"rebalance {request['id']} handed to the running service; waiting", flush=True)
         deadline = time.monotonic() + args.wait

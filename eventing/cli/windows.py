@@ -4,59 +4,11 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any
 
 from eventing.cli.output import emit_json, table
 from eventing.errors import ConfigError
-
-
-def _window_report(data_dir: str, name: str) -> dict[str, Any]:
-    from eventing.storage.metadata import open_metadata
-    from eventing.windows.runtime.coordinator import iso_ms, make_sink
-    from eventing.windows.runtime.paths import WindowPaths
-    from eventing.windows.runtime.row_writer import RowLayout
-
-    store = open_metadata(data_dir, create=False)
-    try:
-        record = store.get_function(name)
-        window = record.definition.get("window")
-        if window is None:
-            raise ConfigError(
-                f"function '{name}' declares no window; add a \"window\" object to its definition and deploy it"
-            )
-        layout = RowLayout.for_definition(name, window)
-        state = store.window_states().load(name)
-        counters = store.counters(name)
-    finally:
-        store.close()
-    results = make_sink(WindowPaths.of(data_dir, name), layout).read(name)
-    spec = layout.spec
-    operator = (state or {}).get("operator") or {}
-    watermark = (operator.get("tracker") or {}).get("watermark_ms")
-    rows = []
-    for r in results.to_pylist():
-        row = {
-            "window_start": iso_ms(r["window_start_ms"]),
-            "window_end": iso_ms(r["window_end_ms"]),
-            **r,
-        }
-        rows.append(row)
-    return {
-        "function": name,
-        "state": record.state.value,
-        "window": spec.to_dict(),
-        "group_by": list(layout.group_by),
-        "aggregates": [a.name for a in spec.aggregates],
-        "watermark": iso_ms(watermark) if spec.boundary == "event_time" else None,
-        "open_windows": len(operator.get("open_windows") or [])
-        + sum(len(sessions) for _, _, sessions in operator.get("open") or []),
-        "closed_not_emitted": len((state or {}).get("pending") or []),
-        "windows_emitted": int(counters.get("windows_emitted", 0)),
-        "late_rows": int(counters.get("dlq_late", 0)),
-        "bad_event_time": int(counters.get("dlq_bad_event_time", 0)),
-        "results": rows,
-    }
+from eventing.ops.windows import window_report, write_chart
 
 
 def _describe(spec: dict[str, Any]) -> str:
@@ -73,7 +25,7 @@ def _describe(spec: dict[str, Any]) -> str:
 def cmd_windows(args: argparse.Namespace) -> int:
     from eventing.cli.common import existing_data_dir
 
-    report = _window_report(existing_data_dir(args), args.function)
+    report = window_report(existing_data_dir(args), args.function)
     aggregates = report["aggregates"]
     if args.aggregate is not None and args.aggregate not in aggregates:
         raise ConfigError(
@@ -82,7 +34,7 @@ def cmd_windows(args: argparse.Namespace) -> int:
     if args.limit < 0:
         raise ConfigError(f"--limit is {args.limit}; give a number of result rows >= 1 (0: all)")
     if args.png:
-        _chart(report, args.aggregate or aggregates[0], args.png)
+        write_chart(report, args.aggregate or aggregates[0], args.png)
     if args.json:
         if args.limit:
             report["results_total"] = len(report["results"])
@@ -110,42 +62,6 @@ def cmd_windows(args: argparse.Namespace) -> int:
     if args.png:
         print(f"chart of {args.aggregate or aggregates[0]} written to {args.png}")
     return 0
-
-
-def _chart(report: dict[str, Any], aggregate: str, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.dates as mdates
-    import matplotlib.pyplot as plt
-
-    series: dict[str, list[tuple[datetime, float]]] = {}
-    for r in report["results"]:
-        label = " / ".join(str(r[g]) for g in report["group_by"]) or aggregate
-        value = r[aggregate]
-        if value is not None:
-            start = datetime.fromtimestamp(r["window_start_ms"] / 1000, UTC)
-            series.setdefault(label, []).append((start, float(value)))
-    # Many groups make an unreadable chart: keep the 12 with the largest totals.
-    ranked = sorted(series, key=lambda k: -sum(v for _, v in series[k]))
-    fig, ax = plt.subplots(figsize=(11, 5))
-    for label in ranked[:12]:
-        points = sorted(series[label])
-        starts: Any = [p[0] for p in points]  # matplotlib plots datetimes on a date axis
-        ax.plot(starts, [p[1] for p in points], marker=".", linewidth=1, label=label)
-    spec = report["window"]
-    ax.set_title(f"{report['function']}: {aggregate} per {spec['kind']} {spec['size']} window")
-    ax.set_xlabel("window start (UTC)")
-    ax.set_ylabel(aggregate)
-    if len(ranked) > 1:
-        extra = f" (top 12 of {len(ranked)})" if len(ranked) > 12 else ""
-        ax.legend(title=", ".join(report["group_by"]) + extra, fontsize="small", ncols=2)
-    ax.grid(alpha=0.3)
-    ax.xaxis.set_major_formatter(mdates.DateFormatter("%m-%d %H:%M", tz=UTC))
-    fig.autofmt_xdate()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def register(sub: Any, add: Callable[..., argparse.ArgumentParser]) -> None:

@@ -26,6 +26,22 @@ WINDOW_VALUES_NOT_NUMERIC = "window_values_not_numeric"  # aggregated field valu
 WINDOWS_CLOSED = "windows_closed"
 WINDOWS_EMITTED = "windows_emitted"
 
+# Handler latency histogram. A worker reads the clock once per batch, not per mutation, and counts each
+# batch's mutations in the bucket of the batch's mean time per mutation (read, decode, handler), so the
+# hot loop costs what it did. Upper bounds in microseconds; sums in microseconds.
+LATENCY_BOUNDS_US: tuple[int, ...] = (10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000,
+                                      100_000, 250_000, 1_000_000, 5_000_000)
+LATENCY_COUNT = "latency_count"
+LATENCY_SUM_US = "latency_sum_us"
+
+
+def latency_bucket(mean_us: float) -> str:
+    """The counter of the first bound >= mean_us (`latency_le_100us`), `latency_le_inf` above them all."""
+    for bound in LATENCY_BOUNDS_US:
+        if mean_us <= bound:
+            return f"latency_le_{bound}us"
+    return "latency_le_inf"
+
 
 def handler_outcome(kind: HandlerKind, outcome: Outcome) -> str:
     """`on_update_success`, `on_delete_timeout`, ... (Couchbase's statistic names)."""

@@ -25,6 +25,14 @@ Delivery = Literal["exactly_once", "at_least_once"]
 PLACEMENTS = ("spread", "packed")
 DELIVERIES = ("exactly_once", "at_least_once")
 
+def check_function_name(name: object) -> None:
+    """The one rule for function names (they become file names and URL path segments)."""
+    if not isinstance(name, str) or not FUNCTION_NAME.match(name):
+        raise ConfigError(
+            f"function name {name!r} is not valid; use a letter then letters, digits, '_' or '-' (max 100)"
+        )
+
+
 def parse_duration(value: Any, field_name: str, function: str) -> timedelta:
     """eventing.core.durations.parse_duration (the rule window sizes follow too), as a ConfigError."""
     try:
@@ -81,10 +89,7 @@ class FunctionDefinition:
             if not data.get(required):
                 raise ConfigError(f"function definition needs '{required}'")
         name = data["name"]
-        if not isinstance(name, str) or not FUNCTION_NAME.match(name):
-            raise ConfigError(
-                f"function name {name!r} is not valid; use a letter then letters, digits, '_' or '-' (max 100)"
-            )
+        check_function_name(name)
         check_bucket_name(data["source_bucket"])
         bindings = []
         for raw in data.get("bindings", []):

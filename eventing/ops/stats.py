@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from eventing.core import counters as counter_names
@@ -9,13 +10,18 @@ from eventing.runtime.handler_log import handler_log_path
 from eventing.runtime.service import running_services
 from eventing.storage.bucket import LocalBucket
 from eventing.storage.metadata import open_metadata
+from metadata import FunctionRecord
 from sharding import NUM_VBUCKETS, format_ranges, worker_plan
 
 
 def vbucket_map(data_dir: str, name: str) -> dict[str, Any]:
     store = open_metadata(data_dir, create=False)
-    record = store.get_function(name)
-    cps = store.checkpoints(name)
+    try:  # closed here: the HTTP API calls this on every poll, from a thread pool
+        record = store.get_function(name)
+        cps = store.checkpoints(name)
+        services = running_services(store)
+    finally:
+        store.close()
     workers: dict[str, list[int]] = {}
     if cps:
         for vb, cp in cps.items():
@@ -27,7 +33,7 @@ def vbucket_map(data_dir: str, name: str) -> dict[str, Any]:
             workers[f"local/w{i}"] = vbs
         source = "plan (function not deployed)"
     # A lease outlives a service killed with kill -9: it counts as live only while a service runs.
-    leased = {cp.owner for cp in cps.values() if cp.leased} if running_services(store) else set()
+    leased = {cp.owner for cp in cps.values() if cp.leased} if services else set()
     return {
         "function": name,
         "source": source,
@@ -40,13 +46,20 @@ def vbucket_map(data_dir: str, name: str) -> dict[str, Any]:
 
 def function_stats(data_dir: str, name: str) -> dict[str, Any]:
     store = open_metadata(data_dir, create=False)
-    record = store.get_function(name)
-    counters = store.counters(name)
-    cps = store.checkpoints(name)
+    try:
+        record = store.get_function(name)
+        counters = store.counters(name)
+        cps = store.checkpoints(name)
+        services = running_services(store)
+    finally:
+        store.close()
     lag = None
     if cps:
         source = LocalBucket.open(data_dir, record.definition["source_bucket"])
-        highs = source.high_seqnos()
+        try:
+            highs = source.high_seqnos()
+        finally:
+            source.close()
         lag = sum(max(0, highs[vb] - cp.seqno) for vb, cp in cps.items())
     out: dict[str, Any] = {"function": name, "state": record.state.value}
     out.update({k: int(counters.get(k, 0)) for k in counter_names.STATS_KEYS})
@@ -54,7 +67,7 @@ def function_stats(data_dir: str, name: str) -> dict[str, Any]:
     out["checkpoint_lag"] = lag
     # The service writes the gauge while the function runs (0 when it stops); a paused function, or one
     # whose service is gone, handles nothing whatever the last gauge says.
-    running = record.state.value == "deployed" and bool(running_services(store))
+    running = record.state.value == "deployed" and bool(services)
     out["throughput_mps"] = counters.get("throughput_mps", 0.0) if running else 0.0
     if record.definition.get("window") is not None:
         out["window"] = {
@@ -74,6 +87,56 @@ def function_stats(data_dir: str, name: str) -> dict[str, Any]:
             "mutations_per_s": round(counters.get("last_run_handled", 0) / counters["last_run_seconds"]),
         }
     return out
+
+
+def function_view(record: FunctionRecord) -> dict[str, Any]:
+    d = record.definition
+    return {
+        "name": record.name,
+        "state": record.state.value,
+        "source_bucket": d["source_bucket"],
+        "workers": d.get("worker_count", 1),
+        "boundary": d.get("boundary", "everything"),
+        "bindings": [f"{b['alias']}={b['bucket']}:{b['access']}" for b in d.get("bindings", [])],
+        "generation": record.generation,
+        "windowed": d.get("window") is not None,
+    }
+
+
+def function_status(data_dir: str, name: str | None = None) -> dict[str, Any]:
+    """States of one function (or all), how many vBuckets live workers own, the live services and which
+    of them leads (the others are standbys)."""
+    store = open_metadata(data_dir, create=False)
+    try:
+        records = [store.get_function(name)] if name else store.list_functions()
+        services = running_services(store)
+        views = []
+        for r in records:
+            view = function_view(r)
+            leased = sum(1 for c in store.checkpoints(r.name).values() if c.leased)
+            # A lease held by a service that is gone (kill -9) is not a live worker: the next run takes it over.
+            view["vbuckets_leased"] = leased if services else 0
+            view["vbuckets_leased_by_stopped_service"] = 0 if services else leased
+            view["service_running"] = bool(services)
+            views.append(view)
+        leader = leader_view(store, services)
+    finally:
+        store.close()
+    standbys = [sid for sid in services if leader is None or sid != leader["id"]]
+    return {"services": services, "leader": leader, "standbys": standbys, "functions": views}
+
+
+def leader_view(store: Any, services: list[str]) -> dict[str, Any] | None:
+    """The service holding the leader lease, if the lease is current."""
+    from eventing.runtime.failover import LEADER_LEASE
+
+    lease = store.lease(LEADER_LEASE)
+    if lease is None or lease.expired(time.time()):
+        return None
+    return {
+        "id": lease.holder, "term": lease.term, "since": lease.acquired_at,
+        "expires_in_s": round(lease.expires_at - time.time(), 2), "heartbeat": lease.holder in services,
+    }
 
 
 def checkpoint_view(

@@ -180,11 +180,14 @@ class WorkerCore:
             batch = 0
             if work:
                 armed = self._arm_watchdog()
+                started = time.perf_counter()
                 try:
                     batch = self._process(work, limits, budget)
                 finally:
                     if armed:
                         self._disarm_watchdog()
+                if batch:
+                    self._observe_latency(time.perf_counter() - started, batch)
             fenced |= self.flush_effects()
             handled += batch
             if batch < budget or fenced or time.monotonic() >= slice_ends:
@@ -200,6 +203,13 @@ class WorkerCore:
             fenced=sorted(fenced),
             owned=len(self.epochs),
         )
+
+    def _observe_latency(self, seconds: float, count: int) -> None:
+        """One histogram observation per batch, weighted by its size (see counters.LATENCY_BOUNDS_US)."""
+        c = self.counters
+        c[counter_names.latency_bucket(seconds * 1e6 / count)] += count
+        c[counter_names.LATENCY_COUNT] += count
+        c[counter_names.LATENCY_SUM_US] += round(seconds * 1e6)
 
     def _process(self, work: list[int], limits: dict[int, int], budget: int) -> int:
         # Resume the rotation where the last step stopped, so every vBucket makes progress even when

@@ -1,0 +1,89 @@
+"""`eventing serve`: the REST API, Prometheus metrics and the web console; and `eventing run --serve PORT`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from eventing.cli.common import data_dir_of
+from eventing.cli.output import emit_json
+
+
+def _config(args: argparse.Namespace, port: int) -> Any:
+    from eventing.http.auth import ServerConfig
+
+    return ServerConfig.from_env(
+        data_dir_of(args), host=args.host, port=port, admin_token=args.admin_token, read_token=args.read_token,
+        max_body_bytes=args.max_body, cors_origins=tuple(args.cors_origin or ()),
+    )
+
+
+def _banner(config: Any) -> str:
+    auth = "tokens required" if config.secured else "no credentials (loopback only)"
+    return (f"eventing console and API on http://{config.host}:{config.port}/ ({auth}); data {config.data_dir}; "
+            f"API description at /api/v1/openapi.json, metrics at /metrics")
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from eventing.http.server import make_server
+
+    config = _config(args, args.port)
+    server = make_server(config)  # checks the bind rule and tokens first
+    if args.json:
+        emit_json({"url": f"http://{config.host}:{config.port}/", "data_dir": config.data_dir,
+                   "secured": config.secured})
+    else:
+        print(_banner(config), flush=True)
+    server.run()
+    return 0 if server.started else 1
+
+
+def _with_serve(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    def run_with_server(args: argparse.Namespace) -> int:
+        if not getattr(args, "serve", None):
+            return run(args)
+        from eventing.http.server import start_in_thread
+
+        config = _config(args, args.serve)
+        server = start_in_thread(config)
+        print(_banner(config), file=sys.stderr, flush=True)
+        try:
+            return run(args)
+        finally:
+            server.should_exit = True
+
+    return run_with_server
+
+
+def _add_server_options(p: argparse.ArgumentParser, *, host: bool = True) -> None:
+    from eventing.http.auth import ADMIN_TOKEN_ENV, DEFAULT_HOST, DEFAULT_MAX_BODY, READ_TOKEN_ENV
+
+    if host:
+        p.add_argument("--host", default=DEFAULT_HOST,
+                       help=f"address to bind (default {DEFAULT_HOST}; any other needs --admin-token)")
+    p.add_argument("--admin-token", default=None,
+                   help=f"token for state-changing requests (default ${ADMIN_TOKEN_ENV}); prefer the environment, "
+                   "since flags show in the process list")
+    p.add_argument("--read-token", default=None, help=f"read-only token (default ${READ_TOKEN_ENV})")
+    p.add_argument("--max-body", type=int, default=DEFAULT_MAX_BODY,
+                   help=f"largest request body in bytes (default {DEFAULT_MAX_BODY}); larger ones get 413")
+    p.add_argument("--cors-origin", action="append",
+                   help="allow browser pages of this origin to call the API (repeatable; default: none)")
+
+
+def register(sub: Any, add: Callable[..., argparse.ArgumentParser]) -> None:
+    from eventing.http.auth import DEFAULT_PORT
+
+    p = add("serve", cmd_serve, "serve the REST API (Couchbase-shaped), Prometheus /metrics and the web console")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}, as Couchbase Eventing)")
+    _add_server_options(p)
+    run = sub.choices.get("run")
+    if run is None:
+        return
+    run.add_argument("--serve", type=int, metavar="PORT", default=None,
+                     help="also serve the API, metrics and console on this port while running")
+    run.add_argument("--host", default="127.0.0.1", help="with --serve: address to bind (default 127.0.0.1)")
+    _add_server_options(run, host=False)
+    run.set_defaults(func=_with_serve(run.get_default("func")))

@@ -1,0 +1,557 @@
+"""The REST endpoints: Couchbase Eventing's shapes (port 8096 there) plus this project's own views.
+
+Every endpoint calls the same functions the CLI calls (eventing.runtime.lifecycle, eventing.ops.*), so
+the rules and the messages are the CLI's. Errors come back as `{"error": message, "fix": hint}` with
+400 (bad input), 404 (unknown thing), 409 (illegal state) or 503 (store busy). One table, ENDPOINTS,
+drives the routes, the OpenAPI description and the docs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, Response
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from eventing.core.definition import FunctionDefinition, check_function_name
+from eventing.errors import (
+    ConfigError,
+    EventingError,
+    FencedError,
+    InvalidKeyError,
+    LifecycleError,
+    NotFoundError,
+    OrderViolationError,
+    StoreCorruptError,
+    StoreLockedError,
+)
+from eventing.ops import dlq, stats
+from eventing.ops import nodes as nodes_ops
+from eventing.runtime import lifecycle
+from eventing.runtime.nodes import Topology
+from eventing.storage.metadata import open_metadata
+
+STATIC_DIR = Path(__file__).parent / "static"
+APP_LOG_DIR = "logs"  # <data-dir>/logs/<function>.log, the handlers' application log
+DEFAULT_LOG_BYTES = 40_960  # like Couchbase's getAppLog: the newest part of the log
+
+
+@dataclass
+class Call:
+    """What an endpoint gets: the data directory, path and query parameters, and the raw body."""
+
+    data_dir: str
+    params: dict[str, str]
+    query: dict[str, str]
+    body: bytes
+
+    @property
+    def name(self) -> str:
+        return self.params["name"]
+
+    def json(self, default: Any = None) -> Any:
+        if not self.body.strip():
+            if default is not None:
+                return default
+            raise ConfigError("this request needs a JSON body")
+        try:
+            return json.loads(self.body)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"the request body is not valid JSON ({exc})") from None
+
+    def json_object(self) -> dict[str, Any]:
+        data = self.json(default={})
+        if not isinstance(data, dict):
+            raise ConfigError("the request body must be a JSON object")
+        return data
+
+    def text(self) -> str:
+        try:
+            return self.body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"the request body is not UTF-8 text (byte {exc.start}); send the handler as UTF-8") from None
+
+    def int_arg(self, source: dict[str, Any], key: str) -> int | None:
+        value = source.get(key)
+        if value is None or value == "":
+            return None
+        if isinstance(value, bool):
+            raise ConfigError(f"'{key}' must be an integer, not {value!r}")
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"'{key}' must be an integer, not {value!r}") from None
+
+    def flag(self, source: dict[str, Any], key: str) -> bool:
+        value = source.get(key, False)
+        return value in (True, "1", "true", "yes")
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    method: str
+    path: str
+    group: str
+    summary: str
+    handler: Callable[[Call], Any]
+    status: int = 200
+    couchbase: bool = False  # shaped like Couchbase Eventing's endpoint of the same path
+
+
+# -- functions (Couchbase-shaped) --------------------------------------------------------------------
+
+
+def _document(record: Any) -> dict[str, Any]:
+    return {**record.definition, "handler_source": record.source, "state": record.state.value,
+            "generation": record.generation}
+
+
+def list_functions(c: Call) -> list[dict[str, Any]]:
+    try:
+        store = open_metadata(c.data_dir, create=False)
+    except NotFoundError:
+        return []
+    try:
+        return [_document(r) for r in store.list_functions()]
+    finally:
+        store.close()
+
+
+def get_function(c: Call) -> dict[str, Any]:
+    store = open_metadata(c.data_dir, create=False)
+    try:
+        return _document(store.get_function(c.name))
+    finally:
+        store.close()
+
+
+def save_function(c: Call) -> dict[str, Any]:
+    """The body is a definition as `eventing export` writes it (`appcode` is accepted for `handler_source`)."""
+    body = c.json_object()
+    if "appcode" in body and "handler_source" not in body:
+        body["handler_source"] = body.pop("appcode")
+    if body.get("name", c.name) != c.name:
+        raise ConfigError(f"the body names function {body['name']!r} but the URL names '{c.name}'; make them agree")
+    source = body.get("handler_source")
+    if not isinstance(source, str):
+        raise ConfigError("the body needs 'handler_source': the handler's Python code as a string")
+    defn = FunctionDefinition.from_dict({**body, "name": c.name})
+    return stats.function_view(lifecycle.save_function(c.data_dir, defn, source))
+
+
+def delete_function(c: Call) -> dict[str, Any]:
+    lifecycle.delete(c.data_dir, c.name)
+    return {"name": c.name, "deleted": True}
+
+
+def deploy(c: Call) -> dict[str, Any]:
+    boundary = c.json_object().get("boundary")
+    if boundary not in (None, "everything", "from_now"):
+        raise ConfigError(f"boundary {boundary!r} is not valid; use 'everything' or 'from_now'")
+    return stats.function_view(lifecycle.deploy(c.data_dir, c.name, boundary))
+
+
+def _wait_s(c: Call) -> float:
+    try:
+        return float(c.query.get("wait", 60))
+    except ValueError:
+        raise ConfigError(f"wait={c.query['wait']!r} is not a number of seconds") from None
+
+
+def pause(c: Call) -> dict[str, Any]:
+    return stats.function_view(lifecycle.pause(c.data_dir, c.name, wait_s=_wait_s(c)))
+
+
+def resume(c: Call) -> dict[str, Any]:
+    return stats.function_view(lifecycle.resume(c.data_dir, c.name))
+
+
+def undeploy(c: Call) -> dict[str, Any]:
+    return stats.function_view(lifecycle.undeploy(c.data_dir, c.name, wait_s=_wait_s(c)))
+
+
+def get_settings(c: Call) -> dict[str, Any]:
+    doc = get_function(c)
+    return {k: v for k, v in doc.items() if k not in ("name", "handler_source", "state", "generation")}
+
+
+def save_settings(c: Call) -> dict[str, Any]:
+    """Merge the given fields into the stored definition; the handler is kept (an undeployed or paused
+    function only, as for the CLI)."""
+    body = c.json_object()
+    for key in ("name", "handler_source", "appcode"):
+        if key in body:
+            raise ConfigError(f"settings cannot change '{key}'; use POST /api/v1/functions/{c.name}"
+                              + ("/appcode" if key != "name" else ""))
+    store = open_metadata(c.data_dir, create=False)
+    try:
+        record = store.get_function(c.name)
+    finally:
+        store.close()
+    defn = FunctionDefinition.from_dict({**record.definition, **body})
+    return stats.function_view(lifecycle.save_function(c.data_dir, defn, record.source))
+
+
+def get_appcode(c: Call) -> Response:
+    return PlainTextResponse(get_function(c)["handler_source"])
+
+
+def save_appcode(c: Call) -> dict[str, Any]:
+    source = c.text()
+    store = open_metadata(c.data_dir, create=False)
+    try:
+        record = store.get_function(c.name)
+    finally:
+        store.close()
+    defn = FunctionDefinition.from_dict(record.definition)
+    return stats.function_view(lifecycle.save_function(c.data_dir, defn, source))
+
+
+def _status_app(view: dict[str, Any], nodes: int) -> dict[str, Any]:
+    state = view["state"]
+    return {
+        "name": view["name"],
+        "composite_status": state,
+        "deployment_status": state in ("deployed", "deploying", "pausing", "paused"),
+        "processing_status": state == "deployed",
+        "num_deployed_nodes": nodes if state == "deployed" and view["service_running"] else 0,
+        "vbuckets_leased": view["vbuckets_leased"],
+        "workers": view["workers"],
+        "source_bucket": view["source_bucket"],
+        "windowed": view["windowed"],
+    }
+
+
+def status(c: Call) -> dict[str, Any]:
+    """Couchbase's shape: {"apps": [{"name", "composite_status", ...}], "num_eventing_nodes": N}."""
+    name = c.params.get("name")
+    try:
+        data = stats.function_status(c.data_dir, name)
+    except NotFoundError:
+        if name:
+            raise
+        return {"apps": [], "num_eventing_nodes": 0, "services": []}
+    store = open_metadata(c.data_dir, create=False)
+    try:
+        nodes = len([n for n in Topology(store).nodes() if n["state"] != "joining"])
+    finally:
+        store.close()
+    return {"apps": [_status_app(v, nodes) for v in data["functions"]], "num_eventing_nodes": nodes,
+            "services": data["services"]}
+
+
+def all_stats(c: Call) -> list[dict[str, Any]]:
+    return [{"function_name": f["name"], **stats.function_stats(c.data_dir, f["name"])} for f in list_functions(c)]
+
+
+def function_stats(c: Call) -> dict[str, Any]:
+    return stats.function_stats(c.data_dir, c.name)
+
+
+def import_functions(c: Call) -> list[dict[str, Any]]:
+    return [stats.function_view(r) for r in lifecycle.import_definitions(c.data_dir, c.json())]
+
+
+def export_functions(c: Call) -> list[dict[str, Any]]:
+    name = c.query.get("name")
+    if name:
+        check_function_name(name)
+        return [lifecycle.export_function(c.data_dir, name)]
+    return [lifecycle.export_function(c.data_dir, f["name"]) for f in list_functions(c)]
+
+
+def app_log(c: Call) -> Response:
+    name = c.query.get("name")
+    if not name:
+        raise ConfigError("getAppLog needs ?name=FUNCTION")
+    check_function_name(name)
+    size = c.int_arg(c.query, "size") or DEFAULT_LOG_BYTES
+    path = Path(c.data_dir) / APP_LOG_DIR / f"{name}.log"
+    if not path.is_file():
+        raise NotFoundError(
+            f"function '{name}' has no application log yet ({path}); it appears once its handler calls log()"
+        )
+    with path.open("rb") as f:
+        f.seek(0, 2)
+        f.seek(max(0, f.tell() - size))
+        data = f.read()
+    return PlainTextResponse(data.decode("utf-8", errors="replace"))
+
+
+# -- this project's own -------------------------------------------------------------------------------
+
+
+def vbmap(c: Call) -> dict[str, Any]:
+    return stats.vbucket_map(c.data_dir, c.name)
+
+
+def checkpoints(c: Call) -> dict[str, Any]:
+    return stats.checkpoint_view(c.data_dir, c.name, vb=c.int_arg(c.query, "vb"), backlog_only=c.flag(c.query, "backlog"))
+
+
+def _topology_call(c: Call, fn: Callable[[Topology], Any]) -> Any:
+    store = open_metadata(c.data_dir, create=False)
+    try:
+        return fn(Topology(store))
+    finally:
+        store.close()
+
+
+def _request_view(request: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A rebalance request with its 1024 target owners summed per node (the full list is noise here)."""
+    if request is None or "owners" not in request:
+        return request
+    view = {k: v for k, v in request.items() if k != "owners"}
+    counts: dict[str, int] = {}
+    for node in request["owners"]:
+        counts[node] = counts.get(node, 0) + 1
+    view["vbuckets_after"] = counts
+    return view
+
+
+def list_nodes(c: Call) -> dict[str, Any]:
+    listing = _topology_call(c, nodes_ops.node_list)
+    return {**listing, "last_rebalance": _request_view(listing["last_rebalance"])}
+
+
+def add_node(c: Call) -> dict[str, Any]:
+    body = c.json_object()
+    return _topology_call(c, lambda t: t.add_node(str(body.get("name", "")), body.get("ray_node_id")))
+
+
+def remove_node(c: Call) -> dict[str, Any]:
+    return _topology_call(c, lambda t: t.remove_node(c.params["node"]))
+
+
+def rebalance_plan(c: Call) -> dict[str, Any]:
+    return _topology_call(c, lambda t: {"dry_run": True, **nodes_ops.describe_plan(t, nodes_ops.plan(t))})
+
+
+def rebalance_start(c: Call) -> dict[str, Any]:
+    def start(t: Topology) -> dict[str, Any]:
+        plan = nodes_ops.plan(t)
+        described = nodes_ops.describe_plan(t, plan)
+        if nodes_ops.nothing_to_do(plan):
+            return {"status": "nothing to do", **described}
+        request = nodes_ops.start_rebalance(t, plan)
+        return {"status": request["status"], "request": _request_view(request), **described}
+
+    return _topology_call(c, start)
+
+
+def rebalance_progress(c: Call) -> dict[str, Any]:
+    progress = _topology_call(c, nodes_ops.rebalance_progress)
+    return {**progress, "request": _request_view(progress["request"])}
+
+
+def _selector(c: Call, source: dict[str, Any]) -> dlq.DlqSelector:
+    key = source.get("key")
+    return dlq.DlqSelector(
+        vb=c.int_arg(source, "vb"), seqno=c.int_arg(source, "seqno"),
+        key=str(key) if key not in (None, "") else None,
+        reason=source.get("reason") or None, everything=c.flag(source, "all"),
+    )
+
+
+def dlq_list(c: Call) -> list[dict[str, Any]]:
+    rows = dlq.list_rows(c.data_dir, c.name, reason=c.query.get("reason") or None, limit=c.int_arg(c.query, "limit"),
+                         include_replayed=c.flag(c.query, "all"))
+    return [dlq.row_view(r) for r in rows]
+
+
+def dlq_show(c: Call) -> list[dict[str, Any]]:
+    return [dlq.row_view(r, full=True) for r in dlq.show_rows(c.data_dir, c.name, _selector(c, dict(c.query)))]
+
+
+def dlq_replay(c: Call) -> dict[str, Any]:
+    return dlq.replay(c.data_dir, c.name, _selector(c, c.json_object())).to_dict()
+
+
+def dlq_purge(c: Call) -> dict[str, Any]:
+    body = c.json_object()
+    removed = dlq.purge(c.data_dir, c.name, _selector(c, body), replayed_only=c.flag(body, "replayed"))
+    return {"function": c.name, "purged": removed}
+
+
+def windows(c: Call) -> dict[str, Any]:
+    from eventing.ops.windows import window_report
+
+    report = window_report(c.data_dir, c.name)
+    limit = c.int_arg(c.query, "limit")
+    if limit:
+        report["results"] = report["results"][-limit:]
+    return report
+
+
+def verify(c: Call) -> dict[str, Any]:
+    from eventing.ops.verify import verify_function
+
+    report = verify_function(c.data_dir, c.name, ledger=c.query.get("ledger") or None)
+    return {**report.to_dict(), "summary": report.summary()}
+
+
+def openapi(c: Call) -> dict[str, Any]:
+    from eventing.http.openapi import openapi_document
+
+    return openapi_document(ENDPOINTS)
+
+
+def metrics(c: Call) -> Response:
+    from eventing.http.metrics import CONTENT_TYPE, render
+
+    return Response(render(c.data_dir), media_type=CONTENT_TYPE)
+
+
+F = "/api/v1/functions/{name}"
+ENDPOINTS: list[Endpoint] = [
+    Endpoint("GET", "/api/v1/functions", "functions", "every function: definition, handler source, state",
+             list_functions, couchbase=True),
+    Endpoint("GET", F, "functions", "one function: definition, handler source, state", get_function, couchbase=True),
+    Endpoint("POST", F, "functions", "create or update a function (a definition with handler_source; "
+             "undeployed or paused only)", save_function, couchbase=True),
+    Endpoint("DELETE", F, "functions", "delete an undeployed function", delete_function, couchbase=True),
+    Endpoint("POST", F + "/deploy", "lifecycle", "deploy; optional body {\"boundary\": \"everything\"|\"from_now\"}",
+             deploy, couchbase=True),
+    Endpoint("POST", F + "/pause", "lifecycle", "pause: workers checkpoint and stop (?wait=60 seconds)", pause,
+             couchbase=True),
+    Endpoint("POST", F + "/resume", "lifecycle", "resume right after the checkpoints", resume, couchbase=True),
+    Endpoint("POST", F + "/undeploy", "lifecycle", "undeploy: workers stop, checkpoints are dropped (?wait=60)",
+             undeploy, couchbase=True),
+    Endpoint("GET", F + "/settings", "functions", "the definition without name and handler", get_settings,
+             couchbase=True),
+    Endpoint("POST", F + "/settings", "functions", "merge fields into the definition (undeployed or paused only)",
+             save_settings, couchbase=True),
+    Endpoint("GET", F + "/appcode", "functions", "the handler source (text/plain)", get_appcode, couchbase=True),
+    Endpoint("POST", F + "/appcode", "functions", "replace the handler source (text body; validated first)",
+             save_appcode, couchbase=True),
+    Endpoint("GET", "/api/v1/status", "status", "states of every function, eventing nodes, live services", status,
+             couchbase=True),
+    Endpoint("GET", "/api/v1/status/{name}", "status", "state of one function", status, couchbase=True),
+    Endpoint("GET", "/api/v1/stats", "status", "counters of every function", all_stats, couchbase=True),
+    Endpoint("GET", F + "/stats", "status", "counters of one function", function_stats),
+    Endpoint("POST", "/api/v1/import", "functions", "import definitions (a list or one object, as exported)",
+             import_functions, couchbase=True),
+    Endpoint("GET", "/api/v1/export", "functions", "export every definition with its handler (?name= for one)",
+             export_functions, couchbase=True),
+    Endpoint("GET", "/getAppLog", "logs", "the newest part of a function's application log (?name=, ?size=bytes)",
+             app_log, couchbase=True),
+    Endpoint("GET", F + "/vbmap", "vbuckets", "which worker owns which vBucket ranges", vbmap),
+    Endpoint("GET", F + "/checkpoints", "vbuckets", "per vBucket: checkpoint, high seqno, backlog, owner, epoch "
+             "(?vb=N for one, ?backlog=1 for those behind; 409 if not deployed)", checkpoints),
+    Endpoint("GET", "/api/v1/nodes", "nodes", "eventing nodes, their vBucket counts, the last rebalance", list_nodes),
+    Endpoint("POST", "/api/v1/nodes", "nodes", "add a node: {\"name\": ..., \"ray_node_id\": ...}", add_node),
+    Endpoint("DELETE", "/api/v1/nodes/{node}", "nodes", "remove a node (it leaves at the next rebalance)",
+             remove_node),
+    Endpoint("GET", "/api/v1/rebalance", "nodes", "the last rebalance and its progress (0..1)", rebalance_progress),
+    Endpoint("GET", "/api/v1/rebalance/plan", "nodes", "the minimal-move plan, changing nothing", rebalance_plan),
+    Endpoint("POST", "/api/v1/rebalance", "nodes", "start a rebalance (the running service carries it out)",
+             rebalance_start, status=202),
+    Endpoint("GET", F + "/dlq", "dlq", "dead letters (?reason=, ?limit=, ?all=1 includes replayed)", dlq_list),
+    Endpoint("GET", F + "/dlq/show", "dlq", "dead letters in full (?vb=&seqno= or ?key=)", dlq_show),
+    Endpoint("POST", F + "/dlq/replay", "dlq", "replay with the current handler: {\"all\": true} or "
+             "{\"vb\", \"seqno\", \"key\", \"reason\"}", dlq_replay),
+    Endpoint("POST", F + "/dlq/purge", "dlq", "delete dead letters: {\"all\": true}, {\"replayed\": true} or a "
+             "selector", dlq_purge),
+    Endpoint("GET", F + "/windows", "windows", "window results with the watermark (?limit=N: the last N rows)",
+             windows),
+    Endpoint("GET", F + "/verify", "verify", "check the function against its ledger bucket (?ledger=BUCKET)", verify),
+    Endpoint("GET", "/api/v1/openapi.json", "meta", "this API as OpenAPI 3.1", openapi),
+    Endpoint("GET", "/metrics", "metrics", "Prometheus metrics (text format)", metrics),
+]
+
+
+# -- plumbing -------------------------------------------------------------------------------------------
+
+STATUS_OF: list[tuple[type[BaseException], int]] = [
+    (NotFoundError, 404),
+    (LifecycleError, 409),
+    (FencedError, 409),
+    (OrderViolationError, 409),
+    (StoreLockedError, 503),
+    (StoreCorruptError, 500),
+    (EventingError, 400),
+    (InvalidKeyError, 400),
+]
+
+
+def error_body(exc: BaseException) -> tuple[int, dict[str, Any]]:
+    """The CLI's message; its last clause after '; ' is the fix when the message has one."""
+    message = str(exc)
+    status = next(code for kind, code in STATUS_OF if isinstance(exc, kind))
+    _, sep, fix = message.rpartition("; ")
+    return status, {"error": message, "fix": fix if sep else None}
+
+
+def _endpoint(ep: Endpoint) -> Callable[[Request], Any]:
+    async def run(request: Request) -> Response:
+        call = Call(request.app.state.config.data_dir, dict(request.path_params), dict(request.query_params),
+                    await request.body())
+        try:
+            if "name" in call.params:
+                check_function_name(call.params["name"])
+            result = await run_in_threadpool(ep.handler, call)
+        except (EventingError, InvalidKeyError) as exc:
+            code, body = error_body(exc)
+            return JSONResponse(body, status_code=code)
+        if isinstance(result, Response):
+            return result
+        return JSONResponse(result, status_code=ep.status)
+
+    run.__name__ = ep.handler.__name__
+    return run
+
+
+async def _unknown_function_path(request: Request) -> Response:
+    """Anything else under /api/v1/functions/: a bad name gets the naming rule, a good one a 404."""
+    first = request.path_params["rest"].split("/", 1)[0]
+    try:
+        check_function_name(first)
+    except ConfigError as exc:
+        code, body = error_body(exc)
+        return JSONResponse(body, status_code=code)
+    raise HTTPException(404)
+
+
+async def _console(request: Request) -> Response:
+    return FileResponse(STATIC_DIR / "index.html", headers={"cache-control": "no-store"})
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 405:
+        return JSONResponse({"error": f"{request.method} is not allowed on {request.url.path}",
+                             "fix": "see GET /api/v1/openapi.json for the methods of each path"}, status_code=405)
+    return JSONResponse({"error": f"no endpoint {request.url.path}",
+                         "fix": "see GET /api/v1/openapi.json for the endpoints"}, status_code=exc.status_code)
+
+
+EXCEPTION_HANDLERS = {HTTPException: _http_error}
+
+
+def routes() -> list[BaseRoute]:
+    by_path: dict[str, dict[str, Endpoint]] = {}
+    for ep in ENDPOINTS:
+        by_path.setdefault(ep.path, {})[ep.method] = ep
+    out: list[BaseRoute] = [Route("/", _console, methods=["GET"])]
+    for path, methods in by_path.items():
+        handlers = {m: _endpoint(ep) for m, ep in methods.items()}
+
+        async def dispatch(request: Request, handlers: dict[str, Callable[[Request], Any]] = handlers) -> Response:
+            handler = handlers.get(request.method) or handlers.get("GET" if request.method == "HEAD" else "")
+            if handler is None:
+                raise HTTPException(405)
+            return await handler(request)
+
+        out.append(Route(path, dispatch, methods=[*methods, "HEAD"] if "GET" in methods else list(methods)))
+    out.append(Route("/api/v1/functions/{rest:path}", _unknown_function_path,
+                     methods=["GET", "POST", "DELETE", "PUT"]))
+    out.append(Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"))
+    return out
