@@ -23,6 +23,10 @@ class BindingError(EventingError):
     """A handler misused a bucket binding (for example wrote through a read-only alias)."""
 
 
+class TimerError(EventingError):
+    """A handler misused create_timer / cancel_timer (callback, time, reference or context)."""
+
+
 __all__ = [
     "BindingError",
     "ConfigError",
@@ -37,4 +41,5 @@ __all__ = [
     "StoreCorruptError",
     "StoreError",
     "StoreLockedError",
+    "TimerError",
 ]

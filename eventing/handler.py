@@ -1,13 +1,18 @@
 """The handler API: what a deployed function's module receives and may import.
 
 A handler module defines `on_update(doc, meta)` and/or `on_delete(meta, options)`. Its bindings are
-globals named by their alias (`dst[meta.id] = {...}`), as in Couchbase, plus constant bindings and `log`.
+globals named by their alias (`dst[meta.id] = {...}`), as in Couchbase, plus constant bindings, `log`,
+`create_timer` and `cancel_timer` (see docs/handler-api.md). The timer functions here stand in for the
+ones a running function injects: importing them from this module is allowed, calling them outside a
+deployed handler is an error.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+
+from eventing.errors import TimerError
 
 _logger = logging.getLogger("eventing.handler")
 
@@ -54,4 +59,15 @@ class HandlerLog:
 
 log = HandlerLog()
 
-__all__ = ["DeleteOptions", "Meta", "log"]
+
+def create_timer(callback, when, reference=None, context=None) -> str:  # noqa: ARG001 - replaced at run time
+    """Fire `callback(context)` at or after `when` (a datetime or epoch seconds); returns the reference."""
+    raise TimerError("create_timer works only inside a deployed handler (on_update, on_delete, a timer callback)")
+
+
+def cancel_timer(callback, reference) -> bool:  # noqa: ARG001 - replaced at run time
+    """Cancel the timer (callback, reference); True if there was one."""
+    raise TimerError("cancel_timer works only inside a deployed handler (on_update, on_delete, a timer callback)")
+
+
+__all__ = ["DeleteOptions", "Meta", "TimerError", "cancel_timer", "create_timer", "log"]

@@ -18,11 +18,24 @@ from metadata.errors import (
     StoreLockedError,
 )
 from metadata.factory import METADATA_URL_ENV, open_store, parse_metadata_url
-from metadata.model import TRANSITIONS, Checkpoint, DlqRow, FunctionRecord, FunctionState, check_transition
+from metadata.model import (
+    TIMER_VB_BASE,
+    TRANSITIONS,
+    Checkpoint,
+    DlqRow,
+    FunctionRecord,
+    FunctionState,
+    TimerChange,
+    TimerDone,
+    TimerRecord,
+    check_transition,
+    owner_vb,
+)
 from metadata.protocol import MetadataStore
 from metadata.sqlite_store import SqliteMetadataStore
 
 __all__ = [
+    "TIMER_VB_BASE",
     "TRANSITIONS",
     "Checkpoint",
     "ConfigError",
@@ -43,7 +56,11 @@ __all__ = [
     "StoreCorruptError",
     "StoreError",
     "StoreLockedError",
+    "TimerChange",
+    "TimerDone",
+    "TimerRecord",
     "check_transition",
+    "owner_vb",
     "open_store",
     "parse_metadata_url",
 ]

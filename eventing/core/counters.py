@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-HandlerKind = Literal["on_update", "on_delete"]
+HandlerKind = Literal["on_update", "on_delete", "timer"]
 Outcome = Literal["success", "failure", "timeout"]
 
 MUTATIONS_SEEN = "mutations_seen"
@@ -21,6 +21,10 @@ EFFECTS_FENCED = "effects_fenced"  # rejected: written by a stale owner
 FENCED_CHECKPOINT_WRITES = "fenced_checkpoint_writes"
 WORKERS_RECYCLED = "workers_recycled"
 WINDOW_ROWS_WRITTEN = "window_rows_written"
+TIMERS_CREATED = "timers_created"  # creates made durable (an overwrite counts again)
+TIMERS_CANCELLED = "timers_cancelled"
+TIMERS_FIRED = "timers_fired"  # callbacks that returned
+TIMERS_FAILED = "timers_failed"  # callbacks dead-lettered (timer_error or timeout)
 WINDOW_VALUES_NOT_NUMERIC = "window_values_not_numeric"
 
 

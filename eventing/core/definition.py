@@ -52,6 +52,7 @@ class FunctionDefinition:
     retry_backoff: timedelta = timedelta(milliseconds=100)  # doubles after each attempt
     max_document_bytes: int = 1024 * 1024  # larger documents go to the DLQ as `oversize`
     description: str = ""
+    timer_context_size: int = 1024  # bytes of a timer's context as JSON; larger is an error the handler sees
     window: dict[str, Any] | None = None  # event-time aggregation, see eventing.windows.semantics
 
     @classmethod
@@ -96,7 +97,8 @@ class FunctionDefinition:
         for key in ("checkpoint_interval", "execution_timeout", "retry_backoff"):
             if key in kwargs:
                 kwargs[key] = parse_duration(kwargs[key], key, name)
-        for key, low in (("worker_count", 1), ("batch_size", 1), ("retries", 0), ("max_document_bytes", 1)):
+        for key, low in (("worker_count", 1), ("batch_size", 1), ("retries", 0), ("max_document_bytes", 1),
+                         ("timer_context_size", 1)):
             if key in kwargs and (not isinstance(kwargs[key], int) or kwargs[key] < low):
                 raise ConfigError(f"{key} of function '{name}' must be an integer >= {low}, not {kwargs[key]!r}")
         if kwargs.get("worker_count", 1) > 64:

@@ -14,7 +14,7 @@ from eventing.runtime.loader import validate_handler
 from eventing.storage.bucket import LocalBucket
 from eventing.storage.metadata import open_metadata
 from eventing.windows.runtime.paths import reset_windows
-from metadata import FunctionRecord, FunctionState, MetadataStore
+from metadata import TIMER_VB_BASE, FunctionRecord, FunctionState, MetadataStore
 from sharding import NUM_VBUCKETS
 
 # A running `eventing run` writes a heartbeat every STATE_POLL_S (0.5 s, eventing.runtime.service); a command that
@@ -65,12 +65,13 @@ def deploy(data_dir: str, name: str, boundary: Boundary | None = None) -> Functi
             highs = source.high_seqnos() if defn.boundary == "from_now" else [0] * NUM_VBUCKETS
             epoch_base = record.generation << EPOCH_SHIFT
             store.init_checkpoints(name, dict(enumerate(highs)), source.uuid, epoch_base)
+            store.drop_timers(name)  # left by a deploy that crashed halfway
             reset_windows(data_dir, store, name)  # window state and unaggregated rows start afresh too
             for b in defn.bindings:
                 if b.access == "rw":
                     bucket = LocalBucket.open(data_dir, b.bucket)
                     bucket.drop_effect_marks(name)  # a new deployment's effects start afresh
-                    bucket.fence(name, dict.fromkeys(range(NUM_VBUCKETS), epoch_base))
+                    bucket.fence(name, dict.fromkeys(range(TIMER_VB_BASE + NUM_VBUCKETS), epoch_base))
         except Exception:
             store.transition(name, FunctionState.UNDEPLOYED, "deploy")
             raise
@@ -122,6 +123,7 @@ def complete_transition(
 ) -> FunctionRecord:
     if target is FunctionState.UNDEPLOYED:
         store.drop_checkpoints(name)
+        store.drop_timers(name)  # undeploy drops timers; pause keeps them
     return store.transition(name, target, action)
 
 

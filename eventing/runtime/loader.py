@@ -24,6 +24,11 @@ def load_handler(
     try:
         code = compile(source, filename, "exec")
         exec(code, module.__dict__)
+        # `from eventing.handler import create_timer` binds the import-time stand-in over the injected
+        # function; put the injected one back.
+        for name, value in injected.items():
+            if name in module.__dict__ and module.__dict__[name] is getattr(handler_api, name, None):
+                module.__dict__[name] = value
     except SyntaxError as exc:
         raise HandlerLoadError(
             f"handler of function '{function}' has a syntax error at line {exc.lineno}: {exc.msg}; "

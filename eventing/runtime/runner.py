@@ -23,13 +23,14 @@ from typing import Any, Literal, NamedTuple
 import msgpack
 
 from eventing.core.definition import FunctionDefinition
-from eventing.core.mutation import OP_EXPIRE, OP_UPDATE, Mutation
+from eventing.core.mutation import OP_EXPIRE, OP_TIMER, OP_UPDATE, Mutation
 from eventing.handler import DeleteOptions, Meta
 from eventing.runtime.bindings import BucketBinding, EffectBuffer
 from eventing.runtime.loader import load_handler
+from eventing.runtime.timers import TimerTable
 from eventing.storage.bucket import LocalBucket
 
-HandlerKind = Literal["on_update", "on_delete"]
+HandlerKind = Literal["on_update", "on_delete", "timer"]
 FailureStatus = Literal["error", "timeout", "quit"]
 Invoke = Callable[..., Any]  # invoke(fn, *args): a plain call, or pdb's runcall in the debugger
 
@@ -56,7 +57,7 @@ class Rejection(NamedTuple):
     """A mutation that never reaches a handler: no handler for its operation, or a document that cannot
     be handled (`oversize`, `undecodable`: a dead-letter reason)."""
 
-    status: Literal["no_handler", "oversize", "undecodable"]
+    status: Literal["no_handler", "oversize", "undecodable", "timer_error"]
     error: str = ""
 
 
@@ -112,7 +113,12 @@ class HandlerRunner:
             self.bindings.append(binding)
         self.rw_bindings = [b for b in self.bindings if b.access == "rw"]
         self.windowed = defn.window is not None
+        self.timers = TimerTable(function, defn.timer_context_size, self)
+        injected["create_timer"] = self.timers.create_timer
+        injected["cancel_timer"] = self.timers.cancel_timer
         module = load_handler(function, source_code, injected, windowed=self.windowed)
+        self.module = module
+        self.timers.module = module.__dict__
         self.on_update = module.__dict__.get("on_update")
         self.on_delete = module.__dict__.get("on_delete")
         self.keyspace = {"bucket_name": defn.source_bucket, "scope_name": "_default", "collection_name": "_default"}
@@ -157,9 +163,26 @@ class HandlerRunner:
             if self.on_update is None:
                 return Call("on_update", None, (), doc)
             return Call("on_update", self.on_update, (doc, self.meta(m)), doc)
+        if m.op == OP_TIMER:
+            return self._timer_call(m)
         if self.on_delete is None:
             return NO_HANDLER
         return Call("on_delete", self.on_delete, (self.meta(m), DeleteOptions(expired=m.op == OP_EXPIRE)), None)
+
+    def _timer_call(self, m: Mutation) -> Call | Rejection:
+        """A fired timer: its callback (looked up by name in the current handler) with its context."""
+        try:
+            fired = msgpack.unpackb(m.doc, raw=False) if m.doc is not None else {}
+            name, context = fired["callback"], fired.get("context")
+        except Exception as exc:  # noqa: BLE001 - a damaged record is the timer's fault
+            return Rejection("timer_error", f"timer record cannot be decoded ({type(exc).__name__}: {exc})")
+        fn = self.module.__dict__.get(name)
+        if not callable(fn):
+            return Rejection(
+                "timer_error",
+                f"timer callback '{name}' is not a function of the handler any more; restore it and replay the dead letter",
+            )
+        return Call("timer", fn, (context,), None)
 
     def call(
         self,
@@ -222,12 +245,15 @@ class HandlerRunner:
                 self.in_handler = False
             for b in self.rw_bindings:
                 b.keep(epoch)
+            if self.timers.current:
+                self.timers.keep()
             return None
         raise AssertionError("unreachable: attempts >= 1")
 
     def _discard(self) -> None:
         for b in self.rw_bindings:
             b.discard()
+        self.timers.discard()
 
     # -- kept writes, for callers that apply them themselves ------------------------------------------
 
