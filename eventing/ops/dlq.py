@@ -54,7 +54,7 @@ from eventing.storage.metadata import open_metadata
 from metadata import DlqRow, MetadataStore
 from sharding import NUM_VBUCKETS, validate_key
 
-REPLAYABLE_REASONS = frozenset({"error", "timeout", "undecodable", "oversize", "timer_error"})
+REPLAYABLE_REASONS = frozenset({"error", "timeout", "undecodable", "oversize", "timer_error", "cas_mismatch"})
 
 
 @dataclass(frozen=True)
@@ -260,10 +260,21 @@ def _replay_row(
         outcome_status, error, tb = outcome.status, outcome.error, outcome.traceback
         if outcome.ok:
             namespace = replay_namespace(row)
+            conflict = ""
             for bucket, writes in writes_by_bucket(runtime.take_writes()):
-                applied = bucket.apply_effects(namespace, [EffectGroup(row.vb, 0, writes)], origin=row.function)
+                group = EffectGroup(row.vb, 0, writes, conditional=True)  # cas conditions checked here too
+                applied = bucket.apply_effects(namespace, [group], origin=row.function)
                 result.writes_applied += applied.applied
                 result.writes_skipped += applied.duplicates
+                if applied.conflicts:
+                    bucket.drop_effect_marks(namespace)  # nothing of it applied: a later replay must run
+                    conflict = f"a cas condition failed on bucket '{bucket.name}' again; replay it again"
+            if conflict:
+                runtime.timers.discard()
+                runtime.timers.committed(len(runtime.timers.kept))
+                store.record_replay_failure(row.function, row.vb, row.seqno, "cas_mismatch", conflict, "")
+                result.outcome, result.error = "cas_mismatch", conflict
+                return result
             _commit_timers(store, runtime, row.function)
             if after_effects is not None:
                 after_effects(row)

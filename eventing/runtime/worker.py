@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from eventing.core import counters as counter_names
 from eventing.core.definition import FunctionDefinition
-from eventing.core.mutation import Mutation, pack_mutation
+from eventing.core.mutation import OP_TIMER, Mutation, pack_mutation
 from eventing.errors import FencedError, OrderViolationError, StoreError
 from eventing.runtime.runner import NO_HANDLER, Call, HandlerRunner, HandlerTimeout, Rejection
 from eventing.runtime.timers import delay_counter, timer_mutation
@@ -428,12 +428,34 @@ class WorkerCore:
                 self.counters[counter_names.EFFECTS_DUPLICATE] += result.duplicates
                 self.counters[counter_names.EFFECTS_FENCED] += result.fenced_writes
                 fenced |= result.fenced_vbs
+                if result.conflicts:
+                    self._cas_conflicts(binding.bucket.name, result.conflicts)
+            for binding in self.runner.bindings:
+                if binding.buf.ops:
+                    self.counters.update(binding.buf.ops)
+                    binding.buf.ops.clear()
         except Exception:
             self._rewind()
             raise
         for vb in {owner_vb(v) for v in fenced}:
             self._forget(vb)
         return {owner_vb(v) for v in fenced}
+
+    def _cas_conflicts(self, bucket: str, sources: list[tuple[int, int]]) -> None:
+        """Calls whose cas condition failed when their writes were applied (another writer changed the
+        document after the read): their writes to `bucket` were dropped; they become dead letters."""
+        for vb, seqno in sources:
+            self.counters["bkt_ops_cas_mismatch_count"] += 1
+            if vb >= TIMER_VB_BASE:
+                m = Mutation(vb, seqno, "", OP_TIMER, 0, None, None, 0, 0)
+            else:
+                found = self.source.read_vb(vb, seqno - 1, 1)
+                m = found[0] if found and found[0].seqno == seqno else Mutation(vb, seqno, "", 0, 0, None, None, 0, 0)
+            self._dead_letter(
+                m, "cas_mismatch",
+                f"a write to bucket '{bucket}' found the document changed since the handler read it (cas); "
+                "the call's writes to that bucket were not applied; replay the dead letter to run it again", "", 1,
+            )
 
     def _rewind(self) -> None:
         """A flush failed (disk full, a damaged bucket): the writes it took are gone from memory. Forget
