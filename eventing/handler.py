@@ -40,6 +40,14 @@ class Meta:
 
 
 @dataclass(frozen=True)
+class DeployAction:
+    """What `on_deploy(action)` receives (Couchbase 8.0's OnDeploy): why it runs."""
+
+    reason: str  # "deploy" or "resume"
+    delay: int = 0  # seconds the function was paused for (resume), else 0
+
+
+@dataclass(frozen=True)
 class DeleteOptions:
     expired: bool = False  # True when the document expired rather than being deleted
 
@@ -70,4 +78,4 @@ def cancel_timer(callback, reference) -> bool:  # noqa: ARG001 - replaced at run
     raise TimerError("cancel_timer works only inside a deployed handler (on_update, on_delete, a timer callback)")
 
 
-__all__ = ["DeleteOptions", "Meta", "TimerError", "cancel_timer", "create_timer", "log"]
+__all__ = ["DeleteOptions", "DeployAction", "Meta", "TimerError", "cancel_timer", "create_timer", "log"]

@@ -47,7 +47,7 @@ def load_handler(
             f"handler of function '{function}' defines neither on_update(doc, meta) nor on_delete(meta, options); "
             "define at least one"
         )
-    for name, fn in (("on_update", on_update), ("on_delete", on_delete)):
+    for name, fn in (("on_update", on_update), ("on_delete", on_delete), ("on_deploy", module.__dict__.get("on_deploy"))):
         if fn is not None and not callable(fn):
             raise HandlerLoadError(f"handler of function '{function}': {name} is not a function")
     return module
