@@ -52,6 +52,8 @@ class FunctionDefinition:
     retry_backoff: timedelta = timedelta(milliseconds=100)  # doubles after each attempt
     max_document_bytes: int = 1024 * 1024  # larger documents go to the DLQ as `oversize`
     description: str = ""
+    app_log_max_size: int = 40 * 1024 * 1024  # bytes of <data-dir>/logs/<function>.log before it rotates
+    app_log_max_files: int = 10  # application log files kept (the current one and rotated ones)
     timer_context_size: int = 1024  # bytes of a timer's context as JSON; larger is an error the handler sees
     window: dict[str, Any] | None = None  # event-time aggregation, see eventing.windows.semantics
 
@@ -98,7 +100,7 @@ class FunctionDefinition:
             if key in kwargs:
                 kwargs[key] = parse_duration(kwargs[key], key, name)
         for key, low in (("worker_count", 1), ("batch_size", 1), ("retries", 0), ("max_document_bytes", 1),
-                         ("timer_context_size", 1)):
+                         ("timer_context_size", 1), ("app_log_max_size", 1), ("app_log_max_files", 1)):
             if key in kwargs and (not isinstance(kwargs[key], int) or kwargs[key] < low):
                 raise ConfigError(f"{key} of function '{name}' must be an integer >= {low}, not {kwargs[key]!r}")
         if kwargs.get("worker_count", 1) > 64:

@@ -18,13 +18,16 @@ import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 import msgpack
 
+from eventing import handler as handler_api
 from eventing.core.definition import FunctionDefinition
 from eventing.core.mutation import OP_EXPIRE, OP_TIMER, OP_UPDATE, Mutation
 from eventing.handler import DeleteOptions, Meta
+from eventing.runtime.app_log import AppLogWriter, log_path
 from eventing.runtime.bindings import BucketBinding, EffectBuffer
 from eventing.runtime.loader import load_handler
 from eventing.runtime.timers import TimerTable
@@ -114,6 +117,12 @@ class HandlerRunner:
         self.rw_bindings = [b for b in self.bindings if b.access == "rw"]
         self.windowed = defn.window is not None
         self.timers = TimerTable(function, defn.timer_context_size, self)
+        path = getattr(source, "path", None)  # <data-dir>/buckets/<name>.sqlite3 for a local bucket
+        self.app_log = (
+            AppLogWriter(log_path(Path(path).parent.parent, function), defn.app_log_max_size, defn.app_log_max_files)
+            if path is not None else None
+        )
+        injected["log"] = FunctionLog(self.app_log)
         injected["create_timer"] = self.timers.create_timer
         injected["cancel_timer"] = self.timers.cancel_timer
         module = load_handler(function, source_code, injected, windowed=self.windowed)
@@ -273,6 +282,22 @@ class HandlerRunner:
     def close(self) -> None:
         for bucket in self.buckets.values():
             bucket.close()
+        if self.app_log is not None:
+            self.app_log.close()
+
+
+class FunctionLog:
+    """`log(...)` of one function: the shared handler log (worker log, debugger trace) plus the
+    function's application log file."""
+
+    def __init__(self, writer: AppLogWriter | None):
+        self.writer = writer
+
+    def __call__(self, *parts: object) -> None:
+        line = " ".join(str(p) for p in parts)
+        handler_api.log(line)
+        if self.writer is not None:
+            self.writer.write(line)
 
 
 def writes_by_bucket(held: list[HeldWrite]) -> list[tuple[LocalBucket, list[tuple[int, Any]]]]:
