@@ -27,9 +27,14 @@ class TimerError(EventingError):
     """A handler misused create_timer / cancel_timer (callback, time, reference or context)."""
 
 
+class CurlError(EventingError):
+    """A handler's curl() call failed: unbound URL, network error, timeout or oversized response."""
+
+
 __all__ = [
     "BindingError",
     "ConfigError",
+    "CurlError",
     "EventingError",
     "FencedError",
     "HandlerLoadError",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from eventing.errors import TimerError
+from eventing.errors import CurlError, TimerError
 
 _logger = logging.getLogger("eventing.handler")
 
@@ -68,6 +68,11 @@ class HandlerLog:
 log = HandlerLog()
 
 
+def curl(method, binding, request=None):  # noqa: ARG001 - replaced at run time
+    """HTTP call to a URL binding of the function (at least once): returns status, headers and body."""
+    raise CurlError("curl works only inside a deployed handler with url_bindings")
+
+
 def create_timer(callback, when, reference=None, context=None) -> str:  # noqa: ARG001 - replaced at run time
     """Fire `callback(context)` at or after `when` (a datetime or epoch seconds); returns the reference."""
     raise TimerError("create_timer works only inside a deployed handler (on_update, on_delete, a timer callback)")
@@ -78,4 +83,4 @@ def cancel_timer(callback, reference) -> bool:  # noqa: ARG001 - replaced at run
     raise TimerError("cancel_timer works only inside a deployed handler (on_update, on_delete, a timer callback)")
 
 
-__all__ = ["DeleteOptions", "DeployAction", "Meta", "TimerError", "cancel_timer", "create_timer", "log"]
+__all__ = ["CurlError", "DeleteOptions", "DeployAction", "Meta", "TimerError", "curl", "cancel_timer", "create_timer", "log"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import urllib.parse
 from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
@@ -54,6 +55,8 @@ class FunctionDefinition:
     description: str = ""
     app_log_max_size: int = 40 * 1024 * 1024  # bytes of <data-dir>/logs/<function>.log before it rotates
     app_log_max_files: int = 10  # application log files kept (the current one and rotated ones)
+    url_bindings: tuple[dict[str, Any], ...] = ()  # curl targets: alias, url, auth none|basic|bearer, verify_tls
+    curl_max_response_bytes: int = 1024 * 1024  # a larger curl response is an error the handler sees
     timer_context_size: int = 1024  # bytes of a timer's context as JSON; larger is an error the handler sees
     window: dict[str, Any] | None = None  # event-time aggregation, see eventing.windows.semantics
 
@@ -90,17 +93,23 @@ class FunctionDefinition:
             if b.access not in ("r", "rw"):
                 raise ConfigError(f"binding '{b.alias}' of function '{name}' has access {b.access!r}; use 'r' or 'rw'")
             bindings.append(b)
-        aliases = [b.alias for b in bindings] + list(data.get("constants", {}))
+        url_bindings = parse_url_bindings(data.get("url_bindings", []), name)
+        aliases = [b.alias for b in bindings] + list(data.get("constants", {})) + [u["alias"] for u in url_bindings]
+        for u in url_bindings:
+            if not ALIAS.match(u["alias"]):
+                raise ConfigError(f"url binding alias {u['alias']!r} of function '{name}' is not a Python identifier")
         if len(set(aliases)) != len(aliases):
             raise ConfigError(f"function '{name}' binds the same alias twice; aliases must be unique")
         kwargs = dict(data)
         kwargs.pop("handler_source", None)
         kwargs["bindings"] = tuple(bindings)
+        kwargs["url_bindings"] = url_bindings
         for key in ("checkpoint_interval", "execution_timeout", "retry_backoff"):
             if key in kwargs:
                 kwargs[key] = parse_duration(kwargs[key], key, name)
         for key, low in (("worker_count", 1), ("batch_size", 1), ("retries", 0), ("max_document_bytes", 1),
-                         ("timer_context_size", 1), ("app_log_max_size", 1), ("app_log_max_files", 1)):
+                         ("timer_context_size", 1), ("app_log_max_size", 1), ("app_log_max_files", 1),
+                         ("curl_max_response_bytes", 1)):
             if key in kwargs and (not isinstance(kwargs[key], int) or kwargs[key] < low):
                 raise ConfigError(f"{key} of function '{name}' must be an integer >= {low}, not {kwargs[key]!r}")
         if kwargs.get("worker_count", 1) > 64:
@@ -114,6 +123,7 @@ class FunctionDefinition:
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["bindings"] = [asdict(b) for b in self.bindings]
+        out["url_bindings"] = [dict(u) for u in self.url_bindings]
         for key in ("checkpoint_interval", "execution_timeout", "retry_backoff"):
             out[key] = durations.format_duration(getattr(self, key))
         if out["window"] is None:
@@ -122,6 +132,27 @@ class FunctionDefinition:
 
     def with_boundary(self, boundary: Boundary | None) -> FunctionDefinition:
         return self if boundary is None else replace(self, boundary=boundary)
+
+
+def parse_url_bindings(raw: Any, function: str) -> tuple[dict, ...]:
+    """Validate the definition's url_bindings (alias, url http(s), auth none|basic|bearer, verify_tls)."""
+    if not isinstance(raw, list | tuple):
+        raise ConfigError(f"url_bindings of function '{function}' must be a list of objects")
+    out = []
+    for item in raw:
+        if not isinstance(item, dict):
+            raise ConfigError(f"a url binding of function '{function}' must be an object with alias and url")
+        alias, url, auth = item.get("alias", ""), item.get("url", ""), item.get("auth", "none")
+        scheme = urllib.parse.urlsplit(url).scheme if isinstance(url, str) else ""
+        if scheme not in ("http", "https") or not urllib.parse.urlsplit(url).netloc:
+            raise ConfigError(f"url binding '{alias}' of function '{function}' has url {url!r}; give http(s)://host[:port]/path")
+        if auth not in ("none", "basic", "bearer"):
+            raise ConfigError(f"url binding '{alias}' of function '{function}' has auth {auth!r}; use none, basic or bearer")
+        unknown = set(item) - {"alias", "url", "auth", "username", "password", "token", "verify_tls"}
+        if unknown:
+            raise ConfigError(f"url binding '{alias}' of function '{function}' has unknown field(s) {', '.join(sorted(unknown))}")
+        out.append(dict(item))
+    return tuple(out)
 
 
 def load_definition_file(path: str | Path) -> tuple[FunctionDefinition, str]:

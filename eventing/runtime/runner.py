@@ -29,6 +29,7 @@ from eventing.core.mutation import OP_EXPIRE, OP_TIMER, OP_UPDATE, Mutation
 from eventing.handler import DeleteOptions, Meta
 from eventing.runtime.app_log import AppLogWriter, log_path
 from eventing.runtime.bindings import BucketBinding, EffectBuffer
+from eventing.runtime.curl import CurlClient, UrlBinding
 from eventing.runtime.loader import load_handler
 from eventing.runtime.timers import TimerTable
 from eventing.storage.bucket import LocalBucket
@@ -123,6 +124,10 @@ class HandlerRunner:
             if path is not None else None
         )
         injected["log"] = FunctionLog(self.app_log)
+        url_bindings = [UrlBinding(**u) for u in defn.url_bindings]
+        self.curl = CurlClient(self, url_bindings, defn.curl_max_response_bytes)
+        injected["curl"] = self.curl
+        injected.update({u.alias: u for u in url_bindings})
         injected["create_timer"] = self.timers.create_timer
         injected["cancel_timer"] = self.timers.cancel_timer
         module = load_handler(function, source_code, injected, windowed=self.windowed)

@@ -434,6 +434,9 @@ class WorkerCore:
                 if binding.buf.ops:
                     self.counters.update(binding.buf.ops)
                     binding.buf.ops.clear()
+            if self.runner.curl.ops:
+                self.counters.update(self.runner.curl.ops)
+                self.runner.curl.ops.clear()
         except Exception:
             self._rewind()
             raise
