@@ -9,6 +9,9 @@ deployed handler is an error.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 import logging
 from dataclasses import dataclass
 
@@ -68,6 +71,63 @@ class HandlerLog:
 log = HandlerLog()
 
 
+def _crc64_table() -> list[int]:
+    table = []
+    for i in range(256):
+        crc = i
+        for _ in range(8):
+            crc = (crc >> 1) ^ 0xD800000000000000 if crc & 1 else crc >> 1
+        table.append(crc)
+    return table
+
+
+_CRC64_ISO = _crc64_table()
+
+
+def _crc64_go_iso(data: bytes) -> str:
+    crc = 0xFFFFFFFFFFFFFFFF
+    for byte in data:
+        crc = _CRC64_ISO[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+    return f"{crc ^ 0xFFFFFFFFFFFFFFFF:016x}"
+
+
+def _json_text(value: object) -> str:
+    try:
+        return json.dumps(value, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"value is not JSON ({exc}); pass dicts, lists, strings, numbers, booleans or None") from None
+
+
+def crc64(value: object) -> str:
+    """Couchbase's crc64(): the CRC-64 (Go ISO table) of the value as JSON text (a string keeps its quotes),
+    as 16 hex digits."""
+    return _crc64_go_iso(_json_text(value).encode())
+
+
+def crc_64_go_iso(value: object) -> str:
+    """As crc64(), but a string is hashed without its enclosing quotes (Couchbase 7.6)."""
+    return _crc64_go_iso((value if isinstance(value, str) else _json_text(value)).encode())
+
+
+def base64_encode(value: object) -> str:
+    """Base64 of a string's UTF-8 bytes, of bytes, or of any other JSON value's JSON text."""
+    if isinstance(value, bytes):
+        data = value
+    else:
+        data = (value if isinstance(value, str) else _json_text(value)).encode()
+    return base64.b64encode(data).decode()
+
+
+def base64_decode(text: str) -> str:
+    """The UTF-8 text a base64_encode() result holds."""
+    if not isinstance(text, str):
+        raise ValueError(f"base64_decode takes a string, not {type(text).__name__}")
+    try:
+        return base64.b64decode(text, validate=True).decode()
+    except (binascii.Error, UnicodeDecodeError) as exc:
+        raise ValueError(f"base64_decode: {text[:40]!r} is not base64 of UTF-8 text ({exc})") from None
+
+
 def curl(method, binding, request=None):  # noqa: ARG001 - replaced at run time
     """HTTP call to a URL binding of the function (at least once): returns status, headers and body."""
     raise CurlError("curl works only inside a deployed handler with url_bindings")
@@ -83,4 +143,5 @@ def cancel_timer(callback, reference) -> bool:  # noqa: ARG001 - replaced at run
     raise TimerError("cancel_timer works only inside a deployed handler (on_update, on_delete, a timer callback)")
 
 
-__all__ = ["CurlError", "DeleteOptions", "DeployAction", "Meta", "TimerError", "curl", "cancel_timer", "create_timer", "log"]
+__all__ = ["CurlError", "DeleteOptions", "DeployAction", "Meta", "TimerError", "base64_decode", "base64_encode",
+           "crc64", "crc_64_go_iso", "curl", "cancel_timer", "create_timer", "log"]

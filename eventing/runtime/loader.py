@@ -19,7 +19,8 @@ def load_handler(
     Raises HandlerLoadError if it does not import or defines neither on_update nor on_delete.
     """
     module = types.ModuleType(f"eventing_handler_{function}")
-    module.__dict__.update({"log": handler_api.log, **injected})
+    helpers = {name: getattr(handler_api, name) for name in ("crc64", "crc_64_go_iso", "base64_encode", "base64_decode")}
+    module.__dict__.update({"log": handler_api.log, **helpers, **injected})
     filename = f"<handler of {function}>"
     try:
         code = compile(source, filename, "exec")
