@@ -23,9 +23,9 @@ _logger = logging.getLogger("eventing.handler")
 class Meta:
     """Metadata of the mutation being handled (Couchbase's `meta`)."""
 
-    __slots__ = ("id", "cas", "vb", "seq", "expiration", "flags", "datatype", "keyspace")
+    __slots__ = ("id", "cas", "vb", "seq", "expiration", "flags", "datatype", "keyspace", "previous")
 
-    def __init__(self, id, cas, vb, seq, expiration, flags, datatype, keyspace):  # noqa: A002
+    def __init__(self, id, cas, vb, seq, expiration, flags, datatype, keyspace, previous=None):  # noqa: A002
         self.id: str = id
         self.cas: int = cas
         self.vb: int = vb
@@ -34,6 +34,8 @@ class Meta:
         self.flags: int = flags
         self.datatype: str = datatype
         self.keyspace: dict = keyspace
+        # The document's previous version (None for a new one) when the function sets previous_version.
+        self.previous: dict | None = previous
 
     def to_dict(self) -> dict:
         return {name: getattr(self, name) for name in self.__slots__}

@@ -57,6 +57,7 @@ class FunctionDefinition:
     app_log_max_files: int = 10  # application log files kept (the current one and rotated ones)
     url_bindings: tuple[dict[str, Any], ...] = ()  # curl targets: alias, url, auth none|basic|bearer, verify_tls
     curl_max_response_bytes: int = 1024 * 1024  # a larger curl response is an error the handler sees
+    previous_version: bool = False  # on_update's meta.previous holds the document's previous version
     timer_context_size: int = 1024  # bytes of a timer's context as JSON; larger is an error the handler sees
     window: dict[str, Any] | None = None  # event-time aggregation, see eventing.windows.semantics
 
@@ -114,6 +115,8 @@ class FunctionDefinition:
                 raise ConfigError(f"{key} of function '{name}' must be an integer >= {low}, not {kwargs[key]!r}")
         if kwargs.get("worker_count", 1) > 64:
             raise ConfigError(f"worker_count of function '{name}' is {kwargs['worker_count']}; the maximum is 64")
+        if not isinstance(kwargs.get("previous_version", False), bool):
+            raise ConfigError(f"previous_version of function '{name}' must be true or false")
         if kwargs.get("boundary", "everything") not in ("everything", "from_now"):
             raise ConfigError(f"boundary of function '{name}' must be 'everything' or 'from_now'")
         if kwargs.get("execution_timeout", timedelta(seconds=1)).total_seconds() <= 0:

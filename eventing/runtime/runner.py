@@ -39,6 +39,10 @@ FailureStatus = Literal["error", "timeout", "quit"]
 Invoke = Callable[..., Any]  # invoke(fn, *args): a plain call, or pdb's runcall in the debugger
 
 
+PREVIOUS_CACHE_KEYS = 1_000_000  # previous_version's cache of latest versions, cleared when it reaches this
+_UNSEEN = object()
+
+
 class HandlerTimeout(Exception):
     """Raised inside a handler call that ran past execution_timeout."""
 
@@ -138,6 +142,12 @@ class HandlerRunner:
         self.keyspace = {"bucket_name": defn.source_bucket, "scope_name": "_default", "collection_name": "_default"}
         self.timeout_s = defn.execution_timeout.total_seconds()
         self.max_bytes = defn.max_document_bytes
+        # previous_version: key -> the bytes of its latest version seen here (None: deleted), so only the
+        # first mutation of a key since start asks the source's log. Cleared on rewind; capped.
+        self.previous: dict[str, bytes | None] | None = None
+        if defn.previous_version:
+            source.ensure_key_index()
+            self.previous = {}
         # Read by a worker's watchdog and hang guard (another thread or a signal handler).
         self.in_handler = False
         self.call_started = 0.0
@@ -169,6 +179,8 @@ class HandlerRunner:
             if self.on_update is None and not self.windowed:
                 return NO_HANDLER
             if m.doc is not None and len(m.doc) > self.max_bytes:
+                if self.previous is not None:
+                    self.previous[m.key] = None  # a dead-lettered version is never anyone's previous
                 return Rejection("oversize", f"document is {len(m.doc)} bytes; max_document_bytes is {self.max_bytes}")
             try:
                 doc = msgpack.unpackb(m.doc, raw=False)
@@ -176,12 +188,39 @@ class HandlerRunner:
                 return Rejection("undecodable", f"{type(exc).__name__}: {exc}")
             if self.on_update is None:
                 return Call("on_update", None, (), doc)
-            return Call("on_update", self.on_update, (doc, self.meta(m)), doc)
+            meta = self.meta(m)
+            if self.previous is not None:
+                meta.previous = self._previous_version(m)
+            return Call("on_update", self.on_update, (doc, meta), doc)
         if m.op == OP_TIMER:
             return self._timer_call(m)
+        if self.previous is not None:
+            self.seen(m)
         if self.on_delete is None:
             return NO_HANDLER
         return Call("on_delete", self.on_delete, (self.meta(m), DeleteOptions(expired=m.op == OP_EXPIRE)), None)
+
+    def _previous_version(self, m: Mutation) -> dict | None:
+        cache = self.previous
+        assert cache is not None
+        raw = cache.get(m.key, _UNSEEN)
+        if raw is _UNSEEN:
+            raw = self.source.previous_doc(m.key, m.seqno)
+        if len(cache) >= PREVIOUS_CACHE_KEYS:
+            cache.clear()
+        cache[m.key] = m.doc
+        if raw is None:
+            return None
+        try:
+            return msgpack.unpackb(raw, raw=False)  # type: ignore[arg-type]
+        except Exception:  # noqa: BLE001 - a previous version that was itself undecodable reads as None
+            return None
+
+    def seen(self, m: Mutation) -> None:
+        """A mutation of the source that got no on_update call (a delete, or one the worker skipped): it is
+        the previous version of the key's next update."""
+        if self.previous is not None and m.op != OP_TIMER:
+            self.previous[m.key] = m.doc if m.op == OP_UPDATE else None
 
     def _timer_call(self, m: Mutation) -> Call | Rejection:
         """A fired timer: its callback (looked up by name in the current handler) with its context."""

@@ -315,9 +315,13 @@ class WorkerCore:
         if m.origin == self.name:
             # Recursion guard: this function's own binding wrote it; handling it again would loop.
             c[counter_names.RECURSION_FILTERED] += 1
+            if self.runner.previous is not None:
+                self.runner.seen(m)
             return
         if self._hung and (m.vb, m.seqno) in self._hung:
             c[counter_names.HUNG_SKIPPED] += 1  # dead-lettered as `timeout` when its handler could not be interrupted
+            if self.runner.previous is not None:
+                self.runner.seen(m)
             return
         call = self.runner.prepare(m)
         if type(call) is Rejection:
@@ -472,6 +476,8 @@ class WorkerCore:
         self.dlq = []
         self.counters.clear()
         self.positions.update(self.committed)
+        if self.runner.previous is not None:
+            self.runner.previous.clear()  # the replay reads versions again from the log
         # Timer changes are made again by the replayed calls; fired timers are claimed again (same fire_seq).
         self.timers.discard()
         self.timers.committed(len(self.timers.kept))

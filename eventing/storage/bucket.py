@@ -286,6 +286,18 @@ class LocalBucket:
         row = self._db.execute("SELECT doc, cas, expiry FROM docs WHERE key=? AND deleted=0", (key,)).fetchone()
         return None if row is None else (row[0], row[1], row[2])
 
+    def ensure_key_index(self) -> None:
+        """Index the log by key, for previous_doc (functions with previous_version). Each logged write then
+        also updates this index; see docs/handler-api.md for the measured cost."""
+        _retry_locked(self.path, lambda: self._db.execute("CREATE INDEX IF NOT EXISTS log_key ON log(key, seqno)"))
+
+    def previous_doc(self, key: str, before_seqno: int) -> bytes | None:
+        """The document bytes of `key`'s newest log entry below `before_seqno` (None: none, or a delete)."""
+        row = self._db.execute(
+            "SELECT doc FROM log WHERE key=? AND seqno<? ORDER BY seqno DESC LIMIT 1", (key, before_seqno)
+        ).fetchone()
+        return None if row is None else row[0]
+
     def get_meta(self, key: str) -> dict | None:
         row = self._db.execute(
             "SELECT vb, seqno, cas, expiry, flags FROM docs WHERE key=? AND deleted=0", (key,)
