@@ -430,8 +430,13 @@ class SqliteMetadataStore:
             f"SELECT * FROM timers WHERE function=? AND due_ms<=? AND fire_seq IS NULL AND vb IN ({marks}) "
             "ORDER BY due_ms, vb, callback, reference LIMIT ?"
         )
-        if not again and not self._read(due_sql, (function, now_ms, *vbs, 1)):
-            return []  # the common case costs one indexed read, no write transaction
+        if not again and (
+            # The common case (nothing due anywhere) costs one index probe: no vBucket list, no write.
+            not self._read("SELECT 1 FROM timers WHERE function=? AND due_ms<=? AND fire_seq IS NULL LIMIT 1",
+                           (function, now_ms))
+            or not self._read(due_sql, (function, now_ms, *vbs, 1))
+        ):
+            return []
 
         def body(db: sqlite3.Connection) -> list[TimerRecord]:
             current = dict(_select_vbs(db, "SELECT vb, epoch FROM checkpoints WHERE function=? AND vb IN ({})", function, vbs))
