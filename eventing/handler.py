@@ -24,8 +24,9 @@ class Meta:
     """Metadata of the mutation being handled (Couchbase's `meta`)."""
 
     __slots__ = ("id", "cas", "vb", "seq", "expiration", "flags", "datatype", "keyspace", "previous")
+    previous: dict | None
 
-    def __init__(self, id, cas, vb, seq, expiration, flags, datatype, keyspace, previous=None):  # noqa: A002
+    def __init__(self, id, cas, vb, seq, expiration, flags, datatype, keyspace):  # noqa: A002
         self.id: str = id
         self.cas: int = cas
         self.vb: int = vb
@@ -34,8 +35,13 @@ class Meta:
         self.flags: int = flags
         self.datatype: str = datatype
         self.keyspace: dict = keyspace
-        # The document's previous version (None for a new one) when the function sets previous_version.
-        self.previous: dict | None = previous
+        # `previous` (the document's previous version, None for a new one) is set only for a function with
+        # previous_version; otherwise reading it falls through to __getattr__ (no cost per mutation).
+
+    def __getattr__(self, name: str):
+        if name == "previous":
+            return None
+        raise AttributeError(f"meta has no attribute {name!r}")
 
     def to_dict(self) -> dict:
         return {name: getattr(self, name) for name in self.__slots__}

@@ -188,9 +188,10 @@ class HandlerRunner:
                 return Rejection("undecodable", f"{type(exc).__name__}: {exc}")
             if self.on_update is None:
                 return Call("on_update", None, (), doc)
+            if self.previous is None:
+                return Call("on_update", self.on_update, (doc, self.meta(m)), doc)
             meta = self.meta(m)
-            if self.previous is not None:
-                meta.previous = self._previous_version(m)
+            meta.previous = self._previous_version(m)
             return Call("on_update", self.on_update, (doc, meta), doc)
         if m.op == OP_TIMER:
             return self._timer_call(m)
