@@ -98,9 +98,11 @@ class CurlClient:
             if not binding.verify_tls:
                 context.check_hostname = False
                 context.verify_mode = ssl.CERT_NONE
-        # The call counts against execution_timeout: it may take what is left of it.
+        # The call counts against execution_timeout: it may take what is left of it, less a margin so the
+        # handler sees a CurlError before the worker's watchdog abandons the whole call.
         runner = self.runner
         left = runner.timeout_s - (time.monotonic() - runner.call_started) if runner.in_handler else runner.timeout_s
+        left = left - min(0.2, left / 4)
         req = urllib.request.Request(url, data=data, method=method, headers=headers)
         self.ops[f"curl_{method.lower()}_count"] += 1
         try:
