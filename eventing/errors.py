@@ -23,9 +23,18 @@ class BindingError(EventingError):
     """A handler misused a bucket binding (for example wrote through a read-only alias)."""
 
 
+class TimerError(EventingError):
+    """A handler misused create_timer / cancel_timer (callback, time, reference or context)."""
+
+
+class CurlError(EventingError):
+    """A handler's curl() call failed: unbound URL, network error, timeout or oversized response."""
+
+
 __all__ = [
     "BindingError",
     "ConfigError",
+    "CurlError",
     "EventingError",
     "FencedError",
     "HandlerLoadError",
@@ -37,4 +46,5 @@ __all__ = [
     "StoreCorruptError",
     "StoreError",
     "StoreLockedError",
+    "TimerError",
 ]

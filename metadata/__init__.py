@@ -21,13 +21,18 @@ from metadata.factory import METADATA_URL_ENV, open_store, parse_metadata_url
 from metadata.model import (
     REWIND,
     REWIND_REAPPLY,
+    TIMER_VB_BASE,
     TRANSITIONS,
     Checkpoint,
     DlqRow,
     FunctionRecord,
     FunctionState,
     Lease,
+    TimerChange,
+    TimerDone,
+    TimerRecord,
     check_transition,
+    owner_vb,
 )
 from metadata.protocol import MetadataStore
 from metadata.sqlite_store import SqliteMetadataStore
@@ -35,6 +40,7 @@ from metadata.sqlite_store import SqliteMetadataStore
 __all__ = [
     "REWIND",
     "REWIND_REAPPLY",
+    "TIMER_VB_BASE",
     "TRANSITIONS",
     "Checkpoint",
     "ConfigError",
@@ -56,7 +62,11 @@ __all__ = [
     "StoreCorruptError",
     "StoreError",
     "StoreLockedError",
+    "TimerChange",
+    "TimerDone",
+    "TimerRecord",
     "check_transition",
+    "owner_vb",
     "open_store",
     "parse_metadata_url",
 ]

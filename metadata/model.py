@@ -157,3 +157,52 @@ def next_lease(
     if current is not None and not current.expired(now) and current.holder != take_from:
         return None
     return Lease(name, holder, now + ttl_s, now, (current.term if current else 0) + 1, info)
+
+
+# Timers get a seqno space of their own next to each vBucket's mutations: their effects and dead letters
+# are keyed by (TIMER_VB_BASE + vb, fire_seq), fenced by the epoch of vb.
+TIMER_VB_BASE = 1024
+
+
+def owner_vb(vb: int) -> int:
+    """The vBucket whose epoch fences an effect or dead letter keyed by `vb` (a timer's or a mutation's)."""
+    return vb - TIMER_VB_BASE if vb >= TIMER_VB_BASE else vb
+
+
+@dataclass(frozen=True)
+class TimerRecord:
+    """A durable timer of a function, identified by (callback, reference) and stored in the partition of
+    its reference's vBucket, whose owner fires it."""
+
+    function: str
+    callback: str  # name of a function of the handler module, called with the context
+    reference: str
+    vb: int  # vbucket_of(reference): the owner of this vBucket fires it
+    due_ms: int  # fires at or after this time (epoch milliseconds)
+    context: str  # JSON text
+    created_at: float
+    fire_seq: int | None = None  # set when the owner claimed it for firing; stable across a crash
+
+
+@dataclass(frozen=True)
+class TimerChange:
+    """A create (due_ms set) or a cancel (due_ms None) made by a handler call, durable with the commit
+    that moves the checkpoint of `source_vb` (whose epoch fences it)."""
+
+    source_vb: int
+    callback: str
+    reference: str
+    vb: int
+    due_ms: int | None
+    context: str = "null"
+
+
+@dataclass(frozen=True)
+class TimerDone:
+    """A fired timer (its callback returned or was dead-lettered): removed if it still holds `fire_seq`
+    (a create of the same (callback, reference) since the claim is a new timer and stays)."""
+
+    vb: int
+    callback: str
+    reference: str
+    fire_seq: int

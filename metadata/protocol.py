@@ -6,7 +6,16 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
-from metadata.model import Checkpoint, DlqRow, FunctionRecord, FunctionState, Lease
+from metadata.model import (
+    Checkpoint,
+    DlqRow,
+    FunctionRecord,
+    FunctionState,
+    Lease,
+    TimerChange,
+    TimerDone,
+    TimerRecord,
+)
 
 
 class WindowStateStore(Protocol):
@@ -70,8 +79,24 @@ class MetadataStore(Protocol):
         seqnos: Mapping[int, int],
         dlq_rows: Iterable[DlqRow] = (),
         counters: Mapping[str, int] | None = None,
+        timer_changes: Iterable[TimerChange] = (),
+        timers_done: Iterable[TimerDone] = (),
     ) -> set[int]: ...
     def release(self, function: str, epochs: Mapping[int, int]) -> set[int]: ...
+
+    # durable timers (partitioned by the vBucket of their reference, fenced by its epoch)
+    def claim_timers(
+        self,
+        function: str,
+        epochs: Mapping[int, int],
+        now_ms: int,
+        limit: int,
+        *,
+        reclaim: Iterable[int] = (),
+    ) -> list[TimerRecord]: ...
+    def get_timer(self, function: str, callback: str, reference: str) -> TimerRecord | None: ...
+    def timer_backlog(self, function: str, now_ms: int) -> dict[str, int]: ...
+    def drop_timers(self, function: str) -> None: ...
 
     # counters, dead letters, service liveness
     def add_counters(self, function: str, counters: Mapping[str, int | float]) -> None: ...

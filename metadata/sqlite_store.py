@@ -27,9 +27,13 @@ from metadata.model import (
     FunctionRecord,
     FunctionState,
     Lease,
+    TimerChange,
+    TimerDone,
+    TimerRecord,
     check_rewind_allowed,
     check_transition,
     next_lease,
+    owner_vb,
     plan_rewind,
 )
 from metadata.sqlite_io import retry_locked, run_transaction
@@ -79,6 +83,16 @@ CREATE TABLE IF NOT EXISTS nodes(
 CREATE TABLE IF NOT EXISTS leases(
     name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires_at REAL NOT NULL, acquired_at REAL NOT NULL,
     term INTEGER NOT NULL, info TEXT NOT NULL);
+-- Durable timers: one row per (function, callback, reference), partitioned by the vBucket of the
+-- reference. fire_seq is set when the vBucket's owner claims a due timer; its effects are keyed by it.
+CREATE TABLE IF NOT EXISTS timers(
+    function TEXT NOT NULL, callback TEXT NOT NULL, reference TEXT NOT NULL, vb INTEGER NOT NULL,
+    due_ms INTEGER NOT NULL, context TEXT NOT NULL, created_at REAL NOT NULL, fire_seq INTEGER,
+    PRIMARY KEY(function, callback, reference)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS timers_due ON timers(function, due_ms);
+-- Per (function, vBucket): the last fire_seq handed out; it never goes backwards within a deployment.
+CREATE TABLE IF NOT EXISTS timer_seqs(
+    function TEXT NOT NULL, vb INTEGER NOT NULL, seq INTEGER NOT NULL, PRIMARY KEY(function, vb)) WITHOUT ROWID;
 """
 
 # How long one statement waits for another process's write lock before we log and retry.
@@ -236,7 +250,8 @@ class SqliteMetadataStore:
                 raise LifecycleError(f"cannot delete function '{name}': it is {row[0]}; undeploy it first")
             for table in ("functions",):
                 db.execute(f"DELETE FROM {table} WHERE name=?", (name,))
-            for table in ("checkpoints", "counters", "dlq", "checkpoint_starts", "checkpoint_regressions"):
+            for table in ("checkpoints", "counters", "dlq", "checkpoint_starts", "checkpoint_regressions", "timers",
+                          "timer_seqs"):
                 db.execute(f"DELETE FROM {table} WHERE function=?", (name,))
 
         self._tx(body)
@@ -329,13 +344,18 @@ class SqliteMetadataStore:
         seqnos: Mapping[int, int],
         dlq_rows: Iterable[DlqRow] = (),
         counters: Mapping[str, int] | None = None,
+        timer_changes: Iterable[TimerChange] = (),
+        timers_done: Iterable[TimerDone] = (),
     ) -> set[int]:
-        """Write DLQ rows, counters and checkpoints in one transaction, conditional on the owner's epoch.
+        """Write DLQ rows, timers, counters and checkpoints in one transaction, conditional on the owner's epoch.
 
-        Returns the vBuckets whose epoch moved on (the caller is a zombie for those): their checkpoints
-        and DLQ rows are rejected. A checkpoint that would move backwards raises OrderViolationError.
+        Returns the vBuckets whose epoch moved on (the caller is a zombie for those): their checkpoints,
+        DLQ rows, timer changes (by source vBucket) and fired timers (by the timer's vBucket) are rejected.
+        A checkpoint that would move backwards raises OrderViolationError.
         """
         dlq = list(dlq_rows)
+        changes = list(timer_changes)
+        done = list(timers_done)
         now = time.time()
         refused: list[tuple] = []
 
@@ -343,7 +363,8 @@ class SqliteMetadataStore:
             refused.clear()
             # Every held vBucket is checked, not only those that moved: a zombie learns at its next
             # commit that it lost them all, and stops working on them.
-            vbs = list(set(epochs) | set(seqnos) | {r.vb for r in dlq})
+            vbs = list(set(epochs) | set(seqnos) | {owner_vb(r.vb) for r in dlq} | {c.source_vb for c in changes}
+                       | {d.vb for d in done})
             current = {
                 r[0]: (r[1], r[2])
                 for r in _select_vbs(
@@ -374,9 +395,10 @@ class SqliteMetadataStore:
                     (r.function, r.vb, r.seqno, r.key, r.reason, r.error, r.traceback, r.attempts,
                      r.first_failed_at, r.last_failed_at, r.mutation)
                     for r in dlq
-                    if r.vb not in fenced
+                    if owner_vb(r.vb) not in fenced
                 ],
             )
+            _write_timers(db, function, changes, done, fenced, now)
             rejected = sum(1 for vb in seqnos if vb in fenced)
             _add_counters(db, function, dict(counters or {}, fenced_checkpoint_writes=rejected))
             return fenced
@@ -466,6 +488,97 @@ class SqliteMetadataStore:
             return fenced
 
         return self._tx(body)
+
+    # -- timers ---------------------------------------------------------------------------------------
+
+    def claim_timers(
+        self,
+        function: str,
+        epochs: Mapping[int, int],
+        now_ms: int,
+        limit: int,
+        *,
+        reclaim: Iterable[int] = (),
+    ) -> list[TimerRecord]:
+        """Hand the owner of `epochs` up to `limit` due timers of its vBuckets, each with the next fire_seq
+        of its vBucket, oldest due first; vBuckets whose epoch moved on get none. `reclaim` vBuckets also
+        return timers claimed before and not done (a previous owner crashed after claiming them), first,
+        in fire_seq order, with their old fire_seq: their effects were keyed by it, so firing again
+        applies nothing twice."""
+        again = sorted(set(reclaim) & set(epochs))
+        vbs = sorted(epochs)
+        if not vbs:
+            return []
+        marks = ",".join("?" * len(vbs))
+        due_sql = (
+            f"SELECT * FROM timers WHERE function=? AND due_ms<=? AND fire_seq IS NULL AND vb IN ({marks}) "
+            "ORDER BY due_ms, vb, callback, reference LIMIT ?"
+        )
+        if not again and (
+            # The common case (nothing due anywhere) costs one index probe: no vBucket list, no write.
+            not self._read("SELECT 1 FROM timers WHERE function=? AND due_ms<=? AND fire_seq IS NULL LIMIT 1",
+                           (function, now_ms))
+            or not self._read(due_sql, (function, now_ms, *vbs, 1))
+        ):
+            return []
+
+        def body(db: sqlite3.Connection) -> list[TimerRecord]:
+            current = dict(_select_vbs(db, "SELECT vb, epoch FROM checkpoints WHERE function=? AND vb IN ({})", function, vbs))
+            valid = [vb for vb in vbs if current.get(vb) == epochs[vb]]
+            if not valid:
+                return []
+            keep = ",".join("?" * len(valid))
+            out: list[TimerRecord] = []
+            mine = [vb for vb in again if vb in set(valid)]
+            if mine:
+                rows = db.execute(
+                    f"SELECT * FROM timers WHERE function=? AND fire_seq IS NOT NULL AND vb IN ({','.join('?' * len(mine))}) "
+                    "ORDER BY vb, fire_seq",
+                    (function, *mine),
+                ).fetchall()
+                out.extend(TimerRecord(*r) for r in rows)
+            rows = db.execute(
+                f"SELECT * FROM timers WHERE function=? AND due_ms<=? AND fire_seq IS NULL AND vb IN ({keep}) "
+                "ORDER BY due_ms, vb, callback, reference LIMIT ?",
+                (function, now_ms, *valid, limit),
+            ).fetchall()
+            if not rows:
+                return out
+            touched = sorted({r[3] for r in rows})
+            seqs = dict(_select_vbs(db, "SELECT vb, seq FROM timer_seqs WHERE function=? AND vb IN ({})", function, touched))
+            updates = []
+            for r in rows:
+                seq = seqs[r[3]] = seqs.get(r[3], 0) + 1
+                updates.append((seq, function, r[1], r[2]))
+                out.append(TimerRecord(r[0], r[1], r[2], r[3], r[4], r[5], r[6], seq))
+            db.executemany("UPDATE timers SET fire_seq=? WHERE function=? AND callback=? AND reference=?", updates)
+            db.executemany(
+                "INSERT INTO timer_seqs VALUES(?,?,?) ON CONFLICT(function, vb) DO UPDATE SET seq=excluded.seq",
+                [(function, vb, seq) for vb, seq in seqs.items() if vb in set(touched)],
+            )
+            return out
+
+        return self._tx(body)
+
+    def get_timer(self, function: str, callback: str, reference: str) -> TimerRecord | None:
+        rows = self._read(
+            "SELECT * FROM timers WHERE function=? AND callback=? AND reference=?", (function, callback, reference)
+        )
+        return TimerRecord(*rows[0]) if rows else None
+
+    def timer_backlog(self, function: str, now_ms: int) -> dict[str, int]:
+        """Timers waiting (`pending`) and, of those, already due but not fired (`due`)."""
+        pending, due = self._read(
+            "SELECT COUNT(*), COALESCE(SUM(due_ms<=?), 0) FROM timers WHERE function=?", (now_ms, function)
+        )[0]
+        return {"pending": int(pending), "due": int(due)}
+
+    def drop_timers(self, function: str) -> None:
+        def body(db: sqlite3.Connection) -> None:
+            db.execute("DELETE FROM timers WHERE function=?", (function,))
+            db.execute("DELETE FROM timer_seqs WHERE function=?", (function,))
+
+        self._tx(body)
 
     # -- counters, DLQ, services --------------------------------------------------------------------
 
@@ -677,6 +790,36 @@ def _add_counters(db: sqlite3.Connection, function: str, counters: Mapping[str, 
         "INSERT INTO counters VALUES(?,?,?) ON CONFLICT(function, name) DO UPDATE SET value=value+excluded.value",
         [(function, k, v) for k, v in counters.items() if v],
     )
+
+
+def _write_timers(
+    db: sqlite3.Connection,
+    function: str,
+    changes: list[TimerChange],
+    done: list[TimerDone],
+    fenced: set[int],
+    now: float,
+) -> None:
+    """Fired timers first (only while they hold the claimed fire_seq), then creates and cancels in the
+    order the handlers made them, so a callback that sets its own timer again keeps the new one."""
+    db.executemany(
+        "DELETE FROM timers WHERE function=? AND callback=? AND reference=? AND fire_seq=?",
+        [(function, d.callback, d.reference, d.fire_seq) for d in done if d.vb not in fenced],
+    )
+    for c in changes:
+        if c.source_vb in fenced:
+            continue
+        if c.due_ms is None:
+            db.execute(
+                "DELETE FROM timers WHERE function=? AND callback=? AND reference=?", (function, c.callback, c.reference)
+            )
+        else:
+            db.execute(
+                "INSERT INTO timers VALUES(?,?,?,?,?,?,?,NULL) ON CONFLICT(function, callback, reference) DO UPDATE "
+                "SET vb=excluded.vb, due_ms=excluded.due_ms, context=excluded.context, "
+                "created_at=excluded.created_at, fire_seq=NULL",
+                (function, c.callback, c.reference, c.vb, c.due_ms, c.context, now),
+            )
 
 
 def _dlq_filter(

@@ -28,6 +28,7 @@ COMMAND_MODULES: list[str] = [
     "eventing.cli.nodes",
     "eventing.cli.dlq",
     "eventing.cli.debug",
+    "eventing.cli.applog",
     "eventing.cli.verify",
     "eventing.cli.windows",
     "eventing.cli.serve",

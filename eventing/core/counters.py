@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-HandlerKind = Literal["on_update", "on_delete"]
+HandlerKind = Literal["on_update", "on_delete", "timer"]
 Outcome = Literal["success", "failure", "timeout"]
 
 MUTATIONS_SEEN = "mutations_seen"
@@ -25,6 +25,10 @@ WINDOW_ROWS_ACCEPTED = "window_rows_accepted"  # rows the coordinator windowed (
 WINDOW_VALUES_NOT_NUMERIC = "window_values_not_numeric"  # aggregated field values that were not numbers (skipped)
 WINDOWS_CLOSED = "windows_closed"
 WINDOWS_EMITTED = "windows_emitted"
+TIMERS_CREATED = "timers_created"  # creates made durable (an overwrite counts again)
+TIMERS_CANCELLED = "timers_cancelled"
+TIMERS_FIRED = "timers_fired"  # callbacks that returned
+TIMERS_FAILED = "timers_failed"  # callbacks dead-lettered (timer_error or timeout)
 
 # Handler latency histogram. A worker reads the clock once per batch, not per mutation, and counts each
 # batch's mutations in the bucket of the batch's mean time per mutation (read, decode, handler), so the

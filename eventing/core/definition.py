@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import keyword
 import re
+import urllib.parse
 from dataclasses import asdict, dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
@@ -66,6 +67,12 @@ class FunctionDefinition:
     retry_backoff: timedelta = timedelta(milliseconds=100)  # doubles after each attempt
     max_document_bytes: int = 1024 * 1024  # larger documents go to the DLQ as `oversize`
     description: str = ""
+    app_log_max_size: int = 40 * 1024 * 1024  # bytes of <data-dir>/logs/<function>.log before it rotates
+    app_log_max_files: int = 10  # application log files kept (the current one and rotated ones)
+    url_bindings: tuple[dict[str, Any], ...] = ()  # curl targets: alias, url, auth none|basic|bearer, verify_tls
+    curl_max_response_bytes: int = 1024 * 1024  # a larger curl response is an error the handler sees
+    previous_version: bool = False  # on_update's meta.previous holds the document's previous version
+    timer_context_size: int = 1024  # bytes of a timer's context as JSON; larger is an error the handler sees
     window: dict[str, Any] | None = None  # event-time aggregation, see eventing.windows.semantics
     # spread: every eventing node runs the function's workers (Couchbase); packed: one node runs them all,
     # at most 4 running functions a node (Atlas; sharding.placement).
@@ -103,11 +110,14 @@ class FunctionDefinition:
             if b.access not in ("r", "rw"):
                 raise ConfigError(f"binding '{b.alias}' of function '{name}' has access {b.access!r}; use 'r' or 'rw'")
             bindings.append(b)
-        aliases = [b.alias for b in bindings]
+        url_bindings = parse_url_bindings(data.get("url_bindings", []), name)
+        for u in url_bindings:
+            _check_alias("url binding", u["alias"], name)
+        aliases = [b.alias for b in bindings] + [u["alias"] for u in url_bindings]
         for alias in aliases:
             if aliases.count(alias) > 1:
                 raise ConfigError(
-                    f"function '{name}' binds the alias '{alias}' to two buckets; give each binding its own alias"
+                    f"function '{name}' binds the alias '{alias}' to two buckets or URLs; give each binding its own alias"
                 )
         constants = data.get("constants", {})
         if not isinstance(constants, dict):
@@ -122,10 +132,13 @@ class FunctionDefinition:
         kwargs = dict(data)
         kwargs.pop("handler_source", None)
         kwargs["bindings"] = tuple(bindings)
+        kwargs["url_bindings"] = url_bindings
         for key in ("checkpoint_interval", "execution_timeout", "retry_backoff"):
             if key in kwargs:
                 kwargs[key] = parse_duration(kwargs[key], key, name)
-        for key, low in (("worker_count", 1), ("batch_size", 1), ("retries", 0), ("max_document_bytes", 1)):
+        for key, low in (("worker_count", 1), ("batch_size", 1), ("retries", 0), ("max_document_bytes", 1),
+                         ("timer_context_size", 1), ("app_log_max_size", 1), ("app_log_max_files", 1),
+                         ("curl_max_response_bytes", 1)):
             value = kwargs.get(key, low)
             if isinstance(value, bool):  # True is an int to Python, not a count to anyone
                 raise ConfigError(
@@ -136,6 +149,8 @@ class FunctionDefinition:
                 raise ConfigError(f"{key} of function '{name}' must be an integer >= {low}, not {value!r}")
         if kwargs.get("worker_count", 1) > 64:
             raise ConfigError(f"worker_count of function '{name}' is {kwargs['worker_count']}; the maximum is 64")
+        if not isinstance(kwargs.get("previous_version", False), bool):
+            raise ConfigError(f"previous_version of function '{name}' must be true or false")
         if kwargs.get("boundary", "everything") not in ("everything", "from_now"):
             raise ConfigError(f"boundary of function '{name}' must be 'everything' or 'from_now'")
         for key, allowed in (("placement", PLACEMENTS), ("delivery", DELIVERIES)):
@@ -151,6 +166,7 @@ class FunctionDefinition:
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["bindings"] = [asdict(b) for b in self.bindings]
+        out["url_bindings"] = [dict(u) for u in self.url_bindings]
         for key in ("checkpoint_interval", "execution_timeout", "retry_backoff"):
             out[key] = durations.format_duration(getattr(self, key))
         if out["window"] is None:
@@ -176,6 +192,27 @@ def _check_alias(kind: str, alias: Any, function: str) -> None:
             f"{kind} '{alias}' of function '{function}' would hide the handler API's {RESERVED_NAMES[alias]}; "
             f"rename it (for example '{alias}_bucket')"
         )
+
+
+def parse_url_bindings(raw: Any, function: str) -> tuple[dict, ...]:
+    """Validate the definition's url_bindings (alias, url http(s), auth none|basic|bearer, verify_tls)."""
+    if not isinstance(raw, list | tuple):
+        raise ConfigError(f"url_bindings of function '{function}' must be a list of objects")
+    out = []
+    for item in raw:
+        if not isinstance(item, dict):
+            raise ConfigError(f"a url binding of function '{function}' must be an object with alias and url")
+        alias, url, auth = item.get("alias", ""), item.get("url", ""), item.get("auth", "none")
+        scheme = urllib.parse.urlsplit(url).scheme if isinstance(url, str) else ""
+        if scheme not in ("http", "https") or not urllib.parse.urlsplit(url).netloc:
+            raise ConfigError(f"url binding '{alias}' of function '{function}' has url {url!r}; give http(s)://host[:port]/path")
+        if auth not in ("none", "basic", "bearer"):
+            raise ConfigError(f"url binding '{alias}' of function '{function}' has auth {auth!r}; use none, basic or bearer")
+        unknown = set(item) - {"alias", "url", "auth", "username", "password", "token", "verify_tls"}
+        if unknown:
+            raise ConfigError(f"url binding '{alias}' of function '{function}' has unknown field(s) {', '.join(sorted(unknown))}")
+        out.append(dict(item))
+    return tuple(out)
 
 
 def load_definition_file(path: str | Path) -> tuple[FunctionDefinition, str]:

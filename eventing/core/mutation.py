@@ -13,7 +13,8 @@ from eventing.errors import InvalidDocumentError
 OP_UPDATE = 0
 OP_DELETE = 1
 OP_EXPIRE = 2
-OP_NAMES = {OP_UPDATE: "update", OP_DELETE: "delete", OP_EXPIRE: "expire"}
+OP_TIMER = 3  # a fired timer (never in a bucket log): vb = TIMER_VB_BASE + vb, seqno = fire_seq, cas = due ms
+OP_NAMES = {OP_UPDATE: "update", OP_DELETE: "delete", OP_EXPIRE: "expire", OP_TIMER: "timer"}
 
 # Couchbase refuses documents over 20 MiB; so does a local bucket.
 MAX_DOCUMENT_BYTES = 20 * 1024 * 1024

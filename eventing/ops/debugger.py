@@ -55,7 +55,7 @@ from eventing.storage.metadata import open_metadata
 from metadata import Checkpoint, MetadataStore
 from sharding import NUM_VBUCKETS, validate_key, vbucket_of
 
-Status = Literal["ok", "no_handler", "error", "timeout", "undecodable", "oversize", "quit"]
+Status = Literal["ok", "no_handler", "error", "timeout", "undecodable", "oversize", "quit", "timer_error"]
 Mode = Literal["trace", "pdb"]
 
 POLL_S = 0.1  # how often --wait looks at the source again
@@ -88,7 +88,7 @@ def prepare_call(runner: HandlerRunner, m: Mutation) -> tuple[CallOutcome, Call 
     call = runner.prepare(m)
     if isinstance(call, Rejection):
         return CallOutcome(call.status, error=call.error), None
-    meta = call.args[0] if call.kind == "on_delete" else (call.args[1] if call.args else None)
+    meta = call.args[0] if call.kind == "on_delete" else (call.args[1] if len(call.args) > 1 else None)
     if call.fn is None:  # a window-only function: no handler runs here
         return CallOutcome("no_handler", call.kind, doc=call.doc), None
     return CallOutcome("ok", call.kind, doc=call.doc, meta=meta), call

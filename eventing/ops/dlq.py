@@ -54,7 +54,7 @@ from eventing.storage.metadata import open_metadata
 from metadata import DlqRow, MetadataStore
 from sharding import NUM_VBUCKETS, validate_key
 
-REPLAYABLE_REASONS = frozenset({"error", "timeout", "undecodable", "oversize"})
+REPLAYABLE_REASONS = frozenset({"error", "timeout", "undecodable", "oversize", "timer_error", "cas_mismatch"})
 
 
 @dataclass(frozen=True)
@@ -74,8 +74,11 @@ class DlqSelector:
     def check(self, command: str) -> None:
         if self.seqno is not None and self.vb is None:
             raise ConfigError(f"`dlq {command}` --seqno needs --vb: a seqno is only unique within its vBucket")
-        if self.vb is not None and not 0 <= self.vb < NUM_VBUCKETS:
-            raise ConfigError(f"vBucket {self.vb} does not exist; use 0..{NUM_VBUCKETS - 1}")
+        if self.vb is not None and not 0 <= self.vb < 2 * NUM_VBUCKETS:
+            raise ConfigError(
+                f"vBucket {self.vb} does not exist; use 0..{NUM_VBUCKETS - 1} "
+                f"({NUM_VBUCKETS}..{2 * NUM_VBUCKETS - 1} for timer dead letters)"
+            )
         if self.key is not None:
             validate_key(self.key)
         if self.everything and (self.vb is not None or self.key is not None):
@@ -207,6 +210,7 @@ def replay(
     runtime = HandlerRunner.open(data_dir, function)
     try:
         with _store(data_dir) as store:
+            runtime.timers.lookup = lambda callback, reference: store.get_timer(function, callback, reference)
             rows = store.find_dlq_rows(function, vb=selector.vb, seqno=selector.seqno, key=selector.key,
                                        reason=selector.reason)
             if selector.seqno is not None and not rows:
@@ -256,10 +260,22 @@ def _replay_row(
         outcome_status, error, tb = outcome.status, outcome.error, outcome.traceback
         if outcome.ok:
             namespace = replay_namespace(row)
+            conflict = ""
             for bucket, writes in writes_by_bucket(runtime.take_writes()):
-                applied = bucket.apply_effects(namespace, [EffectGroup(row.vb, 0, writes)], origin=row.function)
+                group = EffectGroup(row.vb, 0, writes, conditional=True)  # cas conditions checked here too
+                applied = bucket.apply_effects(namespace, [group], origin=row.function)
                 result.writes_applied += applied.applied
                 result.writes_skipped += applied.duplicates
+                if applied.conflicts:
+                    bucket.drop_effect_marks(namespace)  # nothing of it applied: a later replay must run
+                    conflict = f"a cas condition failed on bucket '{bucket.name}' again; replay it again"
+            if conflict:
+                runtime.timers.discard()
+                runtime.timers.committed(len(runtime.timers.kept))
+                store.record_replay_failure(row.function, row.vb, row.seqno, "cas_mismatch", conflict, "")
+                result.outcome, result.error = "cas_mismatch", conflict
+                return result
+            _commit_timers(store, runtime, row.function)
             if after_effects is not None:
                 after_effects(row)
             store.mark_replayed(row.function, [(row.vb, row.seqno)])
@@ -267,6 +283,16 @@ def _replay_row(
     store.record_replay_failure(row.function, row.vb, row.seqno, outcome_status, error, tb)
     result.outcome, result.error = outcome_status, error
     return result
+
+
+def _commit_timers(store: MetadataStore, runtime: HandlerRunner, function: str) -> None:
+    """Timers the replayed call created or cancelled, written under the vBuckets' current epochs (a replay
+    runs beside the stream, like its binding writes). A deployed timer row replays its callback the same way."""
+    changes = list(runtime.timers.kept)
+    if changes:
+        epochs = {vb: cp.epoch for vb, cp in store.checkpoints(function).items()}
+        store.commit(function, epochs, {}, timer_changes=changes)
+        runtime.timers.committed(len(changes))
 
 
 def _explain_missing(store: MetadataStore, function: str, selector: DlqSelector) -> None:

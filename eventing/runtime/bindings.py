@@ -1,8 +1,32 @@
-"""Bucket bindings: dict-like aliases a handler uses; writes are buffered and applied exactly once."""
+"""Bucket bindings: dict-like aliases a handler uses; writes are buffered and applied exactly once.
+
+Besides the dict interface, every binding has Couchbase's advanced accessors (`get_result`, `insert`,
+`upsert`, `replace`, `delete`, `increment`/`decrement`, `touch`, `lookup_in`, `mutate_in`), returning an
+`OpResult`. The cas rule, since writes are held until the handler returns:
+- a read returns the cas of the version this worker sees: the stored document's cas, or, for a document
+  this function wrote earlier in the same batch (not yet applied), a provisional cas naming that write;
+- `replace`/`delete`/`mutate_in`/`touch` with a cas fail at once (`cas_mismatch`) if that version has
+  changed, and `insert` with `key_exists` if the document exists;
+- the condition is checked again, atomically, when the batch is applied: if another writer (another
+  vBucket's worker, another function, a client) changed the document in between, none of the call's
+  writes to that bucket are applied and the mutation goes to the dead-letter queue as `cas_mismatch`
+  (replay it to re-run it on the new version). A write made against a provisional cas holds only if
+  the pending write it read was applied, so a chain of updates within a batch fails from its first
+  broken link on.
+- counters (`increment`/`decrement`) never conflict: the delta is added to the stored count when the batch
+  is applied, so concurrent counters lose nothing; the value returned is the count this worker sees.
+"""
 
 from __future__ import annotations
 
+import copy
+import re
+import time
+from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
 
 from eventing.core.mutation import OP_DELETE, OP_UPDATE, decode_document, encode_document
 from eventing.errors import BindingError, InvalidDocumentError
@@ -27,6 +51,51 @@ class EffectBuffer:
         # dropped here, so later mutations never read a replay's second copy (read-your-writes stays true).
         self.applied_upto: dict[int, int] = {}
         self.replayed_writes = 0
+        self.conditional = False  # the call in progress made a write with a cas condition or a delta
+        self.expiries: dict[str, int] = {}  # expiry of pending writes that set one (advanced accessors)
+        self.ops: Counter[str] = Counter()  # accessor outcomes (bkt_ops_cas_mismatch_count, ...), taken by the worker
+
+
+# Couchbase reads an expiry below 30 days as relative seconds, above as an absolute epoch time.
+RELATIVE_EXPIRY_LIMIT_S = 30 * 24 * 3600
+SUBDOC_PATH = re.compile(r"^[A-Za-z0-9_$-]+(\.[A-Za-z0-9_$-]+)*$")
+
+
+@dataclass(frozen=True)
+class DocMeta:
+    """A document's meta as the advanced accessors return it."""
+
+    id: str
+    cas: int
+    expiry: int  # epoch seconds, 0 = never
+
+
+@dataclass(frozen=True)
+class OpResult:
+    """The outcome of an advanced accessor: `success`, or `error` = cas_mismatch | key_not_found |
+    key_exists | path_not_found | path_exists (Couchbase's outcomes), with the document and its meta
+    where there is one; `value` holds a counter's count or lookup_in's results."""
+
+    success: bool
+    doc: Any = None
+    meta: DocMeta | None = None
+    error: str | None = None
+    value: Any = None
+
+    @property
+    def cas_mismatch(self) -> bool:
+        return self.error == "cas_mismatch"
+
+    @property
+    def key_not_found(self) -> bool:
+        return self.error == "key_not_found"
+
+    @property
+    def key_exists(self) -> bool:
+        return self.error == "key_exists"
+
+
+_MISSING = object()
 
 
 class BucketBinding:
@@ -107,6 +176,176 @@ class BucketBinding:
         self.buf.current.append(Write(key, OP_DELETE))
         self.buf.current_overlay[key] = None
 
+    # -- advanced accessors (Couchbase's couchbase.* API) -----------------------------------------
+
+    def _visible(self, key: str) -> tuple[Any, DocMeta] | None:
+        """The version of `key` this worker sees (pending writes first) with its cas, else None."""
+        buf = self.buf
+        if key in buf.current_overlay:
+            raw = buf.current_overlay[key]
+        elif key in buf.overlay:
+            raw = buf.overlay[key]
+        else:
+            got = self.bucket.get_doc(key)
+            if got is None:
+                return None
+            return decode_document(got[0]), DocMeta(key, got[1], got[2])
+        if raw is None:
+            return None
+        # A provisional cas: the identity of the pending write's bytes, alive while the write is pending.
+        return decode_document(raw), DocMeta(key, id(raw), buf.expiries.get(key, 0))
+
+    def _outcome(self, error: str) -> OpResult:
+        self.buf.ops[f"bkt_ops_{error}_count"] += 1
+        return OpResult(False, error=error)
+
+    def get_result(self, key: str) -> OpResult:
+        """The document with its meta (cas, expiry), or `key_not_found`."""
+        _check_key(key, self.alias)
+        seen = self._visible(key)
+        if self.tracer:
+            self.tracer("read", self.alias, key, seen[0] if seen else None)
+        if seen is None:
+            return self._outcome("key_not_found")
+        return OpResult(True, seen[0], seen[1])
+
+    def insert(self, key: str, doc: dict, *, expiry: Any = 0) -> OpResult:
+        """Create the document; `key_exists` if it exists."""
+        self._check_writable("insert")
+        _check_key(key, self.alias)
+        if self._visible(key) is not None:
+            return self._outcome("key_exists")
+        self._write(key, doc, _expiry(expiry, self.alias), 0)
+        return OpResult(True, doc)
+
+    def upsert(self, key: str, doc: dict, *, expiry: Any = 0) -> OpResult:
+        self._check_writable("upsert")
+        _check_key(key, self.alias)
+        self._write(key, doc, _expiry(expiry, self.alias), None)
+        return OpResult(True, doc)
+
+    def replace(self, key: str, doc: dict, *, cas: int | None = None, expiry: Any = 0) -> OpResult:
+        """Replace an existing document; with `cas`, only if it is still the version read with that cas."""
+        self._check_writable("replace")
+        _check_key(key, self.alias)
+        _check_cas(cas, self.alias)
+        seen = self._visible(key)
+        if seen is None:
+            return self._outcome("key_not_found")
+        if cas is not None and cas != seen[1].cas:
+            return self._outcome("cas_mismatch")
+        self._write(key, doc, _expiry(expiry, self.alias), self._condition(key, seen[1].cas, cas))
+        return OpResult(True, doc)
+
+    def delete(self, key: str, *, cas: int | None = None) -> OpResult:
+        """Delete an existing document; with `cas`, only if it is still that version."""
+        self._check_writable("delete")
+        _check_key(key, self.alias)
+        _check_cas(cas, self.alias)
+        seen = self._visible(key)
+        if seen is None:
+            return self._outcome("key_not_found")
+        if cas is not None and cas != seen[1].cas:
+            return self._outcome("cas_mismatch")
+        self._append(Write(key, OP_DELETE, expect_cas=self._condition(key, seen[1].cas, cas)), key, None, 0)
+        return OpResult(True)
+
+    def increment(self, key: str, delta: int = 1) -> OpResult:
+        """Add `delta` to the counter document `{"count": n}` (created at 0); `value` is the new count."""
+        return self._count(key, delta, "increment")
+
+    def decrement(self, key: str, delta: int = 1) -> OpResult:
+        return self._count(key, -delta if type(delta) is int else delta, "decrement")
+
+    def _count(self, key: str, delta: Any, what: str) -> OpResult:
+        self._check_writable(what)
+        _check_key(key, self.alias)
+        if type(delta) is not int:
+            raise BindingError(f"{what} of '{key}' through binding '{self.alias}': delta {delta!r} is not an integer")
+        seen = self._visible(key)
+        count: Any = 0
+        if seen is not None:
+            count = seen[0].get("count") if isinstance(seen[0], dict) else None
+            if type(count) is not int:
+                raise BindingError(
+                    f"{what} of '{key}' through binding '{self.alias}': the document is not a counter "
+                    f"(no integer 'count' field); counters are documents like {{\"count\": 5}}"
+                )
+        doc = {"count": count + delta}
+        data = encode_document(doc)
+        self._append(Write(key, OP_UPDATE, data, delta=delta), key, data, 0)
+        return OpResult(True, doc, value=doc["count"])
+
+    def touch(self, key: str, expiry: Any) -> OpResult:
+        """Give an existing document a new expiry."""
+        self._check_writable("touch")
+        _check_key(key, self.alias)
+        seen = self._visible(key)
+        if seen is None:
+            return self._outcome("key_not_found")
+        self._write(key, seen[0], _expiry(expiry, self.alias), self._condition(key, seen[1].cas, seen[1].cas))
+        return OpResult(True, seen[0])
+
+    def lookup_in(self, key: str, specs: list) -> OpResult:
+        """Read parts of a document: specs ("get", path) and ("exists", path); `value` lists the results
+        (the value, or None for a missing path; True/False for exists)."""
+        _check_key(key, self.alias)
+        seen = self._visible(key)
+        if seen is None:
+            return self._outcome("key_not_found")
+        values = []
+        for spec in specs:
+            op, path = _spec(spec, ("get", "exists"), self.alias)[:2]
+            found = _path_get(seen[0], path)
+            values.append(found is not _MISSING if op == "exists" else (None if found is _MISSING else found))
+        return OpResult(True, seen[0], seen[1], value=values)
+
+    def mutate_in(self, key: str, specs: list, *, cas: int | None = None, expiry: Any = 0) -> OpResult:
+        """Change parts of an existing document: ("insert" | "upsert" | "replace", path, value),
+        ("remove", path), ("array_append", path, value); all or nothing."""
+        self._check_writable("mutate_in")
+        _check_key(key, self.alias)
+        _check_cas(cas, self.alias)
+        seen = self._visible(key)
+        if seen is None:
+            return self._outcome("key_not_found")
+        if cas is not None and cas != seen[1].cas:
+            return self._outcome("cas_mismatch")
+        doc = copy.deepcopy(seen[0])
+        for spec in specs:
+            op, path, value = _spec(spec, ("insert", "upsert", "replace", "remove", "array_append"), self.alias)
+            error = _path_set(doc, op, path, value)
+            if error:
+                return self._outcome(error)
+        # The whole document is written back: conditional on the version read, even without a cas, so a
+        # concurrent change of another field is never overwritten.
+        self._write(key, doc, _expiry(expiry, self.alias), self._condition(key, seen[1].cas, seen[1].cas))
+        return OpResult(True, doc)
+
+    @staticmethod
+    def _condition(key: str, seen_cas: int, cas: int | None) -> int | None:
+        """The version a held write must still find when applied: the stored cas it read, or the pending
+        write it read (its provisional cas), which must then be applied before it in the same batch."""
+        return None if cas is None else seen_cas
+
+    def _write(self, key: str, doc: Any, expiry: int, expect_cas: int | None) -> None:
+        try:
+            data = encode_document(doc)
+        except InvalidDocumentError as exc:
+            raise BindingError(f"cannot write '{key}' through binding '{self.alias}': {exc}") from None
+        self._append(Write(key, OP_UPDATE, data, expiry, expect_cas=expect_cas), key, data, expiry)
+
+    def _append(self, w: Write, key: str, data: bytes | None, expiry: int) -> None:
+        buf = self.buf
+        if self.tracer:
+            self.tracer("write" if data is not None else "delete", self.alias, key, data and decode_document(data))
+        buf.current.append(w)
+        buf.current_overlay[key] = data
+        if expiry or key in buf.expiries:
+            buf.expiries[key] = expiry
+        if w.expect_cas is not None or w.delta is not None:
+            buf.conditional = True
+
     def _check_writable(self, what: str) -> None:
         if self.access != "rw":
             raise BindingError(
@@ -140,6 +379,9 @@ class BucketBinding:
         group = buf.groups.get(vb)
         if group is None:
             group = buf.groups[vb] = EffectGroup(vb, epoch)
+        if buf.conditional:
+            group.conditional = True
+            buf.conditional = False
         group.writes.extend((seqno, w) for w in buf.current)
         buf.overlay.update(buf.current_overlay)
         buf.current = []
@@ -148,6 +390,7 @@ class BucketBinding:
     def discard(self) -> None:
         self.buf.current = []
         self.buf.current_overlay = {}
+        self.buf.conditional = False
 
     def pending(self) -> int:
         return sum(len(g.writes) for g in self.buf.groups.values())
@@ -156,4 +399,87 @@ class BucketBinding:
         groups = list(self.buf.groups.values())
         self.buf.groups = {}
         self.buf.overlay = {}
+        if self.buf.expiries:
+            self.buf.expiries = {}
         return groups
+
+
+def _check_key(key: Any, alias: str) -> None:
+    if not isinstance(key, str):
+        raise BindingError(f"binding '{alias}': key {key!r} is not a string")
+
+
+def _check_cas(cas: Any, alias: str) -> None:
+    if cas is not None and (type(cas) is not int or cas <= 0):
+        raise BindingError(
+            f"binding '{alias}': cas {cas!r} is not a cas; pass meta.cas from get_result(...).meta, or None"
+        )
+
+
+def _expiry(value: Any, alias: str) -> int:
+    """Epoch seconds (0: never) from a datetime, a timedelta, or seconds (relative below 30 days)."""
+    if isinstance(value, datetime):
+        return int(value.timestamp())
+    if isinstance(value, timedelta):
+        return int(time.time() + value.total_seconds())
+    if type(value) is int or type(value) is float:
+        if value <= 0:
+            return 0
+        return int(time.time() + value) if value < RELATIVE_EXPIRY_LIMIT_S else int(value)
+    raise BindingError(f"binding '{alias}': expiry {value!r} is not a time; pass seconds, a datetime or a timedelta")
+
+
+def _spec(spec: Any, allowed: tuple[str, ...], alias: str) -> tuple[str, str, Any]:
+    if not isinstance(spec, tuple | list) or not spec or spec[0] not in allowed:
+        raise BindingError(f"binding '{alias}': sub-document spec {spec!r} is not one of {', '.join(allowed)}")
+    op = spec[0]
+    needs_value = op not in ("get", "exists", "remove")
+    if len(spec) != (3 if needs_value else 2) or not isinstance(spec[1], str) or not SUBDOC_PATH.match(spec[1]):
+        shape = f"({op!r}, 'path', value)" if needs_value else f"({op!r}, 'path')"
+        raise BindingError(f"binding '{alias}': sub-document spec {spec!r} should be {shape} with a dotted path")
+    return op, spec[1], spec[2] if needs_value else None
+
+
+def _path_get(doc: Any, path: str) -> Any:
+    for part in path.split("."):
+        if not isinstance(doc, dict) or part not in doc:
+            return _MISSING
+        doc = doc[part]
+    return doc
+
+
+def _path_set(doc: dict, op: str, path: str, value: Any) -> str | None:
+    """Apply one mutation spec in place; an error name (path_not_found, path_exists) or None."""
+    *parents, last = path.split(".")
+    node: Any = doc
+    for part in parents:
+        if not isinstance(node, dict):
+            return "path_not_found"
+        if part not in node:
+            if op in ("upsert", "array_append"):
+                node[part] = {}
+            else:
+                return "path_not_found"
+        node = node[part]
+    if not isinstance(node, dict):
+        return "path_not_found"
+    if op == "insert":
+        if last in node:
+            return "path_exists"
+        node[last] = value
+    elif op == "upsert":
+        node[last] = value
+    elif op == "replace":
+        if last not in node:
+            return "path_not_found"
+        node[last] = value
+    elif op == "remove":
+        if last not in node:
+            return "path_not_found"
+        del node[last]
+    else:  # array_append
+        current = node.setdefault(last, [])
+        if not isinstance(current, list):
+            return "path_not_found"
+        current.append(value)
+    return None

@@ -14,7 +14,7 @@ from eventing.runtime.loader import validate_handler
 from eventing.storage.bucket import LocalBucket
 from eventing.storage.metadata import open_metadata
 from eventing.windows.runtime.paths import reset_windows
-from metadata import FunctionRecord, FunctionState, MetadataStore
+from metadata import TIMER_VB_BASE, FunctionRecord, FunctionState, MetadataStore
 from sharding import NUM_VBUCKETS
 
 # A running `eventing run` writes a heartbeat every STATE_POLL_S (0.5 s, eventing.runtime.service); a command that
@@ -65,16 +65,57 @@ def deploy(data_dir: str, name: str, boundary: Boundary | None = None) -> Functi
             highs = source.high_seqnos() if defn.boundary == "from_now" else [0] * NUM_VBUCKETS
             epoch_base = record.generation << EPOCH_SHIFT
             store.init_checkpoints(name, dict(enumerate(highs)), source.uuid, epoch_base)
+            store.drop_timers(name)  # left by a deploy that crashed halfway
             reset_windows(data_dir, store, name)  # window state and unaggregated rows start afresh too
             for b in defn.bindings:
                 if b.access == "rw":
                     bucket = LocalBucket.open(data_dir, b.bucket)
                     bucket.drop_effect_marks(name)  # a new deployment's effects start afresh
-                    bucket.fence(name, dict.fromkeys(range(NUM_VBUCKETS), epoch_base))
+                    bucket.fence(name, dict.fromkeys(range(TIMER_VB_BASE + NUM_VBUCKETS), epoch_base))
+            run_on_deploy(data_dir, store, record, "deploy")
         except Exception:
+            store.drop_checkpoints(name)
+            store.drop_timers(name)
             store.transition(name, FunctionState.UNDEPLOYED, "deploy")
             raise
         return store.transition(name, FunctionState.DEPLOYED, "deploy")
+
+
+def run_on_deploy(data_dir: str, store: MetadataStore, record: FunctionRecord, reason: str) -> None:
+    """Run the handler's `on_deploy(action)`, if it defines one, once, before any mutation (Couchbase 8.0).
+
+    Its binding writes apply exactly once per deployment (deploy) or per pause (resume): they are marked
+    under `<function>#on_deploy:<generation>:<reason>:<ms>` (a deploy or resume retried after a crash has
+    the same name and applies nothing twice). Timers it creates become durable here. A failure or a
+    timeout raises LifecycleError naming the error; the caller keeps the function undeployed or paused.
+    """
+    from eventing.core.mutation import OP_UPDATE, Mutation
+    from eventing.handler import DeployAction
+    from eventing.runtime.runner import Call, HandlerRunner, writes_by_bucket
+    from eventing.storage.bucket import EffectGroup
+
+    runner = HandlerRunner.open(data_dir, record.name)
+    try:
+        fn = runner.module.__dict__.get("on_deploy")
+        if fn is None:
+            return
+        delay = int(time.time() - record.updated_at) if reason == "resume" else 0
+        m = Mutation(0, 1, "", OP_UPDATE, 0, None, None, 0, 0)
+        runner.timers.lookup = lambda callback, reference: store.get_timer(record.name, callback, reference)
+        failure = runner.call(m, Call("on_update", fn, (DeployAction(reason, delay),), None), timeout_s=runner.timeout_s)
+        if failure is not None:
+            raise LifecycleError(
+                f"on_deploy of function '{record.name}' failed ({failure.error or failure.status}); the function "
+                f"stays {'undeployed' if reason == 'deploy' else 'paused'}; fix the handler and {reason} again"
+            )
+        namespace = f"{record.name}#on_deploy:{record.generation}:{reason}:{int(record.updated_at * 1000)}"
+        for bucket, writes in writes_by_bucket(runner.take_writes()):
+            bucket.apply_effects(namespace, [EffectGroup(0, 0, writes, conditional=True)], origin=record.name)
+        if runner.timers.kept:
+            epochs = {vb: cp.epoch for vb, cp in store.checkpoints(record.name).items()}
+            store.commit(record.name, epochs, {}, timer_changes=list(runner.timers.kept))
+    finally:
+        runner.close()
 
 
 def pause(data_dir: str, name: str, *, wait_s: float = 60.0) -> FunctionRecord:
@@ -85,7 +126,11 @@ def pause(data_dir: str, name: str, *, wait_s: float = 60.0) -> FunctionRecord:
 
 
 def resume(data_dir: str, name: str) -> FunctionRecord:
+    """paused -> deployed; `on_deploy(action)` runs first (a failure keeps the function paused)."""
     with _store(data_dir) as store:
+        record = store.get_function(name)
+        if record.state is FunctionState.PAUSED:
+            run_on_deploy(data_dir, store, record, "resume")
         return store.transition(name, FunctionState.DEPLOYED, "resume")
 
 
@@ -122,6 +167,7 @@ def complete_transition(
 ) -> FunctionRecord:
     if target is FunctionState.UNDEPLOYED:
         store.drop_checkpoints(name)
+        store.drop_timers(name)  # undeploy drops timers; pause keeps them
     return store.transition(name, target, action)
 
 

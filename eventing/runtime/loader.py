@@ -20,11 +20,17 @@ def load_handler(
     Raises HandlerLoadError if it does not import or defines neither on_update nor on_delete.
     """
     module = types.ModuleType(f"eventing_handler_{function}")
-    module.__dict__.update({"log": handler_api.log, **injected})
+    helpers = {name: getattr(handler_api, name) for name in ("crc64", "crc_64_go_iso", "base64_encode", "base64_decode")}
+    module.__dict__.update({"log": handler_api.log, **helpers, **injected})
     filename = f"<handler of {function}>"
     try:
         code = compile(source, filename, "exec")
         exec(code, module.__dict__)
+        # `from eventing.handler import create_timer` binds the import-time stand-in over the injected
+        # function; put the injected one back.
+        for name, value in injected.items():
+            if name in module.__dict__ and module.__dict__[name] is getattr(handler_api, name, None):
+                module.__dict__[name] = value
     except SyntaxError as exc:
         raise HandlerLoadError(
             f"handler of function '{function}' has a syntax error at line {exc.lineno}: {exc.msg}; "
@@ -43,18 +49,18 @@ def load_handler(
             f"handler of function '{function}' defines neither on_update(doc, meta) nor on_delete(meta, options); "
             "define at least one"
         )
-    for name, fn in (("on_update", on_update), ("on_delete", on_delete)):
+    for name, fn in (("on_update", on_update), ("on_delete", on_delete), ("on_deploy", module.__dict__.get("on_deploy"))):
         if fn is not None:
             _check_entry_point(function, name, fn)
     return module
 
 
-_ENTRY_POINTS = {"on_update": ("doc", "meta"), "on_delete": ("meta", "options")}
+_ENTRY_POINTS = {"on_update": ("doc", "meta"), "on_delete": ("meta", "options"), "on_deploy": ("action",)}
 
 
 def _check_entry_point(function: str, name: str, fn: Any) -> None:
-    """on_update and on_delete are called with two positional arguments: refuse anything else at deploy,
-    not with a dead letter per mutation."""
+    """Entry points are called with their positional arguments (on_update(doc, meta), on_delete(meta,
+    options), on_deploy(action)): refuse anything else at deploy, not with a dead letter per mutation."""
     params = ", ".join(_ENTRY_POINTS[name])
     if not callable(fn):
         raise HandlerLoadError(
@@ -66,7 +72,7 @@ def _check_entry_point(function: str, name: str, fn: Any) -> None:
     except (TypeError, ValueError):
         return  # a builtin or extension without a signature: it answers for itself at the first call
     try:
-        signature.bind(None, None)
+        signature.bind(*[None] * len(_ENTRY_POINTS[name]))
     except TypeError:
         raise HandlerLoadError(
             f"handler of function '{function}': {name}{signature} cannot be called as {name}({params}); "

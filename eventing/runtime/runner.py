@@ -18,20 +18,29 @@ import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 import msgpack
 
+from eventing import handler as handler_api
 from eventing.core.definition import FunctionDefinition
-from eventing.core.mutation import OP_EXPIRE, OP_UPDATE, Mutation
+from eventing.core.mutation import OP_EXPIRE, OP_TIMER, OP_UPDATE, Mutation
 from eventing.handler import DeleteOptions, Meta
+from eventing.runtime.app_log import AppLogWriter, log_path
 from eventing.runtime.bindings import BucketBinding, EffectBuffer
+from eventing.runtime.curl import CurlClient, UrlBinding
 from eventing.runtime.loader import load_handler
+from eventing.runtime.timers import TimerTable
 from eventing.storage.bucket import LocalBucket
 
-HandlerKind = Literal["on_update", "on_delete"]
+HandlerKind = Literal["on_update", "on_delete", "timer"]
 FailureStatus = Literal["error", "timeout", "quit"]
 Invoke = Callable[..., Any]  # invoke(fn, *args): a plain call, or pdb's runcall in the debugger
+
+
+PREVIOUS_CACHE_KEYS = 1_000_000  # previous_version's cache of latest versions, cleared when it reaches this
+_UNSEEN = object()
 
 
 class HandlerTimeout(Exception):
@@ -56,7 +65,7 @@ class Rejection(NamedTuple):
     """A mutation that never reaches a handler: no handler for its operation, or a document that cannot
     be handled (`oversize`, `undecodable`: a dead-letter reason)."""
 
-    status: Literal["no_handler", "oversize", "undecodable"]
+    status: Literal["no_handler", "oversize", "undecodable", "timer_error"]
     error: str = ""
 
 
@@ -97,8 +106,6 @@ class HandlerRunner:
         source_code: str,
         source: LocalBucket,
         open_bucket: Callable[[str], LocalBucket],
-        *,
-        log: Callable[..., None] | None = None,
     ):
         self.function = function
         self.defn = defn
@@ -115,15 +122,34 @@ class HandlerRunner:
             injected[b.alias] = binding
             self.bindings.append(binding)
         self.rw_bindings = [b for b in self.bindings if b.access == "rw"]
-        if log is not None:  # a worker's log() writes the function's handler log file
-            injected["log"] = log
         self.windowed = defn.window is not None
+        self.timers = TimerTable(function, defn.timer_context_size, self)
+        path = getattr(source, "path", None)  # <data-dir>/buckets/<name>.sqlite3 for a local bucket
+        self.app_log = (
+            AppLogWriter(log_path(Path(path).parent.parent, function), defn.app_log_max_size, defn.app_log_max_files)
+            if path is not None else None
+        )
+        injected["log"] = FunctionLog(function, self.app_log, lambda: self.current)
+        url_bindings = [UrlBinding(**u) for u in defn.url_bindings]
+        self.curl = CurlClient(self, url_bindings, defn.curl_max_response_bytes)
+        injected["curl"] = self.curl
+        injected.update({u.alias: u for u in url_bindings})
+        injected["create_timer"] = self.timers.create_timer
+        injected["cancel_timer"] = self.timers.cancel_timer
         module = load_handler(function, source_code, injected, windowed=self.windowed)
+        self.module = module
+        self.timers.module = module.__dict__
         self.on_update = module.__dict__.get("on_update")
         self.on_delete = module.__dict__.get("on_delete")
         self.keyspace = {"bucket_name": defn.source_bucket, "scope_name": "_default", "collection_name": "_default"}
         self.timeout_s = defn.execution_timeout.total_seconds()
         self.max_bytes = defn.max_document_bytes
+        # previous_version: key -> the bytes of its latest version seen here (None: deleted), so only the
+        # first mutation of a key since start asks the source's log. Cleared on rewind; capped.
+        self.previous: dict[str, bytes | None] | None = None
+        if defn.previous_version:
+            source.ensure_key_index()
+            self.previous = {}
         # Read by a worker's watchdog and hang guard (another thread or a signal handler).
         self.in_handler = False
         self.call_started = 0.0
@@ -155,6 +181,8 @@ class HandlerRunner:
             if self.on_update is None and not self.windowed:
                 return NO_HANDLER
             if m.doc is not None and len(m.doc) > self.max_bytes:
+                if self.previous is not None:
+                    self.previous[m.key] = None  # a dead-lettered version is never anyone's previous
                 return Rejection("oversize", f"document is {len(m.doc)} bytes; max_document_bytes is {self.max_bytes}")
             try:
                 doc = msgpack.unpackb(m.doc, raw=False)
@@ -163,11 +191,54 @@ class HandlerRunner:
             if self.on_update is None:
                 return _new_call(Call, ("on_update", None, (), doc))
             meta = Meta(m.key, m.cas, m.vb, m.seqno, m.expiry, m.flags, "json", self.keyspace)
+            if self.previous is not None:
+                meta.previous = self._previous_version(m)
             return _new_call(Call, ("on_update", self.on_update, (doc, meta), doc))
+        if m.op == OP_TIMER:
+            return self._timer_call(m)
+        if self.previous is not None:
+            self.seen(m)
         if self.on_delete is None:
             return NO_HANDLER
         args = (self.meta(m), DeleteOptions(expired=m.op == OP_EXPIRE))
         return _new_call(Call, ("on_delete", self.on_delete, args, None))
+
+    def _previous_version(self, m: Mutation) -> dict | None:
+        cache = self.previous
+        assert cache is not None
+        raw = cache.get(m.key, _UNSEEN)
+        if raw is _UNSEEN:
+            raw = self.source.previous_doc(m.key, m.seqno)
+        if len(cache) >= PREVIOUS_CACHE_KEYS:
+            cache.clear()
+        cache[m.key] = m.doc
+        if raw is None:
+            return None
+        try:
+            return msgpack.unpackb(raw, raw=False)  # type: ignore[arg-type]
+        except Exception:  # noqa: BLE001 - a previous version that was itself undecodable reads as None
+            return None
+
+    def seen(self, m: Mutation) -> None:
+        """A mutation of the source that got no on_update call (a delete, or one the worker skipped): it is
+        the previous version of the key's next update."""
+        if self.previous is not None and m.op != OP_TIMER:
+            self.previous[m.key] = m.doc if m.op == OP_UPDATE else None
+
+    def _timer_call(self, m: Mutation) -> Call | Rejection:
+        """A fired timer: its callback (looked up by name in the current handler) with its context."""
+        try:
+            fired = msgpack.unpackb(m.doc, raw=False) if m.doc is not None else {}
+            name, context = fired["callback"], fired.get("context")
+        except Exception as exc:  # noqa: BLE001 - a damaged record is the timer's fault
+            return Rejection("timer_error", f"timer record cannot be decoded ({type(exc).__name__}: {exc})")
+        fn = self.module.__dict__.get(name)
+        if not callable(fn):
+            return Rejection(
+                "timer_error",
+                f"timer callback '{name}' is not a function of the handler any more; restore it and replay the dead letter",
+            )
+        return Call("timer", fn, (context,), None)
 
     def call(
         self,
@@ -230,12 +301,15 @@ class HandlerRunner:
                 self.in_handler = False
             for b in self.rw_bindings:
                 b.keep(epoch)
+            if self.timers.current:
+                self.timers.keep()
             return None
         raise AssertionError("unreachable: attempts >= 1")
 
     def _discard(self) -> None:
         for b in self.rw_bindings:
             b.discard()
+        self.timers.discard()
 
     # -- kept writes, for callers that apply them themselves ------------------------------------------
 
@@ -255,6 +329,28 @@ class HandlerRunner:
     def close(self) -> None:
         for bucket in self.buckets.values():
             bucket.close()
+        if self.app_log is not None:
+            self.app_log.close()
+
+
+class FunctionLog:
+    """`log(...)` of one function: the shared handler log (worker log, debugger trace) plus the function's
+    application log file, one line per call: ``<time> [INFO] <function> <vb>:<seqno> <key> <text>`` with the
+    mutation being handled (``-:- -`` outside a call, e.g. in on_deploy) and newlines written as ``\\n``."""
+
+    def __init__(self, function: str, writer: AppLogWriter | None, current: Callable[[], Mutation | None]):
+        self.function = function
+        self.writer = writer
+        self.current = current
+
+    def __call__(self, *parts: object) -> None:
+        line = " ".join(str(p) for p in parts)
+        handler_api.log(line)
+        if self.writer is not None:
+            m = self.current()
+            where = f"{m.vb}:{m.seqno} {m.key}" if m is not None else "-:- -"
+            text = line.replace("\r", "\\r").replace("\n", "\\n")
+            self.writer.write(f"{self.function} {where} {text}")
 
 
 def writes_by_bucket(held: list[HeldWrite]) -> list[tuple[LocalBucket, list[tuple[int, Any]]]]:

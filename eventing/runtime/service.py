@@ -16,6 +16,7 @@ from typing import Any
 
 from eventing.core.definition import FunctionDefinition
 from eventing.errors import EventingError
+from eventing.runtime.app_log import log_path
 from eventing.runtime.executor import Executor
 from eventing.runtime.failover import (
     HEALTH_POLL_S,
@@ -29,7 +30,6 @@ from eventing.runtime.failover import (
     ray_node_health,
     wall_of,
 )
-from eventing.runtime.handler_log import handler_log_path
 from eventing.runtime.lifecycle import SERVICE_STALE_S, complete_transition
 from eventing.runtime.nodes import Topology, function_assignment, packed_node_plan, save_packed_placement
 from eventing.runtime.supervisor import FunctionSupervisor
@@ -506,7 +506,7 @@ class EventingService:
             reason: n - baseline.get(reason, 0) for reason, n in self._dead_letters(name).items()
             if n > baseline.get(reason, 0)
         }
-        log_file = handler_log_path(self.data_dir, name)
+        log_file = log_path(self.data_dir, name)
         if log_file.exists():
             progress.log_path = str(log_file)
 

@@ -218,7 +218,7 @@ class FunctionSupervisor:
         slot.backlog = report.backlog
         if report.fenced:
             log.warning("function %s worker %s lost %d vBuckets to a newer owner", self.name, wid, len(report.fenced))
-        if report.handled == 0:
+        if report.handled == 0 and not report.timers_fired:
             slot.next_step_at = time.monotonic() + IDLE_POLL_S
 
     def _restart(self, slot: WorkerSlot, why: str) -> None:

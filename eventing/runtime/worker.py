@@ -15,14 +15,14 @@ from dataclasses import dataclass, field
 
 from eventing.core import counters as counter_names
 from eventing.core.definition import FunctionDefinition
-from eventing.core.mutation import Mutation, pack_mutation
+from eventing.core.mutation import OP_TIMER, Mutation, pack_mutation
 from eventing.errors import FencedError, OrderViolationError, StoreError
-from eventing.runtime.handler_log import HandlerLogFile
 from eventing.runtime.runner import NO_HANDLER, Call, HandlerRunner, HandlerTimeout, Rejection
+from eventing.runtime.timers import delay_counter, timer_mutation
 from eventing.storage.bucket import LocalBucket
 from eventing.storage.metadata import open_metadata
 from eventing.windows.runtime.row_writer import WindowRowWriter
-from metadata import DlqRow
+from metadata import TIMER_VB_BASE, DlqRow, TimerDone, TimerRecord, owner_vb
 
 HANG_GRACE_S = 2.0  # past execution_timeout, how long a handler SIGALRM could not stop may still run
 
@@ -46,6 +46,7 @@ class StepReport:
     backlog: int = 0  # mutations known to be waiting in owned vBuckets after this step
     fenced: list[int] = field(default_factory=list)  # vBuckets lost to a newer owner
     owned: int = 0
+    timers_fired: int = 0  # timer callbacks run in this step (not mutations: `handled` leaves them out)
 
 
 # A supervisor's step keeps taking batches this long while the worker is behind: ~10 round trips a
@@ -68,11 +69,8 @@ class WorkerCore:
             )
         self.defn = FunctionDefinition.from_dict(record.definition)
         self.source = LocalBucket.open(spec.data_dir, self.defn.source_bucket)
-        # log() lines go to <data-dir>/logs/<function>.log, each with the mutation being handled.
-        self.handler_log = HandlerLogFile(spec.data_dir, self.name, lambda: self.runner.current)
         self.runner = HandlerRunner(
             self.name, self.defn, record.source, self.source, lambda name: LocalBucket.open(spec.data_dir, name),
-            log=self.handler_log,
         )
         self.rw_bindings = self.runner.rw_bindings
         # at_least_once: no effect marks are read, fenced or written (see LocalBucket.apply_effects).
@@ -96,6 +94,10 @@ class WorkerCore:
         self.last_commit = time.monotonic()
         self._rotor = 0
         self._hung: set[tuple[int, int]] = set()
+        self.timers = self.runner.timers
+        self.timers.lookup = lambda callback, reference: self.store.get_timer(self.name, callback, reference)
+        self.timers_done: list[TimerDone] = []  # fired since the last commit
+        self._reclaim: set[int] = set()  # newly owned vBuckets: timers a previous owner claimed fire first
         self.assign_vbuckets(spec.vbuckets)
         if recycle_on_hang:
             threading.Thread(target=self._hang_guard, name="hang-guard", daemon=True).start()
@@ -113,7 +115,8 @@ class WorkerCore:
         wanted = set(vbs)
         floor: dict[int, int] = {}
         for bucket in {id(b.bucket): b.bucket for b in self.rw_bindings if self.marked}.values():
-            for vb, (mark_epoch, _) in bucket.effect_marks(self.name).items():
+            for mark_vb, (mark_epoch, _) in bucket.effect_marks(self.name).items():
+                vb = owner_vb(mark_vb)  # timer effects are marked beside their vBucket
                 if vb in wanted and mark_epoch >= floor.get(vb, 0):
                     floor[vb] = mark_epoch + 1
         claimed = self.store.claim(self.name, vbs, self.spec.worker_id, min_epochs=floor)
@@ -125,20 +128,25 @@ class WorkerCore:
                 )
             self.positions[vb] = self.committed[vb] = cp.seqno
             self.epochs[vb] = cp.epoch
-        # Raise the effect fences first, so a zombie's binding writes are rejected from now on.
+        # Raise the effect fences first, so a zombie's binding writes are rejected from now on (timer
+        # callbacks' writes are marked under TIMER_VB_BASE + vb, with the same epoch).
         epochs = {vb: self.epochs[vb] for vb in vbs}
+        epochs.update({TIMER_VB_BASE + vb: self.epochs[vb] for vb in vbs})
         for bucket in {id(b.bucket): b.bucket for b in self.rw_bindings if self.marked}.values():
             bucket.fence(self.name, epochs)
         # Then learn how far each bucket already holds this function's effects (see BucketBinding.keep).
         for binding in self.rw_bindings if self.marked else ():
             marks = binding.bucket.effect_marks(self.name)
-            for vb in vbs:
+            for vb in epochs:
                 binding.applied_upto[vb] = marks.get(vb, (0, 0))[1]
+        self._reclaim.update(vbs)
         # Mutations a previous process of this worker hung on (and was recycled for) are already dead
         # letters; handling them again would hang again.
         for row in self.store.find_dlq_rows(self.name, reason="timeout"):
             if row.vb in wanted and row.seqno > self.committed[row.vb]:
                 self._hung.add((row.vb, row.seqno))
+            elif row.vb >= TIMER_VB_BASE and owner_vb(row.vb) in wanted:
+                self._hung.add((row.vb, row.seqno))  # a timer whose callback hung: recorded as done instead
 
     def revoke_vbuckets(self, vbuckets) -> dict[int, int]:
         """Finish, flush, checkpoint and release vBuckets; returns their final checkpoints."""
@@ -192,6 +200,9 @@ class WorkerCore:
             handled += batch
             if batch < budget or fenced or time.monotonic() >= slice_ends:
                 break
+        fired = self.fire_timers() if self.epochs else 0
+        if fired:
+            fenced |= self.flush_effects()
         if time.monotonic() - self.last_commit >= self.defn.checkpoint_interval.total_seconds():
             fenced |= self.commit()
         backlog = sum(max(0, limits[vb] - self.positions[vb]) for vb in self.epochs)
@@ -202,6 +213,7 @@ class WorkerCore:
             backlog=backlog,
             fenced=sorted(fenced),
             owned=len(self.epochs),
+            timers_fired=fired,
         )
 
     def _observe_latency(self, seconds: float, count: int) -> None:
@@ -210,6 +222,54 @@ class WorkerCore:
         c[counter_names.latency_bucket(seconds * 1e6 / count)] += count
         c[counter_names.LATENCY_COUNT] += count
         c[counter_names.LATENCY_SUM_US] += round(seconds * 1e6)
+
+    # -- timers -------------------------------------------------------------------------------------
+
+    def fire_timers(self) -> int:
+        """Claim the due timers of owned vBuckets (fenced by their epochs) and run their callbacks; their
+        effects join the batch keyed by (TIMER_VB_BASE + vb, fire_seq), and each timer is recorded as done
+        with the next commit. Timers a previous owner claimed but never recorded fire first, with their
+        old fire_seq, so the effects they already applied are skipped."""
+        reclaim = self._reclaim & set(self.epochs)
+        now_ms = int(time.time() * 1000)
+        timers = self.store.claim_timers(self.name, self.epochs, now_ms, self.defn.batch_size, reclaim=reclaim)
+        self._reclaim -= reclaim
+        if not timers:
+            return 0
+        armed = self._arm_watchdog()
+        try:
+            for t in timers:
+                if t.vb in self.epochs:
+                    self._fire(t)
+        finally:
+            if armed:
+                self._disarm_watchdog()
+        return len(timers)
+
+    def _fire(self, t: TimerRecord) -> None:
+        c = self.counters
+        c[delay_counter(time.time() * 1000 - t.due_ms)] += 1
+        m = timer_mutation(t)
+        call = self.runner.prepare(m)
+        if self._hung and (m.vb, m.seqno) in self._hung:
+            c[counter_names.HUNG_SKIPPED] += 1  # its dead letter was written when it hung
+        elif type(call) is Rejection:
+            c[counter_names.TIMERS_FAILED] += 1
+            self._dead_letter(m, "timer_error", call.error, "", 0)
+        else:
+            assert type(call) is Call
+            failure = self.runner.call(
+                m, call, epoch=self.epochs[t.vb], attempts=self._attempts,
+                backoff_s=self._backoff_s, on_retry=self._count_retry,
+            )
+            if failure is None:
+                c[counter_names.TIMERS_FIRED] += 1
+            else:
+                c[counter_names.TIMERS_FAILED] += 1
+                reason = "timeout" if failure.status == "timeout" else "timer_error"
+                self._dead_letter(m, reason, failure.error, failure.traceback, failure.attempts, failure.first_failed_at)
+        assert t.fire_seq is not None
+        self.timers_done.append(TimerDone(t.vb, t.callback, t.reference, t.fire_seq))
 
     def _process(self, work: list[int], limits: dict[int, int], budget: int) -> int:
         # Resume the rotation where the last step stopped, so every vBucket makes progress even when
@@ -271,9 +331,13 @@ class WorkerCore:
         if m.origin == self.name:
             # Recursion guard: this function's own binding wrote it; handling it again would loop.
             c[counter_names.RECURSION_FILTERED] += 1
+            if self.runner.previous is not None:
+                self.runner.seen(m)
             return
         if self._hung and (m.vb, m.seqno) in self._hung:
             c[counter_names.HUNG_SKIPPED] += 1  # dead-lettered as `timeout` when its handler could not be interrupted
+            if self.runner.previous is not None:
+                self.runner.seen(m)
             return
         call = self.runner.prepare(m)
         if type(call) is Rejection:
@@ -329,7 +393,8 @@ class WorkerCore:
             )
             try:
                 store = store or open_metadata(self.spec.data_dir, create=False)
-                store.commit(self.name, {m.vb: self.epochs.get(m.vb, -1)}, {}, [row], {counter_names.WORKERS_RECYCLED: 1})
+                vb = owner_vb(m.vb)  # a timer's dead letter is fenced by its vBucket
+                store.commit(self.name, {vb: self.epochs.get(vb, -1)}, {}, [row], {counter_names.WORKERS_RECYCLED: 1})
             finally:
                 os._exit(70)
 
@@ -382,12 +447,37 @@ class WorkerCore:
                 self.counters[counter_names.EFFECTS_DUPLICATE] += result.duplicates
                 self.counters[counter_names.EFFECTS_FENCED] += result.fenced_writes
                 fenced |= result.fenced_vbs
+                if result.conflicts:
+                    self._cas_conflicts(binding.bucket.name, result.conflicts)
+            for binding in self.runner.bindings:
+                if binding.buf.ops:
+                    self.counters.update(binding.buf.ops)
+                    binding.buf.ops.clear()
+            if self.runner.curl.ops:
+                self.counters.update(self.runner.curl.ops)
+                self.runner.curl.ops.clear()
         except Exception:
             self._rewind()
             raise
-        for vb in fenced:
+        for vb in {owner_vb(v) for v in fenced}:
             self._forget(vb)
-        return fenced
+        return {owner_vb(v) for v in fenced}
+
+    def _cas_conflicts(self, bucket: str, sources: list[tuple[int, int]]) -> None:
+        """Calls whose cas condition failed when their writes were applied (another writer changed the
+        document after the read): their writes to `bucket` were dropped; they become dead letters."""
+        for vb, seqno in sources:
+            self.counters["bkt_ops_cas_mismatch_count"] += 1
+            if vb >= TIMER_VB_BASE:
+                m = Mutation(vb, seqno, "", OP_TIMER, 0, None, None, 0, 0)
+            else:
+                found = self.source.read_vb(vb, seqno - 1, 1)
+                m = found[0] if found and found[0].seqno == seqno else Mutation(vb, seqno, "", 0, 0, None, None, 0, 0)
+            self._dead_letter(
+                m, "cas_mismatch",
+                f"a write to bucket '{bucket}' found the document changed since the handler read it (cas); "
+                "the call's writes to that bucket were not applied; replay the dead letter to run it again", "", 1,
+            )
 
     def _rewind(self) -> None:
         """A flush failed (disk full, a damaged bucket): the writes it took are gone from memory. Forget
@@ -401,19 +491,29 @@ class WorkerCore:
         self.dlq = []
         self.counters.clear()
         self.positions.update(self.committed)
+        if self.runner.previous is not None:
+            self.runner.previous.clear()  # the replay reads versions again from the log
+        # Timer changes are made again by the replayed calls; fired timers are claimed again (same fire_seq).
+        self.timers.discard()
+        self.timers.committed(len(self.timers.kept))
+        self.timers_done = []
+        self._reclaim.update(self.epochs)
         for binding in self.rw_bindings if self.marked else ():
             marks = binding.bucket.effect_marks(self.name)
             for vb in self.epochs:
                 binding.applied_upto[vb] = marks.get(vb, (0, 0))[1]
+                binding.applied_upto[TIMER_VB_BASE + vb] = marks.get(TIMER_VB_BASE + vb, (0, 0))[1]
 
     def commit(self) -> set[int]:
         """The one place checkpoints are written. Order matters:
 
         1. flush binding effects: a checkpoint must never cover an effect that is not durable;
-        2. in one metadata transaction, conditional on this worker's epochs: DLQ rows, counters, then
-           checkpoints. A zombie (older epoch) has all three rejected. A crash between 1 and 2 replays
-           the mutations after the old checkpoint; their effects are skipped by the bucket's marks and
-           their DLQ rows by the (function, vBucket, seqno) key, so nothing applies twice.
+        2. in one metadata transaction, conditional on this worker's epochs: DLQ rows, timer creates and
+           cancels (fenced by the vBucket that made them), fired timers (by theirs), counters, then
+           checkpoints. A zombie (older epoch) has all of them rejected. A crash between 1 and 2 replays
+           the mutations after the old checkpoint and fires the claimed timers again with their old
+           fire_seq; their effects are skipped by the bucket's marks, their DLQ rows by the (function,
+           vBucket, seqno) key and their timer creates overwrite themselves, so nothing applies twice.
         Window rows are written first, as one batch file: the coordinator drops replayed rows by (vb, seqno).
         """
         if self.window_rows is not None:
@@ -421,10 +521,17 @@ class WorkerCore:
         fenced = self.flush_effects()
         moved = {vb: s for vb, s in self.positions.items() if s != self.committed.get(vb)}
         dlq, counters = self.dlq, dict(self.counters)
-        if moved or dlq or counters:
-            fenced |= self.store.commit(self.name, self.epochs, moved, dlq, counters)
+        changes, done = list(self.timers.kept), self.timers_done
+        if changes:
+            created = sum(1 for ch in changes if ch.due_ms is not None)
+            counters[counter_names.TIMERS_CREATED] = counters.get(counter_names.TIMERS_CREATED, 0) + created
+            counters[counter_names.TIMERS_CANCELLED] = counters.get(counter_names.TIMERS_CANCELLED, 0) + len(changes) - created
+        if moved or dlq or counters or done:
+            fenced |= self.store.commit(self.name, self.epochs, moved, dlq, counters, changes, done)
             self.dlq = []
             self.counters.clear()
+            self.timers.committed(len(changes))
+            self.timers_done = []
             for vb, seqno in moved.items():
                 if vb not in fenced:
                     self.committed[vb] = seqno
@@ -434,5 +541,4 @@ class WorkerCore:
         return fenced
 
     def close(self) -> None:
-        self.handler_log.close()
         self.store.close()

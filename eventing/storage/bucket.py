@@ -65,13 +65,20 @@ def _next_cas() -> int:
 
 @dataclass(frozen=True)
 class Write:
-    """One document write: an upsert (doc is msgpack bytes) or a delete (doc is None)."""
+    """One document write: an upsert (doc is msgpack bytes) or a delete (doc is None).
+
+    A binding's advanced accessors add conditions checked when the write is applied (apply_effects):
+    `expect_cas` > 0: the document must still have that cas; 0: it must not exist (insert). `delta`: a
+    counter update, `{"count": current + delta}` computed from the stored document at that moment.
+    """
 
     key: str
     op: int
     doc: bytes | None = None
     expiry: int = 0
     flags: int = 0
+    expect_cas: int | None = None
+    delta: int | None = None
 
 
 @dataclass(frozen=True)
@@ -105,6 +112,7 @@ class EffectGroup:
     vb: int
     epoch: int
     writes: list[tuple[int, Write]] = field(default_factory=list)  # (source seqno, write)
+    conditional: bool = False  # holds writes with a cas condition or a counter delta
 
 
 @dataclass
@@ -113,6 +121,9 @@ class EffectResult:
     duplicates: int = 0  # already applied by an earlier attempt (replay after a crash)
     fenced_vbs: set[int] = field(default_factory=set)  # rejected: a newer owner holds the vBucket
     fenced_writes: int = 0
+    # Sources (vb, seqno) whose cas condition failed when applied: none of their writes to this bucket
+    # were applied (the caller dead-letters them as `cas_mismatch`).
+    conflicts: list[tuple[int, int]] = field(default_factory=list)
 
 
 def bucket_path(data_dir: str | os.PathLike[str], name: str) -> Path:
@@ -299,6 +310,23 @@ class LocalBucket:
 
     def get_raw(self, key: str) -> bytes | None:
         row = self._db.execute("SELECT doc FROM docs WHERE key=? AND deleted=0", (key,)).fetchone()
+        return None if row is None else row[0]
+
+    def get_doc(self, key: str) -> tuple[bytes, int, int] | None:
+        """(document bytes, cas, expiry) of a live document, else None."""
+        row = self._db.execute("SELECT doc, cas, expiry FROM docs WHERE key=? AND deleted=0", (key,)).fetchone()
+        return None if row is None else (row[0], row[1], row[2])
+
+    def ensure_key_index(self) -> None:
+        """Index the log by key, for previous_doc (functions with previous_version). Each logged write then
+        also updates this index; see docs/handler-api.md for the measured cost."""
+        _retry_locked(self.path, lambda: self._db.execute("CREATE INDEX IF NOT EXISTS log_key ON log(key, seqno)"))
+
+    def previous_doc(self, key: str, before_seqno: int) -> bytes | None:
+        """The document bytes of `key`'s newest log entry below `before_seqno` (None: none, or a delete)."""
+        row = self._db.execute(
+            "SELECT doc FROM log WHERE key=? AND seqno<? ORDER BY seqno DESC LIMIT 1", (key, before_seqno)
+        ).fetchone()
         return None if row is None else row[0]
 
     def get_meta(self, key: str) -> dict | None:
@@ -537,6 +565,8 @@ class LocalBucket:
             result = EffectResult()
             writes: list[Write] = []
             marks = []
+            pending: list[tuple[int, int, Write]] = []
+            conditional = any(g.conditional for g in groups)
             for g in groups:
                 row = self._db.execute(
                     "SELECT epoch, seqno FROM effect_marks WHERE function=? AND vb=?", (function, g.vb)
@@ -551,9 +581,14 @@ class LocalBucket:
                     if src_seqno <= mark_seqno:
                         result.duplicates += 1
                         continue
-                    writes.append(w)
+                    if conditional:
+                        pending.append((g.vb, src_seqno, w))
+                    else:
+                        writes.append(w)
                     top = max(top, src_seqno)
                 marks.append((function, g.vb, g.epoch, top))
+            if conditional:  # every write goes through the check, in order, so chains of writes are followed
+                writes, result.conflicts = self._resolve(pending)
             # The writes carry the function as their origin (recursion guard); `function` also names
             # the marks, which a replay keeps apart from the live ones (origin stays the function).
             self._apply(writes, origin or function)
@@ -566,6 +601,47 @@ class LocalBucket:
             return result
 
         return _retry_locked(self.path, lambda: self._tx(body))
+
+    def _resolve(self, pending: list[tuple[int, int, Write]]) -> tuple[list[Write], list[tuple[int, int]]]:
+        """Check cas conditions and compute counter deltas against the stored documents, in this
+        transaction (so no other writer can slip in between). A source whose condition fails has none of
+        its writes here applied; the rest are checked again without it, until no new failure appears."""
+        conflicts: set[tuple[int, int]] = set()
+        while True:
+            # key -> (exists, version, doc): version is the stored cas, or for a document written earlier in
+            # this transaction the provisional cas a handler saw for it (the identity of the written bytes).
+            state: dict[str, tuple[bool, int, bytes | None]] = {}
+            out: list[Write] = []
+            failed: set[tuple[int, int]] = set()
+            for vb, seqno, w in pending:
+                source = (vb, seqno)
+                if source in conflicts or source in failed:
+                    continue
+                if w.key not in state:
+                    got = self.get_doc(w.key)
+                    state[w.key] = (True, got[1], got[0]) if got else (False, 0, None)
+                exists, cas, doc = state[w.key]
+                if w.expect_cas is not None and (
+                    (w.expect_cas == 0 and exists) or (w.expect_cas > 0 and (not exists or cas != w.expect_cas))
+                ):
+                    failed.add(source)
+                    continue
+                version = id(w.doc) if w.doc is not None else 0
+                if w.delta is not None:
+                    count = decode_document(doc).get("count") if exists and doc is not None else 0
+                    if type(count) is not int:
+                        failed.add(source)
+                        continue
+                    w = Write(w.key, OP_UPDATE, encode_document({"count": count + w.delta}), w.expiry, w.flags)
+                elif w.expect_cas is not None:
+                    w = Write(w.key, w.op, w.doc, w.expiry, w.flags)
+                state[w.key] = (w.op == OP_UPDATE, version, w.doc)
+                out.append(w)
+            if not failed:
+                return out, sorted(conflicts)
+            # Start over without the failed sources: their earlier writes are dropped too, and later
+            # conditions are checked against documents without them.
+            conflicts |= failed
 
     def effect_marks(self, function: str) -> dict[int, tuple[int, int]]:
         rows = self._db.execute("SELECT vb, epoch, seqno FROM effect_marks WHERE function=?", (function,))

@@ -14,6 +14,7 @@ Document layout (keys start with a prefix, ``eventing`` by default, in the bucke
     <p>::svc::<id>                   {info, heartbeat_at}             expires SERVICE_TTL_S after its last beat
     <p>::nodes                       {"nodes": {name: {...}}}         eventing nodes
     <p>::lease::<name>               {holder, expires_at, acquired_at, term, info}   a lease (leadership)
+    <p>::tmr::<fn>::<vb>             {"seq": n, "timers": {...}}      durable timers of one vBucket
     <p>::kv::<key>                   {"value": ...}
     <p>::win::<fn>                   {fence, state, updated_at}       window coordinator state (fenced)
 

@@ -31,12 +31,16 @@ from metadata.model import (
     FunctionRecord,
     FunctionState,
     Lease,
+    TimerChange,
+    TimerDone,
+    TimerRecord,
     check_rewind_allowed,
     check_transition,
     next_lease,
+    owner_vb,
     plan_rewind,
 )
-from sharding import NUM_VBUCKETS
+from sharding import NUM_VBUCKETS, vbucket_of
 
 if TYPE_CHECKING:
     from metadata.protocol import MetadataStore
@@ -277,6 +281,7 @@ class CouchbaseMetadataStore:
         else:
             raise StoreError(f"metadata store {self.where}: function '{name}' kept changing while being deleted")
         self.drop_checkpoints(name)
+        self.drop_timers(name)
         self.purge_dlq(name)
         self._docs.remove_many([self._key("ctr", name), self._key("cpreg", name), self._key("win", name)])
         self._index_remove(self._key("functions"), "names", [name])
@@ -439,18 +444,26 @@ class CouchbaseMetadataStore:
         seqnos: Mapping[int, int],
         dlq_rows: Iterable[DlqRow] = (),
         counters: Mapping[str, int] | None = None,
+        timer_changes: Iterable[TimerChange] = (),
+        timers_done: Iterable[TimerDone] = (),
     ) -> set[int]:
-        """Write DLQ rows, then checkpoints, then counters, each checkpoint conditional on the owner's epoch.
+        """Write DLQ rows, then timers, then checkpoints, then counters, each checkpoint conditional on the
+        owner's epoch (timer changes are fenced by their source vBucket, fired timers by theirs).
 
         Returns the vBuckets whose epoch moved on (the caller is a zombie for those): their checkpoints
         and DLQ rows are rejected. A checkpoint that would move backwards raises OrderViolationError
         before anything is written.
         """
         dlq = list(dlq_rows)
+        timer_list = list(timer_changes)
+        done = list(timers_done)
         now = time.time()
         # Every held vBucket is checked, not only those that moved: a zombie learns at its next commit
         # that it lost them all, and stops working on them.
-        vbs = sorted(set(epochs) | set(seqnos) | {r.vb for r in dlq})
+        vbs = sorted(
+            set(epochs) | set(seqnos) | {owner_vb(r.vb) for r in dlq} | {c.source_vb for c in timer_list}
+            | {d.vb for d in done}
+        )
         keys = {vb: self._cp_key(function, vb) for vb in vbs}
         current = self._get_many(list(keys.values()))
         fenced = {vb for vb in vbs if keys[vb] not in current or current[keys[vb]][0]["epoch"] != epochs.get(vb)}
@@ -461,7 +474,9 @@ class CouchbaseMetadataStore:
         # 1. Dead letters first: a checkpoint never passes a mutation whose dead letter is not stored.
         #    A vBucket claimed by a new owner after the read above can still receive this batch's dead
         #    letters; they are keyed by (function, vBucket, seqno), the same documents the new owner writes.
-        self._insert_dlq([r for r in dlq if r.vb not in fenced])
+        self._insert_dlq([r for r in dlq if owner_vb(r.vb) not in fenced])
+        # Timers next (idempotent: a replay writes the same creates, a done matches its fire_seq once).
+        self._write_timers(function, timer_list, done, fenced, now)
 
         # 2. Checkpoints, each replaced only while it still holds the caller's epoch (CAS): a claim since
         #    the read changes the CAS, the retry sees the new epoch and the write is fenced.
@@ -485,6 +500,127 @@ class CouchbaseMetadataStore:
         rejected = sum(1 for vb in seqnos if vb in fenced)
         self.add_counters(function, dict(counters or {}, fenced_checkpoint_writes=rejected))
         return fenced
+
+    # -- timers ---------------------------------------------------------------------------------------
+
+    def _timer_key(self, function: str, vb: int) -> str:
+        return self._key("tmr", function, vb)
+
+    def _write_timers(
+        self, function: str, changes: list[TimerChange], done: list[TimerDone], fenced: set[int], now: float
+    ) -> None:
+        """As SqliteMetadataStore: fired timers (if they still hold their fire_seq) first, then creates and
+        cancels in order; one CAS loop per vBucket document touched."""
+        per_vb: dict[int, list[Callable[[Doc], None]]] = defaultdict(list)
+        for d in done:
+            if d.vb in fenced:
+                continue
+
+            def finish(doc: Doc, d: TimerDone = d) -> None:
+                tid = _timer_id(d.callback, d.reference)
+                if doc["timers"].get(tid, {}).get("fire_seq") == d.fire_seq:
+                    del doc["timers"][tid]
+
+            per_vb[d.vb].append(finish)
+        for c in changes:
+            if c.source_vb in fenced:
+                continue
+
+            def apply(doc: Doc, c: TimerChange = c) -> None:
+                tid = _timer_id(c.callback, c.reference)
+                if c.due_ms is None:
+                    doc["timers"].pop(tid, None)
+                else:
+                    doc["timers"][tid] = {
+                        "callback": c.callback, "reference": c.reference, "due_ms": c.due_ms,
+                        "context": c.context, "created_at": now, "fire_seq": None,
+                    }
+
+            per_vb[c.vb].append(apply)
+
+        def run(steps: list[Callable[[Doc], None]]) -> Callable[[Doc | None], Doc | None]:
+            def change(doc: Doc | None) -> Doc | None:
+                doc = doc or {"seq": 0, "timers": {}}
+                for step in steps:
+                    step(doc)
+                return doc
+
+            return change
+
+        for vb, steps in per_vb.items():
+            self._mutate(self._timer_key(function, vb), run(steps))
+
+    def claim_timers(
+        self,
+        function: str,
+        epochs: Mapping[int, int],
+        now_ms: int,
+        limit: int,
+        *,
+        reclaim: Iterable[int] = (),
+    ) -> list[TimerRecord]:
+        """As SqliteMetadataStore.claim_timers; each vBucket's document is claimed with its own CAS loop."""
+        vbs = sorted(epochs)
+        again = set(reclaim) & set(vbs)
+        docs = self._docs.get_many([self._timer_key(function, vb) for vb in vbs])
+        candidates: list[tuple[int, int, str]] = []
+        for vb in vbs:
+            got = docs.get(self._timer_key(function, vb))
+            if got is None:
+                continue
+            for tid, t in got[0]["timers"].items():
+                if t["fire_seq"] is None and t["due_ms"] <= now_ms:
+                    candidates.append((t["due_ms"], vb, tid))
+        candidates.sort()
+        wanted: dict[int, set[str]] = defaultdict(set)
+        for _, vb, tid in candidates[:limit]:
+            wanted[vb].add(tid)
+        if not wanted and not again:
+            return []
+        cps = self._docs.get_many([self._cp_key(function, vb) for vb in set(wanted) | again])
+        out: list[TimerRecord] = []
+        for vb in sorted(set(wanted) | again):
+            cp = cps.get(self._cp_key(function, vb))
+            if cp is None or cp[0]["epoch"] != epochs[vb]:
+                continue
+            claimed: list[TimerRecord] = []
+
+            def take(doc: Doc | None, vb: int = vb, claimed: list[TimerRecord] = claimed) -> Doc | None:
+                claimed.clear()
+                if doc is None:
+                    return None
+                if vb in again:
+                    old = sorted((t for t in doc["timers"].values() if t["fire_seq"] is not None),
+                                 key=lambda t: t["fire_seq"])
+                    claimed.extend(_timer(function, vb, t) for t in old)
+                fresh = sorted(
+                    (t for tid, t in doc["timers"].items()
+                     if tid in wanted.get(vb, ()) and t["fire_seq"] is None and t["due_ms"] <= now_ms),
+                    key=lambda t: (t["due_ms"], t["callback"], t["reference"]),
+                )
+                for t in fresh:
+                    doc["seq"] += 1
+                    t["fire_seq"] = doc["seq"]
+                    claimed.append(_timer(function, vb, t))
+                return doc if fresh else None
+
+            self._mutate(self._timer_key(function, vb), take)
+            out.extend(claimed)
+        return out
+
+    def get_timer(self, function: str, callback: str, reference: str) -> TimerRecord | None:
+        vb = vbucket_of(reference)
+        got = self._docs.get(self._timer_key(function, vb))
+        t = got[0]["timers"].get(_timer_id(callback, reference)) if got else None
+        return None if t is None else _timer(function, vb, t)
+
+    def timer_backlog(self, function: str, now_ms: int) -> dict[str, int]:
+        docs = self._docs.get_many([self._timer_key(function, vb) for vb in range(NUM_VBUCKETS)])
+        timers = [t for doc, _ in docs.values() for t in doc["timers"].values()]
+        return {"pending": len(timers), "due": sum(1 for t in timers if t["due_ms"] <= now_ms)}
+
+    def drop_timers(self, function: str) -> None:
+        self._docs.remove_many([self._timer_key(function, vb) for vb in range(NUM_VBUCKETS)])
 
     def _refuse(self, function: str, vb: int, epoch: int, from_seqno: int, to_seqno: int, at: float) -> None:
         """Record a refused backwards move (for `eventing verify`) and raise OrderViolationError."""
@@ -554,7 +690,7 @@ class CouchbaseMetadataStore:
             self._index_add(self._key("dlqix", function, vb), "seqnos", seqnos)
 
     def _dlq_positions(self, function: str, vb: int | None) -> list[tuple[int, int]]:
-        vbs = range(NUM_VBUCKETS) if vb is None else [vb]
+        vbs = range(2 * NUM_VBUCKETS) if vb is None else [vb]
         keys = {v: self._key("dlqix", function, v) for v in vbs}
         docs = self._get_many(list(keys.values()))
         return sorted((v, s) for v, key in keys.items() if key in docs for s in docs[key][0]["seqnos"])
@@ -651,7 +787,7 @@ class CouchbaseMetadataStore:
             self._index_remove(self._key("dlqix", function, vb), "seqnos", seqnos)
         if reason is None and not replayed_only and selected is None:
             # Everything went: drop the index documents too (entries whose row vanished included).
-            self._docs.remove_many([self._key("dlqix", function, vb) for vb in range(NUM_VBUCKETS)])
+            self._docs.remove_many([self._key("dlqix", function, vb) for vb in range(2 * NUM_VBUCKETS)])
         return sum(len(s) for s in removed.values())
 
     # -- services -------------------------------------------------------------------------------------
@@ -803,3 +939,12 @@ if TYPE_CHECKING:
     def _implements_the_protocol(store: CouchbaseMetadataStore) -> MetadataStore:
         return store  # mypy checks every MetadataStore method is here with a compatible signature
 
+
+def _timer_id(callback: str, reference: str) -> str:
+    return f"{callback}\u0000{reference}"
+
+
+def _timer(function: str, vb: int, t: Doc) -> TimerRecord:
+    return TimerRecord(
+        function, t["callback"], t["reference"], vb, t["due_ms"], t["context"], t["created_at"], t["fire_seq"]
+    )

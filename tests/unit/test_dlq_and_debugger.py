@@ -243,7 +243,7 @@ def test_dlq_list_filters_and_show_prints_the_error_traceback_and_mutation(data_
         (["dlq", "show", "fn_p", "--key", "doc01"], "has no dead letter for key 'doc01'"),
         (["dlq", "list", "fn_nope"], "unknown function 'fn_nope'"),
         (["dlq", "replay", "fn_p"], "needs --all or a selector"),
-        (["dlq", "show", "fn_p", "--vb", "1024", "--seqno", "1"], "vBucket 1024 does not exist"),
+        (["dlq", "show", "fn_p", "--vb", "2048", "--seqno", "1"], "vBucket 2048 does not exist"),
     ]:
         code, _, err = cli(capsys, *argv, *dd)
         assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from metadata import (
+    TIMER_VB_BASE,
     TRANSITIONS,
     ConfigError,
     CouchbaseMetadataStore,
@@ -37,10 +38,13 @@ from metadata import (
     OrderViolationError,
     SqliteMetadataStore,
     StoreError,
+    TimerChange,
+    TimerDone,
     open_store,
     parse_metadata_url,
 )
 from metadata import factory as factory_module
+from sharding import vbucket_of
 
 LIVE_URL_ENV = "EVENTING_TEST_COUCHBASE_URL"
 
@@ -1044,3 +1048,83 @@ def test_a_bad_url_option_fails_before_connecting_with_its_own_message(tmp_path,
         open_store(tmp_path)
     assert time.monotonic() - started < 1.0
     assert "cannot connect" not in str(caught.value) and CONNECT_HINT not in str(caught.value)
+
+
+# -- durable timers -------------------------------------------------------------------------------------
+
+
+def _timer(source_vb: int, reference: str, due_ms: int | None, *, callback: str = "cb", context: str = "{}") -> TimerChange:
+    return TimerChange(source_vb, callback, reference, vbucket_of(reference), due_ms, context)
+
+
+def _timer_setup(store, refs: list[str]) -> dict[int, int]:
+    vbs = sorted({vbucket_of(r) for r in refs} | {0})
+    store.init_checkpoints("fn", dict.fromkeys(vbs, 0), "uuid")
+    return {vb: cp.epoch for vb, cp in store.claim("fn", vbs, "w").items()}
+
+
+def test_timers_become_durable_with_the_commit_and_the_same_callback_and_reference_overwrites(store):
+    epochs = _timer_setup(store, ["a", "b"])
+    store.commit("fn", epochs, {0: 1}, timer_changes=[_timer(0, "a", 100), _timer(0, "b", 50), _timer(0, "a", 70, context='{"n": 2}')])
+    a = store.get_timer("fn", "cb", "a")
+    assert (a.vb, a.due_ms, a.context, a.fire_seq) == (vbucket_of("a"), 70, '{"n": 2}', None)
+    assert store.timer_backlog("fn", 60) == {"pending": 2, "due": 1}
+    store.commit("fn", epochs, {0: 2}, timer_changes=[_timer(0, "b", None)])  # cancel
+    assert store.get_timer("fn", "cb", "b") is None
+    assert store.get_timer("fn", "other", "a") is None
+
+
+def test_due_timers_are_claimed_once_with_increasing_fire_seqs_and_done_removes_them(store):
+    refs = ["a", "b", "c"]
+    epochs = _timer_setup(store, refs)
+    store.commit("fn", epochs, {0: 1}, timer_changes=[_timer(0, "a", 10), _timer(0, "b", 20), _timer(0, "c", 999)])
+    first = store.claim_timers("fn", epochs, 30, 100)
+    assert [t.reference for t in first] == ["a", "b"] and all(t.fire_seq for t in first)
+    assert store.claim_timers("fn", epochs, 30, 100) == []  # claimed: not handed out twice
+    again = store.claim_timers("fn", epochs, 30, 100, reclaim=epochs)  # a restarted owner gets them back
+    assert {(t.reference, t.fire_seq) for t in again} == {(t.reference, t.fire_seq) for t in first}
+    store.commit("fn", epochs, {}, timers_done=[TimerDone(t.vb, t.callback, t.reference, t.fire_seq) for t in first])
+    assert store.timer_backlog("fn", 10**6) == {"pending": 1, "due": 1}
+    (c,) = store.claim_timers("fn", epochs, 10**6, 100)
+    same_vb = [t.fire_seq for t in first if t.vb == c.vb]
+    assert c.fire_seq > max(same_vb, default=0)
+
+
+def test_a_timer_set_again_while_claimed_survives_the_done_of_its_old_firing(store):
+    epochs = _timer_setup(store, ["a"])
+    store.commit("fn", epochs, {0: 1}, timer_changes=[_timer(0, "a", 10)])
+    (t,) = store.claim_timers("fn", epochs, 10, 10)
+    store.commit("fn", epochs, {0: 2}, timer_changes=[_timer(0, "a", 500)],
+                 timers_done=[TimerDone(t.vb, t.callback, t.reference, t.fire_seq)])
+    again = store.get_timer("fn", "cb", "a")
+    assert again is not None and (again.due_ms, again.fire_seq) == (500, None)
+
+
+def test_timer_writes_and_claims_of_a_stale_owner_are_fenced(backend):
+    store, zombie = backend.open(), backend.open()
+    refs = ["a"]
+    vb = vbucket_of("a")
+    store.init_checkpoints("fn", dict.fromkeys({0, vb}, 0), "uuid")
+    old = {v: cp.epoch for v, cp in zombie.claim("fn", sorted({0, vb}), "w0").items()}
+    zombie.commit("fn", old, {}, timer_changes=[_timer(0, r, 10) for r in refs])
+    new = {v: cp.epoch for v, cp in store.claim("fn", sorted({0, vb}), "w1").items()}
+    assert zombie.claim_timers("fn", old, 100, 10) == []  # the old owner fires nothing any more
+    assert zombie.commit("fn", old, {}, timer_changes=[_timer(0, "z", 5)]) >= {0}
+    assert store.get_timer("fn", "cb", "z") is None
+    (t,) = store.claim_timers("fn", new, 100, 10)
+    assert zombie.commit("fn", old, {}, timers_done=[TimerDone(t.vb, t.callback, t.reference, t.fire_seq)]) >= {vb}
+    assert store.get_timer("fn", "cb", "a") is not None  # the zombie's done was rejected
+
+
+def test_timer_dead_letters_live_beside_the_vbucket_and_are_fenced_by_it(store):
+    epochs = _timer_setup(store, [])
+    row = _dlq(TIMER_VB_BASE + 0, 1, reason="timer_error")
+    assert store.commit("fn", epochs, {}, [row]) == set()
+    assert [(r.vb, r.seqno, r.reason) for r in store.dlq_rows("fn")] == [(TIMER_VB_BASE, 1, "timer_error")]
+
+
+def test_drop_timers_removes_every_timer_of_the_function(store):
+    epochs = _timer_setup(store, ["a", "b"])
+    store.commit("fn", epochs, {}, timer_changes=[_timer(0, "a", 1), _timer(0, "b", 2)])
+    store.drop_timers("fn")
+    assert store.timer_backlog("fn", 10) == {"pending": 0, "due": 0}

@@ -18,8 +18,8 @@ from eventing.cli import main
 from eventing.core.definition import FunctionDefinition
 from eventing.errors import EventingError
 from eventing.runtime import lifecycle
+from eventing.runtime.app_log import log_path
 from eventing.runtime.executor import InProcessExecutor, _probe
-from eventing.runtime.handler_log import handler_log_path
 from eventing.runtime.service import EventingService
 from eventing.storage.bucket import LocalBucket
 from eventing.storage.metadata import open_metadata
@@ -113,14 +113,14 @@ def test_handler_log_lines_reach_the_function_log_file_named_in_the_run_summary(
     assert run_cli(capsys, "deploy", str(write_function(tmp_path, handler)), *dd)[0] == 0
     code, out, _ = run_cli(capsys, "run", "--until-caught-up", "--executor", "in-process", *dd)
     assert code == 0
-    path = handler_log_path(data_dir, "fn")
+    path = log_path(data_dir, "fn")
     assert f"handler log: {path}" in out
     lines = path.read_text().splitlines()
     assert len(lines) == 5
     source = LocalBucket.open(data_dir, "src")
     for line in lines:
-        stamp, function, where, key, text = line.split(" ", 4)
-        assert stamp.endswith("Z") and function == "fn"
+        stamp, level, function, where, key, text = line.split(" ", 5)
+        assert stamp.endswith("Z") and level == "[INFO]" and function == "fn"
         vb, seqno = map(int, where.split(":"))
         meta = source.get_meta(key)
         assert (vb, seqno) == (meta["vb"], meta["seqno"])

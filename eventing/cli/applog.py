@@ -1,0 +1,47 @@
+"""`eventing log FN`: a function's application log (what its handler's log() wrote), with rotation."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from eventing.cli.common import existing_data_dir
+from eventing.cli.output import emit_json
+from eventing.core.definition import FunctionDefinition
+from eventing.errors import ConfigError
+from eventing.runtime.app_log import follow, log_path, tail
+from eventing.storage.metadata import open_metadata
+
+
+def cmd_log(args: argparse.Namespace) -> int:
+    data_dir = existing_data_dir(args)
+    if args.lines < 0:
+        raise ConfigError(f"--lines {args.lines} is negative; give a number of lines >= 0")
+    store = open_metadata(data_dir, create=False)
+    try:
+        FunctionDefinition.from_dict(store.get_function(args.function).definition)  # unknown -> clear error
+    finally:
+        store.close()
+    path = log_path(data_dir, args.function)
+    lines = tail(path, args.lines)
+    if args.json and not args.follow:
+        emit_json({"function": args.function, "path": str(path), "lines": lines})
+        return 0
+    for line in lines:
+        _print(args, line)
+    if args.follow:
+        for line in follow(path):
+            _print(args, line)
+    return 0
+
+
+def _print(args: argparse.Namespace, line: str) -> None:
+    print(json.dumps({"line": line}) if args.json else line, flush=True)
+
+
+def register(sub: Any, add: Any) -> None:
+    p = add("log", cmd_log, "show a function's application log (its handler's log() lines), newest last")
+    p.add_argument("function")
+    p.add_argument("--lines", "-n", type=int, default=20, help="how many of the last lines to show (default 20)")
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing new lines as they are written")

@@ -1,0 +1,130 @@
+"""The application log: what a handler's `log(...)` writes, one file per function at
+`<data-dir>/logs/<function>.log`, rotated by size as Couchbase rotates its application logs.
+
+Every worker process of a function appends to the same file (one write per line, O_APPEND). When the file
+reaches `app_log_max_size` bytes, the writer that notices takes a lock, shifts `<function>.log.1 ..
+.log.(N-1)` up by one (the oldest, `.log.N` with N = app_log_max_files - 1, is dropped) and starts a new
+file; the other writers notice the new file (its inode changed) and reopen. So at most app_log_max_files
+files of about app_log_max_size bytes each are kept.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+DEFAULT_MAX_SIZE = 40 * 1024 * 1024  # Couchbase's default application log size
+DEFAULT_MAX_FILES = 10
+
+
+def log_path(data_dir: str | os.PathLike[str], function: str) -> Path:
+    return Path(data_dir) / "logs" / f"{function}.log"
+
+
+class AppLogWriter:
+    """Appends lines to one function's application log, rotating it by size (safe across processes)."""
+
+    def __init__(self, path: Path, max_size: int = DEFAULT_MAX_SIZE, max_files: int = DEFAULT_MAX_FILES):
+        self.path = path
+        self.max_size = max_size
+        self.max_files = max(1, max_files)
+        self._fd: int | None = None
+        self._ino = -1
+
+    def _open(self) -> int:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._fd, self._ino = fd, os.fstat(fd).st_ino
+        return fd
+
+    def write(self, text: str) -> None:
+        stamp = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        data = f"{stamp} [INFO] {text}\n".encode()
+        fd = self._fd if self._fd is not None else self._open()
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            st = None
+        if st is None or st.st_ino != self._ino:  # rotated (or removed) by another writer
+            os.close(fd)
+            fd = self._open()
+            st = os.fstat(fd)
+        if st.st_size + len(data) > self.max_size and st.st_size > 0:
+            fd = self._rotate(fd)
+        os.write(fd, data)
+
+    def _rotate(self, fd: int) -> int:
+        lock = os.open(str(self.path) + ".lock", os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                current = os.stat(self.path)
+            except FileNotFoundError:
+                current = None
+            if current is not None and current.st_ino == self._ino:  # nobody rotated it meanwhile
+                keep = self.max_files - 1
+                if keep == 0:
+                    os.unlink(self.path)
+                else:
+                    for n in range(keep - 1, 0, -1):
+                        older = Path(f"{self.path}.{n}")
+                        if older.exists():
+                            os.replace(older, f"{self.path}.{n + 1}")
+                    os.replace(self.path, f"{self.path}.1")
+            os.close(fd)
+            return self._open()
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            os.close(lock)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def files_oldest_first(path: Path) -> list[Path]:
+    rotated = sorted(path.parent.glob(path.name + ".*"), key=lambda p: p.name)
+    numbered = [p for p in rotated if p.suffix[1:].isdigit()]
+    numbered.sort(key=lambda p: int(p.suffix[1:]), reverse=True)
+    return numbered + ([path] if path.exists() else [])
+
+
+def tail(path: Path, lines: int) -> list[str]:
+    """The last `lines` lines over the current file and its rotated predecessors."""
+    out: list[str] = []
+    for file in reversed(files_oldest_first(path)):  # newest first
+        out = file.read_text(errors="replace").splitlines() + out
+        if len(out) >= lines:
+            break
+    return out[-lines:] if lines > 0 else []
+
+
+def follow(path: Path, poll_s: float = 0.2, stop: float | None = None) -> Iterator[str]:
+    """New lines as they are written, across rotations; ends at time.monotonic() >= stop, if given."""
+    handle = None
+    ino = -1
+    while stop is None or time.monotonic() < stop:
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            st = None
+        if st is not None and st.st_ino != ino:
+            if handle is not None:
+                yield from (line.rstrip("\n") for line in handle.readlines())  # the rest of the rotated file
+                handle.close()
+                handle = open(path, errors="replace")  # noqa: SIM115 - kept open across iterations
+            else:
+                handle = open(path, errors="replace")  # noqa: SIM115
+                handle.seek(0, os.SEEK_END)
+            ino = st.st_ino
+        if handle is not None:
+            for line in handle.readlines():
+                yield line.rstrip("\n")
+        time.sleep(poll_s)
+    if handle is not None:
+        handle.close()

@@ -1,0 +1,159 @@
+"""`curl(method, binding, request)` for handlers: HTTP calls to the URL bindings of a function only.
+
+HTTP calls are side effects outside the system: they are **at least once**. A handler that is retried,
+replayed from the dead-letter queue, or run again after a crash before its checkpoint calls the URL again
+(binding writes are exactly once; a remote server is not). Make the remote side idempotent, for example by
+sending meta.id and meta.seq and letting it ignore repeats.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import ssl
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from eventing.errors import CurlError
+
+if TYPE_CHECKING:
+    from eventing.runtime.runner import HandlerRunner
+
+METHODS = ("GET", "POST", "PUT", "DELETE", "HEAD", "PATCH")
+
+
+@dataclass(frozen=True)
+class UrlBinding:
+    """A URL binding as the handler sees it (a global named by its alias); only usable with curl()."""
+
+    alias: str
+    url: str
+    auth: str = "none"  # none | basic | bearer
+    username: str = ""
+    password: str = ""
+    token: str = ""
+    verify_tls: bool = True
+
+    def __repr__(self) -> str:
+        return f"<url binding {self.alias} -> {self.url}>"
+
+
+@dataclass(frozen=True)
+class CurlResponse:
+    status: int
+    headers: dict[str, str]
+    body: Any  # decoded JSON when the response is JSON, else text (or bytes when it is not UTF-8)
+
+
+class CurlClient:
+    def __init__(self, runner: HandlerRunner, bindings: list[UrlBinding], max_response_bytes: int):
+        self.runner = runner
+        self.bindings = {id(b): b for b in bindings}
+        self.max_response_bytes = max_response_bytes
+        self.ops: Counter[str] = Counter()  # curl_success_count, ... taken by the worker
+
+    def __call__(self, method: str, binding: Any, request: dict | None = None) -> CurlResponse:
+        if not isinstance(method, str) or method.upper() not in METHODS:
+            raise CurlError(f"curl method {method!r} is not one of {', '.join(METHODS)}")
+        method = method.upper()
+        if not isinstance(binding, UrlBinding) or id(binding) not in self.bindings:
+            self.ops["curl_unbound_count"] += 1
+            raise CurlError(
+                f"curl target {binding!r} is not a URL binding of this function; add it to 'url_bindings' in "
+                "the definition and pass the binding's alias, for example curl('GET', api, {'path': '/x'})"
+            )
+        request = request or {}
+        if not isinstance(request, dict):
+            raise CurlError("curl request must be a dict with optional path, params, headers and body")
+        url = _join(binding, request.get("path", ""))
+        params = request.get("params")
+        if params:
+            url += ("&" if "?" in url else "?") + urllib.parse.urlencode(params)
+        headers = {str(k): str(v) for k, v in (request.get("headers") or {}).items()}
+        body = request.get("body")
+        data: bytes | None
+        if body is None:
+            data = None
+        elif isinstance(body, bytes):
+            data = body
+        elif isinstance(body, str):
+            data = body.encode()
+            headers.setdefault("Content-Type", "text/plain; charset=utf-8")
+        else:
+            data = json.dumps(body).encode()
+            headers.setdefault("Content-Type", "application/json")
+        if binding.auth == "basic":
+            token = base64.b64encode(f"{binding.username}:{binding.password}".encode()).decode()
+            headers["Authorization"] = f"Basic {token}"
+        elif binding.auth == "bearer":
+            headers["Authorization"] = f"Bearer {binding.token}"
+        context = None
+        if url.startswith("https:"):
+            context = ssl.create_default_context()
+            if not binding.verify_tls:
+                context.check_hostname = False
+                context.verify_mode = ssl.CERT_NONE
+        # The call counts against execution_timeout: it may take what is left of it, less a margin so the
+        # handler sees a CurlError before the worker's watchdog abandons the whole call.
+        runner = self.runner
+        left = runner.timeout_s - (time.monotonic() - runner.call_started) if runner.in_handler else runner.timeout_s
+        left = left - min(0.2, left / 4)
+        req = urllib.request.Request(url, data=data, method=method, headers=headers)
+        self.ops[f"curl_{method.lower()}_count"] += 1
+        try:
+            with urllib.request.urlopen(req, timeout=max(0.05, left), context=context) as resp:  # noqa: S310 - bound URL
+                status, raw_headers, payload = resp.status, dict(resp.headers.items()), self._read(resp)
+        except urllib.error.HTTPError as exc:
+            status, raw_headers, payload = exc.code, dict(exc.headers.items()), self._read(exc)
+        except TimeoutError:
+            self.ops["curl_timeout_count"] += 1
+            raise CurlError(f"curl {method} {url} timed out (execution_timeout {runner.timeout_s}s)") from None
+        except (urllib.error.URLError, OSError) as exc:
+            self.ops["curl_failure_count"] += 1
+            reason = getattr(exc, "reason", exc)
+            raise CurlError(f"curl {method} {url} failed: {reason}") from None
+        self.ops["curl_success_count" if status < 400 else "curl_non_2xx_count"] += 1
+        return CurlResponse(status, raw_headers, _decode(payload, raw_headers))
+
+    def _read(self, resp: Any) -> bytes:
+        payload = resp.read(self.max_response_bytes + 1)
+        if len(payload) > self.max_response_bytes:
+            self.ops["curl_failure_count"] += 1
+            raise CurlError(
+                f"curl response is larger than curl_max_response_bytes ({self.max_response_bytes}); "
+                "ask for less or raise the setting"
+            )
+        return payload
+
+
+def _join(binding: UrlBinding, path: Any) -> str:
+    if not isinstance(path, str):
+        raise CurlError(f"curl path {path!r} is not a string")
+    parsed = urllib.parse.urlsplit(path)
+    segments = path.split("?")[0].split("/")
+    if parsed.scheme or parsed.netloc or path.startswith("//") or ".." in segments:
+        raise CurlError(
+            f"curl path {path!r} leaves URL binding '{binding.alias}' ({binding.url}); pass a path relative to it"
+        )
+    if not path:
+        return binding.url
+    return binding.url.rstrip("/") + "/" + path.lstrip("/")
+
+
+def _decode(payload: bytes, headers: dict[str, str]) -> Any:
+    kind = next((v for k, v in headers.items() if k.lower() == "content-type"), "")
+    try:
+        text = payload.decode()
+    except UnicodeDecodeError:
+        return payload
+    if "json" in kind:
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            return text
+    return text
