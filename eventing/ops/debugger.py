@@ -47,8 +47,9 @@ from eventing.errors import ConfigError, LifecycleError, NotFoundError, StoreErr
 from eventing.handler import DeleteOptions, Meta
 from eventing.runtime.bindings import BucketBinding
 from eventing.runtime.loader import load_handler
-from eventing.runtime.worker import HandlerTimeout, open_metadata
+from eventing.runtime.worker import HandlerTimeout
 from eventing.storage.bucket import LocalBucket, Write
+from eventing.storage.metadata import open_metadata
 from metadata import Checkpoint, MetadataStore
 from sharding import NUM_VBUCKETS, validate_key, vbucket_of
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
@@ -124,8 +126,11 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> None
         "configure_logging": True,
     }
     if address:
+        check_ray_address(address)
         kwargs["address"] = address
-        kwargs["runtime_env"] = {"env_vars": env}
+        # Code on every node: the project's packages travel with the job (Ray uploads them once, each node
+        # unpacks them into its own session folder), so a node needs only Python, Ray and the dependencies.
+        kwargs["runtime_env"] = {"env_vars": env, "py_modules": project_modules()}
     elif num_cpus is not None:
         kwargs["num_cpus"] = num_cpus
     try:
@@ -139,6 +144,53 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> None
     except (ConnectionError, ValueError, RuntimeError) as exc:
         target = address or "a local Ray instance"
         raise EventingError(f"cannot start or join {target}: {exc}; check --ray-address or `ray status`") from None
+
+
+PROJECT_PACKAGES = ("eventing", "metadata", "sharding")
+ADDRESS_CHECK_TIMEOUT_S = 3.0
+
+
+def project_modules() -> list[str]:
+    """The folders of this project's packages, for Ray's ``runtime_env`` ``py_modules``."""
+    root = Path(__file__).resolve().parents[2]
+    return [str(root / name) for name in PROJECT_PACKAGES]
+
+
+def check_ray_address(address: str, timeout: float = ADDRESS_CHECK_TIMEOUT_S) -> None:
+    """Fail fast (one line, a few seconds) when nothing listens at a Ray address; ``ray.init`` itself
+    would retry for a minute or more. ``auto`` and ``ray://`` addresses are left to Ray."""
+    if address == "auto" or "://" in address:
+        return
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise EventingError(
+            f"--ray-address {address!r} is not HOST:PORT; give the head node's address, e.g. 127.0.0.1:6379 "
+            "(printed by `ray start --head`)"
+        )
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            pass
+    except OSError as exc:
+        raise EventingError(
+            f"no Ray cluster answers at {address} ({exc.strerror or exc}); start one with "
+            f"`ray start --head --port={port}` there, or fix --ray-address / $EVENTING_RAY_ADDRESS"
+        ) from None
+
+
+_MISSING_MODULE = re.compile(r"No module named '([^']+)'")
+
+
+def missing_dependency(text: str) -> EventingError | None:
+    """A worker that died importing a package its node lacks, as one line naming the package and the fix."""
+    found = _MISSING_MODULE.search(text)
+    if found is None:
+        return None
+    name = found.group(1).split(".")[0]
+    return EventingError(
+        f"a Ray node cannot run eventing workers: Python package '{name}' is not installed there; install the "
+        f"project's dependencies on every node (`pip install ray msgpack msgspec pyarrow ...`, as in "
+        f"pyproject.toml) with the same Python version, then run again"
+    )
 
 
 @contextlib.contextmanager
@@ -174,6 +226,41 @@ class RayExecutor:
         init_ray(address)
         self._ray = ray
         self._actor_cls = ray.remote(num_cpus=0, max_restarts=0)(WorkerHost)
+        self.address = address
+        self.data_service: Any = None  # DataServiceRef once serve() ran
+
+    def serve(self, data_dir: str) -> None:
+        """On a cluster (``--ray-address``, or ``EVENTING_DATA_SERVICE=1``), start the data service on this
+        node so workers on other nodes reach the data directory through it. A local instance has no
+        other node: its workers open the files, as without a service."""
+        if self.data_service is not None:
+            return
+        if not (self.address or os.environ.get("EVENTING_DATA_SERVICE") == "1"):
+            return
+        from eventing.runtime.data_service import start_data_service
+
+        self.data_service = start_data_service(data_dir)
+
+    def close(self) -> None:
+        from eventing.runtime.data_service import stop_data_service
+
+        stop_data_service(self.data_service)
+        self.data_service = None
+
+    def check_placements(self, placements: dict[str, str | None]) -> None:
+        """Every Ray node id an eventing node is pinned to must be one this cluster knows."""
+        pinned = {name: rid for name, rid in placements.items() if rid}
+        if not pinned:
+            return
+        known = {n["NodeID"]: n for n in self._ray.nodes()}
+        for name, rid in pinned.items():
+            if rid not in known:
+                alive = ", ".join(f"{nid[:12]}… ({n.get('NodeManagerAddress')})" for nid, n in known.items() if n.get("Alive"))
+                raise EventingError(
+                    f"eventing node '{name}' is pinned to Ray node {rid!r}, which is not in this Ray cluster "
+                    f"(alive: {alive or 'none'}); see `ray list nodes`, then `eventing node remove {name}` and "
+                    f"`eventing node add {name} --ray-node-id <id>`"
+                )
 
     def start_worker(self, spec: WorkerSpec, ray_node_id: str | None = None) -> _RayHandle:
         """Start a worker actor; pinned to a Ray node when its eventing node names one."""
@@ -207,11 +294,17 @@ class RayExecutor:
         try:
             return self._ray.get(future)
         except (RayActorError, ActorDiedError, ActorUnavailableError, WorkerCrashedError) as exc:
+            missing = missing_dependency(str(exc))
+            if missing is not None:
+                raise missing from None
             raise WorkerDied(str(exc).splitlines()[0]) from None
         except RayTaskError as exc:
             cause = exc.as_instanceof_cause()
             if isinstance(cause, EventingError):
                 raise type(cause)(*cause.args) from None
+            missing = missing_dependency(str(exc)) if isinstance(cause, ImportError) else None
+            if missing is not None:
+                raise missing from None
             raise
 
     def kill(self, handle: _RayHandle) -> None:

@@ -86,6 +86,15 @@ class EventingService:
             )
         start = time.monotonic()
         self.store.heartbeat(self.service_id, json.dumps({"pid": os.getpid(), "executor": self.executor.name}))
+        serve = getattr(self.executor, "serve", None)
+        if serve is not None:
+            try:
+                self.executor.check_placements(Topology(self.store).placements())  # type: ignore[attr-defined]
+            except EventingError:
+                self.store.remove_service(self.service_id)
+                self.store.close()
+                raise
+            serve(self.data_dir)  # the data service, for workers on nodes without the data directory
         try:
             self._sync_states()
             while not self.stop_event.is_set():
@@ -110,6 +119,9 @@ class EventingService:
             for name in list(self.supervisors):
                 self._stop_function(name)
             self.windows.close()
+            close = getattr(self.executor, "close", None)
+            if close is not None:
+                close()
             self._report(time.monotonic() - start, final=True)
             self.store.remove_service(self.service_id)
             self.store.close()

@@ -22,8 +22,7 @@ from eventing.errors import FencedError, OrderViolationError, StoreError
 from eventing.handler import DeleteOptions, Meta
 from eventing.runtime.bindings import BucketBinding, EffectBuffer
 from eventing.runtime.loader import load_handler
-from eventing.storage.bucket import LocalBucket
-from eventing.storage.metadata import open_metadata
+from eventing.storage.remote import DataAccess, DataServiceRef
 from eventing.windows.runtime.row_writer import WindowRowWriter
 from metadata import DlqRow
 
@@ -33,12 +32,17 @@ HANG_GRACE_S = 2.0  # past execution_timeout, how long a handler SIGALRM could n
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    data_dir: str
+    data_dir: str  # opened directly only by a worker that sees it on the data service's node (locality)
     function: str
     generation: int  # the deployment this worker serves; a redeploy makes it stale
     worker_id: str  # "node/wN", recorded as the owner of its vBuckets
     vbuckets: tuple[int, ...]
     targets: tuple[int, ...] | None = None  # stop at these seqnos (index = vBucket): --until-caught-up
+    # The data service serving data_dir on a Ray cluster (None: embedded or in-process, files only).
+    data_service: DataServiceRef | None = None
+
+    def data_access(self) -> DataAccess:
+        return DataAccess(self.data_dir, self.data_service, key=self.worker_id)
 
 
 @dataclass
@@ -66,7 +70,8 @@ class WorkerCore:
     def __init__(self, spec: WorkerSpec, *, recycle_on_hang: bool = False):
         self.spec = spec
         self.name = spec.function
-        self.store = open_metadata(spec.data_dir, create=False)
+        self.data = spec.data_access()
+        self.store = self.data.metadata()
         record = self.store.get_function(spec.function)
         if record.generation != spec.generation:
             raise FencedError(
@@ -74,13 +79,13 @@ class WorkerCore:
                 f"worker for {spec.generation}); this worker stops"
             )
         self.defn = FunctionDefinition.from_dict(record.definition)
-        self.source = LocalBucket.open(spec.data_dir, self.defn.source_bucket)
+        self.source = self.data.bucket(self.defn.source_bucket)
         self.bindings: list[BucketBinding] = []
         injected: dict[str, object] = dict(self.defn.constants)
         buffers: dict[str, EffectBuffer] = {}
         for b in self.defn.bindings:
             bucket = (
-                self.source if b.bucket == self.defn.source_bucket else LocalBucket.open(spec.data_dir, b.bucket)
+                self.source if b.bucket == self.defn.source_bucket else self.data.bucket(b.bucket)
             )
             buffer = buffers.setdefault(b.bucket, EffectBuffer())  # aliases of one bucket share writes
             binding = BucketBinding(b.alias, bucket, b.access, self.name, buffer)
@@ -373,7 +378,7 @@ class WorkerCore:
                 "", 1, now, now, pack_mutation(m),
             )
             try:
-                store = store or open_metadata(self.spec.data_dir, create=False)
+                store = store or self.spec.data_access().metadata()
                 store.commit(self.name, {m.vb: self.epochs.get(m.vb, -1)}, {}, [row], {"workers_recycled": 1})
             finally:
                 os._exit(70)
