@@ -146,9 +146,10 @@ def _chart(report: dict[str, Any], aggregate: str, path: str) -> None:
 def _with_window_options(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     def run_with_window_options(args: argparse.Namespace) -> int:
         from eventing.windows.runtime.host import CLOSE_WINDOWS_ENV
-        from eventing.windows.spark.spark_session import MASTER_ENV
+        from eventing.windows.spark.spark_session import MASTER_ENV, check_spark_master
 
         if getattr(args, "spark_master", None):
+            check_spark_master(args.spark_master)
             os.environ[MASTER_ENV] = args.spark_master
         if getattr(args, "close_windows", False):
             os.environ[CLOSE_WINDOWS_ENV] = "1"
