@@ -80,6 +80,7 @@ class WorkerCore:
             )
         self.defn = FunctionDefinition.from_dict(record.definition)
         self.source = self.data.bucket(self.defn.source_bucket)
+        self._prefetch_runs = getattr(self.source, "prefetch", None)  # a source behind the data service
         self.bindings: list[BucketBinding] = []
         injected: dict[str, object] = dict(self.defn.constants)
         buffers: dict[str, EffectBuffer] = {}
@@ -189,8 +190,13 @@ class WorkerCore:
         targets = self.targets
         handled = 0
         fenced: set[int] = set()
+        # Through the data service, the high seqnos are asked once a step: the runs read ahead
+        # (_prefetch) are planned from them and stay valid for the whole step.
+        remote = self._prefetch_runs is not None
+        highs = self.source.high_seqnos() if remote else []
         while True:
-            highs = self.source.high_seqnos()
+            if not remote:
+                highs = self.source.high_seqnos()
             limits = {vb: (min(highs[vb], targets[vb]) if targets else highs[vb]) for vb in self.epochs}
             work = [vb for vb in self.epochs if self.positions[vb] < limits[vb]]
             batch = 0
@@ -217,13 +223,45 @@ class WorkerCore:
             owned=len(self.epochs),
         )
 
+    @staticmethod
+    def _plan(
+        work: list[int], limits: dict[int, int], budget: int, positions: dict[int, int], rotor: int
+    ) -> tuple[list[tuple[int, int, int]], int]:
+        """The (vb, after_seqno, limit) reads _process makes for one batch, and the rotor it leaves."""
+        runs: list[tuple[int, int, int]] = []
+        handled = 0
+        start = rotor % len(work) if work else 0
+        for i, vb in enumerate(work[start:] + work[:start]):
+            if handled >= budget:
+                return runs, start + i
+            limit = min(budget - handled, limits[vb] - positions[vb])
+            runs.append((vb, positions[vb], limit))
+            handled += limit
+        return runs, 0
+
+    def _prefetch(self, work: list[int], limits: dict[int, int], budget: int) -> None:
+        """Through the data service: ask for this batch's runs and the next batch's in one go each, so
+        the service reads the next batch while this one is handled (the runs are exactly the reads
+        _process will make, as long as nothing is fenced or dead-lettered meanwhile)."""
+        assert self._prefetch_runs is not None
+        runs, rotor = self._plan(work, limits, budget, self.positions, self._rotor)
+        after = dict(self.positions)
+        for vb, position, limit in runs:
+            after[vb] = position + limit
+        following, _ = self._plan([vb for vb in work if after[vb] < limits[vb]], limits, budget, after, rotor)
+        self.source.forget_prefetched(runs + following)  # type: ignore[union-attr]
+        self._prefetch_runs(runs)
+        self._prefetch_runs(following)
+
     def _process(self, work: list[int], limits: dict[int, int], budget: int) -> int:
         # Resume the rotation where the last step stopped, so every vBucket makes progress even when
         # the budget is smaller than the backlog; read long runs of one vBucket per query.
+        window_only = self.on_update is None and self.window_rows is not None
+        if self._prefetch_runs is not None and not window_only:
+            self._prefetch(work, limits, budget)
         handled = 0
         start = self._rotor % len(work)
         self._rotor = 0
-        window_only = self.on_update is None and self.window_rows is not None
         for i, vb in enumerate(work[start:] + work[:start]):
             if handled >= budget:
                 self._rotor = start + i

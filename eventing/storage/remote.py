@@ -22,7 +22,7 @@ import os
 import zlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import msgpack
 
@@ -85,6 +85,13 @@ class DataService:
         """``LocalBucket.read_vb`` as one msgpack blob of row tuples (no Mutation objects made here)."""
         return msgpack.packb(self._bucket(name).read_vb_rows(vb, after_seqno, limit), use_bin_type=True)
 
+    def do_read_many(self, name: str, runs: list[tuple[int, int, int]]) -> tuple[bytes, list[int]]:
+        """Several ``(vb, after_seqno, limit)`` reads in one call: one blob of one row list per run, and
+        the bucket's high seqnos read after them (what a worker asks next)."""
+        bucket = self._bucket(name)
+        blob = msgpack.packb([bucket.read_vb_rows(vb, after, limit) for vb, after, limit in runs], use_bin_type=True)
+        return blob, bucket.high_seqnos()
+
     def do_meta(self, method: str, args: tuple, kwargs: dict) -> Any:
         if method.startswith("_") or method == "close":
             raise ConfigError(f"metadata method {method!r} is not served to remote workers")
@@ -130,39 +137,101 @@ class DataServiceRef:
         self.node_id = node_id
         self.data_dir = data_dir
 
-    def caller(self, key: str) -> Callable[..., Any]:
+    def client(self, key: str) -> DataClient:
+        return _RayClient(self.actors[zlib.crc32(key.encode()) % len(self.actors)])
+
+
+class DataClient(Protocol):
+    """A worker's line to the data service: ``call`` waits for the answer, ``submit`` returns a thunk that
+    waits for it later (a read issued before it is needed)."""
+
+    def call(self, method: str, *args: Any) -> Any: ...
+    def submit(self, method: str, *args: Any) -> Callable[[], Any]: ...
+
+
+class _RayClient:
+    def __init__(self, actor: Any):
+        self.actor = actor
+
+    def call(self, method: str, *args: Any) -> Any:
+        return self.submit(method, *args)()
+
+    def submit(self, method: str, *args: Any) -> Callable[[], Any]:
         import ray
 
-        actor = self.actors[zlib.crc32(key.encode()) % len(self.actors)]
+        ref = self.actor.call.remote(method, *args)
 
-        def call(method: str, *args: Any) -> Any:
+        def wait() -> Any:
             try:
-                return ray.get(actor.call.remote(method, *args))
+                return ray.get(ref)
             except ray.exceptions.RayTaskError as exc:
                 cause = exc.as_instanceof_cause()
                 if isinstance(cause, EventingError):
                     raise type(cause)(*cause.args) from None
                 raise
 
-        return call
+        return wait
+
+
+Run = tuple[int, int, int]  # (vb, after_seqno, limit)
 
 
 class RemoteBucket:
-    """The ``LocalBucket`` methods a worker uses, answered by the data service."""
+    """The ``LocalBucket`` methods a worker uses, answered by the data service.
 
-    def __init__(self, call: Callable[..., Any], name: str):
-        self._call = call
-        self.name, self.uuid = call("bucket_info", name)
+    Log reads can be asked for ahead (``prefetch``): the worker names the runs of its next batch before
+    it handles the current one, so the service reads while the worker computes. A run's rows never change
+    once written (the log only grows, and a run never reaches past the high seqno it was planned from), so
+    a prefetched answer is the answer ``read_vb`` would give; a run nobody prefetched is read on the spot."""
+
+    def __init__(self, client: DataClient, name: str):
+        self._client = client
+        self._call = client.call
+        self.name, self.uuid = client.call("bucket_info", name)
+        self._pending: tuple[frozenset[Run], Callable[[], Any]] | None = None
+        self._ready: dict[Run, tuple] = {}
+        self._highs: list[int] | None = None  # read by the service right after the last prefetched runs
 
     def _bucket(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return self._call("bucket", self.name, method, args, kwargs)
 
-    def high_seqnos(self) -> list[int]:
+    def high_seqnos(self, *, prefetched: bool = False) -> list[int]:
+        """The high seqnos; with ``prefetched``, those read along with the last prefetched runs if any
+        (never older than this worker's previous batch: safe wherever a slightly older answer is)."""
+        if prefetched and self._highs is not None:
+            highs, self._highs = self._highs, None
+            return highs
         return cast(list[int], self._bucket("high_seqnos"))
 
+    def prefetch(self, runs: list[Run]) -> None:
+        """Start reading these runs in the background (one call), unless they are read or in flight."""
+        wanted = frozenset(r for r in runs if r[2] > 0 and r not in self._ready)
+        if not wanted or (self._pending is not None and wanted <= self._pending[0]):
+            return
+        self._settle()
+        self._pending = (wanted, self._client.submit("read_many", self.name, sorted(wanted)))
+
+    def _settle(self) -> None:
+        if self._pending is None:
+            return
+        runs, wait = self._pending
+        self._pending = None
+        blob, self._highs = wait()
+        self._ready.update(zip(sorted(runs), msgpack.unpackb(blob, raw=False, use_list=False), strict=True))
+
     def read_vb(self, vb: int, after_seqno: int, limit: int) -> list[Mutation]:
-        rows = msgpack.unpackb(self._call("read_vb", self.name, vb, after_seqno, limit), raw=False, use_list=False)
+        run = (vb, after_seqno, limit)
+        if run not in self._ready and self._pending is not None and run in self._pending[0]:
+            self._settle()
+        rows = self._ready.pop(run, None)
+        if rows is None:
+            rows = msgpack.unpackb(self._call("read_vb", self.name, vb, after_seqno, limit), raw=False, use_list=False)
         return list(map(Mutation._make, rows))
+
+    def forget_prefetched(self, keep: list[Run]) -> None:
+        """Drop prefetched runs a worker no longer wants (its positions moved, a vBucket left)."""
+        wanted = set(keep)
+        self._ready = {r: rows for r, rows in self._ready.items() if r in wanted}
 
     def read_vb_packed(self, vb: int, after_seqno: int, limit: int, origin: str) -> PackedUpdates | None:
         return cast("PackedUpdates | None", self._bucket("read_vb_packed", vb, after_seqno, limit, origin))
@@ -198,8 +267,8 @@ class RemoteBucket:
 class RemoteMetadataStore:
     """Every ``MetadataStore`` method, answered by the data service."""
 
-    def __init__(self, call: Callable[..., Any]):
-        self._call = call
+    def __init__(self, client: DataClient):
+        self._call = client.call
 
     def __getattr__(self, method: str) -> Callable[..., Any]:
         if method.startswith("_"):
@@ -233,23 +302,23 @@ class DataAccess:
         self.data_dir = data_dir
         self.service = service
         self.local = service is None or _sees_files(data_dir, service)
-        self._call = None if self.local or service is None else service.caller(key)
+        self._client = None if self.local or service is None else service.client(key)
 
     def bucket(self, name: str) -> LocalBucket | RemoteBucket:
-        if self._call is None:
+        if self._client is None:
             return LocalBucket.open(self.data_dir, name)
-        return RemoteBucket(self._call, name)
+        return RemoteBucket(self._client, name)
 
     def metadata(self) -> MetadataStore:
-        if self._call is None:
+        if self._client is None:
             return open_metadata(self.data_dir, create=False)
-        return cast(MetadataStore, RemoteMetadataStore(self._call))
+        return cast(MetadataStore, RemoteMetadataStore(self._client))
 
     def put_file(self, relative: str, data: bytes) -> None:
         """Durably write a file under the data directory through the service (remote workers only)."""
-        if self._call is None:
+        if self._client is None:
             raise RuntimeError("put_file is for workers without the data directory; write the file directly")
-        self._call("put_file", relative, data)
+        self._client.call("put_file", relative, data)
 
 
 def _sees_files(data_dir: str, service: DataServiceRef) -> bool:

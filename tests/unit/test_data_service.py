@@ -26,12 +26,16 @@ class PickledDataService:
         self.service = DataService(data_dir)
         self.calls: dict[str, int] = {}
 
-    def caller(self, key: str):
-        def call(method: str, *args: Any) -> Any:
-            self.calls[method] = self.calls.get(method, 0) + 1
-            return pickle.loads(pickle.dumps(self.service.call(method, *pickle.loads(pickle.dumps(args)))))
+    def client(self, key: str) -> PickledDataService:
+        return self
 
-        return call
+    def call(self, method: str, *args: Any) -> Any:
+        self.calls[method] = self.calls.get(method, 0) + 1
+        return pickle.loads(pickle.dumps(self.service.call(method, *pickle.loads(pickle.dumps(args)))))
+
+    def submit(self, method: str, *args: Any):
+        answer = self.call(method, *args)
+        return lambda: answer
 
 
 class ServedExecutor(InProcessExecutor):
@@ -43,13 +47,17 @@ class ServedExecutor(InProcessExecutor):
 
 def test_remote_bucket_reads_equal_local_reads(data_dir):
     source = load_source(data_dir, 50, 2000, seed=3)
-    remote = RemoteBucket(PickledDataService(data_dir).caller("w"), "src")
+    remote = RemoteBucket(PickledDataService(data_dir).client("w"), "src")
     assert remote.uuid == source.uuid
     assert remote.high_seqnos() == source.high_seqnos()
     for vb in (0, 17, 1023):
         assert remote.read_vb(vb, 0, 1000) == source.read_vb(vb, 0, 1000)
         assert remote.read_vb(vb, 1, 2) == source.read_vb(vb, 1, 2)
         assert remote.read_vb_packed(vb, 0, 5, "x") == source.read_vb_packed(vb, 0, 5, "x")
+    remote.prefetch([(5, 0, 3), (6, 1, 2)])
+    assert remote.read_vb(6, 1, 2) == source.read_vb(6, 1, 2)
+    assert remote.read_vb(5, 0, 3) == source.read_vb(5, 0, 3)
+    assert remote.high_seqnos(prefetched=True) == source.high_seqnos()
     key = source.keys()[0]
     assert remote.get_raw(key) == source.get_raw(key)
 
@@ -65,7 +73,7 @@ def test_a_worker_without_the_files_handles_everything_exactly_once(data_dir, mo
     assert report.ok, report.summary()
     assert report.handled == 3000
     calls = executor.data_service.calls
-    assert calls["read_vb"] >= 3 and calls["meta"] > 0 and calls["bucket"] > 0
+    assert calls["read_many"] >= 3 and calls["meta"] > 0 and calls["bucket"] > 0
 
 
 def test_locality_opens_the_files_when_they_are_visible(data_dir, monkeypatch):
