@@ -41,6 +41,7 @@ def on_delete(meta, options):
     seen.pop(meta.id, None)
 '''
 
+IO_WORKERS = (4, 16)
 IO_HANDLER = '''
 import time
 
@@ -100,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--documents", type=int, default=50_000)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=2000)
-    parser.add_argument("--io-mutations", type=int, default=40_000, help="mutations for the 1 ms handler")
+    parser.add_argument("--io-seconds", type=float, default=5.0,
+                        help="ideal seconds of each I/O-bound run (mutations = workers x 1,000 x this)")
     args = parser.parse_args(argv)
     if not LocalRayCluster.can_hide():
         print("error: a node hidden from the data directory needs root and `unshare`; run as root", file=sys.stderr)
@@ -112,10 +114,12 @@ def main(argv: list[str] | None = None) -> int:
     bucket = LocalBucket.create(data_dir, "bench")
     for chunk in chunked(loadgen.generate(args.documents, args.mutations, seed=7), 50_000):
         bucket.write(chunk)
-    io_bucket = LocalBucket.create(data_dir, "io")
-    for chunk in chunked(loadgen.generate(2_000, args.io_mutations, seed=8, delete_ratio=0.0), 50_000):
-        io_bucket.write(chunk)
-    print(f"loaded {args.mutations:,} + {args.io_mutations:,} mutations")
+    for total in IO_WORKERS:
+        io_bucket = LocalBucket.create(data_dir, f"io{total}")
+        count = int(total * 1000 * args.io_seconds)
+        for chunk in chunked(loadgen.generate(2_000, count, seed=8, delete_ratio=0.0), 50_000):
+            io_bucket.write(chunk)
+    print(f"loaded {args.mutations:,} mutations, and {args.io_seconds:.0f} ideal seconds for each I/O-bound run")
     figures: dict[str, object] = {"mutations": args.mutations, "workers": args.workers}
 
     # (a) embedded: a local Ray instance, workers open the files.
@@ -148,9 +152,9 @@ def main(argv: list[str] | None = None) -> int:
 
         # I/O-bound: 1 ms a mutation, workers spread over both nodes (worker_count is per eventing node).
         place(data_dir, {"head": head_id, "n2": hidden.node_id})
-        for total in (4, 16):
+        for total in IO_WORKERS:
             name = f"fn_io_{total}"
-            deploy(data_dir, name, "io", IO_HANDLER, total // 2, 200)
+            deploy(data_dir, name, f"io{total}", IO_HANDLER, total // 2, 200)
             n, seconds = timed_run(data_dir, executor, name)
             rate, ideal = n / seconds, total * 1000.0
             print(f"I/O-bound, {total} workers over 2 nodes: {n:,} mutations in {seconds:.2f}s = {rate:,.0f}/s "
