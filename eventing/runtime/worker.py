@@ -58,6 +58,9 @@ class StepReport:
 # A supervisor's step keeps taking batches this long while the worker is behind: ~10 round trips a
 # second instead of one per batch_size mutations, each of which costs the worker and the driver CPU.
 STEP_SLICE_S = 0.1
+# A worker reading through the data service asks for at least this many mutations a call (~0.7 ms a
+# round trip: fewer would cap its rate near a few hundred thousand a second on reads alone).
+REMOTE_READ_MIN = 1000
 
 
 class HandlerTimeout(Exception):
@@ -246,9 +249,14 @@ class WorkerCore:
         assert self._prefetch_runs is not None
         runs, rotor = self._plan(work, limits, budget, self.positions, self._rotor)
         after = dict(self.positions)
-        for vb, position, limit in runs:
-            after[vb] = position + limit
-        following, _ = self._plan([vb for vb in work if after[vb] < limits[vb]], limits, budget, after, rotor)
+        following: list[tuple[int, int, int]] = []
+        planned = runs
+        # The read ahead covers the next batches up to REMOTE_READ_MIN mutations: one call each that many.
+        while planned and sum(r[2] for r in following) < REMOTE_READ_MIN:
+            for vb, position, limit in planned:
+                after[vb] = position + limit
+            planned, rotor = self._plan([vb for vb in work if after[vb] < limits[vb]], limits, budget, after, rotor)
+            following += planned
         self.source.forget_prefetched(runs + following)  # type: ignore[union-attr]
         self._prefetch_runs(runs)
         self._prefetch_runs(following)

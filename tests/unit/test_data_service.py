@@ -62,10 +62,11 @@ def test_remote_bucket_reads_equal_local_reads(data_dir):
     assert remote.get_raw(key) == source.get_raw(key)
 
 
-def test_a_worker_without_the_files_handles_everything_exactly_once(data_dir, monkeypatch):
+@pytest.mark.parametrize("batch_size", [1000, 37])
+def test_a_worker_without_the_files_handles_everything_exactly_once(data_dir, monkeypatch, batch_size):
     monkeypatch.setenv(LOCALITY_ENV, "0")
     source = load_source(data_dir, 200, 3000, seed=5)
-    deploy_function(data_dir, ledger_definition("fn_remote", "src", "ledger", workers=3))
+    deploy_function(data_dir, ledger_definition("fn_remote", "src", "ledger", workers=3, batch_size=batch_size))
     executor = ServedExecutor(data_dir)
     summary = EventingService(data_dir, executor, until_caught_up=True).run()
     assert summary.functions["fn_remote"].handled == 3000, summary
@@ -96,3 +97,50 @@ def test_put_file_stays_inside_the_data_directory(data_dir):
     assert (pytest.importorskip("pathlib").Path(data_dir) / "windows/fn/incoming/a.arrow").read_bytes() == b"abc"
     with pytest.raises(ConfigError):
         service.call("put_file", "../outside", b"x")
+
+
+def _window_worker(data_dir: str, service: Any, handler: str) -> dict[str, Any]:
+    from eventing.core.definition import FunctionDefinition
+    from eventing.runtime import lifecycle
+    from eventing.runtime.worker import WorkerCore, WorkerSpec
+    from eventing.storage.metadata import open_metadata
+    from eventing.windows.batches import read_row_batch
+    from eventing.windows.runtime.paths import WindowPaths
+    from sharding import NUM_VBUCKETS
+
+    defn = FunctionDefinition.from_dict({
+        "name": "fn_w", "source_bucket": "src", "batch_size": 500, "checkpoint_interval": "1h",
+        "window": {"kind": "tumbling", "size": "1m", "time_field": "ts", "group_by": ["country"],
+                   "aggregates": ["count", {"op": "sum", "field": "amount"}]},
+    })
+    lifecycle.save_function(data_dir, defn, handler)
+    lifecycle.deploy(data_dir, "fn_w")
+    store = open_metadata(data_dir)
+    spec = WorkerSpec(data_dir, "fn_w", store.get_function("fn_w").generation, "local/w0",
+                      tuple(range(NUM_VBUCKETS)), data_service=service)
+    core = WorkerCore(spec)
+    assert core.data.local == (service is None)
+    while not core.step().caught_up:
+        pass
+    core.stop()
+    files = sorted(WindowPaths.of(data_dir, "fn_w").incoming.glob("*.arrow"))
+    rows = sorted(r for p in files for r in map(lambda d: tuple(d.values()), read_row_batch(p).to_pylist()))
+    counters = store.counters("fn_w")
+    return {"rows": rows, "checkpoints": {vb: cp.seqno for vb, cp in store.checkpoints("fn_w").items()},
+            "counters": {k: v for k, v in counters.items() if not k.startswith(("last_", "throughput"))}}
+
+
+@pytest.mark.parametrize("handler", ["", "def on_update(doc, meta):\n    pass\n"])
+def test_window_rows_of_a_worker_without_the_files_equal_those_of_a_local_worker(tmp_path, monkeypatch, handler):
+    import shutil
+
+    base = tmp_path / "base"
+    load_source(str(base), 100, 3000, seed=9, span_ms=5 * 60_000)
+    shutil.copytree(base, tmp_path / "remote")
+    local = _window_worker(str(base), None, handler)
+    monkeypatch.setenv(LOCALITY_ENV, "0")
+    served = PickledDataService(str(tmp_path / "remote"))
+    remote = _window_worker(str(tmp_path / "remote"), served, handler)
+    assert served.calls["put_file"] >= 1
+    assert len(local["rows"]) > 2000
+    assert remote == local
