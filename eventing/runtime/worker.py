@@ -243,9 +243,11 @@ class WorkerCore:
         return runs, 0
 
     def _prefetch(self, work: list[int], limits: dict[int, int], budget: int) -> None:
-        """Through the data service: ask for this batch's runs and the next batch's in one go each, so
-        the service reads the next batch while this one is handled (the runs are exactly the reads
-        _process will make, as long as nothing is fenced or dead-lettered meanwhile)."""
+        """Through the data service: ask for this batch's runs (unless already asked for) and for the
+        following batches' (at least REMOTE_READ_MIN mutations) in one call each, so the service reads
+        ahead while this batch is handled. The runs are exactly the reads _process will make unless
+        something changes meanwhile (a fence, a rewind, new high seqnos); a run not asked for is read
+        on the spot, so a wrong guess costs a round trip, never a wrong answer."""
         assert self._prefetch_runs is not None
         runs, rotor = self._plan(work, limits, budget, self.positions, self._rotor)
         after = dict(self.positions)
