@@ -8,10 +8,12 @@ import re
 import socket
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from eventing.errors import EventingError
-from eventing.runtime.worker import WorkerCore, WorkerSpec
+
+if TYPE_CHECKING:
+    from eventing.runtime.worker import WorkerCore, WorkerSpec
 
 
 class WorkerDied(Exception):
@@ -32,15 +34,29 @@ class Executor(Protocol):
 
 
 class WorkerHost:
-    """What runs inside the worker process: builds the core lazily so start-up errors reach the caller."""
+    """What runs inside the worker process: builds the core lazily so start-up errors reach the caller.
 
-    def __init__(self, spec: WorkerSpec, own_process: bool = False):
+    On Ray the spec arrives pickled and the worker modules are imported in ``start``: a node that lacks
+    one of the project's dependencies then answers ``start`` with one line naming it, where an import
+    while Ray builds the actor would only kill the actor with a page of traceback."""
+
+    def __init__(self, spec: WorkerSpec | bytes, own_process: bool = False):
         self.spec = spec
         self.own_process = own_process  # a Ray actor: the worker may end its process if a handler hangs
         self.core: WorkerCore | None = None
 
     def call(self, method: str, *args: Any) -> Any:
         if method == "start":
+            try:
+                import pickle
+
+                from eventing.runtime.worker import WorkerCore
+
+                if isinstance(self.spec, bytes):
+                    self.spec = pickle.loads(self.spec)
+            except ImportError as exc:
+                raise missing_dependency(f"No module named '{exc.name}'") or EventingError(str(exc)) from None
+            assert not isinstance(self.spec, bytes)
             self.core = WorkerCore(self.spec, recycle_on_hang=self.own_process)
             return os.getpid()
         assert self.core is not None, "worker not started"
@@ -269,7 +285,9 @@ class RayExecutor:
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=ray_node_id, soft=False)
-        return _RayHandle(self._actor_cls.options(**options).remote(spec, True))
+        from ray import cloudpickle
+
+        return _RayHandle(self._actor_cls.options(**options).remote(cloudpickle.dumps(spec), True))
 
     def wait(self, futures: list[Any], timeout: float) -> list[Any]:
         if not futures:

@@ -6,6 +6,7 @@ may be unable to see chosen folders (as on another machine), and ending exactly 
     node = cluster.add_node("n2", hidden=[data_dir])   # a node that sees an empty folder at data_dir
     node.node_id                                       # its Ray node id (for `eventing node add --ray-node-id`)
     cluster.kill_node(node)                            # kill -9 of its raylet (failover tests)
+    cluster.stop_node(node)                            # every process of that node, by pid
     cluster.stop()                                     # every process of this cluster, by pid
 
 A hidden node is ``ray start --address ... --block`` under ``unshare --mount --propagation private`` with an
@@ -82,10 +83,16 @@ class LocalRayCluster:
         self._launch("head", args, ())
         return self.address
 
-    def add_node(self, name: str, *, hidden: list[str] | tuple[str, ...] = (), num_cpus: int = 1) -> RayNode:
-        """Join a node with resource ``{name: 100}``; each folder in ``hidden`` looks empty to it."""
+    def add_node(
+        self, name: str, *, hidden: list[str] | tuple[str, ...] = (), num_cpus: int = 1, python: str | None = None
+    ) -> RayNode:
+        """Join a node with resource ``{name: 100}``; each folder in ``hidden`` looks empty to it. ``python``:
+        the interpreter the node (and so its workers) runs, e.g. one of another environment."""
+        ray_cli = [self._ray] if python is None else [
+            python, "-c", "import sys; from ray.scripts.scripts import main; sys.argv[0] = 'ray'; sys.exit(main())"
+        ]
         args = [
-            self._ray, "start", f"--address={self.address}", f"--num-cpus={num_cpus}",
+            *ray_cli, "start", f"--address={self.address}", f"--num-cpus={num_cpus}",
             "--resources", json.dumps({name: 100}), f"--temp-dir={self.temp_dir}", "--disable-usage-stats", "--block",
         ]
         return self._launch(name, args, tuple(os.path.abspath(h) for h in hidden))
@@ -143,6 +150,16 @@ class LocalRayCluster:
         """kill -9 of the node's raylet (as a machine failure looks to Ray); its other processes follow."""
         _kill(node.raylet_pid)
 
+    def stop_node(self, node: RayNode) -> None:
+        """End every process of one node (its `ray start` and all below it), by pid."""
+        for pid in {node.pid, *_descendants(node.pid)}:
+            _kill(pid)
+        try:
+            node.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        self.nodes.remove(node)
+
     def processes(self) -> set[int]:
         """Pids of every live process of this cluster: descendants of its `ray start`s and anything whose
         arguments name its temp folder (workers a dead raylet left behind)."""
@@ -178,6 +195,24 @@ class LocalRayCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def environment_without(packages: list[str], directory: str) -> str:
+    """A Python environment at ``directory`` holding every package of this one except ``packages`` (links to
+    them, so it takes a second): a node started with its interpreter lacks exactly those packages.
+    Returns the interpreter's path."""
+    import site
+    import venv
+
+    venv.EnvBuilder(with_pip=False, symlinks=True).create(directory)
+    own = Path(site.getsitepackages()[0])
+    target = Path(directory) / own.relative_to(sys.prefix)
+    target.mkdir(parents=True, exist_ok=True)
+    skipped = tuple(p.lower().replace("-", "_") for p in packages)
+    for entry in own.iterdir():
+        if not entry.name.lower().replace("-", "_").startswith(skipped):
+            (target / entry.name).symlink_to(entry)
+    return str(Path(directory) / "bin" / "python")
 
 
 class LocalSparkCluster:
@@ -315,4 +350,4 @@ def _kill(pid: int) -> None:
         pass
 
 
-__all__ = ["LocalRayCluster", "LocalSparkCluster", "RayNode", "descendants"]
+__all__ = ["LocalRayCluster", "LocalSparkCluster", "RayNode", "descendants", "environment_without"]

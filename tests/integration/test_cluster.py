@@ -29,7 +29,13 @@ from eventing.runtime.service import EventingService
 from eventing.storage.bucket import LocalBucket
 from eventing.storage.metadata import open_metadata
 from eventing.testing import BackgroundLoop, check_ledger, deploy_function, ledger_definition, load_source
-from eventing.testing.cluster import LocalRayCluster, LocalSparkCluster, RayNode, descendants
+from eventing.testing.cluster import (
+    LocalRayCluster,
+    LocalSparkCluster,
+    RayNode,
+    descendants,
+    environment_without,
+)
 from eventing.testing.windows import assert_same_results, reference_results
 from eventing.windows.runtime.paths import WindowPaths
 from eventing.windows.semantics import WindowSpec
@@ -285,12 +291,23 @@ def test_a_spark_master_that_does_not_answer_fails_fast_in_one_line(env):
     assert len(lines) == 1 and "no Spark master answers at spark://127.0.0.1:9" in lines[0], result.stderr
 
 
-def test_a_node_missing_a_dependency_is_named_with_the_fix():
-    from eventing.runtime.executor import missing_dependency
-
-    text = "The actor died because of an error raised in its creation task: ModuleNotFoundError: No module named 'msgspec'"
-    error = missing_dependency(text)
-    assert error is not None and "'msgspec'" in str(error) and "pip install" in str(error)
+def test_a_node_missing_a_dependency_is_named_with_the_fix(env, tmp_path):
+    # A third node whose Python environment lacks msgspec (a dependency of the workers, not of Ray).
+    python = environment_without(["msgspec"], str(tmp_path / "venv"))
+    n3 = env.ray.add_node("n3", hidden=[env.data_root], python=python)
+    try:
+        data_dir = env.new_data_dir()
+        load_source(data_dir, 10, 100)
+        deploy_function(data_dir, ledger_definition("fn_c", "src", "ledger", workers=1))
+        pin_all_workers(data_dir, "n3", n3.node_id)
+        result = run_cli("--data-dir", data_dir, "run", "--ray-address", env.ray.address, "--until-caught-up",
+                         "--json", timeout=120)
+    finally:
+        env.ray.stop_node(n3)
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error") or "msgspec" in line]
+    assert any("Python package 'msgspec' is not installed there" in line for line in errors), result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
 
 
 # -- (c) windows on a Spark standalone cluster whose worker cannot see the data ----------------------
