@@ -50,6 +50,26 @@ def on_update(doc, meta):
 '''
 
 
+def _sleeper(count: int) -> None:
+    for _ in range(count):
+        time.sleep(0.001)
+
+
+def plain_sleepers(processes: int, count: int) -> float:
+    """The machine's own ceiling for the I/O-bound handler: ``processes`` plain processes sleeping 1 ms
+    ``count`` times in all (no Ray, no eventing); mutations a second."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    start = time.perf_counter()
+    workers = [context.Process(target=_sleeper, args=(count // processes,)) for _ in range(processes)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return count / (time.perf_counter() - start)
+
+
 def timed_run(data_dir: str, executor, function: str) -> tuple[int, float]:
     """Handled mutations and seconds from every worker up to the final checkpoint (as scripts/bench.py)."""
     marks: dict[str, float] = {}
@@ -157,10 +177,14 @@ def main(argv: list[str] | None = None) -> int:
             deploy(data_dir, name, f"io{total}", IO_HANDLER, total // 2, 200)
             n, seconds = timed_run(data_dir, executor, name)
             rate, ideal = n / seconds, total * 1000.0
+            plain = plain_sleepers(total, n)
             print(f"I/O-bound, {total} workers over 2 nodes: {n:,} mutations in {seconds:.2f}s = {rate:,.0f}/s "
-                  f"({rate / ideal:.2f} of the ideal {ideal:,.0f}/s)")
+                  f"({rate / ideal:.2f} of the ideal {ideal:,.0f}/s; {total} plain processes sleeping 1 ms "
+                  f"do {plain:,.0f}/s here now, eventing/plain {rate / plain:.2f})")
             figures[f"io_{total}_mps"] = round(rate)
             figures[f"io_{total}_of_ideal"] = round(rate / ideal, 3)
+            figures[f"io_{total}_plain_mps"] = round(plain)
+            figures[f"io_{total}_of_plain"] = round(rate / plain, 3)
         figures["io_scaling_4_to_16"] = round(figures["io_16_mps"] / figures["io_4_mps"], 2)  # type: ignore[operator]
     finally:
         ray.shutdown()
