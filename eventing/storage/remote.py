@@ -138,7 +138,11 @@ class DataServiceRef:
         self.data_dir = data_dir
 
     def client(self, key: str) -> DataClient:
-        return _RayClient(self.actors[zlib.crc32(key.encode()) % len(self.actors)])
+        """The line of worker ``key`` ("node/wN"): consecutive workers of a node go to different actors
+        (a plain hash of the ids sent all four workers of a node to one actor)."""
+        node, _, index = key.rpartition("/w")
+        spread = int(index) if index.isdigit() else 0
+        return _RayClient(self.actors[(zlib.crc32(node.encode()) + spread) % len(self.actors)])
 
 
 class DataClient(Protocol):
