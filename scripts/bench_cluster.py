@@ -121,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--documents", type=int, default=50_000)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=2000)
+    parser.add_argument("--skip-io", action="store_true", help="only the bench.py workload")
     parser.add_argument("--io-seconds", type=float, default=5.0,
                         help="ideal seconds of each I/O-bound run (mutations = workers x 1,000 x this)")
     args = parser.parse_args(argv)
@@ -172,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
 
         # I/O-bound: 1 ms a mutation, workers spread over both nodes (worker_count is per eventing node).
         place(data_dir, {"head": head_id, "n2": hidden.node_id})
-        for total in IO_WORKERS:
+        for total in () if args.skip_io else IO_WORKERS:
             name = f"fn_io_{total}"
             deploy(data_dir, name, f"io{total}", IO_HANDLER, total // 2, 200)
             n, seconds = timed_run(data_dir, executor, name)
@@ -185,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
             figures[f"io_{total}_of_ideal"] = round(rate / ideal, 3)
             figures[f"io_{total}_plain_mps"] = round(plain)
             figures[f"io_{total}_of_plain"] = round(rate / plain, 3)
-        figures["io_scaling_4_to_16"] = round(figures["io_16_mps"] / figures["io_4_mps"], 2)  # type: ignore[operator]
+        if not args.skip_io:
+            figures["io_scaling_4_to_16"] = round(figures["io_16_mps"] / figures["io_4_mps"], 2)  # type: ignore[operator]
     finally:
         ray.shutdown()
         cluster.stop()
