@@ -48,6 +48,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     data_dir = existing_data_dir(args)
     timeout_s = failover_timeout_s(args.failover_timeout)  # a bad value fails before Ray starts
+    if args.spark_master:
+        from eventing.windows.spark.spark_session import check_spark_master
+
+        check_spark_master(args.spark_master)  # one line in seconds, not a minute of Spark retrying
     executor = make_executor(args.executor, args.ray_address)
     live = not args.json and not args.quiet
     bars = ProgressRenderer(enabled=live and progress_enabled())

@@ -270,6 +270,7 @@ class DebugSession:
             raise ConfigError(f"--wait {self.wait_s:g} is negative; give seconds >= 0")
         runtime = HandlerRunner.open(self.data_dir, self.function)
         try:
+            assert isinstance(runtime.source, LocalBucket)  # opened from the data directory (HandlerRunner.open)
             self.pulled = pull(
                 self.data_dir, runtime.source, self.function, key=self.key, vb=self.vb, wait_s=self.wait_s
             )
@@ -280,6 +281,7 @@ class DebugSession:
                 self.writes = runtime.take_writes()
                 if self.apply and self.writes:
                     for bucket, writes in writes_by_bucket(self.writes):
+                        assert isinstance(bucket, LocalBucket)
                         bucket.write([w for _, w in writes], origin=self.function)
                     self.applied = True
             self._emit({"event": "result", "status": self.outcome.status, "error": self.outcome.error or None,

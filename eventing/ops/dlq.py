@@ -49,7 +49,7 @@ from eventing.core.mutation import OP_NAMES, Mutation, unpack_mutation
 from eventing.errors import ConfigError, NotFoundError
 from eventing.ops.debugger import run_once
 from eventing.runtime.runner import HandlerRunner, writes_by_bucket
-from eventing.storage.bucket import EffectGroup
+from eventing.storage.bucket import EffectGroup, LocalBucket
 from eventing.storage.metadata import open_metadata
 from metadata import DlqRow, MetadataStore
 from sharding import NUM_VBUCKETS, validate_key
@@ -267,6 +267,7 @@ def _replay_row(
                 result.writes_applied += applied.applied
                 result.writes_skipped += applied.duplicates
                 if applied.conflicts:
+                    assert isinstance(bucket, LocalBucket)  # replay runs where the files are (HandlerRunner.open)
                     bucket.drop_effect_marks(namespace)  # nothing of it applied: a later replay must run
                     conflict = f"a cas condition failed on bucket '{bucket.name}' again; replay it again"
             if conflict:

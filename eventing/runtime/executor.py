@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import socket
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from eventing.errors import EventingError
-from eventing.runtime.worker import WorkerCore, WorkerSpec
+
+if TYPE_CHECKING:
+    from eventing.runtime.worker import WorkerCore, WorkerSpec
 
 
 class WorkerDied(Exception):
@@ -30,9 +34,13 @@ class Executor(Protocol):
 
 
 class WorkerHost:
-    """What runs inside the worker process: builds the core lazily so start-up errors reach the caller."""
+    """What runs inside the worker process: builds the core lazily so start-up errors reach the caller.
 
-    def __init__(self, spec: WorkerSpec, own_process: bool = False):
+    On Ray the spec arrives pickled and the worker modules are imported in ``start``: a node that lacks
+    one of the project's dependencies then answers ``start`` with one line naming it, where an import
+    while Ray builds the actor would only kill the actor with a page of traceback."""
+
+    def __init__(self, spec: WorkerSpec | bytes, own_process: bool = False):
         self.spec = spec
         self.own_process = own_process  # a Ray actor: the worker may end its process if a handler hangs
         self.core: WorkerCore | None = None
@@ -43,6 +51,16 @@ class WorkerHost:
             self.spec = args[0]
             return None
         if method == "start":
+            try:
+                import pickle
+
+                from eventing.runtime.worker import WorkerCore
+
+                if isinstance(self.spec, bytes):
+                    self.spec = pickle.loads(self.spec)
+            except ImportError as exc:
+                raise missing_dependency(f"No module named '{exc.name}'") or EventingError(str(exc)) from None
+            assert not isinstance(self.spec, bytes)
             self.core = WorkerCore(self.spec, recycle_on_hang=self.own_process)
             return os.getpid()
         assert self.core is not None, "worker not started"
@@ -128,12 +146,13 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> None
         "configure_logging": True,
     }
     if address:
+        check_ray_address(address)
         kwargs["address"] = address
-        kwargs["runtime_env"] = {"env_vars": env}
+        # Code on every node: the project's packages travel with the job (Ray uploads them once, each node
+        # unpacks them into its own session folder), so a node needs only Python, Ray and the dependencies.
+        kwargs["runtime_env"] = {"env_vars": env, "py_modules": project_modules()}
     elif num_cpus is not None:
         kwargs["num_cpus"] = num_cpus
-    if address:
-        _probe(address)
     try:
         if address:
             ray.init(**kwargs)
@@ -147,26 +166,51 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> None
         raise EventingError(f"cannot start or join {target}: {exc}; check --ray-address or `ray status`") from None
 
 
-PROBE_TIMEOUT_S = 3.0
+PROJECT_PACKAGES = ("eventing", "metadata", "sharding")
+ADDRESS_CHECK_TIMEOUT_S = 3.0
 
 
-def _probe(address: str) -> None:
-    """Fail in seconds, with one line, when nothing listens at a Ray address: ray.init would retry for
-    minutes, printing its C++ warnings all the while."""
-    import socket
+def project_modules() -> list[str]:
+    """The folders of this project's packages, for Ray's ``runtime_env`` ``py_modules``."""
+    root = Path(__file__).resolve().parents[2]
+    return [str(root / name) for name in PROJECT_PACKAGES]
 
-    target = address.removeprefix("ray://")
-    host, sep, port = target.rpartition(":")
-    if address == "auto" or not sep or not port.isdigit():
-        return  # "auto" or a form Ray resolves itself: let it
-    try:
-        socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=PROBE_TIMEOUT_S).close()
-    except OSError as exc:
-        reason = exc.strerror or type(exc).__name__
+
+def check_ray_address(address: str, timeout: float = ADDRESS_CHECK_TIMEOUT_S) -> None:
+    """Fail fast (one line, a few seconds) when nothing listens at a Ray address; ``ray.init`` itself
+    would retry for a minute or more. ``auto`` and ``ray://`` addresses are left to Ray."""
+    if address == "auto" or "://" in address:
+        return
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
         raise EventingError(
-            f"no Ray cluster answers at {address} ({reason}); check --ray-address (the head's address, "
-            "host:6379 by default) or start one with `ray start --head`"
+            f"--ray-address {address!r} is not HOST:PORT; give the head node's address, e.g. 127.0.0.1:6379 "
+            "(printed by `ray start --head`)"
+        )
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            pass
+    except OSError as exc:
+        raise EventingError(
+            f"no Ray cluster answers at {address} ({exc.strerror or exc}); start one with "
+            f"`ray start --head --port={port}` there, or fix --ray-address / $EVENTING_RAY_ADDRESS"
         ) from None
+
+
+_MISSING_MODULE = re.compile(r"No module named '([^']+)'")
+
+
+def missing_dependency(text: str) -> EventingError | None:
+    """A worker that died importing a package its node lacks, as one line naming the package and the fix."""
+    found = _MISSING_MODULE.search(text)
+    if found is None:
+        return None
+    name = found.group(1).split(".")[0]
+    return EventingError(
+        f"a Ray node cannot run eventing workers: Python package '{name}' is not installed there; install the "
+        f"project's dependencies on every node (`pip install ray msgpack msgspec pyarrow ...`, as in "
+        f"pyproject.toml) with the same Python version, then run again"
+    )
 
 
 @contextlib.contextmanager
@@ -202,6 +246,41 @@ class RayExecutor:
         init_ray(address)
         self._ray = ray
         self._actor_cls = ray.remote(num_cpus=0, max_restarts=0)(WorkerHost)
+        self.address = address
+        self.data_service: Any = None  # DataServiceRef once serve() ran
+
+    def serve(self, data_dir: str) -> None:
+        """On a cluster (``--ray-address``, or ``EVENTING_DATA_SERVICE=1``), start the data service on this
+        node so workers on other nodes reach the data directory through it. A local instance has no
+        other node: its workers open the files, as without a service."""
+        if self.data_service is not None:
+            return
+        if not (self.address or os.environ.get("EVENTING_DATA_SERVICE") == "1"):
+            return
+        from eventing.runtime.data_service import start_data_service
+
+        self.data_service = start_data_service(data_dir)
+
+    def close(self) -> None:
+        from eventing.runtime.data_service import stop_data_service
+
+        stop_data_service(self.data_service)
+        self.data_service = None
+
+    def check_placements(self, placements: dict[str, str | None]) -> None:
+        """Every Ray node id an eventing node is pinned to must be one this cluster knows."""
+        pinned = {name: rid for name, rid in placements.items() if rid}
+        if not pinned:
+            return
+        known = {n["NodeID"]: n for n in self._ray.nodes()}
+        for name, rid in pinned.items():
+            if rid not in known:
+                alive = ", ".join(f"{nid[:12]}… ({n.get('NodeManagerAddress')})" for nid, n in known.items() if n.get("Alive"))
+                raise EventingError(
+                    f"eventing node '{name}' is pinned to Ray node {rid!r}, which is not in this Ray cluster "
+                    f"(alive: {alive or 'none'}); see `ray list nodes`, then `eventing node remove {name}` and "
+                    f"`eventing node add {name} --ray-node-id <id>`"
+                )
 
     def start_worker(self, spec: WorkerSpec, ray_node_id: str | None = None) -> _RayHandle:
         """Start a worker actor; pinned to a Ray node when its eventing node names one."""
@@ -210,7 +289,9 @@ class RayExecutor:
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=ray_node_id, soft=False)
-        return _RayHandle(self._actor_cls.options(**options).remote(spec, True))
+        from ray import cloudpickle
+
+        return _RayHandle(self._actor_cls.options(**options).remote(cloudpickle.dumps(spec), True))
 
     def wait(self, futures: list[Any], timeout: float) -> list[Any]:
         if not futures:
@@ -235,11 +316,17 @@ class RayExecutor:
         try:
             return self._ray.get(future)
         except (RayActorError, ActorDiedError, ActorUnavailableError, WorkerCrashedError) as exc:
+            missing = missing_dependency(str(exc))
+            if missing is not None:
+                raise missing from None
             raise WorkerDied(str(exc).splitlines()[0]) from None
         except RayTaskError as exc:
             cause = exc.as_instanceof_cause()
             if isinstance(cause, EventingError):
                 raise type(cause)(*cause.args) from None
+            missing = missing_dependency(str(exc)) if isinstance(cause, ImportError) else None
+            if missing is not None:
+                raise missing from None
             raise
 
     def kill(self, handle: _RayHandle) -> None:

@@ -33,6 +33,7 @@ from eventing.runtime.curl import CurlClient, UrlBinding
 from eventing.runtime.loader import load_handler
 from eventing.runtime.timers import TimerTable
 from eventing.storage.bucket import LocalBucket
+from eventing.storage.remote import AnyBucket
 
 HandlerKind = Literal["on_update", "on_delete", "timer"]
 FailureStatus = Literal["error", "timeout", "quit"]
@@ -91,7 +92,7 @@ class HeldWrite:
     """A kept binding write not applied anywhere yet (the debugger and DLQ replay apply them themselves)."""
 
     alias: str
-    bucket: LocalBucket
+    bucket: AnyBucket
     seqno: int  # the source seqno that caused it
     write: Any  # eventing.storage.bucket.Write
 
@@ -104,13 +105,13 @@ class HandlerRunner:
         function: str,
         defn: FunctionDefinition,
         source_code: str,
-        source: LocalBucket,
-        open_bucket: Callable[[str], LocalBucket],
+        source: AnyBucket,
+        open_bucket: Callable[[str], AnyBucket],
     ):
         self.function = function
         self.defn = defn
         self.source = source
-        self.buckets: dict[str, LocalBucket] = {source.name: source}
+        self.buckets: dict[str, AnyBucket] = {source.name: source}
         self.bindings: list[BucketBinding] = []
         injected: dict[str, object] = dict(defn.constants)
         buffers: dict[str, EffectBuffer] = {}
@@ -353,9 +354,9 @@ class FunctionLog:
             self.writer.write(f"{self.function} {where} {text}")
 
 
-def writes_by_bucket(held: list[HeldWrite]) -> list[tuple[LocalBucket, list[tuple[int, Any]]]]:
+def writes_by_bucket(held: list[HeldWrite]) -> list[tuple[AnyBucket, list[tuple[int, Any]]]]:
     """Held writes grouped per bucket, each in the order they were made."""
-    out: dict[str, tuple[LocalBucket, list[tuple[int, Any]]]] = {}
+    out: dict[str, tuple[AnyBucket, list[tuple[int, Any]]]] = {}
     for h in held:
         out.setdefault(h.bucket.name, (h.bucket, []))[1].append((h.seqno, h.write))
     return list(out.values())

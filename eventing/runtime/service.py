@@ -152,6 +152,17 @@ class EventingService:
         self.store.heartbeat(self.service_id, self._info())
         self._keeper = _LeaseKeeper(self)
         self._keeper.start()
+        serve = getattr(self.executor, "serve", None)
+        if serve is not None:
+            try:
+                self.executor.check_placements(Topology(self.store).placements())  # type: ignore[attr-defined]
+                serve(self.data_dir)  # the data service, for workers on nodes without the data directory
+            except EventingError:
+                self._keeper.finish()
+                self._cool_down()
+                self.store.remove_service(self.service_id)
+                self.store.close()
+                raise
         try:
             self._sync_states()
             while not self.stop_event.is_set():
@@ -184,6 +195,9 @@ class EventingService:
                 self._stop_function(name)
             self._cool_down()
             self.windows.close()
+            close = getattr(self.executor, "close", None)
+            if close is not None:
+                close()
             self._report(time.monotonic() - start, final=True)
             self._keeper.finish()  # a clean stop frees the lease: a standby takes over at once
             self.store.remove_service(self.service_id)

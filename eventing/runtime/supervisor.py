@@ -115,7 +115,10 @@ class FunctionSupervisor:
         self._future_owner: dict[Any, str] = {}
 
     def _add_slot(self, wid: str, node: str, vbuckets: list[int]) -> WorkerSlot:
-        spec = WorkerSpec(self.data_dir, self.name, self.record.generation, wid, tuple(vbuckets), self.targets)
+        spec = WorkerSpec(
+            self.data_dir, self.name, self.record.generation, wid, tuple(vbuckets), self.targets,
+            data_service=getattr(self.executor, "data_service", None),
+        )
         slot = self.slots[wid] = WorkerSlot(spec, node)
         return slot
 

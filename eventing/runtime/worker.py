@@ -19,8 +19,7 @@ from eventing.core.mutation import OP_TIMER, Mutation, pack_mutation
 from eventing.errors import FencedError, OrderViolationError, StoreError
 from eventing.runtime.runner import NO_HANDLER, Call, HandlerRunner, HandlerTimeout, Rejection
 from eventing.runtime.timers import delay_counter, timer_mutation
-from eventing.storage.bucket import LocalBucket
-from eventing.storage.metadata import open_metadata
+from eventing.storage.remote import DataAccess, DataServiceRef
 from eventing.windows.runtime.row_writer import WindowRowWriter
 from metadata import TIMER_VB_BASE, DlqRow, TimerDone, TimerRecord, owner_vb
 
@@ -30,12 +29,17 @@ HANG_GRACE_S = 2.0  # past execution_timeout, how long a handler SIGALRM could n
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    data_dir: str
+    data_dir: str  # opened directly only by a worker that sees it on the data service's node (locality)
     function: str
     generation: int  # the deployment this worker serves; a redeploy makes it stale
     worker_id: str  # "node/wN", recorded as the owner of its vBuckets
     vbuckets: tuple[int, ...]
     targets: tuple[int, ...] | None = None  # stop at these seqnos (index = vBucket): --until-caught-up
+    # The data service serving data_dir on a Ray cluster (None: embedded or in-process, files only).
+    data_service: DataServiceRef | None = None
+
+    def data_access(self) -> DataAccess:
+        return DataAccess(self.data_dir, self.data_service, key=self.worker_id)
 
 
 @dataclass
@@ -52,6 +56,9 @@ class StepReport:
 # A supervisor's step keeps taking batches this long while the worker is behind: ~10 round trips a
 # second instead of one per batch_size mutations, each of which costs the worker and the driver CPU.
 STEP_SLICE_S = 0.1
+# A worker reading through the data service asks for at least this many mutations a call (~0.7 ms a
+# round trip: fewer would cap its rate near a few hundred thousand a second on reads alone).
+REMOTE_READ_MIN = 1000
 
 
 class WorkerCore:
@@ -60,7 +67,8 @@ class WorkerCore:
     def __init__(self, spec: WorkerSpec, *, recycle_on_hang: bool = False):
         self.spec = spec
         self.name = spec.function
-        self.store = open_metadata(spec.data_dir, create=False)
+        self.data = spec.data_access()
+        self.store = self.data.metadata()
         record = self.store.get_function(spec.function)
         if record.generation != spec.generation:
             raise FencedError(
@@ -68,10 +76,9 @@ class WorkerCore:
                 f"worker for {spec.generation}); this worker stops"
             )
         self.defn = FunctionDefinition.from_dict(record.definition)
-        self.source = LocalBucket.open(spec.data_dir, self.defn.source_bucket)
-        self.runner = HandlerRunner(
-            self.name, self.defn, record.source, self.source, lambda name: LocalBucket.open(spec.data_dir, name),
-        )
+        self.source = self.data.bucket(self.defn.source_bucket)
+        self._prefetch_runs = getattr(self.source, "prefetch", None)  # a source behind the data service
+        self.runner = HandlerRunner(self.name, self.defn, record.source, self.source, self.data.bucket)
         self.rw_bindings = self.runner.rw_bindings
         # at_least_once: no effect marks are read, fenced or written (see LocalBucket.apply_effects).
         self.marked = self.defn.delivery == "exactly_once"
@@ -88,7 +95,8 @@ class WorkerCore:
         self.targets = spec.targets
         self.counters: Counter[str] = Counter()
         self.window_rows = WindowRowWriter.for_worker(  # rows of a windowed function, else None
-            spec.data_dir, spec.function, spec.generation, spec.worker_id, self.defn.window, self.counters
+            spec.data_dir, spec.function, spec.generation, spec.worker_id, self.defn.window, self.counters,
+            put_file=None if self.data.local else self.data.put_file,
         )
         self.dlq: list[DlqRow] = []
         self.last_commit = time.monotonic()
@@ -181,8 +189,13 @@ class WorkerCore:
         targets = self.targets
         handled = 0
         fenced: set[int] = set()
+        # Through the data service, the high seqnos are asked once a step: the runs read ahead
+        # (_prefetch) are planned from them and stay valid for the whole step.
+        remote = self._prefetch_runs is not None
+        highs = self.source.high_seqnos() if remote else []
         while True:
-            highs = self.source.high_seqnos()
+            if not remote:
+                highs = self.source.high_seqnos()
             limits = {vb: (min(highs[vb], targets[vb]) if targets else highs[vb]) for vb in self.epochs}
             work = [vb for vb in self.epochs if self.positions[vb] < limits[vb]]
             batch = 0
@@ -271,13 +284,52 @@ class WorkerCore:
         assert t.fire_seq is not None
         self.timers_done.append(TimerDone(t.vb, t.callback, t.reference, t.fire_seq))
 
+    @staticmethod
+    def _plan(
+        work: list[int], limits: dict[int, int], budget: int, positions: dict[int, int], rotor: int
+    ) -> tuple[list[tuple[int, int, int]], int]:
+        """The (vb, after_seqno, limit) reads _process makes for one batch, and the rotor it leaves."""
+        runs: list[tuple[int, int, int]] = []
+        handled = 0
+        start = rotor % len(work) if work else 0
+        for i, vb in enumerate(work[start:] + work[:start]):
+            if handled >= budget:
+                return runs, start + i
+            limit = min(budget - handled, limits[vb] - positions[vb])
+            runs.append((vb, positions[vb], limit))
+            handled += limit
+        return runs, 0
+
+    def _prefetch(self, work: list[int], limits: dict[int, int], budget: int) -> None:
+        """Through the data service: ask for this batch's runs (unless already asked for) and for the
+        following batches' (at least REMOTE_READ_MIN mutations) in one call each, so the service reads
+        ahead while this batch is handled. The runs are exactly the reads _process will make unless
+        something changes meanwhile (a fence, a rewind, new high seqnos); a run not asked for is read
+        on the spot, so a wrong guess costs a round trip, never a wrong answer."""
+        assert self._prefetch_runs is not None
+        runs, rotor = self._plan(work, limits, budget, self.positions, self._rotor)
+        after = dict(self.positions)
+        following: list[tuple[int, int, int]] = []
+        planned = runs
+        # The read ahead covers the next batches up to REMOTE_READ_MIN mutations: one call each that many.
+        while planned and sum(r[2] for r in following) < REMOTE_READ_MIN:
+            for vb, position, limit in planned:
+                after[vb] = position + limit
+            planned, rotor = self._plan([vb for vb in work if after[vb] < limits[vb]], limits, budget, after, rotor)
+            following += planned
+        self.source.forget_prefetched(runs + following)  # type: ignore[union-attr]
+        self._prefetch_runs(runs)
+        self._prefetch_runs(following)
+
     def _process(self, work: list[int], limits: dict[int, int], budget: int) -> int:
         # Resume the rotation where the last step stopped, so every vBucket makes progress even when
         # the budget is smaller than the backlog; read long runs of one vBucket per query.
+        window_only = self.on_update is None and self.window_rows is not None
+        if self._prefetch_runs is not None and not window_only:
+            self._prefetch(work, limits, budget)
         handled = 0
         start = self._rotor % len(work)
         self._rotor = 0
-        window_only = self.on_update is None and self.window_rows is not None
         for i, vb in enumerate(work[start:] + work[:start]):
             if handled >= budget:
                 self._rotor = start + i
@@ -392,7 +444,7 @@ class WorkerCore:
                 "", 1, now, now, pack_mutation(m),
             )
             try:
-                store = store or open_metadata(self.spec.data_dir, create=False)
+                store = store or self.spec.data_access().metadata()
                 vb = owner_vb(m.vb)  # a timer's dead letter is fenced by its vBucket
                 store.commit(self.name, {vb: self.epochs.get(vb, -1)}, {}, [row], {counter_names.WORKERS_RECYCLED: 1})
             finally:

@@ -349,11 +349,14 @@ class LocalBucket:
 
     def read_vb(self, vb: int, after_seqno: int, limit: int) -> list[Mutation]:
         """Mutations of one vBucket with seqno > after_seqno, in seqno order, at most `limit`."""
-        rows = self._db.execute(
+        return [Mutation(*r) for r in self.read_vb_rows(vb, after_seqno, limit)]
+
+    def read_vb_rows(self, vb: int, after_seqno: int, limit: int) -> list[tuple]:
+        """read_vb's rows as plain tuples in Mutation's field order (what the data service ships)."""
+        return self._db.execute(
             f"SELECT {_LOG_COLUMNS} FROM log WHERE vb=? AND seqno>? ORDER BY seqno LIMIT ?",
             (vb, after_seqno, limit),
         ).fetchall()
-        return [Mutation(*r) for r in rows]
 
     def read_vb_packed(
         self, vb: int, after_seqno: int, limit: int, origin: str, *, exact_arrivals_over_ms: int | None = None

@@ -272,6 +272,16 @@ def write_row_spool(directory: str | os.PathLike[str], batch_name: str, table: p
     return path
 
 
+def encode_row_spool(table: pa.Table) -> bytes:
+    """The bytes ``write_row_spool`` would write for ``table``: what a worker without the data directory
+    sends to the data service, which writes them durably under the same name."""
+    checked = _checked_rows(table)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, checked.schema) as writer:
+        writer.write_table(checked)
+    return sink.getvalue().to_pybytes()
+
+
 def read_row_batch(path: str | os.PathLike[str]) -> pa.Table:
     """A row batch written by ``write_row_spool`` (``.arrow``) or ``write_row_batch`` (``.parquet``)."""
     if os.fspath(path).endswith(ROW_SPOOL_SUFFIX):

@@ -19,7 +19,7 @@ from eventing.core.definition import FunctionDefinition
 from eventing.errors import EventingError
 from eventing.runtime import lifecycle
 from eventing.runtime.app_log import log_path
-from eventing.runtime.executor import InProcessExecutor, _probe
+from eventing.runtime.executor import InProcessExecutor, check_ray_address
 from eventing.runtime.service import EventingService
 from eventing.storage.bucket import LocalBucket
 from eventing.storage.metadata import open_metadata
@@ -250,9 +250,9 @@ def test_a_handler_file_that_is_not_utf8_is_one_line(capsys, dd, tmp_path):
 def test_an_unreachable_ray_address_fails_in_seconds_with_one_line():
     start = time.monotonic()
     with pytest.raises(EventingError, match=r"no Ray cluster answers at 127.0.0.1:1 \(Connection refused\)"):
-        _probe("127.0.0.1:1")
+        check_ray_address("127.0.0.1:1")
     assert time.monotonic() - start < 5
-    _probe("auto")  # left to Ray
+    check_ray_address("auto")  # left to Ray
 
 
 # -- smaller things ---------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ import os
 import re
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 from pathlib import Path
@@ -179,9 +179,14 @@ class WindowRowWriter:
         worker_id: str,
         layout: RowLayout,
         counters: Counter[str] | None = None,
+        put_file: Callable[[str, bytes], None] | None = None,
     ):
         self.layout = layout
         self.directory = WindowPaths.of(data_dir, function).incoming
+        # A worker without the data directory hands each batch to the data service (put_file), which
+        # writes it durably under the same name before the worker's checkpoint moves.
+        self.put_file = put_file
+        self._relative = Path(os.path.relpath(self.directory, data_dir))
         self.counters = counters if counters is not None else Counter()
         slug = re.sub(r"[^A-Za-z0-9_.=]", "_", worker_id)
         incarnation = f"{time.time_ns():x}{os.getpid():x}"
@@ -218,13 +223,17 @@ class WindowRowWriter:
     @classmethod
     def for_worker(
         cls, data_dir: str, function: str, generation: int, worker_id: str, window: dict[str, Any] | None,
-        counters: Counter[str],
+        counters: Counter[str], put_file: Callable[[str, bytes], None] | None = None,
     ) -> WindowRowWriter | None:
         """The writer for a worker of a windowed function (None when `window` is None). A windowed function
-        needs no on_update of its own: every update still becomes a row (see WorkerCore._handle)."""
+        needs no on_update of its own: every update still becomes a row (see WorkerCore._handle).
+        `put_file` hands row files to the data service (a worker that cannot see the data directory)."""
         if window is None:
             return None
-        return cls(data_dir, function, generation, worker_id, RowLayout.for_definition(function, window), counters)
+        return cls(
+            data_dir, function, generation, worker_id, RowLayout.for_definition(function, window), counters,
+            put_file=put_file,
+        )
 
     def _clear(self) -> None:
         # Rows of add(): raw values in one list per column, appended through bound methods (~0.6 us a row).
@@ -376,7 +385,15 @@ class WindowRowWriter:
         # One record batch per file: the coordinator's compute then runs over whole columns, not over
         # hundreds of small chunks (one per vBucket run).
         table = pa.concat_tables(self._chunks).combine_chunks()
-        path = write_row_spool(self.directory, f"{self.prefix}-{self.files_written:09d}", table)
+        batch_name = f"{self.prefix}-{self.files_written:09d}"
+        if self.put_file is None:
+            path = write_row_spool(self.directory, batch_name, table)
+        else:
+            from eventing.windows.batches import ROW_SPOOL_SUFFIX, batch_file_name, encode_row_spool
+
+            relative = self._relative / batch_file_name(batch_name, ROW_SPOOL_SUFFIX)
+            self.put_file(str(relative), encode_row_spool(table))
+            path = self.directory / relative.name
         self.files_written += 1
         self.counters["window_rows_written"] += rows
         self._chunks, self._chunk_rows = [], 0

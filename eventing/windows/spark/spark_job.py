@@ -188,13 +188,22 @@ def merge_column(op: str, name: str) -> Column:
 DRIVER_PARTIAL_ROWS = 200_000
 
 
-def _local_partials(files: list[str], schema: pa.Schema, starts: list[int]) -> pa.Table | None:
+def _local_partials(
+    files: list[str], schema: pa.Schema, starts: list[int], *, always: bool = False
+) -> pa.Table | None:
     """The partial rows of the requested windows, read on the driver; None when the files hold too many
-    rows to be worth it."""
-    if sum(pq.ParquetFile(f).metadata.num_rows for f in files) > 4 * DRIVER_PARTIAL_ROWS:
+    rows to be worth it (unless ``always``)."""
+    if not always and sum(pq.ParquetFile(f).metadata.num_rows for f in files) > 4 * DRIVER_PARTIAL_ROWS:
         return None
     table = pa.concat_tables([pq.read_table(f, schema=schema) for f in files])
     return table.filter(pc.is_in(table[WINDOW_START], pa.array(starts, pa.int64())))
+
+
+def _master_of(spark: SparkSession) -> str:
+    try:
+        return str(spark.sparkContext.master)
+    except Exception:  # noqa: BLE001 - Spark Connect sessions have no SparkContext: a remote cluster
+        return "sc://"
 
 
 def merge_partials(
@@ -222,10 +231,13 @@ def merge_partials(
     if not starts or not (shared or files):
         return schema.empty_table()
     parts = partial_schema(group_by, aggregates)
-    local = None if shared else _local_partials(files, parts, starts)
+    # A Spark cluster's executors (spark://, sc://) need not see the driver's files: every partial goes to
+    # them as Arrow from the driver, whatever its size, and the results come back as Arrow.
+    remote = not shared and not _master_of(spark).startswith("local")
+    local = None if shared else _local_partials(files, parts, starts, always=remote)
     if local is not None and local.num_rows == 0:
         return schema.empty_table()
-    if local is not None and local.num_rows <= DRIVER_PARTIAL_ROWS:
+    if local is not None and (remote or local.num_rows <= DRIVER_PARTIAL_ROWS):
         # A few rows per window and group, already only the requested windows': handed over as Arrow
         # (Spark skips its file listing and scan) in one partition, so the aggregate needs no exchange and
         # the job is one stage (~0.07 s, against ~0.3 s for a scan and a shuffle). Larger sets go through

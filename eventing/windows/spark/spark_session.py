@@ -53,6 +53,33 @@ def _log4j2_config(level: str) -> Path:
     return path
 
 
+MASTER_CHECK_TIMEOUT_S = 3.0
+
+
+def check_spark_master(master: str, timeout: float = MASTER_CHECK_TIMEOUT_S) -> None:
+    """Fail fast, in one line, when a ``spark://`` (or ``sc://``) master does not answer: Spark's own driver
+    would retry registering for a minute before giving up with a page of log. Other masters pass."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from eventing.errors import ConfigError
+
+    if not master.startswith(("spark://", "sc://")):
+        return
+    first = master.split("://", 1)[1].split(",")[0]  # a standalone HA list tries its first master first
+    parts = urlsplit(f"//{first}")
+    host, port = parts.hostname, parts.port or (15002 if master.startswith("sc://") else 7077)
+    try:
+        with socket.create_connection((host or "", port), timeout=timeout):
+            pass
+    except OSError as exc:
+        raise ConfigError(
+            f"no Spark master answers at {master} ({exc.strerror or exc}); start it (`spark-class "
+            f"org.apache.spark.deploy.master.Master --host {host} --port {port}`) or fix --spark-master / "
+            f"${MASTER_ENV}"
+        ) from None
+
+
 def get_spark(master: str | None = None) -> SparkSession:
     """Return this process's SparkSession, starting it on first use (a cold start takes ~10 s on 2 cores).
 
@@ -75,6 +102,7 @@ def get_spark(master: str | None = None) -> SparkSession:
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
         from pyspark.sql import SparkSession
 
+        check_spark_master(wanted)
         log_level = os.environ.get(LOG_LEVEL_ENV, "ERROR").upper()
         if wanted.startswith("local"):
             # Bind the local driver to loopback: nothing outside this machine should reach it, and Spark

@@ -1,0 +1,360 @@
+"""The data service: one data directory's buckets, metadata store and window row files served to workers
+that cannot open its files (another machine of a Ray cluster), and the handles those workers use.
+
+Couchbase splits its data service (vBuckets, DCP streams over the network) from its eventing service; this
+module is that split on one data directory. ``DataService`` is a plain class that runs where the files are
+(``eventing.runtime.data_service`` wraps it in Ray actors pinned to that node); ``DataAccess`` is what a
+worker holds: it opens the files directly when it can see them on the data service's node (the locality
+fast path, like HDFS short-circuit reads) and otherwise gives ``RemoteBucket`` and ``RemoteMetadataStore``,
+which have the methods of ``LocalBucket`` and ``MetadataStore`` that workers call and forward them.
+
+What crosses the wire is batched: a log read returns up to a whole batch (>= 1,000 mutations) as one
+msgpack blob of row tuples (documents stay msgpack bytes inside it), decoded once in the worker. Effects,
+checkpoints and fences carry the same epochs as on one machine, so a remote worker is fenced exactly like a
+local one. Every call is safe to repeat after the service restarted (Ray retries it): effects are
+deduplicated by their source seqnos, checkpoints are conditional on epochs, dead letters are keyed by
+(function, vBucket, seqno) and row files by name.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol, cast
+
+import msgpack
+
+from eventing.core.mutation import Mutation
+from eventing.errors import ConfigError, EventingError
+from eventing.storage.bucket import EffectGroup, EffectResult, LocalBucket, PackedUpdates
+from eventing.storage.metadata import METADATA_FILE, open_metadata
+from metadata import MetadataStore
+
+LOCALITY_ENV = "EVENTING_DATA_LOCALITY"  # "0": workers on the data node still go through the service
+
+# What a remote worker may ask of a bucket: the reads of its source and bindings, and fenced effects.
+BUCKET_CALLS = frozenset({
+    "high_seqnos", "read_vb_packed", "max_doc_bytes", "get_raw", "get", "get_meta", "get_doc", "previous_doc",
+    "ensure_key_index", "apply_effects", "effect_marks", "fence",
+})
+
+
+class DataService:
+    """Serves one data directory (buckets, metadata store, window row files) to workers anywhere.
+
+    Every answer comes from the files, so a restarted service (a new process) answers exactly as the old
+    one would have: nothing is held only in memory."""
+
+    def __init__(self, data_dir: str):
+        self.data_dir = data_dir
+        self._buckets: dict[str, LocalBucket] = {}
+        self._store: MetadataStore | None = None
+
+    def _bucket(self, name: str) -> LocalBucket:
+        bucket = self._buckets.get(name)
+        if bucket is None:
+            bucket = self._buckets[name] = LocalBucket.open(self.data_dir, name)
+        return bucket
+
+    @property
+    def store(self) -> MetadataStore:
+        if self._store is None:
+            self._store = open_metadata(self.data_dir, create=False)
+        return self._store
+
+    # -- calls (one entry point, so the Ray actor is a thin shell) -------------------------------------
+
+    def call(self, method: str, *args: Any) -> Any:
+        return getattr(self, "do_" + method)(*args)
+
+    def do_ping(self) -> dict[str, Any]:
+        return {"pid": os.getpid(), "data_dir": self.data_dir}
+
+    def do_bucket_info(self, name: str) -> tuple[str, str]:
+        bucket = self._bucket(name)
+        return bucket.name, bucket.uuid
+
+    def do_bucket(self, name: str, method: str, args: tuple, kwargs: dict) -> Any:
+        if method not in BUCKET_CALLS:
+            raise ConfigError(f"bucket method {method!r} is not served to remote workers")
+        return getattr(self._bucket(name), method)(*args, **kwargs)
+
+    def do_read_vb(self, name: str, vb: int, after_seqno: int, limit: int) -> bytes:
+        """``LocalBucket.read_vb`` as one msgpack blob of row tuples (no Mutation objects made here)."""
+        return msgpack.packb(self._bucket(name).read_vb_rows(vb, after_seqno, limit), use_bin_type=True)
+
+    def do_read_many(self, name: str, runs: list[tuple[int, int, int]]) -> tuple[bytes, list[int]]:
+        """Several ``(vb, after_seqno, limit)`` reads in one call: one blob of one row list per run, and
+        the bucket's high seqnos read after them (what a worker asks next)."""
+        bucket = self._bucket(name)
+        blob = msgpack.packb([bucket.read_vb_rows(vb, after, limit) for vb, after, limit in runs], use_bin_type=True)
+        return blob, bucket.high_seqnos()
+
+    def do_meta(self, method: str, args: tuple, kwargs: dict) -> Any:
+        if method.startswith("_") or method == "close":
+            raise ConfigError(f"metadata method {method!r} is not served to remote workers")
+        return getattr(self.store, method)(*args, **kwargs)
+
+    def do_put_file(self, relative: str, data: bytes) -> None:
+        """Write ``data`` durably (fsync, atomic rename) at ``relative`` under the data directory: window
+        row batches of remote workers, written before their checkpoint moves."""
+        root = Path(self.data_dir).resolve()
+        path = (root / relative).resolve()
+        if root not in path.parents:
+            raise ConfigError(f"{relative!r} is not a path inside the data directory")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        for bucket in self._buckets.values():
+            bucket.close()
+        self._buckets.clear()
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+
+class DataServiceRef:
+    """A picklable handle on a running data service: its Ray actors and the Ray node that holds the files.
+
+    A worker talks to one actor (chosen by its worker id, so several workers spread over them); Ray
+    restarts a dead actor from the files and retries the call."""
+
+    def __init__(self, actors: Sequence[Any], node_id: str, data_dir: str):
+        self.actors = tuple(actors)
+        self.node_id = node_id
+        self.data_dir = data_dir
+
+    def client(self, key: str) -> DataClient:
+        """The line of worker ``key`` ("node/wN"): consecutive workers of a node go to different actors
+        (a plain hash of the ids sent all four workers of a node to one actor)."""
+        node, _, index = key.rpartition("/w")
+        spread = int(index) if index.isdigit() else 0
+        return _RayClient(self.actors[(zlib.crc32(node.encode()) + spread) % len(self.actors)])
+
+
+class DataClient(Protocol):
+    """A worker's line to the data service: ``call`` waits for the answer, ``submit`` returns a thunk that
+    waits for it later (a read issued before it is needed)."""
+
+    def call(self, method: str, *args: Any) -> Any: ...
+    def submit(self, method: str, *args: Any) -> Callable[[], Any]: ...
+
+
+class _RayClient:
+    def __init__(self, actor: Any):
+        self.actor = actor
+
+    def call(self, method: str, *args: Any) -> Any:
+        return self.submit(method, *args)()
+
+    def submit(self, method: str, *args: Any) -> Callable[[], Any]:
+        import ray
+
+        ref = self.actor.call.remote(method, *args)
+
+        def wait() -> Any:
+            try:
+                return ray.get(ref)
+            except ray.exceptions.RayTaskError as exc:
+                cause = exc.as_instanceof_cause()
+                if isinstance(cause, EventingError):
+                    raise type(cause)(*cause.args) from None
+                raise
+
+        return wait
+
+
+Run = tuple[int, int, int]  # (vb, after_seqno, limit)
+
+
+class RemoteBucket:
+    """The ``LocalBucket`` methods a worker uses, answered by the data service.
+
+    Log reads can be asked for ahead (``prefetch``): the worker names the runs of its next batch before
+    it handles the current one, so the service reads while the worker computes. A run's rows never change
+    once written (the log only grows, and a run never reaches past the high seqno it was planned from), so
+    a prefetched answer is the answer ``read_vb`` would give; a run nobody prefetched is read on the spot."""
+
+    def __init__(self, client: DataClient, name: str):
+        self._client = client
+        self._call = client.call
+        self.name, self.uuid = client.call("bucket_info", name)
+        self._pending: tuple[frozenset[Run], Callable[[], Any]] | None = None
+        self._ready: dict[Run, tuple] = {}
+        self._highs: list[int] | None = None  # read by the service right after the last prefetched runs
+
+    def _bucket(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        return self._call("bucket", self.name, method, args, kwargs)
+
+    def high_seqnos(self, *, prefetched: bool = False) -> list[int]:
+        """The high seqnos; with ``prefetched``, those read along with the last prefetched runs if any
+        (never older than this worker's previous batch: safe wherever a slightly older answer is)."""
+        if prefetched and self._highs is not None:
+            highs, self._highs = self._highs, None
+            return highs
+        return cast(list[int], self._bucket("high_seqnos"))
+
+    def prefetch(self, runs: list[Run]) -> None:
+        """Start reading these runs in the background (one call), unless they are read or in flight."""
+        wanted = frozenset(r for r in runs if r[2] > 0 and r not in self._ready)
+        if not wanted or (self._pending is not None and wanted <= self._pending[0]):
+            return
+        self._settle()
+        self._pending = (wanted, self._client.submit("read_many", self.name, sorted(wanted)))
+
+    def _settle(self) -> None:
+        if self._pending is None:
+            return
+        runs, wait = self._pending
+        self._pending = None
+        blob, self._highs = wait()
+        self._ready.update(zip(sorted(runs), msgpack.unpackb(blob, raw=False, use_list=False), strict=True))
+
+    def read_vb(self, vb: int, after_seqno: int, limit: int) -> list[Mutation]:
+        run = (vb, after_seqno, limit)
+        if run not in self._ready and self._pending is not None and run in self._pending[0]:
+            self._settle()
+        rows = self._ready.pop(run, None)
+        if rows is None:
+            rows = msgpack.unpackb(self._call("read_vb", self.name, vb, after_seqno, limit), raw=False, use_list=False)
+        return list(map(Mutation._make, rows))
+
+    def forget_prefetched(self, keep: list[Run]) -> None:
+        """Drop prefetched runs a worker no longer wants (its positions moved, a vBucket left)."""
+        wanted = set(keep)
+        self._ready = {r: rows for r, rows in self._ready.items() if r in wanted}
+
+    def read_vb_packed(
+        self, vb: int, after_seqno: int, limit: int, origin: str, *, exact_arrivals_over_ms: int | None = None
+    ) -> PackedUpdates | None:
+        return cast(
+            "PackedUpdates | None",
+            self._bucket("read_vb_packed", vb, after_seqno, limit, origin, exact_arrivals_over_ms=exact_arrivals_over_ms),
+        )
+
+    def max_doc_bytes(self, vb: int, after_seqno: int, last_seqno: int) -> int:
+        return cast(int, self._bucket("max_doc_bytes", vb, after_seqno, last_seqno))
+
+    def get_raw(self, key: str) -> bytes | None:
+        return cast("bytes | None", self._bucket("get_raw", key))
+
+    def get(self, key: str) -> dict | None:
+        return cast("dict | None", self._bucket("get", key))
+
+    def get_meta(self, key: str) -> dict | None:
+        return cast("dict | None", self._bucket("get_meta", key))
+
+    def get_doc(self, key: str) -> tuple[bytes, int, int] | None:
+        return cast("tuple[bytes, int, int] | None", self._bucket("get_doc", key))
+
+    def previous_doc(self, key: str, before_seqno: int) -> bytes | None:
+        return cast("bytes | None", self._bucket("previous_doc", key, before_seqno))
+
+    def ensure_key_index(self) -> None:
+        self._bucket("ensure_key_index")
+
+    def apply_effects(
+        self, function: str, groups: Sequence[EffectGroup], *, origin: str | None = None, marks: bool = True
+    ) -> EffectResult:
+        return cast(EffectResult, self._bucket("apply_effects", function, list(groups), origin=origin, marks=marks))
+
+    def effect_marks(self, function: str) -> dict[int, tuple[int, int]]:
+        return cast("dict[int, tuple[int, int]]", self._bucket("effect_marks", function))
+
+    def fence(self, function: str, epochs: dict[int, int]) -> None:
+        self._bucket("fence", function, dict(epochs))
+
+    def close(self) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        return f"<remote bucket {self.name}>"
+
+
+# What a worker's bindings and runner read and write through: the files, or the data service.
+AnyBucket = LocalBucket | RemoteBucket
+
+
+class RemoteMetadataStore:
+    """Every ``MetadataStore`` method, answered by the data service."""
+
+    def __init__(self, client: DataClient):
+        self._call = client.call
+
+    def __getattr__(self, method: str) -> Callable[..., Any]:
+        if method.startswith("_"):
+            raise AttributeError(method)
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            # Iterables (generators of DLQ rows, dict views) become lists: they must survive pickling.
+            args = tuple(list(a) if _lazy(a) else a for a in args)
+            return self._call("meta", method, args, kwargs)
+
+        return forward
+
+    def close(self) -> None:
+        pass
+
+
+def _lazy(value: Any) -> bool:
+    return not isinstance(value, str | bytes | dict | list | tuple | set | int | float | type(None)) and hasattr(
+        value, "__iter__"
+    )
+
+
+class DataAccess:
+    """How a worker reaches its data directory: the files themselves, or the data service.
+
+    ``local`` is True when there is no data service (embedded, in-process) or this process runs on the
+    service's Ray node and sees the files; then buckets and the metadata store are opened directly, exactly
+    as without a service, so a co-located worker pays nothing for the split."""
+
+    def __init__(self, data_dir: str, service: DataServiceRef | None = None, *, key: str = ""):
+        self.data_dir = data_dir
+        self.service = service
+        self.local = service is None or _sees_files(data_dir, service)
+        self._client = None if self.local or service is None else service.client(key)
+
+    def bucket(self, name: str) -> LocalBucket | RemoteBucket:
+        if self._client is None:
+            return LocalBucket.open(self.data_dir, name)
+        return RemoteBucket(self._client, name)
+
+    def metadata(self) -> MetadataStore:
+        if self._client is None:
+            return open_metadata(self.data_dir, create=False)
+        return cast(MetadataStore, RemoteMetadataStore(self._client))
+
+    def put_file(self, relative: str, data: bytes) -> None:
+        """Durably write a file under the data directory through the service (remote workers only)."""
+        if self._client is None:
+            raise RuntimeError("put_file is for workers without the data directory; write the file directly")
+        self._client.call("put_file", relative, data)
+
+
+def _sees_files(data_dir: str, service: DataServiceRef) -> bool:
+    if os.environ.get(LOCALITY_ENV, "1") == "0":
+        return False
+    try:
+        import ray
+
+        if ray.is_initialized() and ray.get_runtime_context().get_node_id() != service.node_id:
+            return False
+    except Exception:  # noqa: BLE001 - no Ray context: judge by the files alone
+        pass
+    return (Path(data_dir) / "buckets").is_dir() and (
+        bool(os.environ.get("EVENTING_METADATA_URL")) or (Path(data_dir) / METADATA_FILE).exists()
+    )

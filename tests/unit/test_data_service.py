@@ -1,0 +1,146 @@
+"""The data service's two paths give the same answers: a worker reaching the data directory through the
+service (every call pickled both ways, as Ray would) handles every mutation exactly as one opening the
+files, for handlers with bindings and for windowed functions."""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import pytest
+
+from eventing.runtime.executor import InProcessExecutor
+from eventing.runtime.service import EventingService
+from eventing.storage.bucket import LocalBucket
+from eventing.storage.remote import LOCALITY_ENV, DataAccess, DataService, RemoteBucket
+from eventing.testing import check_ledger, deploy_function, ledger_definition, load_source
+
+
+class PickledDataService:
+    """A DataServiceRef stand-in: calls a DataService in this process, pickling arguments and answers."""
+
+    node_id = "in-process"
+
+    def __init__(self, data_dir: str):
+        self.data_dir = data_dir
+        self.service = DataService(data_dir)
+        self.calls: dict[str, int] = {}
+
+    def client(self, key: str) -> PickledDataService:
+        return self
+
+    def call(self, method: str, *args: Any) -> Any:
+        self.calls[method] = self.calls.get(method, 0) + 1
+        return pickle.loads(pickle.dumps(self.service.call(method, *pickle.loads(pickle.dumps(args)))))
+
+    def submit(self, method: str, *args: Any):
+        answer = self.call(method, *args)
+        return lambda: answer
+
+
+class ServedExecutor(InProcessExecutor):
+    """The in-process executor with a data service: workers get it in their spec, as on a Ray cluster."""
+
+    def __init__(self, data_dir: str):
+        self.data_service = PickledDataService(data_dir)
+
+
+def test_remote_bucket_reads_equal_local_reads(data_dir):
+    source = load_source(data_dir, 50, 2000, seed=3)
+    remote = RemoteBucket(PickledDataService(data_dir).client("w"), "src")
+    assert remote.uuid == source.uuid
+    assert remote.high_seqnos() == source.high_seqnos()
+    for vb in (0, 17, 1023):
+        assert remote.read_vb(vb, 0, 1000) == source.read_vb(vb, 0, 1000)
+        assert remote.read_vb(vb, 1, 2) == source.read_vb(vb, 1, 2)
+        assert remote.read_vb_packed(vb, 0, 5, "x") == source.read_vb_packed(vb, 0, 5, "x")
+    remote.prefetch([(5, 0, 3), (6, 1, 2)])
+    assert remote.read_vb(6, 1, 2) == source.read_vb(6, 1, 2)
+    assert remote.read_vb(5, 0, 3) == source.read_vb(5, 0, 3)
+    assert remote.high_seqnos(prefetched=True) == source.high_seqnos()
+    key = source.keys()[0]
+    assert remote.get_raw(key) == source.get_raw(key)
+
+
+@pytest.mark.parametrize("batch_size", [1000, 37])
+def test_a_worker_without_the_files_handles_everything_exactly_once(data_dir, monkeypatch, batch_size):
+    monkeypatch.setenv(LOCALITY_ENV, "0")
+    source = load_source(data_dir, 200, 3000, seed=5)
+    deploy_function(data_dir, ledger_definition("fn_remote", "src", "ledger", workers=3, batch_size=batch_size))
+    executor = ServedExecutor(data_dir)
+    summary = EventingService(data_dir, executor, until_caught_up=True).run()
+    assert summary.functions["fn_remote"].handled == 3000, summary
+    report = check_ledger(source, LocalBucket.open(data_dir, "ledger"))
+    assert report.ok, report.summary()
+    assert report.handled == 3000
+    calls = executor.data_service.calls
+    assert calls["read_many"] >= 3 and calls["meta"] > 0 and calls["bucket"] > 0
+
+
+def test_locality_opens_the_files_when_they_are_visible(data_dir, monkeypatch):
+    load_source(data_dir, 10, 10)
+    from eventing.storage.metadata import open_metadata
+
+    open_metadata(data_dir).close()
+    ref: Any = PickledDataService(data_dir)
+    assert DataAccess(data_dir, ref).local
+    assert isinstance(DataAccess(data_dir, ref).bucket("src"), LocalBucket)
+    monkeypatch.setenv(LOCALITY_ENV, "0")
+    assert not DataAccess(data_dir, ref).local
+
+
+def test_put_file_stays_inside_the_data_directory(data_dir):
+    from eventing.errors import ConfigError
+
+    service = DataService(data_dir)
+    service.call("put_file", "windows/fn/incoming/a.arrow", b"abc")
+    assert (pytest.importorskip("pathlib").Path(data_dir) / "windows/fn/incoming/a.arrow").read_bytes() == b"abc"
+    with pytest.raises(ConfigError):
+        service.call("put_file", "../outside", b"x")
+
+
+def _window_worker(data_dir: str, service: Any, handler: str) -> dict[str, Any]:
+    from eventing.core.definition import FunctionDefinition
+    from eventing.runtime import lifecycle
+    from eventing.runtime.worker import WorkerCore, WorkerSpec
+    from eventing.storage.metadata import open_metadata
+    from eventing.windows.batches import read_row_batch
+    from eventing.windows.runtime.paths import WindowPaths
+    from sharding import NUM_VBUCKETS
+
+    defn = FunctionDefinition.from_dict({
+        "name": "fn_w", "source_bucket": "src", "batch_size": 500, "checkpoint_interval": "1h",
+        "window": {"kind": "tumbling", "size": "1m", "time_field": "ts", "group_by": ["country"],
+                   "aggregates": ["count", {"op": "sum", "field": "amount"}]},
+    })
+    lifecycle.save_function(data_dir, defn, handler)
+    lifecycle.deploy(data_dir, "fn_w")
+    store = open_metadata(data_dir)
+    spec = WorkerSpec(data_dir, "fn_w", store.get_function("fn_w").generation, "local/w0",
+                      tuple(range(NUM_VBUCKETS)), data_service=service)
+    core = WorkerCore(spec)
+    assert core.data.local == (service is None)
+    while not core.step().caught_up:
+        pass
+    core.stop()
+    files = sorted(WindowPaths.of(data_dir, "fn_w").incoming.glob("*.arrow"))
+    rows = sorted(r for p in files for r in map(lambda d: tuple(d.values()), read_row_batch(p).to_pylist()))
+    counters = store.counters("fn_w")
+    return {"rows": rows, "checkpoints": {vb: cp.seqno for vb, cp in store.checkpoints("fn_w").items()},
+            "counters": {k: v for k, v in counters.items() if not k.startswith(("last_", "throughput", "latency_"))}}  # clock-dependent
+
+
+@pytest.mark.parametrize("handler", ["", "def on_update(doc, meta):\n    pass\n"])
+def test_window_rows_of_a_worker_without_the_files_equal_those_of_a_local_worker(tmp_path, monkeypatch, handler):
+    import shutil
+
+    base = tmp_path / "base"
+    load_source(str(base), 100, 3000, seed=9, span_ms=5 * 60_000)
+    shutil.copytree(base, tmp_path / "remote")
+    local = _window_worker(str(base), None, handler)
+    monkeypatch.setenv(LOCALITY_ENV, "0")
+    served = PickledDataService(str(tmp_path / "remote"))
+    remote = _window_worker(str(tmp_path / "remote"), served, handler)
+    assert served.calls["put_file"] >= 1
+    assert len(local["rows"]) > 2000
+    assert remote == local
