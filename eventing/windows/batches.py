@@ -32,7 +32,9 @@ import pyarrow.parquet as pq
 
 AggregateOp = Literal["count", "sum", "avg", "min", "max"]
 # (op, value field or None, output column name); the field may be None only for count, meaning count(*).
-Aggregate = tuple[AggregateOp, str | None, str]
+# What Spark computes over a row column: (op, row column, result name). The declared form is
+# eventing.windows.semantics.Aggregate (op over a document field); RowLayout.aggregates maps one to the other.
+AggregateColumn = tuple[AggregateOp, str | None, str]
 AGGREGATE_OPS: frozenset[str] = frozenset({"count", "sum", "avg", "min", "max"})
 
 ROW_ID_COLUMNS = ("vb", "seqno")
@@ -291,7 +293,7 @@ def read_row_batch(path: str | os.PathLike[str]) -> pa.Table:
     return pq.read_table(path)
 
 
-def check_aggregates(aggregates: Sequence[Aggregate], group_by: Sequence[str]) -> list[str]:
+def check_aggregates(aggregates: Sequence[AggregateColumn], group_by: Sequence[str]) -> list[str]:
     """Validate aggregate specs and return the value fields they read, in first-use order."""
     if not aggregates:
         raise ValueError("no aggregates given; ask for at least one, e.g. ('count', None, 'n')")
@@ -308,7 +310,7 @@ def check_aggregates(aggregates: Sequence[Aggregate], group_by: Sequence[str]) -
     return fields
 
 
-def result_schema(group_by: Sequence[str], aggregates: Sequence[Aggregate]) -> pa.Schema:
+def result_schema(group_by: Sequence[str], aggregates: Sequence[AggregateColumn]) -> pa.Schema:
     """Arrow schema of window results, with the group-by column names in the schema metadata."""
     check_aggregates(aggregates, group_by)
     return pa.schema(

@@ -16,7 +16,7 @@ import pytest
 from eventing.windows.batches import (
     WINDOW_END,
     WINDOW_START,
-    Aggregate,
+    AggregateColumn,
     atomic_write_parquet,
     build_row_batch,
     result_schema,
@@ -37,7 +37,7 @@ BASE_MS = 1_700_000_040_000
 SPAN_MS = 60_000
 GROUP_BY = ["region", "tier"]
 VALUE_FIELDS = ["amount", "latency"]
-AGGREGATES: list[Aggregate] = [
+AGGREGATES: list[AggregateColumn] = [
     ("count", None, "n"),
     ("count", "amount", "n_amount"),
     ("sum", "amount", "total"),

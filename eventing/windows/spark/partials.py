@@ -28,7 +28,7 @@ from eventing.windows.batches import (
     EVENT_TIME,
     GROUP_BY_METADATA_KEY,
     WINDOW_START,
-    Aggregate,
+    AggregateColumn,
     check_aggregates,
 )
 
@@ -36,7 +36,7 @@ AVG_SUM = "#sum"
 AVG_COUNT = "#n"
 
 
-def partial_columns(aggregates: Sequence[Aggregate]) -> list[tuple[str, pa.DataType, str, str | None]]:
+def partial_columns(aggregates: Sequence[AggregateColumn]) -> list[tuple[str, pa.DataType, str, str | None]]:
     """``(partial column, type, Arrow aggregation, row column)`` for each column a partial batch carries."""
     out: list[tuple[str, pa.DataType, str, str | None]] = []
     for op, field, name in aggregates:
@@ -50,7 +50,7 @@ def partial_columns(aggregates: Sequence[Aggregate]) -> list[tuple[str, pa.DataT
     return out
 
 
-def partial_schema(group_by: Sequence[str], aggregates: Sequence[Aggregate]) -> pa.Schema:
+def partial_schema(group_by: Sequence[str], aggregates: Sequence[AggregateColumn]) -> pa.Schema:
     check_aggregates(aggregates, group_by)
     return pa.schema(
         [
@@ -76,7 +76,7 @@ def combine_rows(
     size_ms: int,
     slide_ms: int,
     group_by: Sequence[str],
-    aggregates: Sequence[Aggregate],
+    aggregates: Sequence[AggregateColumn],
     offset_ms: int = 0,
 ) -> pa.Table:
     """Partial aggregates of ``rows`` (the row batch layout) per (window, group), in ``partial_schema``."""
@@ -103,7 +103,7 @@ def combine_rows(
 
 
 def merge_partial_tables(
-    partials: pa.Table, *, size_ms: int, group_by: Sequence[str], aggregates: Sequence[Aggregate]
+    partials: pa.Table, *, size_ms: int, group_by: Sequence[str], aggregates: Sequence[AggregateColumn]
 ) -> dict[tuple, dict[str, object]]:
     """Merge partial rows in plain Python: ``{(window_start, *groups): {aggregate name: value}}`` (tests and
     small tables; Spark does it for the runtime)."""
@@ -146,7 +146,7 @@ def _merge(op: str, a: float | int | None, b: float | int | None) -> float | int
 SESSION_LAST = "session_last_ms"
 
 
-def session_partial_schema(group_by: Sequence[str], aggregates: Sequence[Aggregate]) -> pa.Schema:
+def session_partial_schema(group_by: Sequence[str], aggregates: Sequence[AggregateColumn]) -> pa.Schema:
     base = partial_schema(group_by, aggregates)
     return base.insert(1, pa.field(SESSION_LAST, pa.int64(), nullable=False))
 
@@ -158,7 +158,7 @@ def combine_session_rows(
     chain_last: np.ndarray,
     *,
     group_by: Sequence[str],
-    aggregates: Sequence[Aggregate],
+    aggregates: Sequence[AggregateColumn],
 ) -> pa.Table:
     """Partial aggregates of ``rows`` per chain (``chain_of_row[i]`` indexes ``chain_first``/``chain_last``),
     in ``session_partial_schema``."""
@@ -188,7 +188,7 @@ def combine_session_rows(
 
 def merge_session_partial_tables(
     partials: pa.Table, sessions: Sequence[tuple[int, int, tuple]], *, group_by: Sequence[str],
-    aggregates: Sequence[Aggregate], gap_ms: int,
+    aggregates: Sequence[AggregateColumn], gap_ms: int,
 ) -> dict[tuple, dict[str, object]]:
     """Merge session partials in plain Python: ``{(start, end, *groups): {aggregate: value}}`` for the given
     ``(start, end, group)`` sessions (tests and small tables; Spark does it for the runtime)."""

@@ -17,7 +17,7 @@ from eventing.windows.batches import (
     ROW_ID_COLUMNS,
     WINDOW_END,
     WINDOW_START,
-    Aggregate,
+    AggregateColumn,
     check_aggregates,
     result_schema,
     row_schema,
@@ -65,7 +65,7 @@ def window_column(size_ms: int, slide_ms: int, offset_ms: int = 0) -> Column:
 
 
 def results_from_windowed(
-    df: DataFrame, group_by: Sequence[str], aggregates: Sequence[Aggregate]
+    df: DataFrame, group_by: Sequence[str], aggregates: Sequence[AggregateColumn]
 ) -> DataFrame:
     """Project a ``groupBy(window, groups).agg(...)`` frame into the result layout (window bounds in ms)."""
     return df.select(
@@ -116,7 +116,7 @@ def aggregate_windows(
     size_ms: int,
     slide_ms: int,
     group_by: list[str],
-    aggregates: list[Aggregate],
+    aggregates: list[AggregateColumn],
     windows: list[tuple[int, int]],
     deduplicate: bool = True,
 ) -> pa.Table:
@@ -213,7 +213,7 @@ def merge_partials(
     size_ms: int,
     slide_ms: int,
     group_by: list[str],
-    aggregates: list[Aggregate],
+    aggregates: list[AggregateColumn],
     windows: list[tuple[int, int]],
 ) -> pa.Table:
     """Results of the given closed ``windows`` from every partial batch under ``partials_dir``
@@ -267,7 +267,7 @@ def merge_session_partials(
     *,
     gap_ms: int,
     group_by: list[str],
-    aggregates: list[Aggregate],
+    aggregates: list[AggregateColumn],
     sessions: list[tuple[int, int, tuple]],
 ) -> pa.Table:
     """Results of the given closed ``(start, end, group values)`` sessions from the session partials under

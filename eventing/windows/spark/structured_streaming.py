@@ -19,7 +19,7 @@ from pyspark.sql import SparkSession
 from eventing.windows.batches import (
     EVENT_TIME,
     ROW_ID_COLUMNS,
-    Aggregate,
+    AggregateColumn,
     build_row_batch,
     check_aggregates,
     result_schema,
@@ -61,7 +61,7 @@ def run_structured_streaming(
     *,
     size_ms: int,
     group_by: list[str],
-    aggregates: list[Aggregate],
+    aggregates: list[AggregateColumn],
     watermark_delay_ms: int,
     out_dir: str | os.PathLike[str],
     slide_ms: int | None = None,
