@@ -10,6 +10,8 @@ parameters instead of flags and environment variables.
     app.deploy("functions/fn_email.json")
     summary = app.run(until_caught_up=True)
     print(app.stats("fn_email")["on_update_success"])
+
+The CLI's demo (`eventing demo`) runs on this API.
 """
 
 from __future__ import annotations
@@ -151,6 +153,16 @@ class Eventing:
     def vbucket_map(self, name: str) -> dict[str, Any]:
         """The `eventing vbmap --json` view of a function."""
         return vbucket_map(self.data_dir, name)
+
+    def windows(self, name: str, *, limit: int | None = None) -> dict[str, Any]:
+        """A windowed function's results (`eventing windows --json`): one row per closed window and group,
+        with the watermark, open and emitted windows and late rows; `limit` keeps the last N rows."""
+        from eventing.ops.windows import window_report
+
+        report = window_report(self.data_dir, name)
+        if limit:
+            report["results"] = report["results"][-limit:]
+        return report
 
     def verify(self, name: str, *, ledger: str | None = None) -> VerifyReport:
         """Check a function against a ledger bucket (`eventing verify`)."""

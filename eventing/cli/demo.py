@@ -13,11 +13,9 @@ from typing import Any
 from eventing.cli.common import ProgressRenderer, writable_data_dir
 from eventing.cli.output import emit_json, progress_enabled, table
 from eventing.errors import EventingError
-from eventing.ops.stats import function_stats, vbucket_map
-from eventing.ops.windows import window_report, write_chart
+from eventing.ops.windows import write_chart
 from eventing.runtime import lifecycle
-from eventing.storage import loadgen
-from eventing.storage.bucket import LocalBucket, bucket_path, chunked
+from eventing.storage.bucket import bucket_path
 from eventing.storage.metadata import open_metadata
 from functions import FUNCTIONS_DIR
 from metadata import FunctionState
@@ -52,9 +50,9 @@ def _reset(data_dir: str) -> None:
 
 
 def run_demo(data_dir: str, args: argparse.Namespace) -> int:
-    from eventing.runtime.executor import make_executor
-    from eventing.runtime.service import EventingService
+    from eventing.api import Eventing
 
+    app = Eventing(data_dir, executor=args.executor, ray_address=args.ray_address)
     say = (lambda *a: None) if args.json else print
     started = time.perf_counter()
     if open_metadata(data_dir).live_services(lifecycle.SERVICE_STALE_S):
@@ -66,41 +64,38 @@ def run_demo(data_dir: str, args: argparse.Namespace) -> int:
     warm.start()
     say(f"1. creating buckets {', '.join(DEMO_BUCKETS)} in {data_dir}")
     for name in DEMO_BUCKETS:
-        LocalBucket.create(data_dir, name)
+        app.create_bucket(name, exist_ok=False)
     say(f"2. loading {args.mutations:,} faker mutations over {args.documents:,} customers (seed {args.seed})")
-    source = LocalBucket.open(data_dir, "customers")
     t0 = time.perf_counter()
-    for chunk in chunked(loadgen.generate(args.documents, args.mutations, seed=args.seed), 20_000):
-        source.write(chunk)
+    app.load("customers", documents=args.documents, mutations=args.mutations, seed=args.seed)
+    source = app.bucket("customers")
     load_s = time.perf_counter() - t0
     say(f"   {args.mutations / load_s:,.0f} mutations/s")
     say(f"3. deploying fn_email (4 workers), fn_score (3 workers) and {WINDOW_FUNCTION} (2 workers; 1-minute "
         "event-time windows per country, merged by PySpark)")
     for name in DEMO_FUNCTIONS:
-        lifecycle.save_from_file(data_dir, FUNCTIONS_DIR / f"{name}.json")
-        lifecycle.deploy(data_dir, name)
+        app.deploy(FUNCTIONS_DIR / f"{name}.json")
     say(f"4. processing everything on {'a local Ray instance' if args.executor == 'ray' and not args.ray_address else args.executor}")
 
-    executor = make_executor(args.executor, args.ray_address)
     renderer = ProgressRenderer(enabled=not args.json and progress_enabled())
     try:
-        summary = EventingService(data_dir, executor, until_caught_up=True, on_progress=renderer).run()
+        summary = app.run(until_caught_up=True, on_progress=renderer)
     finally:
         renderer.close()
     if summary.errors:
         for err in summary.errors:
             print(f"error: {err}")
         return 1
-    stats = {name: function_stats(data_dir, name) for name in DEMO_FUNCTIONS}
-    vbmaps = {name: vbucket_map(data_dir, name) for name in HANDLER_FUNCTIONS}
-    windows = window_report(data_dir, WINDOW_FUNCTION)
+    stats = {name: app.stats(name) for name in DEMO_FUNCTIONS}
+    vbmaps = {name: app.vbucket_map(name) for name in HANDLER_FUNCTIONS}
+    windows = app.windows(WINDOW_FUNCTION)
     chart = str(Path(data_dir).resolve() / f"{WINDOW_FUNCTION}.png")
     if windows["results"]:
         write_chart(windows, "sum_amount" if "sum_amount" in windows["aggregates"] else windows["aggregates"][0], chart)
     else:
         chart = ""
-    emails = LocalBucket.open(data_dir, "emails")
-    scores = LocalBucket.open(data_dir, "scores")
+    emails = app.bucket("emails")
+    scores = app.bucket("scores")
     result = {
         "data_dir": data_dir,
         "load_mutations_per_s": round(args.mutations / load_s),
