@@ -83,6 +83,10 @@ def test_locality_opens_the_files_when_they_are_visible(data_dir, monkeypatch):
 
     open_metadata(data_dir).close()
     ref: Any = PickledDataService(data_dir)
+    import ray
+
+    if ray.is_initialized():  # an earlier test's Ray instance in this process: the service is on its node
+        ref.node_id = ray.get_runtime_context().get_node_id()
     assert DataAccess(data_dir, ref).local
     assert isinstance(DataAccess(data_dir, ref).bucket("src"), LocalBucket)
     monkeypatch.setenv(LOCALITY_ENV, "0")
