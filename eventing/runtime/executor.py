@@ -159,8 +159,11 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> None
         else:
             # A local instance's workers inherit the environment its raylet starts with. A runtime_env
             # would do the same through Ray's runtime-env agent, at ~0.4 s more per worker start.
+            # address="local": always a new instance of our own. Without it Ray joins the last cluster
+            # `ray start` left on this machine (/tmp/ray/ray_current_cluster), whose workers run in
+            # another directory with another environment: joining one takes --ray-address.
             with _environment(env):
-                ray.init(**kwargs)
+                ray.init(address="local", **kwargs)
     except (ConnectionError, ValueError, RuntimeError) as exc:
         target = address or "a local Ray instance"
         raise EventingError(f"cannot start or join {target}: {exc}; check --ray-address or `ray status`") from None
