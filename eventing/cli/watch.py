@@ -18,7 +18,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
-EXIT_ON_INTERRUPT = 0  # as `eventing run`: Ctrl-C is how a live view ends
+from eventing.cli.common import EXIT_INTERRUPTED
+
 CLEAR = "\x1b[H\x1b[2J"  # cursor home, clear screen
 MIN_INTERVAL_S = 0.1
 
@@ -68,7 +69,7 @@ def watch(
     except KeyboardInterrupt:
         if live:
             stream.write("\n")
-        return EXIT_ON_INTERRUPT
+        return EXIT_INTERRUPTED  # Ctrl-C, as for every command
     return 0
 
 

@@ -364,7 +364,7 @@ def test_stats_watch_redraws_in_place_on_a_terminal_and_ctrl_c_exits_0_like_run(
     screen = Terminal()
     code = watch(lambda: {"n": next(samples)}, lambda d: print(f"n is {d['n']}"), str, interval_s=0.5,
                  as_json=False, out=screen, sleep=sleep)
-    assert code == 0 and sleeps == [0.5, 0.5, 0.5]
+    assert code == 130 and sleeps == [0.5, 0.5, 0.5]  # Ctrl-C, as for every command
     frames = screen.getvalue().split(CLEAR)[1:]
     assert len(frames) == 3 and [f.splitlines()[1] for f in frames] == ["n is 0", "n is 1", "n is 2"]
     assert "every 0.5s (Ctrl-C to stop)" in frames[0]
