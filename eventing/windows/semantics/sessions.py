@@ -28,7 +28,7 @@ from typing import Any
 
 from eventing.windows.semantics.spec import WindowSpec
 from eventing.windows.semantics.watermark import WatermarkTracker
-from eventing.windows.semantics.window_operator import WindowStateError
+from eventing.windows.semantics.window_operator import FrontierClock, WindowStateError
 from eventing.windows.semantics.windows import ensure_ms
 
 STATE_VERSION = 1
@@ -101,7 +101,7 @@ class SessionBatchFate:
     frontier_ms: int | None
 
 
-class SessionOperator:
+class SessionOperator(FrontierClock):
     """Sessions of one function; the same driving contract as ``WindowOperator`` (``observe_batch`` then
     ``advance(now_ms)`` after each batch and on a timer; ``close_all`` at the end of input; ``to_state`` /
     ``from_state``), with groups: sessions are per group, so rows carry their group values.
@@ -132,30 +132,6 @@ class SessionOperator:
         self._late_rows = 0
 
     # -- reading ---------------------------------------------------------------------------------------
-
-    @property
-    def spec(self) -> WindowSpec:
-        return self._spec
-
-    @property
-    def tracker(self) -> WatermarkTracker:
-        return self._tracker
-
-    @property
-    def watermark_ms(self) -> int | None:
-        return self._tracker.watermark_ms if self._event_time else None
-
-    @property
-    def close_frontier_ms(self) -> int | None:
-        """Sessions with ``end_ms <= close_frontier_ms`` are closed; None until the first watermark/advance."""
-        if self._event_time:
-            watermark = self._tracker.watermark_ms
-            frontier = None if watermark is None else watermark - self._lateness_ms
-        else:
-            frontier = self._clock_frontier_ms
-        if frontier is None or (self._closed_through_ms is not None and frontier < self._closed_through_ms):
-            return self._closed_through_ms
-        return frontier
 
     @property
     def open_sessions(self) -> list[Session]:

@@ -59,7 +59,47 @@ class BatchFate:
     behind_watermark_count: int = 0
 
 
-class WindowOperator:
+class FrontierClock:
+    """What window and session operators share: the spec, the watermark and the close frontier.
+
+    Subclasses set ``_spec``, ``_tracker``, ``_event_time``, ``_lateness_ms``, ``_clock_frontier_ms`` (processing
+    time: now_ms of the last advance) and ``_closed_through_ms`` (the frontier of the last close)."""
+
+    _spec: WindowSpec
+    _tracker: WatermarkTracker
+    _event_time: bool
+    _lateness_ms: int
+    _clock_frontier_ms: int | None
+    _closed_through_ms: int | None
+
+    @property
+    def spec(self) -> WindowSpec:
+        return self._spec
+
+    @property
+    def tracker(self) -> WatermarkTracker:
+        """The per-partition watermark state (event time), for stats such as idle partitions."""
+        return self._tracker
+
+    @property
+    def watermark_ms(self) -> int | None:
+        """Event-time watermark (None until there is one; always None for processing-time windows)."""
+        return self._tracker.watermark_ms if self._event_time else None
+
+    @property
+    def close_frontier_ms(self) -> int | None:
+        """Windows (sessions) with ``end_ms <= close_frontier_ms`` are closed; None until the first watermark/advance."""
+        if self._event_time:
+            watermark = self._tracker.watermark_ms
+            frontier = None if watermark is None else watermark - self._lateness_ms
+        else:
+            frontier = self._clock_frontier_ms
+        if frontier is None or (self._closed_through_ms is not None and frontier < self._closed_through_ms):
+            return self._closed_through_ms
+        return frontier
+
+
+class WindowOperator(FrontierClock):
     """Window assignment, lateness and closing for one function's windowed aggregation.
 
     The caller feeds rows with ``observe`` / ``observe_batch`` and calls ``advance(now_ms)`` after each batch
@@ -110,32 +150,6 @@ class WindowOperator:
         self._late_rows = 0
 
     # -- reading ---------------------------------------------------------------------------------------
-
-    @property
-    def spec(self) -> WindowSpec:
-        return self._spec
-
-    @property
-    def tracker(self) -> WatermarkTracker:
-        """The per-partition watermark state (event time), for stats such as idle partitions."""
-        return self._tracker
-
-    @property
-    def watermark_ms(self) -> int | None:
-        """Event-time watermark (None until there is one; always None for processing-time windows)."""
-        return self._tracker.watermark_ms if self._event_time else None
-
-    @property
-    def close_frontier_ms(self) -> int | None:
-        """Windows with ``end_ms <= close_frontier_ms`` are closed; None until the first watermark/advance."""
-        if self._event_time:
-            watermark = self._tracker.watermark_ms
-            frontier = None if watermark is None else watermark - self._lateness_ms
-        else:
-            frontier = self._clock_frontier_ms
-        if frontier is None or (self._closed_through_ms is not None and frontier < self._closed_through_ms):
-            return self._closed_through_ms
-        return frontier
 
     @property
     def late_cutoff_ms(self) -> int | None:
