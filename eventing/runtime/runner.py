@@ -72,7 +72,7 @@ class Rejection(NamedTuple):
 
 NO_HANDLER = Rejection("no_handler")
 # Builds a Call in C: Call(...) goes through a generated Python __new__, ~0.3 us a mutation on the hot path.
-_new_call = tuple.__new__
+_new_call = new_call = tuple.__new__
 
 
 @dataclass
@@ -252,6 +252,8 @@ class HandlerRunner:
         timeout_s: float | None = None,
         invoke: Invoke | None = None,
         on_retry: Callable[[], None] | None = None,
+        first_attempt: int = 1,
+        first_failed: float = 0.0,
     ) -> Failure | None:
         """Run the handler; None when it returned (its writes kept under `epoch`), else the failure.
 
@@ -259,11 +261,12 @@ class HandlerRunner:
         timeout is not retried (a handler that hung once will likely hang again). With `timeout_s` a
         one-shot SIGALRM bounds the call; a worker passes None and arms its own per-step watchdog, which
         reads `in_handler`/`call_started`. A KeyboardInterrupt discards the call's writes and propagates.
+        `first_attempt`/`first_failed` continue the attempts of a call whose first one ran elsewhere
+        (see retry_after).
         """
         assert call.fn is not None
         fn, args = call.fn, call.args
-        first_failed = 0.0
-        for attempt in range(1, attempts + 1):
+        for attempt in range(first_attempt, attempts + 1):
             for b in self.rw_bindings:
                 b.begin(m.vb, m.seqno)
             self.current = m
@@ -275,37 +278,74 @@ class HandlerRunner:
                 else:
                     with _deadline(timeout_s):
                         (invoke or _plain_call)(fn, *args)
-            except HandlerTimeout:
-                self._discard()
-                return Failure(
-                    "timeout", call.kind, f"{call.kind} ran longer than execution_timeout ({self.timeout_s}s)", "",
-                    attempt, first_failed or time.time(),
-                )
-            except HandlerQuit:
-                self._discard()
-                return Failure("quit", call.kind, "", "", attempt, time.time())
-            except KeyboardInterrupt:
-                self._discard()
-                raise
-            except Exception as exc:  # noqa: BLE001 - a handler error is data for the DLQ
-                self._discard()
-                first_failed = first_failed or time.time()
-                if attempt < attempts:
-                    if on_retry is not None:
-                        on_retry()
-                    time.sleep(backoff_s * (2 ** (attempt - 1)))
-                    continue
-                return Failure(
-                    "error", call.kind, f"{type(exc).__name__}: {exc}", traceback.format_exc(), attempt, first_failed
-                )
+            except BaseException as exc:
+                self.in_handler = False
+                outcome = self._failed(exc, call, attempt, attempts, first_failed)
+                if isinstance(outcome, Failure):
+                    return outcome
+                first_failed = outcome
+                if on_retry is not None:
+                    on_retry()
+                time.sleep(backoff_s * (2 ** (attempt - 1)))
+                continue
             finally:
                 self.in_handler = False
-            for b in self.rw_bindings:
-                b.keep(epoch)
-            if self.timers.current:
-                self.timers.keep()
+            self.kept(epoch)
             return None
         raise AssertionError("unreachable: attempts >= 1")
+
+    def kept(self, epoch: int) -> None:
+        """The call in progress returned: its binding writes and timer changes join the batch."""
+        for b in self.rw_bindings:
+            b.keep(epoch)
+        if self.timers.current:
+            self.timers.keep()
+
+    def retry_after(
+        self,
+        exc: BaseException,
+        m: Mutation,
+        call: Call,
+        *,
+        epoch: int,
+        attempts: int,
+        backoff_s: float,
+        on_retry: Callable[[], None] | None = None,
+    ) -> Failure | None:
+        """`call`'s first attempt, made by the caller itself (a worker's inlined hot loop), raised `exc`:
+        what call() would have done from there. Call it inside the `except` block (for the traceback)."""
+        outcome = self._failed(exc, call, 1, attempts, 0.0)
+        if isinstance(outcome, Failure):
+            return outcome
+        if on_retry is not None:
+            on_retry()
+        time.sleep(backoff_s)
+        return self.call(
+            m, call, epoch=epoch, attempts=attempts, backoff_s=backoff_s, on_retry=on_retry,
+            first_attempt=2, first_failed=outcome,
+        )
+
+    def _failed(
+        self, exc: BaseException, call: Call, attempt: int, attempts: int, first_failed: float
+    ) -> Failure | float:
+        """Attempt `attempt` raised `exc` (inside its `except` block): its writes are discarded; the
+        Failure to report, or the time of the first failure when another attempt is due."""
+        self._discard()
+        if isinstance(exc, HandlerTimeout):
+            return Failure(
+                "timeout", call.kind, f"{call.kind} ran longer than execution_timeout ({self.timeout_s}s)", "",
+                attempt, first_failed or time.time(),
+            )
+        if isinstance(exc, HandlerQuit):
+            return Failure("quit", call.kind, "", "", attempt, time.time())
+        if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: not the handler's data
+            raise exc
+        first_failed = first_failed or time.time()
+        if attempt < attempts:
+            return first_failed
+        return Failure(
+            "error", call.kind, f"{type(exc).__name__}: {exc}", traceback.format_exc(), attempt, first_failed
+        )
 
     def _discard(self) -> None:
         for b in self.rw_bindings:

@@ -13,16 +13,28 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+import msgpack
+
 from eventing.core import counters as counter_names
 from eventing.core.definition import FunctionDefinition
-from eventing.core.mutation import OP_TIMER, Mutation, pack_mutation
+from eventing.core.mutation import OP_TIMER, OP_UPDATE, Mutation, pack_mutation
 from eventing.errors import FencedError, OrderViolationError, StoreError
-from eventing.runtime.runner import NO_HANDLER, Call, HandlerRunner, HandlerTimeout, Rejection
+from eventing.handler import Meta
+from eventing.runtime.runner import (
+    NO_HANDLER,
+    Call,
+    Failure,
+    HandlerRunner,
+    HandlerTimeout,
+    Rejection,
+    new_call,
+)
 from eventing.runtime.timers import delay_counter, timer_mutation
 from eventing.storage.remote import DataAccess, DataServiceRef
 from eventing.windows.runtime.row_writer import WindowRowWriter
 from metadata import TIMER_VB_BASE, DlqRow, TimerDone, TimerRecord, owner_vb
 
+_as_mutation = tuple.__new__  # a row tuple as a Mutation, built in C (Mutation(*row) is ~0.3 us)
 HANG_GRACE_S = 2.0  # past execution_timeout, how long a handler SIGALRM could not stop may still run
 
 
@@ -78,6 +90,8 @@ class WorkerCore:
         self.defn = FunctionDefinition.from_dict(record.definition)
         self.source = self.data.bucket(self.defn.source_bucket)
         self._prefetch_runs = getattr(self.source, "prefetch", None)  # a source behind the data service
+        # Plain row tuples where the source has them (a local bucket): no Mutation built per row by Python.
+        self._read_rows = getattr(self.source, "read_vb_rows", self.source.read_vb)
         self.runner = HandlerRunner(self.name, self.defn, record.source, self.source, self.data.bucket)
         self.rw_bindings = self.runner.rw_bindings
         # at_least_once: no effect marks are read, fenced or written (see LocalBucket.apply_effects).
@@ -341,16 +355,75 @@ class WorkerCore:
                 if taken:
                     handled += taken
                     continue
-            for m in self.source.read_vb(vb, position, limit):
-                if m.seqno <= position:
-                    raise OrderViolationError(
-                        f"vBucket {vb} of bucket '{self.source.name}' went backwards: seqno {m.seqno} "
-                        f"after {position}"
-                    )
-                self._handle(m)
-                position = self.positions[vb] = m.seqno
-                handled += 1
+            handled += self._handle_run(vb, position, self._read_rows(vb, position, limit))
         return handled
+
+    def _handle_run(self, vb: int, position: int, rows: list) -> int:
+        """_handle over a run of one vBucket's log rows (tuples in Mutation's field order), with the common
+        case inlined: an update of a decodable document within max_document_bytes, not written by this
+        function, for on_update. Anything else (deletes, dead letters, the recursion guard, window rows,
+        previous_version, a failed call) goes through _handle or the runner's own failure path, so both
+        ways give the same effects, counters and dead letters. Inlining saves ~1.5 us a mutation (no
+        Call, no dispatch, counters added once a run): a third of a worker's cost on a trivial handler."""
+        runner = self.runner
+        positions = self.positions
+        if self.on_update is None or self.window_rows is not None or runner.previous is not None or self._hung:
+            for row in rows:
+                m = _as_mutation(Mutation, row)
+                if m.seqno <= position:
+                    self._order_violation(vb, m.seqno, position)
+                self._handle(m)
+                position = positions[vb] = m.seqno
+            return len(rows)
+        on_update, rw, timers, keyspace = self.on_update, self.rw_bindings, self.timers, runner.keyspace
+        max_bytes, epoch, unpack, monotonic = self.max_bytes, self.epochs[vb], msgpack.unpackb, time.monotonic
+        handled_ok = 0
+        for row in rows:
+            m = _as_mutation(Mutation, row)
+            _, seqno, key, op, cas, raw, origin, expiry, flags, _ = m
+            if seqno <= position:
+                self._order_violation(vb, seqno, position)
+            if op != OP_UPDATE or origin is not None or raw is None or len(raw) > max_bytes:
+                self._handle(m)
+            else:
+                try:
+                    doc = unpack(raw, raw=False)
+                except Exception:  # noqa: BLE001 - _handle dead-letters it as undecodable
+                    self._handle(m)
+                else:
+                    meta = Meta(key, cas, vb, seqno, expiry, flags, "json", keyspace)
+                    for b in rw:
+                        b.begin(vb, seqno)
+                    runner.current = m
+                    runner.call_started = monotonic()
+                    runner.in_handler = True
+                    try:
+                        on_update(doc, meta)
+                        runner.in_handler = False
+                    except BaseException as exc:
+                        runner.in_handler = False
+                        call = new_call(Call, ("on_update", on_update, (doc, meta), doc))
+                        failure = runner.retry_after(
+                            exc, m, call, epoch=epoch, attempts=self._attempts, backoff_s=self._backoff_s,
+                            on_retry=self._count_retry,
+                        )
+                        self.counters[counter_names.MUTATIONS_SEEN] += 1
+                        self._outcome(m, call, failure)
+                    else:
+                        if rw or timers.current:
+                            runner.kept(epoch)
+                        handled_ok += 1
+            position = positions[vb] = seqno
+        if handled_ok:
+            c = self.counters
+            c[counter_names.MUTATIONS_SEEN] += handled_ok
+            c[self._success["on_update"]] += handled_ok
+        return len(rows)
+
+    def _order_violation(self, vb: int, seqno: int, position: int) -> None:
+        raise OrderViolationError(
+            f"vBucket {vb} of bucket '{self.source.name}' went backwards: seqno {seqno} after {position}"
+        )
 
     def _take_window_batch(self, vb: int, position: int, limit: int) -> int:
         """For a window-only function (no on_update): buffer the rows of the next ``limit`` log entries
@@ -409,6 +482,10 @@ class WorkerCore:
             m, call, epoch=self.epochs[m.vb], attempts=self._attempts, backoff_s=self._backoff_s,
             on_retry=self._count_retry,
         )
+        self._outcome(m, call, failure)
+
+    def _outcome(self, m: Mutation, call: Call, failure: Failure | None) -> None:
+        c = self.counters
         if failure is None:
             c[self._success[call.kind]] += 1
         elif failure.status == "timeout":

@@ -105,6 +105,36 @@ def test_a_handler_error_goes_to_the_dlq_and_the_vbucket_moves_on(data_dir):
     assert store.counters("fn_p")["retries"] == 8
 
 
+def test_a_call_that_fails_once_succeeds_on_its_retry_with_only_the_retry_s_writes(data_dir):
+    # The worker makes each update's first attempt itself (its inlined hot loop) and hands a failure to
+    # the runner's retry path: the failed attempt's writes are dropped, the retry's kept, counted once.
+    source = LocalBucket.create(data_dir, "src")
+    for i in range(12):
+        source.upsert(f"k{i}", {"i": i})
+    handler = (
+        "attempts = {}\n"
+        "def on_update(doc, meta):\n"
+        "    n = attempts[meta.id] = attempts.get(meta.id, 0) + 1\n"
+        "    out[meta.id] = {'i': doc['i'], 'attempt': n}\n"
+        "    if doc['i'] % 4 == 0 and n == 1:\n"
+        "        raise ValueError('first attempt of ' + meta.id)\n"
+    )
+    defn = FunctionDefinition.from_dict({
+        "name": "fn_r", "source_bucket": "src", "retries": 1, "retry_backoff": "1ms",
+        "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
+    })
+    deploy(data_dir, defn, handler)
+    run(data_dir)
+    store = open_metadata(data_dir)
+    assert store.dlq_rows("fn_r") == []
+    out = LocalBucket.open(data_dir, "out")
+    assert {k: out.get(k)["attempt"] for k in out.keys()} == {f"k{i}": 2 if i % 4 == 0 else 1 for i in range(12)}
+    counters = store.counters("fn_r")
+    assert counters["on_update_success"] == 12
+    assert counters["retries"] == 3
+    assert counters.get("on_update_failure", 0) == 0
+
+
 def test_a_failed_attempt_leaves_no_partial_effects(data_dir):
     source = LocalBucket.create(data_dir, "src")
     source.upsert("k", {"i": 1})
