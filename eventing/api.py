@@ -138,7 +138,7 @@ class Eventing:
         `spark_master` sends merge jobs to a Spark cluster (default local[*])."""
         service = EventingService(
             self.data_dir,
-            make_executor(self.executor, self.ray_address),
+            make_executor(self.executor, self.ray_address, self.data_dir),
             until_caught_up=until_caught_up,
             functions=functions,
             on_progress=on_progress,

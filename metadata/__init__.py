@@ -4,7 +4,6 @@ Backends: SqliteMetadataStore (embedded default) and CouchbaseMetadataStore; `op
 the environment ($EVENTING_METADATA_URL).
 """
 
-from metadata.couchbase import CouchbaseMetadataStore, CouchbaseWindowStateStore
 from metadata.errors import (
     ConfigError,
     EventingError,
@@ -70,3 +69,12 @@ __all__ = [
     "open_store",
     "parse_metadata_url",
 ]
+
+
+def __getattr__(name: str):
+    # The Couchbase backend is imported when first named (~0.1 s): embedded runs and workers never need it.
+    if name in ("CouchbaseMetadataStore", "CouchbaseWindowStateStore"):
+        from metadata import couchbase
+
+        return getattr(couchbase, name)
+    raise AttributeError(f"module 'metadata' has no attribute {name!r}")

@@ -15,11 +15,14 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
-from metadata.couchbase import CouchbaseMetadataStore
 from metadata.errors import StoreError
 from metadata.sqlite_store import SqliteMetadataStore
+
+if TYPE_CHECKING:
+    from metadata.couchbase import CouchbaseMetadataStore
 
 METADATA_URL_ENV = "EVENTING_METADATA_URL"
 USERNAME_ENV = "EVENTING_COUCHBASE_USERNAME"
@@ -53,6 +56,8 @@ def open_store(
     if not url:
         return SqliteMetadataStore(Path(data_dir) / SQLITE_FILE, create=create)
     target = parse_metadata_url(url, env)
+    from metadata.couchbase import CouchbaseMetadataStore  # only when configured: ~0.1 s of imports
+
     return CouchbaseMetadataStore(
         target.connection_string,
         target.bucket,

@@ -4,6 +4,12 @@ Loads N mutations over D documents into a fresh local bucket, then in the same r
 (a) a single-process loop that reads the bucket's log, decodes each document and calls the handler, and
 (b) `eventing run --until-caught-up` of one function with W workers on a local Ray instance.
 Prints both rates and their ratio; the last line is JSON with plain_mps, eventing_mps and ratio.
+
+Workloads (--workload):
+  trivial  (W1, default 1M mutations) a handler that only keeps a dict: the framework's own cost;
+  writing  (W3, default 300k mutations) functions/fn_email.py, one document written per mutation through
+           its `dst` binding. The plain loop makes the same reads and calls and applies the same writes
+           with LocalBucket.write, one transaction per 10,000 mutations; both must leave equal buckets.
 """
 
 from __future__ import annotations
@@ -20,12 +26,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import msgpack  # noqa: E402
 
 from eventing.core.definition import FunctionDefinition  # noqa: E402
+from eventing.core.mutation import OP_DELETE, OP_UPDATE, decode_document, encode_document  # noqa: E402
 from eventing.handler import Meta  # noqa: E402
 from eventing.runtime import lifecycle  # noqa: E402
 from eventing.runtime.executor import RayExecutor  # noqa: E402
 from eventing.runtime.service import EventingService  # noqa: E402
 from eventing.storage import loadgen  # noqa: E402
-from eventing.storage.bucket import LocalBucket, chunked  # noqa: E402
+from eventing.storage.bucket import LocalBucket, Write, chunked  # noqa: E402
+
+FUNCTIONS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "functions")
 
 HANDLER = '''
 seen = {}
@@ -38,10 +47,39 @@ def on_delete(meta, options):
 '''
 
 
-def plain_loop(bucket: LocalBucket) -> tuple[int, float]:
-    """The baseline: one process, read the log in batches, decode, call the same trivial handler."""
-    namespace: dict = {}
-    exec(HANDLER, namespace)
+class PlainBinding:
+    """The writing plain loop's `dst`: reads see its pending writes, then the bucket; writes are encoded
+    and checked as a binding does, and applied with LocalBucket.write by the loop."""
+
+    def __init__(self, bucket: LocalBucket):
+        self.bucket = bucket
+        self.pending: dict[str, bytes | None] = {}
+        self.writes: list[Write] = []
+
+    def __contains__(self, key: str) -> bool:
+        raw = self.pending[key] if key in self.pending else self.bucket.get_raw(key)
+        return raw is not None and decode_document(raw) is not None
+
+    def __setitem__(self, key: str, doc: dict) -> None:
+        data = encode_document(doc)
+        self.writes.append(Write(key, OP_UPDATE, data))
+        self.pending[key] = data
+
+    def __delitem__(self, key: str) -> None:
+        self.writes.append(Write(key, OP_DELETE))
+        self.pending[key] = None
+
+    def flush(self) -> None:
+        self.bucket.write(self.writes, origin="fn_bench")
+        self.writes, self.pending = [], {}
+
+
+def plain_loop(bucket: LocalBucket, source: str, out: LocalBucket | None) -> tuple[int, float]:
+    """The baseline: one process, read the log in batches, decode, call the same handler (and for the
+    writing workload apply its writes once per batch)."""
+    binding = PlainBinding(out) if out is not None else None
+    namespace: dict = {"log": lambda *parts: None, "dst": binding}
+    exec(source, namespace)
     on_update, on_delete = namespace["on_update"], namespace["on_delete"]
     keyspace = {"bucket_name": bucket.name}
     n = 0
@@ -54,17 +92,29 @@ def plain_loop(bucket: LocalBucket) -> tuple[int, float]:
             else:
                 on_delete(meta, None)
             n += 1
+        if binding is not None:
+            binding.flush()
     return n, time.perf_counter() - start
+
+
+def bucket_contents(bucket: LocalBucket) -> dict[str, dict | None]:
+    return {key: bucket.get(key) for key in bucket.keys()}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mutations", type=int, default=1_000_000)
+    parser.add_argument("--workload", choices=("trivial", "writing"), default="trivial",
+                        help="trivial: W1, a dict-only handler (default); writing: W3, fn_email writing one document a mutation")
+    parser.add_argument("--mutations", type=int, default=None, help="default: 1,000,000 (trivial), 300,000 (writing)")
     parser.add_argument("--documents", type=int, default=50_000)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=2000)
     parser.add_argument("--data-dir", default=None, help="default: a fresh temporary directory")
     args = parser.parse_args(argv)
+    writing = args.workload == "writing"
+    if args.mutations is None:
+        args.mutations = 300_000 if writing else 1_000_000
+    handler = open(os.path.join(FUNCTIONS, "fn_email.py")).read() if writing else HANDLER
 
     data_dir = args.data_dir or tempfile.mkdtemp(prefix="eventing-bench-")
     bucket = LocalBucket.create(data_dir, "bench")
@@ -75,15 +125,19 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load: {args.mutations:,} mutations over {args.documents:,} documents in {load_s:.1f}s "
           f"({args.mutations / load_s:,.0f}/s)")
 
-    n_plain, plain_s = plain_loop(bucket)
+    plain_out = LocalBucket.create(tempfile.mkdtemp(prefix="eventing-bench-plain-"), "emails") if writing else None
+    n_plain, plain_s = plain_loop(bucket, handler, plain_out)
     plain_mps = n_plain / plain_s
     print(f"plain loop: {n_plain:,} mutations in {plain_s:.2f}s = {plain_mps:,.0f} mutations/s")
 
     defn = FunctionDefinition.from_dict({
         "name": "fn_bench", "source_bucket": "bench", "worker_count": args.workers,
         "batch_size": args.batch_size, "checkpoint_interval": "1s",
+        "bindings": [{"alias": "dst", "bucket": "emails", "access": "rw"}] if writing else [],
     })
-    lifecycle.save_function(data_dir, defn, HANDLER)
+    if writing:
+        LocalBucket.create(data_dir, "emails")
+    lifecycle.save_function(data_dir, defn, handler)
     lifecycle.deploy(data_dir, "fn_bench")
     t1 = time.perf_counter()
     executor = RayExecutor()
@@ -104,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     if handled != n_plain:
         print(f"error: eventing handled {handled} mutations, plain loop {n_plain}", file=sys.stderr)
         return 1
+    if plain_out is not None and bucket_contents(plain_out) != bucket_contents(LocalBucket.open(data_dir, "emails")):
+        print("error: eventing and the plain loop left different emails buckets", file=sys.stderr)
+        return 1
     # Processing time: from every worker actor up and owning its vBuckets to the final checkpoint.
     # Start-up (ray.init, actor processes) is a fixed cost per run, reported separately.
     ready = marks.get("ready", start_run)
@@ -116,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     ratio = eventing_mps / plain_mps
     print(f"ratio eventing/plain: {ratio:.2f}")
     print(json.dumps({
-        "plain_mps": round(plain_mps), "eventing_mps": round(eventing_mps), "ratio": round(ratio, 3),
+        "workload": args.workload, "plain_mps": round(plain_mps), "eventing_mps": round(eventing_mps), "ratio": round(ratio, 3),
         "load_mps": round(args.mutations / load_s), "mutations": handled, "workers": args.workers,
     }))
     return 0

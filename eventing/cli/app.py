@@ -22,6 +22,7 @@ COMMAND_MODULES: list[str] = [
     "eventing.cli.buckets",
     "eventing.cli.functions",
     "eventing.cli.run",
+    "eventing.cli.ray_cmd",
     "eventing.cli.checkpoints",
     "eventing.cli.backup",
     "eventing.cli.demo",

@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any
 
-from eventing.cli.common import ProgressRenderer, existing_data_dir, positive_int
+from eventing.cli.common import ProgressRenderer, existing_data_dir, positive_int, process_started_at
 from eventing.cli.output import emit_json, progress_enabled, table
 from eventing.ops.stats import function_stats, vbucket_map
 
@@ -52,7 +52,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         from eventing.windows.spark.spark_session import check_spark_master
 
         check_spark_master(args.spark_master)  # one line in seconds, not a minute of Spark retrying
-    executor = make_executor(args.executor, args.ray_address)
+    began = time.perf_counter()
+    executor = make_executor(args.executor, args.ray_address, data_dir)
+    ray_s = time.perf_counter() - began
     live = not args.json and not args.quiet
     bars = ProgressRenderer(enabled=live and progress_enabled())
     lines = LineProgress(args.progress_every, enabled=live and not progress_enabled() and args.progress_every > 0)
@@ -91,7 +93,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         status = EXIT_DEAD_LETTERS
     else:
         status = EXIT_OK
-    result = {
+    result: dict[str, Any] = {
         "seconds": round(summary.seconds, 2),
         "functions": {
             name: {"handled": p.handled, "backlog": p.backlog, "state": p.state, "error": p.error,
@@ -103,6 +105,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         "failovers": summary.failovers,
         "interrupted": interrupted,
         "exit": status,
+        "startup": _startup(executor, ray_s, summary),
     }
     if args.json:
         emit_json(result)
@@ -125,9 +128,29 @@ def cmd_run(args: argparse.Namespace) -> int:
                       f"see `eventing dlq list {name}`")
             if p.log_path:
                 print(f"  handler log: {p.log_path}")
+        startup = result["startup"]
+        if startup["first_handler_call_s"] is not None:
+            ray = f"Ray {startup['ray_s']:.1f}s" + (
+                " (joined the `eventing ray start` instance)" if startup["joined_ray_instance"]
+                else " (own instance; `eventing ray start` keeps one up)" if args.executor == "ray" and not args.ray_address
+                else ""
+            )
+            print(f"start-up: {ray}, workers up {startup['workers_ready_s']:.1f}s; first handler call "
+                  f"{startup['first_handler_call_s']:.1f}s after the command started")
         if interrupted:
             print("interrupted: stopped after a checkpoint; `eventing run` resumes from there", file=sys.stderr)
     return status
+
+
+def _startup(executor: Any, ray_s: float, summary: Any) -> dict[str, Any]:
+    """Where a run's start-up went: Ray, the workers, and the time from the command to its first handler call."""
+    firsts = [p.first_handled_at for p in summary.functions.values() if p.first_handled_at]
+    return {
+        "ray_s": round(ray_s, 3),
+        "joined_ray_instance": bool(getattr(executor, "joined", None)),
+        "workers_ready_s": summary.workers_ready_s,
+        "first_handler_call_s": round(min(firsts) - process_started_at(), 3) if firsts else None,
+    }
 
 
 def cmd_vbmap(args: argparse.Namespace) -> int:

@@ -124,8 +124,10 @@ FORWARDED_ENV = (
 )
 
 
-def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> None:
-    """Start a local Ray instance, or join the cluster at `address`, once per process."""
+def init_ray(address: str | None = None, *, num_cpus: int | None = None, join_local: str | None = None) -> None:
+    """Start a local Ray instance, or join the cluster at `address`, once per process. ``join_local``: the
+    address of a Ray instance on this machine started by `eventing ray start` (eventing.runtime.ray_instance),
+    whose workers already have this project's environment."""
     import ray
 
     if ray.is_initialized():
@@ -151,10 +153,12 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None) -> None
         # Code on every node: the project's packages travel with the job (Ray uploads them once, each node
         # unpacks them into its own session folder), so a node needs only Python, Ray and the dependencies.
         kwargs["runtime_env"] = {"env_vars": env, "py_modules": project_modules()}
-    elif num_cpus is not None:
+    elif num_cpus is not None and not join_local:
         kwargs["num_cpus"] = num_cpus
     try:
-        if address:
+        if join_local:
+            ray.init(address=join_local, **kwargs)
+        elif address:
             ray.init(**kwargs)
         else:
             # A local instance's workers inherit the environment its raylet starts with. A runtime_env
@@ -243,10 +247,11 @@ class RayExecutor:
 
     name = "ray"
 
-    def __init__(self, address: str | None = None):
+    def __init__(self, address: str | None = None, *, join_local: str | None = None):
         import ray
 
-        init_ray(address)
+        init_ray(address, join_local=join_local)
+        self.joined = join_local  # the `eventing ray start` instance joined, if any
         self._ray = ray
         self._actor_cls = ray.remote(num_cpus=0, max_restarts=0)(WorkerHost)
         self.address = address
@@ -339,9 +344,17 @@ class RayExecutor:
             pass
 
 
-def make_executor(kind: str, ray_address: str | None = None) -> Executor:
+def make_executor(kind: str, ray_address: str | None = None, data_dir: str | None = None) -> Executor:
+    """``ray`` without an address joins the data directory's `eventing ray start` instance when it is up
+    (~0.1 s), else starts a Ray instance of its own for the run (~2.5 s)."""
     if kind == "in-process":
         return InProcessExecutor()
     if kind == "ray":
+        if not ray_address and data_dir is not None:
+            from eventing.runtime.ray_instance import running
+
+            instance = running(data_dir)
+            if instance is not None:
+                return RayExecutor(join_local=instance.address)
         return RayExecutor(ray_address)
     raise EventingError(f"unknown executor {kind!r}; use 'ray' or 'in-process'")

@@ -58,6 +58,7 @@ class FunctionProgress:
     # failed must not look like a clean one.
     dead_letters: dict[str, int] = field(default_factory=dict)
     log_path: str | None = None  # the handler log, once a handler logged something
+    first_handled_at: float = 0.0  # epoch s: when its first batch of mutations began (0: none yet)
 
 
 @dataclass
@@ -67,6 +68,7 @@ class RunSummary:
     errors: list[str] = field(default_factory=list)
     leadership: dict = field(default_factory=dict)  # how this service became leader (and when it took over)
     failovers: list[dict] = field(default_factory=list)  # nodes this service failed over
+    workers_ready_s: float | None = None  # from the start of run() until every function's workers were up
 
 
 class EventingService:
@@ -185,6 +187,10 @@ class EventingService:
                     self.summary.leadership["workers_ready_s"] = round(time.monotonic() - self._leading_since, 3)
                     self._leading_since = None
                     self._cool_down()
+                if self.summary.workers_ready_s is None and self.supervisors and all(
+                    sup.ready for sup in self.supervisors.values()
+                ):
+                    self.summary.workers_ready_s = round(time.monotonic() - start, 3)
                 self._report(now - start)
                 if self.until_caught_up and not self.supervisors and self._nothing_left():
                     break
@@ -548,6 +554,8 @@ class EventingService:
         for name, sup in self.supervisors.items():
             p = self._progress(name)
             p.handled, p.backlog = self._handled_before.get(name, 0) + sup.handled, sup.backlog
+            if sup.first_handled_at and not p.first_handled_at:
+                p.first_handled_at = sup.first_handled_at
             t0, n0 = self._rate_window.get(name, (now, 0))
             if now - t0 >= 1.0:
                 p.rate_mps = (sup.handled - n0) / (now - t0)

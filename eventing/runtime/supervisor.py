@@ -105,6 +105,7 @@ class FunctionSupervisor:
         for worker in assignment.workers():
             self._add_slot(str(worker), worker.node, assignment.vbuckets_of(worker))
         self.handled = 0
+        self.first_handled_at = 0.0  # epoch s: the earliest first handled batch of its workers (start-up figure)
         self.error: EventingError | None = None
         self.started_at = time.monotonic()
         self.handoff: Handoff | None = None
@@ -217,6 +218,8 @@ class FunctionSupervisor:
         slot.inflight.remove(fut)
         report: StepReport = value
         self.handled += report.handled
+        if report.first_handled_at and (not self.first_handled_at or report.first_handled_at < self.first_handled_at):
+            self.first_handled_at = report.first_handled_at
         slot.caught_up = report.caught_up
         slot.backlog = report.backlog
         if report.fenced:

@@ -63,6 +63,7 @@ class StepReport:
     fenced: list[int] = field(default_factory=list)  # vBuckets lost to a newer owner
     owned: int = 0
     timers_fired: int = 0  # timer callbacks run in this step (not mutations: `handled` leaves them out)
+    first_handled_at: float = 0.0  # epoch s: when the worker's first handled batch began (its first step with any)
 
 
 # A supervisor's step keeps taking batches this long while the worker is behind: ~10 round trips a
@@ -115,6 +116,7 @@ class WorkerCore:
         self.dlq: list[DlqRow] = []
         self.last_commit = time.monotonic()
         self._rotor = 0
+        self._handled_any = False
         self._hung: set[tuple[int, int]] = set()
         self.timers = self.runner.timers
         self.timers.lookup = lambda callback, reference: self.store.get_timer(self.name, callback, reference)
@@ -207,6 +209,7 @@ class WorkerCore:
         # (_prefetch) are planned from them and stay valid for the whole step.
         remote = self._prefetch_runs is not None
         highs = self.source.high_seqnos() if remote else []
+        first_at = 0.0 if self._handled_any else time.time()
         while True:
             if not remote:
                 highs = self.source.high_seqnos()
@@ -233,6 +236,10 @@ class WorkerCore:
         if time.monotonic() - self.last_commit >= self.defn.checkpoint_interval.total_seconds():
             fenced |= self.commit()
         backlog = sum(max(0, limits[vb] - self.positions[vb]) for vb in self.epochs)
+        if handled and not self._handled_any:
+            self._handled_any = True
+        else:
+            first_at = 0.0
         return StepReport(
             self.spec.worker_id,
             handled=handled,
@@ -241,6 +248,7 @@ class WorkerCore:
             fenced=sorted(fenced),
             owned=len(self.epochs),
             timers_fired=fired,
+            first_handled_at=first_at,
         )
 
     def _observe_latency(self, seconds: float, count: int) -> None:

@@ -43,7 +43,6 @@ from metadata import (
     open_store,
     parse_metadata_url,
 )
-from metadata import factory as factory_module
 from sharding import vbucket_of
 
 LIVE_URL_ENV = "EVENTING_TEST_COUCHBASE_URL"
@@ -821,7 +820,9 @@ def test_the_factory_opens_couchbase_when_the_url_is_set(tmp_path, monkeypatch):
         def __init__(self, *args, **kwargs):
             opened.append((args, kwargs))
 
-    monkeypatch.setattr(factory_module, "CouchbaseMetadataStore", Recorder)
+    import metadata.couchbase
+
+    monkeypatch.setattr(metadata.couchbase, "CouchbaseMetadataStore", Recorder)  # the factory imports it when used
     monkeypatch.setenv("EVENTING_METADATA_URL", "couchbase://cb1:11210,cb2/meta?timeout=2&prefix=prod&network=external")
     monkeypatch.setenv("EVENTING_COUCHBASE_USERNAME", "eventing")
     monkeypatch.setenv("EVENTING_COUCHBASE_PASSWORD", "s3cret")
