@@ -252,6 +252,19 @@ def test_stats_show_azures_metrics(data_dir, monkeypatch):
     assert policies["watermark_ms"] == clock_ms(DAY, "12:21")
     assert policies["watermark_delay_ms"] > 0
     json.dumps(stats)
+    # The same figures in /metrics (the Prometheus rendering the HTTP server serves).
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from eventing.http.metrics import render
+
+    samples = {(s.name, tuple(s.labels.values())): s.value
+               for f in text_string_to_metric_families(render(data_dir).decode()) for s in f.samples}
+    assert samples[("eventing_window_out_of_order_events_total", (FN,))] == 2
+    assert samples[("eventing_window_late_input_events_total", (FN,))] == 1
+    assert samples[("eventing_window_early_input_events_total", (FN,))] == 1
+    assert samples[("eventing_window_rows_adjusted_total", (FN,))] == 3
+    assert samples[("eventing_dead_letters_total", (FN, "early"))] == 1
+    assert samples[("eventing_watermark_delay_seconds", (FN,))] > 0
 
 
 def test_substream_rows_wait_for_earlier_arrivals_of_other_vbuckets_whatever_order_the_files_come_in(data_dir):
