@@ -330,3 +330,26 @@ def test_substream_rows_wait_for_earlier_arrivals_of_other_vbuckets_whatever_ord
     results = ParquetWindowSink(WindowPaths.of(data_dir, FN).root / "results").read(FN).to_pylist()
     assert results == expected_results({k: f for (_, _, _, _, k), f in zip(loaded, want, strict=True)})
     store.close()
+
+
+def test_session_windows_take_the_policies_windowed_times_too(data_dir, monkeypatch):
+    from eventing.testing.windows import reference_sessions
+
+    window = {"kind": "session", "gap": "3m", "time_field": "ts", "aggregates": ["count", {"op": "sum", "field": "v"}],
+              "out_of_order_tolerance": "2m", "late_arrival_tolerance": "5m", "early_arrival_policy": "drop",
+              "allowed_lateness": "1h"}
+    h = Harness(data_dir, monkeypatch, window)
+    keys = keys_in_one_vbucket(len(SEED_TABLE))
+    h.load(list(SEED_TABLE), keys)
+    h.run(close=True)
+    fates = h.fates()
+    assert fates == h.expected(early_arrival="drop")
+    docs, times = [], {}
+    for m in h.source.read_vb(vbucket_of(keys[0]), 0, 100):
+        at, reason = fates[m.key]
+        if reason is None:
+            docs.append((m.vb, m.seqno, {"ts": 0, "v": 1.0}))
+            times[(m.vb, m.seqno)] = at
+    want = reference_sessions(docs, WindowSpec.from_dict(window), times=times).to_pylist()
+    assert h.results() == want
+    assert len(want) == 2  # rows windowed at 12:07-12:08, and at 12:17-12:23

@@ -209,6 +209,7 @@ class WindowCoordinator:
         # mutation that reached the source before them has been read.
         self._holds = self._policies and self.spec.substream_key is not None and source_bucket is not None
         self._after_commit: list[Path] = []  # held files the committed state no longer lists
+        self._held_vb_cache: set[int] | None = None
         self.fence, saved = self.states.claim(function)
         self._load(saved)
         folders = [self.paths.incoming, self.paths.accepted]
@@ -336,9 +337,10 @@ class WindowCoordinator:
         # vouches for rows that were in the listing: a vBucket past its target without a row has none.
         tracker = self.operator.tracker
         delivered = [vb for vb in self.waiting if tracker.partition_watermark_ms(vb) is not None]
+        held = self._held_vbs() if self.held else set()  # rows read but held (substreams): on their way
         done = [
             vb for vb, target in self.waiting.items()
-            if vb not in delivered and vb in checkpoints and checkpoints[vb].seqno >= target
+            if vb not in delivered and vb not in held and vb in checkpoints and checkpoints[vb].seqno >= target
         ]
         if done:
             self.operator.revoke_partitions(done)
@@ -597,11 +599,13 @@ class WindowCoordinator:
                 name = f"f{self.fence}-{self.held_next:09d}.arrow"
                 write_row_spool(self.paths.held, name[: -len(".arrow")], table)
                 self.held.append([name, fresh])
+                self._held_vb_cache = None
                 self.held_next += 1
                 self._dirty = True
             return go
         self._after_commit += [self.paths.held / name for name, _ in self.held]
         self.held = []
+        self._held_vb_cache = None
         if wait.num_rows:
             name = f"f{self.fence}-{self.held_next:09d}.arrow"
             write_row_spool(self.paths.held, name[: -len(".arrow")], wait)
@@ -609,6 +613,15 @@ class WindowCoordinator:
             self.held_next += 1
         self._dirty = True
         return go
+
+    def _held_vbs(self) -> set[int]:
+        """vBuckets with rows held for the policies (read from the held files once, then kept up to date)."""
+        if self._held_vb_cache is None:
+            vbs: set[int] = set()
+            for name, _ in self.held:
+                vbs.update(pc.unique(read_row_batch(self.paths.held / name)["vb"]).to_pylist())
+            self._held_vb_cache = vbs
+        return self._held_vb_cache
 
     def _dead_letters(self, rows: pa.Table, reason: str, errors: list[str], now: int) -> list[DlqRow]:
         """DLQ rows of ``reason`` for ``rows``, each with its error text, carrying the original mutation from
