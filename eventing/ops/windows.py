@@ -89,8 +89,13 @@ def adjusted_rows(data_dir: str, name: str) -> list[dict[str, Any]]:
     if not folder.is_dir():
         return []
     out: list[dict[str, Any]] = []
+    seen: set[tuple[int, int]] = set()
     for path in sorted(folder.glob("f*.parquet"), key=lambda p: int(p.stem.split("-")[1])):
-        out.extend(pq.read_table(path).to_pylist())
+        for row in pq.read_table(path).to_pylist():
+            # A coordinator fenced mid-poll may leave a file its successor writes again: the same fates.
+            if (row["vb"], row["seqno"]) not in seen:
+                seen.add((row["vb"], row["seqno"]))
+                out.append(row)
     return out
 
 

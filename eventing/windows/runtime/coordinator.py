@@ -5,7 +5,10 @@ Every ``poll(now)``:
 1. reads the row batches that workers wrote into ``incoming/`` since the last poll (per worker
    incarnation, in file order and without gaps), drops rows at or below ``classified_upto[vb]`` (copies a
    restarted worker wrote again) and duplicate ``(vb, seqno)`` pairs;
-2. judges them with ``WindowOperator.observe_batch`` (each vBucket is a watermark partition): late rows go
+2. with arrival-time policies (DESIGN §3.12), first puts them through the policies in arrival order
+   (``eventing.windows.runtime.arrivals``: drops to the dead-letter queue, adjusted rows windowed at their
+   adjusted time; with substreams, rows wait in ``held/`` until every earlier arrival has been read); then
+   judges them with ``WindowOperator.observe_batch`` (each vBucket is a watermark partition): late rows go
    to the dead-letter queue with reason ``late``; the others are combined into partial aggregates per
    (window, group) (``eventing.windows.spark.partials``) and written to ``accepted/`` as one file;
 3. ``advance(now)`` closes windows (watermark, allowed lateness, idle timeouts); at the end of input, with
