@@ -353,3 +353,55 @@ def test_session_windows_take_the_policies_windowed_times_too(data_dir, monkeypa
     want = reference_sessions(docs, WindowSpec.from_dict(window), times=times).to_pylist()
     assert h.results() == want
     assert len(want) == 2  # rows windowed at 12:07-12:08, and at 12:17-12:23
+
+
+# -- the batch form of the policies agrees with the row-by-row form -------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from eventing.windows.semantics.arrival import DROP_REASONS, NO_WATERMARK, ArrivalPolicy  # noqa: E402
+
+
+@st.composite
+def policy_batches(draw):
+    settings_ = dict(
+        out_of_order_tolerance_ms=draw(st.sampled_from([0, 2 * MIN])),
+        out_of_order=draw(st.sampled_from(["adjust", "drop"])),
+        late_arrival_tolerance_ms=draw(st.sampled_from([None, 0, 5 * MIN])),
+        late_arrival=draw(st.sampled_from(["adjust", "drop"])),
+        early_arrival=draw(st.sampled_from([None, "adjust", "drop"])),
+        substreams=draw(st.booleans()),
+    )
+    batches = []
+    for _ in range(draw(st.integers(1, 3))):
+        rows = draw(st.lists(st.tuples(
+            st.integers(0, 40) .map(lambda m: DAY + m * MIN),  # event time
+            st.integers(0, 40).map(lambda m: DAY + m * MIN),  # arrival time
+            st.sampled_from([0, 1, 2]),  # vBucket
+            st.sampled_from(["d1", "d2", 3, None]),  # substream key
+        ), max_size=25))
+        batches.append(rows)
+    return settings_, batches
+
+
+@settings(max_examples=300, deadline=None)
+@given(case=policy_batches())
+def test_observe_batch_gives_the_fates_state_and_metrics_of_observe_row_by_row(case):
+    settings_, batches = case
+    one, many = ArrivalPolicy(**settings_), ArrivalPolicy(**settings_)
+    for rows in batches:
+        expected = [one.observe(t, a, partition=vb, key=k) for t, a, vb, k in rows]
+        got = many.observe_batch([r[0] for r in rows], [r[1] for r in rows], partitions=[r[2] for r in rows],
+                                 keys=[r[3] for r in rows])
+        for i, fate in enumerate(expected):
+            assert DROP_REASONS[got.reason[i]] == fate.reason, i
+            if fate.time_ms is not None:
+                assert got.time_ms[i] == fate.time_ms, i
+            assert (bool(got.early[i]), bool(got.late_arrival[i]), bool(got.out_of_order[i])) == (
+                fate.early, fate.late_arrival, fate.out_of_order), i
+            if fate.out_of_order:
+                assert got.watermark_ms[i] != NO_WATERMARK and got.watermark_ms[i] == fate.watermark_ms
+        mine, theirs = many.to_state(), one.to_state()
+        assert mine["metrics"] == theirs["metrics"]
+        assert {json.dumps(s): w for s, w in mine["watermarks"]} == {json.dumps(s): w for s, w in theirs["watermarks"]}

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -29,11 +30,10 @@ from eventing.core.counters import ADJUSTED_ROWS, EARLY_INPUT_EVENTS, LATE_INPUT
 from eventing.core.durations import format_duration
 from eventing.windows.batches import EVENT_TIME, EVENT_TIME_TYPE
 from eventing.windows.runtime.row_writer import RowLayout
-from eventing.windows.semantics.arrival import EARLY_ARRIVAL_MS, ArrivalPolicy
+from eventing.windows.semantics.arrival import DROP_REASONS, EARLY_ARRIVAL_MS, NO_WATERMARK, ArrivalPolicy
 from eventing.windows.semantics.windows import arrow_epoch_ms
 
 LIFTS = "#lifts"  # bool column of judged rows: False for rows that must not move the watermark (early)
-DROP_REASONS = ("early", "late_arrival", "out_of_order", "no_substream_key")
 
 
 ADJUSTED_SCHEMA = pa.schema([
@@ -91,67 +91,52 @@ class ArrivalGate:
     def judge(self, table: pa.Table) -> Judged:
         """Judge ``table`` (row batch layout, arrival times known) in arrival order."""
         table = arrival_order(table)
-        n = table.num_rows
-        policy = self.policy
-        before = policy.metrics()
-        times = arrow_epoch_ms(table[EVENT_TIME]).to_pylist()
-        arrivals = table["arrival_ms"].to_pylist()
-        vbs = table["vb"].to_pylist()
-        streams = table[self.substream_column].to_pylist() if self.substream_column else [None] * n
-        windowed: list[int] = []
-        lifts: list[bool] = []
-        keep = [False] * n
-        dropped: dict[str, list[int]] = {}
-        errors: dict[str, list[str]] = {}
-        moved: list[int] = []  # rows the policies moved: their index, windowed time and rules
-        moved_to: list[int] = []
-        moved_by: list[str] = []
-        observe = policy.observe
-        for i in range(n):
-            t, a, vb, stream = times[i], arrivals[i], vbs[i], streams[i]
-            fate = observe(t, a, partition=vb, key=stream)
-            if fate.time_ms is None:
-                reason = fate.reason or "out_of_order"
-                dropped.setdefault(reason, []).append(i)
-                errors.setdefault(reason, []).append(self._why(reason, t, a, vb, stream, fate.watermark_ms))
-                continue
-            keep[i] = True
-            windowed.append(fate.time_ms)
-            lifts.append(not fate.early)
-            if fate.outcome == "adjusted":
-                moved.append(i)
-                moved_to.append(fate.time_ms)
-                moved_by.append(",".join(r for r in ("early", "late_arrival", "out_of_order") if getattr(fate, r)))
+        times = arrow_epoch_ms(table[EVENT_TIME]).to_numpy()
+        arrivals = table["arrival_ms"].to_numpy()
+        vbs = table["vb"].to_numpy()
+        streams = table[self.substream_column].to_pylist() if self.substream_column else None
+        fates = self.policy.observe_batch(times, arrivals, partitions=vbs, keys=streams)
+        kept = fates.kept
         out = Judged(kept=table)
-        if dropped:
-            out.dropped = {reason: table.take(pa.array(rows, pa.int64())) for reason, rows in dropped.items()}
-            out.errors = errors
-            out.kept = table.filter(pa.array(keep))
-        if moved:
-            picks = pa.array(moved, pa.int64())
+        for code in np.unique(fates.reason[~kept]).tolist():
+            reason = DROP_REASONS[code] or "out_of_order"
+            rows = np.flatnonzero(fates.reason == code)
+            out.dropped[reason] = table.take(pa.array(rows))
+            out.errors[reason] = [
+                self._why(reason, int(times[i]), int(arrivals[i]), int(vbs[i]),
+                          None if streams is None else streams[i], int(fates.watermark_ms[i]))
+                for i in rows.tolist()
+            ]
+        if not kept.all():
+            out.kept = table.filter(pa.array(kept))
+        moved = np.flatnonzero(kept & (fates.time_ms != times))
+        if len(moved):
+            rules = [",".join(r for r, flags in (("early", fates.early), ("late_arrival", fates.late_arrival),
+                                                 ("out_of_order", fates.out_of_order)) if flags[i])
+                     for i in moved.tolist()]
+            picks = pa.array(moved)
             out.adjusted = pa.Table.from_arrays([
                 table["vb"].take(picks), table["seqno"].take(picks), table["key"].take(picks),
-                pa.array([times[i] for i in moved], pa.int64()), table["arrival_ms"].take(picks),
-                pa.array(moved_to, pa.int64()), pa.array(moved_by, pa.string()),
-                pa.array([streams[i] for i in moved], pa.string()),
+                pa.array(times[moved]), table["arrival_ms"].take(picks), pa.array(fates.time_ms[moved]),
+                pa.array(rules, pa.string()),
+                pa.array([streams[i] for i in moved.tolist()] if streams is not None else [None] * len(moved),
+                         pa.string()),
             ], schema=ADJUSTED_SCHEMA)
-        kept = out.kept
-        if kept.num_rows:
-            ms = pa.array(windowed, pa.int64())
-            stamped = ms.cast(pa.timestamp("ms", tz="UTC")).cast(EVENT_TIME_TYPE)
-            kept = kept.set_column(kept.schema.get_field_index(EVENT_TIME), EVENT_TIME, stamped)
-        out.kept = kept.append_column(LIFTS, pa.array(lifts, pa.bool_()))
-        after = policy.metrics()
-        for name, counter in (("out_of_order_events", OUT_OF_ORDER_EVENTS), ("late_input_events", LATE_INPUT_EVENTS),
-                              ("early_input_events", EARLY_INPUT_EVENTS)):
-            delta = int(after[name] or 0) - int(before[name] or 0)
-            if delta:
-                out.counters[counter] += delta
-        if out.adjusted.num_rows:
-            out.counters[ADJUSTED_ROWS] += out.adjusted.num_rows
+        windowed = fates.time_ms[kept]
+        result = out.kept
+        if result.num_rows:
+            stamped = pa.array(windowed).cast(pa.timestamp("ms", tz="UTC")).cast(EVENT_TIME_TYPE)
+            result = result.set_column(result.schema.get_field_index(EVENT_TIME), EVENT_TIME, stamped)
+        out.kept = result.append_column(LIFTS, pa.array(~fates.early[kept]))
+        for counter, n in ((OUT_OF_ORDER_EVENTS, fates.out_of_order), (LATE_INPUT_EVENTS, fates.late_arrival),
+                           (EARLY_INPUT_EVENTS, fates.early)):
+            if n.any():
+                out.counters[counter] += int(n.sum())
+        if len(moved):
+            out.counters[ADJUSTED_ROWS] += len(moved)
         return out
 
-    def _why(self, reason: str, t: int, a: int, vb: int, stream: str | None, watermark: int | None) -> str:
+    def _why(self, reason: str, t: int, a: int, vb: int, stream: str | None, watermark: int) -> str:
         """The dead-letter text of a dropped row: the rule, the times, and the setting that decided it."""
         if reason == "no_substream_key":
             return (
@@ -171,8 +156,9 @@ class ArrivalGate:
                 "'drop'); raise the tolerance to keep such rows"
             )
         where = f"substream {self.spec.substream_key}={stream!r}" if stream is not None else f"vBucket {vb}"
+        mark = _iso(None if watermark == NO_WATERMARK else watermark)
         return (
-            f"event time {_iso(t)} is behind the watermark {_iso(watermark)} of {where} (out_of_order_policy "
+            f"event time {_iso(t)} is behind the watermark {mark} of {where} (out_of_order_policy "
             f"'drop', out_of_order_tolerance {_span(self.spec.out_of_order_tolerance_ms)}); raise "
             "out_of_order_tolerance to keep such rows"
         )
