@@ -72,7 +72,8 @@ class BatchFates:
 
     ``reason`` indexes ``DROP_REASONS`` (0: kept); ``time_ms`` is the time a kept row is windowed at;
     ``early``/``late_arrival``/``out_of_order`` say which rules a row met; ``watermark_ms`` is its stream's
-    watermark when it was judged (``NO_WATERMARK`` before the stream's first row).
+    watermark when the out-of-order rule judged it (``NO_WATERMARK`` before the stream's first row, and for
+    rows that rule never saw: early ones, late ones dropped, those without a substream key).
     """
 
     time_ms: Any
@@ -194,7 +195,8 @@ class ArrivalPolicy:
         self, event_time_ms: Any, arrival_ms: Any, *, partitions: Any = 0, keys: Sequence[Any] | None = None
     ) -> BatchFates:
         """``observe`` for many rows at once, in the order given, with numpy: the same fates, watermarks and
-        metrics as calling ``observe`` row by row (tests check it), some 50 times faster.
+        metrics as calling ``observe`` row by row (tests check it), several times faster (7x for 200,000 rows
+        over 1,024 vBuckets).
 
         Per stream, a kept row's watermark before it is the stream's watermark before the batch or the
         greatest (adjusted time - tolerance) of the stream's earlier rows, whichever is greater: adjusting
