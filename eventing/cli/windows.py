@@ -84,7 +84,7 @@ def _adjusted(data_dir: str, args: argparse.Namespace) -> int:
     if "arrival_policies" not in status:
         raise ConfigError(
             f"function '{args.function}' declares no arrival-time policies, so no row is adjusted; see "
-            "early_arrival_policy, out_of_order_policy and late_arrival_tolerance in docs/windows.md"
+            "early_arrival_policy, out_of_order_policy and late_arrival_tolerance in docs/time-semantics.md"
         )
     rows = adjusted_rows(data_dir, args.function)
     if args.limit:

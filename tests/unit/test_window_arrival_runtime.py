@@ -239,6 +239,35 @@ def test_a_missing_substream_column_value_is_a_dead_letter_not_a_crash():
     assert "substream key field 'device'" in judged.errors["no_substream_key"][0]
 
 
+def test_eventing_windows_adjusted_lists_the_moved_rows_and_refuses_a_function_without_policies(
+    data_dir, monkeypatch, capsys
+):
+    from eventing.cli import main
+
+    h = Harness(data_dir, monkeypatch, dict(BASE, early_arrival_policy="drop"))
+    keys = keys_in_one_vbucket(len(SEED_TABLE))
+    h.load(list(SEED_TABLE), keys)
+    h.run(close=True)
+    capsys.readouterr()
+    assert main(["--data-dir", data_dir, "windows", FN, "--adjusted", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["key"], r["windowed_ms"], r["rules"]) for r in rows] == [
+        (keys[5], clock_ms(DAY, "12:17"), "out_of_order"), (keys[8], clock_ms(DAY, "12:18"), "out_of_order"),
+        (keys[11], clock_ms(DAY, "12:22"), "late_arrival"),
+    ]
+    assert main(["--data-dir", data_dir, "windows", FN, "--adjusted"]) == 0
+    out = capsys.readouterr().out
+    assert "2026-01-01T12:22:00Z" in out and "late_arrival" in out
+    assert main(["--data-dir", data_dir, "windows", FN]) == 0
+    assert "arrival-time policies: 2 out-of-order, 1 late input and 1 early input events" in capsys.readouterr().out
+    plain = FunctionDefinition.from_dict({"name": "fn_plain", "source_bucket": "src",
+                                          "window": {k: v for k, v in BASE.items() if k != "late_arrival_tolerance"}})
+    lifecycle.save_function(data_dir, plain, '"""Window-only."""\n')
+    assert main(["--data-dir", data_dir, "windows", "fn_plain", "--adjusted"]) != 0
+    err = capsys.readouterr().err
+    assert "declares no arrival-time policies" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
 def test_stats_show_azures_metrics(data_dir, monkeypatch):
     from eventing.ops.stats import function_stats
 
