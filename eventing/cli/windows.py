@@ -25,7 +25,10 @@ def _describe(spec: dict[str, Any]) -> str:
 def cmd_windows(args: argparse.Namespace) -> int:
     from eventing.cli.common import existing_data_dir
 
-    report = window_report(existing_data_dir(args), args.function)
+    data_dir = existing_data_dir(args)
+    if args.adjusted:
+        return _adjusted(data_dir, args)
+    report = window_report(data_dir, args.function)
     aggregates = report["aggregates"]
     if args.aggregate is not None and args.aggregate not in aggregates:
         raise ConfigError(
@@ -50,6 +53,14 @@ def cmd_windows(args: argparse.Namespace) -> int:
     )
     if report["watermark"] is not None:
         print(f"watermark: {report['watermark']}")
+    policies = report.get("arrival_policies")
+    if policies is not None:
+        print(
+            f"arrival-time policies: {policies['out_of_order_events']} out-of-order, {policies['late_input_events']} "
+            f"late input and {policies['early_input_events']} early input events; {policies['rows_adjusted']} rows "
+            f"adjusted (`eventing windows {args.function} --adjusted`), {policies['rows_held']} waiting for "
+            "earlier arrivals"
+        )
     rows = report["results"]
     if args.limit:
         rows = rows[-args.limit :]
@@ -64,9 +75,37 @@ def cmd_windows(args: argparse.Namespace) -> int:
     return 0
 
 
+def _adjusted(data_dir: str, args: argparse.Namespace) -> int:
+    """The rows the arrival-time policies windowed at another time than their event time."""
+    from eventing.ops.windows import adjusted_rows, window_status
+    from eventing.windows.runtime.coordinator import iso_ms
+
+    status = window_status(data_dir, args.function)  # names the fix for an unknown or window-less function
+    if "arrival_policies" not in status:
+        raise ConfigError(
+            f"function '{args.function}' declares no arrival-time policies, so no row is adjusted; see "
+            "early_arrival_policy, out_of_order_policy and late_arrival_tolerance in docs/time-semantics.md"
+        )
+    rows = adjusted_rows(data_dir, args.function)
+    if args.limit:
+        rows = rows[-args.limit :]
+    if args.json:
+        emit_json(rows)
+        return 0
+    if not rows:
+        print(f"no row of {args.function} was adjusted")
+        return 0
+    print(table(["vb", "seqno", "key", "event time", "arrival", "windowed at", "rules", "substream"],
+                [[r["vb"], r["seqno"], r["key"], iso_ms(r["event_time_ms"]), iso_ms(r["arrival_ms"]),
+                  iso_ms(r["windowed_ms"]), r["rules"], r["substream"] or "-"] for r in rows]))
+    return 0
+
+
 def register(sub: Any, add: Callable[..., argparse.ArgumentParser]) -> None:
     p = add("windows", cmd_windows, "results of a windowed function: one row per window and group, and a chart")
     p.add_argument("function")
     p.add_argument("--png", metavar="FILE", help="also write a chart of one aggregate over the windows (PNG)")
     p.add_argument("--aggregate", metavar="NAME", help="the aggregate to chart (default: the first one)")
     p.add_argument("--limit", type=int, default=0, help="show only the last N result rows (default: all)")
+    p.add_argument("--adjusted", action="store_true",
+                   help="list the rows the arrival-time policies windowed at another time than their event time")

@@ -23,6 +23,11 @@ WORKERS_RECYCLED = "workers_recycled"
 WINDOW_ROWS_WRITTEN = "window_rows_written"  # rows workers wrote for the window (a window-only function's updates)
 WINDOW_ROWS_ACCEPTED = "window_rows_accepted"  # rows the coordinator windowed (not late, not replayed)
 WINDOW_VALUES_NOT_NUMERIC = "window_values_not_numeric"  # aggregated field values that were not numbers (skipped)
+# Azure Stream Analytics' metrics of the arrival-time policies (rows dropped or adjusted alike).
+OUT_OF_ORDER_EVENTS = "window_out_of_order_events"
+LATE_INPUT_EVENTS = "window_late_input_events"
+EARLY_INPUT_EVENTS = "window_early_input_events"
+ADJUSTED_ROWS = "window_rows_adjusted"  # rows windowed at another time than their event time
 WINDOWS_CLOSED = "windows_closed"
 WINDOWS_EMITTED = "windows_emitted"
 TIMERS_CREATED = "timers_created"  # creates made durable (an overwrite counts again)

@@ -7,7 +7,8 @@ latency (histogram; see eventing.core.counters.LATENCY_BOUNDS_US for how it is m
 the oldest checkpoint still behind its vBucket's high seqno, workers recycled, fenced writes (label
 `kind`: effect or checkpoint), vBuckets owned by live workers, throughput; for windowed functions the
 watermark delay (wall clock minus watermark, Azure Stream Analytics' metric), open windows, windows
-emitted and late rows. Cluster-wide: rebalance progress (0..1), live services, nodes by state.
+emitted and late rows, and with arrival-time policies Azure's out-of-order, late input and early input
+events and the rows adjusted. Cluster-wide: rebalance progress (0..1), live services, nodes by state.
 """
 
 from __future__ import annotations
@@ -126,8 +127,16 @@ class EventingCollector:
                 w = window_status(self.data_dir, name)
             except EventingError:
                 return
-            if w["watermark_ms"] is not None:
-                fam.watermark_delay.add_metric([name], max(0.0, time.time() - w["watermark_ms"] / 1000))
+            policies = w.get("arrival_policies")
+            # With arrival-time policies, Azure's watermark delay: wall clock minus the greatest watermark.
+            watermark = w["watermark_ms"] if policies is None else policies["watermark_ms"]
+            if watermark is not None:
+                fam.watermark_delay.add_metric([name], max(0.0, time.time() - watermark / 1000))
+            if policies is not None:
+                fam.out_of_order_events.add_metric([name], policies["out_of_order_events"])
+                fam.late_input_events.add_metric([name], policies["late_input_events"])
+                fam.early_input_events.add_metric([name], policies["early_input_events"])
+                fam.adjusted_rows.add_metric([name], policies["rows_adjusted"])
             fam.open_windows.add_metric([name], w["open_windows"])
             fam.late_rows.add_metric([name], w["late_rows"])
             fam.windows_emitted.add_metric([name], w["windows_emitted"])
@@ -168,6 +177,17 @@ class _Families:
         self.late_rows = CounterMetricFamily("eventing_late_rows", "rows for already closed windows (to the DLQ)",
                                              labels=f)
         self.windows_emitted = CounterMetricFamily("eventing_windows_emitted", "window results emitted", labels=f)
+        self.out_of_order_events = CounterMetricFamily(
+            "eventing_window_out_of_order_events", "rows behind their watermark (arrival-time policies: dropped or "
+            "adjusted)", labels=f)
+        self.late_input_events = CounterMetricFamily(
+            "eventing_window_late_input_events", "rows arriving later than late_arrival_tolerance after their "
+            "event time (dropped or adjusted)", labels=f)
+        self.early_input_events = CounterMetricFamily(
+            "eventing_window_early_input_events", "rows whose event time is over 5 minutes after their arrival "
+            "(dropped or adjusted)", labels=f)
+        self.adjusted_rows = CounterMetricFamily(
+            "eventing_window_rows_adjusted", "rows windowed at another time than their event time", labels=f)
         self.rebalance_progress = GaugeMetricFamily(
             "eventing_rebalance_progress_ratio", "share of the last rebalance's moving vBuckets now on their "
             "target node (1 when done)")

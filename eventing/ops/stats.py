@@ -89,6 +89,7 @@ def function_stats(data_dir: str, name: str) -> dict[str, Any]:
         cps = store.checkpoints(name)
         services = running_services(store)
         backlog = store.timer_backlog(name, int(time.time() * 1000))
+        window_state = store.window_states().load(name) if record.definition.get("window") is not None else None
     finally:
         store.close()
     lag = None
@@ -116,6 +117,9 @@ def function_stats(data_dir: str, name: str) -> dict[str, Any]:
             "windows_closed": int(counters.get(counter_names.WINDOWS_CLOSED, 0)),
             "windows_emitted": int(counters.get(counter_names.WINDOWS_EMITTED, 0)),
         }
+        policies = _arrival_policies(record.definition["window"], window_state, counters)
+        if policies is not None:
+            out["arrival_policies"] = policies
     log_file = log_path(data_dir, name)
     out["handler_log"] = str(log_file) if log_file.exists() else None
     p50, p99 = delay_percentile(counters, 0.5), delay_percentile(counters, 0.99)
@@ -140,6 +144,18 @@ def function_stats(data_dir: str, name: str) -> dict[str, Any]:
             "mutations_per_s": round(counters.get("last_run_handled", 0) / counters["last_run_seconds"]),
         }
     return out
+
+
+def _arrival_policies(window: dict[str, Any], state: Any, counters: dict[str, Any]) -> dict[str, Any] | None:
+    """Azure's metrics of the window's arrival-time policies (None when it declares none)."""
+    from eventing.ops.windows import arrival_metrics
+    from eventing.windows.semantics import WindowConfigError, WindowSpec
+
+    try:
+        spec = WindowSpec.from_dict(window)
+    except WindowConfigError:
+        return None  # deploy refuses such a window: nothing of it ran
+    return arrival_metrics(spec, state, counters) if spec.uses_arrival_policies else None
 
 
 def function_view(record: FunctionRecord) -> dict[str, Any]:

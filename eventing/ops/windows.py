@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -30,7 +31,7 @@ def window_status(data_dir: str, name: str) -> dict[str, Any]:
     spec = layout.spec
     operator = (state or {}).get("operator") or {}
     watermark = (operator.get("tracker") or {}).get("watermark_ms")
-    return {
+    out = {
         "function": name,
         "state": record.state.value,
         "window": spec.to_dict(),
@@ -46,6 +47,56 @@ def window_status(data_dir: str, name: str) -> dict[str, Any]:
         "bad_event_time": int(counters.get("dlq_bad_event_time", 0)),
         "_layout": layout,
     }
+    if spec.uses_arrival_policies:
+        out["arrival_policies"] = arrival_metrics(spec, state, counters)
+    return out
+
+
+def arrival_metrics(spec: Any, state: dict[str, Any] | None, counters: dict[str, Any]) -> dict[str, Any]:
+    """Azure Stream Analytics' metrics of a function's arrival-time policies: out-of-order, late input and
+    early input events (dropped or adjusted alike), rows adjusted and dropped, rows held for substreams, and
+    the watermark delay (wall clock minus the greatest watermark of the policies, ms)."""
+    from eventing.core import counters as names
+
+    arrival = (state or {}).get("arrival") or {}
+    marks = [int(w) for _, w in arrival.get("watermarks") or []]
+    top = max(marks, default=None)
+    return {
+        "out_of_order_events": int(counters.get(names.OUT_OF_ORDER_EVENTS, 0)),
+        "late_input_events": int(counters.get(names.LATE_INPUT_EVENTS, 0)),
+        "early_input_events": int(counters.get(names.EARLY_INPUT_EVENTS, 0)),
+        "rows_adjusted": int(counters.get(names.ADJUSTED_ROWS, 0)),
+        **{
+            f"dropped_{reason}": int(counters.get(names.dlq(reason), 0))
+            for reason in ("early", "late_arrival", "out_of_order", "no_substream_key")
+        },
+        "rows_held": sum(int(rows) for _, rows in (state or {}).get("held") or []),
+        "watermark_ms": top,
+        "watermark_delay_ms": None if top is None else int(time.time() * 1000) - top,
+        "streams": len(marks),
+    }
+
+
+def adjusted_rows(data_dir: str, name: str) -> list[dict[str, Any]]:
+    """The rows the arrival-time policies windowed at another time than their event time, oldest first:
+    vb, seqno, key, event_time_ms, arrival_ms, windowed_ms, rules (early, late_arrival, out_of_order) and
+    substream."""
+    import pyarrow.parquet as pq
+
+    from eventing.windows.runtime.paths import WindowPaths
+
+    folder = WindowPaths.of(data_dir, name).adjusted
+    if not folder.is_dir():
+        return []
+    out: list[dict[str, Any]] = []
+    seen: set[tuple[int, int]] = set()
+    for path in sorted(folder.glob("f*.parquet"), key=lambda p: int(p.stem.split("-")[1])):
+        for row in pq.read_table(path).to_pylist():
+            # A coordinator fenced mid-poll may leave a file its successor writes again: the same fates.
+            if (row["vb"], row["seqno"]) not in seen:
+                seen.add((row["vb"], row["seqno"]))
+                out.append(row)
+    return out
 
 
 def window_report(data_dir: str, name: str) -> dict[str, Any]:

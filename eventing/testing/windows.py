@@ -225,3 +225,71 @@ def assert_same_results(actual: pa.Table, expected: pa.Table, *, rel: float = 1e
                 assert math.isclose(g[name], value, rel_tol=rel, abs_tol=1e-9), f"{name}: {g} != {w}"
             else:
                 assert g[name] == value, f"{name}: {g} != {w}"
+
+
+# -- arrival-time policies (DESIGN §3.12, seed 003) ----------------------------------------------------
+
+EARLY_LIMIT_MS = 5 * 60_000  # Azure's early-arrival limit, fixed
+
+# The seed's example table: event time, arrival time, DeviceId (12:07 is 12 h 7 min after a day's start).
+SEED_TABLE: tuple[tuple[str, str, str], ...] = (
+    ("12:07", "12:07", "device1"),
+    ("12:08", "12:08", "device2"),
+    ("12:17", "12:11", "device1"),
+    ("12:08", "12:13", "device3"),
+    ("12:19", "12:16", "device1"),
+    ("12:12", "12:17", "device3"),
+    ("12:17", "12:18", "device2"),
+    ("12:20", "12:19", "device2"),
+    ("12:16", "12:21", "device3"),
+    ("12:23", "12:22", "device2"),
+    ("12:22", "12:24", "device2"),
+    ("12:21", "12:27", "device3"),
+)
+
+
+def clock_ms(day_ms: int, text: str) -> int:
+    """``HH:MM`` of the day starting at ``day_ms`` as epoch ms."""
+    hours, minutes = text.split(":")
+    return day_ms + (int(hours) * 60 + int(minutes)) * 60_000
+
+
+def reference_arrival_fates(
+    rows: Iterable[tuple[Any, int, int, Any]],
+    *,
+    out_of_order_tolerance_ms: int,
+    late_arrival_tolerance_ms: int | None,
+    early_arrival: str | None = "drop",
+    out_of_order: str = "adjust",
+    late_arrival: str = "adjust",
+    substreams: bool = False,
+) -> list[tuple[int | None, str | None]]:
+    """The seed's rules in plain loops, independent of ``eventing.windows.semantics.arrival``: for rows
+    ``(partition, event ms, arrival ms, substream key)`` in arrival order, ``(windowed ms, None)`` for a
+    kept row or ``(None, dead-letter reason)`` for a dropped one. One watermark per partition (per key
+    value with substreams): the greatest windowed time so far minus the out-of-order tolerance."""
+    watermark: dict[Any, int] = {}
+    out: list[tuple[int | None, str | None]] = []
+    for partition, event_ms, arrival_ms, key in rows:
+        if substreams and key is None:
+            out.append((None, "no_substream_key"))
+            continue
+        stream = ("key", key) if substreams else partition
+        if early_arrival is not None and event_ms > arrival_ms + EARLY_LIMIT_MS:
+            # Early rows never move the watermark.
+            out.append((None, "early") if early_arrival == "drop" else (arrival_ms + EARLY_LIMIT_MS, None))
+            continue
+        t = event_ms
+        if late_arrival_tolerance_ms is not None and arrival_ms - event_ms > late_arrival_tolerance_ms:
+            if late_arrival == "drop":
+                out.append((None, "late_arrival"))
+                continue
+            t = arrival_ms - late_arrival_tolerance_ms
+        if stream in watermark and t < watermark[stream]:
+            if out_of_order == "drop":
+                out.append((None, "out_of_order"))
+                continue
+            t = watermark[stream]
+        watermark[stream] = max(watermark.get(stream, t - out_of_order_tolerance_ms), t - out_of_order_tolerance_ms)
+        out.append((t, None))
+    return out

@@ -687,6 +687,31 @@ def test_a_window_coordinator_claim_fences_the_previous_coordinator(backend):
     assert store.dlq_row("fn", 3, 4).error == "boom"  # inserted once
 
 
+def test_window_state_keeps_the_arrival_policies_watermarks_and_metrics(backend):
+    """The coordinator's arrival-time policy state (eventing.windows.semantics.arrival.ArrivalPolicy.to_state:
+    per-vBucket or per-substream watermarks, substream keys as lists, and Azure's metrics) comes back exactly
+    from a new coordinator's claim, in every backend's form."""
+    from eventing.windows.semantics.arrival import ArrivalPolicy
+
+    policy = ArrivalPolicy(out_of_order_tolerance_ms=120_000, late_arrival_tolerance_ms=300_000, substreams=True)
+    for event, arrival, device in ((420_000, 420_000, "device1"), (1_020_000, 660_000, "device1"),
+                                   (480_000, 780_000, "device3"), (720_000, 1_020_000, 7)):
+        policy.observe(event, arrival, key=device)
+    state = {"version": 2, "arrival": policy.to_state(), "held": [["f1-000000001.arrow", 3]], "held_next": 2,
+             "adjusted_next": 4}
+    ws = _window_state(backend.open())
+    fence, _ = ws.claim("fn")
+    assert ws.commit("fn", fence, state, [], {"window_early_input_events": 1})
+    _, saved = _window_state(backend.open()).claim("fn")
+    assert saved == json.loads(json.dumps(state))
+    resumed = ArrivalPolicy(out_of_order_tolerance_ms=120_000, late_arrival_tolerance_ms=300_000,
+                            substreams=True).restore(saved["arrival"])
+    assert resumed.to_state() == policy.to_state()
+    assert resumed.watermark_ms(("key", 7)) == policy.watermark_ms(("key", 7))
+    assert resumed.metrics() == policy.metrics() == {"out_of_order_events": 0, "late_input_events": 0,
+                                                     "early_input_events": 1}
+
+
 def test_resetting_window_state_forgets_it_and_fences_its_coordinator(store):
     ws = _window_state(store)
     fence, _ = ws.claim("fn")

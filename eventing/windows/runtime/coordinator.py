@@ -5,7 +5,10 @@ Every ``poll(now)``:
 1. reads the row batches that workers wrote into ``incoming/`` since the last poll (per worker
    incarnation, in file order and without gaps), drops rows at or below ``classified_upto[vb]`` (copies a
    restarted worker wrote again) and duplicate ``(vb, seqno)`` pairs;
-2. judges them with ``WindowOperator.observe_batch`` (each vBucket is a watermark partition): late rows go
+2. with arrival-time policies (DESIGN §3.12), first puts them through the policies in arrival order
+   (``eventing.windows.runtime.arrivals``: drops to the dead-letter queue, adjusted rows windowed at their
+   adjusted time; with substreams, rows wait in ``held/`` until every earlier arrival has been read); then
+   judges them with ``WindowOperator.observe_batch`` (each vBucket is a watermark partition): late rows go
    to the dead-letter queue with reason ``late``; the others are combined into partial aggregates per
    (window, group) (``eventing.windows.spark.partials``) and written to ``accepted/`` as one file;
 3. ``advance(now)`` closes windows (watermark, allowed lateness, idle timeouts); at the end of input, with
@@ -53,9 +56,11 @@ import pyarrow.compute as pc
 from eventing.core.mutation import OP_UPDATE, Mutation, pack_mutation
 from eventing.errors import ConfigError, FencedError
 from eventing.windows.batches import read_row_batch
+from eventing.windows.runtime.arrivals import LIFTS, ArrivalGate, Judged
 from eventing.windows.runtime.paths import WindowPaths
 from eventing.windows.runtime.row_writer import BATCH_NAME, RowLayout
 from eventing.windows.semantics import Window, WindowOperator, WindowStateError, windows_for
+from eventing.windows.semantics.arrival import ArrivalPolicy
 from eventing.windows.semantics.sessions import Chain, Session, SessionOperator
 from eventing.windows.semantics.windows import arrow_epoch_ms
 from metadata import DlqRow, MetadataStore
@@ -70,6 +75,7 @@ EMIT_RETRY_S = (1.0, 5.0, 15.0, 30.0)
 DRAIN_ATTEMPTS = 3  # a stopping service gives up emitting after this many failed Spark jobs in a row
 WAITING_CHECK_S = 2.0  # how often silent vBuckets with a backlog are checked against their checkpoints
 _ACCEPTED_NAME = re.compile(r"^f(\d+)-(\d{9})\.parquet$")
+_HELD_NAME = re.compile(r"^f(\d+)-(\d{9})\.arrow$")
 
 
 def wall_clock_ms() -> int:
@@ -200,9 +206,19 @@ class WindowCoordinator:
         self._jobs = 0
         self._last_waiting_check = 0.0
         self._source: Any = None
+        # Arrival-time policies (DESIGN §3.12): None leaves the rows as they are, at no cost.
+        self._policies = self.spec.uses_arrival_policies and self.spec.boundary == "event_time"
+        # Substreams judge rows of every vBucket in one arrival order: rows wait (held/) until every
+        # mutation that reached the source before them has been read.
+        self._holds = self._policies and self.spec.substream_key is not None and source_bucket is not None
+        self._after_commit: list[Path] = []  # held files the committed state no longer lists
+        self._held_vb_cache: set[int] | None = None
         self.fence, saved = self.states.claim(function)
         self._load(saved)
-        for folder in (self.paths.incoming, self.paths.accepted):
+        folders = [self.paths.incoming, self.paths.accepted]
+        if self._policies:
+            folders += [self.paths.held, self.paths.adjusted]
+        for folder in folders:
             folder.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(self.paths.staging, ignore_errors=True)
         self._drop_orphans()
@@ -227,6 +243,10 @@ class WindowCoordinator:
             self.next_seq = 1
             self.pending: list[PendingWindow] = []
             self.waiting: dict[int, int] = {}
+            self.gate = ArrivalGate(self.layout) if self._policies else None
+            self.held: list[list[Any]] = []  # [file name, rows] of rows the policies have yet to judge
+            self.held_next = 1
+            self.adjusted_next = 1
             self._dirty = True
         else:
             try:
@@ -244,12 +264,21 @@ class WindowCoordinator:
             self.next_seq = int(saved["next_seq"])
             self.pending = [PendingWindow.from_state(raw) for raw in saved["pending"]]
             self.waiting = {int(vb): int(t) for vb, t in saved["waiting"].items()}
+            self.gate = None
+            if self._policies:
+                policy = ArrivalPolicy.for_spec(self.spec)
+                if saved.get("arrival") is not None:
+                    policy.restore(saved["arrival"])
+                self.gate = ArrivalGate(self.layout, policy)
+            self.held = [list(h) for h in saved.get("held", [])]
+            self.held_next = int(saved.get("held_next", 1))
+            self.adjusted_next = int(saved.get("adjusted_next", 1))
             self._dirty = False
         if self.spec.boundary == "event_time":
             self._hold_for_backlog(now)
 
     def _state(self) -> dict[str, Any]:
-        return {
+        state = {
             "version": STATE_VERSION,
             "generation": self.generation,
             "operator": self.operator.to_state(),
@@ -260,6 +289,10 @@ class WindowCoordinator:
             "pending": [p.to_state() for p in self.pending],
             "waiting": {str(vb): t for vb, t in self.waiting.items()},
         }
+        if self.gate is not None:
+            state.update(arrival=self.gate.policy.to_state(), held=self.held, held_next=self.held_next,
+                         adjusted_next=self.adjusted_next)
+        return state
 
     def _commit(self, dlq: list[DlqRow], counters: Counter[str]) -> None:
         if not self.states.commit(self.function, self.fence, self._state(), dlq, counters):
@@ -307,9 +340,10 @@ class WindowCoordinator:
         # vouches for rows that were in the listing: a vBucket past its target without a row has none.
         tracker = self.operator.tracker
         delivered = [vb for vb in self.waiting if tracker.partition_watermark_ms(vb) is not None]
+        held = self._held_vbs() if self.held else set()  # rows read but held (substreams): on their way
         done = [
             vb for vb, target in self.waiting.items()
-            if vb not in delivered and vb in checkpoints and checkpoints[vb].seqno >= target
+            if vb not in delivered and vb not in held and vb in checkpoints and checkpoints[vb].seqno >= target
         ]
         if done:
             self.operator.revoke_partitions(done)
@@ -365,6 +399,16 @@ class WindowCoordinator:
         _, _, consumed, _ = self._ready()  # listing also deletes older deployments' batches
         for path in consumed:
             path.unlink(missing_ok=True)
+        if self._policies:
+            # Files of a poll that crashed before its commit (its replay writes them again).
+            held = {name for name, _ in self.held}
+            for entry in _entries(self.paths.held):
+                if _HELD_NAME.match(entry.name) and entry.name not in held:
+                    Path(entry.path).unlink(missing_ok=True)
+            for entry in _entries(self.paths.adjusted):
+                match = _ACCEPTED_NAME.match(entry.name)
+                if match and int(match[2]) >= self.adjusted_next:
+                    Path(entry.path).unlink(missing_ok=True)
 
     def _source_bucket(self) -> Any:
         if self._source is None:
@@ -383,15 +427,19 @@ class WindowCoordinator:
         counters: Counter[str] = Counter()
         self._collect(counters)
         checkpoints = self._waiting_checkpoints()
-        if checkpoints is None and self._has_timeouts:
+        if checkpoints is None and (self._has_timeouts or self._holds):
             # Read before listing the files, so that they vouch for every row written up to them (see
             # _unread_arrival): a timeout must not fire while rows that reached the source before it wait.
             checkpoints = self.store.checkpoints(self.function)
         ready, marks, consumed, deferred = self._ready()
         unread = _Memo(lambda: self._unread_arrival(checkpoints, deferred))
         closed: list[Any] = []
+        if ready or self.held:
+            # Held rows (substreams) are looked at again every poll: the mutations they wait for may have
+            # been read without giving a row (a delete, a dead letter).
+            release_all = end_of_input and self.close_windows
+            closed += self._classify(ready, now, dlq, counters, unread, deferred=deferred, release_all=release_all)
         if ready:
-            closed += self._classify(ready, now, dlq, counters, unread)
             self.marks = marks
             self._dirty = True
         if checkpoints is not None and not deferred:
@@ -404,8 +452,9 @@ class WindowCoordinator:
             self._commit(dlq, counters)
             if closed:
                 _fault("after_state_commit")
-        for path in consumed + ready:
+        for path in consumed + ready + self._after_commit:
             path.unlink(missing_ok=True)
+        self._after_commit = []
         self._unlink_accepted(prunable)
         self._submit()
         return closed
@@ -499,10 +548,129 @@ class WindowCoordinator:
         edges = [0, *cuts, table.num_rows]
         return [table.slice(a, b - a) for a, b in zip(edges, edges[1:], strict=False)]
 
+    # -- arrival-time policies (DESIGN §3.12) ----------------------------------------------------------
+
+    def _apply_policies(
+        self, table: pa.Table, now: int, dlq: list[DlqRow], counters: Counter[str], unread: _Memo,
+        deferred: bool, release_all: bool,
+    ) -> pa.Table:
+        """Judge rows with the function's arrival-time policies (``eventing.windows.runtime.arrivals``):
+        dropped rows become dead letters, adjusted ones are recorded under ``adjusted/``; returns the rows
+        to window, at their windowed times, with the ``LIFTS`` column."""
+        assert self.gate is not None
+        table = _known_arrivals(table, now)
+        if self._holds:
+            table = self._release(table, unread, deferred, release_all)
+        if table.num_rows == 0:
+            return table
+        judged: Judged = self.gate.judge(table)
+        for reason, rows in judged.dropped.items():
+            dlq.extend(self._dead_letters(rows, reason, judged.errors[reason], now))
+            counters[f"dlq_{reason}"] += rows.num_rows
+        counters.update(judged.counters)
+        if judged.adjusted.num_rows:
+            from eventing.windows.batches import atomic_write_parquet
+
+            name = f"f{self.fence}-{self.adjusted_next:09d}.parquet"
+            atomic_write_parquet(judged.adjusted, self.paths.adjusted / name, overwrite=True)
+            self.adjusted_next += 1
+        self._dirty = True
+        return judged.kept
+
+    def _release(self, table: pa.Table, unread: _Memo, deferred: bool, release_all: bool) -> pa.Table:
+        """Substreams: the rows (held ones and ``table``) every mutation that reached the source before which
+        has been read, so rows of all vBuckets are judged in one arrival order however the workers' files
+        came; the others are held (``held/``, listed in the state) for a later poll."""
+        from eventing.windows.batches import write_row_spool
+
+        held = [read_row_batch(self.paths.held / name).select(self.schema.names) for name, _ in self.held]
+        fresh = table.num_rows
+        rows = pa.concat_tables([*held, table]) if held else table
+        if release_all:
+            frontier: int | None = None
+        elif deferred:
+            frontier = -(2**63)  # a worker's earlier file is not visible yet: its rows may come first
+        else:
+            frontier = unread()
+        if frontier is None:
+            go, wait = rows, rows.slice(0, 0)
+        else:
+            early = pc.less(rows["arrival_ms"], frontier)
+            go, wait = rows.filter(early), rows.filter(pc.invert(early))
+        if go.num_rows == 0:
+            if fresh:  # nothing released: the new rows join the held ones as one more file
+                name = f"f{self.fence}-{self.held_next:09d}.arrow"
+                write_row_spool(self.paths.held, name[: -len(".arrow")], table)
+                self.held.append([name, fresh])
+                self._held_vb_cache = None
+                self.held_next += 1
+                self._dirty = True
+            return go
+        self._after_commit += [self.paths.held / name for name, _ in self.held]
+        self.held = []
+        self._held_vb_cache = None
+        if wait.num_rows:
+            name = f"f{self.fence}-{self.held_next:09d}.arrow"
+            write_row_spool(self.paths.held, name[: -len(".arrow")], wait)
+            self.held = [[name, wait.num_rows]]
+            self.held_next += 1
+        self._dirty = True
+        return go
+
+    def _held_vbs(self) -> set[int]:
+        """vBuckets with rows held for the policies (read from the held files once, then kept up to date)."""
+        if self._held_vb_cache is None:
+            vbs: set[int] = set()
+            for name, _ in self.held:
+                vbs.update(pc.unique(read_row_batch(self.paths.held / name)["vb"]).to_pylist())
+            self._held_vb_cache = vbs
+        return self._held_vb_cache
+
+    def _dead_letters(self, rows: pa.Table, reason: str, errors: list[str], now: int) -> list[DlqRow]:
+        """DLQ rows of ``reason`` for ``rows``, each with its error text, carrying the original mutation from
+        the source bucket when it is there (else a document holding the row's event time)."""
+        keys = rows.select(["vb", "seqno", "key"]).to_pylist()
+        times = arrow_epoch_ms(rows["event_time"]).to_pylist()
+        originals = self._originals(keys)
+        at = now / 1000
+        out = []
+        for r, t_ms, error in zip(keys, times, errors, strict=True):
+            original = originals.get((r["vb"], r["seqno"]))
+            if original is None:
+                doc = msgpack.packb({"event_time_ms": t_ms}, use_bin_type=True)
+                original = Mutation(r["vb"], r["seqno"], r["key"], OP_UPDATE, 0, doc, None, 0, 0)
+            out.append(DlqRow(self.function, r["vb"], r["seqno"], r["key"], reason, error, "", 0, at, at,
+                              pack_mutation(original)))
+        return out
+
+    def _originals(self, rows: list[dict[str, Any]]) -> dict[tuple[int, int], Mutation]:
+        originals: dict[tuple[int, int], Mutation] = {}
+        if self.source_bucket is None or not rows:
+            return originals
+        try:
+            source = self._source_bucket()
+            by_vb: dict[int, list[int]] = {}
+            for r in rows:
+                by_vb.setdefault(r["vb"], []).append(r["seqno"])
+            for vb, seqnos in by_vb.items():
+                lo, hi = min(seqnos), max(seqnos)
+                for m in source.read_vb(vb, lo - 1, hi - lo + 1):
+                    originals[(m.vb, m.seqno)] = m
+        except Exception as exc:  # noqa: BLE001 - the row itself is still kept
+            log.warning("function %s: cannot read dead-lettered rows' mutations from the source (%s)",
+                        self.function, exc)
+        return originals
+
     def _classify(
-        self, files: list[Path], now: int, dlq: list[DlqRow], counters: Counter[str], unread: _Memo
+        self, files: list[Path], now: int, dlq: list[DlqRow], counters: Counter[str], unread: _Memo, *,
+        deferred: bool = False, release_all: bool = False,
     ) -> list[Window]:
-        """Window the rows of ``files``; returns the windows that closed between their arrivals."""
+        """Window the rows of ``files`` (and held rows the policies may judge now); returns the windows that
+        closed between their arrivals."""
+        if not files:
+            return self._classify_judged(self._apply_policies(
+                self.schema.empty_table(), now, dlq, counters, unread, deferred, release_all
+            ), now, dlq, counters, unread)
         table = pa.concat_tables([read_row_batch(p).select(self.schema.names) for p in files])
         read = table.num_rows
         upto = pa.array(self.classified_upto, pa.int64())
@@ -512,7 +680,7 @@ class WindowCoordinator:
         if _has_duplicate_rows(table):
             table = _drop_duplicate_rows(table.sort_by([("vb", "ascending"), ("seqno", "ascending")]))
         counters["window_rows_replayed"] += read - table.num_rows
-        if table.num_rows == 0:
+        if table.num_rows == 0 and not self.held:
             return []
         for vb, seqno in _max_per_vb(table).items():
             self.classified_upto[vb] = max(self.classified_upto[vb], seqno)
@@ -521,6 +689,15 @@ class WindowCoordinator:
             index = table.schema.get_field_index("event_time")
             stamped = pa.array([now] * table.num_rows, pa.int64()).cast(pa.timestamp("ms", tz="UTC"))
             table = table.set_column(index, "event_time", stamped.cast(table.schema.field(index).type))
+        if self.gate is not None:
+            table = self._apply_policies(table, now, dlq, counters, unread, deferred, release_all)
+        return self._classify_judged(table, now, dlq, counters, unread)
+
+    def _classify_judged(
+        self, table: pa.Table, now: int, dlq: list[DlqRow], counters: Counter[str], unread: _Memo
+    ) -> list[Window]:
+        if table.num_rows == 0:
+            return []
         if isinstance(self.operator, SessionOperator):
             self._classify_sessions(self.operator, table, now, dlq, counters)
             return []
@@ -538,9 +715,13 @@ class WindowCoordinator:
     def _classify_rows(
         self, table: pa.Table, now: int, arrival_ms: int | None, dlq: list[DlqRow], counters: Counter[str]
     ) -> None:
+        lifts = None
+        if LIFTS in table.schema.names:  # judged by the arrival-time policies: early rows do not lift
+            lifts = table[LIFTS]
+            table = table.drop_columns([LIFTS])
         vbs = table["vb"]
         assert isinstance(self.operator, WindowOperator)  # sessions go through _classify_sessions
-        fate = self.operator.observe_batch(vbs, table["event_time"], now, arrival_ms=arrival_ms)
+        fate = self.operator.observe_batch(vbs, table["event_time"], now, arrival_ms=arrival_ms, lifts=lifts)
         if fate.late_count:
             late = table.filter(fate.late)
             dlq.extend(self._late_rows(late, fate.cutoff_ms, now))
@@ -575,6 +756,10 @@ class WindowCoordinator:
         group_by = list(self.layout.group_by)
         keys = [(g, "ascending") for g in group_by] + [("event_time", "ascending")]
         table = table.sort_by(keys) if table.num_rows > 1 else table
+        lifting = table
+        if LIFTS in table.schema.names:  # judged by the arrival-time policies: early rows do not lift
+            lifting = table.filter(table[LIFTS]).drop_columns([LIFTS])
+            table = table.drop_columns([LIFTS])
         times = arrow_epoch_ms(table["event_time"]).to_numpy()
         n = len(times)
         spec = self.spec
@@ -602,8 +787,8 @@ class WindowCoordinator:
             for gv, f, la, s, e in zip(group_values, first, last, starts, ends, strict=True)
         ]
         maxima = (
-            {int(vb): int(t) for vb, t in _max_time_per_vb(table).items()}
-            if spec.boundary == "event_time" else {}
+            {int(vb): int(t) for vb, t in _max_time_per_vb(lifting).items()}
+            if spec.boundary == "event_time" and lifting.num_rows else {}
         )
         verdict = np.array(operator.observe_chains(chains, maxima, now), dtype=bool)
         for vb, seqno in _max_per_vb(table).items():
@@ -631,23 +816,8 @@ class WindowCoordinator:
 
     def _late_rows(self, late: pa.Table, cutoff_ms: int | None, now: int) -> list[DlqRow]:
         """DLQ rows for late rows, carrying the original mutation from the source bucket when it is there."""
-        rows = late.select(["vb", "seqno", "key"]).to_pylist()
         times = arrow_epoch_ms(late["event_time"]).to_pylist()
-        originals: dict[tuple[int, int], Mutation] = {}
-        if self.source_bucket is not None:
-            try:
-                source = self._source_bucket()
-                by_vb: dict[int, list[int]] = {}
-                for r in rows:
-                    by_vb.setdefault(r["vb"], []).append(r["seqno"])
-                for vb, seqnos in by_vb.items():
-                    lo, hi = min(seqnos), max(seqnos)
-                    for m in source.read_vb(vb, lo - 1, hi - lo + 1):
-                        originals[(m.vb, m.seqno)] = m
-            except Exception as exc:  # noqa: BLE001 - the row itself is still kept
-                log.warning("function %s: cannot read late rows' mutations from the source (%s)", self.function, exc)
-        out = []
-        at = now / 1000
+        errors = []
         # Shared by every late row of this poll (formatting costs ~5 us a row, and a catch-up can make many).
         tail = (
             f"closed when the watermark passed its end + allowed lateness {self.spec.allowed_lateness_ms} ms); rows "
@@ -660,7 +830,7 @@ class WindowCoordinator:
                 f"its session (gap {self.spec.gap_ms} ms) would end at or before the close frontier "
                 f"{iso_ms(self.operator.close_frontier_ms)}, or it came within the gap of a session already emitted"
             )
-        for r, t_ms in zip(rows, times, strict=True):
+        for t_ms in times:
             if self._sessions:
                 error = f"event time {iso_ms(t_ms)} arrived too late for a session: " + tail
             else:
@@ -672,13 +842,8 @@ class WindowCoordinator:
                     f"event time {iso_ms(t_ms)} arrived after every window holding it had closed (the last, "
                     f"{label}, " + tail
                 )
-            original = originals.get((r["vb"], r["seqno"]))
-            if original is None:
-                doc = msgpack.packb({"event_time_ms": t_ms}, use_bin_type=True)
-                original = Mutation(r["vb"], r["seqno"], r["key"], OP_UPDATE, 0, doc, None, 0, 0)
-            out.append(DlqRow(self.function, r["vb"], r["seqno"], r["key"], "late", error, "", 0, at, at,
-                              pack_mutation(original)))
-        return out
+            errors.append(error)
+        return self._dead_letters(late, "late", errors, now)
 
     def _take_prunable(self) -> set[str]:
         """Drop from the state the accepted files no window needs any more; unlink them after the commit."""
@@ -846,6 +1011,13 @@ class WindowCoordinator:
             self._source = None
 
 
+def _entries(folder: Path) -> list[os.DirEntry[str]]:
+    try:
+        return list(os.scandir(folder))
+    except FileNotFoundError:
+        return []
+
+
 def _pending(closed: Window | Session, closed_at: int) -> PendingWindow:
     if isinstance(closed, Session):
         return PendingWindow(Window(closed.start_ms, closed.end_ms), closed_at, closed.group)
@@ -856,6 +1028,15 @@ def _job_sort_key(key: tuple) -> tuple:
     if len(key) == 2:
         return key
     return (key[0], key[1], tuple((0, "") if v is None else (1, v) for v in key[2]))
+
+
+def _known_arrivals(table: pa.Table, now: int) -> pa.Table:
+    """Rows of an older build (arrival 0, unknown) count as arriving ``now``."""
+    arrival = table["arrival_ms"]
+    if table.num_rows and pc.any(pc.equal(arrival, 0)).as_py():
+        arrival = pc.if_else(pc.equal(arrival, 0), now, arrival)
+        table = table.set_column(table.schema.get_field_index("arrival_ms"), "arrival_ms", arrival)
+    return table
 
 
 def _max_time_per_vb(table: pa.Table) -> dict[int, int]:

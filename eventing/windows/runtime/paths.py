@@ -14,7 +14,8 @@ WINDOWS_DIR = "windows"
 @dataclass(frozen=True)
 class WindowPaths:
     """``<data_dir>/windows/<fn>/``: ``incoming/`` (row batches from workers), ``accepted/`` (rows the
-    coordinator kept), ``staging/`` (links handed to one Spark job) and the default result sinks."""
+    coordinator kept), ``staging/`` (links handed to one Spark job), ``held/`` and ``adjusted/`` (arrival-time
+    policies) and the default result sinks."""
 
     data_dir: Path
     function: str
@@ -39,6 +40,16 @@ class WindowPaths:
     def staging(self) -> Path:
         return self.root / "staging"
 
+    @property
+    def held(self) -> Path:
+        """Rows read but not yet judged by the arrival-time policies (substreams wait for earlier arrivals)."""
+        return self.root / "held"
+
+    @property
+    def adjusted(self) -> Path:
+        """One Parquet file per poll of the rows the arrival-time policies windowed at another time."""
+        return self.root / "adjusted"
+
     def sink_location(self, kind: str, path: str | None) -> Path:
         """The sink's directory (parquet) or file (sqlite); a relative ``path`` is under the data directory."""
         if path is not None:
@@ -53,5 +64,5 @@ def reset_windows(data_dir: str | os.PathLike[str], store: Any, function: str) -
 
     store.window_states().reset(function)
     paths = WindowPaths.of(data_dir, function)
-    for folder in (paths.incoming, paths.accepted, paths.staging):
+    for folder in (paths.incoming, paths.accepted, paths.staging, paths.held, paths.adjusted):
         shutil.rmtree(folder, ignore_errors=True)

@@ -58,6 +58,11 @@ def count_column(field: str) -> str:
     return f"{field}#present"
 
 
+def substream_column(field: str) -> str:
+    """Row column holding the substream key (``substream_key``) when it is not a group-by field too."""
+    return f"{field}#substream"
+
+
 @dataclass(frozen=True)
 class RowLayout:
     """The columns a windowed function's rows carry and the aggregates Spark computes over them."""
@@ -100,10 +105,30 @@ class RowLayout:
         return self.numeric_fields + tuple(count_column(f) for f in self.counted_fields)
 
     @property
+    def substream_field(self) -> str | None:
+        """The document field naming a row's substream when it is not a group-by field (its own column)."""
+        key = self.spec.substream_key
+        return None if key is None or key in self.group_by else key
+
+    @property
+    def substream_column(self) -> str | None:
+        """The row column holding the substream key as a string (None: no substreams)."""
+        key = self.spec.substream_key
+        if key is None:
+            return None
+        return key if key in self.group_by else substream_column(key)
+
+    @property
+    def string_columns(self) -> tuple[str, ...]:
+        """The group-by columns, then the substream column when it is not one of them."""
+        extra = self.substream_field
+        return self.group_by if extra is None else (*self.group_by, substream_column(extra))
+
+    @property
     def schema(self) -> pa.Schema:
         from eventing.windows.batches import row_schema
 
-        return row_schema(self.group_by, self.value_columns)
+        return row_schema(self.string_columns, self.value_columns)
 
     @property
     def aggregates(self) -> list[tuple[Any, str | None, str]]:
@@ -194,9 +219,12 @@ class WindowRowWriter:
         self.files_written = 0
         self.rejection = ""  # why the last add() refused its document
         self._event_time = layout.spec.boundary == "event_time"
-        self.arrival_gap_ms = layout.spec.arrival_gap_ms  # bulk reads give each arrival time past this spread
+        # Bulk reads give each arrival time past this spread; the arrival-time policies judge every row by
+        # its own, so they read them all.
+        self.arrival_gap_ms = 0 if layout.spec.uses_arrival_policies else layout.spec.arrival_gap_ms
         self._time_field = layout.spec.time_field or ""
-        self._fields = (*layout.group_by, *layout.numeric_fields, *layout.counted_fields)
+        substream = () if layout.substream_field is None else (layout.substream_field,)
+        self._fields = (*layout.group_by, *substream, *layout.numeric_fields, *layout.counted_fields)
         self._decode, self._time_of, self._value_of = self._field_decoder()
         # Arrow chunks of rows in buffer order (add_packed's, and add()'s once sealed), then add()'s lists.
         self._chunks: list[pa.Table] = []
@@ -355,7 +383,7 @@ class WindowRowWriter:
         columns: dict[str, list[Any]] = {}
         # A column of only the expected types (the common case) goes to Arrow as is; one type check per
         # value in C instead of a Python expression per value.
-        for name in layout.group_by:
+        for name in layout.string_columns:
             column = next(columns_in)
             columns[name] = column if set(map(type, column)) <= _STRINGS else [
                 v if v is None or type(v) is str else _group_value(v) for v in column

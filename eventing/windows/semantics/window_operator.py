@@ -227,6 +227,7 @@ class WindowOperator(FrontierClock):
         now_ms: int,
         *,
         arrival_ms: int | None = None,
+        lifts: Sequence[bool] | Any | None = None,
     ) -> BatchFate:
         """Window a batch arriving at ``now_ms``: one partition for all rows, or one per row (list or pyarrow).
 
@@ -241,7 +242,9 @@ class WindowOperator(FrontierClock):
         joins its window. Event times are a sequence of int epoch ms, or a pyarrow array (int epoch ms, or
         timestamps of any unit) without nulls; partitions likewise, or one int for the whole batch. For
         processing-time windows ``event_times_ms`` may be None, with ``partitions`` a sequence giving the
-        row count, and ``late`` is always a list of False.
+        row count, and ``late`` is always a list of False. ``lifts``, one flag per row (list or pyarrow
+        boolean array), keeps the rows flagged False out of the watermark: they are windowed but do not
+        move it (rows the early-arrival policy adjusted, DESIGN §3.12).
         """
         now_ms = self._tick(now_ms)
         if not self._event_time:
@@ -255,11 +258,11 @@ class WindowOperator(FrontierClock):
         watermark = self._tracker.watermark_ms
         if _is_arrow(event_times_ms):
             late, late_count, behind, starts, maxima = self._scan_arrow(
-                partitions, event_times_ms, cutoff, watermark
+                partitions, event_times_ms, cutoff, watermark, lifts
             )
         else:
             late, late_count, behind, starts, maxima = self._scan_python(
-                partitions, event_times_ms, cutoff, watermark
+                partitions, event_times_ms, cutoff, watermark, lifts
             )
         joined: set[Window] = set()
         count = self._size_ms // self._slide_ms
@@ -278,7 +281,8 @@ class WindowOperator(FrontierClock):
         return BatchFate(late, late_count, tuple(sorted(joined)), cutoff, behind)
 
     def _scan_python(
-        self, partitions: Any, event_times_ms: Sequence[int], cutoff: int | None, watermark: int | None
+        self, partitions: Any, event_times_ms: Sequence[int], cutoff: int | None, watermark: int | None,
+        lifts: Any = None,
     ) -> tuple[list[bool], int, int, set[int], dict[int, int]]:
         times = [ensure_ms(t, "event_time_ms") for t in event_times_ms]
         per_row = _per_row_partitions(partitions, len(times))
@@ -287,9 +291,10 @@ class WindowOperator(FrontierClock):
         starts: set[int] = set()
         late_count = behind = 0
         slide, offset = self._slide_ms, self._offset_ms
+        lifting = None if lifts is None else (lifts.to_pylist() if _is_arrow(lifts) else list(lifts))
         for i, t in enumerate(times):
             p = partitions if per_row is None else per_row[i]
-            if p not in maxima or t > maxima[p]:
+            if (lifting is None or lifting[i]) and (p not in maxima or t > maxima[p]):
                 maxima[p] = t
             if late[i]:
                 late_count += 1
@@ -300,7 +305,7 @@ class WindowOperator(FrontierClock):
         return late, late_count, behind, starts, maxima
 
     def _scan_arrow(
-        self, partitions: Any, event_times_ms: Any, cutoff: int | None, watermark: int | None
+        self, partitions: Any, event_times_ms: Any, cutoff: int | None, watermark: int | None, lifts: Any = None
     ) -> tuple[Any, int, int, set[int], dict[int, int]]:
         import pyarrow as pa
         import pyarrow.compute as pc
@@ -322,13 +327,18 @@ class WindowOperator(FrontierClock):
         shifted = on_time if not self._offset_ms else pc.subtract(on_time, self._offset_ms)
         starts = set(pc.unique(pc.subtract(on_time, pc.modulo(shifted, self._slide_ms))).to_pylist())
         maxima: dict[int, int] = {}
+        single = isinstance(partitions, int) and not isinstance(partitions, bool)
+        parts = None if single else partitions if _is_arrow(partitions) else pa.array(partitions, pa.int64())
+        if parts is not None and len(parts) != len(times):
+            raise ValueError(f"batch has {len(times)} event times but {len(parts)} partitions")
+        if lifts is not None:
+            mask = lifts if _is_arrow(lifts) else pa.array(lifts, pa.bool_())
+            times = pc.filter(times, mask)
+            parts = None if parts is None else pc.filter(parts, mask)
         if len(times):
-            if isinstance(partitions, int) and not isinstance(partitions, bool):
+            if parts is None:
                 maxima[partitions] = int(pc.max(times).as_py())
             else:
-                parts = partitions if _is_arrow(partitions) else pa.array(partitions, pa.int64())
-                if len(parts) != len(times):
-                    raise ValueError(f"batch has {len(times)} event times but {len(parts)} partitions")
                 grouped = pa.table({"p": parts, "t": times}).group_by("p").aggregate([("t", "max")])
                 maxima = dict(zip(grouped["p"].to_pylist(), grouped["t_max"].to_pylist(), strict=True))
         return late, late_count, behind, starts, maxima
