@@ -22,15 +22,15 @@ def cmd_ray_start(args: argparse.Namespace) -> int:
     data_dir = writable_data_dir(args)
     was_up = ray_instance.running(data_dir) is not None
     started = time.perf_counter()
-    instance = ray_instance.start(data_dir, num_cpus=args.num_cpus)
+    instance = ray_instance.start(data_dir, num_cpus=args.num_cpus, workers=args.workers)
     if args.json:
         emit_json({**_describe(instance), "already_running": was_up})
     elif was_up:
         print(f"a Ray instance is already up for {data_dir} at {instance.address} (pid {instance.pid})")
     else:
         print(f"Ray instance up at {instance.address} in {time.perf_counter() - started:.1f}s "
-              f"({instance.num_cpus} CPUs, pid {instance.pid}); `eventing run` in {data_dir} joins it; "
-              "`eventing ray stop` ends it")
+              f"({instance.num_cpus} CPUs, {args.workers} worker processes waiting, pid {instance.pid}); "
+              f"`eventing run` in {data_dir} joins it; `eventing ray stop` ends it")
     return 0
 
 
@@ -71,6 +71,9 @@ def register(sub: Any, add: Any) -> None:
     rsub = ray.add_subparsers(dest="ray_command", metavar="ACTION", required=True)
     p = add("start", cmd_ray_start, "start it (or say it is already up)", rsub)
     p.add_argument("--num-cpus", type=int, default=None, help="CPUs Ray may schedule (default: the machine's)")
+    p.add_argument("--workers", type=int, default=4,
+                   help="worker processes kept waiting for runs (default 4; a run needing more starts more, "
+                   "and they stay)")
     add("stop", cmd_ray_stop, "end every process of it, by pid (other Ray instances are left alone)", rsub)
     add("status", cmd_ray_status, "whether it is up, and where", rsub)
 

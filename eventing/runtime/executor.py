@@ -6,6 +6,8 @@ import contextlib
 import os
 import re
 import socket
+import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -65,6 +67,53 @@ class WorkerHost:
             return os.getpid()
         assert self.core is not None, "worker not started"
         return getattr(self.core, method)(*args)
+
+
+class PooledWorkerHost(WorkerHost):
+    """A worker process kept up between runs by a kept Ray instance (`eventing ray start`). A run adopts it
+    (a new spec, a fresh core) instead of starting a process (~1 s: Python, Ray and the project's imports)
+    and gives it back after a clean stop; a worker that died, hung or was killed is simply gone. One run at
+    a time: `adopt` refuses while another run's calls are recent (a run whose driver died stops calling)."""
+
+    def __init__(self) -> None:
+        super().__init__(b"", own_process=True)
+        self.owner: str | None = None
+        self.last_call = 0.0
+
+    def adopt(self, owner: str, spec: bytes) -> bool:
+        if self.owner not in (None, owner) and time.monotonic() - self.last_call < POOL_STALE_S:
+            return False
+        self._drop_core()
+        self.owner, self.spec, self.last_call = owner, spec, time.monotonic()
+        return True
+
+    def ready(self) -> int:
+        """Import the worker's modules now, so a run that adopts this process does not wait for them."""
+        import eventing.runtime.worker  # noqa: F401
+
+        return os.getpid()
+
+    def release(self, owner: str) -> None:
+        if self.owner == owner:
+            self._drop_core()
+            self.owner = None
+
+    def call(self, method: str, *args: Any) -> Any:
+        self.last_call = time.monotonic()
+        return super().call(method, *args)
+
+    def _drop_core(self) -> None:
+        core, self.core = self.core, None
+        if core is not None:
+            try:
+                core.close()
+            except Exception:  # noqa: BLE001 - a core that cannot close cleanly is dropped all the same
+                pass
+
+
+POOL_NAMESPACE = "eventing"  # the namespace a run joining a kept instance uses: its pooled workers' names
+POOL_PREFIX = "eventing-worker-"
+POOL_STALE_S = 30.0  # a pooled worker whose run has not called for this long may be adopted by another
 
 
 # -- in-process ---------------------------------------------------------------------------------------
@@ -157,7 +206,7 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None, join_lo
         kwargs["num_cpus"] = num_cpus
     try:
         if join_local:
-            ray.init(address=join_local, **kwargs)
+            ray.init(address=join_local, namespace=POOL_NAMESPACE, **kwargs)
         elif address:
             ray.init(**kwargs)
         else:
@@ -174,6 +223,7 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None, join_lo
 
 
 PROJECT_PACKAGES = ("eventing", "metadata", "sharding")
+POOL_ADOPT_TIMEOUT_S = 5.0
 ADDRESS_CHECK_TIMEOUT_S = 3.0
 
 
@@ -237,6 +287,7 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
 class _RayHandle:
     def __init__(self, actor: Any):
         self.actor = actor
+        self.pool_name = ""  # set for a worker of a kept instance's pool
 
     def call(self, method: str, *args: Any) -> Any:
         return self.actor.call.remote(method, *args)
@@ -254,6 +305,10 @@ class RayExecutor:
         self.joined = join_local  # the `eventing ray start` instance joined, if any
         self._ray = ray
         self._actor_cls = ray.remote(num_cpus=0, max_restarts=0)(WorkerHost)
+        # On a kept instance, workers come from (and go back to) its pool of worker processes.
+        self._pool_cls = ray.remote(num_cpus=0, max_restarts=0)(PooledWorkerHost) if join_local else None
+        self._owner = uuid.uuid4().hex
+        self._adopted: set[str] = set()
         self.address = address
         self.data_service: Any = None  # DataServiceRef once serve() ran
 
@@ -292,6 +347,8 @@ class RayExecutor:
 
     def start_worker(self, spec: WorkerSpec, ray_node_id: str | None = None) -> _RayHandle:
         """Start a worker actor; pinned to a Ray node when its eventing node names one."""
+        if self._pool_cls is not None and not ray_node_id:
+            return self._pooled_worker(spec)
         options: dict[str, Any] = {}
         if ray_node_id:
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -342,6 +399,70 @@ class RayExecutor:
             self._ray.kill(handle.actor, no_restart=True)
         except Exception:  # noqa: BLE001 - already dead is fine
             pass
+        self._adopted.discard(getattr(handle, "pool_name", ""))
+
+    def release(self, handle: _RayHandle) -> None:
+        """A worker that stopped cleanly: back to the kept instance's pool, else ended."""
+        name = getattr(handle, "pool_name", "")
+        if not name:
+            self.kill(handle)
+            return
+        handle.actor.release.remote(self._owner)
+        self._adopted.discard(name)
+
+    def _pooled_worker(self, spec: WorkerSpec) -> _RayHandle:
+        """A free worker process of the kept instance's pool, adopted for `spec`; a new pooled one if none is
+        free (it stays in the pool after this run). Calls to an actor run in order, so `start` follows."""
+        from ray import cloudpickle
+
+        blob = cloudpickle.dumps(spec)
+        names = sorted(n for n in self._ray.util.list_named_actors() if n.startswith(POOL_PREFIX))
+        for name in names:
+            if name in self._adopted:
+                continue
+            try:
+                actor = self._ray.get_actor(name, namespace=POOL_NAMESPACE)
+                if not self._ray.get(actor.adopt.remote(self._owner, blob), timeout=POOL_ADOPT_TIMEOUT_S):
+                    continue
+            except Exception:  # noqa: BLE001 - a pooled worker that died or does not answer is skipped
+                continue
+            return self._pooled_handle(actor, name)
+        taken = set(names) | self._adopted
+        name = next(f"{POOL_PREFIX}{i}" for i in range(len(taken) + 1) if f"{POOL_PREFIX}{i}" not in taken)
+        fresh: Any = self._pool_cls.options(  # type: ignore[union-attr]
+            name=name, namespace=POOL_NAMESPACE, lifetime="detached"
+        ).remote()
+        fresh.adopt.remote(self._owner, blob)
+        return self._pooled_handle(fresh, name)
+
+    def _pooled_handle(self, actor: Any, name: str) -> _RayHandle:
+        self._adopted.add(name)
+        handle = _RayHandle(actor)
+        handle.pool_name = name
+        return handle
+
+
+def fill_pool(address: str, workers: int) -> int:
+    """Start pooled worker processes on the kept instance at `address` until it has `workers` of them, each
+    with the worker's modules imported; returns how many it has."""
+    import ray
+
+    init_ray(join_local=address)
+    try:
+        names = {n for n in ray.util.list_named_actors() if n.startswith(POOL_PREFIX)}
+        cls = ray.remote(num_cpus=0, max_restarts=0)(PooledWorkerHost)
+        started: list[Any] = []
+        for i in range(workers * 2):
+            if len(names) >= workers:
+                break
+            name = f"{POOL_PREFIX}{i}"
+            if name not in names:
+                names.add(name)
+                started.append(cls.options(name=name, namespace=POOL_NAMESPACE, lifetime="detached").remote())
+        ray.get([a.ready.remote() for a in started])
+        return len(names)
+    finally:
+        ray.shutdown()
 
 
 def make_executor(kind: str, ray_address: str | None = None, data_dir: str | None = None) -> Executor:

@@ -52,8 +52,10 @@ def running(data_dir: str | os.PathLike[str]) -> RayInstance | None:
     return instance
 
 
-def start(data_dir: str | os.PathLike[str], *, num_cpus: int | None = None) -> RayInstance:
-    """Start the data directory's instance, or return the one already up."""
+def start(data_dir: str | os.PathLike[str], *, num_cpus: int | None = None, workers: int = 4) -> RayInstance:
+    """Start the data directory's instance, or return the one already up, with `workers` worker processes
+    waiting in its pool (eventing.runtime.executor.PooledWorkerHost): runs adopt them instead of starting
+    processes, and more join the pool when a run needs them."""
     found = running(data_dir)
     if found is not None:
         return found
@@ -84,6 +86,14 @@ def start(data_dir: str | os.PathLike[str], *, num_cpus: int | None = None) -> R
                 "see `ray start --help`, or run without `eventing ray start` (each run starts its own)"
             )
         time.sleep(0.1)
+    if workers > 0:
+        from eventing.runtime.executor import fill_pool
+
+        try:
+            fill_pool(instance.address, workers)
+        except Exception as exc:  # noqa: BLE001 - an instance that cannot host workers is no use: end it
+            _end(instance)
+            raise EventingError(f"the new Ray instance could not start worker processes ({exc}); see `ray start --help`") from None
     state_path(data_dir).write_text(json.dumps(asdict(instance)))
     return instance
 
@@ -122,13 +132,14 @@ def _processes(instance: RayInstance) -> set[int]:
         children.setdefault(_parent(pid), []).append(pid)
         if instance.temp_dir in _cmdline(pid):
             pids.add(pid)
-    todo = [instance.pid] if _alive(instance.pid) else []
-    pids.update(todo)
+    todo = [instance.pid, *pids] if _alive(instance.pid) else list(pids)
+    walked: set[int] = set()
     while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in pids:
-                pids.add(child)
-                todo.append(child)
+        pid = todo.pop()
+        if pid not in walked:
+            walked.add(pid)
+            todo.extend(children.get(pid, []))
+    pids |= walked
     pids.discard(os.getpid())
     return pids
 

@@ -450,13 +450,20 @@ class FunctionSupervisor:
         for wid, slot in self.slots.items():
             if slot.handle is not None and slot.ready:
                 stops[wid] = slot.handle.call("stop")
+        stopped = set()
         for wid, fut in stops.items():
             try:
                 self.executor.wait([fut], max(0.1, deadline - time.monotonic()))
                 self.executor.result(fut)
+                stopped.add(wid)
             except (WorkerDied, EventingError) as exc:
                 log.warning("function %s worker %s did not stop cleanly (%s); its checkpoints stand", self.name, wid, exc)
-        for slot in self.slots.values():
+        release = getattr(self.executor, "release", None)
+        for wid, slot in self.slots.items():
             if slot.handle is not None:
-                self.executor.kill(slot.handle)
+                # A worker that stopped cleanly may go back to a kept pool (eventing ray start); any other ends.
+                if release is not None and wid in stopped:
+                    release(slot.handle)
+                else:
+                    self.executor.kill(slot.handle)
                 slot.handle = None

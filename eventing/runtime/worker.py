@@ -117,6 +117,7 @@ class WorkerCore:
         self.last_commit = time.monotonic()
         self._rotor = 0
         self._handled_any = False
+        self._closed = False
         self._hung: set[tuple[int, int]] = set()
         self.timers = self.runner.timers
         self.timers.lookup = lambda callback, reference: self.store.get_timer(self.name, callback, reference)
@@ -513,7 +514,7 @@ class WorkerCore:
         the worker from its checkpoint; the restarted worker skips that mutation, so it cannot hang again.
         Only used where the worker has a process of its own (a Ray actor)."""
         store = None
-        while True:
+        while not self._closed:
             time.sleep(0.25)
             runner = self.runner
             m = runner.current
@@ -678,4 +679,6 @@ class WorkerCore:
         return fenced
 
     def close(self) -> None:
+        self._closed = True  # ends the hang guard: a pooled worker process outlives its cores
         self.store.close()
+        self.runner.close()

@@ -26,17 +26,23 @@ def cli(data_dir: str, *args: str, timeout: float = 180) -> subprocess.Completed
                           capture_output=True, text=True, timeout=timeout, env=env)
 
 
+def pooled_workers(instance) -> set[int]:
+    return {pid for pid in ray_instance._processes(instance) if "PooledWorkerHost" in ray_instance._cmdline(pid)}
+
+
 def test_runs_join_the_kept_instance_and_stop_ends_only_its_processes(tmp_path):
     data_dir = str(tmp_path / "d")
     source = load_source(data_dir, 200, 3000, seed=3)
     deploy_function(data_dir, ledger_definition("fn_a", "src", "ledger", workers=2))
     assert json.loads(cli(data_dir, "ray", "status", "--json").stdout)["running"] is False
 
-    started = cli(data_dir, "ray", "start", "--num-cpus", "2", "--json")
+    started = cli(data_dir, "ray", "start", "--num-cpus", "2", "--workers", "2", "--json")
     assert started.returncode == 0, started.stderr
     instance = ray_instance.running(data_dir)
     assert instance is not None and json.loads(started.stdout)["address"] == instance.address
     try:
+        pooled = pooled_workers(instance)
+        assert len(pooled) == 2  # waiting before any run
         again = json.loads(cli(data_dir, "ray", "start", "--json").stdout)
         assert again["already_running"] is True and again["pid"] == instance.pid
 
@@ -51,6 +57,7 @@ def test_runs_join_the_kept_instance_and_stop_ends_only_its_processes(tmp_path):
         text = cli(data_dir, "run", "--until-caught-up").stdout
         assert "50 mutations handled" in text and "joined the `eventing ray start` instance" in text, text
         assert check_ledger(source, LocalBucket.open(data_dir, "ledger")).ok
+        assert pooled_workers(instance) == pooled  # both runs adopted the same worker processes and gave them back
         assert ray_instance._processes(instance), "the instance's processes are found by pid"
     finally:
         stopped = cli(data_dir, "ray", "stop", "--json")

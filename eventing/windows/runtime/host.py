@@ -15,14 +15,16 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import pyarrow as pa
+from typing import TYPE_CHECKING, Any
 
 from eventing.errors import EventingError, FencedError
 from eventing.storage.metadata import open_metadata
-from eventing.windows.runtime.coordinator import Aggregator, WindowCoordinator
-from eventing.windows.runtime.row_writer import RowLayout
+
+if TYPE_CHECKING:  # imported when a windowed function first runs: pyarrow costs every command ~0.2 s
+    import pyarrow as pa
+
+    from eventing.windows.runtime.coordinator import Aggregator, WindowCoordinator
+    from eventing.windows.runtime.row_writer import RowLayout
 
 log = logging.getLogger("eventing.windows")
 
@@ -115,6 +117,8 @@ class WindowHost:
             self._drop(name)
         if self._aggregator is None:
             self._aggregator = make_aggregator(self.options.spark_master)
+        from eventing.windows.runtime.coordinator import WindowCoordinator
+
         coordinator = WindowCoordinator(
             self.data_dir,
             name,
