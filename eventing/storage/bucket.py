@@ -21,8 +21,10 @@ import sqlite3
 import threading
 import time
 import uuid
+import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 from pathlib import Path
 
 from eventing.core.mutation import OP_DELETE, OP_EXPIRE, OP_UPDATE, Mutation, decode_document, encode_document
@@ -51,6 +53,7 @@ CREATE TABLE IF NOT EXISTS effect_marks(
 """
 
 _LOG_COLUMNS = "vb, seqno, key, op, cas, doc, origin, expiry, flags, arrival_ms"
+_by_vb = itemgetter(0)
 _cas_lock = threading.Lock()
 _last_cas = 0
 
@@ -272,6 +275,64 @@ class LocalBucket:
         db.executemany("INSERT OR REPLACE INTO docs VALUES(?,?,?,?,?,?,?,?)", doc_rows)
         db.executemany("UPDATE high SET seqno=? WHERE vb=?", [(s, vb) for vb, s in highs.items()])
         return out
+
+    def load_rows(self, rows: Sequence[tuple[str, int, bytes | None, int]], *, arrival_ms: int | None = None) -> int:
+        """Bulk form of ``write`` for imports (``bucket load``): rows are ``(key, op, doc, expiry)`` with keys
+        already validated, applied in one transaction with the same outcome as ``write`` of the same writes
+        (per-vBucket seqnos in row order, fresh cas values, one arrival time, deletes of missing documents
+        skipped). Returns how many rows were logged.
+
+        Cheaper than ``write`` for large batches: the high seqnos, last arrival times and the existence of
+        deleted keys are read with one query each instead of one per vBucket or key; log rows go in in
+        (vb, seqno) order and only the last version of each document goes into ``docs``, in key order, so
+        SQLite walks each B-tree once per transaction instead of jumping between random pages (the docs
+        table of a large bucket does not fit SQLite's page cache: random order costs ~3x)."""
+        return _retry_locked(self.path, lambda: self._tx(lambda: self._load_rows(rows, arrival_ms)))
+
+    def _load_rows(self, rows: Sequence[tuple[str, int, bytes | None, int]], arrival_ms: int | None) -> int:
+        global _last_cas
+        db = self._db
+        arrival = int(time.time() * 1000) if arrival_ms is None else int(arrival_ms)
+        highs = [0] * NUM_VBUCKETS
+        for vb, seqno in db.execute("SELECT vb, seqno FROM high"):
+            highs[vb] = seqno
+        # Arrival times never go backwards within a vBucket (as in _apply).
+        arrivals = [arrival] * NUM_VBUCKETS
+        for vb, last in db.execute(
+            "SELECT log.vb, log.arrival_ms FROM high JOIN log ON log.vb = high.vb AND log.seqno = high.seqno"
+        ):
+            if last > arrival:
+                arrivals[vb] = last
+        deleted_keys = {r[0] for r in rows if r[1] != OP_UPDATE}
+        live: dict[str, bool] = {}
+        for part in chunked(deleted_keys, 500):
+            marks = ",".join("?" * len(part))
+            for key, deleted in db.execute(f"SELECT key, deleted FROM docs WHERE key IN ({marks})", part):
+                live[key] = not deleted
+        with _cas_lock:  # reserve len(rows) cas values at once (see _next_cas)
+            cas = max(time.time_ns(), _last_cas + 1)
+            _last_cas = cas + len(rows)
+        log_rows = []
+        docs: dict[str, tuple] = {}
+        for key, op, doc, expiry in rows:
+            cas += 1
+            if op != OP_UPDATE:
+                if not live.get(key, False):
+                    continue
+                live[key] = False
+                doc = None
+            elif key in deleted_keys:
+                live[key] = True
+            vb = ((zlib.crc32(key.encode()) >> 16) & 0x7FFF) % NUM_VBUCKETS  # sharding.vbucket_of, inlined
+            seqno = highs[vb] = highs[vb] + 1
+            log_rows.append((vb, seqno, key, op, cas, doc, None, expiry, 0, arrivals[vb]))
+            docs[key] = (key, vb, seqno, cas, 0 if op == OP_UPDATE else 1, doc, expiry, 0)
+        log_rows.sort(key=_by_vb)  # stable: seqnos stay in order within a vBucket
+        db.executemany(f"INSERT INTO log({_LOG_COLUMNS}) VALUES(?,?,?,?,?,?,?,?,?,?)", log_rows)
+        db.executemany("INSERT OR REPLACE INTO docs VALUES(?,?,?,?,?,?,?,?)", [docs[k] for k in sorted(docs)])
+        touched = {r[0] for r in log_rows}
+        db.executemany("UPDATE high SET seqno=? WHERE vb=?", [(highs[vb], vb) for vb in sorted(touched)])
+        return len(log_rows)
 
     def upsert(
         self, key: str, doc: dict, *, origin: str | None = None, expiry: int = 0, arrival_ms: int | None = None
