@@ -31,7 +31,7 @@ from eventing.core.mutation import OP_DELETE, OP_EXPIRE, OP_UPDATE, Mutation, de
 from eventing.core.names import check_bucket_name
 from eventing.errors import ConfigError, NotFoundError, StoreError
 from metadata.sqlite_io import retry_locked, run_transaction
-from sharding import NUM_VBUCKETS, validate_key, vbucket_of
+from sharding import NUM_VBUCKETS, validate_key
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS info(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -43,7 +43,9 @@ CREATE TABLE IF NOT EXISTS log(
     cas INTEGER NOT NULL, doc BLOB, origin TEXT, expiry INTEGER NOT NULL, flags INTEGER NOT NULL,
     arrival_ms INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY(vb, seqno)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS high(vb INTEGER PRIMARY KEY, seqno INTEGER NOT NULL);
+-- Per vBucket: its high seqno and the arrival time of that entry (what the next entry may not go below),
+-- so a write reads this small, always-cached table instead of a log page per vBucket.
+CREATE TABLE IF NOT EXISTS high(vb INTEGER PRIMARY KEY, seqno INTEGER NOT NULL, arrival_ms INTEGER NOT NULL DEFAULT 0);
 -- Per (function, source vBucket): the owner epoch and the last source seqno whose effects are applied.
 -- Effects carry their source seqno, so a replay after a crash applies nothing twice, and a stale
 -- owner (lower epoch) is rejected: this is what makes binding writes exactly-once and fenced.
@@ -54,16 +56,20 @@ CREATE TABLE IF NOT EXISTS effect_marks(
 
 _LOG_COLUMNS = "vb, seqno, key, op, cas, doc, origin, expiry, flags, arrival_ms"
 _by_vb = itemgetter(0)
+WAL_AUTOCHECKPOINT_PAGES = 10_000
+HEADS_BY_VB_MAX = 32  # up to this many vBuckets in a write, their heads are read one query each
 _cas_lock = threading.Lock()
 _last_cas = 0
 
 
-def _next_cas() -> int:
-    """A cas that only grows within this process (nanoseconds since the epoch, bumped on ties)."""
+def _reserve_cas(count: int) -> int:
+    """Reserve ``count`` cas values at once: the caller uses the returned value + 1 .. + count. A cas only
+    grows within this process (nanoseconds since the epoch, bumped on ties)."""
     global _last_cas
     with _cas_lock:
-        _last_cas = max(time.time_ns(), _last_cas + 1)
-        return _last_cas
+        first = max(time.time_ns(), _last_cas + 1)
+        _last_cas = first + count - 1
+        return first - 1
 
 
 @dataclass(frozen=True)
@@ -167,7 +173,7 @@ class LocalBucket:
                 "INSERT INTO info VALUES(?,?)",
                 [("uuid", uuid.uuid4().hex), ("name", name), ("created_at", str(time.time()))],
             )
-            db.executemany("INSERT INTO high VALUES(?,0)", [(vb,) for vb in range(NUM_VBUCKETS)])
+            db.executemany("INSERT INTO high VALUES(?,0,0)", [(vb,) for vb in range(NUM_VBUCKETS)])
             db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             db.close()
             os.replace(tmp, path)  # a bucket appears whole or not at all
@@ -233,106 +239,81 @@ class LocalBucket:
             self._commits += 1
 
     def _apply(
-        self, writes: Iterable[Write], origin: str | None, arrival_ms: int | None = None
+        self, writes: Sequence[Write], origin: str | None, arrival_ms: int | None = None
     ) -> list[tuple[int, int] | None]:
-        db = self._db
-        arrival = int(time.time() * 1000) if arrival_ms is None else int(arrival_ms)
-        arrivals: dict[int, int] = {}
-        highs: dict[int, int] = {}
-        log_rows = []
-        doc_rows = []
-        out: list[tuple[int, int] | None] = []
-        live: dict[str, bool] = {}  # keys written earlier in this transaction (rows not yet inserted)
-        for w in writes:
-            vb = vbucket_of(w.key)
-            if w.op != OP_UPDATE:
-                exists = live.get(w.key)
-                if exists is None:
-                    row = db.execute("SELECT deleted FROM docs WHERE key=?", (w.key,)).fetchone()
-                    exists = row is not None and not row[0]
-                if not exists:
-                    out.append(None)
-                    continue
-            live[w.key] = w.op == OP_UPDATE
-            if vb not in highs:
-                highs[vb] = db.execute("SELECT seqno FROM high WHERE vb=?", (vb,)).fetchone()[0]
-                # Arrival times never go backwards within a vBucket (a wall clock stepped back, or an
-                # older time given), so readers find the earliest unread one first.
-                last = db.execute("SELECT arrival_ms FROM log WHERE vb=? AND seqno=?", (vb, highs[vb])).fetchone()
-                arrivals[vb] = arrival if last is None else max(arrival, last[0])
-            seqno = highs[vb] = highs[vb] + 1
-            cas = _next_cas()
-            log_rows.append((vb, seqno, w.key, w.op, cas, w.doc, origin, w.expiry, w.flags, arrivals[vb]))
-            deleted = 0 if w.op == OP_UPDATE else 1
-            doc_rows.append((w.key, vb, seqno, cas, deleted, w.doc if not deleted else None, w.expiry, w.flags))
-            out.append((vb, seqno))
-            if len(log_rows) >= 5000:
-                db.executemany(f"INSERT INTO log({_LOG_COLUMNS}) VALUES(?,?,?,?,?,?,?,?,?,?)", log_rows)
-                db.executemany("INSERT OR REPLACE INTO docs VALUES(?,?,?,?,?,?,?,?)", doc_rows)
-                log_rows.clear()
-                doc_rows.clear()
-        db.executemany(f"INSERT INTO log({_LOG_COLUMNS}) VALUES(?,?,?,?,?,?,?,?,?,?)", log_rows)
-        db.executemany("INSERT OR REPLACE INTO docs VALUES(?,?,?,?,?,?,?,?)", doc_rows)
-        db.executemany("UPDATE high SET seqno=? WHERE vb=?", [(s, vb) for vb, s in highs.items()])
-        return out
+        """Log and store ``writes`` in order, inside the caller's transaction; (vb, seqno) per write, None for
+        a delete of a missing document (nothing logged)."""
+        return self._log([(w.key, w.op, w.doc, w.expiry, w.flags) for w in writes], origin, arrival_ms)
 
     def load_rows(self, rows: Sequence[tuple[str, int, bytes | None, int]], *, arrival_ms: int | None = None) -> int:
-        """Bulk form of ``write`` for imports (``bucket load``): rows are ``(key, op, doc, expiry)`` with keys
-        already validated, applied in one transaction with the same outcome as ``write`` of the same writes
-        (per-vBucket seqnos in row order, fresh cas values, one arrival time, deletes of missing documents
-        skipped). Returns how many rows were logged.
+        """``write`` for imports (``bucket load``): rows are ``(key, op, doc, expiry)`` with keys already
+        validated, applied in one transaction with the same outcome as ``write`` of the same writes.
+        Returns how many rows were logged."""
+        items = [(key, op, doc, expiry, 0) for key, op, doc, expiry in rows]
+        logged = _retry_locked(self.path, lambda: self._tx(lambda: self._log(items, None, arrival_ms)))
+        return sum(1 for r in logged if r is not None)
 
-        Cheaper than ``write`` for large batches: the high seqnos, last arrival times and the existence of
-        deleted keys are read with one query each instead of one per vBucket or key; log rows go in in
-        (vb, seqno) order and only the last version of each document goes into ``docs``, in key order, so
-        SQLite walks each B-tree once per transaction instead of jumping between random pages (the docs
-        table of a large bucket does not fit SQLite's page cache: random order costs ~3x)."""
-        return _retry_locked(self.path, lambda: self._tx(lambda: self._load_rows(rows, arrival_ms)))
+    def _log(
+        self, items: list[tuple[str, int, bytes | None, int, int]], origin: str | None, arrival_ms: int | None
+    ) -> list[tuple[int, int] | None]:
+        """The one write path: items are ``(key, op, doc, expiry, flags)``. Each logged item gets the next
+        seqno of its vBucket, a fresh cas and the transaction's arrival time; a delete of a document that
+        does not exist (at that point of the batch) is skipped.
 
-    def _load_rows(self, rows: Sequence[tuple[str, int, bytes | None, int]], arrival_ms: int | None) -> int:
-        global _last_cas
+        Built for batches: the high seqnos, last arrival times and the existence of deleted keys are read
+        with a few queries rather than one per vBucket or key, log rows go in in (vb, seqno) order and only
+        each key's last version goes into ``docs``, in key order, so SQLite walks each B-tree once per
+        transaction instead of jumping between random pages (random order costs ~3x once the docs table
+        outgrows SQLite's page cache)."""
         db = self._db
         arrival = int(time.time() * 1000) if arrival_ms is None else int(arrival_ms)
-        highs = [0] * NUM_VBUCKETS
-        for vb, seqno in db.execute("SELECT vb, seqno FROM high"):
-            highs[vb] = seqno
-        # Arrival times never go backwards within a vBucket (as in _apply).
-        arrivals = [arrival] * NUM_VBUCKETS
-        for vb, last in db.execute(
-            "SELECT log.vb, log.arrival_ms FROM high JOIN log ON log.vb = high.vb AND log.seqno = high.seqno"
-        ):
-            if last > arrival:
-                arrivals[vb] = last
-        deleted_keys = {r[0] for r in rows if r[1] != OP_UPDATE}
-        live: dict[str, bool] = {}
-        for part in chunked(deleted_keys, 500):
-            marks = ",".join("?" * len(part))
-            for key, deleted in db.execute(f"SELECT key, deleted FROM docs WHERE key IN ({marks})", part):
-                live[key] = not deleted
-        with _cas_lock:  # reserve len(rows) cas values at once (see _next_cas)
-            cas = max(time.time_ns(), _last_cas + 1)
-            _last_cas = cas + len(rows)
+        vbs = [((zlib.crc32(item[0].encode()) >> 16) & 0x7FFF) % NUM_VBUCKETS for item in items]  # vbucket_of
+        highs, arrivals = self._heads(set(vbs), arrival)
+        deleting = {item[0] for item in items if item[1] != OP_UPDATE}
+        live = self._live(deleting)
+        cas = _reserve_cas(len(items))
         log_rows = []
         docs: dict[str, tuple] = {}
-        for key, op, doc, expiry in rows:
-            cas += 1
+        out: list[tuple[int, int] | None] = []
+        for (key, op, doc, expiry, flags), vb in zip(items, vbs, strict=True):
             if op != OP_UPDATE:
                 if not live.get(key, False):
+                    out.append(None)
                     continue
                 live[key] = False
-                doc = None
-            elif key in deleted_keys:
+            elif key in deleting:
                 live[key] = True
-            vb = ((zlib.crc32(key.encode()) >> 16) & 0x7FFF) % NUM_VBUCKETS  # sharding.vbucket_of, inlined
+            cas += 1
             seqno = highs[vb] = highs[vb] + 1
-            log_rows.append((vb, seqno, key, op, cas, doc, None, expiry, 0, arrivals[vb]))
-            docs[key] = (key, vb, seqno, cas, 0 if op == OP_UPDATE else 1, doc, expiry, 0)
+            log_rows.append((vb, seqno, key, op, cas, doc, origin, expiry, flags, arrivals[vb]))
+            deleted = 0 if op == OP_UPDATE else 1
+            docs[key] = (key, vb, seqno, cas, deleted, None if deleted else doc, expiry, flags)
+            out.append((vb, seqno))
         log_rows.sort(key=_by_vb)  # stable: seqnos stay in order within a vBucket
         db.executemany(f"INSERT INTO log({_LOG_COLUMNS}) VALUES(?,?,?,?,?,?,?,?,?,?)", log_rows)
         db.executemany("INSERT OR REPLACE INTO docs VALUES(?,?,?,?,?,?,?,?)", [docs[k] for k in sorted(docs)])
-        touched = {r[0] for r in log_rows}
-        db.executemany("UPDATE high SET seqno=? WHERE vb=?", [(highs[vb], vb) for vb in sorted(touched)])
-        return len(log_rows)
+        moved = sorted({row[0] for row in log_rows})
+        db.executemany("UPDATE high SET seqno=?, arrival_ms=? WHERE vb=?", [(highs[vb], arrivals[vb], vb) for vb in moved])
+        return out
+
+    def _heads(self, vbs: set[int], arrival: int) -> tuple[dict[int, int], dict[int, int]]:
+        """High seqno and the arrival time new entries get (never below the vBucket's last one: readers find
+        the earliest unread arrival first) of each vBucket in ``vbs``."""
+        db = self._db
+        if len(vbs) > HEADS_BY_VB_MAX:  # one read of the 1,024-row table beats hundreds of lookups from Python
+            rows = [r for r in db.execute("SELECT vb, seqno, arrival_ms FROM high") if r[0] in vbs]
+        else:
+            rows = [(vb, *db.execute("SELECT seqno, arrival_ms FROM high WHERE vb=?", (vb,)).fetchone()) for vb in vbs]
+        return {vb: seqno for vb, seqno, _ in rows}, {vb: max(arrival, last) for vb, _, last in rows}
+
+    def _live(self, keys: set[str]) -> dict[str, bool]:
+        """Whether each key has a live (not deleted) document; keys without a row are left out."""
+        live: dict[str, bool] = {}
+        for part in chunked(keys, 500):
+            marks = ",".join("?" * len(part))
+            for key, deleted in self._db.execute(f"SELECT key, deleted FROM docs WHERE key IN ({marks})", part):
+                live[key] = not deleted
+        return live
 
     def upsert(
         self, key: str, doc: dict, *, origin: str | None = None, expiry: int = 0, arrival_ms: int | None = None
@@ -567,7 +548,7 @@ class LocalBucket:
         def body() -> None:
             for table in ("docs", "log", "effect_marks"):
                 self._db.execute(f"DELETE FROM {table}")
-            self._db.execute("UPDATE high SET seqno=0")
+            self._db.execute("UPDATE high SET seqno=0, arrival_ms=0")
             self._db.execute("UPDATE info SET value=? WHERE key='uuid'", (new_uuid,))
 
         _retry_locked(self.path, lambda: self._tx(body))
@@ -631,11 +612,15 @@ class LocalBucket:
             marks = []
             pending: list[tuple[int, int, Write]] = []
             conditional = any(g.conditional for g in groups)
-            for g in groups:
-                row = self._db.execute(
+            if len(groups) > HEADS_BY_VB_MAX:  # one query for the function's marks (<= 2,048 rows)
+                found = {vb: (e, s) for vb, e, s in self._db.execute(
+                    "SELECT vb, epoch, seqno FROM effect_marks WHERE function=?", (function,))}
+            else:
+                found = {g.vb: row for g in groups if (row := self._db.execute(
                     "SELECT epoch, seqno FROM effect_marks WHERE function=? AND vb=?", (function, g.vb)
-                ).fetchone()
-                mark_epoch, mark_seqno = row if row else (0, 0)
+                ).fetchone())}
+            for g in groups:
+                mark_epoch, mark_seqno = found.get(g.vb, (0, 0))
                 if mark_epoch > g.epoch:
                     result.fenced_vbs.add(g.vb)
                     result.fenced_writes += len(g.writes)
@@ -730,7 +715,7 @@ class LocalBucket:
     def seqnos_before(self, time_ns: int) -> dict[int, int]:
         """Per vBucket with a mutation logged at or after `time_ns`: the seqno right before the first such
         mutation. The time of a mutation is its arrival_ms where the log has that column, else its cas,
-        the wall-clock time of its write in nanoseconds (see _next_cas)."""
+        the wall-clock time of its write in nanoseconds (see _reserve_cas)."""
         column, value = "cas", max(-(2**63), min(time_ns, 2**63 - 1))  # SQLite integers are 64-bit
         if "arrival_ms" in {r[1] for r in self._db.execute("PRAGMA table_info(log)")}:
             column, value = "arrival_ms", time_ns // 1_000_000  # the log's own arrival time, where it keeps one
@@ -748,22 +733,34 @@ def _connect(path: Path) -> sqlite3.Connection:
     db = sqlite3.connect(path, timeout=2.0, isolation_level=None, check_same_thread=False)
     db.execute("PRAGMA journal_mode=WAL")
     db.execute("PRAGMA synchronous=NORMAL")
+    # Checkpoint the WAL every ~40 MB instead of SQLite's ~4 MB: a batch of writes dirties pages all over
+    # the docs B-tree, and each checkpoint copies (and syncs) every page changed since the last one, so
+    # fewer checkpoints copy the same hot pages fewer times (measured 1.3x CPU, 1.5x wall on effect writes).
+    db.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES}")
     return db
 
 
 def _upgrade(db: sqlite3.Connection, path: Path) -> None:
-    """Add the log's ``arrival_ms`` column to a bucket file written before it existed; existing entries get
-    the time of their cas (nanoseconds since the epoch, taken when the entry was written)."""
-    columns = {r[1] for r in db.execute("PRAGMA table_info(log)")}
-    if not columns or "arrival_ms" in columns:
-        return
+    """Bring a bucket file written by an earlier version up to date: the log's ``arrival_ms`` column
+    (existing entries get the time of their cas, nanoseconds since the epoch taken when the entry was
+    written), then the high table's (each vBucket's last entry's arrival time)."""
+    if not {r[1] for r in db.execute("PRAGMA table_info(log)")}:
+        return  # not a bucket: the caller's read reports it
 
     def body() -> None:
-        if "arrival_ms" in {r[1] for r in db.execute("PRAGMA table_info(log)")}:
-            return  # another process upgraded it first
-        db.execute("ALTER TABLE log ADD COLUMN arrival_ms INTEGER NOT NULL DEFAULT 0")
-        db.execute("UPDATE log SET arrival_ms = cas / 1000000")
+        # Checked again inside the transaction: another process may have upgraded the file first.
+        if "arrival_ms" not in {r[1] for r in db.execute("PRAGMA table_info(log)")}:
+            db.execute("ALTER TABLE log ADD COLUMN arrival_ms INTEGER NOT NULL DEFAULT 0")
+            db.execute("UPDATE log SET arrival_ms = cas / 1000000")
+        if "arrival_ms" not in {r[1] for r in db.execute("PRAGMA table_info(high)")}:
+            db.execute("ALTER TABLE high ADD COLUMN arrival_ms INTEGER NOT NULL DEFAULT 0")
+            db.execute(
+                "UPDATE high SET arrival_ms = COALESCE("
+                "(SELECT arrival_ms FROM log WHERE log.vb = high.vb AND log.seqno = high.seqno), 0)"
+            )
 
+    if all("arrival_ms" in {r[1] for r in db.execute(f"PRAGMA table_info({t})")} for t in ("log", "high")):
+        return
     _retry_locked(path, lambda: run_transaction(db, path, body))
 
 

@@ -173,3 +173,44 @@ def test_a_copy_holds_the_same_log_and_documents(data_dir, tmp_path):
     assert copy.high_seqnos() == bucket.high_seqnos()
     assert copy.keys() == bucket.keys() and copy.get("k3") == bucket.get("k3")
     assert [m for batch in copy.scan_log() for m in batch] == [m for batch in bucket.scan_log() for m in batch]
+
+
+def test_a_bucket_file_from_before_arrival_times_is_upgraded_when_opened(data_dir):
+    bucket = LocalBucket.create(data_dir, "old")
+    vb, seqno = bucket.upsert("k1", {"a": 1}, arrival_ms=1_000)
+    path = bucket.path
+    bucket.close()
+    # The file as an earlier version wrote it: no arrival_ms in the log or the high table.
+    db = sqlite3.connect(path)
+    db.executescript(
+        "ALTER TABLE log DROP COLUMN arrival_ms; ALTER TABLE high DROP COLUMN arrival_ms;"
+    )
+    cas = db.execute("SELECT cas FROM log WHERE vb=? AND seqno=?", (vb, seqno)).fetchone()[0]
+    db.close()
+    reopened = LocalBucket.open(data_dir, "old")
+    assert reopened.read_vb(vb, 0, 10)[0].arrival_ms == cas // 1_000_000  # the time of its cas
+    # The high table learnt the last entry's arrival: a later write with an older clock does not go below it.
+    reopened.write([Write("k1", OP_UPDATE, encode_document({"a": 2}))], arrival_ms=5)
+    assert [m.arrival_ms for m in reopened.read_vb(vb, 0, 10)] == [cas // 1_000_000] * 2
+
+
+def test_a_batch_write_gives_each_vbucket_consecutive_seqnos_and_skips_deletes_of_missing_documents(data_dir):
+    bucket = LocalBucket.create(data_dir, "b")
+    keys = [f"key::{i}" for i in range(300)]
+    out = bucket.write(
+        [Write(k, OP_UPDATE, encode_document({"i": i})) for i, k in enumerate(keys)]
+        + [Write("missing", OP_DELETE), Write("key::1", OP_DELETE), Write("key::1", OP_DELETE)]
+        + [Write("key::1", OP_UPDATE, encode_document({"i": "again"}))],
+        arrival_ms=7,
+    )
+    assert out[300] is None and out[302] is None  # deletes of documents missing at that point of the batch
+    per_vb: dict[int, list[int]] = {}
+    for result in out:
+        if result is not None:
+            per_vb.setdefault(result[0], []).append(result[1])
+    assert all(seqnos == list(range(1, len(seqnos) + 1)) for seqnos in per_vb.values())
+    assert bucket.high_seqnos() == [len(per_vb.get(vb, [])) for vb in range(1024)]
+    assert bucket.get("key::1") == {"i": "again"} and bucket.get("key::2") == {"i": 2}
+    log = [m for vb in per_vb for m in bucket.read_vb(vb, 0, 1000)]
+    assert len(log) == 302 and {m.arrival_ms for m in log} == {7}
+    assert len({m.cas for m in log}) == 302  # a fresh cas per entry

@@ -27,6 +27,7 @@ from eventing.testing.windows import (
     reference_arrival_fates,
 )
 from eventing.windows.batches import build_row_batch
+from eventing.windows.runtime import coordinator as coordinator_module
 from eventing.windows.runtime import host
 from eventing.windows.runtime.arrivals import LIFTS, ArrivalGate
 from eventing.windows.runtime.coordinator import WindowCoordinator
@@ -67,7 +68,7 @@ class Harness:
         self.window = window
         self.clock = ManualClock(clock_ms(DAY, "12:30"))
         monkeypatch.setattr(host, "make_aggregator", lambda master=None: python_aggregator)
-        monkeypatch.setattr(host, "WindowCoordinator", functools.partial(WindowCoordinator, clock=self.clock))
+        monkeypatch.setattr(coordinator_module, "WindowCoordinator", functools.partial(WindowCoordinator, clock=self.clock))
         self.source = LocalBucket.create(data_dir, "src")
         defn = FunctionDefinition.from_dict({
             "name": FN, "source_bucket": "src", "worker_count": 2, "checkpoint_interval": "10ms", "window": window,

@@ -19,6 +19,7 @@ from eventing.runtime.service import EventingService
 from eventing.storage.bucket import LocalBucket, bucket_path
 from eventing.storage.metadata import open_metadata
 from eventing.testing.windows import ManualClock, python_aggregator
+from eventing.windows.runtime import coordinator as coordinator_module
 from eventing.windows.runtime import host
 from eventing.windows.runtime.coordinator import WindowCoordinator
 from eventing.windows.runtime.paths import WindowPaths
@@ -40,7 +41,7 @@ class Runs:
         self.data_dir = data_dir
         self.clock = ManualClock(T0)
         monkeypatch.setattr(host, "make_aggregator", lambda master=None: python_aggregator)
-        monkeypatch.setattr(host, "WindowCoordinator", functools.partial(WindowCoordinator, clock=self.clock))
+        monkeypatch.setattr(coordinator_module, "WindowCoordinator", functools.partial(WindowCoordinator, clock=self.clock))
         self.source = LocalBucket.create(data_dir, SALES["source_bucket"])
         spec = dict(SALES, handler="fn_sales_per_minute.py", checkpoint_interval="10ms", worker_count=2)
         if window is not None:
