@@ -17,6 +17,7 @@ from eventing.core import counters as counter_names
 from eventing.core.definition import FunctionDefinition
 from eventing.core.mutation import OP_TIMER, Mutation, pack_mutation
 from eventing.errors import FencedError, OrderViolationError, StoreError
+from eventing.runtime.app_log import RemoteAppLog
 from eventing.runtime.runner import NO_HANDLER, Call, HandlerRunner, HandlerTimeout, Rejection
 from eventing.runtime.timers import delay_counter, timer_mutation
 from eventing.storage.remote import DataAccess, DataServiceRef
@@ -78,7 +79,11 @@ class WorkerCore:
         self.defn = FunctionDefinition.from_dict(record.definition)
         self.source = self.data.bucket(self.defn.source_bucket)
         self._prefetch_runs = getattr(self.source, "prefetch", None)  # a source behind the data service
-        self.runner = HandlerRunner(self.name, self.defn, record.source, self.source, self.data.bucket)
+        # Without the data directory, log() lines reach its application log through the data service.
+        self.app_log = None if self.data.local else RemoteAppLog(
+            self.data.app_log(spec.function, self.defn.app_log_max_size, self.defn.app_log_max_files)
+        )
+        self.runner = HandlerRunner(self.name, self.defn, record.source, self.source, self.data.bucket, self.app_log)
         self.rw_bindings = self.runner.rw_bindings
         # at_least_once: no effect marks are read, fenced or written (see LocalBucket.apply_effects).
         self.marked = self.defn.delivery == "exactly_once"
@@ -570,6 +575,8 @@ class WorkerCore:
         """
         if self.window_rows is not None:
             self.window_rows.flush()
+        if self.app_log is not None:
+            self.app_log.flush()  # a remote worker's log lines are on disk by its checkpoint
         fenced = self.flush_effects()
         moved = {vb: s for vb, s in self.positions.items() if s != self.committed.get(vb)}
         dlq, counters = self.dlq, dict(self.counters)
@@ -593,4 +600,6 @@ class WorkerCore:
         return fenced
 
     def close(self) -> None:
+        if self.app_log is not None:
+            self.app_log.flush()
         self.store.close()

@@ -338,6 +338,15 @@ class DataAccess:
             return open_metadata(self.data_dir, create=False)
         return cast(MetadataStore, RemoteMetadataStore(self._client))
 
+    def app_log(self, function: str, max_size: int, max_files: int) -> Callable[[list[str]], Callable[[], Any]]:
+        """How a remote worker's application log lines reach the data directory: each call sends one batch
+        of stamped lines to the service (which appends them to ``logs/<function>.log``) and returns a thunk
+        that waits for it."""
+        client = self._client
+        if client is None:
+            raise RuntimeError("app_log is for workers without the data directory; write the file directly")
+        return lambda lines: client.submit("app_log", function, lines, max_size, max_files)
+
     def put_file(self, relative: str, data: bytes) -> None:
         """Durably write a file under the data directory through the service (remote workers only)."""
         if self._client is None:

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from eventing.runtime.data_service import ServedData
 from eventing.runtime.executor import InProcessExecutor
 from eventing.runtime.service import EventingService
 from eventing.storage.bucket import LocalBucket
@@ -23,7 +24,7 @@ class PickledDataService:
 
     def __init__(self, data_dir: str):
         self.data_dir = data_dir
-        self.service = DataService(data_dir)
+        self.service = ServedData(data_dir)
         self.calls: dict[str, int] = {}
 
     def client(self, key: str) -> PickledDataService:
@@ -148,3 +149,40 @@ def test_window_rows_of_a_worker_without_the_files_equal_those_of_a_local_worker
     assert served.calls["put_file"] >= 1
     assert len(local["rows"]) > 2000
     assert remote == local
+
+
+LOG_HANDLER = """
+from eventing.handler import log
+
+def on_update(doc, meta):
+    log("seen", meta.id)
+"""
+
+
+def test_log_lines_of_a_worker_without_the_files_reach_the_application_log_in_batches(tmp_path, monkeypatch):
+    import shutil
+
+    from eventing.core.definition import FunctionDefinition
+    from eventing.runtime.app_log import files_oldest_first, log_path
+
+    base = tmp_path / "base"
+    load_source(str(base), 100, 3000, seed=4)
+    shutil.copytree(base, tmp_path / "remote")
+    defn = FunctionDefinition.from_dict({"name": "fn_log", "source_bucket": "src", "worker_count": 2,
+                                         "app_log_max_size": 40_000, "app_log_max_files": 50})
+    contents = {}
+    for name in ("base", "remote"):
+        data_dir = str(tmp_path / name)
+        deploy_function(data_dir, defn, LOG_HANDLER)
+        executor: Any = InProcessExecutor()
+        if name == "remote":
+            monkeypatch.setenv(LOCALITY_ENV, "0")
+            executor = ServedExecutor(data_dir)
+        EventingService(data_dir, executor, until_caught_up=True).run()
+        files = files_oldest_first(log_path(data_dir, "fn_log"))
+        assert len(files) > 2 and all(f.stat().st_size <= 40_000 for f in files)  # rotated as a local writer
+        # <time> [INFO] fn_log <vb>:<seqno> <key> seen <key>; worker order differs, the lines must not
+        contents[name] = sorted(line.split(" ", 2)[2] for f in files for line in f.read_text().splitlines())
+    assert len(contents["remote"]) > 2500  # every update (the load has deletes too)
+    assert contents["remote"] == contents["base"]
+    assert executor.data_service.calls["app_log"] < 3000 / 100  # batched, not a call per line
