@@ -63,6 +63,26 @@ def test_remote_bucket_reads_equal_local_reads(data_dir):
     assert remote.get_raw(key) == source.get_raw(key)
 
 
+def test_rows_read_ahead_are_taken_from_the_front_and_a_read_they_do_not_cover_is_made_on_the_spot(data_dir):
+    source = load_source(data_dir, 20, 3000, seed=6)
+    served = PickledDataService(data_dir)
+    remote = RemoteBucket(served.client("w"), "src")
+    vb = max(range(1024), key=lambda v: source.high_seqnos()[v])
+    remote.prefetch([(vb, 0, 5), (vb + 1 if vb < 1023 else 0, 0, 1000)])
+    assert remote.ahead() == (0, True) and remote.has_ahead(vb)
+    seqnos = [m.seqno for m in source.read_vb(vb, 0, 10)]
+    reads = served.calls.get("read_vb", 0)
+    assert remote.read_vb(vb, 0, 2) == source.read_vb(vb, 0, 2)  # settles the read ahead
+    assert remote.read_vb(vb, seqnos[1], 2) == source.read_vb(vb, seqnos[1], 2)
+    assert served.calls.get("read_vb", 0) == reads  # both from the rows read ahead
+    # past the read ahead's own limit (5): its last row, then the rest on the spot
+    assert remote.read_vb(vb, seqnos[3], 4) == source.read_vb(vb, seqnos[3], 4)
+    assert served.calls["read_vb"] == reads + 1
+    assert remote.read_vb(vb, seqnos[2], 1) == source.read_vb(vb, seqnos[2], 1)  # not read ahead: on the spot
+    remote.forget_prefetched({})
+    assert remote.ahead() == (0, False)
+
+
 @pytest.mark.parametrize("batch_size", [1000, 37])
 def test_a_worker_without_the_files_handles_everything_exactly_once(data_dir, monkeypatch, batch_size):
     monkeypatch.setenv(LOCALITY_ENV, "0")
