@@ -596,5 +596,8 @@ class WorkerCore:
 
     def close(self) -> None:
         if self.app_log is not None:
-            self.app_log.flush()
+            try:
+                self.app_log.flush()
+            except Exception:  # noqa: BLE001 - a worker being ended; the data service may be gone already
+                pass
         self.store.close()
