@@ -46,24 +46,33 @@ class AppLogWriter:
 
     def write_lines(self, lines: list[str]) -> None:
         """Append lines already stamped (``stamped``), as few writes as rotation allows: a batch from a
-        worker that cannot see the data directory (RemoteAppLog), rotated exactly as line by line."""
+        worker that cannot see the data directory (RemoteAppLog), rotated exactly as line by line. The
+        batch holds the rotation lock, so two writers of batches (the data service's actors) never both
+        find room for a chunk in a file that has room for one."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        lock = os.open(str(self.path) + ".lock", os.O_WRONLY | os.O_CREAT, 0o644)
         try:
-            room = self.max_size - os.stat(self.path).st_size
-        except FileNotFoundError:
-            room = self.max_size
-        chunk: list[bytes] = []
-        size = 0
-        for line in lines:
-            data = (line + "\n").encode()
-            if chunk and size + len(data) > room:  # the file is full: _append rotates before the next chunk
-                self._append(b"".join(chunk))
-                chunk, size, room = [], 0, self.max_size
-            chunk.append(data)
-            size += len(data)
-        if chunk:
-            self._append(b"".join(chunk))
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                room = self.max_size - os.stat(self.path).st_size
+            except FileNotFoundError:
+                room = self.max_size
+            chunk: list[bytes] = []
+            size = 0
+            for line in lines:
+                data = (line + "\n").encode()
+                if chunk and size + len(data) > room:  # the file is full: _append rotates before the next chunk
+                    self._append(b"".join(chunk), locked=True)
+                    chunk, size, room = [], 0, self.max_size
+                chunk.append(data)
+                size += len(data)
+            if chunk:
+                self._append(b"".join(chunk), locked=True)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            os.close(lock)
 
-    def _append(self, data: bytes) -> None:
+    def _append(self, data: bytes, *, locked: bool = False) -> None:
         fd = self._fd if self._fd is not None else self._open()
         try:
             st = os.stat(self.path)
@@ -74,13 +83,15 @@ class AppLogWriter:
             fd = self._open()
             st = os.fstat(fd)
         if st.st_size + len(data) > self.max_size and st.st_size > 0:
-            fd = self._rotate(fd)
+            fd = self._rotate(fd, locked=locked)
         os.write(fd, data)
 
-    def _rotate(self, fd: int) -> int:
-        lock = os.open(str(self.path) + ".lock", os.O_WRONLY | os.O_CREAT, 0o644)
+    def _rotate(self, fd: int, *, locked: bool = False) -> int:
+        """Shift the files up by one under the rotation lock (``locked``: the caller holds it)."""
+        lock = -1 if locked else os.open(str(self.path) + ".lock", os.O_WRONLY | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not locked:
+                fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 current = os.stat(self.path)
             except FileNotFoundError:
@@ -98,8 +109,9 @@ class AppLogWriter:
             os.close(fd)
             return self._open()
         finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-            os.close(lock)
+            if not locked:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+                os.close(lock)
 
     def close(self) -> None:
         if self._fd is not None:
