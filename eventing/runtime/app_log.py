@@ -13,7 +13,7 @@ from __future__ import annotations
 import fcntl
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -42,8 +42,37 @@ class AppLogWriter:
         return fd
 
     def write(self, text: str) -> None:
-        stamp = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-        data = f"{stamp} [INFO] {text}\n".encode()
+        self._append((stamped(text) + "\n").encode())
+
+    def write_lines(self, lines: list[str]) -> None:
+        """Append lines already stamped (``stamped``), as few writes as rotation allows: a batch from a
+        worker that cannot see the data directory (RemoteAppLog), rotated exactly as line by line. The
+        batch holds the rotation lock, so two writers of batches (the data service's actors) never both
+        find room for a chunk in a file that has room for one."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        lock = os.open(str(self.path) + ".lock", os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                room = self.max_size - os.stat(self.path).st_size
+            except FileNotFoundError:
+                room = self.max_size
+            chunk: list[bytes] = []
+            size = 0
+            for line in lines:
+                data = (line + "\n").encode()
+                if chunk and size + len(data) > room:  # the file is full: _append rotates before the next chunk
+                    self._append(b"".join(chunk), locked=True)
+                    chunk, size, room = [], 0, self.max_size
+                chunk.append(data)
+                size += len(data)
+            if chunk:
+                self._append(b"".join(chunk), locked=True)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            os.close(lock)
+
+    def _append(self, data: bytes, *, locked: bool = False) -> None:
         fd = self._fd if self._fd is not None else self._open()
         try:
             st = os.stat(self.path)
@@ -54,13 +83,15 @@ class AppLogWriter:
             fd = self._open()
             st = os.fstat(fd)
         if st.st_size + len(data) > self.max_size and st.st_size > 0:
-            fd = self._rotate(fd)
+            fd = self._rotate(fd, locked=locked)
         os.write(fd, data)
 
-    def _rotate(self, fd: int) -> int:
-        lock = os.open(str(self.path) + ".lock", os.O_WRONLY | os.O_CREAT, 0o644)
+    def _rotate(self, fd: int, *, locked: bool = False) -> int:
+        """Shift the files up by one under the rotation lock (``locked``: the caller holds it)."""
+        lock = -1 if locked else os.open(str(self.path) + ".lock", os.O_WRONLY | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not locked:
+                fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 current = os.stat(self.path)
             except FileNotFoundError:
@@ -78,13 +109,72 @@ class AppLogWriter:
             os.close(fd)
             return self._open()
         finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-            os.close(lock)
+            if not locked:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+                os.close(lock)
 
     def close(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def stamped(text: str) -> str:
+    """One application log line (without its newline): ``<UTC time> [INFO] <text>``."""
+    stamp = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return f"{stamp} [INFO] {text}"
+
+
+REMOTE_BATCH_LINES = 2000  # a remote worker sends its log lines in batches of at most this many
+REMOTE_BATCH_BYTES = 256 * 1024  # or this many bytes
+REMOTE_FLUSH_S = 1.0  # and at least this often while it logs (also at every checkpoint)
+
+
+class RemoteAppLog:
+    """The application log of a worker that cannot see the data directory: lines are stamped when
+    written, buffered, and handed to the data service in batches (one call per batch, at most one in
+    flight), which appends them to ``<data-dir>/logs/<function>.log`` with the same rotation. Memory is
+    bounded: a full buffer waits for the batch in flight before it is sent, so a handler that logs faster
+    than the service writes is slowed down instead of growing the buffer."""
+
+    def __init__(self, send: Callable[[list[str]], Callable[[], object]], max_lines: int = REMOTE_BATCH_LINES,
+                 max_bytes: int = REMOTE_BATCH_BYTES, flush_s: float = REMOTE_FLUSH_S):
+        self.send = send  # starts one batch's write, returns a thunk that waits for it
+        self.max_lines, self.max_bytes, self.flush_s = max_lines, max_bytes, flush_s
+        self._lines: list[str] = []
+        self._bytes = 0
+        self._inflight: Callable[[], object] | None = None
+        self._last_sent = time.monotonic()
+        self.batches = 0  # sent so far (tests count them: lines travel in batches, not one call each)
+
+    def write(self, text: str) -> None:
+        line = stamped(text)
+        self._lines.append(line)
+        self._bytes += len(line) + 1
+        if (len(self._lines) >= self.max_lines or self._bytes >= self.max_bytes
+                or time.monotonic() - self._last_sent >= self.flush_s):
+            self._send()
+
+    def _send(self) -> None:
+        self._settle()
+        if self._lines:
+            lines, self._lines, self._bytes = self._lines, [], 0
+            self._inflight = self.send(lines)
+            self.batches += 1
+        self._last_sent = time.monotonic()
+
+    def _settle(self) -> None:
+        if self._inflight is not None:
+            wait, self._inflight = self._inflight, None
+            wait()
+
+    def flush(self) -> None:
+        """Send what is buffered and wait until it is written (a checkpoint, a stop)."""
+        self._send()
+        self._settle()
+
+    def close(self) -> None:
+        self.flush()
 
 
 def files_oldest_first(path: Path) -> list[Path]:

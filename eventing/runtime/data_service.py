@@ -12,12 +12,42 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from eventing.errors import EventingError
+from eventing.errors import ConfigError, EventingError
+from eventing.runtime.app_log import AppLogWriter, log_path
 from eventing.storage.remote import DataService, DataServiceRef
 
 ACTORS_ENV = "EVENTING_DATA_SERVICE_ACTORS"
 DEFAULT_ACTORS = 2
 START_TIMEOUT_S = 60.0
+
+
+class ServedData(DataService):
+    """The data service as it runs in its actors: also the application logs of remote workers (they
+    cannot write ``<data-dir>/logs/<function>.log`` themselves)."""
+
+    def __init__(self, data_dir: str):
+        super().__init__(data_dir)
+        self._logs: dict[str, AppLogWriter] = {}
+
+    def do_app_log(self, function: str, lines: list[str], max_size: int, max_files: int) -> int:
+        """Append a batch of stamped lines to the function's application log (rotated as a local writer
+        rotates it; safe beside other writers of the same file). A repeated call writes the lines again:
+        the log is a diagnostic, not an effect."""
+        if not function or "/" in function or function.startswith("."):
+            raise ConfigError(f"{function!r} is not a function name")
+        writer = self._logs.get(function)
+        if writer is None or (writer.max_size, writer.max_files) != (max_size, max(1, max_files)):
+            if writer is not None:
+                writer.close()
+            writer = self._logs[function] = AppLogWriter(log_path(self.data_dir, function), max_size, max_files)
+        writer.write_lines(lines)
+        return len(lines)
+
+    def close(self) -> None:
+        for writer in self._logs.values():
+            writer.close()
+        self._logs.clear()
+        super().close()
 
 
 def start_data_service(data_dir: str, *, actors: int | None = None, wait: bool = False) -> DataServiceRef:
@@ -29,7 +59,7 @@ def start_data_service(data_dir: str, *, actors: int | None = None, wait: bool =
 
     count = actors or int(os.environ.get(ACTORS_ENV, DEFAULT_ACTORS))
     node_id = ray.get_runtime_context().get_node_id()
-    cls = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)(DataService)
+    cls = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)(ServedData)
     strategy = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
     handles = [cls.options(scheduling_strategy=strategy).remote(os.path.abspath(data_dir)) for _ in range(count)]
     ref = DataServiceRef(handles, node_id, os.path.abspath(data_dir))

@@ -27,7 +27,7 @@ from eventing import handler as handler_api
 from eventing.core.definition import FunctionDefinition
 from eventing.core.mutation import OP_EXPIRE, OP_TIMER, OP_UPDATE, Mutation
 from eventing.handler import DeleteOptions, Meta
-from eventing.runtime.app_log import AppLogWriter, log_path
+from eventing.runtime.app_log import AppLogWriter, RemoteAppLog, log_path
 from eventing.runtime.bindings import BucketBinding, EffectBuffer
 from eventing.runtime.curl import CurlClient, UrlBinding
 from eventing.runtime.loader import load_handler
@@ -107,6 +107,7 @@ class HandlerRunner:
         source_code: str,
         source: AnyBucket,
         open_bucket: Callable[[str], AnyBucket],
+        app_log: AppLogWriter | RemoteAppLog | None = None,
     ):
         self.function = function
         self.defn = defn
@@ -126,7 +127,8 @@ class HandlerRunner:
         self.windowed = defn.window is not None
         self.timers = TimerTable(function, defn.timer_context_size, self)
         path = getattr(source, "path", None)  # <data-dir>/buckets/<name>.sqlite3 for a local bucket
-        self.app_log = (
+        # A worker that cannot see the data directory passes its RemoteAppLog (lines go through the data service).
+        self.app_log = app_log or (
             AppLogWriter(log_path(Path(path).parent.parent, function), defn.app_log_max_size, defn.app_log_max_files)
             if path is not None else None
         )
@@ -379,7 +381,7 @@ class FunctionLog:
     application log file, one line per call: ``<time> [INFO] <function> <vb>:<seqno> <key> <text>`` with the
     mutation being handled (``-:- -`` outside a call, e.g. in on_deploy) and newlines written as ``\\n``."""
 
-    def __init__(self, function: str, writer: AppLogWriter | None, current: Callable[[], Mutation | None]):
+    def __init__(self, function: str, writer: AppLogWriter | RemoteAppLog | None, current: Callable[[], Mutation | None]):
         self.function = function
         self.writer = writer
         self.current = current

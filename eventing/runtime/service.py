@@ -142,11 +142,13 @@ class EventingService:
             self._lead()
         except BaseException:
             self._cool_down()
+            self._close_executor()
             self.store.remove_service(self.service_id)
             self.store.close()
             raise
         if self.stop_event.is_set():  # a standby stopped before it had to take over
             self._cool_down()
+            self._close_executor()
             self.store.remove_service(self.service_id)
             self.store.close()
             return self.summary
@@ -201,9 +203,7 @@ class EventingService:
                 self._stop_function(name)
             self._cool_down()
             self.windows.close()
-            close = getattr(self.executor, "close", None)
-            if close is not None:
-                close()
+            self._close_executor()
             self._report(time.monotonic() - start, final=True)
             self._keeper.finish()  # a clean stop frees the lease: a standby takes over at once
             self.store.remove_service(self.service_id)
@@ -213,6 +213,11 @@ class EventingService:
 
     def stop(self) -> None:
         self.stop_event.set()
+
+    def _close_executor(self) -> None:
+        close = getattr(self.executor, "close", None)
+        if close is not None:
+            close()
 
     # -- leadership ---------------------------------------------------------------------------------
 
@@ -235,6 +240,7 @@ class EventingService:
             return
         waiting_since = time.monotonic()
         self.store.heartbeat(self.service_id, self._info())
+        self._serve_ahead()
         last_holder = None
         logged = False
         while not self.stop_event.is_set():
@@ -260,6 +266,19 @@ class EventingService:
             self._warm_up()
             self.stop_event.wait(STANDBY_POLL_S)
 
+    def _serve_ahead(self) -> None:
+        """A standby on a cluster starts its own data service while it waits: the leader's actors end with
+        the leader's process (Ray ends what a dead driver owned), and the workers this standby starts on
+        nodes without the data directory need one the moment it takes over. Two services over the same
+        files are harmless: every answer comes from the files and every write is fenced by epochs."""
+        serve = getattr(self.executor, "serve", None)
+        if serve is None:
+            return
+        try:
+            serve(self.data_dir)
+        except EventingError as exc:
+            log.warning("standby could not start its data service ahead of time (%s); it will at takeover", exc)
+
     def _warm_up(self) -> None:
         """Start (idle) the workers this standby would need now, every WARM_REFRESH_S: one per worker of
         every deployed function, on the Ray node its eventing node is pinned to."""
@@ -283,6 +302,7 @@ class EventingService:
                         spec = WorkerSpec(
                             data_dir=self.data_dir, function=record.name, generation=record.generation,
                             worker_id=str(worker), vbuckets=(),
+                            data_service=getattr(self.executor, "data_service", None),
                         )
                         self.warm[key] = self.executor.start_worker(spec, key[2])
         except EventingError as exc:

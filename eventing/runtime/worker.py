@@ -20,6 +20,7 @@ from eventing.core.definition import FunctionDefinition
 from eventing.core.mutation import OP_TIMER, OP_UPDATE, Mutation, pack_mutation
 from eventing.errors import FencedError, OrderViolationError, StoreError
 from eventing.handler import Meta
+from eventing.runtime.app_log import RemoteAppLog
 from eventing.runtime.runner import (
     NO_HANDLER,
     Call,
@@ -69,9 +70,11 @@ class StepReport:
 # A supervisor's step keeps taking batches this long while the worker is behind: ~10 round trips a
 # second instead of one per batch_size mutations, each of which costs the worker and the driver CPU.
 STEP_SLICE_S = 0.1
-# A worker reading through the data service asks for at least this many mutations a call (~0.7 ms a
-# round trip: fewer would cap its rate near a few hundred thousand a second on reads alone).
-REMOTE_READ_MIN = 1000
+# A worker reading through the data service reads this many mutations ahead in one call, and keeps one
+# such call in flight while fewer than this many are read ahead: a call across Ray nodes costs
+# milliseconds of CPU (object store to object store) whatever its size, so 2,000-mutation calls capped
+# the remote read path near 200k/s here, 16,000-mutation calls near 350k/s. EVENTING_REMOTE_READ_AHEAD overrides it (forwarded to every node).
+REMOTE_READ_AHEAD = int(os.environ.get("EVENTING_REMOTE_READ_AHEAD", "16000"))
 EFFECT_FLUSH_MIN = 8000  # binding writes buffered before a flush within a step (every step ends with one)
 
 
@@ -94,7 +97,11 @@ class WorkerCore:
         self._prefetch_runs = getattr(self.source, "prefetch", None)  # a source behind the data service
         # Plain row tuples where the source has them (a local bucket): no Mutation built per row by Python.
         self._read_rows = getattr(self.source, "read_vb_rows", self.source.read_vb)
-        self.runner = HandlerRunner(self.name, self.defn, record.source, self.source, self.data.bucket)
+        # Without the data directory, log() lines reach its application log through the data service.
+        self.app_log = None if self.data.local else RemoteAppLog(
+            self.data.app_log(spec.function, self.defn.app_log_max_size, self.defn.app_log_max_files)
+        )
+        self.runner = HandlerRunner(self.name, self.defn, record.source, self.source, self.data.bucket, self.app_log)
         self.rw_bindings = self.runner.rw_bindings
         # at_least_once: no effect marks are read, fenced or written (see LocalBucket.apply_effects).
         self.marked = self.defn.delivery == "exactly_once"
@@ -207,10 +214,10 @@ class WorkerCore:
         targets = self.targets
         handled = 0
         fenced: set[int] = set()
-        # Through the data service, the high seqnos are asked once a step: the runs read ahead
-        # (_prefetch) are planned from them and stay valid for the whole step.
+        # Through the data service, the high seqnos are asked at most once a step (those read along with
+        # the last read ahead when there are: no round trip of their own while the worker is behind).
         remote = self._prefetch_runs is not None
-        highs = self.source.high_seqnos() if remote else []
+        highs = self.source.high_seqnos(prefetched=True) if remote else []  # type: ignore[call-arg]
         first_at = 0.0 if self._handled_any else time.time()
         while True:
             if not remote:
@@ -316,42 +323,35 @@ class WorkerCore:
         assert t.fire_seq is not None
         self.timers_done.append(TimerDone(t.vb, t.callback, t.reference, t.fire_seq))
 
-    @staticmethod
-    def _plan(
-        work: list[int], limits: dict[int, int], budget: int, positions: dict[int, int], rotor: int
-    ) -> tuple[list[tuple[int, int, int]], int]:
-        """The (vb, after_seqno, limit) reads _process makes for one batch, and the rotor it leaves."""
-        runs: list[tuple[int, int, int]] = []
-        handled = 0
-        start = rotor % len(work) if work else 0
-        for i, vb in enumerate(work[start:] + work[:start]):
-            if handled >= budget:
-                return runs, start + i
-            limit = min(budget - handled, limits[vb] - positions[vb])
-            runs.append((vb, positions[vb], limit))
-            handled += limit
-        return runs, 0
-
     def _prefetch(self, work: list[int], limits: dict[int, int], budget: int) -> None:
-        """Through the data service: ask for this batch's runs (unless already asked for) and for the
-        following batches' (at least REMOTE_READ_MIN mutations) in one call each, so the service reads
-        ahead while this batch is handled. The runs are exactly the reads _process will make unless
-        something changes meanwhile (a fence, a rewind, new high seqnos); a run not asked for is read
-        on the spot, so a wrong guess costs a round trip, never a wrong answer."""
+        """Through the data service: when the vBuckets _process takes next (in its order) have fewer than
+        REMOTE_READ_AHEAD mutations (or less than this batch) read ahead or in flight, ask for the next
+        REMOTE_READ_AHEAD in one call (a call still in flight is waited for first), while this batch is
+        handled. read_vb takes rows read ahead from the
+        front of each vBucket's rows; a read they do not cover is made on the spot (a round trip, never a
+        wrong answer)."""
+        source = self.source
+        source.forget_prefetched(self.positions)  # type: ignore[union-attr]
+        positions = self.positions
+        start = self._rotor % len(work)
+        covered = 0
+        runs: list[tuple[int, int, int]] = []
+        total = 0
+        for vb in work[start:] + work[:start]:
+            backlog = min(limits[vb] - positions[vb], REMOTE_READ_AHEAD)
+            if source.has_ahead(vb):  # type: ignore[union-attr]
+                if not runs:
+                    covered += backlog
+                continue
+            if not runs and covered >= max(budget, REMOTE_READ_AHEAD):
+                return  # enough read ahead in the order of the coming batches
+            if backlog > 0:
+                runs.append((vb, positions[vb], backlog))
+                total += backlog
+                if total >= REMOTE_READ_AHEAD:
+                    break
         assert self._prefetch_runs is not None
-        runs, rotor = self._plan(work, limits, budget, self.positions, self._rotor)
-        after = dict(self.positions)
-        following: list[tuple[int, int, int]] = []
-        planned = runs
-        # The read ahead covers the next batches up to REMOTE_READ_MIN mutations: one call each that many.
-        while planned and sum(r[2] for r in following) < REMOTE_READ_MIN:
-            for vb, position, limit in planned:
-                after[vb] = position + limit
-            planned, rotor = self._plan([vb for vb in work if after[vb] < limits[vb]], limits, budget, after, rotor)
-            following += planned
-        self.source.forget_prefetched(runs + following)  # type: ignore[union-attr]
         self._prefetch_runs(runs)
-        self._prefetch_runs(following)
 
     def _process(self, work: list[int], limits: dict[int, int], budget: int) -> int:
         # Resume the rotation where the last step stopped, so every vBucket makes progress even when
@@ -665,6 +665,8 @@ class WorkerCore:
         """
         if self.window_rows is not None:
             self.window_rows.flush()
+        if self.app_log is not None:
+            self.app_log.flush()  # a remote worker's log lines are on disk by its checkpoint
         fenced = self.flush_effects()
         moved = {vb: s for vb, s in self.positions.items() if s != self.committed.get(vb)}
         dlq, counters = self.dlq, dict(self.counters)
@@ -689,5 +691,10 @@ class WorkerCore:
 
     def close(self) -> None:
         self._closed = True  # ends the hang guard: a pooled worker process outlives its cores
+        if self.app_log is not None:
+            try:
+                self.app_log.flush()
+            except Exception:  # noqa: BLE001 - a worker being ended; the data service may be gone already
+                pass
         self.store.close()
         self.runner.close()

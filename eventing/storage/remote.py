@@ -180,20 +180,34 @@ class _RayClient:
 Run = tuple[int, int, int]  # (vb, after_seqno, limit)
 
 
+class _Ahead:
+    """Rows of one vBucket read ahead: ``rows[i:]`` follow seqno ``after``; ``complete`` when the read
+    ended before its limit (it reached the vBucket's end at that time)."""
+
+    __slots__ = ("after", "rows", "i", "complete")
+
+    def __init__(self, after: int, rows: tuple, complete: bool):
+        self.after, self.rows, self.i, self.complete = after, rows, 0, complete
+
+
 class RemoteBucket:
     """The ``LocalBucket`` methods a worker uses, answered by the data service.
 
-    Log reads can be asked for ahead (``prefetch``): the worker names the runs of its next batch before
-    it handles the current one, so the service reads while the worker computes. A run's rows never change
-    once written (the log only grows, and a run never reaches past the high seqno it was planned from), so
-    a prefetched answer is the answer ``read_vb`` would give; a run nobody prefetched is read on the spot."""
+    Log reads can be asked for ahead (``prefetch``): the worker names runs of the batches to come, many
+    batches' worth in one call, while it handles the current one, so the service reads while the worker
+    computes and each call carries thousands of mutations (a call across nodes costs milliseconds of CPU
+    whatever its size). The rows are kept per vBucket and ``read_vb`` takes them from the front: a run's
+    rows never change once written (the log only grows), so the rows that follow seqno ``after`` are the
+    answer ``read_vb`` would give; a read that does not start where the rows read ahead start is made on
+    the spot, so a wrong guess costs a round trip, never a wrong answer."""
 
     def __init__(self, client: DataClient, name: str):
         self._client = client
         self._call = client.call
         self.name, self.uuid = client.call("bucket_info", name)
-        self._pending: tuple[frozenset[Run], Callable[[], Any]] | None = None
-        self._ready: dict[Run, tuple] = {}
+        self._pending: tuple[list[Run], Callable[[], Any]] | None = None
+        self._pending_vbs: frozenset[int] = frozenset()
+        self._ahead: dict[int, _Ahead] = {}
         self._highs: list[int] | None = None  # read by the service right after the last prefetched runs
 
     def _bucket(self, method: str, *args: Any, **kwargs: Any) -> Any:
@@ -201,41 +215,63 @@ class RemoteBucket:
 
     def high_seqnos(self, *, prefetched: bool = False) -> list[int]:
         """The high seqnos; with ``prefetched``, those read along with the last prefetched runs if any
-        (never older than this worker's previous batch: safe wherever a slightly older answer is)."""
+        (never older than this worker's previous read ahead: safe wherever a slightly older answer is)."""
         if prefetched and self._highs is not None:
             highs, self._highs = self._highs, None
             return highs
         return cast(list[int], self._bucket("high_seqnos"))
 
     def prefetch(self, runs: list[Run]) -> None:
-        """Start reading these runs in the background (one call), unless they are read or in flight."""
-        wanted = frozenset(r for r in runs if r[2] > 0 and r not in self._ready)
-        if not wanted or (self._pending is not None and wanted <= self._pending[0]):
+        """Start reading these runs in the background (one call; a call still in flight is settled
+        first), leaving out vBuckets already read ahead or in flight."""
+        wanted = [r for r in runs if r[2] > 0 and r[0] not in self._ahead and r[0] not in self._pending_vbs]
+        if not wanted:
             return
         self._settle()
-        self._pending = (wanted, self._client.submit("read_many", self.name, sorted(wanted)))
+        self._pending = (wanted, self._client.submit("read_many", self.name, wanted))
+        self._pending_vbs = frozenset(r[0] for r in wanted)
+
+    def ahead(self) -> tuple[int, bool]:
+        """(rows read ahead and not taken yet, whether a read ahead is in flight)."""
+        return sum(len(a.rows) - a.i for a in self._ahead.values()), self._pending is not None
+
+    def has_ahead(self, vb: int) -> bool:
+        return vb in self._ahead or vb in self._pending_vbs
 
     def _settle(self) -> None:
         if self._pending is None:
             return
         runs, wait = self._pending
-        self._pending = None
+        self._pending, self._pending_vbs = None, frozenset()
         blob, self._highs = wait()
-        self._ready.update(zip(sorted(runs), msgpack.unpackb(blob, raw=False, use_list=False), strict=True))
+        for (vb, after, limit), rows in zip(runs, msgpack.unpackb(blob, raw=False, use_list=False), strict=True):
+            if rows:
+                self._ahead[vb] = _Ahead(after, rows, len(rows) < limit)
 
     def read_vb(self, vb: int, after_seqno: int, limit: int) -> list[Mutation]:
-        run = (vb, after_seqno, limit)
-        if run not in self._ready and self._pending is not None and run in self._pending[0]:
+        if limit <= 0:
+            return []
+        if vb in self._pending_vbs:
             self._settle()
-        rows = self._ready.pop(run, None)
-        if rows is None:
+        ahead = self._ahead.get(vb)
+        if ahead is None or ahead.after != after_seqno:
             rows = msgpack.unpackb(self._call("read_vb", self.name, vb, after_seqno, limit), raw=False, use_list=False)
-        return list(map(Mutation._make, rows))
+            return list(map(Mutation._make, rows))
+        taken = ahead.rows[ahead.i:ahead.i + limit]
+        ahead.i += len(taken)
+        if ahead.i >= len(ahead.rows):
+            del self._ahead[vb]
+        else:
+            ahead.after = taken[-1][1]
+        out = list(map(Mutation._make, taken))
+        if len(taken) < limit and not ahead.complete:  # read ahead up to its own limit: the rest on the spot
+            out += self.read_vb(vb, taken[-1][1], limit - len(taken))
+        return out
 
-    def forget_prefetched(self, keep: list[Run]) -> None:
-        """Drop prefetched runs a worker no longer wants (its positions moved, a vBucket left)."""
-        wanted = set(keep)
-        self._ready = {r: rows for r, rows in self._ready.items() if r in wanted}
+    def forget_prefetched(self, positions: dict[int, int]) -> None:
+        """Drop rows read ahead that no longer follow the worker's positions (a rewind, a vBucket that left)."""
+        for vb in [vb for vb, a in self._ahead.items() if positions.get(vb) != a.after]:
+            del self._ahead[vb]
 
     def read_vb_packed(
         self, vb: int, after_seqno: int, limit: int, origin: str, *, exact_arrivals_over_ms: int | None = None
@@ -337,6 +373,15 @@ class DataAccess:
         if self._client is None:
             return open_metadata(self.data_dir, create=False)
         return cast(MetadataStore, RemoteMetadataStore(self._client))
+
+    def app_log(self, function: str, max_size: int, max_files: int) -> Callable[[list[str]], Callable[[], Any]]:
+        """How a remote worker's application log lines reach the data directory: each call sends one batch
+        of stamped lines to the service (which appends them to ``logs/<function>.log``) and returns a thunk
+        that waits for it."""
+        client = self._client
+        if client is None:
+            raise RuntimeError("app_log is for workers without the data directory; write the file directly")
+        return lambda lines: client.submit("app_log", function, lines, max_size, max_files)
 
     def put_file(self, relative: str, data: bytes) -> None:
         """Durably write a file under the data directory through the service (remote workers only)."""

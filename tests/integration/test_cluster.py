@@ -6,8 +6,10 @@ order). One cluster for the module; every process it started is ended by pid."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -24,6 +26,7 @@ from eventing.core.definition import FunctionDefinition
 from eventing.core.mutation import OP_UPDATE, decode_document
 from eventing.runtime import lifecycle
 from eventing.runtime.executor import RayExecutor, init_ray
+from eventing.runtime.failover import LEADER_LEASE
 from eventing.runtime.nodes import Topology
 from eventing.runtime.service import EventingService
 from eventing.storage.bucket import LocalBucket
@@ -189,6 +192,40 @@ def test_workers_on_the_hidden_node_handle_every_mutation_once_in_order(env):
     assert owners == {"n2/w0", "n2/w1", "n2/w2"}
 
 
+LOG_HANDLER = """
+from eventing.handler import log
+
+def on_update(doc, meta):
+    log("seen", meta.id)
+"""
+
+
+def test_log_lines_of_hidden_node_workers_reach_the_application_log(env, capsys):
+    data_dir = env.new_data_dir()
+    source = load_source(data_dir, 200, 4000, seed=15)
+    defn = FunctionDefinition.from_dict({"name": "fn_log", "source_bucket": "src", "worker_count": 2,
+                                         "app_log_max_size": 64 * 1024, "app_log_max_files": 100})
+    deploy_function(data_dir, defn, LOG_HANDLER)
+    pin_all_workers(data_dir, "n2", env.n2.node_id)
+    places = WorkerPlaces(env, "fn_log")
+    service = EventingService(data_dir, RayExecutor(env.ray.address), until_caught_up=True, on_progress=places)
+    places.service = service
+    summary = service.run()
+    assert not summary.errors, summary.errors
+    assert not open_metadata(data_dir).counters("fn_log").get("dlq_error")
+    assert places.seen and all(places.seen.values()), places.seen  # every worker ran on n2
+    updates = sorted((m.vb, m.seqno) for batch in source.scan_log() for m in batch if m.op == OP_UPDATE)
+    capsys.readouterr()
+    assert cli(["--data-dir", data_dir, "log", "fn_log", "--lines", "100000", "--json"]) == 0
+    lines = json.loads(capsys.readouterr().out)["lines"]
+    # <time> [INFO] fn_log <vb>:<seqno> <key> seen <key>: one line per update, none twice
+    logged = sorted(tuple(map(int, line.split(" ")[3].split(":"))) for line in lines)
+    assert logged == updates
+    files = list(Path(data_dir, "logs").glob("fn_log.log*"))
+    assert len([f for f in files if not f.name.endswith(".lock")]) > 1  # rotated by the data service
+    assert all(f.stat().st_size <= 64 * 1024 for f in files)
+
+
 # -- (b) live rebalance onto and off the hidden node -------------------------------------------------
 
 
@@ -219,6 +256,107 @@ def test_a_live_rebalance_onto_and_off_the_hidden_node_loses_nothing(env):
         thread.join(timeout=60)
     assert any(places.seen.values()) and not all(places.seen.values())  # workers ran on both nodes
     assert {cp.owner.split("/")[0] for cp in open_metadata(data_dir).checkpoints("fn_c").values()} == {"head"}
+    assert_ledger(data_dir, source)
+
+
+# -- (c) a standby takes over from a killed leader while every worker is on the hidden node ------------
+
+STANDBY_WARM_S = 6.0  # a standby runs long before the leader dies: its workers and data service are up
+
+
+class ServiceProcess:
+    """`python -m eventing run --ray-address …` in a subprocess, as a user runs it; ended by its pid."""
+
+    def __init__(self, data_dir: str, address: str, *extra: str, log_name: str):
+        self.log = Path(data_dir).parent / f"{Path(data_dir).name}-{log_name}.log"
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "eventing", "--data-dir", data_dir, "run", "--ray-address", address, "--json", *extra],
+            cwd=str(ROOT), env=env, stdout=subprocess.PIPE, stderr=self.log.open("w"), text=True,
+        )
+
+    def stop(self, timeout: float = 90) -> dict:
+        """SIGTERM (a clean stop after a checkpoint); returns its JSON summary (the last JSON object)."""
+        self.proc.send_signal(signal.SIGTERM)
+        out, _ = self.proc.communicate(timeout=timeout)
+        assert self.proc.returncode == 0, f"exit {self.proc.returncode}: {out[-2000:]}\n{self.log.read_text()[-3000:]}"
+        start = out.rfind("\n{\n") + 1 if not out.startswith("{\n") else 0
+        summary, _ = json.JSONDecoder().raw_decode(out[start:])
+        return summary
+
+    def kill(self) -> float:
+        self.proc.kill()
+        self.proc.wait(10)
+        return time.time()
+
+    def end(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+def test_a_standby_takes_over_hidden_node_workers_from_a_killed_leader_and_loses_nothing(env):
+    data_dir = env.new_data_dir()
+    source = load_source(data_dir, 300, 3000, seed=16)
+    deploy_function(data_dir, ledger_definition("fn_c", "src", "ledger", workers=2))
+    pin_all_workers(data_dir, "n2", env.n2.node_id)
+
+    def owners() -> dict[int, tuple[str, int, bool]]:
+        store = open_metadata(data_dir)
+        try:
+            return {vb: (str(cp.owner), cp.epoch, cp.leased) for vb, cp in store.checkpoints("fn_c").items()}
+        finally:
+            store.close()
+
+    def holder() -> str:
+        store = open_metadata(data_dir)
+        try:
+            lease = store.lease(LEADER_LEASE)
+            return lease.holder if lease is not None else ""
+        finally:
+            store.close()
+
+    leader = ServiceProcess(data_dir, env.ray.address, log_name="leader")
+    standby = None
+    try:
+        wait_for(lambda: len(owners()) == NUM_VBUCKETS and all(o.startswith("n2/") and leased
+                                                               for o, _, leased in owners().values()))
+        standby = ServiceProcess(data_dir, env.ray.address, "--standby", log_name="standby")
+        wait_for(lambda: any(f":{standby.proc.pid}:" in s for s in open_metadata(data_dir).live_services(5)))
+        time.sleep(STANDBY_WARM_S)
+        before = {vb: epoch for vb, (_, epoch, _) in owners().items()}
+        with Stream(source, docs=300) as stream:
+            wait_for(lambda: stream.written > 300)
+            killed_at = leader.kill()  # kill -9 mid-stream
+            wait_for(lambda: f":{standby.proc.pid}:" in holder(), timeout=30)
+            lease_at = time.time()
+
+            def reclaimed() -> bool:
+                now = owners()
+                return all(o.startswith("n2/") and leased and e > before[vb] for vb, (o, e, leased) in now.items())
+
+            wait_for(reclaimed, timeout=60)
+            claimed_at = time.time()
+            handled_mark = sum(cp.seqno for cp in open_metadata(data_dir).checkpoints("fn_c").values())
+            wait_for(lambda: sum(cp.seqno for cp in open_metadata(data_dir).checkpoints("fn_c").values())
+                     > handled_mark + 100, timeout=60)
+            moving_at = time.time()
+            mark = stream.written
+            wait_for(lambda: stream.written > mark + 300)
+        wait_for(lambda: caught_up(data_dir, "fn_c", source), timeout=120)
+        summary = standby.stop()
+    finally:
+        leader.end()
+        if standby is not None:
+            standby.end()
+    assert summary["leadership"]["took_over_from"], summary["leadership"]
+    assert not summary["errors"], summary["errors"]
+    assert {o.split("/")[0] for o, _, _ in owners().values()} == {"n2"}
+    print(f"\nstandby over the data service: lease seen {lease_at - killed_at:.2f}s after the leader's kill -9, "
+          f"every vBucket claimed again by hidden-node workers after {claimed_at - killed_at:.2f}s, checkpoints "
+          f"moving again after {moving_at - killed_at:.2f}s (the standby's own figure, lease to workers ready: "
+          f"{summary['leadership'].get('workers_ready_s')}s); the stream wrote {stream.written} mutations")
+    assert claimed_at - killed_at < 15.0
     assert_ledger(data_dir, source)
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from eventing.runtime.data_service import ServedData
 from eventing.runtime.executor import InProcessExecutor
 from eventing.runtime.service import EventingService
 from eventing.storage.bucket import LocalBucket
@@ -23,7 +24,7 @@ class PickledDataService:
 
     def __init__(self, data_dir: str):
         self.data_dir = data_dir
-        self.service = DataService(data_dir)
+        self.service = ServedData(data_dir)
         self.calls: dict[str, int] = {}
 
     def client(self, key: str) -> PickledDataService:
@@ -60,6 +61,26 @@ def test_remote_bucket_reads_equal_local_reads(data_dir):
     assert remote.high_seqnos(prefetched=True) == source.high_seqnos()
     key = source.keys()[0]
     assert remote.get_raw(key) == source.get_raw(key)
+
+
+def test_rows_read_ahead_are_taken_from_the_front_and_a_read_they_do_not_cover_is_made_on_the_spot(data_dir):
+    source = load_source(data_dir, 20, 3000, seed=6)
+    served = PickledDataService(data_dir)
+    remote = RemoteBucket(served.client("w"), "src")
+    vb = max(range(1024), key=lambda v: source.high_seqnos()[v])
+    remote.prefetch([(vb, 0, 5), (vb + 1 if vb < 1023 else 0, 0, 1000)])
+    assert remote.ahead() == (0, True) and remote.has_ahead(vb)
+    seqnos = [m.seqno for m in source.read_vb(vb, 0, 10)]
+    reads = served.calls.get("read_vb", 0)
+    assert remote.read_vb(vb, 0, 2) == source.read_vb(vb, 0, 2)  # settles the read ahead
+    assert remote.read_vb(vb, seqnos[1], 2) == source.read_vb(vb, seqnos[1], 2)
+    assert served.calls.get("read_vb", 0) == reads  # both from the rows read ahead
+    # past the read ahead's own limit (5): its last row, then the rest on the spot
+    assert remote.read_vb(vb, seqnos[3], 4) == source.read_vb(vb, seqnos[3], 4)
+    assert served.calls["read_vb"] == reads + 1
+    assert remote.read_vb(vb, seqnos[2], 1) == source.read_vb(vb, seqnos[2], 1)  # not read ahead: on the spot
+    remote.forget_prefetched({})
+    assert remote.ahead() == (0, False)
 
 
 @pytest.mark.parametrize("batch_size", [1000, 37])
@@ -148,3 +169,40 @@ def test_window_rows_of_a_worker_without_the_files_equal_those_of_a_local_worker
     assert served.calls["put_file"] >= 1
     assert len(local["rows"]) > 2000
     assert remote == local
+
+
+LOG_HANDLER = """
+from eventing.handler import log
+
+def on_update(doc, meta):
+    log("seen", meta.id)
+"""
+
+
+def test_log_lines_of_a_worker_without_the_files_reach_the_application_log_in_batches(tmp_path, monkeypatch):
+    import shutil
+
+    from eventing.core.definition import FunctionDefinition
+    from eventing.runtime.app_log import files_oldest_first, log_path
+
+    base = tmp_path / "base"
+    load_source(str(base), 100, 3000, seed=4)
+    shutil.copytree(base, tmp_path / "remote")
+    defn = FunctionDefinition.from_dict({"name": "fn_log", "source_bucket": "src", "worker_count": 2,
+                                         "app_log_max_size": 40_000, "app_log_max_files": 50})
+    contents = {}
+    for name in ("base", "remote"):
+        data_dir = str(tmp_path / name)
+        deploy_function(data_dir, defn, LOG_HANDLER)
+        executor: Any = InProcessExecutor()
+        if name == "remote":
+            monkeypatch.setenv(LOCALITY_ENV, "0")
+            executor = ServedExecutor(data_dir)
+        EventingService(data_dir, executor, until_caught_up=True).run()
+        files = files_oldest_first(log_path(data_dir, "fn_log"))
+        assert len(files) > 2 and all(f.stat().st_size <= 40_000 for f in files)  # rotated as a local writer
+        # <time> [INFO] fn_log <vb>:<seqno> <key> seen <key>; worker order differs, the lines must not
+        contents[name] = sorted(line.split(" ", 2)[2] for f in files for line in f.read_text().splitlines())
+    assert len(contents["remote"]) > 2500  # every update (the load has deletes too)
+    assert contents["remote"] == contents["base"]
+    assert executor.data_service.calls["app_log"] < 3000 / 100  # batched, not a call per line
