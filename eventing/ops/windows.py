@@ -40,7 +40,8 @@ def window_status(data_dir: str, name: str) -> dict[str, Any]:
         "watermark": iso_ms(watermark) if spec.boundary == "event_time" else None,
         "watermark_ms": watermark if spec.boundary == "event_time" else None,
         "open_windows": len(operator.get("open_windows") or [])
-        + sum(len(sessions) for _, _, sessions in operator.get("open") or []),
+        + sum(len(sessions) for _, _, sessions in operator.get("open") or [])
+        + len((operator.get("substreams") or {}).get("open") or []),  # (window, substream) pairs
         "closed_not_emitted": len((state or {}).get("pending") or []),
         "windows_emitted": int(counters.get("windows_emitted", 0)),
         "late_rows": int(counters.get("dlq_late", 0)),
