@@ -225,6 +225,7 @@ class WindowCoordinator:
         self._holds = self._policies and self.spec.substream_key is not None and source_bucket is not None
         self._substream_windows = self._policies and self.spec.substream_key is not None and not self._sessions
         self._after_commit: list[Path] = []  # held files the committed state no longer lists
+        self._judged_arrival_ms: int | None = None  # newest arrival the policies judged in this poll
         self._held_vb_cache: set[int] | None = None
         self.fence, saved = self.states.claim(function)
         self._load(saved)
@@ -579,6 +580,7 @@ class WindowCoordinator:
         if table.num_rows == 0:
             return table
         judged: Judged = self.gate.judge(table)
+        self._judged_arrival_ms = int(pc.max(table["arrival_ms"]).as_py())
         for reason, rows in judged.dropped.items():
             dlq.extend(self._dead_letters(rows, reason, judged.errors[reason], now))
             counters[f"dlq_{reason}"] += rows.num_rows
@@ -683,7 +685,7 @@ class WindowCoordinator:
         """Window the rows of ``files`` (and held rows the policies may judge now); returns the windows that
         closed between their arrivals."""
         if not files:
-            return self._classify_judged(self._apply_policies(
+            return self._judged_then_clock(self._apply_policies(
                 self.schema.empty_table(), now, dlq, counters, unread, deferred, release_all
             ), now, dlq, counters, unread)
         table = pa.concat_tables([read_row_batch(p).select(self.schema.names) for p in files])
@@ -706,7 +708,18 @@ class WindowCoordinator:
             table = table.set_column(index, "event_time", stamped.cast(table.schema.field(index).type))
         if self.gate is not None:
             table = self._apply_policies(table, now, dlq, counters, unread, deferred, release_all)
-        return self._classify_judged(table, now, dlq, counters, unread)
+        return self._judged_then_clock(table, now, dlq, counters, unread)
+
+    def _judged_then_clock(
+        self, table: pa.Table, now: int, dlq: list[DlqRow], counters: Counter[str], unread: _Memo
+    ) -> list[Window]:
+        """Window the judged rows; then, with substream windows, every judged row (dropped ones too: they
+        are input) moves the arrival clock that closes a silent substream's windows (DESIGN §3.12)."""
+        closed = self._classify_judged(table, now, dlq, counters, unread)
+        judged_arrival, self._judged_arrival_ms = self._judged_arrival_ms, None
+        if judged_arrival is not None and isinstance(self.operator, SubstreamWindowOperator):
+            self.operator.note_arrival(judged_arrival)
+        return closed
 
     def _classify_judged(
         self, table: pa.Table, now: int, dlq: list[DlqRow], counters: Counter[str], unread: _Memo

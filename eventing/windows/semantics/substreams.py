@@ -248,10 +248,16 @@ class SubstreamWindowOperator(WindowOperator):
     def advance_arrival_clock(self, arrival_ms: int) -> list[Any]:
         """Move the arrival clock to ``arrival_ms`` (every mutation that reached the source before it has
         been judged) and close what that allows: the seed's rule for silent substreams."""
+        self.note_arrival(arrival_ms)
+        return self._take_closed()
+
+    def note_arrival(self, arrival_ms: int) -> None:
+        """Move the arrival clock to a judged row's arrival time without windowing anything (a row the
+        policies dropped is input too); the next ``advance`` closes what that allows. Call it after the
+        batch's kept rows are observed: they are judged against the clock before them."""
         arrival_ms = ensure_ms(arrival_ms, "arrival_ms")
         if self._arrival_clock_ms is None or arrival_ms > self._arrival_clock_ms:
             self._arrival_clock_ms = arrival_ms
-        return self._take_closed()
 
     def close_all(self) -> list[Any]:
         if not self.per_substream:
