@@ -12,7 +12,9 @@ Every ``poll(now)``:
    to the dead-letter queue with reason ``late``; the others are combined into partial aggregates per
    (window, group) (``eventing.windows.spark.partials``) and written to ``accepted/`` as one file;
 3. ``advance(now)`` closes windows (watermark, allowed lateness, idle timeouts); at the end of input, with
-   ``close_windows``, every open window closes. Timeouts judge the source's silence by the rows' arrival
+   ``close_windows``, every open window closes. With substreams, windows close on each substream's own
+   watermark and on the arrival clock of the rows judged (``SubstreamWindowOperator``), and a window
+   closed for one key value is written for that value alone (sink id ``(start, end, value)``). Timeouts judge the source's silence by the rows' arrival
    times (when the source assigned their seqnos, DESIGN §3.12), not by when this service read them: rows
    read together are split where the source fell silent for a timeout's length, timeouts due before a
    row arrived fire before it is windowed, and no timeout fires while mutations that reached the source
