@@ -174,15 +174,9 @@ class SubstreamWindowOperator(WindowOperator):
             raise ValueError("substream windows need each row's event time and substream")
         now_ms = self._tick(now_ms)
         times = _ms_array(event_times_ms)
-        keys = _pylist(substreams)
         n = len(times)
-        if len(keys) != n:
-            raise ValueError(f"batch has {n} event times but {len(keys)} substreams")
-        if any(k is None for k in keys):
-            raise ValueError("a row without a substream reached the window; dead-letter it first (no_substream_key)")
+        names, codes = _substream_codes(substreams, n)
         lifting = np.ones(n, bool) if lifts is None else np.asarray(_pylist(lifts), bool)
-        uniques, codes = np.unique(np.asarray(keys, dtype=object).astype(str), return_inverse=True)
-        names = [str(u) for u in uniques]
         shared_frontier = None if self.per_substream else self.close_frontier_ms
         frontiers = [self.substream_frontier_ms(s) if self.per_substream else shared_frontier for s in names]
         cutoffs = np.array([_BIG * -1 if (c := late_cutoff_ms(self._spec, f)) is None else c for f in frontiers],
@@ -191,47 +185,49 @@ class SubstreamWindowOperator(WindowOperator):
         watermark = self.watermark_ms
         behind = int((times < watermark).sum()) if watermark is not None else 0
         slide, size, offset = self._slide_ms, self._size_ms, self._offset_ms
-        last_starts = times - (times - offset) % slide
-        for code, name in enumerate(names):
-            rows = (codes == code)
-            ok = rows & ~late
+        ok = ~late
+        # Distinct (substream, last window start) pairs of the rows on time: numpy, not a loop over rows.
+        pairs = np.unique(np.stack([codes[ok], (times - (times - offset) % slide)[ok]], axis=1), axis=0)
+        every: set[Window] = set()
+        for code, last_start in pairs.tolist():
             frontier = frontiers[code]
-            joined: set[Window] = set()
-            for last_start in np.unique(last_starts[ok]).tolist():
-                for k in range(size // slide):
-                    start = last_start - k * slide
-                    if frontier is None or start + size > frontier:
-                        joined.add(Window(start, start + size))
+            joined = {
+                Window(start, start + size) for start in (last_start - k * slide for k in range(size // slide))
+                if frontier is None or start + size > frontier
+            }
+            every |= joined
             if self.per_substream:
-                self._sub_open.setdefault(name, set()).update(joined)
+                self._sub_open.setdefault(names[code], set()).update(joined)
             else:
                 self._open.update(joined)
-                self._sub_open.setdefault(name, set())
-            lifted = times[rows & lifting]
-            if len(lifted):
-                top = int(lifted.max())
-                if name not in self._marks or top > self._marks[name]:
-                    self._marks[name] = top
         if n:
+            for name in names:
+                self._sub_open.setdefault(name, set())  # seen: the arrival clock now moves its watermark
+            lifted = np.where(lifting, times, -_BIG)
+            tops = np.full(len(names), -_BIG, np.int64)
+            np.maximum.at(tops, codes, lifted)
+            for name, top in zip(names, tops.tolist(), strict=True):
+                if top != -_BIG and (name not in self._marks or top > self._marks[name]):
+                    self._marks[name] = top
             if arrival_ms is not None:
                 arrival = ensure_ms(arrival_ms, "arrival_ms")
                 if self._arrival_clock_ms is None or arrival > self._arrival_clock_ms:
                     self._arrival_clock_ms = arrival
             # The vBucket watermark closes nothing here; it is kept for the runtime's backlog bookkeeping.
-            per_row = [partitions] * n if isinstance(partitions, int) else _pylist(partitions)
-            maxima: dict[int, int] = {}
-            for p, t in zip(per_row, times.tolist(), strict=True):
-                if p not in maxima or t > maxima[p]:
-                    maxima[p] = t
+            parts = np.full(n, partitions, np.int64) if isinstance(partitions, int) else np.asarray(
+                _pylist(partitions), np.int64)
+            vbs, where = np.unique(parts, return_inverse=True)
+            highest = np.full(len(vbs), -_BIG, np.int64)
+            np.maximum.at(highest, where, times)
+            maxima = dict(zip(vbs.tolist(), highest.tolist(), strict=True))
             activity = now_ms if arrival_ms is None else ensure_ms(arrival_ms, "arrival_ms")
             if self._last_activity_ms is None or activity > self._last_activity_ms:
                 self._last_activity_ms = activity
             self._tracker.observe_maxima(maxima, activity)
         late_count = int(late.sum())
         self._late_rows += late_count
-        windows = tuple(sorted({w for ws in self._sub_open.values() for w in ws} if self.per_substream else self._open))
         cutoff = None if self.per_substream else late_cutoff_ms(self._spec, shared_frontier)
-        return BatchFate(late.tolist(), late_count, windows, cutoff, behind)
+        return BatchFate(late.tolist(), late_count, tuple(sorted(every)), cutoff, behind)
 
     # -- closing ---------------------------------------------------------------------------------------
 
@@ -329,6 +325,34 @@ class SubstreamWindowOperator(WindowOperator):
             op._sub_open.setdefault(str(s), set()).add(Window(int(start), int(end)))
         op._sub_closed = {str(s): ensure_ms(t, "closed_through_ms") for s, t in sub["closed_through"]}
         return op
+
+
+def _substream_codes(substreams: Any, n: int) -> tuple[list[str], Any]:
+    """The batch's distinct substreams and each row's index into them."""
+    if _is_arrow(substreams):
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        column = substreams.combine_chunks() if isinstance(substreams, pa.ChunkedArray) else substreams
+        _no_nulls(column.null_count)
+        encoded = pc.dictionary_encode(column.cast(pa.string()))
+        names = [str(v) for v in encoded.dictionary.to_pylist()]
+        codes = np.asarray(encoded.indices.to_numpy(zero_copy_only=False), np.int64)
+    else:
+        keys = list(substreams)
+        _no_nulls(sum(k is None for k in keys))
+        lookup: dict[str, int] = {}
+        codes = np.fromiter((lookup.setdefault(str(k), len(lookup)) for k in keys), np.int64, len(keys))
+        names = list(lookup)
+    if len(codes) != n:
+        raise ValueError(f"batch has {n} event times but {len(codes)} substreams")
+    return names, codes
+
+
+def _no_nulls(nulls: int) -> None:
+    if nulls:
+        raise ValueError(f"{nulls} row(s) without a substream reached the window; dead-letter them first "
+                         "(no_substream_key)")
 
 
 def _pylist(values: Any) -> list[Any]:
