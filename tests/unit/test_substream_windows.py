@@ -87,17 +87,18 @@ def test_rows_of_a_closed_substream_window_are_late_and_others_are_not():
     assert op.late_rows == 1
 
 
-def test_without_the_key_in_group_by_windows_close_at_the_least_substream_watermark():
-    """group_by without the substream key: a result mixes devices, so a window waits for every device (the
-    least watermark), and a silent one only until the arrival clock has moved on by the tolerance."""
+def test_without_the_key_in_group_by_windows_close_on_the_arrival_clock_minus_the_tolerance():
+    """group_by without the substream key: a result mixes devices, including ones not seen yet whose rows may
+    lie up to the late-arrival tolerance before their arrival, so a window waits for arrival clock - 5 min."""
     op = operator(group_by=[])
     assert not op.per_substream
     assert feed(op, [("a", T0 + 10 * S, T0 + 10 * S), ("b", T0 - 3 * MIN, T0 + 10 * S)]) == []
-    # b's second row lifts the least watermark to 11:58:10: the 11:57 window closes.
-    assert feed(op, [("b", T0 - 110 * S, T0 + 20 * S)]) == [Window(T0 - 3 * MIN, T0 - 2 * MIN)]
-    assert op.watermark_ms == T0 - 110 * S
-    closed = feed(op, [("a", T0 + 7 * MIN, T0 + 7 * MIN)])  # b silent: arrival 12:07 - 5 min lifts it to 12:02
-    assert closed == [Window(T0 - 2 * MIN, T0 - MIN), Window(T0, T0 + MIN)]
+    assert feed(op, [("b", T0 - 110 * S, T0 + 20 * S)]) == []  # both devices are past 11:58, yet c may come
+    assert op.watermark_ms == T0 + 20 * S - 5 * MIN
+    fate = op.observe_batch([0], [T0 - 4 * MIN - 30 * S], T0, arrival_ms=T0 + 30 * S, substreams=["c"])
+    assert fate.late_count == 0  # a new device at 11:55:30, arriving 12:00:30: within the tolerance
+    closed = feed(op, [("a", T0 + 7 * MIN, T0 + 7 * MIN)])  # arrival 12:07 - 5 min = 12:02
+    assert closed == [Window(T0 + s * MIN, T0 + (s + 1) * MIN) for s in (-5, -3, -2, 0)]
     assert op.watermark_ms == T0 + 2 * MIN
 
 
@@ -223,3 +224,59 @@ def test_a_session_window_with_a_substream_key_keeps_the_function_watermark(data
     assert not isinstance(c.operator, SubstreamWindowOperator)
     c.close()
     store.close()
+
+
+# -- any batching gives the same windows ------------------------------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from eventing.windows.semantics.arrival import ArrivalPolicy  # noqa: E402
+
+
+@st.composite
+def device_rows(draw):
+    n = draw(st.integers(1, 40))
+    arrivals = sorted(draw(st.lists(st.integers(0, 20 * 60), min_size=n, max_size=n)))
+    rows = [(draw(st.sampled_from(["a", "b", "c"])), T0 + (a + draw(st.integers(-9 * 60, 6 * 60))) * S, T0 + a * S)
+            for a in arrivals]
+    cuts = sorted(set(draw(st.lists(st.integers(1, n), max_size=5))))
+    return rows, cuts, draw(st.sampled_from([["device"], []])), draw(st.sampled_from(["0s", "2m"]))
+
+
+@settings(max_examples=150, deadline=None)
+@given(case=device_rows())
+def test_rows_judged_in_arrival_order_are_never_late_and_close_the_same_windows_however_batched(case):
+    """The policies' windowed times, in any batches: no row is late, and the closed windows are those a
+    plain computation of each substream's final watermark (its rows', or arrival clock - tolerance) gives."""
+    rows, cuts, group_by, lateness = case
+    spec = WindowSpec.from_dict(dict(SPEC, group_by=group_by, allowed_lateness=lateness, out_of_order_tolerance="1m",
+                                     early_arrival_policy="adjust"))
+    policy = ArrivalPolicy.for_spec(spec)
+    fates = policy.observe_batch([t for _, t, _ in rows], [a for _, _, a in rows], keys=[d for d, _, _ in rows])
+    judged = [(d, int(fates.time_ms[i]), a, not fates.early[i]) for i, (d, _, a) in enumerate(rows)]
+    op = SubstreamWindowOperator(spec)
+    closed: list = []
+    for lo, hi in zip([0, *cuts], [*cuts, len(rows)], strict=True):
+        batch = judged[lo:hi]
+        if not batch:
+            continue
+        fate = op.observe_batch([0] * len(batch), [t for _, t, _, _ in batch], T0, arrival_ms=batch[-1][2],
+                                lifts=[lift for *_, lift in batch], substreams=[d for d, *_ in batch])
+        assert fate.late_count == 0
+        closed += op.advance(T0)
+    clock = judged[-1][2]
+    late_ms = spec.allowed_lateness_ms
+    marks = {}
+    for d, t, _, lift in judged:
+        marks.setdefault(d, clock - 5 * MIN)
+        if lift:
+            marks[d] = max(marks[d], t - MIN)
+    if group_by:
+        want = {SubstreamWindow(Window(t // MIN * MIN, t // MIN * MIN + MIN), d) for d, t, _, _ in judged
+                if t // MIN * MIN + MIN <= marks[d] - late_ms}
+    else:  # a window mixing devices waits for any device, even one not seen yet: the arrival clock's floor
+        want = {Window(t // MIN * MIN, t // MIN * MIN + MIN) for _, t, _, _ in judged
+                if t // MIN * MIN + MIN <= clock - 5 * MIN - late_ms}
+    assert sorted(closed) == sorted(want)
+    assert len(closed) == len(set(closed))  # each window closes once

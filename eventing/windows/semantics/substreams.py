@@ -14,9 +14,10 @@ Two ways to close, chosen by the declaration:
   result of its own and closes once *that* substream's watermark passes its end + ``allowed_lateness``. A
   fast device does not close a slow device's windows, and a slow device does not hold back a fast one's;
   ``advance`` returns ``SubstreamWindow`` values;
-- **shared** (``group_by`` without the key): a window's result mixes substreams, so it closes once every
-  substream's watermark has passed it (the least of them). A silent substream holds it back only until
-  the arrival clock moves on by the late-arrival tolerance.
+- **shared** (``group_by`` without the key): a window's result mixes substreams, including ones not seen
+  yet, whose first rows may lie as far back as the late-arrival rule lets them (arrival - tolerance). So it
+  closes once ``arrival clock - late_arrival_tolerance`` (the least watermark any substream, seen or not,
+  can have) passes its end + ``allowed_lateness``: later than per substream, but never leaving a row out.
 
 A row is late when its substream has closed every window holding it (shared: when the shared frontier
 has). Rows judged in arrival order by the policies are never late here: a kept row's windowed time is at
@@ -112,7 +113,10 @@ class SubstreamWindowOperator(WindowOperator):
 
     @property
     def watermark_ms(self) -> int | None:
-        """The least substream watermark (what a shared window waits for)."""
+        """Per substream: the least substream watermark. Shared: arrival clock - late-arrival tolerance,
+        the least watermark any substream, even one not seen yet, can have (what a shared window waits for)."""
+        if not self.per_substream:
+            return self._floor_ms()
         marks = [w for s in self.substreams if (w := self.substream_watermark_ms(s)) is not None]
         return min(marks) if marks else None
 
