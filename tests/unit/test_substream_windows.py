@@ -210,6 +210,11 @@ def test_the_coordinator_emits_each_devices_windows_when_its_own_watermark_passe
     assert all(r in emitted() for r in first)
     c.close()
     store.close()
+    from eventing.ops.windows import window_status
+
+    status = window_status(data_dir, FN)  # the least substream watermark: quiet's, from the arrival clock
+    assert status["watermark_ms"] == T0 + 6 * MIN + 40 * S
+    assert status["open_windows"] == 2  # fast's 12:11 window and slow's 12:08 one
 
 
 def test_a_session_window_with_a_substream_key_keeps_the_function_watermark(data_dir):

@@ -14,12 +14,12 @@ Every ``poll(now)``:
 3. ``advance(now)`` closes windows (watermark, allowed lateness, idle timeouts); at the end of input, with
    ``close_windows``, every open window closes. With substreams, windows close on each substream's own
    watermark and on the arrival clock of the rows judged (``SubstreamWindowOperator``), and a window
-   closed for one key value is written for that value alone (sink id ``(start, end, value)``). Timeouts judge the source's silence by the rows' arrival
-   times (when the source assigned their seqnos, DESIGN §3.12), not by when this service read them: rows
-   read together are split where the source fell silent for a timeout's length, timeouts due before a
-   row arrived fire before it is windowed, and no timeout fires while mutations that reached the source
-   before it are unread (``_timeout_clock``). So the windows depend on the mutations and their arrival
-   times, not on when the service happened to run;
+   closed for one key value is written for that value alone (sink id ``(start, end, value)``). Timeouts
+   judge the source's silence by the rows' arrival times (when the source assigned their seqnos, DESIGN
+   §3.12), not by when this service read them: rows read together are split where the source fell silent
+   for a timeout's length, timeouts due before a row arrived fire before it is windowed, and no timeout
+   fires while mutations that reached the source before it are unread (``_timeout_clock``). So the
+   windows depend on the mutations and their arrival times, not on when the service happened to run;
 4. commits, in one metadata transaction and fenced against any other coordinator: the operator state,
    ``classified_upto``, the consumed-file marks, the accepted files, the closed-but-not-yet-emitted
    windows, the late rows' DLQ entries and counters;
