@@ -291,3 +291,83 @@ def test_a_service_killed_after_its_state_commit_gives_identical_results(one_sho
     run(data_dir, ray_executor, close=True)
     assert runtime_fates(data_dir, "fn_devices") == runtime_fates(one_shot, "fn_devices")
     assert results(data_dir, "fn_devices") == results(one_shot, "fn_devices")
+
+
+# -- windows closed per substream, on each device's own clock ---------------------------------------------
+
+PACES_WINDOW = {
+    "kind": "tumbling", "size": "1m", "time_field": "ts", "group_by": ["device"],
+    "aggregates": ["count", {"op": "sum", "field": "temp"}], "out_of_order_tolerance": "30s",
+    "late_arrival_tolerance": "5m", "substream_key": "device", "allowed_lateness": "0s",
+}
+T12 = clock_ms(DAY, "12:00")
+
+
+def pace_rows() -> list[tuple[str, int, int]]:
+    """(device, event ms, arrival ms), every 20 s of arrival for 12 minutes: `fast` on time, `slow` with its
+    clock 3 minutes behind, `quiet` silent after 12:02:40."""
+    rows = []
+    for i in range(36):
+        arrival = T12 + i * 20_000
+        rows += [("fast", arrival, arrival), ("slow", arrival - 3 * MIN, arrival)]
+        if i < 9:
+            rows.append(("quiet", arrival, arrival))
+    return rows
+
+
+def load_paces(data_dir: str, rows: range) -> None:
+    source = LocalBucket.create(data_dir, "paces", exist_ok=True)
+    all_rows = pace_rows()
+    for i in rows:
+        device, event, arrival = all_rows[i]
+        source.upsert(f"pace-{i}", {"ts": event, "temp": float(i), "device": device}, arrival_ms=arrival)
+    source.close()
+
+
+def reference_paces() -> list[dict]:
+    """The windows each device's own watermark closes, in plain loops: per device, max(greatest event time -
+    out-of-order tolerance, newest arrival - late-arrival tolerance) (seed 003's rule for a silent input)."""
+    rows = pace_rows()
+    clock = max(a for _, _, a in rows)
+    out = []
+    for device in ("fast", "quiet", "slow"):
+        mine = [{"event_time_ms": t, "device": d, "temp": float(i)} for i, (d, t, _) in enumerate(rows) if d == device]
+        mark = max(max(r["event_time_ms"] for r in mine) - 30_000, clock - 5 * MIN)
+        closed = {(s, s + MIN) for s in {r["event_time_ms"] // MIN * MIN for r in mine} if s + MIN <= mark}
+        out += python_aggregate(mine, size_ms=MIN, slide_ms=MIN, group_by=["device"],
+                                aggregates=[("count", None, "count"), ("sum", "temp", "sum_temp")],
+                                windows=closed).to_pylist()
+    return sorted(out, key=lambda r: (r["window_start_ms"], r["device"]))
+
+
+def paces_results(data_dir: str) -> list[dict]:
+    return sorted(results(data_dir, "fn_paces"), key=lambda r: (r["window_start_ms"], r["device"]))
+
+
+def test_each_device_closes_its_windows_on_its_own_clock_and_a_stop_changes_nothing(
+    tmp_path, ray_executor, spark
+):
+    """Without --close-windows only watermarks close windows: fast's close on fast's clock, slow's lag 3
+    minutes behind without holding fast's back, and quiet's close as the arrival clock moves on. The same
+    after a stop and start in the middle (the substreams' clocks come back from the window state)."""
+    n = len(pace_rows())
+    runs = {}
+    for name, cuts in (("one_shot", [n]), ("stopped", [n // 2, n])):
+        data_dir = str(tmp_path / name)
+        defn = FunctionDefinition.from_dict({"name": "fn_paces", "source_bucket": "paces", "worker_count": 2,
+                                             "checkpoint_interval": "50ms", "window": PACES_WINDOW})
+        LocalBucket.create(data_dir, "paces", exist_ok=True).close()
+        lifecycle.save_function(data_dir, defn, '"""Window-only: the window does the work."""\n')
+        lifecycle.deploy(data_dir, "fn_paces")
+        done = 0
+        for cut in cuts:
+            load_paces(data_dir, range(done, cut))
+            done = cut
+            run(data_dir, ray_executor, close=False)
+        runs[name] = paces_results(data_dir)
+    want = reference_paces()
+    assert runs["one_shot"] == want
+    assert runs["stopped"] == want
+    last = {d: max(r["window_start_ms"] for r in want if r["device"] == d) for d in ("fast", "slow", "quiet")}
+    # Arrival clock 12:11:40: fast at 12:11:10, slow at 12:08:10, quiet (silent since 12:02:40) at 12:06:40.
+    assert last == {"fast": T12 + 10 * MIN, "slow": T12 + 7 * MIN, "quiet": T12 + 2 * MIN}

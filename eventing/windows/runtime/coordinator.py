@@ -12,12 +12,14 @@ Every ``poll(now)``:
    to the dead-letter queue with reason ``late``; the others are combined into partial aggregates per
    (window, group) (``eventing.windows.spark.partials``) and written to ``accepted/`` as one file;
 3. ``advance(now)`` closes windows (watermark, allowed lateness, idle timeouts); at the end of input, with
-   ``close_windows``, every open window closes. Timeouts judge the source's silence by the rows' arrival
-   times (when the source assigned their seqnos, DESIGN §3.12), not by when this service read them: rows
-   read together are split where the source fell silent for a timeout's length, timeouts due before a
-   row arrived fire before it is windowed, and no timeout fires while mutations that reached the source
-   before it are unread (``_timeout_clock``). So the windows depend on the mutations and their arrival
-   times, not on when the service happened to run;
+   ``close_windows``, every open window closes. With substreams, windows close on each substream's own
+   watermark and on the arrival clock of the rows judged (``SubstreamWindowOperator``), and a window
+   closed for one key value is written for that value alone (sink id ``(start, end, value)``). Timeouts
+   judge the source's silence by the rows' arrival times (when the source assigned their seqnos, DESIGN
+   §3.12), not by when this service read them: rows read together are split where the source fell silent
+   for a timeout's length, timeouts due before a row arrived fire before it is windowed, and no timeout
+   fires while mutations that reached the source before it are unread (``_timeout_clock``). So the
+   windows depend on the mutations and their arrival times, not on when the service happened to run;
 4. commits, in one metadata transaction and fenced against any other coordinator: the operator state,
    ``classified_upto``, the consumed-file marks, the accepted files, the closed-but-not-yet-emitted
    windows, the late rows' DLQ entries and counters;
@@ -35,6 +37,7 @@ from exactly the rows accepted while it was open.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -62,6 +65,7 @@ from eventing.windows.runtime.row_writer import BATCH_NAME, RowLayout
 from eventing.windows.semantics import Window, WindowOperator, WindowStateError, windows_for
 from eventing.windows.semantics.arrival import ArrivalPolicy
 from eventing.windows.semantics.sessions import Chain, Session, SessionOperator
+from eventing.windows.semantics.substreams import SubstreamWindow, SubstreamWindowOperator
 from eventing.windows.semantics.windows import arrow_epoch_ms
 from metadata import DlqRow, MetadataStore
 from sharding import NUM_VBUCKETS
@@ -90,9 +94,9 @@ class Aggregator(Protocol):
 
 
 class Sink(Protocol):
-    def write(self, function: str, results: pa.Table, *, windows: Any = ()) -> int: ...
+    def write(self, function: str, results: pa.Table, *, windows: Any = (), substream: str | None = None) -> int: ...
     def read(self, function: str) -> pa.Table: ...
-    def written_windows(self, function: str) -> set[tuple[int, int]]: ...
+    def written_windows(self, function: str) -> set[tuple]: ...
 
 
 class Emitter(Protocol):
@@ -130,15 +134,25 @@ class PendingWindow:
     window: Window
     closed_at: int
     group: tuple | None = None
+    substream: str | None = None  # windows closed per substream: the key value whose rows it holds
 
     def to_state(self) -> list[Any]:
         out: list[Any] = [self.window.start_ms, self.window.end_ms, self.closed_at]
+        if self.substream is not None:
+            return [*out, None, self.substream]
         return out if self.group is None else [*out, list(self.group)]
 
     @classmethod
     def from_state(cls, raw: list[Any]) -> PendingWindow:
-        group = tuple(raw[3]) if len(raw) > 3 else None
-        return cls(Window(int(raw[0]), int(raw[1])), int(raw[2]), group)
+        group = tuple(raw[3]) if len(raw) > 3 and raw[3] is not None else None
+        substream = str(raw[4]) if len(raw) > 4 else None
+        return cls(Window(int(raw[0]), int(raw[1])), int(raw[2]), group, substream)
+
+    @property
+    def sink_id(self) -> tuple:
+        """The window's id in the sink: ``(start, end)``, plus the substream when closed per substream."""
+        w = self.window
+        return (w.start_ms, w.end_ms) if self.substream is None else (w.start_ms, w.end_ms, self.substream)
 
     @property
     def job_key(self) -> tuple:
@@ -211,7 +225,9 @@ class WindowCoordinator:
         # Substreams judge rows of every vBucket in one arrival order: rows wait (held/) until every
         # mutation that reached the source before them has been read.
         self._holds = self._policies and self.spec.substream_key is not None and source_bucket is not None
+        self._substream_windows = self._policies and self.spec.substream_key is not None and not self._sessions
         self._after_commit: list[Path] = []  # held files the committed state no longer lists
+        self._judged_arrival_ms: int | None = None  # newest arrival the policies judged in this poll
         self._held_vb_cache: set[int] | None = None
         self.fence, saved = self.states.claim(function)
         self._load(saved)
@@ -235,8 +251,10 @@ class WindowCoordinator:
                 f"reads version {STATE_VERSION}: undeploy and deploy the function again to reset it"
             )
         self.operator: WindowOperator | SessionOperator
+        # Substreams close windows by each substream's clock (DESIGN §3.12); sessions keep the function's.
+        windows_cls = SubstreamWindowOperator if self._substream_windows else WindowOperator
         if saved is None:
-            self.operator = SessionOperator(self.spec) if self.spec.is_session else WindowOperator(self.spec)
+            self.operator = SessionOperator(self.spec) if self.spec.is_session else windows_cls(self.spec)
             self.classified_upto = [0] * NUM_VBUCKETS
             self.marks: dict[str, int] = {}
             self.accepted: list[AcceptedBatch] = []
@@ -253,7 +271,7 @@ class WindowCoordinator:
                 if self.spec.is_session:
                     self.operator = SessionOperator.from_state(self.spec, saved["operator"])
                 else:
-                    self.operator = WindowOperator.from_state(self.spec, saved["operator"])
+                    self.operator = windows_cls.from_state(self.spec, saved["operator"])
             except WindowStateError as exc:
                 raise ConfigError(f"function '{self.function}': {exc}") from None
             self.classified_upto = [0] * NUM_VBUCKETS
@@ -564,6 +582,7 @@ class WindowCoordinator:
         if table.num_rows == 0:
             return table
         judged: Judged = self.gate.judge(table)
+        self._judged_arrival_ms = int(pc.max(table["arrival_ms"]).as_py())
         for reason, rows in judged.dropped.items():
             dlq.extend(self._dead_letters(rows, reason, judged.errors[reason], now))
             counters[f"dlq_{reason}"] += rows.num_rows
@@ -668,7 +687,7 @@ class WindowCoordinator:
         """Window the rows of ``files`` (and held rows the policies may judge now); returns the windows that
         closed between their arrivals."""
         if not files:
-            return self._classify_judged(self._apply_policies(
+            return self._judged_then_clock(self._apply_policies(
                 self.schema.empty_table(), now, dlq, counters, unread, deferred, release_all
             ), now, dlq, counters, unread)
         table = pa.concat_tables([read_row_batch(p).select(self.schema.names) for p in files])
@@ -691,7 +710,18 @@ class WindowCoordinator:
             table = table.set_column(index, "event_time", stamped.cast(table.schema.field(index).type))
         if self.gate is not None:
             table = self._apply_policies(table, now, dlq, counters, unread, deferred, release_all)
-        return self._classify_judged(table, now, dlq, counters, unread)
+        return self._judged_then_clock(table, now, dlq, counters, unread)
+
+    def _judged_then_clock(
+        self, table: pa.Table, now: int, dlq: list[DlqRow], counters: Counter[str], unread: _Memo
+    ) -> list[Window]:
+        """Window the judged rows; then, with substream windows, every judged row (dropped ones too: they
+        are input) moves the arrival clock that closes a silent substream's windows (DESIGN §3.12)."""
+        closed = self._classify_judged(table, now, dlq, counters, unread)
+        judged_arrival, self._judged_arrival_ms = self._judged_arrival_ms, None
+        if judged_arrival is not None and isinstance(self.operator, SubstreamWindowOperator):
+            self.operator.note_arrival(judged_arrival)
+        return closed
 
     def _classify_judged(
         self, table: pa.Table, now: int, dlq: list[DlqRow], counters: Counter[str], unread: _Memo
@@ -721,7 +751,15 @@ class WindowCoordinator:
             table = table.drop_columns([LIFTS])
         vbs = table["vb"]
         assert isinstance(self.operator, WindowOperator)  # sessions go through _classify_sessions
-        fate = self.operator.observe_batch(vbs, table["event_time"], now, arrival_ms=arrival_ms, lifts=lifts)
+        if isinstance(self.operator, SubstreamWindowOperator):
+            column = self.layout.substream_column
+            assert column is not None
+            fate = self.operator.observe_batch(vbs, table["event_time"], now, arrival_ms=arrival_ms, lifts=lifts,
+                                               substreams=table[column])
+            if fate.late_count:
+                fate = dataclasses.replace(fate, late=pa.array(fate.late, pa.bool_()))
+        else:
+            fate = self.operator.observe_batch(vbs, table["event_time"], now, arrival_ms=arrival_ms, lifts=lifts)
         if fate.late_count:
             late = table.filter(fate.late)
             dlq.extend(self._late_rows(late, fate.cutoff_ms, now))
@@ -885,7 +923,7 @@ class WindowCoordinator:
         if self._inflight is not None or not self.pending or time.monotonic() < self._retry_at:
             return
         written = self.sink.written_windows(self.function)
-        todo = [p for p in self.pending if (p.window.start_ms, p.window.end_ms) not in written]
+        todo = [p for p in self.pending if p.sink_id not in written]
         if len(todo) < len(self.pending):
             # Emitted before a crash, not yet recorded: record them now.
             done = [p for p in self.pending if p not in todo]
@@ -902,7 +940,8 @@ class WindowCoordinator:
         self._stage(staged, group)
         windows = sorted({p.job_key for p in group}, key=_job_sort_key)
         self._inflight_windows = group
-        self._inflight = self.emitter.submit(self._emit, staged, windows)
+        ids = sorted({p.sink_id for p in group}) if group[0].substream is not None else None
+        self._inflight = self.emitter.submit(self._emit, staged, windows, ids)
 
     def _stage(self, staged: Path, group: list[PendingWindow]) -> None:
         staged.mkdir(parents=True, exist_ok=True)
@@ -917,12 +956,20 @@ class WindowCoordinator:
                 except OSError:
                     shutil.copyfile(source, target)
 
-    def _emit(self, staged: Path, windows: list[tuple]) -> int:
-        """Runs on the emitter: aggregate the windows with Spark and write them to the sink."""
+    def _emit(self, staged: Path, windows: list[tuple], substream_ids: list[tuple] | None = None) -> int:
+        """Runs on the emitter: aggregate the windows with Spark and write them to the sink. Windows closed
+        per substream (``substream_ids``: start, end, substream) keep only their substream's rows: the
+        others' windows of the same bounds may still be open."""
         try:
             results = self.aggregator(staged, self.layout, windows)
-            ids = sorted({(w[0], w[1]) for w in windows})
-            written = self.sink.write(self.function, results, windows=ids)
+            if substream_ids is None:
+                ids: list[tuple] = sorted({(w[0], w[1]) for w in windows})
+                written = self.sink.write(self.function, results, windows=ids)
+            else:
+                column = self.spec.substream_key
+                assert column is not None
+                results = _only_windows(results, column, substream_ids)
+                written = self.sink.write(self.function, results, windows=substream_ids, substream=column)
         finally:
             shutil.rmtree(staged, ignore_errors=True)
         _fault("after_sink_write")
@@ -1018,9 +1065,11 @@ def _entries(folder: Path) -> list[os.DirEntry[str]]:
         return []
 
 
-def _pending(closed: Window | Session, closed_at: int) -> PendingWindow:
+def _pending(closed: Window | Session | SubstreamWindow, closed_at: int) -> PendingWindow:
     if isinstance(closed, Session):
         return PendingWindow(Window(closed.start_ms, closed.end_ms), closed_at, closed.group)
+    if isinstance(closed, SubstreamWindow):
+        return PendingWindow(closed.window, closed_at, substream=closed.substream)
     return PendingWindow(closed, closed_at)
 
 
@@ -1028,6 +1077,18 @@ def _job_sort_key(key: tuple) -> tuple:
     if len(key) == 2:
         return key
     return (key[0], key[1], tuple((0, "") if v is None else (1, v) for v in key[2]))
+
+
+def _only_windows(results: pa.Table, column: str, ids: list[tuple]) -> pa.Table:
+    """The result rows of the ``(start, end, substream)`` windows ``ids``."""
+    from eventing.windows.batches import WINDOW_END, WINDOW_START
+
+    wanted = set(ids)
+    keep = [
+        (s, e, v) in wanted for s, e, v in zip(results[WINDOW_START].to_pylist(), results[WINDOW_END].to_pylist(),
+                                                 results[column].to_pylist(), strict=True)
+    ]
+    return results if all(keep) else results.filter(pa.array(keep, pa.bool_()))
 
 
 def _known_arrivals(table: pa.Table, now: int) -> pa.Table:

@@ -1,7 +1,9 @@
 """Where closed-window results go: each window of each function is stored exactly once, surviving restarts.
 
 A window is identified by ``(function, window_start_ms, window_end_ms)`` and each of its result rows by that
-plus the group values. A window is written whole, in one call, or not at all; writing it again (a replay
+plus the group values. Windows closed per substream (``substream_key`` in ``group_by``, DESIGN §3.12) close
+at different times for different key values, so there the id is ``(start, end, substream value)``: each
+``write`` names the substream column. A window is written whole, in one call, or not at all; writing it again (a replay
 after a crash) changes nothing. Two backends share the contract: ``ParquetWindowSink`` (default, one file
 per window) and ``SqliteWindowSink`` (one typed table per function).
 """
@@ -29,19 +31,22 @@ from eventing.windows.batches import (
     sort_results,
 )
 
-WindowId = tuple[int, int]
+WindowId = tuple  # (start, end), or (start, end, substream value) for windows closed per substream
 
 _FUNCTION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
-_WINDOW_FILE = re.compile(r"^window_(-?\d+)_(-?\d+)\.parquet$")
+_WINDOW_FILE = re.compile(r"^window_(-?\d+)_(-?\d+)(?:_s([0-9a-f]*))?\.parquet$")
 
 
 class WindowSink(Protocol):
     """Stores closed-window results exactly once per window."""
 
-    def write(self, function: str, results: pa.Table, *, windows: Iterable[WindowId] = ()) -> int:
+    def write(
+        self, function: str, results: pa.Table, *, windows: Iterable[WindowId] = (), substream: str | None = None
+    ) -> int:
         """Store every window in ``results`` not stored before and return how many were new.
 
-        ``windows`` names closed windows that produced no rows, so they count as written too.
+        ``windows`` names closed windows that produced no rows, so they count as written too. With
+        ``substream`` (a result column), windows are ``(start, end, value of that column)``.
         """
         ...
 
@@ -63,8 +68,13 @@ def _check_function(function: str) -> str:
     return function
 
 
-def split_by_window(results: pa.Table, extra_windows: Iterable[WindowId] = ()) -> dict[WindowId, pa.Table]:
-    """Split a result table into one slice per window; ``extra_windows`` get empty slices."""
+def split_by_window(
+    results: pa.Table, extra_windows: Iterable[WindowId] = (), substream: str | None = None
+) -> dict[WindowId, pa.Table]:
+    """Split a result table into one slice per window (per window and ``substream`` value when given);
+    ``extra_windows`` get empty slices."""
+    if substream is not None:
+        return _split_by_substream(results, extra_windows, substream)
     for column in (WINDOW_START, WINDOW_END):
         if column not in results.schema.names:
             raise ValueError(
@@ -93,6 +103,27 @@ def split_by_window(results: pa.Table, extra_windows: Iterable[WindowId] = ()) -
     return parts
 
 
+def _split_by_substream(results: pa.Table, extra_windows: Iterable[WindowId], column: str) -> dict[WindowId, pa.Table]:
+    if column not in results.schema.names:
+        raise ValueError(f"window results have no substream column {column!r}; it must be one of the group_by fields")
+    parts: dict[WindowId, pa.Table] = {}
+    for (start, end), part in split_by_window(results).items():
+        values = part[column].to_pylist()
+        for value in dict.fromkeys(values):
+            if value is None:
+                raise ValueError(f"window ({start}, {end}) has result rows without a substream ({column!r} is null)")
+            parts[(start, end, value)] = part.filter(pa.array([v == value for v in values], pa.bool_()))
+    for start, end, value in extra_windows:
+        parts.setdefault((int(start), int(end), str(value)), results.slice(0, 0))
+    return parts
+
+
+def _window_file(window: WindowId) -> str:
+    if len(window) == 2:
+        return f"window_{window[0]}_{window[1]}.parquet"
+    return f"window_{window[0]}_{window[1]}_s{str(window[2]).encode().hex()}.parquet"
+
+
 def _empty_results() -> pa.Table:
     return pa.table({WINDOW_START: pa.array([], pa.int64()), WINDOW_END: pa.array([], pa.int64())})
 
@@ -110,12 +141,14 @@ class ParquetWindowSink:
     def _function_dir(self, function: str) -> Path:
         return self.directory / _check_function(function)
 
-    def write(self, function: str, results: pa.Table, *, windows: Iterable[WindowId] = ()) -> int:
+    def write(
+        self, function: str, results: pa.Table, *, windows: Iterable[WindowId] = (), substream: str | None = None
+    ) -> int:
         folder = self._function_dir(function)
         folder.mkdir(parents=True, exist_ok=True)
         files = []
-        for (start, end), part in split_by_window(results, windows).items():
-            path = folder / f"window_{start}_{end}.parquet"
+        for window, part in split_by_window(results, windows, substream).items():
+            path = folder / _window_file(window)
             if path.exists():  # cheap skip for replays; atomic_write_many still refuses to overwrite
                 continue
             files.append((path, functools.partial(pq.write_table, part)))
@@ -129,7 +162,10 @@ class ParquetWindowSink:
         for entry in os.scandir(folder):
             match = _WINDOW_FILE.match(entry.name)
             if match:
-                found.append(((int(match[1]), int(match[2])), Path(entry.path)))
+                window: WindowId = (int(match[1]), int(match[2]))
+                if match[3] is not None:  # a substream's window: the value is hex-encoded UTF-8
+                    window = (*window, bytes.fromhex(match[3]).decode())
+                found.append((window, Path(entry.path)))
         return sorted(found)
 
     def read(self, function: str) -> pa.Table:
@@ -187,6 +223,12 @@ class SqliteWindowSink:
                 " written_at_ms INTEGER NOT NULL,"
                 " PRIMARY KEY (function, window_start_ms, window_end_ms)) WITHOUT ROWID"
             )
+            conn.execute(  # windows closed per substream: one record per (window, substream value)
+                "CREATE TABLE IF NOT EXISTS window_sink_substream_windows ("
+                " function TEXT NOT NULL, window_start_ms INTEGER NOT NULL, window_end_ms INTEGER NOT NULL,"
+                " substream TEXT NOT NULL, written_at_ms INTEGER NOT NULL,"
+                " PRIMARY KEY (function, window_start_ms, window_end_ms, substream)) WITHOUT ROWID"
+            )
 
     def _connect(self) -> sqlite3.Connection:
         # 30 s: a concurrent writer holds the lock for one write() call, which is milliseconds.
@@ -221,9 +263,11 @@ class SqliteWindowSink:
         )
         return table_name, schema
 
-    def write(self, function: str, results: pa.Table, *, windows: Iterable[WindowId] = ()) -> int:
+    def write(
+        self, function: str, results: pa.Table, *, windows: Iterable[WindowId] = (), substream: str | None = None
+    ) -> int:
         _check_function(function)
-        parts = split_by_window(results, windows)
+        parts = split_by_window(results, windows, substream)
         group_by = result_group_by(results.schema)
         names = results.schema.names
         now_ms = int(time.time() * 1000)
@@ -238,11 +282,17 @@ class SqliteWindowSink:
                     f"INSERT OR IGNORE INTO {_quote(table_name)} ({', '.join(map(_quote, names))}, group_key)"
                     f" VALUES ({', '.join('?' * (len(names) + 1))})"
                 )
-                for (start, end), part in parts.items():
-                    cur = conn.execute(
-                        "INSERT OR IGNORE INTO window_sink_windows VALUES (?, ?, ?, ?)",
-                        (function, start, end, now_ms),
-                    )
+                for window, part in parts.items():
+                    if len(window) == 2:
+                        cur = conn.execute(
+                            "INSERT OR IGNORE INTO window_sink_windows VALUES (?, ?, ?, ?)",
+                            (function, window[0], window[1], now_ms),
+                        )
+                    else:
+                        cur = conn.execute(
+                            "INSERT OR IGNORE INTO window_sink_substream_windows VALUES (?, ?, ?, ?, ?)",
+                            (function, window[0], window[1], str(window[2]), now_ms),
+                        )
                     if cur.rowcount == 0:
                         continue
                     written += 1
@@ -282,6 +332,11 @@ class SqliteWindowSink:
                 "SELECT window_start_ms, window_end_ms FROM window_sink_windows WHERE function = ?",
                 (function,),
             ).fetchall()
+            subs = conn.execute(
+                "SELECT window_start_ms, window_end_ms, substream FROM window_sink_substream_windows"
+                " WHERE function = ?",
+                (function,),
+            ).fetchall()
         finally:
             conn.close()
-        return {(start, end) for start, end in rows}
+        return {(start, end) for start, end in rows} | {(start, end, value) for start, end, value in subs}
