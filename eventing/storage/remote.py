@@ -249,24 +249,26 @@ class RemoteBucket:
                 self._ahead[vb] = _Ahead(after, rows, len(rows) < limit)
 
     def read_vb(self, vb: int, after_seqno: int, limit: int) -> list[Mutation]:
+        return list(map(Mutation._make, self.read_vb_rows(vb, after_seqno, limit)))
+
+    def read_vb_rows(self, vb: int, after_seqno: int, limit: int) -> list[tuple]:
+        """read_vb's rows as plain tuples in Mutation's field order (a worker builds what it needs)."""
         if limit <= 0:
             return []
         if vb in self._pending_vbs:
             self._settle()
         ahead = self._ahead.get(vb)
         if ahead is None or ahead.after != after_seqno:
-            rows = msgpack.unpackb(self._call("read_vb", self.name, vb, after_seqno, limit), raw=False, use_list=False)
-            return list(map(Mutation._make, rows))
-        taken = ahead.rows[ahead.i:ahead.i + limit]
+            return list(msgpack.unpackb(self._call("read_vb", self.name, vb, after_seqno, limit), raw=False, use_list=False))
+        taken = list(ahead.rows[ahead.i:ahead.i + limit])
         ahead.i += len(taken)
         if ahead.i >= len(ahead.rows):
             del self._ahead[vb]
         else:
             ahead.after = taken[-1][1]
-        out = list(map(Mutation._make, taken))
         if len(taken) < limit and not ahead.complete:  # read ahead up to its own limit: the rest on the spot
-            out += self.read_vb(vb, taken[-1][1], limit - len(taken))
-        return out
+            taken += self.read_vb_rows(vb, taken[-1][1], limit - len(taken))
+        return taken
 
     def forget_prefetched(self, positions: dict[int, int]) -> None:
         """Drop rows read ahead that no longer follow the worker's positions (a rewind, a vBucket that left)."""

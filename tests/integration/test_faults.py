@@ -29,6 +29,7 @@ import pytest
 
 from eventing.core.definition import FunctionDefinition
 from eventing.ops.verify import effect_key, history_key, verify_function
+from eventing.runtime import worker as worker_module
 from eventing.runtime.executor import InProcessExecutor
 from eventing.runtime.service import EventingService
 from eventing.storage import loadgen
@@ -390,6 +391,7 @@ def test_a_disk_full_for_too_long_stops_cleanly_and_a_rerun_loses_nothing(
     calls = tmp_path / "calls.log"
     deploy(data_dir, ledger_definition("fn_stop", "src", "ledger", call_log=str(calls), batch_size=200))
     monkeypatch.setenv(sqlite_io.STORE_WAIT_ENV, "1")
+    monkeypatch.setattr(worker_module, "EFFECT_FLUSH_MIN", 1)  # one effects transaction per batch, as mid-run
     full = DiskFull("ledger.sqlite3", after=8)  # effects cannot be written: they fail mid-run
     full.active = True
     monkeypatch.setattr(sqlite_io, "write_fault", full)
@@ -594,24 +596,24 @@ def test_a_mutation_delivered_twice_by_the_source_is_refused_and_applied_once(
     source = load(data_dir, 100, 1500)
     calls = tmp_path / "calls.log"
     deploy(data_dir, ledger_definition("fn_dup", "src", "ledger", workers=1, call_log=str(calls), batch_size=100))
-    read_vb = LocalBucket.read_vb
+    read_vb_rows = LocalBucket.read_vb_rows  # what a worker reads (rows in Mutation's field order)
     delivered: list[tuple[int, int]] = []
 
     def stuttering_read(self, vb, after_seqno, limit):
-        rows = read_vb(self, vb, after_seqno, limit)
+        rows = read_vb_rows(self, vb, after_seqno, limit)
         if not delivered and rows and after_seqno > 0:
-            delivered.append((vb, rows[0].seqno))
+            delivered.append((vb, rows[0][1]))
             return [rows[0], *rows]  # the source sends one mutation twice
         return rows
 
-    monkeypatch.setattr(LocalBucket, "read_vb", stuttering_read)
+    monkeypatch.setattr(LocalBucket, "read_vb_rows", stuttering_read)
     summary = EventingService(data_dir, InProcessExecutor(), until_caught_up=True).run()
     vb, seqno = delivered[0]
     assert len(summary.errors) == 1 and f"vBucket {vb} of bucket 'src' went backwards: seqno {seqno}" in summary.errors[0]
     report = verify_function(data_dir, "fn_dup")
     assert report.ok, report.summary()  # stopped loudly; what the checkpoints cover is whole
 
-    monkeypatch.setattr(LocalBucket, "read_vb", read_vb)
+    monkeypatch.setattr(LocalBucket, "read_vb_rows", read_vb_rows)
     run_until_caught_up(data_dir, InProcessExecutor())
     report = assert_verified(data_dir, "fn_dup", owed=1500)
     key = source.read_vb(vb, seqno - 1, 1)[0].key
