@@ -408,7 +408,10 @@ class RayExecutor:
         if not name:
             self.kill(handle)
             return
-        handle.actor.release.remote(self._owner)
+        try:  # waited for: a release still in flight when the driver exits would keep it from the next run
+            self._ray.get(handle.actor.release.remote(self._owner), timeout=POOL_ADOPT_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - a pooled worker that cannot release is ended instead
+            self.kill(handle)
         self._adopted.discard(name)
 
     def _pooled_worker(self, spec: WorkerSpec) -> _RayHandle:

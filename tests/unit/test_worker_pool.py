@@ -1,0 +1,43 @@
+"""A pooled worker process (eventing ray start): one run at a time, fresh core per run, given back on release."""
+
+from __future__ import annotations
+
+import pickle
+
+from eventing.runtime import executor
+from eventing.runtime.executor import PooledWorkerHost
+from eventing.runtime.worker import WorkerSpec
+from eventing.testing import deploy_function, ledger_definition, load_source
+from metadata import open_store
+from sharding import NUM_VBUCKETS
+
+
+def spec_for(data_dir: str, function: str, worker_id: str) -> bytes:
+    generation = open_store(data_dir).get_function(function).generation
+    return pickle.dumps(WorkerSpec(data_dir, function, generation, worker_id, tuple(range(NUM_VBUCKETS))))
+
+
+def test_a_pooled_worker_serves_one_run_at_a_time_and_starts_each_run_with_a_fresh_core(data_dir, monkeypatch):
+    load_source(data_dir, 50, 400, seed=5)
+    deploy_function(data_dir, ledger_definition("fn_a", "src", "ledger"))
+    host = PooledWorkerHost()
+    assert host.adopt("run-1", spec_for(data_dir, "fn_a", "local/w0"))
+    host.call("start")
+    first = host.core
+    assert host.call("step").handled == 400
+
+    # Another run may not take it while run 1 is calling...
+    assert not host.adopt("run-2", spec_for(data_dir, "fn_a", "local/w1"))
+    assert host.core is first
+    # ...but may once run 1 went quiet for POOL_STALE_S (its driver died), or gave it back.
+    monkeypatch.setattr(executor, "POOL_STALE_S", 0.0)
+    assert host.adopt("run-2", spec_for(data_dir, "fn_a", "local/w1"))
+    assert host.core is None and first._closed  # the old core is closed, not reused
+    host.call("start")
+    assert host.core is not first and host.core.spec.worker_id == "local/w1"
+    monkeypatch.setattr(executor, "POOL_STALE_S", 30.0)
+    host.release("run-1")  # not the owner any more: nothing happens
+    assert host.core is not None
+    host.release("run-2")
+    assert host.core is None and host.owner is None
+    assert host.adopt("run-3", spec_for(data_dir, "fn_a", "local/w0"))
