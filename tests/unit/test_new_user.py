@@ -318,15 +318,15 @@ def test_verify_names_the_missing_ledger(capsys, dd, tmp_path):
 def test_ctrl_c_during_bucket_load_says_how_many_rows_were_committed(capsys, dd, monkeypatch):
     run_cli(capsys, "bucket", "create", "src", *dd)
     calls = {"n": 0}
-    original = LocalBucket.write
+    original = LocalBucket.load_rows  # what `bucket load` commits each batch with
 
-    def write(self, writes, **kwargs):
+    def load_rows(self, rows, **kwargs):
         calls["n"] += 1
         if calls["n"] == 3:
             raise KeyboardInterrupt
-        return original(self, writes, **kwargs)
+        return original(self, rows, **kwargs)
 
-    monkeypatch.setattr(LocalBucket, "write", write)
+    monkeypatch.setattr(LocalBucket, "load_rows", load_rows)
     code, _, err = run_cli(capsys, "bucket", "load", "src", "--documents", "100", "--mutations", "50000", *dd)
     assert code == 130
     assert "interrupted: 40,000 mutations committed to 'src' before Ctrl-C" in err
