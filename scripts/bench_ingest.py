@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 import zlib
+from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -202,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         load_before = uptime()
         n_raw, raw_s = raw_inserts(data_dir, chunks)
         n_cli, cli_s = load_inprocess(data_dir, path)
-        run = {
+        run: dict[str, Any] = {
             "run": i + 1, "load_avg": load_before, "rows": n_raw,
             "raw_mps": round(n_raw / raw_s), "load_mps": round(n_cli / cli_s),
         }
