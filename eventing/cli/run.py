@@ -84,6 +84,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
         bars.close()
+        leave = getattr(executor, "shutdown", None)
+        if leave is not None:
+            leave()
     dead = {name: p.dead_letters for name, p in summary.functions.items() if p.dead_letters}
     if interrupted:
         status = EXIT_INTERRUPTED

@@ -331,6 +331,10 @@ class RayExecutor:
         stop_data_service(self.data_service)
         self.data_service = None
 
+    def shutdown(self) -> None:
+        """Leave Ray (end a run's own instance) now: ~0.3 s, where Ray's exit hook takes ~0.8 s."""
+        self._ray.shutdown()
+
     def check_placements(self, placements: dict[str, str | None]) -> None:
         """Every Ray node id an eventing node is pinned to must be one this cluster knows."""
         pinned = {name: rid for name, rid in placements.items() if rid}
