@@ -99,7 +99,9 @@ CAS_UPDATE = '''
 def on_update(doc, meta):
     r = acct.get_result(doc["acct"])
     if not r.success:
-        acct.insert(doc["acct"], {"n": 1, "seen": [meta.id + "@" + str(meta.seq)]})
+        created = acct.insert(doc["acct"], {"n": 1, "seen": [meta.id + "@" + str(meta.seq)]})
+        if not created.success:  # another worker's insert landed between the read and this call
+            raise RuntimeError("insert raced another insert: " + created.error)
         return
     body = r.doc
     result = acct.replace(doc["acct"], {"n": body["n"] + 1, "seen": body["seen"] + [meta.id + "@" + str(meta.seq)]}, cas=r.meta.cas)
