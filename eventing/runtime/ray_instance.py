@@ -66,7 +66,7 @@ def start(data_dir: str | os.PathLike[str], *, num_cpus: int | None = None, work
     }
     cpus = num_cpus or os.cpu_count() or 2
     temp_dir = tempfile.mkdtemp(prefix="eventing-ray-", dir="/tmp")  # Ray's socket paths stay short
-    port = _free_port()
+    port = free_port()
     ray_cli = str(Path(sys.executable).with_name("ray"))
     args = [
         ray_cli, "start", "--head", f"--port={port}", f"--num-cpus={cpus}", f"--temp-dir={temp_dir}",
@@ -125,41 +125,57 @@ def _end(instance: RayInstance) -> None:
 
 def _processes(instance: RayInstance) -> set[int]:
     """Its `ray start`, everything below it, and any process whose arguments name its temp folder (workers
-    whose raylet died first)."""
-    children: dict[int, list[int]] = {}
-    pids: set[int] = set()
-    for pid in _all_pids():
-        children.setdefault(_parent(pid), []).append(pid)
-        if instance.temp_dir in _cmdline(pid):
-            pids.add(pid)
-    todo = [instance.pid, *pids] if _alive(instance.pid) else list(pids)
-    walked: set[int] = set()
-    while todo:
-        pid = todo.pop()
-        if pid not in walked:
-            walked.add(pid)
-            todo.extend(children.get(pid, []))
-    pids |= walked
+    whose raylet died first), with everything below those."""
+    roots = {pid for pid in all_pids() if instance.temp_dir in cmdline(pid)}
+    if _alive(instance.pid):
+        roots.add(instance.pid)
+    pids = set(roots)
+    for root in roots:
+        pids |= descendants(root)
     pids.discard(os.getpid())
     return pids
 
 
-def _all_pids() -> list[int]:
+# -- processes (also used by eventing.testing.cluster) --------------------------------------------------
+
+
+def all_pids() -> list[int]:
     return [int(p) for p in os.listdir("/proc") if p.isdigit()]
 
 
-def _cmdline(pid: int) -> str:
+def cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return ""
 
 
-def _parent(pid: int) -> int:
+def parent(pid: int) -> int:
     try:
         return int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
     except (OSError, ValueError, IndexError):
         return 0
+
+
+def descendants(root: int) -> set[int]:
+    """Every process below `root` (children, their children, ...), by /proc."""
+    children: dict[int, list[int]] = {}
+    for pid in all_pids():
+        children.setdefault(parent(pid), []).append(pid)
+    found: set[int] = set()
+    todo = [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def _alive(pid: int) -> bool:
@@ -178,8 +194,3 @@ def _answers(address: str) -> bool:
     except (OSError, ValueError):
         return False
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

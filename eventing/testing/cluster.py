@@ -30,6 +30,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eventing.runtime.ray_instance import all_pids as _all_pids
+from eventing.runtime.ray_instance import cmdline as _cmdline
+from eventing.runtime.ray_instance import descendants as _descendants
+from eventing.runtime.ray_instance import free_port as _free_port
+
 NODE_START_TIMEOUT_S = 60.0
 _NODE_ID_LINE = re.compile(r"\[[^\]]* I (\d+) \d+\] \(raylet\) .*Setting node ID node_id=([0-9a-f]+)")
 
@@ -298,49 +303,10 @@ def descendants(pid: int) -> set[int]:
 # -- processes ----------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _quote(text: str) -> str:
     import shlex
 
     return shlex.quote(text)
-
-
-def _all_pids() -> list[int]:
-    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _parent(pid: int) -> int:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return -1
-    return int(stat.rpartition(")")[2].split()[1])
-
-
-def _descendants(root: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for pid in _all_pids():
-        children.setdefault(_parent(pid), []).append(pid)
-    found: set[int] = set()
-    todo = [root]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
 
 
 def _kill(pid: int) -> None:

@@ -27,7 +27,7 @@ def cli(data_dir: str, *args: str, timeout: float = 180) -> subprocess.Completed
 
 
 def pooled_workers(instance) -> set[int]:
-    return {pid for pid in ray_instance._processes(instance) if "PooledWorkerHost" in ray_instance._cmdline(pid)}
+    return {pid for pid in ray_instance._processes(instance) if "PooledWorkerHost" in ray_instance.cmdline(pid)}
 
 
 def test_runs_join_the_kept_instance_and_stop_ends_only_its_processes(tmp_path):
