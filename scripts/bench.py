@@ -31,20 +31,12 @@ from eventing.handler import Meta  # noqa: E402
 from eventing.runtime import lifecycle  # noqa: E402
 from eventing.runtime.executor import RayExecutor  # noqa: E402
 from eventing.runtime.service import EventingService  # noqa: E402
-from eventing.storage import loadgen  # noqa: E402
-from eventing.storage.bucket import LocalBucket, Write, chunked  # noqa: E402
+from eventing.storage.bucket import LocalBucket, Write  # noqa: E402
+from eventing.testing.workloads import TRIVIAL_HANDLER, load_bench_bucket  # noqa: E402
 
 FUNCTIONS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "functions")
 
-HANDLER = '''
-seen = {}
-
-def on_update(doc, meta):
-    seen[meta.id] = doc.get("rev")
-
-def on_delete(meta, options):
-    seen.pop(meta.id, None)
-'''
+HANDLER = TRIVIAL_HANDLER
 
 
 class PlainBinding:
@@ -117,10 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     handler = open(os.path.join(FUNCTIONS, "fn_email.py")).read() if writing else HANDLER
 
     data_dir = args.data_dir or tempfile.mkdtemp(prefix="eventing-bench-")
-    bucket = LocalBucket.create(data_dir, "bench")
     t0 = time.perf_counter()
-    for chunk in chunked(loadgen.generate(args.documents, args.mutations, seed=7), 50_000):
-        bucket.write(chunk)
+    bucket = load_bench_bucket(data_dir, "bench", args.documents, args.mutations)
     load_s = time.perf_counter() - t0
     print(f"load: {args.mutations:,} mutations over {args.documents:,} documents in {load_s:.1f}s "
           f"({args.mutations / load_s:,.0f}/s)")

@@ -30,16 +30,9 @@ from eventing.runtime.service import EventingService  # noqa: E402
 from eventing.storage import loadgen  # noqa: E402
 from eventing.storage.bucket import LocalBucket, chunked  # noqa: E402
 from eventing.testing.cluster import LocalRayCluster  # noqa: E402
+from eventing.testing.workloads import TRIVIAL_HANDLER, load_bench_bucket  # noqa: E402
 
-HANDLER = '''
-seen = {}
-
-def on_update(doc, meta):
-    seen[meta.id] = doc.get("rev")
-
-def on_delete(meta, options):
-    seen.pop(meta.id, None)
-'''
+HANDLER = TRIVIAL_HANDLER
 
 IO_WORKERS = (4, 16)
 IO_HANDLER = '''
@@ -132,9 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     root = tempfile.mkdtemp(prefix="eventing-bench-cluster-")
     data_dir = os.path.join(root, "data")
     os.makedirs(data_dir)
-    bucket = LocalBucket.create(data_dir, "bench")
-    for chunk in chunked(loadgen.generate(args.documents, args.mutations, seed=7), 50_000):
-        bucket.write(chunk)
+    load_bench_bucket(data_dir, "bench", args.documents, args.mutations)
     for total in IO_WORKERS:
         io_bucket = LocalBucket.create(data_dir, f"io{total}")
         count = int(total * 1000 * args.io_seconds)

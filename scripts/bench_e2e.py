@@ -30,18 +30,9 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 from eventing.core.definition import FunctionDefinition  # noqa: E402
 from eventing.runtime import lifecycle  # noqa: E402
-from eventing.storage import loadgen  # noqa: E402
-from eventing.storage.bucket import LocalBucket, chunked  # noqa: E402
+from eventing.testing.workloads import TRIVIAL_HANDLER, load_bench_bucket  # noqa: E402
 
-HANDLER = '''
-seen = {}
-
-def on_update(doc, meta):
-    seen[meta.id] = doc.get("rev")
-
-def on_delete(meta, options):
-    seen.pop(meta.id, None)
-'''
+HANDLER = TRIVIAL_HANDLER
 
 # The plain loop as its own program: what a user would write with the bucket's API (as scripts/bench.py).
 PLAIN = '''
@@ -92,9 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     ray_dir = work / "ray-home"  # the `eventing ray start` instance's data directory (its state file)
     try:
         seed = work / "seed"
-        bucket = LocalBucket.create(seed, "bench")
-        for chunk in chunked(loadgen.generate(args.documents, args.mutations, seed=7), 50_000):
-            bucket.write(chunk)
+        bucket = load_bench_bucket(seed, "bench", args.documents, args.mutations)
         defn = FunctionDefinition.from_dict({
             "name": "fn_bench", "source_bucket": "bench", "worker_count": args.workers,
             "batch_size": 2000, "checkpoint_interval": "1s",

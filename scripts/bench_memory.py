@@ -33,17 +33,9 @@ from eventing.runtime.executor import RayExecutor  # noqa: E402
 from eventing.runtime.service import EventingService  # noqa: E402
 from eventing.storage import loadgen  # noqa: E402
 from eventing.storage.bucket import LocalBucket, chunked  # noqa: E402
+from eventing.testing.workloads import TRIVIAL_HANDLER  # noqa: E402
 
-# The bench's handler: its state grows with the documents (50k keys), never with the mutations.
-HANDLER = '''
-seen = {}
-
-def on_update(doc, meta):
-    seen[meta.id] = doc.get("rev")
-
-def on_delete(meta, options):
-    seen.pop(meta.id, None)
-'''
+HANDLER = TRIVIAL_HANDLER
 
 
 def _children() -> dict[int, list[int]]:
@@ -135,6 +127,9 @@ def run_once(data_dir: str, mutations: int, documents: int, workers: int, interv
         thread.join()
     handled = summary.functions["fn_mem"].handled
     run_s = time.perf_counter() - start
+    if not samples:
+        raise SystemExit(f"error: the run of {mutations:,} mutations ended within one sampling interval "
+                         f"({interval:g}s), so there is nothing to report; give more mutations or a smaller --interval")
 
     def at(fraction: float) -> dict:
         want = fraction * handled

@@ -1,0 +1,31 @@
+"""The benchmarks' shared workload (scripts/bench*.py): W1's trivial handler and the bucket it runs on."""
+
+from __future__ import annotations
+
+import os
+
+from eventing.storage import loadgen
+from eventing.storage.bucket import LocalBucket, chunked
+
+# W1: the handler keeps a dict of each document's latest revision: the framework's own cost, with state that
+# grows with the documents, never with the mutations.
+TRIVIAL_HANDLER = '''
+seen = {}
+
+def on_update(doc, meta):
+    seen[meta.id] = doc.get("rev")
+
+def on_delete(meta, options):
+    seen.pop(meta.id, None)
+'''
+
+
+def load_bench_bucket(
+    data_dir: str | os.PathLike[str], name: str, documents: int, mutations: int, *, seed: int = 7, chunk: int = 50_000
+) -> LocalBucket:
+    """A new bucket holding `mutations` faker mutations over `documents` documents (the same seed, the same
+    mutations), written `chunk` a transaction."""
+    bucket = LocalBucket.create(data_dir, name)
+    for part in chunked(loadgen.generate(documents, mutations, seed=seed), chunk):
+        bucket.write(part)
+    return bucket
