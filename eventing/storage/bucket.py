@@ -30,6 +30,7 @@ from pathlib import Path
 from eventing.core.mutation import OP_DELETE, OP_EXPIRE, OP_UPDATE, Mutation, decode_document, encode_document
 from eventing.core.names import check_bucket_name
 from eventing.errors import ConfigError, NotFoundError, StoreError
+from eventing.storage.write_plan import Item, UpdatePlan
 from metadata.sqlite_io import retry_locked, run_transaction
 from sharding import NUM_VBUCKETS, validate_key
 
@@ -70,6 +71,15 @@ def _reserve_cas(count: int) -> int:
         first = max(time.time_ns(), _last_cas + 1)
         _last_cas = first + count - 1
         return first - 1
+
+
+def _items(writes: Iterable[Write]) -> list[Item]:
+    return [(w.key, w.op, w.doc, w.expiry, w.flags) for w in writes]
+
+
+def _plan(items: list[Item]) -> UpdatePlan | None:
+    """A batch of updates planned before the write lock; None when it holds deletes (see write_plan)."""
+    return UpdatePlan(items) if UpdatePlan.applies_to(items) else None
 
 
 @dataclass(frozen=True)
@@ -229,8 +239,9 @@ class LocalBucket:
 
         Returns (vb, seqno) per write, or None for a delete of a missing document (nothing logged).
         """
-        batch = list(writes)  # a retried transaction (locked, disk full) must see every write again
-        return _retry_locked(self.path, lambda: self._tx(lambda: self._apply(batch, origin, arrival_ms)))
+        items = _items(writes)  # a retried transaction (locked, disk full) must see every write again
+        plan = _plan(items)
+        return _retry_locked(self.path, lambda: self._tx(lambda: self._log(items, origin, arrival_ms, plan)))
 
     def _tx(self, body):
         try:
@@ -238,23 +249,18 @@ class LocalBucket:
         finally:
             self._commits += 1
 
-    def _apply(
-        self, writes: Sequence[Write], origin: str | None, arrival_ms: int | None = None
-    ) -> list[tuple[int, int] | None]:
-        """Log and store ``writes`` in order, inside the caller's transaction; (vb, seqno) per write, None for
-        a delete of a missing document (nothing logged)."""
-        return self._log([(w.key, w.op, w.doc, w.expiry, w.flags) for w in writes], origin, arrival_ms)
 
     def load_rows(self, rows: Sequence[tuple[str, int, bytes | None, int]], *, arrival_ms: int | None = None) -> int:
         """``write`` for imports (``bucket load``): rows are ``(key, op, doc, expiry)`` with keys already
         validated, applied in one transaction with the same outcome as ``write`` of the same writes.
         Returns how many rows were logged."""
         items = [(key, op, doc, expiry, 0) for key, op, doc, expiry in rows]
-        logged = _retry_locked(self.path, lambda: self._tx(lambda: self._log(items, None, arrival_ms)))
+        plan = _plan(items)
+        logged = _retry_locked(self.path, lambda: self._tx(lambda: self._log(items, None, arrival_ms, plan)))
         return sum(1 for r in logged if r is not None)
 
     def _log(
-        self, items: list[tuple[str, int, bytes | None, int, int]], origin: str | None, arrival_ms: int | None
+        self, items: list[Item], origin: str | None, arrival_ms: int | None, plan: UpdatePlan | None = None
     ) -> list[tuple[int, int] | None]:
         """The one write path: items are ``(key, op, doc, expiry, flags)``. Each logged item gets the next
         seqno of its vBucket, a fresh cas and the transaction's arrival time; a delete of a document that
@@ -265,8 +271,12 @@ class LocalBucket:
         each key's last version goes into ``docs``, in key order, so SQLite walks each B-tree once per
         transaction instead of jumping between random pages (random order costs ~3x once the docs table
         outgrows SQLite's page cache)."""
-        db = self._db
         arrival = int(time.time() * 1000) if arrival_ms is None else int(arrival_ms)
+        if plan is not None:  # updates only, prepared before the lock (see eventing.storage.write_plan)
+            highs, arrivals = self._heads({vb for vb, _ in plan.runs}, arrival)
+            log_rows, docs_rows, placed = plan.rows(highs, arrivals, _reserve_cas(plan.count), origin)
+            self._insert(log_rows, docs_rows, highs, arrivals)
+            return placed  # type: ignore[return-value]
         vbs = [((zlib.crc32(item[0].encode()) >> 16) & 0x7FFF) % NUM_VBUCKETS for item in items]  # vbucket_of
         highs, arrivals = self._heads(set(vbs), arrival)
         deleting = {item[0] for item in items if item[1] != OP_UPDATE}
@@ -290,11 +300,16 @@ class LocalBucket:
             docs[key] = (key, vb, seqno, cas, deleted, None if deleted else doc, expiry, flags)
             out.append((vb, seqno))
         log_rows.sort(key=_by_vb)  # stable: seqnos stay in order within a vBucket
+        self._insert(log_rows, [docs[k] for k in sorted(docs)], highs, arrivals)
+        return out
+
+    def _insert(self, log_rows: list[tuple], docs_rows: list[tuple], highs: dict[int, int], arrivals: dict[int, int]) -> None:
+        """Write log rows (in (vb, seqno) order), docs rows (in key order) and the moved high seqnos."""
+        db = self._db
         db.executemany(f"INSERT INTO log({_LOG_COLUMNS}) VALUES(?,?,?,?,?,?,?,?,?,?)", log_rows)
-        db.executemany("INSERT OR REPLACE INTO docs VALUES(?,?,?,?,?,?,?,?)", [docs[k] for k in sorted(docs)])
+        db.executemany("INSERT OR REPLACE INTO docs VALUES(?,?,?,?,?,?,?,?)", docs_rows)
         moved = sorted({row[0] for row in log_rows})
         db.executemany("UPDATE high SET seqno=?, arrival_ms=? WHERE vb=?", [(highs[vb], arrivals[vb], vb) for vb in moved])
-        return out
 
     def _heads(self, vbs: set[int], arrival: int) -> tuple[dict[int, int], dict[int, int]]:
         """High seqno and the arrival time new entries get (never below the vBucket's last one: readers find
@@ -598,20 +613,28 @@ class LocalBucket:
         rejected."""
 
         if not marks:
-            writes = [w for g in groups for _, w in g.writes]
+            items = _items(w for g in groups for _, w in g.writes)
+            plan = _plan(items)
 
             def unmarked() -> EffectResult:
-                self._apply(writes, origin or function)
-                return EffectResult(applied=len(writes))
+                self._log(items, origin or function, None, plan)
+                return EffectResult(applied=len(items))
 
             return _retry_locked(self.path, lambda: self._tx(unmarked))
 
+        # Prepared before the lock for the usual case, where no group is fenced or holds a write already
+        # applied: the writes as one planned batch, and each group's (vb, epoch, lowest and highest source
+        # seqno). The transaction checks that case against the marks, else takes the general path below.
+        conditional = any(g.conditional for g in groups)
+        if not conditional:
+            ready = _items(w for g in groups for _, w in g.writes)
+            ready_plan = _plan(ready)
+            spans = [
+                (g.vb, g.epoch, min(s for s, _ in g.writes) if g.writes else None, max(s for s, _ in g.writes) if g.writes else 0)
+                for g in groups
+            ]
+
         def body() -> EffectResult:
-            result = EffectResult()
-            writes: list[Write] = []
-            marks = []
-            pending: list[tuple[int, int, Write]] = []
-            conditional = any(g.conditional for g in groups)
             if len(groups) > HEADS_BY_VB_MAX:  # one query for the function's marks (<= 2,048 rows)
                 found = {vb: (e, s) for vb, e, s in self._db.execute(
                     "SELECT vb, epoch, seqno FROM effect_marks WHERE function=?", (function,))}
@@ -619,6 +642,24 @@ class LocalBucket:
                 found = {g.vb: row for g in groups if (row := self._db.execute(
                     "SELECT epoch, seqno FROM effect_marks WHERE function=? AND vb=?", (function, g.vb)
                 ).fetchone())}
+            if not conditional:
+                marks = []
+                for vb, epoch, lowest, highest in spans:
+                    mark_epoch, mark_seqno = found.get(vb, (0, 0))
+                    if mark_epoch > epoch or (lowest is not None and lowest <= mark_seqno):
+                        break
+                    marks.append((function, vb, epoch, max(mark_seqno, highest)))
+                else:
+                    self._log(ready, origin or function, None, ready_plan)
+                    self._set_marks(marks)
+                    return EffectResult(applied=len(ready))
+            return general(found)
+
+        def general(found: dict[int, tuple[int, int]]) -> EffectResult:
+            result = EffectResult()
+            writes: list[Write] = []
+            marks = []
+            pending: list[tuple[int, int, Write]] = []
             for g in groups:
                 mark_epoch, mark_seqno = found.get(g.vb, (0, 0))
                 if mark_epoch > g.epoch:
@@ -640,16 +681,20 @@ class LocalBucket:
                 writes, result.conflicts = self._resolve(pending)
             # The writes carry the function as their origin (recursion guard); `function` also names
             # the marks, which a replay keeps apart from the live ones (origin stays the function).
-            self._apply(writes, origin or function)
+            items = _items(writes)
+            self._log(items, origin or function, None, _plan(items))
             result.applied = len(writes)
-            self._db.executemany(
-                "INSERT INTO effect_marks VALUES(?,?,?,?) ON CONFLICT(function, vb) DO UPDATE SET "
-                "epoch=excluded.epoch, seqno=MAX(seqno, excluded.seqno)",
-                marks,
-            )
+            self._set_marks(marks)
             return result
 
         return _retry_locked(self.path, lambda: self._tx(body))
+
+    def _set_marks(self, marks: list[tuple[str, int, int, int]]) -> None:
+        self._db.executemany(
+            "INSERT INTO effect_marks VALUES(?,?,?,?) ON CONFLICT(function, vb) DO UPDATE SET "
+            "epoch=excluded.epoch, seqno=MAX(seqno, excluded.seqno)",
+            marks,
+        )
 
     def _resolve(self, pending: list[tuple[int, int, Write]]) -> tuple[list[Write], list[tuple[int, int]]]:
         """Check cas conditions and compute counter deltas against the stored documents, in this

@@ -1,0 +1,61 @@
+"""A batch of updates planned before the write lock (eventing.storage.write_plan) logs exactly what the
+row-by-row path logs: same log rows, docs rows, high seqnos, (vb, seqno) answers, effect marks."""
+
+from __future__ import annotations
+
+import tempfile
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from eventing.core.mutation import OP_DELETE, OP_UPDATE
+from eventing.storage import bucket as bucket_module
+from eventing.storage.bucket import EffectGroup, LocalBucket, Write
+
+KEYS = [f"doc::{i}" for i in range(40)]  # few keys: batches repeat keys and share vBuckets
+
+update = st.builds(lambda k, rev, exp: Write(KEYS[k], OP_UPDATE, bytes([0x81, 0xA1, 0x72, rev]), exp),
+                   st.integers(0, len(KEYS) - 1), st.integers(0, 127), st.sampled_from([0, 0, 0, 2_000_000_000]))
+delete = st.builds(lambda k: Write(KEYS[k], OP_DELETE), st.integers(0, len(KEYS) - 1))
+batches = st.lists(st.one_of(st.lists(update, max_size=30), st.lists(st.one_of(update, delete), max_size=30)),
+                   min_size=1, max_size=6)
+
+
+def _contents(bucket: LocalBucket) -> tuple[list, list, list]:
+    """The bucket's rows with each cas replaced by its rank, and arrival times taken from the clock (the
+    effects') by -1: both come from the clock."""
+    db = bucket._db
+    ranks = {c: i for i, (c,) in enumerate(db.execute("SELECT cas FROM log ORDER BY cas"))}
+    log = [(*r[:4], ranks[r[4]], *r[5:9], r[9] if r[9] < 10**12 else -1) for r in db.execute(
+        "SELECT vb, seqno, key, op, cas, doc, origin, expiry, flags, arrival_ms FROM log ORDER BY vb, seqno")]
+    docs = [(*r[:3], ranks[r[3]], *r[4:]) for r in db.execute("SELECT * FROM docs ORDER BY key")]
+    return log, docs, bucket.high_seqnos()
+
+
+def _run(batches: list[list[Write]], planned: bool) -> tuple:
+    with pytest.MonkeyPatch.context() as m, tempfile.TemporaryDirectory() as data_dir:
+        if not planned:
+            m.setattr(bucket_module, "_plan", lambda items: None)
+        bucket = LocalBucket.create(data_dir, "b")
+        answers = [bucket.write(batch, origin="fn", arrival_ms=1_000 + i) for i, batch in enumerate(batches)]
+        # The same batches again as effects of a function: planned in apply_effects, then replayed (all
+        # duplicates) and once with a stale epoch (fenced): the general path.
+        groups = [EffectGroup(vb, 3, [(s + 1, w) for s, w in enumerate(batch)]) for vb, batch in enumerate(batches)]
+        results = [bucket.apply_effects("fx", groups), bucket.apply_effects("fx", groups),
+                   bucket.apply_effects("fx", [EffectGroup(0, 2, groups[0].writes)])]
+        marks = sorted(bucket._db.execute("SELECT * FROM effect_marks"))
+        contents = _contents(bucket)
+        bucket.close()
+        return answers, [(r.applied, r.duplicates, sorted(r.fenced_vbs)) for r in results], marks, contents
+
+
+@settings(max_examples=60, deadline=None)
+@given(batches)
+def test_a_planned_batch_logs_what_the_row_by_row_path_logs(batches):
+    assert _run(batches, True) == _run(batches, False)
+
+
+def test_a_batch_of_updates_is_planned_and_one_with_a_delete_is_not():
+    assert bucket_module._plan([("k", OP_UPDATE, b"\x80", 0, 0)]) is not None
+    assert bucket_module._plan([("k", OP_UPDATE, b"\x80", 0, 0), ("k", OP_DELETE, None, 0, 0)]) is None
