@@ -415,6 +415,31 @@ class LocalBucket:
             (vb, after_seqno, limit),
         ).fetchall()
 
+    def read_vb_columns(self, vb: int, after_seqno: int, limit: int) -> tuple | None:
+        """read_vb_rows's answer column by column, concatenated by SQLite (no Python object per entry: about
+        half the cost of fetching the rows), for the data service to ship: ``(count, last_seqno, ops, keys,
+        docs, doc_lengths, cas, arrivals)`` where ``ops`` lists the entries that are not updates as
+        "seqno:op" (None when all are), keys are joined by NUL bytes, documents are back to back with their
+        lengths (-1: no document) and the numbers are comma-separated text. None when the entries are not
+        that plain case (a gap in the seqnos, an origin, an expiry or flags): read the rows then."""
+        try:
+            row = self._db.execute(
+                "SELECT count(*), max(seqno), max(origin IS NOT NULL OR expiry != 0 OR flags != 0), "
+                "group_concat(CASE WHEN op != 0 THEN seqno || ':' || op END), "
+                "CAST(group_concat(key, char(0)) AS BLOB), CAST(group_concat(doc, '') AS BLOB), "
+                "group_concat(ifnull(length(doc), -1)), group_concat(cas), group_concat(arrival_ms) "
+                # One range scan of the primary key feeds every aggregate in (vb, seqno) order, as in
+                # read_vb_packed.
+                "FROM log WHERE vb = ?1 AND seqno > ?2 AND seqno <= ?2 + ?3",
+                (vb, after_seqno, limit),
+            ).fetchone()
+        except sqlite3.DataError:  # over SQLite's length limit (huge documents)
+            return None
+        count, last, odd, ops, keys, docs, lengths, cas, arrivals = row
+        if not count or odd or last - after_seqno != count:
+            return None
+        return count, last, ops, keys, docs or b"", lengths, cas, arrivals
+
     def read_vb_packed(
         self, vb: int, after_seqno: int, limit: int, origin: str, *, exact_arrivals_over_ms: int | None = None
     ) -> PackedUpdates | None:

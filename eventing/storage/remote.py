@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import zlib
 from collections.abc import Callable, Sequence
+from itertools import repeat
 from pathlib import Path
 from typing import Any, Protocol, cast
 
@@ -86,11 +87,17 @@ class DataService:
         return msgpack.packb(self._bucket(name).read_vb_rows(vb, after_seqno, limit), use_bin_type=True)
 
     def do_read_many(self, name: str, runs: list[tuple[int, int, int]]) -> tuple[bytes, list[int]]:
-        """Several ``(vb, after_seqno, limit)`` reads in one call: one blob of one row list per run, and
-        the bucket's high seqnos read after them (what a worker asks next)."""
+        """Several ``(vb, after_seqno, limit)`` reads in one call: one blob with an answer per run, and the
+        bucket's high seqnos read after them (what a worker asks next). A run's answer is its columns as
+        SQLite concatenates them, ``(1, *LocalBucket.read_vb_columns)``, or where they are not the plain
+        case, ``(0, rows)``: the columns cost this process about half as much, the worker a little more
+        (``rows_of_columns``)."""
         bucket = self._bucket(name)
-        blob = msgpack.packb([bucket.read_vb_rows(vb, after, limit) for vb, after, limit in runs], use_bin_type=True)
-        return blob, bucket.high_seqnos()
+        answers = []
+        for vb, after, limit in runs:
+            columns = bucket.read_vb_columns(vb, after, limit)
+            answers.append((1, *columns) if columns is not None else (0, bucket.read_vb_rows(vb, after, limit)))
+        return msgpack.packb(answers, use_bin_type=True), bucket.high_seqnos()
 
     def do_meta(self, method: str, args: tuple, kwargs: dict) -> Any:
         if method.startswith("_") or method == "close":
@@ -190,6 +197,34 @@ class _Ahead:
         self.after, self.rows, self.i, self.complete = after, rows, 0, complete
 
 
+def rows_of_columns(vb: int, after: int, columns: tuple) -> tuple | None:
+    """read_vb_rows's rows (tuples in Mutation's field order) from ``LocalBucket.read_vb_columns``'s
+    answer, built by C-level loops (numpy parses the numbers). None when the keys do not split into one
+    per entry (a key may hold a NUL byte)."""
+    import numpy as np
+
+    count, last, ops, keys, docs, lengths, cas, arrivals = columns
+    key_list = keys.decode().split("\0")
+    if len(key_list) != count:
+        return None
+    sizes = np.fromstring(lengths, dtype=np.int64, sep=",")
+    ends = np.cumsum(np.maximum(sizes, 0)).tolist()
+    doc_list: list[bytes | None] = list(map(docs.__getitem__, map(slice, [0, *ends[:-1]], ends)))
+    for i in np.flatnonzero(sizes < 0).tolist():
+        doc_list[i] = None
+    op_list: Any = repeat(0)
+    if ops:
+        op_list = [0] * count
+        for entry in ops.split(","):
+            seqno, op = entry.split(":")
+            op_list[int(seqno) - after - 1] = int(op)
+    return tuple(zip(
+        repeat(vb), range(after + 1, last + 1), key_list, op_list,
+        np.fromstring(cas, dtype=np.int64, sep=",").tolist(), doc_list, repeat(None), repeat(0), repeat(0),
+        np.fromstring(arrivals, dtype=np.int64, sep=",").tolist(), strict=False,  # repeat() is endless
+    ))
+
+
 class RemoteBucket:
     """The ``LocalBucket`` methods a worker uses, answered by the data service.
 
@@ -244,7 +279,10 @@ class RemoteBucket:
         runs, wait = self._pending
         self._pending, self._pending_vbs = None, frozenset()
         blob, self._highs = wait()
-        for (vb, after, limit), rows in zip(runs, msgpack.unpackb(blob, raw=False, use_list=False), strict=True):
+        for (vb, after, limit), answer in zip(runs, msgpack.unpackb(blob, raw=False, use_list=False), strict=True):
+            rows = answer[1] if answer[0] == 0 else rows_of_columns(vb, after, answer[1:])
+            if rows is None:  # a key holding a NUL byte: its rows are read on the spot
+                continue
             if rows:
                 self._ahead[vb] = _Ahead(after, rows, len(rows) < limit)
 

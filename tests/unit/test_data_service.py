@@ -12,9 +12,11 @@ import pytest
 from eventing.runtime.data_service import ServedData
 from eventing.runtime.executor import InProcessExecutor
 from eventing.runtime.service import EventingService
-from eventing.storage.bucket import LocalBucket
-from eventing.storage.remote import LOCALITY_ENV, DataAccess, DataService, RemoteBucket
+from eventing.core.mutation import OP_UPDATE
+from eventing.storage.bucket import LocalBucket, Write
+from eventing.storage.remote import LOCALITY_ENV, DataAccess, DataService, RemoteBucket, rows_of_columns
 from eventing.testing import check_ledger, deploy_function, ledger_definition, load_source
+from sharding import vbucket_of
 
 
 class PickledDataService:
@@ -61,6 +63,41 @@ def test_remote_bucket_reads_equal_local_reads(data_dir):
     assert remote.high_seqnos(prefetched=True) == source.high_seqnos()
     key = source.keys()[0]
     assert remote.get_raw(key) == source.get_raw(key)
+
+
+def test_a_run_shipped_as_columns_gives_the_rows_a_local_read_gives(data_dir):
+    source = load_source(data_dir, 30, 3000, seed=4)  # updates and deletes
+    key = source.keys()[0]
+    source.write([Write(key, OP_UPDATE, b"")])  # an empty document is not a missing one
+    busy = sorted(range(1024), key=lambda v: -source.high_seqnos()[v])[:20]
+    vb_of_key = vbucket_of(key)
+    for vb in [*busy, vb_of_key]:
+        for after, limit in ((0, 10_000), (2, 3), (1, 1)):
+            columns = source.read_vb_columns(vb, after, limit)
+            assert columns is not None
+            assert list(rows_of_columns(vb, after, columns)) == source.read_vb_rows(vb, after, limit)
+    deletes = [m for vb in busy for m in source.read_vb(vb, 0, 10_000) if m.op != OP_UPDATE]
+    assert deletes, "the test data must hold deletes"
+    assert source.read_vb_columns(busy[0], source.high_seqnos()[busy[0]], 10) is None  # nothing to read
+    source.write([Write(key, OP_UPDATE, b"\x80", expiry=2_000_000_000)])  # an expiry: rows, not columns
+    last = source.high_seqnos()[vb_of_key]
+    assert source.read_vb_columns(vb_of_key, last - 1, 10) is None
+    remote = RemoteBucket(PickledDataService(data_dir).client("w"), "src")
+    remote.prefetch([(vb_of_key, 0, 10_000), (busy[0], 0, 10_000)])
+    assert remote.read_vb(vb_of_key, 0, 10_000) == source.read_vb(vb_of_key, 0, 10_000)
+    assert remote.read_vb(busy[0], 0, 10_000) == source.read_vb(busy[0], 0, 10_000)
+
+
+def test_a_key_holding_a_nul_byte_is_read_on_the_spot(data_dir):
+    bucket = LocalBucket.create(data_dir, "src")
+    bucket.write([Write("a\x00b", OP_UPDATE, b"\x80"), Write("a\x00b", OP_UPDATE, b"\x81\xa1x\x01")])
+    vb = vbucket_of("a\x00b")
+    assert rows_of_columns(vb, 0, bucket.read_vb_columns(vb, 0, 10)) is None
+    served = PickledDataService(data_dir)
+    remote = RemoteBucket(served.client("w"), "src")
+    remote.prefetch([(vb, 0, 10)])
+    assert remote.read_vb(vb, 0, 10) == bucket.read_vb(vb, 0, 10)
+    assert served.calls["read_vb"] == 1
 
 
 def test_rows_read_ahead_are_taken_from_the_front_and_a_read_they_do_not_cover_is_made_on_the_spot(data_dir):
