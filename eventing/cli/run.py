@@ -216,7 +216,8 @@ def register(sub: Any, add: Any) -> None:
                    help="fail over an eventing node whose Ray node is down this long, e.g. 10s; 0 turns it off "
                         "(default: $EVENTING_FAILOVER_TIMEOUT or 10s)")
     p.add_argument("--spark-master", default=os.environ.get("EVENTING_SPARK_MASTER"),
-                   help="Spark master for window aggregation, e.g. spark://HOST:7077 (default "
+                   help="Spark master for window aggregation, e.g. spark://HOST:7077, or a Spark Connect "
+                   "server, sc://HOST:15002 (needs `pip install 'eventing[spark-connect]'`) (default "
                    "$EVENTING_SPARK_MASTER or local[*])")
     p.add_argument("--close-windows", action="store_true",
                    help="with --until-caught-up: at the end of the input close every window still open "

@@ -284,6 +284,40 @@ class LocalSparkCluster:
         shutil.rmtree(self.work_dir, ignore_errors=True)
 
 
+class LocalSparkConnectServer(LocalSparkCluster):
+    """A Spark Connect server on one machine (its jobs run in its own JVM, ``local[cores]``), optionally
+    unable to see chosen folders (the same unshare + tmpfs trick). ``start()`` returns the ``sc://`` URL;
+    ``stop()`` ends exactly the processes it started, by pid."""
+
+    @property
+    def url(self) -> str:
+        return f"sc://127.0.0.1:{self.port}"
+
+    def start(self, *, hidden: list[str] | tuple[str, ...] = (), timeout: float = 120.0) -> str:
+        self.port = _free_port()
+        submit = str(Path(self.spark_home) / "bin" / "spark-submit")
+        self._launch("connect", [
+            submit, "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
+            "--name", "Spark Connect server", "--master", f"local[{self.worker_cores}]",
+            "--driver-memory", self.worker_memory,
+            "--conf", f"spark.connect.grpc.binding.port={self.port}",
+            "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
+            "--conf", "spark.ui.enabled=false",
+            "--conf", f"spark.sql.warehouse.dir={Path(self.work_dir) / 'warehouse'}",
+        ], tuple(os.path.abspath(h) for h in hidden))
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    return self.url
+            except OSError:
+                pass
+            if time.monotonic() > deadline or self.processes[-1].poll() is not None:
+                log = Path(self.work_dir) / "spark-connect.log"
+                raise RuntimeError(f"Spark Connect server did not start:\n{log.read_text(errors='replace')[-2000:]}")
+            time.sleep(0.3)
+
+
 def _wait_port(port: int, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -316,4 +350,4 @@ def _kill(pid: int) -> None:
         pass
 
 
-__all__ = ["LocalRayCluster", "LocalSparkCluster", "RayNode", "descendants", "environment_without"]
+__all__ = ["LocalRayCluster", "LocalSparkCluster", "LocalSparkConnectServer", "RayNode", "descendants", "environment_without"]

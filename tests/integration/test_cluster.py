@@ -35,6 +35,7 @@ from eventing.testing import BackgroundLoop, check_ledger, deploy_function, ledg
 from eventing.testing.cluster import (
     LocalRayCluster,
     LocalSparkCluster,
+    LocalSparkConnectServer,
     RayNode,
     descendants,
     environment_without,
@@ -420,13 +421,14 @@ def test_a_ray_node_id_that_does_not_exist_is_named(env):
     assert "Traceback" not in result.stderr
 
 
-def test_a_spark_master_that_does_not_answer_fails_fast_in_one_line(env):
+@pytest.mark.parametrize("master", ["spark://127.0.0.1:9", "sc://127.0.0.1:9"])
+def test_a_spark_master_that_does_not_answer_fails_fast_in_one_line(env, master):
     data_dir = env.new_data_dir()
     open_metadata(data_dir).close()
-    result = run_cli("--data-dir", data_dir, "run", "--executor", "in-process", "--spark-master", "spark://127.0.0.1:9")
+    result = run_cli("--data-dir", data_dir, "run", "--executor", "in-process", "--spark-master", master)
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "no Spark master answers at spark://127.0.0.1:9" in lines[0], result.stderr
+    assert len(lines) == 1 and f"no Spark master answers at {master}" in lines[0], result.stderr
 
 
 def test_a_node_missing_a_dependency_is_named_with_the_fix(env, tmp_path):
@@ -492,3 +494,39 @@ def test_windows_on_hidden_workers_and_a_spark_cluster_equal_the_plain_computati
     assert_same_results(sink.read("fn_w"), reference_results(docs, WindowSpec.from_dict(WINDOW), windows, exclude=late))
     assert store.counters("fn_w")["window_rows_accepted"] == len(on_time)
     assert Topology(store).node_plan().counts() == {"n2": NUM_VBUCKETS}
+
+
+def test_windows_through_spark_connect_equal_the_plain_computation(env):
+    """--spark-master sc://: a Spark Connect server that cannot see the data directory merges the windows
+    (partials go to it as Arrow, results come back); every window equals the plain computation."""
+    data_dir = env.new_data_dir()
+    source = load_source(data_dir, 200, 3000, seed=15, span_ms=6 * MIN, disorder_ms=2_000)
+    defn = FunctionDefinition.from_dict({
+        "name": "fn_sc", "source_bucket": "src", "worker_count": 2, "checkpoint_interval": "100ms",
+        "batch_size": 500, "window": WINDOW,
+    })
+    lifecycle.save_function(data_dir, defn, "")
+    lifecycle.deploy(data_dir, "fn_sc")
+    pin_all_workers(data_dir, "n2", env.n2.node_id)
+    server = LocalSparkConnectServer()
+    try:
+        url = server.start(hidden=[env.data_root])
+        result = run_cli(
+            "--data-dir", data_dir, "run", "--ray-address", env.ray.address, "--spark-master", url,
+            "--until-caught-up", "--close-windows", "--json", timeout=240,
+        )
+        # The server ran the merge: its own log names the jobs it executed.
+        server_log = (Path(server.work_dir) / "spark-connect.log").read_text(errors="replace")
+    finally:
+        server.stop()
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "Job 0 finished" in server_log or "ResultStage" in server_log, server_log[-2000:]
+    store = open_metadata(data_dir)
+    late = {(r.vb, r.seqno) for r in store.dlq_rows("fn_sc")}
+    docs = [(m.vb, m.seqno, decode_document(m.doc)) for batch in source.scan_log() for m in batch if m.op == OP_UPDATE]
+    on_time = [d for d in docs if (d[0], d[1]) not in late]
+    windows = sorted({(t - t % MIN, t - t % MIN + MIN) for t in (d[2]["ts"] for d in on_time)})
+    sink = ParquetWindowSink(WindowPaths.of(data_dir, "fn_sc").root / "results")
+    assert sorted(sink.written_windows("fn_sc")) == windows
+    assert_same_results(sink.read("fn_sc"), reference_results(docs, WindowSpec.from_dict(WINDOW), windows, exclude=late))
+

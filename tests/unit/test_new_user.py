@@ -373,3 +373,14 @@ def test_the_jvm_incubator_warning_is_dropped_and_other_stderr_lines_pass(monkey
     jvm = io.BytesIO(b"WARNING: Using incubator modules: jdk.incubator.vector\nERROR real trouble\n")
     spark_session._forward_stderr(jvm)
     assert Err.buffer.getvalue() == b"ERROR real trouble\n"
+
+
+def test_spark_connect_without_its_client_packages_names_them_and_the_install(monkeypatch):
+    from eventing.errors import ConfigError
+    from eventing.windows.spark import spark_session
+
+    monkeypatch.setitem(sys.modules, "grpc", None)  # an import of it fails, as when it is not installed
+    with pytest.raises(ConfigError) as failure:
+        spark_session._connect("sc://127.0.0.1:15002")
+    message = str(failure.value)
+    assert "missing: grpc" in message and "pip install 'eventing[spark-connect]'" in message

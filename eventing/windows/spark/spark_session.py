@@ -103,6 +103,9 @@ def get_spark(master: str | None = None) -> SparkSession:
         from pyspark.sql import SparkSession
 
         check_spark_master(wanted)
+        if wanted.startswith("sc://"):
+            _session, _master = _connect(wanted), wanted
+            return _session
         log_level = os.environ.get(LOG_LEVEL_ENV, "ERROR").upper()
         if wanted.startswith("local"):
             # Bind the local driver to loopback: nothing outside this machine should reach it, and Spark
@@ -131,6 +134,39 @@ def get_spark(master: str | None = None) -> SparkSession:
         session.sparkContext.setLogLevel(log_level)
         _session, _master = session, wanted
         return session
+
+
+# Session settings a Spark Connect client may set (the rest belong to the server's own launch).
+_CONNECT_SETTINGS = {
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.shuffle.partitions": str(SHUFFLE_PARTITIONS),
+    "spark.sql.adaptive.enabled": "false",
+}
+
+
+def _connect(url: str) -> SparkSession:
+    """A Spark Connect session on ``url`` (``sc://host:port``): no JVM in this process; the server runs
+    the jobs (its executors need not see the data directory: partials go to it as Arrow)."""
+    from eventing.errors import ConfigError
+
+    try:
+        import grpc  # noqa: F401 - what pyspark's connect client needs, checked up front for one clear line
+        import pandas  # noqa: F401
+        from pyspark.sql import SparkSession
+        from pyspark.sql.connect.session import SparkSession as _ConnectSession  # noqa: F401
+    except ImportError as exc:
+        raise ConfigError(
+            f"--spark-master {url} needs Spark Connect's client packages (missing: {exc.name}); install them "
+            "with `pip install 'eventing[spark-connect]'` (or `pip install 'pyspark[connect]'`)"
+        ) from None
+    builder = SparkSession.builder.remote(url)
+    for key, value in _CONNECT_SETTINGS.items():
+        builder = builder.config(key, value)
+    try:
+        return builder.getOrCreate()
+    except Exception as exc:  # noqa: BLE001 - any failure to reach the server is the same user mistake
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"cannot open a Spark Connect session at {url} ({first}); check the server and --spark-master") from None
 
 
 # Printed by the JVM itself on every start (Spark's launcher always adds this module); it says nothing a user
