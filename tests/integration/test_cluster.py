@@ -460,73 +460,84 @@ WINDOW = {
 }
 
 
-def test_windows_on_hidden_workers_and_a_spark_cluster_equal_the_plain_computation(env):
+def _windows_with_spark(env, name: str, start_spark, seed: int) -> tuple[subprocess.CompletedProcess, str]:
+    """Deploy a windowed function on the hidden node, start Spark with ``start_spark()`` (which returns the
+    master URL and a thunk that reads what Spark ran, then stops it), run until caught up closing every
+    window, and check every window against the plain computation. Returns the run and Spark's record."""
     data_dir = env.new_data_dir()
-    source = load_source(data_dir, 300, 5000, seed=14, span_ms=10 * MIN, disorder_ms=2_000)
+    source = load_source(data_dir, 250, 4000, seed=seed, span_ms=8 * MIN, disorder_ms=2_000)
     defn = FunctionDefinition.from_dict({
-        "name": "fn_w", "source_bucket": "src", "worker_count": 2, "checkpoint_interval": "100ms",
+        "name": name, "source_bucket": "src", "worker_count": 2, "checkpoint_interval": "100ms",
         "batch_size": 500, "window": WINDOW,
     })
     lifecycle.save_function(data_dir, defn, "")
-    lifecycle.deploy(data_dir, "fn_w")
+    lifecycle.deploy(data_dir, name)
     pin_all_workers(data_dir, "n2", env.n2.node_id)
-    spark = LocalSparkCluster()
+    master, finish = start_spark()
     try:
-        master = spark.start(hidden=[env.data_root])
         result = run_cli(
             "--data-dir", data_dir, "run", "--ray-address", env.ray.address, "--spark-master", master,
             "--until-caught-up", "--close-windows", "--json", timeout=240,
         )
-        # The merge ran on the cluster: its worker started executors for the service's application.
-        apps = [p.name for p in Path(spark.work_dir).glob("app-*")]
     finally:
-        spark.stop()
+        ran = finish()
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    assert apps, "no Spark application ran on the standalone worker"
     store = open_metadata(data_dir)
-    assert {cp.owner.split("/")[0] for cp in store.checkpoints("fn_w").values()} == {"n2"}
-    late = {(r.vb, r.seqno) for r in store.dlq_rows("fn_w")}
+    assert {cp.owner.split("/")[0] for cp in store.checkpoints(name).values()} == {"n2"}
+    late = {(r.vb, r.seqno) for r in store.dlq_rows(name)}
     docs = [(m.vb, m.seqno, decode_document(m.doc)) for batch in source.scan_log() for m in batch if m.op == OP_UPDATE]
     on_time = [d for d in docs if (d[0], d[1]) not in late]
     windows = sorted({(t - t % MIN, t - t % MIN + MIN) for t in (d[2]["ts"] for d in on_time)})
-    sink = ParquetWindowSink(WindowPaths.of(data_dir, "fn_w").root / "results")
-    assert sorted(sink.written_windows("fn_w")) == windows
-    assert_same_results(sink.read("fn_w"), reference_results(docs, WindowSpec.from_dict(WINDOW), windows, exclude=late))
-    assert store.counters("fn_w")["window_rows_accepted"] == len(on_time)
+    sink = ParquetWindowSink(WindowPaths.of(data_dir, name).root / "results")
+    assert sorted(sink.written_windows(name)) == windows
+    assert_same_results(sink.read(name), reference_results(docs, WindowSpec.from_dict(WINDOW), windows, exclude=late))
+    assert store.counters(name)["window_rows_accepted"] == len(on_time)
     assert Topology(store).node_plan().counts() == {"n2": NUM_VBUCKETS}
+    return result, ran
+
+
+def test_windows_on_hidden_workers_and_a_spark_cluster_equal_the_plain_computation(env):
+    spark = LocalSparkCluster()
+
+    def start():
+        try:
+            master = spark.start(hidden=[env.data_root])
+        except BaseException:
+            spark.stop()
+            raise
+
+        def finish() -> str:
+            # The merge ran on the cluster: its worker started executors for the service's application.
+            apps = " ".join(p.name for p in Path(spark.work_dir).glob("app-*"))
+            spark.stop()
+            return apps
+
+        return master, finish
+
+    _, apps = _windows_with_spark(env, "fn_w", start, seed=14)
+    assert apps, "no Spark application ran on the standalone worker"
 
 
 def test_windows_through_spark_connect_equal_the_plain_computation(env):
     """--spark-master sc://: a Spark Connect server that cannot see the data directory merges the windows
-    (partials go to it as Arrow, results come back); every window equals the plain computation."""
-    data_dir = env.new_data_dir()
-    source = load_source(data_dir, 200, 3000, seed=15, span_ms=6 * MIN, disorder_ms=2_000)
-    defn = FunctionDefinition.from_dict({
-        "name": "fn_sc", "source_bucket": "src", "worker_count": 2, "checkpoint_interval": "100ms",
-        "batch_size": 500, "window": WINDOW,
-    })
-    lifecycle.save_function(data_dir, defn, "")
-    lifecycle.deploy(data_dir, "fn_sc")
-    pin_all_workers(data_dir, "n2", env.n2.node_id)
+    (partials go to it as Arrow, results come back)."""
     server = LocalSparkConnectServer()
-    try:
-        url = server.start(hidden=[env.data_root])
-        result = run_cli(
-            "--data-dir", data_dir, "run", "--ray-address", env.ray.address, "--spark-master", url,
-            "--until-caught-up", "--close-windows", "--json", timeout=240,
-        )
-        # The server ran the merge: its own log names the jobs it executed.
-        server_log = (Path(server.work_dir) / "spark-connect.log").read_text(errors="replace")
-    finally:
-        server.stop()
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+
+    def start():
+        try:
+            url = server.start(hidden=[env.data_root])
+        except BaseException:
+            server.stop()
+            raise
+
+        def finish() -> str:
+            log = (Path(server.work_dir) / "spark-connect.log").read_text(errors="replace")
+            server.stop()
+            return log
+
+        return url, finish
+
+    _, server_log = _windows_with_spark(env, "fn_sc", start, seed=15)
+    # The server ran the merge: its own log names the jobs it executed.
     assert "Job 0 finished" in server_log or "ResultStage" in server_log, server_log[-2000:]
-    store = open_metadata(data_dir)
-    late = {(r.vb, r.seqno) for r in store.dlq_rows("fn_sc")}
-    docs = [(m.vb, m.seqno, decode_document(m.doc)) for batch in source.scan_log() for m in batch if m.op == OP_UPDATE]
-    on_time = [d for d in docs if (d[0], d[1]) not in late]
-    windows = sorted({(t - t % MIN, t - t % MIN + MIN) for t in (d[2]["ts"] for d in on_time)})
-    sink = ParquetWindowSink(WindowPaths.of(data_dir, "fn_sc").root / "results")
-    assert sorted(sink.written_windows("fn_sc")) == windows
-    assert_same_results(sink.read("fn_sc"), reference_results(docs, WindowSpec.from_dict(WINDOW), windows, exclude=late))
 
