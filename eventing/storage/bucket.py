@@ -249,7 +249,6 @@ class LocalBucket:
         finally:
             self._commits += 1
 
-
     def load_rows(self, rows: Sequence[tuple[str, int, bytes | None, int]], *, arrival_ms: int | None = None) -> int:
         """``write`` for imports (``bucket load``): rows are ``(key, op, doc, expiry)`` with keys already
         validated, applied in one transaction with the same outcome as ``write`` of the same writes.

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
+from eventing.core.mutation import OP_UPDATE
 from eventing.runtime.data_service import ServedData
 from eventing.runtime.executor import InProcessExecutor
 from eventing.runtime.service import EventingService
-from eventing.core.mutation import OP_UPDATE
 from eventing.storage.bucket import LocalBucket, Write
 from eventing.storage.remote import LOCALITY_ENV, DataAccess, DataService, RemoteBucket, rows_of_columns
 from eventing.testing import check_ledger, deploy_function, ledger_definition, load_source
