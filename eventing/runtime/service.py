@@ -531,6 +531,10 @@ class EventingService:
             log.info("function %s unplaced: %s", name, step.describe())
         self.windows.function_stopped(sup)  # after the workers' last rows are on disk
         progress = self._progress(name)
+        # A run that is done within its first report never reaches _report with this supervisor: keep its
+        # start-up figure here too.
+        if sup.first_handled_at and not progress.first_handled_at:
+            progress.first_handled_at = sup.first_handled_at
         before = self._handled_before.get(name, 0)
         progress.handled = before + sup.handled
         self._handled_before[name] = progress.handled

@@ -326,3 +326,16 @@ def test_an_explicit_budget_is_one_batch_and_a_supervisor_step_keeps_going_while
     monkeypatch.setattr("eventing.runtime.worker.STEP_SLICE_S", 0.0)  # an expired slice still takes one batch
     load(data_dir, 200, 300, seed=2)
     assert core.step().handled == 100
+
+
+def test_a_run_done_within_its_first_report_keeps_its_first_handler_call_time(data_dir):
+    """The start-up figure (`eventing run` prints it) of a run so short that the report which handled its
+    mutations also finished it: the function leaves the running set before any progress report."""
+    source = load(data_dir, documents=10, mutations=20)
+    deploy(data_dir, ledger_definition("fn_a", "src", "ledger", workers=1))
+    run(data_dir)
+    for i in range(5):
+        source.upsert(f"late::{i}", {"rev": 1})
+    summary = run(data_dir)
+    assert summary.functions["fn_a"].handled == 5
+    assert summary.functions["fn_a"].first_handled_at > 0
