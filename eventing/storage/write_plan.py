@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Sequence
-from itertools import chain, repeat
+from itertools import chain, groupby, repeat
 from operator import itemgetter
 
 from eventing.core.mutation import OP_UPDATE
@@ -47,12 +47,7 @@ class UpdatePlan:
         self.vbs = pick(vbs)
         keys, _, docs, expiry, flags = zip(*items, strict=True) if items else ((), (), (), (), ())
         self.keys, self.docs, self.expiry, self.flags = pick(keys), pick(docs), pick(expiry), pick(flags)
-        self.runs: list[tuple[int, int]] = []  # (vb, rows) in vBucket order
-        for vb in self.vbs:
-            if self.runs and self.runs[-1][0] == vb:
-                self.runs[-1] = (vb, self.runs[-1][1] + 1)
-            else:
-                self.runs.append((vb, 1))
+        self.runs = [(vb, sum(1 for _ in rows)) for vb, rows in groupby(self.vbs)]  # (vb, rows) in vBucket order
         last: dict[str, int] = dict(zip(self.keys, range(len(self.keys)), strict=True))  # a later row of a key wins
         self.last_by_key = [last[k] for k in sorted(last)]
         # back[i]: the sorted row of item i (to answer (vb, seqno) in the items' order)

@@ -305,26 +305,63 @@ class LocalSparkConnectServer(LocalSparkCluster):
             "--conf", "spark.ui.enabled=false",
             "--conf", f"spark.sql.warehouse.dir={Path(self.work_dir) / 'warehouse'}",
         ], tuple(os.path.abspath(h) for h in hidden))
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
-                    return self.url
-            except OSError:
-                pass
-            if time.monotonic() > deadline or self.processes[-1].poll() is not None:
-                log = Path(self.work_dir) / "spark-connect.log"
-                raise RuntimeError(f"Spark Connect server did not start:\n{log.read_text(errors='replace')[-2000:]}")
-            time.sleep(0.3)
+        try:
+            _wait_port(self.port, timeout, self.processes[-1])
+        except RuntimeError as exc:
+            log = (Path(self.work_dir) / "spark-connect.log").read_text(errors="replace")
+            raise RuntimeError(f"Spark Connect server did not start ({exc}):\n{log[-2000:]}") from None
+        return self.url
 
 
-def _wait_port(port: int, timeout: float) -> None:
+class ServiceProcess:
+    """`python -m eventing run --ray-address … --json` in a subprocess, as a user runs it (its stderr in a
+    log beside the data directory); ended by its pid."""
+
+    def __init__(self, data_dir: str, address: str, *extra: str, log_name: str = "service"):
+        root = str(Path(__file__).resolve().parents[2])  # the folder holding eventing/
+        self.log = Path(data_dir).parent / f"{Path(data_dir).name}-{log_name}.log"
+        env = {**os.environ, "PYTHONPATH": root, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "eventing", "--data-dir", data_dir, "run", "--ray-address", address, "--json", *extra],
+            cwd=root, env=env, stdout=subprocess.PIPE, stderr=self.log.open("w"), text=True,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stop(self, timeout: float = 90) -> dict:
+        """SIGTERM (a clean stop after a checkpoint); returns its JSON summary."""
+        self.proc.send_signal(signal.SIGTERM)
+        out, _ = self.proc.communicate(timeout=timeout)
+        assert self.proc.returncode == 0, f"exit {self.proc.returncode}: {out[-2000:]}\n{self.log.read_text()[-3000:]}"
+        # Ray forwards its processes' messages to the driver's stdout too: the summary is the last JSON object.
+        start = out.rfind("\n{\n") + 1 if not out.startswith("{\n") else 0
+        assert out[start:].strip(), f"no summary on stdout: {out[-2000:]}\nlog: {self.log.read_text()[-3000:]}"
+        summary, _ = json.JSONDecoder().raw_decode(out[start:])
+        return summary
+
+    def kill(self) -> float:
+        self.proc.kill()
+        self.proc.wait(10)
+        return time.time()
+
+    def end(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+def _wait_port(port: int, timeout: float, process: subprocess.Popen | None = None) -> None:
+    """Until something listens on 127.0.0.1:port; RuntimeError after ``timeout`` or once ``process`` ended."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=1):
                 return
         except OSError:
+            if process is not None and process.poll() is not None:
+                raise RuntimeError(f"the process ended (exit {process.returncode})") from None
             time.sleep(0.3)
     raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout:.0f}s")
 
@@ -350,4 +387,7 @@ def _kill(pid: int) -> None:
         pass
 
 
-__all__ = ["LocalRayCluster", "LocalSparkCluster", "LocalSparkConnectServer", "RayNode", "descendants", "environment_without"]
+__all__ = [
+    "LocalRayCluster", "LocalSparkCluster", "LocalSparkConnectServer", "RayNode", "ServiceProcess", "descendants",
+    "environment_without",
+]

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -37,6 +36,7 @@ from eventing.testing.cluster import (
     LocalSparkCluster,
     LocalSparkConnectServer,
     RayNode,
+    ServiceProcess,
     descendants,
     environment_without,
 )
@@ -265,37 +265,6 @@ def test_a_live_rebalance_onto_and_off_the_hidden_node_loses_nothing(env):
 STANDBY_WARM_S = 6.0  # a standby runs long before the leader dies: its workers and data service are up
 
 
-class ServiceProcess:
-    """`python -m eventing run --ray-address …` in a subprocess, as a user runs it; ended by its pid."""
-
-    def __init__(self, data_dir: str, address: str, *extra: str, log_name: str):
-        self.log = Path(data_dir).parent / f"{Path(data_dir).name}-{log_name}.log"
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "eventing", "--data-dir", data_dir, "run", "--ray-address", address, "--json", *extra],
-            cwd=str(ROOT), env=env, stdout=subprocess.PIPE, stderr=self.log.open("w"), text=True,
-        )
-
-    def stop(self, timeout: float = 90) -> dict:
-        """SIGTERM (a clean stop after a checkpoint); returns its JSON summary (the last JSON object)."""
-        self.proc.send_signal(signal.SIGTERM)
-        out, _ = self.proc.communicate(timeout=timeout)
-        assert self.proc.returncode == 0, f"exit {self.proc.returncode}: {out[-2000:]}\n{self.log.read_text()[-3000:]}"
-        start = out.rfind("\n{\n") + 1 if not out.startswith("{\n") else 0
-        summary, _ = json.JSONDecoder().raw_decode(out[start:])
-        return summary
-
-    def kill(self) -> float:
-        self.proc.kill()
-        self.proc.wait(10)
-        return time.time()
-
-    def end(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-
-
 def test_a_standby_takes_over_hidden_node_workers_from_a_killed_leader_and_loses_nothing(env):
     data_dir = env.new_data_dir()
     source = load_source(data_dir, 300, 3000, seed=16)
@@ -460,10 +429,10 @@ WINDOW = {
 }
 
 
-def _windows_with_spark(env, name: str, start_spark, seed: int) -> tuple[subprocess.CompletedProcess, str]:
-    """Deploy a windowed function on the hidden node, start Spark with ``start_spark()`` (which returns the
-    master URL and a thunk that reads what Spark ran, then stops it), run until caught up closing every
-    window, and check every window against the plain computation. Returns the run and Spark's record."""
+def _windows_with_spark(env, name: str, spark: LocalSparkCluster, seed: int, ran) -> str:
+    """Deploy a windowed function on the hidden node, start ``spark`` (a standalone cluster or a Connect
+    server) where the data directory is hidden, run until caught up closing every window, and check every
+    window against the plain computation. Returns ``ran(spark)``, read before Spark stops: what it ran."""
     data_dir = env.new_data_dir()
     source = load_source(data_dir, 250, 4000, seed=seed, span_ms=8 * MIN, disorder_ms=2_000)
     defn = FunctionDefinition.from_dict({
@@ -473,14 +442,15 @@ def _windows_with_spark(env, name: str, start_spark, seed: int) -> tuple[subproc
     lifecycle.save_function(data_dir, defn, "")
     lifecycle.deploy(data_dir, name)
     pin_all_workers(data_dir, "n2", env.n2.node_id)
-    master, finish = start_spark()
     try:
+        master = spark.start(hidden=[env.data_root])
         result = run_cli(
             "--data-dir", data_dir, "run", "--ray-address", env.ray.address, "--spark-master", master,
             "--until-caught-up", "--close-windows", "--json", timeout=240,
         )
+        record = ran(spark)
     finally:
-        ran = finish()
+        spark.stop()
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     store = open_metadata(data_dir)
     assert {cp.owner.split("/")[0] for cp in store.checkpoints(name).values()} == {"n2"}
@@ -493,51 +463,23 @@ def _windows_with_spark(env, name: str, start_spark, seed: int) -> tuple[subproc
     assert_same_results(sink.read(name), reference_results(docs, WindowSpec.from_dict(WINDOW), windows, exclude=late))
     assert store.counters(name)["window_rows_accepted"] == len(on_time)
     assert Topology(store).node_plan().counts() == {"n2": NUM_VBUCKETS}
-    return result, ran
+    return record
 
 
 def test_windows_on_hidden_workers_and_a_spark_cluster_equal_the_plain_computation(env):
-    spark = LocalSparkCluster()
-
-    def start():
-        try:
-            master = spark.start(hidden=[env.data_root])
-        except BaseException:
-            spark.stop()
-            raise
-
-        def finish() -> str:
-            # The merge ran on the cluster: its worker started executors for the service's application.
-            apps = " ".join(p.name for p in Path(spark.work_dir).glob("app-*"))
-            spark.stop()
-            return apps
-
-        return master, finish
-
-    _, apps = _windows_with_spark(env, "fn_w", start, seed=14)
+    # The merge ran on the cluster: its worker started executors for the service's application.
+    apps = _windows_with_spark(env, "fn_w", LocalSparkCluster(), 14,
+                               lambda spark: [p.name for p in Path(spark.work_dir).glob("app-*")])
     assert apps, "no Spark application ran on the standalone worker"
 
 
 def test_windows_through_spark_connect_equal_the_plain_computation(env):
     """--spark-master sc://: a Spark Connect server that cannot see the data directory merges the windows
     (partials go to it as Arrow, results come back)."""
-    server = LocalSparkConnectServer()
-
-    def start():
-        try:
-            url = server.start(hidden=[env.data_root])
-        except BaseException:
-            server.stop()
-            raise
-
-        def finish() -> str:
-            log = (Path(server.work_dir) / "spark-connect.log").read_text(errors="replace")
-            server.stop()
-            return log
-
-        return url, finish
-
-    _, server_log = _windows_with_spark(env, "fn_sc", start, seed=15)
+    server_log = _windows_with_spark(
+        env, "fn_sc", LocalSparkConnectServer(), 15,
+        lambda server: (Path(server.work_dir) / "spark-connect.log").read_text(errors="replace"),
+    )
     # The server ran the merge: its own log names the jobs it executed.
     assert "Job 0 finished" in server_log or "ResultStage" in server_log, server_log[-2000:]
 

@@ -26,17 +26,16 @@ from pathlib import Path
 
 import pytest
 
-import eventing
 from eventing.cli.app import main as cli
 from eventing.runtime.failover import LEADER_LEASE
 from eventing.storage.bucket import LocalBucket
 from eventing.storage.metadata import open_metadata
 from eventing.testing import BackgroundLoop, check_ledger, deploy_function, ledger_definition, load_source
+from eventing.testing.cluster import ServiceProcess
 from sharding import NUM_VBUCKETS
 
 pytestmark = pytest.mark.integration
 
-ROOT = str(Path(eventing.__file__).resolve().parents[1])
 RAY = str(Path(sys.executable).with_name("ray"))
 FAILOVER_TIMEOUT_S = 4.0
 HEAD = "node:__internal_head__"
@@ -153,43 +152,6 @@ def cluster():
 # -- the service as a user runs it ------------------------------------------------------------------------
 
 
-class Service:
-    """`python -m eventing run` in a subprocess against the cluster; ended by its pid."""
-
-    def __init__(self, data_dir: str, address: str, *extra: str, log_name: str = "service"):
-        self.log = Path(data_dir).parent / f"{log_name}.log"
-        env = {**os.environ, "PYTHONPATH": ROOT, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "eventing", "--data-dir", data_dir, "run", "--ray-address", address, "--json", *extra],
-            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=self.log.open("w"), text=True,
-        )
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def stop(self, timeout: float = 90) -> dict:
-        """SIGTERM (a clean stop after a checkpoint); returns its JSON summary."""
-        self.proc.send_signal(signal.SIGTERM)
-        out, _ = self.proc.communicate(timeout=timeout)
-        assert self.proc.returncode == 0, f"exit {self.proc.returncode}: {out}\n{self.log.read_text()[-3000:]}"
-        # Ray forwards its processes' messages to the driver's stdout too: the summary is the last JSON object.
-        start = out.rfind("\n{\n") + 1 if not out.startswith("{\n") else 0
-        assert out[start:].strip(), f"no summary on stdout: {out[-2000:]}\nlog: {self.log.read_text()[-3000:]}"
-        summary, end = json.JSONDecoder().raw_decode(out[start:])
-        return summary
-
-    def kill(self) -> float:
-        self.proc.kill()
-        self.proc.wait(10)
-        return time.time()
-
-    def end(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-
-
 class Stream(BackgroundLoop):
     """New mutations (several revisions per document) while the test does its damage."""
 
@@ -258,7 +220,7 @@ def test_a_killed_ray_node_is_failed_over_then_added_back_and_nothing_is_lost(cl
     assert cli(["--data-dir", data_dir, "node", "add", "n2", "--ray-node-id", n2_id]) == 0
     assert cli(["--data-dir", data_dir, "node", "remove", "local"]) == 0
     assert cli(["--data-dir", data_dir, "rebalance"]) == 0  # no service yet: the plan applies at start
-    service = Service(data_dir, cluster.address, "--failover-timeout", f"{FAILOVER_TIMEOUT_S:g}s", log_name="fo")
+    service = ServiceProcess(data_dir, cluster.address, "--failover-timeout", f"{FAILOVER_TIMEOUT_S:g}s", log_name="fo")
     try:
         on_n2 = lambda: {vb for vb, (o, _, leased) in owners(data_dir, fn).items() if o and o.startswith("n2/") and leased}  # noqa: E731
         wait_for(lambda: len(on_n2()) == NUM_VBUCKETS // 2, what="n2's workers to claim their vBuckets")
@@ -311,7 +273,7 @@ def test_a_killed_ray_node_is_failed_over_then_added_back_and_nothing_is_lost(cl
 def test_a_standby_takes_over_from_a_killed_leader_and_finishes_the_stream(cluster, data_dir, capsys):
     fn = "fn_sb"
     source = deployed_ledger(data_dir, fn)
-    leader = Service(data_dir, cluster.address, log_name="leader")
+    leader = ServiceProcess(data_dir, cluster.address, log_name="leader")
     leader_started = time.time()
     standby = None
     try:
@@ -324,7 +286,7 @@ def test_a_standby_takes_over_from_a_killed_leader_and_finishes_the_stream(clust
 
         wait_for(lambda: (lease() is not None and f":{leader.pid}:" in lease().holder), what="the leader's lease")
         leader_up = wait_for(lambda: all(leased for _, _, leased in owners(data_dir, fn).values()), what="the leader's workers") - leader_started
-        standby = Service(data_dir, cluster.address, "--standby", log_name="standby")
+        standby = ServiceProcess(data_dir, cluster.address, "--standby", log_name="standby")
         wait_for(lambda: any(f":{standby.pid}:" in s for s in open_metadata(data_dir).live_services(5)),
                  what="the standby's heartbeat")
         capsys.readouterr()
