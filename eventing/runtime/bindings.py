@@ -364,17 +364,21 @@ class BucketBinding:
     def begin(self, vb: int, seqno: int) -> None:
         buf = self.buf
         buf.source = (vb, seqno)
-        buf.current = []
-        buf.current_overlay = {}
+        # keep and discard leave both empty: new ones only when a call ended some other way.
+        if buf.current:
+            buf.current = []
+        if buf.current_overlay:
+            buf.current_overlay = {}
 
     def keep(self, epoch: int) -> None:
         """The handler returned: its writes join the batch."""
         buf = self.buf
-        if not buf.current:
+        current = buf.current
+        if not current:
             return
         vb, seqno = buf.source
         if seqno <= buf.applied_upto.get(vb, 0):
-            buf.replayed_writes += len(buf.current)
+            buf.replayed_writes += len(current)
             self.discard()
             return
         group = buf.groups.get(vb)
@@ -383,7 +387,10 @@ class BucketBinding:
         if buf.conditional:
             group.conditional = True
             buf.conditional = False
-        group.writes.extend((seqno, w) for w in buf.current)
+        if len(current) == 1:  # the common case, without a generator per call
+            group.writes.append((seqno, current[0]))
+        else:
+            group.writes.extend([(seqno, w) for w in current])
         buf.overlay.update(buf.current_overlay)
         buf.current = []
         buf.current_overlay = {}

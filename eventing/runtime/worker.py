@@ -430,8 +430,10 @@ class WorkerCore:
                         self.counters[counter_names.MUTATIONS_SEEN] += 1
                         self._outcome(m, call, failure)
                     else:
-                        if rw or timers.current:
-                            runner.kept(epoch)
+                        for b in rw:  # runner.kept, inlined
+                            b.keep(epoch)
+                        if timers.current:
+                            timers.keep()
                         handled_ok += 1
             position = positions[vb] = seqno
         if handled_ok:
