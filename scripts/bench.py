@@ -4,6 +4,9 @@ Loads N mutations over D documents into a fresh local bucket, then in the same r
 (a) a single-process loop that reads the bucket's log, decodes each document and calls the handler, and
 (b) `eventing run --until-caught-up` of one function with W workers on a local Ray instance.
 Prints both rates and their ratio; the last line is JSON with plain_mps, eventing_mps and ratio.
+With --runs N both are timed N times, alternating, on the same loaded bucket (a Ray instance, a fresh
+function and output bucket each run): every run is printed, and the JSON holds the medians and each run's
+figures (this machine's figures move by 10-20% from run to run).
 
 Workloads (--workload):
   trivial  (W1, default 1M mutations) a handler that only keeps a dict: the framework's own cost;
@@ -17,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -24,6 +28,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import msgpack  # noqa: E402
+import ray  # noqa: E402
 
 from eventing.core.definition import FunctionDefinition  # noqa: E402
 from eventing.core.mutation import OP_DELETE, OP_UPDATE, decode_document, encode_document  # noqa: E402
@@ -102,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=2000)
     parser.add_argument("--data-dir", default=None, help="default: a fresh temporary directory")
+    parser.add_argument("--runs", type=int, default=1,
+                        help="time the plain loop and eventing this many times, alternating (default 1)")
     args = parser.parse_args(argv)
     writing = args.workload == "writing"
     if args.mutations is None:
@@ -115,58 +122,85 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load: {args.mutations:,} mutations over {args.documents:,} documents in {load_s:.1f}s "
           f"({args.mutations / load_s:,.0f}/s)")
 
-    plain_out = LocalBucket.create(tempfile.mkdtemp(prefix="eventing-bench-plain-"), "emails") if writing else None
-    n_plain, plain_s = plain_loop(bucket, handler, plain_out)
-    plain_mps = n_plain / plain_s
-    print(f"plain loop: {n_plain:,} mutations in {plain_s:.2f}s = {plain_mps:,.0f} mutations/s")
+    runs: list[dict] = []
+    for run in range(1, args.runs + 1):
+        label = f"run {run}/{args.runs}: " if args.runs > 1 else ""
+        plain_out = LocalBucket.create(tempfile.mkdtemp(prefix="eventing-bench-plain-"), "emails") if writing else None
+        n_plain, plain_s = plain_loop(bucket, handler, plain_out)
+        plain_mps = n_plain / plain_s
+        print(f"{label}plain loop: {n_plain:,} mutations in {plain_s:.2f}s = {plain_mps:,.0f} mutations/s")
+        t1 = time.perf_counter()
+        executor = RayExecutor()
+        print(f"  ray.init {time.perf_counter() - t1:.1f}s")
+        figures = eventing_run(data_dir, executor, args, handler, run, n_plain, plain_out)
+        # Each plain loop runs with no Ray on the machine, as the first does: with an instance up (its
+        # agents, idle workers) the plain loop measured 12-15% slower.
+        ray.shutdown()
+        if figures is None:
+            return 1
+        eventing_mps = figures["eventing_mps"]
+        print(f"{label}eventing ({args.workers} Ray workers): {figures['handled']:,} mutations in "
+              f"{figures['run_s']:.2f}s = {eventing_mps:,.0f} mutations/s once workers were up "
+              f"(workers up in {figures['up_s']:.1f}s)")
+        ratio = eventing_mps / plain_mps
+        print(f"{label}ratio eventing/plain: {ratio:.2f}")
+        runs.append({"plain_mps": round(plain_mps), "eventing_mps": round(eventing_mps), "ratio": round(ratio, 3)})
+    summary = {key: statistics.median(r[key] for r in runs) for key in ("plain_mps", "eventing_mps", "ratio")}
+    if args.runs > 1:
+        ratios = ", ".join(f"{r['ratio']:.2f}" for r in runs)
+        print(f"ratios: {ratios}; median {summary['ratio']:.2f}")
+    print(json.dumps({
+        "workload": args.workload, "plain_mps": round(summary["plain_mps"]), "eventing_mps": round(summary["eventing_mps"]),
+        "ratio": round(summary["ratio"], 3), "load_mps": round(args.mutations / load_s), "mutations": args.mutations,
+        "workers": args.workers, **({"runs": runs} if args.runs > 1 else {}),
+    }))
+    return 0
 
+
+def eventing_run(
+    data_dir: str, executor: RayExecutor, args: argparse.Namespace, handler: str, run: int, expected: int,
+    plain_out: LocalBucket | None,
+) -> dict | None:
+    """`eventing run --until-caught-up` of a freshly deployed function (and, writing, a fresh output bucket)
+    over the loaded bucket; None (with one line on stderr) when it did not do what the plain loop did."""
+    name = "fn_bench" if run == 1 else f"fn_bench_{run}"
+    out_name = "emails" if run == 1 else f"emails_{run}"
+    if plain_out is not None:
+        LocalBucket.create(data_dir, out_name)
     defn = FunctionDefinition.from_dict({
-        "name": "fn_bench", "source_bucket": "bench", "worker_count": args.workers,
+        "name": name, "source_bucket": "bench", "worker_count": args.workers,
         "batch_size": args.batch_size, "checkpoint_interval": "1s",
-        "bindings": [{"alias": "dst", "bucket": "emails", "access": "rw"}] if writing else [],
+        "bindings": [{"alias": "dst", "bucket": out_name, "access": "rw"}] if plain_out is not None else [],
     })
-    if writing:
-        LocalBucket.create(data_dir, "emails")
     lifecycle.save_function(data_dir, defn, handler)
-    lifecycle.deploy(data_dir, "fn_bench")
-    t1 = time.perf_counter()
-    executor = RayExecutor()
-    ray_ready = time.perf_counter()
+    lifecycle.deploy(data_dir, name)
     marks: dict[str, float] = {}
 
     def on_progress(summary) -> None:
-        sup = service.supervisors.get("fn_bench")
+        sup = service.supervisors.get(name)
         if sup is not None and sup.ready and "ready" not in marks:
             marks["ready"] = time.perf_counter()
             marks["handled_at_ready"] = sup.handled
 
-    service = EventingService(data_dir, executor, until_caught_up=True, on_progress=on_progress)
+    service = EventingService(data_dir, executor, until_caught_up=True, functions=[name], on_progress=on_progress)
     start_run = time.perf_counter()
     summary = service.run()
     end = time.perf_counter()
-    handled = summary.functions["fn_bench"].handled
-    if handled != n_plain:
-        print(f"error: eventing handled {handled} mutations, plain loop {n_plain}", file=sys.stderr)
-        return 1
-    if plain_out is not None and bucket_contents(plain_out) != bucket_contents(LocalBucket.open(data_dir, "emails")):
+    handled = summary.functions[name].handled
+    if handled != expected:
+        print(f"error: eventing handled {handled} mutations, plain loop {expected}", file=sys.stderr)
+        return None
+    if plain_out is not None and bucket_contents(plain_out) != bucket_contents(LocalBucket.open(data_dir, out_name)):
         print("error: eventing and the plain loop left different emails buckets", file=sys.stderr)
-        return 1
+        return None
     # Processing time: from every worker actor up and owning its vBuckets to the final checkpoint.
     # Start-up (ray.init, actor processes) is a fixed cost per run, reported separately.
     ready = marks.get("ready", start_run)
     run_s = end - ready
-    eventing_mps = (handled - marks.get("handled_at_ready", 0)) / run_s
-    print(f"eventing ({args.workers} Ray workers): {handled:,} mutations in {run_s:.2f}s = "
-          f"{eventing_mps:,.0f} mutations/s once workers were up")
-    print(f"  start-up: ray.init {ray_ready - t1:.1f}s, workers up {ready - start_run:.1f}s; end to end "
-          f"including both: {handled / (end - t1):,.0f} mutations/s")
-    ratio = eventing_mps / plain_mps
-    print(f"ratio eventing/plain: {ratio:.2f}")
-    print(json.dumps({
-        "workload": args.workload, "plain_mps": round(plain_mps), "eventing_mps": round(eventing_mps), "ratio": round(ratio, 3),
-        "load_mps": round(args.mutations / load_s), "mutations": handled, "workers": args.workers,
-    }))
-    return 0
+    return {
+        "handled": handled, "run_s": run_s, "up_s": ready - start_run,
+        "eventing_mps": (handled - marks.get("handled_at_ready", 0)) / run_s,
+    }
 
 
 if __name__ == "__main__":
