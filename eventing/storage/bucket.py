@@ -59,6 +59,9 @@ CREATE TABLE IF NOT EXISTS effect_marks(
 _LOG_COLUMNS = "vb, seqno, key, op, cas, doc, origin, expiry, flags, arrival_ms"
 _by_vb = itemgetter(0)
 WAL_AUTOCHECKPOINT_PAGES = 10_000
+# Workers writing one bucket wait for its write lock by trying every millisecond rather than in SQLite's
+# busy handler, whose sleeps grow to 100 ms (see metadata.sqlite_io.begin_polling).
+WRITE_LOCK_POLL_S = 0.001
 HEADS_BY_VB_MAX = 32  # up to this many vBuckets in a write, their heads are read one query each
 _cas_lock = threading.Lock()
 _last_cas = 0
@@ -248,7 +251,7 @@ class LocalBucket:
 
     def _tx(self, body):
         try:
-            return run_transaction(self._db, self.path, body)
+            return run_transaction(self._db, self.path, body, poll_lock_s=WRITE_LOCK_POLL_S)
         finally:
             self._commits += 1
 

@@ -17,6 +17,7 @@ from metadata import (
     StoreCorruptError,
     StoreLockedError,
 )
+from metadata.sqlite_io import run_transaction
 
 
 @pytest.fixture
@@ -82,3 +83,47 @@ def test_a_truncated_store_fails_its_integrity_check(tmp_path):
 def test_a_missing_store_is_not_created_by_readers(tmp_path):
     with pytest.raises(NotFoundError, match="pass the right --data-dir"):
         SqliteMetadataStore(tmp_path / "absent.sqlite3", create=False)
+
+
+def _holder_and_waiter(tmp_path, timeout_s: float):
+    path = tmp_path / "t.sqlite3"
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("PRAGMA journal_mode=WAL")
+    holder.execute("CREATE TABLE t(x)")
+    waiter = sqlite3.connect(path, timeout=timeout_s, isolation_level=None, check_same_thread=False)
+    return path, holder, waiter
+
+
+def test_a_polling_writer_takes_the_write_lock_within_milliseconds_of_its_release(tmp_path):
+    """SQLite's busy handler would sleep 50-100 ms at a time by now; polling every millisecond takes the
+    lock right after the holder commits."""
+    path, holder, waiter = _holder_and_waiter(tmp_path, 5.0)
+    holder.execute("BEGIN IMMEDIATE")
+    took: dict[str, float] = {}
+
+    def write() -> None:
+        run_transaction(waiter, path, lambda: waiter.execute("INSERT INTO t VALUES (2)"), poll_lock_s=0.001)
+        took["at"] = time.monotonic()
+
+    t = threading.Thread(target=write)
+    t.start()
+    time.sleep(0.25)
+    holder.execute("INSERT INTO t VALUES (1)")
+    holder.execute("COMMIT")
+    released = time.monotonic()
+    t.join(5)
+    assert took["at"] - released < 0.04
+    assert waiter.execute("SELECT x FROM t ORDER BY rowid").fetchall() == [(1,), (2,)]
+    assert waiter.execute("PRAGMA busy_timeout").fetchone() == (5000,)  # the connection's own, back
+
+
+def test_a_polling_writer_gives_up_after_the_connections_busy_timeout_as_sqlite_would(tmp_path):
+    path, holder, waiter = _holder_and_waiter(tmp_path, 0.2)
+    holder.execute("BEGIN IMMEDIATE")
+    started = time.monotonic()
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        run_transaction(waiter, path, lambda: None, poll_lock_s=0.001)
+    assert 0.15 < time.monotonic() - started < 2.0
+    assert not waiter.in_transaction
+    assert waiter.execute("PRAGMA busy_timeout").fetchone() == (200,)
+    holder.execute("ROLLBACK")
