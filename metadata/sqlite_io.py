@@ -43,7 +43,7 @@ def retry_locked(path: Path, fn: Callable[[], T], lock_wait_s: float | None = No
         except sqlite3.OperationalError as exc:
             msg = str(exc)
             full = "full" in msg  # SQLITE_FULL: "database or disk is full"
-            if not full and "locked" not in msg and "busy" not in msg:
+            if not full and not _is_lock_wait(msg):
                 if "readonly" in msg or "unable to open" in msg or "disk" in msg:
                     raise StoreError(
                         f"cannot write {path}: {msg}; check permissions and free space of the data directory"
@@ -113,12 +113,16 @@ def begin_polling(db: sqlite3.Connection, poll_s: float) -> None:
                 db.execute("BEGIN IMMEDIATE")
                 return
             except sqlite3.OperationalError as exc:
-                msg = str(exc)
-                if ("locked" not in msg and "busy" not in msg) or time.monotonic() >= deadline:
+                if not _is_lock_wait(str(exc)) or time.monotonic() >= deadline:
                     raise
             time.sleep(poll_s)
     finally:
         db.execute(f"PRAGMA busy_timeout={int(timeout_ms)}")
+
+
+def _is_lock_wait(message: str) -> bool:
+    """SQLITE_LOCKED or SQLITE_BUSY: another connection holds the lock ("database is locked")."""
+    return "locked" in message or "busy" in message
 
 
 def store_wait_s() -> float:

@@ -430,10 +430,8 @@ class WorkerCore:
                         self.counters[counter_names.MUTATIONS_SEEN] += 1
                         self._outcome(m, call, failure)
                     else:
-                        for b in rw:  # runner.kept, inlined
-                            b.keep(epoch)
-                        if timers.current:
-                            timers.keep()
+                        if rw or timers.current:
+                            runner.kept(epoch)
                         handled_ok += 1
             position = positions[vb] = seqno
         if handled_ok:

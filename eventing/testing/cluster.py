@@ -342,8 +342,8 @@ class ServiceProcess:
         return summary
 
     def kill(self) -> float:
-        self.proc.kill()
-        self.proc.wait(10)
+        """kill -9; returns when it was dead."""
+        self.end()
         return time.time()
 
     def end(self) -> None:
