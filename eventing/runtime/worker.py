@@ -72,7 +72,8 @@ class StepReport:
 STEP_SLICE_S = 0.1
 # A worker reading through the data service reads this many mutations ahead in one call, and keeps one
 # such call in flight while fewer than this many are read ahead: a call across Ray nodes costs
-# milliseconds of CPU (object store to object store) whatever its size, so 2,000-mutation calls capped
+# milliseconds of CPU whatever its size (replies now travel inline, see executor.INLINE_REPLY_BYTES; before,
+# object store to object store), so 2,000-mutation calls capped
 # the remote read path near 200k/s here, 16,000-mutation calls near 350k/s; with the data service's
 # column reads, 32,000-mutation calls did 371-417k/s against 300-369k/s for 16,000 (64,000: 405-448k/s, for
 # twice the rows held per worker). EVENTING_REMOTE_READ_AHEAD overrides it (forwarded to every node).

@@ -173,6 +173,19 @@ def test_the_second_node_cannot_see_the_data_directory_nor_the_checkout(env):
     assert not shipped.startswith(str(ROOT)), "the code on n2 came with the job's runtime_env"
 
 
+def test_replies_across_nodes_may_be_sent_inline_up_to_the_data_services_read_ahead(env):
+    """A read ahead (~5 MB) comes back in the call's reply, not through the object stores (see INLINE_REPLY_BYTES)."""
+    from eventing.runtime.executor import INLINE_LIMIT_ENV, INLINE_REPLY_BYTES
+
+    def limit() -> str | None:
+        import os
+
+        return os.environ.get(INLINE_LIMIT_ENV)
+
+    assert on_n2(limit) == str(INLINE_REPLY_BYTES)
+    assert INLINE_REPLY_BYTES >= 8 << 20
+
+
 # -- (a) every worker on the hidden node -------------------------------------------------------------
 
 
