@@ -17,6 +17,7 @@ from eventing.ops.windows import write_chart
 from eventing.runtime import lifecycle
 from eventing.storage.bucket import bucket_path
 from eventing.storage.metadata import open_metadata
+from eventing.storage.write_turns import TURN_SUFFIX
 from functions import FUNCTIONS_DIR
 from metadata import FunctionState
 
@@ -44,7 +45,7 @@ def _reset(data_dir: str) -> None:
         store.delete_function(name)
     store.close()
     for name in DEMO_BUCKETS:
-        for suffix in ("", "-wal", "-shm"):
+        for suffix in ("", "-wal", "-shm", TURN_SUFFIX):
             path = bucket_path(data_dir, name)
             path.with_name(path.name + suffix).unlink(missing_ok=True)
 
