@@ -38,6 +38,7 @@ class _Turn:
         self.path = path
         self.lock = threading.Lock()
         self.fd: int | None = None
+        self.flocked = False
 
     def __enter__(self) -> _Turn:
         self.lock.acquire()
@@ -45,9 +46,10 @@ class _Turn:
             if self.fd is None:
                 self.fd = os.open(f"{self.path}{TURN_SUFFIX}", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             fcntl.flock(self.fd, fcntl.LOCK_EX)
+            self.flocked = True
         except OSError:
-            # No side file (a read-only folder, say): write without turns. SQLite's locks still decide,
-            # and the write itself fails with the usual message if the folder cannot be written.
+            # No side file (a read-only folder) or no flock (some network file systems): write without
+            # turns. SQLite's locks still decide, and a write that cannot happen fails as it always did.
             pass
         except BaseException:
             self.lock.release()
@@ -56,7 +58,8 @@ class _Turn:
 
     def __exit__(self, *exc: object) -> None:
         try:
-            if self.fd is not None:
+            if self.flocked and self.fd is not None:
+                self.flocked = False
                 fcntl.flock(self.fd, fcntl.LOCK_UN)
         finally:
             self.lock.release()

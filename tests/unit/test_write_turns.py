@@ -107,3 +107,16 @@ def test_dropping_a_bucket_removes_its_turn_file(tmp_path):
     assert not os.path.exists(turn_file)
     with pytest.raises(NotFoundError):
         LocalBucket.open(tmp_path, "dst")
+
+
+def test_writes_go_on_without_turns_where_the_file_system_has_no_flock(tmp_path, monkeypatch):
+    import fcntl
+
+    def no_flock(fd, operation):
+        raise OSError(37, "No locks available")
+
+    bucket = LocalBucket.create(tmp_path, "dst")
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    bucket.write(_writes(0, 0))
+    bucket.write(_writes(0, 1))
+    assert sum(1 for _ in bucket.scan_log(10_000) for _ in _) == 2 * WRITES
