@@ -42,6 +42,7 @@ from eventing.cli.app import main as cli_main  # noqa: E402
 from eventing.core.mutation import OP_UPDATE  # noqa: E402
 from eventing.storage import loadgen  # noqa: E402
 from eventing.storage.bucket import _LOG_COLUMNS, LocalBucket  # noqa: E402
+from eventing.storage.write_turns import keep_wal_short  # noqa: E402
 
 CHUNK = 20_000  # rows per transaction, as `bucket load` commits them
 
@@ -105,6 +106,7 @@ def raw_inserts(data_dir: str, chunks: list, *, ordered: bool = False) -> tuple[
         db.executemany("INSERT OR REPLACE INTO docs VALUES(?,?,?,?,?,?,?,?)", doc_rows)
         db.executemany("UPDATE high SET seqno=? WHERE vb=?", high_rows)
         db.execute("COMMIT")
+        keep_wal_short(db, bucket.path)  # the WAL discipline of every bucket write (eventing.storage.write_turns)
         n += len(log_rows)
     seconds = time.perf_counter() - start
     bucket.close()

@@ -59,6 +59,7 @@ CREATE TABLE IF NOT EXISTS effect_marks(
 
 _LOG_COLUMNS = "vb, seqno, key, op, cas, doc, origin, expiry, flags, arrival_ms"
 _by_vb = itemgetter(0)
+WAL_AUTOCHECKPOINT_PAGES = 10_000
 # Workers writing one bucket wait for its write lock by trying every millisecond rather than in SQLite's
 # busy handler, whose sleeps grow to 100 ms (see metadata.sqlite_io.begin_polling).
 WRITE_LOCK_POLL_S = 0.001
@@ -810,8 +811,11 @@ def _connect(path: Path) -> sqlite3.Connection:
     db = sqlite3.connect(path, timeout=2.0, isolation_level=None, check_same_thread=False)
     db.execute("PRAGMA journal_mode=WAL")
     db.execute("PRAGMA synchronous=NORMAL")
-    # The writer whose turn it is checkpoints the WAL (write_turns.keep_wal_short), not SQLite after any commit.
-    db.execute("PRAGMA wal_autocheckpoint=0")
+    # Checkpoint the WAL every ~40 MB instead of SQLite's ~4 MB: a batch of writes dirties pages all over
+    # the docs B-tree, and each checkpoint copies (and syncs) every page changed since the last one, so
+    # fewer checkpoints copy the same hot pages fewer times (measured 1.3x CPU, 1.5x wall on effect writes).
+    # Where several writers keep it from catching up, write_turns.keep_wal_short truncates the WAL.
+    db.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES}")
     return db
 
 

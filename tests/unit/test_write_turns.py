@@ -89,11 +89,11 @@ def test_a_reader_on_an_old_snapshot_holds_no_writer_up_and_the_wal_is_truncated
     # Each checkpoint gives up at once instead of waiting out the 2 s busy timeout for the reader.
     assert time.monotonic() - started < 1.5
     wal = f"{bucket.path}-wal"
-    assert os.stat(wal).st_size > 200_000
+    assert os.stat(wal).st_size > 200_000 and write_turns.wal_bytes(bucket.path) > 200_000
     reader.execute("COMMIT")
     reader.close()
     bucket.write(_writes(0, 11))
-    assert os.stat(wal).st_size < 200_000
+    assert os.stat(wal).st_size == 0 and write_turns.wal_bytes(bucket.path) == 0
     assert sum(1 for _ in bucket.scan_log(10_000) for _ in _) == 12 * WRITES
 
 
@@ -120,3 +120,36 @@ def test_writes_go_on_without_turns_where_the_file_system_has_no_flock(tmp_path,
     bucket.write(_writes(0, 0))
     bucket.write(_writes(0, 1))
     assert sum(1 for _ in bucket.scan_log(10_000) for _ in _) == 2 * WRITES
+
+
+def test_wal_bytes_reads_the_frames_in_use_from_sqlites_index(tmp_path):
+    bucket = LocalBucket.create(tmp_path, "dst")
+    assert write_turns.wal_bytes(bucket.path) == 0
+    bucket.write(_writes(0, 0))
+    frames = bucket._db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()[1]  # (busy, frames, copied)
+    assert frames > 0
+    assert write_turns.wal_bytes(bucket.path) == frames * (4096 + 24)
+
+
+def test_a_writer_alone_never_truncates_the_wal(tmp_path, monkeypatch):
+    """SQLite's own checkpoint keeps a lone writer's WAL short; truncating would cost it ~10% (the file grows again)."""
+    calls = []
+    monkeypatch.setattr(write_turns, "WAL_LIMIT_BYTES", 3_000_000)
+    bucket = LocalBucket.create(tmp_path, "dst")
+    bucket._db.execute("PRAGMA wal_autocheckpoint=200")  # ~0.8 MB: SQLite's checkpoint well under the limit
+    real = bucket._db
+
+    class Watch:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def execute(self, sql, *args):
+            if "wal_checkpoint" in sql:
+                calls.append(sql)
+            return real.execute(sql, *args)
+
+    bucket._db = Watch()
+    for n in range(40):
+        bucket.write(_writes(0, n))
+    assert calls == []
+    assert write_turns.wal_bytes(bucket.path) < 3_000_000
