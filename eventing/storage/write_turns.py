@@ -8,7 +8,7 @@ to 420 MB (one writer alone: 63 MB), and every page read searched a longer WAL i
 
 So the writers of a bucket file take turns here, with an flock on a side file (``<file>-wlock``). SQLite's
 own checkpoint still runs (every ~40 MB, see bucket._connect), and a writer alone starts the WAL over
-after it. When the WAL in use has nevertheless grown past ``WAL_LIMIT_BYTES``, the writer whose turn it is
+after it. When the WAL file has nevertheless grown past ``WAL_LIMIT_BYTES``, the writer whose turn it is
 checkpoints it (TRUNCATE) before it passes the turn on. Nobody appends meanwhile, so the checkpoint
 completes and the WAL starts over. (Truncating after every ~40 MB instead cost a writer alone 10% more CPU
 and 15% more time, to grow the file again.)
@@ -24,14 +24,13 @@ from __future__ import annotations
 import fcntl
 import os
 import sqlite3
-import sys
 import threading
 from pathlib import Path
 
-# Twice SQLite's own checkpoint interval (bucket.WAL_AUTOCHECKPOINT_PAGES): a writer alone never gets
-# here (its WAL peaks near 63 MB with transactions of 10,000 writes); writers that keep SQLite's
-# checkpoint from catching up do.
-WAL_LIMIT_BYTES = 80_000_000
+# Four times SQLite's own checkpoint interval (bucket.WAL_AUTOCHECKPOINT_PAGES). A writer alone never
+# gets here: its WAL file peaks at 63-82 MB with transactions of 10,000 writes, and SQLite's checkpoint
+# keeps it there. Writers that keep SQLite's checkpoint from catching up do get here.
+WAL_LIMIT_BYTES = 160_000_000
 TURN_SUFFIX = "-wlock"
 
 
@@ -106,30 +105,20 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def wal_bytes(path: Path | str) -> int:
-    """Bytes of the WAL in use since it last started over: the frame count and page size in the wal-index
-    header at the start of the ``-shm`` file (https://sqlite.org/walformat.html; native byte order). The
-    WAL file's own size does not say it: a WAL that starts over is written over, not truncated. Read
-    without a lock, a guess good enough to decide when to checkpoint. 0 when there is no index."""
-    try:
-        with open(f"{path}-shm", "rb") as f:
-            header = f.read(20)
-    except OSError:
-        return 0
-    if len(header) < 20:
-        return 0
-    page = int.from_bytes(header[14:16], sys.byteorder)
-    frames = int.from_bytes(header[16:20], sys.byteorder)
-    return frames * ((65536 if page == 1 else page) + 24)  # each frame: a 24-byte header and a page
-
-
 def keep_wal_short(db: sqlite3.Connection, path: Path | str, limit: int | None = None) -> None:
-    """Called by the writer whose turn it is, after its transaction: when the WAL in use has grown past
+    """Called by the writer whose turn it is, after its transaction: when the WAL file has grown past
     ``limit``, copy it back into the database file and truncate it.
 
     Never waits. A reader still on an older snapshot keeps the frames it needs, and the WAL is truncated
-    at a later turn; meanwhile writers go on, because the busy timeout is 0 for the checkpoint."""
-    if wal_bytes(path) <= (WAL_LIMIT_BYTES if limit is None else limit):
+    at a later turn; meanwhile writers go on, because the busy timeout is 0 for the checkpoint. (The WAL's
+    size is read from the file, never from SQLite's ``-shm`` index: closing any descriptor of a file drops
+    the process's POSIX locks on it, SQLite's included, and other processes then reset the index under
+    this one's mapping.)"""
+    try:
+        size = os.stat(f"{path}-wal").st_size
+    except OSError:
+        return
+    if size <= (WAL_LIMIT_BYTES if limit is None else limit):
         return
     try:
         timeout = db.execute("PRAGMA busy_timeout").fetchone()[0]
