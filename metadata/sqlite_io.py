@@ -7,7 +7,8 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TypeVar
 
@@ -104,9 +105,7 @@ def begin_polling(db: sqlite3.Connection, poll_s: float) -> None:
     all the time: polling every millisecond took W3 (`scripts/bench.py --workload writing --runs 4`)
     from medians of 1.35-1.40 to 1.51-1.61.
     Other statements keep SQLite's busy handler (reads rarely wait; recovery after a crash does)."""
-    timeout_ms = db.execute("PRAGMA busy_timeout").fetchone()[0]
-    db.execute("PRAGMA busy_timeout=0")
-    try:
+    with without_busy_wait(db) as timeout_ms:
         deadline = time.monotonic() + timeout_ms / 1000
         while True:
             try:
@@ -116,6 +115,16 @@ def begin_polling(db: sqlite3.Connection, poll_s: float) -> None:
                 if not _is_lock_wait(str(exc)) or time.monotonic() >= deadline:
                     raise
             time.sleep(poll_s)
+
+
+@contextmanager
+def without_busy_wait(db: sqlite3.Connection) -> Iterator[int]:
+    """Statements inside fail at once on a lock instead of waiting in SQLite's busy handler; yields the
+    connection's busy timeout (ms), which is restored after."""
+    timeout_ms = db.execute("PRAGMA busy_timeout").fetchone()[0]
+    db.execute("PRAGMA busy_timeout=0")
+    try:
+        yield timeout_ms
     finally:
         db.execute(f"PRAGMA busy_timeout={int(timeout_ms)}")
 

@@ -814,7 +814,7 @@ def _connect(path: Path) -> sqlite3.Connection:
     # Checkpoint the WAL every ~40 MB instead of SQLite's ~4 MB: a batch of writes dirties pages all over
     # the docs B-tree, and each checkpoint copies (and syncs) every page changed since the last one, so
     # fewer checkpoints copy the same hot pages fewer times (measured 1.3x CPU, 1.5x wall on effect writes).
-    # Where several writers keep it from catching up, write_turns.keep_wal_short truncates the WAL.
+    # Several writers take turns so that it completes (eventing.storage.write_turns).
     db.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES}")
     return db
 

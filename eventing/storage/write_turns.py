@@ -10,10 +10,9 @@ So the writers of a bucket file take turns here, with an flock on a side file (`
 own checkpoint still runs (every ~40 MB, see bucket._connect), inside the commit and so inside the turn:
 nobody appends while it runs, it completes, and the next write starts the WAL over (over 1M effect writes
 by four workers the WAL file stayed at most 45 MB). Should the WAL file grow past ``WAL_LIMIT_BYTES`` all
-the same (a reader on an old snapshot, say), the writer whose turn it is
-checkpoints it (TRUNCATE) before it passes the turn on. Nobody appends meanwhile, so the checkpoint
-completes and the WAL starts over. (Truncating after every ~40 MB instead cost a writer alone 10% more CPU
-and 15% more time, to grow the file again.)
+the same (a reader on an old snapshot, say), the writer whose turn it is checkpoints it (TRUNCATE) before
+it passes the turn on. (Truncating after every ~40 MB instead cost a writer alone 10% more CPU and 15%
+more time, to grow the file again.)
 
 The turns are only an arrangement between this project's processes; SQLite's own locks still decide who
 writes, so a writer that does not take turns (the sqlite3 shell) is waited for as before. Within a process,
@@ -28,6 +27,8 @@ import os
 import sqlite3
 import threading
 from pathlib import Path
+
+from metadata.sqlite_io import without_busy_wait
 
 # Four times SQLite's own checkpoint interval (bucket.WAL_AUTOCHECKPOINT_PAGES). A writer alone never
 # gets here: its WAL file peaks at 63-82 MB with transactions of 10,000 writes, and SQLite's checkpoint
@@ -107,9 +108,9 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def keep_wal_short(db: sqlite3.Connection, path: Path | str, limit: int | None = None) -> None:
+def keep_wal_short(db: sqlite3.Connection, path: Path | str) -> None:
     """Called by the writer whose turn it is, after its transaction: when the WAL file has grown past
-    ``limit``, copy it back into the database file and truncate it.
+    ``WAL_LIMIT_BYTES``, copy it back into the database file and truncate it.
 
     Never waits. A reader still on an older snapshot keeps the frames it needs, and the WAL is truncated
     at a later turn; meanwhile writers go on, because the busy timeout is 0 for the checkpoint. (The WAL's
@@ -120,14 +121,10 @@ def keep_wal_short(db: sqlite3.Connection, path: Path | str, limit: int | None =
         size = os.stat(f"{path}-wal").st_size
     except OSError:
         return
-    if size <= (WAL_LIMIT_BYTES if limit is None else limit):
+    if size <= WAL_LIMIT_BYTES:
         return
     try:
-        timeout = db.execute("PRAGMA busy_timeout").fetchone()[0]
-        db.execute("PRAGMA busy_timeout=0")
-        try:
+        with without_busy_wait(db):
             db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
-        finally:
-            db.execute(f"PRAGMA busy_timeout={int(timeout)}")
     except sqlite3.Error:
         pass  # best effort: the next turn tries again
