@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--documents", type=int, default=50_000)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=2000)
-    parser.add_argument("--data-dir", default=None, help="default: a fresh temporary directory")
+    parser.add_argument("--data-dir", default=None, help="default: a fresh temporary directory, removed at the end")
     parser.add_argument("--runs", type=int, default=1,
                         help="time the plain loop and eventing this many times, alternating (default 1)")
     args = parser.parse_args(argv)
@@ -115,7 +116,21 @@ def main(argv: list[str] | None = None) -> int:
         args.mutations = 300_000 if writing else 1_000_000
     handler = open(os.path.join(FUNCTIONS, "fn_email.py")).read() if writing else HANDLER
 
-    data_dir = args.data_dir or tempfile.mkdtemp(prefix="eventing-bench-")
+    # Folders this run makes go when it ends (a loaded 1M bucket is ~150 MB); a --data-dir given stays.
+    made: list[str] = []
+    try:
+        return measure(args, handler, writing, made)
+    finally:
+        for folder in made:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def measure(args: argparse.Namespace, handler: str, writing: bool, made: list[str]) -> int:
+    if args.data_dir:
+        data_dir = args.data_dir
+    else:
+        data_dir = tempfile.mkdtemp(prefix="eventing-bench-")
+        made.append(data_dir)
     t0 = time.perf_counter()
     bucket = load_bench_bucket(data_dir, "bench", args.documents, args.mutations)
     load_s = time.perf_counter() - t0
@@ -125,7 +140,10 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[dict] = []
     for run in range(1, args.runs + 1):
         label = f"run {run}/{args.runs}: " if args.runs > 1 else ""
-        plain_out = LocalBucket.create(tempfile.mkdtemp(prefix="eventing-bench-plain-"), "emails") if writing else None
+        plain_out = None
+        if writing:
+            made.append(tempfile.mkdtemp(prefix="eventing-bench-plain-"))
+            plain_out = LocalBucket.create(made[-1], "emails")
         n_plain, plain_s = plain_loop(bucket, handler, plain_out)
         plain_mps = n_plain / plain_s
         print(f"{label}plain loop: {n_plain:,} mutations in {plain_s:.2f}s = {plain_mps:,.0f} mutations/s")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -38,6 +39,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     data_dir = tempfile.mkdtemp(prefix="eventing-rebalance-")
+    try:
+        return measure(args, data_dir)
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def measure(args: argparse.Namespace, data_dir: str) -> int:
     source = LocalBucket.create(data_dir, "src")
     LocalBucket.create(data_dir, "ledger")
     lifecycle.save_function(data_dir, ledger_definition("fn_rb", "src", "ledger", workers=args.workers), LEDGER_HANDLER)

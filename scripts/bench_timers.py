@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import tempfile
 
@@ -26,9 +27,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lead", type=float, default=25.0, help="seconds from deploy to the first due time")
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--kills", type=int, default=0, help="workers to SIGKILL, evenly during the span")
-    parser.add_argument("--data-dir", default=None, help="default: a fresh temporary directory")
+    parser.add_argument("--data-dir", default=None, help="default: a fresh temporary directory, removed at the end")
     args = parser.parse_args(argv)
-    data_dir = args.data_dir or tempfile.mkdtemp(prefix="eventing-bench-timers-")
+    if args.data_dir:
+        return measure(args, args.data_dir)
+    data_dir = tempfile.mkdtemp(prefix="eventing-bench-timers-")
+    try:
+        return measure(args, data_dir)
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def measure(args: argparse.Namespace, data_dir: str) -> int:
     timer_bench.prepare(data_dir)
     executor = RayExecutor()
     last = [-1]
