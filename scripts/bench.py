@@ -18,9 +18,9 @@ Workloads (--workload):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
-import shutil
 import statistics
 import sys
 import tempfile
@@ -117,20 +117,15 @@ def main(argv: list[str] | None = None) -> int:
     handler = open(os.path.join(FUNCTIONS, "fn_email.py")).read() if writing else HANDLER
 
     # Folders this run makes go when it ends (a loaded 1M bucket is ~150 MB); a --data-dir given stays.
-    made: list[str] = []
-    try:
-        return measure(args, handler, writing, made)
-    finally:
-        for folder in made:
-            shutil.rmtree(folder, ignore_errors=True)
+    with contextlib.ExitStack() as temps:
+        return measure(args, handler, writing, temps)
 
 
-def measure(args: argparse.Namespace, handler: str, writing: bool, made: list[str]) -> int:
-    if args.data_dir:
-        data_dir = args.data_dir
-    else:
-        data_dir = tempfile.mkdtemp(prefix="eventing-bench-")
-        made.append(data_dir)
+def measure(args: argparse.Namespace, handler: str, writing: bool, temps: contextlib.ExitStack) -> int:
+    def temp_dir(prefix: str) -> str:
+        return temps.enter_context(tempfile.TemporaryDirectory(prefix=prefix, ignore_cleanup_errors=True))
+
+    data_dir = args.data_dir or temp_dir("eventing-bench-")
     t0 = time.perf_counter()
     bucket = load_bench_bucket(data_dir, "bench", args.documents, args.mutations)
     load_s = time.perf_counter() - t0
@@ -140,10 +135,7 @@ def measure(args: argparse.Namespace, handler: str, writing: bool, made: list[st
     runs: list[dict] = []
     for run in range(1, args.runs + 1):
         label = f"run {run}/{args.runs}: " if args.runs > 1 else ""
-        plain_out = None
-        if writing:
-            made.append(tempfile.mkdtemp(prefix="eventing-bench-plain-"))
-            plain_out = LocalBucket.create(made[-1], "emails")
+        plain_out = LocalBucket.create(temp_dir("eventing-bench-plain-"), "emails") if writing else None
         n_plain, plain_s = plain_loop(bucket, handler, plain_out)
         plain_mps = n_plain / plain_s
         print(f"{label}plain loop: {n_plain:,} mutations in {plain_s:.2f}s = {plain_mps:,.0f} mutations/s")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -69,15 +68,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mutations", type=int, default=200_000)
     parser.add_argument("--documents", type=int, default=20_000)
     args = parser.parse_args(argv)
-    plain_dir, indexed_dir = tempfile.mkdtemp(prefix="bench-prev-"), tempfile.mkdtemp(prefix="bench-prev-ix-")
-    try:
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-prev-", ignore_cleanup_errors=True) as plain_dir,
+        tempfile.TemporaryDirectory(prefix="bench-prev-ix-", ignore_cleanup_errors=True) as indexed_dir,
+    ):
         load_plain = load(plain_dir, args.mutations, args.documents, False)
         load_indexed = load(indexed_dir, args.mutations, args.documents, True)
         off = handle(plain_dir, False)
         on = handle(indexed_dir, True)
-    finally:
-        shutil.rmtree(plain_dir, ignore_errors=True)
-        shutil.rmtree(indexed_dir, ignore_errors=True)
     print(f"load: {load_plain:,.0f}/s without the key index, {load_indexed:,.0f}/s with it")
     print(f"handle: {off:,.0f}/s previous_version off, {on:,.0f}/s on (cold cache: {args.documents:,} log lookups)")
     print(json.dumps({"handle_off_mps": round(off), "handle_on_mps": round(on), "handle_ratio": round(on / off, 3),

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import tempfile
 import threading
@@ -38,11 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=float, default=3.0, help="seconds measured before and after")
     args = parser.parse_args(argv)
 
-    data_dir = tempfile.mkdtemp(prefix="eventing-rebalance-")
-    try:
+    with tempfile.TemporaryDirectory(prefix="eventing-rebalance-", ignore_cleanup_errors=True) as data_dir:
         return measure(args, data_dir)
-    finally:
-        shutil.rmtree(data_dir, ignore_errors=True)
 
 
 def measure(args: argparse.Namespace, data_dir: str) -> int:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import tempfile
 
@@ -31,11 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.data_dir:
         return measure(args, args.data_dir)
-    data_dir = tempfile.mkdtemp(prefix="eventing-bench-timers-")
-    try:
+    with tempfile.TemporaryDirectory(prefix="eventing-bench-timers-", ignore_cleanup_errors=True) as data_dir:
         return measure(args, data_dir)
-    finally:
-        shutil.rmtree(data_dir, ignore_errors=True)
 
 
 def measure(args: argparse.Namespace, data_dir: str) -> int:
