@@ -106,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mutations", type=int, default=None, help="default: 1,000,000 (trivial), 300,000 (writing)")
     parser.add_argument("--documents", type=int, default=50_000)
     parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--partitions", type=int, default=1,
+                        help="partitions of the writing workload's output bucket, for both loops (default 1)")
     parser.add_argument("--batch-size", type=int, default=2000)
     parser.add_argument("--data-dir", default=None, help="default: a fresh temporary directory, removed at the end")
     parser.add_argument("--runs", type=int, default=1,
@@ -135,7 +137,7 @@ def measure(args: argparse.Namespace, handler: str, writing: bool, temps: contex
     runs: list[dict] = []
     for run in range(1, args.runs + 1):
         label = f"run {run}/{args.runs}: " if args.runs > 1 else ""
-        plain_out = LocalBucket.create(temp_dir("eventing-bench-plain-"), "emails") if writing else None
+        plain_out = LocalBucket.create(temp_dir("eventing-bench-plain-"), "emails", partitions=args.partitions) if writing else None
         n_plain, plain_s = plain_loop(bucket, handler, plain_out)
         plain_mps = n_plain / plain_s
         print(f"{label}plain loop: {n_plain:,} mutations in {plain_s:.2f}s = {plain_mps:,.0f} mutations/s")
@@ -176,7 +178,7 @@ def eventing_run(
     name = "fn_bench" if run == 1 else f"fn_bench_{run}"
     out_name = "emails" if run == 1 else f"emails_{run}"
     if plain_out is not None:
-        LocalBucket.create(data_dir, out_name)
+        LocalBucket.create(data_dir, out_name, partitions=args.partitions)
     defn = FunctionDefinition.from_dict({
         "name": name, "source_bucket": "bench", "worker_count": args.workers,
         "batch_size": args.batch_size, "checkpoint_interval": "1s",

@@ -22,11 +22,12 @@ from sharding.vbucket import MAX_KEY_BYTES
 
 
 def cmd_bucket_create(args: argparse.Namespace) -> int:
-    bucket = LocalBucket.create(writable_data_dir(args), args.name, exist_ok=args.exist_ok)
+    bucket = LocalBucket.create(writable_data_dir(args), args.name, exist_ok=args.exist_ok, partitions=args.partitions)
     if args.json:
         emit_json(bucket.stats())
     else:
-        print(f"bucket '{args.name}' ready ({bucket.path})")
+        parts = bucket.stats()["partitions"]
+        print(f"bucket '{args.name}' ready ({bucket.path}{f', {parts} partitions' if parts > 1 else ''})")
     return 0
 
 
@@ -42,8 +43,8 @@ def cmd_bucket_list(args: argparse.Namespace) -> int:
     elif not rows:
         print(f"no buckets in {data_dir}; create one with `eventing bucket create NAME`")
     else:
-        print(table(["bucket", "documents", "tombstones", "mutations"],
-                    [[r["name"], r["documents"], r["tombstones"], r["mutations"]] for r in rows]))
+        print(table(["bucket", "documents", "tombstones", "mutations", "partitions"],
+                    [[r["name"], r["documents"], r["tombstones"], r["mutations"], r["partitions"]] for r in rows]))
     return 0
 
 
@@ -363,6 +364,10 @@ def register(sub: Any, add: Any) -> None:
     p = add("create", cmd_bucket_create, "create an empty bucket", bsub)
     p.add_argument("name")
     p.add_argument("--exist-ok", action="store_true", help="do nothing if it exists")
+    p.add_argument("--partitions", type=int, default=1, metavar="N",
+                   help="spread its vBuckets over N files (1-64, default 1): workers that write documents of "
+                        "their own vBuckets (N = the writing function's worker count) then write in parallel; "
+                        "see docs/handler-api.md")
     add("list", cmd_bucket_list, "list buckets", bsub)
     p = add("load", cmd_bucket_load, "generate faker mutations, or import JSON lines from a file or stdin", bsub)
     p.add_argument("name")

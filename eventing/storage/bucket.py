@@ -64,6 +64,7 @@ WAL_AUTOCHECKPOINT_PAGES = 10_000
 # busy handler, whose sleeps grow to 100 ms (see metadata.sqlite_io.begin_polling).
 WRITE_LOCK_POLL_S = 0.001
 HEADS_BY_VB_MAX = 32  # up to this many vBuckets in a write, their heads are read one query each
+MAX_PARTITIONS = 64
 _cas_lock = threading.Lock()
 _last_cas = 0
 
@@ -173,27 +174,29 @@ class LocalBucket:
     # -- opening ------------------------------------------------------------------------------------
 
     @classmethod
-    def create(cls, data_dir: str | os.PathLike[str], name: str, *, exist_ok: bool = False) -> LocalBucket:
+    def create(
+        cls, data_dir: str | os.PathLike[str], name: str, *, exist_ok: bool = False, partitions: int = 1
+    ) -> LocalBucket:
+        """Create a bucket. ``partitions`` > 1 spreads its vBuckets over that many files (see
+        eventing.storage.partitions): writers of different vBucket ranges then never wait for each other."""
         check_bucket_name(name)
         path = bucket_path(data_dir, name)
         if path.exists():
             if exist_ok:
                 return cls.open(data_dir, name)
             raise ConfigError(f"bucket '{name}' already exists in {path.parent}; pick another name")
+        if not 1 <= partitions <= MAX_PARTITIONS:
+            raise ConfigError(f"a bucket has 1 to {MAX_PARTITIONS} partitions, not {partitions}")
+        info = [("uuid", uuid.uuid4().hex), ("name", name), ("created_at", str(time.time()))]
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".creating")
-            tmp.unlink(missing_ok=True)
-            db = _connect(tmp)
-            db.executescript(SCHEMA)
-            db.executemany(
-                "INSERT INTO info VALUES(?,?)",
-                [("uuid", uuid.uuid4().hex), ("name", name), ("created_at", str(time.time()))],
-            )
-            db.executemany("INSERT INTO high VALUES(?,0,0)", [(vb,) for vb in range(NUM_VBUCKETS)])
-            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            db.close()
-            os.replace(tmp, path)  # a bucket appears whole or not at all
+            if partitions > 1:
+                info.append(("partitions", str(partitions)))
+                for part in range(1, partitions):
+                    part_path = partition_path(data_dir, name, part)
+                    part_path.parent.mkdir(exist_ok=True)
+                    _create_file(part_path, [*info, ("partition", str(part))])
+            _create_file(path, info)  # the main file last: a bucket appears whole or not at all
         except (OSError, sqlite3.Error) as exc:
             raise StoreError(
                 f"cannot create bucket '{name}' in {path.parent}: {exc}; check that the data directory is writable"
@@ -208,6 +211,30 @@ class LocalBucket:
             raise NotFoundError(
                 f"unknown bucket '{name}' (no {path}); create it with `eventing bucket create {name}`"
             )
+        main = cls._open_file(path, name)
+        partitions = main._info_or("partitions", "1")
+        if partitions == "1":
+            return main
+        from eventing.storage.partitions import PartitionedBucket  # it builds on this class
+
+        parts = [main]
+        try:
+            for part in range(1, int(partitions)):
+                part_path = partition_path(data_dir, name, part)
+                if not part_path.exists():
+                    raise StoreError(
+                        f"bucket '{name}' has {partitions} partitions but {part_path} is missing; restore it "
+                        "from a backup or recreate the bucket"
+                    )
+                parts.append(cls._open_file(part_path, name))
+        except BaseException:
+            for opened in parts:
+                opened.close()
+            raise
+        return PartitionedBucket(parts)
+
+    @classmethod
+    def _open_file(cls, path: Path, name: str) -> LocalBucket:
         try:
             db = _connect(path)
             _upgrade(db, path)
@@ -235,6 +262,10 @@ class LocalBucket:
         if row is None:
             raise StoreError(f"bucket file {self.path} has no {key}; it is not a bucket")
         return row[0]
+
+    def _info_or(self, key: str, default: str) -> str:
+        row = self._db.execute("SELECT value FROM info WHERE key=?", (key,)).fetchone()
+        return default if row is None else row[0]
 
     # -- writes -------------------------------------------------------------------------------------
 
@@ -586,12 +617,12 @@ class LocalBucket:
         """Live documents (deleted and expired-then-deleted ones are tombstones, not counted)."""
         return self._db.execute("SELECT COUNT(*) FROM docs WHERE deleted=0").fetchone()[0]
 
-    def flush(self) -> dict:
+    def flush(self, *, new_uuid: str | None = None) -> dict:
         """Empty the bucket: documents, mutation log, high seqnos and effect marks go, in one transaction,
         and the bucket gets a new identity (uuid), so checkpoints taken on its old contents never resume
         on the new ones (a worker refuses a checkpoint whose bucket uuid differs). Returns what went."""
         before = self.stats()
-        new_uuid = uuid.uuid4().hex
+        new_uuid = new_uuid or uuid.uuid4().hex
 
         def body() -> None:
             for table in ("docs", "log", "effect_marks"):
@@ -620,6 +651,7 @@ class LocalBucket:
             "tombstones": deleted,
             "mutations": mutations,
             "vbuckets_with_data": self._db.execute("SELECT COUNT(*) FROM high WHERE seqno>0").fetchone()[0],
+            "partitions": 1,
         }
 
     # -- effects from handler bindings ---------------------------------------------------------------
@@ -807,6 +839,23 @@ class LocalBucket:
         )
 
 
+def partition_path(data_dir: str | os.PathLike[str], name: str, part: int) -> Path:
+    """Partition ``part`` (>= 1) of a partitioned bucket; partition 0 is the bucket's own file."""
+    return Path(data_dir) / "buckets" / f"{name}.partitions" / f"{part}.sqlite3"
+
+
+def _create_file(path: Path, info: list[tuple[str, str]]) -> None:
+    tmp = path.with_suffix(".creating")
+    tmp.unlink(missing_ok=True)
+    db = _connect(tmp)
+    db.executescript(SCHEMA)
+    db.executemany("INSERT INTO info VALUES(?,?)", info)
+    db.executemany("INSERT INTO high VALUES(?,0,0)", [(vb,) for vb in range(NUM_VBUCKETS)])
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    db.close()
+    os.replace(tmp, path)
+
+
 def _connect(path: Path) -> sqlite3.Connection:
     db = sqlite3.connect(path, timeout=2.0, isolation_level=None, check_same_thread=False)
     db.execute("PRAGMA journal_mode=WAL")
@@ -848,16 +897,22 @@ def _retry_locked(path: Path, fn):
 
 
 def drop_bucket(data_dir: str | os.PathLike[str], name: str) -> Path:
-    """Delete a bucket's file (with its WAL and shared-memory files); returns the path that went."""
+    """Delete a bucket's files (with their WAL and shared-memory files); returns the main file's path."""
     path = bucket_path(data_dir, name)
     bucket = LocalBucket.open(data_dir, name)  # unknown name or not a bucket: the usual clear error
-    # Move the WAL into the file first: a stale WAL left behind must never meet a new bucket of this name.
-    bucket._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    files = [p.path for p in getattr(bucket, "parts", [bucket])]
+    # Move each WAL into its file first: a stale WAL left behind must never meet a new bucket of this name.
+    for part in getattr(bucket, "parts", [bucket]):
+        part._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     bucket.close()
-    write_turns.forget(path)
-    for suffix in ("-wal", "-shm", write_turns.TURN_SUFFIX):
-        Path(f"{path}{suffix}").unlink(missing_ok=True)
-    path.unlink()
+    # The main file goes last, so a drop cut short leaves a bucket that reports its missing partition.
+    for file in [*files[1:], files[0]]:
+        write_turns.forget(file)
+        for suffix in ("-wal", "-shm", write_turns.TURN_SUFFIX):
+            Path(f"{file}{suffix}").unlink(missing_ok=True)
+        file.unlink()
+    if len(files) > 1:
+        files[1].parent.rmdir()
     return path
 
 

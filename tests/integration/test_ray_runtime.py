@@ -93,9 +93,10 @@ def read_pids(path) -> set[str]:
         return {line.split()[2] for line in f}
 
 
-def kill_workers_during_run(data_dir, tmp_path, executor, *, mutations: int, kills: int) -> None:
+def kill_workers_during_run(data_dir, tmp_path, executor, *, mutations: int, kills: int, ledger_partitions: int = 1) -> None:
     """Run a slow ledger function on 4 workers and kill -9 one worker process `kills` times, in turn."""
     source = load(data_dir, documents=400, mutations=mutations)
+    LocalBucket.create(data_dir, "ledger", partitions=ledger_partitions).close()
     calls = tmp_path / "calls.log"
     deploy(data_dir, ledger_definition("fn_k", "src", "ledger", workers=4, call_log=str(calls), sleep_ms=3, batch_size=100))
     service = EventingService(data_dir, executor, until_caught_up=True)
@@ -117,7 +118,9 @@ def kill_workers_during_run(data_dir, tmp_path, executor, *, mutations: int, kil
         thread.join(timeout=300)
     assert killed == kills
     assert not result["summary"].errors
-    report = check_ledger(source, LocalBucket.open(data_dir, "ledger"))
+    ledger = LocalBucket.open(data_dir, "ledger")
+    assert ledger.stats()["partitions"] == ledger_partitions
+    report = check_ledger(source, ledger)
     assert report.ok, report.summary()
     assert watcher.backwards == [] and watcher.samples > 5
     per_doc = read_call_log(calls)
@@ -131,6 +134,12 @@ def kill_workers_during_run(data_dir, tmp_path, executor, *, mutations: int, kil
 
 def test_killing_worker_processes_mid_run_loses_nothing(data_dir, tmp_path, ray_executor):
     kill_workers_during_run(data_dir, tmp_path, ray_executor, mutations=6000, kills=3)
+
+
+def test_killing_worker_processes_loses_nothing_with_a_partitioned_ledger(data_dir, tmp_path, ray_executor):
+    # Each handler call writes two ledger keys that hash to different partitions, so kills fall between
+    # partitions' commits too; every partition's marks skip what it already holds.
+    kill_workers_during_run(data_dir, tmp_path, ray_executor, mutations=4000, kills=2, ledger_partitions=4)
 
 
 @pytest.mark.soak
