@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
 import sqlite3
 import threading
 import time
@@ -190,6 +191,11 @@ class LocalBucket:
         info = [("uuid", uuid.uuid4().hex), ("name", name), ("created_at", str(time.time()))]
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
+            # Partition files without their main file belong to no bucket (a drop cut short, a main file
+            # deleted by hand): they, and above all their WAL files, must never meet the new bucket.
+            leftovers = partition_path(data_dir, name, 1).parent
+            if leftovers.is_dir():
+                shutil.rmtree(leftovers)
             if partitions > 1:
                 info.append(("partitions", str(partitions)))
                 for part in range(1, partitions):

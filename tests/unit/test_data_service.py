@@ -135,6 +135,20 @@ def test_a_worker_without_the_files_handles_everything_exactly_once(data_dir, mo
     assert calls["read_many"] >= 3 and calls["meta"] > 0 and calls["bucket"] > 0
 
 
+def test_partitioned_source_and_ledger_through_the_service_handle_everything_exactly_once(data_dir, monkeypatch):
+    monkeypatch.setenv(LOCALITY_ENV, "0")
+    LocalBucket.create(data_dir, "src", partitions=4)
+    LocalBucket.create(data_dir, "ledger", partitions=3)
+    source = load_source(data_dir, 200, 3000, seed=6)
+    deploy_function(data_dir, ledger_definition("fn_remote", "src", "ledger", workers=4, batch_size=500))
+    summary = EventingService(data_dir, ServedExecutor(data_dir), until_caught_up=True).run()
+    assert summary.functions["fn_remote"].handled == 3000, summary
+    ledger = LocalBucket.open(data_dir, "ledger")
+    assert ledger.stats()["partitions"] == 3
+    report = check_ledger(source, ledger)
+    assert report.ok and report.handled == 3000, report.summary()
+
+
 def test_locality_opens_the_files_when_they_are_visible(data_dir, monkeypatch):
     load_source(data_dir, 10, 10)
     from eventing.storage.metadata import open_metadata

@@ -161,3 +161,14 @@ def test_a_missing_partition_file_and_a_bad_partition_count_name_the_fix(data_di
     partition_path(data_dir, "p", 3).unlink()
     with pytest.raises(StoreError, match=r"4 partitions but .*3\.sqlite3 is missing; restore it"):
         LocalBucket.open(data_dir, "p")
+
+
+def test_partition_files_left_without_their_main_file_never_meet_a_new_bucket(data_dir):
+    old = LocalBucket.create(data_dir, "p", partitions=4)
+    old.write([Write(f"k{i}", OP_UPDATE, encode_document({})) for i in range(50)])
+    old.close()
+    os.unlink(os.path.join(data_dir, "buckets", "p.sqlite3"))  # the main file deleted by hand
+    new = LocalBucket.create(data_dir, "p", partitions=2)
+    assert new.count() == 0 and sum(new.high_seqnos()) == 0
+    left = os.listdir(partition_path(data_dir, "p", 1).parent)
+    assert "1.sqlite3" in left and not [f for f in left if f.startswith(("2.", "3."))]
