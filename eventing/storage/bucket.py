@@ -254,7 +254,9 @@ class LocalBucket:
     def copy_to(self, data_dir: str | os.PathLike[str]) -> Path:
         """Copy this bucket, consistently even while it is written (SQLite's online backup), into another
         data directory under the same name; returns the new file's path."""
-        target = bucket_path(data_dir, self.name)
+        return self._copy_file_to(bucket_path(data_dir, self.name))
+
+    def _copy_file_to(self, target: Path) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         copy = sqlite3.connect(target)
         try:

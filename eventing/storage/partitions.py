@@ -26,7 +26,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import os
-import sqlite3
 import time
 import uuid
 import zlib
@@ -85,9 +84,8 @@ class PartitionedBucket(LocalBucket):
         buckets = self.path.parent
         targets = [Path(data_dir) / "buckets" / part.path.relative_to(buckets) for part in self.parts]
         for part, target in itertools.islice(zip(self.parts, targets, strict=True), 1, None):
-            _backup(part, target)
-        _backup(self.parts[0], targets[0])  # the main file last, as create does
-        return targets[0]
+            part._copy_file_to(target)
+        return self.parts[0]._copy_file_to(targets[0])  # the main file last, as create does
 
     # -- writes -------------------------------------------------------------------------------------
 
@@ -262,12 +260,3 @@ class PartitionedBucket(LocalBucket):
     def drop_effect_marks(self, function: str) -> None:
         for part in self.parts:
             part.drop_effect_marks(function)
-
-
-def _backup(part: LocalBucket, target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    copy = sqlite3.connect(target)
-    try:
-        part._db.backup(copy)
-    finally:
-        copy.close()
