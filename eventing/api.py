@@ -48,9 +48,10 @@ class Eventing:
 
     # -- buckets ----------------------------------------------------------------------------------------
 
-    def create_bucket(self, name: str, *, exist_ok: bool = True) -> LocalBucket:
-        """The bucket `name`, created empty if it does not exist (`eventing bucket create`)."""
-        return LocalBucket.create(self.data_dir, name, exist_ok=exist_ok)
+    def create_bucket(self, name: str, *, exist_ok: bool = True, partitions: int = 1) -> LocalBucket:
+        """The bucket `name`, created empty if it does not exist (`eventing bucket create`); ``partitions``
+        spreads its vBuckets over that many files (docs/everyday-commands.md, "Partitioned buckets")."""
+        return LocalBucket.create(self.data_dir, name, exist_ok=exist_ok, partitions=partitions)
 
     def bucket(self, name: str) -> LocalBucket:
         """An existing bucket; NotFoundError names the fix if there is none."""

@@ -22,7 +22,7 @@ def test_the_public_names_are_exactly_the_documented_ones():
 def test_a_function_runs_end_to_end_from_python(tmp_path):
     app = Eventing(tmp_path / "data", executor="in-process")
     app.create_bucket("customers")
-    app.create_bucket("emails")
+    app.create_bucket("emails", partitions=4)
     assert app.load("customers", documents=50, mutations=200, seed=3) == 200
     record = app.deploy(FUNCTIONS_DIR / "fn_email.json")
     assert record.state.value == "deployed"
@@ -32,7 +32,7 @@ def test_a_function_runs_end_to_end_from_python(tmp_path):
     stats = app.stats("fn_email")
     assert stats["mutations_seen"] == 200
     assert stats["on_update_success"] + stats["on_delete_success"] + stats.get("no_handler", 0) <= 200
-    assert app.bucket("emails").stats()["documents"] > 0
+    assert app.bucket("emails").stats()["documents"] > 0 and app.bucket("emails").stats()["partitions"] == 4
     assert sum(w["vbuckets"] for w in app.vbucket_map("fn_email")["workers"]) == 1024
 
     app.pause("fn_email")
