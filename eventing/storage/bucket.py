@@ -908,9 +908,10 @@ def drop_bucket(data_dir: str | os.PathLike[str], name: str) -> Path:
     """Delete a bucket's files (with their WAL and shared-memory files); returns the main file's path."""
     path = bucket_path(data_dir, name)
     bucket = LocalBucket.open(data_dir, name)  # unknown name or not a bucket: the usual clear error
-    files = [p.path for p in getattr(bucket, "parts", [bucket])]
+    parts = getattr(bucket, "parts", [bucket])  # a PartitionedBucket's files, the main file first
+    files = [part.path for part in parts]
     # Move each WAL into its file first: a stale WAL left behind must never meet a new bucket of this name.
-    for part in getattr(bucket, "parts", [bucket]):
+    for part in parts:
         part._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     bucket.close()
     # The main file goes last, so a drop cut short leaves a bucket that reports its missing partition.

@@ -190,13 +190,12 @@ class PartitionedBucket(LocalBucket):
 
     def flush(self, *, new_uuid: str | None = None) -> dict:
         new_uuid = new_uuid or uuid.uuid4().hex
-        before = self.stats()
-        for part in reversed(self.parts):  # the main file's uuid last: a flush cut short is done again
-            part.flush(new_uuid=new_uuid)
+        # The main file's uuid last: a flush cut short is done again. Each part reports what it emptied.
+        went = [part.flush(new_uuid=new_uuid) for part in reversed(self.parts)]
         self.uuid = new_uuid
         return {
-            "bucket": self.name, "documents": before["documents"], "tombstones": before["tombstones"],
-            "mutations": before["mutations"], "old_uuid": before["uuid"], "uuid": new_uuid,
+            **went[-1],  # the main file's: bucket name and old uuid
+            **{k: sum(w[k] for w in went) for k in ("documents", "tombstones", "mutations")},
         }
 
     # -- effects from handler bindings ---------------------------------------------------------------
