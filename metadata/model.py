@@ -81,6 +81,10 @@ class DlqRow:
     last_failed_at: float
     mutation: bytes  # the mutation itself, msgpack-encoded (see eventing.core.mutation)
     replayed_at: float | None = None
+    # The deployment (function generation) whose worker last dead-lettered it. A worker skips a `timeout`
+    # letter of its own deployment (its process hung on that mutation and was recycled); a later deployment
+    # handles the mutation afresh.
+    generation: int = 0
 
 
 # How a deliberate rewind of a checkpoint is recorded (next to the regressions `eventing verify` reports,

@@ -9,7 +9,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 from metadata.errors import (
     FencedError,
@@ -75,7 +75,7 @@ CREATE TABLE IF NOT EXISTS dlq(
     function TEXT NOT NULL, vb INTEGER NOT NULL, seqno INTEGER NOT NULL, key TEXT NOT NULL,
     reason TEXT NOT NULL, error TEXT NOT NULL, traceback TEXT NOT NULL, attempts INTEGER NOT NULL,
     first_failed_at REAL NOT NULL, last_failed_at REAL NOT NULL, mutation BLOB NOT NULL,
-    replayed_at REAL, PRIMARY KEY(function, vb, seqno));
+    replayed_at REAL, generation INTEGER NOT NULL DEFAULT 0, PRIMARY KEY(function, vb, seqno));
 CREATE TABLE IF NOT EXISTS services(id TEXT PRIMARY KEY, info TEXT NOT NULL, heartbeat_at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS kv(key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS nodes(
@@ -139,6 +139,9 @@ class SqliteMetadataStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(SCHEMA)
+        columns = {r[1] for r in self._db.execute("PRAGMA table_info(dlq)")}
+        if "generation" not in columns:  # a store written before dead letters recorded their deployment
+            self._db.execute("ALTER TABLE dlq ADD COLUMN generation INTEGER NOT NULL DEFAULT 0")
 
     def verify_integrity(self) -> None:
         """Fail closed on a truncated or corrupted file rather than resume from a wrong checkpoint."""
@@ -173,6 +176,12 @@ class SqliteMetadataStore:
 
     def close(self) -> None:
         self._db.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def backup(self, target: str | os.PathLike[str]) -> None:
         """Copy the store to `target` with SQLite's online backup: a consistent snapshot even while other
@@ -386,14 +395,16 @@ class SqliteMetadataStore:
             db.executemany("UPDATE checkpoints SET seqno=?, updated_at=? WHERE function=? AND vb=?", updates)
             db.executemany(
                 # Keyed by (function, vb, seqno): the same failure written again after a crash is a no-op,
-                # but a mutation that fails again after its letter was replayed gets the letter back.
-                "INSERT INTO dlq VALUES(?,?,?,?,?,?,?,?,?,?,?,NULL) ON CONFLICT(function, vb, seqno) DO UPDATE SET "
+                # but a mutation that fails again after its letter was replayed, or under a later
+                # deployment, gets the letter back with the new failure (attempts add up).
+                "INSERT INTO dlq VALUES(?,?,?,?,?,?,?,?,?,?,?,NULL,?) ON CONFLICT(function, vb, seqno) DO UPDATE SET "
                 "reason=excluded.reason, error=excluded.error, traceback=excluded.traceback, "
                 "attempts=attempts+excluded.attempts, last_failed_at=excluded.last_failed_at, "
-                "mutation=excluded.mutation, replayed_at=NULL WHERE replayed_at IS NOT NULL",
+                "mutation=excluded.mutation, replayed_at=NULL, generation=excluded.generation "
+                "WHERE replayed_at IS NOT NULL OR generation < excluded.generation",
                 [
                     (r.function, r.vb, r.seqno, r.key, r.reason, r.error, r.traceback, r.attempts,
-                     r.first_failed_at, r.last_failed_at, r.mutation)
+                     r.first_failed_at, r.last_failed_at, r.mutation, r.generation)
                     for r in dlq
                     if owner_vb(r.vb) not in fenced
                 ],
@@ -959,10 +970,10 @@ class SqliteWindowStateStore:
             )
             db.executemany(
                 "INSERT OR IGNORE INTO dlq(function, vb, seqno, key, reason, error, traceback, attempts,"
-                " first_failed_at, last_failed_at, mutation) VALUES(?,?,?,?,?,?,?,?,?,?,?)",
+                " first_failed_at, last_failed_at, mutation, generation) VALUES(?,?,?,?,?,?,?,?,?,?,?,?)",
                 [
                     (r.function, r.vb, r.seqno, r.key, r.reason, r.error, r.traceback, r.attempts,
-                     r.first_failed_at, r.last_failed_at, r.mutation)
+                     r.first_failed_at, r.last_failed_at, r.mutation, r.generation)
                     for r in rows
                 ],
             )

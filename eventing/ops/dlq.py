@@ -86,8 +86,11 @@ class DlqSelector:
 
 
 def replay_namespace(row: DlqRow) -> str:
-    """The effect-mark namespace of one dead letter: unique per row, stable across replays of it."""
-    return f"{row.function}#replay:{row.vb}:{row.seqno}:{int(row.first_failed_at * 1000)}"
+    """The effect-mark namespace of one failure of a dead letter: stable across replays of that failure (a
+    replay that applied its writes and crashed before marking the row replayed applies nothing twice), new
+    once the mutation fails again (after a replay, a rewind or under a later deployment: each failure and
+    replay moves last_failed_at), so a later replay is never taken for a duplicate of an earlier one."""
+    return f"{row.function}#replay:{row.vb}:{row.seqno}:{int(row.last_failed_at * 1000)}"
 
 
 # -- inspection ------------------------------------------------------------------------------------------

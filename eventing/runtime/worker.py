@@ -176,9 +176,12 @@ class WorkerCore:
             for vb in epochs:
                 binding.applied_upto[vb] = marks.get(vb, (0, 0))[1]
         self._reclaim.update(vbs)
-        # Mutations a previous process of this worker hung on (and was recycled for) are already dead
-        # letters; handling them again would hang again.
+        # Mutations a previous process of this deployment's worker hung on (and was recycled for) are already
+        # dead letters; handling them again would hang again. Letters of earlier deployments do not count:
+        # a fresh deployment handles every mutation of its boundary, whatever an older handler did.
         for row in self.store.find_dlq_rows(self.name, reason="timeout"):
+            if row.generation != self.spec.generation:
+                continue
             if row.vb in wanted and row.seqno > self.committed[row.vb]:
                 self._hung.add((row.vb, row.seqno))
             elif row.vb >= TIMER_VB_BASE and owner_vb(row.vb) in wanted:
@@ -539,7 +542,7 @@ class WorkerCore:
                 self.name, m.vb, m.seqno, m.key, "timeout",
                 f"handler did not return within execution_timeout ({self.timeout_s}s) and could not be "
                 "interrupted; the worker process was recycled",
-                "", 1, now, now, pack_mutation(m),
+                "", 1, now, now, pack_mutation(m), generation=self.spec.generation,
             )
             try:
                 store = store or self.spec.data_access().metadata()
@@ -576,7 +579,10 @@ class WorkerCore:
         now = time.time()
         self.counters[counter_names.dlq(reason)] += 1
         self.dlq.append(
-            DlqRow(self.name, m.vb, m.seqno, m.key, reason, error, tb, attempts, first or now, now, pack_mutation(m))
+            DlqRow(
+                self.name, m.vb, m.seqno, m.key, reason, error, tb, attempts, first or now, now, pack_mutation(m),
+                generation=self.spec.generation,
+            )
         )
 
     # -- durability ---------------------------------------------------------------------------------

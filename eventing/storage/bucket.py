@@ -27,7 +27,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, Self
 
 from eventing.core.mutation import OP_DELETE, OP_EXPIRE, OP_UPDATE, Mutation, decode_document, encode_document
 from eventing.core.names import check_bucket_name
@@ -250,6 +250,12 @@ class LocalBucket:
 
     def close(self) -> None:
         self._db.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def copy_to(self, data_dir: str | os.PathLike[str]) -> Path:
         """Copy this bucket, consistently even while it is written (SQLite's online backup), into another

@@ -23,7 +23,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from itertools import repeat
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Any, Protocol, Self, cast
 
 import msgpack
 
@@ -358,6 +358,12 @@ class RemoteBucket:
 
     def __repr__(self) -> str:
         return f"<remote bucket {self.name}>"
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 # What a worker's bindings and runner read and write through: the files, or the data service.

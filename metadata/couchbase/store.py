@@ -10,7 +10,7 @@ import os
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from metadata.couchbase.adapter import SdkDocuments
 from metadata.couchbase.documents import Doc, Documents
@@ -100,6 +100,12 @@ class CouchbaseMetadataStore:
 
     def close(self) -> None:
         self._docs.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def backup(self, target: str | os.PathLike[str]) -> None:
         """Not done here: Couchbase backs its buckets up with its own tools."""
@@ -914,13 +920,15 @@ def _encode_dlq(row: DlqRow) -> Doc:
         "error": row.error, "traceback": row.traceback, "attempts": row.attempts,
         "first_failed_at": row.first_failed_at, "last_failed_at": row.last_failed_at,
         "mutation": base64.b64encode(row.mutation).decode("ascii"), "replayed_at": row.replayed_at,
+        "generation": row.generation,
     }
 
 
 def _revive_dlq(doc: Doc | None, row: DlqRow) -> Doc | None:
-    """A mutation that fails again after its dead letter was replayed gets the letter back (as SQLite's
-    upsert does); an unreplayed letter stays as it is (a second insert after a crash is a no-op)."""
-    if doc is None or doc.get("replayed_at") is None:
+    """A mutation that fails again after its dead letter was replayed, or under a later deployment, gets the
+    letter back (as SQLite's upsert does); an unreplayed letter of the same deployment stays as it is (a
+    second insert after a crash is a no-op)."""
+    if doc is None or (doc.get("replayed_at") is None and doc.get("generation", 0) >= row.generation):
         return None
     return dict(
         _encode_dlq(row),

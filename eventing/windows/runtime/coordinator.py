@@ -659,7 +659,7 @@ class WindowCoordinator:
                 doc = msgpack.packb({"event_time_ms": t_ms}, use_bin_type=True)
                 original = Mutation(r["vb"], r["seqno"], r["key"], OP_UPDATE, 0, doc, None, 0, 0)
             out.append(DlqRow(self.function, r["vb"], r["seqno"], r["key"], reason, error, "", 0, at, at,
-                              pack_mutation(original)))
+                              pack_mutation(original), generation=self.generation))
         return out
 
     def _originals(self, rows: list[dict[str, Any]]) -> dict[tuple[int, int], Mutation]:
