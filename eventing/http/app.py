@@ -3,8 +3,9 @@
 Order of the guards (outermost first), each answering before the application sees the request:
 1. Host and Origin: a loopback server answers only to loopback Host names (no DNS rebinding), and a
    browser request from another origin is refused unless listed with --cors-origin (no CSRF);
-2. authentication (401) and role (403) for the API, /metrics and /getAppLog; the console's static files
-   carry no data and need none;
+2. authentication (401: no token, or one not accepted) and role (403) for the API, /metrics and
+   /getAppLog, whose responses then name the caller's role in `X-Eventing-Role`; the console's static
+   files carry no data and need none;
 3. the body size limit (413), read in full before any handler runs, so a refused request changes nothing.
 """
 
@@ -29,6 +30,9 @@ SECURITY_HEADERS = [
     (b"x-frame-options", b"DENY"),
     (b"referrer-policy", b"no-referrer"),
 ]
+# On every authenticated response: the caller's role ("admin" or "read"), so a client can offer only what
+# the token allows (the console hides the state-changing buttons from a read-only token).
+ROLE_HEADER = b"x-eventing-role"
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]", "::1"})
 
 
@@ -82,14 +86,15 @@ class GuardMiddleware:
                                         "fix": "serve the page from this server, or list the origin with --cors-origin"})
             return
 
+        role_header: list[tuple[bytes, bytes]] = []
         if path.startswith(PROTECTED_PREFIXES) and method != "OPTIONS":
-            role = role_of(self.config, presented_token(headers.get("authorization")))
+            token = presented_token(headers.get("authorization"))
+            role = role_of(self.config, token)
             if role is None:
-                await send_json(send, 401, {
-                    "error": "this endpoint needs a token",
-                    "fix": "send `Authorization: Bearer TOKEN` (the read-only token for reads, the admin token for changes)",
-                }, [(b"www-authenticate", b'Bearer realm="eventing"')])
+                await send_json(send, 401, _unauthenticated(token is None),
+                                [(b"www-authenticate", b'Bearer realm="eventing"')])
                 return
+            role_header = [(ROLE_HEADER, role.encode())]  # the console hides what this caller cannot do
             if needs_admin(method) and role != "admin":
                 await send_json(send, 403, {
                     "error": f"{method} {path} changes state and needs the admin token; the read-only token was given",
@@ -128,7 +133,7 @@ class GuardMiddleware:
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), *SECURITY_HEADERS]
+                message["headers"] = [*message.get("headers", []), *SECURITY_HEADERS, *role_header]
             await send(message)
 
         await self.app(scope, replay, send_with_headers)
@@ -138,6 +143,15 @@ def _host_name(header: str) -> str:
     if header.startswith("["):
         return header.split("]")[0] + "]"
     return header.rsplit(":", 1)[0]
+
+
+def _unauthenticated(no_token: bool) -> dict[str, str]:
+    """401: no token at all, or a token that is neither the admin nor the read-only one."""
+    if no_token:
+        return {"error": "this endpoint needs a token and none was given",
+                "fix": "send `Authorization: Bearer TOKEN` (the read-only token for reads, the admin token for changes)"}
+    return {"error": "the token given is not accepted: it is neither the admin nor the read-only token",
+            "fix": "check the token (--admin-token / $EVENTING_ADMIN_TOKEN, --read-token / $EVENTING_READ_TOKEN)"}
 
 
 def _too_large(limit: int) -> dict[str, str]:

@@ -276,9 +276,8 @@ def app_log(c: Call) -> Response:
     size = c.int_arg(c.query, "size") or DEFAULT_LOG_BYTES
     path = Path(c.data_dir) / APP_LOG_DIR / f"{name}.log"
     if not path.is_file():
-        raise NotFoundError(
-            f"function '{name}' has no application log yet ({path}); it appears once its handler calls log()"
-        )
+        get_function(Call(c.data_dir, {"name": name}, {}, b""))  # an unknown function is a 404
+        return PlainTextResponse("")  # a known one that has not logged yet: an empty log, not an error
     with path.open("rb") as f:
         f.seek(0, 2)
         f.seek(max(0, f.tell() - size))
@@ -362,9 +361,14 @@ def _selector(c: Call, source: dict[str, Any]) -> dlq.DlqSelector:
 
 
 def dlq_list(c: Call) -> list[dict[str, Any]]:
-    rows = dlq.list_rows(c.data_dir, c.name, reason=c.query.get("reason") or None, limit=c.int_arg(c.query, "limit"),
+    """`?limit=N&offset=M`: rows M+1..M+N in (vBucket, seqno) order, for paging."""
+    limit, offset = c.int_arg(c.query, "limit"), c.int_arg(c.query, "offset") or 0
+    if offset < 0:
+        raise ConfigError(f"offset={offset} is negative; give the number of rows to skip (>= 0)")
+    rows = dlq.list_rows(c.data_dir, c.name, reason=c.query.get("reason") or None,
+                         limit=limit if limit is None or limit < 1 else limit + offset,  # < 1: the CLI's error
                          include_replayed=c.flag(c.query, "all"))
-    return [dlq.row_view(r) for r in rows]
+    return [dlq.row_view(r) for r in rows[offset:]]
 
 
 def dlq_show(c: Call) -> list[dict[str, Any]]:
@@ -441,7 +445,8 @@ ENDPOINTS: list[Endpoint] = [
              import_functions, couchbase=True),
     Endpoint("GET", "/api/v1/export", "functions", "export every definition with its handler (?name= for one)",
              export_functions, couchbase=True),
-    Endpoint("GET", "/getAppLog", "logs", "the newest part of a function's application log (?name=, ?size=bytes)",
+    Endpoint("GET", "/getAppLog", "logs", "the newest part of a function's application log (?name=, ?size=bytes; "
+             "empty until the handler logs)",
              app_log, couchbase=True),
     Endpoint("GET", F + "/vbmap", "vbuckets", "which worker owns which vBucket ranges", vbmap),
     Endpoint("GET", F + "/checkpoints", "vbuckets", "per vBucket: checkpoint, high seqno, backlog, owner, epoch "
@@ -454,7 +459,8 @@ ENDPOINTS: list[Endpoint] = [
     Endpoint("GET", "/api/v1/rebalance/plan", "nodes", "the minimal-move plan, changing nothing", rebalance_plan),
     Endpoint("POST", "/api/v1/rebalance", "nodes", "start a rebalance (the running service carries it out)",
              rebalance_start, status=202),
-    Endpoint("GET", F + "/dlq", "dlq", "dead letters (?reason=, ?limit=, ?all=1 includes replayed)", dlq_list),
+    Endpoint("GET", F + "/dlq", "dlq", "dead letters (?reason=, ?limit=, ?offset= rows to skip, ?all=1 includes "
+             "replayed)", dlq_list),
     Endpoint("GET", F + "/dlq/show", "dlq", "dead letters in full (?vb=&seqno= or ?key=)", dlq_show),
     Endpoint("POST", F + "/dlq/replay", "dlq", "replay with the current handler: {\"all\": true} or "
              "{\"vb\", \"seqno\", \"key\", \"reason\"}", dlq_replay),
