@@ -115,12 +115,12 @@ def cmd_status(args: argparse.Namespace) -> int:
             if v["vbuckets_leased_by_stopped_service"]:
                 line += (f"; {v['vbuckets_leased_by_stopped_service']} still leased by a service that stopped "
                          "without releasing them, which the next `eventing run` takes over")
-            print(line + ")")
+            print(line + ")" + (f"; {v['hint']}" if v.get("hint") else ""))
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    data = lifecycle.export_function(existing_data_dir(args), args.function)
+    data = lifecycle.export_function(existing_data_dir(args), args.function, with_secrets=args.with_secrets)
     text = json.dumps(data, indent=2)
     if args.output:
         Path(args.output).write_text(text + "\n")
@@ -173,5 +173,8 @@ def register(sub: Any, add: Any) -> None:
     p = add("export", cmd_export, "print a function definition with its handler source as JSON")
     p.add_argument("function")
     p.add_argument("-o", "--output", help="write to this file instead of stdout")
+    p.add_argument("--with-secrets", action="store_true",
+                   help="write URL binding passwords and tokens in clear (default: masked as *****, which an "
+                        "import of the file keeps as they are stored)")
     p = add("import", cmd_import, "import function definitions exported with `eventing export`")
     p.add_argument("file")

@@ -69,7 +69,8 @@ class FunctionDefinition:
     description: str = ""
     app_log_max_size: int = 40 * 1024 * 1024  # bytes of <data-dir>/logs/<function>.log before it rotates
     app_log_max_files: int = 10  # application log files kept (the current one and rotated ones)
-    url_bindings: tuple[dict[str, Any], ...] = ()  # curl targets: alias, url, auth none|basic|bearer, verify_tls
+    # curl targets: alias, url, auth none|basic|bearer, verify_tls; out of repr, which would show passwords
+    url_bindings: tuple[dict[str, Any], ...] = field(default=(), repr=False)
     curl_max_response_bytes: int = 1024 * 1024  # a larger curl response is an error the handler sees
     previous_version: bool = False  # on_update's meta.previous holds the document's previous version
     timer_context_size: int = 1024  # bytes of a timer's context as JSON; larger is an error the handler sees

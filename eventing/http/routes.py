@@ -22,6 +22,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from eventing.core.definition import FunctionDefinition, check_function_name
+from eventing.core.secrets import mask_definition
 from eventing.errors import (
     ConfigError,
     EventingError,
@@ -33,6 +34,7 @@ from eventing.errors import (
     StoreCorruptError,
     StoreLockedError,
 )
+from eventing.http.auth import presented_token, role_of
 from eventing.ops import dlq, stats
 from eventing.ops import nodes as nodes_ops
 from eventing.runtime import lifecycle
@@ -52,6 +54,7 @@ class Call:
     params: dict[str, str]
     query: dict[str, str]
     body: bytes
+    role: str = "read"  # of the caller's token (eventing.http.auth.role_of); "admin" reads secrets on request
 
     @property
     def name(self) -> str:
@@ -110,7 +113,8 @@ class Endpoint:
 
 
 def _document(record: Any) -> dict[str, Any]:
-    return {**record.definition, "handler_source": record.source, "state": record.state.value,
+    """A stored function as every role reads it: URL binding secrets masked (`*****`)."""
+    return {**mask_definition(record.definition), "handler_source": record.source, "state": record.state.value,
             "generation": record.generation}
 
 
@@ -222,11 +226,13 @@ def _status_app(view: dict[str, Any], nodes: int) -> dict[str, Any]:
         "composite_status": state,
         "deployment_status": state in ("deployed", "deploying", "pausing", "paused"),
         "processing_status": state == "deployed",
-        "num_deployed_nodes": nodes if state == "deployed" and view["service_running"] else 0,
+        "num_deployed_nodes": nodes if view["running"] else 0,
+        "running": view["running"],  # false while deployed: no service runs it (see "hint")
         "vbuckets_leased": view["vbuckets_leased"],
         "workers": view["workers"],
         "source_bucket": view["source_bucket"],
         "windowed": view["windowed"],
+        **({"hint": view["hint"]} if "hint" in view else {}),
     }
 
 
@@ -260,12 +266,18 @@ def import_functions(c: Call) -> list[dict[str, Any]]:
     return [stats.function_view(r) for r in lifecycle.import_definitions(c.data_dir, c.json())]
 
 
-def export_functions(c: Call) -> list[dict[str, Any]]:
+def export_functions(c: Call) -> list[dict[str, Any]] | Response:
+    """Secrets masked (`*****`), or in clear with ?secrets=true for the admin token only."""
+    secrets = c.flag(c.query, "secrets")
+    if secrets and c.role != "admin":
+        return JSONResponse({"error": "secrets=true needs the admin token; the read-only token was given",
+                             "fix": "send the admin token, or leave out secrets=true to get the secrets as *****"},
+                            status_code=403)
     name = c.query.get("name")
     if name:
         check_function_name(name)
-        return [lifecycle.export_function(c.data_dir, name)]
-    return [lifecycle.export_function(c.data_dir, f["name"]) for f in list_functions(c)]
+        return [lifecycle.export_function(c.data_dir, name, with_secrets=secrets)]
+    return [lifecycle.export_function(c.data_dir, f["name"], with_secrets=secrets) for f in list_functions(c)]
 
 
 def app_log(c: Call) -> Response:
@@ -443,7 +455,8 @@ ENDPOINTS: list[Endpoint] = [
     Endpoint("GET", F + "/stats", "status", "counters of one function", function_stats),
     Endpoint("POST", "/api/v1/import", "functions", "import definitions (a list or one object, as exported)",
              import_functions, couchbase=True),
-    Endpoint("GET", "/api/v1/export", "functions", "export every definition with its handler (?name= for one)",
+    Endpoint("GET", "/api/v1/export", "functions", "export every definition with its handler (?name= for one; URL "
+             "binding secrets as *****, in clear with ?secrets=true for the admin token)",
              export_functions, couchbase=True),
     Endpoint("GET", "/getAppLog", "logs", "the newest part of a function's application log (?name=, ?size=bytes; "
              "empty until the handler logs)",
@@ -498,8 +511,10 @@ def error_body(exc: BaseException) -> tuple[int, dict[str, Any]]:
 
 def _endpoint(ep: Endpoint) -> Callable[[Request], Any]:
     async def run(request: Request) -> Response:
-        call = Call(request.app.state.config.data_dir, dict(request.path_params), dict(request.query_params),
-                    await request.body())
+        config = request.app.state.config
+        role = role_of(config, presented_token(request.headers.get("authorization"))) or "read"
+        call = Call(config.data_dir, dict(request.path_params), dict(request.query_params), await request.body(),
+                    role)
         try:
             if "name" in call.params:
                 check_function_name(call.params["name"])

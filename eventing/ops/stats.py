@@ -172,6 +172,9 @@ def function_view(record: FunctionRecord) -> dict[str, Any]:
     }
 
 
+NO_SERVICE_HINT = "no service is running this function; start one with `eventing run`"
+
+
 def function_status(data_dir: str, name: str | None = None) -> dict[str, Any]:
     """States of one function (or all), how many vBuckets live workers own, the live services and which
     of them leads (the others are standbys)."""
@@ -187,6 +190,10 @@ def function_status(data_dir: str, name: str | None = None) -> dict[str, Any]:
             view["vbuckets_leased"] = leased if services else 0
             view["vbuckets_leased_by_stopped_service"] = 0 if services else leased
             view["service_running"] = bool(services)
+            # Deployed is the function's state; whether anything runs it is a separate fact, said outright.
+            view["running"] = bool(services) and r.state.value == "deployed"
+            if r.state.value == "deployed" and not services:
+                view["hint"] = NO_SERVICE_HINT
             views.append(view)
         leader = leader_view(store, services)
     finally:

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from eventing.core.definition import Boundary, FunctionDefinition, load_definition_file
-from eventing.errors import ConfigError, LifecycleError
+from eventing.core.secrets import mask_definition, restore_secrets
+from eventing.errors import ConfigError, LifecycleError, NotFoundError
 from eventing.runtime.loader import validate_handler
 from eventing.storage.bucket import LocalBucket
 from eventing.storage.metadata import open_metadata
@@ -40,7 +41,30 @@ def save_function(data_dir: str, defn: FunctionDefinition, source: str) -> Funct
         except ValueError as exc:
             raise ConfigError(f"window of function '{defn.name}': {exc}") from None
     with _store(data_dir) as store:
-        return store.put_function(defn.name, defn.to_dict(), source)
+        stored = _stored(store, defn.name)
+        definition = restore_secrets(defn.to_dict(), stored.definition if stored else None)
+        if stored is not None and stored.state is FunctionState.PAUSED:
+            _refuse_source_change(stored, definition)
+        return store.put_function(defn.name, definition, source)
+
+
+def _stored(store: MetadataStore, name: str) -> FunctionRecord | None:
+    try:
+        return store.get_function(name)
+    except NotFoundError:
+        return None
+
+
+def _refuse_source_change(stored: FunctionRecord, definition: dict[str, Any]) -> None:
+    """A paused function resumes from checkpoints of its source bucket's vBuckets, so a new source would
+    make them meaningless (the service would refuse to run it)."""
+    old, new = stored.definition["source_bucket"], definition["source_bucket"]
+    if old != new:
+        raise LifecycleError(
+            f"cannot change the source bucket of function '{stored.name}' from '{old}' to '{new}': the source of a "
+            "paused function cannot change, its checkpoints belong to the old source; undeploy it, then deploy "
+            "the new definition"
+        )
 
 
 def save_from_file(data_dir: str, path: str | Path) -> FunctionRecord:
@@ -171,10 +195,12 @@ def complete_transition(
     return store.transition(name, target, action)
 
 
-def export_function(data_dir: str, name: str) -> dict[str, Any]:
+def export_function(data_dir: str, name: str, *, with_secrets: bool = False) -> dict[str, Any]:
+    """The definition with its handler source; URL binding secrets masked (`*****`) unless with_secrets."""
     with _store(data_dir, create=False) as store:
         record = store.get_function(name)
-    return {**record.definition, "handler_source": record.source}
+    definition = record.definition if with_secrets else mask_definition(record.definition)
+    return {**definition, "handler_source": record.source}
 
 
 def import_definitions(data_dir: str, data: Any) -> list[FunctionRecord]:
