@@ -154,6 +154,12 @@ class FunctionSupervisor:
             and all(s.ready and s.caught_up and not s.inflight for s in self.slots.values())
         )
 
+    def wake(self) -> None:
+        """Step every worker again, caught up or not (until_caught_up mode: timers became due)."""
+        for slot in self.slots.values():
+            slot.caught_up = False
+            slot.next_step_at = 0.0
+
     @property
     def backlog(self) -> int:
         return sum(s.backlog for s in self.slots.values())

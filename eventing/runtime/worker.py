@@ -253,9 +253,16 @@ class WorkerCore:
         fired = self.fire_timers() if self.epochs else 0
         if fired:
             fenced |= self.flush_effects()
-        if time.monotonic() - self.last_commit >= self.defn.checkpoint_interval.total_seconds():
-            fenced |= self.commit()
         backlog = sum(max(0, limits[vb] - self.positions[vb]) for vb in self.epochs)
+        # Caught up includes timers already due: a full batch of firings may leave more, and a timer created
+        # for the past can be claimed only once its create is durable, so a caught-up worker commits now
+        # (creates and firings) instead of at the checkpoint interval.
+        creates_due = not backlog and self._creates_due()
+        if (creates_due or (not backlog and self.timers_done)) or (
+            time.monotonic() - self.last_commit >= self.defn.checkpoint_interval.total_seconds()
+        ):
+            fenced |= self.commit()
+        timers_due = creates_due or fired >= self.defn.batch_size
         if handled and not self._handled_any:
             self._handled_any = True
         else:
@@ -263,13 +270,20 @@ class WorkerCore:
         return StepReport(
             self.spec.worker_id,
             handled=handled,
-            caught_up=backlog == 0,
+            caught_up=backlog == 0 and not timers_due,
             backlog=backlog,
             fenced=sorted(fenced),
             owned=len(self.epochs),
             timers_fired=fired,
             first_handled_at=first_at,
         )
+
+    def _creates_due(self) -> bool:
+        """Whether a timer created since the last commit is already due (it cannot be claimed before then)."""
+        if not self.timers.kept:
+            return False
+        now_ms = time.time() * 1000
+        return any(c.due_ms is not None and c.due_ms <= now_ms for c in self.timers.kept)
 
     def _pending_effects(self) -> int:
         return sum(b.pending() for b in self.rw_bindings) if self.rw_bindings else 0

@@ -222,3 +222,31 @@ def test_bad_timer_input_raises_one_clear_timer_error_the_handler_can_catch(data
 def test_timer_context_size_must_be_positive():
     with pytest.raises(Exception, match="timer_context_size of function 'fn_t' must be an integer >= 1"):
         definition(timer_context_size=0)
+
+
+PAST_TIMERS = '''
+import time
+
+def on_update(doc, meta):
+    # The reference is another key, so the timer's vBucket is often another worker's.
+    create_timer(fire, time.time() - 60, "other-" + meta.id, {"id": meta.id})
+
+def fire(context):
+    dst["fired|" + context["id"]] = {"id": context["id"]}
+'''
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_run_until_caught_up_fires_the_timers_already_due(data_dir, workers):
+    """Caught up includes due timers: a timer created for the past fires before the run says caught up,
+    also when another worker, already caught up, owns the timer's vBucket."""
+    from eventing.api import Eventing
+
+    source = setup(data_dir, PAST_TIMERS, worker_count=workers)
+    for i in range(30):
+        source.upsert(f"k{i}", {"rev": i})
+    app = Eventing(data_dir, executor="in-process")
+    app.run(until_caught_up=True)
+    assert fired(data_dir) == {f"fired|k{i}": 1 for i in range(30)}
+    with open_metadata(data_dir) as store:
+        assert store.timer_backlog("fn_t", int(time.time() * 1000)) == {"pending": 0, "due": 0}
