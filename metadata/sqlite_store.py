@@ -618,7 +618,7 @@ class SqliteMetadataStore:
             sql += f" LIMIT {int(limit)}"
         return [DlqRow(*r) for r in self._read(sql, (function,))]
 
-    # -- DLQ inspection, replay and purge (eventing.dlq) --------------------------------------------------
+    # -- DLQ inspection, replay and purge (eventing.ops.dlq) ----------------------------------------------
 
     def dlq_row(self, function: str, vb: int, seqno: int) -> DlqRow | None:
         """The dead letter of (function, vBucket, seqno), replayed or not; None if there is none."""

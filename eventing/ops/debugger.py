@@ -1,6 +1,6 @@
 """The debugger: runs a deployed function's stored handler in the foreground on one mutation pulled from
 its stream, under pdb or with a non-interactive trace of doc, meta, log lines, binding reads and writes,
-and any exception with its traceback (DESIGN 3.7).
+and any exception with its traceback (docs/dlq-and-debugging.md, 'Debugging one mutation').
 
 Guarantee, unlike Couchbase's debugger: **the mutation is never taken out of the stream.** The debugger
 reads a copy from the source bucket and never writes a checkpoint, claims or releases a vBucket, or

@@ -1,6 +1,6 @@
 """Function lifecycle operations shared by the CLI and scripts: save, deploy, pause, resume, undeploy,
 delete, export, status. States live in the metadata store, so a command here and a running service
-in another process agree (DESIGN 3.6)."""
+in another process agree (see docs/architecture.md, 'Function states')."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Windowed aggregation wired into the runtime: workers extract rows, a coordinator in the service windows them.
 
-``rows`` (worker side) turns each on_update mutation of a windowed function into one row and writes the
+``row_writer`` (worker side) turns each on_update mutation of a windowed function into one row and writes the
 rows as one Arrow batch file per checkpoint into ``<data_dir>/windows/<fn>/incoming/``, before the
 checkpoint moves. ``coordinator`` (service side) reads those batches, judges them with
 ``eventing.windows.semantics.WindowOperator`` (each vBucket is a partition), sends late rows to the dead-letter

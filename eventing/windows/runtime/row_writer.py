@@ -9,7 +9,7 @@ binding effects), so a checkpoint never covers a row that is not on disk. After 
 after the checkpoint are handled again and their rows written again; the coordinator drops the copies
 by ``(vb, seqno)``.
 
-Batch files are Arrow IPC files (``aggregation.rows.write_row_spool``) named
+Batch files are Arrow IPC files (``eventing.windows.batches.write_row_spool``) named
 ``g<generation>-<worker>-<incarnation>-<counter>.arrow``: the incarnation is new
 for every start of a worker and the counter counts that incarnation's files from 0 without gaps, so the
 coordinator can tell a file it has consumed (counter below its mark) from one still being written.
