@@ -7,8 +7,8 @@ readers in other processes work at once.
 Every log entry keeps its **arrival time** (``arrival_ms``, epoch milliseconds UTC): when the bucket
 assigned its seqno, one value per write transaction, never going backwards within a vBucket. It travels
 with the mutation (``Mutation.arrival_ms``) so that time policies that depend on when data reached the
-source (the window idle timeout: docs/operations-run.md, 'Arrival time and the window idle timeout') give the same answer on every replay, whenever the service
-happened to run. Bucket files written
+source (the window idle timeout) give the same answer on every replay, whenever the service happened to
+run (docs/operations-run.md, 'Arrival time and the window idle timeout'). Bucket files written
 before the column existed are upgraded when first opened: their entries get the time of their ``cas``
 (nanoseconds since the epoch, taken at the same write), so no entry is left without an arrival time.
 """
