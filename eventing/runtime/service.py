@@ -43,6 +43,7 @@ from sharding.placement import PackedPlacement
 log = logging.getLogger("eventing.runtime.service")
 
 STATE_POLL_S = 0.5
+DEAD_LETTERS_EVERY_S = 1.0  # how often a run's dead-letter counts are read for its progress
 WARM_REFRESH_S = 5.0  # a standby checks this often which workers it would need
 
 
@@ -109,6 +110,7 @@ class EventingService:
         self.stop_event = threading.Event()
         self._last_state_poll = 0.0
         self._last_gauges = 0.0
+        self._last_dead_letters = 0.0
         self._rate_window: dict[str, tuple[float, int]] = {}
         self.standby = standby
         self.role = "standby" if standby else "leader"
@@ -560,14 +562,21 @@ class EventingService:
         elapsed = time.monotonic() - sup.started_at
         # A stopped function handles nothing: its throughput is 0 until it runs again.
         self.store.set_gauges(name, {"last_run_handled": sup.handled, "last_run_seconds": elapsed, "throughput_mps": 0.0})
-        baseline = self._dlq_baseline.get(name, {})
-        progress.dead_letters = {
-            reason: n - baseline.get(reason, 0) for reason, n in self._dead_letters(name).items()
-            if n > baseline.get(reason, 0)
-        }
+        progress.dead_letters = self._run_dead_letters(name)
         log_file = log_path(self.data_dir, name)
         if log_file.exists():
             progress.log_path = str(log_file)
+
+    def _run_dead_letters(self, name: str) -> dict[str, int]:
+        """Dead letters written since this run began, by reason: the one source of the progress lines and
+        the summary (workers' letters and the window coordinator's `late` rows alike, across pauses)."""
+        baseline = self._dlq_baseline.get(name)
+        if baseline is None:
+            return {}
+        return {
+            reason: n - baseline.get(reason, 0) for reason, n in self._dead_letters(name).items()
+            if n > baseline.get(reason, 0)
+        }
 
     def _dead_letters(self, name: str) -> dict[str, int]:
         try:
@@ -599,6 +608,10 @@ class EventingService:
             if now - t0 >= 1.0:
                 p.rate_mps = (sup.handled - n0) / (now - t0)
                 self._rate_window[name] = (now, sup.handled)
+        if now - self._last_dead_letters >= DEAD_LETTERS_EVERY_S or final:
+            self._last_dead_letters = now
+            for name, p in self.summary.functions.items():
+                p.dead_letters = self._run_dead_letters(name)
         if now - self._last_gauges >= 2.0 or final:
             self._last_gauges = now
             for name, p in self.summary.functions.items():

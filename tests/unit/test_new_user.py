@@ -198,6 +198,34 @@ def test_the_run_summary_counts_what_was_handled_across_a_pause_and_resume(data_
     assert service.summary.functions["fn"].handled == 500
 
 
+def test_progress_counts_dead_letters_while_running_and_across_a_pause_and_resume(data_dir):
+    """The progress the CLI prints and the summary read one source: dead letters show while the function
+    runs (not only once it stops), and keep counting after a pause and resume."""
+    source = LocalBucket.create(data_dir, "src")
+    for i in range(20):
+        source.upsert(f"k{i}", {"bad": i % 4 == 0})
+    defn = FunctionDefinition.from_dict({"name": "fn", "source_bucket": "src", "worker_count": 1,
+                                         "checkpoint_interval": "50ms"})
+    handler = "def on_update(doc, meta):\n    if doc['bad']:\n        raise ValueError(meta.id)\n"
+    lifecycle.save_function(data_dir, defn, handler)
+    lifecycle.deploy(data_dir, "fn")
+    service = EventingService(data_dir, InProcessExecutor())
+    runner = threading.Thread(target=service.run)
+    runner.start()
+    try:
+        wait_for(lambda: service.summary.functions.get("fn") and service.summary.functions["fn"].dead_letters == {"error": 5})
+        assert service.summary.functions["fn"].state == "running"
+        lifecycle.pause(data_dir, "fn", wait_s=30)
+        for i in range(20, 40):
+            source.upsert(f"k{i}", {"bad": i % 4 == 0})
+        lifecycle.resume(data_dir, "fn")
+        wait_for(lambda: service.summary.functions["fn"].dead_letters == {"error": 10})
+    finally:
+        service.stop()
+        runner.join(30)
+    assert service.summary.functions["fn"].dead_letters == {"error": 10}
+
+
 def wait_for(condition, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
