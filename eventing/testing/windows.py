@@ -227,7 +227,7 @@ def assert_same_results(actual: pa.Table, expected: pa.Table, *, rel: float = 1e
                 assert g[name] == value, f"{name}: {g} != {w}"
 
 
-# -- arrival-time policies (DESIGN §3.12, seed 003) ----------------------------------------------------
+# -- arrival-time policies (docs/time-semantics.md, seed 003) ------------------------------------------
 
 EARLY_LIMIT_MS = 5 * 60_000  # Azure's early-arrival limit, fixed
 

@@ -1,4 +1,4 @@
-"""Azure Stream Analytics' arrival-time policies applied to the window rows the coordinator reads (DESIGN §3.12).
+"""Azure Stream Analytics' arrival-time policies applied to the window rows the coordinator reads (docs/time-semantics.md).
 
 ``ArrivalGate.judge`` runs a batch of rows, in arrival order (arrival time, vBucket, seqno), through an
 ``ArrivalPolicy`` (``eventing.windows.semantics.arrival``) before the window operator sees them:

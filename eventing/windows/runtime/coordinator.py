@@ -5,7 +5,7 @@ Every ``poll(now)``:
 1. reads the row batches that workers wrote into ``incoming/`` since the last poll (per worker
    incarnation, in file order and without gaps), drops rows at or below ``classified_upto[vb]`` (copies a
    restarted worker wrote again) and duplicate ``(vb, seqno)`` pairs;
-2. with arrival-time policies (DESIGN §3.12), first puts them through the policies in arrival order
+2. with arrival-time policies (docs/time-semantics.md), first puts them through the policies in arrival order
    (``eventing.windows.runtime.arrivals``: drops to the dead-letter queue, adjusted rows windowed at their
    adjusted time; with substreams, rows wait in ``held/`` until every earlier arrival has been read); then
    judges them with ``WindowOperator.observe_batch`` (each vBucket is a watermark partition): late rows go
@@ -15,8 +15,8 @@ Every ``poll(now)``:
    ``close_windows``, every open window closes. With substreams, windows close on each substream's own
    watermark and on the arrival clock of the rows judged (``SubstreamWindowOperator``), and a window
    closed for one key value is written for that value alone (sink id ``(start, end, value)``). Timeouts
-   judge the source's silence by the rows' arrival times (when the source assigned their seqnos, DESIGN
-   §3.12), not by when this service read them: rows read together are split where the source fell silent
+   judge the source's silence by the rows' arrival times (when the source assigned their seqnos),
+   not by when this service read them: rows read together are split where the source fell silent
    for a timeout's length, timeouts due before a row arrived fire before it is windowed, and no timeout
    fires while mutations that reached the source before it are unread (``_timeout_clock``). So the
    windows depend on the mutations and their arrival times, not on when the service happened to run;
@@ -220,7 +220,7 @@ class WindowCoordinator:
         self._jobs = 0
         self._last_waiting_check = 0.0
         self._source: Any = None
-        # Arrival-time policies (DESIGN §3.12): None leaves the rows as they are, at no cost.
+        # Arrival-time policies (docs/time-semantics.md): None leaves the rows as they are, at no cost.
         self._policies = self.spec.uses_arrival_policies and self.spec.boundary == "event_time"
         # Substreams judge rows of every vBucket in one arrival order: rows wait (held/) until every
         # mutation that reached the source before them has been read.
@@ -251,7 +251,7 @@ class WindowCoordinator:
                 f"reads version {STATE_VERSION}: undeploy and deploy the function again to reset it"
             )
         self.operator: WindowOperator | SessionOperator
-        # Substreams close windows by each substream's clock (DESIGN §3.12); sessions keep the function's.
+        # Substreams close windows by each substream's clock (docs/time-semantics.md); sessions keep the function's.
         windows_cls = SubstreamWindowOperator if self._substream_windows else WindowOperator
         if saved is None:
             self.operator = SessionOperator(self.spec) if self.spec.is_session else windows_cls(self.spec)
@@ -499,7 +499,7 @@ class WindowCoordinator:
     def _timeout_clock(self, at_ms: int, unread: _Memo) -> int:
         """The processing time up to which timeouts may be applied now: ``at_ms``, unless a timeout would fire
         by then while mutations that reached the source earlier are still unread. Then just before the
-        earliest of them: the source was not silent, only the service was slow or stopped (DESIGN §3.12).
+        earliest of them: the source was not silent, only the service was slow or stopped.
         Those mutations are read first; their arrival times decide whether the source was silent."""
         if not self._timeout_due(at_ms):
             return at_ms
@@ -566,7 +566,7 @@ class WindowCoordinator:
         edges = [0, *cuts, table.num_rows]
         return [table.slice(a, b - a) for a, b in zip(edges, edges[1:], strict=False)]
 
-    # -- arrival-time policies (DESIGN §3.12) ----------------------------------------------------------
+    # -- arrival-time policies (docs/time-semantics.md) ------------------------------------------------
 
     def _apply_policies(
         self, table: pa.Table, now: int, dlq: list[DlqRow], counters: Counter[str], unread: _Memo,
@@ -716,7 +716,7 @@ class WindowCoordinator:
         self, table: pa.Table, now: int, dlq: list[DlqRow], counters: Counter[str], unread: _Memo
     ) -> list[Window]:
         """Window the judged rows; then, with substream windows, every judged row (dropped ones too: they
-        are input) moves the arrival clock that closes a silent substream's windows (DESIGN §3.12)."""
+        are input) moves the arrival clock that closes a silent substream's windows (docs/time-semantics.md)."""
         closed = self._classify_judged(table, now, dlq, counters, unread)
         judged_arrival, self._judged_arrival_ms = self._judged_arrival_ms, None
         if judged_arrival is not None and isinstance(self.operator, SubstreamWindowOperator):

@@ -244,7 +244,7 @@ class WindowOperator(FrontierClock):
         processing-time windows ``event_times_ms`` may be None, with ``partitions`` a sequence giving the
         row count, and ``late`` is always a list of False. ``lifts``, one flag per row (list or pyarrow
         boolean array), keeps the rows flagged False out of the watermark: they are windowed but do not
-        move it (rows the early-arrival policy adjusted, DESIGN §3.12).
+        move it (rows the early-arrival policy adjusted; see docs/time-semantics.md).
         """
         now_ms = self._tick(now_ms)
         if not self._event_time:

@@ -1,7 +1,7 @@
 """Where closed-window results go: each window of each function is stored exactly once, surviving restarts.
 
 A window is identified by ``(function, window_start_ms, window_end_ms)`` and each of its result rows by that
-plus the group values. Windows closed per substream (``substream_key`` in ``group_by``, DESIGN §3.12) close
+plus the group values. Windows closed per substream (``substream_key`` in ``group_by``, docs/time-semantics.md) close
 at different times for different key values, so there the id is ``(start, end, substream value)``: each
 ``write`` names the substream column. A window is written whole, in one call, or not at all; writing it again (a replay
 after a crash) changes nothing. Two backends share the contract: ``ParquetWindowSink`` (default, one file
