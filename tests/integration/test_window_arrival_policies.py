@@ -1,5 +1,5 @@
 """Azure Stream Analytics' arrival-time policies in the window runtime on real Ray workers and real PySpark
-(DESIGN §3.12, seed 003), on the seed's example table loaded with its arrival times (``LocalBucket.upsert``
+(docs/time-semantics.md, seed 003), on the seed's example table loaded with its arrival times (``LocalBucket.upsert``
 takes the arrival time a mutation is journalled with, as an import would; every run judges by that
 journalled time, never by when it read the row).
 

@@ -1,4 +1,4 @@
-"""Imports point one way (DESIGN §2): each module imports only from its own layer or the layers below.
+"""Imports point one way (docs/architecture.md, 'Rooms and layers'): each module imports only from its own layer or the layers below.
 
 Layers, lowest first. Lazy imports inside functions count too: a wrong-way import that is only deferred
 still ties the lower room to the upper one. `eventing/__init__.py` (the public facade, imported lazily by

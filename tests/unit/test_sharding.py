@@ -1,4 +1,4 @@
-"""Keys to vBuckets and the first-deployment plans for nodes and workers (DESIGN 3.1, 3.2)."""
+"""Keys to vBuckets and the first-deployment plans for nodes and workers (docs/architecture.md, 'Rooms and layers')."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Windows closed by each substream's own clock (Azure ``TIMESTAMP BY ... OVER key``, DESIGN §3.12, seed 003):
+"""Windows closed by each substream's own clock (Azure ``TIMESTAMP BY ... OVER key``, docs/time-semantics.md, seed 003):
 the pure semantics (``SubstreamWindowOperator``), the sink's per-substream window ids, and the coordinator
 emitting each device's windows when that device's watermark passes them, with the pure-Python aggregator.
 The Ray and Spark version is in tests/integration/test_window_arrival_policies.py."""

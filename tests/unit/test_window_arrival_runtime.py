@@ -1,4 +1,4 @@
-"""The arrival-time policies in the window runtime (DESIGN §3.12, seed 003), with in-process workers and the
+"""The arrival-time policies in the window runtime (docs/time-semantics.md, seed 003), with in-process workers and the
 pure-Python aggregator: the coordinator judges rows by their journalled arrival times before windowing
 them, dead-letters what the policies drop, records what they adjust, persists the policies' watermarks with
 the window state and counts Azure's metrics. The Ray and Spark version is

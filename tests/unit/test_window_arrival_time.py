@@ -1,5 +1,8 @@
-"""Arrival times (DESIGN §3.12): the idle timeout judges the source's silence by when mutations reached the
-source, not by when the service happened to run, and reads what is waiting before it fires."""
+"""Arrival times: the idle timeout judges the source's silence by when mutations reached the source, not by
+when the service happened to run, and reads what is waiting before it fires.
+
+See docs/operations-run.md, 'Arrival time and the window idle timeout'.
+"""
 
 from __future__ import annotations
 
