@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import socket
 import threading
@@ -12,6 +13,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from eventing.core.definition import FunctionDefinition
@@ -234,10 +236,11 @@ class EventingService:
                 others = [lease.holder]
             taken = None if others else self._take_lease(lease)
             if taken is None:
+                holder = (others or [lease.holder if lease else "?"])[0]
                 raise EventingError(
-                    f"another eventing service ({(others or [lease.holder if lease else '?'])[0]}) is running on "
-                    "this data directory; stop it first (Ctrl-C), or run commands against it instead of starting "
-                    "a second one; to wait as a standby and take over when it stops, add --standby"
+                    f"another eventing service ({holder}) is running on this data directory; stop it first "
+                    "(Ctrl-C), or run commands against it instead of starting a second one; to wait as a standby "
+                    f"and take over when it stops, add --standby{_expiry_hint(lease, holder)}"
                 )
             self.summary.leadership = {"role": "leader", "term": taken.term, "waited_s": 0.0}
             return
@@ -670,8 +673,21 @@ def running_services(store) -> list[str]:
     return [sid for sid in store.live_services(SERVICE_STALE_S) if _alive(sid)]
 
 
+def _expiry_hint(lease: Lease | None, holder: str) -> str:
+    """For a service that may have been killed (its process elsewhere, or not yet reaped): when its claim
+    lapses on its own, so the user knows how long to wait instead of guessing."""
+    now = time.time()
+    lapses = [SERVICE_STALE_S]  # its heartbeat counts for this long
+    if lease is not None and lease.holder == holder and not lease.expired(now):
+        lapses.append(lease.expires_at - now)
+    return (
+        f"; if that service was killed, its lease expires in at most {math.ceil(max(lapses))} s: run again then"
+    )
+
+
 def _alive(service_id: str) -> bool:
-    """A service on this host whose process is gone is not alive, whatever its last heartbeat says."""
+    """A service on this host whose process is gone (or is a zombie no one has reaped yet, as after
+    kill -9 of a child) is not alive, whatever its last heartbeat says."""
     host, _, rest = service_id.partition(":")
     pid = rest.partition(":")[0]
     if host != socket.gethostname() or not pid.isdigit():
@@ -682,7 +698,11 @@ def _alive(service_id: str) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rpartition(")")[2].split()[:1] != ["Z"]
 
 
 __all__ = ["EventingService", "FunctionProgress", "RunSummary", "running_services"]

@@ -20,6 +20,7 @@ from eventing.errors import EventingError
 from eventing.runtime import lifecycle
 from eventing.runtime.app_log import log_path
 from eventing.runtime.executor import InProcessExecutor, check_ray_address
+from eventing.runtime.failover import LEADER_LEASE
 from eventing.runtime.service import EventingService
 from eventing.storage.bucket import LocalBucket
 from eventing.storage.metadata import open_metadata
@@ -170,6 +171,31 @@ def test_status_after_a_killed_service_does_not_count_its_leases_as_live(capsys,
     assert stats["throughput_mps"] == 0.0
     vbmap = json.loads(run_cli(capsys, "vbmap", "fn", "--json", *dd)[1])
     assert not any(w["live"] for w in vbmap["workers"])
+
+
+def test_a_run_right_after_kill_9_of_the_service_starts_or_says_when_the_lease_expires(capsys, dd, data_dir, tmp_path):
+    """A service killed with kill -9 and not yet reaped by its parent (a zombie) is dead: a new run starts at
+    once. One on another host cannot be checked: the refusal says when its lease expires."""
+    load(capsys, dd)
+    assert run_cli(capsys, "deploy", str(write_function(tmp_path, "def on_update(doc, meta):\n    pass\n")), *dd)[0] == 0
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])  # exits; not reaped until wait() below
+    wait_for(lambda: Path(f"/proc/{zombie.pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z")
+    store = open_metadata(data_dir)
+    store.heartbeat(f"{socket.gethostname()}:{zombie.pid}:abcdef", "{}")
+    store.acquire_lease(LEADER_LEASE, f"{socket.gethostname()}:{zombie.pid}:abcdef", 30.0)
+    try:
+        code, out, err = run_cli(capsys, "run", "--until-caught-up", "--executor", "in-process", *dd)
+        assert code == 0, err
+        store.heartbeat("elsewhere:4242:abcdef", "{}")
+        store.acquire_lease(LEADER_LEASE, "elsewhere:4242:abcdef", 30.0, take_from=f"{socket.gethostname()}:{zombie.pid}:abcdef")
+        code, out, err = run_cli(capsys, "run", "--until-caught-up", "--executor", "in-process", *dd)
+        assert code != 0
+        assert "another eventing service (elsewhere:4242:abcdef) is running" in err
+        assert "if that service was killed, its lease expires in at most 30 s" in err
+        assert "Traceback" not in err
+    finally:
+        store.close()
+        zombie.wait()
 
 
 def test_the_run_summary_counts_what_was_handled_across_a_pause_and_resume(data_dir):
