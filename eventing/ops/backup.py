@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from eventing.errors import ConfigError, LifecycleError, NotFoundError, StoreCorruptError
+from eventing.storage.bucket import LocalBucket, bucket_path, list_buckets
 from eventing.storage.metadata import METADATA_FILE, open_metadata
 from metadata import METADATA_URL_ENV
 from metadata.sqlite_store import restore_sqlite_store
@@ -18,17 +19,71 @@ def default_backup_path(data_dir: str) -> Path:
     return Path(data_dir) / "backups" / f"metadata-{stamp}.sqlite3"
 
 
-def backup(data_dir: str, output: str | None = None) -> dict:
+def backup(data_dir: str, output: str | None = None, *, with_buckets: bool = False) -> dict:
     """Copy the metadata store to `output` (default <data_dir>/backups/metadata-<UTC time>.sqlite3); safe
-    while `eventing run` works: the copy is one consistent snapshot."""
-    store = open_metadata(data_dir, create=False)
-    try:
+    while `eventing run` works: the copy is one consistent snapshot.
+
+    with_buckets: `output` is a folder laid out as a data directory (default
+    <data_dir>/backups/backup-<UTC time>/): the metadata store, then each bucket (SQLite's online backup,
+    every partition). The buckets are copied after the store, so they hold at least what its checkpoints
+    cover: after a restore, mutations past the checkpoints are handled again and the binding buckets'
+    effect marks skip the effects they already hold."""
+    if with_buckets:
+        folder = Path(output) if output else default_backup_path(data_dir).with_name(
+            default_backup_path(data_dir).name.replace("metadata-", "backup-").removesuffix(".sqlite3")
+        )
+        if folder.exists() and any(folder.iterdir()):
+            raise ConfigError(f"backup folder {folder} is not empty; name a new folder with -o")
+        target = folder / METADATA_FILE
+    else:
         target = Path(output) if output else default_backup_path(data_dir)
+    with open_metadata(data_dir, create=False) as store:
         store.backup(target)
         functions = len(store.list_functions())
-    finally:
-        store.close()
-    return {"file": str(target), "bytes": target.stat().st_size, "functions": functions}
+    result: dict = {"file": str(target), "bytes": target.stat().st_size, "functions": functions}
+    if with_buckets:
+        copied = []
+        for name in list_buckets(data_dir):
+            with LocalBucket.open(data_dir, name) as bucket:
+                bucket.copy_to(target.parent)
+            copied.append(name)
+        result.update(
+            folder=str(target.parent), buckets=copied,
+            bytes=sum(f.stat().st_size for f in target.parent.rglob("*") if f.is_file()),
+        )
+    return result
+
+
+def _restore_buckets(data_dir: str, folder: Path) -> tuple[list[str], list[str]]:
+    """Copy the buckets of a backup folder into the data directory; a bucket that exists there is kept."""
+    restored, kept = [], []
+    for name in list_buckets(folder):
+        if bucket_path(data_dir, name).exists():
+            kept.append(name)
+            continue
+        with LocalBucket.open(folder, name) as bucket:
+            bucket.copy_to(data_dir)
+        restored.append(name)
+    return restored, kept
+
+
+def _missing_buckets(data_dir: str, functions: list) -> list[str]:
+    """One warning per bucket a restored function reads or writes that this data directory lacks."""
+    present = set(list_buckets(data_dir))
+    warnings = []
+    for record in functions:
+        defn = record.definition
+        wanted = [("source", defn.get("source_bucket"))] + [
+            (f"binding '{b.get('alias')}'", b.get("bucket")) for b in defn.get("bindings", [])
+        ]
+        for role, name in wanted:
+            if name and name not in present:
+                warnings.append(
+                    f"bucket '{name}' ({role} of function '{record.name}') is not in {data_dir}: a metadata backup "
+                    "holds no buckets; copy its file into DATA_DIR/buckets/, or back up with `eventing backup "
+                    "--with-buckets` and restore that folder"
+                )
+    return warnings
 
 
 def restore(data_dir: str, backup_file: str) -> dict:
@@ -63,11 +118,12 @@ def restore(data_dir: str, backup_file: str) -> dict:
             )
     else:
         Path(data_dir).mkdir(parents=True, exist_ok=True)
-    kept = restore_sqlite_store(backup_file, target)
-    restored = open_metadata(data_dir, create=False)
-    try:
-        functions = [{"name": r.name, "state": r.state.value} for r in restored.list_functions()]
-    finally:
-        restored.close()
+    folder = Path(backup_file) if Path(backup_file).is_dir() else None
+    kept = restore_sqlite_store(folder / METADATA_FILE if folder else backup_file, target)
+    restored_buckets, kept_buckets = _restore_buckets(data_dir, folder) if folder else ([], [])
+    with open_metadata(data_dir, create=False) as restored:
+        records = restored.list_functions()
     return {"restored": str(target), "from": backup_file, "previous": str(kept) if kept else None,
-            "functions": functions}
+            "functions": [{"name": r.name, "state": r.state.value} for r in records],
+            "buckets_restored": restored_buckets, "buckets_kept": kept_buckets,
+            "warnings": _missing_buckets(data_dir, records)}

@@ -435,6 +435,43 @@ def test_a_restore_brings_checkpoints_back_and_the_rerun_applies_no_effect_twice
     assert report["ok"] and report["handled"] == 400 and report["duplicate_effects"] == []
 
 
+def test_a_restore_into_a_fresh_directory_warns_of_each_missing_bucket(capsys, dd, data_dir, tmp_path):
+    load_source(data_dir, 20, 50)
+    deploy_function(data_dir, ledger_definition("fn_a", "src", "ledger"))
+    backup_file = str(tmp_path / "meta.sqlite3")
+    assert run_cli(capsys, "backup", "-o", backup_file, *dd)[0] == 0
+    fresh = str(tmp_path / "fresh")
+    code, out, err = run_cli(capsys, "restore", backup_file, "--data-dir", fresh)
+    assert code == 0
+    assert "bucket 'src' (source of function 'fn_a') is not in" in err
+    assert "bucket 'ledger' (binding 'ledger' of function 'fn_a') is not in" in err
+    assert "--with-buckets" in err and "functions resume after" not in out
+
+
+def test_a_backup_with_buckets_restores_into_a_fresh_directory_and_carries_on_exactly_once(
+    capsys, dd, data_dir, tmp_path
+):
+    source = load_source(data_dir, 50, 300)
+    deploy_function(data_dir, ledger_definition("fn_a", "src", "ledger"))
+    run_until_caught_up(data_dir)
+    folder = tmp_path / "full"
+    code, out, _ = run_cli(capsys, "backup", "--with-buckets", "-o", str(folder), *dd)
+    assert code == 0 and "buckets (ledger, src)" in out
+    for i in range(100):
+        source.upsert(f"after::{i}", {"i": i})  # after the backup: not in the restored directory
+    fresh = str(tmp_path / "fresh")
+    code, out, err = run_cli(capsys, "restore", str(folder), "--data-dir", fresh)
+    assert code == 0 and err == "" and "restored buckets: ledger, src" in out
+    assert "functions resume after the restored checkpoints" in out
+    with LocalBucket.open(fresh, "src") as restored:
+        restored.upsert("new::1", {"i": 1})
+    assert run_until_caught_up(fresh).functions["fn_a"].handled == 1
+    report = json_of(capsys, "verify", "fn_a", "--data-dir", fresh)
+    assert report["ok"] and report["handled"] == 301 and report["duplicate_effects"] == []
+    code, out, _ = run_cli(capsys, "restore", str(folder), "--data-dir", fresh)
+    assert code == 0 and "bucket 'src' exists here: kept it" in out  # never overwrites a bucket
+
+
 def test_restore_is_refused_while_a_service_runs(capsys, dd, data_dir, tmp_path):
     _deployed(data_dir)
     backup_file = str(tmp_path / "meta.sqlite3")
