@@ -250,3 +250,12 @@ def test_a_handler_that_cannot_be_interrupted_gets_its_worker_recycled(data_dir,
     assert sorted(LocalBucket.open(data_dir, "out").keys()) == [f"k{i:02d}" for i in range(20) if i != 7]
     counters = store.counters("fn_stuck")
     assert counters["workers_recycled"] == 1 and counters["hung_skipped"] == 1
+    # The handler is fixed and the function deployed afresh: the mutation the old handler hung on is handled
+    # (the quarantine of a hung mutation belongs to the deployment that hung on it).
+    lifecycle.undeploy(data_dir, "fn_stuck")
+    lifecycle.save_function(data_dir, defn, "def on_update(doc, meta):\n    out[meta.id] = doc\n")
+    lifecycle.deploy(data_dir, "fn_stuck")
+    summary = EventingService(data_dir, ray_executor, until_caught_up=True).run()
+    assert not summary.errors
+    assert sorted(LocalBucket.open(data_dir, "out").keys()) == [f"k{i:02d}" for i in range(20)]
+    assert open_metadata(data_dir).counters("fn_stuck")["hung_skipped"] == 1  # nothing skipped this time
