@@ -15,7 +15,14 @@ import msgspec
 from eventing.cli.common import EXIT_INTERRUPTED, data_dir_of, parse_doc_arg, positive_int, writable_data_dir
 from eventing.cli.output import emit_json, progress_enabled, table
 from eventing.core.mutation import MAX_DOCUMENT_BYTES, OP_DELETE, OP_UPDATE, encode_document
-from eventing.errors import ConfigError, EventingError, InvalidDocumentError, InvalidKeyError, NotFoundError
+from eventing.errors import (
+    ConfigError,
+    EventingError,
+    InvalidDocumentError,
+    InvalidKeyError,
+    NotFoundError,
+    StoreError,
+)
 from eventing.storage.bucket import LocalBucket, chunked, list_buckets
 from sharding import validate_key
 from sharding.vbucket import MAX_KEY_BYTES
@@ -53,6 +60,7 @@ def cmd_bucket_load(args: argparse.Namespace) -> int:
 
     data_dir = writable_data_dir(args)
     bucket = LocalBucket.open(data_dir, args.name)
+    bucket.verify_integrity()  # never add to a damaged file: one line naming it and the way out
     start = time.perf_counter()
     rejected: list[str] = []
     if args.file:
@@ -77,6 +85,9 @@ def cmd_bucket_load(args: argparse.Namespace) -> int:
                 written += done
                 skipped += len(rows) - done
                 bar.update(len(rows))
+    except StoreError as exc:  # a full disk, a damaged file: say what the batches before it committed
+        raise type(exc)(f"{exc}; {written:,} mutations of this load were committed to '{args.name}' before it "
+                        "(loading again adds every mutation of the load again)") from None
     except KeyboardInterrupt:
         # Chunks are transactions: what was counted is committed, the chunk in flight was rolled back.
         message = (f"interrupted: {written:,} mutations committed to '{args.name}' before Ctrl-C; the rest was not "
@@ -223,6 +234,7 @@ def _print_write(args: argparse.Namespace, verb: str, vb: int, seqno: int) -> No
 def cmd_bucket_get(args: argparse.Namespace) -> int:
     bucket = LocalBucket.open(data_dir_of(args), args.name)
     validate_key(args.key)
+    bucket.verify_integrity()  # a miss on a damaged file must not read as "does not exist"
     doc = bucket.get(args.key)
     if doc is None:
         raise NotFoundError(f"document '{args.key}' does not exist in bucket '{args.name}'")
@@ -334,6 +346,8 @@ def cmd_bucket_drop(args: argparse.Namespace) -> int:
     result = buckets.drop(data_dir_of(args), args.name)
     if args.json:
         emit_json(result)
+    elif result["documents"] is None:
+        print(f"dropped bucket '{args.name}': deleted the damaged {result['path']} and the rest of its files")
     else:
         print(f"dropped bucket '{args.name}': deleted {result['path']} with {result['documents']:,} documents, "
               f"{result['tombstones']:,} tombstones and a log of {result['mutations']:,} mutations")

@@ -50,6 +50,33 @@ def existing_data_dir(args: argparse.Namespace) -> str:
     return str(path)
 
 
+def check_function_buckets(data_dir: str, functions: list[str] | None = None) -> None:
+    """Before a run: the bucket files the deployed functions (or ``functions``) read and write pass
+    SQLite's quick check, else one line names the damaged file and the way out (StoreCorruptError). A
+    damaged page might otherwise surface only when a worker reaches it, or never (a lookup that misses
+    it), while the rest of the run goes on."""
+    from eventing.storage.bucket import LocalBucket, bucket_path
+    from eventing.storage.metadata import open_metadata
+
+    store = open_metadata(data_dir)
+    try:
+        records = store.list_functions()
+    finally:
+        store.close()
+    names: set[str] = set()
+    for record in records:
+        if (functions and record.name not in functions) or record.state.value == "undeployed":
+            continue
+        names.add(record.definition.get("source_bucket", ""))
+        names.update(b.get("bucket", "") for b in record.definition.get("bindings", []) if isinstance(b, dict))
+    for name in sorted(n for n in names if n and bucket_path(data_dir, n).exists()):
+        bucket = LocalBucket.open(data_dir, name)
+        try:
+            bucket.verify_integrity()
+        finally:
+            bucket.close()
+
+
 def parse_doc_arg(text: str) -> dict:
     return parse_json_document(text)
 

@@ -9,7 +9,13 @@ import sys
 import time
 from typing import Any
 
-from eventing.cli.common import ProgressRenderer, existing_data_dir, positive_int, process_started_at
+from eventing.cli.common import (
+    ProgressRenderer,
+    check_function_buckets,
+    existing_data_dir,
+    positive_int,
+    process_started_at,
+)
 from eventing.cli.output import emit_json, progress_enabled, table
 from eventing.ops.stats import function_stats, vbucket_map
 
@@ -52,6 +58,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         from eventing.windows.spark.spark_session import check_spark_master
 
         check_spark_master(args.spark_master)  # one line in seconds, not a minute of Spark retrying
+    check_function_buckets(data_dir, args.function or None)  # a damaged bucket file: one line, before Ray starts
     began = time.perf_counter()
     executor = make_executor(args.executor, args.ray_address, data_dir)
     ray_s = time.perf_counter() - began

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from eventing.errors import LifecycleError, NotFoundError
+from eventing.errors import LifecycleError, NotFoundError, StoreCorruptError
 from eventing.storage.bucket import LocalBucket, drop_bucket
 from eventing.storage.metadata import open_metadata
 from metadata import FunctionState
@@ -55,11 +55,15 @@ def _refuse_if_in_use(data_dir: str, bucket: str, action: str) -> list[BucketUse
 def drop(data_dir: str, bucket: str) -> dict:
     """Delete the bucket's file: every document, the mutation log and the effect marks it holds."""
     uses = _refuse_if_in_use(data_dir, bucket, "drop")
-    source = LocalBucket.open(data_dir, bucket)
+    stats: dict = {"documents": None, "tombstones": None, "mutations": None}  # unknown: a damaged file
     try:
-        stats = source.stats()
-    finally:
-        source.close()
+        source = LocalBucket.open(data_dir, bucket)
+        try:
+            stats = source.stats()
+        finally:
+            source.close()
+    except StoreCorruptError:
+        pass  # dropping is the way out of a damaged bucket; drop_bucket deletes its files as they are
     path = drop_bucket(data_dir, bucket)
     return {
         "bucket": bucket, "path": str(path), "documents": stats["documents"], "tombstones": stats["tombstones"],

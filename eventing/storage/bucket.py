@@ -15,6 +15,8 @@ before the column existed are upgraded when first opened: their entries get the 
 
 from __future__ import annotations
 
+import functools
+import inspect
 import itertools
 import os
 import shutil
@@ -31,7 +33,7 @@ from typing import NamedTuple, Self
 
 from eventing.core.mutation import OP_DELETE, OP_EXPIRE, OP_UPDATE, Mutation, decode_document, encode_document
 from eventing.core.names import check_bucket_name
-from eventing.errors import ConfigError, NotFoundError, StoreError
+from eventing.errors import ConfigError, EventingError, NotFoundError, StoreCorruptError, StoreError
 from eventing.storage import write_turns
 from eventing.storage.write_plan import Item, UpdatePlan
 from metadata.sqlite_io import retry_locked, run_transaction
@@ -241,12 +243,35 @@ class LocalBucket:
 
     @classmethod
     def _open_file(cls, path: Path, name: str) -> LocalBucket:
+        problem = header_problem(path)
+        if problem is not None:
+            raise damaged_bucket_error(path, problem)
+        db = None
         try:
             db = _connect(path)
             _upgrade(db, path)
             return cls(path, name, db)
         except sqlite3.DatabaseError as exc:
-            raise StoreError(f"bucket file {path} cannot be read ({exc}); restore it or recreate the bucket") from None
+            if db is not None:
+                db.close()
+            raise bucket_file_error(path, exc) from None
+        except StoreError:
+            if db is not None:
+                db.close()
+            raise
+
+    def verify_integrity(self) -> None:
+        """Fail with one line naming the file and the way out when the bucket file is damaged (SQLite's
+        quick check: every page of the file is read, ~50 ms for 200,000 mutations)."""
+        problem = header_problem(self.path)
+        if problem is None:
+            try:
+                result = self._db.execute("PRAGMA quick_check").fetchone()[0]
+            except sqlite3.DatabaseError as exc:
+                raise bucket_file_error(self.path, exc) from None
+            problem = None if result == "ok" else f"failed its integrity check: {result}"
+        if problem is not None:
+            raise damaged_bucket_error(self.path, problem)
 
     def close(self) -> None:
         self._db.close()
@@ -907,13 +932,143 @@ def _upgrade(db: sqlite3.Connection, path: Path) -> None:
 
 
 def _retry_locked(path: Path, fn):
-    return retry_locked(path, fn)
+    try:
+        return retry_locked(path, fn)
+    except sqlite3.DatabaseError as exc:
+        raise bucket_file_error(path, exc) from None
+
+
+# -- damaged files and full disks ----------------------------------------------------------------------
+
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def bucket_name_of(path: Path) -> str:
+    """The bucket a file belongs to: ``buckets/NAME.sqlite3`` or ``buckets/NAME.partitions/I.sqlite3``."""
+    folder = path.parent.name
+    return folder[: -len(".partitions")] if folder.endswith(".partitions") else path.stem
+
+
+def header_problem(path: Path) -> str | None:
+    """What is wrong with a bucket file that its first 100 bytes and its size show (cut short, not a SQLite
+    file), without opening it; None when nothing shows. SQLite itself would read an empty file as an empty
+    database and a truncated one as zeros past the end, so a damaged bucket would look empty or partial."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            header = f.read(100)
+    except FileNotFoundError:
+        return None  # the caller reports a missing file
+    except OSError as exc:
+        return f"cannot be read: {exc.strerror}"
+    if size == 0:
+        return "truncated to 0 bytes"
+    if len(header) < 100 or not header.startswith(_SQLITE_MAGIC):
+        return "not a SQLite file: its header is overwritten" if len(header) == 100 else f"truncated to {size} bytes"
+    page_size = int.from_bytes(header[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    if page_size < 512 or page_size & (page_size - 1):
+        return "its header is overwritten (page size)"
+    pages = int.from_bytes(header[28:32], "big")
+    # The page count is valid while the change counter matches (offsets 24 and 92): SQLite's own rule. A
+    # checkpoint in another process writes the first page (the new count) before the pages that grow the
+    # file, so the count is compared only while no WAL is there to be checkpointed.
+    if header[24:28] == header[92:96] and pages and size < pages * page_size and not _has_wal(path):
+        return f"truncated to {size:,} of {pages * page_size:,} bytes"
+    if size % page_size:
+        return f"truncated to {size:,} bytes, not a whole number of {page_size}-byte pages"
+    return None
+
+
+def _has_wal(path: Path) -> bool:
+    try:
+        return os.stat(f"{path}-wal").st_size > 0
+    except OSError:
+        return False
+
+
+def damaged_bucket_error(path: Path, detail: object) -> StoreCorruptError:
+    name = bucket_name_of(path)
+    return StoreCorruptError(
+        f"bucket file {path} is damaged ({_one_line(detail)}); stop eventing, then put back a backup copy of "
+        f"the file, or drop the bucket (`eventing bucket drop {name}`) and create and load it again; "
+        "see 'Faults and recovery' in docs/operations.md"
+    )
+
+
+def disk_full_error(path: Path, detail: object) -> StoreError:
+    folder = path.parent
+    return StoreError(
+        f"cannot write {path}: the disk is full ({_one_line(detail)}); free space on the file system of "
+        f"{folder} (see `df {folder}`), then run the command again (everything committed is kept)"
+    )
+
+
+def bucket_file_error(path: Path, exc: sqlite3.DatabaseError) -> EventingError:
+    """One line for SQLite's error on a bucket file: damage (the way out), a full disk (free space: SQLite
+    says "disk I/O error" when it cannot grow its shared-memory file), or the file unusable otherwise."""
+    message = str(exc)
+    if type(exc) is sqlite3.DatabaseError or "malformed" in message or "not a database" in message:
+        return damaged_bucket_error(path, message)
+    if "full" in message or _no_space_left(path.parent):
+        return disk_full_error(path, message)
+    return StoreError(
+        f"cannot use bucket file {path} ({_one_line(message)}); check the permissions and the free space of "
+        f"{path.parent}, then run the command again"
+    )
+
+
+def _no_space_left(folder: Path) -> bool:
+    try:
+        stats = os.statvfs(folder)
+    except OSError:
+        return False
+    return stats.f_bavail * stats.f_frsize < 1 << 20  # less than a MB: SQLite cannot grow its files
+
+
+def _one_line(value: object) -> str:
+    return " ".join(str(value).split())
+
+
+def _mapping_errors(method):
+    """Wrap a reading method so that SQLite's errors on a damaged or unusable file become one line naming
+    the file (bucket_file_error) wherever the read happens: a CLI command, a worker, the data service."""
+    if inspect.isgeneratorfunction(method):
+
+        @functools.wraps(method)
+        def generator(self, *args, **kwargs):
+            try:
+                yield from method(self, *args, **kwargs)
+            except sqlite3.DatabaseError as exc:
+                raise bucket_file_error(self.path, exc) from None
+
+        return generator
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except sqlite3.DatabaseError as exc:
+            raise bucket_file_error(self.path, exc) from None
+
+    return wrapper
+
+
+for _name in (
+    "get_raw", "get_doc", "get_meta", "previous_doc", "high_seqnos", "read_vb_rows", "read_vb_columns",
+    "read_vb_packed", "first_arrival_after", "max_doc_bytes", "scan_log", "log_index", "logged_writes",
+    "_live_docs", "count", "stats", "effect_marks", "seqnos_before", "expire_due", "_info", "_info_or",
+):
+    setattr(LocalBucket, _name, _mapping_errors(getattr(LocalBucket, _name)))
 
 
 def drop_bucket(data_dir: str | os.PathLike[str], name: str) -> Path:
     """Delete a bucket's files (with their WAL and shared-memory files); returns the main file's path."""
     path = bucket_path(data_dir, name)
-    bucket = LocalBucket.open(data_dir, name)  # unknown name or not a bucket: the usual clear error
+    try:
+        bucket = LocalBucket.open(data_dir, name)  # unknown name or not a bucket: the usual clear error
+    except StoreCorruptError:
+        return _drop_damaged(data_dir, name)  # dropping is the way out of a damaged bucket: its files go as they are
     parts = getattr(bucket, "parts", [bucket])  # a PartitionedBucket's files, the main file first
     files = [part.path for part in parts]
     # Move each WAL into its file first: a stale WAL left behind must never meet a new bucket of this name.
@@ -928,6 +1083,22 @@ def drop_bucket(data_dir: str | os.PathLike[str], name: str) -> Path:
         file.unlink()
     if len(files) > 1:
         files[1].parent.rmdir()
+    return path
+
+
+def _drop_damaged(data_dir: str | os.PathLike[str], name: str) -> Path:
+    """Delete the files of a bucket that cannot be opened (a file of it damaged): its partitions' folder,
+    then its main file, each with its WAL, shared-memory and write-turn files."""
+    path = bucket_path(data_dir, name)
+    partitions = partition_path(data_dir, name, 1).parent
+    files = sorted(partitions.glob("*.sqlite3")) if partitions.is_dir() else []
+    for file in [*files, path]:
+        write_turns.forget(file)
+        for suffix in ("-wal", "-shm", write_turns.TURN_SUFFIX):
+            Path(f"{file}{suffix}").unlink(missing_ok=True)
+        file.unlink(missing_ok=True)
+    if partitions.is_dir():
+        shutil.rmtree(partitions)
     return path
 
 

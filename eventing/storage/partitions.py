@@ -80,6 +80,10 @@ class PartitionedBucket(LocalBucket):
         for part in self.parts:
             part.close()
 
+    def verify_integrity(self) -> None:
+        for part in self.parts:
+            part.verify_integrity()
+
     def copy_to(self, data_dir: str | os.PathLike[str]) -> Path:
         buckets = self.path.parent
         targets = [Path(data_dir) / "buckets" / part.path.relative_to(buckets) for part in self.parts]

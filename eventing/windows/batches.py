@@ -6,7 +6,10 @@ unknown), then the function's group-by columns (string) and value columns (float
 nullable). A row is identified by ``(vb, seqno)``: readers drop duplicates on that pair, so a batch written
 again after a crash (under the same or a new name) never counts twice. Batches are Parquet for Spark
 (``write_row_batch``) or Arrow IPC for a Python reader (``write_row_spool``, the worker-to-coordinator
-hand-off); ``read_row_batch`` reads both.
+hand-off); ``read_row_batch`` reads both. An Arrow row file ends with a checksum trailer, ``EVROWCRC`` and the
+CRC-32 (4 bytes, big-endian) of the Arrow IPC bytes before it, so a damaged file is refused with its name
+rather than read as other numbers (Arrow itself checks only the file's structure); files written before
+the trailer existed are read as they are.
 
 Result table: ``window_start_ms int64, window_end_ms int64``, the group-by columns, then one column per
 aggregate (``count`` int64, the others float64). The group-by column names ride in the schema metadata so a
@@ -20,6 +23,7 @@ import json
 import os
 import re
 import uuid
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -29,6 +33,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+
+from eventing.errors import StoreCorruptError, StoreError
 
 AggregateOp = Literal["count", "sum", "avg", "min", "max"]
 # (op, value field or None, output column name); the field may be None only for count, meaning count(*).
@@ -45,6 +51,8 @@ WINDOW_START = "window_start_ms"
 WINDOW_END = "window_end_ms"
 GROUP_BY_METADATA_KEY = b"eventing.group_by"
 ROW_SPOOL_SUFFIX = ".arrow"
+_CHECKSUM_MAGIC = b"EVROWCRC"
+_TRAILER_BYTES = len(_CHECKSUM_MAGIC) + 4
 _MAX_MS_AS_US = (2**63 - 1) // 1000
 
 _BASE_FIELDS = (
@@ -203,6 +211,22 @@ def atomic_write_many(files: Sequence[tuple[Path, Callable[[Path], object]]], *,
     file (a window sink writes a file per window)."""
     staged = [(path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp"), path) for path, _ in files]
     try:
+        return _write_and_place(staged, files, overwrite=overwrite)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT) and "No space left" not in str(exc):
+            raise
+        folder = staged[0][1].parent
+        raise StoreError(
+            f"cannot write {staged[0][1] if len(staged) == 1 else f'{len(staged)} files in {folder}'}: the disk is "
+            f"full ({exc.strerror or exc}); free space on the file system of {folder} (see `df {folder}`), then run "
+            "the command again (nothing was checkpointed past what is on disk)"
+        ) from None
+
+
+def _write_and_place(
+    staged: list[tuple[Path, Path]], files: Sequence[tuple[Path, Callable[[Path], object]]], *, overwrite: bool
+) -> int:
+    try:
         jobs = [(tmp, write) for (tmp, _), (_, write) in zip(staged, files, strict=True)]
         if len(jobs) == 1:
             _write_synced(jobs[0])
@@ -266,9 +290,11 @@ def write_row_spool(directory: str | os.PathLike[str], batch_name: str, table: p
     path.parent.mkdir(parents=True, exist_ok=True)
     checked = _checked_rows(table)
 
+    data = _checksummed(checked)
+
     def write(tmp: Path) -> None:
-        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, checked.schema) as writer:
-            writer.write_table(checked)
+        with open(tmp, "wb") as f:
+            f.write(data)
 
     atomic_write(path, write, overwrite=True)
     return path
@@ -277,20 +303,55 @@ def write_row_spool(directory: str | os.PathLike[str], batch_name: str, table: p
 def encode_row_spool(table: pa.Table) -> bytes:
     """The bytes ``write_row_spool`` would write for ``table``: what a worker without the data directory
     sends to the data service, which writes them durably under the same name."""
-    checked = _checked_rows(table)
+    return _checksummed(_checked_rows(table)).tobytes()
+
+
+def _checksummed(checked: pa.Table) -> memoryview:
+    """The Arrow IPC file of ``checked`` followed by its checksum trailer (see the module's docstring)."""
     sink = pa.BufferOutputStream()
     with pa.ipc.new_file(sink, checked.schema) as writer:
         writer.write_table(checked)
-    return sink.getvalue().to_pybytes()
+    body = sink.getvalue()
+    crc = zlib.crc32(body)
+    out = bytearray(body.size + _TRAILER_BYTES)
+    out[: body.size] = memoryview(body)
+    out[body.size :] = _CHECKSUM_MAGIC + crc.to_bytes(4, "big")
+    return memoryview(out)
 
 
 def read_row_batch(path: str | os.PathLike[str]) -> pa.Table:
-    """A row batch written by ``write_row_spool`` (``.arrow``) or ``write_row_batch`` (``.parquet``)."""
-    if os.fspath(path).endswith(ROW_SPOOL_SUFFIX):
-        # Mapped, not read: columns nobody touches (the key, mostly) are never paged in. The map lives as
-        # long as the table's buffers do.
-        return pa.ipc.open_file(pa.memory_map(os.fspath(path))).read_all()
-    return pq.read_table(path)
+    """A row batch written by ``write_row_spool`` (``.arrow``) or ``write_row_batch`` (``.parquet``).
+
+    A file that is cut short, overwritten or fails its checksum raises StoreCorruptError naming it and the
+    way out; a missing file raises FileNotFoundError."""
+    try:
+        if os.fspath(path).endswith(ROW_SPOOL_SUFFIX):
+            # Mapped, not copied. The map lives as long as the table's buffers do.
+            data = pa.memory_map(os.fspath(path)).read_buffer()
+            tail = data.slice(max(0, data.size - _TRAILER_BYTES)).to_pybytes()
+            if tail[: len(_CHECKSUM_MAGIC)] == _CHECKSUM_MAGIC:
+                data = data.slice(0, data.size - _TRAILER_BYTES)
+                if zlib.crc32(data) != int.from_bytes(tail[len(_CHECKSUM_MAGIC) :], "big"):
+                    raise damaged_row_file_error(path, "its checksum does not match its contents")
+            return pa.ipc.open_file(data).read_all()
+        return pq.read_table(path)
+    except FileNotFoundError:
+        raise
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise damaged_row_file_error(path, exc) from None
+
+
+def damaged_row_file_error(path: str | os.PathLike[str], detail: object) -> StoreCorruptError:
+    """One line for a window row file that cannot be read: the file, and the way out (its rows are lost
+    with it, so the function's windows are computed afresh from the source by a new deployment)."""
+    file = Path(path)
+    in_windows = file.parent.parent.parent.name == "windows"  # <data_dir>/windows/<fn>/<folder>/<file>
+    function = file.parent.parent.name if in_windows else "FN"
+    return StoreCorruptError(
+        f"window row file {file} is damaged ({' '.join(str(detail).split())}); delete it, then undeploy and deploy "
+        f"function '{function}' again (`eventing undeploy {function}`, `eventing deploy DEFINITION`) so that its "
+        "windows are computed afresh from the source; see 'Faults and recovery' in docs/operations.md"
+    )
 
 
 def check_aggregates(aggregates: Sequence[AggregateColumn], group_by: Sequence[str]) -> list[str]:
