@@ -9,8 +9,8 @@ from eventing.errors import ConfigError
 BUCKET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.%-]{0,99}$")
 
 
-def check_bucket_name(name: str) -> None:
-    if not BUCKET_NAME.match(name or ""):
+def check_bucket_name(name: object) -> None:
+    if not isinstance(name, str) or not BUCKET_NAME.match(name):
         raise ConfigError(
             f"bucket name {name!r} is not valid; use 1-100 letters, digits, '_', '-', '.' or '%', "
             "starting with a letter or digit"

@@ -9,6 +9,8 @@ drives the routes, the OpenAPI description and the docs.
 from __future__ import annotations
 
 import json
+import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
+from starlette.types import Receive, Scope, Send
 
 from eventing.core.definition import FunctionDefinition, check_function_name
 from eventing.core.secrets import mask_definition
@@ -44,6 +47,9 @@ from eventing.storage.metadata import open_metadata
 STATIC_DIR = Path(__file__).parent / "static"
 APP_LOG_DIR = "logs"  # <data-dir>/logs/<function>.log, the handlers' application log
 DEFAULT_LOG_BYTES = 40_960  # like Couchbase's getAppLog: the newest part of the log
+DEFAULT_WAIT_S = 60.0  # ?wait= of pause and undeploy: how long to wait for the running service
+QUERY_TRUE = frozenset({"1", "true", "yes"})
+QUERY_FALSE = frozenset({"0", "false", "no"})
 
 
 @dataclass
@@ -82,20 +88,42 @@ class Call:
         except UnicodeDecodeError as exc:
             raise ConfigError(f"the request body is not UTF-8 text (byte {exc.start}); send the handler as UTF-8") from None
 
-    def int_arg(self, source: dict[str, Any], key: str) -> int | None:
+    def shown(self, source: dict[str, Any], key: str, value: Any) -> str:
+        """A parameter as the caller wrote it: `size=-1` in a query string, `"all": "yes"` in a JSON body."""
+        return f"{key}={value}" if source is self.query else f"{json.dumps(key)}: {json.dumps(value)}"
+
+    def int_arg(self, source: dict[str, Any], key: str, minimum: int | None = None) -> int | None:
+        """A whole-number parameter of the query string (`source` is `self.query`) or of a JSON body; None
+        when absent. Anything else, or a number below `minimum`, is a 400 naming the parameter."""
         value = source.get(key)
         if value is None or value == "":
             return None
-        if isinstance(value, bool):
-            raise ConfigError(f"'{key}' must be an integer, not {value!r}")
-        try:
-            return int(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"'{key}' must be an integer, not {value!r}") from None
+        number: int | None = None
+        if isinstance(value, int) and not isinstance(value, bool):
+            number = value
+        elif isinstance(value, float) and value.is_integer():
+            number = int(value)
+        elif isinstance(value, str) and re.fullmatch(r"[+-]?[0-9]+", value.strip()):
+            number = int(value)
+        if number is None or (minimum is not None and number < minimum):
+            accepted = "a whole number" + (f" >= {minimum}" if minimum is not None else "")
+            raise ConfigError(f"{self.shown(source, key, value)} is not valid; give {accepted}")
+        return number
 
     def flag(self, source: dict[str, Any], key: str) -> bool:
-        value = source.get(key, False)
-        return value in (True, "1", "true", "yes")
+        """A yes/no parameter: in the query string true/false, 1/0 or yes/no; in a JSON body a JSON boolean
+        only, so `{"all": "yes"}` is a 400 rather than a purge."""
+        value = source.get(key)
+        if value is None:
+            return False
+        if source is self.query:
+            text = str(value).strip().lower()
+            if text in QUERY_TRUE or text in QUERY_FALSE or text == "":
+                return text in QUERY_TRUE
+            raise ConfigError(f"{key}={value} is not valid; use {key}=true or {key}=false (or 1 and 0)")
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{self.shown(source, key, value)} is not valid; \"{key}\" is a JSON boolean: true or false")
 
 
 @dataclass(frozen=True)
@@ -164,10 +192,18 @@ def deploy(c: Call) -> dict[str, Any]:
 
 
 def _wait_s(c: Call) -> float:
+    """?wait=SECONDS, checked before the function's state is (a bad parameter is a 400 in every state)."""
+    text = c.query.get("wait", "").strip()
+    if not text:
+        return DEFAULT_WAIT_S
     try:
-        return float(c.query.get("wait", 60))
+        wait = float(text)
     except ValueError:
-        raise ConfigError(f"wait={c.query['wait']!r} is not a number of seconds") from None
+        wait = -1.0
+    if not math.isfinite(wait) or wait < 0:
+        raise ConfigError(f"wait={c.query['wait']} is not valid; give a number of seconds >= 0 "
+                          f"(default {DEFAULT_WAIT_S:g})")
+    return wait
 
 
 def pause(c: Call) -> dict[str, Any]:
@@ -285,7 +321,7 @@ def app_log(c: Call) -> Response:
     if not name:
         raise ConfigError("getAppLog needs ?name=FUNCTION")
     check_function_name(name)
-    size = c.int_arg(c.query, "size") or DEFAULT_LOG_BYTES
+    size = c.int_arg(c.query, "size", minimum=1) or DEFAULT_LOG_BYTES
     path = Path(c.data_dir) / APP_LOG_DIR / f"{name}.log"
     if not path.is_file():
         get_function(Call(c.data_dir, {"name": name}, {}, b""))  # an unknown function is a 404
@@ -305,7 +341,8 @@ def vbmap(c: Call) -> dict[str, Any]:
 
 
 def checkpoints(c: Call) -> dict[str, Any]:
-    return stats.checkpoint_view(c.data_dir, c.name, vb=c.int_arg(c.query, "vb"), backlog_only=c.flag(c.query, "backlog"))
+    return stats.checkpoint_view(c.data_dir, c.name, vb=c.int_arg(c.query, "vb", minimum=0),
+                                 backlog_only=c.flag(c.query, "backlog"))
 
 
 def _topology_call(c: Call, fn: Callable[[Topology], Any]) -> Any:
@@ -363,45 +400,64 @@ def rebalance_progress(c: Call) -> dict[str, Any]:
     return {**progress, "request": _request_view(progress["request"])}
 
 
-def _selector(c: Call, source: dict[str, Any]) -> dlq.DlqSelector:
-    key = source.get("key")
-    return dlq.DlqSelector(
-        vb=c.int_arg(source, "vb"), seqno=c.int_arg(source, "seqno"),
+def _selector(c: Call, source: dict[str, Any], action: str) -> dlq.DlqSelector:
+    """The rows a dead-letter request names, checked here so that errors speak of parameters, not flags."""
+    key, reason = source.get("key"), source.get("reason")
+    if reason is not None and not isinstance(reason, str):
+        raise ConfigError(f"{c.shown(source, 'reason', reason)} is not valid; give one of the reasons: "
+                          + ", ".join(sorted(dlq.DLQ_REASONS)))
+    selector = dlq.DlqSelector(
+        vb=c.int_arg(source, "vb", minimum=0), seqno=c.int_arg(source, "seqno", minimum=0),
         key=str(key) if key not in (None, "") else None,
-        reason=source.get("reason") or None, everything=c.flag(source, "all"),
+        reason=reason or None, everything=c.flag(source, "all"),
     )
+    q = source is c.query
+    vb, seqno, key_, all_, replayed = (("vb=N", "seqno=S", "key=KEY", "all=true", "replayed=true") if q else
+                                       ('"vb"', '"seqno"', '"key"', '{"all": true}', '{"replayed": true}'))
+    if selector.seqno is not None and selector.vb is None:
+        raise ConfigError(f"{seqno} needs {vb} too: a seqno is only unique within its vBucket")
+    if selector.everything and (selector.vb is not None or selector.key is not None):
+        raise ConfigError(f"{all_} selects every row; send it without {vb}, {seqno} or {key_}")
+    if action == "show" and selector.vb is None and selector.key is None:
+        raise ConfigError(f"dlq/show needs ?{vb}&{seqno} or ?{key_}; GET {F.format(name=c.name)}/dlq lists every row")
+    if action == "replay" and not (selector.everything or selector.narrows):
+        raise ConfigError(f"dlq/replay needs {all_} or a selector: {vb} (with {seqno}), {key_} or \"reason\"")
+    if action == "purge" and not (selector.everything or selector.narrows or c.flag(source, "replayed")):
+        raise ConfigError(f"dlq/purge needs {all_}, {replayed} or a selector: {vb} (with {seqno}), {key_} or "
+                          "\"reason\"")
+    return selector
 
 
 def dlq_list(c: Call) -> list[dict[str, Any]]:
     """`?limit=N&offset=M`: rows M+1..M+N in (vBucket, seqno) order, for paging."""
-    limit, offset = c.int_arg(c.query, "limit"), c.int_arg(c.query, "offset") or 0
+    limit, offset = c.int_arg(c.query, "limit", minimum=1), c.int_arg(c.query, "offset") or 0
     if offset < 0:
         raise ConfigError(f"offset={offset} is negative; give the number of rows to skip (>= 0)")
     rows = dlq.list_rows(c.data_dir, c.name, reason=c.query.get("reason") or None,
-                         limit=limit if limit is None or limit < 1 else limit + offset,  # < 1: the CLI's error
+                         limit=None if limit is None else limit + offset,
                          include_replayed=c.flag(c.query, "all"))
     return [dlq.row_view(r) for r in rows[offset:]]
 
 
 def dlq_show(c: Call) -> list[dict[str, Any]]:
-    return [dlq.row_view(r, full=True) for r in dlq.show_rows(c.data_dir, c.name, _selector(c, dict(c.query)))]
+    return [dlq.row_view(r, full=True) for r in dlq.show_rows(c.data_dir, c.name, _selector(c, c.query, "show"))]
 
 
 def dlq_replay(c: Call) -> dict[str, Any]:
-    return dlq.replay(c.data_dir, c.name, _selector(c, c.json_object())).to_dict()
+    return dlq.replay(c.data_dir, c.name, _selector(c, c.json_object(), "replay")).to_dict()
 
 
 def dlq_purge(c: Call) -> dict[str, Any]:
     body = c.json_object()
-    removed = dlq.purge(c.data_dir, c.name, _selector(c, body), replayed_only=c.flag(body, "replayed"))
+    removed = dlq.purge(c.data_dir, c.name, _selector(c, body, "purge"), replayed_only=c.flag(body, "replayed"))
     return {"function": c.name, "purged": removed}
 
 
 def windows(c: Call) -> dict[str, Any]:
     from eventing.ops.windows import window_report
 
+    limit = c.int_arg(c.query, "limit", minimum=0)  # 0: every row
     report = window_report(c.data_dir, c.name)
-    limit = c.int_arg(c.query, "limit")
     if limit:
         report["results"] = report["results"][-limit:]
     return report
@@ -501,9 +557,31 @@ STATUS_OF: list[tuple[type[BaseException], int]] = [
 ]
 
 
+# The shared messages name CLI commands and flags where the CLI is the way; over HTTP the endpoint is.
+REST_WORDING: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(r"`eventing dlq list ([\w-]+)`"), r"GET /api/v1/functions/\1/dlq"),
+    (re.compile(r"`eventing dlq purge ([\w-]+) --replayed`"),
+     r'POST /api/v1/functions/\1/dlq/purge with {"replayed": true}'),
+    (re.compile(r"`eventing (deploy|undeploy|pause|resume) ([\w-]+)`"), r"POST /api/v1/functions/\2/\1"),
+    (re.compile(r"`eventing status ([\w-]+)`"), r"GET /api/v1/status/\1"),
+    (re.compile(r"`eventing status`"), "GET /api/v1/status"),
+    (re.compile(r"`eventing stats ([\w-]+)`"), r"GET /api/v1/functions/\1/stats"),
+    (re.compile(r"`eventing export ([\w-]+)`"), r"GET /api/v1/export?name=\1"),
+    (re.compile(r"--ledger BUCKET"), "?ledger=BUCKET"),
+    (re.compile(r"--limit (-?\d+)"), r"limit=\1"),
+    (re.compile(r"--wait\b"), "?wait="),
+]
+
+
+def rest_wording(message: str) -> str:
+    for pattern, replacement in REST_WORDING:
+        message = pattern.sub(replacement, message)
+    return message
+
+
 def error_body(exc: BaseException) -> tuple[int, dict[str, Any]]:
-    """The CLI's message; its last clause after '; ' is the fix when the message has one."""
-    message = str(exc)
+    """The CLI's message in REST terms; its last clause after '; ' is the fix when the message has one."""
+    message = rest_wording(str(exc))
     status = next(code for kind, code in STATUS_OF if isinstance(exc, kind))
     _, sep, fix = message.rpartition("; ")
     return status, {"error": message, "fix": fix if sep else None}
@@ -548,13 +626,37 @@ async def _console(request: Request) -> Response:
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     if exc.status_code == 405:
-        return JSONResponse({"error": f"{request.method} is not allowed on {request.url.path}",
-                             "fix": "see GET /api/v1/openapi.json for the methods of each path"}, status_code=405)
+        allow = (exc.headers or {}).get("Allow", "")
+        return JSONResponse({"error": f"{request.method} is not allowed on {request.url.path}; it answers {allow}",
+                             "fix": f"use {allow}" + (" (POST creates and updates, as in Couchbase's API)"
+                                                      if request.method in ("PUT", "PATCH") and "POST" in allow else "")
+                             + "; see GET /api/v1/openapi.json for the methods of each path"},
+                            status_code=405, headers={"Allow": allow})
     return JSONResponse({"error": f"no endpoint {request.url.path}",
                          "fix": "see GET /api/v1/openapi.json for the endpoints"}, status_code=exc.status_code)
 
 
 EXCEPTION_HANDLERS = {HTTPException: _http_error}
+
+
+class _AnyMethod:
+    """An ASGI endpoint that takes every method (a Route given a plain function would answer only the methods
+    listed, and let a catch-all route answer the others), so that each path decides: its endpoints by method,
+    and for any other method a 405 with an Allow header naming the methods it answers."""
+
+    def __init__(self, handlers: dict[str, Callable[[Request], Any]], fallback: Callable[[Request], Any] | None = None):
+        self.handlers = handlers
+        self.fallback = fallback
+        self.allow = ", ".join([*handlers, *(["HEAD"] if "GET" in handlers and "HEAD" not in handlers else [])])
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive)
+        handler = self.handlers.get(request.method) or (self.handlers.get("GET") if request.method == "HEAD" else None)
+        handler = handler or self.fallback
+        if handler is None:
+            raise HTTPException(405, headers={"Allow": self.allow})
+        response = await handler(request)
+        await response(scope, receive, send)
 
 
 def routes() -> list[BaseRoute]:
@@ -563,16 +665,8 @@ def routes() -> list[BaseRoute]:
         by_path.setdefault(ep.path, {})[ep.method] = ep
     out: list[BaseRoute] = [Route("/", _console, methods=["GET"])]
     for path, methods in by_path.items():
-        handlers = {m: _endpoint(ep) for m, ep in methods.items()}
-
-        async def dispatch(request: Request, handlers: dict[str, Callable[[Request], Any]] = handlers) -> Response:
-            handler = handlers.get(request.method) or handlers.get("GET" if request.method == "HEAD" else "")
-            if handler is None:
-                raise HTTPException(405)
-            return await handler(request)
-
-        out.append(Route(path, dispatch, methods=[*methods, "HEAD"] if "GET" in methods else list(methods)))
-    out.append(Route("/api/v1/functions/{rest:path}", _unknown_function_path,
-                     methods=["GET", "POST", "DELETE", "PUT"]))
+        out.append(Route(path, _AnyMethod({m: _endpoint(ep) for m, ep in methods.items()})))
+    # Any method under /api/v1/functions/ that no route above has: a bad name's rule, or a 404.
+    out.append(Route("/api/v1/functions/{rest:path}", _AnyMethod({}, fallback=_unknown_function_path)))
     out.append(Mount("/static", StaticFiles(directory=STATIC_DIR), name="static"))
     return out

@@ -55,6 +55,15 @@ from metadata import DlqRow, MetadataStore
 from sharding import NUM_VBUCKETS, validate_key
 
 REPLAYABLE_REASONS = frozenset({"error", "timeout", "undecodable", "oversize", "timer_error", "cas_mismatch"})
+# Every reason a row can have: handler work (above), window rows (`late`, `bad_event_time`) and the rows the
+# arrival-time policies drop (eventing.windows.semantics.arrival.DROP_REASONS).
+DLQ_REASONS = REPLAYABLE_REASONS | {"late", "bad_event_time", "early", "late_arrival", "out_of_order", "no_substream_key"}
+
+
+def check_reason(reason: str | None) -> None:
+    """An unknown reason is a mistake (a typo would otherwise list, replay or purge nothing, silently)."""
+    if reason is not None and reason not in DLQ_REASONS:
+        raise ConfigError(f"reason {reason!r} is not a dead-letter reason; use one of {', '.join(sorted(DLQ_REASONS))}")
 
 
 @dataclass(frozen=True)
@@ -81,6 +90,7 @@ class DlqSelector:
             )
         if self.key is not None:
             validate_key(self.key)
+        check_reason(self.reason)
         if self.everything and (self.vb is not None or self.key is not None):
             raise ConfigError(f"`dlq {command}` takes --all or a selector (--vb/--seqno, --key), not both")
 
@@ -101,6 +111,7 @@ def list_rows(
 ) -> list[DlqRow]:
     if limit is not None and limit < 1:
         raise ConfigError(f"--limit {limit} is not positive; give a number of rows >= 1")
+    check_reason(reason)
     with _store(data_dir) as store:
         store.get_function(function)  # an unknown function is an error, not an empty queue
         return store.find_dlq_rows(function, reason=reason, limit=limit, include_replayed=include_replayed)
