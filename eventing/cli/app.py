@@ -67,6 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    words = sys.argv[1:] if argv is None else argv
+    if "--version" in words and "--json" in words:
+        # argparse's version action prints text as soon as it meets --version, before --json is known.
+        print(json.dumps({"version": __version__}))
+        return 0
     parser = build_parser()
     args = parser.parse_args(argv)
     # --data-dir and --json may come before or after the subcommand; absent means default.

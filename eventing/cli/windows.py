@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from eventing.cli.output import emit_json, table
+from eventing.cli.output import ID_COLUMNS, emit_json, table
 from eventing.errors import ConfigError
 from eventing.ops.windows import window_report, write_chart
 
@@ -51,9 +51,15 @@ def cmd_windows(args: argparse.Namespace) -> int:
         f"{report['closed_not_emitted']} closed and not yet emitted; late rows {report['late_rows']}, "
         f"documents without a usable event time {report['bad_event_time']}"
     )
-    if report["watermark"] is not None:
-        print(f"watermark: {report['watermark']}")
     policies = report.get("arrival_policies")
+    if report["watermark"] is not None:
+        least = "substreams'" if report["watermark_of"] == "substreams" else "vBuckets'"
+        print(f"closing watermark: {report['watermark']} (the least of the {least} watermarks; windows close on it)")
+    if policies is not None and policies["watermark_ms"] is not None:
+        from eventing.windows.runtime.coordinator import iso_ms
+
+        print(f"arrival-time policies' greatest watermark: {iso_ms(policies['watermark_ms'])} (the most advanced "
+              "stream; watermark_delay_ms counts from it)")
     if policies is not None:
         print(
             f"arrival-time policies: {policies['out_of_order_events']} out-of-order, {policies['late_input_events']} "
@@ -69,7 +75,8 @@ def cmd_windows(args: argparse.Namespace) -> int:
     else:
         headers = ["window start", "window end", *report["group_by"], *aggregates]
         print(table(headers, [[r["window_start"], r["window_end"], *(r[g] for g in report["group_by"]),
-                               *(r[a] for a in aggregates)] for r in rows]))
+                               *(r[a] for a in aggregates)] for r in rows],
+                    plain={*ID_COLUMNS, *report["group_by"]}))  # group values are keys (a store id), not counts
     if args.png:
         print(f"chart of {args.aggregate or aggregates[0]} written to {args.png}")
     return 0

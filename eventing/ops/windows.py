@@ -8,6 +8,20 @@ from typing import Any
 
 from eventing.errors import ConfigError
 
+# What each watermark of a report is (docs/windows.md): a report has the closing one, and a function with
+# arrival-time policies also the policies' greatest one, which is not what closes windows.
+WATERMARK_IS = {
+    "vbuckets": "closing watermark: the least of the active vBuckets' watermarks (each the latest event time "
+    "seen there minus out_of_order_tolerance); windows close when it passes their end plus allowed_lateness",
+    "substreams": "closing watermark: the least of the substreams' watermarks (each the latest windowed time of "
+    "its rows minus out_of_order_tolerance, or the arrival clock minus late_arrival_tolerance); each "
+    "substream's windows close on its own",
+}
+POLICIES_WATERMARK_IS = (
+    "the arrival-time policies' greatest watermark over their streams (vBuckets, or substreams): the most "
+    "advanced stream, the base of watermark_delay_ms; windows do not close on it"
+)
+
 
 def window_status(data_dir: str, name: str) -> dict[str, Any]:
     """Watermark, open windows and counts of a windowed function, without reading its results (metrics)."""
@@ -31,7 +45,9 @@ def window_status(data_dir: str, name: str) -> dict[str, Any]:
     spec = layout.spec
     operator = (state or {}).get("operator") or {}
     watermark = (operator.get("tracker") or {}).get("watermark_ms")
+    basis = "vbuckets"
     if operator.get("substreams") is not None:
+        basis = "substreams"
         # Windows close per substream: the watermark that matters is the least substream's (or, grouped
         # without the key, the arrival clock's floor), not the vBuckets'.
         from eventing.windows.semantics.substreams import SubstreamWindowOperator
@@ -46,8 +62,11 @@ def window_status(data_dir: str, name: str) -> dict[str, Any]:
         "window": spec.to_dict(),
         "group_by": list(layout.group_by),
         "aggregates": [a.name for a in spec.aggregates],
+        # The coordinator's closing watermark: windows close when it passes their end + allowed_lateness.
         "watermark": iso_ms(watermark) if spec.boundary == "event_time" else None,
         "watermark_ms": watermark if spec.boundary == "event_time" else None,
+        "watermark_of": basis if spec.boundary == "event_time" else None,  # the least of: vbuckets, substreams
+        "watermark_is": WATERMARK_IS[basis] if spec.boundary == "event_time" else None,
         "open_windows": len(operator.get("open_windows") or [])
         + sum(len(sessions) for _, _, sessions in operator.get("open") or [])
         + len((operator.get("substreams") or {}).get("open") or []),  # (window, substream) pairs
@@ -72,6 +91,7 @@ def arrival_metrics(spec: Any, state: dict[str, Any] | None, counters: dict[str,
     marks = [int(w) for _, w in arrival.get("watermarks") or []]
     top = max(marks, default=None)
     return {
+        "watermark_is": POLICIES_WATERMARK_IS,
         "out_of_order_events": int(counters.get(names.OUT_OF_ORDER_EVENTS, 0)),
         "late_input_events": int(counters.get(names.LATE_INPUT_EVENTS, 0)),
         "early_input_events": int(counters.get(names.EARLY_INPUT_EVENTS, 0)),
