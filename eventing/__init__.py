@@ -19,14 +19,14 @@ __all__ = ["Eventing", "EventingError", "FunctionDefinition", "RunSummary", "Wri
 _LAZY = {
     "Eventing": "eventing.api",
     "FunctionDefinition": "eventing.core.definition",
-    "RunSummary": "eventing.runtime.service",
+    "RunSummary": "eventing.control.service",
     "Write": "eventing.storage.bucket",
 }
 
 if TYPE_CHECKING:
     from eventing.api import Eventing
+    from eventing.control.service import RunSummary
     from eventing.core.definition import FunctionDefinition
-    from eventing.runtime.service import RunSummary
     from eventing.storage.bucket import Write
 
 

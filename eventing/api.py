@@ -20,16 +20,16 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal
 
+from eventing.control import lifecycle
+from eventing.control.service import EventingService, RunSummary
 from eventing.core.definition import Boundary, FunctionDefinition
 from eventing.errors import ConfigError
 from eventing.ops.stats import function_stats, vbucket_map
 from eventing.ops.verify import VerifyReport, verify_function
-from eventing.runtime import lifecycle
-from eventing.runtime.executor import make_executor
-from eventing.runtime.service import EventingService, RunSummary
 from eventing.storage import loadgen
 from eventing.storage.bucket import LocalBucket, Write, chunked
 from eventing.windows.runtime.host import WindowOptions
+from eventing.workers.executor import make_executor
 from metadata import FunctionRecord
 
 ExecutorKind = Literal["ray", "in-process"]

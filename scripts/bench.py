@@ -34,14 +34,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import msgpack  # noqa: E402
 import ray  # noqa: E402
 
+from eventing.control import lifecycle  # noqa: E402
+from eventing.control.service import EventingService  # noqa: E402
 from eventing.core.definition import FunctionDefinition  # noqa: E402
 from eventing.core.mutation import OP_DELETE, OP_UPDATE, decode_document, encode_document  # noqa: E402
 from eventing.handler import Meta  # noqa: E402
-from eventing.runtime import lifecycle  # noqa: E402
-from eventing.runtime.executor import RayExecutor  # noqa: E402
-from eventing.runtime.service import EventingService  # noqa: E402
 from eventing.storage.bucket import LocalBucket, Write  # noqa: E402
 from eventing.testing.workloads import TRIVIAL_HANDLER, load_bench_bucket  # noqa: E402
+from eventing.workers.executor import RayExecutor  # noqa: E402
 
 FUNCTIONS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "functions")
 

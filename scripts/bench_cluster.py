@@ -23,14 +23,14 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 from eventing.cli.app import main as cli  # noqa: E402
+from eventing.control import lifecycle  # noqa: E402
+from eventing.control.service import EventingService  # noqa: E402
 from eventing.core.definition import FunctionDefinition  # noqa: E402
-from eventing.runtime import lifecycle  # noqa: E402
-from eventing.runtime.executor import RayExecutor, init_ray  # noqa: E402
-from eventing.runtime.service import EventingService  # noqa: E402
 from eventing.storage import loadgen  # noqa: E402
 from eventing.storage.bucket import LocalBucket, chunked  # noqa: E402
 from eventing.testing.cluster import LocalRayCluster  # noqa: E402
 from eventing.testing.workloads import TRIVIAL_HANDLER, load_bench_bucket  # noqa: E402
+from eventing.workers.executor import RayExecutor, init_ray  # noqa: E402
 
 HANDLER = TRIVIAL_HANDLER
 
@@ -94,7 +94,7 @@ def deploy(data_dir: str, name: str, source: str, handler: str, workers: int, ba
 
 def place(data_dir: str, nodes: dict[str, str]) -> None:
     """Move every vBucket onto exactly these eventing nodes (name -> Ray node id); no service runs."""
-    from eventing.runtime.nodes import Topology
+    from eventing.control.nodes import Topology
     from eventing.storage.metadata import open_metadata
 
     topology = Topology(open_metadata(data_dir))

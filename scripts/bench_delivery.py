@@ -23,12 +23,12 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
+from eventing.control import lifecycle  # noqa: E402
+from eventing.control.service import EventingService  # noqa: E402
 from eventing.core.definition import load_definition_file  # noqa: E402
-from eventing.runtime import lifecycle  # noqa: E402
-from eventing.runtime.executor import InProcessExecutor, RayExecutor, init_ray  # noqa: E402
-from eventing.runtime.service import EventingService  # noqa: E402
 from eventing.storage import loadgen  # noqa: E402
 from eventing.storage.bucket import LocalBucket, chunked  # noqa: E402
+from eventing.workers.executor import InProcessExecutor, RayExecutor, init_ray  # noqa: E402
 
 FUNCTIONS = Path(__file__).resolve().parent.parent / "functions"
 MODES = ("exactly_once", "at_least_once")

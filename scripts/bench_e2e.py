@@ -28,8 +28,8 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
+from eventing.control import lifecycle  # noqa: E402
 from eventing.core.definition import FunctionDefinition  # noqa: E402
-from eventing.runtime import lifecycle  # noqa: E402
 from eventing.testing.workloads import TRIVIAL_HANDLER, load_bench_bucket  # noqa: E402
 
 HANDLER = TRIVIAL_HANDLER

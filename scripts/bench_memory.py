@@ -27,13 +27,13 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from eventing.control import lifecycle  # noqa: E402
+from eventing.control.service import EventingService  # noqa: E402
 from eventing.core.definition import FunctionDefinition  # noqa: E402
-from eventing.runtime import lifecycle  # noqa: E402
-from eventing.runtime.executor import RayExecutor  # noqa: E402
-from eventing.runtime.service import EventingService  # noqa: E402
 from eventing.storage import loadgen  # noqa: E402
 from eventing.storage.bucket import LocalBucket, chunked  # noqa: E402
 from eventing.testing.workloads import TRIVIAL_HANDLER  # noqa: E402
+from eventing.workers.executor import RayExecutor  # noqa: E402
 
 HANDLER = TRIVIAL_HANDLER
 

@@ -15,12 +15,12 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from eventing.control import lifecycle  # noqa: E402
 from eventing.core.definition import FunctionDefinition  # noqa: E402
-from eventing.runtime import lifecycle  # noqa: E402
-from eventing.runtime.worker import WorkerCore, WorkerSpec  # noqa: E402
 from eventing.storage import loadgen  # noqa: E402
 from eventing.storage.bucket import LocalBucket, chunked  # noqa: E402
 from eventing.storage.metadata import open_metadata  # noqa: E402
+from eventing.workers.worker import WorkerCore, WorkerSpec  # noqa: E402
 from sharding import NUM_VBUCKETS  # noqa: E402
 
 HANDLER = '''

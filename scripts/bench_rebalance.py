@@ -20,13 +20,13 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from eventing.cli import main as cli  # noqa: E402
-from eventing.runtime import lifecycle  # noqa: E402
-from eventing.runtime.executor import RayExecutor  # noqa: E402
-from eventing.runtime.nodes import Topology  # noqa: E402
-from eventing.runtime.service import EventingService  # noqa: E402
+from eventing.control import lifecycle  # noqa: E402
+from eventing.control.nodes import Topology  # noqa: E402
+from eventing.control.service import EventingService  # noqa: E402
 from eventing.storage.bucket import LocalBucket  # noqa: E402
 from eventing.storage.metadata import open_metadata  # noqa: E402
 from eventing.testing import LEDGER_HANDLER, check_ledger, ledger_definition  # noqa: E402
+from eventing.workers.executor import RayExecutor  # noqa: E402
 from sharding.rebalance import minimum_moves  # noqa: E402
 
 

@@ -15,8 +15,8 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from eventing.runtime.executor import RayExecutor  # noqa: E402
 from eventing.testing import timer_bench  # noqa: E402
+from eventing.workers.executor import RayExecutor  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

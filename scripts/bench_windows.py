@@ -42,11 +42,10 @@ import msgpack  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
 import ray  # noqa: E402
 
+from eventing.control import lifecycle  # noqa: E402
+from eventing.control.service import EventingService  # noqa: E402
 from eventing.core.definition import FunctionDefinition  # noqa: E402
 from eventing.core.mutation import OP_UPDATE  # noqa: E402
-from eventing.runtime import lifecycle  # noqa: E402
-from eventing.runtime.executor import RayExecutor, init_ray  # noqa: E402
-from eventing.runtime.service import EventingService  # noqa: E402
 from eventing.storage import loadgen  # noqa: E402
 from eventing.storage.bucket import LocalBucket, chunked  # noqa: E402
 from eventing.storage.metadata import open_metadata  # noqa: E402
@@ -61,6 +60,7 @@ from eventing.windows.spark.structured_streaming import (  # noqa: E402
     run_structured_streaming,
     write_watermark_sentinel,
 )
+from eventing.workers.executor import RayExecutor, init_ray  # noqa: E402
 
 FUNCTION = "fn_bench_windows"
 WINDOW = {

@@ -22,7 +22,7 @@ def ray_session():
     """One local Ray instance for the whole session (start-up costs seconds; keep it out of each test)."""
     import ray
 
-    from eventing.runtime.executor import init_ray
+    from eventing.workers.executor import init_ray
 
     init_ray(num_cpus=2)
     yield ray
@@ -31,7 +31,7 @@ def ray_session():
 
 @pytest.fixture
 def ray_executor(ray_session):
-    from eventing.runtime.executor import RayExecutor
+    from eventing.workers.executor import RayExecutor
 
     return RayExecutor()
 

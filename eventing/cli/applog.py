@@ -10,7 +10,7 @@ from eventing.cli.common import existing_data_dir
 from eventing.cli.output import emit_json
 from eventing.core.definition import FunctionDefinition
 from eventing.errors import ConfigError
-from eventing.runtime.app_log import follow, log_path, tail
+from eventing.execution.app_log import follow, log_path, tail
 from eventing.storage.metadata import open_metadata
 
 

@@ -44,7 +44,7 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
 
 
 def _epoch(epoch: int) -> str:
-    """Epochs start at generation << 32 (eventing.runtime.lifecycle.EPOCH_SHIFT): show both halves."""
+    """Epochs start at generation << 32 (eventing.control.lifecycle.EPOCH_SHIFT): show both halves."""
     return f"{epoch >> 32}:{epoch & 0xFFFFFFFF}"
 
 

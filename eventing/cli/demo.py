@@ -12,9 +12,9 @@ from typing import Any
 
 from eventing.cli.common import ProgressRenderer, writable_data_dir
 from eventing.cli.output import emit_json, progress_enabled, table
+from eventing.control import lifecycle
 from eventing.errors import EventingError
 from eventing.ops.windows import write_chart
-from eventing.runtime import lifecycle
 from eventing.storage.bucket import bucket_path
 from eventing.storage.metadata import open_metadata
 from eventing.storage.write_turns import TURN_SUFFIX

@@ -10,9 +10,9 @@ from typing import Any
 
 from eventing.cli.common import announce, data_dir_of, existing_data_dir, record_view, writable_data_dir
 from eventing.cli.output import emit_json, table
+from eventing.control import lifecycle
 from eventing.errors import ConfigError, LifecycleError
 from eventing.ops.stats import function_status
-from eventing.runtime import lifecycle
 from eventing.storage.metadata import METADATA_FILE, open_metadata
 from metadata import METADATA_URL_ENV
 from sharding import NUM_VBUCKETS

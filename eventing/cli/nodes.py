@@ -7,9 +7,9 @@ import time
 from typing import Any
 
 from eventing.cli.output import emit_json, table
+from eventing.control.nodes import Topology
 from eventing.errors import LifecycleError
 from eventing.ops import nodes as nodes_ops
-from eventing.runtime.nodes import Topology
 from eventing.storage.metadata import open_metadata
 
 

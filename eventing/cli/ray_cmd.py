@@ -1,5 +1,5 @@
 """`eventing ray start|stop|status`: a Ray instance kept running for the data directory, which every
-`eventing run` there joins instead of starting its own (eventing.runtime.ray_instance)."""
+`eventing run` there joins instead of starting its own (eventing.workers.ray_instance)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def _describe(instance: Any) -> dict[str, Any]:
 
 
 def cmd_ray_start(args: argparse.Namespace) -> int:
-    from eventing.runtime import ray_instance
+    from eventing.workers import ray_instance
 
     data_dir = writable_data_dir(args)
     was_up = ray_instance.running(data_dir) is not None
@@ -35,7 +35,7 @@ def cmd_ray_start(args: argparse.Namespace) -> int:
 
 
 def cmd_ray_stop(args: argparse.Namespace) -> int:
-    from eventing.runtime import ray_instance
+    from eventing.workers import ray_instance
 
     instance = ray_instance.stop(data_dir_of(args))
     if args.json:
@@ -48,7 +48,7 @@ def cmd_ray_stop(args: argparse.Namespace) -> int:
 
 
 def cmd_ray_status(args: argparse.Namespace) -> int:
-    from eventing.runtime import ray_instance
+    from eventing.workers import ray_instance
 
     instance = ray_instance.running(data_dir_of(args))
     if args.json:

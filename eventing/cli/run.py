@@ -47,10 +47,10 @@ class LineProgress:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from eventing.runtime.executor import make_executor
-    from eventing.runtime.failover import failover_timeout_s
-    from eventing.runtime.service import EventingService
+    from eventing.control.failover import failover_timeout_s
+    from eventing.control.service import EventingService
     from eventing.windows.runtime.host import WindowOptions
+    from eventing.workers.executor import make_executor
 
     data_dir = existing_data_dir(args)
     timeout_s = failover_timeout_s(args.failover_timeout)  # a bad value fails before Ray starts

@@ -20,9 +20,9 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
+from eventing.control.lifecycle import SERVICE_STALE_S
 from eventing.core import counters as names
 from eventing.errors import EventingError, NotFoundError
-from eventing.runtime.lifecycle import SERVICE_STALE_S
 from eventing.storage.bucket import LocalBucket
 from eventing.storage.metadata import open_metadata
 from metadata import FunctionState
@@ -60,8 +60,8 @@ class EventingCollector:
         yield from fam.all()
 
     def _cluster(self, store: Any, fam: _Families) -> None:
+        from eventing.control.nodes import Topology
         from eventing.ops.nodes import rebalance_progress
-        from eventing.runtime.nodes import Topology
 
         topology = Topology(store)
         progress = rebalance_progress(topology)

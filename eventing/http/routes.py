@@ -1,6 +1,6 @@
 """The REST endpoints: Couchbase Eventing's shapes (port 8096 there) plus this project's own views.
 
-Every endpoint calls the same functions the CLI calls (eventing.runtime.lifecycle, eventing.ops.*), so
+Every endpoint calls the same functions the CLI calls (eventing.control.lifecycle, eventing.ops.*), so
 the rules and the messages are the CLI's. Errors come back as `{"error": message, "fix": hint}` with
 400 (bad input), 404 (unknown thing), 409 (illegal state) or 503 (store busy). One table, ENDPOINTS,
 drives the routes, the OpenAPI description and the docs.
@@ -24,6 +24,8 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
 
+from eventing.control import lifecycle
+from eventing.control.nodes import Topology
 from eventing.core.definition import FunctionDefinition, check_function_name
 from eventing.core.secrets import mask_definition
 from eventing.errors import (
@@ -40,8 +42,6 @@ from eventing.errors import (
 from eventing.http.auth import presented_token, role_of
 from eventing.ops import dlq, stats
 from eventing.ops import nodes as nodes_ops
-from eventing.runtime import lifecycle
-from eventing.runtime.nodes import Topology
 from eventing.storage.metadata import open_metadata
 
 STATIC_DIR = Path(__file__).parent / "static"

@@ -93,7 +93,7 @@ def restore(data_dir: str, backup_file: str) -> dict:
     handled since the backup are handled again, and the binding buckets' effect marks skip their effects,
     so none applies twice (workers claim above the marks' epochs; see WorkerCore.assign_vbuckets).
     """
-    from eventing.runtime.lifecycle import SERVICE_STALE_S
+    from eventing.control.lifecycle import SERVICE_STALE_S
 
     if os.environ.get(METADATA_URL_ENV):
         raise ConfigError(

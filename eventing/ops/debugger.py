@@ -20,7 +20,7 @@ then the writes of a handler call that returned are written directly to their bu
 function's name (so the recursion guard still filters them), outside the effect marks. The owning worker
 still handles the mutation in its place, so with `apply` its effects may be applied twice.
 
-The handler runs through `eventing.runtime.runner.HandlerRunner`, the code a worker runs it with (same
+The handler runs through `eventing.execution.runner.HandlerRunner`, the code a worker runs it with (same
 bindings, shared effect buffers, document checks and execution timeout); `run_once` is also what
 `eventing.ops.dlq` uses to replay dead letters.
 """
@@ -40,8 +40,7 @@ import msgpack
 from eventing import handler as handler_api
 from eventing.core.mutation import OP_NAMES, OP_UPDATE, Mutation
 from eventing.errors import ConfigError, LifecycleError, NotFoundError, StoreError
-from eventing.handler import Meta
-from eventing.runtime.runner import (
+from eventing.execution.runner import (
     Call,
     HandlerQuit,
     HandlerRunner,
@@ -50,6 +49,7 @@ from eventing.runtime.runner import (
     Rejection,
     writes_by_bucket,
 )
+from eventing.handler import Meta
 from eventing.storage.bucket import LocalBucket
 from eventing.storage.metadata import open_metadata
 from metadata import Checkpoint, MetadataStore

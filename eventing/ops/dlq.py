@@ -47,8 +47,8 @@ import msgpack
 
 from eventing.core.mutation import OP_NAMES, Mutation, unpack_mutation
 from eventing.errors import ConfigError, NotFoundError
+from eventing.execution.runner import HandlerRunner, writes_by_bucket
 from eventing.ops.debugger import run_once
-from eventing.runtime.runner import HandlerRunner, writes_by_bucket
 from eventing.storage.bucket import EffectGroup, LocalBucket
 from eventing.storage.metadata import open_metadata
 from metadata import DlqRow, MetadataStore

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from eventing.control.lifecycle import SERVICE_STALE_S
+from eventing.control.nodes import Topology, function_assignment, worker_id_of
 from eventing.errors import ConfigError
-from eventing.runtime.lifecycle import SERVICE_STALE_S
-from eventing.runtime.nodes import Topology, function_assignment, worker_id_of
 from sharding import NUM_VBUCKETS, format_ranges
 from sharding.rebalance import RebalanceError, RebalancePlan, assign_function
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from eventing.control.service import running_services
 from eventing.core import counters as counter_names
-from eventing.runtime.app_log import log_path
-from eventing.runtime.service import running_services
-from eventing.runtime.timers import delay_percentile
+from eventing.execution.app_log import log_path
+from eventing.execution.timers import delay_percentile
 from eventing.storage.bucket import LocalBucket
 from eventing.storage.metadata import open_metadata
 from metadata import FunctionRecord
@@ -204,7 +204,7 @@ def function_status(data_dir: str, name: str | None = None) -> dict[str, Any]:
 
 def leader_view(store: Any, services: list[str]) -> dict[str, Any] | None:
     """The service holding the leader lease, if the lease is current."""
-    from eventing.runtime.failover import LEADER_LEASE
+    from eventing.control.failover import LEADER_LEASE
 
     lease = store.lease(LEADER_LEASE)
     if lease is None or lease.expired(time.time()):

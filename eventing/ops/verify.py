@@ -246,7 +246,7 @@ def ledger_bucket_of(defn: FunctionDefinition) -> str:
 
 def verify_function(data_dir: str, function: str, *, ledger: str | None = None) -> VerifyReport:
     """Check a deployed (running, paused or caught-up) function against its ledger bucket."""
-    from eventing.runtime.lifecycle import EPOCH_SHIFT
+    from eventing.control.lifecycle import EPOCH_SHIFT
     from eventing.storage.metadata import open_metadata
 
     store = open_metadata(data_dir, create=False)

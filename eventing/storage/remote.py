@@ -3,7 +3,7 @@ that cannot open its files (another machine of a Ray cluster), and the handles t
 
 Couchbase splits its data service (vBuckets, DCP streams over the network) from its eventing service; this
 module is that split on one data directory. ``DataService`` is a plain class that runs where the files are
-(``eventing.runtime.data_service`` wraps it in Ray actors pinned to that node); ``DataAccess`` is what a
+(``eventing.workers.data_service`` wraps it in Ray actors pinned to that node); ``DataAccess`` is what a
 worker holds: it opens the files directly when it can see them on the data service's node (the locality
 fast path, like HDFS short-circuit reads) and otherwise gives ``RemoteBucket`` and ``RemoteMetadataStore``,
 which have the methods of ``LocalBucket`` and ``MetadataStore`` that workers call and forward them.

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from eventing.control import lifecycle
 from eventing.core.definition import Boundary, FunctionDefinition
 from eventing.ops.verify import VerifyReport, check_ledger
-from eventing.runtime import lifecycle
 from eventing.storage import loadgen
 from eventing.storage.bucket import LocalBucket, chunked
 

@@ -30,10 +30,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eventing.runtime.ray_instance import all_pids as _all_pids
-from eventing.runtime.ray_instance import cmdline as _cmdline
-from eventing.runtime.ray_instance import descendants as _descendants
-from eventing.runtime.ray_instance import free_port as _free_port
+from eventing.workers.ray_instance import all_pids as _all_pids
+from eventing.workers.ray_instance import cmdline as _cmdline
+from eventing.workers.ray_instance import descendants as _descendants
+from eventing.workers.ray_instance import free_port as _free_port
 
 NODE_START_TIMEOUT_S = 60.0
 _NODE_ID_LINE = re.compile(r"\[[^\]]* I (\d+) \d+\] \(raylet\) .*Setting node ID node_id=([0-9a-f]+)")

@@ -16,14 +16,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from eventing.control import lifecycle
+from eventing.control.service import EventingService
 from eventing.core.definition import FunctionDefinition
 from eventing.core.mutation import OP_UPDATE, encode_document
-from eventing.runtime import lifecycle
-from eventing.runtime.executor import Executor
-from eventing.runtime.service import EventingService
-from eventing.runtime.timers import delay_percentile
+from eventing.execution.timers import delay_percentile
 from eventing.storage.bucket import LocalBucket, Write, chunked
 from eventing.storage.metadata import open_metadata
+from eventing.workers.executor import Executor
 
 FUNCTION = "fn_timers"
 

@@ -21,13 +21,12 @@ import pytest
 
 import eventing
 from eventing.cli.app import main as cli
+from eventing.control import lifecycle
+from eventing.control.failover import LEADER_LEASE
+from eventing.control.nodes import Topology
+from eventing.control.service import EventingService
 from eventing.core.definition import FunctionDefinition
 from eventing.core.mutation import OP_UPDATE, decode_document
-from eventing.runtime import lifecycle
-from eventing.runtime.executor import RayExecutor, init_ray
-from eventing.runtime.failover import LEADER_LEASE
-from eventing.runtime.nodes import Topology
-from eventing.runtime.service import EventingService
 from eventing.storage.bucket import LocalBucket
 from eventing.storage.metadata import open_metadata
 from eventing.testing import BackgroundLoop, check_ledger, deploy_function, ledger_definition, load_source
@@ -44,6 +43,7 @@ from eventing.testing.windows import assert_same_results, reference_results
 from eventing.windows.runtime.paths import WindowPaths
 from eventing.windows.semantics import WindowSpec
 from eventing.windows.spark.sink import ParquetWindowSink
+from eventing.workers.executor import RayExecutor, init_ray
 from sharding import NUM_VBUCKETS
 
 pytestmark = pytest.mark.integration
@@ -175,7 +175,7 @@ def test_the_second_node_cannot_see_the_data_directory_nor_the_checkout(env):
 
 def test_replies_across_nodes_may_be_sent_inline_up_to_the_data_services_read_ahead(env):
     """A read ahead (~5 MB) comes back in the call's reply, not through the object stores (see INLINE_REPLY_BYTES)."""
-    from eventing.runtime.executor import INLINE_LIMIT_ENV, INLINE_REPLY_BYTES
+    from eventing.workers.executor import INLINE_LIMIT_ENV, INLINE_REPLY_BYTES
 
     def limit() -> str | None:
         import os
@@ -347,7 +347,7 @@ def test_a_standby_takes_over_hidden_node_workers_from_a_killed_leader_and_loses
 
 
 def test_a_killed_data_service_actor_is_restarted_and_nothing_is_lost(env):
-    from eventing.runtime.data_service import ping
+    from eventing.workers.data_service import ping
 
     data_dir = env.new_data_dir()
     source = load_source(data_dir, 200, 3000, seed=13)

@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from eventing.runtime import lifecycle
-from eventing.runtime.service import EventingService
+from eventing.control import lifecycle
+from eventing.control.service import EventingService
 from eventing.storage import loadgen
 from eventing.storage.bucket import LocalBucket, chunked
 from eventing.storage.metadata import open_metadata

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from eventing.cli.app import main as cli
-from eventing.runtime.failover import LEADER_LEASE
+from eventing.control.failover import LEADER_LEASE
 from eventing.storage.bucket import LocalBucket
 from eventing.storage.metadata import open_metadata
 from eventing.testing import BackgroundLoop, check_ledger, deploy_function, ledger_definition, load_source

@@ -27,11 +27,9 @@ from pathlib import Path
 
 import pytest
 
+from eventing.control.service import EventingService
 from eventing.core.definition import FunctionDefinition
 from eventing.ops.verify import effect_key, history_key, verify_function
-from eventing.runtime import worker as worker_module
-from eventing.runtime.executor import InProcessExecutor
-from eventing.runtime.service import EventingService
 from eventing.storage import loadgen
 from eventing.storage.bucket import LocalBucket, chunked
 from eventing.storage.metadata import METADATA_FILE, open_metadata
@@ -43,6 +41,8 @@ from eventing.testing import (
     read_call_log,
     wait_for,
 )
+from eventing.workers import worker as worker_module
+from eventing.workers.executor import InProcessExecutor
 from metadata import sqlite_io
 from sharding import NUM_VBUCKETS
 

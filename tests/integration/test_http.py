@@ -15,12 +15,12 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from eventing.control.service import EventingService
 from eventing.core.definition import FunctionDefinition
 from eventing.http.auth import ServerConfig
 from eventing.http.server import start_in_thread
-from eventing.runtime.executor import make_executor
-from eventing.runtime.service import EventingService
 from eventing.testing import deploy_function, ledger_definition, load_source
+from eventing.workers.executor import make_executor
 
 pytestmark = pytest.mark.integration
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from eventing.runtime.nodes import load_packed_placement
-from eventing.runtime.service import EventingService
+from eventing.control.nodes import load_packed_placement
+from eventing.control.service import EventingService
 from eventing.storage.bucket import LocalBucket
 from eventing.storage.metadata import open_metadata
 from eventing.testing import check_ledger, deploy_function, ledger_definition, load_source

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from eventing.runtime import ray_instance
 from eventing.storage.bucket import LocalBucket
 from eventing.testing import check_ledger, deploy_function, ledger_definition, load_source
+from eventing.workers import ray_instance
 
 pytestmark = pytest.mark.integration
 

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from eventing.runtime import lifecycle
-from eventing.runtime.service import EventingService
+from eventing.control import lifecycle
+from eventing.control.service import EventingService
 from eventing.storage.bucket import LocalBucket
 from eventing.storage.metadata import open_metadata
 from eventing.testing import (
@@ -168,7 +168,7 @@ def test_a_driver_killed_mid_run_resumes_from_its_checkpoints(data_dir, ray_sess
     driver.wait()
     assert 500 < progressed < 4000, "the driver should have been killed mid-run"
     before = {vb: cp.seqno for vb, cp in store.checkpoints("fn_d").items()}
-    from eventing.runtime.executor import RayExecutor
+    from eventing.workers.executor import RayExecutor
 
     summary = EventingService(data_dir, RayExecutor(), until_caught_up=True).run()
     assert not summary.errors

@@ -12,13 +12,13 @@ from collections import Counter
 import pytest
 
 from eventing.cli import main as cli
-from eventing.runtime import lifecycle
-from eventing.runtime.nodes import Topology
-from eventing.runtime.service import EventingService
-from eventing.runtime.worker import WorkerCore, WorkerSpec
+from eventing.control import lifecycle
+from eventing.control.nodes import Topology
+from eventing.control.service import EventingService
 from eventing.storage.bucket import LocalBucket
 from eventing.storage.metadata import open_metadata
 from eventing.testing import LEDGER_HANDLER, BackgroundLoop, check_ledger, ledger_definition, wait_for
+from eventing.workers.worker import WorkerCore, WorkerSpec
 from sharding import NUM_VBUCKETS
 from sharding.rebalance import minimum_moves
 

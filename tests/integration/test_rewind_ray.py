@@ -9,8 +9,8 @@ import json
 import pytest
 
 from eventing.cli import main
-from eventing.runtime import lifecycle
-from eventing.runtime.service import EventingService
+from eventing.control import lifecycle
+from eventing.control.service import EventingService
 from eventing.testing import deploy_function, ledger_definition, load_source, read_call_log
 
 pytestmark = pytest.mark.integration

@@ -20,10 +20,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from eventing.control import lifecycle
+from eventing.control.service import EventingService
 from eventing.core.definition import FunctionDefinition
 from eventing.ops.windows import adjusted_rows
-from eventing.runtime import lifecycle
-from eventing.runtime.service import EventingService
 from eventing.storage.bucket import LocalBucket
 from eventing.storage.metadata import open_metadata
 from eventing.testing.windows import SEED_TABLE, clock_ms, python_aggregate, reference_arrival_fates
@@ -161,7 +161,7 @@ def stats_json(data_dir: str, name: str) -> dict:
 @pytest.fixture(scope="module")
 def one_shot(tmp_path_factory, ray_session, spark):
     """Every function deployed on the whole table, one `eventing run --until-caught-up --close-windows` on Ray."""
-    from eventing.runtime.executor import RayExecutor
+    from eventing.workers.executor import RayExecutor
 
     data_dir = str(tmp_path_factory.mktemp("arrivals") / "data")
     load(data_dir, "one_vb", range(len(ROWS)))

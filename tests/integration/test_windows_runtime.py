@@ -13,10 +13,10 @@ import time
 
 import pytest
 
+from eventing.control import lifecycle
+from eventing.control.service import EventingService
 from eventing.core.definition import FunctionDefinition
 from eventing.core.mutation import OP_UPDATE, decode_document
-from eventing.runtime import lifecycle
-from eventing.runtime.service import EventingService
 from eventing.storage import loadgen
 from eventing.storage.bucket import LocalBucket
 from eventing.storage.metadata import open_metadata

@@ -7,12 +7,12 @@ import threading
 import time
 
 from eventing.cli.app import main
+from eventing.control.service import EventingService
 from eventing.core.definition import FunctionDefinition
-from eventing.runtime.app_log import AppLogWriter, follow, log_path, tail
-from eventing.runtime.executor import InProcessExecutor
-from eventing.runtime.service import EventingService
+from eventing.execution.app_log import AppLogWriter, follow, log_path, tail
 from eventing.storage.bucket import LocalBucket
 from eventing.testing import deploy_function
+from eventing.workers.executor import InProcessExecutor
 
 HANDLER = '''
 from eventing.handler import log

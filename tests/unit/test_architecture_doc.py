@@ -129,10 +129,10 @@ def test_every_module_and_file_the_architecture_page_names_exists():
 
 
 def test_the_name_check_tells_a_stale_name():
-    assert resolves("eventing.runtime.worker.WorkerCore.commit")
+    assert resolves("eventing.workers.worker.WorkerCore.commit")
     assert resolves("eventing.windows.batches.write_row_spool")
     assert not resolves("eventing.windows.runtime.rows")  # a module the window runtime never had
-    assert not resolves("eventing.runtime.worker.WorkerCore.no_such_method")
+    assert not resolves("eventing.workers.worker.WorkerCore.no_such_method")
 
 
 def enforced_layers() -> list[tuple[str, ...]]:

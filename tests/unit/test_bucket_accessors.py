@@ -10,10 +10,10 @@ import time
 
 from eventing.core.definition import FunctionDefinition
 from eventing.ops import dlq as dlq_ops
-from eventing.runtime.worker import WorkerCore, WorkerSpec
 from eventing.storage.bucket import LocalBucket
 from eventing.storage.metadata import open_metadata
 from eventing.testing import deploy_function
+from eventing.workers.worker import WorkerCore, WorkerSpec
 from sharding import NUM_VBUCKETS, split_even
 
 ACCESSORS = '''

@@ -9,13 +9,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from eventing.control.service import EventingService
 from eventing.core.definition import FunctionDefinition
 from eventing.errors import ConfigError
-from eventing.runtime.executor import InProcessExecutor
-from eventing.runtime.service import EventingService
 from eventing.storage.bucket import LocalBucket
 from eventing.storage.metadata import open_metadata
 from eventing.testing import deploy_function
+from eventing.workers.executor import InProcessExecutor
 
 
 class Recorder(BaseHTTPRequestHandler):

@@ -12,12 +12,11 @@ import pyarrow as pa
 import pytest
 
 from eventing.cli.app import main
+from eventing.control import lifecycle
+from eventing.control.service import EventingService
 from eventing.core.definition import FunctionDefinition
 from eventing.core.mutation import OP_UPDATE, Mutation
 from eventing.errors import StoreCorruptError, StoreError
-from eventing.runtime import lifecycle
-from eventing.runtime.executor import InProcessExecutor
-from eventing.runtime.service import EventingService
 from eventing.storage.bucket import LocalBucket, bucket_path, header_problem
 from eventing.testing import load_source
 from eventing.testing.windows import python_aggregator
@@ -25,6 +24,7 @@ from eventing.windows import batches
 from eventing.windows.runtime import host
 from eventing.windows.runtime.paths import WindowPaths
 from eventing.windows.runtime.row_writer import RowLayout, WindowRowWriter
+from eventing.workers.executor import InProcessExecutor
 
 FN = "fn_w"
 WINDOW = {"kind": "tumbling", "size": "1m", "time_field": "ts", "group_by": ["country"],

@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
+from eventing.control.service import EventingService
 from eventing.core.mutation import OP_UPDATE
-from eventing.runtime.data_service import ServedData
-from eventing.runtime.executor import InProcessExecutor
-from eventing.runtime.service import EventingService
 from eventing.storage.bucket import LocalBucket, Write
 from eventing.storage.remote import LOCALITY_ENV, DataAccess, DataService, RemoteBucket, rows_of_columns
 from eventing.testing import check_ledger, deploy_function, ledger_definition, load_source
+from eventing.workers.data_service import ServedData
+from eventing.workers.executor import InProcessExecutor
 from sharding import vbucket_of
 
 
@@ -176,12 +176,12 @@ def test_put_file_stays_inside_the_data_directory(data_dir):
 
 
 def _window_worker(data_dir: str, service: Any, handler: str) -> dict[str, Any]:
+    from eventing.control import lifecycle
     from eventing.core.definition import FunctionDefinition
-    from eventing.runtime import lifecycle
-    from eventing.runtime.worker import WorkerCore, WorkerSpec
     from eventing.storage.metadata import open_metadata
     from eventing.windows.batches import read_row_batch
     from eventing.windows.runtime.paths import WindowPaths
+    from eventing.workers.worker import WorkerCore, WorkerSpec
     from sharding import NUM_VBUCKETS
 
     defn = FunctionDefinition.from_dict({
@@ -234,7 +234,7 @@ def test_log_lines_of_a_worker_without_the_files_reach_the_application_log_in_ba
     import shutil
 
     from eventing.core.definition import FunctionDefinition
-    from eventing.runtime.app_log import files_oldest_first, log_path
+    from eventing.execution.app_log import files_oldest_first, log_path
 
     base = tmp_path / "base"
     load_source(str(base), 100, 3000, seed=4)

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 
+from eventing.control.service import EventingService
 from eventing.core.definition import FunctionDefinition
 from eventing.errors import ConfigError
-from eventing.runtime.executor import InProcessExecutor
-from eventing.runtime.service import EventingService
-from eventing.runtime.worker import WorkerCore, WorkerSpec
 from eventing.storage.bucket import LocalBucket
 from eventing.storage.metadata import open_metadata
 from eventing.testing import check_ledger, deploy_function, ledger_definition, load_source
+from eventing.workers.executor import InProcessExecutor
+from eventing.workers.worker import WorkerCore, WorkerSpec
 from sharding import NUM_VBUCKETS
 
 COUNTER = """

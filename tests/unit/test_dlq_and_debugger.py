@@ -13,17 +13,17 @@ from pathlib import Path
 import pytest
 
 from eventing.cli import main
+from eventing.control import lifecycle
+from eventing.control.service import EventingService
 from eventing.core.definition import FunctionDefinition
 from eventing.errors import InvalidKeyError
 from eventing.ops import dlq
 from eventing.ops.verify import effect_key, history_key
-from eventing.runtime import lifecycle
-from eventing.runtime.executor import InProcessExecutor
-from eventing.runtime.service import EventingService
 from eventing.storage import loadgen
 from eventing.storage.bucket import LocalBucket, chunked
 from eventing.storage.metadata import open_metadata
 from eventing.testing import LEDGER_HANDLER, LedgerReport, check_ledger, deploy_function, ledger_definition
+from eventing.workers.executor import InProcessExecutor
 from sharding import vbucket_of
 
 ROOT = Path(__file__).resolve().parents[2]

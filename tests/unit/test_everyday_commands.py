@@ -9,14 +9,14 @@ import json
 import pytest
 
 from eventing.cli import main
+from eventing.control import lifecycle
+from eventing.control.service import EventingService
 from eventing.core.mutation import OP_UPDATE, encode_document
 from eventing.ops import buckets as bucket_ops
-from eventing.runtime import lifecycle
-from eventing.runtime.executor import InProcessExecutor
-from eventing.runtime.service import EventingService
 from eventing.storage.bucket import LocalBucket, Write
 from eventing.storage.metadata import open_metadata
 from eventing.testing import deploy_function, ledger_definition, load_source
+from eventing.workers.executor import InProcessExecutor
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:

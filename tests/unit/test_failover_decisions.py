@@ -10,14 +10,14 @@ from collections import Counter
 import pytest
 
 from eventing.cli.app import main as cli
+from eventing.control.failover import LEADER_LEASE, FailoverDetector, failover_survivors, failover_timeout_s
+from eventing.control.nodes import Topology
+from eventing.control.service import EventingService
 from eventing.errors import ConfigError, EventingError
-from eventing.runtime.executor import InProcessExecutor
-from eventing.runtime.failover import LEADER_LEASE, FailoverDetector, failover_survivors, failover_timeout_s
-from eventing.runtime.nodes import Topology
-from eventing.runtime.service import EventingService
 from eventing.storage.bucket import LocalBucket
 from eventing.storage.metadata import open_metadata
 from eventing.testing import check_ledger, deploy_function, ledger_definition, load_source
+from eventing.workers.executor import InProcessExecutor
 from sharding import NUM_VBUCKETS
 from sharding.rebalance import minimum_moves
 
@@ -273,7 +273,7 @@ def test_a_standby_takes_over_when_the_leader_stops_and_finishes_the_stream(data
 
 
 def test_a_leader_that_loses_its_lease_stops(data_dir, monkeypatch):
-    monkeypatch.setattr("eventing.runtime.service.LEASE_RENEW_S", 0.05)
+    monkeypatch.setattr("eventing.control.service.LEASE_RENEW_S", 0.05)
     _deploy(data_dir, 1000)
     leader = EventingService(data_dir, InProcessExecutor())
     thread = _run(leader)

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from eventing.control import lifecycle
+from eventing.control.service import EventingService
 from eventing.core.definition import FunctionDefinition
-from eventing.runtime import lifecycle
-from eventing.runtime.executor import InProcessExecutor
-from eventing.runtime.service import EventingService
 from eventing.storage.bucket import LocalBucket
 from eventing.storage.metadata import open_metadata
+from eventing.workers.executor import InProcessExecutor
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "handler-api.md"
 PAIR = re.compile(r"```python\n(.*?)```\s*```json\n(.*?)```", re.S)

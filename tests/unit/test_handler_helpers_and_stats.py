@@ -7,12 +7,12 @@ import json
 import pytest
 
 from eventing.cli.app import main
+from eventing.control.service import EventingService
 from eventing.core.definition import FunctionDefinition
 from eventing.handler import base64_decode, base64_encode, crc64, crc_64_go_iso
-from eventing.runtime.executor import InProcessExecutor
-from eventing.runtime.service import EventingService
 from eventing.storage.bucket import LocalBucket
 from eventing.testing import deploy_function
+from eventing.workers.executor import InProcessExecutor
 
 
 def test_crc64_is_the_go_iso_crc_of_the_json_text():

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import pytest
 
+from eventing.control import lifecycle
+from eventing.control.service import EventingService
 from eventing.core.definition import FunctionDefinition
 from eventing.ops import dlq
 from eventing.ops.debugger import DebugSession
-from eventing.runtime import lifecycle
-from eventing.runtime.executor import InProcessExecutor
-from eventing.runtime.service import EventingService
 from eventing.storage.bucket import LocalBucket
 from eventing.testing import deploy_function
+from eventing.workers.executor import InProcessExecutor
 
 TWO_ALIASES = '''
 def on_update(doc, meta):

@@ -9,13 +9,13 @@ import asyncio
 import httpx
 import pytest
 
+from eventing.control.service import EventingService
 from eventing.core.definition import FunctionDefinition
 from eventing.http.app import build_app
 from eventing.http.auth import ServerConfig
-from eventing.runtime.executor import InProcessExecutor
-from eventing.runtime.service import EventingService
 from eventing.storage.bucket import LocalBucket
 from eventing.testing import deploy_function
+from eventing.workers.executor import InProcessExecutor
 
 ADMIN = "admin-token-0123456789abcdef"
 READ = "read-token-0123456789abcdef"

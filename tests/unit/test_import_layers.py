@@ -21,7 +21,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("eventing.storage",),
     ("eventing.windows.semantics", "eventing.windows.batches"),
     ("eventing.windows.runtime", "eventing.windows.spark"),
-    ("eventing.runtime",),
+    ("eventing.execution",),
+    ("eventing.workers",),
+    ("eventing.control",),
     ("eventing.ops",),
     ("eventing.api",),
     ("eventing.cli", "eventing.http", "eventing.testing", "eventing.__main__"),
@@ -86,7 +88,7 @@ def test_every_import_points_down_the_layers():
 
 
 def test_the_check_sees_a_wrong_way_import(tmp_path, monkeypatch):
-    tree = ast.parse("from eventing.runtime.worker import WorkerCore\n")
+    tree = ast.parse("from eventing.workers.worker import WorkerCore\n")
     assert layer_of("eventing.storage.bucket") < layer_of(imported_modules(tree)[0][1])
 
 

@@ -15,15 +15,15 @@ from pathlib import Path
 import pytest
 
 from eventing.cli import main
+from eventing.control import lifecycle
+from eventing.control.failover import LEADER_LEASE
+from eventing.control.service import EventingService
 from eventing.core.definition import FunctionDefinition
 from eventing.errors import EventingError
-from eventing.runtime import lifecycle
-from eventing.runtime.app_log import log_path
-from eventing.runtime.executor import InProcessExecutor, check_ray_address
-from eventing.runtime.failover import LEADER_LEASE
-from eventing.runtime.service import EventingService
+from eventing.execution.app_log import log_path
 from eventing.storage.bucket import LocalBucket
 from eventing.storage.metadata import open_metadata
+from eventing.workers.executor import InProcessExecutor, check_ray_address
 
 ROOT = Path(__file__).resolve().parents[2]
 

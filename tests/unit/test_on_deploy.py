@@ -7,13 +7,13 @@ import time
 
 import pytest
 
+from eventing.control import lifecycle
 from eventing.core.definition import FunctionDefinition
 from eventing.errors import LifecycleError
-from eventing.runtime import lifecycle
-from eventing.runtime.worker import WorkerCore, WorkerSpec
 from eventing.storage.bucket import LocalBucket
 from eventing.storage.metadata import open_metadata
 from eventing.testing import deploy_function
+from eventing.workers.worker import WorkerCore, WorkerSpec
 from metadata import FunctionState
 from sharding import NUM_VBUCKETS
 

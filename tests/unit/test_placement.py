@@ -7,14 +7,14 @@ import json
 
 import pytest
 
+from eventing.control.nodes import load_packed_placement
+from eventing.control.service import EventingService
 from eventing.core.definition import FunctionDefinition
 from eventing.errors import ConfigError
-from eventing.runtime.executor import InProcessExecutor
-from eventing.runtime.nodes import load_packed_placement
-from eventing.runtime.service import EventingService
 from eventing.storage.bucket import LocalBucket
 from eventing.storage.metadata import open_metadata
 from eventing.testing import check_ledger, deploy_function, ledger_definition, load_source
+from eventing.workers.executor import InProcessExecutor
 from scripts import simulate_placement
 from sharding.placement import PackedPlacement, PlacementError
 

@@ -4,10 +4,10 @@ same whether it comes from the worker's cache or from the source log after a res
 from __future__ import annotations
 
 from eventing.core.definition import FunctionDefinition
-from eventing.runtime.worker import WorkerCore, WorkerSpec
 from eventing.storage.bucket import LocalBucket
 from eventing.storage.metadata import open_metadata
 from eventing.testing import deploy_function
+from eventing.workers.worker import WorkerCore, WorkerSpec
 from sharding import NUM_VBUCKETS
 
 HANDLER = '''

@@ -12,17 +12,17 @@ from typing import Any
 import httpx
 import pytest
 
+from eventing.control import lifecycle
+from eventing.control.service import EventingService
 from eventing.core.definition import FunctionDefinition
 from eventing.http.app import build_app
 from eventing.http.auth import ServerConfig
 from eventing.http.routes import ENDPOINTS, rest_wording
 from eventing.ops import dlq
-from eventing.runtime import lifecycle
-from eventing.runtime.executor import InProcessExecutor
-from eventing.runtime.service import EventingService
 from eventing.storage.bucket import LocalBucket
 from eventing.testing import deploy_function
 from eventing.windows.semantics.arrival import DROP_REASONS
+from eventing.workers.executor import InProcessExecutor
 
 FAILING = '''
 def on_update(doc, meta):

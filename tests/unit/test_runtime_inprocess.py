@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from eventing.control import lifecycle
+from eventing.control.service import EventingService
 from eventing.core.definition import FunctionDefinition
 from eventing.core.mutation import unpack_mutation
-from eventing.runtime import lifecycle
-from eventing.runtime.executor import InProcessExecutor
-from eventing.runtime.service import EventingService
-from eventing.runtime.worker import WorkerCore, WorkerSpec
 from eventing.storage.bucket import LocalBucket
 from eventing.storage.metadata import open_metadata
 from eventing.testing import (
@@ -20,6 +18,8 @@ from eventing.testing import (
     load_source,
     read_call_log,
 )
+from eventing.workers.executor import InProcessExecutor
+from eventing.workers.worker import WorkerCore, WorkerSpec
 from sharding import NUM_VBUCKETS
 
 
@@ -320,10 +320,10 @@ def test_an_explicit_budget_is_one_batch_and_a_supervisor_step_keeps_going_while
     generation = open_metadata(data_dir).get_function("fn_s").generation
     core = WorkerCore(WorkerSpec(data_dir, "fn_s", generation, "local/w0", tuple(range(NUM_VBUCKETS))))
     assert core.step(100).handled == 100
-    monkeypatch.setattr("eventing.runtime.worker.STEP_SLICE_S", 60.0)  # the slice never runs out: only the backlog ends it
+    monkeypatch.setattr("eventing.workers.worker.STEP_SLICE_S", 60.0)  # the slice never runs out: only the backlog ends it
     report = core.step()
     assert report.handled == 1900 and report.caught_up
-    monkeypatch.setattr("eventing.runtime.worker.STEP_SLICE_S", 0.0)  # an expired slice still takes one batch
+    monkeypatch.setattr("eventing.workers.worker.STEP_SLICE_S", 0.0)  # an expired slice still takes one batch
     load(data_dir, 200, 300, seed=2)
     assert core.step().handled == 100
 

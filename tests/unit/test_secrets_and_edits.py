@@ -11,12 +11,12 @@ import httpx
 import pytest
 
 from eventing.cli import main
+from eventing.control import lifecycle
 from eventing.core.definition import FunctionDefinition
 from eventing.core.secrets import MASK, mask_definition
 from eventing.errors import ConfigError, LifecycleError
 from eventing.http.app import build_app
 from eventing.http.auth import ServerConfig
-from eventing.runtime import lifecycle
 from eventing.storage.bucket import LocalBucket
 from eventing.storage.metadata import open_metadata
 from metadata import FunctionState

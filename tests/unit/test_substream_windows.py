@@ -8,8 +8,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
+from eventing.control import lifecycle
 from eventing.core.definition import FunctionDefinition
-from eventing.runtime import lifecycle
 from eventing.storage.bucket import LocalBucket
 from eventing.storage.metadata import open_metadata
 from eventing.testing.windows import ManualClock, python_aggregate, python_aggregator

@@ -8,13 +8,13 @@ import time
 
 import pytest
 
+from eventing.control import lifecycle
 from eventing.core.definition import FunctionDefinition
 from eventing.ops import dlq as dlq_ops
-from eventing.runtime import lifecycle
-from eventing.runtime.worker import WorkerCore, WorkerSpec
 from eventing.storage.bucket import LocalBucket
 from eventing.storage.metadata import open_metadata
 from eventing.testing import deploy_function
+from eventing.workers.worker import WorkerCore, WorkerSpec
 from metadata import TIMER_VB_BASE
 from sharding import NUM_VBUCKETS
 

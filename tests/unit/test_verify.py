@@ -9,16 +9,16 @@ import json
 import pytest
 
 from eventing.cli import main
+from eventing.control import lifecycle
+from eventing.control.service import EventingService
 from eventing.core.mutation import OP_UPDATE, encode_document
 from eventing.errors import OrderViolationError
 from eventing.ops.verify import effect_key, history_key, parse_effect_key, verify_function
-from eventing.runtime import lifecycle
-from eventing.runtime.executor import InProcessExecutor
-from eventing.runtime.service import EventingService
-from eventing.runtime.worker import WorkerCore, WorkerSpec
 from eventing.storage.bucket import LocalBucket, Write
 from eventing.storage.metadata import open_metadata
 from eventing.testing import LEDGER_HANDLER, check_ledger, deploy_function, ledger_definition, load_source
+from eventing.workers.executor import InProcessExecutor
+from eventing.workers.worker import WorkerCore, WorkerSpec
 from sharding import NUM_VBUCKETS
 
 

@@ -12,10 +12,9 @@ import json
 import pyarrow as pa
 import pytest
 
+from eventing.control import lifecycle
+from eventing.control.service import EventingService
 from eventing.core.definition import FunctionDefinition
-from eventing.runtime import lifecycle
-from eventing.runtime.executor import InProcessExecutor
-from eventing.runtime.service import EventingService
 from eventing.storage.bucket import LocalBucket
 from eventing.storage.metadata import open_metadata
 from eventing.testing.windows import (
@@ -36,6 +35,7 @@ from eventing.windows.runtime.paths import WindowPaths
 from eventing.windows.runtime.row_writer import RowLayout
 from eventing.windows.semantics import WindowSpec
 from eventing.windows.spark.sink import ParquetWindowSink
+from eventing.workers.executor import InProcessExecutor
 from sharding import vbucket_of
 
 DAY = 1_767_225_600_000  # 2026-01-01T00:00:00Z

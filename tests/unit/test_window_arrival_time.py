@@ -15,10 +15,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from eventing.control import lifecycle
+from eventing.control.service import EventingService
 from eventing.core.definition import FunctionDefinition
-from eventing.runtime import lifecycle
-from eventing.runtime.executor import InProcessExecutor
-from eventing.runtime.service import EventingService
 from eventing.storage.bucket import LocalBucket, bucket_path
 from eventing.storage.metadata import open_metadata
 from eventing.testing.windows import ManualClock, python_aggregator
@@ -27,6 +26,7 @@ from eventing.windows.runtime import host
 from eventing.windows.runtime.coordinator import WindowCoordinator
 from eventing.windows.runtime.paths import WindowPaths
 from eventing.windows.spark.sink import ParquetWindowSink
+from eventing.workers.executor import InProcessExecutor
 from sharding import vbucket_of
 
 S = 1000

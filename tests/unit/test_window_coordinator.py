@@ -12,12 +12,11 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from eventing.control import lifecycle
+from eventing.control.service import EventingService
 from eventing.core.definition import FunctionDefinition
 from eventing.core.mutation import OP_UPDATE, Mutation, decode_document, unpack_mutation
 from eventing.errors import FencedError
-from eventing.runtime import lifecycle
-from eventing.runtime.executor import InProcessExecutor
-from eventing.runtime.service import EventingService
 from eventing.storage.bucket import LocalBucket
 from eventing.storage.metadata import open_metadata
 from eventing.testing import load_source
@@ -35,6 +34,7 @@ from eventing.windows.runtime.paths import WindowPaths
 from eventing.windows.runtime.row_writer import RowLayout, WindowRowWriter
 from eventing.windows.semantics import WindowSpec
 from eventing.windows.spark.sink import ParquetWindowSink
+from eventing.workers.executor import InProcessExecutor
 from sharding import vbucket_of
 
 MIN = 60_000

@@ -13,10 +13,9 @@ from typing import Any
 import msgpack
 import pytest
 
+from eventing.control import lifecycle
 from eventing.core.definition import FunctionDefinition
 from eventing.core.mutation import OP_DELETE, OP_EXPIRE, OP_UPDATE, Mutation, encode_document
-from eventing.runtime import lifecycle
-from eventing.runtime.worker import WorkerCore, WorkerSpec
 from eventing.storage import loadgen
 from eventing.storage.bucket import LocalBucket, PackedUpdates, Write, chunked
 from eventing.storage.metadata import open_metadata
@@ -24,6 +23,7 @@ from eventing.windows.batches import read_row_batch
 from eventing.windows.runtime import row_writer as rows_module
 from eventing.windows.runtime.paths import WindowPaths
 from eventing.windows.runtime.row_writer import MAX_EVENT_MS, MIN_EVENT_MS, RowLayout, WindowRowWriter
+from eventing.workers.worker import WorkerCore, WorkerSpec
 from metadata import DlqRow
 from sharding import NUM_VBUCKETS, vbucket_of
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pickle
 
-from eventing.runtime import executor
-from eventing.runtime.executor import PooledWorkerHost
-from eventing.runtime.worker import WorkerSpec
 from eventing.testing import deploy_function, ledger_definition, load_source
+from eventing.workers import executor
+from eventing.workers.executor import PooledWorkerHost
+from eventing.workers.worker import WorkerSpec
 from metadata import open_store
 from sharding import NUM_VBUCKETS
 

@@ -28,7 +28,7 @@ from metadata import TIMER_VB_BASE, TimerChange, TimerRecord, owner_vb
 from sharding import InvalidKeyError, validate_key, vbucket_of
 
 if TYPE_CHECKING:
-    from eventing.runtime.runner import HandlerRunner
+    from eventing.execution.runner import HandlerRunner
 
 # Firing delay histogram (fire time minus due time), upper bounds in ms; counters add across workers.
 DELAY_BOUNDS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000)

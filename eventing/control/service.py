@@ -16,11 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eventing.core.definition import FunctionDefinition
-from eventing.errors import EventingError
-from eventing.runtime.app_log import log_path
-from eventing.runtime.executor import Executor
-from eventing.runtime.failover import (
+from eventing.control.failover import (
     HEALTH_POLL_S,
     LEADER_LEASE,
     LEASE_RENEW_S,
@@ -32,17 +28,21 @@ from eventing.runtime.failover import (
     ray_node_health,
     wall_of,
 )
-from eventing.runtime.lifecycle import SERVICE_STALE_S, complete_transition
-from eventing.runtime.nodes import Topology, function_assignment, packed_node_plan, save_packed_placement
-from eventing.runtime.supervisor import FunctionSupervisor
-from eventing.runtime.worker import WorkerSpec
+from eventing.control.lifecycle import SERVICE_STALE_S, complete_transition
+from eventing.control.nodes import Topology, function_assignment, packed_node_plan, save_packed_placement
+from eventing.control.supervisor import FunctionSupervisor
+from eventing.core.definition import FunctionDefinition
+from eventing.errors import EventingError
+from eventing.execution.app_log import log_path
 from eventing.storage.metadata import open_metadata
 from eventing.windows.runtime.host import WindowHost, WindowOptions
+from eventing.workers.executor import Executor
+from eventing.workers.worker import WorkerSpec
 from metadata import FunctionState, Lease
 from sharding import VBucketPlan
 from sharding.placement import PackedPlacement
 
-log = logging.getLogger("eventing.runtime.service")
+log = logging.getLogger("eventing.control.service")
 
 STATE_POLL_S = 0.5
 DEAD_LETTERS_EVERY_S = 1.0  # how often a run's dead-letter counts are read for its progress
@@ -78,7 +78,7 @@ class EventingService:
     """Runs until stopped; with `until_caught_up`, stops once every function reached the high seqnos
     its source had when the function started, after a final checkpoint.
 
-    The running service is the leader: it holds the leader lease (eventing.runtime.failover). With
+    The running service is the leader: it holds the leader lease (eventing.control.failover). With
     `standby`, it first waits for that lease and takes over when the leader dies. It fails over eventing
     nodes whose Ray node has been down for `failover_timeout_s` (None: $EVENTING_FAILOVER_TIMEOUT or 10 s).
     """

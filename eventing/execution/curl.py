@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from eventing.errors import CurlError
 
 if TYPE_CHECKING:
-    from eventing.runtime.runner import HandlerRunner
+    from eventing.execution.runner import HandlerRunner
 
 METHODS = ("GET", "POST", "PUT", "DELETE", "HEAD", "PATCH")
 

@@ -11,14 +11,14 @@ from typing import Any
 from eventing.core.definition import Boundary, FunctionDefinition, load_definition_file
 from eventing.core.secrets import mask_definition, restore_secrets
 from eventing.errors import ConfigError, LifecycleError, NotFoundError
-from eventing.runtime.loader import validate_handler
+from eventing.execution.loader import validate_handler
 from eventing.storage.bucket import LocalBucket
 from eventing.storage.metadata import open_metadata
 from eventing.windows.runtime.paths import reset_windows
 from metadata import TIMER_VB_BASE, FunctionRecord, FunctionState, MetadataStore
 from sharding import NUM_VBUCKETS
 
-# A running `eventing run` writes a heartbeat every STATE_POLL_S (0.5 s, eventing.runtime.service); a command that
+# A running `eventing run` writes a heartbeat every STATE_POLL_S (0.5 s, eventing.control.service); a command that
 # sees none this recent completes a pause or undeploy itself, since no worker is holding vBuckets.
 SERVICE_STALE_S = 5.0
 
@@ -114,8 +114,8 @@ def run_on_deploy(data_dir: str, store: MetadataStore, record: FunctionRecord, r
     timeout raises LifecycleError naming the error; the caller keeps the function undeployed or paused.
     """
     from eventing.core.mutation import OP_UPDATE, Mutation
+    from eventing.execution.runner import Call, HandlerRunner, writes_by_bucket
     from eventing.handler import DeployAction
-    from eventing.runtime.runner import Call, HandlerRunner, writes_by_bucket
     from eventing.storage.bucket import EffectGroup
 
     runner = HandlerRunner.open(data_dir, record.name)

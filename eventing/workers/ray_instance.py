@@ -54,7 +54,7 @@ def running(data_dir: str | os.PathLike[str]) -> RayInstance | None:
 
 def start(data_dir: str | os.PathLike[str], *, num_cpus: int | None = None, workers: int = 4) -> RayInstance:
     """Start the data directory's instance, or return the one already up, with `workers` worker processes
-    waiting in its pool (eventing.runtime.executor.PooledWorkerHost): runs adopt them instead of starting
+    waiting in its pool (eventing.workers.executor.PooledWorkerHost): runs adopt them instead of starting
     processes, and more join the pool when a run needs them."""
     found = running(data_dir)
     if found is not None:
@@ -87,7 +87,7 @@ def start(data_dir: str | os.PathLike[str], *, num_cpus: int | None = None, work
             )
         time.sleep(0.1)
     if workers > 0:
-        from eventing.runtime.executor import fill_pool
+        from eventing.workers.executor import fill_pool
 
         try:
             fill_pool(instance.address, workers)

@@ -26,12 +26,12 @@ import msgpack
 from eventing import handler as handler_api
 from eventing.core.definition import FunctionDefinition
 from eventing.core.mutation import OP_EXPIRE, OP_TIMER, OP_UPDATE, Mutation
+from eventing.execution.app_log import AppLogWriter, RemoteAppLog, log_path
+from eventing.execution.bindings import BucketBinding, EffectBuffer
+from eventing.execution.curl import CurlClient, UrlBinding
+from eventing.execution.loader import load_handler
+from eventing.execution.timers import TimerTable
 from eventing.handler import DeleteOptions, Meta
-from eventing.runtime.app_log import AppLogWriter, RemoteAppLog, log_path
-from eventing.runtime.bindings import BucketBinding, EffectBuffer
-from eventing.runtime.curl import CurlClient, UrlBinding
-from eventing.runtime.loader import load_handler
-from eventing.runtime.timers import TimerTable
 from eventing.storage.bucket import LocalBucket
 from eventing.storage.remote import AnyBucket
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from eventing.errors import EventingError
 
 if TYPE_CHECKING:
-    from eventing.runtime.worker import WorkerCore, WorkerSpec
+    from eventing.workers.worker import WorkerCore, WorkerSpec
 
 
 class WorkerDied(Exception):
@@ -56,7 +56,7 @@ class WorkerHost:
             try:
                 import pickle
 
-                from eventing.runtime.worker import WorkerCore
+                from eventing.workers.worker import WorkerCore
 
                 if isinstance(self.spec, bytes):
                     self.spec = pickle.loads(self.spec)
@@ -89,7 +89,7 @@ class PooledWorkerHost(WorkerHost):
 
     def ready(self) -> int:
         """Import the worker's modules now, so a run that adopts this process does not wait for them."""
-        import eventing.runtime.worker  # noqa: F401
+        import eventing.workers.worker  # noqa: F401
 
         return os.getpid()
 
@@ -183,7 +183,7 @@ INLINE_REPLY_BYTES = 32 << 20
 
 def init_ray(address: str | None = None, *, num_cpus: int | None = None, join_local: str | None = None) -> None:
     """Start a local Ray instance, or join the cluster at `address`, once per process. ``join_local``: the
-    address of a Ray instance on this machine started by `eventing ray start` (eventing.runtime.ray_instance),
+    address of a Ray instance on this machine started by `eventing ray start` (eventing.workers.ray_instance),
     whose workers already have this project's environment."""
     import ray
 
@@ -329,12 +329,12 @@ class RayExecutor:
             return
         if not (self.address or os.environ.get("EVENTING_DATA_SERVICE") == "1"):
             return
-        from eventing.runtime.data_service import start_data_service
+        from eventing.workers.data_service import start_data_service
 
         self.data_service = start_data_service(data_dir)
 
     def close(self) -> None:
-        from eventing.runtime.data_service import stop_data_service
+        from eventing.workers.data_service import stop_data_service
 
         stop_data_service(self.data_service)
         self.data_service = None
@@ -488,7 +488,7 @@ def make_executor(kind: str, ray_address: str | None = None, data_dir: str | Non
         return InProcessExecutor()
     if kind == "ray":
         if not ray_address and data_dir is not None:
-            from eventing.runtime.ray_instance import running
+            from eventing.workers.ray_instance import running
 
             instance = running(data_dir)
             if instance is not None:

@@ -4,7 +4,7 @@ On one machine a node is a named group of worker actors; on a Ray cluster a node
 node (its workers are scheduled there). `node add` and `node remove` only record the wish (joining,
 leaving); `rebalance` computes the minimal-move plan and, when a service runs, hands the moving vBuckets
 over live (see FunctionSupervisor.start_rebalance); when none runs it just records the new plan.
-A node the service failed over (its Ray node died; see eventing.runtime.failover) is `failed`: it owns
+A node the service failed over (its Ray node died; see eventing.control.failover) is `failed`: it owns
 nothing and stays listed until it is added back (`node add` + `rebalance`) or removed.
 """
 

@@ -1,7 +1,7 @@
 """One worker of one function: owns vBuckets, streams their mutations from the source in seqno order,
 calls the handler, flushes binding effects and commits checkpoints.
 
-`WorkerCore` is a plain class so tests can drive it in-process; `eventing.runtime.executor` wraps it in a Ray actor.
+`WorkerCore` is a plain class so tests can drive it in-process; `eventing.workers.executor` wraps it in a Ray actor.
 """
 
 from __future__ import annotations
@@ -19,9 +19,8 @@ from eventing.core import counters as counter_names
 from eventing.core.definition import FunctionDefinition
 from eventing.core.mutation import OP_TIMER, OP_UPDATE, Mutation, pack_mutation
 from eventing.errors import FencedError, OrderViolationError, StoreError
-from eventing.handler import Meta
-from eventing.runtime.app_log import RemoteAppLog
-from eventing.runtime.runner import (
+from eventing.execution.app_log import RemoteAppLog
+from eventing.execution.runner import (
     NO_HANDLER,
     Call,
     Failure,
@@ -30,7 +29,8 @@ from eventing.runtime.runner import (
     Rejection,
     new_call,
 )
-from eventing.runtime.timers import delay_counter, timer_mutation
+from eventing.execution.timers import delay_counter, timer_mutation
+from eventing.handler import Meta
 from eventing.storage.remote import DataAccess, DataServiceRef
 from eventing.windows.runtime.row_writer import WindowRowWriter
 from metadata import TIMER_VB_BASE, DlqRow, TimerDone, TimerRecord, owner_vb

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from eventing.core.durations import DurationError, parse_duration
 from eventing.errors import ConfigError
 
-log = logging.getLogger("eventing.runtime.failover")
+log = logging.getLogger("eventing.control.failover")
 
 # failover_timeout: `eventing run --failover-timeout`, else $EVENTING_FAILOVER_TIMEOUT, else 10 s; 0 turns
 # automatic failover off (a dead node's vBuckets then wait until it comes back or is removed).

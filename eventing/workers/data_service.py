@@ -13,7 +13,7 @@ import os
 from typing import Any
 
 from eventing.errors import ConfigError, EventingError
-from eventing.runtime.app_log import AppLogWriter, log_path
+from eventing.execution.app_log import AppLogWriter, log_path
 from eventing.storage.remote import DataService, DataServiceRef
 
 ACTORS_ENV = "EVENTING_DATA_SERVICE_ACTORS"

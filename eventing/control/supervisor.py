@@ -13,13 +13,13 @@ from typing import Any
 
 from eventing.core.definition import FunctionDefinition
 from eventing.errors import EventingError
-from eventing.runtime.executor import Executor, WorkerDied
-from eventing.runtime.worker import StepReport, WorkerSpec
 from eventing.storage.bucket import LocalBucket
+from eventing.workers.executor import Executor, WorkerDied
+from eventing.workers.worker import StepReport, WorkerSpec
 from metadata import FunctionRecord
 from sharding.rebalance import FunctionAssignment, assign_function, function_moves
 
-log = logging.getLogger("eventing.runtime.supervisor")
+log = logging.getLogger("eventing.control.supervisor")
 
 # Outstanding step calls per worker. Two hide the ~0.7 ms Ray round trip; the bound on work in flight
 # is workers x CREDITS x batch_size mutations (credit-based flow control, as in Flink).
