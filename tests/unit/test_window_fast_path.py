@@ -129,7 +129,9 @@ def run_worker(
     if hung is not None:
         vb, seqno = hung
         epoch = store.claim(FN, [vb], "local/w0")[vb].epoch
-        store.commit(FN, {vb: epoch}, {}, [DlqRow(FN, vb, seqno, "?", "timeout", "hung", "", 1, 1.0, 1.0, b"")])
+        generation = store.get_function(FN).generation  # a letter of this deployment: its workers skip it
+        row = DlqRow(FN, vb, seqno, "?", "timeout", "hung", "", 1, 1.0, 1.0, b"", generation=generation)
+        store.commit(FN, {vb: epoch}, {}, [row])
     spec = WorkerSpec(str(data_dir), FN, store.get_function(FN).generation, "local/w0", tuple(range(NUM_VBUCKETS)))
     core = WorkerCore(spec)
     assert core.on_update is None and core.window_rows is not None
