@@ -620,7 +620,10 @@ class ServiceDriver(LifecycleDriver):
         finally:
             ledger.close()
         for pid in pids:
-            if pid and Path(f"/proc/{pid}").exists() and "ray" in Path(f"/proc/{pid}/cmdline").read_text(errors="replace"):
+            if not pid or pid == os.getpid() or not Path(f"/proc/{pid}").exists():
+                continue  # a replay runs the handler in this process
+            cmdline = Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+            if cmdline.startswith("ray::") or "default_worker" in cmdline:
                 os.kill(pid, signal.SIGKILL)
                 self.kills["worker"] += 1
                 return
