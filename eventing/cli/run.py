@@ -175,6 +175,10 @@ def cmd_vbmap(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
+    if args.function is None:
+        from eventing.cli.stats_all import cmd_stats_all
+
+        return cmd_stats_all(args)
     if args.watch:
         from eventing.cli.watch import stats_line, watch
 
@@ -234,8 +238,9 @@ def register(sub: Any, add: Any) -> None:
                    f"(default {PROGRESS_EVERY_S:.0f}; 0: never)")
     p = add("vbmap", cmd_vbmap, "which worker owns which vBucket ranges")
     p.add_argument("function")
-    p = add("stats", cmd_stats, "mutations seen, handler successes and failures, checkpoint lag, throughput")
-    p.add_argument("function")
+    p = add("stats", cmd_stats, "mutations seen, handler successes and failures, checkpoint lag, throughput "
+            "(every function, one line each, when no name is given)")
+    p.add_argument("function", nargs="?")
     p.add_argument("--watch", action="store_true",
                    help="refresh until Ctrl-C: redrawn in place on a terminal, one line per refresh otherwise "
                    "(with --json one JSON object per line)")

@@ -55,6 +55,9 @@ class FunctionProgress:
     handled: int = 0
     backlog: int = 0
     state: str = "starting"
+    # Mutations per second. While the function runs: over the last second or so (0 while it is paused).
+    # Once the run is over (caught up, stopped): its average over the time it was handling mutations, from
+    # its first batch to its last, across pauses and resumes (start-up and idle time left out).
     rate_mps: float = 0.0
     error: str | None = None
     # Dead letters this run added, by reason (`error`, `timeout`, `late`, ...): a run in which mutations
@@ -137,6 +140,10 @@ class EventingService:
         # directory, so the placement starts empty with it: nothing runs before it starts them.
         self.packed = PackedPlacement()
         self._handled_before: dict[str, int] = {}  # handled by earlier starts in this run (pause/resume)
+        # Per function: (handled, epoch s) when the supervisor's count last grew, and the seconds of handling
+        # of its earlier starts in this run: the run's average rate without start-up and idle time.
+        self._last_growth: dict[str, tuple[int, float]] = {}
+        self._busy_before: dict[str, float] = {}
         self._dlq_baseline: dict[str, dict[str, int]] = {}  # dead letters by reason when this run began
 
     def _info(self) -> str:
@@ -183,7 +190,7 @@ class EventingService:
                     if sup.error is not None:
                         self._fail(sup)
                     elif sup.done and not self._wake_for_due_timers(sup):
-                        self._stop_function(sup.name)
+                        self._stop_function(sup.name, run_over=True)
                         self.finished.add(sup.name)
                         self.summary.functions[sup.name].state = "caught up"
                 self.windows.poll(self.supervisors)
@@ -205,7 +212,7 @@ class EventingService:
                     self.stop_event.wait(0.1)
         finally:
             for name in list(self.supervisors):
-                self._stop_function(name)
+                self._stop_function(name, run_over=True)
             self._cool_down()
             self.windows.close()
             self._close_executor()
@@ -540,7 +547,12 @@ class EventingService:
         progress.rate_mps = 0.0
         self._rate_window[record.name] = (time.monotonic(), 0)
 
-    def _stop_function(self, name: str) -> None:
+    def _note_growth(self, name: str, sup: FunctionSupervisor) -> None:
+        """Remember when the supervisor's handled count last grew (the end of its handling so far)."""
+        if sup.handled != self._last_growth.get(name, (0, 0.0))[0]:
+            self._last_growth[name] = (sup.handled, time.time())
+
+    def _stop_function(self, name: str, run_over: bool = False) -> None:
         sup = self.supervisors.pop(name, None)
         if sup is None:
             return
@@ -559,12 +571,21 @@ class EventingService:
         progress.handled = before + sup.handled
         self._handled_before[name] = progress.handled
         progress.backlog = sup.backlog
-        progress.rate_mps = 0.0
+        self._note_growth(name, sup)
+        _, last = self._last_growth.pop(name, (0, 0.0))
+        busy = max(0.0, last - sup.first_handled_at) if sup.handled and sup.first_handled_at else 0.0
+        busy_total = self._busy_before[name] = self._busy_before.get(name, 0.0) + busy
+        # Paused or undeployed while the run goes on, it handles nothing now. At the end of the run: the
+        # run's rate, which a run shorter than a second never measured over a whole second.
+        progress.rate_mps = progress.handled / max(busy_total, 1e-3) if run_over and progress.handled else 0.0
         if progress.state == "running":
             progress.state = "stopped (checkpointed)"
         elapsed = time.monotonic() - sup.started_at
-        # A stopped function handles nothing: its throughput is 0 until it runs again.
-        self.store.set_gauges(name, {"last_run_handled": sup.handled, "last_run_seconds": elapsed, "throughput_mps": 0.0})
+        # A stopped function handles nothing: its live throughput is 0 until it runs again; the rate of this
+        # start while it was handling stays as last_run_mps.
+        self.store.set_gauges(name, {"last_run_handled": sup.handled, "last_run_seconds": elapsed,
+                                     "last_run_mps": sup.handled / max(busy, 1e-3) if sup.handled else 0.0,
+                                     "throughput_mps": 0.0})
         progress.dead_letters = self._run_dead_letters(name)
         log_file = log_path(self.data_dir, name)
         if log_file.exists():
@@ -607,6 +628,7 @@ class EventingService:
             p.handled, p.backlog = self._handled_before.get(name, 0) + sup.handled, sup.backlog
             if sup.first_handled_at and not p.first_handled_at:
                 p.first_handled_at = sup.first_handled_at
+            self._note_growth(name, sup)
             t0, n0 = self._rate_window.get(name, (now, 0))
             if now - t0 >= 1.0:
                 p.rate_mps = (sup.handled - n0) / (now - t0)

@@ -104,10 +104,17 @@ def function_stats(data_dir: str, name: str) -> dict[str, Any]:
     out.update({k: int(counters.get(k, 0)) for k in counter_names.STATS_KEYS})
     out["dlq"] = {k[4:]: int(v) for k, v in counters.items() if k.startswith("dlq_")}
     out["checkpoint_lag"] = lag
-    # The service writes the gauge while the function runs (0 when it stops); a paused function, or one
-    # whose service is gone, handles nothing whatever the last gauge says.
+    # The service writes the gauge while the function runs (0 when it stops), and the rate of each start
+    # while it was handling when it stops (last_run_mps). A deployed function that no service runs (its run
+    # caught up, or was stopped) shows its last run's rate; a paused or undeployed one handles nothing, 0.
     running = record.state.value == "deployed" and bool(services)
-    out["throughput_mps"] = counters.get("throughput_mps", 0.0) if running else 0.0
+    last_run_mps = counters.get("last_run_mps")
+    if running:
+        out["throughput_mps"], out["throughput_of"] = counters.get("throughput_mps", 0.0), "live"
+    elif record.state.value == "deployed" and last_run_mps is not None:
+        out["throughput_mps"], out["throughput_of"] = round(float(last_run_mps), 1), "last run"
+    else:
+        out["throughput_mps"], out["throughput_of"] = 0.0, None
     if record.definition.get("window") is not None:
         out["window"] = {
             "rows_written": int(counters.get(counter_names.WINDOW_ROWS_WRITTEN, 0)),
@@ -141,7 +148,9 @@ def function_stats(data_dir: str, name: str) -> dict[str, Any]:
         out["last_run"] = {
             "handled": int(counters.get("last_run_handled", 0)),
             "seconds": round(counters["last_run_seconds"], 2),
-            "mutations_per_s": round(counters.get("last_run_handled", 0) / counters["last_run_seconds"]),
+            # Over the time it was handling (first batch to last), not its start-up: see last_run_mps.
+            "mutations_per_s": round(float(counters["last_run_mps"]), 1) if "last_run_mps" in counters
+            else round(counters.get("last_run_handled", 0) / counters["last_run_seconds"], 1),
         }
     return out
 
