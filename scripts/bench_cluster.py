@@ -95,9 +95,9 @@ def deploy(data_dir: str, name: str, source: str, handler: str, workers: int, ba
 def place(data_dir: str, nodes: dict[str, str]) -> None:
     """Move every vBucket onto exactly these eventing nodes (name -> Ray node id); no service runs."""
     from eventing.control.nodes import Topology
-    from eventing.storage.metadata import open_metadata
+    from metadata.factory import open_store
 
-    topology = Topology(open_metadata(data_dir))
+    topology = Topology(open_store(data_dir))
     current = {n["name"] for n in topology.nodes()}
     quiet = ["--json"]
     for name, node_id in nodes.items():

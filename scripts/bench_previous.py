@@ -19,8 +19,8 @@ from eventing.control import lifecycle  # noqa: E402
 from eventing.core.definition import FunctionDefinition  # noqa: E402
 from eventing.storage import loadgen  # noqa: E402
 from eventing.storage.bucket import LocalBucket, chunked  # noqa: E402
-from eventing.storage.metadata import open_metadata  # noqa: E402
 from eventing.workers.worker import WorkerCore, WorkerSpec  # noqa: E402
+from metadata.factory import open_store  # noqa: E402
 from sharding import NUM_VBUCKETS  # noqa: E402
 
 HANDLER = '''
@@ -46,7 +46,7 @@ def handle(data_dir: str, previous: bool) -> float:
                                          "previous_version": previous, "checkpoint_interval": "1h"})
     lifecycle.save_function(data_dir, defn, HANDLER)
     lifecycle.deploy(data_dir, "fn_prev")
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
     generation = store.get_function("fn_prev").generation
     core = WorkerCore(WorkerSpec(data_dir, "fn_prev", generation, "n/w0", tuple(range(NUM_VBUCKETS))))
     start = time.perf_counter()

@@ -24,9 +24,9 @@ from eventing.control import lifecycle  # noqa: E402
 from eventing.control.nodes import Topology  # noqa: E402
 from eventing.control.service import EventingService  # noqa: E402
 from eventing.storage.bucket import LocalBucket  # noqa: E402
-from eventing.storage.metadata import open_metadata  # noqa: E402
 from eventing.testing import LEDGER_HANDLER, check_ledger, ledger_definition  # noqa: E402
 from eventing.workers.executor import RayExecutor  # noqa: E402
+from metadata.factory import open_store  # noqa: E402
 from sharding.rebalance import minimum_moves  # noqa: E402
 
 
@@ -80,7 +80,7 @@ def measure(args: argparse.Namespace, data_dir: str) -> int:
     for step in steps:
         before = rate_over(args.window)
         assert cli(["--data-dir", data_dir, "--json", *step]) == 0
-        topology = Topology(open_metadata(data_dir))
+        topology = Topology(open_store(data_dir))
         plan = topology.plan()
         minimum = minimum_moves(plan.before, list(plan.nodes))
         h0, t0 = handled(), time.monotonic()

@@ -33,11 +33,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import pyarrow.parquet as pq  # noqa: E402
 
 from eventing.core.mutation import OP_UPDATE, Mutation  # noqa: E402
-from eventing.storage.metadata import open_metadata  # noqa: E402
 from eventing.windows.batches import read_row_batch  # noqa: E402
 from eventing.windows.runtime.coordinator import WindowCoordinator  # noqa: E402
 from eventing.windows.runtime.paths import WindowPaths  # noqa: E402
 from eventing.windows.runtime.row_writer import RowLayout, WindowRowWriter  # noqa: E402
+from metadata.factory import open_store  # noqa: E402
 
 FN = "fn_bench_sessions"
 WINDOW = {
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         raw_dir = work / "raw"
         raw_dir.mkdir()
         incoming = WindowPaths.of(data_dir, FN).incoming
-        store = open_metadata(data_dir)
+        store = open_store(data_dir)
         emitter = HeldEmitter()
         coord = WindowCoordinator(data_dir, FN, 1, WINDOW, store, aggregator=lambda *a: None, emitter=emitter,
                                   clock=lambda: T0, close_windows=True)

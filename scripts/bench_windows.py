@@ -48,7 +48,6 @@ from eventing.core.definition import FunctionDefinition  # noqa: E402
 from eventing.core.mutation import OP_UPDATE  # noqa: E402
 from eventing.storage import loadgen  # noqa: E402
 from eventing.storage.bucket import LocalBucket, chunked  # noqa: E402
-from eventing.storage.metadata import open_metadata  # noqa: E402
 from eventing.windows.batches import read_row_batch  # noqa: E402
 from eventing.windows.runtime import host  # noqa: E402
 from eventing.windows.runtime.coordinator import WindowCoordinator  # noqa: E402
@@ -61,6 +60,7 @@ from eventing.windows.spark.structured_streaming import (  # noqa: E402
     write_watermark_sentinel,
 )
 from eventing.workers.executor import RayExecutor, init_ray  # noqa: E402
+from metadata.factory import open_store  # noqa: E402
 
 FUNCTION = "fn_bench_windows"
 WINDOW = {
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     time.sleep(RAY_SETTLE_S)
 
     eventing_s, phases = run_eventing(data_dir, args.workers, args.batch_size, aggregator)
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
     counters = store.counters(FUNCTION)
     rows = int(counters["window_rows_accepted"])
     late = int(counters.get("dlq_late", 0))

@@ -11,14 +11,14 @@ from eventing.cli.output import emit_json
 from eventing.core.definition import FunctionDefinition
 from eventing.errors import ConfigError
 from eventing.execution.app_log import follow, log_path, tail
-from eventing.storage.metadata import open_metadata
+from metadata.factory import open_store
 
 
 def cmd_log(args: argparse.Namespace) -> int:
     data_dir = existing_data_dir(args)
     if args.lines < 0:
         raise ConfigError(f"--lines {args.lines} is negative; give a number of lines >= 0")
-    store = open_metadata(data_dir, create=False)
+    store = open_store(data_dir, create=False)
     try:
         FunctionDefinition.from_dict(store.get_function(args.function).definition)  # unknown -> clear error
     finally:

@@ -12,8 +12,8 @@ from eventing.cli.output import emit_json
 from eventing.core.mutation import parse_json_document
 from eventing.errors import EventingError, NotFoundError
 from eventing.ops.stats import function_view as record_view
-from eventing.storage.metadata import METADATA_FILE
 from metadata import METADATA_URL_ENV
+from metadata.factory import SQLITE_FILE
 
 DEFAULT_DATA_DIR = ".eventing"
 EXIT_USAGE = 2
@@ -42,7 +42,7 @@ def writable_data_dir(args: argparse.Namespace) -> str:
 
 def existing_data_dir(args: argparse.Namespace) -> str:
     path = Path(data_dir_of(args))
-    if not (path / METADATA_FILE).exists() and not os.environ.get(METADATA_URL_ENV):
+    if not (path / SQLITE_FILE).exists() and not os.environ.get(METADATA_URL_ENV):
         raise NotFoundError(
             f"no eventing metadata in {path}; deploy a function first (`eventing deploy functions/fn_email.json`) "
             "or pass the right --data-dir"
@@ -56,9 +56,9 @@ def check_function_buckets(data_dir: str, functions: list[str] | None = None) ->
     damaged page might otherwise surface only when a worker reaches it, or never (a lookup that misses
     it), while the rest of the run goes on."""
     from eventing.storage.bucket import LocalBucket, bucket_path
-    from eventing.storage.metadata import open_metadata
+    from metadata.factory import open_store
 
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
     try:
         records = store.list_functions()
     finally:

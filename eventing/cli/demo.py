@@ -16,10 +16,10 @@ from eventing.control import lifecycle
 from eventing.errors import EventingError
 from eventing.ops.windows import write_chart
 from eventing.storage.bucket import bucket_path
-from eventing.storage.metadata import open_metadata
 from eventing.storage.write_turns import TURN_SUFFIX
 from functions import FUNCTIONS_DIR
 from metadata import FunctionState
+from metadata.factory import open_store
 
 log = logging.getLogger("eventing.demo")
 
@@ -32,7 +32,7 @@ WINDOW_ROWS_SHOWN = 6
 
 def _reset(data_dir: str) -> None:
     """Start from a clean slate so the demo can be run again: drop its functions and buckets."""
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
     known = {r.name: r for r in store.list_functions()}
     for name in DEMO_FUNCTIONS:
         record = known.get(name)
@@ -56,7 +56,7 @@ def run_demo(data_dir: str, args: argparse.Namespace) -> int:
     app = Eventing(data_dir, executor=args.executor, ray_address=args.ray_address)
     say = (lambda *a: None) if args.json else print
     started = time.perf_counter()
-    if open_metadata(data_dir).live_services(lifecycle.SERVICE_STALE_S):
+    if open_store(data_dir).live_services(lifecycle.SERVICE_STALE_S):
         raise EventingError(f"an eventing service is running on {data_dir}; stop it (Ctrl-C) before the demo resets it")
     _reset(data_dir)
     # Spark's cold start (~10 s of JVM, and a first job) overlaps loading and deploying instead of stalling

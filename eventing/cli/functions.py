@@ -13,8 +13,8 @@ from eventing.cli.output import emit_json, table
 from eventing.control import lifecycle
 from eventing.errors import ConfigError, LifecycleError
 from eventing.ops.stats import function_status
-from eventing.storage.metadata import METADATA_FILE, open_metadata
 from metadata import METADATA_URL_ENV
+from metadata.factory import SQLITE_FILE, open_store
 from sharding import NUM_VBUCKETS
 
 
@@ -33,9 +33,9 @@ def _refuse_if_paused(target: str, data_dir: str) -> None:
 
     is_file = target.endswith(".json") or os.path.sep in target
     name = load_definition_file(target)[0].name if is_file else target
-    if not (Path(data_dir) / METADATA_FILE).exists() and not os.environ.get(METADATA_URL_ENV):
+    if not (Path(data_dir) / SQLITE_FILE).exists() and not os.environ.get(METADATA_URL_ENV):
         return
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
     try:
         known = {r.name: r for r in store.list_functions()}
     finally:
@@ -84,9 +84,9 @@ def cmd_delete(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    path = Path(data_dir_of(args)) / METADATA_FILE
+    path = Path(data_dir_of(args)) / SQLITE_FILE
     exists = path.exists() or bool(os.environ.get(METADATA_URL_ENV))
-    records = open_metadata(data_dir_of(args)).list_functions() if exists else []
+    records = open_store(data_dir_of(args)).list_functions() if exists else []
     views = [record_view(r) for r in records]
     if args.json:
         emit_json(views)

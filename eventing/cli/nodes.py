@@ -10,13 +10,13 @@ from eventing.cli.output import emit_json, table
 from eventing.control.nodes import Topology
 from eventing.errors import LifecycleError
 from eventing.ops import nodes as nodes_ops
-from eventing.storage.metadata import open_metadata
+from metadata.factory import open_store
 
 
 def _topology(args: argparse.Namespace) -> Topology:
     from eventing.cli.common import writable_data_dir
 
-    return Topology(open_metadata(writable_data_dir(args)))
+    return Topology(open_store(writable_data_dir(args)))
 
 
 def cmd_node_add(args: argparse.Namespace) -> int:

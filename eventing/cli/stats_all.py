@@ -9,13 +9,13 @@ from typing import Any
 from eventing.cli.common import existing_data_dir
 from eventing.cli.output import emit_json, table
 from eventing.ops.stats import function_stats
-from eventing.storage.metadata import open_metadata
+from metadata.factory import open_store
 
 HEADERS = ["function", "state", "seen", "success", "failure", "timeout", "dead letters", "backlog", "mutations/s"]
 
 
 def all_stats(data_dir: str) -> list[dict[str, Any]]:
-    store = open_metadata(data_dir, create=False)
+    store = open_store(data_dir, create=False)
     try:
         names = [r.name for r in store.list_functions()]
     finally:

@@ -89,6 +89,7 @@ def deploy(data_dir: str, name: str, boundary: Boundary | None = None) -> Functi
             highs = source.high_seqnos() if defn.boundary == "from_now" else [0] * NUM_VBUCKETS
             epoch_base = record.generation << EPOCH_SHIFT
             store.init_checkpoints(name, dict(enumerate(highs)), source.uuid, epoch_base)
+            _resolve_letters_handled_again(store, name, record.generation, highs)
             store.drop_timers(name)  # left by a deploy that crashed halfway
             reset_windows(data_dir, store, name)  # window state and unaggregated rows start afresh too
             for b in defn.bindings:
@@ -103,6 +104,19 @@ def deploy(data_dir: str, name: str, boundary: Boundary | None = None) -> Functi
             store.transition(name, FunctionState.UNDEPLOYED, "deploy")
             raise
         return store.transition(name, FunctionState.DEPLOYED, "deploy")
+
+
+def _resolve_letters_handled_again(store: MetadataStore, name: str, generation: int, starts: list[int]) -> None:
+    """Dead letters of earlier deployments whose mutation this deployment handles again (after its feed
+    boundary) are resolved, shown as replayed at the deploy: the new deployment's handler decides their
+    fate (a new failure brings the letter back), so a later `dlq replay --all` cannot apply their effects a
+    second time. Letters before the boundary, and timer callbacks' (timers start afresh), stay pending."""
+    again = [
+        (row.vb, row.seqno) for row in store.find_dlq_rows(name)
+        if row.generation < generation and row.vb < NUM_VBUCKETS and row.seqno > starts[row.vb]
+    ]
+    if again:
+        store.mark_replayed(name, again)
 
 
 def run_on_deploy(data_dir: str, store: MetadataStore, record: FunctionRecord, reason: str) -> None:

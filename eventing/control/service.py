@@ -34,11 +34,11 @@ from eventing.control.supervisor import FunctionSupervisor
 from eventing.core.definition import FunctionDefinition
 from eventing.errors import EventingError
 from eventing.execution.app_log import log_path
-from eventing.storage.metadata import open_metadata
 from eventing.windows.runtime.host import WindowHost, WindowOptions
 from eventing.workers.executor import Executor
 from eventing.workers.worker import WorkerSpec
 from metadata import FunctionState, Lease
+from metadata.factory import open_store
 from sharding import VBucketPlan
 from sharding.placement import PackedPlacement
 
@@ -103,7 +103,7 @@ class EventingService:
         self.until_caught_up = until_caught_up
         self.only = set(functions) if functions else None
         self.on_progress = on_progress
-        self.store = open_metadata(data_dir)
+        self.store = open_store(data_dir)
         self.store.verify_integrity()
         self.service_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.supervisors: dict[str, FunctionSupervisor] = {}
@@ -656,7 +656,7 @@ class _LeaseKeeper(threading.Thread):
         super().__init__(name="eventing-lease", daemon=True)
         self.service = service
         self.done = threading.Event()
-        self.store = open_metadata(service.data_dir)
+        self.store = open_store(service.data_dir)
 
     def run(self) -> None:
         svc = self.service

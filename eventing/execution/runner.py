@@ -161,9 +161,9 @@ class HandlerRunner:
     @classmethod
     def open(cls, data_dir: str, function: str) -> HandlerRunner:
         """The function's current stored handler with bindings on the local buckets of `data_dir`."""
-        from eventing.storage.metadata import open_metadata
+        from metadata.factory import open_store
 
-        store = open_metadata(data_dir, create=False)
+        store = open_store(data_dir, create=False)
         try:
             record = store.get_function(function)
         finally:

@@ -24,8 +24,8 @@ from eventing.control.lifecycle import SERVICE_STALE_S
 from eventing.core import counters as names
 from eventing.errors import EventingError, NotFoundError
 from eventing.storage.bucket import LocalBucket
-from eventing.storage.metadata import open_metadata
 from metadata import FunctionState
+from metadata.factory import open_store
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 HANDLERS = ("on_update", "on_delete")
@@ -47,7 +47,7 @@ class EventingCollector:
     def collect(self) -> Iterator[Metric]:
         fam = _Families()
         try:
-            store = open_metadata(self.data_dir, create=False)
+            store = open_store(self.data_dir, create=False)
         except NotFoundError:
             yield from fam.all()
             return

@@ -42,7 +42,7 @@ from eventing.errors import (
 from eventing.http.auth import presented_token, role_of
 from eventing.ops import dlq, stats
 from eventing.ops import nodes as nodes_ops
-from eventing.storage.metadata import open_metadata
+from metadata.factory import open_store
 
 STATIC_DIR = Path(__file__).parent / "static"
 APP_LOG_DIR = "logs"  # <data-dir>/logs/<function>.log, the handlers' application log
@@ -148,7 +148,7 @@ def _document(record: Any) -> dict[str, Any]:
 
 def list_functions(c: Call) -> list[dict[str, Any]]:
     try:
-        store = open_metadata(c.data_dir, create=False)
+        store = open_store(c.data_dir, create=False)
     except NotFoundError:
         return []
     try:
@@ -158,7 +158,7 @@ def list_functions(c: Call) -> list[dict[str, Any]]:
 
 
 def get_function(c: Call) -> dict[str, Any]:
-    store = open_metadata(c.data_dir, create=False)
+    store = open_store(c.data_dir, create=False)
     try:
         return _document(store.get_function(c.name))
     finally:
@@ -231,7 +231,7 @@ def save_settings(c: Call) -> dict[str, Any]:
         if key in body:
             raise ConfigError(f"settings cannot change '{key}'; use POST /api/v1/functions/{c.name}"
                               + ("/appcode" if key != "name" else ""))
-    store = open_metadata(c.data_dir, create=False)
+    store = open_store(c.data_dir, create=False)
     try:
         record = store.get_function(c.name)
     finally:
@@ -246,7 +246,7 @@ def get_appcode(c: Call) -> Response:
 
 def save_appcode(c: Call) -> dict[str, Any]:
     source = c.text()
-    store = open_metadata(c.data_dir, create=False)
+    store = open_store(c.data_dir, create=False)
     try:
         record = store.get_function(c.name)
     finally:
@@ -281,7 +281,7 @@ def status(c: Call) -> dict[str, Any]:
         if name:
             raise
         return {"apps": [], "num_eventing_nodes": 0, "services": []}
-    store = open_metadata(c.data_dir, create=False)
+    store = open_store(c.data_dir, create=False)
     try:
         nodes = len([n for n in Topology(store).nodes() if n["state"] != "joining"])
     finally:
@@ -346,7 +346,7 @@ def checkpoints(c: Call) -> dict[str, Any]:
 
 
 def _topology_call(c: Call, fn: Callable[[Topology], Any]) -> Any:
-    store = open_metadata(c.data_dir, create=False)
+    store = open_store(c.data_dir, create=False)
     try:
         return fn(Topology(store))
     finally:

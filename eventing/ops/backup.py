@@ -9,8 +9,8 @@ from pathlib import Path
 
 from eventing.errors import ConfigError, LifecycleError, NotFoundError, StoreCorruptError
 from eventing.storage.bucket import LocalBucket, bucket_path, list_buckets
-from eventing.storage.metadata import METADATA_FILE, open_metadata
 from metadata import METADATA_URL_ENV
+from metadata.factory import SQLITE_FILE, open_store
 from metadata.sqlite_store import restore_sqlite_store
 
 
@@ -34,10 +34,10 @@ def backup(data_dir: str, output: str | None = None, *, with_buckets: bool = Fal
         )
         if folder.exists() and any(folder.iterdir()):
             raise ConfigError(f"backup folder {folder} is not empty; name a new folder with -o")
-        target = folder / METADATA_FILE
+        target = folder / SQLITE_FILE
     else:
         target = Path(output) if output else default_backup_path(data_dir)
-    with open_metadata(data_dir, create=False) as store:
+    with open_store(data_dir, create=False) as store:
         store.backup(target)
         functions = len(store.list_functions())
     result: dict = {"file": str(target), "bytes": target.stat().st_size, "functions": functions}
@@ -100,11 +100,11 @@ def restore(data_dir: str, backup_file: str) -> dict:
             f"the metadata store is in Couchbase ({METADATA_URL_ENV} is set); restore it with Couchbase's own "
             "tools (`cbbackupmgr restore`), not `eventing restore`"
         )
-    target = Path(data_dir) / METADATA_FILE
+    target = Path(data_dir) / SQLITE_FILE
     if target.exists():
         services: list[str] = []
         try:
-            store = open_metadata(data_dir, create=False)
+            store = open_store(data_dir, create=False)
             try:
                 services = store.live_services(SERVICE_STALE_S)
             finally:
@@ -119,9 +119,9 @@ def restore(data_dir: str, backup_file: str) -> dict:
     else:
         Path(data_dir).mkdir(parents=True, exist_ok=True)
     folder = Path(backup_file) if Path(backup_file).is_dir() else None
-    kept = restore_sqlite_store(folder / METADATA_FILE if folder else backup_file, target)
+    kept = restore_sqlite_store(folder / SQLITE_FILE if folder else backup_file, target)
     restored_buckets, kept_buckets = _restore_buckets(data_dir, folder) if folder else ([], [])
-    with open_metadata(data_dir, create=False) as restored:
+    with open_store(data_dir, create=False) as restored:
         records = restored.list_functions()
     return {"restored": str(target), "from": backup_file, "previous": str(kept) if kept else None,
             "functions": [{"name": r.name, "state": r.state.value} for r in records],

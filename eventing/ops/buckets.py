@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 from eventing.errors import LifecycleError, NotFoundError, StoreCorruptError
 from eventing.storage.bucket import LocalBucket, drop_bucket
-from eventing.storage.metadata import open_metadata
 from metadata import FunctionState
+from metadata.factory import open_store
 
 
 @dataclass(frozen=True)
@@ -21,7 +21,7 @@ class BucketUse:
 def bucket_uses(data_dir: str, bucket: str) -> list[BucketUse]:
     """Every stored function that names `bucket` as its source or in a binding, in any state."""
     try:
-        store = open_metadata(data_dir, create=False)
+        store = open_store(data_dir, create=False)
     except NotFoundError:  # no metadata yet: no function uses anything
         return []
     try:

@@ -51,8 +51,8 @@ from eventing.execution.runner import (
 )
 from eventing.handler import Meta
 from eventing.storage.bucket import LocalBucket
-from eventing.storage.metadata import open_metadata
 from metadata import Checkpoint, MetadataStore
+from metadata.factory import open_store
 from sharding import NUM_VBUCKETS, validate_key, vbucket_of
 
 Status = Literal["ok", "no_handler", "error", "timeout", "undecodable", "oversize", "quit", "timer_error"]
@@ -204,7 +204,7 @@ def pull(
 ) -> Pulled:
     """Find the next mutation, polling the source for up to `wait_s` seconds; NotFoundError if none came."""
     deadline = time.monotonic() + (wait_s or 0)
-    store = open_metadata(data_dir, create=False)
+    store = open_store(data_dir, create=False)
     try:
         while True:
             pulled = find_next(store, source, function, key=key, vb=vb)

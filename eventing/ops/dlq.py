@@ -50,8 +50,8 @@ from eventing.errors import ConfigError, NotFoundError
 from eventing.execution.runner import HandlerRunner, writes_by_bucket
 from eventing.ops.debugger import run_once
 from eventing.storage.bucket import EffectGroup, LocalBucket
-from eventing.storage.metadata import open_metadata
 from metadata import DlqRow, MetadataStore
+from metadata.factory import open_store
 from sharding import NUM_VBUCKETS, validate_key
 
 REPLAYABLE_REASONS = frozenset({"error", "timeout", "undecodable", "oversize", "timer_error", "cas_mismatch"})
@@ -367,7 +367,7 @@ class _store:
     """`with _store(dir) as store:` opens the metadata store for one command and closes it."""
 
     def __init__(self, data_dir: str):
-        self.store = open_metadata(data_dir, create=False)
+        self.store = open_store(data_dir, create=False)
 
     def __enter__(self) -> MetadataStore:
         return self.store

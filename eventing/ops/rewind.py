@@ -21,8 +21,8 @@ from datetime import UTC, datetime
 from eventing.core.definition import FunctionDefinition
 from eventing.errors import ConfigError, LifecycleError
 from eventing.storage.bucket import LocalBucket
-from eventing.storage.metadata import open_metadata
 from metadata import FunctionState
+from metadata.factory import open_store
 from metadata.model import check_rewind_allowed, plan_rewind
 from sharding import NUM_VBUCKETS
 
@@ -87,7 +87,7 @@ def rewind(
         raise ConfigError("give exactly one of --to-seqno N and --to-time TIME")
     if vb is not None and not 0 <= vb < NUM_VBUCKETS:
         raise ConfigError(f"vBucket {vb} does not exist; vBuckets are numbered 0..{NUM_VBUCKETS - 1}")
-    store = open_metadata(data_dir, create=False)
+    store = open_store(data_dir, create=False)
     try:
         record = store.get_function(name)
         check_rewind_allowed(name, record.state)

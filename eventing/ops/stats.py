@@ -10,13 +10,13 @@ from eventing.core import counters as counter_names
 from eventing.execution.app_log import log_path
 from eventing.execution.timers import delay_percentile
 from eventing.storage.bucket import LocalBucket
-from eventing.storage.metadata import open_metadata
 from metadata import FunctionRecord
+from metadata.factory import open_store
 from sharding import NUM_VBUCKETS, format_ranges, worker_plan
 
 
 def vbucket_map(data_dir: str, name: str) -> dict[str, Any]:
-    store = open_metadata(data_dir, create=False)
+    store = open_store(data_dir, create=False)
     try:  # closed here: the HTTP API calls this on every poll, from a thread pool
         record = store.get_function(name)
         cps = store.checkpoints(name)
@@ -82,7 +82,7 @@ def couchbase_stats(counters: dict[str, float]) -> dict[str, int]:
 
 
 def function_stats(data_dir: str, name: str) -> dict[str, Any]:
-    store = open_metadata(data_dir, create=False)
+    store = open_store(data_dir, create=False)
     try:
         record = store.get_function(name)
         counters = store.counters(name)
@@ -187,7 +187,7 @@ NO_SERVICE_HINT = "no service is running this function; start one with `eventing
 def function_status(data_dir: str, name: str | None = None) -> dict[str, Any]:
     """States of one function (or all), how many vBuckets live workers own, the live services and which
     of them leads (the others are standbys)."""
-    store = open_metadata(data_dir, create=False)
+    store = open_store(data_dir, create=False)
     try:
         records = [store.get_function(name)] if name else store.list_functions()
         services = running_services(store)
@@ -235,7 +235,7 @@ def checkpoint_view(
 
     if vb is not None and not 0 <= vb < NUM_VBUCKETS:
         raise ConfigError(f"vBucket {vb} does not exist; vBuckets are numbered 0..{NUM_VBUCKETS - 1}")
-    store = open_metadata(data_dir, create=False)
+    store = open_store(data_dir, create=False)
     try:
         record = store.get_function(name)
         cps = store.checkpoints(name)

@@ -247,9 +247,9 @@ def ledger_bucket_of(defn: FunctionDefinition) -> str:
 def verify_function(data_dir: str, function: str, *, ledger: str | None = None) -> VerifyReport:
     """Check a deployed (running, paused or caught-up) function against its ledger bucket."""
     from eventing.control.lifecycle import EPOCH_SHIFT
-    from eventing.storage.metadata import open_metadata
+    from metadata.factory import open_store
 
-    store = open_metadata(data_dir, create=False)
+    store = open_store(data_dir, create=False)
     try:
         record = store.get_function(function)
         defn = FunctionDefinition.from_dict(record.definition)

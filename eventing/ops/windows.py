@@ -25,11 +25,11 @@ POLICIES_WATERMARK_IS = (
 
 def window_status(data_dir: str, name: str) -> dict[str, Any]:
     """Watermark, open windows and counts of a windowed function, without reading its results (metrics)."""
-    from eventing.storage.metadata import open_metadata
     from eventing.windows.runtime.coordinator import iso_ms
     from eventing.windows.runtime.row_writer import RowLayout
+    from metadata.factory import open_store
 
-    store = open_metadata(data_dir, create=False)
+    store = open_store(data_dir, create=False)
     try:
         record = store.get_function(name)
         window = record.definition.get("window")

@@ -30,8 +30,8 @@ import msgpack
 from eventing.core.mutation import Mutation
 from eventing.errors import ConfigError, EventingError
 from eventing.storage.bucket import EffectGroup, EffectResult, LocalBucket, PackedUpdates
-from eventing.storage.metadata import METADATA_FILE, open_metadata
 from metadata import MetadataStore
+from metadata.factory import SQLITE_FILE, open_store
 
 LOCALITY_ENV = "EVENTING_DATA_LOCALITY"  # "0": workers on the data node still go through the service
 
@@ -62,7 +62,7 @@ class DataService:
     @property
     def store(self) -> MetadataStore:
         if self._store is None:
-            self._store = open_metadata(self.data_dir, create=False)
+            self._store = open_store(self.data_dir, create=False)
         return self._store
 
     # -- calls (one entry point, so the Ray actor is a thin shell) -------------------------------------
@@ -417,7 +417,7 @@ class DataAccess:
 
     def metadata(self) -> MetadataStore:
         if self._client is None:
-            return open_metadata(self.data_dir, create=False)
+            return open_store(self.data_dir, create=False)
         return cast(MetadataStore, RemoteMetadataStore(self._client))
 
     def app_log(self, function: str, max_size: int, max_files: int) -> Callable[[list[str]], Callable[[], Any]]:
@@ -447,5 +447,5 @@ def _sees_files(data_dir: str, service: DataServiceRef) -> bool:
     except Exception:  # noqa: BLE001 - no Ray context: judge by the files alone
         pass
     return (Path(data_dir) / "buckets").is_dir() and (
-        bool(os.environ.get("EVENTING_METADATA_URL")) or (Path(data_dir) / METADATA_FILE).exists()
+        bool(os.environ.get("EVENTING_METADATA_URL")) or (Path(data_dir) / SQLITE_FILE).exists()
     )

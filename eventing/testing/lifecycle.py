@@ -41,7 +41,7 @@ from eventing.control import lifecycle
 from eventing.errors import EventingError, LifecycleError, NotFoundError
 from eventing.ops.verify import EFFECT, HISTORY, parse_effect_key
 from eventing.storage.bucket import LocalBucket
-from eventing.storage.metadata import open_metadata
+from metadata.factory import open_store
 from sharding import vbucket_of
 
 FUNCTION = "fn_life"
@@ -406,7 +406,7 @@ class LifecycleDriver:
         """Compare the data directory with the model; resolve the model's open choices by what happened."""
         found: list[Violation] = []
         ledger = LocalBucket.open(self.data_dir, LEDGER)
-        store = open_metadata(self.data_dir, create=False) if self.model.state != "none" else None
+        store = open_store(self.data_dir, create=False) if self.model.state != "none" else None
         try:
             writes = ledger.logged_writes(EFFECT)
             actual: dict[int, set[tuple[str, int]]] = defaultdict(set)
@@ -643,7 +643,7 @@ class ServiceDriver(LifecycleDriver):
         want = self._highs()
         deadline = time.monotonic() + self.catch_up_s
         while True:
-            store = open_metadata(self.data_dir, create=False)
+            store = open_store(self.data_dir, create=False)
             try:
                 cps = store.checkpoints(FUNCTION)
             finally:

@@ -22,8 +22,8 @@ from eventing.core.definition import FunctionDefinition
 from eventing.core.mutation import OP_UPDATE, encode_document
 from eventing.execution.timers import delay_percentile
 from eventing.storage.bucket import LocalBucket, Write, chunked
-from eventing.storage.metadata import open_metadata
 from eventing.workers.executor import Executor
+from metadata.factory import open_store
 
 FUNCTION = "fn_timers"
 
@@ -129,7 +129,7 @@ def run(
         result.delay_p50_s = delays[len(delays) // 2]
         result.delay_p99_s = delays[min(len(delays) - 1, int(len(delays) * 0.99))]
         result.delay_max_s = delays[-1]
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
     try:
         counters = store.counters(FUNCTION)
         result.counters = {

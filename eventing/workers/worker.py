@@ -129,7 +129,7 @@ class WorkerCore:
         self._rotor = 0
         self._handled_any = False
         self._closed = False
-        self._hung: set[tuple[int, int]] = set()
+        self._lettered: dict[tuple[int, int], str] = {}  # (vb, seqno) -> the counter of its skip
         self.timers = self.runner.timers
         self.timers.lookup = lambda callback, reference: self.store.get_timer(self.name, callback, reference)
         self.timers_done: list[TimerDone] = []  # fired since the last commit
@@ -176,16 +176,24 @@ class WorkerCore:
             for vb in epochs:
                 binding.applied_upto[vb] = marks.get(vb, (0, 0))[1]
         self._reclaim.update(vbs)
-        # Mutations a previous process of this deployment's worker hung on (and was recycled for) are already
-        # dead letters; handling them again would hang again. Letters of earlier deployments do not count:
-        # a fresh deployment handles every mutation of its boundary, whatever an older handler did.
-        for row in self.store.find_dlq_rows(self.name, reason="timeout"):
-            if row.generation != self.spec.generation:
+        # Mutations ahead of the checkpoint that this deployment already dead-lettered are not handled again
+        # by the stream: one a previous process of this worker hung on (and was recycled for) would hang
+        # again, and after a rewind a letter belongs to `dlq replay`, whose effects are marked per letter
+        # (replayed: its effects are applied; pending: replay applies them), never to the stream's per
+        # vBucket marks, so either way handling it again could apply its effects twice or not at all.
+        # Letters of earlier deployments do not count: a fresh deployment handles every mutation of its
+        # boundary, whatever an older handler did (the deploy resolved those letters).
+        for row in self.store.find_dlq_rows(self.name, include_replayed=True):
+            if row.generation != self.spec.generation or row.reason == "late":
                 continue
+            hung = row.reason == "timeout" and row.replayed_at is None
             if row.vb in wanted and row.seqno > self.committed[row.vb]:
-                self._hung.add((row.vb, row.seqno))
-            elif row.vb >= TIMER_VB_BASE and owner_vb(row.vb) in wanted:
-                self._hung.add((row.vb, row.seqno))  # a timer whose callback hung: recorded as done instead
+                self._lettered[(row.vb, row.seqno)] = (
+                    counter_names.HUNG_SKIPPED if hung else counter_names.DEAD_LETTERED_SKIPPED
+                )
+            elif hung and row.vb >= TIMER_VB_BASE and owner_vb(row.vb) in wanted:
+                # a timer whose callback hung: recorded as done instead
+                self._lettered[(row.vb, row.seqno)] = counter_names.HUNG_SKIPPED
 
     def revoke_vbuckets(self, vbuckets) -> dict[int, int]:
         """Finish, flush, checkpoint and release vBuckets; returns their final checkpoints."""
@@ -323,7 +331,7 @@ class WorkerCore:
         c[delay_counter(time.time() * 1000 - t.due_ms)] += 1
         m = timer_mutation(t)
         call = self.runner.prepare(m)
-        if self._hung and (m.vb, m.seqno) in self._hung:
+        if self._lettered and (m.vb, m.seqno) in self._lettered:
             c[counter_names.HUNG_SKIPPED] += 1  # its dead letter was written when it hung
         elif type(call) is Rejection:
             c[counter_names.TIMERS_FAILED] += 1
@@ -405,7 +413,7 @@ class WorkerCore:
         Call, no dispatch, counters added once a run): a third of a worker's cost on a trivial handler."""
         runner = self.runner
         positions = self.positions
-        if self.on_update is None or self.window_rows is not None or runner.previous is not None or self._hung:
+        if self.on_update is None or self.window_rows is not None or runner.previous is not None or self._lettered:
             for row in rows:
                 m = _as_mutation(Mutation, row)
                 if m.seqno <= position:
@@ -469,7 +477,7 @@ class WorkerCore:
         update (or a delete without on_delete) that gives a row. Returns how many entries it took: 0, with
         nothing counted or buffered, leaves them to _handle one by one (dead letters, the function's own
         writes, float times, ...), with the same rows, counters and dead letters either way."""
-        if self._hung and any(hung_vb == vb for hung_vb, _ in self._hung):
+        if self._lettered and any(lettered_vb == vb for lettered_vb, _ in self._lettered):
             return 0
         batch = self.source.read_vb_packed(
             vb, position, limit, self.name, exact_arrivals_over_ms=self.window_rows.arrival_gap_ms  # type: ignore[union-attr]
@@ -497,8 +505,8 @@ class WorkerCore:
             if self.runner.previous is not None:
                 self.runner.seen(m)
             return
-        if self._hung and (m.vb, m.seqno) in self._hung:
-            c[counter_names.HUNG_SKIPPED] += 1  # dead-lettered as `timeout` when its handler could not be interrupted
+        if self._lettered and (m.vb, m.seqno) in self._lettered:
+            c[self._lettered[(m.vb, m.seqno)]] += 1  # this deployment dead-lettered it already (see assign_vbuckets)
             if self.runner.previous is not None:
                 self.runner.seen(m)
             return

@@ -28,7 +28,6 @@ from eventing.control.service import EventingService
 from eventing.core.definition import FunctionDefinition
 from eventing.core.mutation import OP_UPDATE, decode_document
 from eventing.storage.bucket import LocalBucket
-from eventing.storage.metadata import open_metadata
 from eventing.testing import BackgroundLoop, check_ledger, deploy_function, ledger_definition, load_source
 from eventing.testing.cluster import (
     LocalRayCluster,
@@ -44,6 +43,7 @@ from eventing.windows.runtime.paths import WindowPaths
 from eventing.windows.semantics import WindowSpec
 from eventing.windows.spark.sink import ParquetWindowSink
 from eventing.workers.executor import RayExecutor, init_ray
+from metadata.factory import open_store
 from sharding import NUM_VBUCKETS
 
 pytestmark = pytest.mark.integration
@@ -143,7 +143,7 @@ def wait_for(predicate, timeout: float = 90.0) -> None:
 
 
 def caught_up(data_dir: str, name: str, source: LocalBucket) -> bool:
-    cps = open_metadata(data_dir).checkpoints(name)
+    cps = open_store(data_dir).checkpoints(name)
     return bool(cps) and [cps[vb].seqno for vb in range(NUM_VBUCKETS)] == source.high_seqnos()
 
 
@@ -202,7 +202,7 @@ def test_workers_on_the_hidden_node_handle_every_mutation_once_in_order(env):
     assert summary.functions["fn_c"].handled == 6000
     assert len(places.seen) == 3 and all(places.seen.values()), places.seen  # all three ran on n2
     assert_ledger(data_dir, source, 6000)
-    owners = {cp.owner for cp in open_metadata(data_dir).checkpoints("fn_c").values()}
+    owners = {cp.owner for cp in open_store(data_dir).checkpoints("fn_c").values()}
     assert owners == {"n2/w0", "n2/w1", "n2/w2"}
 
 
@@ -226,7 +226,7 @@ def test_log_lines_of_hidden_node_workers_reach_the_application_log(env, capsys)
     places.service = service
     summary = service.run()
     assert not summary.errors, summary.errors
-    assert not open_metadata(data_dir).counters("fn_log").get("dlq_error")
+    assert not open_store(data_dir).counters("fn_log").get("dlq_error")
     assert places.seen and all(places.seen.values()), places.seen  # every worker ran on n2
     updates = sorted((m.vb, m.seqno) for batch in source.scan_log() for m in batch if m.op == OP_UPDATE)
     capsys.readouterr()
@@ -258,7 +258,7 @@ def test_a_live_rebalance_onto_and_off_the_hidden_node_loses_nothing(env):
         with Stream(source) as stream:
             assert cli(["--data-dir", data_dir, "node", "add", "n2", "--ray-node-id", env.n2.node_id]) == 0
             assert cli(["--data-dir", data_dir, "rebalance", "--wait", "120"]) == 0
-            owners = [cp.owner for cp in open_metadata(data_dir).checkpoints("fn_c").values()]
+            owners = [cp.owner for cp in open_store(data_dir).checkpoints("fn_c").values()]
             assert sum(o.startswith("n2/") for o in owners) == NUM_VBUCKETS // 2
             time.sleep(1.0)  # n2's workers handle part of the stream
             assert cli(["--data-dir", data_dir, "node", "remove", "n2"]) == 0
@@ -269,7 +269,7 @@ def test_a_live_rebalance_onto_and_off_the_hidden_node_loses_nothing(env):
         service.stop()
         thread.join(timeout=60)
     assert any(places.seen.values()) and not all(places.seen.values())  # workers ran on both nodes
-    assert {cp.owner.split("/")[0] for cp in open_metadata(data_dir).checkpoints("fn_c").values()} == {"head"}
+    assert {cp.owner.split("/")[0] for cp in open_store(data_dir).checkpoints("fn_c").values()} == {"head"}
     assert_ledger(data_dir, source)
 
 
@@ -285,14 +285,14 @@ def test_a_standby_takes_over_hidden_node_workers_from_a_killed_leader_and_loses
     pin_all_workers(data_dir, "n2", env.n2.node_id)
 
     def owners() -> dict[int, tuple[str, int, bool]]:
-        store = open_metadata(data_dir)
+        store = open_store(data_dir)
         try:
             return {vb: (str(cp.owner), cp.epoch, cp.leased) for vb, cp in store.checkpoints("fn_c").items()}
         finally:
             store.close()
 
     def holder() -> str:
-        store = open_metadata(data_dir)
+        store = open_store(data_dir)
         try:
             lease = store.lease(LEADER_LEASE)
             return lease.holder if lease is not None else ""
@@ -305,7 +305,7 @@ def test_a_standby_takes_over_hidden_node_workers_from_a_killed_leader_and_loses
         wait_for(lambda: len(owners()) == NUM_VBUCKETS and all(o.startswith("n2/") and leased
                                                                for o, _, leased in owners().values()))
         standby = ServiceProcess(data_dir, env.ray.address, "--standby", log_name="standby")
-        wait_for(lambda: any(f":{standby.proc.pid}:" in s for s in open_metadata(data_dir).live_services(5)))
+        wait_for(lambda: any(f":{standby.proc.pid}:" in s for s in open_store(data_dir).live_services(5)))
         time.sleep(STANDBY_WARM_S)
         before = {vb: epoch for vb, (_, epoch, _) in owners().items()}
         with Stream(source, docs=300) as stream:
@@ -320,8 +320,8 @@ def test_a_standby_takes_over_hidden_node_workers_from_a_killed_leader_and_loses
 
             wait_for(reclaimed, timeout=60)
             claimed_at = time.time()
-            handled_mark = sum(cp.seqno for cp in open_metadata(data_dir).checkpoints("fn_c").values())
-            wait_for(lambda: sum(cp.seqno for cp in open_metadata(data_dir).checkpoints("fn_c").values())
+            handled_mark = sum(cp.seqno for cp in open_store(data_dir).checkpoints("fn_c").values())
+            wait_for(lambda: sum(cp.seqno for cp in open_store(data_dir).checkpoints("fn_c").values())
                      > handled_mark + 100, timeout=60)
             moving_at = time.time()
             mark = stream.written
@@ -382,7 +382,7 @@ def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
 
 def test_a_ray_address_that_does_not_answer_fails_fast_in_one_line(env):
     data_dir = env.new_data_dir()
-    open_metadata(data_dir).close()
+    open_store(data_dir).close()
     started = time.monotonic()
     result = run_cli("--data-dir", data_dir, "run", "--ray-address", "127.0.0.1:9", "--until-caught-up")
     assert time.monotonic() - started < 15
@@ -406,7 +406,7 @@ def test_a_ray_node_id_that_does_not_exist_is_named(env):
 @pytest.mark.parametrize("master", ["spark://127.0.0.1:9", "sc://127.0.0.1:9"])
 def test_a_spark_master_that_does_not_answer_fails_fast_in_one_line(env, master):
     data_dir = env.new_data_dir()
-    open_metadata(data_dir).close()
+    open_store(data_dir).close()
     result = run_cli("--data-dir", data_dir, "run", "--executor", "in-process", "--spark-master", master)
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()
@@ -465,7 +465,7 @@ def _windows_with_spark(env, name: str, spark: LocalSparkCluster, seed: int, ran
     finally:
         spark.stop()
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
     assert {cp.owner.split("/")[0] for cp in store.checkpoints(name).values()} == {"n2"}
     late = {(r.vb, r.seqno) for r in store.dlq_rows(name)}
     docs = [(m.vb, m.seqno, decode_document(m.doc)) for batch in source.scan_log() for m in batch if m.op == OP_UPDATE]

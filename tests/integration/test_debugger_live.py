@@ -19,8 +19,8 @@ from eventing.control import lifecycle
 from eventing.control.service import EventingService
 from eventing.storage import loadgen
 from eventing.storage.bucket import LocalBucket, chunked
-from eventing.storage.metadata import open_metadata
 from eventing.testing import LEDGER_HANDLER, BackgroundLoop, check_ledger, ledger_definition, wait_for
+from metadata.factory import open_store
 from sharding import NUM_VBUCKETS, vbucket_of
 
 pytestmark = pytest.mark.integration
@@ -45,11 +45,11 @@ def key_in_vb(vb: int, prefix: str) -> str:
 
 
 def checkpoint_total(data_dir: str, function: str) -> int:
-    return sum(cp.seqno for cp in open_metadata(data_dir).checkpoints(function).values())
+    return sum(cp.seqno for cp in open_store(data_dir).checkpoints(function).values())
 
 
 def caught_up(data_dir: str, function: str, source: LocalBucket) -> bool:
-    cps = open_metadata(data_dir).checkpoints(function)
+    cps = open_store(data_dir).checkpoints(function)
     return bool(cps) and [cps[vb].seqno for vb in range(NUM_VBUCKETS)] == source.high_seqnos()
 
 
@@ -137,4 +137,4 @@ def test_debugging_a_live_function_never_takes_a_mutation_out_of_the_stream(data
     result = check_ledger(source, ledger, function="fn_live")
     total = sum(source.high_seqnos())
     assert result.ok and result.handled == total, result.summary()
-    assert open_metadata(data_dir).dlq_rows("fn_live") == []
+    assert open_store(data_dir).dlq_rows("fn_live") == []

@@ -29,9 +29,9 @@ import pytest
 from eventing.cli.app import main as cli
 from eventing.control.failover import LEADER_LEASE
 from eventing.storage.bucket import LocalBucket
-from eventing.storage.metadata import open_metadata
 from eventing.testing import BackgroundLoop, check_ledger, deploy_function, ledger_definition, load_source
 from eventing.testing.cluster import ServiceProcess
+from metadata.factory import open_store
 from sharding import NUM_VBUCKETS
 
 pytestmark = pytest.mark.integration
@@ -179,7 +179,7 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 90.0, what: str = "
 
 
 def owners(data_dir: str, fn: str) -> dict[int, tuple[str | None, int, bool]]:
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
     try:
         return {vb: (cp.owner, cp.epoch, cp.leased) for vb, cp in store.checkpoints(fn).items()}
     finally:
@@ -187,7 +187,7 @@ def owners(data_dir: str, fn: str) -> dict[int, tuple[str | None, int, bool]]:
 
 
 def caught_up(data_dir: str, fn: str, source: LocalBucket) -> bool:
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
     try:
         cps = store.checkpoints(fn)
     finally:
@@ -278,7 +278,7 @@ def test_a_standby_takes_over_from_a_killed_leader_and_finishes_the_stream(clust
     standby = None
     try:
         def lease():
-            store = open_metadata(data_dir)
+            store = open_store(data_dir)
             try:
                 return store.lease(LEADER_LEASE)
             finally:
@@ -287,7 +287,7 @@ def test_a_standby_takes_over_from_a_killed_leader_and_finishes_the_stream(clust
         wait_for(lambda: (lease() is not None and f":{leader.pid}:" in lease().holder), what="the leader's lease")
         leader_up = wait_for(lambda: all(leased for _, _, leased in owners(data_dir, fn).values()), what="the leader's workers") - leader_started
         standby = ServiceProcess(data_dir, cluster.address, "--standby", log_name="standby")
-        wait_for(lambda: any(f":{standby.pid}:" in s for s in open_metadata(data_dir).live_services(5)),
+        wait_for(lambda: any(f":{standby.pid}:" in s for s in open_store(data_dir).live_services(5)),
                  what="the standby's heartbeat")
         capsys.readouterr()
         assert cli(["--data-dir", data_dir, "status", "--json"]) == 0

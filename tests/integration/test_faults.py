@@ -32,7 +32,6 @@ from eventing.core.definition import FunctionDefinition
 from eventing.ops.verify import effect_key, history_key, verify_function
 from eventing.storage import loadgen
 from eventing.storage.bucket import LocalBucket, chunked
-from eventing.storage.metadata import METADATA_FILE, open_metadata
 from eventing.testing import (
     call_log_figures,
     deploy_function,
@@ -44,6 +43,7 @@ from eventing.testing import (
 from eventing.workers import worker as worker_module
 from eventing.workers.executor import InProcessExecutor
 from metadata import sqlite_io
+from metadata.factory import SQLITE_FILE, open_store
 from sharding import NUM_VBUCKETS
 
 pytestmark = pytest.mark.integration
@@ -78,7 +78,7 @@ class Checkpoints:
     the write lock or the disk is full, and it notes any checkpoint it ever sees move backwards."""
 
     def __init__(self, data_dir: str, function: str):
-        path = Path(data_dir) / METADATA_FILE
+        path = Path(data_dir) / SQLITE_FILE
         self.db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10, check_same_thread=False)
         self.function = function
         self.seen: dict[int, int] = {}
@@ -180,7 +180,7 @@ def figures(request):
 
 def lock_metadata(data_dir: str, seconds: float) -> subprocess.Popen:
     holder = subprocess.Popen(
-        [sys.executable, "-c", LOCK_HOLDER, str(Path(data_dir) / METADATA_FILE), str(seconds)],
+        [sys.executable, "-c", LOCK_HOLDER, str(Path(data_dir) / SQLITE_FILE), str(seconds)],
         stdout=subprocess.PIPE, text=True,
     )
     assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
@@ -250,7 +250,7 @@ DAMAGE = {
 
 def backup_metadata(data_dir: str, to: Path) -> None:
     """A consistent copy of a live SQLite file (the documented backup: the sqlite3 backup API)."""
-    src = sqlite3.connect(Path(data_dir) / METADATA_FILE)
+    src = sqlite3.connect(Path(data_dir) / SQLITE_FILE)
     dst = sqlite3.connect(to)
     src.backup(dst)
     dst.close()
@@ -258,7 +258,7 @@ def backup_metadata(data_dir: str, to: Path) -> None:
 
 
 def restore_metadata(data_dir: str, backup: Path) -> None:
-    meta = Path(data_dir) / METADATA_FILE
+    meta = Path(data_dir) / SQLITE_FILE
     for suffix in ("", "-wal", "-shm"):
         Path(f"{meta}{suffix}").unlink(missing_ok=True)
     shutil.copyfile(backup, meta)
@@ -278,7 +278,7 @@ def test_a_damaged_metadata_store_fails_closed_and_a_restored_backup_loses_nothi
     run_until_caught_up(data_dir, InProcessExecutor())
     run_until_caught_up(data_dir, InProcessExecutor())  # a later claim: the backup's epochs fall behind the marks
     load(data_dir, 100, 1000, seed=9, prefix="pending")  # work an unsafe start could skip over
-    meta = Path(data_dir) / METADATA_FILE
+    meta = Path(data_dir) / SQLITE_FILE
     checkpoint_wal(meta)
     ledger = LocalBucket.open(data_dir, "ledger")
     ledger_rows = ledger.stats()["mutations"]
@@ -304,7 +304,7 @@ def test_a_damaged_metadata_store_fails_closed_and_a_restored_backup_loses_nothi
     run_until_caught_up(data_dir, InProcessExecutor())
     recovery_s = time.monotonic() - started
     report = assert_verified(data_dir, "fn_meta", owed=4000)
-    counters = open_metadata(data_dir).counters("fn_meta")
+    counters = open_store(data_dir).counters("fn_meta")
     # The backup's checkpoints are 1000 mutations behind: those are handled again, their effects skipped.
     assert counters["effects_duplicate"] == 2 * 1000
     calls_seen = call_log_figures(calls)
@@ -320,7 +320,7 @@ def test_an_empty_metadata_file_runs_nothing(data_dir, figures):
     nothing runs and nothing skips ahead; the recovery is the same as for a damaged file."""
     load(data_dir, 50, 300)
     deploy(data_dir, ledger_definition("fn_zero", "src", "ledger"))
-    meta = Path(data_dir) / METADATA_FILE
+    meta = Path(data_dir) / SQLITE_FILE
     checkpoint_wal(meta)
     os.truncate(meta, 0)
     done = subprocess.run(
@@ -475,7 +475,7 @@ def test_a_real_full_disk_pauses_ray_workers_and_a_run_that_cannot_wait_stops_cl
         load(data_dir, 100, 2000, seed=11, prefix="more")
         # No spare WAL space to write into, and none a closing connection could give back: the
         # service's first write (its heartbeat) meets the full disk.
-        for name in (METADATA_FILE, "buckets/ledger.sqlite3", "buckets/src.sqlite3"):
+        for name in (SQLITE_FILE, "buckets/ledger.sqlite3", "buckets/src.sqlite3"):
             checkpoint_wal(Path(data_dir) / name)
         filler = fill_up(fs)
         done = subprocess.run(
@@ -562,9 +562,9 @@ def test_a_replayed_range_applies_no_effect_twice(data_dir, tmp_path, ray_execut
     calls = tmp_path / "calls.log"
     deploy(data_dir, ledger_definition("fn_replay", "src", "ledger", workers=2, call_log=str(calls), batch_size=200))
     run_until_caught_up(data_dir, ray_executor)
-    before = open_metadata(data_dir).counters("fn_replay").get("effects_duplicate", 0)
+    before = open_store(data_dir).counters("fn_replay").get("effects_duplicate", 0)
     # The fault: rewind 64 vBuckets' checkpoints by up to 5 seqnos, as a stale writer would.
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
     rewound = {vb: cp.seqno for vb, cp in store.checkpoints("fn_replay").items() if cp.seqno >= 5}
     rewound = dict(list(rewound.items())[:64])
     for vb in rewound:
@@ -580,7 +580,7 @@ def test_a_replayed_range_applies_no_effect_twice(data_dir, tmp_path, ray_execut
     # verify reports the injected fault itself: each rewound checkpoint, caught by the store's trigger.
     assert sorted(r["vb"] for r in report.checkpoint_regressions) == sorted(rewound)
     assert {r["how"] for r in report.checkpoint_regressions} == {"applied"}
-    duplicates = open_metadata(data_dir).counters("fn_replay")["effects_duplicate"] - before
+    duplicates = open_store(data_dir).counters("fn_replay")["effects_duplicate"] - before
     assert duplicates == 2 * replayed  # each replayed mutation's effect and history write, skipped
     calls_seen = call_log_figures(calls)
     assert calls_seen.duplicate_calls == replayed and calls_seen.distinct == 4000

@@ -16,7 +16,7 @@ from eventing.testing.lifecycle import FINALE, HANDLERS, KEYS, ServiceDriver
 
 pytestmark = pytest.mark.integration
 
-KNOWN = frozenset({"stale_replay", "replay_rerun"})  # see tests/unit/test_lifecycle_property.py
+KNOWN: frozenset[str] = frozenset()  # see tests/unit/test_lifecycle_property.py
 KIND = st.sampled_from(["plain", "plain", "plain", "bad", "delete"])  # no hangs: each costs a second
 LOAD = st.tuples(st.just("load"), st.lists(st.tuples(st.integers(0, len(KEYS) - 1), KIND), min_size=1, max_size=4))
 STEP = st.one_of(

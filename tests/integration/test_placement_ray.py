@@ -8,8 +8,8 @@ import pytest
 from eventing.control.nodes import load_packed_placement
 from eventing.control.service import EventingService
 from eventing.storage.bucket import LocalBucket
-from eventing.storage.metadata import open_metadata
 from eventing.testing import check_ledger, deploy_function, ledger_definition, load_source
+from metadata.factory import open_store
 
 pytestmark = pytest.mark.integration
 
@@ -24,7 +24,7 @@ def test_packed_functions_fill_a_node_before_the_next_on_ray(data_dir, ray_execu
     seen: list[list[str]] = []
 
     def on_progress(_summary) -> None:
-        placement = load_packed_placement(open_metadata(data_dir)).describe()
+        placement = load_packed_placement(open_store(data_dir)).describe()
         if placement and (not seen or seen[-1] != placement):
             seen.append(placement)
 
@@ -32,7 +32,7 @@ def test_packed_functions_fill_a_node_before_the_next_on_ray(data_dir, ray_execu
     assert not summary.errors
     # All five started together: four on the first node, the fifth provisioned a second one.
     assert ["packed-1: fn_p1 fn_p2 fn_p3 fn_p4", "packed-2: fn_p5 - - -"] in seen
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
     for i, name in enumerate(PACKED):
         node = "packed-1" if i < 4 else "packed-2"
         assert {cp.owner for cp in store.checkpoints(name).values()} == {f"{node}/w0", f"{node}/w1"}

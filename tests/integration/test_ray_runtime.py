@@ -15,7 +15,6 @@ import pytest
 from eventing.control import lifecycle
 from eventing.control.service import EventingService
 from eventing.storage.bucket import LocalBucket
-from eventing.storage.metadata import open_metadata
 from eventing.testing import (
     BackgroundLoop,
     check_ledger,
@@ -25,6 +24,7 @@ from eventing.testing import (
     read_call_log,
     wait_for,
 )
+from metadata.factory import open_store
 from sharding import NUM_VBUCKETS
 
 pytestmark = pytest.mark.integration
@@ -46,7 +46,7 @@ class CheckpointWatcher(BackgroundLoop):
     def __init__(self, data_dir: str, functions: list[str]):
         super().__init__()
         self.functions = functions
-        self.store = open_metadata(data_dir)
+        self.store = open_store(data_dir)
         self.backwards: list[tuple] = []
         self.samples = 0
         self._last: dict[tuple[str, int], int] = {}
@@ -72,7 +72,7 @@ def test_several_functions_handle_every_mutation_once_in_per_document_order(data
         deploy(data_dir, ledger_definition(name, "src", f"ledger_{name}", workers=count, call_log=str(logs[name]), batch_size=500))
     summary = EventingService(data_dir, ray_executor, until_caught_up=True).run()
     assert not summary.errors
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
     for name, count in workers.items():
         assert summary.functions[name].handled == 15_000
         report = check_ledger(source, LocalBucket.open(data_dir, f"ledger_{name}"))
@@ -126,7 +126,7 @@ def kill_workers_during_run(data_dir, tmp_path, executor, *, mutations: int, kil
     per_doc = read_call_log(calls)
     total_calls = sum(len(v) for v in per_doc.values())
     assert total_calls >= mutations  # at least once; replays after a kill are allowed, duplicate effects are not
-    cps = open_metadata(data_dir).checkpoints("fn_k")
+    cps = open_store(data_dir).checkpoints("fn_k")
     assert [cps[vb].seqno for vb in range(NUM_VBUCKETS)] == source.high_seqnos()
     print(f"kill -9 x{kills}: {mutations} mutations, {total_calls} handler calls "
           f"({total_calls - mutations} repeated after kills), {service.summary.seconds:.1f}s")
@@ -156,7 +156,7 @@ def test_a_driver_killed_mid_run_resumes_from_its_checkpoints(data_dir, ray_sess
          "--ray-address", address],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
     deadline = time.monotonic() + 90
     progressed = 0
     while time.monotonic() < deadline:
@@ -192,8 +192,8 @@ def test_a_running_service_follows_deploys_pauses_and_resumes_from_other_process
         # A pause from another process: the service checkpoints, releases and confirms.
         cli = [sys.executable, "-m", "eventing", "--data-dir", data_dir]
         assert subprocess.run([*cli, "pause", "fn_live"], capture_output=True, timeout=60).returncode == 0
-        assert open_metadata(data_dir).get_function("fn_live").state.value == "paused"
-        assert not any(cp.leased for cp in open_metadata(data_dir).checkpoints("fn_live").values())
+        assert open_store(data_dir).get_function("fn_live").state.value == "paused"
+        assert not any(cp.leased for cp in open_store(data_dir).checkpoints("fn_live").values())
         for i in range(100, 200):
             source.upsert(f"live::{i}", {"rev": 1})
         time.sleep(1.0)
@@ -212,7 +212,7 @@ def test_a_running_service_follows_deploys_pauses_and_resumes_from_other_process
 
 
 def caught_up(data_dir: str, function: str, source: LocalBucket) -> bool:
-    cps = open_metadata(data_dir).checkpoints(function)
+    cps = open_store(data_dir).checkpoints(function)
     return bool(cps) and [cps[vb].seqno for vb in range(NUM_VBUCKETS)] == source.high_seqnos()
 
 
@@ -243,7 +243,7 @@ def test_a_handler_that_cannot_be_interrupted_gets_its_worker_recycled(data_dir,
     summary = EventingService(data_dir, ray_executor, until_caught_up=True).run()
     assert not summary.errors
     assert time.monotonic() - started < 60
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
     rows = store.dlq_rows("fn_stuck")
     assert [(r.key, r.reason) for r in rows] == [("k07", "timeout")]
     assert "recycled" in rows[0].error
@@ -258,4 +258,4 @@ def test_a_handler_that_cannot_be_interrupted_gets_its_worker_recycled(data_dir,
     summary = EventingService(data_dir, ray_executor, until_caught_up=True).run()
     assert not summary.errors
     assert sorted(LocalBucket.open(data_dir, "out").keys()) == [f"k{i:02d}" for i in range(20)]
-    assert open_metadata(data_dir).counters("fn_stuck")["hung_skipped"] == 1  # nothing skipped this time
+    assert open_store(data_dir).counters("fn_stuck")["hung_skipped"] == 1  # nothing skipped this time

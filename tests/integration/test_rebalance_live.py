@@ -16,9 +16,9 @@ from eventing.control import lifecycle
 from eventing.control.nodes import Topology
 from eventing.control.service import EventingService
 from eventing.storage.bucket import LocalBucket
-from eventing.storage.metadata import open_metadata
 from eventing.testing import LEDGER_HANDLER, BackgroundLoop, check_ledger, ledger_definition, wait_for
 from eventing.workers.worker import WorkerCore, WorkerSpec
+from metadata.factory import open_store
 from sharding import NUM_VBUCKETS
 from sharding.rebalance import minimum_moves
 
@@ -64,7 +64,7 @@ def finish(data_dir: str, source: LocalBucket, service, thread, functions) -> No
 
 
 def caught_up(data_dir: str, name: str, source: LocalBucket) -> bool:
-    cps = open_metadata(data_dir).checkpoints(name)
+    cps = open_store(data_dir).checkpoints(name)
     return bool(cps) and [cps[vb].seqno for vb in range(NUM_VBUCKETS)] == source.high_seqnos()
 
 
@@ -73,7 +73,7 @@ def caught_up(data_dir: str, name: str, source: LocalBucket) -> bool:
 def rebalance(data_dir: str, *steps: list[str]) -> dict:
     for step in steps:
         assert cli(["--data-dir", data_dir, *step]) == 0, step
-    topology = Topology(open_metadata(data_dir))
+    topology = Topology(open_store(data_dir))
     plan = topology.plan()
     assert plan.move_count == minimum_moves(plan.before, list(plan.nodes))
     assert cli(["--data-dir", data_dir, "rebalance", "--wait", "120"]) == 0
@@ -88,13 +88,13 @@ def test_nodes_join_and_leave_repeatedly_under_load(data_dir, ray_executor):
     results = []
     with Stream(source):
         results.append(rebalance(data_dir, ["node", "add", "n2"]))
-        counts = Counter(cp.owner.split("/")[0] for cp in open_metadata(data_dir).checkpoints("fn_four").values())
+        counts = Counter(cp.owner.split("/")[0] for cp in open_store(data_dir).checkpoints("fn_four").values())
         assert counts == {"local": 512, "n2": 512}
         results.append(rebalance(data_dir, ["node", "add", "n3"]))
         results.append(rebalance(data_dir, ["node", "remove", "n2"]))
         results.append(rebalance(data_dir, ["node", "remove", "local"], ["node", "add", "n4"]))
     finish(data_dir, source, service, thread, functions)
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
     for name, workers in functions:
         cps = store.checkpoints(name)
         per_worker = Counter(cp.owner for cp in cps.values())
@@ -136,7 +136,7 @@ def test_a_zombie_old_owner_is_fenced_after_the_handoff(data_dir, ray_executor):
     def make_zombie() -> None:
         # An old owner of every vBucket that never stopped: the service's workers claim after it, with
         # higher epochs, and the rebalance claims again; the zombie keeps stepping and committing.
-        generation = open_metadata(data_dir).get_function("fn_zombie").generation
+        generation = open_store(data_dir).get_function("fn_zombie").generation
         zombies.append(WorkerCore(WorkerSpec(data_dir, "fn_zombie", generation, "old/w0", tuple(range(NUM_VBUCKETS)))))
 
     source, service, thread = start(data_dir, ray_executor, *functions, before_service=make_zombie)
@@ -151,7 +151,7 @@ def test_a_zombie_old_owner_is_fenced_after_the_handoff(data_dir, ray_executor):
             time.sleep(0.05)
     finish(data_dir, source, service, thread, functions)
     assert zombie.owned() == []
-    counters = open_metadata(data_dir).counters("fn_zombie")
+    counters = open_store(data_dir).counters("fn_zombie")
     assert counters.get("effects_fenced", 0) > 0  # its binding writes were rejected and counted
 
 
@@ -165,14 +165,14 @@ def test_removing_the_last_node_or_adding_one_twice_changes_nothing(data_dir, ca
     assert cli(["--data-dir", data_dir, "node", "remove", "n2"]) == 0
     assert cli(["--data-dir", data_dir, "node", "remove", "local"]) == 2
     assert "last eventing node" in capsys.readouterr().err
-    assert [n["name"] for n in open_metadata(data_dir).nodes()] == ["local"]
+    assert [n["name"] for n in open_store(data_dir).nodes()] == ["local"]
 
 
 def test_rebalancing_while_a_function_is_deploying_is_refused(data_dir, capsys):
     LocalBucket.create(data_dir, "src")
     LocalBucket.create(data_dir, "ledger")
     lifecycle.save_function(data_dir, ledger_definition("fn_dep", "src", "ledger"), LEDGER_HANDLER)
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
     from metadata import FunctionState
 
     store.transition("fn_dep", FunctionState.DEPLOYING, "deploy")
@@ -200,7 +200,7 @@ def test_a_rebalance_stopped_midway_is_carried_on_by_the_next_service(data_dir, 
         [sys.executable, "-m", "eventing", "--data-dir", data_dir, "run", "--quiet", "--ray-address", address],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
     wait_for(lambda: sum(cp.seqno for cp in store.checkpoints("fn_rs").values()) > 200, timeout=90)
     assert cli(["--data-dir", data_dir, "node", "add", "n2"]) == 0
     topology = Topology(store)

@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 
 from eventing.core.mutation import OP_UPDATE, Mutation
-from eventing.storage.metadata import open_metadata
 from eventing.testing.windows import ManualClock, assert_same_results, reference_sessions
 from eventing.windows.runtime.coordinator import WindowCoordinator
 from eventing.windows.runtime.host import SparkAggregator
@@ -18,6 +17,7 @@ from eventing.windows.runtime.paths import WindowPaths
 from eventing.windows.runtime.row_writer import RowLayout, WindowRowWriter
 from eventing.windows.semantics import WindowSpec
 from eventing.windows.spark.sink import ParquetWindowSink
+from metadata.factory import open_store
 
 pytestmark = pytest.mark.integration
 
@@ -35,7 +35,7 @@ WINDOW: dict[str, Any] = {
 def test_spark_merges_sessions_exactly_as_the_plain_computation(spark, data_dir):
     rnd = random.Random(15)
     layout = RowLayout.for_definition(FN, WINDOW)
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
     clock = ManualClock(T0)
     aggregator = SparkAggregator("local[2]")
 

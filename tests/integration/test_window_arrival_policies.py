@@ -25,12 +25,12 @@ from eventing.control.service import EventingService
 from eventing.core.definition import FunctionDefinition
 from eventing.ops.windows import adjusted_rows
 from eventing.storage.bucket import LocalBucket
-from eventing.storage.metadata import open_metadata
 from eventing.testing.windows import SEED_TABLE, clock_ms, python_aggregate, reference_arrival_fates
 from eventing.windows.runtime.coordinator import FAULT_ENV, FAULT_EXIT_CODE
 from eventing.windows.runtime.host import WindowOptions
 from eventing.windows.runtime.paths import WindowPaths
 from eventing.windows.spark.sink import ParquetWindowSink
+from metadata.factory import open_store
 from sharding import vbucket_of
 
 pytestmark = pytest.mark.integration
@@ -120,7 +120,7 @@ def runtime_fates(data_dir: str, name: str) -> dict[str, tuple[int | None, str |
     """Per key, what the runtime did: the time it windowed the row at (from its adjusted-rows record, else
     the event time), or the dead-letter reason."""
     bucket = FUNCTIONS[name][0]
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
     try:
         dlq = {r.key: r.reason for r in store.dlq_rows(name)}
     finally:
@@ -195,7 +195,7 @@ def test_each_policy_windows_and_dead_letters_every_row_as_the_seeds_rules_say(o
 
 
 def test_drop_policies_dead_letter_with_the_reason_and_the_setting_that_decided(one_shot):
-    store = open_metadata(one_shot)
+    store = open_store(one_shot)
     try:
         dlq = store.dlq_rows("fn_drops")
     finally:
@@ -263,7 +263,7 @@ def test_a_stop_and_start_in_the_middle_gives_identical_results(one_shot, data_d
     load(data_dir, "spread", range(7))
     deploy(data_dir, names)
     run(data_dir, ray_executor, close=False)
-    state = open_metadata(data_dir).window_states().load("fn_devices")
+    state = open_store(data_dir).window_states().load("fn_devices")
     assert sorted(w[0][1] for w in state["arrival"]["watermarks"]) == ["device1", "device2", "device3"]
     load(data_dir, "one_vb", range(7, len(ROWS)))
     load(data_dir, "spread", range(7, len(ROWS)))

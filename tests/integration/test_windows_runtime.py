@@ -19,7 +19,6 @@ from eventing.core.definition import FunctionDefinition
 from eventing.core.mutation import OP_UPDATE, decode_document
 from eventing.storage import loadgen
 from eventing.storage.bucket import LocalBucket
-from eventing.storage.metadata import open_metadata
 from eventing.testing import load_source
 from eventing.testing.windows import reference_results
 from eventing.windows.runtime.coordinator import FAULT_ENV, FAULT_EXIT_CODE
@@ -27,6 +26,7 @@ from eventing.windows.runtime.host import WindowOptions
 from eventing.windows.runtime.paths import WindowPaths
 from eventing.windows.semantics import WindowSpec
 from eventing.windows.spark.sink import ParquetWindowSink
+from metadata.factory import open_store
 
 CLOSE_WINDOWS = WindowOptions(close_windows=True)  # as `eventing run --close-windows`
 pytestmark = pytest.mark.integration
@@ -87,7 +87,7 @@ def assert_results_match_the_documents(data_dir: str, source: LocalBucket, late:
         # Spark and math.fsum may add in different orders: equal to the last few bits.
         assert g["sum_amount"] == pytest.approx(w["sum_amount"], rel=1e-12)
         assert g["avg_amount"] == pytest.approx(w["avg_amount"], rel=1e-12)
-    counters = open_metadata(data_dir).counters(FN)
+    counters = open_store(data_dir).counters(FN)
     assert counters["windows_emitted"] == len(expected_windows)
     assert counters["window_rows_accepted"] == len(on_time)
     return len(on_time)
@@ -109,7 +109,7 @@ def test_windows_match_plain_python_and_late_rows_go_to_the_dlq(data_dir, ray_ex
     source.upsert("on-time-2", {"ts": T0 + 12 * MIN, "country": "ZZ", "amount": 1.5, "purchases": 2})
     summary = EventingService(data_dir, ray_executor, until_caught_up=True, windows=CLOSE_WINDOWS).run()
     assert not summary.errors
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
     dlq = store.dlq_rows(FN)
     assert sorted(r.key for r in dlq) == late_keys
     assert {r.reason for r in dlq} == {"late"}
@@ -141,7 +141,7 @@ def test_a_worker_killed_mid_run_leaves_every_window_exact(data_dir, ray_executo
     assert killed == 2
     assert not result["summary"].errors
     assert_results_match_the_documents(data_dir, source, late=set())
-    assert open_metadata(data_dir).dlq_rows(FN) == []
+    assert open_store(data_dir).dlq_rows(FN) == []
 
 
 @pytest.mark.parametrize("fault", ["after_state_commit", "after_sink_write"])
@@ -157,7 +157,7 @@ def test_a_service_killed_between_state_commit_and_sink_write_emits_every_window
         env=env, capture_output=True, text=True, timeout=180,
     )
     assert driver.returncode == FAULT_EXIT_CODE, driver.stderr[-2000:]
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
 
     state = store.window_states().load(FN)
     assert state is not None and state["pending"], "the crash left closed windows not recorded as emitted"
@@ -207,5 +207,5 @@ def test_a_window_only_function_killed_mid_run_on_ray_leaves_every_window_exact(
     assert sup.restarts >= 1  # the killed worker was started again and replayed from its checkpoint
     accepted = assert_results_match_the_documents(data_dir, source, late=set())
     assert accepted > 50_000
-    assert open_metadata(data_dir).dlq_rows(FN) == []
-    assert open_metadata(data_dir).counters(FN)["mutations_seen"] >= 60_000
+    assert open_store(data_dir).dlq_rows(FN) == []
+    assert open_store(data_dir).counters(FN)["mutations_seen"] >= 60_000

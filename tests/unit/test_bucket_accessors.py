@@ -11,9 +11,9 @@ import time
 from eventing.core.definition import FunctionDefinition
 from eventing.ops import dlq as dlq_ops
 from eventing.storage.bucket import LocalBucket
-from eventing.storage.metadata import open_metadata
 from eventing.testing import deploy_function
 from eventing.workers.worker import WorkerCore, WorkerSpec
+from metadata.factory import open_store
 from sharding import NUM_VBUCKETS, split_even
 
 ACCESSORS = '''
@@ -60,7 +60,7 @@ def defn(name: str = "fn_acc", workers: int = 1) -> FunctionDefinition:
 
 
 def worker(data_dir: str, vbuckets, wid: str = "n/w0", name: str = "fn_acc") -> WorkerCore:
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
     generation = store.get_function(name).generation
     store.close()
     return WorkerCore(WorkerSpec(data_dir, name, generation, wid, tuple(vbuckets)))
@@ -91,7 +91,7 @@ def test_accessors_return_couchbase_outcomes_and_reject_bad_input(data_dir):
     assert "not a counter" in errors["counter"]
     assert "sub-document spec" in errors["spec"] and "not a time" in errors["expiry"]
     assert all(e.startswith("BindingError: ") for e in errors.values())
-    counters = open_metadata(data_dir).counters("fn_acc")
+    counters = open_store(data_dir).counters("fn_acc")
     assert counters["bkt_ops_cas_mismatch_count"] == 1 and counters["bkt_ops_key_not_found_count"] == 3
 
 
@@ -135,7 +135,7 @@ def test_a_write_whose_document_changed_after_the_read_is_dead_lettered_and_repl
     w.commit()
     assert acct.get("a0") == {"n": 50, "seen": ["client", "client"]}  # the held replace was not applied
     assert acct.get("counter|a0") is None  # nor the call's other writes to that bucket
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
     (row,) = store.dlq_rows("fn_cas")
     assert row.reason == "cas_mismatch" and row.key == "u0"
     report = dlq_ops.replay(data_dir, "fn_cas", dlq_ops.DlqSelector(reason="cas_mismatch"))
@@ -166,7 +166,7 @@ def test_concurrent_cas_writers_from_several_vbuckets_lose_no_update(data_dir):
     for t in threads:
         t.join()
     assert not errors, errors
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
     acct = LocalBucket.open(data_dir, "acct")
     conflicts = store.find_dlq_rows("fn_cas", reason="cas_mismatch")
     call_failures = store.find_dlq_rows("fn_cas", reason="error")  # inserts that raced another insert

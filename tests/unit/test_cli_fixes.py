@@ -18,9 +18,9 @@ from eventing.core.definition import FunctionDefinition
 from eventing.ops.stats import function_stats
 from eventing.ops.windows import window_status
 from eventing.storage.bucket import LocalBucket
-from eventing.storage.metadata import open_metadata
 from eventing.testing import deploy_function
 from eventing.workers.executor import InProcessExecutor
+from metadata.factory import open_store
 from sharding.vbucket import vbucket_of
 
 FAILING = "def on_update(doc, meta):\n    raise ValueError('no luck')\n"
@@ -77,7 +77,7 @@ def test_stats_without_a_name_lists_every_function(capsys, dd, data_dir):
 
 def test_stats_without_a_name_and_no_function_says_how_to_deploy(capsys, dd, data_dir):
     LocalBucket.create(data_dir, "src")
-    open_metadata(data_dir).close()
+    open_store(data_dir).close()
     code, out, _ = run_cli(capsys, "stats", *dd)
     assert code == 0 and "no functions" in out
     assert json.loads(run_cli(capsys, "stats", "--json", *dd)[1]) == []

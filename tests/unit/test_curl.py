@@ -13,9 +13,9 @@ from eventing.control.service import EventingService
 from eventing.core.definition import FunctionDefinition
 from eventing.errors import ConfigError
 from eventing.storage.bucket import LocalBucket
-from eventing.storage.metadata import open_metadata
 from eventing.testing import deploy_function
 from eventing.workers.executor import InProcessExecutor
+from metadata.factory import open_store
 
 
 class Recorder(BaseHTTPRequestHandler):
@@ -125,7 +125,7 @@ def test_curl_reaches_only_bound_urls_and_decodes_json(data_dir, server):
     assert all(v.startswith("CurlError: ") for k, v in out.items() if k not in ("post", "missing"))
     assert Recorder.calls[0]["auth"] == "Bearer t0k"
     assert not any(c["path"].startswith("/admin") for c in Recorder.calls)  # never left the binding
-    counters = open_metadata(data_dir).counters("fn_curl")
+    counters = open_store(data_dir).counters("fn_curl")
     assert (counters["curl_success_count"], counters["curl_non_2xx_count"], counters["curl_failure_count"]) == (1, 1, 1)
 
 
@@ -153,7 +153,7 @@ def on_update(doc, meta):
     source.upsert("s", {"n": 1})
     EventingService(data_dir, InProcessExecutor(), until_caught_up=True).run()
     got = LocalBucket.open(data_dir, "dst").get("s")
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
     # Either the call timed out inside the handler, or the watchdog abandoned the handler: never a hang.
     assert (got is not None and "timed out" in got["error"]) or store.dlq_rows("fn_curl")[0].reason == "timeout"
 

@@ -151,9 +151,9 @@ def test_partitioned_source_and_ledger_through_the_service_handle_everything_exa
 
 def test_locality_opens_the_files_when_they_are_visible(data_dir, monkeypatch):
     load_source(data_dir, 10, 10)
-    from eventing.storage.metadata import open_metadata
+    from metadata.factory import open_store
 
-    open_metadata(data_dir).close()
+    open_store(data_dir).close()
     ref: Any = PickledDataService(data_dir)
     import ray
 
@@ -178,10 +178,10 @@ def test_put_file_stays_inside_the_data_directory(data_dir):
 def _window_worker(data_dir: str, service: Any, handler: str) -> dict[str, Any]:
     from eventing.control import lifecycle
     from eventing.core.definition import FunctionDefinition
-    from eventing.storage.metadata import open_metadata
     from eventing.windows.batches import read_row_batch
     from eventing.windows.runtime.paths import WindowPaths
     from eventing.workers.worker import WorkerCore, WorkerSpec
+    from metadata.factory import open_store
     from sharding import NUM_VBUCKETS
 
     defn = FunctionDefinition.from_dict({
@@ -191,7 +191,7 @@ def _window_worker(data_dir: str, service: Any, handler: str) -> dict[str, Any]:
     })
     lifecycle.save_function(data_dir, defn, handler)
     lifecycle.deploy(data_dir, "fn_w")
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
     spec = WorkerSpec(data_dir, "fn_w", store.get_function("fn_w").generation, "local/w0",
                       tuple(range(NUM_VBUCKETS)), data_service=service)
     core = WorkerCore(spec)

@@ -9,10 +9,10 @@ from eventing.control.service import EventingService
 from eventing.core.definition import FunctionDefinition
 from eventing.errors import ConfigError
 from eventing.storage.bucket import LocalBucket
-from eventing.storage.metadata import open_metadata
 from eventing.testing import check_ledger, deploy_function, ledger_definition, load_source
 from eventing.workers.executor import InProcessExecutor
 from eventing.workers.worker import WorkerCore, WorkerSpec
+from metadata.factory import open_store
 from sharding import NUM_VBUCKETS
 
 COUNTER = """
@@ -48,7 +48,7 @@ def test_every_mutation_has_its_effect_in_both_modes(data_dir, delivery):
     moved = {vb for vb, (_, seqno) in marks.items() if seqno > 0}
     with_data = {vb for vb, high in enumerate(source.high_seqnos()) if high}
     assert moved == (set() if delivery == "at_least_once" else with_data)
-    counters = open_metadata(data_dir).counters("fn_d")
+    counters = open_store(data_dir).counters("fn_d")
     # Two writes a mutation (the ledger's effect and history entries), none skipped without a crash.
     assert counters["effects_applied"] == 6000 and counters.get("effects_duplicate", 0) == 0
 
@@ -61,7 +61,7 @@ def test_a_crash_replays_effects_only_at_least_once(data_dir, delivery, replayed
         "batch_size": 100, "delivery": delivery,
     })
     deploy_function(data_dir, defn, COUNTER)
-    generation = open_metadata(data_dir).get_function("fn_n").generation
+    generation = open_store(data_dir).get_function("fn_n").generation
     spec = WorkerSpec(data_dir, "fn_n", generation, "local/w0", tuple(range(NUM_VBUCKETS)))
     first = WorkerCore(spec)
     first.step(300)

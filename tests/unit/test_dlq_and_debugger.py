@@ -21,9 +21,9 @@ from eventing.ops import dlq
 from eventing.ops.verify import effect_key, history_key
 from eventing.storage import loadgen
 from eventing.storage.bucket import LocalBucket, chunked
-from eventing.storage.metadata import open_metadata
 from eventing.testing import LEDGER_HANDLER, LedgerReport, check_ledger, deploy_function, ledger_definition
 from eventing.workers.executor import InProcessExecutor
+from metadata.factory import open_store
 from sharding import vbucket_of
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,7 +83,7 @@ def deploy(data_dir: str, defn: FunctionDefinition, source: str) -> None:
 
 def update_handler(data_dir: str, name: str, source: str) -> None:
     """Fix a deployed function the way a user does: pause, update the stored handler, resume."""
-    defn = FunctionDefinition.from_dict(open_metadata(data_dir).get_function(name).definition)
+    defn = FunctionDefinition.from_dict(open_store(data_dir).get_function(name).definition)
     lifecycle.pause(data_dir, name)
     lifecycle.save_function(data_dir, defn, source)
     lifecycle.resume(data_dir, name)
@@ -119,12 +119,12 @@ def deploy_poisoned(data_dir: str) -> LocalBucket:
     source = poisoned_source(data_dir)
     deploy(data_dir, ledger_definition("fn_p", "src", "ledger"), GATED_LEDGER)
     run(data_dir)
-    assert len(open_metadata(data_dir).dlq_rows("fn_p")) == 8
+    assert len(open_store(data_dir).dlq_rows("fn_p")) == 8
     return source
 
 
 def checkpoint_state(data_dir: str, function: str) -> dict[int, tuple]:
-    return {vb: (cp.seqno, cp.epoch, cp.owner, cp.leased) for vb, cp in open_metadata(data_dir).checkpoints(function).items()}
+    return {vb: (cp.seqno, cp.epoch, cp.owner, cp.leased) for vb, cp in open_store(data_dir).checkpoints(function).items()}
 
 
 # -- the dead-letter queue -------------------------------------------------------------------------------
@@ -160,7 +160,7 @@ def test_an_interrupted_replay_run_again_applies_nothing_twice(data_dir, capsys,
     source = deploy_poisoned(data_dir)
     update_handler(data_dir, "fn_p", GATED_LEDGER.replace('doc.get("poison")', "False"))
     ledger = LocalBucket.open(data_dir, "ledger")
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
 
     # Ctrl-C inside the handler of the third row: two rows were replayed, the third left no effects.
     third = store.dlq_rows("fn_p")[2]
@@ -193,10 +193,10 @@ def test_an_interrupted_replay_run_again_applies_nothing_twice(data_dir, capsys,
 
 def test_a_row_whose_handler_still_fails_stays_in_the_dlq_with_attempts_incremented(data_dir, capsys):
     deploy_poisoned(data_dir)
-    before = {(r.vb, r.seqno): r for r in open_metadata(data_dir).dlq_rows("fn_p")}
+    before = {(r.vb, r.seqno): r for r in open_store(data_dir).dlq_rows("fn_p")}
     code, out, err = cli(capsys, "dlq", "replay", "fn_p", "--key", "doc03", "--data-dir", data_dir)
     assert code == 1 and "0 of 2" in out and "still failing" in out
-    after = {(r.vb, r.seqno): r for r in open_metadata(data_dir).dlq_rows("fn_p")}
+    after = {(r.vb, r.seqno): r for r in open_store(data_dir).dlq_rows("fn_p")}
     assert after.keys() == before.keys()
     for k, row in after.items():
         if row.key == "doc03":
@@ -211,7 +211,7 @@ def test_a_row_that_failed_again_is_applied_by_a_later_replay_after_later_rows_o
     # Replay marks are per row: a per-vBucket high-water mark would skip doc00@2 once doc00@3 is applied.
     deploy_poisoned(data_dir)
     update_handler(data_dir, "fn_p", GATED_LEDGER.replace('doc.get("poison")', "False"))
-    first, second = open_metadata(data_dir).find_dlq_rows("fn_p", key="doc00")
+    first, second = open_store(data_dir).find_dlq_rows("fn_p", key="doc00")
     assert first.vb == second.vb and first.seqno < second.seqno
     monkeypatch.setenv("EVENTING_TEST_FAIL", f"doc00@{first.seqno}")
     report = cli_json(capsys, "dlq", "replay", "fn_p", "--all", "--data-dir", data_dir, expect=1)
@@ -257,13 +257,13 @@ def test_purge_removes_only_the_selected_rows_and_says_how_many(data_dir, capsys
     code, _, err = cli(capsys, "dlq", "purge", "fn_p", *dd)
     assert code == 2 and "needs --all, --replayed or a selector" in err
     assert cli_json(capsys, "dlq", "purge", "fn_p", "--replayed", *dd)["purged"] == 2
-    row = open_metadata(data_dir).dlq_rows("fn_p")[0]
+    row = open_store(data_dir).dlq_rows("fn_p")[0]
     assert cli_json(capsys, "dlq", "purge", "fn_p", "--vb", str(row.vb), "--seqno", str(row.seqno), *dd)["purged"] == 1
     assert cli_json(capsys, "dlq", "purge", "fn_p", "--key", "doc03", *dd)["purged"] == 2 - (row.key == "doc03")
-    remaining = len(open_metadata(data_dir).dlq_rows("fn_p", include_replayed=True))
+    remaining = len(open_store(data_dir).dlq_rows("fn_p", include_replayed=True))
     code, out, _ = cli(capsys, "dlq", "purge", "fn_p", "--all", *dd)
     assert code == 0 and out.strip() == f"purged {remaining} dead letters of 'fn_p'"
-    assert open_metadata(data_dir).dlq_rows("fn_p", include_replayed=True) == []
+    assert open_store(data_dir).dlq_rows("fn_p", include_replayed=True) == []
 
 
 # -- the debugger ----------------------------------------------------------------------------------------
@@ -403,7 +403,7 @@ def test_a_debug_session_that_fails_or_is_interrupted_leaves_the_mutation_to_its
     run(data_dir)
     report = check_ledger(source, LocalBucket.open(data_dir, "ledger"), function="fn_l")
     assert report.ok and report.handled == 400, report.summary()
-    assert open_metadata(data_dir).dlq_rows("fn_l") == []
+    assert open_store(data_dir).dlq_rows("fn_l") == []
 
 
 def test_the_debug_script_runs_the_same_command(data_dir, capsys):
@@ -442,7 +442,7 @@ def test_bad_input_goes_to_the_dlq_and_every_other_mutation_is_handled_once_in_o
 
     run(data_dir)
 
-    rows = open_metadata(data_dir).dlq_rows("fn_b")
+    rows = open_store(data_dir).dlq_rows("fn_b")
     reason = {"poison": "error", "hang": "timeout", "undecodable": "undecodable", "oversize": "oversize"}[kind]
     assert sorted((r.vb, r.seqno) for r in rows) == sorted(bad)
     assert {r.reason for r in rows} == {reason}
@@ -482,7 +482,7 @@ def test_a_250_byte_key_is_handled_and_a_251_byte_key_is_refused_at_ingest(data_
     run(data_dir)
 
     assert LocalBucket.open(data_dir, "out").get(key250) == {"rev": 2}
-    rows = open_metadata(data_dir).dlq_rows("fn_b")
+    rows = open_store(data_dir).dlq_rows("fn_b")
     assert [r.key for r in rows] == [key250, key250]
     assert all("the limit is 250 bytes" in r.error for r in rows)
     dead = {(r.vb, r.seqno) for r in rows}
@@ -509,7 +509,7 @@ def test_non_utf8_lines_in_bucket_load_are_rejected_by_number_and_the_rest_is_ha
     source = LocalBucket.open(data_dir, "src")
     report = check_ledger(source, LocalBucket.open(data_dir, "ledger"), function="fn_b")
     assert_handled_once_in_order_except(report, set())
-    assert report.handled == 3 and open_metadata(data_dir).dlq_rows("fn_b") == []
+    assert report.handled == 3 and open_store(data_dir).dlq_rows("fn_b") == []
 
 
 def test_debugging_an_undeployed_function_says_to_deploy_it_first(data_dir, capsys):
@@ -517,7 +517,7 @@ def test_debugging_an_undeployed_function_says_to_deploy_it_first(data_dir, caps
     lifecycle.undeploy(data_dir, "fn_d")
     code, _, err = cli(capsys, "debug", "fn_d", "--data-dir", data_dir)
     assert code == 2 and "is undeployed" in err and "deploy it first" in err
-    assert open_metadata(data_dir).checkpoints("fn_d") == {}
+    assert open_store(data_dir).checkpoints("fn_d") == {}
 
 
 def test_a_replayed_write_to_the_source_bucket_does_not_trigger_the_function_again(data_dir):
@@ -537,5 +537,5 @@ def test_a_replayed_write_to_the_source_bucket_does_not_trigger_the_function_aga
     dlq.replay(data_dir, "fn_rg", dlq.DlqSelector(everything=True))
     assert source.get("a-copy") == {"copy": True}
     EventingService(data_dir, InProcessExecutor(), until_caught_up=True).run()
-    counters = open_metadata(data_dir).counters("fn_rg")
+    counters = open_store(data_dir).counters("fn_rg")
     assert counters["recursion_filtered"] == 1  # the replayed copy was recognised as the function's own write

@@ -14,9 +14,9 @@ from eventing.control.service import EventingService
 from eventing.core.mutation import OP_UPDATE, encode_document
 from eventing.ops import buckets as bucket_ops
 from eventing.storage.bucket import LocalBucket, Write
-from eventing.storage.metadata import open_metadata
 from eventing.testing import deploy_function, ledger_definition, load_source
 from eventing.workers.executor import InProcessExecutor
+from metadata.factory import open_store
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
@@ -183,7 +183,7 @@ def test_a_function_deployed_on_a_flushed_and_refilled_bucket_handles_only_the_n
     run_until_caught_up(data_dir)
     code, out, _ = run_cli(capsys, "verify", "fn_a", *dd)
     assert code == 0 and "ALL MUTATIONS ACCOUNTED FOR (1 of 1)" in out
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
     assert {cp.bucket_uuid for cp in store.checkpoints("fn_a").values()} == {source.uuid}
 
 
@@ -476,7 +476,7 @@ def test_restore_is_refused_while_a_service_runs(capsys, dd, data_dir, tmp_path)
     _deployed(data_dir)
     backup_file = str(tmp_path / "meta.sqlite3")
     run_cli(capsys, "backup", "-o", backup_file, *dd)
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
     store.heartbeat("host:123", "{}")
     store.close()
     code, _, err = run_cli(capsys, "restore", backup_file, *dd)

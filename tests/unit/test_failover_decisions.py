@@ -15,9 +15,9 @@ from eventing.control.nodes import Topology
 from eventing.control.service import EventingService
 from eventing.errors import ConfigError, EventingError
 from eventing.storage.bucket import LocalBucket
-from eventing.storage.metadata import open_metadata
 from eventing.testing import check_ledger, deploy_function, ledger_definition, load_source
 from eventing.workers.executor import InProcessExecutor
+from metadata.factory import open_store
 from sharding import NUM_VBUCKETS
 from sharding.rebalance import minimum_moves
 
@@ -81,7 +81,7 @@ def test_the_failover_timeout_comes_from_the_flag_then_the_environment_then_the_
 
 def test_a_bad_failover_timeout_is_one_clear_line(data_dir, capsys):
     LocalBucket.create(data_dir, "src")
-    open_metadata(data_dir).close()
+    open_store(data_dir).close()
     assert cli(["--data-dir", data_dir, "run", "--executor", "in-process", "--failover-timeout", "soon"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--failover-timeout 'soon'" in err[0] and "Traceback" not in err[0]
@@ -91,7 +91,7 @@ def test_a_bad_failover_timeout_is_one_clear_line(data_dir, capsys):
 
 
 def _two_nodes(data_dir: str) -> Topology:
-    topology = Topology(open_metadata(data_dir))
+    topology = Topology(open_store(data_dir))
     topology.add_node("n2", "ray-2")
     topology.complete(list(topology.plan().after.owners))
     return topology
@@ -148,7 +148,7 @@ def _wait(predicate, timeout: float = 30.0) -> None:
 
 
 def _caught_up(data_dir: str, source: LocalBucket) -> bool:
-    cps = open_metadata(data_dir).checkpoints("fn")
+    cps = open_store(data_dir).checkpoints("fn")
     return [cps[vb].seqno for vb in range(NUM_VBUCKETS)] == source.high_seqnos()
 
 
@@ -167,15 +167,15 @@ def test_a_node_down_for_the_timeout_is_failed_over_and_nothing_is_lost(data_dir
     thread = _run(service)
     _wait(lambda: "fn" in service.supervisors and service.supervisors["fn"].ready)
     health["ray-2"] = DOWN
-    _wait(lambda: {n["name"]: n["state"] for n in open_metadata(data_dir).nodes()}.get("n2") == "failed")
+    _wait(lambda: {n["name"]: n["state"] for n in open_store(data_dir).nodes()}.get("n2") == "failed")
     source.upsert("late::1", {"rev": 1})  # new mutations after the failover go to the survivors
     _wait(lambda: _caught_up(data_dir, source))
-    _wait(lambda: (Topology(open_metadata(data_dir)).request() or {}).get("status") == "done")
+    _wait(lambda: (Topology(open_store(data_dir)).request() or {}).get("status") == "done")
     service.stop()
     thread.join(30)
-    owners = Counter(cp.owner for cp in open_metadata(data_dir).checkpoints("fn").values())
+    owners = Counter(cp.owner for cp in open_store(data_dir).checkpoints("fn").values())
     assert set(owners) == {"local/w0", "local/w1"} and sum(owners.values()) == NUM_VBUCKETS
-    request = Topology(open_metadata(data_dir)).request()
+    request = Topology(open_store(data_dir)).request()
     assert request is not None and request["failover"]["nodes"] == ["n2"] and request["failover_unowned_s"] >= 0.3
     assert service.summary.failovers and service.summary.failovers[0]["nodes"] == ["n2"]
     _verify(data_dir, source)
@@ -221,13 +221,13 @@ def test_a_node_that_dies_while_joining_in_a_rebalance_is_failed_over_once_the_r
     topology.add_node("n3", "ray-3")
     executor.dead.add("ray-3")  # n3's workers will never start: its Ray node is gone
     topology.request_rebalance(topology.plan())
-    _wait(lambda: {n["name"]: n["state"] for n in open_metadata(data_dir).nodes()}.get("n3") == "failed")
-    _wait(lambda: (Topology(open_metadata(data_dir)).request() or {}).get("status") == "done")
+    _wait(lambda: {n["name"]: n["state"] for n in open_store(data_dir).nodes()}.get("n3") == "failed")
+    _wait(lambda: (Topology(open_store(data_dir)).request() or {}).get("status") == "done")
     source.upsert("late::1", {"rev": 1})
     _wait(lambda: _caught_up(data_dir, source))
     service.stop()
     thread.join(30)
-    owners = Counter(str(cp.owner).split("/")[0] for cp in open_metadata(data_dir).checkpoints("fn").values())
+    owners = Counter(str(cp.owner).split("/")[0] for cp in open_store(data_dir).checkpoints("fn").values())
     assert owners == {"local": 512, "n2": 512}
     _verify(data_dir, source)
 
@@ -236,7 +236,7 @@ def test_a_second_service_without_standby_is_refused_as_before(data_dir):
     _deploy(data_dir, 1000)
     leader = EventingService(data_dir, InProcessExecutor())
     thread = _run(leader)
-    _wait(lambda: open_metadata(data_dir).lease(LEADER_LEASE) is not None)
+    _wait(lambda: open_store(data_dir).lease(LEADER_LEASE) is not None)
     with pytest.raises(EventingError, match="another eventing service .* is running on this data directory"):
         EventingService(data_dir, InProcessExecutor()).run()
     leader.stop()
@@ -250,7 +250,7 @@ def test_a_standby_takes_over_when_the_leader_stops_and_finishes_the_stream(data
     _wait(lambda: "fn" in leader.supervisors and leader.supervisors["fn"].handled > 0)
     standby = EventingService(data_dir, InProcessExecutor(), standby=True)
     standby_thread = _run(standby)
-    _wait(lambda: standby.service_id in open_metadata(data_dir).live_services(5))
+    _wait(lambda: standby.service_id in open_store(data_dir).live_services(5))
     assert cli(["--data-dir", data_dir, "status"]) == 0
     out = capsys.readouterr().out
     assert f"leader: {leader.service_id}" in out and f"standby: {standby.service_id}" in out
@@ -263,7 +263,7 @@ def test_a_standby_takes_over_when_the_leader_stops_and_finishes_the_stream(data
     _wait(lambda: "fn" in standby.supervisors and standby.supervisors["fn"].ready)
     assert {s.handle for s in standby.supervisors["fn"].slots.values()} == set(warm.values())  # taken, not restarted
     assert standby.summary.leadership["took_over_from"] == leader.service_id
-    lease = open_metadata(data_dir).lease(LEADER_LEASE)
+    lease = open_store(data_dir).lease(LEADER_LEASE)
     assert lease is not None and lease.term == 2
     source.upsert("after::1", {"rev": 1})
     _wait(lambda: _caught_up(data_dir, source))
@@ -278,7 +278,7 @@ def test_a_leader_that_loses_its_lease_stops(data_dir, monkeypatch):
     leader = EventingService(data_dir, InProcessExecutor())
     thread = _run(leader)
     _wait(lambda: "fn" in leader.supervisors)
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
     assert store.acquire_lease(LEADER_LEASE, "elsewhere:1:x", 60, take_from=leader.service_id) is not None
     thread.join(30)
     assert not thread.is_alive()

@@ -13,8 +13,8 @@ from eventing.control import lifecycle
 from eventing.control.service import EventingService
 from eventing.core.definition import FunctionDefinition
 from eventing.storage.bucket import LocalBucket
-from eventing.storage.metadata import open_metadata
 from eventing.workers.executor import InProcessExecutor
+from metadata.factory import open_store
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "handler-api.md"
 PAIR = re.compile(r"```python\n(.*?)```\s*```json\n(.*?)```", re.S)
@@ -33,6 +33,6 @@ def test_example_runs_without_a_dead_letter(data_dir, handler, definition):
     lifecycle.save_function(data_dir, defn, handler)
     lifecycle.deploy(data_dir, defn.name)
     EventingService(data_dir, InProcessExecutor(), until_caught_up=True).run()
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
     assert store.dlq_rows(defn.name) == []
     assert store.counters(defn.name).get("on_update_success") == 1

@@ -13,11 +13,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from eventing.testing.lifecycle import HANDLERS, KEYS, KNOWN_ISSUES, run_steps
+from eventing.testing.lifecycle import HANDLERS, KEYS, run_steps
 
-# Open issues the random sequences step over so they keep checking everything else; each has a kept
-# example below, marked xfail(strict=True), that fails on it. Empty this once they are fixed.
-KNOWN = frozenset({"stale_replay", "replay_rerun"})
+# Open issues the random sequences step over so they keep checking everything else (none today); each
+# would have a kept example below, marked xfail(strict=True), that fails on it.
+KNOWN: frozenset[str] = frozenset()
 
 # One hang in ~40 loaded mutations: each one the `hang` handler meets costs execution_timeout (1 s).
 KIND = st.integers(0, 39).map(lambda n: "hang" if n == 0 else ("bad" if n < 9 else ("delete" if n < 17 else "plain")))
@@ -109,7 +109,6 @@ REPLAYED_THEN_REWOUND = [
 ]
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=KNOWN_ISSUES["replay_rerun"])
 def test_kept_example_replayed_then_rewound():
     check_sequence(REPLAYED_THEN_REWOUND, known=frozenset(), finale=False)
 
@@ -118,6 +117,5 @@ def test_kept_example_timed_out_then_fresh_deployment():
     check_sequence(TIMED_OUT_THEN_FRESH_DEPLOYMENT)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=KNOWN_ISSUES["stale_replay"])
 def test_kept_example_stale_letter_replayed():
     check_sequence(STALE_LETTER_REPLAYED, known=frozenset(), finale=False)

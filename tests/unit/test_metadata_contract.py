@@ -856,13 +856,11 @@ def test_the_factory_opens_couchbase_when_the_url_is_set(tmp_path, monkeypatch):
     assert not (tmp_path / "metadata.sqlite3").exists()
 
 
-def test_open_metadata_goes_through_the_factory(tmp_path, monkeypatch):
-    from eventing.storage.metadata import open_metadata
-
+def test_the_factory_fails_fast_on_an_unreachable_cluster(tmp_path, monkeypatch):
     monkeypatch.setenv("EVENTING_METADATA_URL", "couchbase://127.0.0.1:1/meta?username=u&password=hidden&timeout=1")
     started = time.monotonic()
     with pytest.raises(StoreError, match=r"cannot connect to the Couchbase metadata store at couchbase://127\.0\.0\.1:1 ") as caught:
-        open_metadata(tmp_path)
+        open_store(tmp_path)
     assert time.monotonic() - started < 3.5
     assert "hidden" not in str(caught.value)
 

@@ -22,8 +22,8 @@ from eventing.core.definition import FunctionDefinition
 from eventing.errors import EventingError
 from eventing.execution.app_log import log_path
 from eventing.storage.bucket import LocalBucket
-from eventing.storage.metadata import open_metadata
 from eventing.workers.executor import InProcessExecutor, check_ray_address
+from metadata.factory import open_store
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -156,7 +156,7 @@ def test_a_window_only_function_reports_window_rows_not_handler_successes(capsys
 def test_status_after_a_killed_service_does_not_count_its_leases_as_live(capsys, dd, data_dir, tmp_path):
     load(capsys, dd)
     assert run_cli(capsys, "deploy", str(write_function(tmp_path, "def on_update(doc, meta):\n    pass\n")), *dd)[0] == 0
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
     store.claim("fn", list(range(1024)), "local/w0")
     # The service was killed with kill -9: a fresh heartbeat, a process that no longer exists.
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -180,7 +180,7 @@ def test_a_run_right_after_kill_9_of_the_service_starts_or_says_when_the_lease_e
     assert run_cli(capsys, "deploy", str(write_function(tmp_path, "def on_update(doc, meta):\n    pass\n")), *dd)[0] == 0
     zombie = subprocess.Popen([sys.executable, "-c", "pass"])  # exits; not reaped until wait() below
     wait_for(lambda: Path(f"/proc/{zombie.pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z")
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
     store.heartbeat(f"{socket.gethostname()}:{zombie.pid}:abcdef", "{}")
     store.acquire_lease(LEADER_LEASE, f"{socket.gethostname()}:{zombie.pid}:abcdef", 30.0)
     try:
@@ -213,7 +213,7 @@ def test_the_run_summary_counts_what_was_handled_across_a_pause_and_resume(data_
         wait_for(lambda: service.summary.functions.get("fn") and service.summary.functions["fn"].handled == 300)
         lifecycle.pause(data_dir, "fn", wait_s=30)
         assert service.summary.functions["fn"].rate_mps == 0.0
-        assert open_metadata(data_dir).counters("fn")["throughput_mps"] == 0.0
+        assert open_store(data_dir).counters("fn")["throughput_mps"] == 0.0
         for i in range(300, 500):
             source.upsert(f"k{i}", {"i": i})
         lifecycle.resume(data_dir, "fn")
@@ -280,7 +280,7 @@ def test_a_boolean_worker_count_is_refused_and_does_not_block_other_functions(ca
     other = json.loads(good.read_text()) | {"name": "fn2"}
     (tmp_path / "fn2.json").write_text(json.dumps(other))
     assert run_cli(capsys, "deploy", str(tmp_path / "fn2.json"), *dd)[0] == 0
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
     record = store.get_function("fn")
     store._tx(lambda db: db.execute(  # as an older build stored it
         "UPDATE functions SET definition=? WHERE name='fn'",

@@ -11,10 +11,10 @@ from eventing.control import lifecycle
 from eventing.core.definition import FunctionDefinition
 from eventing.errors import LifecycleError
 from eventing.storage.bucket import LocalBucket
-from eventing.storage.metadata import open_metadata
 from eventing.testing import deploy_function
 from eventing.workers.worker import WorkerCore, WorkerSpec
 from metadata import FunctionState
+from metadata.factory import open_store
 from sharding import NUM_VBUCKETS
 
 HANDLER = '''
@@ -46,7 +46,7 @@ def test_on_deploy_runs_once_on_deploy_and_on_resume_and_its_timers_fire(data_di
     deploy_function(data_dir, defn(), HANDLER)
     dst = LocalBucket.open(data_dir, "dst")
     assert dst.get("runs|deploy") == {"count": 1} and dst.get("last")["reason"] == "deploy"
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
     assert store.get_timer("fn_d", "tick", "boot") is not None
     w = WorkerCore(WorkerSpec(data_dir, "fn_d", store.get_function("fn_d").generation, "n/w0", tuple(range(NUM_VBUCKETS))))
     w.step()
@@ -66,7 +66,7 @@ def test_a_failing_on_deploy_keeps_the_function_undeployed_or_paused_with_the_er
     dst.upsert("fail_deploy", {"yes": True})
     with pytest.raises(LifecycleError, match="on_deploy of function 'fn_d' failed .RuntimeError: setup failed on deploy"):
         deploy_function(data_dir, defn(), HANDLER)
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
     assert store.get_function("fn_d").state is FunctionState.UNDEPLOYED
     assert store.checkpoints("fn_d") == {}
     dst.delete("fail_deploy")

@@ -12,9 +12,9 @@ from eventing.control.service import EventingService
 from eventing.core.definition import FunctionDefinition
 from eventing.errors import ConfigError
 from eventing.storage.bucket import LocalBucket
-from eventing.storage.metadata import open_metadata
 from eventing.testing import check_ledger, deploy_function, ledger_definition, load_source
 from eventing.workers.executor import InProcessExecutor
+from metadata.factory import open_store
 from scripts import simulate_placement
 from sharding.placement import PackedPlacement, PlacementError
 
@@ -111,12 +111,12 @@ def test_the_service_runs_a_packed_function_on_one_node_and_frees_its_slot(data_
 
     def on_progress(_summary) -> None:
         if "placement" not in seen and service.supervisors.get("fn_p") is not None:
-            seen["placement"] = load_packed_placement(open_metadata(data_dir)).describe()
+            seen["placement"] = load_packed_placement(open_store(data_dir)).describe()
 
     service = EventingService(data_dir, InProcessExecutor(), until_caught_up=True, on_progress=on_progress)
     service.run()
     assert seen["placement"] == ["packed-1: fn_p - - -"]  # fn_s (spread) takes no slot
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
     owners = {cp.owner for cp in store.checkpoints("fn_p").values()}
     assert owners == {"packed-1/w0", "packed-1/w1", "packed-1/w2"}  # every worker on its one node
     assert {cp.owner.split("/")[0] for cp in store.checkpoints("fn_s").values()} == {"local"}

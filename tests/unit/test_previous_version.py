@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from eventing.core.definition import FunctionDefinition
 from eventing.storage.bucket import LocalBucket
-from eventing.storage.metadata import open_metadata
 from eventing.testing import deploy_function
 from eventing.workers.worker import WorkerCore, WorkerSpec
+from metadata.factory import open_store
 from sharding import NUM_VBUCKETS
 
 HANDLER = '''
@@ -21,7 +21,7 @@ def on_delete(meta, options):
 
 
 def worker(data_dir: str, wid: str) -> WorkerCore:
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
     generation = store.get_function("fn_p").generation
     return WorkerCore(WorkerSpec(data_dir, "fn_p", generation, wid, tuple(range(NUM_VBUCKETS))))
 

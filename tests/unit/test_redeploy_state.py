@@ -11,7 +11,7 @@ import pytest
 
 from eventing.cli import main
 from eventing.storage.bucket import LocalBucket
-from eventing.storage.metadata import open_metadata
+from metadata.factory import open_store
 
 LOOPING = '''
 def on_update(doc, meta):
@@ -94,7 +94,7 @@ def test_a_mutation_that_fails_under_two_deployments_counts_the_same_in_stats_an
     assert cli(capsys, "undeploy", "fl", *dd)[0] == 0
     assert cli(capsys, "deploy", "fl", *dd)[0] == 0
     assert run(capsys, dd) == 3
-    with open_metadata(data_dir) as store:
+    with open_store(data_dir) as store:
         letters = store.find_dlq_rows("fl", include_replayed=True)
         generation = store.get_function("fl").generation
         errors = store.counters("fl").get("dlq_error", 0)

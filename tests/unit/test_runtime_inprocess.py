@@ -10,7 +10,6 @@ from eventing.control.service import EventingService
 from eventing.core.definition import FunctionDefinition
 from eventing.core.mutation import unpack_mutation
 from eventing.storage.bucket import LocalBucket
-from eventing.storage.metadata import open_metadata
 from eventing.testing import (
     check_ledger,
     deploy_function,
@@ -20,6 +19,7 @@ from eventing.testing import (
 )
 from eventing.workers.executor import InProcessExecutor
 from eventing.workers.worker import WorkerCore, WorkerSpec
+from metadata.factory import open_store
 from sharding import NUM_VBUCKETS
 
 
@@ -52,7 +52,7 @@ def test_checkpoints_reach_the_high_seqnos_and_stats_count_calls(data_dir):
     source = load(data_dir)
     deploy(data_dir, ledger_definition("fn_a", "src", "ledger"))
     run(data_dir)
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
     cps = store.checkpoints("fn_a")
     assert [cps[vb].seqno for vb in range(NUM_VBUCKETS)] == source.high_seqnos()
     counters = store.counters("fn_a")
@@ -80,7 +80,7 @@ def test_a_function_writing_to_its_own_source_does_not_trigger_itself(data_dir):
     run(data_dir)
     run(data_dir)  # the copy was written after the first run's targets; the second run sees it
     assert source.get("a-copy") == {"copy": True, "n": 1}
-    counters = open_metadata(data_dir).counters("fn_self")
+    counters = open_store(data_dir).counters("fn_self")
     assert counters["recursion_filtered"] == 1 and counters["on_update_success"] == 1
     assert source.get("a-copy-copy") is None
 
@@ -96,7 +96,7 @@ def test_a_handler_error_goes_to_the_dlq_and_the_vbucket_moves_on(data_dir):
     })
     deploy(data_dir, defn, handler)
     run(data_dir)
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
     rows = store.dlq_rows("fn_p")
     assert sorted(r.key for r in rows) == ["k0", "k10", "k15", "k5"]
     assert all(r.reason == "error" and r.attempts == 3 and "poison" in r.error and "ValueError" in r.traceback for r in rows)
@@ -125,7 +125,7 @@ def test_a_call_that_fails_once_succeeds_on_its_retry_with_only_the_retry_s_writ
     })
     deploy(data_dir, defn, handler)
     run(data_dir)
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
     assert store.dlq_rows("fn_r") == []
     out = LocalBucket.open(data_dir, "out")
     assert {k: out.get(k)["attempt"] for k in out.keys()} == {f"k{i}": 2 if i % 4 == 0 else 1 for i in range(12)}
@@ -145,7 +145,7 @@ def test_a_failed_attempt_leaves_no_partial_effects(data_dir):
     deploy(data_dir, defn, handler)
     run(data_dir)
     assert LocalBucket.open(data_dir, "out").get("partial") is None
-    assert len(open_metadata(data_dir).dlq_rows("fn_p")) == 1
+    assert len(open_store(data_dir).dlq_rows("fn_p")) == 1
 
 
 def test_a_hung_handler_is_abandoned_and_dead_lettered_as_timeout(data_dir):
@@ -166,7 +166,7 @@ def test_a_hung_handler_is_abandoned_and_dead_lettered_as_timeout(data_dir):
     })
     deploy(data_dir, defn, handler)
     run(data_dir)
-    rows = open_metadata(data_dir).dlq_rows("fn_h")
+    rows = open_store(data_dir).dlq_rows("fn_h")
     assert [(r.key, r.reason) for r in rows] == [("k3", "timeout")]
     assert sorted(LocalBucket.open(data_dir, "out").keys()) == ["k0", "k1", "k2", "k4", "k5"]
 
@@ -181,7 +181,7 @@ def test_an_oversize_document_is_dead_lettered_before_the_handler(data_dir):
     })
     deploy(data_dir, defn, "def on_update(doc, meta):\n    out[meta.id] = {'len': len(doc['s'])}\n")
     run(data_dir)
-    rows = open_metadata(data_dir).dlq_rows("fn_o")
+    rows = open_store(data_dir).dlq_rows("fn_o")
     assert [(r.key, r.reason) for r in rows] == [("big", "oversize")]
     assert LocalBucket.open(data_dir, "out").keys() == ["small"]
 
@@ -196,7 +196,7 @@ def test_an_undecodable_document_is_dead_lettered(data_dir):
     })
     deploy(data_dir, defn, "def on_update(doc, meta):\n    out[meta.id] = doc\n")
     run(data_dir)
-    rows = open_metadata(data_dir).dlq_rows("fn_u")
+    rows = open_store(data_dir).dlq_rows("fn_u")
     assert [(r.key, r.reason) for r in rows] == [("bad", "undecodable")]
     assert LocalBucket.open(data_dir, "out").keys() == ["good"]
 
@@ -209,21 +209,21 @@ def test_writing_through_a_read_only_binding_is_a_dlq_error(data_dir):
     })
     deploy(data_dir, defn, "def on_update(doc, meta):\n    ro[meta.id] = doc\n")
     run(data_dir)
-    rows = open_metadata(data_dir).dlq_rows("fn_r")
+    rows = open_store(data_dir).dlq_rows("fn_r")
     assert len(rows) == 1 and "read-only" in rows[0].error
 
 
 def test_a_crashed_worker_resumes_after_its_checkpoint_without_duplicate_effects(data_dir):
     source = load(data_dir, 200, 2000)
     deploy(data_dir, ledger_definition("fn_c", "src", "ledger", workers=1, batch_size=100))
-    generation = open_metadata(data_dir).get_function("fn_c").generation
+    generation = open_store(data_dir).get_function("fn_c").generation
     spec = WorkerSpec(data_dir, "fn_c", generation, "local/w0", tuple(range(NUM_VBUCKETS)))
     first = WorkerCore(spec)
     first.step(300)
     first.commit()
     first.step(300)
     first.flush_effects()  # effects durable, checkpoint not yet: the worst moment to die
-    committed = open_metadata(data_dir).checkpoints("fn_c")
+    committed = open_store(data_dir).checkpoints("fn_c")
     del first  # crash: no stop, no release
     second = WorkerCore(spec)
     assert all(second.positions[vb] == committed[vb].seqno for vb in range(NUM_VBUCKETS))
@@ -232,14 +232,14 @@ def test_a_crashed_worker_resumes_after_its_checkpoint_without_duplicate_effects
     second.stop()
     report = check_ledger(source, LocalBucket.open(data_dir, "ledger"))
     assert report.ok, report.summary()
-    counters = open_metadata(data_dir).counters("fn_c")
+    counters = open_store(data_dir).counters("fn_c")
     assert counters["effects_duplicate"] > 0  # the replayed mutations' effects were recognised and skipped
 
 
 def test_a_zombie_worker_is_fenced_from_checkpoints_and_effects(data_dir):
     source = load(data_dir, 100, 1000)
     deploy(data_dir, ledger_definition("fn_z", "src", "ledger", workers=1))
-    generation = open_metadata(data_dir).get_function("fn_z").generation
+    generation = open_store(data_dir).get_function("fn_z").generation
     spec = WorkerSpec(data_dir, "fn_z", generation, "local/w0", tuple(range(NUM_VBUCKETS)))
     zombie = WorkerCore(spec)
     successor = WorkerCore(WorkerSpec(data_dir, "fn_z", generation, "local/w1", tuple(range(NUM_VBUCKETS))))
@@ -248,7 +248,7 @@ def test_a_zombie_worker_is_fenced_from_checkpoints_and_effects(data_dir):
     zombie_fenced = zombie.commit()
     assert zombie.owned() == []  # every vBucket it touched was rejected, and it let them go
     assert zombie_fenced or report.fenced
-    assert open_metadata(data_dir).counters("fn_z")["effects_fenced"] > 0
+    assert open_store(data_dir).counters("fn_z")["effects_fenced"] > 0
     while not successor.step(1000).caught_up:
         pass
     successor.stop()
@@ -274,7 +274,7 @@ def test_redeploy_starts_again_from_the_boundary(data_dir):
     deploy(data_dir, ledger_definition("fn_re", "src", "ledger"))
     run(data_dir)
     lifecycle.undeploy(data_dir, "fn_re")
-    assert open_metadata(data_dir).checkpoints("fn_re") == {}
+    assert open_store(data_dir).checkpoints("fn_re") == {}
     lifecycle.deploy(data_dir, "fn_re")
     assert run(data_dir).functions["fn_re"].handled == 200
 
@@ -290,7 +290,7 @@ def test_a_handler_that_does_not_import_is_refused_at_deploy(data_dir):
         lifecycle.save_function(data_dir, defn, "import no_such_module_here\ndef on_update(d, m): pass\n")
     with pytest.raises(HandlerLoadError, match="defines neither on_update"):
         lifecycle.save_function(data_dir, defn, "x = 1\n")
-    assert open_metadata(data_dir).list_functions() == []  # nothing half-written
+    assert open_store(data_dir).list_functions() == []  # nothing half-written
 
 
 def test_two_aliases_of_one_bucket_share_their_writes(data_dir):
@@ -311,13 +311,13 @@ def test_two_aliases_of_one_bucket_share_their_writes(data_dir):
     out = LocalBucket.open(data_dir, "out")
     assert sorted(out.keys()) == ["k0-a", "k0-b", "k1-a", "k1-b", "k2-a", "k2-b"]
     assert all(out.get(f"k{i}-b") == {"seen_a": True} for i in range(3))
-    assert open_metadata(data_dir).counters("fn_two").get("effects_duplicate", 0) == 0
+    assert open_store(data_dir).counters("fn_two").get("effects_duplicate", 0) == 0
 
 
 def test_an_explicit_budget_is_one_batch_and_a_supervisor_step_keeps_going_while_behind(data_dir, monkeypatch):
     load(data_dir, 200, 2000)
     deploy(data_dir, ledger_definition("fn_s", "src", "ledger", workers=1, batch_size=100))
-    generation = open_metadata(data_dir).get_function("fn_s").generation
+    generation = open_store(data_dir).get_function("fn_s").generation
     core = WorkerCore(WorkerSpec(data_dir, "fn_s", generation, "local/w0", tuple(range(NUM_VBUCKETS))))
     assert core.step(100).handled == 100
     monkeypatch.setattr("eventing.workers.worker.STEP_SLICE_S", 60.0)  # the slice never runs out: only the backlog ends it

@@ -18,8 +18,8 @@ from eventing.errors import ConfigError, LifecycleError
 from eventing.http.app import build_app
 from eventing.http.auth import ServerConfig
 from eventing.storage.bucket import LocalBucket
-from eventing.storage.metadata import open_metadata
 from metadata import FunctionState
+from metadata.factory import open_store
 
 ADMIN = "a" * 20
 READ = "r" * 20
@@ -49,7 +49,7 @@ def saved(data_dir):
 
 
 def stored_bindings(data_dir: str) -> list[dict]:
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
     try:
         return store.get_function("fn_api").definition["url_bindings"]
     finally:
@@ -171,7 +171,7 @@ def test_a_mask_with_no_stored_secret_is_refused_not_stored(data_dir):
     with pytest.raises(ConfigError, match=r"url binding 'api' of function 'fn_api' has password '\*\*\*\*\*'.*"
                                           r"put the real password in the definition"):
         lifecycle.import_definitions(data_dir, {**data, "handler_source": HANDLER})
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
     try:
         assert store.list_functions() == []
     finally:
@@ -193,7 +193,7 @@ def test_the_source_of_a_paused_function_cannot_change(saved):
     with client(saved, ADMIN) as c:
         r = c.post("/api/v1/functions/fn_api/settings", json={"source_bucket": "other"})
         assert r.status_code == 409 and r.json()["fix"] == "undeploy it, then deploy the new definition"
-    store = open_metadata(saved)
+    store = open_store(saved)
     try:
         record = store.get_function("fn_api")
     finally:

@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 
 from eventing.core.mutation import OP_UPDATE, Mutation
-from eventing.storage.metadata import open_metadata
 from eventing.testing.windows import (
     ManualClock,
     assert_same_results,
@@ -25,6 +24,7 @@ from eventing.windows.semantics import WindowConfigError, WindowOperator, Window
 from eventing.windows.semantics.sessions import Session, SessionOperator, plain_sessions
 from eventing.windows.semantics.windows import late_cutoff_ms
 from eventing.windows.spark.sink import ParquetWindowSink
+from metadata.factory import open_store
 
 S = 1000
 MIN = 60 * S
@@ -243,7 +243,7 @@ class SessionHarness:
         self.data_dir = data_dir
         self.window = window
         self.layout = RowLayout.for_definition(FN, window)
-        self.store = open_metadata(data_dir)
+        self.store = open_store(data_dir)
         self.clock = ManualClock(T0)
         self.docs: list[tuple[int, int, dict]] = []
         self.arrivals: dict[tuple[int, int], int] = {}

@@ -11,7 +11,6 @@ import pytest
 from eventing.control import lifecycle
 from eventing.core.definition import FunctionDefinition
 from eventing.storage.bucket import LocalBucket
-from eventing.storage.metadata import open_metadata
 from eventing.testing.windows import ManualClock, python_aggregate, python_aggregator
 from eventing.windows.runtime.coordinator import WindowCoordinator
 from eventing.windows.runtime.paths import WindowPaths
@@ -19,6 +18,7 @@ from eventing.windows.runtime.row_writer import RowLayout, WindowRowWriter
 from eventing.windows.semantics import Window, WindowSpec
 from eventing.windows.semantics.substreams import SubstreamWindow, SubstreamWindowOperator
 from eventing.windows.spark.sink import ParquetWindowSink, SqliteWindowSink
+from metadata.factory import open_store
 
 T0 = 1_767_268_800_000  # 2026-01-01T12:00:00Z
 S = 1_000
@@ -156,7 +156,7 @@ def test_the_coordinator_emits_each_devices_windows_when_its_own_watermark_passe
             rows.append(("quiet", arrival, arrival))  # silent after 12:02:40
     for n, (device, event, arrival) in enumerate(rows):
         source.upsert(f"r{n}", {"ts": event, "v": 1.0, "device": device}, arrival_ms=arrival)
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
     paths = WindowPaths.of(data_dir, FN)
 
     def coordinator() -> WindowCoordinator:
@@ -224,7 +224,7 @@ def test_a_session_window_with_a_substream_key_keeps_the_function_watermark(data
     lifecycle.save_function(data_dir, FunctionDefinition.from_dict(
         {"name": FN, "source_bucket": "src", "window": window}), '"""Window-only."""\n')
     lifecycle.deploy(data_dir, FN)
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
     c = WindowCoordinator(data_dir, FN, 1, window, store, aggregator=python_aggregator, source_bucket="src")
     assert not isinstance(c.operator, SubstreamWindowOperator)
     c.close()

@@ -12,10 +12,10 @@ from eventing.control import lifecycle
 from eventing.core.definition import FunctionDefinition
 from eventing.ops import dlq as dlq_ops
 from eventing.storage.bucket import LocalBucket
-from eventing.storage.metadata import open_metadata
 from eventing.testing import deploy_function
 from eventing.workers.worker import WorkerCore, WorkerSpec
 from metadata import TIMER_VB_BASE
+from metadata.factory import open_store
 from sharding import NUM_VBUCKETS
 
 HANDLER = '''
@@ -50,7 +50,7 @@ def setup(data_dir: str, handler: str = HANDLER, **extra) -> LocalBucket:
 
 
 def worker(data_dir: str, name: str = "fn_t", wid: str = "n/w0") -> WorkerCore:
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
     generation = store.get_function(name).generation
     store.close()
     return WorkerCore(WorkerSpec(data_dir, name, generation, wid, tuple(range(NUM_VBUCKETS))))
@@ -78,7 +78,7 @@ def test_a_timer_fires_once_after_its_commit_with_its_context(data_dir):
     assert fired(data_dir) == {f"fired|k{i}": 1 for i in range(20)}
     dst = LocalBucket.open(data_dir, "dst")
     assert dst.get("fired|k7")["rev"] == 7
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
     assert store.timer_backlog("fn_t", int(time.time() * 1000)) == {"pending": 0, "due": 0}
     counters = store.counters("fn_t")
     assert (counters["timers_created"], counters["timers_fired"]) == (20, 20)
@@ -108,7 +108,7 @@ def test_cancel_timer_removes_a_pending_timer_and_says_whether_there_was_one(dat
     settle(w)
     dst = LocalBucket.open(data_dir, "dst")
     assert dst.get("cancelled|a") == {"found": True} and dst.get("cancelled|b") == {"found": False}
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
     assert store.get_timer("fn_t", "fire", "a") is None
     assert store.counters("fn_t")["timers_cancelled"] == 1
 
@@ -126,7 +126,7 @@ def test_a_crash_between_firing_and_recording_fires_again_without_duplicate_effe
     second = worker(data_dir, wid="n/w1")  # takes over with higher epochs, reclaims the claimed timers
     settle(second)
     assert fired(data_dir) == {f"fired|k{i}": 1 for i in range(10)}  # still once each
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
     assert store.timer_backlog("fn_t", 10**13)["pending"] == 0
     assert store.counters("fn_t")["effects_duplicate"] == 10
     # The old owner is a zombie now: it can neither claim timers nor record them.
@@ -145,7 +145,7 @@ def test_pause_keeps_timers_and_resume_fires_past_due_ones_undeploy_drops_them(d
     lifecycle.resume(data_dir, "fn_t")
     settle(worker(data_dir, wid="n/w1"))
     assert fired(data_dir) == {"fired|a": 1}  # past due on resume: fired then
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
     assert store.get_timer("fn_t", "fire", "b") is not None
     lifecycle.undeploy(data_dir, "fn_t")
     assert store.timer_backlog("fn_t", 10**13) == {"pending": 0, "due": 0}
@@ -156,7 +156,7 @@ def test_a_failing_callback_goes_to_the_dlq_with_its_context_and_replay_runs_it(
     source.upsert("bad", {"rev": "boom"})
     w = worker(data_dir)
     settle(w)
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
     (row,) = store.dlq_rows("fn_t")
     assert (row.reason, row.vb >= TIMER_VB_BASE, row.key) == ("timer_error", True, "bad")
     assert "callback failed for bad" in row.error
@@ -174,7 +174,7 @@ def test_a_callback_past_execution_timeout_is_dead_lettered_as_timeout(data_dir)
     source.upsert("slow", {"rev": "hang"})
     w = worker(data_dir)
     settle(w)
-    (row,) = open_metadata(data_dir).dlq_rows("fn_t")
+    (row,) = open_store(data_dir).dlq_rows("fn_t")
     assert row.reason == "timeout" and row.vb >= TIMER_VB_BASE
 
 
@@ -248,5 +248,5 @@ def test_run_until_caught_up_fires_the_timers_already_due(data_dir, workers):
     app = Eventing(data_dir, executor="in-process")
     app.run(until_caught_up=True)
     assert fired(data_dir) == {f"fired|k{i}": 1 for i in range(30)}
-    with open_metadata(data_dir) as store:
+    with open_store(data_dir) as store:
         assert store.timer_backlog("fn_t", int(time.time() * 1000)) == {"pending": 0, "due": 0}

@@ -15,10 +15,10 @@ from eventing.core.mutation import OP_UPDATE, encode_document
 from eventing.errors import OrderViolationError
 from eventing.ops.verify import effect_key, history_key, parse_effect_key, verify_function
 from eventing.storage.bucket import LocalBucket, Write
-from eventing.storage.metadata import open_metadata
 from eventing.testing import LEDGER_HANDLER, check_ledger, deploy_function, ledger_definition, load_source
 from eventing.workers.executor import InProcessExecutor
 from eventing.workers.worker import WorkerCore, WorkerSpec
+from metadata.factory import open_store
 from sharding import NUM_VBUCKETS
 
 
@@ -104,7 +104,7 @@ def test_dead_letters_count_as_accounted_for(data_dir):
     )
     deploy(data_dir, ledger_definition("fn_p", "src", "ledger", retry_backoff="1ms"), poisoned)
     run(data_dir)
-    dead = open_metadata(data_dir).dlq_rows("fn_p")
+    dead = open_store(data_dir).dlq_rows("fn_p")
     assert dead
     report = verify_function(data_dir, "fn_p")
     assert report.ok, report.summary()
@@ -127,7 +127,7 @@ def test_mutations_filtered_by_the_recursion_guard_count_as_accounted_for(data_d
 def test_a_running_function_owes_only_what_its_checkpoints_cover(data_dir):
     load(data_dir)
     deploy(data_dir, ledger_definition("fn_r", "src", "ledger", workers=1))
-    generation = open_metadata(data_dir).get_function("fn_r").generation
+    generation = open_store(data_dir).get_function("fn_r").generation
     core = WorkerCore(WorkerSpec(data_dir, "fn_r", generation, "local/w0", tuple(range(NUM_VBUCKETS))))
     core.step(200)
     core.commit()
@@ -137,7 +137,7 @@ def test_a_running_function_owes_only_what_its_checkpoints_cover(data_dir):
     assert report.ok, report.summary()
     assert report.source_mutations == 200 and report.beyond_checkpoint == 100 and report.past_checkpoint == 400
     assert report.summary().endswith("; 400 more past the checkpoints, not owed yet (100 of them already handled)")
-    assert sum(cp.seqno for cp in open_metadata(data_dir).checkpoints("fn_r").values()) == 200
+    assert sum(cp.seqno for cp in open_store(data_dir).checkpoints("fn_r").values()) == 200
 
 
 def test_a_from_now_function_owes_only_mutations_after_its_boundary(data_dir):
@@ -152,7 +152,7 @@ def test_a_from_now_function_owes_only_mutations_after_its_boundary(data_dir):
 
 
 def test_a_checkpoint_moved_backwards_is_reported(data_dir, processed):
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
     vb = next(vb for vb, cp in store.checkpoints("fn_v").items() if cp.seqno >= 2)
     top = store.checkpoints("fn_v")[vb].seqno
     # A write that bypasses commit (a fault) is caught by the store's trigger ...

@@ -16,7 +16,6 @@ from eventing.control import lifecycle
 from eventing.control.service import EventingService
 from eventing.core.definition import FunctionDefinition
 from eventing.storage.bucket import LocalBucket
-from eventing.storage.metadata import open_metadata
 from eventing.testing.windows import (
     SEED_TABLE,
     ManualClock,
@@ -36,6 +35,7 @@ from eventing.windows.runtime.row_writer import RowLayout
 from eventing.windows.semantics import WindowSpec
 from eventing.windows.spark.sink import ParquetWindowSink
 from eventing.workers.executor import InProcessExecutor
+from metadata.factory import open_store
 from sharding import vbucket_of
 
 DAY = 1_767_225_600_000  # 2026-01-01T00:00:00Z
@@ -94,7 +94,7 @@ class Harness:
         """Per key: the time the runtime windowed it at (None when dead-lettered) and its DLQ reason."""
         from eventing.ops.windows import adjusted_rows
 
-        store = open_metadata(self.data_dir)
+        store = open_store(self.data_dir)
         try:
             dlq = {r.key: r.reason for r in store.dlq_rows(FN)}
         finally:
@@ -119,7 +119,7 @@ class Harness:
         return ParquetWindowSink(WindowPaths.of(self.data_dir, FN).root / "results").read(FN).to_pylist()
 
     def counters(self) -> dict:
-        store = open_metadata(self.data_dir)
+        store = open_store(self.data_dir)
         try:
             return store.counters(FN)
         finally:
@@ -174,7 +174,7 @@ def test_drop_policies_dead_letter_late_and_out_of_order_rows_with_their_reason(
     assert fates[keys[2]] == (clock_ms(DAY, "12:16"), None)
     assert fates[keys[3]] == (clock_ms(DAY, "12:08"), None)
     assert h.results() == expected_results(fates)
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
     errors = {r.reason: r.error for r in store.dlq_rows(FN)}
     store.close()
     assert "late_arrival_tolerance 5m" in errors["late_arrival"]
@@ -189,7 +189,7 @@ def test_substreams_judge_each_device_against_its_own_watermark_across_vbuckets_
     # Half the table, a stop, the rest and one row without a device: the watermarks survive the restart.
     h.load(list(SEED_TABLE[:6]), keys[:6])
     h.run(close=False)
-    state = open_metadata(data_dir).window_states().load(FN)
+    state = open_store(data_dir).window_states().load(FN)
     assert sorted(s[0][1] for s in state["arrival"]["watermarks"]) == ["device1", "device2", "device3"]
     h.load([*SEED_TABLE[6:], ("12:28", "12:28", "")], [*keys[6:], "no-device"])
     h.run(close=True)
@@ -318,7 +318,7 @@ def test_substream_rows_wait_for_earlier_arrivals_of_other_vbuckets_whatever_ord
     lifecycle.save_function(data_dir, FunctionDefinition.from_dict(
         {"name": FN, "source_bucket": "src", "window": window}), '"""Window-only."""\n')
     lifecycle.deploy(data_dir, FN)
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
     clock = ManualClock(clock_ms(DAY, "12:30"))
 
     def coordinator() -> WindowCoordinator:

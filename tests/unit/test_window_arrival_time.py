@@ -19,7 +19,6 @@ from eventing.control import lifecycle
 from eventing.control.service import EventingService
 from eventing.core.definition import FunctionDefinition
 from eventing.storage.bucket import LocalBucket, bucket_path
-from eventing.storage.metadata import open_metadata
 from eventing.testing.windows import ManualClock, python_aggregator
 from eventing.windows.runtime import coordinator as coordinator_module
 from eventing.windows.runtime import host
@@ -27,6 +26,7 @@ from eventing.windows.runtime.coordinator import WindowCoordinator
 from eventing.windows.runtime.paths import WindowPaths
 from eventing.windows.spark.sink import ParquetWindowSink
 from eventing.workers.executor import InProcessExecutor
+from metadata.factory import open_store
 from sharding import vbucket_of
 
 S = 1000
@@ -66,7 +66,7 @@ class Runs:
         return sorted((r["window_start_ms"], r["country"], r["count"]) for r in sink.read(FN).to_pylist())
 
     def late(self) -> list[str]:
-        store = open_metadata(self.data_dir)
+        store = open_store(self.data_dir)
         try:
             return sorted(r.key for r in store.dlq_rows(FN) if r.reason == "late")
         finally:

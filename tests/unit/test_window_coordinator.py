@@ -18,7 +18,6 @@ from eventing.core.definition import FunctionDefinition
 from eventing.core.mutation import OP_UPDATE, Mutation, decode_document, unpack_mutation
 from eventing.errors import FencedError
 from eventing.storage.bucket import LocalBucket
-from eventing.storage.metadata import open_metadata
 from eventing.testing import load_source
 from eventing.testing.windows import (
     ManualClock,
@@ -35,6 +34,7 @@ from eventing.windows.runtime.row_writer import RowLayout, WindowRowWriter
 from eventing.windows.semantics import WindowSpec
 from eventing.windows.spark.sink import ParquetWindowSink
 from eventing.workers.executor import InProcessExecutor
+from metadata.factory import open_store
 from sharding import vbucket_of
 
 MIN = 60_000
@@ -60,7 +60,7 @@ class Harness:
         self.source_bucket = source_bucket
         self.window = window or WINDOW
         self.layout = RowLayout.for_definition(FN, self.window)
-        self.store = open_metadata(data_dir)
+        self.store = open_store(data_dir)
         self.clock = ManualClock(T0)
         self.emitter = emitter
         self.aggregator = aggregator
@@ -387,7 +387,7 @@ def test_the_runtime_windows_every_update_and_dead_letters_documents_without_eve
     lifecycle.deploy(data_dir, FN)
     summary = EventingService(data_dir, InProcessExecutor(), until_caught_up=True, windows=CLOSE_WINDOWS).run()
     assert not summary.errors
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
     dlq = store.dlq_rows(FN)
     assert sorted((r.key, r.reason) for r in dlq) == [("no-time", "bad_event_time"), ("text-time", "bad_event_time")]
     assert "no event time field 'ts'" in next(r.error for r in dlq if r.key == "no-time")
@@ -410,7 +410,7 @@ def test_a_redeploy_starts_the_windows_afresh(data_dir, monkeypatch):
     lifecycle.save_function(data_dir, defn, "def on_update(doc, meta):\n    pass\n")
     lifecycle.deploy(data_dir, FN)
     EventingService(data_dir, InProcessExecutor(), until_caught_up=True).run()
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
 
     states = store.window_states()
     assert states.load(FN)["classified_upto"]

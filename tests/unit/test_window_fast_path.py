@@ -18,13 +18,13 @@ from eventing.core.definition import FunctionDefinition
 from eventing.core.mutation import OP_DELETE, OP_EXPIRE, OP_UPDATE, Mutation, encode_document
 from eventing.storage import loadgen
 from eventing.storage.bucket import LocalBucket, PackedUpdates, Write, chunked
-from eventing.storage.metadata import open_metadata
 from eventing.windows.batches import read_row_batch
 from eventing.windows.runtime import row_writer as rows_module
 from eventing.windows.runtime.paths import WindowPaths
 from eventing.windows.runtime.row_writer import MAX_EVENT_MS, MIN_EVENT_MS, RowLayout, WindowRowWriter
 from eventing.workers.worker import WorkerCore, WorkerSpec
 from metadata import DlqRow
+from metadata.factory import open_store
 from sharding import NUM_VBUCKETS, vbucket_of
 
 FN = "fn_fast"
@@ -125,7 +125,7 @@ def run_worker(
     })
     lifecycle.save_function(str(data_dir), defn, handler)
     lifecycle.deploy(str(data_dir), FN)
-    store = open_metadata(data_dir)
+    store = open_store(data_dir)
     if hung is not None:
         vb, seqno = hung
         epoch = store.claim(FN, [vb], "local/w0")[vb].epoch

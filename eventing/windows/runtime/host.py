@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eventing.errors import EventingError, FencedError
-from eventing.storage.metadata import open_metadata
+from metadata.factory import open_store
 
 if TYPE_CHECKING:  # imported when a windowed function first runs: pyarrow costs every command ~0.2 s
     import pyarrow as pa
@@ -99,7 +99,7 @@ class WindowHost:
     @property
     def store(self) -> Any:
         if self._store is None:
-            self._store = open_metadata(self.data_dir)
+            self._store = open_store(self.data_dir)
         return self._store
 
     @property
