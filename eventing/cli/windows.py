@@ -56,7 +56,7 @@ def cmd_windows(args: argparse.Namespace) -> int:
         least = "substreams'" if report["watermark_of"] == "substreams" else "vBuckets'"
         print(f"closing watermark: {report['watermark']} (the least of the {least} watermarks; windows close on it)")
     if policies is not None and policies["watermark_ms"] is not None:
-        from eventing.windows.runtime.coordinator import iso_ms
+        from eventing.core.times import iso_ms
 
         print(f"arrival-time policies' greatest watermark: {iso_ms(policies['watermark_ms'])} (the most advanced "
               "stream; watermark_delay_ms counts from it)")
@@ -84,8 +84,8 @@ def cmd_windows(args: argparse.Namespace) -> int:
 
 def _adjusted(data_dir: str, args: argparse.Namespace) -> int:
     """The rows the arrival-time policies windowed at another time than their event time."""
+    from eventing.core.times import iso_ms
     from eventing.ops.windows import adjusted_rows, window_status
-    from eventing.windows.runtime.coordinator import iso_ms
 
     status = window_status(data_dir, args.function)  # names the fix for an unknown or window-less function
     if "arrival_policies" not in status:

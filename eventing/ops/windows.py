@@ -25,7 +25,7 @@ POLICIES_WATERMARK_IS = (
 
 def window_status(data_dir: str, name: str) -> dict[str, Any]:
     """Watermark, open windows and counts of a windowed function, without reading its results (metrics)."""
-    from eventing.windows.runtime.coordinator import iso_ms
+    from eventing.core.times import iso_ms
     from eventing.windows.runtime.row_writer import RowLayout
     from metadata.factory import open_store
 
@@ -131,7 +131,8 @@ def adjusted_rows(data_dir: str, name: str) -> list[dict[str, Any]]:
 
 def window_report(data_dir: str, name: str) -> dict[str, Any]:
     """window_status plus every emitted result row (window start and end as ISO text and epoch ms)."""
-    from eventing.windows.runtime.coordinator import iso_ms, make_sink
+    from eventing.core.times import iso_ms
+    from eventing.windows.runtime.coordinator import make_sink
     from eventing.windows.runtime.paths import WindowPaths
 
     report = window_status(data_dir, name)

@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 
 from eventing.core.counters import ADJUSTED_ROWS, EARLY_INPUT_EVENTS, LATE_INPUT_EVENTS, OUT_OF_ORDER_EVENTS
 from eventing.core.durations import format_duration
+from eventing.core.times import iso_ms
 from eventing.windows.batches import EVENT_TIME, EVENT_TIME_TYPE
 from eventing.windows.runtime.row_writer import RowLayout
 from eventing.windows.semantics.arrival import DROP_REASONS, EARLY_ARRIVAL_MS, NO_WATERMARK, ArrivalPolicy
@@ -65,12 +66,6 @@ def arrival_order(table: pa.Table) -> pa.Table:
         return table
     return table.take(pc.sort_indices(table, [("arrival_ms", "ascending"), ("vb", "ascending"),
                                               ("seqno", "ascending")]))
-
-
-def _iso(ms: int | None) -> str:
-    from eventing.windows.runtime.coordinator import iso_ms
-
-    return iso_ms(ms)
 
 
 def _span(ms: int) -> str:
@@ -145,20 +140,20 @@ class ArrivalGate:
             )
         if reason == "early":
             return (
-                f"event time {_iso(t)} is {_span(t - a)} after its arrival time {_iso(a)}, more than the "
+                f"event time {iso_ms(t)} is {_span(t - a)} after its arrival time {iso_ms(a)}, more than the "
                 f"early-arrival limit of {_span(EARLY_ARRIVAL_MS)} (early_arrival_policy 'drop'): is the sender's "
                 "clock ahead?"
             )
         if reason == "late_arrival":
             return (
-                f"event time {_iso(t)} is {_span(a - t)} before its arrival time {_iso(a)}, more than "
+                f"event time {iso_ms(t)} is {_span(a - t)} before its arrival time {iso_ms(a)}, more than "
                 f"late_arrival_tolerance {_span(self.spec.late_arrival_tolerance_ms or 0)} (late_arrival_policy "
                 "'drop'); raise the tolerance to keep such rows"
             )
         where = f"substream {self.spec.substream_key}={stream!r}" if stream is not None else f"vBucket {vb}"
-        mark = _iso(None if watermark == NO_WATERMARK else watermark)
+        mark = iso_ms(None if watermark == NO_WATERMARK else watermark)
         return (
-            f"event time {_iso(t)} is behind the watermark {mark} of {where} (out_of_order_policy "
+            f"event time {iso_ms(t)} is behind the watermark {mark} of {where} (out_of_order_policy "
             f"'drop', out_of_order_tolerance {_span(self.spec.out_of_order_tolerance_ms)}); raise "
             "out_of_order_tolerance to keep such rows"
         )

@@ -47,7 +47,6 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -57,6 +56,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from eventing.core.mutation import OP_UPDATE, Mutation, pack_mutation
+from eventing.core.times import iso_ms
 from eventing.errors import ConfigError, FencedError
 from eventing.windows.batches import read_row_batch
 from eventing.windows.runtime.arrivals import LIFTS, ArrivalGate, Judged
@@ -1152,11 +1152,3 @@ def _max_per_vb(table: pa.Table) -> dict[int, int]:
     grouped = table.group_by("vb").aggregate([("seqno", "max")])
     return dict(zip(grouped["vb"].to_pylist(), grouped["seqno_max"].to_pylist(), strict=True))
 
-
-def iso_ms(ms: int | None) -> str:
-    """Epoch milliseconds as ISO 8601 UTC (``2026-01-01T00:01:00Z``, milliseconds only when present)."""
-    if ms is None:
-        return "-"
-    moment = datetime.fromtimestamp(ms / 1000, UTC)
-    text = moment.strftime("%Y-%m-%dT%H:%M:%S")
-    return f"{text}.{ms % 1000:03d}Z" if ms % 1000 else f"{text}Z"
