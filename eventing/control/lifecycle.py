@@ -13,9 +13,9 @@ from eventing.core.secrets import mask_definition, restore_secrets
 from eventing.errors import ConfigError, LifecycleError, NotFoundError
 from eventing.execution.loader import validate_handler
 from eventing.storage.bucket import LocalBucket
-from eventing.storage.metadata import open_metadata
 from eventing.windows.runtime.paths import reset_windows
 from metadata import TIMER_VB_BASE, FunctionRecord, FunctionState, MetadataStore
+from metadata.factory import open_store
 from sharding import NUM_VBUCKETS
 
 # A running `eventing run` writes a heartbeat every STATE_POLL_S (0.5 s, eventing.control.service); a command that
@@ -231,7 +231,7 @@ class _store:
     """`with _store(dir) as store:` opens the metadata store for one command and closes it."""
 
     def __init__(self, data_dir: str, create: bool = True):
-        self.store = open_metadata(data_dir, create=create)
+        self.store = open_store(data_dir, create=create)
 
     def __enter__(self) -> MetadataStore:
         return self.store
