@@ -3,6 +3,7 @@ processes (deploy, pause, resume, undeploy) through the metadata store."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -150,86 +151,69 @@ class EventingService:
         return json.dumps({"pid": os.getpid(), "executor": self.executor.name, "role": self.role})
 
     def run(self) -> RunSummary:
-        try:
+        # Every path out (a refused start, a standby stopped before taking over, a failed data service, the
+        # main loop's end or error) releases each resource once, in reverse order of acquisition.
+        with contextlib.ExitStack() as held:
+            held.callback(self.store.close)
+            held.callback(self.store.remove_service, self.service_id)  # registered by its first heartbeat
+            held.callback(self.executor.close)  # the data service, started ahead (standby) or below
+            held.callback(self._cool_down)  # started-ahead workers no function took
             self._lead()
-        except BaseException:
-            self._cool_down()
-            self._close_executor()
-            self.store.remove_service(self.service_id)
-            self.store.close()
-            raise
-        if self.stop_event.is_set():  # a standby stopped before it had to take over
-            self._cool_down()
-            self._close_executor()
-            self.store.remove_service(self.service_id)
-            self.store.close()
-            return self.summary
-        start = self._leading_since = time.monotonic()
-        self.store.heartbeat(self.service_id, self._info())
-        self._keeper = _LeaseKeeper(self)
-        self._keeper.start()
-        serve = getattr(self.executor, "serve", None)
-        if serve is not None:
-            try:
-                self.executor.check_placements(Topology(self.store).placements())  # type: ignore[attr-defined]
-                serve(self.data_dir)  # the data service, for workers on nodes without the data directory
-            except EventingError:
-                self._keeper.finish()
-                self._cool_down()
-                self.store.remove_service(self.service_id)
-                self.store.close()
-                raise
-        try:
-            self._sync_states()
-            while not self.stop_event.is_set():
-                now = time.monotonic()
-                if now - self._last_state_poll >= STATE_POLL_S:
-                    self._sync_states()
-                for sup in list(self.supervisors.values()):
-                    sup.pump(timeout=0.05 / max(1, len(self.supervisors)))
-                    if sup.error is not None:
-                        self._fail(sup)
-                    elif sup.done and not self._wake_for_due_timers(sup):
-                        self._stop_function(sup.name, run_over=True)
-                        self.finished.add(sup.name)
-                        self.summary.functions[sup.name].state = "caught up"
-                self.windows.poll(self.supervisors)
-                if self._leading_since is not None and self.supervisors and all(
-                    sup.ready for sup in self.supervisors.values()
-                ):
-                    # Lease taken -> every function's workers up and claimed: the takeover's cost after the lease.
-                    self.summary.leadership["workers_ready_s"] = round(time.monotonic() - self._leading_since, 3)
-                    self._leading_since = None
-                    self._cool_down()
-                if self.summary.workers_ready_s is None and self.supervisors and all(
-                    sup.ready for sup in self.supervisors.values()
-                ):
-                    self.summary.workers_ready_s = round(time.monotonic() - start, 3)
-                self._report(now - start)
-                if self.until_caught_up and not self.supervisors and self._nothing_left():
-                    break
-                if not self.supervisors:
-                    self.stop_event.wait(0.1)
-        finally:
-            for name in list(self.supervisors):
-                self._stop_function(name, run_over=True)
-            self._cool_down()
-            self.windows.close()
-            self._close_executor()
-            self._report(time.monotonic() - start, final=True)
-            self._keeper.finish()  # a clean stop frees the lease: a standby takes over at once
-            self.store.remove_service(self.service_id)
-            self.store.close()
+            if self.stop_event.is_set():  # a standby stopped before it had to take over
+                return self.summary
+            start = self._leading_since = time.monotonic()
+            self.store.heartbeat(self.service_id, self._info())
+            self._keeper = _LeaseKeeper(self)
+            self._keeper.start()
+            held.callback(self._keeper.finish)  # a clean stop frees the lease: a standby takes over at once
+            self.executor.check_placements(Topology(self.store).placements())
+            self.executor.serve(self.data_dir)  # the data service, for workers on nodes without the data directory
+            held.callback(lambda: self._report(time.monotonic() - start, final=True))
+            held.callback(self.windows.close)
+            held.callback(self._stop_all)
+            self._main_loop(start)
         self.summary.seconds = time.monotonic() - start
         return self.summary
 
+    def _main_loop(self, start: float) -> None:
+        self._sync_states()
+        while not self.stop_event.is_set():
+            now = time.monotonic()
+            if now - self._last_state_poll >= STATE_POLL_S:
+                self._sync_states()
+            for sup in list(self.supervisors.values()):
+                sup.pump(timeout=0.05 / max(1, len(self.supervisors)))
+                if sup.error is not None:
+                    self._fail(sup)
+                elif sup.done and not self._wake_for_due_timers(sup):
+                    self._stop_function(sup.name, run_over=True)
+                    self.finished.add(sup.name)
+                    self.summary.functions[sup.name].state = "caught up"
+            self.windows.poll(self.supervisors)
+            if self._leading_since is not None and self.supervisors and all(
+                sup.ready for sup in self.supervisors.values()
+            ):
+                # Lease taken -> every function's workers up and claimed: the takeover's cost after the lease.
+                self.summary.leadership["workers_ready_s"] = round(time.monotonic() - self._leading_since, 3)
+                self._leading_since = None
+                self._cool_down()
+            if self.summary.workers_ready_s is None and self.supervisors and all(
+                sup.ready for sup in self.supervisors.values()
+            ):
+                self.summary.workers_ready_s = round(time.monotonic() - start, 3)
+            self._report(now - start)
+            if self.until_caught_up and not self.supervisors and self._nothing_left():
+                break
+            if not self.supervisors:
+                self.stop_event.wait(0.1)
+
+    def _stop_all(self) -> None:
+        """Stop every running function at the end of the run: checkpointed, its workers ended."""
+        for name in list(self.supervisors):
+            self._stop_function(name, run_over=True)
+
     def stop(self) -> None:
         self.stop_event.set()
-
-    def _close_executor(self) -> None:
-        close = getattr(self.executor, "close", None)
-        if close is not None:
-            close()
 
     # -- leadership ---------------------------------------------------------------------------------
 
@@ -284,11 +268,8 @@ class EventingService:
         the leader's process (Ray ends what a dead driver owned), and the workers this standby starts on
         nodes without the data directory need one the moment it takes over. Two services over the same
         files are harmless: every answer comes from the files and every write is fenced by epochs."""
-        serve = getattr(self.executor, "serve", None)
-        if serve is None:
-            return
         try:
-            serve(self.data_dir)
+            self.executor.serve(self.data_dir)
         except EventingError as exc:
             log.warning("standby could not start its data service ahead of time (%s); it will at takeover", exc)
 
@@ -315,7 +296,7 @@ class EventingService:
                         spec = WorkerSpec(
                             data_dir=self.data_dir, function=record.name, generation=record.generation,
                             worker_id=str(worker), vbuckets=(),
-                            data_service=getattr(self.executor, "data_service", None),
+                            data_service=self.executor.data_service,
                         )
                         self.warm[key] = self.executor.start_worker(spec, key[2])
         except EventingError as exc:

@@ -118,7 +118,7 @@ class FunctionSupervisor:
     def _add_slot(self, wid: str, node: str, vbuckets: list[int]) -> WorkerSlot:
         spec = WorkerSpec(
             self.data_dir, self.name, self.record.generation, wid, tuple(vbuckets), self.targets,
-            data_service=getattr(self.executor, "data_service", None),
+            data_service=self.executor.data_service,
         )
         slot = self.slots[wid] = WorkerSlot(spec, node)
         return slot
@@ -464,12 +464,11 @@ class FunctionSupervisor:
                 stopped.add(wid)
             except (WorkerDied, EventingError) as exc:
                 log.warning("function %s worker %s did not stop cleanly (%s); its checkpoints stand", self.name, wid, exc)
-        release = getattr(self.executor, "release", None)
         for wid, slot in self.slots.items():
             if slot.handle is not None:
                 # A worker that stopped cleanly may go back to a kept pool (eventing ray start); any other ends.
-                if release is not None and wid in stopped:
-                    release(slot.handle)
+                if wid in stopped:
+                    self.executor.release(slot.handle)
                 else:
                     self.executor.kill(slot.handle)
                 slot.handle = None

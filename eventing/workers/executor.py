@@ -27,12 +27,26 @@ class WorkerHandle(Protocol):
 
 
 class Executor(Protocol):
+    """What the service and its supervisors call on the place where workers run."""
+
     name: str
+    # The data service serving the data directory to workers on other nodes, once serve() started one
+    # (None: workers open the files themselves); a worker's spec carries it.
+    data_service: Any
 
     def start_worker(self, spec: WorkerSpec, ray_node_id: str | None = None) -> Any: ...
     def wait(self, futures: list[Any], timeout: float) -> list[Any]: ...
     def result(self, future: Any) -> Any: ...
     def kill(self, handle: Any) -> None: ...
+    def release(self, handle: Any) -> None:
+        """A worker that stopped cleanly (checkpointed, vBuckets released) is done with: kept for a later
+        run where the executor keeps workers, else ended."""
+    def check_placements(self, placements: dict[str, str | None]) -> None:
+        """Refuse (EventingError) eventing nodes pinned to a place this executor cannot start workers on."""
+    def serve(self, data_dir: str) -> None:
+        """Start what workers elsewhere need to reach `data_dir` (the data service), if anything; idempotent."""
+    def close(self) -> None:
+        """Stop what serve() started; idempotent."""
 
 
 class WorkerHost:
@@ -144,6 +158,7 @@ class InProcessExecutor:
     """Runs worker cores in the calling process, one call at a time: deterministic and fast to start."""
 
     name = "in-process"
+    data_service: Any = None  # every worker sees the data directory: no data service
 
     def start_worker(self, spec: WorkerSpec, ray_node_id: str | None = None) -> _LocalHandle:
         return _LocalHandle(WorkerHost(spec))
@@ -160,6 +175,19 @@ class InProcessExecutor:
         handle.dead = True
         if handle.host.core is not None:
             handle.host.core.close()
+
+    def release(self, handle: _LocalHandle) -> None:
+        """No pool to go back to: a worker that stopped cleanly is ended as kill() ends it."""
+        self.kill(handle)
+
+    def check_placements(self, placements: dict[str, str | None]) -> None:
+        """Every worker runs in this process, wherever its node is pinned."""
+
+    def serve(self, data_dir: str) -> None:
+        """Workers in this process open the data directory themselves."""
+
+    def close(self) -> None:
+        """serve() started nothing."""
 
 
 # -- Ray ----------------------------------------------------------------------------------------------
