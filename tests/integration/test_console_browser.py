@@ -1,10 +1,19 @@
-"""The web console in a real headless Chromium (Debian's chromium + chromedriver, driven by selenium)
-against a running service: `eventing run` in follow mode and `eventing serve`, each its own process,
-while a loader keeps writing. The page shows the function's counters moving, pauses and resumes it from
-its buttons, and a screenshot is saved; the ledger then shows nothing lost or handled twice."""
+"""The web console in a real headless Chromium (Debian's chromium + chromedriver, driven by selenium, one
+browser for the module).
+
+Against a running service (`eventing run` in follow mode and `eventing serve`, each its own process, while
+a loader keeps writing): the page shows the function's counters moving, pauses and resumes it from its
+buttons, and a screenshot is saved; the ledger then shows nothing lost or handled twice.
+
+Against `eventing serve` over a function whose every mutation failed (130 dead letters, a long application
+log) and one that never logs: the console shows a cas with all its digits, epochs and times as the CLI does,
+pages the dead letters without redrawing an unchanged page, follows the log only while it is scrolled to
+the bottom, asks for no missing log, hides state-changing controls from a read-only token, and tells a
+missing token from a wrong one."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -16,16 +25,21 @@ from pathlib import Path
 import httpx
 import pytest
 
+from eventing.cli.checkpoints import _epoch, _when
+from eventing.control.service import EventingService
+from eventing.core.definition import FunctionDefinition
 from eventing.ops.verify import verify_function
 from eventing.storage import loadgen
 from eventing.storage.bucket import LocalBucket, chunked
 from eventing.testing import BackgroundLoop, deploy_function, ledger_definition, load_source
+from eventing.workers.executor import InProcessExecutor
 
 pytestmark = pytest.mark.integration
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 TOKEN = "console-admin-token-0123456789"
+READ_TOKEN = "console-read-token-0123456789"
 ROOT = Path(__file__).resolve().parents[2]
 
 if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
@@ -55,8 +69,8 @@ class Loader(BackgroundLoop):
         self.bucket.write(next(self.writes))
 
 
-def eventing(data_dir: str, *args: str, log: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "EVENTING_ADMIN_TOKEN": TOKEN, "EVENTING_READ_TOKEN": ""}
+def eventing(data_dir: str, *args: str, log: Path, read_token: str = "") -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "EVENTING_ADMIN_TOKEN": TOKEN, "EVENTING_READ_TOKEN": read_token}
     return subprocess.Popen([sys.executable, "-m", "eventing", "--data-dir", data_dir, *args],
                             stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=ROOT)
 
@@ -87,22 +101,24 @@ def wait_for(predicate, timeout: float, what: str):
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
 
 
-@pytest.fixture
-def browser(tmp_path):
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory):
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
+    profile = tmp_path_factory.mktemp("chromium")
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # failed requests show in the browser log
     for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage", "--window-size=1400,1700", f"--user-data-dir={tmp_path / 'chromium'}"):
+                 "--disable-dev-shm-usage", "--window-size=1400,1700", f"--user-data-dir={profile}"):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     driver.set_page_load_timeout(60)
     yield driver
     driver.quit()
-    shutil.rmtree(tmp_path / "chromium", ignore_errors=True)
+    shutil.rmtree(profile, ignore_errors=True)
 
 
 def test_console_shows_live_counters_and_pauses_and_resumes_from_its_buttons(tmp_path, browser):
@@ -170,3 +186,203 @@ def test_console_shows_live_counters_and_pauses_and_resumes_from_its_buttons(tmp
         stop(run)
     report = verify_function(data_dir, "fn_live")
     assert report.ok, report.summary()
+
+
+# -- a stopped service's results: dead letters, a long log, a function that never logs ------------------
+
+DEAD_LETTERS = 130
+FAILING = '''
+def on_update(doc, meta):
+    log("handling", meta.id, "of", doc.get("n"), "then failing on purpose")
+    raise ValueError("no luck for " + meta.id)
+'''
+QUIET = '''
+def on_update(doc, meta):
+    pass
+'''
+
+
+@pytest.fixture(scope="module")
+def failed(tmp_path_factory):
+    """`eventing serve` (admin and read-only tokens) over fn_fail (every mutation a dead letter, one log
+    line each) and fn_quiet (no log), both processed to the end in-process beforehand."""
+    root = tmp_path_factory.mktemp("console-failed")
+    data_dir = str(root / "data")
+    source = LocalBucket.create(data_dir, "src")
+    for i in range(DEAD_LETTERS):
+        source.upsert(f"doc{i:03d}", {"n": i})
+    deploy_function(data_dir, FunctionDefinition.from_dict({"name": "fn_fail", "source_bucket": "src"}), FAILING)
+    deploy_function(data_dir, FunctionDefinition.from_dict({"name": "fn_quiet", "source_bucket": "src"}), QUIET)
+    EventingService(data_dir, InProcessExecutor(), until_caught_up=True).run()
+    port = free_port()
+    serve = eventing(data_dir, "serve", "--port", str(port), log=root / "serve.log", read_token=READ_TOKEN)
+    api = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
+    try:
+        wait_for(lambda: api.get("/api/v1/status").status_code == 200, 60, "the API")
+        assert len(api.get("/api/v1/functions/fn_fail/dlq").json()) == DEAD_LETTERS
+        yield {"data_dir": data_dir, "base": f"http://127.0.0.1:{port}", "api": api}
+    finally:
+        api.close()
+        stop(serve)
+
+
+def open_console(browser, site, token: str = TOKEN, function: str = "fn_fail") -> None:
+    from selenium.webdriver.common.by import By
+
+    if not browser.current_url.startswith(site["base"]):
+        browser.get(site["base"] + "/")
+    use_token(browser, token)
+    name = wait_for(lambda: browser.find_element(By.CSS_SELECTOR, f'tr[data-function="{function}"] td.name'), 30,
+                    f"the row of {function}")
+    name.click()
+    wait_for(lambda: browser.find_element(By.ID, "detail-name").text == function, 10, f"the detail of {function}")
+
+
+def use_token(browser, token: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    field = browser.find_element(By.ID, "token")
+    field.clear()
+    if token:
+        field.send_keys(token)
+    browser.find_element(By.ID, "token-save").click()
+
+
+def detail_polls(browser) -> int:
+    return int(browser.execute_script("return document.body.dataset.detailPolls || 0"))
+
+
+def wait_detail_polls(browser, count: int) -> None:
+    """Until the detail panel has refreshed `count` more times (it does every 2 s)."""
+    start = detail_polls(browser)
+    wait_for(lambda: detail_polls(browser) >= start + count, 10 + 3 * count, f"{count} refreshes of the detail")
+
+
+def test_console_shows_a_cas_with_every_digit_and_epochs_and_times_as_the_cli(failed, browser):
+    from selenium.webdriver.common.by import By
+
+    open_console(browser, failed)
+    api = failed["api"]
+    first = api.get("/api/v1/functions/fn_fail/dlq?limit=1").json()[0]
+    full = api.get(f"/api/v1/functions/fn_fail/dlq/show?vb={first['vb']}&seqno={first['seqno']}").json()[0]
+    cas = full["mutation"]["cas"]
+    assert cas > 2**53  # a nanosecond clock: beyond what a JavaScript number holds exactly
+    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#dlq tbody tr button"), 30, "the dead letters")
+    browser.find_element(By.XPATH, "//table[@id='dlq']/tbody/tr[1]//button[text()='show']").click()
+    detail = wait_for(lambda: browser.find_element(By.ID, "dlq-detail").text, 10, "the dead letter in full")
+    assert f'"cas": {cas},' in detail
+    assert json.loads(detail) == full  # the whole row as the API sent it, every number exact
+
+    # Checkpoints: the epoch as generation:counter and the time as UTC date and time, as `eventing checkpoints`.
+    rows = {r["vb"]: r for r in api.get("/api/v1/functions/fn_fail/checkpoints").json()["rows"]}
+    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#checkpoints tbody tr"), 30, "the checkpoints")
+    for tr in browser.find_elements(By.CSS_SELECTOR, "#checkpoints tbody tr")[:5]:
+        cells = [td.text for td in tr.find_elements(By.TAG_NAME, "td")]
+        row = rows[int(cells[0])]
+        assert cells[5] == _epoch(row["epoch"]) and ":" in cells[5]
+        assert cells[7] == _when(row["updated_at"]) and cells[7].endswith("Z")
+
+
+def test_dead_letters_are_paged_and_an_unchanged_page_is_not_redrawn(failed, browser):
+    from selenium.webdriver.common.by import By
+
+    open_console(browser, failed)
+    api = failed["api"]
+
+    def keys() -> list[str]:
+        return [tr.find_elements(By.TAG_NAME, "td")[2].text for tr in browser.find_elements(By.CSS_SELECTOR, "#dlq tbody tr")]
+
+    def api_keys(offset: int) -> list[str]:
+        return [r["key"] for r in api.get(f"/api/v1/functions/fn_fail/dlq?limit=50&offset={offset}").json()]
+
+    wait_for(lambda: keys() == api_keys(0), 30, "the first page")
+    assert browser.find_element(By.ID, "dlq-page").text == "rows 1–50"
+    assert not browser.find_element(By.ID, "dlq-prev").is_enabled()
+    # Mark the first row: a redraw would replace it with a new, unmarked element.
+    browser.execute_script("document.querySelector('#dlq tbody tr').dataset.marked = 'yes'")
+    wait_detail_polls(browser, 2)
+    assert browser.execute_script("return document.querySelector('#dlq tbody tr').dataset.marked") == "yes"
+
+    browser.find_element(By.ID, "dlq-next").click()
+    wait_for(lambda: keys() == api_keys(50), 10, "the second page")
+    browser.find_element(By.ID, "dlq-next").click()
+    wait_for(lambda: keys() == api_keys(100), 10, "the last page")
+    assert len(keys()) == DEAD_LETTERS - 100
+    assert browser.find_element(By.ID, "dlq-page").text == "rows 101–130 (the last page)"
+    assert not browser.find_element(By.ID, "dlq-next").is_enabled()
+    browser.find_element(By.ID, "dlq-prev").click()
+    wait_for(lambda: keys() == api_keys(50), 10, "the second page again")
+
+
+def test_application_log_keeps_the_readers_place_and_follows_only_at_the_bottom(failed, browser):
+    from selenium.webdriver.common.by import By
+
+    open_console(browser, failed)
+    box = browser.find_element(By.ID, "app-log")
+    wait_for(lambda: "then failing on purpose" in box.text, 30, "the application log")
+
+    def scroll() -> dict:
+        return browser.execute_script(
+            "const b = document.getElementById('app-log');"
+            "return {top: b.scrollTop, max: b.scrollHeight - b.clientHeight};")
+
+    assert scroll()["max"] > 100  # the pane scrolls: more lines than it shows
+    wait_for(lambda: scroll()["top"] >= scroll()["max"] - 8, 10, "the pane opened at its newest lines")
+    browser.execute_script("document.getElementById('app-log').scrollTop = 40")  # read older lines
+    log_file = Path(failed["data_dir"]) / "logs" / "fn_fail.log"
+    with log_file.open("a") as f:
+        f.write("2026-01-01T00:00:00.000Z [INFO] fn_fail 0:1 doc-x a line written while reading older ones\n")
+    wait_for(lambda: "while reading older ones" in box.get_attribute("textContent"), 10, "the new line")
+    assert scroll()["top"] == 40  # the reader's place is kept when new lines come
+    wait_detail_polls(browser, 2)
+    assert scroll()["top"] == 40  # and when none do
+
+    browser.execute_script("const b = document.getElementById('app-log'); b.scrollTop = b.scrollHeight")
+    with log_file.open("a") as f:
+        f.write("2026-01-01T00:00:01.000Z [INFO] fn_fail 0:2 doc-y a line written while following\n")
+    wait_for(lambda: "while following" in box.get_attribute("textContent"), 10, "the next line")
+    wait_for(lambda: scroll()["top"] >= scroll()["max"] - 8, 10, "the pane to follow the new line")
+
+
+def test_a_function_without_a_log_is_asked_without_errors(failed, browser):
+    from selenium.webdriver.common.by import By
+
+    assert failed["api"].get("/getAppLog?name=fn_quiet").text == ""
+    browser.get_log("browser")  # drop what earlier tests left
+    open_console(browser, failed, function="fn_quiet")
+    wait_for(lambda: "no log lines yet" in browser.find_element(By.ID, "app-log").text, 10, "the empty log")
+    wait_detail_polls(browser, 2)
+    failed_requests = [e["message"] for e in browser.get_log("browser") if "getAppLog" in e["message"]]
+    assert failed_requests == []
+
+
+def test_a_read_only_token_sees_no_state_changing_controls(failed, browser):
+    from selenium.webdriver.common.by import By
+
+    def shown(css: str) -> list[bool]:
+        return [e.is_displayed() for e in browser.find_elements(By.CSS_SELECTOR, css)]
+
+    open_console(browser, failed, token=READ_TOKEN)
+    wait_for(lambda: "read-only" in browser.find_element(By.ID, "connection").text, 10, "the read-only role")
+    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#dlq tbody tr button"), 30, "the dead letters")
+    assert shown('tr[data-function] button[data-action]') and not any(shown('tr[data-function] button[data-action]'))
+    assert not any(shown("#dlq-replay-all, #dlq-purge-all, #dlq-purge-replayed, #rebalance-start"))
+    assert shown("#dlq tbody tr button") and not any(shown("#dlq tbody tr button.admin-only"))
+    assert all(shown("#rebalance-plan")) and all(shown("#dlq tbody tr button:not(.admin-only)"))  # reads stay
+
+    use_token(browser, TOKEN)
+    wait_for(lambda: all(shown('tr[data-function] button[data-action]')), 10, "the lifecycle buttons for the admin")
+    assert all(shown("#dlq-replay-all, #dlq-purge-all, #rebalance-start"))
+
+
+def test_no_token_and_a_wrong_token_get_different_messages(failed, browser):
+    from selenium.webdriver.common.by import By
+
+    open_console(browser, failed)
+    connection = browser.find_element(By.ID, "connection")
+    use_token(browser, "")
+    wait_for(lambda: connection.text.startswith("needs a token"), 10, "the no-token message")
+    use_token(browser, "not-a-token-of-this-server")
+    wait_for(lambda: connection.text.startswith("token not accepted"), 10, "the wrong-token message")
+    use_token(browser, TOKEN)
+    wait_for(lambda: "functions" in connection.text, 10, "the connection again")

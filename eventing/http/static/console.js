@@ -4,6 +4,7 @@
 
 const POLL_MS = 1000;
 const DETAIL_POLL_MS = 2000;
+const DLQ_PAGE = 50; // dead letters per page, fetched with ?limit=&offset=
 const HISTORY = 90; // points per function chart (1 s apart)
 const STATE_ACTIONS = {
   undeployed: ["deploy", "delete"],
@@ -22,6 +23,9 @@ const state = {
   checkpoints: [],
   showAllCheckpoints: false,
   windows: null,
+  dlqOffset: 0,
+  dlqShown: null,     // what the dead-letter table shows (function, page, rows), so an unchanged page is not redrawn
+  detailPolls: 0,
   busy: false,
 };
 
@@ -41,7 +45,59 @@ function el(tag, attrs = {}, ...children) {
 
 function fmt(n) {
   if (n == null) return "-";
+  if (typeof n === "bigint") return n.toLocaleString("en-US");
   return typeof n === "number" ? n.toLocaleString("en-US", { maximumFractionDigits: 1 }) : String(n);
+}
+
+// An epoch as the CLI shows it (`eventing checkpoints`): generation:counter, where epoch = generation << 32 | counter.
+function fmtEpoch(epoch) {
+  if (epoch == null) return "-";
+  const e = BigInt(epoch);
+  return `${e >> 32n}:${e & 0xFFFFFFFFn}`;
+}
+
+// Epoch seconds as the CLI shows them: UTC date and time, 2026-01-01T12:00:00Z.
+function fmtUtc(seconds) {
+  if (!seconds) return "-";
+  return new Date(Number(seconds) * 1000).toISOString().slice(0, 19) + "Z";
+}
+
+// JSON.parse rounds integers beyond 2^53 (a cas is a nanosecond clock, about 1.8e18), so such integers are
+// read from the text as BigInt: each becomes a marked string ("\u0000#digits") that the reviver turns into a
+// BigInt. A real string value that starts with \u0000 gets one more \u0000 in front, which the reviver
+// takes off again, so no string is ever mistaken for a number; keys are left as they are.
+const JSON_TOKEN = /"(?:[^"\\]|\\.)*"|-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?/g;
+function parseJson(text) {
+  let big = false;
+  const marked = text.replace(JSON_TOKEN, (token, at) => {
+    if (token[0] === '"') {
+      const isKey = /^\s*:/.test(text.slice(at + token.length, at + token.length + 40));
+      return !isKey && token.startsWith('"\\u0000') ? '"\\u0000' + token.slice(1) : token;
+    }
+    if (!/^-?\d+$/.test(token) || Number.isSafeInteger(Number(token))) return token;
+    big = true;
+    return '"\\u0000#' + token + '"';
+  });
+  if (!big) return JSON.parse(text);
+  return JSON.parse(marked, (key, value) => typeof value === "string" && value[0] === "\u0000"
+    ? (value[1] === "#" ? BigInt(value.slice(2)) : value.slice(1)) : value);
+}
+
+// JSON.stringify with two-space indentation that writes a BigInt as its exact digits.
+function toJson(value, indent = "") {
+  if (typeof value === "bigint") return value.toString();
+  if (value === null || typeof value !== "object") return JSON.stringify(value) ?? "null";
+  const inner = indent + "  ";
+  const items = Array.isArray(value) ? value.map((v) => inner + toJson(v, inner))
+    : Object.entries(value).map(([k, v]) => inner + JSON.stringify(k) + ": " + toJson(v, inner));
+  const [open, close] = Array.isArray(value) ? ["[", "]"] : ["{", "}"];
+  return items.length ? `${open}\n${items.join(",\n")}\n${indent}${close}` : open + close;
+}
+
+// The caller's role, named by the server on every authenticated response (X-Eventing-Role): controls that
+// change state (class admin-only) show only for "admin" (console.css hides them otherwise).
+function setRole(role) {
+  if (document.body.dataset.role !== role) document.body.dataset.role = role;
 }
 
 async function api(method, path, body, isText) {
@@ -54,7 +110,10 @@ async function api(method, path, body, isText) {
   }
   const r = await fetch(path, init);
   const type = r.headers.get("content-type") || "";
-  const data = type.includes("json") ? await r.json() : await r.text();
+  const text = await r.text();
+  const data = type.includes("json") ? parseJson(text) : text;
+  if (r.headers.get("x-eventing-role")) setRole(r.headers.get("x-eventing-role"));
+  else if (r.status === 401) setRole("none");
   if (!r.ok) {
     const err = new Error(data && data.error ? data.error : `${r.status} ${r.statusText}`);
     err.status = r.status;
@@ -78,12 +137,15 @@ async function pollFunctions() {
   try {
     [status, stats] = await Promise.all([api("GET", "/api/v1/status"), api("GET", "/api/v1/stats")]);
   } catch (e) {
-    $("#connection").textContent = e.status === 401 ? "needs a token" : "cannot reach the API: " + e.message;
+    $("#connection").textContent = e.status !== 401 ? "cannot reach the API: " + e.message
+      : state.token ? "token not accepted: it is neither the admin nor the read-only token of this server; check it"
+        : "needs a token: paste the admin or read-only token and press use";
     return;
   }
   const services = status.services.length;
   $("#connection").textContent = `${status.apps.length} functions · ${status.num_eventing_nodes} eventing node(s) · ` +
-    (services ? `service running (${services})` : "no service running");
+    (services ? `service running (${services})` : "no service running") +
+    (document.body.dataset.role === "read" ? " · read-only token: changes are hidden" : "");
   const byName = Object.fromEntries(stats.map((s) => [s.function_name, s]));
   const now = Date.now() / 1000;
   const tbody = $("#functions tbody");
@@ -140,7 +202,8 @@ async function pollFunctions() {
 function renderActions(cell, app) {
   cell.replaceChildren();
   for (const action of STATE_ACTIONS[app.composite_status] || []) {
-    cell.append(el("button", { type: "button", dataset: { action }, onclick: () => lifecycle(app.name, action) }, action), " ");
+    cell.append(el("button", { type: "button", class: "admin-only", dataset: { action }, onclick: () => lifecycle(app.name, action) },
+      action), " ");
   }
 }
 
@@ -189,6 +252,9 @@ function select(name) {
   state.selected = name;
   state.checkpoints = [];
   state.windows = null;
+  state.dlqOffset = 0;
+  state.dlqShown = null;
+  $("#app-log").textContent = "";
   $("#detail").hidden = false;
   $("#detail-name").textContent = name;
   $("#dlq-detail").hidden = true;
@@ -200,10 +266,11 @@ async function pollDetail() {
   const name = state.selected;
   if (!name) return;
   const base = `/api/v1/functions/${encodeURIComponent(name)}`;
-  const showReplayed = $("#dlq-show-replayed").checked ? "?all=1" : "";
+  const showReplayed = $("#dlq-show-replayed").checked ? "&all=1" : "";
+  const offset = state.dlqOffset;
   const [cps, dlq, log, windows] = await Promise.allSettled([
     api("GET", base + "/checkpoints"),
-    api("GET", base + "/dlq" + showReplayed),
+    api("GET", `${base}/dlq?limit=${DLQ_PAGE + 1}&offset=${offset}${showReplayed}`), // one more: is there a next page
     api("GET", `/getAppLog?name=${encodeURIComponent(name)}`),
     state.functions[name] && state.functions[name].windowed ? api("GET", base + "/windows?limit=400")
       : Promise.reject(new Error("not windowed")),
@@ -211,12 +278,22 @@ async function pollDetail() {
   if (name !== state.selected) return;
   if (cps.status === "fulfilled") renderCheckpoints(cps.value.rows);
   else if (cps.reason.status === 409) renderCheckpoints([]); // not deployed: no checkpoints
-  if (dlq.status === "fulfilled") renderDlq(dlq.value);
-  $("#app-log").textContent = log.status === "fulfilled" ? log.value || "(empty)" : log.reason.message;
-  const logBox = $("#app-log");
-  logBox.scrollTop = logBox.scrollHeight;
+  if (dlq.status === "fulfilled" && offset === state.dlqOffset) renderDlq(dlq.value, offset, showReplayed);
+  renderLog(log.status === "fulfilled" ? log.value || "(no log lines yet: they appear once the handler calls log())"
+    : log.reason.message);
   $("#windows-part").hidden = windows.status !== "fulfilled";
   if (windows.status === "fulfilled") renderWindows(windows.value);
+  document.body.dataset.detailPolls = String(++state.detailPolls); // how many refreshes the detail has had
+}
+
+// Follow mode, as `tail -f`: new lines scroll into view only while the pane is scrolled to the bottom;
+// a reader scrolled up to older lines stays where they are.
+function renderLog(text) {
+  const box = $("#app-log");
+  if (box.textContent === text) return;
+  const following = box.scrollHeight - box.scrollTop - box.clientHeight < 8;
+  box.textContent = text;
+  if (following) box.scrollTop = box.scrollHeight;
 }
 
 function ownerColors(rows) {
@@ -255,8 +332,8 @@ function renderCheckpoints(rows) {
   const shown = state.showAllCheckpoints ? sorted : sorted.slice(0, 32);
   $("#checkpoints tbody").replaceChildren(...shown.map((r) => el("tr", {},
     el("td", { class: "num" }, r.vb), el("td", { class: "num" }, fmt(r.checkpoint)), el("td", { class: "num" }, fmt(r.high_seqno)),
-    el("td", { class: "num" }, fmt(r.backlog)), el("td", {}, r.owner || "-"), el("td", { class: "num" }, r.epoch),
-    el("td", {}, r.leased ? "yes" : "no"), el("td", { class: "muted" }, new Date(r.updated_at * 1000).toLocaleTimeString()))));
+    el("td", { class: "num" }, fmt(r.backlog)), el("td", {}, r.owner || "-"), el("td", { class: "num epoch" }, fmtEpoch(r.epoch)),
+    el("td", {}, r.leased ? "yes" : "no"), el("td", { class: "muted updated" }, fmtUtc(r.updated_at)))));
   $("#checkpoints-more").textContent = state.showAllCheckpoints ? "show the top 32" : `show all ${rows.length}`;
 }
 
@@ -274,22 +351,37 @@ function vbHover(ev) {
   if (col < 0 || col > 31 || line < 0 || line > 31) return;
   const vb = line * 32 + col;
   const r = state.checkpoints.find((c) => c.vb === vb);
-  const text = r ? `vBucket ${vb}: owner ${r.owner || "-"}, epoch ${r.epoch}, checkpoint ${r.checkpoint} of ${r.high_seqno} ` +
+  const text = r ? `vBucket ${vb}: owner ${r.owner || "-"}, epoch ${fmtEpoch(r.epoch)}, checkpoint ${r.checkpoint} of ${r.high_seqno} ` +
     `(backlog ${r.backlog}), ${r.leased ? "held by a live worker" : "not held"}` : `vBucket ${vb}: no checkpoint`;
   canvas.title = text;
   $("#vbmap-hover").textContent = text;
 }
 
-function renderDlq(rows) {
+function renderDlq(page, offset, showReplayed) {
   const name = state.selected;
+  if (!page.length && offset > 0) { // the page emptied (purged or replayed): go back one
+    state.dlqOffset = Math.max(0, offset - DLQ_PAGE);
+    pollDetail();
+    return;
+  }
+  const shown = toJson({ name, offset, showReplayed, page });
+  if (shown === state.dlqShown) return; // nothing changed: keep the rows (and the reader's place) as they are
+  state.dlqShown = shown;
+  const rows = page.slice(0, DLQ_PAGE);
+  $("#dlq-prev").disabled = offset === 0;
+  $("#dlq-next").disabled = page.length <= DLQ_PAGE;
+  $("#dlq-page").textContent = rows.length ? `rows ${offset + 1}–${offset + rows.length}` +
+    (page.length > DLQ_PAGE ? "" : " (the last page)") : "";
   $("#dlq tbody").replaceChildren(...rows.map((r) => el("tr", {},
     el("td", { class: "num" }, r.vb), el("td", { class: "num" }, r.seqno), el("td", {}, r.key), el("td", {}, r.reason),
     el("td", { class: "num" }, r.attempts), el("td", { class: "muted" }, r.last_failed_at), el("td", {}, r.replayed_at ? "yes" : ""),
     el("td", {}, (r.error || "").split("\n")[0].slice(0, 90)),
     el("td", {},
       el("button", { type: "button", onclick: () => dlqShow(name, r) }, "show"), " ",
-      el("button", { type: "button", onclick: () => dlqAction(name, "replay", { vb: r.vb, seqno: r.seqno }) }, "replay"), " ",
-      el("button", { type: "button", onclick: () => dlqAction(name, "purge", { vb: r.vb, seqno: r.seqno }) }, "purge")))));
+      el("button", { type: "button", class: "admin-only", onclick: () => dlqAction(name, "replay", { vb: r.vb, seqno: r.seqno }) },
+        "replay"), " ",
+      el("button", { type: "button", class: "admin-only", onclick: () => dlqAction(name, "purge", { vb: r.vb, seqno: r.seqno }) },
+        "purge")))));
   if (!rows.length) $("#dlq tbody").replaceChildren(el("tr", {}, el("td", { colspan: 9, class: "muted" }, "no dead letters")));
 }
 
@@ -297,7 +389,7 @@ async function dlqShow(name, r) {
   try {
     const rows = await api("GET", `/api/v1/functions/${encodeURIComponent(name)}/dlq/show?vb=${r.vb}&seqno=${r.seqno}`);
     const box = $("#dlq-detail");
-    box.textContent = JSON.stringify(rows[0], null, 2);
+    box.textContent = toJson(rows[0]); // exact: a cas keeps all its digits
     box.hidden = false;
   } catch (e) {
     say(e.message);
@@ -427,7 +519,9 @@ $("#windows-aggregate").addEventListener("change", () => state.windows && drawWi
 $("#dlq-replay-all").addEventListener("click", () => dlqAction(state.selected, "replay", { all: true }));
 $("#dlq-purge-replayed").addEventListener("click", () => dlqAction(state.selected, "purge", { replayed: true }));
 $("#dlq-purge-all").addEventListener("click", () => dlqAction(state.selected, "purge", { all: true }));
-$("#dlq-show-replayed").addEventListener("change", pollDetail);
+$("#dlq-show-replayed").addEventListener("change", () => { state.dlqOffset = 0; pollDetail(); });
+$("#dlq-prev").addEventListener("click", () => { state.dlqOffset = Math.max(0, state.dlqOffset - DLQ_PAGE); pollDetail(); });
+$("#dlq-next").addEventListener("click", () => { state.dlqOffset += DLQ_PAGE; pollDetail(); });
 $("#rebalance-plan").addEventListener("click", () => rebalance(false));
 $("#rebalance-start").addEventListener("click", () => confirm("start a rebalance?") && rebalance(true));
 loop(pollFunctions, POLL_MS);
