@@ -27,9 +27,10 @@ from eventing.testing.windows import (
 )
 from eventing.windows.runtime import coordinator as coordinator_module
 from eventing.windows.runtime import host
-from eventing.windows.runtime.coordinator import WindowCoordinator, _has_duplicate_rows
+from eventing.windows.runtime.coordinator import WindowCoordinator
 from eventing.windows.runtime.host import WindowOptions
 from eventing.windows.runtime.paths import WindowPaths
+from eventing.windows.runtime.row_files import has_duplicate_rows
 from eventing.windows.runtime.row_writer import RowLayout, WindowRowWriter
 from eventing.windows.semantics import WindowSpec
 from eventing.windows.spark.sink import ParquetWindowSink
@@ -188,12 +189,12 @@ def test_duplicate_rows_are_found_in_order_and_out_of_order():
     def table(pairs: list[tuple[int, int]]) -> pa.Table:
         return pa.table({"vb": pa.array([p[0] for p in pairs], pa.int32()), "seqno": [p[1] for p in pairs]})
 
-    assert not _has_duplicate_rows(table([(0, 1), (0, 2), (1, 1), (1, 2)]))
-    assert not _has_duplicate_rows(table([(1, 1), (0, 1), (1, 2), (0, 2)]))
-    assert _has_duplicate_rows(table([(1, 1), (0, 1), (1, 2), (0, 1)]))
-    assert _has_duplicate_rows(table([(0, 1), (0, 2), (0, 2)]))
-    assert not _has_duplicate_rows(table([(0, 1), (1, 1)]))  # equal seqnos in different vBuckets
-    assert _has_duplicate_rows(table([(5, 2**50), (5, 2**50)]))  # past the packed key: sorted instead
+    assert not has_duplicate_rows(table([(0, 1), (0, 2), (1, 1), (1, 2)]))
+    assert not has_duplicate_rows(table([(1, 1), (0, 1), (1, 2), (0, 2)]))
+    assert has_duplicate_rows(table([(1, 1), (0, 1), (1, 2), (0, 1)]))
+    assert has_duplicate_rows(table([(0, 1), (0, 2), (0, 2)]))
+    assert not has_duplicate_rows(table([(0, 1), (1, 1)]))  # equal seqnos in different vBuckets
+    assert has_duplicate_rows(table([(5, 2**50), (5, 2**50)]))  # past the packed key: sorted instead
 
 
 def test_a_later_batch_of_a_worker_waits_until_the_earlier_one_is_visible(data_dir):

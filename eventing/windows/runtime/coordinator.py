@@ -40,7 +40,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import re
 import shutil
 import time
 from collections import Counter
@@ -61,7 +60,8 @@ from eventing.errors import ConfigError, FencedError
 from eventing.windows.batches import read_row_batch
 from eventing.windows.runtime.arrivals import LIFTS, ArrivalGate, Judged
 from eventing.windows.runtime.paths import WindowPaths
-from eventing.windows.runtime.row_writer import BATCH_NAME, RowLayout
+from eventing.windows.runtime.row_files import drop_orphans, max_seqno_per_vb, read_fresh_rows, ready_files
+from eventing.windows.runtime.row_writer import RowLayout
 from eventing.windows.semantics import Window, WindowOperator, WindowStateError, windows_for
 from eventing.windows.semantics.arrival import ArrivalPolicy
 from eventing.windows.semantics.sessions import Chain, Session, SessionOperator
@@ -78,8 +78,6 @@ FAULT_EXIT_CODE = 97
 EMIT_RETRY_S = (1.0, 5.0, 15.0, 30.0)
 DRAIN_ATTEMPTS = 3  # a stopping service gives up emitting after this many failed Spark jobs in a row
 WAITING_CHECK_S = 2.0  # how often silent vBuckets with a backlog are checked against their checkpoints
-_ACCEPTED_NAME = re.compile(r"^f(\d+)-(\d{9})\.parquet$")
-_HELD_NAME = re.compile(r"^f(\d+)-(\d{9})\.arrow$")
 
 
 def wall_clock_ms() -> int:
@@ -372,68 +370,20 @@ class WindowCoordinator:
 
     # -- files ----------------------------------------------------------------------------------------
 
-    def _incoming(self) -> list[tuple[str, int, Path]]:
-        """(incarnation, counter, path) of this deployment's batch files; other deployments' are deleted."""
-        found = []
-        try:
-            entries = list(os.scandir(self.paths.incoming))
-        except FileNotFoundError:
-            return []
-        for entry in entries:
-            match = BATCH_NAME.match(entry.name)
-            if not match:
-                continue
-            if int(match[1]) != self.generation:
-                if int(match[1]) < self.generation:
-                    Path(entry.path).unlink(missing_ok=True)  # a stopped deployment's leftovers
-                continue
-            found.append((f"{match[2]}-{match[3]}", int(match[4]), Path(entry.path)))
-        return sorted(found)
-
     def _ready(self) -> tuple[list[Path], dict[str, int], list[Path], bool]:
-        """Files to consume now, the marks after consuming them, files already consumed, and whether a
-        file waits for an earlier one of its worker."""
-        ready: list[Path] = []
-        consumed: list[Path] = []
-        deferred = False
-        marks = dict(self.marks)
-        for incarnation, counter, path in self._incoming():
-            mark = marks.get(incarnation, 0)
-            if counter < mark:
-                consumed.append(path)
-            elif counter == mark:
-                ready.append(path)
-                marks[incarnation] = counter + 1
-            else:
-                deferred = True  # an earlier file of the same worker is not visible yet; wait for it
-        return ready, marks, consumed, deferred
+        return ready_files(self.paths, self.generation, self.marks)
 
     def _drop_orphans(self) -> None:
-        """Accepted files that no committed state lists (a poll that crashed before its commit)."""
-        listed = {a.name for a in self.accepted}
-        for entry in os.scandir(self.paths.accepted):
-            if _ACCEPTED_NAME.match(entry.name) and entry.name not in listed:
-                Path(entry.path).unlink(missing_ok=True)
-        _, _, consumed, _ = self._ready()  # listing also deletes older deployments' batches
-        for path in consumed:
-            path.unlink(missing_ok=True)
-        if self._policies:
-            # Files of a poll that crashed before its commit (its replay writes them again).
-            held = {name for name, _ in self.held}
-            for entry in _entries(self.paths.held):
-                if _HELD_NAME.match(entry.name) and entry.name not in held:
-                    Path(entry.path).unlink(missing_ok=True)
-            for entry in _entries(self.paths.adjusted):
-                match = _ACCEPTED_NAME.match(entry.name)
-                if match and int(match[2]) >= self.adjusted_next:
-                    Path(entry.path).unlink(missing_ok=True)
+        held = {name for name, _ in self.held} if self._policies else None
+        drop_orphans(self.paths, self.generation, self.marks, {a.name for a in self.accepted}, held,
+                     self.adjusted_next)
 
     def _source_bucket(self) -> Any:
         if self._source is None:
-            from eventing.storage.bucket import LocalBucket
+            from eventing.storage.factory import open_bucket
 
             assert self.source_bucket is not None
-            self._source = LocalBucket.open(self.data_dir, self.source_bucket)
+            self._source = open_bucket(self.data_dir, self.source_bucket)
         return self._source
 
     # -- the poll -------------------------------------------------------------------------------------
@@ -690,18 +640,11 @@ class WindowCoordinator:
             return self._judged_then_clock(self._apply_policies(
                 self.schema.empty_table(), now, dlq, counters, unread, deferred, release_all
             ), now, dlq, counters, unread)
-        table = pa.concat_tables([read_row_batch(p).select(self.schema.names) for p in files])
-        read = table.num_rows
-        upto = pa.array(self.classified_upto, pa.int64())
-        fresh = pc.greater(table["seqno"], pc.take(upto, table["vb"]))
-        if not pc.all(fresh).as_py():  # rows a restarted worker wrote again (filtering costs: only then)
-            table = table.filter(fresh)
-        if _has_duplicate_rows(table):
-            table = _drop_duplicate_rows(table.sort_by([("vb", "ascending"), ("seqno", "ascending")]))
-        counters["window_rows_replayed"] += read - table.num_rows
+        table, replayed = read_fresh_rows(files, self.schema.names, self.classified_upto)
+        counters["window_rows_replayed"] += replayed
         if table.num_rows == 0 and not self.held:
             return []
-        for vb, seqno in _max_per_vb(table).items():
+        for vb, seqno in max_seqno_per_vb(table).items():
             self.classified_upto[vb] = max(self.classified_upto[vb], seqno)
         if self.spec.boundary == "processing_time":
             # Processing time is when the coordinator windows the row: the one clock that closes windows.
@@ -829,7 +772,7 @@ class WindowCoordinator:
             if spec.boundary == "event_time" and lifting.num_rows else {}
         )
         verdict = np.array(operator.observe_chains(chains, maxima, now), dtype=bool)
-        for vb, seqno in _max_per_vb(table).items():
+        for vb, seqno in max_seqno_per_vb(table).items():
             self.classified_upto[vb] = max(self.classified_upto[vb], seqno)
         row_late = verdict[chain_of_row]
         if row_late.any():
@@ -1058,13 +1001,6 @@ class WindowCoordinator:
             self._source = None
 
 
-def _entries(folder: Path) -> list[os.DirEntry[str]]:
-    try:
-        return list(os.scandir(folder))
-    except FileNotFoundError:
-        return []
-
-
 def _pending(closed: Window | Session | SubstreamWindow, closed_at: int) -> PendingWindow:
     if isinstance(closed, Session):
         return PendingWindow(Window(closed.start_ms, closed.end_ms), closed_at, closed.group)
@@ -1118,37 +1054,4 @@ class _Memo:
         if not self._done:
             self._value, self._done = self._compute(), True
         return self._value
-
-
-def _has_duplicate_rows(table: pa.Table) -> bool:
-    """Whether two rows share (vb, seqno): a worker's replay within one poll. Checked on one int64 key per
-    row, already in order in the common case (a catch-up), else sorted: far cheaper than sorting the table."""
-    if table.num_rows < 2:
-        return False
-    seqno = table["seqno"].to_numpy()
-    if seqno.max() >= 1 << 43:
-        return True  # the key would overflow: let the table sort decide
-    key = (table["vb"].to_numpy().astype(np.int64) << 43) | seqno
-    if (key[1:] > key[:-1]).all():
-        return False
-    key.sort()
-    return bool((key[1:] == key[:-1]).any())
-
-
-def _drop_duplicate_rows(table: pa.Table) -> pa.Table:
-    """Keep the first of rows with equal (vb, seqno) in a table sorted by them (a worker replay within one poll)."""
-    if table.num_rows < 2:
-        return table
-    vb = table["vb"].combine_chunks()
-    seqno = table["seqno"].combine_chunks()
-    same = pc.and_(pc.equal(vb[1:], vb[:-1]), pc.equal(seqno[1:], seqno[:-1]))
-    if not pc.any(same).as_py():
-        return table
-    keep = pa.concat_arrays([pa.array([True]), pc.invert(same)])
-    return table.filter(keep)
-
-
-def _max_per_vb(table: pa.Table) -> dict[int, int]:
-    grouped = table.group_by("vb").aggregate([("seqno", "max")])
-    return dict(zip(grouped["vb"].to_pylist(), grouped["seqno_max"].to_pylist(), strict=True))
 
