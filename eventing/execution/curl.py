@@ -11,18 +11,15 @@ from __future__ import annotations
 import base64
 import json
 import ssl
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from eventing.errors import CurlError
-
-if TYPE_CHECKING:
-    from eventing.execution.runner import HandlerRunner
+from eventing.execution.context import CallContext
 
 METHODS = ("GET", "POST", "PUT", "DELETE", "HEAD", "PATCH")
 
@@ -51,8 +48,8 @@ class CurlResponse:
 
 
 class CurlClient:
-    def __init__(self, runner: HandlerRunner, bindings: list[UrlBinding], max_response_bytes: int):
-        self.runner = runner
+    def __init__(self, context: CallContext, bindings: list[UrlBinding], max_response_bytes: int):
+        self.context = context  # the call in flight: how much of its execution_timeout is left
         self.bindings = {id(b): b for b in bindings}
         self.max_response_bytes = max_response_bytes
         self.ops: Counter[str] = Counter()  # curl_success_count, ... taken by the worker
@@ -100,8 +97,7 @@ class CurlClient:
                 context.verify_mode = ssl.CERT_NONE
         # The call counts against execution_timeout: it may take what is left of it, less a margin so the
         # handler sees a CurlError before the worker's watchdog abandons the whole call.
-        runner = self.runner
-        left = runner.timeout_s - (time.monotonic() - runner.call_started) if runner.in_handler else runner.timeout_s
+        left = self.context.remaining_s()
         left = left - min(0.2, left / 4)
         req = urllib.request.Request(url, data=data, method=method, headers=headers)
         self.ops[f"curl_{method.lower()}_count"] += 1
@@ -112,7 +108,7 @@ class CurlClient:
             status, raw_headers, payload = exc.code, dict(exc.headers.items()), self._read(exc)
         except TimeoutError:
             self.ops["curl_timeout_count"] += 1
-            raise CurlError(f"curl {method} {url} timed out (execution_timeout {runner.timeout_s}s)") from None
+            raise CurlError(f"curl {method} {url} timed out (execution_timeout {self.context.timeout_s}s)") from None
         except (urllib.error.URLError, OSError) as exc:
             self.ops["curl_failure_count"] += 1
             reason = getattr(exc, "reason", exc)

@@ -28,6 +28,7 @@ from eventing.core.definition import FunctionDefinition
 from eventing.core.mutation import OP_EXPIRE, OP_TIMER, OP_UPDATE, Mutation
 from eventing.execution.app_log import AppLogWriter, RemoteAppLog, log_path
 from eventing.execution.bindings import BucketBinding, EffectBuffer
+from eventing.execution.context import CallContext
 from eventing.execution.curl import CurlClient, UrlBinding
 from eventing.execution.loader import load_handler
 from eventing.execution.timers import TimerTable
@@ -125,16 +126,20 @@ class HandlerRunner:
             self.bindings.append(binding)
         self.rw_bindings = [b for b in self.bindings if b.access == "rw"]
         self.windowed = defn.window is not None
-        self.timers = TimerTable(function, defn.timer_context_size, self)
+        self.timeout_s = defn.execution_timeout.total_seconds()
+        # The call in flight: read by curl, timers and log(), and by a worker's watchdog and hang guard
+        # (another thread or a signal handler).
+        self.context = CallContext(self.timeout_s)
+        self.timers = TimerTable(function, defn.timer_context_size, self.context)
         path = getattr(source, "path", None)  # <data-dir>/buckets/<name>.sqlite3 for a local bucket
         # A worker that cannot see the data directory passes its RemoteAppLog (lines go through the data service).
         self.app_log = app_log or (
             AppLogWriter(log_path(Path(path).parent.parent, function), defn.app_log_max_size, defn.app_log_max_files)
             if path is not None else None
         )
-        injected["log"] = FunctionLog(function, self.app_log, lambda: self.current)
+        injected["log"] = FunctionLog(function, self.app_log, self.context)
         url_bindings = [UrlBinding(**u) for u in defn.url_bindings]
-        self.curl = CurlClient(self, url_bindings, defn.curl_max_response_bytes)
+        self.curl = CurlClient(self.context, url_bindings, defn.curl_max_response_bytes)
         injected["curl"] = self.curl
         injected.update({u.alias: u for u in url_bindings})
         injected["create_timer"] = self.timers.create_timer
@@ -145,7 +150,6 @@ class HandlerRunner:
         self.on_update = module.__dict__.get("on_update")
         self.on_delete = module.__dict__.get("on_delete")
         self.keyspace = {"bucket_name": defn.source_bucket, "scope_name": "_default", "collection_name": "_default"}
-        self.timeout_s = defn.execution_timeout.total_seconds()
         self.max_bytes = defn.max_document_bytes
         # previous_version: key -> the bytes of its latest version seen here (None: deleted), so only the
         # first mutation of a key since start asks the source's log. Cleared on rewind; capped.
@@ -153,10 +157,6 @@ class HandlerRunner:
         if defn.previous_version:
             source.ensure_key_index()
             self.previous = {}
-        # Read by a worker's watchdog and hang guard (another thread or a signal handler).
-        self.in_handler = False
-        self.call_started = 0.0
-        self.current: Mutation | None = None
 
     @classmethod
     def open(cls, data_dir: str, function: str) -> HandlerRunner:
@@ -262,18 +262,17 @@ class HandlerRunner:
         An error is retried up to `attempts` times in all, sleeping backoff_s * 2**(n-1) between them; a
         timeout is not retried (a handler that hung once will likely hang again). With `timeout_s` a
         one-shot SIGALRM bounds the call; a worker passes None and arms its own per-step watchdog, which
-        reads `in_handler`/`call_started`. A KeyboardInterrupt discards the call's writes and propagates.
+        reads the call context (`context`). A KeyboardInterrupt discards the call's writes and propagates.
         `first_attempt`/`first_failed` continue the attempts of a call whose first one ran elsewhere
         (see retry_after).
         """
         assert call.fn is not None
         fn, args = call.fn, call.args
+        context = self.context
         for attempt in range(first_attempt, attempts + 1):
             for b in self.rw_bindings:
                 b.begin(m.vb, m.seqno)
-            self.current = m
-            self.call_started = time.monotonic()
-            self.in_handler = True
+            context.begin(m, epoch)
             try:
                 if invoke is None and not timeout_s:
                     fn(*args)  # the worker's path: no context manager per call (~1 us)
@@ -281,7 +280,7 @@ class HandlerRunner:
                     with _deadline(timeout_s):
                         (invoke or _plain_call)(fn, *args)
             except BaseException as exc:
-                self.in_handler = False
+                context.active = False
                 outcome = self._failed(exc, call, attempt, attempts, first_failed)
                 if isinstance(outcome, Failure):
                     return outcome
@@ -291,7 +290,7 @@ class HandlerRunner:
                 time.sleep(backoff_s * (2 ** (attempt - 1)))
                 continue
             finally:
-                self.in_handler = False
+                context.active = False
             self.kept(epoch)
             return None
         raise AssertionError("unreachable: attempts >= 1")
@@ -381,16 +380,16 @@ class FunctionLog:
     application log file, one line per call: ``<time> [INFO] <function> <vb>:<seqno> <key> <text>`` with the
     mutation being handled (``-:- -`` outside a call, e.g. in on_deploy) and newlines written as ``\\n``."""
 
-    def __init__(self, function: str, writer: AppLogWriter | RemoteAppLog | None, current: Callable[[], Mutation | None]):
+    def __init__(self, function: str, writer: AppLogWriter | RemoteAppLog | None, context: CallContext):
         self.function = function
         self.writer = writer
-        self.current = current
+        self.context = context
 
     def __call__(self, *parts: object) -> None:
         line = " ".join(str(p) for p in parts)
         handler_api.log(line)
         if self.writer is not None:
-            m = self.current()
+            m = self.context.mutation
             where = f"{m.vb}:{m.seqno} {m.key}" if m is not None else "-:- -"
             text = line.replace("\r", "\\r").replace("\n", "\\n")
             self.writer.write(f"{self.function} {where} {text}")

@@ -18,17 +18,15 @@ import json
 import math
 from collections.abc import Callable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgpack
 
 from eventing.core.mutation import OP_TIMER, Mutation
 from eventing.errors import TimerError
+from eventing.execution.context import CallContext
 from metadata import TIMER_VB_BASE, TimerChange, TimerRecord, owner_vb
 from sharding import InvalidKeyError, validate_key, vbucket_of
-
-if TYPE_CHECKING:
-    from eventing.execution.runner import HandlerRunner
 
 # Firing delay histogram (fire time minus due time), upper bounds in ms; counters add across workers.
 DELAY_BOUNDS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000)
@@ -66,10 +64,10 @@ def timer_mutation(t: TimerRecord) -> Mutation:
 class TimerTable:
     """One handler's timer calls: validates them and holds the changes until the caller commits them."""
 
-    def __init__(self, function: str, context_limit: int, runner: HandlerRunner):
+    def __init__(self, function: str, context_limit: int, call_context: CallContext):
         self.function = function
         self.context_limit = context_limit
-        self.runner = runner
+        self.in_flight = call_context  # its mutation names a timer's source vBucket and default reference
         self.module: dict[str, Any] = {}  # the handler module's globals (callbacks must live there)
         self.current: list[TimerChange] = []  # made by the call in progress
         self.kept: list[TimerChange] = []  # of calls that returned, not committed yet
@@ -91,7 +89,7 @@ class TimerTable:
                 f"create_timer context is {size} bytes as JSON; timer_context_size is {self.context_limit}; "
                 "store the data in a document and pass its key, or raise timer_context_size"
             )
-        m = self.runner.current
+        m = self.in_flight.mutation
         source = owner_vb(m.vb) if m is not None else 0
         if reference is None:
             where = f"{m.vb}:{m.seqno}" if m is not None else "deploy"
@@ -106,7 +104,7 @@ class TimerTable:
         self._check_reference(reference, "cancel_timer")
         exists = self._exists(name, reference)
         if exists:
-            m = self.runner.current
+            m = self.in_flight.mutation
             source = owner_vb(m.vb) if m is not None else 0
             self.current.append(TimerChange(source, name, reference, vbucket_of(reference), None))
         return exists

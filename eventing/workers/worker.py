@@ -423,6 +423,8 @@ class WorkerCore:
             return len(rows)
         on_update, rw, timers, keyspace = self.on_update, self.rw_bindings, self.timers, runner.keyspace
         max_bytes, epoch, unpack, monotonic = self.max_bytes, self.epochs[vb], msgpack.unpackb, time.monotonic
+        context, timeout_s = runner.context, self.timeout_s  # CallContext.begin, inlined below
+        context.epoch = epoch
         handled_ok = 0
         for row in rows:
             m = _as_mutation(Mutation, row)
@@ -440,14 +442,14 @@ class WorkerCore:
                     meta = Meta(key, cas, vb, seqno, expiry, flags, "json", keyspace)
                     for b in rw:
                         b.begin(vb, seqno)
-                    runner.current = m
-                    runner.call_started = monotonic()
-                    runner.in_handler = True
+                    context.mutation = m
+                    context.deadline = monotonic() + timeout_s
+                    context.active = True
                     try:
                         on_update(doc, meta)
-                        runner.in_handler = False
+                        context.active = False
                     except BaseException as exc:
-                        runner.in_handler = False
+                        context.active = False
                         call = new_call(Call, ("on_update", on_update, (doc, meta), doc))
                         failure = runner.retry_after(
                             exc, m, call, epoch=epoch, attempts=self._attempts, backoff_s=self._backoff_s,
@@ -553,11 +555,11 @@ class WorkerCore:
         store = None
         while not self._closed:
             time.sleep(0.25)
-            runner = self.runner
-            m = runner.current
-            if not runner.in_handler or m is None:
+            context = self.runner.context
+            m = context.mutation
+            if not context.active or m is None:
                 continue
-            if time.monotonic() - runner.call_started < self.timeout_s + HANG_GRACE_S:
+            if time.monotonic() < context.deadline + HANG_GRACE_S:
                 continue
             now = time.time()
             row = DlqRow(
@@ -575,9 +577,9 @@ class WorkerCore:
 
     def _watchdog_tick(self, signum, frame) -> None:
         # Runs in the main thread between bytecodes; only a handler call that overran is interrupted.
-        runner = self.runner
-        if runner.in_handler and time.monotonic() - runner.call_started >= self.timeout_s:
-            runner.in_handler = False
+        context = self.runner.context
+        if context.active and time.monotonic() >= context.deadline:
+            context.active = False
             raise HandlerTimeout()
 
     def _arm_watchdog(self) -> bool:
