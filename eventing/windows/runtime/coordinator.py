@@ -45,7 +45,6 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -56,23 +55,21 @@ import pyarrow.compute as pc
 
 from eventing.core.mutation import OP_UPDATE, Mutation, pack_mutation
 from eventing.core.times import iso_ms
-from eventing.errors import ConfigError, FencedError
+from eventing.errors import FencedError
 from eventing.windows.batches import read_row_batch
-from eventing.windows.runtime.arrivals import LIFTS, ArrivalGate, Judged
+from eventing.windows.runtime.arrivals import LIFTS, Judged
+from eventing.windows.runtime.coordinator_state import AcceptedBatch, CoordinatorState, PendingWindow
 from eventing.windows.runtime.paths import WindowPaths
 from eventing.windows.runtime.row_files import drop_orphans, max_seqno_per_vb, read_fresh_rows, ready_files
 from eventing.windows.runtime.row_writer import RowLayout
-from eventing.windows.semantics import Window, WindowOperator, WindowStateError, windows_for
-from eventing.windows.semantics.arrival import ArrivalPolicy
-from eventing.windows.semantics.sessions import Chain, Session, SessionOperator
-from eventing.windows.semantics.substreams import SubstreamWindow, SubstreamWindowOperator
+from eventing.windows.semantics import Window, WindowOperator, windows_for
+from eventing.windows.semantics.sessions import Chain, SessionOperator
+from eventing.windows.semantics.substreams import SubstreamWindowOperator
 from eventing.windows.semantics.windows import arrow_epoch_ms
 from metadata import DlqRow, MetadataStore
-from sharding import NUM_VBUCKETS
 
 log = logging.getLogger("eventing.windows")
 
-STATE_VERSION = 2  # 2: accepted files hold partial aggregates instead of rows
 FAULT_ENV = "EVENTING_WINDOWS_FAULT"  # tests: "after_state_commit" or "after_sink_write" kills the process there
 FAULT_EXIT_CODE = 97
 EMIT_RETRY_S = (1.0, 5.0, 15.0, 30.0)
@@ -111,52 +108,6 @@ class _InlineEmitter:
         except BaseException as exc:  # noqa: BLE001 - handed to the caller through the future
             future.set_exception(exc)
         return future
-
-
-@dataclass(frozen=True)
-class AcceptedBatch:
-    """One file of accepted rows: ``seq`` orders them; event times span [min_ms, max_ms]."""
-
-    name: str
-    seq: int
-    min_ms: int
-    max_ms: int
-    rows: int
-
-
-@dataclass(frozen=True)
-class PendingWindow:
-    """A closed window not yet recorded as emitted; its rows are those of accepted batches up to ``closed_at``.
-    A session (``group`` set) is [first row, last row + gap) of that group."""
-
-    window: Window
-    closed_at: int
-    group: tuple | None = None
-    substream: str | None = None  # windows closed per substream: the key value whose rows it holds
-
-    def to_state(self) -> list[Any]:
-        out: list[Any] = [self.window.start_ms, self.window.end_ms, self.closed_at]
-        if self.substream is not None:
-            return [*out, None, self.substream]
-        return out if self.group is None else [*out, list(self.group)]
-
-    @classmethod
-    def from_state(cls, raw: list[Any]) -> PendingWindow:
-        group = tuple(raw[3]) if len(raw) > 3 and raw[3] is not None else None
-        substream = str(raw[4]) if len(raw) > 4 else None
-        return cls(Window(int(raw[0]), int(raw[1])), int(raw[2]), group, substream)
-
-    @property
-    def sink_id(self) -> tuple:
-        """The window's id in the sink: ``(start, end)``, plus the substream when closed per substream."""
-        w = self.window
-        return (w.start_ms, w.end_ms) if self.substream is None else (w.start_ms, w.end_ms, self.substream)
-
-    @property
-    def job_key(self) -> tuple:
-        """What the aggregator is asked for: ``(start, end)``, or ``(start, end, group)`` for a session."""
-        w = self.window
-        return (w.start_ms, w.end_ms) if self.group is None else (w.start_ms, w.end_ms, self.group)
 
 
 def make_sink(paths: WindowPaths, layout: RowLayout) -> Sink:
@@ -241,74 +192,29 @@ class WindowCoordinator:
 
     def _load(self, saved: dict[str, Any] | None) -> None:
         now = self.clock()
-        if saved is not None and saved.get("generation") != self.generation:
-            saved = None  # another deployment's windows: this one starts afresh
-        if saved is not None and saved.get("version") != STATE_VERSION:
-            raise ConfigError(
-                f"window state of function '{self.function}' has version {saved.get('version')}; this build "
-                f"reads version {STATE_VERSION}: undeploy and deploy the function again to reset it"
-            )
-        self.operator: WindowOperator | SessionOperator
-        # Substreams close windows by each substream's clock (docs/time-semantics.md); sessions keep the function's.
-        windows_cls = SubstreamWindowOperator if self._substream_windows else WindowOperator
-        if saved is None:
-            self.operator = SessionOperator(self.spec) if self.spec.is_session else windows_cls(self.spec)
-            self.classified_upto = [0] * NUM_VBUCKETS
-            self.marks: dict[str, int] = {}
-            self.accepted: list[AcceptedBatch] = []
-            self.next_seq = 1
-            self.pending: list[PendingWindow] = []
-            self.waiting: dict[int, int] = {}
-            self.gate = ArrivalGate(self.layout) if self._policies else None
-            self.held: list[list[Any]] = []  # [file name, rows] of rows the policies have yet to judge
-            self.held_next = 1
-            self.adjusted_next = 1
-            self._dirty = True
-        else:
-            try:
-                if self.spec.is_session:
-                    self.operator = SessionOperator.from_state(self.spec, saved["operator"])
-                else:
-                    self.operator = windows_cls.from_state(self.spec, saved["operator"])
-            except WindowStateError as exc:
-                raise ConfigError(f"function '{self.function}': {exc}") from None
-            self.classified_upto = [0] * NUM_VBUCKETS
-            for vb, seqno in saved["classified_upto"].items():
-                self.classified_upto[int(vb)] = int(seqno)
-            self.marks = {k: int(v) for k, v in saved["marks"].items()}
-            self.accepted = [AcceptedBatch(*a) for a in saved["accepted"]]
-            self.next_seq = int(saved["next_seq"])
-            self.pending = [PendingWindow.from_state(raw) for raw in saved["pending"]]
-            self.waiting = {int(vb): int(t) for vb, t in saved["waiting"].items()}
-            self.gate = None
-            if self._policies:
-                policy = ArrivalPolicy.for_spec(self.spec)
-                if saved.get("arrival") is not None:
-                    policy.restore(saved["arrival"])
-                self.gate = ArrivalGate(self.layout, policy)
-            self.held = [list(h) for h in saved.get("held", [])]
-            self.held_next = int(saved.get("held_next", 1))
-            self.adjusted_next = int(saved.get("adjusted_next", 1))
-            self._dirty = False
+        state = CoordinatorState.decode(saved, function=self.function, generation=self.generation,
+                                        layout=self.layout, policies=self._policies,
+                                        substream_windows=self._substream_windows)
+        self.operator = state.operator
+        self.classified_upto = state.classified_upto
+        self.marks = state.marks
+        self.accepted = state.accepted
+        self.next_seq = state.next_seq
+        self.pending = state.pending
+        self.waiting = state.waiting
+        self.gate = state.gate
+        self.held = state.held
+        self.held_next = state.held_next
+        self.adjusted_next = state.adjusted_next
+        self._dirty = state.fresh
         if self.spec.boundary == "event_time":
             self._hold_for_backlog(now)
 
     def _state(self) -> dict[str, Any]:
-        state = {
-            "version": STATE_VERSION,
-            "generation": self.generation,
-            "operator": self.operator.to_state(),
-            "classified_upto": {str(vb): s for vb, s in enumerate(self.classified_upto) if s},
-            "marks": self.marks,
-            "accepted": [[a.name, a.seq, a.min_ms, a.max_ms, a.rows] for a in self.accepted],
-            "next_seq": self.next_seq,
-            "pending": [p.to_state() for p in self.pending],
-            "waiting": {str(vb): t for vb, t in self.waiting.items()},
-        }
-        if self.gate is not None:
-            state.update(arrival=self.gate.policy.to_state(), held=self.held, held_next=self.held_next,
-                         adjusted_next=self.adjusted_next)
-        return state
+        return CoordinatorState(
+            self.operator, self.classified_upto, self.marks, self.accepted, self.next_seq, self.pending,
+            self.waiting, self.gate, self.held, self.held_next, self.adjusted_next, fresh=False,
+        ).encode(self.generation)
 
     def _commit(self, dlq: list[DlqRow], counters: Counter[str]) -> None:
         if not self.states.commit(self.function, self.fence, self._state(), dlq, counters):
@@ -490,7 +396,7 @@ class WindowCoordinator:
     def _pend(self, closed: list[Any], counters: Counter[str]) -> list[Any]:
         if closed:
             last = self.next_seq - 1  # the windows hold the rows of the batches accepted so far
-            self.pending.extend(_pending(w, last) for w in closed)
+            self.pending.extend(PendingWindow.of(w, last) for w in closed)
             counters["windows_closed"] += len(closed)
             self._dirty = True
         return closed
@@ -999,14 +905,6 @@ class WindowCoordinator:
         if self._source is not None:
             self._source.close()
             self._source = None
-
-
-def _pending(closed: Window | Session | SubstreamWindow, closed_at: int) -> PendingWindow:
-    if isinstance(closed, Session):
-        return PendingWindow(Window(closed.start_ms, closed.end_ms), closed_at, closed.group)
-    if isinstance(closed, SubstreamWindow):
-        return PendingWindow(closed.window, closed_at, substream=closed.substream)
-    return PendingWindow(closed, closed_at)
 
 
 def _job_sort_key(key: tuple) -> tuple:
