@@ -34,7 +34,7 @@ from metadata.model import (
     owner_vb,
 )
 from metadata.protocol import MetadataStore
-from metadata.sqlite_store import SqliteMetadataStore
+from metadata.sqlite import SqliteMetadataStore
 
 __all__ = [
     "REWIND",

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 from metadata.errors import StoreError
-from metadata.sqlite_store import SqliteMetadataStore
+from metadata.sqlite import SqliteMetadataStore
 
 if TYPE_CHECKING:
     from metadata.couchbase import CouchbaseMetadataStore

@@ -1,5 +1,6 @@
-"""SQLite write discipline shared by the metadata store and the local buckets: transactions that roll back
-cleanly, and retries while a file is locked by another process or its disk is full."""
+"""SQLite write discipline shared by the SQLite metadata backend (metadata/sqlite/) and the local buckets
+(eventing/storage): transactions that roll back cleanly, and retries while a file is locked by another process
+or its disk is full. Not private to the backend, so it sits beside metadata/sqlite/, not in it."""
 
 from __future__ import annotations
 

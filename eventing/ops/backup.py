@@ -11,7 +11,7 @@ from eventing.errors import ConfigError, LifecycleError, NotFoundError, StoreCor
 from eventing.storage.bucket import LocalBucket, bucket_path, list_buckets
 from metadata import METADATA_URL_ENV
 from metadata.factory import SQLITE_FILE, open_store
-from metadata.sqlite_store import restore_sqlite_store
+from metadata.sqlite import restore_sqlite_store
 
 
 def default_backup_path(data_dir: str) -> Path:

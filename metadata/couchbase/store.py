@@ -23,6 +23,7 @@ from metadata.errors import (
     StoreCorruptError,
     StoreError,
 )
+from metadata.fencing import fenced_vbuckets, holds, next_epoch
 from metadata.model import (
     REWIND,
     REWIND_REAPPLY,
@@ -385,7 +386,7 @@ class CouchbaseMetadataStore:
 
         def rewind(vb: int, epoch: int, to: int) -> Callable[[Doc | None], Doc | None]:
             def change(doc: Doc | None) -> Doc | None:
-                if doc is None or doc["epoch"] != epoch:
+                if doc is None or not holds(doc["epoch"], epoch):
                     raced.append(vb)
                     return None
                 start = doc.get("start")
@@ -428,8 +429,7 @@ class CouchbaseMetadataStore:
             def change(doc: Doc | None) -> Doc | None:
                 if doc is None:
                     return None
-                epoch = max(doc["epoch"] + 1, floor.get(vb, 0))
-                return dict(doc, epoch=epoch, owner=owner, leased=True, updated_at=now)
+                return dict(doc, epoch=next_epoch(doc["epoch"], floor.get(vb, 0)), owner=owner, leased=True, updated_at=now)
 
             return change
 
@@ -472,7 +472,7 @@ class CouchbaseMetadataStore:
         )
         keys = {vb: self._cp_key(function, vb) for vb in vbs}
         current = self._get_many(list(keys.values()))
-        fenced = {vb for vb in vbs if keys[vb] not in current or current[keys[vb]][0]["epoch"] != epochs.get(vb)}
+        fenced = fenced_vbuckets(vbs, {vb: current[k][0]["epoch"] for vb, k in keys.items() if k in current}, epochs)
         for vb, seqno in seqnos.items():
             if vb not in fenced and seqno < current[keys[vb]][0]["seqno"]:
                 self._refuse(function, vb, epochs[vb], current[keys[vb]][0]["seqno"], seqno, now)
@@ -488,7 +488,7 @@ class CouchbaseMetadataStore:
         #    the read changes the CAS, the retry sees the new epoch and the write is fenced.
         def advance(vb: int, seqno: int) -> Callable[[Doc | None], Doc | None]:
             def change(doc: Doc | None) -> Doc | None:
-                if doc is None or doc["epoch"] != epochs.get(vb):
+                if doc is None or not holds(doc["epoch"], epochs.get(vb)):
                     fenced.add(vb)
                     return None
                 if seqno < doc["seqno"]:
@@ -587,7 +587,7 @@ class CouchbaseMetadataStore:
         out: list[TimerRecord] = []
         for vb in sorted(set(wanted) | again):
             cp = cps.get(self._cp_key(function, vb))
-            if cp is None or cp[0]["epoch"] != epochs[vb]:
+            if cp is None or not holds(cp[0]["epoch"], epochs[vb]):
                 continue
             claimed: list[TimerRecord] = []
 
@@ -642,7 +642,7 @@ class CouchbaseMetadataStore:
 
         def give_up(vb: int, epoch: int) -> Callable[[Doc | None], Doc | None]:
             def change(doc: Doc | None) -> Doc | None:
-                if doc is None or doc["epoch"] != epoch:
+                if doc is None or not holds(doc["epoch"], epoch):
                     fenced.add(vb)
                     return None
                 return dict(doc, leased=False)

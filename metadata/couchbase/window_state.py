@@ -8,11 +8,12 @@ from typing import Any
 
 from metadata.couchbase.documents import Doc
 from metadata.couchbase.store import CouchbaseMetadataStore
+from metadata.fencing import holds
 from metadata.model import DlqRow
 
 
 class CouchbaseWindowStateStore:
-    """The window coordinator's fenced state (as metadata.sqlite_store.SqliteWindowStateStore keeps it in SQLite)
+    """The window coordinator's fenced state (as metadata.sqlite.SqliteWindowStateStore keeps it in SQLite)
     in one document per function, ``<p>::win::<fn>`` = {fence, state, updated_at}.
 
     claim bumps the fence with a CAS loop; commit writes the state only while the document still holds
@@ -46,14 +47,14 @@ class CouchbaseWindowStateStore:
     ) -> bool:
         """Write state, DLQ rows and counters if ``fence`` is still current; False if fenced."""
         got = self.store._get(self._key(function))
-        if got is None or got[0]["fence"] != fence:
+        if got is None or not holds(got[0]["fence"], fence):
             return False
         self.store._insert_dlq(list(dlq_rows))
         fenced = False
 
         def change(doc: Doc | None) -> Doc | None:
             nonlocal fenced
-            if doc is None or doc["fence"] != fence:
+            if doc is None or not holds(doc["fence"], fence):
                 fenced = True
                 return None
             return dict(doc, state=dict(state), updated_at=time.time())

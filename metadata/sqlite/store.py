@@ -1,15 +1,14 @@
-"""SQLite backend of the metadata store: the embedded default, one WAL file shared by every process."""
+"""SqliteMetadataStore: the embedded default metadata store, one WAL file shared by every process."""
 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import sqlite3
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, Self, TypeVar
+from typing import Self, TypeVar
 
 from metadata.errors import (
     FencedError,
@@ -19,6 +18,7 @@ from metadata.errors import (
     StoreCorruptError,
     StoreError,
 )
+from metadata.fencing import fenced_vbuckets, holds, next_epoch
 from metadata.model import (
     REWIND,
     REWIND_REAPPLY,
@@ -36,73 +36,25 @@ from metadata.model import (
     owner_vb,
     plan_rewind,
 )
+from metadata.sqlite._rows import (
+    CORRUPT_RECOVERY,
+    checkpoint_of,
+    dlq_filter,
+    node_of,
+    one_line,
+    select_vbs,
+    write_counters,
+    write_timers,
+)
+from metadata.sqlite.backup import write_backup
+from metadata.sqlite.schema import apply_schema
+from metadata.sqlite.window_state import SqliteWindowStateStore
 from metadata.sqlite_io import retry_locked, run_transaction
-
-log = logging.getLogger("eventing.metadata")
 
 T = TypeVar("T")
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS functions(
-    name TEXT PRIMARY KEY, definition TEXT NOT NULL, source TEXT NOT NULL,
-    state TEXT NOT NULL, generation INTEGER NOT NULL, updated_at REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS checkpoints(
-    function TEXT NOT NULL, vb INTEGER NOT NULL, seqno INTEGER NOT NULL, epoch INTEGER NOT NULL,
-    owner TEXT, bucket_uuid TEXT NOT NULL, updated_at REAL NOT NULL, leased INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY(function, vb)) WITHOUT ROWID;
--- Where each deployment's checkpoints started (its feed boundary), so `eventing verify` knows which
--- source mutations the function owes.
-CREATE TABLE IF NOT EXISTS checkpoint_starts(
-    function TEXT NOT NULL, vb INTEGER NOT NULL, seqno INTEGER NOT NULL,
-    PRIMARY KEY(function, vb)) WITHOUT ROWID;
--- Every backwards move of a checkpoint, for `eventing verify`: 'refused' by commit (which raised
--- OrderViolationError and rolled back), or 'applied' by a write that bypassed commit (the trigger).
--- The trigger costs one comparison per updated checkpoint row.
-CREATE TABLE IF NOT EXISTS checkpoint_regressions(
-    function TEXT NOT NULL, vb INTEGER NOT NULL, epoch INTEGER NOT NULL, from_seqno INTEGER NOT NULL,
-    to_seqno INTEGER NOT NULL, how TEXT NOT NULL, at REAL NOT NULL);
-CREATE TRIGGER IF NOT EXISTS checkpoint_moved_backwards AFTER UPDATE OF seqno ON checkpoints
-    WHEN NEW.seqno < OLD.seqno
-    BEGIN
-        INSERT INTO checkpoint_regressions VALUES(
-            NEW.function, NEW.vb, NEW.epoch, OLD.seqno, NEW.seqno, 'applied',
-            (julianday('now') - 2440587.5) * 86400.0);
-    END;
-CREATE TABLE IF NOT EXISTS counters(
-    function TEXT NOT NULL, name TEXT NOT NULL, value REAL NOT NULL,
-    PRIMARY KEY(function, name)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS dlq(
-    function TEXT NOT NULL, vb INTEGER NOT NULL, seqno INTEGER NOT NULL, key TEXT NOT NULL,
-    reason TEXT NOT NULL, error TEXT NOT NULL, traceback TEXT NOT NULL, attempts INTEGER NOT NULL,
-    first_failed_at REAL NOT NULL, last_failed_at REAL NOT NULL, mutation BLOB NOT NULL,
-    replayed_at REAL, generation INTEGER NOT NULL DEFAULT 0, PRIMARY KEY(function, vb, seqno));
-CREATE TABLE IF NOT EXISTS services(id TEXT PRIMARY KEY, info TEXT NOT NULL, heartbeat_at REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS kv(key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS nodes(
-    name TEXT PRIMARY KEY, state TEXT NOT NULL, ray_node_id TEXT, added_at REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS leases(
-    name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires_at REAL NOT NULL, acquired_at REAL NOT NULL,
-    term INTEGER NOT NULL, info TEXT NOT NULL);
--- Durable timers: one row per (function, callback, reference), partitioned by the vBucket of the
--- reference. fire_seq is set when the vBucket's owner claims a due timer; its effects are keyed by it.
-CREATE TABLE IF NOT EXISTS timers(
-    function TEXT NOT NULL, callback TEXT NOT NULL, reference TEXT NOT NULL, vb INTEGER NOT NULL,
-    due_ms INTEGER NOT NULL, context TEXT NOT NULL, created_at REAL NOT NULL, fire_seq INTEGER,
-    PRIMARY KEY(function, callback, reference)) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS timers_due ON timers(function, due_ms);
--- Per (function, vBucket): the last fire_seq handed out; it never goes backwards within a deployment.
-CREATE TABLE IF NOT EXISTS timer_seqs(
-    function TEXT NOT NULL, vb INTEGER NOT NULL, seq INTEGER NOT NULL, PRIMARY KEY(function, vb)) WITHOUT ROWID;
-"""
-
 # How long one statement waits for another process's write lock before we log and retry.
 BUSY_TIMEOUT_MS = 2000
-CORRUPT_RECOVERY = (
-    "stop every eventing process, then restore it from a backup (replays after the restored checkpoints "
-    "apply no effect twice), or move it aside and redeploy the functions (they restart from their feed "
-    "boundary); see 'Damaged metadata store' in docs/operations.md"
-)
-
 
 
 class SqliteMetadataStore:
@@ -132,16 +84,13 @@ class SqliteMetadataStore:
             self._retry(self._setup)
         except sqlite3.DatabaseError as exc:
             raise StoreCorruptError(
-                f"metadata store {self.path} is not a valid SQLite database ({_one_line(exc)}); {CORRUPT_RECOVERY}"
+                f"metadata store {self.path} is not a valid SQLite database ({one_line(exc)}); {CORRUPT_RECOVERY}"
             ) from None
 
     def _setup(self) -> None:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(SCHEMA)
-        columns = {r[1] for r in self._db.execute("PRAGMA table_info(dlq)")}
-        if "generation" not in columns:  # a store written before dead letters recorded their deployment
-            self._db.execute("ALTER TABLE dlq ADD COLUMN generation INTEGER NOT NULL DEFAULT 0")
+        apply_schema(self._db)
 
     def verify_integrity(self) -> None:
         """Fail closed on a truncated or corrupted file rather than resume from a wrong checkpoint."""
@@ -151,7 +100,7 @@ class SqliteMetadataStore:
             result = str(exc)
         if result != "ok":
             raise StoreCorruptError(
-                f"metadata store {self.path} failed its integrity check ({_one_line(result)}); {CORRUPT_RECOVERY}"
+                f"metadata store {self.path} failed its integrity check ({one_line(result)}); {CORRUPT_RECOVERY}"
             )
 
     # -- transactions -------------------------------------------------------------------------------
@@ -162,7 +111,7 @@ class SqliteMetadataStore:
         except sqlite3.DatabaseError as exc:
             if type(exc) is not sqlite3.DatabaseError:  # a subclass: a bug or a constraint, not damage
                 raise
-            raise StoreCorruptError(f"metadata store {self.path} is damaged ({_one_line(exc)}); {CORRUPT_RECOVERY}") from None
+            raise StoreCorruptError(f"metadata store {self.path} is damaged ({one_line(exc)}); {CORRUPT_RECOVERY}") from None
 
     def _tx(self, body: Callable[[sqlite3.Connection], T]) -> T:
         return self._retry(lambda: run_transaction(self._db, self.path, lambda: body(self._db)))
@@ -184,27 +133,8 @@ class SqliteMetadataStore:
         self.close()
 
     def backup(self, target: str | os.PathLike[str]) -> None:
-        """Copy the store to `target` with SQLite's online backup: a consistent snapshot even while other
-        processes write. It copies in one step, inside one read transaction, which in WAL mode never blocks
-        a writer (copying in several steps would restart whenever another process commits). The copy is
-        written beside `target` and renamed into place once it passed its integrity check."""
-        path = Path(target)
-        staging = path.with_name(path.name + ".partial")
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            staging.unlink(missing_ok=True)
-            copy = sqlite3.connect(staging)
-            try:
-                self._retry(lambda: self._db.backup(copy))
-                check = copy.execute("PRAGMA quick_check").fetchone()[0]
-            finally:
-                copy.close()
-            if check != "ok":
-                raise StoreCorruptError(f"the backup copy of {self.path} failed its integrity check ({_one_line(check)})")
-            os.replace(staging, path)
-        except (OSError, sqlite3.Error) as exc:
-            staging.unlink(missing_ok=True)
-            raise StoreError(f"cannot write the backup {path}: {exc}; pick a writable path with -o") from None
+        """A consistent copy of the store at `target`, even while other processes write (see write_backup)."""
+        write_backup(self._db, self.path, target, self._retry)
 
     # -- functions ----------------------------------------------------------------------------------
 
@@ -314,7 +244,7 @@ class SqliteMetadataStore:
 
     def checkpoints(self, function: str) -> dict[int, Checkpoint]:
         rows = self._read("SELECT * FROM checkpoints WHERE function=?", (function,))
-        return {r[1]: _checkpoint(r) for r in rows}
+        return {r[1]: checkpoint_of(r) for r in rows}
 
     def claim(
         self, function: str, vbuckets: Iterable[int], owner: str, *, min_epochs: Mapping[int, int] | None = None
@@ -329,13 +259,13 @@ class SqliteMetadataStore:
         floor = dict(min_epochs or {})
 
         def body(db: sqlite3.Connection) -> dict[int, Checkpoint]:
+            stored = select_vbs(db, "SELECT vb, epoch FROM checkpoints WHERE function=? AND vb IN ({})", function, vbs)
             db.executemany(
-                "UPDATE checkpoints SET epoch=MAX(epoch+1, ?), owner=?, leased=1, updated_at=? "
-                "WHERE function=? AND vb=?",
-                [(floor.get(vb, 0), owner, now, function, vb) for vb in vbs],
+                "UPDATE checkpoints SET epoch=?, owner=?, leased=1, updated_at=? WHERE function=? AND vb=?",
+                [(next_epoch(epoch, floor.get(vb, 0)), owner, now, function, vb) for vb, epoch in stored],
             )
-            rows = _select_vbs(db, "SELECT * FROM checkpoints WHERE function=? AND vb IN ({})", function, vbs)
-            return {r[1]: _checkpoint(r) for r in rows}
+            rows = select_vbs(db, "SELECT * FROM checkpoints WHERE function=? AND vb IN ({})", function, vbs)
+            return {r[1]: checkpoint_of(r) for r in rows}
 
         claimed = self._tx(body)
         missing = set(vbs) - set(claimed)
@@ -376,11 +306,11 @@ class SqliteMetadataStore:
                        | {d.vb for d in done})
             current = {
                 r[0]: (r[1], r[2])
-                for r in _select_vbs(
+                for r in select_vbs(
                     db, "SELECT vb, epoch, seqno FROM checkpoints WHERE function=? AND vb IN ({})", function, vbs
                 )
             }
-            fenced = {vb for vb in vbs if vb not in current or current[vb][0] != epochs.get(vb)}
+            fenced = fenced_vbuckets(vbs, {vb: epoch for vb, (epoch, _) in current.items()}, epochs)
             updates = []
             for vb, seqno in seqnos.items():
                 if vb in fenced:
@@ -409,9 +339,9 @@ class SqliteMetadataStore:
                     if owner_vb(r.vb) not in fenced
                 ],
             )
-            _write_timers(db, function, changes, done, fenced, now)
+            write_timers(db, function, changes, done, fenced, now)
             rejected = sum(1 for vb in seqnos if vb in fenced)
-            _add_counters(db, function, dict(counters or {}, fenced_checkpoint_writes=rejected))
+            write_counters(db, function, dict(counters or {}, fenced_checkpoint_writes=rejected))
             return fenced
 
         try:
@@ -487,15 +417,15 @@ class SqliteMetadataStore:
     def release(self, function: str, epochs: Mapping[int, int]) -> set[int]:
         """Give vBuckets up (lease cleared; owner and epoch kept) after a final commit; returns fenced ones."""
 
+        vbs = list(epochs)
+
         def body(db: sqlite3.Connection) -> set[int]:
-            fenced = set()
-            for vb, epoch in epochs.items():
-                cur = db.execute(
-                    "UPDATE checkpoints SET leased=0 WHERE function=? AND vb=? AND epoch=?",
-                    (function, vb, epoch),
-                )
-                if cur.rowcount == 0:
-                    fenced.add(vb)
+            stored = dict(select_vbs(db, "SELECT vb, epoch FROM checkpoints WHERE function=? AND vb IN ({})", function, vbs))
+            fenced = fenced_vbuckets(vbs, stored, epochs)
+            db.executemany(
+                "UPDATE checkpoints SET leased=0 WHERE function=? AND vb=?",
+                [(function, vb) for vb in vbs if vb not in fenced],
+            )
             return fenced
 
         return self._tx(body)
@@ -534,8 +464,8 @@ class SqliteMetadataStore:
             return []
 
         def body(db: sqlite3.Connection) -> list[TimerRecord]:
-            current = dict(_select_vbs(db, "SELECT vb, epoch FROM checkpoints WHERE function=? AND vb IN ({})", function, vbs))
-            valid = [vb for vb in vbs if current.get(vb) == epochs[vb]]
+            current = dict(select_vbs(db, "SELECT vb, epoch FROM checkpoints WHERE function=? AND vb IN ({})", function, vbs))
+            valid = [vb for vb in vbs if holds(current.get(vb), epochs[vb])]
             if not valid:
                 return []
             keep = ",".join("?" * len(valid))
@@ -556,7 +486,7 @@ class SqliteMetadataStore:
             if not rows:
                 return out
             touched = sorted({r[3] for r in rows})
-            seqs = dict(_select_vbs(db, "SELECT vb, seq FROM timer_seqs WHERE function=? AND vb IN ({})", function, touched))
+            seqs = dict(select_vbs(db, "SELECT vb, seq FROM timer_seqs WHERE function=? AND vb IN ({})", function, touched))
             updates = []
             for r in rows:
                 seq = seqs[r[3]] = seqs.get(r[3], 0) + 1
@@ -594,7 +524,7 @@ class SqliteMetadataStore:
     # -- counters, DLQ, services --------------------------------------------------------------------
 
     def add_counters(self, function: str, counters: Mapping[str, int | float]) -> None:
-        self._tx(lambda db: _add_counters(db, function, counters))
+        self._tx(lambda db: write_counters(db, function, counters))
 
     def set_gauges(self, function: str, gauges: Mapping[str, float]) -> None:
         self._tx(
@@ -638,7 +568,7 @@ class SqliteMetadataStore:
         limit: int | None = None,
     ) -> list[DlqRow]:
         """Dead letters matching every given filter, in (vBucket, seqno) order: per-document order."""
-        where, args = _dlq_filter(function, vb, seqno, key, reason, include_replayed, replayed_only)
+        where, args = dlq_filter(function, vb, seqno, key, reason, include_replayed, replayed_only)
         sql = f"SELECT * FROM dlq WHERE {where} ORDER BY vb, seqno"
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
@@ -683,7 +613,7 @@ class SqliteMetadataStore:
     ) -> int:
         """Delete dead letters (all of the function's, or those matching reason / replayed_only, or the
         given (vBucket, seqno) keys among them); returns how many rows were removed."""
-        where, args = _dlq_filter(function, None, None, None, reason, True, replayed_only)
+        where, args = dlq_filter(function, None, None, None, reason, True, replayed_only)
         selected = None if keys is None else list(keys)
 
         def body(db: sqlite3.Connection) -> int:
@@ -755,7 +685,7 @@ class SqliteMetadataStore:
 
     def nodes(self) -> list[dict]:
         """Eventing nodes in the order they were added; state is active, joining or leaving."""
-        return [_node(r) for r in self._read("SELECT * FROM nodes ORDER BY added_at, name")]
+        return [node_of(r) for r in self._read("SELECT * FROM nodes ORDER BY added_at, name")]
 
     def put_node(self, name: str, state: str, ray_node_id: str | None = None) -> None:
         self._tx(
@@ -777,221 +707,5 @@ class SqliteMetadataStore:
         self._tx(
             lambda db: db.execute(
                 "INSERT INTO kv VALUES(?,?) ON CONFLICT(key) DO UPDATE SET value=excluded.value", (key, value)
-            )
-        )
-
-
-def _node(row: tuple) -> dict:
-    name, state, ray_node_id, added_at = row
-    return {"name": name, "state": state, "ray_node_id": ray_node_id, "added_at": added_at}
-
-
-def _one_line(value: object) -> str:
-    """SQLite's integrity reports span lines; an error message is one line."""
-    return " ".join(str(value).split())
-
-
-def _checkpoint(row: tuple) -> Checkpoint:
-    function, vb, seqno, epoch, owner, bucket_uuid, updated_at, leased = row
-    return Checkpoint(function, vb, seqno, epoch, owner, bucket_uuid, updated_at, bool(leased))
-
-
-def _add_counters(db: sqlite3.Connection, function: str, counters: Mapping[str, int | float]) -> None:
-    db.executemany(
-        "INSERT INTO counters VALUES(?,?,?) ON CONFLICT(function, name) DO UPDATE SET value=value+excluded.value",
-        [(function, k, v) for k, v in counters.items() if v],
-    )
-
-
-def _write_timers(
-    db: sqlite3.Connection,
-    function: str,
-    changes: list[TimerChange],
-    done: list[TimerDone],
-    fenced: set[int],
-    now: float,
-) -> None:
-    """Fired timers first (only while they hold the claimed fire_seq), then creates and cancels in the
-    order the handlers made them, so a callback that sets its own timer again keeps the new one."""
-    db.executemany(
-        "DELETE FROM timers WHERE function=? AND callback=? AND reference=? AND fire_seq=?",
-        [(function, d.callback, d.reference, d.fire_seq) for d in done if d.vb not in fenced],
-    )
-    for c in changes:
-        if c.source_vb in fenced:
-            continue
-        if c.due_ms is None:
-            db.execute(
-                "DELETE FROM timers WHERE function=? AND callback=? AND reference=?", (function, c.callback, c.reference)
-            )
-        else:
-            db.execute(
-                "INSERT INTO timers VALUES(?,?,?,?,?,?,?,NULL) ON CONFLICT(function, callback, reference) DO UPDATE "
-                "SET vb=excluded.vb, due_ms=excluded.due_ms, context=excluded.context, "
-                "created_at=excluded.created_at, fire_seq=NULL",
-                (function, c.callback, c.reference, c.vb, c.due_ms, c.context, now),
-            )
-
-
-def _dlq_filter(
-    function: str,
-    vb: int | None,
-    seqno: int | None,
-    key: str | None,
-    reason: str | None,
-    include_replayed: bool,
-    replayed_only: bool,
-) -> tuple[str, tuple]:
-    clauses: list[str] = ["function=?"]
-    args: list[str | int] = [function]
-    for column, value in (("vb", vb), ("seqno", seqno), ("key", key), ("reason", reason)):
-        if value is not None:
-            clauses.append(f"{column}=?")
-            args.append(value)
-    if replayed_only:
-        clauses.append("replayed_at IS NOT NULL")
-    elif not include_replayed:
-        clauses.append("replayed_at IS NULL")
-    return " AND ".join(clauses), tuple(args)
-
-
-def _select_vbs(db: sqlite3.Connection, sql: str, function: str, vbs: list[int]) -> list[tuple]:
-    """Run `sql` with an IN (...) over vbs, in chunks that stay under SQLite's variable limit."""
-    out: list[tuple] = []
-    for i in range(0, len(vbs), 500):
-        chunk = vbs[i : i + 500]
-        out.extend(db.execute(sql.format(",".join("?" * len(chunk))), (function, *chunk)).fetchall())
-    return out
-
-
-def restore_sqlite_store(backup: str | os.PathLike[str], target: str | os.PathLike[str]) -> Path | None:
-    """Put a backup made by SqliteMetadataStore.backup in place of the store file `target`; the file it
-    replaces is kept as `<target>.bak` (returned; None if there was none). The backup is checked first
-    (a SQLite file that passes its integrity check and holds a metadata store), and copied in beside
-    the target before anything is moved, so a failure leaves the current store as it was. The caller
-    makes sure no process uses the store (eventing.ops.backup refuses while a service runs)."""
-    source, path = Path(backup), Path(target)
-    if not source.is_file():
-        raise NotFoundError(f"backup file {source} does not exist; pass the file `eventing backup` wrote")
-    try:
-        db = sqlite3.connect(f"file:{source}?mode=ro", uri=True)
-        try:
-            check = db.execute("PRAGMA quick_check").fetchone()[0]
-            tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        finally:
-            db.close()
-    except sqlite3.DatabaseError as exc:
-        raise StoreCorruptError(f"backup file {source} is not a SQLite database ({_one_line(exc)}); pick another backup") from None
-    if check != "ok":
-        raise StoreCorruptError(f"backup file {source} failed its integrity check ({_one_line(check)}); pick another backup")
-    if not {"functions", "checkpoints", "checkpoint_starts"} <= tables:
-        raise StoreCorruptError(f"backup file {source} is a SQLite database but not an eventing metadata store")
-    staging = path.with_name(path.name + ".restoring")
-    staging.unlink(missing_ok=True)
-    src, copy = sqlite3.connect(f"file:{source}?mode=ro", uri=True), sqlite3.connect(staging)
-    try:
-        src.backup(copy)
-    finally:
-        src.close()
-        copy.close()
-    kept = None
-    if path.exists():
-        current = sqlite3.connect(path)
-        try:  # fold the WAL into the file, so the .bak is whole on its own
-            current.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        finally:
-            current.close()
-        kept = path.with_name(path.name + ".bak")
-        os.replace(path, kept)
-    for suffix in ("-wal", "-shm"):
-        Path(f"{path}{suffix}").unlink(missing_ok=True)
-    os.replace(staging, path)
-    return kept
-
-
-# -- window coordinator state ----------------------------------------------------------------------
-
-WINDOW_STATE_SCHEMA = """
-CREATE TABLE IF NOT EXISTS window_state(
-    function TEXT PRIMARY KEY, fence INTEGER NOT NULL, state TEXT, updated_at REAL NOT NULL);
-"""
-
-
-class SqliteWindowStateStore:
-    """Window coordinator state in the SQLite metadata store (its own table, the store's transactions).
-
-    The window coordinator's checkpoint: one JSON state per function, fenced, committed with its DLQ rows.
-
-    A coordinator ``claim``s a function's state, which bumps the function's fence; every ``commit`` names the
-    fence it claimed with and is refused once another coordinator has claimed since (a second service on
-    the same data directory, or a coordinator of an older deployment), so two coordinators never both move
-    the state. A commit writes the state, the late rows' DLQ entries (``INSERT OR IGNORE`` keyed by
-    function, vBucket and seqno, like the workers' dead letters) and counter increments in one transaction.
-    """
-
-    def __init__(self, store: SqliteMetadataStore):
-        self.store = store
-        store._retry(lambda: store._db.executescript(WINDOW_STATE_SCHEMA))
-
-    def claim(self, function: str) -> tuple[int, dict[str, Any] | None]:
-        """Become the function's coordinator: returns the new fence and the last committed state (or None)."""
-
-        def body(db: sqlite3.Connection) -> tuple[int, dict[str, Any] | None]:
-            db.execute(
-                "INSERT INTO window_state VALUES(?, 1, NULL, ?) "
-                "ON CONFLICT(function) DO UPDATE SET fence=fence+1, updated_at=excluded.updated_at",
-                (function, time.time()),
-            )
-            fence, state = db.execute(
-                "SELECT fence, state FROM window_state WHERE function=?", (function,)
-            ).fetchone()
-            return int(fence), None if state is None else json.loads(state)
-
-        return self.store._tx(body)
-
-    def commit(
-        self,
-        function: str,
-        fence: int,
-        state: Mapping[str, Any],
-        dlq_rows: Iterable[DlqRow] = (),
-        counters: Mapping[str, int | float] | None = None,
-    ) -> bool:
-        """Write state, DLQ rows and counters at once if ``fence`` is still current; False if fenced."""
-        text = json.dumps(state, separators=(",", ":"))
-        rows = list(dlq_rows)
-
-        def body(db: sqlite3.Connection) -> bool:
-            row = db.execute("SELECT fence FROM window_state WHERE function=?", (function,)).fetchone()
-            if row is None or int(row[0]) != fence:
-                return False
-            db.execute(
-                "UPDATE window_state SET state=?, updated_at=? WHERE function=?", (text, time.time(), function)
-            )
-            db.executemany(
-                "INSERT OR IGNORE INTO dlq(function, vb, seqno, key, reason, error, traceback, attempts,"
-                " first_failed_at, last_failed_at, mutation, generation) VALUES(?,?,?,?,?,?,?,?,?,?,?,?)",
-                [
-                    (r.function, r.vb, r.seqno, r.key, r.reason, r.error, r.traceback, r.attempts,
-                     r.first_failed_at, r.last_failed_at, r.mutation, r.generation)
-                    for r in rows
-                ],
-            )
-            _add_counters(db, function, dict(counters or {}))
-            return True
-
-        return self.store._tx(body)
-
-    def load(self, function: str) -> dict[str, Any] | None:
-        """The last committed state, read-only (for inspection)."""
-        rows = self.store._read("SELECT state FROM window_state WHERE function=?", (function,))
-        return json.loads(rows[0][0]) if rows and rows[0][0] is not None else None
-
-    def reset(self, function: str) -> None:
-        """Forget the state (a new deployment starts its windows afresh) and fence its coordinator."""
-        self.store._tx(
-            lambda db: db.execute(
-                "UPDATE window_state SET fence=fence+1, state=NULL, updated_at=? WHERE function=?",
-                (time.time(), function),
             )
         )
