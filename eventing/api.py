@@ -9,21 +9,28 @@ parameters instead of flags and environment variables.
     app.load("customers", documents=1_000, mutations=5_000, seed=1)
     app.deploy("functions/fn_email.json")
     summary = app.run(until_caught_up=True)
-    print(app.stats("fn_email")["on_update_success"])
+    print(app.stats("fn_email").on_update_success)
+
+    running = app.run(until_caught_up=False)   # in a background thread until stopped
+    running.stop(); summary = running.wait()
 
 The CLI's demo (`eventing demo`) runs on this API.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import copy
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 from eventing.control import lifecycle
 from eventing.control.service import EventingService, RunSummary
 from eventing.core.definition import Boundary, FunctionDefinition
-from eventing.errors import ConfigError
+from eventing.errors import ConfigError, InvalidDocumentError
+from eventing.ops.jsonl import load_json_lines
 from eventing.ops.stats import function_stats, vbucket_map
 from eventing.ops.verify import VerifyReport, verify_function
 from eventing.storage import loadgen
@@ -33,6 +40,131 @@ from eventing.workers.executor import make_executor
 from metadata import FunctionRecord
 
 ExecutorKind = Literal["ray", "in-process"]
+
+
+@dataclass(frozen=True)
+class FunctionStats:
+    """A function's counters (`eventing stats`); `to_dict()` is the whole `eventing stats --json` view
+    (timers, bucket and curl operations, Couchbase-named counters, the last run)."""
+
+    function: str
+    state: str
+    mutations_seen: int
+    on_update_success: int
+    on_update_failure: int
+    on_update_timeout: int
+    on_delete_success: int
+    on_delete_failure: int
+    on_delete_timeout: int
+    dlq: Mapping[str, int]  # dead letters by reason
+    checkpoint_lag: int
+    throughput_mps: float
+    view: Mapping[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def of(cls, view: dict[str, Any]) -> FunctionStats:
+        return cls(
+            view["function"], view["state"], view["mutations_seen"], view["on_update_success"],
+            view["on_update_failure"], view["on_update_timeout"], view["on_delete_success"],
+            view["on_delete_failure"], view["on_delete_timeout"], dict(view["dlq"]), view["checkpoint_lag"],
+            view["throughput_mps"], view,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return copy.deepcopy(dict(self.view))
+
+
+@dataclass(frozen=True)
+class WorkerVBuckets:
+    """The vBuckets one worker owns: how many, as ranges ("0-255,300"), and whether it runs now."""
+
+    worker: str
+    vbuckets: int
+    ranges: str
+    live: bool
+
+
+@dataclass(frozen=True)
+class VBucketMap:
+    """Which worker owns which vBuckets (`eventing vbmap`), from the running service or the last owners."""
+
+    function: str
+    source: str  # where the owners were read
+    workers: tuple[WorkerVBuckets, ...]
+
+    @classmethod
+    def of(cls, view: dict[str, Any]) -> VBucketMap:
+        workers = tuple(WorkerVBuckets(w["worker"], w["vbuckets"], w["ranges"], w["live"]) for w in view["workers"])
+        return cls(view["function"], view["source"], workers)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"function": self.function, "source": self.source, "workers": [vars(w).copy() for w in self.workers]}
+
+
+@dataclass(frozen=True)
+class WindowReport:
+    """A windowed function's results (`eventing windows`): one row per closed window and group (window
+    start and end as ISO text and epoch ms, the group-by fields, the aggregates), the closing watermark,
+    open and emitted windows and late rows; `to_dict()` is the `eventing windows --json` view."""
+
+    function: str
+    window: Mapping[str, Any]  # kind, size, ... of the definition's window
+    group_by: tuple[str, ...]
+    aggregates: tuple[str, ...]
+    watermark_ms: int | None
+    open_windows: int
+    windows_emitted: int
+    late_rows: int
+    results: tuple[Mapping[str, Any], ...]
+    view: Mapping[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def of(cls, view: dict[str, Any]) -> WindowReport:
+        return cls(
+            view["function"], view["window"], tuple(view["group_by"]), tuple(view["aggregates"]),
+            view.get("watermark_ms"), view.get("open_windows", 0), view.get("windows_emitted", 0),
+            view.get("late_rows", 0), tuple(view["results"]), view,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return copy.deepcopy({**self.view, "results": list(self.results)})
+
+
+class RunningService:
+    """A service started by `Eventing.run(until_caught_up=False)`, running in a background thread until
+    stop(); wait() gives its RunSummary (and raises what ended it, if it failed to start)."""
+
+    def __init__(self, service: EventingService):
+        self._service = service
+        self._summary: RunSummary | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="eventing-service", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._summary = self._service.run()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller of wait()
+            self._error = exc
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def stop(self) -> None:
+        """Ask the service to stop: every function checkpoints and its workers end (wait() for it)."""
+        self._service.stop()
+
+    def wait(self, timeout: float | None = None) -> RunSummary:
+        """The run's summary once the service has stopped; TimeoutError if it is still running after
+        `timeout` seconds (it keeps running: stop() it, or wait again)."""
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"the eventing service is still running after {timeout} s; call stop() first")
+        if self._error is not None:
+            raise self._error
+        assert self._summary is not None
+        return self._summary
 
 
 class Eventing:
@@ -80,6 +212,24 @@ class Eventing:
             raise ConfigError("mutations must be >= documents >= 1 (each document is created once first)")
         return self.write(bucket, loadgen.generate(documents, mutations, seed=seed, prefix=prefix))
 
+    def load_jsonl(self, bucket: str, path: str | Path, *, rejected: list[str] | None = None) -> int:
+        """Import a JSON lines file (`eventing bucket load --file`): one `{"key": ..., "doc": {...}}` (with an
+        optional "expiry") or `{"key": ..., "op": "delete"}` a line, committed 20,000 lines a transaction;
+        returns how many mutations were logged (a delete of a missing document logs none). A bad line is
+        not loaded: with `rejected`, each one is added to it ("line N: what is wrong"); without, the other
+        lines are loaded and InvalidDocumentError names the first bad one."""
+        target = self.bucket(bucket)
+        target.verify_integrity()  # never add to a damaged file
+        bad: list[str] = [] if rejected is None else rejected
+        before = len(bad)
+        written = load_json_lines(target, str(path), bad).written
+        if rejected is None and len(bad) > before:
+            raise InvalidDocumentError(
+                f"{len(bad) - before} line(s) of {path} were not loaded ({bad[before]}); the other {written:,} "
+                "mutations were: fix those lines and load them alone"
+            )
+        return written
+
     # -- functions --------------------------------------------------------------------------------------
 
     def deploy(
@@ -124,6 +274,28 @@ class Eventing:
 
     # -- running and watching ---------------------------------------------------------------------------
 
+    @overload
+    def run(
+        self,
+        *,
+        until_caught_up: Literal[True] = ...,
+        functions: list[str] | None = ...,
+        on_progress: Callable[[RunSummary], None] | None = ...,
+        close_windows: bool = ...,
+        spark_master: str | None = ...,
+    ) -> RunSummary: ...
+
+    @overload
+    def run(
+        self,
+        *,
+        until_caught_up: Literal[False],
+        functions: list[str] | None = ...,
+        on_progress: Callable[[RunSummary], None] | None = ...,
+        close_windows: bool = ...,
+        spark_master: str | None = ...,
+    ) -> RunningService: ...
+
     def run(
         self,
         *,
@@ -132,11 +304,14 @@ class Eventing:
         on_progress: Callable[[RunSummary], None] | None = None,
         close_windows: bool = False,
         spark_master: str | None = None,
-    ) -> RunSummary:
-        """Run the deployed functions (`eventing run`); by default until the high seqnos seen at start are
-        handled and checkpointed. Blocks; errors of a function are in the summary's `errors`. Windowed
-        functions: `close_windows` closes every open window at the end of the input (with until_caught_up),
-        `spark_master` sends merge jobs to a Spark cluster (default local[*])."""
+    ) -> RunSummary | RunningService:
+        """Run the deployed functions (`eventing run`). By default until the high seqnos seen at start are
+        handled and checkpointed: blocks and returns the RunSummary. With `until_caught_up=False` the
+        service runs in a background thread and follows new mutations and lifecycle changes until
+        stopped: returns a RunningService (`stop()`, then `wait()` for the summary). Errors of a function
+        are in the summary's `errors`. Windowed functions: `close_windows` closes every open window at the
+        end of the input (with until_caught_up), `spark_master` sends merge jobs to a Spark cluster
+        (default local[*])."""
         service = EventingService(
             self.data_dir,
             make_executor(self.executor, self.ray_address, self.data_dir),
@@ -145,25 +320,28 @@ class Eventing:
             on_progress=on_progress,
             windows=WindowOptions(close_windows=close_windows, spark_master=spark_master),
         )
-        return service.run()
+        if until_caught_up:
+            return service.run()
+        return RunningService(service)
 
-    def stats(self, name: str) -> dict[str, Any]:
-        """The `eventing stats --json` view of a function."""
-        return function_stats(self.data_dir, name)
+    def stats(self, name: str) -> FunctionStats:
+        """A function's counters (`eventing stats`; `.to_dict()` is `eventing stats --json`)."""
+        return FunctionStats.of(function_stats(self.data_dir, name))
 
-    def vbucket_map(self, name: str) -> dict[str, Any]:
-        """The `eventing vbmap --json` view of a function."""
-        return vbucket_map(self.data_dir, name)
+    def vbucket_map(self, name: str) -> VBucketMap:
+        """Which worker owns which vBuckets (`eventing vbmap`; `.to_dict()` is `eventing vbmap --json`)."""
+        return VBucketMap.of(vbucket_map(self.data_dir, name))
 
-    def windows(self, name: str, *, limit: int | None = None) -> dict[str, Any]:
-        """A windowed function's results (`eventing windows --json`): one row per closed window and group,
-        with the watermark, open and emitted windows and late rows; `limit` keeps the last N rows."""
+    def windows(self, name: str, *, limit: int | None = None) -> WindowReport:
+        """A windowed function's results (`eventing windows`; `.to_dict()` is `eventing windows --json`):
+        one row per closed window and group, with the watermark, open and emitted windows and late rows;
+        `limit` keeps the last N rows."""
         from eventing.ops.windows import window_report
 
         report = window_report(self.data_dir, name)
         if limit:
             report["results"] = report["results"][-limit:]
-        return report
+        return WindowReport.of(report)
 
     def verify(self, name: str, *, ledger: str | None = None) -> VerifyReport:
         """Check a function against a ledger bucket (`eventing verify`)."""

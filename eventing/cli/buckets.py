@@ -7,25 +7,18 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterator
 from typing import Any
-
-import msgspec
 
 from eventing.cli.common import EXIT_INTERRUPTED, data_dir_of, parse_doc_arg, positive_int, writable_data_dir
 from eventing.cli.output import emit_json, progress_enabled, table
-from eventing.core.mutation import MAX_DOCUMENT_BYTES, OP_DELETE, OP_UPDATE, encode_document
 from eventing.errors import (
     ConfigError,
-    EventingError,
-    InvalidDocumentError,
-    InvalidKeyError,
     NotFoundError,
     StoreError,
 )
+from eventing.ops.jsonl import json_line_rows
 from eventing.storage.bucket import LocalBucket, chunked, list_buckets
 from sharding import validate_key
-from sharding.vbucket import MAX_KEY_BYTES
 
 
 def cmd_bucket_create(args: argparse.Namespace) -> int:
@@ -67,7 +60,7 @@ def cmd_bucket_load(args: argparse.Namespace) -> int:
         if args.file != "-" and not os.path.isfile(args.file):
             what = "is a directory" if os.path.isdir(args.file) else "does not exist"
             raise NotFoundError(f"file {args.file} {what}; give a JSON lines file with --file (or - for stdin)")
-        batches = _json_line_rows(args.file, rejected)
+        batches = json_line_rows(args.file, rejected)
         total = None
     else:
         from eventing.storage import loadgen
@@ -119,91 +112,6 @@ def cmd_bucket_load(args: argparse.Namespace) -> int:
         if len(rejected) > 20:
             print(f"  ... and {len(rejected) - 20} more rejected lines", file=sys.stderr)
     return 1 if rejected else 0
-
-
-class _Line(msgspec.Struct):
-    """The common shape of an import line, decoded in one C call; anything else takes _parse_line."""
-
-    key: str
-    doc: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
-    op: str = "upsert"
-    expiry: int = 0
-
-
-_line_decoder = msgspec.json.Decoder(_Line)
-_doc_encoder = msgspec.msgpack.Encoder()  # the same bytes as msgpack.packb(doc, use_bin_type=True) for JSON values
-
-
-def _json_line_rows(path: str, rejected: list[str], size: int = 20_000) -> Iterator[list[tuple]]:
-    """Rows ``(key, op, doc, expiry)`` for LocalBucket.load_rows from `{"key":..., "doc":{...}}` or
-    `{"key":..., "op":"delete"}` lines, in lists of up to `size`; bad lines are reported, not lost.
-
-    A line in the common shape is decoded by msgspec straight into typed fields and its document encoded to
-    msgpack without a validation walk: JSON text holds only JSON values, and msgspec refuses NaN, infinity
-    and numbers out of range. Any line it refuses goes through _parse_line (json + encode_document), which
-    accepts or rejects it exactly as before and names the problem."""
-    decode, encode = _line_decoder.decode, _doc_encoder.encode
-    stream = sys.stdin.buffer if path == "-" else open(path, "rb")  # noqa: SIM115
-    rows: list[tuple] = []
-    with stream:
-        for number, raw in enumerate(stream, 1):
-            try:
-                line = decode(raw)
-                key = line.key
-                kb = key.encode()
-                if not kb or len(kb) > MAX_KEY_BYTES:
-                    raise ValueError(key)
-                doc = line.doc
-                if line.op == "delete":
-                    rows.append((key, OP_DELETE, None, 0))
-                elif doc is msgspec.UNSET or line.op not in ("upsert", "update", "insert"):
-                    raise ValueError(line.op)
-                else:
-                    data = encode(doc)
-                    if len(data) > MAX_DOCUMENT_BYTES:
-                        raise ValueError(key)
-                    rows.append((key, OP_UPDATE, data, line.expiry))
-            except (msgspec.DecodeError, msgspec.ValidationError, ValueError, OverflowError, UnicodeError):
-                if not raw.strip():
-                    continue
-                row = _parse_line(raw, number, rejected)
-                if row is not None:
-                    rows.append(row)
-            if len(rows) >= size:
-                yield rows
-                rows = []
-    if rows:
-        yield rows
-
-
-def _parse_line(raw: bytes, number: int, rejected: list[str]) -> tuple | None:
-    """One line the general way; a bad line is added to `rejected` with its number and what is wrong."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        rejected.append(f"line {number}: not UTF-8 ({exc.reason} at byte {exc.start}); re-encode the file as UTF-8")
-        return None
-    try:
-        item = json.loads(text)
-        if not isinstance(item, dict) or "key" not in item:
-            raise InvalidDocumentError('each line must be an object with "key" and "doc" or "op"')
-        key = item["key"]
-        validate_key(key)
-        op = item.get("op", "upsert")
-        if op == "delete":
-            return (key, OP_DELETE, None, 0)
-        if op in ("upsert", "update", "insert"):
-            if "doc" not in item:
-                raise InvalidDocumentError('an upsert line needs "doc"')
-            return (key, OP_UPDATE, encode_document(item["doc"]), int(item.get("expiry", 0)))
-        raise InvalidDocumentError(f'unknown op {op!r}; use "upsert" or "delete"')
-    except json.JSONDecodeError as exc:
-        rejected.append(f"line {number}: not valid JSON ({exc.msg} at column {exc.colno})")
-    except OverflowError:
-        rejected.append(f"line {number}: a number is out of range (documents hold 64-bit integers at most)")
-    except (EventingError, InvalidKeyError, ValueError, TypeError) as exc:
-        rejected.append(f"line {number}: {exc}")
-    return None
 
 
 def cmd_bucket_upsert(args: argparse.Namespace) -> int:

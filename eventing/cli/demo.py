@@ -87,9 +87,9 @@ def run_demo(data_dir: str, args: argparse.Namespace) -> int:
         for err in summary.errors:
             print(f"error: {err}")
         return 1
-    stats = {name: app.stats(name) for name in DEMO_FUNCTIONS}
-    vbmaps = {name: app.vbucket_map(name) for name in HANDLER_FUNCTIONS}
-    windows = app.windows(WINDOW_FUNCTION)
+    stats = {name: app.stats(name).to_dict() for name in DEMO_FUNCTIONS}
+    vbmaps = {name: app.vbucket_map(name).to_dict() for name in HANDLER_FUNCTIONS}
+    windows = app.windows(WINDOW_FUNCTION).to_dict()
     chart = str(Path(data_dir).resolve() / f"{WINDOW_FUNCTION}.png")
     if windows["results"]:
         write_chart(windows, "sum_amount" if "sum_amount" in windows["aggregates"] else windows["aggregates"][0], chart)
