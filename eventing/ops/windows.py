@@ -132,7 +132,7 @@ def adjusted_rows(data_dir: str, name: str) -> list[dict[str, Any]]:
 def window_report(data_dir: str, name: str) -> dict[str, Any]:
     """window_status plus every emitted result row (window start and end as ISO text and epoch ms)."""
     from eventing.core.times import iso_ms
-    from eventing.windows.runtime.coordinator import make_sink
+    from eventing.windows.runtime.emission import make_sink
     from eventing.windows.runtime.paths import WindowPaths
 
     report = window_status(data_dir, name)

@@ -26,7 +26,7 @@ from eventing.core.definition import FunctionDefinition
 from eventing.ops.windows import adjusted_rows
 from eventing.storage.bucket import LocalBucket
 from eventing.testing.windows import SEED_TABLE, clock_ms, python_aggregate, reference_arrival_fates
-from eventing.windows.runtime.coordinator import FAULT_ENV, FAULT_EXIT_CODE
+from eventing.windows.runtime.emission import FAULT_ENV, FAULT_EXIT_CODE
 from eventing.windows.runtime.host import WindowOptions
 from eventing.windows.runtime.paths import WindowPaths
 from eventing.windows.spark.sink import ParquetWindowSink

@@ -21,7 +21,7 @@ from eventing.storage import loadgen
 from eventing.storage.bucket import LocalBucket
 from eventing.testing import load_source
 from eventing.testing.windows import reference_results
-from eventing.windows.runtime.coordinator import FAULT_ENV, FAULT_EXIT_CODE
+from eventing.windows.runtime.emission import FAULT_ENV, FAULT_EXIT_CODE
 from eventing.windows.runtime.host import WindowOptions
 from eventing.windows.runtime.paths import WindowPaths
 from eventing.windows.semantics import WindowSpec

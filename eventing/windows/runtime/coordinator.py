@@ -46,7 +46,7 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import msgpack
 import numpy as np
@@ -59,6 +59,19 @@ from eventing.errors import FencedError
 from eventing.windows.batches import read_row_batch
 from eventing.windows.runtime.arrivals import LIFTS, Judged
 from eventing.windows.runtime.coordinator_state import AcceptedBatch, CoordinatorState, PendingWindow
+from eventing.windows.runtime.emission import (
+    DRAIN_ATTEMPTS,
+    EMIT_RETRY_S,
+    Aggregator,
+    Emitter,
+    InlineEmitter,
+    Sink,
+    emit,
+    fault,
+    job_sort_key,
+    make_sink,
+    stage,
+)
 from eventing.windows.runtime.paths import WindowPaths
 from eventing.windows.runtime.row_files import drop_orphans, max_seqno_per_vb, read_fresh_rows, ready_files
 from eventing.windows.runtime.row_writer import RowLayout
@@ -70,60 +83,11 @@ from metadata import DlqRow, MetadataStore
 
 log = logging.getLogger("eventing.windows")
 
-FAULT_ENV = "EVENTING_WINDOWS_FAULT"  # tests: "after_state_commit" or "after_sink_write" kills the process there
-FAULT_EXIT_CODE = 97
-EMIT_RETRY_S = (1.0, 5.0, 15.0, 30.0)
-DRAIN_ATTEMPTS = 3  # a stopping service gives up emitting after this many failed Spark jobs in a row
 WAITING_CHECK_S = 2.0  # how often silent vBuckets with a backlog are checked against their checkpoints
 
 
 def wall_clock_ms() -> int:
     return int(time.time() * 1000)
-
-
-class Aggregator(Protocol):
-    """Computes the results of ``windows`` by merging every partial batch under ``partials_dir`` (layout of
-    ``eventing.windows.spark.partials.partial_schema``; results in ``eventing.windows.batches.result_schema``)."""
-
-    def __call__(self, partials_dir: Path, layout: RowLayout, windows: list[tuple]) -> pa.Table: ...
-
-
-class Sink(Protocol):
-    def write(self, function: str, results: pa.Table, *, windows: Any = (), substream: str | None = None) -> int: ...
-    def read(self, function: str) -> pa.Table: ...
-    def written_windows(self, function: str) -> set[tuple]: ...
-
-
-class Emitter(Protocol):
-    def submit(self, fn: Callable[..., Any], /, *args: Any) -> Future: ...
-
-
-class _InlineEmitter:
-    """Runs emission jobs in the calling thread (tests, and the final flush when no thread is given)."""
-
-    def submit(self, fn: Callable[..., Any], /, *args: Any) -> Future:
-        future: Future = Future()
-        try:
-            future.set_result(fn(*args))
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller through the future
-            future.set_exception(exc)
-        return future
-
-
-def make_sink(paths: WindowPaths, layout: RowLayout) -> Sink:
-    from eventing.windows.spark.sink import ParquetWindowSink, SqliteWindowSink
-
-    sink = layout.spec.sink
-    location = paths.sink_location(sink.kind, sink.path)
-    if sink.kind == "sqlite":
-        return SqliteWindowSink(location)
-    return ParquetWindowSink(location)
-
-
-def _fault(point: str) -> None:
-    if os.environ.get(FAULT_ENV) == point:
-        log.error("fault injection: exiting at %s", point)
-        os._exit(FAULT_EXIT_CODE)
 
 
 class WindowCoordinator:
@@ -154,7 +118,7 @@ class WindowCoordinator:
         self.states = store.window_states()
         self.aggregator = aggregator
         self.sink = sink if sink is not None else make_sink(self.paths, self.layout)
-        self.emitter: Emitter = emitter if emitter is not None else _InlineEmitter()
+        self.emitter: Emitter = emitter if emitter is not None else InlineEmitter()
         self.clock = clock
         self.close_windows = close_windows
         self.source_bucket = source_bucket
@@ -325,7 +289,7 @@ class WindowCoordinator:
         if self._dirty or dlq or counters:
             self._commit(dlq, counters)
             if closed:
-                _fault("after_state_commit")
+                fault("after_state_commit")
         for path in consumed + ready + self._after_commit:
             path.unlink(missing_ok=True)
         self._after_commit = []
@@ -786,43 +750,15 @@ class WindowCoordinator:
         group = todo if not self._hopping else [p for p in todo if p.closed_at == todo[0].closed_at]
         self._jobs += 1
         staged = self.paths.staging / f"job-{self.fence}-{self._jobs}"
-        self._stage(staged, group)
-        windows = sorted({p.job_key for p in group}, key=_job_sort_key)
+        stage(staged, self.paths.accepted, self.accepted, group)
+        windows = sorted({p.job_key for p in group}, key=job_sort_key)
         self._inflight_windows = group
         ids = sorted({p.sink_id for p in group}) if group[0].substream is not None else None
         self._inflight = self.emitter.submit(self._emit, staged, windows, ids)
 
-    def _stage(self, staged: Path, group: list[PendingWindow]) -> None:
-        staged.mkdir(parents=True, exist_ok=True)
-        lo = min(p.window.start_ms for p in group)
-        hi = max(p.window.end_ms for p in group)
-        limit = max(p.closed_at for p in group)
-        for a in self.accepted:
-            if a.seq <= limit and a.min_ms < hi and lo <= a.max_ms:
-                source, target = self.paths.accepted / a.name, staged / a.name
-                try:
-                    os.link(source, target)  # the job keeps its rows even if the file is pruned meanwhile
-                except OSError:
-                    shutil.copyfile(source, target)
-
     def _emit(self, staged: Path, windows: list[tuple], substream_ids: list[tuple] | None = None) -> int:
-        """Runs on the emitter: aggregate the windows with Spark and write them to the sink. Windows closed
-        per substream (``substream_ids``: start, end, substream) keep only their substream's rows: the
-        others' windows of the same bounds may still be open."""
-        try:
-            results = self.aggregator(staged, self.layout, windows)
-            if substream_ids is None:
-                ids: list[tuple] = sorted({(w[0], w[1]) for w in windows})
-                written = self.sink.write(self.function, results, windows=ids)
-            else:
-                column = self.spec.substream_key
-                assert column is not None
-                results = _only_windows(results, column, substream_ids)
-                written = self.sink.write(self.function, results, windows=substream_ids, substream=column)
-        finally:
-            shutil.rmtree(staged, ignore_errors=True)
-        _fault("after_sink_write")
-        return written
+        """Runs on the emitter (``eventing.windows.runtime.emission.emit``)."""
+        return emit(self.aggregator, self.sink, self.function, self.layout, staged, windows, substream_ids)
 
     def _collect(self, counters: Counter[str]) -> bool:
         """Record a finished emission; returns False if one is still running (or failed)."""
@@ -905,24 +841,6 @@ class WindowCoordinator:
         if self._source is not None:
             self._source.close()
             self._source = None
-
-
-def _job_sort_key(key: tuple) -> tuple:
-    if len(key) == 2:
-        return key
-    return (key[0], key[1], tuple((0, "") if v is None else (1, v) for v in key[2]))
-
-
-def _only_windows(results: pa.Table, column: str, ids: list[tuple]) -> pa.Table:
-    """The result rows of the ``(start, end, substream)`` windows ``ids``."""
-    from eventing.windows.batches import WINDOW_END, WINDOW_START
-
-    wanted = set(ids)
-    keep = [
-        (s, e, v) in wanted for s, e, v in zip(results[WINDOW_START].to_pylist(), results[WINDOW_END].to_pylist(),
-                                                 results[column].to_pylist(), strict=True)
-    ]
-    return results if all(keep) else results.filter(pa.array(keep, pa.bool_()))
 
 
 def _known_arrivals(table: pa.Table, now: int) -> pa.Table:

@@ -23,7 +23,8 @@ from metadata.factory import open_store
 if TYPE_CHECKING:  # imported when a windowed function first runs: pyarrow costs every command ~0.2 s
     import pyarrow as pa
 
-    from eventing.windows.runtime.coordinator import Aggregator, WindowCoordinator
+    from eventing.windows.runtime.coordinator import WindowCoordinator
+    from eventing.windows.runtime.emission import Aggregator
     from eventing.windows.runtime.row_writer import RowLayout
 
 log = logging.getLogger("eventing.windows")
