@@ -53,7 +53,7 @@ QUERY_FALSE = frozenset({"0", "false", "no"})
 
 
 @dataclass
-class Call:
+class EndpointRequest:
     """What an endpoint gets: the data directory, path and query parameters, and the raw body."""
 
     data_dir: str
@@ -132,7 +132,7 @@ class Endpoint:
     path: str
     group: str
     summary: str
-    handler: Callable[[Call], Any]
+    handler: Callable[[EndpointRequest], Any]
     status: int = 200
     couchbase: bool = False  # shaped like Couchbase Eventing's endpoint of the same path
 
@@ -146,7 +146,7 @@ def _document(record: Any) -> dict[str, Any]:
             "generation": record.generation}
 
 
-def list_functions(c: Call) -> list[dict[str, Any]]:
+def list_functions(c: EndpointRequest) -> list[dict[str, Any]]:
     try:
         store = open_store(c.data_dir, create=False)
     except NotFoundError:
@@ -157,7 +157,7 @@ def list_functions(c: Call) -> list[dict[str, Any]]:
         store.close()
 
 
-def get_function(c: Call) -> dict[str, Any]:
+def get_function(c: EndpointRequest) -> dict[str, Any]:
     store = open_store(c.data_dir, create=False)
     try:
         return _document(store.get_function(c.name))
@@ -165,7 +165,7 @@ def get_function(c: Call) -> dict[str, Any]:
         store.close()
 
 
-def save_function(c: Call) -> dict[str, Any]:
+def save_function(c: EndpointRequest) -> dict[str, Any]:
     """The body is a definition as `eventing export` writes it (`appcode` is accepted for `handler_source`)."""
     body = c.json_object()
     if "appcode" in body and "handler_source" not in body:
@@ -179,19 +179,19 @@ def save_function(c: Call) -> dict[str, Any]:
     return stats.function_view(lifecycle.save_function(c.data_dir, defn, source))
 
 
-def delete_function(c: Call) -> dict[str, Any]:
+def delete_function(c: EndpointRequest) -> dict[str, Any]:
     lifecycle.delete(c.data_dir, c.name)
     return {"name": c.name, "deleted": True}
 
 
-def deploy(c: Call) -> dict[str, Any]:
+def deploy(c: EndpointRequest) -> dict[str, Any]:
     boundary = c.json_object().get("boundary")
     if boundary not in (None, "everything", "from_now"):
         raise ConfigError(f"boundary {boundary!r} is not valid; use 'everything' or 'from_now'")
     return stats.function_view(lifecycle.deploy(c.data_dir, c.name, boundary))
 
 
-def _wait_s(c: Call) -> float:
+def _wait_s(c: EndpointRequest) -> float:
     """?wait=SECONDS, checked before the function's state is (a bad parameter is a 400 in every state)."""
     text = c.query.get("wait", "").strip()
     if not text:
@@ -206,24 +206,24 @@ def _wait_s(c: Call) -> float:
     return wait
 
 
-def pause(c: Call) -> dict[str, Any]:
+def pause(c: EndpointRequest) -> dict[str, Any]:
     return stats.function_view(lifecycle.pause(c.data_dir, c.name, wait_s=_wait_s(c)))
 
 
-def resume(c: Call) -> dict[str, Any]:
+def resume(c: EndpointRequest) -> dict[str, Any]:
     return stats.function_view(lifecycle.resume(c.data_dir, c.name))
 
 
-def undeploy(c: Call) -> dict[str, Any]:
+def undeploy(c: EndpointRequest) -> dict[str, Any]:
     return stats.function_view(lifecycle.undeploy(c.data_dir, c.name, wait_s=_wait_s(c)))
 
 
-def get_settings(c: Call) -> dict[str, Any]:
+def get_settings(c: EndpointRequest) -> dict[str, Any]:
     doc = get_function(c)
     return {k: v for k, v in doc.items() if k not in ("name", "handler_source", "state", "generation")}
 
 
-def save_settings(c: Call) -> dict[str, Any]:
+def save_settings(c: EndpointRequest) -> dict[str, Any]:
     """Merge the given fields into the stored definition; the handler is kept (an undeployed or paused
     function only, as for the CLI)."""
     body = c.json_object()
@@ -240,11 +240,11 @@ def save_settings(c: Call) -> dict[str, Any]:
     return stats.function_view(lifecycle.save_function(c.data_dir, defn, record.source))
 
 
-def get_appcode(c: Call) -> Response:
+def get_appcode(c: EndpointRequest) -> Response:
     return PlainTextResponse(get_function(c)["handler_source"])
 
 
-def save_appcode(c: Call) -> dict[str, Any]:
+def save_appcode(c: EndpointRequest) -> dict[str, Any]:
     source = c.text()
     store = open_store(c.data_dir, create=False)
     try:
@@ -272,7 +272,7 @@ def _status_app(view: dict[str, Any], nodes: int) -> dict[str, Any]:
     }
 
 
-def status(c: Call) -> dict[str, Any]:
+def status(c: EndpointRequest) -> dict[str, Any]:
     """Couchbase's shape: {"apps": [{"name", "composite_status", ...}], "num_eventing_nodes": N}."""
     name = c.params.get("name")
     try:
@@ -290,19 +290,19 @@ def status(c: Call) -> dict[str, Any]:
             "services": data["services"]}
 
 
-def all_stats(c: Call) -> list[dict[str, Any]]:
+def all_stats(c: EndpointRequest) -> list[dict[str, Any]]:
     return [{"function_name": f["name"], **stats.function_stats(c.data_dir, f["name"])} for f in list_functions(c)]
 
 
-def function_stats(c: Call) -> dict[str, Any]:
+def function_stats(c: EndpointRequest) -> dict[str, Any]:
     return stats.function_stats(c.data_dir, c.name)
 
 
-def import_functions(c: Call) -> list[dict[str, Any]]:
+def import_functions(c: EndpointRequest) -> list[dict[str, Any]]:
     return [stats.function_view(r) for r in lifecycle.import_definitions(c.data_dir, c.json())]
 
 
-def export_functions(c: Call) -> list[dict[str, Any]] | Response:
+def export_functions(c: EndpointRequest) -> list[dict[str, Any]] | Response:
     """Secrets masked (`*****`), or in clear with ?secrets=true for the admin token only."""
     secrets = c.flag(c.query, "secrets")
     if secrets and c.role != "admin":
@@ -316,7 +316,7 @@ def export_functions(c: Call) -> list[dict[str, Any]] | Response:
     return [lifecycle.export_function(c.data_dir, f["name"], with_secrets=secrets) for f in list_functions(c)]
 
 
-def app_log(c: Call) -> Response:
+def app_log(c: EndpointRequest) -> Response:
     name = c.query.get("name")
     if not name:
         raise ConfigError("getAppLog needs ?name=FUNCTION")
@@ -324,7 +324,7 @@ def app_log(c: Call) -> Response:
     size = c.int_arg(c.query, "size", minimum=1) or DEFAULT_LOG_BYTES
     path = Path(c.data_dir) / APP_LOG_DIR / f"{name}.log"
     if not path.is_file():
-        get_function(Call(c.data_dir, {"name": name}, {}, b""))  # an unknown function is a 404
+        get_function(EndpointRequest(c.data_dir, {"name": name}, {}, b""))  # an unknown function is a 404
         return PlainTextResponse("")  # a known one that has not logged yet: an empty log, not an error
     with path.open("rb") as f:
         f.seek(0, 2)
@@ -336,16 +336,16 @@ def app_log(c: Call) -> Response:
 # -- this project's own -------------------------------------------------------------------------------
 
 
-def vbmap(c: Call) -> dict[str, Any]:
+def vbmap(c: EndpointRequest) -> dict[str, Any]:
     return stats.vbucket_map(c.data_dir, c.name)
 
 
-def checkpoints(c: Call) -> dict[str, Any]:
+def checkpoints(c: EndpointRequest) -> dict[str, Any]:
     return stats.checkpoint_view(c.data_dir, c.name, vb=c.int_arg(c.query, "vb", minimum=0),
                                  backlog_only=c.flag(c.query, "backlog"))
 
 
-def _topology_call(c: Call, fn: Callable[[Topology], Any]) -> Any:
+def _topology_call(c: EndpointRequest, fn: Callable[[Topology], Any]) -> Any:
     store = open_store(c.data_dir, create=False)
     try:
         return fn(Topology(store))
@@ -365,25 +365,25 @@ def _request_view(request: dict[str, Any] | None) -> dict[str, Any] | None:
     return view
 
 
-def list_nodes(c: Call) -> dict[str, Any]:
+def list_nodes(c: EndpointRequest) -> dict[str, Any]:
     listing = _topology_call(c, nodes_ops.node_list)
     return {**listing, "last_rebalance": _request_view(listing["last_rebalance"])}
 
 
-def add_node(c: Call) -> dict[str, Any]:
+def add_node(c: EndpointRequest) -> dict[str, Any]:
     body = c.json_object()
     return _topology_call(c, lambda t: t.add_node(str(body.get("name", "")), body.get("ray_node_id")))
 
 
-def remove_node(c: Call) -> dict[str, Any]:
+def remove_node(c: EndpointRequest) -> dict[str, Any]:
     return _topology_call(c, lambda t: t.remove_node(c.params["node"]))
 
 
-def rebalance_plan(c: Call) -> dict[str, Any]:
+def rebalance_plan(c: EndpointRequest) -> dict[str, Any]:
     return _topology_call(c, lambda t: {"dry_run": True, **nodes_ops.describe_plan(t, nodes_ops.plan(t))})
 
 
-def rebalance_start(c: Call) -> dict[str, Any]:
+def rebalance_start(c: EndpointRequest) -> dict[str, Any]:
     def start(t: Topology) -> dict[str, Any]:
         plan = nodes_ops.plan(t)
         described = nodes_ops.describe_plan(t, plan)
@@ -395,12 +395,12 @@ def rebalance_start(c: Call) -> dict[str, Any]:
     return _topology_call(c, start)
 
 
-def rebalance_progress(c: Call) -> dict[str, Any]:
+def rebalance_progress(c: EndpointRequest) -> dict[str, Any]:
     progress = _topology_call(c, nodes_ops.rebalance_progress)
     return {**progress, "request": _request_view(progress["request"])}
 
 
-def _selector(c: Call, source: dict[str, Any], action: str) -> dlq.DlqSelector:
+def _selector(c: EndpointRequest, source: dict[str, Any], action: str) -> dlq.DlqSelector:
     """The rows a dead-letter request names, checked here so that errors speak of parameters, not flags."""
     key, reason = source.get("key"), source.get("reason")
     if reason is not None and not isinstance(reason, str):
@@ -419,7 +419,7 @@ def _selector(c: Call, source: dict[str, Any], action: str) -> dlq.DlqSelector:
     if selector.everything and (selector.vb is not None or selector.key is not None):
         raise ConfigError(f"{all_} selects every row; send it without {vb}, {seqno} or {key_}")
     if action == "show" and selector.vb is None and selector.key is None:
-        raise ConfigError(f"dlq/show needs ?{vb}&{seqno} or ?{key_}; GET {F.format(name=c.name)}/dlq lists every row")
+        raise ConfigError(f"dlq/show needs ?{vb}&{seqno} or ?{key_}; GET {FUNCTION_PATH.format(name=c.name)}/dlq lists every row")
     if action == "replay" and not (selector.everything or selector.narrows):
         raise ConfigError(f"dlq/replay needs {all_} or a selector: {vb} (with {seqno}), {key_} or \"reason\"")
     if action == "purge" and not (selector.everything or selector.narrows or c.flag(source, "replayed")):
@@ -428,7 +428,7 @@ def _selector(c: Call, source: dict[str, Any], action: str) -> dlq.DlqSelector:
     return selector
 
 
-def dlq_list(c: Call) -> list[dict[str, Any]]:
+def dlq_list(c: EndpointRequest) -> list[dict[str, Any]]:
     """`?limit=N&offset=M`: rows M+1..M+N in (vBucket, seqno) order, for paging."""
     limit, offset = c.int_arg(c.query, "limit", minimum=1), c.int_arg(c.query, "offset") or 0
     if offset < 0:
@@ -439,21 +439,21 @@ def dlq_list(c: Call) -> list[dict[str, Any]]:
     return [dlq.row_view(r) for r in rows[offset:]]
 
 
-def dlq_show(c: Call) -> list[dict[str, Any]]:
+def dlq_show(c: EndpointRequest) -> list[dict[str, Any]]:
     return [dlq.row_view(r, full=True) for r in dlq.show_rows(c.data_dir, c.name, _selector(c, c.query, "show"))]
 
 
-def dlq_replay(c: Call) -> dict[str, Any]:
+def dlq_replay(c: EndpointRequest) -> dict[str, Any]:
     return dlq.replay(c.data_dir, c.name, _selector(c, c.json_object(), "replay")).to_dict()
 
 
-def dlq_purge(c: Call) -> dict[str, Any]:
+def dlq_purge(c: EndpointRequest) -> dict[str, Any]:
     body = c.json_object()
     removed = dlq.purge(c.data_dir, c.name, _selector(c, body, "purge"), replayed_only=c.flag(body, "replayed"))
     return {"function": c.name, "purged": removed}
 
 
-def windows(c: Call) -> dict[str, Any]:
+def windows(c: EndpointRequest) -> dict[str, Any]:
     from eventing.ops.windows import window_report
 
     limit = c.int_arg(c.query, "limit", minimum=0)  # 0: every row
@@ -463,52 +463,52 @@ def windows(c: Call) -> dict[str, Any]:
     return report
 
 
-def verify(c: Call) -> dict[str, Any]:
+def verify(c: EndpointRequest) -> dict[str, Any]:
     from eventing.ops.verify import verify_function
 
     report = verify_function(c.data_dir, c.name, ledger=c.query.get("ledger") or None)
     return {**report.to_dict(), "summary": report.summary()}
 
 
-def openapi(c: Call) -> dict[str, Any]:
+def openapi(c: EndpointRequest) -> dict[str, Any]:
     from eventing.http.openapi import openapi_document
 
     return openapi_document(ENDPOINTS)
 
 
-def metrics(c: Call) -> Response:
+def metrics(c: EndpointRequest) -> Response:
     from eventing.http.metrics import CONTENT_TYPE, render
 
     return Response(render(c.data_dir), media_type=CONTENT_TYPE)
 
 
-F = "/api/v1/functions/{name}"
+FUNCTION_PATH = "/api/v1/functions/{name}"  # the path of one function; its endpoints extend it
 ENDPOINTS: list[Endpoint] = [
     Endpoint("GET", "/api/v1/functions", "functions", "every function: definition, handler source, state",
              list_functions, couchbase=True),
-    Endpoint("GET", F, "functions", "one function: definition, handler source, state", get_function, couchbase=True),
-    Endpoint("POST", F, "functions", "create or update a function (a definition with handler_source; "
+    Endpoint("GET", FUNCTION_PATH, "functions", "one function: definition, handler source, state", get_function, couchbase=True),
+    Endpoint("POST", FUNCTION_PATH, "functions", "create or update a function (a definition with handler_source; "
              "undeployed or paused only)", save_function, couchbase=True),
-    Endpoint("DELETE", F, "functions", "delete an undeployed function", delete_function, couchbase=True),
-    Endpoint("POST", F + "/deploy", "lifecycle", "deploy; optional body {\"boundary\": \"everything\"|\"from_now\"}",
+    Endpoint("DELETE", FUNCTION_PATH, "functions", "delete an undeployed function", delete_function, couchbase=True),
+    Endpoint("POST", FUNCTION_PATH + "/deploy", "lifecycle", "deploy; optional body {\"boundary\": \"everything\"|\"from_now\"}",
              deploy, couchbase=True),
-    Endpoint("POST", F + "/pause", "lifecycle", "pause: workers checkpoint and stop (?wait=60 seconds)", pause,
+    Endpoint("POST", FUNCTION_PATH + "/pause", "lifecycle", "pause: workers checkpoint and stop (?wait=60 seconds)", pause,
              couchbase=True),
-    Endpoint("POST", F + "/resume", "lifecycle", "resume right after the checkpoints", resume, couchbase=True),
-    Endpoint("POST", F + "/undeploy", "lifecycle", "undeploy: workers stop, checkpoints are dropped (?wait=60)",
+    Endpoint("POST", FUNCTION_PATH + "/resume", "lifecycle", "resume right after the checkpoints", resume, couchbase=True),
+    Endpoint("POST", FUNCTION_PATH + "/undeploy", "lifecycle", "undeploy: workers stop, checkpoints are dropped (?wait=60)",
              undeploy, couchbase=True),
-    Endpoint("GET", F + "/settings", "functions", "the definition without name and handler", get_settings,
+    Endpoint("GET", FUNCTION_PATH + "/settings", "functions", "the definition without name and handler", get_settings,
              couchbase=True),
-    Endpoint("POST", F + "/settings", "functions", "merge fields into the definition (undeployed or paused only)",
+    Endpoint("POST", FUNCTION_PATH + "/settings", "functions", "merge fields into the definition (undeployed or paused only)",
              save_settings, couchbase=True),
-    Endpoint("GET", F + "/appcode", "functions", "the handler source (text/plain)", get_appcode, couchbase=True),
-    Endpoint("POST", F + "/appcode", "functions", "replace the handler source (text body; validated first)",
+    Endpoint("GET", FUNCTION_PATH + "/appcode", "functions", "the handler source (text/plain)", get_appcode, couchbase=True),
+    Endpoint("POST", FUNCTION_PATH + "/appcode", "functions", "replace the handler source (text body; validated first)",
              save_appcode, couchbase=True),
     Endpoint("GET", "/api/v1/status", "status", "states of every function, eventing nodes, live services", status,
              couchbase=True),
     Endpoint("GET", "/api/v1/status/{name}", "status", "state of one function", status, couchbase=True),
     Endpoint("GET", "/api/v1/stats", "status", "counters of every function", all_stats, couchbase=True),
-    Endpoint("GET", F + "/stats", "status", "counters of one function", function_stats),
+    Endpoint("GET", FUNCTION_PATH + "/stats", "status", "counters of one function", function_stats),
     Endpoint("POST", "/api/v1/import", "functions", "import definitions (a list or one object, as exported)",
              import_functions, couchbase=True),
     Endpoint("GET", "/api/v1/export", "functions", "export every definition with its handler (?name= for one; URL "
@@ -517,8 +517,8 @@ ENDPOINTS: list[Endpoint] = [
     Endpoint("GET", "/getAppLog", "logs", "the newest part of a function's application log (?name=, ?size=bytes; "
              "empty until the handler logs)",
              app_log, couchbase=True),
-    Endpoint("GET", F + "/vbmap", "vbuckets", "which worker owns which vBucket ranges", vbmap),
-    Endpoint("GET", F + "/checkpoints", "vbuckets", "per vBucket: checkpoint, high seqno, backlog, owner, epoch "
+    Endpoint("GET", FUNCTION_PATH + "/vbmap", "vbuckets", "which worker owns which vBucket ranges", vbmap),
+    Endpoint("GET", FUNCTION_PATH + "/checkpoints", "vbuckets", "per vBucket: checkpoint, high seqno, backlog, owner, epoch "
              "(?vb=N for one, ?backlog=1 for those behind; 409 if not deployed)", checkpoints),
     Endpoint("GET", "/api/v1/nodes", "nodes", "eventing nodes, their vBucket counts, the last rebalance", list_nodes),
     Endpoint("POST", "/api/v1/nodes", "nodes", "add a node: {\"name\": ..., \"ray_node_id\": ...}", add_node),
@@ -528,16 +528,16 @@ ENDPOINTS: list[Endpoint] = [
     Endpoint("GET", "/api/v1/rebalance/plan", "nodes", "the minimal-move plan, changing nothing", rebalance_plan),
     Endpoint("POST", "/api/v1/rebalance", "nodes", "start a rebalance (the running service carries it out)",
              rebalance_start, status=202),
-    Endpoint("GET", F + "/dlq", "dlq", "dead letters (?reason=, ?limit=, ?offset= rows to skip, ?all=1 includes "
+    Endpoint("GET", FUNCTION_PATH + "/dlq", "dlq", "dead letters (?reason=, ?limit=, ?offset= rows to skip, ?all=1 includes "
              "replayed)", dlq_list),
-    Endpoint("GET", F + "/dlq/show", "dlq", "dead letters in full (?vb=&seqno= or ?key=)", dlq_show),
-    Endpoint("POST", F + "/dlq/replay", "dlq", "replay with the current handler: {\"all\": true} or "
+    Endpoint("GET", FUNCTION_PATH + "/dlq/show", "dlq", "dead letters in full (?vb=&seqno= or ?key=)", dlq_show),
+    Endpoint("POST", FUNCTION_PATH + "/dlq/replay", "dlq", "replay with the current handler: {\"all\": true} or "
              "{\"vb\", \"seqno\", \"key\", \"reason\"}", dlq_replay),
-    Endpoint("POST", F + "/dlq/purge", "dlq", "delete dead letters: {\"all\": true}, {\"replayed\": true} or a "
+    Endpoint("POST", FUNCTION_PATH + "/dlq/purge", "dlq", "delete dead letters: {\"all\": true}, {\"replayed\": true} or a "
              "selector", dlq_purge),
-    Endpoint("GET", F + "/windows", "windows", "window results with the watermark (?limit=N: the last N rows)",
+    Endpoint("GET", FUNCTION_PATH + "/windows", "windows", "window results with the watermark (?limit=N: the last N rows)",
              windows),
-    Endpoint("GET", F + "/verify", "verify", "check the function against its ledger bucket (?ledger=BUCKET)", verify),
+    Endpoint("GET", FUNCTION_PATH + "/verify", "verify", "check the function against its ledger bucket (?ledger=BUCKET)", verify),
     Endpoint("GET", "/api/v1/openapi.json", "meta", "this API as OpenAPI 3.1", openapi),
     Endpoint("GET", "/metrics", "metrics", "Prometheus metrics (text format)", metrics),
 ]
@@ -591,7 +591,7 @@ def _endpoint(ep: Endpoint) -> Callable[[Request], Any]:
     async def run(request: Request) -> Response:
         config = request.app.state.config
         role = role_of(config, presented_token(request.headers.get("authorization"))) or "read"
-        call = Call(config.data_dir, dict(request.path_params), dict(request.query_params), await request.body(),
+        call = EndpointRequest(config.data_dir, dict(request.path_params), dict(request.query_params), await request.body(),
                     role)
         try:
             if "name" in call.params:
