@@ -34,7 +34,9 @@ from eventing.ops.jsonl import load_json_lines
 from eventing.ops.stats import function_stats, vbucket_map
 from eventing.ops.verify import VerifyReport, verify_function
 from eventing.storage import loadgen
-from eventing.storage.bucket import LocalBucket, Write, chunked
+from eventing.storage.bucket import Write, chunked
+from eventing.storage.factory import create_bucket, open_bucket
+from eventing.storage.protocol import FileBucket
 from eventing.windows.runtime.host import WindowOptions
 from eventing.workers.executor import make_executor
 from metadata import FunctionRecord
@@ -180,14 +182,14 @@ class Eventing:
 
     # -- buckets ----------------------------------------------------------------------------------------
 
-    def create_bucket(self, name: str, *, exist_ok: bool = True, partitions: int = 1) -> LocalBucket:
+    def create_bucket(self, name: str, *, exist_ok: bool = True, partitions: int = 1) -> FileBucket:
         """The bucket `name`, created empty if it does not exist (`eventing bucket create`); ``partitions``
         spreads its vBuckets over that many files (docs/everyday-commands.md, "Partitioned buckets")."""
-        return LocalBucket.create(self.data_dir, name, exist_ok=exist_ok, partitions=partitions)
+        return create_bucket(self.data_dir, name, exist_ok=exist_ok, partitions=partitions)
 
-    def bucket(self, name: str) -> LocalBucket:
+    def bucket(self, name: str) -> FileBucket:
         """An existing bucket; NotFoundError names the fix if there is none."""
-        return LocalBucket.open(self.data_dir, name)
+        return open_bucket(self.data_dir, name)
 
     def upsert(self, bucket: str, key: str, doc: dict[str, Any], *, expiry: int = 0) -> tuple[int, int]:
         """Create or replace one document (`eventing bucket upsert`); returns its (vBucket, seqno)."""

@@ -40,6 +40,7 @@ from eventing.core.definition import FunctionDefinition  # noqa: E402
 from eventing.core.mutation import OP_DELETE, OP_UPDATE, decode_document, encode_document  # noqa: E402
 from eventing.handler import Meta  # noqa: E402
 from eventing.storage.bucket import LocalBucket, Write  # noqa: E402
+from eventing.storage.factory import create_bucket, open_bucket  # noqa: E402
 from eventing.testing.workloads import TRIVIAL_HANDLER, load_bench_bucket  # noqa: E402
 from eventing.workers.executor import RayExecutor  # noqa: E402
 
@@ -142,7 +143,7 @@ def measure(args: argparse.Namespace, handler: str, writing: bool, temps: contex
     runs: list[dict] = []
     for run in range(1, args.runs + 1):
         label = f"run {run}/{args.runs}: " if args.runs > 1 else ""
-        plain_out = LocalBucket.create(temp_dir("eventing-bench-plain-"), "emails", partitions=args.partitions) if writing else None
+        plain_out = create_bucket(temp_dir("eventing-bench-plain-"), "emails", partitions=args.partitions) if writing else None
         n_plain, plain_s = plain_loop(bucket, handler, plain_out)
         plain_mps = n_plain / plain_s
         print(f"{label}plain loop: {n_plain:,} mutations in {plain_s:.2f}s = {plain_mps:,.0f} mutations/s")
@@ -183,7 +184,7 @@ def eventing_run(
     name = "fn_bench" if run == 1 else f"fn_bench_{run}"
     out_name = "emails" if run == 1 else f"emails_{run}"
     if plain_out is not None:
-        LocalBucket.create(data_dir, out_name, partitions=args.partitions)
+        create_bucket(data_dir, out_name, partitions=args.partitions)
     defn = FunctionDefinition.from_dict({
         "name": name, "source_bucket": "bench", "worker_count": args.workers,
         "batch_size": args.batch_size, "checkpoint_interval": "1s",
@@ -207,7 +208,7 @@ def eventing_run(
     if handled != expected:
         print(f"error: eventing handled {handled} mutations, plain loop {expected}", file=sys.stderr)
         return None
-    if plain_out is not None and bucket_contents(plain_out) != bucket_contents(LocalBucket.open(data_dir, out_name)):
+    if plain_out is not None and bucket_contents(plain_out) != bucket_contents(open_bucket(data_dir, out_name)):
         print("error: eventing and the plain loop left different emails buckets", file=sys.stderr)
         return None
     # Processing time: from every worker actor up and owning its vBuckets to the final checkpoint.

@@ -10,6 +10,17 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 
+def pytest_collection_modifyitems(config, items):
+    """Soak variants run only when `-m` names them (scripts/soak.sh): the `-m 'not soak'` of addopts is
+    replaced by any `-m` given on the command line, so `-m "not integration"` would run them too."""
+    if "soak" in (config.getoption("markexpr") or ""):
+        return
+    soak = [item for item in items if item.get_closest_marker("soak")]
+    if soak:
+        config.hook.pytest_deselected(items=soak)
+        items[:] = [item for item in items if not item.get_closest_marker("soak")]
+
+
 @pytest.fixture
 def data_dir(tmp_path) -> str:
     path = tmp_path / "data"

@@ -17,12 +17,13 @@ from eventing.errors import (
     StoreError,
 )
 from eventing.ops.jsonl import json_line_rows
-from eventing.storage.bucket import LocalBucket, chunked, list_buckets
+from eventing.storage.bucket import chunked, list_buckets
+from eventing.storage.factory import create_bucket, open_bucket
 from sharding import validate_key
 
 
 def cmd_bucket_create(args: argparse.Namespace) -> int:
-    bucket = LocalBucket.create(writable_data_dir(args), args.name, exist_ok=args.exist_ok, partitions=args.partitions)
+    bucket = create_bucket(writable_data_dir(args), args.name, exist_ok=args.exist_ok, partitions=args.partitions)
     if args.json:
         emit_json(bucket.stats())
     else:
@@ -35,7 +36,7 @@ def cmd_bucket_list(args: argparse.Namespace) -> int:
     data_dir = data_dir_of(args)
     rows = []
     for name in list_buckets(data_dir):
-        bucket = LocalBucket.open(data_dir, name)
+        bucket = open_bucket(data_dir, name)
         rows.append(bucket.stats())
         bucket.close()
     if args.json:
@@ -52,7 +53,7 @@ def cmd_bucket_load(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     data_dir = writable_data_dir(args)
-    bucket = LocalBucket.open(data_dir, args.name)
+    bucket = open_bucket(data_dir, args.name)
     bucket.verify_integrity()  # never add to a damaged file: one line naming it and the way out
     start = time.perf_counter()
     rejected: list[str] = []
@@ -119,14 +120,14 @@ def cmd_bucket_upsert(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"--expiry is {args.expiry}; give epoch seconds after which the document expires, or 0 for never"
         )
-    bucket = LocalBucket.open(writable_data_dir(args), args.name)
+    bucket = open_bucket(writable_data_dir(args), args.name)
     vb, seqno = bucket.upsert(args.key, parse_doc_arg(args.doc), expiry=args.expiry)
     _print_write(args, "upserted", vb, seqno)
     return 0
 
 
 def cmd_bucket_delete(args: argparse.Namespace) -> int:
-    bucket = LocalBucket.open(writable_data_dir(args), args.name)
+    bucket = open_bucket(writable_data_dir(args), args.name)
     vb, seqno = bucket.delete(args.key)
     _print_write(args, "deleted", vb, seqno)
     return 0
@@ -140,7 +141,7 @@ def _print_write(args: argparse.Namespace, verb: str, vb: int, seqno: int) -> No
 
 
 def cmd_bucket_get(args: argparse.Namespace) -> int:
-    bucket = LocalBucket.open(data_dir_of(args), args.name)
+    bucket = open_bucket(data_dir_of(args), args.name)
     validate_key(args.key)
     bucket.verify_integrity()  # a miss on a damaged file must not read as "does not exist"
     doc = bucket.get(args.key)
@@ -154,7 +155,7 @@ def cmd_bucket_get(args: argparse.Namespace) -> int:
 
 
 def cmd_bucket_info(args: argparse.Namespace) -> int:
-    stats = LocalBucket.open(data_dir_of(args), args.name).stats()
+    stats = open_bucket(data_dir_of(args), args.name).stats()
     if args.json:
         emit_json(stats)
     else:
@@ -164,7 +165,7 @@ def cmd_bucket_info(args: argparse.Namespace) -> int:
 
 
 def cmd_bucket_expire(args: argparse.Namespace) -> int:
-    n = LocalBucket.open(writable_data_dir(args), args.name).expire_due()
+    n = open_bucket(writable_data_dir(args), args.name).expire_due()
     if args.json:
         emit_json({"bucket": args.name, "expired": n})
     else:
@@ -173,7 +174,7 @@ def cmd_bucket_expire(args: argparse.Namespace) -> int:
 
 
 def cmd_bucket_keys(args: argparse.Namespace) -> int:
-    bucket = LocalBucket.open(data_dir_of(args), args.name)
+    bucket = open_bucket(data_dir_of(args), args.name)
     try:
         keys = bucket.keys(args.prefix, args.limit)
     finally:
@@ -196,7 +197,7 @@ def _doc_line(key: str, doc: dict, meta: dict) -> dict:
 
 
 def cmd_bucket_scan(args: argparse.Namespace) -> int:
-    bucket = LocalBucket.open(data_dir_of(args), args.name)
+    bucket = open_bucket(data_dir_of(args), args.name)
     try:
         lines = (_doc_line(*item) for item in bucket.scan(args.prefix, args.limit))
         if args.json:
@@ -210,7 +211,7 @@ def cmd_bucket_scan(args: argparse.Namespace) -> int:
 
 
 def cmd_bucket_export(args: argparse.Namespace) -> int:
-    bucket = LocalBucket.open(data_dir_of(args), args.name)
+    bucket = open_bucket(data_dir_of(args), args.name)
     count = 0
     try:
         out = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8")  # noqa: SIM115
@@ -236,7 +237,7 @@ def cmd_bucket_export(args: argparse.Namespace) -> int:
 
 
 def cmd_bucket_count(args: argparse.Namespace) -> int:
-    bucket = LocalBucket.open(data_dir_of(args), args.name)
+    bucket = open_bucket(data_dir_of(args), args.name)
     try:
         count = bucket.count()
     finally:

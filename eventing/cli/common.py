@@ -55,7 +55,8 @@ def check_function_buckets(data_dir: str, functions: list[str] | None = None) ->
     SQLite's quick check, else one line names the damaged file and the way out (StoreCorruptError). A
     damaged page might otherwise surface only when a worker reaches it, or never (a lookup that misses
     it), while the rest of the run goes on."""
-    from eventing.storage.bucket import LocalBucket, bucket_path
+    from eventing.storage.bucket import bucket_path
+    from eventing.storage.factory import open_bucket
     from metadata.factory import open_store
 
     store = open_store(data_dir)
@@ -70,7 +71,7 @@ def check_function_buckets(data_dir: str, functions: list[str] | None = None) ->
         names.add(record.definition.get("source_bucket", ""))
         names.update(b.get("bucket", "") for b in record.definition.get("bindings", []) if isinstance(b, dict))
     for name in sorted(n for n in names if n and bucket_path(data_dir, n).exists()):
-        bucket = LocalBucket.open(data_dir, name)
+        bucket = open_bucket(data_dir, name)
         try:
             bucket.verify_integrity()
         finally:

@@ -12,7 +12,7 @@ from eventing.core.definition import Boundary, FunctionDefinition, load_definiti
 from eventing.core.secrets import mask_definition, restore_secrets
 from eventing.errors import ConfigError, LifecycleError, NotFoundError
 from eventing.execution.loader import validate_handler
-from eventing.storage.bucket import LocalBucket
+from eventing.storage.factory import open_bucket
 from eventing.windows.runtime.paths import reset_windows
 from metadata import TIMER_VB_BASE, FunctionRecord, FunctionState, MetadataStore
 from metadata.factory import open_store
@@ -32,7 +32,7 @@ def save_function(data_dir: str, defn: FunctionDefinition, source: str) -> Funct
         defn.name, source, [b.alias for b in defn.bindings], defn.constants, windowed=defn.window is not None
     )
     for bucket in dict.fromkeys([defn.source_bucket, *(b.bucket for b in defn.bindings)]):
-        LocalBucket.open(data_dir, bucket).close()  # unknown bucket -> clear error now, not at run time
+        open_bucket(data_dir, bucket).close()  # unknown bucket -> clear error now, not at run time
     if defn.window is not None:
         from eventing.windows.semantics import WindowSpec
 
@@ -85,7 +85,7 @@ def deploy(data_dir: str, name: str, boundary: Boundary | None = None) -> Functi
         if record.state is not FunctionState.DEPLOYING:  # DEPLOYING: a deploy that crashed halfway; finish it
             record = store.transition(name, FunctionState.DEPLOYING, "deploy", bump_generation=True)
         try:
-            source = LocalBucket.open(data_dir, defn.source_bucket)
+            source = open_bucket(data_dir, defn.source_bucket)
             highs = source.high_seqnos() if defn.boundary == "from_now" else [0] * NUM_VBUCKETS
             epoch_base = record.generation << EPOCH_SHIFT
             store.init_checkpoints(name, dict(enumerate(highs)), source.uuid, epoch_base)
@@ -94,7 +94,7 @@ def deploy(data_dir: str, name: str, boundary: Boundary | None = None) -> Functi
             reset_windows(data_dir, store, name)  # window state and unaggregated rows start afresh too
             for b in defn.bindings:
                 if b.access == "rw":
-                    bucket = LocalBucket.open(data_dir, b.bucket)
+                    bucket = open_bucket(data_dir, b.bucket)
                     bucket.drop_effect_marks(name)  # a new deployment's effects start afresh
                     bucket.fence(name, dict.fromkeys(range(TIMER_VB_BASE + NUM_VBUCKETS), epoch_base))
             run_on_deploy(data_dir, store, record, "deploy")
@@ -128,7 +128,7 @@ def run_on_deploy(data_dir: str, store: MetadataStore, record: FunctionRecord, r
     timeout raises LifecycleError naming the error; the caller keeps the function undeployed or paused.
     """
     from eventing.core.mutation import OP_UPDATE, Mutation
-    from eventing.execution.runner import Call, HandlerRunner, writes_by_bucket
+    from eventing.execution.runner import HandlerCall, HandlerRunner, writes_by_bucket
     from eventing.handler import DeployAction
     from eventing.storage.bucket import EffectGroup
 
@@ -140,7 +140,7 @@ def run_on_deploy(data_dir: str, store: MetadataStore, record: FunctionRecord, r
         delay = int(time.time() - record.updated_at) if reason == "resume" else 0
         m = Mutation(0, 1, "", OP_UPDATE, 0, None, None, 0, 0)
         runner.timers.lookup = lambda callback, reference: store.get_timer(record.name, callback, reference)
-        failure = runner.call(m, Call("on_update", fn, (DeployAction(reason, delay),), None), timeout_s=runner.timeout_s)
+        failure = runner.call(m, HandlerCall("on_update", fn, (DeployAction(reason, delay),), None), timeout_s=runner.timeout_s)
         if failure is not None:
             raise LifecycleError(
                 f"on_deploy of function '{record.name}' failed ({failure.error or failure.status}); the function "

@@ -13,7 +13,7 @@ from typing import Any
 
 from eventing.core.definition import FunctionDefinition
 from eventing.errors import EventingError
-from eventing.storage.bucket import LocalBucket
+from eventing.storage.factory import open_bucket
 from eventing.workers.executor import Executor, WorkerDied
 from eventing.workers.worker import StepReport, WorkerSpec
 from metadata import FunctionRecord
@@ -96,7 +96,7 @@ class FunctionSupervisor:
         self.warm = warm if warm is not None else {}
         targets = None
         if until_caught_up:
-            source = LocalBucket.open(data_dir, self.defn.source_bucket)
+            source = open_bucket(data_dir, self.defn.source_bucket)
             targets = tuple(source.high_seqnos())
             source.close()
         self.targets = targets

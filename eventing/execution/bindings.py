@@ -30,8 +30,8 @@ from typing import Any
 
 from eventing.core.mutation import OP_DELETE, OP_UPDATE, decode_document, encode_document
 from eventing.errors import BindingError, InvalidDocumentError
-from eventing.storage.bucket import EffectGroup, LocalBucket, Write
-from eventing.storage.remote import RemoteBucket
+from eventing.storage.bucket import EffectGroup, Write
+from eventing.storage.protocol import Bucket
 from sharding import validate_key
 
 Tracer = Callable[[str, str, str, object], None]  # (operation, alias, key, value)
@@ -109,7 +109,7 @@ class BucketBinding:
     """
 
     def __init__(
-        self, alias: str, bucket: LocalBucket | RemoteBucket, access: str, function: str, buffer: EffectBuffer | None = None
+        self, alias: str, bucket: Bucket, access: str, function: str, buffer: EffectBuffer | None = None
     ):
         self.alias = alias
         self.bucket = bucket

@@ -23,7 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from eventing.control.lifecycle import SERVICE_STALE_S
 from eventing.core import counters as names
 from eventing.errors import EventingError, NotFoundError
-from eventing.storage.bucket import LocalBucket
+from eventing.storage.factory import open_bucket
 from metadata import FunctionState
 from metadata.factory import open_store
 
@@ -104,7 +104,7 @@ class EventingCollector:
         backlog, oldest, owned = 0, 0.0, 0
         if cps:
             try:
-                source = LocalBucket.open(self.data_dir, record.definition["source_bucket"])
+                source = open_bucket(self.data_dir, record.definition["source_bucket"])
                 highs = source.high_seqnos()
                 source.close()
             except EventingError:

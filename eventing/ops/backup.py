@@ -8,7 +8,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from eventing.errors import ConfigError, LifecycleError, NotFoundError, StoreCorruptError
-from eventing.storage.bucket import LocalBucket, bucket_path, list_buckets
+from eventing.storage.bucket import bucket_path, list_buckets
+from eventing.storage.factory import open_bucket
 from metadata import METADATA_URL_ENV
 from metadata.factory import SQLITE_FILE, open_store
 from metadata.sqlite import restore_sqlite_store
@@ -44,7 +45,7 @@ def backup(data_dir: str, output: str | None = None, *, with_buckets: bool = Fal
     if with_buckets:
         copied = []
         for name in list_buckets(data_dir):
-            with LocalBucket.open(data_dir, name) as bucket:
+            with open_bucket(data_dir, name) as bucket:
                 bucket.copy_to(target.parent)
             copied.append(name)
         result.update(
@@ -61,7 +62,7 @@ def _restore_buckets(data_dir: str, folder: Path) -> tuple[list[str], list[str]]
         if bucket_path(data_dir, name).exists():
             kept.append(name)
             continue
-        with LocalBucket.open(folder, name) as bucket:
+        with open_bucket(folder, name) as bucket:
             bucket.copy_to(data_dir)
         restored.append(name)
     return restored, kept

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from eventing.errors import LifecycleError, NotFoundError, StoreCorruptError
-from eventing.storage.bucket import LocalBucket, drop_bucket
+from eventing.storage.factory import drop_bucket, open_bucket
 from metadata import FunctionState
 from metadata.factory import open_store
 
@@ -57,7 +57,7 @@ def drop(data_dir: str, bucket: str) -> dict:
     uses = _refuse_if_in_use(data_dir, bucket, "drop")
     stats: dict = {"documents": None, "tombstones": None, "mutations": None}  # unknown: a damaged file
     try:
-        source = LocalBucket.open(data_dir, bucket)
+        source = open_bucket(data_dir, bucket)
         try:
             stats = source.stats()
         finally:
@@ -74,7 +74,7 @@ def drop(data_dir: str, bucket: str) -> dict:
 def flush(data_dir: str, bucket: str) -> dict:
     """Empty the bucket and give it a new identity (see LocalBucket.flush)."""
     _refuse_if_in_use(data_dir, bucket, "flush")
-    target = LocalBucket.open(data_dir, bucket)
+    target = open_bucket(data_dir, bucket)
     try:
         return target.flush()
     finally:

@@ -41,7 +41,7 @@ from eventing import handler as handler_api
 from eventing.core.mutation import OP_NAMES, OP_UPDATE, Mutation
 from eventing.errors import ConfigError, LifecycleError, NotFoundError, StoreError
 from eventing.execution.runner import (
-    Call,
+    HandlerCall,
     HandlerQuit,
     HandlerRunner,
     HeldWrite,
@@ -50,7 +50,7 @@ from eventing.execution.runner import (
     writes_by_bucket,
 )
 from eventing.handler import Meta
-from eventing.storage.bucket import LocalBucket
+from eventing.storage.protocol import Bucket
 from metadata import Checkpoint, MetadataStore
 from metadata.factory import open_store
 from sharding import NUM_VBUCKETS, validate_key, vbucket_of
@@ -83,7 +83,7 @@ class CallOutcome:
         return self.status in ("ok", "no_handler")
 
 
-def prepare_call(runner: HandlerRunner, m: Mutation) -> tuple[CallOutcome, Call | None]:
+def prepare_call(runner: HandlerRunner, m: Mutation) -> tuple[CallOutcome, HandlerCall | None]:
     """The runner's decision for `m` as an outcome so far, and the call to make (None: no handler call)."""
     call = runner.prepare(m)
     if isinstance(call, Rejection):
@@ -99,7 +99,7 @@ def run_once(
     m: Mutation,
     *,
     invoke: Invoke | None = None,
-    prepared: tuple[CallOutcome, Call | None] | None = None,
+    prepared: tuple[CallOutcome, HandlerCall | None] | None = None,
 ) -> CallOutcome:
     """Run the handler on `m` once, as a worker would (same checks, bindings and execution timeout; no
     retries), keeping the writes of a call that returned for `runner.take_writes()`. `invoke(fn, *args)`
@@ -155,7 +155,7 @@ class Pulled:
 
 
 def find_next(
-    store: MetadataStore, source: LocalBucket, function: str, *, key: str | None = None, vb: int | None = None
+    store: MetadataStore, source: Bucket, function: str, *, key: str | None = None, vb: int | None = None
 ) -> Pulled | None:
     """The next mutation of `function` after its checkpoint (see the module docstring), or None. Reads only."""
     cps = store.checkpoints(function)
@@ -195,7 +195,7 @@ def find_next(
 
 def pull(
     data_dir: str,
-    source: LocalBucket,
+    source: Bucket,
     function: str,
     *,
     key: str | None = None,
@@ -270,7 +270,6 @@ class DebugSession:
             raise ConfigError(f"--wait {self.wait_s:g} is negative; give seconds >= 0")
         runtime = HandlerRunner.open(self.data_dir, self.function)
         try:
-            assert isinstance(runtime.source, LocalBucket)  # opened from the data directory (HandlerRunner.open)
             self.pulled = pull(
                 self.data_dir, runtime.source, self.function, key=self.key, vb=self.vb, wait_s=self.wait_s
             )
@@ -281,7 +280,6 @@ class DebugSession:
                 self.writes = runtime.take_writes()
                 if self.apply and self.writes:
                     for bucket, writes in writes_by_bucket(self.writes):
-                        assert isinstance(bucket, LocalBucket)
                         bucket.write([w for _, w in writes], origin=self.function)
                     self.applied = True
             self._emit({"event": "result", "status": self.outcome.status, "error": self.outcome.error or None,

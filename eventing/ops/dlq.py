@@ -41,7 +41,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import msgpack
 
@@ -49,7 +49,8 @@ from eventing.core.mutation import OP_NAMES, Mutation, unpack_mutation
 from eventing.errors import ConfigError, NotFoundError
 from eventing.execution.runner import HandlerRunner, writes_by_bucket
 from eventing.ops.debugger import run_once
-from eventing.storage.bucket import EffectGroup, LocalBucket
+from eventing.storage.bucket import EffectGroup
+from eventing.storage.protocol import FileBucket
 from metadata import DlqRow, MetadataStore
 from metadata.factory import open_store
 from sharding import NUM_VBUCKETS, validate_key
@@ -281,8 +282,8 @@ def _replay_row(
                 result.writes_applied += applied.applied
                 result.writes_skipped += applied.duplicates
                 if applied.conflicts:
-                    assert isinstance(bucket, LocalBucket)  # replay runs where the files are (HandlerRunner.open)
-                    bucket.drop_effect_marks(namespace)  # nothing of it applied: a later replay must run
+                    # replay runs where the files are (HandlerRunner.open)
+                    cast(FileBucket, bucket).drop_effect_marks(namespace)  # nothing of it applied: a later replay must run
                     conflict = f"a cas condition failed on bucket '{bucket.name}' again; replay it again"
             if conflict:
                 runtime.timers.discard()

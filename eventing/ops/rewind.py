@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 
 from eventing.core.definition import FunctionDefinition
 from eventing.errors import ConfigError, LifecycleError
-from eventing.storage.bucket import LocalBucket
+from eventing.storage.factory import open_bucket
 from metadata import FunctionState
 from metadata.factory import open_store
 from metadata.model import check_rewind_allowed, plan_rewind
@@ -110,7 +110,7 @@ def rewind(
         else:
             assert to_time is not None
             time_ns = parse_time_ns(to_time)
-            source = LocalBucket.open(data_dir, defn.source_bucket)
+            source = open_bucket(data_dir, defn.source_bucket)
             try:
                 before = source.seqnos_before(time_ns)
             finally:
@@ -127,7 +127,7 @@ def rewind(
             # rewind below then fails, the marks only let effects apply that the user asked to apply again.
             lowered = {v: min(t, current[v][0]) for v, t in targets.items() if v in current}
             for bucket_name in sorted({b.bucket for b in defn.bindings if b.access == "rw"}):
-                bucket = LocalBucket.open(data_dir, bucket_name)
+                bucket = open_bucket(data_dir, bucket_name)
                 try:
                     result.effect_marks_lowered[bucket_name] = len(bucket.lower_effect_marks(name, lowered))
                 finally:

@@ -9,7 +9,7 @@ from eventing.control.service import running_services
 from eventing.core import counters as counter_names
 from eventing.execution.app_log import log_path
 from eventing.execution.timers import delay_percentile
-from eventing.storage.bucket import LocalBucket
+from eventing.storage.factory import open_bucket
 from metadata import FunctionRecord
 from metadata.factory import open_store
 from sharding import NUM_VBUCKETS, format_ranges, worker_plan
@@ -94,7 +94,7 @@ def function_stats(data_dir: str, name: str) -> dict[str, Any]:
         store.close()
     lag = None
     if cps:
-        source = LocalBucket.open(data_dir, record.definition["source_bucket"])
+        source = open_bucket(data_dir, record.definition["source_bucket"])
         try:
             highs = source.high_seqnos()
         finally:
@@ -246,7 +246,7 @@ def checkpoint_view(
         raise LifecycleError(
             f"function '{name}' has no checkpoints (it is {record.state.value}); deploy it first"
         )
-    source = LocalBucket.open(data_dir, record.definition["source_bucket"])
+    source = open_bucket(data_dir, record.definition["source_bucket"])
     try:
         highs = source.high_seqnos()
         source_uuid = source.uuid

@@ -23,7 +23,8 @@ from typing import Any, NamedTuple
 
 from eventing.core.definition import FunctionDefinition
 from eventing.errors import ConfigError, LifecycleError
-from eventing.storage.bucket import LocalBucket
+from eventing.storage.factory import open_bucket
+from eventing.storage.protocol import FileBucket
 from sharding import NUM_VBUCKETS
 
 EFFECT = "e|"
@@ -159,7 +160,7 @@ def _examples(items: Sequence[object]) -> str:
     return shown + (", ..." if len(items) > EXAMPLES else "")
 
 
-def ledger_functions(ledger: LocalBucket) -> list[str]:
+def ledger_functions(ledger: FileBucket) -> list[str]:
     """Names of the functions with effects in a ledger bucket."""
     names = set()
     for text in ledger.logged_writes(EFFECT):
@@ -170,8 +171,8 @@ def ledger_functions(ledger: LocalBucket) -> list[str]:
 
 
 def check_ledger(
-    source: LocalBucket,
-    ledger: LocalBucket,
+    source: FileBucket,
+    ledger: FileBucket,
     *,
     function: str | None = None,
     upto: Sequence[int] | None = None,
@@ -266,8 +267,8 @@ def verify_function(data_dir: str, function: str, *, ledger: str | None = None) 
     finally:
         store.close()
     ledger_name = ledger or ledger_bucket_of(defn)
-    source = LocalBucket.open(data_dir, defn.source_bucket)
-    target = LocalBucket.open(data_dir, ledger_name)
+    source = open_bucket(data_dir, defn.source_bucket)
+    target = open_bucket(data_dir, ledger_name)
     try:
         if function not in ledger_functions(target):
             named = ledger is not None or any(b.alias == "ledger" for b in defn.bindings)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import inspect
 import itertools
+import json
 import os
 import shutil
 import sqlite3
@@ -25,12 +26,13 @@ import threading
 import time
 import uuid
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from operator import itemgetter
 from pathlib import Path
-from typing import NamedTuple, Self
+from typing import TYPE_CHECKING, NamedTuple, Self
 
+from eventing.core.keyspaces import COLLECTION_MARK, vbucket_of_stored
 from eventing.core.mutation import OP_DELETE, OP_EXPIRE, OP_UPDATE, Mutation, decode_document, encode_document
 from eventing.core.names import check_bucket_name
 from eventing.errors import ConfigError, EventingError, NotFoundError, StoreCorruptError, StoreError
@@ -38,6 +40,9 @@ from eventing.storage import write_turns
 from eventing.storage.write_plan import Item, UpdatePlan
 from metadata.sqlite_io import retry_locked, run_transaction
 from sharding import NUM_VBUCKETS, validate_key
+
+if TYPE_CHECKING:
+    from eventing.storage.protocol import FileBucket
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS info(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -89,6 +94,21 @@ def _items(writes: Iterable[Write]) -> list[Item]:
 def _plan(items: list[Item]) -> UpdatePlan | None:
     """A batch of updates planned before the write lock; None when it holds deletes (see write_plan)."""
     return UpdatePlan(items) if UpdatePlan.applies_to(items) else None
+
+
+FIRST_COLLECTION_ID = 8  # as Couchbase numbers the collections a user creates
+
+
+class StoredDocument(NamedTuple):
+    """A live document as change_document sees and leaves it."""
+
+    key: str
+    doc: bytes
+    cas: int
+    expiry: int
+    flags: int
+    vb: int
+    seqno: int
 
 
 class Write(NamedTuple):
@@ -177,69 +197,48 @@ class LocalBucket:
     # -- opening ------------------------------------------------------------------------------------
 
     @classmethod
-    def create(
-        cls, data_dir: str | os.PathLike[str], name: str, *, exist_ok: bool = False, partitions: int = 1
-    ) -> LocalBucket:
-        """Create a bucket. ``partitions`` > 1 spreads its vBuckets over that many files (see
-        eventing.storage.partitions): writers of different vBucket ranges then never wait for each other."""
-        check_bucket_name(name)
-        path = bucket_path(data_dir, name)
-        if path.exists():
-            if exist_ok:
-                return cls.open(data_dir, name)
-            raise ConfigError(f"bucket '{name}' already exists in {path.parent}; pick another name")
-        if not 1 <= partitions <= MAX_PARTITIONS:
-            raise ConfigError(f"a bucket has 1 to {MAX_PARTITIONS} partitions, not {partitions}")
-        info = [("uuid", uuid.uuid4().hex), ("name", name), ("created_at", str(time.time()))]
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            # Partition files without their main file belong to no bucket (a drop cut short, a main file
-            # deleted by hand): they, and above all their WAL files, must never meet the new bucket.
-            leftovers = partition_path(data_dir, name, 1).parent
-            if leftovers.is_dir():
-                shutil.rmtree(leftovers)
-            if partitions > 1:
-                info.append(("partitions", str(partitions)))
-                for part in range(1, partitions):
-                    part_path = partition_path(data_dir, name, part)
-                    part_path.parent.mkdir(exist_ok=True)
-                    _create_file(part_path, [*info, ("partition", str(part))])
-            _create_file(path, info)  # the main file last: a bucket appears whole or not at all
-        except (OSError, sqlite3.Error) as exc:
-            raise StoreError(
-                f"cannot create bucket '{name}' in {path.parent}: {exc}; check that the data directory is writable"
-            ) from None
+    def create(cls, data_dir: str | os.PathLike[str], name: str, *, exist_ok: bool = False) -> LocalBucket:
+        """Create a one-file bucket (any bucket, partitioned too: eventing.storage.factory.create_bucket)."""
+        create_files(data_dir, name, exist_ok=exist_ok)
         return cls.open(data_dir, name)
 
     @classmethod
     def open(cls, data_dir: str | os.PathLike[str], name: str) -> LocalBucket:
+        """Open a one-file bucket (any bucket, partitioned too: eventing.storage.factory.open_bucket)."""
+        main = cls.open_main(data_dir, name)
+        partitions = main.partitions()
+        if partitions != 1:
+            main.close()
+            raise ConfigError(
+                f"bucket '{name}' has {partitions} partitions; open it with eventing.storage.factory.open_bucket"
+            )
+        return main
+
+    @classmethod
+    def open_main(cls, data_dir: str | os.PathLike[str], name: str) -> LocalBucket:
+        """A bucket's main file (partition 0 of a partitioned bucket; ``partitions`` says how many)."""
         check_bucket_name(name)
         path = bucket_path(data_dir, name)
         if not path.exists():
             raise NotFoundError(
                 f"unknown bucket '{name}' (no {path}); create it with `eventing bucket create {name}`"
             )
-        main = cls._open_file(path, name)
-        partitions = main._info_or("partitions", "1")
-        if partitions == "1":
-            return main
-        from eventing.storage.partitions import PartitionedBucket  # it builds on this class
+        return cls._open_file(path, name)
 
-        parts = [main]
-        try:
-            for part in range(1, int(partitions)):
-                part_path = partition_path(data_dir, name, part)
-                if not part_path.exists():
-                    raise StoreError(
-                        f"bucket '{name}' has {partitions} partitions but {part_path} is missing; restore it "
-                        "from a backup or recreate the bucket"
-                    )
-                parts.append(cls._open_file(part_path, name))
-        except BaseException:
-            for opened in parts:
-                opened.close()
-            raise
-        return PartitionedBucket(parts)
+    def partitions(self) -> int:
+        """How many files the bucket of this main file has (1: this one)."""
+        return int(self._info_or("partitions", "1"))
+
+    @classmethod
+    def open_partition(cls, data_dir: str | os.PathLike[str], name: str, part: int, partitions: int) -> LocalBucket:
+        """Partition ``part`` (>= 1) of a bucket of ``partitions`` files."""
+        part_path = partition_path(data_dir, name, part)
+        if not part_path.exists():
+            raise StoreError(
+                f"bucket '{name}' has {partitions} partitions but {part_path} is missing; restore it "
+                "from a backup or recreate the bucket"
+            )
+        return cls._open_file(part_path, name)
 
     @classmethod
     def _open_file(cls, path: Path, name: str) -> LocalBucket:
@@ -275,6 +274,10 @@ class LocalBucket:
 
     def close(self) -> None:
         self._db.close()
+
+    def checkpoint_wal(self) -> None:
+        """Move the WAL's pages into the file and empty the WAL (before the file is deleted or copied)."""
+        self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     def __enter__(self) -> Self:
         return self
@@ -355,7 +358,11 @@ class LocalBucket:
             log_rows, docs_rows, placed = plan.rows(highs, arrivals, _reserve_cas(plan.count), origin)
             self._insert(log_rows, docs_rows, highs, arrivals)
             return placed  # type: ignore[return-value]
-        vbs = [((zlib.crc32(item[0].encode()) >> 16) & 0x7FFF) % NUM_VBUCKETS for item in items]  # vbucket_of
+        vbs = [  # vbucket_of (a collection's stored key: of its own key, eventing.core.keyspaces)
+            vbucket_of_stored(k) if (k := item[0]).startswith(COLLECTION_MARK)
+            else ((zlib.crc32(k.encode()) >> 16) & 0x7FFF) % NUM_VBUCKETS
+            for item in items
+        ]
         highs, arrivals = self._heads(set(vbs), arrival)
         deleting = {item[0] for item in items if item[1] != OP_UPDATE}
         live = self._live(deleting)
@@ -425,6 +432,85 @@ class LocalBucket:
             raise NotFoundError(f"document '{key}' does not exist in bucket '{self.name}'")
         return result
 
+    def change_document(
+        self, key: str, change: Callable[[StoredDocument | None], Write | None], *, origin: str | None = None
+    ) -> StoredDocument | None:
+        """Read ``key``'s live document and write what ``change`` makes of it, in one transaction: the
+        check-and-set behind the Data API (insert, replace or delete under a cas, append, counters, touch).
+        ``change`` gets the current version (None: no live document) and returns the write to make (None:
+        nothing) or raises; it may run more than once (a locked file retries the transaction), so it must
+        only compute. Returns the document's version afterwards (None when there is none)."""
+
+        def body() -> StoredDocument | None:
+            row = self._db.execute(
+                "SELECT doc, cas, expiry, flags, vb, seqno FROM docs WHERE key=? AND deleted=0", (key,)
+            ).fetchone()
+            current = None if row is None else StoredDocument(key, *row)
+            write = change(current)
+            if write is None:
+                return current
+            placed = self._log(_items([write]), origin, None)[0]
+            if placed is None or write.op != OP_UPDATE:
+                return None
+            cas = self._db.execute("SELECT cas FROM docs WHERE key=?", (key,)).fetchone()[0]
+            return StoredDocument(key, write.doc or b"", cas, write.expiry, write.flags, *placed)
+
+        return _retry_locked(self.path, lambda: self._tx(body))
+
+    # -- scopes and collections (eventing.core.keyspaces) -------------------------------------------
+
+    def collections(self) -> dict[tuple[str, str], int]:
+        """The bucket's collections besides `_default._default` (id 0): (scope, collection) -> id. Ids are
+        never reused, so a log entry of a dropped collection never reads as a later one's."""
+        registry = json.loads(self._info_or("collections", "{}"))
+        return {(scope, name): cid for scope, name, cid in registry.get("collections", [])}
+
+    def create_collection(self, scope: str, collection: str) -> int:
+        """Add a collection (its scope comes with it); returns its id. ConfigError if it exists."""
+
+        def body() -> int:
+            registry = json.loads(self._info_or("collections", "{}"))
+            known = registry.setdefault("collections", [])
+            if any(s == scope and c == collection for s, c, _ in known):
+                raise ConfigError(f"collection {self.name}.{scope}.{collection} exists already")
+            cid = int(registry.get("next_id", FIRST_COLLECTION_ID))
+            known.append([scope, collection, cid])
+            registry["next_id"] = cid + 1
+            self._db.execute("INSERT OR REPLACE INTO info VALUES('collections', ?)", (json.dumps(registry),))
+            return cid
+
+        return _retry_locked(self.path, lambda: self._tx(body))
+
+    def drop_collection(self, scope: str, collection: str) -> int:
+        """Remove a collection and its documents (their log entries stay, readable as history of a collection
+        no function reads any more); returns how many live documents went. NotFoundError if unknown."""
+
+        def body() -> int:
+            registry = json.loads(self._info_or("collections", "{}"))
+            known = registry.get("collections", [])
+            match = [entry for entry in known if entry[0] == scope and entry[1] == collection]
+            if not match:
+                raise NotFoundError(f"collection {self.name}.{scope}.{collection} does not exist; see "
+                                    f"`eventing collection list {self.name}`")
+            registry["collections"] = [entry for entry in known if entry not in match]
+            self._db.execute("INSERT OR REPLACE INTO info VALUES('collections', ?)", (json.dumps(registry),))
+            return self._drop_documents_of(match[0][2])
+
+        return _retry_locked(self.path, lambda: self._tx(body))
+
+    def drop_collection_documents(self, cid: int) -> int:
+        """The documents of collection `cid` go (a partition's share of drop_collection)."""
+        return _retry_locked(self.path, lambda: self._tx(lambda: self._drop_documents_of(cid)))
+
+    def _drop_documents_of(self, cid: int) -> int:
+        prefix = f"{COLLECTION_MARK}{cid:x}{COLLECTION_MARK}"
+        end = prefix[:-1] + chr(ord(COLLECTION_MARK) + 1)
+        live = self._db.execute(
+            "SELECT COUNT(*) FROM docs WHERE key >= ? AND key < ? AND deleted=0", (prefix, end)
+        ).fetchone()[0]
+        self._db.execute("DELETE FROM docs WHERE key >= ? AND key < ?", (prefix, end))
+        return int(live)
+
     def expire_due(self, now_s: float | None = None) -> int:
         """Turn documents whose expiry has passed into expiration mutations (on_delete with expired)."""
         now = int(time.time() if now_s is None else now_s)
@@ -470,9 +556,10 @@ class LocalBucket:
         ).fetchone()
         return None if row is None else dict(zip(("vb", "seqno", "cas", "expiry", "flags"), row, strict=True))
 
-    def high_seqnos(self) -> list[int]:
+    def high_seqnos(self, *, prefetched: bool = False) -> list[int]:
         """High seqno of every vBucket, index = vBucket. Workers ask at every step; the table is read
-        again only when a commit happened since (SQLite's data_version, a few microseconds to check)."""
+        again only when a commit happened since (SQLite's data_version, a few microseconds to check).
+        ``prefetched`` changes nothing here: nothing is read ahead (see the Bucket protocol)."""
         # Taken before reading: a commit that lands during the read changes it, so the next call reads again.
         read_at = (self._db.execute("PRAGMA data_version").fetchone()[0], self._commits)
         if read_at != self._highs_read_at:
@@ -481,6 +568,19 @@ class LocalBucket:
                 highs[vb] = seqno
             self._highs, self._highs_read_at = highs, read_at
         return list(self._highs)
+
+    # Reading ahead is for buckets behind the data service (RemoteBucket): a read of the file costs no
+    # round trip, so there is nothing to read ahead.
+    reads_ahead = False
+
+    def prefetch(self, runs: list[tuple[int, int, int]]) -> None:
+        pass
+
+    def has_ahead(self, vb: int) -> bool:
+        return False
+
+    def forget_prefetched(self, positions: dict[int, int]) -> None:
+        pass
 
     def read_vb(self, vb: int, after_seqno: int, limit: int) -> list[Mutation]:
         """Mutations of one vBucket with seqno > after_seqno, in seqno order, at most `limit`."""
@@ -652,8 +752,14 @@ class LocalBucket:
             if left is not None:
                 left -= len(rows)
 
-    def count(self) -> int:
-        """Live documents (deleted and expired-then-deleted ones are tombstones, not counted)."""
+    def count(self, prefix: str = "") -> int:
+        """Live documents (deleted and expired-then-deleted ones are tombstones, not counted), those whose
+        key starts with `prefix`."""
+        if prefix:
+            return self._db.execute(
+                "SELECT COUNT(*) FROM docs WHERE deleted=0 AND key >= ? AND substr(key, 1, ?) = ?",
+                (prefix, len(prefix), prefix),
+            ).fetchone()[0]
         return self._db.execute("SELECT COUNT(*) FROM docs WHERE deleted=0").fetchone()[0]
 
     def flush(self, *, new_uuid: str | None = None) -> dict:
@@ -878,6 +984,47 @@ class LocalBucket:
         )
 
 
+if TYPE_CHECKING:
+
+    def _implements_the_protocol(bucket: LocalBucket) -> FileBucket:
+        return bucket  # mypy checks every FileBucket method is here with a compatible signature
+
+
+def create_files(
+    data_dir: str | os.PathLike[str], name: str, *, exist_ok: bool = False, partitions: int = 1
+) -> None:
+    """Create a bucket's files. ``partitions`` > 1 spreads its vBuckets over that many files (see
+    eventing.storage.partitions): writers of different vBucket ranges then never wait for each other. With
+    ``exist_ok`` an existing bucket of that name is kept as it is."""
+    check_bucket_name(name)
+    path = bucket_path(data_dir, name)
+    if path.exists():
+        if exist_ok:
+            return
+        raise ConfigError(f"bucket '{name}' already exists in {path.parent}; pick another name")
+    if not 1 <= partitions <= MAX_PARTITIONS:
+        raise ConfigError(f"a bucket has 1 to {MAX_PARTITIONS} partitions, not {partitions}")
+    info = [("uuid", uuid.uuid4().hex), ("name", name), ("created_at", str(time.time()))]
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Partition files without their main file belong to no bucket (a drop cut short, a main file
+        # deleted by hand): they, and above all their WAL files, must never meet the new bucket.
+        leftovers = partition_path(data_dir, name, 1).parent
+        if leftovers.is_dir():
+            shutil.rmtree(leftovers)
+        if partitions > 1:
+            info.append(("partitions", str(partitions)))
+            for part in range(1, partitions):
+                part_path = partition_path(data_dir, name, part)
+                part_path.parent.mkdir(exist_ok=True)
+                _create_file(part_path, [*info, ("partition", str(part))])
+        _create_file(path, info)  # the main file last: a bucket appears whole or not at all
+    except (OSError, sqlite3.Error) as exc:
+        raise StoreError(
+            f"cannot create bucket '{name}' in {path.parent}: {exc}; check that the data directory is writable"
+        ) from None
+
+
 def partition_path(data_dir: str | os.PathLike[str], name: str, part: int) -> Path:
     """Partition ``part`` (>= 1) of a partitioned bucket; partition 0 is the bucket's own file."""
     return Path(data_dir) / "buckets" / f"{name}.partitions" / f"{part}.sqlite3"
@@ -1062,31 +1209,7 @@ for _name in (
     setattr(LocalBucket, _name, _mapping_errors(getattr(LocalBucket, _name)))
 
 
-def drop_bucket(data_dir: str | os.PathLike[str], name: str) -> Path:
-    """Delete a bucket's files (with their WAL and shared-memory files); returns the main file's path."""
-    path = bucket_path(data_dir, name)
-    try:
-        bucket = LocalBucket.open(data_dir, name)  # unknown name or not a bucket: the usual clear error
-    except StoreCorruptError:
-        return _drop_damaged(data_dir, name)  # dropping is the way out of a damaged bucket: its files go as they are
-    parts = getattr(bucket, "parts", [bucket])  # a PartitionedBucket's files, the main file first
-    files = [part.path for part in parts]
-    # Move each WAL into its file first: a stale WAL left behind must never meet a new bucket of this name.
-    for part in parts:
-        part._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    bucket.close()
-    # The main file goes last, so a drop cut short leaves a bucket that reports its missing partition.
-    for file in [*files[1:], files[0]]:
-        write_turns.forget(file)
-        for suffix in ("-wal", "-shm", write_turns.TURN_SUFFIX):
-            Path(f"{file}{suffix}").unlink(missing_ok=True)
-        file.unlink()
-    if len(files) > 1:
-        files[1].parent.rmdir()
-    return path
-
-
-def _drop_damaged(data_dir: str | os.PathLike[str], name: str) -> Path:
+def drop_damaged(data_dir: str | os.PathLike[str], name: str) -> Path:
     """Delete the files of a bucket that cannot be opened (a file of it damaged): its partitions' folder,
     then its main file, each with its WAL, shared-memory and write-turn files."""
     path = bucket_path(data_dir, name)

@@ -29,16 +29,30 @@ import os
 import time
 import uuid
 import zlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Self
 
-from eventing.core.mutation import Mutation
-from eventing.storage.bucket import EffectGroup, EffectResult, LocalBucket, PackedUpdates, Write
+from eventing.core.keyspaces import COLLECTION_MARK, vbucket_of_stored
+from eventing.core.mutation import Mutation, decode_document
+from eventing.storage.bucket import (
+    EffectGroup,
+    EffectResult,
+    LocalBucket,
+    PackedUpdates,
+    StoredDocument,
+    Write,
+)
 from sharding import NUM_VBUCKETS
 from sharding.plan import split_even
 
+if TYPE_CHECKING:
+    from eventing.storage.protocol import FileBucket
+
 
 def _vb_of(key: str) -> int:
+    if key.startswith(COLLECTION_MARK):  # a collection's stored key: the vBucket of its own key
+        return vbucket_of_stored(key)
     return ((zlib.crc32(key.encode()) >> 16) & 0x7FFF) % NUM_VBUCKETS  # sharding.vbucket_of, inlined
 
 
@@ -48,18 +62,20 @@ def partition_ranges(partitions: int) -> list[range]:
     return [range(run[0], run[-1] + 1) for run in runs]
 
 
-class PartitionedBucket(LocalBucket):
-    """A bucket whose vBuckets are spread over ``len(parts)`` files; the methods of ``LocalBucket``, each
-    sent to the partition that holds the key or vBucket, or to every partition and merged.
+class PartitionedBucket:
+    """A bucket whose vBuckets are spread over ``len(parts)`` files (``LocalBucket``s, partition 0 first):
+    the ``FileBucket`` protocol (eventing.storage.protocol), each call sent to the partition that holds the
+    key or vBucket, or to every partition and merged.
 
-    ``path``, ``uuid`` and ``name`` are the main file's (partition 0). Every public method of LocalBucket is
-    overridden here or built on methods that are (``get``, ``read_vb``, ``upsert``, ``delete``, ``keys`` and
-    ``scan``; a unit test checks it), so nothing reaches partition 0 alone by accident."""
+    ``path``, ``uuid`` and ``name`` are the main file's (partition 0). It holds its parts rather than
+    extending LocalBucket, so no method reaches partition 0 alone by accident."""
 
-    def __init__(self, parts: Sequence[LocalBucket]):  # not LocalBucket.__init__: each part has its connection
+    reads_ahead = False  # files: nothing to read ahead (see LocalBucket.prefetch)
+
+    def __init__(self, parts: Sequence[LocalBucket]):
         self.parts = list(parts)
         main = self.parts[0]
-        self.path, self.name, self.uuid, self._db = main.path, main.name, main.uuid, main._db
+        self.path, self.name, self.uuid = main.path, main.name, main.uuid
         self.ranges = partition_ranges(len(self.parts))
         self._part_of_vb = [i for i, vbs in enumerate(self.ranges) for _ in vbs]
 
@@ -79,6 +95,12 @@ class PartitionedBucket(LocalBucket):
     def close(self) -> None:
         for part in self.parts:
             part.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def verify_integrity(self) -> None:
         for part in self.parts:
@@ -112,11 +134,22 @@ class PartitionedBucket(LocalBucket):
             for part, indices in self._split(r[0] for r in rows).items()
         )
 
+    def upsert(
+        self, key: str, doc: dict, *, origin: str | None = None, expiry: int = 0, arrival_ms: int | None = None
+    ) -> tuple[int, int]:
+        return self._part_of_key(key).upsert(key, doc, origin=origin, expiry=expiry, arrival_ms=arrival_ms)
+
+    def delete(self, key: str, *, origin: str | None = None) -> tuple[int, int]:
+        return self._part_of_key(key).delete(key, origin=origin)
+
     def expire_due(self, now_s: float | None = None) -> int:
         now = time.time() if now_s is None else now_s
         return sum(part.expire_due(now) for part in self.parts)
 
     # -- reads --------------------------------------------------------------------------------------
+
+    def get(self, key: str) -> dict | None:
+        return self._part_of_key(key).get(key)
 
     def get_raw(self, key: str) -> bytes | None:
         return self._part_of_key(key).get_raw(key)
@@ -134,10 +167,22 @@ class PartitionedBucket(LocalBucket):
         for part in self.parts:
             part.ensure_key_index()
 
-    def high_seqnos(self) -> list[int]:
+    def high_seqnos(self, *, prefetched: bool = False) -> list[int]:
         return list(itertools.chain.from_iterable(
             part.high_seqnos()[vbs.start:vbs.stop] for part, vbs in zip(self.parts, self.ranges, strict=True)
         ))
+
+    def prefetch(self, runs: list[tuple[int, int, int]]) -> None:
+        pass
+
+    def has_ahead(self, vb: int) -> bool:
+        return False
+
+    def forget_prefetched(self, positions: dict[int, int]) -> None:
+        pass
+
+    def read_vb(self, vb: int, after_seqno: int, limit: int) -> list[Mutation]:
+        return self.parts[self._part_of_vb[vb]].read_vb(vb, after_seqno, limit)
 
     def read_vb_rows(self, vb: int, after_seqno: int, limit: int) -> list[tuple]:
         return self.parts[self._part_of_vb[vb]].read_vb_rows(vb, after_seqno, limit)
@@ -177,6 +222,14 @@ class PartitionedBucket(LocalBucket):
                 counts[key] = counts.get(key, 0) + n
         return counts
 
+    def keys(self, prefix: str = "", limit: int | None = None) -> list[str]:
+        return [key for key, *_ in self._live_docs(prefix, limit, with_docs=False)]
+
+    def scan(self, prefix: str = "", limit: int | None = None) -> Iterator[tuple[str, dict, dict]]:
+        for key, vb, seqno, cas, expiry, flags, raw in self._live_docs(prefix, limit, with_docs=True):
+            meta = {"vb": vb, "seqno": seqno, "cas": cas, "expiry": expiry, "flags": flags}
+            yield key, decode_document(raw), meta
+
     def _live_docs(self, prefix: str, limit: int | None, *, with_docs: bool, batch: int = 1000) -> Iterator[tuple]:
         merged = heapq.merge(
             *(part._live_docs(prefix, limit, with_docs=with_docs, batch=batch) for part in self.parts),
@@ -184,8 +237,28 @@ class PartitionedBucket(LocalBucket):
         )
         return itertools.islice(merged, limit)
 
-    def count(self) -> int:
-        return sum(part.count() for part in self.parts)
+    def count(self, prefix: str = "") -> int:
+        return sum(part.count(prefix) for part in self.parts)
+
+    def change_document(
+        self, key: str, change: Callable[[StoredDocument | None], Write | None], *, origin: str | None = None
+    ) -> StoredDocument | None:
+        return self._part_of_key(key).change_document(key, change, origin=origin)
+
+    # The collection registry lives in the main file (partition 0); documents in the partition of their vBucket.
+    def collections(self) -> dict[tuple[str, str], int]:
+        return self.parts[0].collections()
+
+    def create_collection(self, scope: str, collection: str) -> int:
+        return self.parts[0].create_collection(scope, collection)
+
+    def drop_collection(self, scope: str, collection: str) -> int:
+        cid = self.collections().get((scope, collection))
+        dropped = self.parts[0].drop_collection(scope, collection)
+        if cid is not None:
+            for part in self.parts[1:]:
+                dropped += part.drop_collection_documents(cid)
+        return dropped
 
     def stats(self) -> dict:
         each = [part.stats() for part in self.parts]
@@ -263,3 +336,9 @@ class PartitionedBucket(LocalBucket):
     def drop_effect_marks(self, function: str) -> None:
         for part in self.parts:
             part.drop_effect_marks(function)
+
+
+if TYPE_CHECKING:
+
+    def _implements_the_protocol(bucket: PartitionedBucket) -> FileBucket:
+        return bucket  # mypy checks every FileBucket method is here with a compatible signature

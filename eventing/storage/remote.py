@@ -6,7 +6,7 @@ module is that split on one data directory. ``DataService`` is a plain class tha
 (``eventing.workers.data_service`` wraps it in Ray actors pinned to that node); ``DataAccess`` is what a
 worker holds: it opens the files directly when it can see them on the data service's node (the locality
 fast path, like HDFS short-circuit reads) and otherwise gives ``RemoteBucket`` and ``RemoteMetadataStore``,
-which have the methods of ``LocalBucket`` and ``MetadataStore`` that workers call and forward them.
+which implement the ``Bucket`` protocol and ``MetadataStore`` by forwarding the calls.
 
 What crosses the wire is batched: a log read returns up to a whole batch (>= 1,000 mutations) as one
 msgpack blob of row tuples (documents stay msgpack bytes inside it), decoded once in the worker. Effects,
@@ -20,25 +20,29 @@ from __future__ import annotations
 
 import os
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import repeat
 from pathlib import Path
-from typing import Any, Protocol, Self, cast
+from typing import TYPE_CHECKING, Any, Protocol, Self, cast
 
 import msgpack
 
 from eventing.core.mutation import Mutation
 from eventing.errors import ConfigError, EventingError
-from eventing.storage.bucket import EffectGroup, EffectResult, LocalBucket, PackedUpdates
+from eventing.storage.bucket import EffectGroup, EffectResult, PackedUpdates, Write
+from eventing.storage.factory import open_bucket
+from eventing.storage.protocol import Bucket, FileBucket
 from metadata import MetadataStore
 from metadata.factory import SQLITE_FILE, open_store
 
 LOCALITY_ENV = "EVENTING_DATA_LOCALITY"  # "0": workers on the data node still go through the service
 
-# What a remote worker may ask of a bucket: the reads of its source and bindings, and fenced effects.
+# What a remote worker may ask of a bucket: the Bucket protocol (eventing.storage.protocol) beyond the log
+# reads, which have calls of their own (read_vb, read_many). An iterator (scan) is answered as a list.
 BUCKET_CALLS = frozenset({
     "high_seqnos", "read_vb_packed", "max_doc_bytes", "get_raw", "get", "get_meta", "get_doc", "previous_doc",
-    "ensure_key_index", "apply_effects", "effect_marks", "fence",
+    "ensure_key_index", "apply_effects", "effect_marks", "fence", "write", "upsert", "delete", "flush", "keys",
+    "scan", "count", "collection_list",
 })
 
 
@@ -50,13 +54,13 @@ class DataService:
 
     def __init__(self, data_dir: str):
         self.data_dir = data_dir
-        self._buckets: dict[str, LocalBucket] = {}
+        self._buckets: dict[str, FileBucket] = {}
         self._store: MetadataStore | None = None
 
-    def _bucket(self, name: str) -> LocalBucket:
+    def _bucket(self, name: str) -> FileBucket:
         bucket = self._buckets.get(name)
         if bucket is None:
-            bucket = self._buckets[name] = LocalBucket.open(self.data_dir, name)
+            bucket = self._buckets[name] = open_bucket(self.data_dir, name)
         return bucket
 
     @property
@@ -78,9 +82,15 @@ class DataService:
         return bucket.name, bucket.uuid
 
     def do_bucket(self, name: str, method: str, args: tuple, kwargs: dict) -> Any:
+        if method == "collection_list":  # tuples, not a dict with tuple keys, travel through msgpack
+            return self.do_collection_list(name)
         if method not in BUCKET_CALLS:
             raise ConfigError(f"bucket method {method!r} is not served to remote workers")
-        return getattr(self._bucket(name), method)(*args, **kwargs)
+        answer = getattr(self._bucket(name), method)(*args, **kwargs)
+        return list(answer) if isinstance(answer, Iterator) else answer
+
+    def do_collection_list(self, name: str) -> list[tuple[str, str, int]]:
+        return [(scope, collection, cid) for (scope, collection), cid in self._bucket(name).collections().items()]
 
     def do_read_vb(self, name: str, vb: int, after_seqno: int, limit: int) -> bytes:
         """``LocalBucket.read_vb`` as one msgpack blob of row tuples (no Mutation objects made here)."""
@@ -226,7 +236,7 @@ def rows_of_columns(vb: int, after: int, columns: tuple) -> tuple | None:
 
 
 class RemoteBucket:
-    """The ``LocalBucket`` methods a worker uses, answered by the data service.
+    """The ``Bucket`` protocol (eventing.storage.protocol), answered by the data service.
 
     Log reads can be asked for ahead (``prefetch``): the worker names runs of the batches to come, many
     batches' worth in one call, while it handles the current one, so the service reads while the worker
@@ -235,6 +245,9 @@ class RemoteBucket:
     rows never change once written (the log only grows), so the rows that follow seqno ``after`` are the
     answer ``read_vb`` would give; a read that does not start where the rows read ahead start is made on
     the spot, so a wrong guess costs a round trip, never a wrong answer."""
+
+    path = None  # the files are where the data service runs
+    reads_ahead = True
 
     def __init__(self, client: DataClient, name: str):
         self._client = client
@@ -353,6 +366,45 @@ class RemoteBucket:
     def fence(self, function: str, epochs: dict[int, int]) -> None:
         self._bucket("fence", function, dict(epochs))
 
+    def write(
+        self, writes: Iterable[Write], *, origin: str | None = None, arrival_ms: int | None = None
+    ) -> list[tuple[int, int] | None]:
+        return cast(
+            "list[tuple[int, int] | None]", self._bucket("write", list(writes), origin=origin, arrival_ms=arrival_ms)
+        )
+
+    def upsert(
+        self, key: str, doc: dict, *, origin: str | None = None, expiry: int = 0, arrival_ms: int | None = None
+    ) -> tuple[int, int]:
+        return cast(
+            "tuple[int, int]", self._bucket("upsert", key, doc, origin=origin, expiry=expiry, arrival_ms=arrival_ms)
+        )
+
+    def delete(self, key: str, *, origin: str | None = None) -> tuple[int, int]:
+        return cast("tuple[int, int]", self._bucket("delete", key, origin=origin))
+
+    def flush(self, *, new_uuid: str | None = None) -> dict:
+        """Empty the bucket (LocalBucket.flush); what was read ahead went with it."""
+        self._settle()
+        self._ahead.clear()
+        self._highs = None
+        went = cast(dict, self._bucket("flush", new_uuid=new_uuid))
+        self.uuid = went["uuid"]
+        return went
+
+    def keys(self, prefix: str = "", limit: int | None = None) -> list[str]:
+        return cast("list[str]", self._bucket("keys", prefix, limit))
+
+    def scan(self, prefix: str = "", limit: int | None = None) -> Iterator[tuple[str, dict, dict]]:
+        return iter(cast("list[tuple[str, dict, dict]]", self._bucket("scan", prefix, limit)))
+
+    def count(self, prefix: str = "") -> int:
+        return cast(int, self._bucket("count", prefix))
+
+    def collections(self) -> dict[tuple[str, str], int]:
+        listed = cast("list[tuple[str, str, int]]", self._bucket("collection_list"))
+        return {(scope, name): cid for scope, name, cid in listed}
+
     def close(self) -> None:
         pass
 
@@ -366,8 +418,14 @@ class RemoteBucket:
         self.close()
 
 
+if TYPE_CHECKING:
+
+    def _implements_the_protocol(bucket: RemoteBucket) -> Bucket:
+        return bucket  # mypy checks every Bucket method is here with a compatible signature
+
+
 # What a worker's bindings and runner read and write through: the files, or the data service.
-AnyBucket = LocalBucket | RemoteBucket
+AnyBucket = Bucket
 
 
 class RemoteMetadataStore:
@@ -410,9 +468,9 @@ class DataAccess:
         self.local = service is None or _sees_files(data_dir, service)
         self._client = None if self.local or service is None else service.client(key)
 
-    def bucket(self, name: str) -> LocalBucket | RemoteBucket:
+    def bucket(self, name: str) -> Bucket:
         if self._client is None:
-            return LocalBucket.open(self.data_dir, name)
+            return open_bucket(self.data_dir, name)
         return RemoteBucket(self._client, name)
 
     def metadata(self) -> MetadataStore:

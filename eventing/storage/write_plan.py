@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from itertools import chain, groupby, repeat
 from operator import itemgetter
 
+from eventing.core.keyspaces import COLLECTION_MARK, vbucket_of_stored
 from eventing.core.mutation import OP_UPDATE
 from sharding import NUM_VBUCKETS
 
@@ -41,7 +42,11 @@ class UpdatePlan:
 
     def __init__(self, items: Sequence[Item]):
         self.count = len(items)
-        vbs = [((zlib.crc32(item[0].encode()) >> 16) & 0x7FFF) % NUM_VBUCKETS for item in items]  # vbucket_of
+        vbs = [  # vbucket_of (a collection's stored key: of its own key, eventing.core.keyspaces)
+            vbucket_of_stored(k) if (k := item[0]).startswith(COLLECTION_MARK)
+            else ((zlib.crc32(k.encode()) >> 16) & 0x7FFF) % NUM_VBUCKETS
+            for item in items
+        ]
         self.order = sorted(range(len(items)), key=vbs.__getitem__)  # stable
         pick = _pick(self.order) if items else (lambda seq: ())
         self.vbs = pick(vbs)

@@ -21,11 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eventing.control import lifecycle
+# Not `lifecycle`: importing the submodule eventing.testing.lifecycle rebinds that name in this package.
+from eventing.control import lifecycle as control_lifecycle
 from eventing.core.definition import Boundary, FunctionDefinition
 from eventing.ops.verify import VerifyReport, check_ledger
 from eventing.storage import loadgen
-from eventing.storage.bucket import LocalBucket, chunked
+from eventing.storage.bucket import chunked
+from eventing.storage.factory import create_bucket
+from eventing.storage.protocol import FileBucket
 
 LEDGER_HANDLER = '''
 import os
@@ -100,10 +103,10 @@ def call_log_figures(path: str | Path) -> CallLogFigures:
 
 def load_source(
     data_dir: str, documents: int, mutations: int, *, bucket: str = "src", chunk: int = 10_000, **generate: Any
-) -> LocalBucket:
+) -> FileBucket:
     """The bucket (created if missing) with ``loadgen.generate(documents, mutations, **generate)`` written
     into it in chunks."""
-    source = LocalBucket.create(data_dir, bucket, exist_ok=True)
+    source = create_bucket(data_dir, bucket, exist_ok=True)
     for writes in chunked(loadgen.generate(documents, mutations, **generate), chunk):
         source.write(writes)
     return source
@@ -114,9 +117,9 @@ def deploy_function(
 ) -> None:
     """Create the function's binding buckets, save it with ``handler`` and deploy it."""
     for b in defn.bindings:
-        LocalBucket.create(data_dir, b.bucket, exist_ok=True)
-    lifecycle.save_function(data_dir, defn, handler)
-    lifecycle.deploy(data_dir, defn.name, boundary)
+        create_bucket(data_dir, b.bucket, exist_ok=True)
+    control_lifecycle.save_function(data_dir, defn, handler)
+    control_lifecycle.deploy(data_dir, defn.name, boundary)
 
 
 def wait_for(

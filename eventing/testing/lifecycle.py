@@ -40,7 +40,8 @@ from eventing.cli.app import main as cli_main
 from eventing.control import lifecycle
 from eventing.errors import EventingError, LifecycleError, NotFoundError
 from eventing.ops.verify import EFFECT, HISTORY, parse_effect_key
-from eventing.storage.bucket import LocalBucket
+from eventing.storage.factory import open_bucket
+from eventing.storage.protocol import FileBucket
 from metadata.factory import open_store
 from sharding import vbucket_of
 
@@ -147,7 +148,7 @@ class ModelState:
     dlq: dict[tuple[int, int], DeadLetter] = field(default_factory=dict)
 
 
-def _effects(ledger: LocalBucket) -> list[tuple[int, str, int]]:
+def _effects(ledger: FileBucket) -> list[tuple[int, str, int]]:
     """(tag, key, seqno) of every effect the ledger holds."""
     out = []
     for text in ledger.logged_writes(f"{EFFECT}{FUNCTION}#"):
@@ -367,7 +368,7 @@ class LifecycleDriver:
         if d is None or self.model.state != "deployed":
             return
         owed = {(m.key, m.seq) for m in self.muts if m.seq > d.start.get(m.vb, 0)}
-        ledger = LocalBucket.open(self.data_dir, LEDGER)
+        ledger = open_bucket(self.data_dir, LEDGER)
         try:
             got = {(k, s) for t, k, s in _effects(ledger) if t == d.tag}
         finally:
@@ -405,7 +406,7 @@ class LifecycleDriver:
     def check(self) -> list[Violation]:
         """Compare the data directory with the model; resolve the model's open choices by what happened."""
         found: list[Violation] = []
-        ledger = LocalBucket.open(self.data_dir, LEDGER)
+        ledger = open_bucket(self.data_dir, LEDGER)
         store = open_store(self.data_dir, create=False) if self.model.state != "none" else None
         try:
             writes = ledger.logged_writes(EFFECT)
@@ -491,7 +492,7 @@ class LifecycleDriver:
     def _resolve(self) -> None:
         """Settle the model's open choices by what happened: a rewound dead letter handled now is an
         effect from now on, one not handled stays a dead letter."""
-        ledger = LocalBucket.open(self.data_dir, LEDGER)
+        ledger = open_bucket(self.data_dir, LEDGER)
         try:
             d = self.model.deployment
             for tag, may in self.may.items():
@@ -613,7 +614,7 @@ class ServiceDriver(LifecycleDriver):
         import os
         import signal
 
-        ledger = LocalBucket.open(self.data_dir, LEDGER)
+        ledger = open_bucket(self.data_dir, LEDGER)
         try:
             pids = [doc.get("pid") for _, doc, meta in sorted(
                 ledger.scan(f"{EFFECT}{FUNCTION}#"), key=lambda item: -item[2]["seqno"])]

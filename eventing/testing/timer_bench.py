@@ -21,7 +21,8 @@ from eventing.control.service import EventingService
 from eventing.core.definition import FunctionDefinition
 from eventing.core.mutation import OP_UPDATE, encode_document
 from eventing.execution.timers import delay_percentile
-from eventing.storage.bucket import LocalBucket, Write, chunked
+from eventing.storage.bucket import Write, chunked
+from eventing.storage.factory import create_bucket, open_bucket
 from eventing.workers.executor import Executor
 from metadata.factory import open_store
 
@@ -64,8 +65,8 @@ class TimerBenchResult:
 
 
 def prepare(data_dir: str) -> None:
-    LocalBucket.create(data_dir, "timer_src", exist_ok=True)
-    LocalBucket.create(data_dir, "timer_ledger", exist_ok=True)
+    create_bucket(data_dir, "timer_src", exist_ok=True)
+    create_bucket(data_dir, "timer_ledger", exist_ok=True)
 
 
 def definition(workers: int, batch_size: int, base: float) -> FunctionDefinition:
@@ -89,7 +90,7 @@ def run(
     progress: Any = None,
 ) -> TimerBenchResult:
     """Deploy, let every timer fire (or time out), stop; then count through the ledger."""
-    source = LocalBucket.open(data_dir, "timer_src")
+    source = open_bucket(data_dir, "timer_src")
     base = time.time() + lead_s  # BASE, a constant binding: due times are BASE + offset
     lifecycle.save_function(data_dir, definition(workers, 1000, base), HANDLER)
     lifecycle.deploy(data_dir, FUNCTION)
@@ -101,7 +102,7 @@ def run(
     started = time.monotonic()
     thread.start()
     result = TimerBenchResult(timers)
-    ledger = LocalBucket.open(data_dir, "timer_ledger")
+    ledger = open_bucket(data_dir, "timer_ledger")
     deadline = started + (timeout_s if timeout_s is not None else lead_s + span_s + 120)
     kill_at = [base + span_s * (k + 1) / (kills + 1) for k in range(kills)]
     try:

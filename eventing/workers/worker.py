@@ -22,8 +22,8 @@ from eventing.errors import FencedError, OrderViolationError, StoreError
 from eventing.execution.app_log import RemoteAppLog
 from eventing.execution.runner import (
     NO_HANDLER,
-    Call,
     Failure,
+    HandlerCall,
     HandlerRunner,
     HandlerTimeout,
     Rejection,
@@ -71,12 +71,9 @@ class StepReport:
 # second instead of one per batch_size mutations, each of which costs the worker and the driver CPU.
 STEP_SLICE_S = 0.1
 # A worker reading through the data service reads this many mutations ahead in one call, and keeps one
-# such call in flight while fewer than this many are read ahead: a call across Ray nodes costs
-# milliseconds of CPU whatever its size (replies now travel inline, see executor.INLINE_REPLY_BYTES; before,
-# object store to object store), so 2,000-mutation calls capped
-# the remote read path near 200k/s here, 16,000-mutation calls near 350k/s; with the data service's
-# column reads, 32,000-mutation calls did 371-417k/s against 300-369k/s for 16,000 (64,000: 405-448k/s, for
-# twice the rows held per worker). EVENTING_REMOTE_READ_AHEAD overrides it (forwarded to every node).
+# such call in flight while fewer than this many are read ahead: a call across Ray nodes costs milliseconds
+# of CPU whatever its size, so fewer, larger calls read faster (figures in docs/benchmarks.md, "Remote read
+# ahead"). EVENTING_REMOTE_READ_AHEAD overrides it (forwarded to every node).
 REMOTE_READ_AHEAD = int(os.environ.get("EVENTING_REMOTE_READ_AHEAD", "32000"))
 EFFECT_FLUSH_MIN = 8000  # binding writes buffered before a flush within a step (every step ends with one)
 
@@ -97,9 +94,9 @@ class WorkerCore:
             )
         self.defn = FunctionDefinition.from_dict(record.definition)
         self.source = self.data.bucket(self.defn.source_bucket)
-        self._prefetch_runs = getattr(self.source, "prefetch", None)  # a source behind the data service
-        # Plain row tuples where the source has them (a local bucket): no Mutation built per row by Python.
-        self._read_rows = getattr(self.source, "read_vb_rows", self.source.read_vb)
+        self._reads_ahead = self.source.reads_ahead  # a source behind the data service
+        # Plain row tuples: no Mutation built per row by Python.
+        self._read_rows = self.source.read_vb_rows
         # Without the data directory, log() lines reach its application log through the data service.
         self.app_log = None if self.data.local else RemoteAppLog(
             self.data.app_log(spec.function, self.defn.app_log_max_size, self.defn.app_log_max_files)
@@ -230,8 +227,8 @@ class WorkerCore:
         fenced: set[int] = set()
         # Through the data service, the high seqnos are asked at most once a step (those read along with
         # the last read ahead when there are: no round trip of their own while the worker is behind).
-        remote = self._prefetch_runs is not None
-        highs = self.source.high_seqnos(prefetched=True) if remote else []  # type: ignore[call-arg]
+        remote = self._reads_ahead
+        highs = self.source.high_seqnos(prefetched=True) if remote else []
         first_at = 0.0 if self._handled_any else time.time()
         while True:
             if not remote:
@@ -337,7 +334,7 @@ class WorkerCore:
             c[counter_names.TIMERS_FAILED] += 1
             self._dead_letter(m, "timer_error", call.error, "", 0)
         else:
-            assert type(call) is Call
+            assert type(call) is HandlerCall
             failure = self.runner.call(
                 m, call, epoch=self.epochs[t.vb], attempts=self._attempts,
                 backoff_s=self._backoff_s, on_retry=self._count_retry,
@@ -359,7 +356,7 @@ class WorkerCore:
         front of each vBucket's rows; a read they do not cover is made on the spot (a round trip, never a
         wrong answer)."""
         source = self.source
-        source.forget_prefetched(self.positions)  # type: ignore[union-attr]
+        source.forget_prefetched(self.positions)
         positions = self.positions
         start = self._rotor % len(work)
         covered = 0
@@ -367,7 +364,7 @@ class WorkerCore:
         total = 0
         for vb in work[start:] + work[:start]:
             backlog = min(limits[vb] - positions[vb], REMOTE_READ_AHEAD)
-            if source.has_ahead(vb):  # type: ignore[union-attr]
+            if source.has_ahead(vb):
                 if not runs:
                     covered += backlog
                 continue
@@ -378,14 +375,13 @@ class WorkerCore:
                 total += backlog
                 if total >= REMOTE_READ_AHEAD:
                     break
-        assert self._prefetch_runs is not None
-        self._prefetch_runs(runs)
+        source.prefetch(runs)
 
     def _process(self, work: list[int], limits: dict[int, int], budget: int) -> int:
         # Resume the rotation where the last step stopped, so every vBucket makes progress even when
         # the budget is smaller than the backlog; read long runs of one vBucket per query.
         window_only = self.on_update is None and self.window_rows is not None
-        if self._prefetch_runs is not None and not window_only:
+        if self._reads_ahead and not window_only:
             self._prefetch(work, limits, budget)
         handled = 0
         start = self._rotor % len(work)
@@ -410,7 +406,7 @@ class WorkerCore:
         function, for on_update. Anything else (deletes, dead letters, the recursion guard, window rows,
         previous_version, a failed call) goes through _handle or the runner's own failure path, so both
         ways give the same effects, counters and dead letters. Inlining saves ~1.5 us a mutation (no
-        Call, no dispatch, counters added once a run): a third of a worker's cost on a trivial handler."""
+        HandlerCall, no dispatch, counters added once a run): a third of a worker's cost on a trivial handler."""
         runner = self.runner
         positions = self.positions
         if self.on_update is None or self.window_rows is not None or runner.previous is not None or self._lettered:
@@ -450,7 +446,7 @@ class WorkerCore:
                         context.active = False
                     except BaseException as exc:
                         context.active = False
-                        call = new_call(Call, ("on_update", on_update, (doc, meta), doc))
+                        call = new_call(HandlerCall, ("on_update", on_update, (doc, meta), doc))
                         failure = runner.retry_after(
                             exc, m, call, epoch=epoch, attempts=self._attempts, backoff_s=self._backoff_s,
                             on_retry=self._count_retry,
@@ -519,7 +515,7 @@ class WorkerCore:
             else:
                 self._dead_letter(m, call.status, call.error, "", 0)
             return
-        assert type(call) is Call
+        assert type(call) is HandlerCall
         if self.window_rows is not None and call.kind == "on_update":
             if not self.window_rows.add(m, call.doc):
                 self._dead_letter(m, "bad_event_time", self.window_rows.rejection, "", 0)
@@ -532,7 +528,7 @@ class WorkerCore:
         )
         self._outcome(m, call, failure)
 
-    def _outcome(self, m: Mutation, call: Call, failure: Failure | None) -> None:
+    def _outcome(self, m: Mutation, call: HandlerCall, failure: Failure | None) -> None:
         c = self.counters
         if failure is None:
             c[self._success[call.kind]] += 1

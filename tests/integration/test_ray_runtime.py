@@ -15,6 +15,7 @@ import pytest
 from eventing.control import lifecycle
 from eventing.control.service import EventingService
 from eventing.storage.bucket import LocalBucket
+from eventing.storage.factory import create_bucket, open_bucket
 from eventing.testing import (
     BackgroundLoop,
     check_ledger,
@@ -75,7 +76,7 @@ def test_several_functions_handle_every_mutation_once_in_per_document_order(data
     store = open_store(data_dir)
     for name, count in workers.items():
         assert summary.functions[name].handled == 15_000
-        report = check_ledger(source, LocalBucket.open(data_dir, f"ledger_{name}"))
+        report = check_ledger(source, open_bucket(data_dir, f"ledger_{name}"))
         assert report.ok, f"{name}: {report.summary()}"
         calls = read_call_log(logs[name])
         assert sum(len(v) for v in calls.values()) == 15_000  # no fault: exactly once
@@ -96,7 +97,7 @@ def read_pids(path) -> set[str]:
 def kill_workers_during_run(data_dir, tmp_path, executor, *, mutations: int, kills: int, ledger_partitions: int = 1) -> None:
     """Run a slow ledger function on 4 workers and kill -9 one worker process `kills` times, in turn."""
     source = load(data_dir, documents=400, mutations=mutations)
-    LocalBucket.create(data_dir, "ledger", partitions=ledger_partitions).close()
+    create_bucket(data_dir, "ledger", partitions=ledger_partitions).close()
     calls = tmp_path / "calls.log"
     deploy(data_dir, ledger_definition("fn_k", "src", "ledger", workers=4, call_log=str(calls), sleep_ms=3, batch_size=100))
     service = EventingService(data_dir, executor, until_caught_up=True)
@@ -118,7 +119,7 @@ def kill_workers_during_run(data_dir, tmp_path, executor, *, mutations: int, kil
         thread.join(timeout=300)
     assert killed == kills
     assert not result["summary"].errors
-    ledger = LocalBucket.open(data_dir, "ledger")
+    ledger = open_bucket(data_dir, "ledger")
     assert ledger.stats()["partitions"] == ledger_partitions
     report = check_ledger(source, ledger)
     assert report.ok, report.summary()
@@ -174,7 +175,7 @@ def test_a_driver_killed_mid_run_resumes_from_its_checkpoints(data_dir, ray_sess
     assert not summary.errors
     after = store.checkpoints("fn_d")
     assert all(after[vb].seqno >= seqno for vb, seqno in before.items())
-    report = check_ledger(source, LocalBucket.open(data_dir, "ledger"))
+    report = check_ledger(source, open_bucket(data_dir, "ledger"))
     assert report.ok, report.summary()
 
 
@@ -207,7 +208,7 @@ def test_a_running_service_follows_deploys_pauses_and_resumes_from_other_process
         service.stop()
         thread.join(timeout=60)
     for fn, ledger in (("fn_live", "ledger_live"), ("fn_late", "ledger_late")):
-        report = check_ledger(source, LocalBucket.open(data_dir, ledger))
+        report = check_ledger(source, open_bucket(data_dir, ledger))
         assert report.ok and report.handled == 1200, f"{fn}: {report.summary()}"
 
 
@@ -221,10 +222,10 @@ def caught_up(data_dir: str, function: str, source: LocalBucket) -> bool:
 def test_a_handler_that_cannot_be_interrupted_gets_its_worker_recycled(data_dir, ray_executor):
     from eventing.core.definition import FunctionDefinition
 
-    source = LocalBucket.create(data_dir, "src")
+    source = create_bucket(data_dir, "src")
     for i in range(20):
         source.upsert(f"k{i:02d}", {"i": i})
-    LocalBucket.create(data_dir, "out")
+    create_bucket(data_dir, "out")
     handler = (
         "import signal, time\n"
         "def on_update(doc, meta):\n"
@@ -247,7 +248,7 @@ def test_a_handler_that_cannot_be_interrupted_gets_its_worker_recycled(data_dir,
     rows = store.dlq_rows("fn_stuck")
     assert [(r.key, r.reason) for r in rows] == [("k07", "timeout")]
     assert "recycled" in rows[0].error
-    assert sorted(LocalBucket.open(data_dir, "out").keys()) == [f"k{i:02d}" for i in range(20) if i != 7]
+    assert sorted(open_bucket(data_dir, "out").keys()) == [f"k{i:02d}" for i in range(20) if i != 7]
     counters = store.counters("fn_stuck")
     assert counters["workers_recycled"] == 1 and counters["hung_skipped"] == 1
     # The handler is fixed and the function deployed afresh: the mutation the old handler hung on is handled
@@ -257,5 +258,5 @@ def test_a_handler_that_cannot_be_interrupted_gets_its_worker_recycled(data_dir,
     lifecycle.deploy(data_dir, "fn_stuck")
     summary = EventingService(data_dir, ray_executor, until_caught_up=True).run()
     assert not summary.errors
-    assert sorted(LocalBucket.open(data_dir, "out").keys()) == [f"k{i:02d}" for i in range(20)]
+    assert sorted(open_bucket(data_dir, "out").keys()) == [f"k{i:02d}" for i in range(20)]
     assert open_store(data_dir).counters("fn_stuck")["hung_skipped"] == 1  # nothing skipped this time

@@ -17,7 +17,8 @@ from eventing.control.service import EventingService
 from eventing.core.definition import FunctionDefinition
 from eventing.core.mutation import OP_UPDATE, Mutation
 from eventing.errors import StoreCorruptError, StoreError
-from eventing.storage.bucket import LocalBucket, bucket_path, header_problem
+from eventing.storage.bucket import bucket_path, header_problem
+from eventing.storage.factory import create_bucket, open_bucket
 from eventing.testing import load_source
 from eventing.testing.windows import python_aggregator
 from eventing.windows import batches
@@ -54,7 +55,7 @@ def overwrite_middle(path: Path, size: int = 16_384) -> None:
 def deployed(data_dir: str) -> Path:
     """Bucket src (1,000 mutations) and ledger, a ledger function deployed on them; the source's path."""
     load_source(data_dir, 100, 1000, seed=3)
-    LocalBucket.create(data_dir, "ledger").close()
+    create_bucket(data_dir, "ledger").close()
     defn = FunctionDefinition.from_dict({
         "name": "fn_l", "source_bucket": "src", "bindings": [{"alias": "dst", "bucket": "ledger", "access": "rw"}],
     })
@@ -65,7 +66,7 @@ def deployed(data_dir: str) -> Path:
 
 @pytest.mark.parametrize("damage", ["overwritten in the middle", "truncated", "emptied"])
 def test_a_damaged_bucket_file_gets_one_line_from_get_load_and_run(capsys, data_dir, deployed, damage):
-    some_key = next(iter(LocalBucket.open(data_dir, "src").keys(limit=1)))
+    some_key = next(iter(open_bucket(data_dir, "src").keys(limit=1)))
     if damage == "overwritten in the middle":
         overwrite_middle(deployed)
     elif damage == "truncated":
@@ -83,12 +84,12 @@ def test_a_damaged_bucket_file_gets_one_line_from_get_load_and_run(capsys, data_
         assert f"bucket file {deployed} is damaged" in lines[0], (argv, output)
         assert "`eventing bucket drop src`" in lines[0] and "backup" in lines[0]
     # Nothing ran past the damage: no checkpoint moved, no effect was written.
-    assert LocalBucket.open(data_dir, "ledger").count() == 0
+    assert open_bucket(data_dir, "ledger").count() == 0
 
 
 @pytest.mark.parametrize("partitions", [1, 3])
 def test_a_damaged_bucket_is_dropped_as_it_is_and_can_be_created_again(capsys, data_dir, partitions):
-    LocalBucket.create(data_dir, "src", partitions=partitions).close()
+    create_bucket(data_dir, "src", partitions=partitions).close()
     load_source(data_dir, 50, 200, seed=1).close()
     path = bucket_path(data_dir, "src")
     overwrite_middle(path, 4096)
@@ -98,11 +99,11 @@ def test_a_damaged_bucket_is_dropped_as_it_is_and_can_be_created_again(capsys, d
     assert not path.exists() and not Path(f"{path}-wal").exists()
     assert not (path.parent / "src.partitions").exists()
     assert cli(capsys, data_dir, "bucket", "create", "src")[0] == 0
-    assert LocalBucket.open(data_dir, "src").count() == 0
+    assert open_bucket(data_dir, "src").count() == 0
 
 
 def test_a_damaged_partition_names_its_own_file(capsys, data_dir):
-    LocalBucket.create(data_dir, "parts", partitions=2).close()
+    create_bucket(data_dir, "parts", partitions=2).close()
     part = bucket_path(data_dir, "parts").parent / "parts.partitions" / "1.sqlite3"
     os.truncate(part, 1000)
     status, output = cli(capsys, data_dir, "bucket", "get", "parts", "k1")

@@ -12,6 +12,7 @@ import pytest
 from eventing.control.service import EventingService
 from eventing.core.mutation import OP_UPDATE
 from eventing.storage.bucket import LocalBucket, Write
+from eventing.storage.factory import create_bucket, open_bucket
 from eventing.storage.remote import LOCALITY_ENV, DataAccess, DataService, RemoteBucket, rows_of_columns
 from eventing.testing import check_ledger, deploy_function, ledger_definition, load_source
 from eventing.workers.data_service import ServedData
@@ -89,7 +90,7 @@ def test_a_run_shipped_as_columns_gives_the_rows_a_local_read_gives(data_dir):
 
 
 def test_a_key_holding_a_nul_byte_is_read_on_the_spot(data_dir):
-    bucket = LocalBucket.create(data_dir, "src")
+    bucket = create_bucket(data_dir, "src")
     bucket.write([Write("a\x00b", OP_UPDATE, b"\x80"), Write("a\x00b", OP_UPDATE, b"\x81\xa1x\x01")])
     vb = vbucket_of("a\x00b")
     assert rows_of_columns(vb, 0, bucket.read_vb_columns(vb, 0, 10)) is None
@@ -128,7 +129,7 @@ def test_a_worker_without_the_files_handles_everything_exactly_once(data_dir, mo
     executor = ServedExecutor(data_dir)
     summary = EventingService(data_dir, executor, until_caught_up=True).run()
     assert summary.functions["fn_remote"].handled == 3000, summary
-    report = check_ledger(source, LocalBucket.open(data_dir, "ledger"))
+    report = check_ledger(source, open_bucket(data_dir, "ledger"))
     assert report.ok, report.summary()
     assert report.handled == 3000
     calls = executor.data_service.calls
@@ -137,13 +138,13 @@ def test_a_worker_without_the_files_handles_everything_exactly_once(data_dir, mo
 
 def test_partitioned_source_and_ledger_through_the_service_handle_everything_exactly_once(data_dir, monkeypatch):
     monkeypatch.setenv(LOCALITY_ENV, "0")
-    LocalBucket.create(data_dir, "src", partitions=4)
-    LocalBucket.create(data_dir, "ledger", partitions=3)
+    create_bucket(data_dir, "src", partitions=4)
+    create_bucket(data_dir, "ledger", partitions=3)
     source = load_source(data_dir, 200, 3000, seed=6)
     deploy_function(data_dir, ledger_definition("fn_remote", "src", "ledger", workers=4, batch_size=500))
     summary = EventingService(data_dir, ServedExecutor(data_dir), until_caught_up=True).run()
     assert summary.functions["fn_remote"].handled == 3000, summary
-    ledger = LocalBucket.open(data_dir, "ledger")
+    ledger = open_bucket(data_dir, "ledger")
     assert ledger.stats()["partitions"] == 3
     report = check_ledger(source, ledger)
     assert report.ok and report.handled == 3000, report.summary()

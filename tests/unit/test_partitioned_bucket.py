@@ -3,15 +3,16 @@ once across partitions even when a writer dies between two partitions' commits."
 
 from __future__ import annotations
 
-import inspect
 import os
 
 import pytest
 
 from eventing.core.mutation import OP_DELETE, OP_UPDATE, encode_document
 from eventing.errors import ConfigError, StoreError
-from eventing.storage.bucket import EffectGroup, LocalBucket, Write, drop_bucket, list_buckets, partition_path
+from eventing.storage.bucket import EffectGroup, LocalBucket, Write, list_buckets, partition_path
+from eventing.storage.factory import create_bucket, drop_bucket, open_bucket
 from eventing.storage.partitions import PartitionedBucket, partition_ranges
+from eventing.storage.protocol import FileBucket
 from sharding import NUM_VBUCKETS, vbucket_of
 from sharding.plan import worker_plan
 
@@ -55,21 +56,21 @@ def _view(bucket: LocalBucket) -> dict:
 
 
 def test_a_partitioned_bucket_answers_exactly_as_a_one_file_bucket(data_dir):
-    one = LocalBucket.create(data_dir, "one")
-    four = LocalBucket.create(data_dir, "four", partitions=4)
+    one = create_bucket(data_dir, "one")
+    four = create_bucket(data_dir, "four", partitions=4)
     assert isinstance(four, PartitionedBucket) and type(one) is LocalBucket
     for bucket in (one, four):
         _fill(bucket)
     assert _view(four) == _view(one)
     assert four.stats()["partitions"] == 4 and one.stats()["partitions"] == 1
-    reopened = LocalBucket.open(data_dir, "four")
+    reopened = open_bucket(data_dir, "four")
     assert _view(reopened) == _view(one) and reopened.uuid == four.uuid
 
 
 def test_each_vbucket_lives_in_one_partition_and_the_ranges_are_a_functions_worker_ranges(data_dir):
     for n in (2, 3, 4, 16):
         assert [list(r) for r in partition_ranges(n)] == worker_plan(list(range(NUM_VBUCKETS)), n)
-    bucket = LocalBucket.create(data_dir, "p", partitions=4)
+    bucket = create_bucket(data_dir, "p", partitions=4)
     assert isinstance(bucket, PartitionedBucket)
     keys = [f"doc::{i}" for i in range(300)]
     bucket.write([Write(k, OP_UPDATE, encode_document({})) for k in keys])
@@ -79,12 +80,19 @@ def test_each_vbucket_lives_in_one_partition_and_the_ranges_are_a_functions_work
     assert sorted(k for part in bucket.parts for k in part.keys()) == sorted(keys)
 
 
-def test_every_public_method_of_a_bucket_is_partition_aware():
-    built_on_others = {"get", "read_vb", "upsert", "delete", "keys", "scan"}
-    public = {name for name, _ in inspect.getmembers(LocalBucket, inspect.isfunction) if not name.startswith("_")}
-    overridden = {name for name in public if name in vars(PartitionedBucket)}
-    assert public - built_on_others == overridden, "a LocalBucket method would reach partition 0 alone"
-    assert "_live_docs" in vars(PartitionedBucket)  # what keys and scan are built on
+def test_a_partitioned_bucket_holds_its_parts_and_answers_every_bucket_method(data_dir):
+    assert not issubclass(PartitionedBucket, LocalBucket)  # nothing reaches partition 0 alone through a base
+    wanted = {name for name in dir(FileBucket) if not name.startswith("_")}
+    with create_bucket(data_dir, "p", partitions=2) as bucket:
+        assert wanted and wanted <= set(dir(bucket))
+
+
+def test_only_the_factory_opens_a_partitioned_bucket(data_dir):
+    create_bucket(data_dir, "p", partitions=3).close()
+    with pytest.raises(ConfigError, match="bucket 'p' has 3 partitions; open it with .*open_bucket"):
+        LocalBucket.open(data_dir, "p")
+    with open_bucket(data_dir, "p") as bucket:
+        assert isinstance(bucket, PartitionedBucket) and len(bucket.parts) == 3
 
 
 class _DiesAfterCommits:
@@ -101,7 +109,7 @@ class _DiesAfterCommits:
 
 
 def test_effects_stay_exactly_once_when_a_writer_dies_between_two_partitions_commits(data_dir):
-    bucket = LocalBucket.create(data_dir, "dst", partitions=4)
+    bucket = create_bucket(data_dir, "dst", partitions=4)
     assert isinstance(bucket, PartitionedBucket)
 
     def groups():  # writes of three source vBuckets, to keys all over the partitions
@@ -126,7 +134,7 @@ def test_effects_stay_exactly_once_when_a_writer_dies_between_two_partitions_com
 
 
 def test_fencing_and_rewinding_marks_reach_every_partition(data_dir):
-    bucket = LocalBucket.create(data_dir, "dst", partitions=3)
+    bucket = create_bucket(data_dir, "dst", partitions=3)
     bucket.fence("fn", {7: 2})
     stale = [EffectGroup(7, 1, [(1, Write(f"z{i}", OP_UPDATE, encode_document({}))) for i in range(30)])]
     result = bucket.apply_effects("fn", stale)
@@ -140,15 +148,15 @@ def test_fencing_and_rewinding_marks_reach_every_partition(data_dir):
 
 
 def test_a_partitioned_bucket_is_copied_flushed_and_dropped_whole(data_dir, tmp_path):
-    bucket = LocalBucket.create(data_dir, "p", partitions=4)
+    bucket = create_bucket(data_dir, "p", partitions=4)
     bucket.write([Write(f"k{i}", OP_UPDATE, encode_document({"i": i})) for i in range(100)])
     bucket.copy_to(tmp_path / "copy")
-    copy = LocalBucket.open(tmp_path / "copy", "p")
+    copy = open_bucket(tmp_path / "copy", "p")
     assert copy.keys() == bucket.keys() and copy.high_seqnos() == bucket.high_seqnos() and copy.uuid == bucket.uuid
     old = bucket.uuid
     flushed = bucket.flush()
     assert flushed["documents"] == 100 and bucket.count() == 0 and bucket.uuid != old
-    assert LocalBucket.open(data_dir, "p").uuid == bucket.uuid  # every partition has the new identity
+    assert open_bucket(data_dir, "p").uuid == bucket.uuid  # every partition has the new identity
     assert list_buckets(data_dir) == ["p"]
     drop_bucket(data_dir, "p")
     assert list_buckets(data_dir) == [] and os.listdir(os.path.join(data_dir, "buckets")) == []
@@ -156,19 +164,19 @@ def test_a_partitioned_bucket_is_copied_flushed_and_dropped_whole(data_dir, tmp_
 
 def test_a_missing_partition_file_and_a_bad_partition_count_name_the_fix(data_dir):
     with pytest.raises(ConfigError, match="1 to 64 partitions"):
-        LocalBucket.create(data_dir, "p", partitions=0)
-    LocalBucket.create(data_dir, "p", partitions=4).close()
+        create_bucket(data_dir, "p", partitions=0)
+    create_bucket(data_dir, "p", partitions=4).close()
     partition_path(data_dir, "p", 3).unlink()
     with pytest.raises(StoreError, match=r"4 partitions but .*3\.sqlite3 is missing; restore it"):
-        LocalBucket.open(data_dir, "p")
+        open_bucket(data_dir, "p")
 
 
 def test_partition_files_left_without_their_main_file_never_meet_a_new_bucket(data_dir):
-    old = LocalBucket.create(data_dir, "p", partitions=4)
+    old = create_bucket(data_dir, "p", partitions=4)
     old.write([Write(f"k{i}", OP_UPDATE, encode_document({})) for i in range(50)])
     old.close()
     os.unlink(os.path.join(data_dir, "buckets", "p.sqlite3"))  # the main file deleted by hand
-    new = LocalBucket.create(data_dir, "p", partitions=2)
+    new = create_bucket(data_dir, "p", partitions=2)
     assert new.count() == 0 and sum(new.high_seqnos()) == 0
     left = os.listdir(partition_path(data_dir, "p", 1).parent)
     assert "1.sqlite3" in left and not [f for f in left if f.startswith(("2.", "3."))]

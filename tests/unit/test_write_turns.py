@@ -14,7 +14,8 @@ import pytest
 from eventing.core.mutation import OP_UPDATE
 from eventing.errors import NotFoundError
 from eventing.storage import write_turns
-from eventing.storage.bucket import LocalBucket, Write, bucket_path, drop_bucket
+from eventing.storage.bucket import Write, bucket_path
+from eventing.storage.factory import create_bucket, drop_bucket, open_bucket
 
 LIMIT = 1_000_000
 TRANSACTIONS, WRITES = 25, 500
@@ -27,7 +28,7 @@ def _writes(worker: int, n: int) -> list[Write]:
 
 def _write_without_pause(data_dir: str, worker: int, sizes) -> None:
     write_turns.WAL_LIMIT_BYTES = LIMIT
-    bucket = LocalBucket.open(data_dir, "dst")
+    bucket = open_bucket(data_dir, "dst")
     wal = f"{bucket.path}-wal"
     largest = 0
     for n in range(TRANSACTIONS):
@@ -39,7 +40,7 @@ def _write_without_pause(data_dir: str, worker: int, sizes) -> None:
 def test_several_processes_writing_one_bucket_keep_its_wal_near_the_limit(tmp_path):
     """Before, SQLite's checkpoint after each commit never caught up with three writers and the WAL grew
     with every transaction (420 MB over 1M effect writes)."""
-    bucket = LocalBucket.create(tmp_path, "dst")
+    bucket = create_bucket(tmp_path, "dst")
     context = multiprocessing.get_context("fork")
     sizes = context.Queue()
     writers = [context.Process(target=_write_without_pause, args=(str(tmp_path), w, sizes)) for w in range(3)]
@@ -62,7 +63,7 @@ def _hold_turn(path: str, held, release_at) -> None:
 
 
 def test_a_write_waits_while_another_process_has_the_turn(tmp_path):
-    bucket = LocalBucket.create(tmp_path, "dst")
+    bucket = create_bucket(tmp_path, "dst")
     context = multiprocessing.get_context("fork")
     held, release_at = context.Event(), context.Value("d", 0.0)
     holder = context.Process(target=_hold_turn, args=(str(bucket.path), held, release_at))
@@ -78,7 +79,7 @@ def test_a_write_waits_while_another_process_has_the_turn(tmp_path):
 
 def test_a_reader_on_an_old_snapshot_holds_no_writer_up_and_the_wal_is_truncated_after_it(tmp_path, monkeypatch):
     monkeypatch.setattr(write_turns, "WAL_LIMIT_BYTES", 200_000)
-    bucket = LocalBucket.create(tmp_path, "dst")
+    bucket = create_bucket(tmp_path, "dst")
     bucket.write(_writes(0, 0))
     reader = sqlite3.connect(bucket.path, isolation_level=None)
     reader.execute("BEGIN")
@@ -98,7 +99,7 @@ def test_a_reader_on_an_old_snapshot_holds_no_writer_up_and_the_wal_is_truncated
 
 
 def test_dropping_a_bucket_removes_its_turn_file(tmp_path):
-    bucket = LocalBucket.create(tmp_path, "dst")
+    bucket = create_bucket(tmp_path, "dst")
     bucket.write(_writes(0, 0))
     turn_file = f"{bucket_path(tmp_path, 'dst')}{write_turns.TURN_SUFFIX}"
     assert os.path.exists(turn_file)
@@ -106,7 +107,7 @@ def test_dropping_a_bucket_removes_its_turn_file(tmp_path):
     drop_bucket(tmp_path, "dst")
     assert not os.path.exists(turn_file)
     with pytest.raises(NotFoundError):
-        LocalBucket.open(tmp_path, "dst")
+        open_bucket(tmp_path, "dst")
 
 
 def test_writes_go_on_without_turns_where_the_file_system_has_no_flock(tmp_path, monkeypatch):
@@ -115,7 +116,7 @@ def test_writes_go_on_without_turns_where_the_file_system_has_no_flock(tmp_path,
     def no_flock(fd, operation):
         raise OSError(37, "No locks available")
 
-    bucket = LocalBucket.create(tmp_path, "dst")
+    bucket = create_bucket(tmp_path, "dst")
     monkeypatch.setattr(fcntl, "flock", no_flock)
     bucket.write(_writes(0, 0))
     bucket.write(_writes(0, 1))
@@ -126,7 +127,7 @@ def test_a_writer_alone_never_truncates_the_wal(tmp_path, monkeypatch):
     """SQLite's own checkpoint keeps a lone writer's WAL short; truncating would cost it ~10% (the file grows again)."""
     calls = []
     monkeypatch.setattr(write_turns, "WAL_LIMIT_BYTES", 3_000_000)
-    bucket = LocalBucket.create(tmp_path, "dst")
+    bucket = create_bucket(tmp_path, "dst")
     bucket._db.execute("PRAGMA wal_autocheckpoint=200")  # ~0.8 MB: SQLite's checkpoint well under the limit
     real = bucket._db
 

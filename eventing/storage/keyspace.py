@@ -1,0 +1,180 @@
+"""One collection of a bucket (a keyspace) as a document store: keys in, keys out, stored under the
+collection's key prefix in the bucket's one file set (eventing.core.keyspaces says why).
+
+`open_keyspace(data_dir, "shop.sales.orders")` gives a `Collection`: what the CLI's bucket commands, the
+Data API and the Python API use for documents. A bare bucket name is its `_default._default` collection,
+whose documents are stored under their own keys, so every bucket from before collections reads the same.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Callable, Iterator, Sequence
+from typing import Self
+
+from eventing.core.keyspaces import COLLECTION_MARK, DEFAULT, Keyspace, check_user_key, key_prefix
+from eventing.core.mutation import OP_DELETE, OP_UPDATE, decode_document, encode_document
+from eventing.errors import ConfigError, NotFoundError
+from eventing.storage.bucket import StoredDocument, Write, list_buckets
+from eventing.storage.factory import open_bucket
+from eventing.storage.protocol import FileBucket
+from sharding import validate_key
+
+
+def parse_keyspace(data_dir: str | os.PathLike[str], text: str | Keyspace) -> Keyspace:
+    """A keyspace from its text; a name that is itself a bucket (one holding dots) stays a bucket name."""
+    if isinstance(text, Keyspace):
+        return text
+    return Keyspace.parse(text, known_buckets=set(list_buckets(data_dir)) if "." in text else set())
+
+
+def collection_id(bucket: FileBucket, keyspace: Keyspace) -> int:
+    """The id of a keyspace's collection in its bucket; NotFoundError naming it and the fix if unknown."""
+    if keyspace.is_default:
+        return 0
+    keyspace.check()
+    cid = bucket.collections().get((keyspace.scope, keyspace.collection))
+    if cid is None:
+        scopes = {scope for scope, _ in bucket.collections()} | {DEFAULT}
+        what = "collection" if keyspace.scope in scopes else "scope"
+        raise NotFoundError(
+            f"{what} '{keyspace.scope if what == 'scope' else keyspace.collection}' of keyspace '{keyspace}' does "
+            f"not exist; create it with `eventing collection create {keyspace}` (see `eventing collection list "
+            f"{keyspace.bucket}`)"
+        )
+    return cid
+
+
+def open_keyspace(data_dir: str | os.PathLike[str], keyspace: str | Keyspace) -> Collection:
+    """Open the collection a keyspace names (its bucket must exist, and its scope and collection)."""
+    ks = parse_keyspace(data_dir, keyspace)
+    bucket = open_bucket(data_dir, ks.bucket)
+    try:
+        return Collection(bucket, ks, collection_id(bucket, ks))
+    except BaseException:
+        bucket.close()
+        raise
+
+
+def list_collections(bucket: FileBucket) -> list[tuple[Keyspace, int]]:
+    """Every collection of a bucket, `_default._default` first, with its id."""
+    found = [(Keyspace(bucket.name), 0)]
+    found += sorted((Keyspace(bucket.name, s, c), cid) for (s, c), cid in bucket.collections().items())
+    return found
+
+
+class Collection:
+    """A collection's documents: the bucket's reads and writes with user keys. Its writes are mutations of
+    the bucket (the next seqno of the key's vBucket), seen by every function whose source is this keyspace."""
+
+    def __init__(self, bucket: FileBucket, keyspace: Keyspace, cid: int):
+        self.bucket = bucket
+        self.keyspace = keyspace
+        self.cid = cid
+        self.prefix = key_prefix(cid)
+
+    @property
+    def name(self) -> str:
+        return str(self.keyspace)
+
+    def close(self) -> None:
+        self.bucket.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def stored(self, key: str) -> str:
+        validate_key(key)
+        check_user_key(key)
+        return self.prefix + key
+
+    def user_key(self, stored: str) -> str:
+        return stored[len(self.prefix):]
+
+    # -- reads ----------------------------------------------------------------------------------------
+
+    def get(self, key: str) -> dict | None:
+        raw = self.bucket.get_raw(self.stored(key))
+        return None if raw is None else decode_document(raw)
+
+    def get_doc(self, key: str) -> tuple[bytes, int, int] | None:
+        return self.bucket.get_doc(self.stored(key))
+
+    def get_meta(self, key: str) -> dict | None:
+        return self.bucket.get_meta(self.stored(key))
+
+    def keys(self, prefix: str = "", limit: int | None = None) -> list[str]:
+        return [key for key, _, _ in self.scan(prefix, limit)] if self._shared_default(prefix) else [
+            self.user_key(k) for k in self.bucket.keys(self.prefix + prefix, limit)
+        ]
+
+    def scan(self, prefix: str = "", limit: int | None = None) -> Iterator[tuple[str, dict, dict]]:
+        if self._shared_default(prefix):
+            # The other collections' stored keys sort first (they start with \x01): skip them.
+            rows = (row for row in self.bucket.scan("", None) if not row[0].startswith(COLLECTION_MARK))
+            yield from itertools.islice(rows, limit)
+            return
+        for key, doc, meta in self.bucket.scan(self.prefix + prefix, limit):
+            yield self.user_key(key), doc, meta
+
+    def count(self) -> int:
+        if self.cid:
+            return self.bucket.count(self.prefix)
+        others = sum(self.bucket.count(key_prefix(cid)) for cid in self.bucket.collections().values())
+        return self.bucket.count() - others
+
+    def _shared_default(self, prefix: str) -> bool:
+        """The default collection listed from the start of a bucket that has other collections."""
+        return not self.cid and not prefix and bool(self.bucket.collections())
+
+    # -- writes ---------------------------------------------------------------------------------------
+
+    def upsert(self, key: str, doc: object, *, expiry: int = 0, flags: int = 0, origin: str | None = None) -> tuple[int, int]:
+        placed = self.bucket.write([Write(self.stored(key), OP_UPDATE, encode_document(doc), expiry, flags)], origin=origin)[0]
+        assert placed is not None
+        return placed
+
+    def delete(self, key: str, *, origin: str | None = None) -> tuple[int, int]:
+        placed = self.bucket.write([Write(self.stored(key), OP_DELETE)], origin=origin)[0]
+        if placed is None:
+            raise NotFoundError(f"document '{key}' does not exist in {self.keyspace_phrase()}")
+        return placed
+
+    def load_rows(self, rows: Sequence[tuple[str, int, bytes | None, int]], *, arrival_ms: int | None = None) -> int:
+        """`bucket load` rows `(key, op, doc, expiry)` (keys validated by the caller)."""
+        if self.cid:
+            for key, *_ in rows:
+                check_user_key(key)
+            rows = [(self.prefix + key, op, doc, expiry) for key, op, doc, expiry in rows]
+        return self.bucket.load_rows(rows, arrival_ms=arrival_ms)
+
+    def change(
+        self, key: str, change: Callable[[StoredDocument | None], Write | None], *, origin: str | None = None
+    ) -> StoredDocument | None:
+        """Read-check-write one document atomically (see FileBucket.change_document); `change` gets and
+        returns versions and writes with the *stored* key (use `self.stored(key)` in the Write)."""
+        return self.bucket.change_document(self.stored(key), change, origin=origin)
+
+    def keyspace_phrase(self) -> str:
+        return f"bucket '{self.keyspace.bucket}'" if self.keyspace.is_default else f"keyspace '{self.keyspace}'"
+
+
+def create_collection(data_dir: str | os.PathLike[str], keyspace: str | Keyspace) -> int:
+    ks = parse_keyspace(data_dir, keyspace)
+    if ks.is_default:
+        raise ConfigError(f"'{ks}' is a bucket's default collection, which always exists; name BUCKET.SCOPE.COLLECTION")
+    ks.check()
+    with open_bucket(data_dir, ks.bucket) as bucket:
+        return bucket.create_collection(ks.scope, ks.collection)
+
+
+def drop_collection(data_dir: str | os.PathLike[str], keyspace: str | Keyspace) -> int:
+    ks = parse_keyspace(data_dir, keyspace)
+    if ks.is_default:
+        raise ConfigError(f"'{ks}' is a bucket's default collection, which cannot be dropped; drop the bucket instead")
+    with open_bucket(data_dir, ks.bucket) as bucket:
+        return bucket.drop_collection(ks.scope, ks.collection)

@@ -1,0 +1,85 @@
+"""Scopes and collections: keyspace names, a collection's documents kept apart from the others of its
+bucket while sharing its vBuckets and seqno order, and the check-and-set primitive the Data API uses."""
+
+from __future__ import annotations
+
+import pytest
+
+from eventing.core.keyspaces import Keyspace, split_stored_key, stored_key, vbucket_of_stored
+from eventing.core.mutation import OP_UPDATE, encode_document
+from eventing.errors import ConfigError, InvalidKeyError, NotFoundError
+from eventing.storage.bucket import Write
+from eventing.storage.factory import create_bucket
+from eventing.storage.keyspace import create_collection, drop_collection, list_collections, open_keyspace
+from sharding import vbucket_of
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("shop", Keyspace("shop")),
+        ("shop.sales.orders", Keyspace("shop", "sales", "orders")),
+        ("`my.shop`.sales.orders", Keyspace("my.shop", "sales", "orders")),
+        ("`my.shop`", Keyspace("my.shop")),
+        ("a.b", Keyspace("a.b")),
+    ],
+)
+def test_keyspace_names_parse_as_couchbase_writes_them(text, expected):
+    assert Keyspace.parse(text) == expected
+
+
+def test_a_bucket_named_with_dots_stays_a_bucket_and_bad_names_are_named():
+    assert Keyspace.parse("x.y.z", known_buckets={"x.y.z"}) == Keyspace("x.y.z")
+    with pytest.raises(ConfigError, match="collection name '_hidden' of keyspace 'b.s._hidden' is not valid"):
+        Keyspace("b", "s", "_hidden").check()
+    assert Keyspace("b", "s", "*").check(wildcard=True).is_wildcard
+
+
+def test_a_collection_key_is_in_the_vbucket_of_its_own_key():
+    for key in ("customer::1", "k", "ü-2"):
+        stored = stored_key(9, key)
+        assert split_stored_key(stored) == (9, key)
+        assert vbucket_of_stored(stored) == vbucket_of(key) == vbucket_of_stored(key)
+
+
+@pytest.mark.parametrize("partitions", [1, 4])
+def test_collections_keep_their_documents_apart_and_share_the_seqno_order(data_dir, partitions):
+    create_bucket(data_dir, "shop", partitions=partitions).close()
+    assert create_collection(data_dir, "shop.sales.orders") == 8
+    assert create_collection(data_dir, "shop.hr.staff") == 9
+    with pytest.raises(ConfigError, match="exists already"):
+        create_collection(data_dir, "shop.sales.orders")
+    with open_keyspace(data_dir, "shop.sales.orders") as orders, open_keyspace(data_dir, "shop") as default:
+        vb, first = orders.upsert("k1", {"n": 1})
+        assert vb == vbucket_of("k1")
+        assert default.upsert("k1", {"n": 2}) == (vb, first + 1)  # one seqno order per vBucket
+        orders.upsert("k2", {"n": 3})
+        assert orders.get("k1") == {"n": 1} and default.get("k1") == {"n": 2}
+        assert orders.keys() == ["k1", "k2"] and default.keys() == ["k1"]
+        assert [k for k, _, _ in default.scan()] == ["k1"]
+        assert orders.count() == 2 and default.count() == 1
+        with pytest.raises(InvalidKeyError, match="reserved"):
+            orders.upsert("\x01x", {})
+    names = [str(ks) for ks, _ in list_collections(open_keyspace(data_dir, "shop").bucket)]
+    assert names == ["shop", "shop.hr.staff", "shop.sales.orders"]
+    assert drop_collection(data_dir, "shop.sales.orders") == 2
+    with pytest.raises(NotFoundError, match="create it with `eventing collection create shop.sales.orders`"):
+        open_keyspace(data_dir, "shop.sales.orders")
+    with open_keyspace(data_dir, "shop") as default:
+        assert default.keys() == ["k1"]
+
+
+def test_change_document_checks_and_writes_in_one_transaction(data_dir):
+    create_bucket(data_dir, "b").close()
+    create_collection(data_dir, "b.s.c")
+    with open_keyspace(data_dir, "b.s.c") as coll:
+        def insert(current):
+            if current is not None:
+                raise ConfigError("exists")
+            return Write(coll.stored("doc"), OP_UPDATE, encode_document({"v": 1}), 0, 7)
+
+        made = coll.change("doc", insert)
+        assert made is not None and made.flags == 7 and made.cas == coll.get_doc("doc")[1]
+        with pytest.raises(ConfigError, match="exists"):
+            coll.change("doc", insert)
+        assert coll.change("doc", lambda current: None) == made  # nothing to write: the version as it is
