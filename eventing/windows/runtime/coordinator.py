@@ -48,13 +48,10 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-import msgpack
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from eventing.core.mutation import OP_UPDATE, Mutation, pack_mutation
-from eventing.core.times import iso_ms
 from eventing.errors import FencedError
 from eventing.windows.batches import read_row_batch
 from eventing.windows.runtime.arrivals import LIFTS, Judged
@@ -72,10 +69,11 @@ from eventing.windows.runtime.emission import (
     make_sink,
     stage,
 )
+from eventing.windows.runtime.late_letters import dead_letters, late_errors
 from eventing.windows.runtime.paths import WindowPaths
 from eventing.windows.runtime.row_files import drop_orphans, max_seqno_per_vb, read_fresh_rows, ready_files
 from eventing.windows.runtime.row_writer import RowLayout
-from eventing.windows.semantics import Window, WindowOperator, windows_for
+from eventing.windows.semantics import Window, WindowOperator
 from eventing.windows.semantics.sessions import Chain, SessionOperator
 from eventing.windows.semantics.substreams import SubstreamWindowOperator
 from eventing.windows.semantics.windows import arrow_epoch_ms
@@ -270,7 +268,7 @@ class WindowCoordinator:
             # _unread_arrival): a timeout must not fire while rows that reached the source before it wait.
             checkpoints = self.store.checkpoints(self.function)
         ready, marks, consumed, deferred = self._ready()
-        unread = _Memo(lambda: self._unread_arrival(checkpoints, deferred))
+        unread = _OncePerPoll(lambda: self._unread_arrival(checkpoints, deferred))
         closed: list[Any] = []
         if ready or self.held:
             # Held rows (substreams) are looked at again every poll: the mutations they wait for may have
@@ -316,7 +314,7 @@ class WindowCoordinator:
         deadline = self._next_deadline()
         return deadline is not None and deadline <= at_ms
 
-    def _timeout_clock(self, at_ms: int, unread: _Memo) -> int:
+    def _timeout_clock(self, at_ms: int, unread: _OncePerPoll) -> int:
         """The processing time up to which timeouts may be applied now: ``at_ms``, unless a timeout would fire
         by then while mutations that reached the source earlier are still unread. Then just before the
         earliest of them: the source was not silent, only the service was slow or stopped.
@@ -352,12 +350,12 @@ class WindowCoordinator:
 
     def _close(self, at_ms: int, counters: Counter[str]) -> list[Any]:
         """Apply processing time ``at_ms`` (watermark, timeouts); closed windows wait for emission."""
-        return self._pend(self.operator.advance(at_ms), counters)
+        return self._hold_for_emission(self.operator.advance(at_ms), counters)
 
     def _close_all(self, counters: Counter[str]) -> list[Any]:
-        return self._pend(self.operator.close_all(), counters)
+        return self._hold_for_emission(self.operator.close_all(), counters)
 
-    def _pend(self, closed: list[Any], counters: Counter[str]) -> list[Any]:
+    def _hold_for_emission(self, closed: list[Any], counters: Counter[str]) -> list[Any]:
         if closed:
             last = self.next_seq - 1  # the windows hold the rows of the batches accepted so far
             self.pending.extend(PendingWindow.of(w, last) for w in closed)
@@ -389,7 +387,7 @@ class WindowCoordinator:
     # -- arrival-time policies (docs/time-semantics.md) ------------------------------------------------
 
     def _apply_policies(
-        self, table: pa.Table, now: int, dlq: list[DlqRow], counters: Counter[str], unread: _Memo,
+        self, table: pa.Table, now: int, dlq: list[DlqRow], counters: Counter[str], unread: _OncePerPoll,
         deferred: bool, release_all: bool,
     ) -> pa.Table:
         """Judge rows with the function's arrival-time policies (``eventing.windows.runtime.arrivals``):
@@ -416,7 +414,7 @@ class WindowCoordinator:
         self._dirty = True
         return judged.kept
 
-    def _release(self, table: pa.Table, unread: _Memo, deferred: bool, release_all: bool) -> pa.Table:
+    def _release(self, table: pa.Table, unread: _OncePerPoll, deferred: bool, release_all: bool) -> pa.Table:
         """Substreams: the rows (held ones and ``table``) every mutation that reached the source before which
         has been read, so rows of all vBuckets are judged in one arrival order however the workers' files
         came; the others are held (``held/``, listed in the state) for a later poll."""
@@ -466,42 +464,11 @@ class WindowCoordinator:
         return self._held_vb_cache
 
     def _dead_letters(self, rows: pa.Table, reason: str, errors: list[str], now: int) -> list[DlqRow]:
-        """DLQ rows of ``reason`` for ``rows``, each with its error text, carrying the original mutation from
-        the source bucket when it is there (else a document holding the row's event time)."""
-        keys = rows.select(["vb", "seqno", "key"]).to_pylist()
-        times = arrow_epoch_ms(rows["event_time"]).to_pylist()
-        originals = self._originals(keys)
-        at = now / 1000
-        out = []
-        for r, t_ms, error in zip(keys, times, errors, strict=True):
-            original = originals.get((r["vb"], r["seqno"]))
-            if original is None:
-                doc = msgpack.packb({"event_time_ms": t_ms}, use_bin_type=True)
-                original = Mutation(r["vb"], r["seqno"], r["key"], OP_UPDATE, 0, doc, None, 0, 0)
-            out.append(DlqRow(self.function, r["vb"], r["seqno"], r["key"], reason, error, "", 0, at, at,
-                              pack_mutation(original), generation=self.generation))
-        return out
-
-    def _originals(self, rows: list[dict[str, Any]]) -> dict[tuple[int, int], Mutation]:
-        originals: dict[tuple[int, int], Mutation] = {}
-        if self.source_bucket is None or not rows:
-            return originals
-        try:
-            source = self._source_bucket()
-            by_vb: dict[int, list[int]] = {}
-            for r in rows:
-                by_vb.setdefault(r["vb"], []).append(r["seqno"])
-            for vb, seqnos in by_vb.items():
-                lo, hi = min(seqnos), max(seqnos)
-                for m in source.read_vb(vb, lo - 1, hi - lo + 1):
-                    originals[(m.vb, m.seqno)] = m
-        except Exception as exc:  # noqa: BLE001 - the row itself is still kept
-            log.warning("function %s: cannot read dead-lettered rows' mutations from the source (%s)",
-                        self.function, exc)
-        return originals
+        source = self._source_bucket if self.source_bucket is not None else None
+        return dead_letters(self.function, self.generation, rows, reason, errors, now, source)
 
     def _classify(
-        self, files: list[Path], now: int, dlq: list[DlqRow], counters: Counter[str], unread: _Memo, *,
+        self, files: list[Path], now: int, dlq: list[DlqRow], counters: Counter[str], unread: _OncePerPoll, *,
         deferred: bool = False, release_all: bool = False,
     ) -> list[Window]:
         """Window the rows of ``files`` (and held rows the policies may judge now); returns the windows that
@@ -526,7 +493,7 @@ class WindowCoordinator:
         return self._judged_then_clock(table, now, dlq, counters, unread)
 
     def _judged_then_clock(
-        self, table: pa.Table, now: int, dlq: list[DlqRow], counters: Counter[str], unread: _Memo
+        self, table: pa.Table, now: int, dlq: list[DlqRow], counters: Counter[str], unread: _OncePerPoll
     ) -> list[Window]:
         """Window the judged rows; then, with substream windows, every judged row (dropped ones too: they
         are input) moves the arrival clock that closes a silent substream's windows (docs/time-semantics.md)."""
@@ -537,7 +504,7 @@ class WindowCoordinator:
         return closed
 
     def _classify_judged(
-        self, table: pa.Table, now: int, dlq: list[DlqRow], counters: Counter[str], unread: _Memo
+        self, table: pa.Table, now: int, dlq: list[DlqRow], counters: Counter[str], unread: _OncePerPoll
     ) -> list[Window]:
         if table.num_rows == 0:
             return []
@@ -667,34 +634,7 @@ class WindowCoordinator:
 
     def _late_rows(self, late: pa.Table, cutoff_ms: int | None, now: int) -> list[DlqRow]:
         """DLQ rows for late rows, carrying the original mutation from the source bucket when it is there."""
-        times = arrow_epoch_ms(late["event_time"]).to_pylist()
-        errors = []
-        # Shared by every late row of this poll (formatting costs ~5 us a row, and a catch-up can make many).
-        tail = (
-            f"closed when the watermark passed its end + allowed lateness {self.spec.allowed_lateness_ms} ms); rows "
-            f"before {iso_ms(cutoff_ms)} were late, the watermark was {iso_ms(self.operator.watermark_ms)}"
-        )
-        labels: dict[int, str] = {}
-        slide, offset = self.spec.slide_ms, self.spec.offset_ms
-        if self._sessions:
-            tail = (
-                f"its session (gap {self.spec.gap_ms} ms) would end at or before the close frontier "
-                f"{iso_ms(self.operator.close_frontier_ms)}, or it came within the gap of a session already emitted"
-            )
-        for t_ms in times:
-            if self._sessions:
-                error = f"event time {iso_ms(t_ms)} arrived too late for a session: " + tail
-            else:
-                last_start = t_ms - (t_ms - offset) % slide
-                label = labels.get(last_start)
-                if label is None:
-                    label = labels[last_start] = windows_for(t_ms, self.spec)[-1].label
-                error = (
-                    f"event time {iso_ms(t_ms)} arrived after every window holding it had closed (the last, "
-                    f"{label}, " + tail
-                )
-            errors.append(error)
-        return self._dead_letters(late, "late", errors, now)
+        return self._dead_letters(late, "late", late_errors(late, self.spec, self.operator, cutoff_ms), now)
 
     def _take_prunable(self) -> set[str]:
         """Drop from the state the accepted files no window needs any more; unlink them after the commit."""
@@ -858,7 +798,7 @@ def _max_time_per_vb(table: pa.Table) -> dict[int, int]:
     return dict(zip(grouped["vb"].to_pylist(), grouped["t_max"].to_pylist(), strict=True))
 
 
-class _Memo:
+class _OncePerPoll:
     """A value computed at its first use in a poll, then kept (the source is asked at most once a poll)."""
 
     def __init__(self, compute: Callable[[], int | None]):
