@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# Not `lifecycle`: importing the submodule eventing.testing.lifecycle rebinds that name in this package.
+# Not `lifecycle`: importing the submodule eventing.testing.lifecycle_model rebinds that name in this package.
 from eventing.control import lifecycle as control_lifecycle
 from eventing.core.definition import Boundary, FunctionDefinition
 from eventing.ops.verify import VerifyReport, check_ledger

@@ -1,6 +1,6 @@
 """Lifecycle property test on Ray: the steps of tests/unit/test_lifecycle_property.py against an `eventing
 run` service subprocess, plus kill -9 of a worker process and of the service, checked after every step
-against the model of eventing.testing.lifecycle (effects exactly once per deployment, nothing skipped,
+against the model of eventing.testing.lifecycle_model (effects exactly once per deployment, nothing skipped,
 failures kept as dead letters and handled after a fix and a replay or a fresh deployment)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from eventing.testing.lifecycle import FINALE, HANDLERS, KEYS, ServiceDriver
+from eventing.testing.lifecycle_model import FINALE, HANDLERS, KEYS, ServiceDriver
 
 pytestmark = pytest.mark.integration
 

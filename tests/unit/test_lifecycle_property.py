@@ -1,6 +1,6 @@
 """Lifecycle property test (in-process executor): random sequences of loads, deploys (everything /
 from_now), pauses, handler and setting edits, resumes, undeploys, rewinds, dead-letter replays, runs,
-backups and restores, checked after every step against the plain model of eventing.testing.lifecycle:
+backups and restores, checked after every step against the plain model of eventing.testing.lifecycle_model:
 each mutation handled by the deployment that owes it, effects exactly once, per-document order, failures
 kept as dead letters, and everything handled after a fixed handler and a replay or a fresh deployment.
 The long variant (marker `soak`) runs from scripts/soak.sh."""
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from eventing.testing.lifecycle import HANDLERS, KEYS, run_steps
+from eventing.testing.lifecycle_model import HANDLERS, KEYS, run_steps
 
 # Open issues the random sequences step over so they keep checking everything else (none today); each
 # would have a kept example below, marked xfail(strict=True), that fails on it.
