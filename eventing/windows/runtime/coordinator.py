@@ -73,8 +73,9 @@ from eventing.windows.runtime.late_letters import dead_letters, late_errors
 from eventing.windows.runtime.paths import WindowPaths
 from eventing.windows.runtime.row_files import drop_orphans, max_seqno_per_vb, read_fresh_rows, ready_files
 from eventing.windows.runtime.row_writer import RowLayout
+from eventing.windows.runtime.session_chains import cut_chains
 from eventing.windows.semantics import Window, WindowOperator
-from eventing.windows.semantics.sessions import Chain, SessionOperator
+from eventing.windows.semantics.sessions import SessionOperator
 from eventing.windows.semantics.substreams import SubstreamWindowOperator
 from eventing.windows.semantics.windows import arrow_epoch_ms
 from metadata import DlqRow, MetadataStore
@@ -566,49 +567,15 @@ class WindowCoordinator:
     def _classify_sessions(
         self, operator: SessionOperator, table: pa.Table, now: int, dlq: list[DlqRow], counters: Counter[str]
     ) -> None:
-        """Sessions: cut the batch into chains (Arrow sort + numpy), let the operator judge and merge them,
-        and keep one partial row per accepted chain."""
+        """Sessions: cut the batch into chains (``eventing.windows.runtime.session_chains``), let the operator
+        judge and merge them, and keep one partial row per accepted chain."""
         from eventing.windows.batches import atomic_write_parquet
         from eventing.windows.spark.partials import combine_session_rows
 
         group_by = list(self.layout.group_by)
-        keys = [(g, "ascending") for g in group_by] + [("event_time", "ascending")]
-        table = table.sort_by(keys) if table.num_rows > 1 else table
-        lifting = table
-        if LIFTS in table.schema.names:  # judged by the arrival-time policies: early rows do not lift
-            lifting = table.filter(table[LIFTS]).drop_columns([LIFTS])
-            table = table.drop_columns([LIFTS])
-        times = arrow_epoch_ms(table["event_time"]).to_numpy()
-        n = len(times)
-        spec = self.spec
-        breaks = np.zeros(n, dtype=bool)
-        breaks[0] = True
-        if n > 1:
-            breaks[1:] |= (times[1:] - times[:-1]) > spec.gap_ms
-            if spec.max_duration_ms is not None:
-                cell = (times - spec.offset_ms) // spec.max_duration_ms
-                breaks[1:] |= cell[1:] != cell[:-1]
-            for g in group_by:
-                # Nulls compare as a value of their own (no document string holds NUL).
-                col = pc.fill_null(table[g], "\x00").combine_chunks()
-                breaks[1:] |= np.asarray(pc.not_equal(col[1:], col[:-1]).to_numpy(zero_copy_only=False), dtype=bool)
-        chain_of_row = np.cumsum(breaks) - 1
-        starts = np.flatnonzero(breaks)
-        ends = np.append(starts[1:], n) - 1
-        first, last = times[starts], times[ends]
-        group_values = (
-            list(zip(*(table[g].take(pa.array(starts)).to_pylist() for g in group_by), strict=True))
-            if group_by else [()] * len(starts)
-        )
-        chains = [
-            Chain(tuple(gv), int(f), int(la), int(e - s + 1))
-            for gv, f, la, s, e in zip(group_values, first, last, starts, ends, strict=True)
-        ]
-        maxima = (
-            {int(vb): int(t) for vb, t in _max_time_per_vb(lifting).items()}
-            if spec.boundary == "event_time" and lifting.num_rows else {}
-        )
-        verdict = np.array(operator.observe_chains(chains, maxima, now), dtype=bool)
+        cut = cut_chains(table, self.spec, group_by)
+        table, chain_of_row, first, last = cut.table, cut.chain_of_row, cut.first, cut.last
+        verdict = np.array(operator.observe_chains(cut.chains, cut.maxima, now), dtype=bool)
         for vb, seqno in max_seqno_per_vb(table).items():
             self.classified_upto[vb] = max(self.classified_upto[vb], seqno)
         row_late = verdict[chain_of_row]
@@ -790,12 +757,6 @@ def _known_arrivals(table: pa.Table, now: int) -> pa.Table:
         arrival = pc.if_else(pc.equal(arrival, 0), now, arrival)
         table = table.set_column(table.schema.get_field_index("arrival_ms"), "arrival_ms", arrival)
     return table
-
-
-def _max_time_per_vb(table: pa.Table) -> dict[int, int]:
-    times = arrow_epoch_ms(table["event_time"])
-    grouped = pa.table({"vb": table["vb"], "t": times}).group_by("vb").aggregate([("t", "max")])
-    return dict(zip(grouped["vb"].to_pylist(), grouped["t_max"].to_pylist(), strict=True))
 
 
 class _OncePerPoll:
