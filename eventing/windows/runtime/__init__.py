@@ -6,6 +6,7 @@ checkpoint moves. ``coordinator`` (service side) reads those batches, judges the
 ``eventing.windows.semantics.WindowOperator`` (each vBucket is a partition), sends late rows to the dead-letter
 queue, keeps the partial aggregates of accepted rows (Parquet), checkpoints its state in the metadata
 store, and has PySpark merge each closed window's partials into its result, which the sink stores
-exactly once. ``host`` runs the coordinators of an
-``EventingService``. Submodules are imported explicitly: importing this package costs nothing.
+exactly once; it orchestrates ``row_files`` (the batch-file protocol), ``arrivals`` (arrival-time policies),
+``session_chains``, ``late_letters`` (dead letters), ``coordinator_state`` (what it commits) and ``emission``
+(Spark jobs and the sink). ``host`` runs the coordinators of an ``EventingService``. Submodules are imported explicitly: importing this package costs nothing.
 """

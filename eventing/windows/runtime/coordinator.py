@@ -33,6 +33,10 @@ there (deleted only after the commit) and its accepted file was written under th
 so a restarted coordinator ignores and deletes it. Windows closed but not yet recorded as emitted are
 emitted again on restart; the sink skips those it already holds. Every window is emitted exactly once,
 from exactly the rows accepted while it was open.
+
+This class orchestrates the steps; their jobs live beside it in this package: ``row_files`` (the batch-file
+protocol), ``arrivals`` (arrival-time policies), ``session_chains`` (session rows cut into chains),
+``late_letters`` (dead letters), ``coordinator_state`` (what a commit holds) and ``emission`` (Spark jobs).
 """
 
 from __future__ import annotations
