@@ -13,6 +13,7 @@ from eventing.core.secrets import mask_definition, restore_secrets
 from eventing.errors import ConfigError, LifecycleError, NotFoundError
 from eventing.execution.loader import validate_handler
 from eventing.storage.factory import open_bucket
+from eventing.storage.keyspace import check_keyspace_exists
 from eventing.windows.runtime.paths import reset_windows
 from metadata import TIMER_VB_BASE, FunctionRecord, FunctionState, MetadataStore
 from metadata.factory import open_store
@@ -32,7 +33,11 @@ def save_function(data_dir: str, defn: FunctionDefinition, source: str) -> Funct
         defn.name, source, [b.alias for b in defn.bindings], defn.constants, windowed=defn.window is not None
     )
     for bucket in dict.fromkeys([defn.source_bucket, *(b.bucket for b in defn.bindings)]):
-        open_bucket(data_dir, bucket).close()  # unknown bucket -> clear error now, not at run time
+        with open_bucket(data_dir, bucket) as opened:  # unknown bucket -> clear error now, not at run time
+            # and an unknown scope or collection of the source or a binding (a wildcard source: its scope)
+            for keyspace in [defn.source_keyspace, *(b.keyspace for b in defn.bindings)]:
+                if keyspace.bucket == bucket:
+                    check_keyspace_exists(opened, keyspace)
     if defn.window is not None:
         from eventing.windows.semantics import WindowSpec
 

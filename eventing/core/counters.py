@@ -14,6 +14,8 @@ MUTATIONS_SEEN = "mutations_seen"
 NO_HANDLER = "no_handler"  # no handler for the operation (e.g. a delete without on_delete)
 RECURSION_FILTERED = "recursion_filtered"  # the function's own write to its source
 HUNG_SKIPPED = "hung_skipped"  # a mutation whose handler hung and recycled the worker earlier
+# a mutation of another collection of the source bucket than the function's source keyspace (passed over)
+COLLECTION_FILTERED = "collection_filtered"
 # a mutation of a rewound range that this deployment dead-lettered: its letter's replay handles it
 DEAD_LETTERED_SKIPPED = "dead_lettered_skipped"
 RETRIES = "retries"

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from eventing.core import durations
+from eventing.core.keyspaces import DEFAULT, WILDCARD, Keyspace
 from eventing.core.names import check_bucket_name
 from eventing.errors import ConfigError
 from eventing.handler import RESERVED_NAMES
@@ -49,12 +50,22 @@ class Binding:
     alias: str
     bucket: str
     access: Access = "r"
+    scope: str = DEFAULT  # with bucket and collection, the keyspace it binds (Couchbase's field names)
+    collection: str = DEFAULT
+
+    @property
+    def keyspace(self) -> Keyspace:
+        return Keyspace(self.bucket, self.scope, self.collection)
 
 
 @dataclass(frozen=True)
 class FunctionDefinition:
     name: str
     source_bucket: str
+    # With source_bucket, the keyspace whose mutations the function handles (Couchbase's field names);
+    # source_collection "*" takes every collection of the scope (Couchbase 7.1).
+    source_scope: str = DEFAULT
+    source_collection: str = DEFAULT
     handler: str = ""  # where the handler came from (file path or module), for humans
     bindings: tuple[Binding, ...] = ()
     constants: dict[str, Any] = field(default_factory=dict)  # constant bindings: alias -> JSON value
@@ -99,15 +110,29 @@ class FunctionDefinition:
         name = data["name"]
         check_function_name(name)
         check_bucket_name(data["source_bucket"])
+        for key in ("source_scope", "source_collection"):
+            if data.get(key) is not None and not isinstance(data[key], str):
+                raise ConfigError(f"{key} of function '{name}' must be a name, not {data[key]!r}")
+        source = Keyspace.of(data["source_bucket"], data.get("source_scope"), data.get("source_collection"))
+        if source.scope == WILDCARD:
+            raise ConfigError(f"source_scope of function '{name}' cannot be '*'; name the scope (a collection may be '*')")
+        source.check(wildcard=True)
         bindings = []
         for raw in data.get("bindings", []):
             if isinstance(raw, str):  # "alias=bucket:rw"
                 alias, _, rest = raw.partition("=")
                 bucket, _, access = rest.partition(":")
                 raw = {"alias": alias, "bucket": bucket, "access": access or "r"}
-            b = Binding(raw.get("alias", ""), raw.get("bucket", ""), raw.get("access", "r"))
+            if isinstance(raw, dict) and isinstance(raw.get("bucket"), str) and "scope" not in raw:
+                named = Keyspace.parse(raw["bucket"])  # "alias=bucket.scope.collection:rw" or a keyspace as bucket
+                raw = {**raw, "bucket": named.bucket, "scope": named.scope, "collection": named.collection}
+            if not isinstance(raw, dict):
+                raise ConfigError(f"a binding of function '{name}' must be an object with alias, bucket and access")
+            b = Binding(raw.get("alias", ""), raw.get("bucket", ""), raw.get("access", "r"),
+                        raw.get("scope") or DEFAULT, raw.get("collection") or DEFAULT)
             _check_alias("binding alias", b.alias, name)
             check_bucket_name(b.bucket)
+            b.keyspace.check()
             if b.access not in ("r", "rw"):
                 raise ConfigError(f"binding '{b.alias}' of function '{name}' has access {b.access!r}; use 'r' or 'rw'")
             bindings.append(b)
@@ -132,6 +157,7 @@ class FunctionDefinition:
                 )
         kwargs = dict(data)
         kwargs.pop("handler_source", None)
+        kwargs["source_scope"], kwargs["source_collection"] = source.scope, source.collection
         kwargs["bindings"] = tuple(bindings)
         kwargs["url_bindings"] = url_bindings
         for key in ("checkpoint_interval", "execution_timeout", "retry_backoff"):
@@ -164,9 +190,19 @@ class FunctionDefinition:
             raise ConfigError(f"execution_timeout of function '{name}' must be positive")
         return cls(**kwargs)
 
+    @property
+    def source_keyspace(self) -> Keyspace:
+        return Keyspace(self.source_bucket, self.source_scope, self.source_collection)
+
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        out["bindings"] = [asdict(b) for b in self.bindings]
+        # A default collection is left out, so definitions from before collections read as they were.
+        if self.source_keyspace.is_default:
+            del out["source_scope"], out["source_collection"]
+        out["bindings"] = [
+            asdict(b) if not b.keyspace.is_default else {"alias": b.alias, "bucket": b.bucket, "access": b.access}
+            for b in self.bindings
+        ]
         out["url_bindings"] = [dict(u) for u in self.url_bindings]
         for key in ("checkpoint_interval", "execution_timeout", "retry_backoff"):
             out[key] = durations.format_duration(getattr(self, key))

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from eventing.core.keyspaces import check_user_key
 from eventing.core.mutation import OP_DELETE, OP_UPDATE, decode_document, encode_document
 from eventing.errors import BindingError, InvalidDocumentError
 from eventing.storage.bucket import EffectGroup, Write
@@ -109,7 +110,8 @@ class BucketBinding:
     """
 
     def __init__(
-        self, alias: str, bucket: Bucket, access: str, function: str, buffer: EffectBuffer | None = None
+        self, alias: str, bucket: Bucket, access: str, function: str, buffer: EffectBuffer | None = None,
+        prefix: str = "",
     ):
         self.alias = alias
         self.bucket = bucket
@@ -117,6 +119,9 @@ class BucketBinding:
         self.function = function
         self.tracer: Tracer | None = None
         self.buf = buffer if buffer is not None else EffectBuffer()
+        # The stored-key prefix of the bound collection ("" for a bucket's default collection): aliases of
+        # several collections of one bucket share its buffer, which holds stored keys (eventing.core.keyspaces).
+        self.prefix = prefix
 
     @property
     def applied_upto(self) -> dict[int, int]:
@@ -134,12 +139,13 @@ class BucketBinding:
 
     def _lookup(self, key: str) -> dict | None:
         buf = self.buf
-        if key in buf.current_overlay:
-            raw = buf.current_overlay[key]
-        elif key in buf.overlay:
-            raw = buf.overlay[key]
+        stored = self.prefix + key if self.prefix else key
+        if stored in buf.current_overlay:
+            raw = buf.current_overlay[stored]
+        elif stored in buf.overlay:
+            raw = buf.overlay[stored]
         else:
-            raw = self.bucket.get_raw(key)
+            raw = self.bucket.get_raw(stored)
         value = None if raw is None else decode_document(raw)
         if self.tracer:
             self.tracer("read", self.alias, key, value)
@@ -161,40 +167,44 @@ class BucketBinding:
     def __setitem__(self, key: str, doc: dict) -> None:
         self._check_writable("write")
         validate_key(key)
+        check_user_key(key)
         try:
             data = encode_document(doc)
         except InvalidDocumentError as exc:
             raise BindingError(f"cannot write '{key}' through binding '{self.alias}': {exc}") from None
         if self.tracer:
             self.tracer("write", self.alias, key, doc)
-        self.buf.current.append(Write(key, OP_UPDATE, data))
-        self.buf.current_overlay[key] = data
+        stored = self.prefix + key if self.prefix else key
+        self.buf.current.append(Write(stored, OP_UPDATE, data))
+        self.buf.current_overlay[stored] = data
 
     def __delitem__(self, key: str) -> None:
         self._check_writable("delete")
         if self.tracer:
             self.tracer("delete", self.alias, key, None)
-        self.buf.current.append(Write(key, OP_DELETE))
-        self.buf.current_overlay[key] = None
+        stored = self.prefix + key
+        self.buf.current.append(Write(stored, OP_DELETE))
+        self.buf.current_overlay[stored] = None
 
     # -- advanced accessors (Couchbase's couchbase.* API) -----------------------------------------
 
     def _visible(self, key: str) -> tuple[Any, DocMeta] | None:
         """The version of `key` this worker sees (pending writes first) with its cas, else None."""
         buf = self.buf
-        if key in buf.current_overlay:
-            raw = buf.current_overlay[key]
-        elif key in buf.overlay:
-            raw = buf.overlay[key]
+        stored = self.prefix + key
+        if stored in buf.current_overlay:
+            raw = buf.current_overlay[stored]
+        elif stored in buf.overlay:
+            raw = buf.overlay[stored]
         else:
-            got = self.bucket.get_doc(key)
+            got = self.bucket.get_doc(stored)
             if got is None:
                 return None
             return decode_document(got[0]), DocMeta(key, got[1], got[2])
         if raw is None:
             return None
         # A provisional cas: the identity of the pending write's bytes, alive while the write is pending.
-        return decode_document(raw), DocMeta(key, id(raw), buf.expiries.get(key, 0))
+        return decode_document(raw), DocMeta(key, id(raw), buf.expiries.get(stored, 0))
 
     def _outcome(self, error: str) -> OpResult:
         self.buf.ops[f"bkt_ops_{error}_count"] += 1
@@ -248,7 +258,7 @@ class BucketBinding:
             return self._outcome("key_not_found")
         if cas is not None and cas != seen[1].cas:
             return self._outcome("cas_mismatch")
-        self._append(Write(key, OP_DELETE, expect_cas=self._condition(key, seen[1].cas, cas)), key, None, 0)
+        self._append(Write(self.prefix + key, OP_DELETE, expect_cas=self._condition(key, seen[1].cas, cas)), key, None, 0)
         return OpResult(True)
 
     def increment(self, key: str, delta: int = 1) -> OpResult:
@@ -274,7 +284,7 @@ class BucketBinding:
                 )
         doc = {"count": count + delta}
         data = encode_document(doc)
-        self._append(Write(key, OP_UPDATE, data, delta=delta), key, data, 0)
+        self._append(Write(self.prefix + key, OP_UPDATE, data, delta=delta), key, data, 0)
         return OpResult(True, doc, value=doc["count"])
 
     def touch(self, key: str, expiry: Any) -> OpResult:
@@ -334,16 +344,18 @@ class BucketBinding:
             data = encode_document(doc)
         except InvalidDocumentError as exc:
             raise BindingError(f"cannot write '{key}' through binding '{self.alias}': {exc}") from None
-        self._append(Write(key, OP_UPDATE, data, expiry, expect_cas=expect_cas), key, data, expiry)
+        self._append(Write(self.prefix + key, OP_UPDATE, data, expiry, expect_cas=expect_cas), key, data, expiry)
 
     def _append(self, w: Write, key: str, data: bytes | None, expiry: int) -> None:
+        """Hold write `w` (made with the stored key) of the handler's `key`."""
         buf = self.buf
         if self.tracer:
             self.tracer("write" if data is not None else "delete", self.alias, key, data and decode_document(data))
         buf.current.append(w)
-        buf.current_overlay[key] = data
-        if expiry or key in buf.expiries:
-            buf.expiries[key] = expiry
+        stored = w.key
+        buf.current_overlay[stored] = data
+        if expiry or stored in buf.expiries:
+            buf.expiries[stored] = expiry
         if w.expect_cas is not None or w.delta is not None:
             buf.conditional = True
 
@@ -415,6 +427,7 @@ class BucketBinding:
 def _check_key(key: Any, alias: str) -> None:
     if not isinstance(key, str):
         raise BindingError(f"binding '{alias}': key {key!r} is not a string")
+    check_user_key(key)
 
 
 def _check_cas(cas: Any, alias: str) -> None:

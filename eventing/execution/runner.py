@@ -25,6 +25,7 @@ import msgpack
 
 from eventing import handler as handler_api
 from eventing.core.definition import FunctionDefinition
+from eventing.core.keyspaces import key_prefix
 from eventing.core.mutation import OP_EXPIRE, OP_TIMER, OP_UPDATE, Mutation
 from eventing.execution.app_log import AppLogWriter, RemoteAppLog, log_path
 from eventing.execution.bindings import BucketBinding, EffectBuffer
@@ -34,6 +35,7 @@ from eventing.execution.loader import load_handler
 from eventing.execution.timers import TimerTable
 from eventing.handler import DeleteOptions, Meta
 from eventing.storage.factory import open_bucket
+from eventing.storage.keyspace import collection_id
 from eventing.storage.remote import AnyBucket
 
 HandlerKind = Literal["on_update", "on_delete", "timer"]
@@ -121,7 +123,9 @@ class HandlerRunner:
             if b.bucket not in self.buckets:
                 self.buckets[b.bucket] = open_bucket(b.bucket)
             buffer = buffers.setdefault(b.bucket, EffectBuffer())  # aliases of one bucket share writes
-            binding = BucketBinding(b.alias, self.buckets[b.bucket], b.access, function, buffer)
+            bucket = self.buckets[b.bucket]
+            prefix = key_prefix(collection_id(bucket, b.keyspace))  # the binding's collection (a NotFoundError names it)
+            binding = BucketBinding(b.alias, bucket, b.access, function, buffer, prefix)
             injected[b.alias] = binding
             self.bindings.append(binding)
         self.rw_bindings = [b for b in self.bindings if b.access == "rw"]
@@ -149,7 +153,7 @@ class HandlerRunner:
         self.timers.module = module.__dict__
         self.on_update = module.__dict__.get("on_update")
         self.on_delete = module.__dict__.get("on_delete")
-        self.keyspace = {"bucket_name": defn.source_bucket, "scope_name": "_default", "collection_name": "_default"}
+        self.keyspace = defn.source_keyspace.to_meta()  # meta.keyspace (the worker sets it per collection for `*`)
         self.max_bytes = defn.max_document_bytes
         # previous_version: key -> the bytes of its latest version seen here (None: deleted), so only the
         # first mutation of a key since start asks the source's log. Cleared on rewind; capped.

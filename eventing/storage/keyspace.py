@@ -18,7 +18,7 @@ from eventing.core.mutation import OP_DELETE, OP_UPDATE, decode_document, encode
 from eventing.errors import ConfigError, NotFoundError
 from eventing.storage.bucket import StoredDocument, Write, list_buckets
 from eventing.storage.factory import open_bucket
-from eventing.storage.protocol import FileBucket
+from eventing.storage.protocol import Bucket, FileBucket
 from sharding import validate_key
 
 
@@ -29,7 +29,7 @@ def parse_keyspace(data_dir: str | os.PathLike[str], text: str | Keyspace) -> Ke
     return Keyspace.parse(text, known_buckets=set(list_buckets(data_dir)) if "." in text else set())
 
 
-def collection_id(bucket: FileBucket, keyspace: Keyspace) -> int:
+def collection_id(bucket: Bucket, keyspace: Keyspace) -> int:
     """The id of a keyspace's collection in its bucket; NotFoundError naming it and the fix if unknown."""
     if keyspace.is_default:
         return 0
@@ -46,6 +46,19 @@ def collection_id(bucket: FileBucket, keyspace: Keyspace) -> int:
     return cid
 
 
+def check_keyspace_exists(bucket: Bucket, keyspace: Keyspace) -> None:
+    """NotFoundError naming the fix unless the keyspace's collection (for `*`, its scope) exists."""
+    if keyspace.is_wildcard:
+        keyspace.check(wildcard=True)
+        if keyspace.scope != DEFAULT and not any(s == keyspace.scope for s, _ in bucket.collections()):
+            raise NotFoundError(
+                f"scope '{keyspace.scope}' of keyspace '{keyspace}' does not exist; create a collection in it with "
+                f"`eventing collection create {keyspace.bucket}.{keyspace.scope}.NAME`"
+            )
+        return
+    collection_id(bucket, keyspace)
+
+
 def open_keyspace(data_dir: str | os.PathLike[str], keyspace: str | Keyspace) -> Collection:
     """Open the collection a keyspace names (its bucket must exist, and its scope and collection)."""
     ks = parse_keyspace(data_dir, keyspace)
@@ -57,7 +70,7 @@ def open_keyspace(data_dir: str | os.PathLike[str], keyspace: str | Keyspace) ->
         raise
 
 
-def list_collections(bucket: FileBucket) -> list[tuple[Keyspace, int]]:
+def list_collections(bucket: Bucket) -> list[tuple[Keyspace, int]]:
     """Every collection of a bucket, `_default._default` first, with its id."""
     found = [(Keyspace(bucket.name), 0)]
     found += sorted((Keyspace(bucket.name, s, c), cid) for (s, c), cid in bucket.collections().items())

@@ -33,6 +33,7 @@ from eventing.execution.timers import delay_counter, timer_mutation
 from eventing.handler import Meta
 from eventing.storage.remote import DataAccess, DataServiceRef
 from eventing.windows.runtime.row_writer import WindowRowWriter
+from eventing.workers.collections import COLLECTION_MARK_BYTES, SourceCollections
 from metadata import TIMER_VB_BASE, DlqRow, TimerDone, TimerRecord, owner_vb
 
 _as_mutation = tuple.__new__  # a row tuple as a Mutation, built in C (Mutation(*row) is ~0.3 us)
@@ -102,6 +103,7 @@ class WorkerCore:
             self.data.app_log(spec.function, self.defn.app_log_max_size, self.defn.app_log_max_files)
         )
         self.runner = HandlerRunner(self.name, self.defn, record.source, self.source, self.data.bucket, self.app_log)
+        self.collections = SourceCollections(self.source, self.defn.source_keyspace)
         self.rw_bindings = self.runner.rw_bindings
         # at_least_once: no effect marks are read, fenced or written (see LocalBucket.apply_effects).
         self.marked = self.defn.delivery == "exactly_once"
@@ -397,8 +399,31 @@ class WorkerCore:
                 if taken:
                     handled += taken
                     continue
-            handled += self._handle_run(vb, position, self._read_rows(vb, position, limit))
+            rows = self._read_rows(vb, position, limit)
+            if rows and self.collections.mixed(rows):
+                handled += self._handle_collections(vb, position, rows)
+            else:
+                handled += self._handle_run(vb, position, rows)
         return handled
+
+    def _handle_collections(self, vb: int, position: int, rows: list) -> int:
+        """A run whose rows are not all of the source collection: the others are passed over (their seqnos
+        still move the position, as Couchbase's DCP stream filtered by collection moves on), the source's
+        go to _handle_run with their own keys and meta.keyspace."""
+        runner = self.runner
+        for keyspace, group in self.collections.split(rows):
+            if keyspace is None:
+                self.counters[counter_names.COLLECTION_FILTERED] += len(group)
+                last = group[-1][1]
+                if last <= position:
+                    self._order_violation(vb, last, position)
+                position = self.positions[vb] = last
+                continue
+            runner.keyspace = keyspace
+            self._handle_run(vb, position, group)
+            position = self.positions[vb]
+        runner.keyspace = self.collections.default_meta
+        return len(rows)
 
     def _handle_run(self, vb: int, position: int, rows: list) -> int:
         """_handle over a run of one vBucket's log rows (tuples in Mutation's field order), with the common
@@ -477,10 +502,12 @@ class WorkerCore:
         writes, float times, ...), with the same rows, counters and dead letters either way."""
         if self._lettered and any(lettered_vb == vb for lettered_vb, _ in self._lettered):
             return 0
+        if not self.collections.source_is_default:
+            return 0  # rows of other collections to pass over: one by one
         batch = self.source.read_vb_packed(
             vb, position, limit, self.name, exact_arrivals_over_ms=self.window_rows.arrival_gap_ms  # type: ignore[union-attr]
         )
-        if batch is None or (batch.other_seqnos and self.on_delete is not None):
+        if batch is None or (batch.other_seqnos and self.on_delete is not None) or COLLECTION_MARK_BYTES in batch.keys:
             return 0
         # An oversize document is dead-lettered: only a batch larger than the limit can hold one.
         if len(batch.docs) > self.max_bytes and self.source.max_doc_bytes(vb, position, batch.last_seqno) > self.max_bytes:

@@ -83,3 +83,63 @@ def test_change_document_checks_and_writes_in_one_transaction(data_dir):
         with pytest.raises(ConfigError, match="exists"):
             coll.change("doc", insert)
         assert coll.change("doc", lambda current: None) == made  # nothing to write: the version as it is
+
+
+KEYSPACE_HANDLER = '''
+def on_update(doc, meta):
+    ks = meta.keyspace
+    out[meta.id] = {"from": ks["scope_name"] + "." + ks["collection_name"], "n": doc["n"]}
+
+def on_delete(meta, options):
+    del out[meta.id]
+'''
+
+
+def _deploy(data_dir: str, name: str, **source) -> None:
+    from eventing.core.definition import FunctionDefinition
+    from eventing.testing import deploy_function
+
+    defn = FunctionDefinition.from_dict({
+        "name": name, "source_bucket": "shop", **source, "worker_count": 2,
+        "bindings": [{"alias": "out", "bucket": "results", "scope": "fn", "collection": name, "access": "rw"}],
+    })
+    deploy_function(data_dir, defn, KEYSPACE_HANDLER)
+
+
+def test_a_function_handles_only_its_source_collection_and_writes_to_its_bound_collection(data_dir):
+    from eventing.api import Eventing
+
+    create_bucket(data_dir, "shop").close()
+    create_bucket(data_dir, "results").close()
+    for ks in ("shop.sales.orders", "shop.sales.returns", "shop.hr.staff", "results.fn.orders_fn",
+               "results.fn.default_fn", "results.fn.sales_fn"):
+        create_collection(data_dir, ks)
+    _deploy(data_dir, "orders_fn", source_scope="sales", source_collection="orders")
+    _deploy(data_dir, "default_fn")
+    _deploy(data_dir, "sales_fn", source_scope="sales", source_collection="*")
+    for ks, n in (("shop.sales.orders", 3), ("shop", 2), ("shop.sales.returns", 2), ("shop.hr.staff", 4)):
+        with open_keyspace(data_dir, ks) as coll:
+            for i in range(n):
+                coll.upsert(f"k{i}", {"n": i})  # the same keys in every collection: kept apart
+    with open_keyspace(data_dir, "shop.sales.orders") as orders:
+        orders.delete("k2")
+    Eventing(data_dir, executor="in-process").run(until_caught_up=True)
+
+    def seen(fn: str) -> dict:
+        with open_keyspace(data_dir, f"results.fn.{fn}") as coll:
+            return {key: (doc["from"], doc["n"]) for key, doc, _ in coll.scan()}
+
+    assert seen("orders_fn") == {"k0": ("sales.orders", 0), "k1": ("sales.orders", 1)}
+    assert seen("default_fn") == {"k0": ("_default._default", 0), "k1": ("_default._default", 1)}
+    # `*`: every collection of the scope; a key of two collections is one result key, last writer wins in
+    # its vBucket's seqno order: returns wrote k0/k1 after orders did.
+    assert seen("sales_fn") == {"k0": ("sales.returns", 0), "k1": ("sales.returns", 1)}
+    with open_keyspace(data_dir, "results") as default:
+        assert default.count() == 0  # nothing leaked into the bound bucket's default collection
+
+
+def test_a_definition_naming_a_missing_collection_is_refused_with_the_fix(data_dir):
+    create_bucket(data_dir, "shop").close()
+    create_bucket(data_dir, "results").close()
+    with pytest.raises(NotFoundError, match="eventing collection create shop.sales.orders"):
+        _deploy(data_dir, "orders_fn", source_scope="sales", source_collection="orders")
