@@ -29,29 +29,10 @@ from eventing.storage import loadgen
 from eventing.storage.bucket import chunked
 from eventing.storage.factory import create_bucket
 from eventing.storage.protocol import FileBucket
+from functions import FUNCTIONS_DIR
 
-LEDGER_HANDLER = '''
-import os
-
-def _record(meta, op, rev):
-    ledger[f"e|{FUNCTION}|{meta.id}|{meta.seq}"] = {
-        "fn": FUNCTION, "key": meta.id, "seq": meta.seq, "vb": meta.vb, "op": op, "rev": rev}
-    history = ledger.get(f"h|{FUNCTION}|{meta.id}") or {"seqs": []}
-    history["seqs"].append(meta.seq)
-    ledger[f"h|{FUNCTION}|{meta.id}"] = history
-    if CALL_LOG:
-        with open(CALL_LOG, "a") as f:
-            f.write(f"{meta.id} {meta.seq} {os.getpid()}\\n")
-
-def on_update(doc, meta):
-    if SLEEP_MS:
-        import time
-        time.sleep(SLEEP_MS / 1000)
-    _record(meta, "update", doc.get("rev"))
-
-def on_delete(meta, options):
-    _record(meta, "expire" if options.expired else "delete", None)
-'''
+# The ledger handler is the example function fn_ledger (functions/fn_ledger.py, fn_ledger.json), one copy.
+LEDGER_HANDLER = (FUNCTIONS_DIR / "fn_ledger.py").read_text()
 
 # The ledger check and its report live in eventing.ops.verify (`eventing verify` uses them too).
 LedgerReport = VerifyReport

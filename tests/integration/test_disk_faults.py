@@ -90,7 +90,7 @@ def test_a_load_and_a_run_on_a_full_disk_stop_with_one_line_and_complete_once_sp
     with small_filesystem(tmp_path / "small", FS_MB) as fs:
         data_dir = str(fs / "data")
         for argv in (["bucket", "create", "customers"], ["bucket", "create", "ledger"],
-                     ["deploy", str(ROOT / "examples" / "fn_ledger.json")]):
+                     ["deploy", str(ROOT / "functions" / "fn_ledger.json")]):
             assert eventing(data_dir, *argv).returncode == 0
 
         # A load of ~5 MB with 1 MB free: its first batches commit, then the disk is full.
@@ -142,7 +142,7 @@ def test_a_damaged_bucket_file_stops_get_load_and_run_with_one_line(tmp_path, da
     data_dir = str(tmp_path / "data")
     for argv in (["bucket", "create", "customers"], ["bucket", "create", "ledger"],
                  ["bucket", "load", "customers", "--documents", "500", "--mutations", "5000", "--seed", "1"],
-                 ["deploy", str(ROOT / "examples" / "fn_ledger.json")]):
+                 ["deploy", str(ROOT / "functions" / "fn_ledger.json")]):
         assert eventing(data_dir, *argv).returncode == 0
     path = Path(data_dir) / "buckets" / "customers.sqlite3"
     if damage == "truncated":

@@ -1,5 +1,5 @@
-"""fn_ledger: the ledger handler of eventing.testing (LEDGER_HANDLER) as a file, so `eventing verify` can check
-a function end to end (docs/operations.md). Per handled mutation it writes an effect `e|FN|key|seqno` and the
+"""fn_ledger: the ledger handler of the test harness (eventing.testing.LEDGER_HANDLER is this file's text), so
+`eventing verify` can check a function end to end (docs/operations.md). Per handled mutation it writes an effect `e|FN|key|seqno` and the
 document's history `h|FN|key` through the read-write binding `ledger`; FUNCTION, CALL_LOG and SLEEP_MS are
 constants of the definition."""
 
