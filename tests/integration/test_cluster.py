@@ -28,7 +28,14 @@ from eventing.control.service import EventingService
 from eventing.core.definition import FunctionDefinition
 from eventing.core.mutation import OP_UPDATE, decode_document
 from eventing.storage.bucket import LocalBucket
-from eventing.testing import BackgroundLoop, check_ledger, deploy_function, ledger_definition, load_source
+from eventing.testing import (
+    BackgroundLoop,
+    check_ledger,
+    deploy_function,
+    ledger_definition,
+    load_source,
+    wait_for,
+)
 from eventing.testing.cluster import (
     LocalRayCluster,
     LocalSparkCluster,
@@ -131,15 +138,6 @@ class Stream(BackgroundLoop):
     def tick(self) -> None:
         self.bucket.upsert(f"doc::{self.written % self.docs}", {"rev": self.written})
         self.written += 1
-
-
-def wait_for(predicate, timeout: float = 90.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError("timed out")
 
 
 def caught_up(data_dir: str, name: str, source: LocalBucket) -> bool:

@@ -4,7 +4,6 @@ topology, a failover and a standby takeover with the in-process executor, each c
 from __future__ import annotations
 
 import threading
-import time
 from collections import Counter
 
 import pytest
@@ -15,7 +14,7 @@ from eventing.control.nodes import Topology
 from eventing.control.service import EventingService
 from eventing.errors import ConfigError, EventingError
 from eventing.storage.bucket import LocalBucket
-from eventing.testing import check_ledger, deploy_function, ledger_definition, load_source
+from eventing.testing import check_ledger, deploy_function, ledger_definition, load_source, wait_for
 from eventing.workers.executor import InProcessExecutor
 from metadata.factory import open_store
 from sharding import NUM_VBUCKETS
@@ -140,13 +139,6 @@ def _run(service: EventingService) -> threading.Thread:
     return thread
 
 
-def _wait(predicate, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
-
-
 def _caught_up(data_dir: str, source: LocalBucket) -> bool:
     cps = open_store(data_dir).checkpoints("fn")
     return [cps[vb].seqno for vb in range(NUM_VBUCKETS)] == source.high_seqnos()
@@ -165,12 +157,12 @@ def test_a_node_down_for_the_timeout_is_failed_over_and_nothing_is_lost(data_dir
     service = EventingService(data_dir, InProcessExecutor(), failover_timeout_s=0.3)
     service.node_health = lambda ids: {i: health.get(i, UP) for i in ids}
     thread = _run(service)
-    _wait(lambda: "fn" in service.supervisors and service.supervisors["fn"].ready)
+    wait_for(lambda: "fn" in service.supervisors and service.supervisors["fn"].ready)
     health["ray-2"] = DOWN
-    _wait(lambda: {n["name"]: n["state"] for n in open_store(data_dir).nodes()}.get("n2") == "failed")
+    wait_for(lambda: {n["name"]: n["state"] for n in open_store(data_dir).nodes()}.get("n2") == "failed")
     source.upsert("late::1", {"rev": 1})  # new mutations after the failover go to the survivors
-    _wait(lambda: _caught_up(data_dir, source))
-    _wait(lambda: (Topology(open_store(data_dir)).request() or {}).get("status") == "done")
+    wait_for(lambda: _caught_up(data_dir, source))
+    wait_for(lambda: (Topology(open_store(data_dir)).request() or {}).get("status") == "done")
     service.stop()
     thread.join(30)
     owners = Counter(cp.owner for cp in open_store(data_dir).checkpoints("fn").values())
@@ -217,14 +209,14 @@ def test_a_node_that_dies_while_joining_in_a_rebalance_is_failed_over_once_the_r
     service = EventingService(data_dir, executor, failover_timeout_s=0.3)
     service.node_health = lambda ids: {i: (DOWN if i in executor.dead else UP) for i in ids}
     thread = _run(service)
-    _wait(lambda: "fn" in service.supervisors and service.supervisors["fn"].ready)
+    wait_for(lambda: "fn" in service.supervisors and service.supervisors["fn"].ready)
     topology.add_node("n3", "ray-3")
     executor.dead.add("ray-3")  # n3's workers will never start: its Ray node is gone
     topology.request_rebalance(topology.plan())
-    _wait(lambda: {n["name"]: n["state"] for n in open_store(data_dir).nodes()}.get("n3") == "failed")
-    _wait(lambda: (Topology(open_store(data_dir)).request() or {}).get("status") == "done")
+    wait_for(lambda: {n["name"]: n["state"] for n in open_store(data_dir).nodes()}.get("n3") == "failed")
+    wait_for(lambda: (Topology(open_store(data_dir)).request() or {}).get("status") == "done")
     source.upsert("late::1", {"rev": 1})
-    _wait(lambda: _caught_up(data_dir, source))
+    wait_for(lambda: _caught_up(data_dir, source))
     service.stop()
     thread.join(30)
     owners = Counter(str(cp.owner).split("/")[0] for cp in open_store(data_dir).checkpoints("fn").values())
@@ -236,7 +228,7 @@ def test_a_second_service_without_standby_is_refused_as_before(data_dir):
     _deploy(data_dir, 1000)
     leader = EventingService(data_dir, InProcessExecutor())
     thread = _run(leader)
-    _wait(lambda: open_store(data_dir).lease(LEADER_LEASE) is not None)
+    wait_for(lambda: open_store(data_dir).lease(LEADER_LEASE) is not None)
     with pytest.raises(EventingError, match="another eventing service .* is running on this data directory"):
         EventingService(data_dir, InProcessExecutor()).run()
     leader.stop()
@@ -247,26 +239,26 @@ def test_a_standby_takes_over_when_the_leader_stops_and_finishes_the_stream(data
     source = _deploy(data_dir)
     leader = EventingService(data_dir, InProcessExecutor())
     leader_thread = _run(leader)
-    _wait(lambda: "fn" in leader.supervisors and leader.supervisors["fn"].handled > 0)
+    wait_for(lambda: "fn" in leader.supervisors and leader.supervisors["fn"].handled > 0)
     standby = EventingService(data_dir, InProcessExecutor(), standby=True)
     standby_thread = _run(standby)
-    _wait(lambda: standby.service_id in open_store(data_dir).live_services(5))
+    wait_for(lambda: standby.service_id in open_store(data_dir).live_services(5))
     assert cli(["--data-dir", data_dir, "status"]) == 0
     out = capsys.readouterr().out
     assert f"leader: {leader.service_id}" in out and f"standby: {standby.service_id}" in out
-    _wait(lambda: len(standby.warm) == 2)  # waiting, its workers started ahead of time (idle)
+    wait_for(lambda: len(standby.warm) == 2)  # waiting, its workers started ahead of time (idle)
     assert not standby.supervisors
     warm = dict(standby.warm)
     assert sorted(wid for _, wid, _ in warm) == ["local/w0", "local/w1"]
     leader.stop()
     leader_thread.join(30)
-    _wait(lambda: "fn" in standby.supervisors and standby.supervisors["fn"].ready)
+    wait_for(lambda: "fn" in standby.supervisors and standby.supervisors["fn"].ready)
     assert {s.handle for s in standby.supervisors["fn"].slots.values()} == set(warm.values())  # taken, not restarted
     assert standby.summary.leadership["took_over_from"] == leader.service_id
     lease = open_store(data_dir).lease(LEADER_LEASE)
     assert lease is not None and lease.term == 2
     source.upsert("after::1", {"rev": 1})
-    _wait(lambda: _caught_up(data_dir, source))
+    wait_for(lambda: _caught_up(data_dir, source))
     standby.stop()
     standby_thread.join(30)
     _verify(data_dir, source)
@@ -277,7 +269,7 @@ def test_a_leader_that_loses_its_lease_stops(data_dir, monkeypatch):
     _deploy(data_dir, 1000)
     leader = EventingService(data_dir, InProcessExecutor())
     thread = _run(leader)
-    _wait(lambda: "fn" in leader.supervisors)
+    wait_for(lambda: "fn" in leader.supervisors)
     store = open_store(data_dir)
     assert store.acquire_lease(LEADER_LEASE, "elsewhere:1:x", 60, take_from=leader.service_id) is not None
     thread.join(30)

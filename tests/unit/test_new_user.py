@@ -22,6 +22,7 @@ from eventing.core.definition import FunctionDefinition
 from eventing.errors import EventingError
 from eventing.execution.app_log import log_path
 from eventing.storage.bucket import LocalBucket
+from eventing.testing import wait_for
 from eventing.workers.executor import InProcessExecutor, check_ray_address
 from metadata.factory import open_store
 
@@ -250,13 +251,6 @@ def test_progress_counts_dead_letters_while_running_and_across_a_pause_and_resum
         service.stop()
         runner.join(30)
     assert service.summary.functions["fn"].dead_letters == {"error": 10}
-
-
-def wait_for(condition, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 # -- one line for each kind of bad input -------------------------------------------------------------
