@@ -145,10 +145,15 @@ def replay(data_dir: str, monkeypatch: pytest.MonkeyPatch, mutations, run_times)
     return runs.windows(), sorted(late)
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# Each example runs the service up to a dozen times (~0.1-0.3 s each): few random examples, and the shapes
+# that matter as explicit ones.
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(history=histories())
 # The shape: a row waits while the service is stopped past the idle timeout's deadline.
 @example(history=([("a", T0 + 5 * S, T0 + 10 * S), ("a", T0 + 8 * S, T0 + 13 * S)], [T0 + 11 * S, T0 + 63 * S]))
+# A run, then a 40 s silence (past both idle timeouts) before two more rows, the second out of order.
+@example(history=([("a", T0 + 5 * S, T0 + 10 * S), ("b", T0 + 48 * S, T0 + 50 * S), ("c", T0 + 47 * S, T0 + 51 * S)],
+                  [T0 + 11 * S, T0 + 100 * S]))
 def test_the_same_arrivals_give_the_same_windows_whatever_the_service_stops_and_starts(
     tmp_path_factory, monkeypatch, history
 ):
