@@ -31,23 +31,26 @@ def _dlq(vb: int, seqno: int) -> DlqRow:
     return DlqRow("fn", vb, seqno, "k", "error", "boom", "tb", 1, 1.0, 1.0, b"m")
 
 
-def test_a_locked_store_makes_writes_wait_with_a_warning(tmp_path, caplog):
+def test_a_locked_store_makes_writes_wait_with_a_warning(tmp_path, caplog, monkeypatch):
+    # SQLite's busy timeout shortened from 2 s: the lock outlasts it, so the write waits in retry_locked.
+    monkeypatch.setattr("metadata.sqlite.store.BUSY_TIMEOUT_MS", 200)
     path = tmp_path / "metadata.sqlite3"
     store = SqliteMetadataStore(path)
     store.init_checkpoints("fn", {0: 0}, "uuid")
     e = store.claim("fn", [0], "w")[0].epoch
     holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     holder.execute("BEGIN IMMEDIATE")
-    threading.Timer(2.5, lambda: holder.execute("ROLLBACK")).start()
+    threading.Timer(0.6, lambda: holder.execute("ROLLBACK")).start()
     start = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="eventing.metadata"):
         store.commit("fn", {0: e}, {0: 3})
-    assert time.monotonic() - start >= 2.0
+    assert time.monotonic() - start >= 0.5
     assert store.checkpoints("fn")[0].seqno == 3
     assert any("locked by another process" in r.message for r in caplog.records)
 
 
-def test_a_store_locked_too_long_fails_with_the_fix(tmp_path):
+def test_a_store_locked_too_long_fails_with_the_fix(tmp_path, monkeypatch):
+    monkeypatch.setattr("metadata.sqlite.store.BUSY_TIMEOUT_MS", 100)  # each try waits 0.1 s, not 2 s
     path = tmp_path / "metadata.sqlite3"
     store = SqliteMetadataStore(path, lock_wait_s=0.5)
     holder = sqlite3.connect(path, isolation_level=None)
