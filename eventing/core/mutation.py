@@ -73,7 +73,13 @@ def _check_scalar(value: Any, path: str) -> None:
 
 
 def encode_document(doc: Any) -> bytes:
-    """Validate a JSON object and encode it as msgpack bytes."""
+    """Validate a JSON object and encode it as msgpack bytes. A `bytes` value (a binary or non-object
+    document written through the Data API) is stored as it is: msgpack bin, decoded back to the same bytes."""
+    if isinstance(doc, bytes):
+        data = msgpack.packb(doc, use_bin_type=True)
+        if len(data) > MAX_DOCUMENT_BYTES:
+            raise InvalidDocumentError(f"document is {len(doc)} bytes; the limit is {MAX_DOCUMENT_BYTES} bytes, split it")
+        return data
     if not isinstance(doc, dict):
         raise InvalidDocumentError(
             f"document is a JSON {_json_kind(doc)}, not an object; wrap it, for example {{\"value\": ...}}"
@@ -88,6 +94,7 @@ def encode_document(doc: Any) -> bytes:
 
 
 def decode_document(data: bytes) -> dict:
+    """The stored document: a JSON object (a dict), or the bytes of a binary document (see encode_document)."""
     return msgpack.unpackb(data, raw=False)
 
 

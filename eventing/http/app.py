@@ -6,7 +6,9 @@ Order of the guards (outermost first), each answering before the application see
 2. authentication (401: no token, or one not accepted) and role (403) for the API, /metrics and
    /getAppLog, whose responses then name the caller's role in `X-Eventing-Role`; the console's static
    files carry no data and need none;
-3. the body size limit (413), read in full before any handler runs, so a refused request changes nothing.
+3. the body size limit (413), read in full before any handler runs, so a refused request changes nothing;
+   the Data API (/v1/...) and the bulk load (/api/v1/keyspaces/K/load) read their own bodies: 20 MiB a
+   document, and the load streamed in batches (eventing.http.dataapi, inside the guard).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from eventing.http.auth import ServerConfig, is_loopback, needs_admin, presented_token, role_of
+from eventing.http.dataapi import DataApi
+from eventing.http.dataapi import serves as serves_data_api
 
 PROTECTED_PREFIXES = ("/api/", "/metrics", "/getAppLog")
 # The console loads only its own script and style; nothing may frame it or sniff types.
@@ -46,6 +50,7 @@ def build_app(config: ServerConfig) -> Starlette:
             allow_headers=["Authorization", "Content-Type"],
         ))
     middleware.append(Middleware(GuardMiddleware, config=config))
+    middleware.append(Middleware(DataApi, config=config))  # the Data API and the bulk load (eventing.http.dataapi)
     app = Starlette(routes=routes(), middleware=middleware, exception_handlers=EXCEPTION_HANDLERS)
     app.state.config = config
     return app
@@ -102,6 +107,15 @@ class GuardMiddleware:
                 })
                 return
 
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), *SECURITY_HEADERS, *role_header]
+            await send(message)
+
+        if serves_data_api(path):  # these read their own bodies, with their own limits (and the load streams)
+            await self.app(scope, receive, send_with_headers)
+            return
+
         limit = self.config.max_body_bytes
         declared = headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -130,11 +144,6 @@ class GuardMiddleware:
                 replayed = True
                 return {"type": "http.request", "body": body, "more_body": False}
             return await receive()
-
-        async def send_with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), *SECURITY_HEADERS, *role_header]
-            await send(message)
 
         await self.app(scope, replay, send_with_headers)
 

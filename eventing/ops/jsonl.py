@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,36 +56,46 @@ def json_line_rows(path: str, rejected: list[str], size: int = 20_000) -> Iterat
     msgpack without a validation walk: JSON text holds only JSON values, and msgspec refuses NaN, infinity
     and numbers out of range. Any line it refuses goes through _parse_line (json + encode_document), which
     accepts or rejects it exactly as before and names the problem."""
-    decode, encode = _line_decoder.decode, _doc_encoder.encode
     stream = sys.stdin.buffer if path == "-" else open(path, "rb")  # noqa: SIM115
-    rows: list[tuple] = []
     with stream:
-        for number, raw in enumerate(stream, 1):
-            try:
-                line = decode(raw)
-                key = line.key
-                kb = key.encode()
-                if not kb or len(kb) > MAX_KEY_BYTES:
+        yield from rows_of_lines(stream, rejected, size)
+
+
+def rows_of_lines(
+    lines: Iterable[bytes], rejected: list[str], size: int = 20_000, *, stop_at_bad_line: bool = False
+) -> Iterator[list[tuple]]:
+    """json_line_rows of any lines (a file, a request body split at newlines). With `stop_at_bad_line`,
+    the first bad line ends it: the rows of the lines before it come out, none after."""
+    decode, encode = _line_decoder.decode, _doc_encoder.encode
+    rows: list[tuple] = []
+    for number, raw in enumerate(lines, 1):
+        try:
+            line = decode(raw)
+            key = line.key
+            kb = key.encode()
+            if not kb or len(kb) > MAX_KEY_BYTES:
+                raise ValueError(key)
+            doc = line.doc
+            if line.op == "delete":
+                rows.append((key, OP_DELETE, None, 0))
+            elif doc is msgspec.UNSET or line.op not in ("upsert", "update", "insert"):
+                raise ValueError(line.op)
+            else:
+                data = encode(doc)
+                if len(data) > MAX_DOCUMENT_BYTES:
                     raise ValueError(key)
-                doc = line.doc
-                if line.op == "delete":
-                    rows.append((key, OP_DELETE, None, 0))
-                elif doc is msgspec.UNSET or line.op not in ("upsert", "update", "insert"):
-                    raise ValueError(line.op)
-                else:
-                    data = encode(doc)
-                    if len(data) > MAX_DOCUMENT_BYTES:
-                        raise ValueError(key)
-                    rows.append((key, OP_UPDATE, data, line.expiry))
-            except (msgspec.DecodeError, msgspec.ValidationError, ValueError, OverflowError, UnicodeError):
-                if not raw.strip():
-                    continue
-                row = _parse_line(raw, number, rejected)
-                if row is not None:
-                    rows.append(row)
-            if len(rows) >= size:
-                yield rows
-                rows = []
+                rows.append((key, OP_UPDATE, data, line.expiry))
+        except (msgspec.DecodeError, msgspec.ValidationError, ValueError, OverflowError, UnicodeError):
+            if not raw.strip():
+                continue
+            row = _parse_line(raw, number, rejected)
+            if row is not None:
+                rows.append(row)
+            elif stop_at_bad_line:
+                break
+        if len(rows) >= size:
+            yield rows
+            rows = []
     if rows:
         yield rows
 
