@@ -1,0 +1,128 @@
+"""Data API throughput against a real `eventing serve` on 127.0.0.1: single-document PUTs from N keep-alive
+clients (threads, one httpx.Client each), then the bulk load (POST /api/v1/keyspaces/K/load) against
+`eventing bucket load --file` of the same JSON lines, in the same run. The last line is JSON.
+
+    .venv/bin/python scripts/bench_dataapi.py [--clients 16] [--seconds 10] [--rows 200000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+BIN = Path(sys.executable).parent / "eventing"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_up(base: str, proc: subprocess.Popen, deadline_s: float = 30.0) -> None:
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise SystemExit(f"eventing serve exited with {proc.returncode}")
+        try:
+            if httpx.get(f"{base}/v1/callerIdentity", timeout=1.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise SystemExit("eventing serve did not answer within 30 s")
+
+
+def put_bench(base: str, clients: int, seconds: float) -> dict[str, float]:
+    path = f"{base}/v1/buckets/bench/scopes/_default/collections/_default/documents"
+    counts = [0] * clients
+    errors = [0] * clients
+    stop = time.monotonic() + seconds
+
+    def client(i: int) -> None:
+        with httpx.Client(timeout=30.0) as c:
+            n = 0
+            while time.monotonic() < stop:
+                r = c.put(f"{path}/c{i}-{n}", content=b'{"n": %d, "client": %d, "text": "a small document"}' % (n, i),
+                          headers={"Content-Type": "application/json"})
+                if r.status_code == 200:
+                    counts[i] += 1
+                else:
+                    errors[i] += 1
+                n += 1
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    start = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.monotonic() - start
+    return {"docs": sum(counts), "errors": sum(errors), "seconds": round(elapsed, 2),
+            "docs_per_s": round(sum(counts) / elapsed)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--rows", type=int, default=200_000)
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench-dataapi-"))
+    data = work / "data"
+    env = {**os.environ, "EVENTING_ADMIN_TOKEN": "", "EVENTING_READ_TOKEN": ""}
+    for bucket in ("bench", "bulk_http", "bulk_cli"):
+        subprocess.run([str(BIN), "bucket", "create", bucket, "--data-dir", str(data)], check=True, env=env,
+                       stdout=subprocess.DEVNULL)
+    lines = work / "rows.jsonl"
+    with open(lines, "wb") as f:
+        for i in range(args.rows):
+            f.write(b'{"key":"k%07d","doc":{"i":%d,"name":"user %d","tags":["a","b"]}}\n' % (i, i, i))
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([str(BIN), "serve", "--data-dir", str(data), "--port", str(port)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_up(base, proc)
+        put = put_bench(base, args.clients, args.seconds)
+        print(f"PUT from {args.clients} clients: {put}", file=sys.stderr)
+
+        def chunks():
+            with open(lines, "rb") as f:
+                while chunk := f.read(256 * 1024):
+                    yield chunk
+
+        t0 = time.monotonic()
+        r = httpx.post(f"{base}/api/v1/keyspaces/bulk_http/load", content=chunks(), timeout=600.0)
+        http_s = time.monotonic() - t0
+        assert r.status_code == 200 and r.json()["committed"] == args.rows, r.text
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    t0 = time.monotonic()
+    subprocess.run([str(BIN), "bucket", "load", "bulk_cli", "--file", str(lines), "--data-dir", str(data)], check=True,
+                   env=env, stdout=subprocess.DEVNULL)
+    cli_s = time.monotonic() - t0
+    result = {
+        "clients": args.clients, "docs_per_s": put["docs_per_s"], "put_errors": put["errors"], "rows": args.rows,
+        "bulk_http_rows_per_s": round(args.rows / http_s), "bucket_load_rows_per_s": round(args.rows / cli_s),
+        "bulk_vs_bucket_load": round(cli_s / http_s, 2),
+    }
+    shutil.rmtree(work, ignore_errors=True)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
