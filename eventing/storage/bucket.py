@@ -187,6 +187,8 @@ class LocalBucket:
         self.path = path
         self.name = name
         self._db = db
+        self._closed = False
+        _connections_opened(path)  # before any read: a failing read still closes
         self.uuid = self._info("uuid")
         # Cached high seqnos and the (data_version, own commits) they were read at: SQLite's data_version
         # counts other connections' commits, _commits this connection's.
@@ -273,6 +275,9 @@ class LocalBucket:
             raise damaged_bucket_error(self.path, problem)
 
     def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            _connections_closed(self.path)
         self._db.close()
 
     def checkpoint_wal(self) -> None:
@@ -1096,10 +1101,36 @@ def bucket_name_of(path: Path) -> str:
     return folder[: -len(".partitions")] if folder.endswith(".partitions") else path.stem
 
 
+# Connections this process has open, per bucket file. SQLite locks its files with POSIX advisory locks,
+# which the kernel drops when the process closes *any* descriptor of the file: reading a file's header with
+# open() while one of our own connections holds it left that connection without its locks (another
+# process then checkpointed and reset the WAL under it, and a running service stopped seeing new writes).
+_open_connections: dict[Path, int] = {}
+_open_lock = threading.Lock()
+
+
+def _connections_opened(path: Path) -> None:
+    with _open_lock:
+        _open_connections[path] = _open_connections.get(path, 0) + 1
+
+
+def _connections_closed(path: Path) -> None:
+    with _open_lock:
+        left = _open_connections.get(path, 0) - 1
+        if left > 0:
+            _open_connections[path] = left
+        else:
+            _open_connections.pop(path, None)
+
+
 def header_problem(path: Path) -> str | None:
     """What is wrong with a bucket file that its first 100 bytes and its size show (cut short, not a SQLite
     file), without opening it; None when nothing shows. SQLite itself would read an empty file as an empty
-    database and a truncated one as zeros past the end, so a damaged bucket would look empty or partial."""
+    database and a truncated one as zeros past the end, so a damaged bucket would look empty or partial.
+    Not read while this process has a connection to the file (see _open_connections): SQLite's own checks
+    and errors speak for it then."""
+    if _open_connections.get(path):
+        return None
     try:
         size = path.stat().st_size
         with open(path, "rb") as f:
