@@ -30,12 +30,14 @@ from eventing.control import lifecycle
 from eventing.control.service import EventingService, RunSummary
 from eventing.core.definition import Boundary, FunctionDefinition
 from eventing.errors import ConfigError, InvalidDocumentError
+from eventing.ops import buckets as bucket_ops
 from eventing.ops.jsonl import load_json_lines
 from eventing.ops.stats import function_stats, vbucket_map
 from eventing.ops.verify import VerifyReport, verify_function
 from eventing.storage import loadgen
 from eventing.storage.bucket import Write, chunked
 from eventing.storage.factory import create_bucket, open_bucket
+from eventing.storage.keyspace import Collection, open_keyspace
 from eventing.storage.protocol import FileBucket
 from eventing.windows.runtime.host import WindowOptions
 from eventing.workers.executor import make_executor
@@ -191,22 +193,61 @@ class Eventing:
         """An existing bucket; NotFoundError names the fix if there is none."""
         return open_bucket(self.data_dir, name)
 
+    # Where a method takes `bucket` for documents, a keyspace `bucket.scope.collection` names a collection of
+    # it (a bare bucket name is its default collection): see eventing.core.keyspaces.
+
+    def collection(self, keyspace: str) -> Collection:
+        """The documents of a keyspace (a bucket's default collection, or `bucket.scope.collection`)."""
+        return open_keyspace(self.data_dir, keyspace)
+
+    def create_collection(self, keyspace: str) -> int:
+        """Create the collection `bucket.scope.collection` (`eventing collection create`); returns its id."""
+        return int(bucket_ops.create_collection(self.data_dir, keyspace)["id"])
+
+    def drop_collection(self, keyspace: str) -> int:
+        """Drop a collection and its documents (`eventing collection drop`; refused while a deployed or paused
+        function reads or binds it); returns how many documents went."""
+        return int(bucket_ops.drop_collection(self.data_dir, keyspace)["documents"])
+
+    def collections(self, bucket: str) -> list[str]:
+        """The keyspaces of a bucket's collections, its default collection (the bucket's name) first."""
+        return [row["keyspace"] for row in bucket_ops.list_collections(self.data_dir, bucket)]
+
+    def get(self, bucket: str, key: str) -> dict[str, Any] | None:
+        """One document, or None (`eventing bucket get`)."""
+        with self.collection(bucket) as target:
+            return target.get(key)
+
+    def keys(self, bucket: str, prefix: str = "", limit: int | None = None) -> list[str]:
+        """Document keys in key order (`eventing bucket keys`)."""
+        with self.collection(bucket) as target:
+            return target.keys(prefix, limit)
+
+    def count(self, bucket: str) -> int:
+        """Live documents (`eventing bucket count`)."""
+        with self.collection(bucket) as target:
+            return target.count()
+
     def upsert(self, bucket: str, key: str, doc: dict[str, Any], *, expiry: int = 0) -> tuple[int, int]:
         """Create or replace one document (`eventing bucket upsert`); returns its (vBucket, seqno)."""
-        return self.bucket(bucket).upsert(key, doc, expiry=expiry)
+        with self.collection(bucket) as target:
+            return target.upsert(key, doc, expiry=expiry)
 
     def remove(self, bucket: str, key: str) -> tuple[int, int]:
         """Delete one document, a tombstone mutation (`eventing bucket delete`); returns its (vBucket, seqno)."""
-        return self.bucket(bucket).delete(key)
+        with self.collection(bucket) as target:
+            return target.delete(key)
 
     def write(self, bucket: str, writes: Iterable[Write]) -> int:
         """Append mutations in bulk (`eventing bucket load`; a Write holds the document as msgpack bytes,
-        eventing.core.mutation.encode_document); returns how many were logged."""
-        target = self.bucket(bucket)
-        written = 0
-        for chunk in chunked(writes, 20_000):
-            written += sum(1 for r in target.write(chunk) if r is not None)
-        return written
+        eventing.core.mutation.encode_document, and its key is the document's key in the keyspace); returns
+        how many were logged."""
+        with self.collection(bucket) as target:
+            written = 0
+            for chunk in chunked(writes, 20_000):
+                stored = [w._replace(key=target.stored(w.key)) for w in chunk] if target.cid else chunk
+                written += sum(1 for r in target.bucket.write(stored) if r is not None)
+            return written
 
     def load(self, bucket: str, *, documents: int, mutations: int, seed: int = 0, prefix: str = "customer") -> int:
         """Faker-generated customer mutations, deterministic per seed (`eventing bucket load`)."""
@@ -220,11 +261,11 @@ class Eventing:
         returns how many mutations were logged (a delete of a missing document logs none). A bad line is
         not loaded: with `rejected`, each one is added to it ("line N: what is wrong"); without, the other
         lines are loaded and InvalidDocumentError names the first bad one."""
-        target = self.bucket(bucket)
-        target.verify_integrity()  # never add to a damaged file
         bad: list[str] = [] if rejected is None else rejected
         before = len(bad)
-        written = load_json_lines(target, str(path), bad).written
+        with self.collection(bucket) as target:
+            target.bucket.verify_integrity()  # never add to a damaged file
+            written = load_json_lines(target, str(path), bad).written
         if rejected is None and len(bad) > before:
             raise InvalidDocumentError(
                 f"{len(bad) - before} line(s) of {path} were not loaded ({bad[before]}); the other {written:,} "

@@ -1,4 +1,6 @@
-"""`eventing bucket ...`: create, load, browse and change local buckets."""
+"""`eventing bucket ...`: create, load, browse and change local buckets. Where a command takes a bucket's
+documents it takes a keyspace too (`bucket.scope.collection`, eventing.core.keyspaces): a bare bucket
+name is its default collection."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from eventing.errors import (
 from eventing.ops.jsonl import json_line_rows
 from eventing.storage.bucket import chunked, list_buckets
 from eventing.storage.factory import create_bucket, open_bucket
-from sharding import validate_key
+from eventing.storage.keyspace import open_keyspace
 
 
 def cmd_bucket_create(args: argparse.Namespace) -> int:
@@ -53,8 +55,8 @@ def cmd_bucket_load(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     data_dir = writable_data_dir(args)
-    bucket = open_bucket(data_dir, args.name)
-    bucket.verify_integrity()  # never add to a damaged file: one line naming it and the way out
+    bucket = open_keyspace(data_dir, args.name)  # a bucket's default collection, or the collection named
+    bucket.bucket.verify_integrity()  # never add to a damaged file: one line naming it and the way out
     start = time.perf_counter()
     rejected: list[str] = []
     if args.file:
@@ -120,15 +122,15 @@ def cmd_bucket_upsert(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"--expiry is {args.expiry}; give epoch seconds after which the document expires, or 0 for never"
         )
-    bucket = open_bucket(writable_data_dir(args), args.name)
-    vb, seqno = bucket.upsert(args.key, parse_doc_arg(args.doc), expiry=args.expiry)
+    with open_keyspace(writable_data_dir(args), args.name) as bucket:
+        vb, seqno = bucket.upsert(args.key, parse_doc_arg(args.doc), expiry=args.expiry)
     _print_write(args, "upserted", vb, seqno)
     return 0
 
 
 def cmd_bucket_delete(args: argparse.Namespace) -> int:
-    bucket = open_bucket(writable_data_dir(args), args.name)
-    vb, seqno = bucket.delete(args.key)
+    with open_keyspace(writable_data_dir(args), args.name) as bucket:
+        vb, seqno = bucket.delete(args.key)
     _print_write(args, "deleted", vb, seqno)
     return 0
 
@@ -141,14 +143,15 @@ def _print_write(args: argparse.Namespace, verb: str, vb: int, seqno: int) -> No
 
 
 def cmd_bucket_get(args: argparse.Namespace) -> int:
-    bucket = open_bucket(data_dir_of(args), args.name)
-    validate_key(args.key)
-    bucket.verify_integrity()  # a miss on a damaged file must not read as "does not exist"
-    doc = bucket.get(args.key)
-    if doc is None:
-        raise NotFoundError(f"document '{args.key}' does not exist in bucket '{args.name}'")
+    with open_keyspace(data_dir_of(args), args.name) as bucket:
+        bucket.stored(args.key)  # the key's rules first
+        bucket.bucket.verify_integrity()  # a miss on a damaged file must not read as "does not exist"
+        doc = bucket.get(args.key)
+        if doc is None:
+            raise NotFoundError(f"document '{args.key}' does not exist in {bucket.keyspace_phrase()}")
+        meta = bucket.get_meta(args.key)
     if args.json:
-        emit_json({"key": args.key, "meta": bucket.get_meta(args.key), "doc": doc})
+        emit_json({"key": args.key, "meta": meta, "doc": doc})
     else:
         print(json.dumps(doc, indent=2))
     return 0
@@ -174,7 +177,7 @@ def cmd_bucket_expire(args: argparse.Namespace) -> int:
 
 
 def cmd_bucket_keys(args: argparse.Namespace) -> int:
-    bucket = open_bucket(data_dir_of(args), args.name)
+    bucket = open_keyspace(data_dir_of(args), args.name)
     try:
         keys = bucket.keys(args.prefix, args.limit)
     finally:
@@ -197,7 +200,7 @@ def _doc_line(key: str, doc: dict, meta: dict) -> dict:
 
 
 def cmd_bucket_scan(args: argparse.Namespace) -> int:
-    bucket = open_bucket(data_dir_of(args), args.name)
+    bucket = open_keyspace(data_dir_of(args), args.name)
     try:
         lines = (_doc_line(*item) for item in bucket.scan(args.prefix, args.limit))
         if args.json:
@@ -211,7 +214,7 @@ def cmd_bucket_scan(args: argparse.Namespace) -> int:
 
 
 def cmd_bucket_export(args: argparse.Namespace) -> int:
-    bucket = open_bucket(data_dir_of(args), args.name)
+    bucket = open_keyspace(data_dir_of(args), args.name)
     count = 0
     try:
         out = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8")  # noqa: SIM115
@@ -237,7 +240,7 @@ def cmd_bucket_export(args: argparse.Namespace) -> int:
 
 
 def cmd_bucket_count(args: argparse.Namespace) -> int:
-    bucket = open_bucket(data_dir_of(args), args.name)
+    bucket = open_keyspace(data_dir_of(args), args.name)
     try:
         count = bucket.count()
     finally:
@@ -272,6 +275,9 @@ def cmd_bucket_flush(args: argparse.Namespace) -> int:
     result = buckets.flush(data_dir_of(args), args.name)
     if args.json:
         emit_json(result)
+    elif "keyspace" in result:
+        print(f"flushed collection '{result['keyspace']}': deleted {result['documents']:,} documents, one delete "
+              "mutation each (functions reading it handle them); the bucket's other collections are unchanged")
     else:
         print(f"flushed bucket '{args.name}': deleted {result['documents']:,} documents, "
               f"{result['tombstones']:,} tombstones and a log of {result['mutations']:,} mutations; "
@@ -279,10 +285,15 @@ def cmd_bucket_flush(args: argparse.Namespace) -> int:
     return 0
 
 
+KEYSPACE_HELP = "a bucket (its default collection) or BUCKET.SCOPE.COLLECTION"
+
+
 def register(sub: Any, add: Any) -> None:
     bucket = sub.add_parser("bucket", help="local buckets: create, load, upsert, delete, get, info, list, keys, scan, export, "
                             "count, drop, flush",
-                            description="Local buckets (SQLite files under the data directory).")
+                            description="Local buckets (SQLite files under the data directory). load, get, upsert, "
+                            "delete, keys, scan, export, count and flush take a keyspace BUCKET.SCOPE.COLLECTION "
+                            "where they take a bucket name.")
     bsub = bucket.add_subparsers(dest="bucket_command", metavar="ACTION", required=True)
     p = add("create", cmd_bucket_create, "create an empty bucket", bsub)
     p.add_argument("name")
@@ -293,48 +304,49 @@ def register(sub: Any, add: Any) -> None:
                         "see docs/handler-api.md")
     add("list", cmd_bucket_list, "list buckets", bsub)
     p = add("load", cmd_bucket_load, "generate faker mutations, or import JSON lines from a file or stdin", bsub)
-    p.add_argument("name")
+    p.add_argument("name", metavar="KEYSPACE", help=KEYSPACE_HELP)
     p.add_argument("--documents", type=int, default=10_000, help="distinct documents (default 10000)")
     p.add_argument("--mutations", type=int, default=100_000, help="total mutations, >= documents (default 100000)")
     p.add_argument("--seed", type=int, default=0, help="same seed, same mutations (default 0)")
     p.add_argument("--prefix", default="customer", help="key prefix (default customer)")
     p.add_argument("--file", help='JSON lines: {"key":..., "doc":{...}} or {"key":..., "op":"delete"}; - for stdin')
     p = add("upsert", cmd_bucket_upsert, "create or replace one document", bsub)
-    p.add_argument("name")
+    p.add_argument("name", metavar="KEYSPACE", help=KEYSPACE_HELP)
     p.add_argument("key")
     p.add_argument("doc", help="the document as a JSON object")
     p.add_argument("--expiry", type=int, default=0, help="epoch seconds after which it expires (0: never)")
     p = add("delete", cmd_bucket_delete, "delete one document (a tombstone mutation)", bsub)
-    p.add_argument("name")
+    p.add_argument("name", metavar="KEYSPACE", help=KEYSPACE_HELP)
     p.add_argument("key")
     p = add("get", cmd_bucket_get, "print one document", bsub)
-    p.add_argument("name")
+    p.add_argument("name", metavar="KEYSPACE", help=KEYSPACE_HELP)
     p.add_argument("key")
     p = add("info", cmd_bucket_info, "documents, mutations and identity of a bucket", bsub)
     p.add_argument("name")
     p = add("expire", cmd_bucket_expire, "turn documents past their expiry into expiration mutations", bsub)
     p.add_argument("name")
     p = add("keys", cmd_bucket_keys, "list document keys in key order", bsub)
-    p.add_argument("name")
+    p.add_argument("name", metavar="KEYSPACE", help=KEYSPACE_HELP)
     p.add_argument("--prefix", default="", help="only keys starting with this")
     p.add_argument("--limit", type=positive_int, help="at most this many keys")
     p = add("scan", cmd_bucket_scan,
             "print documents as JSON lines {key, doc, meta} in key order (--json: one JSON array)", bsub)
-    p.add_argument("name")
+    p.add_argument("name", metavar="KEYSPACE", help=KEYSPACE_HELP)
     p.add_argument("--prefix", default="", help="only keys starting with this")
     p.add_argument("--limit", type=positive_int, help="at most this many documents")
     p = add("export", cmd_bucket_export, "write documents as JSON lines that `bucket load --file` reads back", bsub)
-    p.add_argument("name")
+    p.add_argument("name", metavar="KEYSPACE", help=KEYSPACE_HELP)
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="the file to write; - for stdout")
     p.add_argument("--prefix", default="", help="only keys starting with this")
     p.add_argument("--limit", type=positive_int, help="at most this many documents")
     p = add("count", cmd_bucket_count, "how many documents a bucket holds (tombstones not counted)", bsub)
-    p.add_argument("name")
+    p.add_argument("name", metavar="KEYSPACE", help=KEYSPACE_HELP)
     p = add("drop", cmd_bucket_drop,
             "delete a bucket: its file, documents, mutation log and effect marks (refused while a deployed or "
             "paused function uses it)", bsub)
     p.add_argument("name")
     p = add("flush", cmd_bucket_flush,
             "empty a bucket: documents and mutation log deleted, new identity (refused while a deployed or "
-            "paused function uses it)", bsub)
-    p.add_argument("name")
+            "paused function uses it); of a collection BUCKET.SCOPE.COLLECTION: each of its documents deleted, a "
+            "delete mutation each", bsub)
+    p.add_argument("name", metavar="KEYSPACE", help=KEYSPACE_HELP)

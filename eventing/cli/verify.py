@@ -1,4 +1,4 @@
-"""`eventing verify FN [--ledger BUCKET] [--json]`: the ledger check of eventing.ops.verify as a command."""
+"""`eventing verify FN [--ledger BUCKET|KEYSPACE] [--json]`: the ledger check of eventing.ops.verify as a command."""
 
 from __future__ import annotations
 
@@ -31,4 +31,5 @@ def register(sub, add) -> None:
     )
     p.add_argument("function")
     p.add_argument("--ledger", metavar="BUCKET",
-                   help="the ledger bucket (default: the bucket of the function's 'ledger' binding)")
+                   help="the ledger bucket, or a keyspace BUCKET.SCOPE.COLLECTION (default: the keyspace of the "
+                        "function's 'ledger' binding)")

@@ -1,11 +1,17 @@
-"""Bucket administration that must agree with the functions using a bucket: drop and flush are refused
-while a deployed or paused function reads it as its source or writes it through a binding."""
+"""Bucket and collection administration that must agree with the functions using them: dropping or
+flushing a bucket, and dropping a collection, are refused while a deployed or paused function reads it as
+its source or writes it through a binding. Flushing a collection deletes its documents one delete mutation
+each, which the functions reading it handle like any other."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from eventing.core.keyspaces import DEFAULT, WILDCARD, Keyspace
+from eventing.core.mutation import OP_DELETE
 from eventing.errors import LifecycleError, NotFoundError, StoreCorruptError
+from eventing.storage import keyspace as keyspaces
+from eventing.storage.bucket import Write
 from eventing.storage.factory import drop_bucket, open_bucket
 from metadata import FunctionState
 from metadata.factory import open_store
@@ -20,16 +26,8 @@ class BucketUse:
 
 def bucket_uses(data_dir: str, bucket: str) -> list[BucketUse]:
     """Every stored function that names `bucket` as its source or in a binding, in any state."""
-    try:
-        store = open_store(data_dir, create=False)
-    except NotFoundError:  # no metadata yet: no function uses anything
-        return []
-    try:
-        records = store.list_functions()
-    finally:
-        store.close()
     uses = []
-    for r in records:
+    for r in _function_records(data_dir):
         d = r.definition
         if d.get("source_bucket") == bucket:
             uses.append(BucketUse(r.name, r.state.value, "source"))
@@ -39,14 +37,47 @@ def bucket_uses(data_dir: str, bucket: str) -> list[BucketUse]:
     return uses
 
 
+def collection_uses(data_dir: str, keyspace: Keyspace) -> list[BucketUse]:
+    """Every stored function whose source keyspace takes the collection (by name, or `*` of its scope) or
+    that binds it, in any state."""
+    uses = []
+    for r in _function_records(data_dir):
+        d = r.definition
+        if d.get("source_bucket") == keyspace.bucket and (d.get("source_scope") or DEFAULT) == keyspace.scope and (
+            d.get("source_collection") or DEFAULT
+        ) in (keyspace.collection, WILDCARD):
+            uses.append(BucketUse(r.name, r.state.value, "source"))
+        for b in d.get("bindings", []):
+            bound = Keyspace.of(b.get("bucket", ""), b.get("scope"), b.get("collection"))
+            if "scope" not in b and isinstance(b.get("bucket"), str):
+                bound = Keyspace.parse(b["bucket"])  # a binding written as "bucket.scope.collection"
+            if bound == keyspace:
+                uses.append(BucketUse(r.name, r.state.value, f"binding '{b.get('alias')}' ({b.get('access')})"))
+    return uses
+
+
+def _function_records(data_dir: str) -> list:
+    try:
+        store = open_store(data_dir, create=False)
+    except NotFoundError:  # no metadata yet: no function uses anything
+        return []
+    try:
+        return store.list_functions()
+    finally:
+        store.close()
+
+
 def _refuse_if_in_use(data_dir: str, bucket: str, action: str) -> list[BucketUse]:
-    uses = bucket_uses(data_dir, bucket)
+    return _refuse_active(bucket_uses(data_dir, bucket), f"cannot {action} bucket '{bucket}'")
+
+
+def _refuse_active(uses: list[BucketUse], what: str) -> list[BucketUse]:
     active = [u for u in uses if u.state != FunctionState.UNDEPLOYED.value]
     if active:
         u = active[0]
         more = f" (and {len(active) - 1} more)" if len(active) > 1 else ""
         raise LifecycleError(
-            f"cannot {action} bucket '{bucket}': it is the {u.role} of function '{u.function}', which is "
+            f"{what}: it is the {u.role} of function '{u.function}', which is "
             f"{u.state}{more}; undeploy it first (`eventing undeploy {u.function}`)"
         )
     return uses
@@ -72,10 +103,60 @@ def drop(data_dir: str, bucket: str) -> dict:
 
 
 def flush(data_dir: str, bucket: str) -> dict:
-    """Empty the bucket and give it a new identity (see LocalBucket.flush)."""
-    _refuse_if_in_use(data_dir, bucket, "flush")
-    target = open_bucket(data_dir, bucket)
+    """Empty the bucket and give it a new identity (see LocalBucket.flush); `bucket` may name a collection
+    (`bucket.scope.collection`): then see flush_collection."""
+    ks = keyspaces.parse_keyspace(data_dir, bucket)
+    if not ks.is_default:
+        return flush_collection(data_dir, ks)
+    _refuse_if_in_use(data_dir, ks.bucket, "flush")
+    target = open_bucket(data_dir, ks.bucket)
     try:
         return target.flush()
     finally:
         target.close()
+
+
+FLUSH_PAGE = 1000  # documents deleted per transaction by flush_collection
+
+
+def flush_collection(data_dir: str, keyspace: str | Keyspace) -> dict:
+    """Delete every document of a collection, each a delete mutation (the functions reading it see them),
+    a page of documents a transaction. The bucket keeps its identity, log and other collections."""
+    deleted = 0
+    with keyspaces.open_keyspace(data_dir, keyspace) as collection:
+        while True:
+            keys = collection.keys(limit=FLUSH_PAGE)
+            if not keys:
+                break
+            placed = collection.bucket.write([Write(collection.stored(key), OP_DELETE) for key in keys])
+            deleted += sum(1 for p in placed if p is not None)
+        return {"bucket": collection.keyspace.bucket, "keyspace": collection.name, "documents": deleted,
+                "delete_mutations": deleted}
+
+
+def list_collections(data_dir: str, bucket: str) -> list[dict]:
+    """The collections of a bucket, `_default._default` first: keyspace, scope, collection, id, documents."""
+    with open_bucket(data_dir, bucket) as target:
+        rows = []
+        for ks, cid in keyspaces.list_collections(target):
+            rows.append({"keyspace": str(ks), "bucket": ks.bucket, "scope": ks.scope, "collection": ks.collection,
+                         "id": cid, "documents": keyspaces.Collection(target, ks, cid).count()})
+        return rows
+
+
+def create_collection(data_dir: str, keyspace: str | Keyspace) -> dict:
+    ks = keyspaces.parse_keyspace(data_dir, keyspace)
+    cid = keyspaces.create_collection(data_dir, ks)
+    return {"keyspace": str(ks), "bucket": ks.bucket, "scope": ks.scope, "collection": ks.collection, "id": cid}
+
+
+def drop_collection(data_dir: str, keyspace: str | Keyspace) -> dict:
+    """Drop a collection and its documents; refused while a deployed or paused function reads or binds it."""
+    ks = keyspaces.parse_keyspace(data_dir, keyspace)
+    uses = []
+    if not ks.is_default:
+        ks.check()
+        uses = _refuse_active(collection_uses(data_dir, ks), f"cannot drop collection '{ks}'")
+    documents = keyspaces.drop_collection(data_dir, ks)
+    return {"keyspace": str(ks), "bucket": ks.bucket, "scope": ks.scope, "collection": ks.collection,
+            "documents": documents, "named_by_undeployed_functions": sorted({u.function for u in uses})}

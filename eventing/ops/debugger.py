@@ -10,7 +10,9 @@ while `eventing run` is running in another process and when it is not.
 
 Which mutation is pulled: the first one after the function's checkpoint, in the lowest vBucket with a
 backlog (or in the given vBucket); for a key, the first mutation of that key after the checkpoint of the
-key's vBucket. Mutations the worker skips (its own writes, by the recursion guard) are passed over. The
+key's vBucket. Mutations the worker skips (its own writes, by the recursion guard, and the rows of the source
+bucket's collections other than the function's source collection) are passed over; a key is the document's
+key in the source collection (its stored key is the collection's prefix + key), so is meta.id. The
 checkpoint trails a running worker by up to `checkpoint_interval`, so the pulled mutation may be one the
 worker has handled but not yet checkpointed; that changes nothing for the worker. With `wait_s`, the
 source is polled until a mutation arrives.
@@ -38,6 +40,7 @@ from typing import Any, Literal, TextIO
 import msgpack
 
 from eventing import handler as handler_api
+from eventing.core.definition import FunctionDefinition
 from eventing.core.mutation import OP_NAMES, OP_UPDATE, Mutation
 from eventing.errors import ConfigError, LifecycleError, NotFoundError, StoreError
 from eventing.execution.runner import (
@@ -51,6 +54,7 @@ from eventing.execution.runner import (
 )
 from eventing.handler import Meta
 from eventing.storage.protocol import Bucket
+from eventing.workers.collections import SourceCollections
 from metadata import Checkpoint, MetadataStore
 from metadata.factory import open_store
 from sharding import NUM_VBUCKETS, validate_key, vbucket_of
@@ -150,8 +154,9 @@ def pdb_runner(stdout: TextIO | None = None) -> Invoke:
 class Pulled:
     """A copy of the mutation the debugger runs; the stream still holds the original."""
 
-    mutation: Mutation
+    mutation: Mutation  # with the document's key in its collection
     checkpoint: Checkpoint  # the function's checkpoint of that vBucket when the copy was read
+    keyspace: dict[str, str] | None = None  # meta.keyspace of the mutation's collection
 
 
 def find_next(
@@ -165,6 +170,8 @@ def find_next(
             f"function '{function}' is {state}, so it has no position in the stream to debug from; "
             f"deploy it first (`eventing deploy {function}`; it may stay paused)"
         )
+    source_keyspace = FunctionDefinition.from_dict(store.get_function(function).definition).source_keyspace
+    collections = SourceCollections(source, source_keyspace)
     highs = source.high_seqnos()
     if key is not None:
         vbs = [vbucket_of(key)]
@@ -184,11 +191,15 @@ def find_next(
             batch = source.read_vb(v, after, READ_BATCH if key is not None else 64)
             if not batch:
                 break
-            for m in batch:
-                if m.origin == function:  # the worker skips it too (recursion guard)
+            for keyspace, rows in collections.split(batch):
+                if keyspace is None:  # another collection of the source bucket: the worker passes it over
                     continue
-                if key is None or m.key == key:
-                    return Pulled(m, cp)
+                for row in rows:
+                    m = Mutation(*row)
+                    if m.origin == function:  # the worker skips it too (recursion guard)
+                        continue
+                    if key is None or m.key == key:
+                        return Pulled(m, cp, keyspace)
             after = batch[-1].seqno
     return None
 
@@ -273,6 +284,8 @@ class DebugSession:
             self.pulled = pull(
                 self.data_dir, runtime.source, self.function, key=self.key, vb=self.vb, wait_s=self.wait_s
             )
+            if self.pulled.keyspace is not None:
+                runtime.keyspace = self.pulled.keyspace  # meta.keyspace, as the worker sets it
             self._emit({"event": "pulled", "mutation": mutation_view(self.pulled.mutation),
                         "checkpoint": checkpoint_view(self.pulled.checkpoint)})
             self.outcome = self._call(runtime)

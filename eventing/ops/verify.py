@@ -5,7 +5,11 @@ A ledger is what `eventing.testing.LEDGER_HANDLER` writes through its `ledger` b
   - the effect `e|<function>|<key>|<seqno>`: one per mutation, so one applied twice shows up as two
     writes of the same key in the ledger bucket's log (the log keeps every version);
   - the history `h|<function>|<key>`: the document's source seqnos in the order their effects applied.
-The function name in the keys lets one ledger bucket serve several functions.
+The function name in the keys lets one ledger bucket serve several functions. The ledger may be a collection
+(`--ledger bucket.scope.collection`, or the binding's keyspace): its keys are then read under that
+collection's prefix. A function whose source is a collection owes only that collection's mutations; the
+other collections' rows of the source bucket's log are passed over and counted (`collection_filtered`), as
+its workers pass them over.
 
 A function owes every source mutation after its deployment's feed boundary up to its checkpoint, per
 vBucket. Each is accounted for by an effect in the ledger, a dead letter for its (vBucket, seqno), or its
@@ -22,8 +26,10 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from eventing.core.definition import FunctionDefinition
+from eventing.core.keyspaces import DEFAULT, Keyspace, split_stored_key
 from eventing.errors import ConfigError, LifecycleError
 from eventing.storage.factory import open_bucket
+from eventing.storage.keyspace import collection_id, open_keyspace
 from eventing.storage.protocol import FileBucket
 from sharding import NUM_VBUCKETS
 
@@ -74,6 +80,7 @@ class VerifyReport:
     recursion_filtered: int = 0  # ... written by the function itself, so not handled (recursion guard)
     beyond_checkpoint: int = 0  # effects of mutations past the checkpoint (a running function has some)
     past_checkpoint: int = 0  # source mutations past the checkpoint: not owed yet (the checkpoint lag)
+    collection_filtered: int = 0  # rows of the source bucket's other collections: not the function's
     missing: list[MutationRef] = field(default_factory=list)
     duplicate_effects: list[str] = field(default_factory=list)  # effect keys written more than once
     duplicate_writes: int = 0  # extra writes of those keys
@@ -125,6 +132,8 @@ class VerifyReport:
         if self.recursion_filtered:
             parts.append(f"{self.recursion_filtered} filtered by the recursion guard")
         text = ", ".join(parts)
+        if self.collection_filtered:
+            text += f"; {self.collection_filtered} mutations of other collections passed over"
         if self.past_checkpoint:
             text += (
                 f"; {self.past_checkpoint} more past the checkpoints, not owed yet "
@@ -145,6 +154,7 @@ class VerifyReport:
             "recursion_filtered": self.recursion_filtered,
             "beyond_checkpoint": self.beyond_checkpoint,
             "past_checkpoint": self.past_checkpoint,
+            "collection_filtered": self.collection_filtered,
             "missing": [m._asdict() for m in self.missing],
             "duplicate_effects": self.duplicate_effects,
             "duplicate_writes": self.duplicate_writes,
@@ -160,11 +170,11 @@ def _examples(items: Sequence[object]) -> str:
     return shown + (", ..." if len(items) > EXAMPLES else "")
 
 
-def ledger_functions(ledger: FileBucket) -> list[str]:
-    """Names of the functions with effects in a ledger bucket."""
+def ledger_functions(ledger: FileBucket, prefix: str = "") -> list[str]:
+    """Names of the functions with effects in a ledger bucket (in its collection whose key prefix is `prefix`)."""
     names = set()
-    for text in ledger.logged_writes(EFFECT):
-        parsed = parse_effect_key(text)
+    for text in ledger.logged_writes(prefix + EFFECT):
+        parsed = parse_effect_key(text[len(prefix):])
         if parsed:
             names.add(parsed[0])
     return sorted(names)
@@ -179,15 +189,19 @@ def check_ledger(
     start: Sequence[int] | None = None,
     dead_letters: Collection[tuple[int, int]] = (),
     regressions: Iterable[Mapping[str, Any]] = (),
+    source_ids: Collection[int] | None = None,
+    ledger_prefix: str = "",
 ) -> VerifyReport:
     """Account for every source mutation with start[vb] < seqno <= upto[vb] (all of them by default).
 
     `function` names whose effects to read; None means the only function with effects in the ledger.
     `dead_letters` are (vBucket, seqno) pairs with a DLQ row; `regressions` are recorded backwards
-    checkpoint moves (see SqliteMetadataStore.checkpoint_regressions).
+    checkpoint moves (see SqliteMetadataStore.checkpoint_regressions). `source_ids` are the ids of the
+    source's collections (None: every row of the log is the function's); `ledger_prefix` is the key prefix
+    of the ledger's collection (eventing.core.keyspaces.key_prefix).
     """
     if function is None:
-        found = ledger_functions(ledger)
+        found = ledger_functions(ledger, ledger_prefix)
         if len(found) > 1:
             raise ConfigError(
                 f"ledger bucket '{ledger.name}' holds effects of several functions ({', '.join(found)}); name one"
@@ -195,7 +209,8 @@ def check_ledger(
         function = found[0] if found else ""
     report = VerifyReport(function=function or None, ledger=ledger.name)
     report.checkpoint_regressions = [dict(r) for r in regressions]
-    writes = ledger.logged_writes(f"{EFFECT}{function}|")
+    cut = len(ledger_prefix)
+    writes = {k[cut:]: n for k, n in ledger.logged_writes(f"{ledger_prefix}{EFFECT}{function}|").items()}
     report.duplicate_effects = sorted(k for k, n in writes.items() if n > 1)
     report.duplicate_writes = sum(n - 1 for n in writes.values() if n > 1)
     dlq = set(dead_letters)
@@ -203,6 +218,11 @@ def check_ledger(
     documents: set[str] = set()
     for rows in source.log_index():
         for vb, seqno, key, origin in rows:
+            if source_ids is not None:
+                cid, key = split_stored_key(key)
+                if cid not in source_ids:
+                    report.collection_filtered += 1
+                    continue
             ek = effect_key(function, key, seqno)
             has_effect = ek in writes
             if has_effect:
@@ -225,7 +245,7 @@ def check_ledger(
                 report.missing.append(MutationRef(key, vb, seqno))
     report.unexpected = sorted(k for k in writes if k not in matched)
     for key in sorted(documents):
-        history = ledger.get(history_key(function, key))
+        history = ledger.get(ledger_prefix + history_key(function, key))
         seqs = history.get("seqs", []) if history else []
         if any(b <= a for a, b in zip(seqs, seqs[1:], strict=False)):
             report.out_of_order.append(key)
@@ -233,15 +253,16 @@ def check_ledger(
 
 
 def ledger_bucket_of(defn: FunctionDefinition) -> str:
-    """The bucket of the function's read-write binding named `ledger`, or of its only read-write binding."""
+    """The keyspace of the function's read-write binding named `ledger`, or of its only read-write binding."""
     rw = [b for b in defn.bindings if b.access == "rw"]
     for b in rw:
         if b.alias == "ledger":
-            return b.bucket
+            return str(b.keyspace)
     if len(rw) == 1:
-        return rw[0].bucket
+        return str(rw[0].keyspace)
     raise ConfigError(
-        f"function '{defn.name}' has no read-write binding named 'ledger'; pass --ledger BUCKET"
+        f"function '{defn.name}' has no read-write binding named 'ledger'; pass --ledger BUCKET (or a keyspace "
+        "BUCKET.SCOPE.COLLECTION)"
     )
 
 
@@ -268,9 +289,15 @@ def verify_function(data_dir: str, function: str, *, ledger: str | None = None) 
         store.close()
     ledger_name = ledger or ledger_bucket_of(defn)
     source = open_bucket(data_dir, defn.source_bucket)
-    target = open_bucket(data_dir, ledger_name)
     try:
-        if function not in ledger_functions(target):
+        ledger_collection = open_keyspace(data_dir, ledger_name)
+    except BaseException:
+        source.close()
+        raise
+    target, ledger_prefix = ledger_collection.bucket, ledger_collection.prefix
+    try:
+        source_ids = source_collection_ids(source, defn.source_keyspace)
+        if function not in ledger_functions(target, ledger_prefix):
             named = ledger is not None or any(b.alias == "ledger" for b in defn.bindings)
             if not named or not dead_letters:
                 how = "the bucket given with --ledger" if ledger else (
@@ -290,15 +317,24 @@ def verify_function(data_dir: str, function: str, *, ledger: str | None = None) 
         start = [starts.get(vb, 0) for vb in range(NUM_VBUCKETS)]
         report = check_ledger(
             source, target, function=function, upto=upto, start=start,
-            dead_letters=dead_letters, regressions=regressions,
+            dead_letters=dead_letters, regressions=regressions, source_ids=source_ids, ledger_prefix=ledger_prefix,
         )
     finally:
         source.close()
         target.close()
+    report.ledger = ledger_collection.name
     if not starts:
         report.notes.append("no feed boundary recorded for this deployment; counted from seqno 0")
     report.notes.extend(_rewind_notes(rewinds))
     return report
+
+
+def source_collection_ids(source: FileBucket, keyspace: Keyspace) -> set[int]:
+    """The ids of the collections a source keyspace takes (every collection of its scope for `*`)."""
+    if not keyspace.is_wildcard:
+        return {collection_id(source, keyspace)}
+    ids = {cid for (scope, _), cid in source.collections().items() if scope == keyspace.scope}
+    return ids | ({0} if keyspace.scope == DEFAULT else set())
 
 
 def _rewind_notes(rewinds: Sequence[Mapping[str, Any]]) -> list[str]:

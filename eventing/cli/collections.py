@@ -1,0 +1,61 @@
+"""`eventing collection create|list|drop`: the scopes and collections of a bucket (eventing.core.keyspaces).
+
+A collection is named by its keyspace, BUCKET.SCOPE.COLLECTION (`` `bu.cket`.scope.collection`` for a
+bucket name with dots); its scope comes and goes with its collections. Dropping a collection deletes its
+documents and is refused while a deployed or paused function reads or binds it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from eventing.cli.common import data_dir_of, writable_data_dir
+from eventing.cli.output import emit_json, table
+from eventing.ops import buckets
+
+
+def cmd_collection_create(args: argparse.Namespace) -> int:
+    result = buckets.create_collection(writable_data_dir(args), args.keyspace)
+    if args.json:
+        emit_json(result)
+    else:
+        print(f"collection '{result['keyspace']}' ready (id {result['id']}); load it with "
+              f"`eventing bucket load {result['keyspace']} --file FILE`")
+    return 0
+
+
+def cmd_collection_list(args: argparse.Namespace) -> int:
+    rows = buckets.list_collections(data_dir_of(args), args.bucket)
+    if args.json:
+        emit_json(rows)
+    else:
+        print(table(["keyspace", "scope", "collection", "id", "documents"],
+                    [[r["keyspace"], r["scope"], r["collection"], r["id"], r["documents"]] for r in rows]))
+    return 0
+
+
+def cmd_collection_drop(args: argparse.Namespace) -> int:
+    result = buckets.drop_collection(writable_data_dir(args), args.keyspace)
+    if args.json:
+        emit_json(result)
+    else:
+        print(f"dropped collection '{result['keyspace']}' with {result['documents']:,} documents")
+        if result["named_by_undeployed_functions"]:
+            names = ", ".join(result["named_by_undeployed_functions"])
+            print(f"  undeployed functions still name it ({names}); recreate it before deploying them")
+    return 0
+
+
+def register(sub: Any, add: Any) -> None:
+    collection = sub.add_parser("collection", help="scopes and collections of a bucket: create, list, drop",
+                                description="Scopes and collections of a bucket, named BUCKET.SCOPE.COLLECTION.")
+    csub = collection.add_subparsers(dest="collection_command", metavar="ACTION", required=True)
+    p = add("create", cmd_collection_create, "create a collection (and its scope) in an existing bucket", csub)
+    p.add_argument("keyspace", metavar="BUCKET.SCOPE.COLLECTION")
+    p = add("list", cmd_collection_list, "the collections of a bucket with their documents", csub)
+    p.add_argument("bucket", metavar="BUCKET")
+    p = add("drop", cmd_collection_drop,
+            "delete a collection and its documents (refused while a deployed or paused function reads or binds it)",
+            csub)
+    p.add_argument("keyspace", metavar="BUCKET.SCOPE.COLLECTION")
