@@ -30,6 +30,7 @@ from metadata.model import (
     TimerChange,
     TimerDone,
     TimerRecord,
+    UserRecord,
     check_transition,
     owner_vb,
 )
@@ -64,6 +65,7 @@ __all__ = [
     "TimerChange",
     "TimerDone",
     "TimerRecord",
+    "UserRecord",
     "check_transition",
     "owner_vb",
     "open_store",

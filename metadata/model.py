@@ -53,6 +53,19 @@ class FunctionRecord:
     state: FunctionState
     generation: int  # bumped on every deploy, so a running service notices a redeploy
     updated_at: float
+    # Who last deployed or resumed it over the API: {"user": name, "admin": bool, "at": time}; None when
+    # only the local CLI (trusted as an admin) did. Handlers of a non-admin run sandboxed.
+    deployed_by: dict | None = None
+
+
+@dataclass(frozen=True)
+class UserRecord:
+    """A user of the REST and Data APIs: a salted scrypt hash (never the password) and Couchbase-style roles."""
+
+    name: str
+    password_hash: str  # "scrypt$n$r$p$salt$hash" (eventing.http.auth.hash_password)
+    roles: tuple[str, ...]  # e.g. ("data_writer[shop.sales.*]", "eventing_manage_functions[shop:sales]")
+    created_at: float
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from metadata.model import (
@@ -15,6 +15,7 @@ from metadata.model import (
     TimerChange,
     TimerDone,
     TimerRecord,
+    UserRecord,
 )
 
 
@@ -46,6 +47,13 @@ class MetadataStore(Protocol):
     def transition(
         self, name: str, target: FunctionState, action: str, *, bump_generation: bool = False
     ) -> FunctionRecord: ...
+    def set_deployed_by(self, name: str, deployed_by: dict | None) -> None: ...
+
+    # users of the APIs (password hashes only) and their roles
+    def put_user(self, name: str, password_hash: str, roles: Sequence[str]) -> UserRecord: ...
+    def get_user(self, name: str) -> UserRecord: ...
+    def list_users(self) -> list[UserRecord]: ...
+    def delete_user(self, name: str) -> None: ...
 
     # checkpoints and ownership
     def init_checkpoints(

@@ -33,6 +33,7 @@ COMMAND_MODULES: list[str] = [
     "eventing.cli.verify",
     "eventing.cli.windows",
     "eventing.cli.serve",
+    "eventing.cli.users",
 ]
 
 

@@ -21,11 +21,20 @@ from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from eventing.http.auth import ServerConfig, is_loopback, needs_admin, presented_token, role_of
+from eventing.http.auth import (
+    AUTH_ERROR_SCOPE_KEY,
+    IDENTITY_SCOPE_KEY,
+    AuthError,
+    ServerConfig,
+    authenticator_for,
+    check_guarded,
+    is_loopback,
+)
 from eventing.http.dataapi import DataApi
 from eventing.http.dataapi import serves as serves_data_api
 
 PROTECTED_PREFIXES = ("/api/", "/metrics", "/getAppLog")
+DATA_API_PREFIXES = ("/v1/", "/v1.alpha/")  # authenticated here; refusals in the Data API's own shape
 # The console loads only its own script and style; nothing may frame it or sniff types.
 SECURITY_HEADERS = [
     (b"content-security-policy",
@@ -34,8 +43,8 @@ SECURITY_HEADERS = [
     (b"x-frame-options", b"DENY"),
     (b"referrer-policy", b"no-referrer"),
 ]
-# On every authenticated response: the caller's role ("admin" or "read"), so a client can offer only what
-# the token allows (the console hides the state-changing buttons from a read-only token).
+# On every authenticated response: the caller's role ("admin", "manage" for a manager of some functions, or
+# "read"), so a client can offer only what it may do (the console hides the state-changing buttons from "read").
 ROLE_HEADER = b"x-eventing-role"
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]", "::1"})
 
@@ -92,20 +101,27 @@ class GuardMiddleware:
             return
 
         role_header: list[tuple[bytes, bytes]] = []
-        if path.startswith(PROTECTED_PREFIXES) and method != "OPTIONS":
-            token = presented_token(headers.get("authorization"))
-            role = role_of(self.config, token)
-            if role is None:
-                await send_json(send, 401, _unauthenticated(token is None),
-                                [(b"www-authenticate", b'Bearer realm="eventing"')])
-                return
-            role_header = [(ROLE_HEADER, role.encode())]  # the console hides what this caller cannot do
-            if needs_admin(method) and role != "admin":
-                await send_json(send, 403, {
-                    "error": f"{method} {path} changes state and needs the admin token; the read-only token was given",
-                    "fix": "send the admin token (--admin-token / $EVENTING_ADMIN_TOKEN)",
-                })
-                return
+        data_api = path.startswith(DATA_API_PREFIXES) or path in ("/v1", "/v1.alpha")
+        if (data_api or path.startswith(PROTECTED_PREFIXES)) and method != "OPTIONS":
+            # Tokens, or users by HTTP Basic (eventing.http.auth): 401 who?, 429 too many failed logins, and
+            # 403 for a request no role of the caller could make; each endpoint then checks its keyspace.
+            client = (scope.get("client") or ("", 0))[0]
+            try:
+                identity = await authenticator_for(self.config).authenticate_async(headers.get("authorization"), client)
+                if not data_api:
+                    check_guarded(identity, method, path)
+            except AuthError as refused:
+                if data_api and refused.status == 401:
+                    scope[AUTH_ERROR_SCOPE_KEY] = refused  # the Data API answers it in its own error shape
+                else:
+                    challenge = [(b"www-authenticate", b'Bearer realm="eventing"')] if refused.status == 401 else []
+                    await send_json(send, refused.status, refused.body(), challenge + [
+                        (k.lower().encode(), v.encode()) for k, v in refused.headers.items()
+                        if k.lower() != "www-authenticate"])
+                    return
+            else:
+                scope[IDENTITY_SCOPE_KEY] = identity
+                role_header = [(ROLE_HEADER, identity.role_header.encode())]  # the console hides what it cannot do
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -152,15 +168,6 @@ def _host_name(header: str) -> str:
     if header.startswith("["):
         return header.split("]")[0] + "]"
     return header.rsplit(":", 1)[0]
-
-
-def _unauthenticated(no_token: bool) -> dict[str, str]:
-    """401: no token at all, or a token that is neither the admin nor the read-only one."""
-    if no_token:
-        return {"error": "this endpoint needs a token and none was given",
-                "fix": "send `Authorization: Bearer TOKEN` (the read-only token for reads, the admin token for changes)"}
-    return {"error": "the token given is not accepted: it is neither the admin nor the read-only token",
-            "fix": "check the token (--admin-token / $EVENTING_ADMIN_TOKEN, --read-token / $EVENTING_READ_TOKEN)"}
 
 
 def _too_large(limit: int) -> dict[str, str]:

@@ -1,23 +1,54 @@
-"""Who may call what: tokens, the bind rule, the body size limit and the origin check.
+"""Who may call what: tokens, users and roles, the bind rule, the body size limit and the origin check.
 
-Two roles: an admin token for every state-changing request (POST, PUT, DELETE) and a read-only token for
-the rest; the admin token reads too. Tokens come from flags or the environment, never from a URL, and
-travel as `Authorization: Bearer TOKEN` (or HTTP Basic with the token as the password, so scripts
-written for Couchbase's `curl -u user:password` port). Without tokens the server only binds a loopback
-address and every local caller is trusted, as a local CLI user is.
+Callers authenticate with a token (`Authorization: Bearer TOKEN`, or HTTP Basic with the token as the
+password, so scripts written for Couchbase's `curl -u user:password` port) or as a user (HTTP Basic
+`name:password`, as Capella's Data API does; users live in the metadata store as salted scrypt hashes,
+see `eventing user add`). Without tokens and users the server only binds a loopback address and every
+local caller is trusted, as a local CLI user is.
+
+Roles are Couchbase's, scoped to keyspaces (`*` for any part):
+
+    admin                                   everything
+    ro_admin                                read everything but secrets; change nothing
+    eventing_manage_functions[bucket:scope] read and manage the functions whose source is in bucket.scope
+    data_reader[bucket.scope.collection]    read documents of those keyspaces (Data API)
+    data_writer[bucket.scope.collection]    write documents of those keyspaces (Data API)
+
+The admin token is `admin`, the read-only token `ro_admin`. A role grants permissions (PERMISSIONS);
+`authorize(request, permission, keyspace)` is the check every endpoint makes. Failed logins are limited
+per client address and per user name (LoginThrottle); a verified name and password is remembered for a
+short while (by an HMAC of both under a per-process key), so a keep-alive client does not pay scrypt's
+cost (~50 ms by design) on every request.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import hmac
 import ipaddress
+import logging
+import math
 import os
+import re
+import secrets
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
+from urllib.parse import unquote
 
-from eventing.errors import ConfigError
+import anyio.to_thread
+
+from eventing.core.keyspaces import WILDCARD, Keyspace
+from eventing.errors import ConfigError, NotFoundError, StoreLockedError
+from metadata.model import FunctionRecord, UserRecord
+
+log = logging.getLogger(__name__)
 
 ADMIN_TOKEN_ENV = "EVENTING_ADMIN_TOKEN"
 READ_TOKEN_ENV = "EVENTING_READ_TOKEN"
@@ -62,10 +93,11 @@ class ServerConfig:
                 )
         if self.admin_token and self.read_token and hmac.compare_digest(self.admin_token, self.read_token):
             raise ConfigError("the admin and read-only tokens are the same; give each role its own token")
-        if not is_loopback(self.host) and not self.admin_token:
+        if not is_loopback(self.host) and not self.admin_token and not _has_admin_user(self.data_dir):
             raise ConfigError(
                 f"refusing to bind {self.host} without credentials: anyone who can reach it could deploy code; "
-                f"set --admin-token (or ${ADMIN_TOKEN_ENV}) and optionally --read-token, or bind {DEFAULT_HOST}"
+                f"set --admin-token (or ${ADMIN_TOKEN_ENV}) and optionally --read-token, add an admin user "
+                f"(`eventing user add NAME --role admin`), or bind {DEFAULT_HOST}"
             )
         if not 0 < self.max_body_bytes:
             raise ConfigError(f"--max-body {self.max_body_bytes} is not positive; give a size in bytes")
@@ -115,3 +147,608 @@ def role_of(config: ServerConfig, token: str | None) -> Role | None:
 
 def needs_admin(method: str) -> bool:
     return method.upper() in WRITE_METHODS
+
+
+# -- passwords: salted scrypt, parameters kept with the hash -----------------------------------------------
+
+SCRYPT_N, SCRYPT_R, SCRYPT_P = 2**14, 8, 1  # ~50 ms a verification: slow for a guesser, once per client
+SALT_BYTES = 16
+MIN_PASSWORD_CHARS = 8
+_USER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@%+-]{0,127}$")
+
+
+def hash_password(password: str) -> str:
+    """`scrypt$N$r$p$salt$hash` (base64), with a fresh random 16-byte salt."""
+    salt = os.urandom(SALT_BYTES)
+    digest = _scrypt(password, salt, SCRYPT_N, SCRYPT_R, SCRYPT_P)
+    b64 = base64.b64encode
+    return f"scrypt${SCRYPT_N}${SCRYPT_R}${SCRYPT_P}${b64(salt).decode()}${b64(digest).decode()}"
+
+
+def verify_password(password: str, encoded: str) -> bool:
+    """Whether `password` matches a stored `hash_password` value (constant-time comparison)."""
+    try:
+        scheme, n, r, p, salt, digest = encoded.split("$")
+        if scheme != "scrypt":
+            return False
+        expected = base64.b64decode(digest)
+        got = _scrypt(password, base64.b64decode(salt), int(n), int(r), int(p), len(expected))
+    except (ValueError, binascii.Error):
+        return False
+    return hmac.compare_digest(got, expected)
+
+
+def _scrypt(password: str, salt: bytes, n: int, r: int, p: int, length: int = 32) -> bytes:
+    return hashlib.scrypt(password.encode("utf-8"), salt=salt, n=n, r=r, p=p, maxmem=256 * n * r, dklen=length)
+
+
+def check_user_name(name: str) -> str:
+    if not isinstance(name, str) or not _USER_NAME.match(name):
+        raise ConfigError(f"user name {name!r} is not valid; use 1-128 letters, digits, '_', '.', '@', '%', '+' "
+                          "or '-', starting with a letter or digit")
+    return name
+
+
+def check_password(password: str) -> str:
+    if len(password) < MIN_PASSWORD_CHARS:
+        raise ConfigError(f"the password is {len(password)} characters; use at least {MIN_PASSWORD_CHARS}")
+    return password
+
+
+# -- roles and permissions ------------------------------------------------------------------------------
+
+ADMIN, RO_ADMIN = "admin", "ro_admin"
+MANAGE_FUNCTIONS, DATA_READER, DATA_WRITER = "eventing_manage_functions", "data_reader", "data_writer"
+SCOPED_ROLES = {MANAGE_FUNCTIONS: 2, DATA_READER: 3, DATA_WRITER: 3}  # role -> parts of its keyspace
+
+# What an endpoint asks for. A keyspace-scoped permission is checked against the keyspace it acts on: the
+# function's source (bucket.scope) for the functions permissions, the documents' keyspace for data.
+CLUSTER_READ = "cluster.read"  # nodes, rebalance, status of every function, metrics
+CLUSTER_MANAGE = "cluster.manage"  # add or remove nodes, rebalance
+FUNCTIONS_READ = "functions.read"  # a function's definition (secrets masked), stats, logs, dead letters
+FUNCTIONS_MANAGE = "functions.manage"  # create, change, deploy, pause, resume, undeploy, delete; replay
+SECRETS_READ = "secrets.read"  # URL binding secrets in clear
+DATA_READ = "data.read"  # read documents
+DATA_WRITE = "data.write"  # write documents
+PERMISSIONS: dict[str, frozenset[str]] = {
+    ADMIN: frozenset({CLUSTER_READ, CLUSTER_MANAGE, FUNCTIONS_READ, FUNCTIONS_MANAGE, SECRETS_READ, DATA_READ,
+                      DATA_WRITE}),
+    RO_ADMIN: frozenset({CLUSTER_READ, FUNCTIONS_READ, DATA_READ}),
+    MANAGE_FUNCTIONS: frozenset({FUNCTIONS_READ, FUNCTIONS_MANAGE}),
+    DATA_READER: frozenset({DATA_READ}),
+    DATA_WRITER: frozenset({DATA_WRITE}),
+}
+
+
+@dataclass(frozen=True)
+class Grant:
+    """One role, over `bucket.scope.collection` (each part a name or `*`); admin and ro_admin cover all."""
+
+    role: str
+    bucket: str = WILDCARD
+    scope: str = WILDCARD
+    collection: str = WILDCARD
+
+    @classmethod
+    def parse(cls, text: str) -> Grant:
+        """`admin`, `ro_admin`, `eventing_manage_functions[bucket:scope]`, `data_reader[bucket.scope.collection]`
+        (parts separated by `:` as Couchbase writes them, or by `.`; missing trailing parts are `*`)."""
+        raw = text.strip() if isinstance(text, str) else ""
+        match = re.fullmatch(r"([a-z_]+)(?:\[([^\]]*)\])?", raw)
+        known = f"{ADMIN}, {RO_ADMIN}, {MANAGE_FUNCTIONS}[bucket:scope], {DATA_READER}[bucket.scope.collection], " \
+                f"{DATA_WRITER}[bucket.scope.collection]"
+        if not match or match.group(1) not in PERMISSIONS:
+            raise ConfigError(f"role {text!r} is not known; use one of {known} (`*` for any part)")
+        role, target = match.groups()
+        if role not in SCOPED_ROLES:
+            if target is not None:
+                raise ConfigError(f"role {role} covers everything and takes no keyspace; write it as {role}")
+            return cls(role)
+        if not target:
+            raise ConfigError(f"role {role} needs a keyspace, e.g. {role}[{'shop:sales' if role == MANAGE_FUNCTIONS else 'shop.sales.*'}] "
+                              "(`*` for any part)")
+        parts = target.split(":") if ":" in target else target.split(".")
+        if len(parts) > SCOPED_ROLES[role] or not all(parts):
+            raise ConfigError(f"role {text!r} names {target!r}; give at most {SCOPED_ROLES[role]} non-empty parts "
+                              f"({'bucket:scope' if role == MANAGE_FUNCTIONS else 'bucket.scope.collection'}, `*` for any part)")
+        parts += [WILDCARD] * (3 - len(parts))
+        return cls(role, *parts)
+
+    def __str__(self) -> str:
+        if self.role not in SCOPED_ROLES:
+            return self.role
+        if self.role == MANAGE_FUNCTIONS:
+            return f"{self.role}[{self.bucket}:{self.scope}]"
+        return f"{self.role}[{self.bucket}.{self.scope}.{self.collection}]"
+
+    def covers(self, keyspace: Keyspace | None) -> bool:
+        """Whether this grant's keyspace holds `keyspace` (None: "some keyspace", true for any grant)."""
+        if keyspace is None or self.role not in SCOPED_ROLES:
+            return True
+        wanted = (keyspace.bucket, keyspace.scope, keyspace.collection)
+        mine = (self.bucket, self.scope, self.collection)
+        return all(m == WILDCARD or m == w for m, w in zip(mine, wanted, strict=True))
+
+    def allows(self, permission: str, keyspace: Keyspace | None) -> bool:
+        return permission in PERMISSIONS[self.role] and self.covers(keyspace)
+
+
+def parse_roles(roles: Sequence[str]) -> tuple[Grant, ...]:
+    if not roles:
+        raise ConfigError("a user needs at least one role; give --role, e.g. --role ro_admin")
+    return tuple(Grant.parse(r) for r in roles)
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who is calling: a user, a token (`@admin-token`, `@read-token`) or a trusted local caller (`@local`)."""
+
+    user: str
+    grants: tuple[Grant, ...]
+    kind: Literal["user", "token", "local"] = "user"
+
+    @property
+    def is_admin(self) -> bool:
+        return any(g.role == ADMIN for g in self.grants)
+
+    def can(self, permission: str, keyspace: Keyspace | str | None = None) -> bool:
+        """Whether some grant allows `permission` on `keyspace` (None: on some keyspace)."""
+        if isinstance(keyspace, str):
+            keyspace = Keyspace.parse(keyspace)
+        return any(g.allows(permission, keyspace) for g in self.grants)
+
+    @property
+    def role_header(self) -> str:
+        """X-Eventing-Role: `admin`, `manage` (some functions), or `read` (the console hides changes)."""
+        if self.is_admin:
+            return "admin"
+        return "manage" if self.can(FUNCTIONS_MANAGE) else "read"
+
+    @property
+    def changes_anything(self) -> bool:
+        return any(PERMISSIONS[g.role] & {CLUSTER_MANAGE, FUNCTIONS_MANAGE, DATA_WRITE} for g in self.grants)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"user": self.user, "kind": self.kind, "roles": [str(g) for g in self.grants]}
+
+
+ADMIN_TOKEN_IDENTITY = Identity("@admin-token", (Grant(ADMIN),), "token")
+READ_TOKEN_IDENTITY = Identity("@read-token", (Grant(RO_ADMIN),), "token")
+LOCAL_IDENTITY = Identity("@local", (Grant(ADMIN),), "local")
+
+
+class AuthError(Exception):
+    """A refused request: 401 (who?), 403 (not allowed) or 429 (too many failed logins). `body()` is the
+    REST API's error shape; other endpoint families format `message`, `fix` and `headers` their way."""
+
+    def __init__(self, status: int, message: str, fix: str, headers: Mapping[str, str] | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.fix = fix
+        self.headers = dict(headers or {})
+
+    def body(self) -> dict[str, Any]:
+        return {"error": self.message, "fix": self.fix}
+
+
+def forbidden(identity: Identity, permission: str, what: str) -> AuthError:
+    roles = ", ".join(str(g) for g in identity.grants) or "none"
+    need = {
+        CLUSTER_READ: "ro_admin or admin", CLUSTER_MANAGE: "admin", SECRETS_READ: "admin",
+        FUNCTIONS_READ: f"ro_admin, admin or {MANAGE_FUNCTIONS}[bucket:scope] of its source",
+        FUNCTIONS_MANAGE: f"admin or {MANAGE_FUNCTIONS}[bucket:scope] of its source",
+        DATA_READ: f"{DATA_READER}[keyspace], ro_admin or admin", DATA_WRITE: f"{DATA_WRITER}[keyspace] or admin",
+    }[permission]
+    return AuthError(403, f"{identity.user} may not {what} (roles: {roles})",
+                     f"ask an admin for a role that allows it: {need}")
+
+
+IDENTITY_SCOPE_KEY = "eventing.identity"  # where the guard leaves the caller's Identity in the ASGI scope
+AUTH_ERROR_SCOPE_KEY = "eventing.auth_error"  # or, on a Data API path, the AuthError of a failed login
+
+
+def caller_identity(request: Any) -> Identity:
+    """The authenticated caller of a request the guard let through (for `/v1/callerIdentity`)."""
+    refused = request.scope.get(AUTH_ERROR_SCOPE_KEY)
+    if refused is not None:  # the Data API answers a failed login in its own error shape
+        raise refused
+    identity = request.scope.get(IDENTITY_SCOPE_KEY)
+    if identity is None:  # only paths the guard does not protect get here
+        raise AuthError(401, "this endpoint needs credentials and none were checked",
+                        "send `Authorization: Basic base64(user:password)` or `Authorization: Bearer TOKEN`")
+    return identity
+
+
+def authorize(request: Any, permission: str, keyspace: Keyspace | str | None = None) -> Identity:
+    """The caller's Identity when it has `permission` on `keyspace` (`bucket.scope.collection`, a Keyspace,
+    or None for permissions not tied to one); raises AuthError (401 or 403) otherwise."""
+    identity = caller_identity(request)
+    if isinstance(keyspace, str):
+        keyspace = Keyspace.parse(keyspace)
+    if not identity.can(permission, keyspace):
+        action = {DATA_READ: "read", DATA_WRITE: "write"}.get(permission, permission)
+        raise forbidden(identity, permission, f"{action} {keyspace}" if keyspace else action)
+    return identity
+
+
+def deployed_by_admin(record: FunctionRecord) -> bool:
+    """Whether a function was last deployed or resumed by a full admin (or only through the local CLI,
+    trusted as one); a function a non-admin deployed runs sandboxed."""
+    return record.deployed_by is None or record.deployed_by.get("admin") is True
+
+
+@contextmanager
+def deploying_as(data_dir: str, name: str, identity: Identity) -> Iterator[None]:
+    """Record `identity` as the deployer of function `name` before its code starts (so a non-admin's code
+    never runs recorded as an admin's), and put the previous record back if the deploy or resume fails."""
+    from metadata.factory import open_store
+
+    store = open_store(data_dir, create=False)
+    try:
+        previous = store.get_function(name).deployed_by
+        store.set_deployed_by(name, {"user": identity.user, "admin": identity.is_admin, "at": time.time()})
+        try:
+            yield
+        except BaseException:
+            store.set_deployed_by(name, previous)
+            raise
+    finally:
+        store.close()
+
+
+# -- endpoints of the REST API ---------------------------------------------------------------------------
+
+LOAD_PREFIX = "/api/v1/keyspaces/"  # POST /api/v1/keyspaces/{keyspace}/load: a bulk load (data_writer)
+LISTINGS = frozenset({"/api/v1/functions", "/api/v1/status", "/api/v1/stats", "/api/v1/export"})
+CLUSTER_PREFIXES = ("/api/v1/nodes", "/api/v1/rebalance", "/api/v1/buckets", "/metrics")
+
+
+def function_keyspace(definition: Mapping[str, Any]) -> Keyspace:
+    """The keyspace of a function's source (`source_bucket`, with `source_scope`/`source_collection` when
+    given, or `source_bucket` written as `bucket.scope.collection`)."""
+    bucket = str(definition.get("source_bucket") or "")
+    if definition.get("source_scope") or definition.get("source_collection"):
+        return Keyspace.of(bucket, definition.get("source_scope"), definition.get("source_collection"))
+    return Keyspace.parse(bucket) if bucket else Keyspace("")
+
+
+def authorize_endpoint(identity: Identity, method: str, path: str, params: Mapping[str, str],
+                       query: Mapping[str, str], body: Any, data_dir: str) -> None:
+    """Raise AuthError(403) unless `identity` may call REST endpoint `method path` (its template) with
+    these parameters; a function's permissions are checked against its stored source and, for a change,
+    the source the request would give it. Reads the metadata store (call it off the event loop)."""
+    if identity.is_admin or path == "/api/v1/openapi.json":
+        return
+    write = method.upper() in WRITE_METHODS
+    if path == "/api/v1/export" and query.get("secrets", "").strip().lower() in ("1", "true", "yes"):
+        raise forbidden(identity, SECRETS_READ, "read URL binding secrets in clear (secrets=true)")
+    if path.startswith(CLUSTER_PREFIXES) or path in LISTINGS and not (path == "/api/v1/export" and query.get("name")):
+        if path in LISTINGS and identity.can(FUNCTIONS_READ):
+            return  # the listing shows only the functions this caller covers (visible_functions)
+        permission = CLUSTER_MANAGE if write else CLUSTER_READ
+        if not identity.can(permission):
+            raise forbidden(identity, permission, f"{method} {path}")
+        return
+    permission = FUNCTIONS_MANAGE if write else FUNCTIONS_READ
+    if not identity.can(permission):
+        raise forbidden(identity, permission, f"{method} {path}")
+    targets: list[tuple[str, dict | None]]
+    if path == "/api/v1/import":
+        items = body if isinstance(body, list) else [body]
+        targets = [(str(d.get("name", "")), d) for d in items if isinstance(d, dict)]
+    else:
+        name = params.get("name") or query.get("name") or ""
+        new = body if write and isinstance(body, dict) and path in (
+            "/api/v1/functions/{name}", "/api/v1/functions/{name}/settings") else None
+        targets = [(name, new)]
+    from metadata.factory import open_store
+
+    try:
+        store = open_store(data_dir, create=False)
+    except NotFoundError:
+        store = None
+    try:
+        for name, new in targets:
+            try:
+                stored = store.get_function(name).definition if store is not None and name else None
+            except NotFoundError:
+                stored = None
+            for definition in (stored, {**(stored or {}), **new} if new is not None else None):
+                if definition is not None and not identity.can(permission, function_keyspace(definition)):
+                    verb = "manage" if write else "read"
+                    raise forbidden(identity, permission,
+                                    f"{verb} function '{name}' (source {function_keyspace(definition)})")
+    finally:
+        if store is not None:
+            store.close()
+
+
+def visible_functions(identity: Identity, data_dir: str) -> set[str] | None:
+    """The functions a listing shows this caller: None for every one (ro_admin, admin), else those whose
+    source its eventing_manage_functions roles cover."""
+    if identity.can(CLUSTER_READ):
+        return None
+    from metadata.factory import open_store
+
+    try:
+        store = open_store(data_dir, create=False)
+    except NotFoundError:
+        return set()
+    try:
+        return {r.name for r in store.list_functions() if identity.can(FUNCTIONS_READ, function_keyspace(r.definition))}
+    finally:
+        store.close()
+
+
+def filter_listing(result: Any, visible: set[str] | None) -> Any:
+    """A listing endpoint's result (a list of functions, or `{"apps": [...]}`) cut to the visible functions."""
+    if visible is None:
+        return result
+
+    def shown(item: Any) -> bool:
+        return isinstance(item, dict) and (item.get("name") or item.get("function_name") or item.get("appname")) in visible
+
+    if isinstance(result, list):
+        return [item for item in result if shown(item)]
+    if isinstance(result, dict) and isinstance(result.get("apps"), list):
+        return {**result, "apps": [a for a in result["apps"] if shown(a)]}
+    return result
+
+
+# -- failed logins: limited per client address and per user name ------------------------------------------
+
+MAX_FAILURES = 5  # failed logins in FAILURE_WINDOW_S before a key is locked
+FAILURE_WINDOW_S = 60.0
+BASE_LOCK_S = 30.0  # the first lock; each further lock of the same key doubles it, up to MAX_LOCK_S
+MAX_LOCK_S = 3600.0
+MAX_TRACKED_KEYS = 100_000  # memory bound: the quietest keys are forgotten first
+
+
+@dataclass
+class _Failures:
+    times: deque[float] = field(default_factory=deque)
+    locks: int = 0
+    locked_until: float = 0.0
+    last: float = 0.0
+
+
+class LoginThrottle:
+    """Failed logins per key (`client:ADDR`, `user:NAME`): MAX_FAILURES within FAILURE_WINDOW_S lock the key
+    for BASE_LOCK_S, doubling with each further lock (up to MAX_LOCK_S); a key quiet for MAX_LOCK_S starts
+    over. `clock` is monotonic seconds (a test moves its own)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self.clock = clock
+        self._keys: dict[str, _Failures] = {}
+        self._lock = threading.Lock()
+
+    def retry_after(self, keys: Sequence[str]) -> float | None:
+        """Seconds until the most locked of `keys` may try again, or None when none is locked."""
+        now = self.clock()
+        with self._lock:
+            waits = [f.locked_until - now for k in keys if (f := self._keys.get(k)) and f.locked_until > now]
+        return max(waits) if waits else None
+
+    def failed(self, keys: Sequence[str]) -> None:
+        now = self.clock()
+        with self._lock:
+            if len(self._keys) >= MAX_TRACKED_KEYS:
+                self._forget_quiet(now)
+            for key in keys:
+                f = self._keys.get(key)
+                if f is None or now - f.last > MAX_LOCK_S:
+                    f = self._keys[key] = _Failures()
+                f.last = now
+                while f.times and now - f.times[0] > FAILURE_WINDOW_S:
+                    f.times.popleft()
+                f.times.append(now)
+                if len(f.times) >= MAX_FAILURES:
+                    f.locked_until = now + min(BASE_LOCK_S * 2**f.locks, MAX_LOCK_S)
+                    f.locks += 1
+                    f.times.clear()
+
+    def succeeded(self, key: str) -> None:
+        with self._lock:
+            self._keys.pop(key, None)
+
+    def _forget_quiet(self, now: float) -> None:
+        for key in sorted(self._keys, key=lambda k: self._keys[k].last)[: len(self._keys) // 2]:
+            if self._keys[key].locked_until <= now:
+                del self._keys[key]
+
+
+# -- authentication ----------------------------------------------------------------------------------------
+
+USERS_REFRESH_S = 2.0  # a user added, changed or removed counts within this long
+VERIFIED_TTL_S = 60.0  # a verified name and password is not checked with scrypt again for this long
+MAX_VERIFIED = 10_000
+REJECTED_TTL_S = 5.0
+
+
+_AUTHENTICATORS: dict[ServerConfig, Authenticator] = {}
+_AUTHENTICATORS_LOCK = threading.Lock()
+
+
+def authenticator_for(config: ServerConfig) -> Authenticator:
+    """The one Authenticator of a server configuration (its user snapshot, remembered logins, throttle)."""
+    with _AUTHENTICATORS_LOCK:
+        found = _AUTHENTICATORS.get(config)
+        if found is None:
+            found = _AUTHENTICATORS[config] = Authenticator(config)
+        return found
+
+
+def presented_credentials(authorization: str | None) -> tuple[str | None, str | None]:
+    """(user name, secret) of `Basic base64(user:secret)`, (None, token) of `Bearer token`, else (None, None)."""
+    if not authorization:
+        return None, None
+    scheme, _, value = authorization.strip().partition(" ")
+    if scheme.lower() == "bearer":
+        return None, value.strip() or None
+    if scheme.lower() == "basic":
+        try:
+            decoded = base64.b64decode(value.strip(), validate=True).decode("utf-8")
+        except (binascii.Error, UnicodeDecodeError):
+            return None, None
+        user, _, secret = decoded.partition(":")
+        return user or None, secret or None
+    return None, None
+
+
+class Authenticator:
+    """Turns a request's Authorization header into an Identity, or raises AuthError (401 or 429)."""
+
+    def __init__(self, config: ServerConfig, clock: Callable[[], float] = time.monotonic,
+                 load_users: Callable[[], list[UserRecord]] | None = None):
+        self.config = config
+        self.clock = clock
+        self.throttle = LoginThrottle(lambda: self.clock())
+        self._load_users = load_users or (lambda: _stored_users(config.data_dir))
+        self._users: dict[str, UserRecord] | None = None
+        self._users_at = -math.inf
+        self._verified: dict[bytes, float] = {}
+        self._rejected: dict[bytes, float] = {}
+        self._cache_key = secrets.token_bytes(32)  # per process: the cache holds no reusable password digest
+        self.scrypt_runs = 0  # verifications that ran scrypt (the rest were remembered)
+
+    def users(self) -> dict[str, UserRecord]:
+        now = self.clock()
+        if self._users is None or now - self._users_at >= USERS_REFRESH_S:
+            try:
+                self._users = {u.name: u for u in self._load_users()}
+                self._users_at = now
+            except StoreLockedError:
+                if self._users is None:
+                    raise
+        return self._users
+
+    def secured(self) -> bool:
+        return self.config.secured or bool(self.users())
+
+    def authenticate(self, authorization: str | None, client: str,
+                     verify: Callable[[str, str], bool] = verify_password) -> Identity:
+        """The caller's Identity. `verify` runs scrypt (authenticate_async runs it on a worker thread)."""
+        users = self.users()
+        if not (self.config.secured or users):
+            return LOCAL_IDENTITY  # loopback without credentials: trusted like the local CLI
+        user, secret = presented_credentials(authorization)
+        if secret is None:
+            raise AuthError(401, "this endpoint needs a token or a user's password and none was given",
+                            "send `Authorization: Bearer TOKEN` (the read-only token for reads, the admin token "
+                            "for changes), or a user's name and password by HTTP Basic (curl -u USER)",
+                            {"WWW-Authenticate": 'Basic realm="eventing"'})
+        keys = [f"client:{client}"] + ([f"user:{user}"] if user else [])
+        wait = self.throttle.retry_after(keys)
+        if wait is not None:
+            seconds = max(1, math.ceil(wait))
+            raise AuthError(429, f"too many failed logins from this client or for this user; wait {seconds} s",
+                            "wait for Retry-After seconds, then check the user name and password",
+                            {"Retry-After": str(seconds)})
+        token = _token_identity(self.config, secret)
+        if token is not None:
+            return token
+        record = users.get(user) if user else None
+        if record is not None and self._verified_now(record, secret, verify):
+            self.throttle.succeeded(f"user:{user}")
+            return Identity(record.name, _grants(record), "user")
+        self.throttle.failed(keys)
+        log.warning("failed login%s from %s", f" of user {user!r}" if user else " with a token", client)
+        raise AuthError(401, "the credentials given are not accepted: neither the admin nor the read-only token, "
+                        "nor a user's name and password", "check the token (--admin-token / $EVENTING_ADMIN_TOKEN, "
+                        "--read-token / $EVENTING_READ_TOKEN), or the user name and password (`eventing user list`)",
+                        {"WWW-Authenticate": 'Basic realm="eventing"'})
+
+    async def authenticate_async(self, authorization: str | None, client: str) -> Identity:
+        """`authenticate` without blocking the event loop: a remembered login is checked here, one that needs
+        scrypt on a worker thread."""
+        try:
+            return self.authenticate(authorization, client, _not_here)
+        except _NeedsScrypt:
+            return await anyio.to_thread.run_sync(self.authenticate, authorization, client)
+
+    def _verified_now(self, record: UserRecord, password: str, verify: Callable[[str, str], bool]) -> bool:
+        key = hmac.new(self._cache_key, "\0".join((record.name, password, record.password_hash)).encode(),
+                       hashlib.sha256).digest()
+        now = self.clock()
+        until = self._verified.get(key)
+        if until is not None and until > now:
+            return True
+        if self._rejected.get(key, -math.inf) > now:
+            return False  # refused a moment ago (a retry, or the same request checked twice): no scrypt again
+        matches = verify(password, record.password_hash)
+        self.scrypt_runs += 1
+        if not matches:
+            if len(self._rejected) >= MAX_VERIFIED:
+                self._rejected.clear()
+            self._rejected[key] = now + REJECTED_TTL_S
+            return False
+        if len(self._verified) >= MAX_VERIFIED:
+            self._verified = {k: t for k, t in self._verified.items() if t > now}
+            if len(self._verified) >= MAX_VERIFIED:
+                self._verified.clear()
+        self._verified[key] = now + VERIFIED_TTL_S
+        return True
+
+
+class _NeedsScrypt(Exception):
+    pass
+
+
+def _not_here(password: str, encoded: str) -> bool:
+    raise _NeedsScrypt
+
+
+def check_guarded(identity: Identity, method: str, path: str) -> None:
+    """The guard's check before the body is read: a state-changing request from a caller whose roles change
+    nothing is refused, and a bulk load needs data_writer of its keyspace."""
+    if identity.is_admin:
+        return
+    if method.upper() in WRITE_METHODS and not identity.changes_anything:
+        if identity is READ_TOKEN_IDENTITY:
+            raise AuthError(403, f"{method} {path} changes state and needs the admin token; the read-only token was given",
+                            "send the admin token (--admin-token / $EVENTING_ADMIN_TOKEN)")
+        raise forbidden(identity, FUNCTIONS_MANAGE, f"{method} {path}: its roles change nothing")
+    if path.startswith(LOAD_PREFIX):
+        text = unquote(path[len(LOAD_PREFIX):].rpartition("/")[0])
+        try:
+            keyspace: Keyspace | None = Keyspace.parse(text)
+        except ConfigError:
+            keyspace = None
+        if keyspace is None or not identity.can(DATA_WRITE, keyspace):
+            raise forbidden(identity, DATA_WRITE, f"load documents into {keyspace or text!r}")
+
+
+def _grants(record: UserRecord) -> tuple[Grant, ...]:
+    grants = []
+    for role in record.roles:
+        try:
+            grants.append(Grant.parse(role))
+        except ConfigError:
+            log.warning("user %r has an unknown role %r; it grants nothing", record.name, role)
+    return tuple(grants)
+
+
+def _token_identity(config: ServerConfig, secret: str) -> Identity | None:
+    role = role_of(config, secret) if config.secured else None
+    return {"admin": ADMIN_TOKEN_IDENTITY, "read": READ_TOKEN_IDENTITY}.get(role or "")
+
+
+def _stored_users(data_dir: str) -> list[UserRecord]:
+    from metadata.factory import open_store
+
+    try:
+        store = open_store(data_dir, create=False)
+    except NotFoundError:
+        return []
+    try:
+        return store.list_users()
+    finally:
+        store.close()
+
+
+def _has_admin_user(data_dir: str) -> bool:
+    try:
+        return any(any(r == ADMIN for r in u.roles) for u in _stored_users(data_dir))
+    except Exception:  # an unreadable store is no credential; the bind is refused with the usual message
+        return False

@@ -39,7 +39,7 @@ from eventing.errors import (
     StoreCorruptError,
     StoreLockedError,
 )
-from eventing.http.auth import presented_token, role_of
+from eventing.http import auth
 from eventing.ops import dlq, stats
 from eventing.ops import nodes as nodes_ops
 from metadata.factory import open_store
@@ -60,7 +60,8 @@ class EndpointRequest:
     params: dict[str, str]
     query: dict[str, str]
     body: bytes
-    role: str = "read"  # of the caller's token (eventing.http.auth.role_of); "admin" reads secrets on request
+    role: str = "read"  # "admin" for a full admin (reads secrets on request), else "read"
+    identity: auth.Identity = auth.LOCAL_IDENTITY  # the caller (eventing.http.auth), recorded as a deployer
 
     @property
     def name(self) -> str:
@@ -188,7 +189,8 @@ def deploy(c: EndpointRequest) -> dict[str, Any]:
     boundary = c.json_object().get("boundary")
     if boundary not in (None, "everything", "from_now"):
         raise ConfigError(f"boundary {boundary!r} is not valid; use 'everything' or 'from_now'")
-    return stats.function_view(lifecycle.deploy(c.data_dir, c.name, boundary))
+    with auth.deploying_as(c.data_dir, c.name, c.identity):  # a non-admin's handler runs sandboxed
+        return stats.function_view(lifecycle.deploy(c.data_dir, c.name, boundary))
 
 
 def _wait_s(c: EndpointRequest) -> float:
@@ -211,7 +213,8 @@ def pause(c: EndpointRequest) -> dict[str, Any]:
 
 
 def resume(c: EndpointRequest) -> dict[str, Any]:
-    return stats.function_view(lifecycle.resume(c.data_dir, c.name))
+    with auth.deploying_as(c.data_dir, c.name, c.identity):
+        return stats.function_view(lifecycle.resume(c.data_dir, c.name))
 
 
 def undeploy(c: EndpointRequest) -> dict[str, Any]:
@@ -590,13 +593,24 @@ def error_body(exc: BaseException) -> tuple[int, dict[str, Any]]:
 def _endpoint(ep: Endpoint) -> Callable[[Request], Any]:
     async def run(request: Request) -> Response:
         config = request.app.state.config
-        role = role_of(config, presented_token(request.headers.get("authorization"))) or "read"
+        identity = auth.caller_identity(request) if auth.IDENTITY_SCOPE_KEY in request.scope else auth.LOCAL_IDENTITY
         call = EndpointRequest(config.data_dir, dict(request.path_params), dict(request.query_params), await request.body(),
-                    role)
+                               "admin" if identity.is_admin else "read", identity)
         try:
             if "name" in call.params:
                 check_function_name(call.params["name"])
+            if not identity.is_admin:  # each endpoint's role, against the keyspace of the function it acts on
+                try:
+                    body = call.json(default={}) if ep.method in auth.WRITE_METHODS and not ep.path.endswith("/appcode") else None
+                except ConfigError:
+                    body = None  # the endpoint itself answers a bad body (400) once the caller may call it
+                await run_in_threadpool(auth.authorize_endpoint, identity, ep.method, ep.path, call.params, call.query,
+                                        body, config.data_dir)
             result = await run_in_threadpool(ep.handler, call)
+            if ep.path in auth.LISTINGS and not identity.is_admin:
+                result = auth.filter_listing(result, await run_in_threadpool(auth.visible_functions, identity, config.data_dir))
+        except auth.AuthError as refused:
+            return JSONResponse(refused.body(), status_code=refused.status, headers=refused.headers)
         except (EventingError, InvalidKeyError) as exc:
             code, body = error_body(exc)
             return JSONResponse(body, status_code=code)

@@ -4,7 +4,7 @@ Document layout (keys start with a prefix, ``eventing`` by default, in the bucke
 ``<p>`` below):
 
     <p>::functions                   {"names": [...]}                 index of function names
-    <p>::fn::<name>                  {definition, source, state, generation, updated_at}
+    <p>::fn::<name>                  {definition, source, state, generation, updated_at, deployed_by}
     <p>::cp::<fn>::<vb>              {seqno, epoch, owner, bucket_uuid, updated_at, leased, start}
     <p>::cpreg::<fn>                 {"rows": [...]}                  checkpoint moves refused by commit, and rewinds
     <p>::ctr::<fn>                   {"values": {name: number}}       counters and gauges
@@ -17,6 +17,8 @@ Document layout (keys start with a prefix, ``eventing`` by default, in the bucke
     <p>::tmr::<fn>::<vb>             {"seq": n, "timers": {...}}      durable timers of one vBucket
     <p>::kv::<key>                   {"value": ...}
     <p>::win::<fn>                   {fence, state, updated_at}       window coordinator state (fenced)
+    <p>::users                       {"names": [...]}                 index of user names
+    <p>::user::<name>                {hash, roles, created_at}        a user of the APIs (salted scrypt hash)
 
 Nothing needs N1QL: checkpoints have deterministic keys (vBuckets 0..1023, fetched with one multi-get),
 functions, dead letters and services are listed through the index documents.

@@ -35,6 +35,7 @@ from metadata.model import (
     TimerChange,
     TimerDone,
     TimerRecord,
+    UserRecord,
     check_rewind_allowed,
     check_transition,
     next_lease,
@@ -308,6 +309,51 @@ class CouchbaseMetadataStore:
         written = self._mutate(self._key("fn", name), change)
         assert written is not None
         return _function(name, written)
+
+    def set_deployed_by(self, name: str, deployed_by: dict | None) -> None:
+        """Record who deploys or resumes a function over the API (None: the local CLI, trusted as an admin)."""
+
+        def change(doc: Doc | None) -> Doc:
+            if doc is None:
+                raise NotFoundError(f"unknown function '{name}'; see `eventing list`")
+            return dict(doc, deployed_by=deployed_by)
+
+        self._mutate(self._key("fn", name), change)
+
+    # -- users of the APIs ----------------------------------------------------------------------------
+
+    def put_user(self, name: str, password_hash: str, roles: Sequence[str]) -> UserRecord:
+        """Create a user, or replace the hash and roles of an existing one (keeping when it was created)."""
+        self._index_add(self._key("users"), "names", [name])
+
+        def change(doc: Doc | None) -> Doc:
+            created = doc["created_at"] if doc is not None else time.time()
+            return {"hash": password_hash, "roles": list(roles), "created_at": created}
+
+        written = self._mutate(self._key("user", name), change)
+        assert written is not None
+        return _user(name, written)
+
+    def get_user(self, name: str) -> UserRecord:
+        got = self._get(self._key("user", name))
+        if got is None:
+            raise NotFoundError(f"unknown user '{name}'; see `eventing user list`")
+        return self._decode(self._key("user", name), _user, name, got[0])
+
+    def list_users(self) -> list[UserRecord]:
+        index = self._get(self._key("users"))
+        names = index[0]["names"] if index else []
+        docs = self._get_many([self._key("user", n) for n in names])
+        return [
+            self._decode(self._key("user", n), _user, n, docs[self._key("user", n)][0])
+            for n in sorted(names)
+            if self._key("user", n) in docs
+        ]
+
+    def delete_user(self, name: str) -> None:
+        if not self._docs.remove(self._key("user", name)):
+            raise NotFoundError(f"unknown user '{name}'; see `eventing user list`")
+        self._index_remove(self._key("users"), "names", [name])
 
     # -- checkpoints and ownership --------------------------------------------------------------------
 
@@ -903,8 +949,13 @@ def _lease_doc(lease: Lease) -> Doc:
 
 def _function(name: str, doc: Doc) -> FunctionRecord:
     return FunctionRecord(
-        name, doc["definition"], doc["source"], FunctionState(doc["state"]), doc["generation"], doc["updated_at"]
+        name, doc["definition"], doc["source"], FunctionState(doc["state"]), doc["generation"], doc["updated_at"],
+        doc.get("deployed_by"),
     )
+
+
+def _user(name: str, doc: Doc) -> UserRecord:
+    return UserRecord(name, doc["hash"], tuple(doc["roles"]), doc["created_at"])
 
 
 def _checkpoint(function: str, vb: int, doc: Doc) -> Checkpoint:

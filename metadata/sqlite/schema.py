@@ -60,6 +60,9 @@ CREATE INDEX IF NOT EXISTS timers_due ON timers(function, due_ms);
 -- Per (function, vBucket): the last fire_seq handed out; it never goes backwards within a deployment.
 CREATE TABLE IF NOT EXISTS timer_seqs(
     function TEXT NOT NULL, vb INTEGER NOT NULL, seq INTEGER NOT NULL, PRIMARY KEY(function, vb)) WITHOUT ROWID;
+-- Users of the REST and Data APIs: a salted scrypt hash with its parameters (never a password), roles as JSON.
+CREATE TABLE IF NOT EXISTS users(
+    name TEXT PRIMARY KEY, hash TEXT NOT NULL, roles TEXT NOT NULL, created_at REAL NOT NULL);
 """
 
 
@@ -79,3 +82,6 @@ def apply_schema(db: sqlite3.Connection) -> None:
     columns = {r[1] for r in db.execute("PRAGMA table_info(dlq)")}
     if "generation" not in columns:  # a store written before dead letters recorded their deployment
         db.execute("ALTER TABLE dlq ADD COLUMN generation INTEGER NOT NULL DEFAULT 0")
+    columns = {r[1] for r in db.execute("PRAGMA table_info(functions)")}
+    if "deployed_by" not in columns:  # a store written before deployments recorded their user (JSON or NULL)
+        db.execute("ALTER TABLE functions ADD COLUMN deployed_by TEXT")

@@ -6,7 +6,7 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Self, TypeVar
 
@@ -30,6 +30,7 @@ from metadata.model import (
     TimerChange,
     TimerDone,
     TimerRecord,
+    UserRecord,
     check_rewind_allowed,
     check_transition,
     next_lease,
@@ -140,8 +141,9 @@ class SqliteMetadataStore:
 
     @staticmethod
     def _function(row: tuple) -> FunctionRecord:
-        name, definition, source, state, generation, updated_at = row
-        return FunctionRecord(name, json.loads(definition), source, FunctionState(state), generation, updated_at)
+        name, definition, source, state, generation, updated_at, deployed_by = row
+        return FunctionRecord(name, json.loads(definition), source, FunctionState(state), generation, updated_at,
+                              json.loads(deployed_by) if deployed_by else None)
 
     def put_function(self, name: str, definition: dict, source: str) -> FunctionRecord:
         """Create a function (undeployed) or update the definition of an undeployed or paused one."""
@@ -151,7 +153,7 @@ class SqliteMetadataStore:
             now = time.time()
             if row is None:
                 db.execute(
-                    "INSERT INTO functions VALUES(?,?,?,?,0,?)",
+                    "INSERT INTO functions VALUES(?,?,?,?,0,?,NULL)",
                     (name, json.dumps(definition), source, FunctionState.UNDEPLOYED.value, now),
                 )
             else:
@@ -212,6 +214,52 @@ class SqliteMetadataStore:
             return self._function(db.execute("SELECT * FROM functions WHERE name=?", (name,)).fetchone())
 
         return self._tx(body)
+
+    def set_deployed_by(self, name: str, deployed_by: dict | None) -> None:
+        """Record who deploys or resumes a function over the API (None: the local CLI, trusted as an admin)."""
+
+        def body(db: sqlite3.Connection) -> None:
+            value = json.dumps(deployed_by) if deployed_by is not None else None
+            if not db.execute("UPDATE functions SET deployed_by=? WHERE name=?", (value, name)).rowcount:
+                raise NotFoundError(f"unknown function '{name}'; see `eventing list`")
+
+        self._tx(body)
+
+    # -- users of the APIs ----------------------------------------------------------------------------
+
+    @staticmethod
+    def _user(row: tuple) -> UserRecord:
+        name, password_hash, roles, created_at = row
+        return UserRecord(name, password_hash, tuple(json.loads(roles)), created_at)
+
+    def put_user(self, name: str, password_hash: str, roles: Sequence[str]) -> UserRecord:
+        """Create a user, or replace the hash and roles of an existing one (keeping when it was created)."""
+
+        def body(db: sqlite3.Connection) -> UserRecord:
+            db.execute(
+                "INSERT INTO users VALUES(?,?,?,?) ON CONFLICT(name) DO UPDATE SET hash=excluded.hash, "
+                "roles=excluded.roles",
+                (name, password_hash, json.dumps(list(roles)), time.time()),
+            )
+            return self._user(db.execute("SELECT * FROM users WHERE name=?", (name,)).fetchone())
+
+        return self._tx(body)
+
+    def get_user(self, name: str) -> UserRecord:
+        rows = self._read("SELECT * FROM users WHERE name=?", (name,))
+        if not rows:
+            raise NotFoundError(f"unknown user '{name}'; see `eventing user list`")
+        return self._user(rows[0])
+
+    def list_users(self) -> list[UserRecord]:
+        return [self._user(r) for r in self._read("SELECT * FROM users ORDER BY name")]
+
+    def delete_user(self, name: str) -> None:
+        def body(db: sqlite3.Connection) -> None:
+            if not db.execute("DELETE FROM users WHERE name=?", (name,)).rowcount:
+                raise NotFoundError(f"unknown user '{name}'; see `eventing user list`")
+
+        self._tx(body)
 
     # -- checkpoints and ownership --------------------------------------------------------------------
 

@@ -806,9 +806,11 @@ def test_the_couchbase_documents_follow_the_documented_layout():
     store.put_node("n", "active")
     store.set_kv("plan", "{}")
     store.acquire_lease("leader", "svc", 5)
+    store.put_user("ann", "scrypt$16384$8$1$s$h", ["admin"])
     assert docs.keys() == sorted([
         "p::functions", "p::fn::fn", "p::cp::fn::0", "p::cp::fn::1023", "p::ctr::fn", "p::dlq::fn::0::5",
         "p::dlqix::fn::0", "p::services", "p::svc::svc", "p::nodes", "p::kv::plan", "p::lease::leader",
+        "p::users", "p::user::ann",
     ])
 
 
@@ -1152,3 +1154,36 @@ def test_drop_timers_removes_every_timer_of_the_function(store):
     store.commit("fn", epochs, {}, timer_changes=[_timer(0, "a", 1), _timer(0, "b", 2)])
     store.drop_timers("fn")
     assert store.timer_backlog("fn", 10) == {"pending": 0, "due": 0}
+
+
+# -- users of the APIs --------------------------------------------------------------------------------------
+
+
+def test_users_are_stored_listed_by_name_replaced_and_deleted(store):
+    assert store.list_users() == []
+    bob = store.put_user("bob", "scrypt$16384$8$1$c2FsdA==$aGFzaA==", ["data_reader[shop.*.*]"])
+    assert (bob.name, bob.roles) == ("bob", ("data_reader[shop.*.*]",))
+    store.put_user("alice", "scrypt$16384$8$1$x$y", ["admin"])
+    again = store.put_user("bob", "scrypt$16384$8$1$new$hash", ["ro_admin", "data_writer[shop.sales.*]"])
+    assert again.created_at == bob.created_at  # replacing keeps when the user was created
+    assert store.get_user("bob").password_hash == "scrypt$16384$8$1$new$hash"
+    assert store.get_user("bob").roles == ("ro_admin", "data_writer[shop.sales.*]")
+    assert [u.name for u in store.list_users()] == ["alice", "bob"]
+    store.delete_user("bob")
+    assert [u.name for u in store.list_users()] == ["alice"]
+    with pytest.raises(NotFoundError, match="unknown user 'bob'"):
+        store.get_user("bob")
+    with pytest.raises(NotFoundError, match="unknown user 'bob'"):
+        store.delete_user("bob")
+
+
+def test_who_deployed_a_function_is_kept_with_it(store):
+    assert store.put_function("fn", {}, "").deployed_by is None
+    store.set_deployed_by("fn", {"user": "bob", "admin": False, "at": 1.0})
+    store.transition("fn", FunctionState.DEPLOYING, "deploy", bump_generation=True)
+    assert store.get_function("fn").deployed_by == {"user": "bob", "admin": False, "at": 1.0}
+    assert [r.deployed_by for r in store.list_functions()] == [{"user": "bob", "admin": False, "at": 1.0}]
+    store.set_deployed_by("fn", None)
+    assert store.get_function("fn").deployed_by is None
+    with pytest.raises(NotFoundError):
+        store.set_deployed_by("absent", None)
