@@ -204,6 +204,46 @@ def test_workers_on_the_hidden_node_handle_every_mutation_once_in_order(env):
     assert owners == {"n2/w0", "n2/w1", "n2/w2"}
 
 
+def test_writes_through_the_data_api_are_handled_by_workers_on_the_hidden_node(env):
+    """`eventing run --serve` serves the Data API where the data directory (and the data service) is; what
+    an application writes through it is handled by workers on a node that cannot see the files."""
+    import socket
+
+    import httpx
+
+    data_dir = env.new_data_dir()
+    source = load_source(data_dir, 50, 100, seed=12)
+    deploy_function(data_dir, ledger_definition("fn_c", "src", "ledger", workers=2))
+    pin_all_workers(data_dir, "n2", env.n2.node_id)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    service = ServiceProcess(data_dir, env.ray.address, "--serve", str(port))
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as api:
+            wait_for(lambda: _answers(api), "the Data API of the running service answers", timeout=120)
+            url = "/v1/buckets/src/scopes/_default/collections/_default/documents/"
+            for i in range(40):
+                reply = api.put(url + f"api::{i}", json={"rev": i, "via": "data api"})
+                assert reply.status_code == 200, reply.text
+                assert reply.headers["ETag"]
+        wait_for(lambda: caught_up(data_dir, "fn_c", source), "the API's writes are handled", timeout=120)
+    finally:
+        service.stop()
+    assert_ledger(data_dir, source, 140)
+    owners = {cp.owner for cp in open_store(data_dir).checkpoints("fn_c").values()}
+    assert owners == {"n2/w0", "n2/w1"}  # every vBucket, the API's writes with them, handled on n2
+
+
+def _answers(api) -> bool:
+    import httpx
+
+    try:
+        return api.get("/v1/callerIdentity").status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 LOG_HANDLER = """
 from eventing.handler import log
 
