@@ -22,7 +22,6 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from eventing.http.auth import (
-    AUTH_ERROR_SCOPE_KEY,
     IDENTITY_SCOPE_KEY,
     AuthError,
     ServerConfig,
@@ -111,8 +110,13 @@ class GuardMiddleware:
                 if not data_api:
                     check_guarded(identity, method, path)
             except AuthError as refused:
-                if data_api and refused.status == 401:
-                    scope[AUTH_ERROR_SCOPE_KEY] = refused  # the Data API answers it in its own error shape
+                if data_api:  # answered in the Data API's error shape ({code, message})
+                    no_credentials = "none was given" in refused.message
+                    code = {429: "TooManyRequests"}.get(refused.status, "Unauthorized" if no_credentials else "InvalidAuth")
+                    status = 403 if code == "InvalidAuth" else refused.status  # as the Data API answers bad credentials
+                    await send_json(send, status, {"code": code, "message": f"{refused.message}; {refused.fix}"},
+                                    [(k.lower().encode(), v.encode()) for k, v in refused.headers.items()])
+                    return
                 else:
                     challenge = [(b"www-authenticate", b'Bearer realm="eventing"')] if refused.status == 401 else []
                     await send_json(send, refused.status, refused.body(), challenge + [

@@ -285,3 +285,13 @@ def test_user_commands_add_list_and_remove_without_showing_a_password(data_dir, 
     assert main(["--data-dir", data_dir, "user", "remove", "ann"]) == 2
     with open_store(data_dir) as store:
         assert [u.name for u in store.list_users()] == ["bob"]
+
+
+def test_the_data_api_needs_credentials_once_users_exist_even_on_loopback(data_dir):
+    with open_store(data_dir) as store:
+        store.put_user("ann", auth.hash_password("ann-password"), ["data_reader[shop.*.*]"])
+    client = TestClient(build_app(ServerConfig(data_dir)), base_url="http://127.0.0.1:8096")
+    r = client.get("/v1/buckets/shop/scopes/_default/collections/_default/documents/k")
+    assert r.status_code == 401 and r.json()["code"] == "Unauthorized"
+    r = client.get("/v1/callerIdentity", headers={"Authorization": "Basic " + base64.b64encode(b"ann:wrong-pass").decode()})
+    assert r.status_code == 403 and r.json()["code"] == "InvalidAuth" and "wrong-pass" not in r.text
