@@ -20,6 +20,7 @@ from eventing.errors import EventingError, InvalidKeyError
 # Modules with a `register(sub, add)` function that adds their subcommands, in the order --help lists them.
 COMMAND_MODULES: list[str] = [
     "eventing.cli.buckets",
+    "eventing.cli.collections",
     "eventing.cli.functions",
     "eventing.cli.run",
     "eventing.cli.ray_cmd",

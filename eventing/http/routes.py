@@ -473,6 +473,37 @@ def verify(c: EndpointRequest) -> dict[str, Any]:
     return {**report.to_dict(), "summary": report.summary()}
 
 
+def _collection_keyspace(c: EndpointRequest) -> Any:
+    from eventing.core.keyspaces import Keyspace
+
+    return Keyspace(c.params["bucket"], c.params["scope"], c.params["collection"]).check()
+
+
+def _admin_only(c: EndpointRequest, action: str) -> Response | None:
+    if c.role == "admin":
+        return None
+    return JSONResponse({"error": f"{action} needs the admin role; the caller is not an admin",
+                         "fix": "send the admin token or an admin user's credentials"}, status_code=403)
+
+
+def list_collections(c: EndpointRequest) -> list[dict[str, Any]]:
+    from eventing.ops import buckets
+
+    return buckets.list_collections(c.data_dir, c.params["bucket"])
+
+
+def create_collection(c: EndpointRequest) -> dict[str, Any] | Response:
+    from eventing.ops import buckets
+
+    return _admin_only(c, "creating a collection") or buckets.create_collection(c.data_dir, _collection_keyspace(c))
+
+
+def drop_collection(c: EndpointRequest) -> dict[str, Any] | Response:
+    from eventing.ops import buckets
+
+    return _admin_only(c, "dropping a collection") or buckets.drop_collection(c.data_dir, _collection_keyspace(c))
+
+
 def openapi(c: EndpointRequest) -> dict[str, Any]:
     from eventing.http.openapi import openapi_document
 
@@ -486,6 +517,7 @@ def metrics(c: EndpointRequest) -> Response:
 
 
 FUNCTION_PATH = "/api/v1/functions/{name}"  # the path of one function; its endpoints extend it
+COLLECTION_PATH = "/api/v1/buckets/{bucket}/scopes/{scope}/collections/{collection}"
 ENDPOINTS: list[Endpoint] = [
     Endpoint("GET", "/api/v1/functions", "functions", "every function: definition, handler source, state",
              list_functions, couchbase=True),
@@ -541,6 +573,12 @@ ENDPOINTS: list[Endpoint] = [
     Endpoint("GET", FUNCTION_PATH + "/windows", "windows", "window results with the watermark (?limit=N: the last N rows)",
              windows),
     Endpoint("GET", FUNCTION_PATH + "/verify", "verify", "check the function against its ledger bucket (?ledger=BUCKET)", verify),
+    Endpoint("GET", "/api/v1/buckets/{bucket}/collections", "collections",
+             "the collections of a bucket: keyspace, scope, collection, id, documents", list_collections),
+    Endpoint("POST", COLLECTION_PATH, "collections", "create a collection (and its scope); admin only",
+             create_collection, status=201),
+    Endpoint("DELETE", COLLECTION_PATH, "collections", "drop a collection and its documents (409 while a deployed or "
+             "paused function reads or binds it); admin only", drop_collection),
     Endpoint("GET", "/api/v1/openapi.json", "meta", "this API as OpenAPI 3.1", openapi),
     Endpoint("GET", "/metrics", "metrics", "Prometheus metrics (text format)", metrics),
 ]
@@ -571,6 +609,9 @@ REST_WORDING: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"`eventing stats ([\w-]+)`"), r"GET /api/v1/functions/\1/stats"),
     (re.compile(r"`eventing export ([\w-]+)`"), r"GET /api/v1/export?name=\1"),
     (re.compile(r"--ledger BUCKET"), "?ledger=BUCKET"),
+    (re.compile(r"`eventing collection create ([^.`\s]+)\.([^.`\s]+)\.([^.`\s]+)`"),
+     r"POST /api/v1/buckets/\1/scopes/\2/collections/\3"),
+    (re.compile(r"`eventing collection list ([^`\s]+)`"), r"GET /api/v1/buckets/\1/collections"),
     (re.compile(r"--limit (-?\d+)"), r"limit=\1"),
     (re.compile(r"--wait\b"), "?wait="),
 ]

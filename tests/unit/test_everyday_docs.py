@@ -7,7 +7,7 @@ import shlex
 from pathlib import Path
 
 from eventing.cli import main
-from eventing.storage.bucket import LocalBucket
+from eventing.storage.factory import open_bucket
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "everyday-commands.md"
@@ -22,6 +22,7 @@ def doc_commands() -> list[list[str]]:
 
 def test_every_example_of_the_everyday_commands_doc_runs(tmp_path, monkeypatch, capsys):
     (tmp_path / "functions").symlink_to(ROOT / "functions")
+    (tmp_path / "examples").symlink_to(ROOT / "examples")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("EVENTING_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.delenv("EVENTING_METADATA_URL", raising=False)
@@ -29,12 +30,15 @@ def test_every_example_of_the_everyday_commands_doc_runs(tmp_path, monkeypatch, 
     emails_before_rewind = None
     for argv in doc_commands():
         if argv[0] == "rewind" and emails_before_rewind is None:
-            emails_before_rewind = LocalBucket.open(tmp_path / "data", "emails").stats()["mutations"]
+            emails_before_rewind = open_bucket(tmp_path / "data", "emails").stats()["mutations"]
         code = main(argv)
         out, err = capsys.readouterr()
         assert code == 0, f"`eventing {shlex.join(argv)}` exited {code}: {err}"
         outputs[shlex.join(argv)] = out
     assert outputs["bucket count customers"].strip().isdigit()
+    # Scopes and collections: fn_orders wrote the totals of the priced orders, and the flush's deletes removed them.
+    assert outputs["bucket keys shop.sales.totals"].split() == ["order::1", "order::3", "order::4"]
+    assert outputs["bucket count shop.sales.totals"].strip() == "0"
     # The rerun after the first rewind (effects kept) wrote nothing to the binding bucket.
     assert re.search(rf"mutations: {emails_before_rewind}\n", outputs["bucket info emails"])
     assert "effects: kept." in outputs["rewind fn_email --to-seqno 0"]
