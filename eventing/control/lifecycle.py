@@ -30,7 +30,8 @@ EPOCH_SHIFT = 32
 def save_function(data_dir: str, defn: FunctionDefinition, source: str) -> FunctionRecord:
     """Create or update a function definition (and its handler source) without deploying it."""
     validate_handler(
-        defn.name, source, [b.alias for b in defn.bindings], defn.constants, windowed=defn.window is not None
+        defn.name, source, [b.alias for b in defn.bindings], defn.constants, windowed=defn.window is not None,
+        language=defn.language,
     )
     for bucket in dict.fromkeys([defn.source_bucket, *(b.bucket for b in defn.bindings)]):
         with open_bucket(data_dir, bucket) as opened:  # unknown bucket -> clear error now, not at run time
@@ -83,7 +84,8 @@ def deploy(data_dir: str, name: str, boundary: Boundary | None = None) -> Functi
         record = store.get_function(name)
         defn = FunctionDefinition.from_dict(record.definition).with_boundary(boundary)
         validate_handler(
-            name, record.source, [b.alias for b in defn.bindings], defn.constants, windowed=defn.window is not None
+            name, record.source, [b.alias for b in defn.bindings], defn.constants, windowed=defn.window is not None,
+            language=defn.language,
         )
         if record.state is FunctionState.UNDEPLOYED and boundary is not None:
             record = store.put_function(name, defn.to_dict(), record.source)  # remember the chosen boundary

@@ -58,6 +58,9 @@ class Binding:
         return Keyspace(self.bucket, self.scope, self.collection)
 
 
+LANGUAGES = ("python", "javascript")
+
+
 @dataclass(frozen=True)
 class FunctionDefinition:
     name: str
@@ -92,6 +95,10 @@ class FunctionDefinition:
     # exactly_once: effects are marked by (function, vBucket, seqno) so a replay never applies one twice;
     # at_least_once: no marks (cheaper writes), so a replay after a crash may apply an effect again.
     delivery: Delivery = "exactly_once"
+    # The handler's language: python, or javascript (Couchbase's OnUpdate/OnDelete on V8, see
+    # docs/javascript-handlers.md); a definition whose handler file ends in .js is javascript.
+    language: str = "python"
+    js_heap_limit_mb: int = 128  # a JavaScript handler's V8 heap; a call that passes it is stopped
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FunctionDefinition:
@@ -165,7 +172,7 @@ class FunctionDefinition:
                 kwargs[key] = parse_duration(kwargs[key], key, name)
         for key, low in (("worker_count", 1), ("batch_size", 1), ("retries", 0), ("max_document_bytes", 1),
                          ("timer_context_size", 1), ("app_log_max_size", 1), ("app_log_max_files", 1),
-                         ("curl_max_response_bytes", 1)):
+                         ("curl_max_response_bytes", 1), ("js_heap_limit_mb", 16)):
             value = kwargs.get(key, low)
             if isinstance(value, bool):  # True is an int to Python, not a count to anyone
                 raise ConfigError(
@@ -178,6 +185,10 @@ class FunctionDefinition:
             raise ConfigError(f"worker_count of function '{name}' is {kwargs['worker_count']}; the maximum is 64")
         if not isinstance(kwargs.get("previous_version", False), bool):
             raise ConfigError(f"previous_version of function '{name}' must be true or false")
+        if kwargs.get("language", "python") not in LANGUAGES:
+            raise ConfigError(
+                f"language of function '{name}' is {kwargs['language']!r}; use one of {', '.join(map(repr, LANGUAGES))}"
+            )
         if kwargs.get("boundary", "everything") not in ("everything", "from_now"):
             raise ConfigError(f"boundary of function '{name}' must be 'everything' or 'from_now'")
         for key, allowed in (("placement", PLACEMENTS), ("delivery", DELIVERIES)):
@@ -199,6 +210,8 @@ class FunctionDefinition:
         # A default collection is left out, so definitions from before collections read as they were.
         if self.source_keyspace.is_default:
             del out["source_scope"], out["source_collection"]
+        if self.language == "python":  # Python definitions read as they did before JavaScript handlers
+            del out["language"], out["js_heap_limit_mb"]
         out["bindings"] = [
             asdict(b) if not b.keyspace.is_default else {"alias": b.alias, "bucket": b.bucket, "access": b.access}
             for b in self.bindings
@@ -272,6 +285,8 @@ def load_definition_file(path: str | Path) -> tuple[FunctionDefinition, str]:
         if not handler:
             raise ConfigError(f"definition file {path} names no 'handler' file; add \"handler\": \"my_handler.py\"")
         handler_path = (path.parent / handler).resolve()
+        if handler_path.suffix == ".js" and "language" not in data:
+            data = {**data, "language": "javascript"}
         try:
             source = handler_path.read_text()
         except UnicodeDecodeError as exc:

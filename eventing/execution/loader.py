@@ -13,12 +13,22 @@ from eventing.errors import HandlerLoadError
 
 
 def load_handler(
-    function: str, source: str, injected: Mapping[str, Any], *, windowed: bool = False
+    function: str, source: str, injected: Mapping[str, Any], *, windowed: bool = False, language: str = "python",
+    context: Any = None, timeout_s: float = 60.0, heap_limit_mb: int = 128,
 ) -> types.ModuleType:
     """Execute the handler source with bindings, constants and `log` as globals.
 
-    Raises HandlerLoadError if it does not import or defines neither on_update nor on_delete.
+    Raises HandlerLoadError if it does not import or defines neither on_update nor on_delete. A JavaScript
+    handler (language "javascript") runs in a V8 context of its own (eventing.execution.javascript); its
+    module has the same entry points as a Python handler's.
     """
+    if language == "javascript":
+        from eventing.execution.javascript import load_js_handler
+
+        return load_js_handler(
+            function, source, injected, context=context, timeout_s=timeout_s, heap_limit_mb=heap_limit_mb,
+            windowed=windowed,
+        )
     module = types.ModuleType(f"eventing_handler_{function}")
     helpers = {name: getattr(handler_api, name) for name in ("crc64", "crc_64_go_iso", "base64_encode", "base64_decode")}
     module.__dict__.update({"log": handler_api.log, **helpers, **injected})
@@ -93,7 +103,14 @@ class _ImportTimeBinding:
 
 
 def validate_handler(
-    function: str, source: str, aliases: list[str], constants: Mapping[str, Any], *, windowed: bool = False
+    function: str, source: str, aliases: list[str], constants: Mapping[str, Any], *, windowed: bool = False,
+    language: str = "python",
 ) -> None:
     """A windowed function may define neither entry point: its window does the work."""
-    load_handler(function, source, {**{a: _ImportTimeBinding(a) for a in aliases}, **constants}, windowed=windowed)
+    module = load_handler(
+        function, source, {**{a: _ImportTimeBinding(a) for a in aliases}, **constants}, windowed=windowed,
+        language=language,
+    )
+    closer = module.__dict__.get("__js_handler__")
+    if closer is not None:
+        closer.close()

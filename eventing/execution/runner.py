@@ -148,7 +148,10 @@ class HandlerRunner:
         injected.update({u.alias: u for u in url_bindings})
         injected["create_timer"] = self.timers.create_timer
         injected["cancel_timer"] = self.timers.cancel_timer
-        module = load_handler(function, source_code, injected, windowed=self.windowed)
+        module = load_handler(
+            function, source_code, injected, windowed=self.windowed, language=defn.language, context=self.context,
+            timeout_s=self.timeout_s, heap_limit_mb=defn.js_heap_limit_mb,
+        )
         self.module = module
         self.timers.module = module.__dict__
         self.on_update = module.__dict__.get("on_update")
@@ -348,8 +351,10 @@ class HandlerRunner:
         first_failed = first_failed or time.time()
         if attempt < attempts:
             return first_failed
+        # A JavaScript handler's error carries JavaScript's stack (eventing.execution.javascript).
+        stack = getattr(exc, "js_stack", None)
         return Failure(
-            "error", call.kind, f"{type(exc).__name__}: {exc}", traceback.format_exc(), attempt, first_failed
+            "error", call.kind, f"{type(exc).__name__}: {exc}", stack or traceback.format_exc(), attempt, first_failed
         )
 
     def _discard(self) -> None:
@@ -373,6 +378,9 @@ class HandlerRunner:
             b.tracer = tracer
 
     def close(self) -> None:
+        js = self.module.__dict__.get("__js_handler__")  # a JavaScript handler's V8 context and watchdog
+        if js is not None:
+            js.close()
         for bucket in self.buckets.values():
             bucket.close()
         if self.app_log is not None:

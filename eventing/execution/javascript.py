@@ -1,0 +1,598 @@
+"""JavaScript handlers on V8 (STPyV8), behind the same HandlerRunner as Python handlers.
+
+`load_js_handler` runs a function's JavaScript source in a V8 context of its own (one per runner, so one per
+worker, reused for every call) and returns a module whose `on_update`, `on_delete`, `on_deploy` and one
+entry per top-level JavaScript function (timer callbacks are looked up by name) are Python callables. The
+runner and the worker call them exactly as they call a Python handler's functions, so per-document order,
+held binding writes, retries, dead letters, the debugger and `dlq replay` are the same code.
+
+What crosses between Python and V8 is JSON text: a call's arguments go in as one string the context parses,
+and every binding access goes out through `__host` (JsHost), which calls the function's real BucketBinding,
+TimerTable, CurlClient and log. Errors a host call hits come back as text and are thrown in JavaScript.
+
+Limits, enforced inside V8 (STPyV8 exposes no isolate API for them, the V8 symbols of its extension do):
+- execution_timeout: a watchdog thread calls v8::Isolate::TerminateExecution (thread-safe) once the call in
+  flight passes its deadline; the call raises HandlerTimeout, and the context is used again by the next call.
+- js_heap_limit_mb: while a call runs longer than a tick, the watchdog requests an interrupt in which V8's
+  heap statistics are read on the JavaScript thread; past the limit the call is terminated and fails with
+  JavaScriptMemoryError (a dead letter), and a full garbage collection follows.
+A call is always started from a compiled script (`script.run()`): STPyV8 aborts the process when a
+terminated execution returns through its function-call path.
+"""
+
+from __future__ import annotations
+
+import base64
+import ctypes
+import json
+import re
+import struct
+import threading
+import time
+import types
+from collections.abc import Mapping
+from typing import Any
+
+from eventing import handler as handler_api
+from eventing.errors import HandlerLoadError
+from eventing.execution.context import CallContext
+from eventing.execution.js_prelude import PRELUDE
+
+ENTRY_POINTS = {"OnUpdate": "on_update", "OnDelete": "on_delete", "OnDeploy": "on_deploy"}
+WATCH_TICK_S = 0.005  # how often the watchdog looks at the call in flight
+GC_EVERY_CALLS = 256  # how often a call checks the heap and collects garbage when it is half full
+
+
+class JavaScriptError(Exception):
+    """A JavaScript handler threw: the message is JavaScript's `Name: message`, `js_stack` its stack."""
+
+    def __init__(self, message: str, js_stack: str = ""):
+        super().__init__(message)
+        self.js_stack = js_stack
+
+
+class JavaScriptMemoryError(JavaScriptError):
+    """A call's V8 heap passed js_heap_limit_mb; it was terminated."""
+
+
+# -- V8 through the symbols STPyV8's extension exports ---------------------------------------------------
+
+
+class _V8:
+    """v8::Isolate calls STPyV8 does not wrap: TerminateExecution (from another thread), heap statistics."""
+
+    INTERRUPT = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)
+
+    def __init__(self) -> None:
+        import _STPyV8  # type: ignore[import-not-found]
+
+        lib = ctypes.CDLL(_STPyV8.__file__)
+        self.current = lib._ZN2v87Isolate10GetCurrentEv
+        self.current.restype = ctypes.c_void_p
+        self.terminate = lib._ZN2v87Isolate18TerminateExecutionEv
+        self.terminate.argtypes = [ctypes.c_void_p]
+        self.cancel = lib._ZN2v87Isolate24CancelTerminateExecutionEv
+        self.cancel.argtypes = [ctypes.c_void_p]
+        self.heap = lib._ZN2v87Isolate17GetHeapStatisticsEPNS_14HeapStatisticsE
+        self.heap.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        self.low_memory = lib._ZN2v87Isolate21LowMemoryNotificationEv  # a full garbage collection
+        self.low_memory.argtypes = [ctypes.c_void_p]
+        self.request_interrupt = lib._ZN2v87Isolate16RequestInterruptEPFvPS0_PvES2_
+        self.request_interrupt.argtypes = [ctypes.c_void_p, self.INTERRUPT, ctypes.c_void_p]
+        self.stats = (ctypes.c_size_t * 32)()  # v8::HeapStatistics; used_heap_size is its 5th field
+        self.on_interrupt = self.INTERRUPT(_heap_check)  # kept alive for V8
+
+    def used_heap(self, isolate: int) -> int:
+        self.heap(isolate, self.stats)
+        return int(self.stats[4])
+
+
+_v8: _V8 | None = None
+_handlers: dict[int, JsHandler] = {}  # id -> handler, for the interrupt callback
+
+
+def _engine() -> _V8:
+    global _v8
+    if _v8 is None:
+        _v8 = _V8()
+    return _v8
+
+
+def _heap_check(isolate: int | None, data: int | None) -> None:
+    """Runs on the JavaScript thread, inside the running call (a V8 interrupt)."""
+    h = _handlers.get(data or 0)
+    if h is None or not h.running or isolate is None:
+        return
+    assert _v8 is not None
+    if _v8.used_heap(isolate) > h.heap_limit:
+        with h.lock:
+            if h.running and h.stopped is None:
+                h.stopped = "memory"
+                _v8.terminate(isolate)
+
+
+# -- refusals at deploy ------------------------------------------------------------------------------------
+
+_UNSUPPORTED = [
+    (re.compile(r"\bN1QL\s*\("), "SQL++ (N1QL())"),
+    (re.compile(r"(?:^|[=(:,;{}?]|\breturn\b)\s*(?:SELECT|INSERT\s+INTO|UPSERT\s+INTO|DELETE\s+FROM|MERGE\s+INTO|"
+                r"UPDATE\s+[A-Za-z_`][\w`.]*\s+(?:SET|UNSET|USE)\b)\s", re.IGNORECASE), "inline SQL++"),
+    (re.compile(r"\bcouchbase\s*\.\s*analyticsQuery\b"), "Analytics (couchbase.analyticsQuery())"),
+    (re.compile(r"\bxattrs?\b", re.IGNORECASE), "extended attributes (XATTRs)"),
+]
+
+
+def _code_only(source: str) -> str:
+    """`source` with comments and the text of string literals blanked (newlines kept, so lines stay)."""
+    out: list[str] = []
+    i, n = 0, len(source)
+    while i < n:
+        c = source[i]
+        nxt = source[i + 1] if i + 1 < n else ""
+        if c == "/" and nxt == "/":
+            while i < n and source[i] != "\n":
+                out.append(" ")
+                i += 1
+        elif c == "/" and nxt == "*":
+            end = source.find("*/", i + 2)
+            end = n if end < 0 else end + 2
+            out.extend("\n" if ch == "\n" else " " for ch in source[i:end])
+            i = end
+        elif c in "'\"`":
+            out.append(c)
+            i += 1
+            while i < n and source[i] != c:
+                if source[i] == "\\" and i + 1 < n:
+                    out.append("  ")
+                    i += 2
+                    continue
+                out.append("\n" if source[i] == "\n" else " ")
+                i += 1
+            if i < n:
+                out.append(c)
+                i += 1
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def check_supported(function: str, source: str) -> None:
+    """Refuse what this system does not run: SQL++ (N1QL() and inline statements), Analytics, XATTRs."""
+    for lineno, line in enumerate(_code_only(source).splitlines(), start=1):
+        for pattern, what in _UNSUPPORTED:
+            if pattern.search(line):
+                raise HandlerLoadError(
+                    f"handler of function '{function}' line {lineno}: {what} is not supported; read and write "
+                    "documents through bucket bindings (dst[key], couchbase.get/upsert/mutateIn) instead"
+                )
+
+
+_JS_POSITION = re.compile(r"^(?P<message>.*?) \( (?P<name>.*?) @ (?P<line>\d+) : (?P<col>\d+) \)", re.DOTALL)
+
+
+def _load_error(function: str, exc: Exception, what: str) -> HandlerLoadError:
+    text = str(exc)
+    m = _JS_POSITION.match(text)
+    if m is None:
+        return HandlerLoadError(f"handler of function '{function}' {what} ({text.splitlines()[0]}); fix the file and deploy again")
+    return HandlerLoadError(
+        f"handler of function '{function}' {what} at line {m['line']}: {m['message']}; fix the file and deploy again"
+    )
+
+
+# -- the host object JavaScript calls ----------------------------------------------------------------------
+
+
+def _error(exc: BaseException) -> str:
+    return "\0" + (str(exc) or type(exc).__name__)
+
+
+class JsHandler:
+    """One function's V8 context and the Python objects its JavaScript reaches."""
+
+    def __init__(
+        self, function: str, source: str, injected: Mapping[str, Any], context: CallContext | None,
+        timeout_s: float, heap_limit_mb: int,
+    ):
+        import STPyV8  # type: ignore[import-not-found]
+
+        from eventing.execution.bindings import BucketBinding
+        from eventing.execution.curl import UrlBinding
+
+        self.function = function
+        self.call_context = context
+        self.timeout_s = timeout_s
+        self.heap_limit = heap_limit_mb * 1024 * 1024
+        self.v8 = _engine()
+        self.lock = threading.Lock()
+        self.running = False
+        self.stopped: str | None = None  # why the call in flight was terminated: timeout | memory
+        self.deadline = 0.0
+        self.started = 0.0
+        self.calls = 0
+        self.closed = False
+        self.watchdog: threading.Thread | None = None
+        self.bindings: dict[str, Any] = {}
+        self.url_bindings: dict[str, Any] = {}
+        declarations = []
+        for name, value in injected.items():
+            if isinstance(value, BucketBinding) or type(value).__name__ == "_ImportTimeBinding":
+                self.bindings[name] = value
+                declarations.append(f"var {name} = __bucketMap({json.dumps(name)});")
+            elif isinstance(value, UrlBinding):
+                self.url_bindings[name] = value
+                declarations.append(f"var {name} = __urlBinding({json.dumps(name)});")
+            elif name in ("log", "curl", "create_timer", "cancel_timer"):
+                continue
+            else:
+                declarations.append(f"var {name} = {json.dumps(value)};")
+        self.log = injected.get("log", handler_api.log)
+        self.curl_client = injected.get("curl")
+        self.create_timer = injected.get("create_timer")
+        self.cancel_timer = injected.get("cancel_timer")
+        self.host = _make_host(STPyV8, self)
+        self.ctx = STPyV8.JSContext()
+        self.module = types.ModuleType(f"eventing_handler_{function}")
+        with self.ctx:
+            self.isolate = self.v8.current()
+            setattr(self.ctx.locals, "__host", self.host)  # (a dunder name, mangled as an attribute)
+            self.ctx.eval(PRELUDE, "<eventing prelude>")
+            self.ctx.eval("\n".join(declarations), "<eventing bindings>")
+            before = set(self.ctx.eval("Object.getOwnPropertyNames(globalThis).join('\\n')").split("\n"))
+            try:
+                self.ctx.eval(source, f"{function}.js")
+            except Exception as exc:  # noqa: BLE001 - STPyV8's JSError (syntax error or a throw at load)
+                kind = "has a syntax error" if str(exc).startswith("SyntaxError") else "fails on load"
+                raise _load_error(function, exc, kind) from None
+            names = self.ctx.eval(
+                "Object.getOwnPropertyNames(globalThis).filter(function (n) { return typeof globalThis[n] === 'function'; }).join('\\n')"
+            ).split("\n")
+            engine = STPyV8.JSEngine()
+            self.call_script = engine.compile("__call()")
+            self.update_script = engine.compile("__update()")
+        self.locals = self.ctx.locals
+        functions = [n for n in names if n and n not in before]
+        for name in functions:
+            self.module.__dict__[name] = JsFunction(self, name)
+        for js_name, py_name in ENTRY_POINTS.items():
+            if js_name in functions:
+                self.module.__dict__[py_name] = JsOnUpdate(self) if js_name == "OnUpdate" else self.module.__dict__[js_name]
+        self.module.__dict__["__js_handler__"] = self
+        _handlers[id(self)] = self
+
+    # -- calls --------------------------------------------------------------------------------------------
+
+    def run(self, script: Any, text: str) -> None:
+        """Run `script` with `__in` = text; raise HandlerTimeout, JavaScriptMemoryError or JavaScriptError."""
+        from eventing.execution.runner import HandlerTimeout
+
+        cc = self.call_context
+        now = time.monotonic()
+        deadline = cc.deadline if cc is not None and cc.active else now + self.timeout_s
+        ctx, set_in = self.ctx, setattr
+        ctx.enter()
+        try:
+            with self.lock:
+                self.stopped = None
+                self.deadline, self.started, self.running = deadline, now, True
+            if self.watchdog is None:
+                self._start_watchdog()
+            set_in(self.locals, "__in", text)
+            try:
+                rc = script.run()
+            finally:
+                with self.lock:
+                    self.running = False
+                    stopped = self.stopped
+                if stopped is not None:
+                    self.v8.cancel(self.isolate)
+            self.calls += 1
+            if stopped == "timeout":
+                raise HandlerTimeout()
+            if stopped == "memory":
+                self._collect()
+                raise JavaScriptMemoryError(
+                    f"RangeError: the JavaScript heap passed js_heap_limit_mb ({self.heap_limit >> 20} MiB); "
+                    "the call was stopped"
+                )
+            if rc != 0:
+                message, stack = json.loads(getattr(self.locals, "__err"))
+                raise JavaScriptError(message, stack)
+            if self.calls % GC_EVERY_CALLS == 0 and self.v8.used_heap(self.isolate) > self.heap_limit // 2:
+                self._collect()
+        finally:
+            ctx.leave()
+
+    def invoke(self, name: str, args: tuple) -> None:
+        self.run(self.call_script, json.dumps([name, *(_as_json(a) for a in args)]))
+
+    def _collect(self) -> None:
+        self.v8.low_memory(self.isolate)
+
+    def _stop(self, why: str) -> None:
+        """Terminate the call in flight (from the watchdog thread or a host call on the JavaScript thread)."""
+        with self.lock:
+            if self.running and self.stopped is None:
+                self.stopped = why
+                self.v8.terminate(self.isolate)
+
+    def _start_watchdog(self) -> None:
+        self.watchdog = threading.Thread(target=self._watch, name=f"js-watchdog-{self.function}", daemon=True)
+        self.watchdog.start()
+
+    def _watch(self) -> None:
+        v8 = self.v8
+        while not self.closed:
+            time.sleep(WATCH_TICK_S)
+            if not self.running:
+                continue
+            now = time.monotonic()
+            if now >= self.deadline:
+                self._stop("timeout")
+            elif now - self.started >= WATCH_TICK_S:
+                v8.request_interrupt(self.isolate, v8.on_interrupt, id(self))
+
+    def close(self) -> None:
+        self.closed = True
+        _handlers.pop(id(self), None)
+
+    # -- host calls (from JavaScript, on the JavaScript thread) -------------------------------------------
+
+    def guarded(self, fn: Any, *args: Any) -> Any:
+        """A host call: its errors become text JavaScript throws; a timeout signalled inside it (the worker's
+        SIGALRM watchdog) terminates the call, so no JavaScript catch can swallow it."""
+        from eventing.execution.runner import HandlerTimeout
+
+        try:
+            return fn(*args)
+        except HandlerTimeout:
+            self._stop("timeout")
+            return "\0execution_timeout"
+        except Exception as exc:  # noqa: BLE001 - thrown in JavaScript as an Error with this message
+            return _error(exc)
+
+    def binding(self, alias: str) -> Any:
+        b = self.bindings.get(alias)
+        if b is None:
+            raise HandlerLoadError(f"'{alias}' is not a bucket binding of function '{self.function}'")
+        return b
+
+
+def _make_host(STPyV8: Any, h: JsHandler) -> Any:
+    """The `__host` object JavaScript sees (an STPyV8.JSClass: its methods are callable synchronously)."""
+    guarded = h.guarded
+
+    def get(alias: str, key: str) -> str | None:
+        value = h.binding(alias).get(key)
+        return None if value is None else json.dumps(value)
+
+    def set_(alias: str, key: str, text: str) -> None:
+        h.binding(alias)[key] = json.loads(text)
+
+    def remove(alias: str, key: str) -> None:
+        del h.binding(alias)[key]
+
+    def log(text: str) -> None:
+        h.log(text)
+
+    def create_timer(name: str, when: float, reference: str | None, context: str) -> str:
+        if h.create_timer is None:
+            raise HandlerLoadError("createTimer is used at load time; use it inside OnUpdate/OnDelete")
+        return h.create_timer(h.module.__dict__.get(name), when, reference, json.loads(context))
+
+    def cancel_timer(name: str, reference: str) -> str:
+        if h.cancel_timer is None:
+            raise HandlerLoadError("cancelTimer is used at load time; use it inside OnUpdate/OnDelete")
+        return json.dumps(h.cancel_timer(h.module.__dict__.get(name), reference))
+
+    def curl(method: str, alias: str, request: str) -> str:
+        if h.curl_client is None:
+            raise HandlerLoadError("curl is used at load time; use it inside OnUpdate/OnDelete")
+        r = h.curl_client(method, h.url_bindings[alias], json.loads(request))
+        return json.dumps({"status": r.status, "headers": r.headers, "body": _as_json(r.body)})
+
+    class Host(STPyV8.JSClass):
+        def get(self, alias, key):
+            return guarded(get, alias, key)
+
+        def set(self, alias, key, text):
+            return guarded(set_, alias, key, text)
+
+        def remove(self, alias, key):
+            return guarded(remove, alias, key)
+
+        def op(self, name, alias, key, cas, expiry, doc, extra):
+            return guarded(_advanced, h.binding, name, alias, key, cas, expiry, doc, extra)
+
+        def log(self, text):
+            return guarded(log, text)
+
+        def create_timer(self, name, when, reference, context):
+            return guarded(create_timer, name, when, reference, context)
+
+        def cancel_timer(self, name, reference):
+            return guarded(cancel_timer, name, reference)
+
+        def curl(self, method, alias, request):
+            return guarded(curl, method, alias, request)
+
+        def builtin(self, name, text):
+            return guarded(_builtin, name, text)
+
+    return Host()
+
+
+# -- Couchbase's couchbase.* result objects over BucketBinding's OpResult --------------------------------
+
+_ERRORS = {
+    "key_not_found": {"name": "LCB_KEY_ENOENT", "desc": "The document key does not exist on the server",
+                      "key_not_found": True},
+    "key_exists": {"name": "LCB_KEY_EEXISTS", "desc": "The document key already exists in the server.",
+                   "key_already_exists": True},
+    "cas_mismatch": {"name": "LCB_KEY_EEXISTS", "desc": "The document was changed since it was read (cas).",
+                     "cas_mismatch": True},
+    "path_not_found": {"name": "LCB_ERR_SUBDOC_PATH_NOT_FOUND", "desc": "The path does not exist in the document.",
+                       "field_not_found": True},
+    "path_exists": {"name": "LCB_ERR_SUBDOC_PATH_EXISTS", "desc": "The path already exists in the document.",
+                    "field_exists": True},
+}
+
+
+def _advanced(binding_of: Any, name: str, alias: str, key: str, cas: str | None, expiry: float, doc: str,
+              extra: str) -> str:
+    b = binding_of(alias)
+    body = json.loads(doc)
+    cas_value = int(cas) if cas is not None else None
+    ttl: Any = expiry if expiry else 0
+    if name == "get":
+        r = b.get_result(key)
+    elif name == "insert":
+        r = b.insert(key, body, expiry=ttl)
+    elif name == "upsert":
+        r = b.upsert(key, body, expiry=ttl)
+    elif name == "replace":
+        r = b.replace(key, body, cas=cas_value, expiry=ttl)
+    elif name == "delete":
+        r = b.delete(key, cas=cas_value)
+    elif name in ("increment", "decrement"):
+        r = getattr(b, name)(key)
+    elif name == "touch":
+        r = b.touch(key, ttl)
+    elif name == "lookupIn":
+        specs = json.loads(extra) or []
+        r = b.lookup_in(key, [(s["op"], s["path"]) for s in specs])
+    elif name == "mutateIn":
+        specs = json.loads(extra) or []
+        r = b.mutate_in(
+            key, [(s["op"], s["path"]) if s["op"] == "remove" else (s["op"], s["path"], s.get("value")) for s in specs],
+            cas=cas_value,
+        )
+    else:
+        raise ValueError(f"couchbase.{name} is not an operation")
+    out: dict[str, Any] = {"success": r.success}
+    if r.meta is not None:
+        meta: dict[str, Any] = {"id": r.meta.id, "cas": str(r.meta.cas), "datatype": "json"}
+        if r.meta.expiry:
+            meta["expiry_date"] = r.meta.expiry
+        out["meta"] = meta
+    elif r.success:
+        out["meta"] = {"id": key}
+    if name in ("increment", "decrement") and r.success:
+        out["doc"] = {"count": r.value}
+    elif name == "lookupIn" and r.success:
+        out["doc"] = r.value
+    elif r.doc is not None and name == "get":
+        out["doc"] = r.doc
+    if r.error is not None:
+        out["error"] = dict(_ERRORS.get(r.error, {"name": r.error, "desc": r.error}))
+    return json.dumps(out)
+
+
+def _builtin(name: str, text: str) -> str:
+    value = json.loads(text)
+    if name == "crc64":
+        return handler_api.crc64(value)
+    if name == "crc_64_go_iso":
+        return handler_api.crc_64_go_iso(value)
+    if name == "base64_encode":
+        return handler_api.base64_encode(value)
+    if name == "base64_decode":
+        return handler_api.base64_decode(value)
+    if name in ("f32_encode", "f64_encode"):
+        fmt = "f" if name == "f32_encode" else "d"
+        return base64.b64encode(struct.pack(f"<{len(value)}{fmt}", *value)).decode()
+    if name in ("f32_decode", "f64_decode"):
+        fmt, size = ("f", 4) if name == "f32_decode" else ("d", 8)
+        raw = base64.b64decode(value)
+        return json.dumps(list(struct.unpack(f"<{len(raw) // size}{fmt}", raw)))
+    raise ValueError(f"{name} is not a built-in function")
+
+
+# -- what the runner calls ---------------------------------------------------------------------------------
+
+
+def _as_json(value: Any) -> Any:
+    """A runner argument as the JSON value JavaScript receives (Couchbase's shapes)."""
+    from eventing.handler import DeleteOptions, DeployAction, Meta
+
+    if isinstance(value, Meta):
+        out = {"id": value.id, "cas": str(value.cas), "expiration": value.expiration, "flags": value.flags,
+               "vb": value.vb, "seq": value.seq, "datatype": value.datatype, "keyspace": value.keyspace}
+        previous = value.previous
+        if previous is not None:
+            out["previous"] = previous
+        return out
+    if isinstance(value, DeleteOptions):
+        return {"expired": value.expired}
+    if isinstance(value, DeployAction):
+        return {"reason": value.reason, "delay": value.delay}
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return value
+
+
+class JsFunction:
+    """A top-level JavaScript function as a Python callable (entry points and timer callbacks)."""
+
+    __slots__ = ("__name__", "handler")
+
+    def __init__(self, handler: JsHandler, name: str):
+        self.handler = handler
+        self.__name__ = name
+
+    def __call__(self, *args: Any) -> None:
+        self.handler.invoke(self.__name__, args)
+
+    def __repr__(self) -> str:
+        return f"<JavaScript function {self.__name__}>"
+
+
+class JsOnUpdate(JsFunction):
+    """OnUpdate(doc, meta): the hot path; the meta is written as JSON text directly."""
+
+    __slots__ = ("keyspaces",)
+
+    def __init__(self, handler: JsHandler):
+        super().__init__(handler, "OnUpdate")
+        self.keyspaces: dict[int, tuple[dict, str]] = {}
+
+    def __call__(self, doc: Any, meta: Any = None, *rest: Any) -> None:
+        from eventing.handler import Meta
+
+        if type(meta) is not Meta or rest or meta.previous is not None:
+            self.handler.invoke("OnUpdate", (doc, meta, *rest))
+            return
+        ks = meta.keyspace
+        cached = self.keyspaces.get(id(ks))
+        if cached is None or cached[0] is not ks:
+            cached = self.keyspaces[id(ks)] = (ks, json.dumps(ks))
+        text = (
+            f'[{json.dumps(doc)},{{"id":{json.dumps(meta.id)},"cas":"{meta.cas}","expiration":{meta.expiration},'
+            f'"flags":{meta.flags},"vb":{meta.vb},"seq":{meta.seq},"datatype":"json","keyspace":{cached[1]}}}]'
+        )
+        self.handler.run(self.handler.update_script, text)
+
+
+def load_js_handler(
+    function: str, source: str, injected: Mapping[str, Any], *, context: CallContext | None = None,
+    timeout_s: float = 60.0, heap_limit_mb: int = 128, windowed: bool = False,
+) -> types.ModuleType:
+    """The handler as a module (see the module docstring). Raises HandlerLoadError with the line for a
+    syntax error, a throw at load, SQL++/Analytics/XATTRs, or neither OnUpdate nor OnDelete."""
+    check_supported(function, source)
+    try:
+        import STPyV8  # noqa: F401
+    except ImportError:
+        raise HandlerLoadError(
+            f"function '{function}' is a JavaScript handler and the V8 engine is not installed; pip install stpyv8"
+        ) from None
+    handler = JsHandler(function, source, injected, context, timeout_s, heap_limit_mb)
+    module = handler.module
+    if "on_update" not in module.__dict__ and "on_delete" not in module.__dict__ and not windowed:
+        handler.close()
+        raise HandlerLoadError(
+            f"handler of function '{function}' defines neither OnUpdate(doc, meta) nor OnDelete(meta, options); "
+            "define at least one"
+        )
+    return module

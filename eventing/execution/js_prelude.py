@@ -1,0 +1,133 @@
+"""The JavaScript every JavaScript handler's context runs before the handler: Couchbase's globals (bucket
+maps, `couchbase.*`, timers, `curl`, `log`, the built-in functions) written over `__host`, the Python
+object of eventing.execution.javascript that reaches the function's real bindings.
+
+Values cross as JSON text. A host call that failed returns its error as text starting with NUL (JSON text
+never does), which `__r` throws as an Error, so a handler's try/catch sees binding errors as in Couchbase.
+"""
+
+PRELUDE = r"""
+'use strict';
+var __in = null;
+function __r(s) {
+  if (typeof s === 'string' && s.charCodeAt(0) === 0) { throw new Error(s.slice(1)); }
+  return s;
+}
+function __j(s) { s = __r(s); return (s === null || s === undefined) ? undefined : JSON.parse(s); }
+function __text(v) { return JSON.stringify(v === undefined ? null : v); }
+var __aliases = new WeakMap();
+function __bucketMap(alias) {
+  var map = new Proxy(Object.create(null), {
+    get: function (t, key) {
+      if (typeof key !== 'string') { return undefined; }
+      if (key === 'toJSON' || key === 'then') { return undefined; }
+      return __j(__host.get(alias, key));
+    },
+    set: function (t, key, value) { __r(__host.set(alias, String(key), __text(value))); return true; },
+    deleteProperty: function (t, key) { __r(__host.remove(alias, String(key))); return true; },
+    has: function (t, key) { return typeof key === 'string' && __j(__host.get(alias, key)) !== undefined; },
+    ownKeys: function () { return []; }
+  });
+  __aliases.set(map, alias);
+  return map;
+}
+function __urlBinding(alias) { return Object.freeze({__url_binding: alias}); }
+function __id(meta) {
+  if (meta === null || typeof meta !== 'object' || meta.id === undefined) {
+    throw new Error('pass the document meta as an object with id, for example {"id": key}');
+  }
+  return String(meta.id);
+}
+function __alias(binding) {
+  var alias = (binding !== null && typeof binding === 'object') ? __aliases.get(binding) : undefined;
+  if (alias === undefined) { throw new Error('the first argument is not a bucket binding; pass the binding alias'); }
+  return alias;
+}
+function __expiry(meta) {
+  if (meta && meta.expiry_date instanceof Date) { return meta.expiry_date.getTime() / 1000; }
+  if (meta && typeof meta.expiry_date === 'number') { return meta.expiry_date; }
+  return 0;
+}
+function __op(name, binding, meta, doc, extra) {
+  var cas = (meta && meta.cas !== undefined) ? String(meta.cas) : null;
+  var res = __j(__host.op(name, __alias(binding), __id(meta), cas, __expiry(meta), __text(doc), __text(extra)));
+  if (res.meta && res.meta.expiry_date) { res.meta.expiry_date = new Date(res.meta.expiry_date * 1000); }
+  return res;
+}
+function __spec(op) { return function (path, value) { return {op: op, path: path, value: value}; }; }
+var couchbase = Object.freeze({
+  get: function (b, meta, options) { return __op('get', b, meta, null, null); },
+  insert: function (b, meta, doc) { return __op('insert', b, meta, doc, null); },
+  upsert: function (b, meta, doc) { return __op('upsert', b, meta, doc, null); },
+  replace: function (b, meta, doc) { return __op('replace', b, meta, doc, null); },
+  delete: function (b, meta) { return __op('delete', b, meta, null, null); },
+  increment: function (b, meta) { return __op('increment', b, meta, null, null); },
+  decrement: function (b, meta) { return __op('decrement', b, meta, null, null); },
+  touch: function (b, meta) { return __op('touch', b, meta, null, null); },
+  lookupIn: function (b, meta, specs) { return __op('lookupIn', b, meta, null, specs); },
+  mutateIn: function (b, meta, specs) { return __op('mutateIn', b, meta, null, specs); },
+  LookupInSpec: Object.freeze({get: __spec('get'), exists: __spec('exists')}),
+  MutateInSpec: Object.freeze({
+    insert: __spec('insert'), upsert: __spec('upsert'), replace: __spec('replace'),
+    remove: __spec('remove'), arrayAppend: __spec('array_append')
+  })
+});
+function log() {
+  var parts = [];
+  for (var i = 0; i < arguments.length; i++) {
+    var a = arguments[i];
+    parts.push(typeof a === 'string' ? a : (a === undefined ? 'undefined' : JSON.stringify(a)));
+  }
+  __r(__host.log(parts.join(' ')));
+}
+function __callbackName(callback, what) {
+  if (typeof callback !== 'function' || !callback.name || globalThis[callback.name] !== callback) {
+    throw new Error(what + ': the callback must be a top-level function of the handler, for example ' +
+                    what + '(OnTimer, ...)');
+  }
+  return callback.name;
+}
+function createTimer(callback, date, reference, context) {
+  var name = __callbackName(callback, 'createTimer');
+  if (!(date instanceof Date) || isNaN(date.getTime())) {
+    throw new Error('createTimer: the date is not a Date; pass new Date(...)');
+  }
+  var ref = (reference === undefined || reference === null) ? null : String(reference);
+  return __r(__host.create_timer(name, date.getTime() / 1000, ref, __text(context)));
+}
+function cancelTimer(callback, reference) {
+  return __j(__host.cancel_timer(__callbackName(callback, 'cancelTimer'), String(reference)));
+}
+function curl(method, binding, request) {
+  if (binding === null || typeof binding !== 'object' || binding.__url_binding === undefined) {
+    throw new Error('curl: the second argument is not a URL binding; pass the URL binding alias');
+  }
+  return __j(__host.curl(String(method), binding.__url_binding, __text(request === undefined ? {} : request)));
+}
+function crc64(value) { return __r(__host.builtin('crc64', __text(value))); }
+function crc_64_go_iso(value) { return __r(__host.builtin('crc_64_go_iso', __text(value))); }
+function base64Encode(value) { return __r(__host.builtin('base64_encode', __text(value))); }
+function base64Decode(value) { return __r(__host.builtin('base64_decode', __text(value))); }
+function base64Float32ArrayEncode(a) { return __r(__host.builtin('f32_encode', __text(Array.from(a)))); }
+function base64Float32ArrayDecode(s) { return __j(__host.builtin('f32_decode', __text(s))); }
+function base64Float64ArrayEncode(a) { return __r(__host.builtin('f64_encode', __text(Array.from(a)))); }
+function base64Float64ArrayDecode(s) { return __j(__host.builtin('f64_decode', __text(s))); }
+function N1QL() { throw new Error('SQL++ (N1QL) is not supported; read and write documents through bucket bindings'); }
+var __err = null;
+function __fail(e) {
+  if (e instanceof Error) {
+    __err = JSON.stringify([e.name + ': ' + e.message, String(e.stack || '')]);
+  } else {
+    __err = JSON.stringify(['Uncaught ' + ((typeof e === 'string') ? e : JSON.stringify(e)), '']);
+  }
+  return 1;
+}
+function __call() {
+  var a = JSON.parse(__in);
+  try { globalThis[a[0]].apply(null, a.slice(1)); return 0; } catch (e) { return __fail(e); }
+}
+function __update() {
+  var a = JSON.parse(__in);
+  try { OnUpdate(a[0], a[1]); return 0; } catch (e) { return __fail(e); }
+}
+"""
