@@ -723,6 +723,17 @@ class CouchbaseMetadataStore:
         got = self._get(self._key("ctr", function))
         return self._decode(self._key("ctr", function), lambda: dict(got[0]["values"])) if got else {}
 
+    def reset_counters(self, function: str, *, keep_prefixes: tuple[str, ...] = ()) -> None:
+        """Drop the function's counters (Couchbase's resetStatsCounters), but those whose name starts with
+        one of `keep_prefixes`."""
+
+        def change(doc: Doc | None) -> Doc | None:
+            if doc is None:
+                return None
+            return {"values": {k: v for k, v in doc["values"].items() if k.startswith(keep_prefixes)}}
+
+        self._mutate(self._key("ctr", function), change)
+
     # -- dead letters ---------------------------------------------------------------------------------
 
     def _dlq_key(self, function: str, vb: int, seqno: int) -> str:

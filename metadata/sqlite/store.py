@@ -585,6 +585,17 @@ class SqliteMetadataStore:
     def counters(self, function: str) -> dict[str, float]:
         return dict(self._read("SELECT name, value FROM counters WHERE function=?", (function,)))  # type: ignore[arg-type]
 
+    def reset_counters(self, function: str, *, keep_prefixes: tuple[str, ...] = ()) -> None:
+        """Drop the function's counters (Couchbase's resetStatsCounters), but those whose name starts with
+        one of `keep_prefixes`."""
+
+        def body(db: sqlite3.Connection) -> None:
+            names = [n for (n,) in db.execute("SELECT name FROM counters WHERE function=?", (function,))]
+            db.executemany("DELETE FROM counters WHERE function=? AND name=?",
+                           [(function, n) for n in names if not n.startswith(keep_prefixes)])
+
+        self._tx(body)
+
     def dlq_rows(
         self, function: str, *, limit: int | None = None, include_replayed: bool = False
     ) -> list[DlqRow]:

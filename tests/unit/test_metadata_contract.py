@@ -564,6 +564,20 @@ def test_counters_add_and_gauges_set(store):
     assert store.counters("absent") == {}
 
 
+def test_reset_counters_drops_one_functions_counters_but_the_kept_prefixes(store):
+    store.add_counters("fn", {"on_update_success": 4, "dlq_error": 2})
+    store.set_gauges("fn", {"throughput_mps": 3.0})
+    store.add_counters("other", {"on_update_success": 1})
+    store.reset_counters("fn", keep_prefixes=("dlq_",))
+    assert store.counters("fn") == {"dlq_error": 2}
+    assert store.counters("other") == {"on_update_success": 1}
+    store.add_counters("fn", {"on_update_success": 1})  # counting starts again from zero
+    assert store.counters("fn") == {"dlq_error": 2, "on_update_success": 1}
+    store.reset_counters("fn")
+    store.reset_counters("absent")
+    assert store.counters("fn") == {} and store.counters("absent") == {}
+
+
 def test_racing_counter_adds_lose_nothing(backend):
     stores = [backend.open(), backend.open()]
     barrier = threading.Barrier(2)
