@@ -33,10 +33,13 @@ import types
 from collections.abc import Mapping
 from typing import Any
 
+import msgspec
+
 from eventing import handler as handler_api
 from eventing.errors import HandlerLoadError
 from eventing.execution.context import CallContext
 from eventing.execution.js_prelude import PRELUDE
+from eventing.execution.runner import HandlerTimeout
 
 ENTRY_POINTS = {"OnUpdate": "on_update", "OnDelete": "on_delete", "OnDeploy": "on_deploy"}
 WATCH_TICK_S = 0.005  # how often the watchdog looks at the call in flight
@@ -88,6 +91,8 @@ class _V8:
 
 
 _v8: _V8 | None = None
+_entered: list[Any] = [None]  # the context left entered after its last call (entering costs ~1 us a call)
+_encode = msgspec.json.Encoder().encode  # documents as JSON text: ~20x faster than json.dumps
 _handlers: dict[int, JsHandler] = {}  # id -> handler, for the interrupt callback
 
 
@@ -265,44 +270,44 @@ class JsHandler:
 
     def run(self, script: Any, text: str) -> None:
         """Run `script` with `__in` = text; raise HandlerTimeout, JavaScriptMemoryError or JavaScriptError."""
-        from eventing.execution.runner import HandlerTimeout
-
         cc = self.call_context
         now = time.monotonic()
         deadline = cc.deadline if cc is not None and cc.active else now + self.timeout_s
         ctx, set_in = self.ctx, setattr
-        ctx.enter()
+        if _entered[0] is not ctx:  # another handler's context was left entered: switch
+            if _entered[0] is not None:
+                _entered[0].leave()
+                _entered[0] = None
+            ctx.enter()
+            _entered[0] = ctx
+        with self.lock:
+            self.stopped = None
+            self.deadline, self.started, self.running = deadline, now, True
+        if self.watchdog is None:
+            self._start_watchdog()
+        set_in(self.locals, "__in", text)
         try:
-            with self.lock:
-                self.stopped = None
-                self.deadline, self.started, self.running = deadline, now, True
-            if self.watchdog is None:
-                self._start_watchdog()
-            set_in(self.locals, "__in", text)
-            try:
-                rc = script.run()
-            finally:
-                with self.lock:
-                    self.running = False
-                    stopped = self.stopped
-                if stopped is not None:
-                    self.v8.cancel(self.isolate)
-            self.calls += 1
-            if stopped == "timeout":
-                raise HandlerTimeout()
-            if stopped == "memory":
-                self._collect()
-                raise JavaScriptMemoryError(
-                    f"RangeError: the JavaScript heap passed js_heap_limit_mb ({self.heap_limit >> 20} MiB); "
-                    "the call was stopped"
-                )
-            if rc != 0:
-                message, stack = json.loads(getattr(self.locals, "__err"))
-                raise JavaScriptError(message, stack)
-            if self.calls % GC_EVERY_CALLS == 0 and self.v8.used_heap(self.isolate) > self.heap_limit // 2:
-                self._collect()
+            rc = script.run()
         finally:
-            ctx.leave()
+            with self.lock:
+                self.running = False
+                stopped = self.stopped
+            if stopped is not None:
+                self.v8.cancel(self.isolate)
+        self.calls += 1
+        if stopped == "timeout":
+            raise HandlerTimeout()
+        if stopped == "memory":
+            self._collect()
+            raise JavaScriptMemoryError(
+                f"RangeError: the JavaScript heap passed js_heap_limit_mb ({self.heap_limit >> 20} MiB); "
+                "the call was stopped"
+            )
+        if rc != 0:
+            message, stack = json.loads(getattr(self.locals, "__err"))
+            raise JavaScriptError(message, stack)
+        if self.calls % GC_EVERY_CALLS == 0 and self.v8.used_heap(self.isolate) > self.heap_limit // 2:
+            self._collect()
 
     def invoke(self, name: str, args: tuple) -> None:
         self.run(self.call_script, json.dumps([name, *(_as_json(a) for a in args)]))
@@ -336,14 +341,15 @@ class JsHandler:
     def close(self) -> None:
         self.closed = True
         _handlers.pop(id(self), None)
+        if _entered[0] is self.ctx:
+            self.ctx.leave()
+            _entered[0] = None
 
     # -- host calls (from JavaScript, on the JavaScript thread) -------------------------------------------
 
     def guarded(self, fn: Any, *args: Any) -> Any:
         """A host call: its errors become text JavaScript throws; a timeout signalled inside it (the worker's
         SIGALRM watchdog) terminates the call, so no JavaScript catch can swallow it."""
-        from eventing.execution.runner import HandlerTimeout
-
         try:
             return fn(*args)
         except HandlerTimeout:
@@ -568,8 +574,9 @@ class JsOnUpdate(JsFunction):
         if cached is None or cached[0] is not ks:
             cached = self.keyspaces[id(ks)] = (ks, json.dumps(ks))
         text = (
-            f'[{json.dumps(doc)},{{"id":{json.dumps(meta.id)},"cas":"{meta.cas}","expiration":{meta.expiration},'
-            f'"flags":{meta.flags},"vb":{meta.vb},"seq":{meta.seq},"datatype":"json","keyspace":{cached[1]}}}]'
+            f'[{_encode(doc).decode()},{{"id":{_encode(meta.id).decode()},"cas":"{meta.cas}","expiration":'
+            f'{meta.expiration},"flags":{meta.flags},"vb":{meta.vb},"seq":{meta.seq},"datatype":"json",'
+            f'"keyspace":{cached[1]}}}]'
         )
         self.handler.run(self.handler.update_script, text)
 
