@@ -245,7 +245,8 @@ def _check_alias(kind: str, alias: Any, function: str) -> None:
 
 
 def parse_url_bindings(raw: Any, function: str) -> tuple[dict, ...]:
-    """Validate the definition's url_bindings (alias, url http(s), auth none|basic|bearer, verify_tls)."""
+    """Validate the definition's url_bindings (alias, url http(s), auth none|basic|bearer|digest, verify_tls,
+    allow_cookies)."""
     if not isinstance(raw, list | tuple):
         raise ConfigError(f"url_bindings of function '{function}' must be a list of objects")
     out = []
@@ -256,9 +257,14 @@ def parse_url_bindings(raw: Any, function: str) -> tuple[dict, ...]:
         scheme = urllib.parse.urlsplit(url).scheme if isinstance(url, str) else ""
         if scheme not in ("http", "https") or not urllib.parse.urlsplit(url).netloc:
             raise ConfigError(f"url binding '{alias}' of function '{function}' has url {url!r}; give http(s)://host[:port]/path")
-        if auth not in ("none", "basic", "bearer"):
-            raise ConfigError(f"url binding '{alias}' of function '{function}' has auth {auth!r}; use none, basic or bearer")
-        unknown = set(item) - {"alias", "url", "auth", "username", "password", "token", "verify_tls"}
+        if auth not in ("none", "basic", "bearer", "digest"):
+            raise ConfigError(
+                f"url binding '{alias}' of function '{function}' has auth {auth!r}; use none, basic, bearer or digest"
+            )
+        for flag in ("verify_tls", "allow_cookies"):
+            if flag in item and not isinstance(item[flag], bool):
+                raise ConfigError(f"{flag} of url binding '{alias}' of function '{function}' must be true or false")
+        unknown = set(item) - {"alias", "url", "auth", "username", "password", "token", "verify_tls", "allow_cookies"}
         if unknown:
             raise ConfigError(f"url binding '{alias}' of function '{function}' has unknown field(s) {', '.join(sorted(unknown))}")
         out.append(dict(item))

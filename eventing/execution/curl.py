@@ -9,6 +9,7 @@ sending meta.id and meta.seq and letting it ignore repeats.
 from __future__ import annotations
 
 import base64
+import http.cookiejar
 import json
 import ssl
 import urllib.error
@@ -30,11 +31,12 @@ class UrlBinding:
 
     alias: str
     url: str
-    auth: str = "none"  # none | basic | bearer
+    auth: str = "none"  # none | basic | bearer | digest
     username: str = ""
     password: str = ""
     token: str = ""
     verify_tls: bool = True
+    allow_cookies: bool = False  # keep the cookies the server sets and send them back (Couchbase's allow_cookies)
 
     def __repr__(self) -> str:
         return f"<url binding {self.alias} -> {self.url}>"
@@ -53,6 +55,8 @@ class CurlClient:
         self.bindings = {id(b): b for b in bindings}
         self.max_response_bytes = max_response_bytes
         self.ops: Counter[str] = Counter()  # curl_success_count, ... taken by the worker
+        # One cookie jar per binding that allows cookies, kept for the runner's life (Couchbase's session).
+        self.cookies = {id(b): http.cookiejar.CookieJar() for b in bindings if b.allow_cookies}
 
     def __call__(self, method: str, binding: Any, request: dict | None = None) -> CurlResponse:
         if not isinstance(method, str) or method.upper() not in METHODS:
@@ -95,6 +99,14 @@ class CurlClient:
             if not binding.verify_tls:
                 context.check_hostname = False
                 context.verify_mode = ssl.CERT_NONE
+        handlers: list[urllib.request.BaseHandler] = [urllib.request.HTTPSHandler(context=context)]
+        if binding.auth == "digest":  # answers the server's challenge (one more round trip, as curl does)
+            passwords = urllib.request.HTTPPasswordMgrWithDefaultRealm()
+            passwords.add_password(None, binding.url, binding.username, binding.password)
+            handlers.append(urllib.request.HTTPDigestAuthHandler(passwords))
+        if id(binding) in self.cookies:
+            handlers.append(urllib.request.HTTPCookieProcessor(self.cookies[id(binding)]))
+        opener = urllib.request.build_opener(*handlers)
         # The call counts against execution_timeout: it may take what is left of it, less a margin so the
         # handler sees a CurlError before the worker's watchdog abandons the whole call.
         left = self.context.remaining_s()
@@ -102,7 +114,7 @@ class CurlClient:
         req = urllib.request.Request(url, data=data, method=method, headers=headers)
         self.ops[f"curl_{method.lower()}_count"] += 1
         try:
-            with urllib.request.urlopen(req, timeout=max(0.05, left), context=context) as resp:  # noqa: S310 - bound URL
+            with opener.open(req, timeout=max(0.05, left)) as resp:  # noqa: S310 - bound URL
                 status, raw_headers, payload = resp.status, dict(resp.headers.items()), self._read(resp)
         except urllib.error.HTTPError as exc:
             status, raw_headers, payload = exc.code, dict(exc.headers.items()), self._read(exc)

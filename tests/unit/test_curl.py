@@ -3,7 +3,9 @@ size limit, execution_timeout, and calls being at least once (a retried handler 
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -161,6 +163,82 @@ def on_update(doc, meta):
 def test_bad_url_bindings_are_configuration_errors():
     with pytest.raises(ConfigError, match="has url 'ftp://x'"):
         FunctionDefinition.from_dict({"name": "f", "source_bucket": "src", "url_bindings": [{"alias": "a", "url": "ftp://x"}]})
-    with pytest.raises(ConfigError, match="auth 'digest'"):
+    with pytest.raises(ConfigError, match="auth 'ntlm'"):
         FunctionDefinition.from_dict({"name": "f", "source_bucket": "src",
-                                      "url_bindings": [{"alias": "a", "url": "http://x", "auth": "digest"}]})
+                                      "url_bindings": [{"alias": "a", "url": "http://x", "auth": "ntlm"}]})
+    with pytest.raises(ConfigError, match="allow_cookies of url binding 'a' .* must be true or false"):
+        FunctionDefinition.from_dict({"name": "f", "source_bucket": "src",
+                                      "url_bindings": [{"alias": "a", "url": "http://x", "allow_cookies": "yes"}]})
+
+
+class DigestAndCookies(BaseHTTPRequestHandler):
+    """/digest answers only a correct RFC 7616 (MD5, qop=auth) response to its challenge; /cookie sets a
+    session cookie and echoes the Cookie header it got."""
+
+    REALM, NONCE, USER, PASSWORD = "api", "n0nce", "ada", "s3cret"
+
+    def do_GET(self) -> None:
+        if self.path.startswith("/v1/digest"):
+            fields = dict(re.findall(r'(\w+)="?([^",]*)"?', self.headers.get("Authorization", "")[len("Digest "):]))
+
+            def md5(text: str) -> str:
+                return hashlib.md5(text.encode()).hexdigest()  # noqa: S324 - the digest scheme's hash
+
+            ha1 = md5(f"{self.USER}:{self.REALM}:{self.PASSWORD}")
+            expected = md5(f"{ha1}:{self.NONCE}:{fields.get('nc')}:{fields.get('cnonce')}:auth:"
+                           f"{md5('GET:' + fields.get('uri', ''))}")
+            if fields.get("response") != expected:
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", f'Digest realm="{self.REALM}", nonce="{self.NONCE}", qop="auth", '
+                                                      'algorithm=MD5')
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            payload = json.dumps({"user": fields.get("username")}).encode()
+        else:
+            payload = json.dumps({"cookie": self.headers.get("Cookie")}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Set-Cookie", "session=s1; Path=/")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def test_digest_auth_and_cookies_as_couchbase_url_bindings_have_them(data_dir):
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), DigestAndCookies)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    try:
+        source = LocalBucket.create(data_dir, "src")
+        defn = FunctionDefinition.from_dict({
+            "name": "fn_curl", "source_bucket": "src", "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}],
+            "url_bindings": [
+                {"alias": "secured", "url": url, "auth": "digest", "username": "ada", "password": "s3cret"},
+                {"alias": "wrong", "url": url, "auth": "digest", "username": "ada", "password": "nope"},
+                {"alias": "session", "url": url, "allow_cookies": True},
+                {"alias": "plain", "url": url},
+            ]})
+        handler = '''
+def on_update(doc, meta):
+    dst[meta.id] = {
+        "digest": [curl("GET", secured, {"path": "/digest"}).body, curl("GET", wrong, {"path": "/digest"}).status],
+        "session": [curl("GET", session, {"path": "/cookie"}).body["cookie"],
+                    curl("GET", session, {"path": "/cookie"}).body["cookie"]],
+        "plain": [curl("GET", plain, {"path": "/cookie"}).body["cookie"],
+                  curl("GET", plain, {"path": "/cookie"}).body["cookie"]],
+    }
+'''
+        deploy_function(data_dir, defn, handler)
+        source.upsert("a", {"n": 1})
+        EventingService(data_dir, InProcessExecutor(), until_caught_up=True).run()
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    got = LocalBucket.open(data_dir, "dst").get("a")
+    assert got["digest"] == [{"user": "ada"}, 401]
+    assert got["session"] == [None, "session=s1"]  # the cookie set by the first call goes back on the second
+    assert got["plain"] == [None, None]  # cookies are not kept unless the binding allows them
