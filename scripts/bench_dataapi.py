@@ -1,8 +1,13 @@
 """Data API throughput against a real `eventing serve` on 127.0.0.1: single-document PUTs from N keep-alive
-clients (threads, one httpx.Client each), then the bulk load (POST /api/v1/keyspaces/K/load) against
-`eventing bucket load --file` of the same JSON lines, in the same run. The last line is JSON.
+connections, then the bulk load (POST /api/v1/keyspaces/K/load) against `eventing bucket load --file` of
+the same JSON lines, in the same run. The last line is JSON.
 
-    .venv/bin/python scripts/bench_dataapi.py [--clients 16] [--seconds 10] [--rows 200000]
+The PUTs come from `wrk` (2 threads, N connections, a Lua script making each request's key and body) when
+it is installed (Debian: `apt-get install wrk`), since it costs the shared cores little; otherwise, or with
+`--client python`, from N Python threads with one keep-alive httpx.Client each (which take a large share of
+the CPU themselves).
+
+    .venv/bin/python scripts/bench_dataapi.py [--clients 16] [--seconds 10] [--rows 200000] [--client auto|wrk|python]
 """
 
 from __future__ import annotations
@@ -74,12 +79,59 @@ def put_bench(base: str, clients: int, seconds: float) -> dict[str, float]:
             "docs_per_s": round(sum(counts) / elapsed)}
 
 
+WRK_SCRIPT = r"""
+local counter = 0
+function setup(thread)
+  thread:set("id", counter)
+  counter = counter + 1
+end
+function init(args)
+  n = 0
+  prefix = "/v1/buckets/bench/scopes/_default/collections/_default/documents/w" .. id .. "-"
+end
+request = function()
+  n = n + 1
+  return wrk.format("PUT", prefix .. n, {["Content-Type"] = "application/json"},
+    '{"n": ' .. n .. ', "client": ' .. id .. ', "text": "a small document"}')
+end
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format('WRK {"requests": %d, "duration_us": %d, "non_2xx": %d, "socket_errors": %d, ' ..
+    '"p50_ms": %.2f, "p99_ms": %.2f}\n', summary.requests, summary.duration, e.status,
+    e.connect + e.read + e.write + e.timeout, latency:percentile(50) / 1000, latency:percentile(99) / 1000))
+end
+"""
+
+
+def put_bench_wrk(base: str, clients: int, seconds: float, work: Path) -> dict[str, float]:
+    """The same PUTs from wrk: keys w<thread>-<n>, one small JSON document each."""
+    script = work / "put.lua"
+    script.write_text(WRK_SCRIPT)
+    out = subprocess.run(["wrk", "-t2", f"-c{clients}", f"-d{max(1, round(seconds))}s", "-s", str(script), base + "/"],
+                         check=True, capture_output=True, text=True).stdout
+    line = next((ln for ln in out.splitlines() if ln.startswith("WRK ")), None)
+    if line is None:
+        raise SystemExit(f"wrk printed no summary:\n{out}")
+    got = json.loads(line[4:])
+    errors = got["non_2xx"] + got["socket_errors"]
+    elapsed = got["duration_us"] / 1e6
+    return {"docs": got["requests"] - errors, "errors": errors, "seconds": round(elapsed, 2),
+            "docs_per_s": round((got["requests"] - errors) / elapsed), "p50_ms": got["p50_ms"], "p99_ms": got["p99_ms"]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--rows", type=int, default=200_000)
+    ap.add_argument("--client", choices=("auto", "wrk", "python"), default="auto",
+                    help="who sends the PUTs: wrk when installed (auto), else Python threads")
     args = ap.parse_args()
+    client = args.client
+    if client == "auto":
+        client = "wrk" if shutil.which("wrk") else "python"
+    elif client == "wrk" and not shutil.which("wrk"):
+        raise SystemExit("wrk is not installed (Debian: apt-get install wrk); use --client python")
     work = Path(tempfile.mkdtemp(prefix="bench-dataapi-"))
     data = work / "data"
     env = {**os.environ, "EVENTING_ADMIN_TOKEN": "", "EVENTING_READ_TOKEN": ""}
@@ -96,8 +148,11 @@ def main() -> None:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_up(base, proc)
-        put = put_bench(base, args.clients, args.seconds)
-        print(f"PUT from {args.clients} clients: {put}", file=sys.stderr)
+        if client == "wrk":
+            put = put_bench_wrk(base, args.clients, args.seconds, work)
+        else:
+            put = put_bench(base, args.clients, args.seconds)
+        print(f"PUT from {args.clients} {client} clients: {put}", file=sys.stderr)
 
         def chunks():
             with open(lines, "rb") as f:
@@ -116,7 +171,7 @@ def main() -> None:
                    env=env, stdout=subprocess.DEVNULL)
     cli_s = time.monotonic() - t0
     result = {
-        "clients": args.clients, "docs_per_s": put["docs_per_s"], "put_errors": put["errors"], "rows": args.rows,
+        "client": client, "clients": args.clients, "docs_per_s": put["docs_per_s"], "put_errors": put["errors"], "rows": args.rows,
         "bulk_http_rows_per_s": round(args.rows / http_s), "bucket_load_rows_per_s": round(args.rows / cli_s),
         "bulk_vs_bucket_load": round(cli_s / http_s, 2),
     }

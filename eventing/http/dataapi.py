@@ -22,18 +22,22 @@ and the answer says which line and how many rows before it were committed.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import email.utils
 import functools
 import json
+import logging
 import os
+import queue
 import re
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import unquote_to_bytes
 
 import anyio
@@ -47,7 +51,7 @@ from eventing.core.mutation import MAX_DOCUMENT_BYTES, OP_DELETE, OP_UPDATE, dec
 from eventing.errors import ConfigError, EventingError, InvalidKeyError, NotFoundError, StoreLockedError
 from eventing.http.auth import ServerConfig, presented_token, role_of
 from eventing.ops.jsonl import rows_of_lines
-from eventing.storage.bucket import StoredDocument, Write, bucket_path
+from eventing.storage.bucket import Changed, StoredDocument, Write, bucket_path
 from eventing.storage.factory import open_bucket
 from eventing.storage.keyspace import Collection, parse_keyspace
 from eventing.storage.protocol import FileBucket
@@ -56,6 +60,7 @@ MAX_BODY_BYTES = 20 * 1024 * 1024  # Couchbase's document limit; a larger body i
 MAX_KEY_BYTES = 250
 MAX_LINE_BYTES = 2 * MAX_DOCUMENT_BYTES  # one JSON line of the bulk load (a document and its key)
 LOAD_BATCH_LINES = 20_000
+MAX_GROUP = 256  # document requests of one bucket answered in one turn (their writes: one transaction)
 # Couchbase's common flags: the document's format in the top byte.
 FLAGS_JSON = 0x02000000
 FLAGS_BINARY = 0x03000000
@@ -70,6 +75,7 @@ _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
 _UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _HEX = re.compile(r"^[0-9a-fA-F]{1,16}$")
 _json_decode = msgspec.json.decode
+log = logging.getLogger(__name__)
 _pack = msgspec.msgpack.encode
 
 
@@ -119,6 +125,7 @@ class Buckets:
     def __init__(self, data_dir: str):
         self.data_dir = data_dir
         self._open: dict[str, _Open] = {}
+        self._turns: dict[str, _Turns] = {}
         self._guard = threading.Lock()
 
     def get(self, name: str) -> _Open:
@@ -168,11 +175,126 @@ class Buckets:
         with opened.lock:
             return fn(self.collection(opened, ks))
 
+    def submit(self, req: DocRequest) -> asyncio.Future[Answer]:
+        """Queue a document request for its bucket's thread; the future holds its answer (or the ApiError
+        to answer), set once its write is committed."""
+        future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
+        with self._guard:
+            turns = self._turns.get(req.ks.bucket)
+            if turns is None:
+                turns = self._turns[req.ks.bucket] = _Turns(self, req.ks.bucket)
+        turns.queue.put((req, future))
+        return future
+
     def close(self) -> None:
         with self._guard:
+            for turns in self._turns.values():
+                turns.queue.put(None)
+            self._turns.clear()
             for opened in self._open.values():
-                opened.bucket.close()
+                with opened.lock:
+                    opened.bucket.close()
             self._open.clear()
+
+
+class _Turns:
+    """One bucket's request thread: it takes every document request queued since its last turn (up to
+    MAX_GROUP), answers the reads, and makes the writes in one transaction (a group commit: one commit
+    for many concurrent writers, FileBucket.change_documents), each checked against the document as the
+    writes before it left it; each request is answered only once that transaction has committed."""
+
+    def __init__(self, buckets: Buckets, name: str):
+        self.buckets, self.name = buckets, name
+        self.queue: queue.SimpleQueue[tuple[DocRequest, asyncio.Future[Answer]] | None] = queue.SimpleQueue()
+        threading.Thread(target=self._serve, name=f"dataapi-{name}", daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            first = self.queue.get()
+            if first is None:
+                return
+            group = [first]
+            while len(group) < MAX_GROUP:
+                try:
+                    item = self.queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    self.queue.put(None)  # stop after this group
+                    break
+                group.append(item)
+            try:
+                answers = self._answer([req for req, _ in group])
+            except Exception as exc:  # the bucket could not be opened, or the commit failed: all alike
+                answers = [exc] * len(group)
+            by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Answer], Answer | Exception]]] = {}
+            for (_, future), answer in zip(group, answers, strict=True):
+                by_loop.setdefault(future.get_loop(), []).append((future, answer))
+            for loop, settled in by_loop.items():
+                try:
+                    loop.call_soon_threadsafe(_settle, settled)
+                except RuntimeError:
+                    pass  # that event loop is closed: nobody waits for these answers
+
+    def _answer(self, reqs: list[DocRequest]) -> list[Answer | Exception]:
+        opened = self.buckets.get(self.name)
+        with opened.lock:
+            collections: dict[Keyspace, Collection] = {}
+            planned: list[Answer | Change | Exception] = []
+            for req in reqs:
+                try:
+                    coll = collections.get(req.ks)
+                    if coll is None:
+                        coll = collections[req.ks] = self.buckets.collection(opened, req.ks)
+                    planned.append(plan_op(coll, req))
+                except Exception as exc:
+                    planned.append(_api_error(exc))
+            changes = [(p.key, p.change) for p in planned if isinstance(p, Change)]
+            done: list[Changed | Exception] = []
+            if changes:
+                try:
+                    done = opened.bucket.change_documents(changes)
+                except Exception as exc:
+                    if len(changes) == 1 or isinstance(exc, StoreLockedError):
+                        raise
+                    # one write the store refused fails the transaction: make each on its own
+                    done = []
+                    for change in changes:
+                        try:
+                            done += opened.bucket.change_documents([change])
+                        except Exception as one:
+                            done.append(one)
+        results = iter(done)
+        answers: list[Answer | Exception] = []
+        for p in planned:
+            if isinstance(p, Change):
+                result = next(results)
+                try:
+                    answers.append(p.answer(result) if isinstance(result, Changed) else _api_error(result))
+                except Exception as exc:
+                    answers.append(_api_error(exc))
+            else:
+                answers.append(p)
+        return answers
+
+
+def _api_error(exc: Exception) -> Exception:
+    """What to answer for an exception of a document request: the store's refusals as 400."""
+    if isinstance(exc, InvalidKeyError):
+        return bad(f"{exc}")
+    if isinstance(exc, EventingError) and not isinstance(exc, StoreLockedError):
+        return bad(f"{exc}")  # e.g. a document over the size limit
+    return exc
+
+
+def _settle(settled: list[tuple[asyncio.Future[Answer], Answer | Exception]]) -> None:
+    for future, answer in settled:
+        if future.done():
+            continue  # the request was cancelled (its client went away); its write stands
+        if isinstance(answer, Exception):
+            future.set_exception(answer)
+        else:
+            future.set_result(answer)
 
 
 # -- documents: bodies, flags, headers ---------------------------------------------------------------------
@@ -367,11 +489,34 @@ def _counter_value(doc: StoredDocument, req: DocRequest) -> int:
     return int(text)
 
 
-# -- the operations (each in a request thread, under the bucket's lock) ------------------------------------
+# -- the operations (on the bucket's request thread, under the bucket's lock) ------------------------------
+
+Answer = tuple[int, dict[str, str], bytes, str | None]  # status, headers, body, content type
 
 
-def document_op(coll: Collection, req: DocRequest) -> tuple[int, dict[str, str], bytes, str | None]:
-    """(status, headers, body, content type) of one document request."""
+class Change(NamedTuple):
+    """A write planned by `plan_op`, made in the bucket's next group commit (FileBucket.change_documents):
+    the stored key, the check-and-set to run against the document as it is then, and the answer to give
+    once that transaction has committed."""
+
+    key: str
+    change: Callable[[StoredDocument | None], Write | None]
+    answer: Callable[[Changed], Answer]
+
+
+def mutation_token(req: DocRequest, bucket_uuid: str, done: Changed) -> str:
+    """Couchbase's `X-CB-MutationToken`, BUCKET:VB:VBUUID:SEQNO: the bucket's uuid (new when the bucket is
+    re-created or flushed) stands for the vBucket's."""
+    try:
+        vbuuid = int(bucket_uuid[:8], 16)
+    except ValueError:
+        vbuuid = zlib.crc32(bucket_uuid.encode())
+    return f"{req.ks.bucket}:{done.vb}:{vbuuid:08x}:{done.seqno}"
+
+
+def plan_op(coll: Collection, req: DocRequest) -> Answer | Change:
+    """A read's answer, or the write to make for a document request (its checks, and its answer once
+    committed). Raises ApiError for a request refused before the write."""
     now = time.time()
     stored = coll.stored(req.key)
     h = req.headers
@@ -387,6 +532,10 @@ def document_op(coll: Collection, req: DocRequest) -> tuple[int, dict[str, str],
                   f"{', '.join(sorted(DURABILITY_LEVELS))}")
     cas = parse_cas(h.get("if-match")) if h.get("if-match", "").strip() != "*" else None
     any_version = h.get("if-match", "").strip() == "*"
+    bucket_uuid = str(coll.bucket.uuid)
+
+    def written(done: Changed) -> Answer:
+        return 200, {"ETag": etag(done.cas), "X-CB-MutationToken": mutation_token(req, bucket_uuid, done)}, b"", None
 
     if req.op == "":
         if req.method == "DELETE":
@@ -398,8 +547,7 @@ def document_op(coll: Collection, req: DocRequest) -> tuple[int, dict[str, str],
                     raise req.cas_mismatch()
                 return Write(stored, OP_DELETE)
 
-            coll.change(req.key, remove)
-            return 200, {}, b"", None
+            return Change(stored, remove, written)
         encoding = h.get("content-encoding")
         if encoding is not None and encoding.strip().lower() not in ("identity", ""):
             raise bad(f"Content-Encoding '{encoding[:40]}' is not supported; send the document uncompressed (identity)")
@@ -424,9 +572,7 @@ def document_op(coll: Collection, req: DocRequest) -> tuple[int, dict[str, str],
             keep = cur.expiry if (cur is not None and expiry is None) else (expiry or 0)
             return Write(stored, OP_UPDATE, data, keep, flags)
 
-        after = coll.change(req.key, put)
-        assert after is not None
-        return 200, {"ETag": etag(after.cas)}, b"", None
+        return Change(stored, put, written)
 
     if req.op in ("append", "prepend"):
         if not req.body:
@@ -445,9 +591,7 @@ def document_op(coll: Collection, req: DocRequest) -> tuple[int, dict[str, str],
                                f"{MAX_BODY_BYTES:,} bytes in {req.where}", req.resource)
             return Write(stored, OP_UPDATE, stored_body(raw, cur.flags, False), cur.expiry, cur.flags)
 
-        after = coll.change(req.key, extend)
-        assert after is not None
-        return 200, {"ETag": etag(after.cas)}, b"", None
+        return Change(stored, extend, written)
 
     if req.op in ("increment", "decrement"):
         body = req.json_body() or {}
@@ -472,9 +616,11 @@ def document_op(coll: Collection, req: DocRequest) -> tuple[int, dict[str, str],
             result[:] = [value]
             return Write(stored, OP_UPDATE, encode_document(str(value).encode()), cur.expiry, cur.flags)
 
-        after = coll.change(req.key, count)
-        assert after is not None
-        return 200, {"ETag": etag(after.cas)}, str(result[0]).encode(), "application/json"
+        def counted(done: Changed) -> Answer:
+            _, headers, _, _ = written(done)
+            return 200, headers, str(result[0]).encode(), "application/json"
+
+        return Change(stored, count, counted)
 
     # touch
     touch_body = req.json_body()
@@ -493,12 +639,14 @@ def document_op(coll: Collection, req: DocRequest) -> tuple[int, dict[str, str],
             raise req.missing()
         return Write(stored, OP_UPDATE, cur.doc, new_expiry, cur.flags)
 
-    after = coll.change(req.key, touch)
-    assert after is not None
-    if not give:
-        return 204, {"ETag": etag(after.cas)}, b"", None
-    status, headers, raw, ctype = _content(req, decode_document(after.doc), after.cas, 0, after.flags)
-    return status, headers, raw, ctype
+    def touched(done: Changed) -> Answer:
+        after = done.after
+        assert after is not None
+        if not give:
+            return 204, {"ETag": etag(after.cas)}, b"", None
+        return _content(req, decode_document(after.doc), after.cas, 0, after.flags)
+
+    return Change(stored, touch, touched)
 
 
 def _content(req: DocRequest, value: Any, cas: int, expiry: int, flags: int) -> tuple[int, dict[str, str], bytes, str]:
@@ -566,6 +714,11 @@ class DataApi:
         except StoreLockedError as exc:
             status, headers, ctype = 503, {}, "application/json"
             body = json.dumps({"code": "UnderlyingServiceUnavailable", "message": f"{exc}"}).encode()
+        except Exception as exc:  # a fault of this server: still the Data API's error shape
+            log.exception("Data API: %s %s failed", scope["method"], scope["path"])
+            status, headers, ctype = 500, {}, "application/json"
+            body = json.dumps({"code": "Internal", "message": f"An internal error occurred ({type(exc).__name__}); "
+                               "the server log has the details"}).encode()
         await respond(send, status, headers, body, ctype)
 
     async def dispatch(self, scope: Scope, receive: Receive) -> tuple[int, dict[str, str], bytes, str | None]:
@@ -576,6 +729,12 @@ class DataApi:
         if segments[0] != b"v1":
             raise ApiError(404, "InvalidArgument", f"{scope['path']} is not served: the alpha Data API (locking, "
                            "sub-document operations) is not enabled on this server; see docs/data-api.md")
+        if segments[1:] == [b"openapi.json"]:  # no data in it: served to any caller
+            if method not in ("GET", "HEAD"):
+                raise _not_allowed(method, "GET")
+            from eventing.http.dataapi_openapi import dataapi_openapi
+
+            return 200, {}, (b"" if method == "HEAD" else json.dumps(dataapi_openapi()).encode()), "application/json"
         if segments[1:] == [b"callerIdentity"]:
             if method not in ("GET", "HEAD"):
                 raise _not_allowed(method, "GET")
@@ -604,19 +763,8 @@ class DataApi:
         body = await read_body(receive, headers)
         req = DocRequest(ks, key, "GET" if method == "HEAD" else method, op, headers,
                          scope.get("query_string", b"").decode("latin-1"), body)
-        status, out_headers, out, ctype = await anyio.to_thread.run_sync(self._run, req)
+        status, out_headers, out, ctype = await self.buckets.submit(req)
         return status, out_headers, (b"" if method == "HEAD" else out), ctype
-
-    def _run(self, req: DocRequest) -> tuple[int, dict[str, str], bytes, str | None]:
-        try:
-            result: tuple[int, dict[str, str], bytes, str | None] = self.buckets.run(req.ks, lambda c: document_op(c, req))
-            return result
-        except InvalidKeyError as exc:
-            raise bad(f"{exc}") from None
-        except EventingError as exc:  # e.g. a document over the size limit
-            if isinstance(exc, StoreLockedError):
-                raise
-            raise bad(f"{exc}") from None
 
     def check(self, headers: dict[str, str], permission: str, ks: Keyspace | None) -> str:
         """The caller's name if it may read (`data.read`) or write (`data.write`) the documents of `ks`, else

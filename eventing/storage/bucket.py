@@ -111,6 +111,16 @@ class StoredDocument(NamedTuple):
     seqno: int
 
 
+class Changed(NamedTuple):
+    """One document's outcome in change_documents: its live version afterwards (None: none) and, when a
+    write was logged (a delete too), that write's cas, vBucket and seqno (else 0)."""
+
+    after: StoredDocument | None
+    cas: int = 0
+    vb: int = 0
+    seqno: int = 0
+
+
 class Write(NamedTuple):
     """One document write: an upsert (doc is msgpack bytes) or a delete (doc is None).
 
@@ -459,6 +469,41 @@ class LocalBucket:
                 return None
             cas = self._db.execute("SELECT cas FROM docs WHERE key=?", (key,)).fetchone()[0]
             return StoredDocument(key, write.doc or b"", cas, write.expiry, write.flags, *placed)
+
+        return _retry_locked(self.path, lambda: self._tx(body))
+
+    def change_documents(
+        self, changes: Sequence[tuple[str, Callable[[StoredDocument | None], Write | None]]], *, origin: str | None = None
+    ) -> list[Changed | Exception]:
+        """``change_document`` for many documents in one transaction (a group commit: one commit for the
+        concurrent writes of the Data API). Each change sees the document as the earlier ones in the list
+        left it; a change that raises writes nothing and its exception takes its place in the answer,
+        the others go on. Any other failure (SQLite, a write refused by ``_log``) fails them all."""
+
+        def body() -> list[Changed | Exception]:
+            db = self._db
+            out: list[Changed | Exception] = []
+            for key, change in changes:
+                row = db.execute(
+                    "SELECT doc, cas, expiry, flags, vb, seqno FROM docs WHERE key=? AND deleted=0", (key,)
+                ).fetchone()
+                current = None if row is None else StoredDocument(key, *row)
+                try:
+                    write = change(current)
+                except Exception as exc:  # this document's condition failed: the others go on
+                    out.append(exc)
+                    continue
+                if write is None:
+                    out.append(Changed(current))
+                    continue
+                placed = self._log(_items([write]), origin, None)[0]
+                if placed is None:  # a delete of nothing
+                    out.append(Changed(None))
+                    continue
+                cas = db.execute("SELECT cas FROM docs WHERE key=?", (key,)).fetchone()[0]
+                after = StoredDocument(key, write.doc or b"", cas, write.expiry, write.flags, *placed)
+                out.append(Changed(after if write.op == OP_UPDATE else None, cas, *placed))
+            return out
 
         return _retry_locked(self.path, lambda: self._tx(body))
 

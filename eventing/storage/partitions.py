@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Self
 from eventing.core.keyspaces import COLLECTION_MARK, vbucket_of_stored
 from eventing.core.mutation import Mutation, decode_document
 from eventing.storage.bucket import (
+    Changed,
     EffectGroup,
     EffectResult,
     LocalBucket,
@@ -244,6 +245,21 @@ class PartitionedBucket:
         self, key: str, change: Callable[[StoredDocument | None], Write | None], *, origin: str | None = None
     ) -> StoredDocument | None:
         return self._part_of_key(key).change_document(key, change, origin=origin)
+
+    def change_documents(
+        self, changes: Sequence[tuple[str, Callable[[StoredDocument | None], Write | None]]], *, origin: str | None = None
+    ) -> list[Changed | Exception]:
+        """One transaction in each partition the changes touch (see LocalBucket.change_documents)."""
+        groups: dict[int, tuple[LocalBucket, list[int]]] = {}
+        for i, (key, _) in enumerate(changes):
+            part = self._part_of_key(key)
+            groups.setdefault(id(part), (part, []))[1].append(i)
+        out: list[Changed | Exception] = [Changed(None)] * len(changes)
+        for part, positions in groups.values():
+            done = part.change_documents([changes[i] for i in positions], origin=origin)
+            for i, result in zip(positions, done, strict=True):
+                out[i] = result
+        return out
 
     # The collection registry lives in the main file (partition 0); documents in the partition of their vBucket.
     def collections(self) -> dict[tuple[str, str], int]:

@@ -26,7 +26,14 @@ from typing import TYPE_CHECKING, Protocol, Self
 from eventing.core.mutation import Mutation
 
 if TYPE_CHECKING:
-    from eventing.storage.bucket import EffectGroup, EffectResult, PackedUpdates, StoredDocument, Write
+    from eventing.storage.bucket import (
+        Changed,
+        EffectGroup,
+        EffectResult,
+        PackedUpdates,
+        StoredDocument,
+        Write,
+    )
 
 Run = tuple[int, int, int]  # (vb, after_seqno, limit): a run of one vBucket's log to read
 
@@ -126,3 +133,6 @@ class FileBucket(Bucket, Protocol):
     def change_document(
         self, key: str, change: Callable[[StoredDocument | None], Write | None], *, origin: str | None = None
     ) -> StoredDocument | None: ...
+    def change_documents(
+        self, changes: Sequence[tuple[str, Callable[[StoredDocument | None], Write | None]]], *, origin: str | None = None
+    ) -> list[Changed | Exception]: ...

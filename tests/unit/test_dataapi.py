@@ -268,3 +268,40 @@ def test_a_write_through_the_api_is_a_mutation_a_deployed_function_handles(data_
     ev.run(until_caught_up=True)
     with open_keyspace(data_dir, "out") as out:
         assert out.get("a") == {"seen": {"n": 1}} and out.get("b") == {"seen": {"n": 2}}
+
+
+def test_concurrent_writes_share_a_commit_and_each_condition_sees_the_writes_before_it(api):
+    async def race() -> tuple[list[httpx.Response], list[httpx.Response], list[httpx.Response]]:
+        transport = httpx.ASGITransport(app=api.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8096") as c:
+            created = await asyncio.gather(*(c.post(f"{D}/race", json={"n": i}) for i in range(12)))
+            tag = next(r.headers["etag"] for r in created if r.status_code == 200)
+            replaced = await asyncio.gather(*(c.put(f"{D}/race", json={"r": i}, headers={"If-Match": tag})
+                                              for i in range(12)))
+            many = await asyncio.gather(*(c.put(f"{D}/m{i}", json={"m": i}) for i in range(30)))
+            return created, replaced, many
+
+    created, replaced, many = asyncio.run(race())
+    assert sorted(r.status_code for r in created) == [200] + [409] * 11  # one create wins, the others see it
+    assert all(r.json()["code"] == "DocumentExists" for r in created if r.status_code == 409)
+    assert sorted(r.status_code for r in replaced) == [200] + [409] * 11  # one replace under that cas
+    assert all(r.json()["code"] == "CasMismatch" for r in replaced if r.status_code == 409)
+    winner = next(r for r in replaced if r.status_code == 200)
+    got = api("GET", f"{D}/race")
+    assert got.headers["etag"] == winner.headers["etag"] and "r" in got.json()
+    assert all(r.status_code == 200 for r in many) and len({r.headers["etag"] for r in many}) == 30
+    for i in (0, 29):
+        assert api("GET", f"{D}/m{i}").json() == {"m": i}
+
+
+def test_writes_answer_etag_and_mutation_token_and_a_delete_its_own_cas(api):
+    put = api("PUT", f"{D}/tok", json={"a": 1})
+    bucket, vb, vbuuid, seqno = put.headers["x-cb-mutationtoken"].split(":")
+    assert bucket == "shop" and vb.isdigit() and len(vbuuid) == 8 and int(vbuuid, 16) >= 0 and seqno.isdigit()
+    gone = api("DELETE", f"{D}/tok", headers={"If-Match": put.headers["etag"]})
+    assert gone.status_code == 200 and gone.content == b""
+    assert int(gone.headers["etag"], 16) > int(put.headers["etag"], 16)  # the delete's cas, not the old one
+    _, dvb, dvbuuid, dseqno = gone.headers["x-cb-mutationtoken"].split(":")
+    assert (dvb, dvbuuid) == (vb, vbuuid) and int(dseqno) == int(seqno) + 1
+    counted = api("POST", f"{D}/counter/increment", json={"initial": 5})
+    assert counted.status_code == 200 and counted.json() == 5 and counted.headers["x-cb-mutationtoken"].startswith("shop:")

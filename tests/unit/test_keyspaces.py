@@ -85,6 +85,39 @@ def test_change_document_checks_and_writes_in_one_transaction(data_dir):
         assert coll.change("doc", lambda current: None) == made  # nothing to write: the version as it is
 
 
+@pytest.mark.parametrize("partitions", [1, 4])
+def test_change_documents_commits_a_group_each_change_seeing_the_ones_before(data_dir, partitions):
+    from eventing.core.mutation import OP_DELETE
+    from eventing.storage.bucket import Changed
+
+    create_bucket(data_dir, "b", partitions=partitions).close()
+    with open_keyspace(data_dir, "b") as coll:
+        bucket = coll.bucket
+
+        def insert(key, value):
+            def change(current):
+                if current is not None:
+                    raise ConfigError(f"{key} exists")
+                return Write(key, OP_UPDATE, encode_document({"v": value}), 0, value)
+            return key, change
+
+        def remove(key):
+            return key, lambda current: None if current is None else Write(key, OP_DELETE)
+
+        commits = sum(part._commits for part in getattr(bucket, "parts", [bucket]))
+        out = bucket.change_documents([insert("a", 1), insert("a", 2), insert("k1", 3), remove("a"), remove("nope")])
+        # one transaction in each file the keys live in (one file when unpartitioned)
+        files = {id(bucket._part_of_key(k)) for k in ("a", "k1", "nope")} if partitions > 1 else {0}
+        assert sum(part._commits for part in getattr(bucket, "parts", [bucket])) == commits + len(files)
+        first, second, third, deleted, nothing = out
+        assert isinstance(first, Changed) and first.after is not None and first.after.flags == 1
+        assert isinstance(second, ConfigError) and "a exists" in str(second)  # saw the first insert
+        assert isinstance(third, Changed) and coll.get("k1") == {"v": 3} and third.cas == coll.get_doc("k1")[1]
+        assert isinstance(deleted, Changed) and deleted.after is None and deleted.cas > first.cas
+        assert deleted.seqno > first.seqno and deleted.vb == first.vb  # the delete is a write of its own
+        assert nothing == Changed(None) and coll.get("a") is None
+
+
 KEYSPACE_HANDLER = '''
 def on_update(doc, meta):
     ks = meta.keyspace
