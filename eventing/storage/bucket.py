@@ -25,6 +25,7 @@ import sqlite3
 import threading
 import time
 import uuid
+import weakref
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -198,7 +199,7 @@ class LocalBucket:
         self.name = name
         self._db = db
         self._closed = False
-        _connections_opened(path)  # before any read: a failing read still closes
+        _connections_opened(self)  # before any read: a failing read still closes
         self.uuid = self._info("uuid")
         # Cached high seqnos and the (data_version, own commits) they were read at: SQLite's data_version
         # counts other connections' commits, _commits this connection's.
@@ -287,7 +288,7 @@ class LocalBucket:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
-            _connections_closed(self.path)
+            _connections_closed(self)
         self._db.close()
 
     def checkpoint_wal(self) -> None:
@@ -1150,22 +1151,23 @@ def bucket_name_of(path: Path) -> str:
 # which the kernel drops when the process closes *any* descriptor of the file: reading a file's header with
 # open() while one of our own connections holds it left that connection without its locks (another
 # process then checkpointed and reset the WAL under it, and a running service stopped seeing new writes).
-_open_connections: dict[Path, int] = {}
+# Held weakly: a bucket dropped without close() closes its connection when collected, and counts no more.
+_open_connections: dict[Path, weakref.WeakSet[LocalBucket]] = {}
 _open_lock = threading.Lock()
 
 
-def _connections_opened(path: Path) -> None:
+def _connections_opened(bucket: LocalBucket) -> None:
     with _open_lock:
-        _open_connections[path] = _open_connections.get(path, 0) + 1
+        _open_connections.setdefault(bucket.path, weakref.WeakSet()).add(bucket)
 
 
-def _connections_closed(path: Path) -> None:
+def _connections_closed(bucket: LocalBucket) -> None:
     with _open_lock:
-        left = _open_connections.get(path, 0) - 1
-        if left > 0:
-            _open_connections[path] = left
-        else:
-            _open_connections.pop(path, None)
+        live = _open_connections.get(bucket.path)
+        if live is not None:
+            live.discard(bucket)
+            if not live:
+                del _open_connections[bucket.path]
 
 
 def header_problem(path: Path) -> str | None:
@@ -1174,7 +1176,7 @@ def header_problem(path: Path) -> str | None:
     database and a truncated one as zeros past the end, so a damaged bucket would look empty or partial.
     Not read while this process has a connection to the file (see _open_connections): SQLite's own checks
     and errors speak for it then."""
-    if _open_connections.get(path):
+    if _open_connections.get(path):  # a WeakSet: empty once its buckets were closed or collected
         return None
     try:
         size = path.stat().st_size
