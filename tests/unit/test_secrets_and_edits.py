@@ -117,7 +117,7 @@ def test_rest_reads_mask_secrets_for_every_role(saved, token):
 def test_export_with_secrets_is_for_the_admin_token_only(saved):
     with client(saved, READ) as c:
         r = c.get("/api/v1/export?name=fn_api&secrets=true")
-        assert r.status_code == 403 and "needs the admin token" in r.json()["error"]
+        assert r.status_code == 403 and "may not read URL binding secrets in clear" in r.json()["error"]
         assert PASSWORD not in r.text
     with client(saved, ADMIN) as c:
         r = c.get("/api/v1/export?name=fn_api&secrets=true")
