@@ -12,6 +12,7 @@ import socket
 import threading
 import time
 import uuid
+from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +36,7 @@ from eventing.control.supervisor import FunctionSupervisor
 from eventing.core.definition import FunctionDefinition
 from eventing.errors import EventingError
 from eventing.execution.app_log import log_path
+from eventing.storage import wake
 from eventing.windows.runtime.host import WindowHost, WindowOptions
 from eventing.workers.executor import Executor
 from eventing.workers.worker import WorkerSpec
@@ -48,6 +50,9 @@ log = logging.getLogger("eventing.control.service")
 STATE_POLL_S = 0.5
 DEAD_LETTERS_EVERY_S = 1.0  # how often a run's dead-letter counts are read for its progress
 WARM_REFRESH_S = 5.0  # a standby checks this often which workers it would need
+# With nothing in flight, the loop blocks until a worker's next step is due, a write notification or
+# this long at most (the state poll, window coordinators and progress reports keep their pace).
+IDLE_BLOCK_S = 0.05
 
 
 @dataclass
@@ -146,6 +151,12 @@ class EventingService:
         self._last_growth: dict[str, tuple[int, float]] = {}
         self._busy_before: dict[str, float] = {}
         self._dlq_baseline: dict[str, dict[str, int]] = {}  # dead letters by reason when this run began
+        # Write notifications (eventing.storage.wake): committed writes in any process on this machine wake
+        # the caught-up workers owning their vBuckets. Not in until_caught_up mode (its targets are fixed),
+        # nor with EVENTING_WAKE=0 (the poll alone).
+        self.waker: wake.WakeListener | None = None
+        self.wakes: Counter[str] = Counter()  # notifications that woke a worker, by bucket
+        self.wake_log: deque[tuple[float, str, frozenset[int], int]] = deque(maxlen=256)  # (time, bucket, vbs, woken)
 
     def _info(self) -> str:
         return json.dumps({"pid": os.getpid(), "executor": self.executor.name, "role": self.role})
@@ -168,6 +179,11 @@ class EventingService:
             held.callback(self._keeper.finish)  # a clean stop frees the lease: a standby takes over at once
             self.executor.check_placements(Topology(self.store).placements())
             self.executor.serve(self.data_dir)  # the data service, for workers on nodes without the data directory
+            if not self.until_caught_up and wake.enabled():
+                waker = wake.WakeListener(self.data_dir)
+                if waker.start():
+                    self.waker = waker
+                    held.callback(waker.close)
             held.callback(lambda: self._report(time.monotonic() - start, final=True))
             held.callback(self.windows.close)
             held.callback(self._stop_all)
@@ -181,6 +197,7 @@ class EventingService:
             now = time.monotonic()
             if now - self._last_state_poll >= STATE_POLL_S:
                 self._sync_states()
+            self._apply_wakes()
             for sup in list(self.supervisors.values()):
                 sup.pump(timeout=0.05 / max(1, len(self.supervisors)))
                 if sup.error is not None:
@@ -206,6 +223,38 @@ class EventingService:
                 break
             if not self.supervisors:
                 self.stop_event.wait(0.1)
+            else:
+                self._idle_wait()
+
+    def _apply_wakes(self) -> None:
+        """Step now the workers whose vBuckets got writes since the last pass."""
+        if self.waker is None:
+            return
+        for bucket, vbs in self.waker.take().items():
+            woken = 0
+            for sup in self.supervisors.values():
+                if sup.defn.source_bucket == bucket:
+                    woken += sup.wake_vbuckets(vbs)
+            if woken:
+                self.wakes[bucket] += 1
+            self.wake_log.append((time.monotonic(), bucket, frozenset(vbs), woken))
+
+    def _idle_wait(self) -> None:
+        """With no call in flight, block until a worker's next step is due, a write notification arrives,
+        or the service is stopped, instead of going round the loop meanwhile."""
+        due = time.monotonic() + IDLE_BLOCK_S
+        for sup in self.supervisors.values():
+            until = sup.idle_until()
+            if until is None:
+                return  # the pump waits on the calls in flight
+            due = min(due, until)
+        delay = due - time.monotonic()
+        if delay <= 0:
+            return
+        if self.waker is not None:
+            self.waker.wait(delay)
+        else:
+            self.stop_event.wait(delay)
 
     def _stop_all(self) -> None:
         """Stop every running function at the end of the run: checkpointed, its workers ended."""
@@ -214,6 +263,8 @@ class EventingService:
 
     def stop(self) -> None:
         self.stop_event.set()
+        if self.waker is not None:
+            self.waker.interrupt()
 
     # -- leadership ---------------------------------------------------------------------------------
 
@@ -521,6 +572,7 @@ class EventingService:
             return
         if record.name not in self._dlq_baseline:
             self._dlq_baseline[record.name] = self._dead_letters(record.name)
+        sup.waking = self.waker is not None
         sup.start()
         self.supervisors[record.name] = sup
         progress = self._progress(record.name)

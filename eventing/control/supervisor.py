@@ -24,7 +24,10 @@ log = logging.getLogger("eventing.control.supervisor")
 # Outstanding step calls per worker. Two hide the ~0.7 ms Ray round trip; the bound on work in flight
 # is workers x CREDITS x batch_size mutations (credit-based flow control, as in Flink).
 CREDITS = 2
-IDLE_POLL_S = 0.05  # a caught-up worker is asked again after this long
+IDLE_POLL_S = 0.05  # a caught-up worker is asked again after this long (sooner when a write wakes it)
+# While a worker could be woken by a write (caught up, nothing in flight) and others have steps in flight,
+# the wait for those steps ends this soon, so the woken worker's step is not held up behind a long one.
+WAKE_WAIT_S = 0.005
 RESTART_BACKOFF_S = (0.2, 1.0, 2.0, 5.0)
 
 
@@ -45,6 +48,10 @@ class WorkerSlot:
     respawn_at: float | None = None  # a dead worker is started again at this time
     leaving: bool = False  # on a departing node: stopped once its vBuckets are handed over
     failed: bool = False  # on a node that was failed over: never called or started again
+    # A write to an owned vBucket was notified since the last step was sent: a step that then comes back
+    # having handled nothing may have looked before that write, so the worker is stepped again at once.
+    woken: bool = False
+    wakes: int = 0  # notifications that stepped this worker
 
 
 @dataclass
@@ -114,6 +121,8 @@ class FunctionSupervisor:
         self.after_release: Callable[[str, list[int]], None] | None = None
         self.after_claim: Callable[[str, list[int]], None] | None = None
         self._future_owner: dict[Any, str] = {}
+        self.waking = False  # the service listens for write notifications (wake_vbuckets)
+        self.wakes = 0  # notifications that stepped at least one of its workers
 
     def _add_slot(self, wid: str, node: str, vbuckets: list[int]) -> WorkerSlot:
         spec = WorkerSpec(
@@ -160,6 +169,37 @@ class FunctionSupervisor:
             slot.caught_up = False
             slot.next_step_at = 0.0
 
+    def wake_vbuckets(self, vbuckets: set[int]) -> int:
+        """Writes were committed to these vBuckets of the source bucket: step the workers owning them now
+        instead of at their next poll. Returns how many workers were woken."""
+        woken = 0
+        for slot in self.slots.values():
+            if vbuckets.isdisjoint(slot.spec.vbuckets):
+                continue
+            slot.woken = True
+            slot.next_step_at = 0.0
+            slot.wakes += 1
+            woken += 1
+        if woken:
+            self.wakes += 1
+        return woken
+
+    def idle_until(self) -> float | None:
+        """None while any call of this function is in flight (the pump waits on those); else the monotonic
+        time its next step is due (inf: none is), so the service can block until then or until woken."""
+        if self.handoff is not None and self.handoff.calls:
+            return None
+        due = float("inf")
+        for slot in self.slots.values():
+            if slot.starting is not None or slot.inflight:
+                return None
+            if slot.respawn_at is not None:
+                due = min(due, slot.respawn_at)
+            elif slot.ready and slot.handle is not None and slot.spec.vbuckets:
+                if not (self.until_caught_up and slot.caught_up):
+                    due = min(due, slot.next_step_at)
+        return due
+
     @property
     def backlog(self) -> int:
         return sum(s.backlog for s in self.slots.values())
@@ -180,6 +220,7 @@ class FunctionSupervisor:
             if self.until_caught_up and slot.caught_up:
                 continue
             while len(slot.inflight) < CREDITS and now >= slot.next_step_at:
+                slot.woken = False  # this step starts after every write notified so far
                 fut = slot.handle.call("step")
                 slot.inflight.append(fut)
                 self._future_owner[fut] = slot.spec.worker_id
@@ -188,6 +229,10 @@ class FunctionSupervisor:
         pending = [f for s in self.slots.values() for f in ([s.starting] if s.starting is not None else []) + s.inflight]
         if self.handoff is not None:
             pending.extend(self.handoff.calls)
+        if self.waking and pending and any(
+            s.ready and s.caught_up and not s.inflight and s.handle is not None for s in self.slots.values()
+        ):
+            timeout = min(timeout, WAKE_WAIT_S)
         before = self.handled
         for fut in self.executor.wait(pending, timeout):
             self._settle(fut)
@@ -230,7 +275,10 @@ class FunctionSupervisor:
         slot.backlog = report.backlog
         if report.fenced:
             log.warning("function %s worker %s lost %d vBuckets to a newer owner", self.name, wid, len(report.fenced))
-        if report.handled == 0 and not report.timers_fired:
+        if report.handled or report.timers_fired:
+            # Busy: step again at once, even if an earlier step of this worker came back empty meanwhile.
+            slot.next_step_at = 0.0
+        elif not slot.woken:
             slot.next_step_at = time.monotonic() + IDLE_POLL_S
 
     def _restart(self, slot: WorkerSlot, why: str) -> None:

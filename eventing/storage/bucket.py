@@ -37,7 +37,7 @@ from eventing.core.keyspaces import COLLECTION_MARK, vbucket_of_stored
 from eventing.core.mutation import OP_DELETE, OP_EXPIRE, OP_UPDATE, Mutation, decode_document, encode_document
 from eventing.core.names import check_bucket_name
 from eventing.errors import ConfigError, EventingError, NotFoundError, StoreCorruptError, StoreError
-from eventing.storage import write_turns
+from eventing.storage import wake, write_turns
 from eventing.storage.write_plan import Item, UpdatePlan
 from metadata.sqlite_io import retry_locked, run_transaction
 from sharding import NUM_VBUCKETS, validate_key
@@ -206,6 +206,10 @@ class LocalBucket:
         self._highs: list[int] = []
         self._highs_read_at: tuple[int, int] = (-1, -1)
         self._commits = 0
+        # vBuckets the current transaction logged writes in: once it commits, a running service is told
+        # (eventing.storage.wake), so the workers owning them need not wait for their next poll.
+        self._written: set[int] = set()
+        self._wake_path = wake.socket_path(wake.data_dir_of_bucket_file(path))
 
     # -- opening ------------------------------------------------------------------------------------
 
@@ -340,12 +344,18 @@ class LocalBucket:
         return _retry_locked(self.path, lambda: self._tx(lambda: self._log(items, origin, arrival_ms, plan)))
 
     def _tx(self, body):
+        written = self._written
+        written.clear()  # a retried transaction logs again
         with write_turns.turn(self.path):
             try:
-                return run_transaction(self._db, self.path, body, poll_lock_s=WRITE_LOCK_POLL_S)
+                result = run_transaction(self._db, self.path, body, poll_lock_s=WRITE_LOCK_POLL_S)
             finally:
                 self._commits += 1
                 write_turns.keep_wal_short(self._db, self.path)
+        if written:
+            wake.notify(self._wake_path, self.name, written)
+            written.clear()
+        return result
 
     def load_rows(self, rows: Sequence[tuple[str, int, bytes | None, int]], *, arrival_ms: int | None = None) -> int:
         """``write`` for imports (``bucket load``): rows are ``(key, op, doc, expiry)`` with keys already
@@ -410,6 +420,7 @@ class LocalBucket:
         db.executemany(f"INSERT INTO log({_LOG_COLUMNS}) VALUES(?,?,?,?,?,?,?,?,?,?)", log_rows)
         db.executemany("INSERT OR REPLACE INTO docs VALUES(?,?,?,?,?,?,?,?)", docs_rows)
         moved = sorted({row[0] for row in log_rows})
+        self._written.update(moved)
         db.executemany("UPDATE high SET seqno=?, arrival_ms=? WHERE vb=?", [(highs[vb], arrivals[vb], vb) for vb in moved])
 
     def _heads(self, vbs: set[int], arrival: int) -> tuple[dict[int, int], dict[int, int]]:
