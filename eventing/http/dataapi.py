@@ -23,8 +23,6 @@ and the answer says which line and how many rows before it were committed.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import email.utils
 import functools
 import json
@@ -49,7 +47,15 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from eventing.core.keyspaces import DEFAULT, Keyspace
 from eventing.core.mutation import MAX_DOCUMENT_BYTES, OP_DELETE, OP_UPDATE, decode_document, encode_document
 from eventing.errors import ConfigError, EventingError, InvalidKeyError, NotFoundError, StoreLockedError
-from eventing.http.auth import ServerConfig, presented_token, role_of
+from eventing.http.auth import (
+    AUTH_ERROR_SCOPE_KEY,
+    DATA_READ,
+    DATA_WRITE,
+    IDENTITY_SCOPE_KEY,
+    AuthError,
+    Identity,
+    ServerConfig,
+)
 from eventing.ops.jsonl import rows_of_lines
 from eventing.storage.bucket import Changed, StoredDocument, Write, bucket_path
 from eventing.storage.factory import open_bucket
@@ -738,7 +744,7 @@ class DataApi:
         if segments[1:] == [b"callerIdentity"]:
             if method not in ("GET", "HEAD"):
                 raise _not_allowed(method, "GET")
-            caller = self.check(headers, "data.read", None)
+            caller = self.check(scope, headers, DATA_READ, None)
             return 200, {}, json.dumps({"user": caller}).encode(), "application/json"
         if not (len(segments) in (9, 10) and segments[1] == b"buckets" and segments[3] == b"scopes"
                 and segments[5] == b"collections" and segments[7] == b"documents"):
@@ -756,7 +762,7 @@ class DataApi:
         if method not in allowed.split(", ") and not (method == "HEAD" and not op):
             raise _not_allowed(method, allowed)
         ks = Keyspace(bucket, scope_name, collection)
-        self.check(headers, "data.read" if method in ("GET", "HEAD") else "data.write", ks)
+        self.check(scope, headers, DATA_READ if method in ("GET", "HEAD") else DATA_WRITE, ks)
         key_bytes = len(key.encode())
         if not 1 <= key_bytes <= MAX_KEY_BYTES:
             raise bad(f"Length of document key '{key[:60]}' is {key_bytes} bytes; a key is 1 to {MAX_KEY_BYTES} bytes")
@@ -766,27 +772,31 @@ class DataApi:
         status, out_headers, out, ctype = await self.buckets.submit(req)
         return status, out_headers, (b"" if method == "HEAD" else out), ctype
 
-    def check(self, headers: dict[str, str], permission: str, ks: Keyspace | None) -> str:
+    def check(self, scope: Scope, headers: dict[str, str], permission: str, ks: Keyspace | None) -> str:
         """The caller's name if it may read (`data.read`) or write (`data.write`) the documents of `ks`, else
-        the Data API's 401 or 403. The one place document access is decided: today by the server's token
-        roles (read or admin token reads, the admin token writes; a server without tokens trusts local
-        callers); keyspace-scoped roles plug in here."""
-        authorization = headers.get("authorization")
-        token = presented_token(authorization)
-        role = role_of(self.config, token)
-        if role is None:
-            if token is None:
+        the Data API's 401 or 403. The guard (eventing.http.app) has authenticated the caller (tokens, or
+        users by HTTP Basic: eventing.http.auth); here its roles decide: data_reader / data_writer on the
+        keyspace (with * wildcards), ro_admin reads, admin reads and writes, a server without credentials
+        trusts local callers."""
+        refused: AuthError | None = scope.get(AUTH_ERROR_SCOPE_KEY)
+        identity: Identity | None = scope.get(IDENTITY_SCOPE_KEY)
+        if refused is not None or identity is None:
+            if not headers.get("authorization", "").strip():
                 raise ApiError(401, "Unauthorized", "You must send authentication to use this endpoint; send "
-                               "`Authorization: Basic` (any user, the token as password) or `Bearer TOKEN`",
-                               headers={"WWW-Authenticate": 'Basic realm="eventing"'})
-            raise ApiError(403, "InvalidAuth", "Your username or password is invalid; check the token "
-                           "(--admin-token / --read-token)")
-        if permission == "data.write" and role != "admin":
-            assert ks is not None
-            raise ApiError(403, "NoWriteAccess", f"No permissions to write documents into "
-                           f"'{ks.bucket}/{ks.scope}/{ks.collection}'; use the admin token",
-                           f"/buckets/{ks.bucket}/scopes/{ks.scope}/collections/{ks.collection}")
-        return _basic_user(authorization) or role
+                               "`Authorization: Basic` (a user's name and password, or any name and a token as "
+                               "password) or `Bearer TOKEN`", headers={"WWW-Authenticate": 'Basic realm="eventing"'})
+            raise ApiError(403, "InvalidAuth", "Your username or password is invalid; check the user's password "
+                           "(`eventing user list` names the users) or the token (--admin-token / --read-token)")
+        if ks is not None and not identity.can(permission, ks):
+            where = f"'{ks.bucket}/{ks.scope}/{ks.collection}'"
+            resource = f"/buckets/{ks.bucket}/scopes/{ks.scope}/collections/{ks.collection}"
+            roles = ", ".join(str(g) for g in identity.grants) or "none"
+            if permission == DATA_WRITE:
+                raise ApiError(403, "NoWriteAccess", f"No permissions to write documents into {where} as "
+                               f"{identity.user} (roles: {roles}); a write needs data_writer[{ks}] or admin", resource)
+            raise ApiError(403, "NoReadAccess", f"No permissions to read documents from {where} as {identity.user} "
+                           f"(roles: {roles}); a read needs data_reader[{ks}], ro_admin or admin", resource)
+        return identity.user
 
     # -- bulk load ---------------------------------------------------------------------------------------
 
@@ -891,17 +901,6 @@ async def _receive_or_none(chunks: Any) -> bytes | None:
         item: bytes = await chunks.receive()
         return item
     except anyio.EndOfStream:
-        return None
-
-
-def _basic_user(authorization: str | None) -> str | None:
-    """The user name of an `Authorization: Basic` header (the token is its password)."""
-    scheme, _, value = (authorization or "").strip().partition(" ")
-    if scheme.lower() != "basic":
-        return None
-    try:
-        return base64.b64decode(value.strip(), validate=True).decode("utf-8").partition(":")[0] or None
-    except (binascii.Error, UnicodeDecodeError):
         return None
 
 

@@ -226,7 +226,7 @@ def test_tokens_decide_who_reads_and_writes_in_the_spec_s_error_shape(data_dir):
     error(api("PUT", path, json={}, headers={"Authorization": basic}), 403, "NoWriteAccess")
     assert api("PUT", path, json={}, headers={"Authorization": f"Bearer {ADMIN}"}).status_code == 200
     assert api("GET", path, headers={"Authorization": basic}).status_code == 200
-    assert api("GET", "/v1/callerIdentity", headers={"Authorization": basic}).json() == {"user": "reporter"}
+    assert api("GET", "/v1/callerIdentity", headers={"Authorization": basic}).json() == {"user": "@read-token"}
     r = api("POST", "/api/v1/keyspaces/shop/load", content=b'{"key":"a","doc":{}}\n', headers={"Authorization": basic})
     assert r.status_code == 403  # the bulk load is an admin request like every other POST under /api/
 
@@ -305,3 +305,40 @@ def test_writes_answer_etag_and_mutation_token_and_a_delete_its_own_cas(api):
     assert (dvb, dvbuuid) == (vb, vbuuid) and int(dseqno) == int(seqno) + 1
     counted = api("POST", f"{D}/counter/increment", json={"initial": 5})
     assert counted.status_code == 200 and counted.json() == 5 and counted.headers["x-cb-mutationtoken"].startswith("shop:")
+
+
+def test_users_read_and_write_only_the_keyspaces_their_roles_name(data_dir):
+    from eventing.http import auth
+    from metadata.factory import open_store
+
+    LocalBucket.create(data_dir, "shop").close()
+    create_collection(data_dir, "shop.sales.orders")
+    create_collection(data_dir, "shop.hr.staff")
+    users = {"clerk": ["data_writer[shop.sales.orders]"], "auditor": ["data_reader[shop.*.*]"],
+             "boss": ["admin"], "viewer": ["ro_admin"]}
+    with open_store(data_dir) as store:
+        for name, roles in users.items():
+            store.put_user(name, auth.hash_password(f"{name}-password"), roles)
+    api = Client(build_app(ServerConfig(data_dir)))
+
+    def as_user(name: str, password: str | None = None) -> dict[str, str]:
+        secret = password or f"{name}-password"
+        return {"Authorization": "Basic " + base64.b64encode(f"{name}:{secret}".encode()).decode()}
+
+    staff = "/v1/buckets/shop/scopes/hr/collections/staff/documents"
+    assert api("PUT", f"{D}/o1", json={"n": 1}, headers=as_user("clerk")).status_code == 200
+    message = error(api("PUT", f"{staff}/s1", json={}, headers=as_user("clerk")), 403, "NoWriteAccess")
+    assert "clerk" in message and "data_writer[shop.sales.orders]" in message
+    assert api("PUT", f"{D}/o1", json={}, headers=as_user("clerk")).status_code == 200  # a writer may write
+    error(api("GET", f"{D}/o1", headers=as_user("clerk")), 403, "NoReadAccess")  # but not read
+    assert api("GET", f"{D}/o1", headers=as_user("clerk")).json()["resource"] == "/buckets/shop/scopes/sales/collections/orders"
+    assert api("GET", f"{D}/o1", headers=as_user("auditor")).status_code == 200
+    assert api("GET", f"{staff}/none", headers=as_user("auditor")).status_code == 404  # may read: not there
+    error(api("DELETE", f"{D}/o1", headers=as_user("auditor")), 403, "NoWriteAccess")
+    error(api("POST", f"{D}/c/increment", headers=as_user("viewer")), 403, "NoWriteAccess")
+    assert api("GET", f"{D}/o1", headers=as_user("viewer")).status_code == 200  # ro_admin reads everything
+    assert api("PUT", f"{staff}/s1", json={}, headers=as_user("boss")).status_code == 200
+    error(api("GET", f"{D}/o1", headers=as_user("auditor", "wrong-password")), 403, "InvalidAuth")
+    error(api("GET", f"{D}/o1"), 401, "Unauthorized")  # users exist: no more trusted local callers
+    for name in users:
+        assert api("GET", "/v1/callerIdentity", headers=as_user(name)).json() == {"user": name}
