@@ -227,7 +227,11 @@ def test_the_debugger_pulls_the_source_collections_mutation_of_a_key(data_dir):
         DebugSession(data_dir, "fn_copy", key="k9").run()
 
 
-def test_a_window_function_sourced_from_a_collection_counts_only_its_rows(data_dir):
+def test_a_window_function_sourced_from_a_collection_counts_only_its_rows(data_dir, monkeypatch):
+    from eventing.testing.windows import python_aggregator
+    from eventing.windows.runtime import host
+
+    monkeypatch.setattr(host, "make_aggregator", lambda master=None: python_aggregator)  # no Spark in unit tests
     _shop(data_dir)
     defn = FunctionDefinition.from_dict({
         "name": "fn_win", "source_bucket": "shop", "source_scope": "sales", "source_collection": "orders",
