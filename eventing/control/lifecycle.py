@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from eventing.core.definition import Boundary, FunctionDefinition, load_definition_file
+from eventing.core.definition import Boundary, FunctionDefinition, effective_isolation, load_definition_file
 from eventing.core.secrets import mask_definition, restore_secrets
 from eventing.errors import ConfigError, LifecycleError, NotFoundError
 from eventing.execution.loader import validate_handler
@@ -87,6 +87,12 @@ def deploy(data_dir: str, name: str, boundary: Boundary | None = None) -> Functi
             name, record.source, [b.alias for b in defn.bindings], defn.constants, windowed=defn.window is not None,
             language=defn.language,
         )
+        if effective_isolation(defn, record.deployed_by) == "sandbox":
+            from eventing.workers.sandbox import sandbox_unavailable
+
+            why = sandbox_unavailable()
+            if why:  # never run it unsandboxed instead
+                raise ConfigError(f"function '{name}' must run sandboxed and cannot be deployed here: {why}")
         if record.state is FunctionState.UNDEPLOYED and boundary is not None:
             record = store.put_function(name, defn.to_dict(), record.source)  # remember the chosen boundary
         if record.state is not FunctionState.DEPLOYING:  # DEPLOYING: a deploy that crashed halfway; finish it

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from eventing.core.definition import FunctionDefinition
+from eventing.core.definition import FunctionDefinition, effective_isolation
 from eventing.errors import EventingError
 from eventing.storage.factory import open_bucket
 from eventing.workers.executor import Executor, WorkerDied
@@ -128,6 +128,7 @@ class FunctionSupervisor:
         spec = WorkerSpec(
             self.data_dir, self.name, self.record.generation, wid, tuple(vbuckets), self.targets,
             data_service=self.executor.data_service,
+            isolation=effective_isolation(self.defn, self.record.deployed_by),
         )
         slot = self.slots[wid] = WorkerSlot(spec, node)
         return slot

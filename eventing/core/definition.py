@@ -26,6 +26,10 @@ Placement = Literal["spread", "packed"]
 Delivery = Literal["exactly_once", "at_least_once"]
 PLACEMENTS = ("spread", "packed")
 DELIVERIES = ("exactly_once", "at_least_once")
+ISOLATIONS = ("none", "sandbox")  # the first is DEFAULT_ADMIN_ISOLATION, named as the default in errors
+# What a function deployed by a full admin gets without an `isolation` setting (see docs/guarantees.md,
+# "Sandboxed handlers", for the measured cost that decided it).
+DEFAULT_ADMIN_ISOLATION = "none"
 
 def check_function_name(name: object) -> None:
     """The one rule for function names (they become file names and URL path segments)."""
@@ -99,6 +103,10 @@ class FunctionDefinition:
     # docs/javascript-handlers.md); a definition whose handler file ends in .js is javascript.
     language: str = "python"
     js_heap_limit_mb: int = 128  # a JavaScript handler's V8 heap; a call that passes it is stopped
+    # sandbox: the worker runs in a process that cannot open the data directory (metadata store, bucket
+    # files) and reaches only its own bindings through a scoped data service; none: the worker opens the
+    # files. "" is the default: sandbox for a function a non-admin deployed, DEFAULT_ADMIN_ISOLATION else.
+    isolation: str = ""
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FunctionDefinition:
@@ -191,7 +199,7 @@ class FunctionDefinition:
             )
         if kwargs.get("boundary", "everything") not in ("everything", "from_now"):
             raise ConfigError(f"boundary of function '{name}' must be 'everything' or 'from_now'")
-        for key, allowed in (("placement", PLACEMENTS), ("delivery", DELIVERIES)):
+        for key, allowed in (("placement", PLACEMENTS), ("delivery", DELIVERIES), ("isolation", ISOLATIONS)):
             if key in kwargs and kwargs[key] not in allowed:
                 raise ConfigError(
                     f"{key} of function '{name}' is {kwargs[key]!r}; use one of {', '.join(map(repr, allowed))} "
@@ -221,10 +229,21 @@ class FunctionDefinition:
             out[key] = durations.format_duration(getattr(self, key))
         if out["window"] is None:
             del out["window"]
+        if not self.isolation:  # the default reads as definitions did before the setting
+            del out["isolation"]
         return out
 
     def with_boundary(self, boundary: Boundary | None) -> FunctionDefinition:
         return self if boundary is None else replace(self, boundary=boundary)
+
+
+def effective_isolation(defn: FunctionDefinition, deployed_by: dict | None) -> str:
+    """How a deployed function runs: always "sandbox" when a user who is not a full admin deployed or
+    resumed it (``deployed_by`` of its record; None is the local CLI, trusted as an admin), else its
+    ``isolation`` setting, or DEFAULT_ADMIN_ISOLATION without one."""
+    if deployed_by is not None and deployed_by.get("admin") is not True:
+        return "sandbox"
+    return defn.isolation or DEFAULT_ADMIN_ISOLATION
 
 
 def _check_alias(kind: str, alias: Any, function: str) -> None:

@@ -495,7 +495,7 @@ class DataAccess:
 
 
 def _sees_files(data_dir: str, service: DataServiceRef) -> bool:
-    if os.environ.get(LOCALITY_ENV, "1") == "0":
+    if os.environ.get(LOCALITY_ENV, "1") == "0" or getattr(service, "remote_only", False):
         return False
     try:
         import ray

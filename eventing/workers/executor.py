@@ -77,6 +77,11 @@ class WorkerHost:
             except ImportError as exc:
                 raise missing_dependency(f"No module named '{exc.name}'") or EventingError(str(exc)) from None
             assert not isinstance(self.spec, bytes)
+            if self.spec.isolation == "sandbox":
+                from eventing.workers.sandbox import SandboxedCore
+
+                self.core = SandboxedCore(self.spec, own_process=self.own_process)  # type: ignore[assignment]
+                return os.getpid()
             self.core = WorkerCore(self.spec, recycle_on_hang=self.own_process)
             return os.getpid()
         assert self.core is not None, "worker not started"

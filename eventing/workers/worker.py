@@ -51,6 +51,8 @@ class WorkerSpec:
     targets: tuple[int, ...] | None = None  # stop at these seqnos (index = vBucket): --until-caught-up
     # The data service serving data_dir on a Ray cluster (None: embedded or in-process, files only).
     data_service: DataServiceRef | None = None
+    # "sandbox": the core runs in a Landlocked process of its own (eventing.workers.sandbox); "none": here.
+    isolation: str = "none"
 
     def data_access(self) -> DataAccess:
         return DataAccess(self.data_dir, self.data_service, key=self.worker_id)
