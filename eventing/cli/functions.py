@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -120,7 +121,15 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    data = lifecycle.export_function(existing_data_dir(args), args.function, with_secrets=args.with_secrets)
+    data: Any
+    if args.format == "couchbase":  # Couchbase's export: a list of functions, as its console writes
+        exported, warnings = lifecycle.export_couchbase(existing_data_dir(args), args.function,
+                                                        with_secrets=args.with_secrets)
+        data = [exported]
+        for line in warnings:
+            print(f"warning: {line}", file=sys.stderr)
+    else:
+        data = lifecycle.export_function(existing_data_dir(args), args.function, with_secrets=args.with_secrets)
     text = json.dumps(data, indent=2)
     if args.output:
         Path(args.output).write_text(text + "\n")
@@ -141,7 +150,9 @@ def cmd_import(args: argparse.Namespace) -> int:
         raise ConfigError(f"file {args.file} does not exist") from None
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{args.file} is not valid JSON ({exc})") from None
-    records = lifecycle.import_definitions(data_dir, data)
+    records, warnings = lifecycle.import_functions(data_dir, data)  # this project's export or Couchbase's
+    for line in warnings:
+        print(f"warning: {line}", file=sys.stderr)
     if args.json:
         emit_json([record_view(r) for r in records])
     else:
@@ -173,8 +184,12 @@ def register(sub: Any, add: Any) -> None:
     p = add("export", cmd_export, "print a function definition with its handler source as JSON")
     p.add_argument("function")
     p.add_argument("-o", "--output", help="write to this file instead of stdout")
+    p.add_argument("--format", choices=["eventing", "couchbase"], default="eventing",
+                   help="couchbase: Couchbase Eventing's export format (JavaScript functions), which Couchbase and "
+                        "`eventing import` read")
     p.add_argument("--with-secrets", action="store_true",
                    help="write URL binding passwords and tokens in clear (default: masked as *****, which an "
                         "import of the file keeps as they are stored)")
-    p = add("import", cmd_import, "import function definitions exported with `eventing export`")
+    p = add("import", cmd_import, "import function definitions exported with `eventing export`, or Couchbase "
+                                  "Eventing's export (deployed, paused or undeployed as its settings say)")
     p.add_argument("file")

@@ -5,9 +5,12 @@ in another process agree (see docs/architecture.md, 'Function states')."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
+from eventing.core.couchbase_format import from_couchbase, is_couchbase_function, to_couchbase
 from eventing.core.definition import Boundary, FunctionDefinition, effective_isolation, load_definition_file
 from eventing.core.secrets import mask_definition, restore_secrets
 from eventing.errors import ConfigError, LifecycleError, NotFoundError
@@ -234,10 +237,83 @@ def import_definitions(data_dir: str, data: Any) -> list[FunctionRecord]:
     items = data if isinstance(data, list) else [data]
     out = []
     for item in items:
+        if is_couchbase_function(item):  # saved as it is; import_functions also carries out its status
+            converted = from_couchbase(item)
+            out.append(save_function(data_dir, converted.definition, converted.source))
+            continue
         if not isinstance(item, dict) or "handler_source" not in item:
-            raise ConfigError("an exported function must be a JSON object with 'handler_source'")
+            raise ConfigError("an exported function must be a JSON object with 'handler_source' (or Couchbase's "
+                              "export, with appname, appcode and depcfg)")
         out.append(save_function(data_dir, FunctionDefinition.from_dict(item), item["handler_source"]))
     return out
+
+
+def import_functions(
+    data_dir: str, data: Any, *, deploying: Callable[[str], AbstractContextManager[Any]] | None = None,
+) -> tuple[list[FunctionRecord], list[str]]:
+    """Import functions in either format, detected per function: this project's export, or Couchbase's
+    (one function or a list), whose deployment_status/processing_status are then carried out (deploy, pause,
+    resume or undeploy, at the function's dcp_stream_boundary). All are converted and checked before any is
+    saved. Returns the records and the warnings naming what Couchbase's format had that does nothing here.
+    `deploying(name)` wraps each deploy and resume (the REST API records the caller)."""
+    items = data if isinstance(data, list) else [data]
+    plans: list[tuple[FunctionDefinition, str, str | None]] = []
+    warnings: list[str] = []
+    for item in items:
+        if is_couchbase_function(item):
+            converted = from_couchbase(item)
+            plans.append((converted.definition, converted.source, converted.state))
+            warnings.extend(converted.warnings)
+        elif isinstance(item, dict) and "handler_source" in item:
+            plans.append((FunctionDefinition.from_dict(item), item["handler_source"], None))
+        else:
+            raise ConfigError("an exported function must be a JSON object with 'handler_source' (or Couchbase's "
+                              "export, with appname, appcode and depcfg)")
+    out = []
+    for defn, source, state in plans:
+        record = save_function(data_dir, defn, source)
+        if state is not None:
+            record = set_state(data_dir, defn.name, state, deploying=deploying)
+        out.append(record)
+    return out, warnings
+
+
+def set_state(
+    data_dir: str, name: str, target: str, *, boundary: Boundary | None = None, wait_s: float = 60.0,
+    deploying: Callable[[str], AbstractContextManager[Any]] | None = None,
+) -> FunctionRecord:
+    """Bring a function to `target` (deployed, paused or undeployed) the way Couchbase's deployment_status and
+    processing_status do: deploy, pause, resume or undeploy as its state needs (an undeployed function asked
+    to be paused is deployed, then paused); nothing when it is there already."""
+    guard = deploying or (lambda _name: nullcontext())
+    with _store(data_dir, create=False) as store:
+        state = store.get_function(name).state
+    if target == "undeployed":
+        if state in (FunctionState.DEPLOYED, FunctionState.PAUSED):
+            return undeploy(data_dir, name, wait_s=wait_s)
+    elif target in ("deployed", "paused"):
+        if state is FunctionState.UNDEPLOYED:
+            with guard(name):
+                record = deploy(data_dir, name, boundary)
+            state = record.state
+        if target == "deployed" and state is FunctionState.PAUSED:
+            with guard(name):
+                return resume(data_dir, name)
+        if target == "paused" and state is FunctionState.DEPLOYED:
+            return pause(data_dir, name, wait_s=wait_s)
+    else:
+        raise ConfigError(f"state {target!r} of function '{name}' is not one of deployed, paused, undeployed")
+    with _store(data_dir, create=False) as store:
+        return store.get_function(name)
+
+
+def export_couchbase(data_dir: str, name: str, *, with_secrets: bool = False) -> tuple[dict[str, Any], list[str]]:
+    """The function in Couchbase's export format (JavaScript functions only), and the warnings naming what
+    the format cannot carry; URL binding secrets masked (`*****`) unless with_secrets."""
+    with _store(data_dir, create=False) as store:
+        record = store.get_function(name)
+    definition = record.definition if with_secrets else mask_definition(record.definition)
+    return to_couchbase(definition, record.source, record.state.value)
 
 
 class _store:

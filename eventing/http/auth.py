@@ -400,8 +400,10 @@ def deploying_as(data_dir: str, name: str, identity: Identity) -> Iterator[None]
 # -- endpoints of the REST API ---------------------------------------------------------------------------
 
 LOAD_PREFIX = "/api/v1/keyspaces/"  # POST /api/v1/keyspaces/{keyspace}/load: a bulk load (data_writer)
-LISTINGS = frozenset({"/api/v1/functions", "/api/v1/status", "/api/v1/stats", "/api/v1/export"})
-CLUSTER_PREFIXES = ("/api/v1/nodes", "/api/v1/rebalance", "/api/v1/buckets", "/metrics")
+LISTINGS = frozenset({"/api/v1/functions", "/api/v1/status", "/api/v1/stats", "/api/v1/export",
+                      "/api/v1/list/functions", "/getDeployedApps", "/getRunningApps"})
+CLUSTER_PREFIXES = ("/api/v1/nodes", "/api/v1/rebalance", "/api/v1/buckets", "/metrics", "/api/v1/config")
+CREATES = frozenset({"/api/v1/import", "/api/v1/functions"})  # a POST body of functions, one or a list
 
 
 def function_keyspace(definition: Mapping[str, Any]) -> Keyspace:
@@ -423,7 +425,8 @@ def authorize_endpoint(identity: Identity, method: str, path: str, params: Mappi
     write = method.upper() in WRITE_METHODS
     if path == "/api/v1/export" and query.get("secrets", "").strip().lower() in ("1", "true", "yes"):
         raise forbidden(identity, SECRETS_READ, "read URL binding secrets in clear (secrets=true)")
-    if path.startswith(CLUSTER_PREFIXES) or path in LISTINGS and not (path == "/api/v1/export" and query.get("name")):
+    if path.startswith(CLUSTER_PREFIXES) or path in LISTINGS and not write and not (
+            path == "/api/v1/export" and query.get("name")):
         if path in LISTINGS and identity.can(FUNCTIONS_READ):
             return  # the listing shows only the functions this caller covers (visible_functions)
         permission = CLUSTER_MANAGE if write else CLUSTER_READ
@@ -434,11 +437,15 @@ def authorize_endpoint(identity: Identity, method: str, path: str, params: Mappi
     if not identity.can(permission):
         raise forbidden(identity, permission, f"{method} {path}")
     targets: list[tuple[str, dict | None]]
-    if path == "/api/v1/import":
+    from eventing.core.couchbase_format import keyspace_fields
+
+    if path in CREATES and write:
         items = body if isinstance(body, list) else [body]
-        targets = [(str(d.get("name", "")), d) for d in items if isinstance(d, dict)]
+        targets = [(str(keyspace_fields(d).get("name", "")), keyspace_fields(d)) for d in items if isinstance(d, dict)]
     else:
-        name = params.get("name") or query.get("name") or ""
+        name = params.get("name") or query.get("name") or query.get("appName") or ""
+        if isinstance(body, dict):
+            body = {k: v for k, v in keyspace_fields(body).items() if k != "name"}
         new = body if write and isinstance(body, dict) and path in (
             "/api/v1/functions/{name}", "/api/v1/functions/{name}/settings") else None
         targets = [(name, new)]
@@ -489,6 +496,10 @@ def filter_listing(result: Any, visible: set[str] | None) -> Any:
     def shown(item: Any) -> bool:
         return isinstance(item, dict) and (item.get("name") or item.get("function_name") or item.get("appname")) in visible
 
+    if isinstance(result, dict) and isinstance(result.get("functions"), list):  # /api/v1/list/functions
+        return {**result, "functions": [n for n in result["functions"] if n in visible]}
+    if isinstance(result, dict) and all(isinstance(v, str) for v in result.values()):  # getDeployedApps: name -> ""
+        return {k: v for k, v in result.items() if k in visible}
     if isinstance(result, list):
         return [item for item in result if shown(item)]
     if isinstance(result, dict) and isinstance(result.get("apps"), list):

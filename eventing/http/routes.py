@@ -26,6 +26,7 @@ from starlette.types import Receive, Scope, Send
 
 from eventing.control import lifecycle
 from eventing.control.nodes import Topology
+from eventing.core import couchbase_format
 from eventing.core.definition import FunctionDefinition, check_function_name
 from eventing.core.secrets import mask_definition
 from eventing.errors import (
@@ -158,7 +159,9 @@ def list_functions(c: EndpointRequest) -> list[dict[str, Any]]:
         store.close()
 
 
-def get_function(c: EndpointRequest) -> dict[str, Any]:
+def get_function(c: EndpointRequest) -> dict[str, Any] | Response:
+    if _couchbase_format(c):  # ?format=couchbase: Couchbase's function JSON, errors in its shape
+        return _couchbase_call(lambda: _with_warnings(*lifecycle.export_couchbase(c.data_dir, c.name)))
     store = open_store(c.data_dir, create=False)
     try:
         return _document(store.get_function(c.name))
@@ -166,9 +169,51 @@ def get_function(c: EndpointRequest) -> dict[str, Any]:
         store.close()
 
 
-def save_function(c: EndpointRequest) -> dict[str, Any]:
-    """The body is a definition as `eventing export` writes it (`appcode` is accepted for `handler_source`)."""
+def _couchbase_format(c: EndpointRequest) -> bool:
+    fmt = c.query.get("format", "eventing")
+    if fmt not in ("eventing", "couchbase"):
+        raise ConfigError(f"format={fmt} is not valid; use format=couchbase or format=eventing (the default)")
+    return fmt == "couchbase"
+
+
+# Couchbase's error names and codes (its REST response package) for the errors of this project.
+COUCHBASE_ERRORS: list[tuple[type[BaseException], str, int]] = [
+    (NotFoundError, "ERR_APP_NOT_FOUND_TS", 13),
+    (LifecycleError, "ERR_APP_NOT_UNDEPLOYED", 22),
+    (EventingError, "ERR_READ_REQ", 15),
+    (InvalidKeyError, "ERR_READ_REQ", 15),
+]
+
+
+def couchbase_error(exc: BaseException) -> Response:
+    """An error as Couchbase's Eventing REST API gives it: name, code, description, runtime_info."""
+    status, body = error_body(exc)
+    name, code = next((n, k) for kind, n, k in COUCHBASE_ERRORS if isinstance(exc, kind))
+    if isinstance(exc, LifecycleError) and "undeployed" in body["error"].split(";")[0]:
+        name, code = "ERR_APP_NOT_DEPLOYED", 12
+    return JSONResponse({"name": name, "code": code, "description": body["error"], "attributes": [],
+                         "runtime_info": {"code": code, "info": body["error"]}}, status_code=status)
+
+
+def _couchbase_call(fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except (EventingError, InvalidKeyError) as exc:
+        return couchbase_error(exc)
+
+
+def _with_warnings(result: Any, warnings: list[str]) -> Response:
+    """A JSON answer whose warnings (what Couchbase's format had that does nothing here) ride in a header,
+    so the body keeps Couchbase's shape."""
+    return JSONResponse(result, headers={"X-Eventing-Warnings": json.dumps(warnings)} if warnings else None)
+
+
+def save_function(c: EndpointRequest) -> dict[str, Any] | Response:
+    """The body is a definition as `eventing export` writes it (`appcode` is accepted for `handler_source`),
+    or Couchbase's function JSON (then its deployment_status/processing_status are carried out)."""
     body = c.json_object()
+    if couchbase_format.is_couchbase_function(body):
+        return _couchbase_call(lambda: _save_couchbase(c, body))
     if "appcode" in body and "handler_source" not in body:
         body["handler_source"] = body.pop("appcode")
     if body.get("name", c.name) != c.name:
@@ -178,6 +223,26 @@ def save_function(c: EndpointRequest) -> dict[str, Any]:
         raise ConfigError("the body needs 'handler_source': the handler's Python code as a string")
     defn = FunctionDefinition.from_dict({**body, "name": c.name})
     return stats.function_view(lifecycle.save_function(c.data_dir, defn, source))
+
+
+def _save_couchbase(c: EndpointRequest, body: dict[str, Any]) -> Response:
+    if body.get("appname", c.name) != c.name:
+        raise ConfigError(f"the body names function {body['appname']!r} but the URL names '{c.name}'; make them agree")
+    records, warnings = lifecycle.import_functions(c.data_dir, {**body, "appname": c.name}, deploying=_deploying(c))
+    return _with_warnings({**stats.function_view(records[0]), "warnings": warnings}, warnings)
+
+
+def _deploying(c: EndpointRequest) -> Callable[[str], Any]:
+    return lambda name: auth.deploying_as(c.data_dir, name, c.identity)
+
+
+def create_functions(c: EndpointRequest) -> Response:
+    """POST /api/v1/functions: one function or a list, in Couchbase's format or this project's (as import)."""
+    def run() -> Response:
+        records, warnings = lifecycle.import_functions(c.data_dir, c.json(), deploying=_deploying(c))
+        return _with_warnings({"functions": [stats.function_view(r) for r in records], "warnings": warnings}, warnings)
+
+    return _couchbase_call(run)
 
 
 def delete_function(c: EndpointRequest) -> dict[str, Any]:
@@ -221,15 +286,22 @@ def undeploy(c: EndpointRequest) -> dict[str, Any]:
     return stats.function_view(lifecycle.undeploy(c.data_dir, c.name, wait_s=_wait_s(c)))
 
 
-def get_settings(c: EndpointRequest) -> dict[str, Any]:
+def get_settings(c: EndpointRequest) -> dict[str, Any] | Response:
+    if _couchbase_format(c):
+        return _couchbase_call(lambda: lifecycle.export_couchbase(c.data_dir, c.name)[0]["settings"])
     doc = get_function(c)
+    assert isinstance(doc, dict)
     return {k: v for k, v in doc.items() if k not in ("name", "handler_source", "state", "generation")}
 
 
-def save_settings(c: EndpointRequest) -> dict[str, Any]:
+def save_settings(c: EndpointRequest) -> dict[str, Any] | Response:
     """Merge the given fields into the stored definition; the handler is kept (an undeployed or paused
-    function only, as for the CLI)."""
+    function only, as for the CLI). A body in Couchbase's words (deployment_status, processing_status,
+    dcp_stream_boundary, execution_timeout in seconds, ...) changes the settings it maps, then deploys,
+    pauses, resumes or undeploys as its status flags ask."""
     body = c.json_object()
+    if couchbase_format.is_couchbase_settings(body):
+        return _couchbase_call(lambda: _save_couchbase_settings(c, body))
     for key in ("name", "handler_source", "appcode"):
         if key in body:
             raise ConfigError(f"settings cannot change '{key}'; use POST /api/v1/functions/{c.name}"
@@ -243,8 +315,37 @@ def save_settings(c: EndpointRequest) -> dict[str, Any]:
     return stats.function_view(lifecycle.save_function(c.data_dir, defn, record.source))
 
 
+def _save_couchbase_settings(c: EndpointRequest, body: dict[str, Any]) -> Response:
+    fields, state, warnings = couchbase_format.settings_from_couchbase(c.name, body)
+    store = open_store(c.data_dir, create=False)
+    try:
+        record = store.get_function(c.name)
+    finally:
+        store.close()
+    changed = {k: v for k, v in fields.items() if k != "boundary"}
+    updated = FunctionDefinition.from_dict({**record.definition, **changed})
+    if updated != FunctionDefinition.from_dict(record.definition):  # only a change needs an undeployed or paused function
+        record = lifecycle.save_function(c.data_dir, updated, record.source)
+    if state is not None:
+        record = lifecycle.set_state(c.data_dir, c.name, state, boundary=fields.get("boundary"), wait_s=_wait_s(c),
+                                     deploying=_deploying(c))
+    return _with_warnings({**stats.function_view(record), "warnings": warnings}, warnings)
+
+
 def get_appcode(c: EndpointRequest) -> Response:
-    return PlainTextResponse(get_function(c)["handler_source"])
+    doc = get_function(c)
+    assert isinstance(doc, dict)
+    return PlainTextResponse(doc["handler_source"])
+
+
+def appcode_checksum(c: EndpointRequest) -> Response:
+    """The handler source's SHA-256 (Couchbase's /appcode/checksum), text/plain."""
+    def run() -> Response:
+        doc = get_function(c)
+        assert isinstance(doc, dict)
+        return PlainTextResponse(couchbase_format.checksum(doc["handler_source"]))
+
+    return _couchbase_call(run)
 
 
 def save_appcode(c: EndpointRequest) -> dict[str, Any]:
@@ -294,15 +395,104 @@ def status(c: EndpointRequest) -> dict[str, Any]:
 
 
 def all_stats(c: EndpointRequest) -> list[dict[str, Any]]:
+    """?type=full: Couchbase's per-function groups (event_processing_stats, execution_stats, failure_stats)."""
+    kind = c.query.get("type")
+    if kind not in (None, "", "full"):
+        raise ConfigError(f"type={kind} is not valid; use type=full or leave it out")
+    if kind == "full":
+        return [stats.couchbase_full_stats(c.data_dir, f["name"]) for f in list_functions(c)]
     return [{"function_name": f["name"], **stats.function_stats(c.data_dir, f["name"])} for f in list_functions(c)]
+
+
+def reset_stats(c: EndpointRequest) -> Response:
+    """POST /resetStatsCounters?appName=FN: the function's counters start again from zero (dead-letter counts
+    stay: they follow the queue, which `dlq purge` empties)."""
+    def run() -> Response:
+        name = c.query.get("appName") or c.query.get("name")
+        if not name:
+            raise ConfigError("resetStatsCounters needs ?appName=FUNCTION")
+        check_function_name(name)
+        store = open_store(c.data_dir, create=False)
+        try:
+            store.get_function(name)
+            store.reset_counters(name, keep_prefixes=("dlq_",))
+        finally:
+            store.close()
+        return JSONResponse({"name": name, "reset": True})
+
+    return _couchbase_call(run)
+
+
+def list_function_names(c: EndpointRequest) -> dict[str, Any] | Response:
+    """Couchbase's /api/v1/list/functions: {"functions": [names]}, filtered by ?source_bucket=, ?source_scope=,
+    ?function_scope=BUCKET.SCOPE (or BUCKET/SCOPE; here a function's scope is its source's) and ?deployed=."""
+    def run() -> dict[str, Any]:
+        deployed = c.flag(c.query, "deployed") if "deployed" in c.query else None
+        scope = c.query.get("function_scope")
+        wanted_scope = tuple(re.split(r"[./]", scope, maxsplit=1)) if scope else None
+        names = []
+        for f in list_functions(c):
+            keyspace = auth.function_keyspace(f)
+            if c.query.get("source_bucket") and keyspace.bucket != c.query["source_bucket"]:
+                continue
+            if c.query.get("source_scope") and keyspace.scope != c.query["source_scope"]:
+                continue
+            if wanted_scope and wanted_scope != (keyspace.bucket, keyspace.scope):
+                continue
+            if deployed is not None and (f["state"] in ("deployed", "paused", "pausing", "deploying")) != deployed:
+                continue
+            names.append(f["name"])
+        return {"functions": names}
+
+    return _couchbase_call(run)
+
+
+def deployed_apps(c: EndpointRequest) -> dict[str, str]:
+    """Couchbase's /getDeployedApps: the names of deployed (and paused) functions as keys."""
+    return {f["name"]: "" for f in list_functions(c) if f["state"] in ("deployed", "paused", "pausing", "deploying")}
+
+
+def running_apps(c: EndpointRequest) -> dict[str, str]:
+    """Couchbase's /getRunningApps: the functions deployed and being processed by a running service."""
+    try:
+        views = stats.function_status(c.data_dir, None)["functions"]
+    except NotFoundError:
+        return {}
+    return {v["name"]: "" for v in views if v["state"] == "deployed" and v["running"]}
+
+
+SUPPORTED_CONFIG = {"enable_debugger": True}  # the debugger (`eventing debug`) is always available here
+
+
+def get_config(c: EndpointRequest) -> dict[str, Any]:
+    return dict(SUPPORTED_CONFIG)
+
+
+def save_config(c: EndpointRequest) -> Response:
+    """Couchbase's /api/v1/config: what this system has is kept; every other key is refused by name."""
+    def run() -> Response:
+        body = c.json_object()
+        for key, value in body.items():
+            if key not in SUPPORTED_CONFIG:
+                raise ConfigError(f"config {key} is not supported here; the settings are "
+                                  f"{', '.join(SUPPORTED_CONFIG)} (a function's own settings: "
+                                  "POST /api/v1/functions/NAME/settings)")
+            if value != SUPPORTED_CONFIG[key]:
+                raise ConfigError(f"config {key}={json.dumps(value)} is not supported: the debugger (`eventing debug`) "
+                                  f"is always available here; send {key}={json.dumps(SUPPORTED_CONFIG[key])} or leave it out")
+        return JSONResponse({"restart_required": False, **SUPPORTED_CONFIG})
+
+    return _couchbase_call(run)
 
 
 def function_stats(c: EndpointRequest) -> dict[str, Any]:
     return stats.function_stats(c.data_dir, c.name)
 
 
-def import_functions(c: EndpointRequest) -> list[dict[str, Any]]:
-    return [stats.function_view(r) for r in lifecycle.import_definitions(c.data_dir, c.json())]
+def import_functions(c: EndpointRequest) -> Response:
+    """This project's export or Couchbase's (one function or a list); Couchbase's status flags are carried out."""
+    records, warnings = lifecycle.import_functions(c.data_dir, c.json(), deploying=_deploying(c))
+    return _with_warnings([stats.function_view(r) for r in records], warnings)
 
 
 def export_functions(c: EndpointRequest) -> list[dict[str, Any]] | Response:
@@ -313,6 +503,24 @@ def export_functions(c: EndpointRequest) -> list[dict[str, Any]] | Response:
                              "fix": "send the admin token, or leave out secrets=true to get the secrets as *****"},
                             status_code=403)
     name = c.query.get("name")
+    if _couchbase_format(c):  # Couchbase's export: JavaScript functions (a Python one is named in a warning)
+        def run() -> Response:
+            names = [name] if name else [f["name"] for f in list_functions(c)]
+            out, warnings = [], []
+            for n in names:
+                check_function_name(n)
+                try:
+                    exported, more = lifecycle.export_couchbase(c.data_dir, n, with_secrets=secrets)
+                except ConfigError as exc:
+                    if name:
+                        raise
+                    warnings.append(str(exc))
+                    continue
+                out.append(exported)
+                warnings.extend(more)
+            return _with_warnings(out, warnings)
+
+        return _couchbase_call(run)
     if name:
         check_function_name(name)
         return [lifecycle.export_function(c.data_dir, name, with_secrets=secrets)]
@@ -524,6 +732,23 @@ ENDPOINTS: list[Endpoint] = [
     Endpoint("GET", FUNCTION_PATH, "functions", "one function: definition, handler source, state", get_function, couchbase=True),
     Endpoint("POST", FUNCTION_PATH, "functions", "create or update a function (a definition with handler_source; "
              "undeployed or paused only)", save_function, couchbase=True),
+    Endpoint("POST", "/api/v1/functions", "functions", "create or update functions: one or a list, in Couchbase's "
+             "format or this project's (Couchbase's deployment_status/processing_status are carried out)",
+             create_functions, couchbase=True),
+    Endpoint("GET", "/api/v1/list/functions", "functions", "function names: {\"functions\": [...]} (?source_bucket=, "
+             "?source_scope=, ?function_scope=BUCKET.SCOPE, ?deployed=)", list_function_names, couchbase=True),
+    Endpoint("GET", "/getDeployedApps", "status", "deployed (and paused) functions, by name", deployed_apps,
+             couchbase=True),
+    Endpoint("GET", "/getRunningApps", "status", "functions a running service processes, by name", running_apps,
+             couchbase=True),
+    Endpoint("POST", "/resetStatsCounters", "status", "reset a function's counters (?appName=)", reset_stats,
+             couchbase=True),
+    Endpoint("GET", "/api/v1/config", "meta", "the eventing settings this system has (enable_debugger)", get_config,
+             couchbase=True),
+    Endpoint("POST", "/api/v1/config", "meta", "change them (other keys are refused by name)", save_config,
+             couchbase=True),
+    Endpoint("GET", FUNCTION_PATH + "/appcode/checksum", "functions", "the handler source's SHA-256", appcode_checksum,
+             couchbase=True),
     Endpoint("DELETE", FUNCTION_PATH, "functions", "delete an undeployed function", delete_function, couchbase=True),
     Endpoint("POST", FUNCTION_PATH + "/deploy", "lifecycle", "deploy; optional body {\"boundary\": \"everything\"|\"from_now\"}",
              deploy, couchbase=True),

@@ -81,6 +81,45 @@ def couchbase_stats(counters: dict[str, float]) -> dict[str, int]:
     }
 
 
+def couchbase_full_stats(data_dir: str, name: str) -> dict[str, Any]:
+    """One function's counters in Couchbase's `/api/v1/stats?type=full` groups and names."""
+    store = open_store(data_dir, create=False)
+    try:
+        store.get_function(name)
+        counters = store.counters(name)
+    finally:
+        store.close()
+    cb = couchbase_stats(counters)
+
+    def c(key: str) -> int:
+        return int(counters.get(key, 0))
+
+    return {
+        "function_name": name,
+        "event_processing_stats": {
+            "dcp_mutation": cb["dcp_mutation"], "dcp_deletion": cb["dcp_deletion"],
+            "timer_msg_counter": cb["timer_msg_counter"], "dlq_count": cb["dlq_count"],
+            "processed_events": cb["dcp_mutation"] + cb["dcp_deletion"] + cb["timer_msg_counter"],
+        },
+        "execution_stats": {
+            k: cb[k] for k in ("on_update_success", "on_update_failure", "on_delete_success", "on_delete_failure",
+                               "timer_create_counter", "timer_cancel_counter", "timer_callback_success",
+                               "timer_callback_failure")
+        } | {"curl": {"get": cb["curl.get"], "post": cb["curl.post"], "put": cb["curl.put"],
+                      "delete": cb["curl.delete"], "head": cb["curl.head"]},
+             "curl_success_count": cb["curl_success_count"]},
+        "failure_stats": {
+            "timeout_count": cb["timeout_count"],
+            "curl_timeout_count": cb["curl_timeout_count"],
+            "curl_non_200_response": cb["curl_non_200_response"],
+            "curl_failure_count": c("curl_failure_count"),
+            "bkt_ops_cas_mismatch_count": cb["bkt_ops_cas_mismatch_count"],
+            "timer_callback_failure": cb["timer_callback_failure"],
+            "dlq_count": cb["dlq_count"],
+        },
+    }
+
+
 def function_stats(data_dir: str, name: str) -> dict[str, Any]:
     store = open_store(data_dir, create=False)
     try:
