@@ -735,7 +735,7 @@ class DataApi:
         if segments[0] != b"v1":
             raise ApiError(404, "InvalidArgument", f"{scope['path']} is not served: the alpha Data API (locking, "
                            "sub-document operations) is not enabled on this server; see docs/data-api.md")
-        if segments[1:] == [b"openapi.json"]:  # no data in it: served to any caller
+        if segments[1:] == [b"openapi.json"]:  # no data in it: any authenticated caller
             if method not in ("GET", "HEAD"):
                 raise _not_allowed(method, "GET")
             from eventing.http.dataapi_openapi import dataapi_openapi

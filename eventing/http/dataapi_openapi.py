@@ -62,7 +62,7 @@ def _document_content() -> dict[str, Any]:
         "text/plain": {"schema": {"type": "string", "description": "The document's text"}},
         "application/octet-stream": {"schema": {"type": "string", "format": "binary",
                                                 "description": "The document's bytes"}},
-        "*": {"schema": {"type": "string", "format": "binary", "description": "The document's bytes"}},
+        "*/*": {"schema": {"type": "string", "format": "binary", "description": "The document's bytes"}},
     }
 
 
@@ -81,7 +81,6 @@ def _counter(verb: str) -> dict[str, Any]:
                 "initial": {**number, "description": "The value of a counter this request creates"},
                 "delta": {**number, "description": f"How much to {verb} an existing counter by"},
             }}},
-            "": {"schema": {}},
         }},
         "responses": {
             "200": _written(f"The counter was {verb}ed (or created)",
@@ -99,7 +98,7 @@ def _extend(where: str) -> dict[str, Any]:
         "description": f"Adds the body's bytes at the {where} of the document (under If-Match: of that version only).",
         "tags": ["Binary Operations"],
         "parameters": [_ref("parameters", "IfMatchHeader"), _ref("parameters", "DurabilityLevelHeader")],
-        "requestBody": {"required": True, "content": {"*": {"schema": {}}}},
+        "requestBody": {"required": True, "content": {"*/*": {"schema": {}}}},
         "responses": {"200": _written(f"The bytes were added at the {where}"), **_errors(*WRITE_ERRORS)},
     }}
 
@@ -110,7 +109,7 @@ def _path_parameters() -> list[dict[str, str]]:
 
 
 def dataapi_openapi() -> dict[str, Any]:
-    binary_body = {"required": True, "content": {"*": {"schema": {
+    binary_body = {"required": True, "content": {"*/*": {"schema": {
         "type": "string", "format": "binary", "description": "The document"}}}}
     store_parameters = [_ref("parameters", name) for name in
                         ("ContentEncodingHeader", "ExpiresHeader", "DocumentFlagsHeader", "DurabilityLevelHeader")]
