@@ -16,9 +16,9 @@ workers that own them are stepped (inotify would wake every worker of the bucket
 checkpoint of the WAL), it needs no watch per bucket file (a bucket may be one file per vBucket range),
 and Python has no inotify binding of its own.
 
-A datagram is ``<bucket name> 0x00 <vBuckets as uint16 little-endian>`` for up to LIST_MAX vBuckets, else
-``<bucket name> 0x01 <a bitmap of NUM_VBUCKETS bits>``. The service honours ``EVENTING_WAKE=0``: it does
-not listen, so every write falls back to the poll (the benchmarks' baseline).
+A datagram is ``<bucket name> 0x00 <vBuckets as uint16, native byte order>`` (at most 2 KB: one machine).
+The service honours ``EVENTING_WAKE=0``: it does not listen, so every write falls back to the poll (the
+benchmarks' baseline).
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ log = logging.getLogger("eventing.storage.wake")
 RUN_DIR = "run"
 SOCKET_NAME = "wake.sock"
 WAKE_ENV = "EVENTING_WAKE"
-LIST_MAX = 60  # vBuckets sent as a list up to this many (120 bytes), else as a bitmap (128 bytes)
 _SUN_PATH_MAX = 107  # sockaddr_un's sun_path, less its terminating NUL
 
 
@@ -59,14 +58,7 @@ def data_dir_of_bucket_file(path: Path) -> Path:
 
 
 def encode(bucket: str, vbuckets: Iterable[int]) -> bytes:
-    vbs = sorted(set(vbuckets))
-    name = bucket.encode()
-    if len(vbs) <= LIST_MAX:
-        return name + b"\x00" + array("H", vbs).tobytes()
-    bits = bytearray(NUM_VBUCKETS // 8)
-    for vb in vbs:
-        bits[vb >> 3] |= 1 << (vb & 7)
-    return name + b"\x01" + bytes(bits)
+    return bucket.encode() + b"\x00" + array("H", vbuckets).tobytes()
 
 
 def decode(data: bytes) -> tuple[str, set[int]] | None:
@@ -81,15 +73,11 @@ def decode(data: bytes) -> tuple[str, set[int]] | None:
         return None
     if not bucket:
         return None
-    if kind == 0:
-        if len(body) % 2:
-            return None
-        vbs = array("H")
-        vbs.frombytes(body)
-        return bucket, {vb for vb in vbs if vb < NUM_VBUCKETS}
-    if kind == 1 and len(body) == NUM_VBUCKETS // 8:
-        return bucket, {i * 8 + b for i, byte in enumerate(body) if byte for b in range(8) if byte >> b & 1}
-    return None
+    if kind != 0 or len(body) % 2:
+        return None
+    vbs = array("H")
+    vbs.frombytes(body)
+    return bucket, {vb for vb in vbs if vb < NUM_VBUCKETS}
 
 
 # -- sending --------------------------------------------------------------------------------------------
@@ -182,7 +170,7 @@ class WakeListener:
         assert sock is not None
         while not self._closing:
             try:
-                data = sock.recv(4096)
+                data = sock.recv(65536)
             except OSError:
                 return
             found = decode(data)

@@ -121,7 +121,7 @@ def test_a_listener_collects_what_writes_in_other_buckets_and_batches_name(tmp_p
     assert listener.start()
     try:
         _write(a, "x")
-        b.write([Write(f"key{i}", OP_UPDATE, encode_document({})) for i in range(500)])  # many vBuckets: a bitmap
+        b.write([Write(f"key{i}", OP_UPDATE, encode_document({})) for i in range(500)])  # one datagram
         expected = {"a": {vbucket_of("x")}, "b": {vbucket_of(f"key{i}") for i in range(500)}}
         got: dict[str, set[int]] = {}
 
@@ -139,7 +139,7 @@ def test_a_listener_collects_what_writes_in_other_buckets_and_batches_name(tmp_p
     b.close()
 
 
-@pytest.mark.parametrize("vbs", [set(), {0}, {1023, 5, 77}, set(range(0, 1024, 3))])
+@pytest.mark.parametrize("vbs", [set(), {0}, {1023, 5, 77}, set(range(1024))])
 def test_a_notification_round_trips(vbs):
     assert wake.decode(wake.encode("bucket_1", vbs)) == ("bucket_1", vbs)
 
@@ -148,5 +148,5 @@ def test_garbage_is_not_a_notification():
     assert wake.decode(b"") is None
     assert wake.decode(b"name-without-separator") is None
     assert wake.decode(b"b\x00\x01") is None  # half a vBucket
-    assert wake.decode(b"b\x01" + b"\x00" * 3) is None  # a short bitmap
+    assert wake.decode(b"b\x01\x00\x00") is None  # not a kind this version sends
     assert os.environ.get(wake.WAKE_ENV, "1") != "0" or not wake.enabled()
