@@ -6,7 +6,8 @@ JavaScript, each deployed fresh over the same bucket, alternating for --runs rou
 (in-process by default: one worker, the handler path alone; --executor ray --workers N: Ray workers).
 Then it splits one JavaScript call into its parts on the same documents (where the time goes): the
 arguments written as JSON text, the V8 call (set the input, run the compiled script, parse, call
-OnUpdate), and the Python handler's call for comparison. The last line is JSON with the rates and ratio.
+OnUpdate), and the Python handler's call for comparison; and the same per mutation when OnUpdate runs over
+batches of 2,000 in one V8 call as a worker runs it (JsOnUpdate.batch): the batch's JSON text, and V8. The last line is JSON with the rates and ratio.
 """
 
 from __future__ import annotations
@@ -89,13 +90,31 @@ def breakdown(bucket, count: int) -> dict[str, float]:
     def to_json(doc, meta) -> None:
         encode([doc, {"id": meta.id, "cas": str(meta.cas), "vb": meta.vb, "seq": meta.seq}]).decode()
 
+    docs = [doc for doc, _ in calls]
+    keyspace = {"bucket_name": "bench"}
+
+    def per_mutation_batched(size: int, run_it: bool) -> float:
+        start = time.perf_counter()
+        for i in range(0, n, size):
+            chunk = rows[i:i + size]
+            if run_it:
+                on_update_js.batch(chunk, docs[i:i + size], keyspace, lambda at: None)
+            else:
+                encode([docs[i:i + size], [r[2] for r in chunk], [str(r[4]) for r in chunk], [r[7] for r in chunk],
+                        [r[8] for r in chunk], [r[1] for r in chunk], chunk[0][0], keyspace, 50.0]).decode()
+        return (time.perf_counter() - start) / n * 1e6
+
     per_call(on_update_js)  # warm V8's compiler
+    per_mutation_batched(2000, True)
     out = {
         "json_args_us": per_call(to_json),
         "js_call_us": per_call(on_update_js),
         "python_call_us": per_call(on_update_py),
+        "batch_json_us": per_mutation_batched(2000, False),
+        "js_batch_us": per_mutation_batched(2000, True),
     }
     out["v8_us"] = out["js_call_us"] - out["json_args_us"]
+    out["v8_batch_us"] = out["js_batch_us"] - out["batch_json_us"]
     js.__dict__["__js_handler__"].close()
     return {k: round(v, 2) for k, v in out.items()}
 

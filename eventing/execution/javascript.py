@@ -18,6 +18,18 @@ Limits, enforced inside V8 (STPyV8 exposes no isolate API for them, the V8 symbo
   JavaScriptMemoryError (a dead letter), and a full garbage collection follows.
 A call is always started from a compiled script (`script.run()`): STPyV8 aborts the process when a
 terminated execution returns through its function-call path.
+
+Batches: a worker hands a whole run of plain updates to `JsOnUpdate.batch` in one crossing (one JSON text
+of the run's documents and metas); a JavaScript loop calls OnUpdate per mutation and stops at the first that
+throws or is terminated, so the caller keeps per-mutation outcomes. A host call made inside the batch first
+tells the caller which mutation is running (`on_start`), so binding writes stay grouped with their seqno.
+The loop starts no mutation once `slice_s` has passed since the batch began, and the batch's deadline is
+its start + slice_s + execution_timeout: a terminated mutation has run at least execution_timeout alone.
+
+Threads: V8 contexts live in an isolate, and STPyV8 keeps the current isolate per thread (a thread without
+one crashes the process on its first V8 call). A handler therefore has one context per thread that calls
+it, created in that thread (with an isolate of the thread's own when it has none) by running the handler
+source again; its global variables are per thread, as they are per worker.
 """
 
 from __future__ import annotations
@@ -31,7 +43,7 @@ import threading
 import time
 import types
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -42,8 +54,26 @@ from eventing.execution.js_prelude import PRELUDE
 from eventing.execution.runner import HandlerTimeout
 
 ENTRY_POINTS = {"OnUpdate": "on_update", "OnDelete": "on_delete", "OnDeploy": "on_deploy"}
+CALL, UPDATE, BATCH = 0, 1, 2  # the compiled scripts of a context: __call(), __update(), __batch()
+BATCH_SLICE_S = 0.05  # a batch starts no mutation after this (or a tenth of execution_timeout)
 WATCH_TICK_S = 0.005  # how often the watchdog looks at the call in flight
 GC_EVERY_CALLS = 256  # how often a call checks the heap and collects garbage when it is half full
+
+
+class _ThreadContext(NamedTuple):
+    """A handler's V8 context in one thread, with its isolate and compiled scripts."""
+
+    thread: int
+    ctx: Any
+    isolate: int
+    locals: Any
+    call: Any
+    update: Any
+    batch: Any
+
+    @property
+    def scripts(self) -> tuple[Any, Any, Any]:
+        return self.call, self.update, self.batch
 
 
 class JavaScriptError(Exception):
@@ -91,7 +121,8 @@ class _V8:
 
 
 _v8: _V8 | None = None
-_entered: list[Any] = [None]  # the context left entered after its last call (entering costs ~1 us a call)
+_thread = threading.local()  # .entered: the context left entered after its last call in this thread (entering costs ~1 us a call)
+_isolates: list[Any] = []  # isolates made for threads without one: kept for the process's life
 _encode = msgspec.json.Encoder().encode  # documents as JSON text: ~20x faster than json.dumps
 _handlers: dict[int, JsHandler] = {}  # id -> handler, for the interrupt callback
 
@@ -101,6 +132,14 @@ def _engine() -> _V8:
     if _v8 is None:
         _v8 = _V8()
     return _v8
+
+
+def _thread_isolate(STPyV8: Any) -> None:
+    """Give the calling thread a V8 isolate when it has none (STPyV8 gives one to the thread importing it)."""
+    if STPyV8.JSIsolate.current is None:
+        isolate = STPyV8.JSIsolate()
+        isolate.enter()
+        _isolates.append(isolate)
 
 
 def _heap_check(isolate: int | None, data: int | None) -> None:
@@ -237,27 +276,15 @@ class JsHandler:
         self.create_timer = injected.get("create_timer")
         self.cancel_timer = injected.get("cancel_timer")
         self.host = _make_host(STPyV8, self)
-        self.ctx = STPyV8.JSContext()
+        self.source = source
+        self.declarations = "\n".join(declarations)
+        self.slice_s = min(BATCH_SLICE_S, timeout_s / 10)  # see the module docstring, "Batches"
+        self.on_start: Any = None  # the batch in flight's callback (see batch)
+        self.batch_at = 0
         self.module = types.ModuleType(f"eventing_handler_{function}")
-        with self.ctx:
-            self.isolate = self.v8.current()
-            setattr(self.ctx.locals, "__host", self.host)  # (a dunder name, mangled as an attribute)
-            self.ctx.eval(PRELUDE, "<eventing prelude>")
-            self.ctx.eval("\n".join(declarations), "<eventing bindings>")
-            before = set(self.ctx.eval("Object.getOwnPropertyNames(globalThis).join('\\n')").split("\n"))
-            try:
-                self.ctx.eval(source, f"{function}.js")
-            except Exception as exc:  # noqa: BLE001 - STPyV8's JSError (syntax error or a throw at load)
-                kind = "has a syntax error" if str(exc).startswith("SyntaxError") else "fails on load"
-                raise _load_error(function, exc, kind) from None
-            names = self.ctx.eval(
-                "Object.getOwnPropertyNames(globalThis).filter(function (n) { return typeof globalThis[n] === 'function'; }).join('\\n')"
-            ).split("\n")
-            engine = STPyV8.JSEngine()
-            self.call_script = engine.compile("__call()")
-            self.update_script = engine.compile("__update()")
-        self.locals = self.ctx.locals
-        functions = [n for n in names if n and n not in before]
+        self.contexts: dict[int, _ThreadContext] = {}
+        self.here, functions = self._new_context(STPyV8, True)
+        self.isolate = self.here.isolate  # of the call in flight (the watchdog's target)
         for name in functions:
             self.module.__dict__[name] = JsFunction(self, name)
         for js_name, py_name in ENTRY_POINTS.items():
@@ -266,35 +293,79 @@ class JsHandler:
         self.module.__dict__["__js_handler__"] = self
         _handlers[id(self)] = self
 
+    def _new_context(self, STPyV8: Any, first: bool) -> tuple[_ThreadContext, list[str]]:
+        """A context for the calling thread with the prelude, the bindings and the handler source run in it;
+        and the handler's top-level functions."""
+        _thread_isolate(STPyV8)
+        ctx = STPyV8.JSContext()
+        with ctx:
+            isolate = self.v8.current()
+            setattr(ctx.locals, "__host", self.host)  # (a dunder name, mangled as an attribute)
+            ctx.eval(PRELUDE, "<eventing prelude>")
+            ctx.eval(self.declarations, "<eventing bindings>")
+            before = set(ctx.eval("Object.getOwnPropertyNames(globalThis).join('\\n')").split("\n"))
+            try:
+                ctx.eval(self.source, f"{self.function}.js")
+            except Exception as exc:  # noqa: BLE001 - STPyV8's JSError (syntax error or a throw at load)
+                kind = "has a syntax error" if str(exc).startswith("SyntaxError") else "fails on load"
+                if not first:
+                    kind += " in a new thread"
+                raise _load_error(self.function, exc, kind) from None
+            names = ctx.eval(
+                "Object.getOwnPropertyNames(globalThis).filter(function (n) { return typeof globalThis[n] === 'function'; }).join('\\n')"
+            ).split("\n")
+            engine = STPyV8.JSEngine()
+            scripts = engine.compile("__call()"), engine.compile("__update()"), engine.compile("__batch()")
+        here = _ThreadContext(threading.get_ident(), ctx, isolate, ctx.locals, *scripts)
+        self.contexts[here.thread] = here
+        return here, [n for n in names if n and n not in before]
+
+    def _context_here(self) -> _ThreadContext:
+        """The context of the calling thread, created on its first call (see the module docstring)."""
+        here = self.contexts.get(threading.get_ident())
+        if here is None:
+            import STPyV8
+
+            here = self._new_context(STPyV8, False)[0]
+        self.here = here
+        return here
+
     # -- calls --------------------------------------------------------------------------------------------
 
-    def run(self, script: Any, text: str) -> None:
-        """Run `script` with `__in` = text; raise HandlerTimeout, JavaScriptMemoryError or JavaScriptError."""
+    def run(self, which: int, text: str, count: int = 1) -> int:
+        """Run the script `which` (CALL, UPDATE, BATCH) of the calling thread's context with `__in` = text and
+        return what it returned; raise HandlerTimeout or JavaScriptMemoryError when the call was stopped,
+        JavaScriptError when CALL or UPDATE threw."""
         cc = self.call_context
         now = time.monotonic()
         deadline = cc.deadline if cc is not None and cc.active else now + self.timeout_s
-        ctx, set_in = self.ctx, setattr
-        if _entered[0] is not ctx:  # another handler's context was left entered: switch
-            if _entered[0] is not None:
-                _entered[0].leave()
-                _entered[0] = None
+        here = self.here
+        if here.thread != threading.get_ident():
+            here = self._context_here()
+        ctx = here.ctx
+        entered = getattr(_thread, "entered", None)
+        if entered is not ctx:  # another handler's context was left entered in this thread: switch
+            if entered is not None:
+                entered.leave()
+            _thread.entered = None
             ctx.enter()
-            _entered[0] = ctx
+            _thread.entered = ctx
         with self.lock:
             self.stopped = None
+            self.isolate = here.isolate
             self.deadline, self.started, self.running = deadline, now, True
         if self.watchdog is None:
             self._start_watchdog()
-        set_in(self.locals, "__in", text)
+        setattr(here.locals, "__in", text)
         try:
-            rc = script.run()
+            rc = here.scripts[which].run()
         finally:
             with self.lock:
                 self.running = False
                 stopped = self.stopped
             if stopped is not None:
-                self.v8.cancel(self.isolate)
-        self.calls += 1
+                self.v8.cancel(here.isolate)
+        self.calls += count
         if stopped == "timeout":
             raise HandlerTimeout()
         if stopped == "memory":
@@ -303,14 +374,33 @@ class JsHandler:
                 f"RangeError: the JavaScript heap passed js_heap_limit_mb ({self.heap_limit >> 20} MiB); "
                 "the call was stopped"
             )
-        if rc != 0:
-            message, stack = json.loads(getattr(self.locals, "__err"))
-            raise JavaScriptError(message, stack)
-        if self.calls % GC_EVERY_CALLS == 0 and self.v8.used_heap(self.isolate) > self.heap_limit // 2:
+        if which != BATCH and rc != 0:
+            raise self._thrown(here)
+        if self.calls % GC_EVERY_CALLS < count and self.v8.used_heap(here.isolate) > self.heap_limit // 2:
             self._collect()
+        return rc
+
+    def _thrown(self, here: _ThreadContext) -> JavaScriptError:
+        message, stack = json.loads(getattr(here.locals, "__err"))
+        return JavaScriptError(message, stack)
 
     def invoke(self, name: str, args: tuple) -> None:
-        self.run(self.call_script, json.dumps([name, *(_as_json(a) for a in args)]))
+        self.run(CALL, json.dumps([name, *(_as_json(a) for a in args)]))
+
+    def batch(self, text: str, count: int, on_start: Any) -> tuple[int, BaseException | None]:
+        """Run OnUpdate over a batch (see JsOnUpdate.batch): (how many returned, the failure of the next or
+        None). `on_start(i)` is called before a host call made by the batch's mutation i when the last one
+        reported was another; the mutations between them made no host call."""
+        self.on_start, self.batch_at = on_start, 0
+        try:
+            rc = self.run(BATCH, text, count)
+        except (HandlerTimeout, JavaScriptMemoryError) as exc:
+            return int(getattr(self.here.locals, "__idx")), exc
+        finally:
+            self.on_start = None
+        if rc < 0:
+            return -1 - int(rc), self._thrown(self.here)
+        return int(rc), None
 
     def _collect(self) -> None:
         self.v8.low_memory(self.isolate)
@@ -341,16 +431,24 @@ class JsHandler:
     def close(self) -> None:
         self.closed = True
         _handlers.pop(id(self), None)
-        if _entered[0] is self.ctx:
-            self.ctx.leave()
-            _entered[0] = None
+        here = self.contexts.get(threading.get_ident())
+        entered = getattr(_thread, "entered", None)
+        if here is not None and entered is here.ctx:
+            entered.leave()
+            _thread.entered = None
 
     # -- host calls (from JavaScript, on the JavaScript thread) -------------------------------------------
 
     def guarded(self, fn: Any, *args: Any) -> Any:
         """A host call: its errors become text JavaScript throws; a timeout signalled inside it (the worker's
-        SIGALRM watchdog) terminates the call, so no JavaScript catch can swallow it."""
+        SIGALRM watchdog) terminates the call, so no JavaScript catch can swallow it. Inside a batch it first
+        reports which mutation is running when that changed."""
         try:
+            if self.on_start is not None:
+                at = int(getattr(self.here.locals, "__idx"))
+                if at != self.batch_at:
+                    self.batch_at = at
+                    self.on_start(at)
             return fn(*args)
         except HandlerTimeout:
             self._stop("timeout")
@@ -578,7 +676,19 @@ class JsOnUpdate(JsFunction):
             f'{meta.expiration},"flags":{meta.flags},"vb":{meta.vb},"seq":{meta.seq},"datatype":"json",'
             f'"keyspace":{cached[1]}}}]'
         )
-        self.handler.run(self.handler.update_script, text)
+        self.handler.run(UPDATE, text)
+
+    def batch(self, rows: list, docs: list, keyspace: dict, on_start: Any) -> tuple[int, BaseException | None]:
+        """OnUpdate over a run of one vBucket's plain updates in one crossing: `rows` are their log rows
+        (Mutation's field order), `docs` their decoded documents. Returns how many returned in order, and the
+        failure (JavaScriptError, HandlerTimeout, JavaScriptMemoryError) of the next one, or None when the
+        batch stopped at its time slice with the rest not started. `on_start(i)`: see JsHandler.batch."""
+        vb = rows[0][0]
+        text = _encode([
+            docs, [r[2] for r in rows], [str(r[4]) for r in rows], [r[7] for r in rows], [r[8] for r in rows],
+            [r[1] for r in rows], vb, keyspace, self.handler.slice_s * 1000,
+        ]).decode()
+        return self.handler.batch(text, len(rows), on_start)
 
 
 def load_js_handler(

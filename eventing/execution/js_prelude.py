@@ -2,7 +2,8 @@
 maps, `couchbase.*`, timers, `curl`, `log`, the built-in functions) written over `__host`, the Python
 object of eventing.execution.javascript that reaches the function's real bindings.
 
-Values cross as JSON text. A host call that failed returns its error as text starting with NUL (JSON text
+Values cross as JSON text. `__batch` runs OnUpdate over a run of mutations (JsOnUpdate.batch), `__idx`
+being the one in progress; it returns how many returned, or -1 - i when mutation i threw. A host call that failed returns its error as text starting with NUL (JSON text
 never does), which `__r` throws as an Error, so a handler's try/catch sees binding errors as in Couchbase.
 """
 
@@ -129,5 +130,18 @@ function __call() {
 function __update() {
   var a = JSON.parse(__in);
   try { OnUpdate(a[0], a[1]); return 0; } catch (e) { return __fail(e); }
+}
+var __idx = 0;
+function __batch() {
+  var a = JSON.parse(__in);
+  var docs = a[0], ids = a[1], cas = a[2], exp = a[3], flags = a[4], seqs = a[5], vb = a[6], ks = a[7];
+  var n = docs.length, stop = Date.now() + a[8];
+  for (__idx = 0; __idx < n; __idx++) {
+    if (__idx > 0 && Date.now() >= stop) { return __idx; }
+    var meta = {id: ids[__idx], cas: cas[__idx], expiration: exp[__idx], flags: flags[__idx], vb: vb,
+                seq: seqs[__idx], datatype: 'json', keyspace: Object.assign({}, ks)};
+    try { OnUpdate(docs[__idx], meta); } catch (e) { __fail(e); return -1 - __idx; }
+  }
+  return n;
 }
 """

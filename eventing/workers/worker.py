@@ -111,6 +111,9 @@ class WorkerCore:
         self.marked = self.defn.delivery == "exactly_once"
         self.on_update = self.runner.on_update
         self.on_delete = self.runner.on_delete
+        # A handler taking a run of updates in one call (JavaScript: see _handle_batched), else None.
+        self._batch = getattr(self.on_update, "batch", None)
+        self._batch_slice_s = getattr(getattr(self.on_update, "handler", None), "slice_s", 0.0)
         self.max_bytes = self.defn.max_document_bytes
         self.timeout_s = self.runner.timeout_s
         self._attempts = self.defn.retries + 1
@@ -444,6 +447,8 @@ class WorkerCore:
                 self._handle(m)
                 position = positions[vb] = m.seqno
             return len(rows)
+        if self._batch is not None:
+            return self._handle_batched(vb, position, rows)
         on_update, rw, timers, keyspace = self.on_update, self.rw_bindings, self.timers, runner.keyspace
         max_bytes, epoch, unpack, monotonic = self.max_bytes, self.epochs[vb], msgpack.unpackb, time.monotonic
         context, timeout_s = runner.context, self.timeout_s  # CallContext.begin, inlined below
@@ -490,6 +495,101 @@ class WorkerCore:
             c[counter_names.MUTATIONS_SEEN] += handled_ok
             c[self._success["on_update"]] += handled_ok
         return len(rows)
+
+    def _handle_batched(self, vb: int, position: int, rows: list) -> int:
+        """_handle_run for a handler that takes a run of updates in one call (a JavaScript OnUpdate, see
+        eventing.execution.javascript, "Batches"): consecutive plain updates go to _run_batch together,
+        anything else to _handle between them, so the order is the log's."""
+        positions, max_bytes, unpack = self.positions, self.max_bytes, msgpack.unpackb
+        batch: list[Mutation] = []
+        docs: list = []
+        for row in rows:
+            m = _as_mutation(Mutation, row)
+            seqno, raw = m[1], m[5]
+            if seqno <= position:
+                self._order_violation(vb, seqno, position)
+            position = seqno
+            if m[3] == OP_UPDATE and m[6] is None and raw is not None and len(raw) <= max_bytes:
+                try:
+                    docs.append(unpack(raw, raw=False))
+                except Exception:  # noqa: BLE001 - _handle dead-letters it as undecodable
+                    pass
+                else:
+                    batch.append(m)
+                    continue
+            if batch:
+                self._run_batch(vb, batch, docs)
+                batch, docs = [], []
+            self._handle(m)
+            positions[vb] = seqno
+        if batch:
+            self._run_batch(vb, batch, docs)
+        return len(rows)
+
+    def _run_batch(self, vb: int, batch: list[Mutation], docs: list) -> None:
+        """Plain updates of one vBucket through the handler's batch call, with per-mutation outcomes: the
+        writes of each mutation are kept under its own seqno (the handler reports, before a host call, which
+        mutation makes it); the first that fails goes through the runner's failure path (retries, dead
+        letter) and the batch goes on after it; a batch that stopped at its time slice goes on where it
+        stopped."""
+        runner, rw, timers, context, positions = self.runner, self.rw_bindings, self.timers, self.runner.context, self.positions
+        assert self._batch is not None
+        batch_fn, keyspace, epoch = self._batch, runner.keyspace, self.epochs[vb]
+        budget_s = self.timeout_s + self._batch_slice_s
+        context.epoch = epoch
+        handled_ok = 0
+        while batch:
+            at = 0
+
+            def on_start(i: int, part: list[Mutation] = batch) -> None:
+                nonlocal at
+                if rw or timers.current:
+                    runner.kept(epoch)  # mutation `at` returned: the ones between made no host call
+                m = part[i]
+                for b in rw:
+                    b.begin(vb, m[1])
+                context.mutation = m
+                at = i
+
+            first = batch[0]
+            for b in rw:
+                b.begin(vb, first[1])
+            context.mutation = first
+            context.deadline = time.monotonic() + budget_s
+            context.active = True
+            try:
+                done, failed = batch_fn(batch, docs, keyspace, on_start)
+            except HandlerTimeout as exc:  # the worker's SIGALRM outside V8: the mutation in progress
+                done, failed = at, exc
+            finally:
+                context.active = False
+            if at < done and (rw or timers.current):
+                runner.kept(epoch)
+            if done:
+                handled_ok += done
+                positions[vb] = batch[done - 1][1]
+            if failed is None:
+                batch, docs = batch[done:], docs[done:]
+                continue
+            m, doc = batch[done], docs[done]
+            meta = Meta(m[2], m[4], vb, m[1], m[7], m[8], "json", keyspace)
+            call = new_call(HandlerCall, ("on_update", self.on_update, (doc, meta), doc))
+            try:
+                raise failed
+            except BaseException as exc:  # noqa: BLE001 - the runner's failure path decides
+                failure = runner.retry_after(
+                    exc, m, call, epoch=epoch, attempts=self._attempts, backoff_s=self._backoff_s,
+                    on_retry=self._count_retry,
+                )
+            self.counters[counter_names.MUTATIONS_SEEN] += 1
+            self._outcome(m, call, failure)
+            positions[vb] = m[1]
+            context.epoch = epoch
+            batch, docs = batch[done + 1:], docs[done + 1:]
+        if handled_ok:
+            c = self.counters
+            c[counter_names.MUTATIONS_SEEN] += handled_ok
+            c[self._success["on_update"]] += handled_ok
 
     def _order_violation(self, vb: int, seqno: int, position: int) -> None:
         raise OrderViolationError(
