@@ -30,12 +30,26 @@ SERVICE_STALE_S = 5.0
 EPOCH_SHIFT = 32
 
 
-def save_function(data_dir: str, defn: FunctionDefinition, source: str) -> FunctionRecord:
-    """Create or update a function definition (and its handler source) without deploying it."""
+def _validate(data_dir: str, defn: FunctionDefinition, source: str, deployed_by: dict | None) -> None:
+    """Import the handler module (its top-level code runs) and check its entry points: in a sandboxed
+    child when the function runs sandboxed (eventing.workers.sandbox), else here."""
+    if effective_isolation(defn, deployed_by) == "sandbox":
+        from eventing.workers.sandbox import validate_sandboxed
+
+        validate_sandboxed(data_dir, defn, source)
+        return
     validate_handler(
         defn.name, source, [b.alias for b in defn.bindings], defn.constants, windowed=defn.window is not None,
         language=defn.language,
     )
+
+
+def save_function(
+    data_dir: str, defn: FunctionDefinition, source: str, *, deployed_by: dict | None = None
+) -> FunctionRecord:
+    """Create or update a function definition (and its handler source) without deploying it. The handler
+    is validated sandboxed when the function asks for it or `deployed_by` (who saves it) is no full admin."""
+    _validate(data_dir, defn, source, deployed_by)
     for bucket in dict.fromkeys([defn.source_bucket, *(b.bucket for b in defn.bindings)]):
         with open_bucket(data_dir, bucket) as opened:  # unknown bucket -> clear error now, not at run time
             # and an unknown scope or collection of the source or a binding (a wildcard source: its scope)
@@ -86,16 +100,13 @@ def deploy(data_dir: str, name: str, boundary: Boundary | None = None) -> Functi
     with _store(data_dir) as store:
         record = store.get_function(name)
         defn = FunctionDefinition.from_dict(record.definition).with_boundary(boundary)
-        validate_handler(
-            name, record.source, [b.alias for b in defn.bindings], defn.constants, windowed=defn.window is not None,
-            language=defn.language,
-        )
         if effective_isolation(defn, record.deployed_by) == "sandbox":
             from eventing.workers.sandbox import sandbox_unavailable
 
             why = sandbox_unavailable()
             if why:  # never run it unsandboxed instead
                 raise ConfigError(f"function '{name}' must run sandboxed and cannot be deployed here: {why}")
+        _validate(data_dir, defn, record.source, record.deployed_by)
         if record.state is FunctionState.UNDEPLOYED and boundary is not None:
             record = store.put_function(name, defn.to_dict(), record.source)  # remember the chosen boundary
         if record.state is not FunctionState.DEPLOYING:  # DEPLOYING: a deploy that crashed halfway; finish it
@@ -144,19 +155,28 @@ def run_on_deploy(data_dir: str, store: MetadataStore, record: FunctionRecord, r
     timeout raises LifecycleError naming the error; the caller keeps the function undeployed or paused.
     """
     from eventing.core.mutation import OP_UPDATE, Mutation
-    from eventing.execution.runner import HandlerCall, HandlerRunner, writes_by_bucket
+    from eventing.execution.runner import HandlerCall, writes_by_bucket
     from eventing.handler import DeployAction
     from eventing.storage.bucket import EffectGroup
+    from eventing.workers.sandbox import SandboxedRunner, open_runner
 
-    runner = HandlerRunner.open(data_dir, record.name)
+    # A sandboxed function's on_deploy runs in a sandboxed child; its writes and timers come back here.
+    runner = open_runner(data_dir, record.name, record)
     try:
-        fn = runner.module.__dict__.get("on_deploy")
-        if fn is None:
-            return
         delay = int(time.time() - record.updated_at) if reason == "resume" else 0
-        m = Mutation(0, 1, "", OP_UPDATE, 0, None, None, 0, 0)
-        runner.timers.lookup = lambda callback, reference: store.get_timer(record.name, callback, reference)
-        failure = runner.call(m, HandlerCall("on_update", fn, (DeployAction(reason, delay),), None), timeout_s=runner.timeout_s)
+        if isinstance(runner, SandboxedRunner):
+            found, failure = runner.on_deploy(reason, delay)
+            if not found:
+                return
+        else:
+            fn = runner.module.__dict__.get("on_deploy")
+            if fn is None:
+                return
+            m = Mutation(0, 1, "", OP_UPDATE, 0, None, None, 0, 0)
+            runner.timers.lookup = lambda callback, reference: store.get_timer(record.name, callback, reference)
+            failure = runner.call(
+                m, HandlerCall("on_update", fn, (DeployAction(reason, delay),), None), timeout_s=runner.timeout_s
+            )
         if failure is not None:
             raise LifecycleError(
                 f"on_deploy of function '{record.name}' failed ({failure.error or failure.status}); the function "

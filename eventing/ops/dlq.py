@@ -51,6 +51,7 @@ from eventing.execution.runner import HandlerRunner, writes_by_bucket
 from eventing.ops.debugger import run_once
 from eventing.storage.bucket import EffectGroup
 from eventing.storage.protocol import FileBucket
+from eventing.workers.sandbox import SandboxedRunner, open_runner
 from metadata import DlqRow, MetadataStore
 from metadata.factory import open_store
 from sharding import NUM_VBUCKETS, validate_key
@@ -222,7 +223,8 @@ def replay(
     if not selector.everything and not selector.narrows:
         raise ConfigError("`dlq replay` needs --all or a selector: --vb N [--seqno S], --key KEY or --reason R")
     report = ReplayReport(function)
-    runtime = HandlerRunner.open(data_dir, function)
+    # A sandboxed function's handler replays in a sandboxed child; its writes come back and apply here.
+    runtime = open_runner(data_dir, function)
     try:
         with _store(data_dir) as store:
             runtime.timers.lookup = lambda callback, reference: store.get_timer(function, callback, reference)
@@ -251,7 +253,7 @@ def replay(
 
 def _replay_row(
     store: MetadataStore,
-    runtime: HandlerRunner,
+    runtime: HandlerRunner | SandboxedRunner,
     row: DlqRow,
     after_effects: Callable[[DlqRow], None] | None,
     *,
@@ -271,7 +273,7 @@ def _replay_row(
     except Exception as exc:  # noqa: BLE001 - a damaged row fails again, it does not stop the replay
         outcome_status, error, tb = "undecodable", f"stored mutation cannot be unpacked ({type(exc).__name__}: {exc})", ""
     else:
-        outcome = run_once(runtime, m)
+        outcome = runtime.run_once(m)[0] if isinstance(runtime, SandboxedRunner) else run_once(runtime, m)
         outcome_status, error, tb = outcome.status, outcome.error, outcome.traceback
         if outcome.ok:
             namespace = replay_namespace(row)
@@ -282,7 +284,7 @@ def _replay_row(
                 result.writes_applied += applied.applied
                 result.writes_skipped += applied.duplicates
                 if applied.conflicts:
-                    # replay runs where the files are (HandlerRunner.open)
+                    # replay runs where the files are (HandlerRunner.open; a SandboxedRunner's writes are here)
                     cast(FileBucket, bucket).drop_effect_marks(namespace)  # nothing of it applied: a later replay must run
                     conflict = f"a cas condition failed on bucket '{bucket.name}' again; replay it again"
             if conflict:
@@ -301,7 +303,7 @@ def _replay_row(
     return result
 
 
-def _commit_timers(store: MetadataStore, runtime: HandlerRunner, function: str) -> None:
+def _commit_timers(store: MetadataStore, runtime: HandlerRunner | SandboxedRunner, function: str) -> None:
     """Timers the replayed call created or cancelled, written under the vBuckets' current epochs (a replay
     runs beside the stream, like its binding writes). A deployed timer row replays its callback the same way."""
     changes = list(runtime.timers.kept)

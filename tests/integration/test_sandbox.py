@@ -194,3 +194,121 @@ def test_a_non_admin_deployment_runs_sandboxed_whatever_its_setting(data_dir, tm
     assert effective_isolation(defn, {"user": "u", "admin": False}) == "sandbox"
     assert effective_isolation(defn, {"user": "a", "admin": True}) == "none"
     assert effective_isolation(defn, None) == "none"
+
+
+# -- the handler outside a worker: deploy-time import, on_deploy, dlq replay, the debugger ----------------
+
+OUTSIDE_THE_WORKER = HOSTILE + '''
+
+def probes(where):
+    return {
+        "read_store": attempt("read_store", read_store),
+        "other_source": attempt("other_source", other_source),
+        "read_bucket": attempt("read_bucket", read_bucket),
+        "write_bucket": attempt("write_bucket", write_bucket),
+        "write_outside": attempt("write_outside", lambda: write_outside(where)),
+        "read_with_cat": attempt("read_with_cat", read_with_cat),
+    }
+
+
+# top-level code: runs at every import (deploy-time validation, on_deploy, replay, the debugger)
+AT_IMPORT = probes(f"import-{os.getpid()}")
+
+
+def on_deploy(action):
+    out["on_deploy"] = {"import": AT_IMPORT, "call": probes("on_deploy"), "action": action.reason}
+
+
+def on_update(doc, meta):
+    if ctl.get("mode", {}).get("fail"):
+        raise RuntimeError("failing on purpose")
+    out[meta.id] = {"import": AT_IMPORT, "call": probes(meta.id), "seen": doc.get("v")}
+'''
+
+PROBES = ("read_store", "other_source", "read_bucket", "write_bucket", "write_outside", "read_with_cat")
+
+
+def _setup_outside(data_dir: str, outside: str, isolation: str) -> None:
+    source = create_bucket(data_dir, "src")
+    from eventing.core.mutation import OP_UPDATE, encode_document
+    from eventing.storage.bucket import Write
+
+    source.write([Write(f"k{i}", OP_UPDATE, encode_document({"v": i})) for i in range(DOCUMENTS)])
+    create_bucket(data_dir, "ctl").upsert("mode", {"fail": True})
+    load_source(data_dir, 5, 20, bucket="tenant_b")
+    deploy_function(data_dir, FunctionDefinition.from_dict({
+        "name": "fn_other", "source_bucket": "tenant_b", "bindings": [],
+    }), "def on_update(doc, meta):\n    pass\n")
+    hostile = FunctionDefinition.from_dict({
+        "name": "fn_hostile", "source_bucket": "src", "isolation": isolation,
+        "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}, {"alias": "ctl", "bucket": "ctl"}],
+        "constants": {
+            "DATA_DIR": data_dir, "STORE": os.path.join(data_dir, SQLITE_FILE), "OTHER_FUNCTION": "fn_other",
+            "OTHER_BUCKET": str(bucket_path(data_dir, "tenant_b")), "OUTSIDE": outside,
+        },
+    })
+    deploy_function(data_dir, hostile, OUTSIDE_THE_WORKER)  # validation at save and deploy, then on_deploy
+
+
+def _outside_the_worker(data_dir: str, outside) -> dict:
+    """Deployed (on_deploy ran), a debug trace of one mutation, every mutation dead-lettered, then replayed
+    once the handler stops failing (and a second replay applies nothing)."""
+    from eventing.ops.debugger import DebugSession
+    from eventing.ops.dlq import DlqSelector, replay
+
+    out = open_bucket(data_dir, "out")
+    deployed = out.get("on_deploy")
+    open_bucket(data_dir, "ctl").upsert("mode", {"fail": False})
+    session = DebugSession(data_dir, "fn_hostile", key="k3")
+    traced = session.run()
+    assert traced.status == "ok", traced
+    assert [e["event"] for e in session.events][:2] == ["pulled", "call"]
+    assert any(e["event"] == "read" and e["key"] == "mode" for e in session.events)
+    (held,) = [w for w in session.report()["writes"] if w["key"] == "k3"]
+    assert out.get("k3") is None  # held, not applied
+    open_bucket(data_dir, "ctl").upsert("mode", {"fail": True})
+    summary = EventingService(data_dir, InProcessExecutor(), until_caught_up=True, functions=["fn_hostile"]).run()
+    assert summary.functions["fn_hostile"].handled == DOCUMENTS
+    assert out.count() == 1  # only on_deploy's document: every mutation failed
+    open_bucket(data_dir, "ctl").upsert("mode", {"fail": False})
+    report = replay(data_dir, "fn_hostile", DlqSelector(everything=True))
+    assert (report.selected, report.replayed, report.writes_applied) == (DOCUMENTS, DOCUMENTS, DOCUMENTS), report
+    again = replay(data_dir, "fn_hostile", DlqSelector(everything=True))
+    assert (again.replayed, again.writes_applied) == (0, 0)
+    replayed = {key: doc for key, doc, _ in out.scan() if key != "on_deploy"}
+    assert sorted(d["seen"] for d in replayed.values()) == list(range(DOCUMENTS))
+    assert out.count() == DOCUMENTS + 1
+    return {"on_deploy": deployed, "debug": held["doc"], "replay": replayed}
+
+
+def test_deploy_time_code_on_deploy_replay_and_debugger_run_sandboxed(data_dir, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    _setup_outside(data_dir, str(outside), "sandbox")
+    other_before = open_bucket(data_dir, "tenant_b").high_seqnos()
+    tables_before = _tables(str(bucket_path(data_dir, "tenant_b")))
+    seen = _outside_the_worker(data_dir, outside)
+    assert seen["on_deploy"]["action"] == "deploy"
+    results = [seen["on_deploy"]["import"], seen["on_deploy"]["call"], seen["debug"]["import"],
+               seen["debug"]["call"], *(d[part] for d in seen["replay"].values() for part in ("import", "call"))]
+    for probed in results:
+        for what in PROBES:
+            assert probed[what] != "ok", f"{what} succeeded in the sandbox: {probed}"
+    assert list(outside.iterdir()) == []  # nor did the imports at validation write anything
+    assert open_bucket(data_dir, "tenant_b").high_seqnos() == other_before
+    assert _tables(str(bucket_path(data_dir, "tenant_b"))) == tables_before
+
+
+def test_deploy_time_code_on_deploy_replay_and_debugger_without_the_sandbox(data_dir, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    _setup_outside(data_dir, str(outside), "none")
+    seen = _outside_the_worker(data_dir, outside)
+    results = [seen["on_deploy"]["import"], seen["on_deploy"]["call"], seen["debug"]["import"],
+               seen["debug"]["call"], *(d[part] for d in seen["replay"].values() for part in ("import", "call"))]
+    for probed in results:
+        for what in PROBES:
+            assert probed[what] == "ok", f"{what} failed without the sandbox: {probed}"
+    names = {p.name for p in outside.iterdir()}
+    assert "on_deploy.txt" in names and "k3.txt" in names
+    assert sum(n.startswith("import-") for n in names) >= 1  # validation imported it here
