@@ -16,6 +16,10 @@ Workloads (--workload):
            The output bucket has as many partitions as the function has workers (--partitions), as
            docs/handler-api.md recommends for a bucket its workers write: each worker writes a file of its
            own. The plain loop writes the same partitioned bucket (as fast as a one-file bucket: one writer).
+
+--filter-ratio R (W1): the documents get a field `segment`, "vip" in a fraction R of them, and W1 runs twice
+per run in the same process, without a filter and with `{"field": "segment", "eq": "vip"}` (deletes, ~5%,
+pass too: a filter on document fields does not filter deletes); prints both rates and filtered/unfiltered.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from eventing.control.service import EventingService  # noqa: E402
 from eventing.core.definition import FunctionDefinition  # noqa: E402
 from eventing.core.mutation import OP_DELETE, OP_UPDATE, decode_document, encode_document  # noqa: E402
 from eventing.handler import Meta  # noqa: E402
+from eventing.storage import loadgen  # noqa: E402
 from eventing.storage.bucket import LocalBucket, Write  # noqa: E402
 from eventing.storage.factory import create_bucket, open_bucket  # noqa: E402
 from eventing.testing.workloads import TRIVIAL_HANDLER, load_bench_bucket  # noqa: E402
@@ -114,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="partitions of the writing workload's output bucket, for both loops (default: --workers)")
     parser.add_argument("--batch-size", type=int, default=2000)
     parser.add_argument("--data-dir", default=None, help="default: a fresh temporary directory, removed at the end")
+    parser.add_argument("--filter-ratio", type=float, default=None,
+                        help="W1 with and without a filter passing this fraction of the updates (e.g. 0.1)")
     parser.add_argument("--runs", type=int, default=1,
                         help="time the plain loop and eventing this many times, alternating (default 1)")
     args = parser.parse_args(argv)
@@ -134,6 +141,8 @@ def measure(args: argparse.Namespace, handler: str, writing: bool, temps: contex
         return temps.enter_context(tempfile.TemporaryDirectory(prefix=prefix, ignore_cleanup_errors=True))
 
     data_dir = args.data_dir or temp_dir("eventing-bench-")
+    if args.filter_ratio is not None:
+        return measure_filter(args, handler, data_dir)
     t0 = time.perf_counter()
     bucket = load_bench_bucket(data_dir, "bench", args.documents, args.mutations)
     load_s = time.perf_counter() - t0
@@ -175,13 +184,75 @@ def measure(args: argparse.Namespace, handler: str, writing: bool, temps: contex
     return 0
 
 
+FILTER = {"field": "segment", "eq": "vip"}
+
+
+def load_segmented(data_dir: str, documents: int, mutations: int, ratio: float) -> tuple[LocalBucket, int]:
+    """W1's bucket with a field `segment` in every document: "vip" in a fraction `ratio` of them (the same
+    seed, the same choice), "std" in the others. Returns the bucket and how many mutations FILTER passes."""
+    import random
+
+    bucket = create_bucket(data_dir, "bench")
+    rng = random.Random(11)
+    # Deletes pass whatever the filter says of documents: the updates get "vip" less often to make up.
+    deletes = sum(w.op != OP_UPDATE for w in loadgen.generate(documents, mutations, seed=7))
+    ratio = max(0.0, (ratio * mutations - deletes) / max(1, mutations - deletes))
+    passing, part = 0, []
+    for w in loadgen.generate(documents, mutations, seed=7):
+        if w.op == OP_UPDATE:
+            doc = decode_document(w.doc)
+            doc["segment"] = "vip" if rng.random() < ratio else "std"
+            passing += doc["segment"] == "vip"
+            w = Write(w.key, OP_UPDATE, encode_document(doc))
+        else:
+            passing += 1  # a delete has no document: a filter on document fields lets it through
+        part.append(w)
+        if len(part) == 50_000:
+            bucket.write(part)
+            part = []
+    if part:
+        bucket.write(part)
+    return bucket, passing
+
+
+def measure_filter(args: argparse.Namespace, handler: str, data_dir: str) -> int:
+    t0 = time.perf_counter()
+    _, passing = load_segmented(data_dir, args.documents, args.mutations, args.filter_ratio)
+    load_s = time.perf_counter() - t0
+    print(f"load: {args.mutations:,} mutations over {args.documents:,} documents in {load_s:.1f}s; "
+          f"filter {json.dumps(FILTER)} passes {passing:,} ({passing / args.mutations:.1%})")
+    runs: list[dict] = []
+    for run in range(1, args.runs + 1):
+        label = f"run {run}/{args.runs}: " if args.runs > 1 else ""
+        figures = {}
+        for kind, flt in (("unfiltered", None), ("filtered", FILTER)):
+            executor = RayExecutor()
+            got = eventing_run(data_dir, executor, args, handler, run, args.mutations, None, flt=flt,
+                               name=f"fn_{kind}_{run}")
+            ray.shutdown()
+            if got is None:
+                return 1
+            figures[kind] = got["eventing_mps"]
+            print(f"{label}{kind}: {got['handled']:,} mutations in {got['run_s']:.2f}s = "
+                  f"{got['eventing_mps']:,.0f} mutations/s (workers up in {got['up_s']:.1f}s)")
+        ratio = figures["filtered"] / figures["unfiltered"]
+        print(f"{label}ratio filtered/unfiltered: {ratio:.2f}")
+        runs.append({"unfiltered_mps": round(figures["unfiltered"]), "filtered_mps": round(figures["filtered"]),
+                     "ratio": round(ratio, 3)})
+    print(json.dumps({
+        "workload": "trivial", "filter_ratio": args.filter_ratio, "passing": passing, "mutations": args.mutations,
+        "workers": args.workers, "ratio": statistics.median(r["ratio"] for r in runs), "runs": runs,
+    }))
+    return 0
+
+
 def eventing_run(
     data_dir: str, executor: RayExecutor, args: argparse.Namespace, handler: str, run: int, expected: int,
-    plain_out: LocalBucket | None,
+    plain_out: LocalBucket | None, *, flt: dict | None = None, name: str | None = None,
 ) -> dict | None:
     """`eventing run --until-caught-up` of a freshly deployed function (and, writing, a fresh output bucket)
     over the loaded bucket; None (with one line on stderr) when it did not do what the plain loop did."""
-    name = "fn_bench" if run == 1 else f"fn_bench_{run}"
+    name = name or ("fn_bench" if run == 1 else f"fn_bench_{run}")
     out_name = "emails" if run == 1 else f"emails_{run}"
     if plain_out is not None:
         create_bucket(data_dir, out_name, partitions=args.partitions)
@@ -189,6 +260,7 @@ def eventing_run(
         "name": name, "source_bucket": "bench", "worker_count": args.workers,
         "batch_size": args.batch_size, "checkpoint_interval": "1s",
         "bindings": [{"alias": "dst", "bucket": out_name, "access": "rw"}] if plain_out is not None else [],
+        **({"filter": flt} if flt is not None else {}),
     })
     lifecycle.save_function(data_dir, defn, handler)
     lifecycle.deploy(data_dir, name)

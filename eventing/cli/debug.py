@@ -102,6 +102,9 @@ def _print_footer(session: DebugSession) -> None:
         print(f"result: {outcome.kind} returned in {ms:.1f} ms")
     elif outcome.status == "no_handler":
         print("result: the handler defines no function for this operation; the worker skips it too")
+    elif outcome.status == "filtered":
+        print("result: filtered out: the function's filter does not match this mutation, so the worker "
+              "checkpoints it without calling the handler (counter `filtered`)")
     elif outcome.status == "quit":
         print("result: pdb quit before the handler returned; its writes were discarded")
     else:

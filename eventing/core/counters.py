@@ -16,6 +16,7 @@ RECURSION_FILTERED = "recursion_filtered"  # the function's own write to its sou
 HUNG_SKIPPED = "hung_skipped"  # a mutation whose handler hung and recycled the worker earlier
 # a mutation of another collection of the source bucket than the function's source keyspace (passed over)
 COLLECTION_FILTERED = "collection_filtered"
+FILTERED = "filtered"  # a mutation the function's `filter` does not match (checkpointed, no handler call)
 # a mutation of a rewound range that this deployment dead-lettered: its letter's replay handles it
 DEAD_LETTERED_SKIPPED = "dead_lettered_skipped"
 RETRIES = "retries"
@@ -76,6 +77,7 @@ STATS_KEYS: tuple[str, ...] = (
     handler_outcome("on_delete", "failure"),
     handler_outcome("on_delete", "timeout"),
     RECURSION_FILTERED,
+    FILTERED,
     RETRIES,
     EFFECTS_APPLIED,
     EFFECTS_DUPLICATE,

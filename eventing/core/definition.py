@@ -11,7 +11,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
 
-from eventing.core import durations
+from eventing.core import durations, filters
 from eventing.core.keyspaces import DEFAULT, WILDCARD, Keyspace
 from eventing.core.names import check_bucket_name
 from eventing.errors import ConfigError
@@ -103,6 +103,8 @@ class FunctionDefinition:
     # docs/javascript-handlers.md); a definition whose handler file ends in .js is javascript.
     language: str = "python"
     js_heap_limit_mb: int = 128  # a JavaScript handler's V8 heap; a call that passes it is stopped
+    # Mutations that do not match are checkpointed without calling the handler (eventing.core.filters).
+    filter: dict[str, Any] | None = None
     # sandbox: the worker runs in a process that cannot open the data directory (metadata store, bucket
     # files) and reaches only its own bindings through a scoped data service; none: the worker opens the
     # files. "" is the default: sandbox for a function a non-admin deployed, DEFAULT_ADMIN_ISOLATION else.
@@ -205,6 +207,11 @@ class FunctionDefinition:
                     f"{key} of function '{name}' is {kwargs[key]!r}; use one of {', '.join(map(repr, allowed))} "
                     f"(default {allowed[0]!r})"
                 )
+        if kwargs.get("filter") is not None:
+            try:
+                filters.check_filter(kwargs["filter"])
+            except filters.FilterError as exc:
+                raise ConfigError(f"function '{name}': {exc}") from None
         if kwargs.get("execution_timeout", timedelta(seconds=1)).total_seconds() <= 0:
             raise ConfigError(f"execution_timeout of function '{name}' must be positive")
         return cls(**kwargs)
@@ -229,6 +236,8 @@ class FunctionDefinition:
             out[key] = durations.format_duration(getattr(self, key))
         if out["window"] is None:
             del out["window"]
+        if out["filter"] is None:
+            del out["filter"]
         if not self.isolation:  # the default reads as definitions did before the setting
             del out["isolation"]
         return out

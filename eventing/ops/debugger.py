@@ -24,9 +24,7 @@ still handles the mutation in its place, so with `apply` its effects may be appl
 
 The handler runs through `eventing.execution.runner.HandlerRunner`, the code a worker runs it with (same
 bindings, shared effect buffers, document checks and execution timeout); `run_once` is also what
-`eventing.ops.dlq` uses to replay dead letters. A function whose effective isolation is `sandbox` runs its
-handler in a sandboxed child the same way (`eventing.workers.sandbox.SandboxedRunner`, trace only: pdb has
-no terminal there); the trace events and held writes come back to this process.
+`eventing.ops.dlq` uses to replay dead letters.
 """
 
 from __future__ import annotations
@@ -37,12 +35,14 @@ import pdb
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Literal, TextIO
 
 import msgpack
 
 from eventing import handler as handler_api
 from eventing.core.definition import FunctionDefinition
+from eventing.core.filters import compile_filter
 from eventing.core.mutation import OP_NAMES, OP_UPDATE, Mutation
 from eventing.errors import ConfigError, LifecycleError, NotFoundError, StoreError
 from eventing.execution.runner import (
@@ -57,12 +57,11 @@ from eventing.execution.runner import (
 from eventing.handler import Meta
 from eventing.storage.protocol import Bucket
 from eventing.workers.collections import SourceCollections
-from eventing.workers.sandbox import SandboxedRunner, open_runner
 from metadata import Checkpoint, MetadataStore
 from metadata.factory import open_store
 from sharding import NUM_VBUCKETS, validate_key, vbucket_of
 
-Status = Literal["ok", "no_handler", "error", "timeout", "undecodable", "oversize", "quit", "timer_error"]
+Status = Literal["ok", "no_handler", "filtered", "error", "timeout", "undecodable", "oversize", "quit", "timer_error"]
 Mode = Literal["trace", "pdb"]
 
 POLL_S = 0.1  # how often --wait looks at the source again
@@ -87,7 +86,7 @@ class CallOutcome:
     @property
     def ok(self) -> bool:
         """The handler returned (or there is none for this operation, which a worker also counts as done)."""
-        return self.status in ("ok", "no_handler")
+        return self.status in ("ok", "no_handler", "filtered")
 
 
 def prepare_call(runner: HandlerRunner, m: Mutation) -> tuple[CallOutcome, HandlerCall | None]:
@@ -282,14 +281,8 @@ class DebugSession:
             raise ConfigError(f"vBucket {self.vb} does not exist; use 0..{NUM_VBUCKETS - 1}")
         if self.wait_s is not None and self.wait_s < 0:
             raise ConfigError(f"--wait {self.wait_s:g} is negative; give seconds >= 0")
-        # A sandboxed function's handler runs in a sandboxed child (eventing.workers.sandbox); the mutation
-        # is pulled, and held writes applied, here.
-        runtime = open_runner(self.data_dir, self.function)
+        runtime = HandlerRunner.open(self.data_dir, self.function)
         try:
-            if isinstance(runtime, SandboxedRunner) and self.mode == "pdb":
-                raise ConfigError(
-                    f"function '{self.function}' runs sandboxed, where pdb has no terminal; debug it with a trace"
-                )
             self.pulled = pull(
                 self.data_dir, runtime.source, self.function, key=self.key, vb=self.vb, wait_s=self.wait_s
             )
@@ -311,14 +304,14 @@ class DebugSession:
         finally:
             runtime.close()
 
-    def _call(self, runtime: HandlerRunner | SandboxedRunner) -> CallOutcome:
+    def _call(self, runtime: HandlerRunner) -> CallOutcome:
         assert self.pulled is not None
         m = self.pulled.mutation
-        if isinstance(runtime, SandboxedRunner):
-            outcome, events = runtime.run_once(m, trace=True)  # `call` first, then log, read, write, delete
-            for event in events:
-                self._emit(event)
-            return outcome
+        flt = runtime.defn.filter
+        if flt is not None and not compile_filter(flt).matches(m, partial(msgpack.unpackb, raw=False)):
+            # The worker checkpoints it without calling the handler (counter `filtered`).
+            self._emit({"event": "call", "kind": None, "doc": None, "meta": None, "filtered": True})
+            return CallOutcome("filtered")
         prepared = prepare_call(runtime, m)
         outcome = prepared[0]
         self._emit({"event": "call", "kind": outcome.kind or None, "doc": outcome.doc,

@@ -16,17 +16,23 @@ vBucket. Each is accounted for by an effect in the ledger, a dead letter for its
 origin being the function itself (the recursion guard filtered it). Effects of mutations past the
 checkpoint are allowed, since effects become durable before the checkpoint moves: a running function can be
 checked. Checkpoints are read first, then dead letters, then the buckets, so whatever a checkpoint covers
-is already visible.
+is already visible. A function with a `filter` (eventing.core.filters) also accounts for every mutation its
+filter does not match (`filtered`): its workers checkpoint those without calling the handler.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, NamedTuple
 
+import msgpack
+
 from eventing.core.definition import FunctionDefinition
+from eventing.core.filters import compile_filter
 from eventing.core.keyspaces import DEFAULT, Keyspace, split_stored_key
+from eventing.core.mutation import Mutation
 from eventing.errors import ConfigError, LifecycleError
 from eventing.storage.factory import open_bucket
 from eventing.storage.keyspace import collection_id, open_keyspace
@@ -35,6 +41,7 @@ from sharding import NUM_VBUCKETS
 
 EFFECT = "e|"
 HISTORY = "h|"
+decode = partial(msgpack.unpackb, raw=False)
 EXAMPLES = 3  # examples per kind of problem in the one-line verdict
 
 
@@ -81,6 +88,7 @@ class VerifyReport:
     beyond_checkpoint: int = 0  # effects of mutations past the checkpoint (a running function has some)
     past_checkpoint: int = 0  # source mutations past the checkpoint: not owed yet (the checkpoint lag)
     collection_filtered: int = 0  # rows of the source bucket's other collections: not the function's
+    filtered: int = 0  # ... that the function's filter does not match, so not handled
     missing: list[MutationRef] = field(default_factory=list)
     duplicate_effects: list[str] = field(default_factory=list)  # effect keys written more than once
     duplicate_writes: int = 0  # extra writes of those keys
@@ -91,7 +99,7 @@ class VerifyReport:
 
     @property
     def accounted(self) -> int:
-        return self.handled + self.dead_lettered + self.recursion_filtered
+        return self.handled + self.dead_lettered + self.recursion_filtered + self.filtered
 
     @property
     def ok(self) -> bool:
@@ -131,6 +139,8 @@ class VerifyReport:
             parts.append(f"{self.dead_lettered} dead-lettered")
         if self.recursion_filtered:
             parts.append(f"{self.recursion_filtered} filtered by the recursion guard")
+        if self.filtered:
+            parts.append(f"{self.filtered} not matching the function's filter")
         text = ", ".join(parts)
         if self.collection_filtered:
             text += f"; {self.collection_filtered} mutations of other collections passed over"
@@ -155,6 +165,7 @@ class VerifyReport:
             "beyond_checkpoint": self.beyond_checkpoint,
             "past_checkpoint": self.past_checkpoint,
             "collection_filtered": self.collection_filtered,
+            "filtered": self.filtered,
             "missing": [m._asdict() for m in self.missing],
             "duplicate_effects": self.duplicate_effects,
             "duplicate_writes": self.duplicate_writes,
@@ -191,6 +202,7 @@ def check_ledger(
     regressions: Iterable[Mapping[str, Any]] = (),
     source_ids: Collection[int] | None = None,
     ledger_prefix: str = "",
+    matches: Callable[[Mutation], bool] | None = None,
 ) -> VerifyReport:
     """Account for every source mutation with start[vb] < seqno <= upto[vb] (all of them by default).
 
@@ -198,7 +210,8 @@ def check_ledger(
     `dead_letters` are (vBucket, seqno) pairs with a DLQ row; `regressions` are recorded backwards
     checkpoint moves (see SqliteMetadataStore.checkpoint_regressions). `source_ids` are the ids of the
     source's collections (None: every row of the log is the function's); `ledger_prefix` is the key prefix
-    of the ledger's collection (eventing.core.keyspaces.key_prefix).
+    of the ledger's collection (eventing.core.keyspaces.key_prefix). `matches` is the function's filter
+    (None: no filter); it reads the documents, so the log is then read with them.
     """
     if function is None:
         found = ledger_functions(ledger, ledger_prefix)
@@ -216,8 +229,11 @@ def check_ledger(
     dlq = set(dead_letters)
     matched: set[str] = set()
     documents: set[str] = set()
-    for rows in source.log_index():
-        for vb, seqno, key, origin in rows:
+    batches: Iterable[Sequence[Any]] = source.log_index() if matches is None else source.scan_log()
+    for rows in batches:
+        for row in rows:
+            vb, seqno, key = row[0], row[1], row[2]
+            origin = row[3] if matches is None else row[6]
             if source_ids is not None:
                 cid, key = split_stored_key(key)
                 if cid not in source_ids:
@@ -241,6 +257,8 @@ def check_ledger(
                 report.recursion_filtered += 1
             elif (vb, seqno) in dlq:
                 report.dead_lettered += 1
+            elif matches is not None and not matches(row._replace(key=key)):
+                report.filtered += 1
             else:
                 report.missing.append(MutationRef(key, vb, seqno))
     report.unexpected = sorted(k for k in writes if k not in matched)
@@ -250,6 +268,14 @@ def check_ledger(
         if any(b <= a for a, b in zip(seqs, seqs[1:], strict=False)):
             report.out_of_order.append(key)
     return report
+
+
+def _filter_of(defn: FunctionDefinition) -> Callable[[Mutation], bool] | None:
+    """The function's filter as a test of a log entry, as its workers apply it (None: no filter)."""
+    if defn.filter is None:
+        return None
+    compiled = compile_filter(defn.filter)
+    return lambda m: compiled.matches(m, decode)
 
 
 def ledger_bucket_of(defn: FunctionDefinition) -> str:
@@ -318,6 +344,7 @@ def verify_function(data_dir: str, function: str, *, ledger: str | None = None) 
         report = check_ledger(
             source, target, function=function, upto=upto, start=start,
             dead_letters=dead_letters, regressions=regressions, source_ids=source_ids, ledger_prefix=ledger_prefix,
+            matches=_filter_of(defn),
         )
     finally:
         source.close()

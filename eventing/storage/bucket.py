@@ -33,6 +33,7 @@ from operator import itemgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple, Self
 
+from eventing.core.filters import Prefilter
 from eventing.core.keyspaces import COLLECTION_MARK, vbucket_of_stored
 from eventing.core.mutation import OP_DELETE, OP_EXPIRE, OP_UPDATE, Mutation, decode_document, encode_document
 from eventing.core.names import check_bucket_name
@@ -67,6 +68,21 @@ CREATE TABLE IF NOT EXISTS effect_marks(
 """
 
 _LOG_COLUMNS = "vb, seqno, key, op, cas, doc, origin, expiry, flags, arrival_ms"
+
+
+def _prefilter_sql(prefilter: Prefilter) -> tuple[str, list]:
+    """A Prefilter as an SQL condition on a log row and its parameters."""
+    terms, params = ["1"], []
+    for prefix in prefilter.key_prefixes:
+        terms.append("substr(key, 1, ?) = ?")
+        params += [len(prefix), prefix]
+    if prefilter.needles:
+        clauses = []
+        for alternatives in prefilter.needles:
+            clauses.append("(" + " OR ".join("instr(doc, ?) > 0" for _ in alternatives) + ")")
+            params += list(alternatives)
+        terms.append(f"(op != {OP_UPDATE} OR doc IS NULL OR ({' AND '.join(clauses)}))")
+    return " AND ".join(terms), params
 _by_vb = itemgetter(0)
 WAL_AUTOCHECKPOINT_PAGES = 10_000
 # Workers writing one bucket wait for its write lock by trying every millisecond rather than in SQLite's
@@ -654,6 +670,29 @@ class LocalBucket:
             f"SELECT {_LOG_COLUMNS} FROM log WHERE vb=? AND seqno>? ORDER BY seqno LIMIT ?",
             (vb, after_seqno, limit),
         ).fetchall()
+
+    def read_vb_matching(
+        self, vb: int, after_seqno: int, limit: int, upto: int, prefilter: Prefilter, origin: str
+    ) -> tuple[list[tuple], int, int]:
+        """The next ``limit`` log entries of one vBucket after ``after_seqno`` (none past ``upto``) less the
+        ones ``prefilter`` rules out (eventing.core.filters.Prefilter, checked by SQLite on the key and the
+        document's bytes: those rows never become Python objects). Entries written by ``origin`` and
+        entries of named collections are always returned. Returns (rows in seqno order, how many entries
+        the range held, its last seqno)."""
+        scanned, last = self._db.execute(
+            "SELECT count(*), max(seqno) FROM (SELECT seqno FROM log WHERE vb = ?1 AND seqno > ?2 AND seqno <= ?3 "
+            "ORDER BY seqno LIMIT ?4)",
+            (vb, after_seqno, upto, limit),
+        ).fetchone()
+        if not scanned:
+            return [], 0, after_seqno
+        sql, params = _prefilter_sql(prefilter)
+        rows = self._db.execute(
+            f"SELECT {_LOG_COLUMNS} FROM log WHERE vb = ? AND seqno > ? AND seqno <= ? "
+            f"AND (origin = ? OR substr(key, 1, 1) = ? OR ({sql})) ORDER BY seqno",
+            (vb, after_seqno, last, origin, COLLECTION_MARK, *params),
+        ).fetchall()
+        return rows, scanned, last
 
     def read_vb_columns(self, vb: int, after_seqno: int, limit: int) -> tuple | None:
         """read_vb_rows's answer column by column, concatenated by SQLite (no Python object per entry: about

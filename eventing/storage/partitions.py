@@ -48,6 +48,7 @@ from sharding import NUM_VBUCKETS
 from sharding.plan import split_even
 
 if TYPE_CHECKING:
+    from eventing.core.filters import Prefilter
     from eventing.storage.protocol import FileBucket
 
 
@@ -187,6 +188,11 @@ class PartitionedBucket:
 
     def read_vb_rows(self, vb: int, after_seqno: int, limit: int) -> list[tuple]:
         return self.parts[self._part_of_vb[vb]].read_vb_rows(vb, after_seqno, limit)
+
+    def read_vb_matching(
+        self, vb: int, after_seqno: int, limit: int, upto: int, prefilter: Prefilter, origin: str
+    ) -> tuple[list[tuple], int, int]:
+        return self.parts[self._part_of_vb[vb]].read_vb_matching(vb, after_seqno, limit, upto, prefilter, origin)
 
     def read_vb_columns(self, vb: int, after_seqno: int, limit: int) -> tuple | None:
         return self.parts[self._part_of_vb[vb]].read_vb_columns(vb, after_seqno, limit)

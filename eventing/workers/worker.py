@@ -12,10 +12,12 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import partial
 
 import msgpack
 
 from eventing.core import counters as counter_names
+from eventing.core import filters
 from eventing.core.definition import FunctionDefinition
 from eventing.core.mutation import OP_TIMER, OP_UPDATE, Mutation, pack_mutation
 from eventing.errors import FencedError, OrderViolationError, StoreError
@@ -37,6 +39,7 @@ from eventing.workers.collections import COLLECTION_MARK_BYTES, SourceCollection
 from metadata import TIMER_VB_BASE, DlqRow, TimerDone, TimerRecord, owner_vb
 
 _as_mutation = tuple.__new__  # a row tuple as a Mutation, built in C (Mutation(*row) is ~0.3 us)
+_unpack = partial(msgpack.unpackb, raw=False)
 HANG_GRACE_S = 2.0  # past execution_timeout, how long a handler SIGALRM could not stop may still run
 
 
@@ -106,6 +109,15 @@ class WorkerCore:
         )
         self.runner = HandlerRunner(self.name, self.defn, record.source, self.source, self.data.bucket, self.app_log)
         self.collections = SourceCollections(self.source, self.defn.source_keyspace)
+        # The function's filter (eventing.core.filters): rows it does not match are dropped before any
+        # handler path (_drop_filtered), or, with previous_version (whose versions follow the log order),
+        # one by one in _handle. A file source also skips them in its query when their bytes tell
+        # (read_vb_matching): those rows never become Python objects.
+        self.filter = filters.compile_filter(self.defn.filter) if self.defn.filter is not None else None
+        self._drops = self.filter is not None and self.runner.previous is None
+        self._prefilter = (
+            self.filter.prefilter if self._drops and self.filter is not None and not self._reads_ahead else None
+        ) or None
         self.rw_bindings = self.runner.rw_bindings
         # at_least_once: no effect marks are read, fenced or written (see LocalBucket.apply_effects).
         self.marked = self.defn.delivery == "exactly_once"
@@ -387,7 +399,7 @@ class WorkerCore:
     def _process(self, work: list[int], limits: dict[int, int], budget: int) -> int:
         # Resume the rotation where the last step stopped, so every vBucket makes progress even when
         # the budget is smaller than the backlog; read long runs of one vBucket per query.
-        window_only = self.on_update is None and self.window_rows is not None
+        window_only = self.on_update is None and self.window_rows is not None and self.filter is None
         if self._reads_ahead and not window_only:
             self._prefetch(work, limits, budget)
         handled = 0
@@ -399,6 +411,9 @@ class WorkerCore:
                 break
             limit = min(budget - handled, limits[vb] - self.positions[vb])
             position = self.positions[vb]
+            if self._prefilter is not None:
+                handled += self._read_matching(vb, position, limit, limits[vb])
+                continue
             if window_only:
                 taken = self._take_window_batch(vb, position, limit)
                 if taken:
@@ -410,6 +425,61 @@ class WorkerCore:
             else:
                 handled += self._handle_run(vb, position, rows)
         return handled
+
+    def _read_matching(self, vb: int, position: int, limit: int, upto: int) -> int:
+        """_process's read of the next `limit` log entries of a vBucket from a file source whose query
+        leaves out the rows the filter's byte check rules out; they are counted as filtered here, the rest
+        go on as read rows do. Returns how many entries it passed (0: none left up to `upto`)."""
+        rows, scanned, last = self.source.read_vb_matching(  # type: ignore[attr-defined]
+            vb, position, limit, upto, self._prefilter, self.name
+        )
+        if rows and self.collections.mixed(rows):
+            self._handle_collections(vb, position, rows)
+        elif rows:
+            self._handle_run(vb, position, rows)
+        skipped = scanned - len(rows)
+        if skipped:
+            c = self.counters
+            c[counter_names.MUTATIONS_SEEN] += skipped
+            c[counter_names.FILTERED] += skipped
+        if last > self.positions[vb]:
+            self.positions[vb] = last
+        return scanned
+
+    def _drop_filtered(self, vb: int, position: int, rows: list) -> list:
+        """The rows of a run the filter matches, in order (the others counted as filtered). Rows this
+        function wrote (recursion guard) and rows this deployment dead-lettered stay: _handle counts them."""
+        flt = self.filter
+        assert flt is not None
+        match_update, match_delete, needs_doc = flt.update, flt.delete, flt.needs_doc
+        name, lettered, unpack = self.name, self._lettered, msgpack.unpackb
+        kept = []
+        for row in rows:
+            seqno = row[1]
+            if seqno <= position:
+                self._order_violation(vb, seqno, position)
+            position = seqno
+            if row[6] == name or (lettered and (vb, seqno) in lettered):
+                kept.append(row)
+                continue
+            raw = row[5]
+            if row[3] != OP_UPDATE or raw is None:
+                ok = match_delete(row)
+            elif needs_doc:
+                try:
+                    ok = match_update(row, unpack(raw, raw=False))
+                except Exception:  # noqa: BLE001 - undecodable: the handler path dead-letters it
+                    ok = True
+            else:
+                ok = match_update(row, None)
+            if ok:
+                kept.append(row)
+        dropped = len(rows) - len(kept)
+        if dropped:
+            c = self.counters
+            c[counter_names.MUTATIONS_SEEN] += dropped
+            c[counter_names.FILTERED] += dropped
+        return kept
 
     def _handle_collections(self, vb: int, position: int, rows: list) -> int:
         """A run whose rows are not all of the source collection: the others are passed over (their seqnos
@@ -430,7 +500,7 @@ class WorkerCore:
         runner.keyspace = self.collections.default_meta
         return len(rows)
 
-    def _handle_run(self, vb: int, position: int, rows: list) -> int:
+    def _handle_run(self, vb: int, position: int, rows: list, matched: bool = False) -> int:
         """_handle over a run of one vBucket's log rows (tuples in Mutation's field order), with the common
         case inlined: an update of a decodable document within max_document_bytes, not written by this
         function, for on_update. Anything else (deletes, dead letters, the recursion guard, window rows,
@@ -439,6 +509,12 @@ class WorkerCore:
         HandlerCall, no dispatch, counters added once a run): a third of a worker's cost on a trivial handler."""
         runner = self.runner
         positions = self.positions
+        if self._drops and not matched and rows:
+            kept = self._drop_filtered(vb, position, rows)
+            if kept:
+                self._handle_run(vb, position, kept, True)
+            positions[vb] = rows[-1][1]
+            return len(rows)
         if self.on_update is None or self.window_rows is not None or runner.previous is not None or self._lettered:
             for row in rows:
                 m = _as_mutation(Mutation, row)
@@ -634,6 +710,11 @@ class WorkerCore:
             return
         if self._lettered and (m.vb, m.seqno) in self._lettered:
             c[self._lettered[(m.vb, m.seqno)]] += 1  # this deployment dead-lettered it already (see assign_vbuckets)
+            if self.runner.previous is not None:
+                self.runner.seen(m)
+            return
+        if not self._drops and self.filter is not None and not self.filter.matches(m, _unpack):
+            c[counter_names.FILTERED] += 1  # with previous_version: its version is still seen, in log order
             if self.runner.previous is not None:
                 self.runner.seen(m)
             return
