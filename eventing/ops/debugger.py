@@ -24,7 +24,9 @@ still handles the mutation in its place, so with `apply` its effects may be appl
 
 The handler runs through `eventing.execution.runner.HandlerRunner`, the code a worker runs it with (same
 bindings, shared effect buffers, document checks and execution timeout); `run_once` is also what
-`eventing.ops.dlq` uses to replay dead letters.
+`eventing.ops.dlq` uses to replay dead letters. A function whose effective isolation is `sandbox` runs its
+handler in a sandboxed child the same way (`eventing.workers.sandbox.SandboxedRunner`, trace only: pdb has
+no terminal there); the trace events and held writes come back to this process.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from eventing.execution.runner import (
 from eventing.handler import Meta
 from eventing.storage.protocol import Bucket
 from eventing.workers.collections import SourceCollections
+from eventing.workers.sandbox import SandboxedRunner, open_runner
 from metadata import Checkpoint, MetadataStore
 from metadata.factory import open_store
 from sharding import NUM_VBUCKETS, validate_key, vbucket_of
@@ -281,8 +284,14 @@ class DebugSession:
             raise ConfigError(f"vBucket {self.vb} does not exist; use 0..{NUM_VBUCKETS - 1}")
         if self.wait_s is not None and self.wait_s < 0:
             raise ConfigError(f"--wait {self.wait_s:g} is negative; give seconds >= 0")
-        runtime = HandlerRunner.open(self.data_dir, self.function)
+        # A sandboxed function's handler runs in a sandboxed child (eventing.workers.sandbox); the mutation
+        # is pulled, and held writes applied, here.
+        runtime = open_runner(self.data_dir, self.function)
         try:
+            if isinstance(runtime, SandboxedRunner) and self.mode == "pdb":
+                raise ConfigError(
+                    f"function '{self.function}' runs sandboxed, where pdb has no terminal; debug it with a trace"
+                )
             self.pulled = pull(
                 self.data_dir, runtime.source, self.function, key=self.key, vb=self.vb, wait_s=self.wait_s
             )
@@ -304,7 +313,7 @@ class DebugSession:
         finally:
             runtime.close()
 
-    def _call(self, runtime: HandlerRunner) -> CallOutcome:
+    def _call(self, runtime: HandlerRunner | SandboxedRunner) -> CallOutcome:
         assert self.pulled is not None
         m = self.pulled.mutation
         flt = runtime.defn.filter
@@ -312,6 +321,11 @@ class DebugSession:
             # The worker checkpoints it without calling the handler (counter `filtered`).
             self._emit({"event": "call", "kind": None, "doc": None, "meta": None, "filtered": True})
             return CallOutcome("filtered")
+        if isinstance(runtime, SandboxedRunner):
+            outcome, events = runtime.run_once(m, trace=True)  # `call` first, then log, read, write, delete
+            for event in events:
+                self._emit(event)
+            return outcome
         prepared = prepare_call(runtime, m)
         outcome = prepared[0]
         self._emit({"event": "call", "kind": outcome.kind or None, "doc": outcome.doc,
