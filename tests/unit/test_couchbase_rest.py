@@ -57,8 +57,6 @@ class Api:
         return open_store(self.data_dir).get_function(name).state.value
 
 
-@pytest.mark.skip(reason="several JavaScript handlers validated from the server's thread pool crash V8 (STPyV8) "
-                         "until the runtime enters its contexts per thread")
 def test_a_couchbase_export_posted_as_a_list_then_status_flags_deploy_pause_resume_undeploy(api):
     r = api.call("POST", "/api/v1/functions", export())
     assert r.status_code == 200, r.text
@@ -90,8 +88,6 @@ def test_one_function_in_couchbase_json_and_its_appcode_checksum(api):
     assert "names function 'audit_orders' but the URL names 'other'" in r.json()["description"]
 
 
-@pytest.mark.skip(reason="several JavaScript handlers validated from the server's thread pool crash V8 (STPyV8) "
-                         "until the runtime enters its contexts per thread")
 def test_listings_reset_stats_and_full_stats(api):
     api.call("POST", "/api/v1/import", export())
     assert api.call("GET", "/api/v1/list/functions?source_bucket=shop&function_scope=shop.sales",
@@ -123,8 +119,6 @@ def test_config_keeps_what_this_system_has_and_refuses_the_rest(api):
     assert api.call("POST", "/api/v1/config", {"enable_debugger": True}, token=READ).status_code == 403
 
 
-@pytest.mark.skip(reason="several JavaScript handlers validated from the server's thread pool crash V8 (STPyV8) "
-                         "until the runtime enters its contexts per thread")
 def test_export_in_couchbase_format_masks_secrets_unless_the_admin_asks(api):
     item = json.loads(FIXTURE.read_text())[0]
     item["settings"]["deployment_status"] = False
