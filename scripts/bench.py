@@ -121,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", default=None, help="default: a fresh temporary directory, removed at the end")
     parser.add_argument("--filter-ratio", type=float, default=None,
                         help="W1 with and without a filter passing this fraction of the updates (e.g. 0.1)")
+    parser.add_argument("--isolation", choices=("none", "sandbox", "both"), default="none",
+                        help="the function's isolation; both: each run times eventing unsandboxed, then sandboxed")
     parser.add_argument("--runs", type=int, default=1,
                         help="time the plain loop and eventing this many times, alternating (default 1)")
     args = parser.parse_args(argv)
@@ -156,29 +158,42 @@ def measure(args: argparse.Namespace, handler: str, writing: bool, temps: contex
         n_plain, plain_s = plain_loop(bucket, handler, plain_out)
         plain_mps = n_plain / plain_s
         print(f"{label}plain loop: {n_plain:,} mutations in {plain_s:.2f}s = {plain_mps:,.0f} mutations/s")
-        t1 = time.perf_counter()
-        executor = RayExecutor()
-        print(f"  ray.init {time.perf_counter() - t1:.1f}s")
-        figures = eventing_run(data_dir, executor, args, handler, run, n_plain, plain_out)
-        # Each run starts and ends a Ray instance of its own, as a single run does, so every plain loop
-        # runs with no Ray on the machine.
-        ray.shutdown()
-        if figures is None:
-            return 1
-        eventing_mps = figures["eventing_mps"]
-        print(f"{label}eventing ({args.workers} Ray workers): {figures['handled']:,} mutations in "
-              f"{figures['run_s']:.2f}s = {eventing_mps:,.0f} mutations/s once workers were up "
-              f"(workers up in {figures['up_s']:.1f}s)")
-        ratio = eventing_mps / plain_mps
-        print(f"{label}ratio eventing/plain: {ratio:.2f}")
-        runs.append({"plain_mps": round(plain_mps), "eventing_mps": round(eventing_mps), "ratio": round(ratio, 3)})
-    summary = {key: statistics.median(r[key] for r in runs) for key in ("plain_mps", "eventing_mps", "ratio")}
+        row: dict = {"plain_mps": round(plain_mps)}
+        isolations = ("none", "sandbox") if args.isolation == "both" else (args.isolation,)
+        for isolation in isolations:  # alternating within each run: the machine's load hits both alike
+            t1 = time.perf_counter()
+            executor = RayExecutor()
+            print(f"  ray.init {time.perf_counter() - t1:.1f}s")
+            figures = eventing_run(data_dir, executor, args, handler, run, n_plain, plain_out, isolation=isolation)
+            # Each run starts and ends a Ray instance of its own, as a single run does, so every plain loop
+            # runs with no Ray on the machine.
+            ray.shutdown()
+            if figures is None:
+                return 1
+            eventing_mps = figures["eventing_mps"]
+            print(f"{label}eventing ({args.workers} Ray workers, isolation {isolation}): {figures['handled']:,} "
+                  f"mutations in {figures['run_s']:.2f}s = {eventing_mps:,.0f} mutations/s once workers were up "
+                  f"(workers up in {figures['up_s']:.1f}s)")
+            ratio = eventing_mps / plain_mps
+            print(f"{label}ratio eventing/plain ({isolation}): {ratio:.2f}")
+            prefix = "sandbox_" if isolation == "sandbox" and len(isolations) > 1 else ""
+            row.update({f"{prefix}eventing_mps": round(eventing_mps), f"{prefix}ratio": round(ratio, 3)})
+        if len(isolations) > 1:
+            row["sandbox_cost"] = round(1 - row["sandbox_eventing_mps"] / row["eventing_mps"], 3)
+            print(f"{label}sandboxed/unsandboxed: {row['sandbox_eventing_mps'] / row['eventing_mps']:.2f}")
+        runs.append(row)
+    keys = [k for k in runs[0] if k != "sandbox_cost"]
+    summary = {key: statistics.median(r[key] for r in runs) for key in keys}
     if args.runs > 1:
         ratios = ", ".join(f"{r['ratio']:.2f}" for r in runs)
         print(f"ratios: {ratios}; median {summary['ratio']:.2f}")
     print(json.dumps({
         "workload": args.workload, "plain_mps": round(summary["plain_mps"]), "eventing_mps": round(summary["eventing_mps"]),
-        "ratio": round(summary["ratio"], 3), "load_mps": round(args.mutations / load_s), "mutations": args.mutations,
+        "ratio": round(summary["ratio"], 3), "isolation": args.isolation,
+        **({"sandbox_eventing_mps": round(summary["sandbox_eventing_mps"]),
+            "sandbox_cost_median": statistics.median(r["sandbox_cost"] for r in runs)}
+           if args.isolation == "both" else {}),
+        "load_mps": round(args.mutations / load_s), "mutations": args.mutations,
         "workers": args.workers, **({"partitions": args.partitions} if writing else {}), **({"runs": runs} if args.runs > 1 else {}),
     }))
     return 0
@@ -248,17 +263,19 @@ def measure_filter(args: argparse.Namespace, handler: str, data_dir: str) -> int
 
 def eventing_run(
     data_dir: str, executor: RayExecutor, args: argparse.Namespace, handler: str, run: int, expected: int,
-    plain_out: LocalBucket | None, *, flt: dict | None = None, name: str | None = None,
+    plain_out: LocalBucket | None, *, isolation: str = "none", flt: dict | None = None, name: str | None = None,
 ) -> dict | None:
     """`eventing run --until-caught-up` of a freshly deployed function (and, writing, a fresh output bucket)
     over the loaded bucket; None (with one line on stderr) when it did not do what the plain loop did."""
     name = name or ("fn_bench" if run == 1 else f"fn_bench_{run}")
     out_name = "emails" if run == 1 else f"emails_{run}"
+    if isolation != "none":  # each run's sandboxed function and output bucket are its own
+        name, out_name = f"{name}_{isolation}", f"{out_name}_{isolation}"
     if plain_out is not None:
         create_bucket(data_dir, out_name, partitions=args.partitions)
     defn = FunctionDefinition.from_dict({
         "name": name, "source_bucket": "bench", "worker_count": args.workers,
-        "batch_size": args.batch_size, "checkpoint_interval": "1s",
+        "batch_size": args.batch_size, "checkpoint_interval": "1s", "isolation": isolation,
         "bindings": [{"alias": "dst", "bucket": out_name, "access": "rw"}] if plain_out is not None else [],
         **({"filter": flt} if flt is not None else {}),
     })
