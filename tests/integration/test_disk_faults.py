@@ -2,6 +2,8 @@
 by a filler file so that a load and a run meet ENOSPC mid-work. Each stops with one line naming the file
 system and the fix, exits non-zero, keeps what it committed and damages no file; once the filler is
 deleted the same command completes, and `eventing verify` finds every mutation handled exactly once.
+The same for a window sink on a full disk (its windows equal the plain computation once space is freed),
+for the metadata store alone on a full disk, and for a run on Ray workers.
 Then damaged files through the same commands: a bucket file overwritten in the middle or cut short."""
 
 from __future__ import annotations
@@ -17,6 +19,20 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+
+from eventing.control import lifecycle
+from eventing.control.service import EventingService
+from eventing.core.definition import FunctionDefinition
+from eventing.core.mutation import OP_UPDATE, decode_document
+from eventing.ops.windows import window_status
+from eventing.testing import load_source
+from eventing.testing.windows import assert_same_results, python_aggregator, reference_results
+from eventing.windows.runtime import host
+from eventing.windows.runtime.host import WindowOptions
+from eventing.windows.semantics import WindowSpec
+from eventing.windows.spark.sink import ParquetWindowSink, SqliteWindowSink
+from eventing.workers.executor import InProcessExecutor
+from metadata.factory import open_store
 
 pytestmark = pytest.mark.integration
 
@@ -127,6 +143,132 @@ def test_a_load_and_a_run_on_a_full_disk_stop_with_one_line_and_complete_once_sp
         verified = eventing(data_dir, "verify", "fn_ledger", "--ledger", "ledger")
         assert verified.returncode == 0, verified.stdout + verified.stderr
         assert f"ALL MUTATIONS ACCOUNTED FOR ({owed} of {owed})" in verified.stdout, verified.stdout
+        assert_every_file_intact(data_dir)
+
+
+MIN = 60_000
+
+
+def integrity_ok(path: Path) -> None:
+    db = sqlite3.connect(path)
+    try:
+        assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok", path
+    finally:
+        db.close()
+
+
+@pytest.mark.parametrize("kind", ["parquet", "sqlite"])
+def test_a_window_sink_on_a_full_disk_stops_the_run_with_one_line_and_writes_every_window_once_space_is_freed(
+    tmp_path, monkeypatch, kind
+):
+    """The data directory has room; the sink's folder (or file) is on a full file system. The run stops with
+    the one line every full disk gives, no window is recorded as emitted that the sink does not hold, and
+    the next run writes exactly the windows of the plain computation."""
+    monkeypatch.setattr(host, "make_aggregator", lambda master=None: python_aggregator)  # no Spark here
+    monkeypatch.setenv("EVENTING_STORE_WAIT_S", "1")
+    data_dir = str(tmp_path / "data")
+    source = load_source(data_dir, 200, 3000, seed=5, span_ms=30 * MIN)
+    with small_filesystem(tmp_path / "small", 8) as fs:
+        location = fs / ("results.sqlite3" if kind == "sqlite" else "results")
+        window = {"kind": "tumbling", "size": "1m", "time_field": "ts", "group_by": ["country"],
+                  "aggregates": ["count", {"op": "sum", "field": "amount"}],
+                  "sink": {"kind": kind, "path": str(location)}}
+        defn = FunctionDefinition.from_dict({"name": "fn_w", "source_bucket": "src", "worker_count": 2,
+                                             "checkpoint_interval": "100ms", "batch_size": 500, "window": window})
+        lifecycle.save_function(data_dir, defn, "")
+        lifecycle.deploy(data_dir, "fn_w")
+
+        def run() -> list[str]:
+            service = EventingService(data_dir, InProcessExecutor(), until_caught_up=True,
+                                      windows=WindowOptions(close_windows=True))
+            return service.run().errors
+
+        def sink() -> ParquetWindowSink | SqliteWindowSink:
+            return SqliteWindowSink(location) if kind == "sqlite" else ParquetWindowSink(location)
+
+        filler = fill_leaving(fs, 8192)
+        errors = run()
+        assert len(errors) == 1, errors
+        line = errors[0]
+        assert line.startswith("fn_w: cannot write ") and "\n" not in line, line
+        assert "the disk is full" in line and f"free space on the file system of {location.parent}" in line, line
+        assert "run the command again" in line and "Error:" not in line, line
+        filler.unlink()
+        # Nothing was recorded as emitted that the sink does not hold, and no file is damaged.
+        status = window_status(data_dir, "fn_w")
+        assert status["windows_emitted"] == len(sink().written_windows("fn_w")) == 0, status
+        for path in [Path(data_dir) / "metadata.sqlite3", Path(data_dir) / "buckets" / "src.sqlite3"]:
+            integrity_ok(path)
+        if kind == "sqlite" and location.exists():
+            integrity_ok(location)
+
+        assert run() == []
+        store = open_store(data_dir)
+        try:
+            late = {(r.vb, r.seqno) for r in store.dlq_rows("fn_w")}
+        finally:
+            store.close()
+        docs = [(m.vb, m.seqno, decode_document(m.doc)) for batch in source.scan_log() for m in batch
+                if m.op == OP_UPDATE]
+        windows = sorted({(t - t % MIN, t - t % MIN + MIN) for vb, seqno, doc in docs if (vb, seqno) not in late
+                          for t in [doc["ts"]]})
+        assert sorted(sink().written_windows("fn_w")) == windows
+        assert_same_results(sink().read("fn_w"), reference_results(docs, WindowSpec.from_dict(window), windows,
+                                                                   exclude=late))
+        status = window_status(data_dir, "fn_w")
+        assert status["windows_emitted"] == len(windows) and status["closed_not_emitted"] == 0, status
+        if kind == "sqlite":
+            integrity_ok(location)
+
+
+def test_the_metadata_store_on_a_full_disk_stops_a_run_with_one_line_while_the_buckets_have_room(tmp_path):
+    """The data directory on a full file system, its buckets/ folder on another one with room: only the
+    metadata store's writes (checkpoints, counters, heartbeats) meet the full disk."""
+    roomy = tmp_path / "buckets"
+    roomy.mkdir()
+    with small_filesystem(tmp_path / "small", 16) as fs:
+        data_dir = str(fs / "data")
+        Path(data_dir).mkdir()
+        (Path(data_dir) / "buckets").symlink_to(roomy)
+        for argv in (["bucket", "create", "customers"], ["bucket", "create", "ledger"],
+                     ["bucket", "load", "customers", "--documents", "1000", "--mutations", "20000", "--seed", "1"],
+                     ["deploy", str(ROOT / "functions" / "fn_ledger.json")]):
+            assert eventing(data_dir, *argv).returncode == 0
+
+        filler = fill_leaving(fs, 64 << 10)
+        run = ["run", "--until-caught-up", "--executor", "in-process", "--quiet"]
+        line = one_error_line(eventing(data_dir, *run))
+        assert f"cannot write {data_dir}/metadata.sqlite3: the disk is full" in line, line
+        assert f"free space on the file system of {data_dir}" in line and "run the command again" in line, line
+        filler.unlink()
+        assert_every_file_intact(data_dir)
+        done = eventing(data_dir, *run)
+        assert done.returncode == 0, done.stdout + done.stderr
+        verified = eventing(data_dir, "verify", "fn_ledger", "--ledger", "ledger")
+        assert "ALL MUTATIONS ACCOUNTED FOR (20000 of 20000)" in verified.stdout, verified.stdout + verified.stderr
+        assert_every_file_intact(data_dir)
+
+
+def test_a_run_on_ray_workers_on_a_full_disk_stops_with_one_line_and_completes_once_space_is_freed(tmp_path):
+    with small_filesystem(tmp_path / "small", FS_MB) as fs:
+        data_dir = str(fs / "data")
+        for argv in (["bucket", "create", "customers"], ["bucket", "create", "ledger"],
+                     ["bucket", "load", "customers", "--documents", "1000", "--mutations", "20000", "--seed", "1"],
+                     ["deploy", str(ROOT / "functions" / "fn_ledger.json")]):
+            assert eventing(data_dir, *argv).returncode == 0
+
+        filler = fill_leaving(fs, 2 << 20)
+        run = ["run", "--until-caught-up", "--executor", "ray", "--quiet"]
+        line = one_error_line(eventing(data_dir, *run))
+        assert "the disk is full" in line and "free space on the file system of" in line and data_dir in line, line
+        assert "run the command again" in line
+        filler.unlink()
+        assert_every_file_intact(data_dir)
+        done = eventing(data_dir, *run)
+        assert done.returncode == 0, done.stdout + done.stderr
+        verified = eventing(data_dir, "verify", "fn_ledger", "--ledger", "ledger")
+        assert verified.returncode == 0, verified.stdout + verified.stderr
+        assert "ALL MUTATIONS ACCOUNTED FOR (20000 of 20000)" in verified.stdout, verified.stdout
         assert_every_file_intact(data_dir)
 
 

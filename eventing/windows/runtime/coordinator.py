@@ -61,6 +61,7 @@ from eventing.windows.batches import read_row_batch
 from eventing.windows.runtime.arrivals import LIFTS, Judged
 from eventing.windows.runtime.coordinator_state import AcceptedBatch, CoordinatorState, PendingWindow
 from eventing.windows.runtime.emission import (
+    DISK_FULL_RETRY_S,
     DRAIN_ATTEMPTS,
     EMIT_RETRY_S,
     Aggregator,
@@ -69,6 +70,7 @@ from eventing.windows.runtime.emission import (
     Sink,
     emit,
     fault,
+    is_disk_full,
     job_sort_key,
     make_sink,
     stage,
@@ -83,6 +85,7 @@ from eventing.windows.semantics.sessions import SessionOperator
 from eventing.windows.semantics.substreams import SubstreamWindowOperator
 from eventing.windows.semantics.windows import arrow_epoch_ms
 from metadata import DlqRow, MetadataStore
+from metadata.sqlite_io import store_wait_s
 
 log = logging.getLogger("eventing.windows")
 
@@ -132,6 +135,7 @@ class WindowCoordinator:
         self._inflight_windows: list[PendingWindow] = []
         self.last_error: BaseException | None = None
         self._emit_failures = 0
+        self._disk_full_since: float | None = None  # when the sink first met a full disk, in this streak
         self._retry_at = 0.0
         self._jobs = 0
         self._last_waiting_check = 0.0
@@ -681,6 +685,21 @@ class WindowCoordinator:
         self._inflight = None
         group, self._inflight_windows = self._inflight_windows, []
         error = future.exception()
+        if error is not None and is_disk_full(error):
+            # As a metadata write does: wait for free space, trying again every second, and stop the
+            # function once the disk stayed full for $EVENTING_STORE_WAIT_S. The windows stay pending in the
+            # committed state, so the next run writes them.
+            now = time.monotonic()
+            if self._disk_full_since is None:
+                self._disk_full_since = now
+                log.warning("function %s: %s; waiting for free space (up to %.0fs)",
+                            self.function, error, store_wait_s())
+            counters["window_emit_failures"] += 1
+            self.last_error = error
+            if now - self._disk_full_since >= store_wait_s():
+                raise error
+            self._retry_at = now + DISK_FULL_RETRY_S
+            return False
         if error is not None:
             delay = EMIT_RETRY_S[min(self._emit_failures, len(EMIT_RETRY_S) - 1)]
             self._emit_failures += 1
@@ -693,6 +712,7 @@ class WindowCoordinator:
             self.last_error = error
             return False
         self._emit_failures = 0
+        self._disk_full_since = None
         self.pending = [p for p in self.pending if p not in group]
         counters["windows_emitted"] += len(group)
         self._dirty = True

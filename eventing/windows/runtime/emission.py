@@ -25,6 +25,14 @@ FAULT_ENV = "EVENTING_WINDOWS_FAULT"  # tests: "after_state_commit" or "after_si
 FAULT_EXIT_CODE = 97
 EMIT_RETRY_S = (1.0, 5.0, 15.0, 30.0)
 DRAIN_ATTEMPTS = 3  # a stopping service gives up emitting after this many failed Spark jobs in a row
+DISK_FULL_RETRY_S = 1.0  # a sink on a full disk is tried again this often, up to $EVENTING_STORE_WAIT_S
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """A sink write that met a full disk (``StoreError`` "cannot write ...: the disk is full ...")."""
+    from eventing.errors import StoreError
+
+    return isinstance(error, StoreError) and "the disk is full" in str(error)
 
 
 class Aggregator(Protocol):

@@ -184,6 +184,10 @@ class WindowHost:
                     )
             except FencedError:
                 done = True  # the function runs again under a newer coordinator, which emits what is left
+            except EventingError as exc:  # a full disk, a store that failed: its own one line says what to do
+                log.error("function %s: windows: %s", name, exc)
+                self.errors.append(_error_line(name, exc))
+                done = True
             except Exception as exc:  # noqa: BLE001 - the committed state keeps the windows for the next run
                 log.exception("window coordinator of function %s failed while emitting", name)
                 self.errors.append(f"{name}: windows: {type(exc).__name__}: {exc}")
@@ -207,7 +211,7 @@ class WindowHost:
         if not stopping and sup.error is None:
             sup.error = exc  # the service stops the function and reports the error as its own
         else:
-            self.errors.append(f"{sup.name}: windows: {exc}")
+            self.errors.append(_error_line(sup.name, exc))
         self._drop(sup.name)
 
     def _drop(self, name: str) -> None:
@@ -228,3 +232,11 @@ class WindowHost:
         if self._store is not None:
             self._store.close()
             self._store = None
+
+
+def _error_line(function: str, exc: EventingError) -> str:
+    """A run's error line for a failure of a function's windows: a full disk reads as every other full disk
+    does (``FN: cannot write PATH: the disk is full ...``, the path naming the window file or sink)."""
+    from eventing.windows.runtime.emission import is_disk_full
+
+    return f"{function}: {exc}" if is_disk_full(exc) else f"{function}: windows: {exc}"

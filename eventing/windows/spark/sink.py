@@ -10,13 +10,14 @@ per window) and ``SqliteWindowSink`` (one typed table per function).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import re
 import sqlite3
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Protocol
 
@@ -211,7 +212,7 @@ class SqliteWindowSink:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self._connect() as conn:
+        with self._disk_full(), self._connect() as conn:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute(
                 "CREATE TABLE IF NOT EXISTS window_sink_functions ("
@@ -233,6 +234,25 @@ class SqliteWindowSink:
     def _connect(self) -> sqlite3.Connection:
         # 30 s: a concurrent writer holds the lock for one write() call, which is milliseconds.
         return sqlite3.connect(self.path, timeout=30)
+
+    @contextlib.contextmanager
+    def _disk_full(self) -> Iterator[None]:
+        """SQLite's error on a full disk as one line naming the file and the fix (SQLite says "disk I/O
+        error" when it cannot grow its shared-memory file, "database or disk is full" when a page does not
+        fit). The transaction was rolled back: the sink holds every window of a call or none."""
+        try:
+            yield
+        except sqlite3.OperationalError as exc:
+            if "full" not in str(exc) and not _no_space_left(self.path.parent):
+                raise
+            from eventing.errors import StoreError
+
+            folder = self.path.parent
+            raise StoreError(
+                f"cannot write {self.path}: the disk is full ({exc}); free space on the file system of {folder} "
+                f"(see `df {folder}`), then run the command again (everything committed is kept: windows not "
+                "written yet are written then)"
+            ) from None
 
     def _table_for(
         self, conn: sqlite3.Connection, function: str, schema: pa.Schema | None
@@ -269,13 +289,19 @@ class SqliteWindowSink:
         _check_function(function)
         parts = split_by_window(results, windows, substream)
         group_by = result_group_by(results.schema)
-        names = results.schema.names
         now_ms = int(time.time() * 1000)
+        with self._disk_full():
+            return self._write(function, results.schema, parts, group_by, now_ms)
+
+    def _write(
+        self, function: str, schema: pa.Schema, parts: dict[WindowId, pa.Table], group_by: list[str], now_ms: int
+    ) -> int:
+        names = schema.names
         written = 0
         conn = self._connect()
         try:
             with conn:  # one transaction for the whole call
-                found = self._table_for(conn, function, results.schema)
+                found = self._table_for(conn, function, schema)
                 assert found is not None
                 table_name = found[0]
                 insert = (
@@ -326,6 +352,10 @@ class SqliteWindowSink:
 
     def written_windows(self, function: str) -> set[WindowId]:
         _check_function(function)
+        with self._disk_full():
+            return self._written_windows(function)
+
+    def _written_windows(self, function: str) -> set[WindowId]:
         conn = self._connect()
         try:
             rows = conn.execute(
@@ -340,3 +370,12 @@ class SqliteWindowSink:
         finally:
             conn.close()
         return {(start, end) for start, end in rows} | {(start, end, value) for start, end, value in subs}
+
+
+def _no_space_left(folder: Path) -> bool:
+    """True when the file system of ``folder`` has no block left for an unprivileged writer."""
+    try:
+        stats = os.statvfs(folder)
+    except OSError:
+        return False
+    return stats.f_bavail * stats.f_frsize < 1 << 20  # less than a MB: SQLite cannot grow its files
