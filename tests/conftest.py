@@ -47,6 +47,23 @@ def ray_executor(ray_session):
     return RayExecutor()
 
 
+@pytest.fixture(params=["in-process", pytest.param("ray", marks=pytest.mark.integration)])
+def executor_kind(request) -> str:
+    """The executor a scenario runs on, each scenario once per kind (as bytewax runs each test under run_main
+    and cluster_main): "in-process" in the unit run, "ray" (marked integration) in the integration run."""
+    return request.param
+
+
+@pytest.fixture
+def executor(executor_kind, request):
+    """An executor of `executor_kind`: InProcessExecutor, or a RayExecutor on the session's Ray instance."""
+    if executor_kind == "ray":
+        return request.getfixturevalue("ray_executor")
+    from eventing.workers.executor import InProcessExecutor
+
+    return InProcessExecutor()
+
+
 @pytest.fixture(scope="session")
 def spark():
     """The process's one SparkSession (local[2]) for the whole session: a cold start costs ~10 s. The runtime's

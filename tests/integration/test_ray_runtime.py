@@ -1,5 +1,6 @@
-"""The runtime on a real local Ray instance: order, exactly-once, distribution, crash recovery,
-and a long-running service that follows lifecycle changes made by other processes."""
+"""The runtime on a real local Ray instance: crash recovery (worker processes and the driver killed), and a
+long-running service that follows lifecycle changes made by other processes. Order, exactly-once and the
+distribution over workers run on both executors in tests/unit/test_runtime_inprocess.py (`executor_kind`)."""
 
 from __future__ import annotations
 
@@ -62,36 +63,6 @@ class CheckpointWatcher(BackgroundLoop):
 
     def finish(self) -> None:
         self.store.close()
-
-
-def test_several_functions_handle_every_mutation_once_in_per_document_order(data_dir, tmp_path, ray_executor):
-    source = load(data_dir, documents=1500, mutations=15_000)
-    workers = {"fn_four": 4, "fn_three": 3, "fn_two": 2}
-    logs = {}
-    for name, count in workers.items():
-        logs[name] = tmp_path / f"{name}.calls"
-        deploy(data_dir, ledger_definition(name, "src", f"ledger_{name}", workers=count, call_log=str(logs[name]), batch_size=500))
-    summary = EventingService(data_dir, ray_executor, until_caught_up=True).run()
-    assert not summary.errors
-    store = open_store(data_dir)
-    for name, count in workers.items():
-        assert summary.functions[name].handled == 15_000
-        report = check_ledger(source, open_bucket(data_dir, f"ledger_{name}"))
-        assert report.ok, f"{name}: {report.summary()}"
-        calls = read_call_log(logs[name])
-        assert sum(len(v) for v in calls.values()) == 15_000  # no fault: exactly once
-        assert all(seqs == sorted(set(seqs)) for seqs in calls.values())
-        owners: dict[str, int] = {}
-        for cp in store.checkpoints(name).values():
-            owners[cp.owner] = owners.get(cp.owner, 0) + 1
-        expected = {4: [256] * 4, 3: [342, 341, 341], 2: [512, 512]}[count]
-        assert [owners[f"local/w{i}"] for i in range(count)] == expected
-        assert len({pid for pid in read_pids(logs[name])}) == count  # really on `count` processes
-
-
-def read_pids(path) -> set[str]:
-    with open(path) as f:
-        return {line.split()[2] for line in f}
 
 
 def kill_workers_during_run(data_dir, tmp_path, executor, *, mutations: int, kills: int, ledger_partitions: int = 1) -> None:

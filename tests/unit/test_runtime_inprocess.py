@@ -1,5 +1,7 @@
 """The runtime on the in-process executor: order, exactly-once effects, recursion guard, dead letters,
-timeouts, retries, crash and restart. The same scenarios run on real Ray in tests/integration."""
+timeouts, retries, crash and restart. Scenarios taking the `executor_kind` fixture run on both executors:
+in-process in the unit run, on real Ray in the integration run (tests/conftest.py); the Ray-only scenarios
+(worker processes killed, a driver killed, a live service) are in tests/integration/test_ray_runtime.py."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from eventing.control.service import EventingService
 from eventing.core.definition import FunctionDefinition
 from eventing.core.mutation import unpack_mutation
 from eventing.storage.bucket import LocalBucket
+from eventing.storage.factory import open_bucket
 from eventing.testing import (
     check_ledger,
     deploy_function,
@@ -34,18 +37,37 @@ def run(data_dir: str, **kwargs):
     return EventingService(data_dir, InProcessExecutor(), until_caught_up=True, **kwargs).run()
 
 
-def test_every_mutation_is_handled_once_in_per_document_order(data_dir, tmp_path):
-    source = load(data_dir)
-    calls = tmp_path / "calls.log"
-    deploy(data_dir, ledger_definition("fn_a", "src", "ledger", workers=3, call_log=str(calls)))
-    summary = run(data_dir)
-    assert summary.functions["fn_a"].handled == 3000
-    report = check_ledger(source, LocalBucket.open(data_dir, "ledger"))
-    assert report.ok, report.summary()
-    assert report.handled == 3000
-    per_doc = read_call_log(calls)
-    assert sum(len(v) for v in per_doc.values()) == 3000  # no fault: exactly one call per mutation
-    assert all(seqs == sorted(set(seqs)) for seqs in per_doc.values())
+def test_several_functions_handle_every_mutation_once_in_per_document_order(data_dir, tmp_path, executor_kind, executor):
+    mutations = 15_000 if executor_kind == "ray" else 3000
+    source = load(data_dir, documents=mutations // 10, mutations=mutations, seed=3)
+    workers = {"fn_four": 4, "fn_three": 3, "fn_two": 2}
+    logs = {}
+    for name, count in workers.items():
+        logs[name] = tmp_path / f"{name}.calls"
+        deploy(data_dir, ledger_definition(name, "src", f"ledger_{name}", workers=count, call_log=str(logs[name]), batch_size=500))
+    summary = EventingService(data_dir, executor, until_caught_up=True).run()
+    assert not summary.errors
+    store = open_store(data_dir)
+    for name, count in workers.items():
+        assert summary.functions[name].handled == mutations
+        report = check_ledger(source, open_bucket(data_dir, f"ledger_{name}"))
+        assert report.ok, f"{name}: {report.summary()}"
+        assert report.handled == mutations
+        calls = read_call_log(logs[name])
+        assert sum(len(v) for v in calls.values()) == mutations  # no fault: exactly one call per mutation
+        assert all(seqs == sorted(set(seqs)) for seqs in calls.values())
+        owners: dict[str, int] = {}
+        for cp in store.checkpoints(name).values():
+            owners[cp.owner] = owners.get(cp.owner, 0) + 1
+        expected = {4: [256] * 4, 3: [342, 341, 341], 2: [512, 512]}[count]
+        assert [owners[f"local/w{i}"] for i in range(count)] == expected
+        if executor_kind == "ray":
+            assert len(read_pids(logs[name])) == count  # really on `count` processes
+
+
+def read_pids(path) -> set[str]:
+    with open(path) as f:
+        return {line.split()[2] for line in f}
 
 
 def test_checkpoints_reach_the_high_seqnos_and_stats_count_calls(data_dir):
