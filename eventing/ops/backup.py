@@ -105,11 +105,8 @@ def restore(data_dir: str, backup_file: str) -> dict:
     if target.exists():
         services: list[str] = []
         try:
-            store = open_store(data_dir, create=False)
-            try:
+            with open_store(data_dir, create=False) as store:
                 services = store.live_services(SERVICE_STALE_S)
-            finally:
-                store.close()
         except (NotFoundError, StoreCorruptError):
             pass  # a damaged store is what a restore is for; its message said to stop every process first
         if services:

@@ -88,11 +88,8 @@ def drop(data_dir: str, bucket: str) -> dict:
     uses = _refuse_if_in_use(data_dir, bucket, "drop")
     stats: dict = {"documents": None, "tombstones": None, "mutations": None}  # unknown: a damaged file
     try:
-        source = open_bucket(data_dir, bucket)
-        try:
+        with open_bucket(data_dir, bucket) as source:
             stats = source.stats()
-        finally:
-            source.close()
     except StoreCorruptError:
         pass  # dropping is the way out of a damaged bucket; drop_bucket deletes its files as they are
     path = drop_bucket(data_dir, bucket)
@@ -109,11 +106,8 @@ def flush(data_dir: str, bucket: str) -> dict:
     if not ks.is_default:
         return flush_collection(data_dir, ks)
     _refuse_if_in_use(data_dir, ks.bucket, "flush")
-    target = open_bucket(data_dir, ks.bucket)
-    try:
+    with open_bucket(data_dir, ks.bucket) as target:
         return target.flush()
-    finally:
-        target.close()
 
 
 FLUSH_PAGE = 1000  # documents deleted per transaction by flush_collection

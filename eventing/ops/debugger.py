@@ -220,8 +220,7 @@ def pull(
 ) -> Pulled:
     """Find the next mutation, polling the source for up to `wait_s` seconds; NotFoundError if none came."""
     deadline = time.monotonic() + (wait_s or 0)
-    store = open_store(data_dir, create=False)
-    try:
+    with open_store(data_dir, create=False) as store:
         while True:
             pulled = find_next(store, source, function, key=key, vb=vb)
             if pulled is not None:
@@ -229,8 +228,6 @@ def pull(
             if time.monotonic() >= deadline:
                 break
             time.sleep(POLL_S)
-    finally:
-        store.close()
     where = f"of key '{key}'" if key is not None else f"in vBucket {vb}" if vb is not None else "in any vBucket"
     waited = f" within {wait_s:g}s" if wait_s else ""
     hint = "; write one, or pass --wait SECONDS to wait for one" if not wait_s else "; write one, or wait longer"

@@ -87,8 +87,7 @@ def rewind(
         raise ConfigError("give exactly one of --to-seqno N and --to-time TIME")
     if vb is not None and not 0 <= vb < NUM_VBUCKETS:
         raise ConfigError(f"vBucket {vb} does not exist; vBuckets are numbered 0..{NUM_VBUCKETS - 1}")
-    store = open_store(data_dir, create=False)
-    try:
+    with open_store(data_dir, create=False) as store:
         record = store.get_function(name)
         check_rewind_allowed(name, record.state)
         defn = FunctionDefinition.from_dict(record.definition)
@@ -138,5 +137,3 @@ def rewind(
         if store.get_function(name).state is not FunctionState.PAUSED:  # resumed by another process meanwhile
             raise LifecycleError(f"function '{name}' was resumed while being rewound; pause it and rewind again")
         return result
-    finally:
-        store.close()

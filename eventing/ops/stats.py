@@ -83,12 +83,9 @@ def couchbase_stats(counters: dict[str, float]) -> dict[str, int]:
 
 def couchbase_full_stats(data_dir: str, name: str) -> dict[str, Any]:
     """One function's counters in Couchbase's `/api/v1/stats?type=full` groups and names."""
-    store = open_store(data_dir, create=False)
-    try:
+    with open_store(data_dir, create=False) as store:
         store.get_function(name)
         counters = store.counters(name)
-    finally:
-        store.close()
     cb = couchbase_stats(counters)
 
     def c(key: str) -> int:
@@ -121,23 +118,17 @@ def couchbase_full_stats(data_dir: str, name: str) -> dict[str, Any]:
 
 
 def function_stats(data_dir: str, name: str) -> dict[str, Any]:
-    store = open_store(data_dir, create=False)
-    try:
+    with open_store(data_dir, create=False) as store:
         record = store.get_function(name)
         counters = store.counters(name)
         cps = store.checkpoints(name)
         services = running_services(store)
         backlog = store.timer_backlog(name, int(time.time() * 1000))
         window_state = store.window_states().load(name) if record.definition.get("window") is not None else None
-    finally:
-        store.close()
     lag = None
     if cps:
-        source = open_bucket(data_dir, record.definition["source_bucket"])
-        try:
+        with open_bucket(data_dir, record.definition["source_bucket"]) as source:
             highs = source.high_seqnos()
-        finally:
-            source.close()
         lag = sum(max(0, highs[vb] - cp.seqno) for vb, cp in cps.items())
     out: dict[str, Any] = {"function": name, "state": record.state.value}
     out.update({k: int(counters.get(k, 0)) for k in counter_names.STATS_KEYS})
@@ -226,8 +217,7 @@ NO_SERVICE_HINT = "no service is running this function; start one with `eventing
 def function_status(data_dir: str, name: str | None = None) -> dict[str, Any]:
     """States of one function (or all), how many vBuckets live workers own, the live services and which
     of them leads (the others are standbys)."""
-    store = open_store(data_dir, create=False)
-    try:
+    with open_store(data_dir, create=False) as store:
         records = [store.get_function(name)] if name else store.list_functions()
         services = running_services(store)
         views = []
@@ -244,8 +234,6 @@ def function_status(data_dir: str, name: str | None = None) -> dict[str, Any]:
                 view["hint"] = NO_SERVICE_HINT
             views.append(view)
         leader = leader_view(store, services)
-    finally:
-        store.close()
     standbys = [sid for sid in services if leader is None or sid != leader["id"]]
     return {"services": services, "leader": leader, "standbys": standbys, "functions": views}
 
@@ -274,23 +262,17 @@ def checkpoint_view(
 
     if vb is not None and not 0 <= vb < NUM_VBUCKETS:
         raise ConfigError(f"vBucket {vb} does not exist; vBuckets are numbered 0..{NUM_VBUCKETS - 1}")
-    store = open_store(data_dir, create=False)
-    try:
+    with open_store(data_dir, create=False) as store:
         record = store.get_function(name)
         cps = store.checkpoints(name)
         starts = store.checkpoint_starts(name)
-    finally:
-        store.close()
     if not cps:
         raise LifecycleError(
             f"function '{name}' has no checkpoints (it is {record.state.value}); deploy it first"
         )
-    source = open_bucket(data_dir, record.definition["source_bucket"])
-    try:
+    with open_bucket(data_dir, record.definition["source_bucket"]) as source:
         highs = source.high_seqnos()
         source_uuid = source.uuid
-    finally:
-        source.close()
     rows = []
     for n, cp in sorted(cps.items()):
         backlog = max(0, highs[n] - cp.seqno)

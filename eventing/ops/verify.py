@@ -297,8 +297,7 @@ def verify_function(data_dir: str, function: str, *, ledger: str | None = None) 
     from eventing.control.lifecycle import EPOCH_SHIFT
     from metadata.factory import open_store
 
-    store = open_store(data_dir, create=False)
-    try:
+    with open_store(data_dir, create=False) as store:
         record = store.get_function(function)
         defn = FunctionDefinition.from_dict(record.definition)
         checkpoints = store.checkpoints(function)  # first: whatever they cover is visible below
@@ -311,8 +310,6 @@ def verify_function(data_dir: str, function: str, *, ledger: str | None = None) 
         dead_letters = {(r.vb, r.seqno) for r in store.dlq_rows(function, include_replayed=True)}
         regressions = store.checkpoint_regressions(function, min_epoch=record.generation << EPOCH_SHIFT)
         rewinds = store.checkpoint_rewinds(function, min_epoch=record.generation << EPOCH_SHIFT)
-    finally:
-        store.close()
     ledger_name = ledger or ledger_bucket_of(defn)
     source = open_bucket(data_dir, defn.source_bucket)
     try:

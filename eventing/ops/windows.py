@@ -29,8 +29,7 @@ def window_status(data_dir: str, name: str) -> dict[str, Any]:
     from eventing.windows.runtime.row_writer import RowLayout
     from metadata.factory import open_store
 
-    store = open_store(data_dir, create=False)
-    try:
+    with open_store(data_dir, create=False) as store:
         record = store.get_function(name)
         window = record.definition.get("window")
         if window is None:
@@ -40,8 +39,6 @@ def window_status(data_dir: str, name: str) -> dict[str, Any]:
         layout = RowLayout.for_definition(name, window)
         state = store.window_states().load(name)
         counters = store.counters(name)
-    finally:
-        store.close()
     spec = layout.spec
     operator = (state or {}).get("operator") or {}
     watermark = (operator.get("tracker") or {}).get("watermark_ms")
