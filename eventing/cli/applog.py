@@ -18,11 +18,8 @@ def cmd_log(args: argparse.Namespace) -> int:
     data_dir = existing_data_dir(args)
     if args.lines < 0:
         raise ConfigError(f"--lines {args.lines} is negative; give a number of lines >= 0")
-    store = open_store(data_dir, create=False)
-    try:
+    with open_store(data_dir, create=False) as store:
         FunctionDefinition.from_dict(store.get_function(args.function).definition)  # unknown -> clear error
-    finally:
-        store.close()
     path = log_path(data_dir, args.function)
     lines = tail(path, args.lines)
     if args.json and not args.follow:

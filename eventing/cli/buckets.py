@@ -177,11 +177,8 @@ def cmd_bucket_expire(args: argparse.Namespace) -> int:
 
 
 def cmd_bucket_keys(args: argparse.Namespace) -> int:
-    bucket = open_keyspace(data_dir_of(args), args.name)
-    try:
+    with open_keyspace(data_dir_of(args), args.name) as bucket:
         keys = bucket.keys(args.prefix, args.limit)
-    finally:
-        bucket.close()
     if args.json:
         emit_json(keys)
     else:
@@ -200,16 +197,13 @@ def _doc_line(key: str, doc: dict, meta: dict) -> dict:
 
 
 def cmd_bucket_scan(args: argparse.Namespace) -> int:
-    bucket = open_keyspace(data_dir_of(args), args.name)
-    try:
+    with open_keyspace(data_dir_of(args), args.name) as bucket:
         lines = (_doc_line(*item) for item in bucket.scan(args.prefix, args.limit))
         if args.json:
             emit_json(list(lines))
         else:
             for line in lines:
                 print(json.dumps(line, separators=(",", ":"), default=str))
-    finally:
-        bucket.close()
     return 0
 
 
@@ -240,11 +234,8 @@ def cmd_bucket_export(args: argparse.Namespace) -> int:
 
 
 def cmd_bucket_count(args: argparse.Namespace) -> int:
-    bucket = open_keyspace(data_dir_of(args), args.name)
-    try:
+    with open_keyspace(data_dir_of(args), args.name) as bucket:
         count = bucket.count()
-    finally:
-        bucket.close()
     if args.json:
         emit_json({"bucket": args.name, "documents": count})
     else:

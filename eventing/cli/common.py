@@ -59,11 +59,8 @@ def check_function_buckets(data_dir: str, functions: list[str] | None = None) ->
     from eventing.storage.factory import open_bucket
     from metadata.factory import open_store
 
-    store = open_store(data_dir)
-    try:
+    with open_store(data_dir) as store:
         records = store.list_functions()
-    finally:
-        store.close()
     names: set[str] = set()
     for record in records:
         if (functions and record.name not in functions) or record.state.value == "undeployed":
@@ -71,11 +68,8 @@ def check_function_buckets(data_dir: str, functions: list[str] | None = None) ->
         names.add(record.definition.get("source_bucket", ""))
         names.update(b.get("bucket", "") for b in record.definition.get("bindings", []) if isinstance(b, dict))
     for name in sorted(n for n in names if n and bucket_path(data_dir, n).exists()):
-        bucket = open_bucket(data_dir, name)
-        try:
+        with open_bucket(data_dir, name) as bucket:
             bucket.verify_integrity()
-        finally:
-            bucket.close()
 
 
 def parse_doc_arg(text: str) -> dict:

@@ -36,11 +36,8 @@ def _refuse_if_paused(target: str, data_dir: str) -> None:
     name = load_definition_file(target)[0].name if is_file else target
     if not (Path(data_dir) / SQLITE_FILE).exists() and not os.environ.get(METADATA_URL_ENV):
         return
-    store = open_store(data_dir)
-    try:
+    with open_store(data_dir) as store:
         known = {r.name: r for r in store.list_functions()}
-    finally:
-        store.close()
     if name in known and known[name].state is FunctionState.PAUSED:
         update = f"`eventing create {target}` updates its definition and handler, then " if is_file else ""
         raise LifecycleError(

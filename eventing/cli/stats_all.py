@@ -15,11 +15,8 @@ HEADERS = ["function", "state", "seen", "success", "failure", "timeout", "dead l
 
 
 def all_stats(data_dir: str) -> list[dict[str, Any]]:
-    store = open_store(data_dir, create=False)
-    try:
+    with open_store(data_dir, create=False) as store:
         names = [r.name for r in store.list_functions()]
-    finally:
-        store.close()
     return [function_stats(data_dir, name) for name in names]
 
 

@@ -43,15 +43,12 @@ def cmd_user_add(args: argparse.Namespace) -> int:
 
     check_user_name(args.name)
     roles = [str(g) for g in parse_roles(args.role or [])]
-    store = open_store(writable_data_dir(args))
-    try:
+    with open_store(writable_data_dir(args)) as store:
         names = {u.name for u in store.list_users()}
         if args.name in names and not args.replace:
             raise ConfigError(f"user '{args.name}' exists; add --replace to give it a new password and roles")
         password = _password(args)
         record = store.put_user(args.name, hash_password(password), roles)
-    finally:
-        store.close()
     if args.json:
         emit_json({"name": record.name, "roles": list(record.roles)})
     else:
@@ -86,11 +83,8 @@ def cmd_user_list(args: argparse.Namespace) -> int:
 def cmd_user_remove(args: argparse.Namespace) -> int:
     from eventing.cli.common import existing_data_dir
 
-    store = open_store(existing_data_dir(args), create=False)
-    try:
+    with open_store(existing_data_dir(args), create=False) as store:
         store.delete_user(args.name)
-    finally:
-        store.close()
     if args.json:
         emit_json({"name": args.name, "removed": True})
     else:

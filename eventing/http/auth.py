@@ -384,8 +384,7 @@ def deploying_as(data_dir: str, name: str, identity: Identity) -> Iterator[None]
     never runs recorded as an admin's), and put the previous record back if the deploy or resume fails."""
     from metadata.factory import open_store
 
-    store = open_store(data_dir, create=False)
-    try:
+    with open_store(data_dir, create=False) as store:
         previous = store.get_function(name).deployed_by
         store.set_deployed_by(name, {"user": identity.user, "admin": identity.is_admin, "at": time.time()})
         try:
@@ -393,8 +392,6 @@ def deploying_as(data_dir: str, name: str, identity: Identity) -> Iterator[None]
         except BaseException:
             store.set_deployed_by(name, previous)
             raise
-    finally:
-        store.close()
 
 
 # -- endpoints of the REST API ---------------------------------------------------------------------------

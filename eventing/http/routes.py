@@ -162,11 +162,8 @@ def list_functions(c: EndpointRequest) -> list[dict[str, Any]]:
 def get_function(c: EndpointRequest) -> dict[str, Any] | Response:
     if _couchbase_format(c):  # ?format=couchbase: Couchbase's function JSON, errors in its shape
         return _couchbase_call(lambda: _with_warnings(*lifecycle.export_couchbase(c.data_dir, c.name)))
-    store = open_store(c.data_dir, create=False)
-    try:
+    with open_store(c.data_dir, create=False) as store:
         return _document(store.get_function(c.name))
-    finally:
-        store.close()
 
 
 def _couchbase_format(c: EndpointRequest) -> bool:
@@ -306,22 +303,16 @@ def save_settings(c: EndpointRequest) -> dict[str, Any] | Response:
         if key in body:
             raise ConfigError(f"settings cannot change '{key}'; use POST /api/v1/functions/{c.name}"
                               + ("/appcode" if key != "name" else ""))
-    store = open_store(c.data_dir, create=False)
-    try:
+    with open_store(c.data_dir, create=False) as store:
         record = store.get_function(c.name)
-    finally:
-        store.close()
     defn = FunctionDefinition.from_dict({**record.definition, **body})
     return stats.function_view(lifecycle.save_function(c.data_dir, defn, record.source))
 
 
 def _save_couchbase_settings(c: EndpointRequest, body: dict[str, Any]) -> Response:
     fields, state, warnings = couchbase_format.settings_from_couchbase(c.name, body)
-    store = open_store(c.data_dir, create=False)
-    try:
+    with open_store(c.data_dir, create=False) as store:
         record = store.get_function(c.name)
-    finally:
-        store.close()
     changed = {k: v for k, v in fields.items() if k != "boundary"}
     updated = FunctionDefinition.from_dict({**record.definition, **changed})
     if updated != FunctionDefinition.from_dict(record.definition):  # only a change needs an undeployed or paused function
@@ -350,11 +341,8 @@ def appcode_checksum(c: EndpointRequest) -> Response:
 
 def save_appcode(c: EndpointRequest) -> dict[str, Any]:
     source = c.text()
-    store = open_store(c.data_dir, create=False)
-    try:
+    with open_store(c.data_dir, create=False) as store:
         record = store.get_function(c.name)
-    finally:
-        store.close()
     defn = FunctionDefinition.from_dict(record.definition)
     return stats.function_view(lifecycle.save_function(c.data_dir, defn, source))
 
@@ -385,11 +373,8 @@ def status(c: EndpointRequest) -> dict[str, Any]:
         if name:
             raise
         return {"apps": [], "num_eventing_nodes": 0, "services": []}
-    store = open_store(c.data_dir, create=False)
-    try:
+    with open_store(c.data_dir, create=False) as store:
         nodes = len([n for n in Topology(store).nodes() if n["state"] != "joining"])
-    finally:
-        store.close()
     return {"apps": [_status_app(v, nodes) for v in data["functions"]], "num_eventing_nodes": nodes,
             "services": data["services"]}
 
@@ -412,12 +397,9 @@ def reset_stats(c: EndpointRequest) -> Response:
         if not name:
             raise ConfigError("resetStatsCounters needs ?appName=FUNCTION")
         check_function_name(name)
-        store = open_store(c.data_dir, create=False)
-        try:
+        with open_store(c.data_dir, create=False) as store:
             store.get_function(name)
             store.reset_counters(name, keep_prefixes=("dlq_",))
-        finally:
-            store.close()
         return JSONResponse({"name": name, "reset": True})
 
     return _couchbase_call(run)
@@ -557,11 +539,8 @@ def checkpoints(c: EndpointRequest) -> dict[str, Any]:
 
 
 def _topology_call(c: EndpointRequest, fn: Callable[[Topology], Any]) -> Any:
-    store = open_store(c.data_dir, create=False)
-    try:
+    with open_store(c.data_dir, create=False) as store:
         return fn(Topology(store))
-    finally:
-        store.close()
 
 
 def _request_view(request: dict[str, Any] | None) -> dict[str, Any] | None:
