@@ -257,11 +257,21 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None, join_lo
             # address="local": always a new instance of our own. Without it Ray joins the last cluster
             # `ray start` left on this machine (/tmp/ray/ray_current_cluster), whose workers run in
             # another directory with another environment: joining one takes --ray-address.
-            with _environment(env):
+            with _environment({**env, **light_worker_env()}):
                 ray.init(address="local", **kwargs)
     except (ConnectionError, ValueError, RuntimeError) as exc:
         target = address or "a local Ray instance"
         raise EventingError(f"cannot start or join {target}: {exc}; check --ray-address or `ray status`") from None
+
+
+def light_worker_env() -> dict[str, str]:
+    """The environment that makes a local instance's worker processes ~40 MB lighter each
+    (eventing.workers.ray_setup); empty when EVENTING_RAY_LIGHT_WORKERS=0 or another set-up hook is set."""
+    from eventing.workers.ray_setup import SETUP_HOOK, SETUP_HOOK_ENV
+
+    if os.environ.get("EVENTING_RAY_LIGHT_WORKERS") == "0" or os.environ.get(SETUP_HOOK_ENV):
+        return {}
+    return {SETUP_HOOK_ENV: SETUP_HOOK}
 
 
 PROJECT_PACKAGES = ("eventing", "metadata", "sharding")

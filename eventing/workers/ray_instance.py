@@ -59,10 +59,13 @@ def start(data_dir: str | os.PathLike[str], *, num_cpus: int | None = None, work
     found = running(data_dir)
     if found is not None:
         return found
+    from eventing.workers.executor import light_worker_env
+
     root = str(Path(__file__).resolve().parents[2])  # the folder holding eventing/, metadata/, sharding/
     env = {
         **os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
         "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+        **light_worker_env(),
     }
     cpus = num_cpus or os.cpu_count() or 2
     temp_dir = tempfile.mkdtemp(prefix="eventing-ray-", dir="/tmp")  # Ray's socket paths stay short

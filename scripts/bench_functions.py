@@ -1,0 +1,293 @@
+"""Many functions on one machine: N functions on one source, run until caught up by one `eventing run`.
+
+Couchbase deployments commonly run dozens of functions on one source bucket. This loads one source of
+--mutations mutations over --documents documents (the bench workload), deploys --functions functions (each
+--workers workers, a trivial Python handler writing one document per mutation into a binding bucket of its
+own), and runs them all with one `eventing run --until-caught-up --json` as a subprocess
+(--executor ray: a Ray instance of its own, as a plain `eventing run` starts it). Every 0.5 s it samples the
+process tree of that command by pid (the run, the Ray GCS, raylet, agents and worker processes it started)
+and sums VmRSS (and PSS, which counts shared pages once); the peak is reported.
+
+The baseline, measured in the same invocation on a copy of the same source: ONE such function with the same
+workers, alone, times N (its catch-up time x N; its RSS as it is). Reported per run:
+
+- catch_up_s: from the first handler call to the command's exit (the command's wall time less start-up);
+- startup_s: from the command to its first handler call (`eventing run --json`'s startup.first_handler_call_s);
+- peak_rss_mb / peak_pss_mb: the peak of the tree's summed RSS / PSS, with how many processes it held;
+- ratio: catch_up_s / (baseline catch_up_s x N). The project's goals: 20 functions within 2 GB of RSS and
+  caught up within 2x the baseline;
+- cpu_s / cpu_ratio: CPU seconds of the whole tree (each process as last sampled), and N functions' CPU over
+  N x the baseline's. On a machine busy with other work, 2N worker processes take a larger share of the
+  cores than 2 do, which flatters the wall-clock ratio; the CPU ratio does not depend on that.
+
+Runs alternate baseline first / many first (--runs). Each line names the load average at its start. The last
+line is JSON (medians over the runs, and every run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+from eventing.control import lifecycle  # noqa: E402
+from eventing.core.definition import FunctionDefinition  # noqa: E402
+from eventing.storage.factory import create_bucket  # noqa: E402
+from eventing.testing.workloads import load_bench_bucket  # noqa: E402
+
+# One binding write per mutation: the cheapest handler that still does what a function is for.
+HANDLER = '''
+def on_update(doc, meta):
+    dst[meta.id] = {"rev": doc.get("rev")}
+
+def on_delete(meta, options):
+    if meta.id in dst:
+        del dst[meta.id]
+'''
+
+SAMPLE_EVERY_S = 0.5
+
+
+# -- the process tree, from /proc ----------------------------------------------------------------------
+
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _stat(pid: int) -> tuple[int, int, float] | None:
+    """(parent pid, start time in clock ticks, CPU seconds used) of a live process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()
+    return int(fields[1]), int(fields[19]), (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def tree(root: int) -> dict[int, tuple[int, float]]:
+    """Every live process under `root` (and root), by pid, with its start time and CPU seconds."""
+    children: dict[int, list[int]] = {}
+    stats: dict[int, tuple[int, float]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            st = _stat(int(name))
+            if st is not None:
+                children.setdefault(st[0], []).append(int(name))
+                stats[int(name)] = (st[1], st[2])
+    out: dict[int, tuple[int, float]] = {}
+    todo = [root]
+    while todo:
+        pid = todo.pop()
+        if pid in stats and pid not in out:
+            out[pid] = stats[pid]
+            todo.extend(children.get(pid, ()))
+    return out
+
+
+def memory_mb(pid: int) -> tuple[float, float]:
+    """(RSS, PSS) of a process in MB; zeros once it is gone."""
+    rss = pss = 0.0
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Rss:"):
+                    rss = int(line.split()[1]) / 1024
+                elif line.startswith("Pss:"):
+                    pss = int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return rss, pss
+
+
+class TreeSampler(threading.Thread):
+    """Samples the summed RSS/PSS of a process tree every SAMPLE_EVERY_S; keeps the peaks and every pid seen."""
+
+    def __init__(self, root: int):
+        super().__init__(daemon=True)
+        self.root = root
+        self.peak_rss = self.peak_pss = 0.0
+        self.peak_processes = 0
+        self.seen: dict[int, tuple[int, float]] = {}  # pid: (start time, CPU seconds when last seen)
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            self.sample()
+            self.done.wait(SAMPLE_EVERY_S)
+
+    def sample(self) -> None:
+        pids = tree(self.root)
+        self.seen.update(pids)
+        rss = pss = 0.0
+        for pid in pids:
+            r, p = memory_mb(pid)
+            rss += r
+            pss += p
+        if rss > self.peak_rss:
+            self.peak_rss, self.peak_processes = rss, len(pids)
+        self.peak_pss = max(self.peak_pss, pss)
+
+    def end_leftovers(self) -> int:
+        """End (SIGKILL, by pid) any process of the tree still alive after the command exited: only those this
+        run started (same pid and same start time)."""
+        ended = 0
+        for pid, (started, _) in self.seen.items():
+            st = _stat(pid)
+            if st is not None and st[1] == started:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    ended += 1
+                except OSError:
+                    pass
+        return ended
+
+
+# -- one measurement -----------------------------------------------------------------------------------
+
+
+def prepare(seed: Path, data_dir: Path, functions: int, workers: int) -> None:
+    shutil.copytree(seed, data_dir)
+    for i in range(functions):
+        create_bucket(data_dir, f"dst{i}")
+        defn = FunctionDefinition.from_dict({
+            "name": f"fn{i}", "source_bucket": "src", "worker_count": workers,
+            "bindings": [{"alias": "dst", "bucket": f"dst{i}", "access": "rw"}],
+            "batch_size": 1000, "checkpoint_interval": "1s",
+        })
+        lifecycle.save_function(str(data_dir), defn, HANDLER)
+        lifecycle.deploy(str(data_dir), f"fn{i}")
+
+
+def measure(data_dir: Path, executor: str, functions: int, mutations: int, env: dict[str, str]) -> dict[str, Any]:
+    command = [sys.executable, "-m", "eventing", "--data-dir", str(data_dir), "run", "--until-caught-up", "--json",
+               "--executor", executor]
+    load = os.getloadavg()[0]
+    started = time.perf_counter()
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    sampler = TreeSampler(proc.pid)
+    sampler.start()
+    out, err = proc.communicate()
+    wall = time.perf_counter() - started
+    sampler.done.set()
+    sampler.join()
+    leftovers = sampler.end_leftovers()
+    if proc.returncode != 0:
+        raise SystemExit(f"error: eventing run exited {proc.returncode}: {err.strip()[-800:]}")
+    # Lines that Ray's workers print (log_to_driver) may come before the JSON object, which ends the output.
+    start = 0 if out.startswith("{") else out.rfind("\n{\n") + 1
+    try:
+        result = json.loads(out[start:])
+    except ValueError:
+        raise SystemExit(f"error: eventing run printed no JSON (exit {proc.returncode}): {out[-400:]!r} {err[-800:]!r}") from None
+    handled = {name: f["handled"] for name, f in result["functions"].items()}
+    if len(handled) != functions or any(n != mutations for n in handled.values()):
+        raise SystemExit(f"error: not every function handled {mutations:,} mutations: {handled}")
+    startup = result["startup"]["first_handler_call_s"]
+    return {
+        "load": round(load, 2), "wall_s": round(wall, 2), "startup_s": startup,
+        "catch_up_s": round(wall - startup, 2), "run_seconds": result["seconds"],
+        "ray_s": result["startup"]["ray_s"], "workers_ready_s": result["startup"]["workers_ready_s"],
+        "peak_rss_mb": round(sampler.peak_rss), "peak_pss_mb": round(sampler.peak_pss),
+        "peak_processes": sampler.peak_processes, "leftovers_ended": leftovers,
+        # CPU of every process of the tree, as last sampled: independent of how busy the machine is.
+        "cpu_s": round(sum(cpu for _, cpu in sampler.seen.values()), 1),
+    }
+
+
+def line(kind: str, r: dict[str, Any]) -> str:
+    return (f"{kind}: catch-up {r['catch_up_s']:.2f}s (command {r['wall_s']:.2f}s, start-up {r['startup_s']:.2f}s: Ray {r['ray_s']:.2f}s, "
+            f"workers up {r['workers_ready_s']:.2f}s), "
+            f"peak RSS {r['peak_rss_mb']:,} MB / PSS {r['peak_pss_mb']:,} MB over {r['peak_processes']} processes, "
+            f"CPU {r['cpu_s']:.1f}s, load {r['load']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--functions", type=int, default=20)
+    parser.add_argument("--workers", type=int, default=2, help="workers per function")
+    parser.add_argument("--mutations", type=int, default=200_000)
+    parser.add_argument("--documents", type=int, default=20_000)
+    parser.add_argument("--executor", choices=("ray", "in-process"), default="ray")
+    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--light-workers", choices=("on", "off", "both"), default="on",
+                        help="Ray worker processes without Ray's Arrow/Starlette serializers (the default, "
+                             "eventing/workers/ray_setup.py), without (EVENTING_RAY_LIGHT_WORKERS=0), or both in "
+                             "each run, for a before/after")
+    args = parser.parse_args(argv)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    variants = ["off", "on"] if args.light_workers == "both" else [args.light_workers]
+    work = Path(tempfile.mkdtemp(prefix="bench-functions-"))
+    try:
+        seed = work / "seed"
+        load_bench_bucket(seed, "src", args.documents, args.mutations)
+        print(f"{args.functions} functions x {args.workers} workers over {args.mutations:,} mutations "
+              f"({args.documents:,} documents), executor {args.executor}", flush=True)
+        runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
+        for i in range(args.runs):
+            order = variants if i % 2 == 0 else variants[::-1]
+            for variant in order:
+                got: dict[str, dict[str, Any]] = {}
+                venv = {**env, "EVENTING_RAY_LIGHT_WORKERS": "1" if variant == "on" else "0"}
+                tag = f"run {i + 1}" + (f" light workers {variant}" if len(variants) > 1 else "")
+                for kind in ("baseline", "many") if i % 2 == 0 else ("many", "baseline"):
+                    n = args.functions if kind == "many" else 1
+                    data_dir = work / f"{kind}-{variant}-{i}"
+                    prepare(seed, data_dir, n, args.workers)
+                    got[kind] = measure(data_dir, args.executor, n, args.mutations, venv)
+                    print(f"{tag}: " + line(f"{n} function(s)", got[kind]), flush=True)
+                    shutil.rmtree(data_dir, ignore_errors=True)
+                x_n = got["baseline"]["catch_up_s"] * args.functions
+                ratio = got["many"]["catch_up_s"] / x_n
+                cpu_ratio = got["many"]["cpu_s"] / (got["baseline"]["cpu_s"] * args.functions)
+                print(f"{tag}: baseline catch-up x {args.functions} = {x_n:.2f}s; ratio {ratio:.2f}; CPU ratio "
+                      f"{cpu_ratio:.2f}; RSS {got['many']['peak_rss_mb']:,} MB against one function's "
+                      f"{got['baseline']['peak_rss_mb']:,} MB", flush=True)
+                runs[variant].append({**got, "baseline_catch_up_x_n_s": round(x_n, 2), "ratio": round(ratio, 3),
+                                      "cpu_ratio": round(cpu_ratio, 3)})
+
+        def summary(rs: list[dict[str, Any]]) -> dict[str, Any]:
+            def med(kind: str, key: str) -> float:
+                return statistics.median(r[kind][key] for r in rs)
+
+            return {
+                "peak_rss_mb": med("many", "peak_rss_mb"), "peak_pss_mb": med("many", "peak_pss_mb"),
+                "catch_up_s": med("many", "catch_up_s"),
+                "baseline_catch_up_x_n_s": round(statistics.median(r["baseline_catch_up_x_n_s"] for r in rs), 2),
+                "ratio": round(statistics.median(r["ratio"] for r in rs), 3),
+                "cpu_ratio": round(statistics.median(r["cpu_ratio"] for r in rs), 3),
+                "startup_s": med("many", "startup_s"),
+                "baseline_peak_rss_mb": med("baseline", "peak_rss_mb"), "baseline_startup_s": med("baseline", "startup_s"),
+            }
+
+        main_variant = variants[-1]
+        out: dict[str, Any] = {
+            "functions": args.functions, "workers": args.workers, "mutations": args.mutations,
+            "executor": args.executor, "light_workers": main_variant, **summary(runs[main_variant]),
+        }
+        if len(variants) > 1:
+            out["light_workers_off"] = summary(runs["off"])
+        out["runs"] = runs
+        print(json.dumps(out))
+        return 0
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,74 @@
+"""The set-up of a local Ray instance's worker processes (eventing.workers.ray_setup): Ray's serialization
+context is built while pyarrow and starlette are hidden, and both import as usual afterwards."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from eventing.workers.executor import light_worker_env
+from eventing.workers.ray_setup import SETUP_HOOK, SETUP_HOOK_ENV, worker_process_setup
+
+# Run in a fresh interpreter: the test process may have imported pyarrow already.
+PROBE = r'''
+import json, sys, types
+import ray._private.worker as ray_worker
+from eventing.workers.ray_setup import worker_process_setup
+
+seen = {}
+
+class FakeWorker:
+    def get_serialization_context(self):
+        for name in ("pyarrow", "starlette"):
+            try:
+                __import__(name)
+                seen[name] = "imported"
+            except ModuleNotFoundError:
+                seen[name] = "hidden"
+
+ray_worker.global_worker = FakeWorker()
+worker_process_setup()
+after = {name: name in sys.modules for name in ("pyarrow", "starlette")}
+import pyarrow
+table = pyarrow.table({"a": [1, 2, 3]})
+print(json.dumps({"during": seen, "after": after, "sum": pyarrow.compute.sum(table["a"]).as_py()}))
+'''
+
+
+def test_the_context_is_built_without_pyarrow_and_starlette_which_import_afterwards():
+    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, check=True).stdout
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result["during"] == {"pyarrow": "hidden", "starlette": "hidden"}
+    assert result["after"] == {"pyarrow": False, "starlette": False}  # nothing left behind in sys.modules
+    assert result["sum"] == 6
+
+
+def test_a_failing_context_build_is_swallowed_and_modules_restored(monkeypatch):
+    import ray._private.worker as ray_worker
+
+    class Broken:
+        def get_serialization_context(self):
+            raise RuntimeError("not connected")
+
+    monkeypatch.setattr(ray_worker, "global_worker", Broken())
+    before = {name: sys.modules.get(name) for name in ("pyarrow", "starlette")}
+    worker_process_setup()  # never raises: a raising set-up would end the worker
+    assert {name: sys.modules.get(name) for name in ("pyarrow", "starlette")} == before
+
+
+def test_light_worker_env_names_the_hook_unless_turned_off_or_another_hook_is_set(monkeypatch):
+    monkeypatch.delenv("EVENTING_RAY_LIGHT_WORKERS", raising=False)
+    monkeypatch.delenv(SETUP_HOOK_ENV, raising=False)
+    assert light_worker_env() == {SETUP_HOOK_ENV: SETUP_HOOK}
+    monkeypatch.setenv("EVENTING_RAY_LIGHT_WORKERS", "0")
+    assert light_worker_env() == {}
+    monkeypatch.delenv("EVENTING_RAY_LIGHT_WORKERS")
+    monkeypatch.setenv(SETUP_HOOK_ENV, "my.own.hook")
+    assert light_worker_env() == {}
+
+
+def test_ray_loads_the_hook_by_its_name():
+    from ray._common.utils import load_class
+
+    assert load_class(SETUP_HOOK) is worker_process_setup
