@@ -845,11 +845,8 @@ def test_connecting_where_no_server_answers_fails_within_the_timeout_naming_the_
 
 def test_the_factory_opens_sqlite_under_the_data_directory_by_default(tmp_path, monkeypatch):
     monkeypatch.delenv("EVENTING_METADATA_URL", raising=False)
-    store = open_store(tmp_path)
-    try:
+    with open_store(tmp_path) as store:
         assert isinstance(store, SqliteMetadataStore) and store.path == tmp_path / "metadata.sqlite3"
-    finally:
-        store.close()
     with pytest.raises(NotFoundError):
         open_store(tmp_path / "absent", create=False)
 

@@ -49,11 +49,8 @@ def saved(data_dir):
 
 
 def stored_bindings(data_dir: str) -> list[dict]:
-    store = open_store(data_dir)
-    try:
+    with open_store(data_dir) as store:
         return store.get_function("fn_api").definition["url_bindings"]
-    finally:
-        store.close()
 
 
 class client:
@@ -171,11 +168,8 @@ def test_a_mask_with_no_stored_secret_is_refused_not_stored(data_dir):
     with pytest.raises(ConfigError, match=r"url binding 'api' of function 'fn_api' has password '\*\*\*\*\*'.*"
                                           r"put the real password in the definition"):
         lifecycle.import_definitions(data_dir, {**data, "handler_source": HANDLER})
-    store = open_store(data_dir)
-    try:
+    with open_store(data_dir) as store:
         assert store.list_functions() == []
-    finally:
-        store.close()
 
 
 # -- a paused function's source -------------------------------------------------------------------------
@@ -193,11 +187,8 @@ def test_the_source_of_a_paused_function_cannot_change(saved):
     with client(saved, ADMIN) as c:
         r = c.post("/api/v1/functions/fn_api/settings", json={"source_bucket": "other"})
         assert r.status_code == 409 and r.json()["fix"] == "undeploy it, then deploy the new definition"
-    store = open_store(saved)
-    try:
+    with open_store(saved) as store:
         record = store.get_function("fn_api")
-    finally:
-        store.close()
     assert record.state is FunctionState.PAUSED and record.definition["source_bucket"] == "src"
     assert record.definition["description"] == "still src"
     lifecycle.undeploy(saved, "fn_api")

@@ -30,11 +30,8 @@ class RecordingExecutor(InProcessExecutor):
 
 
 def live_services(data_dir: str) -> list[str]:
-    store = open_store(data_dir)
-    try:
+    with open_store(data_dir) as store:
         return store.live_services(60.0)
-    finally:
-        store.close()
 
 
 def test_a_refused_placement_still_stops_the_data_service_and_unregisters_the_service(data_dir):

@@ -94,11 +94,8 @@ class Harness:
         """Per key: the time the runtime windowed it at (None when dead-lettered) and its DLQ reason."""
         from eventing.ops.windows import adjusted_rows
 
-        store = open_store(self.data_dir)
-        try:
+        with open_store(self.data_dir) as store:
             dlq = {r.key: r.reason for r in store.dlq_rows(FN)}
-        finally:
-            store.close()
         moved = {r["key"]: r["windowed_ms"] for r in adjusted_rows(self.data_dir, FN)}
         return {
             key: (None, dlq[key]) if key in dlq else (moved.get(key, event), None)
@@ -119,11 +116,8 @@ class Harness:
         return ParquetWindowSink(WindowPaths.of(self.data_dir, FN).root / "results").read(FN).to_pylist()
 
     def counters(self) -> dict:
-        store = open_store(self.data_dir)
-        try:
+        with open_store(self.data_dir) as store:
             return store.counters(FN)
-        finally:
-            store.close()
 
 
 def expected_results(fates: dict[str, tuple[int | None, str | None]]) -> list[dict]:

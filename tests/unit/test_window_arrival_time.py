@@ -66,11 +66,8 @@ class Runs:
         return sorted((r["window_start_ms"], r["country"], r["count"]) for r in sink.read(FN).to_pylist())
 
     def late(self) -> list[str]:
-        store = open_store(self.data_dir)
-        try:
+        with open_store(self.data_dir) as store:
             return sorted(r.key for r in store.dlq_rows(FN) if r.reason == "late")
-        finally:
-            store.close()
 
 
 def test_a_row_that_arrived_before_the_idle_timeout_joins_its_window_though_the_service_was_stopped(
