@@ -75,15 +75,21 @@ class HttpWriter(Writer):
     """PUT /v1/buckets/src/scopes/_default/collections/_default/documents/{key} on one kept connection."""
 
     def __init__(self, port: int, token: str):
+        self.port = port
         self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
         self.headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
 
     def write(self, key: str, doc: dict[str, Any]) -> None:
-        self.conn.request(
-            "PUT", f"/v1/buckets/src/scopes/_default/collections/_default/documents/{key}",
-            body=json.dumps(doc), headers=self.headers,
-        )
-        response = self.conn.getresponse()
+        path = f"/v1/buckets/src/scopes/_default/collections/_default/documents/{key}"
+        try:
+            self.conn.request("PUT", path, body=json.dumps(doc), headers=self.headers)
+            response = self.conn.getresponse()
+        except (ConnectionError, http.client.HTTPException):
+            # The server closed a keep-alive connection left idle (the wait for `eventing run`): once more.
+            self.conn.close()
+            self.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+            self.conn.request("PUT", path, body=json.dumps(doc), headers=self.headers)
+            response = self.conn.getresponse()
         body = response.read()
         if response.status >= 300:
             raise SystemExit(f"PUT {key}: HTTP {response.status} {body[:200]!r}")
