@@ -203,11 +203,8 @@ def test_a_window_sink_on_a_full_disk_stops_the_run_with_one_line_and_writes_eve
             integrity_ok(location)
 
         assert run() == []
-        store = open_store(data_dir)
-        try:
+        with open_store(data_dir) as store:
             late = {(r.vb, r.seqno) for r in store.dlq_rows("fn_w")}
-        finally:
-            store.close()
         docs = [(m.vb, m.seqno, decode_document(m.doc)) for batch in source.scan_log() for m in batch
                 if m.op == OP_UPDATE]
         windows = sorted({(t - t % MIN, t - t % MIN + MIN) for vb, seqno, doc in docs if (vb, seqno) not in late

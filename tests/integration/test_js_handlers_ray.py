@@ -32,11 +32,8 @@ def js_function(data_dir: str, source: str, docs, **settings) -> Eventing:
 
 
 def counters(data_dir: str) -> dict[str, float]:
-    store = open_store(data_dir, create=False)
-    try:
+    with open_store(data_dir, create=False) as store:
         return store.counters("fn_js")
-    finally:
-        store.close()
 
 
 def vbuckets(ranges: str) -> set[int]:
