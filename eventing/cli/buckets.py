@@ -158,7 +158,8 @@ def cmd_bucket_get(args: argparse.Namespace) -> int:
 
 
 def cmd_bucket_info(args: argparse.Namespace) -> int:
-    stats = open_bucket(data_dir_of(args), args.name).stats()
+    with open_bucket(data_dir_of(args), args.name) as bucket:
+        stats = bucket.stats()
     if args.json:
         emit_json(stats)
     else:
@@ -168,7 +169,8 @@ def cmd_bucket_info(args: argparse.Namespace) -> int:
 
 
 def cmd_bucket_expire(args: argparse.Namespace) -> int:
-    n = open_bucket(writable_data_dir(args), args.name).expire_due()
+    with open_bucket(writable_data_dir(args), args.name) as bucket:
+        n = bucket.expire_due()
     if args.json:
         emit_json({"bucket": args.name, "expired": n})
     else:

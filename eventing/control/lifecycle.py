@@ -112,18 +112,19 @@ def deploy(data_dir: str, name: str, boundary: Boundary | None = None) -> Functi
         if record.state is not FunctionState.DEPLOYING:  # DEPLOYING: a deploy that crashed halfway; finish it
             record = store.transition(name, FunctionState.DEPLOYING, "deploy", bump_generation=True)
         try:
-            source = open_bucket(data_dir, defn.source_bucket)
-            highs = source.high_seqnos() if defn.boundary == "from_now" else [0] * NUM_VBUCKETS
+            with open_bucket(data_dir, defn.source_bucket) as source:
+                highs = source.high_seqnos() if defn.boundary == "from_now" else [0] * NUM_VBUCKETS
+                source_uuid = source.uuid
             epoch_base = record.generation << EPOCH_SHIFT
-            store.init_checkpoints(name, dict(enumerate(highs)), source.uuid, epoch_base)
+            store.init_checkpoints(name, dict(enumerate(highs)), source_uuid, epoch_base)
             _resolve_letters_handled_again(store, name, record.generation, highs)
             store.drop_timers(name)  # left by a deploy that crashed halfway
             reset_windows(data_dir, store, name)  # window state and unaggregated rows start afresh too
             for b in defn.bindings:
                 if b.access == "rw":
-                    bucket = open_bucket(data_dir, b.bucket)
-                    bucket.drop_effect_marks(name)  # a new deployment's effects start afresh
-                    bucket.fence(name, dict.fromkeys(range(TIMER_VB_BASE + NUM_VBUCKETS), epoch_base))
+                    with open_bucket(data_dir, b.bucket) as bucket:
+                        bucket.drop_effect_marks(name)  # a new deployment's effects start afresh
+                        bucket.fence(name, dict.fromkeys(range(TIMER_VB_BASE + NUM_VBUCKETS), epoch_base))
             run_on_deploy(data_dir, store, record, "deploy")
         except Exception:
             store.drop_checkpoints(name)

@@ -25,7 +25,6 @@ import sqlite3
 import threading
 import time
 import uuid
-import weakref
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -1201,23 +1200,26 @@ def bucket_name_of(path: Path) -> str:
 # which the kernel drops when the process closes *any* descriptor of the file: reading a file's header with
 # open() while one of our own connections holds it left that connection without its locks (another
 # process then checkpointed and reset the WAL under it, and a running service stopped seeing new writes).
-# Held weakly: a bucket dropped without close() closes its connection when collected, and counts no more.
-_open_connections: dict[Path, weakref.WeakSet[LocalBucket]] = {}
+# Counted, not held weakly: held weakly, a Ray worker read a header under a connection that was still live
+# and stopped seeing new writes (a connection can outlive the bucket object that opened it). A bucket never
+# closed keeps the raw check of its file off in this process for good, leaving damage to SQLite's own
+# checks: never unsafe.
+_open_connections: dict[Path, int] = {}
 _open_lock = threading.Lock()
 
 
 def _connections_opened(bucket: LocalBucket) -> None:
     with _open_lock:
-        _open_connections.setdefault(bucket.path, weakref.WeakSet()).add(bucket)
+        _open_connections[bucket.path] = _open_connections.get(bucket.path, 0) + 1
 
 
 def _connections_closed(bucket: LocalBucket) -> None:
     with _open_lock:
-        live = _open_connections.get(bucket.path)
-        if live is not None:
-            live.discard(bucket)
-            if not live:
-                del _open_connections[bucket.path]
+        left = _open_connections.get(bucket.path, 0) - 1
+        if left > 0:
+            _open_connections[bucket.path] = left
+        else:
+            _open_connections.pop(bucket.path, None)
 
 
 def header_problem(path: Path) -> str | None:
@@ -1226,7 +1228,7 @@ def header_problem(path: Path) -> str | None:
     database and a truncated one as zeros past the end, so a damaged bucket would look empty or partial.
     Not read while this process has a connection to the file (see _open_connections): SQLite's own checks
     and errors speak for it then."""
-    if _open_connections.get(path):  # a WeakSet: empty once its buckets were closed or collected
+    if _open_connections.get(path):
         return None
     try:
         size = path.stat().st_size

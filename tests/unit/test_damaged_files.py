@@ -54,7 +54,7 @@ def overwrite_middle(path: Path, size: int = 16_384) -> None:
 @pytest.fixture
 def deployed(data_dir: str) -> Path:
     """Bucket src (1,000 mutations) and ledger, a ledger function deployed on them; the source's path."""
-    load_source(data_dir, 100, 1000, seed=3)
+    load_source(data_dir, 100, 1000, seed=3).close()  # closed: this process then holds no connection to it
     create_bucket(data_dir, "ledger").close()
     defn = FunctionDefinition.from_dict({
         "name": "fn_l", "source_bucket": "src", "bindings": [{"alias": "dst", "bucket": "ledger", "access": "rw"}],
@@ -66,7 +66,8 @@ def deployed(data_dir: str) -> Path:
 
 @pytest.mark.parametrize("damage", ["overwritten in the middle", "truncated", "emptied"])
 def test_a_damaged_bucket_file_gets_one_line_from_get_load_and_run(capsys, data_dir, deployed, damage):
-    some_key = next(iter(open_bucket(data_dir, "src").keys(limit=1)))
+    with open_bucket(data_dir, "src") as source:
+        some_key = source.keys(limit=1)[0]
     if damage == "overwritten in the middle":
         overwrite_middle(deployed)
     elif damage == "truncated":
