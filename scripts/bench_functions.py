@@ -18,7 +18,9 @@ workers, alone, times N (its catch-up time x N; its RSS as it is). Reported per 
   caught up within 2x the baseline;
 - cpu_s / cpu_ratio: CPU seconds of the whole tree (each process as last sampled), and N functions' CPU over
   N x the baseline's. On a machine busy with other work, 2N worker processes take a larger share of the
-  cores than 2 do, which flatters the wall-clock ratio; the CPU ratio does not depend on that.
+  cores than 2 do, which flatters the wall-clock ratio; the CPU ratio does not depend on that. The whole
+  tree's CPU counts Ray's own start-up (a few CPU seconds) once against N times; worker_cpu_s and
+  worker_cpu_ratio count the Ray worker processes alone: what handling the mutations costs.
 
 Runs alternate baseline first / many first (--runs). Each line names the load average at its start. The last
 line is JSON (medians over the runs, and every run).
@@ -115,6 +117,16 @@ def memory_mb(pid: int) -> tuple[float, float]:
     return rss, pss
 
 
+def _is_ray_worker(pid: int) -> bool:
+    """A Ray worker process (Ray sets its title to ray::<Class>.<method> or ray::IDLE), not one of Ray's agents."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            title = f.read().split(b"\0")[0].decode(errors="replace")
+    except OSError:
+        return False
+    return title.startswith("ray::") and not title.endswith("Agent")
+
+
 class TreeSampler(threading.Thread):
     """Samples the summed RSS/PSS of a process tree every SAMPLE_EVERY_S; keeps the peaks and every pid seen."""
 
@@ -124,6 +136,7 @@ class TreeSampler(threading.Thread):
         self.peak_rss = self.peak_pss = 0.0
         self.peak_processes = 0
         self.seen: dict[int, tuple[int, float]] = {}  # pid: (start time, CPU seconds when last seen)
+        self.workers: set[int] = set()  # pids of Ray worker processes (ray::WorkerHost..., ray::IDLE)
         self.done = threading.Event()
 
     def run(self) -> None:
@@ -134,6 +147,7 @@ class TreeSampler(threading.Thread):
     def sample(self) -> None:
         pids = tree(self.root)
         self.seen.update(pids)
+        self.workers.update(pid for pid in pids if _is_ray_worker(pid))
         rss = pss = 0.0
         for pid in pids:
             r, p = memory_mb(pid)
@@ -207,6 +221,7 @@ def measure(data_dir: Path, executor: str, functions: int, mutations: int, env: 
         "peak_processes": sampler.peak_processes, "leftovers_ended": leftovers,
         # CPU of every process of the tree, as last sampled: independent of how busy the machine is.
         "cpu_s": round(sum(cpu for _, cpu in sampler.seen.values()), 1),
+        "worker_cpu_s": round(sum(cpu for pid, (_, cpu) in sampler.seen.items() if pid in sampler.workers), 1),
     }
 
 
@@ -214,7 +229,7 @@ def line(kind: str, r: dict[str, Any]) -> str:
     return (f"{kind}: catch-up {r['catch_up_s']:.2f}s (command {r['wall_s']:.2f}s, start-up {r['startup_s']:.2f}s: Ray {r['ray_s']:.2f}s, "
             f"workers up {r['workers_ready_s']:.2f}s), "
             f"peak RSS {r['peak_rss_mb']:,} MB / PSS {r['peak_pss_mb']:,} MB over {r['peak_processes']} processes, "
-            f"CPU {r['cpu_s']:.1f}s, load {r['load']}")
+            f"CPU {r['cpu_s']:.1f}s (worker processes {r['worker_cpu_s']:.1f}s), load {r['load']}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -255,11 +270,12 @@ def main(argv: list[str] | None = None) -> int:
                 x_n = got["baseline"]["catch_up_s"] * args.functions
                 ratio = got["many"]["catch_up_s"] / x_n
                 cpu_ratio = got["many"]["cpu_s"] / (got["baseline"]["cpu_s"] * args.functions)
+                worker_cpu_ratio = got["many"]["worker_cpu_s"] / max(got["baseline"]["worker_cpu_s"] * args.functions, 1e-9)
                 print(f"{tag}: baseline catch-up x {args.functions} = {x_n:.2f}s; ratio {ratio:.2f}; CPU ratio "
-                      f"{cpu_ratio:.2f}; RSS {got['many']['peak_rss_mb']:,} MB against one function's "
+                      f"{cpu_ratio:.2f} (worker processes {worker_cpu_ratio:.2f}); RSS {got['many']['peak_rss_mb']:,} MB against one function's "
                       f"{got['baseline']['peak_rss_mb']:,} MB", flush=True)
                 runs[variant].append({**got, "baseline_catch_up_x_n_s": round(x_n, 2), "ratio": round(ratio, 3),
-                                      "cpu_ratio": round(cpu_ratio, 3)})
+                                      "cpu_ratio": round(cpu_ratio, 3), "worker_cpu_ratio": round(worker_cpu_ratio, 3)})
 
         def summary(rs: list[dict[str, Any]]) -> dict[str, Any]:
             def med(kind: str, key: str) -> float:
@@ -271,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
                 "baseline_catch_up_x_n_s": round(statistics.median(r["baseline_catch_up_x_n_s"] for r in rs), 2),
                 "ratio": round(statistics.median(r["ratio"] for r in rs), 3),
                 "cpu_ratio": round(statistics.median(r["cpu_ratio"] for r in rs), 3),
+                "worker_cpu_ratio": round(statistics.median(r["worker_cpu_ratio"] for r in rs), 3),
                 "startup_s": med("many", "startup_s"),
                 "baseline_peak_rss_mb": med("baseline", "peak_rss_mb"), "baseline_startup_s": med("baseline", "startup_s"),
             }
