@@ -48,15 +48,13 @@ from eventing.core.filters import compile_filter
 from eventing.core.mutation import OP_NAMES, OP_UPDATE, Mutation
 from eventing.errors import ConfigError, LifecycleError, NotFoundError, StoreError
 from eventing.execution.runner import (
-    HandlerCall,
     HandlerQuit,
     HandlerRunner,
     HeldWrite,
     Invoke,
-    Rejection,
     writes_by_bucket,
 )
-from eventing.handler import Meta
+from eventing.execution.single_call import CallOutcome, EventSink, prepare_call, run_once
 from eventing.storage.protocol import Bucket
 from eventing.workers.collections import SourceCollections
 from eventing.workers.sandbox import SandboxedRunner, open_runner
@@ -64,7 +62,6 @@ from metadata import Checkpoint, MetadataStore
 from metadata.factory import open_store
 from sharding import NUM_VBUCKETS, validate_key, vbucket_of
 
-Status = Literal["ok", "no_handler", "filtered", "error", "timeout", "undecodable", "oversize", "quit", "timer_error"]
 Mode = Literal["trace", "pdb"]
 
 POLL_S = 0.1  # how often --wait looks at the source again
@@ -72,58 +69,6 @@ READ_BATCH = 1000  # mutations read per query while looking for a key
 
 
 # -- running a stored handler in this process ------------------------------------------------------------
-
-
-@dataclass
-class CallOutcome:
-    """What one foreground call of the handler did."""
-
-    status: Status
-    kind: str = ""  # on_update | on_delete; "" when no handler was called
-    doc: Any = None
-    meta: Meta | None = None
-    error: str = ""
-    traceback: str = ""
-    seconds: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        """The handler returned (or there is none for this operation, which a worker also counts as done)."""
-        return self.status in ("ok", "no_handler", "filtered")
-
-
-def prepare_call(runner: HandlerRunner, m: Mutation) -> tuple[CallOutcome, HandlerCall | None]:
-    """The runner's decision for `m` as an outcome so far, and the call to make (None: no handler call)."""
-    call = runner.prepare(m)
-    if isinstance(call, Rejection):
-        return CallOutcome(call.status, error=call.error), None
-    meta = call.args[0] if call.kind == "on_delete" else (call.args[1] if len(call.args) > 1 else None)
-    if call.fn is None:  # a window-only function: no handler runs here
-        return CallOutcome("no_handler", call.kind, doc=call.doc), None
-    return CallOutcome("ok", call.kind, doc=call.doc, meta=meta), call
-
-
-def run_once(
-    runner: HandlerRunner,
-    m: Mutation,
-    *,
-    invoke: Invoke | None = None,
-    prepared: tuple[CallOutcome, HandlerCall | None] | None = None,
-) -> CallOutcome:
-    """Run the handler on `m` once, as a worker would (same checks, bindings and execution timeout; no
-    retries), keeping the writes of a call that returned for `runner.take_writes()`. `invoke(fn, *args)`
-    replaces the plain call (the debugger passes pdb's); under pdb there is no timeout."""
-    outcome, call = prepared or prepare_call(runner, m)
-    if call is None:
-        return outcome
-    start = time.perf_counter()
-    failure = runner.call(m, call, timeout_s=None if invoke else runner.timeout_s, invoke=invoke)
-    outcome.seconds = time.perf_counter() - start
-    if failure is not None:
-        outcome.status = failure.status
-        outcome.error = failure.error
-        outcome.traceback = failure.traceback
-    return outcome
 
 
 class _QuitAwarePdb(pdb.Pdb):
@@ -239,18 +184,6 @@ def pull(
 # -- one debug session ------------------------------------------------------------------------------------
 
 
-class _EventSink(list):
-    """The handler log's sink: each line becomes a trace event, in order with binding reads and writes."""
-
-    def __init__(self, emit: Callable[[dict], None]):
-        super().__init__()
-        self._emit = emit
-
-    def append(self, line: str) -> None:
-        super().append(line)
-        self._emit({"event": "log", "line": line})
-
-
 @dataclass
 class DebugSession:
     """Pull one mutation of `function` and run its stored handler on it in the foreground.
@@ -329,7 +262,7 @@ class DebugSession:
                     "meta": outcome.meta.to_dict() if outcome.meta else None})
         runtime.set_tracer(self._trace)
         previous_sink = handler_api.log.sink
-        handler_api.log.sink = _EventSink(self._emit)
+        handler_api.log.sink = EventSink(self._emit)
         try:
             if self.mode == "pdb":
                 return run_once(runtime, m, invoke=pdb_runner(self.pdb_stdout), prepared=prepared)

@@ -48,7 +48,7 @@ import msgpack
 from eventing.core.mutation import OP_NAMES, Mutation, unpack_mutation
 from eventing.errors import ConfigError, NotFoundError
 from eventing.execution.runner import HandlerRunner, writes_by_bucket
-from eventing.ops.debugger import run_once
+from eventing.execution.single_call import run_once
 from eventing.storage.bucket import EffectGroup
 from eventing.storage.protocol import FileBucket
 from eventing.workers.sandbox import SandboxedRunner, open_runner

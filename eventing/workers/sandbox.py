@@ -623,9 +623,9 @@ class SandboxedRunner(_Sandboxed):
         return True, None
 
     def run_once(self, m: Any, *, trace: bool = False) -> tuple[Any, list[dict]]:
-        """``eventing.ops.debugger.run_once`` in the child, with the trace events (`trace`) it made."""
+        """``eventing.execution.single_call.run_once`` in the child, with the trace events (`trace`) it made."""
+        from eventing.execution.single_call import CallOutcome
         from eventing.handler import Meta
-        from eventing.ops.debugger import CallOutcome
 
         answer = self._rpc("run_once", (tuple(m), self.keyspace, trace))
         meta = answer.pop("meta")
@@ -796,7 +796,7 @@ class _ChildRunner:
 
         from eventing import handler as handler_api
         from eventing.core.mutation import Mutation
-        from eventing.ops.debugger import _EventSink, prepare_call, run_once
+        from eventing.execution.single_call import EventSink, prepare_call, run_once
 
         runner, events = self.runner, []
         m = Mutation(*fields)
@@ -809,7 +809,7 @@ class _ChildRunner:
         if trace:
             runner.set_tracer(lambda op, alias, key, value: events.append(
                 {"event": op, "alias": alias, "key": key, "value": copy.deepcopy(value)}))
-            handler_api.log.sink = _EventSink(events.append)
+            handler_api.log.sink = EventSink(events.append)
         try:
             outcome = run_once(runner, m, prepared=prepared)
         finally:
