@@ -182,7 +182,8 @@ def test_binding_another_address_without_credentials_is_refused_with_one_line(tm
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
         "error: refusing to bind 0.0.0.0 without credentials: anyone who can reach it could deploy code; set "
-        "--admin-token (or $EVENTING_ADMIN_TOKEN) and optionally --read-token, or bind 127.0.0.1"]
+        "--admin-token (or $EVENTING_ADMIN_TOKEN) and optionally --read-token, add an admin user "
+        "(`eventing user add NAME --role admin`), or bind 127.0.0.1"]
 
 
 def test_lifecycle_follows_the_cli_rules_and_messages(site):
@@ -252,7 +253,7 @@ def test_dead_letters_list_show_replay_purge_and_their_metrics(site):
     shown = admin.get(f"/api/v1/functions/fn_fail/dlq/show?vb={first['vb']}&seqno={first['seqno']}").json()
     assert shown[0]["traceback"] and "no luck" in shown[0]["error"]
     r = admin.post("/api/v1/functions/fn_fail/dlq/replay", json={})
-    assert r.status_code == 400 and "--all or a selector" in r.json()["error"]
+    assert r.status_code == 400 and '{"all": true} or a selector' in r.json()["error"]
     assert admin.post("/api/v1/functions/fn_fail/pause").status_code == 200
     assert admin.post("/api/v1/functions/fn_fail/appcode", content=FIXED_HANDLER).status_code == 200
     assert admin.post("/api/v1/functions/fn_fail/resume").status_code == 200
