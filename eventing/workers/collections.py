@@ -6,11 +6,14 @@ own keys and `meta.keyspace`."""
 from __future__ import annotations
 
 from itertools import groupby
+from operator import itemgetter
 
 from eventing.core.keyspaces import COLLECTION_MARK, DEFAULT, Keyspace, split_stored_key
 from eventing.storage.protocol import Bucket
 
 COLLECTION_MARK_BYTES = COLLECTION_MARK.encode()
+_ABOVE_MARK = chr(ord(COLLECTION_MARK) + 1)
+_key_of = itemgetter(2)  # rows are (vb, seqno, key, ...)
 
 
 class SourceCollections:
@@ -54,10 +57,9 @@ class SourceCollections:
         another collection than the default: then split() must sort them (rows are (vb, seqno, key, ...))."""
         if not self.source_is_default:
             return True
-        for row in rows:
-            if row[2].startswith(COLLECTION_MARK):
-                return True
-        return False
+        # Stored keys of collections start with \x01, below every plain key but one starting with \x00 or
+        # \x01 (split() sorts even those out exactly): one comparison loop in C instead of one per row.
+        return min(map(_key_of, rows)) < _ABOVE_MARK
 
     def split(self, rows: list) -> list[tuple[dict | None, list]]:
         """Consecutive groups of rows: (meta.keyspace, rows with their own keys) for the source's rows,
