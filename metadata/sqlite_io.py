@@ -44,7 +44,9 @@ def retry_locked(path: Path, fn: Callable[[], T], lock_wait_s: float | None = No
             return fn()
         except sqlite3.OperationalError as exc:
             msg = str(exc)
-            full = "full" in msg  # SQLITE_FULL: "database or disk is full"
+            # SQLITE_FULL says "database or disk is full"; SQLite says "disk I/O error" instead when it cannot
+            # grow its WAL or shared-memory file, so that counts as full when the file system has no space.
+            full = "full" in msg or ("disk I/O error" in msg and no_space_left(path.parent))
             if not full and not _is_lock_wait(msg):
                 if "readonly" in msg or "unable to open" in msg or "disk" in msg:
                     raise StoreError(
@@ -133,6 +135,15 @@ def without_busy_wait(db: sqlite3.Connection) -> Iterator[int]:
 def _is_lock_wait(message: str) -> bool:
     """SQLITE_LOCKED or SQLITE_BUSY: another connection holds the lock ("database is locked")."""
     return "locked" in message or "busy" in message
+
+
+def no_space_left(folder: Path) -> bool:
+    """Less than a MB free on folder's file system: SQLite cannot grow its files."""
+    try:
+        stats = os.statvfs(folder)
+    except OSError:
+        return False
+    return stats.f_bavail * stats.f_frsize < 1 << 20
 
 
 def store_wait_s() -> float:

@@ -39,7 +39,7 @@ from eventing.core.names import check_bucket_name
 from eventing.errors import ConfigError, EventingError, NotFoundError, StoreCorruptError, StoreError
 from eventing.storage import wake, write_turns
 from eventing.storage.write_plan import Item, UpdatePlan
-from metadata.sqlite_io import retry_locked, run_transaction
+from metadata.sqlite_io import no_space_left, retry_locked, run_transaction
 from sharding import NUM_VBUCKETS, validate_key
 
 if TYPE_CHECKING:
@@ -277,19 +277,19 @@ class LocalBucket:
         problem = header_problem(path)
         if problem is not None:
             raise damaged_bucket_error(path, problem)
-        db = None
-        try:
+
+        def connect() -> sqlite3.Connection:
             db = _connect(path)
-            _upgrade(db, path)
-            return cls(path, name, db)
-        except sqlite3.DatabaseError as exc:
-            if db is not None:
+            try:
+                _upgrade(db, path)
+            except BaseException:
                 db.close()
-            raise bucket_file_error(path, exc) from None
-        except StoreError:
-            if db is not None:
-                db.close()
-            raise
+                raise
+            return db
+
+        # Opening writes too (the WAL and shared-memory files): on a full disk it waits for space as a
+        # write does, then fails with the same line.
+        return cls(path, name, _retry_locked(path, connect))
 
     def verify_integrity(self) -> None:
         """Fail with one line naming the file and the way out when the bucket file is damaged (SQLite's
@@ -1287,20 +1287,12 @@ def bucket_file_error(path: Path, exc: sqlite3.DatabaseError) -> EventingError:
     message = str(exc)
     if type(exc) is sqlite3.DatabaseError or "malformed" in message or "not a database" in message:
         return damaged_bucket_error(path, message)
-    if "full" in message or _no_space_left(path.parent):
+    if "full" in message or no_space_left(path.parent):
         return disk_full_error(path, message)
     return StoreError(
         f"cannot use bucket file {path} ({_one_line(message)}); check the permissions and the free space of "
         f"{path.parent}, then run the command again"
     )
-
-
-def _no_space_left(folder: Path) -> bool:
-    try:
-        stats = os.statvfs(folder)
-    except OSError:
-        return False
-    return stats.f_bavail * stats.f_frsize < 1 << 20  # less than a MB: SQLite cannot grow its files
 
 
 def _one_line(value: object) -> str:

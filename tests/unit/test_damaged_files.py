@@ -207,3 +207,27 @@ def test_a_windowed_run_stops_on_a_damaged_row_file_naming_it(data_dir, monkeypa
     assert f"window row file {damaged} is damaged" in summary.errors[0]
     assert summary.functions[FN].state == "failed"
     assert WindowPaths.of(data_dir, FN).incoming.exists()
+
+
+def test_opening_a_bucket_on_a_full_disk_waits_for_space_then_says_how_long_it_stayed_full(
+    data_dir, monkeypatch
+):
+    # SQLite says "disk I/O error", not "disk is full", when it cannot create a bucket's shared-memory file.
+    from eventing.storage import bucket as bucket_module
+    from metadata import sqlite_io
+
+    create_bucket(data_dir, "src")
+    path = bucket_path(data_dir, "src")
+    tries = []
+
+    def full_disk_connect(at):
+        tries.append(at)
+        raise bucket_module.sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(bucket_module, "_connect", full_disk_connect)
+    monkeypatch.setattr(sqlite_io, "no_space_left", lambda folder: True)
+    monkeypatch.setenv(sqlite_io.STORE_WAIT_ENV, "0.3")
+    with pytest.raises(StoreError) as caught:
+        open_bucket(data_dir, "src")
+    assert str(caught.value).startswith(f"cannot write {path}: the disk is full (disk I/O error) and stayed full")
+    assert len(tries) > 1  # it waited, trying again, before it gave up
