@@ -35,10 +35,11 @@ from eventing.ops.jsonl import load_json_lines
 from eventing.ops.stats import function_stats, vbucket_map
 from eventing.ops.verify import VerifyReport, verify_function
 from eventing.storage import loadgen
-from eventing.storage.bucket import Write, chunked
 from eventing.storage.factory import create_bucket, open_bucket
 from eventing.storage.keyspace import Collection, open_keyspace
 from eventing.storage.protocol import FileBucket
+from eventing.storage.values import Write
+from eventing.storage.writes import chunked
 from eventing.windows.runtime.host import WindowOptions
 from eventing.workers.executor import make_executor
 from metadata import FunctionRecord
@@ -205,8 +206,8 @@ class Eventing:
         return int(bucket_ops.create_collection(self.data_dir, keyspace)["id"])
 
     def drop_collection(self, keyspace: str) -> int:
-        """Drop a collection and its documents (`eventing collection drop`; refused while a deployed or paused
-        function reads or binds it); returns how many documents went."""
+        """Drop a collection and its documents (`eventing collection drop`); a deployed or paused function that
+        reads or binds it is undeployed first, as in Couchbase. Returns how many documents went."""
         return int(bucket_ops.drop_collection(self.data_dir, keyspace)["documents"])
 
     def collections(self, bucket: str) -> list[str]:

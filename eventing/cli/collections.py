@@ -40,6 +40,9 @@ def cmd_collection_drop(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(result)
     else:
+        for gone in result["undeployed_functions"]:
+            print(f"undeployed function '{gone['function']}': collection '{result['keyspace']}' is its "
+                  f"{gone['role']} (deploy it again once the collection is back)")
         print(f"dropped collection '{result['keyspace']}' with {result['documents']:,} documents")
         if result["named_by_undeployed_functions"]:
             names = ", ".join(result["named_by_undeployed_functions"])

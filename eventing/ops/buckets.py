@@ -1,20 +1,25 @@
 """Bucket and collection administration that must agree with the functions using them: dropping or
-flushing a bucket, and dropping a collection, are refused while a deployed or paused function reads it as
-its source or writes it through a binding. Flushing a collection deletes its documents one delete mutation
-each, which the functions reading it handle like any other."""
+flushing a bucket is refused while a deployed or paused function reads it as its source or writes it
+through a binding; dropping a collection undeploys such functions first, as Couchbase does. Flushing a
+collection deletes its documents one delete mutation each, which the functions reading it handle like any
+other."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
+from eventing.control import lifecycle
 from eventing.core.keyspaces import DEFAULT, WILDCARD, Keyspace
 from eventing.core.mutation import OP_DELETE
 from eventing.errors import LifecycleError, NotFoundError, StoreCorruptError
 from eventing.storage import keyspace as keyspaces
-from eventing.storage.bucket import Write
 from eventing.storage.factory import drop_bucket, open_bucket
+from eventing.storage.bucket import Write
 from metadata import FunctionState
 from metadata.factory import open_store
+
+log = logging.getLogger("eventing.ops")
 
 
 @dataclass(frozen=True)
@@ -145,12 +150,30 @@ def create_collection(data_dir: str, keyspace: str | Keyspace) -> dict:
 
 
 def drop_collection(data_dir: str, keyspace: str | Keyspace) -> dict:
-    """Drop a collection and its documents; refused while a deployed or paused function reads or binds it."""
+    """Drop a collection and its documents. As in Couchbase, a deployed or paused function that reads or
+    binds it is undeployed first (waiting for a running service to stop its workers), so no worker reads or
+    writes the collection while it goes; every other function runs on untouched."""
     ks = keyspaces.parse_keyspace(data_dir, keyspace)
-    uses = []
+    uses: list[BucketUse] = []
+    undeployed: list[dict[str, str]] = []
     if not ks.is_default:
         ks.check()
-        uses = _refuse_active(collection_uses(data_dir, ks), f"cannot drop collection '{ks}'")
+        uses = collection_uses(data_dir, ks)
+        for function, roles in _active_roles(uses).items():
+            lifecycle.undeploy(data_dir, function)
+            undeployed.append({"function": function, "role": roles})
+            log.warning("function %s undeployed: collection '%s' (its %s) is dropped", function, ks, roles)
     documents = keyspaces.drop_collection(data_dir, ks)
+    named = sorted({u.function for u in uses} - {u["function"] for u in undeployed})
     return {"keyspace": str(ks), "bucket": ks.bucket, "scope": ks.scope, "collection": ks.collection,
-            "documents": documents, "named_by_undeployed_functions": sorted({u.function for u in uses})}
+            "documents": documents, "undeployed_functions": undeployed, "named_by_undeployed_functions": named}
+
+
+def _active_roles(uses: list[BucketUse]) -> dict[str, str]:
+    """Function -> the roles the collection has in it ("source", "binding 'out' (rw)"), for the functions
+    that are not undeployed."""
+    roles: dict[str, list[str]] = {}
+    for u in uses:
+        if u.state != FunctionState.UNDEPLOYED.value:
+            roles.setdefault(u.function, []).append(u.role)
+    return {function: " and ".join(r) for function, r in roles.items()}

@@ -20,7 +20,8 @@ from eventing.ops.rewind import rewind
 from eventing.ops.verify import verify_function
 from eventing.storage.factory import create_bucket, open_bucket
 from eventing.storage.keyspace import create_collection, open_keyspace
-from eventing.testing import LEDGER_HANDLER, deploy_function, ledger_definition, read_call_log
+from eventing.testing import LEDGER_HANDLER, deploy_function, ledger_definition, read_call_log, wait_for
+from metadata.factory import open_store
 
 ORDERS = "shop.sales.orders"
 COPY_HANDLER = '''
@@ -91,26 +92,70 @@ def test_collection_create_list_drop_and_bucket_commands_on_a_collection(data_di
     assert err.count("\n") == 1 and f"eventing collection create {ORDERS}" in err
 
 
-def test_collection_drop_is_refused_while_a_deployed_function_reads_or_binds_it(data_dir, capsys):
+def test_dropping_a_collection_undeploys_the_functions_reading_or_binding_it_and_no_other(data_dir, capsys):
     _shop(data_dir)
     create_bucket(data_dir, "results").close()
     create_collection(data_dir, "results.fn.copy")
-    defn = FunctionDefinition.from_dict({
+    copy = {
         "name": "fn_copy", "source_bucket": "shop", "source_scope": "sales", "source_collection": "orders",
         "bindings": [{"alias": "out", "bucket": "results", "scope": "fn", "collection": "copy", "access": "rw"}],
-    })
-    deploy_function(data_dir, defn, COPY_HANDLER)
-    for keyspace, role in ((ORDERS, "source"), ("results.fn.copy", "binding 'out' (rw)")):
-        capsys.readouterr()
-        assert cli(data_dir, "collection", "drop", keyspace) == 2
-        err = capsys.readouterr().err
-        assert f"cannot drop collection '{keyspace}'" in err and role in err
-        assert "fn_copy" in err and "`eventing undeploy fn_copy`" in err
-    assert cli(data_dir, "collection", "create", "shop.sales.returns") == 0
-    assert cli(data_dir, "collection", "drop", "shop.sales.returns") == 0  # no function uses it
-    Eventing(data_dir, executor="in-process").undeploy("fn_copy")
+    }
+    other = {**copy, "name": "fn_other", "bindings": [{"alias": "out", "bucket": "results", "access": "rw"}]}
+    deploy_function(data_dir, FunctionDefinition.from_dict(copy), COPY_HANDLER)
+    deploy_function(data_dir, FunctionDefinition.from_dict(other), COPY_HANDLER)
+
+    def state(name: str) -> str:
+        with open_store(data_dir) as store:
+            return store.get_function(name).state.value
+
+    # a binding's collection: its function goes, the one binding another keyspace stays
+    capsys.readouterr()
+    assert cli(data_dir, "collection", "drop", "results.fn.copy") == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == ("undeployed function 'fn_copy': collection 'results.fn.copy' is its binding 'out' (rw) "
+                      "(deploy it again once the collection is back)")
+    assert out[1].startswith("dropped collection 'results.fn.copy'") and len(out) == 2
+    assert state("fn_copy") == "undeployed" and state("fn_other") == "deployed"
+    # the source collection: fn_other goes; fn_copy, already undeployed, is only named
     dropped = cli_json(capsys, data_dir, "collection", "drop", ORDERS)
-    assert dropped["documents"] == 5 and dropped["named_by_undeployed_functions"] == ["fn_copy"]
+    assert dropped["documents"] == 5
+    assert dropped["undeployed_functions"] == [{"function": "fn_other", "role": "source"}]
+    assert dropped["named_by_undeployed_functions"] == ["fn_copy"]
+    assert state("fn_other") == "undeployed"
+    assert cli(data_dir, "collection", "create", "shop.sales.returns") == 0
+    assert cli_json(capsys, data_dir, "collection", "drop", "shop.sales.returns")["undeployed_functions"] == []
+
+
+def test_a_collection_dropped_under_a_running_service_stops_its_function_and_nothing_else_is_lost(data_dir, capsys):
+    _shop(data_dir)
+    create_collection(data_dir, "shop.sales.returns")
+    readers = {"fn_orders": ORDERS, "fn_returns": "shop.sales.returns"}
+    for name, keyspace in readers.items():
+        _, scope, collection = keyspace.split(".")
+        defn = ledger_definition(name, "shop", f"ledger_{name}", workers=2, source_scope=scope,
+                                 source_collection=collection)
+        deploy_function(data_dir, defn, LEDGER_HANDLER)
+    app = Eventing(data_dir, executor="in-process")
+    running = app.run(until_caught_up=False)
+    try:
+        for i in range(40):
+            app.upsert("shop.sales.returns", f"r{i}", {"i": i})
+        capsys.readouterr()
+        assert cli(data_dir, "collection", "drop", ORDERS) == 0
+        assert capsys.readouterr().out.startswith(
+            f"undeployed function 'fn_orders': collection '{ORDERS}' is its source")
+        for i in range(40, 80):
+            app.upsert("shop.sales.returns", f"r{i}", {"i": i})
+        wait_for(lambda: app.verify("fn_returns").handled == 80, "fn_returns has handled and checkpointed every write")
+        assert running.running
+    finally:
+        running.stop()
+    summary = running.wait(60)
+    assert not summary.errors
+    report = app.verify("fn_returns")
+    assert report.ok and report.handled == report.source_mutations == 80, report.summary()
+    with open_store(data_dir) as store:
+        assert store.get_function("fn_orders").state.value == "undeployed"
 
 
 # -- Python API -------------------------------------------------------------------------------------------
