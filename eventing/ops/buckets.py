@@ -14,8 +14,8 @@ from eventing.core.keyspaces import DEFAULT, WILDCARD, Keyspace
 from eventing.core.mutation import OP_DELETE
 from eventing.errors import LifecycleError, NotFoundError, StoreCorruptError
 from eventing.storage import keyspace as keyspaces
-from eventing.storage.factory import drop_bucket, open_bucket
 from eventing.storage.bucket import Write
+from eventing.storage.factory import drop_bucket, open_bucket
 from metadata import FunctionState
 from metadata.factory import open_store
 
