@@ -125,6 +125,7 @@ class MetadataStore(Protocol):
         reason: str | None = None,
         include_replayed: bool = False,
         replayed_only: bool = False,
+        generation: int | None = None,
         limit: int | None = None,
     ) -> list[DlqRow]: ...
     def mark_replayed(self, function: str, keys: Iterable[tuple[int, int]]) -> int: ...

@@ -199,8 +199,8 @@ class WorkerCore:
         # vBucket marks, so either way handling it again could apply its effects twice or not at all.
         # Letters of earlier deployments do not count: a fresh deployment handles every mutation of its
         # boundary, whatever an older handler did (the deploy resolved those letters).
-        for row in self.store.find_dlq_rows(self.name, include_replayed=True):
-            if row.generation != self.spec.generation or row.reason == "late":
+        for row in self.store.find_dlq_rows(self.name, include_replayed=True, generation=self.spec.generation):
+            if row.reason == "late":
                 continue
             hung = row.reason == "timeout" and row.replayed_at is None
             if row.vb in wanted and row.seqno > self.committed[row.vb]:

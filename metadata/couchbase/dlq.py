@@ -65,9 +65,11 @@ class DlqDocuments(CasDocuments):
         reason: str | None = None,
         include_replayed: bool = False,
         replayed_only: bool = False,
+        generation: int | None = None,
         limit: int | None = None,
     ) -> list[DlqRow]:
-        """Dead letters matching every given filter, in (vBucket, seqno) order: per-document order."""
+        """Dead letters matching every given filter, in (vBucket, seqno) order: per-document order.
+        ``generation`` is checked on each fetched letter (the position index is per vBucket only)."""
         positions = [(v, s) for v, s in self._dlq_positions(function, vb) if seqno is None or s == seqno]
         found: list[DlqRow] = []
         for i in range(0, len(positions), DLQ_FETCH_CHUNK):
@@ -78,6 +80,8 @@ class DlqDocuments(CasDocuments):
                     continue  # removed after the index was read, or before its index entry was
                 row = _decode_dlq(docs[k][0])
                 if key is not None and row.key != key or reason is not None and row.reason != reason:
+                    continue
+                if generation is not None and row.generation != generation:
                     continue
                 if replayed_only and row.replayed_at is None:
                     continue

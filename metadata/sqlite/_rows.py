@@ -74,10 +74,11 @@ def dlq_filter(
     reason: str | None,
     include_replayed: bool,
     replayed_only: bool,
+    generation: int | None = None,
 ) -> tuple[str, tuple]:
     clauses: list[str] = ["function=?"]
     args: list[str | int] = [function]
-    for column, value in (("vb", vb), ("seqno", seqno), ("key", key), ("reason", reason)):
+    for column, value in (("vb", vb), ("seqno", seqno), ("key", key), ("reason", reason), ("generation", generation)):
         if value is not None:
             clauses.append(f"{column}=?")
             args.append(value)

@@ -82,6 +82,8 @@ def apply_schema(db: sqlite3.Connection) -> None:
     columns = {r[1] for r in db.execute("PRAGMA table_info(dlq)")}
     if "generation" not in columns:  # a store written before dead letters recorded their deployment
         db.execute("ALTER TABLE dlq ADD COLUMN generation INTEGER NOT NULL DEFAULT 0")
+    # A worker's claim reads only its deployment's letters: old deployments' letters cost it nothing.
+    db.execute("CREATE INDEX IF NOT EXISTS dlq_generation ON dlq(function, generation, vb, seqno)")
     columns = {r[1] for r in db.execute("PRAGMA table_info(functions)")}
     if "deployed_by" not in columns:  # a store written before deployments recorded their user (JSON or NULL)
         db.execute("ALTER TABLE functions ADD COLUMN deployed_by TEXT")

@@ -624,10 +624,12 @@ class SqliteMetadataStore:
         reason: str | None = None,
         include_replayed: bool = False,
         replayed_only: bool = False,
+        generation: int | None = None,
         limit: int | None = None,
     ) -> list[DlqRow]:
-        """Dead letters matching every given filter, in (vBucket, seqno) order: per-document order."""
-        where, args = dlq_filter(function, vb, seqno, key, reason, include_replayed, replayed_only)
+        """Dead letters matching every given filter, in (vBucket, seqno) order: per-document order.
+        ``generation``: only the letters of that deployment."""
+        where, args = dlq_filter(function, vb, seqno, key, reason, include_replayed, replayed_only, generation)
         sql = f"SELECT * FROM dlq WHERE {where} ORDER BY vb, seqno"
         if limit is not None:
             sql += f" LIMIT {int(limit)}"

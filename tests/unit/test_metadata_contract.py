@@ -14,6 +14,7 @@ Plus the Couchbase failure path, which needs no server: no answer, bad URLs, the
 from __future__ import annotations
 
 import collections
+import dataclasses
 import itertools
 import json
 import os
@@ -530,6 +531,10 @@ def test_dlq_rows_can_be_found_replayed_retried_and_purged(store):
     assert [(r.vb, r.seqno) for r in store.find_dlq_rows("fn", key="a")] == [(0, 3), (5, 2)]
     assert [(r.vb, r.seqno) for r in store.find_dlq_rows("fn", vb=5, seqno=1)] == [(5, 1)]
     assert [(r.vb, r.seqno) for r in store.find_dlq_rows("fn", reason="timeout")] == [(0, 7)]
+    store.commit("fn", e, {0: 7, 5: 2}, [dataclasses.replace(_dlq(5, 9, key="d"), generation=3)])
+    assert [(r.vb, r.seqno) for r in store.find_dlq_rows("fn", generation=3)] == [(5, 9)]
+    assert [(r.vb, r.seqno) for r in store.find_dlq_rows("fn", generation=0)] == [(0, 3), (0, 7), (5, 1), (5, 2)]
+    assert store.purge_dlq("fn", keys=[(5, 9)]) == 1
 
     assert store.mark_replayed("fn", [(0, 3), (5, 1), (9, 9)]) == 2
     assert store.mark_replayed("fn", [(0, 3)]) == 0  # already replayed
