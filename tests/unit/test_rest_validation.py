@@ -17,7 +17,8 @@ from eventing.control.service import EventingService
 from eventing.core.definition import FunctionDefinition
 from eventing.http.app import build_app
 from eventing.http.auth import ServerConfig
-from eventing.http.routes import ENDPOINTS, rest_wording
+from eventing.http.routes import ENDPOINTS
+from eventing.http.routes_request import rest_wording
 from eventing.ops import dlq
 from eventing.storage.bucket import LocalBucket
 from eventing.testing import deploy_function

@@ -1,0 +1,42 @@
+"""The endpoints of a bucket's collections: list them, and create or drop one (admin only), by calling
+eventing.ops.buckets as `eventing collection` does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.responses import JSONResponse, Response
+
+from eventing.http.routes_request import EndpointRequest
+
+
+def _collection_keyspace(c: EndpointRequest) -> Any:
+    from eventing.core.keyspaces import Keyspace
+
+    return Keyspace(c.params["bucket"], c.params["scope"], c.params["collection"]).check()
+
+
+def _admin_only(c: EndpointRequest, action: str) -> Response | None:
+    if c.role == "admin":
+        return None
+    return JSONResponse({"error": f"{action} needs the admin role; the caller is not an admin",
+                         "fix": "send the admin token or an admin user's credentials"}, status_code=403)
+
+
+def list_collections(c: EndpointRequest) -> list[dict[str, Any]]:
+    from eventing.ops import buckets
+
+    return buckets.list_collections(c.data_dir, c.params["bucket"])
+
+
+def create_collection(c: EndpointRequest) -> dict[str, Any] | Response:
+    from eventing.ops import buckets
+
+    return _admin_only(c, "creating a collection") or buckets.create_collection(c.data_dir, _collection_keyspace(c))
+
+
+def drop_collection(c: EndpointRequest) -> dict[str, Any] | Response:
+    from eventing.ops import buckets
+
+    return _admin_only(c, "dropping a collection") or buckets.drop_collection(c.data_dir, _collection_keyspace(c))

@@ -1,0 +1,240 @@
+"""The endpoints of functions and their lifecycle, in Couchbase Eventing's shapes: list, read, save and
+delete a function (in this project's format or Couchbase's, `?format=couchbase`), its settings and
+handler source (`/appcode`), import and export, and deploy, pause, resume and undeploy (`?wait=`). Each
+calls eventing.control.lifecycle, as the CLI does. `list_functions` and `get_function` are also what the
+status and Couchbase-only endpoints read functions with.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+
+from eventing.control import lifecycle
+from eventing.core import couchbase_format
+from eventing.core.definition import FunctionDefinition, check_function_name
+from eventing.core.secrets import mask_definition
+from eventing.errors import ConfigError, NotFoundError
+from eventing.http import auth
+from eventing.http.routes_request import EndpointRequest, _couchbase_call, _with_warnings
+from eventing.ops import stats
+from metadata.factory import open_store
+
+DEFAULT_WAIT_S = 60.0  # ?wait= of pause and undeploy: how long to wait for the running service
+
+
+# -- functions (Couchbase-shaped) --------------------------------------------------------------------
+
+
+def _document(record: Any) -> dict[str, Any]:
+    """A stored function as every role reads it: URL binding secrets masked (`*****`)."""
+    return {**mask_definition(record.definition), "handler_source": record.source, "state": record.state.value,
+            "generation": record.generation}
+
+
+def list_functions(c: EndpointRequest) -> list[dict[str, Any]]:
+    try:
+        store = open_store(c.data_dir, create=False)
+    except NotFoundError:
+        return []
+    try:
+        return [_document(r) for r in store.list_functions()]
+    finally:
+        store.close()
+
+
+def get_function(c: EndpointRequest) -> dict[str, Any] | Response:
+    if _couchbase_format(c):  # ?format=couchbase: Couchbase's function JSON, errors in its shape
+        return _couchbase_call(lambda: _with_warnings(*lifecycle.export_couchbase(c.data_dir, c.name)))
+    with open_store(c.data_dir, create=False) as store:
+        return _document(store.get_function(c.name))
+
+
+def _couchbase_format(c: EndpointRequest) -> bool:
+    fmt = c.query.get("format", "eventing")
+    if fmt not in ("eventing", "couchbase"):
+        raise ConfigError(f"format={fmt} is not valid; use format=couchbase or format=eventing (the default)")
+    return fmt == "couchbase"
+
+
+def save_function(c: EndpointRequest) -> dict[str, Any] | Response:
+    """The body is a definition as `eventing export` writes it (`appcode` is accepted for `handler_source`),
+    or Couchbase's function JSON (then its deployment_status/processing_status are carried out)."""
+    body = c.json_object()
+    if couchbase_format.is_couchbase_function(body):
+        return _couchbase_call(lambda: _save_couchbase(c, body))
+    if "appcode" in body and "handler_source" not in body:
+        body["handler_source"] = body.pop("appcode")
+    if body.get("name", c.name) != c.name:
+        raise ConfigError(f"the body names function {body['name']!r} but the URL names '{c.name}'; make them agree")
+    source = body.get("handler_source")
+    if not isinstance(source, str):
+        raise ConfigError("the body needs 'handler_source': the handler's Python code as a string")
+    defn = FunctionDefinition.from_dict({**body, "name": c.name})
+    return stats.function_view(lifecycle.save_function(c.data_dir, defn, source))
+
+
+def _save_couchbase(c: EndpointRequest, body: dict[str, Any]) -> Response:
+    if body.get("appname", c.name) != c.name:
+        raise ConfigError(f"the body names function {body['appname']!r} but the URL names '{c.name}'; make them agree")
+    records, warnings = lifecycle.import_functions(c.data_dir, {**body, "appname": c.name}, deploying=_deploying(c))
+    return _with_warnings({**stats.function_view(records[0]), "warnings": warnings}, warnings)
+
+
+def _deploying(c: EndpointRequest) -> Callable[[str], Any]:
+    return lambda name: auth.deploying_as(c.data_dir, name, c.identity)
+
+
+def create_functions(c: EndpointRequest) -> Response:
+    """POST /api/v1/functions: one function or a list, in Couchbase's format or this project's (as import)."""
+    def run() -> Response:
+        records, warnings = lifecycle.import_functions(c.data_dir, c.json(), deploying=_deploying(c))
+        return _with_warnings({"functions": [stats.function_view(r) for r in records], "warnings": warnings}, warnings)
+
+    return _couchbase_call(run)
+
+
+def delete_function(c: EndpointRequest) -> dict[str, Any]:
+    lifecycle.delete(c.data_dir, c.name)
+    return {"name": c.name, "deleted": True}
+
+
+def deploy(c: EndpointRequest) -> dict[str, Any]:
+    boundary = c.json_object().get("boundary")
+    if boundary not in (None, "everything", "from_now"):
+        raise ConfigError(f"boundary {boundary!r} is not valid; use 'everything' or 'from_now'")
+    with auth.deploying_as(c.data_dir, c.name, c.identity):  # a non-admin's handler runs sandboxed
+        return stats.function_view(lifecycle.deploy(c.data_dir, c.name, boundary))
+
+
+def _wait_s(c: EndpointRequest) -> float:
+    """?wait=SECONDS, checked before the function's state is (a bad parameter is a 400 in every state)."""
+    text = c.query.get("wait", "").strip()
+    if not text:
+        return DEFAULT_WAIT_S
+    try:
+        wait = float(text)
+    except ValueError:
+        wait = -1.0
+    if not math.isfinite(wait) or wait < 0:
+        raise ConfigError(f"wait={c.query['wait']} is not valid; give a number of seconds >= 0 "
+                          f"(default {DEFAULT_WAIT_S:g})")
+    return wait
+
+
+def pause(c: EndpointRequest) -> dict[str, Any]:
+    return stats.function_view(lifecycle.pause(c.data_dir, c.name, wait_s=_wait_s(c)))
+
+
+def resume(c: EndpointRequest) -> dict[str, Any]:
+    with auth.deploying_as(c.data_dir, c.name, c.identity):
+        return stats.function_view(lifecycle.resume(c.data_dir, c.name))
+
+
+def undeploy(c: EndpointRequest) -> dict[str, Any]:
+    return stats.function_view(lifecycle.undeploy(c.data_dir, c.name, wait_s=_wait_s(c)))
+
+
+def get_settings(c: EndpointRequest) -> dict[str, Any] | Response:
+    if _couchbase_format(c):
+        return _couchbase_call(lambda: lifecycle.export_couchbase(c.data_dir, c.name)[0]["settings"])
+    doc = get_function(c)
+    assert isinstance(doc, dict)
+    return {k: v for k, v in doc.items() if k not in ("name", "handler_source", "state", "generation")}
+
+
+def save_settings(c: EndpointRequest) -> dict[str, Any] | Response:
+    """Merge the given fields into the stored definition; the handler is kept (an undeployed or paused
+    function only, as for the CLI). A body in Couchbase's words (deployment_status, processing_status,
+    dcp_stream_boundary, execution_timeout in seconds, ...) changes the settings it maps, then deploys,
+    pauses, resumes or undeploys as its status flags ask."""
+    body = c.json_object()
+    if couchbase_format.is_couchbase_settings(body):
+        return _couchbase_call(lambda: _save_couchbase_settings(c, body))
+    for key in ("name", "handler_source", "appcode"):
+        if key in body:
+            raise ConfigError(f"settings cannot change '{key}'; use POST /api/v1/functions/{c.name}"
+                              + ("/appcode" if key != "name" else ""))
+    with open_store(c.data_dir, create=False) as store:
+        record = store.get_function(c.name)
+    defn = FunctionDefinition.from_dict({**record.definition, **body})
+    return stats.function_view(lifecycle.save_function(c.data_dir, defn, record.source))
+
+
+def _save_couchbase_settings(c: EndpointRequest, body: dict[str, Any]) -> Response:
+    fields, state, warnings = couchbase_format.settings_from_couchbase(c.name, body)
+    with open_store(c.data_dir, create=False) as store:
+        record = store.get_function(c.name)
+    changed = {k: v for k, v in fields.items() if k != "boundary"}
+    updated = FunctionDefinition.from_dict({**record.definition, **changed})
+    if updated != FunctionDefinition.from_dict(record.definition):  # only a change needs an undeployed or paused function
+        record = lifecycle.save_function(c.data_dir, updated, record.source)
+    if state is not None:
+        record = lifecycle.set_state(c.data_dir, c.name, state, boundary=fields.get("boundary"), wait_s=_wait_s(c),
+                                     deploying=_deploying(c))
+    return _with_warnings({**stats.function_view(record), "warnings": warnings}, warnings)
+
+
+def get_appcode(c: EndpointRequest) -> Response:
+    doc = get_function(c)
+    assert isinstance(doc, dict)
+    return PlainTextResponse(doc["handler_source"])
+
+
+def appcode_checksum(c: EndpointRequest) -> Response:
+    """The handler source's SHA-256 (Couchbase's /appcode/checksum), text/plain."""
+    def run() -> Response:
+        doc = get_function(c)
+        assert isinstance(doc, dict)
+        return PlainTextResponse(couchbase_format.checksum(doc["handler_source"]))
+
+    return _couchbase_call(run)
+
+
+def save_appcode(c: EndpointRequest) -> dict[str, Any]:
+    source = c.text()
+    with open_store(c.data_dir, create=False) as store:
+        record = store.get_function(c.name)
+    defn = FunctionDefinition.from_dict(record.definition)
+    return stats.function_view(lifecycle.save_function(c.data_dir, defn, source))
+
+
+def import_functions(c: EndpointRequest) -> Response:
+    """This project's export or Couchbase's (one function or a list); Couchbase's status flags are carried out."""
+    records, warnings = lifecycle.import_functions(c.data_dir, c.json(), deploying=_deploying(c))
+    return _with_warnings([stats.function_view(r) for r in records], warnings)
+
+
+def export_functions(c: EndpointRequest) -> list[dict[str, Any]] | Response:
+    """Secrets masked (`*****`), or in clear with ?secrets=true for the admin token only."""
+    secrets = c.flag(c.query, "secrets")
+    if secrets and c.role != "admin":
+        return JSONResponse({"error": "secrets=true needs the admin token; the read-only token was given",
+                             "fix": "send the admin token, or leave out secrets=true to get the secrets as *****"},
+                            status_code=403)
+    name = c.query.get("name")
+    if _couchbase_format(c):  # Couchbase's export: JavaScript functions (a Python one is named in a warning)
+        def run() -> Response:
+            names = [name] if name else [f["name"] for f in list_functions(c)]
+            out, warnings = [], []
+            for n in names:
+                check_function_name(n)
+                try:
+                    exported, more = lifecycle.export_couchbase(c.data_dir, n, with_secrets=secrets)
+                except ConfigError as exc:
+                    if name:
+                        raise
+                    warnings.append(str(exc))
+                    continue
+                out.append(exported)
+                warnings.extend(more)
+            return _with_warnings(out, warnings)
+
+        return _couchbase_call(run)
+    if name:
+        check_function_name(name)
+        return [lifecycle.export_function(c.data_dir, name, with_secrets=secrets)]
+    return [lifecycle.export_function(c.data_dir, f["name"], with_secrets=secrets) for f in list_functions(c)]

@@ -1,0 +1,197 @@
+"""What every REST endpoint shares: the request an endpoint gets (`EndpointRequest`: data directory, path
+and query parameters, body, and the checks of its parameters), the row of the endpoint table
+(`Endpoint`), the path of one function, and the two shapes of an error: this API's `{"error", "fix"}`
+with its HTTP status and the CLI's wording turned into endpoints (`error_body`, `rest_wording`), and
+Couchbase's `{"name", "code", "description", ...}` for the endpoints shaped like Couchbase's
+(`couchbase_error`), with the header that carries warnings beside a Couchbase-shaped body.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.responses import JSONResponse, Response
+
+from eventing.errors import (
+    ConfigError,
+    EventingError,
+    FencedError,
+    InvalidKeyError,
+    LifecycleError,
+    NotFoundError,
+    OrderViolationError,
+    StoreCorruptError,
+    StoreLockedError,
+)
+from eventing.http import auth
+
+QUERY_TRUE = frozenset({"1", "true", "yes"})
+QUERY_FALSE = frozenset({"0", "false", "no"})
+FUNCTION_PATH = "/api/v1/functions/{name}"  # the path of one function; its endpoints extend it
+
+
+@dataclass
+class EndpointRequest:
+    """What an endpoint gets: the data directory, path and query parameters, and the raw body."""
+
+    data_dir: str
+    params: dict[str, str]
+    query: dict[str, str]
+    body: bytes
+    role: str = "read"  # "admin" for a full admin (reads secrets on request), else "read"
+    identity: auth.Identity = auth.LOCAL_IDENTITY  # the caller (eventing.http.auth), recorded as a deployer
+
+    @property
+    def name(self) -> str:
+        return self.params["name"]
+
+    def json(self, default: Any = None) -> Any:
+        if not self.body.strip():
+            if default is not None:
+                return default
+            raise ConfigError("this request needs a JSON body")
+        try:
+            return json.loads(self.body)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"the request body is not valid JSON ({exc})") from None
+
+    def json_object(self) -> dict[str, Any]:
+        data = self.json(default={})
+        if not isinstance(data, dict):
+            raise ConfigError("the request body must be a JSON object")
+        return data
+
+    def text(self) -> str:
+        try:
+            return self.body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"the request body is not UTF-8 text (byte {exc.start}); send the handler as UTF-8") from None
+
+    def shown(self, source: dict[str, Any], key: str, value: Any) -> str:
+        """A parameter as the caller wrote it: `size=-1` in a query string, `"all": "yes"` in a JSON body."""
+        return f"{key}={value}" if source is self.query else f"{json.dumps(key)}: {json.dumps(value)}"
+
+    def int_arg(self, source: dict[str, Any], key: str, minimum: int | None = None) -> int | None:
+        """A whole-number parameter of the query string (`source` is `self.query`) or of a JSON body; None
+        when absent. Anything else, or a number below `minimum`, is a 400 naming the parameter."""
+        value = source.get(key)
+        if value is None or value == "":
+            return None
+        number: int | None = None
+        if isinstance(value, int) and not isinstance(value, bool):
+            number = value
+        elif isinstance(value, float) and value.is_integer():
+            number = int(value)
+        elif isinstance(value, str) and re.fullmatch(r"[+-]?[0-9]+", value.strip()):
+            number = int(value)
+        if number is None or (minimum is not None and number < minimum):
+            accepted = "a whole number" + (f" >= {minimum}" if minimum is not None else "")
+            raise ConfigError(f"{self.shown(source, key, value)} is not valid; give {accepted}")
+        return number
+
+    def flag(self, source: dict[str, Any], key: str) -> bool:
+        """A yes/no parameter: in the query string true/false, 1/0 or yes/no; in a JSON body a JSON boolean
+        only, so `{"all": "yes"}` is a 400 rather than a purge."""
+        value = source.get(key)
+        if value is None:
+            return False
+        if source is self.query:
+            text = str(value).strip().lower()
+            if text in QUERY_TRUE or text in QUERY_FALSE or text == "":
+                return text in QUERY_TRUE
+            raise ConfigError(f"{key}={value} is not valid; use {key}=true or {key}=false (or 1 and 0)")
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{self.shown(source, key, value)} is not valid; \"{key}\" is a JSON boolean: true or false")
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    method: str
+    path: str
+    group: str
+    summary: str
+    handler: Callable[[EndpointRequest], Any]
+    status: int = 200
+    couchbase: bool = False  # shaped like Couchbase Eventing's endpoint of the same path
+
+
+# Couchbase's error names and codes (its REST response package) for the errors of this project.
+COUCHBASE_ERRORS: list[tuple[type[BaseException], str, int]] = [
+    (NotFoundError, "ERR_APP_NOT_FOUND_TS", 13),
+    (LifecycleError, "ERR_APP_NOT_UNDEPLOYED", 22),
+    (EventingError, "ERR_READ_REQ", 15),
+    (InvalidKeyError, "ERR_READ_REQ", 15),
+]
+
+
+def couchbase_error(exc: BaseException) -> Response:
+    """An error as Couchbase's Eventing REST API gives it: name, code, description, runtime_info."""
+    status, body = error_body(exc)
+    name, code = next((n, k) for kind, n, k in COUCHBASE_ERRORS if isinstance(exc, kind))
+    if isinstance(exc, LifecycleError) and "undeployed" in body["error"].split(";")[0]:
+        name, code = "ERR_APP_NOT_DEPLOYED", 12
+    return JSONResponse({"name": name, "code": code, "description": body["error"], "attributes": [],
+                         "runtime_info": {"code": code, "info": body["error"]}}, status_code=status)
+
+
+def _couchbase_call(fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except (EventingError, InvalidKeyError) as exc:
+        return couchbase_error(exc)
+
+
+def _with_warnings(result: Any, warnings: list[str]) -> Response:
+    """A JSON answer whose warnings (what Couchbase's format had that does nothing here) ride in a header,
+    so the body keeps Couchbase's shape."""
+    return JSONResponse(result, headers={"X-Eventing-Warnings": json.dumps(warnings)} if warnings else None)
+
+
+STATUS_OF: list[tuple[type[BaseException], int]] = [
+    (NotFoundError, 404),
+    (LifecycleError, 409),
+    (FencedError, 409),
+    (OrderViolationError, 409),
+    (StoreLockedError, 503),
+    (StoreCorruptError, 500),
+    (EventingError, 400),
+    (InvalidKeyError, 400),
+]
+
+
+# The shared messages name CLI commands and flags where the CLI is the way; over HTTP the endpoint is.
+REST_WORDING: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(r"`eventing dlq list ([\w-]+)`"), r"GET /api/v1/functions/\1/dlq"),
+    (re.compile(r"`eventing dlq purge ([\w-]+) --replayed`"),
+     r'POST /api/v1/functions/\1/dlq/purge with {"replayed": true}'),
+    (re.compile(r"`eventing (deploy|undeploy|pause|resume) ([\w-]+)`"), r"POST /api/v1/functions/\2/\1"),
+    (re.compile(r"`eventing status ([\w-]+)`"), r"GET /api/v1/status/\1"),
+    (re.compile(r"`eventing status`"), "GET /api/v1/status"),
+    (re.compile(r"`eventing stats ([\w-]+)`"), r"GET /api/v1/functions/\1/stats"),
+    (re.compile(r"`eventing export ([\w-]+)`"), r"GET /api/v1/export?name=\1"),
+    (re.compile(r"--ledger BUCKET"), "?ledger=BUCKET"),
+    (re.compile(r"`eventing collection create ([^.`\s]+)\.([^.`\s]+)\.([^.`\s]+)`"),
+     r"POST /api/v1/buckets/\1/scopes/\2/collections/\3"),
+    (re.compile(r"`eventing collection list ([^`\s]+)`"), r"GET /api/v1/buckets/\1/collections"),
+    (re.compile(r"--limit (-?\d+)"), r"limit=\1"),
+    (re.compile(r"--wait\b"), "?wait="),
+]
+
+
+def rest_wording(message: str) -> str:
+    for pattern, replacement in REST_WORDING:
+        message = pattern.sub(replacement, message)
+    return message
+
+
+def error_body(exc: BaseException) -> tuple[int, dict[str, Any]]:
+    """The CLI's message in REST terms; its last clause after '; ' is the fix when the message has one."""
+    message = rest_wording(str(exc))
+    status = next(code for kind, code in STATUS_OF if isinstance(exc, kind))
+    _, sep, fix = message.rpartition("; ")
+    return status, {"error": message, "fix": fix if sep else None}
