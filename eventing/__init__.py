@@ -20,14 +20,14 @@ _LAZY = {
     "Eventing": "eventing.api",
     "FunctionDefinition": "eventing.core.definition",
     "RunSummary": "eventing.control.service",
-    "Write": "eventing.storage.bucket",
+    "Write": "eventing.storage.values",
 }
 
 if TYPE_CHECKING:
     from eventing.api import Eventing
     from eventing.control.service import RunSummary
     from eventing.core.definition import FunctionDefinition
-    from eventing.storage.bucket import Write
+    from eventing.storage.values import Write
 
 
 def __getattr__(name: str) -> Any:

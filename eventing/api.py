@@ -35,10 +35,11 @@ from eventing.ops.jsonl import load_json_lines
 from eventing.ops.stats import function_stats, vbucket_map
 from eventing.ops.verify import VerifyReport, verify_function
 from eventing.storage import loadgen
-from eventing.storage.bucket import Write, chunked
 from eventing.storage.factory import create_bucket, open_bucket
 from eventing.storage.keyspace import Collection, open_keyspace
 from eventing.storage.protocol import FileBucket
+from eventing.storage.values import Write
+from eventing.storage.writes import chunked
 from eventing.windows.runtime.host import WindowOptions
 from eventing.workers.executor import make_executor
 from metadata import FunctionRecord

@@ -44,8 +44,9 @@ from eventing.core.definition import FunctionDefinition  # noqa: E402
 from eventing.core.mutation import OP_DELETE, OP_UPDATE, decode_document, encode_document  # noqa: E402
 from eventing.handler import Meta  # noqa: E402
 from eventing.storage import loadgen  # noqa: E402
-from eventing.storage.bucket import LocalBucket, Write  # noqa: E402
+from eventing.storage.bucket import LocalBucket  # noqa: E402
 from eventing.storage.factory import create_bucket, open_bucket  # noqa: E402
+from eventing.storage.values import Write  # noqa: E402
 from eventing.testing.workloads import TRIVIAL_HANDLER, load_bench_bucket  # noqa: E402
 from eventing.workers.executor import RayExecutor  # noqa: E402
 

@@ -27,7 +27,8 @@ from eventing.control import lifecycle  # noqa: E402
 from eventing.control.service import EventingService  # noqa: E402
 from eventing.core.definition import load_definition_file  # noqa: E402
 from eventing.storage import loadgen  # noqa: E402
-from eventing.storage.bucket import LocalBucket, chunked  # noqa: E402
+from eventing.storage.bucket import LocalBucket  # noqa: E402
+from eventing.storage.writes import chunked  # noqa: E402
 from eventing.workers.executor import InProcessExecutor, RayExecutor, init_ray  # noqa: E402
 
 FUNCTIONS = Path(__file__).resolve().parent.parent / "functions"

@@ -41,7 +41,8 @@ import msgpack  # noqa: E402
 from eventing.cli.app import main as cli_main  # noqa: E402
 from eventing.core.mutation import OP_UPDATE  # noqa: E402
 from eventing.storage import loadgen  # noqa: E402
-from eventing.storage.bucket import _LOG_COLUMNS, LocalBucket  # noqa: E402
+from eventing.storage.bucket import LocalBucket  # noqa: E402
+from eventing.storage.files import _LOG_COLUMNS  # noqa: E402
 from eventing.storage.write_turns import keep_wal_short  # noqa: E402
 
 CHUNK = 20_000  # rows per transaction, as `bucket load` commits them

@@ -31,7 +31,8 @@ from eventing.control import lifecycle  # noqa: E402
 from eventing.control.service import EventingService  # noqa: E402
 from eventing.core.definition import FunctionDefinition  # noqa: E402
 from eventing.storage import loadgen  # noqa: E402
-from eventing.storage.bucket import LocalBucket, chunked  # noqa: E402
+from eventing.storage.bucket import LocalBucket  # noqa: E402
+from eventing.storage.writes import chunked  # noqa: E402
 from eventing.testing.workloads import TRIVIAL_HANDLER  # noqa: E402
 from eventing.workers.executor import RayExecutor  # noqa: E402
 

@@ -18,7 +18,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from eventing.control import lifecycle  # noqa: E402
 from eventing.core.definition import FunctionDefinition  # noqa: E402
 from eventing.storage import loadgen  # noqa: E402
-from eventing.storage.bucket import LocalBucket, chunked  # noqa: E402
+from eventing.storage.bucket import LocalBucket  # noqa: E402
+from eventing.storage.writes import chunked  # noqa: E402
 from eventing.workers.worker import WorkerCore, WorkerSpec  # noqa: E402
 from metadata.factory import open_store  # noqa: E402
 from sharding import NUM_VBUCKETS  # noqa: E402

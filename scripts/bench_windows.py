@@ -47,7 +47,8 @@ from eventing.control.service import EventingService  # noqa: E402
 from eventing.core.definition import FunctionDefinition  # noqa: E402
 from eventing.core.mutation import OP_UPDATE  # noqa: E402
 from eventing.storage import loadgen  # noqa: E402
-from eventing.storage.bucket import LocalBucket, chunked  # noqa: E402
+from eventing.storage.bucket import LocalBucket  # noqa: E402
+from eventing.storage.writes import chunked  # noqa: E402
 from eventing.windows.batches import read_row_batch  # noqa: E402
 from eventing.windows.runtime import host  # noqa: E402
 from eventing.windows.runtime.coordinator import WindowCoordinator  # noqa: E402

@@ -19,9 +19,10 @@ from eventing.errors import (
     StoreError,
 )
 from eventing.ops.jsonl import json_line_rows
-from eventing.storage.bucket import chunked, list_buckets
 from eventing.storage.factory import create_bucket, open_bucket
+from eventing.storage.files import list_buckets
 from eventing.storage.keyspace import open_keyspace
+from eventing.storage.writes import chunked
 
 
 def cmd_bucket_create(args: argparse.Namespace) -> int:

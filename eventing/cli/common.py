@@ -55,8 +55,8 @@ def check_function_buckets(data_dir: str, functions: list[str] | None = None) ->
     SQLite's quick check, else one line names the damaged file and the way out (StoreCorruptError). A
     damaged page might otherwise surface only when a worker reaches it, or never (a lookup that misses
     it), while the rest of the run goes on."""
-    from eventing.storage.bucket import bucket_path
     from eventing.storage.factory import open_bucket
+    from eventing.storage.files import bucket_path
     from metadata.factory import open_store
 
     with open_store(data_dir) as store:

@@ -15,7 +15,7 @@ from eventing.cli.output import emit_json, progress_enabled, table
 from eventing.control import lifecycle
 from eventing.errors import EventingError
 from eventing.ops.windows import write_chart
-from eventing.storage.bucket import bucket_path
+from eventing.storage.files import bucket_path
 from eventing.storage.write_turns import TURN_SUFFIX
 from functions import FUNCTIONS_DIR
 from metadata import FunctionState

@@ -31,8 +31,8 @@ from typing import Any
 from eventing.core.keyspaces import check_user_key
 from eventing.core.mutation import OP_DELETE, OP_UPDATE, decode_document, encode_document
 from eventing.errors import BindingError, InvalidDocumentError
-from eventing.storage.bucket import EffectGroup, Write
 from eventing.storage.protocol import Bucket
+from eventing.storage.values import EffectGroup, Write
 from sharding import validate_key
 
 Tracer = Callable[[str, str, str, object], None]  # (operation, alias, key, value)

@@ -97,7 +97,7 @@ class HeldWrite:
     alias: str
     bucket: AnyBucket
     seqno: int  # the source seqno that caused it
-    write: Any  # eventing.storage.bucket.Write
+    write: Any  # eventing.storage.values.Write
 
 
 class HandlerRunner:

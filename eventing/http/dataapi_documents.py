@@ -28,8 +28,8 @@ from eventing.http.dataapi_requests import (
     parse_flags,
     uint64_field,
 )
-from eventing.storage.bucket import Changed, StoredDocument, Write
 from eventing.storage.keyspace import Collection
+from eventing.storage.values import Changed, StoredDocument, Write
 
 _json_decode = msgspec.json.decode
 _pack = msgspec.msgpack.encode

@@ -16,10 +16,11 @@ from eventing.errors import ConfigError, NotFoundError, StoreLockedError
 from eventing.http.dataapi_documents import Answer, Change, plan_op
 from eventing.http.dataapi_errors import ApiError, api_error
 from eventing.http.dataapi_requests import DocRequest
-from eventing.storage.bucket import Changed, bucket_path
 from eventing.storage.factory import open_bucket
+from eventing.storage.files import bucket_path
 from eventing.storage.keyspace import Collection
 from eventing.storage.protocol import FileBucket
+from eventing.storage.values import Changed
 
 MAX_GROUP = 256  # document requests of one bucket answered in one turn (their writes: one transaction)
 

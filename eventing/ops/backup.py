@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from eventing.errors import ConfigError, LifecycleError, NotFoundError, StoreCorruptError
-from eventing.storage.bucket import bucket_path, list_buckets
 from eventing.storage.factory import open_bucket
+from eventing.storage.files import bucket_path, list_buckets
 from metadata import METADATA_URL_ENV
 from metadata.factory import SQLITE_FILE, open_store
 from metadata.sqlite import restore_sqlite_store

@@ -49,8 +49,8 @@ from eventing.core.mutation import OP_NAMES, Mutation, unpack_mutation
 from eventing.errors import ConfigError, NotFoundError
 from eventing.execution.runner import HandlerRunner, writes_by_bucket
 from eventing.execution.single_call import run_once
-from eventing.storage.bucket import EffectGroup
 from eventing.storage.protocol import FileBucket
+from eventing.storage.values import EffectGroup
 from eventing.workers.sandbox import SandboxedRunner, open_runner
 from metadata import DlqRow, MetadataStore
 from metadata.factory import open_store

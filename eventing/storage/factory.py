@@ -13,7 +13,8 @@ from typing import cast
 
 from eventing.errors import StoreCorruptError
 from eventing.storage import write_turns
-from eventing.storage.bucket import LocalBucket, bucket_path, create_files, drop_damaged
+from eventing.storage.bucket import LocalBucket
+from eventing.storage.files import bucket_path, create_files, drop_damaged
 from eventing.storage.partitions import PartitionedBucket
 from eventing.storage.protocol import FileBucket
 

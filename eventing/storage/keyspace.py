@@ -16,9 +16,10 @@ from typing import Self
 from eventing.core.keyspaces import COLLECTION_MARK, DEFAULT, Keyspace, check_user_key, key_prefix
 from eventing.core.mutation import OP_DELETE, OP_UPDATE, decode_document, encode_document
 from eventing.errors import ConfigError, NotFoundError
-from eventing.storage.bucket import StoredDocument, Write, list_buckets
 from eventing.storage.factory import open_bucket
+from eventing.storage.files import list_buckets
 from eventing.storage.protocol import Bucket, FileBucket
+from eventing.storage.values import StoredDocument, Write
 from sharding import validate_key
 
 

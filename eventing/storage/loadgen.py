@@ -6,7 +6,7 @@ import random
 from collections.abc import Iterator
 
 from eventing.core.mutation import OP_DELETE, OP_UPDATE, encode_document
-from eventing.storage.bucket import Write
+from eventing.storage.values import Write
 
 BASE_TIME_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 COUNTRIES = ("KR", "US", "DE", "FR", "JP", "BR", "IN", "GB")

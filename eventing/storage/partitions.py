@@ -35,15 +35,8 @@ from typing import TYPE_CHECKING, Self
 
 from eventing.core.keyspaces import COLLECTION_MARK, vbucket_of_stored
 from eventing.core.mutation import Mutation, decode_document
-from eventing.storage.bucket import (
-    Changed,
-    EffectGroup,
-    EffectResult,
-    LocalBucket,
-    PackedUpdates,
-    StoredDocument,
-    Write,
-)
+from eventing.storage.bucket import LocalBucket
+from eventing.storage.values import Changed, EffectGroup, EffectResult, PackedUpdates, StoredDocument, Write
 from sharding import NUM_VBUCKETS
 from sharding.plan import split_even
 

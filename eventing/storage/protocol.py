@@ -27,7 +27,7 @@ from eventing.core.mutation import Mutation
 
 if TYPE_CHECKING:
     from eventing.core.filters import Prefilter
-    from eventing.storage.bucket import (
+    from eventing.storage.values import (
         Changed,
         EffectGroup,
         EffectResult,

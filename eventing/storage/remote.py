@@ -29,9 +29,9 @@ import msgpack
 
 from eventing.core.mutation import Mutation
 from eventing.errors import ConfigError, EventingError
-from eventing.storage.bucket import EffectGroup, EffectResult, PackedUpdates, Write
 from eventing.storage.factory import open_bucket
 from eventing.storage.protocol import Bucket, FileBucket
+from eventing.storage.values import EffectGroup, EffectResult, PackedUpdates, Write
 from metadata import MetadataStore
 from metadata.factory import SQLITE_FILE, open_store
 

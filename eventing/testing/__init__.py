@@ -26,9 +26,9 @@ from eventing.control import lifecycle as control_lifecycle
 from eventing.core.definition import Boundary, FunctionDefinition
 from eventing.ops.verify import VerifyReport, check_ledger
 from eventing.storage import loadgen
-from eventing.storage.bucket import chunked
 from eventing.storage.factory import create_bucket
 from eventing.storage.protocol import FileBucket
+from eventing.storage.writes import chunked
 from functions import FUNCTIONS_DIR
 
 # The ledger handler is the example function fn_ledger (functions/fn_ledger.py, fn_ledger.json), one copy.

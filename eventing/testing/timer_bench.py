@@ -21,8 +21,9 @@ from eventing.control.service import EventingService
 from eventing.core.definition import FunctionDefinition
 from eventing.core.mutation import OP_UPDATE, encode_document
 from eventing.execution.timers import delay_percentile
-from eventing.storage.bucket import Write, chunked
 from eventing.storage.factory import create_bucket, open_bucket
+from eventing.storage.values import Write
+from eventing.storage.writes import chunked
 from eventing.workers.executor import Executor
 from metadata.factory import open_store
 

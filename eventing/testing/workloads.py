@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 
 from eventing.storage import loadgen
-from eventing.storage.bucket import chunked
 
 # W1: the handler keeps a dict of each document's latest revision: the framework's own cost, with state that
 from eventing.storage.factory import create_bucket
 from eventing.storage.protocol import FileBucket
+from eventing.storage.writes import chunked
 
 # W1: the handler keeps a dict of each document's latest revision: the framework's own cost, with state that
 # grows with the documents, never with the mutations.

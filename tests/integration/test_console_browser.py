@@ -30,7 +30,8 @@ from eventing.control.service import EventingService
 from eventing.core.definition import FunctionDefinition
 from eventing.ops.verify import verify_function
 from eventing.storage import loadgen
-from eventing.storage.bucket import LocalBucket, chunked
+from eventing.storage.bucket import LocalBucket
+from eventing.storage.writes import chunked
 from eventing.testing import BackgroundLoop, deploy_function, ledger_definition, load_source
 from eventing.workers.executor import InProcessExecutor
 

@@ -18,7 +18,8 @@ import pytest
 from eventing.control import lifecycle
 from eventing.control.service import EventingService
 from eventing.storage import loadgen
-from eventing.storage.bucket import LocalBucket, chunked
+from eventing.storage.bucket import LocalBucket
+from eventing.storage.writes import chunked
 from eventing.testing import LEDGER_HANDLER, BackgroundLoop, check_ledger, ledger_definition, wait_for
 from metadata.factory import open_store
 from sharding import NUM_VBUCKETS, vbucket_of

@@ -31,7 +31,8 @@ from eventing.control.service import EventingService
 from eventing.core.definition import FunctionDefinition
 from eventing.ops.verify import effect_key, history_key, verify_function
 from eventing.storage import loadgen
-from eventing.storage.bucket import LocalBucket, chunked
+from eventing.storage.bucket import LocalBucket
+from eventing.storage.writes import chunked
 from eventing.testing import (
     call_log_figures,
     deploy_function,

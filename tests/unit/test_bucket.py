@@ -9,7 +9,8 @@ import pytest
 
 from eventing.core.mutation import OP_DELETE, OP_UPDATE, encode_document
 from eventing.errors import ConfigError, InvalidDocumentError, InvalidKeyError, NotFoundError
-from eventing.storage.bucket import EffectGroup, LocalBucket, Write
+from eventing.storage.bucket import LocalBucket
+from eventing.storage.values import EffectGroup, Write
 from sharding import vbucket_of
 
 

@@ -13,11 +13,12 @@ import pytest
 
 from eventing.core.mutation import OP_DELETE, OP_UPDATE, decode_document, encode_document
 from eventing.errors import NotFoundError
-from eventing.storage.bucket import EffectGroup, LocalBucket, Write
+from eventing.storage.bucket import LocalBucket
 from eventing.storage.factory import create_bucket
 from eventing.storage.partitions import PartitionedBucket
 from eventing.storage.protocol import Bucket
 from eventing.storage.remote import DataService, RemoteBucket
+from eventing.storage.values import EffectGroup, Write
 from sharding import NUM_VBUCKETS, vbucket_of
 
 

@@ -11,7 +11,8 @@ import msgpack
 from eventing.cli import main
 from eventing.core.mutation import OP_DELETE, OP_UPDATE, encode_document
 from eventing.storage import loadgen
-from eventing.storage.bucket import LocalBucket, Write
+from eventing.storage.bucket import LocalBucket
+from eventing.storage.values import Write
 
 
 def _log(bucket: LocalBucket) -> list[tuple]:

@@ -17,8 +17,9 @@ from eventing.control.service import EventingService
 from eventing.core.definition import FunctionDefinition
 from eventing.core.mutation import OP_UPDATE, Mutation
 from eventing.errors import StoreCorruptError, StoreError
-from eventing.storage.bucket import bucket_path, header_problem
 from eventing.storage.factory import create_bucket, open_bucket
+from eventing.storage.file_health import header_problem
+from eventing.storage.files import bucket_path
 from eventing.testing import load_source
 from eventing.testing.windows import python_aggregator
 from eventing.windows import batches

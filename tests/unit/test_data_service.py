@@ -11,9 +11,10 @@ import pytest
 
 from eventing.control.service import EventingService
 from eventing.core.mutation import OP_UPDATE
-from eventing.storage.bucket import LocalBucket, Write
+from eventing.storage.bucket import LocalBucket
 from eventing.storage.factory import create_bucket, open_bucket
 from eventing.storage.remote import LOCALITY_ENV, DataAccess, DataService, RemoteBucket, rows_of_columns
+from eventing.storage.values import Write
 from eventing.testing import check_ledger, deploy_function, ledger_definition, load_source
 from eventing.workers.data_service import ServedData
 from eventing.workers.executor import InProcessExecutor

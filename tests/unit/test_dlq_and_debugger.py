@@ -20,7 +20,8 @@ from eventing.errors import InvalidKeyError
 from eventing.ops import dlq
 from eventing.ops.verify import effect_key, history_key
 from eventing.storage import loadgen
-from eventing.storage.bucket import LocalBucket, chunked
+from eventing.storage.bucket import LocalBucket
+from eventing.storage.writes import chunked
 from eventing.testing import LEDGER_HANDLER, LedgerReport, check_ledger, deploy_function, ledger_definition
 from eventing.workers.executor import InProcessExecutor
 from metadata.factory import open_store

@@ -13,7 +13,8 @@ from eventing.control import lifecycle
 from eventing.control.service import EventingService
 from eventing.core.mutation import OP_UPDATE, encode_document
 from eventing.ops import buckets as bucket_ops
-from eventing.storage.bucket import LocalBucket, Write
+from eventing.storage.bucket import LocalBucket
+from eventing.storage.values import Write
 from eventing.testing import deploy_function, ledger_definition, load_source
 from eventing.workers.executor import InProcessExecutor
 from metadata.factory import open_store

@@ -14,8 +14,8 @@ from eventing.core.filters import FilterError, compile_filter
 from eventing.core.mutation import OP_DELETE, OP_UPDATE, encode_document
 from eventing.errors import ConfigError
 from eventing.ops.verify import verify_function
-from eventing.storage.bucket import Write
 from eventing.storage.factory import create_bucket, open_bucket
+from eventing.storage.values import Write
 from eventing.testing import LEDGER_HANDLER, deploy_function, ledger_definition
 from eventing.workers.executor import InProcessExecutor
 from metadata.factory import open_store

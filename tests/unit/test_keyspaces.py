@@ -8,9 +8,9 @@ import pytest
 from eventing.core.keyspaces import Keyspace, split_stored_key, stored_key, vbucket_of_stored
 from eventing.core.mutation import OP_UPDATE, encode_document
 from eventing.errors import ConfigError, InvalidKeyError, NotFoundError
-from eventing.storage.bucket import Write
 from eventing.storage.factory import create_bucket
 from eventing.storage.keyspace import create_collection, drop_collection, list_collections, open_keyspace
+from eventing.storage.values import Write
 from sharding import vbucket_of
 
 
@@ -88,7 +88,7 @@ def test_change_document_checks_and_writes_in_one_transaction(data_dir):
 @pytest.mark.parametrize("partitions", [1, 4])
 def test_change_documents_commits_a_group_each_change_seeing_the_ones_before(data_dir, partitions):
     from eventing.core.mutation import OP_DELETE
-    from eventing.storage.bucket import Changed
+    from eventing.storage.values import Changed
 
     create_bucket(data_dir, "b", partitions=partitions).close()
     with open_keyspace(data_dir, "b") as coll:

@@ -9,10 +9,12 @@ import pytest
 
 from eventing.core.mutation import OP_DELETE, OP_UPDATE, encode_document
 from eventing.errors import ConfigError, StoreError
-from eventing.storage.bucket import EffectGroup, LocalBucket, Write, list_buckets, partition_path
+from eventing.storage.bucket import LocalBucket
 from eventing.storage.factory import create_bucket, drop_bucket, open_bucket
+from eventing.storage.files import list_buckets, partition_path
 from eventing.storage.partitions import PartitionedBucket, partition_ranges
 from eventing.storage.protocol import FileBucket
+from eventing.storage.values import EffectGroup, Write
 from sharding import NUM_VBUCKETS, vbucket_of
 from sharding.plan import worker_plan
 

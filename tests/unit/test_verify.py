@@ -14,7 +14,8 @@ from eventing.control.service import EventingService
 from eventing.core.mutation import OP_UPDATE, encode_document
 from eventing.errors import OrderViolationError
 from eventing.ops.verify import effect_key, history_key, parse_effect_key, verify_function
-from eventing.storage.bucket import LocalBucket, Write
+from eventing.storage.bucket import LocalBucket
+from eventing.storage.values import Write
 from eventing.testing import LEDGER_HANDLER, check_ledger, deploy_function, ledger_definition, load_source
 from eventing.workers.executor import InProcessExecutor
 from eventing.workers.worker import WorkerCore, WorkerSpec

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from eventing.control import lifecycle
 from eventing.control.service import EventingService
 from eventing.core.definition import FunctionDefinition
-from eventing.storage.bucket import LocalBucket, bucket_path
+from eventing.storage.bucket import LocalBucket
+from eventing.storage.files import bucket_path
 from eventing.testing.windows import ManualClock, python_aggregator
 from eventing.windows.runtime import coordinator as coordinator_module
 from eventing.windows.runtime import host

@@ -17,7 +17,9 @@ from eventing.control import lifecycle
 from eventing.core.definition import FunctionDefinition
 from eventing.core.mutation import OP_DELETE, OP_EXPIRE, OP_UPDATE, Mutation, encode_document
 from eventing.storage import loadgen
-from eventing.storage.bucket import LocalBucket, PackedUpdates, Write, chunked
+from eventing.storage.bucket import LocalBucket
+from eventing.storage.values import PackedUpdates, Write
+from eventing.storage.writes import chunked
 from eventing.windows.batches import read_row_batch
 from eventing.windows.runtime import row_writer as rows_module
 from eventing.windows.runtime.paths import WindowPaths

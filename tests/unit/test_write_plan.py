@@ -12,8 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from eventing.core.mutation import OP_DELETE, OP_UPDATE
-from eventing.storage import bucket as bucket_module
-from eventing.storage.bucket import EffectGroup, LocalBucket, Write, bucket_path
+from eventing.storage import effects as effects_module
+from eventing.storage import writes as writes_module
+from eventing.storage.bucket import LocalBucket
+from eventing.storage.files import bucket_path
+from eventing.storage.values import EffectGroup, Write
 
 KEYS = [f"doc::{i}" for i in range(40)]  # few keys: batches repeat keys and share vBuckets
 
@@ -46,7 +49,9 @@ def empty_bucket(tmp_path_factory) -> Path:
 def _run(batches: list[list[Write]], planned: bool, empty_bucket: Path) -> tuple:
     with pytest.MonkeyPatch.context() as m, tempfile.TemporaryDirectory() as data_dir:
         if not planned:
-            m.setattr(bucket_module, "_plan", lambda items: None)
+            # Looked up in both: writes (write, load_rows) and effects (apply_effects).
+            m.setattr(writes_module, "_plan", lambda items: None)
+            m.setattr(effects_module, "_plan", lambda items: None)
         copy = bucket_path(data_dir, "b")
         copy.parent.mkdir(parents=True)
         shutil.copyfile(empty_bucket, copy)
@@ -70,5 +75,5 @@ def test_a_planned_batch_logs_what_the_row_by_row_path_logs(batches, empty_bucke
 
 
 def test_a_batch_of_updates_is_planned_and_one_with_a_delete_is_not():
-    assert bucket_module._plan([("k", OP_UPDATE, b"\x80", 0, 0)]) is not None
-    assert bucket_module._plan([("k", OP_UPDATE, b"\x80", 0, 0), ("k", OP_DELETE, None, 0, 0)]) is None
+    assert writes_module._plan([("k", OP_UPDATE, b"\x80", 0, 0)]) is not None
+    assert writes_module._plan([("k", OP_UPDATE, b"\x80", 0, 0), ("k", OP_DELETE, None, 0, 0)]) is None

@@ -14,8 +14,9 @@ import pytest
 from eventing.core.mutation import OP_UPDATE
 from eventing.errors import NotFoundError
 from eventing.storage import write_turns
-from eventing.storage.bucket import Write, bucket_path
 from eventing.storage.factory import create_bucket, drop_bucket, open_bucket
+from eventing.storage.files import bucket_path
+from eventing.storage.values import Write
 
 LIMIT = 1_000_000
 TRANSACTIONS, WRITES = 25, 500

@@ -13,7 +13,8 @@ from eventing import Eventing, FunctionDefinition
 from eventing.control import supervisor
 from eventing.core.mutation import OP_UPDATE, encode_document
 from eventing.storage import wake
-from eventing.storage.bucket import LocalBucket, Write
+from eventing.storage.bucket import LocalBucket
+from eventing.storage.values import Write
 from eventing.testing import wait_for
 from sharding.vbucket import vbucket_of
 

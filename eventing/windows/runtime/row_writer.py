@@ -38,7 +38,7 @@ from eventing.windows.semantics import WindowConfigError, WindowSpec
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from eventing.storage.bucket import PackedUpdates
+    from eventing.storage.values import PackedUpdates
 
 # Spark's TIMESTAMP covers years 0001..9999; event times outside cannot be windowed.
 MIN_EVENT_MS = -62_135_596_800_000

@@ -1,0 +1,304 @@
+"""The reads of a local bucket (``BucketReads``, one part of ``LocalBucket``): documents by key and in key
+order, the high seqnos (cached until a commit), a vBucket's log entries as rows, as columns or packed in
+bulk for the data service and the window fast path, the same entries less those a function's prefilter
+rules out (with the SQL that applies it, ``_prefilter_sql``), and scans of the whole log for verify and
+stats.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from eventing.core.filters import Prefilter
+from eventing.core.keyspaces import COLLECTION_MARK
+from eventing.core.mutation import OP_UPDATE, Mutation, decode_document
+from eventing.storage.files import _LOG_COLUMNS, _retry_locked
+from eventing.storage.values import PackedUpdates
+from sharding import NUM_VBUCKETS
+
+
+def _prefilter_sql(prefilter: Prefilter) -> tuple[str, list]:
+    """A Prefilter as an SQL condition on a log row and its parameters."""
+    terms, params = ["1"], []
+    for prefix in prefilter.key_prefixes:
+        terms.append("substr(key, 1, ?) = ?")
+        params += [len(prefix), prefix]
+    if prefilter.needles:
+        clauses = []
+        for alternatives in prefilter.needles:
+            clauses.append("(" + " OR ".join("instr(doc, ?) > 0" for _ in alternatives) + ")")
+            params += list(alternatives)
+        terms.append(f"(op != {OP_UPDATE} OR doc IS NULL OR ({' AND '.join(clauses)}))")
+    return " AND ".join(terms), params
+
+
+class BucketReads:
+    """Reads of a bucket's file. A part of LocalBucket (eventing.storage.bucket), which sets these."""
+
+    path: Path
+    _db: sqlite3.Connection
+    _commits: int
+    _highs: list[int]
+    _highs_read_at: tuple[int, int]
+
+    def get(self, key: str) -> dict | None:
+        raw = self.get_raw(key)
+        return None if raw is None else decode_document(raw)
+
+    def get_raw(self, key: str) -> bytes | None:
+        row = self._db.execute("SELECT doc FROM docs WHERE key=? AND deleted=0", (key,)).fetchone()
+        return None if row is None else row[0]
+
+    def get_doc(self, key: str) -> tuple[bytes, int, int] | None:
+        """(document bytes, cas, expiry) of a live document, else None."""
+        row = self._db.execute("SELECT doc, cas, expiry FROM docs WHERE key=? AND deleted=0", (key,)).fetchone()
+        return None if row is None else (row[0], row[1], row[2])
+
+    def ensure_key_index(self) -> None:
+        """Index the log by key, for previous_doc (functions with previous_version). Each logged write then
+        also updates this index; see docs/handler-api.md for the measured cost."""
+        _retry_locked(self.path, lambda: self._db.execute("CREATE INDEX IF NOT EXISTS log_key ON log(key, seqno)"))
+
+    def previous_doc(self, key: str, before_seqno: int) -> bytes | None:
+        """The document bytes of `key`'s newest log entry below `before_seqno` (None: none, or a delete)."""
+        row = self._db.execute(
+            "SELECT doc FROM log WHERE key=? AND seqno<? ORDER BY seqno DESC LIMIT 1", (key, before_seqno)
+        ).fetchone()
+        return None if row is None else row[0]
+
+    def get_meta(self, key: str) -> dict | None:
+        row = self._db.execute(
+            "SELECT vb, seqno, cas, expiry, flags FROM docs WHERE key=? AND deleted=0", (key,)
+        ).fetchone()
+        return None if row is None else dict(zip(("vb", "seqno", "cas", "expiry", "flags"), row, strict=True))
+
+    def high_seqnos(self, *, prefetched: bool = False) -> list[int]:
+        """High seqno of every vBucket, index = vBucket. Workers ask at every step; the table is read
+        again only when a commit happened since (SQLite's data_version, a few microseconds to check).
+        ``prefetched`` changes nothing here: nothing is read ahead (see the Bucket protocol)."""
+        # Taken before reading: a commit that lands during the read changes it, so the next call reads again.
+        read_at = (self._db.execute("PRAGMA data_version").fetchone()[0], self._commits)
+        if read_at != self._highs_read_at:
+            highs = [0] * NUM_VBUCKETS
+            for vb, seqno in self._db.execute("SELECT vb, seqno FROM high"):
+                highs[vb] = seqno
+            self._highs, self._highs_read_at = highs, read_at
+        return list(self._highs)
+
+    # Reading ahead is for buckets behind the data service (RemoteBucket): a read of the file costs no
+    # round trip, so there is nothing to read ahead.
+    reads_ahead = False
+
+    def prefetch(self, runs: list[tuple[int, int, int]]) -> None:
+        pass
+
+    def has_ahead(self, vb: int) -> bool:
+        return False
+
+    def forget_prefetched(self, positions: dict[int, int]) -> None:
+        pass
+
+    def read_vb(self, vb: int, after_seqno: int, limit: int) -> list[Mutation]:
+        """Mutations of one vBucket with seqno > after_seqno, in seqno order, at most `limit`."""
+        return [Mutation(*r) for r in self.read_vb_rows(vb, after_seqno, limit)]
+
+    def read_vb_rows(self, vb: int, after_seqno: int, limit: int) -> list[tuple]:
+        """read_vb's rows as plain tuples in Mutation's field order (what the data service ships)."""
+        return self._db.execute(
+            f"SELECT {_LOG_COLUMNS} FROM log WHERE vb=? AND seqno>? ORDER BY seqno LIMIT ?",
+            (vb, after_seqno, limit),
+        ).fetchall()
+
+    def read_vb_matching(
+        self, vb: int, after_seqno: int, limit: int, upto: int, prefilter: Prefilter, origin: str
+    ) -> tuple[list[tuple], int, int]:
+        """The next ``limit`` log entries of one vBucket after ``after_seqno`` (none past ``upto``) less the
+        ones ``prefilter`` rules out (eventing.core.filters.Prefilter, checked by SQLite on the key and the
+        document's bytes: those rows never become Python objects). Entries written by ``origin`` and
+        entries of named collections are always returned. Returns (rows in seqno order, how many entries
+        the range held, its last seqno)."""
+        scanned, last = self._db.execute(
+            "SELECT count(*), max(seqno) FROM (SELECT seqno FROM log WHERE vb = ?1 AND seqno > ?2 AND seqno <= ?3 "
+            "ORDER BY seqno LIMIT ?4)",
+            (vb, after_seqno, upto, limit),
+        ).fetchone()
+        if not scanned:
+            return [], 0, after_seqno
+        sql, params = _prefilter_sql(prefilter)
+        rows = self._db.execute(
+            f"SELECT {_LOG_COLUMNS} FROM log WHERE vb = ? AND seqno > ? AND seqno <= ? "
+            f"AND (origin = ? OR substr(key, 1, 1) = ? OR ({sql})) ORDER BY seqno",
+            (vb, after_seqno, last, origin, COLLECTION_MARK, *params),
+        ).fetchall()
+        return rows, scanned, last
+
+    def read_vb_columns(self, vb: int, after_seqno: int, limit: int) -> tuple | None:
+        """read_vb_rows's answer column by column, concatenated by SQLite (no Python object per entry: about
+        half the cost of fetching the rows), for the data service to ship: ``(count, last_seqno, ops, keys,
+        docs, doc_lengths, cas, arrivals)`` where ``ops`` lists the entries that are not updates as
+        "seqno:op" (None when all are), keys are joined by NUL bytes, documents are back to back with their
+        lengths (-1: no document) and the numbers are comma-separated text. None when the entries are not
+        that plain case (a gap in the seqnos, an origin, an expiry or flags): read the rows then."""
+        try:
+            row = self._db.execute(
+                "SELECT count(*), max(seqno), max(origin IS NOT NULL OR expiry != 0 OR flags != 0), "
+                "group_concat(CASE WHEN op != 0 THEN seqno || ':' || op END), "
+                "CAST(group_concat(key, char(0)) AS BLOB), CAST(group_concat(doc, '') AS BLOB), "
+                "group_concat(ifnull(length(doc), -1)), group_concat(cas), group_concat(arrival_ms) "
+                # One range scan of the primary key feeds every aggregate in (vb, seqno) order, as in
+                # read_vb_packed.
+                "FROM log WHERE vb = ?1 AND seqno > ?2 AND seqno <= ?2 + ?3",
+                (vb, after_seqno, limit),
+            ).fetchone()
+        except sqlite3.DataError:  # over SQLite's length limit (huge documents)
+            return None
+        count, last, odd, ops, keys, docs, lengths, cas, arrivals = row
+        if not count or odd or last - after_seqno != count:
+            return None
+        return count, last, ops, keys, docs or b"", lengths, cas, arrivals
+
+    def read_vb_packed(
+        self, vb: int, after_seqno: int, limit: int, origin: str, *, exact_arrivals_over_ms: int | None = None
+    ) -> PackedUpdates | None:
+        """The next ``limit`` log entries of one vBucket after ``after_seqno`` for a caller that wants the
+        updates' documents and keys in bulk: SQLite concatenates them, so no Python object is made per
+        entry (about half the cost of fetching the rows). None when the entries are not the plain case
+        the caller can take whole: no entries, a gap in the seqnos, an entry written by ``origin``, an
+        update without a document or a delete with one; read them with read_vb then.
+
+        The updates' arrival times come as their least and greatest; each one is read as well (a second
+        query, about as costly as the first) only when they spread over ``exact_arrivals_over_ms`` or more."""
+        try:
+            row = self._db.execute(
+                "SELECT count(*), max(seqno), count(doc), max(origin = ?4), "
+                "group_concat(CASE WHEN op != 0 THEN seqno END), "
+                "CAST(group_concat(CASE WHEN op = 0 THEN key END, char(0)) AS BLOB), "
+                "CAST(group_concat(doc, '') AS BLOB), "
+                "min(CASE WHEN op = 0 THEN arrival_ms END), max(CASE WHEN op = 0 THEN arrival_ms END) "
+                # A range scan of the primary key feeds the aggregates in (vb, seqno) order. (Before SQLite
+                # 3.44 group_concat takes no ORDER BY; a sorted subquery would cost a third more.)
+                "FROM log WHERE vb = ?1 AND seqno > ?2 AND seqno <= ?3",
+                (vb, after_seqno, after_seqno + limit, origin),
+            ).fetchone()
+        except sqlite3.DataError:  # the concatenation is over SQLite's length limit (huge documents)
+            return None
+        count, last, docs_count, own, others, keys, docs, first_arrival, last_arrival = row
+        if not count or last - after_seqno != count or own:
+            return None
+        other_seqnos = [int(s) for s in others.split(",")] if others else []
+        if docs_count != count - len(other_seqnos):
+            return None
+        arrivals = None
+        if docs_count and exact_arrivals_over_ms is not None and last_arrival - first_arrival >= exact_arrivals_over_ms:
+            arrivals = [
+                r[0]
+                for r in self._db.execute(
+                    "SELECT arrival_ms FROM log WHERE vb=? AND seqno>? AND seqno<=? AND op=? ORDER BY seqno",
+                    (vb, after_seqno, last, OP_UPDATE),
+                )
+            ]
+        return PackedUpdates(
+            vb, after_seqno, last, other_seqnos, docs_count, keys or b"", docs or b"",
+            first_arrival or 0, last_arrival or 0, arrivals,
+        )
+
+    def first_arrival_after(self, positions: dict[int, int]) -> int | None:
+        """The earliest arrival time (epoch ms) of the log entries after ``positions[vb]`` in each given
+        vBucket, or None when there are none: what a reader at those positions has still to read."""
+        earliest: int | None = None
+        for vb, after in positions.items():
+            # Arrival times never go backwards within a vBucket: the first entry has the earliest.
+            row = self._db.execute(
+                "SELECT arrival_ms FROM log WHERE vb=? AND seqno>? ORDER BY seqno LIMIT 1", (vb, after)
+            ).fetchone()
+            if row is not None and (earliest is None or row[0] < earliest):
+                earliest = row[0]
+        return earliest
+
+    def max_doc_bytes(self, vb: int, after_seqno: int, last_seqno: int) -> int:
+        """Size of the largest document logged in one vBucket in ``(after_seqno, last_seqno]``."""
+        row = self._db.execute(
+            "SELECT max(length(doc)) FROM log WHERE vb=? AND seqno>? AND seqno<=?", (vb, after_seqno, last_seqno)
+        ).fetchone()
+        return row[0] or 0
+
+    def scan_log(self, batch: int = 10_000) -> Iterable[list[Mutation]]:
+        """The whole log in (vb, seqno) order, in batches."""
+        last = (-1, 0)
+        while True:
+            rows = self._db.execute(
+                f"SELECT {_LOG_COLUMNS} FROM log WHERE (vb, seqno) > (?, ?) ORDER BY vb, seqno LIMIT ?",
+                (*last, batch),
+            ).fetchall()
+            if not rows:
+                return
+            yield [Mutation(*r) for r in rows]
+            last = (rows[-1][0], rows[-1][1])
+
+    def log_index(self, batch: int = 50_000) -> Iterable[list[tuple[int, int, str, str | None]]]:
+        """(vb, seqno, key, origin) of the whole log in (vb, seqno) order, in batches, without documents."""
+        last = (-1, 0)
+        while True:
+            rows = self._db.execute(
+                "SELECT vb, seqno, key, origin FROM log WHERE (vb, seqno) > (?, ?) ORDER BY vb, seqno LIMIT ?",
+                (*last, batch),
+            ).fetchall()
+            if not rows:
+                return
+            yield rows
+            last = (rows[-1][0], rows[-1][1])
+
+    def logged_writes(self, prefix: str) -> dict[str, int]:
+        """How many upserts of each key starting with `prefix` the log holds (every version is kept)."""
+        rows = self._db.execute(
+            "SELECT key, COUNT(*) FROM log WHERE op=? AND substr(key, 1, ?)=? GROUP BY key",
+            (OP_UPDATE, len(prefix), prefix),
+        )
+        return dict(rows.fetchall())
+
+    def keys(self, prefix: str = "", limit: int | None = None) -> list[str]:
+        """Keys of live documents in key order, those starting with `prefix`, at most `limit`."""
+        return [key for key, *_ in self._live_docs(prefix, limit, with_docs=False)]
+
+    def scan(self, prefix: str = "", limit: int | None = None) -> Iterator[tuple[str, dict, dict]]:
+        """(key, document, meta) of live documents in key order; meta has vb, seqno, cas, expiry, flags."""
+        for key, vb, seqno, cas, expiry, flags, raw in self._live_docs(prefix, limit, with_docs=True):
+            meta = {"vb": vb, "seqno": seqno, "cas": cas, "expiry": expiry, "flags": flags}
+            yield key, decode_document(raw), meta
+
+    def _live_docs(self, prefix: str, limit: int | None, *, with_docs: bool, batch: int = 1000) -> Iterator[tuple]:
+        """Live documents in key order, read in batches (keyset paging, so a large bucket streams)."""
+        columns = "key, vb, seqno, cas, expiry, flags" + (", doc" if with_docs else "")
+        after: str | None = None
+        left = limit
+        while left is None or left > 0:
+            take = batch if left is None else min(batch, left)
+            clauses = ["deleted=0"]
+            args: list[object] = []
+            if prefix:  # a range scan of the primary key, then the exact prefix test
+                clauses.append("key >= ? AND substr(key, 1, ?) = ?")
+                args += [prefix, len(prefix), prefix]
+            if after is not None:
+                clauses.append("key > ?")
+                args.append(after)
+            rows = self._db.execute(
+                f"SELECT {columns} FROM docs WHERE {' AND '.join(clauses)} ORDER BY key LIMIT ?", (*args, take)
+            ).fetchall()
+            yield from rows
+            if len(rows) < take:
+                return
+            after = rows[-1][0]
+            if left is not None:
+                left -= len(rows)
+
+    def count(self, prefix: str = "") -> int:
+        """Live documents (deleted and expired-then-deleted ones are tombstones, not counted), those whose
+        key starts with `prefix`."""
+        if prefix:
+            return self._db.execute(
+                "SELECT COUNT(*) FROM docs WHERE deleted=0 AND key >= ? AND substr(key, 1, ?) = ?",
+                (prefix, len(prefix), prefix),
+            ).fetchone()[0]
+        return self._db.execute("SELECT COUNT(*) FROM docs WHERE deleted=0").fetchone()[0]

@@ -1,0 +1,273 @@
+"""The write path of a local bucket (``BucketWrites``, one part of ``LocalBucket``): each write gets the next
+seqno of its vBucket, a fresh cas and its transaction's arrival time; writers of one file take turns
+(eventing.storage.write_turns), a batch of updates is planned before the write lock
+(eventing.storage.write_plan), and once a transaction commits a running service is told which vBuckets it
+wrote (eventing.storage.wake). Also the check-and-set behind the Data API (``change_document``,
+``change_documents``), expirations, and ``chunked``, which cuts a stream of writes into batches.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sqlite3
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterable, Sequence
+from operator import itemgetter
+from pathlib import Path
+
+from eventing.core.keyspaces import COLLECTION_MARK, vbucket_of_stored
+from eventing.core.mutation import OP_DELETE, OP_EXPIRE, OP_UPDATE, encode_document
+from eventing.errors import NotFoundError
+from eventing.storage import wake, write_turns
+from eventing.storage.files import _LOG_COLUMNS, _retry_locked
+from eventing.storage.values import Changed, StoredDocument, Write
+from eventing.storage.write_plan import Item, UpdatePlan
+from metadata.sqlite_io import run_transaction
+from sharding import NUM_VBUCKETS, validate_key
+
+_by_vb = itemgetter(0)
+# Workers writing one bucket wait for its write lock by trying every millisecond rather than in SQLite's
+# busy handler, whose sleeps grow to 100 ms (see metadata.sqlite_io.begin_polling).
+WRITE_LOCK_POLL_S = 0.001
+HEADS_BY_VB_MAX = 32  # up to this many vBuckets in a write, their heads are read one query each
+_cas_lock = threading.Lock()
+_last_cas = 0
+
+
+def _reserve_cas(count: int) -> int:
+    """Reserve ``count`` cas values at once: the caller uses the returned value + 1 .. + count. A cas only
+    grows within this process (nanoseconds since the epoch, bumped on ties)."""
+    global _last_cas
+    with _cas_lock:
+        first = max(time.time_ns(), _last_cas + 1)
+        _last_cas = first + count - 1
+        return first - 1
+
+
+def _items(writes: Iterable[Write]) -> list[Item]:
+    return [w[:5] for w in writes]  # (key, op, doc, expiry, flags)
+
+
+def _plan(items: list[Item]) -> UpdatePlan | None:
+    """A batch of updates planned before the write lock; None when it holds deletes (see write_plan)."""
+    return UpdatePlan(items) if UpdatePlan.applies_to(items) else None
+
+
+
+class BucketWrites:
+    """Writes to a bucket's file. A part of LocalBucket (eventing.storage.bucket), which sets these."""
+
+    path: Path
+    name: str
+    _db: sqlite3.Connection
+    _commits: int
+    _written: set[int]
+    _wake_path: Path
+
+    def write(
+        self, writes: Iterable[Write], *, origin: str | None = None, arrival_ms: int | None = None
+    ) -> list[tuple[int, int] | None]:
+        """Apply writes in one transaction; each gets the next seqno of its vBucket, a fresh cas and the
+        transaction's arrival time (``arrival_ms``, default now; tests and imports may give their own).
+
+        Returns (vb, seqno) per write, or None for a delete of a missing document (nothing logged).
+        """
+        items = _items(writes)  # a retried transaction (locked, disk full) must see every write again
+        plan = _plan(items)
+        return _retry_locked(self.path, lambda: self._tx(lambda: self._log(items, origin, arrival_ms, plan)))
+
+    def _tx(self, body):
+        written = self._written
+        written.clear()  # a retried transaction logs again
+        with write_turns.turn(self.path):
+            try:
+                result = run_transaction(self._db, self.path, body, poll_lock_s=WRITE_LOCK_POLL_S)
+            finally:
+                self._commits += 1
+                write_turns.keep_wal_short(self._db, self.path)
+        if written:
+            wake.notify(self._wake_path, self.name, written)
+            written.clear()
+        return result
+
+    def load_rows(self, rows: Sequence[tuple[str, int, bytes | None, int]], *, arrival_ms: int | None = None) -> int:
+        """``write`` for imports (``bucket load``): rows are ``(key, op, doc, expiry)`` with keys already
+        validated, applied in one transaction with the same outcome as ``write`` of the same writes.
+        Returns how many rows were logged."""
+        items = [(key, op, doc, expiry, 0) for key, op, doc, expiry in rows]
+        plan = _plan(items)
+        logged = _retry_locked(self.path, lambda: self._tx(lambda: self._log(items, None, arrival_ms, plan)))
+        return sum(1 for r in logged if r is not None)
+
+    def _log(
+        self, items: list[Item], origin: str | None, arrival_ms: int | None, plan: UpdatePlan | None = None
+    ) -> list[tuple[int, int] | None]:
+        """The one write path: items are ``(key, op, doc, expiry, flags)``. Each logged item gets the next
+        seqno of its vBucket, a fresh cas and the transaction's arrival time; a delete of a document that
+        does not exist (at that point of the batch) is skipped.
+
+        Built for batches: the high seqnos, last arrival times and the existence of deleted keys are read
+        with a few queries rather than one per vBucket or key, log rows go in in (vb, seqno) order and only
+        each key's last version goes into ``docs``, in key order, so SQLite walks each B-tree once per
+        transaction instead of jumping between random pages (random order costs ~3x once the docs table
+        outgrows SQLite's page cache)."""
+        arrival = int(time.time() * 1000) if arrival_ms is None else int(arrival_ms)
+        if plan is not None:  # updates only, prepared before the lock (see eventing.storage.write_plan)
+            highs, arrivals = self._heads({vb for vb, _ in plan.runs}, arrival)
+            log_rows, docs_rows, placed = plan.rows(highs, arrivals, _reserve_cas(plan.count), origin)
+            self._insert(log_rows, docs_rows, highs, arrivals)
+            return placed  # type: ignore[return-value]
+        vbs = [  # vbucket_of (a collection's stored key: of its own key, eventing.core.keyspaces)
+            vbucket_of_stored(k) if (k := item[0]).startswith(COLLECTION_MARK)
+            else ((zlib.crc32(k.encode()) >> 16) & 0x7FFF) % NUM_VBUCKETS
+            for item in items
+        ]
+        highs, arrivals = self._heads(set(vbs), arrival)
+        deleting = {item[0] for item in items if item[1] != OP_UPDATE}
+        live = self._live(deleting)
+        cas = _reserve_cas(len(items))
+        log_rows = []
+        docs: dict[str, tuple] = {}
+        out: list[tuple[int, int] | None] = []
+        for (key, op, doc, expiry, flags), vb in zip(items, vbs, strict=True):
+            if op != OP_UPDATE:
+                if not live.get(key, False):
+                    out.append(None)
+                    continue
+                live[key] = False
+            elif key in deleting:
+                live[key] = True
+            cas += 1
+            seqno = highs[vb] = highs[vb] + 1
+            log_rows.append((vb, seqno, key, op, cas, doc, origin, expiry, flags, arrivals[vb]))
+            deleted = 0 if op == OP_UPDATE else 1
+            docs[key] = (key, vb, seqno, cas, deleted, None if deleted else doc, expiry, flags)
+            out.append((vb, seqno))
+        log_rows.sort(key=_by_vb)  # stable: seqnos stay in order within a vBucket
+        self._insert(log_rows, [docs[k] for k in sorted(docs)], highs, arrivals)
+        return out
+
+    def _insert(self, log_rows: list[tuple], docs_rows: list[tuple], highs: dict[int, int], arrivals: dict[int, int]) -> None:
+        """Write log rows (in (vb, seqno) order), docs rows (in key order) and the moved high seqnos."""
+        db = self._db
+        db.executemany(f"INSERT INTO log({_LOG_COLUMNS}) VALUES(?,?,?,?,?,?,?,?,?,?)", log_rows)
+        db.executemany("INSERT OR REPLACE INTO docs VALUES(?,?,?,?,?,?,?,?)", docs_rows)
+        moved = sorted({row[0] for row in log_rows})
+        self._written.update(moved)
+        db.executemany("UPDATE high SET seqno=?, arrival_ms=? WHERE vb=?", [(highs[vb], arrivals[vb], vb) for vb in moved])
+
+    def _heads(self, vbs: set[int], arrival: int) -> tuple[dict[int, int], dict[int, int]]:
+        """High seqno and the arrival time new entries get (never below the vBucket's last one: readers find
+        the earliest unread arrival first) of each vBucket in ``vbs``."""
+        db = self._db
+        if len(vbs) > HEADS_BY_VB_MAX:  # one read of the 1,024-row table beats hundreds of lookups from Python
+            rows = [r for r in db.execute("SELECT vb, seqno, arrival_ms FROM high") if r[0] in vbs]
+        else:
+            rows = [(vb, *db.execute("SELECT seqno, arrival_ms FROM high WHERE vb=?", (vb,)).fetchone()) for vb in vbs]
+        return {vb: seqno for vb, seqno, _ in rows}, {vb: max(arrival, last) for vb, _, last in rows}
+
+    def _live(self, keys: set[str]) -> dict[str, bool]:
+        """Whether each key has a live (not deleted) document; keys without a row are left out."""
+        live: dict[str, bool] = {}
+        for part in chunked(keys, 500):
+            marks = ",".join("?" * len(part))
+            for key, deleted in self._db.execute(f"SELECT key, deleted FROM docs WHERE key IN ({marks})", part):
+                live[key] = not deleted
+        return live
+
+    def upsert(
+        self, key: str, doc: dict, *, origin: str | None = None, expiry: int = 0, arrival_ms: int | None = None
+    ) -> tuple[int, int]:
+        validate_key(key)
+        result = self.write(
+            [Write(key, OP_UPDATE, encode_document(doc), expiry)], origin=origin, arrival_ms=arrival_ms
+        )[0]
+        assert result is not None
+        return result
+
+    def delete(self, key: str, *, origin: str | None = None) -> tuple[int, int]:
+        validate_key(key)
+        result = self.write([Write(key, OP_DELETE)], origin=origin)[0]
+        if result is None:
+            raise NotFoundError(f"document '{key}' does not exist in bucket '{self.name}'")
+        return result
+
+    def change_document(
+        self, key: str, change: Callable[[StoredDocument | None], Write | None], *, origin: str | None = None
+    ) -> StoredDocument | None:
+        """Read ``key``'s live document and write what ``change`` makes of it, in one transaction: the
+        check-and-set behind the Data API (insert, replace or delete under a cas, append, counters, touch).
+        ``change`` gets the current version (None: no live document) and returns the write to make (None:
+        nothing) or raises; it may run more than once (a locked file retries the transaction), so it must
+        only compute. Returns the document's version afterwards (None when there is none)."""
+
+        def body() -> StoredDocument | None:
+            row = self._db.execute(
+                "SELECT doc, cas, expiry, flags, vb, seqno FROM docs WHERE key=? AND deleted=0", (key,)
+            ).fetchone()
+            current = None if row is None else StoredDocument(key, *row)
+            write = change(current)
+            if write is None:
+                return current
+            placed = self._log(_items([write]), origin, None)[0]
+            if placed is None or write.op != OP_UPDATE:
+                return None
+            cas = self._db.execute("SELECT cas FROM docs WHERE key=?", (key,)).fetchone()[0]
+            return StoredDocument(key, write.doc or b"", cas, write.expiry, write.flags, *placed)
+
+        return _retry_locked(self.path, lambda: self._tx(body))
+
+    def change_documents(
+        self, changes: Sequence[tuple[str, Callable[[StoredDocument | None], Write | None]]], *, origin: str | None = None
+    ) -> list[Changed | Exception]:
+        """``change_document`` for many documents in one transaction (a group commit: one commit for the
+        concurrent writes of the Data API). Each change sees the document as the earlier ones in the list
+        left it; a change that raises writes nothing and its exception takes its place in the answer,
+        the others go on. Any other failure (SQLite, a write refused by ``_log``) fails them all."""
+
+        def body() -> list[Changed | Exception]:
+            db = self._db
+            out: list[Changed | Exception] = []
+            for key, change in changes:
+                row = db.execute(
+                    "SELECT doc, cas, expiry, flags, vb, seqno FROM docs WHERE key=? AND deleted=0", (key,)
+                ).fetchone()
+                current = None if row is None else StoredDocument(key, *row)
+                try:
+                    write = change(current)
+                except Exception as exc:  # this document's condition failed: the others go on
+                    out.append(exc)
+                    continue
+                if write is None:
+                    out.append(Changed(current))
+                    continue
+                placed = self._log(_items([write]), origin, None)[0]
+                if placed is None:  # a delete of nothing
+                    out.append(Changed(None))
+                    continue
+                cas = db.execute("SELECT cas FROM docs WHERE key=?", (key,)).fetchone()[0]
+                after = StoredDocument(key, write.doc or b"", cas, write.expiry, write.flags, *placed)
+                out.append(Changed(after if write.op == OP_UPDATE else None, cas, *placed))
+            return out
+
+        return _retry_locked(self.path, lambda: self._tx(body))
+
+    def expire_due(self, now_s: float | None = None) -> int:
+        """Turn documents whose expiry has passed into expiration mutations (on_delete with expired)."""
+        now = int(time.time() if now_s is None else now_s)
+        keys = [
+            r[0]
+            for r in self._db.execute(
+                "SELECT key FROM docs WHERE deleted=0 AND expiry>0 AND expiry<=?", (now,)
+            ).fetchall()
+        ]
+        self.write([Write(k, OP_EXPIRE) for k in keys])
+        return len(keys)
+
+
+def chunked(items: Iterable, size: int) -> Iterable[list]:
+    it = iter(items)
+    while chunk := list(itertools.islice(it, size)):
+        yield chunk
