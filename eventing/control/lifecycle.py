@@ -101,7 +101,7 @@ def deploy(data_dir: str, name: str, boundary: Boundary | None = None) -> Functi
         record = store.get_function(name)
         defn = FunctionDefinition.from_dict(record.definition).with_boundary(boundary)
         if effective_isolation(defn, record.deployed_by) == "sandbox":
-            from eventing.workers.sandbox import sandbox_unavailable
+            from eventing.workers.sandbox_landlock import sandbox_unavailable
 
             why = sandbox_unavailable()
             if why:  # never run it unsandboxed instead
@@ -158,7 +158,7 @@ def run_on_deploy(data_dir: str, store: MetadataStore, record: FunctionRecord, r
     from eventing.core.mutation import OP_UPDATE, Mutation
     from eventing.execution.runner import HandlerCall, writes_by_bucket
     from eventing.handler import DeployAction
-    from eventing.storage.bucket import EffectGroup
+    from eventing.storage.values import EffectGroup
     from eventing.workers.sandbox import SandboxedRunner, open_runner
 
     # A sandboxed function's on_deploy runs in a sandboxed child; its writes and timers come back here.

@@ -1,8 +1,7 @@
 """Bucket and collection administration that must agree with the functions using them: dropping or
 flushing a bucket is refused while a deployed or paused function reads it as its source or writes it
-through a binding; dropping a collection undeploys such functions first, as Couchbase does. Flushing a
-collection deletes its documents one delete mutation each, which the functions reading it handle like any
-other."""
+through a binding; dropping a collection undeploys such functions first, as Couchbase does. Flushing a collection deletes its documents one delete mutation
+each, which the functions reading it handle like any other."""
 
 from __future__ import annotations
 
@@ -14,8 +13,8 @@ from eventing.core.keyspaces import DEFAULT, WILDCARD, Keyspace
 from eventing.core.mutation import OP_DELETE
 from eventing.errors import LifecycleError, NotFoundError, StoreCorruptError
 from eventing.storage import keyspace as keyspaces
-from eventing.storage.bucket import Write
 from eventing.storage.factory import drop_bucket, open_bucket
+from eventing.storage.values import Write
 from metadata import FunctionState
 from metadata.factory import open_store
 

@@ -11,11 +11,11 @@ import pytest
 
 from eventing.control.service import EventingService
 from eventing.core.definition import FunctionDefinition
-from eventing.storage.bucket import bucket_path
 from eventing.storage.factory import create_bucket, open_bucket
+from eventing.storage.files import bucket_path
 from eventing.testing import deploy_function, load_source
 from eventing.workers.executor import InProcessExecutor
-from eventing.workers.sandbox import sandbox_unavailable
+from eventing.workers.sandbox_landlock import sandbox_unavailable
 from metadata.factory import SQLITE_FILE, open_store
 
 pytestmark = [
@@ -110,7 +110,7 @@ DOCUMENTS = 12
 def _setup(data_dir: str, outside: str, isolation: str) -> None:
     source = create_bucket(data_dir, "src")
     from eventing.core.mutation import OP_UPDATE, encode_document
-    from eventing.storage.bucket import Write
+    from eventing.storage.values import Write
 
     source.write([Write(f"k{i}", OP_UPDATE, encode_document({"v": i})) for i in range(DOCUMENTS)])
     other = load_source(data_dir, 5, 20, bucket="tenant_b")
@@ -231,7 +231,7 @@ PROBES = ("read_store", "other_source", "read_bucket", "write_bucket", "write_ou
 def _setup_outside(data_dir: str, outside: str, isolation: str) -> None:
     source = create_bucket(data_dir, "src")
     from eventing.core.mutation import OP_UPDATE, encode_document
-    from eventing.storage.bucket import Write
+    from eventing.storage.values import Write
 
     source.write([Write(f"k{i}", OP_UPDATE, encode_document({"v": i})) for i in range(DOCUMENTS)])
     create_bucket(data_dir, "ctl").upsert("mode", {"fail": True})

@@ -12,10 +12,10 @@ from eventing.core.definition import FunctionDefinition
 from eventing.core.keyspaces import key_prefix, split_stored_key
 from eventing.core.mutation import OP_UPDATE, encode_document
 from eventing.errors import ConfigError
-from eventing.storage.bucket import EffectGroup, Write
 from eventing.storage.factory import create_bucket
 from eventing.storage.remote import DataService, rows_of_columns
-from eventing.workers.sandbox import ScopedService
+from eventing.storage.values import EffectGroup, Write
+from eventing.workers.sandbox_scope import ScopedService
 from sharding import vbucket_of
 
 
