@@ -2,7 +2,7 @@
 
 A collection is named by its keyspace, BUCKET.SCOPE.COLLECTION (`` `bu.cket`.scope.collection`` for a
 bucket name with dots); its scope comes and goes with its collections. Dropping a collection deletes its
-documents and is refused while a deployed or paused function reads or binds it.
+documents and first undeploys the deployed or paused functions that read or bind it, as Couchbase does.
 """
 
 from __future__ import annotations
@@ -59,6 +59,6 @@ def register(sub: Any, add: Any) -> None:
     p = add("list", cmd_collection_list, "the collections of a bucket with their documents", csub)
     p.add_argument("bucket", metavar="BUCKET")
     p = add("drop", cmd_collection_drop,
-            "delete a collection and its documents (refused while a deployed or paused function reads or binds it)",
+            "delete a collection and its documents; deployed or paused functions that read or bind it are undeployed first",
             csub)
     p.add_argument("keyspace", metavar="BUCKET.SCOPE.COLLECTION")

@@ -158,8 +158,8 @@ ENDPOINTS: list[Endpoint] = [
              "the collections of a bucket: keyspace, scope, collection, id, documents", list_collections),
     Endpoint("POST", COLLECTION_PATH, "collections", "create a collection (and its scope); admin only",
              create_collection, status=201),
-    Endpoint("DELETE", COLLECTION_PATH, "collections", "drop a collection and its documents (409 while a deployed or "
-             "paused function reads or binds it); admin only", drop_collection),
+    Endpoint("DELETE", COLLECTION_PATH, "collections", "drop a collection and its documents; deployed or paused "
+             "functions that read or bind it are undeployed first; admin only", drop_collection),
     Endpoint("GET", "/api/v1/openapi.json", "meta", "this API as OpenAPI 3.1", openapi),
     Endpoint("GET", "/metrics", "metrics", "Prometheus metrics (text format)", metrics),
 ]
