@@ -50,6 +50,7 @@ from eventing.storage.files import (
 )
 from eventing.storage.info_table import BucketInfo
 from eventing.storage.reads import BucketReads
+from eventing.storage.values import Spans
 from eventing.storage.writes import BucketWrites
 
 if TYPE_CHECKING:
@@ -69,7 +70,7 @@ class LocalBucket(BucketEffects, BucketInfo, BucketWrites, BucketReads):
         # Cached high seqnos and the (data_version, own commits) they were read at: SQLite's data_version
         # counts other connections' commits, _commits this connection's.
         self._highs: list[int] = []
-        self._highs_read_at: tuple[int, int] = (-1, -1)
+        self._highs_read_at: tuple[int, int, Spans | None] = (-1, -1, None)
         self._commits = 0
         # vBuckets the current transaction logged writes in: once it commits, a running service is told
         # (eventing.storage.wake), so the workers owning them need not wait for their next poll.

@@ -36,7 +36,15 @@ from typing import TYPE_CHECKING, Self
 from eventing.core.keyspaces import COLLECTION_MARK, vbucket_of_stored
 from eventing.core.mutation import Mutation, decode_document
 from eventing.storage.bucket import LocalBucket
-from eventing.storage.values import Changed, EffectGroup, EffectResult, PackedUpdates, StoredDocument, Write
+from eventing.storage.values import (
+    Changed,
+    EffectGroup,
+    EffectResult,
+    PackedUpdates,
+    Spans,
+    StoredDocument,
+    Write,
+)
 from sharding import NUM_VBUCKETS
 from sharding.plan import split_even
 
@@ -162,9 +170,9 @@ class PartitionedBucket:
         for part in self.parts:
             part.ensure_key_index()
 
-    def high_seqnos(self, *, prefetched: bool = False) -> list[int]:
+    def high_seqnos(self, *, prefetched: bool = False, spans: Spans | None = None) -> list[int]:
         return list(itertools.chain.from_iterable(
-            part.high_seqnos()[vbs.start:vbs.stop] for part, vbs in zip(self.parts, self.ranges, strict=True)
+            part.high_seqnos(spans=spans)[vbs.start:vbs.stop] for part, vbs in zip(self.parts, self.ranges, strict=True)
         ))
 
     def prefetch(self, runs: list[tuple[int, int, int]]) -> None:

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
         EffectGroup,
         EffectResult,
         PackedUpdates,
+        Spans,
         StoredDocument,
         Write,
     )
@@ -80,9 +81,10 @@ class Bucket(Protocol):
     def collections(self) -> dict[tuple[str, str], int]: ...
 
     # the mutation log
-    def high_seqnos(self, *, prefetched: bool = False) -> list[int]:
+    def high_seqnos(self, *, prefetched: bool = False, spans: Spans | None = None) -> list[int]:
         """High seqno of every vBucket (index = vBucket). ``prefetched``: those read along with the last
-        read ahead may be answered (never older than the caller's previous read ahead)."""
+        read ahead may be answered (never older than the caller's previous read ahead). ``spans``: the
+        caller reads only these (first, last) vBucket ranges; the others may answer 0."""
         ...
     def read_vb(self, vb: int, after_seqno: int, limit: int) -> list[Mutation]: ...
     def read_vb_rows(self, vb: int, after_seqno: int, limit: int) -> list[tuple]: ...

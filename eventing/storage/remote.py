@@ -31,7 +31,7 @@ from eventing.core.mutation import Mutation
 from eventing.errors import ConfigError, EventingError
 from eventing.storage.factory import open_bucket
 from eventing.storage.protocol import Bucket, FileBucket
-from eventing.storage.values import EffectGroup, EffectResult, PackedUpdates, Write
+from eventing.storage.values import EffectGroup, EffectResult, PackedUpdates, Spans, Write
 from metadata import MetadataStore
 from metadata.factory import SQLITE_FILE, open_store
 
@@ -261,13 +261,13 @@ class RemoteBucket:
     def _bucket(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return self._call("bucket", self.name, method, args, kwargs)
 
-    def high_seqnos(self, *, prefetched: bool = False) -> list[int]:
+    def high_seqnos(self, *, prefetched: bool = False, spans: Spans | None = None) -> list[int]:
         """The high seqnos; with ``prefetched``, those read along with the last prefetched runs if any
         (never older than this worker's previous read ahead: safe wherever a slightly older answer is)."""
         if prefetched and self._highs is not None:
             highs, self._highs = self._highs, None
             return highs
-        return cast(list[int], self._bucket("high_seqnos"))
+        return cast(list[int], self._bucket("high_seqnos", spans=spans))
 
     def prefetch(self, runs: list[Run]) -> None:
         """Start reading these runs in the background (one call; a call still in flight is settled

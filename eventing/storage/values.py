@@ -10,6 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+# (first, last) vBucket ranges, both ends included: the vBuckets a worker owns, as high_seqnos reads them.
+Spans = tuple[tuple[int, int], ...]
+
 
 class StoredDocument(NamedTuple):
     """A live document as change_document sees and leaves it."""

@@ -71,6 +71,13 @@ def test_each_write_gets_the_next_seqno_of_its_vbucket(bucket):
     assert len(highs) == NUM_VBUCKETS
     assert {vb: h for vb, h in enumerate(highs) if h} == {vb: len(s) for vb, s in by_vb.items()}
     assert bucket.high_seqnos(prefetched=True) == highs
+    # a worker's own vBuckets: those spans are read, the rest may answer 0
+    spans = ((0, 99), (600, 1023))
+    owned = [vb for first, last in spans for vb in range(first, last + 1)]
+    part = bucket.high_seqnos(spans=spans)
+    assert [part[vb] for vb in owned] == [highs[vb] for vb in owned] and any(part[vb] for vb in owned)
+    bucket.write([Write(k, OP_UPDATE, _doc(0)) for k in KEYS])  # read again after a commit
+    assert [bucket.high_seqnos(spans=spans)[vb] for vb in owned] == [bucket.high_seqnos()[vb] for vb in owned]
 
 
 def test_upsert_delete_and_a_delete_of_a_missing_document(bucket):
