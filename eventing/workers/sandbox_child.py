@@ -1,0 +1,221 @@
+"""The sandboxed child process, run as ``python -m eventing.workers.sandbox_child``: it restricts itself
+with Landlock before it imports anything that could start a thread, then answers the host's calls over
+its one socket (`_Line`, which also carries its data requests to the host): a `WorkerCore` whose data
+access is that line (`_LineRef`), a handler runner for on_deploy, the debugger and dlq replay whose writes
+and timer changes are sent back rather than applied (`_ChildRunner`), or a handler validation.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from eventing.workers.sandbox_landlock import _PR_SET_PDEATHSIG, _libc, restrict
+from eventing.workers.sandbox_line import _error, _raise, _recv, _send
+
+
+class _Line:
+    """The child's end: data requests out (from any thread), answers and host calls in (a reader thread)."""
+
+    def __init__(self, sock: socket.socket):
+        import queue
+        import signal
+
+        self.sock = sock
+        self._signal = signal
+        self.calls: queue.Queue = queue.Queue()
+        self._answers: dict[int, tuple] = {}
+        self._cond = threading.Condition()
+        self._lock = threading.Lock()
+        self._next = 0
+        threading.Thread(target=self._read, name="sandbox-line", daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            while True:
+                message = pickle.loads(_recv(self.sock))  # from the host, which is trusted
+                if message[0] == "call":
+                    self.calls.put(message[1:])
+                else:
+                    with self._cond:
+                        self._answers[message[1]] = message[2:]
+                        self._cond.notify_all()
+        except Exception:  # noqa: BLE001 - the host is gone: so is this process
+            os._exit(0)
+
+    def send(self, message: tuple) -> None:
+        data = pickle.dumps(message, protocol=5)
+        # A SIGALRM (execution_timeout) raising mid-write would cut a frame: hold it until the frame is out.
+        masked = threading.current_thread() is threading.main_thread()
+        if masked:
+            self._signal.pthread_sigmask(self._signal.SIG_BLOCK, {self._signal.SIGALRM})
+        try:
+            with self._lock:
+                _send(self.sock, data)
+        finally:
+            if masked:
+                self._signal.pthread_sigmask(self._signal.SIG_UNBLOCK, {self._signal.SIGALRM})
+
+    def call(self, method: str, *args: Any) -> Any:
+        return self.submit(method, *args)()
+
+    def submit(self, method: str, *args: Any) -> Callable[[], Any]:
+        with self._lock:
+            self._next += 1
+            ident = self._next
+        self.send(("req", ident, method, args))
+
+        def wait() -> Any:
+            with self._cond:
+                while ident not in self._answers:
+                    self._cond.wait()
+                ok, value = self._answers.pop(ident)
+            if not ok:
+                _raise(value)
+            return value
+
+        return wait
+
+
+class _LineRef:
+    """Stands where a DataServiceRef would: every worker line is the one socket to the host."""
+
+    remote_only = True  # never open the files, even where they seem visible
+
+    def __init__(self, line: _Line, data_dir: str):
+        self.line, self.data_dir, self.node_id = line, data_dir, ""
+
+    def client(self, key: str) -> _Line:
+        return self.line
+
+
+class _ChildRunner:
+    """The sandboxed process's side of a SandboxedRunner: a HandlerRunner whose buckets, timers lookup
+    and application log go through the line; writes and timer changes are sent back, never applied."""
+
+    def __init__(self, line: _Line, function: str, definition: dict, source_code: str, data_dir: str):
+        from eventing.core.definition import FunctionDefinition
+        from eventing.execution.app_log import RemoteAppLog
+        from eventing.execution.runner import HandlerRunner
+        from eventing.storage.remote import RemoteBucket, RemoteMetadataStore
+
+        defn = FunctionDefinition.from_dict(definition)
+        store = RemoteMetadataStore(line)
+        app_log = RemoteAppLog(lambda lines: line.submit("app_log", function, lines, defn.app_log_max_size,
+                                                         defn.app_log_max_files))
+        self.runner = HandlerRunner(function, defn, source_code, RemoteBucket(line, defn.source_bucket),
+                                    lambda name: RemoteBucket(line, name), app_log)
+        self.runner.timers.lookup = lambda callback, reference: store.get_timer(function, callback, reference)
+        self.app_log = app_log
+
+    def _returned(self) -> dict:
+        runner = self.runner
+        writes = [(h.bucket.name, h.alias, h.seqno, h.write) for h in runner.take_writes()]
+        timers = list(runner.timers.kept)
+        runner.timers.committed(len(timers))
+        self.app_log.flush()  # the call's log lines are on disk when the caller reports it
+        return {"writes": writes, "timers": timers}
+
+    def on_deploy(self, reason: str, delay: int) -> dict:
+        from eventing.core.mutation import OP_UPDATE, Mutation
+        from eventing.execution.runner import HandlerCall
+        from eventing.handler import DeployAction
+
+        runner = self.runner
+        fn = runner.module.__dict__.get("on_deploy")
+        if fn is None:
+            return {"found": False}
+        m = Mutation(0, 1, "", OP_UPDATE, 0, None, None, 0, 0)
+        failure = runner.call(m, HandlerCall("on_update", fn, (DeployAction(reason, delay),), None),
+                              timeout_s=runner.timeout_s)
+        if failure is not None:
+            return {"found": True, "failure": (failure.status, failure.kind, failure.error, failure.traceback,
+                                               failure.attempts, failure.first_failed_at)}
+        return {"found": True, "failure": None, **self._returned()}
+
+    def run_once(self, fields: tuple, keyspace: dict, trace: bool) -> dict:
+        import copy
+
+        from eventing import handler as handler_api
+        from eventing.core.mutation import Mutation
+        from eventing.execution.single_call import EventSink, prepare_call, run_once
+
+        runner, events = self.runner, []
+        m = Mutation(*fields)
+        runner.keyspace = keyspace
+        prepared = prepare_call(runner, m)
+        first = prepared[0]
+        events.append({"event": "call", "kind": first.kind or None, "doc": first.doc,
+                       "meta": first.meta.to_dict() if first.meta else None})
+        previous_sink = handler_api.log.sink
+        if trace:
+            runner.set_tracer(lambda op, alias, key, value: events.append(
+                {"event": op, "alias": alias, "key": key, "value": copy.deepcopy(value)}))
+            handler_api.log.sink = EventSink(events.append)
+        try:
+            outcome = run_once(runner, m, prepared=prepared)
+        finally:
+            handler_api.log.sink = previous_sink
+            runner.set_tracer(None)
+        answer = {"status": outcome.status, "kind": outcome.kind, "doc": outcome.doc,
+                  "meta": outcome.meta.to_dict() if outcome.meta else None, "error": outcome.error,
+                  "traceback": outcome.traceback, "seconds": outcome.seconds, "events": events}
+        if outcome.ok:
+            answer.update(self._returned())
+        return answer
+
+    def close(self) -> None:
+        self.runner.close()
+
+
+def _child(fd: int, policy: dict) -> None:
+    _libc.prctl(_PR_SET_PDEATHSIG, 9, 0, 0, 0)  # SIGKILL when the host goes (kill -9 of a worker)
+    sock = socket.socket(fileno=fd)
+    try:
+        restrict(deny=policy["deny"], writable=policy["writable"], tcp_ports=policy["tcp_ports"])
+    except OSError as exc:
+        _send(sock, pickle.dumps(("done", None, False, ("ConfigError", f"cannot sandbox this process: {exc}"))))
+        return
+    from dataclasses import replace
+
+    line = _Line(sock)
+    core: Any = None
+    while True:
+        method, args = line.calls.get()
+        try:
+            if method == "__init__":
+                from eventing.workers.worker import WorkerCore
+
+                function, spec = args
+                spec = replace(spec, data_service=_LineRef(line, spec.data_dir))
+                core = WorkerCore(spec, recycle_on_hang=True)
+                result: tuple = (True, os.getpid())
+            elif method == "__runner__":
+                core = _ChildRunner(line, *args)
+                result = (True, os.getpid())
+            elif method == "validate":
+                from eventing.execution.loader import validate_handler
+
+                function, source, aliases, constants, windowed, language = args
+                validate_handler(function, source, aliases, constants, windowed=windowed, language=language)
+                result = (True, None)
+            elif method == "close" and core is None:
+                result = (True, None)
+            else:
+                result = (True, getattr(core, method)(*args))
+        except Exception as exc:  # noqa: BLE001 - answered to the host, which raises it
+            result = (False, _error(exc))
+        line.send(("done", None, *result))
+        if method == "close":
+            return
+
+
+if __name__ == "__main__":
+    import json
+
+    _child(int(sys.argv[1]), json.loads(sys.argv[2]))

@@ -1,0 +1,75 @@
+"""The line between a sandboxed worker's host and its child process: length-prefixed frames over one
+socket (`_send`, `_recv`), the unpickler the host reads the child's frames with, which accepts plain
+values and an allow-list of value classes only, so the child cannot run code in the host (`_values`),
+and errors carried across as a class name and a message (`_error`, `_raise`).
+"""
+
+from __future__ import annotations
+
+import pickle
+import socket
+import struct
+from typing import Any
+
+_HEADER = struct.Struct("!Q")
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    chunks, left = [], n
+    while left:
+        chunk = sock.recv(min(left, 1 << 20))
+        if not chunk:
+            raise EOFError("the other end of the sandbox line closed")
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def _recv(sock: socket.socket) -> bytes:
+    return _recv_exact(sock, _HEADER.unpack(_recv_exact(sock, _HEADER.size))[0])
+
+
+def _send(sock: socket.socket, payload: bytes) -> None:
+    sock.sendall(_HEADER.pack(len(payload)) + payload)
+
+
+# What the host accepts from a sandboxed process: plain values and these classes (no callables).
+_SAFE_BUILTINS = frozenset({"set", "frozenset", "bytearray", "complex", "slice", "range"})
+_SAFE_CLASSES = {
+    "eventing.workers.worker": frozenset({"StepReport"}),
+    "eventing.storage.values": frozenset({"Write", "EffectGroup", "EffectResult"}),
+    "eventing.core.mutation": frozenset({"Mutation"}),
+    "collections": frozenset({"Counter", "OrderedDict"}),
+    "datetime": frozenset({"timedelta", "datetime", "date", "timezone"}),
+}
+
+
+class _ValuesOnly(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "builtins" and name in _SAFE_BUILTINS:
+            return super().find_class(module, name)
+        if name in _SAFE_CLASSES.get(module, ()) or (module == "metadata.model" and name[:1].isupper()):
+            found = super().find_class(module, name)
+            if isinstance(found, type) and not issubclass(found, BaseException):
+                return found
+        raise pickle.UnpicklingError(f"a sandboxed worker sent a {module}.{name}, which is not a plain value")
+
+
+def _values(data: bytes) -> Any:
+    import io
+
+    return _ValuesOnly(io.BytesIO(data)).load()
+
+
+def _error(exc: BaseException) -> tuple[str, str]:
+    return type(exc).__name__, str(exc)
+
+
+def _raise(error: tuple[str, str]) -> None:
+    from eventing import errors
+
+    name, text = str(error[0]), str(error[1])
+    cls = getattr(errors, name, None)
+    if isinstance(cls, type) and issubclass(cls, errors.EventingError):
+        raise cls(text)
+    raise errors.EventingError(f"{name}: {text}" if text else name)

@@ -1,0 +1,187 @@
+"""What a sandboxed worker may ask of the host: `ScopedService` answers each data request of the child
+for one function, passing on only the calls a worker makes for its own function (the calls allowed by
+name in READ_CALLS, KEY_CALLS, LIST_CALLS, EFFECT_CALLS and META_CALLS), reads only in the collections
+its source and bindings name, effects only in its read-write bindings under its own name, its own
+application log and window row files; log rows of other collections reach the child redacted.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+READ_CALLS = frozenset({
+    "high_seqnos", "read_vb_packed", "max_doc_bytes", "get_raw", "get", "get_meta", "get_doc", "previous_doc",
+    "ensure_key_index", "keys", "scan", "count", "collection_list",
+})
+KEY_CALLS = frozenset({"get_raw", "get", "get_meta", "get_doc", "previous_doc"})  # first argument: a stored key
+LIST_CALLS = frozenset({"keys", "scan", "count"})  # first argument: a stored-key prefix
+EFFECT_CALLS = frozenset({"apply_effects", "effect_marks", "fence"})
+# What a worker asks of the metadata store, each with the function's name as first argument.
+META_CALLS = frozenset({"get_function", "claim", "release", "commit", "claim_timers", "get_timer", "find_dlq_rows"})
+
+
+class ScopedService:
+    """Answers a sandboxed worker of `function`: `backend` is a DataService over the files or a line to
+    the cluster's data service; anything beyond the function's own data is refused.
+
+    Scoped by collection: a document is read only in a collection the function's source or one of its
+    bindings names (by its stored-key prefix, eventing.core.keyspaces), written only in a read-write
+    binding's collection; log rows of the source bucket's other collections reach the worker without
+    their key's user part, document or origin (it passes them over, as it would anyway)."""
+
+    def __init__(self, function: str, defn: Any, backend: Any):
+        self.function = function
+        self.backend = backend
+        self.readable = {defn.source_bucket} | {b.bucket for b in defn.bindings}
+        self.writable = {b.bucket for b in defn.bindings if b.access == "rw"}
+        self.read_keyspaces: dict[str, list[Any]] = {}
+        for keyspace in [defn.source_keyspace, *(b.keyspace for b in defn.bindings)]:
+            self.read_keyspaces.setdefault(keyspace.bucket, []).append(keyspace)
+        self.write_keyspaces: dict[str, list[Any]] = {}
+        for b in defn.bindings:
+            if b.access == "rw":
+                self.write_keyspaces.setdefault(b.bucket, []).append(b.keyspace)
+        self._registry: dict[str, dict[int, tuple[str, str]]] = {}
+
+    def call(self, method: str, *args: Any) -> Any:
+        self.check(method, args)
+        answer = self.backend.call(method, *args)
+        if method == "read_vb":
+            return self._redact_blob(args[0], answer)
+        if method == "read_many":
+            return self._redact_many(args[0], args[1], answer)
+        if method == "bucket":
+            name, call = args[0], args[1]
+            if call == "read_vb_packed" and answer is not None and not self._plain_default(name, answer.keys):
+                return None  # the worker reads these rows with read_vb, redacted there
+            if call in ("keys", "scan"):
+                return [item for item in answer if self._allowed(name, item if call == "keys" else item[0])]
+        return answer
+
+    # -- collections ------------------------------------------------------------------------------------
+
+    def _collection(self, bucket: str, cid: int) -> tuple[str, str] | None:
+        from eventing.core.keyspaces import DEFAULT
+
+        if cid == 0:
+            return DEFAULT, DEFAULT
+        known = self._registry.get(bucket)
+        if known is None or cid not in known:  # created since the last look (ids are never reused)
+            listed = self.backend.call("bucket", bucket, "collection_list", (), {})
+            known = self._registry[bucket] = {c: (s, n) for s, n, c in listed}
+        return known.get(cid)
+
+    def _allowed(self, bucket: str, key: Any, *, write: bool = False) -> bool:
+        from eventing.core.keyspaces import split_stored_key
+
+        if not isinstance(key, str):
+            return False
+        named = self._collection(bucket, split_stored_key(key)[0])
+        if named is None:
+            return False
+        scope, collection = named
+        keyspaces = (self.write_keyspaces if write else self.read_keyspaces).get(bucket, [])
+        return any(k.scope == scope and (k.is_wildcard or k.collection == collection) for k in keyspaces)
+
+    def _prefix_allowed(self, bucket: str, prefix: Any) -> bool:
+        from eventing.core.keyspaces import COLLECTION_MARK
+
+        if not isinstance(prefix, str):
+            return False
+        if prefix.startswith(COLLECTION_MARK) and COLLECTION_MARK in prefix[1:]:
+            return self._allowed(bucket, prefix)
+        return self._allowed(bucket, "")  # the default collection's keys: others' are left out of the answer
+
+    def _plain_default(self, bucket: str, keys: bytes) -> bool:
+        """Whether log rows whose keys are `keys` (joined) are all of the default collection, which the
+        function reads."""
+        from eventing.core.keyspaces import COLLECTION_MARK
+
+        return COLLECTION_MARK.encode() not in keys and self._allowed(bucket, "")
+
+    def _redact(self, bucket: str, rows: Any) -> tuple[list, bool]:
+        from eventing.core.keyspaces import key_prefix, split_stored_key
+
+        out, changed = [], False
+        for row in rows:
+            if self._allowed(bucket, row[2]):
+                out.append(row)
+            else:
+                changed = True
+                out.append((row[0], row[1], key_prefix(split_stored_key(row[2])[0]), row[3], 0, None, None, 0, 0,
+                            *row[9:]))
+        return out, changed
+
+    def _redact_blob(self, bucket: str, blob: bytes) -> bytes:
+        import msgpack
+
+        rows, changed = self._redact(bucket, msgpack.unpackb(blob, raw=False))
+        return msgpack.packb(rows, use_bin_type=True) if changed else blob
+
+    def _redact_many(self, bucket: str, runs: list, answer: tuple) -> tuple:
+        import msgpack
+
+        from eventing.storage.remote import rows_of_columns
+
+        blob, highs = answer
+        answers, changed = msgpack.unpackb(blob, raw=False), False
+        for i, ((vb, after, _), run) in enumerate(zip(runs, answers, strict=True)):
+            if run[0] == 1:
+                if self._plain_default(bucket, run[4]):
+                    continue
+                rows = rows_of_columns(vb, after, tuple(run[1:]))
+                if rows is None:
+                    raise EOFError("a log read cannot be scoped to the function's collections")
+            else:
+                rows = run[1]
+            redacted, _ = self._redact(bucket, rows)
+            answers[i], changed = (0, redacted), True
+        return (msgpack.packb(answers, use_bin_type=True), highs) if changed else answer
+
+    # -- what may be asked ------------------------------------------------------------------------------
+
+    def check(self, method: str, args: tuple) -> None:
+        from eventing.errors import ConfigError
+
+        fn = self.function
+        if method == "ping":
+            return
+        if method in ("bucket_info", "read_vb", "read_many") and args and args[0] in self.readable:
+            return
+        if method == "bucket" and len(args) == 4 and args[0] in self.readable:
+            name, call, call_args, kwargs = args
+            if call in KEY_CALLS and call_args and self._allowed(name, call_args[0]):
+                return
+            prefix = call_args[0] if call_args else ""
+            if call in LIST_CALLS and self._prefix_allowed(name, prefix):
+                if call != "count" or str(prefix).startswith("\x01") or not self._others(name):
+                    return
+            if call in READ_CALLS and call not in KEY_CALLS and call not in LIST_CALLS:
+                return
+            if (call in EFFECT_CALLS and name in self.writable and call_args and call_args[0] == fn
+                    and isinstance(kwargs, dict) and kwargs.get("origin") in (None, fn)
+                    and (call != "apply_effects" or self._effects_allowed(name, call_args))):
+                return
+        if method == "meta" and len(args) == 3 and args[0] in META_CALLS and args[1] and args[1][0] == fn:
+            return
+        if method == "app_log" and args and args[0] == fn:
+            return
+        if method == "put_file" and args and isinstance(args[0], str):
+            parts = os.path.normpath(args[0]).split(os.sep)
+            if len(parts) >= 4 and parts[:3] == ["windows", fn, "incoming"] and ".." not in parts:
+                return
+        raise ConfigError(f"function '{fn}' runs sandboxed and may not call {method} {str(args[:2])[:120]}: "
+                          "it reaches only its own source, bindings, timers and log")
+
+    def _others(self, bucket: str) -> bool:
+        """Whether the bucket has named collections the function does not read (a count of the default
+        collection's prefix "" would include their documents)."""
+        listed = self.backend.call("bucket", bucket, "collection_list", (), {})
+        self._registry[bucket] = {c: (s, n) for s, n, c in listed}
+        return any(not self._allowed(bucket, f"\x01{cid:x}\x01") for cid in self._registry[bucket])
+
+    def _effects_allowed(self, bucket: str, call_args: tuple) -> bool:
+        groups = call_args[1] if len(call_args) > 1 else ()
+        return all(self._allowed(bucket, getattr(w, "key", None), write=True)
+                   for g in groups for _, w in getattr(g, "writes", ()))
