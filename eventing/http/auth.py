@@ -35,7 +35,6 @@ import re
 import secrets
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -506,7 +505,7 @@ def filter_listing(result: Any, visible: set[str] | None) -> Any:
 
 # -- failed logins: limited per client address and per user name ------------------------------------------
 
-MAX_FAILURES = 5  # failed logins in FAILURE_WINDOW_S before a key is locked
+MAX_FAILURES = 5  # distinct failed credentials in FAILURE_WINDOW_S before a key is locked
 FAILURE_WINDOW_S = 60.0
 BASE_LOCK_S = 30.0  # the first lock; each further lock of the same key doubles it, up to MAX_LOCK_S
 MAX_LOCK_S = 3600.0
@@ -515,16 +514,18 @@ MAX_TRACKED_KEYS = 100_000  # memory bound: the quietest keys are forgotten firs
 
 @dataclass
 class _Failures:
-    times: deque[float] = field(default_factory=deque)
+    guesses: dict[bytes, float] = field(default_factory=dict)  # a digest of each failed credential -> when
     locks: int = 0
     locked_until: float = 0.0
     last: float = 0.0
 
 
 class LoginThrottle:
-    """Failed logins per key (`client:ADDR`, `user:NAME`): MAX_FAILURES within FAILURE_WINDOW_S lock the key
-    for BASE_LOCK_S, doubling with each further lock (up to MAX_LOCK_S); a key quiet for MAX_LOCK_S starts
-    over. `clock` is monotonic seconds (a test moves its own)."""
+    """Failed logins per key (`client:ADDR`, `user:NAME`): MAX_FAILURES distinct credentials failing within
+    FAILURE_WINDOW_S lock the key for BASE_LOCK_S, doubling with each further lock (up to MAX_LOCK_S); a key
+    quiet for MAX_LOCK_S starts over. The same wrong credential sent again is not another guess: a console or
+    a script polling with a stale token would otherwise lock its client out, and then refuse the right token
+    for BASE_LOCK_S. `clock` is monotonic seconds (a test moves its own)."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic):
         self.clock = clock
@@ -538,7 +539,8 @@ class LoginThrottle:
             waits = [f.locked_until - now for k in keys if (f := self._keys.get(k)) and f.locked_until > now]
         return max(waits) if waits else None
 
-    def failed(self, keys: Sequence[str]) -> None:
+    def failed(self, keys: Sequence[str], guess: bytes = b"") -> None:
+        """A login failed with the credential whose keyed digest is `guess` (never the credential itself)."""
         now = self.clock()
         with self._lock:
             if len(self._keys) >= MAX_TRACKED_KEYS:
@@ -548,13 +550,13 @@ class LoginThrottle:
                 if f is None or now - f.last > MAX_LOCK_S:
                     f = self._keys[key] = _Failures()
                 f.last = now
-                while f.times and now - f.times[0] > FAILURE_WINDOW_S:
-                    f.times.popleft()
-                f.times.append(now)
-                if len(f.times) >= MAX_FAILURES:
+                if guess not in f.guesses:
+                    f.guesses = {g: t for g, t in f.guesses.items() if now - t <= FAILURE_WINDOW_S}
+                f.guesses[guess] = now
+                if len(f.guesses) >= MAX_FAILURES:
                     f.locked_until = now + min(BASE_LOCK_S * 2**f.locks, MAX_LOCK_S)
                     f.locks += 1
-                    f.times.clear()
+                    f.guesses.clear()
 
     def succeeded(self, key: str) -> None:
         with self._lock:
@@ -660,7 +662,8 @@ class Authenticator:
         if record is not None and self._verified_now(record, secret, verify):
             self.throttle.succeeded(f"user:{user}")
             return Identity(record.name, _grants(record), "user")
-        self.throttle.failed(keys)
+        guess = hmac.new(self._cache_key, f"{user}\0{secret}".encode(), hashlib.sha256).digest()
+        self.throttle.failed(keys, guess)
         log.warning("failed login%s from %s", f" of user {user!r}" if user else " with a token", client)
         raise AuthError(401, "the credentials given are not accepted: neither the admin nor the read-only token, "
                         "nor a user's name and password", "check the token (--admin-token / $EVENTING_ADMIN_TOKEN, "

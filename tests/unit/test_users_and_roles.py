@@ -240,10 +240,28 @@ def test_failed_logins_lock_the_client_and_the_user_for_a_growing_delay(caplog):
 
 
 def test_a_locked_client_gets_429_with_retry_after_over_http(site):
-    for _ in range(auth.MAX_FAILURES):
-        assert site.get("/api/v1/nodes", headers=basic("ro", "bad-password")).status_code == 401
+    for i in range(auth.MAX_FAILURES):
+        assert site.get("/api/v1/nodes", headers=basic("ro", f"bad-password-{i}")).status_code == 401
     r = site.get("/api/v1/nodes", headers=basic("ro"))
     assert r.status_code == 429 and int(r.headers["retry-after"]) > 0 and r.json()["fix"]
+
+
+def test_the_same_wrong_credential_sent_again_is_not_another_guess():
+    """A console or script polling with a stale token must not lock its client out of the right one."""
+    clock = Clock()
+    a = _authenticator(clock)
+    for _ in range(3 * auth.MAX_FAILURES):
+        for stale in (header("ann", "old-password"), "Bearer old-token"):
+            with pytest.raises(AuthError) as refused:
+                a.authenticate(stale, "10.0.0.1")
+            assert refused.value.status == 401
+    assert a.authenticate(header("ann", "ann-password"), "10.0.0.1").user == "ann"
+    for i in range(auth.MAX_FAILURES - 2):  # with the two above: MAX_FAILURES distinct guesses lock
+        with pytest.raises(AuthError):
+            a.authenticate(f"Bearer guess-{i}", "10.0.0.1")
+    with pytest.raises(AuthError) as locked:
+        a.authenticate(header("bob", "bob-password"), "10.0.0.1")
+    assert locked.value.status == 429
 
 
 def test_a_verified_login_is_remembered_so_scrypt_runs_once_for_thousands_of_requests():
