@@ -1,0 +1,159 @@
+"""How a worker reads its source (``WorkerReads``, one part of ``WorkerCore``, eventing.workers.worker): a
+batch taken across the owned vBuckets in rotation (``_process``), read ahead through the data service
+(``_prefetch``), from a file source less the rows the filter's byte check rules out (``_read_matching``),
+split by collection (``_handle_collections``), or, for a window-only function, packed in bulk
+(``_take_window_batch``); the rows go on to eventing.workers.handling.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from eventing.core import counters as counter_names
+from eventing.core.filters import Prefilter
+from eventing.workers.collections import COLLECTION_MARK_BYTES, SourceCollections
+from eventing.workers.handling import WorkerHandling
+
+# A worker reading through the data service reads this many mutations ahead in one call, and keeps one
+# such call in flight while fewer than this many are read ahead: a call across Ray nodes costs milliseconds
+# of CPU whatever its size, so fewer, larger calls read faster (figures in docs/benchmarks.md, "Remote read
+# ahead"). EVENTING_REMOTE_READ_AHEAD overrides it (forwarded to every node).
+REMOTE_READ_AHEAD = int(os.environ.get("EVENTING_REMOTE_READ_AHEAD", "32000"))
+
+
+class WorkerReads(WorkerHandling):
+    """Reading the source. A part of WorkerCore (eventing.workers.worker), which sets these."""
+
+    collections: SourceCollections
+    on_delete: Any
+    _reads_ahead: bool
+    _read_rows: Callable[[int, int, int], list[tuple]]
+    _prefilter: Prefilter | None
+    _rotor: int
+
+    def _prefetch(self, work: list[int], limits: dict[int, int], budget: int) -> None:
+        """Through the data service: when the vBuckets _process takes next (in its order) have fewer than
+        REMOTE_READ_AHEAD mutations (or less than this batch) read ahead or in flight, ask for the next
+        REMOTE_READ_AHEAD in one call (a call still in flight is waited for first), while this batch is
+        handled. read_vb takes rows read ahead from the
+        front of each vBucket's rows; a read they do not cover is made on the spot (a round trip, never a
+        wrong answer)."""
+        source = self.source
+        source.forget_prefetched(self.positions)
+        positions = self.positions
+        start = self._rotor % len(work)
+        covered = 0
+        runs: list[tuple[int, int, int]] = []
+        total = 0
+        for vb in work[start:] + work[:start]:
+            backlog = min(limits[vb] - positions[vb], REMOTE_READ_AHEAD)
+            if source.has_ahead(vb):
+                if not runs:
+                    covered += backlog
+                continue
+            if not runs and covered >= max(budget, REMOTE_READ_AHEAD):
+                return  # enough read ahead in the order of the coming batches
+            if backlog > 0:
+                runs.append((vb, positions[vb], backlog))
+                total += backlog
+                if total >= REMOTE_READ_AHEAD:
+                    break
+        source.prefetch(runs)
+
+    def _process(self, work: list[int], limits: dict[int, int], budget: int) -> int:
+        # Resume the rotation where the last step stopped, so every vBucket makes progress even when
+        # the budget is smaller than the backlog; read long runs of one vBucket per query.
+        window_only = self.on_update is None and self.window_rows is not None and self.filter is None
+        if self._reads_ahead and not window_only:
+            self._prefetch(work, limits, budget)
+        handled = 0
+        start = self._rotor % len(work)
+        self._rotor = 0
+        for i, vb in enumerate(work[start:] + work[:start]):
+            if handled >= budget:
+                self._rotor = start + i
+                break
+            limit = min(budget - handled, limits[vb] - self.positions[vb])
+            position = self.positions[vb]
+            if self._prefilter is not None:
+                handled += self._read_matching(vb, position, limit, limits[vb])
+                continue
+            if window_only:
+                taken = self._take_window_batch(vb, position, limit)
+                if taken:
+                    handled += taken
+                    continue
+            rows = self._read_rows(vb, position, limit)
+            if rows and self.collections.mixed(rows):
+                handled += self._handle_collections(vb, position, rows)
+            else:
+                handled += self._handle_run(vb, position, rows)
+        return handled
+
+    def _read_matching(self, vb: int, position: int, limit: int, upto: int) -> int:
+        """_process's read of the next `limit` log entries of a vBucket from a file source whose query
+        leaves out the rows the filter's byte check rules out; they are counted as filtered here, the rest
+        go on as read rows do. Returns how many entries it passed (0: none left up to `upto`)."""
+        rows, scanned, last = self.source.read_vb_matching(  # type: ignore[attr-defined]
+            vb, position, limit, upto, self._prefilter, self.name
+        )
+        if rows and self.collections.mixed(rows):
+            self._handle_collections(vb, position, rows)
+        elif rows:
+            self._handle_run(vb, position, rows)
+        skipped = scanned - len(rows)
+        if skipped:
+            c = self.counters
+            c[counter_names.MUTATIONS_SEEN] += skipped
+            c[counter_names.FILTERED] += skipped
+        if last > self.positions[vb]:
+            self.positions[vb] = last
+        return scanned
+
+    def _handle_collections(self, vb: int, position: int, rows: list) -> int:
+        """A run whose rows are not all of the source collection: the others are passed over (their seqnos
+        still move the position, as Couchbase's DCP stream filtered by collection moves on), the source's
+        go to _handle_run with their own keys and meta.keyspace."""
+        runner = self.runner
+        for keyspace, group in self.collections.split(rows):
+            if keyspace is None:
+                self.counters[counter_names.COLLECTION_FILTERED] += len(group)
+                last = group[-1][1]
+                if last <= position:
+                    self._order_violation(vb, last, position)
+                position = self.positions[vb] = last
+                continue
+            runner.keyspace = keyspace
+            self._handle_run(vb, position, group)
+            position = self.positions[vb]
+        runner.keyspace = self.collections.default_meta
+        return len(rows)
+
+    def _take_window_batch(self, vb: int, position: int, limit: int) -> int:
+        """For a window-only function (no on_update): buffer the rows of the next ``limit`` log entries
+        of a vBucket whole, read in bulk, and count them as _handle would, when every entry is a plain
+        update (or a delete without on_delete) that gives a row. Returns how many entries it took: 0, with
+        nothing counted or buffered, leaves them to _handle one by one (dead letters, the function's own
+        writes, float times, ...), with the same rows, counters and dead letters either way."""
+        if self._lettered and any(lettered_vb == vb for lettered_vb, _ in self._lettered):
+            return 0
+        if not self.collections.source_is_default:
+            return 0  # rows of other collections to pass over: one by one
+        batch = self.source.read_vb_packed(
+            vb, position, limit, self.name, exact_arrivals_over_ms=self.window_rows.arrival_gap_ms  # type: ignore[union-attr]
+        )
+        if batch is None or (batch.other_seqnos and self.on_delete is not None) or COLLECTION_MARK_BYTES in batch.keys:
+            return 0
+        # An oversize document is dead-lettered: only a batch larger than the limit can hold one.
+        if len(batch.docs) > self.max_bytes and self.source.max_doc_bytes(vb, position, batch.last_seqno) > self.max_bytes:
+            return 0
+        if not self.window_rows.add_packed(batch):  # type: ignore[union-attr]
+            return 0
+        self.positions[vb] = batch.last_seqno
+        c = self.counters
+        c[counter_names.MUTATIONS_SEEN] += batch.count
+        if batch.other_seqnos:  # as _handle, no zero entries: a counter appears once it counts something
+            c[counter_names.NO_HANDLER] += len(batch.other_seqnos)
+        return batch.count  # the updates count as window_rows_written once flushed, as in _handle
