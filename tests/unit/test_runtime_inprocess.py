@@ -237,7 +237,8 @@ def test_writing_through_a_read_only_binding_is_a_dlq_error(data_dir):
 
 def test_a_crashed_worker_resumes_after_its_checkpoint_without_duplicate_effects(data_dir):
     source = load(data_dir, 200, 2000)
-    deploy(data_dir, ledger_definition("fn_c", "src", "ledger", workers=1, batch_size=100))
+    # A checkpoint interval no step reaches, however slow the machine: the second step must not checkpoint.
+    deploy(data_dir, ledger_definition("fn_c", "src", "ledger", workers=1, batch_size=100, checkpoint_interval="1h"))
     generation = open_store(data_dir).get_function("fn_c").generation
     spec = WorkerSpec(data_dir, "fn_c", generation, "local/w0", tuple(range(NUM_VBUCKETS)))
     first = WorkerCore(spec)
