@@ -1,6 +1,6 @@
 """Pure vBucket maths: key -> vBucket, node and worker plans, rebalance moves. No I/O."""
 
-from sharding.plan import NUM_VBUCKETS, VBucketPlan, format_ranges, split_even, worker_plan
+from sharding.plan import NUM_VBUCKETS, VBucketPlan, format_ranges, split_even, vbucket_spans, worker_plan
 from sharding.rebalance import (
     DuplicateNodeError,
     FunctionAssignment,
@@ -39,6 +39,7 @@ __all__ = [
     "assign_function",
     "assign_workers",
     "format_ranges",
+    "vbucket_spans",
     "function_moves",
     "minimum_moves",
     "minimum_worker_moves",

@@ -57,18 +57,24 @@ class VBucketPlan:
         return out
 
 
-def format_ranges(vbuckets: Iterable[int]) -> str:
-    """[0,1,2,5,7,8] -> '0-2,5,7-8'."""
+def vbucket_spans(vbuckets: Iterable[int]) -> tuple[tuple[int, int], ...]:
+    """[0,1,2,5,7,8] -> ((0, 2), (5, 5), (7, 8)): (first, last) runs of consecutive vBuckets."""
     vbs = sorted(vbuckets)
     if not vbs:
-        return "-"
-    parts: list[str] = []
+        return ()
+    spans: list[tuple[int, int]] = []
     start = prev = vbs[0]
     for vb in vbs[1:]:
         if vb == prev + 1:
             prev = vb
             continue
-        parts.append(f"{start}-{prev}" if start != prev else str(start))
+        spans.append((start, prev))
         start = prev = vb
-    parts.append(f"{start}-{prev}" if start != prev else str(start))
-    return ",".join(parts)
+    spans.append((start, prev))
+    return tuple(spans)
+
+
+def format_ranges(vbuckets: Iterable[int]) -> str:
+    """[0,1,2,5,7,8] -> '0-2,5,7-8'."""
+    spans = vbucket_spans(vbuckets)
+    return ",".join(f"{a}-{b}" if a != b else str(a) for a, b in spans) if spans else "-"

@@ -23,12 +23,14 @@ from eventing.errors import FencedError, StoreError
 from eventing.execution.app_log import RemoteAppLog
 from eventing.execution.runner import HandlerRunner
 from eventing.storage.remote import DataAccess, DataServiceRef
+from eventing.storage.values import Spans
 from eventing.windows.runtime.row_writer import WindowRowWriter
 from eventing.workers.collections import SourceCollections
 from eventing.workers.hang_guard import HangGuard
 from eventing.workers.source_reads import WorkerReads
 from eventing.workers.timer_firing import WorkerTimers
 from metadata import TIMER_VB_BASE, DlqRow, TimerDone, owner_vb
+from sharding import vbucket_spans
 
 
 @dataclass(frozen=True)
@@ -116,6 +118,7 @@ class WorkerCore(WorkerTimers, WorkerReads):
         self.positions: dict[int, int] = {}  # vb -> last handled seqno
         self.committed: dict[int, int] = {}  # vb -> last checkpointed seqno
         self.epochs: dict[int, int] = {}
+        self._spans: Spans | None = None  # the owned vBuckets as ranges, made again when ownership changes
         self.targets = spec.targets
         self.counters: Counter[str] = Counter()
         self.window_rows = WindowRowWriter.for_worker(  # rows of a windowed function, else None
@@ -177,6 +180,7 @@ class WorkerCore(WorkerTimers, WorkerReads):
             for vb in epochs:
                 binding.applied_upto[vb] = marks.get(vb, (0, 0))[1]
         self._reclaim.update(vbs)
+        self._spans = None
         # Mutations ahead of the checkpoint that this deployment already dead-lettered are not handled again
         # by the stream: one a previous process of this worker hung on (and was recycled for) would hang
         # again, and after a rewind a letter belongs to `dlq replay`, whose effects are marked per letter
@@ -209,7 +213,14 @@ class WorkerCore(WorkerTimers, WorkerReads):
     def stop(self) -> dict[int, int]:
         return self.revoke_vbuckets(list(self.epochs))
 
+    def _owned_spans(self) -> Spans:
+        """The owned vBuckets as (first, last) ranges, for high_seqnos to read only those."""
+        if self._spans is None:
+            self._spans = vbucket_spans(self.epochs)
+        return self._spans
+
     def _forget(self, vb: int) -> None:
+        self._spans = None
         self.positions.pop(vb, None)
         self.committed.pop(vb, None)
         self.epochs.pop(vb, None)
@@ -234,11 +245,18 @@ class WorkerCore(WorkerTimers, WorkerReads):
         remote = self._reads_ahead
         highs = self.source.high_seqnos(prefetched=True) if remote else []
         first_at = 0.0 if self._handled_any else time.time()
+        positions = self.positions
         while True:
             if not remote:
-                highs = self.source.high_seqnos()
-            limits = {vb: (min(highs[vb], targets[vb]) if targets else highs[vb]) for vb in self.epochs}
-            work = [vb for vb in self.epochs if self.positions[vb] < limits[vb]]
+                highs = self.source.high_seqnos(spans=self._owned_spans())
+            # Limits only where there is work: a caught-up worker woken for one write does one pass over its
+            # vBuckets, not three (this step runs once per write when writes are sparse).
+            if targets:
+                limits = {vb: min(highs[vb], targets[vb]) for vb in self.epochs}
+                work = [vb for vb in self.epochs if positions[vb] < limits[vb]]
+            else:
+                work = [vb for vb in self.epochs if positions[vb] < highs[vb]]
+                limits = {vb: highs[vb] for vb in work}
             batch = 0
             if work:
                 armed = self.hang_guard.arm()
@@ -262,7 +280,8 @@ class WorkerCore(WorkerTimers, WorkerReads):
         fired = self.fire_timers() if self.epochs else 0
         if fired:
             fenced |= self.flush_effects()
-        backlog = sum(max(0, limits[vb] - self.positions[vb]) for vb in self.epochs)
+        # Every owned vBucket outside `limits` had no work at its last pass, and positions never go back.
+        backlog = sum(max(0, limit - positions[vb]) for vb, limit in limits.items() if vb in self.epochs)
         # Caught up includes timers already due: a full batch of firings may leave more, and a timer created
         # for the past can be claimed only once its create is durable, so a caught-up worker commits now
         # (creates and firings) instead of at the checkpoint interval.

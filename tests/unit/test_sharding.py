@@ -14,6 +14,7 @@ from sharding import (
     split_even,
     validate_key,
     vbucket_of,
+    vbucket_spans,
     worker_plan,
 )
 
@@ -120,3 +121,4 @@ def test_split_even_refuses_zero_parts() -> None:
 def test_format_ranges_collapses_runs() -> None:
     assert format_ranges([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
     assert format_ranges([]) == "-"
+    assert vbucket_spans([8, 0, 1, 2, 5, 7]) == ((0, 2), (5, 5), (7, 8)) and vbucket_spans([]) == ()
