@@ -41,6 +41,7 @@ from eventing.storage.file_health import (
     header_problem,
 )
 from eventing.storage.files import (
+    WAL_AUTOCHECKPOINT_PAGES,
     _connect,
     _retry_locked,
     _upgrade,
@@ -72,7 +73,7 @@ class LocalBucket(BucketEffects, BucketInfo, BucketWrites, BucketReads):
         self._highs: list[int] = []
         self._highs_read_at: tuple[int, int, Spans | None] = (-1, -1, None)
         self._commits = 0
-        # vBuckets the current transaction logged writes in: once it commits, a running service is told
+        self._checkpoint_pages = WAL_AUTOCHECKPOINT_PAGES  # as _connect sets it        # vBuckets the current transaction logged writes in: once it commits, a running service is told
         # (eventing.storage.wake), so the workers owning them need not wait for their next poll.
         self._written: set[int] = set()
         self._wake_path = wake.socket_path(wake.data_dir_of_bucket_file(path))

@@ -46,6 +46,13 @@ CREATE TABLE IF NOT EXISTS effect_marks(
 _LOG_COLUMNS = "vb, seqno, key, op, cas, doc, origin, expiry, flags, arrival_ms"
 
 WAL_AUTOCHECKPOINT_PAGES = 10_000
+# A small transaction (fewer than SMALL_TX_ROWS rows changed: a write or a caught-up worker's flush of a few
+# effects) commits with SQLite's checkpoint every SMALL_TX_CHECKPOINT_PAGES instead: whoever commits when the
+# WAL passes the mark copies it back, and copying ~40 MB took 30-40 ms, a stall every ~1.2 s for the writes
+# queued behind it at 2,000 writes/s; ~4 MB at a time stalls ~10 times less each. Large transactions (loads,
+# a worker catching up) keep the longer interval, which costs them less CPU (docs/benchmarks.md).
+SMALL_TX_ROWS = 256
+SMALL_TX_CHECKPOINT_PAGES = 1_000
 MAX_PARTITIONS = 64
 
 

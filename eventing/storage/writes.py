@@ -21,7 +21,13 @@ from eventing.core.keyspaces import COLLECTION_MARK, vbucket_of_stored
 from eventing.core.mutation import OP_DELETE, OP_EXPIRE, OP_UPDATE, encode_document
 from eventing.errors import NotFoundError
 from eventing.storage import wake, write_turns
-from eventing.storage.files import _LOG_COLUMNS, _retry_locked
+from eventing.storage.files import (
+    _LOG_COLUMNS,
+    SMALL_TX_CHECKPOINT_PAGES,
+    SMALL_TX_ROWS,
+    WAL_AUTOCHECKPOINT_PAGES,
+    _retry_locked,
+)
 from eventing.storage.values import Changed, StoredDocument, Write
 from eventing.storage.write_plan import Item, UpdatePlan
 from metadata.sqlite_io import run_transaction
@@ -65,6 +71,7 @@ class BucketWrites:
     _commits: int
     _written: set[int]
     _wake_path: Path
+    _checkpoint_pages: int  # the connection's wal_autocheckpoint now
 
     def write(
         self, writes: Iterable[Write], *, origin: str | None = None, arrival_ms: int | None = None
@@ -81,9 +88,20 @@ class BucketWrites:
     def _tx(self, body):
         written = self._written
         written.clear()  # a retried transaction logs again
+        db = self._db
+
+        def sized_body():
+            before = db.total_changes
+            out = body()
+            pages = SMALL_TX_CHECKPOINT_PAGES if db.total_changes - before < SMALL_TX_ROWS else WAL_AUTOCHECKPOINT_PAGES
+            if pages != self._checkpoint_pages:  # SQLite checkpoints (if due) right after this COMMIT
+                db.execute(f"PRAGMA wal_autocheckpoint={pages}")
+                self._checkpoint_pages = pages
+            return out
+
         with write_turns.turn(self.path):
             try:
-                result = run_transaction(self._db, self.path, body, poll_lock_s=WRITE_LOCK_POLL_S)
+                result = run_transaction(db, self.path, sized_body, poll_lock_s=WRITE_LOCK_POLL_S)
             finally:
                 self._commits += 1
                 write_turns.keep_wal_short(self._db, self.path)

@@ -146,3 +146,22 @@ def test_a_writer_alone_never_truncates_the_wal(tmp_path, monkeypatch):
         bucket.write(_writes(0, n))
     assert calls == []
     assert os.stat(f"{bucket.path}-wal").st_size < 3_000_000
+
+
+def test_small_transactions_keep_the_wal_short_and_large_ones_keep_the_long_interval(tmp_path):
+    """Single-document writes checkpoint every SMALL_TX_CHECKPOINT_PAGES (short stalls, a short WAL); a load
+    keeps SQLite's checkpoint at WAL_AUTOCHECKPOINT_PAGES."""
+    from eventing.storage.files import SMALL_TX_CHECKPOINT_PAGES, WAL_AUTOCHECKPOINT_PAGES
+
+    create_bucket(str(tmp_path), "b").close()
+    wal = f"{bucket_path(str(tmp_path), 'b')}-wal"
+    page = 4096
+    with open_bucket(str(tmp_path), "b") as bucket:
+        for i in range(2000):  # ~4 pages a transaction: ~30 MB of WAL on the long interval
+            bucket.upsert(f"doc-{i:05d}", {"i": i, "pad": "x" * 200})
+        small_peak = os.stat(wal).st_size
+        assert small_peak < 2 * SMALL_TX_CHECKPOINT_PAGES * page, small_peak
+        bucket.write([Write(f"big-{i:06d}", OP_UPDATE, msgpack.packb({"i": i, "pad": "y" * 400}))
+                      for i in range(20_000)])
+        assert os.stat(wal).st_size > 2 * SMALL_TX_CHECKPOINT_PAGES * page  # not checkpointed after a load
+        assert os.stat(wal).st_size < 2 * WAL_AUTOCHECKPOINT_PAGES * page
