@@ -8,7 +8,7 @@ How (see docs/guarantees.md, "Sandboxed handlers", for why this mechanism):
   a minimal environment (no store credentials) and a private temporary directory as ``TMPDIR``.
 - Before it imports anything that could start a thread, the child restricts itself with Landlock
   (``restrict``): reading is allowed everywhere except the data directory, the other sandboxes'
-  temporary directories and ``/dev/shm``; writing only in its private temporary directory (and the null
+  temporary directories, ``/dev/shm`` and, on a Ray worker, Ray's folders but the code it ships; writing only in its private temporary directory (and the null
   devices); TCP only to the ports of the function's URL bindings, no listening; no abstract Unix sockets
   or signals outside its domain. Landlock holds for the process and every child it starts (exec
   included) and cannot be lifted; it also refuses ptrace and ``/proc/<pid>/fd`` of processes outside it.
@@ -49,6 +49,24 @@ def sandboxes_root() -> str:
     return root
 
 
+def ray_private_paths() -> list[str]:
+    """On a Ray worker, Ray's folders on this node (every worker's logs, the sockets, spilled objects, other
+    sessions), all but the code Ray ships to workers (the session's ``runtime_resources``, which a node
+    that cannot see the checkout imports this project from). Empty where this process is not a Ray worker."""
+    ray = sys.modules.get("ray")
+    node = getattr(getattr(getattr(ray, "_private", None), "worker", None), "global_worker", None)
+    node = getattr(node, "node", None)
+    if node is None:
+        return []
+    try:
+        temp, session = node.get_temp_dir_path(), node.get_session_dir_path()
+        paths = [e.path for e in os.scandir(temp) if e.path != session and not e.is_symlink()]
+        paths += [e.path for e in os.scandir(session) if e.name != "runtime_resources" and not e.is_symlink()]
+    except (AttributeError, OSError):
+        return []
+    return paths
+
+
 def url_ports(defn: Any) -> list[int]:
     import urllib.parse
 
@@ -80,7 +98,7 @@ class _Sandboxed:
         self.tmp = tempfile.mkdtemp(prefix=f"{function}-", dir=sandboxes_root())
         self._rmtree = shutil.rmtree
         self._ended = False
-        policy = {"deny": [data_dir, sandboxes_root(), "/dev/shm"], "writable": [self.tmp],
+        policy = {"deny": [data_dir, sandboxes_root(), "/dev/shm", *ray_private_paths()], "writable": [self.tmp],
                   "tcp_ports": url_ports(defn)}
         ours, theirs = socket.socketpair()
         env = {name: os.environ[name] for name in ("PATH", "LANG", "LC_ALL", "PYTHONPATH") if name in os.environ}

@@ -11,8 +11,10 @@ import pytest
 
 from eventing.control.service import EventingService
 from eventing.core.definition import FunctionDefinition
+from eventing.core.mutation import OP_UPDATE, encode_document
 from eventing.storage.factory import create_bucket, open_bucket
 from eventing.storage.files import bucket_path
+from eventing.storage.values import Write
 from eventing.testing import deploy_function, load_source
 from eventing.workers.executor import InProcessExecutor
 from eventing.workers.sandbox_landlock import sandbox_unavailable
@@ -109,9 +111,6 @@ DOCUMENTS = 12
 
 def _setup(data_dir: str, outside: str, isolation: str) -> None:
     source = create_bucket(data_dir, "src")
-    from eventing.core.mutation import OP_UPDATE, encode_document
-    from eventing.storage.values import Write
-
     source.write([Write(f"k{i}", OP_UPDATE, encode_document({"v": i})) for i in range(DOCUMENTS)])
     other = load_source(data_dir, 5, 20, bucket="tenant_b")
     assert other.count() == 5
@@ -230,9 +229,6 @@ PROBES = ("read_store", "other_source", "read_bucket", "write_bucket", "write_ou
 
 def _setup_outside(data_dir: str, outside: str, isolation: str) -> None:
     source = create_bucket(data_dir, "src")
-    from eventing.core.mutation import OP_UPDATE, encode_document
-    from eventing.storage.values import Write
-
     source.write([Write(f"k{i}", OP_UPDATE, encode_document({"v": i})) for i in range(DOCUMENTS)])
     create_bucket(data_dir, "ctl").upsert("mode", {"fail": True})
     load_source(data_dir, 5, 20, bucket="tenant_b")
@@ -312,3 +308,76 @@ def test_deploy_time_code_on_deploy_replay_and_debugger_without_the_sandbox(data
     names = {p.name for p in outside.iterdir()}
     assert "on_deploy.txt" in names and "k3.txt" in names
     assert sum(n.startswith("import-") for n in names) >= 1  # validation imported it here
+
+
+# -- on the Ray executor -----------------------------------------------------------------------------------
+
+RAY_PROBE = '''
+import os
+
+
+def attempt(fn):
+    try:
+        fn()
+        return "ok"
+    except Exception as exc:
+        return type(exc).__name__
+
+
+def read_ray_logs():
+    names = [n for n in os.listdir(RAY_LOGS) if n.endswith(".out") or n.endswith(".err")]
+    with open(os.path.join(RAY_LOGS, names[0]), "rb") as f:
+        f.read(1)
+
+
+def on_update(doc, meta):
+    out[meta.id] = {"ray_logs": attempt(read_ray_logs), "seen": doc.get("v")}
+'''
+
+
+def test_sandboxed_workers_on_ray_killed_with_kill_9_lose_nothing_and_cannot_read_rays_folders(
+    data_dir, tmp_path, ray_executor
+):
+    import signal
+    import threading
+    import time
+
+    import ray
+
+    from eventing.testing import LEDGER_HANDLER, check_ledger, ledger_definition, wait_for
+
+    logs = os.path.join(ray._private.worker.global_worker.node.get_session_dir_path(), "logs")
+    assert any(n.endswith((".out", ".err")) for n in os.listdir(logs))  # readable here, outside the sandbox
+    source = load_source(data_dir, 300, 3000, seed=5)
+    create_bucket(data_dir, "src_probe").write(
+        [Write(f"p{i}", OP_UPDATE, encode_document({"v": i})) for i in range(4)])
+    deploy_function(data_dir, ledger_definition("fn_k", "src", "ledger", workers=2, sleep_ms=2, batch_size=50,
+                                                 isolation="sandbox"), LEDGER_HANDLER)
+    deploy_function(data_dir, FunctionDefinition.from_dict({
+        "name": "fn_probe", "source_bucket": "src_probe", "isolation": "sandbox", "worker_count": 1,
+        "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}], "constants": {"RAY_LOGS": logs},
+    }), RAY_PROBE)
+    service = EventingService(data_dir, ray_executor, until_caught_up=True)
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.update(summary=service.run()))
+    thread.start()
+    killed = 0
+    try:
+        while killed < 2 and thread.is_alive():
+            wait_for(lambda: (sup := service.supervisors.get("fn_k")) is not None
+                     and all(s.ready and s.pid for s in sup.slots.values()) or not thread.is_alive(),
+                     "fn_k's sandboxed workers are up", timeout=120)
+            slot = service.supervisors["fn_k"].slots[f"local/w{killed}"] if thread.is_alive() else None
+            if slot is None or slot.caught_up:
+                break
+            time.sleep(0.5)
+            os.kill(slot.pid, signal.SIGKILL)  # the Ray worker hosting the sandbox; its child goes with it
+            killed += 1
+    finally:
+        thread.join(timeout=300)
+    assert killed == 2, "fn_k caught up before both kills: give it more mutations"
+    assert not result["summary"].errors, result["summary"].errors
+    report = check_ledger(source, open_bucket(data_dir, "ledger"))
+    assert report.ok and report.handled == 3000, report.summary()
+    probes = {key: doc for key, doc, _ in open_bucket(data_dir, "out").scan()}
+    assert len(probes) == 4 and {d["ray_logs"] for d in probes.values()} == {"PermissionError"}, probes
