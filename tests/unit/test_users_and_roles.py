@@ -34,6 +34,18 @@ ROLES = {"root": ["admin"], "ro": ["ro_admin"], "mgr": ["eventing_manage_functio
 HANDLER = "def on_update(doc, meta):\n    pass\n"
 
 
+PRODUCTION_COST_TESTS = {"test_a_password_is_stored_only_as_a_salted_scrypt_hash_with_its_parameters"}
+
+
+@pytest.fixture(autouse=True)
+def cheap_scrypt(request, monkeypatch):
+    """Passwords hashed here cost N = 2**8 rather than SCRYPT_N (2**14, ~50 ms a hash and as much a
+    verification, paid for every user of every test). verify_password reads N from the stored hash, so
+    hashing and verifying run the same code, faster. The tests of PRODUCTION_COST_TESTS keep SCRYPT_N."""
+    if request.node.originalname not in PRODUCTION_COST_TESTS:
+        monkeypatch.setattr(auth, "SCRYPT_N", 2**8)
+
+
 def basic(user: str, password: str | None = None) -> dict[str, str]:
     secret = PASSWORDS[user] if password is None else password
     return {"Authorization": "Basic " + base64.b64encode(f"{user}:{secret}".encode()).decode()}
