@@ -52,8 +52,11 @@ def test_follow_sees_new_lines_across_a_rotation(tmp_path):
     writer.write("first")
     seen: list[str] = []
 
-    def reader() -> None:
-        seen.extend(follow(path, poll_s=0.02, stop=time.monotonic() + 1.5))
+    def reader() -> None:  # until the last line written is seen, or 5 s
+        for line in follow(path, poll_s=0.02, stop=time.monotonic() + 5):
+            seen.append(line)
+            if line.endswith(" [INFO] last"):
+                break
 
     t = threading.Thread(target=reader)
     t.start()
@@ -61,5 +64,6 @@ def test_follow_sees_new_lines_across_a_rotation(tmp_path):
     for i in range(10):
         writer.write(f"line {i}")
         time.sleep(0.02)
+    writer.write("last")
     t.join()
-    assert [line.split(" [INFO] ")[1] for line in seen] == [f"line {i}" for i in range(10)]
+    assert [line.split(" [INFO] ")[1] for line in seen] == [f"line {i}" for i in range(10)] + ["last"]
