@@ -277,8 +277,13 @@ def test_console_shows_a_cas_with_every_digit_and_epochs_and_times_as_the_cli(fa
     # Checkpoints: the epoch as generation:counter and the time as UTC date and time, as `eventing checkpoints`.
     rows = {r["vb"]: r for r in api.get("/api/v1/functions/fn_fail/checkpoints").json()["rows"]}
     wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#checkpoints tbody tr"), 30, "the checkpoints")
-    for tr in browser.find_elements(By.CSS_SELECTOR, "#checkpoints tbody tr")[:5]:
-        cells = [td.text for td in tr.find_elements(By.TAG_NAME, "td")]
+    # Read in one script: the console redraws the table on its refresh, which would leave elements found
+    # one by one stale between two reads.
+    shown = browser.execute_script(
+        "return Array.from(document.querySelectorAll('#checkpoints tbody tr')).slice(0, 5)"
+        ".map(tr => Array.from(tr.querySelectorAll('td')).map(td => td.innerText.trim()))")
+    assert shown
+    for cells in shown:
         row = rows[int(cells[0])]
         assert cells[5] == _epoch(row["epoch"]) and ":" in cells[5]
         assert cells[7] == _when(row["updated_at"]) and cells[7].endswith("Z")
