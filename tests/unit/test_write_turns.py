@@ -51,8 +51,9 @@ def test_several_processes_writing_one_bucket_keep_its_wal_near_the_limit(tmp_pa
         p.join(120)
         assert p.exitcode == 0
     largest = max(sizes.get(timeout=5) for _ in writers)
-    # At most the limit plus the transaction that crossed it (~0.4 MB here).
-    assert largest < LIMIT + 1_000_000, largest
+    # At most the limit plus the transaction that crossed it (~0.4 MB here), plus the part of another
+    # writer's transaction already appended when a writer looks at the file (it looks outside its turn).
+    assert largest < LIMIT + 1_200_000, largest
     assert sum(1 for _ in bucket.scan_log(10_000) for _ in _) == 3 * TRANSACTIONS * WRITES
 
 
