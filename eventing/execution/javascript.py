@@ -37,12 +37,14 @@ from __future__ import annotations
 import base64
 import ctypes
 import json
+import os
 import re
 import struct
 import threading
 import time
 import types
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import msgspec
@@ -114,15 +116,57 @@ class _V8:
         self.request_interrupt.argtypes = [ctypes.c_void_p, self.INTERRUPT, ctypes.c_void_p]
         self.stats = (ctypes.c_size_t * 32)()  # v8::HeapStatistics; used_heap_size is its 5th field
         self.on_interrupt = self.INTERRUPT(_heap_check)  # kept alive for V8
+        self.zone_changed = lib._ZN2v87Isolate39DateTimeConfigurationChangeNotificationENS0_17TimeZoneDetectionE
+        self.zone_changed.argtypes = [ctypes.c_void_p, ctypes.c_int]
+        self.zones: dict[int, str | None] = {}  # isolate -> the TZ its dates were last set up for
+        self.icu = _load_icu(lib)
 
     def used_heap(self, isolate: int) -> int:
         self.heap(isolate, self.stats)
         return int(self.stats[4])
 
+    def follow_time_zone(self, isolate: int) -> None:
+        """Make the isolate's Date use the process's current time zone (the TZ variable, else the system's)
+        when TZ changed since its dates were set up: V8 reads the zone once and caches it."""
+        zone = os.environ.get("TZ")
+        if self.zones.setdefault(isolate, zone) != zone:
+            self.zones[isolate] = zone
+            self.zone_changed(isolate, 1)  # v8::Isolate::TimeZoneDetection::kRedetect
+
+
+def _load_icu(lib: Any) -> bool:
+    """Load ICU's data into V8, the data Intl, toLocaleString, localeCompare and time zone names need.
+
+    STPyV8 (13.1) passes V8 a dangling pointer for the path of its ICU data file, so V8 starts without ICU
+    data: `toLocaleString()` then aborts the process (a fatal out-of-memory in ICU's date formatter),
+    `localeCompare` throws, and local time ignores daylight saving time. V8 accepts the data once, later,
+    as long as no JavaScript has used ICU yet: done here, before the first context is made."""
+    import STPyV8
+
+    initialize = lib._ZN2v82V813InitializeICUEPKc
+    initialize.argtypes = [ctypes.c_char_p]
+    initialize.restype = ctypes.c_bool
+    candidates = [Path(folder) / "icudtl.dat" for folder in getattr(STPyV8, "icu_data_folders", None) or () if folder]
+    try:
+        from importlib.resources import files
+
+        candidates.insert(0, Path(str(files("stpyv8-icu") / "icudtl.dat")))
+    except (ImportError, ModuleNotFoundError, TypeError):
+        pass
+    for path in candidates:
+        if path.is_file():
+            return bool(initialize(str(path).encode()))
+    return False
+
 
 _v8: _V8 | None = None
 _thread = threading.local()  # .entered: the context left entered after its last call in this thread (entering costs ~1 us a call)
 _isolates: list[Any] = []  # isolates made for threads without one: kept for the process's life
+# Every context made, kept for the process's life (~0.4 MB each): STPyV8 tracks the Python objects a context
+# was given (its __host) with a weak callback that crashes the process (Context::Global on the dying
+# context, STPyV8 13.1) when V8 collects the context, which happened in the next test after a handler
+# was dropped. A context is made per handler load and thread.
+_contexts: list[Any] = []
 _encode = msgspec.json.Encoder().encode  # documents as JSON text: ~20x faster than json.dumps
 _handlers: dict[int, JsHandler] = {}  # id -> handler, for the interrupt callback
 
@@ -298,8 +342,10 @@ class JsHandler:
         and the handler's top-level functions."""
         _thread_isolate(STPyV8)
         ctx = STPyV8.JSContext()
+        _contexts.append(ctx)
         with ctx:
             isolate = self.v8.current()
+            self.v8.follow_time_zone(isolate)
             setattr(ctx.locals, "__host", self.host)  # (a dunder name, mangled as an attribute)
             ctx.eval(PRELUDE, "<eventing prelude>")
             ctx.eval(self.declarations, "<eventing bindings>")
@@ -469,10 +515,10 @@ def _make_host(STPyV8: Any, h: JsHandler) -> Any:
 
     def get(alias: str, key: str) -> str | None:
         value = h.binding(alias).get(key)
-        return None if value is None else json.dumps(value)
+        return None if value is None else json.dumps(_js_doc(value)[0])
 
     def set_(alias: str, key: str, text: str) -> None:
-        h.binding(alias)[key] = json.loads(text)
+        h.binding(alias)[key] = _stored(json.loads(text))
 
     def remove(alias: str, key: str) -> None:
         del h.binding(alias)[key]
@@ -493,7 +539,7 @@ def _make_host(STPyV8: Any, h: JsHandler) -> Any:
     def curl(method: str, alias: str, request: str) -> str:
         if h.curl_client is None:
             raise HandlerLoadError("curl is used at load time; use it inside OnUpdate/OnDelete")
-        r = h.curl_client(method, h.url_bindings[alias], json.loads(request))
+        r = h.curl_client(method, h.url_bindings[alias], _curl_request(json.loads(request)))
         return json.dumps({"status": r.status, "headers": r.headers, "body": _as_json(r.body)})
 
     class Host(STPyV8.JSClass):
@@ -527,28 +573,47 @@ def _make_host(STPyV8: Any, h: JsHandler) -> Any:
     return Host()
 
 
+def _curl_request(request: Any) -> Any:
+    """A curl request as Couchbase sends it: a body that is not a string goes as JSON.stringify writes it
+    (compact) with Content-Type application/json unless the request names one."""
+    if not isinstance(request, dict) or request.get("body") is None or isinstance(request["body"], str):
+        return request
+    headers = dict(request.get("headers") or {})
+    if not any(str(k).lower() == "content-type" for k in headers):
+        headers["Content-Type"] = "application/json"
+    body = json.dumps(request["body"], separators=(",", ":"), ensure_ascii=False).encode()
+    return {**request, "headers": headers, "body": body}
+
+
 # -- Couchbase's couchbase.* result objects over BucketBinding's OpResult --------------------------------
 
+# outcome -> (code, name, desc, flag): Couchbase's error objects (features/src/bucket_ops.cc), the code being
+# the Data Service's status (1 key not found, 2 key exists, also on a cas mismatch; 0xC0, 0xC9 sub-document)
 _ERRORS = {
-    "key_not_found": {"name": "LCB_KEY_ENOENT", "desc": "The document key does not exist on the server",
-                      "key_not_found": True},
-    "key_exists": {"name": "LCB_KEY_EEXISTS", "desc": "The document key already exists in the server.",
-                   "key_already_exists": True},
-    "cas_mismatch": {"name": "LCB_KEY_EEXISTS", "desc": "The document was changed since it was read (cas).",
-                     "cas_mismatch": True},
-    "path_not_found": {"name": "LCB_ERR_SUBDOC_PATH_NOT_FOUND", "desc": "The path does not exist in the document.",
-                       "field_not_found": True},
-    "path_exists": {"name": "LCB_ERR_SUBDOC_PATH_EXISTS", "desc": "The path already exists in the document.",
-                    "field_exists": True},
+    "key_not_found": (1, "LCB_KEY_ENOENT", "The document key does not exist on the server", "key_not_found"),
+    "key_exists": (2, "LCB_KEY_EEXISTS", "The document key already exists in the server.", "key_already_exists"),
+    "cas_mismatch": (2, "LCB_KEY_EEXISTS", "The document key exists with a CAS value different than specified",
+                     "cas_mismatch"),
+    "path_not_found": (192, "LCB_ERR_SUBDOC_PATH_NOT_FOUND", "The document key does not exist on the server",
+                       "field_not_found"),
+    "path_exists": (201, "LCB_ERR_SUBDOC_PATH_EXISTS", "The document path already exist", "field_exists"),
 }
 
 
 def _advanced(binding_of: Any, name: str, alias: str, key: str, cas: str | None, expiry: float, doc: str,
               extra: str) -> str:
+    """One couchbase.* call as the JSON text of Couchbase's result object, keys in Couchbase's order:
+    `{doc, meta: {id, cas, expiry_date, datatype}, success}` for get and lookupIn (lookupIn's doc lists
+    `{value, success}` per spec), `{doc: {count}, meta, success}` for the counters, `{meta: {id, cas,
+    expiry_date}, success}` for the writes, `{error: {code, name, desc, <flag>: true}, success: false}` on
+    failure. A write's cas is the one the next read of the document sees (see BucketBinding); its
+    expiry_date the expiry it set (none for touch and delete), a read's the document's."""
     b = binding_of(alias)
-    body = json.loads(doc)
+    body = _stored(json.loads(doc))
     cas_value = int(cas) if cas is not None else None
     ttl: Any = expiry if expiry else 0
+    deleted = None
+    specs: list = []
     if name == "get":
         r = b.get_result(key)
     elif name == "insert":
@@ -558,6 +623,7 @@ def _advanced(binding_of: Any, name: str, alias: str, key: str, cas: str | None,
     elif name == "replace":
         r = b.replace(key, body, cas=cas_value, expiry=ttl)
     elif name == "delete":
+        deleted = _seen(b, key)
         r = b.delete(key, cas=cas_value)
     elif name in ("increment", "decrement"):
         r = getattr(b, name)(key)
@@ -570,27 +636,82 @@ def _advanced(binding_of: Any, name: str, alias: str, key: str, cas: str | None,
         specs = json.loads(extra) or []
         r = b.mutate_in(
             key, [(s["op"], s["path"]) if s["op"] == "remove" else (s["op"], s["path"], s.get("value")) for s in specs],
-            cas=cas_value,
+            cas=cas_value, expiry=ttl,
         )
     else:
         raise ValueError(f"couchbase.{name} is not an operation")
-    out: dict[str, Any] = {"success": r.success}
-    if r.meta is not None:
-        meta: dict[str, Any] = {"id": r.meta.id, "cas": str(r.meta.cas), "datatype": "json"}
-        if r.meta.expiry:
-            meta["expiry_date"] = r.meta.expiry
-        out["meta"] = meta
-    elif r.success:
-        out["meta"] = {"id": key}
-    if name in ("increment", "decrement") and r.success:
+    if not r.success:
+        code, error_name, desc, flag = _ERRORS.get(r.error, (0, r.error, r.error, r.error))
+        return json.dumps({"error": {"code": code, "name": error_name, "desc": desc, flag: True}, "success": False})
+    out: dict[str, Any] = {}
+    datatype = "json"
+    if name == "get":
+        out["doc"], datatype = _js_doc(r.doc)
+    elif name == "lookupIn":
+        out["doc"] = [_lookup_entry(r.doc, s["op"], s["path"]) for s in specs]
+    elif name in ("increment", "decrement"):
         out["doc"] = {"count": r.value}
-    elif name == "lookupIn" and r.success:
-        out["doc"] = r.value
-    elif r.doc is not None and name == "get":
-        out["doc"] = r.doc
-    if r.error is not None:
-        out["error"] = dict(_ERRORS.get(r.error, {"name": r.error, "desc": r.error}))
+    if name in ("get", "lookupIn"):
+        seen = r.meta
+    else:
+        seen = deleted if name == "delete" else _seen(b, key)
+    meta: dict[str, Any] = {"id": key, "cas": str(seen.cas) if seen is not None else "0"}
+    if name in ("get", "lookupIn"):
+        expiry_s = seen.expiry if seen is not None else 0
+    elif name in ("touch", "delete") or not ttl:
+        expiry_s = 0
+    else:  # the expiry the write asked for, in whole seconds as the Data Service keeps it
+        expiry_s = int(ttl) if ttl >= 30 * 24 * 3600 else int(time.time() + ttl)
+    if expiry_s:
+        meta["expiry_date"] = expiry_s
+    if name in ("get", "lookupIn"):
+        meta["datatype"] = datatype
+    out["meta"] = meta
+    out["success"] = True
     return json.dumps(out)
+
+
+def _seen(binding: Any, key: str) -> Any:
+    """The meta (DocMeta: cas, expiry) of the version of `key` the binding sees now, pending writes first."""
+    visible = getattr(binding, "_visible", None)
+    found = visible(key) if visible is not None else None
+    return None if found is None else found[1]
+
+
+BINARY = "\0binary"  # {BINARY: [bytes]}: a binary document on its way to or from JavaScript (an ArrayBuffer there)
+
+
+def _js_doc(doc: Any) -> tuple[Any, str]:
+    """A stored document as JavaScript gets it, with its datatype. A document stored as bytes (a binary
+    document, or a JSON value other than an object, which buckets keep as its text) is that JSON value when
+    the bytes are JSON text ("json"), else binary ("binary": an ArrayBuffer in JavaScript)."""
+    if type(doc) is not bytes:
+        return doc, "json"
+    try:
+        return json.loads(doc.decode("utf-8")), "json"
+    except (UnicodeDecodeError, ValueError):
+        return {BINARY: list(doc)}, "binary"
+
+
+def _stored(value: Any) -> Any:
+    """A document from JavaScript as a binding stores it: an object as it is, a binary document as its bytes,
+    any other JSON value (Couchbase keeps strings, numbers, arrays ... as documents) as its JSON text."""
+    if isinstance(value, dict):
+        if len(value) == 1 and BINARY in value:
+            return bytes(value[BINARY])
+        return value
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _lookup_entry(doc: Any, op: str, path: str) -> dict[str, Any]:
+    """One entry of lookupIn's result: `{value, success: true}`, or `{success: false}` for a missing path
+    (`exists` gives whether the path is there)."""
+    node = doc
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return {"value": False, "success": True} if op == "exists" else {"success": False}
+        node = node[part]
+    return {"value": True if op == "exists" else node, "success": True}
 
 
 def _builtin(name: str, text: str) -> str:
@@ -621,7 +742,7 @@ def _as_json(value: Any) -> Any:
     from eventing.handler import DeleteOptions, DeployAction, Meta
 
     if isinstance(value, Meta):
-        out = {"id": value.id, "cas": str(value.cas), "expiration": value.expiration, "flags": value.flags,
+        out = {"cas": str(value.cas), "id": value.id, "expiration": value.expiration, "flags": value.flags,
                "vb": value.vb, "seq": value.seq, "datatype": value.datatype, "keyspace": value.keyspace}
         previous = value.previous
         if previous is not None:
@@ -632,7 +753,7 @@ def _as_json(value: Any) -> Any:
     if isinstance(value, DeployAction):
         return {"reason": value.reason, "delay": value.delay}
     if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
+        return _js_doc(value)[0]
     return value
 
 
@@ -664,6 +785,13 @@ class JsOnUpdate(JsFunction):
     def __call__(self, doc: Any, meta: Any = None, *rest: Any) -> None:
         from eventing.handler import Meta
 
+        if type(doc) is bytes:  # a binary document, or a JSON value other than an object
+            value, datatype = _js_doc(doc)
+            args = [_as_json(a) for a in (meta, *rest)]
+            if isinstance(args[0], dict):
+                args[0]["datatype"] = datatype
+            self.handler.run(CALL, json.dumps(["OnUpdate", value, *args]))
+            return
         if type(meta) is not Meta or rest or meta.previous is not None:
             self.handler.invoke("OnUpdate", (doc, meta, *rest))
             return
@@ -672,7 +800,7 @@ class JsOnUpdate(JsFunction):
         if cached is None or cached[0] is not ks:
             cached = self.keyspaces[id(ks)] = (ks, json.dumps(ks))
         text = (
-            f'[{_encode(doc).decode()},{{"id":{_encode(meta.id).decode()},"cas":"{meta.cas}","expiration":'
+            f'[{_encode(doc).decode()},{{"cas":"{meta.cas}","id":{_encode(meta.id).decode()},"expiration":'
             f'{meta.expiration},"flags":{meta.flags},"vb":{meta.vb},"seq":{meta.seq},"datatype":"json",'
             f'"keyspace":{cached[1]}}}]'
         )
@@ -684,9 +812,12 @@ class JsOnUpdate(JsFunction):
         failure (JavaScriptError, HandlerTimeout, JavaScriptMemoryError) of the next one, or None when the
         batch stopped at its time slice with the rest not started. `on_start(i)`: see JsHandler.batch."""
         vb = rows[0][0]
+        binary = any(type(d) is bytes for d in docs)
+        if binary:  # see JsOnUpdate.__call__
+            docs = [_js_doc(d)[0] for d in docs]
         text = _encode([
             docs, [r[2] for r in rows], [str(r[4]) for r in rows], [r[7] for r in rows], [r[8] for r in rows],
-            [r[1] for r in rows], vb, keyspace, self.handler.slice_s * 1000,
+            [r[1] for r in rows], vb, keyspace, self.handler.slice_s * 1000, binary,
         ]).decode()
         return self.handler.batch(text, len(rows), on_start)
 

@@ -2,9 +2,12 @@
 maps, `couchbase.*`, timers, `curl`, `log`, the built-in functions) written over `__host`, the Python
 object of eventing.execution.javascript that reaches the function's real bindings.
 
-Values cross as JSON text. `__batch` runs OnUpdate over a run of mutations (JsOnUpdate.batch), `__idx`
-being the one in progress; it returns how many returned, or -1 - i when mutation i threw. A host call that failed returns its error as text starting with NUL (JSON text
-never does), which `__r` throws as an Error, so a handler's try/catch sees binding errors as in Couchbase.
+Values cross as JSON text, a binary document (an ArrayBuffer) as `{"\u0000binary": [its bytes]}` (`__doc`,
+`__docOf`). `__batch` runs OnUpdate over a run of mutations (JsOnUpdate.batch), `__idx` being the one in
+progress; it returns how many returned, or -1 - i when mutation i threw. A host call that failed returns its
+error as text starting with NUL (JSON text never does), which `__r` throws as an Error, so a handler's
+try/catch sees binding errors as in Couchbase. `log` writes each argument as JSON.stringify does (an Error
+as its toString()), separated by spaces, as Couchbase's log does.
 """
 
 PRELUDE = r"""
@@ -16,15 +19,26 @@ function __r(s) {
 }
 function __j(s) { s = __r(s); return (s === null || s === undefined) ? undefined : JSON.parse(s); }
 function __text(v) { return JSON.stringify(v === undefined ? null : v); }
+// Documents: an ArrayBuffer is a binary document, sent and received as {"\u0000binary": [its bytes]}; any
+// other value is JSON (an object, or a string, number, array ... Couchbase keeps as a JSON document).
+var __BIN = '\u0000binary';
+function __doc(v) {
+  if (v instanceof ArrayBuffer) { var o = {}; o[__BIN] = Array.from(new Uint8Array(v)); return JSON.stringify(o); }
+  return __text(v);
+}
+function __docOf(v) {
+  if (v !== null && typeof v === 'object' && !Array.isArray(v) && __BIN in v) { return new Uint8Array(v[__BIN]).buffer; }
+  return v;
+}
 var __aliases = new WeakMap();
 function __bucketMap(alias) {
   var map = new Proxy(Object.create(null), {
     get: function (t, key) {
       if (typeof key !== 'string') { return undefined; }
       if (key === 'toJSON' || key === 'then') { return undefined; }
-      return __j(__host.get(alias, key));
+      return __docOf(__j(__host.get(alias, key)));
     },
-    set: function (t, key, value) { __r(__host.set(alias, String(key), __text(value))); return true; },
+    set: function (t, key, value) { __r(__host.set(alias, String(key), __doc(value))); return true; },
     deleteProperty: function (t, key) { __r(__host.remove(alias, String(key))); return true; },
     has: function (t, key) { return typeof key === 'string' && __j(__host.get(alias, key)) !== undefined; },
     ownKeys: function () { return []; }
@@ -51,8 +65,9 @@ function __expiry(meta) {
 }
 function __op(name, binding, meta, doc, extra) {
   var cas = (meta && meta.cas !== undefined) ? String(meta.cas) : null;
-  var res = __j(__host.op(name, __alias(binding), __id(meta), cas, __expiry(meta), __text(doc), __text(extra)));
+  var res = __j(__host.op(name, __alias(binding), __id(meta), cas, __expiry(meta), __doc(doc), __text(extra)));
   if (res.meta && res.meta.expiry_date) { res.meta.expiry_date = new Date(res.meta.expiry_date * 1000); }
+  if (res.doc !== undefined) { res.doc = __docOf(res.doc); }
   return res;
 }
 function __spec(op) { return function (path, value) { return {op: op, path: path, value: value}; }; }
@@ -76,8 +91,9 @@ var couchbase = Object.freeze({
 function log() {
   var parts = [];
   for (var i = 0; i < arguments.length; i++) {
-    var a = arguments[i];
-    parts.push(typeof a === 'string' ? a : (a === undefined ? 'undefined' : JSON.stringify(a)));
+    var a = arguments[i], text;
+    try { text = JSON.stringify(a instanceof Error ? a.toString() : a); } catch (e) { text = ''; }
+    parts.push(text === undefined ? 'undefined' : text);
   }
   __r(__host.log(parts.join(' ')));
 }
@@ -103,7 +119,9 @@ function curl(method, binding, request) {
   if (binding === null || typeof binding !== 'object' || binding.__url_binding === undefined) {
     throw new Error('curl: the second argument is not a URL binding; pass the URL binding alias');
   }
-  return __j(__host.curl(String(method), binding.__url_binding, __text(request === undefined ? {} : request)));
+  var res = __j(__host.curl(String(method), binding.__url_binding, __text(request === undefined ? {} : request)));
+  res.body = __docOf(res.body);  // a body that is not text is an ArrayBuffer, as in Couchbase
+  return res;
 }
 function crc64(value) { return __r(__host.builtin('crc64', __text(value))); }
 function crc_64_go_iso(value) { return __r(__host.builtin('crc_64_go_iso', __text(value))); }
@@ -125,6 +143,7 @@ function __fail(e) {
 }
 function __call() {
   var a = JSON.parse(__in);
+  if (a[0] === 'OnUpdate') { a[1] = __docOf(a[1]); }
   try { globalThis[a[0]].apply(null, a.slice(1)); return 0; } catch (e) { return __fail(e); }
 }
 function __update() {
@@ -135,12 +154,13 @@ var __idx = 0;
 function __batch() {
   var a = JSON.parse(__in);
   var docs = a[0], ids = a[1], cas = a[2], exp = a[3], flags = a[4], seqs = a[5], vb = a[6], ks = a[7];
-  var n = docs.length, stop = Date.now() + a[8];
+  var n = docs.length, stop = Date.now() + a[8], binary = a[9];
   for (__idx = 0; __idx < n; __idx++) {
     if (__idx > 0 && Date.now() >= stop) { return __idx; }
-    var meta = {id: ids[__idx], cas: cas[__idx], expiration: exp[__idx], flags: flags[__idx], vb: vb,
-                seq: seqs[__idx], datatype: 'json', keyspace: Object.assign({}, ks)};
-    try { OnUpdate(docs[__idx], meta); } catch (e) { __fail(e); return -1 - __idx; }
+    var doc = docs[__idx], meta = {cas: cas[__idx], id: ids[__idx], expiration: exp[__idx], flags: flags[__idx], vb: vb,
+                                   seq: seqs[__idx], datatype: 'json', keyspace: Object.assign({}, ks)};
+    if (binary) { var bin = __docOf(doc); if (bin !== doc) { doc = bin; meta.datatype = 'binary'; } }
+    try { OnUpdate(doc, meta); } catch (e) { __fail(e); return -1 - __idx; }
   }
   return n;
 }

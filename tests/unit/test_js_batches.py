@@ -142,7 +142,7 @@ def test_a_handler_is_called_from_another_thread_with_a_context_of_that_thread()
     thread.join(30)
     assert not thread.is_alive() and errors == []
     on_update({}, meta)
-    assert lines == ["a 1", "a 1", "a 2", "a 2"]
+    assert lines == ['"a" 1', '"a" 1', '"a" 2', '"a" 2']  # log() writes each argument as JSON, as Couchbase
     module.__dict__["__js_handler__"].close()
 
 
