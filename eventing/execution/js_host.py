@@ -1,0 +1,267 @@
+"""The `__host` object a JavaScript handler calls (eventing.execution.javascript): bucket-map accesses,
+Couchbase's `couchbase.*` accessors with the result objects Couchbase gives (`{doc, meta, success, error}`,
+its error codes), curl, timers, log and the built-ins, each on the function's real BucketBinding,
+TimerTable, CurlClient and log; and the crossing of documents between Python and V8 (JSON text, binary
+documents as ArrayBuffers)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import struct
+import time
+from typing import TYPE_CHECKING, Any
+
+from eventing import handler as handler_api
+from eventing.errors import HandlerLoadError
+
+if TYPE_CHECKING:
+    from eventing.execution.javascript import JsHandler
+
+
+def _make_host(STPyV8: Any, h: JsHandler) -> Any:
+    """The `__host` object JavaScript sees (an STPyV8.JSClass: its methods are callable synchronously)."""
+    guarded = h.guarded
+
+    def get(alias: str, key: str) -> str | None:
+        value = h.binding(alias).get(key)
+        return None if value is None else json.dumps(_js_doc(value)[0])
+
+    def set_(alias: str, key: str, text: str) -> None:
+        h.binding(alias)[key] = _stored(json.loads(text))
+
+    def remove(alias: str, key: str) -> None:
+        del h.binding(alias)[key]
+
+    def log(text: str) -> None:
+        h.log(text)
+
+    def create_timer(name: str, when: float, reference: str | None, context: str) -> str:
+        if h.create_timer is None:
+            raise HandlerLoadError("createTimer is used at load time; use it inside OnUpdate/OnDelete")
+        return h.create_timer(h.module.__dict__.get(name), when, reference, json.loads(context))
+
+    def cancel_timer(name: str, reference: str) -> str:
+        if h.cancel_timer is None:
+            raise HandlerLoadError("cancelTimer is used at load time; use it inside OnUpdate/OnDelete")
+        return json.dumps(h.cancel_timer(h.module.__dict__.get(name), reference))
+
+    def curl(method: str, alias: str, request: str) -> str:
+        if h.curl_client is None:
+            raise HandlerLoadError("curl is used at load time; use it inside OnUpdate/OnDelete")
+        r = h.curl_client(method, h.url_bindings[alias], _curl_request(json.loads(request)))
+        return json.dumps({"status": r.status, "headers": r.headers, "body": _as_json(r.body)})
+
+    class Host(STPyV8.JSClass):
+        def get(self, alias, key):
+            return guarded(get, alias, key)
+
+        def set(self, alias, key, text):
+            return guarded(set_, alias, key, text)
+
+        def remove(self, alias, key):
+            return guarded(remove, alias, key)
+
+        def op(self, name, alias, key, cas, expiry, doc, extra):
+            return guarded(_advanced, h.binding, name, alias, key, cas, expiry, doc, extra)
+
+        def log(self, text):
+            return guarded(log, text)
+
+        def create_timer(self, name, when, reference, context):
+            return guarded(create_timer, name, when, reference, context)
+
+        def cancel_timer(self, name, reference):
+            return guarded(cancel_timer, name, reference)
+
+        def curl(self, method, alias, request):
+            return guarded(curl, method, alias, request)
+
+        def builtin(self, name, text):
+            return guarded(_builtin, name, text)
+
+    return Host()
+
+
+def _curl_request(request: Any) -> Any:
+    """A curl request as Couchbase sends it: a body that is not a string goes as JSON.stringify writes it
+    (compact) with Content-Type application/json unless the request names one."""
+    if not isinstance(request, dict) or request.get("body") is None or isinstance(request["body"], str):
+        return request
+    headers = dict(request.get("headers") or {})
+    if not any(str(k).lower() == "content-type" for k in headers):
+        headers["Content-Type"] = "application/json"
+    body = json.dumps(request["body"], separators=(",", ":"), ensure_ascii=False).encode()
+    return {**request, "headers": headers, "body": body}
+
+
+# -- Couchbase's couchbase.* result objects over BucketBinding's OpResult --------------------------------
+
+# outcome -> (code, name, desc, flag): Couchbase's error objects (features/src/bucket_ops.cc), the code being
+# the Data Service's status (1 key not found, 2 key exists, also on a cas mismatch; 0xC0, 0xC9 sub-document)
+_ERRORS = {
+    "key_not_found": (1, "LCB_KEY_ENOENT", "The document key does not exist on the server", "key_not_found"),
+    "key_exists": (2, "LCB_KEY_EEXISTS", "The document key already exists in the server.", "key_already_exists"),
+    "cas_mismatch": (2, "LCB_KEY_EEXISTS", "The document key exists with a CAS value different than specified",
+                     "cas_mismatch"),
+    "path_not_found": (192, "LCB_ERR_SUBDOC_PATH_NOT_FOUND", "The document key does not exist on the server",
+                       "field_not_found"),
+    "path_exists": (201, "LCB_ERR_SUBDOC_PATH_EXISTS", "The document path already exist", "field_exists"),
+}
+
+
+def _advanced(binding_of: Any, name: str, alias: str, key: str, cas: str | None, expiry: float, doc: str,
+              extra: str) -> str:
+    """One couchbase.* call as the JSON text of Couchbase's result object, keys in Couchbase's order:
+    `{doc, meta: {id, cas, expiry_date, datatype}, success}` for get and lookupIn (lookupIn's doc lists
+    `{value, success}` per spec), `{doc: {count}, meta, success}` for the counters, `{meta: {id, cas,
+    expiry_date}, success}` for the writes, `{error: {code, name, desc, <flag>: true}, success: false}` on
+    failure. A write's cas is the one the next read of the document sees (see BucketBinding); its
+    expiry_date the expiry it set (none for touch and delete), a read's the document's."""
+    b = binding_of(alias)
+    body = _stored(json.loads(doc))
+    cas_value = int(cas) if cas is not None else None
+    ttl: Any = expiry if expiry else 0
+    deleted = None
+    specs: list = []
+    if name == "get":
+        r = b.get_result(key)
+    elif name == "insert":
+        r = b.insert(key, body, expiry=ttl)
+    elif name == "upsert":
+        r = b.upsert(key, body, expiry=ttl)
+    elif name == "replace":
+        r = b.replace(key, body, cas=cas_value, expiry=ttl)
+    elif name == "delete":
+        deleted = _seen(b, key)
+        r = b.delete(key, cas=cas_value)
+    elif name in ("increment", "decrement"):
+        r = getattr(b, name)(key)
+    elif name == "touch":
+        r = b.touch(key, ttl)
+    elif name == "lookupIn":
+        specs = json.loads(extra) or []
+        r = b.lookup_in(key, [(s["op"], s["path"]) for s in specs])
+    elif name == "mutateIn":
+        specs = json.loads(extra) or []
+        r = b.mutate_in(
+            key, [(s["op"], s["path"]) if s["op"] == "remove" else (s["op"], s["path"], s.get("value")) for s in specs],
+            cas=cas_value, expiry=ttl,
+        )
+    else:
+        raise ValueError(f"couchbase.{name} is not an operation")
+    if not r.success:
+        code, error_name, desc, flag = _ERRORS.get(r.error, (0, r.error, r.error, r.error))
+        return json.dumps({"error": {"code": code, "name": error_name, "desc": desc, flag: True}, "success": False})
+    out: dict[str, Any] = {}
+    datatype = "json"
+    if name == "get":
+        out["doc"], datatype = _js_doc(r.doc)
+    elif name == "lookupIn":
+        out["doc"] = [_lookup_entry(r.doc, s["op"], s["path"]) for s in specs]
+    elif name in ("increment", "decrement"):
+        out["doc"] = {"count": r.value}
+    if name in ("get", "lookupIn"):
+        seen = r.meta
+    else:
+        seen = deleted if name == "delete" else _seen(b, key)
+    meta: dict[str, Any] = {"id": key, "cas": str(seen.cas) if seen is not None else "0"}
+    if name in ("get", "lookupIn"):
+        expiry_s = seen.expiry if seen is not None else 0
+    elif name in ("touch", "delete") or not ttl:
+        expiry_s = 0
+    else:  # the expiry the write asked for, in whole seconds as the Data Service keeps it
+        expiry_s = int(ttl) if ttl >= 30 * 24 * 3600 else int(time.time() + ttl)
+    if expiry_s:
+        meta["expiry_date"] = expiry_s
+    if name in ("get", "lookupIn"):
+        meta["datatype"] = datatype
+    out["meta"] = meta
+    out["success"] = True
+    return json.dumps(out)
+
+
+def _seen(binding: Any, key: str) -> Any:
+    """The meta (DocMeta: cas, expiry) of the version of `key` the binding sees now, pending writes first."""
+    visible = getattr(binding, "_visible", None)
+    found = visible(key) if visible is not None else None
+    return None if found is None else found[1]
+
+
+BINARY = "\0binary"  # {BINARY: [bytes]}: a binary document on its way to or from JavaScript (an ArrayBuffer there)
+
+
+def _js_doc(doc: Any) -> tuple[Any, str]:
+    """A stored document as JavaScript gets it, with its datatype. A document stored as bytes (a binary
+    document, or a JSON value other than an object, which buckets keep as its text) is that JSON value when
+    the bytes are JSON text ("json"), else binary ("binary": an ArrayBuffer in JavaScript)."""
+    if type(doc) is not bytes:
+        return doc, "json"
+    try:
+        return json.loads(doc.decode("utf-8")), "json"
+    except (UnicodeDecodeError, ValueError):
+        return {BINARY: list(doc)}, "binary"
+
+
+def _stored(value: Any) -> Any:
+    """A document from JavaScript as a binding stores it: an object as it is, a binary document as its bytes,
+    any other JSON value (Couchbase keeps strings, numbers, arrays ... as documents) as its JSON text."""
+    if isinstance(value, dict):
+        if len(value) == 1 and BINARY in value:
+            return bytes(value[BINARY])
+        return value
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _lookup_entry(doc: Any, op: str, path: str) -> dict[str, Any]:
+    """One entry of lookupIn's result: `{value, success: true}`, or `{success: false}` for a missing path
+    (`exists` gives whether the path is there)."""
+    node = doc
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return {"value": False, "success": True} if op == "exists" else {"success": False}
+        node = node[part]
+    return {"value": True if op == "exists" else node, "success": True}
+
+
+def _builtin(name: str, text: str) -> str:
+    value = json.loads(text)
+    if name == "crc64":
+        return handler_api.crc64(value)
+    if name == "crc_64_go_iso":
+        return handler_api.crc_64_go_iso(value)
+    if name == "base64_encode":
+        return handler_api.base64_encode(value)
+    if name == "base64_decode":
+        return handler_api.base64_decode(value)
+    if name in ("f32_encode", "f64_encode"):
+        fmt = "f" if name == "f32_encode" else "d"
+        return base64.b64encode(struct.pack(f"<{len(value)}{fmt}", *value)).decode()
+    if name in ("f32_decode", "f64_decode"):
+        fmt, size = ("f", 4) if name == "f32_decode" else ("d", 8)
+        raw = base64.b64decode(value)
+        return json.dumps(list(struct.unpack(f"<{len(raw) // size}{fmt}", raw)))
+    raise ValueError(f"{name} is not a built-in function")
+
+
+# -- what the runner calls ---------------------------------------------------------------------------------
+
+
+def _as_json(value: Any) -> Any:
+    """A runner argument as the JSON value JavaScript receives (Couchbase's shapes)."""
+    from eventing.handler import DeleteOptions, DeployAction, Meta
+
+    if isinstance(value, Meta):
+        out = {"cas": str(value.cas), "id": value.id, "expiration": value.expiration, "flags": value.flags,
+               "vb": value.vb, "seq": value.seq, "datatype": value.datatype, "keyspace": value.keyspace}
+        previous = value.previous
+        if previous is not None:
+            out["previous"] = previous
+        return out
+    if isinstance(value, DeleteOptions):
+        return {"expired": value.expired}
+    if isinstance(value, DeployAction):
+        return {"reason": value.reason, "delay": value.delay}
+    if isinstance(value, bytes):
+        return _js_doc(value)[0]
+    return value
