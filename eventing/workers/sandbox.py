@@ -53,17 +53,13 @@ def ray_private_paths() -> list[str]:
     """On a Ray worker, Ray's folders on this node (every worker's logs, the sockets, spilled objects, other
     sessions), all but the code Ray ships to workers (the session's ``runtime_resources``, which a node
     that cannot see the checkout imports this project from). Empty where this process is not a Ray worker."""
-    ray = sys.modules.get("ray")
-    node = getattr(getattr(getattr(ray, "_private", None), "worker", None), "global_worker", None)
-    node = getattr(node, "node", None)
-    if node is None:
-        return []
     try:
+        node = sys.modules["ray"]._private.worker.global_worker.node  # None in a driver not connected
         temp, session = node.get_temp_dir_path(), node.get_session_dir_path()
         paths = [e.path for e in os.scandir(temp) if e.path != session and not e.is_symlink()]
         paths += [e.path for e in os.scandir(session) if e.name != "runtime_resources" and not e.is_symlink()]
-    except (AttributeError, OSError):
-        return []
+    except (KeyError, AttributeError, OSError):
+        return []  # not a Ray process
     return paths
 
 

@@ -75,6 +75,18 @@ def eventing(data_dir: str, *argv: str, wait_s: str = "1") -> subprocess.Complet
     )
 
 
+def set_up_ledger(data_dir: str, *, documents: int = 0, mutations: int = 0) -> None:
+    """Buckets `customers` and `ledger` (customers loaded when `mutations`), and fn_ledger deployed, through
+    the CLI as a user would."""
+    steps = [["bucket", "create", "customers"], ["bucket", "create", "ledger"]]
+    if mutations:
+        steps.append(["bucket", "load", "customers", "--documents", str(documents), "--mutations", str(mutations),
+                      "--seed", "1"])
+    steps.append(["deploy", str(ROOT / "functions" / "fn_ledger.json")])
+    for argv in steps:
+        assert eventing(data_dir, *argv).returncode == 0
+
+
 def one_error_line(done: subprocess.CompletedProcess) -> str:
     output = done.stdout + done.stderr
     assert done.returncode != 0, output
@@ -105,9 +117,7 @@ def logged_mutations(data_dir: str, bucket: str) -> int:
 def test_a_load_and_a_run_on_a_full_disk_stop_with_one_line_and_complete_once_space_is_freed(tmp_path):
     with small_filesystem(tmp_path / "small", FS_MB) as fs:
         data_dir = str(fs / "data")
-        for argv in (["bucket", "create", "customers"], ["bucket", "create", "ledger"],
-                     ["deploy", str(ROOT / "functions" / "fn_ledger.json")]):
-            assert eventing(data_dir, *argv).returncode == 0
+        set_up_ledger(data_dir)
 
         # A load of ~5 MB with 1 MB free: its first batches commit, then the disk is full.
         load = ["bucket", "load", "customers", "--documents", "1000", "--mutations", "20000", "--seed", "1"]
@@ -227,10 +237,7 @@ def test_the_metadata_store_on_a_full_disk_stops_a_run_with_one_line_while_the_b
         data_dir = str(fs / "data")
         Path(data_dir).mkdir()
         (Path(data_dir) / "buckets").symlink_to(roomy)
-        for argv in (["bucket", "create", "customers"], ["bucket", "create", "ledger"],
-                     ["bucket", "load", "customers", "--documents", "1000", "--mutations", "20000", "--seed", "1"],
-                     ["deploy", str(ROOT / "functions" / "fn_ledger.json")]):
-            assert eventing(data_dir, *argv).returncode == 0
+        set_up_ledger(data_dir, documents=1_000, mutations=20_000)
 
         filler = fill_leaving(fs, 64 << 10)
         run = ["run", "--until-caught-up", "--executor", "in-process", "--quiet"]
@@ -249,10 +256,7 @@ def test_the_metadata_store_on_a_full_disk_stops_a_run_with_one_line_while_the_b
 def test_a_run_on_ray_workers_on_a_full_disk_stops_with_one_line_and_completes_once_space_is_freed(tmp_path):
     with small_filesystem(tmp_path / "small", FS_MB) as fs:
         data_dir = str(fs / "data")
-        for argv in (["bucket", "create", "customers"], ["bucket", "create", "ledger"],
-                     ["bucket", "load", "customers", "--documents", "1000", "--mutations", "20000", "--seed", "1"],
-                     ["deploy", str(ROOT / "functions" / "fn_ledger.json")]):
-            assert eventing(data_dir, *argv).returncode == 0
+        set_up_ledger(data_dir, documents=1_000, mutations=20_000)
 
         filler = fill_leaving(fs, 2 << 20)
         run = ["run", "--until-caught-up", "--executor", "ray", "--quiet"]
@@ -279,10 +283,7 @@ def overwrite_middle(path: Path, size: int = 16_384) -> None:
 @pytest.mark.parametrize("damage", ["overwritten in the middle", "truncated"])
 def test_a_damaged_bucket_file_stops_get_load_and_run_with_one_line(tmp_path, damage):
     data_dir = str(tmp_path / "data")
-    for argv in (["bucket", "create", "customers"], ["bucket", "create", "ledger"],
-                 ["bucket", "load", "customers", "--documents", "500", "--mutations", "5000", "--seed", "1"],
-                 ["deploy", str(ROOT / "functions" / "fn_ledger.json")]):
-        assert eventing(data_dir, *argv).returncode == 0
+    set_up_ledger(data_dir, documents=500, mutations=5_000)
     path = Path(data_dir) / "buckets" / "customers.sqlite3"
     if damage == "truncated":
         os.truncate(path, path.stat().st_size // 2)
