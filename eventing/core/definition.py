@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from eventing.core import durations, filters
-from eventing.core.keyspaces import DEFAULT, WILDCARD, Keyspace
+from eventing.core.keyspaces import DEFAULT, Keyspace
 from eventing.core.names import check_bucket_name
 from eventing.errors import ConfigError
 from eventing.handler import RESERVED_NAMES
@@ -70,7 +70,8 @@ class FunctionDefinition:
     name: str
     source_bucket: str
     # With source_bucket, the keyspace whose mutations the function handles (Couchbase's field names);
-    # source_collection "*" takes every collection of the scope (Couchbase 7.1).
+    # source_collection "*" takes every collection of the scope, and source_scope "*" with it every
+    # collection of the bucket (Couchbase 7.1).
     source_scope: str = DEFAULT
     source_collection: str = DEFAULT
     handler: str = ""  # where the handler came from (file path or module), for humans
@@ -131,9 +132,7 @@ class FunctionDefinition:
             if data.get(key) is not None and not isinstance(data[key], str):
                 raise ConfigError(f"{key} of function '{name}' must be a name, not {data[key]!r}")
         source = Keyspace.of(data["source_bucket"], data.get("source_scope"), data.get("source_collection"))
-        if source.scope == WILDCARD:
-            raise ConfigError(f"source_scope of function '{name}' cannot be '*'; name the scope (a collection may be '*')")
-        source.check(wildcard=True)
+        source.check(wildcard=True)  # `*.*` or `scope.*` (Couchbase 7.1); `*.collection` is refused
         bindings = []
         for raw in data.get("bindings", []):
             if isinstance(raw, str):  # "alias=bucket:rw"
@@ -149,7 +148,7 @@ class FunctionDefinition:
                         raw.get("scope") or DEFAULT, raw.get("collection") or DEFAULT)
             _check_alias("binding alias", b.alias, name)
             check_bucket_name(b.bucket)
-            b.keyspace.check()
+            b.keyspace.check(wildcard=True)  # a wildcard binding: couchbase.* accessors with meta.keyspace
             if b.access not in ("r", "rw"):
                 raise ConfigError(f"binding '{b.alias}' of function '{name}' has access {b.access!r}; use 'r' or 'rw'")
             bindings.append(b)

@@ -31,7 +31,9 @@ _QUOTED = re.compile(r"^`([^`]+)`(?:\.([^.`]+)\.([^.`]+))?$")
 
 @dataclass(frozen=True, order=True)
 class Keyspace:
-    """`bucket.scope.collection`; `collection` may be `*` (every collection of the scope) for a source."""
+    """`bucket.scope.collection`. For a source or a binding, `collection` may be `*` (every collection of the
+    scope), and `scope` too when `collection` is (`bucket.*.*`: every collection of the bucket), as in
+    Couchbase 7.1."""
 
     bucket: str
     scope: str = DEFAULT
@@ -65,10 +67,22 @@ class Keyspace:
     def is_wildcard(self) -> bool:
         return self.collection == WILDCARD
 
+    def covers(self, other: Keyspace) -> bool:
+        """Whether `other` (a collection) is this keyspace or one of the collections its wildcards take."""
+        return self.bucket == other.bucket and self.scope in (WILDCARD, other.scope) and (
+            self.collection in (WILDCARD, other.collection)
+        )
+
     def check(self, *, wildcard: bool = False) -> Keyspace:
-        """Raise ConfigError naming the bad part unless scope and collection are valid names."""
+        """Raise ConfigError naming the bad part unless scope and collection are valid names (with
+        `wildcard`, `*` for the collection, or for both)."""
+        if wildcard and self.scope == WILDCARD and self.collection != WILDCARD:
+            raise ConfigError(
+                f"keyspace '{self}' takes every scope but one collection name; use '{self.bucket}.*.*' "
+                "or name the scope"
+            )
         for kind, name in (("scope", self.scope), ("collection", self.collection)):
-            if name == DEFAULT or (kind == "collection" and wildcard and name == WILDCARD):
+            if name == DEFAULT or (wildcard and name == WILDCARD):
                 continue
             if not isinstance(name, str) or not _NAME.match(name):
                 raise ConfigError(

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from eventing import handler as handler_api
 from eventing.errors import HandlerLoadError
+from eventing.execution.wildcard_bindings import WildcardBinding
 
 if TYPE_CHECKING:
     from eventing.execution.javascript import JsHandler
@@ -62,8 +63,8 @@ def _make_host(STPyV8: Any, h: JsHandler) -> Any:
         def remove(self, alias, key):
             return guarded(remove, alias, key)
 
-        def op(self, name, alias, key, cas, expiry, doc, extra):
-            return guarded(_advanced, h.binding, name, alias, key, cas, expiry, doc, extra)
+        def op(self, name, alias, key, cas, expiry, doc, extra, keyspace):
+            return guarded(_advanced, h.binding, name, alias, key, cas, expiry, doc, extra, keyspace)
 
         def log(self, text):
             return guarded(log, text)
@@ -111,14 +112,20 @@ _ERRORS = {
 
 
 def _advanced(binding_of: Any, name: str, alias: str, key: str, cas: str | None, expiry: float, doc: str,
-              extra: str) -> str:
+              extra: str, keyspace: str = "null") -> str:
     """One couchbase.* call as the JSON text of Couchbase's result object, keys in Couchbase's order:
     `{doc, meta: {id, cas, expiry_date, datatype}, success}` for get and lookupIn (lookupIn's doc lists
     `{value, success}` per spec), `{doc: {count}, meta, success}` for the counters, `{meta: {id, cas,
     expiry_date}, success}` for the writes, `{error: {code, name, desc, <flag>: true}, success: false}` on
     failure. A write's cas is the one the next read of the document sees (see BucketBinding); its
-    expiry_date the expiry it set (none for touch and delete), a read's the document's."""
+    expiry_date the expiry it set (none for touch and delete), a read's the document's. `keyspace` (the
+    meta's, as JSON) picks the collection of a wildcard binding (eventing.execution.wildcard_bindings); a
+    binding of one collection goes by its own, whatever the meta says."""
     b = binding_of(alias)
+    if isinstance(b, WildcardBinding):
+        named = json.loads(keyspace)
+        if named is not None:
+            b = b.in_keyspace(named)
     body = _stored(json.loads(doc))
     cas_value = int(cas) if cas is not None else None
     ttl: Any = expiry if expiry else 0

@@ -65,7 +65,8 @@ function __expiry(meta) {
 }
 function __op(name, binding, meta, doc, extra) {
   var cas = (meta && meta.cas !== undefined) ? String(meta.cas) : null;
-  var res = __j(__host.op(name, __alias(binding), __id(meta), cas, __expiry(meta), __doc(doc), __text(extra)));
+  var res = __j(__host.op(name, __alias(binding), __id(meta), cas, __expiry(meta), __doc(doc), __text(extra),
+                          __text(meta.keyspace)));
   if (res.meta && res.meta.expiry_date) { res.meta.expiry_date = new Date(res.meta.expiry_date * 1000); }
   if (res.doc !== undefined) { res.doc = __docOf(res.doc); }
   return res;

@@ -33,6 +33,7 @@ from eventing.execution.context import CallContext
 from eventing.execution.curl import CurlClient, UrlBinding
 from eventing.execution.loader import load_handler
 from eventing.execution.timers import TimerTable
+from eventing.execution.wildcard_bindings import WildcardBinding
 from eventing.handler import DeleteOptions, Meta
 from eventing.storage.factory import open_bucket
 from eventing.storage.keyspace import collection_id
@@ -124,8 +125,11 @@ class HandlerRunner:
                 self.buckets[b.bucket] = open_bucket(b.bucket)
             buffer = buffers.setdefault(b.bucket, EffectBuffer())  # aliases of one bucket share writes
             bucket = self.buckets[b.bucket]
-            prefix = key_prefix(collection_id(bucket, b.keyspace))  # the binding's collection (a NotFoundError names it)
-            binding = BucketBinding(b.alias, bucket, b.access, function, buffer, prefix)
+            if b.keyspace.is_wildcard:  # several collections, reached with the document's keyspace
+                binding: BucketBinding = WildcardBinding(b.alias, bucket, b.access, function, buffer, b.keyspace)
+            else:
+                prefix = key_prefix(collection_id(bucket, b.keyspace))  # the binding's collection (a NotFoundError names it)
+                binding = BucketBinding(b.alias, bucket, b.access, function, buffer, prefix)
             injected[b.alias] = binding
             self.bindings.append(binding)
         self.rw_bindings = [b for b in self.bindings if b.access == "rw"]

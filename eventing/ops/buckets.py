@@ -1,7 +1,8 @@
 """Bucket and collection administration that must agree with the functions using them: dropping or
 flushing a bucket is refused while a deployed or paused function reads it as its source or writes it
-through a binding; dropping a collection undeploys such functions first, as Couchbase does. Flushing a collection deletes its documents one delete mutation
-each, which the functions reading it handle like any other."""
+through a binding; dropping a collection undeploys the functions naming it first, as Couchbase does (not
+those taking it through a wildcard, `scope.*` or `*.*`, which run on without it). Flushing a collection
+deletes its documents one delete mutation each, which the functions reading it handle like any other."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import logging
 from dataclasses import dataclass
 
 from eventing.control import lifecycle
-from eventing.core.keyspaces import DEFAULT, WILDCARD, Keyspace
+from eventing.core.keyspaces import Keyspace
 from eventing.core.mutation import OP_DELETE
 from eventing.errors import LifecycleError, NotFoundError, StoreCorruptError
 from eventing.storage import keyspace as keyspaces
@@ -26,6 +27,8 @@ class BucketUse:
     function: str
     state: str
     role: str  # "source" or "binding 'alias' (rw|r)"
+    # The use is through a wildcard (`scope.*`, `*.*`): dropping one collection leaves the function deployed.
+    wildcard: bool = False
 
 
 def bucket_uses(data_dir: str, bucket: str) -> list[BucketUse]:
@@ -42,21 +45,21 @@ def bucket_uses(data_dir: str, bucket: str) -> list[BucketUse]:
 
 
 def collection_uses(data_dir: str, keyspace: Keyspace) -> list[BucketUse]:
-    """Every stored function whose source keyspace takes the collection (by name, or `*` of its scope) or
-    that binds it, in any state."""
+    """Every stored function whose source keyspace takes the collection (by name, or through a wildcard:
+    `scope.*`, `*.*`) or that binds it, in any state."""
     uses = []
     for r in _function_records(data_dir):
         d = r.definition
-        if d.get("source_bucket") == keyspace.bucket and (d.get("source_scope") or DEFAULT) == keyspace.scope and (
-            d.get("source_collection") or DEFAULT
-        ) in (keyspace.collection, WILDCARD):
-            uses.append(BucketUse(r.name, r.state.value, "source"))
+        source = Keyspace.of(d.get("source_bucket", ""), d.get("source_scope"), d.get("source_collection"))
+        if source.covers(keyspace):
+            uses.append(BucketUse(r.name, r.state.value, "source", source.is_wildcard))
         for b in d.get("bindings", []):
             bound = Keyspace.of(b.get("bucket", ""), b.get("scope"), b.get("collection"))
             if "scope" not in b and isinstance(b.get("bucket"), str):
                 bound = Keyspace.parse(b["bucket"])  # a binding written as "bucket.scope.collection"
-            if bound == keyspace:
-                uses.append(BucketUse(r.name, r.state.value, f"binding '{b.get('alias')}' ({b.get('access')})"))
+            if bound.covers(keyspace):
+                uses.append(BucketUse(r.name, r.state.value, f"binding '{b.get('alias')}' ({b.get('access')})",
+                                      bound.is_wildcard))
     return uses
 
 
@@ -163,16 +166,18 @@ def drop_collection(data_dir: str, keyspace: str | Keyspace) -> dict:
             undeployed.append({"function": function, "role": roles})
             log.warning("function %s undeployed: collection '%s' (its %s) is dropped", function, ks, roles)
     documents = keyspaces.drop_collection(data_dir, ks)
-    named = sorted({u.function for u in uses} - {u["function"] for u in undeployed})
+    named = sorted({u.function for u in uses if not u.wildcard} - {u["function"] for u in undeployed})
     return {"keyspace": str(ks), "bucket": ks.bucket, "scope": ks.scope, "collection": ks.collection,
             "documents": documents, "undeployed_functions": undeployed, "named_by_undeployed_functions": named}
 
 
 def _active_roles(uses: list[BucketUse]) -> dict[str, str]:
     """Function -> the roles the collection has in it ("source", "binding 'out' (rw)"), for the functions
-    that are not undeployed."""
+    that are not undeployed. A wildcard source or binding (`scope.*`, `*.*`) is no such role: as in
+    Couchbase, the function stays deployed and only stops seeing the collection's mutations (its worker
+    passes them over, eventing.workers.collections); its accessors find the collection gone."""
     roles: dict[str, list[str]] = {}
     for u in uses:
-        if u.state != FunctionState.UNDEPLOYED.value:
+        if u.state != FunctionState.UNDEPLOYED.value and not u.wildcard:
             roles.setdefault(u.function, []).append(u.role)
     return {function: " and ".join(r) for function, r in roles.items()}

@@ -31,7 +31,7 @@ import msgpack
 
 from eventing.core.definition import FunctionDefinition
 from eventing.core.filters import compile_filter
-from eventing.core.keyspaces import DEFAULT, Keyspace, split_stored_key
+from eventing.core.keyspaces import Keyspace, split_stored_key
 from eventing.core.mutation import Mutation
 from eventing.errors import ConfigError, LifecycleError
 from eventing.storage.factory import open_bucket
@@ -354,11 +354,11 @@ def verify_function(data_dir: str, function: str, *, ledger: str | None = None) 
 
 
 def source_collection_ids(source: FileBucket, keyspace: Keyspace) -> set[int]:
-    """The ids of the collections a source keyspace takes (every collection of its scope for `*`)."""
+    """The ids of the collections a source keyspace takes (for `scope.*` and `*.*`, every one it covers)."""
     if not keyspace.is_wildcard:
         return {collection_id(source, keyspace)}
-    ids = {cid for (scope, _), cid in source.collections().items() if scope == keyspace.scope}
-    return ids | ({0} if keyspace.scope == DEFAULT else set())
+    ids = {cid for (s, c), cid in source.collections().items() if keyspace.covers(Keyspace(keyspace.bucket, s, c))}
+    return ids | ({0} if keyspace.covers(Keyspace(keyspace.bucket)) else set())
 
 
 def _rewind_notes(rewinds: Sequence[Mapping[str, Any]]) -> list[str]:

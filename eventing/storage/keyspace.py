@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Self
 
-from eventing.core.keyspaces import COLLECTION_MARK, DEFAULT, Keyspace, check_user_key, key_prefix
+from eventing.core.keyspaces import COLLECTION_MARK, DEFAULT, WILDCARD, Keyspace, check_user_key, key_prefix
 from eventing.core.mutation import OP_DELETE, OP_UPDATE, decode_document, encode_document
 from eventing.errors import ConfigError, NotFoundError
 from eventing.storage.factory import open_bucket
@@ -51,7 +51,7 @@ def check_keyspace_exists(bucket: Bucket, keyspace: Keyspace) -> None:
     """NotFoundError naming the fix unless the keyspace's collection (for `*`, its scope) exists."""
     if keyspace.is_wildcard:
         keyspace.check(wildcard=True)
-        if keyspace.scope != DEFAULT and not any(s == keyspace.scope for s, _ in bucket.collections()):
+        if keyspace.scope not in (DEFAULT, WILDCARD) and not any(s == keyspace.scope for s, _ in bucket.collections()):
             raise NotFoundError(
                 f"scope '{keyspace.scope}' of keyspace '{keyspace}' does not exist; create a collection in it with "
                 f"`eventing collection create {keyspace.bucket}.{keyspace.scope}.NAME`"

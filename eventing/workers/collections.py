@@ -5,15 +5,19 @@ own keys and `meta.keyspace`."""
 
 from __future__ import annotations
 
+import time
 from itertools import groupby
 from operator import itemgetter
 
-from eventing.core.keyspaces import COLLECTION_MARK, DEFAULT, Keyspace, split_stored_key
+from eventing.core.keyspaces import COLLECTION_MARK, Keyspace, split_stored_key
 from eventing.storage.protocol import Bucket
 
 COLLECTION_MARK_BYTES = COLLECTION_MARK.encode()
 _ABOVE_MARK = chr(ord(COLLECTION_MARK) + 1)
 _key_of = itemgetter(2)  # rows are (vb, seqno, key, ...)
+# The registry is read again at least this often, so a collection dropped while the function runs stops
+# reaching its handler within that time (a new one is found at its first row, without waiting).
+REGISTRY_TTL_S = 1.0
 
 
 class SourceCollections:
@@ -29,14 +33,14 @@ class SourceCollections:
         self._refresh()
 
     def _refresh(self) -> None:
+        self._read_at = time.monotonic()
         self._ids = {cid: Keyspace(self.bucket.name, s, c) for (s, c), cid in self.bucket.collections().items()}
 
     def _wanted(self, cid: int) -> Keyspace | None:
         """The keyspace of collection `cid` if the function reads it, else None."""
         if cid == 0:
-            return Keyspace(self.bucket.name) if self.source_is_default or (
-                self.source.is_wildcard and self.source.scope == DEFAULT
-            ) else None
+            default = Keyspace(self.bucket.name)
+            return default if self.source.covers(default) else None
         keyspace = self._ids.get(cid)
         if keyspace is None and cid not in self._gone:
             # A collection is registered before any write to it, so a row's id unknown here was created
@@ -46,11 +50,10 @@ class SourceCollections:
             keyspace = self._ids.get(cid)
             if keyspace is None:
                 self._gone.add(cid)
-        if keyspace is None:
-            return None
-        if keyspace.scope != self.source.scope:
-            return None
-        return keyspace if self.source.is_wildcard or keyspace.collection == self.source.collection else None
+        # `scope.*` and `*.*` take the collections created while the function runs as well: a new id is
+        # looked up above at its first row. A dropped collection's rows are passed over once the registry
+        # read no longer lists it (the function is not undeployed, as in Couchbase; see eventing.ops.buckets).
+        return keyspace if keyspace is not None and self.source.covers(keyspace) else None
 
     def mixed(self, rows: list) -> bool:
         """Whether a run holds rows that are not plain rows of the default collection, or the function reads
@@ -65,6 +68,8 @@ class SourceCollections:
         """Consecutive groups of rows: (meta.keyspace, rows with their own keys) for the source's rows,
         (None, rows) for rows to pass over; in log order."""
         out: list[tuple[dict | None, list]] = []
+        if self._ids and time.monotonic() - self._read_at > REGISTRY_TTL_S:
+            self._refresh()
         for cid, group in groupby(rows, key=lambda row: split_stored_key(row[2])[0]):
             members = list(group)
             keyspace = self._wanted(cid)

@@ -80,9 +80,11 @@ class ScopedService:
         named = self._collection(bucket, split_stored_key(key)[0])
         if named is None:
             return False
+        from eventing.core.keyspaces import Keyspace
+
         scope, collection = named
         keyspaces = (self.write_keyspaces if write else self.read_keyspaces).get(bucket, [])
-        return any(k.scope == scope and (k.is_wildcard or k.collection == collection) for k in keyspaces)
+        return any(k.covers(Keyspace(bucket, scope, collection)) for k in keyspaces)  # `scope.*`, `*.*` too
 
     def _prefix_allowed(self, bucket: str, prefix: Any) -> bool:
         from eventing.core.keyspaces import COLLECTION_MARK

@@ -1204,6 +1204,54 @@ def test_document_expiry(data_dir, monkeypatch):
     assert_in_published_order(ours, listing, normalize)
 
 
+@needs_docs
+def test_multi_collection_eventing(data_dir):
+    """multiCollectionEventing, page 'Function: Multi Collection Eventing'
+    (eventing-handler-multiCollectionEventing.adoc): a function over `source.*.*` with two bindings over
+    `source.myscope.*`, reached by couchbase.* with a hard-coded keyspace or the handler's meta. The page's
+    three documents are written one at a time, each handled before the next; its log (newest first per
+    document) compared in time order: the logged metas by id, expiration, flags, vb, datatype and keyspace
+    (Couchbase adds its collection id, `cid`; seq and cas depend on the cluster), the results as in
+    _normalized, random1/random2 as random numbers. The function's own writes to source.myscope.mycol2
+    (its source) do not run it again, and doc2 is left as it was written (the insert after the delete)."""
+    name = "eventing-handler-multiCollectionEventing"
+    app = Eventing(data_dir, executor="in-process")
+    app.create_bucket("source")
+    for ks in ("source.myscope.mycol1", "source.myscope.mycol2"):
+        app.create_collection(ks)
+    wildcard = {"bucket": "source", "scope": "myscope", "collection": "*"}
+    app.deploy({"name": FUNCTION, "source_bucket": "source", "source_scope": "*", "source_collection": "*",
+                "language": "javascript", "bindings": [{"alias": "alias_ro", **wildcard, "access": "r"},
+                                                       {"alias": "alias_rw", **wildcard, "access": "rw"}]},
+               handlers(name)[0])
+    given = re.findall(r"UPSERT INTO (\S+) \(KEY,VALUE\) VALUES \(\s*\"([^\"]+)\"", blocks(name, "sqlpp")[0])
+    assert [k for _, k in given] == ["doc0", "doc1", "doc2"]
+    for keyspace, key in given:
+        statement = blocks(name, "sqlpp")[0]
+        doc = json_at(statement, statement.index(f'"{key}"'))
+        app.upsert(keyspace.replace("._default._default", ""), key, doc)
+        run(app)
+
+    def normalize(message: list[Any]) -> list[Any]:
+        if message[0] == ">>>A IN":
+            meta = message[2]
+            return [message[0], message[1],
+                    {k: meta[k] for k in ("id", "expiration", "flags", "vb", "datatype", "keyspace")}]
+        out = _normalized(message)
+        doc = out[-1].get("doc") if isinstance(out[-1], dict) else None
+        for field in ("random1", "random2"):
+            if isinstance(doc, dict) and isinstance(doc.get(field), float):
+                doc[field] = "<random>"
+        return out
+
+    ours = logged(app)
+    assert [m[0] for m in ours].count(">>>A IN") == 3  # once per document: never for its own writes
+    assert_in_published_order(ours, blocks(name, "log")[0], normalize)
+    assert logged(app)[-1][-1]["success"] is True
+    assert app.get("source.myscope.mycol2", "doc2") == {"data": "doc2"}
+    assert app.get("source.myscope.mycol1", "doc1") == {"data": "doc1"} and app.get("source", "doc0") == {"data": "doc0"}
+
+
 def _binary_kv(data_dir: str) -> tuple[Eventing, str, list[str]]:
     name = "eventing-handler-basicBinaryKV"
     given, first, second = blocks(name, "json")
