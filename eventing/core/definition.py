@@ -63,6 +63,7 @@ class Binding:
 
 
 LANGUAGES = ("python", "javascript")
+MAX_CONCURRENCY = 64  # handler calls in flight per worker (threads of its pool)
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,9 @@ class FunctionDefinition:
     checkpoint_interval: timedelta = timedelta(seconds=1)
     execution_timeout: timedelta = timedelta(seconds=60)
     batch_size: int = 1000  # mutations a worker handles before flushing their effects; a step takes one or more
+    # Handler calls a worker runs at once, each for a different document (one document's mutations still run
+    # one after another, in seqno order); for handlers that wait on I/O. 1 runs them one at a time.
+    concurrency: int = 1
     retries: int = 0  # extra attempts after a handler error before the mutation goes to the DLQ
     retry_backoff: timedelta = timedelta(milliseconds=100)  # doubles after each attempt
     max_document_bytes: int = 1024 * 1024  # larger documents go to the DLQ as `oversize`
@@ -192,6 +196,23 @@ class FunctionDefinition:
                 raise ConfigError(f"{key} of function '{name}' must be an integer >= {low}, not {value!r}")
         if kwargs.get("worker_count", 1) > 64:
             raise ConfigError(f"worker_count of function '{name}' is {kwargs['worker_count']}; the maximum is 64")
+        concurrency = kwargs.get("concurrency", 1)
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not 1 <= concurrency <= MAX_CONCURRENCY:
+            raise ConfigError(
+                f"concurrency of function '{name}' is {concurrency!r}; give an integer from 1 to {MAX_CONCURRENCY} "
+                "(handler calls a worker runs at once, for different documents)"
+            )
+        if concurrency > 1 and kwargs.get("language", "python") != "python":
+            raise ConfigError(
+                f"concurrency of function '{name}' is {concurrency}; JavaScript handlers run one call at a time "
+                "(concurrency 1): raise worker_count instead"
+            )
+        for key in ("window", "previous_version"):
+            if concurrency > 1 and kwargs.get(key):
+                raise ConfigError(
+                    f"concurrency of function '{name}' is {concurrency}, which {key} does not take (it follows "
+                    "the log one mutation at a time): use concurrency 1, or raise worker_count instead"
+                )
         if not isinstance(kwargs.get("previous_version", False), bool):
             raise ConfigError(f"previous_version of function '{name}' must be true or false")
         if kwargs.get("language", "python") not in LANGUAGES:

@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import copy
 import re
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from operator import itemgetter
 from typing import Any
 
 from eventing.core.keyspaces import check_user_key
@@ -56,6 +58,44 @@ class EffectBuffer:
         self.conditional = False  # the call in progress made a write with a cas condition or a delta
         self.expiries: dict[str, int] = {}  # expiry of pending writes that set one (advanced accessors)
         self.ops: Counter[str] = Counter()  # accessor outcomes (bkt_ops_cas_mismatch_count, ...), taken by the worker
+
+
+class _CallWrites(threading.local):
+    """What EffectBuffer holds for the call in progress, one copy per thread."""
+
+    def __init__(self) -> None:
+        self.current: list[Write] = []
+        self.current_overlay: dict[str, bytes | None] = {}
+        self.source: tuple[int, int] = (0, 0)
+        self.conditional = False
+
+
+def _per_thread(name: str) -> Any:
+    return property(lambda self: getattr(self._call, name), lambda self, value: setattr(self._call, name, value))
+
+
+class ConcurrentEffectBuffer(EffectBuffer):
+    """An EffectBuffer for a function whose worker runs several calls at once (`concurrency` > 1), one per
+    thread: the call in progress is the thread's own; what calls keep is shared (the pool keeps one call's
+    writes at a time).
+    Calls of different documents keep their writes in the order they return, not their source seqnos, so
+    `in_seqno_order` sorts them back once the batch's calls are done: a vBucket's effect mark moves to the
+    highest seqno applied, and a lower seqno applied after it would be skipped as a duplicate."""
+
+    current = _per_thread("current")
+    current_overlay = _per_thread("current_overlay")
+    source = _per_thread("source")
+    conditional = _per_thread("conditional")
+
+    def __init__(self) -> None:
+        self._call = _CallWrites()
+        super().__init__()
+
+    def in_seqno_order(self) -> None:
+        """Each vBucket's kept writes by source seqno (stable: one call's writes stay in the order made)."""
+        by_seqno = itemgetter(0)
+        for group in self.groups.values():
+            group.writes.sort(key=by_seqno)
 
 
 # Couchbase reads an expiry below 30 days as relative seconds, above as an absolute epoch time.

@@ -3,13 +3,21 @@ watches the call (a worker's watchdog and hang guard, from a signal handler or a
 
 Whoever runs a handler sets it before the call (`begin`, or the same three fields written inline on a
 worker's hot path) and clears `active` when the call returns or raises; everyone else only reads it.
+
+A function with `concurrency` > 1 runs calls on a worker's pool threads too (eventing.workers.concurrent_calls):
+each pool thread has a `LaneContext` of its own, bound to the thread, and what a handler calls into asks
+`context.here()` for the call of the thread it runs on.
 """
 
 from __future__ import annotations
 
+import ctypes
+import threading
 import time
 
 from eventing.core.mutation import Mutation
+
+_thread = threading.local()  # .context: the LaneContext of a pool thread (absent on every other thread)
 
 
 class CallContext:
@@ -32,3 +40,51 @@ class CallContext:
     def remaining_s(self) -> float:
         """Seconds left of execution_timeout for the call in flight (all of it outside a call)."""
         return self.deadline - time.monotonic() if self.active else self.timeout_s
+
+    def here(self) -> CallContext:
+        """The context of the call running on this thread: a pool thread's own, else this shared one."""
+        return getattr(_thread, "context", None) or self
+
+
+class LaneContext(CallContext):
+    """The call in flight on one pool thread. Its execution_timeout is enforced by a watcher thread that
+    raises HandlerTimeout inside the call (`interrupt`): SIGALRM reaches only the main thread. `lock` makes
+    the watcher's decision and the call's end exclusive, so the exception is raised only while the call
+    runs, and one raised as the call returned is cancelled before it can land in the worker's own code."""
+
+    __slots__ = ("lock", "fired", "ident")
+
+    def __init__(self, timeout_s: float):
+        super().__init__(timeout_s)
+        self.lock = threading.Lock()
+        self.fired = False  # a timeout was raised into this call
+        self.ident = 0  # the pool thread's id
+
+    def bind(self) -> None:
+        """Make this the context of the calling thread (the pool thread that runs its calls)."""
+        self.ident = threading.get_ident()
+        _thread.context = self
+
+    def interrupt(self, now: float, exc: type[BaseException]) -> bool:
+        """From the watcher: raise `exc` in the call if it overran; True when it did. Raised once a call:
+        `active` stays set, so a call that swallows it is still seen by the hang guard's recycling."""
+        with self.lock:
+            if not self.active or self.fired or now < self.deadline:
+                return False
+            self.fired = True
+            _async_raise(self.ident, exc)
+            return True
+
+    def finish(self) -> None:
+        """On the pool thread, when the call returned or raised: no timeout can land after this."""
+        with self.lock:
+            self.active = False
+            fired, self.fired = self.fired, False
+            if fired:
+                _async_raise(self.ident, None)  # cancel it if it is still pending (the call returned first)
+
+
+def _async_raise(ident: int, exc: type[BaseException] | None) -> None:
+    """Raise `exc` in thread `ident` at its next bytecode (None: cancel one not raised yet). It does not
+    break a blocking C call (a sleep, a read): the call sees it when that returns."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(exc) if exc else None)

@@ -12,6 +12,7 @@ import base64
 import http.cookiejar
 import json
 import ssl
+import threading
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -55,6 +56,7 @@ class CurlClient:
         self.bindings = {id(b): b for b in bindings}
         self.max_response_bytes = max_response_bytes
         self.ops: Counter[str] = Counter()  # curl_success_count, ... taken by the worker
+        self._ops_lock = threading.Lock()  # calls of a function with concurrency > 1 count from several threads
         # One cookie jar per binding that allows cookies, kept for the runner's life (Couchbase's session).
         self.cookies = {id(b): http.cookiejar.CookieJar() for b in bindings if b.allow_cookies}
 
@@ -63,7 +65,7 @@ class CurlClient:
             raise CurlError(f"curl method {method!r} is not one of {', '.join(METHODS)}")
         method = method.upper()
         if not isinstance(binding, UrlBinding) or id(binding) not in self.bindings:
-            self.ops["curl_unbound_count"] += 1
+            self._count("curl_unbound_count")
             raise CurlError(
                 f"curl target {binding!r} is not a URL binding of this function; add it to 'url_bindings' in "
                 "the definition and pass the binding's alias, for example curl('GET', api, {'path': '/x'})"
@@ -109,29 +111,34 @@ class CurlClient:
         opener = urllib.request.build_opener(*handlers)
         # The call counts against execution_timeout: it may take what is left of it, less a margin so the
         # handler sees a CurlError before the worker's watchdog abandons the whole call.
-        left = self.context.remaining_s()
+        call = self.context.here()  # the call of this thread (a worker's pool thread has its own)
+        left = call.remaining_s()
         left = left - min(0.2, left / 4)
         req = urllib.request.Request(url, data=data, method=method, headers=headers)
-        self.ops[f"curl_{method.lower()}_count"] += 1
+        self._count(f"curl_{method.lower()}_count")
         try:
             with opener.open(req, timeout=max(0.05, left)) as resp:  # noqa: S310 - bound URL
                 status, raw_headers, payload = resp.status, dict(resp.headers.items()), self._read(resp)
         except urllib.error.HTTPError as exc:
             status, raw_headers, payload = exc.code, dict(exc.headers.items()), self._read(exc)
         except TimeoutError:
-            self.ops["curl_timeout_count"] += 1
-            raise CurlError(f"curl {method} {url} timed out (execution_timeout {self.context.timeout_s}s)") from None
+            self._count("curl_timeout_count")
+            raise CurlError(f"curl {method} {url} timed out (execution_timeout {call.timeout_s}s)") from None
         except (urllib.error.URLError, OSError) as exc:
-            self.ops["curl_failure_count"] += 1
+            self._count("curl_failure_count")
             reason = getattr(exc, "reason", exc)
             raise CurlError(f"curl {method} {url} failed: {reason}") from None
-        self.ops["curl_success_count" if status < 400 else "curl_non_2xx_count"] += 1
+        self._count("curl_success_count" if status < 400 else "curl_non_2xx_count")
         return CurlResponse(status, raw_headers, _decode(payload, raw_headers))
+
+    def _count(self, name: str) -> None:
+        with self._ops_lock:
+            self.ops[name] += 1
 
     def _read(self, resp: Any) -> bytes:
         payload = resp.read(self.max_response_bytes + 1)
         if len(payload) > self.max_response_bytes:
-            self.ops["curl_failure_count"] += 1
+            self._count("curl_failure_count")
             raise CurlError(
                 f"curl response is larger than curl_max_response_bytes ({self.max_response_bytes}); "
                 "ask for less or raise the setting"

@@ -28,11 +28,11 @@ from eventing.core.definition import FunctionDefinition
 from eventing.core.keyspaces import key_prefix
 from eventing.core.mutation import OP_EXPIRE, OP_TIMER, OP_UPDATE, Mutation
 from eventing.execution.app_log import AppLogWriter, RemoteAppLog, log_path
-from eventing.execution.bindings import BucketBinding, EffectBuffer
+from eventing.execution.bindings import BucketBinding, ConcurrentEffectBuffer, EffectBuffer
 from eventing.execution.context import CallContext
 from eventing.execution.curl import CurlClient, UrlBinding
 from eventing.execution.loader import load_handler
-from eventing.execution.timers import TimerTable
+from eventing.execution.timers import ConcurrentTimerTable, TimerTable
 from eventing.execution.wildcard_bindings import WildcardBinding
 from eventing.handler import DeleteOptions, Meta
 from eventing.storage.factory import open_bucket
@@ -120,10 +120,14 @@ class HandlerRunner:
         self.bindings: list[BucketBinding] = []
         injected: dict[str, object] = dict(defn.constants)
         buffers: dict[str, EffectBuffer] = {}
+        # Several calls at once (concurrency > 1, eventing.workers.concurrent_calls): the call in progress is
+        # per thread. concurrency 1 keeps the plain classes, whose hot path has no thread-local lookups.
+        self.concurrent = defn.concurrency > 1
+        buffer_class = ConcurrentEffectBuffer if self.concurrent else EffectBuffer
         for b in defn.bindings:
             if b.bucket not in self.buckets:
                 self.buckets[b.bucket] = open_bucket(b.bucket)
-            buffer = buffers.setdefault(b.bucket, EffectBuffer())  # aliases of one bucket share writes
+            buffer = buffers.setdefault(b.bucket, buffer_class())  # aliases of one bucket share writes
             bucket = self.buckets[b.bucket]
             if b.keyspace.is_wildcard:  # several collections, reached with the document's keyspace
                 binding: BucketBinding = WildcardBinding(b.alias, bucket, b.access, function, buffer, b.keyspace)
@@ -138,7 +142,9 @@ class HandlerRunner:
         # The call in flight: read by curl, timers and log(), and by a worker's watchdog and hang guard
         # (another thread or a signal handler).
         self.context = CallContext(self.timeout_s)
-        self.timers = TimerTable(function, defn.timer_context_size, self.context)
+        self.timers = (ConcurrentTimerTable if self.concurrent else TimerTable)(
+            function, defn.timer_context_size, self.context
+        )
         path = source.path  # <data-dir>/buckets/<name>.sqlite3, None behind the data service
         # A worker that cannot see the data directory passes its RemoteAppLog (lines go through the data service).
         self.app_log = app_log or (
@@ -188,9 +194,10 @@ class HandlerRunner:
     def meta(self, m: Mutation) -> Meta:
         return Meta(m.key, m.cas, m.vb, m.seqno, m.expiry, m.flags, "json", self.keyspace)
 
-    def prepare(self, m: Mutation) -> HandlerCall | Rejection:
+    def prepare(self, m: Mutation, keyspace: Any = None) -> HandlerCall | Rejection:
         """What `m` needs: the handler call with its arguments, or why it gets none. Updates are decoded
-        here, once, and checked against max_document_bytes."""
+        here, once, and checked against max_document_bytes. `keyspace` is meta.keyspace when it is not
+        the runner's current one (a call prepared on another thread than the one reading the source)."""
         if m.op == OP_UPDATE:
             if self.on_update is None and not self.windowed:
                 return NO_HANDLER
@@ -204,7 +211,7 @@ class HandlerRunner:
                 return Rejection("undecodable", f"{type(exc).__name__}: {exc}")
             if self.on_update is None:
                 return _new_call(HandlerCall, ("on_update", None, (), doc))
-            meta = Meta(m.key, m.cas, m.vb, m.seqno, m.expiry, m.flags, "json", self.keyspace)
+            meta = Meta(m.key, m.cas, m.vb, m.seqno, m.expiry, m.flags, "json", keyspace or self.keyspace)
             if self.previous is not None:
                 meta.previous = self._previous_version(m)
             return _new_call(HandlerCall, ("on_update", self.on_update, (doc, meta), doc))
@@ -214,7 +221,8 @@ class HandlerRunner:
             self.seen(m)
         if self.on_delete is None:
             return NO_HANDLER
-        args = (self.meta(m), DeleteOptions(expired=m.op == OP_EXPIRE))
+        meta = Meta(m.key, m.cas, m.vb, m.seqno, m.expiry, m.flags, "json", keyspace or self.keyspace)
+        args = (meta, DeleteOptions(expired=m.op == OP_EXPIRE))
         return _new_call(HandlerCall, ("on_delete", self.on_delete, args, None))
 
     def _previous_version(self, m: Mutation) -> dict | None:
@@ -292,7 +300,7 @@ class HandlerRunner:
                         (invoke or _plain_call)(fn, *args)
             except BaseException as exc:
                 context.active = False
-                outcome = self._failed(exc, call, attempt, attempts, first_failed)
+                outcome = self.failed(exc, call, attempt, attempts, first_failed)
                 if isinstance(outcome, Failure):
                     return outcome
                 first_failed = outcome
@@ -326,7 +334,7 @@ class HandlerRunner:
     ) -> Failure | None:
         """`call`'s first attempt, made by the caller itself (a worker's inlined hot loop), raised `exc`:
         what call() would have done from there. Call it inside the `except` block (for the traceback)."""
-        outcome = self._failed(exc, call, 1, attempts, 0.0)
+        outcome = self.failed(exc, call, 1, attempts, 0.0)
         if isinstance(outcome, Failure):
             return outcome
         if on_retry is not None:
@@ -337,7 +345,7 @@ class HandlerRunner:
             first_attempt=2, first_failed=outcome,
         )
 
-    def _failed(
+    def failed(
         self, exc: BaseException, call: HandlerCall, attempt: int, attempts: int, first_failed: float
     ) -> Failure | float:
         """Attempt `attempt` raised `exc` (inside its `except` block): its writes are discarded; the
@@ -405,7 +413,7 @@ class FunctionLog:
         line = " ".join(str(p) for p in parts)
         handler_api.log(line)
         if self.writer is not None:
-            m = self.context.mutation
+            m = self.context.here().mutation
             where = f"{m.vb}:{m.seqno} {m.key}" if m is not None else "-:- -"
             text = line.replace("\r", "\\r").replace("\n", "\\n")
             self.writer.write(f"{self.function} {where} {text}")

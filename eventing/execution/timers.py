@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
@@ -89,7 +90,7 @@ class TimerTable:
                 f"create_timer context is {size} bytes as JSON; timer_context_size is {self.context_limit}; "
                 "store the data in a document and pass its key, or raise timer_context_size"
             )
-        m = self.in_flight.mutation
+        m = self.in_flight.here().mutation
         source = owner_vb(m.vb) if m is not None else 0
         if reference is None:
             where = f"{m.vb}:{m.seqno}" if m is not None else "deploy"
@@ -104,7 +105,7 @@ class TimerTable:
         self._check_reference(reference, "cancel_timer")
         exists = self._exists(name, reference)
         if exists:
-            m = self.in_flight.mutation
+            m = self.in_flight.here().mutation
             source = owner_vb(m.vb) if m is not None else 0
             self.current.append(TimerChange(source, name, reference, vbucket_of(reference), None))
         return exists
@@ -148,6 +149,28 @@ class TimerTable:
     def committed(self, count: int) -> None:
         """The first `count` kept changes are durable (or were fenced): forget them."""
         del self.kept[:count]
+
+
+class _CallChanges(threading.local):
+    def __init__(self) -> None:
+        self.current: list[TimerChange] = []
+
+
+class ConcurrentTimerTable(TimerTable):
+    """The timer table of a function whose worker runs several calls at once (`concurrency` > 1): each
+    thread's call holds its own changes; kept ones join one list (list.extend is atomic)."""
+
+    def __init__(self, function: str, context_limit: int, call_context: CallContext):
+        self._call = _CallChanges()
+        super().__init__(function, context_limit, call_context)
+
+    @property  # type: ignore[override]
+    def current(self) -> list[TimerChange]:
+        return self._call.current
+
+    @current.setter
+    def current(self, value: list[TimerChange]) -> None:
+        self._call.current = value
 
 
 def _due_ms(when: Any) -> int:

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 
 from eventing.core import counters as counter_names
-from eventing.core.mutation import pack_mutation
+from eventing.core.mutation import Mutation, pack_mutation
 from eventing.execution.context import CallContext
 from eventing.execution.runner import HandlerTimeout
 from metadata import DlqRow, MetadataStore, owner_vb
@@ -28,6 +28,9 @@ class HangGuard:
         self.context = context
         self.timeout_s = timeout_s
         self.closed = False  # ends the recycling thread: a pooled worker process outlives its cores
+        # The calls of a worker's pool threads (concurrency > 1, eventing.workers.concurrent_calls): their
+        # timeouts are raised by the pool's own watcher; one that cannot be interrupted is recycled here.
+        self.lanes: list[CallContext] = []
 
     def _tick(self, signum, frame) -> None:
         # Runs in the main thread between bytecodes; only a handler call that overran is interrupted.
@@ -74,11 +77,8 @@ class HangGuard:
         store = None
         while not self.closed:
             time.sleep(0.25)
-            context = self.context
-            m = context.mutation
-            if not context.active or m is None:
-                continue
-            if time.monotonic() < context.deadline + HANG_GRACE_S:
+            m = self._hung()
+            if m is None:
                 continue
             now = time.time()
             row = DlqRow(
@@ -93,6 +93,15 @@ class HangGuard:
                 store.commit(function, {vb: epochs.get(vb, -1)}, {}, [row], {counter_names.WORKERS_RECYCLED: 1})
             finally:
                 os._exit(70)
+
+    def _hung(self) -> Mutation | None:
+        """The mutation of a call (the main thread's or a pool thread's) past execution_timeout + grace."""
+        now = time.monotonic()
+        for context in (self.context, *self.lanes):
+            m = context.mutation
+            if context.active and m is not None and now >= context.deadline + HANG_GRACE_S:
+                return m
+        return None
 
     def close(self) -> None:
         self.closed = True

@@ -25,6 +25,7 @@ from eventing.execution.runner import HandlerRunner
 from eventing.storage.remote import DataAccess, DataServiceRef
 from eventing.storage.values import Spans
 from eventing.windows.runtime.row_writer import WindowRowWriter
+from eventing.workers import concurrent_calls
 from eventing.workers.collections import SourceCollections
 from eventing.workers.hang_guard import HangGuard
 from eventing.workers.source_reads import WorkerReads
@@ -136,6 +137,8 @@ class WorkerCore(WorkerTimers, WorkerReads):
         self.timers_done: list[TimerDone] = []  # fired since the last commit
         self._reclaim: set[int] = set()  # newly owned vBuckets: timers a previous owner claimed fire first
         self.hang_guard = HangGuard(self.runner.context, self.timeout_s)
+        # concurrency > 1: a pool runs the batch's calls, several documents at once (else None: one at a time).
+        self.calls = concurrent_calls.attach(self)
         self.assign_vbuckets(spec.vbuckets)
         if recycle_on_hang:
             self.hang_guard.recycle_on_hang(
@@ -432,6 +435,8 @@ class WorkerCore(WorkerTimers, WorkerReads):
     def close(self) -> None:
         self._closed = True
         self.hang_guard.close()  # ends its thread: a pooled worker process outlives its cores
+        if self.calls is not None:
+            self.calls.close()  # ends the pool's threads
         if self.app_log is not None:
             try:
                 self.app_log.flush()

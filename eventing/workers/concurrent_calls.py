@@ -1,0 +1,265 @@
+"""Several handler calls at once on one worker (the function setting `concurrency`, as Lambda's
+ParallelizationFactor for a stream shard): `ConcurrentCalls`, attached to a WorkerCore whose function has
+concurrency > 1. With concurrency 1 nothing here runs and the worker keeps its one-call-at-a-time path.
+
+How a batch runs (see docs/functions.md, "Concurrency"):
+
+1. The worker reads its batch as it always does (`_process`), but each run of rows is only sorted out
+   (`_take_run`): rows the filter drops and rows this deployment dead-lettered are counted on the spot; the
+   others join the list of their document, in seqno order (a key lives in one vBucket), and the
+   vBucket's position moves on.
+2. Each document is one task; `concurrency` pool threads take tasks, longest first, and run a task's
+   mutations one after another: one document's mutations stay in seqno order, different documents' run
+   at the same time. A mutation that another function's binding wrote (it may be this function's own:
+   the recursion guard of `_handle` decides) is handed to the worker's thread, which runs `_handle` on it
+   while the task waits, so counters, dead letters and the guard stay where they are.
+3. The batch waits for all its tasks (the barrier) before `_process` returns, so the effects flush and
+   checkpoints that follow cover finished calls only; kept writes are then put back in seqno order per
+   vBucket (ConcurrentEffectBuffer.in_seqno_order), as the effect marks need. Counters and dead letters
+   of the tasks are added on the worker's thread after the barrier.
+
+Timeouts: SIGALRM reaches only the main thread, so a watcher thread raises HandlerTimeout inside a pool
+thread's call that overran (LaneContext.interrupt); the mutation is dead-lettered as `timeout` and the other
+tasks go on. A call that cannot be interrupted (blocked in C) is left to the hang guard's recycling.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from functools import partial
+from queue import SimpleQueue
+from typing import Any
+
+from eventing.core import counters as counter_names
+from eventing.core.mutation import Mutation
+from eventing.execution.bindings import ConcurrentEffectBuffer
+from eventing.execution.context import LaneContext
+from eventing.execution.runner import NO_HANDLER, Failure, HandlerCall, HandlerTimeout, Rejection
+
+_as_mutation = partial(tuple.__new__, Mutation)
+
+Task = list[tuple[Mutation, Any]]  # one document's mutations of a batch, in seqno order, with meta.keyspace
+Tally = tuple[Counter, list[tuple[Mutation, Any, Failure | None]]]  # a task's counters and failures
+
+
+class _OnWorkerThread:
+    """A mutation a task hands to the worker's thread (`_handle`), and the event it waits on."""
+
+    __slots__ = ("m", "keyspace", "done")
+
+    def __init__(self, m: Mutation, keyspace: Any):
+        self.m, self.keyspace, self.done = m, keyspace, threading.Event()
+
+
+class ConcurrentCalls:
+    """The pool of one WorkerCore (eventing.workers.worker): `size` threads, each with its LaneContext."""
+
+    def __init__(self, core: Any, size: int):
+        self.core = core
+        self.size = size
+        self.tasks: dict[tuple[int, str], Task] = {}  # (vb, key) -> the document's mutations of this batch
+        self.lanes: list[LaneContext] = []
+        self._queue: SimpleQueue = SimpleQueue()  # tasks for the pool (None ends a thread)
+        self._done: SimpleQueue = SimpleQueue()  # a task's Tally or exception, or an _OnWorkerThread
+        self._threads: list[threading.Thread] = []
+        self._closed = False
+        self._keeping = threading.Lock()
+        self._read_batch = core._process  # WorkerReads._process: reads the batch, run by run
+        core._process = self.process
+        core._handle_run = self._take_run
+        core.hang_guard.lanes = self.lanes  # its recycling sees the pool's calls too
+        self._buffers = list({id(b.buf): b.buf for b in core.rw_bindings}.values())
+
+    # -- the worker's thread ---------------------------------------------------------------------------
+
+    def process(self, work: list[int], limits: dict[int, int], budget: int) -> int:
+        """WorkerReads._process with the batch's calls run by the pool, returning after all of them."""
+        try:
+            return self._read_batch(work, limits, budget)
+        finally:
+            # Even when reading raised: positions already moved past the rows taken, so they are handled.
+            self._run_tasks()
+
+    def _take_run(self, vb: int, position: int, rows: list, matched: bool = False) -> int:
+        """WorkerHandling._handle_run for concurrency > 1: sorts a run of one vBucket's rows into tasks."""
+        core = self.core
+        positions = core.positions
+        if core._drops and not matched and rows:
+            kept = core._drop_filtered(vb, position, rows)
+            if kept:
+                self._take_run(vb, position, kept, True)
+            positions[vb] = rows[-1][1]
+            return len(rows)
+        keyspace, lettered, tasks = core.runner.keyspace, core._lettered, self.tasks
+        for row in rows:
+            seqno = row[1]
+            if seqno <= position:
+                core._order_violation(vb, seqno, position)
+            position = seqno
+            m = _as_mutation(row)
+            if lettered and (vb, seqno) in lettered:
+                core._handle(m)  # dead-lettered by this deployment already: counted and skipped, no call
+                continue
+            task = tasks.get((vb, m.key))
+            if task is None:
+                tasks[(vb, m.key)] = [(m, keyspace)]
+            else:
+                task.append((m, keyspace))
+        if rows:
+            positions[vb] = position
+        return len(rows)
+
+    def _run_tasks(self) -> None:
+        """Run the batch's tasks on the pool and wait for all of them (the barrier)."""
+        tasks = self.tasks
+        if not tasks:
+            return
+        self.tasks = {}
+        self._start()
+        # Longest first: the barrier waits for the last task, so the long ones should not start last.
+        for task in sorted(tasks.values(), key=len, reverse=True):
+            self._queue.put(task)
+        left, tallies, error = len(tasks), [], None
+        core = self.core
+        while left:
+            item = self._done.get()
+            if type(item) is _OnWorkerThread:
+                runner = core.runner
+                keyspace, runner.keyspace = runner.keyspace, item.keyspace
+                try:
+                    core._handle(item.m)
+                except BaseException as exc:  # noqa: BLE001 - raised after the barrier
+                    error = error or exc
+                finally:
+                    runner.keyspace = keyspace
+                    item.done.set()
+                continue
+            left -= 1
+            if isinstance(item, BaseException):
+                error = error or item
+            else:
+                tallies.append(item)
+        for buf in self._buffers:
+            buf.in_seqno_order()
+        c = core.counters
+        for counts, failed in tallies:
+            c.update(counts)
+            for m, call, failure in failed:
+                if failure is not None:
+                    core._outcome(m, call, failure)
+                else:
+                    core._dead_letter(m, call.status, call.error, "", 0)
+        if error is not None:
+            raise error
+
+    def _start(self) -> None:
+        if self._threads:
+            return
+        for i in range(self.size):
+            lane = LaneContext(self.core.timeout_s)
+            self.lanes.append(lane)
+            thread = threading.Thread(target=self._lane, args=(lane,), name=f"handler-{i}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        threading.Thread(target=self._watch, name="handler-timeouts", daemon=True).start()
+
+    def close(self) -> None:
+        self._closed = True
+        for _ in self._threads:
+            self._queue.put(None)
+
+    # -- the pool's threads ----------------------------------------------------------------------------
+
+    def _lane(self, lane: LaneContext) -> None:
+        lane.bind()
+        while True:
+            task = self._queue.get()
+            if task is None:
+                return
+            try:
+                self._done.put(self._run_task(lane, task))
+            except BaseException as exc:  # noqa: BLE001 - the worker's thread raises it after the barrier
+                self._done.put(exc)
+
+    def _run_task(self, lane: LaneContext, task: Task) -> Tally:
+        """One document's mutations, one after another; what _handle would count and dead-letter, returned."""
+        core = self.core
+        runner = core.runner
+        counts: Counter = Counter()
+        failed: list[tuple[Mutation, Any, Failure | None]] = []
+        for m, keyspace in task:
+            if m.origin is not None:  # a binding wrote it: _handle applies the recursion guard
+                ask = _OnWorkerThread(m, keyspace)
+                self._done.put(ask)
+                ask.done.wait()
+                continue
+            counts[counter_names.MUTATIONS_SEEN] += 1
+            call = runner.prepare(m, keyspace)
+            if type(call) is Rejection:
+                if call is NO_HANDLER:
+                    counts[counter_names.NO_HANDLER] += 1
+                else:
+                    failed.append((m, call, None))
+                continue
+            assert type(call) is HandlerCall
+            failure = self._call(lane, m, call, core.epochs[m.vb], counts)
+            if failure is None:
+                counts[core._success[call.kind]] += 1
+            else:
+                failed.append((m, call, failure))
+        return counts, failed
+
+    def _call(self, lane: LaneContext, m: Mutation, call: HandlerCall, epoch: int, counts: Counter) -> Failure | None:
+        """HandlerRunner.call on a pool thread: retries and backoff as configured, the lane's timeout.
+        A timeout can land until `lane.finish()` returns, so every path through the call finishes the
+        lane before anything is kept or discarded."""
+        core = self.core
+        runner, rw = core.runner, core.rw_bindings
+        attempts, backoff_s = core._attempts, core._backoff_s
+        first_failed = 0.0
+        assert call.fn is not None
+        fn, args = call.fn, call.args
+        for attempt in range(1, attempts + 1):
+            for b in rw:
+                b.begin(m.vb, m.seqno)
+            lane.begin(m, epoch)
+            try:
+                try:
+                    fn(*args)
+                except BaseException as exc:
+                    lane.finish()
+                    outcome = runner.failed(exc, call, attempt, attempts, first_failed)
+                else:
+                    lane.finish()
+                    with self._keeping:  # one call's writes join the shared groups at a time
+                        runner.kept(epoch)
+                    return None
+            except HandlerTimeout as exc:  # raised as the call ended, before the lane finished: it overran
+                lane.finish()
+                outcome = runner.failed(exc, call, attempt, attempts, first_failed)
+            if isinstance(outcome, Failure):
+                return outcome
+            first_failed = outcome
+            counts[counter_names.RETRIES] += 1
+            time.sleep(backoff_s * (2 ** (attempt - 1)))
+        raise AssertionError("unreachable: attempts >= 1")
+
+    def _watch(self) -> None:
+        """Raise HandlerTimeout in pool calls past execution_timeout (checked as often as the SIGALRM tick)."""
+        tick = max(0.01, min(0.25, self.core.timeout_s / 4))
+        while not self._closed:
+            time.sleep(tick)
+            now = time.monotonic()
+            for lane in self.lanes:
+                lane.interrupt(now, HandlerTimeout)
+
+
+def attach(core: Any) -> ConcurrentCalls | None:
+    """A pool for `core` when its function runs several calls at once, else None (nothing changes)."""
+    size = core.defn.concurrency
+    if size <= 1:
+        return None
+    assert all(isinstance(b.buf, ConcurrentEffectBuffer) for b in core.rw_bindings)
+    return ConcurrentCalls(core, size)
