@@ -176,11 +176,19 @@ class Eventing:
     """One deployment: the buckets and metadata store under `data_dir`, run on Ray or in this process."""
 
     def __init__(
-        self, data_dir: str | Path = ".eventing", *, executor: ExecutorKind = "ray", ray_address: str | None = None
+        self,
+        data_dir: str | Path = ".eventing",
+        *,
+        executor: ExecutorKind = "ray",
+        ray_address: str | None = None,
+        worker_processes: int | None = None,
     ):
         self.data_dir = str(data_dir)
         self.executor = executor
         self.ray_address = ray_address
+        # Ray: the workers of every function share this many worker processes (`eventing run
+        # --worker-processes`); None: $EVENTING_WORKER_PROCESSES, else one process per worker.
+        self.worker_processes = worker_processes
         Path(self.data_dir).mkdir(parents=True, exist_ok=True)
 
     # -- buckets ----------------------------------------------------------------------------------------
@@ -358,7 +366,7 @@ class Eventing:
         (default local[*])."""
         service = EventingService(
             self.data_dir,
-            make_executor(self.executor, self.ray_address, self.data_dir),
+            make_executor(self.executor, self.ray_address, self.data_dir, worker_processes=self.worker_processes),
             until_caught_up=until_caught_up,
             functions=functions,
             on_progress=on_progress,

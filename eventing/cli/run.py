@@ -13,6 +13,7 @@ from eventing.cli.common import (
     ProgressRenderer,
     check_function_buckets,
     existing_data_dir,
+    non_negative_int,
     positive_int,
     process_started_at,
 )
@@ -60,7 +61,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         check_spark_master(args.spark_master)  # one line in seconds, not a minute of Spark retrying
     check_function_buckets(data_dir, args.function or None)  # a damaged bucket file: one line, before Ray starts
     began = time.perf_counter()
-    executor = make_executor(args.executor, args.ray_address, data_dir)
+    executor = make_executor(args.executor, args.ray_address, data_dir, worker_processes=args.worker_processes)
     ray_s = time.perf_counter() - began
     live = not args.json and not args.quiet
     bars = ProgressRenderer(enabled=live and progress_enabled())
@@ -218,6 +219,11 @@ def register(sub: Any, add: Any) -> None:
                    help="join an existing Ray cluster (default: start a local Ray instance)")
     p.add_argument("--executor", choices=["ray", "in-process"], default="ray",
                    help="ray (default) or in-process (one process, for debugging and tests)")
+    p.add_argument("--worker-processes", type=non_negative_int, default=None, metavar="N",
+                   help="Ray: the workers of every function share N worker processes (per Ray node) instead of "
+                        "one process each; fewer processes, less memory, but a crash or an uninterruptible "
+                        "handler hang restarts every worker of its process (default $EVENTING_WORKER_PROCESSES, "
+                        "else 0: one process per worker)")
     p.add_argument("--function", action="append", help="run only this function (repeatable)")
     p.add_argument("--quiet", action="store_true", help="no progress and no summary")
     p.add_argument("--standby", action="store_true",

@@ -56,9 +56,12 @@ class WorkerHost:
     one of the project's dependencies then answers ``start`` with one line naming it, where an import
     while Ray builds the actor would only kill the actor with a page of traceback."""
 
-    def __init__(self, spec: WorkerSpec | bytes, own_process: bool = False):
+    def __init__(self, spec: WorkerSpec | bytes, own_process: bool = False, shared: bool = False):
         self.spec = spec
         self.own_process = own_process  # a Ray actor: the worker may end its process if a handler hangs
+        # One of several functions' cores in a shared process (eventing.workers.shared_host): a sandboxed
+        # core's child that ends fails this core alone instead of ending the process.
+        self.shared = shared
         self.core: WorkerCore | None = None
 
     def call(self, method: str, *args: Any) -> Any:
@@ -80,7 +83,9 @@ class WorkerHost:
             if self.spec.isolation == "sandbox":
                 from eventing.workers.sandbox import SandboxedCore
 
-                self.core = SandboxedCore(self.spec, own_process=self.own_process)  # type: ignore[assignment]
+                self.core = SandboxedCore(  # type: ignore[assignment]
+                    self.spec, own_process=self.own_process and not self.shared
+                )
                 return os.getpid()
             self.core = WorkerCore(self.spec, recycle_on_hang=self.own_process)
             return os.getpid()
@@ -139,10 +144,11 @@ POOL_STALE_S = 30.0  # a pooled worker whose run has not called for this long ma
 
 
 class _Done:
-    __slots__ = ("value", "error")
+    __slots__ = ("value", "error", "sender")
 
-    def __init__(self, value: Any = None, error: BaseException | None = None):
+    def __init__(self, value: Any = None, error: BaseException | None = None, sender: Any = None):
         self.value, self.error = value, error
+        self.sender = sender  # the shared host that answered, if any (eventing.workers.shared_host)
 
 
 class _LocalHandle:
@@ -160,12 +166,23 @@ class _LocalHandle:
 
 
 class InProcessExecutor:
-    """Runs worker cores in the calling process, one call at a time: deterministic and fast to start."""
+    """Runs worker cores in the calling process, one call at a time: deterministic and fast to start.
+    ``worker_processes``: place the cores in that many shared hosts, as RayExecutor does, each an object
+    standing in for a process (tests of eventing.workers.shared_host's bookkeeping)."""
 
     name = "in-process"
     data_service: Any = None  # every worker sees the data directory: no data service
+    shared: Any = None  # SharedHosts when workers share (stand-in) processes
 
-    def start_worker(self, spec: WorkerSpec, ray_node_id: str | None = None) -> _LocalHandle:
+    def __init__(self, worker_processes: int = 0):
+        if worker_processes:
+            from eventing.workers.shared_host import LocalHostBackend, SharedHosts
+
+            self.shared = SharedHosts(worker_processes, LocalHostBackend())
+
+    def start_worker(self, spec: WorkerSpec, ray_node_id: str | None = None) -> Any:
+        if self.shared is not None:
+            return self.shared.start_worker(spec, spec, ray_node_id)
         return _LocalHandle(WorkerHost(spec))
 
     def wait(self, futures: list[Any], timeout: float) -> list[Any]:
@@ -176,12 +193,15 @@ class InProcessExecutor:
             raise future.error
         return future.value
 
-    def kill(self, handle: _LocalHandle) -> None:
+    def kill(self, handle: Any) -> None:
+        if self.shared is not None:
+            self.shared.kill(handle)
+            return
         handle.dead = True
         if handle.host.core is not None:
             handle.host.core.close()
 
-    def release(self, handle: _LocalHandle) -> None:
+    def release(self, handle: Any) -> None:
         """No pool to go back to: a worker that stopped cleanly is ended as kill() ends it."""
         self.kill(handle)
 
@@ -346,13 +366,21 @@ class _RayHandle:
 
 
 class RayExecutor:
-    """Each worker is a Ray actor with num_cpus=0, so more workers than cores can run (4 on 2 cores)."""
+    """Each worker is a Ray actor with num_cpus=0, so more workers than cores can run (4 on 2 cores).
+    With ``worker_processes`` N (default: $EVENTING_WORKER_PROCESSES, else 0), the workers of every function
+    share at most N actors per Ray node instead (eventing.workers.shared_host)."""
 
     name = "ray"
+    shared: Any = None  # SharedHosts when workers share processes
 
-    def __init__(self, address: str | None = None, *, join_local: str | None = None):
+    def __init__(
+        self, address: str | None = None, *, join_local: str | None = None, worker_processes: int | None = None
+    ):
         import ray
 
+        from eventing.workers.shared_host import worker_processes_setting
+
+        processes = worker_processes_setting(worker_processes)  # a bad value fails before Ray starts
         init_ray(address, join_local=join_local)
         self.joined = join_local  # the `eventing ray start` instance joined, if any
         self._ray = ray
@@ -363,6 +391,10 @@ class RayExecutor:
         self._adopted: set[str] = set()
         self.address = address
         self.data_service: Any = None  # DataServiceRef once serve() ran
+        if processes:
+            from eventing.workers.shared_host import RayHostBackend, SharedHosts
+
+            self.shared = SharedHosts(processes, RayHostBackend(ray))
 
     def serve(self, data_dir: str) -> None:
         """On a cluster (``--ray-address``, or ``EVENTING_DATA_SERVICE=1``), start the data service on this
@@ -401,8 +433,12 @@ class RayExecutor:
                     f"`eventing node add {name} --ray-node-id <id>`"
                 )
 
-    def start_worker(self, spec: WorkerSpec, ray_node_id: str | None = None) -> _RayHandle:
+    def start_worker(self, spec: WorkerSpec, ray_node_id: str | None = None) -> Any:
         """Start a worker actor; pinned to a Ray node when its eventing node names one."""
+        if self.shared is not None:
+            from ray import cloudpickle
+
+            return self.shared.start_worker(spec, cloudpickle.dumps(spec), ray_node_id)
         if self._pool_cls is not None and not ray_node_id:
             return self._pooled_worker(spec)
         options: dict[str, Any] = {}
@@ -415,6 +451,8 @@ class RayExecutor:
         return _RayHandle(self._actor_cls.options(**options).remote(cloudpickle.dumps(spec), True))
 
     def wait(self, futures: list[Any], timeout: float) -> list[Any]:
+        if self.shared is not None:
+            self.shared.check()  # a host that does not answer a drop is ended
         if not futures:
             return []
         # Back as soon as one call is done (and with every other one done by then): the supervisor refills
@@ -440,25 +478,37 @@ class RayExecutor:
             missing = missing_dependency(str(exc))
             if missing is not None:
                 raise missing from None
+            if self.shared is not None:
+                self.shared.died(future)  # every core of that process is gone: none is placed there again
             raise WorkerDied(str(exc).splitlines()[0]) from None
         except RayTaskError as exc:
             cause = exc.as_instanceof_cause()
             if isinstance(cause, EventingError):
                 raise type(cause)(*cause.args) from None
+            original = getattr(exc, "cause", None)
+            if isinstance(original, WorkerDied):  # one core of a shared process (its sandbox ended, or dropped)
+                raise WorkerDied(str(original)) from None
             missing = missing_dependency(str(exc)) if isinstance(cause, ImportError) else None
             if missing is not None:
                 raise missing from None
             raise
 
-    def kill(self, handle: _RayHandle) -> None:
+    def kill(self, handle: Any) -> None:
+        if self.shared is not None:
+            self.shared.kill(handle)
+            return
         try:
             self._ray.kill(handle.actor, no_restart=True)
         except Exception:  # noqa: BLE001 - already dead is fine
             pass
         self._adopted.discard(getattr(handle, "pool_name", ""))
 
-    def release(self, handle: _RayHandle) -> None:
-        """A worker that stopped cleanly: back to the kept instance's pool, else ended."""
+    def release(self, handle: Any) -> None:
+        """A worker that stopped cleanly: back to the kept instance's pool, else ended (a shared process
+        ends with its last worker)."""
+        if self.shared is not None:
+            self.shared.release(handle)
+            return
         name = getattr(handle, "pool_name", "")
         if not name:
             self.kill(handle)
@@ -524,9 +574,13 @@ def fill_pool(address: str, workers: int) -> int:
         ray.shutdown()
 
 
-def make_executor(kind: str, ray_address: str | None = None, data_dir: str | None = None) -> Executor:
+def make_executor(
+    kind: str, ray_address: str | None = None, data_dir: str | None = None, *, worker_processes: int | None = None
+) -> Executor:
     """``ray`` without an address joins the data directory's `eventing ray start` instance when it is up
-    (~0.1 s), else starts a Ray instance of its own for the run (~2.5 s)."""
+    (~0.1 s), else starts a Ray instance of its own for the run (~2.5 s). ``worker_processes``: the
+    functions' workers share that many Ray worker processes (None: $EVENTING_WORKER_PROCESSES, else one
+    process per worker); the in-process executor has one process whatever it is."""
     if kind == "in-process":
         return InProcessExecutor()
     if kind == "ray":
@@ -535,6 +589,6 @@ def make_executor(kind: str, ray_address: str | None = None, data_dir: str | Non
 
             instance = running(data_dir)
             if instance is not None:
-                return RayExecutor(join_local=instance.address)
-        return RayExecutor(ray_address)
+                return RayExecutor(join_local=instance.address, worker_processes=worker_processes)
+        return RayExecutor(ray_address, worker_processes=worker_processes)
     raise EventingError(f"unknown executor {kind!r}; use 'ray' or 'in-process'")
