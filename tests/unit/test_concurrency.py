@@ -1,0 +1,289 @@
+"""The function setting `concurrency` on the in-process runtime: several calls at once for different
+documents, each document's mutations in seqno order, binding effects exactly once (also when a worker is
+abandoned after flushing and before its checkpoint), timeouts of pool calls dead-lettered while the others
+complete, curl, timers and log() from concurrent calls, and concurrency 1 keeping its one-call path."""
+
+from __future__ import annotations
+
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from eventing.control.service import EventingService
+from eventing.core.definition import FunctionDefinition
+from eventing.errors import ConfigError
+from eventing.execution.bindings import ConcurrentEffectBuffer, EffectBuffer
+from eventing.storage.bucket import LocalBucket
+from eventing.storage.factory import open_bucket
+from eventing.testing import check_ledger, deploy_function, ledger_definition, load_source, read_call_log
+from eventing.workers.executor import InProcessExecutor
+from eventing.workers.worker import WorkerCore, WorkerSpec
+from metadata.factory import open_store
+from sharding import NUM_VBUCKETS
+
+# The ledger handler (history per document, one effect per mutation) with random short waits, and the
+# number of calls in flight at once, so a test sees both the order and the overlap.
+ORDERED = '''
+import os
+import random
+import threading
+import time
+
+_lock = threading.Lock()
+_flight = {"now": 0, "max": 0}
+
+
+def on_update(doc, meta):
+    with _lock:
+        _flight["now"] += 1
+        _flight["max"] = max(_flight["max"], _flight["now"])
+    try:
+        time.sleep(random.random() * 0.004)
+        ledger[f"e|{FUNCTION}|{meta.id}|{meta.seq}"] = {"fn": FUNCTION, "key": meta.id, "seq": meta.seq, "vb": meta.vb, "op": "update", "rev": doc.get("rev")}
+        history = ledger.get(f"h|{FUNCTION}|{meta.id}") or {"seqs": []}
+        time.sleep(random.random() * 0.002)  # between the read and the write of the history
+        history["seqs"].append(meta.seq)
+        ledger[f"h|{FUNCTION}|{meta.id}"] = history
+        ledger["flight"] = {"max": _flight["max"]}
+        with open(CALL_LOG, "a") as f:
+            f.write(f"{meta.id} {meta.seq} {os.getpid()}\\n")
+    finally:
+        with _lock:
+            _flight["now"] -= 1
+
+
+def on_delete(meta, options):
+    ledger[f"e|{FUNCTION}|{meta.id}|{meta.seq}"] = {"fn": FUNCTION, "key": meta.id, "seq": meta.seq, "vb": meta.vb, "op": "delete", "rev": None}
+    history = ledger.get(f"h|{FUNCTION}|{meta.id}") or {"seqs": []}
+    history["seqs"].append(meta.seq)
+    ledger[f"h|{FUNCTION}|{meta.id}"] = history
+    with open(CALL_LOG, "a") as f:
+        f.write(f"{meta.id} {meta.seq} {os.getpid()}\\n")
+'''
+
+
+def run(data_dir: str) -> None:
+    summary = EventingService(data_dir, InProcessExecutor(), until_caught_up=True).run()
+    assert not summary.errors
+
+
+def worker(data_dir: str, name: str, wid: str = "n/w0") -> WorkerCore:
+    store = open_store(data_dir)
+    generation = store.get_function(name).generation
+    store.close()
+    return WorkerCore(WorkerSpec(data_dir, name, generation, wid, tuple(range(NUM_VBUCKETS))))
+
+
+def test_concurrent_calls_keep_each_documents_order_and_apply_effects_exactly_once(data_dir, tmp_path):
+    source = load_source(data_dir, 200, 2000, seed=5, delete_ratio=0.1)
+    calls = tmp_path / "calls"
+    defn = ledger_definition("fn_c", "src", "ledger", workers=2, call_log=str(calls), concurrency=8, batch_size=400)
+    deploy_function(data_dir, defn, ORDERED)
+    run(data_dir)
+    ledger = open_bucket(data_dir, "ledger")
+    report = check_ledger(source, ledger)
+    assert report.ok, report.summary()
+    assert report.handled == 2000
+    seen = read_call_log(calls)
+    assert sum(len(v) for v in seen.values()) == 2000  # no fault: one call per mutation
+    assert all(seqs == sorted(set(seqs)) for seqs in seen.values())  # each document in seqno order
+    assert 1 < ledger.get("flight")["max"] <= 8  # calls overlapped, never more than the setting
+    counters = open_store(data_dir).counters("fn_c")
+    assert counters["mutations_seen"] == 2000
+    assert counters["on_update_success"] + counters["on_delete_success"] == 2000
+
+
+def test_a_worker_abandoned_after_flushing_replays_without_applying_anything_twice(data_dir, tmp_path):
+    source = load_source(data_dir, 100, 1500, seed=9)
+    calls = tmp_path / "calls"
+    defn = ledger_definition("fn_c", "src", "ledger", workers=1, call_log=str(calls), concurrency=6,
+                             batch_size=200, checkpoint_interval="1h")
+    deploy_function(data_dir, defn, ORDERED)
+    first = worker(data_dir, "fn_c")
+    for _ in range(3):
+        first.step(200)  # effects flushed after each batch; no checkpoint (interval 1h): a crash here
+    assert sum(first.positions.values()) and not any(open_store(data_dir).checkpoints("fn_c")[vb].seqno
+                                                      for vb in range(NUM_VBUCKETS))
+    first.calls.close()  # the process "dies": nothing more of it runs or commits
+    run(data_dir)
+    report = check_ledger(source, open_bucket(data_dir, "ledger"))
+    assert report.ok, report.summary()
+    assert report.handled == 1500
+    replayed = sum(len(v) for v in read_call_log(calls).values()) - 1500
+    assert replayed == 600  # the three batches ran again ...
+    assert open_store(data_dir).counters("fn_c")["effects_duplicate"] >= 600  # ... and their effects were skipped
+
+
+HANGS = '''
+import time
+
+
+def on_update(doc, meta):
+    if meta.id.startswith("hang"):
+        while True:  # never returns: interrupted by the timeout
+            time.sleep(0.01)
+    time.sleep(0.02)
+    dst[meta.id] = {"seq": meta.seq}
+'''
+
+
+def test_pool_calls_past_execution_timeout_are_dead_lettered_while_the_others_complete(data_dir):
+    source = LocalBucket.create(data_dir, "src")
+    for i in range(3):
+        source.upsert(f"hang{i}", {"i": i})
+    for i in range(60):
+        source.upsert(f"ok{i}", {"i": i})
+    defn = FunctionDefinition.from_dict({
+        "name": "fn_h", "source_bucket": "src", "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}],
+        "execution_timeout": "500ms", "concurrency": 8,
+    })
+    deploy_function(data_dir, defn, HANGS)
+    started = time.monotonic()
+    run(data_dir)
+    elapsed = time.monotonic() - started
+    dst = open_bucket(data_dir, "dst")
+    assert sorted(dst.keys()) == sorted(f"ok{i}" for i in range(60))
+    store = open_store(data_dir)
+    letters = store.find_dlq_rows("fn_h")
+    assert sorted((row.key, row.reason) for row in letters) == [(f"hang{i}", "timeout") for i in range(3)]
+    counters = store.counters("fn_h")
+    assert counters["on_update_timeout"] == 3 and counters["on_update_success"] == 60
+    # The three hung calls overlapped each other and the others: one at a time would take 1.5 s + 1.2 s.
+    assert elapsed < 2.5
+
+
+class Recorder(BaseHTTPRequestHandler):
+    seen: list[tuple[str, str]] = []
+    lock = threading.Lock()
+
+    def do_GET(self) -> None:
+        time.sleep(0.005)
+        with Recorder.lock:
+            Recorder.seen.append((self.path, self.headers.get("X-Seq", "")))
+        body = b'{"ok": true}'
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def server():
+    Recorder.seen = []
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+CALLS_OUT = '''
+import time
+
+
+def on_update(doc, meta):
+    r = curl("GET", api, {"path": "/doc/" + meta.id, "headers": {"X-Seq": str(meta.seq)}})
+    ref = create_timer(later, time.time(), None, {"id": meta.id, "seq": meta.seq})
+    log("handled", meta.id, meta.seq)
+    dst["seen|" + meta.id] = {"status": r.status, "ok": r.body["ok"], "ref": ref, "seq": meta.seq}
+
+
+def later(context):
+    dst["fired|" + context["id"]] = {"seq": context["seq"]}
+'''
+
+
+def test_curl_timers_and_log_from_concurrent_calls_name_their_own_mutation(data_dir, server):
+    source = LocalBucket.create(data_dir, "src")
+    for i in range(40):
+        source.upsert(f"k{i}", {"i": i})
+    defn = FunctionDefinition.from_dict({
+        "name": "fn_io", "source_bucket": "src", "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}],
+        "url_bindings": [{"alias": "api", "url": server}], "concurrency": 8, "checkpoint_interval": "100ms",
+    })
+    deploy_function(data_dir, defn, CALLS_OUT)
+    w = worker(data_dir, "fn_io")
+    for _ in range(3):  # handle, commit (timers durable), fire
+        w.step()
+        w.commit()
+    dst = open_bucket(data_dir, "dst")
+    seen = {k[len("seen|"):]: dst.get(k) for k in dst.keys() if k.startswith("seen|")}
+    assert len(seen) == 40 and all(v["status"] == 200 and v["ok"] is True for v in seen.values())
+    # Each curl went out once, from the call of its own document (its path and header agree).
+    assert sorted(Recorder.seen) == sorted((f"/doc/k{i}", str(seen[f"k{i}"]["seq"])) for i in range(40))
+    # The timers' default references name each call's own mutation, and each fired once.
+    refs = [v["ref"] for v in seen.values()]
+    assert len(set(refs)) == 40
+    assert all(f":{v['seq']}:" in v["ref"] for v in seen.values())
+    assert {k: dst.get(k)["seq"] for k in dst.keys() if k.startswith("fired|")} == {
+        f"fired|{key}": v["seq"] for key, v in seen.items()
+    }
+    # Each log line carries the vBucket:seqno and key of the call that wrote it.
+    with open(f"{data_dir}/logs/fn_io.log") as f:
+        lines = [line for line in f.read().splitlines() if " handled " in line]
+    assert len(lines) == 40
+    for line in lines:
+        where, key, _, text_key, text_seq = line.split(" fn_io ", 1)[1].split(" ")
+        assert (key, where.split(":")[1]) == (text_key, text_seq)
+    w.close()
+
+
+def test_concurrency_one_keeps_the_one_call_path_and_bad_values_are_refused():
+    plain = FunctionDefinition.from_dict({"name": "f", "source_bucket": "s"})
+    assert plain.concurrency == 1 and plain.to_dict()["concurrency"] == 1
+    assert FunctionDefinition.from_dict({"name": "f", "source_bucket": "s", "concurrency": 16}).concurrency == 16
+    for bad in (0, 65, True, "4", 2.5):
+        with pytest.raises(ConfigError, match="concurrency of function 'f' is .*; give an integer from 1 to 64"):
+            FunctionDefinition.from_dict({"name": "f", "source_bucket": "s", "concurrency": bad})
+    with pytest.raises(ConfigError, match="JavaScript handlers run one call at a time"):
+        FunctionDefinition.from_dict({"name": "f", "source_bucket": "s", "concurrency": 4, "language": "javascript"})
+    with pytest.raises(ConfigError, match="previous_version does not take"):
+        FunctionDefinition.from_dict({"name": "f", "source_bucket": "s", "concurrency": 4, "previous_version": True})
+
+
+def test_only_a_function_with_concurrency_gets_the_pool_and_per_thread_buffers(data_dir):
+    LocalBucket.create(data_dir, "src")
+    for name, concurrency in (("fn_one", 1), ("fn_many", 4)):
+        deploy_function(data_dir, ledger_definition(name, "src", f"ledger_{name}", concurrency=concurrency))
+    one, many = worker(data_dir, "fn_one"), worker(data_dir, "fn_many", "n/w1")
+    assert one.calls is None and type(one.rw_bindings[0].buf) is EffectBuffer
+    assert "_process" not in vars(one) and "_handle_run" not in vars(one)  # the class's methods, untouched
+    assert many.calls is not None and type(many.rw_bindings[0].buf) is ConcurrentEffectBuffer
+    one.close()
+    many.close()
+
+
+LAST_WRITER = '''
+import time
+
+
+def on_update(doc, meta):
+    if doc["slow"]:
+        time.sleep(0.3)  # returns after the later mutation's call
+    dst["last"] = {"seq": meta.seq, "key": meta.id}
+'''
+
+
+def test_writes_of_one_vbucket_reach_the_bucket_in_seqno_order_whatever_order_the_calls_end(data_dir):
+    from sharding import vbucket_of
+
+    first = "a0"
+    second = next(f"b{i}" for i in range(10_000) if vbucket_of(f"b{i}") == vbucket_of(first))
+    source = LocalBucket.create(data_dir, "src")
+    source.upsert(first, {"slow": True})  # the lower seqno, whose call ends last
+    source.upsert(second, {"slow": False})
+    defn = FunctionDefinition.from_dict({
+        "name": "fn_w", "source_bucket": "src", "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}],
+        "concurrency": 4,
+    })
+    deploy_function(data_dir, defn, LAST_WRITER)
+    run(data_dir)
+    dst = open_bucket(data_dir, "dst")
+    assert dst.get("last")["key"] == second  # as one call at a time would leave it: the log's order
