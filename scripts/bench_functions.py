@@ -22,6 +22,11 @@ workers, alone, times N (its catch-up time x N; its RSS as it is). Reported per 
   tree's CPU counts Ray's own start-up (a few CPU seconds) once against N times; worker_cpu_s and
   worker_cpu_ratio count the Ray worker processes alone: what handling the mutations costs.
 
+--worker-processes N runs the functions' workers in N shared Ray worker processes (`eventing run
+--worker-processes N`, eventing.workers.shared_host) instead of one process per worker; several values
+(`--worker-processes 0 2`) measure each in every run, 0 being one process per worker. The baseline of a
+variant runs with the same setting.
+
 Runs alternate baseline first / many first (--runs). Each line names the load average at its start. The last
 line is JSON (medians over the runs, and every run).
 """
@@ -188,9 +193,11 @@ def prepare(seed: Path, data_dir: Path, functions: int, workers: int) -> None:
         lifecycle.deploy(str(data_dir), f"fn{i}")
 
 
-def measure(data_dir: Path, executor: str, functions: int, mutations: int, env: dict[str, str]) -> dict[str, Any]:
+def measure(
+    data_dir: Path, executor: str, functions: int, mutations: int, env: dict[str, str], processes: int = 0
+) -> dict[str, Any]:
     command = [sys.executable, "-m", "eventing", "--data-dir", str(data_dir), "run", "--until-caught-up", "--json",
-               "--executor", executor]
+               "--executor", executor, "--worker-processes", str(processes)]
     load = os.getloadavg()[0]
     started = time.perf_counter()
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -218,7 +225,8 @@ def measure(data_dir: Path, executor: str, functions: int, mutations: int, env: 
         "catch_up_s": round(wall - startup, 2), "run_seconds": result["seconds"],
         "ray_s": result["startup"]["ray_s"], "workers_ready_s": result["startup"]["workers_ready_s"],
         "peak_rss_mb": round(sampler.peak_rss), "peak_pss_mb": round(sampler.peak_pss),
-        "peak_processes": sampler.peak_processes, "leftovers_ended": leftovers,
+        "peak_processes": sampler.peak_processes, "worker_processes": len(sampler.workers),
+        "leftovers_ended": leftovers,
         # CPU of every process of the tree, as last sampled: independent of how busy the machine is.
         "cpu_s": round(sum(cpu for _, cpu in sampler.seen.values()), 1),
         "worker_cpu_s": round(sum(cpu for pid, (_, cpu) in sampler.seen.items() if pid in sampler.workers), 1),
@@ -244,9 +252,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="Ray worker processes without Ray's Arrow/Starlette serializers (the default, "
                              "eventing/workers/ray_setup.py), without (EVENTING_RAY_LIGHT_WORKERS=0), or both in "
                              "each run, for a before/after")
+    parser.add_argument("--worker-processes", type=int, nargs="+", default=[0], metavar="N",
+                        help="shared Ray worker processes for all the functions' workers (0: one process per "
+                             "worker, the default); several values measure each in every run")
     args = parser.parse_args(argv)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
-    variants = ["off", "on"] if args.light_workers == "both" else [args.light_workers]
+    lights = ["off", "on"] if args.light_workers == "both" else [args.light_workers]
+    variants = [f"{light}/{n}" for n in args.worker_processes for light in lights]
     work = Path(tempfile.mkdtemp(prefix="bench-functions-"))
     try:
         seed = work / "seed"
@@ -258,13 +270,18 @@ def main(argv: list[str] | None = None) -> int:
             order = variants if i % 2 == 0 else variants[::-1]
             for variant in order:
                 got: dict[str, dict[str, Any]] = {}
-                venv = {**env, "EVENTING_RAY_LIGHT_WORKERS": "1" if variant == "on" else "0"}
-                tag = f"run {i + 1}" + (f" light workers {variant}" if len(variants) > 1 else "")
+                light, processes = variant.split("/")
+                venv = {**env, "EVENTING_RAY_LIGHT_WORKERS": "1" if light == "on" else "0"}
+                tag = f"run {i + 1}"
+                if len(lights) > 1:
+                    tag += f" light workers {light}"
+                if len(args.worker_processes) > 1 or processes != "0":
+                    tag += f" worker processes {processes if processes != '0' else 'one per worker'}"
                 for kind in ("baseline", "many") if i % 2 == 0 else ("many", "baseline"):
                     n = args.functions if kind == "many" else 1
-                    data_dir = work / f"{kind}-{variant}-{i}"
+                    data_dir = work / f"{kind}-{light}-{processes}-{i}"
                     prepare(seed, data_dir, n, args.workers)
-                    got[kind] = measure(data_dir, args.executor, n, args.mutations, venv)
+                    got[kind] = measure(data_dir, args.executor, n, args.mutations, venv, int(processes))
                     print(f"{tag}: " + line(f"{n} function(s)", got[kind]), flush=True)
                     shutil.rmtree(data_dir, ignore_errors=True)
                 x_n = got["baseline"]["catch_up_s"] * args.functions
@@ -288,17 +305,18 @@ def main(argv: list[str] | None = None) -> int:
                 "ratio": round(statistics.median(r["ratio"] for r in rs), 3),
                 "cpu_ratio": round(statistics.median(r["cpu_ratio"] for r in rs), 3),
                 "worker_cpu_ratio": round(statistics.median(r["worker_cpu_ratio"] for r in rs), 3),
-                "startup_s": med("many", "startup_s"),
+                "startup_s": med("many", "startup_s"), "worker_processes": med("many", "worker_processes"),
                 "baseline_peak_rss_mb": med("baseline", "peak_rss_mb"), "baseline_startup_s": med("baseline", "startup_s"),
             }
 
         main_variant = variants[-1]
         out: dict[str, Any] = {
             "functions": args.functions, "workers": args.workers, "mutations": args.mutations,
-            "executor": args.executor, "light_workers": main_variant, **summary(runs[main_variant]),
+            "executor": args.executor, "light_workers": main_variant.split("/")[0],
+            "shared_processes": int(main_variant.split("/")[1]), **summary(runs[main_variant]),
         }
-        if len(variants) > 1:
-            out["light_workers_off"] = summary(runs["off"])
+        if len(variants) > 1:  # every variant, by "light workers/shared processes" (0: one per worker)
+            out["variants"] = {v: summary(runs[v]) for v in variants}
         out["runs"] = runs
         print(json.dumps(out))
         return 0
