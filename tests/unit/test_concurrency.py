@@ -287,3 +287,39 @@ def test_writes_of_one_vbucket_reach_the_bucket_in_seqno_order_whatever_order_th
     run(data_dir)
     dst = open_bucket(data_dir, "dst")
     assert dst.get("last")["key"] == second  # as one call at a time would leave it: the log's order
+
+
+FLAKY = '''
+def on_update(doc, meta):
+    if meta.id == "bad" and not dst.get("fixed"):
+        raise RuntimeError("not yet")
+    log("writing", meta.id)
+    dst["out|" + meta.id] = {"seq": meta.seq}
+'''
+
+
+def test_the_debugger_and_dlq_replay_run_a_function_with_concurrency(data_dir):
+    from eventing.ops import dlq as dlq_ops
+    from eventing.ops.debugger import DebugSession
+
+    source = LocalBucket.create(data_dir, "src")
+    for key in ("a", "bad", "c"):
+        source.upsert(key, {"k": key})
+    defn = FunctionDefinition.from_dict({
+        "name": "fn_d", "source_bucket": "src", "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}],
+        "concurrency": 4,
+    })
+    deploy_function(data_dir, defn, FLAKY)
+    session = DebugSession(data_dir, "fn_d", key="c")
+    outcome = session.run()
+    assert outcome.status == "ok"
+    assert [w.write.key for w in session.writes] == ["out|c"]  # held for the trace, not applied
+    assert [e["line"] for e in session.events if e["event"] == "log"][-1].endswith("writing c")
+    run(data_dir)
+    store = open_store(data_dir)
+    assert [(row.key, row.reason) for row in store.find_dlq_rows("fn_d")] == [("bad", "error")]
+    LocalBucket.open(data_dir, "dst").upsert("fixed", {"yes": True})
+    report = dlq_ops.replay(data_dir, "fn_d", dlq_ops.DlqSelector(key="bad"))
+    assert (report.replayed, report.failed) == (1, 0)
+    dst = open_bucket(data_dir, "dst")
+    assert sorted(k for k in dst.keys() if k.startswith("out|")) == ["out|a", "out|bad", "out|c"]
