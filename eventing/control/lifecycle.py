@@ -158,6 +158,7 @@ def run_on_deploy(data_dir: str, store: MetadataStore, record: FunctionRecord, r
     from eventing.core.mutation import OP_UPDATE, Mutation
     from eventing.execution.runner import HandlerCall, writes_by_bucket
     from eventing.handler import DeployAction
+    from eventing.storage.origins import deployment_origin
     from eventing.storage.values import EffectGroup
     from eventing.workers.sandbox import SandboxedRunner, open_runner
 
@@ -185,7 +186,8 @@ def run_on_deploy(data_dir: str, store: MetadataStore, record: FunctionRecord, r
             )
         namespace = f"{record.name}#on_deploy:{record.generation}:{reason}:{int(record.updated_at * 1000)}"
         for bucket, writes in writes_by_bucket(runner.take_writes()):
-            bucket.apply_effects(namespace, [EffectGroup(0, 0, writes, conditional=True)], origin=record.name)
+            bucket.apply_effects(namespace, [EffectGroup(0, 0, writes, conditional=True)],
+                                 origin=deployment_origin(record.name, record.generation))
         if runner.timers.kept:
             epochs = {vb: cp.epoch for vb, cp in store.checkpoints(record.name).items()}
             store.commit(record.name, epochs, {}, timer_changes=list(runner.timers.kept))

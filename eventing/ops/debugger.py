@@ -18,8 +18,9 @@ worker has handled but not yet checkpointed; that changes nothing for the worker
 source is polled until a mutation arrives.
 
 Writes: binding writes made while debugging are shown and held, never applied, unless `apply` is set:
-then the writes of a handler call that returned are written directly to their buckets with origin = the
-function's name (so the recursion guard still filters them), outside the effect marks. The owning worker
+then the writes of a handler call that returned are written directly to their buckets with the
+deployment's origin (eventing.storage.origins: the recursion guard still filters them), outside the effect
+marks. The owning worker
 still handles the mutation in its place, so with `apply` its effects may be applied twice.
 
 The handler runs through `eventing.execution.runner.HandlerRunner`, the code a worker runs it with (same
@@ -55,6 +56,7 @@ from eventing.execution.runner import (
     writes_by_bucket,
 )
 from eventing.execution.single_call import CallOutcome, EventSink, prepare_call, run_once
+from eventing.storage.origins import deployment_origin, is_own
 from eventing.storage.protocol import Bucket
 from eventing.workers.collections import SourceCollections
 from eventing.workers.sandbox import SandboxedRunner, open_runner
@@ -107,6 +109,7 @@ class Pulled:
     mutation: Mutation  # with the document's key in its collection
     checkpoint: Checkpoint  # the function's checkpoint of that vBucket when the copy was read
     keyspace: dict[str, str] | None = None  # meta.keyspace of the mutation's collection
+    origin: str | None = None  # the deployment's origin (eventing.storage.origins): of writes applied with `apply`
 
 
 def find_next(
@@ -120,7 +123,8 @@ def find_next(
             f"function '{function}' is {state}, so it has no position in the stream to debug from; "
             f"deploy it first (`eventing deploy {function}`; it may stay paused)"
         )
-    source_keyspace = FunctionDefinition.from_dict(store.get_function(function).definition).source_keyspace
+    record = store.get_function(function)
+    source_keyspace = FunctionDefinition.from_dict(record.definition).source_keyspace
     collections = SourceCollections(source, source_keyspace)
     highs = source.high_seqnos()
     if key is not None:
@@ -146,10 +150,10 @@ def find_next(
                     continue
                 for row in rows:
                     m = Mutation(*row)
-                    if m.origin == function:  # the worker skips it too (recursion guard)
+                    if is_own(m.origin, function, record.generation):  # the worker skips it too (recursion guard)
                         continue
                     if key is None or m.key == key:
-                        return Pulled(m, cp, keyspace)
+                        return Pulled(m, cp, keyspace, deployment_origin(function, record.generation))
             after = batch[-1].seqno
     return None
 
@@ -234,7 +238,7 @@ class DebugSession:
                 self.writes = runtime.take_writes()
                 if self.apply and self.writes:
                     for bucket, writes in writes_by_bucket(self.writes):
-                        bucket.write([w for _, w in writes], origin=self.function)
+                        bucket.write([w for _, w in writes], origin=self.pulled.origin or self.function)
                     self.applied = True
             self._emit({"event": "result", "status": self.outcome.status, "error": self.outcome.error or None,
                         "traceback": self.outcome.traceback or None, "seconds": round(self.outcome.seconds, 6),

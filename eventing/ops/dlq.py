@@ -27,8 +27,9 @@ handler still fails stays in the queue with attempts + 1 and the newest reason, 
 Replayed rows are hidden from `list` unless asked for, and kept until purged; replay marks stay in the
 destination buckets' effect-mark tables (one small row per replayed row and bucket written).
 
-Replayed writes carry the function's name as their origin, like its live writes, so the recursion guard
-holds: a replayed write to the function's own source bucket does not trigger the function again.
+Replayed writes carry the current deployment's origin (eventing.storage.origins), like its live writes, so
+the recursion guard holds: a replayed write to the function's own source bucket does not trigger the
+deployment again (a later deployment handles it, as any write of an earlier one).
 
 Replay runs beside the stream, not in it: a replayed mutation's effects land after those of any later
 mutation of the same document that the stream already handled. Each row gets one attempt per replay,
@@ -49,6 +50,7 @@ from eventing.core.mutation import OP_NAMES, Mutation, unpack_mutation
 from eventing.errors import ConfigError, NotFoundError
 from eventing.execution.runner import HandlerRunner, writes_by_bucket
 from eventing.execution.single_call import run_once
+from eventing.storage.origins import deployment_origin
 from eventing.storage.protocol import FileBucket
 from eventing.storage.values import EffectGroup
 from eventing.workers.sandbox import SandboxedRunner, open_runner
@@ -233,8 +235,10 @@ def replay(
             if selector.seqno is not None and not rows:
                 _explain_missing(store, function, selector)
             report.selected = len(rows)
+            origin = deployment_origin(function, store.get_function(function).generation)
             for row in rows:  # (vBucket, seqno) order: each document's rows in its order
-                result = _replay_row(store, runtime, row, after_effects, explicit=selector.seqno is not None)
+                result = _replay_row(store, runtime, row, after_effects, explicit=selector.seqno is not None,
+                                     origin=origin)
                 report.rows.append(result)
                 report.writes_applied += result.writes_applied
                 report.writes_skipped += result.writes_skipped
@@ -258,6 +262,7 @@ def _replay_row(
     after_effects: Callable[[DlqRow], None] | None,
     *,
     explicit: bool,
+    origin: str | None = None,
 ) -> RowResult:
     result = RowResult(row.vb, row.seqno, row.key, "replayed")
     if row.reason not in REPLAYABLE_REASONS:
@@ -280,7 +285,7 @@ def _replay_row(
             conflict = ""
             for bucket, writes in writes_by_bucket(runtime.take_writes()):
                 group = EffectGroup(row.vb, 0, writes, conditional=True)  # cas conditions checked here too
-                applied = bucket.apply_effects(namespace, [group], origin=row.function)
+                applied = bucket.apply_effects(namespace, [group], origin=origin or row.function)
                 result.writes_applied += applied.applied
                 result.writes_skipped += applied.duplicates
                 if applied.conflicts:

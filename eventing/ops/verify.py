@@ -13,7 +13,7 @@ its workers pass them over.
 
 A function owes every source mutation after its deployment's feed boundary up to its checkpoint, per
 vBucket. Each is accounted for by an effect in the ledger, a dead letter for its (vBucket, seqno), or its
-origin being the function itself (the recursion guard filtered it). Effects of mutations past the
+origin being the deployment itself (the recursion guard filtered it; eventing.storage.origins). Effects of mutations past the
 checkpoint are allowed, since effects become durable before the checkpoint moves: a running function can be
 checked. Checkpoints are read first, then dead letters, then the buckets, so whatever a checkpoint covers
 is already visible. A function with a `filter` (eventing.core.filters) also accounts for every mutation its
@@ -36,6 +36,7 @@ from eventing.core.mutation import Mutation
 from eventing.errors import ConfigError, LifecycleError
 from eventing.storage.factory import open_bucket
 from eventing.storage.keyspace import collection_id, open_keyspace
+from eventing.storage.origins import is_own
 from eventing.storage.protocol import FileBucket
 from sharding import NUM_VBUCKETS
 
@@ -203,6 +204,7 @@ def check_ledger(
     source_ids: Collection[int] | None = None,
     ledger_prefix: str = "",
     matches: Callable[[Mutation], bool] | None = None,
+    generation: int | None = None,
 ) -> VerifyReport:
     """Account for every source mutation with start[vb] < seqno <= upto[vb] (all of them by default).
 
@@ -211,7 +213,9 @@ def check_ledger(
     checkpoint moves (see SqliteMetadataStore.checkpoint_regressions). `source_ids` are the ids of the
     source's collections (None: every row of the log is the function's); `ledger_prefix` is the key prefix
     of the ledger's collection (eventing.core.keyspaces.key_prefix). `matches` is the function's filter
-    (None: no filter); it reads the documents, so the log is then read with them.
+    (None: no filter); it reads the documents, so the log is then read with them. `generation` is the
+    deployment checked: a mutation counts as its own write (recursion guard) only when that deployment wrote
+    it (None: any deployment of the function).
     """
     if function is None:
         found = ledger_functions(ledger, ledger_prefix)
@@ -253,7 +257,7 @@ def check_ledger(
             documents.add(key)
             if has_effect:
                 report.handled += 1
-            elif origin is not None and origin == function:
+            elif function is not None and is_own(origin, function, generation):
                 report.recursion_filtered += 1
             elif (vb, seqno) in dlq:
                 report.dead_lettered += 1
@@ -341,7 +345,7 @@ def verify_function(data_dir: str, function: str, *, ledger: str | None = None) 
         report = check_ledger(
             source, target, function=function, upto=upto, start=start,
             dead_letters=dead_letters, regressions=regressions, source_ids=source_ids, ledger_prefix=ledger_prefix,
-            matches=_filter_of(defn),
+            matches=_filter_of(defn), generation=record.generation,
         )
     finally:
         source.close()

@@ -108,8 +108,9 @@ class BucketEffects(BucketWrites, BucketReads):
                 marks.append((function, g.vb, g.epoch, top))
             if conditional:  # every write goes through the check, in order, so chains of writes are followed
                 writes, result.conflicts = self._resolve(pending)
-            # The writes carry the function as their origin (recursion guard); `function` also names
-            # the marks, which a replay keeps apart from the live ones (origin stays the function).
+            # The writes carry their origin, the writer's deployment (recursion guard, see
+            # eventing.storage.origins; `function` when none is given); `function` also names the marks,
+            # which a replay keeps apart from the live ones (its origin stays the deployment's).
             items = _items(writes)
             self._log(items, origin or function, None, _plan(items))
             result.applied = len(writes)

@@ -15,6 +15,7 @@ from eventing.core.filters import Prefilter
 from eventing.core.keyspaces import COLLECTION_MARK
 from eventing.core.mutation import OP_UPDATE, Mutation, decode_document
 from eventing.storage.files import _LOG_COLUMNS, _retry_locked
+from eventing.storage.origins import of_function_params, of_function_sql
 from eventing.storage.values import PackedUpdates, Spans
 from sharding import NUM_VBUCKETS
 
@@ -125,7 +126,8 @@ class BucketReads:
     ) -> tuple[list[tuple], int, int]:
         """The next ``limit`` log entries of one vBucket after ``after_seqno`` (none past ``upto``) less the
         ones ``prefilter`` rules out (eventing.core.filters.Prefilter, checked by SQLite on the key and the
-        document's bytes: those rows never become Python objects). Entries written by ``origin`` and
+        document's bytes: those rows never become Python objects). Entries written by any deployment of
+        function ``origin`` (the worker's recursion guard decides on them, eventing.storage.origins) and
         entries of named collections are always returned. Returns (rows in seqno order, how many entries
         the range held, its last seqno)."""
         scanned, last = self._db.execute(
@@ -138,8 +140,8 @@ class BucketReads:
         sql, params = _prefilter_sql(prefilter)
         rows = self._db.execute(
             f"SELECT {_LOG_COLUMNS} FROM log WHERE vb = ? AND seqno > ? AND seqno <= ? "
-            f"AND (origin = ? OR substr(key, 1, 1) = ? OR ({sql})) ORDER BY seqno",
-            (vb, after_seqno, last, origin, COLLECTION_MARK, *params),
+            f"AND ({of_function_sql()} OR substr(key, 1, 1) = ? OR ({sql})) ORDER BY seqno",
+            (vb, after_seqno, last, *of_function_params(origin), COLLECTION_MARK, *params),
         ).fetchall()
         return rows, scanned, last
 
@@ -174,14 +176,15 @@ class BucketReads:
         """The next ``limit`` log entries of one vBucket after ``after_seqno`` for a caller that wants the
         updates' documents and keys in bulk: SQLite concatenates them, so no Python object is made per
         entry (about half the cost of fetching the rows). None when the entries are not the plain case
-        the caller can take whole: no entries, a gap in the seqnos, an entry written by ``origin``, an
+        the caller can take whole: no entries, a gap in the seqnos, an entry written by a deployment of
+        function ``origin`` (eventing.storage.origins), an
         update without a document or a delete with one; read them with read_vb then.
 
         The updates' arrival times come as their least and greatest; each one is read as well (a second
         query, about as costly as the first) only when they spread over ``exact_arrivals_over_ms`` or more."""
         try:
             row = self._db.execute(
-                "SELECT count(*), max(seqno), count(doc), max(origin = ?4), "
+                "SELECT count(*), max(seqno), count(doc), max(origin = ?4 OR substr(origin, 1, ?5) = ?6), "
                 "group_concat(CASE WHEN op != 0 THEN seqno END), "
                 "CAST(group_concat(CASE WHEN op = 0 THEN key END, char(0)) AS BLOB), "
                 "CAST(group_concat(doc, '') AS BLOB), "
@@ -189,7 +192,7 @@ class BucketReads:
                 # A range scan of the primary key feeds the aggregates in (vb, seqno) order. (Before SQLite
                 # 3.44 group_concat takes no ORDER BY; a sorted subquery would cost a third more.)
                 "FROM log WHERE vb = ?1 AND seqno > ?2 AND seqno <= ?3",
-                (vb, after_seqno, after_seqno + limit, origin),
+                (vb, after_seqno, after_seqno + limit, *of_function_params(origin)),
             ).fetchone()
         except sqlite3.DataError:  # the concatenation is over SQLite's length limit (huge documents)
             return None

@@ -43,6 +43,7 @@ class WorkerHandling:
     """Handling mutations. A part of WorkerCore (eventing.workers.worker), which sets these."""
 
     name: str
+    origin: str  # this deployment's writes (eventing.storage.origins): the recursion guard
     spec: Any  # the core's WorkerSpec (eventing.workers.worker): a dead letter carries its generation
     source: Bucket
     runner: HandlerRunner
@@ -270,8 +271,9 @@ class WorkerHandling:
     def _handle(self, m: Mutation) -> None:
         c = self.counters
         c[counter_names.MUTATIONS_SEEN] += 1
-        if m.origin == self.name:
-            # Recursion guard: this function's own binding wrote it; handling it again would loop.
+        if m.origin == self.origin or m.origin == self.name:
+            # Recursion guard: this deployment's own binding wrote it (a bare name: written before origins
+            # named the deployment, see eventing.storage.origins); handling it again would loop.
             c[counter_names.RECURSION_FILTERED] += 1
             if self.runner.previous is not None:
                 self.runner.seen(m)

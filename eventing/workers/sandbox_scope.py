@@ -162,7 +162,7 @@ class ScopedService:
             if call in READ_CALLS and call not in KEY_CALLS and call not in LIST_CALLS:
                 return
             if (call in EFFECT_CALLS and name in self.writable and call_args and call_args[0] == fn
-                    and isinstance(kwargs, dict) and kwargs.get("origin") in (None, fn)
+                    and isinstance(kwargs, dict) and _origin_function(kwargs.get("origin")) in (None, fn)
                     and (call != "apply_effects" or self._effects_allowed(name, call_args))):
                 return
         if method == "meta" and len(args) == 3 and args[0] in META_CALLS and args[1] and args[1][0] == fn:
@@ -187,3 +187,11 @@ class ScopedService:
         groups = call_args[1] if len(call_args) > 1 else ()
         return all(self._allowed(bucket, getattr(w, "key", None), write=True)
                    for g in groups for _, w in getattr(g, "writes", ()))
+
+
+def _origin_function(origin: Any) -> str | None:
+    """The function an effect call's origin names (its deployment's writes, eventing.storage.origins); ""
+    for a value that is no origin."""
+    from eventing.storage.origins import origin_function
+
+    return origin_function(origin) if origin is None or isinstance(origin, str) else ""

@@ -22,6 +22,7 @@ from eventing.core.mutation import OP_TIMER, Mutation
 from eventing.errors import FencedError, StoreError
 from eventing.execution.app_log import RemoteAppLog
 from eventing.execution.runner import HandlerRunner
+from eventing.storage.origins import deployment_origin
 from eventing.storage.remote import DataAccess, DataServiceRef
 from eventing.storage.values import Spans
 from eventing.windows.runtime.row_writer import WindowRowWriter
@@ -75,6 +76,7 @@ class WorkerCore(WorkerTimers, WorkerReads):
     def __init__(self, spec: WorkerSpec, *, recycle_on_hang: bool = False):
         self.spec = spec
         self.name = spec.function
+        self.origin = deployment_origin(spec.function, spec.generation)  # of its writes: the recursion guard
         self.data = spec.data_access()
         self.store = self.data.metadata()
         record = self.store.get_function(spec.function)
@@ -332,7 +334,9 @@ class WorkerCore(WorkerTimers, WorkerReads):
                     binding.replayed_writes = 0
                 if not binding.pending():
                     continue
-                result = binding.bucket.apply_effects(self.name, binding.take_groups(), marks=self.marked)
+                result = binding.bucket.apply_effects(
+                    self.name, binding.take_groups(), origin=self.origin, marks=self.marked
+                )
                 self.counters[counter_names.EFFECTS_APPLIED] += result.applied
                 self.counters[counter_names.EFFECTS_DUPLICATE] += result.duplicates
                 self.counters[counter_names.EFFECTS_FENCED] += result.fenced_writes

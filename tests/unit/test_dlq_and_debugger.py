@@ -313,7 +313,7 @@ def test_debug_trace_shows_doc_meta_log_reads_and_writes_and_applies_nothing(dat
     assert dst.get("alpha") == {"rev": 0}
 
 
-def test_debug_with_apply_writes_the_effects_with_the_function_as_origin(data_dir, capsys):
+def test_debug_with_apply_writes_the_effects_with_the_deployment_as_origin(data_dir, capsys):
     debug_setup(data_dir)
     dst = LocalBucket.open(data_dir, "dst")
     marks = dst.effect_marks("fn_d")
@@ -321,7 +321,7 @@ def test_debug_with_apply_writes_the_effects_with_the_function_as_origin(data_di
     assert report["applied"] is True and report["consumed"] is False
     assert dst.get("beta") == {"rev": 1, "previous": None}
     last = [m for batch in dst.scan_log() for m in batch if m.key == "beta"]
-    assert len(last) == 1 and last[0].origin == "fn_d"
+    assert len(last) == 1 and last[0].origin == "fn_d@1"  # its deployment's (eventing.storage.origins)
     assert dst.effect_marks("fn_d") == marks  # outside the effect marks: the worker still handles it
 
 
