@@ -1,7 +1,7 @@
 """Shared worker processes on real Ray (`eventing run --worker-processes N`, eventing.workers.shared_host):
 several functions' workers in few processes with every ledger exact, a sandboxed function among them, a
-shared process killed with kill -9 mid-run, and a handler stuck in an (interruptible) infinite loop beside a
-healthy function in the same process. The bookkeeping alone runs in tests/unit/test_shared_workers.py.
+shared process killed with kill -9 mid-run, a handler stuck in an (interruptible) infinite loop beside a
+healthy function in the same process, and a hang SIGALRM cannot interrupt, which ends the shared process. The bookkeeping alone runs in tests/unit/test_shared_workers.py.
 Every test uses the session's one Ray instance (tests/conftest.py, `ray_session`)."""
 
 from __future__ import annotations
@@ -27,6 +27,16 @@ SPIN = '''
 def on_update(doc, meta):
     while True:  # a hang SIGALRM interrupts: the worker's watchdog ends the call at execution_timeout
         pass
+'''
+
+BLOCKED = '''
+import signal
+import time
+
+
+def on_update(doc, meta):
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})  # SIGALRM cannot interrupt this call
+    time.sleep(120)
 '''
 
 
@@ -134,3 +144,22 @@ def test_an_interruptible_hang_does_not_stop_a_function_sharing_its_process(data
     # Interrupted inside the step: the process lived on, nobody restarted.
     assert watch.restarts == {"fn_ok": 0, "fn_spin": 0}
     assert watch.finished_at["fn_ok"] - began < 120
+
+
+def test_an_uninterruptible_hang_ends_the_shared_process_and_its_neighbours_resume_exactly(data_dir, ray_session):
+    """What sharing costs: the hang guard ends the whole process, so the healthy function's workers there
+    restart from their checkpoints too. Nothing is lost or applied twice; the stuck call is dead-lettered."""
+    mutations = 3000
+    source = load_source(data_dir, 300, mutations, seed=15)
+    deploy_function(data_dir, ledger_definition("fn_ok", "src", "ledger_fn_ok", workers=2, batch_size=100, sleep_ms=2))
+    load_source(data_dir, 1, 1, bucket="stuck_src", seed=16)
+    stuck = ledger_definition("fn_stuck", "stuck_src", "ledger_fn_stuck", workers=1, execution_timeout="1s")
+    deploy_function(data_dir, stuck, BLOCKED)
+    executor = RayExecutor(worker_processes=1)
+    watch = PidWatch()
+    summary = run(data_dir, executor, watch).run()
+    check(data_dir, source, ["fn_ok"], summary, mutations)
+    rows = open_store(data_dir).dlq_rows("fn_stuck")  # the stuck call, written by the hang guard
+    assert [r.reason for r in rows] == ["timeout"]
+    assert watch.restarts["fn_ok"] >= 1  # its workers shared the ended process
+    assert executor.shared.started >= 2
