@@ -38,6 +38,7 @@ from eventing.errors import EventingError
 from eventing.execution.app_log import log_path
 from eventing.storage import wake
 from eventing.windows.runtime.host import WindowHost, WindowOptions
+from eventing.workers import write_waiter
 from eventing.workers.executor import Executor
 from eventing.workers.worker import WorkerSpec
 from metadata import FunctionState, Lease
@@ -155,6 +156,7 @@ class EventingService:
         # the caught-up workers owning their vBuckets. Not in until_caught_up mode (its targets are fixed),
         # nor with EVENTING_WAKE=0 (the poll alone).
         self.waker: wake.WakeListener | None = None
+        self._wake_sender: socket.socket | None = None  # the listener thread's, to pass notifications on
         self.wakes: Counter[str] = Counter()  # notifications that woke a worker, by bucket
         self.wake_log: deque[tuple[float, str, frozenset[int], int]] = deque(maxlen=256)  # (time, bucket, vbs, woken)
 
@@ -181,9 +183,12 @@ class EventingService:
             self.executor.serve(self.data_dir)  # the data service, for workers on nodes without the data directory
             if not self.until_caught_up and wake.enabled():
                 waker = wake.WakeListener(self.data_dir)
+                self._wake_sender = write_waiter.sender_socket()
+                held.callback(self._wake_sender.close)  # after the listener's thread ended (callbacks run LIFO)
                 if waker.start():
                     self.waker = waker
                     held.callback(waker.close)
+                    waker.on_notify = self._forward_wake
             held.callback(lambda: self._report(time.monotonic() - start, final=True))
             held.callback(self.windows.close)
             held.callback(self._stop_all)
@@ -225,6 +230,20 @@ class EventingService:
                 self.stop_event.wait(0.1)
             else:
                 self._idle_wait()
+
+    def _forward_wake(self, bucket: str, vbuckets: set[int], payload: bytes) -> None:
+        """On the listener's thread, as each write notification arrives: workers waiting in their step get
+        it at once (the loop's `_apply_wakes` steps those that are not waiting)."""
+        try:
+            supervisors = list(self.supervisors.values())
+        except RuntimeError:  # the loop changed the set of functions meanwhile: the loop's pass covers it
+            return
+        sender = self._wake_sender
+        if sender is None:
+            return
+        for sup in supervisors:
+            if sup.defn.source_bucket == bucket:
+                sup.forward_wake(vbuckets, payload, sender)
 
     def _apply_wakes(self) -> None:
         """Step now the workers whose vBuckets got writes since the last pass."""

@@ -5,6 +5,7 @@ and stops them cleanly (checkpoint, release)."""
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -14,6 +15,7 @@ from typing import Any
 from eventing.core.definition import FunctionDefinition, effective_isolation
 from eventing.errors import EventingError
 from eventing.storage.factory import open_bucket
+from eventing.workers import write_waiter
 from eventing.workers.executor import Executor, WorkerDied
 from eventing.workers.worker import StepReport, WorkerSpec
 from metadata import FunctionRecord
@@ -141,6 +143,10 @@ class FunctionSupervisor:
 
     def _spawn(self, slot: WorkerSlot) -> None:
         ray_node = self.placements.get(slot.node)
+        # Only where each worker has a process of its own: in-process, a waiting step would hold up the others.
+        # A fresh socket name for each start: a killed process may still hold the last one.
+        if self.waking and self.executor.name != "in-process":
+            slot.spec = replace(slot.spec, wake_address=write_waiter.new_address())
         slot.handle = self.warm.pop((self.name, slot.spec.worker_id, ray_node), None)
         if slot.handle is not None:
             slot.handle.call("respec", slot.spec)  # runs before "start": one actor's calls run in order
@@ -185,6 +191,14 @@ class FunctionSupervisor:
             self.wakes += 1
         return woken
 
+    def forward_wake(self, vbuckets: set[int], payload: bytes, sender: socket.socket) -> None:
+        """On the service's listening thread: pass a write notification on to the workers owning those
+        vBuckets, which may be waiting for it in their step (eventing.workers.write_waiter)."""
+        for slot in list(self.slots.values()):
+            address = slot.spec.wake_address
+            if address and not vbuckets.isdisjoint(slot.spec.vbuckets):
+                write_waiter.forward(sender, address, payload)
+
     def idle_until(self) -> float | None:
         """None while any call of this function is in flight (the pump waits on those); else the monotonic
         time its next step is due (inf: none is), so the service can block until then or until woken."""
@@ -222,7 +236,11 @@ class FunctionSupervisor:
                 continue
             while len(slot.inflight) < CREDITS and now >= slot.next_step_at:
                 slot.woken = False  # this step starts after every write notified so far
-                fut = slot.handle.call("step")
+                # A caught-up worker with a waiter waits in its step for its next write (forward_wake).
+                if slot.caught_up and slot.spec.wake_address:
+                    fut = slot.handle.call("step", None, IDLE_POLL_S)
+                else:
+                    fut = slot.handle.call("step")
                 slot.inflight.append(fut)
                 self._future_owner[fut] = slot.spec.worker_id
                 if slot.caught_up:
@@ -276,8 +294,9 @@ class FunctionSupervisor:
         slot.backlog = report.backlog
         if report.fenced:
             log.warning("function %s worker %s lost %d vBuckets to a newer owner", self.name, wid, len(report.fenced))
-        if report.handled or report.timers_fired:
+        if report.handled or report.timers_fired or report.waited:
             # Busy: step again at once, even if an earlier step of this worker came back empty meanwhile.
+            # A step that waited for a write is followed at once by the next waiting one.
             slot.next_step_at = 0.0
         elif not slot.woken:
             slot.next_step_at = time.monotonic() + IDLE_POLL_S

@@ -29,7 +29,7 @@ import socket
 import stat
 import threading
 from array import array
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from eventing.core.keyspaces import NUM_VBUCKETS
@@ -138,6 +138,9 @@ class WakeListener:
         self._inode: int | None = None
         self._thread: threading.Thread | None = None
         self._closing = False
+        # Called on the listening thread with each notification as it arrives (bucket, vBuckets, the
+        # datagram): the service passes it on to workers waiting for writes (eventing.workers.write_waiter).
+        self.on_notify: Callable[[str, set[int], bytes], None] | None = None
 
     def start(self) -> bool:
         """Listen; False (and the poll alone) when the socket cannot be made."""
@@ -177,6 +180,12 @@ class WakeListener:
             if found is None:
                 continue
             bucket, vbs = found
+            on_notify = self.on_notify
+            if on_notify is not None:
+                try:
+                    on_notify(bucket, vbs, data)
+                except Exception:  # noqa: BLE001 - a forward that failed leaves the write to the loop below
+                    log.debug("forwarding a write notification failed", exc_info=True)
             with self._lock:
                 self.received += 1
                 pending = self._pending.get(bucket)

@@ -22,15 +22,14 @@ from eventing.core.mutation import OP_TIMER, Mutation
 from eventing.errors import FencedError, StoreError
 from eventing.execution.app_log import RemoteAppLog
 from eventing.execution.runner import HandlerRunner
-from eventing.storage.origins import deployment_origin
 from eventing.storage.remote import DataAccess, DataServiceRef
 from eventing.storage.values import Spans
 from eventing.windows.runtime.row_writer import WindowRowWriter
-from eventing.workers import concurrent_calls
 from eventing.workers.collections import SourceCollections
 from eventing.workers.hang_guard import HangGuard
 from eventing.workers.source_reads import WorkerReads
 from eventing.workers.timer_firing import WorkerTimers
+from eventing.workers.write_waiter import WriteWaiter
 from metadata import TIMER_VB_BASE, DlqRow, TimerDone, owner_vb
 from sharding import vbucket_spans
 
@@ -47,6 +46,9 @@ class WorkerSpec:
     data_service: DataServiceRef | None = None
     # "sandbox": the core runs in a Landlocked process of its own (eventing.workers.sandbox); "none": here.
     isolation: str = "none"
+    # A caught-up worker waits for its next write in its step, woken through this socket (an abstract UNIX
+    # name, eventing.workers.write_waiter); None: it is asked again by the service instead.
+    wake_address: str | None = None
 
     def data_access(self) -> DataAccess:
         return DataAccess(self.data_dir, self.data_service, key=self.worker_id)
@@ -62,6 +64,7 @@ class StepReport:
     owned: int = 0
     timers_fired: int = 0  # timer callbacks run in this step (not mutations: `handled` leaves them out)
     first_handled_at: float = 0.0  # epoch s: when the worker's first handled batch began (its first step with any)
+    waited: bool = False  # the step waited for a write (idle_wait_s): the next one may be sent at once
 
 
 # A supervisor's step keeps taking batches this long while the worker is behind: ~10 round trips a
@@ -76,7 +79,6 @@ class WorkerCore(WorkerTimers, WorkerReads):
     def __init__(self, spec: WorkerSpec, *, recycle_on_hang: bool = False):
         self.spec = spec
         self.name = spec.function
-        self.origin = deployment_origin(spec.function, spec.generation)  # of its writes: the recursion guard
         self.data = spec.data_access()
         self.store = self.data.metadata()
         record = self.store.get_function(spec.function)
@@ -139,8 +141,7 @@ class WorkerCore(WorkerTimers, WorkerReads):
         self.timers_done: list[TimerDone] = []  # fired since the last commit
         self._reclaim: set[int] = set()  # newly owned vBuckets: timers a previous owner claimed fire first
         self.hang_guard = HangGuard(self.runner.context, self.timeout_s)
-        # concurrency > 1: a pool runs the batch's calls, several documents at once (else None: one at a time).
-        self.calls = concurrent_calls.attach(self)
+        self.waiter = WriteWaiter.open(spec.wake_address) if spec.wake_address and self.data.local else None
         self.assign_vbuckets(spec.vbuckets)
         if recycle_on_hang:
             self.hang_guard.recycle_on_hang(
@@ -235,11 +236,13 @@ class WorkerCore(WorkerTimers, WorkerReads):
 
     # -- processing ---------------------------------------------------------------------------------
 
-    def step(self, budget: int | None = None) -> StepReport:
+    def step(self, budget: int | None = None, idle_wait_s: float = 0.0) -> StepReport:
         """Handle mutations across owned vBuckets in batches of `budget` (default batch_size), flushing
         effects after each batch, and checkpoint if due. An explicit budget is exactly one batch; the
         supervisor's call (no budget) keeps taking batches for STEP_SLICE_S while a backlog is left, so a
-        worker that is behind pays one round trip per slice instead of one per batch."""
+        worker that is behind pays one round trip per slice instead of one per batch. With `idle_wait_s`
+        and a waiter (eventing.workers.write_waiter), a step that finds nothing to do waits that long for a
+        write to its vBuckets and handles it at once."""
         slice_ends = time.monotonic() + (STEP_SLICE_S if budget is None else 0.0)
         budget = budget or self.defn.batch_size
         targets = self.targets
@@ -251,6 +254,11 @@ class WorkerCore(WorkerTimers, WorkerReads):
         highs = self.source.high_seqnos(prefetched=True) if remote else []
         first_at = 0.0 if self._handled_any else time.time()
         positions = self.positions
+        waiter = self.waiter if idle_wait_s > 0 and not remote else None
+        waited = False
+        if waiter is not None:
+            waiter.drain()  # every write notified so far is seen by the first look below
+            wait_ends = time.monotonic() + idle_wait_s
         while True:
             if not remote:
                 highs = self.source.high_seqnos(spans=self._owned_spans())
@@ -262,6 +270,12 @@ class WorkerCore(WorkerTimers, WorkerReads):
             else:
                 work = [vb for vb in self.epochs if positions[vb] < highs[vb]]
                 limits = {vb: highs[vb] for vb in work}
+            if not work and waiter is not None and not handled:
+                left = wait_ends - time.monotonic()
+                if left > 0:
+                    waited = True
+                    if waiter.wait(left):
+                        continue  # a write to an owned vBucket (or a stale notification): look again
             batch = 0
             if work:
                 armed = self.hang_guard.arm()
@@ -309,6 +323,7 @@ class WorkerCore(WorkerTimers, WorkerReads):
             owned=len(self.epochs),
             timers_fired=fired,
             first_handled_at=first_at,
+            waited=waited,
         )
 
     def _pending_effects(self) -> int:
@@ -334,9 +349,7 @@ class WorkerCore(WorkerTimers, WorkerReads):
                     binding.replayed_writes = 0
                 if not binding.pending():
                     continue
-                result = binding.bucket.apply_effects(
-                    self.name, binding.take_groups(), origin=self.origin, marks=self.marked
-                )
+                result = binding.bucket.apply_effects(self.name, binding.take_groups(), marks=self.marked)
                 self.counters[counter_names.EFFECTS_APPLIED] += result.applied
                 self.counters[counter_names.EFFECTS_DUPLICATE] += result.duplicates
                 self.counters[counter_names.EFFECTS_FENCED] += result.fenced_writes
@@ -439,8 +452,8 @@ class WorkerCore(WorkerTimers, WorkerReads):
     def close(self) -> None:
         self._closed = True
         self.hang_guard.close()  # ends its thread: a pooled worker process outlives its cores
-        if self.calls is not None:
-            self.calls.close()  # ends the pool's threads
+        if self.waiter is not None:
+            self.waiter.close()
         if self.app_log is not None:
             try:
                 self.app_log.flush()
