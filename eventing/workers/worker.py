@@ -22,9 +22,11 @@ from eventing.core.mutation import OP_TIMER, Mutation
 from eventing.errors import FencedError, StoreError
 from eventing.execution.app_log import RemoteAppLog
 from eventing.execution.runner import HandlerRunner
+from eventing.storage.origins import deployment_origin
 from eventing.storage.remote import DataAccess, DataServiceRef
 from eventing.storage.values import Spans
 from eventing.windows.runtime.row_writer import WindowRowWriter
+from eventing.workers import concurrent_calls
 from eventing.workers.collections import SourceCollections
 from eventing.workers.hang_guard import HangGuard
 from eventing.workers.source_reads import WorkerReads
@@ -79,6 +81,7 @@ class WorkerCore(WorkerTimers, WorkerReads):
     def __init__(self, spec: WorkerSpec, *, recycle_on_hang: bool = False):
         self.spec = spec
         self.name = spec.function
+        self.origin = deployment_origin(spec.function, spec.generation)  # of its writes: the recursion guard
         self.data = spec.data_access()
         self.store = self.data.metadata()
         record = self.store.get_function(spec.function)
@@ -141,6 +144,8 @@ class WorkerCore(WorkerTimers, WorkerReads):
         self.timers_done: list[TimerDone] = []  # fired since the last commit
         self._reclaim: set[int] = set()  # newly owned vBuckets: timers a previous owner claimed fire first
         self.hang_guard = HangGuard(self.runner.context, self.timeout_s)
+        # concurrency > 1: a pool runs the batch's calls, several documents at once (else None: one at a time).
+        self.calls = concurrent_calls.attach(self)
         self.waiter = WriteWaiter.open(spec.wake_address) if spec.wake_address and self.data.local else None
         self.assign_vbuckets(spec.vbuckets)
         if recycle_on_hang:
@@ -349,7 +354,9 @@ class WorkerCore(WorkerTimers, WorkerReads):
                     binding.replayed_writes = 0
                 if not binding.pending():
                     continue
-                result = binding.bucket.apply_effects(self.name, binding.take_groups(), marks=self.marked)
+                result = binding.bucket.apply_effects(
+                    self.name, binding.take_groups(), origin=self.origin, marks=self.marked
+                )
                 self.counters[counter_names.EFFECTS_APPLIED] += result.applied
                 self.counters[counter_names.EFFECTS_DUPLICATE] += result.duplicates
                 self.counters[counter_names.EFFECTS_FENCED] += result.fenced_writes
@@ -452,6 +459,8 @@ class WorkerCore(WorkerTimers, WorkerReads):
     def close(self) -> None:
         self._closed = True
         self.hang_guard.close()  # ends its thread: a pooled worker process outlives its cores
+        if self.calls is not None:
+            self.calls.close()  # ends the pool's threads
         if self.waiter is not None:
             self.waiter.close()
         if self.app_log is not None:
