@@ -129,3 +129,38 @@ def test_wildcard_keyspaces_in_definitions_and_couchbase_exports():
     converted = from_couchbase(exported)
     assert converted.definition.source_keyspace == Keyspace("source", "*", "*")
     assert converted.definition.bindings[0].keyspace == Keyspace("source", "myscope", "*")
+
+
+def test_a_sandboxed_function_reaches_every_collection_its_wildcards_cover_and_writes_as_its_deployment(data_dir):
+    from eventing.core.keyspaces import key_prefix
+    from eventing.storage.factory import create_bucket
+    from eventing.storage.remote import DataService
+    from eventing.storage.values import EffectGroup, Write
+    from eventing.workers.sandbox_scope import ScopedService
+
+    source = create_bucket(data_dir, "src")
+    staff = source.create_collection("hr", "staff")
+    out = create_bucket(data_dir, "out")
+    a, other = out.create_collection("t", "a"), out.create_collection("u", "b")
+    for bucket, cids in ((source, (0, staff)), (out, (0, a, other))):
+        bucket.write([Write(key_prefix(cid) + "doc", 0, b"\x80") for cid in cids])
+    defn = FunctionDefinition.from_dict({
+        "name": "fn", "source_bucket": "src", "source_scope": "*", "source_collection": "*",
+        "bindings": [{"alias": "o", "bucket": "out", "scope": "t", "collection": "*", "access": "rw"}],
+    })
+    service = ScopedService("fn", defn, DataService(data_dir))
+    try:
+        for bucket, key in (("src", "doc"), ("src", key_prefix(staff) + "doc"), ("out", key_prefix(a) + "doc")):
+            assert service.call("bucket", bucket, "get_raw", (key,), {}) is not None
+        for key in ("doc", key_prefix(other) + "doc"):  # outside `out.t.*`
+            with pytest.raises(ConfigError, match="runs sandboxed"):
+                service.call("bucket", "out", "get_raw", (key,), {})
+        group = EffectGroup(0, 1, [(1, Write(key_prefix(a) + "new", 0, b"\x80"))])
+        service.call("bucket", "out", "apply_effects", ("fn", [group]), {"origin": "fn@1", "marks": False})
+        for origin in ("other@1", 7):  # another function's origin, or no origin at all
+            with pytest.raises(ConfigError, match="runs sandboxed"):
+                service.call("bucket", "out", "apply_effects", ("fn", [group]), {"origin": origin, "marks": False})
+    finally:
+        service.backend.close()
+        source.close()
+        out.close()
