@@ -14,6 +14,7 @@ workers, alone, times N (its catch-up time x N; its RSS as it is). Reported per 
 - catch_up_s: from the first handler call to the command's exit (the command's wall time less start-up);
 - startup_s: from the command to its first handler call (`eventing run --json`'s startup.first_handler_call_s);
 - peak_rss_mb / peak_pss_mb: the peak of the tree's summed RSS / PSS, with how many processes it held;
+  peak_worker_rss_mb: the peak of the Ray worker processes' summed RSS alone (worker_processes of them);
 - ratio: catch_up_s / (baseline catch_up_s x N). The project's goals: 20 functions within 2 GB of RSS and
   caught up within 2x the baseline;
 - cpu_s / cpu_ratio: CPU seconds of the whole tree (each process as last sampled), and N functions' CPU over
@@ -139,6 +140,7 @@ class TreeSampler(threading.Thread):
         super().__init__(daemon=True)
         self.root = root
         self.peak_rss = self.peak_pss = 0.0
+        self.peak_worker_rss = 0.0  # the Ray worker processes' summed RSS alone (the workers' hosts)
         self.peak_processes = 0
         self.seen: dict[int, tuple[int, float]] = {}  # pid: (start time, CPU seconds when last seen)
         self.workers: set[int] = set()  # pids of Ray worker processes (ray::WorkerHost..., ray::IDLE)
@@ -153,11 +155,14 @@ class TreeSampler(threading.Thread):
         pids = tree(self.root)
         self.seen.update(pids)
         self.workers.update(pid for pid in pids if _is_ray_worker(pid))
-        rss = pss = 0.0
+        rss = pss = worker_rss = 0.0
         for pid in pids:
             r, p = memory_mb(pid)
             rss += r
             pss += p
+            if pid in self.workers:
+                worker_rss += r
+        self.peak_worker_rss = max(self.peak_worker_rss, worker_rss)
         if rss > self.peak_rss:
             self.peak_rss, self.peak_processes = rss, len(pids)
         self.peak_pss = max(self.peak_pss, pss)
@@ -225,6 +230,7 @@ def measure(
         "catch_up_s": round(wall - startup, 2), "run_seconds": result["seconds"],
         "ray_s": result["startup"]["ray_s"], "workers_ready_s": result["startup"]["workers_ready_s"],
         "peak_rss_mb": round(sampler.peak_rss), "peak_pss_mb": round(sampler.peak_pss),
+        "peak_worker_rss_mb": round(sampler.peak_worker_rss),
         "peak_processes": sampler.peak_processes, "worker_processes": len(sampler.workers),
         "leftovers_ended": leftovers,
         # CPU of every process of the tree, as last sampled: independent of how busy the machine is.
@@ -236,7 +242,8 @@ def measure(
 def line(kind: str, r: dict[str, Any]) -> str:
     return (f"{kind}: catch-up {r['catch_up_s']:.2f}s (command {r['wall_s']:.2f}s, start-up {r['startup_s']:.2f}s: Ray {r['ray_s']:.2f}s, "
             f"workers up {r['workers_ready_s']:.2f}s), "
-            f"peak RSS {r['peak_rss_mb']:,} MB / PSS {r['peak_pss_mb']:,} MB over {r['peak_processes']} processes, "
+            f"peak RSS {r['peak_rss_mb']:,} MB / PSS {r['peak_pss_mb']:,} MB over {r['peak_processes']} processes "
+            f"(Ray worker processes: {r['worker_processes']}, {r['peak_worker_rss_mb']:,} MB), "
             f"CPU {r['cpu_s']:.1f}s (worker processes {r['worker_cpu_s']:.1f}s), load {r['load']}")
 
 
