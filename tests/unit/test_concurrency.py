@@ -323,3 +323,14 @@ def test_the_debugger_and_dlq_replay_run_a_function_with_concurrency(data_dir):
     assert (report.replayed, report.failed) == (1, 0)
     dst = open_bucket(data_dir, "dst")
     assert sorted(k for k in dst.keys() if k.startswith("out|")) == ["out|a", "out|bad", "out|c"]
+
+
+def test_the_example_of_the_concurrency_section_of_the_functions_doc_runs(capsys):
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "functions.md").read_text()
+    section = text[text.index("## Concurrency"):text.index("## Commands")]
+    (code,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    exec(compile(code, "docs/functions.md", "exec"), {"__name__": "doc_example"})
+    assert capsys.readouterr().out.startswith("200 orders priced in ")
