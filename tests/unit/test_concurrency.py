@@ -334,3 +334,39 @@ def test_the_example_of_the_concurrency_section_of_the_functions_doc_runs(capsys
     (code,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
     exec(compile(code, "docs/functions.md", "exec"), {"__name__": "doc_example"})
     assert capsys.readouterr().out.startswith("200 orders priced in ")
+
+
+ECHO = '''
+import time
+
+
+def on_update(doc, meta):
+    time.sleep(0.002)
+    if meta.id.startswith("copy|"):
+        seen[f"{meta.id}|{meta.seq}"] = {"from": doc.get("by")}
+        return
+    src["copy|" + meta.id] = {"by": FUNCTION}  # comes back to this function: the recursion guard skips it
+'''
+
+
+def test_mutations_written_by_bindings_go_through_the_recursion_guard_in_order(data_dir):
+    source = LocalBucket.create(data_dir, "src")
+    for i in range(30):
+        source.upsert(f"k{i}", {"i": i})
+    LocalBucket.create(data_dir, "seen")
+    for name, concurrency in (("fn_a", 4), ("fn_b", 1)):
+        defn = FunctionDefinition.from_dict({
+            "name": name, "source_bucket": "src", "concurrency": concurrency, "constants": {"FUNCTION": name},
+            "bindings": [{"alias": "src", "bucket": "src", "access": "rw"},
+                         {"alias": "seen", "bucket": "seen", "access": "rw"}],
+        })
+        deploy_function(data_dir, defn, ECHO)
+    run(data_dir)
+    run(data_dir)  # the copies each function wrote reach the other one
+    seen = open_bucket(data_dir, "seen")
+    # Each function skipped its own copies and handled the other's: fn_a (concurrent) got fn_b's 30.
+    froms = sorted(seen.get(k)["from"] for k in seen.keys())
+    assert froms == ["fn_a"] * 30 + ["fn_b"] * 30
+    counters = open_store(data_dir).counters("fn_a")
+    assert counters["recursion_filtered"] == 30
+    assert counters["on_update_success"] == 30 + 30  # its sources and fn_b's copies (skips are not calls)
