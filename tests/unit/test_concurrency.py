@@ -370,3 +370,32 @@ def test_mutations_written_by_bindings_go_through_the_recursion_guard_in_order(d
     counters = open_store(data_dir).counters("fn_a")
     assert counters["recursion_filtered"] == 30
     assert counters["on_update_success"] == 30 + 30  # its sources and fn_b's copies (skips are not calls)
+
+
+def test_concurrency_is_a_setting_of_the_rest_api_like_the_others(data_dir):
+    import asyncio
+
+    import httpx
+
+    from eventing.control import lifecycle
+    from eventing.http.app import build_app
+    from eventing.http.auth import ServerConfig
+
+    LocalBucket.create(data_dir, "src")
+    lifecycle.save_function(data_dir, FunctionDefinition.from_dict({"name": "fn_r", "source_bucket": "src"}),
+                            "def on_update(doc, meta):\n    pass\n")
+    app = build_app(ServerConfig(data_dir))
+
+    def request(method: str, path: str, **kwargs) -> httpx.Response:
+        async def call() -> httpx.Response:
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8096") as client:
+                return await client.request(method, path, **kwargs)
+
+        return asyncio.run(call())
+
+    bad = request("POST", "/api/v1/functions/fn_r/settings", json={"concurrency": 100})
+    assert bad.status_code == 400 and "give an integer from 1 to 64" in bad.text
+    assert request("POST", "/api/v1/functions/fn_r/settings", json={"concurrency": 16}).status_code == 200
+    assert request("GET", "/api/v1/functions/fn_r").json()["concurrency"] == 16
+    assert open_store(data_dir).get_function("fn_r").definition["concurrency"] == 16
