@@ -15,6 +15,9 @@ workers, alone, times N (its catch-up time x N; its RSS as it is). Reported per 
 - startup_s: from the command to its first handler call (`eventing run --json`'s startup.first_handler_call_s);
 - peak_rss_mb / peak_pss_mb: the peak of the tree's summed RSS / PSS, with how many processes it held;
   peak_worker_rss_mb: the peak of the Ray worker processes' summed RSS alone (worker_processes of them);
+- first/last_caught_up_s, least_done_when_first_caught_up: fairness between the functions, from their
+  checkpoints read once a second: when the first and the last had checkpointed all their mutations, and
+  the share the least advanced one had checkpointed when the first was done;
 - ratio: catch_up_s / (baseline catch_up_s x N). The project's goals: 20 functions within 2 GB of RSS and
   caught up within 2x the baseline;
 - cpu_s / cpu_ratio: CPU seconds of the whole tree (each process as last sampled), and N functions' CPU over
@@ -55,7 +58,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 from eventing.control import lifecycle  # noqa: E402
 from eventing.core.definition import FunctionDefinition  # noqa: E402
-from eventing.storage.factory import create_bucket  # noqa: E402
+from eventing.storage.factory import create_bucket, open_bucket  # noqa: E402
 from eventing.testing.workloads import load_bench_bucket  # noqa: E402
 
 # One binding write per mutation: the cheapest handler that still does what a function is for.
@@ -182,6 +185,40 @@ class TreeSampler(threading.Thread):
         return ended
 
 
+class ProgressSampler(threading.Thread):
+    """Reads every function's checkpoints once a second (its own read of the metadata store) and notes when
+    each is caught up, and how far the least advanced function was when the first one was: a function
+    starved by the others would be far behind then."""
+
+    def __init__(self, data_dir: Path, functions: int, total: int):
+        super().__init__(daemon=True)
+        self.data_dir, self.names, self.total = data_dir, [f"fn{i}" for i in range(functions)], total
+        self.started = time.perf_counter()
+        self.done_at: dict[str, float] = {}
+        self.least_when_first_done: float | None = None  # fraction of its mutations the last one had checkpointed
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        from metadata.factory import open_store
+
+        with open_store(self.data_dir, create=False) as store:
+            while not self.stop.wait(1.0) and len(self.done_at) < len(self.names):
+                now = time.perf_counter() - self.started
+                fractions = {n: sum(cp.seqno for cp in store.checkpoints(n).values()) / self.total for n in self.names}
+                for name, fraction in fractions.items():
+                    if fraction >= 1.0 and name not in self.done_at:
+                        self.done_at[name] = now
+                        if self.least_when_first_done is None:
+                            self.least_when_first_done = min(fractions.values())
+
+    def figures(self) -> dict[str, Any]:
+        if not self.done_at:
+            return {}
+        return {"first_caught_up_s": round(min(self.done_at.values()), 1),
+                "last_caught_up_s": round(max(self.done_at.values()), 1),
+                "least_done_when_first_caught_up": round(self.least_when_first_done or 0.0, 3)}
+
+
 # -- one measurement -----------------------------------------------------------------------------------
 
 
@@ -205,13 +242,18 @@ def measure(
                "--executor", executor, "--worker-processes", str(processes)]
     load = os.getloadavg()[0]
     started = time.perf_counter()
+    total = sum(open_bucket(str(data_dir), "src").high_seqnos())
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     sampler = TreeSampler(proc.pid)
     sampler.start()
+    progress = ProgressSampler(data_dir, functions, total)
+    progress.start()
     out, err = proc.communicate()
     wall = time.perf_counter() - started
     sampler.done.set()
     sampler.join()
+    progress.stop.set()
+    progress.join()
     leftovers = sampler.end_leftovers()
     if proc.returncode != 0:
         raise SystemExit(f"error: eventing run exited {proc.returncode}: {err.strip()[-800:]}")
@@ -236,6 +278,9 @@ def measure(
         # CPU of every process of the tree, as last sampled: independent of how busy the machine is.
         "cpu_s": round(sum(cpu for _, cpu in sampler.seen.values()), 1),
         "worker_cpu_s": round(sum(cpu for pid, (_, cpu) in sampler.seen.items() if pid in sampler.workers), 1),
+        # Fairness (from the command's start, sampled each second): when the first and the last function had
+        # checkpointed all their mutations, and what share the least advanced one had when the first had.
+        **progress.figures(),
     }
 
 
@@ -244,7 +289,10 @@ def line(kind: str, r: dict[str, Any]) -> str:
             f"workers up {r['workers_ready_s']:.2f}s), "
             f"peak RSS {r['peak_rss_mb']:,} MB / PSS {r['peak_pss_mb']:,} MB over {r['peak_processes']} processes "
             f"(Ray worker processes: {r['worker_processes']}, {r['peak_worker_rss_mb']:,} MB), "
-            f"CPU {r['cpu_s']:.1f}s (worker processes {r['worker_cpu_s']:.1f}s), load {r['load']}")
+            f"CPU {r['cpu_s']:.1f}s (worker processes {r['worker_cpu_s']:.1f}s), load {r['load']}"
+            + (f"; functions caught up {r['first_caught_up_s']:.0f}-{r['last_caught_up_s']:.0f}s after the command, the "
+               f"least advanced at {r['least_done_when_first_caught_up']:.0%} when the first was"
+               if "first_caught_up_s" in r else ""))
 
 
 def main(argv: list[str] | None = None) -> int:
