@@ -233,6 +233,9 @@ def main() -> int:
     parser.add_argument("--http", action="store_true", help="write through the Data API of `eventing serve`")
     parser.add_argument("--no-baseline", action="store_true", help="only the phase with waking on")
     parser.add_argument("--data-dir", default=None, help="default: a fresh temporary folder")
+    parser.add_argument("--cluster", action="store_true",
+                        help="cluster mode: start a 2-node Ray cluster on this machine whose second node cannot see "
+                             "the data directory, and run every worker there (needs root for the hidden node)")
     args = parser.parse_args()
     if args.http and not os.path.exists(os.path.join(ROOT, "eventing", "http", "dataapi.py")):
         parser.error("--http needs the Data API (eventing/http/dataapi.py)")
@@ -247,6 +250,35 @@ def main() -> int:
         }),
         HANDLER,
     )
+    cluster = start_cluster(args, data_dir) if args.cluster else None
+    try:
+        return measure(args, app, data_dir)
+    finally:
+        if cluster is not None:
+            cluster.stop()
+
+
+def start_cluster(args: argparse.Namespace, data_dir: str) -> Any:
+    """A head and a node `n2` that sees neither the data directory nor the packages; the function's workers
+    all pinned to n2 (eventing node add/remove, rebalance), so every read and effect goes through the data
+    service on the head."""
+    from eventing.cli.app import main as cli
+    from eventing.testing.cluster import LocalRayCluster
+
+    if not LocalRayCluster.can_hide():
+        raise SystemExit("--cluster needs root and unshare (a node hidden from the data directory)")
+    cluster = LocalRayCluster()
+    packages = [os.path.join(ROOT, name) for name in ("eventing", "metadata", "sharding")]
+    args.ray_address = cluster.start()
+    node = cluster.add_node("n2", hidden=[data_dir, *packages])
+    for command in (["node", "add", "n2", "--ray-node-id", node.node_id], ["node", "remove", "local"], ["rebalance"]):
+        if cli(["--data-dir", data_dir, *command]) != 0:
+            cluster.stop()
+            raise SystemExit(f"eventing {' '.join(command)} failed")
+    return cluster
+
+
+def measure(args: argparse.Namespace, app: Eventing, data_dir: str) -> int:
     print(f"data dir {data_dir}; {args.rate:,.0f} writes/s for {args.seconds:.0f} s per phase, executor "
           f"{args.executor}{' on ' + args.ray_address if args.ray_address else ''}, {args.workers} workers, "
           f"writes through {'the Data API' if args.http else 'the Python API'}", flush=True)
