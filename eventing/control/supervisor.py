@@ -143,9 +143,10 @@ class FunctionSupervisor:
 
     def _spawn(self, slot: WorkerSlot) -> None:
         ray_node = self.placements.get(slot.node)
-        # Only where each worker has a process of its own: in-process, a waiting step would hold up the others.
+        # Only where each worker has a process of its own: in-process, or in a process shared with other
+        # functions' workers (whose calls run one at a time), a waiting step would hold up the others.
         # A fresh socket name for each start: a killed process may still hold the last one.
-        if self.waking and self.executor.name != "in-process":
+        if self.waking and self.executor.name != "in-process" and self.executor.shared is None:
             slot.spec = replace(slot.spec, wake_address=write_waiter.new_address())
         slot.handle = self.warm.pop((self.name, slot.spec.worker_id, ray_node), None)
         if slot.handle is not None:

@@ -33,6 +33,9 @@ class Executor(Protocol):
     # The data service serving the data directory to workers on other nodes, once serve() started one
     # (None: workers open the files themselves); a worker's spec carries it.
     data_service: Any
+    # SharedHosts when the workers of several functions share processes (eventing.workers.shared_host),
+    # else None: each worker is a process of its own (Ray) or a core in this process (in-process).
+    shared: Any
 
     def start_worker(self, spec: WorkerSpec, ray_node_id: str | None = None) -> Any: ...
     def wait(self, futures: list[Any], timeout: float) -> list[Any]: ...
