@@ -7,6 +7,7 @@ stats.
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -21,7 +22,8 @@ from sharding import NUM_VBUCKETS
 
 
 def _prefilter_sql(prefilter: Prefilter) -> tuple[str, list]:
-    """A Prefilter as an SQL condition on a log row and its parameters."""
+    """A Prefilter as an SQL condition on a log row and its parameters. The op and the document's presence
+    are tested before the byte search, so a delete never reaches it."""
     terms, params = ["1"], []
     for prefix in prefilter.key_prefixes:
         terms.append("substr(key, 1, ?) = ?")
@@ -33,6 +35,25 @@ def _prefilter_sql(prefilter: Prefilter) -> tuple[str, list]:
             params += list(alternatives)
         terms.append(f"(op != {OP_UPDATE} OR doc IS NULL OR ({' AND '.join(clauses)}))")
     return " AND ".join(terms), params
+
+
+# The first key after every key of a named collection (those start with COLLECTION_MARK): comparing the key
+# with both ends costs less per row than a substr() call, and a key of the default collection fails the
+# first comparison.
+_AFTER_COLLECTIONS = chr(ord(COLLECTION_MARK) + 1)
+
+
+@functools.lru_cache(maxsize=64)
+def _matching_sql(prefilter: Prefilter, origin: str) -> tuple[str, tuple]:
+    """read_vb_matching's condition on a log row (true: the row is returned) and its parameters: written
+    by a deployment of function ``origin`` (tested only when the row has an origin: most have none), of a
+    named collection, or not ruled out by ``prefilter``. Every rejected row is tested on all three, so each
+    test is the cheapest SQLite has for it."""
+    sql, params = _prefilter_sql(prefilter)
+    condition = (
+        f"((origin IS NOT NULL AND {of_function_sql()}) OR (key < ? AND key >= ?) OR ({sql}))"
+    )
+    return condition, (*of_function_params(origin), _AFTER_COLLECTIONS, COLLECTION_MARK, *params)
 
 
 class BucketReads:
@@ -128,8 +149,26 @@ class BucketReads:
         ones ``prefilter`` rules out (eventing.core.filters.Prefilter, checked by SQLite on the key and the
         document's bytes: those rows never become Python objects). Entries written by any deployment of
         function ``origin`` (the worker's recursion guard decides on them, eventing.storage.origins) and
-        entries of named collections are always returned. Returns (rows in seqno order, how many entries
-        the range held, its last seqno)."""
+        entries of named collections are always returned, and so may be an entry the prefilter rules out
+        (the range's last): the caller's exact filter decides on every row returned. Returns (rows in seqno
+        order, how many entries the range held, its last seqno).
+
+        One scan of the range: a vBucket's seqnos are consecutive (each write takes its high seqno + 1,
+        eventing.storage.writes), so the next ``limit`` entries are the seqnos up to ``after_seqno + limit``
+        and the range holds as many as its seqnos span. Its last entry is always returned, as the check:
+        without it (a log emptied by a flush since ``upto`` was read) the range is counted by a second
+        query, as the entries are wherever they do not follow each other."""
+        last = min(upto, after_seqno + limit)
+        if last <= after_seqno:
+            return [], 0, after_seqno
+        keep, params = _matching_sql(prefilter, origin)
+        rows = self._db.execute(
+            f"SELECT {_LOG_COLUMNS} FROM log WHERE vb = ? AND seqno > ? AND seqno <= ? AND (seqno = ? OR {keep}) "
+            "ORDER BY seqno",
+            (vb, after_seqno, last, last, *params),
+        ).fetchall()
+        if rows and rows[-1][1] == last:
+            return rows, last - after_seqno, last
         scanned, last = self._db.execute(
             "SELECT count(*), max(seqno) FROM (SELECT seqno FROM log WHERE vb = ?1 AND seqno > ?2 AND seqno <= ?3 "
             "ORDER BY seqno LIMIT ?4)",
@@ -137,11 +176,9 @@ class BucketReads:
         ).fetchone()
         if not scanned:
             return [], 0, after_seqno
-        sql, params = _prefilter_sql(prefilter)
         rows = self._db.execute(
-            f"SELECT {_LOG_COLUMNS} FROM log WHERE vb = ? AND seqno > ? AND seqno <= ? "
-            f"AND ({of_function_sql()} OR substr(key, 1, 1) = ? OR ({sql})) ORDER BY seqno",
-            (vb, after_seqno, last, *of_function_params(origin), COLLECTION_MARK, *params),
+            f"SELECT {_LOG_COLUMNS} FROM log WHERE vb = ? AND seqno > ? AND seqno <= ? AND {keep} ORDER BY seqno",
+            (vb, after_seqno, last, *params),
         ).fetchall()
         return rows, scanned, last
 
