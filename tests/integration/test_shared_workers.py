@@ -1,6 +1,6 @@
 """Shared worker processes on real Ray (`eventing run --worker-processes N`, eventing.workers.shared_host):
 several functions' workers in few processes with every ledger exact, a sandboxed function among them, a
-shared process killed with kill -9 mid-run, a handler stuck in an (interruptible) infinite loop beside a
+shared process killed with kill -9 mid-run, one worker of a live process killed or released, a handler stuck in an (interruptible) infinite loop beside a
 healthy function in the same process, and a hang SIGALRM cannot interrupt, which ends the shared process. The bookkeeping alone runs in tests/unit/test_shared_workers.py.
 Every test uses the session's one Ray instance (tests/conftest.py, `ray_session`)."""
 
@@ -17,9 +17,11 @@ import pytest
 from eventing.control.service import EventingService
 from eventing.storage.factory import open_bucket
 from eventing.testing import check_ledger, deploy_function, ledger_definition, load_source, wait_for
-from eventing.workers.executor import RayExecutor
+from eventing.workers.executor import RayExecutor, WorkerDied
 from eventing.workers.sandbox_landlock import sandbox_unavailable
+from eventing.workers.worker import WorkerSpec
 from metadata.factory import open_store
+from sharding import NUM_VBUCKETS
 
 pytestmark = pytest.mark.integration
 
@@ -163,3 +165,31 @@ def test_an_uninterruptible_hang_ends_the_shared_process_and_its_neighbours_resu
     assert [r.reason for r in rows] == ["timeout"]
     assert watch.restarts["fn_ok"] >= 1  # its workers shared the ended process
     assert executor.shared.started >= 2
+
+
+def test_killing_or_releasing_one_worker_leaves_the_others_of_its_process_running(data_dir, ray_session):
+    load_source(data_dir, 50, 200, seed=17)
+    names = ("fn_a", "fn_b", "fn_c")
+    store = open_store(data_dir)
+    executor = RayExecutor(worker_processes=1)
+    handles = {}
+    for name in names:
+        deploy_function(data_dir, ledger_definition(name, "src", f"ledger_{name}", workers=1))
+        spec = WorkerSpec(data_dir, name, store.get_function(name).generation, "local/w0", tuple(range(NUM_VBUCKETS)))
+        handles[name] = executor.start_worker(spec)
+    pids = {executor.result(h.call("start")) for h in handles.values()}
+    assert len(pids) == 1  # one process holds the three
+    host = handles["fn_a"].host
+    executor.kill(handles["fn_a"])
+    with pytest.raises(WorkerDied):  # that worker is gone ...
+        executor.result(handles["fn_a"].call("step"))
+    assert executor.result(handles["fn_b"].call("step")).handled == 200  # ... the others are not
+    executor.result(handles["fn_b"].call("stop"))
+    executor.release(handles["fn_b"])
+    assert executor.result(handles["fn_c"].call("step")).handled == 200
+    assert not host.dead and host.cores == {handles["fn_c"].core_id}
+    executor.result(handles["fn_c"].call("stop"))
+    executor.release(handles["fn_c"])
+    assert host.dead and executor.shared.hosts == []  # ended with its last worker
+    pid = pids.pop()
+    wait_for(lambda: not os.path.exists(f"/proc/{pid}"), "the process ended", timeout=30)
