@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
             server.wait()
 
     def med(rows: list[dict], key: str) -> float:
-        return statistics.median(r[key] for r in rows)
+        return round(statistics.median(r[key] for r in rows), 3)
 
     bases = [r["baseline"] for r in runs]
     out = {
