@@ -98,13 +98,11 @@ class CurlClient:
             headers["Authorization"] = f"Basic {token}"
         elif binding.auth == "bearer":
             headers["Authorization"] = f"Bearer {binding.token}"
-        opener = self._opener(binding, url.startswith("https:"))
         # The call counts against execution_timeout: it may take what is left of it, less a margin so the
         # handler sees a CurlError before the worker's watchdog abandons the whole call.
         call = self.context.here()  # the call of this thread (a worker's pool thread has its own)
         left = call.remaining_s()
         left = left - min(0.2, left / 4)
-        req = urllib.request.Request(url, data=data, method=method, headers=headers)
         self._count(f"curl_{method.lower()}_count")
         # Kept-alive connections for a binding without digest auth or cookies (those go through urllib's
         # handlers); a redirect is followed by urllib too.
@@ -115,6 +113,8 @@ class CurlClient:
             if answer is not None:
                 status, raw_headers, payload = answer
             else:
+                opener = self._opener(binding, url.startswith("https:"))
+                req = urllib.request.Request(url, data=data, method=method, headers=headers)
                 with opener.open(req, timeout=max(0.05, left)) as resp:  # noqa: S310 - bound URL
                     status, raw_headers, payload = resp.status, dict(resp.headers.items()), self._read(resp)
         except urllib.error.HTTPError as exc:
