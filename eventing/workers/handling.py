@@ -71,7 +71,7 @@ class WorkerHandling:
         function wrote (recursion guard) and rows this deployment dead-lettered stay: _handle counts them."""
         flt = self.filter
         assert flt is not None
-        match_update, match_delete, needs_doc = flt.update, flt.delete, flt.needs_doc
+        match_update, match_delete, needs_doc, deletes_pass = flt.update, flt.delete, flt.needs_doc, flt.deletes_pass
         name, lettered, unpack = self.name, self._lettered, msgpack.unpackb
         kept = []
         for row in rows:
@@ -84,7 +84,7 @@ class WorkerHandling:
                 continue
             raw = row[5]
             if row[3] != OP_UPDATE or raw is None:
-                ok = match_delete(row)
+                ok = deletes_pass or match_delete(row)
             elif needs_doc:
                 try:
                     ok = match_update(row, unpack(raw, raw=False))

@@ -107,6 +107,24 @@ def test_deletes_are_decided_by_key_and_meta_only(spec, expected):
     assert matches(spec, op=OP_DELETE) is expected
 
 
+@pytest.mark.parametrize(("spec", "flag"), [
+    ({"field": "type", "eq": "order"}, True),
+    ({"not": {"or": [{"field": "a.b", "exists": False}, {"field": "doc.meta.x", "in": [1, "y"]}]}}, True),
+    ({"and": [{"field": "type", "eq": "order"}, {"not": {"field": "total", "lt": 5}}]}, True),
+    ({"key_prefix": "order::"}, False),
+    ({"or": [{"field": "type", "eq": "order"}, {"key_prefix": "refund::"}]}, False),  # passes all, asked anyway
+    ({"and": [{"field": "type", "eq": "x"}, {"field": "meta.expiration", "eq": 0}]}, False),
+    ({"not": {"field": "meta.flags", "eq": 0}}, False),
+])
+def test_deletes_pass_without_asking_only_when_no_key_or_meta_condition_could_fail_one(spec, flag):
+    compiled = compile_filter(spec)
+    deletes = [row(key, op=op, expiry=expiry, flags=flags)
+               for key in ("order::1", "refund::2", "x") for op in (OP_DELETE, 2) for expiry in (0, 9) for flags in (0, 3)]
+    assert compiled.deletes_pass is flag
+    if flag:  # the worker takes every delete without asking delete()
+        assert all(compiled.delete(r) for r in deletes)
+
+
 def test_a_filter_without_document_conditions_never_decodes():
     compiled = compile_filter({"and": [{"key_prefix": "order::"}, {"field": "meta.flags", "eq": 0}]})
     assert not compiled.needs_doc
