@@ -194,10 +194,6 @@ class SharedHosts:
             if any(now >= due for _, due in host.drops):
                 self._end(host)
 
-    def close(self) -> None:
-        for host in list(self.hosts):
-            self._end(host)
-
     def _end(self, host: _Host) -> None:
         host.dead = True
         host.drops = []
