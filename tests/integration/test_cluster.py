@@ -50,6 +50,7 @@ from eventing.windows.runtime.paths import WindowPaths
 from eventing.windows.semantics import WindowSpec
 from eventing.windows.spark.sink import ParquetWindowSink
 from eventing.workers.executor import RayExecutor, init_ray
+from eventing.workers.ray_instance import cmdline
 from metadata.factory import open_store
 from sharding import NUM_VBUCKETS
 
@@ -313,7 +314,10 @@ def test_a_live_rebalance_onto_and_off_the_hidden_node_loses_nothing(env):
 
 # -- (c) a standby takes over from a killed leader while every worker is on the hidden node ------------
 
-STANDBY_WARM_S = 6.0  # a standby runs long before the leader dies: its workers and data service are up
+
+def worker_hosts_on(node: RayNode) -> int:
+    """Worker actors running on ``node`` (a process of Ray's is titled after its actor's class)."""
+    return sum(1 for pid in descendants(node.pid) if cmdline(pid).startswith("ray::WorkerHost"))
 
 
 def test_a_standby_takes_over_hidden_node_workers_from_a_killed_leader_and_loses_nothing(env):
@@ -344,7 +348,9 @@ def test_a_standby_takes_over_hidden_node_workers_from_a_killed_leader_and_loses
                                                                for o, _, leased in owners().values()))
         standby = ServiceProcess(data_dir, env.ray.address, "--standby", log_name="standby")
         wait_for(lambda: any(f":{standby.proc.pid}:" in s for s in open_store(data_dir).live_services(5)))
-        time.sleep(STANDBY_WARM_S)
+        # The standby runs long before the leader dies: its data service is up, and so are the workers it
+        # starts ahead of time on n2, next to the leader's two.
+        wait_for(lambda: worker_hosts_on(env.n2) >= 4, "the standby's two workers are up on n2", timeout=60)
         before = {vb: epoch for vb, (_, epoch, _) in owners().items()}
         with Stream(source, docs=300) as stream:
             wait_for(lambda: stream.written > 300)
