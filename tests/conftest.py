@@ -21,6 +21,25 @@ def pytest_collection_modifyitems(config, items):
         items[:] = [item for item in items if not item.get_closest_marker("soak")]
 
 
+# How often a running service looks at what changed around it: unit tests wait on those looks (a pause, a
+# node's health, the dead-letter counts of the progress, a standby's look at the leader's lease) far more
+# than on work. They check what the service does, not how soon, so they run it with short looks; the
+# integration tests keep the product's pace.
+QUICK_POLLS = {
+    "eventing.control.service.STATE_POLL_S": 0.05,
+    "eventing.control.service.DEAD_LETTERS_EVERY_S": 0.05,
+    "eventing.control.service.HEALTH_POLL_S": 0.05,
+    "eventing.control.service.STANDBY_POLL_S": 0.05,
+}
+
+
+@pytest.fixture(autouse=True)
+def quick_polls(request, monkeypatch):
+    if request.node.get_closest_marker("integration") is None:
+        for target, value in QUICK_POLLS.items():
+            monkeypatch.setattr(target, value)
+
+
 @pytest.fixture
 def data_dir(tmp_path) -> str:
     path = tmp_path / "data"
