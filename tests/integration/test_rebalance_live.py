@@ -82,9 +82,29 @@ def rebalance(data_dir: str, *steps: list[str]) -> dict:
     return request
 
 
+def unowned_bound_ms() -> float:
+    """1 s on an idle machine: a handoff is one revoke and one claim call, tens of ms here (docs/benchmarks.md),
+    against the seconds of a worker start or a lease expiry it must never wait for. Under other load each
+    call waits its turn for a core: with L runnable processes on C cores a thread gets about C/L of one, so
+    the bound stretches by the load average over the cores (the last minute's, the test's own span)."""
+    return 1000.0 * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+
+
 def test_nodes_join_and_leave_repeatedly_under_load(data_dir, ray_executor):
     functions = [("fn_four", 4), ("fn_three", 3)]
     source, service, thread = start(data_dir, ray_executor, *functions)
+    # What keeps a vBucket's time without an owner short, whatever the machine's load: its new owner is up
+    # before it is released, and the claim is sent in the same pass as the release is seen.
+    waited: list[tuple[str, int]] = []
+    for name, _ in functions:
+        sup = service.supervisors[name]
+
+        def released(wid: str, vbs: list[int], sup=sup) -> None:
+            assert sup.handoff is not None
+            waiting = {vb for queued in sup.handoff.waiting.values() for vb in queued}
+            waited.extend((sup.name, vb) for vb in vbs if vb in waiting)
+
+        sup.after_release = released
     results = []
     with Stream(source):
         results.append(rebalance(data_dir, ["node", "add", "n2"]))
@@ -101,8 +121,10 @@ def test_nodes_join_and_leave_repeatedly_under_load(data_dir, ray_executor):
         assert {o.split("/")[0] for o in per_worker} == {"n3", "n4"}  # every vBucket owned once, by a current node
         assert max(per_worker.values()) - min(per_worker.values()) <= 1 and len(per_worker) == 2 * workers
     assert [n["name"] for n in store.nodes()] == ["n3", "n4"]
+    assert not waited, f"released vBuckets whose claim waited for their new worker: {waited[:10]}"
     # A handoff should leave a vBucket without an owner for well under a second on this machine.
-    assert max(r["longest_unowned_ms"] for r in results) < 1000
+    longest, bound = max(r["longest_unowned_ms"] for r in results), unowned_bound_ms()
+    assert longest < bound, f"a vBucket had no owner for {longest:.0f} ms (bound {bound:.0f} ms at this load)"
 
 
 def test_crashes_of_the_old_owner_after_release_and_the_new_owner_before_its_checkpoint(data_dir, ray_executor):
