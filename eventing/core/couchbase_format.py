@@ -89,7 +89,7 @@ NO_EFFECT: dict[str, tuple[Any, str]] = {
 # This project's settings that Couchbase's format has no field for: named in an export's warnings when not
 # at their default (an export is meant to load into Couchbase, which would refuse unknown settings).
 PROJECT_ONLY = ("batch_size", "retries", "retry_backoff", "max_document_bytes", "window", "placement", "delivery",
-                "previous_version", "js_heap_limit_mb")
+                "previous_version", "js_heap_limit_mb", "concurrency", "filter", "isolation")
 
 
 @dataclass(frozen=True)

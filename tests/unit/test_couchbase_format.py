@@ -111,6 +111,11 @@ def test_export_names_what_couchbase_cannot_carry_and_refuses_python():
     out, warnings = to_couchbase(defn.to_dict(), "function OnUpdate(doc, meta) {}")
     text = "\n".join(warnings)
     assert "retries=2 has no field in Couchbase's format" in text
+    filtered = FunctionDefinition.from_dict({"name": "g", "source_bucket": "b", "language": "javascript",
+                                             "filter": {"field": "type", "eq": "order"}, "isolation": "sandbox"})
+    _, named = to_couchbase(filtered.to_dict(), "function OnUpdate(doc, meta) {}")
+    assert any(w.startswith("function 'g': filter=") and "was left out" in w for w in named), named
+    assert any(w.startswith("function 'g': isolation=\"sandbox\" has no field") for w in named), named
     assert "execution_timeout=1.5s is rounded up to 2s" in text and out["settings"]["execution_timeout"] == 2
     python = FunctionDefinition.from_dict({"name": "p", "source_bucket": "b"})
     with pytest.raises(ConfigError, match="function 'p' has a Python handler; Couchbase runs JavaScript handlers only"):
