@@ -246,8 +246,8 @@ class WorkerCore(WorkerTimers, WorkerReads):
         effects after each batch, and checkpoint if due. An explicit budget is exactly one batch; the
         supervisor's call (no budget) keeps taking batches for STEP_SLICE_S while a backlog is left, so a
         worker that is behind pays one round trip per slice instead of one per batch. With `idle_wait_s`
-        and a waiter (eventing.workers.write_waiter), a step that finds nothing to do waits that long for a
-        write to its vBuckets and handles it at once."""
+        and a waiter (eventing.workers.write_waiter), a step that finds nothing to do waits up to that long
+        (from its start) for writes to its vBuckets and handles each at once."""
         slice_ends = time.monotonic() + (STEP_SLICE_S if budget is None else 0.0)
         budget = budget or self.defn.batch_size
         targets = self.targets
@@ -282,12 +282,18 @@ class WorkerCore(WorkerTimers, WorkerReads):
                 recheck = False
                 highs = self.source.high_seqnos(spans=self._owned_spans())
                 continue
-            if not work and waiter is not None and not handled:
+            if not work and waiter is not None:
                 left = wait_ends - time.monotonic()
                 if left > 0:
-                    waited = True
-                    if waiter.wait(left):
-                        continue  # a write to an owned vBucket (or a stale notification): look again
+                    # What this step handled is committed before it waits again: an effect never waits for
+                    # the next write. The step goes on handling writes as they come until its wait is over,
+                    # one Ray call per wait rather than one per write.
+                    if self._pending_effects():
+                        fenced |= self.flush_effects()
+                    if not fenced:
+                        waited = True
+                        if waiter.wait(left):
+                            continue  # a write to an owned vBucket (or a stale notification): look again
             batch = 0
             if work:
                 armed = self.hang_guard.arm()
@@ -305,7 +311,9 @@ class WorkerCore(WorkerTimers, WorkerReads):
             if self._pending_effects() >= EFFECT_FLUSH_MIN:
                 fenced |= self.flush_effects()
             handled += batch
-            if batch < budget or fenced or time.monotonic() >= slice_ends:
+            if fenced or time.monotonic() >= slice_ends:
+                break
+            if batch < budget and (waiter is None or not batch or time.monotonic() >= wait_ends):
                 break
         fenced |= self.flush_effects()
         fired = self.fire_timers() if self.epochs else 0

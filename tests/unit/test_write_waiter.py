@@ -23,16 +23,16 @@ def _core(data_dir, address: str | None) -> WorkerCore:
     return WorkerCore(spec)
 
 
-def test_a_waiting_step_handles_a_write_notified_while_it_waits(data_dir):
+def test_a_waiting_step_handles_a_write_notified_while_it_waits_and_commits_it_before_waiting_on(data_dir):
     address = write_waiter.new_address()
     core = _core(data_dir, address)
     try:
         assert core.step().handled == 100  # caught up: the next step finds nothing
         from eventing.storage.factory import open_bucket
 
-        source = open_bucket(data_dir, "src")
+        source, ledger = open_bucket(data_dir, "src"), open_bucket(data_dir, "ledger")
+        before = ledger.count()
         sender = write_waiter.sender_socket()
-
         waiting = threading.Event()
         assert core.waiter is not None
         real_wait = core.waiter.wait
@@ -42,22 +42,28 @@ def test_a_waiting_step_handles_a_write_notified_while_it_waits(data_dir):
             return real_wait(timeout_s)
 
         core.waiter.wait = wait  # type: ignore[method-assign]
+        seen_at: list[float] = []
 
-        def write_later() -> None:
-            assert waiting.wait(30)  # the step found nothing and waits (up to 30 s)
+        def write_and_watch() -> None:
+            assert waiting.wait(30)  # the step found nothing and waits
+            waiting.clear()
             source.upsert("late", {"n": 1})
             write_waiter.forward(sender, address, wake.encode("src", [vbucket_of("late")]))
+            # The effect is committed while the step still waits for more writes.
+            assert waiting.wait(30)
+            if ledger.get("h|fn_w|late") is not None and ledger.count() == before + 2:  # its effect and history
+                seen_at.append(time.monotonic())
 
-        writer = threading.Thread(target=write_later)
-        started = time.monotonic()
+        writer = threading.Thread(target=write_and_watch)
         writer.start()
-        report = core.step(None, 30.0)
-        took = time.monotonic() - started
+        report = core.step(None, 3.0)
+        returned_at = time.monotonic()
         writer.join()
         sender.close()
         source.close()
+        ledger.close()
         assert report.waited and report.handled == 1 and report.caught_up
-        assert took < 10.0  # woken by the write, not by the end of the wait
+        assert seen_at and seen_at[0] < returned_at  # committed within the step, before its wait ended
     finally:
         core.close()
 
