@@ -1,6 +1,6 @@
 """Shared worker processes (eventing.workers.shared_host) on the in-process executor: where cores go, what a
 kill, a release and a host's death do, and whole runs of several functions whose ledgers stay exact. The
-same on real Ray processes is tests/integration/test_shared_workers.py."""
+same on real Ray processes is tests/integration/test_shared_workers_ray.py."""
 
 from __future__ import annotations
 
