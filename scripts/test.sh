@@ -13,11 +13,12 @@ export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"
 export RAY_USAGE_STATS_ENABLED=0
 echo "== pytest"
 # The unit tests share nothing but the machine: they run on two processes (pytest-xdist), one per core.
-# The integration tests share one Ray instance, one Spark session and clusters started once per module, so
-# they run in one process, after the unit tests. Arguments given are passed to a single pytest run.
+# The integration tests then run on two processes too, each with its own Ray instance and Spark session;
+# a module's tests stay on one process (its clusters are started once per module), the docs pages are
+# spread one by one (tests/conftest.py). Arguments given are passed to a single pytest run.
 if [ $# -eq 0 ]; then
   .venv/bin/python -m pytest -q -m "not integration" -n 2
-  exec .venv/bin/python -m pytest -q -m "integration"
+  exec .venv/bin/python -m pytest -q -m "integration" -n 2 --dist loadscope
 fi
 if [ "$*" = "-m not integration" ]; then
   set -- "$@" -n 2

@@ -40,6 +40,29 @@ def quick_polls(request, monkeypatch):
             monkeypatch.setattr(target, value)
 
 
+# Tests of these modules share nothing with each other (each docs page runs in a fresh copy of the checkout):
+# with `--dist loadscope` they are spread one by one over the xdist processes.
+SPREAD_MODULES = ("tests/integration/test_docs_examples.py",)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadscope` (the integration run of scripts/test.sh): a module's tests go to one process, as its
+    clusters, services and Spark sessions are started once per module (pytest-xdist would split a module by
+    its classes), except the modules of SPREAD_MODULES. (`--dist loadgroup` does not work with pytest 9:
+    xdist marks a group in `item._nodeid`, which pytest no longer reads.)"""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return nodeid if module in SPREAD_MODULES else module
+
+    return ModuleScheduling(config, log)
+
+
 @pytest.fixture
 def data_dir(tmp_path) -> str:
     path = tmp_path / "data"
