@@ -24,6 +24,7 @@ import argparse
 import http.client
 import json
 import os
+import shutil
 import signal
 import socket
 import sqlite3
@@ -256,6 +257,8 @@ def main() -> int:
     finally:
         if cluster is not None:
             cluster.stop()
+        if args.data_dir is None:  # the script's own temporary folder
+            shutil.rmtree(data_dir, ignore_errors=True)
 
 
 def start_cluster(args: argparse.Namespace, data_dir: str) -> Any:
