@@ -257,9 +257,6 @@ class WorkerCore(WorkerTimers, WorkerReads):
         # the last read ahead when there are: no round trip of their own while the worker is behind).
         remote = self._reads_ahead
         highs = self.source.high_seqnos(prefetched=True) if remote else []
-        # Highs read along with the last read ahead may predate the write this step was woken for: a step
-        # that would report nothing to do looks once more, fresh (a round trip only when idle).
-        recheck = remote and not targets
         first_at = 0.0 if self._handled_any else time.time()
         positions = self.positions
         waiter = self.waiter if idle_wait_s > 0 and not remote else None
@@ -278,10 +275,6 @@ class WorkerCore(WorkerTimers, WorkerReads):
             else:
                 work = [vb for vb in self.epochs if positions[vb] < highs[vb]]
                 limits = {vb: highs[vb] for vb in work}
-            if not work and recheck and not handled:
-                recheck = False
-                highs = self.source.high_seqnos(spans=self._owned_spans())
-                continue
             if not work and waiter is not None:
                 left = wait_ends - time.monotonic()
                 if left > 0:
