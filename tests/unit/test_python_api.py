@@ -104,6 +104,8 @@ def test_run_in_the_background_hands_a_start_failure_to_wait(tmp_path):
     app = Eventing(tmp_path / "data", executor="in-process")
     first = app.run(until_caught_up=False)
     try:
+        # The first holds the leader lease before the second starts (else the second may take it first).
+        wait_for(lambda: first._service.summary.leadership.get("role") == "leader", 30, "the first service leads")
         second = app.run(until_caught_up=False)
         with pytest.raises(EventingError, match="another eventing service"):
             second.wait(timeout=30)
