@@ -16,11 +16,23 @@ echo "== pytest"
 # The integration tests then run on two processes too, each with its own Ray instance and Spark session;
 # a module's tests stay on one process (its clusters are started once per module), the docs pages are
 # spread one by one (tests/conftest.py). Arguments given are passed to a single pytest run.
+#
+# The unit tests' temporary files (their data directories) live in memory, under /dev/shm where it is
+# writable: they check what the code does, not that SQLite's fsyncs reach the disk, and waiting on those
+# fsyncs was a tenth of their time.
+unit_tests() {
+  local tmp status=0
+  if [ -d /dev/shm ] && [ -w /dev/shm ]; then tmp=$(mktemp -d /dev/shm/eventing-unit.XXXXXX); else tmp=$(mktemp -d); fi
+  TMPDIR="$tmp" .venv/bin/python -m pytest -q -m "not integration" -n 2 --basetemp="$tmp/pytest" "$@" || status=$?
+  rm -rf "$tmp"
+  return "$status"
+}
 if [ $# -eq 0 ]; then
-  .venv/bin/python -m pytest -q -m "not integration" -n 2
+  unit_tests
   exec .venv/bin/python -m pytest -q -m "integration" -n 2 --dist loadscope
 fi
 if [ "$*" = "-m not integration" ]; then
-  set -- "$@" -n 2
+  unit_tests
+  exit
 fi
 exec .venv/bin/python -m pytest -q "$@"

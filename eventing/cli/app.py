@@ -8,6 +8,7 @@ error is one JSON object on stderr, `{"error": "...", "exit": 2}`. Ctrl-C exits 
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import json
 import logging
@@ -38,6 +39,7 @@ COMMAND_MODULES: list[str] = [
 ]
 
 
+@functools.cache  # built once per process: tests and the console call main() many times
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--data-dir", default=argparse.SUPPRESS,

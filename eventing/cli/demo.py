@@ -53,6 +53,7 @@ def _reset(data_dir: str) -> None:
 def run_demo(data_dir: str, args: argparse.Namespace) -> int:
     from eventing.api import Eventing
 
+    args.ray_address = args.ray_address or os.environ.get("EVENTING_RAY_ADDRESS")
     app = Eventing(data_dir, executor=args.executor, ray_address=args.ray_address)
     say = (lambda *a: None) if args.json else print
     started = time.perf_counter()
@@ -200,5 +201,5 @@ def register(sub: Any, add: Any) -> None:
     p.add_argument("--documents", type=int, default=20_000)
     p.add_argument("--mutations", type=int, default=200_000)
     p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--ray-address", default=os.environ.get("EVENTING_RAY_ADDRESS"))
+    p.add_argument("--ray-address", default=None, help="join an existing Ray cluster (default $EVENTING_RAY_ADDRESS)")
     p.add_argument("--executor", choices=["ray", "in-process"], default="ray")

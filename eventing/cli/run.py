@@ -53,6 +53,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from eventing.windows.runtime.host import WindowOptions
     from eventing.workers.executor import make_executor
 
+    args.ray_address = args.ray_address or os.environ.get("EVENTING_RAY_ADDRESS")
+    args.spark_master = args.spark_master or os.environ.get("EVENTING_SPARK_MASTER")
     data_dir = existing_data_dir(args)
     timeout_s = failover_timeout_s(args.failover_timeout)  # a bad value fails before Ray starts
     if args.spark_master:
@@ -215,8 +217,10 @@ def register(sub: Any, add: Any) -> None:
             "exit 0: all handled, 1: a function failed, 3: mutations were dead-lettered, 130: interrupted")
     p.add_argument("--until-caught-up", action="store_true",
                    help="stop once the high seqnos seen at start are processed and checkpointed")
-    p.add_argument("--ray-address", default=os.environ.get("EVENTING_RAY_ADDRESS"),
-                   help="join an existing Ray cluster (default: start a local Ray instance)")
+    # Defaults read from the environment when the command runs (the parser is built once per process).
+    p.add_argument("--ray-address", default=None,
+                   help="join an existing Ray cluster (default $EVENTING_RAY_ADDRESS, else start a local Ray "
+                        "instance)")
     p.add_argument("--executor", choices=["ray", "in-process"], default="ray",
                    help="ray (default) or in-process (one process, for debugging and tests)")
     p.add_argument("--worker-processes", type=non_negative_int, default=None, metavar="N",
@@ -232,7 +236,7 @@ def register(sub: Any, add: Any) -> None:
     p.add_argument("--failover-timeout", metavar="DURATION", default=None,
                    help="fail over an eventing node whose Ray node is down this long, e.g. 10s; 0 turns it off "
                         "(default: $EVENTING_FAILOVER_TIMEOUT or 10s)")
-    p.add_argument("--spark-master", default=os.environ.get("EVENTING_SPARK_MASTER"),
+    p.add_argument("--spark-master", default=None,
                    help="Spark master for window aggregation, e.g. spark://HOST:7077, or a Spark Connect "
                    "server, sc://HOST:15002 (needs `pip install 'eventing[spark-connect]'`) (default "
                    "$EVENTING_SPARK_MASTER or local[*])")

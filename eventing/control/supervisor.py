@@ -412,7 +412,8 @@ class FunctionSupervisor:
         handoff.released_from = time.monotonic()
         for wid, vbs in handoff.outgoing.items():
             slot = self.slots[wid]
-            slot.spec = replace(slot.spec, vbuckets=tuple(vb for vb in slot.spec.vbuckets if vb not in set(vbs)))
+            leaving = set(vbs)
+            slot.spec = replace(slot.spec, vbuckets=tuple(vb for vb in slot.spec.vbuckets if vb not in leaving))
             if slot.handle is None:
                 self._released(wid, vbs)  # down (waiting to respawn): its last checkpoint stands
             else:

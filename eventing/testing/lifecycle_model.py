@@ -7,7 +7,7 @@ deployment: `e|<function>#<tag>|<key>|<seqno>` per handled mutation and `h|<func
 document's history (the source seqnos in the order their effects applied). Each deployment gets a new tag
 (the constant TAG), so one ledger bucket holds every deployment's effects apart. The handler is one of
 HANDLERS: `ledger` and `fixed` handle everything; `bad` raises for documents marked `bad`; `hang` loops
-forever for documents marked `hang` (execution_timeout is 1 s, so each such call costs a second).
+forever for documents marked `hang` (execution_timeout is 300 ms, what each such call costs).
 
 What the model promises, from docs/guarantees.md, docs/functions.md, docs/dlq-and-debugging.md and
 eventing.ops.rewind / eventing.ops.backup:
@@ -193,7 +193,7 @@ class LifecycleDriver:
             "bindings": [{"alias": "ledger", "bucket": LEDGER, "access": "rw"}],
             "constants": {"FUNCTION": FUNCTION, "TAG": tag},
             "checkpoint_interval": "100ms",
-            "execution_timeout": "1s",
+            "execution_timeout": "300ms",
             "retry_backoff": "10ms",
             **self.model.settings,
         }

@@ -518,7 +518,8 @@ class SqliteMetadataStore:
                 return []
             keep = ",".join("?" * len(valid))
             out: list[TimerRecord] = []
-            mine = [vb for vb in again if vb in set(valid)]
+            valid_set = set(valid)
+            mine = [vb for vb in again if vb in valid_set]
             if mine:
                 rows = db.execute(
                     f"SELECT * FROM timers WHERE function=? AND fire_seq IS NOT NULL AND vb IN ({','.join('?' * len(mine))}) "
@@ -536,6 +537,7 @@ class SqliteMetadataStore:
             touched = sorted({r[3] for r in rows})
             seqs = dict(select_vbs(db, "SELECT vb, seq FROM timer_seqs WHERE function=? AND vb IN ({})", function, touched))
             updates = []
+            touched_set = set(touched)
             for r in rows:
                 seq = seqs[r[3]] = seqs.get(r[3], 0) + 1
                 updates.append((seq, function, r[1], r[2]))
@@ -543,7 +545,7 @@ class SqliteMetadataStore:
             db.executemany("UPDATE timers SET fire_seq=? WHERE function=? AND callback=? AND reference=?", updates)
             db.executemany(
                 "INSERT INTO timer_seqs VALUES(?,?,?) ON CONFLICT(function, vb) DO UPDATE SET seq=excluded.seq",
-                [(function, vb, seq) for vb, seq in seqs.items() if vb in set(touched)],
+                [(function, vb, seq) for vb, seq in seqs.items() if vb in touched_set],
             )
             return out
 

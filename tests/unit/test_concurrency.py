@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
@@ -18,6 +18,7 @@ from eventing.execution.bindings import ConcurrentEffectBuffer, EffectBuffer
 from eventing.storage.bucket import LocalBucket
 from eventing.storage.factory import open_bucket
 from eventing.testing import check_ledger, deploy_function, ledger_definition, load_source, read_call_log
+from eventing.testing.http_peer import serve_http, url_of
 from eventing.workers.executor import InProcessExecutor
 from eventing.workers.worker import WorkerCore, WorkerSpec
 from metadata.factory import open_store
@@ -104,8 +105,8 @@ def test_a_worker_abandoned_after_flushing_replays_without_applying_anything_twi
     first = worker(data_dir, "fn_c")
     for _ in range(3):
         first.step(200)  # effects flushed after each batch; no checkpoint (interval 1h): a crash here
-    assert sum(first.positions.values()) and not any(open_store(data_dir).checkpoints("fn_c")[vb].seqno
-                                                      for vb in range(NUM_VBUCKETS))
+    checkpoints = open_store(data_dir).checkpoints("fn_c")
+    assert sum(first.positions.values()) and not any(checkpoints[vb].seqno for vb in range(NUM_VBUCKETS))
     first.calls.close()  # the process "dies": nothing more of it runs or commits
     run(data_dir)
     report = check_ledger(source, open_bucket(data_dir, "ledger"))
@@ -180,12 +181,8 @@ class Recorder(BaseHTTPRequestHandler):
 @pytest.fixture
 def server():
     Recorder.seen = []
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
-    httpd.server_close()
+    with serve_http(Recorder) as httpd:
+        yield url_of(httpd)
 
 
 CALLS_OUT = '''

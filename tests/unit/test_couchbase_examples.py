@@ -28,12 +28,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from datetime import datetime, timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
@@ -42,6 +41,7 @@ import pytest
 
 from eventing.api import Eventing
 from eventing.errors import HandlerLoadError
+from eventing.testing.http_peer import serve_http, url_of
 
 pytest.importorskip("STPyV8")
 
@@ -335,13 +335,11 @@ class _Server:
             def log_message(self, *args):
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_port}/"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self._stack = ExitStack()
+        self.url = url_of(self._stack.enter_context(serve_http(Handler)), "/")
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self._stack.close()
 
 
 @pytest.fixture

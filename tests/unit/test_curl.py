@@ -6,8 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
@@ -16,6 +15,7 @@ from eventing.core.definition import FunctionDefinition
 from eventing.errors import ConfigError
 from eventing.storage.bucket import LocalBucket
 from eventing.testing import deploy_function
+from eventing.testing.http_peer import serve_http, url_of
 from eventing.workers.executor import InProcessExecutor
 from metadata.factory import open_store
 
@@ -64,12 +64,8 @@ class Recorder(BaseHTTPRequestHandler):
 @pytest.fixture
 def server():
     Recorder.calls = []
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
-    httpd.server_close()
+    with serve_http(Recorder) as httpd:
+        yield url_of(httpd)
 
 
 HANDLER = '''
@@ -209,10 +205,8 @@ class DigestAndCookies(BaseHTTPRequestHandler):
 
 
 def test_digest_auth_and_cookies_as_couchbase_url_bindings_have_them(data_dir):
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), DigestAndCookies)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{httpd.server_address[1]}/v1"
-    try:
+    with serve_http(DigestAndCookies) as httpd:
+        url = url_of(httpd, "/v1")
         source = LocalBucket.create(data_dir, "src")
         defn = FunctionDefinition.from_dict({
             "name": "fn_curl", "source_bucket": "src", "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}],
@@ -235,9 +229,6 @@ def on_update(doc, meta):
         deploy_function(data_dir, defn, handler)
         source.upsert("a", {"n": 1})
         EventingService(data_dir, InProcessExecutor(), until_caught_up=True).run()
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
     got = LocalBucket.open(data_dir, "dst").get("a")
     assert got["digest"] == [{"user": "ada"}, 401]
     assert got["session"] == [None, "session=s1"]  # the cookie set by the first call goes back on the second

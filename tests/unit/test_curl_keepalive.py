@@ -4,13 +4,13 @@ keeps it, a new one when the server closes it (at once or while it was kept), re
 from __future__ import annotations
 
 import socket
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
 from eventing.execution.context import CallContext
 from eventing.execution.curl import CurlClient, UrlBinding
+from eventing.testing.http_peer import serve_http, url_of
 
 
 class Peers(BaseHTTPRequestHandler):
@@ -43,11 +43,8 @@ def served(request):
     version, handler = request.param
     handler.protocol_version = version
     Peers.peers = []
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    yield version, f"http://127.0.0.1:{httpd.server_address[1]}", httpd
-    httpd.shutdown()
-    httpd.server_close()
+    with serve_http(handler) as httpd:
+        yield version, url_of(httpd), httpd
 
 
 def test_requests_share_a_kept_connection_and_survive_its_closing(served):

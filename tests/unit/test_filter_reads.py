@@ -45,7 +45,7 @@ def _must_return(row: tuple, compiled) -> bool:
     return own or row[2].startswith(COLLECTION_MARK) or compiled.matches(row, _decode)
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     entries=st.lists(ENTRY, min_size=1, max_size=60),
     spec=st.sampled_from(FILTERS),

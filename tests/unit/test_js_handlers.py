@@ -6,9 +6,8 @@ lettered with its JavaScript stack, refusals at deploy, per-document order and e
 from __future__ import annotations
 
 import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ import pytest
 from eventing.api import Eventing
 from eventing.errors import EventingError, HandlerLoadError
 from eventing.ops import dlq as dlq_ops
+from eventing.testing.http_peer import serve_http, url_of
 
 pytest.importorskip("STPyV8")
 
@@ -298,21 +298,17 @@ def test_curl_reaches_a_url_binding(data_dir):
         def log_message(self, *args):
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with serve_http(Handler) as server:
         source = """
 function OnUpdate(doc, meta) {
     var r = curl('POST', crm, {path: '/orders', body: {id: meta.id, total: doc.total}});
     dst['crm::' + meta.id] = {status: r.status, body: r.body};
 }
 """
-        url = f"http://127.0.0.1:{server.server_port}/api"
+        url = url_of(server, "/api")
         app = app_with(data_dir, source, docs=[("order::1", {"total": 40})],
                        url_bindings=[{"alias": "crm", "url": url, "auth": "bearer", "token": "secret"}])
         run(app)
-    finally:
-        server.shutdown()
     assert seen == [{"path": "/api/orders", "body": {"id": "order::1", "total": 40}, "auth": "Bearer secret"}]
     assert app.get("dst", "crm::order::1") == {"status": 201, "body": {"accepted": "order::1"}}
 

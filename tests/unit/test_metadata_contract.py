@@ -875,7 +875,7 @@ def test_the_factory_opens_couchbase_when_the_url_is_set(tmp_path, monkeypatch):
 
 
 def test_the_factory_fails_fast_on_an_unreachable_cluster(tmp_path, monkeypatch):
-    monkeypatch.setenv("EVENTING_METADATA_URL", "couchbase://127.0.0.1:1/meta?username=u&password=hidden&timeout=1")
+    monkeypatch.setenv("EVENTING_METADATA_URL", "couchbase://127.0.0.1:1/meta?username=u&password=hidden&timeout=0.3")
     started = time.monotonic()
     with pytest.raises(StoreError, match=r"cannot connect to the Couchbase metadata store at couchbase://127\.0\.0\.1:1 ") as caught:
         open_store(tmp_path)

@@ -409,7 +409,7 @@ def policy_batches(draw):
     return settings_, batches
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(case=policy_batches())
 def test_observe_batch_gives_the_fates_state_and_metrics_of_observe_row_by_row(case):
     settings_, batches = case

@@ -145,7 +145,7 @@ def replay(data_dir: str, monkeypatch: pytest.MonkeyPatch, mutations, run_times)
 
 # Each example runs the service up to a dozen times (~0.1-0.3 s each): few random examples, and the shapes
 # that matter as explicit ones.
-@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(history=histories())
 # The shape: a row waits while the service is stopped past the idle timeout's deadline.
 @example(history=([("a", T0 + 5 * S, T0 + 10 * S), ("a", T0 + 8 * S, T0 + 13 * S)], [T0 + 11 * S, T0 + 63 * S]))

@@ -56,7 +56,7 @@ def test_a_waiting_step_handles_a_write_notified_while_it_waits_and_commits_it_b
 
         writer = threading.Thread(target=write_and_watch)
         writer.start()
-        report = core.step(None, 3.0)
+        report = core.step(None, 1.0)
         returned_at = time.monotonic()
         writer.join()
         sender.close()
