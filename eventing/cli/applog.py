@@ -10,11 +10,12 @@ from eventing.cli.common import existing_data_dir
 from eventing.cli.output import emit_json
 from eventing.core.definition import FunctionDefinition
 from eventing.errors import ConfigError
-from eventing.execution.app_log import follow, log_path, tail
 from metadata.factory import open_store
 
 
 def cmd_log(args: argparse.Namespace) -> int:
+    from eventing.execution.app_log import follow, log_path, tail
+
     data_dir = existing_data_dir(args)
     if args.lines < 0:
         raise ConfigError(f"--lines {args.lines} is negative; give a number of lines >= 0")

@@ -18,7 +18,6 @@ from eventing.errors import (
     NotFoundError,
     StoreError,
 )
-from eventing.ops.jsonl import json_line_rows
 from eventing.storage.factory import create_bucket, open_bucket
 from eventing.storage.files import list_buckets
 from eventing.storage.keyspace import open_keyspace
@@ -54,6 +53,8 @@ def cmd_bucket_list(args: argparse.Namespace) -> int:
 
 def cmd_bucket_load(args: argparse.Namespace) -> int:
     from tqdm import tqdm
+
+    from eventing.ops.jsonl import json_line_rows
 
     data_dir = writable_data_dir(args)
     bucket = open_keyspace(data_dir, args.name)  # a bucket's default collection, or the collection named

@@ -9,7 +9,6 @@ from typing import Any
 
 from eventing.cli.common import existing_data_dir, non_negative_int
 from eventing.cli.output import emit_json, table
-from eventing.ops.stats import checkpoint_view
 
 
 def _when(epoch_s: float | None) -> str:
@@ -19,6 +18,8 @@ def _when(epoch_s: float | None) -> str:
 
 
 def cmd_checkpoints(args: argparse.Namespace) -> int:
+    from eventing.ops.stats import checkpoint_view
+
     data = checkpoint_view(existing_data_dir(args), args.function, vb=args.vb, backlog_only=args.backlog_only)
     if args.json:
         emit_json(data)

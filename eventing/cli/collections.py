@@ -12,10 +12,11 @@ from typing import Any
 
 from eventing.cli.common import data_dir_of, writable_data_dir
 from eventing.cli.output import emit_json, table
-from eventing.ops import buckets
 
 
 def cmd_collection_create(args: argparse.Namespace) -> int:
+    from eventing.ops import buckets
+
     result = buckets.create_collection(writable_data_dir(args), args.keyspace)
     if args.json:
         emit_json(result)
@@ -26,6 +27,8 @@ def cmd_collection_create(args: argparse.Namespace) -> int:
 
 
 def cmd_collection_list(args: argparse.Namespace) -> int:
+    from eventing.ops import buckets
+
     rows = buckets.list_collections(data_dir_of(args), args.bucket)
     if args.json:
         emit_json(rows)
@@ -36,6 +39,8 @@ def cmd_collection_list(args: argparse.Namespace) -> int:
 
 
 def cmd_collection_drop(args: argparse.Namespace) -> int:
+    from eventing.ops import buckets
+
     result = buckets.drop_collection(writable_data_dir(args), args.keyspace)
     if args.json:
         emit_json(result)

@@ -11,7 +11,6 @@ from typing import Any
 from eventing.cli.output import emit_json
 from eventing.core.mutation import parse_json_document
 from eventing.errors import EventingError, NotFoundError
-from eventing.ops.stats import function_view as record_view
 from metadata import METADATA_URL_ENV
 from metadata.factory import SQLITE_FILE
 
@@ -78,7 +77,9 @@ def parse_doc_arg(text: str) -> dict:
 
 def announce(args: argparse.Namespace, record, verb: str) -> int:
     if args.json:
-        emit_json(record_view(record))
+        from eventing.ops.stats import function_view
+
+        emit_json(function_view(record))
     else:
         print(f"function '{record.name}' {verb} (state: {record.state.value})")
     return 0

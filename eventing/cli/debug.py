@@ -8,10 +8,13 @@ import json
 import signal
 import sys
 import threading
+from typing import TYPE_CHECKING
 
 from eventing.cli.common import existing_data_dir
 from eventing.cli.output import emit_json
-from eventing.ops.debugger import DebugSession
+
+if TYPE_CHECKING:
+    from eventing.ops.debugger import DebugSession
 
 EXIT_HANDLER_FAILED = 1
 EXIT_INTERRUPTED = 130
@@ -19,6 +22,8 @@ WIDTH = 240  # trace values longer than this are cut, so one event stays on one 
 
 
 def cmd_debug(args: argparse.Namespace) -> int:
+    from eventing.ops.debugger import DebugSession
+
     data_dir = existing_data_dir(args)
     session = DebugSession(
         data_dir,
@@ -55,6 +60,7 @@ def _default_sigint():
 
 
 def _interrupted(session: DebugSession, args: argparse.Namespace) -> None:
+
     pulled = session.pulled
     if pulled is None:
         message = "interrupted before a mutation was pulled; nothing was consumed"
@@ -95,6 +101,7 @@ def _print_event(event: dict) -> None:
 
 
 def _print_footer(session: DebugSession) -> None:
+
     outcome, pulled = session.outcome, session.pulled
     assert outcome is not None and pulled is not None
     ms = outcome.seconds * 1000

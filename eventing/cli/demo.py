@@ -12,9 +12,7 @@ from typing import Any
 
 from eventing.cli.common import ProgressRenderer, writable_data_dir
 from eventing.cli.output import emit_json, progress_enabled, table
-from eventing.control import lifecycle
 from eventing.errors import EventingError
-from eventing.ops.windows import write_chart
 from eventing.storage.files import bucket_path
 from eventing.storage.write_turns import TURN_SUFFIX
 from functions import FUNCTIONS_DIR
@@ -32,6 +30,8 @@ WINDOW_ROWS_SHOWN = 6
 
 def _reset(data_dir: str) -> None:
     """Start from a clean slate so the demo can be run again: drop its functions and buckets."""
+    from eventing.control import lifecycle
+
     store = open_store(data_dir)
     known = {r.name: r for r in store.list_functions()}
     for name in DEMO_FUNCTIONS:
@@ -52,6 +52,8 @@ def _reset(data_dir: str) -> None:
 
 def run_demo(data_dir: str, args: argparse.Namespace) -> int:
     from eventing.api import Eventing
+    from eventing.control import lifecycle
+    from eventing.ops.windows import write_chart
 
     args.ray_address = args.ray_address or os.environ.get("EVENTING_RAY_ADDRESS")
     app = Eventing(data_dir, executor=args.executor, ray_address=args.ray_address)

@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from eventing.cli.common import existing_data_dir
 from eventing.cli.output import emit_json, progress_enabled, table
-from eventing.ops import dlq
+
+if TYPE_CHECKING:
+    from eventing.ops import dlq
 
 EXIT_INTERRUPTED = 130
 
 
 def _selector(args: argparse.Namespace) -> dlq.DlqSelector:
+    from eventing.ops import dlq
+
     return dlq.DlqSelector(
         vb=getattr(args, "vb", None),
         seqno=getattr(args, "seqno", None),
@@ -23,6 +28,8 @@ def _selector(args: argparse.Namespace) -> dlq.DlqSelector:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    from eventing.ops import dlq
+
     rows = dlq.list_rows(existing_data_dir(args), args.function, reason=args.reason, limit=args.limit,
                          include_replayed=args.all)
     if args.json:
@@ -45,6 +52,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
+    from eventing.ops import dlq
+
     rows = dlq.show_rows(existing_data_dir(args), args.function, _selector(args))
     views = [dlq.row_view(r, full=True) for r in rows]
     if args.json:
@@ -68,6 +77,8 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from tqdm import tqdm
+
+    from eventing.ops import dlq
 
     done: list[dlq.RowResult] = []
     bar = tqdm(unit="row", desc=f"replay {args.function}", disable=args.json or not progress_enabled())
@@ -109,6 +120,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_purge(args: argparse.Namespace) -> int:
+    from eventing.ops import dlq
+
     removed = dlq.purge(existing_data_dir(args), args.function, _selector(args), replayed_only=args.replayed)
     if args.json:
         emit_json({"function": args.function, "purged": removed})

@@ -9,11 +9,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from eventing.cli.common import announce, data_dir_of, existing_data_dir, record_view, writable_data_dir
+from eventing.cli.common import announce, data_dir_of, existing_data_dir, writable_data_dir
 from eventing.cli.output import emit_json, table
-from eventing.control import lifecycle
 from eventing.errors import ConfigError, LifecycleError
-from eventing.ops.stats import function_status
 from metadata import METADATA_URL_ENV
 from metadata.factory import SQLITE_FILE, open_store
 from sharding import NUM_VBUCKETS
@@ -21,6 +19,8 @@ from sharding import NUM_VBUCKETS
 
 def _name_or_file(args: argparse.Namespace, data_dir: str) -> str:
     """`deploy` takes a definition file (saved first) or the name of a stored function."""
+    from eventing.control import lifecycle
+
     target = args.function
     if target.endswith(".json") or os.path.sep in target:
         return lifecycle.save_from_file(data_dir, target).name
@@ -48,11 +48,15 @@ def _refuse_if_paused(target: str, data_dir: str) -> None:
 
 
 def cmd_create(args: argparse.Namespace) -> int:
+    from eventing.control import lifecycle
+
     data_dir = writable_data_dir(args)
     return announce(args, lifecycle.save_from_file(data_dir, args.file), "saved")
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
+    from eventing.control import lifecycle
+
     data_dir = writable_data_dir(args)
     _refuse_if_paused(args.function, data_dir)
     name = _name_or_file(args, data_dir)
@@ -61,18 +65,26 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
 
 def cmd_pause(args: argparse.Namespace) -> int:
+    from eventing.control import lifecycle
+
     return announce(args, lifecycle.pause(existing_data_dir(args), args.function, wait_s=args.wait), "paused")
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
+    from eventing.control import lifecycle
+
     return announce(args, lifecycle.resume(existing_data_dir(args), args.function), "resumed")
 
 
 def cmd_undeploy(args: argparse.Namespace) -> int:
+    from eventing.control import lifecycle
+
     return announce(args, lifecycle.undeploy(existing_data_dir(args), args.function, wait_s=args.wait), "undeployed")
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
+    from eventing.control import lifecycle
+
     lifecycle.delete(existing_data_dir(args), args.function)
     if args.json:
         emit_json({"name": args.function, "deleted": True})
@@ -82,6 +94,8 @@ def cmd_delete(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    from eventing.ops.stats import function_view as record_view
+
     path = Path(data_dir_of(args)) / SQLITE_FILE
     exists = path.exists() or bool(os.environ.get(METADATA_URL_ENV))
     records = open_store(data_dir_of(args)).list_functions() if exists else []
@@ -98,6 +112,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from eventing.ops.stats import function_status
+
     status = function_status(existing_data_dir(args), args.function)
     services, leader, standbys, views = status["services"], status["leader"], status["standbys"], status["functions"]
     if args.json:
@@ -118,6 +134,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from eventing.control import lifecycle
+
     data: Any
     if args.format == "couchbase":  # Couchbase's export: a list of functions, as its console writes
         exported, warnings = lifecycle.export_couchbase(existing_data_dir(args), args.function,
@@ -140,6 +158,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_import(args: argparse.Namespace) -> int:
+    from eventing.control import lifecycle
+    from eventing.ops.stats import function_view as record_view
+
     data_dir = writable_data_dir(args)
     try:
         data = json.loads(Path(args.file).read_text())

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from eventing.cli.output import emit_json, table
-from eventing.control.nodes import Topology
 from eventing.errors import LifecycleError
-from eventing.ops import nodes as nodes_ops
 from metadata.factory import open_store
+
+if TYPE_CHECKING:
+    from eventing.control.nodes import Topology
 
 
 def _topology(args: argparse.Namespace) -> Topology:
     from eventing.cli.common import writable_data_dir
+    from eventing.control.nodes import Topology
 
     return Topology(open_store(writable_data_dir(args)))
 
@@ -45,6 +47,8 @@ def cmd_node_remove(args: argparse.Namespace) -> int:
 
 
 def cmd_node_list(args: argparse.Namespace) -> int:
+    from eventing.ops import nodes as nodes_ops
+
     listing = nodes_ops.node_list(_topology(args))
     nodes, request = listing["nodes"], listing["last_rebalance"]
     if args.json:
@@ -69,6 +73,8 @@ def cmd_node_list(args: argparse.Namespace) -> int:
 
 
 def cmd_rebalance(args: argparse.Namespace) -> int:
+    from eventing.ops import nodes as nodes_ops
+
     topology = _topology(args)
     plan = nodes_ops.plan(topology)
     described = nodes_ops.describe_plan(topology, plan)

@@ -18,7 +18,6 @@ from eventing.cli.common import (
     process_started_at,
 )
 from eventing.cli.output import emit_json, progress_enabled, table
-from eventing.ops.stats import function_stats, vbucket_map
 
 # Exit statuses of `eventing run` (docs/operations-run.md): scripts can tell a clean run from one that
 # dead-lettered mutations without parsing its output.
@@ -167,6 +166,8 @@ def _startup(executor: Any, ray_s: float, summary: Any) -> dict[str, Any]:
 
 
 def cmd_vbmap(args: argparse.Namespace) -> int:
+    from eventing.ops.stats import vbucket_map
+
     data = vbucket_map(existing_data_dir(args), args.function)
     if args.json:
         emit_json(data)
@@ -178,6 +179,8 @@ def cmd_vbmap(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
+    from eventing.ops.stats import function_stats
+
     if args.function is None:
         from eventing.cli.stats_all import cmd_stats_all
 

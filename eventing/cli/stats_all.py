@@ -8,13 +8,14 @@ from typing import Any
 
 from eventing.cli.common import existing_data_dir
 from eventing.cli.output import emit_json, table
-from eventing.ops.stats import function_stats
 from metadata.factory import open_store
 
 HEADERS = ["function", "state", "seen", "success", "failure", "timeout", "dead letters", "backlog", "mutations/s"]
 
 
 def all_stats(data_dir: str) -> list[dict[str, Any]]:
+    from eventing.ops.stats import function_stats
+
     with open_store(data_dir, create=False) as store:
         names = [r.name for r in store.list_functions()]
     return [function_stats(data_dir, name) for name in names]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 
 from eventing.cli.output import emit_json
-from eventing.ops.verify import verify_function
 
 EXIT_OK = 0
 EXIT_NOT_ACCOUNTED = 1
@@ -13,6 +12,7 @@ EXIT_NOT_ACCOUNTED = 1
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from eventing.cli.common import existing_data_dir
+    from eventing.ops.verify import verify_function
 
     report = verify_function(existing_data_dir(args), args.function, ledger=args.ledger)
     if args.json:

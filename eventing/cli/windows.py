@@ -8,7 +8,6 @@ from typing import Any
 
 from eventing.cli.output import ID_COLUMNS, emit_json, table
 from eventing.errors import ConfigError
-from eventing.ops.windows import window_report, write_chart
 
 
 def _describe(spec: dict[str, Any]) -> str:
@@ -24,6 +23,7 @@ def _describe(spec: dict[str, Any]) -> str:
 
 def cmd_windows(args: argparse.Namespace) -> int:
     from eventing.cli.common import existing_data_dir
+    from eventing.ops.windows import window_report, write_chart
 
     data_dir = existing_data_dir(args)
     if args.adjusted:

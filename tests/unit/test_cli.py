@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
+import sys
 
 import pytest
 
@@ -168,3 +170,13 @@ def test_deploy_with_an_unknown_bucket_is_refused_with_the_fix(capsys, dd):
     code, _, err = run_cli(capsys, "deploy", str(FUNCTIONS_DIR / "fn_email.json"), *dd)
     assert code == 2 and "eventing bucket create customers" in err
     assert json_of(capsys, "list", *dd) == []
+
+
+def test_a_command_loads_only_what_it_uses():
+    """Every `eventing` command builds the whole parser; building it loads no engine (the service, workers,
+    handler runner), no Ray, Spark or web stack: a command such as `bucket count` starts in ~0.2 s, not ~0.6 s."""
+    code = "import sys; from eventing.cli.app import build_parser; build_parser(); print(' '.join(sys.modules))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    heavy = ("ray", "pyspark", "uvicorn", "starlette", "eventing.control.service", "eventing.control.lifecycle",
+             "eventing.workers", "eventing.execution.runner", "eventing.ops.stats", "eventing.http.server")
+    assert [m for m in loaded if any(m == h or m.startswith(h + ".") for h in heavy)] == []
