@@ -21,6 +21,11 @@ from eventing.workers.handling import WorkerHandling
 # of CPU whatever its size, so fewer, larger calls read faster (figures in docs/benchmarks.md, "Remote read
 # ahead"). EVENTING_REMOTE_READ_AHEAD overrides it (forwarded to every node).
 REMOTE_READ_AHEAD = int(os.environ.get("EVENTING_REMOTE_READ_AHEAD", "32000"))
+# A row the filter's byte check rules out never leaves SQLite: scanning it costs about a tenth of reading and
+# handling a mutation, so a batch counts such rows at this many to one mutation of its budget, and a batch
+# of mostly rejected rows is not cut short. A read asks for as many entries as should keep the rows it hands
+# to Python within the budget, at the ratio of scanned to kept entries seen lately (1 to this many).
+REJECTED_ROWS_PER_MUTATION = 8
 
 
 class WorkerReads(WorkerHandling):
@@ -32,6 +37,7 @@ class WorkerReads(WorkerHandling):
     _read_rows: Callable[[int, int, int], list[tuple]]
     _prefilter: Prefilter | None
     _rotor: int
+    _scan_per_kept: float
 
     def _prefetch(self, work: list[int], limits: dict[int, int], budget: int) -> None:
         """Through the data service: when the vBuckets _process takes next (in its order) have fewer than
@@ -69,33 +75,46 @@ class WorkerReads(WorkerHandling):
         if self._reads_ahead and not window_only:
             self._prefetch(work, limits, budget)
         handled = 0
+        used = 0.0  # of the budget: `handled`, less what rejected rows do not cost
+        scanned_all = kept_all = 0
         start = self._rotor % len(work)
         self._rotor = 0
         for i, vb in enumerate(work[start:] + work[:start]):
-            if handled >= budget:
+            if used >= budget:
                 self._rotor = start + i
                 break
-            limit = min(budget - handled, limits[vb] - self.positions[vb])
+            limit = min(budget - int(used), limits[vb] - self.positions[vb])
             position = self.positions[vb]
             if self._prefilter is not None:
-                handled += self._read_matching(vb, position, limit, limits[vb])
+                limit = min(max(1, int((budget - used) * self._scan_per_kept)), limits[vb] - position)
+                scanned, kept = self._read_matching(vb, position, limit, limits[vb])
+                handled += scanned
+                used += kept + (scanned - kept) / REJECTED_ROWS_PER_MUTATION
+                scanned_all += scanned
+                kept_all += kept
                 continue
             if window_only:
                 taken = self._take_window_batch(vb, position, limit)
                 if taken:
                     handled += taken
+                    used += taken
                     continue
             rows = self._read_rows(vb, position, limit)
             if rows and self.collections.mixed(rows):
-                handled += self._handle_collections(vb, position, rows)
+                taken = self._handle_collections(vb, position, rows)
             else:
-                handled += self._handle_run(vb, position, rows)
+                taken = self._handle_run(vb, position, rows)
+            handled += taken
+            used += taken
+        if scanned_all:
+            self._scan_per_kept = min(REJECTED_ROWS_PER_MUTATION, scanned_all / max(kept_all, 1))
         return handled
 
-    def _read_matching(self, vb: int, position: int, limit: int, upto: int) -> int:
+    def _read_matching(self, vb: int, position: int, limit: int, upto: int) -> tuple[int, int]:
         """_process's read of the next `limit` log entries of a vBucket from a file source whose query
         leaves out the rows the filter's byte check rules out; they are counted as filtered here, the rest
-        go on as read rows do. Returns how many entries it passed (0: none left up to `upto`)."""
+        go on as read rows do. Returns how many entries it passed (0: none left up to `upto`) and how many
+        of them it read (the others were ruled out in the query)."""
         rows, scanned, last = self.source.read_vb_matching(  # type: ignore[attr-defined]
             vb, position, limit, upto, self._prefilter, self.name
         )
@@ -110,7 +129,7 @@ class WorkerReads(WorkerHandling):
             c[counter_names.FILTERED] += skipped
         if last > self.positions[vb]:
             self.positions[vb] = last
-        return scanned
+        return scanned, len(rows)
 
     def _handle_collections(self, vb: int, position: int, rows: list) -> int:
         """A run whose rows are not all of the source collection: the others are passed over (their seqnos

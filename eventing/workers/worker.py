@@ -136,6 +136,7 @@ class WorkerCore(WorkerTimers, WorkerReads):
         self.dlq: list[DlqRow] = []
         self.last_commit = time.monotonic()
         self._rotor = 0
+        self._scan_per_kept = 1.0  # filtered reads: entries scanned per row the query kept, lately
         self._handled_any = False
         self._closed = False
         self._lettered: dict[tuple[int, int], str] = {}  # (vb, seqno) -> the counter of its skip

@@ -295,3 +295,35 @@ def test_the_debugger_shows_a_mutation_the_filter_rules_out(data_dir):
     outcome = DebugSession(data_dir, "fn_dbg", on_event=events.append).run()
     assert outcome.status == "filtered" and outcome.ok
     assert {"event": "call", "kind": None, "doc": None, "meta": None, "filtered": True} in events
+
+
+COUNT_CALLS = '''
+def on_update(doc, meta):
+    pass
+'''
+
+
+@pytest.mark.parametrize("vip_every, min_scanned, max_scanned", [(10, 600, 1600), (1, 200, 200)])
+def test_a_batch_scans_past_batch_size_when_the_filter_rules_most_out_and_hands_the_handler_about_batch_size(
+    data_dir, vip_every, min_scanned, max_scanned
+):
+    from eventing.workers.worker import WorkerCore, WorkerSpec
+    from sharding import NUM_VBUCKETS
+
+    source = create_bucket(data_dir, "src")
+    source.write([Write(f"k{i}", OP_UPDATE, encode_document({"segment": "vip" if i % vip_every == 0 else "std"}))
+                  for i in range(10_000)])
+    defn = FunctionDefinition.from_dict({"name": "fn_b", "source_bucket": "src", "batch_size": 200,
+                                         "filter": {"field": "segment", "eq": "vip"}})
+    deploy_function(data_dir, defn, COUNT_CALLS)
+    core = WorkerCore(WorkerSpec(data_dir, "fn_b", open_store(data_dir).get_function("fn_b").generation, "n/w0",
+                                 tuple(range(NUM_VBUCKETS))))
+    try:
+        core.step(200)  # the first batch learns how many entries the query keeps
+        calls = core.counters[counter_names.handler_outcome("on_update", "success")]
+        scanned = core.step(200).handled  # one batch (an explicit budget)
+        called = core.counters[counter_names.handler_outcome("on_update", "success")] - calls
+        assert min_scanned <= scanned <= max_scanned
+        assert 0 < called <= 200 * 1.2  # about batch_size rows reach Python and the handler
+    finally:
+        core.close()
