@@ -104,15 +104,30 @@ def deploy_function(
 
 
 def wait_for(
-    predicate: Callable[[], bool], what: str = "the condition holds", timeout: float = 90.0, every: float = 0.05
-) -> float:
-    """Wait until predicate() holds; returns the seconds it took, or fails the test after `timeout`."""
-    start = time.monotonic()
-    while time.monotonic() - start < timeout:
-        if predicate():
-            return time.monotonic() - start
+    predicate: Callable[[], Any],
+    what: str = "the condition holds",
+    timeout: float = 90.0,
+    every: float = 0.05,
+    *,
+    retry_on: tuple[type[BaseException], ...] = (),
+) -> Any:
+    """Wait until predicate() returns a true value, and return that value; fail the test after `timeout`
+    seconds naming `what`. An exception of `retry_on` (a page or server still starting) counts as not yet.
+    A caller that measures how long something took reads the clock around the call."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        try:
+            value = predicate()
+        except retry_on as exc:
+            value, last = None, exc
+        else:
+            if value:
+                return value
+            last = value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting until {what} (last: {last!r})")
         time.sleep(every)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting until {what}")
 
 
 class BackgroundLoop:

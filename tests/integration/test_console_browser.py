@@ -32,7 +32,7 @@ from eventing.ops.verify import verify_function
 from eventing.storage import loadgen
 from eventing.storage.bucket import LocalBucket
 from eventing.storage.writes import chunked
-from eventing.testing import BackgroundLoop, deploy_function, ledger_definition, load_source
+from eventing.testing import BackgroundLoop, deploy_function, ledger_definition, load_source, wait_for
 from eventing.workers.executor import InProcessExecutor
 
 pytestmark = pytest.mark.integration
@@ -86,22 +86,6 @@ def stop(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            value = predicate()
-        except Exception as exc:  # noqa: BLE001 - a page or server still starting; try again
-            last = exc
-        else:
-            if value:
-                return value
-            last = value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
-
-
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
     from selenium import webdriver
@@ -134,7 +118,7 @@ def test_console_shows_live_counters_and_pauses_and_resumes_from_its_buttons(tmp
     serve = eventing(data_dir, "serve", "--port", str(port), log=tmp_path / "serve.log")
     api = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
     try:
-        wait_for(lambda: api.get("/api/v1/status").json()["services"], 60, "the service and the API")
+        wait_for(lambda: api.get("/api/v1/status").json()["services"], "the service and the API", 60, every=0.2, retry_on=(Exception,))
         with Loader(data_dir):
             browser.get(base + "/")
             browser.find_element(By.ID, "token").send_keys(TOKEN)
@@ -147,30 +131,30 @@ def test_console_shows_live_counters_and_pauses_and_resumes_from_its_buttons(tmp
             def seen() -> int:
                 return int(cell("seen").replace(",", "") or 0)
 
-            wait_for(lambda: cell("state") == "deployed", 30, "the function row")
-            first = wait_for(seen, 30, "a first count")
-            wait_for(lambda: seen() > first, 30, "the seen counter to move")
+            wait_for(lambda: cell("state") == "deployed", "the function row", 30, every=0.2, retry_on=(Exception,))
+            first = wait_for(seen, "a first count", 30, every=0.2, retry_on=(Exception,))
+            wait_for(lambda: seen() > first, "the seen counter to move", 30, every=0.2, retry_on=(Exception,))
             moved = seen()
-            wait_for(lambda: seen() > moved, 30, "the seen counter to move again")
+            wait_for(lambda: seen() > moved, "the seen counter to move again", 30, every=0.2, retry_on=(Exception,))
             # Legal buttons only: a deployed function offers pause and undeploy, not resume or deploy.
             actions = [b.get_attribute("data-action") for b in browser.find_elements(By.CSS_SELECTOR, f"{row} button")]
             assert actions == ["pause", "undeploy"]
 
             browser.find_element(By.CSS_SELECTOR, f'{row} button[data-action="pause"]').click()
-            wait_for(lambda: cell("state") == "paused", 60, "the paused state")
+            wait_for(lambda: cell("state") == "paused", "the paused state", 60, every=0.2, retry_on=(Exception,))
             actions = [b.get_attribute("data-action") for b in browser.find_elements(By.CSS_SELECTOR, f"{row} button")]
             assert actions == ["resume", "undeploy"]
             assert api.get("/api/v1/status/fn_live").json()["apps"][0]["composite_status"] == "paused"
             paused_at = seen()
             time.sleep(2.5)
             assert seen() == paused_at  # paused: nothing handled while the loader keeps writing
-            wait_for(lambda: int(cell("backlog").replace(",", "") or 0) > 0, 30, "a backlog while paused")
+            wait_for(lambda: int(cell("backlog").replace(",", "") or 0) > 0, "a backlog while paused", 30, every=0.2, retry_on=(Exception,))
 
             browser.find_element(By.CSS_SELECTOR, f'{row} button[data-action="resume"]').click()
-            wait_for(lambda: cell("state") == "deployed", 30, "the deployed state")
-            wait_for(lambda: seen() > paused_at, 30, "the counter to move after resume")
+            wait_for(lambda: cell("state") == "deployed", "the deployed state", 30, every=0.2, retry_on=(Exception,))
+            wait_for(lambda: seen() > paused_at, "the counter to move after resume", 30, every=0.2, retry_on=(Exception,))
             # The detail panel: vBucket map legend by worker, checkpoints, and the charts drawn.
-            wait_for(lambda: "vBuckets" in browser.find_element(By.ID, "vbmap-legend").text, 30, "the vBucket map")
+            wait_for(lambda: "vBuckets" in browser.find_element(By.ID, "vbmap-legend").text, "the vBucket map", 30, every=0.2, retry_on=(Exception,))
             legend = browser.find_element(By.ID, "vbmap-legend").text
             assert "local/w0: 512 vBuckets" in legend and "local/w1: 512 vBuckets" in legend
             assert len(browser.find_elements(By.CSS_SELECTOR, "#checkpoints tbody tr")) == 32
@@ -180,7 +164,7 @@ def test_console_shows_live_counters_and_pauses_and_resumes_from_its_buttons(tmp
             assert shot.stat().st_size > 20_000
             print(f"console screenshot: {shot}")
         # The loader stopped: let the service catch up, then count through the ledger.
-        wait_for(lambda: api.get("/api/v1/functions/fn_live/stats").json()["checkpoint_lag"] == 0, 90, "catch-up")
+        wait_for(lambda: api.get("/api/v1/functions/fn_live/stats").json()["checkpoint_lag"] == 0, "catch-up", 90, every=0.2, retry_on=(Exception,))
     finally:
         api.close()
         stop(serve)
@@ -219,7 +203,7 @@ def failed(tmp_path_factory):
     serve = eventing(data_dir, "serve", "--port", str(port), log=root / "serve.log", read_token=READ_TOKEN)
     api = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=30)
     try:
-        wait_for(lambda: api.get("/api/v1/status").status_code == 200, 60, "the API")
+        wait_for(lambda: api.get("/api/v1/status").status_code == 200, "the API", 60, every=0.2, retry_on=(Exception,))
         assert len(api.get("/api/v1/functions/fn_fail/dlq").json()) == DEAD_LETTERS
         yield {"data_dir": data_dir, "base": f"http://127.0.0.1:{port}", "api": api}
     finally:
@@ -233,10 +217,9 @@ def open_console(browser, site, token: str = TOKEN, function: str = "fn_fail") -
     if not browser.current_url.startswith(site["base"]):
         browser.get(site["base"] + "/")
     use_token(browser, token)
-    name = wait_for(lambda: browser.find_element(By.CSS_SELECTOR, f'tr[data-function="{function}"] td.name'), 30,
-                    f"the row of {function}")
+    name = wait_for(lambda: browser.find_element(By.CSS_SELECTOR, f'tr[data-function="{function}"] td.name'), f"the row of {function}", 30, every=0.2, retry_on=(Exception,))
     name.click()
-    wait_for(lambda: browser.find_element(By.ID, "detail-name").text == function, 10, f"the detail of {function}")
+    wait_for(lambda: browser.find_element(By.ID, "detail-name").text == function, f"the detail of {function}", 10, every=0.2, retry_on=(Exception,))
 
 
 def use_token(browser, token: str) -> None:
@@ -256,7 +239,7 @@ def detail_polls(browser) -> int:
 def wait_detail_polls(browser, count: int) -> None:
     """Until the detail panel has refreshed `count` more times (it does every 2 s)."""
     start = detail_polls(browser)
-    wait_for(lambda: detail_polls(browser) >= start + count, 10 + 3 * count, f"{count} refreshes of the detail")
+    wait_for(lambda: detail_polls(browser) >= start + count, f"{count} refreshes of the detail", 10 + 3 * count, every=0.2, retry_on=(Exception,))
 
 
 def test_console_shows_a_cas_with_every_digit_and_epochs_and_times_as_the_cli(failed, browser):
@@ -268,15 +251,15 @@ def test_console_shows_a_cas_with_every_digit_and_epochs_and_times_as_the_cli(fa
     full = api.get(f"/api/v1/functions/fn_fail/dlq/show?vb={first['vb']}&seqno={first['seqno']}").json()[0]
     cas = full["mutation"]["cas"]
     assert cas > 2**53  # a nanosecond clock: beyond what a JavaScript number holds exactly
-    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#dlq tbody tr button"), 30, "the dead letters")
+    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#dlq tbody tr button"), "the dead letters", 30, every=0.2, retry_on=(Exception,))
     browser.find_element(By.XPATH, "//table[@id='dlq']/tbody/tr[1]//button[text()='show']").click()
-    detail = wait_for(lambda: browser.find_element(By.ID, "dlq-detail").text, 10, "the dead letter in full")
+    detail = wait_for(lambda: browser.find_element(By.ID, "dlq-detail").text, "the dead letter in full", 10, every=0.2, retry_on=(Exception,))
     assert f'"cas": {cas},' in detail
     assert json.loads(detail) == full  # the whole row as the API sent it, every number exact
 
     # Checkpoints: the epoch as generation:counter and the time as UTC date and time, as `eventing checkpoints`.
     rows = {r["vb"]: r for r in api.get("/api/v1/functions/fn_fail/checkpoints").json()["rows"]}
-    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#checkpoints tbody tr"), 30, "the checkpoints")
+    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#checkpoints tbody tr"), "the checkpoints", 30, every=0.2, retry_on=(Exception,))
     # Read in one script: the console redraws the table on its refresh, which would leave elements found
     # one by one stale between two reads.
     shown = browser.execute_script(
@@ -301,7 +284,7 @@ def test_dead_letters_are_paged_and_an_unchanged_page_is_not_redrawn(failed, bro
     def api_keys(offset: int) -> list[str]:
         return [r["key"] for r in api.get(f"/api/v1/functions/fn_fail/dlq?limit=50&offset={offset}").json()]
 
-    wait_for(lambda: keys() == api_keys(0), 30, "the first page")
+    wait_for(lambda: keys() == api_keys(0), "the first page", 30, every=0.2, retry_on=(Exception,))
     assert browser.find_element(By.ID, "dlq-page").text == "rows 1–50"
     assert not browser.find_element(By.ID, "dlq-prev").is_enabled()
     # Mark the first row: a redraw would replace it with a new, unmarked element.
@@ -310,14 +293,14 @@ def test_dead_letters_are_paged_and_an_unchanged_page_is_not_redrawn(failed, bro
     assert browser.execute_script("return document.querySelector('#dlq tbody tr').dataset.marked") == "yes"
 
     browser.find_element(By.ID, "dlq-next").click()
-    wait_for(lambda: keys() == api_keys(50), 10, "the second page")
+    wait_for(lambda: keys() == api_keys(50), "the second page", 10, every=0.2, retry_on=(Exception,))
     browser.find_element(By.ID, "dlq-next").click()
-    wait_for(lambda: keys() == api_keys(100), 10, "the last page")
+    wait_for(lambda: keys() == api_keys(100), "the last page", 10, every=0.2, retry_on=(Exception,))
     assert len(keys()) == DEAD_LETTERS - 100
     assert browser.find_element(By.ID, "dlq-page").text == "rows 101–130 (the last page)"
     assert not browser.find_element(By.ID, "dlq-next").is_enabled()
     browser.find_element(By.ID, "dlq-prev").click()
-    wait_for(lambda: keys() == api_keys(50), 10, "the second page again")
+    wait_for(lambda: keys() == api_keys(50), "the second page again", 10, every=0.2, retry_on=(Exception,))
 
 
 def test_application_log_keeps_the_readers_place_and_follows_only_at_the_bottom(failed, browser):
@@ -325,7 +308,7 @@ def test_application_log_keeps_the_readers_place_and_follows_only_at_the_bottom(
 
     open_console(browser, failed)
     box = browser.find_element(By.ID, "app-log")
-    wait_for(lambda: "then failing on purpose" in box.text, 30, "the application log")
+    wait_for(lambda: "then failing on purpose" in box.text, "the application log", 30, every=0.2, retry_on=(Exception,))
 
     def scroll() -> dict:
         return browser.execute_script(
@@ -333,12 +316,12 @@ def test_application_log_keeps_the_readers_place_and_follows_only_at_the_bottom(
             "return {top: b.scrollTop, max: b.scrollHeight - b.clientHeight};")
 
     assert scroll()["max"] > 100  # the pane scrolls: more lines than it shows
-    wait_for(lambda: scroll()["top"] >= scroll()["max"] - 8, 10, "the pane opened at its newest lines")
+    wait_for(lambda: scroll()["top"] >= scroll()["max"] - 8, "the pane opened at its newest lines", 10, every=0.2, retry_on=(Exception,))
     browser.execute_script("document.getElementById('app-log').scrollTop = 40")  # read older lines
     log_file = Path(failed["data_dir"]) / "logs" / "fn_fail.log"
     with log_file.open("a") as f:
         f.write("2026-01-01T00:00:00.000Z [INFO] fn_fail 0:1 doc-x a line written while reading older ones\n")
-    wait_for(lambda: "while reading older ones" in box.get_attribute("textContent"), 10, "the new line")
+    wait_for(lambda: "while reading older ones" in box.get_attribute("textContent"), "the new line", 10, every=0.2, retry_on=(Exception,))
     assert scroll()["top"] == 40  # the reader's place is kept when new lines come
     wait_detail_polls(browser, 2)
     assert scroll()["top"] == 40  # and when none do
@@ -346,8 +329,8 @@ def test_application_log_keeps_the_readers_place_and_follows_only_at_the_bottom(
     browser.execute_script("const b = document.getElementById('app-log'); b.scrollTop = b.scrollHeight")
     with log_file.open("a") as f:
         f.write("2026-01-01T00:00:01.000Z [INFO] fn_fail 0:2 doc-y a line written while following\n")
-    wait_for(lambda: "while following" in box.get_attribute("textContent"), 10, "the next line")
-    wait_for(lambda: scroll()["top"] >= scroll()["max"] - 8, 10, "the pane to follow the new line")
+    wait_for(lambda: "while following" in box.get_attribute("textContent"), "the next line", 10, every=0.2, retry_on=(Exception,))
+    wait_for(lambda: scroll()["top"] >= scroll()["max"] - 8, "the pane to follow the new line", 10, every=0.2, retry_on=(Exception,))
 
 
 def test_a_function_without_a_log_is_asked_without_errors(failed, browser):
@@ -356,7 +339,7 @@ def test_a_function_without_a_log_is_asked_without_errors(failed, browser):
     assert failed["api"].get("/getAppLog?name=fn_quiet").text == ""
     browser.get_log("browser")  # drop what earlier tests left
     open_console(browser, failed, function="fn_quiet")
-    wait_for(lambda: "no log lines yet" in browser.find_element(By.ID, "app-log").text, 10, "the empty log")
+    wait_for(lambda: "no log lines yet" in browser.find_element(By.ID, "app-log").text, "the empty log", 10, every=0.2, retry_on=(Exception,))
     wait_detail_polls(browser, 2)
     failed_requests = [e["message"] for e in browser.get_log("browser") if "getAppLog" in e["message"]]
     assert failed_requests == []
@@ -369,15 +352,15 @@ def test_a_read_only_token_sees_no_state_changing_controls(failed, browser):
         return [e.is_displayed() for e in browser.find_elements(By.CSS_SELECTOR, css)]
 
     open_console(browser, failed, token=READ_TOKEN)
-    wait_for(lambda: "read-only" in browser.find_element(By.ID, "connection").text, 10, "the read-only role")
-    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#dlq tbody tr button"), 30, "the dead letters")
+    wait_for(lambda: "read-only" in browser.find_element(By.ID, "connection").text, "the read-only role", 10, every=0.2, retry_on=(Exception,))
+    wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#dlq tbody tr button"), "the dead letters", 30, every=0.2, retry_on=(Exception,))
     assert shown('tr[data-function] button[data-action]') and not any(shown('tr[data-function] button[data-action]'))
     assert not any(shown("#dlq-replay-all, #dlq-purge-all, #dlq-purge-replayed, #rebalance-start"))
     assert shown("#dlq tbody tr button") and not any(shown("#dlq tbody tr button.admin-only"))
     assert all(shown("#rebalance-plan")) and all(shown("#dlq tbody tr button:not(.admin-only)"))  # reads stay
 
     use_token(browser, TOKEN)
-    wait_for(lambda: all(shown('tr[data-function] button[data-action]')), 10, "the lifecycle buttons for the admin")
+    wait_for(lambda: all(shown('tr[data-function] button[data-action]')), "the lifecycle buttons for the admin", 10, every=0.2, retry_on=(Exception,))
     assert all(shown("#dlq-replay-all, #dlq-purge-all, #rebalance-start"))
 
 
@@ -387,8 +370,8 @@ def test_no_token_and_a_wrong_token_get_different_messages(failed, browser):
     open_console(browser, failed)
     connection = browser.find_element(By.ID, "connection")
     use_token(browser, "")
-    wait_for(lambda: connection.text.startswith("needs a token"), 10, "the no-token message")
+    wait_for(lambda: connection.text.startswith("needs a token"), "the no-token message", 10, every=0.2, retry_on=(Exception,))
     use_token(browser, "not-a-token-of-this-server")
-    wait_for(lambda: connection.text.startswith("token not accepted"), 10, "the wrong-token message")
+    wait_for(lambda: connection.text.startswith("token not accepted"), "the wrong-token message", 10, every=0.2, retry_on=(Exception,))
     use_token(browser, TOKEN)
-    wait_for(lambda: "functions" in connection.text, 10, "the connection again")
+    wait_for(lambda: "functions" in connection.text, "the connection again", 10, every=0.2, retry_on=(Exception,))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
@@ -12,6 +11,7 @@ from eventing import Eventing, EventingError, FunctionDefinition, RunSummary, Wr
 from eventing.api import FunctionStats, RunningService, VBucketMap, WindowReport
 from eventing.cli.app import main as cli_main
 from eventing.core.mutation import OP_DELETE, OP_UPDATE, encode_document
+from eventing.testing import wait_for
 from functions import FUNCTIONS_DIR
 
 
@@ -67,16 +67,6 @@ def test_a_definition_given_as_data_needs_its_handler_and_writes_go_through_writ
     assert app.bucket("dst").get("a") == {"x": 1}
 
 
-def wait_for(condition, timeout: float = 20.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_run_without_until_caught_up_runs_in_the_background_until_stopped(tmp_path):
     app = Eventing(tmp_path / "data", executor="in-process")
     app.create_bucket("src")
@@ -88,7 +78,7 @@ def test_run_without_until_caught_up_runs_in_the_background_until_stopped(tmp_pa
     assert isinstance(running, RunningService)
     try:
         app.upsert("src", "a", {"x": 1})  # written while the service runs: it follows new mutations
-        wait_for(lambda: app.bucket("dst").get("a") == {"x": 1}, what="the running service to copy 'a'")
+        wait_for(lambda: app.bucket("dst").get("a") == {"x": 1}, "the running service to copy 'a'", 20)
         with pytest.raises(TimeoutError, match="still running"):
             running.wait(timeout=0.01)
         assert running.running
@@ -105,7 +95,7 @@ def test_run_in_the_background_hands_a_start_failure_to_wait(tmp_path):
     first = app.run(until_caught_up=False)
     try:
         # The first holds the leader lease before the second starts (else the second may take it first).
-        wait_for(lambda: first._service.summary.leadership.get("role") == "leader", 30, "the first service leads")
+        wait_for(lambda: first._service.summary.leadership.get("role") == "leader", "the first service leads", 30)
         second = app.run(until_caught_up=False)
         with pytest.raises(EventingError, match="another eventing service"):
             second.wait(timeout=30)
