@@ -19,6 +19,8 @@ from eventing.cli.common import DEFAULT_DATA_DIR, EXIT_INTERRUPTED, EXIT_USAGE
 from eventing.errors import EventingError, InvalidKeyError
 
 # Modules with a `register(sub, add)` function that adds their subcommands, in the order --help lists them.
+# Every command builds the whole parser, so these modules import the engine, Ray, Spark and the web stack
+# inside the commands that use them, not at the top (tests/unit/test_cli.py checks it).
 COMMAND_MODULES: list[str] = [
     "eventing.cli.buckets",
     "eventing.cli.collections",
