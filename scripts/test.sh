@@ -15,11 +15,10 @@ export RAY_AUTH_MODE="${RAY_AUTH_MODE:-disabled}"
 export RAY_USAGE_STATS_ENABLED=0
 echo "== pytest"
 # The unit tests share nothing but the machine: they run on two processes (pytest-xdist), one per core.
-# The integration tests then run on three, each with its own Ray instance and Spark session: they wait on
-# Ray, Spark, browsers and subprocesses much of the time (on two processes the machine's two cores were
-# busy 0.84 cores on average). A module's tests stay on one process (its clusters are started once per
-# module), the docs pages are spread one by one (tests/conftest.py). Arguments given are passed to a single
-# pytest run.
+# The integration tests then run on two, each with its own Ray instance and Spark session (three were no
+# faster, and the load they make brought out races), the longest scopes first. A module's tests stay on
+# one process (its clusters are started once per module), the docs pages are spread one by one
+# (tests/conftest.py). Arguments given are passed to a single pytest run.
 #
 # The unit tests' temporary files (their data directories) live in memory, under /dev/shm where it is
 # writable: they check what the code does, not that SQLite's fsyncs reach the disk, and waiting on those
@@ -39,7 +38,7 @@ if [ $# -eq 0 ]; then
   .venv/bin/mypy >"$mypy_log" 2>&1 &
   mypy_pid=$!
   status=0
-  .venv/bin/python -m pytest -q -m "integration" -n 3 --dist loadscope || status=$?
+  .venv/bin/python -m pytest -q -m "integration" -n 2 --dist loadscope || status=$?
   echo "== mypy"
   mypy_status=0
   wait "$mypy_pid" || mypy_status=$?

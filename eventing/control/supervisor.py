@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from eventing.core.definition import FunctionDefinition, effective_isolation
-from eventing.errors import EventingError
+from eventing.errors import EventingError, FencedError
 from eventing.storage.factory import open_bucket
 from eventing.workers import write_waiter
 from eventing.workers.executor import Executor, WorkerDied
@@ -270,6 +270,15 @@ class FunctionSupervisor:
             value = self.executor.result(fut)
         except WorkerDied as exc:
             self._restart(slot, str(exc))
+            return
+        except FencedError as exc:
+            # A worker (re)starting after its function was redeployed or undeployed: this deployment is over,
+            # not failed. The service's next look at the states stops it and starts the new deployment.
+            log.warning("function %s worker %s stopped: %s", self.name, wid, exc)
+            if fut is slot.starting:
+                slot.starting = None
+            elif fut in slot.inflight:
+                slot.inflight.remove(fut)
             return
         except EventingError as exc:
             log.error("function %s worker %s failed: %s", self.name, wid, exc)

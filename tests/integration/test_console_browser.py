@@ -217,8 +217,12 @@ def open_console(browser, site, token: str = TOKEN, function: str = "fn_fail") -
     if not browser.current_url.startswith(site["base"]):
         browser.get(site["base"] + "/")
     use_token(browser, token)
-    name = wait_for(lambda: browser.find_element(By.CSS_SELECTOR, f'tr[data-function="{function}"] td.name'), f"the row of {function}", 30, every=0.2, retry_on=(Exception,))
-    name.click()
+
+    def open_row() -> bool:  # the table may be redrawn between finding the row and clicking it
+        browser.find_element(By.CSS_SELECTOR, f'tr[data-function="{function}"] td.name').click()
+        return True
+
+    wait_for(open_row, f"a click on the row of {function}", 30, every=0.2, retry_on=(Exception,))
     wait_for(lambda: browser.find_element(By.ID, "detail-name").text == function, f"the detail of {function}", 10, every=0.2, retry_on=(Exception,))
 
 
@@ -252,7 +256,12 @@ def test_console_shows_a_cas_with_every_digit_and_epochs_and_times_as_the_cli(fa
     cas = full["mutation"]["cas"]
     assert cas > 2**53  # a nanosecond clock: beyond what a JavaScript number holds exactly
     wait_for(lambda: browser.find_elements(By.CSS_SELECTOR, "#dlq tbody tr button"), "the dead letters", 30, every=0.2, retry_on=(Exception,))
-    browser.find_element(By.XPATH, "//table[@id='dlq']/tbody/tr[1]//button[text()='show']").click()
+
+    def show_first() -> bool:  # the table may be redrawn between finding the button and clicking it
+        browser.find_element(By.XPATH, "//table[@id='dlq']/tbody/tr[1]//button[text()='show']").click()
+        return True
+
+    wait_for(show_first, "a click on the first dead letter's show button", 10, every=0.2, retry_on=(Exception,))
     detail = wait_for(lambda: browser.find_element(By.ID, "dlq-detail").text, "the dead letter in full", 10, every=0.2, retry_on=(Exception,))
     assert f'"cas": {cas},' in detail
     assert json.loads(detail) == full  # the whole row as the API sent it, every number exact
