@@ -16,7 +16,7 @@ export RAY_USAGE_STATS_ENABLED=0
 echo "== pytest"
 # The unit tests share nothing but the machine: they run on two processes (pytest-xdist), one per core.
 # The integration tests then run on two, each with its own Ray instance and Spark session (three were no
-# faster, and the load they make brought out races), the longest scopes first. A module's tests stay on
+# faster, and the load they make brought out races). A module's tests stay on
 # one process (its clusters are started once per module), the docs pages are spread one by one
 # (tests/conftest.py). Arguments given are passed to a single pytest run.
 #

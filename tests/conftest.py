@@ -12,9 +12,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 def pytest_collection_modifyitems(config, items):
     """Soak variants run only when `-m` names them (scripts/soak.sh): the `-m 'not soak'` of addopts is
-    replaced by any `-m` given on the command line, so `-m "not integration"` would run them too. Under
-    `--dist loadscope` the longest scopes go first (SCOPE_SECONDS)."""
-    _longest_first(config, items)
+    replaced by any `-m` given on the command line, so `-m "not integration"` would run them too."""
     if "soak" in (config.getoption("markexpr") or ""):
         return
     soak = [item for item in items if item.get_closest_marker("soak")]
@@ -47,44 +45,6 @@ def quick_polls(request, monkeypatch):
 SPREAD_MODULES = ("tests/integration/test_docs_examples.py",)
 
 
-# Seconds each integration scope took on two processes (durations added up, 2026-11-26): with
-# `--dist loadscope` the longest start first, so no process is left with a long one while the others idle.
-# A scope not listed counts as short; the figures only order the queue.
-SCOPE_SECONDS = {
-    "tests/integration/test_cluster.py": 126,
-    "tests/integration/test_faults.py": 70,
-    "tests/integration/test_disk_faults.py": 63,
-    "docs/operations-run.md": 61,
-    "docs/time-semantics.md": 55,
-    "tests/integration/test_rebalance_live.py": 49,
-    "tests/integration/test_windows_runtime.py": 49,
-    "tests/integration/test_failover.py": 43,
-    "tests/integration/test_spark_aggregation.py": 41,
-    "tests/integration/test_console_browser.py": 41,
-    "tests/integration/test_shared_workers_ray.py": 36,
-    "tests/integration/test_window_arrival_policies.py": 36,
-    "tests/integration/test_ray_runtime.py": 35,
-    "tests/integration/test_lifecycle_property_ray.py": 33,
-    "docs/windows.md": 27,
-    "docs/http.md": 27,
-    "docs/functions.md": 26,
-    "docs/nodes-and-rebalance.md": 26,
-}
-
-
-def _scope_seconds(nodeid: str) -> int:
-    module = nodeid.split("::", 1)[0]
-    if module in SPREAD_MODULES:
-        page = nodeid.rsplit("[", 1)[-1].rstrip("]")
-        return SCOPE_SECONDS.get(page, 0)
-    return SCOPE_SECONDS.get(module, 0)
-
-
-def _longest_first(config, items) -> None:
-    if config.getvalue("dist") == "loadscope":
-        items.sort(key=lambda item: -_scope_seconds(item.nodeid))  # stable: a module's order is kept
-
-
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """`--dist loadscope` (the integration run of scripts/test.sh): a module's tests go to one process, as its
@@ -94,8 +54,6 @@ def pytest_xdist_make_scheduler(config, log):
     if config.getvalue("dist") != "loadscope":
         return None
     from xdist.scheduler import LoadScopeScheduling
-
-    config.option.loadscopereorder = False  # keep the collection's order: the longest scopes first
 
     class ModuleScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
