@@ -83,7 +83,6 @@ class WorkerReads(WorkerHandling):
             if used >= budget:
                 self._rotor = start + i
                 break
-            limit = min(budget - int(used), limits[vb] - self.positions[vb])
             position = self.positions[vb]
             if self._prefilter is not None:
                 limit = min(max(1, int((budget - used) * self._scan_per_kept)), limits[vb] - position)
@@ -93,6 +92,7 @@ class WorkerReads(WorkerHandling):
                 scanned_all += scanned
                 kept_all += kept
                 continue
+            limit = min(budget - int(used), limits[vb] - position)
             if window_only:
                 taken = self._take_window_batch(vb, position, limit)
                 if taken:
