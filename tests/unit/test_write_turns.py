@@ -36,15 +36,15 @@ def _write_without_pause(data_dir: str, worker: int, sizes) -> None:
     largest = 0
     for n in range(TRANSACTIONS):
         bucket.write(_writes(worker, n))
-        largest = max(largest, os.stat(wal).st_size if os.path.exists(wal) else 0)
+        with write_turns.turn(bucket.path):  # look while nobody appends
+            largest = max(largest, os.stat(wal).st_size if os.path.exists(wal) else 0)
     sizes.put(largest)
 
 
 @pytest.fixture
 def disk_dir():
-    """A directory on a disk, not on the unit run's in-memory TMPDIR (scripts/test.sh): on tmpfs the other
-    writers append several whole transactions between a writer's commit and its look at the WAL, which
-    says nothing of the bound a bucket on a disk keeps."""
+    """A directory on a disk, not on the unit run's in-memory TMPDIR (scripts/test.sh): on tmpfs SQLite's
+    own checkpoint keeps up and the WAL is empty at every turn, which says nothing of the bound."""
     path = tempfile.mkdtemp(dir="/var/tmp" if os.path.isdir("/var/tmp") else None)
     yield path
     shutil.rmtree(path, ignore_errors=True)
@@ -64,9 +64,11 @@ def test_several_processes_writing_one_bucket_keep_its_wal_near_the_limit(disk_d
         p.join(120)
         assert p.exitcode == 0
     largest = max(sizes.get(timeout=5) for _ in writers)
-    # At most the limit plus the transaction that crossed it (~0.4 MB here), plus the part of another
-    # writer's transaction already appended when a writer looks at the file (it looks outside its turn).
-    assert largest < LIMIT + 1_200_000, largest
+    # Without the turns the WAL grew to 170-190 MB here. With them, looked at inside a turn, it stays near
+    # the limit (0.6-0.9 MB seen): the transaction that crossed it, plus a few more when a TRUNCATE
+    # checkpoint finds another writer's read (it plans its batch before its turn) on an older snapshot and
+    # leaves the truncation to a later turn.
+    assert largest < LIMIT + 4_000_000, largest
     assert sum(1 for _ in bucket.scan_log(10_000) for _ in _) == 3 * TRANSACTIONS * WRITES
 
 
