@@ -49,6 +49,10 @@ class EffectBuffer:
         self.current: list[Write] = []  # writes of the handler call in progress
         self.current_overlay: dict[str, bytes | None] = {}
         self.groups: dict[int, EffectGroup] = {}
+        # Kept writes set aside for a flush that runs while the next batch's calls do (concurrency > 1,
+        # eventing.workers.concurrent_calls), and their overlay, read until that flush has committed.
+        self.set_aside: list[EffectGroup] = []
+        self.flushing: dict[str, bytes | None] = {}
         self.source: tuple[int, int] = (0, 0)
         # Per source vBucket, the last source seqno whose effects this bucket already holds (read at
         # claim). A replayed mutation at or below it had its writes applied before a crash: they are
@@ -180,10 +184,13 @@ class BucketBinding:
     def _lookup(self, key: str) -> dict | None:
         buf = self.buf
         stored = self.prefix + key if self.prefix else key
+        flushing = buf.flushing  # replaced, never changed in place, by the flush that commits it
         if stored in buf.current_overlay:
             raw = buf.current_overlay[stored]
         elif stored in buf.overlay:
             raw = buf.overlay[stored]
+        elif stored in flushing:
+            raw = flushing[stored]
         else:
             raw = self.bucket.get_raw(stored)
         value = None if raw is None else decode_document(raw)
@@ -232,10 +239,13 @@ class BucketBinding:
         """The version of `key` this worker sees (pending writes first) with its cas, else None."""
         buf = self.buf
         stored = self.prefix + key
+        flushing = buf.flushing
         if stored in buf.current_overlay:
             raw = buf.current_overlay[stored]
         elif stored in buf.overlay:
             raw = buf.overlay[stored]
+        elif stored in flushing:
+            raw = flushing[stored]
         else:
             got = self.bucket.get_doc(stored)
             if got is None:
@@ -452,16 +462,42 @@ class BucketBinding:
         self.buf.current_overlay = {}
         self.buf.conditional = False
 
-    def pending(self) -> int:
-        return sum(len(g.writes) for g in self.buf.groups.values())
+    def pending(self, set_aside: bool = True) -> int:
+        """Kept writes not applied yet; with ``set_aside=False``, only those not set aside."""
+        buf = self.buf
+        kept = sum(len(g.writes) for g in buf.groups.values())
+        return kept + sum(len(g.writes) for g in buf.set_aside) if set_aside else kept
 
     def take_groups(self) -> list[EffectGroup]:
-        groups = list(self.buf.groups.values())
-        self.buf.groups = {}
-        self.buf.overlay = {}
-        if self.buf.expiries:
-            self.buf.expiries = {}
+        """Every kept write, those set aside first (they were kept first)."""
+        buf = self.buf
+        groups = buf.set_aside + list(buf.groups.values())
+        buf.groups = {}
+        buf.set_aside = []
+        buf.overlay = {}
+        buf.flushing = {}
+        if buf.expiries:
+            buf.expiries = {}
         return groups
+
+    def set_aside(self) -> None:
+        """The kept writes wait for take_set_aside, while reads still see them and new ones are kept."""
+        buf = self.buf
+        if not buf.groups:
+            return
+        buf.set_aside = buf.set_aside + list(buf.groups.values())
+        buf.groups = {}
+        buf.flushing = {**buf.flushing, **buf.overlay} if buf.flushing else buf.overlay
+        buf.overlay = {}
+
+    def take_set_aside(self) -> list[EffectGroup]:
+        """The writes set aside, for a flush; reads see them until `flushed()`."""
+        groups, self.buf.set_aside = self.buf.set_aside, []
+        return groups
+
+    def flushed(self) -> None:
+        """The writes taken by take_set_aside have committed: reads find them in the bucket now."""
+        self.buf.flushing = {}
 
 
 def _check_key(key: Any, alias: str) -> None:

@@ -114,15 +114,22 @@ class ConcurrentCalls:
     def _run_tasks(self) -> None:
         """Run the batch's tasks on the pool and wait for all of them (the barrier)."""
         tasks = self.tasks
-        if not tasks:
-            return
         self.tasks = {}
-        self._start()
-        # Longest first: the barrier waits for the last task, so the long ones should not start last.
-        for task in sorted(tasks.values(), key=len, reverse=True):
-            self._queue.put(task)
+        if tasks:
+            self._start()
+            # Longest first: the barrier waits for the last task, so the long ones should not start last.
+            for task in sorted(tasks.values(), key=len, reverse=True):
+                self._queue.put(task)
         left, tallies, error = len(tasks), [], None
         core = self.core
+        # The writes earlier batches set aside, and a checkpoint the last step left, are written now, while
+        # this batch's calls run (WorkerCore.defer_end): the pool does not wait for them. A failed write is
+        # rewound once the calls are done.
+        flush_error: BaseException | None = None
+        try:
+            core.flush_set_aside()
+        except Exception as exc:  # noqa: BLE001 - raised after the barrier
+            flush_error = exc
         while left:
             item = self._done.get()
             if type(item) is _OnWorkerThread:
@@ -151,8 +158,12 @@ class ConcurrentCalls:
                     core._outcome(m, call, failure)
                 else:
                     core._dead_letter(m, call.status, call.error, "", 0)
+        if flush_error is not None:
+            core._rewind()
+            raise flush_error
         if error is not None:
             raise error
+        core.set_aside_effects()
 
     def _start(self) -> None:
         if self._threads:

@@ -21,10 +21,11 @@ from eventing.core.definition import FunctionDefinition
 from eventing.core.mutation import OP_TIMER, Mutation
 from eventing.errors import FencedError, StoreError
 from eventing.execution.app_log import RemoteAppLog
+from eventing.execution.bindings import BucketBinding
 from eventing.execution.runner import HandlerRunner
 from eventing.storage.origins import deployment_origin
 from eventing.storage.remote import DataAccess, DataServiceRef
-from eventing.storage.values import Spans
+from eventing.storage.values import EffectGroup, Spans
 from eventing.windows.runtime.row_writer import WindowRowWriter
 from eventing.workers import concurrent_calls
 from eventing.workers.collections import SourceCollections
@@ -113,6 +114,8 @@ class WorkerCore(WorkerTimers, WorkerReads):
         self.rw_bindings = self.runner.rw_bindings
         # at_least_once: no effect marks are read, fenced or written (see LocalBucket.apply_effects).
         self.marked = self.defn.delivery == "exactly_once"
+        self._fenced_aside: set[int] = set()  # what a flush of set-aside writes fenced (flush_set_aside)
+        self._deferred: tuple | None = None  # a checkpoint defer_end took, written after its writes
         self.on_update = self.runner.on_update
         self.on_delete = self.runner.on_delete
         # A handler taking a run of updates in one call (JavaScript: see _handle_batched), else None.
@@ -282,7 +285,7 @@ class WorkerCore(WorkerTimers, WorkerReads):
                     # What this step handled is committed before it waits again: an effect never waits for
                     # the next write. The step goes on handling writes as they come until its wait is over,
                     # one Ray call per wait rather than one per write.
-                    if self._pending_effects():
+                    if self._pending_effects() or self._deferred is not None:
                         fenced |= self.flush_effects()
                     if not fenced:
                         waited = True
@@ -302,16 +305,21 @@ class WorkerCore(WorkerTimers, WorkerReads):
             # Effects go to their buckets in transactions of at least EFFECT_FLUSH_MIN writes (and at the end
             # of the step): each transaction rewrites the B-tree pages it touches, so fewer, larger ones
             # cost less per write. Reads see pending writes meanwhile (the bindings' overlay).
-            if self._pending_effects() >= EFFECT_FLUSH_MIN:
+            if self._pending_effects(set_aside=False) >= EFFECT_FLUSH_MIN:
                 fenced |= self.flush_effects()
             handled += batch
             if fenced or time.monotonic() >= slice_ends:
                 break
             if batch < budget and (waiter is None or not batch or time.monotonic() >= wait_ends):
                 break
-        fenced |= self.flush_effects()
+        # A pool of calls still behind (its last batch was full) leaves the step's flush and checkpoint to its
+        # next batch, which writes them while its calls run (defer_end); otherwise they happen here.
+        behind = self.calls is not None and batch >= budget and not fenced
+        if not behind:
+            fenced |= self.flush_effects()
         fired = self.fire_timers() if self.epochs else 0
         if fired:
+            behind = False
             fenced |= self.flush_effects()
         # Every owned vBucket outside `limits` had no work at its last pass, and positions never go back.
         backlog = sum(max(0, limit - positions[vb]) for vb, limit in limits.items() if vb in self.epochs)
@@ -319,10 +327,15 @@ class WorkerCore(WorkerTimers, WorkerReads):
         # for the past can be claimed only once its create is durable, so a caught-up worker commits now
         # (creates and firings) instead of at the checkpoint interval.
         creates_due = not backlog and self._creates_due()
-        if (creates_due or (not backlog and self.timers_done)) or (
+        commit_due = bool(creates_due or (not backlog and self.timers_done)) or (
             time.monotonic() - self.last_commit >= self.defn.checkpoint_interval.total_seconds()
-        ):
+        )
+        if behind and backlog and not creates_due:
+            self.defer_end(commit_due)
+        elif commit_due:
             fenced |= self.commit()
+        elif behind:
+            fenced |= self.flush_effects()
         timers_due = creates_due or fired >= self.defn.batch_size
         if handled and not self._handled_any:
             self._handled_any = True
@@ -340,8 +353,8 @@ class WorkerCore(WorkerTimers, WorkerReads):
             waited=waited,
         )
 
-    def _pending_effects(self) -> int:
-        return sum(b.pending() for b in self.rw_bindings) if self.rw_bindings else 0
+    def _pending_effects(self, set_aside: bool = True) -> int:
+        return sum(b.pending(set_aside) for b in self.rw_bindings) if self.rw_bindings else 0
 
     def _observe_latency(self, seconds: float, count: int) -> None:
         """One histogram observation per batch, weighted by its size (see counters.LATENCY_BOUNDS_US)."""
@@ -354,24 +367,15 @@ class WorkerCore(WorkerTimers, WorkerReads):
 
     def flush_effects(self) -> set[int]:
         """Apply buffered binding writes to their buckets (deduplicated by source seqno, fenced by epoch)."""
-        fenced: set[int] = set()
+        fenced, self._fenced_aside = self._fenced_aside, set()
         try:
             for binding in self.rw_bindings:
                 # Replayed writes dropped before the batch (BucketBinding.keep) count even when nothing is pending.
                 if binding.replayed_writes:
                     self.counters[counter_names.EFFECTS_DUPLICATE] += binding.replayed_writes
                     binding.replayed_writes = 0
-                if not binding.pending():
-                    continue
-                result = binding.bucket.apply_effects(
-                    self.name, binding.take_groups(), origin=self.origin, marks=self.marked
-                )
-                self.counters[counter_names.EFFECTS_APPLIED] += result.applied
-                self.counters[counter_names.EFFECTS_DUPLICATE] += result.duplicates
-                self.counters[counter_names.EFFECTS_FENCED] += result.fenced_writes
-                fenced |= result.fenced_vbs
-                if result.conflicts:
-                    self._cas_conflicts(binding.bucket.name, result.conflicts)
+                if binding.pending():
+                    fenced |= self._apply(binding, binding.take_groups())
             for binding in self.runner.bindings:
                 if binding.buf.ops:
                     self.counters.update(binding.buf.ops)
@@ -379,12 +383,70 @@ class WorkerCore(WorkerTimers, WorkerReads):
             if self.runner.curl.ops:
                 self.counters.update(self.runner.curl.ops)
                 self.runner.curl.ops.clear()
+            fenced |= self._commit_deferred()  # every write it covers is durable now
         except Exception:
             self._rewind()
             raise
         for vb in {owner_vb(v) for v in fenced}:
             self._forget(vb)
         return {owner_vb(v) for v in fenced}
+
+    # -- a pool's flushes and checkpoints beside its calls ---------------------------------------------
+    #
+    # With concurrency > 1 (eventing.workers.concurrent_calls) the pool would wait for every flush and
+    # checkpoint, a tenth of its time with an I/O-bound handler. So kept writes are set aside (reads still
+    # see them) and applied by the next batch while its calls run, and a step that ends behind leaves its
+    # checkpoint, taken as it stands, to be written once those writes are durable. Nothing is checkpointed
+    # before its effects, as in commit(); a crash in between replays from the last checkpoint as before.
+
+    def set_aside_effects(self, minimum: int | None = None) -> None:
+        """After a batch of the pool: once `minimum` (EFFECT_FLUSH_MIN) kept writes wait, set them aside for
+        flush_set_aside."""
+        if self._pending_effects(set_aside=False) >= max(1, EFFECT_FLUSH_MIN if minimum is None else minimum):
+            for binding in self.rw_bindings:
+                binding.set_aside()
+
+    def defer_end(self, commit_due: bool) -> None:
+        """The end of a step whose pool is behind: every kept write is set aside, and when a checkpoint is
+        due, what commit() would write now is taken as it stands (positions, dead letters, counters, timer
+        changes) for flush_set_aside to write after the writes. Window rows and log lines are written now:
+        they go before a checkpoint and their readers drop replays."""
+        self.set_aside_effects(minimum=1)
+        if not commit_due or self._deferred is not None:
+            return
+        if self.window_rows is not None:
+            self.window_rows.flush()
+        if self.app_log is not None:
+            self.app_log.flush()
+        self._deferred = self._take_commit()
+        self._forget_taken()
+
+    def flush_set_aside(self) -> None:
+        """Apply the writes set aside, then write a checkpoint defer_end left; called by the pool while its
+        calls run. Counters the calls also touch, a rewind (on failure: the caller rewinds once the calls
+        are done) and forgetting fenced vBuckets (at the next flush_effects) wait."""
+        for binding in self.rw_bindings:
+            groups = binding.take_set_aside()
+            if groups:
+                self._fenced_aside |= self._apply(binding, groups)
+                binding.flushed()
+        self._fenced_aside |= self._commit_deferred()
+
+    def _commit_deferred(self) -> set[int]:
+        """Write the checkpoint defer_end took, once every write it covers is durable."""
+        if self._deferred is None:
+            return set()
+        taken, self._deferred = self._deferred, None
+        return self._write_commit(*taken)
+
+    def _apply(self, binding: BucketBinding, groups: list[EffectGroup]) -> set[int]:
+        result = binding.bucket.apply_effects(self.name, groups, origin=self.origin, marks=self.marked)
+        self.counters[counter_names.EFFECTS_APPLIED] += result.applied
+        self.counters[counter_names.EFFECTS_DUPLICATE] += result.duplicates
+        self.counters[counter_names.EFFECTS_FENCED] += result.fenced_writes
+        if result.conflicts:
+            self._cas_conflicts(binding.bucket.name, result.conflicts)
+        return result.fenced_vbs
 
     def _cas_conflicts(self, bucket: str, sources: list[tuple[int, int]]) -> None:
         """Calls whose cas condition failed when their writes were applied (another writer changed the
@@ -413,6 +475,7 @@ class WorkerCore(WorkerTimers, WorkerReads):
             binding.replayed_writes = 0
         self.dlq = []
         self.counters.clear()
+        self._deferred = None  # a checkpoint defer_end took: its writes are the ones lost
         self.positions.update(self.committed)
         if self.runner.previous is not None:
             self.runner.previous.clear()  # the replay reads versions again from the log
@@ -444,6 +507,14 @@ class WorkerCore(WorkerTimers, WorkerReads):
         if self.app_log is not None:
             self.app_log.flush()  # a remote worker's log lines are on disk by its checkpoint
         fenced = self.flush_effects()
+        fenced |= self._write_commit(*self._take_commit())
+        self._forget_taken()
+        for vb in fenced:
+            self._forget(vb)
+        return fenced
+
+    def _take_commit(self) -> tuple:
+        """What a checkpoint writes now: moved positions, dead letters, counters, timer changes and firings."""
         moved = {vb: s for vb, s in self.positions.items() if s != self.committed.get(vb)}
         dlq, counters = self.dlq, dict(self.counters)
         changes, done = list(self.timers.kept), self.timers_done
@@ -451,17 +522,24 @@ class WorkerCore(WorkerTimers, WorkerReads):
             created = sum(1 for ch in changes if ch.due_ms is not None)
             counters[counter_names.TIMERS_CREATED] = counters.get(counter_names.TIMERS_CREATED, 0) + created
             counters[counter_names.TIMERS_CANCELLED] = counters.get(counter_names.TIMERS_CANCELLED, 0) + len(changes) - created
+        return moved, dlq, counters, changes, done
+
+    def _forget_taken(self) -> None:
+        """The worker collects the next checkpoint's dead letters, counters and firings (timer changes leave
+        when written, in _write_commit)."""
+        self.dlq = []
+        self.counters.clear()
+        self.timers_done = []
+
+    def _write_commit(self, moved: dict, dlq: list, counters: dict, changes: list, done: list) -> set[int]:
+        fenced: set[int] = set()
+        moved = {vb: seqno for vb, seqno in moved.items() if vb in self.epochs}  # not one forgotten meanwhile
         if moved or dlq or counters or done:
-            fenced |= self.store.commit(self.name, self.epochs, moved, dlq, counters, changes, done)
-            self.dlq = []
-            self.counters.clear()
+            fenced = self.store.commit(self.name, self.epochs, moved, dlq, counters, changes, done)
             self.timers.committed(len(changes))
-            self.timers_done = []
             for vb, seqno in moved.items():
-                if vb not in fenced:
+                if vb not in fenced and vb in self.committed:
                     self.committed[vb] = seqno
-        for vb in fenced:
-            self._forget(vb)
         self.last_commit = time.monotonic()
         return fenced
 

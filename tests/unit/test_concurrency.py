@@ -5,6 +5,7 @@ complete, curl, timers and log() from concurrent calls, and concurrency 1 keepin
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 import time
 from http.server import BaseHTTPRequestHandler
@@ -19,8 +20,11 @@ from eventing.storage.bucket import LocalBucket
 from eventing.storage.factory import open_bucket
 from eventing.testing import check_ledger, deploy_function, ledger_definition, load_source, read_call_log
 from eventing.testing.http_peer import serve_http, url_of
+from eventing.workers import worker as worker_module
 from eventing.workers.executor import InProcessExecutor
 from eventing.workers.worker import WorkerCore, WorkerSpec
+from metadata import sqlite_io
+from metadata.errors import StoreError
 from metadata.factory import open_store
 from sharding import NUM_VBUCKETS
 
@@ -400,3 +404,150 @@ def test_concurrency_is_a_setting_of_the_rest_api_like_the_others(data_dir):
     assert request("POST", "/api/v1/functions/fn_r/settings", json={"concurrency": 16}).status_code == 200
     assert request("GET", "/api/v1/functions/fn_r").json()["concurrency"] == 16
     assert open_store(data_dir).get_function("fn_r").definition["concurrency"] == 16
+
+
+@pytest.fixture
+def early_set_aside(monkeypatch):
+    """Writes set aside after every batch (EFFECT_FLUSH_MIN 8,000 is more than these tests keep), so each
+    batch's flush runs while the next batch's calls do, and a step that takes every batch there is."""
+    monkeypatch.setattr(worker_module, "EFFECT_FLUSH_MIN", 50)
+    monkeypatch.setattr(worker_module, "STEP_SLICE_S", 60.0)
+
+
+def _spy_set_aside_flushes(core: WorkerCore, fail_at: int = 0) -> list[int]:
+    """Counts the writes each flush of set-aside writes applies while calls of the next batch run; the
+    flush number `fail_at` fails inside its transaction, as a failing disk would."""
+    applied: list[int] = []
+    tried = [0]
+    real = core.flush_set_aside
+
+    def fail(path) -> None:
+        if str(path) == str(core.rw_bindings[0].bucket.path):
+            raise sqlite3.OperationalError("disk I/O error")
+
+    def spy() -> None:
+        waiting = sum(len(g.writes) for b in core.rw_bindings for g in b.buf.set_aside)
+        if not waiting:
+            real()
+            return
+        tried[0] += 1
+        _set_write_fault(fail if tried[0] == fail_at else None)
+        try:
+            time.sleep(0.02)  # a slow disk: the calls read the set-aside writes before their transaction begins
+            real()
+        finally:
+            _set_write_fault(None)
+        applied.append(waiting)
+
+    core.flush_set_aside = spy
+    return applied
+
+
+def _set_write_fault(fault) -> None:  # metadata.sqlite_io calls it inside every transaction
+    sqlite_io.write_fault = fault
+
+
+def test_a_batchs_writes_are_flushed_while_the_next_batch_runs_and_read_as_before(data_dir, tmp_path,
+                                                                                  early_set_aside):
+    source = load_source(data_dir, 60, 1500, seed=13)  # 25 mutations per document: each read spans batches
+    defn = ledger_definition("fn_c", "src", "ledger", workers=1, call_log=str(tmp_path / "calls"), concurrency=6,
+                             batch_size=150, checkpoint_interval="1h")
+    deploy_function(data_dir, defn, ORDERED)
+    core = worker(data_dir, "fn_c")
+    applied = _spy_set_aside_flushes(core)
+    while not core.step().caught_up:
+        pass
+    core.commit()
+    core.calls.close()
+    assert len(applied) >= 3 and sum(applied) > 1000  # most writes were applied beside the next batch's calls
+    ledger = open_bucket(data_dir, "ledger")
+    report = check_ledger(source, ledger)
+    assert report.ok, report.summary()
+    assert report.handled == 1500
+    assert _histories(ledger, "fn_c") == _seqnos(source)  # each history read saw the writes being flushed
+
+
+def _seqnos(source) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for vb in range(NUM_VBUCKETS):
+        for m in source.read_vb(vb, 0, 10**9):
+            out.setdefault(m.key, []).append(m.seqno)
+    return out
+
+
+def _histories(ledger, name: str) -> dict[str, list[int]]:
+    prefix = f"h|{name}|"
+    return {k[len(prefix):]: ledger.get(k)["seqs"] for k in ledger.keys(prefix)}
+
+
+def test_a_flush_failing_beside_the_next_batch_rewinds_and_nothing_is_lost_or_applied_twice(data_dir, tmp_path,
+                                                                                            early_set_aside):
+    source = load_source(data_dir, 60, 1500, seed=17)
+    calls = tmp_path / "calls"
+    defn = ledger_definition("fn_c", "src", "ledger", workers=1, call_log=str(calls), concurrency=6,
+                             batch_size=150, checkpoint_interval="1h")
+    deploy_function(data_dir, defn, ORDERED)
+    core = worker(data_dir, "fn_c")
+    applied = _spy_set_aside_flushes(core, fail_at=2)
+    with pytest.raises(StoreError, match="disk I/O error"):
+        core.step()
+    assert len(applied) == 1 and not any(core.positions.values())  # back to the last checkpoint
+    while not core.step().caught_up:
+        pass
+    core.commit()
+    core.calls.close()
+    report = check_ledger(source, open_bucket(data_dir, "ledger"))
+    assert report.ok, report.summary()
+    assert report.handled == 1500
+    assert sum(len(v) for v in read_call_log(calls).values()) > 1500  # calls ran again after the rewind ...
+    assert open_store(data_dir).counters("fn_c")["effects_duplicate"] >= applied[0]  # ... the flushed writes did not
+
+
+def test_a_step_that_ends_behind_leaves_its_checkpoint_to_the_next_batch_and_a_crash_between_loses_nothing(
+        data_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(worker_module, "STEP_SLICE_S", 0.0)  # one batch per step: each ends behind
+    source = load_source(data_dir, 100, 1500, seed=21)
+    calls = tmp_path / "calls"
+    defn = ledger_definition("fn_c", "src", "ledger", workers=1, call_log=str(calls), concurrency=6,
+                             batch_size=200, checkpoint_interval="1ms")
+    deploy_function(data_dir, defn, ORDERED)
+    store = open_store(data_dir)
+
+    def checkpointed() -> dict[int, int]:
+        return {vb: cp.seqno for vb, cp in store.checkpoints("fn_c").items() if cp.seqno}
+
+    core = worker(data_dir, "fn_c")
+    assert core.step().backlog  # the first batch: its writes and checkpoint are left to the next
+    first = {vb: seqno for vb, seqno in core.positions.items() if seqno}
+    assert checkpointed() == {} and not open_bucket(data_dir, "ledger").keys("e|")
+    assert core.step().backlog  # the second batch's calls ran beside them
+    assert checkpointed() == first
+    assert len(open_bucket(data_dir, "ledger").keys("e|")) == 200
+    core.calls.close()  # the process dies with the second batch's writes and checkpoint not written
+    run(data_dir)
+    report = check_ledger(source, open_bucket(data_dir, "ledger"))
+    assert report.ok, report.summary()
+    assert report.handled == 1500
+    assert sum(len(v) for v in read_call_log(calls).values()) - 1500 == 200  # the second batch ran again
+    counters = open_store(data_dir).counters("fn_c")
+    # Counters go with checkpoints: the dead process's last batch counts once, as the run that handled it
+    # again; its effects had not applied, so none was a duplicate.
+    assert counters["mutations_seen"] == 1500 and counters.get("effects_duplicate", 0) == 0
+
+
+def test_a_checkpoint_left_by_a_step_is_written_before_the_vbuckets_are_released(data_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(worker_module, "STEP_SLICE_S", 0.0)
+    source = load_source(data_dir, 100, 1500, seed=23)
+    defn = ledger_definition("fn_c", "src", "ledger", workers=1, call_log=str(tmp_path / "calls"), concurrency=6,
+                             batch_size=200, checkpoint_interval="1ms")
+    deploy_function(data_dir, defn, ORDERED)
+    core = worker(data_dir, "fn_c")
+    core.step()
+    core.step()
+    final = core.stop()  # as a rebalance or an undeploy does
+    core.calls.close()
+    assert sum(final.values()) == 400
+    assert sum(cp.seqno for cp in open_store(data_dir).checkpoints("fn_c").values()) == 400
+    assert len(open_bucket(data_dir, "ledger").keys("e|")) == 400
+    run(data_dir)
+    assert check_ledger(source, open_bucket(data_dir, "ledger")).ok
