@@ -248,9 +248,18 @@ def _query(params: Any) -> str:
     return "&".join(f"{_quoted(k)}={_quoted(v)}" for k, v in params.items())
 
 
+# quote_plus of one ASCII character, as a str.translate table: a document id such as "order::17" is quoted
+# in one C call instead of quote_plus's encode and per-byte join.
+_ASCII_QUOTED = {c: ("+" if c == 32 else f"%{c:02X}") for c in range(128) if not _PLAIN(chr(c))}
+
+
 def _quoted(part: Any) -> str:
-    if type(part) is str and _PLAIN(part):
-        return part
+    if type(part) is str:
+        if _PLAIN(part):
+            return part
+        if part.isascii():
+            return part.translate(_ASCII_QUOTED)
+        return urllib.parse.quote_plus(part)
     if type(part) is int:
         return str(part)
     return urllib.parse.quote_plus(part if isinstance(part, (str, bytes)) else str(part))
