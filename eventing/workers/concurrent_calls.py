@@ -17,6 +17,9 @@ How a batch runs (see docs/functions.md, "Concurrency"):
    checkpoints that follow cover finished calls only; kept writes are then put back in seqno order per
    vBucket (ConcurrentEffectBuffer.in_seqno_order), as the effect marks need. Counters and dead letters
    of the tasks are added on the worker's thread after the barrier.
+4. While a batch's tasks run, the worker's thread writes what earlier batches left: the writes set aside
+   after them and a checkpoint a step left behind it (WorkerCore.set_aside_effects, defer_end,
+   flush_set_aside), so the pool does not wait for the disk. A failed write is rewound after the barrier.
 
 Timeouts: SIGALRM reaches only the main thread, so a watcher thread raises HandlerTimeout inside a pool
 thread's call that overran (LaneContext.interrupt); the mutation is dead-lettered as `timeout` and the other
