@@ -53,6 +53,7 @@ class EffectBuffer:
         # eventing.workers.concurrent_calls), and their overlay, read until that flush has committed.
         self.set_aside: list[EffectGroup] = []
         self.flushing: dict[str, bytes | None] = {}
+        self.flush_done = _DONE  # set once the writes in `flushing` are in the bucket (or were given up)
         self.source: tuple[int, int] = (0, 0)
         # Per source vBucket, the last source seqno whose effects this bucket already holds (read at
         # claim). A replayed mutation at or below it had its writes applied before a crash: they are
@@ -62,6 +63,10 @@ class EffectBuffer:
         self.conditional = False  # the call in progress made a write with a cas condition or a delta
         self.expiries: dict[str, int] = {}  # expiry of pending writes that set one (advanced accessors)
         self.ops: Counter[str] = Counter()  # accessor outcomes (bkt_ops_cas_mismatch_count, ...), taken by the worker
+
+
+_DONE = threading.Event()
+_DONE.set()
 
 
 class _CallWrites(threading.local):
@@ -239,13 +244,14 @@ class BucketBinding:
         """The version of `key` this worker sees (pending writes first) with its cas, else None."""
         buf = self.buf
         stored = self.prefix + key
-        flushing = buf.flushing
+        if stored not in buf.current_overlay and stored not in buf.overlay and stored in buf.flushing:
+            # Being written beside this call (set aside): its cas is the bucket's once that write is in.
+            # A provisional cas would name a write of another transaction, which the check cannot see.
+            buf.flush_done.wait()
         if stored in buf.current_overlay:
             raw = buf.current_overlay[stored]
         elif stored in buf.overlay:
             raw = buf.overlay[stored]
-        elif stored in flushing:
-            raw = flushing[stored]
         else:
             got = self.bucket.get_doc(stored)
             if got is None:
@@ -475,7 +481,7 @@ class BucketBinding:
         buf.groups = {}
         buf.set_aside = []
         buf.overlay = {}
-        buf.flushing = {}
+        self.flushed()
         if buf.expiries:
             buf.expiries = {}
         return groups
@@ -489,6 +495,8 @@ class BucketBinding:
         buf.groups = {}
         buf.flushing = {**buf.flushing, **buf.overlay} if buf.flushing else buf.overlay
         buf.overlay = {}
+        if buf.flush_done.is_set():
+            buf.flush_done = threading.Event()
 
     def take_set_aside(self) -> list[EffectGroup]:
         """The writes set aside, for a flush; reads see them until `flushed()`."""
@@ -496,8 +504,11 @@ class BucketBinding:
         return groups
 
     def flushed(self) -> None:
-        """The writes taken by take_set_aside have committed: reads find them in the bucket now."""
-        self.buf.flushing = {}
+        """The writes taken by take_set_aside have committed (reads find them in the bucket now), or were
+        given up (the worker rewinds): a read waiting for them goes on."""
+        buf = self.buf
+        buf.flushing = {}
+        buf.flush_done.set()
 
 
 def _check_key(key: Any, alias: str) -> None:

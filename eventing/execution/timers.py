@@ -114,10 +114,13 @@ class TimerTable:
         for change in reversed(self.current):
             if (change.callback, change.reference) == (name, reference):
                 return change.due_ms is not None
-        for change in reversed(self.kept):
+        for change in reversed(self._kept_now()):
             if (change.callback, change.reference) == (name, reference):
                 return change.due_ms is not None
         return self.lookup is not None and self.lookup(name, reference) is not None
+
+    def _kept_now(self) -> list[TimerChange]:
+        return self.kept
 
     def _callback_name(self, callback: Any, what: str) -> str:
         name = getattr(callback, "__name__", None)
@@ -171,6 +174,12 @@ class ConcurrentTimerTable(TimerTable):
     @current.setter
     def current(self, value: list[TimerChange]) -> None:
         self._call.current = value
+
+    def _kept_now(self) -> list[TimerChange]:
+        # A copy: the worker's thread may drop committed changes from the front meanwhile (a checkpoint
+        # written beside the calls), and an iterator over the list itself could then skip one. A change
+        # dropped before the copy is durable already, so the store's lookup finds it.
+        return self.kept[:]
 
 
 def _due_ms(when: Any) -> int:

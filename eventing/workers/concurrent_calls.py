@@ -131,7 +131,7 @@ class ConcurrentCalls:
         flush_error: BaseException | None = None
         try:
             core.flush_set_aside()
-        except Exception as exc:  # noqa: BLE001 - raised after the barrier
+        except BaseException as exc:  # noqa: BLE001 - raised after the barrier
             flush_error = exc
         while left:
             item = self._done.get()

@@ -217,8 +217,8 @@ class WorkerCore(WorkerTimers, WorkerReads):
 
     def revoke_vbuckets(self, vbuckets) -> dict[int, int]:
         """Finish, flush, checkpoint and release vBuckets; returns their final checkpoints."""
-        vbs = [vb for vb in vbuckets if vb in self.epochs]
         self.commit()
+        vbs = [vb for vb in vbuckets if vb in self.epochs]  # after the commit: it forgets fenced vBuckets
         self.store.release(self.name, {vb: self.epochs[vb] for vb in vbs})
         out = {vb: self.committed[vb] for vb in vbs}
         for vb in vbs:
@@ -302,6 +302,8 @@ class WorkerCore(WorkerTimers, WorkerReads):
                         self.hang_guard.disarm()
                 if batch:
                     self._observe_latency(time.perf_counter() - started, batch)
+            if self._fenced_aside:  # found by a pool's writes beside its calls
+                fenced |= self.forget_fenced_aside()
             # Effects go to their buckets in transactions of at least EFFECT_FLUSH_MIN writes (and at the end
             # of the step): each transaction rewrites the B-tree pages it touches, so fewer, larger ones
             # cost less per write. Reads see pending writes meanwhile (the bindings' overlay).
@@ -367,29 +369,35 @@ class WorkerCore(WorkerTimers, WorkerReads):
 
     def flush_effects(self) -> set[int]:
         """Apply buffered binding writes to their buckets (deduplicated by source seqno, fenced by epoch)."""
-        fenced, self._fenced_aside = self._fenced_aside, set()
         try:
+            # Writes set aside first, with the checkpoint a step left (a pool's: defer_end), then the rest.
+            self.flush_set_aside()
+            fenced, self._fenced_aside = self._fenced_aside, set()
             for binding in self.rw_bindings:
-                # Replayed writes dropped before the batch (BucketBinding.keep) count even when nothing is pending.
-                if binding.replayed_writes:
-                    self.counters[counter_names.EFFECTS_DUPLICATE] += binding.replayed_writes
-                    binding.replayed_writes = 0
                 if binding.pending():
                     fenced |= self._apply(binding, binding.take_groups())
-            for binding in self.runner.bindings:
-                if binding.buf.ops:
-                    self.counters.update(binding.buf.ops)
-                    binding.buf.ops.clear()
-            if self.runner.curl.ops:
-                self.counters.update(self.runner.curl.ops)
-                self.runner.curl.ops.clear()
-            fenced |= self._commit_deferred()  # every write it covers is durable now
+            self._collect_op_counts()
         except Exception:
             self._rewind()
             raise
         for vb in {owner_vb(v) for v in fenced}:
             self._forget(vb)
         return {owner_vb(v) for v in fenced}
+
+    def _collect_op_counts(self) -> None:
+        """Counts the bindings and curl keep beside the worker's counters (taken while no call runs)."""
+        for binding in self.rw_bindings:
+            # Replayed writes dropped before the batch (BucketBinding.keep) count even when nothing is pending.
+            if binding.replayed_writes:
+                self.counters[counter_names.EFFECTS_DUPLICATE] += binding.replayed_writes
+                binding.replayed_writes = 0
+        for binding in self.runner.bindings:
+            if binding.buf.ops:
+                self.counters.update(binding.buf.ops)
+                binding.buf.ops.clear()
+        if self.runner.curl.ops:
+            self.counters.update(self.runner.curl.ops)
+            self.runner.curl.ops.clear()
 
     # -- a pool's flushes and checkpoints beside its calls ---------------------------------------------
     #
@@ -418,19 +426,47 @@ class WorkerCore(WorkerTimers, WorkerReads):
             self.window_rows.flush()
         if self.app_log is not None:
             self.app_log.flush()
+        self._collect_op_counts()
         self._deferred = self._take_commit()
         self._forget_taken()
 
     def flush_set_aside(self) -> None:
-        """Apply the writes set aside, then write a checkpoint defer_end left; called by the pool while its
-        calls run. Counters the calls also touch, a rewind (on failure: the caller rewinds once the calls
-        are done) and forgetting fenced vBuckets (at the next flush_effects) wait."""
-        for binding in self.rw_bindings:
-            groups = binding.take_set_aside()
-            if groups:
-                self._fenced_aside |= self._apply(binding, groups)
-                binding.flushed()
+        """Apply the writes set aside, then write the checkpoint defer_end left; the pool calls it while its
+        calls run (on failure it rewinds once they are done). What applying the writes finds (cas
+        conflicts as dead letters, effect counts) belongs to the mutations those writes came from, so it
+        goes into that checkpoint, or, without one, to the worker's next. Fenced vBuckets are forgotten
+        when no call runs (forget_fenced_aside, flush_effects)."""
+        live_dlq, live_counters = self.dlq, self.counters
+        self.dlq, self.counters = [], Counter()
+        try:
+            for binding in self.rw_bindings:
+                groups = binding.take_set_aside()
+                if groups:
+                    try:
+                        self._fenced_aside |= self._apply(binding, groups)
+                    finally:
+                        binding.flushed()  # a read waiting on these writes goes on (after a failure: rewound)
+        finally:
+            found_dlq, found_counters = self.dlq, self.counters
+            self.dlq, self.counters = live_dlq, live_counters
+        if self._deferred is not None:
+            moved, dlq, counters, changes, done = self._deferred
+            for name, n in found_counters.items():
+                counters[name] = counters.get(name, 0) + n
+            self._deferred = moved, dlq + found_dlq, counters, changes, done
+        else:
+            self.dlq.extend(found_dlq)
+            self.counters.update(found_counters)
         self._fenced_aside |= self._commit_deferred()
+
+    def forget_fenced_aside(self) -> set[int]:
+        """The vBuckets a write beside the calls found fenced, forgotten now that no call runs (the pool
+        calls it after its barrier): the owner vBuckets, for the step's report."""
+        fenced, self._fenced_aside = self._fenced_aside, set()
+        owners = {owner_vb(v) for v in fenced}
+        for vb in owners:
+            self._forget(vb)
+        return owners
 
     def _commit_deferred(self) -> set[int]:
         """Write the checkpoint defer_end took, once every write it covers is durable."""

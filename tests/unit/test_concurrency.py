@@ -14,6 +14,7 @@ import pytest
 
 from eventing.control.service import EventingService
 from eventing.core.definition import FunctionDefinition
+from eventing.core.mutation import OP_UPDATE
 from eventing.errors import ConfigError
 from eventing.execution.bindings import ConcurrentEffectBuffer, EffectBuffer
 from eventing.storage.bucket import LocalBucket
@@ -533,6 +534,7 @@ def test_a_step_that_ends_behind_leaves_its_checkpoint_to_the_next_batch_and_a_c
     # Counters go with checkpoints: the dead process's last batch counts once, as the run that handled it
     # again; its effects had not applied, so none was a duplicate.
     assert counters["mutations_seen"] == 1500 and counters.get("effects_duplicate", 0) == 0
+    assert counters["effects_applied"] == sum(open_bucket(data_dir, "ledger").logged_writes("").values())
 
 
 def test_a_checkpoint_left_by_a_step_is_written_before_the_vbuckets_are_released(data_dir, tmp_path, monkeypatch):
@@ -551,3 +553,40 @@ def test_a_checkpoint_left_by_a_step_is_written_before_the_vbuckets_are_released
     assert len(open_bucket(data_dir, "ledger").keys("e|")) == 400
     run(data_dir)
     assert check_ledger(source, open_bucket(data_dir, "ledger")).ok
+
+
+CAS_COUNTS = '''
+def on_update(doc, meta):
+    key = f"n|{meta.id}"
+    seen = ledger.get_result(key)
+    if seen.success:
+        got = ledger.replace(key, {"n": seen.doc["n"] + 1}, cas=seen.meta.cas)
+    else:
+        got = ledger.insert(key, {"n": 1})
+    if not got.success:
+        raise RuntimeError(f"{key}: {got.error}")
+'''
+
+
+def test_a_cas_read_of_a_write_being_flushed_beside_the_call_holds_at_apply(data_dir, early_set_aside):
+    """Each document counts its mutations with a read and a cas-conditioned replace; its previous write is
+    often being flushed beside the call. The read waits for that write's real cas: no cas_mismatch."""
+    source = load_source(data_dir, 40, 1200, seed=29)
+    defn = ledger_definition("fn_c", "src", "ledger", workers=1, concurrency=6, batch_size=120,
+                             checkpoint_interval="1h")
+    deploy_function(data_dir, defn, CAS_COUNTS)
+    core = worker(data_dir, "fn_c")
+    applied = _spy_set_aside_flushes(core)
+    while not core.step().caught_up:
+        pass
+    core.commit()
+    core.calls.close()
+    assert len(applied) >= 3
+    store = open_store(data_dir)
+    assert store.dlq_rows("fn_c") == []
+    ledger = open_bucket(data_dir, "ledger")
+    updates: dict[str, int] = {}
+    for vb in range(NUM_VBUCKETS):
+        for m in source.read_vb(vb, 0, 10**9):
+            updates[m.key] = updates.get(m.key, 0) + (m.op == OP_UPDATE)
+    assert {key: (ledger.get(f"n|{key}") or {"n": 0})["n"] for key in updates} == updates
