@@ -590,3 +590,21 @@ def test_a_cas_read_of_a_write_being_flushed_beside_the_call_holds_at_apply(data
         for m in source.read_vb(vb, 0, 10**9):
             updates[m.key] = updates.get(m.key, 0) + (m.op == OP_UPDATE)
     assert {key: (ledger.get(f"n|{key}") or {"n": 0})["n"] for key in updates} == updates
+
+
+def test_vbuckets_found_fenced_by_writes_beside_the_calls_are_dropped_after_the_batch(data_dir, tmp_path,
+                                                                                     early_set_aside, monkeypatch):
+    monkeypatch.setattr(worker_module, "STEP_SLICE_S", 0.0)  # one batch per step: each ends behind
+    load_source(data_dir, 200, 3000, seed=31)
+    defn = ledger_definition("fn_c", "src", "ledger", workers=1, call_log=str(tmp_path / "calls"), concurrency=6,
+                             batch_size=300, checkpoint_interval="1h")
+    deploy_function(data_dir, defn, ORDERED)
+    old = worker(data_dir, "fn_c")
+    assert old.step().backlog  # the first batch's writes are set aside, to be written beside the next
+    generation = open_store(data_dir).get_function("fn_c").generation
+    newer = WorkerCore(WorkerSpec(data_dir, "fn_c", generation, "n/w1", tuple(range(512))))  # takes half over
+    report = old.step()  # its writes beside this batch find that half fenced
+    old.calls.close()
+    newer.close()
+    assert report.fenced and set(report.fenced) <= set(range(512))
+    assert not set(report.fenced) & set(old.epochs)  # forgotten: no more calls for them
