@@ -1,7 +1,9 @@
 """The function setting `concurrency` on the in-process runtime: several calls at once for different
 documents, each document's mutations in seqno order, binding effects exactly once (also when a worker is
 abandoned after flushing and before its checkpoint), timeouts of pool calls dead-lettered while the others
-complete, curl, timers and log() from concurrent calls, and concurrency 1 keeping its one-call path."""
+complete, curl, timers and log() from concurrent calls, and concurrency 1 keeping its one-call path. Also the
+writes and checkpoints a batch leaves to be written beside the next one's calls: reads and cas reads of them,
+a failing flush, a crash before the checkpoint, a release, and vBuckets they find fenced."""
 
 from __future__ import annotations
 
