@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from eventing.core import counters as counter_names
 from eventing.core import filters
@@ -55,6 +56,17 @@ class WorkerSpec:
 
     def data_access(self) -> DataAccess:
         return DataAccess(self.data_dir, self.data_service, key=self.worker_id)
+
+
+class Checkpoint(NamedTuple):
+    """What one checkpoint writes (WorkerCore._take_commit): moved positions, dead letters, counters,
+    timer changes and fired timers."""
+
+    moved: dict[int, int]
+    dlq: list[DlqRow]
+    counters: dict[str, int]
+    changes: list
+    done: list[TimerDone]
 
 
 @dataclass
@@ -115,7 +127,7 @@ class WorkerCore(WorkerTimers, WorkerReads):
         # at_least_once: no effect marks are read, fenced or written (see LocalBucket.apply_effects).
         self.marked = self.defn.delivery == "exactly_once"
         self._fenced_aside: set[int] = set()  # what a flush of set-aside writes fenced (flush_set_aside)
-        self._deferred: tuple | None = None  # a checkpoint defer_end took, written after its writes
+        self._deferred: Checkpoint | None = None  # a checkpoint defer_end took, written after its writes
         self.on_update = self.runner.on_update
         self.on_delete = self.runner.on_delete
         # A handler taking a run of updates in one call (JavaScript: see _handle_batched), else None.
@@ -372,17 +384,14 @@ class WorkerCore(WorkerTimers, WorkerReads):
         try:
             # Writes set aside first, with the checkpoint a step left (a pool's: defer_end), then the rest.
             self.flush_set_aside()
-            fenced, self._fenced_aside = self._fenced_aside, set()
             for binding in self.rw_bindings:
                 if binding.pending():
-                    fenced |= self._apply(binding, binding.take_groups())
+                    self._fenced_aside |= self._apply(binding, binding.take_groups())
             self._collect_op_counts()
         except Exception:
             self._rewind()
             raise
-        for vb in {owner_vb(v) for v in fenced}:
-            self._forget(vb)
-        return {owner_vb(v) for v in fenced}
+        return self.forget_fenced_aside()
 
     def _collect_op_counts(self) -> None:
         """Counts the bindings and curl keep beside the worker's counters (taken while no call runs)."""
@@ -450,18 +459,17 @@ class WorkerCore(WorkerTimers, WorkerReads):
             found_dlq, found_counters = self.dlq, self.counters
             self.dlq, self.counters = live_dlq, live_counters
         if self._deferred is not None:
-            moved, dlq, counters, changes, done = self._deferred
+            self._deferred.dlq.extend(found_dlq)
             for name, n in found_counters.items():
-                counters[name] = counters.get(name, 0) + n
-            self._deferred = moved, dlq + found_dlq, counters, changes, done
+                self._deferred.counters[name] = self._deferred.counters.get(name, 0) + n
         else:
             self.dlq.extend(found_dlq)
             self.counters.update(found_counters)
         self._fenced_aside |= self._commit_deferred()
 
     def forget_fenced_aside(self) -> set[int]:
-        """The vBuckets a write beside the calls found fenced, forgotten now that no call runs (the pool
-        calls it after its barrier): the owner vBuckets, for the step's report."""
+        """The vBuckets writes found fenced, forgotten now that no call runs (after a flush, and after a
+        pool's batch whose writes beside the calls found some): the owner vBuckets, for the step's report."""
         fenced, self._fenced_aside = self._fenced_aside, set()
         owners = {owner_vb(v) for v in fenced}
         for vb in owners:
@@ -473,7 +481,7 @@ class WorkerCore(WorkerTimers, WorkerReads):
         if self._deferred is None:
             return set()
         taken, self._deferred = self._deferred, None
-        return self._write_commit(*taken)
+        return self._write_commit(taken)
 
     def _apply(self, binding: BucketBinding, groups: list[EffectGroup]) -> set[int]:
         result = binding.bucket.apply_effects(self.name, groups, origin=self.origin, marks=self.marked)
@@ -543,13 +551,13 @@ class WorkerCore(WorkerTimers, WorkerReads):
         if self.app_log is not None:
             self.app_log.flush()  # a remote worker's log lines are on disk by its checkpoint
         fenced = self.flush_effects()
-        fenced |= self._write_commit(*self._take_commit())
+        fenced |= self._write_commit(self._take_commit())
         self._forget_taken()
         for vb in fenced:
             self._forget(vb)
         return fenced
 
-    def _take_commit(self) -> tuple:
+    def _take_commit(self) -> Checkpoint:
         """What a checkpoint writes now: moved positions, dead letters, counters, timer changes and firings."""
         moved = {vb: s for vb, s in self.positions.items() if s != self.committed.get(vb)}
         dlq, counters = self.dlq, dict(self.counters)
@@ -558,7 +566,7 @@ class WorkerCore(WorkerTimers, WorkerReads):
             created = sum(1 for ch in changes if ch.due_ms is not None)
             counters[counter_names.TIMERS_CREATED] = counters.get(counter_names.TIMERS_CREATED, 0) + created
             counters[counter_names.TIMERS_CANCELLED] = counters.get(counter_names.TIMERS_CANCELLED, 0) + len(changes) - created
-        return moved, dlq, counters, changes, done
+        return Checkpoint(moved, dlq, counters, changes, done)
 
     def _forget_taken(self) -> None:
         """The worker collects the next checkpoint's dead letters, counters and firings (timer changes leave
@@ -567,12 +575,14 @@ class WorkerCore(WorkerTimers, WorkerReads):
         self.counters.clear()
         self.timers_done = []
 
-    def _write_commit(self, moved: dict, dlq: list, counters: dict, changes: list, done: list) -> set[int]:
+    def _write_commit(self, taken: Checkpoint) -> set[int]:
         fenced: set[int] = set()
-        moved = {vb: seqno for vb, seqno in moved.items() if vb in self.epochs}  # not one forgotten meanwhile
-        if moved or dlq or counters or done:
-            fenced = self.store.commit(self.name, self.epochs, moved, dlq, counters, changes, done)
-            self.timers.committed(len(changes))
+        moved = {vb: seqno for vb, seqno in taken.moved.items() if vb in self.epochs}  # none forgotten meanwhile
+        if moved or taken.dlq or taken.counters or taken.done:
+            fenced = self.store.commit(
+                self.name, self.epochs, moved, taken.dlq, taken.counters, taken.changes, taken.done
+            )
+            self.timers.committed(len(taken.changes))
             for vb, seqno in moved.items():
                 if vb not in fenced and vb in self.committed:
                     self.committed[vb] = seqno

@@ -446,6 +446,14 @@ def _spy_set_aside_flushes(core: WorkerCore, fail_at: int = 0) -> list[int]:
     return applied
 
 
+def _step_to_the_end(core: WorkerCore) -> None:
+    """Steps until caught up, commits, and ends the pool's threads."""
+    while not core.step().caught_up:
+        pass
+    core.commit()
+    core.calls.close()
+
+
 def _set_write_fault(fault) -> None:  # metadata.sqlite_io calls it inside every transaction
     sqlite_io.write_fault = fault
 
@@ -458,10 +466,7 @@ def test_a_batchs_writes_are_flushed_while_the_next_batch_runs_and_read_as_befor
     deploy_function(data_dir, defn, ORDERED)
     core = worker(data_dir, "fn_c")
     applied = _spy_set_aside_flushes(core)
-    while not core.step().caught_up:
-        pass
-    core.commit()
-    core.calls.close()
+    _step_to_the_end(core)
     assert len(applied) >= 3 and sum(applied) > 1000  # most writes were applied beside the next batch's calls
     ledger = open_bucket(data_dir, "ledger")
     report = check_ledger(source, ledger)
@@ -495,10 +500,7 @@ def test_a_flush_failing_beside_the_next_batch_rewinds_and_nothing_is_lost_or_ap
     with pytest.raises(StoreError, match="disk I/O error"):
         core.step()
     assert len(applied) == 1 and not any(core.positions.values())  # back to the last checkpoint
-    while not core.step().caught_up:
-        pass
-    core.commit()
-    core.calls.close()
+    _step_to_the_end(core)
     report = check_ledger(source, open_bucket(data_dir, "ledger"))
     assert report.ok, report.summary()
     assert report.handled == 1500
@@ -579,10 +581,7 @@ def test_a_cas_read_of_a_write_being_flushed_beside_the_call_holds_at_apply(data
     deploy_function(data_dir, defn, CAS_COUNTS)
     core = worker(data_dir, "fn_c")
     applied = _spy_set_aside_flushes(core)
-    while not core.step().caught_up:
-        pass
-    core.commit()
-    core.calls.close()
+    _step_to_the_end(core)
     assert len(applied) >= 3
     store = open_store(data_dir)
     assert store.dlq_rows("fn_c") == []
