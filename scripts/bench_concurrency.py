@@ -1,9 +1,12 @@
 """I/O-bound handlers and the function setting `concurrency`: throughput of a handler whose every call
 waits on an HTTP service, with and without concurrent calls, on the default (Ray) executor.
 
-A local HTTP server (a small asyncio HTTP/1.1 server, --server-processes processes sharing one port,
-started by this script) answers every request after --call-ms (default 10 ms). The handler calls it once per mutation through a
-URL binding (`curl`), then records the mutation in a ledger through the read-write binding `ledger`: the
+A local HTTP service started by this script answers every request --call-ms (default 10 ms) after it
+arrived: scripts/bench_service.c, built with the machine's C compiler (--service c, the default), or a small
+asyncio server (--service python, or without a compiler; --server-processes processes on one port). The
+service shares this machine's cores with the workers, where a remote one would not: the C service takes
+~0.2 core at 5,500 requests a second, the asyncio one ~0.5, and each run reports its share
+(`service_cores`). The handler calls it once per mutation through a URL binding (`curl`), then records the mutation in a ledger through the read-write binding `ledger`: the
 document's history `h|<key>` (the seqnos of its calls, in the order they ran, read and written back) and
 one effect `e|<key>|<seqno>`. Each run deploys a fresh function and ledger over the same loaded source:
 
@@ -26,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -57,41 +61,64 @@ def on_update(doc, meta):
     ledger[f"h|{FUNCTION}|{meta.id}"] = history
 '''
 
-# The HTTP service: answers each request after DELAY seconds; keeps a connection open unless asked to close.
+# The HTTP service: answers each request --call-ms after it arrived; keeps a connection open unless asked to
+# close. A bare asyncio protocol, so that its own CPU per request stays small (a service elsewhere would cost
+# this machine nothing).
 SERVER = r'''
-import asyncio, sys
+import asyncio, selectors, sys
 
 DELAY = float(sys.argv[2]) / 1000
 BODY = b'{"ok":true}'
+OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(BODY), BODY)
+OK_CLOSE = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(BODY), BODY)
 
 
-async def handle(reader, writer):
-    try:
+class Answer(asyncio.Protocol):
+    def connection_made(self, transport):
+        self.transport, self.buffer, self.need = transport, b"", 0
+        self.loop = asyncio.get_running_loop()
+
+    def data_received(self, data):
+        arrived = self.loop.time()
+        buffer = self.buffer + data
         while True:
-            head = await reader.readuntil(b"\r\n\r\n")
-            lower = head.lower()
-            at = lower.find(b"content-length:")
-            if at >= 0:
-                await reader.readexactly(int(lower[at + 15:lower.index(b"\r\n", at)]))
-            await asyncio.sleep(DELAY)
-            close = b"connection: close" in lower
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n%s"
-                         % (len(BODY), b"Connection: close\r\n" if close else b"", BODY))
-            await writer.drain()
-            if close:
+            if self.need:
+                if len(buffer) < self.need:
+                    break
+                buffer, self.need = buffer[self.need:], 0
+                self.loop.call_at(arrived + DELAY, self.answer, self.closing)
+                continue
+            end = buffer.find(b"\r\n\r\n")
+            if end < 0:
                 break
-    except (asyncio.IncompleteReadError, ConnectionError):
-        pass
-    writer.close()
+            head, buffer = buffer[:end].lower(), buffer[end + 4:]
+            self.closing = b"connection: close" in head
+            at = head.find(b"content-length:")
+            if at >= 0:
+                stop = head.find(b"\r\n", at)
+                self.need = int(head[at + 15:stop if stop >= 0 else None]) or 0
+                if self.need:
+                    continue
+            self.loop.call_at(arrived + DELAY, self.answer, self.closing)
+        self.buffer = buffer
+
+    def answer(self, close):
+        if self.transport.is_closing():
+            return
+        self.transport.write(OK_CLOSE if close else OK)
+        if close:
+            self.transport.close()
 
 
 async def main():
-    server = await asyncio.start_server(handle, "127.0.0.1", int(sys.argv[1]), backlog=4096, reuse_port=True)
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(Answer, "127.0.0.1", int(sys.argv[1]), backlog=4096, reuse_port=True)
     print("listening", flush=True)
     async with server:
         await server.serve_forever()
 
-asyncio.run(main())
+# select(), unlike epoll, sleeps to the microsecond: epoll rounds each wait up to the next millisecond.
+asyncio.SelectorEventLoop(selectors.SelectSelector()).run_until_complete(main())
 '''
 
 
@@ -101,17 +128,46 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server(call_ms: float, processes: int) -> tuple[list[subprocess.Popen], str]:
-    """`processes` server processes on one port (SO_REUSEPORT): the kernel spreads the connections."""
+def compile_service(into: str) -> str | None:
+    """scripts/bench_service.c built with the machine's C compiler; None without one."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        return None
+    binary = os.path.join(into, "bench_service")
+    source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_service.c")
+    built = subprocess.run([compiler, "-O2", "-o", binary, source], capture_output=True, text=True)
+    if built.returncode != 0:
+        print(f"note: could not build bench_service.c ({built.stderr.strip()[:200]}); using the asyncio service")
+        return None
+    return binary
+
+
+def start_server(call_ms: float, kind: str, processes: int, workdir: str) -> tuple[list[subprocess.Popen], str, str]:
+    """The HTTP service: the C one (kind "c", one process), or `processes` asyncio ones on one port
+    (SO_REUSEPORT: the kernel spreads the connections). Returns the processes, the URL and the kind run."""
+    binary = compile_service(workdir) if kind == "c" else None
+    if binary is None:
+        kind = "python"
     port = free_port()
     procs = []
-    for _ in range(processes):
-        proc = subprocess.Popen([sys.executable, "-c", SERVER, str(port), str(call_ms)], stdout=subprocess.PIPE, text=True)
+    for _ in range(1 if binary else processes):
+        command = [binary, str(port), str(call_ms)] if binary else [sys.executable, "-c", SERVER, str(port), str(call_ms)]
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
         procs.append(proc)
         assert proc.stdout is not None
         if proc.stdout.readline().strip() != "listening":
             raise SystemExit("the HTTP service did not start")
-    return procs, f"http://127.0.0.1:{port}"
+    return procs, f"http://127.0.0.1:{port}", kind
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User and system CPU the processes have used so far (Linux /proc)."""
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def source_seqnos(source) -> dict[str, list[int]]:
@@ -134,7 +190,7 @@ def order_violations(ledger, name: str, expected: dict[str, list[int]]) -> int:
 
 
 def one_run(data_dir: str, source, args: argparse.Namespace, url: str, concurrency: int, mutations: int,
-            run: int, expected: dict[str, list[int]]) -> dict:
+            run: int, expected: dict[str, list[int]], server_pids: list[int]) -> dict:
     name = f"fn_io_c{concurrency}_r{run}"
     ledger_name = f"ledger_c{concurrency}_r{run}"
     create_bucket(data_dir, ledger_name)
@@ -156,6 +212,7 @@ def one_run(data_dir: str, source, args: argparse.Namespace, url: str, concurren
             return
         if sup.ready and "ready" not in marks:
             marks["ready"], marks["handled_at_ready"] = time.perf_counter(), sup.handled
+            marks["service_cpu_at_ready"] = cpu_seconds(server_pids)
         if args.progress and time.perf_counter() - last[0] >= 2:
             last[0] = time.perf_counter()
             print(f"    ... {sup.handled:,} handled", flush=True)
@@ -164,6 +221,7 @@ def one_run(data_dir: str, source, args: argparse.Namespace, url: str, concurren
     started = time.perf_counter()
     summary = service.run()
     end = time.perf_counter()
+    service_cpu = cpu_seconds(server_pids)
     ray.shutdown()
     handled = summary.functions[name].handled
     if handled != mutations:
@@ -177,6 +235,8 @@ def one_run(data_dir: str, source, args: argparse.Namespace, url: str, concurren
         "efficiency": round(throughput / (args.workers * concurrency / (args.call_ms / 1000)), 3),
         "order_violations": order_violations(ledger, name, expected), "ledger_ok": report.ok,
         "up_s": round(ready - started, 1), "run_s": round(end - ready, 2),
+        # The HTTP service's share of this machine while the workers ran (cores): CPU the workers could not use.
+        "service_cores": round((service_cpu - marks.get("service_cpu_at_ready", 0.0)) / (end - ready), 2),
     }
 
 
@@ -193,16 +253,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--documents", type=int, default=20_000)
     parser.add_argument("--baseline-mutations", type=int, default=3_000)
     parser.add_argument("--batch-size", type=int, default=2000)
+    parser.add_argument("--service", choices=("c", "python"), default="c",
+                        help="the HTTP service: scripts/bench_service.c (built with cc; the asyncio one without a "
+                             "compiler) or the asyncio one")
     parser.add_argument("--server-processes", type=int, default=2,
-                        help="processes of the HTTP service (one port): its own CPU must not be the limit")
+                        help="processes of the asyncio service (one port): its own CPU must not be the limit")
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--progress", action="store_true", help="print the handled count every 2 s")
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
     args = parser.parse_args(argv)
     say = (lambda *a, **k: None) if args.json else print
-    servers, url = start_server(args.call_ms, args.server_processes)
-    try:
-        with tempfile.TemporaryDirectory(prefix="eventing-bench-conc-", ignore_cleanup_errors=True) as root:
+    with tempfile.TemporaryDirectory(prefix="eventing-bench-conc-", ignore_cleanup_errors=True) as root:
+        servers, url, service = start_server(args.call_ms, args.service, args.server_processes, root)
+        pids = [server.pid for server in servers]
+        try:
             # Two data directories: the baseline's log is shorter (it runs ~concurrency times slower), made by
             # the same generator (documents updated in a random order, no deletes).
             main_dir, base_dir = os.path.join(root, "main"), os.path.join(root, "base")
@@ -212,29 +276,30 @@ def main(argv: list[str] | None = None) -> int:
             base_source = load_source(base_dir, min(args.documents, args.baseline_mutations),
                                       args.baseline_mutations, delete_ratio=0.0, seed=7)
             expected, base_expected = source_seqnos(source), source_seqnos(base_source)
-            say(f"service: {url}, {args.call_ms:g} ms a call; {args.mutations:,} mutations over "
+            say(f"service ({service}): {url}, {args.call_ms:g} ms a call; {args.mutations:,} mutations over "
                 f"{args.documents:,} documents; baseline {args.baseline_mutations:,}; load {load_avg()}")
             runs = []
             for run in range(1, args.runs + 1):
                 label = f"run {run}/{args.runs}: " if args.runs > 1 else ""
                 load = load_avg()
-                row = one_run(main_dir, source, args, url, args.concurrency, args.mutations, run, expected)
+                row = one_run(main_dir, source, args, url, args.concurrency, args.mutations, run, expected, pids)
                 row["load"] = load
                 say(f"{label}{args.workers} workers x concurrency {args.concurrency}: {row['throughput']:,.0f}/s, "
                     f"efficiency {row['efficiency']:.2f}, order violations {row['order_violations']}, "
+                    f"service {row['service_cores']} cores, "
                     f"ledger {'ok' if row['ledger_ok'] else 'NOT OK'} (load {load})")
                 load = load_avg()
-                base = one_run(base_dir, base_source, args, url, 1, args.baseline_mutations, run, base_expected)
+                base = one_run(base_dir, base_source, args, url, 1, args.baseline_mutations, run, base_expected, pids)
                 base["load"] = load
                 say(f"{label}{args.workers} workers x concurrency 1: {base['throughput']:,.0f}/s, "
                     f"efficiency {base['efficiency']:.2f}, order violations {base['order_violations']}, "
                     f"ledger {'ok' if base['ledger_ok'] else 'NOT OK'} (load {load})")
                 row["speedup"] = round(row["throughput"] / base["throughput"], 2)
                 runs.append({**row, "baseline": base})
-    finally:
-        for server in servers:
-            server.terminate()
-            server.wait()
+        finally:
+            for server in servers:
+                server.terminate()
+                server.wait()
 
     def med(rows: list[dict], key: str) -> float:
         return round(statistics.median(r[key] for r in rows), 3)
@@ -245,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         "order_violations": sum(r["order_violations"] for r in runs), "ledger_ok": all(r["ledger_ok"] for r in runs),
         "speedup": med(runs, "speedup"), "workers": args.workers, "concurrency": args.concurrency,
         "call_ms": args.call_ms, "mutations": args.mutations, "batch_size": args.batch_size,
+        "service": service, "service_cores": med(runs, "service_cores"),
         "baseline": {
             "throughput": med(bases, "throughput"), "efficiency": med(bases, "efficiency"),
             "order_violations": sum(b["order_violations"] for b in bases), "ledger_ok": all(b["ledger_ok"] for b in bases),
