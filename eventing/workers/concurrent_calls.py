@@ -20,6 +20,8 @@ How a batch runs (see docs/functions.md, "Concurrency"):
 4. While a batch's tasks run, the worker's thread writes what earlier batches left: the writes set aside
    after them and a checkpoint a step left behind it (WorkerCore.set_aside_effects, defer_end,
    flush_set_aside), so the pool does not wait for the disk. A failed write is rewound after the barrier.
+   It then reads the rows the next batch will take (_read_ahead), so the pool does not wait for those
+   between batches either.
 
 Timeouts: SIGALRM reaches only the main thread, so a watcher thread raises HandlerTimeout inside a pool
 thread's call that overran (LaneContext.interrupt); the mutation is dead-lettered as `timeout` and the other
@@ -71,6 +73,16 @@ class ConcurrentCalls:
         self._keeping = threading.Lock()
         self._read_batch = core._process  # WorkerReads._process: reads the batch, run by run
         core._process = self.process
+        # The next batch's rows, read while this batch's calls run (_read_ahead): vb -> (the position they
+        # follow, rows). A file source's log below its high seqnos does not change under a deployed
+        # function (a flush is refused), so rows read ahead stay right; a source behind the data service
+        # reads ahead on its own (WorkerReads._prefetch), and a filtered one reads in its query.
+        self._ahead: dict[int, tuple[int, list[tuple]]] = {}
+        self._next_batch: tuple[list[int], dict[int, int], int] | None = None
+        self._reads_ahead = not core._reads_ahead and core._prefilter is None and core.on_update is not None
+        if self._reads_ahead:
+            self._read_source = core._read_rows
+            core._read_rows = self._read_rows
         core._handle_run = self._take_run
         core.hang_guard.lanes = self.lanes  # its recycling sees the pool's calls too
         self._buffers = list({id(b.buf): b.buf for b in core.rw_bindings}.values())
@@ -79,6 +91,7 @@ class ConcurrentCalls:
 
     def process(self, work: list[int], limits: dict[int, int], budget: int) -> int:
         """WorkerReads._process with the batch's calls run by the pool, returning after all of them."""
+        self._next_batch = (work, limits, budget)
         try:
             return self._read_batch(work, limits, budget)
         finally:
@@ -133,6 +146,8 @@ class ConcurrentCalls:
             core.flush_set_aside()
         except BaseException as exc:  # noqa: BLE001 - raised after the barrier
             flush_error = exc
+        if tasks and self._reads_ahead and flush_error is None:
+            self._read_ahead()
         while left:
             item = self._done.get()
             if type(item) is _OnWorkerThread:
@@ -167,6 +182,40 @@ class ConcurrentCalls:
         if error is not None:
             raise error
         core.set_aside_effects()
+
+    def _read_ahead(self) -> None:
+        """While the batch's calls run, read the rows the next batch takes first, as WorkerReads._process
+        will (the vBuckets still behind their limits, in rotation from where this batch stopped), so that
+        the pool does not wait for them between batches."""
+        work, limits, budget = self._next_batch or ([], {}, 0)
+        core = self.core
+        positions = core.positions
+        left = [vb for vb in work if positions[vb] < limits[vb]]
+        ahead: dict[int, tuple[int, list[tuple]]] = {}
+        if left:
+            start = core._rotor % len(left)
+            taken = 0
+            for vb in left[start:] + left[:start]:
+                if taken >= budget:
+                    break
+                position = positions[vb]
+                rows = self._read_source(vb, position, min(budget - taken, limits[vb] - position))
+                ahead[vb] = (position, rows)
+                taken += len(rows)
+        self._ahead = ahead
+
+    def _read_rows(self, vb: int, position: int, limit: int) -> list[tuple]:
+        """The source's read_vb_rows, from the rows read ahead where they follow `position`."""
+        ahead = self._ahead.pop(vb, None)
+        if ahead is None or ahead[0] != position or not ahead[1]:
+            return self._read_source(vb, position, limit)
+        rows = ahead[1]
+        if len(rows) > limit:
+            self._ahead[vb] = (rows[limit - 1][1], rows[limit:])
+            return rows[:limit]
+        if len(rows) < limit:
+            rows = rows + self._read_source(vb, rows[-1][1], limit - len(rows))
+        return rows
 
     def _start(self) -> None:
         if self._threads:

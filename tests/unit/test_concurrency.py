@@ -609,3 +609,57 @@ def test_vbuckets_found_fenced_by_writes_beside_the_calls_are_dropped_after_the_
     newer.close()
     assert report.fenced and set(report.fenced) <= set(range(512))
     assert not set(report.fenced) & set(old.epochs)  # forgotten: no more calls for them
+
+
+def test_the_next_batchs_rows_are_read_while_the_calls_of_this_one_run(data_dir, tmp_path, early_set_aside):
+    source = load_source(data_dir, 60, 1500, seed=23)  # 25 mutations per document: its runs span batches
+    defn = ledger_definition("fn_c", "src", "ledger", workers=1, call_log=str(tmp_path / "calls"), concurrency=6,
+                             batch_size=150, checkpoint_interval="1h")
+    deploy_function(data_dir, defn, ORDERED)
+    core = worker(data_dir, "fn_c")
+    pool = core.calls
+    rows_read = {"ahead": 0, "between batches": 0}
+    read_ahead, read_source = pool._read_ahead, pool._read_source
+    reading_ahead = [False]
+
+    def spy_source(vb: int, position: int, limit: int) -> list[tuple]:
+        rows = read_source(vb, position, limit)
+        rows_read["ahead" if reading_ahead[0] else "between batches"] += len(rows)
+        return rows
+
+    def spy_ahead() -> None:
+        reading_ahead[0] = True
+        try:
+            read_ahead()
+        finally:
+            reading_ahead[0] = False
+
+    pool._read_source, pool._read_ahead = spy_source, spy_ahead
+    _step_to_the_end(core)
+    # The first batch's rows are read before any call; the others' beside the calls of the batch before.
+    assert rows_read["between batches"] == 150
+    assert rows_read["ahead"] == 1500 - 150
+    ledger = open_bucket(data_dir, "ledger")
+    report = check_ledger(source, ledger)
+    assert report.ok, report.summary()
+    assert report.handled == 1500
+    assert _histories(ledger, "fn_c") == _seqnos(source)
+
+
+@pytest.mark.parametrize("ahead_rows, limit", [(5, 3), (5, 5), (5, 9), (0, 4), (3, 1)])
+def test_rows_read_ahead_are_what_the_source_would_answer(data_dir, ahead_rows, limit):
+    source = load_source(data_dir, 20, 600, seed=29)
+    deploy_function(data_dir, ledger_definition("fn_c", "src", "ledger", workers=1, concurrency=4), ORDERED)
+    pool = worker(data_dir, "fn_c").calls
+    vb = max(range(NUM_VBUCKETS), key=lambda v: len(source.read_vb_rows(v, 0, 100)))
+    position = source.read_vb_rows(vb, 0, 2)[-1][1]  # rows read ahead follow this position
+    pool._ahead = {vb: (position, source.read_vb_rows(vb, position, ahead_rows))}
+    assert pool._read_rows(vb, position, limit) == source.read_vb_rows(vb, position, limit)
+    rest = pool._ahead.get(vb)
+    if rest is not None:  # what was left over follows the rows taken, and is taken as they would be read
+        follows = source.read_vb_rows(vb, position, limit)[-1][1]
+        assert rest[0] == follows and pool._read_rows(vb, follows, 2) == source.read_vb_rows(vb, follows, 2)
+    # Rows read ahead after another position are not used: a rewound position reads from the source.
+    pool._ahead = {vb: (position + 1, [("not", "these")])}
+    assert pool._read_rows(vb, position, limit) == source.read_vb_rows(vb, position, limit)
+    pool.close()
