@@ -19,6 +19,11 @@ from eventing.execution.runner import HandlerTimeout
 from metadata import DlqRow, MetadataStore, owner_vb
 
 HANG_GRACE_S = 2.0  # past execution_timeout, how long a handler SIGALRM could not stop may still run
+# How long after raising HandlerTimeout into a call that is still running it is raised again: one raised in a
+# __del__ or a weakref callback the call ran is printed as unraisable and lost, and a handler may swallow it.
+# The runner clears `active` as soon as the exception reaches it, so a call still active this long after
+# never saw it. Below HANG_GRACE_S: the call gets another chance before its process is recycled.
+TIMEOUT_REPEAT_S = 0.5
 
 
 class HangGuard:
@@ -31,13 +36,21 @@ class HangGuard:
         # The calls of a worker's pool threads (concurrency > 1, eventing.workers.concurrent_calls): their
         # timeouts are raised by the pool's own watcher; one that cannot be interrupted is recycled here.
         self.lanes: list[CallContext] = []
+        self._raised_for = 0.0  # the deadline of the call HandlerTimeout was last raised into ...
+        self._raised_at = 0.0  # ... and when
 
     def _tick(self, signum, frame) -> None:
-        # Runs in the main thread between bytecodes; only a handler call that overran is interrupted.
+        # Runs in the main thread between bytecodes; only a handler call that overran is interrupted. The
+        # call stays `active` until the runner sees the exception, so one that never reached the runner is
+        # raised again (TIMEOUT_REPEAT_S) and the recycling below still sees the call.
         context = self.context
-        if context.active and time.monotonic() >= context.deadline:
-            context.active = False
-            raise HandlerTimeout()
+        if not context.active:
+            return
+        now = time.monotonic()
+        if now < context.deadline or (self._raised_for == context.deadline and now < self._raised_at + TIMEOUT_REPEAT_S):
+            return
+        self._raised_for, self._raised_at = context.deadline, now
+        raise HandlerTimeout()
 
     def arm(self) -> bool:
         """A periodic SIGALRM checks the running handler's age. Arming it once per step rather than per

@@ -5,6 +5,8 @@ in-process in the unit run, on real Ray in the integration run (tests/conftest.p
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from eventing.control import lifecycle
@@ -191,6 +193,41 @@ def test_a_hung_handler_is_abandoned_and_dead_lettered_as_timeout(data_dir):
     rows = open_store(data_dir).dlq_rows("fn_h")
     assert [(r.key, r.reason) for r in rows] == [("k3", "timeout")]
     assert sorted(LocalBucket.open(data_dir, "out").keys()) == ["k0", "k1", "k2", "k4", "k5"]
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_timeout_that_lands_where_python_cannot_raise_it_is_raised_again(data_dir):
+    # SIGALRM can land while a call runs a __del__ or a weakref callback: Python prints an exception raised
+    # there as unraisable and goes on. The call must time out all the same.
+    source = LocalBucket.create(data_dir, "src")
+    for i in range(3):
+        source.upsert(f"k{i}", {"i": i})
+    handler = (
+        "import time\n"
+        "class Slow:\n"
+        "    def __del__(self):\n"
+        "        ends = time.monotonic() + 0.6\n"
+        "        while time.monotonic() < ends:\n"
+        "            pass\n"
+        "def on_update(doc, meta):\n"
+        "    if doc['i'] == 1:\n"
+        "        Slow()  # dropped at once: its __del__ runs in the call, past execution_timeout\n"
+        "        ends = time.monotonic() + 5\n"
+        "        while time.monotonic() < ends:\n"
+        "            time.sleep(0.01)\n"
+        "    out[meta.id] = doc\n"
+    )
+    defn = FunctionDefinition.from_dict({
+        "name": "fn_h", "source_bucket": "src", "execution_timeout": "300ms",
+        "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
+    })
+    deploy(data_dir, defn, handler)
+    started = time.monotonic()
+    run(data_dir)
+    rows = open_store(data_dir).dlq_rows("fn_h")
+    assert [(r.key, r.reason) for r in rows] == [("k1", "timeout")]
+    assert sorted(LocalBucket.open(data_dir, "out").keys()) == ["k0", "k2"]
+    assert time.monotonic() - started < 4
 
 
 def test_an_oversize_document_is_dead_lettered_before_the_handler(data_dir):
