@@ -52,12 +52,13 @@ class LaneContext(CallContext):
     the watcher's decision and the call's end exclusive, so the exception is raised only while the call
     runs, and one raised as the call returned is cancelled before it can land in the worker's own code."""
 
-    __slots__ = ("lock", "fired", "ident")
+    __slots__ = ("lock", "fired", "fired_at", "ident")
 
     def __init__(self, timeout_s: float):
         super().__init__(timeout_s)
         self.lock = threading.Lock()
-        self.fired = False  # a timeout was raised into this call
+        self.fired = False  # a timeout was raised into this call ...
+        self.fired_at = 0.0  # ... at this time.monotonic()
         self.ident = 0  # the pool thread's id
 
     def bind(self) -> None:
@@ -65,13 +66,15 @@ class LaneContext(CallContext):
         self.ident = threading.get_ident()
         _thread.context = self
 
-    def interrupt(self, now: float, exc: type[BaseException]) -> bool:
-        """From the watcher: raise `exc` in the call if it overran; True when it did. Raised once a call:
-        `active` stays set, so a call that swallows it is still seen by the hang guard's recycling."""
+    def interrupt(self, now: float, exc: type[BaseException], repeat_s: float) -> bool:
+        """From the watcher: raise `exc` in the call if it overran; True when it did. `active` stays set
+        until the call ends, so one still running `repeat_s` after gets it again (it was raised in a
+        __del__ or a weakref callback, where Python drops it, or the handler swallowed it), and the hang
+        guard's recycling sees it."""
         with self.lock:
-            if not self.active or self.fired or now < self.deadline:
+            if not self.active or now < self.deadline or (self.fired and now < self.fired_at + repeat_s):
                 return False
-            self.fired = True
+            self.fired, self.fired_at = True, now
             _async_raise(self.ident, exc)
             return True
 

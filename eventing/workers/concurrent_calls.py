@@ -42,6 +42,7 @@ from eventing.core.mutation import Mutation
 from eventing.execution.bindings import ConcurrentEffectBuffer
 from eventing.execution.context import LaneContext
 from eventing.execution.runner import NO_HANDLER, Failure, HandlerCall, HandlerTimeout, Rejection
+from eventing.workers.hang_guard import TIMEOUT_REPEAT_S
 
 _as_mutation = partial(tuple.__new__, Mutation)
 
@@ -316,7 +317,7 @@ class ConcurrentCalls:
             time.sleep(tick)
             now = time.monotonic()
             for lane in self.lanes:
-                lane.interrupt(now, HandlerTimeout)
+                lane.interrupt(now, HandlerTimeout, TIMEOUT_REPEAT_S)
 
 
 def attach(core: Any) -> ConcurrentCalls | None:

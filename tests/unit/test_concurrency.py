@@ -166,6 +166,45 @@ def test_pool_calls_past_execution_timeout_are_dead_lettered_while_the_others_co
     assert counters["on_update_timeout"] == 3 and counters["on_update_success"] == 60
 
 
+# A call whose timeout lands in a __del__ (Python prints it as unraisable and drops it), then waits.
+LOSES_ITS_TIMEOUT = '''
+import time
+
+
+class Slow:
+    def __del__(self):
+        ends = time.monotonic() + 0.6
+        while time.monotonic() < ends:
+            pass
+
+
+def on_update(doc, meta):
+    if meta.id == "slow":
+        Slow()  # dropped at once: its __del__ runs in the call, past execution_timeout
+        ends = time.monotonic() + 5
+        while time.monotonic() < ends:
+            time.sleep(0.01)
+    dst[meta.id] = doc
+'''
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_pool_calls_timeout_that_python_dropped_is_raised_again(data_dir):
+    source = LocalBucket.create(data_dir, "src")
+    for key in ("a", "slow", "b"):
+        source.upsert(key, {"k": key})
+    defn = FunctionDefinition.from_dict({
+        "name": "fn_h", "source_bucket": "src", "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}],
+        "execution_timeout": "300ms", "concurrency": 2,
+    })
+    deploy_function(data_dir, defn, LOSES_ITS_TIMEOUT)
+    started = time.monotonic()
+    run(data_dir)
+    assert sorted(open_bucket(data_dir, "dst").keys()) == ["a", "b"]
+    assert [(row.key, row.reason) for row in open_store(data_dir).find_dlq_rows("fn_h")] == [("slow", "timeout")]
+    assert time.monotonic() - started < 4
+
+
 class Recorder(BaseHTTPRequestHandler):
     seen: list[tuple[str, str]] = []
     lock = threading.Lock()
