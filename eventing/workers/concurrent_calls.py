@@ -147,8 +147,15 @@ class ConcurrentCalls:
             core.flush_set_aside()
         except BaseException as exc:  # noqa: BLE001 - raised after the barrier
             flush_error = exc
+        ahead_error: BaseException | None = None
         if tasks and self._reads_ahead and flush_error is None:
-            self._read_ahead()
+            try:
+                self._read_ahead()
+            except Exception:  # noqa: BLE001 - only a head start: the batch that needs the rows reads them again
+                self._ahead = {}
+            except BaseException as exc:  # noqa: BLE001 - raised after the barrier
+                self._ahead = {}
+                ahead_error = exc
         while left:
             item = self._done.get()
             if type(item) is _OnWorkerThread:
@@ -182,6 +189,8 @@ class ConcurrentCalls:
             raise flush_error
         if error is not None:
             raise error
+        if ahead_error is not None:
+            raise ahead_error
         core.set_aside_effects()
 
     def _read_ahead(self) -> None:

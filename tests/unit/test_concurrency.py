@@ -702,3 +702,33 @@ def test_rows_read_ahead_are_what_the_source_would_answer(data_dir, ahead_rows, 
     pool._ahead = {vb: (position + 1, [("not", "these")])}
     assert pool._read_rows(vb, position, limit) == source.read_vb_rows(vb, position, limit)
     pool.close()
+
+
+def test_a_read_ahead_that_fails_leaves_the_batch_whole_and_the_next_reads_its_rows(data_dir, tmp_path,
+                                                                                     early_set_aside):
+    source = load_source(data_dir, 60, 1500, seed=31)
+    defn = ledger_definition("fn_c", "src", "ledger", workers=1, call_log=str(tmp_path / "calls"), concurrency=6,
+                             batch_size=150, checkpoint_interval="1h")
+    deploy_function(data_dir, defn, ORDERED)
+    core = worker(data_dir, "fn_c")
+    pool = core.calls
+    read_ahead = pool._read_ahead
+    failed = [0]
+
+    def failing() -> None:  # a disk that fails the read ahead of every other batch
+        failed[0] += 1
+        if failed[0] % 2:
+            raise StoreError("cannot read bucket 'src': disk I/O error")
+        read_ahead()
+
+    pool._read_ahead = failing
+    core.step()  # every batch's calls end before its step returns, whatever the read ahead did
+    assert pool._queue.empty() and pool._done.empty()
+    core.stop()  # its checkpoint covers what the step handled, with the effects
+    handled = {vb: seqno for vb, seqno in open_store(data_dir).checkpoints("fn_c").items()}
+    ledger = open_bucket(data_dir, "ledger")
+    assert sum(len(v) for v in _histories(ledger, "fn_c").values()) == sum(cp.seqno for cp in handled.values()) > 0
+    run(data_dir)
+    report = check_ledger(source, open_bucket(data_dir, "ledger"))
+    assert report.ok, report.summary()
+    assert report.handled == 1500 and failed[0] >= 2
