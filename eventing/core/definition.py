@@ -202,11 +202,6 @@ class FunctionDefinition:
                 f"concurrency of function '{name}' is {concurrency!r}; give an integer from 1 to {MAX_CONCURRENCY} "
                 "(handler calls a worker runs at once, for different documents)"
             )
-        if concurrency > 1 and kwargs.get("language", "python") != "python":
-            raise ConfigError(
-                f"concurrency of function '{name}' is {concurrency}; JavaScript handlers run one call at a time "
-                "(concurrency 1): raise worker_count instead"
-            )
         for key in ("window", "previous_version"):
             if concurrency > 1 and kwargs.get(key):
                 raise ConfigError(

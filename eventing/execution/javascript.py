@@ -29,7 +29,9 @@ its start + slice_s + execution_timeout: a terminated mutation has run at least 
 Threads: V8 contexts live in an isolate, and STPyV8 keeps the current isolate per thread (a thread without
 one crashes the process on its first V8 call). A handler therefore has one context per thread that calls
 it, created in that thread (with an isolate of the thread's own when it has none) by running the handler
-source again; its global variables are per thread, as they are per worker.
+source again; its global variables are per thread, as they are per worker. A worker's pool (`concurrency`
+> 1) runs calls in several threads at once: each context has its own call in flight (`_Call`), which the
+watchdog stops on its own isolate; STPyV8 lets other threads run while V8 does.
 """
 
 from __future__ import annotations
@@ -61,8 +63,22 @@ WATCH_TICK_S = 0.005  # how often the watchdog looks at the call in flight
 GC_EVERY_CALLS = 256  # how often a call checks the heap and collects garbage when it is half full
 
 
+class _Call:
+    """The call in flight in one thread's context, as the handler's watchdog sees it (under JsHandler.lock)."""
+
+    __slots__ = ("isolate", "running", "stopped", "deadline", "started", "in_host")
+
+    def __init__(self, isolate: int):
+        self.isolate = isolate
+        self.running = False
+        self.in_host = False  # in a host call (curl, a binding): no JavaScript runs, the heap does not grow
+        self.stopped: str | None = None  # why it was terminated: timeout | memory
+        self.deadline = 0.0
+        self.started = 0.0
+
+
 class _ThreadContext(NamedTuple):
-    """A handler's V8 context in one thread, with its isolate and compiled scripts."""
+    """A handler's V8 context in one thread, with its isolate, compiled scripts and call in flight."""
 
     thread: int
     ctx: Any
@@ -71,6 +87,7 @@ class _ThreadContext(NamedTuple):
     call: Any
     update: Any
     batch: Any
+    flight: _Call
 
     @property
     def scripts(self) -> tuple[Any, Any, Any]:
@@ -188,14 +205,12 @@ def _thread_isolate(STPyV8: Any) -> None:
 def _heap_check(isolate: int | None, data: int | None) -> None:
     """Runs on the JavaScript thread, inside the running call (a V8 interrupt)."""
     h = _handlers.get(data or 0)
-    if h is None or not h.running or isolate is None:
+    here = h.contexts.get(threading.get_ident()) if h is not None else None
+    if h is None or here is None or not here.flight.running or isolate is None:
         return
     assert _v8 is not None
     if _v8.used_heap(isolate) > h.heap_limit:
-        with h.lock:
-            if h.running and h.stopped is None:
-                h.stopped = "memory"
-                _v8.terminate(isolate)
+        h._stop("memory", here.flight)
 
 
 # -- refusals at deploy ------------------------------------------------------------------------------------
@@ -292,11 +307,7 @@ class JsHandler:
         self.timeout_s = timeout_s
         self.heap_limit = heap_limit_mb * 1024 * 1024
         self.v8 = _engine()
-        self.lock = threading.Lock()
-        self.running = False
-        self.stopped: str | None = None  # why the call in flight was terminated: timeout | memory
-        self.deadline = 0.0
-        self.started = 0.0
+        self.lock = threading.Lock()  # a call's start and end against its termination by the watchdog
         self.calls = 0
         self.closed = False
         self.watchdog: threading.Thread | None = None
@@ -327,7 +338,6 @@ class JsHandler:
         self.module = types.ModuleType(f"eventing_handler_{function}")
         self.contexts: dict[int, _ThreadContext] = {}
         self.here, functions = self._new_context(STPyV8, True)
-        self.isolate = self.here.isolate  # of the call in flight (the watchdog's target)
         for name in functions:
             self.module.__dict__[name] = JsFunction(self, name)
         for js_name, py_name in ENTRY_POINTS.items():
@@ -360,19 +370,24 @@ class JsHandler:
                 "Object.getOwnPropertyNames(globalThis).filter(function (n) { return typeof globalThis[n] === 'function'; }).join('\\n')"
             ).split("\n")
             engine = STPyV8.JSEngine()
+            # Kept with the context: a compiled script refers to its engine without holding it, and a run
+            # that V8 terminated reads the engine's isolate (freed, that crashed the process or garbled the
+            # call's error).
+            _contexts.append(engine)
             scripts = engine.compile("__call()"), engine.compile("__update()"), engine.compile("__batch()")
-        here = _ThreadContext(threading.get_ident(), ctx, isolate, ctx.locals, *scripts)
+        here = _ThreadContext(threading.get_ident(), ctx, isolate, ctx.locals, *scripts, _Call(isolate))
         self.contexts[here.thread] = here
         return here, [n for n in names if n and n not in before]
 
-    def _context_here(self) -> _ThreadContext:
+    def context_here(self) -> _ThreadContext:
         """The context of the calling thread, created on its first call (see the module docstring)."""
         here = self.contexts.get(threading.get_ident())
         if here is None:
             import STPyV8
 
             here = self._new_context(STPyV8, False)[0]
-        self.here = here
+        if threading.current_thread() is threading.main_thread() or len(self.contexts) == 1:
+            self.here = here  # a pool thread's (concurrency > 1) is looked up on each call instead
         return here
 
     # -- calls --------------------------------------------------------------------------------------------
@@ -381,12 +396,13 @@ class JsHandler:
         """Run the script `which` (CALL, UPDATE, BATCH) of the calling thread's context with `__in` = text and
         return what it returned; raise HandlerTimeout or JavaScriptMemoryError when the call was stopped,
         JavaScriptError when CALL or UPDATE threw."""
-        cc = self.call_context
+        cc = self.call_context.here() if self.call_context is not None else None  # a pool thread's own
         now = time.monotonic()
         deadline = cc.deadline if cc is not None and cc.active else now + self.timeout_s
         here = self.here
         if here.thread != threading.get_ident():
-            here = self._context_here()
+            here = self.context_here()
+        flight = here.flight
         ctx = here.ctx
         entered = getattr(_thread, "entered", None)
         if entered is not ctx:  # another handler's context was left entered in this thread: switch
@@ -396,25 +412,24 @@ class JsHandler:
             ctx.enter()
             _thread.entered = ctx
         with self.lock:
-            self.stopped = None
-            self.isolate = here.isolate
-            self.deadline, self.started, self.running = deadline, now, True
-        if self.watchdog is None:
-            self._start_watchdog()
+            flight.stopped = None
+            flight.deadline, flight.started, flight.running = deadline, now, True
+            if self.watchdog is None:
+                self._start_watchdog()
         setattr(here.locals, "__in", text)
         try:
             rc = here.scripts[which].run()
         finally:
             with self.lock:
-                self.running = False
-                stopped = self.stopped
+                flight.running = False
+                stopped = flight.stopped
             if stopped is not None:
                 self.v8.cancel(here.isolate)
         self.calls += count
         if stopped == "timeout":
             raise HandlerTimeout()
         if stopped == "memory":
-            self._collect()
+            self._collect(here.isolate)
             raise JavaScriptMemoryError(
                 f"RangeError: the JavaScript heap passed js_heap_limit_mb ({self.heap_limit >> 20} MiB); "
                 "the call was stopped"
@@ -422,7 +437,7 @@ class JsHandler:
         if which != BATCH and rc != 0:
             raise self._thrown(here)
         if self.calls % GC_EVERY_CALLS < count and self.v8.used_heap(here.isolate) > self.heap_limit // 2:
-            self._collect()
+            self._collect(here.isolate)
         return rc
 
     def _thrown(self, here: _ThreadContext) -> JavaScriptError:
@@ -447,15 +462,16 @@ class JsHandler:
             return -1 - int(rc), self._thrown(self.here)
         return int(rc), None
 
-    def _collect(self) -> None:
-        self.v8.low_memory(self.isolate)
+    def _collect(self, isolate: int) -> None:
+        self.v8.low_memory(isolate)
 
-    def _stop(self, why: str) -> None:
-        """Terminate the call in flight (from the watchdog thread or a host call on the JavaScript thread)."""
+    def _stop(self, why: str, flight: _Call) -> None:
+        """Terminate a call in flight (from the watchdog thread, or a host call or an interrupt on the call's
+        own thread)."""
         with self.lock:
-            if self.running and self.stopped is None:
-                self.stopped = why
-                self.v8.terminate(self.isolate)
+            if flight.running and flight.stopped is None:
+                flight.stopped = why
+                self.v8.terminate(flight.isolate)
 
     def _start_watchdog(self) -> None:
         self.watchdog = threading.Thread(target=self._watch, name=f"js-watchdog-{self.function}", daemon=True)
@@ -465,13 +481,15 @@ class JsHandler:
         v8 = self.v8
         while not self.closed:
             time.sleep(WATCH_TICK_S)
-            if not self.running:
-                continue
             now = time.monotonic()
-            if now >= self.deadline:
-                self._stop("timeout")
-            elif now - self.started >= WATCH_TICK_S:
-                v8.request_interrupt(self.isolate, v8.on_interrupt, id(self))
+            for here in list(self.contexts.values()):  # a context per thread that calls the handler
+                flight = here.flight
+                if not flight.running:
+                    continue
+                if now >= flight.deadline:
+                    self._stop("timeout", flight)
+                elif now - flight.started >= WATCH_TICK_S and not flight.in_host:
+                    v8.request_interrupt(flight.isolate, v8.on_interrupt, id(self))
 
     def close(self) -> None:
         self.closed = True
@@ -488,6 +506,9 @@ class JsHandler:
         """A host call: its errors become text JavaScript throws; a timeout signalled inside it (the worker's
         SIGALRM watchdog) terminates the call, so no JavaScript catch can swallow it. Inside a batch it first
         reports which mutation is running when that changed."""
+        here = self.contexts.get(threading.get_ident())
+        if here is not None:
+            here.flight.in_host = True
         try:
             if self.on_start is not None:
                 at = int(getattr(self.here.locals, "__idx"))
@@ -496,10 +517,14 @@ class JsHandler:
                     self.on_start(at)
             return fn(*args)
         except HandlerTimeout:
-            self._stop("timeout")
+            if here is not None:
+                self._stop("timeout", here.flight)
             return "\0execution_timeout"
         except Exception as exc:  # noqa: BLE001 - thrown in JavaScript as an Error with this message
             return _error(exc)
+        finally:
+            if here is not None:
+                here.flight.in_host = False
 
     def binding(self, alias: str) -> Any:
         b = self.bindings.get(alias)

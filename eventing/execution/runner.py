@@ -389,6 +389,13 @@ class HandlerRunner:
         for b in self.bindings:
             b.tracer = tracer
 
+    def prepare_thread(self) -> None:
+        """Ready the handler for calls from the calling thread (a worker's pool thread): a JavaScript handler
+        makes the thread's V8 context now, not inside its first call's execution_timeout."""
+        js = self.module.__dict__.get("__js_handler__")
+        if js is not None:
+            js.context_here()
+
     def close(self) -> None:
         js = self.module.__dict__.get("__js_handler__")  # a JavaScript handler's V8 context and watchdog
         if js is not None:

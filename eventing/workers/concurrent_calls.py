@@ -247,6 +247,10 @@ class ConcurrentCalls:
 
     def _lane(self, lane: LaneContext) -> None:
         lane.bind()
+        try:
+            self.core.runner.prepare_thread()
+        except Exception:  # noqa: BLE001 - the thread's first call makes it again and fails as a call would
+            pass
         while True:
             task = self._queue.get()
             if task is None:

@@ -6,6 +6,7 @@ lettered with its JavaScript stack, refusals at deploy, per-document order and e
 from __future__ import annotations
 
 import json
+import threading
 import time
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -311,6 +312,63 @@ function OnUpdate(doc, meta) {
         run(app)
     assert seen == [{"path": "/api/orders", "body": {"id": "order::1", "total": 40}, "auth": "Bearer secret"}]
     assert app.get("dst", "crm::order::1") == {"status": 201, "body": {"accepted": "order::1"}}
+
+
+class _Slow(BaseHTTPRequestHandler):
+    """Answers every GET after 50 ms; counts the requests in flight at once. Keeps connections open (a
+    listen backlog of 5 dropped some of the pool's reconnects, whose retries took a second)."""
+
+    protocol_version = "HTTP/1.1"
+    lock = threading.Lock()
+    flight = {"now": 0, "max": 0}
+
+    def do_GET(self):  # noqa: N802 - http.server's name
+        with _Slow.lock:
+            _Slow.flight["now"] += 1
+            _Slow.flight["max"] = max(_Slow.flight["max"], _Slow.flight["now"])
+        time.sleep(0.05)
+        with _Slow.lock:
+            _Slow.flight["now"] -= 1
+        payload = b'{"ok": true}'
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_javascript_calls_run_at_once_with_concurrency_in_order_per_document_and_time_out_alone(data_dir):
+    source = """
+function OnUpdate(doc, meta) {
+    if (doc.spin) { while (true) {} }
+    var r = curl('GET', api, {path: '/x'});
+    if (r.status !== 200) { throw new Error('service answered ' + r.status); }
+    var seen = dst['seen::' + meta.id] || {versions: []};
+    seen.versions.push(doc.v);
+    dst['seen::' + meta.id] = seen;
+    couchbase.increment(dst, {id: 'calls'});
+}
+"""
+    _Slow.flight = {"now": 0, "max": 0}
+    with serve_http(_Slow) as server:
+        app = app_with(data_dir, source, docs=[], concurrency=8, execution_timeout="1500ms",
+                       url_bindings=[{"alias": "api", "url": url_of(server)}])
+        for v in range(10):
+            for k in range(16):
+                app.upsert("src", f"k{k}", {"v": v})
+        app.upsert("src", "spin", {"spin": True})
+        started = time.monotonic()
+        run(app)
+        elapsed = time.monotonic() - started
+    for k in range(16):
+        assert app.get("dst", f"seen::k{k}")["versions"] == list(range(10)), [(r.key, r.reason, r.error[:300]) for r in letters(app)]
+    assert app.get("dst", "calls") == {"count": 160}
+    assert [(r.key, r.reason) for r in letters(app)] == [("spin", "timeout")]
+    # 160 calls of 50 ms one at a time take 8 s; eight at once, about a second.
+    assert _Slow.flight["max"] >= 4 and elapsed < 6
 
 
 # -- order and exactly-once ----------------------------------------------------------------------------------
