@@ -1,7 +1,7 @@
 """JavaScript handlers on V8 (STPyV8), behind the same HandlerRunner as Python handlers.
 
-`load_js_handler` runs a function's JavaScript source in a V8 context of its own (one per runner, so one per
-worker, reused for every call) and returns a module whose `on_update`, `on_delete`, `on_deploy` and one
+`load_js_handler` runs a function's JavaScript source in a V8 context of its own (one per runner and thread
+that calls it: one per worker, and one per pool thread with `concurrency` > 1; reused for every call) and returns a module whose `on_update`, `on_delete`, `on_deploy` and one
 entry per top-level JavaScript function (timer callbacks are looked up by name) are Python callables. The
 runner and the worker call them exactly as they call a Python handler's functions, so per-document order,
 held binding writes, retries, dead letters, the debugger and `dlq replay` are the same code.
@@ -13,8 +13,8 @@ TimerTable, CurlClient and log. Errors a host call hits come back as text and ar
 Limits, enforced inside V8 (STPyV8 exposes no isolate API for them, the V8 symbols of its extension do):
 - execution_timeout: a watchdog thread calls v8::Isolate::TerminateExecution (thread-safe) once the call in
   flight passes its deadline; the call raises HandlerTimeout, and the context is used again by the next call.
-- js_heap_limit_mb: while a call runs longer than a tick, the watchdog requests an interrupt in which V8's
-  heap statistics are read on the JavaScript thread; past the limit the call is terminated and fails with
+- js_heap_limit_mb: while a call runs JavaScript longer than a tick (not while it waits in a host call), the
+  watchdog requests an interrupt in which V8's heap statistics are read on the JavaScript thread; past the limit the call is terminated and fails with
   JavaScriptMemoryError (a dead letter), and a full garbage collection follows.
 A call is always started from a compiled script (`script.run()`): STPyV8 aborts the process when a
 terminated execution returns through its function-call path.
@@ -130,7 +130,6 @@ class _V8:
         self.low_memory.argtypes = [ctypes.c_void_p]
         self.request_interrupt = lib._ZN2v87Isolate16RequestInterruptEPFvPS0_PvES2_
         self.request_interrupt.argtypes = [ctypes.c_void_p, self.INTERRUPT, ctypes.c_void_p]
-        self.stats = (ctypes.c_size_t * 32)()  # v8::HeapStatistics; used_heap_size is its 5th field
         self.on_interrupt = self.INTERRUPT(_heap_check)  # kept alive for V8
         self.zone_changed = lib._ZN2v87Isolate39DateTimeConfigurationChangeNotificationENS0_17TimeZoneDetectionE
         self.zone_changed.argtypes = [ctypes.c_void_p, ctypes.c_int]
@@ -138,8 +137,9 @@ class _V8:
         self.icu = _load_icu(lib)
 
     def used_heap(self, isolate: int) -> int:
-        self.heap(isolate, self.stats)
-        return int(self.stats[4])
+        stats = (ctypes.c_size_t * 32)()  # v8::HeapStatistics, one per call: pool threads read heaps at once
+        self.heap(isolate, stats)
+        return int(stats[4])
 
     def follow_time_zone(self, isolate: int) -> None:
         """Make the isolate's Date use the process's current time zone (the TZ variable, else the system's)
@@ -411,13 +411,13 @@ class JsHandler:
             _thread.entered = None
             ctx.enter()
             _thread.entered = ctx
-        with self.lock:
-            flight.stopped = None
-            flight.deadline, flight.started, flight.running = deadline, now, True
-            if self.watchdog is None:
-                self._start_watchdog()
-        setattr(here.locals, "__in", text)
         try:
+            with self.lock:
+                flight.stopped, flight.in_host = None, False
+                flight.deadline, flight.started, flight.running = deadline, now, True
+                if self.watchdog is None:
+                    self._start_watchdog()
+            setattr(here.locals, "__in", text)
             rc = here.scripts[which].run()
         finally:
             with self.lock:
@@ -465,11 +465,11 @@ class JsHandler:
     def _collect(self, isolate: int) -> None:
         self.v8.low_memory(isolate)
 
-    def _stop(self, why: str, flight: _Call) -> None:
+    def _stop(self, why: str, flight: _Call, deadline: float | None = None) -> None:
         """Terminate a call in flight (from the watchdog thread, or a host call or an interrupt on the call's
-        own thread)."""
+        own thread); with `deadline`, only the call that has it (not the next call of the same thread)."""
         with self.lock:
-            if flight.running and flight.stopped is None:
+            if flight.running and flight.stopped is None and (deadline is None or flight.deadline == deadline):
                 flight.stopped = why
                 self.v8.terminate(flight.isolate)
 
@@ -486,8 +486,9 @@ class JsHandler:
                 flight = here.flight
                 if not flight.running:
                     continue
-                if now >= flight.deadline:
-                    self._stop("timeout", flight)
+                deadline = flight.deadline
+                if now >= deadline:
+                    self._stop("timeout", flight, deadline)
                 elif now - flight.started >= WATCH_TICK_S and not flight.in_host:
                     v8.request_interrupt(flight.isolate, v8.on_interrupt, id(self))
 
@@ -504,14 +505,14 @@ class JsHandler:
 
     def guarded(self, fn: Any, *args: Any) -> Any:
         """A host call: its errors become text JavaScript throws; a timeout signalled inside it (the worker's
-        SIGALRM watchdog) terminates the call, so no JavaScript catch can swallow it. Inside a batch it first
+        SIGALRM watchdog, or a pool's watcher) terminates the call, so no JavaScript catch can swallow it. Inside a batch it first
         reports which mutation is running when that changed."""
         here = self.contexts.get(threading.get_ident())
         if here is not None:
             here.flight.in_host = True
         try:
             if self.on_start is not None:
-                at = int(getattr(self.here.locals, "__idx"))
+                at = int(getattr((here or self.here).locals, "__idx"))
                 if at != self.batch_at:
                     self.batch_at = at
                     self.on_start(at)
