@@ -651,7 +651,7 @@ def test_vbuckets_found_fenced_by_writes_beside_the_calls_are_dropped_after_the_
 
 
 def test_the_next_batchs_rows_are_read_while_the_calls_of_this_one_run(data_dir, tmp_path, early_set_aside):
-    source = load_source(data_dir, 60, 1500, seed=23)  # 25 mutations per document: its runs span batches
+    source = load_source(data_dir, 60, 600, seed=23)  # 10 mutations per document: its runs span batches
     defn = ledger_definition("fn_c", "src", "ledger", workers=1, call_log=str(tmp_path / "calls"), concurrency=6,
                              batch_size=150, checkpoint_interval="1h")
     deploy_function(data_dir, defn, ORDERED)
@@ -677,11 +677,11 @@ def test_the_next_batchs_rows_are_read_while_the_calls_of_this_one_run(data_dir,
     _step_to_the_end(core)
     # The first batch's rows are read before any call; the others' beside the calls of the batch before.
     assert rows_read["between batches"] == 150
-    assert rows_read["ahead"] == 1500 - 150
+    assert rows_read["ahead"] == 600 - 150
     ledger = open_bucket(data_dir, "ledger")
     report = check_ledger(source, ledger)
     assert report.ok, report.summary()
-    assert report.handled == 1500
+    assert report.handled == 600
     assert _histories(ledger, "fn_c") == _seqnos(source)
 
 
@@ -706,7 +706,7 @@ def test_rows_read_ahead_are_what_the_source_would_answer(data_dir, ahead_rows, 
 
 def test_a_read_ahead_that_fails_leaves_the_batch_whole_and_the_next_reads_its_rows(data_dir, tmp_path,
                                                                                      early_set_aside):
-    source = load_source(data_dir, 60, 1500, seed=31)
+    source = load_source(data_dir, 60, 600, seed=31)
     defn = ledger_definition("fn_c", "src", "ledger", workers=1, call_log=str(tmp_path / "calls"), concurrency=6,
                              batch_size=150, checkpoint_interval="1h")
     deploy_function(data_dir, defn, ORDERED)
@@ -731,4 +731,4 @@ def test_a_read_ahead_that_fails_leaves_the_batch_whole_and_the_next_reads_its_r
     run(data_dir)
     report = check_ledger(source, open_bucket(data_dir, "ledger"))
     assert report.ok, report.summary()
-    assert report.handled == 1500 and failed[0] >= 2
+    assert report.handled == 600 and failed[0] >= 2
