@@ -13,6 +13,15 @@ if [ ! -x /usr/bin/chromium ] && [ "$(id -u)" = "0" ] && command -v apt-get >/de
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; } >/dev/null 2>&1 \
     || echo "warning: could not install chromium; the console's browser test will be skipped" >&2
 fi
+# The PostgreSQL store's and mirrors' tests start throwaway servers from Debian's postgresql package.
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null; then
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; } >/dev/null 2>&1 \
+      || echo "warning: could not install postgresql; install it (apt-get install -y postgresql) for its tests" >&2
+  else
+    echo "note: PostgreSQL's server is not installed; its tests need it: sudo apt-get install -y postgresql" >&2
+  fi
+fi
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
@@ -20,7 +29,7 @@ LOG=.venv/pip-install.log
 STAMP=.venv/.eventing-installed
 WANTED="$(sha256sum pyproject.toml | cut -d' ' -f1)"
 if [ "$(cat "$STAMP" 2>/dev/null || true)" != "$WANTED" ] \
-  || ! .venv/bin/python -c "import eventing, ray, pyspark, msgpack, faker, pytest" 2>/dev/null; then
+  || ! .venv/bin/python -c "import eventing, ray, pyspark, msgpack, faker, pytest, psycopg, psycopg_pool" 2>/dev/null; then
   if ! { .venv/bin/python -m pip install --quiet --upgrade pip \
          && .venv/bin/python -m pip install --quiet -e ".[test]"; } >"$LOG" 2>&1; then
     tail -n 30 "$LOG" >&2

@@ -115,3 +115,27 @@ def spark():
     session = get_spark("local[2]")
     yield session
     stop_spark()
+
+
+@pytest.fixture(scope="session")
+def pg_server():
+    """One throwaway PostgreSQL server per test process (eventing.testing.postgres), started on first use.
+    Tests that need PostgreSQL fail (never skip) where it cannot start: CI installs it (scripts/setup.sh)."""
+    from eventing.testing.postgres import ThrowawayPostgres
+
+    server = ThrowawayPostgres()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def pg_url(pg_server, request) -> str:
+    """A fresh, empty database on the session's server: its URL (postgresql://postgres@127.0.0.1:PORT/DB)."""
+    import re
+    import uuid
+
+    name = re.sub(r"[^a-z0-9_]", "_", request.node.name.lower())[:40] + "_" + uuid.uuid4().hex[:8]
+    return pg_server.create_database(name)

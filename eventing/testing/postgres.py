@@ -1,0 +1,265 @@
+"""A throwaway PostgreSQL server on this machine, for tests, benchmarks and the docs: Debian's `postgresql`
+package, `initdb` into a folder of its own, listening on 127.0.0.1 and a Unix socket in that folder, and
+ending only the server it started (by its data directory, never by process name).
+
+    server = ThrowawayPostgres()          # initdb into a new temporary folder (as `postgres` when root)
+    server.start()                        # ~2 s; wal_level=logical, so tables can be mirrored
+    url = server.create_database("t1")    # postgresql://postgres@127.0.0.1:PORT/t1
+    server.kill()                         # kill -9 of the postmaster (fault tests); server.start() again
+    server.stop()                         # pg_ctl stop -m immediate, then the folder goes
+
+PostgreSQL refuses to run as root: where this process is root, every server command runs as the OS user
+`postgres` (`runuser -u postgres --`) and the folder belongs to it. A standby (`add_standby`) is a
+`pg_basebackup -R` of this server, streaming, listed in `synchronous_standby_names` when asked.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+START_TIMEOUT_S = 60.0
+
+
+def pg_bin_dir() -> Path | None:
+    """The newest installed server's bin folder (/usr/lib/postgresql/N/bin), or None."""
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(Path(p).parts[-3]))
+    return Path(found[-1]).parent if found else None
+
+
+def unavailable() -> str | None:
+    """Why no throwaway server can run here (one line), or None."""
+    if pg_bin_dir() is None:
+        return ("PostgreSQL's server is not installed; install Debian's package (`apt-get install -y postgresql`, "
+                "which scripts/setup.sh does when run as root)")
+    if os.geteuid() == 0 and shutil.which("runuser") is None:
+        return "PostgreSQL refuses to run as root and `runuser` is missing to run it as the `postgres` user"
+    return None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ThrowawayPostgres:
+    """One server in its own folder (see the module docstring)."""
+
+    def __init__(self, folder: str | os.PathLike[str] | None = None, *, port: int | None = None,
+                 fsync: bool = False, settings: dict[str, str] | None = None):
+        why = unavailable()
+        if why:
+            raise RuntimeError(why)
+        self.bin = pg_bin_dir()
+        self._own_folder = folder is None
+        self.folder = Path(folder) if folder is not None else Path(tempfile.mkdtemp(prefix="eventing-pg-"))
+        self.data = self.folder / "data"
+        self.port = port or free_port()
+        # fsync off by default: a kill -9 of the server loses nothing committed (the OS keeps the pages);
+        # only a crash of the machine would. Benchmarks pass fsync=True.
+        self.fsync = fsync
+        self.settings = dict(settings or {})
+        self.standbys: list[ThrowawayPostgres] = []
+        self._initialised = False
+
+    # -- commands, as `postgres` where this process is root ------------------------------------------
+
+    def _as_server_user(self, argv: list[str]) -> list[str]:
+        return ["runuser", "-u", "postgres", "--", *argv] if os.geteuid() == 0 else argv
+
+    def _run(self, argv: list[str], *, check: bool = True) -> subprocess.CompletedProcess:
+        return subprocess.run(self._as_server_user(argv), capture_output=True, text=True, check=check,
+                              cwd="/")
+
+    def _give_to_server_user(self, path: Path) -> None:
+        if os.geteuid() == 0:
+            import pwd
+
+            entry = pwd.getpwnam("postgres")
+            os.chown(path, entry.pw_uid, entry.pw_gid)
+
+    def initdb(self) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._give_to_server_user(self.folder)
+        os.chmod(self.folder, 0o700)
+        done = self._run([str(self.bin / "initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres",
+                          "--no-sync", "-E", "UTF8", "--locale=C.UTF-8"], check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"initdb failed: {done.stderr.strip().splitlines()[-1:]}")
+        self._configure()
+        self._initialised = True
+
+    def _configure(self) -> None:
+        conf = {
+            "port": str(self.port),
+            "listen_addresses": "'127.0.0.1'",
+            "unix_socket_directories": f"'{self.folder}'",
+            "wal_level": "logical",
+            "max_wal_senders": "10",
+            "max_replication_slots": "10",
+            "max_connections": "200",
+            "fsync": "on" if self.fsync else "off",
+            "synchronous_commit": "on",
+            "full_page_writes": "on" if self.fsync else "off",
+            "shared_buffers": "128MB",
+            "logging_collector": "off",
+        }
+        conf.update(self.settings)
+        text = "".join(f"{k} = {v}\n" for k, v in conf.items())
+        with open(self.data / "postgresql.auto.conf", "a") as f:
+            f.write(text)
+        with open(self.data / "pg_hba.conf", "a") as f:
+            f.write("host replication all 127.0.0.1/32 trust\n")
+
+    # -- lifecycle ------------------------------------------------------------------------------------
+
+    @property
+    def log(self) -> Path:
+        return self.folder / "server.log"
+
+    def start(self) -> str:
+        """Start the server (initdb first if needed); returns the URL of the `postgres` database."""
+        if not self._initialised and not (self.data / "PG_VERSION").exists():
+            self.initdb()
+        self._initialised = True
+        done = self._run([str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-w",
+                          "-t", str(int(START_TIMEOUT_S)), "start"], check=False)
+        if done.returncode != 0:
+            tail = self.log.read_text(errors="replace").strip().splitlines()[-3:] if self.log.exists() else []
+            raise RuntimeError(f"PostgreSQL did not start on port {self.port}: {' / '.join(tail)}")
+        return self.url()
+
+    def url(self, database: str = "postgres", *, user: str = "postgres") -> str:
+        return f"postgresql://{user}@127.0.0.1:{self.port}/{database}"
+
+    def pid(self) -> int | None:
+        """The postmaster's pid, from its data directory; None when it is not running."""
+        try:
+            pid = int((self.data / "postmaster.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        return pid
+
+    def running(self) -> bool:
+        return self.pid() is not None
+
+    def kill(self) -> None:
+        """kill -9 of the postmaster, then of its children (as a crash of the server would end them)."""
+        pid = self.pid()
+        if pid is None:
+            return
+        children = _children(pid)
+        os.kill(pid, signal.SIGKILL)
+        for child in children:
+            try:
+                os.kill(child, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and (_alive(pid) or any(_alive(c) for c in children)):
+            time.sleep(0.02)
+
+    def stop(self, *, remove: bool = True) -> None:
+        for standby in self.standbys:
+            standby.stop(remove=remove)
+        if self.running():
+            self._run([str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop"],
+                      check=False)
+            if self.running():
+                self.kill()
+        if remove and self._own_folder:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+    # -- databases and standbys ------------------------------------------------------------------------
+
+    def sql(self, statement: str, database: str = "postgres") -> str:
+        """Run one statement with psql over the Unix socket; its output (tuples only)."""
+        done = self._run([str(self.bin / "psql"), "-h", str(self.folder), "-p", str(self.port), "-U", "postgres",
+                          "-d", database, "-v", "ON_ERROR_STOP=1", "-Atqc", statement], check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"psql failed: {done.stderr.strip()}")
+        return done.stdout.strip()
+
+    def create_database(self, name: str) -> str:
+        self.sql(f'CREATE DATABASE "{name}"')
+        return self.url(name)
+
+    def add_standby(self, *, synchronous: bool = True, name: str = "standby1") -> ThrowawayPostgres:
+        """A streaming standby of this server (pg_basebackup -R), started; with `synchronous`, commits
+        on this server wait for it (synchronous_standby_names)."""
+        standby = ThrowawayPostgres(self.folder / name, fsync=self.fsync)
+        standby._own_folder = False
+        standby.folder.mkdir(parents=True, exist_ok=True)
+        standby._give_to_server_user(standby.folder)
+        os.chmod(standby.folder, 0o700)
+        done = self._run([str(self.bin / "pg_basebackup"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres",
+                          "-D", str(standby.data), "-R", "-X", "stream", "--no-sync", "--checkpoint=fast",
+                          "-d", f"host=127.0.0.1 port={self.port} user=postgres application_name={name}"],
+                         check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"pg_basebackup failed: {done.stderr.strip()}")
+        with open(standby.data / "postgresql.auto.conf", "a") as f:
+            f.write(f"port = {standby.port}\nunix_socket_directories = '{standby.folder}'\n")
+        standby._initialised = True
+        standby.start()
+        self.standbys.append(standby)
+        if synchronous:
+            self.sql(f"ALTER SYSTEM SET synchronous_standby_names = '{name}'")
+            self.sql("SELECT pg_reload_conf()")
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while self.sql("SELECT sync_state FROM pg_stat_replication WHERE application_name = "
+                           f"'{name}'") != "sync":
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"standby {name} did not become synchronous")
+                time.sleep(0.05)
+        return standby
+
+    def promote(self) -> None:
+        done = self._run([str(self.bin / "pg_ctl"), "-D", str(self.data), "-w", "promote"], check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"promote failed: {done.stderr.strip()}")
+
+    def __enter__(self) -> ThrowawayPostgres:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie child of ours is gone for our purposes
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as f:
+                if int(f.read().rpartition(")")[2].split()[1]) == pid:
+                    found.append(int(entry.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
