@@ -6,6 +6,7 @@
     ├── LifecycleError             an illegal state transition (deploying a deployed function, ...)
     ├── StoreError                 the metadata store or a bucket file cannot be used
     │   ├── StoreLockedError       another process holds the write lock for too long
+    │   ├── StoreUnavailableError  the store's server did not answer in time (or a commit's fate is unknown)
     │   └── StoreCorruptError      the file is not a valid store; fail closed, never skip ahead
     ├── FencedError                a stale owner (zombie) tried to write; its write was rejected
     ├── OrderViolationError        a seqno went backwards where it must only move forward
@@ -43,6 +44,15 @@ class StoreLockedError(StoreError):
 
 class StoreCorruptError(StoreError):
     pass
+
+
+class StoreUnavailableError(StoreError):
+    """The store's server did not answer within the wait (it is down, restarting or failing over).
+    ``ambiguous``: a COMMIT was sent and no answer came, so the write may or may not have been made."""
+
+    def __init__(self, message: str, *, ambiguous: bool = False):
+        super().__init__(message)
+        self.ambiguous = ambiguous
 
 
 class FencedError(EventingError):

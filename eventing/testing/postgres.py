@@ -146,11 +146,7 @@ class ThrowawayPostgres:
             pid = int((self.data / "postmaster.pid").read_text().split()[0])
         except (OSError, ValueError, IndexError):
             return None
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return None
-        return pid
+        return pid if _alive(pid) else None
 
     def running(self) -> bool:
         return self.pid() is not None
@@ -170,6 +166,10 @@ class ThrowawayPostgres:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and (_alive(pid) or any(_alive(c) for c in children)):
             time.sleep(0.02)
+        # The postmaster is not our child: until init reaps it, it is a zombie whose pid PostgreSQL would
+        # take for a live server holding the lock file. It is dead: its lock file goes.
+        (self.data / "postmaster.pid").unlink(missing_ok=True)
+        (self.folder / f".s.PGSQL.{self.port}.lock").unlink(missing_ok=True)
 
     def stop(self, *, remove: bool = True) -> None:
         for standby in self.standbys:

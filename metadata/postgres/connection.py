@@ -1,0 +1,447 @@
+"""Connections to a PostgreSQL store: the location (a libpq URL), a pool per process, transactions that
+are retried while the server is away, errors as one line, and the schema's version.
+
+    db = PostgresDatabase.open("postgresql://user@host:5432/db?schema=team_a")
+    db.transaction(lambda cur: cur.execute("INSERT ..."))    # retried while the server restarts or fails over
+    db.read("SELECT ... WHERE x=%s", (1,))
+
+The URL is libpq's, with everything libpq takes (several hosts and ``target_session_attrs=read-write`` for
+failover, ``sslmode``, ``$PGPASSWORD`` and ``~/.pgpass``); one parameter is ours: ``schema=NAME`` puts every
+table of this store in that schema (created on first use), so several installations can share one
+database. ``connect_timeout`` defaults to 5 s so an unreachable server is named within seconds.
+
+Retries. A transaction whose statements fail because the connection went away (a restart, a failover, a
+dropped connection), or that PostgreSQL aborted to resolve a conflict (serialization failure, deadlock),
+is run again from the start on a new connection, for up to $EVENTING_STORE_WAIT_S seconds (60 by default):
+its body must be safe to run again (its inputs in memory). A COMMIT that fails because the connection went
+away is *ambiguous*: the transaction may or may not have committed. It is not retried here; it raises
+``StoreUnavailableError(ambiguous=True)`` and the caller decides (a worker rewinds to its checkpoint, whose
+effects are guarded by marks; the Data API answers 503). No error message ever holds the password.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from metadata.errors import ConfigError, StoreError, StoreUnavailableError
+
+if TYPE_CHECKING:
+    import psycopg
+
+log = logging.getLogger("eventing.metadata")
+# The pool logs every failed reconnection attempt; our own retry loop says it once, in one line.
+logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)
+
+T = TypeVar("T")
+
+SCHEMES = ("postgresql", "postgres")
+STORE_WAIT_ENV = "EVENTING_STORE_WAIT_S"
+DEFAULT_WAIT_S = 60.0
+DEFAULT_CONNECT_TIMEOUT_S = "5"
+FIRST_CONTACT_S = 6.0
+POOL_SIZE_ENV = "EVENTING_PG_POOL_SIZE"
+DEFAULT_POOL_SIZE = 8
+
+# SQLSTATEs that mean "run the transaction again": the connection is gone or the server is going away,
+# or PostgreSQL aborted this transaction to resolve a conflict with another.
+_RETRY_STATES = {
+    "40001",  # serialization_failure
+    "40P01",  # deadlock_detected
+    "57P01",  # admin_shutdown (a fast or immediate stop; a failover)
+    "57P02",  # crash_shutdown
+    "57P03",  # cannot_connect_now (starting up, or in recovery)
+    "08000", "08003", "08006", "08001", "08004",  # connection exceptions
+    "25006",  # read_only_sql_transaction: connected to a standby that is not promoted yet
+    "57014",  # query_canceled (statement_timeout): run it again
+    "53300",  # too_many_connections
+}
+
+
+def is_postgres_url(location: str) -> bool:
+    return urlsplit(str(location)).scheme.lower() in SCHEMES
+
+
+@dataclass(frozen=True)
+class PostgresTarget:
+    """A PostgreSQL store's location: the libpq URL to connect with, its schema, and how to show it."""
+
+    url: str  # given to libpq, without our own parameters
+    schema: str | None
+    shown: str  # the URL without its password, for messages and `eventing status`
+
+    @property
+    def endpoints(self) -> str:
+        """The host:port list, for messages ("127.0.0.1:5432,10.0.0.2:5432")."""
+        parts = urlsplit(self.url)
+        hosts = parts.netloc.rpartition("@")[2] or "localhost:5432"
+        query = dict(parse_qsl(parts.query))
+        if "host" in query:
+            hosts = query["host"] + (f":{query['port']}" if "port" in query else "")
+        return hosts
+
+
+def parse_postgres_url(url: str) -> PostgresTarget:
+    """Split our `schema=` parameter off a libpq URL and default its connect_timeout; ConfigError naming the
+    mistake (never the password) when it is not a usable PostgreSQL URL."""
+    parts = urlsplit(url)
+    shown = redact(url)
+    if parts.scheme.lower() not in SCHEMES:
+        raise ConfigError(f"{shown} is not a PostgreSQL URL; use postgresql://user[:password]@host[:port]/database")
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    schema = None
+    kept = []
+    for key, value in query:
+        if key == "schema":
+            schema = value
+        else:
+            kept.append((key, value))
+    if schema is not None and not _plain_identifier(schema):
+        raise ConfigError(f"{shown}: schema={schema!r} must be a plain name (letters, digits and _, not starting "
+                          "with a digit)")
+    if not any(k == "connect_timeout" for k, _ in kept):
+        kept.append(("connect_timeout", DEFAULT_CONNECT_TIMEOUT_S))
+    if not any(k == "application_name" for k, _ in kept):
+        kept.append(("application_name", "eventing"))
+    libpq = urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(kept), parts.fragment))
+    return PostgresTarget(libpq, schema, shown)
+
+
+def redact(url: str) -> str:
+    """The URL with any password (in the authority or as ?password=) replaced by ***."""
+    parts = urlsplit(str(url))
+    netloc = parts.netloc
+    userinfo, at, hosts = netloc.rpartition("@")
+    if at and ":" in userinfo:
+        netloc = f"{userinfo.split(':', 1)[0]}:***@{hosts}"
+    query = "&".join(
+        f"{k}=***" if k == "password" else f"{k}={v}" for k, v in parse_qsl(parts.query, keep_blank_values=True)
+    )
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+def _plain_identifier(name: str) -> bool:
+    return bool(name) and (name[0].isalpha() or name[0] == "_") and all(c.isalnum() or c == "_" for c in name)
+
+
+def store_wait_s() -> float:
+    try:
+        return float(os.environ.get(STORE_WAIT_ENV, DEFAULT_WAIT_S))
+    except ValueError:
+        return DEFAULT_WAIT_S
+
+
+def describe_error(target: PostgresTarget, exc: BaseException) -> str:
+    """One line naming the server, what went wrong and the fix (never the password)."""
+    import psycopg
+
+    text = " ".join(str(exc).split())
+    text = text.replace(target.url, target.shown)
+    state = getattr(exc, "sqlstate", None) or ""
+    where = f"PostgreSQL at {target.endpoints}"
+    low = text.lower()
+    if "password authentication failed" in low or state == "28P01":
+        return (f"{where} refused the password ({_first_clause(text)}); check the password in --store, "
+                "$PGPASSWORD or ~/.pgpass")
+    if state == "28000" or "no pg_hba.conf entry" in low or "role" in low and "does not exist" in low:
+        return f"{where} refused the login ({_first_clause(text)}); check the user in --store and pg_hba.conf"
+    if state == "3D000" or ("database" in low and "does not exist" in low):
+        return f"{where}: {_first_clause(text)}; create it first (createdb, or CREATE DATABASE)"
+    if state == "42501":
+        return (f"{where}: {_first_clause(text)}; grant the store's user the privilege (it creates and writes its "
+                "own tables: GRANT CREATE, USAGE ON SCHEMA ... TO user)")
+    if state in ("53100",) or "no space left" in low or "could not extend file" in low:
+        return (f"{where} is out of disk space ({_first_clause(text)}); free space on the server, then run the "
+                "command again (everything committed is kept)")
+    if isinstance(exc, psycopg.OperationalError):
+        return (f"{where} is unreachable ({_first_clause(text)}); start the server or fix the host and port in "
+                "--store")
+    return f"{where}: {_first_clause(text)}"
+
+
+def _first_clause(text: str) -> str:
+    """The server's words without libpq's preamble (the host and port are named already)."""
+    import re
+
+    text = re.sub(r'^(connection failed: )?connection to server at "[^"]*"(, port \d+)? failed: (FATAL: +)?', "", text)
+    text = text.replace("Is the server running on that host and accepting TCP/IP connections?", "").strip()
+    return text.split("\n")[0][:300]
+
+
+def retriable(exc: BaseException) -> bool:
+    """Whether running the whole transaction again may succeed (see the module docstring)."""
+    import psycopg
+
+    state = getattr(exc, "sqlstate", None)
+    if state in _RETRY_STATES or (state or "").startswith("08"):
+        return True
+    if state is None and isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+        # A refused login carries no SQLSTATE in psycopg: told apart from a server that is away by its text.
+        low = str(exc).lower()
+        return not any(text in low for text in _LOGIN_REFUSALS)
+    return False
+
+
+_LOGIN_REFUSALS = ("password authentication failed", "does not exist", "no pg_hba.conf entry",
+                   "permission denied", "sslmode value", "invalid connection option", "invalid uri",
+                   "invalid sslmode", "no password supplied", "certificate")
+
+
+class Cursor:
+    """What a transaction body gets: `execute` returning the cursor (fetchone/fetchall/rowcount),
+    `executemany`, and `copy` for bulk loads. `?` placeholders are accepted as well as `%s`."""
+
+    __slots__ = ("_cur",)
+
+    def __init__(self, cur: psycopg.Cursor):
+        self._cur = cur
+
+    def execute(self, sql: str, args: Sequence[Any] | None = None) -> psycopg.Cursor:
+        return self._cur.execute(_placeholders(sql), args, prepare=None)
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> psycopg.Cursor:
+        rows = list(rows)
+        if rows:
+            self._cur.executemany(_placeholders(sql), rows)
+        return self._cur
+
+    def copy(self, sql: str) -> Any:
+        return self._cur.copy(sql)
+
+    @property
+    def raw(self) -> psycopg.Cursor:
+        return self._cur
+
+
+_converted: dict[str, str] = {}
+
+
+def _placeholders(sql: str) -> str:
+    """SQLite-style `?` as psycopg's `%s` (and a literal % doubled), cached per statement text."""
+    out = _converted.get(sql)
+    if out is None:
+        out = sql.replace("%", "%%").replace("?", "%s") if "?" in sql else sql
+        if len(_converted) < 4096:
+            _converted[sql] = out
+    return out
+
+
+class PostgresDatabase:
+    """A pool of connections to one store (one per process and location; see `open`)."""
+
+    _opened: dict[str, PostgresDatabase] = {}
+    _opened_lock = threading.Lock()
+
+    def __init__(self, target: PostgresTarget, *, pool_size: int | None = None):
+        self.target = target
+        self._pool_size = pool_size or int(os.environ.get(POOL_SIZE_ENV, DEFAULT_POOL_SIZE))
+        self._pool: Any = None
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self.wait_s: float | None = None  # None: $EVENTING_STORE_WAIT_S
+        # Until a first connection succeeds, a server that does not answer is a mistake in --store (or a
+        # server not started) rather than an outage: say so within FIRST_CONTACT_S instead of waiting.
+        self._reached = False
+
+    @classmethod
+    def open(cls, url: str) -> PostgresDatabase:
+        """The process's pool for this location (made on first use; a forked child makes its own)."""
+        target = parse_postgres_url(url)
+        with cls._opened_lock:
+            db = cls._opened.get(target.url + "|" + (target.schema or ""))
+            if db is None or db._pid != os.getpid():
+                db = cls._opened[target.url + "|" + (target.schema or "")] = cls(target)
+            return db
+
+    # -- connections ----------------------------------------------------------------------------------
+
+    def _configure(self, conn: psycopg.Connection) -> None:
+        conn.autocommit = True
+        if self.target.schema:
+            conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.target.schema}"')
+            conn.execute(f'SET search_path TO "{self.target.schema}"')
+
+    def pool(self) -> Any:
+        if self._pool is None:
+            with self._lock:
+                if self._pool is None:
+                    from psycopg_pool import ConnectionPool
+
+                    self._pool = ConnectionPool(
+                        self.target.url, min_size=1, max_size=self._pool_size, open=False,
+                        configure=self._configure, reconnect_timeout=store_wait_s(), name="eventing",
+                        timeout=store_wait_s(),
+                    )
+                    self._pool.open(wait=False)
+        return self._pool
+
+    def connect(self) -> psycopg.Connection:
+        """A connection of its own (not pooled): LISTEN, long reads, replication; the caller closes it."""
+        import psycopg
+
+        try:
+            conn = psycopg.connect(self.target.url, autocommit=True)
+        except psycopg.Error as exc:
+            raise StoreUnavailableError(describe_error(self.target, exc)) from None
+        self._configure(conn)
+        return conn
+
+    def close(self) -> None:
+        with self._lock:
+            if self._pool is not None:
+                self._pool.close()
+                self._pool = None
+
+    # -- transactions ---------------------------------------------------------------------------------
+
+    def transaction(self, body: Callable[[Cursor], T], *, retry: bool = True) -> T:
+        """BEGIN, body, COMMIT on a pooled connection; retried as the module docstring says."""
+        return self._with_retries(lambda conn: self._once(conn, body), retry=retry)
+
+    def read(self, sql: str, args: Sequence[Any] | None = None) -> list[tuple]:
+        """One statement outside a transaction (autocommit), retried while the server is away."""
+        return self._with_retries(lambda conn: conn.execute(_placeholders(sql), args).fetchall(), retry=True)
+
+    def run(self, fn: Callable[[psycopg.Connection], T]) -> T:
+        """`fn(connection)` on a pooled connection, retried while the server is away (fn must be repeatable)."""
+        return self._with_retries(fn, retry=True)
+
+    def _once(self, conn: psycopg.Connection, body: Callable[[Cursor], T]) -> T:
+        import psycopg
+
+        with conn.cursor() as cur:
+            cur.execute("BEGIN")
+            try:
+                out = body(Cursor(cur))
+            except BaseException:
+                try:
+                    cur.execute("ROLLBACK")
+                except psycopg.Error:
+                    pass  # the connection is gone; the server rolled back
+                raise
+            try:
+                cur.execute("COMMIT")
+            except psycopg.Error as exc:
+                if retriable(exc) and not _refused_before_commit(exc):
+                    raise _Ambiguous(exc) from None
+                raise
+        return out
+
+    def _with_retries(self, fn: Callable[[psycopg.Connection], T], *, retry: bool) -> T:
+        import psycopg
+        from psycopg_pool import PoolTimeout
+
+        started = time.monotonic()
+        delay = 0.05
+        warned = False
+        wait_s = store_wait_s() if self.wait_s is None else self.wait_s
+        if not self._reached:
+            self._first_contact()
+        while True:
+            try:
+                with self.pool().connection(timeout=max(0.1, wait_s - (time.monotonic() - started))) as conn:
+                    return fn(conn)
+            except _Ambiguous as amb:
+                raise StoreUnavailableError(
+                    describe_error(self.target, amb.cause) + "; the last write may or may not have been committed",
+                    ambiguous=True,
+                ) from None
+            except (psycopg.Error, PoolTimeout) as exc:
+                reason: BaseException = self._probe() or exc if isinstance(exc, PoolTimeout) else exc
+                if not retriable(reason):
+                    raise translate(self.target, reason) from None
+                if not retry or time.monotonic() - started >= wait_s:
+                    raise StoreUnavailableError(
+                        describe_error(self.target, reason) + f" (waited {time.monotonic() - started:.0f}s)"
+                    ) from None
+                if not warned:
+                    log.warning("%s; retrying for up to %.0fs", describe_error(self.target, reason), wait_s)
+                    warned = True
+                time.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, 1.0)
+
+    def _probe(self) -> BaseException | None:
+        """Why a new connection cannot be made now (the pool only says it timed out), or None."""
+        import psycopg
+
+        try:
+            psycopg.connect(self.target.url, autocommit=True).close()
+        except psycopg.Error as exc:
+            return exc
+        return None
+
+    def _first_contact(self) -> None:
+        """This process's first connection, made directly so that its error is the server's own: a wrong
+        password or a missing database at once, a server that does not answer within FIRST_CONTACT_S."""
+        started = time.monotonic()
+        while True:
+            reason = self._probe()
+            if reason is None:
+                self._reached = True
+                return
+            if not retriable(reason):
+                raise translate(self.target, reason) from None
+            if time.monotonic() - started >= FIRST_CONTACT_S:
+                raise StoreUnavailableError(describe_error(self.target, reason)) from None
+            time.sleep(0.25)
+
+
+class _Ambiguous(Exception):
+    def __init__(self, cause: BaseException):
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+def _refused_before_commit(exc: BaseException) -> bool:
+    """A COMMIT refused for a reason that means nothing was committed (a serialization failure at commit)."""
+    return getattr(exc, "sqlstate", None) in ("40001", "40P01")
+
+
+def translate(target: PostgresTarget, exc: BaseException) -> BaseException:
+    """A non-retriable psycopg error as the project's error: StoreError with one line, or the original
+    error for a bug (a syntax error or a constraint the code should have prevented)."""
+    import psycopg
+
+    state = getattr(exc, "sqlstate", None) or ""
+    if state[:2] in ("28", "3D", "42", "53", "58", "XX") and state not in ("42601", "42703", "42P01", "42804"):
+        return StoreError(describe_error(target, exc))
+    if not state and isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
+        return StoreError(describe_error(target, exc))
+    return exc
+
+
+SCHEMA_TABLE = "eventing_schema"
+
+
+def ensure_schema(db: PostgresDatabase, component: str, version: int, ddl: Sequence[str]) -> None:
+    """Create `component`'s tables on first use (one transaction, serialised across processes by an
+    advisory lock) and record its schema version; a store written by a newer version of this component is
+    refused with one line. `ddl`: statements safe to run again (CREATE ... IF NOT EXISTS, ALTER ... ADD
+    COLUMN IF NOT EXISTS), run when the stored version is older than `version`."""
+
+    def body(cur: Cursor) -> None:
+        cur.execute("SELECT pg_advisory_xact_lock(hashtext('eventing_schema'))")
+        cur.execute(f"CREATE TABLE IF NOT EXISTS {SCHEMA_TABLE}(component TEXT PRIMARY KEY, version INTEGER NOT NULL)")
+        row = cur.execute(f"SELECT version FROM {SCHEMA_TABLE} WHERE component=%s", (component,)).fetchone()
+        stored = row[0] if row else 0
+        if stored > version:
+            raise StoreError(
+                f"the store at {db.target.shown} was written by a newer version of eventing ({component} schema "
+                f"{stored}; this one knows {version}); upgrade eventing on this machine"
+            )
+        if stored < version:
+            for statement in ddl:
+                cur.execute(statement)
+            cur.execute(
+                f"INSERT INTO {SCHEMA_TABLE} VALUES(%s, %s) ON CONFLICT(component) DO UPDATE SET version=excluded.version",
+                (component, version),
+            )
+
+    db.transaction(body)
