@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, Self
 
@@ -79,6 +79,11 @@ class State(Protocol):
 
     def has_bucket(self, name: str) -> bool: ...
 
+    @property
+    def app_logs(self) -> AppLogs:
+        """The functions' application logs (what handlers' log() wrote)."""
+        ...
+
     def runtime_dir(self) -> Path:
         """A folder of this machine for what is not state (sockets, the kept Ray instance's address)."""
         ...
@@ -88,6 +93,25 @@ class State(Protocol):
     def __enter__(self) -> Self: ...
 
     def __exit__(self, *exc: object) -> None: ...
+
+
+class AppLogWriter(Protocol):
+    """Appends a function's application log lines (``write`` stamps one; ``write_lines`` takes stamped ones)."""
+
+    def write(self, text: str) -> None: ...
+    def write_lines(self, lines: list[str]) -> None: ...
+    def flush(self) -> None: ...
+    def close(self) -> None: ...
+
+
+class AppLogs(Protocol):
+    """The application logs of a state: one log per function, rotated (bounded) by size."""
+
+    def writer(self, function: str, max_size: int = ..., max_files: int = ...) -> AppLogWriter: ...
+    def where(self, function: str) -> str | None: ...
+    def tail(self, function: str, lines: int) -> list[str]: ...
+    def tail_bytes(self, function: str, size: int) -> bytes | None: ...
+    def follow(self, function: str, poll_s: float = 0.2, stop: float | None = None) -> Iterator[str]: ...
 
 
 class _PerThreadStore:
@@ -200,6 +224,12 @@ class DirectoryState:
             return bucket_path(self._directory, name).exists()
         except ValueError:
             return False
+
+    @property
+    def app_logs(self) -> AppLogs:
+        from eventing.storage.app_logs import DirectoryAppLogs
+
+        return DirectoryAppLogs(self._directory)
 
     def runtime_dir(self) -> Path:
         return self._directory / "run"
