@@ -15,11 +15,10 @@ from eventing.core.definition import Boundary, FunctionDefinition, effective_iso
 from eventing.core.secrets import mask_definition, restore_secrets
 from eventing.errors import ConfigError, LifecycleError, NotFoundError
 from eventing.execution.loader import validate_handler
-from eventing.storage.factory import open_bucket
 from eventing.storage.keyspace import check_keyspace_exists
+from eventing.storage.state import StateLike, as_state
 from eventing.windows.runtime.paths import reset_windows
 from metadata import TIMER_VB_BASE, FunctionRecord, FunctionState, MetadataStore
-from metadata.factory import open_store
 from sharding import NUM_VBUCKETS
 
 # A running `eventing run` writes a heartbeat every STATE_POLL_S (0.5 s, eventing.control.service); a command that
@@ -30,13 +29,13 @@ SERVICE_STALE_S = 5.0
 EPOCH_SHIFT = 32
 
 
-def _validate(data_dir: str, defn: FunctionDefinition, source: str, deployed_by: dict | None) -> None:
+def _validate(state: StateLike, defn: FunctionDefinition, source: str, deployed_by: dict | None) -> None:
     """Import the handler module (its top-level code runs) and check its entry points: in a sandboxed
     child when the function runs sandboxed (eventing.workers.sandbox), else here."""
     if effective_isolation(defn, deployed_by) == "sandbox":
         from eventing.workers.sandbox import validate_sandboxed
 
-        validate_sandboxed(data_dir, defn, source)
+        validate_sandboxed(state, defn, source)
         return
     validate_handler(
         defn.name, source, [b.alias for b in defn.bindings], defn.constants, windowed=defn.window is not None,
@@ -45,13 +44,14 @@ def _validate(data_dir: str, defn: FunctionDefinition, source: str, deployed_by:
 
 
 def save_function(
-    data_dir: str, defn: FunctionDefinition, source: str, *, deployed_by: dict | None = None
+    state: StateLike, defn: FunctionDefinition, source: str, *, deployed_by: dict | None = None
 ) -> FunctionRecord:
     """Create or update a function definition (and its handler source) without deploying it. The handler
     is validated sandboxed when the function asks for it or `deployed_by` (who saves it) is no full admin."""
-    _validate(data_dir, defn, source, deployed_by)
+    state = as_state(state)
+    _validate(state, defn, source, deployed_by)
     for bucket in dict.fromkeys([defn.source_bucket, *(b.bucket for b in defn.bindings)]):
-        with open_bucket(data_dir, bucket) as opened:  # unknown bucket -> clear error now, not at run time
+        with state.open_bucket(bucket) as opened:  # unknown bucket -> clear error now, not at run time
             # and an unknown scope or collection of the source or a binding (a wildcard source: its scope)
             for keyspace in [defn.source_keyspace, *(b.keyspace for b in defn.bindings)]:
                 if keyspace.bucket == bucket:
@@ -63,7 +63,7 @@ def save_function(
             WindowSpec.from_dict(defn.window)
         except ValueError as exc:
             raise ConfigError(f"window of function '{defn.name}': {exc}") from None
-    with _store(data_dir) as store:
+    with _store(state) as store:
         stored = _stored(store, defn.name)
         definition = restore_secrets(defn.to_dict(), stored.definition if stored else None)
         if stored is not None and stored.state is FunctionState.PAUSED:
@@ -90,14 +90,15 @@ def _refuse_source_change(stored: FunctionRecord, definition: dict[str, Any]) ->
         )
 
 
-def save_from_file(data_dir: str, path: str | Path) -> FunctionRecord:
+def save_from_file(state: StateLike, path: str | Path) -> FunctionRecord:
     defn, source = load_definition_file(path)
-    return save_function(data_dir, defn, source)
+    return save_function(state, defn, source)
 
 
-def deploy(data_dir: str, name: str, boundary: Boundary | None = None) -> FunctionRecord:
+def deploy(state: StateLike, name: str, boundary: Boundary | None = None) -> FunctionRecord:
     """undeployed -> deploying -> deployed: checkpoints start at the feed boundary."""
-    with _store(data_dir) as store:
+    state = as_state(state)
+    with _store(state) as store:
         record = store.get_function(name)
         defn = FunctionDefinition.from_dict(record.definition).with_boundary(boundary)
         if effective_isolation(defn, record.deployed_by) == "sandbox":
@@ -106,26 +107,26 @@ def deploy(data_dir: str, name: str, boundary: Boundary | None = None) -> Functi
             why = sandbox_unavailable()
             if why:  # never run it unsandboxed instead
                 raise ConfigError(f"function '{name}' must run sandboxed and cannot be deployed here: {why}")
-        _validate(data_dir, defn, record.source, record.deployed_by)
+        _validate(state, defn, record.source, record.deployed_by)
         if record.state is FunctionState.UNDEPLOYED and boundary is not None:
             record = store.put_function(name, defn.to_dict(), record.source)  # remember the chosen boundary
         if record.state is not FunctionState.DEPLOYING:  # DEPLOYING: a deploy that crashed halfway; finish it
             record = store.transition(name, FunctionState.DEPLOYING, "deploy", bump_generation=True)
         try:
-            with open_bucket(data_dir, defn.source_bucket) as source:
+            with state.open_bucket(defn.source_bucket) as source:
                 highs = source.high_seqnos() if defn.boundary == "from_now" else [0] * NUM_VBUCKETS
                 source_uuid = source.uuid
             epoch_base = record.generation << EPOCH_SHIFT
             store.init_checkpoints(name, dict(enumerate(highs)), source_uuid, epoch_base)
             _resolve_letters_handled_again(store, name, record.generation, highs)
             store.drop_timers(name)  # left by a deploy that crashed halfway
-            reset_windows(data_dir, store, name)  # window state and unaggregated rows start afresh too
+            reset_windows(state, store, name)  # window state and unaggregated rows start afresh too
             for b in defn.bindings:
                 if b.access == "rw":
-                    with open_bucket(data_dir, b.bucket) as bucket:
+                    with state.open_bucket(b.bucket) as bucket:
                         bucket.drop_effect_marks(name)  # a new deployment's effects start afresh
                         bucket.fence(name, dict.fromkeys(range(TIMER_VB_BASE + NUM_VBUCKETS), epoch_base))
-            run_on_deploy(data_dir, store, record, "deploy")
+            run_on_deploy(state, store, record, "deploy")
         except Exception:
             store.drop_checkpoints(name)
             store.drop_timers(name)
@@ -147,7 +148,7 @@ def _resolve_letters_handled_again(store: MetadataStore, name: str, generation: 
         store.mark_replayed(name, again)
 
 
-def run_on_deploy(data_dir: str, store: MetadataStore, record: FunctionRecord, reason: str) -> None:
+def run_on_deploy(state: StateLike, store: MetadataStore, record: FunctionRecord, reason: str) -> None:
     """Run the handler's `on_deploy(action)`, if it defines one, once, before any mutation (Couchbase 8.0).
 
     Its binding writes apply exactly once per deployment (deploy) or per pause (resume): they are marked
@@ -163,7 +164,7 @@ def run_on_deploy(data_dir: str, store: MetadataStore, record: FunctionRecord, r
     from eventing.workers.sandbox import SandboxedRunner, open_runner
 
     # A sandboxed function's on_deploy runs in a sandboxed child; its writes and timers come back here.
-    runner = open_runner(data_dir, record.name, record)
+    runner = open_runner(state, record.name, record)
     try:
         delay = int(time.time() - record.updated_at) if reason == "resume" else 0
         if isinstance(runner, SandboxedRunner):
@@ -195,31 +196,31 @@ def run_on_deploy(data_dir: str, store: MetadataStore, record: FunctionRecord, r
         runner.close()
 
 
-def pause(data_dir: str, name: str, *, wait_s: float = 60.0) -> FunctionRecord:
+def pause(state: StateLike, name: str, *, wait_s: float = 60.0) -> FunctionRecord:
     """deployed -> pausing -> paused: workers checkpoint and stop; resume continues after the checkpoints."""
-    with _store(data_dir) as store:
+    with _store(state) as store:
         store.transition(name, FunctionState.PAUSING, "pause")
         return _finish(store, name, FunctionState.PAUSED, "pause", wait_s)
 
 
-def resume(data_dir: str, name: str) -> FunctionRecord:
+def resume(state: StateLike, name: str) -> FunctionRecord:
     """paused -> deployed; `on_deploy(action)` runs first (a failure keeps the function paused)."""
-    with _store(data_dir) as store:
+    with _store(state) as store:
         record = store.get_function(name)
         if record.state is FunctionState.PAUSED:
-            run_on_deploy(data_dir, store, record, "resume")
+            run_on_deploy(state, store, record, "resume")
         return store.transition(name, FunctionState.DEPLOYED, "resume")
 
 
-def undeploy(data_dir: str, name: str, *, wait_s: float = 60.0) -> FunctionRecord:
+def undeploy(state: StateLike, name: str, *, wait_s: float = 60.0) -> FunctionRecord:
     """deployed|paused -> undeploying -> undeployed: workers stop, checkpoints are dropped."""
-    with _store(data_dir) as store:
+    with _store(state) as store:
         store.transition(name, FunctionState.UNDEPLOYING, "undeploy")
         return _finish(store, name, FunctionState.UNDEPLOYED, "undeploy", wait_s)
 
 
-def delete(data_dir: str, name: str) -> None:
-    with _store(data_dir) as store:
+def delete(state: StateLike, name: str) -> None:
+    with _store(state) as store:
         store.delete_function(name)
 
 
@@ -248,31 +249,31 @@ def complete_transition(
     return store.transition(name, target, action)
 
 
-def export_function(data_dir: str, name: str, *, with_secrets: bool = False) -> dict[str, Any]:
+def export_function(state: StateLike, name: str, *, with_secrets: bool = False) -> dict[str, Any]:
     """The definition with its handler source; URL binding secrets masked (`*****`) unless with_secrets."""
-    with _store(data_dir, create=False) as store:
+    with _store(state) as store:
         record = store.get_function(name)
     definition = record.definition if with_secrets else mask_definition(record.definition)
     return {**definition, "handler_source": record.source}
 
 
-def import_definitions(data_dir: str, data: Any) -> list[FunctionRecord]:
+def import_definitions(state: StateLike, data: Any) -> list[FunctionRecord]:
     items = data if isinstance(data, list) else [data]
     out = []
     for item in items:
         if is_couchbase_function(item):  # saved as it is; import_functions also carries out its status
             converted = from_couchbase(item)
-            out.append(save_function(data_dir, converted.definition, converted.source))
+            out.append(save_function(state, converted.definition, converted.source))
             continue
         if not isinstance(item, dict) or "handler_source" not in item:
             raise ConfigError("an exported function must be a JSON object with 'handler_source' (or Couchbase's "
                               "export, with appname, appcode and depcfg)")
-        out.append(save_function(data_dir, FunctionDefinition.from_dict(item), item["handler_source"]))
+        out.append(save_function(state, FunctionDefinition.from_dict(item), item["handler_source"]))
     return out
 
 
 def import_functions(
-    data_dir: str, data: Any, *, deploying: Callable[[str], AbstractContextManager[Any]] | None = None,
+    state: StateLike, data: Any, *, deploying: Callable[[str], AbstractContextManager[Any]] | None = None,
 ) -> tuple[list[FunctionRecord], list[str]]:
     """Import functions in either format, detected per function: this project's export, or Couchbase's
     (one function or a list), whose deployment_status/processing_status are then carried out (deploy, pause,
@@ -293,60 +294,60 @@ def import_functions(
             raise ConfigError("an exported function must be a JSON object with 'handler_source' (or Couchbase's "
                               "export, with appname, appcode and depcfg)")
     out = []
-    for defn, source, state in plans:
-        record = save_function(data_dir, defn, source)
-        if state is not None:
-            record = set_state(data_dir, defn.name, state, deploying=deploying)
+    for defn, source, wanted in plans:
+        record = save_function(state, defn, source)
+        if wanted is not None:
+            record = set_state(state, defn.name, wanted, deploying=deploying)
         out.append(record)
     return out, warnings
 
 
 def set_state(
-    data_dir: str, name: str, target: str, *, boundary: Boundary | None = None, wait_s: float = 60.0,
+    state: StateLike, name: str, target: str, *, boundary: Boundary | None = None, wait_s: float = 60.0,
     deploying: Callable[[str], AbstractContextManager[Any]] | None = None,
 ) -> FunctionRecord:
     """Bring a function to `target` (deployed, paused or undeployed) the way Couchbase's deployment_status and
     processing_status do: deploy, pause, resume or undeploy as its state needs (an undeployed function asked
     to be paused is deployed, then paused); nothing when it is there already."""
     guard = deploying or (lambda _name: nullcontext())
-    with _store(data_dir, create=False) as store:
-        state = store.get_function(name).state
+    with _store(state) as store:
+        now = store.get_function(name).state
     if target == "undeployed":
-        if state in (FunctionState.DEPLOYED, FunctionState.PAUSED):
-            return undeploy(data_dir, name, wait_s=wait_s)
+        if now in (FunctionState.DEPLOYED, FunctionState.PAUSED):
+            return undeploy(state, name, wait_s=wait_s)
     elif target in ("deployed", "paused"):
-        if state is FunctionState.UNDEPLOYED:
+        if now is FunctionState.UNDEPLOYED:
             with guard(name):
-                record = deploy(data_dir, name, boundary)
-            state = record.state
-        if target == "deployed" and state is FunctionState.PAUSED:
+                record = deploy(state, name, boundary)
+            now = record.state
+        if target == "deployed" and now is FunctionState.PAUSED:
             with guard(name):
-                return resume(data_dir, name)
-        if target == "paused" and state is FunctionState.DEPLOYED:
-            return pause(data_dir, name, wait_s=wait_s)
+                return resume(state, name)
+        if target == "paused" and now is FunctionState.DEPLOYED:
+            return pause(state, name, wait_s=wait_s)
     else:
         raise ConfigError(f"state {target!r} of function '{name}' is not one of deployed, paused, undeployed")
-    with _store(data_dir, create=False) as store:
+    with _store(state) as store:
         return store.get_function(name)
 
 
-def export_couchbase(data_dir: str, name: str, *, with_secrets: bool = False) -> tuple[dict[str, Any], list[str]]:
+def export_couchbase(state: StateLike, name: str, *, with_secrets: bool = False) -> tuple[dict[str, Any], list[str]]:
     """The function in Couchbase's export format (JavaScript functions only), and the warnings naming what
     the format cannot carry; URL binding secrets masked (`*****`) unless with_secrets."""
-    with _store(data_dir, create=False) as store:
+    with _store(state) as store:
         record = store.get_function(name)
     definition = record.definition if with_secrets else mask_definition(record.definition)
     return to_couchbase(definition, record.source, record.state.value)
 
 
 class _store:
-    """`with _store(dir) as store:` opens the metadata store for one command and closes it."""
+    """`with _store(state) as store:` the state's metadata store for one operation (the state keeps it open)."""
 
-    def __init__(self, data_dir: str, create: bool = True):
-        self.store = open_store(data_dir, create=create)
+    def __init__(self, state: StateLike):
+        self.store = as_state(state).metadata
 
     def __enter__(self) -> MetadataStore:
         return self.store
 
     def __exit__(self, *exc: object) -> None:
-        self.store.close()
+        pass

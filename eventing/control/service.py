@@ -35,14 +35,13 @@ from eventing.control.nodes import Topology, function_assignment, packed_node_pl
 from eventing.control.supervisor import FunctionSupervisor
 from eventing.core.definition import FunctionDefinition
 from eventing.errors import EventingError
-from eventing.execution.app_log import log_path
 from eventing.storage import wake
+from eventing.storage.state import StateLike, as_state
 from eventing.windows.runtime.host import WindowHost, WindowOptions
 from eventing.workers import write_waiter
 from eventing.workers.executor import Executor
 from eventing.workers.worker import WorkerSpec
 from metadata import FunctionState, Lease
-from metadata.factory import open_store
 from sharding import VBucketPlan
 from sharding.placement import PackedPlacement
 
@@ -95,7 +94,7 @@ class EventingService:
 
     def __init__(
         self,
-        data_dir: str,
+        state: StateLike,
         executor: Executor,
         *,
         until_caught_up: bool = False,
@@ -105,12 +104,12 @@ class EventingService:
         standby: bool = False,
         failover_timeout_s: float | None = None,
     ):
-        self.data_dir = data_dir
+        self.state = as_state(state)
         self.executor = executor
         self.until_caught_up = until_caught_up
         self.only = set(functions) if functions else None
         self.on_progress = on_progress
-        self.store = open_store(data_dir)
+        self.store = self.state.metadata
         self.store.verify_integrity()
         self.service_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.supervisors: dict[str, FunctionSupervisor] = {}
@@ -118,7 +117,7 @@ class EventingService:
         self._due_timer_wakes: dict[str, int] = {}  # function -> due timers when its workers were last woken
         self.summary = RunSummary()
         # Windowed functions' coordinators.
-        self.windows = WindowHost(data_dir, errors=self.summary.errors, options=windows or WindowOptions())
+        self.windows = WindowHost(self.state, errors=self.summary.errors, options=windows or WindowOptions())
         self.stop_event = threading.Event()
         self._last_state_poll = 0.0
         self._last_gauges = 0.0
@@ -167,7 +166,6 @@ class EventingService:
         # Every path out (a refused start, a standby stopped before taking over, a failed data service, the
         # main loop's end or error) releases each resource once, in reverse order of acquisition.
         with contextlib.ExitStack() as held:
-            held.callback(self.store.close)
             held.callback(self.store.remove_service, self.service_id)  # registered by its first heartbeat
             held.callback(self.executor.close)  # the data service, started ahead (standby) or below
             held.callback(self._cool_down)  # started-ahead workers no function took
@@ -180,9 +178,9 @@ class EventingService:
             self._keeper.start()
             held.callback(self._keeper.finish)  # a clean stop frees the lease: a standby takes over at once
             self.executor.check_placements(Topology(self.store).placements())
-            self.executor.serve(self.data_dir)  # the data service, for workers on nodes without the data directory
+            self.executor.serve(self.state)  # the data service, for workers on nodes without the data directory
             if not self.until_caught_up and wake.enabled():
-                waker = wake.WakeListener(self.data_dir)
+                waker = self.state.wake_listener()
                 self._wake_sender = write_waiter.sender_socket()
                 held.callback(self._wake_sender.close)  # after the listener's thread ended (callbacks run LIFO)
                 if waker.start():
@@ -339,7 +337,7 @@ class EventingService:
         nodes without the data directory need one the moment it takes over. Two services over the same
         files are harmless: every answer comes from the files and every write is fenced by epochs."""
         try:
-            self.executor.serve(self.data_dir)
+            self.executor.serve(self.state)
         except EventingError as exc:
             log.warning("standby could not start its data service ahead of time (%s); it will at takeover", exc)
 
@@ -364,7 +362,7 @@ class EventingService:
                     if key not in self.warm:
                         # A placeholder: the supervisor sends the real spec ("respec") before "start".
                         spec = WorkerSpec(
-                            data_dir=self.data_dir, function=record.name, generation=record.generation,
+                            location=self.state.location, function=record.name, generation=record.generation,
                             worker_id=str(worker), vbuckets=(),
                             data_service=self.executor.data_service,
                         )
@@ -575,7 +573,7 @@ class EventingService:
                 plan = VBucketPlan(tuple(pending["owners"])) if pending else topology.node_plan()
             assignment = function_assignment(self.store, record.name, worker_count, plan)
             sup = FunctionSupervisor(
-                self.data_dir, record, self.executor, assignment,
+                self.state, record, self.executor, assignment,
                 until_caught_up=self.until_caught_up, placements=topology.placements(), warm=self.warm,
             )
             if packed is not None:
@@ -639,9 +637,7 @@ class EventingService:
                                      "last_run_mps": sup.handled / max(busy, 1e-3) if sup.handled else 0.0,
                                      "throughput_mps": 0.0})
         progress.dead_letters = self._run_dead_letters(name)
-        log_file = log_path(self.data_dir, name)
-        if log_file.exists():
-            progress.log_path = str(log_file)
+        progress.log_path = self.state.app_logs.where(name) or progress.log_path
 
     def _run_dead_letters(self, name: str) -> dict[str, int]:
         """Dead letters written since this run began, by reason: the one source of the progress lines and
@@ -708,7 +704,7 @@ class _LeaseKeeper(threading.Thread):
         super().__init__(name="eventing-lease", daemon=True)
         self.service = service
         self.done = threading.Event()
-        self.store = open_store(service.data_dir)
+        self.store = service.state.open_metadata()  # a connection of its own: renewals never queue
 
     def run(self) -> None:
         svc = self.service

@@ -14,7 +14,7 @@ from typing import Any
 
 from eventing.core.definition import FunctionDefinition, effective_isolation
 from eventing.errors import EventingError, FencedError
-from eventing.storage.factory import open_bucket
+from eventing.storage.state import State
 from eventing.workers import write_waiter
 from eventing.workers.executor import Executor, WorkerDied
 from eventing.workers.worker import StepReport, WorkerSpec
@@ -84,7 +84,7 @@ class Handoff:
 class FunctionSupervisor:
     def __init__(
         self,
-        data_dir: str,
+        state: State,
         record: FunctionRecord,
         executor: Executor,
         assignment: FunctionAssignment,
@@ -93,7 +93,7 @@ class FunctionSupervisor:
         placements: dict[str, str | None] | None = None,
         warm: dict[tuple[str, str, str | None], Any] | None = None,
     ):
-        self.data_dir = data_dir
+        self.state = state
         self.record = record
         self.name = record.name
         self.defn = FunctionDefinition.from_dict(record.definition)
@@ -105,7 +105,7 @@ class FunctionSupervisor:
         self.warm = warm if warm is not None else {}
         targets = None
         if until_caught_up:
-            source = open_bucket(data_dir, self.defn.source_bucket)
+            source = state.open_bucket(self.defn.source_bucket)
             targets = tuple(source.high_seqnos())
             source.close()
         self.targets = targets
@@ -128,7 +128,7 @@ class FunctionSupervisor:
 
     def _add_slot(self, wid: str, node: str, vbuckets: list[int]) -> WorkerSlot:
         spec = WorkerSpec(
-            self.data_dir, self.name, self.record.generation, wid, tuple(vbuckets), self.targets,
+            self.state.location, self.name, self.record.generation, wid, tuple(vbuckets), self.targets,
             data_service=self.executor.data_service,
             isolation=effective_isolation(self.defn, self.record.deployed_by),
         )

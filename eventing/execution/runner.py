@@ -18,7 +18,6 @@ import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 import msgpack
@@ -27,7 +26,6 @@ from eventing import handler as handler_api
 from eventing.core.definition import FunctionDefinition
 from eventing.core.keyspaces import key_prefix
 from eventing.core.mutation import OP_EXPIRE, OP_TIMER, OP_UPDATE, Mutation
-from eventing.execution.app_log import AppLogWriter, RemoteAppLog, log_path
 from eventing.execution.bindings import BucketBinding, ConcurrentEffectBuffer, EffectBuffer
 from eventing.execution.context import CallContext
 from eventing.execution.curl import CurlClient, UrlBinding
@@ -35,9 +33,10 @@ from eventing.execution.loader import load_handler
 from eventing.execution.timers import ConcurrentTimerTable, TimerTable
 from eventing.execution.wildcard_bindings import WildcardBinding
 from eventing.handler import DeleteOptions, Meta
-from eventing.storage.factory import open_bucket
 from eventing.storage.keyspace import collection_id
 from eventing.storage.remote import AnyBucket
+from eventing.storage.state import AppLogWriter as AppLogSink
+from eventing.storage.state import StateLike, as_state
 
 HandlerKind = Literal["on_update", "on_delete", "timer"]
 FailureStatus = Literal["error", "timeout", "quit"]
@@ -111,7 +110,7 @@ class HandlerRunner:
         source_code: str,
         source: AnyBucket,
         open_bucket: Callable[[str], AnyBucket],
-        app_log: AppLogWriter | RemoteAppLog | None = None,
+        app_log: AppLogSink | None = None,
     ):
         self.function = function
         self.defn = defn
@@ -145,12 +144,8 @@ class HandlerRunner:
         self.timers = (ConcurrentTimerTable if self.concurrent else TimerTable)(
             function, defn.timer_context_size, self.context
         )
-        path = source.path  # <data-dir>/buckets/<name>.sqlite3, None behind the data service
-        # A worker that cannot see the data directory passes its RemoteAppLog (lines go through the data service).
-        self.app_log = app_log or (
-            AppLogWriter(log_path(Path(path).parent.parent, function), defn.app_log_max_size, defn.app_log_max_files)
-            if path is not None else None
-        )
+        # The state's application log (a worker behind the data service passes one that sends its lines there).
+        self.app_log = app_log
         injected["log"] = FunctionLog(function, self.app_log, self.context)
         url_bindings = [UrlBinding(**u) for u in defn.url_bindings]
         self.curl = CurlClient(self.context, url_bindings, defn.curl_max_response_bytes)
@@ -176,18 +171,14 @@ class HandlerRunner:
             self.previous = {}
 
     @classmethod
-    def open(cls, data_dir: str, function: str) -> HandlerRunner:
-        """The function's current stored handler with bindings on the local buckets of `data_dir`."""
-        from metadata.factory import open_store
-
-        store = open_store(data_dir, create=False)
-        try:
-            record = store.get_function(function)
-        finally:
-            store.close()
+    def open(cls, state: StateLike, function: str) -> HandlerRunner:
+        """The function's current stored handler with bindings on the buckets of `state`."""
+        state = as_state(state)
+        record = state.metadata.get_function(function)
         defn = FunctionDefinition.from_dict(record.definition)
-        source = open_bucket(data_dir, defn.source_bucket)
-        return cls(function, defn, record.source, source, lambda name: open_bucket(data_dir, name))
+        source = state.open_bucket(defn.source_bucket)
+        app_log = state.app_logs.writer(function, defn.app_log_max_size, defn.app_log_max_files)
+        return cls(function, defn, record.source, source, state.open_bucket, app_log)
 
     # -- one mutation ---------------------------------------------------------------------------------
 
@@ -411,7 +402,7 @@ class FunctionLog:
     application log file, one line per call: ``<time> [INFO] <function> <vb>:<seqno> <key> <text>`` with the
     mutation being handled (``-:- -`` outside a call, e.g. in on_deploy) and newlines written as ``\\n``."""
 
-    def __init__(self, function: str, writer: AppLogWriter | RemoteAppLog | None, context: CallContext):
+    def __init__(self, function: str, writer: AppLogSink | None, context: CallContext):
         self.function = function
         self.writer = writer
         self.context = context

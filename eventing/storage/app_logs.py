@@ -158,6 +158,14 @@ class RemoteAppLog:
                 or time.monotonic() - self._last_sent >= self.flush_s):
             self._send()
 
+    def write_lines(self, lines: list[str]) -> None:
+        """Lines already stamped, sent with the next batch."""
+        for line in lines:
+            self._lines.append(line)
+            self._bytes += len(line) + 1
+        if len(self._lines) >= self.max_lines or self._bytes >= self.max_bytes:
+            self._send()
+
     def _send(self) -> None:
         self._settle()
         if self._lines:

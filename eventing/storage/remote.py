@@ -29,11 +29,12 @@ import msgpack
 
 from eventing.core.mutation import Mutation
 from eventing.errors import ConfigError, EventingError
-from eventing.storage.factory import open_bucket
+from eventing.storage.app_logs import RemoteAppLog
 from eventing.storage.protocol import Bucket, FileBucket
+from eventing.storage.state import AppLogWriter, State, StateLike, as_state, is_server_location, open_state
 from eventing.storage.values import EffectGroup, EffectResult, PackedUpdates, Spans, Write
 from metadata import MetadataStore
-from metadata.factory import SQLITE_FILE, open_store
+from metadata.factory import SQLITE_FILE
 
 LOCALITY_ENV = "EVENTING_DATA_LOCALITY"  # "0": workers on the data node still go through the service
 
@@ -47,27 +48,26 @@ BUCKET_CALLS = frozenset({
 
 
 class DataService:
-    """Serves one data directory (buckets, metadata store, window row files) to workers anywhere.
+    """Serves one state (buckets, metadata store, window row files) to workers that cannot reach it
+    themselves: workers on other machines of a data directory, and sandboxed children.
 
-    Every answer comes from the files, so a restarted service (a new process) answers exactly as the old
+    Every answer comes from the state, so a restarted service (a new process) answers exactly as the old
     one would have: nothing is held only in memory."""
 
-    def __init__(self, data_dir: str):
-        self.data_dir = data_dir
+    def __init__(self, state: StateLike):
+        self.state = as_state(state)
+        self.data_dir = self.state.location  # what `ping` reports
         self._buckets: dict[str, FileBucket] = {}
-        self._store: MetadataStore | None = None
 
     def _bucket(self, name: str) -> FileBucket:
         bucket = self._buckets.get(name)
         if bucket is None:
-            bucket = self._buckets[name] = open_bucket(self.data_dir, name)
+            bucket = self._buckets[name] = self.state.open_bucket(name)
         return bucket
 
     @property
     def store(self) -> MetadataStore:
-        if self._store is None:
-            self._store = open_store(self.data_dir, create=False)
-        return self._store
+        return self.state.metadata
 
     # -- calls (one entry point, so the Ray actor is a thin shell) -------------------------------------
 
@@ -117,7 +117,9 @@ class DataService:
     def do_put_file(self, relative: str, data: bytes) -> None:
         """Write ``data`` durably (fsync, atomic rename) at ``relative`` under the data directory: window
         row batches of remote workers, written before their checkpoint moves."""
-        root = Path(self.data_dir).resolve()
+        if self.state.directory is None:
+            raise ConfigError(f"{self.state.shown} has no data directory to write {relative!r} into")
+        root = self.state.directory.resolve()
         path = (root / relative).resolve()
         if root not in path.parents:
             raise ConfigError(f"{relative!r} is not a path inside the data directory")
@@ -138,9 +140,7 @@ class DataService:
         for bucket in self._buckets.values():
             bucket.close()
         self._buckets.clear()
-        if self._store is not None:
-            self._store.close()
-            self._store = None
+        self.state.close()
 
 
 class DataServiceRef:
@@ -456,36 +456,48 @@ def _lazy(value: Any) -> bool:
 
 
 class DataAccess:
-    """How a worker reaches its data directory: the files themselves, or the data service.
+    """How a worker reaches its state: directly (the files, or the database server), or through the data
+    service.
 
-    ``local`` is True when there is no data service (embedded, in-process) or this process runs on the
-    service's Ray node and sees the files; then buckets and the metadata store are opened directly, exactly
-    as without a service, so a co-located worker pays nothing for the split."""
+    ``local`` is True when there is no data service (embedded, in-process), when the state is on a server
+    every machine reaches itself, or when this process runs on the service's Ray node and sees the files;
+    then buckets and the metadata store are opened directly, exactly as without a service, so a co-located
+    worker pays nothing for the split."""
 
-    def __init__(self, data_dir: str, service: DataServiceRef | None = None, *, key: str = ""):
-        self.data_dir = data_dir
+    def __init__(self, location: str, service: DataServiceRef | None = None, *, key: str = ""):
+        self.location = location
+        self.data_dir = location  # the name workers and the window row writer know it by
         self.service = service
-        self.local = service is None or _sees_files(data_dir, service)
+        # A sandboxed child's line is `remote_only`: it never opens the state itself, even one on a server.
+        self.local = service is None or not getattr(service, "remote_only", False) and (
+            is_server_location(location) or _sees_files(location, service))
         self._client = None if self.local or service is None else service.client(key)
+        self._state: State | None = None
+
+    @property
+    def state(self) -> State:
+        """The state opened directly (``local`` only)."""
+        if self._state is None:
+            self._state = open_state(self.location)
+        return self._state
 
     def bucket(self, name: str) -> Bucket:
         if self._client is None:
-            return open_bucket(self.data_dir, name)
+            return self.state.open_bucket(name)
         return RemoteBucket(self._client, name)
 
     def metadata(self) -> MetadataStore:
         if self._client is None:
-            return open_store(self.data_dir, create=False)
+            return self.state.open_metadata()
         return cast(MetadataStore, RemoteMetadataStore(self._client))
 
-    def app_log(self, function: str, max_size: int, max_files: int) -> Callable[[list[str]], Callable[[], Any]]:
-        """How a remote worker's application log lines reach the data directory: each call sends one batch
-        of stamped lines to the service (which appends them to ``logs/<function>.log``) and returns a thunk
-        that waits for it."""
+    def app_log_writer(self, function: str, max_size: int, max_files: int) -> AppLogWriter:
+        """The function's application log: the state's own where it is reached directly, else batches of
+        stamped lines sent to the data service (which appends them with the same rotation)."""
         client = self._client
         if client is None:
-            raise RuntimeError("app_log is for workers without the data directory; write the file directly")
-        return lambda lines: client.submit("app_log", function, lines, max_size, max_files)
+            return self.state.app_logs.writer(function, max_size, max_files)
+        return RemoteAppLog(lambda lines: client.submit("app_log", function, lines, max_size, max_files))
 
     def put_file(self, relative: str, data: bytes) -> None:
         """Durably write a file under the data directory through the service (remote workers only)."""

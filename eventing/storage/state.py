@@ -20,7 +20,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, Self
+from typing import TYPE_CHECKING, Any, Protocol, Self, Union
 
 from eventing.errors import NotFoundError
 
@@ -86,6 +86,11 @@ class State(Protocol):
 
     def runtime_dir(self) -> Path:
         """A folder of this machine for what is not state (sockets, the kept Ray instance's address)."""
+        ...
+
+    def wake_listener(self) -> Any:
+        """A listener for committed writes (`start`, `take`, `wait`, `interrupt`, `close`, `on_notify`): the
+        running service wakes the caught-up workers owning the vBuckets written."""
         ...
 
     def close(self) -> None: ...
@@ -232,7 +237,13 @@ class DirectoryState:
         return DirectoryAppLogs(self._directory)
 
     def runtime_dir(self) -> Path:
-        return self._directory / "run"
+        return self._directory
+
+    def wake_listener(self) -> Any:
+        """What the running service listens on for committed writes (eventing.storage.wake)."""
+        from eventing.storage.wake import WakeListener
+
+        return WakeListener(self._directory)
 
     def close(self) -> None:
         with self._lock:
@@ -269,7 +280,10 @@ def open_state(location: str | os.PathLike[str]) -> State:
     return DirectoryState(text)
 
 
-def as_state(state_or_location: State | str | os.PathLike[str]) -> State:
+StateLike = Union["State", str, os.PathLike]  # a state, or a location to open one from
+
+
+def as_state(state_or_location: StateLike) -> State:
     """A state given, or opened from a location (a convenience for scripts and tests: the faces open one
     state per process and pass it down)."""
     if isinstance(state_or_location, str | os.PathLike):

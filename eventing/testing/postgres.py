@@ -58,7 +58,9 @@ class ThrowawayPostgres:
         why = unavailable()
         if why:
             raise RuntimeError(why)
-        self.bin = pg_bin_dir()
+        found = pg_bin_dir()
+        assert found is not None  # unavailable() said so otherwise
+        self.bin: Path = found
         self._own_folder = folder is None
         self.folder = Path(folder) if folder is not None else Path(tempfile.mkdtemp(prefix="eventing-pg-"))
         self.data = self.folder / "data"

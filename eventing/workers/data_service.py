@@ -13,8 +13,8 @@ import os
 from typing import Any
 
 from eventing.errors import ConfigError, EventingError
-from eventing.execution.app_log import AppLogWriter, log_path
 from eventing.storage.remote import DataService, DataServiceRef
+from eventing.storage.state import AppLogWriter, StateLike
 
 ACTORS_ENV = "EVENTING_DATA_SERVICE_ACTORS"
 DEFAULT_ACTORS = 2
@@ -25,9 +25,10 @@ class ServedData(DataService):
     """The data service as it runs in its actors: also the application logs of remote workers (they
     cannot write ``<data-dir>/logs/<function>.log`` themselves)."""
 
-    def __init__(self, data_dir: str):
-        super().__init__(data_dir)
+    def __init__(self, state: StateLike):
+        super().__init__(state)
         self._logs: dict[str, AppLogWriter] = {}
+        self._limits: dict[str, tuple[int, int]] = {}
 
     def do_app_log(self, function: str, lines: list[str], max_size: int, max_files: int) -> int:
         """Append a batch of stamped lines to the function's application log (rotated as a local writer
@@ -36,10 +37,11 @@ class ServedData(DataService):
         if not function or "/" in function or function.startswith("."):
             raise ConfigError(f"{function!r} is not a function name")
         writer = self._logs.get(function)
-        if writer is None or (writer.max_size, writer.max_files) != (max_size, max(1, max_files)):
+        if writer is None or self._limits.get(function) != (max_size, max_files):
             if writer is not None:
                 writer.close()
-            writer = self._logs[function] = AppLogWriter(log_path(self.data_dir, function), max_size, max_files)
+            writer = self._logs[function] = self.state.app_logs.writer(function, max_size, max_files)
+            self._limits[function] = (max_size, max_files)
         writer.write_lines(lines)
         return len(lines)
 

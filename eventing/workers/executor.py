@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from eventing.errors import EventingError
 
 if TYPE_CHECKING:
+    from eventing.storage.state import State
     from eventing.workers.worker import WorkerCore, WorkerSpec
 
 
@@ -46,8 +47,8 @@ class Executor(Protocol):
         run where the executor keeps workers, else ended."""
     def check_placements(self, placements: dict[str, str | None]) -> None:
         """Refuse (EventingError) eventing nodes pinned to a place this executor cannot start workers on."""
-    def serve(self, data_dir: str) -> None:
-        """Start what workers elsewhere need to reach `data_dir` (the data service), if anything; idempotent."""
+    def serve(self, state: State) -> None:
+        """Start what workers elsewhere need to reach `state` (the data service), if anything; idempotent."""
     def close(self) -> None:
         """Stop what serve() started; idempotent."""
 
@@ -211,7 +212,7 @@ class InProcessExecutor:
     def check_placements(self, placements: dict[str, str | None]) -> None:
         """Every worker runs in this process, wherever its node is pinned."""
 
-    def serve(self, data_dir: str) -> None:
+    def serve(self, state: State) -> None:
         """Workers in this process open the data directory themselves."""
 
     def close(self) -> None:
@@ -399,17 +400,18 @@ class RayExecutor:
 
             self.shared = SharedHosts(processes, RayHostBackend(ray))
 
-    def serve(self, data_dir: str) -> None:
+    def serve(self, state: State) -> None:
         """On a cluster (``--ray-address``, or ``EVENTING_DATA_SERVICE=1``), start the data service on this
         node so workers on other nodes reach the data directory through it. A local instance has no
-        other node: its workers open the files, as without a service."""
-        if self.data_service is not None:
+        other node: its workers open the files, as without a service. A state on a server needs none:
+        every worker connects to the server itself."""
+        if self.data_service is not None or state.directory is None:
             return
         if not (self.address or os.environ.get("EVENTING_DATA_SERVICE") == "1"):
             return
         from eventing.workers.data_service import start_data_service
 
-        self.data_service = start_data_service(data_dir)
+        self.data_service = start_data_service(state.location)
 
     def close(self) -> None:
         from eventing.workers.data_service import stop_data_service
@@ -578,19 +580,19 @@ def fill_pool(address: str, workers: int) -> int:
 
 
 def make_executor(
-    kind: str, ray_address: str | None = None, data_dir: str | None = None, *, worker_processes: int | None = None
+    kind: str, ray_address: str | None = None, state: State | None = None, *, worker_processes: int | None = None
 ) -> Executor:
-    """``ray`` without an address joins the data directory's `eventing ray start` instance when it is up
+    """``ray`` without an address joins the state's `eventing ray start` instance when it is up
     (~0.1 s), else starts a Ray instance of its own for the run (~2.5 s). ``worker_processes``: the
     functions' workers share that many Ray worker processes (None: $EVENTING_WORKER_PROCESSES, else one
     process per worker); the in-process executor has one process whatever it is."""
     if kind == "in-process":
         return InProcessExecutor()
     if kind == "ray":
-        if not ray_address and data_dir is not None:
+        if not ray_address and state is not None:
             from eventing.workers.ray_instance import running
 
-            instance = running(data_dir)
+            instance = running(state.runtime_dir())
             if instance is not None:
                 return RayExecutor(join_local=instance.address, worker_processes=worker_processes)
         return RayExecutor(ray_address, worker_processes=worker_processes)

@@ -34,6 +34,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from eventing.storage.state import StateLike, as_state
 from eventing.workers.sandbox_landlock import sandbox_unavailable
 from eventing.workers.sandbox_line import _error, _raise, _recv, _send, _values
 from eventing.workers.sandbox_scope import ScopedService
@@ -79,7 +80,7 @@ class _Sandboxed:
 
     own_process = False
 
-    def _start(self, function: str, defn: Any, service: Any, *, data_dir: str) -> None:
+    def _start(self, function: str, defn: Any, service: Any, *, private: list[str]) -> None:
         import json
         import shutil
         import subprocess
@@ -94,7 +95,7 @@ class _Sandboxed:
         self.tmp = tempfile.mkdtemp(prefix=f"{function}-", dir=sandboxes_root())
         self._rmtree = shutil.rmtree
         self._ended = False
-        policy = {"deny": [data_dir, sandboxes_root(), "/dev/shm", *ray_private_paths()], "writable": [self.tmp],
+        policy = {"deny": [*private, sandboxes_root(), "/dev/shm", *ray_private_paths()], "writable": [self.tmp],
                   "tcp_ports": url_ports(defn)}
         ours, theirs = socket.socketpair()
         env = {name: os.environ[name] for name in ("PATH", "LANG", "LC_ALL", "PYTHONPATH") if name in os.environ}
@@ -169,14 +170,14 @@ class SandboxedCore(_Sandboxed):
         from eventing.workers.data_service import ServedData
 
         self.own_process = own_process
-        access = DataAccess(spec.data_dir, spec.data_service, key=spec.worker_id)
+        access = DataAccess(spec.location, spec.data_service, key=spec.worker_id)
         store = access.metadata()
         try:
             defn = FunctionDefinition.from_dict(store.get_function(spec.function).definition)
         finally:
             store.close()
-        backend: Any = ServedData(spec.data_dir) if access.local else spec.data_service.client(spec.worker_id)
-        self._start(spec.function, defn, ScopedService(spec.function, defn, backend), data_dir=spec.data_dir)
+        backend: Any = ServedData(access.state) if access.local else spec.data_service.client(spec.worker_id)
+        self._start(spec.function, defn, ScopedService(spec.function, defn, backend), private=_private(spec.location))
         self.pid = self._rpc("__init__", (spec.function, spec))
 
     def __getattr__(self, method: str) -> Callable[..., Any]:
@@ -193,11 +194,20 @@ class _NoData:
         raise ConfigError(f"a handler being validated may not call {method}: bindings are not usable at import")
 
 
-def validate_sandboxed(data_dir: str, defn: Any, source: str) -> None:
+def _private(location: str) -> list[str]:
+    """What a sandboxed child may never open: the data directory of a state held in files (a state on a
+    server is reached through the host only: the child has no credentials)."""
+    from eventing.storage.state import is_server_location
+
+    return [] if is_server_location(location) else [location]
+
+
+def validate_sandboxed(state: StateLike, defn: Any, source: str) -> None:
     """``eventing.execution.loader.validate_handler`` for `defn` run in a sandboxed child: the handler
     module's top-level code runs there, and a HandlerLoadError comes back as one."""
     sandbox = _Sandboxed()
-    sandbox._start(defn.name, defn, ScopedService(defn.name, defn, _NoData()), data_dir=data_dir)
+    sandbox._start(defn.name, defn, ScopedService(defn.name, defn, _NoData()),
+                   private=_private(as_state(state).location))
     try:
         sandbox._rpc("validate", (defn.name, source, [b.alias for b in defn.bindings], dict(defn.constants),
                                   defn.window is not None, defn.language))
@@ -227,33 +237,31 @@ class SandboxedRunner(_Sandboxed):
     (``take_writes``) and ``timers.kept``, which the caller applies under its own effect marks, as it
     does a HandlerRunner's. The child applies nothing."""
 
-    def __init__(self, data_dir: str, record: Any):
+    def __init__(self, state: StateLike, record: Any):
         from eventing.core.definition import FunctionDefinition
-        from eventing.storage.factory import open_bucket
         from eventing.workers.data_service import ServedData
 
+        state = as_state(state)
         self.function = record.name
         self.defn = FunctionDefinition.from_dict(record.definition)
-        self.data_dir = data_dir
+        self.state = state
         self.timeout_s = self.defn.execution_timeout.total_seconds()
         self.keyspace = self.defn.source_keyspace.to_meta()
         self.timers = _HeldTimers()
         self._held: list[Any] = []
         self._buckets: dict[str, Any] = {}
-        self._start(self.function, self.defn, ScopedService(self.function, self.defn, ServedData(data_dir)),
-                    data_dir=data_dir)
+        self._start(self.function, self.defn, ScopedService(self.function, self.defn, ServedData(state.location)),
+                    private=_private(state.location))
         try:
-            self._rpc("__runner__", (self.function, record.definition, record.source, data_dir))
-            self.source = open_bucket(data_dir, self.defn.source_bucket)  # this process's: the debugger pulls
+            self._rpc("__runner__", (self.function, record.definition, record.source))
+            self.source = state.open_bucket(self.defn.source_bucket)  # this process's: the debugger pulls
         except BaseException:
             self.close()
             raise
 
     def _bucket(self, name: str) -> Any:
-        from eventing.storage.factory import open_bucket
-
         if name not in self._buckets:
-            self._buckets[name] = open_bucket(self.data_dir, name)
+            self._buckets[name] = self.state.open_bucket(name)
         return self._buckets[name]
 
     def _returned(self, answer: dict) -> None:
@@ -313,20 +321,15 @@ class SandboxedRunner(_Sandboxed):
             self.source.close()
 
 
-def open_runner(data_dir: str, function: str, record: Any = None) -> Any:
+def open_runner(state: StateLike, function: str, record: Any = None) -> Any:
     """The runner a caller outside a worker runs `function`'s handler with: a SandboxedRunner when its
     effective isolation is "sandbox", else a HandlerRunner in this process."""
     from eventing.core.definition import FunctionDefinition, effective_isolation
     from eventing.execution.runner import HandlerRunner
 
+    state = as_state(state)
     if record is None:
-        from metadata.factory import open_store
-
-        store = open_store(data_dir, create=False)
-        try:
-            record = store.get_function(function)
-        finally:
-            store.close()
+        record = state.metadata.get_function(function)
     if effective_isolation(FunctionDefinition.from_dict(record.definition), record.deployed_by) == "sandbox":
-        return SandboxedRunner(data_dir, record)
-    return HandlerRunner.open(data_dir, function)
+        return SandboxedRunner(state, record)
+    return HandlerRunner.open(state, function)

@@ -87,8 +87,8 @@ class _LineRef:
 
     remote_only = True  # never open the files, even where they seem visible
 
-    def __init__(self, line: _Line, data_dir: str):
-        self.line, self.data_dir, self.node_id = line, data_dir, ""
+    def __init__(self, line: _Line, location: str):
+        self.line, self.location, self.node_id = line, location, ""
 
     def client(self, key: str) -> _Line:
         return self.line
@@ -98,7 +98,7 @@ class _ChildRunner:
     """The sandboxed process's side of a SandboxedRunner: a HandlerRunner whose buckets, timers lookup
     and application log go through the line; writes and timer changes are sent back, never applied."""
 
-    def __init__(self, line: _Line, function: str, definition: dict, source_code: str, data_dir: str):
+    def __init__(self, line: _Line, function: str, definition: dict, source_code: str):
         from eventing.core.definition import FunctionDefinition
         from eventing.execution.app_log import RemoteAppLog
         from eventing.execution.runner import HandlerRunner
@@ -192,7 +192,7 @@ def _child(fd: int, policy: dict) -> None:
                 from eventing.workers.worker import WorkerCore
 
                 function, spec = args
-                spec = replace(spec, data_service=_LineRef(line, spec.data_dir))
+                spec = replace(spec, data_service=_LineRef(line, spec.location))
                 core = WorkerCore(spec, recycle_on_hang=True)
                 result: tuple = (True, os.getpid())
             elif method == "__runner__":

@@ -21,7 +21,6 @@ from eventing.core import filters
 from eventing.core.definition import FunctionDefinition
 from eventing.core.mutation import OP_TIMER, Mutation
 from eventing.errors import FencedError, StoreError
-from eventing.execution.app_log import RemoteAppLog
 from eventing.execution.bindings import BucketBinding
 from eventing.execution.runner import HandlerRunner
 from eventing.storage.origins import deployment_origin
@@ -40,13 +39,14 @@ from sharding import vbucket_spans
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    data_dir: str  # opened directly only by a worker that sees it on the data service's node (locality)
+    location: str  # the state's (eventing.storage.state); opened directly where this worker reaches it
     function: str
     generation: int  # the deployment this worker serves; a redeploy makes it stale
     worker_id: str  # "node/wN", recorded as the owner of its vBuckets
     vbuckets: tuple[int, ...]
     targets: tuple[int, ...] | None = None  # stop at these seqnos (index = vBucket): --until-caught-up
-    # The data service serving data_dir on a Ray cluster (None: embedded or in-process, files only).
+    # The data service serving a data directory on a Ray cluster (None: embedded, in-process, or a state on a
+    # server, which every worker reaches directly).
     data_service: DataServiceRef | None = None
     # "sandbox": the core runs in a Landlocked process of its own (eventing.workers.sandbox); "none": here.
     isolation: str = "none"
@@ -55,7 +55,7 @@ class WorkerSpec:
     wake_address: str | None = None
 
     def data_access(self) -> DataAccess:
-        return DataAccess(self.data_dir, self.data_service, key=self.worker_id)
+        return DataAccess(self.location, self.data_service, key=self.worker_id)
 
 
 class Checkpoint(NamedTuple):
@@ -108,10 +108,8 @@ class WorkerCore(WorkerTimers, WorkerReads):
         self._reads_ahead = self.source.reads_ahead  # a source behind the data service
         # Plain row tuples: no Mutation built per row by Python.
         self._read_rows = self.source.read_vb_rows
-        # Without the data directory, log() lines reach its application log through the data service.
-        self.app_log = None if self.data.local else RemoteAppLog(
-            self.data.app_log(spec.function, self.defn.app_log_max_size, self.defn.app_log_max_files)
-        )
+        # The state's application log; without the data directory, log() lines reach it through the data service.
+        self.app_log = self.data.app_log_writer(spec.function, self.defn.app_log_max_size, self.defn.app_log_max_files)
         self.runner = HandlerRunner(self.name, self.defn, record.source, self.source, self.data.bucket, self.app_log)
         self.collections = SourceCollections(self.source, self.defn.source_keyspace)
         # The function's filter (eventing.core.filters): rows it does not match are dropped before any
@@ -145,7 +143,7 @@ class WorkerCore(WorkerTimers, WorkerReads):
         self.targets = spec.targets
         self.counters: Counter[str] = Counter()
         self.window_rows = WindowRowWriter.for_worker(  # rows of a windowed function, else None
-            spec.data_dir, spec.function, spec.generation, spec.worker_id, self.defn.window, self.counters,
+            spec.location, spec.function, spec.generation, spec.worker_id, self.defn.window, self.counters,
             put_file=None if self.data.local else self.data.put_file,
         )
         self.dlq: list[DlqRow] = []

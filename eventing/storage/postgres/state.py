@@ -9,12 +9,13 @@ import hashlib
 import os
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from metadata.postgres.connection import PostgresDatabase, parse_postgres_url
 
 if TYPE_CHECKING:
     from eventing.storage.file_area import FileArea
+
     from eventing.storage.protocol import FileBucket
     from eventing.storage.state import AppLogs
     from metadata import MetadataStore
@@ -100,6 +101,11 @@ class PostgresState:
         digest = hashlib.sha256(self.target.url.encode() + (self.target.schema or "").encode()).hexdigest()[:16]
         base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "eventing"
         return base / f"run-{digest}"
+
+    def wake_listener(self) -> Any:
+        from eventing.storage.postgres import PostgresWakeListener
+
+        return PostgresWakeListener(self.db)
 
     def close(self) -> None:
         with self._lock:

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from eventing.errors import EventingError, FencedError
-from metadata.factory import open_store
 
 if TYPE_CHECKING:  # imported when a windowed function first runs: pyarrow costs every command ~0.2 s
     import pyarrow as pa
@@ -79,13 +78,13 @@ def make_aggregator(master: str | None = None) -> Aggregator:
 class WindowHost:
     def __init__(
         self,
-        data_dir: str,
+        state: Any,
         *,
         errors: list[str] | None = None,
         options: WindowOptions | None = None,
         aggregator: Aggregator | None = None,
     ):
-        self.data_dir = data_dir
+        self.state = state
         self.errors = errors if errors is not None else []
         self.options = options = options or WindowOptions()
         self.close_windows = options.close_windows
@@ -100,7 +99,7 @@ class WindowHost:
     @property
     def store(self) -> Any:
         if self._store is None:
-            self._store = open_store(self.data_dir)
+            self._store = self.state.metadata
         return self._store
 
     @property
@@ -121,7 +120,7 @@ class WindowHost:
         from eventing.windows.runtime.coordinator import WindowCoordinator
 
         coordinator = WindowCoordinator(
-            self.data_dir,
+            self.state.directory,
             name,
             sup.record.generation,
             sup.defn.window,

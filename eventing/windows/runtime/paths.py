@@ -58,11 +58,13 @@ class WindowPaths:
         return self.root / ("results.sqlite3" if kind == "sqlite" else "results")
 
 
-def reset_windows(data_dir: str | os.PathLike[str], store: Any, function: str) -> None:
+def reset_windows(state: Any, store: Any, function: str) -> None:
     """Start a deployment's windows afresh: drop the coordinator state (fencing any coordinator still
     running for the previous deployment) and the row files it had not aggregated yet. Results stay."""
 
     store.window_states().reset(function)
-    paths = WindowPaths.of(data_dir, function)
+    if state.directory is None:
+        return
+    paths = WindowPaths.of(state.directory, function)
     for folder in (paths.incoming, paths.accepted, paths.staging, paths.held, paths.adjusted):
         shutil.rmtree(folder, ignore_errors=True)
