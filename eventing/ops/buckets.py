@@ -12,12 +12,11 @@ from dataclasses import dataclass
 from eventing.control import lifecycle
 from eventing.core.keyspaces import Keyspace
 from eventing.core.mutation import OP_DELETE
-from eventing.errors import LifecycleError, NotFoundError, StoreCorruptError
+from eventing.errors import LifecycleError, StoreCorruptError
 from eventing.storage import keyspace as keyspaces
-from eventing.storage.factory import drop_bucket, open_bucket
+from eventing.storage.state import StateLike, as_state
 from eventing.storage.values import Write
 from metadata import FunctionState
-from metadata.factory import open_store
 
 log = logging.getLogger("eventing.ops")
 
@@ -31,10 +30,11 @@ class BucketUse:
     wildcard: bool = False
 
 
-def bucket_uses(data_dir: str, bucket: str) -> list[BucketUse]:
+def bucket_uses(state: StateLike, bucket: str) -> list[BucketUse]:
     """Every stored function that names `bucket` as its source or in a binding, in any state."""
+    state = as_state(state)
     uses = []
-    for r in _function_records(data_dir):
+    for r in _function_records(state):
         d = r.definition
         if d.get("source_bucket") == bucket:
             uses.append(BucketUse(r.name, r.state.value, "source"))
@@ -44,11 +44,12 @@ def bucket_uses(data_dir: str, bucket: str) -> list[BucketUse]:
     return uses
 
 
-def collection_uses(data_dir: str, keyspace: Keyspace) -> list[BucketUse]:
+def collection_uses(state: StateLike, keyspace: Keyspace) -> list[BucketUse]:
     """Every stored function whose source keyspace takes the collection (by name, or through a wildcard:
     `scope.*`, `*.*`) or that binds it, in any state."""
+    state = as_state(state)
     uses = []
-    for r in _function_records(data_dir):
+    for r in _function_records(state):
         d = r.definition
         source = Keyspace.of(d.get("source_bucket", ""), d.get("source_scope"), d.get("source_collection"))
         if source.covers(keyspace):
@@ -63,19 +64,19 @@ def collection_uses(data_dir: str, keyspace: Keyspace) -> list[BucketUse]:
     return uses
 
 
-def _function_records(data_dir: str) -> list:
-    try:
-        store = open_store(data_dir, create=False)
-    except NotFoundError:  # no metadata yet: no function uses anything
+def _function_records(state: StateLike) -> list:
+    state = as_state(state)
+    if not state.exists():  # no metadata yet: no function uses anything
         return []
+    store = state.metadata
     try:
         return store.list_functions()
     finally:
         store.close()
 
 
-def _refuse_if_in_use(data_dir: str, bucket: str, action: str) -> list[BucketUse]:
-    return _refuse_active(bucket_uses(data_dir, bucket), f"cannot {action} bucket '{bucket}'")
+def _refuse_if_in_use(state: StateLike, bucket: str, action: str) -> list[BucketUse]:
+    return _refuse_active(bucket_uses(state, bucket), f"cannot {action} bucket '{bucket}'")
 
 
 def _refuse_active(uses: list[BucketUse], what: str) -> list[BucketUse]:
@@ -90,41 +91,44 @@ def _refuse_active(uses: list[BucketUse], what: str) -> list[BucketUse]:
     return uses
 
 
-def drop(data_dir: str, bucket: str) -> dict:
+def drop(state: StateLike, bucket: str) -> dict:
     """Delete the bucket's file: every document, the mutation log and the effect marks it holds."""
-    uses = _refuse_if_in_use(data_dir, bucket, "drop")
+    state = as_state(state)
+    uses = _refuse_if_in_use(state, bucket, "drop")
     stats: dict = {"documents": None, "tombstones": None, "mutations": None}  # unknown: a damaged file
     try:
-        with open_bucket(data_dir, bucket) as source:
+        with state.open_bucket(bucket) as source:
             stats = source.stats()
     except StoreCorruptError:
         pass  # dropping is the way out of a damaged bucket; drop_bucket deletes its files as they are
-    path = drop_bucket(data_dir, bucket)
+    path = state.drop_bucket(bucket)
     return {
         "bucket": bucket, "path": str(path), "documents": stats["documents"], "tombstones": stats["tombstones"],
         "mutations": stats["mutations"], "named_by_undeployed_functions": sorted({u.function for u in uses}),
     }
 
 
-def flush(data_dir: str, bucket: str) -> dict:
+def flush(state: StateLike, bucket: str) -> dict:
     """Empty the bucket and give it a new identity (see LocalBucket.flush); `bucket` may name a collection
     (`bucket.scope.collection`): then see flush_collection."""
-    ks = keyspaces.parse_keyspace(data_dir, bucket)
+    state = as_state(state)
+    ks = keyspaces.parse_keyspace(state, bucket)
     if not ks.is_default:
-        return flush_collection(data_dir, ks)
-    _refuse_if_in_use(data_dir, ks.bucket, "flush")
-    with open_bucket(data_dir, ks.bucket) as target:
+        return flush_collection(state, ks)
+    _refuse_if_in_use(state, ks.bucket, "flush")
+    with state.open_bucket(ks.bucket) as target:
         return target.flush()
 
 
 FLUSH_PAGE = 1000  # documents deleted per transaction by flush_collection
 
 
-def flush_collection(data_dir: str, keyspace: str | Keyspace) -> dict:
+def flush_collection(state: StateLike, keyspace: str | Keyspace) -> dict:
     """Delete every document of a collection, each a delete mutation (the functions reading it see them),
     a page of documents a transaction. The bucket keeps its identity, log and other collections."""
+    state = as_state(state)
     deleted = 0
-    with keyspaces.open_keyspace(data_dir, keyspace) as collection:
+    with keyspaces.open_keyspace(state, keyspace) as collection:
         while True:
             keys = collection.keys(limit=FLUSH_PAGE)
             if not keys:
@@ -135,9 +139,10 @@ def flush_collection(data_dir: str, keyspace: str | Keyspace) -> dict:
                 "delete_mutations": deleted}
 
 
-def list_collections(data_dir: str, bucket: str) -> list[dict]:
+def list_collections(state: StateLike, bucket: str) -> list[dict]:
     """The collections of a bucket, `_default._default` first: keyspace, scope, collection, id, documents."""
-    with open_bucket(data_dir, bucket) as target:
+    state = as_state(state)
+    with state.open_bucket(bucket) as target:
         rows = []
         for ks, cid in keyspaces.list_collections(target):
             rows.append({"keyspace": str(ks), "bucket": ks.bucket, "scope": ks.scope, "collection": ks.collection,
@@ -145,27 +150,29 @@ def list_collections(data_dir: str, bucket: str) -> list[dict]:
         return rows
 
 
-def create_collection(data_dir: str, keyspace: str | Keyspace) -> dict:
-    ks = keyspaces.parse_keyspace(data_dir, keyspace)
-    cid = keyspaces.create_collection(data_dir, ks)
+def create_collection(state: StateLike, keyspace: str | Keyspace) -> dict:
+    state = as_state(state)
+    ks = keyspaces.parse_keyspace(state, keyspace)
+    cid = keyspaces.create_collection(state, ks)
     return {"keyspace": str(ks), "bucket": ks.bucket, "scope": ks.scope, "collection": ks.collection, "id": cid}
 
 
-def drop_collection(data_dir: str, keyspace: str | Keyspace) -> dict:
+def drop_collection(state: StateLike, keyspace: str | Keyspace) -> dict:
     """Drop a collection and its documents. As in Couchbase, a deployed or paused function that reads or
     binds it is undeployed first (waiting for a running service to stop its workers), so no worker reads or
     writes the collection while it goes; every other function runs on untouched."""
-    ks = keyspaces.parse_keyspace(data_dir, keyspace)
+    state = as_state(state)
+    ks = keyspaces.parse_keyspace(state, keyspace)
     uses: list[BucketUse] = []
     undeployed: list[dict[str, str]] = []
     if not ks.is_default:
         ks.check()
-        uses = collection_uses(data_dir, ks)
+        uses = collection_uses(state, ks)
         for function, roles in _active_roles(uses).items():
-            lifecycle.undeploy(data_dir, function)
+            lifecycle.undeploy(state, function)
             undeployed.append({"function": function, "role": roles})
             log.warning("function %s undeployed: collection '%s' (its %s) is dropped", function, ks, roles)
-    documents = keyspaces.drop_collection(data_dir, ks)
+    documents = keyspaces.drop_collection(state, ks)
     named = sorted({u.function for u in uses if not u.wildcard} - {u["function"] for u in undeployed})
     return {"keyspace": str(ks), "bucket": ks.bucket, "scope": ks.scope, "collection": ks.collection,
             "documents": documents, "undeployed_functions": undeployed, "named_by_undeployed_functions": named}

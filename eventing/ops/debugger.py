@@ -58,10 +58,10 @@ from eventing.execution.runner import (
 from eventing.execution.single_call import CallOutcome, EventSink, prepare_call, run_once
 from eventing.storage.origins import deployment_origin, is_own
 from eventing.storage.protocol import Bucket
+from eventing.storage.state import StateLike, as_state
 from eventing.workers.collections import SourceCollections
 from eventing.workers.sandbox import SandboxedRunner, open_runner
 from metadata import Checkpoint, MetadataStore
-from metadata.factory import open_store
 from sharding import NUM_VBUCKETS, validate_key, vbucket_of
 
 Mode = Literal["trace", "pdb"]
@@ -159,7 +159,7 @@ def find_next(
 
 
 def pull(
-    data_dir: str,
+    state: StateLike,
     source: Bucket,
     function: str,
     *,
@@ -168,8 +168,9 @@ def pull(
     wait_s: float | None = None,
 ) -> Pulled:
     """Find the next mutation, polling the source for up to `wait_s` seconds; NotFoundError if none came."""
+    state = as_state(state)
     deadline = time.monotonic() + (wait_s or 0)
-    with open_store(data_dir, create=False) as store:
+    with state.metadata as store:
         while True:
             pulled = find_next(store, source, function, key=key, vb=vb)
             if pulled is not None:
@@ -196,7 +197,7 @@ class DebugSession:
     `write`, `delete`, then `result`. The session never consumes the mutation (see the module docstring).
     """
 
-    data_dir: str
+    state: StateLike
     function: str
     key: str | None = None
     vb: int | None = None
@@ -220,14 +221,14 @@ class DebugSession:
             raise ConfigError(f"--wait {self.wait_s:g} is negative; give seconds >= 0")
         # A sandboxed function's handler runs in a sandboxed child (eventing.workers.sandbox); the mutation
         # is pulled, and held writes applied, here.
-        runtime = open_runner(self.data_dir, self.function)
+        runtime = open_runner(self.state, self.function)
         try:
             if isinstance(runtime, SandboxedRunner) and self.mode == "pdb":
                 raise ConfigError(
                     f"function '{self.function}' runs sandboxed, where pdb has no terminal; debug it with a trace"
                 )
             self.pulled = pull(
-                self.data_dir, runtime.source, self.function, key=self.key, vb=self.vb, wait_s=self.wait_s
+                self.state, runtime.source, self.function, key=self.key, vb=self.vb, wait_s=self.wait_s
             )
             if self.pulled.keyspace is not None:
                 runtime.keyspace = self.pulled.keyspace  # meta.keyspace, as the worker sets it

@@ -52,10 +52,10 @@ from eventing.execution.runner import HandlerRunner, writes_by_bucket
 from eventing.execution.single_call import run_once
 from eventing.storage.origins import deployment_origin
 from eventing.storage.protocol import FileBucket
+from eventing.storage.state import StateLike, as_state
 from eventing.storage.values import EffectGroup
 from eventing.workers.sandbox import SandboxedRunner, open_runner
 from metadata import DlqRow, MetadataStore
-from metadata.factory import open_store
 from sharding import NUM_VBUCKETS, validate_key
 
 REPLAYABLE_REASONS = frozenset({"error", "timeout", "undecodable", "oversize", "timer_error", "cas_mismatch"})
@@ -111,22 +111,24 @@ def replay_namespace(row: DlqRow) -> str:
 
 
 def list_rows(
-    data_dir: str, function: str, *, reason: str | None = None, limit: int | None = None, include_replayed: bool = False
+    state: StateLike, function: str, *, reason: str | None = None, limit: int | None = None, include_replayed: bool = False
 ) -> list[DlqRow]:
+    state = as_state(state)
     if limit is not None and limit < 1:
         raise ConfigError(f"--limit {limit} is not positive; give a number of rows >= 1")
     check_reason(reason)
-    with _store(data_dir) as store:
+    with _store(state) as store:
         store.get_function(function)  # an unknown function is an error, not an empty queue
         return store.find_dlq_rows(function, reason=reason, limit=limit, include_replayed=include_replayed)
 
 
-def show_rows(data_dir: str, function: str, selector: DlqSelector) -> list[DlqRow]:
+def show_rows(state: StateLike, function: str, selector: DlqSelector) -> list[DlqRow]:
     """Rows of one (vBucket, seqno), of one key, or of one vBucket, replayed or not; NotFoundError if none."""
+    state = as_state(state)
     selector.check("show")
     if selector.vb is None and selector.key is None:
         raise ConfigError("`dlq show` needs --vb N --seqno S or --key KEY; `dlq list` shows every row")
-    with _store(data_dir) as store:
+    with _store(state) as store:
         store.get_function(function)
         rows = store.find_dlq_rows(function, vb=selector.vb, seqno=selector.seqno, key=selector.key,
                                    include_replayed=True)
@@ -208,7 +210,7 @@ class ReplayReport:
 
 
 def replay(
-    data_dir: str,
+    state: StateLike,
     function: str,
     selector: DlqSelector,
     *,
@@ -221,14 +223,15 @@ def replay(
     and before the row is marked replayed, the window an interruption can hit; tests stop a replay there.
     A KeyboardInterrupt stops the replay after discarding the current row's held writes.
     """
+    state = as_state(state)
     selector.check("replay")
     if not selector.everything and not selector.narrows:
         raise ConfigError("`dlq replay` needs --all or a selector: --vb N [--seqno S], --key KEY or --reason R")
     report = ReplayReport(function)
     # A sandboxed function's handler replays in a sandboxed child; its writes come back and apply here.
-    runtime = open_runner(data_dir, function)
+    runtime = open_runner(state, function)
     try:
-        with _store(data_dir) as store:
+        with _store(state) as store:
             runtime.timers.lookup = lambda callback, reference: store.get_timer(function, callback, reference)
             rows = store.find_dlq_rows(function, vb=selector.vb, seqno=selector.seqno, key=selector.key,
                                        reason=selector.reason)
@@ -332,17 +335,18 @@ def _explain_missing(store: MetadataStore, function: str, selector: DlqSelector)
 # -- purge -----------------------------------------------------------------------------------------------
 
 
-def purge(data_dir: str, function: str, selector: DlqSelector, *, replayed_only: bool = False) -> int:
+def purge(state: StateLike, function: str, selector: DlqSelector, *, replayed_only: bool = False) -> int:
     """Delete the selected rows (replayed or not; `replayed_only` keeps pending ones); returns how many.
 
     Requires `everything`, `replayed_only` or a selector, so a bare purge never empties a queue by accident.
     """
+    state = as_state(state)
     selector.check("purge")
     if not (selector.everything or selector.narrows or replayed_only):
         raise ConfigError(
             "`dlq purge` needs --all, --replayed or a selector (--vb N [--seqno S], --key KEY, --reason R)"
         )
-    with _store(data_dir) as store:
+    with _store(state) as store:
         store.get_function(function)
         if selector.vb is None and selector.key is None:
             return store.purge_dlq(function, selector.reason, replayed_only)
@@ -374,8 +378,9 @@ def _iso(ts: float) -> str:
 class _store:
     """`with _store(dir) as store:` opens the metadata store for one command and closes it."""
 
-    def __init__(self, data_dir: str):
-        self.store = open_store(data_dir, create=False)
+    def __init__(self, state: StateLike):
+        state = as_state(state)
+        self.store = state.metadata
 
     def __enter__(self) -> MetadataStore:
         return self.store

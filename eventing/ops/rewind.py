@@ -20,9 +20,8 @@ from datetime import UTC, datetime
 
 from eventing.core.definition import FunctionDefinition
 from eventing.errors import ConfigError, LifecycleError
-from eventing.storage.factory import open_bucket
+from eventing.storage.state import StateLike, as_state
 from metadata import FunctionState
-from metadata.factory import open_store
 from metadata.model import check_rewind_allowed, plan_rewind
 from sharding import NUM_VBUCKETS
 
@@ -73,7 +72,7 @@ def parse_time_ns(text: str) -> int:
 
 
 def rewind(
-    data_dir: str,
+    state: StateLike,
     name: str,
     *,
     to_seqno: int | None = None,
@@ -83,11 +82,12 @@ def rewind(
 ) -> RewindResult:
     """Rewind a paused function's checkpoints to `to_seqno`, or to the last seqno before `to_time` (the
     arrival time of a mutation is its write time in the source log), in every vBucket or in `vb` only."""
+    state = as_state(state)
     if (to_seqno is None) == (to_time is None):
         raise ConfigError("give exactly one of --to-seqno N and --to-time TIME")
     if vb is not None and not 0 <= vb < NUM_VBUCKETS:
         raise ConfigError(f"vBucket {vb} does not exist; vBuckets are numbered 0..{NUM_VBUCKETS - 1}")
-    with open_store(data_dir, create=False) as store:
+    with state.metadata as store:
         record = store.get_function(name)
         check_rewind_allowed(name, record.state)
         defn = FunctionDefinition.from_dict(record.definition)
@@ -109,7 +109,7 @@ def rewind(
         else:
             assert to_time is not None
             time_ns = parse_time_ns(to_time)
-            source = open_bucket(data_dir, defn.source_bucket)
+            source = state.open_bucket(defn.source_bucket)
             try:
                 before = source.seqnos_before(time_ns)
             finally:
@@ -126,7 +126,7 @@ def rewind(
             # rewind below then fails, the marks only let effects apply that the user asked to apply again.
             lowered = {v: min(t, current[v][0]) for v, t in targets.items() if v in current}
             for bucket_name in sorted({b.bucket for b in defn.bindings if b.access == "rw"}):
-                bucket = open_bucket(data_dir, bucket_name)
+                bucket = state.open_bucket(bucket_name)
                 try:
                     result.effect_marks_lowered[bucket_name] = len(bucket.lower_effect_marks(name, lowered))
                 finally:

@@ -7,16 +7,15 @@ from typing import Any
 
 from eventing.control.service import running_services
 from eventing.core import counters as counter_names
-from eventing.execution.app_log import log_path
 from eventing.execution.timers import delay_percentile
-from eventing.storage.factory import open_bucket
+from eventing.storage.state import StateLike, as_state
 from metadata import FunctionRecord
-from metadata.factory import open_store
 from sharding import NUM_VBUCKETS, format_ranges, worker_plan
 
 
-def vbucket_map(data_dir: str, name: str) -> dict[str, Any]:
-    store = open_store(data_dir, create=False)
+def vbucket_map(state: StateLike, name: str) -> dict[str, Any]:
+    state = as_state(state)
+    store = state.metadata
     try:  # closed here: the HTTP API calls this on every poll, from a thread pool
         record = store.get_function(name)
         cps = store.checkpoints(name)
@@ -81,9 +80,10 @@ def couchbase_stats(counters: dict[str, float]) -> dict[str, int]:
     }
 
 
-def couchbase_full_stats(data_dir: str, name: str) -> dict[str, Any]:
+def couchbase_full_stats(state: StateLike, name: str) -> dict[str, Any]:
     """One function's counters in Couchbase's `/api/v1/stats?type=full` groups and names."""
-    with open_store(data_dir, create=False) as store:
+    state = as_state(state)
+    with state.metadata as store:
         store.get_function(name)
         counters = store.counters(name)
     cb = couchbase_stats(counters)
@@ -117,8 +117,9 @@ def couchbase_full_stats(data_dir: str, name: str) -> dict[str, Any]:
     }
 
 
-def function_stats(data_dir: str, name: str) -> dict[str, Any]:
-    with open_store(data_dir, create=False) as store:
+def function_stats(state: StateLike, name: str) -> dict[str, Any]:
+    state = as_state(state)
+    with state.metadata as store:
         record = store.get_function(name)
         counters = store.counters(name)
         cps = store.checkpoints(name)
@@ -127,7 +128,7 @@ def function_stats(data_dir: str, name: str) -> dict[str, Any]:
         window_state = store.window_states().load(name) if record.definition.get("window") is not None else None
     lag = None
     if cps:
-        with open_bucket(data_dir, record.definition["source_bucket"]) as source:
+        with state.open_bucket(record.definition["source_bucket"]) as source:
             highs = source.high_seqnos()
         lag = sum(max(0, highs[vb] - cp.seqno) for vb, cp in cps.items())
     out: dict[str, Any] = {"function": name, "state": record.state.value}
@@ -157,8 +158,7 @@ def function_stats(data_dir: str, name: str) -> dict[str, Any]:
         policies = _arrival_policies(record.definition["window"], window_state, counters)
         if policies is not None:
             out["arrival_policies"] = policies
-    log_file = log_path(data_dir, name)
-    out["handler_log"] = str(log_file) if log_file.exists() else None
+    out["handler_log"] = state.app_logs.where(name)
     p50, p99 = delay_percentile(counters, 0.5), delay_percentile(counters, 0.99)
     out["timers"] = {
         "created": int(counters.get(counter_names.TIMERS_CREATED, 0)),
@@ -214,10 +214,11 @@ def function_view(record: FunctionRecord) -> dict[str, Any]:
 NO_SERVICE_HINT = "no service is running this function; start one with `eventing run`"
 
 
-def function_status(data_dir: str, name: str | None = None) -> dict[str, Any]:
+def function_status(state: StateLike, name: str | None = None) -> dict[str, Any]:
     """States of one function (or all), how many vBuckets live workers own, the live services and which
     of them leads (the others are standbys)."""
-    with open_store(data_dir, create=False) as store:
+    state = as_state(state)
+    with state.metadata as store:
         records = [store.get_function(name)] if name else store.list_functions()
         services = running_services(store)
         views = []
@@ -252,17 +253,18 @@ def leader_view(store: Any, services: list[str]) -> dict[str, Any] | None:
 
 
 def checkpoint_view(
-    data_dir: str, name: str, *, vb: int | None = None, backlog_only: bool = False
+    state: StateLike, name: str, *, vb: int | None = None, backlog_only: bool = False
 ) -> dict[str, Any]:
     """Per vBucket of a deployed or paused function: its checkpoint, the source's high seqno, the backlog
     between them, the owner and epoch of the last claim, whether the owner still holds its lease, and when
     the record last changed (a commit or a claim). `vb` keeps one vBucket; `backlog_only` those with a
     backlog. Totals cover every vBucket whatever the filter."""
+    state = as_state(state)
     from eventing.errors import ConfigError, LifecycleError
 
     if vb is not None and not 0 <= vb < NUM_VBUCKETS:
         raise ConfigError(f"vBucket {vb} does not exist; vBuckets are numbered 0..{NUM_VBUCKETS - 1}")
-    with open_store(data_dir, create=False) as store:
+    with state.metadata as store:
         record = store.get_function(name)
         cps = store.checkpoints(name)
         starts = store.checkpoint_starts(name)
@@ -270,7 +272,7 @@ def checkpoint_view(
         raise LifecycleError(
             f"function '{name}' has no checkpoints (it is {record.state.value}); deploy it first"
         )
-    with open_bucket(data_dir, record.definition["source_bucket"]) as source:
+    with state.open_bucket(record.definition["source_bucket"]) as source:
         highs = source.high_seqnos()
         source_uuid = source.uuid
     rows = []

@@ -34,10 +34,10 @@ from eventing.core.filters import compile_filter
 from eventing.core.keyspaces import Keyspace, split_stored_key
 from eventing.core.mutation import Mutation
 from eventing.errors import ConfigError, LifecycleError
-from eventing.storage.factory import open_bucket
 from eventing.storage.keyspace import collection_id, open_keyspace
 from eventing.storage.origins import is_own
 from eventing.storage.protocol import FileBucket
+from eventing.storage.state import StateLike, as_state
 from sharding import NUM_VBUCKETS
 
 EFFECT = "e|"
@@ -296,12 +296,12 @@ def ledger_bucket_of(defn: FunctionDefinition) -> str:
     )
 
 
-def verify_function(data_dir: str, function: str, *, ledger: str | None = None) -> VerifyReport:
+def verify_function(state: StateLike, function: str, *, ledger: str | None = None) -> VerifyReport:
     """Check a deployed (running, paused or caught-up) function against its ledger bucket."""
+    state = as_state(state)
     from eventing.control.lifecycle import EPOCH_SHIFT
-    from metadata.factory import open_store
 
-    with open_store(data_dir, create=False) as store:
+    with state.metadata as store:
         record = store.get_function(function)
         defn = FunctionDefinition.from_dict(record.definition)
         checkpoints = store.checkpoints(function)  # first: whatever they cover is visible below
@@ -315,9 +315,9 @@ def verify_function(data_dir: str, function: str, *, ledger: str | None = None) 
         regressions = store.checkpoint_regressions(function, min_epoch=record.generation << EPOCH_SHIFT)
         rewinds = store.checkpoint_rewinds(function, min_epoch=record.generation << EPOCH_SHIFT)
     ledger_name = ledger or ledger_bucket_of(defn)
-    source = open_bucket(data_dir, defn.source_bucket)
+    source = state.open_bucket(defn.source_bucket)
     try:
-        ledger_collection = open_keyspace(data_dir, ledger_name)
+        ledger_collection = open_keyspace(state, ledger_name)
     except BaseException:
         source.close()
         raise

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from eventing.errors import ConfigError
+from eventing.storage.state import StateLike, as_state
 
 # What each watermark of a report is (docs/windows.md): a report has the closing one, and a function with
 # arrival-time policies also the policies' greatest one, which is not what closes windows.
@@ -23,13 +24,13 @@ POLICIES_WATERMARK_IS = (
 )
 
 
-def window_status(data_dir: str, name: str) -> dict[str, Any]:
+def window_status(state: StateLike, name: str) -> dict[str, Any]:
     """Watermark, open windows and counts of a windowed function, without reading its results (metrics)."""
+    state = as_state(state)
     from eventing.core.times import iso_ms
     from eventing.windows.runtime.row_writer import RowLayout
-    from metadata.factory import open_store
 
-    with open_store(data_dir, create=False) as store:
+    with state.metadata as store:
         record = store.get_function(name)
         window = record.definition.get("window")
         if window is None:
@@ -37,10 +38,10 @@ def window_status(data_dir: str, name: str) -> dict[str, Any]:
                 f"function '{name}' declares no window; add a \"window\" object to its definition and deploy it"
             )
         layout = RowLayout.for_definition(name, window)
-        state = store.window_states().load(name)
+        saved = store.window_states().load(name)
         counters = store.counters(name)
     spec = layout.spec
-    operator = (state or {}).get("operator") or {}
+    operator = (saved or {}).get("operator") or {}
     watermark = (operator.get("tracker") or {}).get("watermark_ms")
     basis = "vbuckets"
     if operator.get("substreams") is not None:
@@ -67,14 +68,14 @@ def window_status(data_dir: str, name: str) -> dict[str, Any]:
         "open_windows": len(operator.get("open_windows") or [])
         + sum(len(sessions) for _, _, sessions in operator.get("open") or [])
         + len((operator.get("substreams") or {}).get("open") or []),  # (window, substream) pairs
-        "closed_not_emitted": len((state or {}).get("pending") or []),
+        "closed_not_emitted": len((saved or {}).get("pending") or []),
         "windows_emitted": int(counters.get("windows_emitted", 0)),
         "late_rows": int(counters.get("dlq_late", 0)),
         "bad_event_time": int(counters.get("dlq_bad_event_time", 0)),
         "_layout": layout,
     }
     if spec.uses_arrival_policies:
-        out["arrival_policies"] = arrival_metrics(spec, state, counters)
+        out["arrival_policies"] = arrival_metrics(spec, saved, counters)
     return out
 
 
@@ -104,15 +105,18 @@ def arrival_metrics(spec: Any, state: dict[str, Any] | None, counters: dict[str,
     }
 
 
-def adjusted_rows(data_dir: str, name: str) -> list[dict[str, Any]]:
+def adjusted_rows(state: StateLike, name: str) -> list[dict[str, Any]]:
     """The rows the arrival-time policies windowed at another time than their event time, oldest first:
     vb, seqno, key, event_time_ms, arrival_ms, windowed_ms, rules (early, late_arrival, out_of_order) and
     substream."""
+    state = as_state(state)
     import pyarrow.parquet as pq
 
     from eventing.windows.runtime.paths import WindowPaths
 
-    folder = WindowPaths.of(data_dir, name).adjusted
+    if state.directory is None:
+        return []  # (the windows' files on a server store come with their file area)
+    folder = WindowPaths.of(state.directory, name).adjusted
     if not folder.is_dir():
         return []
     out: list[dict[str, Any]] = []
@@ -126,15 +130,16 @@ def adjusted_rows(data_dir: str, name: str) -> list[dict[str, Any]]:
     return out
 
 
-def window_report(data_dir: str, name: str) -> dict[str, Any]:
+def window_report(state: StateLike, name: str) -> dict[str, Any]:
     """window_status plus every emitted result row (window start and end as ISO text and epoch ms)."""
+    state = as_state(state)
     from eventing.core.times import iso_ms
     from eventing.windows.runtime.emission import make_sink
     from eventing.windows.runtime.paths import WindowPaths
 
-    report = window_status(data_dir, name)
+    report = window_status(state, name)
     layout = report.pop("_layout")
-    results = make_sink(WindowPaths.of(data_dir, name), layout).read(name)
+    results = make_sink(WindowPaths.of(state.directory or "", name), layout).read(name)
     report["results"] = [
         {"window_start": iso_ms(r["window_start_ms"]), "window_end": iso_ms(r["window_end_ms"]), **r}
         for r in results.to_pylist()

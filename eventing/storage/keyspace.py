@@ -1,7 +1,7 @@
 """One collection of a bucket (a keyspace) as a document store: keys in, keys out, stored under the
 collection's key prefix in the bucket's one file set (eventing.core.keyspaces says why).
 
-`open_keyspace(data_dir, "shop.sales.orders")` gives a `Collection`: what the CLI's bucket commands, the
+`open_keyspace(state, "shop.sales.orders")` gives a `Collection`: what the CLI's bucket commands, the
 Data API and the Python API use for documents. A bare bucket name is its `_default._default` collection,
 whose documents are stored under their own keys, so every bucket from before collections reads the same.
 """
@@ -9,25 +9,24 @@ whose documents are stored under their own keys, so every bucket from before col
 from __future__ import annotations
 
 import itertools
-import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Self
 
 from eventing.core.keyspaces import COLLECTION_MARK, DEFAULT, WILDCARD, Keyspace, check_user_key, key_prefix
 from eventing.core.mutation import OP_DELETE, OP_UPDATE, decode_document, encode_document
 from eventing.errors import ConfigError, NotFoundError
-from eventing.storage.factory import open_bucket
-from eventing.storage.files import list_buckets
 from eventing.storage.protocol import Bucket, FileBucket
+from eventing.storage.state import StateLike, as_state
 from eventing.storage.values import StoredDocument, Write
 from sharding import validate_key
 
 
-def parse_keyspace(data_dir: str | os.PathLike[str], text: str | Keyspace) -> Keyspace:
+def parse_keyspace(state: StateLike, text: str | Keyspace) -> Keyspace:
     """A keyspace from its text; a name that is itself a bucket (one holding dots) stays a bucket name."""
+    state = as_state(state)
     if isinstance(text, Keyspace):
         return text
-    return Keyspace.parse(text, known_buckets=set(list_buckets(data_dir)) if "." in text else set())
+    return Keyspace.parse(text, known_buckets=set(state.bucket_names()) if "." in text else set())
 
 
 def collection_id(bucket: Bucket, keyspace: Keyspace) -> int:
@@ -60,10 +59,11 @@ def check_keyspace_exists(bucket: Bucket, keyspace: Keyspace) -> None:
     collection_id(bucket, keyspace)
 
 
-def open_keyspace(data_dir: str | os.PathLike[str], keyspace: str | Keyspace) -> Collection:
+def open_keyspace(state: StateLike, keyspace: str | Keyspace) -> Collection:
     """Open the collection a keyspace names (its bucket must exist, and its scope and collection)."""
-    ks = parse_keyspace(data_dir, keyspace)
-    bucket = open_bucket(data_dir, ks.bucket)
+    state = as_state(state)
+    ks = parse_keyspace(state, keyspace)
+    bucket = state.open_bucket(ks.bucket)
     try:
         return Collection(bucket, ks, collection_id(bucket, ks))
     except BaseException:
@@ -177,18 +177,20 @@ class Collection:
         return f"bucket '{self.keyspace.bucket}'" if self.keyspace.is_default else f"keyspace '{self.keyspace}'"
 
 
-def create_collection(data_dir: str | os.PathLike[str], keyspace: str | Keyspace) -> int:
-    ks = parse_keyspace(data_dir, keyspace)
+def create_collection(state: StateLike, keyspace: str | Keyspace) -> int:
+    state = as_state(state)
+    ks = parse_keyspace(state, keyspace)
     if ks.is_default:
         raise ConfigError(f"'{ks}' is a bucket's default collection, which always exists; name BUCKET.SCOPE.COLLECTION")
     ks.check()
-    with open_bucket(data_dir, ks.bucket) as bucket:
+    with state.open_bucket(ks.bucket) as bucket:
         return bucket.create_collection(ks.scope, ks.collection)
 
 
-def drop_collection(data_dir: str | os.PathLike[str], keyspace: str | Keyspace) -> int:
-    ks = parse_keyspace(data_dir, keyspace)
+def drop_collection(state: StateLike, keyspace: str | Keyspace) -> int:
+    state = as_state(state)
+    ks = parse_keyspace(state, keyspace)
     if ks.is_default:
         raise ConfigError(f"'{ks}' is a bucket's default collection, which cannot be dropped; drop the bucket instead")
-    with open_bucket(data_dir, ks.bucket) as bucket:
+    with state.open_bucket(ks.bucket) as bucket:
         return bucket.drop_collection(ks.scope, ks.collection)
