@@ -35,9 +35,9 @@ from eventing.ops.jsonl import load_json_lines
 from eventing.ops.stats import function_stats, vbucket_map
 from eventing.ops.verify import VerifyReport, verify_function
 from eventing.storage import loadgen
-from eventing.storage.factory import create_bucket, open_bucket
 from eventing.storage.keyspace import Collection, open_keyspace
 from eventing.storage.protocol import FileBucket
+from eventing.storage.state import default_location, open_state
 from eventing.storage.values import Write
 from eventing.storage.writes import chunked
 from eventing.windows.runtime.host import WindowOptions
@@ -173,54 +173,81 @@ class RunningService:
 
 
 class Eventing:
-    """One deployment: the buckets and metadata store under `data_dir`, run on Ray or in this process."""
+    """One deployment: its state (the buckets and metadata store in a data directory, or on a PostgreSQL
+    server), run on Ray or in this process. ``Eventing(".eventing")`` or ``Eventing(store="postgresql://...")``;
+    the state is opened once and kept until ``close()`` (or the end of a ``with`` block)."""
 
     def __init__(
         self,
-        data_dir: str | Path = ".eventing",
+        data_dir: str | Path | None = None,
         *,
+        store: str | None = None,
         executor: ExecutorKind = "ray",
         ray_address: str | None = None,
         worker_processes: int | None = None,
     ):
-        self.data_dir = str(data_dir)
+        if data_dir is not None and store is not None:
+            raise ConfigError("give Eventing a data directory or a store, not both")
+        location = store if store is not None else str(data_dir) if data_dir is not None else default_location()
+        self.state = open_state(location)
+        if self.state.directory is not None:
+            self.state.directory.mkdir(parents=True, exist_ok=True)
         self.executor = executor
         self.ray_address = ray_address
         # Ray: the workers of every function share this many worker processes (`eventing run
         # --worker-processes`); None: $EVENTING_WORKER_PROCESSES, else one process per worker.
         self.worker_processes = worker_processes
-        Path(self.data_dir).mkdir(parents=True, exist_ok=True)
+
+    @property
+    def location(self) -> str:
+        """Where the state is (a data directory, or a PostgreSQL URL)."""
+        return self.state.location
+
+    @property
+    def data_dir(self) -> str:
+        """The location, under the name earlier versions gave it (a data directory then, always)."""
+        return self.state.location
+
+    def close(self) -> None:
+        """Close the state (its metadata store's connections)."""
+        self.state.close()
+
+    def __enter__(self) -> Eventing:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # -- buckets ----------------------------------------------------------------------------------------
 
     def create_bucket(self, name: str, *, exist_ok: bool = True, partitions: int = 1) -> FileBucket:
         """The bucket `name`, created empty if it does not exist (`eventing bucket create`); ``partitions``
         spreads its vBuckets over that many files (docs/everyday-commands.md, "Partitioned buckets")."""
-        return create_bucket(self.data_dir, name, exist_ok=exist_ok, partitions=partitions)
+        return self.state.create_bucket(name, exist_ok=exist_ok, partitions=partitions)
 
     def bucket(self, name: str) -> FileBucket:
         """An existing bucket; NotFoundError names the fix if there is none."""
-        return open_bucket(self.data_dir, name)
+        return self.state.open_bucket(name)
 
     # Where a method takes `bucket` for documents, a keyspace `bucket.scope.collection` names a collection of
     # it (a bare bucket name is its default collection): see eventing.core.keyspaces.
 
     def collection(self, keyspace: str) -> Collection:
         """The documents of a keyspace (a bucket's default collection, or `bucket.scope.collection`)."""
-        return open_keyspace(self.data_dir, keyspace)
+        return open_keyspace(self.state, keyspace)
 
     def create_collection(self, keyspace: str) -> int:
         """Create the collection `bucket.scope.collection` (`eventing collection create`); returns its id."""
-        return int(bucket_ops.create_collection(self.data_dir, keyspace)["id"])
+        return int(bucket_ops.create_collection(self.state, keyspace)["id"])
 
     def drop_collection(self, keyspace: str) -> int:
         """Drop a collection and its documents (`eventing collection drop`); a deployed or paused function that
         reads or binds it is undeployed first, as in Couchbase. Returns how many documents went."""
-        return int(bucket_ops.drop_collection(self.data_dir, keyspace)["documents"])
+        return int(bucket_ops.drop_collection(self.state, keyspace)["documents"])
 
     def collections(self, bucket: str) -> list[str]:
         """The keyspaces of a bucket's collections, its default collection (the bucket's name) first."""
-        return [row["keyspace"] for row in bucket_ops.list_collections(self.data_dir, bucket)]
+        return [row["keyspace"] for row in bucket_ops.list_collections(self.state, bucket)]
 
     def get(self, bucket: str, key: str) -> dict[str, Any] | None:
         """One document, or None (`eventing bucket get`)."""
@@ -297,7 +324,7 @@ class Eventing:
         name = definition.name if isinstance(definition, FunctionDefinition) else (
             definition["name"] if isinstance(definition, dict) else _definition_name(definition)
         )
-        return lifecycle.deploy(self.data_dir, name, boundary)
+        return lifecycle.deploy(self.state, name, boundary)
 
     def save(
         self, definition: str | Path | FunctionDefinition | dict[str, Any], handler: str | None = None
@@ -306,23 +333,23 @@ class Eventing:
         if isinstance(definition, str | Path):
             if handler is not None:
                 raise ConfigError("a definition file names its handler file; pass no handler source with it")
-            return lifecycle.save_from_file(self.data_dir, definition)
+            return lifecycle.save_from_file(self.state, definition)
         if handler is None:
             raise ConfigError("a definition given as data needs the handler's source code")
         defn = definition if isinstance(definition, FunctionDefinition) else FunctionDefinition.from_dict(definition)
-        return lifecycle.save_function(self.data_dir, defn, handler)
+        return lifecycle.save_function(self.state, defn, handler)
 
     def pause(self, name: str, *, wait_s: float = 60.0) -> FunctionRecord:
-        return lifecycle.pause(self.data_dir, name, wait_s=wait_s)
+        return lifecycle.pause(self.state, name, wait_s=wait_s)
 
     def resume(self, name: str) -> FunctionRecord:
-        return lifecycle.resume(self.data_dir, name)
+        return lifecycle.resume(self.state, name)
 
     def undeploy(self, name: str, *, wait_s: float = 60.0) -> FunctionRecord:
-        return lifecycle.undeploy(self.data_dir, name, wait_s=wait_s)
+        return lifecycle.undeploy(self.state, name, wait_s=wait_s)
 
     def delete(self, name: str) -> None:
-        lifecycle.delete(self.data_dir, name)
+        lifecycle.delete(self.state, name)
 
     # -- running and watching ---------------------------------------------------------------------------
 
@@ -365,8 +392,8 @@ class Eventing:
         end of the input (with until_caught_up), `spark_master` sends merge jobs to a Spark cluster
         (default local[*])."""
         service = EventingService(
-            self.data_dir,
-            make_executor(self.executor, self.ray_address, self.data_dir, worker_processes=self.worker_processes),
+            self.state,
+            make_executor(self.executor, self.ray_address, self.state, worker_processes=self.worker_processes),
             until_caught_up=until_caught_up,
             functions=functions,
             on_progress=on_progress,
@@ -378,11 +405,11 @@ class Eventing:
 
     def stats(self, name: str) -> FunctionStats:
         """A function's counters (`eventing stats`; `.to_dict()` is `eventing stats --json`)."""
-        return FunctionStats.of(function_stats(self.data_dir, name))
+        return FunctionStats.of(function_stats(self.state, name))
 
     def vbucket_map(self, name: str) -> VBucketMap:
         """Which worker owns which vBuckets (`eventing vbmap`; `.to_dict()` is `eventing vbmap --json`)."""
-        return VBucketMap.of(vbucket_map(self.data_dir, name))
+        return VBucketMap.of(vbucket_map(self.state, name))
 
     def windows(self, name: str, *, limit: int | None = None) -> WindowReport:
         """A windowed function's results (`eventing windows`; `.to_dict()` is `eventing windows --json`):
@@ -390,14 +417,14 @@ class Eventing:
         `limit` keeps the last N rows."""
         from eventing.ops.windows import window_report
 
-        report = window_report(self.data_dir, name)
+        report = window_report(self.state, name)
         if limit:
             report["results"] = report["results"][-limit:]
         return WindowReport.of(report)
 
     def verify(self, name: str, *, ledger: str | None = None) -> VerifyReport:
         """Check a function against a ledger bucket (`eventing verify`)."""
-        return verify_function(self.data_dir, name, ledger=ledger)
+        return verify_function(self.state, name, ledger=ledger)
 
 
 def _definition_name(path: str | Path) -> str:
