@@ -1,7 +1,7 @@
 """The `eventing` command's parser and entry point; each command group lives in its own module.
 
-Every subcommand takes --data-dir (default $EVENTING_DATA_DIR or ./.eventing) and, where it prints
-data, --json. User mistakes print `error: ...` naming the thing and the fix, and exit 2; under --json the
+Every subcommand takes --store (a data directory or a postgresql:// URL; default $EVENTING_STORE, else
+$EVENTING_DATA_DIR or ./.eventing), --data-dir as its older name, and, where it prints data, --json. User mistakes print `error: ...` naming the thing and the fix, and exit 2; under --json the
 error is one JSON object on stderr, `{"error": "...", "exit": 2}`. Ctrl-C exits 130.
 """
 
@@ -44,8 +44,12 @@ COMMAND_MODULES: list[str] = [
 @functools.cache  # built once per process: tests and the console call main() many times
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--data-dir", default=argparse.SUPPRESS,
-                        help=f"where buckets and metadata live (default $EVENTING_DATA_DIR or ./{DEFAULT_DATA_DIR})")
+    common.add_argument("--store", default=argparse.SUPPRESS, metavar="LOCATION",
+                        help="where buckets and metadata live: a data directory, or a PostgreSQL URL "
+                        "(postgresql://user@host:5432/db; docs/postgresql.md); default $EVENTING_STORE, else "
+                        f"$EVENTING_DATA_DIR or ./{DEFAULT_DATA_DIR}")
+    common.add_argument("--data-dir", default=argparse.SUPPRESS, metavar="DIR",
+                        help="a data directory as the store (the same as --store DIR)")
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
 
     parser = argparse.ArgumentParser(
@@ -80,20 +84,34 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     parser = build_parser()
     args = parser.parse_args(argv)
-    # --data-dir and --json may come before or after the subcommand; absent means default.
+    # --store, --data-dir and --json may come before or after the subcommand; absent means default.
     args.data_dir = getattr(args, "data_dir", None)
+    args.store = getattr(args, "store", None)
     args.json = getattr(args, "json", False)
+    if args.store and args.data_dir and args.store != args.data_dir:
+        return _fail(args, "give --store or --data-dir, not both", EXIT_USAGE)
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_USAGE
     try:
-        return args.func(args)
+        return _run(args)
     except (EventingError, InvalidKeyError) as exc:
         return _fail(args, str(exc), EXIT_USAGE)
     except KeyboardInterrupt:
         return _fail(args, "interrupted", EXIT_INTERRUPTED)
     except BrokenPipeError:
         return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The command, and the state it opened closed after it."""
+    try:
+        return int(args.func(args))
+    finally:
+        state = getattr(args, "_state", None)
+        if state is not None:
+            args._state = None
+            state.close()
 
 
 def _fail(args: argparse.Namespace, message: str, status: int) -> int:

@@ -6,30 +6,27 @@ import argparse
 import json
 from typing import Any
 
-from eventing.cli.common import existing_data_dir
+from eventing.cli.common import existing_state
 from eventing.cli.output import emit_json
 from eventing.core.definition import FunctionDefinition
 from eventing.errors import ConfigError
-from metadata.factory import open_store
 
 
 def cmd_log(args: argparse.Namespace) -> int:
-    from eventing.execution.app_log import follow, log_path, tail
-
-    data_dir = existing_data_dir(args)
+    state = existing_state(args)
     if args.lines < 0:
         raise ConfigError(f"--lines {args.lines} is negative; give a number of lines >= 0")
-    with open_store(data_dir, create=False) as store:
+    with state.metadata as store:
         FunctionDefinition.from_dict(store.get_function(args.function).definition)  # unknown -> clear error
-    path = log_path(data_dir, args.function)
-    lines = tail(path, args.lines)
+    logs = state.app_logs
+    lines = logs.tail(args.function, args.lines)
     if args.json and not args.follow:
-        emit_json({"function": args.function, "path": str(path), "lines": lines})
+        emit_json({"function": args.function, "path": logs.where(args.function), "lines": lines})
         return 0
     for line in lines:
         _print(args, line)
     if args.follow:
-        for line in follow(path):
+        for line in logs.follow(args.function):
             _print(args, line)
     return 0
 

@@ -6,14 +6,14 @@ import argparse
 import sys
 from typing import Any
 
-from eventing.cli.common import data_dir_of, existing_data_dir
+from eventing.cli.common import existing_state, state_of
 from eventing.cli.output import emit_json
 
 
 def cmd_backup(args: argparse.Namespace) -> int:
     from eventing.ops.backup import backup
 
-    result = backup(existing_data_dir(args), args.output, with_buckets=args.with_buckets)
+    result = backup(existing_state(args), args.output, with_buckets=args.with_buckets)
     if args.json:
         emit_json(result)
     elif args.with_buckets:
@@ -32,7 +32,7 @@ def cmd_backup(args: argparse.Namespace) -> int:
 def cmd_restore(args: argparse.Namespace) -> int:
     from eventing.ops.backup import restore
 
-    result = restore(data_dir_of(args), args.file)
+    result = restore(state_of(args), args.file)
     if args.json:
         emit_json(result)
         return 0

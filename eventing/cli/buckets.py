@@ -11,21 +11,19 @@ import sys
 import time
 from typing import Any
 
-from eventing.cli.common import EXIT_INTERRUPTED, data_dir_of, parse_doc_arg, positive_int, writable_data_dir
+from eventing.cli.common import EXIT_INTERRUPTED, parse_doc_arg, positive_int, state_of, writable_state
 from eventing.cli.output import emit_json, progress_enabled, table
 from eventing.errors import (
     ConfigError,
     NotFoundError,
     StoreError,
 )
-from eventing.storage.factory import create_bucket, open_bucket
-from eventing.storage.files import list_buckets
 from eventing.storage.keyspace import open_keyspace
 from eventing.storage.writes import chunked
 
 
 def cmd_bucket_create(args: argparse.Namespace) -> int:
-    bucket = create_bucket(writable_data_dir(args), args.name, exist_ok=args.exist_ok, partitions=args.partitions)
+    bucket = writable_state(args).create_bucket(args.name, exist_ok=args.exist_ok, partitions=args.partitions)
     if args.json:
         emit_json(bucket.stats())
     else:
@@ -35,16 +33,16 @@ def cmd_bucket_create(args: argparse.Namespace) -> int:
 
 
 def cmd_bucket_list(args: argparse.Namespace) -> int:
-    data_dir = data_dir_of(args)
+    state = state_of(args)
     rows = []
-    for name in list_buckets(data_dir):
-        bucket = open_bucket(data_dir, name)
+    for name in state.bucket_names():
+        bucket = state.open_bucket(name)
         rows.append(bucket.stats())
         bucket.close()
     if args.json:
         emit_json(rows)
     elif not rows:
-        print(f"no buckets in {data_dir}; create one with `eventing bucket create NAME`")
+        print(f"no buckets in {state.shown}; create one with `eventing bucket create NAME`")
     else:
         print(table(["bucket", "documents", "tombstones", "mutations", "partitions"],
                     [[r["name"], r["documents"], r["tombstones"], r["mutations"], r["partitions"]] for r in rows]))
@@ -56,8 +54,8 @@ def cmd_bucket_load(args: argparse.Namespace) -> int:
 
     from eventing.ops.jsonl import json_line_rows
 
-    data_dir = writable_data_dir(args)
-    bucket = open_keyspace(data_dir, args.name)  # a bucket's default collection, or the collection named
+    state = writable_state(args)
+    bucket = open_keyspace(state, args.name)  # a bucket's default collection, or the collection named
     bucket.bucket.verify_integrity()  # never add to a damaged file: one line naming it and the way out
     start = time.perf_counter()
     rejected: list[str] = []
@@ -124,14 +122,14 @@ def cmd_bucket_upsert(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"--expiry is {args.expiry}; give epoch seconds after which the document expires, or 0 for never"
         )
-    with open_keyspace(writable_data_dir(args), args.name) as bucket:
+    with open_keyspace(writable_state(args), args.name) as bucket:
         vb, seqno = bucket.upsert(args.key, parse_doc_arg(args.doc), expiry=args.expiry)
     _print_write(args, "upserted", vb, seqno)
     return 0
 
 
 def cmd_bucket_delete(args: argparse.Namespace) -> int:
-    with open_keyspace(writable_data_dir(args), args.name) as bucket:
+    with open_keyspace(writable_state(args), args.name) as bucket:
         vb, seqno = bucket.delete(args.key)
     _print_write(args, "deleted", vb, seqno)
     return 0
@@ -145,7 +143,7 @@ def _print_write(args: argparse.Namespace, verb: str, vb: int, seqno: int) -> No
 
 
 def cmd_bucket_get(args: argparse.Namespace) -> int:
-    with open_keyspace(data_dir_of(args), args.name) as bucket:
+    with open_keyspace(state_of(args), args.name) as bucket:
         bucket.stored(args.key)  # the key's rules first
         bucket.bucket.verify_integrity()  # a miss on a damaged file must not read as "does not exist"
         doc = bucket.get(args.key)
@@ -160,7 +158,7 @@ def cmd_bucket_get(args: argparse.Namespace) -> int:
 
 
 def cmd_bucket_info(args: argparse.Namespace) -> int:
-    with open_bucket(data_dir_of(args), args.name) as bucket:
+    with state_of(args).open_bucket(args.name) as bucket:
         stats = bucket.stats()
     if args.json:
         emit_json(stats)
@@ -171,7 +169,7 @@ def cmd_bucket_info(args: argparse.Namespace) -> int:
 
 
 def cmd_bucket_expire(args: argparse.Namespace) -> int:
-    with open_bucket(writable_data_dir(args), args.name) as bucket:
+    with writable_state(args).open_bucket(args.name) as bucket:
         n = bucket.expire_due()
     if args.json:
         emit_json({"bucket": args.name, "expired": n})
@@ -181,7 +179,7 @@ def cmd_bucket_expire(args: argparse.Namespace) -> int:
 
 
 def cmd_bucket_keys(args: argparse.Namespace) -> int:
-    with open_keyspace(data_dir_of(args), args.name) as bucket:
+    with open_keyspace(state_of(args), args.name) as bucket:
         keys = bucket.keys(args.prefix, args.limit)
     if args.json:
         emit_json(keys)
@@ -201,7 +199,7 @@ def _doc_line(key: str, doc: dict, meta: dict) -> dict:
 
 
 def cmd_bucket_scan(args: argparse.Namespace) -> int:
-    with open_keyspace(data_dir_of(args), args.name) as bucket:
+    with open_keyspace(state_of(args), args.name) as bucket:
         lines = (_doc_line(*item) for item in bucket.scan(args.prefix, args.limit))
         if args.json:
             emit_json(list(lines))
@@ -212,7 +210,7 @@ def cmd_bucket_scan(args: argparse.Namespace) -> int:
 
 
 def cmd_bucket_export(args: argparse.Namespace) -> int:
-    bucket = open_keyspace(data_dir_of(args), args.name)
+    bucket = open_keyspace(state_of(args), args.name)
     count = 0
     try:
         out = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8")  # noqa: SIM115
@@ -238,7 +236,7 @@ def cmd_bucket_export(args: argparse.Namespace) -> int:
 
 
 def cmd_bucket_count(args: argparse.Namespace) -> int:
-    with open_keyspace(data_dir_of(args), args.name) as bucket:
+    with open_keyspace(state_of(args), args.name) as bucket:
         count = bucket.count()
     if args.json:
         emit_json({"bucket": args.name, "documents": count})
@@ -250,7 +248,7 @@ def cmd_bucket_count(args: argparse.Namespace) -> int:
 def cmd_bucket_drop(args: argparse.Namespace) -> int:
     from eventing.ops import buckets
 
-    result = buckets.drop(data_dir_of(args), args.name)
+    result = buckets.drop(state_of(args), args.name)
     if args.json:
         emit_json(result)
     elif result["documents"] is None:
@@ -267,7 +265,7 @@ def cmd_bucket_drop(args: argparse.Namespace) -> int:
 def cmd_bucket_flush(args: argparse.Namespace) -> int:
     from eventing.ops import buckets
 
-    result = buckets.flush(data_dir_of(args), args.name)
+    result = buckets.flush(state_of(args), args.name)
     if args.json:
         emit_json(result)
     elif "keyspace" in result:

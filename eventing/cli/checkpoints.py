@@ -7,7 +7,7 @@ import argparse
 from datetime import UTC, datetime
 from typing import Any
 
-from eventing.cli.common import existing_data_dir, non_negative_int
+from eventing.cli.common import existing_state, non_negative_int
 from eventing.cli.output import emit_json, table
 
 
@@ -20,7 +20,7 @@ def _when(epoch_s: float | None) -> str:
 def cmd_checkpoints(args: argparse.Namespace) -> int:
     from eventing.ops.stats import checkpoint_view
 
-    data = checkpoint_view(existing_data_dir(args), args.function, vb=args.vb, backlog_only=args.backlog_only)
+    data = checkpoint_view(existing_state(args), args.function, vb=args.vb, backlog_only=args.backlog_only)
     if args.json:
         emit_json(data)
         return 0
@@ -53,7 +53,7 @@ def cmd_rewind(args: argparse.Namespace) -> int:
     from eventing.ops.rewind import rewind
 
     result = rewind(
-        existing_data_dir(args), args.function, to_seqno=args.to_seqno, to_time=args.to_time, vb=args.vb,
+        existing_state(args), args.function, to_seqno=args.to_seqno, to_time=args.to_time, vb=args.vb,
         reapply_effects=args.reapply_effects,
     )
     if args.json:

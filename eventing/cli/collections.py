@@ -10,14 +10,14 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from eventing.cli.common import data_dir_of, writable_data_dir
+from eventing.cli.common import state_of, writable_state
 from eventing.cli.output import emit_json, table
 
 
 def cmd_collection_create(args: argparse.Namespace) -> int:
     from eventing.ops import buckets
 
-    result = buckets.create_collection(writable_data_dir(args), args.keyspace)
+    result = buckets.create_collection(writable_state(args), args.keyspace)
     if args.json:
         emit_json(result)
     else:
@@ -29,7 +29,7 @@ def cmd_collection_create(args: argparse.Namespace) -> int:
 def cmd_collection_list(args: argparse.Namespace) -> int:
     from eventing.ops import buckets
 
-    rows = buckets.list_collections(data_dir_of(args), args.bucket)
+    rows = buckets.list_collections(state_of(args), args.bucket)
     if args.json:
         emit_json(rows)
     else:
@@ -41,7 +41,7 @@ def cmd_collection_list(args: argparse.Namespace) -> int:
 def cmd_collection_drop(args: argparse.Namespace) -> int:
     from eventing.ops import buckets
 
-    result = buckets.drop_collection(writable_data_dir(args), args.keyspace)
+    result = buckets.drop_collection(writable_state(args), args.keyspace)
     if args.json:
         emit_json(result)
     else:

@@ -1,4 +1,4 @@
-"""What every command module shares: the data directory, function views, progress on the terminal."""
+"""What every command module shares: the state (--store / --data-dir), function views, progress on the terminal."""
 
 from __future__ import annotations
 
@@ -10,22 +10,38 @@ from typing import Any
 
 from eventing.cli.output import emit_json
 from eventing.core.mutation import parse_json_document
-from eventing.errors import EventingError, NotFoundError
-from metadata import METADATA_URL_ENV
-from metadata.factory import SQLITE_FILE
+from eventing.errors import EventingError
+from eventing.storage.state import (  # DEFAULT_DATA_DIR: for the parser's help
+    DEFAULT_DATA_DIR,  # noqa: F401
+    State,
+    default_location,
+    open_state,
+    require_existing,
+)
 
-DEFAULT_DATA_DIR = ".eventing"
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130  # Ctrl-C, for every command (128 + SIGINT, as shells report it)
 
 
-def data_dir_of(args: argparse.Namespace) -> str:
-    return args.data_dir or os.environ.get("EVENTING_DATA_DIR") or DEFAULT_DATA_DIR
+def location_of(args: argparse.Namespace) -> str:
+    """--store, else --data-dir, else $EVENTING_STORE, $EVENTING_DATA_DIR or ./.eventing."""
+    return getattr(args, "store", None) or getattr(args, "data_dir", None) or default_location()
 
 
-def writable_data_dir(args: argparse.Namespace) -> str:
-    """The data directory, created if needed; a clear error if it cannot be written."""
-    path = Path(data_dir_of(args))
+def state_of(args: argparse.Namespace) -> State:
+    """The command's state, opened once (main closes it when the command ends)."""
+    state = getattr(args, "_state", None)
+    if state is None:
+        state = args._state = open_state(location_of(args))
+    return state
+
+
+def writable_state(args: argparse.Namespace) -> State:
+    """The state, its data directory created if needed; a clear error if it cannot be written."""
+    state = state_of(args)
+    path = state.directory
+    if path is None:
+        return state
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe = path / f".probe-{os.getpid()}"
@@ -33,41 +49,31 @@ def writable_data_dir(args: argparse.Namespace) -> str:
         probe.unlink()
     except OSError as exc:
         raise EventingError(
-            f"data directory {path} is not writable ({exc.strerror}); pass --data-dir DIR or set EVENTING_DATA_DIR "
-            "to a writable directory"
+            f"data directory {path} is not writable ({exc.strerror}); pass --data-dir DIR (or --store) or set "
+            "EVENTING_DATA_DIR to a writable directory"
         ) from None
-    return str(path)
+    return state
 
 
-def existing_data_dir(args: argparse.Namespace) -> str:
-    path = Path(data_dir_of(args))
-    if not (path / SQLITE_FILE).exists() and not os.environ.get(METADATA_URL_ENV):
-        raise NotFoundError(
-            f"no eventing metadata in {path}; deploy a function first (`eventing deploy functions/fn_email.json`) "
-            "or pass the right --data-dir"
-        )
-    return str(path)
+def existing_state(args: argparse.Namespace) -> State:
+    """The state of a command that reads: NotFoundError naming the fix when nothing was stored there yet."""
+    return require_existing(state_of(args))
 
 
-def check_function_buckets(data_dir: str, functions: list[str] | None = None) -> None:
-    """Before a run: the bucket files the deployed functions (or ``functions``) read and write pass
-    SQLite's quick check, else one line names the damaged file and the way out (StoreCorruptError). A
-    damaged page might otherwise surface only when a worker reaches it, or never (a lookup that misses
-    it), while the rest of the run goes on."""
-    from eventing.storage.factory import open_bucket
-    from eventing.storage.files import bucket_path
-    from metadata.factory import open_store
-
-    with open_store(data_dir) as store:
-        records = store.list_functions()
+def check_function_buckets(state: State, functions: list[str] | None = None) -> None:
+    """Before a run: the buckets the deployed functions (or ``functions``) read and write pass their
+    integrity check (SQLite's quick check for a file), else one line names the damaged bucket and the way
+    out (StoreCorruptError). A damaged page might otherwise surface only when a worker reaches it, or never
+    (a lookup that misses it), while the rest of the run goes on."""
+    records = state.metadata.list_functions()
     names: set[str] = set()
     for record in records:
         if (functions and record.name not in functions) or record.state.value == "undeployed":
             continue
         names.add(record.definition.get("source_bucket", ""))
         names.update(b.get("bucket", "") for b in record.definition.get("bindings", []) if isinstance(b, dict))
-    for name in sorted(n for n in names if n and bucket_path(data_dir, n).exists()):
-        with open_bucket(data_dir, name) as bucket:
+    for name in sorted(n for n in names if n and state.has_bucket(n)):
+        with state.open_bucket(name) as bucket:
             bucket.verify_integrity()
 
 

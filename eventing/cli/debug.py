@@ -10,7 +10,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING
 
-from eventing.cli.common import existing_data_dir
+from eventing.cli.common import existing_state
 from eventing.cli.output import emit_json
 
 if TYPE_CHECKING:
@@ -24,9 +24,9 @@ WIDTH = 240  # trace values longer than this are cut, so one event stays on one 
 def cmd_debug(args: argparse.Namespace) -> int:
     from eventing.ops.debugger import DebugSession
 
-    data_dir = existing_data_dir(args)
+    state = existing_state(args)
     session = DebugSession(
-        data_dir,
+        state,
         args.function,
         key=args.key,
         vb=args.vb,

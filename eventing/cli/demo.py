@@ -10,14 +10,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from eventing.cli.common import ProgressRenderer, writable_data_dir
+from eventing.cli.common import ProgressRenderer, writable_state
 from eventing.cli.output import emit_json, progress_enabled, table
 from eventing.errors import EventingError
-from eventing.storage.files import bucket_path
-from eventing.storage.write_turns import TURN_SUFFIX
+from eventing.storage.state import State
 from functions import FUNCTIONS_DIR
 from metadata import FunctionState
-from metadata.factory import open_store
 
 log = logging.getLogger("eventing.demo")
 
@@ -28,11 +26,11 @@ DEMO_FUNCTIONS = (*HANDLER_FUNCTIONS, WINDOW_FUNCTION)
 WINDOW_ROWS_SHOWN = 6
 
 
-def _reset(data_dir: str) -> None:
+def _reset(state: State) -> None:
     """Start from a clean slate so the demo can be run again: drop its functions and buckets."""
     from eventing.control import lifecycle
 
-    store = open_store(data_dir)
+    store = state.metadata
     known = {r.name: r for r in store.list_functions()}
     for name in DEMO_FUNCTIONS:
         record = known.get(name)
@@ -43,30 +41,28 @@ def _reset(data_dir: str) -> None:
         if record.state is not FunctionState.UNDEPLOYED:
             lifecycle.complete_transition(store, name, FunctionState.UNDEPLOYED, "undeploy")
         store.delete_function(name)
-    store.close()
     for name in DEMO_BUCKETS:
-        for suffix in ("", "-wal", "-shm", TURN_SUFFIX):
-            path = bucket_path(data_dir, name)
-            path.with_name(path.name + suffix).unlink(missing_ok=True)
+        if state.has_bucket(name):
+            state.drop_bucket(name)
 
 
-def run_demo(data_dir: str, args: argparse.Namespace) -> int:
+def run_demo(state: State, args: argparse.Namespace) -> int:
     from eventing.api import Eventing
     from eventing.control import lifecycle
     from eventing.ops.windows import write_chart
 
     args.ray_address = args.ray_address or os.environ.get("EVENTING_RAY_ADDRESS")
-    app = Eventing(data_dir, executor=args.executor, ray_address=args.ray_address)
+    app = Eventing(store=state.location, executor=args.executor, ray_address=args.ray_address)
     say = (lambda *a: None) if args.json else print
     started = time.perf_counter()
-    if open_store(data_dir).live_services(lifecycle.SERVICE_STALE_S):
-        raise EventingError(f"an eventing service is running on {data_dir}; stop it (Ctrl-C) before the demo resets it")
-    _reset(data_dir)
+    if state.metadata.live_services(lifecycle.SERVICE_STALE_S):
+        raise EventingError(f"an eventing service is running on {state.shown}; stop it (Ctrl-C) before the demo resets it")
+    _reset(state)
     # Spark's cold start (~10 s of JVM, and a first job) overlaps loading and deploying instead of stalling
     # the first window.
     warm = threading.Thread(target=_warm_spark, name="spark-warm-up", daemon=True)
     warm.start()
-    say(f"1. creating buckets {', '.join(DEMO_BUCKETS)} in {data_dir}")
+    say(f"1. creating buckets {', '.join(DEMO_BUCKETS)} in {state.shown}")
     for name in DEMO_BUCKETS:
         app.create_bucket(name, exist_ok=False)
     say(f"2. loading {args.mutations:,} faker mutations over {args.documents:,} customers (seed {args.seed})")
@@ -93,7 +89,7 @@ def run_demo(data_dir: str, args: argparse.Namespace) -> int:
     stats = {name: app.stats(name).to_dict() for name in DEMO_FUNCTIONS}
     vbmaps = {name: app.vbucket_map(name).to_dict() for name in HANDLER_FUNCTIONS}
     windows = app.windows(WINDOW_FUNCTION).to_dict()
-    chart = str(Path(data_dir).resolve() / f"{WINDOW_FUNCTION}.png")
+    chart = str((state.directory or Path()).resolve() / f"{WINDOW_FUNCTION}.png")
     if windows["results"]:
         write_chart(windows, "sum_amount" if "sum_amount" in windows["aggregates"] else windows["aggregates"][0], chart)
     else:
@@ -101,7 +97,7 @@ def run_demo(data_dir: str, args: argparse.Namespace) -> int:
     emails = app.bucket("emails")
     scores = app.bucket("scores")
     result = {
-        "data_dir": data_dir,
+        "data_dir": state.shown,
         "load_mutations_per_s": round(args.mutations / load_s),
         "run_seconds": round(summary.seconds, 2),
         "functions": {n: {"handled": p.handled, "state": p.state} for n, p in summary.functions.items()},
@@ -111,7 +107,7 @@ def run_demo(data_dir: str, args: argparse.Namespace) -> int:
         "windows": {k: v for k, v in windows.items() if k != "results"} | {
             "results_shown": _last_windows(windows)[1], "result_rows": len(windows["results"])},
         "chart": chart or None,
-        "console": _console_hint(data_dir),
+        "console": _console_hint(state),
         "demo_seconds": round(time.perf_counter() - started, 1),
     }
     if args.json:
@@ -137,9 +133,10 @@ def run_demo(data_dir: str, args: argparse.Namespace) -> int:
     _print_windows(windows, stats[WINDOW_FUNCTION])
     if chart:
         print(f"   chart of sum_amount per window and country: {chart}")
-    print(f"\nnext: eventing --data-dir {data_dir} stats fn_email   |   eventing --data-dir {data_dir} vbmap fn_score"
-          f"   |   eventing --data-dir {data_dir} windows {WINDOW_FUNCTION}")
-    print(f"console: {_console_hint(data_dir)}")
+    where = _store_option(state)
+    print(f"\nnext: eventing {where} stats fn_email   |   eventing {where} vbmap fn_score"
+          f"   |   eventing {where} windows {WINDOW_FUNCTION}")
+    print(f"console: {_console_hint(state)}")
     print(f"(demo took {result['demo_seconds']:.0f}s: loading {load_s:.0f}s, processing {summary.seconds:.0f}s)")
     return 0
 
@@ -156,8 +153,12 @@ def _warm_spark() -> None:
         log.warning("Spark warm-up failed: %s", exc)
 
 
-def _console_hint(data_dir: str) -> str:
-    return f"eventing serve --data-dir {data_dir}   then open http://127.0.0.1:8096/"
+def _store_option(state: State) -> str:
+    return f"--data-dir {state.shown}" if state.directory is not None else f"--store '{state.shown}'"
+
+
+def _console_hint(state: State) -> str:
+    return f"eventing serve {_store_option(state)}   then open http://127.0.0.1:8096/"
 
 
 def _last_windows(report: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -193,7 +194,7 @@ def _print_windows(report: dict[str, Any], stats: dict[str, Any]) -> None:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    return run_demo(writable_data_dir(args), args)
+    return run_demo(writable_state(args), args)
 
 
 def register(sub: Any, add: Any) -> None:

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from eventing.cli.common import existing_data_dir
+from eventing.cli.common import existing_state
 from eventing.cli.output import emit_json, progress_enabled, table
 
 if TYPE_CHECKING:
@@ -30,7 +30,7 @@ def _selector(args: argparse.Namespace) -> dlq.DlqSelector:
 def cmd_list(args: argparse.Namespace) -> int:
     from eventing.ops import dlq
 
-    rows = dlq.list_rows(existing_data_dir(args), args.function, reason=args.reason, limit=args.limit,
+    rows = dlq.list_rows(existing_state(args), args.function, reason=args.reason, limit=args.limit,
                          include_replayed=args.all)
     if args.json:
         emit_json([dlq.row_view(r) for r in rows])
@@ -54,7 +54,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     from eventing.ops import dlq
 
-    rows = dlq.show_rows(existing_data_dir(args), args.function, _selector(args))
+    rows = dlq.show_rows(existing_state(args), args.function, _selector(args))
     views = [dlq.row_view(r, full=True) for r in rows]
     if args.json:
         emit_json(views)
@@ -88,7 +88,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         bar.update(1)
 
     try:
-        report = dlq.replay(existing_data_dir(args), args.function, _selector(args), on_row=on_row)
+        report = dlq.replay(existing_state(args), args.function, _selector(args), on_row=on_row)
     except KeyboardInterrupt:
         bar.close()
         replayed = sum(1 for r in done if r.outcome == "replayed")
@@ -122,7 +122,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def cmd_purge(args: argparse.Namespace) -> int:
     from eventing.ops import dlq
 
-    removed = dlq.purge(existing_data_dir(args), args.function, _selector(args), replayed_only=args.replayed)
+    removed = dlq.purge(existing_state(args), args.function, _selector(args), replayed_only=args.replayed)
     if args.json:
         emit_json({"function": args.function, "purged": removed})
     else:

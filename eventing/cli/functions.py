@@ -9,34 +9,33 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from eventing.cli.common import announce, data_dir_of, existing_data_dir, writable_data_dir
+from eventing.cli.common import announce, existing_state, state_of, writable_state
 from eventing.cli.output import emit_json, table
 from eventing.errors import ConfigError, LifecycleError
-from metadata import METADATA_URL_ENV
-from metadata.factory import SQLITE_FILE, open_store
+from eventing.storage.state import State
 from sharding import NUM_VBUCKETS
 
 
-def _name_or_file(args: argparse.Namespace, data_dir: str) -> str:
+def _name_or_file(args: argparse.Namespace, state: State) -> str:
     """`deploy` takes a definition file (saved first) or the name of a stored function."""
     from eventing.control import lifecycle
 
     target = args.function
     if target.endswith(".json") or os.path.sep in target:
-        return lifecycle.save_from_file(data_dir, target).name
+        return lifecycle.save_from_file(state, target).name
     return target
 
 
-def _refuse_if_paused(target: str, data_dir: str) -> None:
+def _refuse_if_paused(target: str, state: State) -> None:
     """Deploying a paused function is an illegal move; say which moves do what the user likely wants."""
     from eventing.core.definition import load_definition_file
     from metadata import FunctionState
 
     is_file = target.endswith(".json") or os.path.sep in target
     name = load_definition_file(target)[0].name if is_file else target
-    if not (Path(data_dir) / SQLITE_FILE).exists() and not os.environ.get(METADATA_URL_ENV):
+    if not state.exists():
         return
-    with open_store(data_dir) as store:
+    with state.metadata as store:
         known = {r.name: r for r in store.list_functions()}
     if name in known and known[name].state is FunctionState.PAUSED:
         update = f"`eventing create {target}` updates its definition and handler, then " if is_file else ""
@@ -50,42 +49,42 @@ def _refuse_if_paused(target: str, data_dir: str) -> None:
 def cmd_create(args: argparse.Namespace) -> int:
     from eventing.control import lifecycle
 
-    data_dir = writable_data_dir(args)
-    return announce(args, lifecycle.save_from_file(data_dir, args.file), "saved")
+    state = writable_state(args)
+    return announce(args, lifecycle.save_from_file(state, args.file), "saved")
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
     from eventing.control import lifecycle
 
-    data_dir = writable_data_dir(args)
-    _refuse_if_paused(args.function, data_dir)
-    name = _name_or_file(args, data_dir)
-    record = lifecycle.deploy(data_dir, name, args.boundary)
+    state = writable_state(args)
+    _refuse_if_paused(args.function, state)
+    name = _name_or_file(args, state)
+    record = lifecycle.deploy(state, name, args.boundary)
     return announce(args, record, "deployed")
 
 
 def cmd_pause(args: argparse.Namespace) -> int:
     from eventing.control import lifecycle
 
-    return announce(args, lifecycle.pause(existing_data_dir(args), args.function, wait_s=args.wait), "paused")
+    return announce(args, lifecycle.pause(existing_state(args), args.function, wait_s=args.wait), "paused")
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
     from eventing.control import lifecycle
 
-    return announce(args, lifecycle.resume(existing_data_dir(args), args.function), "resumed")
+    return announce(args, lifecycle.resume(existing_state(args), args.function), "resumed")
 
 
 def cmd_undeploy(args: argparse.Namespace) -> int:
     from eventing.control import lifecycle
 
-    return announce(args, lifecycle.undeploy(existing_data_dir(args), args.function, wait_s=args.wait), "undeployed")
+    return announce(args, lifecycle.undeploy(existing_state(args), args.function, wait_s=args.wait), "undeployed")
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
     from eventing.control import lifecycle
 
-    lifecycle.delete(existing_data_dir(args), args.function)
+    lifecycle.delete(existing_state(args), args.function)
     if args.json:
         emit_json({"name": args.function, "deleted": True})
     else:
@@ -96,9 +95,8 @@ def cmd_delete(args: argparse.Namespace) -> int:
 def cmd_list(args: argparse.Namespace) -> int:
     from eventing.ops.stats import function_view as record_view
 
-    path = Path(data_dir_of(args)) / SQLITE_FILE
-    exists = path.exists() or bool(os.environ.get(METADATA_URL_ENV))
-    records = open_store(data_dir_of(args)).list_functions() if exists else []
+    state = state_of(args)
+    records = state.metadata.list_functions() if state.exists() else []
     views = [record_view(r) for r in records]
     if args.json:
         emit_json(views)
@@ -114,7 +112,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from eventing.ops.stats import function_status
 
-    status = function_status(existing_data_dir(args), args.function)
+    status = function_status(existing_state(args), args.function)
     services, leader, standbys, views = status["services"], status["leader"], status["standbys"], status["functions"]
     if args.json:
         emit_json({"services": services, "leader": leader, "standbys": standbys, "functions": views})
@@ -138,13 +136,13 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     data: Any
     if args.format == "couchbase":  # Couchbase's export: a list of functions, as its console writes
-        exported, warnings = lifecycle.export_couchbase(existing_data_dir(args), args.function,
+        exported, warnings = lifecycle.export_couchbase(existing_state(args), args.function,
                                                         with_secrets=args.with_secrets)
         data = [exported]
         for line in warnings:
             print(f"warning: {line}", file=sys.stderr)
     else:
-        data = lifecycle.export_function(existing_data_dir(args), args.function, with_secrets=args.with_secrets)
+        data = lifecycle.export_function(existing_state(args), args.function, with_secrets=args.with_secrets)
     text = json.dumps(data, indent=2)
     if args.output:
         Path(args.output).write_text(text + "\n")
@@ -161,14 +159,14 @@ def cmd_import(args: argparse.Namespace) -> int:
     from eventing.control import lifecycle
     from eventing.ops.stats import function_view as record_view
 
-    data_dir = writable_data_dir(args)
+    state = writable_state(args)
     try:
         data = json.loads(Path(args.file).read_text())
     except FileNotFoundError:
         raise ConfigError(f"file {args.file} does not exist") from None
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{args.file} is not valid JSON ({exc})") from None
-    records, warnings = lifecycle.import_functions(data_dir, data)  # this project's export or Couchbase's
+    records, warnings = lifecycle.import_functions(state, data)  # this project's export or Couchbase's
     for line in warnings:
         print(f"warning: {line}", file=sys.stderr)
     if args.json:

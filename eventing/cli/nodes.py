@@ -8,17 +8,16 @@ from typing import TYPE_CHECKING, Any
 
 from eventing.cli.output import emit_json, table
 from eventing.errors import LifecycleError
-from metadata.factory import open_store
 
 if TYPE_CHECKING:
     from eventing.control.nodes import Topology
 
 
 def _topology(args: argparse.Namespace) -> Topology:
-    from eventing.cli.common import writable_data_dir
+    from eventing.cli.common import writable_state
     from eventing.control.nodes import Topology
 
-    return Topology(open_store(writable_data_dir(args)))
+    return Topology(writable_state(args).metadata)
 
 
 def cmd_node_add(args: argparse.Namespace) -> int:

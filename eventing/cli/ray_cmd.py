@@ -7,7 +7,7 @@ import argparse
 import time
 from typing import Any
 
-from eventing.cli.common import data_dir_of, writable_data_dir
+from eventing.cli.common import state_of, writable_state
 from eventing.cli.output import emit_json
 
 
@@ -19,29 +19,29 @@ def _describe(instance: Any) -> dict[str, Any]:
 def cmd_ray_start(args: argparse.Namespace) -> int:
     from eventing.workers import ray_instance
 
-    data_dir = writable_data_dir(args)
-    was_up = ray_instance.running(data_dir) is not None
+    state = writable_state(args)
+    was_up = ray_instance.running(state.runtime_dir()) is not None
     started = time.perf_counter()
-    instance = ray_instance.start(data_dir, num_cpus=args.num_cpus, workers=args.workers)
+    instance = ray_instance.start(state.runtime_dir(), num_cpus=args.num_cpus, workers=args.workers)
     if args.json:
         emit_json({**_describe(instance), "already_running": was_up})
     elif was_up:
-        print(f"a Ray instance is already up for {data_dir} at {instance.address} (pid {instance.pid})")
+        print(f"a Ray instance is already up for {state.shown} at {instance.address} (pid {instance.pid})")
     else:
         print(f"Ray instance up at {instance.address} in {time.perf_counter() - started:.1f}s "
               f"({instance.num_cpus} CPUs, {args.workers} worker processes waiting, pid {instance.pid}); "
-              f"`eventing run` in {data_dir} joins it; `eventing ray stop` ends it")
+              f"`eventing run` on {state.shown} joins it; `eventing ray stop` ends it")
     return 0
 
 
 def cmd_ray_stop(args: argparse.Namespace) -> int:
     from eventing.workers import ray_instance
 
-    instance = ray_instance.stop(data_dir_of(args))
+    instance = ray_instance.stop(state_of(args).runtime_dir())
     if args.json:
         emit_json({"stopped": instance is not None, **(_describe(instance) if instance else {})})
     elif instance is None:
-        print("no Ray instance was started for this data directory (`eventing ray start` starts one)")
+        print("no Ray instance was started for this store (`eventing ray start` starts one)")
     else:
         print(f"stopped the Ray instance at {instance.address} (pid {instance.pid})")
     return 0
@@ -50,11 +50,11 @@ def cmd_ray_stop(args: argparse.Namespace) -> int:
 def cmd_ray_status(args: argparse.Namespace) -> int:
     from eventing.workers import ray_instance
 
-    instance = ray_instance.running(data_dir_of(args))
+    instance = ray_instance.running(state_of(args).runtime_dir())
     if args.json:
         emit_json({"running": instance is not None, **(_describe(instance) if instance else {})})
     elif instance is None:
-        print("no Ray instance is up for this data directory: each `eventing run` starts its own (~2.5s); "
+        print("no Ray instance is up for this store: each `eventing run` starts its own (~2.5s); "
               "`eventing ray start` keeps one up")
     else:
         print(f"up at {instance.address} for {time.time() - instance.started_at:,.0f}s "

@@ -12,7 +12,7 @@ from typing import Any
 from eventing.cli.common import (
     ProgressRenderer,
     check_function_buckets,
-    existing_data_dir,
+    existing_state,
     non_negative_int,
     positive_int,
     process_started_at,
@@ -54,15 +54,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     args.ray_address = args.ray_address or os.environ.get("EVENTING_RAY_ADDRESS")
     args.spark_master = args.spark_master or os.environ.get("EVENTING_SPARK_MASTER")
-    data_dir = existing_data_dir(args)
+    state = existing_state(args)
     timeout_s = failover_timeout_s(args.failover_timeout)  # a bad value fails before Ray starts
     if args.spark_master:
         from eventing.windows.spark.spark_session import check_spark_master
 
         check_spark_master(args.spark_master)  # one line in seconds, not a minute of Spark retrying
-    check_function_buckets(data_dir, args.function or None)  # a damaged bucket file: one line, before Ray starts
+    check_function_buckets(state, args.function or None)  # a damaged bucket file: one line, before Ray starts
     began = time.perf_counter()
-    executor = make_executor(args.executor, args.ray_address, data_dir, worker_processes=args.worker_processes)
+    executor = make_executor(args.executor, args.ray_address, state, worker_processes=args.worker_processes)
     ray_s = time.perf_counter() - began
     live = not args.json and not args.quiet
     bars = ProgressRenderer(enabled=live and progress_enabled())
@@ -73,7 +73,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         lines(summary)
 
     service = EventingService(
-        data_dir, executor, until_caught_up=args.until_caught_up, functions=args.function or None,
+        state, executor, until_caught_up=args.until_caught_up, functions=args.function or None,
         on_progress=on_progress,
         windows=WindowOptions(close_windows=args.close_windows, spark_master=args.spark_master),
         standby=args.standby, failover_timeout_s=timeout_s,
@@ -168,7 +168,7 @@ def _startup(executor: Any, ray_s: float, summary: Any) -> dict[str, Any]:
 def cmd_vbmap(args: argparse.Namespace) -> int:
     from eventing.ops.stats import vbucket_map
 
-    data = vbucket_map(existing_data_dir(args), args.function)
+    data = vbucket_map(existing_state(args), args.function)
     if args.json:
         emit_json(data)
     else:
@@ -188,10 +188,10 @@ def cmd_stats(args: argparse.Namespace) -> int:
     if args.watch:
         from eventing.cli.watch import stats_line, watch
 
-        data_dir = existing_data_dir(args)
-        return watch(lambda: function_stats(data_dir, args.function), _print_stats, stats_line,
+        state = existing_state(args)
+        return watch(lambda: function_stats(state, args.function), _print_stats, stats_line,
                      interval_s=args.interval, as_json=args.json, count=args.count)
-    data = function_stats(existing_data_dir(args), args.function)
+    data = function_stats(existing_state(args), args.function)
     if args.json:
         emit_json(data)
     else:

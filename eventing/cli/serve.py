@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from eventing.cli.common import data_dir_of
+from eventing.cli.common import state_of
 from eventing.cli.output import emit_json
 
 
@@ -15,14 +15,14 @@ def _config(args: argparse.Namespace, port: int) -> Any:
     from eventing.http.auth import ServerConfig
 
     return ServerConfig.from_env(
-        data_dir_of(args), host=args.host, port=port, admin_token=args.admin_token, read_token=args.read_token,
+        state_of(args), host=args.host, port=port, admin_token=args.admin_token, read_token=args.read_token,
         max_body_bytes=args.max_body, cors_origins=tuple(args.cors_origin or ()),
     )
 
 
 def _banner(config: Any) -> str:
     auth = "tokens required" if config.secured else "no credentials (loopback only)"
-    return (f"eventing console and API on http://{config.host}:{config.port}/ ({auth}); data {config.data_dir}; "
+    return (f"eventing console and API on http://{config.host}:{config.port}/ ({auth}); data {config.state}; "
             f"API description at /api/v1/openapi.json, metrics at /metrics")
 
 
@@ -32,7 +32,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     config = _config(args, args.port)
     server = make_server(config)  # checks the bind rule and tokens first
     if args.json:
-        emit_json({"url": f"http://{config.host}:{config.port}/", "data_dir": config.data_dir,
+        emit_json({"url": f"http://{config.host}:{config.port}/", "state": config.state,
                    "secured": config.secured})
     else:
         print(_banner(config), flush=True)

@@ -6,19 +6,19 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from eventing.cli.common import existing_data_dir
+from eventing.cli.common import existing_state
 from eventing.cli.output import emit_json, table
-from metadata.factory import open_store
+from eventing.storage.state import State
 
 HEADERS = ["function", "state", "seen", "success", "failure", "timeout", "dead letters", "backlog", "mutations/s"]
 
 
-def all_stats(data_dir: str) -> list[dict[str, Any]]:
+def all_stats(state: State) -> list[dict[str, Any]]:
     from eventing.ops.stats import function_stats
 
-    with open_store(data_dir, create=False) as store:
+    with state.metadata as store:
         names = [r.name for r in store.list_functions()]
-    return [function_stats(data_dir, name) for name in names]
+    return [function_stats(state, name) for name in names]
 
 
 def _row(s: dict[str, Any]) -> list[Any]:
@@ -32,7 +32,7 @@ def cmd_stats_all(args: argparse.Namespace) -> int:
         from eventing.errors import ConfigError
 
         raise ConfigError("stats --watch follows one function; name it (`eventing stats FN --watch`)")
-    stats = all_stats(existing_data_dir(args))
+    stats = all_stats(existing_state(args))
     if args.json:
         emit_json(stats)
     elif not stats:

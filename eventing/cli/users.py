@@ -15,7 +15,6 @@ from typing import Any
 
 from eventing.cli.output import emit_json, table
 from eventing.errors import ConfigError
-from metadata.factory import open_store
 
 PASSWORD_ENV = "EVENTING_USER_PASSWORD"
 
@@ -38,12 +37,12 @@ def _password(args: argparse.Namespace) -> str:
 
 
 def cmd_user_add(args: argparse.Namespace) -> int:
-    from eventing.cli.common import writable_data_dir
+    from eventing.cli.common import writable_state
     from eventing.http.auth import check_user_name, hash_password, parse_roles
 
     check_user_name(args.name)
     roles = [str(g) for g in parse_roles(args.role or [])]
-    with open_store(writable_data_dir(args)) as store:
+    with writable_state(args).metadata as store:
         names = {u.name for u in store.list_users()}
         if args.name in names and not args.replace:
             raise ConfigError(f"user '{args.name}' exists; add --replace to give it a new password and roles")
@@ -59,11 +58,11 @@ def cmd_user_add(args: argparse.Namespace) -> int:
 
 
 def cmd_user_list(args: argparse.Namespace) -> int:
-    from eventing.cli.common import data_dir_of
+    from eventing.cli.common import state_of
     from eventing.errors import NotFoundError
 
     try:
-        store = open_store(data_dir_of(args), create=False)
+        store = state_of(args).metadata
     except NotFoundError:
         users: list[Any] = []
     else:
@@ -81,9 +80,9 @@ def cmd_user_list(args: argparse.Namespace) -> int:
 
 
 def cmd_user_remove(args: argparse.Namespace) -> int:
-    from eventing.cli.common import existing_data_dir
+    from eventing.cli.common import existing_state
 
-    with open_store(existing_data_dir(args), create=False) as store:
+    with existing_state(args).metadata as store:
         store.delete_user(args.name)
     if args.json:
         emit_json({"name": args.name, "removed": True})

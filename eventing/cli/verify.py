@@ -11,10 +11,10 @@ EXIT_NOT_ACCOUNTED = 1
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from eventing.cli.common import existing_data_dir
+    from eventing.cli.common import existing_state
     from eventing.ops.verify import verify_function
 
-    report = verify_function(existing_data_dir(args), args.function, ledger=args.ledger)
+    report = verify_function(existing_state(args), args.function, ledger=args.ledger)
     if args.json:
         emit_json(report.to_dict())
     else:

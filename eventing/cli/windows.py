@@ -22,13 +22,13 @@ def _describe(spec: dict[str, Any]) -> str:
 
 
 def cmd_windows(args: argparse.Namespace) -> int:
-    from eventing.cli.common import existing_data_dir
+    from eventing.cli.common import existing_state
     from eventing.ops.windows import window_report, write_chart
 
-    data_dir = existing_data_dir(args)
+    state = existing_state(args)
     if args.adjusted:
-        return _adjusted(data_dir, args)
-    report = window_report(data_dir, args.function)
+        return _adjusted(state, args)
+    report = window_report(state, args.function)
     aggregates = report["aggregates"]
     if args.aggregate is not None and args.aggregate not in aggregates:
         raise ConfigError(
@@ -82,18 +82,18 @@ def cmd_windows(args: argparse.Namespace) -> int:
     return 0
 
 
-def _adjusted(data_dir: str, args: argparse.Namespace) -> int:
+def _adjusted(state: Any, args: argparse.Namespace) -> int:
     """The rows the arrival-time policies windowed at another time than their event time."""
     from eventing.core.times import iso_ms
     from eventing.ops.windows import adjusted_rows, window_status
 
-    status = window_status(data_dir, args.function)  # names the fix for an unknown or window-less function
+    status = window_status(state, args.function)  # names the fix for an unknown or window-less function
     if "arrival_policies" not in status:
         raise ConfigError(
             f"function '{args.function}' declares no arrival-time policies, so no row is adjusted; see "
             "early_arrival_policy, out_of_order_policy and late_arrival_tolerance in docs/time-semantics.md"
         )
-    rows = adjusted_rows(data_dir, args.function)
+    rows = adjusted_rows(state, args.function)
     if args.limit:
         rows = rows[-args.limit :]
     if args.json:
