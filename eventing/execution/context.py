@@ -20,6 +20,10 @@ from eventing.core.mutation import Mutation
 _thread = threading.local()  # .context: the LaneContext of a pool thread (absent on every other thread)
 
 
+class HandlerTimeout(Exception):
+    """Raised inside a handler call that ran past execution_timeout."""
+
+
 class CallContext:
     """The mutation a handler is running on, the epoch its writes are kept under, and when it must end."""
 

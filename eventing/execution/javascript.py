@@ -51,10 +51,9 @@ import msgspec
 
 from eventing import handler as handler_api
 from eventing.errors import HandlerLoadError
-from eventing.execution.context import CallContext
+from eventing.execution.context import CallContext, HandlerTimeout
 from eventing.execution.js_host import _as_json, _js_doc, _make_host
 from eventing.execution.js_prelude import PRELUDE
-from eventing.execution.runner import HandlerTimeout
 
 ENTRY_POINTS = {"OnUpdate": "on_update", "OnDelete": "on_delete", "OnDeploy": "on_deploy"}
 CALL, UPDATE, BATCH = 0, 1, 2  # the compiled scripts of a context: __call(), __update(), __batch()

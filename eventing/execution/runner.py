@@ -27,7 +27,7 @@ from eventing.core.definition import FunctionDefinition
 from eventing.core.keyspaces import key_prefix
 from eventing.core.mutation import OP_EXPIRE, OP_TIMER, OP_UPDATE, Mutation
 from eventing.execution.bindings import BucketBinding, ConcurrentEffectBuffer, EffectBuffer
-from eventing.execution.context import CallContext
+from eventing.execution.context import CallContext, HandlerTimeout  # noqa: F401 - HandlerTimeout: its older home
 from eventing.execution.curl import CurlClient, UrlBinding
 from eventing.execution.loader import load_handler
 from eventing.execution.timers import ConcurrentTimerTable, TimerTable
@@ -45,10 +45,6 @@ Invoke = Callable[..., Any]  # invoke(fn, *args): a plain call, or pdb's runcall
 
 PREVIOUS_CACHE_KEYS = 1_000_000  # previous_version's cache of latest versions, cleared when it reaches this
 _UNSEEN = object()
-
-
-class HandlerTimeout(Exception):
-    """Raised inside a handler call that ran past execution_timeout."""
 
 
 class HandlerQuit(Exception):

@@ -97,3 +97,77 @@ def test_sharding_and_metadata_never_import_ray_or_spark(top):
     for path in (ROOT / top).rglob("*.py"):
         for _, target in imported_modules(ast.parse(path.read_text())):
             assert target.split(".")[0] not in ("ray", "pyspark"), f"{path} imports {target}"
+
+
+def runtime_imports(tree: ast.AST) -> list[str]:
+    """The modules a file imports when it runs: those under `if TYPE_CHECKING:` (for annotations only) left out."""
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+            for inner in node.body:
+                skipped.update(id(n) for n in ast.walk(inner))
+    kept = ast.Module(body=[], type_ignores=[])
+    out = []
+    for node in ast.walk(tree):
+        if id(node) in skipped or not isinstance(node, ast.Import | ast.ImportFrom):
+            continue
+        kept.body = [node]
+        out.extend(target for _, target in imported_modules(kept))
+    return out
+
+
+def import_cycles() -> list[list[str]]:
+    """Groups of modules that import each other, directly or round a circle (imports inside functions
+    count: deferring an import hides a circle, it does not remove it)."""
+    files = project_files()
+    names = {module_name(p) for p in files}
+
+    def owner(target: str) -> str | None:
+        while target and target not in names:
+            target = target.rpartition(".")[0]
+        return target or None
+
+    graph = {
+        module_name(p): {o for t in runtime_imports(ast.parse(p.read_text())) if (o := owner(t)) and o != module_name(p)}
+        for p in files
+    }
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                cycles.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_no_module_imports_itself_round_a_circle():
+    assert import_cycles() == []
+
+
+def test_the_cycle_check_sees_a_circle():
+    tree = ast.parse("def f():\n    from eventing.workers.worker import WorkerCore\nif TYPE_CHECKING:\n    import x.y\n")
+    assert runtime_imports(tree) == ["eventing.workers.worker"]
