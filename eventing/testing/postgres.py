@@ -265,3 +265,52 @@ def _children(pid: int) -> list[int]:
         except (OSError, ValueError, IndexError):
             continue
     return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m eventing.testing.postgres start|stop|kill|standby|promote|url --folder DIR [--port N]`: a
+    throwaway server in DIR for trying the PostgreSQL store out (docs/postgresql.md); `start` prints its URL."""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(prog="python -m eventing.testing.postgres", description=main.__doc__)
+    parser.add_argument("action", choices=["start", "stop", "kill", "standby", "promote", "url"])
+    parser.add_argument("--folder", required=True, help="the server's folder (created by start)")
+    parser.add_argument("--port", type=int, default=None, help="its port (start: a free one by default)")
+    parser.add_argument("--database", default="eventing", help="a database start creates (default eventing)")
+    parser.add_argument("--fsync", action="store_true", help="flush to disk as a production server does")
+    args = parser.parse_args(argv)
+    folder = Path(args.folder).resolve()
+    info_file = folder / "throwaway.json"
+    info = json.loads(info_file.read_text()) if info_file.exists() else {}
+    server = ThrowawayPostgres(folder, port=args.port or info.get("port"), fsync=args.fsync or info.get("fsync", False))
+    server._initialised = (server.data / "PG_VERSION").exists()
+    if args.action == "start":
+        server.start()
+        if not server.sql(f"SELECT 1 FROM pg_database WHERE datname = '{args.database}'"):
+            server.create_database(args.database)
+        info_file.write_text(json.dumps({"port": server.port, "fsync": server.fsync}))
+        print(server.url(args.database))
+    elif args.action == "url":
+        print(server.url(args.database))
+    elif args.action == "kill":
+        server.kill()
+    elif args.action == "stop":
+        for entry in sorted(folder.glob("standby*")):
+            standby_info = entry / "throwaway.json"
+            if standby_info.exists():
+                ThrowawayPostgres(entry, port=json.loads(standby_info.read_text())["port"]).stop(remove=False)
+        server.stop(remove=False)
+    elif args.action == "standby":
+        standby = server.add_standby(name="standby1")
+        (standby.folder / "throwaway.json").write_text(json.dumps({"port": standby.port, "fsync": server.fsync}))
+        print(standby.url(args.database))
+    elif args.action == "promote":
+        standby_folder = folder / "standby1"
+        port = json.loads((standby_folder / "throwaway.json").read_text())["port"]
+        ThrowawayPostgres(standby_folder, port=port).promote()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
