@@ -26,8 +26,8 @@ from eventing.control import lifecycle as control_lifecycle
 from eventing.core.definition import Boundary, FunctionDefinition
 from eventing.ops.verify import VerifyReport, check_ledger
 from eventing.storage import loadgen
-from eventing.storage.factory import create_bucket
 from eventing.storage.protocol import FileBucket
+from eventing.storage.state import StateLike, as_state
 from eventing.storage.writes import chunked
 from functions import FUNCTIONS_DIR
 
@@ -83,22 +83,22 @@ def call_log_figures(path: str | Path) -> CallLogFigures:
 
 
 def load_source(
-    data_dir: str, documents: int, mutations: int, *, bucket: str = "src", chunk: int = 10_000, **generate: Any
+    data_dir: StateLike, documents: int, mutations: int, *, bucket: str = "src", chunk: int = 10_000, **generate: Any
 ) -> FileBucket:
     """The bucket (created if missing) with ``loadgen.generate(documents, mutations, **generate)`` written
     into it in chunks."""
-    source = create_bucket(data_dir, bucket, exist_ok=True)
+    source = as_state(data_dir).create_bucket(bucket, exist_ok=True)
     for writes in chunked(loadgen.generate(documents, mutations, **generate), chunk):
         source.write(writes)
     return source
 
 
 def deploy_function(
-    data_dir: str, defn: FunctionDefinition, handler: str = LEDGER_HANDLER, boundary: Boundary | None = None
+    data_dir: StateLike, defn: FunctionDefinition, handler: str = LEDGER_HANDLER, boundary: Boundary | None = None
 ) -> None:
     """Create the function's binding buckets, save it with ``handler`` and deploy it."""
     for b in defn.bindings:
-        create_bucket(data_dir, b.bucket, exist_ok=True)
+        as_state(data_dir).create_bucket(b.bucket, exist_ok=True)
     control_lifecycle.save_function(data_dir, defn, handler)
     control_lifecycle.deploy(data_dir, defn.name, boundary)
 

@@ -21,11 +21,10 @@ from eventing.control.service import EventingService
 from eventing.core.definition import FunctionDefinition
 from eventing.core.mutation import OP_UPDATE, encode_document
 from eventing.execution.timers import delay_percentile
-from eventing.storage.factory import create_bucket, open_bucket
+from eventing.storage.state import StateLike, as_state
 from eventing.storage.values import Write
 from eventing.storage.writes import chunked
 from eventing.workers.executor import Executor
-from metadata.factory import open_store
 
 FUNCTION = "fn_timers"
 
@@ -65,9 +64,9 @@ class TimerBenchResult:
         }
 
 
-def prepare(data_dir: str) -> None:
-    create_bucket(data_dir, "timer_src", exist_ok=True)
-    create_bucket(data_dir, "timer_ledger", exist_ok=True)
+def prepare(data_dir: StateLike) -> None:
+    as_state(data_dir).create_bucket("timer_src", exist_ok=True)
+    as_state(data_dir).create_bucket("timer_ledger", exist_ok=True)
 
 
 def definition(workers: int, batch_size: int, base: float) -> FunctionDefinition:
@@ -79,7 +78,7 @@ def definition(workers: int, batch_size: int, base: float) -> FunctionDefinition
 
 
 def run(
-    data_dir: str,
+    data_dir: StateLike,
     executor: Executor,
     timers: int,
     *,
@@ -91,7 +90,7 @@ def run(
     progress: Any = None,
 ) -> TimerBenchResult:
     """Deploy, let every timer fire (or time out), stop; then count through the ledger."""
-    source = open_bucket(data_dir, "timer_src")
+    source = as_state(data_dir).open_bucket("timer_src")
     base = time.time() + lead_s  # BASE, a constant binding: due times are BASE + offset
     lifecycle.save_function(data_dir, definition(workers, 1000, base), HANDLER)
     lifecycle.deploy(data_dir, FUNCTION)
@@ -103,7 +102,7 @@ def run(
     started = time.monotonic()
     thread.start()
     result = TimerBenchResult(timers)
-    ledger = open_bucket(data_dir, "timer_ledger")
+    ledger = as_state(data_dir).open_bucket("timer_ledger")
     deadline = started + (timeout_s if timeout_s is not None else lead_s + span_s + 120)
     kill_at = [base + span_s * (k + 1) / (kills + 1) for k in range(kills)]
     try:
@@ -131,7 +130,7 @@ def run(
         result.delay_p50_s = delays[len(delays) // 2]
         result.delay_p99_s = delays[min(len(delays) - 1, int(len(delays) * 0.99))]
         result.delay_max_s = delays[-1]
-    store = open_store(data_dir)
+    store = as_state(data_dir).open_metadata()
     try:
         counters = store.counters(FUNCTION)
         result.counters = {

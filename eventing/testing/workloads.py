@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import os
-
 from eventing.storage import loadgen
+from eventing.storage.protocol import FileBucket
 
 # W1: the handler keeps a dict of each document's latest revision: the framework's own cost, with state that
-from eventing.storage.factory import create_bucket
-from eventing.storage.protocol import FileBucket
+from eventing.storage.state import StateLike, as_state
 from eventing.storage.writes import chunked
 
 # W1: the handler keeps a dict of each document's latest revision: the framework's own cost, with state that
@@ -25,11 +23,11 @@ def on_delete(meta, options):
 
 
 def load_bench_bucket(
-    data_dir: str | os.PathLike[str], name: str, documents: int, mutations: int, *, seed: int = 7, chunk: int = 50_000
+    data_dir: StateLike, name: str, documents: int, mutations: int, *, seed: int = 7, chunk: int = 50_000
 ) -> FileBucket:
     """A new bucket holding `mutations` faker mutations over `documents` documents (the same seed, the same
     mutations), written `chunk` a transaction."""
-    bucket = create_bucket(data_dir, name)
+    bucket = as_state(data_dir).create_bucket(name)
     for part in chunked(loadgen.generate(documents, mutations, seed=seed), chunk):
         bucket.write(part)
     return bucket
