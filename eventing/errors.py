@@ -1,9 +1,11 @@
 """Errors of the runtime; the hierarchy is drawn in `metadata.errors`, re-exported here for users."""
 
 from metadata.errors import (
+    CLI_WORDING,
     ConfigError,
     EventingError,
     FencedError,
+    Fix,
     HandlerLoadError,
     LifecycleError,
     NotFoundError,
@@ -11,6 +13,8 @@ from metadata.errors import (
     StoreCorruptError,
     StoreError,
     StoreLockedError,
+    StoreUnavailableError,
+    fix,
 )
 from sharding.vbucket import InvalidKeyError
 
@@ -32,6 +36,10 @@ class CurlError(EventingError):
 
 
 __all__ = [
+    "CLI_WORDING",
+    "Fix",
+    "StoreUnavailableError",
+    "fix",
     "BindingError",
     "ConfigError",
     "CurlError",

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-from metadata.errors import ConfigError, LifecycleError
+from metadata.errors import ConfigError, LifecycleError, fix
 
 
 class FunctionState(StrEnum):
@@ -110,7 +110,7 @@ def check_rewind_allowed(name: str, state: FunctionState) -> None:
     if state is not FunctionState.PAUSED:
         raise LifecycleError(
             f"cannot rewind function '{name}': it is {state.value}; only a paused function can be rewound "
-            f"(`eventing pause {name}` first)"
+            "({fix} first)", fix=fix("pause", function=name)
         )
 
 

@@ -13,7 +13,7 @@ from typing import Any
 from eventing.core.couchbase_format import from_couchbase, is_couchbase_function, to_couchbase
 from eventing.core.definition import Boundary, FunctionDefinition, effective_isolation, load_definition_file
 from eventing.core.secrets import mask_definition, restore_secrets
-from eventing.errors import ConfigError, LifecycleError, NotFoundError
+from eventing.errors import ConfigError, LifecycleError, NotFoundError, fix
 from eventing.execution.loader import validate_handler
 from eventing.storage.keyspace import check_keyspace_exists
 from eventing.storage.state import StateLike, as_state
@@ -234,7 +234,7 @@ def _finish(store: MetadataStore, name: str, target: FunctionState, action: str,
         if time.monotonic() > deadline:
             raise LifecycleError(
                 f"function '{name}' is still {record.state.value} after {wait_s:.0f}s; the running service "
-                "will finish it; check `eventing status`"
+                "will finish it; check {fix}", fix=fix("status")
             )
         time.sleep(0.1)
     return complete_transition(store, name, target, action)

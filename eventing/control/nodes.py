@@ -16,7 +16,7 @@ import time
 import uuid
 from typing import Any
 
-from eventing.errors import ConfigError, LifecycleError, NotFoundError
+from eventing.errors import ConfigError, LifecycleError, NotFoundError, fix
 from metadata import FunctionState, MetadataStore
 from sharding import NUM_VBUCKETS, VBucketPlan
 from sharding.placement import PackedPlacement
@@ -111,7 +111,7 @@ class Topology:
         ]
         if busy:
             raise LifecycleError(
-                f"cannot rebalance while {', '.join(busy)}; wait until it finishes (see `eventing status`)"
+                f"cannot rebalance while {', '.join(busy)}; wait until it finishes (see {{fix}})", fix=fix("status")
             )
         request = self.pending_request()
         if request is not None:

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from eventing.core.keyspaces import DEFAULT, Keyspace, key_prefix
-from eventing.errors import BindingError
+from eventing.errors import BindingError, fix
 from eventing.execution.bindings import BucketBinding, EffectBuffer
 from eventing.storage.protocol import Bucket
 
@@ -62,8 +62,8 @@ class WildcardBinding(BucketBinding):
         cid = self._ids.get((ks.scope, ks.collection))
         if cid is None:
             raise BindingError(
-                f"collection '{ks}' of binding '{self.alias}' does not exist; create it with "
-                f"`eventing collection create {ks}`"
+                f"collection '{ks}' of binding '{self.alias}' does not exist; create it with {{fix}}",
+                fix=fix("collection_create", keyspace=str(ks)),
             )
         return cid
 

@@ -164,34 +164,58 @@ STATUS_OF: list[tuple[type[BaseException], int]] = [
 ]
 
 
-# The shared messages name CLI commands and flags where the CLI is the way; over HTTP the endpoint is.
-REST_WORDING: list[tuple[re.Pattern[str], str]] = [
-    (re.compile(r"`eventing dlq list ([\w-]+)`"), r"GET /api/v1/functions/\1/dlq"),
-    (re.compile(r"`eventing dlq purge ([\w-]+) --replayed`"),
-     r'POST /api/v1/functions/\1/dlq/purge with {"replayed": true}'),
-    (re.compile(r"`eventing (deploy|undeploy|pause|resume) ([\w-]+)`"), r"POST /api/v1/functions/\2/\1"),
-    (re.compile(r"`eventing status ([\w-]+)`"), r"GET /api/v1/status/\1"),
-    (re.compile(r"`eventing status`"), "GET /api/v1/status"),
-    (re.compile(r"`eventing stats ([\w-]+)`"), r"GET /api/v1/functions/\1/stats"),
-    (re.compile(r"`eventing export ([\w-]+)`"), r"GET /api/v1/export?name=\1"),
-    (re.compile(r"--ledger BUCKET"), "?ledger=BUCKET"),
-    (re.compile(r"`eventing collection create ([^.`\s]+)\.([^.`\s]+)\.([^.`\s]+)`"),
-     r"POST /api/v1/buckets/\1/scopes/\2/collections/\3"),
-    (re.compile(r"`eventing collection list ([^`\s]+)`"), r"GET /api/v1/buckets/\1/collections"),
-    (re.compile(r"--limit (-?\d+)"), r"limit=\1"),
-    (re.compile(r"--wait\b"), "?wait="),
-]
+# How the REST API words an error's way out (eventing.errors.Fix; the CLI's own words: CLI_WORDING).
+REST_WORDING: dict[str, str] = {
+    "deploy": "POST /api/v1/functions/{function}/deploy",
+    "undeploy": "POST /api/v1/functions/{function}/undeploy",
+    "pause": "POST /api/v1/functions/{function}/pause",
+    "resume": "POST /api/v1/functions/{function}/resume",
+    "status": "GET /api/v1/status",
+    "stats": "GET /api/v1/functions/{function}/stats",
+    "export": "GET /api/v1/export?name={function}",
+    "dlq_list": "GET /api/v1/functions/{function}/dlq",
+    "dlq_purge_replayed": 'POST /api/v1/functions/{function}/dlq/purge with {{"replayed": true}}',
+    "collection_create": "POST /api/v1/keyspaces/{keyspace}/collection",
+    "collection_list": "GET /api/v1/buckets/{bucket}/collections",
+    "option": "the query parameter {option}={value}",
+}
 
 
-def rest_wording(message: str) -> str:
-    for pattern, replacement in REST_WORDING:
-        message = pattern.sub(replacement, message)
-    return message
+def rest_fix(error: BaseException) -> dict[str, Any] | None:
+    """An error's way out as a field: its action, arguments and the request that takes it."""
+    way = getattr(error, "fix", None)
+    if way is None:
+        return None
+    return {"action": way.action, "args": {k: str(v) for k, v in way.args.items()}, "request": _rest_words(way)}
+
+
+def _rest_words(way: Any) -> str:
+    if way.action == "option":
+        return REST_WORDING["option"].format(option=str(way.args["flag"]).lstrip("-").replace("-", "_"),
+                                             value=way.args["value"])
+    if way.action == "collection_create":
+        bucket, _, rest = str(way.args["keyspace"]).partition(".")
+        scope, _, collection = rest.partition(".")
+        return f"POST /api/v1/buckets/{bucket}/scopes/{scope}/collections/{collection}"
+    return way.worded(REST_WORDING)
+
+
+def rest_message(error: BaseException) -> str:
+    """The error's message with its way out worded as a request."""
+    way = getattr(error, "fix", None)
+    text = str(error.args[0]) if error.args else str(error)
+    return text.replace("{fix}", _rest_words(way)) if way is not None else str(error)
 
 
 def error_body(exc: BaseException) -> tuple[int, dict[str, Any]]:
-    """The CLI's message in REST terms; its last clause after '; ' is the fix when the message has one."""
-    message = rest_wording(str(exc))
+    """The error in REST terms: its message with the way out worded as a request, the way out alone
+    (`fix`: the message's last clause after '; '), and, where the error carries it as data, `fix_request`
+    (action, arguments and the request)."""
+    message = rest_message(exc)
     status = next(code for kind, code in STATUS_OF if isinstance(exc, kind))
     _, sep, fix = message.rpartition("; ")
-    return status, {"error": message, "fix": fix if sep else None}
+    body: dict[str, Any] = {"error": message, "fix": fix if sep else None}
+    structured = rest_fix(exc)
+    if structured is not None:
+        body["fix_request"] = structured
+    return status, body

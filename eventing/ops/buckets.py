@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from eventing.control import lifecycle
 from eventing.core.keyspaces import Keyspace
 from eventing.core.mutation import OP_DELETE
-from eventing.errors import LifecycleError, StoreCorruptError
+from eventing.errors import LifecycleError, StoreCorruptError, fix
 from eventing.storage import keyspace as keyspaces
 from eventing.storage.state import StateLike, as_state
 from eventing.storage.values import Write
@@ -86,7 +86,7 @@ def _refuse_active(uses: list[BucketUse], what: str) -> list[BucketUse]:
         more = f" (and {len(active) - 1} more)" if len(active) > 1 else ""
         raise LifecycleError(
             f"{what}: it is the {u.role} of function '{u.function}', which is "
-            f"{u.state}{more}; undeploy it first (`eventing undeploy {u.function}`)"
+            f"{u.state}{more}; undeploy it first ({{fix}})", fix=fix("undeploy", function=u.function)
         )
     return uses
 

@@ -47,7 +47,7 @@ from eventing import handler as handler_api
 from eventing.core.definition import FunctionDefinition
 from eventing.core.filters import compile_filter
 from eventing.core.mutation import OP_NAMES, OP_UPDATE, Mutation
-from eventing.errors import ConfigError, LifecycleError, NotFoundError, StoreError
+from eventing.errors import ConfigError, LifecycleError, NotFoundError, StoreError, fix
 from eventing.execution.runner import (
     HandlerQuit,
     HandlerRunner,
@@ -121,7 +121,7 @@ def find_next(
         state = store.get_function(function).state.value
         raise LifecycleError(
             f"function '{function}' is {state}, so it has no position in the stream to debug from; "
-            f"deploy it first (`eventing deploy {function}`; it may stay paused)"
+            "deploy it first ({fix}; it may stay paused)", fix=fix("deploy", function=function)
         )
     record = store.get_function(function)
     source_keyspace = FunctionDefinition.from_dict(record.definition).source_keyspace
@@ -180,9 +180,10 @@ def pull(
             time.sleep(POLL_S)
     where = f"of key '{key}'" if key is not None else f"in vBucket {vb}" if vb is not None else "in any vBucket"
     waited = f" within {wait_s:g}s" if wait_s else ""
-    hint = "; write one, or pass --wait SECONDS to wait for one" if not wait_s else "; write one, or wait longer"
+    hint = "; write one, or pass {fix} to wait for one" if not wait_s else "; write one, or wait longer"
     raise NotFoundError(
-        f"function '{function}' has no pending mutation {where} after its checkpoint{waited}{hint}"
+        f"function '{function}' has no pending mutation {where} after its checkpoint{waited}{hint}",
+        fix=fix("option", flag="--wait", value="SECONDS"),
     )
 
 
@@ -218,7 +219,8 @@ class DebugSession:
         if self.vb is not None and not 0 <= self.vb < NUM_VBUCKETS:
             raise ConfigError(f"vBucket {self.vb} does not exist; use 0..{NUM_VBUCKETS - 1}")
         if self.wait_s is not None and self.wait_s < 0:
-            raise ConfigError(f"--wait {self.wait_s:g} is negative; give seconds >= 0")
+            raise ConfigError("{fix} is negative; give seconds >= 0",
+                              fix=fix("option", flag="--wait", value=f"{self.wait_s:g}"))
         # A sandboxed function's handler runs in a sandboxed child (eventing.workers.sandbox); the mutation
         # is pulled, and held writes applied, here.
         runtime = open_runner(self.state, self.function)

@@ -47,7 +47,7 @@ from typing import Any, cast
 import msgpack
 
 from eventing.core.mutation import OP_NAMES, Mutation, unpack_mutation
-from eventing.errors import ConfigError, NotFoundError
+from eventing.errors import ConfigError, NotFoundError, fix
 from eventing.execution.runner import HandlerRunner, writes_by_bucket
 from eventing.execution.single_call import run_once
 from eventing.storage.origins import deployment_origin
@@ -115,7 +115,7 @@ def list_rows(
 ) -> list[DlqRow]:
     state = as_state(state)
     if limit is not None and limit < 1:
-        raise ConfigError(f"--limit {limit} is not positive; give a number of rows >= 1")
+        raise ConfigError("{fix} is not positive; give a number of rows >= 1", fix=fix("option", flag="--limit", value=limit))
     check_reason(reason)
     with _store(state) as store:
         store.get_function(function)  # an unknown function is an error, not an empty queue
@@ -133,7 +133,8 @@ def show_rows(state: StateLike, function: str, selector: DlqSelector) -> list[Dl
         rows = store.find_dlq_rows(function, vb=selector.vb, seqno=selector.seqno, key=selector.key,
                                    include_replayed=True)
     if not rows:
-        raise NotFoundError(f"function '{function}' has no dead letter {_describe(selector)}; see `eventing dlq list {function}`")
+        raise NotFoundError(f"function '{function}' has no dead letter {_describe(selector)}; see {{fix}}",
+                            fix=fix("dlq_list", function=function))
     return rows
 
 
@@ -327,9 +328,10 @@ def _explain_missing(store: MetadataStore, function: str, selector: DlqSelector)
     if row is not None and row.replayed_at is not None:
         raise NotFoundError(
             f"dead letter vBucket {row.vb} seqno {row.seqno} of function '{function}' was already replayed at "
-            f"{_iso(row.replayed_at)}; `eventing dlq purge {function} --replayed` removes replayed rows"
+            f"{_iso(row.replayed_at)}; {{fix}} removes replayed rows", fix=fix("dlq_purge_replayed", function=function)
         )
-    raise NotFoundError(f"function '{function}' has no dead letter {_describe(selector)}; see `eventing dlq list {function}`")
+    raise NotFoundError(f"function '{function}' has no dead letter {_describe(selector)}; see {{fix}}",
+                        fix=fix("dlq_list", function=function))
 
 
 # -- purge -----------------------------------------------------------------------------------------------

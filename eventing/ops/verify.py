@@ -33,7 +33,7 @@ from eventing.core.definition import FunctionDefinition
 from eventing.core.filters import compile_filter
 from eventing.core.keyspaces import Keyspace, split_stored_key
 from eventing.core.mutation import Mutation
-from eventing.errors import ConfigError, LifecycleError
+from eventing.errors import ConfigError, LifecycleError, fix
 from eventing.storage.keyspace import collection_id, open_keyspace
 from eventing.storage.origins import is_own
 from eventing.storage.protocol import FileBucket
@@ -291,8 +291,8 @@ def ledger_bucket_of(defn: FunctionDefinition) -> str:
     if len(rw) == 1:
         return str(rw[0].keyspace)
     raise ConfigError(
-        f"function '{defn.name}' has no read-write binding named 'ledger'; pass --ledger BUCKET (or a keyspace "
-        "BUCKET.SCOPE.COLLECTION)"
+        f"function '{defn.name}' has no read-write binding named 'ledger'; pass {{fix}} (or a keyspace "
+        "BUCKET.SCOPE.COLLECTION)", fix=fix("option", flag="--ledger", value="BUCKET")
     )
 
 
@@ -333,7 +333,8 @@ def verify_function(state: StateLike, function: str, *, ledger: str | None = Non
                 raise ConfigError(
                     f"function '{function}' has no ledger: bucket '{ledger_name}' ({how}) holds no ledger entries "
                     "of it; verify checks a function whose handler writes a ledger (eventing.testing.LEDGER_HANDLER) "
-                    "through a binding named 'ledger', or the bucket named with --ledger BUCKET"
+                    "through a binding named 'ledger', or the bucket named with {fix}",
+                    fix=fix("option", flag="--ledger", value="BUCKET"),
                 )
         if any(cp.bucket_uuid != source.uuid for cp in checkpoints.values()):
             raise ConfigError(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 from eventing.core.keyspaces import COLLECTION_MARK
-from eventing.errors import ConfigError, NotFoundError, StoreError
+from eventing.errors import ConfigError, NotFoundError, StoreError, fix
 from eventing.storage.files import _retry_locked
 from eventing.storage.writes import BucketWrites
 
@@ -60,8 +60,8 @@ class BucketInfo(BucketWrites):
             known = registry.get("collections", [])
             match = [entry for entry in known if entry[0] == scope and entry[1] == collection]
             if not match:
-                raise NotFoundError(f"collection {self.name}.{scope}.{collection} does not exist; see "
-                                    f"`eventing collection list {self.name}`")
+                raise NotFoundError(f"collection {self.name}.{scope}.{collection} does not exist; see {{fix}}",
+                                    fix=fix("collection_list", bucket=self.name))
             registry["collections"] = [entry for entry in known if entry not in match]
             self._db.execute("INSERT OR REPLACE INTO info VALUES('collections', ?)", (json.dumps(registry),))
             return self._drop_documents_of(match[0][2])

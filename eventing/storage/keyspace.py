@@ -14,7 +14,7 @@ from typing import Self
 
 from eventing.core.keyspaces import COLLECTION_MARK, DEFAULT, WILDCARD, Keyspace, check_user_key, key_prefix
 from eventing.core.mutation import OP_DELETE, OP_UPDATE, decode_document, encode_document
-from eventing.errors import ConfigError, NotFoundError
+from eventing.errors import ConfigError, NotFoundError, fix
 from eventing.storage.protocol import Bucket, FileBucket
 from eventing.storage.state import StateLike, as_state
 from eventing.storage.values import StoredDocument, Write
@@ -40,8 +40,8 @@ def collection_id(bucket: Bucket, keyspace: Keyspace) -> int:
         what = "collection" if keyspace.scope in scopes else "scope"
         raise NotFoundError(
             f"{what} '{keyspace.scope if what == 'scope' else keyspace.collection}' of keyspace '{keyspace}' does "
-            f"not exist; create it with `eventing collection create {keyspace}` (see `eventing collection list "
-            f"{keyspace.bucket}`)"
+            f"not exist; create it with {{fix}} (see `eventing collection list {keyspace.bucket}`)",
+            fix=fix("collection_create", keyspace=str(keyspace)),
         )
     return cid
 
@@ -53,7 +53,7 @@ def check_keyspace_exists(bucket: Bucket, keyspace: Keyspace) -> None:
         if keyspace.scope not in (DEFAULT, WILDCARD) and not any(s == keyspace.scope for s, _ in bucket.collections()):
             raise NotFoundError(
                 f"scope '{keyspace.scope}' of keyspace '{keyspace}' does not exist; create a collection in it with "
-                f"`eventing collection create {keyspace.bucket}.{keyspace.scope}.NAME`"
+                "{fix}", fix=fix("collection_create", keyspace=f"{keyspace.bucket}.{keyspace.scope}.NAME"),
             )
         return
     collection_id(bucket, keyspace)

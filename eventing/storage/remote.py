@@ -188,7 +188,7 @@ class _RayClient:
             except ray.exceptions.RayTaskError as exc:
                 cause = exc.as_instanceof_cause()
                 if isinstance(cause, EventingError):
-                    raise type(cause)(*cause.args) from None
+                    raise _again(cause) from None
                 raise
 
         return wait
@@ -519,3 +519,10 @@ def _sees_files(data_dir: str, service: DataServiceRef) -> bool:
     return (Path(data_dir) / "buckets").is_dir() and (
         bool(os.environ.get("EVENTING_METADATA_URL")) or (Path(data_dir) / SQLITE_FILE).exists()
     )
+
+
+def _again(error: BaseException) -> BaseException:
+    """An error that crossed from a Ray actor, raised again as its own class (its way out kept)."""
+    again = type(error)(*error.args)
+    again.fix = getattr(error, "fix", None)  # type: ignore[attr-defined]
+    return again

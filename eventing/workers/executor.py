@@ -489,7 +489,7 @@ class RayExecutor:
         except RayTaskError as exc:
             cause = exc.as_instanceof_cause()
             if isinstance(cause, EventingError):
-                raise type(cause)(*cause.args) from None
+                raise _again(cause) from None
             original = getattr(exc, "cause", None)
             if isinstance(original, WorkerDied):  # one core of a shared process (its sandbox ended, or dropped)
                 raise WorkerDied(str(original)) from None
@@ -597,3 +597,10 @@ def make_executor(
                 return RayExecutor(join_local=instance.address, worker_processes=worker_processes)
         return RayExecutor(ray_address, worker_processes=worker_processes)
     raise EventingError(f"unknown executor {kind!r}; use 'ray' or 'in-process'")
+
+
+def _again(error: BaseException) -> BaseException:
+    """An error that crossed from a Ray actor, raised again as its own class (its way out kept)."""
+    again = type(error)(*error.args)
+    again.fix = getattr(error, "fix", None)  # type: ignore[attr-defined]
+    return again

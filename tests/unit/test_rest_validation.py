@@ -15,10 +15,11 @@ import pytest
 from eventing.control import lifecycle
 from eventing.control.service import EventingService
 from eventing.core.definition import FunctionDefinition
+from eventing.errors import NotFoundError, fix
 from eventing.http.app import build_app
 from eventing.http.auth import ServerConfig
 from eventing.http.routes import ENDPOINTS
-from eventing.http.routes_request import rest_wording
+from eventing.http.routes_request import error_body
 from eventing.ops import dlq
 from eventing.storage.bucket import LocalBucket
 from eventing.testing import deploy_function
@@ -172,11 +173,20 @@ def test_errors_name_endpoints_and_parameters_not_cli_flags(site, method, path, 
     assert "--" not in error and "`eventing" not in error, error
 
 
-def test_rest_wording_turns_commands_into_endpoints():
-    assert rest_wording("see `eventing dlq list fn_x`") == "see GET /api/v1/functions/fn_x/dlq"
-    assert rest_wording("`eventing dlq purge fn_x --replayed` removes replayed rows") == (
-        'POST /api/v1/functions/fn_x/dlq/purge with {"replayed": true} removes replayed rows')
-    assert rest_wording("undeploy it first (`eventing undeploy fn_x`)") == (
-        "undeploy it first (POST /api/v1/functions/fn_x/undeploy)")
-    assert rest_wording("check `eventing status`") == "check GET /api/v1/status"
-    assert rest_wording("pass --ledger BUCKET") == "pass ?ledger=BUCKET"
+@pytest.mark.parametrize("way, cli, rest", [
+    (fix("dlq_list", function="fn_x"), "`eventing dlq list fn_x`", "GET /api/v1/functions/fn_x/dlq"),
+    (fix("dlq_purge_replayed", function="fn_x"), "`eventing dlq purge fn_x --replayed`",
+     'POST /api/v1/functions/fn_x/dlq/purge with {"replayed": true}'),
+    (fix("undeploy", function="fn_x"), "`eventing undeploy fn_x`", "POST /api/v1/functions/fn_x/undeploy"),
+    (fix("status"), "`eventing status`", "GET /api/v1/status"),
+    (fix("option", flag="--ledger", value="BUCKET"), "--ledger BUCKET", "the query parameter ledger=BUCKET"),
+    (fix("collection_create", keyspace="b.s.c"), "`eventing collection create b.s.c`",
+     "POST /api/v1/buckets/b/scopes/s/collections/c"),
+])
+def test_each_face_words_an_errors_way_out_itself(way, cli, rest):
+    error = NotFoundError("it is missing; see {fix}", fix=way)
+    assert str(error) == f"it is missing; see {cli}"  # the CLI prints str(error)
+    status, body = error_body(error)
+    assert status == 404 and body["error"] == f"it is missing; see {rest}" and body["fix"] == f"see {rest}"
+    assert body["fix_request"] == {"action": way.action, "args": {k: str(v) for k, v in way.args.items()},
+                                   "request": rest}
