@@ -31,7 +31,8 @@ BLOCK_TIMEOUT_S = 300
 NOT_COPIED = (".git", ".venv", ".eventing", "__pycache__", "*.egg-info", ".mypy_cache", ".ruff_cache",
               ".pytest_cache", ".hypothesis", "rebalance-sim", "out", "backups")
 # Settings of the caller's shell that would point the examples at another deployment.
-CLEARED_ENV = ("EVENTING_DATA_DIR", "EVENTING_METADATA_URL", "EVENTING_RAY_ADDRESS", "EVENTING_SPARK_MASTER",
+CLEARED_ENV = ("EVENTING_DATA_DIR", "EVENTING_STORE", "EVENTING_METADATA_URL", "EVENTING_RAY_ADDRESS",
+               "EVENTING_SPARK_MASTER",
                "EVENTING_COUCHBASE_USERNAME", "EVENTING_COUCHBASE_PASSWORD",
                "VIRTUAL_ENV")
 
@@ -116,12 +117,27 @@ def test_every_runnable_block_of_the_page_exits_0(page: Path, tmp_path: Path) ->
         pytest.skip(f"{page.name} has no runnable shell block")
     clone = fresh_clone(tmp_path)
     env = shell_env(clone)
-    for block in blocks:
-        result = run_block(block, clone, env)
-        assert result.returncode == 0, (
-            f"{block.page}:{block.line} exited {result.returncode}\n--- block\n{block.text}"
-            f"--- stdout (tail)\n{result.stdout[-3000:]}\n--- stderr (tail)\n{result.stderr[-3000:]}"
-        )
+    try:
+        for block in blocks:
+            result = run_block(block, clone, env)
+            assert result.returncode == 0, (
+                f"{block.page}:{block.line} exited {result.returncode}\n--- block\n{block.text}"
+                f"--- stdout (tail)\n{result.stdout[-3000:]}\n--- stderr (tail)\n{result.stderr[-3000:]}"
+            )
+    finally:
+        stop_servers_under(clone)
+
+
+def stop_servers_under(folder: Path) -> None:
+    """PostgreSQL servers a page started in its folder (docs/postgresql.md) end with it, by data directory,
+    even when a block failed before the page's own stop."""
+    from eventing.testing.postgres import ThrowawayPostgres
+
+    for pid_file in folder.rglob("postmaster.pid"):
+        server = ThrowawayPostgres(pid_file.parent.parent)
+        server.data = pid_file.parent
+        server._initialised = True
+        server.stop(remove=False)
 
 
 def test_every_shell_block_runs_or_says_why_not() -> None:
