@@ -30,7 +30,7 @@ from eventing.core.mutation import OP_EXPIRE, OP_TIMER, OP_UPDATE, Mutation
 from eventing.execution.app_log import AppLogWriter, RemoteAppLog, log_path
 from eventing.execution.bindings import BucketBinding, ConcurrentEffectBuffer, EffectBuffer
 from eventing.execution.context import CallContext
-from eventing.execution.curl import CurlClient, UrlBinding
+from eventing.execution.curl import CurlClient, url_bindings
 from eventing.execution.loader import load_handler
 from eventing.execution.timers import ConcurrentTimerTable, TimerTable
 from eventing.execution.wildcard_bindings import WildcardBinding
@@ -152,10 +152,10 @@ class HandlerRunner:
             if path is not None else None
         )
         injected["log"] = FunctionLog(function, self.app_log, self.context)
-        url_bindings = [UrlBinding(**u) for u in defn.url_bindings]
-        self.curl = CurlClient(self.context, url_bindings, defn.curl_max_response_bytes)
+        urls, secrets = url_bindings(defn.url_bindings)  # the handler sees no secret: curl adds it
+        self.curl = CurlClient(self.context, urls, defn.curl_max_response_bytes, secrets)
         injected["curl"] = self.curl
-        injected.update({u.alias: u for u in url_bindings})
+        injected.update({u.alias: u for u in urls})
         injected["create_timer"] = self.timers.create_timer
         injected["cancel_timer"] = self.timers.cancel_timer
         module = load_handler(

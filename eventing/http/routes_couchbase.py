@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from eventing.core.definition import check_function_name
 from eventing.errors import ConfigError, NotFoundError
-from eventing.http import auth
+from eventing.http import function_access
 from eventing.http.routes_functions import get_function, list_functions
 from eventing.http.routes_request import EndpointRequest, _couchbase_call
 from eventing.ops import stats
@@ -50,7 +50,7 @@ def list_function_names(c: EndpointRequest) -> dict[str, Any] | Response:
         wanted_scope = tuple(re.split(r"[./]", scope, maxsplit=1)) if scope else None
         names = []
         for f in list_functions(c):
-            keyspace = auth.function_keyspace(f)
+            keyspace = function_access.function_keyspace(f)
             if c.query.get("source_bucket") and keyspace.bucket != c.query["source_bucket"]:
                 continue
             if c.query.get("source_scope") and keyspace.scope != c.query["source_scope"]:

@@ -18,7 +18,7 @@ from eventing.core import couchbase_format
 from eventing.core.definition import FunctionDefinition, check_function_name
 from eventing.core.secrets import mask_definition
 from eventing.errors import ConfigError, NotFoundError
-from eventing.http import auth
+from eventing.http import function_access
 from eventing.http.routes_request import EndpointRequest, _couchbase_call, _with_warnings
 from eventing.ops import stats
 from metadata.factory import open_store
@@ -74,24 +74,26 @@ def save_function(c: EndpointRequest) -> dict[str, Any] | Response:
     if not isinstance(source, str):
         raise ConfigError("the body needs 'handler_source': the handler's Python code as a string")
     defn = FunctionDefinition.from_dict({**body, "name": c.name})
-    return stats.function_view(lifecycle.save_function(c.data_dir, defn, source))
+    return stats.function_view(lifecycle.save_function(c.data_dir, defn, source, saved_by=c.identity))
 
 
 def _save_couchbase(c: EndpointRequest, body: dict[str, Any]) -> Response:
     if body.get("appname", c.name) != c.name:
         raise ConfigError(f"the body names function {body['appname']!r} but the URL names '{c.name}'; make them agree")
-    records, warnings = lifecycle.import_functions(c.data_dir, {**body, "appname": c.name}, deploying=_deploying(c))
+    records, warnings = lifecycle.import_functions(c.data_dir, {**body, "appname": c.name}, deploying=_deploying(c),
+                                                   saved_by=c.identity)
     return _with_warnings({**stats.function_view(records[0]), "warnings": warnings}, warnings)
 
 
 def _deploying(c: EndpointRequest) -> Callable[[str], Any]:
-    return lambda name: auth.deploying_as(c.data_dir, name, c.identity)
+    return lambda name: function_access.deploying_as(c.data_dir, name, c.identity)
 
 
 def create_functions(c: EndpointRequest) -> Response:
     """POST /api/v1/functions: one function or a list, in Couchbase's format or this project's (as import)."""
     def run() -> Response:
-        records, warnings = lifecycle.import_functions(c.data_dir, c.json(), deploying=_deploying(c))
+        records, warnings = lifecycle.import_functions(c.data_dir, c.json(), deploying=_deploying(c),
+                                                       saved_by=c.identity)
         return _with_warnings({"functions": [stats.function_view(r) for r in records], "warnings": warnings}, warnings)
 
     return _couchbase_call(run)
@@ -106,7 +108,7 @@ def deploy(c: EndpointRequest) -> dict[str, Any]:
     boundary = c.json_object().get("boundary")
     if boundary not in (None, "everything", "from_now"):
         raise ConfigError(f"boundary {boundary!r} is not valid; use 'everything' or 'from_now'")
-    with auth.deploying_as(c.data_dir, c.name, c.identity):  # a non-admin's handler runs sandboxed
+    with function_access.deploying_as(c.data_dir, c.name, c.identity):  # a non-admin's handler runs sandboxed
         return stats.function_view(lifecycle.deploy(c.data_dir, c.name, boundary))
 
 
@@ -130,7 +132,7 @@ def pause(c: EndpointRequest) -> dict[str, Any]:
 
 
 def resume(c: EndpointRequest) -> dict[str, Any]:
-    with auth.deploying_as(c.data_dir, c.name, c.identity):
+    with function_access.deploying_as(c.data_dir, c.name, c.identity):
         return stats.function_view(lifecycle.resume(c.data_dir, c.name))
 
 
@@ -161,7 +163,7 @@ def save_settings(c: EndpointRequest) -> dict[str, Any] | Response:
     with open_store(c.data_dir, create=False) as store:
         record = store.get_function(c.name)
     defn = FunctionDefinition.from_dict({**record.definition, **body})
-    return stats.function_view(lifecycle.save_function(c.data_dir, defn, record.source))
+    return stats.function_view(lifecycle.save_function(c.data_dir, defn, record.source, saved_by=c.identity))
 
 
 def _save_couchbase_settings(c: EndpointRequest, body: dict[str, Any]) -> Response:
@@ -171,7 +173,7 @@ def _save_couchbase_settings(c: EndpointRequest, body: dict[str, Any]) -> Respon
     changed = {k: v for k, v in fields.items() if k != "boundary"}
     updated = FunctionDefinition.from_dict({**record.definition, **changed})
     if updated != FunctionDefinition.from_dict(record.definition):  # only a change needs an undeployed or paused function
-        record = lifecycle.save_function(c.data_dir, updated, record.source)
+        record = lifecycle.save_function(c.data_dir, updated, record.source, saved_by=c.identity)
     if state is not None:
         record = lifecycle.set_state(c.data_dir, c.name, state, boundary=fields.get("boundary"), wait_s=_wait_s(c),
                                      deploying=_deploying(c))
@@ -199,12 +201,12 @@ def save_appcode(c: EndpointRequest) -> dict[str, Any]:
     with open_store(c.data_dir, create=False) as store:
         record = store.get_function(c.name)
     defn = FunctionDefinition.from_dict(record.definition)
-    return stats.function_view(lifecycle.save_function(c.data_dir, defn, source))
+    return stats.function_view(lifecycle.save_function(c.data_dir, defn, source, saved_by=c.identity))
 
 
 def import_functions(c: EndpointRequest) -> Response:
     """This project's export or Couchbase's (one function or a list); Couchbase's status flags are carried out."""
-    records, warnings = lifecycle.import_functions(c.data_dir, c.json(), deploying=_deploying(c))
+    records, warnings = lifecycle.import_functions(c.data_dir, c.json(), deploying=_deploying(c), saved_by=c.identity)
     return _with_warnings([stats.function_view(r) for r in records], warnings)
 
 
