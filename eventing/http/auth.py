@@ -207,7 +207,11 @@ def hash_password(password: str) -> str:
 
 
 def verify_password(password: str, encoded: str) -> bool:
-    """Whether `password` matches a stored `hash_password` value (constant-time comparison)."""
+    """Whether `password` matches a stored `hash_password` value (constant-time comparison). A password with
+    a NUL never does: scrypt's HMAC pads a short key with zero bytes, so `password\0` would hash as
+    `password` (no password may hold one, see check_password)."""
+    if "\0" in password:
+        return False
     try:
         scheme, n, r, p, salt, digest = encoded.split("$")
         if scheme != "scrypt":
@@ -231,6 +235,8 @@ def check_user_name(name: str) -> str:
 
 
 def check_password(password: str) -> str:
+    if "\0" in password:
+        raise ConfigError("the password holds a NUL character; use printable characters")
     if len(password) < MIN_PASSWORD_CHARS:
         raise ConfigError(f"the password is {len(password)} characters; use at least {MIN_PASSWORD_CHARS}")
     return password

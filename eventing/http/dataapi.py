@@ -34,7 +34,7 @@ from urllib.parse import unquote_to_bytes
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from eventing.core.keyspaces import Keyspace
-from eventing.errors import StoreLockedError
+from eventing.errors import StoreError
 from eventing.http.auth import (
     AUTH_ERROR_SCOPE_KEY,
     DATA_READ,
@@ -92,7 +92,7 @@ class DataApi:
             status, headers, body, ctype = await self.dispatch(scope, receive)
         except ApiError as exc:
             status, headers, body, ctype = exc.status, exc.headers, json.dumps(exc.body()).encode(), "application/json"
-        except StoreLockedError as exc:
+        except StoreError as exc:  # busy, damaged (the CLI's line: the file and the way out), or a full disk
             status, headers, ctype = 503, {}, "application/json"
             body = json.dumps({"code": "UnderlyingServiceUnavailable", "message": f"{exc}"}).encode()
         except Exception as exc:  # a fault of this server: still the Data API's error shape

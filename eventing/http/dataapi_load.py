@@ -13,7 +13,7 @@ from starlette.types import Receive, Scope, Send
 
 from eventing.core.keyspaces import Keyspace
 from eventing.core.mutation import MAX_DOCUMENT_BYTES
-from eventing.errors import ConfigError, EventingError, InvalidKeyError
+from eventing.errors import ConfigError, EventingError, InvalidKeyError, StoreError
 from eventing.http.dataapi_errors import ApiError
 from eventing.http.dataapi_requests import respond_json
 from eventing.http.dataapi_writer import Buckets
@@ -109,6 +109,9 @@ class _Loader:
                     self.committed += len(rows)
         except ApiError as exc:
             return exc.status, {"error": exc.message, "fix": None, "committed": self.committed}
+        except StoreError as exc:  # the bucket is busy, damaged or on a full disk: no line of the load is at fault
+            message = str(exc)  # the CLI's line; `committed` says how many rows went in before it
+            return 503, {"error": message, "fix": message.rpartition("; ")[2] or None, "committed": self.committed}
         except (EventingError, InvalidKeyError) as exc:
             rejected.append(f"{exc}")
         problem = rejected[0] if rejected else self.error

@@ -25,6 +25,7 @@ from eventing.errors import (
     NotFoundError,
     OrderViolationError,
     StoreCorruptError,
+    StoreError,
     StoreLockedError,
 )
 from eventing.http import auth
@@ -58,6 +59,8 @@ class EndpointRequest:
             return json.loads(self.body)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"the request body is not valid JSON ({exc})") from None
+        except RecursionError:
+            raise ConfigError("the request body's JSON nests too deeply to read; flatten it") from None
 
     def json_object(self) -> dict[str, Any]:
         data = self.json(default={})
@@ -158,7 +161,8 @@ STATUS_OF: list[tuple[type[BaseException], int]] = [
     (FencedError, 409),
     (OrderViolationError, 409),
     (StoreLockedError, 503),
-    (StoreCorruptError, 500),
+    (StoreCorruptError, 503),  # a damaged file: the CLI's line, which names the file and the way out
+    (StoreError, 503),  # a full disk, a file unusable otherwise
     (EventingError, 400),
     (InvalidKeyError, 400),
 ]
