@@ -150,14 +150,14 @@ class CurlClient:
         """The request with the binding's credentials added: (status, headers, body). In a sandboxed child, a
         binding with credentials is asked of the host instead, which holds them (host_exchange)."""
         if binding.auth != "none" and _through_host is not None:
-            answer = _through_host(binding.alias, method, url, data, headers, timeout)
-            if answer[0] == "ok":
-                return int(answer[1]), dict(answer[2]), bytes(answer[3])
-            if answer[0] == "timeout":
-                raise TimeoutError(answer[1])
-            if answer[0] == "failed":
-                raise OSError(answer[1])
-            raise CurlError(str(answer[1]))
+            hosted = _through_host(binding.alias, method, url, data, headers, timeout)
+            if hosted[0] == "ok":
+                return int(hosted[1]), dict(hosted[2]), bytes(hosted[3])
+            if hosted[0] == "timeout":
+                raise TimeoutError(hosted[1])
+            if hosted[0] == "failed":
+                raise OSError(hosted[1])
+            raise CurlError(str(hosted[1]))
         secret = self._secrets.get(binding.alias, "")
         if binding.auth == "basic":
             token = base64.b64encode(f"{binding.username}:{secret}".encode()).decode()

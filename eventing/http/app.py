@@ -111,10 +111,9 @@ class GuardMiddleware:
                 if not data_api:
                     check_guarded(identity, method, path)
             except StoreError as exc:  # the users cannot be read: the store is busy or damaged (the CLI's line)
-                message = str(exc)
-                body = ({"code": "UnderlyingServiceUnavailable", "message": message} if data_api
-                        else {"error": message, "fix": message.rpartition("; ")[2] or None})
-                await send_json(send, 503, body)
+                line = str(exc)
+                await send_json(send, 503, {"code": "UnderlyingServiceUnavailable", "message": line} if data_api
+                                else {"error": line, "fix": line.rpartition("; ")[2] or None})
                 return
             except AuthError as refused:
                 if data_api:  # answered in the Data API's error shape ({code, message})
