@@ -67,7 +67,7 @@ _through_host: Callable[..., tuple] | None = None
 
 def through_host(call: Callable[..., tuple] | None) -> None:
     """Make every request of a URL binding with credentials through `call(alias, method, url, data, headers,
-    timeout)`, answered by `host_exchange` in the process that holds the secrets (a sandbox's host)."""
+    timeout)`, answered by HostCurl.exchange in the process that holds the secrets (a sandbox's host)."""
     global _through_host
     _through_host = call
 
@@ -148,7 +148,7 @@ class CurlClient:
     def _exchange(self, binding: UrlBinding, method: str, url: str, data: bytes | None, headers: dict[str, str],
                   timeout: float) -> tuple[int, dict[str, str], bytes]:
         """The request with the binding's credentials added: (status, headers, body). In a sandboxed child, a
-        binding with credentials is asked of the host instead, which holds them (host_exchange)."""
+        binding with credentials is asked of the host instead, which holds them (HostCurl)."""
         if binding.auth != "none" and _through_host is not None:
             hosted = _through_host(binding.alias, method, url, data, headers, timeout)
             if hosted[0] == "ok":

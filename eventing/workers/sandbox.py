@@ -134,7 +134,7 @@ class _Sandboxed:
                         _raise(value)
                     return value
                 if ok == "curl":  # a request of a URL binding with credentials: on a thread, others go on
-                    self._curl_threads().submit(self._answer, ident, ok, value)
+                    self._curl_threads().submit(self._answer_later, ident, ok, value)
                     continue
                 self._answer(ident, ok, value)
         except (EOFError, OSError, pickle.UnpicklingError) as exc:
@@ -148,10 +148,13 @@ class _Sandboxed:
             answer = (True, self.service.call(method, *args))
         except Exception as exc:  # noqa: BLE001 - the child's call fails with it
             answer = (False, _error(exc))
+        self._send(("ans", ident, *answer))
+
+    def _answer_later(self, ident: Any, method: str, args: Any) -> None:
         try:
-            self._send(("ans", ident, *answer))
+            self._answer(ident, method, args)
         except OSError:
-            pass  # the sandbox has ended meanwhile (a curl answered after its call was abandoned)
+            pass  # the sandbox ended meanwhile (a curl answered after its call was abandoned)
 
     def _send(self, message: tuple) -> None:
         data = pickle.dumps(message, protocol=5)
