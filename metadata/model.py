@@ -53,8 +53,9 @@ class FunctionRecord:
     state: FunctionState
     generation: int  # bumped on every deploy, so a running service notices a redeploy
     updated_at: float
-    # Who last deployed or resumed it over the API: {"user": name, "admin": bool, "at": time}; None when
-    # only the local CLI (trusted as an admin) did. Handlers of a non-admin run sandboxed.
+    # Who last deployed or resumed it over the API: {"user": name, "admin": bool, "at": time}, or saved it
+    # as a non-admin ("saved": true); None when only the local CLI (trusted as an admin) did. Handlers of a
+    # non-admin run sandboxed.
     deployed_by: dict | None = None
 
 

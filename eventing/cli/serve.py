@@ -16,13 +16,25 @@ def _config(args: argparse.Namespace, port: int) -> Any:
 
     return ServerConfig.from_env(
         state_of(args), host=args.host, port=port, admin_token=args.admin_token, read_token=args.read_token,
+        admin_token_file=args.admin_token_file, read_token_file=args.read_token_file,
         max_body_bytes=args.max_body, cors_origins=tuple(args.cors_origin or ()),
     )
 
 
+def _credentials(config: Any) -> list[str]:
+    """What a caller must present, as the server will check it: the tokens given and the stored users."""
+    from eventing.http.auth import stored_user_count
+
+    users = stored_user_count(config.state)
+    return (["the admin token"] if config.admin_token else []) + (["the read-only token"] if config.read_token else []) \
+        + ([f"the password of {users} user{'s' if users != 1 else ''}"] if users else [])
+
+
 def _banner(config: Any) -> str:
-    auth = "tokens required" if config.secured else "no credentials (loopback only)"
-    return (f"eventing console and API on http://{config.host}:{config.port}/ ({auth}); data {config.state}; "
+    needed = _credentials(config)
+    auth = (f"credentials required: {', '.join(needed)}" if needed
+            else "no credentials: every local caller is trusted (loopback only)")
+    return (f"eventing console and API on http://{config.host}:{config.port}/ ({auth}); data {config.state.shown}; "
             f"API description at /api/v1/openapi.json, metrics at /metrics")
 
 
@@ -32,8 +44,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     config = _config(args, args.port)
     server = make_server(config)  # checks the bind rule and tokens first
     if args.json:
-        emit_json({"url": f"http://{config.host}:{config.port}/", "state": config.state,
-                   "secured": config.secured})
+        emit_json({"url": f"http://{config.host}:{config.port}/", "data_dir": config.state.shown,
+                   "secured": bool(_credentials(config)), "credentials": _credentials(config)})
     else:
         print(_banner(config), flush=True)
     server.run()
@@ -43,6 +55,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def _with_serve(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     def run_with_server(args: argparse.Namespace) -> int:
         if not getattr(args, "serve", None):
+            from eventing.http.auth import forget_token_environment
+
+            forget_token_environment()  # no worker, sandbox or subprocess this run starts inherits a token
             return run(args)
         from eventing.http.server import start_in_thread
 
@@ -58,15 +73,27 @@ def _with_serve(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.
 
 
 def _add_server_options(p: argparse.ArgumentParser, *, host: bool = True) -> None:
-    from eventing.http.auth import ADMIN_TOKEN_ENV, DEFAULT_HOST, DEFAULT_MAX_BODY, READ_TOKEN_ENV
+    from eventing.http.auth import (
+        ADMIN_TOKEN_ENV,
+        ADMIN_TOKEN_FILE_ENV,
+        DEFAULT_HOST,
+        DEFAULT_MAX_BODY,
+        READ_TOKEN_ENV,
+        READ_TOKEN_FILE_ENV,
+    )
 
     if host:
         p.add_argument("--host", default=DEFAULT_HOST,
                        help=f"address to bind (default {DEFAULT_HOST}; any other needs --admin-token)")
     p.add_argument("--admin-token", default=None,
-                   help=f"token for state-changing requests (default ${ADMIN_TOKEN_ENV}); prefer the environment, "
-                   "since flags show in the process list")
+                   help=f"token for state-changing requests (default ${ADMIN_TOKEN_ENV}); prefer a token file or the "
+                   "environment, since flags show in the process list")
+    p.add_argument("--admin-token-file", default=None, metavar="PATH",
+                   help=f"read the admin token from this file (default ${ADMIN_TOKEN_FILE_ENV}); unlike a variable, "
+                   "it stays out of /proc/PID/environ. The token variables are removed from the environment once read")
     p.add_argument("--read-token", default=None, help=f"read-only token (default ${READ_TOKEN_ENV})")
+    p.add_argument("--read-token-file", default=None, metavar="PATH",
+                   help=f"read the read-only token from this file (default ${READ_TOKEN_FILE_ENV})")
     p.add_argument("--max-body", type=int, default=DEFAULT_MAX_BODY,
                    help=f"largest request body in bytes (default {DEFAULT_MAX_BODY}); larger ones get 413")
     p.add_argument("--cors-origin", action="append",

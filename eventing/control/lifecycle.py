@@ -8,13 +8,14 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from eventing.core.couchbase_format import from_couchbase, is_couchbase_function, to_couchbase
 from eventing.core.definition import Boundary, FunctionDefinition, effective_isolation, load_definition_file
 from eventing.core.secrets import mask_definition, restore_secrets
 from eventing.errors import ConfigError, LifecycleError, NotFoundError, fix
 from eventing.execution.loader import validate_handler
+from eventing.execution.static_check import check_handler_source
 from eventing.storage.keyspace import check_keyspace_exists
 from eventing.storage.state import StateLike, as_state
 from eventing.windows.runtime.paths import reset_windows
@@ -29,9 +30,24 @@ SERVICE_STALE_S = 5.0
 EPOCH_SHIFT = 32
 
 
+class Saver(Protocol):
+    """Who saves, deploys or resumes a function through the REST API (eventing.http.auth.Identity); None
+    stands for the local CLI and the Python API, trusted as an admin."""
+
+    @property
+    def user(self) -> str: ...
+
+    @property
+    def is_admin(self) -> bool: ...
+
+    def check_bindings(self, definition: FunctionDefinition) -> None:
+        """Raise unless this caller may read (and write) every bucket binding of `definition`."""
+
+
 def _validate(state: StateLike, defn: FunctionDefinition, source: str, deployed_by: dict | None) -> None:
     """Import the handler module (its top-level code runs) and check its entry points: in a sandboxed
-    child when the function runs sandboxed (eventing.workers.sandbox), else here."""
+    child when the function runs sandboxed (eventing.workers.sandbox), else here. Only deploy and resume
+    import a handler; saving checks it without running it (check_handler_source)."""
     if effective_isolation(defn, deployed_by) == "sandbox":
         from eventing.workers.sandbox import validate_sandboxed
 
@@ -44,12 +60,20 @@ def _validate(state: StateLike, defn: FunctionDefinition, source: str, deployed_
 
 
 def save_function(
-    state: StateLike, defn: FunctionDefinition, source: str, *, deployed_by: dict | None = None
+    state: StateLike, defn: FunctionDefinition, source: str, *, saved_by: Saver | None = None
 ) -> FunctionRecord:
-    """Create or update a function definition (and its handler source) without deploying it. The handler
-    is validated sandboxed when the function asks for it or `deployed_by` (who saves it) is no full admin."""
+    """Create or update a function definition (and its handler source) without deploying it. None of the
+    handler's code runs here: it is checked statically (check_handler_source) and imported at deploy.
+
+    `saved_by` (None: the local CLI, trusted as an admin) must hold a role for every bucket binding; a
+    URL binding's stored secret kept with the mask (`*****`) follows a non-admin's edit only while the
+    binding's url, auth and verify_tls stay as stored; and a non-admin's save marks the function's code
+    as a non-admin's (`deployed_by`), so nothing runs it unsandboxed before an admin deploys or resumes it."""
     state = as_state(state)
-    _validate(state, defn, source, deployed_by)
+    check_handler_source(defn.name, source, windowed=defn.window is not None, language=defn.language)
+    trusted = saved_by is None or saved_by.is_admin
+    if saved_by is not None:
+        saved_by.check_bindings(defn)
     for bucket in dict.fromkeys([defn.source_bucket, *(b.bucket for b in defn.bindings)]):
         with state.open_bucket(bucket) as opened:  # unknown bucket -> clear error now, not at run time
             # and an unknown scope or collection of the source or a binding (a wildcard source: its scope)
@@ -65,10 +89,24 @@ def save_function(
             raise ConfigError(f"window of function '{defn.name}': {exc}") from None
     with _store(state) as store:
         stored = _stored(store, defn.name)
-        definition = restore_secrets(defn.to_dict(), stored.definition if stored else None)
+        definition = restore_secrets(defn.to_dict(), stored.definition if stored else None, trusted=trusted)
         if stored is not None and stored.state is FunctionState.PAUSED:
             _refuse_source_change(stored, definition)
-        return store.put_function(defn.name, definition, source)
+        if trusted:
+            return store.put_function(defn.name, definition, source)
+        assert saved_by is not None
+        mark = {"user": saved_by.user, "admin": False, "at": time.time(), "saved": True}
+        if stored is None:  # a new function: nothing runs an undeployed one before its deploy records its deployer
+            store.put_function(defn.name, definition, source)
+            store.set_deployed_by(defn.name, mark)
+            return store.get_function(defn.name)
+        # Marked first, so no moment has a non-admin's code stored as an admin's; a refused save puts it back.
+        store.set_deployed_by(defn.name, mark)
+        try:
+            return store.put_function(defn.name, definition, source)
+        except BaseException:
+            store.set_deployed_by(defn.name, stored.deployed_by)
+            raise
 
 
 def _stored(store: MetadataStore, name: str) -> FunctionRecord | None:
@@ -257,29 +295,32 @@ def export_function(state: StateLike, name: str, *, with_secrets: bool = False) 
     return {**definition, "handler_source": record.source}
 
 
-def import_definitions(state: StateLike, data: Any) -> list[FunctionRecord]:
+def import_definitions(state: StateLike, data: Any, *, saved_by: Saver | None = None) -> list[FunctionRecord]:
     items = data if isinstance(data, list) else [data]
     out = []
     for item in items:
         if is_couchbase_function(item):  # saved as it is; import_functions also carries out its status
             converted = from_couchbase(item)
-            out.append(save_function(state, converted.definition, converted.source))
+            out.append(save_function(state, converted.definition, converted.source, saved_by=saved_by))
             continue
         if not isinstance(item, dict) or "handler_source" not in item:
             raise ConfigError("an exported function must be a JSON object with 'handler_source' (or Couchbase's "
                               "export, with appname, appcode and depcfg)")
-        out.append(save_function(state, FunctionDefinition.from_dict(item), item["handler_source"]))
+        out.append(save_function(state, FunctionDefinition.from_dict(item), item["handler_source"],
+                                 saved_by=saved_by))
     return out
 
 
 def import_functions(
     state: StateLike, data: Any, *, deploying: Callable[[str], AbstractContextManager[Any]] | None = None,
+    saved_by: Saver | None = None,
 ) -> tuple[list[FunctionRecord], list[str]]:
     """Import functions in either format, detected per function: this project's export, or Couchbase's
     (one function or a list), whose deployment_status/processing_status are then carried out (deploy, pause,
     resume or undeploy, at the function's dcp_stream_boundary). All are converted and checked before any is
     saved. Returns the records and the warnings naming what Couchbase's format had that does nothing here.
-    `deploying(name)` wraps each deploy and resume (the REST API records the caller)."""
+    `deploying(name)` wraps each deploy and resume (the REST API records the caller and checks its roles);
+    `saved_by` is who saves them (see save_function)."""
     items = data if isinstance(data, list) else [data]
     plans: list[tuple[FunctionDefinition, str, str | None]] = []
     warnings: list[str] = []
@@ -293,9 +334,13 @@ def import_functions(
         else:
             raise ConfigError("an exported function must be a JSON object with 'handler_source' (or Couchbase's "
                               "export, with appname, appcode and depcfg)")
+    for defn, source, _ in plans:  # refused before any is saved: a role short of a binding, a handler that cannot load
+        if saved_by is not None:
+            saved_by.check_bindings(defn)
+        check_handler_source(defn.name, source, windowed=defn.window is not None, language=defn.language)
     out = []
     for defn, source, wanted in plans:
-        record = save_function(state, defn, source)
+        record = save_function(state, defn, source, saved_by=saved_by)
         if wanted is not None:
             record = set_state(state, defn.name, wanted, deploying=deploying)
         out.append(record)

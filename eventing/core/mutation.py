@@ -18,6 +18,8 @@ OP_NAMES = {OP_UPDATE: "update", OP_DELETE: "delete", OP_EXPIRE: "expire", OP_TI
 
 # Couchbase refuses documents over 20 MiB; so does a local bucket.
 MAX_DOCUMENT_BYTES = 20 * 1024 * 1024
+# About how deep JSON may nest: Python's recursion limit (1,000 frames) stops reading it a little before.
+NESTING_LIMIT = 900
 
 
 class Mutation(NamedTuple):
@@ -78,17 +80,21 @@ def encode_document(doc: Any) -> bytes:
     if isinstance(doc, bytes):
         data = msgpack.packb(doc, use_bin_type=True)
         if len(data) > MAX_DOCUMENT_BYTES:
-            raise InvalidDocumentError(f"document is {len(doc)} bytes; the limit is {MAX_DOCUMENT_BYTES} bytes, split it")
+            raise InvalidDocumentError(f"document is {len(doc):,} bytes, {len(data):,} stored, which exceeds the limit "
+                                       f"of {MAX_DOCUMENT_BYTES:,} bytes stored; split it")
         return data
     if not isinstance(doc, dict):
         raise InvalidDocumentError(
             f"document is a JSON {_json_kind(doc)}, not an object; wrap it, for example {{\"value\": ...}}"
         )
-    _check_json(doc, "$")
-    data = msgpack.packb(doc, use_bin_type=True)
+    try:
+        _check_json(doc, "$")
+        data = msgpack.packb(doc, use_bin_type=True)
+    except RecursionError:
+        raise InvalidDocumentError(f"document nests more than about {NESTING_LIMIT} levels deep; flatten it") from None
     if len(data) > MAX_DOCUMENT_BYTES:
         raise InvalidDocumentError(
-            f"document is {len(data)} bytes encoded; the limit is {MAX_DOCUMENT_BYTES} bytes, split it"
+            f"document is {len(data):,} bytes encoded, which exceeds the limit of {MAX_DOCUMENT_BYTES:,} bytes; split it"
         )
     return data
 

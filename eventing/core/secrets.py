@@ -4,7 +4,8 @@ Every place a definition leaves the metadata store (REST answers, `eventing expo
 them as Couchbase does, `*****`, unless an admin asks for them explicitly. A definition saved back with
 the mask (export, edit, import) keeps the stored secret of the URL binding with the same alias, so the
 round trip loses nothing; a mask with no stored secret behind it is refused rather than stored as the
-password.
+password, and so is a non-admin's mask on a binding whose url, auth or verify_tls changed (the stored
+secret would go to the new address).
 """
 
 from __future__ import annotations
@@ -32,9 +33,17 @@ def _mask_binding(binding: Any) -> Any:
     return {k: (MASK if k in SECRET_FIELDS and v not in (None, "") else v) for k, v in binding.items()}
 
 
-def restore_secrets(definition: dict[str, Any], stored: dict[str, Any] | None) -> dict[str, Any]:
+# What a kept secret is kept for: a non-admin's edit that changes one of these drops it (see restore_secrets).
+BOUND_FIELDS = ("url", "auth", "verify_tls")
+
+
+def restore_secrets(definition: dict[str, Any], stored: dict[str, Any] | None, *, trusted: bool = True) -> dict[str, Any]:
     """`definition` with each secret equal to MASK replaced by the stored secret of the URL binding with
-    the same alias. ConfigError, naming the binding and the fix, when there is no stored secret to keep."""
+    the same alias. ConfigError, naming the binding and the fix, when there is no stored secret to keep.
+
+    A secret belongs to where it is sent: when the saver is not `trusted` (an admin or the local CLI), a
+    secret is kept only while the binding's url, auth and verify_tls are the stored ones; a binding pointed
+    elsewhere with the mask is refused, so the stored password or token never goes to a new address."""
     bindings = definition.get("url_bindings") or ()
     if not any(isinstance(b, dict) and MASK in (b.get(f) for f in SECRET_FIELDS) for b in bindings):
         return definition
@@ -46,13 +55,26 @@ def restore_secrets(definition: dict[str, Any], stored: dict[str, Any] | None) -
         for key in SECRET_FIELDS:
             if binding.get(key) != MASK:
                 continue
-            secret = kept.get(binding.get("alias"), {}).get(key)
+            before = kept.get(binding.get("alias"), {})
+            secret = before.get(key)
             if not secret:
                 raise ConfigError(
                     f"url binding '{binding.get('alias')}' of function '{name}' has {key} {MASK!r}, the mask an "
                     f"export writes, and no stored {key} to keep; put the real {key} in the definition "
                     "(or export it with --with-secrets)"
                 )
+            changed = [f for f in BOUND_FIELDS if _field(binding, f) != _field(before, f)]
+            if changed and not trusted:
+                raise ConfigError(
+                    f"url binding '{binding.get('alias')}' of function '{name}' changes its {' and '.join(changed)} "
+                    f"and keeps the stored {key} ({MASK!r}); a stored secret is kept only for the address it was "
+                    f"given for; put the {key} for the new {changed[0]} in the definition (or ask an admin to save it)"
+                )
             binding[key] = secret
         restored.append(binding)
     return {**definition, "url_bindings": restored}
+
+
+def _field(binding: dict[str, Any], name: str) -> Any:
+    """A URL binding's field with its default (a binding written without `auth` has auth none)."""
+    return binding.get(name, {"auth": "none", "verify_tls": True}.get(name))

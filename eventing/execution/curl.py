@@ -18,6 +18,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,19 +31,45 @@ METHODS = ("GET", "POST", "PUT", "DELETE", "HEAD", "PATCH")
 
 @dataclass(frozen=True)
 class UrlBinding:
-    """A URL binding as the handler sees it (a global named by its alias); only usable with curl()."""
+    """A URL binding as the handler sees it (a global named by its alias); only usable with curl(). It
+    holds no secret: the password or token stays with the CurlClient that adds it to each request, and a
+    sandboxed function's never reaches its process (the host makes those requests, see `through_host`)."""
 
     alias: str
     url: str
     auth: str = "none"  # none | basic | bearer | digest
     username: str = ""
-    password: str = ""
-    token: str = ""
     verify_tls: bool = True
     allow_cookies: bool = False  # keep the cookies the server sets and send them back (Couchbase's allow_cookies)
 
     def __repr__(self) -> str:
         return f"<url binding {self.alias} -> {self.url}>"
+
+
+def url_bindings(defined: Any) -> tuple[list[UrlBinding], dict[str, str]]:
+    """A definition's url_bindings as the handler's objects, and the secret of each (alias -> the password
+    of basic and digest auth, the token of bearer), which only the CurlClient keeps."""
+    bindings, secrets = [], {}
+    for u in defined:
+        fields = {k: v for k, v in u.items() if k not in ("password", "token")}
+        binding = UrlBinding(**fields)
+        bindings.append(binding)
+        secret = u.get("token" if binding.auth == "bearer" else "password")
+        if binding.auth != "none" and secret:
+            secrets[binding.alias] = str(secret)
+    return bindings, secrets
+
+
+# In a sandboxed child (eventing.workers.sandbox_child): the call that has the host make a request of a URL
+# binding with credentials, which the child never holds. None elsewhere.
+_through_host: Callable[..., tuple] | None = None
+
+
+def through_host(call: Callable[..., tuple] | None) -> None:
+    """Make every request of a URL binding with credentials through `call(alias, method, url, data, headers,
+    timeout)`, answered by HostCurl.exchange in the process that holds the secrets (a sandbox's host)."""
+    global _through_host
+    _through_host = call
 
 
 @dataclass(frozen=True)
@@ -53,9 +80,11 @@ class CurlResponse:
 
 
 class CurlClient:
-    def __init__(self, context: CallContext, bindings: list[UrlBinding], max_response_bytes: int):
+    def __init__(self, context: CallContext, bindings: list[UrlBinding], max_response_bytes: int,
+                 secrets: dict[str, str] | None = None):
         self.context = context  # the call in flight: how much of its execution_timeout is left
         self.bindings = {id(b): b for b in bindings}
+        self._secrets = dict(secrets or {})  # alias -> password or token (url_bindings); never on a UrlBinding
         self.max_response_bytes = max_response_bytes
         self.ops: Counter[str] = Counter()  # curl_success_count, ... taken by the worker
         self._ops_lock = threading.Lock()  # calls of a function with concurrency > 1 count from several threads
@@ -95,41 +124,60 @@ class CurlClient:
         else:
             data = json.dumps(body).encode()
             headers.setdefault("Content-Type", "application/json")
-        if binding.auth == "basic":
-            token = base64.b64encode(f"{binding.username}:{binding.password}".encode()).decode()
-            headers["Authorization"] = f"Basic {token}"
-        elif binding.auth == "bearer":
-            headers["Authorization"] = f"Bearer {binding.token}"
         # The call counts against execution_timeout: it may take what is left of it, less a margin so the
         # handler sees a CurlError before the worker's watchdog abandons the whole call.
         call = self.context.here()  # the call of this thread (a worker's pool thread has its own)
         left = call.remaining_s()
         left = left - min(0.2, left / 4)
         self._count(f"curl_{method.lower()}_count")
-        # Kept-alive connections for a binding without digest auth or cookies (those go through urllib's
-        # handlers); a redirect is followed by urllib too.
-        answer = None
         try:
-            if binding.auth != "digest" and id(binding) not in self.cookies:
-                answer = self._kept_alive(method, url, data, headers, binding, max(0.05, left))
-            if answer is not None:
-                status, raw_headers, payload = answer
-            else:
-                opener = self._opener(binding, url.startswith("https:"))
-                req = urllib.request.Request(url, data=data, method=method, headers=headers)
-                with opener.open(req, timeout=max(0.05, left)) as resp:  # noqa: S310 - bound URL
-                    status, raw_headers, payload = resp.status, dict(resp.headers.items()), self._read(resp)
-        except urllib.error.HTTPError as exc:
-            status, raw_headers, payload = exc.code, dict(exc.headers.items()), self._read(exc)
+            status, raw_headers, payload = self._exchange(binding, method, url, data, headers, max(0.05, left))
         except TimeoutError:
             self._count("curl_timeout_count")
             raise CurlError(f"curl {method} {url} timed out (execution_timeout {call.timeout_s}s)") from None
+        except CurlError:
+            self._count("curl_failure_count")
+            raise
         except (urllib.error.URLError, OSError) as exc:
             self._count("curl_failure_count")
             reason = getattr(exc, "reason", exc)
             raise CurlError(f"curl {method} {url} failed: {reason}") from None
         self._count("curl_success_count" if status < 400 else "curl_non_2xx_count")
         return CurlResponse(status, raw_headers, _decode(payload, raw_headers))
+
+    def _exchange(self, binding: UrlBinding, method: str, url: str, data: bytes | None, headers: dict[str, str],
+                  timeout: float) -> tuple[int, dict[str, str], bytes]:
+        """The request with the binding's credentials added: (status, headers, body). In a sandboxed child, a
+        binding with credentials is asked of the host instead, which holds them (HostCurl)."""
+        if binding.auth != "none" and _through_host is not None:
+            hosted = _through_host(binding.alias, method, url, data, headers, timeout)
+            if hosted[0] == "ok":
+                return int(hosted[1]), dict(hosted[2]), bytes(hosted[3])
+            if hosted[0] == "timeout":
+                raise TimeoutError(hosted[1])
+            if hosted[0] == "failed":
+                raise OSError(hosted[1])
+            raise CurlError(str(hosted[1]))
+        secret = self._secrets.get(binding.alias, "")
+        if binding.auth == "basic":
+            token = base64.b64encode(f"{binding.username}:{secret}".encode()).decode()
+            headers["Authorization"] = f"Basic {token}"
+        elif binding.auth == "bearer":
+            headers["Authorization"] = f"Bearer {secret}"
+        # Kept-alive connections for a binding without digest auth or cookies (those go through urllib's
+        # handlers); a redirect is followed by urllib too.
+        try:
+            answer = None
+            if binding.auth != "digest" and id(binding) not in self.cookies:
+                answer = self._kept_alive(method, url, data, headers, binding, timeout)
+            if answer is not None:
+                return answer
+            opener = self._opener(binding, url.startswith("https:"))
+            req = urllib.request.Request(url, data=data, method=method, headers=headers)
+            with opener.open(req, timeout=timeout) as resp:  # noqa: S310 - bound URL
+                return resp.status, dict(resp.headers.items()), self._read(resp)
+        except urllib.error.HTTPError as exc:
+            return exc.code, dict(exc.headers.items()), self._read(exc)
 
     def _kept_alive(
         self, method: str, url: str, data: bytes | None, headers: dict[str, str], binding: UrlBinding, timeout: float
@@ -160,10 +208,6 @@ class CurlClient:
                 if reused:
                     continue  # the server closed it while it was kept
                 raise
-            except CurlError:
-                conn.close()
-                self._count("curl_failure_count")
-                raise
             except BaseException:
                 conn.close()
                 raise
@@ -192,7 +236,7 @@ class CurlClient:
         handlers: list[urllib.request.BaseHandler] = [urllib.request.HTTPSHandler(context=context)]
         if binding.auth == "digest":  # answers the server's challenge (one more round trip, as curl does)
             passwords = urllib.request.HTTPPasswordMgrWithDefaultRealm()
-            passwords.add_password(None, binding.url, binding.username, binding.password)
+            passwords.add_password(None, binding.url, binding.username, self._secrets.get(binding.alias, ""))
             handlers.append(urllib.request.HTTPDigestAuthHandler(passwords))
         if id(binding) in self.cookies:
             handlers.append(urllib.request.HTTPCookieProcessor(self.cookies[id(binding)]))
@@ -208,12 +252,53 @@ class CurlClient:
     def _read(self, resp: Any) -> bytes:
         payload = resp.read(self.max_response_bytes + 1)
         if len(payload) > self.max_response_bytes:
-            self._count("curl_failure_count")
             raise CurlError(
                 f"curl response is larger than curl_max_response_bytes ({self.max_response_bytes}); "
                 "ask for less or raise the setting"
             )
         return payload
+
+
+class HostCurl:
+    """The host's side of `through_host`: a sandboxed function's requests of its URL bindings with
+    credentials, made here, where the secrets are (the definition as stored), and only to the binding's own
+    URL. Answers are plain values for the sandbox's line: ("ok", status, headers, body), ("timeout", why),
+    ("failed", why) or ("error", why)."""
+
+    def __init__(self, defined: Any, max_response_bytes: int, timeout_s: float):
+        bindings, secrets = url_bindings(defined)
+        self.timeout_s = timeout_s
+        self.by_alias = {b.alias: b for b in bindings if b.auth != "none"}
+        self.client = CurlClient(CallContext(timeout_s), bindings, max_response_bytes, secrets)
+
+    def exchange(self, alias: Any, method: Any, url: Any, data: Any, headers: Any, timeout: Any) -> tuple:
+        binding = self.by_alias.get(alias) if isinstance(alias, str) else None
+        if binding is None or method not in METHODS or not isinstance(url, str) or not _within(binding, url):
+            return ("error", f"curl through URL binding {alias!r} may only call its own URL")
+        if not isinstance(headers, dict) or not isinstance(data, bytes | None) or not isinstance(timeout, int | float):
+            return ("error", "curl request is not one the sandbox's curl makes")
+        try:
+            status, answer, payload = self.client._exchange(
+                binding, method, url, data, {str(k): str(v) for k, v in headers.items()},
+                min(max(0.05, float(timeout)), self.timeout_s))
+        except TimeoutError as exc:
+            return ("timeout", str(exc))
+        except CurlError as exc:
+            return ("error", str(exc))
+        except (urllib.error.URLError, OSError) as exc:
+            return ("failed", str(getattr(exc, "reason", exc)))
+        return ("ok", status, answer, payload)
+
+
+def _within(binding: UrlBinding, url: str) -> bool:
+    """Whether `url` is the binding's URL or under it, as _join makes them (no `..`, same scheme and host)."""
+    if url == binding.url:
+        return True
+    base = binding.url.rstrip("/")
+    if not (url.startswith(base + "/") or url.startswith(binding.url + "?")):
+        return False
+    parts, own = urllib.parse.urlsplit(url), urllib.parse.urlsplit(binding.url)
+    return (parts.scheme, parts.netloc) == (own.scheme, own.netloc) and ".." not in parts.path.split("/")
 
 
 class _KeptConnections(threading.local):

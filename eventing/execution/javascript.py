@@ -269,6 +269,24 @@ def check_supported(function: str, source: str) -> None:
                 )
 
 
+def compile_only(function: str, source: str) -> None:
+    """V8 compiles the script without running any of it (saving a function runs none of its code); a
+    syntax error is a HandlerLoadError naming its line."""
+    try:
+        import STPyV8
+    except ImportError:
+        raise HandlerLoadError(
+            f"function '{function}' is a JavaScript handler and the V8 engine is not installed; pip install stpyv8"
+        ) from None
+    _thread_isolate(STPyV8)
+    ctx = STPyV8.JSContext()
+    with ctx:
+        try:
+            STPyV8.JSEngine().compile(source, f"{function}.js")
+        except Exception as exc:  # noqa: BLE001 - STPyV8's SyntaxError
+            raise _load_error(function, exc, "has a syntax error") from None
+
+
 _JS_POSITION = re.compile(r"^(?P<message>.*?) \( (?P<name>.*?) @ (?P<line>\d+) : (?P<col>\d+) \)", re.DOTALL)
 
 

@@ -28,7 +28,7 @@ from eventing.core.keyspaces import key_prefix
 from eventing.core.mutation import OP_EXPIRE, OP_TIMER, OP_UPDATE, Mutation
 from eventing.execution.bindings import BucketBinding, ConcurrentEffectBuffer, EffectBuffer
 from eventing.execution.context import CallContext, HandlerTimeout  # noqa: F401 - HandlerTimeout: its older home
-from eventing.execution.curl import CurlClient, UrlBinding
+from eventing.execution.curl import CurlClient, url_bindings
 from eventing.execution.loader import load_handler
 from eventing.execution.timers import ConcurrentTimerTable, TimerTable
 from eventing.execution.wildcard_bindings import WildcardBinding
@@ -143,10 +143,10 @@ class HandlerRunner:
         # The state's application log (a worker behind the data service passes one that sends its lines there).
         self.app_log = app_log
         injected["log"] = FunctionLog(function, self.app_log, self.context)
-        url_bindings = [UrlBinding(**u) for u in defn.url_bindings]
-        self.curl = CurlClient(self.context, url_bindings, defn.curl_max_response_bytes)
+        urls, secrets = url_bindings(defn.url_bindings)  # the handler sees no secret: curl adds it
+        self.curl = CurlClient(self.context, urls, defn.curl_max_response_bytes, secrets)
         injected["curl"] = self.curl
-        injected.update({u.alias: u for u in url_bindings})
+        injected.update({u.alias: u for u in urls})
         injected["create_timer"] = self.timers.create_timer
         injected["cancel_timer"] = self.timers.cancel_timer
         module = load_handler(

@@ -21,6 +21,7 @@ from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from eventing.errors import StoreError
 from eventing.http.auth import (
     IDENTITY_SCOPE_KEY,
     AuthError,
@@ -109,6 +110,11 @@ class GuardMiddleware:
                 identity = await authenticator_for(self.config).authenticate_async(headers.get("authorization"), client)
                 if not data_api:
                     check_guarded(identity, method, path)
+            except StoreError as exc:  # the users cannot be read: the store is busy or damaged (the CLI's line)
+                line = str(exc)
+                await send_json(send, 503, {"code": "UnderlyingServiceUnavailable", "message": line} if data_api
+                                else {"error": line, "fix": line.rpartition("; ")[2] or None})
+                return
             except AuthError as refused:
                 if data_api:  # answered in the Data API's error shape ({code, message})
                     no_credentials = "none was given" in refused.message
@@ -169,6 +175,8 @@ class GuardMiddleware:
 
 
 def _host_name(header: str) -> str:
+    """The Host header's name, lower case (host names are case-insensitive), without its port."""
+    header = header.lower()
     if header.startswith("["):
         return header.split("]")[0] + "]"
     return header.rsplit(":", 1)[0]

@@ -16,7 +16,8 @@ Roles are Couchbase's, scoped to keyspaces (`*` for any part):
 
 The admin token is `admin`, the read-only token `ro_admin`. A role grants permissions (PERMISSIONS);
 `authorize(request, permission, keyspace)` is the check every endpoint makes. Failed logins are limited
-per client address and per user name (LoginThrottle); a verified name and password is remembered for a
+per user name and per client address (eventing.http.logins says what a lock holds back: never a valid
+token, nor a user's right password for another's failures); a verified name and password is remembered for a
 short while (by an HMAC of both under a per-process key), so a keep-alive client does not pay scrypt's
 cost (~50 ms by design) on every request.
 """
@@ -35,8 +36,7 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import unquote
@@ -44,13 +44,17 @@ from urllib.parse import unquote
 import anyio.to_thread
 
 from eventing.core.keyspaces import WILDCARD, Keyspace
-from eventing.errors import ConfigError, NotFoundError, StoreLockedError
-from metadata.model import FunctionRecord, UserRecord
+from eventing.errors import ConfigError, StoreLockedError
+from eventing.http.logins import BASE_LOCK_S, MAX_FAILURES, LoginThrottle  # noqa: F401 - read by callers as auth.*
+from eventing.storage.state import State, as_state
+from metadata.model import UserRecord
 
 log = logging.getLogger(__name__)
 
 ADMIN_TOKEN_ENV = "EVENTING_ADMIN_TOKEN"
 READ_TOKEN_ENV = "EVENTING_READ_TOKEN"
+ADMIN_TOKEN_FILE_ENV = "EVENTING_ADMIN_TOKEN_FILE"
+READ_TOKEN_FILE_ENV = "EVENTING_READ_TOKEN_FILE"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8096  # Couchbase Eventing's REST port
 DEFAULT_MAX_BODY = 1024 * 1024  # a handler source or a definition; larger bodies get 413
@@ -62,7 +66,7 @@ WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 
 @dataclass(frozen=True)
 class ServerConfig:
-    data_dir: str
+    state: State  # the deployment's (eventing.storage.state), opened once by the command that serves
     host: str = DEFAULT_HOST
     port: int = DEFAULT_PORT
     admin_token: str | None = None
@@ -70,12 +74,21 @@ class ServerConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY
     cors_origins: tuple[str, ...] = field(default_factory=tuple)  # closed unless listed
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "state", as_state(self.state))  # a location given is opened here
+
     @classmethod
-    def from_env(cls, data_dir: str, **kwargs: object) -> ServerConfig:
-        """Tokens not given as arguments come from $EVENTING_ADMIN_TOKEN / $EVENTING_READ_TOKEN."""
-        admin = kwargs.pop("admin_token", None) or os.environ.get(ADMIN_TOKEN_ENV) or None
-        read = kwargs.pop("read_token", None) or os.environ.get(READ_TOKEN_ENV) or None
-        return cls(data_dir, admin_token=admin, read_token=read, **kwargs)  # type: ignore[arg-type]
+    def from_env(cls, state: State, *, admin_token_file: str | None = None, read_token_file: str | None = None,
+                 **kwargs: object) -> ServerConfig:
+        """Each token not given as an argument comes from a file (`admin_token_file`, else the file named by
+        $EVENTING_ADMIN_TOKEN_FILE), else from $EVENTING_ADMIN_TOKEN (the read-only token likewise). The
+        token variables are then removed from this process's environment (forget_token_environment)."""
+        admin = _token(kwargs.pop("admin_token", None), admin_token_file, ADMIN_TOKEN_FILE_ENV, ADMIN_TOKEN_ENV,
+                       "admin")
+        read = _token(kwargs.pop("read_token", None), read_token_file, READ_TOKEN_FILE_ENV, READ_TOKEN_ENV,
+                      "read-only")
+        forget_token_environment()
+        return cls(state, admin_token=admin, read_token=read, **kwargs)  # type: ignore[arg-type]
 
     @property
     def secured(self) -> bool:
@@ -92,7 +105,7 @@ class ServerConfig:
                 )
         if self.admin_token and self.read_token and hmac.compare_digest(self.admin_token, self.read_token):
             raise ConfigError("the admin and read-only tokens are the same; give each role its own token")
-        if not is_loopback(self.host) and not self.admin_token and not _has_admin_user(self.data_dir):
+        if not is_loopback(self.host) and not self.admin_token and not _has_admin_user(self.state):
             raise ConfigError(
                 f"refusing to bind {self.host} without credentials: anyone who can reach it could deploy code; "
                 f"set --admin-token (or ${ADMIN_TOKEN_ENV}) and optionally --read-token, add an admin user "
@@ -100,6 +113,39 @@ class ServerConfig:
             )
         if not 0 < self.max_body_bytes:
             raise ConfigError(f"--max-body {self.max_body_bytes} is not positive; give a size in bytes")
+
+
+def forget_token_environment() -> None:
+    """Remove $EVENTING_ADMIN_TOKEN and $EVENTING_READ_TOKEN from this process's environment (`serve` and
+    `run` call it once the tokens are read), so no process it starts (Ray's workers, sandboxed handlers,
+    subprocesses) inherits them and no handler reads them from `os.environ`. The kernel still shows the
+    environment a process started with in /proc/<pid>/environ (to its own user and root); a token file
+    (--admin-token-file, $EVENTING_ADMIN_TOKEN_FILE) keeps the token out of it."""
+    for name in (ADMIN_TOKEN_ENV, READ_TOKEN_ENV):
+        os.environ.pop(name, None)
+
+
+def _token(given: object, path: str | None, file_env: str, env: str, label: str) -> str | None:
+    """A token: as given, else read from `path` or the file $`file_env` names, else from $`env`."""
+    if given:
+        if path:
+            raise ConfigError(f"the {label} token is given both as a flag and as a file ({path}); give one")
+        return str(given)
+    path = path or os.environ.get(file_env) or None
+    if path is None:
+        return os.environ.get(env) or None
+    try:
+        with open(path, encoding="utf-8") as f:
+            token = f.read().strip()
+    except OSError as exc:
+        raise ConfigError(f"the {label} token file {path} cannot be read ({exc.strerror}); give a file holding "
+                          "the token (chmod 600)") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"the {label} token file {path} is not UTF-8 text; write the token as text") from None
+    if not token or "\n" in token:
+        raise ConfigError(f"the {label} token file {path} holds {'nothing' if not token else 'several lines'}; "
+                          "write the token alone on one line")
+    return token
 
 
 def is_loopback(host: str) -> bool:
@@ -165,7 +211,11 @@ def hash_password(password: str) -> str:
 
 
 def verify_password(password: str, encoded: str) -> bool:
-    """Whether `password` matches a stored `hash_password` value (constant-time comparison)."""
+    """Whether `password` matches a stored `hash_password` value (constant-time comparison). A password with
+    a NUL never does: scrypt's HMAC pads a short key with zero bytes, so `password\0` would hash as
+    `password` (no password may hold one, see check_password)."""
+    if "\0" in password:
+        return False
     try:
         scheme, n, r, p, salt, digest = encoded.split("$")
         if scheme != "scrypt":
@@ -189,6 +239,8 @@ def check_user_name(name: str) -> str:
 
 
 def check_password(password: str) -> str:
+    if "\0" in password:
+        raise ConfigError("the password holds a NUL character; use printable characters")
     if len(password) < MIN_PASSWORD_CHARS:
         raise ConfigError(f"the password is {len(password)} characters; use at least {MIN_PASSWORD_CHARS}")
     return password
@@ -310,6 +362,13 @@ class Identity:
     def to_dict(self) -> dict[str, Any]:
         return {"user": self.user, "kind": self.kind, "roles": [str(g) for g in self.grants]}
 
+    def check_bindings(self, definition: Any) -> None:
+        """Raise AuthError(403) unless this caller may bind every bucket binding of `definition` (a
+        FunctionDefinition): eventing.http.function_access.check_bindings."""
+        from eventing.http.function_access import check_bindings
+
+        check_bindings(self, definition)
+
 
 ADMIN_TOKEN_IDENTITY = Identity("@admin-token", (Grant(ADMIN),), "token")
 READ_TOKEN_IDENTITY = Identity("@read-token", (Grant(RO_ADMIN),), "token")
@@ -331,9 +390,9 @@ class AuthError(Exception):
         return {"error": self.message, "fix": self.fix}
 
 
-def forbidden(identity: Identity, permission: str, what: str) -> AuthError:
+def forbidden(identity: Identity, permission: str, what: str, need: str | None = None) -> AuthError:
     roles = ", ".join(str(g) for g in identity.grants) or "none"
-    need = {
+    need = need or {
         CLUSTER_READ: "ro_admin or admin", CLUSTER_MANAGE: "admin", SECRETS_READ: "admin",
         FUNCTIONS_READ: f"ro_admin, admin or {MANAGE_FUNCTIONS}[bucket:scope] of its source",
         FUNCTIONS_MANAGE: f"admin or {MANAGE_FUNCTIONS}[bucket:scope] of its source",
@@ -341,6 +400,11 @@ def forbidden(identity: Identity, permission: str, what: str) -> AuthError:
     }[permission]
     return AuthError(403, f"{identity.user} may not {what} (roles: {roles})",
                      f"ask an admin for a role that allows it: {need}")
+
+
+def full_name(keyspace: Keyspace) -> str:
+    """`bucket.scope.collection`, every part written out (a 403 names exactly what a role must cover)."""
+    return f"{keyspace.bucket}.{keyspace.scope}.{keyspace.collection}"
 
 
 IDENTITY_SCOPE_KEY = "eventing.identity"  # where the guard leaves the caller's Identity in the ASGI scope
@@ -367,205 +431,11 @@ def authorize(request: Any, permission: str, keyspace: Keyspace | str | None = N
         keyspace = Keyspace.parse(keyspace)
     if not identity.can(permission, keyspace):
         action = {DATA_READ: "read", DATA_WRITE: "write"}.get(permission, permission)
-        raise forbidden(identity, permission, f"{action} {keyspace}" if keyspace else action)
+        raise forbidden(identity, permission, f"{action} {full_name(keyspace)}" if keyspace else action)
     return identity
 
 
-def deployed_by_admin(record: FunctionRecord) -> bool:
-    """Whether a function was last deployed or resumed by a full admin (or only through the local CLI,
-    trusted as one); a function a non-admin deployed runs sandboxed."""
-    return record.deployed_by is None or record.deployed_by.get("admin") is True
-
-
-@contextmanager
-def deploying_as(data_dir: str, name: str, identity: Identity) -> Iterator[None]:
-    """Record `identity` as the deployer of function `name` before its code starts (so a non-admin's code
-    never runs recorded as an admin's), and put the previous record back if the deploy or resume fails."""
-    from metadata.factory import open_store
-
-    with open_store(data_dir, create=False) as store:
-        previous = store.get_function(name).deployed_by
-        store.set_deployed_by(name, {"user": identity.user, "admin": identity.is_admin, "at": time.time()})
-        try:
-            yield
-        except BaseException:
-            store.set_deployed_by(name, previous)
-            raise
-
-
-# -- endpoints of the REST API ---------------------------------------------------------------------------
-
 LOAD_PREFIX = "/api/v1/keyspaces/"  # POST /api/v1/keyspaces/{keyspace}/load: a bulk load (data_writer)
-LISTINGS = frozenset({"/api/v1/functions", "/api/v1/status", "/api/v1/stats", "/api/v1/export",
-                      "/api/v1/list/functions", "/getDeployedApps", "/getRunningApps"})
-CLUSTER_PREFIXES = ("/api/v1/nodes", "/api/v1/rebalance", "/api/v1/buckets", "/metrics", "/api/v1/config")
-CREATES = frozenset({"/api/v1/import", "/api/v1/functions"})  # a POST body of functions, one or a list
-
-
-def function_keyspace(definition: Mapping[str, Any]) -> Keyspace:
-    """The keyspace of a function's source (`source_bucket`, with `source_scope`/`source_collection` when
-    given, or `source_bucket` written as `bucket.scope.collection`)."""
-    bucket = str(definition.get("source_bucket") or "")
-    if definition.get("source_scope") or definition.get("source_collection"):
-        return Keyspace.of(bucket, definition.get("source_scope"), definition.get("source_collection"))
-    return Keyspace.parse(bucket) if bucket else Keyspace("")
-
-
-def authorize_endpoint(identity: Identity, method: str, path: str, params: Mapping[str, str],
-                       query: Mapping[str, str], body: Any, data_dir: str) -> None:
-    """Raise AuthError(403) unless `identity` may call REST endpoint `method path` (its template) with
-    these parameters; a function's permissions are checked against its stored source and, for a change,
-    the source the request would give it. Reads the metadata store (call it off the event loop)."""
-    if identity.is_admin or path == "/api/v1/openapi.json":
-        return
-    write = method.upper() in WRITE_METHODS
-    if path == "/api/v1/export" and query.get("secrets", "").strip().lower() in ("1", "true", "yes"):
-        raise forbidden(identity, SECRETS_READ, "read URL binding secrets in clear (secrets=true)")
-    if path.startswith(CLUSTER_PREFIXES) or path in LISTINGS and not write and not (
-            path == "/api/v1/export" and query.get("name")):
-        if path in LISTINGS and identity.can(FUNCTIONS_READ):
-            return  # the listing shows only the functions this caller covers (visible_functions)
-        permission = CLUSTER_MANAGE if write else CLUSTER_READ
-        if not identity.can(permission):
-            raise forbidden(identity, permission, f"{method} {path}")
-        return
-    permission = FUNCTIONS_MANAGE if write else FUNCTIONS_READ
-    if not identity.can(permission):
-        raise forbidden(identity, permission, f"{method} {path}")
-    targets: list[tuple[str, dict | None]]
-    from eventing.core.couchbase_format import keyspace_fields
-
-    if path in CREATES and write:
-        items = body if isinstance(body, list) else [body]
-        targets = [(str(keyspace_fields(d).get("name", "")), keyspace_fields(d)) for d in items if isinstance(d, dict)]
-    else:
-        name = params.get("name") or query.get("name") or query.get("appName") or ""
-        if isinstance(body, dict):
-            body = {k: v for k, v in keyspace_fields(body).items() if k != "name"}
-        new = body if write and isinstance(body, dict) and path in (
-            "/api/v1/functions/{name}", "/api/v1/functions/{name}/settings") else None
-        targets = [(name, new)]
-    from metadata.factory import open_store
-
-    try:
-        store = open_store(data_dir, create=False)
-    except NotFoundError:
-        store = None
-    try:
-        for name, new in targets:
-            try:
-                stored = store.get_function(name).definition if store is not None and name else None
-            except NotFoundError:
-                stored = None
-            for definition in (stored, {**(stored or {}), **new} if new is not None else None):
-                if definition is not None and not identity.can(permission, function_keyspace(definition)):
-                    verb = "manage" if write else "read"
-                    raise forbidden(identity, permission,
-                                    f"{verb} function '{name}' (source {function_keyspace(definition)})")
-    finally:
-        if store is not None:
-            store.close()
-
-
-def visible_functions(identity: Identity, data_dir: str) -> set[str] | None:
-    """The functions a listing shows this caller: None for every one (ro_admin, admin), else those whose
-    source its eventing_manage_functions roles cover."""
-    if identity.can(CLUSTER_READ):
-        return None
-    from metadata.factory import open_store
-
-    try:
-        store = open_store(data_dir, create=False)
-    except NotFoundError:
-        return set()
-    try:
-        return {r.name for r in store.list_functions() if identity.can(FUNCTIONS_READ, function_keyspace(r.definition))}
-    finally:
-        store.close()
-
-
-def filter_listing(result: Any, visible: set[str] | None) -> Any:
-    """A listing endpoint's result (a list of functions, or `{"apps": [...]}`) cut to the visible functions."""
-    if visible is None:
-        return result
-
-    def shown(item: Any) -> bool:
-        return isinstance(item, dict) and (item.get("name") or item.get("function_name") or item.get("appname")) in visible
-
-    if isinstance(result, dict) and isinstance(result.get("functions"), list):  # /api/v1/list/functions
-        return {**result, "functions": [n for n in result["functions"] if n in visible]}
-    if isinstance(result, dict) and all(isinstance(v, str) for v in result.values()):  # getDeployedApps: name -> ""
-        return {k: v for k, v in result.items() if k in visible}
-    if isinstance(result, list):
-        return [item for item in result if shown(item)]
-    if isinstance(result, dict) and isinstance(result.get("apps"), list):
-        return {**result, "apps": [a for a in result["apps"] if shown(a)]}
-    return result
-
-
-# -- failed logins: limited per client address and per user name ------------------------------------------
-
-MAX_FAILURES = 5  # distinct failed credentials in FAILURE_WINDOW_S before a key is locked
-FAILURE_WINDOW_S = 60.0
-BASE_LOCK_S = 30.0  # the first lock; each further lock of the same key doubles it, up to MAX_LOCK_S
-MAX_LOCK_S = 3600.0
-MAX_TRACKED_KEYS = 100_000  # memory bound: the quietest keys are forgotten first
-
-
-@dataclass
-class _Failures:
-    guesses: dict[bytes, float] = field(default_factory=dict)  # a digest of each failed credential -> when
-    locks: int = 0
-    locked_until: float = 0.0
-    last: float = 0.0
-
-
-class LoginThrottle:
-    """Failed logins per key (`client:ADDR`, `user:NAME`): MAX_FAILURES distinct credentials failing within
-    FAILURE_WINDOW_S lock the key for BASE_LOCK_S, doubling with each further lock (up to MAX_LOCK_S); a key
-    quiet for MAX_LOCK_S starts over. The same wrong credential sent again is not another guess: a console or
-    a script polling with a stale token would otherwise lock its client out, and then refuse the right token
-    for BASE_LOCK_S. `clock` is monotonic seconds (a test moves its own)."""
-
-    def __init__(self, clock: Callable[[], float] = time.monotonic):
-        self.clock = clock
-        self._keys: dict[str, _Failures] = {}
-        self._lock = threading.Lock()
-
-    def retry_after(self, keys: Sequence[str]) -> float | None:
-        """Seconds until the most locked of `keys` may try again, or None when none is locked."""
-        now = self.clock()
-        with self._lock:
-            waits = [f.locked_until - now for k in keys if (f := self._keys.get(k)) and f.locked_until > now]
-        return max(waits) if waits else None
-
-    def failed(self, keys: Sequence[str], guess: bytes = b"") -> None:
-        """A login failed with the credential whose keyed digest is `guess` (never the credential itself)."""
-        now = self.clock()
-        with self._lock:
-            if len(self._keys) >= MAX_TRACKED_KEYS:
-                self._forget_quiet(now)
-            for key in keys:
-                f = self._keys.get(key)
-                if f is None or now - f.last > MAX_LOCK_S:
-                    f = self._keys[key] = _Failures()
-                f.last = now
-                if guess not in f.guesses:
-                    f.guesses = {g: t for g, t in f.guesses.items() if now - t <= FAILURE_WINDOW_S}
-                f.guesses[guess] = now
-                if len(f.guesses) >= MAX_FAILURES:
-                    f.locked_until = now + min(BASE_LOCK_S * 2**f.locks, MAX_LOCK_S)
-                    f.locks += 1
-                    f.guesses.clear()
-
-    def succeeded(self, key: str) -> None:
-        with self._lock:
-            self._keys.pop(key, None)
-
-    def _forget_quiet(self, now: float) -> None:
-        for key in sorted(self._keys, key=lambda k: self._keys[k].last)[: len(self._keys) // 2]:
-            if self._keys[key].locked_until <= now:
-                del self._keys[key]
 
 
 # -- authentication ----------------------------------------------------------------------------------------
@@ -614,7 +484,7 @@ class Authenticator:
         self.config = config
         self.clock = clock
         self.throttle = LoginThrottle(lambda: self.clock())
-        self._load_users = load_users or (lambda: _stored_users(config.data_dir))
+        self._load_users = load_users or (lambda: _stored_users(config.state))
         self._users: dict[str, UserRecord] | None = None
         self._users_at = -math.inf
         self._verified: dict[bytes, float] = {}
@@ -648,27 +518,34 @@ class Authenticator:
                             "send `Authorization: Bearer TOKEN` (the read-only token for reads, the admin token "
                             "for changes), or a user's name and password by HTTP Basic (curl -u USER)",
                             {"WWW-Authenticate": 'Basic realm="eventing"'})
+        token = _token_identity(self.config, secret)
+        if token is not None:
+            return token  # a valid token is never held back by others' failures (eventing.http.logins)
         keys = [f"client:{client}"] + ([f"user:{user}"] if user else [])
+        if user:
+            self._refuse_if_locked([f"user:{user}"])  # before the password is checked: no guessing past a lock
+        record = users.get(user) if user else None
+        if record is not None and self._verified_now(record, secret, verify):
+            self.throttle.succeeded(f"user:{user}")
+            return Identity(record.name, _grants(record), "user")
+        locked = self.throttle.retry_after(keys) is not None
+        guess = hmac.new(self._cache_key, f"{user}\0{secret}".encode(), hashlib.sha256).digest()
+        self.throttle.failed(keys, guess)  # counted for the user name even while the client is locked
+        log.warning("failed login%s from %s", f" of user {user!r}" if user else " with a token", client)
+        if locked:
+            self._refuse_if_locked(keys)  # a locked client's wrong credentials: 429 until its lock ends
+        raise AuthError(401, "the credentials given are not accepted: neither the admin nor the read-only token, "
+                        "nor a user's name and password", "check the token (--admin-token / $EVENTING_ADMIN_TOKEN, "
+                        "--read-token / $EVENTING_READ_TOKEN), or the user name and password (`eventing user list`)",
+                        {"WWW-Authenticate": 'Basic realm="eventing"'})
+
+    def _refuse_if_locked(self, keys: list[str]) -> None:
         wait = self.throttle.retry_after(keys)
         if wait is not None:
             seconds = max(1, math.ceil(wait))
             raise AuthError(429, f"too many failed logins from this client or for this user; wait {seconds} s",
                             "wait for Retry-After seconds, then check the user name and password",
                             {"Retry-After": str(seconds)})
-        token = _token_identity(self.config, secret)
-        if token is not None:
-            return token
-        record = users.get(user) if user else None
-        if record is not None and self._verified_now(record, secret, verify):
-            self.throttle.succeeded(f"user:{user}")
-            return Identity(record.name, _grants(record), "user")
-        guess = hmac.new(self._cache_key, f"{user}\0{secret}".encode(), hashlib.sha256).digest()
-        self.throttle.failed(keys, guess)
-        log.warning("failed login%s from %s", f" of user {user!r}" if user else " with a token", client)
-        raise AuthError(401, "the credentials given are not accepted: neither the admin nor the read-only token, "
-                        "nor a user's name and password", "check the token (--admin-token / $EVENTING_ADMIN_TOKEN, "
-                        "--read-token / $EVENTING_READ_TOKEN), or the user name and password (`eventing user list`)",
-                        {"WWW-Authenticate": 'Basic realm="eventing"'})
 
     async def authenticate_async(self, authorization: str | None, client: str) -> Identity:
         """`authenticate` without blocking the event loop: a remembered login is checked here, one that needs
@@ -719,7 +596,8 @@ def check_guarded(identity: Identity, method: str, path: str) -> None:
         if identity is READ_TOKEN_IDENTITY:
             raise AuthError(403, f"{method} {path} changes state and needs the admin token; the read-only token was given",
                             "send the admin token (--admin-token / $EVENTING_ADMIN_TOKEN)")
-        raise forbidden(identity, FUNCTIONS_MANAGE, f"{method} {path}: its roles change nothing")
+        if not path.startswith(LOAD_PREFIX):  # a bulk load's refusal names data_writer, below
+            raise forbidden(identity, FUNCTIONS_MANAGE, f"{method} {path}: its roles change nothing")
     if path.startswith(LOAD_PREFIX):
         text = unquote(path[len(LOAD_PREFIX):].rpartition("/")[0])
         try:
@@ -727,7 +605,9 @@ def check_guarded(identity: Identity, method: str, path: str) -> None:
         except ConfigError:
             keyspace = None
         if keyspace is None or not identity.can(DATA_WRITE, keyspace):
-            raise forbidden(identity, DATA_WRITE, f"load documents into {keyspace or text!r}")
+            where = full_name(keyspace) if keyspace else repr(text)
+            raise forbidden(identity, DATA_WRITE, f"load documents into {where}",
+                            f"{DATA_WRITER}[{where}] or admin (a bulk load writes documents: no function role allows it)")
 
 
 def _grants(record: UserRecord) -> tuple[Grant, ...]:
@@ -745,21 +625,22 @@ def _token_identity(config: ServerConfig, secret: str) -> Identity | None:
     return {"admin": ADMIN_TOKEN_IDENTITY, "read": READ_TOKEN_IDENTITY}.get(role or "")
 
 
-def _stored_users(data_dir: str) -> list[UserRecord]:
-    from metadata.factory import open_store
-
-    try:
-        store = open_store(data_dir, create=False)
-    except NotFoundError:
+def _stored_users(state: State) -> list[UserRecord]:
+    if not state.exists():
         return []
-    try:
-        return store.list_users()
-    finally:
-        store.close()
+    return state.metadata.list_users()
 
 
-def _has_admin_user(data_dir: str) -> bool:
+def stored_user_count(state: State) -> int:
+    """How many users the metadata store holds (0 when it cannot be read: no user can sign in then either)."""
     try:
-        return any(any(r == ADMIN for r in u.roles) for u in _stored_users(data_dir))
+        return len(_stored_users(state))
+    except Exception:  # noqa: BLE001 - a damaged or busy store: the server's answers say so
+        return 0
+
+
+def _has_admin_user(state: State) -> bool:
+    try:
+        return any(any(r == ADMIN for r in u.roles) for u in _stored_users(state))
     except Exception:  # an unreadable store is no credential; the bind is refused with the usual message
         return False

@@ -34,7 +34,7 @@ from urllib.parse import unquote_to_bytes
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from eventing.core.keyspaces import Keyspace
-from eventing.errors import StoreLockedError
+from eventing.errors import StoreError
 from eventing.http.auth import (
     AUTH_ERROR_SCOPE_KEY,
     DATA_READ,
@@ -79,7 +79,7 @@ class DataApi:
     def __init__(self, app: ASGIApp, config: ServerConfig):
         self.app = app
         self.config = config
-        self.buckets = Buckets(config.data_dir)
+        self.buckets = Buckets(config.state)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not serves(scope["path"]):
@@ -92,7 +92,7 @@ class DataApi:
             status, headers, body, ctype = await self.dispatch(scope, receive)
         except ApiError as exc:
             status, headers, body, ctype = exc.status, exc.headers, json.dumps(exc.body()).encode(), "application/json"
-        except StoreLockedError as exc:
+        except StoreError as exc:  # busy, damaged (the CLI's line: the file and the way out), or a full disk
             status, headers, ctype = 503, {}, "application/json"
             body = json.dumps({"code": "UnderlyingServiceUnavailable", "message": f"{exc}"}).encode()
         except Exception as exc:  # a fault of this server: still the Data API's error shape
@@ -177,4 +177,4 @@ class DataApi:
 
     async def load(self, scope: Scope, receive: Receive, send: Send) -> None:
         """POST /api/v1/keyspaces/{keyspace}/load (the guard has checked the token and the admin role)."""
-        await serve_load(self.buckets, self.config.data_dir, scope, receive, send)
+        await serve_load(self.buckets, self.config.state, scope, receive, send)

@@ -13,7 +13,7 @@ from urllib.parse import unquote_to_bytes
 
 import msgspec
 
-from eventing.core.mutation import OP_DELETE, OP_UPDATE, decode_document, encode_document
+from eventing.core.mutation import NESTING_LIMIT, OP_DELETE, OP_UPDATE, decode_document, encode_document
 from eventing.http.dataapi_errors import ApiError, bad
 from eventing.http.dataapi_requests import (
     DURABILITY_LEVELS,
@@ -65,6 +65,8 @@ def content_type_of(value: Any, flags: int) -> str:
         return "application/json"
     except ValueError:
         return "text/plain"
+    except RecursionError:  # JSON nested too deeply to read again here: it was stored as JSON
+        return "application/json"
 
 
 def stored_body(raw: bytes, flags: int, declared_json: bool) -> bytes:
@@ -74,6 +76,9 @@ def stored_body(raw: bytes, flags: int, declared_json: bool) -> bytes:
     if declared_json or not flags or kind == FLAGS_JSON >> 24:
         try:
             value = _json_decode(raw)
+        except RecursionError:
+            raise bad(f"The body's JSON nests more than about {NESTING_LIMIT} levels deep, deeper than documents "
+                      "may; flatten it") from None
         except (msgspec.DecodeError, UnicodeDecodeError) as exc:
             if declared_json:
                 raise bad(f"The body is declared application/json but is not valid JSON ({exc}); send JSON, or "

@@ -13,19 +13,20 @@ from starlette.types import Receive, Scope, Send
 
 from eventing.core.keyspaces import Keyspace
 from eventing.core.mutation import MAX_DOCUMENT_BYTES
-from eventing.errors import ConfigError, EventingError, InvalidKeyError
+from eventing.errors import ConfigError, EventingError, InvalidKeyError, StoreError
 from eventing.http.dataapi_errors import ApiError
 from eventing.http.dataapi_requests import respond_json
 from eventing.http.dataapi_writer import Buckets
 from eventing.ops.jsonl import rows_of_lines
 from eventing.storage.keyspace import Collection, parse_keyspace
+from eventing.storage.state import State
 
 MAX_LINE_BYTES = 2 * MAX_DOCUMENT_BYTES  # one JSON line of the bulk load (a document and its key)
 LOAD_BATCH_LINES = 20_000
 LOAD_PREFIX = "/api/v1/keyspaces/"
 
 
-async def serve_load(buckets: Buckets, data_dir: str, scope: Scope, receive: Receive, send: Send) -> None:
+async def serve_load(buckets: Buckets, state: State, scope: Scope, receive: Receive, send: Send) -> None:
     """POST /api/v1/keyspaces/{keyspace}/load (the guard has checked the token and the admin role)."""
     rest = scope["path"][len(LOAD_PREFIX):]
     keyspace, _, tail = rest.rpartition("/")
@@ -38,7 +39,7 @@ async def serve_load(buckets: Buckets, data_dir: str, scope: Scope, receive: Rec
                                        "fix": "use POST"}, {"Allow": "POST"})
         return
     try:
-        ks = parse_keyspace(data_dir, keyspace)
+        ks = parse_keyspace(state, keyspace)
         ks.check()
     except ConfigError as exc:
         await respond_json(send, 400, {"error": str(exc), "fix": None})
@@ -109,6 +110,9 @@ class _Loader:
                     self.committed += len(rows)
         except ApiError as exc:
             return exc.status, {"error": exc.message, "fix": None, "committed": self.committed}
+        except StoreError as exc:  # the bucket is busy, damaged or on a full disk: no line of the load is at fault
+            message = str(exc)  # the CLI's line; `committed` says how many rows went in before it
+            return 503, {"error": message, "fix": message.rpartition("; ")[2] or None, "committed": self.committed}
         except (EventingError, InvalidKeyError) as exc:
             rejected.append(f"{exc}")
         problem = rejected[0] if rejected else self.error

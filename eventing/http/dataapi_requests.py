@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import email.utils
 import json
+import math
 import re
 import time
 from dataclasses import dataclass
@@ -38,7 +39,8 @@ def too_large() -> ApiError:
 
 def parse_expires(value: str | None, *, iso: bool = False) -> int | None:
     """Couchbase's expiry header: "0" or empty (none), an HTTP date, or a Go duration ("90s", "1h30m");
-    the touch body also takes an ISO 8601 time. Returns absolute Unix seconds (0: none), None if absent."""
+    the touch body also takes an ISO 8601 time. Returns absolute Unix seconds (0: none), None if absent;
+    a time between two seconds is rounded up to the later one."""
     if value is None:
         return None
     text = value.strip()
@@ -64,10 +66,11 @@ def parse_expires(value: str | None, *, iso: bool = False) -> int | None:
     if when is None:
         raise bad(f"Invalid time format '{value[:60]}': give 0, an HTTP date (Mon, 02 Jan 2006 15:04:05 GMT)"
                   + (", an ISO 8601 time" if iso else "") + " or a duration such as 90s or 1h30m")
-    seconds = int(when)
-    if not 0 < seconds <= UINT32:
+    if not math.isfinite(when) or not 0 < when <= UINT32:  # a 5,000-digit duration is infinite here
         raise bad(f"Expiry '{value[:60]}' is out of range; give a time after 1970 and before 2106")
-    return seconds
+    # Expiries are whole seconds: rounded up, so a document lives at least as long as asked (500ms: up to 1 s
+    # more, never already expired when it is written).
+    return min(math.ceil(when), UINT32)
 
 
 def parse_cas(value: str | None) -> int | None:
@@ -134,6 +137,8 @@ class DocRequest:
             data = json.loads(self.body)
         except (ValueError, UnicodeDecodeError) as exc:
             raise bad(f"The request body is not valid JSON ({exc}); send a JSON object") from None
+        except RecursionError:
+            raise bad("The request body's JSON nests too deeply to read; send a flat JSON object") from None
         if not isinstance(data, dict):
             raise bad("The request body must be a JSON object")
         return data

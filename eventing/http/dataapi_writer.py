@@ -4,7 +4,6 @@ bucket that answers the requests queued since its last turn and makes their writ
 from __future__ import annotations
 
 import asyncio
-import os
 import queue
 import threading
 from collections.abc import Callable
@@ -16,10 +15,9 @@ from eventing.errors import ConfigError, NotFoundError, StoreLockedError
 from eventing.http.dataapi_documents import Answer, Change, plan_op
 from eventing.http.dataapi_errors import ApiError, api_error
 from eventing.http.dataapi_requests import DocRequest
-from eventing.storage.factory import open_bucket
-from eventing.storage.files import bucket_path
 from eventing.storage.keyspace import Collection
 from eventing.storage.protocol import FileBucket
+from eventing.storage.state import State
 from eventing.storage.values import Changed
 
 MAX_GROUP = 256  # document requests of one bucket answered in one turn (their writes: one transaction)
@@ -36,17 +34,14 @@ class Buckets:
     """The data directory's buckets, opened once and shared by the request threads (one lock a bucket: a
     SQLite connection runs one transaction at a time). A bucket dropped or re-created is opened again."""
 
-    def __init__(self, data_dir: str):
-        self.data_dir = data_dir
+    def __init__(self, state: State):
+        self.state = state
         self._open: dict[str, _Open] = {}
         self._turns: dict[str, _Turns] = {}
         self._guard = threading.Lock()
 
     def get(self, name: str) -> _Open:
-        try:
-            inode = os.stat(bucket_path(self.data_dir, name)).st_ino
-        except (OSError, ValueError):
-            inode = -1
+        inode = self.state.bucket_token(name)
         with self._guard:
             found = self._open.get(name)
             if found is not None and found.inode == inode:
@@ -59,7 +54,7 @@ class Buckets:
                 raise ApiError(404, "BucketNotFound", f"Bucket '{name}' was not found; create it with "
                                f"`eventing bucket create {name}`", f"/buckets/{name}")
             try:
-                bucket = open_bucket(self.data_dir, name)
+                bucket = self.state.open_bucket(name)
             except (NotFoundError, ConfigError):
                 raise ApiError(404, "BucketNotFound", f"Bucket '{name}' was not found; create it with "
                                f"`eventing bucket create {name}`", f"/buckets/{name}") from None

@@ -22,41 +22,36 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from eventing.control.lifecycle import SERVICE_STALE_S
 from eventing.core import counters as names
-from eventing.errors import EventingError, NotFoundError
-from eventing.storage.factory import open_bucket
+from eventing.errors import EventingError
+from eventing.storage.state import State, StateLike, as_state
 from metadata import FunctionState
-from metadata.factory import open_store
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 HANDLERS = ("on_update", "on_delete")
 
 
-def render(data_dir: str) -> bytes:
+def render(state: StateLike) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(EventingCollector(data_dir))
+    registry.register(EventingCollector(as_state(state)))
     return generate_latest(registry)
 
 
 class EventingCollector:
-    def __init__(self, data_dir: str):
-        self.data_dir = data_dir
+    def __init__(self, state: State):
+        self.state = state
 
     def describe(self) -> list[Metric]:
         return []
 
     def collect(self) -> Iterator[Metric]:
         fam = _Families()
-        try:
-            store = open_store(self.data_dir, create=False)
-        except NotFoundError:
+        if not self.state.exists():
             yield from fam.all()
             return
-        try:
-            self._cluster(store, fam)
-            for record in store.list_functions():
-                self._function(store, record, fam)
-        finally:
-            store.close()
+        store = self.state.metadata
+        self._cluster(store, fam)
+        for record in store.list_functions():
+            self._function(store, record, fam)
         yield from fam.all()
 
     def _cluster(self, store: Any, fam: _Families) -> None:
@@ -104,7 +99,7 @@ class EventingCollector:
         backlog, oldest, owned = 0, 0.0, 0
         if cps:
             try:
-                source = open_bucket(self.data_dir, record.definition["source_bucket"])
+                source = self.state.open_bucket(record.definition["source_bucket"])
                 highs = source.high_seqnos()
                 source.close()
             except EventingError:
@@ -124,7 +119,7 @@ class EventingCollector:
             from eventing.ops.windows import window_status
 
             try:
-                w = window_status(self.data_dir, name)
+                w = window_status(self.state, name)
             except EventingError:
                 return
             policies = w.get("arrival_policies")

@@ -26,7 +26,7 @@ from starlette.types import Receive, Scope, Send
 
 from eventing.core.definition import check_function_name
 from eventing.errors import ConfigError, EventingError, InvalidKeyError
-from eventing.http import auth
+from eventing.http import auth, function_access
 from eventing.http.routes_collections import create_collection, drop_collection, list_collections
 from eventing.http.routes_couchbase import (
     app_log,
@@ -172,7 +172,7 @@ def _endpoint(ep: Endpoint) -> Callable[[Request], Any]:
     async def run(request: Request) -> Response:
         config = request.app.state.config
         identity = auth.caller_identity(request) if auth.IDENTITY_SCOPE_KEY in request.scope else auth.LOCAL_IDENTITY
-        call = EndpointRequest(config.data_dir, dict(request.path_params), dict(request.query_params), await request.body(),
+        call = EndpointRequest(config.state, dict(request.path_params), dict(request.query_params), await request.body(),
                                "admin" if identity.is_admin else "read", identity)
         try:
             if "name" in call.params:
@@ -182,11 +182,12 @@ def _endpoint(ep: Endpoint) -> Callable[[Request], Any]:
                     body = call.json(default={}) if ep.method in auth.WRITE_METHODS and not ep.path.endswith("/appcode") else None
                 except ConfigError:
                     body = None  # the endpoint itself answers a bad body (400) once the caller may call it
-                await run_in_threadpool(auth.authorize_endpoint, identity, ep.method, ep.path, call.params, call.query,
-                                        body, config.data_dir)
+                await run_in_threadpool(function_access.authorize_endpoint, identity, ep.method, ep.path, call.params,
+                                        call.query, body, config.state)
             result = await run_in_threadpool(ep.handler, call)
-            if ep.path in auth.LISTINGS and not identity.is_admin:
-                result = auth.filter_listing(result, await run_in_threadpool(auth.visible_functions, identity, config.data_dir))
+            if ep.path in function_access.LISTINGS and not identity.is_admin:
+                visible = await run_in_threadpool(function_access.visible_functions, identity, config.state)
+                result = function_access.filter_listing(result, visible)
         except auth.AuthError as refused:
             return JSONResponse(refused.body(), status_code=refused.status, headers=refused.headers)
         except (EventingError, InvalidKeyError) as exc:

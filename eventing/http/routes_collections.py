@@ -27,16 +27,16 @@ def _admin_only(c: EndpointRequest, action: str) -> Response | None:
 def list_collections(c: EndpointRequest) -> list[dict[str, Any]]:
     from eventing.ops import buckets
 
-    return buckets.list_collections(c.data_dir, c.params["bucket"])
+    return buckets.list_collections(c.state, c.params["bucket"])
 
 
 def create_collection(c: EndpointRequest) -> dict[str, Any] | Response:
     from eventing.ops import buckets
 
-    return _admin_only(c, "creating a collection") or buckets.create_collection(c.data_dir, _collection_keyspace(c))
+    return _admin_only(c, "creating a collection") or buckets.create_collection(c.state, _collection_keyspace(c))
 
 
 def drop_collection(c: EndpointRequest) -> dict[str, Any] | Response:
     from eventing.ops import buckets
 
-    return _admin_only(c, "dropping a collection") or buckets.drop_collection(c.data_dir, _collection_keyspace(c))
+    return _admin_only(c, "dropping a collection") or buckets.drop_collection(c.state, _collection_keyspace(c))

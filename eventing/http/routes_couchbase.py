@@ -8,20 +8,17 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from eventing.core.definition import check_function_name
 from eventing.errors import ConfigError, NotFoundError
-from eventing.http import auth
+from eventing.http import function_access
 from eventing.http.routes_functions import get_function, list_functions
 from eventing.http.routes_request import EndpointRequest, _couchbase_call
 from eventing.ops import stats
-from metadata.factory import open_store
 
-APP_LOG_DIR = "logs"  # <data-dir>/logs/<function>.log, the handlers' application log
 DEFAULT_LOG_BYTES = 40_960  # like Couchbase's getAppLog: the newest part of the log
 
 
@@ -33,7 +30,7 @@ def reset_stats(c: EndpointRequest) -> Response:
         if not name:
             raise ConfigError("resetStatsCounters needs ?appName=FUNCTION")
         check_function_name(name)
-        with open_store(c.data_dir, create=False) as store:
+        with c.state.metadata as store:
             store.get_function(name)
             store.reset_counters(name, keep_prefixes=("dlq_",))
         return JSONResponse({"name": name, "reset": True})
@@ -50,7 +47,7 @@ def list_function_names(c: EndpointRequest) -> dict[str, Any] | Response:
         wanted_scope = tuple(re.split(r"[./]", scope, maxsplit=1)) if scope else None
         names = []
         for f in list_functions(c):
-            keyspace = auth.function_keyspace(f)
+            keyspace = function_access.function_keyspace(f)
             if c.query.get("source_bucket") and keyspace.bucket != c.query["source_bucket"]:
                 continue
             if c.query.get("source_scope") and keyspace.scope != c.query["source_scope"]:
@@ -73,7 +70,7 @@ def deployed_apps(c: EndpointRequest) -> dict[str, str]:
 def running_apps(c: EndpointRequest) -> dict[str, str]:
     """Couchbase's /getRunningApps: the functions deployed and being processed by a running service."""
     try:
-        views = stats.function_status(c.data_dir, None)["functions"]
+        views = stats.function_status(c.state, None)["functions"]
     except NotFoundError:
         return {}
     return {v["name"]: "" for v in views if v["state"] == "deployed" and v["running"]}
@@ -109,12 +106,8 @@ def app_log(c: EndpointRequest) -> Response:
         raise ConfigError("getAppLog needs ?name=FUNCTION")
     check_function_name(name)
     size = c.int_arg(c.query, "size", minimum=1) or DEFAULT_LOG_BYTES
-    path = Path(c.data_dir) / APP_LOG_DIR / f"{name}.log"
-    if not path.is_file():
-        get_function(EndpointRequest(c.data_dir, {"name": name}, {}, b""))  # an unknown function is a 404
+    data = c.state.app_logs.tail_bytes(name, size)
+    if data is None:
+        get_function(EndpointRequest(c.state, {"name": name}, {}, b""))  # an unknown function is a 404
         return PlainTextResponse("")  # a known one that has not logged yet: an empty log, not an error
-    with path.open("rb") as f:
-        f.seek(0, 2)
-        f.seek(max(0, f.tell() - size))
-        data = f.read()
     return PlainTextResponse(data.decode("utf-8", errors="replace"))

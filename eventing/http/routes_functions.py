@@ -18,10 +18,9 @@ from eventing.core import couchbase_format
 from eventing.core.definition import FunctionDefinition, check_function_name
 from eventing.core.secrets import mask_definition
 from eventing.errors import ConfigError, NotFoundError
-from eventing.http import auth
+from eventing.http import function_access
 from eventing.http.routes_request import EndpointRequest, _couchbase_call, _with_warnings
 from eventing.ops import stats
-from metadata.factory import open_store
 
 DEFAULT_WAIT_S = 60.0  # ?wait= of pause and undeploy: how long to wait for the running service
 
@@ -37,7 +36,7 @@ def _document(record: Any) -> dict[str, Any]:
 
 def list_functions(c: EndpointRequest) -> list[dict[str, Any]]:
     try:
-        store = open_store(c.data_dir, create=False)
+        store = c.state.metadata
     except NotFoundError:
         return []
     try:
@@ -48,8 +47,8 @@ def list_functions(c: EndpointRequest) -> list[dict[str, Any]]:
 
 def get_function(c: EndpointRequest) -> dict[str, Any] | Response:
     if _couchbase_format(c):  # ?format=couchbase: Couchbase's function JSON, errors in its shape
-        return _couchbase_call(lambda: _with_warnings(*lifecycle.export_couchbase(c.data_dir, c.name)))
-    with open_store(c.data_dir, create=False) as store:
+        return _couchbase_call(lambda: _with_warnings(*lifecycle.export_couchbase(c.state, c.name)))
+    with c.state.metadata as store:
         return _document(store.get_function(c.name))
 
 
@@ -74,31 +73,33 @@ def save_function(c: EndpointRequest) -> dict[str, Any] | Response:
     if not isinstance(source, str):
         raise ConfigError("the body needs 'handler_source': the handler's Python code as a string")
     defn = FunctionDefinition.from_dict({**body, "name": c.name})
-    return stats.function_view(lifecycle.save_function(c.data_dir, defn, source))
+    return stats.function_view(lifecycle.save_function(c.state, defn, source, saved_by=c.identity))
 
 
 def _save_couchbase(c: EndpointRequest, body: dict[str, Any]) -> Response:
     if body.get("appname", c.name) != c.name:
         raise ConfigError(f"the body names function {body['appname']!r} but the URL names '{c.name}'; make them agree")
-    records, warnings = lifecycle.import_functions(c.data_dir, {**body, "appname": c.name}, deploying=_deploying(c))
+    records, warnings = lifecycle.import_functions(c.state, {**body, "appname": c.name}, deploying=_deploying(c),
+                                                   saved_by=c.identity)
     return _with_warnings({**stats.function_view(records[0]), "warnings": warnings}, warnings)
 
 
 def _deploying(c: EndpointRequest) -> Callable[[str], Any]:
-    return lambda name: auth.deploying_as(c.data_dir, name, c.identity)
+    return lambda name: function_access.deploying_as(c.state, name, c.identity)
 
 
 def create_functions(c: EndpointRequest) -> Response:
     """POST /api/v1/functions: one function or a list, in Couchbase's format or this project's (as import)."""
     def run() -> Response:
-        records, warnings = lifecycle.import_functions(c.data_dir, c.json(), deploying=_deploying(c))
+        records, warnings = lifecycle.import_functions(c.state, c.json(), deploying=_deploying(c),
+                                                       saved_by=c.identity)
         return _with_warnings({"functions": [stats.function_view(r) for r in records], "warnings": warnings}, warnings)
 
     return _couchbase_call(run)
 
 
 def delete_function(c: EndpointRequest) -> dict[str, Any]:
-    lifecycle.delete(c.data_dir, c.name)
+    lifecycle.delete(c.state, c.name)
     return {"name": c.name, "deleted": True}
 
 
@@ -106,8 +107,8 @@ def deploy(c: EndpointRequest) -> dict[str, Any]:
     boundary = c.json_object().get("boundary")
     if boundary not in (None, "everything", "from_now"):
         raise ConfigError(f"boundary {boundary!r} is not valid; use 'everything' or 'from_now'")
-    with auth.deploying_as(c.data_dir, c.name, c.identity):  # a non-admin's handler runs sandboxed
-        return stats.function_view(lifecycle.deploy(c.data_dir, c.name, boundary))
+    with function_access.deploying_as(c.state, c.name, c.identity):  # a non-admin's handler runs sandboxed
+        return stats.function_view(lifecycle.deploy(c.state, c.name, boundary))
 
 
 def _wait_s(c: EndpointRequest) -> float:
@@ -126,21 +127,21 @@ def _wait_s(c: EndpointRequest) -> float:
 
 
 def pause(c: EndpointRequest) -> dict[str, Any]:
-    return stats.function_view(lifecycle.pause(c.data_dir, c.name, wait_s=_wait_s(c)))
+    return stats.function_view(lifecycle.pause(c.state, c.name, wait_s=_wait_s(c)))
 
 
 def resume(c: EndpointRequest) -> dict[str, Any]:
-    with auth.deploying_as(c.data_dir, c.name, c.identity):
-        return stats.function_view(lifecycle.resume(c.data_dir, c.name))
+    with function_access.deploying_as(c.state, c.name, c.identity):
+        return stats.function_view(lifecycle.resume(c.state, c.name))
 
 
 def undeploy(c: EndpointRequest) -> dict[str, Any]:
-    return stats.function_view(lifecycle.undeploy(c.data_dir, c.name, wait_s=_wait_s(c)))
+    return stats.function_view(lifecycle.undeploy(c.state, c.name, wait_s=_wait_s(c)))
 
 
 def get_settings(c: EndpointRequest) -> dict[str, Any] | Response:
     if _couchbase_format(c):
-        return _couchbase_call(lambda: lifecycle.export_couchbase(c.data_dir, c.name)[0]["settings"])
+        return _couchbase_call(lambda: lifecycle.export_couchbase(c.state, c.name)[0]["settings"])
     doc = get_function(c)
     assert isinstance(doc, dict)
     return {k: v for k, v in doc.items() if k not in ("name", "handler_source", "state", "generation")}
@@ -158,22 +159,22 @@ def save_settings(c: EndpointRequest) -> dict[str, Any] | Response:
         if key in body:
             raise ConfigError(f"settings cannot change '{key}'; use POST /api/v1/functions/{c.name}"
                               + ("/appcode" if key != "name" else ""))
-    with open_store(c.data_dir, create=False) as store:
+    with c.state.metadata as store:
         record = store.get_function(c.name)
     defn = FunctionDefinition.from_dict({**record.definition, **body})
-    return stats.function_view(lifecycle.save_function(c.data_dir, defn, record.source))
+    return stats.function_view(lifecycle.save_function(c.state, defn, record.source, saved_by=c.identity))
 
 
 def _save_couchbase_settings(c: EndpointRequest, body: dict[str, Any]) -> Response:
     fields, state, warnings = couchbase_format.settings_from_couchbase(c.name, body)
-    with open_store(c.data_dir, create=False) as store:
+    with c.state.metadata as store:
         record = store.get_function(c.name)
     changed = {k: v for k, v in fields.items() if k != "boundary"}
     updated = FunctionDefinition.from_dict({**record.definition, **changed})
     if updated != FunctionDefinition.from_dict(record.definition):  # only a change needs an undeployed or paused function
-        record = lifecycle.save_function(c.data_dir, updated, record.source)
+        record = lifecycle.save_function(c.state, updated, record.source, saved_by=c.identity)
     if state is not None:
-        record = lifecycle.set_state(c.data_dir, c.name, state, boundary=fields.get("boundary"), wait_s=_wait_s(c),
+        record = lifecycle.set_state(c.state, c.name, state, boundary=fields.get("boundary"), wait_s=_wait_s(c),
                                      deploying=_deploying(c))
     return _with_warnings({**stats.function_view(record), "warnings": warnings}, warnings)
 
@@ -196,15 +197,15 @@ def appcode_checksum(c: EndpointRequest) -> Response:
 
 def save_appcode(c: EndpointRequest) -> dict[str, Any]:
     source = c.text()
-    with open_store(c.data_dir, create=False) as store:
+    with c.state.metadata as store:
         record = store.get_function(c.name)
     defn = FunctionDefinition.from_dict(record.definition)
-    return stats.function_view(lifecycle.save_function(c.data_dir, defn, source))
+    return stats.function_view(lifecycle.save_function(c.state, defn, source, saved_by=c.identity))
 
 
 def import_functions(c: EndpointRequest) -> Response:
     """This project's export or Couchbase's (one function or a list); Couchbase's status flags are carried out."""
-    records, warnings = lifecycle.import_functions(c.data_dir, c.json(), deploying=_deploying(c))
+    records, warnings = lifecycle.import_functions(c.state, c.json(), deploying=_deploying(c), saved_by=c.identity)
     return _with_warnings([stats.function_view(r) for r in records], warnings)
 
 
@@ -223,7 +224,7 @@ def export_functions(c: EndpointRequest) -> list[dict[str, Any]] | Response:
             for n in names:
                 check_function_name(n)
                 try:
-                    exported, more = lifecycle.export_couchbase(c.data_dir, n, with_secrets=secrets)
+                    exported, more = lifecycle.export_couchbase(c.state, n, with_secrets=secrets)
                 except ConfigError as exc:
                     if name:
                         raise
@@ -236,5 +237,5 @@ def export_functions(c: EndpointRequest) -> list[dict[str, Any]] | Response:
         return _couchbase_call(run)
     if name:
         check_function_name(name)
-        return [lifecycle.export_function(c.data_dir, name, with_secrets=secrets)]
-    return [lifecycle.export_function(c.data_dir, f["name"], with_secrets=secrets) for f in list_functions(c)]
+        return [lifecycle.export_function(c.state, name, with_secrets=secrets)]
+    return [lifecycle.export_function(c.state, f["name"], with_secrets=secrets) for f in list_functions(c)]

@@ -14,11 +14,10 @@ from eventing.errors import ConfigError
 from eventing.http.routes_request import FUNCTION_PATH, EndpointRequest
 from eventing.ops import dlq
 from eventing.ops import nodes as nodes_ops
-from metadata.factory import open_store
 
 
 def _topology_call(c: EndpointRequest, fn: Callable[[Topology], Any]) -> Any:
-    with open_store(c.data_dir, create=False) as store:
+    with c.state.metadata as store:
         return fn(Topology(store))
 
 
@@ -102,23 +101,23 @@ def dlq_list(c: EndpointRequest) -> list[dict[str, Any]]:
     limit, offset = c.int_arg(c.query, "limit", minimum=1), c.int_arg(c.query, "offset") or 0
     if offset < 0:
         raise ConfigError(f"offset={offset} is negative; give the number of rows to skip (>= 0)")
-    rows = dlq.list_rows(c.data_dir, c.name, reason=c.query.get("reason") or None,
+    rows = dlq.list_rows(c.state, c.name, reason=c.query.get("reason") or None,
                          limit=None if limit is None else limit + offset,
                          include_replayed=c.flag(c.query, "all"))
     return [dlq.row_view(r) for r in rows[offset:]]
 
 
 def dlq_show(c: EndpointRequest) -> list[dict[str, Any]]:
-    return [dlq.row_view(r, full=True) for r in dlq.show_rows(c.data_dir, c.name, _selector(c, c.query, "show"))]
+    return [dlq.row_view(r, full=True) for r in dlq.show_rows(c.state, c.name, _selector(c, c.query, "show"))]
 
 
 def dlq_replay(c: EndpointRequest) -> dict[str, Any]:
-    return dlq.replay(c.data_dir, c.name, _selector(c, c.json_object(), "replay")).to_dict()
+    return dlq.replay(c.state, c.name, _selector(c, c.json_object(), "replay")).to_dict()
 
 
 def dlq_purge(c: EndpointRequest) -> dict[str, Any]:
     body = c.json_object()
-    removed = dlq.purge(c.data_dir, c.name, _selector(c, body, "purge"), replayed_only=c.flag(body, "replayed"))
+    removed = dlq.purge(c.state, c.name, _selector(c, body, "purge"), replayed_only=c.flag(body, "replayed"))
     return {"function": c.name, "purged": removed}
 
 
@@ -126,7 +125,7 @@ def windows(c: EndpointRequest) -> dict[str, Any]:
     from eventing.ops.windows import window_report
 
     limit = c.int_arg(c.query, "limit", minimum=0)  # 0: every row
-    report = window_report(c.data_dir, c.name)
+    report = window_report(c.state, c.name)
     if limit:
         report["results"] = report["results"][-limit:]
     return report
@@ -135,5 +134,5 @@ def windows(c: EndpointRequest) -> dict[str, Any]:
 def verify(c: EndpointRequest) -> dict[str, Any]:
     from eventing.ops.verify import verify_function
 
-    report = verify_function(c.data_dir, c.name, ledger=c.query.get("ledger") or None)
+    report = verify_function(c.state, c.name, ledger=c.query.get("ledger") or None)
     return {**report.to_dict(), "summary": report.summary()}

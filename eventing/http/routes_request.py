@@ -25,9 +25,11 @@ from eventing.errors import (
     NotFoundError,
     OrderViolationError,
     StoreCorruptError,
+    StoreError,
     StoreLockedError,
 )
 from eventing.http import auth
+from eventing.storage.state import State
 
 QUERY_TRUE = frozenset({"1", "true", "yes"})
 QUERY_FALSE = frozenset({"0", "false", "no"})
@@ -38,7 +40,7 @@ FUNCTION_PATH = "/api/v1/functions/{name}"  # the path of one function; its endp
 class EndpointRequest:
     """What an endpoint gets: the data directory, path and query parameters, and the raw body."""
 
-    data_dir: str
+    state: State
     params: dict[str, str]
     query: dict[str, str]
     body: bytes
@@ -58,6 +60,8 @@ class EndpointRequest:
             return json.loads(self.body)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"the request body is not valid JSON ({exc})") from None
+        except RecursionError:
+            raise ConfigError("the request body's JSON nests too deeply to read; flatten it") from None
 
     def json_object(self) -> dict[str, Any]:
         data = self.json(default={})
@@ -158,7 +162,8 @@ STATUS_OF: list[tuple[type[BaseException], int]] = [
     (FencedError, 409),
     (OrderViolationError, 409),
     (StoreLockedError, 503),
-    (StoreCorruptError, 500),
+    (StoreCorruptError, 503),  # a damaged file: the CLI's line, which names the file and the way out
+    (StoreError, 503),  # a full disk, a file unusable otherwise
     (EventingError, 400),
     (InvalidKeyError, 400),
 ]

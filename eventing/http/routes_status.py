@@ -14,7 +14,6 @@ from eventing.errors import ConfigError, NotFoundError
 from eventing.http.routes_functions import list_functions
 from eventing.http.routes_request import EndpointRequest
 from eventing.ops import stats
-from metadata.factory import open_store
 
 
 def _status_app(view: dict[str, Any], nodes: int) -> dict[str, Any]:
@@ -38,12 +37,12 @@ def status(c: EndpointRequest) -> dict[str, Any]:
     """Couchbase's shape: {"apps": [{"name", "composite_status", ...}], "num_eventing_nodes": N}."""
     name = c.params.get("name")
     try:
-        data = stats.function_status(c.data_dir, name)
+        data = stats.function_status(c.state, name)
     except NotFoundError:
         if name:
             raise
         return {"apps": [], "num_eventing_nodes": 0, "services": []}
-    with open_store(c.data_dir, create=False) as store:
+    with c.state.metadata as store:
         nodes = len([n for n in Topology(store).nodes() if n["state"] != "joining"])
     return {"apps": [_status_app(v, nodes) for v in data["functions"]], "num_eventing_nodes": nodes,
             "services": data["services"]}
@@ -55,24 +54,24 @@ def all_stats(c: EndpointRequest) -> list[dict[str, Any]]:
     if kind not in (None, "", "full"):
         raise ConfigError(f"type={kind} is not valid; use type=full or leave it out")
     if kind == "full":
-        return [stats.couchbase_full_stats(c.data_dir, f["name"]) for f in list_functions(c)]
-    return [{"function_name": f["name"], **stats.function_stats(c.data_dir, f["name"])} for f in list_functions(c)]
+        return [stats.couchbase_full_stats(c.state, f["name"]) for f in list_functions(c)]
+    return [{"function_name": f["name"], **stats.function_stats(c.state, f["name"])} for f in list_functions(c)]
 
 
 def function_stats(c: EndpointRequest) -> dict[str, Any]:
-    return stats.function_stats(c.data_dir, c.name)
+    return stats.function_stats(c.state, c.name)
 
 
 def vbmap(c: EndpointRequest) -> dict[str, Any]:
-    return stats.vbucket_map(c.data_dir, c.name)
+    return stats.vbucket_map(c.state, c.name)
 
 
 def checkpoints(c: EndpointRequest) -> dict[str, Any]:
-    return stats.checkpoint_view(c.data_dir, c.name, vb=c.int_arg(c.query, "vb", minimum=0),
+    return stats.checkpoint_view(c.state, c.name, vb=c.int_arg(c.query, "vb", minimum=0),
                                  backlog_only=c.flag(c.query, "backlog"))
 
 
 def metrics(c: EndpointRequest) -> Response:
     from eventing.http.metrics import CONTENT_TYPE, render
 
-    return Response(render(c.data_dir), media_type=CONTENT_TYPE)
+    return Response(render(c.state), media_type=CONTENT_TYPE)

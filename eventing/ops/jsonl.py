@@ -8,11 +8,11 @@ import json
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
-from eventing.core.mutation import MAX_DOCUMENT_BYTES, OP_DELETE, OP_UPDATE, encode_document
+from eventing.core.mutation import MAX_DOCUMENT_BYTES, NESTING_LIMIT, OP_DELETE, OP_UPDATE, encode_document
 from eventing.errors import EventingError, InvalidDocumentError, InvalidKeyError
 from sharding import validate_key
 from sharding.vbucket import MAX_KEY_BYTES
@@ -35,13 +35,16 @@ def load_json_lines(bucket: Any, path: str, rejected: list[str]) -> JsonLinesLoa
     return done
 
 
+MAX_EXPIRY = (1 << 32) - 1  # expiries are unsigned 32-bit Unix seconds, as Couchbase's
+
+
 class _Line(msgspec.Struct):
     """The common shape of an import line, decoded in one C call; anything else takes _parse_line."""
 
     key: str
     doc: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
     op: str = "upsert"
-    expiry: int = 0
+    expiry: Annotated[int, msgspec.Meta(ge=0, le=MAX_EXPIRY)] = 0
 
 
 _line_decoder = msgspec.json.Decoder(_Line)
@@ -85,7 +88,7 @@ def rows_of_lines(
                 if len(data) > MAX_DOCUMENT_BYTES:
                     raise ValueError(key)
                 rows.append((key, OP_UPDATE, data, line.expiry))
-        except (msgspec.DecodeError, msgspec.ValidationError, ValueError, OverflowError, UnicodeError):
+        except (msgspec.DecodeError, msgspec.ValidationError, ValueError, OverflowError, UnicodeError, RecursionError):
             if not raw.strip():
                 continue
             row = _parse_line(raw, number, rejected)
@@ -98,6 +101,15 @@ def rows_of_lines(
             rows = []
     if rows:
         yield rows
+
+
+def _expiry(value: Any) -> int:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # 5.0, as a JSON writer may give a whole number
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_EXPIRY:
+        raise InvalidDocumentError(f'"expiry" {json.dumps(value)[:40]} is not valid; give the Unix time in whole '
+                                   f"seconds when the document expires, from 1 to {MAX_EXPIRY} (0: never)")
+    return value
 
 
 def _parse_line(raw: bytes, number: int, rejected: list[str]) -> tuple | None:
@@ -119,12 +131,15 @@ def _parse_line(raw: bytes, number: int, rejected: list[str]) -> tuple | None:
         if op in ("upsert", "update", "insert"):
             if "doc" not in item:
                 raise InvalidDocumentError('an upsert line needs "doc"')
-            return (key, OP_UPDATE, encode_document(item["doc"]), int(item.get("expiry", 0)))
+            return (key, OP_UPDATE, encode_document(item["doc"]), _expiry(item.get("expiry", 0)))
         raise InvalidDocumentError(f'unknown op {op!r}; use "upsert" or "delete"')
     except json.JSONDecodeError as exc:
         rejected.append(f"line {number}: not valid JSON ({exc.msg} at column {exc.colno})")
     except OverflowError:
         rejected.append(f"line {number}: a number is out of range (documents hold 64-bit integers at most)")
+    except RecursionError:
+        rejected.append(f"line {number}: the JSON nests more than about {NESTING_LIMIT} levels deep, deeper than "
+                        "documents may; flatten it")
     except (EventingError, InvalidKeyError, ValueError, TypeError) as exc:
         rejected.append(f"line {number}: {exc}")
     return None

@@ -79,6 +79,12 @@ class State(Protocol):
 
     def has_bucket(self, name: str) -> bool: ...
 
+    def bucket_token(self, name: str) -> int:
+        """A cheap token of bucket `name`'s identity for callers that keep a bucket open: it changes when
+        the bucket is dropped and created again; -1 when there is none. A token that never changes (0)
+        means the bucket's own calls fail once it is gone (a server store)."""
+        ...
+
     @property
     def app_logs(self) -> AppLogs:
         """The functions' application logs (what handlers' log() wrote)."""
@@ -223,12 +229,17 @@ class DirectoryState:
         return list_buckets(self._directory)
 
     def has_bucket(self, name: str) -> bool:
+        return self.bucket_token(name) != -1
+
+    def bucket_token(self, name: str) -> int:
+        """The main file's inode: a dropped and re-created bucket is a new file (an open SQLite connection
+        would go on writing into the unlinked one)."""
         from eventing.storage.files import bucket_path
 
         try:
-            return bucket_path(self._directory, name).exists()
-        except ValueError:
-            return False
+            return os.stat(bucket_path(self._directory, name)).st_ino
+        except (OSError, ValueError):
+            return -1
 
     @property
     def app_logs(self) -> AppLogs:

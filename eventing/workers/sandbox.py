@@ -16,7 +16,9 @@ How (see docs/guarantees.md, "Sandboxed handlers", for why this mechanism):
   answers each request with ``ScopedService``: only the function's source and binding buckets (reads;
   effects on read-write bindings, under the function's own name), the metadata calls a worker makes for
   its own function, its own application log and window row files. What the child sends is unpickled
-  with an allow-list of value classes, so it cannot run code in the host.
+  with an allow-list of value classes, so it cannot run code in the host. The function's definition
+  reaches the child with its URL bindings' secrets masked: the child's curl asks the host to make a
+  request of a binding with credentials (on a thread of the host, so others go on meanwhile).
 
 This module is the host's side: the process handle that starts the child and answers its data requests
 while a call runs (`SandboxedCore` for a worker, `SandboxedRunner` for on_deploy, the debugger and dlq
@@ -31,6 +33,7 @@ import os
 import pickle
 import socket
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -92,6 +95,9 @@ class _Sandboxed:
         if why:
             raise ConfigError(f"function '{function}' must run sandboxed, but {why}")
         self.service = service
+        self._send_lock = threading.Lock()
+        self._curl_pool: Any = None
+        self._concurrency = max(1, int(getattr(defn, "concurrency", 1) or 1))
         self.tmp = tempfile.mkdtemp(prefix=f"{function}-", dir=sandboxes_root())
         self._rmtree = shutil.rmtree
         self._ended = False
@@ -121,28 +127,54 @@ class _Sandboxed:
         if self._ended:
             raise WorkerDied("the sandboxed worker process has ended")
         try:
-            _send(self.sock, pickle.dumps(("call", method, args), protocol=5))
+            self._send(("call", method, args))
             while True:
                 kind, ident, ok, value = _values(_recv(self.sock))
                 if kind == "done":
                     if not ok:
                         _raise(value)
                     return value
-                try:
-                    answer = (True, self.service.call(ok, *value))
-                except Exception as exc:  # noqa: BLE001 - the child's call fails with it
-                    answer = (False, _error(exc))
-                _send(self.sock, pickle.dumps(("ans", ident, *answer), protocol=5))
+                if ok == "curl":  # a request of a URL binding with credentials: on a thread, others go on
+                    self._curl_threads().submit(self._answer_later, ident, ok, value)
+                    continue
+                self._answer(ident, ok, value)
         except (EOFError, OSError, pickle.UnpicklingError) as exc:
             self._end()
             if self.own_process:  # a Ray actor ends with its sandbox, as a hung worker's process ends
                 os._exit(70)
             raise WorkerDied(f"the sandboxed worker process ended ({exc})") from None
 
+    def _answer(self, ident: Any, method: str, args: Any) -> None:
+        try:
+            answer = (True, self.service.call(method, *args))
+        except Exception as exc:  # noqa: BLE001 - the child's call fails with it
+            answer = (False, _error(exc))
+        self._send(("ans", ident, *answer))
+
+    def _answer_later(self, ident: Any, method: str, args: Any) -> None:
+        try:
+            self._answer(ident, method, args)
+        except OSError:
+            pass  # the sandbox ended meanwhile (a curl answered after its call was abandoned)
+
+    def _send(self, message: tuple) -> None:
+        data = pickle.dumps(message, protocol=5)
+        with self._send_lock:
+            _send(self.sock, data)
+
+    def _curl_threads(self) -> Any:
+        if self._curl_pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._curl_pool = ThreadPoolExecutor(max_workers=self._concurrency, thread_name_prefix="sandbox-curl")
+        return self._curl_pool
+
     def _end(self) -> None:
         if self._ended:
             return
         self._ended = True
+        if self._curl_pool is not None:
+            self._curl_pool.shutdown(wait=False, cancel_futures=True)
         try:
             self.sock.close()
         finally:
@@ -239,6 +271,7 @@ class SandboxedRunner(_Sandboxed):
 
     def __init__(self, state: StateLike, record: Any):
         from eventing.core.definition import FunctionDefinition
+        from eventing.core.secrets import mask_definition
         from eventing.workers.data_service import ServedData
 
         state = as_state(state)
@@ -253,7 +286,7 @@ class SandboxedRunner(_Sandboxed):
         self._start(self.function, self.defn, ScopedService(self.function, self.defn, ServedData(state.location)),
                     private=_private(state.location))
         try:
-            self._rpc("__runner__", (self.function, record.definition, record.source))
+            self._rpc("__runner__", (self.function, mask_definition(record.definition), record.source))
             self.source = state.open_bucket(self.defn.source_bucket)  # this process's: the debugger pulls
         except BaseException:
             self.close()

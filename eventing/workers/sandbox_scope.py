@@ -2,7 +2,9 @@
 for one function, passing on only the calls a worker makes for its own function (the calls allowed by
 name in READ_CALLS, KEY_CALLS, LIST_CALLS, EFFECT_CALLS and META_CALLS), reads only in the collections
 its source and bindings name, effects only in its read-write bindings under its own name, its own
-application log and window row files; log rows of other collections reach the child redacted.
+application log and window row files; log rows of other collections reach the child redacted. The
+function's definition reaches the child with its URL bindings' secrets masked: a request of a binding with
+credentials is made here (`curl`, eventing.execution.curl.HostCurl), only to that binding's URL.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ class ScopedService:
     def __init__(self, function: str, defn: Any, backend: Any):
         self.function = function
         self.backend = backend
+        self.defn = defn  # as stored, with its URL bindings' secrets: they stay in this process (host_curl)
+        self._curl: Any = None
         self.readable = {defn.source_bucket} | {b.bucket for b in defn.bindings}
         self.writable = {b.bucket for b in defn.bindings if b.access == "rw"}
         self.read_keyspaces: dict[str, list[Any]] = {}
@@ -46,7 +50,11 @@ class ScopedService:
 
     def call(self, method: str, *args: Any) -> Any:
         self.check(method, args)
+        if method == "curl":
+            return self.host_curl().exchange(*args)
         answer = self.backend.call(method, *args)
+        if method == "meta" and args[0] == "get_function":
+            return _without_secrets(answer)
         if method == "read_vb":
             return self._redact_blob(args[0], answer)
         if method == "read_many":
@@ -58,6 +66,16 @@ class ScopedService:
             if call in ("keys", "scan"):
                 return [item for item in answer if self._allowed(name, item if call == "keys" else item[0])]
         return answer
+
+    def host_curl(self) -> Any:
+        """The requests of the function's URL bindings with credentials, made here: the sandboxed process
+        has no secret (its definition comes masked) and asks for them by alias (eventing.execution.curl)."""
+        if self._curl is None:
+            from eventing.execution.curl import HostCurl
+
+            self._curl = HostCurl(self.defn.url_bindings, self.defn.curl_max_response_bytes,
+                                  self.defn.execution_timeout.total_seconds())
+        return self._curl
 
     # -- collections ------------------------------------------------------------------------------------
 
@@ -169,6 +187,9 @@ class ScopedService:
             return
         if method == "app_log" and args and args[0] == fn:
             return
+        if method == "curl" and len(args) == 6 and any(
+                u.get("alias") == args[0] and u.get("auth", "none") != "none" for u in self.defn.url_bindings):
+            return
         if method == "put_file" and args and isinstance(args[0], str):
             parts = os.path.normpath(args[0]).split(os.sep)
             if len(parts) >= 4 and parts[:3] == ["windows", fn, "incoming"] and ".." not in parts:
@@ -187,6 +208,15 @@ class ScopedService:
         groups = call_args[1] if len(call_args) > 1 else ()
         return all(self._allowed(bucket, getattr(w, "key", None), write=True)
                    for g in groups for _, w in getattr(g, "writes", ()))
+
+
+def _without_secrets(record: Any) -> Any:
+    """A function's record as a sandboxed process gets it: its URL bindings' secrets masked."""
+    from dataclasses import replace
+
+    from eventing.core.secrets import mask_definition
+
+    return replace(record, definition=mask_definition(record.definition)) if record is not None else None
 
 
 def _origin_function(origin: Any) -> str | None:

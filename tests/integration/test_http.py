@@ -10,6 +10,7 @@ import json
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 import pytest
@@ -331,4 +332,37 @@ def test_eventing_run_serve_answers_from_inside_the_running_service(tmp_path):
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
-    assert f"eventing console and API on http://127.0.0.1:{port}/ (tokens required)" in err
+    assert (f"eventing console and API on http://127.0.0.1:{port}/ (credentials required: the admin token, "
+            "the read-only token)") in err
+
+
+def test_serve_reads_its_tokens_from_files_and_no_token_is_in_its_environment(tmp_path):
+    """Token files keep the tokens out of the environment the kernel shows (/proc/PID/environ); a token
+    given by variable is removed from the environment `serve` passes on, but the kernel still shows it."""
+    import os
+
+    from eventing.testing import wait_for
+
+    admin_file, read_file = tmp_path / "admin.token", tmp_path / "read.token"
+    admin_file.write_text(ADMIN + "\n")
+    read_file.write_text(READ + "\n")
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EVENTING_")}
+    env["EVENTING_READ_TOKEN_FILE"] = str(read_file)
+    proc = subprocess.Popen([sys.executable, "-m", "eventing", "--data-dir", str(tmp_path / "data"), "serve",
+                             "--port", str(port), "--admin-token-file", str(admin_file)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        base = f"http://127.0.0.1:{port}/api/v1/status"
+        r = wait_for(lambda: httpx.get(base, headers={"Authorization": f"Bearer {READ}"}), "the server answers",
+                     60, retry_on=(httpx.HTTPError,))
+        assert r.status_code == 200
+        secrets = f"http://127.0.0.1:{port}/api/v1/export?secrets=true"  # the admin token's alone
+        assert httpx.get(secrets, headers={"Authorization": f"Bearer {ADMIN}"}).status_code == 200
+        assert httpx.get(secrets, headers={"Authorization": f"Bearer {READ}"}).status_code == 403
+        assert httpx.get(base).status_code == 401
+        environ = Path(f"/proc/{proc.pid}/environ").read_bytes()
+        assert ADMIN.encode() not in environ and READ.encode() not in environ
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=60)

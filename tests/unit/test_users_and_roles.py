@@ -20,7 +20,8 @@ from eventing.core.keyspaces import Keyspace
 from eventing.errors import ConfigError
 from eventing.http import auth
 from eventing.http.app import build_app
-from eventing.http.auth import Authenticator, AuthError, Grant, ServerConfig, deployed_by_admin
+from eventing.http.auth import Authenticator, AuthError, Grant, ServerConfig
+from eventing.http.function_access import deployed_by_admin
 from eventing.storage.bucket import LocalBucket
 from eventing.testing import deploy_function
 from metadata.factory import open_store
@@ -246,9 +247,25 @@ def test_failed_logins_lock_the_client_and_the_user_for_a_growing_delay(caplog):
             a.authenticate(header("ann", f"again-{i}"), "10.0.0.1")
     with pytest.raises(AuthError) as longer:
         a.authenticate(header("ann", "ann-password"), "10.0.0.1")
-    assert int(longer.value.headers["Retry-After"]) == 2 * auth.BASE_LOCK_S  # the client's second lock
+    assert int(longer.value.headers["Retry-After"]) == 2 * auth.BASE_LOCK_S  # the user's second lock
     assert "guess-" not in caplog.text and "again-" not in caplog.text and "ann-password" not in caplog.text
     assert "failed login of user 'ann' from 10.0.0.1" in caplog.text
+
+
+def test_others_failures_never_lock_out_a_valid_token_or_another_users_password(site):
+    """Every local process shares 127.0.0.1: wrong tokens and wrong passwords for one user, enough to lock
+    that address and that user, leave the admin token, the read-only token and other users working from the
+    same address; the guessed user's right password waits (it is the one being guessed)."""
+    for i in range(3 * auth.MAX_FAILURES):
+        r = site.get("/api/v1/nodes", headers={"Authorization": f"Bearer wrong-token-{i:04d}-0123456789"})
+        assert r.status_code in (401, 429)
+        assert site.get("/api/v1/nodes", headers=basic("ro", f"bad-password-{i}")).status_code in (401, 429)
+    assert site.get("/api/v1/nodes", headers={"Authorization": "Bearer yet-another-wrong-token-000"}).status_code == 429
+    assert site.get("/api/v1/nodes", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}).status_code == 200
+    assert site.get("/api/v1/nodes", headers={"Authorization": f"Bearer {READ_TOKEN}"}).status_code == 200
+    assert site.get("/api/v1/nodes", headers=basic("root")).status_code == 200
+    assert site.get("/api/v1/functions/fn_sales", headers=basic("mgr")).status_code == 200
+    assert site.get("/api/v1/nodes", headers=basic("ro")).status_code == 429  # the name being guessed
 
 
 def test_a_locked_client_gets_429_with_retry_after_over_http(site):
@@ -272,8 +289,9 @@ def test_the_same_wrong_credential_sent_again_is_not_another_guess():
         with pytest.raises(AuthError):
             a.authenticate(f"Bearer guess-{i}", "10.0.0.1")
     with pytest.raises(AuthError) as locked:
-        a.authenticate(header("bob", "bob-password"), "10.0.0.1")
-    assert locked.value.status == 429
+        a.authenticate("Bearer one-more-guess", "10.0.0.1")
+    assert locked.value.status == 429  # the client's wrong credentials wait now; its right ones do not
+    assert a.authenticate(header("bob", "bob-password"), "10.0.0.1").user == "bob"
 
 
 def test_a_verified_login_is_remembered_so_scrypt_runs_once_for_thousands_of_requests():
