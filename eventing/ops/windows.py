@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from eventing.errors import ConfigError
+
+if TYPE_CHECKING:
+    from eventing.storage.state import State
 
 # What each watermark of a report is (docs/windows.md): a report has the closing one, and a function with
 # arrival-time policies also the policies' greatest one, which is not what closes windows.
@@ -104,21 +107,19 @@ def arrival_metrics(spec: Any, state: dict[str, Any] | None, counters: dict[str,
     }
 
 
-def adjusted_rows(data_dir: str, name: str) -> list[dict[str, Any]]:
+def adjusted_rows(data_dir: State | str, name: str) -> list[dict[str, Any]]:
     """The rows the arrival-time policies windowed at another time than their event time, oldest first:
     vb, seqno, key, event_time_ms, arrival_ms, windowed_ms, rules (early, late_arrival, out_of_order) and
     substream."""
-    import pyarrow.parquet as pq
+    from eventing.windows.batches import read_row_file
+    from eventing.windows.runtime.paths import ADJUSTED, window_area
 
-    from eventing.windows.runtime.paths import WindowPaths
-
-    folder = WindowPaths.of(data_dir, name).adjusted
-    if not folder.is_dir():
-        return []
+    area = window_area(data_dir, name)
+    files = [f for f in area.list(ADJUSTED) if f.startswith("f") and f.endswith(".parquet")]
     out: list[dict[str, Any]] = []
     seen: set[tuple[int, int]] = set()
-    for path in sorted(folder.glob("f*.parquet"), key=lambda p: int(p.stem.split("-")[1])):
-        for row in pq.read_table(path).to_pylist():
+    for file in sorted(files, key=lambda f: int(f[: -len(".parquet")].split("-")[1])):
+        for row in read_row_file(area, f"{ADJUSTED}/{file}", function=name).to_pylist():
             # A coordinator fenced mid-poll may leave a file its successor writes again: the same fates.
             if (row["vb"], row["seqno"]) not in seen:
                 seen.add((row["vb"], row["seqno"]))
@@ -130,11 +131,10 @@ def window_report(data_dir: str, name: str) -> dict[str, Any]:
     """window_status plus every emitted result row (window start and end as ISO text and epoch ms)."""
     from eventing.core.times import iso_ms
     from eventing.windows.runtime.emission import make_sink
-    from eventing.windows.runtime.paths import WindowPaths
 
     report = window_status(data_dir, name)
     layout = report.pop("_layout")
-    results = make_sink(WindowPaths.of(data_dir, name), layout).read(name)
+    results = make_sink(data_dir, name, layout).read(name)
     report["results"] = [
         {"window_start": iso_ms(r["window_start_ms"]), "window_end": iso_ms(r["window_end_ms"]), **r}
         for r in results.to_pylist()

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol, Self
 from eventing.errors import NotFoundError
 
 if TYPE_CHECKING:
+    from eventing.storage.file_area import FileArea
     from eventing.storage.protocol import FileBucket
     from metadata import MetadataStore
 
@@ -81,6 +82,11 @@ class State(Protocol):
 
     def runtime_dir(self) -> Path:
         """A folder of this machine for what is not state (sockets, the kept Ray instance's address)."""
+        ...
+
+    def file_area(self, root: str) -> FileArea:
+        """Named binary files under ``root`` (``windows/<function>``: a windowed function's row files,
+        partial aggregates and held rows), on the directory or the server that holds this state."""
         ...
 
     def close(self) -> None: ...
@@ -203,6 +209,11 @@ class DirectoryState:
 
     def runtime_dir(self) -> Path:
         return self._directory / "run"
+
+    def file_area(self, root: str) -> FileArea:
+        from eventing.storage.file_area import DirectoryArea, check_folder
+
+        return DirectoryArea(self._directory / check_folder(root))
 
     def close(self) -> None:
         with self._lock:
