@@ -6,7 +6,8 @@ unknown), then the function's group-by columns (string) and value columns (float
 nullable). A row is identified by ``(vb, seqno)``: readers drop duplicates on that pair, so a batch written
 again after a crash (under the same or a new name) never counts twice. Batches are Parquet for Spark
 (``write_row_batch``) or Arrow IPC for a Python reader (``write_row_spool``, the worker-to-coordinator
-hand-off); ``read_row_batch`` reads both. An Arrow row file ends with a checksum trailer, ``EVROWCRC`` and the
+hand-off); ``read_row_batch`` reads both. ``write_row_file``, ``write_parquet_file`` and ``read_row_file``
+do the same in a file area (``eventing.storage.file_area``), memory-mapping a local folder's files. An Arrow row file ends with a checksum trailer, ``EVROWCRC`` and the
 CRC-32 (4 bytes, big-endian) of the Arrow IPC bytes before it, so a damaged file is refused with its name
 rather than read as other numbers (Arrow itself checks only the file's structure); files written before
 the trailer existed are read as they are.
