@@ -342,3 +342,32 @@ def test_the_postgresql_sink_gives_a_long_function_name_a_table_of_its_own(pg_ur
     sink.write(long_b, results([(0, "KR", 2, 2.0)]))
     assert sink.read(long_a).column("count").to_pylist() == [1]
     assert sink.read(long_b).column("count").to_pylist() == [2]
+
+
+def test_a_sink_with_a_path_stays_the_users_local_output_when_the_files_are_on_postgresql(
+    pg_url, data_dir, tmp_path, monkeypatch
+):
+    from eventing.storage.postgres.file_area import PostgresArea
+    from eventing.windows.runtime.emission import make_sink
+    from eventing.windows.runtime.row_writer import RowLayout
+    from eventing.windows.spark.postgres_sink import PostgresWindowSink
+    from eventing.windows.spark.sink import ParquetWindowSink, SqliteWindowSink
+
+    monkeypatch.setattr(DirectoryState, "file_area", lambda self, root: PostgresArea.open(pg_url, root))
+    window = {"kind": "tumbling", "size": "1m", "time_field": "ts", "aggregates": ["count"]}
+    assert isinstance(make_sink(data_dir, "fn", RowLayout.for_definition("fn", window)), PostgresWindowSink)
+    given = {**window, "sink": {"kind": "sqlite", "path": str(tmp_path / "out.sqlite3")}}
+    sink = make_sink(data_dir, "fn", RowLayout.for_definition("fn", given))
+    assert isinstance(sink, SqliteWindowSink) and sink.path == tmp_path / "out.sqlite3"
+
+    class ServerState(DirectoryState):  # a state with no directory anywhere
+        @property
+        def directory(self) -> None:  # type: ignore[override]
+            return None
+
+    monkeypatch.chdir(tmp_path)
+    relative = {**window, "sink": {"kind": "parquet", "path": "results"}}
+    sink = make_sink(ServerState(data_dir), "fn", RowLayout.for_definition("fn", relative))
+    assert isinstance(sink, ParquetWindowSink) and sink.directory == Path("results")
+    sink.write("fn", pa.table({"window_start_ms": [0], "window_end_ms": [60], "n": [1]}))
+    assert (tmp_path / "results" / "fn" / "window_0_60.parquet").exists()

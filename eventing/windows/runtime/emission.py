@@ -90,8 +90,10 @@ def make_sink(state: State | str | os.PathLike[str], function: str, layout: RowL
             raise ConfigError(f"function '{function}': no default window sink for {area!r}; give the sink a path")
         return PostgresWindowSink(area.db)
     directory = as_state(state).directory
-    if directory is None:  # a server state: the user's path as given
-        location = Path(str(sink.path)).expanduser()
+    if directory is None and sink.path is not None:  # a server state: the user's path as given
+        location = Path(sink.path).expanduser()
+    elif directory is None:
+        raise ConfigError(f"function '{function}': its state has no directory for a default window sink")
     else:
         location = WindowPaths.of(directory, function).sink_location(sink.kind, sink.path)
     if sink.kind == "sqlite":
