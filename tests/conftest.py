@@ -139,3 +139,18 @@ def pg_url(pg_server, request) -> str:
 
     name = re.sub(r"[^a-z0-9_]", "_", request.node.name.lower())[:40] + "_" + uuid.uuid4().hex[:8]
     return pg_server.create_database(name)
+
+
+@pytest.fixture(params=["directory", "postgresql"])
+def window_files(request, monkeypatch) -> str:
+    """Where the windowed functions of this test keep their files and default sink: "directory" (under the
+    data directory, as always) or "postgresql" (every `State.file_area` of a data directory is the files
+    table of a fresh database on the session's PostgreSQL server, so the window runtime's files and its
+    default sink are there, while the metadata and buckets stay in the data directory; in-process only)."""
+    if request.param == "postgresql":
+        from eventing.storage.postgres.file_area import PostgresArea
+        from eventing.storage.state import DirectoryState
+
+        url = request.getfixturevalue("pg_url")
+        monkeypatch.setattr(DirectoryState, "file_area", lambda self, root: PostgresArea.open(url, root))
+    return request.param

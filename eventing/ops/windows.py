@@ -109,20 +109,15 @@ def adjusted_rows(state: StateLike, name: str) -> list[dict[str, Any]]:
     """The rows the arrival-time policies windowed at another time than their event time, oldest first:
     vb, seqno, key, event_time_ms, arrival_ms, windowed_ms, rules (early, late_arrival, out_of_order) and
     substream."""
-    state = as_state(state)
-    import pyarrow.parquet as pq
+    from eventing.windows.batches import read_row_file
+    from eventing.windows.runtime.paths import ADJUSTED, window_area
 
-    from eventing.windows.runtime.paths import WindowPaths
-
-    if state.directory is None:
-        return []  # (the windows' files on a server store come with their file area)
-    folder = WindowPaths.of(state.directory, name).adjusted
-    if not folder.is_dir():
-        return []
+    area = window_area(state, name)
+    files = [f for f in area.list(ADJUSTED) if f.startswith("f") and f.endswith(".parquet")]
     out: list[dict[str, Any]] = []
     seen: set[tuple[int, int]] = set()
-    for path in sorted(folder.glob("f*.parquet"), key=lambda p: int(p.stem.split("-")[1])):
-        for row in pq.read_table(path).to_pylist():
+    for file in sorted(files, key=lambda f: int(f[: -len(".parquet")].split("-")[1])):
+        for row in read_row_file(area, f"{ADJUSTED}/{file}", function=name).to_pylist():
             # A coordinator fenced mid-poll may leave a file its successor writes again: the same fates.
             if (row["vb"], row["seqno"]) not in seen:
                 seen.add((row["vb"], row["seqno"]))
@@ -135,11 +130,10 @@ def window_report(state: StateLike, name: str) -> dict[str, Any]:
     state = as_state(state)
     from eventing.core.times import iso_ms
     from eventing.windows.runtime.emission import make_sink
-    from eventing.windows.runtime.paths import WindowPaths
 
     report = window_status(state, name)
     layout = report.pop("_layout")
-    results = make_sink(WindowPaths.of(state.directory or "", name), layout).read(name)
+    results = make_sink(state, name, layout).read(name)
     report["results"] = [
         {"window_start": iso_ms(r["window_start_ms"]), "window_end": iso_ms(r["window_end_ms"]), **r}
         for r in results.to_pylist()

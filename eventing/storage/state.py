@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol, Self, Union
 from eventing.errors import NotFoundError
 
 if TYPE_CHECKING:
+    from eventing.storage.file_area import FileArea
     from eventing.storage.protocol import FileBucket
     from metadata import MetadataStore
 
@@ -97,6 +98,11 @@ class State(Protocol):
     def wake_listener(self) -> Any:
         """A listener for committed writes (`start`, `take`, `wait`, `interrupt`, `close`, `on_notify`): the
         running service wakes the caught-up workers owning the vBuckets written."""
+        ...
+
+    def file_area(self, root: str) -> FileArea:
+        """Named binary files under ``root`` (``windows/<function>``: a windowed function's row files,
+        partial aggregates and held rows), on the directory or the server that holds this state."""
         ...
 
     def close(self) -> None: ...
@@ -255,6 +261,11 @@ class DirectoryState:
         from eventing.storage.wake import WakeListener
 
         return WakeListener(self._directory)
+
+    def file_area(self, root: str) -> FileArea:
+        from eventing.storage.file_area import DirectoryArea, check_folder
+
+        return DirectoryArea(self._directory / check_folder(root))
 
     def close(self) -> None:
         with self._lock:

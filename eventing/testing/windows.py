@@ -293,3 +293,22 @@ def reference_arrival_fates(
         watermark[stream] = max(watermark.get(stream, t - out_of_order_tolerance_ms), t - out_of_order_tolerance_ms)
         out.append((t, None))
     return out
+
+
+def results_sink(data_dir: str, function: str, window: dict[str, Any]) -> Any:
+    """The default sink of a windowed function of the data directory (``make_sink``)."""
+    from eventing.windows.runtime.emission import make_sink
+
+    return make_sink(data_dir, function, RowLayout.for_definition(function, window))
+
+
+def area_files(data_dir: str, function: str, folder: str) -> list[str]:
+    """The names in a folder of a function's file area (``incoming``, ``accepted``, ...): every entry of the
+    folder on a data directory, hidden ones too; [] when it does not exist."""
+    from eventing.windows.runtime.paths import window_area
+
+    area = window_area(data_dir, function)
+    local = area.local_path(folder)
+    if local is None:
+        return area.list(folder)
+    return sorted(p.name for p in local.iterdir()) if local.is_dir() else []

@@ -6,7 +6,8 @@ unknown), then the function's group-by columns (string) and value columns (float
 nullable). A row is identified by ``(vb, seqno)``: readers drop duplicates on that pair, so a batch written
 again after a crash (under the same or a new name) never counts twice. Batches are Parquet for Spark
 (``write_row_batch``) or Arrow IPC for a Python reader (``write_row_spool``, the worker-to-coordinator
-hand-off); ``read_row_batch`` reads both. An Arrow row file ends with a checksum trailer, ``EVROWCRC`` and the
+hand-off); ``read_row_batch`` reads both. ``write_row_file``, ``write_parquet_file`` and ``read_row_file``
+do the same in a file area (``eventing.storage.file_area``), memory-mapping a local folder's files. An Arrow row file ends with a checksum trailer, ``EVROWCRC`` and the
 CRC-32 (4 bytes, big-endian) of the Arrow IPC bytes before it, so a damaged file is refused with its name
 rather than read as other numbers (Arrow itself checks only the file's structure); files written before
 the trailer existed are read as they are.
@@ -27,7 +28,7 @@ import zlib
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -35,6 +36,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from eventing.errors import StoreCorruptError, StoreError
+
+if TYPE_CHECKING:
+    from eventing.storage.file_area import FileArea
 
 AggregateOp = Literal["count", "sum", "avg", "min", "max"]
 # (op, value field or None, output column name); the field may be None only for count, meaning count(*).
@@ -327,13 +331,7 @@ def read_row_batch(path: str | os.PathLike[str]) -> pa.Table:
     try:
         if os.fspath(path).endswith(ROW_SPOOL_SUFFIX):
             # Mapped, not copied. The map lives as long as the table's buffers do.
-            data = pa.memory_map(os.fspath(path)).read_buffer()
-            tail = data.slice(max(0, data.size - _TRAILER_BYTES)).to_pybytes()
-            if tail[: len(_CHECKSUM_MAGIC)] == _CHECKSUM_MAGIC:
-                data = data.slice(0, data.size - _TRAILER_BYTES)
-                if zlib.crc32(data) != int.from_bytes(tail[len(_CHECKSUM_MAGIC) :], "big"):
-                    raise damaged_row_file_error(path, "its checksum does not match its contents")
-            return pa.ipc.open_file(data).read_all()
+            return _spool_table(pa.memory_map(os.fspath(path)).read_buffer(), os.fspath(path))
         return pq.read_table(path)
     except FileNotFoundError:
         raise
@@ -341,14 +339,58 @@ def read_row_batch(path: str | os.PathLike[str]) -> pa.Table:
         raise damaged_row_file_error(path, exc) from None
 
 
-def damaged_row_file_error(path: str | os.PathLike[str], detail: object) -> StoreCorruptError:
+def read_row_file(area: FileArea, name: str, *, function: str | None = None) -> pa.Table:
+    """``read_row_batch`` of the file ``name`` of a file area: memory-mapped where the area is a folder of
+    this machine, else its bytes read whole. ``function`` names the function in a damaged file's message."""
+    local = area.local_path(name)
+    if local is not None:
+        return read_row_batch(local)
+    data = area.read(name)
+    shown = area.describe(name)
+    try:
+        if name.endswith(ROW_SPOOL_SUFFIX):
+            return _spool_table(pa.py_buffer(data), shown, function)
+        return pq.read_table(pa.BufferReader(data))
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise damaged_row_file_error(shown, exc, function) from None
+
+
+def _spool_table(data: pa.Buffer, shown: str, function: str | None = None) -> pa.Table:
+    """The table of an Arrow row file's bytes, its checksum trailer checked when it has one."""
+    tail = data.slice(max(0, data.size - _TRAILER_BYTES)).to_pybytes()
+    if tail[: len(_CHECKSUM_MAGIC)] == _CHECKSUM_MAGIC:
+        data = data.slice(0, data.size - _TRAILER_BYTES)
+        if zlib.crc32(data) != int.from_bytes(tail[len(_CHECKSUM_MAGIC) :], "big"):
+            raise damaged_row_file_error(shown, "its checksum does not match its contents", function)
+    return pa.ipc.open_file(data).read_all()
+
+
+def write_row_file(area: FileArea, folder: str, batch_name: str, table: pa.Table) -> str:
+    """``write_row_spool`` into a file area: the Arrow row file ``<folder>/<batch_name>.arrow``, written
+    whole and durably; returns its name in the area."""
+    name = f"{folder}/{batch_file_name(batch_name, ROW_SPOOL_SUFFIX)}"
+    area.write(name, _checksummed(_checked_rows(table)))
+    return name
+
+
+def write_parquet_file(area: FileArea, name: str, table: pa.Table) -> None:
+    """``table`` as the Parquet file ``name`` of a file area, written whole and durably."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    area.write(name, memoryview(sink.getvalue()))
+
+
+def damaged_row_file_error(
+    path: str | os.PathLike[str], detail: object, function: str | None = None
+) -> StoreCorruptError:
     """One line for a window row file that cannot be read: the file, and the way out (its rows are lost
     with it, so the function's windows are computed afresh from the source by a new deployment)."""
     file = Path(path)
-    in_windows = file.parent.parent.parent.name == "windows"  # <data_dir>/windows/<fn>/<folder>/<file>
-    function = file.parent.parent.name if in_windows else "FN"
+    if function is None:
+        in_windows = file.parent.parent.parent.name == "windows"  # <data_dir>/windows/<fn>/<folder>/<file>
+        function = file.parent.parent.name if in_windows else "FN"
     return StoreCorruptError(
-        f"window row file {file} is damaged ({' '.join(str(detail).split())}); delete it, then undeploy and deploy "
+        f"window row file {path} is damaged ({' '.join(str(detail).split())}); delete it, then undeploy and deploy "
         f"function '{function}' again (`eventing undeploy {function}`, `eventing deploy DEFINITION`) so that its "
         "windows are computed afresh from the source; see 'Faults and recovery' in docs/operations.md"
     )

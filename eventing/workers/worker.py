@@ -143,8 +143,8 @@ class WorkerCore(WorkerTimers, WorkerReads):
         self.targets = spec.targets
         self.counters: Counter[str] = Counter()
         self.window_rows = WindowRowWriter.for_worker(  # rows of a windowed function, else None
-            spec.location, spec.function, spec.generation, spec.worker_id, self.defn.window, self.counters,
-            put_file=None if self.data.local else self.data.put_file,
+            self.data.state if self.data.local else spec.location, spec.function, spec.generation, spec.worker_id,
+            self.defn.window, self.counters, put_file=None if self.data.local else self.data.put_file,
         )
         self.dlq: list[DlqRow] = []
         self.last_commit = time.monotonic()

@@ -16,14 +16,13 @@ from eventing.testing.windows import (
     python_aggregator,
     reference_results,
     reference_sessions,
+    results_sink,
 )
 from eventing.windows.runtime.coordinator import WindowCoordinator
-from eventing.windows.runtime.paths import WindowPaths
 from eventing.windows.runtime.row_writer import RowLayout, WindowRowWriter
 from eventing.windows.semantics import WindowConfigError, WindowOperator, WindowSpec, windows_for
 from eventing.windows.semantics.sessions import Session, SessionOperator, plain_sessions
 from eventing.windows.semantics.windows import late_cutoff_ms
-from eventing.windows.spark.sink import ParquetWindowSink
 from metadata.factory import open_store
 
 S = 1000
@@ -266,7 +265,7 @@ class SessionHarness:
         writer.flush()
 
     def results(self) -> Any:
-        return ParquetWindowSink(WindowPaths.of(self.data_dir, FN).root / "results").read(FN)
+        return results_sink(self.data_dir, FN, self.window).read(FN)
 
     def late(self) -> set[tuple[int, int]]:
         return {(r.vb, r.seqno) for r in self.store.dlq_rows(FN) if r.reason == "late"}
@@ -280,7 +279,7 @@ SESSION_WINDOW = {
 }
 
 
-def test_the_coordinator_emits_merged_sessions_once_from_rows_out_of_order_across_vbuckets(data_dir):
+def test_the_coordinator_emits_merged_sessions_once_from_rows_out_of_order_across_vbuckets(data_dir, window_files):
     h = SessionHarness(data_dir, SESSION_WINDOW)
     # Two workers, two vBuckets each; user u's rows arrive out of order: 0 s and 18 s first, then the 9 s
     # row that bridges them from another vBucket, then a late one after the watermark passed.
@@ -305,7 +304,7 @@ def test_the_coordinator_emits_merged_sessions_once_from_rows_out_of_order_acros
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_random_sessions_over_many_polls_and_a_restart_equal_the_plain_computation(data_dir, seed):
+def test_random_sessions_over_many_polls_and_a_restart_equal_the_plain_computation(data_dir, seed, window_files):
     rnd = random.Random(seed)
     window = dict(SESSION_WINDOW, out_of_order_tolerance=f"{rnd.choice([0, 5, 15])}s")
     if seed % 2:

@@ -5,15 +5,16 @@ The Ray and Spark version is in tests/integration/test_window_arrival_policies.p
 
 from __future__ import annotations
 
+from typing import Any
+
 import pyarrow as pa
 import pytest
 
 from eventing.control import lifecycle
 from eventing.core.definition import FunctionDefinition
 from eventing.storage.bucket import LocalBucket
-from eventing.testing.windows import ManualClock, python_aggregate, python_aggregator
+from eventing.testing.windows import ManualClock, python_aggregate, python_aggregator, results_sink
 from eventing.windows.runtime.coordinator import WindowCoordinator
-from eventing.windows.runtime.paths import WindowPaths
 from eventing.windows.runtime.row_writer import RowLayout, WindowRowWriter
 from eventing.windows.semantics import Window, WindowSpec
 from eventing.windows.semantics.substreams import SubstreamWindow, SubstreamWindowOperator
@@ -116,9 +117,14 @@ def test_the_state_resumes_exactly_and_refuses_a_changed_grouping():
         SubstreamWindowOperator.from_state(WindowSpec.from_dict(dict(SPEC, group_by=[])), op.to_state())
 
 
-@pytest.mark.parametrize("kind", ["parquet", "sqlite"])
-def test_sinks_keep_the_first_write_per_window_and_substream(tmp_path, kind):
-    sink = ParquetWindowSink(tmp_path) if kind == "parquet" else SqliteWindowSink(tmp_path / "r.db")
+@pytest.mark.parametrize("kind", ["parquet", "sqlite", "postgresql"])
+def test_sinks_keep_the_first_write_per_window_and_substream(tmp_path, kind, request):
+    if kind == "postgresql":
+        from eventing.windows.spark.postgres_sink import PostgresWindowSink
+
+        sink: Any = PostgresWindowSink.open(request.getfixturevalue("pg_url"))
+    else:
+        sink = ParquetWindowSink(tmp_path) if kind == "parquet" else SqliteWindowSink(tmp_path / "r.db")
     results = pa.table({"window_start_ms": [0, 0], "window_end_ms": [60, 60], "device": ["d1", "d/2 é"],
                         "count": [1, 2]})
     only_first = results.slice(0, 1)
@@ -136,7 +142,7 @@ def test_sinks_keep_the_first_write_per_window_and_substream(tmp_path, kind):
 FN = "fn_paces"
 
 
-def test_the_coordinator_emits_each_devices_windows_when_its_own_watermark_passes_them(data_dir):
+def test_the_coordinator_emits_each_devices_windows_when_its_own_watermark_passes_them(data_dir, window_files):
     """Two devices at different paces and one that falls silent, delivered in two rounds with a restart
     between: each round emits exactly the windows a plain computation of each device's watermark closes."""
     from eventing.core.mutation import decode_document
@@ -157,7 +163,6 @@ def test_the_coordinator_emits_each_devices_windows_when_its_own_watermark_passe
     for n, (device, event, arrival) in enumerate(rows):
         source.upsert(f"r{n}", {"ts": event, "v": 1.0, "device": device}, arrival_ms=arrival)
     store = open_store(data_dir)
-    paths = WindowPaths.of(data_dir, FN)
 
     def coordinator() -> WindowCoordinator:
         return WindowCoordinator(data_dir, FN, 1, window, store, aggregator=python_aggregator,
@@ -186,7 +191,7 @@ def test_the_coordinator_emits_each_devices_windows_when_its_own_watermark_passe
         return sorted(out, key=lambda r: (r["window_start_ms"], r["device"]))
 
     def emitted() -> list[dict]:
-        got = ParquetWindowSink(paths.root / "results").read(FN).to_pylist()
+        got = results_sink(data_dir, FN, window).read(FN).to_pylist()
         return sorted(got, key=lambda r: (r["window_start_ms"], r["device"]))
 
     def last(device: str) -> int:

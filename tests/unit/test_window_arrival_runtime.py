@@ -19,10 +19,12 @@ from eventing.storage.bucket import LocalBucket
 from eventing.testing.windows import (
     SEED_TABLE,
     ManualClock,
+    area_files,
     clock_ms,
     python_aggregate,
     python_aggregator,
     reference_arrival_fates,
+    results_sink,
 )
 from eventing.windows.batches import build_row_batch
 from eventing.windows.runtime import coordinator as coordinator_module
@@ -30,10 +32,8 @@ from eventing.windows.runtime import host
 from eventing.windows.runtime.arrivals import LIFTS, ArrivalGate
 from eventing.windows.runtime.coordinator import WindowCoordinator
 from eventing.windows.runtime.host import WindowOptions
-from eventing.windows.runtime.paths import WindowPaths
 from eventing.windows.runtime.row_writer import RowLayout
 from eventing.windows.semantics import WindowSpec
-from eventing.windows.spark.sink import ParquetWindowSink
 from eventing.workers.executor import InProcessExecutor
 from metadata.factory import open_store
 from sharding import vbucket_of
@@ -113,7 +113,7 @@ class Harness:
         return {r[4]: f for r, f in zip(rows, fates, strict=True)}
 
     def results(self) -> list[dict]:
-        return ParquetWindowSink(WindowPaths.of(self.data_dir, FN).root / "results").read(FN).to_pylist()
+        return results_sink(self.data_dir, FN, self.window).read(FN).to_pylist()
 
     def counters(self) -> dict:
         with open_store(self.data_dir) as store:
@@ -132,7 +132,7 @@ def expected_results(fates: dict[str, tuple[int | None, str | None]]) -> list[di
 
 
 def test_figure_one_the_early_row_is_dead_lettered_and_late_or_out_of_order_rows_are_windowed_at_the_watermark(
-    data_dir, monkeypatch
+    data_dir, monkeypatch, window_files
 ):
     h = Harness(data_dir, monkeypatch, dict(BASE, early_arrival_policy="drop"))
     keys = keys_in_one_vbucket(len(SEED_TABLE))
@@ -153,7 +153,7 @@ def test_figure_one_the_early_row_is_dead_lettered_and_late_or_out_of_order_rows
     assert c["dlq_early"] == 1 and c["window_rows_adjusted"] == 3 and c["window_rows_accepted"] == 11
 
 
-def test_drop_policies_dead_letter_late_and_out_of_order_rows_with_their_reason(data_dir, monkeypatch):
+def test_drop_policies_dead_letter_late_and_out_of_order_rows_with_their_reason(data_dir, monkeypatch, window_files):
     window = dict(BASE, early_arrival_policy="adjust", out_of_order_policy="drop", late_arrival_policy="drop")
     h = Harness(data_dir, monkeypatch, window)
     keys = keys_in_one_vbucket(len(SEED_TABLE))
@@ -175,7 +175,7 @@ def test_drop_policies_dead_letter_late_and_out_of_order_rows_with_their_reason(
     assert "behind the watermark" in errors["out_of_order"] and f"vBucket {vbucket_of(keys[0])}" in errors["out_of_order"]
 
 
-def test_substreams_judge_each_device_against_its_own_watermark_across_vbuckets_and_restarts(data_dir, monkeypatch):
+def test_substreams_judge_each_device_against_its_own_watermark_across_vbuckets_and_restarts(data_dir, monkeypatch, window_files):
     window = dict(BASE, early_arrival_policy="drop", substream_key="device")
     h = Harness(data_dir, monkeypatch, window)
     keys = [f"reading-{i}" for i in range(len(SEED_TABLE))]
@@ -291,7 +291,7 @@ def test_stats_show_azures_metrics(data_dir, monkeypatch):
     assert samples[("eventing_watermark_delay_seconds", (FN,))] > 0
 
 
-def test_substream_rows_wait_for_earlier_arrivals_of_other_vbuckets_whatever_order_the_files_come_in(data_dir):
+def test_substream_rows_wait_for_earlier_arrivals_of_other_vbuckets_whatever_order_the_files_come_in(data_dir, window_files):
     """Two vBuckets whose workers deliver in the wrong order (the later arrivals first), and a coordinator
     restarted while rows wait: the rows are still judged in one arrival order, as the reference does."""
     from eventing.core.mutation import decode_document
@@ -339,7 +339,7 @@ def test_substream_rows_wait_for_earlier_arrivals_of_other_vbuckets_whatever_ord
     assert sum(rows for _, rows in c.held) == 3
     deliver(vb_a, 3, 3)
     c.finish(end_of_input=True)
-    assert c.held == [] and list(WindowPaths.of(data_dir, FN).held.iterdir()) == []
+    assert c.held == [] and area_files(data_dir, FN, "held") == []
     c.close()
     from eventing.ops.windows import adjusted_rows
 
@@ -351,12 +351,12 @@ def test_substream_rows_wait_for_earlier_arrivals_of_other_vbuckets_whatever_ord
         late_arrival_tolerance_ms=5 * MIN, early_arrival="drop", substreams=True,
     )
     assert got == want
-    results = ParquetWindowSink(WindowPaths.of(data_dir, FN).root / "results").read(FN).to_pylist()
+    results = results_sink(data_dir, FN, window).read(FN).to_pylist()
     assert results == expected_results({k: f for (_, _, _, _, k), f in zip(loaded, want, strict=True)})
     store.close()
 
 
-def test_session_windows_take_the_policies_windowed_times_too(data_dir, monkeypatch):
+def test_session_windows_take_the_policies_windowed_times_too(data_dir, monkeypatch, window_files):
     from eventing.testing.windows import reference_sessions
 
     window = {"kind": "session", "gap": "3m", "time_field": "ts", "aggregates": ["count", {"op": "sum", "field": "v"}],

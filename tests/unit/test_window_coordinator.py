@@ -21,15 +21,17 @@ from eventing.storage.bucket import LocalBucket
 from eventing.testing import load_source
 from eventing.testing.windows import (
     ManualClock,
+    area_files,
     assert_same_results,
     python_aggregator,
     reference_results,
+    results_sink,
 )
 from eventing.windows.runtime import coordinator as coordinator_module
 from eventing.windows.runtime import host
 from eventing.windows.runtime.coordinator import WindowCoordinator
 from eventing.windows.runtime.host import WindowOptions
-from eventing.windows.runtime.paths import WindowPaths
+from eventing.windows.runtime.paths import WindowPaths, window_area
 from eventing.windows.runtime.row_files import has_duplicate_rows
 from eventing.windows.runtime.row_writer import RowLayout, WindowRowWriter
 from eventing.windows.semantics import WindowSpec
@@ -90,8 +92,8 @@ class Harness:
         writer.flush()
 
     @property
-    def sink(self) -> ParquetWindowSink:
-        return ParquetWindowSink(WindowPaths.of(self.data_dir, FN).root / "results")
+    def sink(self) -> Any:
+        return results_sink(self.data_dir, FN, self.window)
 
     def results(self) -> list[dict]:
         return self.sink.read(FN).to_pylist()
@@ -119,7 +121,7 @@ class ManualEmitter:
             future.set_result(fn(*args))
 
 
-def test_rows_are_windowed_and_each_closed_window_is_emitted_once(data_dir):
+def test_rows_are_windowed_and_each_closed_window_is_emitted_once(data_dir, window_files):
     h = Harness(data_dir)
     w = h.writer()
     h.write(w, [(0, 1, 1_000, "KR", 10.0), (1, 1, 2_000, "US", 5.5), (0, 2, 61_000, "KR", 1.0)])
@@ -138,11 +140,12 @@ def test_rows_are_windowed_and_each_closed_window_is_emitted_once(data_dir):
     counters = h.store.counters(FN)
     assert counters["windows_closed"] == counters["windows_emitted"] == 3
     assert counters["window_rows_accepted"] == 5
-    assert not list(WindowPaths.of(data_dir, FN).incoming.iterdir()), "consumed batches are deleted"
-    assert not list(WindowPaths.of(data_dir, FN).accepted.iterdir()), "rows of emitted windows are deleted"
+    assert area_files(data_dir, FN, "incoming") == [], "consumed batches are deleted"
+    assert area_files(data_dir, FN, "accepted") == [], "rows of emitted windows are deleted"
+    assert (window_files == "directory") == os.path.isdir(WindowPaths.of(data_dir, FN).root)
 
 
-def test_a_late_row_goes_to_the_dlq_with_reason_late_and_is_counted(data_dir):
+def test_a_late_row_goes_to_the_dlq_with_reason_late_and_is_counted(data_dir, window_files):
     h = Harness(data_dir)
     w = h.writer()
     h.write(w, [(0, 1, 5_000, "KR", 1.0), (0, 2, 75_000, "KR", 2.0)])  # watermark 65 s: [0, 1m) closes
@@ -160,7 +163,7 @@ def test_a_late_row_goes_to_the_dlq_with_reason_late_and_is_counted(data_dir):
     assert all(r["sum_amount"] != 99.0 for r in h.results())
 
 
-def test_rows_written_again_by_a_restarted_worker_count_once(data_dir):
+def test_rows_written_again_by_a_restarted_worker_count_once(data_dir, window_files):
     h = Harness(data_dir)
     h.write(h.writer(), [(0, s, s * 1_000, "KR", 1.0) for s in range(1, 11)])
     h.coordinator.poll()
@@ -172,7 +175,7 @@ def test_rows_written_again_by_a_restarted_worker_count_once(data_dir):
     assert h.store.counters(FN)["window_rows_replayed"] == 6
 
 
-def test_rows_written_twice_before_one_poll_count_once(data_dir):
+def test_rows_written_twice_before_one_poll_count_once(data_dir, window_files):
     h = Harness(data_dir)
     # Rows out of (vb, seqno) order across vBuckets, as a live worker writes them, then a restarted
     # incarnation writing some again; the coordinator sees both files in one poll.
@@ -213,7 +216,7 @@ def test_a_later_batch_of_a_worker_waits_until_the_earlier_one_is_visible(data_d
     assert h.store.counters(FN)["window_rows_accepted"] == 2
 
 
-def test_a_crash_between_the_state_commit_and_the_sink_write_emits_every_window_once(data_dir):
+def test_a_crash_between_the_state_commit_and_the_sink_write_emits_every_window_once(data_dir, window_files):
     emitter = ManualEmitter()
     h = Harness(data_dir, emitter=emitter)
     w = h.writer()
@@ -232,17 +235,21 @@ def test_a_crash_between_the_state_commit_and_the_sink_write_emits_every_window_
     assert h.store.counters(FN)["windows_emitted"] == h.store.counters(FN)["windows_closed"] == 2
 
 
-def test_a_crash_after_the_sink_write_does_not_emit_the_window_twice(data_dir):
+def test_a_crash_after_the_sink_write_does_not_emit_the_window_twice(data_dir, window_files):
     writes: Counter[tuple[int, int]] = Counter()
+    h = Harness(data_dir)
 
-    class CountingSink(ParquetWindowSink):
+    class CountingSink:
+        def __init__(self, inner: Any):
+            self.inner = inner
+            self.read, self.written_windows = inner.read, inner.written_windows
+
         def write(self, function, results, *, windows=()):
-            written = super().write(function, results, windows=windows)
+            written = self.inner.write(function, results, windows=windows)
             writes.update(windows)
             return written
 
-    h = Harness(data_dir)
-    sink = CountingSink(WindowPaths.of(data_dir, FN).root / "results")
+    sink = CountingSink(h.sink)
     h.coordinator.sink = sink
     h.write(h.writer(), [(0, 1, 1_000, "KR", 1.0), (0, 2, 200_000, "KR", 3.0)])
     h.coordinator.poll()  # closes [0, 1m) and emits it, but dies before recording the emission
@@ -255,25 +262,26 @@ def test_a_crash_after_the_sink_write_does_not_emit_the_window_twice(data_dir):
     assert h.store.counters(FN)["windows_emitted"] == 2
 
 
-def test_a_poll_that_crashes_before_its_commit_leaves_no_trace(data_dir, monkeypatch):
+def test_a_poll_that_crashes_before_its_commit_leaves_no_trace(data_dir, monkeypatch, window_files):
     h = Harness(data_dir)
     h.write(h.writer(), [(0, 1, 1_000, "KR", 1.0), (0, 2, 2_000, "KR", 2.0)])
 
     def crash(*args, **kwargs):
         raise RuntimeError("power cut")
 
+    commit = h.coordinator.states.commit
     monkeypatch.setattr(h.coordinator.states, "commit", crash)
     with pytest.raises(RuntimeError):
         h.coordinator.poll()
-    accepted = WindowPaths.of(data_dir, FN).accepted
-    assert len(list(accepted.iterdir())) == 1, "its accepted file was written, the state was not"
-    monkeypatch.undo()
+    assert len(area_files(data_dir, FN, "accepted")) == 1, "its accepted file was written, the state was not"
+    monkeypatch.setattr(h.coordinator.states, "commit", commit)
     h.restart()
+    assert area_files(data_dir, FN, "accepted") == [], "the restarted coordinator deleted it"
     h.coordinator.finish(end_of_input=True)
     assert [r["count"] for r in h.results()] == [2]
 
 
-def test_a_hopping_window_counts_only_rows_accepted_before_it_closed(data_dir):
+def test_a_hopping_window_counts_only_rows_accepted_before_it_closed(data_dir, window_files):
     window = {**WINDOW, "kind": "hopping", "size": "2m", "slide": "1m", "out_of_order_tolerance": "0s"}
     emitter = ManualEmitter()
     h = Harness(data_dir, window=window, emitter=emitter)
@@ -307,7 +315,7 @@ def test_processing_time_rows_are_windowed_by_the_coordinator_clock(data_dir):
     assert [(r["window_start_ms"] - T0, r["count"]) for r in h.results()] == [(0, 2), (MIN, 1)]
 
 
-def test_the_idle_timeout_closes_a_window_without_new_data(data_dir):
+def test_the_idle_timeout_closes_a_window_without_new_data(data_dir, window_files):
     h = Harness(data_dir, window={**WINDOW, "idle_timeout": "30s"})
     h.write(h.writer(), [(0, 1, 1_000, "KR", 1.0)])
     h.coordinator.poll()
@@ -352,7 +360,7 @@ def test_vbuckets_with_a_backlog_hold_the_watermark_until_they_deliver_or_catch_
     assert h.results() == h.expected()
 
 
-def test_a_second_coordinator_fences_the_first(data_dir):
+def test_a_second_coordinator_fences_the_first(data_dir, window_files):
     h = Harness(data_dir)
     first = h.coordinator
     h.restart()
@@ -375,7 +383,7 @@ def source_docs(source: LocalBucket) -> list[tuple[int, int, dict]]:
             if m.op == OP_UPDATE and m.doc is not None]
 
 
-def test_the_runtime_windows_every_update_and_dead_letters_documents_without_event_time(data_dir, monkeypatch):
+def test_the_runtime_windows_every_update_and_dead_letters_documents_without_event_time(data_dir, monkeypatch, window_files):
     monkeypatch.setattr(host, "make_aggregator", lambda master=None: python_aggregator)
     source = load(data_dir, 200, 3000)
     source.upsert("no-time", {"country": "KR", "amount": 1.0})
@@ -393,7 +401,7 @@ def test_the_runtime_windows_every_update_and_dead_letters_documents_without_eve
     assert sorted((r.key, r.reason) for r in dlq) == [("no-time", "bad_event_time"), ("text-time", "bad_event_time")]
     assert "no event time field 'ts'" in next(r.error for r in dlq if r.key == "no-time")
     docs = [d for d in source_docs(source) if isinstance(d[2].get("ts"), int)]
-    sink = ParquetWindowSink(WindowPaths.of(data_dir, FN).root / "results")
+    sink = results_sink(data_dir, FN, WINDOW)
     windows = sorted(sink.written_windows(FN))
     expected = reference_results(docs, WindowSpec.from_dict(WINDOW), windows)
     assert_same_results(sink.read(FN), expected)
@@ -404,7 +412,7 @@ def test_the_runtime_windows_every_update_and_dead_letters_documents_without_eve
     assert counters["windows_emitted"] == len(windows) == 11
 
 
-def test_a_redeploy_starts_the_windows_afresh(data_dir, monkeypatch):
+def test_a_redeploy_starts_the_windows_afresh(data_dir, monkeypatch, window_files):
     monkeypatch.setattr(host, "make_aggregator", lambda master=None: python_aggregator)
     load(data_dir, 50, 400)
     defn = FunctionDefinition.from_dict({"name": FN, "source_bucket": "src", "window": WINDOW})
@@ -417,11 +425,13 @@ def test_a_redeploy_starts_the_windows_afresh(data_dir, monkeypatch):
     assert states.load(FN)["classified_upto"]
     lifecycle.undeploy(data_dir, FN)
     paths = WindowPaths.of(data_dir, FN)
-    (paths.incoming / "g1-local_w0-1-000000000.arrow").write_bytes(b"stale")
+    window_area(data_dir, FN).write("incoming/g1-local_w0-1-000000000.arrow", b"stale")
+    written = results_sink(data_dir, FN, WINDOW).written_windows(FN)
+    assert written
     lifecycle.deploy(data_dir, FN)
     assert states.load(FN) is None
-    assert not paths.incoming.exists()
-    assert os.path.isdir(paths.root / "results"), "results survive a redeploy"
+    assert not paths.incoming.exists() and area_files(data_dir, FN, "incoming") == []
+    assert results_sink(data_dir, FN, WINDOW).written_windows(FN) == written, "results survive a redeploy"
 
 
 def test_row_layout_refuses_group_fields_that_collide_with_row_columns():

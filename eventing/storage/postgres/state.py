@@ -15,7 +15,6 @@ from metadata.postgres.connection import PostgresDatabase, parse_postgres_url
 
 if TYPE_CHECKING:
     from eventing.storage.file_area import FileArea
-
     from eventing.storage.protocol import FileBucket
     from eventing.storage.state import AppLogs
     from metadata import MetadataStore

@@ -44,12 +44,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import shutil
 import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -57,7 +55,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from eventing.errors import FencedError
-from eventing.windows.batches import read_row_batch
+from eventing.storage.state import State, as_state
+from eventing.windows.batches import read_row_file, write_parquet_file, write_row_file
 from eventing.windows.runtime.arrivals import LIFTS, Judged
 from eventing.windows.runtime.coordinator_state import AcceptedBatch, CoordinatorState, PendingWindow
 from eventing.windows.runtime.emission import (
@@ -76,7 +75,7 @@ from eventing.windows.runtime.emission import (
     stage,
 )
 from eventing.windows.runtime.late_letters import dead_letters, late_errors
-from eventing.windows.runtime.paths import WindowPaths
+from eventing.windows.runtime.paths import ACCEPTED, ADJUSTED, HELD, INCOMING, STAGING, window_area
 from eventing.windows.runtime.row_files import drop_orphans, max_seqno_per_vb, read_fresh_rows, ready_files
 from eventing.windows.runtime.row_writer import RowLayout
 from eventing.windows.runtime.session_chains import cut_chains
@@ -101,7 +100,7 @@ class WindowCoordinator:
 
     def __init__(
         self,
-        data_dir: str | os.PathLike[str],
+        state: State | str | os.PathLike[str],
         function: str,
         generation: int,
         window: dict[str, Any],
@@ -116,14 +115,14 @@ class WindowCoordinator:
     ):
         self.function = function
         self.generation = generation
-        self.data_dir = str(data_dir)
+        self.state = as_state(state)
         self.layout = RowLayout.for_definition(function, window)
         self.spec = self.layout.spec
-        self.paths = WindowPaths.of(data_dir, function)
+        self.area = window_area(self.state, function)  # its files (names relative to windows/<fn>)
         self.store = store
         self.states = store.window_states()
         self.aggregator = aggregator
-        self.sink = sink if sink is not None else make_sink(self.paths, self.layout)
+        self.sink = sink if sink is not None else make_sink(self.state, function, self.layout, self.area)
         self.emitter: Emitter = emitter if emitter is not None else InlineEmitter()
         self.clock = clock
         self.close_windows = close_windows
@@ -146,17 +145,16 @@ class WindowCoordinator:
         # mutation that reached the source before them has been read.
         self._holds = self._policies and self.spec.substream_key is not None and source_bucket is not None
         self._substream_windows = self._policies and self.spec.substream_key is not None and not self._sessions
-        self._after_commit: list[Path] = []  # held files the committed state no longer lists
+        self._after_commit: list[str] = []  # held files the committed state no longer lists
         self._judged_arrival_ms: int | None = None  # newest arrival the policies judged in this poll
         self._held_vb_cache: set[int] | None = None
         self.fence, saved = self.states.claim(function)
         self._load(saved)
-        folders = [self.paths.incoming, self.paths.accepted]
-        if self._policies:
-            folders += [self.paths.held, self.paths.adjusted]
-        for folder in folders:
-            folder.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(self.paths.staging, ignore_errors=True)
+        for folder in [INCOMING, ACCEPTED, *([HELD, ADJUSTED] if self._policies else [])]:
+            local = self.area.local_path(folder)  # a data directory's folders exist from the start
+            if local is not None:
+                local.mkdir(parents=True, exist_ok=True)
+        self.area.delete_folder(STAGING)
         self._drop_orphans()
 
     # -- state ----------------------------------------------------------------------------------------
@@ -247,20 +245,18 @@ class WindowCoordinator:
 
     # -- files ----------------------------------------------------------------------------------------
 
-    def _ready(self) -> tuple[list[Path], dict[str, int], list[Path], bool]:
-        return ready_files(self.paths, self.generation, self.marks)
+    def _ready(self) -> tuple[list[str], dict[str, int], list[str], bool]:
+        return ready_files(self.area, self.generation, self.marks)
 
     def _drop_orphans(self) -> None:
         held = {name for name, _ in self.held} if self._policies else None
-        drop_orphans(self.paths, self.generation, self.marks, {a.name for a in self.accepted}, held,
+        drop_orphans(self.area, self.generation, self.marks, {a.name for a in self.accepted}, held,
                      self.adjusted_next)
 
     def _source_bucket(self) -> Any:
         if self._source is None:
-            from eventing.storage.factory import open_bucket
-
             assert self.source_bucket is not None
-            self._source = open_bucket(self.data_dir, self.source_bucket)
+            self._source = self.state.open_bucket(self.source_bucket)
         return self._source
 
     # -- the poll -------------------------------------------------------------------------------------
@@ -297,8 +293,7 @@ class WindowCoordinator:
             self._commit(dlq, counters)
             if closed:
                 fault("after_state_commit")
-        for path in consumed + ready + self._after_commit:
-            path.unlink(missing_ok=True)
+        self.area.delete_many(consumed + ready + self._after_commit)
         self._after_commit = []
         self._unlink_accepted(prunable)
         self._submit()
@@ -415,10 +410,8 @@ class WindowCoordinator:
             counters[f"dlq_{reason}"] += rows.num_rows
         counters.update(judged.counters)
         if judged.adjusted.num_rows:
-            from eventing.windows.batches import atomic_write_parquet
-
             name = f"f{self.fence}-{self.adjusted_next:09d}.parquet"
-            atomic_write_parquet(judged.adjusted, self.paths.adjusted / name, overwrite=True)
+            write_parquet_file(self.area, f"{ADJUSTED}/{name}", judged.adjusted)
             self.adjusted_next += 1
         self._dirty = True
         return judged.kept
@@ -427,9 +420,7 @@ class WindowCoordinator:
         """Substreams: the rows (held ones and ``table``) every mutation that reached the source before which
         has been read, so rows of all vBuckets are judged in one arrival order however the workers' files
         came; the others are held (``held/``, listed in the state) for a later poll."""
-        from eventing.windows.batches import write_row_spool
-
-        held = [read_row_batch(self.paths.held / name).select(self.schema.names) for name, _ in self.held]
+        held = [self._read(f"{HELD}/{name}").select(self.schema.names) for name, _ in self.held]
         fresh = table.num_rows
         rows = pa.concat_tables([*held, table]) if held else table
         if release_all:
@@ -446,18 +437,18 @@ class WindowCoordinator:
         if go.num_rows == 0:
             if fresh:  # nothing released: the new rows join the held ones as one more file
                 name = f"f{self.fence}-{self.held_next:09d}.arrow"
-                write_row_spool(self.paths.held, name[: -len(".arrow")], table)
+                write_row_file(self.area, HELD, name[: -len(".arrow")], table)
                 self.held.append([name, fresh])
                 self._held_vb_cache = None
                 self.held_next += 1
                 self._dirty = True
             return go
-        self._after_commit += [self.paths.held / name for name, _ in self.held]
+        self._after_commit += [f"{HELD}/{name}" for name, _ in self.held]
         self.held = []
         self._held_vb_cache = None
         if wait.num_rows:
             name = f"f{self.fence}-{self.held_next:09d}.arrow"
-            write_row_spool(self.paths.held, name[: -len(".arrow")], wait)
+            write_row_file(self.area, HELD, name[: -len(".arrow")], wait)
             self.held = [[name, wait.num_rows]]
             self.held_next += 1
         self._dirty = True
@@ -468,7 +459,7 @@ class WindowCoordinator:
         if self._held_vb_cache is None:
             vbs: set[int] = set()
             for name, _ in self.held:
-                vbs.update(pc.unique(read_row_batch(self.paths.held / name)["vb"]).to_pylist())
+                vbs.update(pc.unique(self._read(f"{HELD}/{name}")["vb"]).to_pylist())
             self._held_vb_cache = vbs
         return self._held_vb_cache
 
@@ -477,7 +468,7 @@ class WindowCoordinator:
         return dead_letters(self.function, self.generation, rows, reason, errors, now, source)
 
     def _classify(
-        self, files: list[Path], now: int, dlq: list[DlqRow], counters: Counter[str], unread: _OncePerPoll, *,
+        self, files: list[str], now: int, dlq: list[DlqRow], counters: Counter[str], unread: _OncePerPoll, *,
         deferred: bool = False, release_all: bool = False,
     ) -> list[Window]:
         """Window the rows of ``files`` (and held rows the policies may judge now); returns the windows that
@@ -486,7 +477,8 @@ class WindowCoordinator:
             return self._judged_then_clock(self._apply_policies(
                 self.schema.empty_table(), now, dlq, counters, unread, deferred, release_all
             ), now, dlq, counters, unread)
-        table, replayed = read_fresh_rows(files, self.schema.names, self.classified_upto)
+        table, replayed = read_fresh_rows(self.area, files, self.schema.names, self.classified_upto,
+                                          function=self.function)
         counters["window_rows_replayed"] += replayed
         if table.num_rows == 0 and not self.held:
             return []
@@ -556,7 +548,6 @@ class WindowCoordinator:
             table = table.filter(pc.invert(fate.late))
         if table.num_rows == 0:
             return
-        from eventing.windows.batches import atomic_write_parquet
         from eventing.windows.spark.partials import combine_rows
 
         seq = self.next_seq
@@ -566,7 +557,7 @@ class WindowCoordinator:
             table, size_ms=self.spec.size_ms, slide_ms=self.spec.slide_ms, group_by=self.layout.group_by,
             aggregates=self.layout.aggregates, offset_ms=self.spec.offset_ms,
         )
-        atomic_write_parquet(partials, self.paths.accepted / name, overwrite=True)
+        write_parquet_file(self.area, f"{ACCEPTED}/{name}", partials)
         bounds = pc.min_max(arrow_epoch_ms(table["event_time"])).as_py()
         self.accepted.append(AcceptedBatch(name, seq, bounds["min"], bounds["max"], table.num_rows))
         self.next_seq = seq + 1
@@ -577,7 +568,6 @@ class WindowCoordinator:
     ) -> None:
         """Sessions: cut the batch into chains (``eventing.windows.runtime.session_chains``), let the operator
         judge and merge them, and keep one partial row per accepted chain."""
-        from eventing.windows.batches import atomic_write_parquet
         from eventing.windows.spark.partials import combine_session_rows
 
         group_by = list(self.layout.group_by)
@@ -601,7 +591,7 @@ class WindowCoordinator:
         partials = combine_session_rows(
             table, chain_of_row, first, last, group_by=group_by, aggregates=self.layout.aggregates
         )
-        atomic_write_parquet(partials, self.paths.accepted / name, overwrite=True)
+        write_parquet_file(self.area, f"{ACCEPTED}/{name}", partials)
         bounds = pc.min_max(arrow_epoch_ms(table["event_time"])).as_py()
         self.accepted.append(AcceptedBatch(name, seq, bounds["min"], bounds["max"], table.num_rows))
         self.next_seq = seq + 1
@@ -620,8 +610,10 @@ class WindowCoordinator:
         return prunable
 
     def _unlink_accepted(self, names: set[str]) -> None:
-        for name in names:
-            (self.paths.accepted / name).unlink(missing_ok=True)
+        self.area.delete_many(f"{ACCEPTED}/{name}" for name in sorted(names))
+
+    def _read(self, name: str) -> pa.Table:
+        return read_row_file(self.area, name, function=self.function)
 
     def _prunable(self) -> set[str]:
         """Accepted files whose rows belong only to closed windows that are all emitted."""
@@ -664,16 +656,17 @@ class WindowCoordinator:
         # closed window too, so each window only sees the batches accepted before it closed.
         group = todo if not self._hopping else [p for p in todo if p.closed_at == todo[0].closed_at]
         self._jobs += 1
-        staged = self.paths.staging / f"job-{self.fence}-{self._jobs}"
-        stage(staged, self.paths.accepted, self.accepted, group)
+        staged = f"{STAGING}/job-{self.fence}-{self._jobs}"
+        stage(self.area, staged, self.accepted, group)
         windows = sorted({p.job_key for p in group}, key=job_sort_key)
         self._inflight_windows = group
         ids = sorted({p.sink_id for p in group}) if group[0].substream is not None else None
         self._inflight = self.emitter.submit(self._emit, staged, windows, ids)
 
-    def _emit(self, staged: Path, windows: list[tuple], substream_ids: list[tuple] | None = None) -> int:
+    def _emit(self, staged: str, windows: list[tuple], substream_ids: list[tuple] | None = None) -> int:
         """Runs on the emitter (``eventing.windows.runtime.emission.emit``)."""
-        return emit(self.aggregator, self.sink, self.function, self.layout, staged, windows, substream_ids)
+        return emit(self.aggregator, self.sink, self.function, self.layout, self.area, staged, windows,
+                    substream_ids)
 
     def _collect(self, counters: Counter[str]) -> bool:
         """Record a finished emission; returns False if one is still running (or failed)."""

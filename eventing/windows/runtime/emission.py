@@ -8,16 +8,22 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import tempfile
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pyarrow as pa
 
+from eventing.errors import ConfigError
 from eventing.windows.runtime.coordinator_state import AcceptedBatch, PendingWindow
-from eventing.windows.runtime.paths import WindowPaths
+from eventing.windows.runtime.paths import ACCEPTED, WindowPaths, window_area
 from eventing.windows.runtime.row_writer import RowLayout
+
+if TYPE_CHECKING:
+    from eventing.storage.file_area import FileArea
+    from eventing.storage.state import State
 
 log = logging.getLogger("eventing.windows")
 
@@ -64,11 +70,32 @@ class InlineEmitter:
         return future
 
 
-def make_sink(paths: WindowPaths, layout: RowLayout) -> Sink:
+def make_sink(state: State | str | os.PathLike[str], function: str, layout: RowLayout,
+              area: FileArea | None = None) -> Sink:
+    """The function's sink: the one its definition names at a path (a local path: the user's output,
+    relative to the data directory, or to the working directory on a server state), else the default
+    one beside its files: under ``windows/<fn>/`` of a data directory, or a table of the PostgreSQL store
+    (``eventing.windows.spark.postgres_sink``)."""
+    from eventing.storage.file_area import DirectoryArea
+    from eventing.storage.state import as_state
     from eventing.windows.spark.sink import ParquetWindowSink, SqliteWindowSink
 
     sink = layout.spec.sink
-    location = paths.sink_location(sink.kind, sink.path)
+    area = area if area is not None else window_area(state, function)
+    if sink.path is None and not isinstance(area, DirectoryArea):
+        from eventing.storage.postgres.file_area import PostgresArea
+        from eventing.windows.spark.postgres_sink import PostgresWindowSink
+
+        if not isinstance(area, PostgresArea):
+            raise ConfigError(f"function '{function}': no default window sink for {area!r}; give the sink a path")
+        return PostgresWindowSink(area.db)
+    directory = as_state(state).directory
+    if directory is None and sink.path is not None:  # a server state: the user's path as given
+        location = Path(sink.path).expanduser()
+    elif directory is None:
+        raise ConfigError(f"function '{function}': its state has no directory for a default window sink")
+    else:
+        location = WindowPaths.of(directory, function).sink_location(sink.kind, sink.path)
     if sink.kind == "sqlite":
         return SqliteWindowSink(location)
     return ParquetWindowSink(location)
@@ -81,30 +108,38 @@ def fault(point: str) -> None:
         os._exit(FAULT_EXIT_CODE)
 
 
-def stage(staged: Path, accepted_dir: Path, accepted: list[AcceptedBatch], group: list[PendingWindow]) -> None:
-    """Link into ``staged`` the accepted files that hold rows of the windows ``group``."""
-    staged.mkdir(parents=True, exist_ok=True)
+def stage(area: FileArea, staged: str, accepted: list[AcceptedBatch], group: list[PendingWindow]) -> None:
+    """Copy (link, on a directory) into the folder ``staged`` of the area the accepted files that hold rows
+    of the windows ``group``."""
+    local = area.local_path(staged)
+    if local is not None:
+        local.mkdir(parents=True, exist_ok=True)
     lo = min(p.window.start_ms for p in group)
     hi = max(p.window.end_ms for p in group)
     limit = max(p.closed_at for p in group)
     for a in accepted:
         if a.seq <= limit and a.min_ms < hi and lo <= a.max_ms:
-            source, target = accepted_dir / a.name, staged / a.name
-            try:
-                os.link(source, target)  # the job keeps its rows even if the file is pruned meanwhile
-            except OSError:
-                shutil.copyfile(source, target)
+            # The job keeps its rows even if the file is pruned meanwhile.
+            area.copy(f"{ACCEPTED}/{a.name}", f"{staged}/{a.name}")
 
 
 def emit(
-    aggregator: Aggregator, sink: Sink, function: str, layout: RowLayout, staged: Path, windows: list[tuple],
-    substream_ids: list[tuple] | None = None,
+    aggregator: Aggregator, sink: Sink, function: str, layout: RowLayout, area: FileArea, staged: str,
+    windows: list[tuple], substream_ids: list[tuple] | None = None,
 ) -> int:
     """Runs on the emitter: aggregate the windows with Spark and write them to the sink. Windows closed
     per substream (``substream_ids``: start, end, substream) keep only their substream's rows: the
-    others' windows of the same bounds may still be open."""
+    others' windows of the same bounds may still be open. Where the area is not a folder of this machine,
+    the staged files are read from it into a temporary folder for the job (Spark takes them from there as
+    Arrow from the driver, or reads them when they are many); the durable copies stay in the area."""
+    local = area.local_path(staged)
+    scratch = None
     try:
-        results = aggregator(staged, layout, windows)
+        if local is None:
+            local = scratch = Path(tempfile.mkdtemp(prefix=f"eventing-partials-{function}-"))
+            for file in area.list(staged):
+                (scratch / file).write_bytes(area.read(f"{staged}/{file}"))
+        results = aggregator(local, layout, windows)
         if substream_ids is None:
             ids: list[tuple] = sorted({(w[0], w[1]) for w in windows})
             written = sink.write(function, results, windows=ids)
@@ -114,7 +149,9 @@ def emit(
             results = only_windows(results, column, substream_ids)
             written = sink.write(function, results, windows=substream_ids, substream=column)
     finally:
-        shutil.rmtree(staged, ignore_errors=True)
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+        area.delete_folder(staged)
     fault("after_sink_write")
     return written
 

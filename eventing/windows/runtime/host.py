@@ -120,7 +120,7 @@ class WindowHost:
         from eventing.windows.runtime.coordinator import WindowCoordinator
 
         coordinator = WindowCoordinator(
-            self.state.directory,
+            self.state,
             name,
             sup.record.generation,
             sup.defn.window,

@@ -9,63 +9,54 @@ counter of the next file to consume, so a file is consumed exactly once and in o
 
 from __future__ import annotations
 
-import os
 import re
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from eventing.windows.batches import read_row_batch
-from eventing.windows.runtime.paths import WindowPaths
+from eventing.storage.file_area import FileArea
+from eventing.windows.batches import read_row_file
+from eventing.windows.runtime.paths import ACCEPTED, ADJUSTED, HELD, INCOMING
 from eventing.windows.runtime.row_writer import BATCH_NAME
 
 ACCEPTED_NAME = re.compile(r"^f(\d+)-(\d{9})\.parquet$")
 HELD_NAME = re.compile(r"^f(\d+)-(\d{9})\.arrow$")
 
 
-def entries(folder: Path) -> list[os.DirEntry[str]]:
-    try:
-        return list(os.scandir(folder))
-    except FileNotFoundError:
-        return []
-
-
-def incoming_files(paths: WindowPaths, generation: int) -> list[tuple[str, int, Path]]:
-    """(incarnation, counter, path) of this deployment's batch files; other deployments' are deleted."""
+def incoming_files(area: FileArea, generation: int) -> list[tuple[str, int, str]]:
+    """(incarnation, counter, name) of this deployment's batch files; other deployments' are deleted."""
     found = []
-    try:
-        listing = list(os.scandir(paths.incoming))
-    except FileNotFoundError:
-        return []
-    for entry in listing:
-        match = BATCH_NAME.match(entry.name)
+    older = []
+    for file in area.list(INCOMING):
+        match = BATCH_NAME.match(file)
         if not match:
             continue
         if int(match[1]) != generation:
             if int(match[1]) < generation:
-                Path(entry.path).unlink(missing_ok=True)  # a stopped deployment's leftovers
+                older.append(f"{INCOMING}/{file}")  # a stopped deployment's leftovers
             continue
-        found.append((f"{match[2]}-{match[3]}", int(match[4]), Path(entry.path)))
+        found.append((f"{match[2]}-{match[3]}", int(match[4]), f"{INCOMING}/{file}"))
+    if older:
+        area.delete_many(older)
     return sorted(found)
 
 
 def ready_files(
-    paths: WindowPaths, generation: int, marks: dict[str, int]
-) -> tuple[list[Path], dict[str, int], list[Path], bool]:
+    area: FileArea, generation: int, marks: dict[str, int]
+) -> tuple[list[str], dict[str, int], list[str], bool]:
     """Files to consume now, the marks after consuming them, files already consumed, and whether a
     file waits for an earlier one of its worker."""
-    ready: list[Path] = []
-    consumed: list[Path] = []
+    ready: list[str] = []
+    consumed: list[str] = []
     deferred = False
     marks = dict(marks)
-    for incarnation, counter, path in incoming_files(paths, generation):
+    for incarnation, counter, name in incoming_files(area, generation):
         mark = marks.get(incarnation, 0)
         if counter < mark:
-            consumed.append(path)
+            consumed.append(name)
         elif counter == mark:
-            ready.append(path)
+            ready.append(name)
             marks[incarnation] = counter + 1
         else:
             deferred = True  # an earlier file of the same worker is not visible yet; wait for it
@@ -73,33 +64,31 @@ def ready_files(
 
 
 def drop_orphans(
-    paths: WindowPaths, generation: int, marks: dict[str, int], accepted: set[str],
+    area: FileArea, generation: int, marks: dict[str, int], accepted: set[str],
     held: set[str] | None, adjusted_next: int,
 ) -> None:
     """Delete what no committed state lists (a poll that crashed before its commit): accepted files not in
     ``accepted``, incoming files already consumed (and older deployments' batches); with arrival-time
     policies (``held`` not None), held files not in ``held`` and adjusted files from ``adjusted_next`` on
     (the poll's replay writes them again)."""
-    for entry in os.scandir(paths.accepted):
-        if ACCEPTED_NAME.match(entry.name) and entry.name not in accepted:
-            Path(entry.path).unlink(missing_ok=True)
-    _, _, consumed, _ = ready_files(paths, generation, marks)  # listing also deletes older deployments' batches
-    for path in consumed:
-        path.unlink(missing_ok=True)
+    orphans = [f"{ACCEPTED}/{f}" for f in area.list(ACCEPTED) if ACCEPTED_NAME.match(f) and f not in accepted]
+    _, _, consumed, _ = ready_files(area, generation, marks)  # listing also deletes older deployments' batches
+    orphans += consumed
     if held is not None:
-        for entry in entries(paths.held):
-            if HELD_NAME.match(entry.name) and entry.name not in held:
-                Path(entry.path).unlink(missing_ok=True)
-        for entry in entries(paths.adjusted):
-            match = ACCEPTED_NAME.match(entry.name)
+        orphans += [f"{HELD}/{f}" for f in area.list(HELD) if HELD_NAME.match(f) and f not in held]
+        for file in area.list(ADJUSTED):
+            match = ACCEPTED_NAME.match(file)
             if match and int(match[2]) >= adjusted_next:
-                Path(entry.path).unlink(missing_ok=True)
+                orphans.append(f"{ADJUSTED}/{file}")
+    area.delete_many(orphans)
 
 
-def read_fresh_rows(files: list[Path], names: list[str], classified_upto: list[int]) -> tuple[pa.Table, int]:
+def read_fresh_rows(
+    area: FileArea, files: list[str], names: list[str], classified_upto: list[int], *, function: str | None = None
+) -> tuple[pa.Table, int]:
     """The rows of ``files`` (columns ``names``) above ``classified_upto[vb]`` (copies a restarted worker
     wrote again), the first of each duplicate ``(vb, seqno)``; and how many rows were dropped."""
-    table = pa.concat_tables([read_row_batch(p).select(names) for p in files])
+    table = pa.concat_tables([read_row_file(area, f, function=function).select(names) for f in files])
     read = table.num_rows
     upto = pa.array(classified_upto, pa.int64())
     fresh = pc.greater(table["seqno"], pc.take(upto, table["vb"]))

@@ -1,15 +1,17 @@
-"""Worker side of windowed aggregation: one row per on_update mutation, written to disk before the checkpoint.
+"""Worker side of windowed aggregation: one row per on_update mutation, stored before the checkpoint moves.
 
 A row is ``vb, seqno, key, event_time`` (the document's time field, epoch ms UTC; for processing-time windows
 the time the worker saw it, which the coordinator replaces by its own clock), ``arrival_ms`` (when the source
 assigned the mutation's seqno: the coordinator judges the source's silence by it, see ``arrival_times``), the group-by fields as
 strings and the aggregated fields as floats. ``WindowRowWriter`` buffers rows and writes them as one
 batch file per checkpoint (``WorkerCore.commit`` flushes it before the metadata commit, the same rule as
-binding effects), so a checkpoint never covers a row that is not on disk. After a crash the mutations
+binding effects), so a checkpoint never covers a row that is not stored durably. After a crash the mutations
 after the checkpoint are handled again and their rows written again; the coordinator drops the copies
 by ``(vb, seqno)``.
 
-Batch files are Arrow IPC files (``eventing.windows.batches.write_row_spool``) named
+Batch files are Arrow IPC files (``eventing.windows.batches.write_row_file``) in ``incoming/`` of the
+function's file area (``eventing.windows.runtime.paths.window_area``; a remote worker's goes through the
+data service, ``eventing.storage.file_area.ServiceArea``), named
 ``g<generation>-<worker>-<incarnation>-<counter>.arrow``: the incarnation is new
 for every start of a worker and the counter counts that incarnation's files from 0 without gaps, so the
 coordinator can tell a file it has consumed (counter below its mark) from one still being written.
@@ -32,12 +34,15 @@ import msgspec
 
 from eventing.core.mutation import Mutation
 from eventing.errors import ConfigError
-from eventing.windows.runtime.paths import WindowPaths
+from eventing.storage.file_area import ServiceArea
+from eventing.windows.runtime.paths import INCOMING, window_area, window_root
 from eventing.windows.semantics import WindowConfigError, WindowSpec
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from eventing.storage.file_area import FileArea
+    from eventing.storage.state import State
     from eventing.storage.values import PackedUpdates
 
 # Spark's TIMESTAMP covers years 0001..9999; event times outside cannot be windowed.
@@ -194,24 +199,29 @@ def _number(value: Any, counters: Counter[str]) -> float | None:
 
 
 class WindowRowWriter:
-    """Buffers the rows of one worker and writes them as atomic Arrow batch files into ``incoming/``."""
+    """Buffers the rows of one worker and writes them as atomic Arrow batch files into ``incoming/`` of the
+    function's file area (``eventing.windows.runtime.paths.window_area``)."""
 
     def __init__(
         self,
-        data_dir: str | os.PathLike[str],
+        state: State | str | os.PathLike[str],
         function: str,
         generation: int,
         worker_id: str,
         layout: RowLayout,
         counters: Counter[str] | None = None,
         put_file: Callable[[str, bytes], None] | None = None,
+        *,
+        area: FileArea | None = None,
     ):
         self.layout = layout
-        self.directory = WindowPaths.of(data_dir, function).incoming
         # A worker without the data directory hands each batch to the data service (put_file), which
         # writes it durably under the same name before the worker's checkpoint moves.
-        self.put_file = put_file
-        self._relative = Path(os.path.relpath(self.directory, data_dir))
+        if area is None:
+            area = ServiceArea(put_file, window_root(function)) if put_file is not None else window_area(
+                state, function)
+        self.area = area
+        self.directory = area.local_path(INCOMING)  # None where the files are not on this machine
         self.counters = counters if counters is not None else Counter()
         slug = re.sub(r"[^A-Za-z0-9_.=]", "_", worker_id)
         incarnation = f"{time.time_ns():x}{os.getpid():x}"
@@ -250,7 +260,7 @@ class WindowRowWriter:
 
     @classmethod
     def for_worker(
-        cls, data_dir: str, function: str, generation: int, worker_id: str, window: dict[str, Any] | None,
+        cls, state: State | str, function: str, generation: int, worker_id: str, window: dict[str, Any] | None,
         counters: Counter[str], put_file: Callable[[str, bytes], None] | None = None,
     ) -> WindowRowWriter | None:
         """The writer for a worker of a windowed function (None when `window` is None). A windowed function
@@ -259,7 +269,7 @@ class WindowRowWriter:
         if window is None:
             return None
         return cls(
-            data_dir, function, generation, worker_id, RowLayout.for_definition(function, window), counters,
+            state, function, generation, worker_id, RowLayout.for_definition(function, window), counters,
             put_file=put_file,
         )
 
@@ -400,32 +410,25 @@ class WindowRowWriter:
         )
 
     def flush(self) -> Path | None:
-        """Write the buffered rows as one batch file (atomically) and return its path; None if empty.
-        The buffer is kept if the write fails, so a later flush retries it."""
+        """Write the buffered rows as one batch file (atomically) and return where it is (its local path, or
+        its name in the area where the area is not on this machine); None if empty. The buffer is kept if
+        the write fails, so a later flush retries it."""
         rows = len(self)
         if not rows:
             return None
         import pyarrow as pa
 
-        from eventing.windows.batches import write_row_spool
+        from eventing.windows.batches import write_row_file
 
         self._seal()
         # One record batch per file: the coordinator's compute then runs over whole columns, not over
         # hundreds of small chunks (one per vBucket run).
         table = pa.concat_tables(self._chunks).combine_chunks()
-        batch_name = f"{self.prefix}-{self.files_written:09d}"
-        if self.put_file is None:
-            path = write_row_spool(self.directory, batch_name, table)
-        else:
-            from eventing.windows.batches import ROW_SPOOL_SUFFIX, batch_file_name, encode_row_spool
-
-            relative = self._relative / batch_file_name(batch_name, ROW_SPOOL_SUFFIX)
-            self.put_file(str(relative), encode_row_spool(table))
-            path = self.directory / relative.name
+        name = write_row_file(self.area, INCOMING, f"{self.prefix}-{self.files_written:09d}", table)
         self.files_written += 1
         self.counters["window_rows_written"] += rows
         self._chunks, self._chunk_rows = [], 0
-        return path
+        return self.area.local_path(name) or Path(name)
 
 
 def arrival_times(batch: PackedUpdates) -> Any:
