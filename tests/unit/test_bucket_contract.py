@@ -5,6 +5,7 @@ data service in this process (every call and answer pickled both ways, as Ray wo
 from __future__ import annotations
 
 import pickle
+import uuid
 from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
@@ -18,7 +19,9 @@ from eventing.storage.factory import create_bucket
 from eventing.storage.partitions import PartitionedBucket
 from eventing.storage.protocol import Bucket
 from eventing.storage.remote import DataService, RemoteBucket
+from eventing.storage import postgres as postgres_buckets
 from eventing.storage.values import EffectGroup, Write
+from metadata.postgres import PostgresDatabase
 from sharding import NUM_VBUCKETS, vbucket_of
 
 
@@ -36,9 +39,25 @@ class _PickledService:
         return lambda: answer
 
 
-@pytest.fixture(params=["local", "partitioned", "remote"])
+@pytest.fixture(scope="module")
+def pg_module_url(pg_server) -> str:
+    """One database of the session's PostgreSQL server for this module; each test takes a schema of it."""
+    return pg_server.create_database(f"contract_{uuid.uuid4().hex[:8]}")
+
+
+@pytest.fixture(params=["local", "partitioned", "remote", "postgres"])
 def bucket(request, data_dir) -> Iterator[Bucket]:
     kind = request.param
+    if kind == "postgres":
+        # A schema of its own per test (the store's `schema=` parameter): an empty store in milliseconds.
+        url = request.getfixturevalue("pg_module_url") + f"?schema=t_{uuid.uuid4().hex[:12]}"
+        db = PostgresDatabase.open(url)
+        try:
+            with postgres_buckets.create_bucket(db, "b", partitions=4) as pg:
+                yield pg
+        finally:
+            db.close()
+        return
     with create_bucket(data_dir, "b", partitions=4 if kind == "partitioned" else 1) as files:
         assert type(files) is (PartitionedBucket if kind == "partitioned" else LocalBucket)
         if kind != "remote":
