@@ -278,17 +278,9 @@ class PostgresBucket:
     def verify_integrity(self) -> None:
         """A bucket file's integrity check has no counterpart here (the server checks its own pages); what
         can be checked is that the bucket is still registered with its 1,024 high seqno rows."""
-        rows = self._log.rows(
-            "SELECT (SELECT count(*) FROM bucket_high WHERE bucket = r.id) FROM bucket_registry r WHERE r.id = %s",
-            (self.ref.id,),
-        )
-        if not rows:
-            raise self.ref.gone()
-        if rows[0][0] != NUM_VBUCKETS:
-            raise StoreError(
-                f"bucket '{self.name}' in the store at {self.ref.shown} has {rows[0][0]} of its {NUM_VBUCKETS} high seqno rows; "
-                "restore the store from a backup"
-            )
+        found = self._log.one("SELECT count(*) FROM bucket_high WHERE bucket = %s", (self.ref.id,))[0]
+        if found != NUM_VBUCKETS:
+            raise self.ref.missing_rows()
 
     def copy_to(self, data_dir: str | os.PathLike[str]) -> Path:
         raise StoreError(

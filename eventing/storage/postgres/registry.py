@@ -10,7 +10,7 @@ import uuid
 from dataclasses import dataclass
 
 from eventing.core.names import check_bucket_name
-from eventing.errors import ConfigError, NotFoundError
+from eventing.errors import ConfigError, NotFoundError, StoreCorruptError
 from eventing.storage.files import MAX_PARTITIONS
 from eventing.storage.postgres.schema import ensure_bucket_schema, key_index_name
 from metadata.postgres import PostgresDatabase
@@ -34,6 +34,21 @@ class BucketRef:
     def gone(self) -> NotFoundError:
         """The error of a bucket dropped while this process had it open."""
         return unknown_bucket(self.db, self.name)
+
+    def missing_rows(self) -> NotFoundError | StoreCorruptError:
+        """The error for rows of this bucket that are not there: it was dropped, or its high seqno rows were
+        deleted behind its back (damaged: never a seqno made up)."""
+        rows = self.db.read(
+            "SELECT (SELECT count(*) FROM bucket_high WHERE bucket = r.id) FROM bucket_registry r WHERE r.id = %s",
+            (self.id,),
+        )
+        if not rows:
+            return self.gone()
+        return StoreCorruptError(
+            f"bucket '{self.name}' in the store at {self.shown} has {rows[0][0]} of its {NUM_VBUCKETS} high seqno "
+            f"rows; restore the store from a backup, or drop the bucket (`eventing bucket drop {self.name}`) and "
+            "load it again"
+        )
 
 
 def unknown_bucket(db: PostgresDatabase, name: str) -> NotFoundError:

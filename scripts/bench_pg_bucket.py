@@ -1,0 +1,187 @@
+"""PostgreSQL buckets against SQLite buckets, in the same run (eventing.storage.postgres; docs/benchmarks.md,
+"PostgreSQL buckets").
+
+Starts a throwaway PostgreSQL server (fsync on, on this machine's cores) and a data directory, then times
+on both stores:
+
+  load     the bucket load: N mutations (default 1M, over N/10 documents, faker) in writes of 50,000;
+  read     the whole log read back as workers read it: per vBucket, runs of --run mutations (a worker's
+           batch) with read_vb_rows, one vBucket after another, in --readers threads (each a worker's
+           share of the vBuckets);
+  single   single-document writes as the Data API makes them: change_documents of one document per
+           transaction, from --threads threads (a new document each, then replaced);
+  effects  apply_effects of --effects binding writes (8 source vBuckets, marks moved), --effect-batches times.
+
+Prints one line per figure and, last, JSON with every figure and the PostgreSQL / SQLite ratios.
+
+    .venv/bin/python scripts/bench_pg_bucket.py                  # ~3 min
+    .venv/bin/python scripts/bench_pg_bucket.py --mutations 200000 --single 4000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from eventing.core.mutation import OP_UPDATE, encode_document  # noqa: E402
+from eventing.storage import loadgen  # noqa: E402
+from eventing.storage import postgres as pg_buckets  # noqa: E402
+from eventing.storage.factory import create_bucket  # noqa: E402
+from eventing.storage.protocol import FileBucket  # noqa: E402
+from eventing.storage.values import EffectGroup, StoredDocument, Write  # noqa: E402
+from eventing.storage.writes import chunked  # noqa: E402
+from eventing.testing.postgres import ThrowawayPostgres  # noqa: E402
+from metadata.postgres import PostgresDatabase  # noqa: E402
+from sharding import NUM_VBUCKETS  # noqa: E402
+
+
+def timed(fn: Callable[[], int]) -> tuple[int, float]:
+    started = time.perf_counter()
+    count = fn()
+    return count, time.perf_counter() - started
+
+
+def load(bucket: FileBucket, mutations: int) -> int:
+    for part in chunked(loadgen.generate(max(1, mutations // 10), mutations, seed=7), 50_000):
+        bucket.write(part)
+    return mutations
+
+
+def read_all(bucket: FileBucket, run: int, readers: int) -> int:
+    """Every vBucket's log in runs of ``run``, the vBuckets split over ``readers`` threads."""
+    highs = bucket.high_seqnos()
+    counts = [0] * readers
+
+    def reader(index: int) -> None:
+        got = 0
+        for vb in range(index, NUM_VBUCKETS, readers):
+            position = 0
+            while position < highs[vb]:
+                rows = bucket.read_vb_rows(vb, position, run)
+                got += len(rows)
+                position = rows[-1][1]
+        counts[index] = got
+
+    threads = [threading.Thread(target=reader, args=(i,)) for i in range(readers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(counts)
+
+
+def single_writes(bucket: FileBucket, total: int, threads: int) -> int:
+    """change_documents of one document a transaction, as the Data API's PUT: half new documents, half
+    replaced."""
+    doc = encode_document({"name": "x" * 40, "n": 1})
+
+    def put(key: str) -> Callable[[StoredDocument | None], Write]:
+        return lambda current: Write(key, OP_UPDATE, doc)
+
+    def writer(index: int) -> None:
+        for i in range(total // threads):
+            key = f"single-{index}-{i % (total // threads // 2 or 1)}"
+            done = bucket.change_documents([(key, put(key))])
+            if isinstance(done[0], Exception):
+                raise done[0]
+
+    pool = [threading.Thread(target=writer, args=(i,)) for i in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    return (total // threads) * threads
+
+
+def effects(bucket: FileBucket, writes: int, batches: int) -> int:
+    """apply_effects of ``writes`` binding writes in 8 groups (source vBuckets), ``batches`` times."""
+    per_group = writes // 8
+    doc = encode_document({"email": "someone@example.com", "n": 12345, "ok": True})
+    seqno = 0
+    for _ in range(batches):
+        groups = []
+        for g in range(8):
+            groups.append(EffectGroup(g * 128, 1, [
+                (seqno + i + 1, Write(f"out-{g}-{seqno + i}", OP_UPDATE, doc)) for i in range(per_group)
+            ]))
+        result = bucket.apply_effects("bench", groups)
+        assert result.applied == per_group * 8, result
+        seqno += per_group
+    return per_group * 8 * batches
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mutations", type=int, default=1_000_000)
+    parser.add_argument("--run", type=int, default=1000, help="mutations a read asks for (a worker's batch)")
+    parser.add_argument("--readers", type=int, default=1, help="threads reading the log at once")
+    parser.add_argument("--single", type=int, default=16_000, help="single-document writes in all")
+    parser.add_argument("--threads", type=int, default=16, help="threads making single-document writes")
+    parser.add_argument("--effects", type=int, default=8_000, help="binding writes per apply_effects")
+    parser.add_argument("--effect-batches", type=int, default=20)
+    parser.add_argument("--only", default="", help="comma-separated parts to run (load is always run)")
+    args = parser.parse_args()
+    only = set(filter(None, args.only.split(",")))
+    os.environ.setdefault("EVENTING_PG_POOL_SIZE", str(max(args.threads, args.readers) + 2))
+
+    figures: dict[str, float] = {}
+    folder = tempfile.mkdtemp(prefix="bench-pg-bucket-")
+    server = ThrowawayPostgres(fsync=True)  # a folder of its own (the server runs as `postgres` under root)
+    server.start()
+    try:
+        db = PostgresDatabase.open(server.create_database("bench"))
+        stores: dict[str, Callable[[str], FileBucket]] = {
+            "sqlite": lambda name: create_bucket(os.path.join(folder, "data"), name),
+            "postgres": lambda name: pg_buckets.create_bucket(db, name),
+        }
+        sources: dict[str, FileBucket] = {}
+        for store, make in stores.items():
+            source = sources[store] = make("src")
+            n, s = timed(lambda b=source: load(b, args.mutations))
+            figures[f"{store}_load_mps"] = round(n / s)
+            print(f"{store:8s} load     {n:>9,} mutations  {s:6.1f} s  {n / s:>10,.0f}/s", flush=True)
+        for part in ("read", "single", "effects"):
+            if only and part not in only:
+                continue
+            for store, make in stores.items():
+                if part == "read":
+                    n, s = timed(lambda b=sources[store]: read_all(b, args.run, args.readers))
+                    assert n == args.mutations, n
+                    figures[f"{store}_read_mps"] = round(n / s)
+                    print(f"{store:8s} read     {n:>9,} mutations  {s:6.1f} s  {n / s:>10,.0f}/s "
+                          f"(runs of {args.run}, {args.readers} reader(s))", flush=True)
+                elif part == "single":
+                    target = make("single")
+                    n, s = timed(lambda b=target: single_writes(b, args.single, args.threads))
+                    figures[f"{store}_single_wps"] = round(n / s)
+                    print(f"{store:8s} single   {n:>9,} writes     {s:6.1f} s  {n / s:>10,.0f}/s "
+                          f"({args.threads} threads, one document a transaction)", flush=True)
+                else:
+                    target = make("effects")
+                    n, s = timed(lambda b=target: effects(b, args.effects, args.effect_batches))
+                    figures[f"{store}_effects_wps"] = round(n / s)
+                    print(f"{store:8s} effects  {n:>9,} writes     {s:6.1f} s  {n / s:>10,.0f}/s "
+                          f"({args.effects:,} a transaction)", flush=True)
+        for what in ("load_mps", "read_mps", "single_wps", "effects_wps"):
+            if f"sqlite_{what}" in figures and f"postgres_{what}" in figures:
+                figures[f"{what.rsplit('_', 1)[0]}_postgres_vs_sqlite"] = round(
+                    figures[f"postgres_{what}"] / figures[f"sqlite_{what}"], 3)
+        db.close()
+    finally:
+        server.stop()
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
