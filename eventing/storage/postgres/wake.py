@@ -126,9 +126,7 @@ class WakeSender:
     def _send_loop(self) -> None:
         while True:
             if not self._event.wait(SENDER_IDLE_S):
-                conn, self._conn = self._conn, None  # idle: a process that stopped writing holds no connection
-                if conn is not None:
-                    conn.close()
+                self._drop_connection()  # idle: a process that stopped writing holds no connection
                 continue
             with self._lock:
                 pending, self._pending = self._pending, {}
@@ -142,21 +140,38 @@ class WakeSender:
                         self._busy = False
 
     def _send(self, payloads: list[str]) -> None:
+        """One statement with every payload. A connection found broken (the server restarted since the last
+        notification) is replaced once at once; when no new one can be made, notifications are dropped for
+        RECONNECT_MAX_S (the poll finds those writes) rather than held up."""
         import psycopg
 
-        try:
+        for _attempt in range(2):
+            made = False
             if self._conn is None or self._conn.closed:
                 if time.monotonic() - self._failed_at < RECONNECT_MAX_S:
-                    return  # the server was away a moment ago: the poll finds these writes
-                self._conn = self.db.connect()
-                self._conn.execute("SET synchronous_commit TO off")
-            self._conn.execute("SELECT pg_notify(%s, p) FROM unnest(%s::text[]) AS p", (self.channel, payloads))
-            self.sent += 1
-        except (psycopg.Error, StoreError):
-            self._failed_at = time.monotonic()
-            conn, self._conn = self._conn, None
-            if conn is not None:
-                conn.close()
+                    return
+                made = True
+                try:
+                    self._conn = self.db.connect()
+                    self._conn.execute("SET synchronous_commit TO off")
+                except (psycopg.Error, StoreError):
+                    self._failed_at = time.monotonic()
+                    self._drop_connection()
+                    return
+            try:
+                self._conn.execute("SELECT pg_notify(%s, p) FROM unnest(%s::text[]) AS p", (self.channel, payloads))
+                self.sent += 1
+                return
+            except psycopg.Error:
+                self._drop_connection()
+                if made:
+                    self._failed_at = time.monotonic()
+                    return
+
+    def _drop_connection(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
 
 
 _senders: dict[tuple[str, str, int], WakeSender] = {}
@@ -250,8 +265,8 @@ class PostgresWakeListener:
                 time.sleep(delay)
                 delay = min(delay * 2, RECONNECT_MAX_S)
                 continue
-            self.reconnects += 1
             self._wake_everything()
+            self.reconnects += 1
             return
 
     def _wake_everything(self) -> None:
