@@ -10,6 +10,9 @@ on both stores:
            share of the vBuckets);
   single   single-document writes as the Data API makes them: change_documents of one document per
            transaction, from --threads threads (a new document each, then replaced);
+  grouped  the same writes as the Data API's writer thread commits them: change_documents of --group
+           documents a transaction (the requests queued since its last commit), one thread;
+  highs    high_seqnos of a worker's quarter of the vBuckets (spans), as a worker asks at every batch;
   effects  apply_effects of --effects binding writes (8 source vBuckets, marks moved), --effect-batches times.
 
 Prints one line per figure and, last, JSON with every figure and the PostgreSQL / SQLite ratios.
@@ -38,15 +41,43 @@ from eventing.storage.factory import create_bucket  # noqa: E402
 from eventing.storage.protocol import FileBucket  # noqa: E402
 from eventing.storage.values import EffectGroup, StoredDocument, Write  # noqa: E402
 from eventing.storage.writes import chunked  # noqa: E402
-from eventing.testing.postgres import ThrowawayPostgres  # noqa: E402
+from eventing.testing.postgres import ThrowawayPostgres, _children  # noqa: E402
 from metadata.postgres import PostgresDatabase  # noqa: E402
 from sharding import NUM_VBUCKETS  # noqa: E402
 
 
-def timed(fn: Callable[[], int]) -> tuple[int, float]:
-    started = time.perf_counter()
+def server_cpu_s(server: ThrowawayPostgres) -> float:
+    """CPU seconds used so far by the server's processes (the postmaster and its children)."""
+    pid = server.pid()
+    if pid is None:
+        return 0.0
+    total = 0
+    for proc in [pid, *_children(pid)]:
+        try:
+            with open(f"/proc/{proc}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+CPU: dict[str, float] = {}  # of the last timed call: client and server CPU seconds
+
+
+def timed(fn: Callable[[], int], server: ThrowawayPostgres | None = None) -> tuple[int, float]:
+    started, client, on_server = time.perf_counter(), os.times(), server_cpu_s(server) if server else 0.0
     count = fn()
-    return count, time.perf_counter() - started
+    wall = time.perf_counter() - started
+    done = os.times()
+    CPU["client"] = done.user - client.user + done.system - client.system
+    CPU["server"] = server_cpu_s(server) - on_server if server else 0.0
+    return count, wall
+
+
+def cpu(count: int) -> str:
+    """The last timed call's CPU per item: this process's, and the server's."""
+    return f"[cpu/item: client {CPU['client'] / count * 1e6:5.1f} us, server {CPU['server'] / count * 1e6:5.1f} us]"
 
 
 def load(bucket: FileBucket, mutations: int) -> int:
@@ -101,6 +132,21 @@ def single_writes(bucket: FileBucket, total: int, threads: int) -> int:
     return (total // threads) * threads
 
 
+def grouped_writes(bucket: FileBucket, total: int, group: int) -> int:
+    """change_documents of ``group`` documents a transaction, one thread: the Data API's group commit."""
+    doc = encode_document({"name": "x" * 40, "n": 1})
+
+    def put(key: str) -> Callable[[StoredDocument | None], Write]:
+        return lambda current: Write(key, OP_UPDATE, doc)
+
+    for start in range(0, total - group + 1, group):
+        keys = [f"grouped-{(start + i) % (total // 2)}" for i in range(group)]
+        done = bucket.change_documents([(key, put(key)) for key in keys])
+        if any(isinstance(d, Exception) for d in done):
+            raise next(d for d in done if isinstance(d, Exception))
+    return total - total % group
+
+
 def effects(bucket: FileBucket, writes: int, batches: int) -> int:
     """apply_effects of ``writes`` binding writes in 8 groups (source vBuckets), ``batches`` times."""
     per_group = writes // 8
@@ -125,6 +171,7 @@ def main() -> None:
     parser.add_argument("--readers", type=int, default=1, help="threads reading the log at once")
     parser.add_argument("--single", type=int, default=16_000, help="single-document writes in all")
     parser.add_argument("--threads", type=int, default=16, help="threads making single-document writes")
+    parser.add_argument("--group", type=int, default=16, help="documents a transaction in the grouped writes")
     parser.add_argument("--effects", type=int, default=8_000, help="binding writes per apply_effects")
     parser.add_argument("--effect-batches", type=int, default=20)
     parser.add_argument("--only", default="", help="comma-separated parts to run (load is always run)")
@@ -145,32 +192,48 @@ def main() -> None:
         sources: dict[str, FileBucket] = {}
         for store, make in stores.items():
             source = sources[store] = make("src")
-            n, s = timed(lambda b=source: load(b, args.mutations))
+            watched = server if store == "postgres" else None
+            n, s = timed(lambda b=source: load(b, args.mutations), watched)
             figures[f"{store}_load_mps"] = round(n / s)
-            print(f"{store:8s} load     {n:>9,} mutations  {s:6.1f} s  {n / s:>10,.0f}/s", flush=True)
-        for part in ("read", "single", "effects"):
+            print(f"{store:8s} load     {n:>9,} mutations  {s:6.1f} s  {n / s:>10,.0f}/s  {cpu(n)}", flush=True)
+        for part in ("read", "highs", "single", "grouped", "effects"):
             if only and part not in only:
                 continue
             for store, make in stores.items():
+                watched = server if store == "postgres" else None
                 if part == "read":
-                    n, s = timed(lambda b=sources[store]: read_all(b, args.run, args.readers))
+                    n, s = timed(lambda b=sources[store]: read_all(b, args.run, args.readers), watched)
                     assert n == args.mutations, n
                     figures[f"{store}_read_mps"] = round(n / s)
-                    print(f"{store:8s} read     {n:>9,} mutations  {s:6.1f} s  {n / s:>10,.0f}/s "
+                    figures[f"{store}_read_cpu_us"] = round((CPU["client"] + CPU["server"]) / n * 1e6, 2)
+                    print(f"{store:8s} read     {n:>9,} mutations  {s:6.1f} s  {n / s:>10,.0f}/s  {cpu(n)} "
                           f"(runs of {args.run}, {args.readers} reader(s))", flush=True)
+                elif part == "highs":
+                    n, s = timed(lambda b=sources[store]: sum(1 for _ in range(2000) if b.high_seqnos(spans=((0, 255),))))
+                    figures[f"{store}_highs_us"] = round(s / n * 1e6)
+                    print(f"{store:8s} highs    {n:>9,} calls      {s:6.1f} s  {s / n * 1e6:>10,.0f} us a call "
+                          "(256 vBuckets)", flush=True)
                 elif part == "single":
                     target = make("single")
-                    n, s = timed(lambda b=target: single_writes(b, args.single, args.threads))
+                    n, s = timed(lambda b=target: single_writes(b, args.single, args.threads), watched)
                     figures[f"{store}_single_wps"] = round(n / s)
-                    print(f"{store:8s} single   {n:>9,} writes     {s:6.1f} s  {n / s:>10,.0f}/s "
+                    print(f"{store:8s} single   {n:>9,} writes     {s:6.1f} s  {n / s:>10,.0f}/s  {cpu(n)} "
                           f"({args.threads} threads, one document a transaction)", flush=True)
+                elif part == "grouped":
+                    target = make("grouped")
+                    n, s = timed(lambda b=target: grouped_writes(b, args.single, args.group), watched)
+                    figures[f"{store}_grouped_wps"] = round(n / s)
+                    print(f"{store:8s} grouped  {n:>9,} writes     {s:6.1f} s  {n / s:>10,.0f}/s  {cpu(n)} "
+                          f"({args.group} documents a transaction, one thread)", flush=True)
                 else:
                     target = make("effects")
-                    n, s = timed(lambda b=target: effects(b, args.effects, args.effect_batches))
+                    n, s = timed(lambda b=target: effects(b, args.effects, args.effect_batches), watched)
                     figures[f"{store}_effects_wps"] = round(n / s)
-                    print(f"{store:8s} effects  {n:>9,} writes     {s:6.1f} s  {n / s:>10,.0f}/s "
+                    print(f"{store:8s} effects  {n:>9,} writes     {s:6.1f} s  {n / s:>10,.0f}/s  {cpu(n)} "
                           f"({args.effects:,} a transaction)", flush=True)
-        for what in ("load_mps", "read_mps", "single_wps", "effects_wps"):
+        if "sqlite_highs_us" in figures:
+            figures["highs_postgres_vs_sqlite_time"] = round(figures["postgres_highs_us"] / max(1, figures["sqlite_highs_us"]), 2)
+        for what in ("load_mps", "read_mps", "single_wps", "grouped_wps", "effects_wps"):
             if f"sqlite_{what}" in figures and f"postgres_{what}" in figures:
                 figures[f"{what.rsplit('_', 1)[0]}_postgres_vs_sqlite"] = round(
                     figures[f"postgres_{what}"] / figures[f"sqlite_{what}"], 3)

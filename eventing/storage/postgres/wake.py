@@ -41,7 +41,7 @@ log = logging.getLogger("eventing.storage.wake")
 CHANNEL = "eventing_wake"
 LISTEN_POLL_S = 0.2  # how often the listening thread looks up from the connection (to see close())
 RECONNECT_MAX_S = 2.0
-SENDER_IDLE_S = 10.0  # a sender's connection is closed after this long without a notification
+SENDER_IDLE_S = 10.0  # a sender's thread ends, closing its connection, after this long without a notification
 
 
 def channel_of(db: PostgresDatabase) -> str:
@@ -126,7 +126,11 @@ class WakeSender:
     def _send_loop(self) -> None:
         while True:
             if not self._event.wait(SENDER_IDLE_S):
-                self._drop_connection()  # idle: a process that stopped writing holds no connection
+                with self._lock:
+                    if not self._event.is_set():  # idle: the thread ends with its connection (notify starts another)
+                        self._thread = None
+                        self._drop_connection()
+                        return
                 continue
             with self._lock:
                 pending, self._pending = self._pending, {}
