@@ -13,7 +13,11 @@ on both stores:
   grouped  the same writes as the Data API's writer thread commits them: change_documents of --group
            documents a transaction (the requests queued since its last commit), one thread;
   highs    high_seqnos of a worker's quarter of the vBuckets (spans), as a worker asks at every batch;
-  effects  apply_effects of --effects binding writes (8 source vBuckets, marks moved), --effect-batches times.
+  effects  apply_effects of --effects binding writes (8 source vBuckets, marks moved), --effect-batches times;
+  w1       W1 (the trivial handler over the loaded bucket) through `EventingService --until-caught-up` with
+           the in-process executor (--workers worker cores, one process): the source bucket a file, then
+           the PostgreSQL bucket (the service's bucket opens sent to the store: a stand-in until the
+           store's handle routes them; the metadata store stays the data directory's).
 
 Prints one line per figure and, last, JSON with every figure and the PostgreSQL / SQLite ratios.
 
@@ -24,6 +28,7 @@ Prints one line per figure and, last, JSON with every figure and the PostgreSQL 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -147,6 +152,49 @@ def grouped_writes(bucket: FileBucket, total: int, group: int) -> int:
     return total - total % group
 
 
+def w1(data_dir: str, source: str, workers: int, run: str) -> int:
+    """W1 over bucket ``source`` of the data directory (or of the store the bucket opens are sent to)."""
+    from eventing.control import lifecycle
+    from eventing.control.service import EventingService
+    from eventing.core.definition import FunctionDefinition
+    from eventing.testing.workloads import TRIVIAL_HANDLER
+    from eventing.workers.executor import InProcessExecutor
+
+    name = f"fn_w1_{run}"  # one function a store
+    defn = FunctionDefinition.from_dict({"name": name, "source_bucket": source, "worker_count": workers,
+                                         "checkpoint_interval": "1s"})
+    lifecycle.save_function(data_dir, defn, TRIVIAL_HANDLER)
+    lifecycle.deploy(data_dir, name)
+    summary = EventingService(data_dir, InProcessExecutor(), until_caught_up=True, functions=[name]).run()
+    return int(summary.functions[name].handled)
+
+
+class BucketsOn:
+    """While in effect, every bucket the service, its workers and the lifecycle open (by name) is the
+    PostgreSQL store's."""
+
+    MODULES = ("eventing.control.lifecycle", "eventing.control.supervisor", "eventing.storage.remote",
+               "eventing.execution.runner")
+
+    def __init__(self, db: PostgresDatabase):
+        self.db = db
+        self.saved: dict[str, Callable] = {}
+
+    def __enter__(self) -> None:
+        import importlib
+
+        for name in self.MODULES:
+            module = importlib.import_module(name)
+            self.saved[name] = module.open_bucket
+            module.open_bucket = lambda data_dir, bucket: pg_buckets.open_bucket(self.db, bucket)
+
+    def __exit__(self, *exc: object) -> None:
+        import importlib
+
+        for name, fn in self.saved.items():
+            importlib.import_module(name).open_bucket = fn
+
+
 def effects(bucket: FileBucket, writes: int, batches: int) -> int:
     """apply_effects of ``writes`` binding writes in 8 groups (source vBuckets), ``batches`` times."""
     per_group = writes // 8
@@ -174,6 +222,7 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=16, help="documents a transaction in the grouped writes")
     parser.add_argument("--effects", type=int, default=8_000, help="binding writes per apply_effects")
     parser.add_argument("--effect-batches", type=int, default=20)
+    parser.add_argument("--workers", type=int, default=4, help="worker cores of the W1 function")
     parser.add_argument("--only", default="", help="comma-separated parts to run (load is always run)")
     args = parser.parse_args()
     only = set(filter(None, args.only.split(",")))
@@ -196,7 +245,13 @@ def main() -> None:
             n, s = timed(lambda b=source: load(b, args.mutations), watched)
             figures[f"{store}_load_mps"] = round(n / s)
             print(f"{store:8s} load     {n:>9,} mutations  {s:6.1f} s  {n / s:>10,.0f}/s  {cpu(n)}", flush=True)
-        for part in ("read", "highs", "single", "grouped", "effects"):
+            if store == "postgres":
+                # What autovacuum does some time after a load, done now so that it does not run during
+                # the timed parts (it costs the server seconds of CPU after 1M rows).
+                _, s = timed(lambda: db.run(lambda conn: conn.execute("VACUUM (ANALYZE)")) or 1, server)
+                print(f"postgres vacuum   (analyze) after the load  {s:6.1f} s", flush=True)
+                figures["postgres_vacuum_s"] = round(s, 1)
+        for part in ("read", "highs", "single", "grouped", "effects", "w1"):
             if only and part not in only:
                 continue
             for store, make in stores.items():
@@ -219,6 +274,15 @@ def main() -> None:
                     figures[f"{store}_single_wps"] = round(n / s)
                     print(f"{store:8s} single   {n:>9,} writes     {s:6.1f} s  {n / s:>10,.0f}/s  {cpu(n)} "
                           f"({args.threads} threads, one document a transaction)", flush=True)
+                elif part == "w1":
+                    data_dir = os.path.join(folder, "data")
+                    route = BucketsOn(db) if store == "postgres" else contextlib.nullcontext()
+                    with route:
+                        n, s = timed(lambda d=data_dir, r=store: w1(d, "src", args.workers, r), watched)
+                    assert n == args.mutations, n
+                    figures[f"{store}_w1_mps"] = round(n / s)
+                    print(f"{store:8s} w1       {n:>9,} mutations  {s:6.1f} s  {n / s:>10,.0f}/s  {cpu(n)} "
+                          f"(in-process, {args.workers} worker cores; start-up included)", flush=True)
                 elif part == "grouped":
                     target = make("grouped")
                     n, s = timed(lambda b=target: grouped_writes(b, args.single, args.group), watched)
@@ -233,7 +297,7 @@ def main() -> None:
                           f"({args.effects:,} a transaction)", flush=True)
         if "sqlite_highs_us" in figures:
             figures["highs_postgres_vs_sqlite_time"] = round(figures["postgres_highs_us"] / max(1, figures["sqlite_highs_us"]), 2)
-        for what in ("load_mps", "read_mps", "single_wps", "grouped_wps", "effects_wps"):
+        for what in ("load_mps", "read_mps", "single_wps", "grouped_wps", "effects_wps", "w1_mps"):
             if f"sqlite_{what}" in figures and f"postgres_{what}" in figures:
                 figures[f"{what.rsplit('_', 1)[0]}_postgres_vs_sqlite"] = round(
                     figures[f"postgres_{what}"] / figures[f"sqlite_{what}"], 3)

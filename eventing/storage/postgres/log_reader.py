@@ -83,6 +83,16 @@ class LogReader:
     def one(self, sql: str, args: Sequence[Any]) -> tuple:
         return self.rows(sql, args)[0]
 
+    def aggregated(self, sql: str, args: Sequence[Any]) -> tuple | None:
+        """``one`` for a statement that concatenates documents: None when the concatenation is over the
+        server's limit of 1 GB a value (huge documents; the caller reads the rows then)."""
+        import psycopg
+
+        try:
+            return self.one(sql, args)
+        except psycopg.errors.ProgramLimitExceeded:
+            return None
+
     # -- high seqnos ----------------------------------------------------------------------------------
 
     def high_seqnos(self, spans: Spans | None = None) -> list[int]:
@@ -143,7 +153,7 @@ class LogReader:
     def read_vb_columns(self, vb: int, after_seqno: int, limit: int) -> tuple | None:
         """LocalBucket.read_vb_columns: ``(count, last_seqno, ops, keys, docs, doc_lengths, cas, arrivals)``
         aggregated by the server, or None when the entries are not the plain case."""
-        row = self.one(
+        row = self.aggregated(
             "SELECT count(*), max(seqno), bool_or(origin IS NOT NULL OR expiry <> 0 OR flags <> 0), "
             "string_agg(CASE WHEN op <> 0 THEN seqno || ':' || op END, ',' ORDER BY seqno), "
             "string_agg(convert_to(key, 'UTF8'), '\\x00'::bytea ORDER BY seqno), "
@@ -153,6 +163,8 @@ class LogReader:
             "FROM bucket_log WHERE bucket = %s AND vb = %s AND seqno > %s AND seqno <= %s",
             (self.ref.id, vb, after_seqno, after_seqno + limit),
         )
+        if row is None:
+            return None
         count, last, odd, ops, keys, docs, lengths, cas, arrivals = row
         if not count or odd or last - after_seqno != count:
             return None
@@ -162,7 +174,7 @@ class LogReader:
         self, vb: int, after_seqno: int, limit: int, origin: str, *, exact_arrivals_over_ms: int | None = None
     ) -> PackedUpdates | None:
         """LocalBucket.read_vb_packed: the updates' keys and documents concatenated by the server."""
-        row = self.one(
+        row = self.aggregated(
             f"SELECT count(*), max(seqno), count(doc), bool_or({_OWN}), "
             "string_agg(CASE WHEN op <> 0 THEN seqno::text END, ',' ORDER BY seqno), "
             "string_agg(CASE WHEN op = 0 THEN convert_to(key, 'UTF8') END, '\\x00'::bytea ORDER BY seqno), "
@@ -171,6 +183,8 @@ class LogReader:
             "FROM bucket_log WHERE bucket = %s AND vb = %s AND seqno > %s AND seqno <= %s",
             (*_own_params(origin), self.ref.id, vb, after_seqno, after_seqno + limit),
         )
+        if row is None:
+            return None
         count, last, docs_count, own, others, keys, docs, first_arrival, last_arrival = row
         if not count or last - after_seqno != count or own:
             return None

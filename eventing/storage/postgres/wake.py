@@ -91,6 +91,10 @@ class WakeSender:
     def __init__(self, db: PostgresDatabase):
         self.db = db
         self.channel = channel_of(db)
+        self._start()
+
+    def _start(self) -> None:
+        """A new sender's state (again in a forked child: the parent's thread and connection are not its own)."""
         self.sent = 0  # statements sent (each with one payload per bucket)
         self._pending: dict[str, set[int]] = {}
         self._lock = threading.Lock()
@@ -99,9 +103,12 @@ class WakeSender:
         self._conn: psycopg.Connection | None = None
         self._failed_at = 0.0
         self._busy = False  # a statement is being sent
+        self._pid = os.getpid()
 
     def notify(self, bucket: str, vbuckets: Iterable[int]) -> None:
         """Tell the store's listeners (after the commit of the write that logged in ``vbuckets``)."""
+        if self._pid != os.getpid():
+            self._start()
         with self._lock:
             pending = self._pending.get(bucket)
             if pending is None:
