@@ -8,7 +8,7 @@ dropping the marks (a rewind that applies effects again, a new deployment that s
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from eventing.core.mutation import OP_UPDATE, decode_document, encode_document
 from eventing.storage.files import _retry_locked
@@ -128,44 +128,8 @@ class BucketEffects(BucketWrites, BucketReads):
 
     def _resolve(self, pending: list[tuple[int, int, Write]]) -> tuple[list[Write], list[tuple[int, int]]]:
         """Check cas conditions and compute counter deltas against the stored documents, in this
-        transaction (so no other writer can slip in between). A source whose condition fails has none of
-        its writes here applied; the rest are checked again without it, until no new failure appears."""
-        conflicts: set[tuple[int, int]] = set()
-        while True:
-            # key -> (exists, version, doc): version is the stored cas, or for a document written earlier in
-            # this transaction the provisional cas a handler saw for it (the identity of the written bytes).
-            state: dict[str, tuple[bool, int, bytes | None]] = {}
-            out: list[Write] = []
-            failed: set[tuple[int, int]] = set()
-            for vb, seqno, w in pending:
-                source = (vb, seqno)
-                if source in conflicts or source in failed:
-                    continue
-                if w.key not in state:
-                    got = self.get_doc(w.key)
-                    state[w.key] = (True, got[1], got[0]) if got else (False, 0, None)
-                exists, cas, doc = state[w.key]
-                if w.expect_cas is not None and (
-                    (w.expect_cas == 0 and exists) or (w.expect_cas > 0 and (not exists or cas != w.expect_cas))
-                ):
-                    failed.add(source)
-                    continue
-                version = id(w.doc) if w.doc is not None else 0
-                if w.delta is not None:
-                    count = decode_document(doc).get("count") if exists and doc is not None else 0
-                    if type(count) is not int:
-                        failed.add(source)
-                        continue
-                    w = Write(w.key, OP_UPDATE, encode_document({"count": count + w.delta}), w.expiry, w.flags)
-                elif w.expect_cas is not None:
-                    w = Write(w.key, w.op, w.doc, w.expiry, w.flags)
-                state[w.key] = (w.op == OP_UPDATE, version, w.doc)
-                out.append(w)
-            if not failed:
-                return out, sorted(conflicts)
-            # Start over without the failed sources: their earlier writes are dropped too, and later
-            # conditions are checked against documents without them.
-            conflicts |= failed
+        transaction (so no other writer can slip in between): see resolve_conditions."""
+        return resolve_conditions(pending, self.get_doc)
 
     def effect_marks(self, function: str) -> dict[int, tuple[int, int]]:
         rows = self._db.execute("SELECT vb, epoch, seqno FROM effect_marks WHERE function=?", (function,))
@@ -202,3 +166,49 @@ class BucketEffects(BucketWrites, BucketReads):
             self.path,
             lambda: self._tx(lambda: self._db.execute("DELETE FROM effect_marks WHERE function=?", (function,))),
         )
+
+
+def resolve_conditions(
+    pending: list[tuple[int, int, Write]], get_doc: Callable[[str], tuple[bytes, int, int] | None]
+) -> tuple[list[Write], list[tuple[int, int]]]:
+    """The writes of ``pending`` ``(source vb, source seqno, write)`` to apply, and the sources whose cas
+    condition or counter failed. ``get_doc`` reads a stored live document (``(doc, cas, expiry)`` or None)
+    inside the applying transaction. A source whose condition fails has none of its writes here applied;
+    the rest are checked again without it, until no new failure appears. Every bucket applies conditions
+    with this one function."""
+    conflicts: set[tuple[int, int]] = set()
+    while True:
+        # key -> (exists, version, doc): version is the stored cas, or for a document written earlier in
+        # this transaction the provisional cas a handler saw for it (the identity of the written bytes).
+        state: dict[str, tuple[bool, int, bytes | None]] = {}
+        out: list[Write] = []
+        failed: set[tuple[int, int]] = set()
+        for vb, seqno, w in pending:
+            source = (vb, seqno)
+            if source in conflicts or source in failed:
+                continue
+            if w.key not in state:
+                got = get_doc(w.key)
+                state[w.key] = (True, got[1], got[0]) if got else (False, 0, None)
+            exists, cas, doc = state[w.key]
+            if w.expect_cas is not None and (
+                (w.expect_cas == 0 and exists) or (w.expect_cas > 0 and (not exists or cas != w.expect_cas))
+            ):
+                failed.add(source)
+                continue
+            version = id(w.doc) if w.doc is not None else 0
+            if w.delta is not None:
+                count = decode_document(doc).get("count") if exists and doc is not None else 0
+                if type(count) is not int:
+                    failed.add(source)
+                    continue
+                w = Write(w.key, OP_UPDATE, encode_document({"count": count + w.delta}), w.expiry, w.flags)
+            elif w.expect_cas is not None:
+                w = Write(w.key, w.op, w.doc, w.expiry, w.flags)
+            state[w.key] = (w.op == OP_UPDATE, version, w.doc)
+            out.append(w)
+        if not failed:
+            return out, sorted(conflicts)
+        # Start over without the failed sources: their earlier writes are dropped too, and later
+        # conditions are checked against documents without them.
+        conflicts |= failed

@@ -1,19 +1,20 @@
 """The Bucket protocol: what workers, bindings, ops, the data service and the CLI may call on a bucket.
 
-Three classes implement it (docs/architecture.md, 'Buckets: one interface'):
+Four classes implement it (docs/architecture.md, 'Buckets: one interface'):
 
 - ``LocalBucket`` (eventing.storage.bucket): one SQLite file;
 - ``PartitionedBucket`` (eventing.storage.partitions): a bucket's vBuckets spread over several such files,
   each call sent to the file that holds the key or vBucket, or to every file and merged;
 - ``RemoteBucket`` (eventing.storage.remote): a bucket served by the data service to a worker that cannot
-  see the data directory.
+  see the data directory;
+- ``PostgresBucket`` (eventing.storage.postgres): a bucket of a PostgreSQL store, rows on the server.
 
-``Bucket`` is what all three answer; ``FileBucket`` adds what only a process that opens the files can do
+``Bucket`` is what all four answer; ``FileBucket`` adds what only a process that opens the files can do
 (copies, integrity checks, log scans for verify and stats, imports). ``open_bucket`` and ``create_bucket``
 (eventing.storage.factory) pick the class for a data directory's bucket. Capabilities a caller used to
 probe for are methods every implementation answers: reading ahead (``reads_ahead``, ``prefetch``,
 ``has_ahead``, ``forget_prefetched``) is a no-op for the files, whose reads cost no round trip.
-``tests/unit/test_bucket_contract.py`` runs one suite over the three.
+``tests/unit/test_bucket_contract.py`` runs one suite over the four.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ class Bucket(Protocol):
         ...
     @property
     def path(self) -> Path | None:
-        """The main file (``<data-dir>/buckets/<name>.sqlite3``), None when the files are elsewhere."""
+        """The main file (``<data-dir>/buckets/<name>.sqlite3``), None when the files are elsewhere (behind
+        the data service) or there are none (a PostgreSQL store: eventing.storage.postgres)."""
         ...
 
     def close(self) -> None: ...
@@ -111,10 +113,9 @@ class Bucket(Protocol):
 
 
 class FileBucket(Bucket, Protocol):
-    """A bucket whose files this process opens: what ops, the CLI and the data service also call."""
-
-    @property
-    def path(self) -> Path: ...
+    """A bucket whose storage this process reaches itself (its files, or its PostgreSQL store): what ops,
+    the CLI and the data service also call. ``path`` is None for a PostgreSQL bucket, whose ``copy_to``
+    raises StoreError naming what to use instead."""
 
     def verify_integrity(self) -> None: ...
     def copy_to(self, data_dir: str | os.PathLike[str]) -> Path: ...

@@ -1,0 +1,223 @@
+"""Binding effects on a PostgreSQL bucket, exactly once (``EffectApplier``; docs/architecture.md, 'Exactly
+once'): fences, the effect marks, and a batch of binding writes applied in one transaction with the marks
+that cover it, as a bucket file applies them (eventing.storage.effects).
+
+A bucket file's writers take turns, so reading a mark and moving it cannot be split by another writer. On
+PostgreSQL the transaction locks the (function, vBucket) mark rows it reads (``FOR UPDATE``, in vBucket
+order) before it decides anything: a fence raised by a new owner either commits before (and this batch is
+rejected) or waits for this batch's commit (and the next one of the old owner is rejected). Then the high
+seqno rows of the vBuckets written are locked, as every write does (eventing.storage.postgres.writer), so
+cas conditions and counter deltas are resolved against documents nobody else can change meanwhile. Locks
+are always taken marks first, then high seqnos, each in vBucket order, so appliers, fences and writers
+never wait for each other in a cycle.
+
+A transaction cut by a lost connection is run again whole (its writes and marks went together or not at
+all); one whose COMMIT got no answer raises StoreUnavailableError(ambiguous=True), and the worker's replay
+from its checkpoint is deduplicated by the marks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from eventing.storage.effects import resolve_conditions
+from eventing.storage.postgres.registry import BucketRef
+from eventing.storage.postgres.writer import LogWriter, Written, items_of, vb_of
+from eventing.storage.values import EffectGroup, EffectResult, Write
+from metadata.postgres.connection import Cursor
+
+Marks = dict[int, tuple[int, int]]  # vb -> (epoch, seqno)
+
+
+class EffectApplier:
+    """Effects of functions' bindings on one bucket, through its writer."""
+
+    def __init__(self, ref: BucketRef, writer: LogWriter):
+        self.ref = ref
+        self.writer = writer
+
+    # -- marks ----------------------------------------------------------------------------------------
+
+    def _lock_marks(self, cur: Cursor, function: str, vbs: Iterable[int]) -> Marks:
+        """Lock the marks of (function, vb) for ``vbs``, in vBucket order; those that did not exist are made
+        (epoch 0, seqno 0: what a missing mark means) so they are locked too. Their values."""
+        wanted = sorted(set(vbs))
+        if not wanted:
+            return {}
+        select = (
+            "SELECT vb, epoch, seqno FROM bucket_effect_marks WHERE bucket = %s AND function = %s "
+            "AND vb = ANY(%s::int2[]) ORDER BY vb FOR UPDATE"
+        )
+        found: Marks = {vb: (epoch, seqno) for vb, epoch, seqno in cur.execute(
+            select, (self.ref.id, function, wanted)).fetchall()}
+        missing = [vb for vb in wanted if vb not in found]
+        if missing:
+            made = {r[0] for r in cur.execute(
+                "INSERT INTO bucket_effect_marks(bucket, function, vb, epoch, seqno) "
+                "SELECT %s, %s, vb, 0, 0 FROM unnest(%s::int2[]) AS vb ON CONFLICT DO NOTHING RETURNING vb",
+                (self.ref.id, function, missing),
+            ).fetchall()}
+            raced = [vb for vb in missing if vb not in made]  # made by another transaction meanwhile
+            if raced:
+                found.update({vb: (epoch, seqno) for vb, epoch, seqno in cur.execute(
+                    select, (self.ref.id, function, raced)).fetchall()})
+        return found
+
+    def _set_marks(self, cur: Cursor, function: str, marks: list[tuple[int, int, int]]) -> None:
+        """(vb, epoch, seqno) marks: the epoch given, the greater seqno (several groups of one vBucket in a
+        batch: the last one's epoch, as applying them one by one would leave)."""
+        merged: dict[int, tuple[int, int]] = {}
+        for vb, epoch, seqno in marks:
+            seqno = max(seqno, merged[vb][1]) if vb in merged else seqno
+            merged[vb] = (epoch, seqno)
+        if not merged:
+            return
+        vbs = sorted(merged)
+        cur.execute(
+            "INSERT INTO bucket_effect_marks(bucket, function, vb, epoch, seqno) "
+            "SELECT %s, %s, m.vb, m.epoch, m.seqno FROM unnest(%s::int2[], %s::int8[], %s::int8[]) AS m(vb, epoch, seqno) "
+            "ON CONFLICT (bucket, function, vb) DO UPDATE SET epoch = excluded.epoch, "
+            "seqno = GREATEST(bucket_effect_marks.seqno, excluded.seqno)",
+            (self.ref.id, function, vbs, [merged[vb][0] for vb in vbs], [merged[vb][1] for vb in vbs]),
+        )
+
+    def fence(self, function: str, epochs: dict[int, int]) -> None:
+        """Raise the epoch mark of (function, vb) so that writes of any older owner are rejected."""
+        vbs = sorted(epochs)
+
+        def body(cur: Cursor, written: Written) -> None:
+            cur.execute(
+                "INSERT INTO bucket_effect_marks(bucket, function, vb, epoch, seqno) "
+                "SELECT %s, %s, m.vb, m.epoch, 0 FROM unnest(%s::int2[], %s::int8[]) AS m(vb, epoch) ORDER BY m.vb "
+                "ON CONFLICT (bucket, function, vb) DO UPDATE SET epoch = GREATEST(bucket_effect_marks.epoch, excluded.epoch)",
+                (self.ref.id, function, vbs, [epochs[vb] for vb in vbs]),
+            )
+
+        if vbs:
+            self.writer.run(body)
+
+    def effect_marks(self, function: str) -> dict[int, tuple[int, int]]:
+        rows = self.ref.db.read(
+            "SELECT vb, epoch, seqno FROM bucket_effect_marks WHERE bucket = %s AND function = %s",
+            (self.ref.id, function),
+        )
+        return {vb: (epoch, seqno) for vb, epoch, seqno in rows}
+
+    def lower_effect_marks(self, function: str, seqnos: dict[int, int]) -> dict[int, int]:
+        """Lower the marks to at most the given seqnos (a rewind with --reapply-effects; epochs kept).
+        Returns the vBuckets whose mark moved, with their old seqno."""
+
+        def body(cur: Cursor, written: Written) -> dict[int, int]:
+            old = self._lock_marks_present(cur, function, seqnos)
+            moved = {vb: old[vb][1] for vb, s in seqnos.items() if vb in old and old[vb][1] > s}
+            if moved:
+                vbs = sorted(moved)
+                cur.execute(
+                    "UPDATE bucket_effect_marks m SET seqno = u.seqno FROM unnest(%s::int2[], %s::int8[]) AS u(vb, seqno) "
+                    "WHERE m.bucket = %s AND m.function = %s AND m.vb = u.vb",
+                    (vbs, [seqnos[vb] for vb in vbs], self.ref.id, function),
+                )
+            return moved
+
+        return self.writer.run(body)
+
+    def _lock_marks_present(self, cur: Cursor, function: str, vbs: Iterable[int]) -> Marks:
+        rows = cur.execute(
+            "SELECT vb, epoch, seqno FROM bucket_effect_marks WHERE bucket = %s AND function = %s "
+            "AND vb = ANY(%s::int2[]) ORDER BY vb FOR UPDATE",
+            (self.ref.id, function, sorted(set(vbs))),
+        ).fetchall()
+        return {vb: (epoch, seqno) for vb, epoch, seqno in rows}
+
+    def drop_effect_marks(self, function: str) -> None:
+        self.writer.run(lambda cur, written: cur.execute(
+            "DELETE FROM bucket_effect_marks WHERE bucket = %s AND function = %s", (self.ref.id, function)
+        ))
+
+    # -- applying -------------------------------------------------------------------------------------
+
+    def apply_effects(
+        self, function: str, groups: Sequence[EffectGroup], origin: str | None, marks: bool
+    ) -> EffectResult:
+        """LocalBucket.apply_effects: skip writes at or below the (function, vb) mark, reject stale epochs,
+        apply the rest with the marks that cover them in one transaction. ``marks=False``
+        (``delivery: at_least_once``) applies every write as it comes, without reading or moving marks."""
+        who = origin or function  # the writes' origin (eventing.storage.origins); `function` names the marks
+        writer = self.writer
+        if not marks:
+            items = items_of(w for g in groups for _, w in g.writes)
+
+            def unmarked(cur: Cursor, written: Written) -> EffectResult:
+                writer.log_in(cur, written, items, who, None)
+                return EffectResult(applied=len(items))
+
+            return writer.run(unmarked)
+
+        # Prepared before the transaction for the usual case, where no group is fenced or holds a write
+        # already applied: the writes as one batch and each group's (vb, epoch, lowest and highest seqno).
+        conditional = any(g.conditional for g in groups)
+        ready = items_of(w for g in groups for _, w in g.writes)
+        spans = [
+            (g.vb, g.epoch, min(s for s, _ in g.writes) if g.writes else None, max(s for s, _ in g.writes) if g.writes else 0)
+            for g in groups
+        ]
+
+        def body(cur: Cursor, written: Written) -> EffectResult:
+            found = self._lock_marks(cur, function, (g.vb for g in groups))
+            if not conditional:
+                new_marks = []
+                for vb, epoch, lowest, highest in spans:
+                    mark_epoch, mark_seqno = found.get(vb, (0, 0))
+                    if mark_epoch > epoch or (lowest is not None and lowest <= mark_seqno):
+                        break
+                    new_marks.append((vb, epoch, max(mark_seqno, highest)))
+                else:
+                    writer.log_in(cur, written, ready, who, None)
+                    self._set_marks(cur, function, new_marks)
+                    return EffectResult(applied=len(ready))
+            return general(cur, written, found)
+
+        def general(cur: Cursor, written: Written, found: Marks) -> EffectResult:
+            result = EffectResult()
+            writes: list[Write] = []
+            new_marks = []
+            pending: list[tuple[int, int, Write]] = []
+            for g in groups:
+                mark_epoch, mark_seqno = found.get(g.vb, (0, 0))
+                if mark_epoch > g.epoch:
+                    result.fenced_vbs.add(g.vb)
+                    result.fenced_writes += len(g.writes)
+                    continue
+                top = mark_seqno
+                for src_seqno, w in g.writes:
+                    if src_seqno <= mark_seqno:
+                        result.duplicates += 1
+                        continue
+                    if conditional:
+                        pending.append((g.vb, src_seqno, w))
+                    else:
+                        writes.append(w)
+                    top = max(top, src_seqno)
+                new_marks.append((g.vb, g.epoch, top))
+            if conditional and pending:
+                # Every write goes through the check, in order, against the documents as they are under
+                # the locks of their vBuckets.
+                writer.lock_heads(cur, (vb_of(w.key) for _, _, w in pending))
+                stored = self._docs_in(cur, {w.key for _, _, w in pending})
+                writes, result.conflicts = resolve_conditions(pending, stored.get)
+            writer.log_in(cur, written, items_of(writes), who, None)
+            result.applied = len(writes)
+            self._set_marks(cur, function, new_marks)
+            return result
+
+        return writer.run(body)
+
+    def _docs_in(self, cur: Cursor, keys: set[str]) -> dict[str, tuple[bytes, int, int]]:
+        rows = cur.execute(
+            "SELECT key, doc, cas, expiry FROM bucket_docs WHERE bucket = %s AND key = ANY(%s::text[]) AND NOT deleted",
+            (self.ref.id, [k for k in keys if "\x00" not in k]),
+        ).fetchall()
+        return {key: (doc, cas, expiry) for key, doc, cas, expiry in rows}
+
+
+__all__ = ["EffectApplier"]

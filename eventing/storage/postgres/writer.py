@@ -1,0 +1,392 @@
+"""The write path of a PostgreSQL bucket (``LogWriter``): each write gets the next seqno of its vBucket, a fresh
+cas and its transaction's arrival time, exactly as a bucket file's (eventing.storage.writes), and once the
+transaction commits the workers owning the written vBuckets are told (eventing.storage.postgres.wake).
+
+A write transaction is three statements whatever its size:
+
+1. ``lock_heads``: the high seqno rows of the vBuckets it writes, locked in vBucket order (``FOR UPDATE``):
+   writers of other vBuckets go on, writers of the same vBuckets wait for the commit, so a vBucket's
+   seqnos are handed out in order and never twice, and a reader never sees seqno n + 1 before n;
+2. for a batch holding deletes, whether each deleted key is live (a delete of nothing is not logged);
+3. ``insert_in``: the log rows, with the documents' new versions and the high seqnos derived from them by
+   the server (each key's last version, each vBucket's last seqno), so the rows cross the wire once: one
+   row as plain parameters, up to COPY_MIN_ROWS as arrays (``unnest``) in one statement, more by binary
+   COPY and one statement after it.
+
+Also the check-and-set behind the Data API (``change_documents``: every document read and written under
+the locks of its vBuckets, so no other writer slips in between), expirations and imports.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections.abc import Callable, Iterable, Sequence
+from itertools import repeat
+from typing import Any, TypeVar
+
+from eventing.core.keyspaces import COLLECTION_MARK, vbucket_of_stored
+from eventing.core.mutation import OP_EXPIRE, OP_UPDATE
+from eventing.errors import InvalidKeyError
+from eventing.storage.postgres.registry import BucketRef
+from eventing.storage.postgres.wake import WakeSender
+from eventing.storage.values import Changed, StoredDocument, Write
+from eventing.storage.writes import _reserve_cas
+from metadata.postgres.connection import Cursor
+from sharding import NUM_VBUCKETS
+
+T = TypeVar("T")
+Item = tuple[str, int, "bytes | None", int, int]  # (key, op, doc, expiry, flags)
+Written = set[int]  # the vBuckets a transaction logged writes in
+
+_INSERT = """
+WITH l AS (
+    INSERT INTO bucket_log(bucket, vb, seqno, key, op, cas, doc, origin, expiry, flags, arrival_ms)
+    SELECT %(bucket)s, r.vb, r.seqno, r.key, r.op, r.cas, r.doc, %(origin)s, r.expiry, r.flags, r.arrival_ms
+    FROM unnest(%(vb)s::int2[], %(seqno)s::int8[], %(key)s::text[], %(op)s::int2[], %(cas)s::int8[],
+                %(doc)s::bytea[], %(expiry)s::int8[], %(flags)s::int8[], %(arrival)s::int8[])
+         AS r(vb, seqno, key, op, cas, doc, expiry, flags, arrival_ms)
+    RETURNING vb, seqno, key, op, cas, doc, expiry, flags, arrival_ms
+), d AS (
+    INSERT INTO bucket_docs(bucket, key, vb, seqno, cas, deleted, doc, expiry, flags)
+    SELECT DISTINCT ON (key) %(bucket)s, key, vb, seqno, cas, op <> 0, CASE WHEN op = 0 THEN doc END, expiry, flags
+    FROM l ORDER BY key, seqno DESC
+    ON CONFLICT (bucket, key) DO UPDATE SET vb = excluded.vb, seqno = excluded.seqno, cas = excluded.cas,
+        deleted = excluded.deleted, doc = excluded.doc, expiry = excluded.expiry, flags = excluded.flags
+)
+UPDATE bucket_high h SET seqno = m.seqno, arrival_ms = m.arrival_ms
+FROM (SELECT vb, max(seqno) AS seqno, max(arrival_ms) AS arrival_ms FROM l GROUP BY vb) m
+WHERE h.bucket = %(bucket)s AND h.vb = m.vb
+"""
+
+
+# One row (a Data API write): the same three changes with plain parameters, no arrays to build or unpack.
+_INSERT_ONE = """
+WITH l AS (
+    INSERT INTO bucket_log(bucket, vb, seqno, key, op, cas, doc, origin, expiry, flags, arrival_ms)
+    VALUES (%(bucket)s, %(vb)s, %(seqno)s, %(key)s, %(op)s, %(cas)s, %(doc)s, %(origin)s, %(expiry)s, %(flags)s,
+            %(arrival)s)
+), d AS (
+    INSERT INTO bucket_docs(bucket, key, vb, seqno, cas, deleted, doc, expiry, flags)
+    VALUES (%(bucket)s, %(key)s, %(vb)s, %(seqno)s, %(cas)s, %(deleted)s, %(live_doc)s, %(expiry)s, %(flags)s)
+    ON CONFLICT (bucket, key) DO UPDATE SET vb = excluded.vb, seqno = excluded.seqno, cas = excluded.cas,
+        deleted = excluded.deleted, doc = excluded.doc, expiry = excluded.expiry, flags = excluded.flags
+)
+UPDATE bucket_high SET seqno = %(seqno)s, arrival_ms = %(arrival)s WHERE bucket = %(bucket)s AND vb = %(vb)s
+"""
+# A batch of at least COPY_MIN_ROWS rows: the log rows by binary COPY (the client packs a row in ~1 us,
+# a quarter of what building and sending the arrays costs), then the documents and high seqnos derived by
+# the server from the rows just copied (each vBucket's new seqnos are one range of the log's key).
+COPY_MIN_ROWS = 200
+_COPY = ("COPY bucket_log(bucket, vb, seqno, key, op, cas, doc, origin, expiry, flags, arrival_ms) "
+         "FROM STDIN (FORMAT BINARY)")
+_COPY_TYPES = ["int4", "int2", "int8", "text", "int2", "int8", "bytea", "text", "int8", "int8", "int8"]
+_AFTER_COPY = """
+WITH u AS (
+    SELECT * FROM unnest(%(vb)s::int2[], %(first)s::int8[], %(last)s::int8[], %(arrival)s::int8[])
+        AS u(vb, first_seqno, last_seqno, arrival_ms)
+), d AS (
+    INSERT INTO bucket_docs(bucket, key, vb, seqno, cas, deleted, doc, expiry, flags)
+    SELECT DISTINCT ON (l.key) %(bucket)s, l.key, l.vb, l.seqno, l.cas, l.op <> 0, CASE WHEN l.op = 0 THEN l.doc END,
+        l.expiry, l.flags
+    FROM u JOIN bucket_log l ON l.bucket = %(bucket)s AND l.vb = u.vb AND l.seqno BETWEEN u.first_seqno AND u.last_seqno
+    ORDER BY l.key, l.seqno DESC
+    ON CONFLICT (bucket, key) DO UPDATE SET vb = excluded.vb, seqno = excluded.seqno, cas = excluded.cas,
+        deleted = excluded.deleted, doc = excluded.doc, expiry = excluded.expiry, flags = excluded.flags
+)
+UPDATE bucket_high h SET seqno = u.last_seqno, arrival_ms = u.arrival_ms FROM u WHERE h.bucket = %(bucket)s AND h.vb = u.vb
+"""
+_LOCK = ("SELECT vb, seqno, arrival_ms FROM bucket_high WHERE bucket = %s AND vb = ANY(%s::int2[]) "
+         "ORDER BY vb FOR UPDATE")
+_LOCK_ONE = "SELECT vb, seqno, arrival_ms FROM bucket_high WHERE bucket = %s AND vb = %s FOR UPDATE"
+_DOCS = ("SELECT key, doc, cas, expiry, flags, vb, seqno FROM bucket_docs "
+         "WHERE bucket = %s AND key = ANY(%s::text[]) AND NOT deleted")
+_DOCS_ONE = ("SELECT key, doc, cas, expiry, flags, vb, seqno FROM bucket_docs "
+             "WHERE bucket = %s AND key = %s AND NOT deleted")
+
+
+def vb_of(key: str) -> int:
+    """sharding.vbucket_of, inlined (a collection's stored key: the vBucket of its own key)."""
+    if key.startswith(COLLECTION_MARK):
+        return vbucket_of_stored(key)
+    return ((zlib.crc32(key.encode()) >> 16) & 0x7FFF) % NUM_VBUCKETS
+
+
+def check_key(key: str) -> None:
+    """PostgreSQL text holds no NUL character: a key with one is refused (a bucket file takes it)."""
+    if "\x00" in key:
+        raise InvalidKeyError(
+            f"key {key[:40]!r} holds a NUL character, which a PostgreSQL store cannot keep; use a key without it"
+        )
+
+
+def items_of(writes: Iterable[Write]) -> list[Item]:
+    return [w[:5] for w in writes]  # (key, op, doc, expiry, flags)
+
+
+class Rows:
+    """Log rows being assembled, column by column (what ``insert`` sends as arrays)."""
+
+    __slots__ = ("vb", "seqno", "key", "op", "cas", "doc", "expiry", "flags", "arrival")
+
+    def __init__(self) -> None:
+        self.vb: list[int] = []
+        self.seqno: list[int] = []
+        self.key: list[str] = []
+        self.op: list[int] = []
+        self.cas: list[int] = []
+        self.doc: list[bytes | None] = []
+        self.expiry: list[int] = []
+        self.flags: list[int] = []
+        self.arrival: list[int] = []
+
+    def add(self, vb: int, seqno: int, key: str, op: int, cas: int, doc: bytes | None, expiry: int, flags: int,
+            arrival: int) -> None:
+        self.vb.append(vb)
+        self.seqno.append(seqno)
+        self.key.append(key)
+        self.op.append(op)
+        self.cas.append(cas)
+        self.doc.append(doc)
+        self.expiry.append(expiry)
+        self.flags.append(flags)
+        self.arrival.append(arrival)
+
+    def __len__(self) -> int:
+        return len(self.vb)
+
+
+class LogWriter:
+    """Writes to one bucket's rows. Every ``*_in`` method runs inside a transaction ``run`` opened and adds
+    the vBuckets it logged writes in to ``written``."""
+
+    def __init__(self, ref: BucketRef, wake: WakeSender):
+        self.ref = ref
+        self.wake = wake
+
+    # -- transactions ---------------------------------------------------------------------------------
+
+    def run(self, body: Callable[[Cursor, Written], T]) -> T:
+        """``body`` in one transaction (run again from the start where the server went away, so it must
+        only compute from its inputs); once committed, the written vBuckets' owners are told."""
+        written: Written = set()
+
+        def once(cur: Cursor) -> T:
+            written.clear()  # a transaction run again logs again
+            return body(cur, written)
+
+        out = self.ref.db.transaction(once)
+        if written:
+            self.wake.notify(self.ref.name, written)
+        return out
+
+    # -- the one write path ---------------------------------------------------------------------------
+
+    def lock_heads(self, cur: Cursor, vbs: Iterable[int]) -> tuple[dict[int, int], dict[int, int]]:
+        """Lock the high seqno rows of ``vbs`` (in vBucket order: two writers never wait for each other in
+        a cycle); their high seqnos and last arrival times."""
+        wanted = sorted(set(vbs))
+        if not wanted:
+            return {}, {}
+        if len(wanted) == 1:
+            rows = cur.execute(_LOCK_ONE, (self.ref.id, wanted[0])).fetchall()
+        else:
+            rows = cur.execute(_LOCK, (self.ref.id, wanted)).fetchall()
+        if len(rows) != len(wanted):
+            raise self.ref.missing_rows()
+        return {vb: seqno for vb, seqno, _ in rows}, {vb: last for vb, _, last in rows}
+
+    def live_in(self, cur: Cursor, keys: Iterable[str]) -> dict[str, bool]:
+        """Whether each key has a live document; keys without a row are left out."""
+        wanted = list(keys)
+        if not wanted:
+            return {}
+        rows = cur.execute(
+            "SELECT key, deleted FROM bucket_docs WHERE bucket = %s AND key = ANY(%s::text[])", (self.ref.id, wanted)
+        ).fetchall()
+        return {key: not deleted for key, deleted in rows}
+
+    def log_in(
+        self, cur: Cursor, written: Written, items: Sequence[Item], origin: str | None, arrival_ms: int | None,
+        *, live: dict[str, bool] | None = None,
+    ) -> list[tuple[int, int] | None]:
+        """Log ``items`` ``(key, op, doc, expiry, flags)``: each gets the next seqno of its vBucket, a fresh
+        cas and the transaction's arrival time (never below its vBucket's last one); a delete of a document
+        that does not exist (at that point of the batch) is skipped. Returns (vb, seqno) per item, None for
+        a skipped delete. ``live``: what the caller read already of the deleted keys (under the locks)."""
+        if not items:
+            return []
+        arrival = int(time.time() * 1000) if arrival_ms is None else int(arrival_ms)
+        for item in items:
+            check_key(item[0])
+        vbs = [vb_of(item[0]) for item in items]
+        highs, lasts = self.lock_heads(cur, vbs)
+        arrivals = {vb: max(arrival, last) for vb, last in lasts.items()}
+        deleting = {item[0] for item in items if item[1] != OP_UPDATE}
+        if deleting and live is None:
+            live = self.live_in(cur, deleting)
+        live = dict(live or {})
+        cas = _reserve_cas(len(items))
+        order = sorted(range(len(items)), key=vbs.__getitem__)  # stable: a vBucket's seqnos follow the items
+        rows = Rows()
+        out: list[tuple[int, int] | None] = [None] * len(items)
+        for i in order:
+            key, op, doc, expiry, flags = items[i]
+            if op != OP_UPDATE:
+                if not live.get(key, False):
+                    continue
+                live[key] = False
+                doc = None
+            elif deleting and key in deleting:
+                live[key] = True
+            vb = vbs[i]
+            seqno = highs[vb] = highs[vb] + 1
+            rows.add(vb, seqno, key, op, cas + 1 + i, doc, expiry, flags, arrivals[vb])
+            out[i] = (vb, seqno)
+        self.insert_in(cur, written, rows, origin)
+        return out
+
+    def insert_in(self, cur: Cursor, written: Written, rows: Rows, origin: str | None) -> None:
+        """The log rows (their vBuckets locked by ``lock_heads``), the documents' new versions and the moved
+        high seqnos, in one statement."""
+        if not rows:
+            return
+        if len(rows) == 1:
+            live = rows.op[0] == OP_UPDATE
+            cur.execute(_INSERT_ONE, {
+                "bucket": self.ref.id, "origin": origin, "vb": rows.vb[0], "seqno": rows.seqno[0], "key": rows.key[0],
+                "op": rows.op[0], "cas": rows.cas[0], "doc": rows.doc[0], "expiry": rows.expiry[0],
+                "flags": rows.flags[0], "arrival": rows.arrival[0], "deleted": not live,
+                "live_doc": rows.doc[0] if live else None,
+            })  # type: ignore[arg-type]
+        elif len(rows) >= COPY_MIN_ROWS:
+            self._copy_in(cur, rows, origin)
+        else:
+            cur.execute(_INSERT, {
+                "bucket": self.ref.id, "origin": origin, "vb": rows.vb, "seqno": rows.seqno, "key": rows.key,
+                "op": rows.op, "cas": rows.cas, "doc": rows.doc, "expiry": rows.expiry, "flags": rows.flags,
+                "arrival": rows.arrival,
+            })  # type: ignore[arg-type]
+        written.update(rows.vb)
+
+    def _copy_in(self, cur: Cursor, rows: Rows, origin: str | None) -> None:
+        bucket = self.ref.id
+        with cur.copy(_COPY) as copy:
+            copy.set_types(_COPY_TYPES)
+            write_row = copy.write_row
+            for row in zip(repeat(bucket), rows.vb, rows.seqno, rows.key, rows.op, rows.cas, rows.doc, repeat(origin),
+                           rows.expiry, rows.flags, rows.arrival, strict=False):  # repeat() is endless
+                write_row(row)
+        runs: dict[int, list[int]] = {}  # vb -> [first seqno, last seqno, arrival]
+        for vb, seqno, arrival in zip(rows.vb, rows.seqno, rows.arrival, strict=True):
+            run = runs.get(vb)
+            if run is None:
+                runs[vb] = [seqno, seqno, arrival]
+            else:
+                run[1] = seqno
+        vbs = sorted(runs)
+        cur.execute(_AFTER_COPY, {
+            "bucket": bucket, "vb": vbs, "first": [runs[vb][0] for vb in vbs], "last": [runs[vb][1] for vb in vbs],
+            "arrival": [runs[vb][2] for vb in vbs],
+        })  # type: ignore[arg-type]
+
+    # -- what the bucket offers -----------------------------------------------------------------------
+
+    def write(self, writes: Iterable[Write], origin: str | None, arrival_ms: int | None) -> list[tuple[int, int] | None]:
+        items = items_of(writes)  # a transaction run again must see every write again
+        return self.run(lambda cur, written: self.log_in(cur, written, items, origin, arrival_ms))
+
+    def load_rows(self, rows: Sequence[tuple[str, int, bytes | None, int]], arrival_ms: int | None) -> int:
+        items = [(key, op, doc, expiry, 0) for key, op, doc, expiry in rows]
+        placed = self.run(lambda cur, written: self.log_in(cur, written, items, None, arrival_ms))
+        return sum(1 for p in placed if p is not None)
+
+    def expire_due(self, now_s: float | None) -> int:
+        """Documents whose expiry has passed become expirations (on_delete with expired), in one transaction."""
+        now = int(time.time() if now_s is None else now_s)
+
+        def body(cur: Cursor, written: Written) -> int:
+            due = "SELECT key FROM bucket_docs WHERE bucket = %s AND expiry > 0 AND NOT deleted AND expiry <= %s"
+            candidates = [r[0] for r in cur.execute(due, (self.ref.id, now)).fetchall()]
+            if not candidates:
+                return 0
+            # Read again under the locks of their vBuckets: a document deleted or touched meanwhile stays so.
+            self.lock_heads(cur, map(vb_of, candidates))
+            keys = [r[0] for r in cur.execute(f"{due} AND key = ANY(%s::text[])", (self.ref.id, now, candidates)).fetchall()]
+            self.log_in(cur, written, [(k, OP_EXPIRE, None, 0, 0) for k in keys], None, None,
+                        live=dict.fromkeys(keys, True))
+            return len(keys)
+
+        return self.run(body)
+
+    def change_documents(
+        self, changes: Sequence[tuple[str, Callable[[StoredDocument | None], Write | None]]], origin: str | None
+    ) -> list[Changed | Exception]:
+        """LocalBucket.change_documents: one transaction for all; each change sees the document as the earlier
+        ones left it; a change that raises writes nothing and its exception takes its place."""
+
+        def body(cur: Cursor, written: Written) -> list[Changed | Exception]:
+            keys = {key for key, _ in changes if "\x00" not in key}
+            (highs, lasts), state = self._lock_and_read(cur, keys)
+            arrival = int(time.time() * 1000)
+            rows = Rows()
+            out: list[Changed | Exception] = []
+            for key, change in changes:
+                try:
+                    check_key(key)
+                    write = change(state.get(key))
+                    if write is not None:
+                        check_key(write.key)
+                except Exception as exc:  # this document's condition failed: the others go on
+                    out.append(exc)
+                    continue
+                if write is None:
+                    out.append(Changed(state.get(key)))
+                    continue
+                target = write.key
+                vb = vb_of(target)
+                if vb not in highs:  # a change that writes another key than its own
+                    more_highs, more_lasts = self.lock_heads(cur, [vb])
+                    highs.update(more_highs)
+                    lasts.update(more_lasts)
+                if target not in state and target not in keys:
+                    state.update(self._live_docs_in(cur, {target}))
+                    keys.add(target)
+                if write.op != OP_UPDATE and state.get(target) is None:  # a delete of nothing
+                    out.append(Changed(None))
+                    continue
+                cas = _reserve_cas(1) + 1
+                seqno = highs[vb] = highs[vb] + 1
+                doc = write.doc if write.op == OP_UPDATE else None
+                rows.add(vb, seqno, target, write.op, cas, doc, write.expiry, write.flags, max(arrival, lasts[vb]))
+                after = (StoredDocument(target, write.doc or b"", cas, write.expiry, write.flags, vb, seqno)
+                         if write.op == OP_UPDATE else None)
+                state[target] = after
+                out.append(Changed(after, cas, vb, seqno))
+            self.insert_in(cur, written, rows, origin)
+            return out
+
+        return self.run(body)
+
+    def _lock_and_read(
+        self, cur: Cursor, keys: set[str]
+    ) -> tuple[tuple[dict[int, int], dict[int, int]], dict[str, StoredDocument | None]]:
+        """Lock the high seqnos of the keys' vBuckets, then read their live documents. The documents are read
+        by a statement of their own, after the locks are held: a statement's snapshot is taken when it
+        starts, so a document read by the locking statement itself could be the version from before a
+        writer it waited for."""
+        if not keys:
+            return ({}, {}), {}
+        heads = self.lock_heads(cur, (vb_of(key) for key in keys))
+        if len(keys) == 1:
+            rows: list[Any] = cur.execute(_DOCS_ONE, (self.ref.id, next(iter(keys)))).fetchall()
+        else:
+            rows = cur.execute(_DOCS, (self.ref.id, list(keys))).fetchall()
+        return heads, {row[0]: StoredDocument(*row) for row in rows}
+
+    def _live_docs_in(self, cur: Cursor, keys: Iterable[str]) -> dict[str, StoredDocument | None]:
+        wanted = list(keys)
+        if not wanted:
+            return {}
+        rows: list[Any] = cur.execute(_DOCS, (self.ref.id, wanted)).fetchall()
+        return {row[0]: StoredDocument(*row) for row in rows}
