@@ -31,9 +31,10 @@ def _start_kv(args: argparse.Namespace, config: Any) -> Any:
     port already taken (another server on this machine) leaves it off with one line; a port asked for is
     an error."""
     from eventing.errors import ConfigError
-    from eventing.kv.server import DEFAULT_KV_PORT, start_kv_server
+    from eventing.kv.server import DEFAULT_KV_PORT, register_node, start_kv_server
 
     port = DEFAULT_KV_PORT if args.kv_port is None else args.kv_port
+    register_node(config, None)  # /pools names the HTTP port, and the KV port once it listens
     if port == 0:
         return None
     try:

@@ -401,7 +401,7 @@ def deploying_as(data_dir: str, name: str, identity: Identity) -> Iterator[None]
 LOAD_PREFIX = "/api/v1/keyspaces/"  # POST /api/v1/keyspaces/{keyspace}/load: a bulk load (data_writer)
 LISTINGS = frozenset({"/api/v1/functions", "/api/v1/status", "/api/v1/stats", "/api/v1/export",
                       "/api/v1/list/functions", "/getDeployedApps", "/getRunningApps"})
-CLUSTER_PREFIXES = ("/api/v1/nodes", "/api/v1/rebalance", "/api/v1/buckets", "/metrics", "/api/v1/config")
+CLUSTER_PREFIXES = ("/api/v1/nodes", "/api/v1/rebalance", "/api/v1/buckets", "/metrics", "/api/v1/config", "/pools")
 CREATES = frozenset({"/api/v1/import", "/api/v1/functions"})  # a POST body of functions, one or a list
 
 

@@ -34,7 +34,8 @@ class Node:
         return "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
 
     def services(self) -> dict[str, int]:
-        return {"kv": self.kv_port, "mgmt": self.http_port, "eventingAdminPort": self.http_port}
+        kv = {"kv": self.kv_port} if self.kv_port else {}  # no KV port: started with --kv-port 0
+        return {**kv, "mgmt": self.http_port, "eventingAdminPort": self.http_port}
 
     def node_ext(self) -> dict[str, Any]:
         return {"services": self.services(), "thisNode": True, "hostname": self.advertised}

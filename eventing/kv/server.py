@@ -467,10 +467,25 @@ class _Connection:
         return None
 
 
+_NODES: dict[str, bootstrap.Node] = {}
+
+
+def register_node(config: ServerConfig, kv_port: int | None) -> None:
+    """What the /pools documents of this data directory advertise: this process's HTTP and KV ports."""
+    _NODES[config.data_dir] = bootstrap.Node(config.host, kv_port or 0, config.port)
+
+
+def node_of(data_dir: str) -> bootstrap.Node:
+    from eventing.http.auth import DEFAULT_HOST, DEFAULT_PORT
+
+    return _NODES.get(data_dir) or bootstrap.Node(DEFAULT_HOST, 0, DEFAULT_PORT)
+
+
 def start_kv_server(config: ServerConfig, kv_port: int = DEFAULT_KV_PORT) -> KvServer:
     server = KvServer(config, kv_port)
     server.start()
+    register_node(config, server.node.kv_port)
     return server
 
 
-__all__ = ["DEFAULT_KV_PORT", "KvServer", "may_use_bucket", "presented_credentials", "start_kv_server"]
+__all__ = ["DEFAULT_KV_PORT", "KvServer", "may_use_bucket", "node_of", "presented_credentials", "register_node", "start_kv_server"]

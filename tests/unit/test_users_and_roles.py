@@ -77,11 +77,15 @@ def state(data_dir: str, name: str) -> str:
 # -- passwords -------------------------------------------------------------------------------------------
 
 
-def test_a_password_is_stored_only_as_a_salted_scrypt_hash_with_its_parameters():
+def test_a_password_is_stored_only_as_a_salted_scrypt_hash_and_salted_scram_keys():
     first, second = auth.hash_password("correct horse"), auth.hash_password("correct horse")
     assert first != second  # a fresh salt each time
-    scheme, n, r, p, salt, digest = first.split("$")
+    scrypt, *scram = first.split(";")
+    scheme, n, r, p, salt, digest = scrypt.split("$")
     assert (scheme, int(n), int(r), int(p), len(base64.b64decode(salt))) == ("scrypt", 2**14, 8, 1, 16)
+    # the KV port's SCRAM keys (eventing.kv.sasl): salted, iterated, one set a mechanism
+    assert [k.split("$")[:2] for k in scram] == [["scram-sha512", "15000"], ["scram-sha256", "15000"],
+                                                  ["scram-sha1", "15000"]]
     assert "correct horse" not in first
     assert auth.verify_password("correct horse", first) and not auth.verify_password("correct hors", first)
     assert not auth.verify_password("x", "not a hash")
