@@ -31,7 +31,8 @@ class ScramKeys:
     server_key: bytes
 
 
-def derive_keys(password: str, digest: str, salt: bytes, iterations: int = SCRAM_ITERATIONS) -> ScramKeys:
+def derive_keys(password: str, digest: str, salt: bytes, iterations: int | None = None) -> ScramKeys:
+    iterations = SCRAM_ITERATIONS if iterations is None else iterations
     salted = hashlib.pbkdf2_hmac(digest, password.encode("utf-8"), salt, iterations)
     client_key = hmac.new(salted, b"Client Key", digest).digest()
     server_key = hmac.new(salted, b"Server Key", digest).digest()

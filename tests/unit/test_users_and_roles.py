@@ -21,6 +21,7 @@ from eventing.errors import ConfigError
 from eventing.http import auth
 from eventing.http.app import build_app
 from eventing.http.auth import Authenticator, AuthError, Grant, ServerConfig, deployed_by_admin
+from eventing.kv import sasl
 from eventing.storage.bucket import LocalBucket
 from eventing.testing import deploy_function
 from metadata.factory import open_store
@@ -34,7 +35,7 @@ ROLES = {"root": ["admin"], "ro": ["ro_admin"], "mgr": ["eventing_manage_functio
 HANDLER = "def on_update(doc, meta):\n    pass\n"
 
 
-PRODUCTION_COST_TESTS = {"test_a_password_is_stored_only_as_a_salted_scrypt_hash_with_its_parameters"}
+PRODUCTION_COST_TESTS = {"test_a_password_is_stored_only_as_a_salted_scrypt_hash_and_salted_scram_keys"}
 
 
 @pytest.fixture(autouse=True)
@@ -44,6 +45,7 @@ def cheap_scrypt(request, monkeypatch):
     hashing and verifying run the same code, faster. The tests of PRODUCTION_COST_TESTS keep SCRYPT_N."""
     if request.node.originalname not in PRODUCTION_COST_TESTS:
         monkeypatch.setattr(auth, "SCRYPT_N", 2**8)
+        monkeypatch.setattr(sasl, "SCRAM_ITERATIONS", 64)  # the SCRAM keys kept beside the hash, likewise
 
 
 def basic(user: str, password: str | None = None) -> dict[str, str]:
