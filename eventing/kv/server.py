@@ -471,7 +471,11 @@ _NODES: dict[str, bootstrap.Node] = {}
 
 
 def register_node(config: ServerConfig, kv_port: int | None) -> None:
-    """What the /pools documents of this data directory advertise: this process's HTTP and KV ports."""
+    """What the /pools documents of this data directory advertise: this process's HTTP and KV ports (None:
+    keep the KV port already registered for that HTTP server, if any)."""
+    known = _NODES.get(config.data_dir)
+    if kv_port is None and known is not None and known.http_port == config.port:
+        kv_port = known.kv_port
     _NODES[config.data_dir] = bootstrap.Node(config.host, kv_port or 0, config.port)
 
 
