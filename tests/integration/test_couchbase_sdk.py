@@ -94,7 +94,7 @@ def test_crud_with_cas_and_the_exceptions_the_sdk_maps(site, shop):
     c = shop.default_collection()
     first = c.upsert("crud", {"n": 1})
     # the SDK routed the key by the map it was given: this system's vBucket of the key (sharding.vbucket)
-    for key in ("crud", "a", "user::42", "ü-key"):
+    for key in ("route", "a", "user::42", "ü-key"):
         token = c.upsert(key, {"k": key}).mutation_token()
         assert token.partition_id == vbucket_of(key)
         with open_keyspace(site["data_dir"], "shop") as coll:
@@ -181,7 +181,8 @@ def test_scopes_and_collections_and_an_unknown_collection(site, shop):
     assert "COLLECTION_OUTDATED" in str(caught.value).upper()
 
 
-def test_wrong_password_and_a_reader_that_writes(site):
+def test_wrong_password_and_a_reader_that_writes(site, shop):
+    shop.default_collection().upsert("for-reader", {"r": 1})
     with pytest.raises(AuthenticationException):
         connect(site, "app", "not-the-password")
     with pytest.raises(AuthenticationException):
@@ -189,7 +190,7 @@ def test_wrong_password_and_a_reader_that_writes(site):
     reader = connect(site, "reader")
     try:
         c = reader.bucket("shop").default_collection()
-        c.get("crud-new")
+        assert c.get("for-reader").content_as[dict] == {"r": 1}
         with pytest.raises(AuthenticationException) as refused:  # no_access (0x24), as the SDK maps it
             c.upsert("by-reader", {"x": 1})
         assert "'status_code': 36" in str(refused.value)
