@@ -7,7 +7,11 @@ it is installed (Debian: `apt-get install wrk`), since it costs the shared cores
 `--client python`, from N Python threads with one keep-alive httpx.Client each (which take a large share of
 the CPU themselves).
 
-    .venv/bin/python scripts/bench_dataapi.py [--clients 16] [--seconds 10] [--rows 200000] [--client auto|wrk|python]
+`--client sdk` adds Couchbase's Python SDK (the `couchbase` package) against the KV port of the same server
+(eventing.kv): N threads sharing one Cluster, as an application would, each upserting single documents; the
+Data API's PUTs run first in the same run (wrk when installed, else Python threads) for the comparison.
+
+    .venv/bin/python scripts/bench_dataapi.py [--clients 16] [--seconds 10] [--rows 200000] [--client auto|wrk|python|sdk]
 """
 
 from __future__ import annotations
@@ -79,6 +83,43 @@ def put_bench(base: str, clients: int, seconds: float) -> dict[str, float]:
             "docs_per_s": round(sum(counts) / elapsed)}
 
 
+def sdk_bench(kv_port: int, clients: int, seconds: float) -> dict[str, float]:
+    """Single-document upserts through Couchbase's SDK from `clients` threads sharing one connection."""
+    from datetime import timedelta
+
+    from couchbase.auth import PasswordAuthenticator
+    from couchbase.cluster import Cluster
+    from couchbase.options import ClusterOptions
+
+    cluster = Cluster(f"couchbase://127.0.0.1:{kv_port}", ClusterOptions(PasswordAuthenticator("bench", "bench")))
+    cluster.wait_until_ready(timedelta(seconds=30))
+    coll = cluster.bucket("bench").default_collection()
+    counts = [0] * clients
+    errors = [0] * clients
+    stop = time.monotonic() + seconds
+
+    def client(i: int) -> None:
+        n = 0
+        while time.monotonic() < stop:
+            try:
+                coll.upsert(f"s{i}-{n}", {"n": n, "client": i, "text": "a small document"})
+                counts[i] += 1
+            except Exception:
+                errors[i] += 1
+            n += 1
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    start = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.monotonic() - start
+    cluster.close()
+    return {"docs": sum(counts), "errors": sum(errors), "seconds": round(elapsed, 2),
+            "docs_per_s": round(sum(counts) / elapsed)}
+
+
 WRK_SCRIPT = r"""
 local counter = 0
 function setup(thread)
@@ -124,11 +165,13 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--rows", type=int, default=200_000)
-    ap.add_argument("--client", choices=("auto", "wrk", "python"), default="auto",
-                    help="who sends the PUTs: wrk when installed (auto), else Python threads")
+    ap.add_argument("--client", choices=("auto", "wrk", "python", "sdk"), default="auto",
+                    help="who sends the PUTs: wrk when installed (auto), else Python threads; sdk: also Couchbase's "
+                    "SDK over the KV port, after the Data API's PUTs")
     args = ap.parse_args()
     client = args.client
-    if client == "auto":
+    sdk = client == "sdk"
+    if client in ("auto", "sdk"):
         client = "wrk" if shutil.which("wrk") else "python"
     elif client == "wrk" and not shutil.which("wrk"):
         raise SystemExit("wrk is not installed (Debian: apt-get install wrk); use --client python")
@@ -142,10 +185,10 @@ def main() -> None:
     with open(lines, "wb") as f:
         for i in range(args.rows):
             f.write(b'{"key":"k%07d","doc":{"i":%d,"name":"user %d","tags":["a","b"]}}\n' % (i, i, i))
-    port = free_port()
+    port, kv_port = free_port(), free_port()
     base = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([str(BIN), "serve", "--data-dir", str(data), "--port", str(port)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([str(BIN), "serve", "--data-dir", str(data), "--port", str(port), "--kv-port",
+                             str(kv_port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_up(base, proc)
         if client == "wrk":
@@ -153,6 +196,9 @@ def main() -> None:
         else:
             put = put_bench(base, args.clients, args.seconds)
         print(f"PUT from {args.clients} {client} clients: {put}", file=sys.stderr)
+        sdk_put = sdk_bench(kv_port, args.clients, args.seconds) if sdk else None
+        if sdk_put is not None:
+            print(f"SDK upserts from {args.clients} threads: {sdk_put}", file=sys.stderr)
 
         def chunks():
             with open(lines, "rb") as f:
@@ -175,6 +221,9 @@ def main() -> None:
         "bulk_http_rows_per_s": round(args.rows / http_s), "bucket_load_rows_per_s": round(args.rows / cli_s),
         "bulk_vs_bucket_load": round(cli_s / http_s, 2),
     }
+    if sdk_put is not None:
+        result.update({"sdk_docs_per_s": sdk_put["docs_per_s"], "sdk_errors": sdk_put["errors"],
+                       "sdk_vs_dataapi": round(sdk_put["docs_per_s"] / max(1, put["docs_per_s"]), 2)})
     shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(result))
 

@@ -2,7 +2,8 @@
 
 A function `lat` (source `src`, binding `dst`) copies each document to `dst`. This script writes documents
 to `src` at a steady rate (default 2,000/s for 60 s, one write a transaction, as an application writes)
-through the Python API, or with --http through the Data API of an `eventing serve` subprocess, while an
+through the Python API, or with --http through the Data API of an `eventing serve` subprocess (with --sdk
+through Couchbase's Python SDK to that server's KV port, eventing.kv), while an
 `eventing run` subprocess (default executor Ray; --executor in-process) runs the function. Each run does
 two phases on the same data directory, alternating with --runs: write notifications on (the default),
 then off (EVENTING_WAKE=0 for `eventing run`: caught-up workers are polled every 50 ms), the baseline.
@@ -99,6 +100,27 @@ class HttpWriter(Writer):
         self.conn.close()
 
 
+class SdkWriter(Writer):
+    """Couchbase's SDK (the `couchbase` package): an upsert to the KV port, signed in with the admin token."""
+
+    def __init__(self, kv_port: int, token: str):
+        from datetime import timedelta
+
+        from couchbase.auth import PasswordAuthenticator
+        from couchbase.cluster import Cluster
+        from couchbase.options import ClusterOptions
+
+        self.cluster = Cluster(f"couchbase://127.0.0.1:{kv_port}", ClusterOptions(PasswordAuthenticator("bench", token)))
+        self.cluster.wait_until_ready(timedelta(seconds=60))
+        self.collection = self.cluster.bucket("src").default_collection()
+
+    def write(self, key: str, doc: dict[str, Any]) -> None:
+        self.collection.upsert(key, doc)
+
+    def close(self) -> None:
+        self.cluster.close()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -141,14 +163,14 @@ def phase(args: argparse.Namespace, app: Eventing, data_dir: str, label: str, wa
     server = None
     writer: Writer
     try:
-        if args.http:
-            port, token = free_port(), "bench-latency-token"
+        if args.http or args.sdk:
+            port, kv_port, token = free_port(), free_port(), "bench-latency-token"
             server = subprocess.Popen(
-                [sys.executable, "-m", "eventing", "--data-dir", data_dir, "serve", "--port", str(port)],
-                env=dict(env, EVENTING_ADMIN_TOKEN=token), cwd=ROOT,
+                [sys.executable, "-m", "eventing", "--data-dir", data_dir, "serve", "--port", str(port), "--kv-port",
+                 str(kv_port)], env=dict(env, EVENTING_ADMIN_TOKEN=token), cwd=ROOT,
             )
             wait_http(port)
-            writer = HttpWriter(port, token)
+            writer = SdkWriter(kv_port, token) if args.sdk else HttpWriter(port, token)
         else:
             writer = ApiWriter(app)
         # Up once a first write has its effect (workers started, vBuckets claimed); then a second to settle.
@@ -232,6 +254,8 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=4, help="the function's workers (default 4)")
     parser.add_argument("--runs", type=int, default=1, help="alternate both phases this many times")
     parser.add_argument("--http", action="store_true", help="write through the Data API of `eventing serve`")
+    parser.add_argument("--sdk", action="store_true",
+                        help="write through Couchbase's SDK to the KV port of `eventing serve`")
     parser.add_argument("--no-baseline", action="store_true", help="only the phase with waking on")
     parser.add_argument("--data-dir", default=None, help="default: a fresh temporary folder")
     parser.add_argument("--cluster", action="store_true",

@@ -5,6 +5,7 @@ name is its default collection."""
 from __future__ import annotations
 
 import argparse
+import base64
 import json
 import os
 import sys
@@ -123,9 +124,36 @@ def cmd_bucket_upsert(args: argparse.Namespace) -> int:
             f"--expiry is {args.expiry}; give epoch seconds after which the document expires, or 0 for never"
         )
     with open_keyspace(writable_state(args), args.name) as bucket:
-        vb, seqno = bucket.upsert(args.key, parse_doc_arg(args.doc), expiry=args.expiry)
+        vb, seqno = bucket.upsert(args.key, _document_arg(args.doc), expiry=args.expiry)
     _print_write(args, "upserted", vb, seqno)
     return 0
+
+
+def _document_arg(text: str) -> object:
+    """A JSON object as handlers read it (a dict); any other JSON value (a string, number, array, true, false,
+    null) as its JSON text, as the Data API and the SDKs store them and handlers write them."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return parse_doc_arg(text)  # its one-line error names the quoting
+    if isinstance(value, dict):
+        return parse_doc_arg(text)
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _shown(doc: object) -> tuple[object, str]:
+    """A stored document as JSON and its kind: an object; a JSON value kept as its text; UTF-8 text that is
+    not JSON (as a string); or binary bytes (as base64)."""
+    if not isinstance(doc, bytes):
+        return doc, "json"
+    try:
+        text = doc.decode("utf-8")
+    except UnicodeDecodeError:
+        return base64.b64encode(doc).decode(), "binary"
+    try:
+        return json.loads(text), "json"
+    except ValueError:
+        return text, "text"
 
 
 def cmd_bucket_delete(args: argparse.Namespace) -> int:
@@ -150,10 +178,15 @@ def cmd_bucket_get(args: argparse.Namespace) -> int:
         if doc is None:
             raise NotFoundError(f"document '{args.key}' does not exist in {bucket.keyspace_phrase()}")
         meta = bucket.get_meta(args.key)
+    value, kind = _shown(doc)
     if args.json:
-        emit_json({"key": args.key, "meta": meta, "doc": doc})
+        emit_json({"key": args.key, "meta": meta, "doc": value, **({"datatype": kind} if kind != "json" else {})})
+    elif kind == "json":
+        print(json.dumps(value, indent=2, ensure_ascii=False))
+    elif kind == "text":
+        print(value)
     else:
-        print(json.dumps(doc, indent=2))
+        print(f"(binary document, {len(doc)} bytes, base64) {value}")
     return 0
 
 

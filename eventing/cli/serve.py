@@ -38,17 +38,46 @@ def _banner(config: Any) -> str:
             f"API description at /api/v1/openapi.json, metrics at /metrics")
 
 
+def _start_kv(args: argparse.Namespace, config: Any) -> Any:
+    """The KV port beside the HTTP server (eventing.kv): --kv-port, 11210 by default, 0 for none. The default
+    port already taken (another server on this machine) leaves it off with one line; a port asked for is
+    an error."""
+    from eventing.errors import ConfigError
+    from eventing.kv.server import DEFAULT_KV_PORT, register_node, start_kv_server
+
+    port = DEFAULT_KV_PORT if args.kv_port is None else args.kv_port
+    register_node(config, None)  # /pools names the HTTP port, and the KV port once it listens
+    if port == 0:
+        return None
+    try:
+        return start_kv_server(config, port)
+    except OSError as exc:
+        if args.kv_port is not None:
+            raise ConfigError(f"cannot listen for the KV protocol on {config.host}:{port} ({exc.strerror or exc}); "
+                              "pick another port with --kv-port, or 0 for none") from None
+        print(f"warning: the KV port {config.host}:{port} is taken ({exc.strerror or exc}); Couchbase SDKs cannot "
+              "connect to this server: give --kv-port PORT", file=sys.stderr, flush=True)
+        return None
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from eventing.http.server import make_server
 
     config = _config(args, args.port)
     server = make_server(config)  # checks the bind rule and tokens first
+    kv = _start_kv(args, config)
+    kv_port = kv.node.kv_port if kv is not None else None
     if args.json:
         emit_json({"url": f"http://{config.host}:{config.port}/", "data_dir": config.state.shown,
-                   "secured": bool(_credentials(config)), "credentials": _credentials(config)})
+                   "secured": bool(_credentials(config)), "credentials": _credentials(config), "kv_port": kv_port})
     else:
-        print(_banner(config), flush=True)
-    server.run()
+        print(_banner(config) + (f"; Couchbase SDKs at couchbase://{config.host} (KV port {kv_port})" if kv_port else ""),
+              flush=True)
+    try:
+        server.run()
+    finally:
+        if kv is not None:
+            kv.stop()
     return 0 if server.started else 1
 
 
@@ -63,11 +92,14 @@ def _with_serve(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.
 
         config = _config(args, args.serve)
         server = start_in_thread(config)
-        print(_banner(config), file=sys.stderr, flush=True)
+        kv = _start_kv(args, config)
+        print(_banner(config) + (f"; KV port {kv.node.kv_port}" if kv is not None else ""), file=sys.stderr, flush=True)
         try:
             return run(args)
         finally:
             server.should_exit = True
+            if kv is not None:
+                kv.stop()
 
     return run_with_server
 
@@ -98,6 +130,9 @@ def _add_server_options(p: argparse.ArgumentParser, *, host: bool = True) -> Non
                    help=f"largest request body in bytes (default {DEFAULT_MAX_BODY}); larger ones get 413")
     p.add_argument("--cors-origin", action="append",
                    help="allow browser pages of this origin to call the API (repeatable; default: none)")
+    p.add_argument("--kv-port", type=int, default=None, metavar="PORT",
+                   help="serve the KV (memcached binary) protocol of Couchbase's SDKs on this port (default 11210, "
+                   "left off with a warning when taken; 0 for none); see docs/couchbase-sdk.md")
 
 
 def register(sub: Any, add: Callable[..., argparse.ArgumentParser]) -> None:

@@ -25,6 +25,7 @@ DEFAULT = "_default"
 EXPORT_VERSION = "evt-7.6.0-0000-ce"  # the authoring tool an export names (Couchbase's pattern)
 LANGUAGE_COMPATIBILITY = "7.2.0"  # what an export declares: the JavaScript runtime follows Couchbase's current behaviour
 MB = 1024 * 1024
+COUCHBASE_CURL_MAX_MB = 100  # curl_max_allowed_resp_size when a Couchbase function does not set it
 
 # Top-level fields: what each becomes.
 TOP_LEVEL = {"appname", "appcode", "depcfg", "settings", "version", "function_scope"}
@@ -140,7 +141,12 @@ def from_couchbase(item: Any) -> Converted:
 
     definition: dict[str, Any] = {"name": name, "language": "javascript"}
     definition.update(_depcfg_from_couchbase(depcfg, where, warnings))
+    version = str(item.get("version") or "")
+    if re.match(r"evt-5\.", version) and isinstance(settings.get("checkpoint_interval"), int | float):
+        # Couchbase 5.x gave checkpoint_interval in milliseconds (6.0 and later: seconds)
+        settings = {**settings, "checkpoint_interval": settings["checkpoint_interval"] / 1000}
     fields, state, source = _settings_from_couchbase(settings, where, warnings, appcode)
+    fields.setdefault("curl_max_response_bytes", COUCHBASE_CURL_MAX_MB * MB)  # Couchbase's default, not 1 MiB
     definition.update(fields)
     scope = item.get("function_scope")
     if scope is not None:
@@ -170,7 +176,8 @@ def _depcfg_from_couchbase(depcfg: dict[str, Any], where: str, warnings: list[st
     if any(depcfg.get(k) for k in ("metadata_bucket", "metadata_scope", "metadata_collection")):
         keyspace = ".".join(str(depcfg.get(k) or DEFAULT) for k in ("metadata_bucket", "metadata_scope", "metadata_collection"))
         warnings.append(f"{where}: depcfg.metadata_bucket/scope/collection ({keyspace}) is not used; checkpoints and "
-                        "timers are kept in this system's metadata store, not in a bucket")
+                        "timers are kept in this system's metadata store, not in a bucket (it is kept for an export)")
+        out["metadata_keyspace"] = keyspace
     bindings = []
     for raw in _list(depcfg.get("buckets"), "depcfg.buckets", where):
         extra = sorted(set(raw) - BUCKET_BINDING)
@@ -262,6 +269,7 @@ def _settings_from_couchbase(settings: dict[str, Any], where: str, warnings: lis
             value = settings[key]
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
                 raise ConfigError(f"{key} of {where} is {value!r}; Couchbase gives it in seconds, a number >= 1")
+            value = int(value) if float(value).is_integer() else value
             out[key] = value
     if "curl_max_allowed_resp_size" in settings:
         size = settings["curl_max_allowed_resp_size"]
@@ -298,9 +306,7 @@ def to_couchbase(definition: dict[str, Any], source: str, state: str = "undeploy
             value = definition.get(key, getattr(defn, key))
             warnings.append(f"{where}: {key}={json.dumps(value, default=str)} has no field in Couchbase's format and "
                             "was left out")
-    warnings.append(f"{where}: depcfg.metadata_bucket is set to the source bucket '{defn.source_bucket}' (its "
-                    "_default collection): Couchbase needs a metadata keyspace; change it before importing into Couchbase "
-                    "if its metadata is kept elsewhere")
+    metadata = _metadata_keyspace(defn, where, warnings)
     curl = []
     for u in definition.get("url_bindings") or []:
         auth = u.get("auth", "none")
@@ -318,7 +324,7 @@ def to_couchbase(definition: dict[str, Any], source: str, state: str = "undeploy
     depcfg = {
         "source_bucket": defn.source_bucket, "source_scope": defn.source_scope,
         "source_collection": defn.source_collection,
-        "metadata_bucket": defn.source_bucket, "metadata_scope": DEFAULT, "metadata_collection": DEFAULT,
+        "metadata_bucket": metadata[0], "metadata_scope": metadata[1], "metadata_collection": metadata[2],
         "buckets": [{"alias": b.alias, "bucket_name": b.bucket, "scope_name": b.scope, "collection_name": b.collection,
                      "access": b.access} for b in defn.bindings],
         "curl": curl,
@@ -351,6 +357,23 @@ def to_couchbase(definition: dict[str, Any], source: str, state: str = "undeploy
         "function_scope": {"bucket": defn.source_bucket, "scope": defn.source_scope},
     }
     return out, warnings
+
+
+def _metadata_keyspace(defn: FunctionDefinition, where: str, warnings: list[str]) -> tuple[str, str, str]:
+    """The metadata keyspace an export names: the one the function was imported with, else the source
+    bucket's _default collection, or, when that is the source itself (which Couchbase refuses:
+    ERR_SRC_MB_SAME), a collection `eventing` beside it, which must exist in Couchbase."""
+    if defn.metadata_keyspace:
+        parts = defn.metadata_keyspace.rsplit(".", 2)
+        if len(parts) == 3:
+            return parts[0], parts[1], parts[2]
+    source = (defn.source_bucket, defn.source_scope, defn.source_collection)
+    chosen = (defn.source_bucket, DEFAULT, DEFAULT)
+    if source == chosen:
+        chosen = (defn.source_bucket, DEFAULT, "eventing")
+    warnings.append(f"{where}: depcfg.metadata_* is set to {'.'.join(chosen)}: Couchbase needs a metadata keyspace "
+                    "other than the source; create it (or change it) before importing into Couchbase")
+    return chosen
 
 
 def _seconds(value: timedelta, key: str, where: str, warnings: list[str]) -> int:

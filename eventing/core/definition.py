@@ -114,6 +114,10 @@ class FunctionDefinition:
     # files) and reaches only its own bindings through a scoped data service; none: the worker opens the
     # files. "" is the default: sandbox for a function a non-admin deployed, DEFAULT_ADMIN_ISOLATION else.
     isolation: str = ""
+    # Couchbase's metadata keyspace (depcfg.metadata_*) of a function imported from Couchbase, as
+    # BUCKET.SCOPE.COLLECTION: not used here (checkpoints and timers live in the metadata store), kept so an
+    # export gives Couchbase back the keyspace it had. "" for a function made here.
+    metadata_keyspace: str = ""
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FunctionDefinition:
@@ -255,6 +259,8 @@ class FunctionDefinition:
             del out["filter"]
         if not self.isolation:  # the default reads as definitions did before the setting
             del out["isolation"]
+        if not self.metadata_keyspace:
+            del out["metadata_keyspace"]
         return out
 
     def with_boundary(self, boundary: Boundary | None) -> FunctionDefinition:

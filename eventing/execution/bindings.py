@@ -109,7 +109,8 @@ class ConcurrentEffectBuffer(EffectBuffer):
 
 # Couchbase reads an expiry below 30 days as relative seconds, above as an absolute epoch time.
 RELATIVE_EXPIRY_LIMIT_S = 30 * 24 * 3600
-SUBDOC_PATH = re.compile(r"^[A-Za-z0-9_$-]+(\.[A-Za-z0-9_$-]+)*$")
+SUBDOC_PATH = re.compile(r"^[A-Za-z0-9_$-]+(\.[A-Za-z0-9_$-]+)*(\[\d+\])?$")  # [i]: array_insert's position
+ARRAY_OPS = ("array_append", "array_prepend", "array_insert", "array_add_unique")
 
 
 @dataclass(frozen=True)
@@ -369,7 +370,8 @@ class BucketBinding:
 
     def mutate_in(self, key: str, specs: list, *, cas: int | None = None, expiry: Any = 0) -> OpResult:
         """Change parts of an existing document: ("insert" | "upsert" | "replace", path, value),
-        ("remove", path), ("array_append", path, value); all or nothing."""
+        ("remove", path), ("array_append" | "array_prepend" | "array_add_unique", path, value),
+        ("array_insert", "path[i]", value); all or nothing."""
         self._check_writable("mutate_in")
         _check_key(key, self.alias)
         _check_cas(cas, self.alias)
@@ -380,7 +382,7 @@ class BucketBinding:
             return self._outcome("cas_mismatch")
         doc = copy.deepcopy(seen[0])
         for spec in specs:
-            op, path, value = _spec(spec, ("insert", "upsert", "replace", "remove", "array_append"), self.alias)
+            op, path, value = _spec(spec, ("insert", "upsert", "replace", "remove", *ARRAY_OPS), self.alias)
             error = _path_set(doc, op, path, value)
             if error:
                 return self._outcome(error)
@@ -558,13 +560,21 @@ def _path_get(doc: Any, path: str) -> Any:
 
 def _path_set(doc: dict, op: str, path: str, value: Any) -> str | None:
     """Apply one mutation spec in place; an error name (path_not_found, path_exists) or None."""
+    index: int | None = None
+    if path.endswith("]"):  # array_insert's "path[i]"; any other op with an index is not a path it knows
+        if op != "array_insert":
+            return "path_not_found"
+        path, _, digits = path[:-1].rpartition("[")
+        index = int(digits)
+    elif op == "array_insert":
+        return "path_not_found"
     *parents, last = path.split(".")
     node: Any = doc
     for part in parents:
         if not isinstance(node, dict):
             return "path_not_found"
         if part not in node:
-            if op in ("upsert", "array_append"):
+            if op in ("upsert", "array_append", "array_prepend", "array_add_unique"):
                 node[part] = {}
             else:
                 return "path_not_found"
@@ -585,9 +595,21 @@ def _path_set(doc: dict, op: str, path: str, value: Any) -> str | None:
         if last not in node:
             return "path_not_found"
         del node[last]
-    else:  # array_append
-        current = node.setdefault(last, [])
+    else:  # the array operations
+        current = node.get(last) if op == "array_insert" else node.setdefault(last, [])
         if not isinstance(current, list):
             return "path_not_found"
-        current.append(value)
+        if op == "array_append":
+            current.append(value)
+        elif op == "array_prepend":
+            current.insert(0, value)
+        elif op == "array_insert":
+            assert index is not None
+            if index > len(current):
+                return "path_not_found"
+            current.insert(index, value)
+        else:  # array_add_unique: primitives, once each
+            if isinstance(value, (dict, list)) or any(type(v) is type(value) and v == value for v in current):
+                return "path_exists"
+            current.append(value)
     return None

@@ -219,7 +219,8 @@ _UNSUPPORTED = [
     (re.compile(r"(?:^|[=(:,;{}?]|\breturn\b)\s*(?:SELECT|INSERT\s+INTO|UPSERT\s+INTO|DELETE\s+FROM|MERGE\s+INTO|"
                 r"UPDATE\s+[A-Za-z_`][\w`.]*\s+(?:SET|UNSET|USE)\b)\s", re.IGNORECASE), "inline SQL++"),
     (re.compile(r"\bcouchbase\s*\.\s*analyticsQuery\b"), "Analytics (couchbase.analyticsQuery())"),
-    (re.compile(r"\bxattrs?\b", re.IGNORECASE), "extended attributes (XATTRs)"),
+    # reading or writing them through an accessor's options; OnUpdate(doc, meta, xattrs) is fine: it gets {}
+    (re.compile(r"\bxattrs\s*:\s*true\b"), "extended attributes (XATTRs)"),
 ]
 
 

@@ -7,7 +7,9 @@ documents as ArrayBuffers)."""
 from __future__ import annotations
 
 import base64
+import binascii
 import json
+import math
 import struct
 import time
 from typing import TYPE_CHECKING, Any
@@ -232,23 +234,46 @@ def _lookup_entry(doc: Any, op: str, path: str) -> dict[str, Any]:
 
 
 def _builtin(name: str, text: str) -> str:
+    """Couchbase's built-in functions (features/src/utils.cc) on what the prelude sends: the text to hash or
+    encode exactly as JavaScript made it (or a binary document's bytes), a base64 string, or a list of
+    numbers (non-finite ones as their names). A decode answers JSON: its value, or null / an error's text."""
     value = json.loads(text)
-    if name == "crc64":
-        return handler_api.crc64(value)
-    if name == "crc_64_go_iso":
-        return handler_api.crc_64_go_iso(value)
+    if name in ("crc64", "crc_64_go_iso"):
+        data = bytes(value[BINARY]) if isinstance(value, dict) else str(value).encode("utf-8", "surrogatepass")
+        return handler_api._crc64_go_iso(data)
     if name == "base64_encode":
-        return handler_api.base64_encode(value)
+        return base64.b64encode(str(value).encode("utf-8", "surrogatepass")).decode()
     if name == "base64_decode":
-        return handler_api.base64_decode(value)
+        try:
+            return json.dumps(base64.b64decode(value, validate=True).decode("utf-8", "replace"))
+        except (binascii.Error, ValueError):
+            return "null"
     if name in ("f32_encode", "f64_encode"):
         fmt = "f" if name == "f32_encode" else "d"
-        return base64.b64encode(struct.pack(f"<{len(value)}{fmt}", *value)).decode()
+        numbers = [float(v) for v in value]
+        try:
+            return base64.b64encode(struct.pack(f"<{len(numbers)}{fmt}", *numbers)).decode()
+        except OverflowError:  # a float32 out of range is infinite, as a C++ cast makes it
+            return base64.b64encode(b"".join(struct.pack("<f", _f32(v)) for v in numbers)).decode()
     if name in ("f32_decode", "f64_decode"):
         fmt, size = ("f", 4) if name == "f32_decode" else ("d", 8)
-        raw = base64.b64decode(value)
-        return json.dumps(list(struct.unpack(f"<{len(raw) // size}{fmt}", raw)))
+        try:
+            raw = base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            return json.dumps("Invalid input")
+        if len(raw) % size:
+            return json.dumps("Incorrect base64 string provided")
+        return json.dumps([v if math.isfinite(v) else str(v).replace("inf", "Infinity").replace("nan", "NaN")
+                           for v in struct.unpack(f"<{len(raw) // size}{fmt}", raw)])
     raise ValueError(f"{name} is not a built-in function")
+
+
+def _f32(value: float) -> float:
+    try:
+        struct.pack("<f", value)
+        return value
+    except OverflowError:
+        return math.copysign(math.inf, value)
 
 
 # -- what the runner calls ---------------------------------------------------------------------------------

@@ -7,7 +7,10 @@ Values cross as JSON text, a binary document (an ArrayBuffer) as `{"\u0000binary
 progress; it returns how many returned, or -1 - i when mutation i threw. A host call that failed returns its
 error as text starting with NUL (JSON text never does), which `__r` throws as an Error, so a handler's
 try/catch sees binding errors as in Couchbase. `log` writes each argument as JSON.stringify does (an Error
-as its toString()), separated by spaces, as Couchbase's log does.
+as its toString()), separated by spaces, as Couchbase's log does. OnUpdate gets a third argument as in
+Couchbase 7.6 (`OnUpdate(doc, meta, xattrs)`): the document's extended attributes, always `{}` since this
+system's buckets keep none. The built-ins check their arguments as Couchbase's C++ does and throw its
+EventingError; they, log, curl and the timers are on `couchbase` too.
 """
 
 PRELUDE = r"""
@@ -72,7 +75,7 @@ function __op(name, binding, meta, doc, extra) {
   return res;
 }
 function __spec(op) { return function (path, value) { return {op: op, path: path, value: value}; }; }
-var couchbase = Object.freeze({
+var couchbase = {
   get: function (b, meta, options) { return __op('get', b, meta, null, null); },
   insert: function (b, meta, doc) { return __op('insert', b, meta, doc, null); },
   upsert: function (b, meta, doc) { return __op('upsert', b, meta, doc, null); },
@@ -86,9 +89,10 @@ var couchbase = Object.freeze({
   LookupInSpec: Object.freeze({get: __spec('get'), exists: __spec('exists')}),
   MutateInSpec: Object.freeze({
     insert: __spec('insert'), upsert: __spec('upsert'), replace: __spec('replace'),
-    remove: __spec('remove'), arrayAppend: __spec('array_append')
+    remove: __spec('remove'), arrayAppend: __spec('array_append'), arrayPrepend: __spec('array_prepend'),
+    arrayInsert: __spec('array_insert'), arrayAddUnique: __spec('array_add_unique')
   })
-});
+};
 function log() {
   var parts = [];
   for (var i = 0; i < arguments.length; i++) {
@@ -124,15 +128,74 @@ function curl(method, binding, request) {
   res.body = __docOf(res.body);  // a body that is not text is an ArrayBuffer, as in Couchbase
   return res;
 }
-function crc64(value) { return __r(__host.builtin('crc64', __text(value))); }
-function crc_64_go_iso(value) { return __r(__host.builtin('crc_64_go_iso', __text(value))); }
-function base64Encode(value) { return __r(__host.builtin('base64_encode', __text(value))); }
-function base64Decode(value) { return __r(__host.builtin('base64_decode', __text(value))); }
-function base64Float32ArrayEncode(a) { return __r(__host.builtin('f32_encode', __text(Array.from(a)))); }
-function base64Float32ArrayDecode(s) { return __j(__host.builtin('f32_decode', __text(s))); }
-function base64Float64ArrayEncode(a) { return __r(__host.builtin('f64_encode', __text(Array.from(a)))); }
-function base64Float64ArrayDecode(s) { return __j(__host.builtin('f64_decode', __text(s))); }
+// Couchbase's error types: EventingError is what its built-in functions throw.
+function __errorType(name) {
+  var T = function (message) {
+    if (!(this instanceof T)) { return new T(message); }
+    var e = new Error(message);
+    Object.defineProperty(this, 'message', {value: e.message, writable: true, configurable: true});
+    Object.defineProperty(this, 'stack', {value: e.stack, writable: true, configurable: true});
+  };
+  T.prototype = Object.create(Error.prototype, {constructor: {value: T, writable: true, configurable: true}});
+  T.prototype.name = name;
+  Object.defineProperty(T, 'name', {value: name});
+  return T;
+}
+var EventingError = __errorType('EventingError'), KVError = __errorType('KVError'),
+    N1QLError = __errorType('N1QLError'), CurlError = __errorType('CurlError');
+function __one(args) { if (args.length !== 1) { throw new EventingError('Need exactly one argument'); } }
+// The text a built-in hashes or encodes: a string as it is (crc_64_go_iso, base64Encode) or JSON.stringify's
+// text, which is "undefined" for undefined, a function or a Symbol (as Couchbase's C++ reads it); BigInt
+// throws JSON.stringify's TypeError. An ArrayBuffer's bytes go as they are (crc64, crc_64_go_iso).
+function __bytesOf(v, rawString) {
+  if (v instanceof ArrayBuffer) { var o = {}; o[__BIN] = Array.from(new Uint8Array(v)); return o; }
+  if (rawString && typeof v === 'string') { return v; }
+  var t = JSON.stringify(v);
+  return t === undefined ? 'undefined' : t;
+}
+function crc64(value) { __one(arguments); return __r(__host.builtin('crc64', JSON.stringify(__bytesOf(value, false)))); }
+function crc_64_go_iso(value) {
+  __one(arguments); return __r(__host.builtin('crc_64_go_iso', JSON.stringify(__bytesOf(value, true))));
+}
+function base64Encode(value) {
+  __one(arguments);
+  var text = (typeof value === 'string') ? value : __bytesOf(value instanceof ArrayBuffer ? {} : value, false);
+  return __r(__host.builtin('base64_encode', JSON.stringify(text)));
+}
+function base64Decode(value) {
+  __one(arguments);
+  if (typeof value !== 'string') { throw new EventingError('Argument must be of type String'); }
+  var out = __j(__host.builtin('base64_decode', JSON.stringify(value)));
+  if (out === null) { throw new EventingError('Invalid input'); }
+  return out;
+}
+function __floats(a) {
+  if (!Array.isArray(a)) { throw new EventingError('Argument must be of type Array'); }
+  for (var i = 0; i < a.length; i++) {
+    if (typeof a[i] !== 'number') { throw new EventingError('Array elements should be of type Number'); }
+  }
+  return JSON.stringify(a.map(function (x) { return isFinite(x) ? x : String(x); }));
+}
+function __floatsOf(kind, s) {
+  if (typeof s !== 'string') { throw new EventingError('Argument must be of type String'); }
+  var out = __j(__host.builtin(kind, JSON.stringify(s)));
+  if (typeof out === 'string') { throw new EventingError(out); }
+  return out.map(function (x) { return typeof x === 'string' ? Number(x) : x; });
+}
+function base64Float32ArrayEncode(a) { __one(arguments); return __r(__host.builtin('f32_encode', __floats(a))); }
+function base64Float32ArrayDecode(s) { __one(arguments); return __floatsOf('f32_decode', s); }
+function base64Float64ArrayEncode(a) { __one(arguments); return __r(__host.builtin('f64_encode', __floats(a))); }
+function base64Float64ArrayDecode(s) { __one(arguments); return __floatsOf('f64_decode', s); }
 function N1QL() { throw new Error('SQL++ (N1QL) is not supported; read and write documents through bucket bindings'); }
+// What Couchbase also puts on `couchbase` (v8worker2.cc): the built-ins, log, curl and the timers.
+Object.assign(couchbase, {
+  crc64: crc64, crc_64_go_iso: crc_64_go_iso, base64Encode: base64Encode, base64Decode: base64Decode,
+  base64Float32ArrayEncode: base64Float32ArrayEncode, base64Float32ArrayDecode: base64Float32ArrayDecode,
+  base64Float64ArrayEncode: base64Float64ArrayEncode, base64Float64ArrayDecode: base64Float64ArrayDecode,
+  log: log, curl: curl, createTimer: createTimer, cancelTimer: cancelTimer, n1qlQuery: N1QL,
+  analyticsQuery: function () { throw new Error('Analytics is not supported'); }
+});
+Object.freeze(couchbase);
 var __err = null;
 function __fail(e) {
   if (e instanceof Error) {
@@ -144,12 +207,12 @@ function __fail(e) {
 }
 function __call() {
   var a = JSON.parse(__in);
-  if (a[0] === 'OnUpdate') { a[1] = __docOf(a[1]); }
+  if (a[0] === 'OnUpdate') { a[1] = __docOf(a[1]); if (a.length === 3) { a.push({}); } }
   try { globalThis[a[0]].apply(null, a.slice(1)); return 0; } catch (e) { return __fail(e); }
 }
 function __update() {
   var a = JSON.parse(__in);
-  try { OnUpdate(a[0], a[1]); return 0; } catch (e) { return __fail(e); }
+  try { OnUpdate(a[0], a[1], {}); return 0; } catch (e) { return __fail(e); }
 }
 var __idx = 0;
 function __batch() {
@@ -161,7 +224,7 @@ function __batch() {
     var doc = docs[__idx], meta = {cas: cas[__idx], id: ids[__idx], expiration: exp[__idx], flags: flags[__idx], vb: vb,
                                    seq: seqs[__idx], datatype: 'json', keyspace: Object.assign({}, ks)};
     if (binary) { var bin = __docOf(doc); if (bin !== doc) { doc = bin; meta.datatype = 'binary'; } }
-    try { OnUpdate(doc, meta); } catch (e) { __fail(e); return -1 - __idx; }
+    try { OnUpdate(doc, meta, {}); } catch (e) { __fail(e); return -1 - __idx; }
   }
   return n;
 }

@@ -33,7 +33,7 @@ from eventing.http.auth import (
 from eventing.http.dataapi import DataApi
 from eventing.http.dataapi import serves as serves_data_api
 
-PROTECTED_PREFIXES = ("/api/", "/metrics", "/getAppLog", "/getDeployedApps", "/getRunningApps", "/resetStatsCounters")
+PROTECTED_PREFIXES = ("/api/", "/pools", "/metrics", "/getAppLog", "/getDeployedApps", "/getRunningApps", "/resetStatsCounters")
 DATA_API_PREFIXES = ("/v1/", "/v1.alpha/")  # authenticated here; refusals in the Data API's own shape
 # The console loads only its own script and style; nothing may frame it or sniff types.
 SECURITY_HEADERS = [

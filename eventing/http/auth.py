@@ -203,11 +203,14 @@ _USER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@%+-]{0,127}$")
 
 
 def hash_password(password: str) -> str:
-    """`scrypt$N$r$p$salt$hash` (base64), with a fresh random 16-byte salt."""
+    """`scrypt$N$r$p$salt$hash` (base64), with a fresh random 16-byte salt, then the SCRAM keys the KV port's
+    SASL needs (`;scram-sha512$...`: eventing.kv.sasl)."""
+    from eventing.kv.sasl import scram_secrets
+
     salt = os.urandom(SALT_BYTES)
     digest = _scrypt(password, salt, SCRYPT_N, SCRYPT_R, SCRYPT_P)
     b64 = base64.b64encode
-    return f"scrypt${SCRYPT_N}${SCRYPT_R}${SCRYPT_P}${b64(salt).decode()}${b64(digest).decode()}"
+    return f"scrypt${SCRYPT_N}${SCRYPT_R}${SCRYPT_P}${b64(salt).decode()}${b64(digest).decode()}" + scram_secrets(password)
 
 
 def verify_password(password: str, encoded: str) -> bool:
@@ -217,7 +220,7 @@ def verify_password(password: str, encoded: str) -> bool:
     if "\0" in password:
         return False
     try:
-        scheme, n, r, p, salt, digest = encoded.split("$")
+        scheme, n, r, p, salt, digest = encoded.split(";")[0].split("$")
         if scheme != "scrypt":
             return False
         expected = base64.b64decode(digest)

@@ -57,7 +57,7 @@ from eventing.http.dataapi_requests import (
     read_body,
     respond,
 )
-from eventing.http.dataapi_writer import Buckets
+from eventing.http.dataapi_writer import shared_buckets
 
 # Importable from here as before the Data API was split into its dataapi_* modules.
 __all__ = ["FLAGS_BINARY", "FLAGS_JSON", "FLAGS_STRING", "MAX_BODY_BYTES", "ApiError", "DataApi", "serves"]
@@ -79,7 +79,7 @@ class DataApi:
     def __init__(self, app: ASGIApp, config: ServerConfig):
         self.app = app
         self.config = config
-        self.buckets = Buckets(config.state)
+        self.buckets = shared_buckets(config.state)  # shared with the KV port (eventing.kv)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not serves(scope["path"]):

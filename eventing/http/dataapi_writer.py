@@ -8,7 +8,7 @@ import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from eventing.core.keyspaces import DEFAULT, Keyspace
 from eventing.errors import ConfigError, NotFoundError, StoreLockedError
@@ -21,6 +21,29 @@ from eventing.storage.state import State
 from eventing.storage.values import Changed
 
 MAX_GROUP = 256  # document requests of one bucket answered in one turn (their writes: one transaction)
+
+
+class PlannedRequest(Protocol):
+    """A request that plans itself on its bucket's thread (the KV port's: eventing.kv.documents.KvCall),
+    taking its turns and group commits with the Data API's."""
+
+    ks: Keyspace
+
+    def plan(self, coll: Collection) -> Answer | Change: ...
+
+
+_SHARED: dict[str, Buckets] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_buckets(state: State) -> Buckets:
+    """The one Buckets of a state in this process: the Data API and the KV port share its open buckets and
+    request threads, so their writes to one bucket take turns in one queue."""
+    with _SHARED_LOCK:
+        found = _SHARED.get(state.location)
+        if found is None:
+            found = _SHARED[state.location] = Buckets(state)
+        return found
 
 
 @dataclass
@@ -84,7 +107,7 @@ class Buckets:
         with opened.lock:
             return fn(self.collection(opened, ks))
 
-    def submit(self, req: DocRequest) -> asyncio.Future[Answer]:
+    def submit(self, req: DocRequest | PlannedRequest) -> asyncio.Future[Answer]:
         """Queue a document request for its bucket's thread; the future holds its answer (or the ApiError
         to answer), set once its write is committed."""
         future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
@@ -114,7 +137,8 @@ class _Turns:
 
     def __init__(self, buckets: Buckets, name: str):
         self.buckets, self.name = buckets, name
-        self.queue: queue.SimpleQueue[tuple[DocRequest, asyncio.Future[Answer]] | None] = queue.SimpleQueue()
+        self.queue: queue.SimpleQueue[tuple[DocRequest | PlannedRequest, asyncio.Future[Answer]] | None] = \
+            queue.SimpleQueue()
         threading.Thread(target=self._serve, name=f"dataapi-{name}", daemon=True).start()
 
     def _serve(self) -> None:
@@ -145,7 +169,7 @@ class _Turns:
                 except RuntimeError:
                     pass  # that event loop is closed: nobody waits for these answers
 
-    def _answer(self, reqs: list[DocRequest]) -> list[Answer | Exception]:
+    def _answer(self, reqs: list[DocRequest | PlannedRequest]) -> list[Answer | Exception]:
         opened = self.buckets.get(self.name)
         with opened.lock:
             collections: dict[Keyspace, Collection] = {}
@@ -155,7 +179,8 @@ class _Turns:
                     coll = collections.get(req.ks)
                     if coll is None:
                         coll = collections[req.ks] = self.buckets.collection(opened, req.ks)
-                    planned.append(plan_op(coll, req))
+                    # a KV port request plans itself (eventing.kv.documents)
+                    planned.append(plan_op(coll, req) if isinstance(req, DocRequest) else req.plan(coll))
                 except Exception as exc:
                     planned.append(api_error(exc))
             changes = [(p.key, p.change) for p in planned if isinstance(p, Change)]

@@ -36,7 +36,7 @@ from metadata.model import FunctionRecord
 
 LISTINGS = frozenset({"/api/v1/functions", "/api/v1/status", "/api/v1/stats", "/api/v1/export",
                       "/api/v1/list/functions", "/getDeployedApps", "/getRunningApps"})
-CLUSTER_PREFIXES = ("/api/v1/nodes", "/api/v1/rebalance", "/api/v1/buckets", "/metrics", "/api/v1/config")
+CLUSTER_PREFIXES = ("/api/v1/nodes", "/api/v1/rebalance", "/api/v1/buckets", "/metrics", "/api/v1/config", "/pools")
 CREATES = frozenset({"/api/v1/import", "/api/v1/functions"})  # a POST body of functions, one or a list
 
 

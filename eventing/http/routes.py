@@ -69,6 +69,7 @@ from eventing.http.routes_ops import (
     verify,
     windows,
 )
+from eventing.http.routes_pools import bucket, buckets, node_services, pools, pools_default
 from eventing.http.routes_request import FUNCTION_PATH, Endpoint, EndpointRequest, error_body
 from eventing.http.routes_status import all_stats, checkpoints, function_stats, metrics, status, vbmap
 
@@ -160,6 +161,16 @@ ENDPOINTS: list[Endpoint] = [
              create_collection, status=201),
     Endpoint("DELETE", COLLECTION_PATH, "collections", "drop a collection and its documents; deployed or paused "
              "functions that read or bind it are undeployed first; admin only", drop_collection),
+    Endpoint("GET", "/pools", "cluster", "the cluster manager's pools (Couchbase's tools start here)", pools,
+             couchbase=True),
+    Endpoint("GET", "/pools/default", "cluster", "this node, its services and the buckets", pools_default,
+             couchbase=True),
+    Endpoint("GET", "/pools/default/nodeServices", "cluster", "the ports of this node's services (kv, mgmt, "
+             "eventingAdminPort)", node_services, couchbase=True),
+    Endpoint("GET", "/pools/default/buckets", "cluster", "every bucket with its vBucket map", buckets, couchbase=True),
+    Endpoint("GET", "/pools/default/buckets/{bucket}", "cluster", "a bucket and its vBucket map (1,024 vBuckets on "
+             "this node)", bucket, couchbase=True),
+    Endpoint("GET", "/pools/default/b/{bucket}", "cluster", "the bucket map the SDKs read", bucket, couchbase=True),
     Endpoint("GET", "/api/v1/openapi.json", "meta", "this API as OpenAPI 3.1", openapi),
     Endpoint("GET", "/metrics", "metrics", "Prometheus metrics (text format)", metrics),
 ]

@@ -28,8 +28,11 @@ def check_port(host: str, port: int) -> None:
 
 
 def make_server(config: ServerConfig) -> uvicorn.Server:
+    from eventing.kv.server import register_node
+
     config.check()
     check_port(config.host, config.port)
+    register_node(config, None)  # the /pools documents name this server's port (eventing.http.routes_pools)
     app = build_app(config)
     # No proxy headers: a client cannot claim another address; access logs off (the API shows user data).
     return uvicorn.Server(uvicorn.Config(

@@ -94,7 +94,10 @@ def test_export_then_import_gives_the_same_definition():
     assert out["settings"]["deployment_status"] is True and out["settings"]["processing_status"] is False
     assert out["depcfg"]["curl"][0]["bearer_key"] == "t0ps3cret"
     assert out["depcfg"]["constants"] == [{"value": "LIMIT", "literal": "500"}, {"value": "REGION", "literal": '"eu-west"'}]
-    assert any("metadata_bucket is set to the source bucket 'shop'" in w for w in warnings)
+    # the metadata keyspace it was imported with goes back to Couchbase, without a warning
+    assert [out["depcfg"][f"metadata_{k}"] for k in ("bucket", "scope", "collection")] == ["eventing", "_default",
+                                                                                            "_default"]
+    assert not any("metadata" in w for w in warnings)
     again = from_couchbase(copy.deepcopy(out))
     assert again.definition.to_dict() == definition
     assert (again.source, again.state) == (original.source, "paused")
@@ -129,3 +132,25 @@ def test_a_settings_body_in_couchbase_words():
     assert warnings == ["function 'f': setting lcb_retry_count=3 has no effect here; there is no libcouchbase; "
                         "bucket operations are local"]
     assert settings_from_couchbase("f", {"worker_count": 2})[1] is None  # no status flags: no lifecycle change
+
+
+def test_an_export_never_names_its_source_as_its_metadata_keyspace():
+    """Couchbase refuses a function whose metadata keyspace is its source (ERR_SRC_MB_SAME)."""
+    for scope, collection, metadata in (("_default", "_default", ["shop", "_default", "eventing"]),
+                                        ("sales", "orders", ["shop", "_default", "_default"])):
+        defn = FunctionDefinition.from_dict({"name": "f", "source_bucket": "shop", "source_scope": scope,
+                                             "source_collection": collection, "language": "javascript"})
+        out, warnings = to_couchbase(defn.to_dict(), "function OnUpdate(doc, meta) {}", "undeployed")
+        assert [out["depcfg"][f"metadata_{k}"] for k in ("bucket", "scope", "collection")] == metadata
+        assert metadata != ["shop", scope, collection]
+        assert any("Couchbase needs a metadata keyspace other than the source" in w for w in warnings)
+
+
+def test_couchbase_defaults_and_5x_milliseconds_on_import():
+    item = {"appname": "old", "appcode": "function OnUpdate(doc, meta) {}", "version": "evt-5.5.0-0000-ee",
+            "depcfg": {"source_bucket": "src", "metadata_bucket": "meta"}, "settings": {"checkpoint_interval": 20000}}
+    got = from_couchbase(item).definition
+    assert got.checkpoint_interval.total_seconds() == 20  # 5.x: milliseconds
+    assert got.curl_max_response_bytes == 100 * 1024 * 1024  # never set: Couchbase's default, 100 MB
+    newer = from_couchbase({**item, "version": "evt-7.6.0-0000-ee"}).definition
+    assert newer.checkpoint_interval.total_seconds() == 20000

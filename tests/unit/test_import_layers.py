@@ -26,7 +26,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("eventing.control",),
     ("eventing.ops",),
     ("eventing.api",),
-    ("eventing.cli", "eventing.http", "eventing.testing", "eventing.__main__"),
+    ("eventing.cli", "eventing.http", "eventing.kv", "eventing.testing", "eventing.__main__"),
 ]
 HANDLERS = ("functions", "examples")  # user handlers: the handler API only
 

@@ -407,3 +407,50 @@ def test_dlq_replay_runs_the_fixed_javascript_handler(data_dir):
     report = dlq_ops.replay(app.data_dir, "fn_js", dlq_ops.DlqSelector(everything=True))
     assert (report.replayed, report.failed) == (1, 0)
     assert app.get("dst", "k") == {"n": 1}
+
+
+def test_couchbase_76_template_namespaced_builtins_and_couchbase_vectors(data_dir):
+    """Couchbase 7.6's default template (OnUpdate with xattrs), the helpers on `couchbase`, EventingError,
+    and the vectors of Couchbase's own crc_64_go_iso test (tests/functional_tests/hcode/crc_64_go_iso.js)."""
+    source = """
+function OnUpdate(doc, meta, xattrs) {
+    var c = couchbase.crc_64_go_iso;
+    var out = {xattrs: xattrs, crc: [c("hello"), c(1), c([1,2,3,4]), c({"my_key":"my_value"}), c(null), c(false),
+                                     c(undefined), c(Symbol("hey")), c(new Date("2024-05-10"))]};
+    try { c(12345678901234567890123456123456n); out.bigint = 'no error'; } catch (e) { out.bigint = e.name; }
+    out.b64 = [couchbase.base64Encode(function () {}), base64Encode(Symbol('s')), base64Encode(undefined)];
+    out.nul = base64Decode(base64Encode('\\u0000a\\u0000b')) === '\\u0000a\\u0000b';
+    try { couchbase.base64Float32ArrayEncode('abc'); } catch (e) {
+        out.notArray = [e instanceof EventingError, e instanceof Error, e.name, e.message];
+    }
+    try { base64Float64ArrayEncode([1, 'x']); } catch (e) { out.notNumber = e.message; }
+    try { base64Float32ArrayDecode('AAA='); } catch (e) { out.badLength = e.message; }
+    out.roundTrip = couchbase.base64Float64ArrayDecode(couchbase.base64Float64ArrayEncode([0.1, -3, 1e300]));
+    out.crc64 = couchbase.crc64({"x": 1}) === crc64({"x": 1});
+    out.helpers = ['log', 'curl', 'createTimer', 'cancelTimer'].map(function (n) { return typeof couchbase[n]; });
+    out.errors = [new EventingError('m') instanceof Error, new KVError('k').name, new N1QLError().name];
+    couchbase.upsert(dst, {id: 'arr'}, {a: [1, 2]});
+    var m = couchbase.mutateIn(dst, {id: 'arr'}, [couchbase.MutateInSpec.arrayPrepend('a', 0),
+        couchbase.MutateInSpec.arrayInsert('a[2]', 1.5), couchbase.MutateInSpec.arrayAddUnique('a', 3)]);
+    out.dup = couchbase.mutateIn(dst, {id: 'arr'}, [couchbase.MutateInSpec.arrayAddUnique('a', 3)]).error;
+    out.mutate = m.success;
+    dst['out'] = out;
+}
+"""
+    app = app_with(data_dir, source, docs=[("k", {"x": 1})])
+    run(app)
+    out = app.get("dst", "out")
+    assert out["xattrs"] == {}
+    assert out["crc"] == ["3c3eeee2d8100000", "4320000000000000", "3b8002901291a293", "756fe1c0128e6be0",
+                          "3eeef9ddb0000000", "32cc7ee410300000", "fcd0dd899002d36d", "fcd0dd899002d36d",
+                          "508adbb2e62fe363"]
+    assert out["bigint"] == "TypeError"
+    assert out["b64"] == ["dW5kZWZpbmVk"] * 3  # JSON.stringify gives undefined: "undefined", as Couchbase's C++ reads it
+    assert out["nul"] is True
+    assert out["notArray"] == [True, True, "EventingError", "Argument must be of type Array"]
+    assert out["notNumber"] == "Array elements should be of type Number"
+    assert out["badLength"] == "Incorrect base64 string provided"
+    assert out["roundTrip"] == [0.1, -3, 1e300] and out["crc64"] is True
+    assert out["helpers"] == ["function"] * 4 and out["errors"] == [True, "KVError", "N1QLError"]
+    assert out["mutate"] is True and app.get("dst", "arr") == {"a": [0, 1, 1.5, 2, 3]}
+    assert out["dup"]["field_exists"] is True

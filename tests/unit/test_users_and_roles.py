@@ -22,6 +22,7 @@ from eventing.http import auth
 from eventing.http.app import build_app
 from eventing.http.auth import Authenticator, AuthError, Grant, ServerConfig
 from eventing.http.function_access import deployed_by_admin
+from eventing.kv import sasl
 from eventing.storage.bucket import LocalBucket
 from eventing.testing import deploy_function
 from metadata.factory import open_store
@@ -35,7 +36,7 @@ ROLES = {"root": ["admin"], "ro": ["ro_admin"], "mgr": ["eventing_manage_functio
 HANDLER = "def on_update(doc, meta):\n    pass\n"
 
 
-PRODUCTION_COST_TESTS = {"test_a_password_is_stored_only_as_a_salted_scrypt_hash_with_its_parameters"}
+PRODUCTION_COST_TESTS = {"test_a_password_is_stored_only_as_a_salted_scrypt_hash_and_salted_scram_keys"}
 
 
 @pytest.fixture(autouse=True)
@@ -45,6 +46,7 @@ def cheap_scrypt(request, monkeypatch):
     hashing and verifying run the same code, faster. The tests of PRODUCTION_COST_TESTS keep SCRYPT_N."""
     if request.node.originalname not in PRODUCTION_COST_TESTS:
         monkeypatch.setattr(auth, "SCRYPT_N", 2**8)
+        monkeypatch.setattr(sasl, "SCRAM_ITERATIONS", 64)  # the SCRAM keys kept beside the hash, likewise
 
 
 def basic(user: str, password: str | None = None) -> dict[str, str]:
@@ -78,11 +80,15 @@ def state(data_dir: str, name: str) -> str:
 # -- passwords -------------------------------------------------------------------------------------------
 
 
-def test_a_password_is_stored_only_as_a_salted_scrypt_hash_with_its_parameters():
+def test_a_password_is_stored_only_as_a_salted_scrypt_hash_and_salted_scram_keys():
     first, second = auth.hash_password("correct horse"), auth.hash_password("correct horse")
     assert first != second  # a fresh salt each time
-    scheme, n, r, p, salt, digest = first.split("$")
+    scrypt, *scram = first.split(";")
+    scheme, n, r, p, salt, digest = scrypt.split("$")
     assert (scheme, int(n), int(r), int(p), len(base64.b64decode(salt))) == ("scrypt", 2**14, 8, 1, 16)
+    # the KV port's SCRAM keys (eventing.kv.sasl): salted, iterated, one set a mechanism
+    assert [k.split("$")[:2] for k in scram] == [["scram-sha512", "15000"], ["scram-sha256", "15000"],
+                                                  ["scram-sha1", "15000"]]
     assert "correct horse" not in first
     assert auth.verify_password("correct horse", first) and not auth.verify_password("correct hors", first)
     assert not auth.verify_password("x", "not a hash")
