@@ -60,6 +60,11 @@ CREATE INDEX IF NOT EXISTS timers_due ON timers(function, due_ms);
 -- Per (function, vBucket): the last fire_seq handed out; it never goes backwards within a deployment.
 CREATE TABLE IF NOT EXISTS timer_seqs(
     function TEXT NOT NULL, vb INTEGER NOT NULL, seq INTEGER NOT NULL, PRIMARY KEY(function, vb)) WITHOUT ROWID;
+-- Per mutation, how often a worker's process died while the handler ran on it alone
+-- (eventing.workers.crash_guard); dropped with the deployment's checkpoints.
+CREATE TABLE IF NOT EXISTS deaths(
+    function TEXT NOT NULL, vb INTEGER NOT NULL, seqno INTEGER NOT NULL, count INTEGER NOT NULL,
+    PRIMARY KEY(function, vb, seqno)) WITHOUT ROWID;
 -- Users of the REST and Data APIs: a salted scrypt hash with its parameters (never a password), roles as JSON.
 CREATE TABLE IF NOT EXISTS users(
     name TEXT PRIMARY KEY, hash TEXT NOT NULL, roles TEXT NOT NULL, created_at REAL NOT NULL);

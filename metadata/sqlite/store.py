@@ -276,6 +276,7 @@ class SqliteMetadataStore:
                 [(function, vb, seqno, epoch_base, bucket_uuid, now) for vb, seqno in positions.items()],
             )
             db.execute("DELETE FROM checkpoint_starts WHERE function=?", (function,))
+            db.execute("DELETE FROM deaths WHERE function=?", (function,))
             db.executemany(
                 "INSERT INTO checkpoint_starts VALUES(?,?,?)",
                 [(function, vb, seqno) for vb, seqno in positions.items()],
@@ -287,6 +288,7 @@ class SqliteMetadataStore:
         def body(db: sqlite3.Connection) -> None:
             db.execute("DELETE FROM checkpoints WHERE function=?", (function,))
             db.execute("DELETE FROM checkpoint_starts WHERE function=?", (function,))
+            db.execute("DELETE FROM deaths WHERE function=?", (function,))
 
         self._tx(body)
 
@@ -586,6 +588,19 @@ class SqliteMetadataStore:
 
     def counters(self, function: str) -> dict[str, float]:
         return dict(self._read("SELECT name, value FROM counters WHERE function=?", (function,)))  # type: ignore[arg-type]
+
+    def count_death(self, function: str, vb: int, seqno: int) -> int:
+        def body(db: sqlite3.Connection) -> int:
+            db.execute("INSERT INTO deaths VALUES(?,?,?,1) ON CONFLICT(function, vb, seqno) DO UPDATE SET "
+                       "count=count+1", (function, vb, seqno))
+            return db.execute("SELECT count FROM deaths WHERE function=? AND vb=? AND seqno=?",
+                              (function, vb, seqno)).fetchone()[0]
+
+        return self._tx(body)
+
+    def deaths(self, function: str) -> dict[tuple[int, int], int]:
+        return {(vb, seqno): n for vb, seqno, n in self._read(
+            "SELECT vb, seqno, count FROM deaths WHERE function=?", (function,))}
 
     def reset_counters(self, function: str, *, keep_prefixes: tuple[str, ...] = ()) -> None:
         """Drop the function's counters (Couchbase's resetStatsCounters), but those whose name starts with

@@ -555,6 +555,23 @@ def test_dlq_rows_can_be_found_replayed_retried_and_purged(store):
     assert store.dlq_rows("fn", include_replayed=True) == []
 
 
+
+def test_deaths_on_a_mutation_are_counted_per_deployment(backend):
+    store = backend.open()
+    store.init_checkpoints("fn", {0: 0, 5: 0}, "uuid")
+    assert store.deaths("fn") == {}
+    assert [store.count_death("fn", 5, 9) for _ in range(3)] == [1, 2, 3]
+    assert store.count_death("fn", 0, 9) == 1
+    assert store.count_death("fn", TIMER_VB_BASE + 5, 2) == 1  # a timer's callback (its fire_seq)
+    assert store.count_death("other", 5, 9) == 1
+    again = backend.open()  # another process sees them
+    assert again.deaths("fn") == {(5, 9): 3, (0, 9): 1, (TIMER_VB_BASE + 5, 2): 1}
+    store.init_checkpoints("fn", {0: 0, 5: 0}, "uuid")  # a new deployment starts without them
+    assert store.deaths("fn") == {} and store.deaths("other") == {(5, 9): 1}
+    store.count_death("fn", 5, 9)
+    store.drop_checkpoints("fn")  # undeployed
+    assert store.deaths("fn") == {}
+
 # -- counters, services, nodes, settings --------------------------------------------------------------
 
 
