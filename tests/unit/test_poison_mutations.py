@@ -3,7 +3,7 @@ call notes (eventing.workers.crash_guard) and dead-lettered as `crashed` after t
 flight, while every other mutation is handled exactly once (the ledger); a JavaScript handler that throws
 a value V8 cannot describe (a cyclic object, a Proxy whose traps throw, a Symbol) gets an ordinary dead
 letter. Real process deaths (os._exit on Ray, in-process runs, sandboxed children) are in
-tests/integration/test_poison_mutations.py; here a death is the state a killed process leaves: the handler
+tests/integration/test_poison_deaths.py; here a death is the state a killed process leaves: the handler
 copies the worker's notes file at the poison mutation and raises SystemExit, which ends the worker's step,
 and the copy is put back as the notes the next worker reads."""
 
