@@ -43,6 +43,7 @@ from eventing.storage.writes import chunked
 from eventing.windows.runtime.host import WindowOptions
 from eventing.workers.executor import make_executor
 from metadata import FunctionRecord
+from metadata.sqlite_io import private_folder
 
 ExecutorKind = Literal["ray", "in-process"]
 
@@ -189,7 +190,7 @@ class Eventing:
         # Ray: the workers of every function share this many worker processes (`eventing run
         # --worker-processes`); None: $EVENTING_WORKER_PROCESSES, else one process per worker.
         self.worker_processes = worker_processes
-        Path(self.data_dir).mkdir(parents=True, exist_ok=True)
+        private_folder(self.data_dir)
 
     # -- buckets ----------------------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from eventing.core.mutation import parse_json_document
 from eventing.errors import EventingError, NotFoundError
 from metadata import METADATA_URL_ENV
 from metadata.factory import SQLITE_FILE
+from metadata.sqlite_io import private_folder
 
 DEFAULT_DATA_DIR = ".eventing"
 EXIT_USAGE = 2
@@ -27,7 +28,7 @@ def writable_data_dir(args: argparse.Namespace) -> str:
     """The data directory, created if needed; a clear error if it cannot be written."""
     path = Path(data_dir_of(args))
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        private_folder(path)
         probe = path / f".probe-{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()

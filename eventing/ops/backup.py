@@ -13,6 +13,7 @@ from eventing.storage.files import bucket_path, list_buckets
 from metadata import METADATA_URL_ENV
 from metadata.factory import SQLITE_FILE, open_store
 from metadata.sqlite import restore_sqlite_store
+from metadata.sqlite_io import private_folder
 
 
 def default_backup_path(data_dir: str) -> Path:
@@ -38,10 +39,13 @@ def backup(data_dir: str, output: str | None = None, *, with_buckets: bool = Fal
         target = folder / SQLITE_FILE
     else:
         target = Path(output) if output else default_backup_path(data_dir)
+    # Folders an explicit -o names that do not exist yet are made (0700), and reported.
+    created = _missing_folders(target.parent) if output else []
     with open_store(data_dir, create=False) as store:
         store.backup(target)
         functions = len(store.list_functions())
-    result: dict = {"file": str(target), "bytes": target.stat().st_size, "functions": functions}
+    result: dict = {"file": str(target), "bytes": target.stat().st_size, "functions": functions,
+                    "created_folders": [str(f) for f in created]}
     if with_buckets:
         copied = []
         for name in list_buckets(data_dir):
@@ -53,6 +57,15 @@ def backup(data_dir: str, output: str | None = None, *, with_buckets: bool = Fal
             bytes=sum(f.stat().st_size for f in target.parent.rglob("*") if f.is_file()),
         )
     return result
+
+
+def _missing_folders(folder: Path) -> list[Path]:
+    """`folder` and its parents that do not exist, outermost first."""
+    missing = []
+    while not folder.exists():
+        missing.append(folder)
+        folder = folder.parent
+    return list(reversed(missing))
 
 
 def _restore_buckets(data_dir: str, folder: Path) -> tuple[list[str], list[str]]:
@@ -115,7 +128,7 @@ def restore(data_dir: str, backup_file: str) -> dict:
                 "stop it first (Ctrl-C on `eventing run`), then restore"
             )
     else:
-        Path(data_dir).mkdir(parents=True, exist_ok=True)
+        private_folder(data_dir)
     folder = Path(backup_file) if Path(backup_file).is_dir() else None
     kept = restore_sqlite_store(folder / SQLITE_FILE if folder else backup_file, target)
     restored_buckets, kept_buckets = _restore_buckets(data_dir, folder) if folder else ([], [])

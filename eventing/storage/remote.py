@@ -34,6 +34,7 @@ from eventing.storage.protocol import Bucket, FileBucket
 from eventing.storage.values import EffectGroup, EffectResult, PackedUpdates, Spans, Write
 from metadata import MetadataStore
 from metadata.factory import SQLITE_FILE, open_store
+from metadata.sqlite_io import private_folder
 
 LOCALITY_ENV = "EVENTING_DATA_LOCALITY"  # "0": workers on the data node still go through the service
 
@@ -121,7 +122,7 @@ class DataService:
         path = (root / relative).resolve()
         if root not in path.parents:
             raise ConfigError(f"{relative!r} is not a path inside the data directory")
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_folder(path.parent)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         with open(tmp, "wb") as f:
             f.write(data)

@@ -21,19 +21,7 @@ from pathlib import Path
 from metadata.errors import NotFoundError, StoreCorruptError, StoreError
 from metadata.sqlite._rows import CORRUPT_RECOVERY, one_line
 from metadata.sqlite.schema import REQUIRED_TABLES, apply_schema
-
-FILE_MODE = 0o600
-FOLDER_MODE = 0o700
-
-
-def make_private_folder(folder: Path) -> None:
-    """Create `folder` and any missing parents as 0700 folders (an existing one is left as it is)."""
-    missing = []
-    while not folder.exists():
-        missing.append(folder)
-        folder = folder.parent
-    for path in reversed(missing):
-        path.mkdir(mode=FOLDER_MODE, exist_ok=True)
+from metadata.sqlite_io import private_file, private_folder
 
 
 def connect_store_file(path: Path, *, create: bool, timeout_s: float) -> sqlite3.Connection:
@@ -80,9 +68,9 @@ def _damaged(path: Path, what: str) -> StoreCorruptError:
 def _create(path: Path) -> None:
     """Write a new store beside `path` and link it into place (a store linked there first is kept)."""
     try:
-        make_private_folder(path.parent)
+        private_folder(path.parent)
         staging = path.with_name(f".{path.name}.new-{os.getpid()}-{secrets.token_hex(4)}")
-        os.close(os.open(staging, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE))
+        private_file(staging)
         try:
             db = sqlite3.connect(staging, isolation_level=None)
             try:

@@ -85,7 +85,7 @@ from eventing.windows.semantics.sessions import SessionOperator
 from eventing.windows.semantics.substreams import SubstreamWindowOperator
 from eventing.windows.semantics.windows import arrow_epoch_ms
 from metadata import DlqRow, MetadataStore
-from metadata.sqlite_io import store_wait_s
+from metadata.sqlite_io import private_folder, store_wait_s
 
 log = logging.getLogger("eventing.windows")
 
@@ -155,7 +155,7 @@ class WindowCoordinator:
         if self._policies:
             folders += [self.paths.held, self.paths.adjusted]
         for folder in folders:
-            folder.mkdir(parents=True, exist_ok=True)
+            private_folder(folder)
         shutil.rmtree(self.paths.staging, ignore_errors=True)
         self._drop_orphans()
 

@@ -18,6 +18,7 @@ import pyarrow as pa
 from eventing.windows.runtime.coordinator_state import AcceptedBatch, PendingWindow
 from eventing.windows.runtime.paths import WindowPaths
 from eventing.windows.runtime.row_writer import RowLayout
+from metadata.sqlite_io import private_folder
 
 log = logging.getLogger("eventing.windows")
 
@@ -83,7 +84,7 @@ def fault(point: str) -> None:
 
 def stage(staged: Path, accepted_dir: Path, accepted: list[AcceptedBatch], group: list[PendingWindow]) -> None:
     """Link into ``staged`` the accepted files that hold rows of the windows ``group``."""
-    staged.mkdir(parents=True, exist_ok=True)
+    private_folder(staged)
     lo = min(p.window.start_ms for p in group)
     hi = max(p.window.end_ms for p in group)
     limit = max(p.closed_at for p in group)
