@@ -177,10 +177,24 @@ class Collection:
         return f"bucket '{self.keyspace.bucket}'" if self.keyspace.is_default else f"keyspace '{self.keyspace}'"
 
 
+def _no_collection(data_dir: str | os.PathLike[str], ks: Keyspace, which: str) -> ConfigError:
+    """What `collection create` / `drop` says of a name that is a bucket's, not a collection's: `shop` is the
+    bucket (its default collection `which`), `shop.sales` (no bucket of that name) is no keyspace at all."""
+    if "." in ks.bucket and ks.bucket not in list_buckets(data_dir):
+        return ConfigError(
+            f"'{ks.bucket}' names no collection: a collection is named by three parts, BUCKET.SCOPE.COLLECTION "
+            f"(for example {ks.bucket}.COLLECTION for a collection of scope '{ks.bucket.split('.')[-1]}')"
+        )
+    return ConfigError(
+        f"'{ks}' is bucket '{ks.bucket}', whose default collection {which}; name a collection as "
+        f"BUCKET.SCOPE.COLLECTION (for example {ks.bucket}.SCOPE.COLLECTION)"
+    )
+
+
 def create_collection(data_dir: str | os.PathLike[str], keyspace: str | Keyspace) -> int:
     ks = parse_keyspace(data_dir, keyspace)
     if ks.is_default:
-        raise ConfigError(f"'{ks}' is a bucket's default collection, which always exists; name BUCKET.SCOPE.COLLECTION")
+        raise _no_collection(data_dir, ks, "always exists")
     ks.check()
     with open_bucket(data_dir, ks.bucket) as bucket:
         return bucket.create_collection(ks.scope, ks.collection)
@@ -189,6 +203,6 @@ def create_collection(data_dir: str | os.PathLike[str], keyspace: str | Keyspace
 def drop_collection(data_dir: str | os.PathLike[str], keyspace: str | Keyspace) -> int:
     ks = parse_keyspace(data_dir, keyspace)
     if ks.is_default:
-        raise ConfigError(f"'{ks}' is a bucket's default collection, which cannot be dropped; drop the bucket instead")
+        raise _no_collection(data_dir, ks, "cannot be dropped (drop the bucket instead)")
     with open_bucket(data_dir, ks.bucket) as bucket:
         return bucket.drop_collection(ks.scope, ks.collection)
