@@ -24,6 +24,7 @@ from eventing.testing import LEDGER_HANDLER, check_ledger, deploy_function, ledg
 from eventing.workers.crash_guard import _active, notes_path
 from eventing.workers.executor import InProcessExecutor
 from eventing.workers.worker import WorkerCore, WorkerSpec
+from metadata import TIMER_VB_BASE
 from metadata.factory import open_store
 from sharding import NUM_VBUCKETS, vbucket_of
 
@@ -153,6 +154,45 @@ def test_deaths_of_an_earlier_deployment_do_not_count(data_dir, tmp_path):
     assert core.crash_guard.deaths == {} and core.crash_guard.suspects == {}
     core.close()
 
+
+# A timer whose callback "kills" the worker (as POISONED does for a mutation); the other timers write a mark.
+TIMER_POISON = '''
+import shutil
+import time
+
+
+def on_update(doc, meta):
+    create_timer(ring, time.time() - 1, meta.id, {"key": meta.id})
+
+
+def ring(context):
+    if context["key"] == "poison":
+        shutil.copyfile(NOTES, SNAPSHOT)
+        raise SystemExit(7)
+    out[context["key"]] = {"rang": True}
+'''
+
+
+def test_a_timer_callback_its_worker_dies_on_is_dead_lettered_after_two_deaths(data_dir, tmp_path):
+    source = create_bucket(data_dir, "src")
+    for key in ("a", "poison", "b"):
+        source.upsert(key, {"k": key})
+    source.close()
+    snapshot, notes = tmp_path / "notes-at-death", notes_path(data_dir, "fn_p", WORKER, True)
+    deploy_function(data_dir, FunctionDefinition.from_dict({
+        "name": "fn_p", "source_bucket": "src", "worker_count": 1, "checkpoint_interval": "10ms",
+        "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
+        "constants": {"NOTES": str(notes), "SNAPSHOT": str(snapshot)}}), TIMER_POISON)
+    for _ in range(2):
+        (vb, fire_seq, last), = die_on_the_poison(data_dir, notes, snapshot)  # each callback is noted alone
+        assert vb >= TIMER_VB_BASE and fire_seq == last
+    summary = EventingService(data_dir, InProcessExecutor(), until_caught_up=True).run()
+    assert not summary.errors
+    assert open_store(data_dir).deaths("fn_p") == {(vb, fire_seq): 2}
+    letters = dlq_ops.list_rows(data_dir, "fn_p")
+    assert [(r.vb, r.seqno, r.reason) for r in letters] == [(vb, fire_seq, "crashed")]
+    assert sorted(open_bucket(data_dir, "out").keys()) == ["a", "b"]
+    assert open_store(data_dir).counters("fn_p")["timers_fired"] == 2
 
 # -- JavaScript: what a handler throws becomes a plain error -------------------------------------------
 
