@@ -43,6 +43,7 @@ from eventing.storage.writes import chunked
 from eventing.windows.runtime.host import WindowOptions
 from eventing.workers.executor import make_executor
 from metadata import FunctionRecord
+from metadata.sqlite_io import private_folder
 
 ExecutorKind = Literal["ray", "in-process"]
 
@@ -191,7 +192,7 @@ class Eventing:
         location = store if store is not None else str(data_dir) if data_dir is not None else default_location()
         self.state = open_state(location)
         if self.state.directory is not None:
-            self.state.directory.mkdir(parents=True, exist_ok=True)
+            private_folder(self.state.directory)
         self.executor = executor
         self.ray_address = ray_address
         # Ray: the workers of every function share this many worker processes (`eventing run

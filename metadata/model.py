@@ -180,6 +180,9 @@ def next_lease(
 # Timers get a seqno space of their own next to each vBucket's mutations: their effects and dead letters
 # are keyed by (TIMER_VB_BASE + vb, fire_seq), fenced by the epoch of vb.
 TIMER_VB_BASE = 1024
+# The setting (MetadataStore.get_kv) a store keeps from its first user on, deleted users or not: a server whose
+# store had users never takes a caller without credentials for the local CLI (eventing.http.auth).
+USERS_MARK = "users_created"
 
 
 def owner_vb(vb: int) -> int:

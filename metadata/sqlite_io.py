@@ -24,6 +24,33 @@ T = TypeVar("T")
 STORE_WAIT_ENV = "EVENTING_STORE_WAIT_S"
 DEFAULT_STORE_WAIT_S = 60.0
 
+# Files of a data directory are its owner's alone: the metadata store holds password hashes and URL-binding
+# secrets, buckets and backups the documents. A SQLite file gets these modes when it is made (SQLite gives
+# its -wal and -shm files the database file's mode); folders, parents included, are made 0700.
+PRIVATE_FILE = 0o600
+PRIVATE_FOLDER = 0o700
+
+
+def private_folder(folder: str | os.PathLike[str]) -> Path:
+    """Create `folder` and its missing parents as 0700 folders (existing ones are left as they are)."""
+    path = missing = Path(folder)
+    created = []
+    while not missing.exists():
+        created.append(missing)
+        missing = missing.parent
+    for each in reversed(created):
+        each.mkdir(mode=PRIVATE_FOLDER, exist_ok=True)
+    return path
+
+
+def private_file(path: str | os.PathLike[str]) -> None:
+    """Create `path` empty with mode 0600 when it does not exist, for SQLite to make a database of."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE))
+    except FileExistsError:
+        pass
+
+
 # Fault injection for tests: when set, called with the file's path inside every write transaction of a
 # metadata store or a local bucket, right before COMMIT. Raising there (for example
 # sqlite3.OperationalError("database or disk is full")) fails the transaction as the storage would.

@@ -16,7 +16,12 @@ def cmd_backup(args: argparse.Namespace) -> int:
     result = backup(existing_state(args), args.output, with_buckets=args.with_buckets)
     if args.json:
         emit_json(result)
-    elif args.with_buckets:
+        return 0
+    folders = result["created_folders"]
+    if folders:
+        they = "it" if len(folders) == 1 else "they"
+        print(f"created the folder{'' if len(folders) == 1 else 's'} {', '.join(folders)} ({they} did not exist)")
+    if args.with_buckets:
         functions = f"{result['functions']} function" + ("" if result["functions"] == 1 else "s")
         buckets = ", ".join(result["buckets"]) or "none"
         print(f"backed up the metadata store ({functions}) and buckets ({buckets}), {result['bytes']:,} bytes, "
@@ -61,7 +66,8 @@ def register(sub: Any, add: Any) -> None:
             "eventing runs (SQLite online backup; a Couchbase store is backed up with cbbackupmgr)")
     p.add_argument("-o", "--output", metavar="FILE",
                    help="where to write it (default: DATA_DIR/backups/metadata-<UTC time>.sqlite3; with "
-                        "--with-buckets a new folder, default DATA_DIR/backups/backup-<UTC time>/)")
+                        "--with-buckets a new folder, default DATA_DIR/backups/backup-<UTC time>/); folders "
+                        "it names that do not exist are created, and the command says which")
     p.add_argument("--with-buckets", action="store_true",
                    help="also copy every bucket (SQLite online backup), into a folder laid out as a data "
                         "directory; `eventing restore FOLDER` brings both back")

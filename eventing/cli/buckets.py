@@ -14,6 +14,7 @@ from typing import Any
 
 from eventing.cli.common import EXIT_INTERRUPTED, parse_doc_arg, positive_int, state_of, writable_state
 from eventing.cli.output import emit_json, progress_enabled, table
+from eventing.core.wording import counted
 from eventing.errors import (
     ConfigError,
     NotFoundError,
@@ -108,7 +109,8 @@ def cmd_bucket_load(args: argparse.Namespace) -> int:
         summary["rejected"] = rejected[:100]
         emit_json(summary)
     else:
-        print(f"loaded {written:,} mutations into '{args.name}' in {seconds:.1f}s ({summary['mutations_per_s']:,}/s)")
+        print(f"loaded {counted(written, 'mutation')} into '{args.name}' in {seconds:.1f}s "
+              f"({summary['mutations_per_s']:,}/s)")
         if skipped:
             print(f"  {skipped:,} deletes named documents that do not exist; nothing was logged for them")
         for line in rejected[:20]:
@@ -263,7 +265,7 @@ def cmd_bucket_export(args: argparse.Namespace) -> int:
         if args.json:
             emit_json(summary)
         else:
-            print(f"exported {count:,} documents of '{args.name}' to {args.output} "
+            print(f"exported {counted(count, 'document')} of '{args.name}' to {args.output} "
                   f"(read back with `eventing bucket load NAME --file {args.output}`)")
     return 0
 
@@ -287,8 +289,10 @@ def cmd_bucket_drop(args: argparse.Namespace) -> int:
     elif result["documents"] is None:
         print(f"dropped bucket '{args.name}': deleted the damaged {result['path']} and the rest of its files")
     else:
-        print(f"dropped bucket '{args.name}': deleted {result['path']} with {result['documents']:,} documents, "
-              f"{result['tombstones']:,} tombstones and a log of {result['mutations']:,} mutations")
+        documents = counted(result["documents"], "document")
+        tombstones = counted(result["tombstones"], "tombstone")
+        print(f"dropped bucket '{args.name}': deleted {result['path']} with {documents}, {tombstones} and a "
+              f"log of {counted(result['mutations'], 'mutation')}")
         if result["named_by_undeployed_functions"]:
             names = ", ".join(result["named_by_undeployed_functions"])
             print(f"  undeployed functions still name it ({names}); recreate it before deploying them")
@@ -302,11 +306,14 @@ def cmd_bucket_flush(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(result)
     elif "keyspace" in result:
-        print(f"flushed collection '{result['keyspace']}': deleted {result['documents']:,} documents, one delete "
+        documents = counted(result["documents"], "document")
+        print(f"flushed collection '{result['keyspace']}': deleted {documents}, one delete "
               "mutation each (functions reading it handle them); the bucket's other collections are unchanged")
     else:
-        print(f"flushed bucket '{args.name}': deleted {result['documents']:,} documents, "
-              f"{result['tombstones']:,} tombstones and a log of {result['mutations']:,} mutations; "
+        documents = counted(result["documents"], "document")
+        tombstones = counted(result["tombstones"], "tombstone")
+        print(f"flushed bucket '{args.name}': deleted {documents}, {tombstones} and a log of "
+              f"{counted(result['mutations'], 'mutation')}; "
               "it has a new identity, so functions deployed later start from seqno 0")
     return 0
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from eventing.cli.common import existing_state, non_negative_int
 from eventing.cli.output import emit_json, table
+from eventing.core.wording import counted
 
 
 def _when(epoch_s: float | None) -> str:
@@ -65,8 +66,9 @@ def cmd_rewind(args: argparse.Namespace) -> int:
         print(f"nothing to rewind: every checkpoint of '{name}' in scope is already at or before {result.target}")
         return 0
     if result.moves:
-        print(f"rewound '{name}' to {result.target}: {len(result.moves)} vBuckets moved back; "
-              f"{result.mutations_again:,} mutations will be handled again after `eventing resume {name}`")
+        print(f"rewound '{name}' to {result.target}: {counted(len(result.moves), 'vBucket')} moved back; "
+              f"{counted(result.mutations_again, 'mutation')} will be handled again after "
+              f"`eventing resume {name}`")
     else:
         print(f"the checkpoints of '{name}' in scope are already at or before {result.target}; none moved")
     if result.reapply_effects:

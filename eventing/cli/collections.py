@@ -12,6 +12,7 @@ from typing import Any
 
 from eventing.cli.common import state_of, writable_state
 from eventing.cli.output import emit_json, table
+from eventing.core.wording import counted
 
 
 def cmd_collection_create(args: argparse.Namespace) -> int:
@@ -48,7 +49,7 @@ def cmd_collection_drop(args: argparse.Namespace) -> int:
         for gone in result["undeployed_functions"]:
             print(f"undeployed function '{gone['function']}': collection '{result['keyspace']}' is its "
                   f"{gone['role']} (deploy it again once the collection is back)")
-        print(f"dropped collection '{result['keyspace']}' with {result['documents']:,} documents")
+        print(f"dropped collection '{result['keyspace']}' with {counted(result['documents'], 'document')}")
         if result["named_by_undeployed_functions"]:
             names = ", ".join(result["named_by_undeployed_functions"])
             print(f"  undeployed functions still name it ({names}); recreate it before deploying them")

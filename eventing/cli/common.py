@@ -18,6 +18,7 @@ from eventing.storage.state import (  # DEFAULT_DATA_DIR: for the parser's help
     open_state,
     require_existing,
 )
+from metadata.sqlite_io import private_folder
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130  # Ctrl-C, for every command (128 + SIGINT, as shells report it)
@@ -43,7 +44,7 @@ def writable_state(args: argparse.Namespace) -> State:
     if path is None:
         return state
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        private_folder(path)
         probe = path / f".probe-{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()

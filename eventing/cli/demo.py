@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
+import sys
 import threading
 import time
 from pathlib import Path
@@ -133,9 +135,10 @@ def run_demo(state: State, args: argparse.Namespace) -> int:
     _print_windows(windows, stats[WINDOW_FUNCTION])
     if chart:
         print(f"   chart of sum_amount per window and country: {chart}")
+    me = program()
     where = _store_option(state)
-    print(f"\nnext: eventing {where} stats fn_email   |   eventing {where} vbmap fn_score"
-          f"   |   eventing {where} windows {WINDOW_FUNCTION}")
+    print(f"\nnext: {me} {where} stats fn_email   |   {me} {where} vbmap fn_score"
+          f"   |   {me} {where} windows {WINDOW_FUNCTION}")
     print(f"console: {_console_hint(state)}")
     print(f"(demo took {result['demo_seconds']:.0f}s: loading {load_s:.0f}s, processing {summary.seconds:.0f}s)")
     return 0
@@ -158,7 +161,29 @@ def _store_option(state: State) -> str:
 
 
 def _console_hint(state: State) -> str:
-    return f"eventing serve {_store_option(state)}   then open http://127.0.0.1:8096/"
+    return f"{program()} serve {_store_option(state)}   then open http://127.0.0.1:8096/"
+
+
+def program() -> str:
+    """This command as a shell runs it again: `eventing` where that is the one on PATH, else its path as
+    typed (scripts/demo.sh runs `.venv/bin/eventing`, which no PATH holds), or `python -m eventing`."""
+    argv0 = sys.argv[0] if sys.argv and sys.argv[0] else "eventing"
+    if os.path.basename(argv0) == "__main__.py":  # python -m eventing
+        return f"{_typed(sys.executable)} -m eventing"
+    on_path = shutil.which("eventing")
+    if on_path and os.path.exists(argv0) and os.path.samefile(on_path, argv0):
+        return "eventing"
+    if os.path.basename(argv0) == "eventing" and os.path.exists(argv0):
+        return _typed(argv0)
+    return "eventing"
+
+
+def _typed(path: str) -> str:
+    """A path as short as it runs from here: relative below the working directory, else absolute."""
+    relative = os.path.relpath(path)
+    if relative.startswith(".."):
+        return os.path.abspath(path)
+    return relative if os.sep in relative else f".{os.sep}{relative}"
 
 
 def _last_windows(report: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from eventing.cli.common import existing_state
 from eventing.cli.output import emit_json, progress_enabled, table
+from eventing.core.wording import counted
 
 if TYPE_CHECKING:
     from eventing.ops import dlq
@@ -47,7 +48,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     ))
     more = f"; --limit {args.limit} reached" if args.limit and len(rows) == args.limit else ""
     hidden = "" if args.all else "; replayed rows are hidden (--all shows them)"
-    print(f"{len(rows)} rows{more}{hidden}. `eventing dlq show {args.function} --vb N --seqno S` shows one")
+    print(f"{counted(len(rows), 'row')}{more}{hidden}. "
+          f"`eventing dlq show {args.function} --vb N --seqno S` shows one")
     return 0
 
 
@@ -93,7 +95,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
         bar.close()
         replayed = sum(1 for r in done if r.outcome == "replayed")
         print(
-            f"interrupted: {replayed} rows of '{args.function}' were replayed and marked; the row in progress "
+            f"interrupted: {counted(replayed, 'row')} of '{args.function}' "
+            f"{'was' if replayed == 1 else 'were'} "
+            "replayed and marked; the row in progress "
             "was not marked. Run the same replay again to continue: rows already applied are not applied again",
             file=sys.stderr,
         )

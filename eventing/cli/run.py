@@ -18,6 +18,10 @@ from eventing.cli.common import (
     process_started_at,
 )
 from eventing.cli.output import emit_json, progress_enabled, table
+from eventing.core import counters as counter_names
+from eventing.core.wording import counted
+from eventing.errors import EventingError
+from eventing.storage.state import State
 
 # Exit statuses of `eventing run` (docs/operations-run.md): scripts can tell a clean run from one that
 # dead-lettered mutations without parsing its output.
@@ -72,6 +76,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         bars(summary)
         lines(summary)
 
+    before = _read_counts(state)
     service = EventingService(
         state, executor, until_caught_up=args.until_caught_up, functions=args.function or None,
         on_progress=on_progress,
@@ -97,6 +102,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if leave is not None:
             leave()
     dead = {name: p.dead_letters for name, p in summary.functions.items() if p.dead_letters}
+    read = _what_was_read(state, before, list(summary.functions))
     if interrupted:
         status = EXIT_INTERRUPTED
     elif summary.errors:
@@ -109,7 +115,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         "seconds": round(summary.seconds, 2),
         "functions": {
             name: {"handled": p.handled, "backlog": p.backlog, "state": p.state, "error": p.error,
-                   "dead_letters": p.dead_letters, "handler_log": p.log_path}
+                   "dead_letters": p.dead_letters, "handler_log": p.log_path, "of_them": read.get(name, {})}
             for name, p in summary.functions.items()
         },
         "errors": summary.errors,
@@ -133,7 +139,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         for name, p in summary.functions.items():
             rate = p.handled / summary.seconds if summary.seconds else 0
             extra = f" error: {p.error}" if p.error else ""
-            print(f"{name}: {p.handled:,} mutations handled in {summary.seconds:.1f}s ({rate:,.0f}/s), {p.state}{extra}")
+            print(f"{name}: {counted(p.handled, 'mutation')} handled in {summary.seconds:.1f}s ({rate:,.0f}/s), "
+                  f"{p.state}{extra}")
+            passed = {k: v for k, v in read.get(name, {}).items() if k != "handler_calls" and v}
+            if passed:  # mutations of the source its workers moved past without a handler call
+                words = ", ".join(f"{n:,} {PASSED_OVER[k]}" for k, n in passed.items())
+                print(f"  {read[name].get('handler_calls', 0):,} of them called the handler; the others were passed "
+                      f"over: {words}")
             if p.dead_letters:
                 reasons = ", ".join(f"{reason} {n:,}" for reason, n in sorted(p.dead_letters.items()))
                 print(f"  {sum(p.dead_letters.values()):,} went to the dead-letter queue in this run ({reasons}); "
@@ -142,16 +154,49 @@ def cmd_run(args: argparse.Namespace) -> int:
                 print(f"  handler log: {p.log_path}")
         startup = result["startup"]
         if startup["first_handler_call_s"] is not None:
-            ray = f"Ray {startup['ray_s']:.1f}s" + (
+            ray = "" if args.executor == "in-process" else f"Ray {startup['ray_s']:.1f}s" + (
                 " (joined the `eventing ray start` instance)" if startup["joined_ray_instance"]
                 else " (own instance; `eventing ray start` keeps one up)" if args.executor == "ray" and not args.ray_address
                 else ""
-            )
-            print(f"start-up: {ray}, workers up {startup['workers_ready_s']:.1f}s; first handler call "
+            ) + ", "
+            print(f"start-up: {ray}workers up {startup['workers_ready_s']:.1f}s; first handler call "
                   f"{startup['first_handler_call_s']:.1f}s after the command started")
         if interrupted:
             print("interrupted: stopped after a checkpoint; `eventing run` resumes from there", file=sys.stderr)
     return status
+
+
+# What `handled` counts besides handler calls: every mutation of the source its workers moved past.
+PASSED_OVER = {
+    counter_names.COLLECTION_FILTERED: "of other collections of the source bucket",
+    counter_names.FILTERED: "not matching the function's filter",
+    counter_names.RECURSION_FILTERED: "written by the function itself",
+    counter_names.NO_HANDLER: "with no handler for their operation",
+    counter_names.DEAD_LETTERED_SKIPPED: "dead-lettered before",
+    counter_names.HUNG_SKIPPED: "whose handler hung before",
+}
+HANDLER_CALLS = tuple(counter_names.handler_outcome(kind, outcome) for kind in ("on_update", "on_delete")
+                      for outcome in ("success", "failure", "timeout"))
+
+
+def _read_counts(state: State) -> dict[str, dict[str, float]]:
+    """Every function's counters now (the run's figures are what they grow by)."""
+    try:
+        store = state.metadata
+        return {r.name: store.counters(r.name) for r in store.list_functions()}
+    except EventingError:
+        return {}
+
+
+def _what_was_read(state: State, before: dict[str, dict[str, float]], names: list[str]) -> dict[str, dict[str, int]]:
+    """Per function, what the mutations it handled in this run were: handler calls, and those passed over."""
+    after = _read_counts(state)
+    out = {}
+    for name in names:
+        grew = {k: int(v - before.get(name, {}).get(k, 0)) for k, v in after.get(name, {}).items()}
+        out[name] = {"handler_calls": sum(max(0, grew.get(k, 0)) for k in HANDLER_CALLS),
+                     **{k: max(0, grew.get(k, 0)) for k in PASSED_OVER}}
+    return out
 
 
 def _startup(executor: Any, ray_s: float, summary: Any) -> dict[str, Any]:

@@ -54,7 +54,7 @@ class LaneContext(CallContext):
     """The call in flight on one pool thread. Its execution_timeout is enforced by a watcher thread that
     raises HandlerTimeout inside the call (`interrupt`): SIGALRM reaches only the main thread. `lock` makes
     the watcher's decision and the call's end exclusive, so the exception is raised only while the call
-    runs, and one raised as the call returned is cancelled before it can land in the worker's own code."""
+    runs, and one raised as the call returned lands in `finish`, never in the worker's own code afterwards."""
 
     __slots__ = ("lock", "fired", "fired_at", "ident")
 
@@ -83,15 +83,25 @@ class LaneContext(CallContext):
             return True
 
     def finish(self) -> None:
-        """On the pool thread, when the call returned or raised: no timeout can land after this."""
+        """On the pool thread, when the call returned or raised: no timeout can land after this. A timeout
+        raised into the call and not landed yet (the call returned first) lands here, in this thread's next
+        bytecode check: raised out of finish, as from the call's end. It is never cancelled with
+        PyThreadState_SetAsyncExc(ident, NULL): on CPython 3.11 that leaves the interpreter's pending
+        async-exception flag set for good, and any tracer (pdb, a profiler, coverage) then loops forever."""
         with self.lock:
             self.active = False
             fired, self.fired = self.fired, False
-            if fired:
-                _async_raise(self.ident, None)  # cancel it if it is still pending (the call returned first)
+        if fired:
+            _checkpoint()
 
 
-def _async_raise(ident: int, exc: type[BaseException] | None) -> None:
-    """Raise `exc` in thread `ident` at its next bytecode (None: cancel one not raised yet). It does not
-    break a blocking C call (a sleep, a read): the call sees it when that returns."""
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(exc) if exc else None)
+def _checkpoint() -> None:
+    """Entering a Python function checks for a pending asynchronous exception: one raised into this thread
+    lands here at the latest."""
+    return None
+
+
+def _async_raise(ident: int, exc: type[BaseException]) -> None:
+    """Raise `exc` in thread `ident` at its next bytecode check. It does not break a blocking C call (a
+    sleep, a read): the call sees it when that returns."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(exc))

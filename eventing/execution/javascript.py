@@ -304,6 +304,18 @@ def _load_error(function: str, exc: Exception, what: str) -> HandlerLoadError:
 # -- the host object JavaScript calls ----------------------------------------------------------------------
 
 
+def _plain_error(exc: BaseException) -> JavaScriptError:
+    """An exception V8 raised past the prelude's catch (STPyV8's JSError, which holds V8 objects and cannot be
+    pickled, so it must not leave this process: a Ray worker could not return it) as a JavaScriptError of
+    strings."""
+    try:
+        name, message = str(getattr(exc, "name", "") or "Error"), str(getattr(exc, "message", "") or exc)
+        stack = str(getattr(exc, "stackTrace", "") or "")
+    except Exception:  # noqa: BLE001 - the text of an error that cannot be read
+        name, message, stack = type(exc).__name__, "an error whose text cannot be read", ""
+    return JavaScriptError(f"{name}: {message}", stack)
+
+
 def _error(exc: BaseException) -> str:
     return "\0" + (str(exc) or type(exc).__name__)
 
@@ -415,6 +427,7 @@ class JsHandler:
         return what it returned; raise HandlerTimeout or JavaScriptMemoryError when the call was stopped,
         JavaScriptError when CALL or UPDATE threw."""
         cc = self.call_context.here() if self.call_context is not None else None  # a pool thread's own
+        thrown: JavaScriptError | None = None
         now = time.monotonic()
         deadline = cc.deadline if cc is not None and cc.active else now + self.timeout_s
         here = self.here
@@ -436,7 +449,10 @@ class JsHandler:
                 if self.watchdog is None:
                     self._start_watchdog()
             setattr(here.locals, "__in", text)
-            rc = here.scripts[which].run()
+            try:
+                rc = here.scripts[which].run()
+            except Exception as exc:  # noqa: BLE001 - thrown past the prelude's catch: made a plain error
+                rc, thrown = 1, _plain_error(exc)
         finally:
             with self.lock:
                 flight.running = False
@@ -444,6 +460,8 @@ class JsHandler:
             if stopped is not None:
                 self.v8.cancel(here.isolate)
         self.calls += count
+        if thrown is not None and stopped is None:
+            raise thrown
         if stopped == "timeout":
             raise HandlerTimeout()
         if stopped == "memory":
@@ -472,7 +490,7 @@ class JsHandler:
         self.on_start, self.batch_at = on_start, 0
         try:
             rc = self.run(BATCH, text, count)
-        except (HandlerTimeout, JavaScriptMemoryError) as exc:
+        except (HandlerTimeout, JavaScriptError) as exc:  # JavaScriptError: thrown past the batch's catch
             return int(getattr(self.here.locals, "__idx")), exc
         finally:
             self.on_start = None

@@ -197,12 +197,31 @@ Object.assign(couchbase, {
 });
 Object.freeze(couchbase);
 var __err = null;
-function __fail(e) {
-  if (e instanceof Error) {
-    __err = JSON.stringify([e.name + ': ' + e.message, String(e.stack || '')]);
-  } else {
-    __err = JSON.stringify(['Uncaught ' + ((typeof e === 'string') ? e : JSON.stringify(e)), '']);
+var __stringify = JSON.stringify, __string = String, __tag = Object.prototype.toString;
+function __describe(e) {
+  // [message, stack] of any thrown value, as plain strings; never throws: a handler may throw a cyclic
+  // object, a Symbol, or a Proxy whose every trap throws.
+  try {
+    if (e instanceof Error) {
+      return [__string(e.name) + ': ' + __string(e.message), __string(e.stack || '')];
+    }
+  } catch (x) {}
+  try {
+    if (typeof e === 'string') { return ['Uncaught ' + e, '']; }
+    if (typeof e === 'symbol') { return ['Uncaught ' + e.toString(), '']; }
+  } catch (x) {}
+  var why = '';
+  try {
+    var text = __stringify(e);
+    return ['Uncaught ' + (text === undefined ? __string(e) : text), ''];
+  } catch (x) {
+    try { why = ' (' + __string(x.message).replace(/\s+/g, ' ') + ')'; } catch (y) {}
   }
+  try { return ['Uncaught ' + __tag.call(e) + why, '']; } catch (x) {}
+  return ['Uncaught a value whose properties cannot be read (a Proxy whose traps throw)', ''];
+}
+function __fail(e) {
+  __err = __stringify(__describe(e));
   return 1;
 }
 function __call() {

@@ -483,11 +483,16 @@ class Authenticator:
     """Turns a request's Authorization header into an Identity, or raises AuthError (401 or 429)."""
 
     def __init__(self, config: ServerConfig, clock: Callable[[], float] = time.monotonic,
-                 load_users: Callable[[], list[UserRecord]] | None = None):
+                 load_users: Callable[[], list[UserRecord]] | None = None,
+                 users_marked: Callable[[], bool] | None = None):
         self.config = config
         self.clock = clock
         self.throttle = LoginThrottle(lambda: self.clock())
         self._load_users = load_users or (lambda: _stored_users(config.state))
+        # Whether the store ever had users (metadata.model.USERS_MARK): then it never goes back to taking
+        # callers without credentials, not when its users are deleted, nor after this server saw users.
+        self._users_marked = users_marked or (lambda: _users_marked(config.state))
+        self.had_users = False
         self._users: dict[str, UserRecord] | None = None
         self._users_at = -math.inf
         self._verified: dict[bytes, float] = {}
@@ -501,19 +506,20 @@ class Authenticator:
             try:
                 self._users = {u.name: u for u in self._load_users()}
                 self._users_at = now
+                self.had_users = self.had_users or bool(self._users) or self._users_marked()
             except StoreLockedError:
                 if self._users is None:
                     raise
         return self._users
 
     def secured(self) -> bool:
-        return self.config.secured or bool(self.users())
+        return self.config.secured or bool(self.users()) or self.had_users
 
     def authenticate(self, authorization: str | None, client: str,
                      verify: Callable[[str, str], bool] = verify_password) -> Identity:
         """The caller's Identity. `verify` runs scrypt (authenticate_async runs it on a worker thread)."""
         users = self.users()
-        if not (self.config.secured or users):
+        if not (self.config.secured or users or self.had_users):
             return LOCAL_IDENTITY  # loopback without credentials: trusted like the local CLI
         user, secret = presented_credentials(authorization)
         if secret is None:
@@ -632,6 +638,14 @@ def _stored_users(state: State) -> list[UserRecord]:
     if not state.exists():
         return []
     return state.metadata.list_users()
+
+
+def _users_marked(state: State) -> bool:
+    from metadata import USERS_MARK
+
+    if not state.exists():
+        return False
+    return state.metadata.get_kv(USERS_MARK) is not None
 
 
 def stored_user_count(state: State) -> int:

@@ -120,7 +120,9 @@ class _Loader:
                                   "skipped": self.committed - self.written}
         if problem:
             fix = "fix that line and send the lines from it on again"
-            return 400, {"error": f"{problem}; the {self.committed:,} rows before it are committed, none after",
+            n = self.committed
+            before = "the row before it is" if n == 1 else f"the {n:,} rows before it are"
+            return 400, {"error": f"{problem}; {before} committed, none after",
                          "fix": fix, **answer}
         return 200, answer
 

@@ -1,5 +1,7 @@
 """Backing up and restoring the metadata store (function definitions, states, checkpoints, dead letters,
-counters, nodes): the SQLite store by its online backup, the Couchbase store by Couchbase's own tools."""
+counters, nodes) of a data directory: the SQLite store by its online backup, the Couchbase store by
+Couchbase's own tools. A state on a PostgreSQL server is backed up by the server's own tools, or copied
+whole into a data directory (`eventing store copy`, eventing.ops.store_copy)."""
 
 from __future__ import annotations
 
@@ -10,9 +12,11 @@ from pathlib import Path
 from eventing.errors import ConfigError, LifecycleError, NotFoundError, StoreCorruptError
 from eventing.storage.factory import open_bucket
 from eventing.storage.files import bucket_path, list_buckets
+from eventing.storage.state import StateLike, as_state
 from metadata import METADATA_URL_ENV
 from metadata.factory import SQLITE_FILE, open_store
 from metadata.sqlite import restore_sqlite_store
+from metadata.sqlite_io import private_folder
 
 
 def default_backup_path(data_dir: str) -> Path:
@@ -20,7 +24,19 @@ def default_backup_path(data_dir: str) -> Path:
     return Path(data_dir) / "backups" / f"metadata-{stamp}.sqlite3"
 
 
-def backup(data_dir: str, output: str | None = None, *, with_buckets: bool = False) -> dict:
+def _data_dir(state: StateLike, what: str) -> str:
+    """The data directory of a state held in files; one line naming the way for a state on a server."""
+    state = as_state(state)
+    if state.directory is None:
+        raise ConfigError(
+            f"{state.shown} is a PostgreSQL store: {what} it with the server's own tools (pg_dump, a standby, "
+            "point-in-time recovery), or copy it whole into a data directory with `eventing store copy --from "
+            f"{state.shown} --to DIR` (and back with --from DIR --to URL)"
+        )
+    return str(state.directory)
+
+
+def backup(state: StateLike, output: str | None = None, *, with_buckets: bool = False) -> dict:
     """Copy the metadata store to `output` (default <data_dir>/backups/metadata-<UTC time>.sqlite3); safe
     while `eventing run` works: the copy is one consistent snapshot.
 
@@ -29,6 +45,7 @@ def backup(data_dir: str, output: str | None = None, *, with_buckets: bool = Fal
     every partition). The buckets are copied after the store, so they hold at least what its checkpoints
     cover: after a restore, mutations past the checkpoints are handled again and the binding buckets'
     effect marks skip the effects they already hold."""
+    data_dir = _data_dir(state, "back up")
     if with_buckets:
         folder = Path(output) if output else default_backup_path(data_dir).with_name(
             default_backup_path(data_dir).name.replace("metadata-", "backup-").removesuffix(".sqlite3")
@@ -38,10 +55,13 @@ def backup(data_dir: str, output: str | None = None, *, with_buckets: bool = Fal
         target = folder / SQLITE_FILE
     else:
         target = Path(output) if output else default_backup_path(data_dir)
+    # Folders an explicit -o names that do not exist yet are made (0700), and reported.
+    created = _missing_folders(target.parent) if output else []
     with open_store(data_dir, create=False) as store:
         store.backup(target)
         functions = len(store.list_functions())
-    result: dict = {"file": str(target), "bytes": target.stat().st_size, "functions": functions}
+    result: dict = {"file": str(target), "bytes": target.stat().st_size, "functions": functions,
+                    "created_folders": [str(f) for f in created]}
     if with_buckets:
         copied = []
         for name in list_buckets(data_dir):
@@ -53,6 +73,15 @@ def backup(data_dir: str, output: str | None = None, *, with_buckets: bool = Fal
             bytes=sum(f.stat().st_size for f in target.parent.rglob("*") if f.is_file()),
         )
     return result
+
+
+def _missing_folders(folder: Path) -> list[Path]:
+    """`folder` and its parents that do not exist, outermost first."""
+    missing = []
+    while not folder.exists():
+        missing.append(folder)
+        folder = folder.parent
+    return list(reversed(missing))
 
 
 def _restore_buckets(data_dir: str, folder: Path) -> tuple[list[str], list[str]]:
@@ -87,7 +116,7 @@ def _missing_buckets(data_dir: str, functions: list) -> list[str]:
     return warnings
 
 
-def restore(data_dir: str, backup_file: str) -> dict:
+def restore(state: StateLike, backup_file: str) -> dict:
     """Replace the metadata store with a backup; the replaced file stays as metadata.sqlite3.bak.
 
     Refused while an eventing service runs. Functions resume after the restored checkpoints: mutations
@@ -96,6 +125,7 @@ def restore(data_dir: str, backup_file: str) -> dict:
     """
     from eventing.control.lifecycle import SERVICE_STALE_S
 
+    data_dir = _data_dir(state, "restore")
     if os.environ.get(METADATA_URL_ENV):
         raise ConfigError(
             f"the metadata store is in Couchbase ({METADATA_URL_ENV} is set); restore it with Couchbase's own "
@@ -115,7 +145,7 @@ def restore(data_dir: str, backup_file: str) -> dict:
                 "stop it first (Ctrl-C on `eventing run`), then restore"
             )
     else:
-        Path(data_dir).mkdir(parents=True, exist_ok=True)
+        private_folder(data_dir)
     folder = Path(backup_file) if Path(backup_file).is_dir() else None
     kept = restore_sqlite_store(folder / SQLITE_FILE if folder else backup_file, target)
     restored_buckets, kept_buckets = _restore_buckets(data_dir, folder) if folder else ([], [])

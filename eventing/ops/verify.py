@@ -33,6 +33,7 @@ from eventing.core.definition import FunctionDefinition
 from eventing.core.filters import compile_filter
 from eventing.core.keyspaces import Keyspace, split_stored_key
 from eventing.core.mutation import Mutation
+from eventing.core.wording import counted
 from eventing.errors import ConfigError, LifecycleError, fix
 from eventing.storage.keyspace import collection_id, open_keyspace
 from eventing.storage.origins import is_own
@@ -123,7 +124,10 @@ class VerifyReport:
                 f"(e.g. {_examples(self.duplicate_effects)})"
             )
         if self.out_of_order:
-            problems.append(f"{len(self.out_of_order)} documents out of order (e.g. {_examples(self.out_of_order)})")
+            problems.append(
+                f"{counted(len(self.out_of_order), 'document')} out of order "
+                f"(e.g. {_examples(self.out_of_order)})"
+            )
         if self.unexpected:
             problems.append(f"{len(self.unexpected)} effects of no source mutation (e.g. {_examples(self.unexpected)})")
         if self.checkpoint_regressions:

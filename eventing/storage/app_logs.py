@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
+from metadata.sqlite_io import PRIVATE_FILE, private_folder
+
 DEFAULT_MAX_SIZE = 40 * 1024 * 1024  # Couchbase's default application log size
 DEFAULT_MAX_FILES = 10
 
@@ -36,8 +38,8 @@ class AppLogWriter:
         self._ino = -1
 
     def _open(self) -> int:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        private_folder(self.path.parent)
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, PRIVATE_FILE)
         self._fd, self._ino = fd, os.fstat(fd).st_ino
         return fd
 
@@ -49,8 +51,8 @@ class AppLogWriter:
         worker that cannot see the data directory (RemoteAppLog), rotated exactly as line by line. The
         batch holds the rotation lock, so two writers of batches (the data service's actors) never both
         find room for a chunk in a file that has room for one."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        lock = os.open(str(self.path) + ".lock", os.O_WRONLY | os.O_CREAT, 0o644)
+        private_folder(self.path.parent)
+        lock = os.open(str(self.path) + ".lock", os.O_WRONLY | os.O_CREAT, PRIVATE_FILE)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:

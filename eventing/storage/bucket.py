@@ -53,6 +53,7 @@ from eventing.storage.info_table import BucketInfo
 from eventing.storage.reads import BucketReads
 from eventing.storage.values import Spans
 from eventing.storage.writes import BucketWrites
+from metadata.sqlite_io import private_file, private_folder
 
 if TYPE_CHECKING:
     from eventing.storage.protocol import FileBucket
@@ -178,7 +179,8 @@ class LocalBucket(BucketEffects, BucketInfo, BucketWrites, BucketReads):
         return self._copy_file_to(bucket_path(data_dir, self.name))
 
     def _copy_file_to(self, target: Path) -> Path:
-        target.parent.mkdir(parents=True, exist_ok=True)
+        private_folder(target.parent)
+        private_file(target)
         copy = sqlite3.connect(target)
         try:
             self._db.backup(copy)

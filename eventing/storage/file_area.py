@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Protocol
 
 from eventing.errors import StoreError
+from metadata.sqlite_io import private_folder
 
 Data = bytes | bytearray | memoryview
 
@@ -131,7 +132,7 @@ class DirectoryArea:
     def _folder_of(self, path: Path) -> None:
         folder = path.parent
         if folder not in self._made:
-            folder.mkdir(parents=True, exist_ok=True)
+            private_folder(folder)
             self._made.add(folder)
 
     def write(self, name: str, data: Data) -> None:

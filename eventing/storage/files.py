@@ -19,7 +19,7 @@ from eventing.core.names import check_bucket_name
 from eventing.errors import ConfigError, StoreError
 from eventing.storage import write_turns
 from eventing.storage.file_health import bucket_file_error
-from metadata.sqlite_io import retry_locked, run_transaction
+from metadata.sqlite_io import private_file, private_folder, retry_locked, run_transaction
 from sharding import NUM_VBUCKETS
 
 SCHEMA = """
@@ -76,7 +76,7 @@ def create_files(
         raise ConfigError(f"a bucket has 1 to {MAX_PARTITIONS} partitions, not {partitions}")
     info = [("uuid", uuid.uuid4().hex), ("name", name), ("created_at", str(time.time()))]
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_folder(path.parent)
         # Partition files without their main file belong to no bucket (a drop cut short, a main file
         # deleted by hand): they, and above all their WAL files, must never meet the new bucket.
         leftovers = partition_path(data_dir, name, 1).parent
@@ -86,7 +86,7 @@ def create_files(
             info.append(("partitions", str(partitions)))
             for part in range(1, partitions):
                 part_path = partition_path(data_dir, name, part)
-                part_path.parent.mkdir(exist_ok=True)
+                private_folder(part_path.parent)
                 _create_file(part_path, [*info, ("partition", str(part))])
         _create_file(path, info)  # the main file last: a bucket appears whole or not at all
     except (OSError, sqlite3.Error) as exc:
@@ -103,6 +103,7 @@ def partition_path(data_dir: str | os.PathLike[str], name: str, part: int) -> Pa
 def _create_file(path: Path, info: list[tuple[str, str]]) -> None:
     tmp = path.with_suffix(".creating")
     tmp.unlink(missing_ok=True)
+    private_file(tmp)  # 0600, and so its -wal and -shm
     db = _connect(tmp)
     db.executescript(SCHEMA)
     db.executemany("INSERT INTO info VALUES(?,?)", info)

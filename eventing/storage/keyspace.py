@@ -16,7 +16,7 @@ from eventing.core.keyspaces import COLLECTION_MARK, DEFAULT, WILDCARD, Keyspace
 from eventing.core.mutation import OP_DELETE, OP_UPDATE, decode_document, encode_document
 from eventing.errors import ConfigError, NotFoundError, fix
 from eventing.storage.protocol import Bucket, FileBucket
-from eventing.storage.state import StateLike, as_state
+from eventing.storage.state import State, StateLike, as_state
 from eventing.storage.values import StoredDocument, Write
 from sharding import validate_key
 
@@ -177,11 +177,25 @@ class Collection:
         return f"bucket '{self.keyspace.bucket}'" if self.keyspace.is_default else f"keyspace '{self.keyspace}'"
 
 
+def _no_collection(state: State, ks: Keyspace, which: str) -> ConfigError:
+    """What `collection create` / `drop` says of a name that is a bucket's, not a collection's: `shop` is the
+    bucket (its default collection `which`), `shop.sales` (no bucket of that name) is no keyspace at all."""
+    if "." in ks.bucket and ks.bucket not in state.bucket_names():
+        return ConfigError(
+            f"'{ks.bucket}' names no collection: a collection is named by three parts, BUCKET.SCOPE.COLLECTION "
+            f"(for example {ks.bucket}.COLLECTION for a collection of scope '{ks.bucket.split('.')[-1]}')"
+        )
+    return ConfigError(
+        f"'{ks}' is bucket '{ks.bucket}', whose default collection {which}; name a collection as "
+        f"BUCKET.SCOPE.COLLECTION (for example {ks.bucket}.SCOPE.COLLECTION)"
+    )
+
+
 def create_collection(state: StateLike, keyspace: str | Keyspace) -> int:
     state = as_state(state)
     ks = parse_keyspace(state, keyspace)
     if ks.is_default:
-        raise ConfigError(f"'{ks}' is a bucket's default collection, which always exists; name BUCKET.SCOPE.COLLECTION")
+        raise _no_collection(state, ks, "always exists")
     ks.check()
     with state.open_bucket(ks.bucket) as bucket:
         return bucket.create_collection(ks.scope, ks.collection)
@@ -191,6 +205,6 @@ def drop_collection(state: StateLike, keyspace: str | Keyspace) -> int:
     state = as_state(state)
     ks = parse_keyspace(state, keyspace)
     if ks.is_default:
-        raise ConfigError(f"'{ks}' is a bucket's default collection, which cannot be dropped; drop the bucket instead")
+        raise _no_collection(state, ks, "cannot be dropped (drop the bucket instead)")
     with state.open_bucket(ks.bucket) as bucket:
         return bucket.drop_collection(ks.scope, ks.collection)

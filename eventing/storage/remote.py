@@ -35,6 +35,7 @@ from eventing.storage.state import AppLogWriter, State, StateLike, as_state, is_
 from eventing.storage.values import EffectGroup, EffectResult, PackedUpdates, Spans, Write
 from metadata import MetadataStore
 from metadata.factory import SQLITE_FILE
+from metadata.sqlite_io import private_folder
 
 LOCALITY_ENV = "EVENTING_DATA_LOCALITY"  # "0": workers on the data node still go through the service
 
@@ -123,7 +124,7 @@ class DataService:
         path = (root / relative).resolve()
         if root not in path.parents:
             raise ConfigError(f"{relative!r} is not a path inside the data directory")
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_folder(path.parent)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         with open(tmp, "wb") as f:
             f.write(data)

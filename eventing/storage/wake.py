@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from eventing.core.keyspaces import NUM_VBUCKETS
+from metadata.sqlite_io import private_folder
 
 log = logging.getLogger("eventing.storage.wake")
 
@@ -145,7 +146,7 @@ class WakeListener:
     def start(self) -> bool:
         """Listen; False (and the poll alone) when the socket cannot be made."""
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            private_folder(self.path.parent)
             try:
                 if stat.S_ISSOCK(os.lstat(self.path).st_mode):
                     # Left by a service that is gone (only the leader listens, and this service leads).

@@ -36,6 +36,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from eventing.errors import StoreCorruptError, StoreError
+from metadata.sqlite_io import private_folder
 
 if TYPE_CHECKING:
     from eventing.storage.file_area import FileArea
@@ -280,7 +281,7 @@ def write_row_batch(directory: str | os.PathLike[str], batch_name: str, table: p
     ``(vb, seqno)`` when read, so replays after a crash never double count.
     """
     path = Path(directory) / batch_file_name(batch_name)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_folder(path.parent)
     atomic_write_parquet(_checked_rows(table), path, overwrite=True)
     return path
 
@@ -291,7 +292,7 @@ def write_row_spool(directory: str | os.PathLike[str], batch_name: str, table: p
     reading it is a memory map, so the worker-to-coordinator hand-off uses it; Parquet stays for what
     Spark reads. The files live until the coordinator consumes them, a poll later."""
     path = Path(directory) / batch_file_name(batch_name, ROW_SPOOL_SUFFIX)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_folder(path.parent)
     checked = _checked_rows(table)
 
     data = _checksummed(checked)

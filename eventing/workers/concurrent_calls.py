@@ -128,6 +128,11 @@ class ConcurrentCalls:
             positions[vb] = position
         return len(rows)
 
+    def drain(self) -> None:
+        """Run the tasks taken so far and wait for them: the next mutation is handled alone, on the worker's
+        thread (eventing.workers.crash_guard, handle_alone)."""
+        self._run_tasks()
+
     def _run_tasks(self) -> None:
         """Run the batch's tasks on the pool and wait for all of them (the barrier)."""
         tasks = self.tasks
@@ -161,11 +166,13 @@ class ConcurrentCalls:
             if type(item) is _OnWorkerThread:
                 runner = core.runner
                 keyspace, runner.keyspace = runner.keyspace, item.keyspace
+                core.crash_guard.notes.note(0, item.m.vb, item.m.seqno, item.m.seqno)
                 try:
                     core._handle(item.m)
                 except BaseException as exc:  # noqa: BLE001 - raised after the barrier
                     error = error or exc
                 finally:
+                    core.crash_guard.notes.clear(0)
                     runner.keyspace = keyspace
                     item.done.set()
                 continue
@@ -233,7 +240,7 @@ class ConcurrentCalls:
         for i in range(self.size):
             lane = LaneContext(self.core.timeout_s)
             self.lanes.append(lane)
-            thread = threading.Thread(target=self._lane, args=(lane,), name=f"handler-{i}", daemon=True)
+            thread = threading.Thread(target=self._lane, args=(lane, i + 1), name=f"handler-{i}", daemon=True)
             thread.start()
             self._threads.append(thread)
         # A JavaScript call is stopped inside V8 by its handler's watchdog (TerminateExecution) at the same
@@ -248,7 +255,7 @@ class ConcurrentCalls:
 
     # -- the pool's threads ----------------------------------------------------------------------------
 
-    def _lane(self, lane: LaneContext) -> None:
+    def _lane(self, lane: LaneContext, slot: int) -> None:
         lane.bind()
         try:
             self.core.runner.prepare_thread()
@@ -259,11 +266,11 @@ class ConcurrentCalls:
             if task is None:
                 return
             try:
-                self._done.put(self._run_task(lane, task))
+                self._done.put(self._run_task(lane, slot, task))
             except BaseException as exc:  # noqa: BLE001 - the worker's thread raises it after the barrier
                 self._done.put(exc)
 
-    def _run_task(self, lane: LaneContext, task: Task) -> Tally:
+    def _run_task(self, lane: LaneContext, slot: int, task: Task) -> Tally:
         """One document's mutations, one after another; what _handle would count and dead-letter, returned."""
         core = self.core
         runner = core.runner
@@ -284,17 +291,30 @@ class ConcurrentCalls:
                     failed.append((m, call, None))
                 continue
             assert type(call) is HandlerCall
-            failure = self._call(lane, m, call, core.epochs[m.vb], counts)
+            failure = self._call(lane, slot, m, call, core.epochs[m.vb], counts)
             if failure is None:
                 counts[core._success[call.kind]] += 1
             else:
                 failed.append((m, call, failure))
         return counts, failed
 
-    def _call(self, lane: LaneContext, m: Mutation, call: HandlerCall, epoch: int, counts: Counter) -> Failure | None:
-        """HandlerRunner.call on a pool thread: retries and backoff as configured, the lane's timeout.
+    def _call(
+        self, lane: LaneContext, slot: int, m: Mutation, call: HandlerCall, epoch: int, counts: Counter
+    ) -> Failure | None:
+        """HandlerRunner.call on a pool thread: retries and backoff as configured, the lane's timeout, the
+        call noted in the thread's slot of the worker's call notes (eventing.workers.crash_guard).
         A timeout can land until `lane.finish()` returns, so every path through the call finishes the
         lane before anything is kept or discarded."""
+        notes = self.core.crash_guard.notes
+        notes.note(slot, m.vb, m.seqno, m.seqno)
+        try:
+            return self._noted_call(lane, m, call, epoch, counts)
+        finally:
+            notes.clear(slot)
+
+    def _noted_call(
+        self, lane: LaneContext, m: Mutation, call: HandlerCall, epoch: int, counts: Counter
+    ) -> Failure | None:
         core = self.core
         runner, rw = core.runner, core.rw_bindings
         attempts, backoff_s = core._attempts, core._backoff_s

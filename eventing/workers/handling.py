@@ -33,6 +33,7 @@ from eventing.execution.timers import TimerTable
 from eventing.handler import DeleteOptions, Meta
 from eventing.storage.protocol import Bucket
 from eventing.windows.runtime.row_writer import WindowRowWriter
+from eventing.workers.crash_guard import CRASHED, CrashGuard
 from metadata import DlqRow
 
 _as_mutation = tuple.__new__  # a row tuple as a Mutation, built in C (Mutation(*row) is ~0.3 us)
@@ -65,6 +66,7 @@ class WorkerHandling:
     counters: Counter[str]
     dlq: list[DlqRow]
     _lettered: dict[tuple[int, int], str]
+    crash_guard: CrashGuard
 
     def _drop_filtered(self, vb: int, position: int, rows: list) -> list:
         """The rows of a run the filter matches, in order (the others counted as filtered). Rows this
@@ -301,7 +303,12 @@ class WorkerHandling:
                 self.runner.seen(m)
             return
         if self._lettered and (m.vb, m.seqno) in self._lettered:
-            c[self._lettered[(m.vb, m.seqno)]] += 1  # this deployment dead-lettered it already (see assign_vbuckets)
+            mark = self._lettered[(m.vb, m.seqno)]
+            if mark == CRASHED:  # its worker died on it (eventing.workers.crash_guard): no call this time
+                error, deaths = self.crash_guard.letter(m)
+                self._dead_letter(m, "crashed", error, "", deaths)
+            else:
+                c[mark] += 1  # this deployment dead-lettered it already (see assign_vbuckets)
             if self.runner.previous is not None:
                 self.runner.seen(m)
             return

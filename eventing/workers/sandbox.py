@@ -83,7 +83,9 @@ class _Sandboxed:
 
     own_process = False
 
-    def _start(self, function: str, defn: Any, service: Any, *, private: list[str]) -> None:
+    def _start(
+        self, function: str, defn: Any, service: Any, *, private: list[str], notes_fd: int | None = None
+    ) -> None:
         import json
         import shutil
         import subprocess
@@ -102,7 +104,7 @@ class _Sandboxed:
         self._rmtree = shutil.rmtree
         self._ended = False
         policy = {"deny": [*private, sandboxes_root(), "/dev/shm", *ray_private_paths()], "writable": [self.tmp],
-                  "tcp_ports": url_ports(defn)}
+                  "tcp_ports": url_ports(defn), "notes_fd": notes_fd}
         ours, theirs = socket.socketpair()
         env = {name: os.environ[name] for name in ("PATH", "LANG", "LC_ALL", "PYTHONPATH") if name in os.environ}
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -111,7 +113,8 @@ class _Sandboxed:
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "eventing.workers.sandbox_child", str(theirs.fileno()), json.dumps(policy)],
-                stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),), env=env, cwd=self.tmp,
+                stdin=subprocess.DEVNULL, env=env, cwd=self.tmp,
+                pass_fds=(theirs.fileno(),) if notes_fd is None else (theirs.fileno(), notes_fd),
             )
         except BaseException:
             shutil.rmtree(self.tmp, ignore_errors=True)
@@ -208,8 +211,18 @@ class SandboxedCore(_Sandboxed):
             defn = FunctionDefinition.from_dict(store.get_function(spec.function).definition)
         finally:
             store.close()
+        from eventing.workers.crash_guard import open_notes_file
+
         backend: Any = ServedData(access.state) if access.local else spec.data_service.client(spec.worker_id)
-        self._start(spec.function, defn, ScopedService(spec.function, defn, backend), private=_private(spec.location))
+        # The worker's call notes (eventing.workers.crash_guard): the child cannot open the data directory.
+        notes_fd = open_notes_file(spec.location, spec.function, spec.worker_id,
+                                   access.state.directory if access.local else None)
+        try:
+            self._start(spec.function, defn, ScopedService(spec.function, defn, backend),
+                        private=_private(spec.location), notes_fd=notes_fd)
+        finally:
+            if notes_fd is not None:
+                os.close(notes_fd)  # the child has its own
         self.pid = self._rpc("__init__", (spec.function, spec))
 
     def __getattr__(self, method: str) -> Callable[..., Any]:

@@ -197,7 +197,7 @@ def _child(fd: int, policy: dict) -> None:
 
                 function, spec = args
                 spec = replace(spec, data_service=_LineRef(line, spec.location))
-                core = WorkerCore(spec, recycle_on_hang=True)
+                core = WorkerCore(spec, recycle_on_hang=True, notes_fd=policy.get("notes_fd"))
                 result: tuple = (True, os.getpid())
             elif method == "__runner__":
                 core = _ChildRunner(line, *args)

@@ -20,7 +20,10 @@ KEY_CALLS = frozenset({"get_raw", "get", "get_meta", "get_doc", "previous_doc"})
 LIST_CALLS = frozenset({"keys", "scan", "count"})  # first argument: a stored-key prefix
 EFFECT_CALLS = frozenset({"apply_effects", "effect_marks", "fence"})
 # What a worker asks of the metadata store, each with the function's name as first argument.
-META_CALLS = frozenset({"get_function", "claim", "release", "commit", "claim_timers", "get_timer", "find_dlq_rows"})
+META_CALLS = frozenset({
+    "get_function", "claim", "release", "commit", "claim_timers", "get_timer", "find_dlq_rows", "count_death",
+    "deaths",
+})
 
 
 class ScopedService:

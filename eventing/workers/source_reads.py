@@ -14,6 +14,7 @@ from typing import Any
 from eventing.core import counters as counter_names
 from eventing.core.filters import Prefilter
 from eventing.workers.collections import COLLECTION_MARK_BYTES, SourceCollections
+from eventing.workers.crash_guard import CrashGuard, handle_alone
 from eventing.workers.handling import WorkerHandling
 
 # A worker reading through the data service reads this many mutations ahead in one call, and keeps one
@@ -32,6 +33,7 @@ class WorkerReads(WorkerHandling):
     """Reading the source. A part of WorkerCore (eventing.workers.worker), which sets these."""
 
     collections: SourceCollections
+    crash_guard: CrashGuard
     on_delete: Any
     _reads_ahead: bool
     _read_rows: Callable[[int, int, int], list[tuple]]
@@ -100,10 +102,7 @@ class WorkerReads(WorkerHandling):
                     used += taken
                     continue
             rows = self._read_rows(vb, position, limit)
-            if rows and self.collections.mixed(rows):
-                taken = self._handle_collections(vb, position, rows)
-            else:
-                taken = self._handle_run(vb, position, rows)
+            taken = self._handle_rows(vb, position, rows)
             handled += taken
             used += taken
         if scanned_all:
@@ -118,10 +117,8 @@ class WorkerReads(WorkerHandling):
         rows, scanned, last = self.source.read_vb_matching(  # type: ignore[attr-defined]
             vb, position, limit, upto, self._prefilter, self.name
         )
-        if rows and self.collections.mixed(rows):
-            self._handle_collections(vb, position, rows)
-        elif rows:
-            self._handle_run(vb, position, rows)
+        if rows:
+            self._handle_rows(vb, position, rows)
         skipped = scanned - len(rows)
         if skipped:
             c = self.counters
@@ -130,6 +127,26 @@ class WorkerReads(WorkerHandling):
         if last > self.positions[vb]:
             self.positions[vb] = last
         return scanned, len(rows)
+
+    def _handle_rows(self, vb: int, position: int, rows: list) -> int:
+        """A run of one vBucket's rows, read: handled with the run noted in the worker's call notes, or, when
+        it holds mutations to be handled alone, by handle_alone (eventing.workers.crash_guard)."""
+        guard = self.crash_guard
+        if guard.suspects and guard.suspected(vb, rows):
+            return handle_alone(self, vb, position, rows)
+        if not rows:
+            return self._handle_run(vb, position, rows)
+        notes = guard.notes
+        notes.note(0, vb, rows[0][1], rows[-1][1])
+        try:
+            return self._handle_rows_noted(vb, position, rows)
+        finally:
+            notes.clear(0)
+
+    def _handle_rows_noted(self, vb: int, position: int, rows: list) -> int:
+        if rows and self.collections.mixed(rows):
+            return self._handle_collections(vb, position, rows)
+        return self._handle_run(vb, position, rows)
 
     def _handle_collections(self, vb: int, position: int, rows: list) -> int:
         """A run whose rows are not all of the source collection: the others are passed over (their seqnos

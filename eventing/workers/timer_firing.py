@@ -12,6 +12,7 @@ from eventing.core import counters as counter_names
 from eventing.core.definition import FunctionDefinition
 from eventing.execution.runner import HandlerCall, Rejection
 from eventing.execution.timers import delay_counter, timer_mutation
+from eventing.workers.crash_guard import CRASHED
 from eventing.workers.handling import WorkerHandling
 from eventing.workers.hang_guard import HangGuard
 from metadata import MetadataStore, TimerDone, TimerRecord
@@ -53,16 +54,26 @@ class WorkerTimers(WorkerHandling):
         m = timer_mutation(t)
         call = self.runner.prepare(m)
         if self._lettered and (m.vb, m.seqno) in self._lettered:
-            c[counter_names.HUNG_SKIPPED] += 1  # its dead letter was written when it hung
+            if self._lettered[(m.vb, m.seqno)] == CRASHED:  # its worker died on it (see crash_guard)
+                c[counter_names.TIMERS_FAILED] += 1
+                error, deaths = self.crash_guard.letter(m)
+                self._dead_letter(m, "crashed", error, "", deaths)
+            else:
+                c[counter_names.HUNG_SKIPPED] += 1  # its dead letter was written when it hung
         elif type(call) is Rejection:
             c[counter_names.TIMERS_FAILED] += 1
             self._dead_letter(m, "timer_error", call.error, "", 0)
         else:
             assert type(call) is HandlerCall
-            failure = self.runner.call(
-                m, call, epoch=self.epochs[t.vb], attempts=self._attempts,
-                backoff_s=self._backoff_s, on_retry=self._count_retry,
-            )
+            notes = self.crash_guard.notes
+            notes.note(0, m.vb, m.seqno, m.seqno)
+            try:
+                failure = self.runner.call(
+                    m, call, epoch=self.epochs[t.vb], attempts=self._attempts,
+                    backoff_s=self._backoff_s, on_retry=self._count_retry,
+                )
+            finally:
+                notes.clear(0)
             if failure is None:
                 c[counter_names.TIMERS_FIRED] += 1
             else:

@@ -29,6 +29,7 @@ from eventing.storage.values import EffectGroup, Spans
 from eventing.windows.runtime.row_writer import WindowRowWriter
 from eventing.workers import concurrent_calls
 from eventing.workers.collections import SourceCollections
+from eventing.workers.crash_guard import CrashGuard, open_notes_file
 from eventing.workers.hang_guard import HangGuard
 from eventing.workers.source_reads import WorkerReads
 from eventing.workers.timer_firing import WorkerTimers
@@ -91,7 +92,7 @@ EFFECT_FLUSH_MIN = 8000  # binding writes buffered before a flush within a step 
 class WorkerCore(WorkerTimers, WorkerReads):
     """Processes its vBuckets strictly in seqno order; every write it makes is fenced by its epochs."""
 
-    def __init__(self, spec: WorkerSpec, *, recycle_on_hang: bool = False):
+    def __init__(self, spec: WorkerSpec, *, recycle_on_hang: bool = False, notes_fd: int | None = None):
         self.spec = spec
         self.name = spec.function
         self.origin = deployment_origin(spec.function, spec.generation)  # of its writes: the recursion guard
@@ -158,6 +159,13 @@ class WorkerCore(WorkerTimers, WorkerReads):
         self.timers_done: list[TimerDone] = []  # fired since the last commit
         self._reclaim: set[int] = set()  # newly owned vBuckets: timers a previous owner claimed fire first
         self.hang_guard = HangGuard(self.runner.context, self.timeout_s)
+        # What the handler runs is noted in a file (its sandboxed host opens it: `notes_fd`), so that a death
+        # is counted against its mutation and a mutation that keeps ending the process is dead-lettered.
+        if notes_fd is None:
+            notes_fd = open_notes_file(spec.location, spec.function, spec.worker_id,
+                                       self.data.state.directory if self.data.local else None)
+        pool = self.defn.concurrency if self.defn.concurrency > 1 else 0
+        self.crash_guard = CrashGuard(self.store, self.name, spec.generation, notes_fd, 1 + pool)
         # concurrency > 1: a pool runs the batch's calls, several documents at once (else None: one at a time).
         self.calls = concurrent_calls.attach(self)
         self.waiter = WriteWaiter.open(spec.wake_address) if spec.wake_address and self.data.local else None
@@ -224,6 +232,8 @@ class WorkerCore(WorkerTimers, WorkerReads):
             elif hung and row.vb >= TIMER_VB_BASE and owner_vb(row.vb) in wanted:
                 # a timer whose callback hung: recorded as done instead
                 self._lettered[(row.vb, row.seqno)] = counter_names.HUNG_SKIPPED
+        # Mutations a worker of this deployment died on: dead-lettered when they come, or handled alone.
+        self.crash_guard.claimed(vbs, self.committed, self._lettered)
 
     def revoke_vbuckets(self, vbuckets) -> dict[int, int]:
         """Finish, flush, checkpoint and release vBuckets; returns their final checkpoints."""
@@ -599,5 +609,6 @@ class WorkerCore(WorkerTimers, WorkerReads):
                 self.app_log.flush()
             except Exception:  # noqa: BLE001 - a worker being ended; the data service may be gone already
                 pass
+        self.crash_guard.close()
         self.store.close()
         self.runner.close()

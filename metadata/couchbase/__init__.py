@@ -10,6 +10,7 @@ Document layout (keys start with a prefix, ``eventing`` by default, in the bucke
     <p>::ctr::<fn>                   {"values": {name: number}}       counters and gauges
     <p>::dlq::<fn>::<vb>::<seqno>    one dead letter (mutation base64), written with insert() only
     <p>::dlqix::<fn>::<vb>           {"seqnos": [...]}                index of that vBucket's dead letters
+    <p>::deaths::<fn>                {"counts": {"vb:seqno": n}}      deaths of a worker per mutation
     <p>::services                    {"ids": [...]}                   index of service heartbeats
     <p>::svc::<id>                   {info, heartbeat_at}             expires SERVICE_TTL_S after its last beat
     <p>::nodes                       {"nodes": {name: {...}}}         eventing nodes

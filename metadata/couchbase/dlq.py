@@ -145,6 +145,28 @@ class DlqDocuments(CasDocuments):
         return sum(len(s) for s in removed.values())
 
 
+    # -- deaths on a mutation (eventing.workers.crash_guard) ------------------------------------------
+
+    def count_death(self, function: str, vb: int, seqno: int) -> int:
+        """One more death on (vb, seqno) in the function's deaths document; returns its count."""
+        name = f"{vb}:{seqno}"
+
+        def change(doc: Doc | None) -> Doc:
+            counts = dict((doc or {}).get("counts", {}))
+            counts[name] = int(counts.get(name, 0)) + 1
+            return {"counts": counts}
+
+        written = self._mutate(self._key("deaths", function), change)
+        assert written is not None
+        return int(written["counts"][name])
+
+    def deaths(self, function: str) -> dict[tuple[int, int], int]:
+        key = self._key("deaths", function)
+        got = self._get(key)
+        if got is None:
+            return {}
+        return self._decode(key, _deaths_of, got[0])
+
 def _encode_dlq(row: DlqRow) -> Doc:
     return {
         "function": row.function, "vb": row.vb, "seqno": row.seqno, "key": row.key, "reason": row.reason,
@@ -167,6 +189,10 @@ def _revive_dlq(doc: Doc | None, row: DlqRow) -> Doc | None:
         first_failed_at=doc["first_failed_at"],
         replayed_at=None,
     )
+
+
+def _deaths_of(doc: Doc) -> dict[tuple[int, int], int]:
+    return {(int(k.split(":")[0]), int(k.split(":")[1])): int(n) for k, n in doc["counts"].items()}
 
 
 def _decode_dlq(doc: Doc) -> DlqRow:

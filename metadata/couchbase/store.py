@@ -216,10 +216,11 @@ class CouchbaseMetadataStore(DlqDocuments, TimerDocuments, UserDocuments, Cluste
                 for vb, seqno in positions.items()
             }
         )
-        self._docs.remove_many([key for vb, key in keys.items() if vb not in positions])
+        dropped = [key for vb, key in keys.items() if vb not in positions]
+        self._docs.remove_many([*dropped, self._key("deaths", function)])  # the last deployment's deaths
 
     def drop_checkpoints(self, function: str) -> None:
-        self._docs.remove_many(list(self._cp_keys(function).values()))
+        self._docs.remove_many([*self._cp_keys(function).values(), self._key("deaths", function)])
 
     def checkpoints(self, function: str) -> dict[int, Checkpoint]:
         keys = self._cp_keys(function)

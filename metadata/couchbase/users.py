@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from metadata.couchbase.cas import CasDocuments
 from metadata.couchbase.documents import Doc
 from metadata.errors import NotFoundError
-from metadata.model import UserRecord
+from metadata.model import USERS_MARK, UserRecord
 
 
 class UserDocuments(CasDocuments):
@@ -19,6 +19,7 @@ class UserDocuments(CasDocuments):
     def put_user(self, name: str, password_hash: str, roles: Sequence[str]) -> UserRecord:
         """Create a user, or replace the hash and roles of an existing one (keeping when it was created)."""
         self._index_add(self._key("users"), "names", [name])
+        self._docs.upsert(self._key("kv", USERS_MARK), {"value": "1"})  # kept when users are deleted
 
         def change(doc: Doc | None) -> Doc:
             created = doc["created_at"] if doc is not None else time.time()

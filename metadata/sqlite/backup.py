@@ -6,10 +6,12 @@ import os
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import quote
 
 from metadata.errors import NotFoundError, StoreCorruptError, StoreError
 from metadata.sqlite._rows import one_line
 from metadata.sqlite.schema import REQUIRED_TABLES
+from metadata.sqlite_io import private_file, private_folder
 
 
 def write_backup(
@@ -23,12 +25,15 @@ def write_backup(
     path = Path(target)
     staging = path.with_name(path.name + ".partial")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_folder(path.parent)
         staging.unlink(missing_ok=True)
+        private_file(staging)
         copy = sqlite3.connect(staging)
         try:
             retry(lambda: db.backup(copy))
             check = copy.execute("PRAGMA quick_check").fetchone()[0]
+            # A file of its own (no WAL): reading it later, even read-only, leaves no -wal or -shm beside it.
+            copy.execute("PRAGMA journal_mode=DELETE")
         finally:
             copy.close()
         if check != "ok":
@@ -48,8 +53,11 @@ def restore_sqlite_store(backup: str | os.PathLike[str], target: str | os.PathLi
     source, path = Path(backup), Path(target)
     if not source.is_file():
         raise NotFoundError(f"backup file {source} does not exist; pass the file `eventing backup` wrote")
+    # immutable: nothing writes the backup, so SQLite needs no -wal or -shm beside it (a backup written in WAL
+    # mode would otherwise get both, left behind in the backup's folder).
+    uri = f"file:{quote(str(source.resolve()))}?mode=ro&immutable=1"
     try:
-        db = sqlite3.connect(f"file:{source}?mode=ro", uri=True)
+        db = sqlite3.connect(uri, uri=True)
         try:
             check = db.execute("PRAGMA quick_check").fetchone()[0]
             tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
@@ -63,7 +71,8 @@ def restore_sqlite_store(backup: str | os.PathLike[str], target: str | os.PathLi
         raise StoreCorruptError(f"backup file {source} is a SQLite database but not an eventing metadata store")
     staging = path.with_name(path.name + ".restoring")
     staging.unlink(missing_ok=True)
-    src, copy = sqlite3.connect(f"file:{source}?mode=ro", uri=True), sqlite3.connect(staging)
+    private_file(staging)
+    src, copy = sqlite3.connect(uri, uri=True), sqlite3.connect(staging)
     try:
         src.backup(copy)
     finally:

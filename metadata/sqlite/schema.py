@@ -60,6 +60,11 @@ CREATE INDEX IF NOT EXISTS timers_due ON timers(function, due_ms);
 -- Per (function, vBucket): the last fire_seq handed out; it never goes backwards within a deployment.
 CREATE TABLE IF NOT EXISTS timer_seqs(
     function TEXT NOT NULL, vb INTEGER NOT NULL, seq INTEGER NOT NULL, PRIMARY KEY(function, vb)) WITHOUT ROWID;
+-- Per mutation, how often a worker's process died while the handler ran on it alone
+-- (eventing.workers.crash_guard); dropped with the deployment's checkpoints.
+CREATE TABLE IF NOT EXISTS deaths(
+    function TEXT NOT NULL, vb INTEGER NOT NULL, seqno INTEGER NOT NULL, count INTEGER NOT NULL,
+    PRIMARY KEY(function, vb, seqno)) WITHOUT ROWID;
 -- Users of the REST and Data APIs: a salted scrypt hash with its parameters (never a password), roles as JSON.
 CREATE TABLE IF NOT EXISTS users(
     name TEXT PRIMARY KEY, hash TEXT NOT NULL, roles TEXT NOT NULL, created_at REAL NOT NULL);
@@ -84,6 +89,11 @@ def apply_schema(db: sqlite3.Connection) -> None:
         db.execute("ALTER TABLE dlq ADD COLUMN generation INTEGER NOT NULL DEFAULT 0")
     # A worker's claim reads only its deployment's letters: old deployments' letters cost it nothing.
     db.execute("CREATE INDEX IF NOT EXISTS dlq_generation ON dlq(function, generation, vb, seqno)")
+    # A store whose users were created before it kept the users' mark (metadata.model.USERS_MARK).
+    if db.execute("SELECT 1 FROM users LIMIT 1").fetchone() and not db.execute(
+        "SELECT 1 FROM kv WHERE key='users_created'"
+    ).fetchone():
+        db.execute("INSERT OR IGNORE INTO kv VALUES('users_created', '1')")
     columns = {r[1] for r in db.execute("PRAGMA table_info(functions)")}
     if "deployed_by" not in columns:  # a store written before deployments recorded their user (JSON or NULL)
         db.execute("ALTER TABLE functions ADD COLUMN deployed_by TEXT")

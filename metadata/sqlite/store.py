@@ -16,12 +16,12 @@ from metadata.errors import (
     NotFoundError,
     OrderViolationError,
     StoreCorruptError,
-    StoreError,
 )
 from metadata.fencing import fenced_vbuckets, holds, next_epoch
 from metadata.model import (
     REWIND,
     REWIND_REAPPLY,
+    USERS_MARK,
     Checkpoint,
     DlqRow,
     FunctionRecord,
@@ -49,6 +49,7 @@ from metadata.sqlite._rows import (
 )
 from metadata.sqlite.backup import write_backup
 from metadata.sqlite.schema import apply_schema
+from metadata.sqlite.store_file import connect_store_file
 from metadata.sqlite.window_state import SqliteWindowStateStore
 from metadata.sqlite_io import retry_locked, run_transaction
 
@@ -68,19 +69,8 @@ class SqliteMetadataStore:
     def __init__(self, path: str | os.PathLike[str], *, lock_wait_s: float | None = None, create: bool = True):
         self.path = Path(path)
         self.lock_wait_s = lock_wait_s  # None: $EVENTING_STORE_WAIT_S, default 60s (see retry_locked)
-        if not self.path.exists() and not create:
-            raise NotFoundError(
-                f"metadata store {self.path} does not exist; deploy a function first or pass the right --data-dir"
-            )
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(
-                self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False
-            )
-        except (OSError, sqlite3.Error) as exc:
-            raise StoreError(
-                f"cannot open metadata store {self.path}: {exc}; check that the data directory is writable"
-            ) from None
+        # A file without a store is damaged, never made a new one (metadata.sqlite.store_file).
+        self._db = connect_store_file(self.path, create=create, timeout_s=BUSY_TIMEOUT_MS / 1000)
         try:
             self._retry(self._setup)
         except sqlite3.DatabaseError as exc:
@@ -241,6 +231,7 @@ class SqliteMetadataStore:
                 "roles=excluded.roles",
                 (name, password_hash, json.dumps(list(roles)), time.time()),
             )
+            db.execute("INSERT OR IGNORE INTO kv VALUES(?, '1')", (USERS_MARK,))  # kept when users are deleted
             return self._user(db.execute("SELECT * FROM users WHERE name=?", (name,)).fetchone())
 
         return self._tx(body)
@@ -276,6 +267,7 @@ class SqliteMetadataStore:
                 [(function, vb, seqno, epoch_base, bucket_uuid, now) for vb, seqno in positions.items()],
             )
             db.execute("DELETE FROM checkpoint_starts WHERE function=?", (function,))
+            db.execute("DELETE FROM deaths WHERE function=?", (function,))
             db.executemany(
                 "INSERT INTO checkpoint_starts VALUES(?,?,?)",
                 [(function, vb, seqno) for vb, seqno in positions.items()],
@@ -287,6 +279,7 @@ class SqliteMetadataStore:
         def body(db: sqlite3.Connection) -> None:
             db.execute("DELETE FROM checkpoints WHERE function=?", (function,))
             db.execute("DELETE FROM checkpoint_starts WHERE function=?", (function,))
+            db.execute("DELETE FROM deaths WHERE function=?", (function,))
 
         self._tx(body)
 
@@ -586,6 +579,19 @@ class SqliteMetadataStore:
 
     def counters(self, function: str) -> dict[str, float]:
         return dict(self._read("SELECT name, value FROM counters WHERE function=?", (function,)))  # type: ignore[arg-type]
+
+    def count_death(self, function: str, vb: int, seqno: int) -> int:
+        def body(db: sqlite3.Connection) -> int:
+            db.execute("INSERT INTO deaths VALUES(?,?,?,1) ON CONFLICT(function, vb, seqno) DO UPDATE SET "
+                       "count=count+1", (function, vb, seqno))
+            return db.execute("SELECT count FROM deaths WHERE function=? AND vb=? AND seqno=?",
+                              (function, vb, seqno)).fetchone()[0]
+
+        return self._tx(body)
+
+    def deaths(self, function: str) -> dict[tuple[int, int], int]:
+        return {(vb, seqno): n for vb, seqno, n in self._read(
+            "SELECT vb, seqno, count FROM deaths WHERE function=?", (function,))}
 
     def reset_counters(self, function: str, *, keep_prefixes: tuple[str, ...] = ()) -> None:
         """Drop the function's counters (Couchbase's resetStatsCounters), but those whose name starts with

@@ -5,17 +5,22 @@ from __future__ import annotations
 
 import ast
 import socket
+import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
+import eventing.execution.context as context_module
 import eventing.execution.curl as curl_module
 import eventing.execution.timers as timers_module
 from eventing.core.mutation import OP_UPDATE, Mutation
 from eventing.errors import CurlError
-from eventing.execution.context import CallContext
+from eventing.execution.context import CallContext, LaneContext
 from eventing.execution.curl import CurlClient, UrlBinding
+from eventing.execution.runner import HandlerTimeout
 from eventing.execution.timers import TimerTable
 from metadata import owner_vb
 
@@ -80,3 +85,95 @@ def test_curl_gives_a_call_what_is_left_of_its_deadline():
         with pytest.raises(CurlError, match="timed out"):
             client("GET", api)
         assert time.monotonic() - started < 5.0  # the shortest wait, not the 30 s a fresh call may take
+
+
+# A pool call's timeout (concurrency > 1), then a tracer: on CPython 3.11 a timeout cancelled with
+# PyThreadState_SetAsyncExc(ident, NULL) left the interpreter's async-exception flag set, and the first traced
+# function afterwards looped for ever (pdb, profilers and coverage all trace).
+TRACED_AFTER_A_POOL_TIMEOUT = '''
+import sys, tempfile
+from eventing.api import Eventing
+from eventing.ops import dlq as dlq_ops
+
+handler = """
+import time
+
+
+def on_update(doc, meta):
+    if meta.id == "hang":
+        while True:
+            time.sleep(0.005)
+    dst[meta.id] = doc
+"""
+data_dir = tempfile.mkdtemp()
+app = Eventing(data_dir, executor="in-process")
+app.create_bucket("src")
+app.create_bucket("dst")
+for key in ("a", "hang", "b", "c"):
+    app.upsert("src", key, {"k": key})
+app.deploy({"name": "fn_t", "source_bucket": "src", "concurrency": 2, "execution_timeout": "200ms",
+            "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}]}, handler)
+summary = app.run(until_caught_up=True)
+assert not summary.errors, summary.errors
+assert [(r.key, r.reason) for r in dlq_ops.list_rows(data_dir, "fn_t")] == [("hang", "timeout")]
+
+events = []
+
+
+def tracer(frame, event, arg):
+    events.append(event)
+    return tracer
+
+
+def traced():
+    total = 0
+    for i in range(1000):
+        total += i
+    return total
+
+
+sys.settrace(tracer)
+result = traced()
+sys.settrace(None)
+print("traced", result, len(events) > 1000)
+'''
+
+
+def test_a_tracer_runs_after_a_pool_calls_timeout(tmp_path):
+    script = tmp_path / "traced.py"
+    script.write_text(TRACED_AFTER_A_POOL_TIMEOUT)
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, str(script)], cwd=root, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["traced", "499500", "True"]
+
+
+def test_a_timeout_raised_as_the_call_ends_lands_in_finish_and_nowhere_after():
+    """The watcher raised into the call just before it ended: the exception lands in `finish` (raised out of
+    it, as from the call's end), never later in the pool's own code, and nothing is left pending."""
+    lane = LaneContext(timeout_s=0.01)
+    entering, outcome = threading.Event(), []
+
+    def pool_thread() -> None:
+        lane.bind()
+        lane.begin(mutation(1, 1), epoch=1)
+        entering.set()
+        try:
+            lane.finish()  # blocks on the lock the watcher holds below, then the timeout lands
+        except HandlerTimeout:
+            outcome.append("landed in finish")
+        total = 0
+        for i in range(10000):  # the pool's code after finish: nothing lands here
+            total += i
+        outcome.append(total)
+
+    with lane.lock:  # the watcher's decision, as in LaneContext.interrupt, while the call ends
+        thread = threading.Thread(target=pool_thread)
+        thread.start()
+        entering.wait(5)
+        time.sleep(0.05)  # the pool thread waits on the lock in finish
+        lane.fired, lane.fired_at = True, time.monotonic()
+        context_module._async_raise(lane.ident, HandlerTimeout)
+    thread.join(5)
+    assert outcome == ["landed in finish", sum(range(10000))]
+    assert not lane.active and not lane.fired

@@ -92,6 +92,23 @@ def test_collection_create_list_drop_and_bucket_commands_on_a_collection(data_di
     assert err.count("\n") == 1 and f"eventing collection create {ORDERS}" in err
 
 
+
+@pytest.mark.parametrize(("command", "named", "said"), [
+    ("create", "shop.sales", "'shop.sales' names no collection: a collection is named by three parts, "
+                             "BUCKET.SCOPE.COLLECTION (for example shop.sales.COLLECTION"),
+    ("drop", "shop.sales", "'shop.sales' names no collection"),
+    ("create", "shop", "'shop' is bucket 'shop', whose default collection always exists; name a collection as "
+                       "BUCKET.SCOPE.COLLECTION (for example shop.SCOPE.COLLECTION)"),
+    ("drop", "shop", "'shop' is bucket 'shop', whose default collection cannot be dropped (drop the bucket "
+                     "instead)"),
+])
+def test_a_name_of_one_or_two_parts_is_said_to_be_a_bucket_or_no_collection(data_dir, capsys, command, named, said):
+    create_bucket(data_dir, "shop").close()
+    capsys.readouterr()
+    assert cli(data_dir, "collection", command, named) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and said in err and "a bucket's default collection" not in err
+
 def test_dropping_a_collection_undeploys_the_functions_reading_or_binding_it_and_no_other(data_dir, capsys):
     _shop(data_dir)
     create_bucket(data_dir, "results").close()

@@ -29,6 +29,7 @@ import pytest
 from metadata import (
     TIMER_VB_BASE,
     TRANSITIONS,
+    USERS_MARK,
     ConfigError,
     CouchbaseMetadataStore,
     DlqRow,
@@ -555,6 +556,23 @@ def test_dlq_rows_can_be_found_replayed_retried_and_purged(store):
     assert store.dlq_rows("fn", include_replayed=True) == []
 
 
+
+def test_deaths_on_a_mutation_are_counted_per_deployment(backend):
+    store = backend.open()
+    store.init_checkpoints("fn", {0: 0, 5: 0}, "uuid")
+    assert store.deaths("fn") == {}
+    assert [store.count_death("fn", 5, 9) for _ in range(3)] == [1, 2, 3]
+    assert store.count_death("fn", 0, 9) == 1
+    assert store.count_death("fn", TIMER_VB_BASE + 5, 2) == 1  # a timer's callback (its fire_seq)
+    assert store.count_death("other", 5, 9) == 1
+    again = backend.open()  # another process sees them
+    assert again.deaths("fn") == {(5, 9): 3, (0, 9): 1, (TIMER_VB_BASE + 5, 2): 1}
+    store.init_checkpoints("fn", {0: 0, 5: 0}, "uuid")  # a new deployment starts without them
+    assert store.deaths("fn") == {} and store.deaths("other") == {(5, 9): 1}
+    store.count_death("fn", 5, 9)
+    store.drop_checkpoints("fn")  # undeployed
+    assert store.deaths("fn") == {}
+
 # -- counters, services, nodes, settings --------------------------------------------------------------
 
 
@@ -826,10 +844,11 @@ def test_the_couchbase_documents_follow_the_documented_layout():
     store.set_kv("plan", "{}")
     store.acquire_lease("leader", "svc", 5)
     store.put_user("ann", "scrypt$16384$8$1$s$h", ["admin"])
+    store.count_death("fn", 0, 7)
     assert docs.keys() == sorted([
         "p::functions", "p::fn::fn", "p::cp::fn::0", "p::cp::fn::1023", "p::ctr::fn", "p::dlq::fn::0::5",
-        "p::dlqix::fn::0", "p::services", "p::svc::svc", "p::nodes", "p::kv::plan", "p::lease::leader",
-        "p::users", "p::user::ann",
+        "p::dlqix::fn::0", "p::deaths::fn", "p::services", "p::svc::svc", "p::nodes", "p::kv::plan",
+        "p::lease::leader", "p::users", "p::user::ann", "p::kv::users_created",
     ])
 
 
@@ -1192,6 +1211,13 @@ def test_users_are_stored_listed_by_name_replaced_and_deleted(store):
     with pytest.raises(NotFoundError, match="unknown user 'bob'"):
         store.delete_user("bob")
 
+
+
+def test_a_store_keeps_its_users_mark_once_its_last_user_is_deleted(store):
+    assert store.get_kv(USERS_MARK) is None
+    store.put_user("bob", "scrypt$16384$8$1$x$y", ["admin"])
+    store.delete_user("bob")
+    assert store.list_users() == [] and store.get_kv(USERS_MARK) is not None
 
 def test_who_deployed_a_function_is_kept_with_it(store):
     assert store.put_function("fn", {}, "").deployed_by is None

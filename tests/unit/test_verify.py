@@ -84,7 +84,7 @@ def test_a_reordered_history_is_reported(data_dir, processed):
     ledger.upsert(history_key("fn_v", key), {"seqs": [seqs[1], seqs[0], *seqs[2:]]})
     report = verify_function(data_dir, "fn_v")
     assert report.out_of_order == [key] and not report.ok
-    assert "1 documents out of order" in report.summary()
+    assert "1 document out of order" in report.summary()
 
 
 def test_an_effect_of_no_source_mutation_is_reported(data_dir, processed):

@@ -84,7 +84,7 @@ from eventing.windows.semantics.sessions import SessionOperator
 from eventing.windows.semantics.substreams import SubstreamWindowOperator
 from eventing.windows.semantics.windows import arrow_epoch_ms
 from metadata import DlqRow, MetadataStore
-from metadata.sqlite_io import store_wait_s
+from metadata.sqlite_io import private_folder, store_wait_s
 
 log = logging.getLogger("eventing.windows")
 
@@ -153,7 +153,7 @@ class WindowCoordinator:
         for folder in [INCOMING, ACCEPTED, *([HELD, ADJUSTED] if self._policies else [])]:
             local = self.area.local_path(folder)  # a data directory's folders exist from the start
             if local is not None:
-                local.mkdir(parents=True, exist_ok=True)
+                private_folder(local)
         self.area.delete_folder(STAGING)
         self._drop_orphans()
 

@@ -20,6 +20,7 @@ from eventing.errors import ConfigError
 from eventing.windows.runtime.coordinator_state import AcceptedBatch, PendingWindow
 from eventing.windows.runtime.paths import ACCEPTED, WindowPaths, window_area
 from eventing.windows.runtime.row_writer import RowLayout
+from metadata.sqlite_io import private_folder
 
 if TYPE_CHECKING:
     from eventing.storage.file_area import FileArea
@@ -113,7 +114,7 @@ def stage(area: FileArea, staged: str, accepted: list[AcceptedBatch], group: lis
     of the windows ``group``."""
     local = area.local_path(staged)
     if local is not None:
-        local.mkdir(parents=True, exist_ok=True)
+        private_folder(local)
     lo = min(p.window.start_ms for p in group)
     hi = max(p.window.end_ms for p in group)
     limit = max(p.closed_at for p in group)

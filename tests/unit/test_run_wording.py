@@ -1,0 +1,99 @@
+"""What commands print, read as a user reads it: counts of one are singular ("1 document", "the row before it
+is"), an in-process run says nothing of Ray (it starts none), and a run's handled mutations are explained when
+some of them were passed over without a handler call (a 4-document flush of a collection reported as "7
+mutations handled": the other 3 were the function's own deletes in another collection of its source bucket)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from starlette.testclient import TestClient
+
+from eventing.cli.app import main
+from eventing.http.app import build_app
+from eventing.http.auth import ServerConfig
+from eventing.storage.factory import create_bucket
+from eventing.storage.keyspace import create_collection, open_keyspace
+
+HANDLER = '''
+def on_update(doc, meta):
+    totals[meta.id] = {"n": doc["n"]}
+
+
+def on_delete(meta, options):
+    del totals[meta.id]
+'''
+
+
+def cli(capsys, data_dir: str, *argv: str) -> tuple[int, str]:
+    capsys.readouterr()
+    status = main(["--data-dir", data_dir, *argv])
+    captured = capsys.readouterr()
+    return status, captured.out + captured.err
+
+
+def orders_and_totals(data_dir: str, tmp_path: Path) -> None:
+    create_bucket(data_dir, "shop").close()
+    create_collection(data_dir, "shop.sales.orders")
+    create_collection(data_dir, "shop.sales.totals")
+    with open_keyspace(data_dir, "shop.sales.orders") as orders:
+        for i in range(4):
+            orders.upsert(f"order::{i}", {"n": i})
+    (tmp_path / "fn_orders.py").write_text(HANDLER)
+    (tmp_path / "fn_orders.json").write_text(json.dumps({
+        "name": "fn_orders", "source_bucket": "shop", "source_scope": "sales", "source_collection": "orders",
+        "handler": "fn_orders.py",
+        "bindings": [{"alias": "totals", "bucket": "shop", "scope": "sales", "collection": "totals", "access": "rw"}],
+    }))
+
+
+def test_a_run_says_what_its_handled_mutations_were(data_dir, tmp_path, capsys):
+    orders_and_totals(data_dir, tmp_path)
+    assert cli(capsys, data_dir, "deploy", str(tmp_path / "fn_orders.json"))[0] == 0
+    status, out = cli(capsys, data_dir, "run", "--until-caught-up", "--executor", "in-process")
+    assert status == 0, out
+    assert out.splitlines()[0].startswith("fn_orders: 4 mutations handled")
+    assert "passed over" not in out  # all 4 called the handler
+    assert cli(capsys, data_dir, "bucket", "flush", "shop.sales.orders")[0] == 0
+    status, out = cli(capsys, data_dir, "run", "--until-caught-up", "--executor", "in-process")
+    assert status == 0, out
+    lines = out.splitlines()
+    # the 4 deletes, and the 4 totals the first run's handler wrote after that run's end point (mutations of the
+    # source bucket, in its other collection)
+    assert lines[0].startswith("fn_orders: 8 mutations handled")
+    assert lines[1] == ("  4 of them called the handler; the others were passed over: 4 of other collections of "
+                        "the source bucket")
+    # An in-process run starts no Ray: its start-up line says nothing of it.
+    assert lines[2].startswith("start-up: workers up ") and "Ray" not in out
+    status, out = cli(capsys, data_dir, "run", "--until-caught-up", "--executor", "in-process", "--json")
+    done = json.loads(out)["functions"]["fn_orders"]
+    assert done["handled"] == 4  # the totals the flush's deletes deleted: passed over
+    assert done["of_them"]["handler_calls"] == 0 and done["of_them"]["collection_filtered"] == 4
+
+
+def test_counts_of_one_are_singular(data_dir, tmp_path, capsys):
+    create_bucket(data_dir, "shop").close()
+    create_collection(data_dir, "shop.sales.orders")
+    with open_keyspace(data_dir, "shop.sales.orders") as orders:
+        orders.upsert("order::1", {"n": 1})
+    status, out = cli(capsys, data_dir, "collection", "drop", "shop.sales.orders")
+    assert status == 0 and "dropped collection 'shop.sales.orders' with 1 document\n" in out
+    create_bucket(data_dir, "one").close()
+    with open_keyspace(data_dir, "one") as one:
+        one.upsert("k", {"n": 1})
+    status, out = cli(capsys, data_dir, "bucket", "export", "one", "-o", str(tmp_path / "one.jsonl"))
+    assert status == 0 and "exported 1 document of 'one'" in out
+    status, out = cli(capsys, data_dir, "bucket", "flush", "one")
+    assert status == 0 and "deleted 1 document, 0 tombstones and a log of 1 mutation;" in out
+    create_bucket(data_dir, "two").close()
+    with open_keyspace(data_dir, "two") as two:
+        two.upsert("k", {"n": 1})
+        two.delete("k")
+    status, out = cli(capsys, data_dir, "bucket", "drop", "two")
+    assert status == 0 and "with 0 documents, 1 tombstone and a log of 2 mutations" in out
+    client = TestClient(build_app(ServerConfig(data_dir)), base_url="http://127.0.0.1:8096")
+    create_bucket(data_dir, "src").close()
+    answer = client.post("/api/v1/keyspaces/src/load", content=b'{"key": "a", "doc": {}}\nnot json\n')
+    assert answer.status_code == 400, answer.text
+    assert "; the row before it is committed, none after" in answer.json()["error"]
