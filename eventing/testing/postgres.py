@@ -58,7 +58,9 @@ class ThrowawayPostgres:
         why = unavailable()
         if why:
             raise RuntimeError(why)
-        self.bin = pg_bin_dir()
+        bin_dir = pg_bin_dir()
+        assert bin_dir is not None  # unavailable() said so otherwise
+        self.bin: Path = bin_dir
         self._own_folder = folder is None
         self.folder = Path(folder) if folder is not None else Path(tempfile.mkdtemp(prefix="eventing-pg-"))
         self.data = self.folder / "data"
