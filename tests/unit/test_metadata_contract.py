@@ -201,10 +201,9 @@ def _live_backend() -> Backend:
 
 
 def _postgres_backend(url: str) -> Backend:
-    """Each store with a pool of its own, as another process would have."""
-    from metadata.postgres import PostgresDatabase, PostgresMetadataStore, parse_postgres_url
+    from metadata.postgres import PostgresMetadataStore
 
-    return Backend(lambda: PostgresMetadataStore(PostgresDatabase(parse_postgres_url(url))))
+    return Backend(lambda: PostgresMetadataStore(url))
 
 
 @pytest.fixture(params=["sqlite", "couchbase-logic", "couchbase", "postgresql"])
