@@ -55,6 +55,7 @@ DEFAULT_CONNECT_TIMEOUT_S = "5"
 FIRST_CONTACT_S = 6.0
 POOL_SIZE_ENV = "EVENTING_PG_POOL_SIZE"
 DEFAULT_POOL_SIZE = 8
+POOL_WAIT_S = 1.0  # for a pooled connection, before trying one of its own (see PostgresDatabase._attempt)
 
 # SQLSTATEs that mean "run the transaction again": the connection is gone or the server is going away,
 # or PostgreSQL aborted this transaction to resolve a conflict with another.
@@ -324,6 +325,8 @@ class PostgresDatabase:
         # SQLSTATE ("connection" without one), and lost COMMIT answers by what the server then said.
         self.retried: collections.Counter[str] = collections.Counter()
         self.resolved: collections.Counter[str] = collections.Counter()
+        self.failed_attempts = 0  # statements or connections that failed and were (or will be) tried again
+        self._in_use = 0  # pooled connections lent out (the pool is this database's alone)
 
     @classmethod
     def open(cls, url: str) -> PostgresDatabase:
@@ -460,9 +463,9 @@ class PostgresDatabase:
         delay = 0.05
         while time.monotonic() - started < wait_s:
             try:
-                with self.pool().connection(timeout=max(0.1, wait_s - (time.monotonic() - started))) as conn:
-                    return commits.probe(conn, amb.token)
+                return self._attempt(lambda conn: commits.probe(conn, amb.token))
             except (psycopg.Error, PoolTimeout) as exc:
+                self.failed_attempts += 1
                 # Away, a standby (read-only), or the transaction is still running (lock_timeout): ask again.
                 if not (retriable(exc) or getattr(exc, "sqlstate", None) == "55P03" or isinstance(exc, PoolTimeout)):
                     return None
@@ -482,8 +485,7 @@ class PostgresDatabase:
             self._first_contact()
         while True:
             try:
-                with self.pool().connection(timeout=max(0.1, wait_s - (time.monotonic() - started))) as conn:
-                    return fn(conn)
+                return self._attempt(fn)
             except _Ambiguous as amb:
                 committed = self._resolve(amb, started, wait_s)
                 self.resolved[{True: "committed", False: "not committed", None: "unknown"}[committed]] += 1
@@ -504,7 +506,7 @@ class PostgresDatabase:
                     warned = True
                 continue
             except (psycopg.Error, PoolTimeout) as exc:
-                reason: BaseException = self._probe() or exc if isinstance(exc, PoolTimeout) else exc
+                reason: BaseException = exc
                 if not retriable(reason):
                     raise translate(self.target, reason) from None
                 if not retry or time.monotonic() - started >= wait_s:
@@ -512,11 +514,41 @@ class PostgresDatabase:
                         describe_error(self.target, reason) + f" (waited {time.monotonic() - started:.0f}s)"
                     ) from None
                 self.retried[getattr(reason, "sqlstate", None) or "connection"] += 1
+                self.failed_attempts += 1
                 if not warned:
                     log.warning("%s; retrying for up to %.0fs", describe_error(self.target, reason), wait_s)
                     warned = True
                 time.sleep(delay * (0.5 + random.random()))
                 delay = min(delay * 2, 1.0)
+
+    def _attempt(self, fn: Callable[[psycopg.Connection], T]) -> T:
+        """`fn` on a pooled connection. When the pool has none to give within POOL_WAIT_S although it is
+        not all in use, it is waiting between reconnection attempts after an outage (psycopg_pool backs
+        off up to 32 s): `fn` then runs on a connection of its own, which fails at once if the server is
+        still away. PoolTimeout only when every pooled connection is in use."""
+        import psycopg
+        from psycopg_pool import PoolTimeout
+
+        pool = self.pool()
+        try:
+            conn = pool.getconn(timeout=POOL_WAIT_S)
+        except PoolTimeout:
+            if self._in_use >= self._pool_size:
+                raise
+            direct = psycopg.connect(self.target.url, autocommit=True)
+            try:
+                self._configure(direct)
+                return fn(direct)
+            finally:
+                direct.close()
+        with self._lock:
+            self._in_use += 1
+        try:
+            return fn(conn)
+        finally:
+            with self._lock:
+                self._in_use -= 1
+            pool.putconn(conn)
 
     def _probe(self) -> BaseException | None:
         """Why a new connection cannot be made now (the pool only says it timed out), or None."""
