@@ -104,9 +104,11 @@ class SqliteMetadataStore(SqlMetadataStore):
         return out
 
     def _update_checkpoints(self, db: SqlDb, function: str, columns: Sequence[str], rows: list[tuple]) -> None:
-        sets = ", ".join(f"{c}=?" for c in columns)
-        db.executemany(f"UPDATE checkpoints SET {sets} WHERE function=? AND vb=?",
-                       [(*row[1:], function, row[0]) for row in rows])
+        # Numbered parameters take each row as it comes, (vb, values...), plus the function.
+        sets = ", ".join(f"{c}=?{i}" for i, c in enumerate(columns, start=2))
+        tail = (function,)
+        db.executemany(f"UPDATE checkpoints SET {sets} WHERE function=?{len(columns) + 2} AND vb=?1",
+                       [row + tail for row in rows])
 
     def _label_moves(self, db: SqlDb, how: str) -> int:
         # The trigger logs every backwards UPDATE as 'applied'; the rows it adds from here are relabelled.
