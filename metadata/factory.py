@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 from metadata.errors import StoreError
+from metadata.postgres import is_postgres_url
 from metadata.sqlite import SqliteMetadataStore
 
 if TYPE_CHECKING:
@@ -55,10 +56,8 @@ def open_store(
     directory: $EVENTING_METADATA_URL's cluster if it is set, else the SQLite file
     <data_dir>/metadata.sqlite3. `create=False`: NotFoundError if that file, or the PostgreSQL store's
     tables, do not exist yet; a Couchbase store has no file, its documents are created by the first write."""
-    from metadata.postgres.connection import is_postgres_url
-
     if is_postgres_url(os.fspath(data_dir)):
-        from metadata.postgres import PostgresMetadataStore  # only when used: psycopg's imports
+        from metadata.postgres import PostgresMetadataStore
 
         return PostgresMetadataStore(os.fspath(data_dir), create=create)
     env = os.environ if environ is None else environ
