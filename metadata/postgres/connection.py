@@ -398,7 +398,8 @@ class PostgresDatabase:
 
     def read(self, sql: str, args: Sequence[Any] | None = None) -> list[tuple]:
         """One statement outside a transaction (autocommit), retried while the server is away."""
-        return self._with_retries(lambda conn: conn.execute(_placeholders(sql), args).fetchall(), retry=True)
+        params = args or None  # no arguments: the text is not scanned for placeholders
+        return self._with_retries(lambda conn: conn.execute(_placeholders(sql), params).fetchall(), retry=True)
 
     def run(self, fn: Callable[[psycopg.Connection], T]) -> T:
         """`fn(connection)` on a pooled connection, retried while the server is away (fn must be repeatable)."""
@@ -463,7 +464,8 @@ class PostgresDatabase:
         delay = 0.05
         while time.monotonic() - started < wait_s:
             try:
-                return self._attempt(lambda conn: commits.probe(conn, amb.token))
+                return self._attempt(lambda conn: commits.probe(conn, amb.token),
+                                     wait_s - (time.monotonic() - started))
             except (psycopg.Error, PoolTimeout) as exc:
                 self.failed_attempts += 1
                 # Away, a standby (read-only), or the transaction is still running (lock_timeout): ask again.
@@ -485,7 +487,7 @@ class PostgresDatabase:
             self._first_contact()
         while True:
             try:
-                return self._attempt(fn)
+                return self._attempt(fn, wait_s - (time.monotonic() - started))
             except _Ambiguous as amb:
                 committed = self._resolve(amb, started, wait_s)
                 self.resolved[{True: "committed", False: "not committed", None: "unknown"}[committed]] += 1
@@ -521,26 +523,26 @@ class PostgresDatabase:
                 time.sleep(delay * (0.5 + random.random()))
                 delay = min(delay * 2, 1.0)
 
-    def _attempt(self, fn: Callable[[psycopg.Connection], T]) -> T:
+    def _attempt(self, fn: Callable[[psycopg.Connection], T], timeout_s: float) -> T:
         """`fn` on a pooled connection. When the pool has none to give within POOL_WAIT_S although it is
         not all in use, it is waiting between reconnection attempts after an outage (psycopg_pool backs
         off up to 32 s): `fn` then runs on a connection of its own, which fails at once if the server is
-        still away. PoolTimeout only when every pooled connection is in use."""
+        still away. When every pooled connection is in use, it waits for one, up to `timeout_s`."""
         import psycopg
         from psycopg_pool import PoolTimeout
 
         pool = self.pool()
         try:
-            conn = pool.getconn(timeout=POOL_WAIT_S)
+            conn = pool.getconn(timeout=min(POOL_WAIT_S, max(0.1, timeout_s)))
         except PoolTimeout:
-            if self._in_use >= self._pool_size:
-                raise
-            direct = psycopg.connect(self.target.url, autocommit=True)
-            try:
-                self._configure(direct)
-                return fn(direct)
-            finally:
-                direct.close()
+            if self._in_use < self._pool_size:
+                direct = psycopg.connect(self.target.url, autocommit=True)
+                try:
+                    self._configure(direct)
+                    return fn(direct)
+                finally:
+                    direct.close()
+            conn = pool.getconn(timeout=max(0.1, timeout_s - POOL_WAIT_S))
         with self._lock:
             self._in_use += 1
         try:

@@ -38,7 +38,8 @@ def _store(url: str) -> PostgresMetadataStore:
 def _conn(url: str) -> psycopg.Connection:
     """A plain connection to the store's schema, as an operator's psql session would be."""
     target = parse_postgres_url(url)
-    conn = psycopg.connect(target.url, autocommit=True)
+    conn = psycopg.connect(target.url.replace("application_name=eventing", "application_name=operator"),
+                           autocommit=True)
     if target.schema:
         conn.execute(f'SET search_path TO "{target.schema}"')
     return conn
@@ -142,6 +143,35 @@ def test_counters_added_from_many_threads_in_any_name_order_are_exact(stores):
     assert _run_all([add(i) for i in range(8)]) == []
     assert workers[0].counters("fn") == dict.fromkeys(names, 320)
     assert not any(w.db.retried for w in workers)
+
+
+def test_more_writers_than_pooled_connections_wait_for_one_and_open_no_more(pg_schema_url):
+    """Six threads, a pool of two, every transaction held up by a row lock for a while: the others wait
+    for a pooled connection (longer than the pool's first second) instead of opening their own or
+    counting the server as away."""
+    db = PostgresDatabase(parse_postgres_url(pg_schema_url), pool_size=2)
+    store = PostgresMetadataStore(db)
+    store.add_counters("fn", {"n": 0.5})
+    holder = _conn(pg_schema_url)
+    holder.execute("BEGIN")
+    holder.execute("SELECT * FROM counters WHERE function='fn' AND name='n' FOR UPDATE")
+    watcher = _conn(pg_schema_url)
+    seen: list[int] = []
+    writers = [threading.Thread(target=store.add_counters, args=("fn", {"n": 1})) for _ in range(6)]
+    for t in writers:
+        t.start()
+    deadline = time.monotonic() + 1.5  # past POOL_WAIT_S: the waiting threads decided to keep waiting
+    while time.monotonic() < deadline:
+        seen.append(watcher.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name='eventing' AND datname=current_database()"
+        ).fetchone()[0])
+        time.sleep(0.05)
+    holder.execute("COMMIT")
+    for t in writers:
+        t.join(30)
+    assert store.counters("fn") == {"n": 6.5}
+    assert max(seen) == 2 and not db.retried and db.failed_attempts == 0
+    db.close()
 
 
 def test_racing_takers_of_many_leases_get_each_one_exactly_once(stores):
