@@ -29,6 +29,7 @@ from metadata.sql.window_state import SqlWindowStateStore
 T = TypeVar("T")
 
 _ARRAY = "SELECT unnest(?::bigint[])"
+MIN_SERVER_VERSION = 140000
 
 
 def _array(values: Sequence[Any], kind: str) -> str:
@@ -55,6 +56,12 @@ class PostgresMetadataStore(SqlMetadataStore):
         self.db = location if isinstance(location, PostgresDatabase) else PostgresDatabase.open(str(location))
         self.where = f"PostgreSQL store {self.db.target.shown}"
         try:
+            version = self.db.run(lambda conn: conn.info.server_version)
+            if version < MIN_SERVER_VERSION:
+                raise StoreError(
+                    f"{self.where}: the server runs PostgreSQL {version // 10000}; the store needs "
+                    f"{MIN_SERVER_VERSION // 10000} or later (CREATE OR REPLACE TRIGGER); upgrade the server"
+                )
             if not create and not self._created():
                 raise NotFoundError(
                     f"there is no metadata store at {self.db.target.shown} yet; deploy a function first or pass "

@@ -531,3 +531,13 @@ def test_the_factory_opens_the_postgresql_store_for_a_postgresql_location(pg_sch
         store.put_function("fn", {"a": 1}, "src")
     with open_store(pg_schema_url, create=False) as store:
         assert store.get_function("fn").definition == {"a": 1}
+
+
+def test_a_server_older_than_the_store_needs_is_refused_in_one_line(pg_schema_url, monkeypatch):
+    from metadata.postgres import store as pg_store
+
+    monkeypatch.setattr(pg_store, "MIN_SERVER_VERSION", 990000)  # this server (15) is then too old
+    with pytest.raises(StoreError) as caught:
+        PostgresMetadataStore(pg_schema_url)
+    assert "needs 99 or later" in str(caught.value) and "runs PostgreSQL 1" in str(caught.value)
+    assert "\n" not in str(caught.value)
