@@ -38,6 +38,7 @@ class SqliteMetadataStore(SqlMetadataStore):
     def __init__(self, path: str | os.PathLike[str], *, lock_wait_s: float | None = None, create: bool = True):
         self.path = Path(path)
         self.lock_wait_s = lock_wait_s  # None: $EVENTING_STORE_WAIT_S, default 60s (see retry_locked)
+        self._update_sql: dict[tuple[str, tuple[str, ...]], str] = {}
         if not self.path.exists() and not create:
             raise NotFoundError(
                 f"metadata store {self.path} does not exist; deploy a function first or pass the right --data-dir"
@@ -104,11 +105,17 @@ class SqliteMetadataStore(SqlMetadataStore):
         return out
 
     def _update_checkpoints(self, db: SqlDb, function: str, columns: Sequence[str], rows: list[tuple]) -> None:
-        # Numbered parameters take each row as it comes, (vb, values...), plus the function.
-        sets = ", ".join(f"{c}=?{i}" for i, c in enumerate(columns, start=2))
-        tail = (function,)
-        db.executemany(f"UPDATE checkpoints SET {sets} WHERE function=?{len(columns) + 2} AND vb=?1",
-                       [row + tail for row in rows])
+        # Each row as it comes, (vb, values...), by numbered parameters; the function is a quoted literal, so
+        # no row is copied to add it (a commit of 256 vBuckets made 256 tuples for nothing).
+        key = (function, tuple(columns))
+        sql = self._update_sql.get(key)
+        if sql is None:
+            sets = ", ".join(f"{c}=?{i}" for i, c in enumerate(columns, start=2))
+            literal = function.replace("'", "''")
+            sql = f"UPDATE checkpoints SET {sets} WHERE function='{literal}' AND vb=?1"
+            if len(self._update_sql) < 256:
+                self._update_sql[key] = sql
+        db.executemany(sql, rows)
 
     def _label_moves(self, db: SqlDb, how: str) -> int:
         # The trigger logs every backwards UPDATE as 'applied'; the rows it adds from here are relabelled.
