@@ -1,7 +1,7 @@
 """The metadata store: function definitions and states, checkpoints with ownership epochs, counters, DLQ.
 
-Backends: SqliteMetadataStore (embedded default) and CouchbaseMetadataStore; `open_store` picks one from
-the environment ($EVENTING_METADATA_URL).
+Backends: SqliteMetadataStore (embedded default), PostgresMetadataStore (a postgresql:// location) and
+CouchbaseMetadataStore; `open_store` picks one from the location and the environment ($EVENTING_METADATA_URL).
 """
 
 from metadata.errors import (
@@ -35,6 +35,7 @@ from metadata.model import (
     check_transition,
     owner_vb,
 )
+from metadata.postgres import PostgresMetadataStore
 from metadata.protocol import MetadataStore
 from metadata.sqlite import SqliteMetadataStore
 
@@ -60,6 +61,7 @@ __all__ = [
     "MetadataStore",
     "NotFoundError",
     "OrderViolationError",
+    "PostgresMetadataStore",
     "SqliteMetadataStore",
     "StoreCorruptError",
     "StoreError",

@@ -1,5 +1,6 @@
-"""Opens the metadata store a process is configured for: SQLite under the data directory by default, or
-Couchbase when $EVENTING_METADATA_URL names a cluster.
+"""Opens the metadata store a process is configured for: SQLite under the data directory by default,
+PostgreSQL when the location is a postgresql:// URL (the whole state on a server: see
+metadata.postgres.connection for the URL), or Couchbase when $EVENTING_METADATA_URL names a cluster.
 
     EVENTING_METADATA_URL=couchbase://host[:port][,host2...]/bucket[?username=..&password=..&timeout=5&prefix=eventing]
     EVENTING_COUCHBASE_USERNAME, EVENTING_COUCHBASE_PASSWORD   credentials when the URL carries none
@@ -19,10 +20,12 @@ from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 from metadata.errors import StoreError
+from metadata.postgres import is_postgres_url
 from metadata.sqlite import SqliteMetadataStore
 
 if TYPE_CHECKING:
     from metadata.couchbase import CouchbaseMetadataStore
+    from metadata.postgres import PostgresMetadataStore
 
 METADATA_URL_ENV = "EVENTING_METADATA_URL"
 USERNAME_ENV = "EVENTING_COUCHBASE_USERNAME"
@@ -47,10 +50,16 @@ class CouchbaseTarget:
 
 def open_store(
     data_dir: str | os.PathLike[str], *, create: bool = True, environ: Mapping[str, str] | None = None
-) -> SqliteMetadataStore | CouchbaseMetadataStore:
-    """The metadata store for this process: $EVENTING_METADATA_URL's cluster if it is set, else the SQLite
-    file <data_dir>/metadata.sqlite3 (`create=False`: NotFoundError if that file does not exist yet; a
-    Couchbase store has no file, its documents are created by the first write)."""
+) -> SqliteMetadataStore | CouchbaseMetadataStore | PostgresMetadataStore:
+    """The metadata store for this process. `data_dir` is a data directory or a PostgreSQL store's URL
+    (postgresql://...): the URL opens the PostgreSQL store (no directory is read or written). A data
+    directory: $EVENTING_METADATA_URL's cluster if it is set, else the SQLite file
+    <data_dir>/metadata.sqlite3. `create=False`: NotFoundError if that file, or the PostgreSQL store's
+    tables, do not exist yet; a Couchbase store has no file, its documents are created by the first write."""
+    if is_postgres_url(os.fspath(data_dir)):
+        from metadata.postgres import PostgresMetadataStore
+
+        return PostgresMetadataStore(os.fspath(data_dir), create=create)
     env = os.environ if environ is None else environ
     url = env.get(METADATA_URL_ENV, "").strip()
     if not url:

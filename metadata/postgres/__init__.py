@@ -1,5 +1,6 @@
 """The PostgreSQL backend: connections (pools, retries, errors, schema versions) shared by the PostgreSQL
-metadata store and the PostgreSQL buckets (eventing.storage.postgres)."""
+metadata store and the PostgreSQL buckets (eventing.storage.postgres), and the metadata store itself
+(store.py, its logic in metadata/sql/; schema.py every table)."""
 
 from metadata.postgres.connection import (
     PostgresDatabase,
@@ -9,5 +10,7 @@ from metadata.postgres.connection import (
     parse_postgres_url,
     redact,
 )
+from metadata.postgres.store import PostgresMetadataStore
 
-__all__ = ["PostgresDatabase", "PostgresTarget", "ensure_schema", "is_postgres_url", "parse_postgres_url", "redact"]
+__all__ = ["PostgresDatabase", "PostgresMetadataStore", "PostgresTarget", "ensure_schema", "is_postgres_url",
+           "parse_postgres_url", "redact"]

@@ -13,25 +13,31 @@ database. ``connect_timeout`` defaults to 5 s so an unreachable server is named 
 Retries. A transaction whose statements fail because the connection went away (a restart, a failover, a
 dropped connection), or that PostgreSQL aborted to resolve a conflict (serialization failure, deadlock),
 is run again from the start on a new connection, for up to $EVENTING_STORE_WAIT_S seconds (60 by default):
-its body must be safe to run again (its inputs in memory). A COMMIT that fails because the connection went
-away is *ambiguous*: the transaction may or may not have committed. It is not retried here; it raises
-``StoreUnavailableError(ambiguous=True)`` and the caller decides (a worker rewinds to its checkpoint, whose
-effects are guarded by marks; the Data API answers 503). No error message ever holds the password.
+its body must be safe to run again (its inputs in memory). A COMMIT whose answer is lost (the connection
+went away after it was sent) may or may not have committed: every transaction carries a commit token
+(metadata/postgres/commits.py), and once the server answers again it is asked whether that token was
+committed. Committed: the transaction's result is returned; not: it is run again. Only when the server
+does not answer within the wait does it raise ``StoreUnavailableError(ambiguous=True)``, and the caller
+decides (a worker rewinds to its checkpoint, whose effects are guarded by marks; the Data API answers 503).
+No error message ever holds the password.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import random
 import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from metadata.errors import ConfigError, StoreError, StoreUnavailableError
+from metadata.postgres import commits
 
 if TYPE_CHECKING:
     import psycopg
@@ -49,6 +55,7 @@ DEFAULT_CONNECT_TIMEOUT_S = "5"
 FIRST_CONTACT_S = 6.0
 POOL_SIZE_ENV = "EVENTING_PG_POOL_SIZE"
 DEFAULT_POOL_SIZE = 8
+POOL_WAIT_S = 1.0  # for a pooled connection, before trying one of its own (see PostgresDatabase._attempt)
 
 # SQLSTATEs that mean "run the transaction again": the connection is gone or the server is going away,
 # or PostgreSQL aborted this transaction to resolve a conflict with another.
@@ -110,7 +117,8 @@ def parse_postgres_url(url: str) -> PostgresTarget:
         kept.append(("connect_timeout", DEFAULT_CONNECT_TIMEOUT_S))
     if not any(k == "application_name" for k, _ in kept):
         kept.append(("application_name", "eventing"))
-    libpq = urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(kept), parts.fragment))
+    # %20, not +, for a space: libpq decodes percent escapes only (options=-c%20statement_timeout%3D5000)
+    libpq = urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(kept, quote_via=quote), parts.fragment))
     return PostgresTarget(libpq, schema, shown)
 
 
@@ -160,6 +168,8 @@ def describe_error(target: PostgresTarget, exc: BaseException) -> str:
     if state in ("53100",) or "no space left" in low or "could not extend file" in low:
         return (f"{where} is out of disk space ({_first_clause(text)}); free space on the server, then run the "
                 "command again (everything committed is kept)")
+    if "configuration parameter" in low or "invalid value for parameter" in low:
+        return f"{where} refused a setting ({_first_clause(text)}); fix options= in --store"
     if isinstance(exc, psycopg.OperationalError):
         return (f"{where} is unreachable ({_first_clause(text)}); start the server or fix the host and port in "
                 "--store")
@@ -191,20 +201,32 @@ def retriable(exc: BaseException) -> bool:
 
 _LOGIN_REFUSALS = ("password authentication failed", "does not exist", "no pg_hba.conf entry",
                    "permission denied", "sslmode value", "invalid connection option", "invalid uri",
-                   "invalid sslmode", "no password supplied", "certificate")
+                   "invalid sslmode", "no password supplied", "certificate", "unrecognized configuration parameter",
+                   "invalid value for parameter")
 
 
 class Cursor:
-    """What a transaction body gets: `execute` returning the cursor (fetchone/fetchall/rowcount),
-    `executemany`, and `copy` for bulk loads. `?` placeholders are accepted as well as `%s`."""
+    """What a transaction body gets: `execute` returning a cursor (fetchone/fetchall/rowcount, iteration),
+    `executemany`, and `copy` for bulk loads. `?` placeholders are accepted as well as `%s`.
 
-    __slots__ = ("_cur",)
+    In a pipelined transaction (`transaction(body, pipeline=True)`) each statement is sent without waiting
+    for its answer; reading an answer (fetch*, rowcount, iterating) waits for it and those before it. A
+    body that reads once and then writes costs two round trips, COMMIT included, however many statements
+    it sends. Every `execute` then answers on a cursor of its own. `copy` leaves the pipeline for the rest
+    of the transaction (psycopg runs no COPY in a pipeline)."""
 
-    def __init__(self, cur: psycopg.Cursor):
+    __slots__ = ("_cur", "_pipe")
+
+    def __init__(self, cur: psycopg.Cursor, pipe: Pipe | None = None):
         self._cur = cur
+        self._pipe = pipe
 
-    def execute(self, sql: str, args: Sequence[Any] | None = None) -> psycopg.Cursor:
-        return self._cur.execute(_placeholders(sql), args, prepare=None)
+    def execute(self, sql: str, args: Sequence[Any] | None = None) -> Any:
+        if self._pipe is None or not self._pipe.active:
+            return self._cur.execute(_placeholders(sql), args, prepare=None)
+        cur = self._cur.connection.cursor()
+        cur.execute(_placeholders(sql), args, prepare=None)
+        return _Answer(cur, self._pipe)
 
     def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> psycopg.Cursor:
         rows = list(rows)
@@ -213,11 +235,58 @@ class Cursor:
         return self._cur
 
     def copy(self, sql: str) -> Any:
+        if self._pipe is not None:
+            self._pipe.leave()
         return self._cur.copy(sql)
 
     @property
     def raw(self) -> psycopg.Cursor:
         return self._cur
+
+
+class Pipe:
+    """A transaction's pipeline: entered after BEGIN, left (everything sent answered) before COMMIT's
+    answer is read, or for a COPY."""
+
+    __slots__ = ("_ctx", "_pipeline", "active")
+
+    def __init__(self, conn: psycopg.Connection):
+        self._ctx = conn.pipeline()
+        self._pipeline = self._ctx.__enter__()
+        self.active = True
+
+    def sync(self) -> None:
+        self._pipeline.sync()
+
+    def leave(self) -> None:
+        if self.active:
+            self.active = False
+            self._ctx.__exit__(None, None, None)
+
+
+class _Answer:
+    """A pipelined statement's cursor: its answer is waited for when it is read."""
+
+    __slots__ = ("_cur", "_pipe")
+
+    def __init__(self, cur: psycopg.Cursor, pipe: Pipe):
+        self._cur = cur
+        self._pipe = pipe
+
+    def fetchone(self) -> Any:
+        return self._cur.fetchone()
+
+    def fetchall(self) -> list[Any]:
+        return self._cur.fetchall()
+
+    def __iter__(self) -> Any:
+        return iter(self._cur.fetchall())
+
+    @property
+    def rowcount(self) -> int:
+        if self._pipe.active:
+            self._pipe.sync()
+        return self._cur.rowcount
 
 
 _converted: dict[str, str] = {}
@@ -249,6 +318,15 @@ class PostgresDatabase:
         # Until a first connection succeeds, a server that does not answer is a mistake in --store (or a
         # server not started) rather than an outage: say so within FIRST_CONTACT_S instead of waiting.
         self._reached = False
+        self._commits_ready = False
+        self._transactions = 0
+        self._refs = 0
+        # What this process's transactions went through, for `eventing status` and tests: retries by
+        # SQLSTATE ("connection" without one), and lost COMMIT answers by what the server then said.
+        self.retried: collections.Counter[str] = collections.Counter()
+        self.resolved: collections.Counter[str] = collections.Counter()
+        self.failed_attempts = 0  # statements or connections that failed and were (or will be) tried again
+        self._in_use = 0  # pooled connections lent out (the pool is this database's alone)
 
     @classmethod
     def open(cls, url: str) -> PostgresDatabase:
@@ -258,6 +336,7 @@ class PostgresDatabase:
             db = cls._opened.get(target.url + "|" + (target.schema or ""))
             if db is None or db._pid != os.getpid():
                 db = cls._opened[target.url + "|" + (target.schema or "")] = cls(target)
+            db._refs += 1
             return db
 
     # -- connections ----------------------------------------------------------------------------------
@@ -294,6 +373,16 @@ class PostgresDatabase:
         return conn
 
     def close(self) -> None:
+        """Close the pool; one of several users of an `open`ed location only gives up its share (the pool
+        closes with the last). A closed database opens a new pool if it is used again."""
+        with self._opened_lock:
+            if self._refs > 1:
+                self._refs -= 1
+                return
+            self._refs = 0
+            key = self.target.url + "|" + (self.target.schema or "")
+            if self._opened.get(key) is self:
+                del self._opened[key]
         with self._lock:
             if self._pool is not None:
                 self._pool.close()
@@ -301,38 +390,90 @@ class PostgresDatabase:
 
     # -- transactions ---------------------------------------------------------------------------------
 
-    def transaction(self, body: Callable[[Cursor], T], *, retry: bool = True) -> T:
-        """BEGIN, body, COMMIT on a pooled connection; retried as the module docstring says."""
-        return self._with_retries(lambda conn: self._once(conn, body), retry=retry)
+    def transaction(self, body: Callable[[Cursor], T], *, retry: bool = True, pipeline: bool = False) -> T:
+        """BEGIN, body, COMMIT on a pooled connection; retried as the module docstring says. A COMMIT whose
+        answer was lost is resolved (metadata.postgres.commits) before anything is retried or raised.
+        `pipeline`: send the body's statements without waiting for each answer (see Cursor)."""
+        return self._with_retries(lambda conn: self._once(conn, body, pipeline), retry=retry)
 
     def read(self, sql: str, args: Sequence[Any] | None = None) -> list[tuple]:
         """One statement outside a transaction (autocommit), retried while the server is away."""
-        return self._with_retries(lambda conn: conn.execute(_placeholders(sql), args).fetchall(), retry=True)
+        params = args or None  # no arguments: the text is not scanned for placeholders
+        return self._with_retries(lambda conn: conn.execute(_placeholders(sql), params).fetchall(), retry=True)
 
     def run(self, fn: Callable[[psycopg.Connection], T]) -> T:
         """`fn(connection)` on a pooled connection, retried while the server is away (fn must be repeatable)."""
         return self._with_retries(fn, retry=True)
 
-    def _once(self, conn: psycopg.Connection, body: Callable[[Cursor], T]) -> T:
+    def _once(self, conn: psycopg.Connection, body: Callable[[Cursor], T], pipeline: bool) -> T:
         import psycopg
 
+        if not self._commits_ready:
+            self._create_commits_table(conn)
+        token = commits.new_token()
+        prune = self._prune_due()
+        pipe = None
         with conn.cursor() as cur:
-            cur.execute("BEGIN")
             try:
-                out = body(Cursor(cur))
+                if pipeline and _pipeline_supported():
+                    pipe = Pipe(conn)
+                    cur.execute("BEGIN")
+                    cur.execute(commits.insert_sql(token))
+                    if prune:
+                        cur.execute(commits.prune_sql(self._wait_s()))
+                else:  # one simple query, one round trip
+                    cur.execute("; ".join(["BEGIN", commits.insert_sql(token),
+                                           *([commits.prune_sql(self._wait_s())] if prune else [])]))
+                out = body(Cursor(cur, pipe))
             except BaseException:
-                try:
-                    cur.execute("ROLLBACK")
-                except psycopg.Error:
-                    pass  # the connection is gone; the server rolled back
+                _roll_back(cur, pipe)
                 raise
             try:
                 cur.execute("COMMIT")
+                if pipe is not None:
+                    pipe.leave()
             except psycopg.Error as exc:
-                if retriable(exc) and not _refused_before_commit(exc):
-                    raise _Ambiguous(exc) from None
+                if _lost_answer(exc):
+                    raise _Ambiguous(exc, token, out) from None
+                _roll_back(cur, None)
                 raise
         return out
+
+    def _prune_due(self) -> bool:
+        self._transactions += 1
+        return self._transactions % commits.PRUNE_EVERY == 0
+
+    def _wait_s(self) -> float:
+        return store_wait_s() if self.wait_s is None else self.wait_s
+
+    def _create_commits_table(self, conn: psycopg.Connection) -> None:
+        """The commit tokens' table (metadata.postgres.commits), made once per location and process."""
+        found = conn.execute(f"SELECT to_regclass('{commits.COMMITS_TABLE}')").fetchone()
+        if found is None or found[0] is None:
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(hashtext('eventing_schema'))")
+                conn.execute(commits.create_sql())
+        self._commits_ready = True
+
+    def _resolve(self, amb: _Ambiguous, started: float, wait_s: float) -> bool | None:
+        """Whether the transaction whose COMMIT answer was lost committed (commits.probe), asked until the
+        server answers or `wait_s` has passed since `started` (None then: nobody knows)."""
+        import psycopg
+        from psycopg_pool import PoolTimeout
+
+        delay = 0.05
+        while time.monotonic() - started < wait_s:
+            try:
+                return self._attempt(lambda conn: commits.probe(conn, amb.token),
+                                     wait_s - (time.monotonic() - started))
+            except (psycopg.Error, PoolTimeout) as exc:
+                self.failed_attempts += 1
+                # Away, a standby (read-only), or the transaction is still running (lock_timeout): ask again.
+                if not (retriable(exc) or getattr(exc, "sqlstate", None) == "55P03" or isinstance(exc, PoolTimeout)):
+                    return None
+            time.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 1.0)
+        return None
 
     def _with_retries(self, fn: Callable[[psycopg.Connection], T], *, retry: bool) -> T:
         import psycopg
@@ -346,33 +487,81 @@ class PostgresDatabase:
             self._first_contact()
         while True:
             try:
-                with self.pool().connection(timeout=max(0.1, wait_s - (time.monotonic() - started))) as conn:
-                    return fn(conn)
+                return self._attempt(fn, wait_s - (time.monotonic() - started))
             except _Ambiguous as amb:
-                raise StoreUnavailableError(
-                    describe_error(self.target, amb.cause) + "; the last write may or may not have been committed",
-                    ambiguous=True,
-                ) from None
+                committed = self._resolve(amb, started, wait_s)
+                self.resolved[{True: "committed", False: "not committed", None: "unknown"}[committed]] += 1
+                if committed:
+                    return amb.out  # type: ignore[no-any-return]
+                if committed is None:
+                    raise StoreUnavailableError(
+                        describe_error(self.target, amb.cause) + "; the last write may or may not have been "
+                        f"committed (the server did not say within {wait_s:.0f}s)",
+                        ambiguous=True,
+                    ) from None
+                lost = amb.cause  # not committed: run it again, as after any lost connection
+                if not retry or time.monotonic() - started >= wait_s:
+                    raise StoreUnavailableError(describe_error(self.target, lost) + " (nothing was committed)") from None
+                self.retried["connection"] += 1
+                if not warned:
+                    log.warning("%s; retrying for up to %.0fs", describe_error(self.target, lost), wait_s)
+                    warned = True
+                continue
             except (psycopg.Error, PoolTimeout) as exc:
-                reason: BaseException = self._probe() or exc if isinstance(exc, PoolTimeout) else exc
+                reason: BaseException = exc
                 if not retriable(reason):
                     raise translate(self.target, reason) from None
                 if not retry or time.monotonic() - started >= wait_s:
                     raise StoreUnavailableError(
                         describe_error(self.target, reason) + f" (waited {time.monotonic() - started:.0f}s)"
                     ) from None
+                self.retried[getattr(reason, "sqlstate", None) or "connection"] += 1
+                self.failed_attempts += 1
                 if not warned:
                     log.warning("%s; retrying for up to %.0fs", describe_error(self.target, reason), wait_s)
                     warned = True
                 time.sleep(delay * (0.5 + random.random()))
                 delay = min(delay * 2, 1.0)
 
+    def _attempt(self, fn: Callable[[psycopg.Connection], T], timeout_s: float) -> T:
+        """`fn` on a pooled connection. When the pool has none to give within POOL_WAIT_S although it is
+        not all in use, it is waiting between reconnection attempts after an outage (psycopg_pool backs
+        off up to 32 s): `fn` then runs on a connection of its own, which fails at once if the server is
+        still away. When every pooled connection is in use, it waits for one, up to `timeout_s`."""
+        import psycopg
+        from psycopg_pool import PoolTimeout
+
+        pool = self.pool()
+        try:
+            conn = pool.getconn(timeout=min(POOL_WAIT_S, max(0.1, timeout_s)))
+        except PoolTimeout:
+            if self._in_use < self._pool_size:
+                direct = psycopg.connect(self.target.url, autocommit=True)
+                try:
+                    self._configure(direct)
+                    return fn(direct)
+                finally:
+                    direct.close()
+            conn = pool.getconn(timeout=max(0.1, timeout_s - POOL_WAIT_S))
+        with self._lock:
+            self._in_use += 1
+        try:
+            return fn(conn)
+        finally:
+            with self._lock:
+                self._in_use -= 1
+            pool.putconn(conn)
+
     def _probe(self) -> BaseException | None:
         """Why a new connection cannot be made now (the pool only says it timed out), or None."""
         import psycopg
 
         try:
-            psycopg.connect(self.target.url, autocommit=True).close()
+            conn = psycopg.connect(self.target.url, autocommit=True)
+            try:
+                self._configure(conn)  # a schema it may not create fails here, not as a pool timeout
+            finally:
+                conn.close()
         except psycopg.Error as exc:
             return exc
         return None
@@ -394,14 +583,51 @@ class PostgresDatabase:
 
 
 class _Ambiguous(Exception):
-    def __init__(self, cause: BaseException):
+    """A COMMIT sent and its answer lost; `out` is what the body returned, `token` its commit token."""
+
+    def __init__(self, cause: BaseException, token: uuid.UUID, out: Any):
         super().__init__(str(cause))
         self.cause = cause
+        self.token = token
+        self.out = out
 
 
-def _refused_before_commit(exc: BaseException) -> bool:
-    """A COMMIT refused for a reason that means nothing was committed (a serialization failure at commit)."""
-    return getattr(exc, "sqlstate", None) in ("40001", "40P01")
+def _lost_answer(exc: BaseException) -> bool:
+    """The COMMIT's answer never came: the connection broke, or the server went away (a fast or immediate
+    shutdown, a crash). Any other error is the server's answer: the transaction did not commit."""
+    import psycopg
+
+    state = getattr(exc, "sqlstate", None)
+    if state is None:
+        return isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError)
+    return state.startswith("08") or state in ("57P01", "57P02", "57P03")
+
+
+def _roll_back(cur: psycopg.Cursor, pipe: Pipe | None) -> None:
+    """End a failed transaction (its statements' errors, read now, are the failure's own consequence)."""
+    import psycopg
+
+    try:
+        if pipe is not None:
+            pipe.leave()
+    except psycopg.Error:
+        pass
+    try:
+        cur.execute("ROLLBACK")
+    except psycopg.Error:
+        pass  # the connection is gone; the server rolled back
+
+
+_pipeline_ok: bool | None = None
+
+
+def _pipeline_supported() -> bool:
+    global _pipeline_ok
+    if _pipeline_ok is None:
+        import psycopg
+
+        _pipeline_ok = psycopg.Pipeline.is_supported()
+    return _pipeline_ok
 
 
 def translate(target: PostgresTarget, exc: BaseException) -> BaseException:
@@ -437,8 +663,7 @@ def ensure_schema(db: PostgresDatabase, component: str, version: int, ddl: Seque
                 f"{stored}; this one knows {version}); upgrade eventing on this machine"
             )
         if stored < version:
-            for statement in ddl:
-                cur.execute(statement)
+            cur.execute(";\n".join(ddl))  # one round trip
             cur.execute(
                 f"INSERT INTO {SCHEMA_TABLE} VALUES(%s, %s) ON CONFLICT(component) DO UPDATE SET version=excluded.version",
                 (component, version),

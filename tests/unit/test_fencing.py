@@ -1,4 +1,4 @@
-"""The fence rule (metadata/fencing.py), written once for both metadata backends, and the SQLite backend's
+"""The fence rule (metadata/fencing.py), written once for every metadata backend, and the SQLite backend's
 layout: its helper modules stay inside metadata/sqlite/."""
 
 from __future__ import annotations
@@ -36,8 +36,9 @@ def test_a_claim_takes_an_epoch_above_the_stored_one_and_at_least_the_floor(stor
     assert not holds(epoch, stored)  # the previous owner is fenced from then on
 
 
-def test_both_backends_take_the_rule_from_metadata_fencing():
-    for path in ("metadata/sqlite/store.py", "metadata/couchbase/store.py"):
+def test_every_backend_takes_the_rule_from_metadata_fencing():
+    # The SQL backends (SQLite, PostgreSQL) share metadata/sql/; Couchbase has its own.
+    for path in ("metadata/sql/store.py", "metadata/sql/records.py", "metadata/couchbase/store.py"):
         source = (ROOT / path).read_text()
         assert "from metadata.fencing import" in source, path
         assert '["epoch"] !=' not in source and "epoch) !=" not in source, path

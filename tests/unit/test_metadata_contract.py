@@ -3,6 +3,8 @@ checkpoints, dead letters, counters, services, nodes and settings.
 
 Backends:
 - sqlite: SqliteMetadataStore on a file (always);
+- postgresql: PostgresMetadataStore in a fresh schema on a throwaway server (always: the tests start
+  PostgreSQL themselves, tests/conftest.py's pg_server);
 - couchbase-logic: CouchbaseMetadataStore's logic over in-memory documents that follow Couchbase's CAS
   rules (always; everything but the SDK calls themselves);
 - couchbase: CouchbaseMetadataStore on a live cluster, when $EVENTING_TEST_COUCHBASE_URL is set
@@ -199,10 +201,18 @@ def _live_backend() -> Backend:
     return Backend(opener, cleanup)
 
 
-@pytest.fixture(params=["sqlite", "couchbase-logic", "couchbase"])
+def _postgres_backend(url: str) -> Backend:
+    from metadata.postgres import PostgresMetadataStore
+
+    return Backend(lambda: PostgresMetadataStore(url))
+
+
+@pytest.fixture(params=["sqlite", "couchbase-logic", "couchbase", "postgresql"])
 def backend(request, tmp_path):
     if request.param == "sqlite":
         b = Backend(lambda: SqliteMetadataStore(tmp_path / "metadata.sqlite3"))
+    elif request.param == "postgresql":
+        b = _postgres_backend(request.getfixturevalue("pg_schema_url"))
     elif request.param == "couchbase-logic":
         docs = MemoryDocuments()
         b = Backend(lambda: CouchbaseMetadataStore.on_documents(docs))

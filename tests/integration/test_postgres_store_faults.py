@@ -1,0 +1,73 @@
+"""The PostgreSQL metadata store while its server is killed (kill -9 of the postmaster and its processes)
+and started again: a worker's sequence of commits waits and carries on, every commit that returned is
+there after the restart, and none is applied twice (its counters add up exactly)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from eventing.testing.postgres import ThrowawayPostgres
+from metadata import DlqRow
+from metadata.postgres import PostgresDatabase, PostgresMetadataStore, parse_postgres_url
+
+pytestmark = pytest.mark.integration
+
+VBS = list(range(256))
+COMMITS = 240
+
+
+def _wait_for(condition, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_commits_wait_through_server_restarts_and_none_is_lost_or_applied_twice():
+    server = ThrowawayPostgres()
+    server.start()
+    try:
+        url = server.create_database("faults")
+        store = PostgresMetadataStore(PostgresDatabase(parse_postgres_url(url)))
+        store.init_checkpoints("fn", dict.fromkeys(range(1024), 0), "uuid")
+        epochs = {vb: cp.epoch for vb, cp in store.claim("fn", VBS, "n/w0").items()}
+        returned: list[int] = []
+        failed: list[BaseException] = []
+
+        def commits() -> None:
+            try:
+                for n in range(1, COMMITS + 1):
+                    letter = DlqRow("fn", n % 256, n, f"k{n}", "error", "boom", "tb", 1, 1.0, 1.0, b"m")
+                    assert store.commit("fn", epochs, dict.fromkeys(VBS, n), [letter], {"success": 1}) == set()
+                    returned.append(n)
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                failed.append(exc)
+
+        writer = threading.Thread(target=commits)
+        writer.start()
+        for at in (40, 120, 200):
+            _wait_for(lambda at=at: len(returned) >= at or bool(failed))
+            attempts = store.db.failed_attempts
+            server.kill()
+            last = returned[-1]
+            # The writer is now failing and waiting (it retries); the server comes back after that.
+            _wait_for(lambda attempts=attempts: store.db.failed_attempts > attempts or bool(failed))
+            server.start()
+            check = PostgresMetadataStore(PostgresDatabase(parse_postgres_url(url)))
+            assert min(cp.seqno for vb, cp in check.checkpoints("fn").items() if vb in VBS) >= last
+            check.close()
+            check.db.close()
+        writer.join(180)
+        assert failed == []
+        assert returned == list(range(1, COMMITS + 1))
+        assert {cp.seqno for vb, cp in store.checkpoints("fn").items() if vb in VBS} == {COMMITS}
+        assert store.counters("fn") == {"success": COMMITS}  # none lost, none applied twice
+        letters = store.dlq_rows("fn")
+        assert sorted(r.seqno for r in letters) == list(range(1, COMMITS + 1)) and {r.attempts for r in letters} == {1}
+        assert sum(store.db.retried.values()) >= 3
+        store.db.close()
+    finally:
+        server.stop()
