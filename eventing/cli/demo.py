@@ -15,7 +15,7 @@ from typing import Any
 from eventing.cli.common import ProgressRenderer, writable_state
 from eventing.cli.output import emit_json, progress_enabled, table
 from eventing.errors import EventingError
-from eventing.storage.state import State
+from eventing.storage.state import State, StateLike, as_state
 from functions import FUNCTIONS_DIR
 from metadata import FunctionState
 
@@ -156,11 +156,12 @@ def _warm_spark() -> None:
         log.warning("Spark warm-up failed: %s", exc)
 
 
-def _store_option(state: State) -> str:
+def _store_option(state: StateLike) -> str:
+    state = as_state(state)
     return f"--data-dir {state.shown}" if state.directory is not None else f"--store '{state.shown}'"
 
 
-def _console_hint(state: State) -> str:
+def _console_hint(state: StateLike) -> str:
     return f"{program()} serve {_store_option(state)}   then open http://127.0.0.1:8096/"
 
 

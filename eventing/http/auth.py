@@ -366,11 +366,27 @@ class Identity:
         return {"user": self.user, "kind": self.kind, "roles": [str(g) for g in self.grants]}
 
     def check_bindings(self, definition: Any) -> None:
-        """Raise AuthError(403) unless this caller may bind every bucket binding of `definition` (a
-        FunctionDefinition): eventing.http.function_access.check_bindings."""
-        from eventing.http.function_access import check_bindings
-
-        check_bindings(self, definition)
+        """A function reads and writes through its bucket bindings whoever deploys it, so whoever saves,
+        deploys or resumes it needs, for each binding's keyspace, data_reader (a read-only binding) or
+        data_reader and data_writer (a read-write one, which reads too), unless the keyspace lies in a scope
+        the caller manages functions of (eventing_manage_functions[bucket:scope]). Raises AuthError(403)
+        naming the first binding it may not make (`definition`: a FunctionDefinition)."""
+        if self.is_admin:
+            return
+        for b in definition.bindings:
+            keyspace = b.keyspace
+            if self.can(FUNCTIONS_MANAGE, keyspace):
+                continue
+            needed = [DATA_READ] + ([DATA_WRITE] if b.access == "rw" else [])
+            if all(self.can(p, keyspace) for p in needed):
+                continue
+            name = full_name(keyspace)
+            access = "read-write" if b.access == "rw" else "read-only"
+            roles = f"{DATA_READER}[{name}]" + (f" and {DATA_WRITER}[{name}]" if b.access == "rw" else "")
+            raise forbidden(self, FUNCTIONS_MANAGE,
+                            f"bind {name} {access} as '{b.alias}' in function '{definition.name}'",
+                            f"{roles}, or {MANAGE_FUNCTIONS}[{keyspace.bucket}:{keyspace.scope}]; or bind a keyspace "
+                            "its roles cover")
 
 
 ADMIN_TOKEN_IDENTITY = Identity("@admin-token", (Grant(ADMIN),), "token")

@@ -16,18 +16,12 @@ from eventing.errors import NotFoundError
 from eventing.http.auth import (
     CLUSTER_MANAGE,
     CLUSTER_READ,
-    DATA_READ,
-    DATA_READER,
-    DATA_WRITE,
-    DATA_WRITER,
     FUNCTIONS_MANAGE,
     FUNCTIONS_READ,
-    MANAGE_FUNCTIONS,
     SECRETS_READ,
     WRITE_METHODS,
     Identity,
     forbidden,
-    full_name,
 )
 from eventing.storage.state import State
 from metadata.model import FunctionRecord
@@ -130,27 +124,8 @@ def filter_listing(result: Any, visible: set[str] | None) -> Any:
 
 
 def check_bindings(identity: Identity, definition: Any) -> None:
-    """A function reads and writes through its bucket bindings whoever deploys it, so whoever saves,
-    deploys or resumes it needs, for each binding's keyspace, data_reader (a read-only binding) or
-    data_reader and data_writer (a read-write one, which reads too), unless the keyspace lies in a scope
-    the caller manages functions of (eventing_manage_functions[bucket:scope]). Raises AuthError(403)
-    naming the first binding it may not make."""
-    if identity.is_admin:
-        return
-    for b in definition.bindings:
-        keyspace = b.keyspace
-        if identity.can(FUNCTIONS_MANAGE, keyspace):
-            continue
-        needed = [DATA_READ] + ([DATA_WRITE] if b.access == "rw" else [])
-        if all(identity.can(p, keyspace) for p in needed):
-            continue
-        name = full_name(keyspace)
-        access = "read-write" if b.access == "rw" else "read-only"
-        roles = f"{DATA_READER}[{name}]" + (f" and {DATA_WRITER}[{name}]" if b.access == "rw" else "")
-        raise forbidden(identity, FUNCTIONS_MANAGE,
-                        f"bind {name} {access} as '{b.alias}' in function '{definition.name}'",
-                        f"{roles}, or {MANAGE_FUNCTIONS}[{keyspace.bucket}:{keyspace.scope}]; or bind a keyspace "
-                        "its roles cover")
+    """Whoever saves, deploys or resumes a function needs a role for each bucket binding (Identity.check_bindings)."""
+    identity.check_bindings(definition)
 
 
 def deployed_by_admin(record: FunctionRecord) -> bool:

@@ -16,6 +16,7 @@ else about a state needs to travel.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -199,8 +200,9 @@ class DirectoryState:
         if self._shared is None:
             with self._lock:
                 if self._shared is None:
-                    self.open_metadata().close()  # NotFoundError now, in the caller's thread, if it is missing
-                    self._shared = _PerThreadStore(self.open_metadata)
+                    # The opener holds the directory, not this state: no reference cycle, so a state nobody
+                    # holds any more closes its connections at once (a store file left open keeps its WAL).
+                    self._shared = _PerThreadStore(functools.partial(_open_directory_store, self._directory))
         return self._shared  # type: ignore[return-value]
 
     def exists(self) -> bool:
@@ -210,9 +212,21 @@ class DirectoryState:
         return (self._directory / SQLITE_FILE).exists() or bool(os.environ.get(METADATA_URL_ENV, "").strip())
 
     def open_metadata(self) -> MetadataStore:
-        from metadata.factory import open_store
+        return _open_directory_store(self._directory)
 
-        return open_store(self._directory)
+    def __del__(self) -> None:
+        # A state opened for one call (as_state of a location) and dropped: its store closes now, not when
+        # the cyclic collector finds it (an open connection keeps the store's WAL beside it).
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - at interpreter exit, or a store already gone
+            pass
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, DirectoryState) and other._directory == self._directory
+
+    def __hash__(self) -> int:
+        return hash(("directory", self._directory))
 
     def open_bucket(self, name: str) -> FileBucket:
         from eventing.storage.factory import open_bucket
@@ -284,6 +298,12 @@ class DirectoryState:
 
     def __reduce__(self) -> tuple:
         return (DirectoryState, (str(self._directory),))  # a copy in another process opens its own store
+
+
+def _open_directory_store(directory: Path) -> MetadataStore:
+    from metadata.factory import open_store
+
+    return open_store(directory)
 
 
 def is_server_location(location: str) -> bool:

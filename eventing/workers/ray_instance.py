@@ -59,7 +59,7 @@ def start(data_dir: str | os.PathLike[str], *, num_cpus: int | None = None, work
     found = running(data_dir)
     if found is not None:
         return found
-    from eventing.workers.executor import light_worker_env
+    from eventing.workers.ray_session import light_worker_env
 
     root = str(Path(__file__).resolve().parents[2])  # the folder holding eventing/, metadata/, sharding/
     env = {
@@ -90,7 +90,7 @@ def start(data_dir: str | os.PathLike[str], *, num_cpus: int | None = None, work
             )
         time.sleep(0.1)
     if workers > 0:
-        from eventing.workers.executor import fill_pool
+        from eventing.workers.ray_session import fill_pool
 
         try:
             fill_pool(instance.address, workers)

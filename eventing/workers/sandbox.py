@@ -125,7 +125,7 @@ class _Sandboxed:
 
 
     def _rpc(self, method: str, args: tuple) -> Any:
-        from eventing.workers.executor import WorkerDied
+        from eventing.workers.worker_died import WorkerDied
 
         if self._ended:
             raise WorkerDied("the sandboxed worker process has ended")

@@ -26,7 +26,8 @@ import os
 import time
 from typing import Any, Protocol
 
-from eventing.workers.executor import WorkerDied, WorkerHost, _Done
+from eventing.workers.hosting import WorkerHost, _Done
+from eventing.workers.worker_died import WorkerDied
 
 # A drop waits behind the calls already queued on its host: up to CREDITS steps of every core there, each
 # a slice of ~0.1 s or one handler call of up to execution_timeout (60 s by default), which the hang guard

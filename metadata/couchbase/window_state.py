@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from metadata.couchbase.documents import Doc
-from metadata.couchbase.store import CouchbaseMetadataStore
 from metadata.fencing import holds
 from metadata.model import DlqRow
+
+if TYPE_CHECKING:  # the store makes its window state (window_states), never the other way round
+    from metadata.couchbase.store import CouchbaseMetadataStore
 
 
 class CouchbaseWindowStateStore:

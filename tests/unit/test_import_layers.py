@@ -111,6 +111,14 @@ def runtime_imports(tree: ast.AST) -> list[str]:
     for node in ast.walk(tree):
         if id(node) in skipped or not isinstance(node, ast.Import | ast.ImportFrom):
             continue
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            # `from package import submodule` imports the submodule, not the package's other modules
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                is_module = (ROOT / sub.replace(".", "/")).with_suffix(".py").exists() or (
+                    ROOT / sub.replace(".", "/") / "__init__.py").exists()
+                out.append(sub if is_module else node.module)
+            continue
         kept.body = [node]
         out.extend(target for _, target in imported_modules(kept))
     return out

@@ -67,7 +67,7 @@ def setup(data_dir: str, tmp_path: Path, **settings) -> tuple[str, Path, Path]:
         source.upsert(key, {"rev": i})
     source.close()
     snapshot = tmp_path / "notes-at-death"
-    notes = notes_path(data_dir, "fn_p", WORKER, True)
+    notes = notes_path(data_dir, "fn_p", WORKER, Path(data_dir))
     defn = ledger_definition("fn_p", "src", "ledger", workers=1, **settings)
     defn = FunctionDefinition.from_dict({**defn.to_dict(), "constants": {
         **defn.constants, "NOTES": str(notes), "SNAPSHOT": str(snapshot)}})
@@ -178,7 +178,7 @@ def test_a_timer_callback_its_worker_dies_on_is_dead_lettered_after_two_deaths(d
     for key in ("a", "poison", "b"):
         source.upsert(key, {"k": key})
     source.close()
-    snapshot, notes = tmp_path / "notes-at-death", notes_path(data_dir, "fn_p", WORKER, True)
+    snapshot, notes = tmp_path / "notes-at-death", notes_path(data_dir, "fn_p", WORKER, Path(data_dir))
     deploy_function(data_dir, FunctionDefinition.from_dict({
         "name": "fn_p", "source_bucket": "src", "worker_count": 1, "checkpoint_interval": "10ms",
         "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],

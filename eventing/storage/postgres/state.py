@@ -121,6 +121,12 @@ class PostgresState:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PostgresState) and other._url == self._url
+
+    def __hash__(self) -> int:
+        return hash(("postgresql", self._url))
+
     def __repr__(self) -> str:
         return f"<state {self.shown}>"
 

@@ -1,0 +1,132 @@
+"""What runs inside a worker's process: `WorkerHost` builds the worker core (or its sandboxed stand-in) and
+answers calls on it; `PooledWorkerHost` is one kept up between runs by a kept Ray instance. Also the answer
+of an in-process call (`_Done`) and the line for a node that lacks one of the project's packages."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from typing import TYPE_CHECKING, Any
+
+from eventing.errors import EventingError
+
+if TYPE_CHECKING:
+    from eventing.workers.worker import WorkerCore, WorkerSpec
+
+
+class WorkerHost:
+    """What runs inside the worker process: builds the core lazily so start-up errors reach the caller.
+
+    On Ray the spec arrives pickled and the worker modules are imported in ``start``: a node that lacks
+    one of the project's dependencies then answers ``start`` with one line naming it, where an import
+    while Ray builds the actor would only kill the actor with a page of traceback."""
+
+    def __init__(self, spec: WorkerSpec | bytes, own_process: bool = False, shared: bool = False):
+        self.spec = spec
+        self.own_process = own_process  # a Ray actor: the worker may end its process if a handler hangs
+        # One of several functions' cores in a shared process (eventing.workers.shared_host): a sandboxed
+        # core's child that ends fails this core alone instead of ending the process.
+        self.shared = shared
+        self.core: WorkerCore | None = None
+
+    def call(self, method: str, *args: Any) -> Any:
+        if method == "respec":  # a worker started ahead of time (a standby's) learns what it serves
+            assert self.core is None, "respec after start"
+            self.spec = args[0]
+            return None
+        if method == "start":
+            try:
+                import pickle
+
+                from eventing.workers.worker import WorkerCore
+
+                if isinstance(self.spec, bytes):
+                    self.spec = pickle.loads(self.spec)
+            except ImportError as exc:
+                raise missing_dependency(f"No module named '{exc.name}'") or EventingError(str(exc)) from None
+            assert not isinstance(self.spec, bytes)
+            if self.spec.isolation == "sandbox":
+                from eventing.workers.sandbox import SandboxedCore
+
+                self.core = SandboxedCore(  # type: ignore[assignment]
+                    self.spec, own_process=self.own_process and not self.shared
+                )
+                return os.getpid()
+            self.core = WorkerCore(self.spec, recycle_on_hang=self.own_process)
+            return os.getpid()
+        assert self.core is not None, "worker not started"
+        return getattr(self.core, method)(*args)
+
+
+class PooledWorkerHost(WorkerHost):
+    """A worker process kept up between runs by a kept Ray instance (`eventing ray start`). A run adopts it
+    (a new spec, a fresh core) instead of starting a process (~1 s: Python, Ray and the project's imports)
+    and gives it back after a clean stop; a worker that died, hung or was killed is simply gone. One run at
+    a time: `adopt` refuses while another run's calls are recent (a run whose driver died stops calling)."""
+
+    def __init__(self) -> None:
+        super().__init__(b"", own_process=True)
+        self.owner: str | None = None
+        self.last_call = 0.0
+
+    def adopt(self, owner: str, spec: bytes) -> bool:
+        if self.owner not in (None, owner) and time.monotonic() - self.last_call < POOL_STALE_S:
+            return False
+        self._drop_core()
+        self.owner, self.spec, self.last_call = owner, spec, time.monotonic()
+        return True
+
+    def ready(self) -> int:
+        """Import the worker's modules now, so a run that adopts this process does not wait for them."""
+        import eventing.workers.worker  # noqa: F401
+
+        return os.getpid()
+
+    def release(self, owner: str) -> None:
+        if self.owner == owner:
+            self._drop_core()
+            self.owner = None
+
+    def call(self, method: str, *args: Any) -> Any:
+        self.last_call = time.monotonic()
+        return super().call(method, *args)
+
+    def _drop_core(self) -> None:
+        core, self.core = self.core, None
+        if core is not None:
+            try:
+                core.close()
+            except Exception:  # noqa: BLE001 - a core that cannot close cleanly is dropped all the same
+                pass
+
+
+POOL_NAMESPACE = "eventing"  # the namespace a run joining a kept instance uses: its pooled workers' names
+POOL_PREFIX = "eventing-worker-"
+POOL_STALE_S = 30.0  # a pooled worker whose run has not called for this long may be adopted by another
+
+
+class _Done:
+    __slots__ = ("value", "error", "sender")
+
+    def __init__(self, value: Any = None, error: BaseException | None = None, sender: Any = None):
+        self.value, self.error = value, error
+        self.sender = sender  # the shared host that answered, if any (eventing.workers.shared_host)
+
+
+
+_MISSING_MODULE = re.compile(r"No module named '([^']+)'")
+
+
+def missing_dependency(text: str) -> EventingError | None:
+    """A worker that died importing a package its node lacks, as one line naming the package and the fix."""
+    found = _MISSING_MODULE.search(text)
+    if found is None:
+        return None
+    name = found.group(1).split(".")[0]
+    return EventingError(
+        f"a Ray node cannot run eventing workers: Python package '{name}' is not installed there; install the "
+        f"project's dependencies on every node (`pip install ray msgpack msgspec pyarrow ...`, as in "
+        f"pyproject.toml) with the same Python version, then run again"
+    )
+
