@@ -38,6 +38,7 @@ COMMAND_MODULES: list[str] = [
     "eventing.cli.windows",
     "eventing.cli.serve",
     "eventing.cli.users",
+    "eventing.cli.store",
 ]
 
 

@@ -25,12 +25,14 @@ from __future__ import annotations
 import os
 import sqlite3
 import uuid
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Self
 
 from eventing.core.names import check_bucket_name
 from eventing.errors import ConfigError, NotFoundError, StoreError
 from eventing.storage import wake
+from eventing.storage.dumps import BucketMeta, FileLoader, file_meta, file_rows
 from eventing.storage.effects import BucketEffects
 from eventing.storage.file_health import (
     _connections_closed,
@@ -156,6 +158,22 @@ class LocalBucket(BucketEffects, BucketInfo, BucketWrites, BucketReads):
             problem = None if result == "ok" else f"failed its integrity check: {result}"
         if problem is not None:
             raise damaged_bucket_error(self.path, problem)
+
+    # -- a copy of the whole bucket (eventing.storage.dumps; `eventing store copy`) --------------------
+
+    def dump_meta(self) -> BucketMeta:
+        return file_meta(self)
+
+    def dump_rows(self, table: str) -> Iterator[list[tuple]]:
+        return file_rows(self, table)
+
+    def load_dump(self, meta: BucketMeta, tables: Iterable[tuple[str, Iterable[list[tuple]]]]) -> None:
+        loader = FileLoader(self)
+        loader.meta(meta)
+        for table, batches in tables:
+            for rows in batches:
+                loader.rows(table, rows)
+        self._highs_read_at = (-1, -1, None)
 
     def close(self) -> None:
         if not self._closed:

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Self
 from eventing.core.keyspaces import COLLECTION_MARK, vbucket_of_stored
 from eventing.core.mutation import Mutation, decode_document
 from eventing.storage.bucket import LocalBucket
+from eventing.storage.dumps import BucketMeta, FileLoader, merged_marks
 from eventing.storage.values import (
     Changed,
     EffectGroup,
@@ -104,6 +105,31 @@ class PartitionedBucket:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    # -- a copy of the whole bucket (eventing.storage.dumps) ------------------------------------------
+
+    def dump_meta(self) -> BucketMeta:
+        return self.parts[0].dump_meta()
+
+    def dump_rows(self, table: str) -> Iterator[list[tuple]]:
+        if table == "marks":
+            yield merged_marks([part.dump_rows("marks") for part in self.parts])
+            return
+        for part, vbs in zip(self.parts, self.ranges, strict=True):
+            for rows in part.dump_rows(table):
+                # every file has a high seqno row for each of the 1,024 vBuckets; its own are those of its range
+                yield [r for r in rows if r[0] in vbs] if table == "high" else rows
+
+    def load_dump(self, meta: BucketMeta, tables: Iterable[tuple[str, Iterable[list[tuple]]]]) -> None:
+        """Each partition takes the rows of its vBuckets and every mark (a copy's marks hold for all of them)."""
+        loaders = [FileLoader(part, vbuckets=vbs) for part, vbs in zip(self.parts, self.ranges, strict=True)]
+        for loader in loaders:
+            loader.meta(meta)
+        for table, batches in tables:
+            for rows in batches:
+                for loader in loaders:
+                    loader.rows(table, rows)
+        self.uuid = meta.uuid
 
     def verify_integrity(self) -> None:
         for part in self.parts:

@@ -28,6 +28,7 @@ from eventing.core.mutation import Mutation
 
 if TYPE_CHECKING:
     from eventing.core.filters import Prefilter
+    from eventing.storage.dumps import BucketMeta
     from eventing.storage.values import (
         Changed,
         EffectGroup,
@@ -143,3 +144,8 @@ class FileBucket(Bucket, Protocol):
     def change_documents(
         self, changes: Sequence[tuple[str, Callable[[StoredDocument | None], Write | None]]], *, origin: str | None = None
     ) -> list[Changed | Exception]: ...
+
+    # the whole bucket as portable rows (eventing.storage.dumps): `eventing store copy`
+    def dump_meta(self) -> BucketMeta: ...
+    def dump_rows(self, table: str) -> Iterator[list[tuple]]: ...
+    def load_dump(self, meta: BucketMeta, tables: Iterable[tuple[str, Iterable[list[tuple]]]]) -> None: ...

@@ -286,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     server = ThrowawayPostgres(folder, port=args.port or info.get("port"), fsync=args.fsync or info.get("fsync", False))
     server._initialised = (server.data / "PG_VERSION").exists()
     if args.action == "start":
-        server.start()
+        if not server.running():
+            server.start()
         if not server.sql(f"SELECT 1 FROM pg_database WHERE datname = '{args.database}'"):
             server.create_database(args.database)
         info_file.write_text(json.dumps({"port": server.port, "fsync": server.fsync}))

@@ -46,7 +46,7 @@ class SqliteMetadataStore(SqlMetadataStore):
             self._retry(self._setup)
         except sqlite3.DatabaseError as exc:
             raise StoreCorruptError(
-                f"metadata store {self.path} is not a valid SQLite database ({one_line(exc)}); {CORRUPT_RECOVERY}"
+                f"metadata store {self.path} is damaged (not a valid SQLite database: {one_line(exc)}); {CORRUPT_RECOVERY}"
             ) from None
 
     def _setup(self) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pickle
 
 from eventing.testing import deploy_function, ledger_definition, load_source
-from eventing.workers import executor
+from eventing.workers import hosting
 from eventing.workers.executor import PooledWorkerHost
 from eventing.workers.worker import WorkerSpec
 from metadata import open_store
@@ -30,12 +30,12 @@ def test_a_pooled_worker_serves_one_run_at_a_time_and_starts_each_run_with_a_fre
     assert not host.adopt("run-2", spec_for(data_dir, "fn_a", "local/w1"))
     assert host.core is first
     # ...but may once run 1 went quiet for POOL_STALE_S (its driver died), or gave it back.
-    monkeypatch.setattr(executor, "POOL_STALE_S", 0.0)
+    monkeypatch.setattr(hosting, "POOL_STALE_S", 0.0)
     assert host.adopt("run-2", spec_for(data_dir, "fn_a", "local/w1"))
     assert host.core is None and first._closed  # the old core is closed, not reused
     host.call("start")
     assert host.core is not first and host.core.spec.worker_id == "local/w1"
-    monkeypatch.setattr(executor, "POOL_STALE_S", 30.0)
+    monkeypatch.setattr(hosting, "POOL_STALE_S", 30.0)
     host.release("run-1")  # not the owner any more: nothing happens
     assert host.core is not None
     host.release("run-2")

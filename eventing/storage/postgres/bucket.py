@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Self
 from eventing.core.filters import Prefilter
 from eventing.core.mutation import OP_DELETE, OP_UPDATE, Mutation, encode_document
 from eventing.errors import NotFoundError, StoreError
-from eventing.storage.postgres import wake
+from eventing.storage.dumps import BucketMeta
+from eventing.storage.postgres import dump, wake
 from eventing.storage.postgres.documents import DocumentReader
 from eventing.storage.postgres.effects import EffectApplier
 from eventing.storage.postgres.keyspaces import Keyspaces
@@ -74,6 +75,18 @@ class PostgresBucket:
 
     def close(self) -> None:
         pass  # the connections are the process's pool (metadata.postgres.PostgresDatabase)
+
+    # -- a copy of the whole bucket (eventing.storage.dumps; `eventing store copy`) --------------------
+
+    def dump_meta(self) -> BucketMeta:
+        return dump.meta_of(self.ref)
+
+    def dump_rows(self, table: str) -> Iterator[list[tuple]]:
+        return dump.rows_of(self.ref, table)
+
+    def load_dump(self, meta: BucketMeta, tables: Iterable[tuple[str, Iterable[list[tuple]]]]) -> None:
+        dump.load(self.ref, meta, tables)
+        self.uuid = meta.uuid
 
     def __enter__(self) -> Self:
         return self
