@@ -268,49 +268,68 @@ def _children(pid: int) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m eventing.testing.postgres start|stop|kill|standby|promote|url --folder DIR [--port N]`: a
-    throwaway server in DIR for trying the PostgreSQL store out (docs/postgresql.md); `start` prints its URL."""
+    """`python -m eventing.testing.postgres start|stop|kill|standby|promote|url|failover-url --folder DIR`: a
+    throwaway server for trying the PostgreSQL store out (docs/postgresql.md), known by DIR; `start` prints
+    its URL, `standby` starts a synchronous standby of it, `failover-url` prints a URL naming both, `stop`
+    ends both and deletes their files. As root the server's files are in a folder of the system's temporary
+    folder the `postgres` user can reach (DIR may be under a folder only root can open); DIR holds where."""
     import argparse
     import json
 
     parser = argparse.ArgumentParser(prog="python -m eventing.testing.postgres", description=main.__doc__)
-    parser.add_argument("action", choices=["start", "stop", "kill", "standby", "promote", "url"])
-    parser.add_argument("--folder", required=True, help="the server's folder (created by start)")
+    parser.add_argument("action", choices=["start", "stop", "kill", "standby", "promote", "url", "failover-url"])
+    parser.add_argument("--folder", required=True, help="the folder that knows the server (created by start)")
     parser.add_argument("--port", type=int, default=None, help="its port (start: a free one by default)")
     parser.add_argument("--database", default="eventing", help="a database start creates (default eventing)")
     parser.add_argument("--fsync", action="store_true", help="flush to disk as a production server does")
     args = parser.parse_args(argv)
-    folder = Path(args.folder).resolve()
-    info_file = folder / "throwaway.json"
+    handle = Path(args.folder).resolve()
+    info_file = handle / HANDLE_FILE
     info = json.loads(info_file.read_text()) if info_file.exists() else {}
-    server = ThrowawayPostgres(folder, port=args.port or info.get("port"), fsync=args.fsync or info.get("fsync", False))
-    server._initialised = (server.data / "PG_VERSION").exists()
+    if not info:
+        if args.action != "start":
+            parser.error(f"no throwaway server is known by {handle}; `start` one first")
+        handle.mkdir(parents=True, exist_ok=True)
+        where = tempfile.mkdtemp(prefix="eventing-pg-") if os.geteuid() == 0 else str(handle / "server")
+        info = {"server": where, "port": args.port or free_port(), "fsync": args.fsync}
+        info_file.write_text(json.dumps(info))
+    server = _known(info)
     if args.action == "start":
         if not server.running():
             server.start()
         if not server.sql(f"SELECT 1 FROM pg_database WHERE datname = '{args.database}'"):
             server.create_database(args.database)
-        info_file.write_text(json.dumps({"port": server.port, "fsync": server.fsync}))
         print(server.url(args.database))
     elif args.action == "url":
         print(server.url(args.database))
+    elif args.action == "failover-url":  # both servers; libpq takes the one that accepts writes
+        print(f"postgresql://postgres@127.0.0.1:{server.port},127.0.0.1:{info['standby']['port']}/{args.database}"
+              "?target_session_attrs=read-write")
     elif args.action == "kill":
         server.kill()
     elif args.action == "stop":
-        for entry in sorted(folder.glob("standby*")):
-            standby_info = entry / "throwaway.json"
-            if standby_info.exists():
-                ThrowawayPostgres(entry, port=json.loads(standby_info.read_text())["port"]).stop(remove=False)
+        if "standby" in info:
+            _known(info["standby"]).stop(remove=False)
         server.stop(remove=False)
+        shutil.rmtree(info["server"], ignore_errors=True)
+        info_file.unlink()
     elif args.action == "standby":
         standby = server.add_standby(name="standby1")
-        (standby.folder / "throwaway.json").write_text(json.dumps({"port": standby.port, "fsync": server.fsync}))
+        info["standby"] = {"server": str(standby.folder), "port": standby.port, "fsync": server.fsync}
+        info_file.write_text(json.dumps(info))
         print(standby.url(args.database))
     elif args.action == "promote":
-        standby_folder = folder / "standby1"
-        port = json.loads((standby_folder / "throwaway.json").read_text())["port"]
-        ThrowawayPostgres(standby_folder, port=port).promote()
+        _known(info["standby"]).promote()
     return 0
+
+
+HANDLE_FILE = "throwaway.json"
+
+
+def _known(info: dict) -> ThrowawayPostgres:
+    server = ThrowawayPostgres(info["server"], port=int(info["port"]), fsync=bool(info.get("fsync")))
+    server._initialised = (server.data / "PG_VERSION").exists()
+    return server
 
 
 if __name__ == "__main__":

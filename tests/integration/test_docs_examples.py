@@ -129,15 +129,13 @@ def test_every_runnable_block_of_the_page_exits_0(page: Path, tmp_path: Path) ->
 
 
 def stop_servers_under(folder: Path) -> None:
-    """PostgreSQL servers a page started in its folder (docs/postgresql.md) end with it, by data directory,
-    even when a block failed before the page's own stop."""
-    from eventing.testing.postgres import ThrowawayPostgres
+    """Throwaway PostgreSQL servers a page started from its folder (docs/postgresql.md) end with it, by their
+    data directory, even when a block failed before the page's own stop."""
+    from eventing.testing.postgres import HANDLE_FILE
+    from eventing.testing.postgres import main as throwaway
 
-    for pid_file in folder.rglob("postmaster.pid"):
-        server = ThrowawayPostgres(pid_file.parent.parent)
-        server.data = pid_file.parent
-        server._initialised = True
-        server.stop(remove=False)
+    for handle in folder.rglob(HANDLE_FILE):
+        throwaway(["stop", "--folder", str(handle.parent)])
 
 
 def test_every_shell_block_runs_or_says_why_not() -> None:
