@@ -39,6 +39,8 @@ from eventing.workers.sandbox_line import _error, _raise, _recv, _send, _values
 from eventing.workers.sandbox_scope import ScopedService
 
 _SANDBOXES = "eventing-sandboxes"  # under the system temporary folder: one private folder per sandbox
+MEMORY_MB = 1024  # a sandboxed process's memory (RLIMIT_DATA), a JavaScript function's V8 heaps besides
+_CODE = ".eventing-code"  # in a sandbox's folder: links to the project's packages, the child's import path
 
 
 def sandboxes_root() -> str:
@@ -49,18 +51,46 @@ def sandboxes_root() -> str:
     return root
 
 
-def ray_private_paths() -> list[str]:
-    """On a Ray worker, Ray's folders on this node (every worker's logs, the sockets, spilled objects, other
-    sessions), all but the code Ray ships to workers (the session's ``runtime_resources``, which a node
-    that cannot see the checkout imports this project from). Empty where this process is not a Ray worker."""
+def sweep_sandboxes() -> int:
+    """Remove the private folders of sandboxes whose host has ended without removing them (a worker killed
+    with kill -9, or by Ray at the end of a run): a folder's host holds a lock on ``<folder>.lock`` while it
+    lives, and the kernel lets it go when the host ends, however it ends. Returns how many were removed."""
+    import fcntl
+    import shutil
+
+    root, removed = sandboxes_root(), 0
+    for entry in os.scandir(root):
+        if not entry.name.endswith(".lock"):
+            continue
+        try:
+            fd = os.open(entry.path, os.O_RDWR | os.O_CLOEXEC)
+        except OSError:
+            continue  # removed meanwhile by another sweep
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue  # its host is alive
+        try:
+            shutil.rmtree(entry.path[:-len(".lock")], ignore_errors=True)
+            os.unlink(entry.path)
+            removed += 1
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return removed
+
+
+def ray_folders() -> list[str]:
+    """On a Ray worker, Ray's folder on this node (every worker's logs, the raylet's sockets, spilled
+    objects, every session). Empty where this process is not a Ray worker. The code Ray ships to workers
+    stays importable (a folder on the import path beneath it is allowed)."""
     try:
         node = sys.modules["ray"]._private.worker.global_worker.node  # None in a driver not connected
-        temp, session = node.get_temp_dir_path(), node.get_session_dir_path()
-        paths = [e.path for e in os.scandir(temp) if e.path != session and not e.is_symlink()]
-        paths += [e.path for e in os.scandir(session) if e.name != "runtime_resources" and not e.is_symlink()]
+        return [node.get_temp_dir_path()]
     except (KeyError, AttributeError, OSError):
         return []  # not a Ray process
-    return paths
 
 
 def url_ports(defn: Any) -> list[int]:
@@ -73,6 +103,23 @@ def url_ports(defn: Any) -> list[int]:
     return ports
 
 
+def memory_mb(defn: Any) -> int:
+    """A sandboxed process's memory limit: MEMORY_MB, and for a JavaScript function twice its V8 heap limit
+    (heap and ArrayBuffers, see eventing.execution.javascript) per pool thread."""
+    if getattr(defn, "language", "python") == "javascript":
+        return MEMORY_MB + 2 * defn.js_heap_limit_mb * max(1, defn.concurrency)
+    return MEMORY_MB
+
+
+def _project() -> tuple[str, list[str]]:
+    """The folder holding the project's packages (a checkout, site-packages, or a folder Ray unpacked them
+    into) and the packages' folders."""
+    from eventing.workers.executor import PROJECT_PACKAGES
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return root, [os.path.join(root, name) for name in PROJECT_PACKAGES if os.path.isdir(os.path.join(root, name))]
+
+
 class _Sandboxed:
     """A sandboxed child process and the host's end of its line: each method call goes to the child,
     and the child's data requests are answered (scoped by `service`) while it runs."""
@@ -80,8 +127,10 @@ class _Sandboxed:
     own_process = False
 
     def _start(self, function: str, defn: Any, service: Any, *, data_dir: str) -> None:
+        import fcntl
         import json
         import shutil
+        import site
         import subprocess
         import tempfile
 
@@ -91,15 +140,27 @@ class _Sandboxed:
         if why:
             raise ConfigError(f"function '{function}' must run sandboxed, but {why}")
         self.service = service
-        self.tmp = tempfile.mkdtemp(prefix=f"{function}-", dir=sandboxes_root())
-        self._rmtree = shutil.rmtree
         self._ended = False
-        policy = {"deny": [data_dir, sandboxes_root(), "/dev/shm", *ray_private_paths()], "writable": [self.tmp],
-                  "tcp_ports": url_ports(defn)}
+        self._rmtree = shutil.rmtree
+        sweep_sandboxes()
+        self.tmp = tempfile.mkdtemp(prefix=f"{function}-", dir=sandboxes_root())
+        self._lock = os.open(self.tmp + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(self._lock, fcntl.LOCK_EX)  # held while this host lives (sweep_sandboxes)
+        root, packages = _project()
+        view = os.path.join(self.tmp, _CODE)
+        os.mkdir(view)
+        for folder in packages:
+            os.symlink(folder, os.path.join(view, os.path.basename(folder)))
+        site_dirs = {os.path.realpath(p) for p in (*site.getsitepackages(), site.getusersitepackages())}
+        avoid = [data_dir, sandboxes_root(), os.path.expanduser("~"), *ray_folders()]
+        if os.path.realpath(root) not in site_dirs:
+            avoid.append(root)  # a checkout: its packages are read, nothing else in it (a data directory...)
+        policy = {"code": packages, "avoid": avoid, "writable": [self.tmp], "tcp_ports": url_ports(defn),
+                  "memory_mb": memory_mb(defn)}
         ours, theirs = socket.socketpair()
-        env = {name: os.environ[name] for name in ("PATH", "LANG", "LC_ALL", "PYTHONPATH") if name in os.environ}
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+        env = {name: os.environ[name] for name in ("PATH", "LANG", "LC_ALL") if name in os.environ}
+        paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.abspath(p) != root]
+        env["PYTHONPATH"] = os.pathsep.join([view, *paths])
         env.update({"TMPDIR": self.tmp, "HOME": self.tmp, "PYTHONDONTWRITEBYTECODE": "1"})
         try:
             self.proc = subprocess.Popen(
@@ -107,12 +168,24 @@ class _Sandboxed:
                 stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),), env=env, cwd=self.tmp,
             )
         except BaseException:
-            shutil.rmtree(self.tmp, ignore_errors=True)
+            self._remove()
             raise
         finally:
             theirs.close()
         self.sock = ours
 
+    def _remove(self) -> None:
+        """Remove this sandbox's folder and lock, then any folder a host that ended left behind."""
+        self._rmtree(self.tmp, ignore_errors=True)
+        try:
+            os.unlink(self.tmp + ".lock")
+        except OSError:
+            pass
+        os.close(self._lock)
+        try:
+            sweep_sandboxes()
+        except OSError:
+            pass
 
     def _rpc(self, method: str, args: tuple) -> Any:
         from eventing.workers.executor import WorkerDied
@@ -149,7 +222,7 @@ class _Sandboxed:
                 self.proc.kill()
             self.proc.wait()
             self.service.backend.close() if hasattr(self.service.backend, "close") else None
-            self._rmtree(self.tmp, ignore_errors=True)
+            self._remove()
 
     def close(self) -> None:
         if not self._ended:
@@ -177,7 +250,20 @@ class SandboxedCore(_Sandboxed):
             store.close()
         backend: Any = ServedData(spec.data_dir) if access.local else spec.data_service.client(spec.worker_id)
         self._start(spec.function, defn, ScopedService(spec.function, defn, backend), data_dir=spec.data_dir)
-        self.pid = self._rpc("__init__", (spec.function, spec))
+        try:
+            self.pid = self._rpc("__init__", (spec.function, spec))
+        except BaseException:
+            self.close()
+            raise
+
+    def stop(self) -> Any:
+        """The worker's last call (it checkpoints and releases its vBuckets): the sandbox ends with it, so
+        its process and folder are gone before the host is ended (Ray ends a stopped worker's process with
+        SIGKILL, which leaves nothing to clean up after)."""
+        try:
+            return self._rpc("stop", ())
+        finally:
+            self.close()
 
     def __getattr__(self, method: str) -> Callable[..., Any]:
         if method.startswith("_"):
