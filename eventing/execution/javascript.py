@@ -13,9 +13,14 @@ TimerTable, CurlClient and log. Errors a host call hits come back as text and ar
 Limits, enforced inside V8 (STPyV8 exposes no isolate API for them, the V8 symbols of its extension do):
 - execution_timeout: a watchdog thread calls v8::Isolate::TerminateExecution (thread-safe) once the call in
   flight passes its deadline; the call raises HandlerTimeout, and the context is used again by the next call.
-- js_heap_limit_mb: while a call runs JavaScript longer than a tick (not while it waits in a host call), the
-  watchdog requests an interrupt in which V8's heap statistics are read on the JavaScript thread; past the limit the call is terminated and fails with
-  JavaScriptMemoryError (a dead letter), and a full garbage collection follows.
+- js_heap_limit_mb covers the V8 heap and the memory outside it that JavaScript holds (ArrayBuffers and typed
+  arrays, V8's "external memory"): while a call runs JavaScript longer than a tick (not while it waits in a
+  host call), the watchdog requests an interrupt in which V8's heap statistics are read on the JavaScript
+  thread; past the limit the call is terminated and fails with JavaScriptMemoryError (a dead letter), and a
+  full garbage collection follows. Every call is also checked when it returns (~1 us; ArrayBuffers of
+  gigabytes are taken in microseconds, too fast for a tick): past the limit, garbage is collected, and a
+  call that keeps more than the limit, or took more than the limit itself (garbage included), fails the
+  same way (a batch fails at its last mutation, which is then retried alone).
 A call is always started from a compiled script (`script.run()`): STPyV8 aborts the process when a
 terminated execution returns through its function-call path.
 
@@ -66,7 +71,7 @@ GC_EVERY_CALLS = 256  # how often a call checks the heap and collects garbage wh
 class _Call:
     """The call in flight in one thread's context, as the handler's watchdog sees it (under JsHandler.lock)."""
 
-    __slots__ = ("isolate", "running", "stopped", "deadline", "started", "in_host")
+    __slots__ = ("isolate", "running", "stopped", "deadline", "started", "in_host", "memory")
 
     def __init__(self, isolate: int):
         self.isolate = isolate
@@ -75,6 +80,7 @@ class _Call:
         self.stopped: str | None = None  # why it was terminated: timeout | memory
         self.deadline = 0.0
         self.started = 0.0
+        self.memory = 0  # the heap and ArrayBuffers after the last call (JsHandler.used_heap)
 
 
 class _ThreadContext(NamedTuple):
@@ -103,7 +109,10 @@ class JavaScriptError(Exception):
 
 
 class JavaScriptMemoryError(JavaScriptError):
-    """A call's V8 heap passed js_heap_limit_mb; it was terminated."""
+    """A call's V8 heap and ArrayBuffers passed js_heap_limit_mb; it was terminated, or failed when it
+    returned (`returned`: what the script returned then, else None)."""
+
+    returned: int | None = None
 
 
 # -- V8 through the symbols STPyV8's extension exports ---------------------------------------------------
@@ -137,9 +146,13 @@ class _V8:
         self.icu = _load_icu(lib)
 
     def used_heap(self, isolate: int) -> int:
-        stats = (ctypes.c_size_t * 32)()  # v8::HeapStatistics, one per call: pool threads read heaps at once
+        """The isolate's used heap and external memory (ArrayBuffers' contents), in bytes: what
+        js_heap_limit_mb limits. On the isolate's own thread (a buffer per thread)."""
+        stats = getattr(_thread, "stats", None)
+        if stats is None:
+            stats = _thread.stats = (ctypes.c_size_t * 32)()  # v8::HeapStatistics
         self.heap(isolate, stats)
-        return int(stats[4])
+        return int(stats[4]) + int(stats[7])  # used_heap_size_, external_memory_
 
     def follow_time_zone(self, isolate: int) -> None:
         """Make the isolate's Date use the process's current time zone (the TZ variable, else the system's)
@@ -176,7 +189,7 @@ def _load_icu(lib: Any) -> bool:
 
 
 _v8: _V8 | None = None
-_thread = threading.local()  # .entered: the context left entered after its last call in this thread (entering costs ~1 us a call)
+_thread = threading.local()  # .entered: the context left entered after its last call in this thread (entering costs ~1 us a call); .stats: its heap statistics buffer
 _isolates: list[Any] = []  # isolates made for threads without one: kept for the process's life
 # Every context made, kept for the process's life (~0.4 MB each): STPyV8 tracks the Python objects a context
 # was given (its __host) with a weak callback that crashes the process (Context::Global on the dying
@@ -430,15 +443,30 @@ class JsHandler:
             raise HandlerTimeout()
         if stopped == "memory":
             self._collect(here.isolate)
-            raise JavaScriptMemoryError(
-                f"RangeError: the JavaScript heap passed js_heap_limit_mb ({self.heap_limit >> 20} MiB); "
-                "the call was stopped"
-            )
+            raise self._memory_error("the call was stopped")
         if which != BATCH and rc != 0:
             raise self._thrown(here)
-        if self.calls % GC_EVERY_CALLS < count and self.v8.used_heap(here.isolate) > self.heap_limit // 2:
+        used = self.v8.used_heap(here.isolate)
+        if used > self.heap_limit:  # taken faster than the watchdog looks (large ArrayBuffers at once)
             self._collect(here.isolate)
+            before, flight.memory = flight.memory, self.v8.used_heap(here.isolate)
+            # Still past it (kept), or past it by what this call alone took (garbage of earlier calls aside).
+            if (flight.memory > self.heap_limit or used - before > self.heap_limit) and (which != BATCH or rc >= 0):
+                error = self._memory_error("the call failed when it returned")
+                error.returned = rc
+                raise error
+            return rc
+        if self.calls % GC_EVERY_CALLS < count and used > self.heap_limit // 2:
+            self._collect(here.isolate)
+            used = self.v8.used_heap(here.isolate)
+        flight.memory = used
         return rc
+
+    def _memory_error(self, what: str) -> JavaScriptMemoryError:
+        return JavaScriptMemoryError(
+            f"RangeError: the JavaScript heap and its ArrayBuffers passed js_heap_limit_mb "
+            f"({self.heap_limit >> 20} MiB); {what}"
+        )
 
     def _thrown(self, here: _ThreadContext) -> JavaScriptError:
         message, stack = json.loads(getattr(here.locals, "__err"))
@@ -454,7 +482,11 @@ class JsHandler:
         self.on_start, self.batch_at = on_start, 0
         try:
             rc = self.run(BATCH, text, count)
-        except (HandlerTimeout, JavaScriptMemoryError) as exc:
+        except JavaScriptMemoryError as exc:
+            if exc.returned is not None:  # over the limit when the batch returned: its last mutation fails
+                return max(0, int(exc.returned) - 1), exc
+            return int(getattr(self.here.locals, "__idx")), exc
+        except HandlerTimeout as exc:
             return int(getattr(self.here.locals, "__idx")), exc
         finally:
             self.on_start = None

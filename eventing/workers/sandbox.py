@@ -39,7 +39,10 @@ from eventing.workers.sandbox_line import _error, _raise, _recv, _send, _values
 from eventing.workers.sandbox_scope import ScopedService
 
 _SANDBOXES = "eventing-sandboxes"  # under the system temporary folder: one private folder per sandbox
-MEMORY_MB = 1024  # a sandboxed process's memory (RLIMIT_DATA), a JavaScript function's V8 heaps besides
+MEMORY_MB = 1024  # a sandboxed process's memory (RLIMIT_DATA); a JavaScript function's isolates besides
+# What RLIMIT_DATA counts of a V8 isolate besides its heap: V8 reserves its code range writable and executable
+# (512 MiB on x86_64, 128 MiB on arm64), untouched until code is compiled into it.
+V8_CODE_RANGE_MB = 512
 _CODE = ".eventing-code"  # in a sandbox's folder: links to the project's packages, the child's import path
 
 
@@ -104,10 +107,11 @@ def url_ports(defn: Any) -> list[int]:
 
 
 def memory_mb(defn: Any) -> int:
-    """A sandboxed process's memory limit: MEMORY_MB, and for a JavaScript function twice its V8 heap limit
-    (heap and ArrayBuffers, see eventing.execution.javascript) per pool thread."""
+    """A sandboxed process's memory limit: MEMORY_MB, and for a JavaScript function, per V8 isolate (one
+    per pool thread and the main thread's), its code range and twice js_heap_limit_mb (the heap and its
+    ArrayBuffers, which eventing.execution.javascript stops a call at)."""
     if getattr(defn, "language", "python") == "javascript":
-        return MEMORY_MB + 2 * defn.js_heap_limit_mb * max(1, defn.concurrency)
+        return MEMORY_MB + (defn.concurrency + 1) * (V8_CODE_RANGE_MB + 2 * defn.js_heap_limit_mb)
     return MEMORY_MB
 
 

@@ -66,7 +66,8 @@ def _read_rules(allowed: list[str], deny: list[str]) -> list[str]:
         while d != "/":
             d = os.path.dirname(d)
             on_the_way.add(d)
-    rules, folders = [], []
+    rules: list[str] = []
+    folders: list[str] = []
     for path in dict.fromkeys(allowed):
         if path in denied:
             continue

@@ -231,6 +231,42 @@ function OnUpdate(doc, meta) {
     assert app.get("dst", "fine") == {"ok": True}
 
 
+def test_array_buffers_taken_at_once_past_the_heap_limit_fail_the_call(data_dir):
+    """A 3 GiB ArrayBuffer taken in microseconds (not touched, so not resident), too fast for the watchdog:
+    external memory, which the heap size leaves out, counts toward js_heap_limit_mb when the call returns,
+    garbage or not."""
+    source = """
+function OnUpdate(doc, meta) {
+    if (doc.hog) { var a = new ArrayBuffer(3 * 1024 * 1024 * 1024); return; }
+    dst[meta.id] = {ok: true};
+}
+"""
+    app = app_with(data_dir, source, docs=[("hog", {"hog": True}), ("fine", {})], js_heap_limit_mb=64)
+    run(app)
+    rows = letters(app)
+    assert [(r.key, r.reason) for r in rows] == [("hog", "error")]
+    assert "heap and its ArrayBuffers passed js_heap_limit_mb (64 MiB); the call failed when it returned" in rows[0].error
+    assert app.get("dst", "hog") is None and app.get("dst", "fine") == {"ok": True}
+
+
+def test_array_buffers_filled_past_the_heap_limit_stop_the_call_while_it_runs(data_dir):
+    """Typed arrays filled one after another (resident memory): the watchdog stops the call at
+    js_heap_limit_mb, long before the 512 MiB it would take."""
+    source = """
+function OnUpdate(doc, meta) {
+    if (doc.hog) { var a = []; for (var i = 0; i < 64; i++) { var b = new Uint8Array(8 * 1024 * 1024); b.fill(1); a.push(b); } }
+    dst[meta.id] = {ok: true};
+}
+"""
+    app = app_with(data_dir, source, docs=[("hog", {"hog": True}), ("fine", {})], js_heap_limit_mb=64,
+                   execution_timeout="20s")
+    run(app)
+    rows = letters(app)
+    assert [(r.key, r.reason) for r in rows] == [("hog", "error")]
+    assert "heap and its ArrayBuffers passed js_heap_limit_mb (64 MiB); the call was stopped" in rows[0].error
+    assert app.get("dst", "fine") == {"ok": True}
+
+
 def test_syntax_errors_and_sql_are_refused_at_deploy_with_the_line(data_dir):
     app = Eventing(data_dir, executor="in-process")
     app.create_bucket("src")
