@@ -94,11 +94,13 @@ def confine(policy: dict[str, Any]) -> None:
 
 def sandbox_report() -> str:
     """One line: what a sandboxed handler's process is confined by on this machine, or why none can run."""
-    from eventing.workers.sandbox_seccomp import seccomp_unavailable
-
-    why = sandbox_unavailable() or seccomp_unavailable()
+    why = sandbox_unavailable()
     if why:
         return f"unavailable: {why}"
-    return (f"Landlock ABI {landlock_abi()} (reads by allow-list, writes in a private folder, TCP to URL "
-            "bindings' ports) and a seccomp filter (no process, program, Unix socket or signal to another "
-            f"process); no capabilities; memory, {OPEN_FILES} open files")
+    abi = landlock_abi()
+    line = (f"Landlock ABI {abi} (reads by allow-list, writes in a private folder, TCP only to URL bindings' "
+            "ports), a seccomp filter (no process, program, Unix socket or signal to another process), no "
+            f"capabilities, limited memory and {OPEN_FILES} open files")
+    if abi < 5:
+        line += "; this kernel's Landlock leaves ioctl on devices open (ABI 5, Linux 6.10, confines it)"
+    return line
