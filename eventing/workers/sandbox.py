@@ -148,8 +148,10 @@ class _Sandboxed:
         self._rmtree = shutil.rmtree
         sweep_sandboxes()
         self.tmp = tempfile.mkdtemp(prefix=f"{function}-", dir=sandboxes_root())
-        self._lock = os.open(self.tmp + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        fcntl.flock(self._lock, fcntl.LOCK_EX)  # held while this host lives (sweep_sandboxes)
+        # Held while this host lives (sweep_sandboxes); locked before a sweep can see it under its name.
+        self._lock = os.open(self.tmp + ".lock-new", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(self._lock, fcntl.LOCK_EX)
+        os.rename(self.tmp + ".lock-new", self.tmp + ".lock")
         root, packages = _project()
         view = os.path.join(self.tmp, _CODE)
         os.mkdir(view)

@@ -336,3 +336,48 @@ def test_eventing_run_on_ray_leaves_no_sandbox_folder(data_dir, tmp_path):
         import shutil
 
         shutil.rmtree(workers_tmp, ignore_errors=True)
+
+
+HOST = """
+import sys, time
+from eventing.core.definition import FunctionDefinition
+from eventing.workers.sandbox import _NoData, _Sandboxed
+from eventing.workers.sandbox_scope import ScopedService
+
+defn = FunctionDefinition.from_dict({"name": "fn_killed", "source_bucket": "src", "isolation": "sandbox"})
+s = _Sandboxed()
+s._start(defn.name, defn, ScopedService(defn.name, defn, _NoData()), data_dir=sys.argv[1])
+print(s.tmp, s.proc.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_the_folder_of_a_sandbox_whose_host_was_killed_goes_with_the_next_sandbox(data_dir, tmp_path, monkeypatch):
+    """A host killed with kill -9 leaves its sandbox's folder (its child ends with it); the next sandbox
+    started on the machine removes it."""
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+
+    from eventing.testing import wait_for
+    from eventing.workers.sandbox import validate_sandboxed
+
+    host = subprocess.Popen([sys.executable, "-c", HOST, data_dir], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "TMPDIR": str(tmp_path)})
+    try:
+        folder, child = host.stdout.readline().split()
+        assert os.path.isdir(folder)
+        os.kill(host.pid, signal.SIGKILL)
+        host.wait()
+    finally:
+        if host.poll() is None:
+            host.kill()
+            host.wait()
+    wait_for(lambda: not os.path.exists(f"/proc/{child}"), "the sandboxed child ends with its host", timeout=10)
+    assert os.path.isdir(folder)  # nothing ran to remove it
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    defn = FunctionDefinition.from_dict({"name": "fn_next", "source_bucket": "src", "isolation": "sandbox"})
+    validate_sandboxed(data_dir, defn, "def on_update(doc, meta):\n    pass\n")
+    assert not os.path.exists(folder) and not os.path.exists(folder + ".lock")
+    assert os.listdir(os.path.join(str(tmp_path), "eventing-sandboxes")) == []  # nor fn_next's
