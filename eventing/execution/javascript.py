@@ -71,7 +71,8 @@ GC_EVERY_CALLS = 256  # how often a call checks the heap and collects garbage wh
 class _Call:
     """The call in flight in one thread's context, as the handler's watchdog sees it (under JsHandler.lock)."""
 
-    __slots__ = ("isolate", "running", "stopped", "deadline", "started", "in_host", "memory", "stats", "args")
+    __slots__ = ("isolate", "running", "stopped", "deadline", "started", "in_host", "memory", "external", "stats",
+                 "args")
 
     def __init__(self, isolate: int):
         self.isolate = isolate
@@ -81,6 +82,7 @@ class _Call:
         self.deadline = 0.0
         self.started = 0.0
         self.memory = 0  # the heap and ArrayBuffers after the last call (_V8.used_memory)
+        self.external = 0  # the ArrayBuffers after the last garbage collection (JsHandler._measure)
         self.stats = (ctypes.c_size_t * 32)()  # v8::HeapStatistics, read on this context's thread only
         self.args = (ctypes.c_void_p(isolate), ctypes.byref(self.stats))  # made once: ~0.4 us a read saved
 
@@ -446,21 +448,33 @@ class JsHandler:
             raise self._memory_error("the call was stopped")
         if which != BATCH and rc != 0:
             raise self._thrown(here)
+        self._measure(here, flight, rc if which != BATCH or rc >= 0 else None, count)
+        return rc
+
+    def _measure(self, here: _ThreadContext, flight: _Call, returned: int | None, count: int) -> None:
+        """After a call that returned (`returned`: what it returned, None when a batch's mutation threw):
+        past js_heap_limit_mb, collect garbage and fail the call if it keeps more than the limit, or took
+        more than the limit by itself; otherwise collect garbage when ArrayBuffers of a quarter of the
+        limit have been dropped since the last collection (V8 frees them late: a call would start with
+        them and be stopped for them), or, every GC_EVERY_CALLS calls, when the heap is half full."""
         used = self.v8.used_memory(flight)
         if used > self.heap_limit:  # taken faster than the watchdog looks (large ArrayBuffers at once)
             self._collect(here.isolate)
             before, flight.memory = flight.memory, self.v8.used_memory(flight)
+            flight.external = flight.stats[7]
             # Still past it (kept), or past it by what this call alone took (garbage of earlier calls aside).
-            if (flight.memory > self.heap_limit or used - before > self.heap_limit) and (which != BATCH or rc >= 0):
+            if (flight.memory > self.heap_limit or used - before > self.heap_limit) and returned is not None:
                 error = self._memory_error("the call failed when it returned")
-                error.returned = rc
+                error.returned = returned
                 raise error
-            return rc
-        if self.calls % GC_EVERY_CALLS < count and used > self.heap_limit // 2:
+            return
+        external = flight.stats[7]
+        if external - flight.external > self.heap_limit // 4 or (
+                self.calls % GC_EVERY_CALLS < count and used > self.heap_limit // 2):
             self._collect(here.isolate)
-            used = self.v8.used_memory(flight)
-        flight.memory = used
-        return rc
+            used, external = self.v8.used_memory(flight), flight.stats[7]
+            flight.external = external
+        flight.memory, flight.external = used, min(flight.external, external)
 
     def _memory_error(self, what: str) -> JavaScriptMemoryError:
         return JavaScriptMemoryError(
