@@ -17,10 +17,11 @@ Limits, enforced inside V8 (STPyV8 exposes no isolate API for them, the V8 symbo
   arrays, V8's "external memory"): while a call runs JavaScript longer than a tick (not while it waits in a
   host call), the watchdog requests an interrupt in which V8's heap statistics are read on the JavaScript
   thread; past the limit the call is terminated and fails with JavaScriptMemoryError (a dead letter), and a
-  full garbage collection follows. Every call is also checked when it returns (~1 us; ArrayBuffers of
+  full garbage collection follows. Every call is also checked when it returns (~0.7 us; ArrayBuffers of
   gigabytes are taken in microseconds, too fast for a tick): past the limit, garbage is collected, and a
   call that keeps more than the limit, or took more than the limit itself (garbage included), fails the
-  same way (a batch fails at its last mutation, which is then retried alone).
+  same way (a batch fails at its last mutation, which is then retried alone). Dropped ArrayBuffers are
+  collected once a quarter of the limit of them piled up (JsHandler._measure).
 A call is always started from a compiled script (`script.run()`): STPyV8 aborts the process when a
 terminated execution returns through its function-call path.
 
