@@ -442,20 +442,24 @@ class JsHandler:
             if stopped is not None:
                 self.v8.cancel(here.isolate)
         self.calls += count
-        if stopped == "timeout":
-            raise HandlerTimeout()
         if stopped == "memory":
             self._collect(here.isolate)
+            flight.memory, flight.external = self.v8.used_memory(flight), flight.stats[7]
             raise self._memory_error("the call was stopped")
+        if stopped == "timeout":
+            self._measure(here, flight, None, count)  # what the next call starts from
+            raise HandlerTimeout()
         if which != BATCH and rc != 0:
-            raise self._thrown(here)
+            error = self._thrown(here)
+            self._measure(here, flight, None, count)
+            raise error
         self._measure(here, flight, rc if which != BATCH or rc >= 0 else None, count)
         return rc
 
     def _measure(self, here: _ThreadContext, flight: _Call, returned: int | None, count: int) -> None:
-        """After a call that returned (`returned`: what it returned, None when a batch's mutation threw):
-        past js_heap_limit_mb, collect garbage and fail the call if it keeps more than the limit, or took
-        more than the limit by itself; otherwise collect garbage when ArrayBuffers of a quarter of the
+        """After a call (`returned`: what it returned; None when it failed already, which is then not
+        failed again): past js_heap_limit_mb, collect garbage and fail the call if it keeps more than the
+        limit, or took more than the limit by itself; otherwise collect garbage when ArrayBuffers of a quarter of the
         limit have been dropped since the last collection (V8 frees them late: a call would start with
         them and be stopped for them), or, every GC_EVERY_CALLS calls, when the heap is half full."""
         used = self.v8.used_memory(flight)
