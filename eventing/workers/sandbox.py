@@ -5,24 +5,29 @@ How (see docs/guarantees.md, "Sandboxed handlers", for why this mechanism):
 
 - The worker host (a Ray actor, or the calling process in-process) starts a child process,
   ``python -m eventing.workers.sandbox_child``, with no descriptor but its stdio and one socket to the host,
-  a minimal environment (no store credentials) and a private temporary directory as ``TMPDIR``.
-- Before it imports anything that could start a thread, the child restricts itself with Landlock
-  (``restrict``): reading is allowed everywhere except the data directory, the other sandboxes'
-  temporary directories, ``/dev/shm`` and, on a Ray worker, Ray's folders but the code it ships; writing only in its private temporary directory (and the null
-  devices); TCP only to the ports of the function's URL bindings, no listening; no abstract Unix sockets
-  or signals outside its domain. Landlock holds for the process and every child it starts (exec
-  included) and cannot be lifted; it also refuses ptrace and ``/proc/<pid>/fd`` of processes outside it.
+  a minimal environment (no store credentials), a private folder as ``TMPDIR`` and ``HOME`` (links in it to
+  the project's packages are its import path) and a policy: the project's package folders, the folders
+  no read may reach (the data directory, a checkout, the home folder, Ray's folder, the other sandboxes),
+  the URL bindings' ports and a memory limit (`memory_mb`).
+- Before it imports anything that could start a thread, the child confines itself (sandbox_confine): no
+  capabilities, limits on memory and open files, Landlock (reads by allow-list, writes in its folder, TCP
+  to the URL bindings' ports, nothing executable) and a seccomp filter (no process, no Unix socket, no
+  signal to another process). Both hold for every thread and cannot be lifted.
 - The child runs ``WorkerCore`` with a ``DataAccess`` whose line goes through the socket. The host
   answers each request with ``ScopedService``: only the function's source and binding buckets (reads;
   effects on read-write bindings, under the function's own name), the metadata calls a worker makes for
   its own function, its own application log and window row files. What the child sends is unpickled
   with an allow-list of value classes, so it cannot run code in the host.
+- The host holds a lock beside the private folder while it lives; the folder goes when the sandbox ends
+  (a worker's stop ends it), and one whose host was killed goes with the next sandbox started or ended
+  on the machine (`sweep_sandboxes`).
 
 This module is the host's side: the process handle that starts the child and answers its data requests
 while a call runs (`SandboxedCore` for a worker, `SandboxedRunner` for on_deploy, the debugger and dlq
 replay, `validate_sandboxed` at deploy time, `open_runner` to pick a runner). Beside it:
-sandbox_landlock (the ruleset, ``restrict``), sandbox_child (the child process), sandbox_line (the
-framing and the value-only unpickler) and sandbox_scope (``ScopedService``).
+sandbox_confine, sandbox_landlock and sandbox_seccomp (what the child does to itself), sandbox_child (the
+child process), sandbox_line (the framing and the value-only unpickler) and sandbox_scope
+(``ScopedService``).
 """
 
 from __future__ import annotations
@@ -146,34 +151,38 @@ class _Sandboxed:
         self.service = service
         self._ended = False
         self._rmtree = shutil.rmtree
-        sweep_sandboxes()
+        try:
+            sweep_sandboxes()
+        except OSError:
+            pass  # another sweep's business
         self.tmp = tempfile.mkdtemp(prefix=f"{function}-", dir=sandboxes_root())
         # Held while this host lives (sweep_sandboxes); locked before a sweep can see it under its name.
         self._lock = os.open(self.tmp + ".lock-new", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         fcntl.flock(self._lock, fcntl.LOCK_EX)
         os.rename(self.tmp + ".lock-new", self.tmp + ".lock")
-        root, packages = _project()
-        view = os.path.join(self.tmp, _CODE)
-        os.mkdir(view)
-        for folder in packages:
-            os.symlink(folder, os.path.join(view, os.path.basename(folder)))
-        site_dirs = {os.path.realpath(p) for p in (*site.getsitepackages(), site.getusersitepackages())}
-        avoid = [data_dir, sandboxes_root(), os.path.expanduser("~"), *ray_folders()]
-        if os.path.realpath(root) not in site_dirs:
-            avoid.append(root)  # a checkout: its packages are read, nothing else in it (a data directory...)
-        policy = {"code": packages, "avoid": avoid, "writable": [self.tmp], "tcp_ports": url_ports(defn),
-                  "memory_mb": memory_mb(defn)}
         ours, theirs = socket.socketpair()
-        env = {name: os.environ[name] for name in ("PATH", "LANG", "LC_ALL") if name in os.environ}
-        paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.abspath(p) != root]
-        env["PYTHONPATH"] = os.pathsep.join([view, *paths])
-        env.update({"TMPDIR": self.tmp, "HOME": self.tmp, "PYTHONDONTWRITEBYTECODE": "1"})
         try:
+            root, packages = _project()
+            view = os.path.join(self.tmp, _CODE)
+            os.mkdir(view)
+            for folder in packages:
+                os.symlink(folder, os.path.join(view, os.path.basename(folder)))
+            site_dirs = {os.path.realpath(p) for p in (*site.getsitepackages(), site.getusersitepackages())}
+            avoid = [data_dir, sandboxes_root(), os.path.expanduser("~"), *ray_folders()]
+            if os.path.realpath(root) not in site_dirs:
+                avoid.append(root)  # a checkout: its packages are read, nothing else in it (a data directory...)
+            policy = {"code": packages, "avoid": avoid, "writable": [self.tmp], "tcp_ports": url_ports(defn),
+                      "memory_mb": memory_mb(defn)}
+            env = {name: os.environ[name] for name in ("PATH", "LANG", "LC_ALL") if name in os.environ}
+            paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.abspath(p) != root]
+            env["PYTHONPATH"] = os.pathsep.join([view, *paths])
+            env.update({"TMPDIR": self.tmp, "HOME": self.tmp, "PYTHONDONTWRITEBYTECODE": "1"})
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "eventing.workers.sandbox_child", str(theirs.fileno()), json.dumps(policy)],
                 stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),), env=env, cwd=self.tmp,
             )
         except BaseException:
+            ours.close()
             self._remove()
             raise
         finally:
