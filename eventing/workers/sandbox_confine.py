@@ -40,19 +40,29 @@ def _beneath(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
+def _interpreter_reads() -> list[str]:
+    """The folders of sys.path (the standard library, site-packages), the interpreter's `lib` folders (the
+    shared libraries its extension modules load, as in a conda or pyenv installation) and the CA
+    certificates of the OpenSSL that Python's ssl module uses."""
+    import ssl  # loads OpenSSL, which starts no thread; the worker imports it anyway (curl)
+
+    verify = ssl.get_default_verify_paths()
+    return [*(entry or os.getcwd() for entry in sys.path), os.path.join(sys.base_prefix, "lib"),
+            os.path.join(sys.base_exec_prefix, "lib"),
+            *(p for p in (verify.cafile, verify.capath, verify.openssl_cafile, verify.openssl_capath) if p)]
+
+
 def allowed_reads(code: list[str], avoid: list[str]) -> list[str]:
     """What this process may read: SYSTEM_READS, the project's package folders `code`, its own /proc entry
-    and the folders of its sys.path (the interpreter's library, site-packages), each resolved (a link is
-    allowed where it points). A sys.path folder that is `/` or holds one of `avoid` (the data directory,
-    the checkout, the home folder, Ray's folders, the other sandboxes) is left out: it would open them."""
+    and what the interpreter reads (`_interpreter_reads`), each resolved (a link is allowed where it
+    points). Of the interpreter's, one that is `/` or holds one of `avoid` (the data directory, the
+    checkout, the home folder, Ray's folder, the other sandboxes) is left out: it would open them."""
     paths = [os.path.realpath(p) for p in (*SYSTEM_READS, *code)] + [f"/proc/{os.getpid()}"]
-    for entry in sys.path:
-        folder = os.path.realpath(entry or os.getcwd())
-        if folder == "/" or not os.path.isdir(folder):
+    for entry in _interpreter_reads():
+        path = os.path.realpath(entry)
+        if path == "/" or any(_beneath(os.path.realpath(a), path) for a in avoid):
             continue
-        if any(_beneath(os.path.realpath(a), folder) for a in avoid):
-            continue
-        paths.append(folder)
+        paths.append(path)
     return [p for p in dict.fromkeys(paths) if os.path.exists(p)]
 
 
