@@ -1,8 +1,8 @@
 """The seccomp filter of a sandboxed child (`install`), for what Landlock does not cover: no process is
 created (threads are), no program is executed, no Unix socket is opened (a pathname socket, such as a Ray
-raylet's, cannot be reached through Landlock alone), no signal goes to another process, no ptrace, no new
-namespace, mount, keyring, BPF program, perf event, userfaultfd, io_uring, System V or POSIX IPC object,
-and no TIOCSTI into an inherited terminal. A refused call fails with EPERM (a new process's clone3 with
+raylet's, cannot be reached through Landlock alone), no signal goes to another process, nor a change of its
+scheduling, priority or limits; no ptrace, no new namespace, mount, keyring, BPF program, perf event,
+userfaultfd, io_uring, System V or POSIX IPC, and no TIOCSTI into an inherited terminal. A refused call fails with EPERM (a new process's clone3 with
 ENOSYS, so threads fall back to clone, whose flags a filter can read); a system call of another
 architecture's ABI (x32, or 32-bit through int 0x80) kills the process. The filter is a classic BPF
 program built here, installed with prctl through ctypes; nothing here starts a thread.
@@ -35,7 +35,10 @@ _ARCHES = {
         "unshare": 272, "setns": 308, "mount": 165, "umount2": 166, "pivot_root": 155, "chroot": 161,
         "keyctl": 250, "add_key": 248, "request_key": 249, "bpf": 321, "perf_event_open": 298,
         "userfaultfd": 323, "shmget": 29, "shmat": 30, "msgget": 68, "semget": 64, "mq_open": 240,
-        "name_to_handle_at": 303, "open_by_handle_at": 304,
+        "name_to_handle_at": 303, "open_by_handle_at": 304, "shmctl": 31, "semop": 65, "semctl": 66,
+        "semtimedop": 220, "msgsnd": 69, "msgrcv": 70, "msgctl": 71, "setpriority": 141, "sched_setparam": 142,
+        "sched_setscheduler": 144, "sched_setaffinity": 203, "ioprio_set": 251, "prlimit64": 302,
+        "sched_setattr": 314,
     }),
     "aarch64": (0xC00000B7, 0, {
         "ioctl": 29, "socket": 198, "socketpair": 199, "clone": 220, "execve": 221,
@@ -44,7 +47,10 @@ _ARCHES = {
         "unshare": 97, "setns": 268, "mount": 40, "umount2": 39, "pivot_root": 41, "chroot": 51,
         "keyctl": 219, "add_key": 217, "request_key": 218, "bpf": 280, "perf_event_open": 241,
         "userfaultfd": 282, "shmget": 194, "shmat": 196, "msgget": 186, "semget": 190, "mq_open": 180,
-        "name_to_handle_at": 264, "open_by_handle_at": 265,
+        "name_to_handle_at": 264, "open_by_handle_at": 265, "shmctl": 195, "semop": 193, "semctl": 191,
+        "semtimedop": 192, "msgsnd": 189, "msgrcv": 188, "msgctl": 187, "setpriority": 140, "sched_setparam": 118,
+        "sched_setscheduler": 119, "sched_setaffinity": 122, "ioprio_set": 30, "prlimit64": 261,
+        "sched_setattr": 274,
     }),
 }
 _COMMON = {  # the same numbers on both
@@ -57,10 +63,15 @@ _REFUSED = (
     "ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "unshare", "setns", "mount", "umount2",
     "pivot_root", "chroot", "open_tree", "move_mount", "fsopen", "fsconfig", "fsmount", "fspick",
     "mount_setattr", "keyctl", "add_key", "request_key", "bpf", "perf_event_open", "userfaultfd",
-    "io_uring_setup", "io_uring_enter", "io_uring_register", "shmget", "shmat", "msgget", "semget", "mq_open",
-    "name_to_handle_at", "open_by_handle_at",
+    "io_uring_setup", "io_uring_enter", "io_uring_register", "shmget", "shmat", "shmctl", "msgget", "msgsnd",
+    "msgrcv", "msgctl", "semget", "semop", "semtimedop", "semctl", "mq_open", "name_to_handle_at",
+    "open_by_handle_at",
 )
 _OWN_PID_ONLY = ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo")  # first argument: a process id
+# First argument: a process id, 0 for the caller. A process of the same uid (root's, when the service runs as
+# root) could otherwise be slowed down, pinned to a core or have its limits changed.
+_OWN_PID_OR_ZERO = ("sched_setaffinity", "sched_setscheduler", "sched_setparam", "sched_setattr", "prlimit64")
+_PRIO_PROCESS, _IOPRIO_WHO_PROCESS = 0, 1  # setpriority's and ioprio_set's "which": one process (not a uid)
 
 
 def _arch() -> tuple[int, int, dict[str, int]] | None:
@@ -117,6 +128,12 @@ def program(pid: int) -> bytes:
     ])
     for name in _OWN_PID_ONLY:
         when(name, [_stmt(_LD_W_ABS, _arg(0)), _stmt(_JEQ, pid, 0, 1), _stmt(_RET, allow), _stmt(_RET, eperm)])
+    for name in _OWN_PID_OR_ZERO:
+        when(name, [_stmt(_LD_W_ABS, _arg(0)), _stmt(_JEQ, 0, 2, 0), _stmt(_JEQ, pid, 1, 0), _stmt(_RET, eperm),
+                    _stmt(_RET, allow)])
+    for name, one_process in (("setpriority", _PRIO_PROCESS), ("ioprio_set", _IOPRIO_WHO_PROCESS)):
+        when(name, [_stmt(_LD_W_ABS, _arg(0)), _stmt(_JEQ, one_process, 0, 3), _stmt(_LD_W_ABS, _arg(1)),
+                    _stmt(_JEQ, 0, 2, 0), _stmt(_JEQ, pid, 1, 0), _stmt(_RET, eperm), _stmt(_RET, allow)])
     when("ioctl", [
         _stmt(_LD_W_ABS, _arg(1)), _stmt(_JEQ, _TIOCSTI, 1, 0), _stmt(_JEQ, _TIOCLINUX, 0, 1), _stmt(_RET, eperm),
         _stmt(_RET, allow),

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -115,6 +117,30 @@ def other_port():
     socket.create_connection(("127.0.0.1", OTHER_PORT), timeout=5).close()
 
 
+def renice_other():
+    os.setpriority(os.PRIO_PROCESS, SLEEPER, 19)
+
+
+def pin_other():
+    os.sched_setaffinity(SLEEPER, os.sched_getaffinity(0))
+
+
+def limit_other():
+    import resource
+
+    resource.prlimit(SLEEPER, resource.RLIMIT_CORE, (0, 0))
+
+
+def sysv_queue():
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    queue = libc.msgget(0, 0o1600)  # IPC_PRIVATE, IPC_CREAT | 0600
+    if queue < 0:
+        raise OSError(ctypes.get_errno(), "msgget")
+    libc.msgctl(queue, 0, None)  # IPC_RMID
+
+
 def memory():
     block = bytearray(3 << 30)
     block[-1] = 1
@@ -172,6 +198,7 @@ ESCAPES = {
     "shadow": shadow, "root_home": root_home, "other_data": other_data,
     "checkout": checkout, "system_tmp": system_tmp, "spawn": spawn, "fork": fork, "unix_stream": unix_stream,
     "unix_datagram": unix_datagram, "signal_host": signal_host, "other_port": other_port,
+    "renice_other": renice_other, "pin_other": pin_other, "limit_other": limit_other, "sysv_queue": sysv_queue,
     "capabilities": capabilities,
 }
 NEEDS = {"own_proc": own_proc, "certificates": certificates, "resolve": resolve, "time_zone": time_zone,
@@ -188,13 +215,18 @@ def on_update(doc, meta):
 
 ESCAPES = ("other_processes", "host_cmdline", "host_environ", "shadow", "root_home", "other_data",
            "checkout", "system_tmp", "spawn", "fork", "unix_stream", "unix_datagram", "signal_host", "other_port",
-           "capabilities")
+           "renice_other", "pin_other", "limit_other", "sysv_queue", "capabilities")
 NEEDS = ("own_proc", "certificates", "resolve", "time_zone", "private_folder")
 DOCUMENTS = 3
 
 
-def _listeners(tmp_path) -> tuple[socket.socket, socket.socket, socket.socket]:
-    """A Unix stream socket, a Unix datagram socket (both open to anyone) and a TCP port of this process."""
+@contextmanager
+def _targets(tmp_path) -> Iterator[dict]:
+    """What the hostile handler aims at, as its constants: a Unix stream socket and a Unix datagram socket
+    (both open to anyone) and a TCP port of this process, and a process of this user (a sleeper, ended by
+    its pid on leaving)."""
+    import subprocess
+
     stream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     stream.bind(str(tmp_path / "stream.sock"))
     stream.listen(64)
@@ -203,11 +235,18 @@ def _listeners(tmp_path) -> tuple[socket.socket, socket.socket, socket.socket]:
     for name in ("stream.sock", "datagram.sock"):
         os.chmod(tmp_path / name, 0o777)
     tcp = socket.create_server(("127.0.0.1", 0), backlog=64)
-    return stream, datagram, tcp
+    sleeper = subprocess.Popen(["sleep", "600"])
+    try:
+        yield {"UNIX_STREAM": stream.getsockname(), "UNIX_DATAGRAM": datagram.getsockname(),
+               "OTHER_PORT": tcp.getsockname()[1], "SLEEPER": sleeper.pid}
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        for s in (stream, datagram, tcp):
+            s.close()
 
 
-def _deploy(data_dir: str, tmp_path, isolation: str, listeners, source: str = HOSTILE, **constants) -> None:
-    stream, datagram, tcp = listeners
+def _deploy(data_dir: str, tmp_path, isolation: str, targets: dict, source: str = HOSTILE, **constants) -> None:
     other = tmp_path / "other-data"
     create_bucket(str(other), "secrets").upsert("pw", {"pw": "hunter2"})
     create_bucket(data_dir, "src").write(
@@ -215,23 +254,16 @@ def _deploy(data_dir: str, tmp_path, isolation: str, listeners, source: str = HO
     deploy_function(data_dir, FunctionDefinition.from_dict({
         "name": "fn_hostile", "source_bucket": "src", "isolation": isolation,
         "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
-        "constants": {
-            "SANDBOXED": isolation == "sandbox", "OTHER_BUCKET": str(bucket_path(str(other), "secrets")),
-            "CHECKOUT": CHECKOUT, "UNIX_STREAM": stream.getsockname(), "UNIX_DATAGRAM": datagram.getsockname(),
-            "OTHER_PORT": tcp.getsockname()[1], **constants,
-        },
+        "constants": {"SANDBOXED": isolation == "sandbox", "OTHER_BUCKET": str(bucket_path(str(other), "secrets")),
+                      "CHECKOUT": CHECKOUT, **targets, **constants},
     }), source)
 
 
 def _probe(data_dir: str, tmp_path, isolation: str) -> dict:
-    listeners = _listeners(tmp_path)
-    try:
-        _deploy(data_dir, tmp_path, isolation, listeners)
+    with _targets(tmp_path) as targets:
+        _deploy(data_dir, tmp_path, isolation, targets)
         summary = EventingService(data_dir, InProcessExecutor(), until_caught_up=True,
                                   functions=["fn_hostile"]).run()
-    finally:
-        for s in listeners:
-            s.close()
     assert summary.functions["fn_hostile"].handled == DOCUMENTS, summary
     docs = {key: doc for key, doc, _ in open_bucket(data_dir, "out").scan()}
     assert len(docs) == DOCUMENTS
@@ -285,14 +317,10 @@ def test_a_sandboxed_handler_on_a_ray_worker_is_refused_every_way_out(data_dir, 
     node = ray._private.worker.global_worker.node
     logs = os.path.join(node.get_session_dir_path(), "logs")
     log = next(os.path.join(logs, n) for n in sorted(os.listdir(logs)) if n.endswith((".out", ".err", ".log")))
-    listeners = _listeners(tmp_path)
-    try:
-        _deploy(data_dir, tmp_path, "sandbox", listeners, RAY_HOSTILE, RAY_TEMP=node.get_temp_dir_path(),
-                RAY_LOG=log, RAYLET=node.raylet_socket_name)
+    with _targets(tmp_path) as targets:
+        _deploy(data_dir, tmp_path, "sandbox", targets, RAY_HOSTILE, RAY_TEMP=node.get_temp_dir_path(), RAY_LOG=log,
+                RAYLET=node.raylet_socket_name)
         summary = EventingService(data_dir, ray_executor, until_caught_up=True, functions=["fn_hostile"]).run()
-    finally:
-        for s in listeners:
-            s.close()
     assert summary.functions["fn_hostile"].handled == DOCUMENTS, summary
     docs = {key: doc for key, doc, _ in open_bucket(data_dir, "out").scan()}
     assert len(docs) == DOCUMENTS
