@@ -73,7 +73,7 @@ class _Call:
     """The call in flight in one thread's context, as the handler's watchdog sees it (under JsHandler.lock)."""
 
     __slots__ = ("isolate", "running", "stopped", "deadline", "started", "in_host", "memory", "external", "stats",
-                 "args")
+                 "args", "base")
 
     def __init__(self, isolate: int):
         self.isolate = isolate
@@ -82,6 +82,7 @@ class _Call:
         self.stopped: str | None = None  # why it was terminated: timeout | memory
         self.deadline = 0.0
         self.started = 0.0
+        self.base = 0  # what the isolate held before this context was made (other handlers' contexts)
         self.memory = 0  # the heap and ArrayBuffers after the last call (_V8.used_memory)
         self.external = 0  # the ArrayBuffers after the last garbage collection (JsHandler._measure)
         self.stats = (ctypes.c_size_t * 32)()  # v8::HeapStatistics, read on this context's thread only
@@ -151,11 +152,13 @@ class _V8:
         self.icu = _load_icu(lib)
 
     def used_memory(self, flight: _Call) -> int:
-        """The used heap and external memory (ArrayBuffers' contents) of the isolate of `flight`, in bytes:
-        what js_heap_limit_mb limits. On that context's own thread (its statistics buffer)."""
+        """The used heap and external memory (ArrayBuffers' contents) of the isolate of `flight`, in bytes,
+        beyond what it held before the context was made (an isolate is the thread's, shared by the contexts
+        of every handler loaded in that thread, which V8 cannot measure apart cheaply): what
+        js_heap_limit_mb limits. On that context's own thread (its statistics buffer)."""
         self.heap_statistics(*flight.args)
         stats = flight.stats
-        return stats[4] + stats[7]  # used_heap_size_, external_memory_
+        return stats[4] + stats[7] - flight.base  # used_heap_size_, external_memory_
 
     def follow_time_zone(self, isolate: int) -> None:
         """Make the isolate's Date use the process's current time zone (the TZ variable, else the system's)
@@ -370,6 +373,8 @@ class JsHandler:
         _contexts.append(ctx)
         with ctx:
             isolate = self.v8.current()
+            flight = _Call(isolate)
+            flight.base = self.v8.used_memory(flight)
             self.v8.follow_time_zone(isolate)
             setattr(ctx.locals, "__host", self.host)  # (a dunder name, mangled as an attribute)
             ctx.eval(PRELUDE, "<eventing prelude>")
@@ -391,7 +396,7 @@ class JsHandler:
             # call's error).
             _contexts.append(engine)
             scripts = engine.compile("__call()"), engine.compile("__update()"), engine.compile("__batch()")
-        here = _ThreadContext(threading.get_ident(), ctx, isolate, ctx.locals, *scripts, _Call(isolate))
+        here = _ThreadContext(threading.get_ident(), ctx, isolate, ctx.locals, *scripts, flight)
         self.contexts[here.thread] = here
         return here, [n for n in names if n and n not in before]
 

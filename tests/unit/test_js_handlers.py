@@ -226,7 +226,7 @@ function OnUpdate(doc, meta) {
                    execution_timeout="20s")
     run(app)
     rows = letters(app)
-    assert [(r.key, r.reason) for r in rows] == [("hog", "error")]
+    assert [(r.key, r.reason) for r in rows] == [("hog", "error")], [(r.key, r.error) for r in rows]
     assert "js_heap_limit_mb (32 MiB)" in rows[0].error
     assert app.get("dst", "fine") == {"ok": True}
 
@@ -283,6 +283,26 @@ function OnUpdate(doc, meta) {
     run(app)
     assert letters(app) == []
     assert all(app.get("dst", f"k{i}") == {"v": i, "n": 6} for i in range(30))
+
+
+def test_a_handler_is_not_charged_with_another_handlers_memory_in_the_same_isolate():
+    """Handlers loaded in one thread share its V8 isolate, whose statistics cannot tell their contexts
+    apart: each is measured from what the isolate held when its context was made, so one keeping 48 MiB
+    does not stop another's calls under a 32 MiB limit."""
+    from eventing.execution.javascript import load_js_handler
+    from eventing.handler import Meta
+
+    meta = Meta("k", 1, 0, 1, 0, 0, "json", {"bucket_name": "src", "scope_name": "_default",
+                                             "collection_name": "_default"})
+    big = load_js_handler("fn_big", "var keep = new Uint8Array(48 * 1024 * 1024); keep.fill(1);\n"
+                          "function OnUpdate(doc, meta) { keep[doc.v] = 2; }", {}, heap_limit_mb=128)
+    small = load_js_handler("fn_small", "var n = 0; function OnUpdate(doc, meta) { n += doc.v; }", {},
+                            heap_limit_mb=32)
+    for v in range(5):
+        big.on_update({"v": v}, meta)
+        small.on_update({"v": v}, meta)
+    big.__js_handler__.close()
+    small.__js_handler__.close()
 
 
 def test_syntax_errors_and_sql_are_refused_at_deploy_with_the_line(data_dir):
