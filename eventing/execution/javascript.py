@@ -13,9 +13,15 @@ TimerTable, CurlClient and log. Errors a host call hits come back as text and ar
 Limits, enforced inside V8 (STPyV8 exposes no isolate API for them, the V8 symbols of its extension do):
 - execution_timeout: a watchdog thread calls v8::Isolate::TerminateExecution (thread-safe) once the call in
   flight passes its deadline; the call raises HandlerTimeout, and the context is used again by the next call.
-- js_heap_limit_mb: while a call runs JavaScript longer than a tick (not while it waits in a host call), the
-  watchdog requests an interrupt in which V8's heap statistics are read on the JavaScript thread; past the limit the call is terminated and fails with
-  JavaScriptMemoryError (a dead letter), and a full garbage collection follows.
+- js_heap_limit_mb covers the V8 heap and the memory outside it that JavaScript holds (ArrayBuffers and typed
+  arrays, V8's "external memory"): while a call runs JavaScript longer than a tick (not while it waits in a
+  host call), the watchdog requests an interrupt in which V8's heap statistics are read on the JavaScript
+  thread; past the limit the call is terminated and fails with JavaScriptMemoryError (a dead letter), and a
+  full garbage collection follows. Every call is also checked when it returns (~0.7 us; ArrayBuffers of
+  gigabytes are taken in microseconds, too fast for a tick): past the limit, garbage is collected, and a
+  call that keeps more than the limit, or took more than the limit itself (garbage included), fails the
+  same way (a batch fails at its last mutation, which is then retried alone). Dropped ArrayBuffers are
+  collected once a quarter of the limit of them piled up (JsHandler._measure).
 A call is always started from a compiled script (`script.run()`): STPyV8 aborts the process when a
 terminated execution returns through its function-call path.
 
@@ -65,7 +71,8 @@ GC_EVERY_CALLS = 256  # how often a call checks the heap and collects garbage wh
 class _Call:
     """The call in flight in one thread's context, as the handler's watchdog sees it (under JsHandler.lock)."""
 
-    __slots__ = ("isolate", "running", "stopped", "deadline", "started", "in_host")
+    __slots__ = ("isolate", "running", "stopped", "deadline", "started", "in_host", "memory", "external", "stats",
+                 "args", "base")
 
     def __init__(self, isolate: int):
         self.isolate = isolate
@@ -74,6 +81,11 @@ class _Call:
         self.stopped: str | None = None  # why it was terminated: timeout | memory
         self.deadline = 0.0
         self.started = 0.0
+        self.base = 0  # what the isolate held before this context was made (other handlers' contexts)
+        self.memory = 0  # the heap and ArrayBuffers after the last call (_V8.used_memory)
+        self.external = 0  # the ArrayBuffers after the last garbage collection (JsHandler._measure)
+        self.stats = (ctypes.c_size_t * 32)()  # v8::HeapStatistics, read on this context's thread only
+        self.args = (ctypes.c_void_p(isolate), ctypes.byref(self.stats))  # made once: ~0.4 us a read saved
 
 
 class _ThreadContext(NamedTuple):
@@ -102,7 +114,10 @@ class JavaScriptError(Exception):
 
 
 class JavaScriptMemoryError(JavaScriptError):
-    """A call's V8 heap passed js_heap_limit_mb; it was terminated."""
+    """A call's V8 heap and ArrayBuffers passed js_heap_limit_mb; it was terminated, or failed when it
+    returned (`returned`: what the script returned then, else None)."""
+
+    returned: int | None = None
 
 
 # -- V8 through the symbols STPyV8's extension exports ---------------------------------------------------
@@ -123,8 +138,8 @@ class _V8:
         self.terminate.argtypes = [ctypes.c_void_p]
         self.cancel = lib._ZN2v87Isolate24CancelTerminateExecutionEv
         self.cancel.argtypes = [ctypes.c_void_p]
-        self.heap = lib._ZN2v87Isolate17GetHeapStatisticsEPNS_14HeapStatisticsE
-        self.heap.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        self.heap_statistics = lib["_ZN2v87Isolate17GetHeapStatisticsEPNS_14HeapStatisticsE"]
+        self.heap_statistics.restype = None  # called with ctypes objects only (_Call.args): no conversion
         self.low_memory = lib._ZN2v87Isolate21LowMemoryNotificationEv  # a full garbage collection
         self.low_memory.argtypes = [ctypes.c_void_p]
         self.request_interrupt = lib._ZN2v87Isolate16RequestInterruptEPFvPS0_PvES2_
@@ -135,10 +150,14 @@ class _V8:
         self.zones: dict[int, str | None] = {}  # isolate -> the TZ its dates were last set up for
         self.icu = _load_icu(lib)
 
-    def used_heap(self, isolate: int) -> int:
-        stats = (ctypes.c_size_t * 32)()  # v8::HeapStatistics, one per call: pool threads read heaps at once
-        self.heap(isolate, stats)
-        return int(stats[4])
+    def used_memory(self, flight: _Call) -> int:
+        """The used heap and external memory (ArrayBuffers' contents) of the isolate of `flight`, in bytes,
+        beyond what it held before the context was made (an isolate is the thread's, shared by the contexts
+        of every handler loaded in that thread, which V8 cannot measure apart cheaply): what
+        js_heap_limit_mb limits. On that context's own thread (its statistics buffer)."""
+        self.heap_statistics(*flight.args)
+        stats = flight.stats
+        return stats[4] + stats[7] - flight.base  # used_heap_size_, external_memory_
 
     def follow_time_zone(self, isolate: int) -> None:
         """Make the isolate's Date use the process's current time zone (the TZ variable, else the system's)
@@ -208,7 +227,7 @@ def _heap_check(isolate: int | None, data: int | None) -> None:
     if h is None or here is None or not here.flight.running or isolate is None:
         return
     assert _v8 is not None
-    if _v8.used_heap(isolate) > h.heap_limit:
+    if _v8.used_memory(here.flight) > h.heap_limit:
         h._stop("memory", here.flight)
 
 
@@ -384,6 +403,8 @@ class JsHandler:
         _contexts.append(ctx)
         with ctx:
             isolate = self.v8.current()
+            flight = _Call(isolate)
+            flight.base = self.v8.used_memory(flight)
             self.v8.follow_time_zone(isolate)
             setattr(ctx.locals, "__host", self.host)  # (a dunder name, mangled as an attribute)
             ctx.eval(PRELUDE, "<eventing prelude>")
@@ -405,7 +426,7 @@ class JsHandler:
             # call's error).
             _contexts.append(engine)
             scripts = engine.compile("__call()"), engine.compile("__update()"), engine.compile("__batch()")
-        here = _ThreadContext(threading.get_ident(), ctx, isolate, ctx.locals, *scripts, _Call(isolate))
+        here = _ThreadContext(threading.get_ident(), ctx, isolate, ctx.locals, *scripts, flight)
         self.contexts[here.thread] = here
         return here, [n for n in names if n and n not in before]
 
@@ -461,20 +482,52 @@ class JsHandler:
                 self.v8.cancel(here.isolate)
         self.calls += count
         if thrown is not None and stopped is None:
+            self._measure(here, flight, None, count)
             raise thrown
-        if stopped == "timeout":
-            raise HandlerTimeout()
         if stopped == "memory":
             self._collect(here.isolate)
-            raise JavaScriptMemoryError(
-                f"RangeError: the JavaScript heap passed js_heap_limit_mb ({self.heap_limit >> 20} MiB); "
-                "the call was stopped"
-            )
+            flight.memory, flight.external = self.v8.used_memory(flight), flight.stats[7]
+            raise self._memory_error("the call was stopped")
+        if stopped == "timeout":
+            self._measure(here, flight, None, count)  # what the next call starts from
+            raise HandlerTimeout()
         if which != BATCH and rc != 0:
-            raise self._thrown(here)
-        if self.calls % GC_EVERY_CALLS < count and self.v8.used_heap(here.isolate) > self.heap_limit // 2:
-            self._collect(here.isolate)
+            error = self._thrown(here)
+            self._measure(here, flight, None, count)
+            raise error
+        self._measure(here, flight, rc if which != BATCH or rc >= 0 else None, count)
         return rc
+
+    def _measure(self, here: _ThreadContext, flight: _Call, returned: int | None, count: int) -> None:
+        """After a call (`returned`: what it returned; None when it failed already, which is then not
+        failed again): past js_heap_limit_mb, collect garbage and fail the call if it keeps more than the
+        limit, or took more than the limit by itself; otherwise collect garbage when ArrayBuffers of a quarter of the
+        limit have been dropped since the last collection (V8 frees them late: a call would start with
+        them and be stopped for them), or, every GC_EVERY_CALLS calls, when the heap is half full."""
+        used = self.v8.used_memory(flight)
+        if used > self.heap_limit:  # taken faster than the watchdog looks (large ArrayBuffers at once)
+            self._collect(here.isolate)
+            before, flight.memory = flight.memory, self.v8.used_memory(flight)
+            flight.external = flight.stats[7]
+            # Still past it (kept), or past it by what this call alone took (garbage of earlier calls aside).
+            if (flight.memory > self.heap_limit or used - before > self.heap_limit) and returned is not None:
+                error = self._memory_error("the call failed when it returned")
+                error.returned = returned
+                raise error
+            return
+        external = flight.stats[7]
+        if external - flight.external > self.heap_limit // 4 or (
+                self.calls % GC_EVERY_CALLS < count and used > self.heap_limit // 2):
+            self._collect(here.isolate)
+            used, external = self.v8.used_memory(flight), flight.stats[7]
+            flight.external = external
+        flight.memory, flight.external = used, min(flight.external, external)
+
+    def _memory_error(self, what: str) -> JavaScriptMemoryError:
+        return JavaScriptMemoryError(
+            f"RangeError: the JavaScript heap and its ArrayBuffers passed js_heap_limit_mb "
+            f"({self.heap_limit >> 20} MiB); {what}"
+        )
 
     def _thrown(self, here: _ThreadContext) -> JavaScriptError:
         message, stack = json.loads(getattr(here.locals, "__err"))
@@ -490,6 +543,10 @@ class JsHandler:
         self.on_start, self.batch_at = on_start, 0
         try:
             rc = self.run(BATCH, text, count)
+        except JavaScriptMemoryError as exc:
+            if exc.returned is not None:  # over the limit when the batch returned: its last mutation fails
+                return max(0, int(exc.returned) - 1), exc
+            return int(getattr(self.here.locals, "__idx")), exc
         except (HandlerTimeout, JavaScriptError) as exc:  # JavaScriptError: thrown past the batch's catch
             return int(getattr(self.here.locals, "__idx")), exc
         finally:

@@ -5,13 +5,14 @@ How (see docs/guarantees.md, "Sandboxed handlers", for why this mechanism):
 
 - The worker host (a Ray actor, or the calling process in-process) starts a child process,
   ``python -m eventing.workers.sandbox_child``, with no descriptor but its stdio and one socket to the host,
-  a minimal environment (no store credentials) and a private temporary directory as ``TMPDIR``.
-- Before it imports anything that could start a thread, the child restricts itself with Landlock
-  (``restrict``): reading is allowed everywhere except the data directory, the other sandboxes'
-  temporary directories, ``/dev/shm`` and, on a Ray worker, Ray's folders but the code it ships; writing only in its private temporary directory (and the null
-  devices); TCP only to the ports of the function's URL bindings, no listening; no abstract Unix sockets
-  or signals outside its domain. Landlock holds for the process and every child it starts (exec
-  included) and cannot be lifted; it also refuses ptrace and ``/proc/<pid>/fd`` of processes outside it.
+  a minimal environment (no store credentials), a private folder as ``TMPDIR`` and ``HOME`` (links in it to
+  the project's packages are its import path) and a policy: the project's package folders, the folders
+  no read may reach (the data directory, a checkout, the home folder, Ray's folder, the other sandboxes),
+  the URL bindings' ports and a memory limit (`memory_mb`).
+- Before it imports anything that could start a thread, the child confines itself (sandbox_confine): no
+  capabilities, limits on memory and open files, Landlock (reads by allow-list, writes in its folder, TCP
+  to the URL bindings' ports, nothing executable) and a seccomp filter (no process, no Unix socket, no
+  signal to another process). Both hold for every thread and cannot be lifted.
 - The child runs ``WorkerCore`` with a ``DataAccess`` whose line goes through the socket. The host
   answers each request with ``ScopedService``: only the function's source and binding buckets (reads;
   effects on read-write bindings, under the function's own name), the metadata calls a worker makes for
@@ -19,12 +20,16 @@ How (see docs/guarantees.md, "Sandboxed handlers", for why this mechanism):
   with an allow-list of value classes, so it cannot run code in the host. The function's definition
   reaches the child with its URL bindings' secrets masked: the child's curl asks the host to make a
   request of a binding with credentials (on a thread of the host, so others go on meanwhile).
+- The host holds a lock beside the private folder while it lives; the folder goes when the sandbox ends
+  (a worker's stop ends it), and one whose host was killed goes with the next sandbox started or ended
+  on the machine (`sweep_sandboxes`).
 
 This module is the host's side: the process handle that starts the child and answers its data requests
 while a call runs (`SandboxedCore` for a worker, `SandboxedRunner` for on_deploy, the debugger and dlq
 replay, `validate_sandboxed` at deploy time, `open_runner` to pick a runner). Beside it:
-sandbox_landlock (the ruleset, ``restrict``), sandbox_child (the child process), sandbox_line (the
-framing and the value-only unpickler) and sandbox_scope (``ScopedService``).
+sandbox_confine, sandbox_landlock and sandbox_seccomp (what the child does to itself), sandbox_child (the
+child process), sandbox_line (the framing and the value-only unpickler) and sandbox_scope
+(``ScopedService``).
 """
 
 from __future__ import annotations
@@ -43,6 +48,11 @@ from eventing.workers.sandbox_line import _error, _raise, _recv, _send, _values
 from eventing.workers.sandbox_scope import ScopedService
 
 _SANDBOXES = "eventing-sandboxes"  # under the system temporary folder: one private folder per sandbox
+MEMORY_MB = 1024  # a sandboxed process's memory (RLIMIT_DATA); a JavaScript function's isolates besides
+# What RLIMIT_DATA counts of a V8 isolate besides its heap: V8 reserves its code range writable and executable
+# (512 MiB on x86_64, 128 MiB on arm64), untouched until code is compiled into it.
+V8_CODE_RANGE_MB = 512
+_CODE = ".eventing-code"  # in a sandbox's folder: links to the project's packages, the child's import path
 
 
 def sandboxes_root() -> str:
@@ -53,18 +63,46 @@ def sandboxes_root() -> str:
     return root
 
 
-def ray_private_paths() -> list[str]:
-    """On a Ray worker, Ray's folders on this node (every worker's logs, the sockets, spilled objects, other
-    sessions), all but the code Ray ships to workers (the session's ``runtime_resources``, which a node
-    that cannot see the checkout imports this project from). Empty where this process is not a Ray worker."""
+def sweep_sandboxes() -> int:
+    """Remove the private folders of sandboxes whose host has ended without removing them (a worker killed
+    with kill -9, or by Ray at the end of a run): a folder's host holds a lock on ``<folder>.lock`` while it
+    lives, and the kernel lets it go when the host ends, however it ends. Returns how many were removed."""
+    import fcntl
+    import shutil
+
+    root, removed = sandboxes_root(), 0
+    for entry in os.scandir(root):
+        if not entry.name.endswith(".lock"):
+            continue
+        try:
+            fd = os.open(entry.path, os.O_RDWR | os.O_CLOEXEC)
+        except OSError:
+            continue  # removed meanwhile by another sweep
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue  # its host is alive
+        try:
+            shutil.rmtree(entry.path[:-len(".lock")], ignore_errors=True)
+            os.unlink(entry.path)
+            removed += 1
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    return removed
+
+
+def ray_folders() -> list[str]:
+    """On a Ray worker, Ray's folder on this node (every worker's logs, the raylet's sockets, spilled
+    objects, every session). Empty where this process is not a Ray worker. The code Ray ships to workers
+    stays importable (a folder on the import path beneath it is allowed)."""
     try:
         node = sys.modules["ray"]._private.worker.global_worker.node  # None in a driver not connected
-        temp, session = node.get_temp_dir_path(), node.get_session_dir_path()
-        paths = [e.path for e in os.scandir(temp) if e.path != session and not e.is_symlink()]
-        paths += [e.path for e in os.scandir(session) if e.name != "runtime_resources" and not e.is_symlink()]
+        return [node.get_temp_dir_path()]
     except (KeyError, AttributeError, OSError):
         return []  # not a Ray process
-    return paths
 
 
 def url_ports(defn: Any) -> list[int]:
@@ -77,6 +115,24 @@ def url_ports(defn: Any) -> list[int]:
     return ports
 
 
+def memory_mb(defn: Any) -> int:
+    """A sandboxed process's memory limit: MEMORY_MB, and for a JavaScript function, per V8 isolate (one
+    per pool thread and the main thread's), its code range and twice js_heap_limit_mb (the heap and its
+    ArrayBuffers, which eventing.execution.javascript stops a call at)."""
+    if getattr(defn, "language", "python") == "javascript":
+        return MEMORY_MB + (defn.concurrency + 1) * (V8_CODE_RANGE_MB + 2 * defn.js_heap_limit_mb)
+    return MEMORY_MB
+
+
+def _project() -> tuple[str, list[str]]:
+    """The folder holding the project's packages (a checkout, site-packages, or a folder Ray unpacked them
+    into) and the packages' folders."""
+    from eventing.workers.ray_session import PROJECT_PACKAGES
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return root, [os.path.join(root, name) for name in PROJECT_PACKAGES if os.path.isdir(os.path.join(root, name))]
+
+
 class _Sandboxed:
     """A sandboxed child process and the host's end of its line: each method call goes to the child,
     and the child's data requests are answered (scoped by `service`) while it runs."""
@@ -86,8 +142,10 @@ class _Sandboxed:
     def _start(
         self, function: str, defn: Any, service: Any, *, private: list[str], notes_fd: int | None = None
     ) -> None:
+        import fcntl
         import json
         import shutil
+        import site
         import subprocess
         import tempfile
 
@@ -100,29 +158,59 @@ class _Sandboxed:
         self._send_lock = threading.Lock()
         self._curl_pool: Any = None
         self._concurrency = max(1, int(getattr(defn, "concurrency", 1) or 1))
-        self.tmp = tempfile.mkdtemp(prefix=f"{function}-", dir=sandboxes_root())
-        self._rmtree = shutil.rmtree
         self._ended = False
-        policy = {"deny": [*private, sandboxes_root(), "/dev/shm", *ray_private_paths()], "writable": [self.tmp],
-                  "tcp_ports": url_ports(defn), "notes_fd": notes_fd}
-        ours, theirs = socket.socketpair()
-        env = {name: os.environ[name] for name in ("PATH", "LANG", "LC_ALL", "PYTHONPATH") if name in os.environ}
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
-        env.update({"TMPDIR": self.tmp, "HOME": self.tmp, "PYTHONDONTWRITEBYTECODE": "1"})
+        self._rmtree = shutil.rmtree
         try:
+            sweep_sandboxes()
+        except OSError:
+            pass  # another sweep's business
+        self.tmp = tempfile.mkdtemp(prefix=f"{function}-", dir=sandboxes_root())
+        # Held while this host lives (sweep_sandboxes); locked before a sweep can see it under its name.
+        self._lock = os.open(self.tmp + ".lock-new", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(self._lock, fcntl.LOCK_EX)
+        os.rename(self.tmp + ".lock-new", self.tmp + ".lock")
+        ours, theirs = socket.socketpair()
+        try:
+            root, packages = _project()
+            view = os.path.join(self.tmp, _CODE)
+            os.mkdir(view)
+            for folder in packages:
+                os.symlink(folder, os.path.join(view, os.path.basename(folder)))
+            site_dirs = {os.path.realpath(p) for p in (*site.getsitepackages(), site.getusersitepackages())}
+            avoid = [*private, sandboxes_root(), os.path.expanduser("~"), *ray_folders()]
+            if os.path.realpath(root) not in site_dirs:
+                avoid.append(root)  # a checkout: its packages are read, nothing else in it (a data directory...)
+            policy = {"code": packages, "avoid": avoid, "writable": [self.tmp], "tcp_ports": url_ports(defn),
+                      "memory_mb": memory_mb(defn), "notes_fd": notes_fd}
+            env = {name: os.environ[name] for name in ("PATH", "LANG", "LC_ALL") if name in os.environ}
+            paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.abspath(p) != root]
+            env["PYTHONPATH"] = os.pathsep.join([view, *paths])
+            env.update({"TMPDIR": self.tmp, "HOME": self.tmp, "PYTHONDONTWRITEBYTECODE": "1"})
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "eventing.workers.sandbox_child", str(theirs.fileno()), json.dumps(policy)],
                 stdin=subprocess.DEVNULL, env=env, cwd=self.tmp,
                 pass_fds=(theirs.fileno(),) if notes_fd is None else (theirs.fileno(), notes_fd),
             )
         except BaseException:
-            shutil.rmtree(self.tmp, ignore_errors=True)
+            ours.close()
+            self._remove()
             raise
         finally:
             theirs.close()
         self.sock = ours
 
+    def _remove(self) -> None:
+        """Remove this sandbox's folder and lock, then any folder a host that ended left behind."""
+        self._rmtree(self.tmp, ignore_errors=True)
+        try:
+            os.unlink(self.tmp + ".lock")
+        except OSError:
+            pass
+        os.close(self._lock)
+        try:
+            sweep_sandboxes()
+        except OSError:
+            pass
 
     def _rpc(self, method: str, args: tuple) -> Any:
         from eventing.workers.worker_died import WorkerDied
@@ -185,7 +273,7 @@ class _Sandboxed:
                 self.proc.kill()
             self.proc.wait()
             self.service.backend.close() if hasattr(self.service.backend, "close") else None
-            self._rmtree(self.tmp, ignore_errors=True)
+            self._remove()
 
     def close(self) -> None:
         if not self._ended:
@@ -223,7 +311,21 @@ class SandboxedCore(_Sandboxed):
         finally:
             if notes_fd is not None:
                 os.close(notes_fd)  # the child has its own
-        self.pid = self._rpc("__init__", (spec.function, spec))
+
+        try:
+            self.pid = self._rpc("__init__", (spec.function, spec))
+        except BaseException:
+            self.close()
+            raise
+
+    def stop(self) -> Any:
+        """The worker's last call (it checkpoints and releases its vBuckets): the sandbox ends with it, so
+        its process and folder are gone before the host is ended (Ray ends a stopped worker's process with
+        SIGKILL, which leaves nothing to clean up after)."""
+        try:
+            return self._rpc("stop", ())
+        finally:
+            self.close()
 
     def __getattr__(self, method: str) -> Callable[..., Any]:
         if method.startswith("_"):

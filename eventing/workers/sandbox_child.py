@@ -1,8 +1,9 @@
-"""The sandboxed child process, run as ``python -m eventing.workers.sandbox_child``: it restricts itself
-with Landlock before it imports anything that could start a thread, then answers the host's calls over
-its one socket (`_Line`, which also carries its data requests to the host): a `WorkerCore` whose data
-access is that line (`_LineRef`), a handler runner for on_deploy, the debugger and dlq replay whose writes
-and timer changes are sent back rather than applied (`_ChildRunner`), or a handler validation.
+"""The sandboxed child process, run as ``python -m eventing.workers.sandbox_child``: it confines itself
+(eventing.workers.sandbox_confine) before it imports anything that could start a thread, then answers
+the host's calls over its one socket (`_Line`, which also carries its data requests to the host): a
+`WorkerCore` whose data access is that line (`_LineRef`), a handler runner for on_deploy, the debugger and
+dlq replay whose writes and timer changes are sent back rather than applied (`_ChildRunner`), or a
+handler validation.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from eventing.workers.sandbox_landlock import _PR_SET_PDEATHSIG, _libc, restrict
+from eventing.workers.sandbox_confine import confine
+from eventing.workers.sandbox_landlock import _PR_SET_PDEATHSIG, _libc
 from eventing.workers.sandbox_line import _error, _raise, _recv, _send
 
 
@@ -177,7 +179,7 @@ def _child(fd: int, policy: dict) -> None:
     _libc.prctl(_PR_SET_PDEATHSIG, 9, 0, 0, 0)  # SIGKILL when the host goes (kill -9 of a worker)
     sock = socket.socket(fileno=fd)
     try:
-        restrict(deny=policy["deny"], writable=policy["writable"], tcp_ports=policy["tcp_ports"])
+        confine(policy)
     except OSError as exc:
         _send(sock, pickle.dumps(("done", None, False, ("ConfigError", f"cannot sandbox this process: {exc}"))))
         return

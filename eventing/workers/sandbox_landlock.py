@@ -1,8 +1,9 @@
 """Landlock for sandboxed workers: the kernel's Landlock ABI (`landlock_abi`), why this machine cannot
-sandbox (`sandbox_unavailable`), and `restrict`, which builds the ruleset (read everywhere but the denied
-paths, write only beneath the writable ones, TCP connects only to given ports, no binding, and from ABI 6
-no abstract Unix sockets or signals outside the domain) and restricts the calling process with it, for
-good. Plain system calls through ctypes; nothing here starts a thread.
+sandbox (`sandbox_unavailable`), and `restrict`, which builds the ruleset (read only beneath the allowed
+paths, less the denied ones; write only beneath the writable ones; execute nothing; TCP connects only to
+given ports, no binding; from ABI 5 no ioctl on devices opened later, from ABI 6 no abstract Unix sockets or
+signals outside the domain) and restricts the calling process with it, for good. Plain system calls through
+ctypes; nothing here starts a thread.
 """
 
 from __future__ import annotations
@@ -19,13 +20,16 @@ _RULE_PATH_BENEATH, _RULE_NET_PORT = 1, 2
 
 FS_EXECUTE, FS_WRITE_FILE, FS_READ_FILE, FS_READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
 FS_MAKE = sum(1 << i for i in range(4, 13))  # remove dir/file, make char/dir/reg/sock/fifo/block/sym
-FS_REFER, FS_TRUNCATE = 1 << 13, 1 << 14  # ABI 2, ABI 3
+FS_REFER, FS_TRUNCATE, FS_IOCTL_DEV = 1 << 13, 1 << 14, 1 << 15  # ABI 2, ABI 3, ABI 5
+FS_MAKE_CHAR, FS_MAKE_SOCK, FS_MAKE_BLOCK = 1 << 6, 1 << 9, 1 << 11
 NET_BIND_TCP, NET_CONNECT_TCP = 1 << 0, 1 << 1  # ABI 4
 SCOPE_ABSTRACT_UNIX, SCOPE_SIGNAL = 1 << 0, 1 << 1  # ABI 6
 MIN_ABI = 4  # files (1), renames across folders (2), truncation (3) and TCP (4) are all handled
-READ = FS_EXECUTE | FS_READ_FILE | FS_READ_DIR
+READ = FS_EXECUTE | FS_READ_FILE | FS_READ_DIR  # handled (and so refused where no rule allows it)
+READ_ONLY = FS_READ_FILE | FS_READ_DIR  # what a read rule allows: never FS_EXECUTE, so nothing is executed
+WRITABLE = ~(FS_EXECUTE | FS_MAKE_CHAR | FS_MAKE_SOCK | FS_MAKE_BLOCK)  # a writable folder: no devices, sockets
 FILE_RIGHTS = FS_EXECUTE | FS_WRITE_FILE | FS_READ_FILE | FS_TRUNCATE  # what a rule on a file may hold
-WRITABLE_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/tty")
+WRITABLE_DEVICES = ("/dev/null", "/dev/zero", "/dev/full")
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
@@ -46,21 +50,28 @@ def sandbox_unavailable() -> str | None:
         found = f"ABI {abi}" if abi else "no Landlock (kernel too old, or `lsm=` at boot leaves it out)"
         return (f"sandboxed functions need Landlock ABI {MIN_ABI}+ (Linux 6.7+); this kernel has {found}: "
                 "enable Landlock, or have an admin deploy the function with \"isolation\": \"none\"")
-    return None
+    from eventing.workers.sandbox_seccomp import seccomp_unavailable
+
+    why = seccomp_unavailable()
+    return f"sandboxed functions need a system call filter: {why}" if why else None
 
 
-def _read_rules(deny: list[str]) -> list[str]:
-    """Paths to allow reading beneath so that everything is readable except `deny`: the entries of every
-    folder on the way to a denied path, less the denied paths (Landlock rules only allow)."""
+def _read_rules(allowed: list[str], deny: list[str]) -> list[str]:
+    """The paths to allow reading beneath: `allowed`, except that one holding a denied path is replaced
+    by its entries, less the denied paths, folder by folder on the way to them (Landlock rules only
+    allow). A denied path itself is never allowed; one beneath an allowed folder stays unreadable."""
     denied = {os.path.realpath(d) for d in deny}
     on_the_way = set()
     for d in denied:
         while d != "/":
             d = os.path.dirname(d)
             on_the_way.add(d)
-    if not denied:
-        return ["/"]
-    allowed, folders = [], ["/"]
+    rules: list[str] = []
+    folders: list[str] = []
+    for path in dict.fromkeys(allowed):
+        if path in denied:
+            continue
+        (folders if path in on_the_way else rules).append(path)
     while folders:
         folder = folders.pop()
         try:
@@ -68,24 +79,23 @@ def _read_rules(deny: list[str]) -> list[str]:
         except OSError:
             continue
         for entry in entries:
-            path = entry.path
-            if path in denied:
+            if entry.path in denied:
                 continue
-            if path in on_the_way:
-                folders.append(path)
+            if entry.path in on_the_way:
+                folders.append(entry.path)
             elif not entry.is_symlink():  # a link is reached through what it points to, judged there
-                allowed.append(path)
-    return allowed
+                rules.append(entry.path)
+    return rules
 
 
-def restrict(*, deny: list[str], writable: list[str], tcp_ports: list[int]) -> int:
-    """Landlock this process (every thread it starts later, every child): read everywhere but `deny`,
-    write only beneath `writable`, connect over TCP only to `tcp_ports`, bind none. Call it before any
-    thread exists. Returns the ABI used; OSError when the kernel refuses."""
+def restrict(*, read: list[str], deny: list[str], writable: list[str], tcp_ports: list[int]) -> int:
+    """Landlock this process (every thread it starts later, every child): read only beneath `read` (less
+    `deny`), write only beneath `writable`, execute nothing, connect over TCP only to `tcp_ports`, bind
+    none. Call it before any thread exists. Returns the ABI used; OSError when the kernel refuses."""
     abi = landlock_abi()
     if abi < MIN_ABI:
         raise OSError(sandbox_unavailable())
-    handled_fs = READ | FS_WRITE_FILE | FS_MAKE | FS_REFER | FS_TRUNCATE
+    handled_fs = READ | FS_WRITE_FILE | FS_MAKE | FS_REFER | FS_TRUNCATE | (FS_IOCTL_DEV if abi >= 5 else 0)
     attr = struct.pack("=QQQ", handled_fs, NET_BIND_TCP | NET_CONNECT_TCP,
                        SCOPE_ABSTRACT_UNIX | SCOPE_SIGNAL if abi >= 6 else 0)
     size = len(attr) if abi >= 6 else 16
@@ -93,8 +103,9 @@ def restrict(*, deny: list[str], writable: list[str], tcp_ports: list[int]) -> i
     if ruleset < 0:
         raise OSError(ctypes.get_errno(), "landlock_create_ruleset failed")
     try:
-        rules = [(p, READ) for p in _read_rules(deny)]
-        rules += [(p, handled_fs) for p in writable] + [(p, READ | FS_WRITE_FILE) for p in WRITABLE_DEVICES]
+        rules = [(p, READ_ONLY) for p in _read_rules(read, deny)]
+        rules += [(p, handled_fs & WRITABLE) for p in writable]
+        rules += [(p, FS_READ_FILE | FS_WRITE_FILE) for p in WRITABLE_DEVICES]
         for path, rights in rules:
             try:
                 fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)

@@ -226,9 +226,83 @@ function OnUpdate(doc, meta) {
                    execution_timeout="20s")
     run(app)
     rows = letters(app)
-    assert [(r.key, r.reason) for r in rows] == [("hog", "error")]
+    assert [(r.key, r.reason) for r in rows] == [("hog", "error")], [(r.key, r.error) for r in rows]
     assert "js_heap_limit_mb (32 MiB)" in rows[0].error
     assert app.get("dst", "fine") == {"ok": True}
+
+
+def test_array_buffers_taken_at_once_past_the_heap_limit_fail_the_call(data_dir):
+    """A 3 GiB ArrayBuffer taken in microseconds (not touched, so not resident), too fast for the watchdog:
+    external memory, which the heap size leaves out, counts toward js_heap_limit_mb when the call returns,
+    garbage or not."""
+    source = """
+function OnUpdate(doc, meta) {
+    if (doc.hog) { var a = new ArrayBuffer(3 * 1024 * 1024 * 1024); return; }
+    dst[meta.id] = {ok: true};
+}
+"""
+    app = app_with(data_dir, source, docs=[("hog", {"hog": True}), ("fine", {})], js_heap_limit_mb=64)
+    run(app)
+    rows = letters(app)
+    assert [(r.key, r.reason) for r in rows] == [("hog", "error")]
+    assert "heap and its ArrayBuffers passed js_heap_limit_mb (64 MiB); the call failed when it returned" in rows[0].error
+    assert app.get("dst", "hog") is None and app.get("dst", "fine") == {"ok": True}
+
+
+def test_array_buffers_filled_past_the_heap_limit_stop_the_call_while_it_runs(data_dir):
+    """Typed arrays filled one after another (resident memory): the watchdog stops the call at
+    js_heap_limit_mb, long before the 512 MiB it would take."""
+    source = """
+function OnUpdate(doc, meta) {
+    if (doc.hog) { var a = []; for (var i = 0; i < 64; i++) { var b = new Uint8Array(8 * 1024 * 1024); b.fill(1); a.push(b); } }
+    dst[meta.id] = {ok: true};
+}
+"""
+    app = app_with(data_dir, source, docs=[("hog", {"hog": True}), ("fine", {})], js_heap_limit_mb=64,
+                   execution_timeout="20s")
+    run(app)
+    rows = letters(app)
+    assert [(r.key, r.reason) for r in rows] == [("hog", "error")]
+    assert "heap and its ArrayBuffers passed js_heap_limit_mb (64 MiB); the call was stopped" in rows[0].error
+    assert app.get("dst", "fine") == {"ok": True}
+
+
+def test_array_buffers_dropped_by_every_call_never_add_up_to_the_heap_limit(data_dir):
+    """Calls on pool threads that each fill 24 MiB of typed arrays and drop them: V8 frees dropped
+    ArrayBuffers late, so without a collection once a quarter of the limit was dropped, a call started
+    with its predecessors' and was stopped at 64 MiB though it took 24."""
+    source = """
+function OnUpdate(doc, meta) {
+    var a = []; for (var i = 0; i < 6; i++) { var b = new Uint8Array(4 * 1024 * 1024); b.fill(1); a.push(b); }
+    var t = Date.now(); while (Date.now() - t < 15) {}  // long enough for the watchdog to measure it
+    dst[meta.id] = {v: doc.v, n: a.length};
+}
+"""
+    app = app_with(data_dir, source, docs=[(f"k{i}", {"v": i}) for i in range(30)], js_heap_limit_mb=64,
+                   concurrency=4, execution_timeout="20s")
+    run(app)
+    assert letters(app) == []
+    assert all(app.get("dst", f"k{i}") == {"v": i, "n": 6} for i in range(30))
+
+
+def test_a_handler_is_not_charged_with_another_handlers_memory_in_the_same_isolate():
+    """Handlers loaded in one thread share its V8 isolate, whose statistics cannot tell their contexts
+    apart: each is measured from what the isolate held when its context was made, so one keeping 48 MiB
+    does not stop another's calls under a 32 MiB limit."""
+    from eventing.execution.javascript import load_js_handler
+    from eventing.handler import Meta
+
+    meta = Meta("k", 1, 0, 1, 0, 0, "json", {"bucket_name": "src", "scope_name": "_default",
+                                             "collection_name": "_default"})
+    big = load_js_handler("fn_big", "var keep = new Uint8Array(48 * 1024 * 1024); keep.fill(1);\n"
+                          "function OnUpdate(doc, meta) { keep[doc.v] = 2; }", {}, heap_limit_mb=128)
+    small = load_js_handler("fn_small", "var n = 0; function OnUpdate(doc, meta) { n += doc.v; }", {},
+                            heap_limit_mb=32)
+    for v in range(5):
+        big.on_update({"v": v}, meta)
+        small.on_update({"v": v}, meta)
+    big.__js_handler__.close()
+    small.__js_handler__.close()
 
 
 def test_syntax_errors_and_sql_are_refused_at_deploy_with_the_line(data_dir):
