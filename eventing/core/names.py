@@ -6,6 +6,9 @@ import re
 
 from eventing.errors import ConfigError
 
+# The project's own packages (Ray ships them to other nodes; a sandboxed child may read them alone).
+PROJECT_PACKAGES = ("eventing", "metadata", "sharding")
+
 BUCKET_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.%-]{0,99}$")
 
 

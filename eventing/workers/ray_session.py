@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from eventing.core.names import PROJECT_PACKAGES
 from eventing.errors import EventingError
 from eventing.workers.hosting import POOL_NAMESPACE, POOL_PREFIX, PooledWorkerHost
 
@@ -91,7 +92,6 @@ def light_worker_env() -> dict[str, str]:
 
 
 
-PROJECT_PACKAGES = ("eventing", "metadata", "sharding")
 POOL_ADOPT_TIMEOUT_S = 5.0
 ADDRESS_CHECK_TIMEOUT_S = 3.0
 

@@ -127,7 +127,7 @@ def memory_mb(defn: Any) -> int:
 def _project() -> tuple[str, list[str]]:
     """The folder holding the project's packages (a checkout, site-packages, or a folder Ray unpacked them
     into) and the packages' folders."""
-    from eventing.workers.ray_session import PROJECT_PACKAGES
+    from eventing.core.names import PROJECT_PACKAGES
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     return root, [os.path.join(root, name) for name in PROJECT_PACKAGES if os.path.isdir(os.path.join(root, name))]
