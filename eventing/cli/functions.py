@@ -113,13 +113,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     from eventing.ops.stats import function_status
     from eventing.workers.sandbox_confine import sandbox_report
 
-    status = function_status(existing_state(args), args.function)
+    state = existing_state(args)
+    status = function_status(state, args.function)
     services, leader, standbys, views = status["services"], status["leader"], status["standbys"], status["functions"]
     sandbox = sandbox_report()  # this machine's: what a sandboxed handler is confined by, or why it cannot run
     if args.json:
-        emit_json({"services": services, "leader": leader, "standbys": standbys, "functions": views,
-                   "sandbox": sandbox})
+        emit_json({"store": state.shown, "services": services, "leader": leader, "standbys": standbys,
+                   "functions": views, "sandbox": sandbox})
     else:
+        print(f"store: {state.shown}")  # never its password
         print(f"eventing service: {'running (' + ', '.join(services) + ')' if services else 'not running'}")
         print(f"sandbox: {sandbox}")
         if leader is not None:
