@@ -19,6 +19,13 @@ FORWARDED_ENV = (
     "EVENTING_COUCHBASE_USERNAME",
     "EVENTING_COUCHBASE_PASSWORD",
     "EVENTING_STORE_WAIT_S",
+    "EVENTING_PG_POOL_SIZE",
+    # A PostgreSQL store's credentials and TLS settings where libpq takes them from the environment: workers
+    # on other nodes connect to the server themselves (docs/postgresql.md).
+    "PGPASSWORD",
+    "PGPASSFILE",
+    "PGSSLMODE",
+    "PGSSLROOTCERT",
     "EVENTING_REMOTE_READ_AHEAD",
 )
 
