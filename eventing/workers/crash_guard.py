@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import mmap
 import os
 import tempfile
@@ -42,6 +43,8 @@ from metadata import TIMER_VB_BASE, MetadataStore, owner_vb
 DEATHS_TO_DEAD_LETTER = 2  # deaths of its worker with the mutation alone in flight
 CRASHED = "dlq_crashed"  # WorkerCore._lettered's mark of a mutation to dead-letter as `crashed` when it comes
 _HEADER = 4  # 64-bit numbers before the slots: version, generation, slots, spare
+log = logging.getLogger("eventing.workers")
+
 _VERSION = 1
 _NONE = -1  # a slot's vBucket when its thread runs no handler call
 
@@ -86,6 +89,9 @@ class CallNotes:
             old = b""
         self.left = _active(old, generation)  # what the previous process of this worker had in flight
         os.ftruncate(fd, size)
+        # The file's blocks taken now: a write to a mapped page with no block behind it (a full disk) would
+        # end the process with SIGBUS, where an OSError here leaves the worker to run without notes.
+        os.posix_fallocate(fd, 0, size)
         self._map = mmap.mmap(fd, size)
         self.q = memoryview(self._map).cast("q")
         self.q[0], self.q[1], self.q[2] = _VERSION, generation, slots
@@ -148,11 +154,14 @@ class CrashGuard:
     ):
         self.store = store
         self.function = function
-        self.notes: CallNotes | _NoNotes = (
-            _NoNotes() if notes_fd is None else CallNotes(notes_fd, generation, slots)
-        )
+        self.notes: CallNotes | _NoNotes = _NoNotes()
         if notes_fd is not None:
-            os.close(notes_fd)  # the mapping keeps the file
+            try:
+                self.notes = CallNotes(notes_fd, generation, slots)
+            except OSError as exc:  # a full disk: the worker runs, its deaths are not counted meanwhile
+                log.warning("worker of function %s runs without its call notes (%s)", function, exc)
+            finally:
+                os.close(notes_fd)  # the mapping keeps the file
         self.deaths: dict[tuple[int, int], int] = {}  # (vb, seqno) -> deaths counted on it (past checkpoints)
         # vb -> seqno ranges (first, last) handled one mutation at a time until the worker passed them
         self.suspects: dict[int, list[tuple[int, int]]] = {}

@@ -321,8 +321,8 @@ def test_a_damaged_metadata_store_fails_closed_and_a_restored_backup_loses_nothi
 
 
 def test_an_empty_metadata_file_runs_nothing(data_dir, figures):
-    """A metadata file truncated to zero bytes reads as a new, empty store: nothing is deployed, so
-    nothing runs and nothing skips ahead; the recovery is the same as for a damaged file."""
+    """A metadata file truncated to zero bytes is a damaged store, never a new, empty one: the run stops with
+    one line naming it and the way out, and nothing runs or skips ahead."""
     load(data_dir, 50, 300)
     deploy(data_dir, ledger_definition("fn_zero", "src", "ledger"))
     meta = Path(data_dir) / SQLITE_FILE
@@ -333,7 +333,8 @@ def test_an_empty_metadata_file_runs_nothing(data_dir, figures):
          "--executor", "in-process"],
         capture_output=True, text=True, timeout=60, cwd=ROOT,
     )
-    assert done.returncode == 0 and "no deployed functions to run" in done.stdout, done.stdout + done.stderr
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stdout + done.stderr
+    assert f"metadata store {meta} is damaged (truncated to 0 bytes)" in done.stderr, done.stderr
     assert LocalBucket.open(data_dir, "ledger").stats()["mutations"] == 0
 
 

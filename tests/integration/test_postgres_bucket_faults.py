@@ -159,8 +159,8 @@ def _groups(epoch: int, seqnos: range) -> list[EffectGroup]:
 def test_a_connection_dropped_during_apply_effects(db, monkeypatch, where):
     """The server ends the applying connection (pg_terminate_backend) after the writes are sent and before
     the marks are (mid-transaction: the transaction runs again whole on a new connection), or after both
-    (before-commit: the COMMIT finds the connection gone, StoreUnavailableError(ambiguous) and the worker's
-    replay from its checkpoint). Either way each write is applied exactly once."""
+    (before-commit: the COMMIT finds the connection gone; its commit token says it did not commit, so it runs
+    again). Either way each write is applied exactly once, and a replay from the checkpoint applies none."""
     bucket = pg_buckets.create_bucket(db, "b")
     bucket.fence("fn", {3: 1, 900: 1})
     killer = db.connect()
@@ -180,13 +180,12 @@ def test_a_connection_dropped_during_apply_effects(db, monkeypatch, where):
     monkeypatch.setattr(EffectApplier, "_set_marks", set_marks)
     groups = _groups(1, range(1, 5))
     try:
-        if where == "mid-transaction":
-            result = bucket.apply_effects("fn", groups)  # retried whole
-        else:
-            with pytest.raises(StoreUnavailableError) as caught:
-                bucket.apply_effects("fn", groups)
-            assert caught.value.ambiguous
-            result = bucket.apply_effects("fn", groups)  # the replay after the ambiguous commit
+        # Mid-transaction: retried whole. Before the commit: the COMMIT's answer is lost; the store looks up
+        # the transaction's commit token once the server answers again, finds it did not commit, and runs it
+        # again (metadata.postgres.commits): applied once either way, and a replay changes nothing.
+        result = bucket.apply_effects("fn", groups)
+        again = bucket.apply_effects("fn", groups)
+        assert (again.applied, again.duplicates) == (0, 200)
     finally:
         killer.close()
     assert len(dropped) == 1

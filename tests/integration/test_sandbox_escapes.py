@@ -374,7 +374,7 @@ from eventing.workers.sandbox_scope import ScopedService
 
 defn = FunctionDefinition.from_dict({"name": "fn_killed", "source_bucket": "src", "isolation": "sandbox"})
 s = _Sandboxed()
-s._start(defn.name, defn, ScopedService(defn.name, defn, _NoData()), data_dir=sys.argv[1])
+s._start(defn.name, defn, ScopedService(defn.name, defn, _NoData()), private=[sys.argv[1]])
 print(s.tmp, s.proc.pid, flush=True)
 time.sleep(120)
 """
