@@ -129,6 +129,7 @@ def flush_collection(state: StateLike, keyspace: str | Keyspace) -> dict:
     state = as_state(state)
     deleted = 0
     with keyspaces.open_keyspace(state, keyspace) as collection:
+        collection.check_writable()
         while True:
             keys = collection.keys(limit=FLUSH_PAGE)
             if not keys:
