@@ -145,9 +145,11 @@ def list_collections(state: StateLike, bucket: str) -> list[dict]:
     state = as_state(state)
     with state.open_bucket(bucket) as target:
         rows = []
+        mirrored = target.mirrors()
         for ks, cid in keyspaces.list_collections(target):
             rows.append({"keyspace": str(ks), "bucket": ks.bucket, "scope": ks.scope, "collection": ks.collection,
-                         "id": cid, "documents": keyspaces.Collection(target, ks, cid).count()})
+                         "id": cid, "documents": keyspaces.Collection(target, ks, cid).count(),
+                         "mirror": mirrored.get(cid)})
         return rows
 
 
@@ -158,12 +160,18 @@ def create_collection(state: StateLike, keyspace: str | Keyspace) -> dict:
     return {"keyspace": str(ks), "bucket": ks.bucket, "scope": ks.scope, "collection": ks.collection, "id": cid}
 
 
-def drop_collection(state: StateLike, keyspace: str | Keyspace) -> dict:
+def drop_collection(state: StateLike, keyspace: str | Keyspace, *, force: bool = False) -> dict:
     """Drop a collection and its documents. As in Couchbase, a deployed or paused function that reads or
     binds it is undeployed first (waiting for a running service to stop its workers), so no worker reads or
     writes the collection while it goes; every other function runs on untouched."""
     state = as_state(state)
     ks = keyspaces.parse_keyspace(state, keyspace)
+    if not ks.is_default:
+        from eventing.ops import mirrors
+
+        mirror = mirrors.mirror_of(state, str(ks))
+        if mirror is not None and not mirror.dropping:  # its slot and publication go first
+            return mirrors.drop_mirror(state, str(ks), force=force)
     uses: list[BucketUse] = []
     undeployed: list[dict[str, str]] = []
     if not ks.is_default:

@@ -83,6 +83,14 @@ def create_mirror(
             "id": definition.cid, "mirror": definition.view()}
 
 
+def mirror_of(state: StateLike, keyspace: str) -> MirrorDefinition | None:
+    """The mirror of a keyspace, None when it is none (or nothing was ever stored there)."""
+    state = as_state(state)
+    if not state.exists():
+        return None
+    return defs.load(state.metadata, keyspace)
+
+
 def list_mirrors(state: StateLike) -> list[dict[str, Any]]:
     """Every mirror's definition as shown (no password) with what its follower last reported."""
     state = as_state(state)
