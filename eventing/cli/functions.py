@@ -112,10 +112,15 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from eventing.ops.stats import function_status
 
-    status = function_status(existing_state(args), args.function)
+    from eventing.ops.mirrors import mirror_health
+
+    state = existing_state(args)
+    status = function_status(state, args.function)
     services, leader, standbys, views = status["services"], status["leader"], status["standbys"], status["functions"]
+    mirrored = mirror_health(state) if not args.function else []
     if args.json:
-        emit_json({"services": services, "leader": leader, "standbys": standbys, "functions": views})
+        emit_json({"services": services, "leader": leader, "standbys": standbys, "functions": views,
+                   "mirrors": mirrored})
     else:
         print(f"eventing service: {'running (' + ', '.join(services) + ')' if services else 'not running'}")
         if leader is not None:
@@ -128,6 +133,11 @@ def cmd_status(args: argparse.Namespace) -> int:
                 line += (f"; {v['vbuckets_leased_by_stopped_service']} still leased by a service that stopped "
                          "without releasing them, which the next `eventing run` takes over")
             print(line + ")" + (f"; {v['hint']}" if v.get("hint") else ""))
+        for m in mirrored:
+            print(f"  mirror {m['keyspace']} of {m['table']}: {m['state']}"
+                  + (f" (lag {m['lag_bytes']} bytes, {m['lag_s']} s)" if m["lag_bytes"] is not None else ""))
+            for warning in m["warnings"]:
+                print(f"warning: mirror {m['keyspace']}: {warning}")
     return 0
 
 
