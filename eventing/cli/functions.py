@@ -110,9 +110,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from eventing.ops.stats import function_status
-
     from eventing.ops.mirrors import mirror_health
+    from eventing.ops.stats import function_status
 
     state = existing_state(args)
     status = function_status(state, args.function)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 
 import psycopg
 import pytest
