@@ -237,14 +237,34 @@ class Eventing:
         """The documents of a keyspace (a bucket's default collection, or `bucket.scope.collection`)."""
         return open_keyspace(self.state, keyspace)
 
-    def create_collection(self, keyspace: str) -> int:
-        """Create the collection `bucket.scope.collection` (`eventing collection create`); returns its id."""
-        return int(bucket_ops.create_collection(self.state, keyspace)["id"])
+    def create_collection(
+        self, keyspace: str, *, mirror: str | None = None, table: str | None = None, publication: str | None = None,
+        slot: str | None = None,
+    ) -> int:
+        """Create the collection `bucket.scope.collection` (`eventing collection create`); returns its id. With
+        `mirror` (a PostgreSQL URL) and `table` ("schema.table"), its documents follow that table
+        (docs/postgresql-mirror.md): the running service takes its snapshot and follows it."""
+        if mirror is None:
+            return int(bucket_ops.create_collection(self.state, keyspace)["id"])
+        from eventing.ops import mirrors
+
+        if not table:
+            raise ConfigError("create_collection(mirror=...) needs table='schema.table'")
+        return int(mirrors.create_mirror(self.state, keyspace, source=mirror, table=table, publication=publication,
+                                         slot=slot)["id"])
+
+    def mirrors(self) -> list[dict[str, Any]]:
+        """Every mirror (no password) with its health: state, lag and the WAL its slot holds back."""
+        from eventing.ops import mirrors
+
+        return mirrors.mirror_health(self.state)
 
     def drop_collection(self, keyspace: str) -> int:
         """Drop a collection and its documents (`eventing collection drop`); a deployed or paused function that
         reads or binds it is undeployed first, as in Couchbase. Returns how many documents went."""
-        return int(bucket_ops.drop_collection(self.state, keyspace)["documents"])
+        from eventing.ops import mirrors
+
+        return int(mirrors.drop_collection(self.state, keyspace)["documents"])
 
     def collections(self, bucket: str) -> list[str]:
         """The keyspaces of a bucket's collections, its default collection (the bucket's name) first."""

@@ -27,6 +27,10 @@ class BindingError(EventingError):
     """A handler misused a bucket binding (for example wrote through a read-only alias)."""
 
 
+class MirrorWriteError(ConfigError):
+    """A write to a collection that mirrors a PostgreSQL table (its documents follow the table)."""
+
+
 class TimerError(EventingError):
     """A handler misused create_timer / cancel_timer (callback, time, reference or context)."""
 
@@ -49,6 +53,7 @@ __all__ = [
     "InvalidDocumentError",
     "InvalidKeyError",
     "LifecycleError",
+    "MirrorWriteError",
     "NotFoundError",
     "OrderViolationError",
     "StoreCorruptError",

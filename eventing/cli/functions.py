@@ -110,6 +110,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    from eventing.ops.mirrors import mirror_health
     from eventing.ops.stats import function_status
     from eventing.workers.sandbox_confine import sandbox_report
 
@@ -117,9 +118,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     status = function_status(state, args.function)
     services, leader, standbys, views = status["services"], status["leader"], status["standbys"], status["functions"]
     sandbox = sandbox_report()  # this machine's: what a sandboxed handler is confined by, or why it cannot run
+    mirrored = mirror_health(state) if not args.function else []
     if args.json:
         emit_json({"store": state.shown, "services": services, "leader": leader, "standbys": standbys,
-                   "functions": views, "sandbox": sandbox})
+                   "functions": views, "sandbox": sandbox, "mirrors": mirrored})
     else:
         print(f"store: {state.shown}")  # never its password
         print(f"eventing service: {'running (' + ', '.join(services) + ')' if services else 'not running'}")
@@ -134,6 +136,11 @@ def cmd_status(args: argparse.Namespace) -> int:
                 line += (f"; {v['vbuckets_leased_by_stopped_service']} still leased by a service that stopped "
                          "without releasing them, which the next `eventing run` takes over")
             print(line + ")" + (f"; {v['hint']}" if v.get("hint") else ""))
+        for m in mirrored:
+            print(f"  mirror {m['keyspace']} of {m['table']}: {m['state']}"
+                  + (f" (lag {m['lag_bytes']} bytes, {m['lag_s']} s)" if m["lag_bytes"] is not None else ""))
+            for warning in m["warnings"]:
+                print(f"warning: mirror {m['keyspace']}: {warning}")
     return 0
 
 

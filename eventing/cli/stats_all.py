@@ -32,13 +32,36 @@ def cmd_stats_all(args: argparse.Namespace) -> int:
         from eventing.errors import ConfigError
 
         raise ConfigError("stats --watch follows one function; name it (`eventing stats FN --watch`)")
-    stats = all_stats(existing_state(args))
+    state = existing_state(args)
+    stats = all_stats(state)
     if args.json:
         emit_json(stats)
-    elif not stats:
+        return 0
+    if not stats:
         print("no functions; deploy one with `eventing deploy functions/fn_email.json`")
     else:
         print(table(HEADERS, [_row(s) for s in stats]))
         print("success, failure and timeout count on_update and on_delete calls; `eventing stats FN` shows one "
               "function in full")
+    _print_mirrors(state)
     return 0
+
+
+def _print_mirrors(state: object) -> None:
+    """Each mirror's lag and the WAL its slot holds back (`eventing status --json` has them as data)."""
+    from eventing.ops.mirrors import mirror_health
+
+    rows = mirror_health(state)  # type: ignore[arg-type]
+    if not rows:
+        return
+    print()
+    print(table(["mirror", "table", "state", "lag (bytes)", "lag (s)", "retained WAL (bytes)", "changes applied"],
+                [[r["keyspace"], r["table"], r["state"], _or_dash(r["lag_bytes"]), _or_dash(r["lag_s"]),
+                  _or_dash(r["retained_bytes"]), r["applied_changes"]] for r in rows]))
+    for r in rows:
+        for warning in r["warnings"]:
+            print(f"warning: mirror {r['keyspace']}: {warning}")
+
+
+def _or_dash(value: object) -> object:
+    return "-" if value is None else value

@@ -31,6 +31,7 @@ from eventing.control.failover import (
     wall_of,
 )
 from eventing.control.lifecycle import SERVICE_STALE_S, complete_transition
+from eventing.control.mirrors import MirrorHost
 from eventing.control.nodes import Topology, function_assignment, packed_node_plan, save_packed_placement
 from eventing.control.supervisor import FunctionSupervisor
 from eventing.core.definition import FunctionDefinition
@@ -118,6 +119,8 @@ class EventingService:
         self.summary = RunSummary()
         # Windowed functions' coordinators.
         self.windows = WindowHost(self.state, errors=self.summary.errors, options=windows or WindowOptions())
+        # Mirrors' followers (tables of PostgreSQL databases into collections), run by the leader alone.
+        self.mirrors = None if until_caught_up else MirrorHost(self.state, errors=self.summary.errors)
         self.stop_event = threading.Event()
         self._last_state_poll = 0.0
         self._last_gauges = 0.0
@@ -189,6 +192,8 @@ class EventingService:
                     waker.on_notify = self._forward_wake
             held.callback(lambda: self._report(time.monotonic() - start, final=True))
             held.callback(self.windows.close)
+            if self.mirrors is not None:
+                held.callback(self.mirrors.close)
             held.callback(self._stop_all)
             self._main_loop(start)
         self.summary.seconds = time.monotonic() - start
@@ -210,6 +215,8 @@ class EventingService:
                     self.finished.add(sup.name)
                     self.summary.functions[sup.name].state = "caught up"
             self.windows.poll(self.supervisors)
+            if self.mirrors is not None:
+                self.mirrors.poll()
             if self._leading_since is not None and self.supervisors and all(
                 sup.ready for sup in self.supervisors.values()
             ):

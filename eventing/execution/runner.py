@@ -204,11 +204,17 @@ class HandlerRunner:
             return _new_call(HandlerCall, ("on_update", self.on_update, (doc, meta), doc))
         if m.op == OP_TIMER:
             return self._timer_call(m)
-        if self.previous is not None:
-            self.seen(m)
+        previous = None
+        if self.previous is not None:  # the deleted document's last version (a mirror's deleted row)
+            if self.on_delete is not None:
+                previous = self._previous_version(m)
+            else:
+                self.seen(m)
         if self.on_delete is None:
             return NO_HANDLER
         meta = Meta(m.key, m.cas, m.vb, m.seqno, m.expiry, m.flags, "json", keyspace or self.keyspace)
+        if self.previous is not None:
+            meta.previous = previous
         args = (meta, DeleteOptions(expired=m.op == OP_EXPIRE))
         return _new_call(HandlerCall, ("on_delete", self.on_delete, args, None))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from eventing.errors import EventingError, InvalidKeyError, StoreLockedError
+from eventing.errors import EventingError, InvalidKeyError, MirrorWriteError, StoreLockedError
 
 
 class ApiError(Exception):
@@ -36,6 +36,8 @@ def api_error(exc: Exception) -> Exception:
     """What to answer for an exception of a document request: the store's refusals as 400."""
     if isinstance(exc, InvalidKeyError):
         return bad(f"{exc}")
+    if isinstance(exc, MirrorWriteError):
+        return ApiError(403, "WriteRefused", f"{exc}")
     if isinstance(exc, EventingError) and not isinstance(exc, StoreLockedError):
         return bad(f"{exc}")  # e.g. a document over the size limit
     return exc

@@ -99,7 +99,7 @@ class Buckets:
             raise ApiError(404, "CollectionNotFound", f"Collection '{ks.collection}' not found in '{ks.bucket}/{ks.scope}'; "
                            f"create it with `eventing collection create {ks}`",
                            f"/buckets/{ks.bucket}/scopes/{ks.scope}/collections/{ks.collection}")
-        return Collection(opened.bucket, ks, cid)
+        return Collection(opened.bucket, ks, cid, mirror=opened.bucket.mirrors().get(cid))
 
     def run(self, ks: Keyspace, fn: Callable[[Collection], Any]) -> Any:
         """`fn(collection)` under the bucket's lock (in a request thread)."""
@@ -180,7 +180,10 @@ class _Turns:
                     if coll is None:
                         coll = collections[req.ks] = self.buckets.collection(opened, req.ks)
                     # a KV port request plans itself (eventing.kv.documents)
-                    planned.append(plan_op(coll, req) if isinstance(req, DocRequest) else req.plan(coll))
+                    step = plan_op(coll, req) if isinstance(req, DocRequest) else req.plan(coll)
+                    if isinstance(step, Change):
+                        coll.check_writable()  # a mirror's collection is read-only here
+                    planned.append(step)
                 except Exception as exc:
                     planned.append(api_error(exc))
             changes = [(p.key, p.change) for p in planned if isinstance(p, Change)]

@@ -52,7 +52,19 @@ class EventingCollector:
         self._cluster(store, fam)
         for record in store.list_functions():
             self._function(store, record, fam)
+        self._mirrors(fam)
         yield from fam.all()
+
+    def _mirrors(self, fam: _Families) -> None:
+        """Each mirror's lag and retained WAL as its follower last reported them (no call to the source)."""
+        from eventing.ops.mirrors import mirror_health
+
+        for row in mirror_health(self.state, query_source=False):
+            labels = [row["keyspace"]]
+            for family, value in ((fam.mirror_lag_bytes, row["lag_bytes"]), (fam.mirror_lag_s, row["lag_s"]),
+                                  (fam.mirror_retained, row["retained_bytes"])):
+                if value is not None:
+                    family.add_metric(labels, float(value))
 
     def _cluster(self, store: Any, fam: _Families) -> None:
         from eventing.control.nodes import Topology
@@ -166,6 +178,12 @@ class _Families:
         self.owned = GaugeMetricFamily("eventing_vbuckets_owned", "vBuckets held by live workers", labels=f)
         self.throughput = GaugeMetricFamily("eventing_throughput_mutations_per_second",
                                             "mutations handled per second, as the service last measured", labels=f)
+        self.mirror_lag_bytes = GaugeMetricFamily("eventing_mirror_lag_bytes", "WAL a mirror has yet to apply",
+                                                  labels=["mirror"])
+        self.mirror_lag_s = GaugeMetricFamily("eventing_mirror_lag_seconds",
+                                              "age of the oldest source commit a mirror has not applied", labels=["mirror"])
+        self.mirror_retained = GaugeMetricFamily("eventing_mirror_retained_wal_bytes",
+                                                 "WAL the mirror's slot holds back on the source", labels=["mirror"])
         self.watermark_delay = GaugeMetricFamily("eventing_watermark_delay_seconds",
                                                  "wall clock minus the function's watermark", labels=f)
         self.open_windows = GaugeMetricFamily("eventing_open_windows", "windows not yet closed", labels=f)

@@ -27,7 +27,12 @@ from starlette.types import Receive, Scope, Send
 from eventing.core.definition import check_function_name
 from eventing.errors import ConfigError, EventingError, InvalidKeyError
 from eventing.http import auth, function_access
-from eventing.http.routes_collections import create_collection, drop_collection, list_collections
+from eventing.http.routes_collections import (
+    create_collection,
+    drop_collection,
+    list_collections,
+    resync_collection,
+)
 from eventing.http.routes_couchbase import (
     app_log,
     deployed_apps,
@@ -157,8 +162,11 @@ ENDPOINTS: list[Endpoint] = [
     Endpoint("GET", FUNCTION_PATH + "/verify", "verify", "check the function against its ledger bucket (?ledger=BUCKET)", verify),
     Endpoint("GET", "/api/v1/buckets/{bucket}/collections", "collections",
              "the collections of a bucket: keyspace, scope, collection, id, documents", list_collections),
-    Endpoint("POST", COLLECTION_PATH, "collections", "create a collection (and its scope); admin only",
+    Endpoint("POST", COLLECTION_PATH, "collections", "create a collection (and its scope); with a JSON body "
+             '{"mirror": URL, "table": "schema.table"}, one that mirrors a PostgreSQL table; admin only',
              create_collection, status=201),
+    Endpoint("POST", COLLECTION_PATH + "/resync", "collections", "take a new snapshot of a mirror (a new slot); "
+             "admin only", resync_collection),
     Endpoint("DELETE", COLLECTION_PATH, "collections", "drop a collection and its documents; deployed or paused "
              "functions that read or bind it are undeployed first; admin only", drop_collection),
     Endpoint("GET", "/pools", "cluster", "the cluster manager's pools (Couchbase's tools start here)", pools,

@@ -31,12 +31,30 @@ def list_collections(c: EndpointRequest) -> list[dict[str, Any]]:
 
 
 def create_collection(c: EndpointRequest) -> dict[str, Any] | Response:
-    from eventing.ops import buckets
+    """A collection; with a JSON body {"mirror": URL, "table": "schema.table"} (and optionally "publication",
+    "slot"), one that mirrors that PostgreSQL table (eventing.ops.mirrors)."""
+    from eventing.errors import ConfigError
+    from eventing.ops import buckets, mirrors
 
-    return _admin_only(c, "creating a collection") or buckets.create_collection(c.state, _collection_keyspace(c))
+    refused = _admin_only(c, "creating a collection")
+    if refused is not None:
+        return refused
+    body = c.json_object() if c.body.strip() else {}
+    if not body.get("mirror"):
+        return buckets.create_collection(c.state, _collection_keyspace(c))
+    if not isinstance(body.get("table"), str):
+        raise ConfigError('a mirror needs "table": "schema.table" beside "mirror" in the request body')
+    return mirrors.create_mirror(c.state, _collection_keyspace(c), source=str(body["mirror"]), table=body["table"],
+                                 publication=body.get("publication"), slot=body.get("slot"))
+
+
+def resync_collection(c: EndpointRequest) -> dict[str, Any] | Response:
+    from eventing.ops import mirrors
+
+    return _admin_only(c, "taking a new snapshot of a mirror") or mirrors.resync_mirror(c.state, str(_collection_keyspace(c)))
 
 
 def drop_collection(c: EndpointRequest) -> dict[str, Any] | Response:
-    from eventing.ops import buckets
+    from eventing.ops import mirrors
 
-    return _admin_only(c, "dropping a collection") or buckets.drop_collection(c.state, _collection_keyspace(c))
+    return _admin_only(c, "dropping a collection") or mirrors.drop_collection(c.state, str(_collection_keyspace(c)))

@@ -236,6 +236,8 @@ class _Connection:
                 return self.error(req, p.UNKNOWN_COLLECTION, exc.message)
             if exc.code == "BucketNotFound":
                 return self.error(req, p.NO_BUCKET, exc.message)
+            if exc.code == "WriteRefused":  # a collection that mirrors a PostgreSQL table
+                return self.error(req, p.EACCESS, exc.message)
             status = p.E2BIG if "limit" in exc.message or "larger" in exc.message else p.EINVAL
             return self.error(req, status if exc.status < 500 else p.ETMPFAIL, exc.message)
         log.error("KV request 0x%02x failed", req.opcode, exc_info=exc)

@@ -129,6 +129,7 @@ def flush_collection(state: StateLike, keyspace: str | Keyspace) -> dict:
     state = as_state(state)
     deleted = 0
     with keyspaces.open_keyspace(state, keyspace) as collection:
+        collection.check_writable()
         while True:
             keys = collection.keys(limit=FLUSH_PAGE)
             if not keys:
@@ -144,9 +145,11 @@ def list_collections(state: StateLike, bucket: str) -> list[dict]:
     state = as_state(state)
     with state.open_bucket(bucket) as target:
         rows = []
+        mirrored = target.mirrors()
         for ks, cid in keyspaces.list_collections(target):
             rows.append({"keyspace": str(ks), "bucket": ks.bucket, "scope": ks.scope, "collection": ks.collection,
-                         "id": cid, "documents": keyspaces.Collection(target, ks, cid).count()})
+                         "id": cid, "documents": keyspaces.Collection(target, ks, cid).count(),
+                         "mirror": mirrored.get(cid)})
         return rows
 
 
@@ -160,7 +163,8 @@ def create_collection(state: StateLike, keyspace: str | Keyspace) -> dict:
 def drop_collection(state: StateLike, keyspace: str | Keyspace) -> dict:
     """Drop a collection and its documents. As in Couchbase, a deployed or paused function that reads or
     binds it is undeployed first (waiting for a running service to stop its workers), so no worker reads or
-    writes the collection while it goes; every other function runs on untouched."""
+    writes the collection while it goes; every other function runs on untouched. A mirror of a table is
+    dropped by eventing.ops.mirrors.drop_collection, which drops its slot and publication first."""
     state = as_state(state)
     ks = keyspaces.parse_keyspace(state, keyspace)
     uses: list[BucketUse] = []

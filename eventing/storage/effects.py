@@ -59,7 +59,8 @@ class BucketEffects(BucketWrites, BucketReads):
             ready = _items(w for g in groups for _, w in g.writes)
             ready_plan = _plan(ready)
             spans = [
-                (g.vb, g.epoch, min(s for s, _ in g.writes) if g.writes else None, max(s for s, _ in g.writes) if g.writes else 0)
+                (g.vb, g.epoch, min(s for s, _ in g.writes) if g.writes else None,
+                 max(max(s for s, _ in g.writes) if g.writes else 0, g.upto))
                 for g in groups
             ]
 
@@ -95,7 +96,7 @@ class BucketEffects(BucketWrites, BucketReads):
                     result.fenced_vbs.add(g.vb)
                     result.fenced_writes += len(g.writes)
                     continue
-                top = mark_seqno
+                top = max(mark_seqno, g.upto)
                 for src_seqno, w in g.writes:
                     if src_seqno <= mark_seqno:
                         result.duplicates += 1

@@ -35,8 +35,15 @@ class BucketInfo(BucketWrites):
         registry = json.loads(self._info_or("collections", "{}"))
         return {(scope, name): cid for scope, name, cid in registry.get("collections", [])}
 
-    def create_collection(self, scope: str, collection: str) -> int:
-        """Add a collection (its scope comes with it); returns its id. ConfigError if it exists."""
+    def mirrors(self) -> dict[int, str]:
+        """The collections that mirror a table (eventing.storage.mirror): id -> what they mirror, for
+        messages (never a password). Their documents are written by their mirror alone."""
+        registry = json.loads(self._info_or("collections", "{}"))
+        return {int(cid): shown for cid, shown in registry.get("mirrors", {}).items()}
+
+    def create_collection(self, scope: str, collection: str, *, mirror: str | None = None) -> int:
+        """Add a collection (its scope comes with it); returns its id. ConfigError if it exists. With
+        `mirror` (what it mirrors, for messages), its documents belong to that mirror."""
 
         def body() -> int:
             registry = json.loads(self._info_or("collections", "{}"))
@@ -46,6 +53,8 @@ class BucketInfo(BucketWrites):
             cid = int(registry.get("next_id", FIRST_COLLECTION_ID))
             known.append([scope, collection, cid])
             registry["next_id"] = cid + 1
+            if mirror is not None:
+                registry.setdefault("mirrors", {})[str(cid)] = mirror
             self._db.execute("INSERT OR REPLACE INTO info VALUES('collections', ?)", (json.dumps(registry),))
             return cid
 
@@ -63,6 +72,7 @@ class BucketInfo(BucketWrites):
                 raise NotFoundError(f"collection {self.name}.{scope}.{collection} does not exist; see {{fix}}",
                                     fix=fix("collection_list", bucket=self.name))
             registry["collections"] = [entry for entry in known if entry not in match]
+            registry.get("mirrors", {}).pop(str(match[0][2]), None)
             self._db.execute("INSERT OR REPLACE INTO info VALUES('collections', ?)", (json.dumps(registry),))
             return self._drop_documents_of(match[0][2])
 

@@ -14,7 +14,7 @@ from typing import Self
 
 from eventing.core.keyspaces import COLLECTION_MARK, DEFAULT, WILDCARD, Keyspace, check_user_key, key_prefix
 from eventing.core.mutation import OP_DELETE, OP_UPDATE, decode_document, encode_document
-from eventing.errors import ConfigError, NotFoundError, fix
+from eventing.errors import ConfigError, MirrorWriteError, NotFoundError, fix
 from eventing.storage.protocol import Bucket, FileBucket
 from eventing.storage.state import State, StateLike, as_state
 from eventing.storage.values import StoredDocument, Write
@@ -65,7 +65,8 @@ def open_keyspace(state: StateLike, keyspace: str | Keyspace) -> Collection:
     ks = parse_keyspace(state, keyspace)
     bucket = state.open_bucket(ks.bucket)
     try:
-        return Collection(bucket, ks, collection_id(bucket, ks))
+        cid = collection_id(bucket, ks)
+        return Collection(bucket, ks, cid, mirror=bucket.mirrors().get(cid) if cid else None)
     except BaseException:
         bucket.close()
         raise
@@ -82,11 +83,20 @@ class Collection:
     """A collection's documents: the bucket's reads and writes with user keys. Its writes are mutations of
     the bucket (the next seqno of the key's vBucket), seen by every function whose source is this keyspace."""
 
-    def __init__(self, bucket: FileBucket, keyspace: Keyspace, cid: int):
+    def __init__(self, bucket: FileBucket, keyspace: Keyspace, cid: int, *, mirror: str | None = None):
         self.bucket = bucket
         self.keyspace = keyspace
         self.cid = cid
         self.prefix = key_prefix(cid)
+        self.mirror = mirror  # what this collection mirrors (eventing.storage.mirror): its writes are refused
+
+    def check_writable(self) -> None:
+        """MirrorWriteError (one line) when the collection mirrors a table: its documents follow the table."""
+        if self.mirror is not None:
+            raise MirrorWriteError(
+                f"keyspace '{self.keyspace}' mirrors {self.mirror}: its documents follow the table and cannot be "
+                "written here; change the rows in PostgreSQL instead (reads work as usual)"
+            )
 
     @property
     def name(self) -> str:
@@ -148,11 +158,13 @@ class Collection:
     # -- writes ---------------------------------------------------------------------------------------
 
     def upsert(self, key: str, doc: object, *, expiry: int = 0, flags: int = 0, origin: str | None = None) -> tuple[int, int]:
+        self.check_writable()
         placed = self.bucket.write([Write(self.stored(key), OP_UPDATE, encode_document(doc), expiry, flags)], origin=origin)[0]
         assert placed is not None
         return placed
 
     def delete(self, key: str, *, origin: str | None = None) -> tuple[int, int]:
+        self.check_writable()
         placed = self.bucket.write([Write(self.stored(key), OP_DELETE)], origin=origin)[0]
         if placed is None:
             raise NotFoundError(f"document '{key}' does not exist in {self.keyspace_phrase()}")
@@ -160,6 +172,7 @@ class Collection:
 
     def load_rows(self, rows: Sequence[tuple[str, int, bytes | None, int]], *, arrival_ms: int | None = None) -> int:
         """`bucket load` rows `(key, op, doc, expiry)` (keys validated by the caller)."""
+        self.check_writable()
         if self.cid:
             for key, *_ in rows:
                 check_user_key(key)
@@ -171,6 +184,7 @@ class Collection:
     ) -> StoredDocument | None:
         """Read-check-write one document atomically (see FileBucket.change_document); `change` gets and
         returns versions and writes with the *stored* key (use `self.stored(key)` in the Write)."""
+        self.check_writable()
         return self.bucket.change_document(self.stored(key), change, origin=origin)
 
     def keyspace_phrase(self) -> str:

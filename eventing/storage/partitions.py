@@ -298,8 +298,11 @@ class PartitionedBucket:
     def collections(self) -> dict[tuple[str, str], int]:
         return self.parts[0].collections()
 
-    def create_collection(self, scope: str, collection: str) -> int:
-        return self.parts[0].create_collection(scope, collection)
+    def create_collection(self, scope: str, collection: str, *, mirror: str | None = None) -> int:
+        return self.parts[0].create_collection(scope, collection, mirror=mirror)
+
+    def mirrors(self) -> dict[int, str]:
+        return self.parts[0].mirrors()
 
     def drop_collection(self, scope: str, collection: str) -> int:
         cid = self.collections().get((scope, collection))
@@ -345,7 +348,7 @@ class PartitionedBucket:
             for item in g.writes:
                 split.setdefault(part_of_vb[_vb_of(item[1].key)], []).append(item)
             for part, writes in split.items():
-                per_part.setdefault(part, []).append(EffectGroup(g.vb, g.epoch, writes, g.conditional))
+                per_part.setdefault(part, []).append(EffectGroup(g.vb, g.epoch, writes, g.conditional, g.upto))
         result = EffectResult()
         conflicts: set[tuple[int, int]] = set()
         for part, part_groups in sorted(per_part.items()):

@@ -88,6 +88,9 @@ class EffectGroup:
     epoch: int
     writes: list[tuple[int, Write]] = field(default_factory=list)  # (source seqno, write)
     conditional: bool = False  # holds writes with a cas condition or a counter delta
+    # A source position the group covers even where it has no write there (a mirror's transaction that
+    # changed nothing, a snapshot's end): the mark moves to at least this, with the writes (0: none).
+    upto: int = 0
 
 
 @dataclass

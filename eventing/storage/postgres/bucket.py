@@ -201,8 +201,11 @@ class PostgresBucket:
     def collections(self) -> dict[tuple[str, str], int]:
         return self._keyspaces.collections()
 
-    def create_collection(self, scope: str, collection: str) -> int:
-        return self._keyspaces.create_collection(scope, collection)
+    def create_collection(self, scope: str, collection: str, *, mirror: str | None = None) -> int:
+        return self._keyspaces.create_collection(scope, collection, mirror)
+
+    def mirrors(self) -> dict[int, str]:
+        return self._keyspaces.mirrors()
 
     def drop_collection(self, scope: str, collection: str) -> int:
         return self._keyspaces.drop_collection(scope, collection)

@@ -158,7 +158,8 @@ class EffectApplier:
         conditional = any(g.conditional for g in groups)
         ready = items_of(w for g in groups for _, w in g.writes)
         spans = [
-            (g.vb, g.epoch, min(s for s, _ in g.writes) if g.writes else None, max(s for s, _ in g.writes) if g.writes else 0)
+            (g.vb, g.epoch, min(s for s, _ in g.writes) if g.writes else None,
+                 max(max(s for s, _ in g.writes) if g.writes else 0, g.upto))
             for g in groups
         ]
 
@@ -188,7 +189,7 @@ class EffectApplier:
                     result.fenced_vbs.add(g.vb)
                     result.fenced_writes += len(g.writes)
                     continue
-                top = mark_seqno
+                top = max(mark_seqno, g.upto)
                 for src_seqno, w in g.writes:
                     if src_seqno <= mark_seqno:
                         result.duplicates += 1

@@ -39,7 +39,14 @@ class Keyspaces:
         registry = json.loads(rows[0][0])
         return {(scope, name): cid for scope, name, cid in registry.get("collections", [])}
 
-    def create_collection(self, scope: str, collection: str) -> int:
+    def mirrors(self) -> dict[int, str]:
+        """The collections that mirror a table: id -> what they mirror (eventing.storage.info_table)."""
+        rows = self.ref.db.read("SELECT collections FROM bucket_registry WHERE id = %s", (self.ref.id,))
+        if not rows:
+            raise self.ref.gone()
+        return {int(cid): shown for cid, shown in json.loads(rows[0][0]).get("mirrors", {}).items()}
+
+    def create_collection(self, scope: str, collection: str, mirror: str | None = None) -> int:
         """Add a collection (its scope comes with it); returns its id. ConfigError if it exists."""
 
         def body(cur: Cursor, written: Written) -> int:
@@ -50,6 +57,8 @@ class Keyspaces:
             cid = int(registry.get("next_id", FIRST_COLLECTION_ID))
             known.append([scope, collection, cid])
             registry["next_id"] = cid + 1
+            if mirror is not None:
+                registry.setdefault("mirrors", {})[str(cid)] = mirror
             self._save(cur, registry)
             return cid
 
@@ -67,6 +76,7 @@ class Keyspaces:
                 raise NotFoundError(f"collection {self.ref.name}.{scope}.{collection} does not exist; see "
                                     f"`eventing collection list {self.ref.name}`")
             registry["collections"] = [entry for entry in known if entry not in match]
+            registry.get("mirrors", {}).pop(str(match[0][2]), None)
             self._save(cur, registry)
             prefix = f"{COLLECTION_MARK}{match[0][2]:x}{COLLECTION_MARK}"
             end = prefix[:-1] + chr(ord(COLLECTION_MARK) + 1)

@@ -1,0 +1,69 @@
+"""pgoutput messages and column values as a mirror reads them (eventing.storage.mirror)."""
+
+from __future__ import annotations
+
+import struct
+
+from eventing.storage.mirror.pgoutput import (
+    PG_EPOCH_US,
+    UNCHANGED,
+    Begin,
+    Commit,
+    Delete,
+    Insert,
+    Relation,
+    Truncate,
+    Update,
+    decode,
+    lsn_text,
+    parse_lsn,
+)
+from eventing.storage.mirror.pgtypes import Types, parse_array
+
+
+def _tuple(*values) -> bytes:
+    out = struct.pack(">h", len(values))
+    for v in values:
+        if v is None:
+            out += b"n"
+        elif v is UNCHANGED:
+            out += b"u"
+        else:
+            data = v.encode()
+            out += b"t" + struct.pack(">i", len(data)) + data
+    return out
+
+
+def test_transactions_and_changes_decode():
+    assert decode(b"B" + struct.pack(">qqI", 100, 5, 7)) == Begin(100, 5 + PG_EPOCH_US, 7)
+    assert decode(b"C" + struct.pack(">bqqq", 0, 100, 120, 5)) == Commit(100, 120, 5 + PG_EPOCH_US)
+    rel = b"R" + struct.pack(">i", 16384) + b"public\x00orders\x00d" + struct.pack(">h", 2)
+    rel += b"\x01id\x00" + struct.pack(">ii", 23, -1) + b"\x00note\x00" + struct.pack(">ii", 25, -1)
+    decoded = decode(rel)
+    assert isinstance(decoded, Relation) and decoded.name == "orders" and [c.key for c in decoded.columns] == [True, False]
+    assert decode(b"I" + struct.pack(">i", 16384) + b"N" + _tuple("1", None)) == Insert(16384, ["1", None])
+    moved = decode(b"U" + struct.pack(">i", 1) + b"K" + _tuple("1", None) + b"N" + _tuple("2", UNCHANGED))
+    assert moved == Update(1, ["1", None], "K", ["2", UNCHANGED])
+    assert decode(b"D" + struct.pack(">i", 1) + b"O" + _tuple("2", "x")) == Delete(1, ["2", "x"], "O")
+    assert decode(b"T" + struct.pack(">ib", 2, 0) + struct.pack(">ii", 5, 6)) == Truncate([5, 6])
+    assert decode(b"Y" + b"anything") is None
+    assert parse_lsn(lsn_text(0x16B374D848)) == 0x16B374D848 and lsn_text(0x16B374D848) == "16/B374D848"
+
+
+def test_values_map_as_a_user_expects():
+    t = Types()
+    assert t.converter(23)("42") == 42 and t.converter(16)("t") is True and t.converter(701)("1.5") == 1.5
+    assert t.converter(701)("NaN") == "NaN"
+    numeric = t.converter(1700)
+    assert numeric("12") == 12 and numeric("0.5") == 0.5 and numeric("19.99") == "19.99"
+    assert numeric("123456789012345678901234567890") == "123456789012345678901234567890"
+    assert t.converter(3802)('{"a": [1, null]}') == {"a": [1, None]}
+    assert t.converter(17)("\\x0102ff") == "AQL/"
+    assert t.converter(1184)("2024-05-01 12:00:00.5+00") == "2024-05-01T12:00:00.5+00:00"
+    assert t.converter(1114)("2024-05-01 12:00:00") == "2024-05-01T12:00:00"
+    assert t.converter(1007)("{1,2,NULL}") == [1, 2, None]
+    assert t.converter(1009)('{"a b","c\\"d",plain}') == ["a b", 'c"d', "plain"]
+    assert parse_array("{{1,2},{3,4}}", int) == [[1, 2], [3, 4]] and parse_array("{}", int) == []
+    assert t.converter(2950)("a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11") == "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"
+    t.learn([(90001, 0, "E", 0), (90002, 90001, "A", 0), (90003, 0, "N", 23)])  # an enum, its array, a domain
+    assert t.converter(90002)("{x,y}") == ["x", "y"] and t.converter(90003)("7") == 7
