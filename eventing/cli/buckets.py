@@ -30,7 +30,8 @@ def cmd_bucket_create(args: argparse.Namespace) -> int:
         emit_json(bucket.stats())
     else:
         parts = bucket.stats()["partitions"]
-        print(f"bucket '{args.name}' ready ({bucket.path}{f', {parts} partitions' if parts > 1 else ''})")
+        where = bucket.path if bucket.path is not None else f"in {state_of(args).shown}"
+        print(f"bucket '{args.name}' ready ({where}{f', {parts} partitions' if parts > 1 else ''})")
     return 0
 
 
