@@ -44,6 +44,26 @@ def unavailable() -> str | None:
     return None
 
 
+def _server_parent() -> str | None:
+    """Where a new server folder goes. As root the server runs as `postgres`, which must be able to reach
+    its folder: $TMPDIR may be a private 0700 folder (the unit tests' is), so the folder then goes in a
+    world-traversable one (/dev/shm in memory, else /tmp)."""
+    if os.geteuid() != 0:
+        return None
+    for parent in ("/dev/shm", "/tmp"):
+        if os.path.isdir(parent) and os.access(parent, os.W_OK):
+            return parent
+    return None
+
+
+def _unreachable_parent(folder: Path) -> Path | None:
+    """The first parent of `folder` that others cannot enter (so `postgres` could not reach it), or None."""
+    for parent in folder.resolve().parents:
+        if parent.exists() and not os.stat(parent).st_mode & 0o001:
+            return parent
+    return None
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -62,7 +82,8 @@ class ThrowawayPostgres:
         assert found is not None  # unavailable() said so otherwise
         self.bin: Path = found
         self._own_folder = folder is None
-        self.folder = Path(folder) if folder is not None else Path(tempfile.mkdtemp(prefix="eventing-pg-"))
+        self.folder = Path(folder) if folder is not None else Path(tempfile.mkdtemp(prefix="eventing-pg-",
+                                                                                     dir=_server_parent()))
         self.data = self.folder / "data"
         self.port = port or free_port()
         # fsync off by default: a kill -9 of the server loses nothing committed (the OS keeps the pages);
@@ -90,6 +111,10 @@ class ThrowawayPostgres:
 
     def initdb(self) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
+        blocked = _unreachable_parent(self.folder) if os.geteuid() == 0 else None
+        if blocked is not None:
+            raise RuntimeError(f"the server folder {self.folder} is inside {blocked}, which the `postgres` user "
+                               f"cannot enter; choose a folder under /tmp or run `chmod o+x {blocked}`")
         self._give_to_server_user(self.folder)
         os.chmod(self.folder, 0o700)
         done = self._run([str(self.bin / "initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres",
@@ -290,7 +315,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.action != "start":
             parser.error(f"no throwaway server is known by {handle}; `start` one first")
         handle.mkdir(parents=True, exist_ok=True)
-        where = tempfile.mkdtemp(prefix="eventing-pg-") if os.geteuid() == 0 else str(handle / "server")
+        if os.geteuid() == 0:
+            where = tempfile.mkdtemp(prefix="eventing-pg-", dir=_server_parent())
+        else:
+            where = str(handle / "server")
         info = {"server": where, "port": args.port or free_port(), "fsync": args.fsync}
         info_file.write_text(json.dumps(info))
     server = _known(info)
