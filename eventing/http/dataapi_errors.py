@@ -5,7 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from eventing.errors import EventingError, InvalidKeyError, StoreLockedError
+from eventing.errors import EventingError, InvalidKeyError, StoreLockedError, StoreUnavailableError
+
+# Seconds a client waits before sending again a request the store could not take: the store's server was
+# away (or failing over) for longer than this server waits for it, or a bucket's file stayed locked.
+RETRY_AFTER_S = 1
 
 
 class ApiError(Exception):
@@ -39,3 +43,11 @@ def api_error(exc: Exception) -> Exception:
     if isinstance(exc, EventingError) and not isinstance(exc, StoreLockedError):
         return bad(f"{exc}")  # e.g. a document over the size limit
     return exc
+
+
+def retry_after(exc: BaseException) -> dict[str, str]:
+    """The Retry-After header of a 503 whose cause passes by itself (a store's server away or failing over,
+    a file locked by another process); none for a damaged store or a full disk, which need someone."""
+    if isinstance(exc, StoreUnavailableError | StoreLockedError):
+        return {"Retry-After": str(RETRY_AFTER_S)}
+    return {}
