@@ -5,7 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from eventing.errors import EventingError, InvalidKeyError, StoreLockedError, StoreUnavailableError
+from eventing.errors import (
+    EventingError,
+    InvalidKeyError,
+    StoreError,
+    StoreLockedError,
+    StoreUnavailableError,
+)
 
 # Seconds a client waits before sending again a request the store could not take: the store's server was
 # away (or failing over) for longer than this server waits for it, or a bucket's file stayed locked.
@@ -37,11 +43,12 @@ def not_allowed(method: str, allowed: str) -> ApiError:
 
 
 def api_error(exc: Exception) -> Exception:
-    """What to answer for an exception of a document request: the store's refusals as 400."""
+    """What to answer for an exception of a document request: the store's refusals as 400; the store itself
+    failing (busy, away, damaged, full) goes on as it is, to be answered 503."""
     if isinstance(exc, InvalidKeyError):
         return bad(f"{exc}")
-    if isinstance(exc, EventingError) and not isinstance(exc, StoreLockedError):
-        return bad(f"{exc}")  # e.g. a document over the size limit
+    if isinstance(exc, EventingError) and not isinstance(exc, StoreError):
+        return bad(f"{exc}")  # e.g. a document over the size limit; the store busy or away is a 503
     return exc
 
 

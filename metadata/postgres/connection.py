@@ -327,6 +327,7 @@ class PostgresDatabase:
         self.resolved: collections.Counter[str] = collections.Counter()
         self.failed_attempts = 0  # statements or connections that failed and were (or will be) tried again
         self._in_use = 0  # pooled connections lent out (the pool is this database's alone)
+        self.pool_renewals = 0  # pools replaced after an outage (_renew_pool)
 
     @classmethod
     def open(cls, url: str) -> PostgresDatabase:
@@ -526,8 +527,11 @@ class PostgresDatabase:
     def _attempt(self, fn: Callable[[psycopg.Connection], T], timeout_s: float) -> T:
         """`fn` on a pooled connection. When the pool has none to give within POOL_WAIT_S although it is
         not all in use, it is waiting between reconnection attempts after an outage (psycopg_pool backs
-        off up to 32 s): `fn` then runs on a connection of its own, which fails at once if the server is
-        still away. When every pooled connection is in use, it waits for one, up to `timeout_s`."""
+        off, doubling the wait each time: after a 15 s outage its next attempt may be 16 s away): `fn`
+        then runs on a connection of its own, which fails at once if the server is still away. Once such
+        a connection succeeds, the server is back: the pool is replaced by a new one, which connects now
+        (every transaction would otherwise wait POOL_WAIT_S for the old one until its next attempt).
+        When every pooled connection is in use, it waits for one, up to `timeout_s`."""
         import psycopg
         from psycopg_pool import PoolTimeout
 
@@ -537,6 +541,7 @@ class PostgresDatabase:
         except PoolTimeout:
             if self._in_use < self._pool_size:
                 direct = psycopg.connect(self.target.url, autocommit=True)
+                self._renew_pool(pool)
                 try:
                     self._configure(direct)
                     return fn(direct)
@@ -551,6 +556,16 @@ class PostgresDatabase:
             with self._lock:
                 self._in_use -= 1
             pool.putconn(conn)
+
+    def _renew_pool(self, stale: Any) -> None:
+        """Replace `stale` (a pool waiting out its reconnection backoff while the server answers again) by
+        a new pool; the old one closes on a thread of its own once its lent connections are back."""
+        with self._lock:
+            if self._pool is not stale:
+                return  # another thread renewed it already
+            self._pool = None
+            self.pool_renewals += 1
+        threading.Thread(target=stale.close, kwargs={"timeout": 30.0}, name="eventing-pool-close", daemon=True).start()
 
     def _probe(self) -> BaseException | None:
         """Why a new connection cannot be made now (the pool only says it timed out), or None."""

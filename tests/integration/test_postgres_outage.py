@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import signal
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -30,7 +32,9 @@ from sharding import NUM_VBUCKETS
 pytestmark = pytest.mark.integration
 
 USER = ("app", "app-s3cret-pw")
-SERVE_WAIT_S = 2.0  # how long `eventing serve` waits for the server before answering 503
+SERVE_WAIT_S = 2.0
+# The server stays away longer than the leader lease (5 s): the running service's lease expires meanwhile.
+AWAY_S = 7.0  # how long `eventing serve` waits for the server before answering 503
 
 
 @pytest.fixture(scope="module")
@@ -122,9 +126,11 @@ def test_run_and_serve_wait_through_a_server_restart_and_nothing_is_lost_or_appl
         with DataApiWriters(port, "src", threads=2, user=USER) as load:
             wait_for(lambda: load.written > 100, "Data API writes to be acknowledged")
             server.kill()
+            killed_at = time.monotonic()
             # Writes now wait, then (after SERVE_WAIT_S) are answered 503 with Retry-After; the KV port
             # answers a temporary failure, which Couchbase's SDKs retry.
-            wait_for(lambda: load.unavailable, "a Data API write to be refused while the server is away")
+            wait_for(lambda: load.unavailable and time.monotonic() - killed_at > AWAY_S,
+                     "Data API writes to be refused while the server is away")
             kv_status, kv_body = kv.set("kv-during", {"kv": 2})
             written_while_away = load.written
             server.start()
@@ -134,8 +140,7 @@ def test_run_and_serve_wait_through_a_server_restart_and_nothing_is_lost_or_appl
         assert b"PostgreSQL at 127.0.0.1" in kv_body
         assert run.alive(), run.describe()
         assert serve.alive(), serve.describe()
-        wait_for(lambda: caught_up(state, "fn_outage", "src"), "the function to catch up", timeout=120,
-                 retry_on=(Exception,))
+        wait_for(lambda: caught_up(state, "fn_outage", "src"), "the function to catch up", timeout=120)
     finally:
         assert run.stop() == 0, run.describe()
         kv.close()
@@ -145,3 +150,106 @@ def test_run_and_serve_wait_through_a_server_restart_and_nothing_is_lost_or_appl
     assert_acked_are_there(state, "src", {**load.acked, "kv-before": {"kv": 1}, "kv-after": {"kv": 3}})
     assert_ledger_exact(cmd, state, "fn_outage", "src")
     state.close()
+
+
+class BackendTerminator:
+    """Ends every connection of eventing's (application_name 'eventing') on the server, `rounds` times, every
+    `every_s` seconds, from a connection of its own: transactions die between their statements, before their
+    COMMIT, or while it is on its way."""
+
+    def __init__(self, server: ThrowawayPostgres, database: str, rounds: int, every_s: float = 0.15):
+        self.server, self.database, self.rounds, self.every_s = server, database, rounds, every_s
+        self.ended = 0
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        import psycopg
+
+        with psycopg.connect(self.server.url(self.database) + "?application_name=terminator", autocommit=True) as conn:
+            for _ in range(self.rounds):
+                rows = conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
+                                    "application_name = 'eventing' AND pid <> pg_backend_pid()").fetchall()
+                self.ended += sum(1 for (ok,) in rows if ok)
+                time.sleep(self.every_s)
+        self.done.set()
+
+    def __enter__(self) -> BackendTerminator:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.thread.join(60)
+
+
+def test_connections_ended_mid_transaction_are_retried_and_nothing_is_lost_or_applied_twice(
+    server, ray_session, tmp_path, empty_cwd
+):
+    url = server.create_database("terminated")
+    cmd = Commands(empty_cwd, {"EVENTING_STORE": url}, logs=str(tmp_path / "logs"))
+    cmd.ok("bucket", "create", "src")
+    deploy_ledger(cmd, tmp_path, "fn_ended", "src", workers=2, sleep_ms=1)
+    state = PostgresState(url)
+    load_source(state, 200, 2000)
+    port = free_port()
+    run, serve = run_and_serve(cmd, ray_session.get_runtime_context().gcs_address, port, serve_wait_s=60)
+    try:
+        wait_for(lambda: progress(state, "fn_ended") > 300, "the function to make progress")
+        with DataApiWriters(port, "src", threads=2) as load:
+            wait_for(lambda: load.written > 100, "Data API writes to be acknowledged")
+            with BackendTerminator(server, "terminated", rounds=20) as terminator:
+                terminator.done.wait(60)
+            mark = load.written
+            wait_for(lambda: load.written > mark + 100, "Data API writes to go on")
+        assert terminator.ended >= 20, terminator.ended  # eventing's connections were there to end, every round
+        assert run.alive(), run.describe()
+        assert serve.alive(), serve.describe()
+        wait_for(lambda: caught_up(state, "fn_ended", "src"), "the function to catch up", timeout=120)
+    finally:
+        assert run.stop() == 0, run.describe()
+        assert serve.stop(sig=signal.SIGINT) in (0, 130), serve.describe()
+    # The server waited for: every write answered 2xx (none 503: the wait is long), and all of them are there.
+    assert load.errors == [] and set(load.statuses) <= {200, 201}, (load.statuses, load.errors[:5])
+    assert_acked_are_there(state, "src", load.acked)
+    assert_ledger_exact(cmd, state, "fn_ended", "src")
+    state.close()
+
+
+def test_a_primary_killed_and_its_synchronous_standby_promoted_loses_no_acknowledged_write(
+    ray_session, tmp_path, empty_cwd
+):
+    primary = ThrowawayPostgres()
+    primary.start()
+    try:
+        primary.create_database("failover")
+        standby = primary.add_standby(synchronous=True)
+        url = (f"postgresql://postgres@127.0.0.1:{primary.port},127.0.0.1:{standby.port}/failover"
+               "?target_session_attrs=read-write")
+        cmd = Commands(empty_cwd, {"EVENTING_STORE": url}, logs=str(tmp_path / "logs"))
+        cmd.ok("bucket", "create", "src")
+        deploy_ledger(cmd, tmp_path, "fn_failover", "src", workers=2, sleep_ms=1)
+        state = PostgresState(url)
+        load_source(state, 200, 2000)
+        port = free_port()
+        run, serve = run_and_serve(cmd, ray_session.get_runtime_context().gcs_address, port, serve_wait_s=60)
+        try:
+            wait_for(lambda: progress(state, "fn_failover") > 300, "the function to make progress")
+            with DataApiWriters(port, "src", threads=2) as load:
+                wait_for(lambda: load.written > 100, "Data API writes to be acknowledged")
+                primary.kill()
+                killed_at = load.written
+                standby.promote()
+                wait_for(lambda: load.written > killed_at + 100, "Data API writes on the new primary")
+            assert run.alive(), run.describe()
+            assert serve.alive(), serve.describe()
+            wait_for(lambda: caught_up(state, "fn_failover", "src"), "the function to catch up on the new primary",
+                     timeout=120)
+        finally:
+            assert run.stop() == 0, run.describe()
+            assert serve.stop(sig=signal.SIGINT) in (0, 130), serve.describe()
+        assert load.errors == [] and set(load.statuses) <= {200, 201}, (load.statuses, load.errors[:5])
+        assert_acked_are_there(state, "src", load.acked)
+        assert_ledger_exact(cmd, state, "fn_failover", "src")
+        state.close()
+    finally:
+        primary.stop()

@@ -11,6 +11,7 @@ import pytest
 
 from eventing.testing.postgres import ThrowawayPostgres
 from metadata import DlqRow
+from metadata.errors import StoreUnavailableError
 from metadata.postgres import PostgresDatabase, PostgresMetadataStore, parse_postgres_url
 
 pytestmark = pytest.mark.integration
@@ -69,5 +70,35 @@ def test_commits_wait_through_server_restarts_and_none_is_lost_or_applied_twice(
         assert sorted(r.seqno for r in letters) == list(range(1, COMMITS + 1)) and {r.attempts for r in letters} == {1}
         assert sum(store.db.retried.values()) >= 3
         store.db.close()
+    finally:
+        server.stop()
+
+
+def test_transactions_after_a_long_outage_do_not_wait_for_the_pools_reconnection_backoff(monkeypatch):
+    """psycopg_pool doubles its wait between reconnection attempts (1, 2, 4, 8 s...): after ~10 s away, its
+    next attempt may be seconds after the server is back. Every transaction meanwhile would wait POOL_WAIT_S
+    for a pooled connection and then run on one of its own; the first one that connects replaces the pool,
+    so the rest run on pooled connections at once."""
+    monkeypatch.setenv("EVENTING_STORE_WAIT_S", "60")
+    server = ThrowawayPostgres()
+    server.start()
+    try:
+        db = PostgresDatabase(parse_postgres_url(server.create_database("backoff")))
+        db.transaction(lambda cur: cur.execute("CREATE TABLE t(n BIGINT)"))
+        server.kill()
+        # The pool tries again (and fails) while the server is away, backing off: 1 + 2 + 4 s.
+        with pytest.raises(StoreUnavailableError):
+            db.wait_s = 7.5
+            db.transaction(lambda cur: cur.execute("INSERT INTO t VALUES(0)"))
+        db.wait_s = None
+        server.start()
+        started = time.monotonic()
+        for n in range(1, 11):
+            db.transaction(lambda cur, n=n: cur.execute("INSERT INTO t VALUES(%s)", (n,)))
+        took = time.monotonic() - started
+        assert db.read("SELECT count(*), sum(n) FROM t") == [(10, 55)]
+        assert took < 3.0, f"10 transactions took {took:.1f}s after the server came back"
+        assert db.pool_renewals == 1
+        db.close()
     finally:
         server.stop()
