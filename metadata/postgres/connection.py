@@ -135,6 +135,30 @@ def redact(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
+def password_spans(text: str) -> list[tuple[int, int]]:
+    """Where the passwords of a PostgreSQL URL are in `text` as written (the authority's, and ?password='s),
+    as (start, end) indexes: `text` may be the URL or an option holding it (`--store=postgresql://...`)."""
+    import re
+
+    found = re.search(r"(?i)\b(postgresql|postgres)://", text)
+    if found is None:
+        return []
+    spans = []
+    begin = found.end()
+    rest = text[begin:]
+    netloc_end = begin + (re.search(r"[/?#]", rest).start() if re.search(r"[/?#]", rest) else len(rest))
+    at = text.rfind("@", begin, netloc_end)
+    colon = text.find(":", begin, at) if at != -1 else -1
+    if colon != -1 and colon + 1 < at:
+        spans.append((colon + 1, at))
+    query = text.find("?", begin)
+    if query != -1:
+        for pair in re.finditer(r"(?:^|&)password=([^&#]*)", text[query + 1:]):
+            if pair.group(1):
+                spans.append((query + 1 + pair.start(1), query + 1 + pair.end(1)))
+    return spans
+
+
 def _plain_identifier(name: str) -> bool:
     return bool(name) and (name[0].isalpha() or name[0] == "_") and all(c.isalnum() or c == "_" for c in name)
 
@@ -164,7 +188,20 @@ def describe_error(target: PostgresTarget, exc: BaseException) -> str:
         return f"{where}: {_first_clause(text)}; create it first (createdb, or CREATE DATABASE)"
     if state == "42501":
         return (f"{where}: {_first_clause(text)}; grant the store's user the privilege (it creates and writes its "
-                "own tables: GRANT CREATE, USAGE ON SCHEMA ... TO user)")
+                f"own tables: {_grant(target, low)})")
+    if state == "57014" or "statement timeout" in low:
+        return (f"{where} canceled a statement at its statement_timeout ({_first_clause(text)}); raise it "
+                "(?options=-c%20statement_timeout%3D60000 in --store, or ALTER ROLE ... SET statement_timeout) or "
+                "end what holds the locks it waited for (pg_locks)")
+    if state == "55P03" or "lock timeout" in low:
+        return (f"{where} canceled a statement at its lock_timeout ({_first_clause(text)}); raise it or end what "
+                "holds the lock (pg_locks)")
+    if state == "53300" or "too many clients" in low or "remaining connection slots" in low:
+        return (f"{where} has no connection slot left ({_first_clause(text)}); raise max_connections on the server "
+                f"or lower ${POOL_SIZE_ENV} (each eventing process keeps up to {DEFAULT_POOL_SIZE})")
+    if state == "25006" or "read-only transaction" in low:
+        return (f"{where} is read-only ({_first_clause(text)}): a standby; point --store at the primary, or list "
+                "every host with ?target_session_attrs=read-write")
     if state in ("53100",) or "no space left" in low or "could not extend file" in low:
         return (f"{where} is out of disk space ({_first_clause(text)}); free space on the server, then run the "
                 "command again (everything committed is kept)")
@@ -176,10 +213,21 @@ def describe_error(target: PostgresTarget, exc: BaseException) -> str:
     return f"{where}: {_first_clause(text)}"
 
 
+def _grant(target: PostgresTarget, low: str) -> str:
+    """The GRANT a refused store's user needs, with its names."""
+    parts = urlsplit(target.url)
+    user = parts.username or os.environ.get("PGUSER") or "USER"
+    if "for database" in low:
+        return f"GRANT CREATE ON DATABASE {parts.path.lstrip('/') or 'DATABASE'} TO {user}"
+    return f"GRANT CREATE, USAGE ON SCHEMA {target.schema or 'public'} TO {user}"
+
+
 def _first_clause(text: str) -> str:
-    """The server's words without libpq's preamble (the host and port are named already)."""
+    """The server's words without libpq's preamble (the host and port are named already) nor the statement
+    quoted after them (`LINE 1: CREATE TABLE ... ^`)."""
     import re
 
+    text = re.sub(r"\s+LINE \d+: .*$", "", text)
     text = re.sub(r'^(connection failed: )?connection to server at "[^"]*"(, port \d+)? failed: (FATAL: +)?', "", text)
     text = text.replace("Is the server running on that host and accepting TCP/IP connections?", "").strip()
     return text.split("\n")[0][:300]
