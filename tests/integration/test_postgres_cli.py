@@ -77,6 +77,7 @@ class Session:
     cwd: Path
     never: Path  # $EVENTING_DATA_DIR: must never be made
     functions: Path
+    created: str  # what `bucket create customers` said
     run_exit: int
     run_output: str
 
@@ -98,9 +99,8 @@ def session(tmp_path_factory):
         cwd.mkdir()
         cmd = Commands(cwd, {"EVENTING_STORE": url, "EVENTING_DATA_DIR": str(never)}, logs=str(root / "logs"))
         folder = functions_folder(root)
-        for bucket in ("customers", "orders", "js_orders", "emails", "ledger", "reminders", "copies", "totals",
-                       "js_summaries"):
-            cmd.ok("bucket", "create", bucket)
+        created = [cmd.ok("bucket", "create", bucket) for bucket in (
+            "customers", "orders", "js_orders", "emails", "ledger", "reminders", "copies", "totals", "js_summaries")]
         cmd.ok("bucket", "load", "customers", "--documents", str(CUSTOMERS), "--mutations", str(CUSTOMER_MUTATIONS),
                "--seed", "5")
         cmd.ok("bucket", "load", "orders", "--file", str(EXAMPLES / "orders.jsonl"))
@@ -109,7 +109,7 @@ def session(tmp_path_factory):
                      "fn_boxed"):
             cmd.ok("deploy", str(folder / f"{name}.json"))
         run = cmd("run", "--until-caught-up", "--close-windows", timeout=600)
-        yield Session(cmd, url, cwd, never, folder, run.returncode, run.stdout + run.stderr)
+        yield Session(cmd, url, cwd, never, folder, created[0], run.returncode, run.stdout + run.stderr)
     finally:
         server.stop()
 
@@ -120,6 +120,7 @@ def update_mutations(state: PostgresState, bucket: str) -> list:
 
 
 def test_one_run_on_ray_handles_every_function_and_says_what_it_dead_lettered(session):
+    assert session.created == f"bucket 'customers' ready ({session.url})\n"  # where it is: the server
     # exit 3: mutations were dead-lettered (fn_total's order without a price), everything else handled
     assert session.run_exit == 3, session.run_output
     listed = {f["name"]: f["state"] for f in session.json("list")}
@@ -212,7 +213,8 @@ def test_backup_of_a_postgresql_store_says_in_one_line_what_to_use(session):
     assert done.returncode == 2 and done.stdout == ""
     line = done.stderr.strip()
     assert "\n" not in line and "Traceback" not in line
-    assert "pg_dump" in line and "eventing store copy" in line
+    assert "is a PostgreSQL store: back it up with the server's own tools (pg_dump" in line
+    assert "eventing store copy" in line
 
 
 def test_a_store_given_by_flag_works_the_same_from_any_folder(session, tmp_path):
