@@ -138,6 +138,7 @@ class DataApiWriters:
         self.statuses: Counter[int] = Counter()
         self.acked: dict[str, dict] = {}
         self.unavailable: list[dict[str, str]] = []  # headers of each 503
+        self.refusals: list[str] = []  # and its body
         self.errors: list[str] = []  # answers other than 2xx and 503, and failures to connect
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -184,6 +185,7 @@ class DataApiWriters:
                     self.acked[key] = value
                 elif answer.status == 503:
                     self.unavailable.append(headers)
+                    self.refusals.append(body.decode(errors="replace"))
                 else:
                     self.errors.append(f"{key}: {answer.status} {body[:300]!r}")
             if answer.status == 503:

@@ -376,6 +376,7 @@ class PostgresDatabase:
         self.failed_attempts = 0  # statements or connections that failed and were (or will be) tried again
         self._in_use = 0  # pooled connections lent out (the pool is this database's alone)
         self.pool_renewals = 0  # pools replaced after an outage (_renew_pool)
+        self._checking = False  # a check of the pool's idle connections is running (_check_pool)
 
     @classmethod
     def open(cls, url: str) -> PostgresDatabase:
@@ -517,6 +518,8 @@ class PostgresDatabase:
                                      wait_s - (time.monotonic() - started))
             except (psycopg.Error, PoolTimeout) as exc:
                 self.failed_attempts += 1
+                if _lost_answer(exc):
+                    self._check_pool()
                 # Away, a standby (read-only), or the transaction is still running (lock_timeout): ask again.
                 if not (retriable(exc) or getattr(exc, "sqlstate", None) == "55P03" or isinstance(exc, PoolTimeout)):
                     return None
@@ -549,6 +552,7 @@ class PostgresDatabase:
                         ambiguous=True,
                     ) from None
                 lost = amb.cause  # not committed: run it again, as after any lost connection
+                self._check_pool()
                 if not retry or time.monotonic() - started >= wait_s:
                     raise StoreUnavailableError(describe_error(self.target, lost) + " (nothing was committed)") from None
                 self.retried["connection"] += 1
@@ -566,6 +570,8 @@ class PostgresDatabase:
                     ) from None
                 self.retried[getattr(reason, "sqlstate", None) or "connection"] += 1
                 self.failed_attempts += 1
+                if _lost_answer(reason):
+                    self._check_pool()
                 if not warned:
                     log.warning("%s; retrying for up to %.0fs", describe_error(self.target, reason), wait_s)
                     warned = True
@@ -604,6 +610,27 @@ class PostgresDatabase:
             with self._lock:
                 self._in_use -= 1
             pool.putconn(conn)
+
+    def _check_pool(self) -> None:
+        """A connection was lost: the pool's idle ones (from before a restart, a failover, or a server that
+        ended them) are likely gone too, and a retry handed each in turn would fail again, backing off
+        each time. psycopg_pool's check takes them all out at once, keeps those that answer and replaces
+        the others; on a thread of its own (one at a time), so the retry waits for no dead peer."""
+        pool = self._pool
+        with self._lock:
+            if pool is None or self._checking:
+                return
+            self._checking = True
+
+        def check() -> None:
+            try:
+                pool.check()
+            except Exception:  # noqa: BLE001 - a closed pool, or a server gone again: the retries go on
+                log.debug("checking the pool's connections failed", exc_info=True)
+            finally:
+                self._checking = False
+
+        threading.Thread(target=check, name="eventing-pool-check", daemon=True).start()
 
     def _renew_pool(self, stale: Any) -> None:
         """Replace `stale` (a pool waiting out its reconnection backoff while the server answers again) by

@@ -108,7 +108,9 @@ def session(tmp_path_factory):
         for name in ("fn_sales_per_minute", "fn_email", "fn_total", "fn_js_orders", "fn_ledger", "fn_remind",
                      "fn_boxed"):
             cmd.ok("deploy", str(folder / f"{name}.json"))
-        run = cmd("run", "--until-caught-up", "--close-windows", timeout=600)
+        # Every function's workers in two shared processes: seven functions' worth of processes would cost more
+        # start-up than their work here (the other modules run a process per worker).
+        run = cmd("run", "--until-caught-up", "--close-windows", "--worker-processes", "2", timeout=600)
         yield Session(cmd, url, cwd, never, folder, created[0], run.returncode, run.stdout + run.stderr)
     finally:
         server.stop()

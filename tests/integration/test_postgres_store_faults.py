@@ -77,8 +77,9 @@ def test_commits_wait_through_server_restarts_and_none_is_lost_or_applied_twice(
 def test_transactions_after_a_long_outage_do_not_wait_for_the_pools_reconnection_backoff(monkeypatch):
     """psycopg_pool doubles its wait between reconnection attempts (1, 2, 4, 8 s...): after ~10 s away, its
     next attempt may be seconds after the server is back. Every transaction meanwhile would wait POOL_WAIT_S
-    for a pooled connection and then run on one of its own; the first one that connects replaces the pool,
-    so the rest run on pooled connections at once."""
+    for a pooled connection and then run on one of its own (6 s for these 10): the pool is replaced once a
+    connection of its own succeeds, or refilled by the check a lost connection starts, so the rest run on
+    pooled connections at once."""
     monkeypatch.setenv("EVENTING_STORE_WAIT_S", "60")
     server = ThrowawayPostgres()
     server.start()
@@ -98,7 +99,6 @@ def test_transactions_after_a_long_outage_do_not_wait_for_the_pools_reconnection
         took = time.monotonic() - started
         assert db.read("SELECT count(*), sum(n) FROM t") == [(10, 55)]
         assert took < 3.0, f"10 transactions took {took:.1f}s after the server came back"
-        assert db.pool_renewals == 1
         db.close()
     finally:
         server.stop()
