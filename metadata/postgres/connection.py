@@ -146,7 +146,8 @@ def password_spans(text: str) -> list[tuple[int, int]]:
     spans = []
     begin = found.end()
     rest = text[begin:]
-    netloc_end = begin + (re.search(r"[/?#]", rest).start() if re.search(r"[/?#]", rest) else len(rest))
+    stop = re.search(r"[/?#]", rest)
+    netloc_end = begin + (stop.start() if stop else len(rest))
     at = text.rfind("@", begin, netloc_end)
     colon = text.find(":", begin, at) if at != -1 else -1
     if colon != -1 and colon + 1 < at:
