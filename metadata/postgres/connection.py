@@ -657,6 +657,12 @@ class PostgresDatabase:
             return exc
         return None
 
+    def reached_before(self) -> None:
+        """This process belongs to a deployment whose service reached the server (a worker started or
+        restarted by it): a server that does not answer is waited for as in any outage, for the whole
+        $EVENTING_STORE_WAIT_S, instead of being named as a mistake within FIRST_CONTACT_S."""
+        self._reached = True
+
     def _first_contact(self) -> None:
         """This process's first connection, made directly so that its error is the server's own: a wrong
         password or a missing database at once, a server that does not answer within FIRST_CONTACT_S."""

@@ -230,3 +230,37 @@ def test_a_primary_killed_and_its_synchronous_standby_promoted_loses_no_acknowle
         state.close()
     finally:
         primary.stop()
+
+
+@pytest.mark.soak
+def test_soak_the_server_killed_again_and_again_under_run_and_serve(server, ray_session, tmp_path, empty_cwd):
+    url = server.create_database("restarts")
+    cmd = Commands(empty_cwd, {"EVENTING_STORE": url}, logs=str(tmp_path / "logs"))
+    cmd.ok("bucket", "create", "src")
+    deploy_ledger(cmd, tmp_path, "fn_restarts", "src", workers=4, sleep_ms=1)
+    state = PostgresState(url)
+    load_source(state, 1000, 20_000)
+    port = free_port()
+    run, serve = run_and_serve(cmd, ray_session.get_runtime_context().gcs_address, port)
+    try:
+        with DataApiWriters(port, "src", threads=4) as load:
+            for round_ in range(8):
+                mark = load.written
+                wait_for(lambda mark=mark: load.written > mark + 200, f"writes before restart {round_ + 1}")
+                server.kill()
+                killed_at = time.monotonic()
+                away_s = 1 + round_ % 3 * AWAY_S / 2  # 1 s, 4 s, 7 s: within and beyond the serve's wait
+                wait_for(lambda killed_at=killed_at, away_s=away_s: time.monotonic() - killed_at > away_s,
+                         "the server to stay away")
+                server.start()
+        assert run.alive(), run.describe()
+        assert serve.alive(), serve.describe()
+        wait_for(lambda: caught_up(state, "fn_restarts", "src"), "the function to catch up", timeout=300)
+    finally:
+        assert run.stop() == 0, run.describe()
+        assert serve.stop(sig=signal.SIGINT) in (0, 130), serve.describe()
+    assert load.errors == [] and set(load.statuses) <= {200, 201, 503}, (load.statuses, load.errors[:5])
+    assert all(h.get("retry-after", "").isdigit() for h in load.unavailable)
+    assert_acked_are_there(state, "src", load.acked)
+    assert_ledger_exact(cmd, state, "fn_restarts", "src")
+    state.close()

@@ -200,6 +200,58 @@ def test_the_hidden_nodes_workers_handle_their_share_on_postgresql_and_killed_wo
     state.close()
 
 
+def test_an_error_a_worker_raises_reaches_the_service_as_itself(env):
+    """An EventingError raised in a worker on another node (the store away longer than the wait) comes back
+    from Ray as itself, its one line and its fields, not wrapped in Ray's traceback: the run stops on that
+    line (`function ... stopped: PostgreSQL at ... is unreachable ...`)."""
+    import ray
+
+    from metadata.errors import StoreUnavailableError
+
+    def fails_on_n2() -> None:
+        from metadata.errors import StoreUnavailableError
+
+        raise StoreUnavailableError("PostgreSQL at 127.0.0.1:5432 is unreachable (Connection refused); start the "
+                                    "server or fix the host and port in --store (waited 60s)", ambiguous=True)
+
+    future = ray.remote(num_cpus=0, resources={"n2": 0.01})(fails_on_n2).remote()
+    with pytest.raises(StoreUnavailableError) as caught:
+        RayExecutor(env.ray.address).result(future)
+    assert str(caught.value).startswith("PostgreSQL at 127.0.0.1:5432 is unreachable") and "\n" not in str(caught.value)
+    assert "ray::" not in str(caught.value) and caught.value.ambiguous
+
+
+@pytest.mark.soak
+def test_soak_killing_workers_of_both_nodes_again_and_again_on_postgresql(env, url):
+    state = PostgresState(url)
+    load_source(state, 1000, 40_000, seed=24)
+    deploy_function(state, ledger_definition("fn_kills", "src", "ledger", workers=2, sleep_ms=1, batch_size=100))
+    pin(url, {"n1": env.head_id, "n2": env.n2.node_id})
+    service = EventingService(url, RayExecutor(env.ray.address), until_caught_up=True)
+    result: dict = {}
+    thread = threading.Thread(target=lambda: result.update(summary=service.run()), daemon=True)
+    thread.start()
+    kills = 0
+    try:
+        for wid in ["n1/w0", "n2/w0", "n1/w1", "n2/w1"] * 4:
+            def busy(wid: str = wid) -> bool:
+                sup = service.supervisors.get("fn_kills")
+                slot = sup.slots.get(wid) if sup else None
+                return bool(slot and slot.ready and slot.pid and not slot.caught_up and slot.backlog)
+
+            if not thread.is_alive():
+                break
+            wait_for(lambda wid=wid: busy(wid) or not thread.is_alive(), f"worker {wid} to be busy", timeout=120)
+            if thread.is_alive():
+                os.kill(service.supervisors["fn_kills"].slots[wid].pid, signal.SIGKILL)
+                kills += 1
+    finally:
+        thread.join(timeout=600)
+    assert not result["summary"].errors and kills >= 8, (kills, result.get("summary"))
+    assert_ledger_exact(url, "fn_kills")
+    state.close()
+
+
 def test_a_driver_killed_mid_run_on_postgresql_resumes_from_its_checkpoints(env, url, tmp_path):
     state = PostgresState(url)
     load_source(state, 300, 4000, seed=22)

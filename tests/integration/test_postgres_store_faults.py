@@ -102,3 +102,36 @@ def test_transactions_after_a_long_outage_do_not_wait_for_the_pools_reconnection
         db.close()
     finally:
         server.stop()
+
+
+def test_a_worker_started_while_the_server_is_away_waits_for_it(monkeypatch):
+    """A worker (re)started by a running service while the server is away (its process's first connection)
+    waits for the server as any transaction does, instead of naming it unreachable after FIRST_CONTACT_S,
+    which is for a command given a wrong --store: the function would stop on that line."""
+    from eventing.storage.remote import DataAccess
+    from metadata.postgres import connection
+
+    monkeypatch.setattr(connection, "FIRST_CONTACT_S", 1.0)
+    monkeypatch.setattr(connection.PostgresDatabase, "_opened", {})  # this test's "worker process"
+    server = ThrowawayPostgres()
+    server.start()
+    try:
+        url = server.create_database("worker")
+        server.kill()
+        found: list = []
+        opened_at = time.monotonic()
+
+        def worker_start() -> None:
+            try:
+                found.append(DataAccess(url, None).metadata().list_functions())
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                found.append(exc)
+
+        starting = threading.Thread(target=worker_start)
+        starting.start()
+        _wait_for(lambda: time.monotonic() - opened_at > 2.5 or bool(found))  # past FIRST_CONTACT_S
+        server.start()
+        starting.join(60)
+        assert found == [[]], found
+    finally:
+        server.stop()
