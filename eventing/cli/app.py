@@ -79,6 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     words = sys.argv[1:] if argv is None else argv
+    if argv is None and any("://" in word for word in words):
+        from eventing.cli.process_title import hide_passwords
+
+        hide_passwords()  # a password in --store: out of what `ps` shows from now on
     if "--version" in words and "--json" in words:
         # argparse's version action prints text as soon as it meets --version, before --json is known.
         print(json.dumps({"version": __version__}))

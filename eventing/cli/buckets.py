@@ -25,12 +25,13 @@ from eventing.storage.writes import chunked
 
 
 def cmd_bucket_create(args: argparse.Namespace) -> int:
-    bucket = writable_state(args).create_bucket(args.name, exist_ok=args.exist_ok, partitions=args.partitions)
+    state = writable_state(args)
+    bucket = state.create_bucket(args.name, exist_ok=args.exist_ok, partitions=args.partitions)
     if args.json:
         emit_json(bucket.stats())
     else:
         parts = bucket.stats()["partitions"]
-        where = bucket.path if bucket.path is not None else f"in {state_of(args).shown}"
+        where = bucket.path or state.shown  # a file, or the server's tables (a PostgreSQL store)
         print(f"bucket '{args.name}' ready ({where}{f', {parts} partitions' if parts > 1 else ''})")
     return 0
 

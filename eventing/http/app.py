@@ -32,6 +32,7 @@ from eventing.http.auth import (
 )
 from eventing.http.dataapi import DataApi
 from eventing.http.dataapi import serves as serves_data_api
+from eventing.http.dataapi_errors import retry_after
 
 PROTECTED_PREFIXES = ("/api/", "/pools", "/metrics", "/getAppLog", "/getDeployedApps", "/getRunningApps", "/resetStatsCounters")
 DATA_API_PREFIXES = ("/v1/", "/v1.alpha/")  # authenticated here; refusals in the Data API's own shape
@@ -113,7 +114,8 @@ class GuardMiddleware:
             except StoreError as exc:  # the users cannot be read: the store is busy or damaged (the CLI's line)
                 line = str(exc)
                 await send_json(send, 503, {"code": "UnderlyingServiceUnavailable", "message": line} if data_api
-                                else {"error": line, "fix": line.rpartition("; ")[2] or None})
+                                else {"error": line, "fix": line.rpartition("; ")[2] or None},
+                                [(k.lower().encode(), v.encode()) for k, v in retry_after(exc).items()])
                 return
             except AuthError as refused:
                 if data_api:  # answered in the Data API's error shape ({code, message})

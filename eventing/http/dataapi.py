@@ -44,7 +44,7 @@ from eventing.http.auth import (
     Identity,
     ServerConfig,
 )
-from eventing.http.dataapi_errors import ApiError, bad, not_allowed
+from eventing.http.dataapi_errors import ApiError, bad, not_allowed, retry_after
 from eventing.http.dataapi_load import LOAD_PREFIX, serve_load
 from eventing.http.dataapi_requests import (
     DOCUMENT_OPS,
@@ -92,8 +92,8 @@ class DataApi:
             status, headers, body, ctype = await self.dispatch(scope, receive)
         except ApiError as exc:
             status, headers, body, ctype = exc.status, exc.headers, json.dumps(exc.body()).encode(), "application/json"
-        except StoreError as exc:  # busy, damaged (the CLI's line: the file and the way out), or a full disk
-            status, headers, ctype = 503, {}, "application/json"
+        except StoreError as exc:  # busy, away, damaged (the CLI's line: the file and the way out), or a full disk
+            status, headers, ctype = 503, retry_after(exc), "application/json"
             body = json.dumps({"code": "UnderlyingServiceUnavailable", "message": f"{exc}"}).encode()
         except Exception as exc:  # a fault of this server: still the Data API's error shape
             log.exception("Data API: %s %s failed", scope["method"], scope["path"])

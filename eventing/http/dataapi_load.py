@@ -14,7 +14,7 @@ from starlette.types import Receive, Scope, Send
 from eventing.core.keyspaces import Keyspace
 from eventing.core.mutation import MAX_DOCUMENT_BYTES
 from eventing.errors import ConfigError, EventingError, InvalidKeyError, StoreError
-from eventing.http.dataapi_errors import ApiError
+from eventing.http.dataapi_errors import ApiError, retry_after
 from eventing.http.dataapi_requests import respond_json
 from eventing.http.dataapi_writer import Buckets
 from eventing.ops.jsonl import rows_of_lines
@@ -66,7 +66,7 @@ async def serve_load(buckets: Buckets, state: State, scope: Scope, receive: Rece
         tg.start_soon(feed)
         status, answer = await anyio.to_thread.run_sync(loader.run, chunks)
         tg.cancel_scope.cancel()
-    await respond_json(send, status, answer)
+    await respond_json(send, status, answer, loader.headers)
 
 
 class _Loader:
@@ -80,6 +80,7 @@ class _Loader:
         self.written = 0
         self.abandoned = False
         self.error: str | None = None
+        self.headers: dict[str, str] = {}  # of the answer: Retry-After when the store was away
 
     def _lines(self, chunks: Any) -> Any:
         partial = b""
@@ -112,6 +113,7 @@ class _Loader:
             return exc.status, {"error": exc.message, "fix": None, "committed": self.committed}
         except StoreError as exc:  # the bucket is busy, damaged or on a full disk: no line of the load is at fault
             message = str(exc)  # the CLI's line; `committed` says how many rows went in before it
+            self.headers = retry_after(exc)
             return 503, {"error": message, "fix": message.rpartition("; ")[2] or None, "committed": self.committed}
         except (EventingError, InvalidKeyError) as exc:
             rejected.append(f"{exc}")

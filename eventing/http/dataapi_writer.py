@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from eventing.core.keyspaces import DEFAULT, Keyspace
-from eventing.errors import ConfigError, NotFoundError, StoreLockedError
+from eventing.errors import ConfigError, NotFoundError, StoreLockedError, StoreUnavailableError
 from eventing.http.dataapi_documents import Answer, Change, plan_op
 from eventing.http.dataapi_errors import ApiError, api_error
 from eventing.http.dataapi_requests import DocRequest
@@ -192,8 +192,8 @@ class _Turns:
                 try:
                     done = opened.bucket.change_documents(changes)
                 except Exception as exc:
-                    if len(changes) == 1 or isinstance(exc, StoreLockedError):
-                        raise
+                    if len(changes) == 1 or isinstance(exc, StoreLockedError | StoreUnavailableError):
+                        raise  # the store, not a write, failed: each on its own would wait as long again
                     # one write the store refused fails the transaction: make each on its own
                     done = []
                     for change in changes:

@@ -27,6 +27,7 @@ from starlette.types import Receive, Scope, Send
 from eventing.core.definition import check_function_name
 from eventing.errors import ConfigError, EventingError, InvalidKeyError
 from eventing.http import auth, function_access
+from eventing.http.dataapi_errors import retry_after
 from eventing.http.routes_collections import (
     create_collection,
     drop_collection,
@@ -211,7 +212,7 @@ def _endpoint(ep: Endpoint) -> Callable[[Request], Any]:
             return JSONResponse(refused.body(), status_code=refused.status, headers=refused.headers)
         except (EventingError, InvalidKeyError) as exc:
             code, body = error_body(exc)
-            return JSONResponse(body, status_code=code)
+            return JSONResponse(body, status_code=code, headers=retry_after(exc) or None)
         if isinstance(result, Response):
             return result
         return JSONResponse(result, status_code=ep.status)

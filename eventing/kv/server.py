@@ -20,7 +20,7 @@ from collections.abc import Awaitable
 from typing import Any
 
 from eventing.core.keyspaces import DEFAULT, WILDCARD, Keyspace
-from eventing.errors import NotFoundError
+from eventing.errors import NotFoundError, StoreError
 from eventing.http.auth import (
     ADMIN,
     DATA_READ,
@@ -240,6 +240,8 @@ class _Connection:
                 return self.error(req, p.EACCESS, exc.message)
             status = p.E2BIG if "limit" in exc.message or "larger" in exc.message else p.EINVAL
             return self.error(req, status if exc.status < 500 else p.ETMPFAIL, exc.message)
+        if isinstance(exc, StoreError):  # the store's server away or failing over, a file locked, a full disk
+            return self.error(req, p.ETMPFAIL, f"{exc}")
         log.error("KV request 0x%02x failed", req.opcode, exc_info=exc)
         return self.error(req, p.EINTERNAL, f"internal error ({type(exc).__name__}); the server log has the details")
 
@@ -266,6 +268,12 @@ class _Connection:
     # -- requests ---------------------------------------------------------------------------------------
 
     async def handle(self, req: p.Request) -> None:
+        try:
+            await self._handle(req)
+        except StoreError as exc:  # the users or the collections could not be read: the store is away or busy
+            self.answer(req, self.error(req, p.ETMPFAIL, f"{exc}"))
+
+    async def _handle(self, req: p.Request) -> None:
         op = req.opcode
         ok = lambda **fields: p.response(op, req.opaque, **fields)  # noqa: E731
         if op == p.HELLO:

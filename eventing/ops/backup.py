@@ -29,7 +29,7 @@ def _data_dir(state: StateLike, what: str) -> str:
     state = as_state(state)
     if state.directory is None:
         raise ConfigError(
-            f"{state.shown} is a PostgreSQL store: {what} it with the server's own tools (pg_dump, a standby, "
+            f"{state.shown} is a PostgreSQL store: {what} with the server's own tools (pg_dump, a standby, "
             "point-in-time recovery), or copy it whole into a data directory with `eventing store copy --from "
             f"{state.shown} --to DIR` (and back with --from DIR --to URL)"
         )
@@ -45,7 +45,7 @@ def backup(state: StateLike, output: str | None = None, *, with_buckets: bool = 
     every partition). The buckets are copied after the store, so they hold at least what its checkpoints
     cover: after a restore, mutations past the checkpoints are handled again and the binding buckets'
     effect marks skip the effects they already hold."""
-    data_dir = _data_dir(state, "back up")
+    data_dir = _data_dir(state, "back it up")
     if with_buckets:
         folder = Path(output) if output else default_backup_path(data_dir).with_name(
             default_backup_path(data_dir).name.replace("metadata-", "backup-").removesuffix(".sqlite3")
@@ -125,7 +125,7 @@ def restore(state: StateLike, backup_file: str) -> dict:
     """
     from eventing.control.lifecycle import SERVICE_STALE_S
 
-    data_dir = _data_dir(state, "restore")
+    data_dir = _data_dir(state, "restore it")
     if os.environ.get(METADATA_URL_ENV):
         raise ConfigError(
             f"the metadata store is in Couchbase ({METADATA_URL_ENV} is set); restore it with Couchbase's own "

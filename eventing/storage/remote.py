@@ -479,7 +479,8 @@ class DataAccess:
     def state(self) -> State:
         """The state opened directly (``local`` only)."""
         if self._state is None:
-            self._state = open_state(self.location)
+            # A worker's: its service reached the store, so a server away now is waited for.
+            self._state = open_state(self.location, reached_before=True)
         return self._state
 
     def bucket(self, name: str) -> Bucket:

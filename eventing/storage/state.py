@@ -312,13 +312,15 @@ def is_server_location(location: str) -> bool:
     return is_postgres_url(location)
 
 
-def open_state(location: str | os.PathLike[str]) -> State:
-    """The state at `location`: a data directory, or a ``postgresql://`` URL."""
+def open_state(location: str | os.PathLike[str], *, reached_before: bool = False) -> State:
+    """The state at `location`: a data directory, or a ``postgresql://`` URL. `reached_before`: this process
+    is part of a running deployment (a worker), whose service reached the store: a server that does not
+    answer is an outage to wait out ($EVENTING_STORE_WAIT_S), not a mistake in the location to name at once."""
     text = os.fspath(location)
     if is_server_location(text):
         from eventing.storage.postgres.state import PostgresState
 
-        return PostgresState(text)
+        return PostgresState(text, reached_before=reached_before)
     return DirectoryState(text)
 
 

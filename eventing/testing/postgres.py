@@ -223,6 +223,15 @@ class ThrowawayPostgres:
         self.sql(f'CREATE DATABASE "{name}"')
         return self.url(name)
 
+    def add_user(self, name: str, password: str, *, superuser: bool = False) -> str:
+        """A role that logs in over TCP with its password only (scram-sha-256: a wrong one is refused, where
+        every other user is trusted); returns its URL of the `postgres` database, password included."""
+        self.sql(f"CREATE ROLE \"{name}\" LOGIN {'SUPERUSER' if superuser else ''} PASSWORD '{password}'")
+        hba = self.data / "pg_hba.conf"
+        hba.write_text(f"host all {name} 127.0.0.1/32 scram-sha-256\n" + hba.read_text())
+        self.sql("SELECT pg_reload_conf()")
+        return f"postgresql://{name}:{password}@127.0.0.1:{self.port}/postgres"
+
     def add_standby(self, *, synchronous: bool = True, name: str = "standby1") -> ThrowawayPostgres:
         """A streaming standby of this server (pg_basebackup -R), started; with `synchronous`, commits
         on this server wait for it (synchronous_standby_names)."""

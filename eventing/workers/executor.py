@@ -272,10 +272,12 @@ class RayExecutor:
                 self.shared.died(future)  # every core of that process is gone: none is placed there again
             raise WorkerDied(str(exc).splitlines()[0]) from None
         except RayTaskError as exc:
+            original = getattr(exc, "cause", None)
+            if isinstance(original, EventingError):
+                raise original from None  # the worker's own error: its one line, its way out, its fields
             cause = exc.as_instanceof_cause()
             if isinstance(cause, EventingError):
                 raise _again(cause) from None
-            original = getattr(exc, "cause", None)
             if isinstance(original, WorkerDied):  # one core of a shared process (its sandbox ended, or dropped)
                 raise WorkerDied(str(original)) from None
             missing = missing_dependency(str(exc)) if isinstance(cause, ImportError) else None

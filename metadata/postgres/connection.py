@@ -135,6 +135,31 @@ def redact(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
+def password_spans(text: str) -> list[tuple[int, int]]:
+    """Where the passwords of a PostgreSQL URL are in `text` as written (the authority's, and ?password='s),
+    as (start, end) indexes: `text` may be the URL or an option holding it (`--store=postgresql://...`)."""
+    import re
+
+    found = re.search(r"(?i)\b(postgresql|postgres)://", text)
+    if found is None:
+        return []
+    spans = []
+    begin = found.end()
+    rest = text[begin:]
+    stop = re.search(r"[/?#]", rest)
+    netloc_end = begin + (stop.start() if stop else len(rest))
+    at = text.rfind("@", begin, netloc_end)
+    colon = text.find(":", begin, at) if at != -1 else -1
+    if colon != -1 and colon + 1 < at:
+        spans.append((colon + 1, at))
+    query = text.find("?", begin)
+    if query != -1:
+        for pair in re.finditer(r"(?:^|&)password=([^&#]*)", text[query + 1:]):
+            if pair.group(1):
+                spans.append((query + 1 + pair.start(1), query + 1 + pair.end(1)))
+    return spans
+
+
 def _plain_identifier(name: str) -> bool:
     return bool(name) and (name[0].isalpha() or name[0] == "_") and all(c.isalnum() or c == "_" for c in name)
 
@@ -164,7 +189,20 @@ def describe_error(target: PostgresTarget, exc: BaseException) -> str:
         return f"{where}: {_first_clause(text)}; create it first (createdb, or CREATE DATABASE)"
     if state == "42501":
         return (f"{where}: {_first_clause(text)}; grant the store's user the privilege (it creates and writes its "
-                "own tables: GRANT CREATE, USAGE ON SCHEMA ... TO user)")
+                f"own tables: {_grant(target, low)})")
+    if state == "57014" or "statement timeout" in low:
+        return (f"{where} canceled a statement at its statement_timeout ({_first_clause(text)}); raise it "
+                "(?options=-c%20statement_timeout%3D60000 in --store, or ALTER ROLE ... SET statement_timeout) or "
+                "end what holds the locks it waited for (pg_locks)")
+    if state == "55P03" or "lock timeout" in low:
+        return (f"{where} canceled a statement at its lock_timeout ({_first_clause(text)}); raise it or end what "
+                "holds the lock (pg_locks)")
+    if state == "53300" or "too many clients" in low or "remaining connection slots" in low:
+        return (f"{where} has no connection slot left ({_first_clause(text)}); raise max_connections on the server "
+                f"or lower ${POOL_SIZE_ENV} (each eventing process keeps up to {DEFAULT_POOL_SIZE})")
+    if state == "25006" or "read-only transaction" in low:
+        return (f"{where} is read-only ({_first_clause(text)}): a standby; point --store at the primary, or list "
+                "every host with ?target_session_attrs=read-write")
     if state in ("53100",) or "no space left" in low or "could not extend file" in low:
         return (f"{where} is out of disk space ({_first_clause(text)}); free space on the server, then run the "
                 "command again (everything committed is kept)")
@@ -176,10 +214,21 @@ def describe_error(target: PostgresTarget, exc: BaseException) -> str:
     return f"{where}: {_first_clause(text)}"
 
 
+def _grant(target: PostgresTarget, low: str) -> str:
+    """The GRANT a refused store's user needs, with its names."""
+    parts = urlsplit(target.url)
+    user = parts.username or os.environ.get("PGUSER") or "USER"
+    if "for database" in low:
+        return f"GRANT CREATE ON DATABASE {parts.path.lstrip('/') or 'DATABASE'} TO {user}"
+    return f"GRANT CREATE, USAGE ON SCHEMA {target.schema or 'public'} TO {user}"
+
+
 def _first_clause(text: str) -> str:
-    """The server's words without libpq's preamble (the host and port are named already)."""
+    """The server's words without libpq's preamble (the host and port are named already) nor the statement
+    quoted after them (`LINE 1: CREATE TABLE ... ^`)."""
     import re
 
+    text = re.sub(r"\s+LINE \d+: .*$", "", text)
     text = re.sub(r'^(connection failed: )?connection to server at "[^"]*"(, port \d+)? failed: (FATAL: +)?', "", text)
     text = text.replace("Is the server running on that host and accepting TCP/IP connections?", "").strip()
     return text.split("\n")[0][:300]
@@ -327,6 +376,8 @@ class PostgresDatabase:
         self.resolved: collections.Counter[str] = collections.Counter()
         self.failed_attempts = 0  # statements or connections that failed and were (or will be) tried again
         self._in_use = 0  # pooled connections lent out (the pool is this database's alone)
+        self.pool_renewals = 0  # pools replaced after an outage (_renew_pool)
+        self._checking = False  # a check of the pool's idle connections is running (_check_pool)
 
     @classmethod
     def open(cls, url: str) -> PostgresDatabase:
@@ -468,6 +519,8 @@ class PostgresDatabase:
                                      wait_s - (time.monotonic() - started))
             except (psycopg.Error, PoolTimeout) as exc:
                 self.failed_attempts += 1
+                if _lost_answer(exc):
+                    self._check_pool()
                 # Away, a standby (read-only), or the transaction is still running (lock_timeout): ask again.
                 if not (retriable(exc) or getattr(exc, "sqlstate", None) == "55P03" or isinstance(exc, PoolTimeout)):
                     return None
@@ -500,6 +553,7 @@ class PostgresDatabase:
                         ambiguous=True,
                     ) from None
                 lost = amb.cause  # not committed: run it again, as after any lost connection
+                self._check_pool()
                 if not retry or time.monotonic() - started >= wait_s:
                     raise StoreUnavailableError(describe_error(self.target, lost) + " (nothing was committed)") from None
                 self.retried["connection"] += 1
@@ -517,6 +571,8 @@ class PostgresDatabase:
                     ) from None
                 self.retried[getattr(reason, "sqlstate", None) or "connection"] += 1
                 self.failed_attempts += 1
+                if _lost_answer(reason):
+                    self._check_pool()
                 if not warned:
                     log.warning("%s; retrying for up to %.0fs", describe_error(self.target, reason), wait_s)
                     warned = True
@@ -526,8 +582,11 @@ class PostgresDatabase:
     def _attempt(self, fn: Callable[[psycopg.Connection], T], timeout_s: float) -> T:
         """`fn` on a pooled connection. When the pool has none to give within POOL_WAIT_S although it is
         not all in use, it is waiting between reconnection attempts after an outage (psycopg_pool backs
-        off up to 32 s): `fn` then runs on a connection of its own, which fails at once if the server is
-        still away. When every pooled connection is in use, it waits for one, up to `timeout_s`."""
+        off, doubling the wait each time: after a 15 s outage its next attempt may be 16 s away): `fn`
+        then runs on a connection of its own, which fails at once if the server is still away. Once such
+        a connection succeeds, the server is back: the pool is replaced by a new one, which connects now
+        (every transaction would otherwise wait POOL_WAIT_S for the old one until its next attempt).
+        When every pooled connection is in use, it waits for one, up to `timeout_s`."""
         import psycopg
         from psycopg_pool import PoolTimeout
 
@@ -537,6 +596,7 @@ class PostgresDatabase:
         except PoolTimeout:
             if self._in_use < self._pool_size:
                 direct = psycopg.connect(self.target.url, autocommit=True)
+                self._renew_pool(pool)
                 try:
                     self._configure(direct)
                     return fn(direct)
@@ -552,6 +612,37 @@ class PostgresDatabase:
                 self._in_use -= 1
             pool.putconn(conn)
 
+    def _check_pool(self) -> None:
+        """A connection was lost: the pool's idle ones (from before a restart, a failover, or a server that
+        ended them) are likely gone too, and a retry handed each in turn would fail again, backing off
+        each time. psycopg_pool's check takes them all out at once, keeps those that answer and replaces
+        the others; on a thread of its own (one at a time), so the retry waits for no dead peer."""
+        pool = self._pool
+        with self._lock:
+            if pool is None or self._checking:
+                return
+            self._checking = True
+
+        def check() -> None:
+            try:
+                pool.check()
+            except Exception:  # noqa: BLE001 - a closed pool, or a server gone again: the retries go on
+                log.debug("checking the pool's connections failed", exc_info=True)
+            finally:
+                self._checking = False
+
+        threading.Thread(target=check, name="eventing-pool-check", daemon=True).start()
+
+    def _renew_pool(self, stale: Any) -> None:
+        """Replace `stale` (a pool waiting out its reconnection backoff while the server answers again) by
+        a new pool; the old one closes on a thread of its own once its lent connections are back."""
+        with self._lock:
+            if self._pool is not stale:
+                return  # another thread renewed it already
+            self._pool = None
+            self.pool_renewals += 1
+        threading.Thread(target=stale.close, kwargs={"timeout": 30.0}, name="eventing-pool-close", daemon=True).start()
+
     def _probe(self) -> BaseException | None:
         """Why a new connection cannot be made now (the pool only says it timed out), or None."""
         import psycopg
@@ -565,6 +656,12 @@ class PostgresDatabase:
         except psycopg.Error as exc:
             return exc
         return None
+
+    def reached_before(self) -> None:
+        """This process belongs to a deployment whose service reached the server (a worker started or
+        restarted by it): a server that does not answer is waited for as in any outage, for the whole
+        $EVENTING_STORE_WAIT_S, instead of being named as a mistake within FIRST_CONTACT_S."""
+        self._reached = True
 
     def _first_contact(self) -> None:
         """This process's first connection, made directly so that its error is the server's own: a wrong

@@ -143,6 +143,37 @@ def test_a_damaged_metadata_store_is_a_503_with_the_clis_line(data_dir, capsys):
         assert (r.status_code, r.json()["message"]) == (503, cli_line)
 
 
+def test_a_store_that_is_away_is_a_503_with_retry_after_and_a_damaged_one_without(client, monkeypatch):
+    """StoreUnavailableError (a server store away longer than the wait) and StoreLockedError pass by
+    themselves: 503 with Retry-After, wherever the store failed (looking up the keyspace, committing the
+    write, a bulk load), never a 400 that blames the request."""
+    from eventing.errors import StoreCorruptError, StoreUnavailableError
+    from eventing.http.dataapi_writer import Buckets
+
+    away = StoreUnavailableError("PostgreSQL at 127.0.0.1:5432 is unreachable (Connection refused); start the "
+                                 "server or fix the host and port in --store (waited 2s)")
+
+    def fail(*args, **kwargs):
+        raise away
+
+    for target in (Buckets, LocalBucket):
+        with monkeypatch.context() as patch:
+            patch.setattr(*((target, "collection", fail) if target is Buckets else (target, "change_documents", fail)))
+            r = client.put(f"{DOC}/k", content='{"n": 2}', headers=A)
+            assert (r.status_code, r.json()["code"], r.json()["message"]) == (503, "UnderlyingServiceUnavailable",
+                                                                              str(away)), target
+            assert r.headers["retry-after"] == "1"
+    with monkeypatch.context() as patch:
+        patch.setattr(LocalBucket, "load_rows", fail)
+        r = client.post("/api/v1/keyspaces/shop/load", headers=A, content='{"key": "x", "doc": {}}\n')
+        assert (r.status_code, r.json()["committed"], r.headers["retry-after"]) == (503, 0, "1")
+    with monkeypatch.context() as patch:
+        patch.setattr(LocalBucket, "change_documents", lambda *a, **k: (_ for _ in ()).throw(StoreCorruptError("damaged")))
+        r = client.put(f"{DOC}/k", content='{"n": 2}', headers=A)
+        assert r.status_code == 503 and "retry-after" not in r.headers  # someone must repair it first
+    assert client.get(f"{DOC}/k", headers=A).json() == {"n": 1}
+
+
 def _definition():
     from eventing.core.definition import FunctionDefinition
 

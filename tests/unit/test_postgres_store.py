@@ -349,6 +349,25 @@ class CommitAnswerDropper:
         self.listener.close()
 
 
+def test_connections_the_server_ended_are_taken_out_of_the_pool_at_the_first_loss(pg_schema_url):
+    """A server that ends every connection (a restart, a failover, an operator's pg_terminate_backend) leaves
+    the pool's idle connections dead. The first transaction to find one has the pool check them all at
+    once: it runs again on a live connection, not once on each dead one, backing off between them."""
+    name = f"ended{uuid.uuid4().hex[:8]}"
+    db = PostgresDatabase(parse_postgres_url(pg_schema_url.replace("?", f"?application_name={name}&")))
+    errors = _run_all([lambda: db.read("SELECT pg_sleep(0.2)")] * 6)  # six pooled connections, idle after
+    assert errors == []
+    operator = _conn(pg_schema_url)
+    ended = operator.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE "
+                             "application_name = %s", (name,)).fetchone()[0]
+    assert ended >= 6
+    before = db.failed_attempts
+    assert db.read("SELECT 42") == [(42,)]
+    assert db.failed_attempts - before <= 2, db.failed_attempts - before  # not one per dead connection
+    db.close()
+    operator.close()
+
+
 def test_a_commit_whose_answer_was_lost_is_found_committed_and_not_run_again(pg_schema_url):
     parts = urlsplit(pg_schema_url)
     proxy = CommitAnswerDropper(parts.hostname or "127.0.0.1", parts.port or 5432)

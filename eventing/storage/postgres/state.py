@@ -23,10 +23,12 @@ if TYPE_CHECKING:
 class PostgresState:
     """``State`` (eventing.storage.state) on a PostgreSQL server."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, *, reached_before: bool = False):
         self._url = url
         self.target = parse_postgres_url(url)
         self.db = PostgresDatabase.open(url)
+        if reached_before:  # a worker of a running deployment (eventing.storage.state.open_state)
+            self.db.reached_before()
         self._metadata: MetadataStore | None = None
         self._lock = threading.Lock()
 
