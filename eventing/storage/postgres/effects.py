@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 
 from eventing.storage.effects import resolve_conditions
 from eventing.storage.postgres.registry import BucketRef
-from eventing.storage.postgres.writer import LogWriter, Written, items_of, vb_of
+from eventing.storage.postgres.writer import BY_KEYS, LogWriter, Written, items_of, send, vb_of
 from eventing.storage.values import EffectGroup, EffectResult, Write
 from metadata.postgres.connection import Cursor
 
@@ -38,18 +38,26 @@ class EffectApplier:
 
     # -- marks ----------------------------------------------------------------------------------------
 
+    _SELECT_MARKS = (
+        "SELECT vb, epoch, seqno FROM bucket_effect_marks WHERE bucket = %s AND function = %s "
+        "AND vb = ANY(%s::int2[]) ORDER BY vb FOR UPDATE"
+    )
+
     def _lock_marks(self, cur: Cursor, function: str, vbs: Iterable[int]) -> Marks:
         """Lock the marks of (function, vb) for ``vbs``, in vBucket order; those that did not exist are made
         (epoch 0, seqno 0: what a missing mark means) so they are locked too. Their values."""
+        return self._marks_of(cur, function, self._send_lock_marks(cur, function, vbs))
+
+    def _send_lock_marks(self, cur: Cursor, function: str, vbs: Iterable[int]) -> tuple[list[int], object]:
         wanted = sorted(set(vbs))
-        if not wanted:
+        return wanted, send(cur, self._SELECT_MARKS, (self.ref.id, function, wanted)) if wanted else None
+
+    def _marks_of(self, cur: Cursor, function: str, sent: tuple[list[int], object]) -> Marks:
+        wanted, answer = sent
+        if answer is None:
             return {}
-        select = (
-            "SELECT vb, epoch, seqno FROM bucket_effect_marks WHERE bucket = %s AND function = %s "
-            "AND vb = ANY(%s::int2[]) ORDER BY vb FOR UPDATE"
-        )
-        found: Marks = {vb: (epoch, seqno) for vb, epoch, seqno in cur.execute(
-            select, (self.ref.id, function, wanted)).fetchall()}
+        select = self._SELECT_MARKS
+        found: Marks = {vb: (epoch, seqno) for vb, epoch, seqno in answer.fetchall()}  # type: ignore[attr-defined]
         missing = [vb for vb in wanted if vb not in found]
         if missing:
             made = {r[0] for r in cur.execute(
@@ -151,7 +159,7 @@ class EffectApplier:
                 writer.log_in(cur, written, items, who, None)
                 return EffectResult(applied=len(items))
 
-            return writer.run(unmarked)
+            return writer.run(unmarked, pipeline=True)
 
         # Prepared before the transaction for the usual case, where no group is fenced or holds a write
         # already applied: the writes as one batch and each group's (vb, epoch, lowest and highest seqno).
@@ -162,8 +170,15 @@ class EffectApplier:
             for g in groups
         ]
 
+        targets = [vb_of(item[0]) for item in ready]
+
         def body(cur: Cursor, written: Written) -> EffectResult:
-            found = self._lock_marks(cur, function, (g.vb for g in groups))
+            # The marks, then the high seqnos of every vBucket the writes may go to, locked in that order
+            # (pipelined: one round trip with BEGIN); the writes and marks go with COMMIT.
+            asked = self._send_lock_marks(cur, function, (g.vb for g in groups))
+            locked = writer.send_lock(cur, targets)
+            found = self._marks_of(cur, function, asked)
+            heads = writer.heads_of(locked)
             if not conditional:
                 new_marks = []
                 for vb, epoch, lowest, highest in spans:
@@ -172,12 +187,12 @@ class EffectApplier:
                         break
                     new_marks.append((vb, epoch, max(mark_seqno, highest)))
                 else:
-                    writer.log_in(cur, written, ready, who, None)
+                    writer.log_in(cur, written, ready, who, None, heads=heads)
                     self._set_marks(cur, function, new_marks)
                     return EffectResult(applied=len(ready))
-            return general(cur, written, found)
+            return general(cur, written, found, heads)
 
-        def general(cur: Cursor, written: Written, found: Marks) -> EffectResult:
+        def general(cur: Cursor, written: Written, found: Marks, heads: tuple[dict[int, int], dict[int, int]]) -> EffectResult:
             result = EffectResult()
             writes: list[Write] = []
             new_marks = []
@@ -201,21 +216,20 @@ class EffectApplier:
                 new_marks.append((g.vb, g.epoch, top))
             if conditional and pending:
                 # Every write goes through the check, in order, against the documents as they are under
-                # the locks of their vBuckets.
-                writer.lock_heads(cur, (vb_of(w.key) for _, _, w in pending))
+                # the locks of their vBuckets (taken with the marks).
                 stored = self._docs_in(cur, {w.key for _, _, w in pending})
                 writes, result.conflicts = resolve_conditions(pending, stored.get)
-            writer.log_in(cur, written, items_of(writes), who, None)
+            writer.log_in(cur, written, items_of(writes), who, None, heads=heads)
             result.applied = len(writes)
             self._set_marks(cur, function, new_marks)
             return result
 
-        return writer.run(body)
+        return writer.run(body, pipeline=True)
 
     def _docs_in(self, cur: Cursor, keys: set[str]) -> dict[str, tuple[bytes, int, int]]:
         rows = cur.execute(
-            "SELECT key, doc, cas, expiry FROM bucket_docs WHERE bucket = %s AND key = ANY(%s::text[]) AND NOT deleted",
-            (self.ref.id, [k for k in keys if "\x00" not in k]),
+            BY_KEYS.format(columns="d.key, d.doc, d.cas, d.expiry") + " WHERE NOT d.deleted",
+            ([k for k in keys if "\x00" not in k], self.ref.id),
         ).fetchall()
         return {key: (doc, cas, expiry) for key, doc, cas, expiry in rows}
 
