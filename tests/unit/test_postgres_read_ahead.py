@@ -7,14 +7,27 @@ key in the index after the bucket grew from empty. A throwaway server, never ski
 from __future__ import annotations
 
 import random
+import threading
 import uuid
+from collections import Counter
 
 import pytest
 
+from eventing.control.service import EventingService
 from eventing.core.mutation import OP_DELETE, OP_UPDATE, encode_document
 from eventing.storage import postgres as pg_buckets
-from eventing.storage.postgres import read_ahead
+from eventing.storage.postgres import log_reader, read_ahead
+from eventing.storage.state import open_state
 from eventing.storage.values import StoredDocument, Write
+from eventing.testing import (
+    check_ledger,
+    deploy_function,
+    ledger_definition,
+    load_source,
+    read_call_log,
+    wait_for,
+)
+from eventing.workers.executor import InProcessExecutor
 from metadata.postgres import PostgresDatabase
 from sharding import NUM_VBUCKETS, vbucket_of
 
@@ -103,6 +116,70 @@ def test_rows_read_ahead_that_no_longer_follow_the_position_are_not_used(db):
     assert [r[1] for r in bucket.read_vb_rows(vb, 5, 4)] == [6, 7, 8, 9]  # still there for its position
     bucket.forget_prefetched({vb: 0})
     assert not bucket.has_ahead(vb)
+
+
+@pytest.fixture
+def reads(monkeypatch) -> Counter:
+    """Counts of this process's log statements: looks (read ahead) and reads of one vBucket's run."""
+    counts: Counter = Counter()
+    look, read = read_ahead.ReadAhead.look, log_reader.LogReader.read_vb_rows
+
+    def counted_look(self, wanted):
+        counts["looks"] += 1
+        return look(self, wanted)
+
+    def counted_read(self, vb, after, limit):
+        counts["runs read on the spot"] += 1
+        return read(self, vb, after, limit)
+
+    monkeypatch.setattr(read_ahead.ReadAhead, "look", counted_look)
+    monkeypatch.setattr(log_reader.LogReader, "read_vb_rows", counted_read)
+    return counts
+
+
+def test_a_function_behind_on_a_postgresql_store_reads_ahead_and_handles_every_mutation_once(
+    pg_url, tmp_path, monkeypatch, reads
+):
+    monkeypatch.setattr(read_ahead, "LOOK_AHEAD_ROWS", 700)  # several looks per worker, runs cut by the cap
+    mutations = 6000
+    source = load_source(pg_url, 600, mutations, chunk=2000, seed=5)
+    log = tmp_path / "calls"
+    deploy_function(pg_url, ledger_definition("fn_pg", "src", "ledger", workers=3, call_log=str(log), batch_size=250))
+    summary = EventingService(pg_url, InProcessExecutor(), until_caught_up=True).run()
+    assert not summary.errors and summary.functions["fn_pg"].handled == mutations
+    report = check_ledger(source, open_state(pg_url).open_bucket("ledger"))
+    assert report.ok and report.handled == mutations, report.summary()
+    calls = read_call_log(log)
+    assert sum(len(v) for v in calls.values()) == mutations
+    assert all(seqs == sorted(set(seqs)) for seqs in calls.values())
+    # 3 workers, ~2,000 mutations each over ~340 vBuckets: a statement per vBucket's run before
+    assert reads["looks"] >= 6 and reads["runs read on the spot"] < 300, reads
+
+
+def test_a_caught_up_function_on_a_postgresql_store_takes_each_new_write_from_its_look(pg_url, tmp_path, reads):
+    log = tmp_path / "calls"
+    state = open_state(pg_url)
+    source = state.create_bucket("src")
+    deploy_function(pg_url, ledger_definition("fn_live", "src", "ledger", workers=2, call_log=str(log)))
+    service = EventingService(pg_url, InProcessExecutor())
+    runner = threading.Thread(target=service.run, daemon=True)
+    runner.start()
+    try:
+        wait_for(lambda: service.supervisors.get("fn_live") and service.supervisors["fn_live"].ready, "workers up")
+        reads.clear()
+        for i in range(200):
+            source.upsert(f"d{i % 40}", {"i": i})
+        wait_for(lambda: sum(len(v) for v in read_call_log(log).values()) >= 200, "every write handled")
+    finally:
+        service.stop()
+        runner.join(60)
+    assert not runner.is_alive()
+    assert reads["runs read on the spot"] == 0 and reads["looks"] > 0, reads
+    calls = read_call_log(log)
+    assert sum(len(v) for v in calls.values()) == 200
+    assert all(seqs == sorted(set(seqs)) for seqs in calls.values())
+    report = check_ledger(source, state.open_bucket("ledger"))
+    assert report.ok and report.handled == 200, report.summary()
 
 
 def _indexed_rows_read(db: PostgresDatabase) -> int:
