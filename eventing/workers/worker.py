@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from eventing.core import counters as counter_names
 from eventing.core import filters
@@ -34,6 +34,9 @@ from eventing.workers.hang_guard import HangGuard
 from eventing.workers.source_reads import WorkerReads
 from eventing.workers.timer_firing import WorkerTimers
 from eventing.workers.write_waiter import WriteWaiter
+
+if TYPE_CHECKING:
+    from eventing.storage.postgres.wake_wait import PostgresWriteWaiter
 from metadata import TIMER_VB_BASE, DlqRow, TimerDone, owner_vb
 from sharding import vbucket_spans
 
@@ -178,12 +181,26 @@ class WorkerCore(WorkerTimers, WorkerReads):
         self.crash_guard = CrashGuard(self.store, self.name, spec.generation, notes_fd, 1 + pool)
         # concurrency > 1: a pool runs the batch's calls, several documents at once (else None: one at a time).
         self.calls = concurrent_calls.attach(self)
-        self.waiter = WriteWaiter.open(spec.wake_address) if spec.wake_address and self.data.local else None
+        self.waiter = self._open_waiter() if spec.wake_address and self.data.local else None
         self.assign_vbuckets(spec.vbuckets)
         if recycle_on_hang:
             self.hang_guard.recycle_on_hang(
                 self.name, spec.generation, self.epochs, lambda: self.spec.data_access().metadata()
             )
+
+    def _open_waiter(self) -> WriteWaiter | PostgresWriteWaiter | None:
+        """The waiter of a caught-up step: this worker's socket, to which the service forwards its writes'
+        datagrams; on a server's state (PostgreSQL), a LISTEN connection of its own, which is woken on any
+        machine (eventing.storage.postgres.wake_wait)."""
+        state = self.data.state
+        if state.directory is None:
+            from eventing.storage.postgres.state import PostgresState
+            from eventing.storage.postgres.wake_wait import PostgresWriteWaiter
+
+            assert isinstance(state, PostgresState)
+            return PostgresWriteWaiter.open(state.db, self.defn.source_bucket, self.epochs)
+        assert self.spec.wake_address is not None
+        return WriteWaiter.open(self.spec.wake_address)
 
     # -- ownership ----------------------------------------------------------------------------------
 
