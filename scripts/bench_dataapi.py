@@ -191,6 +191,13 @@ def main() -> None:
     run(args, None)
 
 
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds used so far by process ``pid`` (all its threads)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def serve(where: list[str], env: dict[str, str]) -> tuple[subprocess.Popen, str, int]:
     port, kv_port = free_port(), free_port()
     proc = subprocess.Popen([str(BIN), "serve", *where, "--port", str(port), "--kv-port", str(kv_port)], env=env,
@@ -215,8 +222,10 @@ def run(args: argparse.Namespace, store) -> None:  # noqa: ANN001 - a BenchStore
         proc, base, _ = serve(["--data-dir", str(data)], env)
         try:
             wait_up(base, proc)
+            serve_before = process_cpu_s(proc.pid)
             baseline = put_bench_wrk(base, args.clients, args.seconds, work) if client == "wrk" else put_bench(
                 base, args.clients, args.seconds)
+            baseline["serve_cpu_us"] = round((process_cpu_s(proc.pid) - serve_before) / max(1, baseline["docs"]) * 1e6)
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(30)
@@ -230,18 +239,19 @@ def run(args: argparse.Namespace, store) -> None:  # noqa: ANN001 - a BenchStore
     with open(lines, "wb") as f:
         for i in range(args.rows):
             f.write(b'{"key":"k%07d","doc":{"i":%d,"name":"user %d","tags":["a","b"]}}\n' % (i, i, i))
-    server_before = store.server_cpu_s() if store is not None else 0.0
     proc, base, kv_port = serve(where, env)
     try:
         wait_up(base, proc)
+        server_before = store.snapshot() if store is not None else {}
+        serve_before = process_cpu_s(proc.pid)
         if client == "wrk":
             put = put_bench_wrk(base, args.clients, args.seconds, work)
         else:
             put = put_bench(base, args.clients, args.seconds)
-        server_s = store.server_cpu_s() - server_before if store is not None else 0.0
+        put["serve_cpu_us"] = round((process_cpu_s(proc.pid) - serve_before) / max(1, put["docs"]) * 1e6)
+        server = store.since(server_before, put["docs"]) if store is not None else {}
         print(f"{'store' if store is not None else 'data directory'}: PUT from {args.clients} {client} clients: {put}"
-              + (f"; the server's CPU {server_s:.1f}s" if store is not None and store.server is not None else ""),
-              file=sys.stderr)
+              + (f"; per PUT on the server: {server}" if server else ""), file=sys.stderr)
         sdk_put = sdk_bench(kv_port, args.clients, args.seconds) if sdk else None
         if sdk_put is not None:
             print(f"SDK upserts from {args.clients} threads: {sdk_put}", file=sys.stderr)
@@ -272,8 +282,9 @@ def run(args: argparse.Namespace, store) -> None:  # noqa: ANN001 - a BenchStore
                        "store_put_errors": put["errors"], "put_errors": baseline["errors"],
                        "store_vs_data_dir": round(put["docs_per_s"] / max(1, baseline["docs_per_s"]), 3),
                        **({"store_p50_ms": put["p50_ms"], "store_p99_ms": put["p99_ms"]} if "p50_ms" in put else {})})
-        if store is not None and store.server is not None and put["docs"]:
-            result["store_server_us_per_put"] = round(server_s / put["docs"] * 1e6)
+        result["store_serve_cpu_us"] = put["serve_cpu_us"]
+        result["serve_cpu_us"] = baseline["serve_cpu_us"]
+        result.update({f"store_{k}_per_put": v for k, v in server.items()})
     if sdk_put is not None:
         result.update({"sdk_docs_per_s": sdk_put["docs_per_s"], "sdk_errors": sdk_put["errors"],
                        "sdk_vs_dataapi": round(sdk_put["docs_per_s"] / max(1, put["docs_per_s"]), 2)})

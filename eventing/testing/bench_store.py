@@ -109,6 +109,25 @@ class BenchStore:
             total += int(fields[11]) + int(fields[12])  # utime, stime
         return total / os.sysconf("SC_CLK_TCK")
 
+    def snapshot(self) -> dict[str, float]:
+        """The throwaway server's counters so far ({} for a server of your own): CPU seconds of its
+        processes, WAL flushes to disk (pg_stat_wal) and transactions committed (every database)."""
+        if self.server is None:
+            return {}
+        syncs, commits = self.server.sql(
+            "SELECT (SELECT wal_sync FROM pg_stat_wal), (SELECT sum(xact_commit) FROM pg_stat_database)").split("|")
+        return {"cpu_s": self.server_cpu_s(), "wal_syncs": float(syncs), "commits": float(commits)}
+
+    def since(self, before: dict[str, float], per: float) -> dict[str, float]:
+        """What the server did since ``before`` (a snapshot), per item: CPU microseconds, WAL flushes and
+        commits (each ``per`` items); {} for a server of your own."""
+        now = self.snapshot()
+        if not now or not before or per <= 0:
+            return {}
+        return {"server_cpu_us": round((now["cpu_s"] - before["cpu_s"]) / per * 1e6, 1),
+                "wal_syncs": round((now["wal_syncs"] - before["wal_syncs"]) / per, 3),
+                "commits": round((now["commits"] - before["commits"]) / per, 3)}
+
     def describe(self) -> str:
         if self.server is not None:
             return f"a throwaway PostgreSQL server on port {self.server.port} (fsync on)"

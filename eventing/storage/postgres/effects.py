@@ -51,7 +51,7 @@ class EffectApplier:
 
     _SELECT_MARKS = (
         "SELECT vb, epoch, seqno FROM bucket_effect_marks WHERE bucket = %s AND function = %s "
-        "AND vb = ANY(%s::int2[]) ORDER BY vb FOR UPDATE"
+        "AND vb = ANY(%b::int2[]) ORDER BY vb FOR UPDATE"
     )
 
     def _lock_marks(self, cur: Cursor, function: str, vbs: Iterable[int]) -> Marks:
@@ -73,7 +73,7 @@ class EffectApplier:
         if missing:
             made = {r[0] for r in cur.execute(
                 "INSERT INTO bucket_effect_marks(bucket, function, vb, epoch, seqno) "
-                "SELECT %s, %s, vb, 0, 0 FROM unnest(%s::int2[]) AS vb ON CONFLICT DO NOTHING RETURNING vb",
+                "SELECT %s, %s, vb, 0, 0 FROM unnest(%b::int2[]) AS vb ON CONFLICT DO NOTHING RETURNING vb",
                 (self.ref.id, function, missing),
             ).fetchall()}
             raced = [vb for vb in missing if vb not in made]  # made by another transaction meanwhile
@@ -94,7 +94,7 @@ class EffectApplier:
         vbs = sorted(merged)
         cur.execute(
             "INSERT INTO bucket_effect_marks(bucket, function, vb, epoch, seqno) "
-            "SELECT %s, %s, m.vb, m.epoch, m.seqno FROM unnest(%s::int2[], %s::int8[], %s::int8[]) AS m(vb, epoch, seqno) "
+            "SELECT %s, %s, m.vb, m.epoch, m.seqno FROM unnest(%b::int2[], %b::int8[], %b::int8[]) AS m(vb, epoch, seqno) "
             "ON CONFLICT (bucket, function, vb) DO UPDATE SET epoch = excluded.epoch, "
             "seqno = GREATEST(bucket_effect_marks.seqno, excluded.seqno)",
             (self.ref.id, function, vbs, [merged[vb][0] for vb in vbs], [merged[vb][1] for vb in vbs]),
@@ -107,7 +107,7 @@ class EffectApplier:
         def body(cur: Cursor, written: Written) -> None:
             cur.execute(
                 "INSERT INTO bucket_effect_marks(bucket, function, vb, epoch, seqno) "
-                "SELECT %s, %s, m.vb, m.epoch, 0 FROM unnest(%s::int2[], %s::int8[]) AS m(vb, epoch) ORDER BY m.vb "
+                "SELECT %s, %s, m.vb, m.epoch, 0 FROM unnest(%b::int2[], %b::int8[]) AS m(vb, epoch) ORDER BY m.vb "
                 "ON CONFLICT (bucket, function, vb) DO UPDATE SET epoch = GREATEST(bucket_effect_marks.epoch, excluded.epoch)",
                 (self.ref.id, function, vbs, [epochs[vb] for vb in vbs]),
             )
@@ -132,7 +132,7 @@ class EffectApplier:
             if moved:
                 vbs = sorted(moved)
                 cur.execute(
-                    "UPDATE bucket_effect_marks m SET seqno = u.seqno FROM unnest(%s::int2[], %s::int8[]) AS u(vb, seqno) "
+                    "UPDATE bucket_effect_marks m SET seqno = u.seqno FROM unnest(%b::int2[], %b::int8[]) AS u(vb, seqno) "
                     "WHERE m.bucket = %s AND m.function = %s AND m.vb = u.vb",
                     (vbs, [seqnos[vb] for vb in vbs], self.ref.id, function),
                 )
@@ -143,7 +143,7 @@ class EffectApplier:
     def _lock_marks_present(self, cur: Cursor, function: str, vbs: Iterable[int]) -> Marks:
         rows = cur.execute(
             "SELECT vb, epoch, seqno FROM bucket_effect_marks WHERE bucket = %s AND function = %s "
-            "AND vb = ANY(%s::int2[]) ORDER BY vb FOR UPDATE",
+            "AND vb = ANY(%b::int2[]) ORDER BY vb FOR UPDATE",
             (self.ref.id, function, sorted(set(vbs))),
         ).fetchall()
         return {vb: (epoch, seqno) for vb, epoch, seqno in rows}

@@ -42,7 +42,7 @@ LOOK_AHEAD_ROWS = int(os.environ.get("EVENTING_PG_READ_AHEAD", "32000"))
 _RUNS = f"""
 WITH p AS (
     SELECT p.vb, p.after, p.ord, least(h.seqno - p.after, p.lim) AS n
-    FROM unnest(%s::int2[], %s::int8[], %s::int8[]) WITH ORDINALITY AS p(vb, after, lim, ord)
+    FROM unnest(%b::int2[], %b::int8[], %b::int8[]) WITH ORDINALITY AS p(vb, after, lim, ord)
     JOIN bucket_high h ON h.bucket = %s AND h.vb = p.vb
     WHERE h.seqno > p.after AND h.vb BETWEEN %s AND %s
 ), q AS (

@@ -54,8 +54,8 @@ _INSERT = """
 WITH l AS (
     INSERT INTO bucket_log(bucket, vb, seqno, key, op, cas, doc, origin, expiry, flags, arrival_ms)
     SELECT %(bucket)s, r.vb, r.seqno, r.key, r.op, r.cas, r.doc, %(origin)s, r.expiry, r.flags, r.arrival_ms
-    FROM unnest(%(vb)s::int2[], %(seqno)s::int8[], %(key)s::text[], %(op)s::int2[], %(cas)s::int8[],
-                %(doc)s::bytea[], %(expiry)s::int8[], %(flags)s::int8[], %(arrival)s::int8[])
+    FROM unnest(%(vb)b::int2[], %(seqno)b::int8[], %(key)b::text[], %(op)b::int2[], %(cas)b::int8[],
+                %(doc)b::bytea[], %(expiry)b::int8[], %(flags)b::int8[], %(arrival)b::int8[])
          AS r(vb, seqno, key, op, cas, doc, expiry, flags, arrival_ms)
     RETURNING vb, seqno, key, op, cas, doc, expiry, flags, arrival_ms
 ), d AS (
@@ -94,7 +94,7 @@ _COPY = ("COPY bucket_log(bucket, vb, seqno, key, op, cas, doc, origin, expiry, 
 _COPY_TYPES = ["int4", "int2", "int8", "text", "int2", "int8", "bytea", "text", "int8", "int8", "int8"]
 _AFTER_COPY = """
 WITH u AS (
-    SELECT * FROM unnest(%(vb)s::int2[], %(first)s::int8[], %(last)s::int8[], %(arrival)s::int8[])
+    SELECT * FROM unnest(%(vb)b::int2[], %(first)b::int8[], %(last)b::int8[], %(arrival)b::int8[])
         AS u(vb, first_seqno, last_seqno, arrival_ms)
 ), d AS (
     INSERT INTO bucket_docs(bucket, key, vb, seqno, cas, deleted, doc, expiry, flags)
@@ -107,13 +107,13 @@ WITH u AS (
 )
 UPDATE bucket_high h SET seqno = u.last_seqno, arrival_ms = u.arrival_ms FROM u WHERE h.bucket = %(bucket)s AND h.vb = u.vb
 """
-_LOCK = ("SELECT vb, seqno, arrival_ms FROM bucket_high WHERE bucket = %s AND vb = ANY(%s::int2[]) "
+_LOCK = ("SELECT vb, seqno, arrival_ms FROM bucket_high WHERE bucket = %s AND vb = ANY(%b::int2[]) "
          "ORDER BY vb FOR UPDATE")
 _LOCK_ONE = "SELECT vb, seqno, arrival_ms FROM bucket_high WHERE bucket = %s AND vb = %s FOR UPDATE"
 
 # The rows of several keys, each found by the primary key whatever the table's statistics (see the module
 # docstring): {columns} of bucket_docs as `d`, the keys an array parameter, then the bucket's id.
-BY_KEYS = ("SELECT {columns} FROM unnest(%s::text[]) AS k(key) CROSS JOIN LATERAL "
+BY_KEYS = ("SELECT {columns} FROM unnest(%b::text[]) AS k(key) CROSS JOIN LATERAL "
             "(SELECT * FROM bucket_docs WHERE bucket = %s AND key = k.key LIMIT 1) d")
 _DOCS = BY_KEYS.format(columns="d.key, d.doc, d.cas, d.expiry, d.flags, d.vb, d.seqno") + " WHERE NOT d.deleted"
 _LIVE = BY_KEYS.format(columns="d.key, d.deleted")
