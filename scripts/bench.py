@@ -20,6 +20,15 @@ Workloads (--workload):
 --filter-ratio R (W1): the documents get a field `segment`, "vip" in a fraction R of them, and W1 runs twice
 per run in the same process, without a filter and with `{"field": "segment", "eq": "vip"}` (deletes, ~5%,
 pass too: a filter on document fields does not filter deletes); prints both rates and filtered/unfiltered.
+
+--store postgresql://... (W1): the same W1 also on a PostgreSQL store, in the same run: the bucket is loaded
+into the data directory and into the store, and each run times the plain loop (over the data directory's
+bucket), eventing on the data directory and eventing on the store (these two in alternating order, run to
+run). The function, its checkpoints and the source bucket are all the store's. `--store postgresql` starts a
+throwaway server for the run (fsync on, on this machine's cores; eventing.testing.bench_store); a URL of a
+server of your own gets a schema of its own, dropped at the end. The last line's JSON adds `store_mps`,
+`store_ratio` (store/plain) and `store_vs_sqlite` (store / data directory, eventing's rates), and the CPU
+the server used per mutation (`store_server_us`, a throwaway server only).
 """
 
 from __future__ import annotations
@@ -126,7 +135,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="the function's isolation; both: each run times eventing unsandboxed, then sandboxed")
     parser.add_argument("--runs", type=int, default=1,
                         help="time the plain loop and eventing this many times, alternating (default 1)")
+    parser.add_argument("--store", default=None, metavar="postgresql[://...]",
+                        help="W1 also on this PostgreSQL store in the same run: a URL, or `postgresql` for a "
+                             "throwaway server started for the run (fsync on)")
     args = parser.parse_args(argv)
+    if args.store is not None:
+        from eventing.testing.bench_store import check_option
+
+        why = check_option(args.store)
+        if why is None and (args.workload != "trivial" or args.filter_ratio is not None or args.isolation != "none"):
+            why = "--store times W1 only (no --workload writing, --filter-ratio or --isolation)"
+        if why:
+            parser.error(why)
     writing = args.workload == "writing"
     if args.mutations is None:
         args.mutations = 300_000 if writing else 1_000_000
@@ -146,6 +166,10 @@ def measure(args: argparse.Namespace, handler: str, writing: bool, temps: contex
     data_dir = args.data_dir or temp_dir("eventing-bench-")
     if args.filter_ratio is not None:
         return measure_filter(args, handler, data_dir)
+    if args.store is not None:
+        from eventing.testing.bench_store import BenchStore
+
+        return measure_store(args, handler, data_dir, temps.enter_context(BenchStore(args.store)))
     t0 = time.perf_counter()
     bucket = load_bench_bucket(data_dir, "bench", args.documents, args.mutations)
     load_s = time.perf_counter() - t0
@@ -196,6 +220,73 @@ def measure(args: argparse.Namespace, handler: str, writing: bool, temps: contex
            if args.isolation == "both" else {}),
         "load_mps": round(args.mutations / load_s), "mutations": args.mutations,
         "workers": args.workers, **({"partitions": args.partitions} if writing else {}), **({"runs": runs} if args.runs > 1 else {}),
+    }))
+    return 0
+
+
+def measure_store(args: argparse.Namespace, handler: str, data_dir: str, store) -> int:  # noqa: ANN001
+    """W1 on the data directory and on a PostgreSQL store in the same run (see --store)."""
+    from eventing.storage.state import open_state
+
+    location = store.location("w1")
+    print(f"store: {store.describe()}")
+    t0 = time.perf_counter()
+    bucket = load_bench_bucket(data_dir, "bench", args.documents, args.mutations)
+    load_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    state = open_state(location)
+    load_bench_bucket(state, "bench", args.documents, args.mutations)
+    store_load_s = time.perf_counter() - t0
+    # What autovacuum would do some time after a load (seconds of the server's CPU after 1M rows), done
+    # now so that it does not land in a timed run.
+    state.db.run(lambda conn: conn.execute("VACUUM (ANALYZE)"))  # type: ignore[attr-defined]
+    state.close()
+    print(f"load: {args.mutations:,} mutations over {args.documents:,} documents: data directory {load_s:.1f}s "
+          f"({args.mutations / load_s:,.0f}/s), store {store_load_s:.1f}s ({args.mutations / store_load_s:,.0f}/s)")
+    runs: list[dict] = []
+    for run in range(1, args.runs + 1):
+        label = f"run {run}/{args.runs}: " if args.runs > 1 else ""
+        n_plain, plain_s = plain_loop(bucket, handler, None)
+        plain_mps = n_plain / plain_s
+        print(f"{label}plain loop: {n_plain:,} mutations in {plain_s:.2f}s = {plain_mps:,.0f} mutations/s")
+        row: dict = {"plain_mps": round(plain_mps)}
+        # Alternating which goes first, run to run: the machine's load hits both alike.
+        order = [("sqlite", data_dir), ("store", location)]
+        for kind, where in order if run % 2 else order[::-1]:
+            executor = RayExecutor()
+            server_before = store.server_cpu_s()
+            figures = eventing_run(where, executor, args, handler, run, n_plain, None)
+            server_s = store.server_cpu_s() - server_before
+            ray.shutdown()
+            if figures is None:
+                return 1
+            mps = figures["eventing_mps"]
+            prefix = "" if kind == "sqlite" else "store_"
+            row[f"{prefix}eventing_mps" if kind == "sqlite" else "store_mps"] = round(mps)
+            row[f"{prefix}ratio"] = round(mps / plain_mps, 3)
+            extra = ""
+            if kind == "store" and store.server is not None:
+                row["store_server_us"] = round(server_s / figures["handled"] * 1e6, 2)
+                extra = f"; the server's CPU {server_s:.1f}s ({row['store_server_us']} us a mutation)"
+            print(f"{label}eventing on {'the data directory' if kind == 'sqlite' else 'the store'} ({args.workers} "
+                  f"Ray workers): {figures['handled']:,} mutations in {figures['run_s']:.2f}s = {mps:,.0f} mutations/s "
+                  f"once workers were up (workers up in {figures['up_s']:.1f}s){extra}")
+        row["store_vs_sqlite"] = round(row["store_mps"] / row["eventing_mps"], 3)
+        print(f"{label}ratio eventing/plain: data directory {row['ratio']:.2f}, store {row['store_ratio']:.2f}; "
+              f"store/data directory {row['store_vs_sqlite']:.2f}")
+        runs.append(row)
+    summary = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+    if args.runs > 1:
+        print("store/data directory: " + ", ".join(f"{r['store_vs_sqlite']:.2f}" for r in runs)
+              + f"; median {summary['store_vs_sqlite']:.2f}")
+    print(json.dumps({
+        "workload": args.workload, "plain_mps": round(summary["plain_mps"]), "eventing_mps": round(summary["eventing_mps"]),
+        "ratio": round(summary["ratio"], 3), "store_mps": round(summary["store_mps"]),
+        "store_ratio": round(summary["store_ratio"], 3), "store_vs_sqlite": round(summary["store_vs_sqlite"], 3),
+        **({"store_server_us": summary["store_server_us"]} if "store_server_us" in summary else {}),
+        "store": "throwaway" if store.server is not None else "url",
+        "load_mps": round(args.mutations / load_s), "store_load_mps": round(args.mutations / store_load_s),
+        "mutations": args.mutations, "workers": args.workers, **({"runs": runs} if args.runs > 1 else {}),
     }))
     return 0
 

@@ -11,7 +11,13 @@ the CPU themselves).
 (eventing.kv): N threads sharing one Cluster, as an application would, each upserting single documents; the
 Data API's PUTs run first in the same run (wrk when installed, else Python threads) for the comparison.
 
+`--store postgresql://...` (or `--store postgresql`: a throwaway server started for the run, fsync on; see
+eventing.testing.bench_store) runs the same on a PostgreSQL store, and first, in the same run, the PUTs on a
+data directory for the baseline: the JSON adds `store_docs_per_s` and `store_vs_data_dir` (PUTs) and the
+bulk figures are the store's.
+
     .venv/bin/python scripts/bench_dataapi.py [--clients 16] [--seconds 10] [--rows 200000] [--client auto|wrk|python|sdk]
+    .venv/bin/python scripts/bench_dataapi.py --store postgresql --rows 50000
 """
 
 from __future__ import annotations
@@ -168,7 +174,38 @@ def main() -> None:
     ap.add_argument("--client", choices=("auto", "wrk", "python", "sdk"), default="auto",
                     help="who sends the PUTs: wrk when installed (auto), else Python threads; sdk: also Couchbase's "
                     "SDK over the KV port, after the Data API's PUTs")
+    ap.add_argument("--store", default=None, metavar="postgresql[://...]",
+                    help="also on this PostgreSQL store, the data directory's PUTs first as the baseline: a URL, or "
+                         "`postgresql` for a throwaway server started for the run (fsync on)")
     args = ap.parse_args()
+    if args.store is not None:
+        from eventing.testing.bench_store import BenchStore, check_option
+
+        why = check_option(args.store)
+        if why:
+            ap.error(why)
+        with BenchStore(args.store) as store:
+            print(f"store: {store.describe()}", file=sys.stderr)
+            run(args, store)
+        return
+    run(args, None)
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds used so far by process ``pid`` (all its threads)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def serve(where: list[str], env: dict[str, str]) -> tuple[subprocess.Popen, str, int]:
+    port, kv_port = free_port(), free_port()
+    proc = subprocess.Popen([str(BIN), "serve", *where, "--port", str(port), "--kv-port", str(kv_port)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return proc, f"http://127.0.0.1:{port}", kv_port
+
+
+def run(args: argparse.Namespace, store) -> None:  # noqa: ANN001 - a BenchStore or None
     client = args.client
     sdk = client == "sdk"
     if client in ("auto", "sdk"):
@@ -178,24 +215,43 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-dataapi-"))
     data = work / "data"
     env = {**os.environ, "EVENTING_ADMIN_TOKEN": "", "EVENTING_READ_TOKEN": ""}
-    for bucket in ("bench", "bulk_http", "bulk_cli"):
-        subprocess.run([str(BIN), "bucket", "create", bucket, "--data-dir", str(data)], check=True, env=env,
+    baseline = None
+    if store is not None:  # the data directory's PUTs first, in the same run
+        subprocess.run([str(BIN), "bucket", "create", "bench", "--data-dir", str(data)], check=True, env=env,
                        stdout=subprocess.DEVNULL)
+        proc, base, _ = serve(["--data-dir", str(data)], env)
+        try:
+            wait_up(base, proc)
+            serve_before = process_cpu_s(proc.pid)
+            baseline = put_bench_wrk(base, args.clients, args.seconds, work) if client == "wrk" else put_bench(
+                base, args.clients, args.seconds)
+            baseline["serve_cpu_us"] = round((process_cpu_s(proc.pid) - serve_before) / max(1, baseline["docs"]) * 1e6)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(30)
+        print(f"data directory: PUT from {args.clients} {client} clients: {baseline}", file=sys.stderr)
+    where = ["--store", store.location("dataapi")] if store is not None else ["--data-dir", str(data)]
+    for bucket in ("bench", "bulk_http", "bulk_cli"):
+        if store is not None or bucket != "bench" or baseline is None:
+            subprocess.run([str(BIN), "bucket", "create", bucket, *where], check=True, env=env,
+                           stdout=subprocess.DEVNULL)
     lines = work / "rows.jsonl"
     with open(lines, "wb") as f:
         for i in range(args.rows):
             f.write(b'{"key":"k%07d","doc":{"i":%d,"name":"user %d","tags":["a","b"]}}\n' % (i, i, i))
-    port, kv_port = free_port(), free_port()
-    base = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([str(BIN), "serve", "--data-dir", str(data), "--port", str(port), "--kv-port",
-                             str(kv_port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc, base, kv_port = serve(where, env)
     try:
         wait_up(base, proc)
+        server_before = store.snapshot() if store is not None else {}
+        serve_before = process_cpu_s(proc.pid)
         if client == "wrk":
             put = put_bench_wrk(base, args.clients, args.seconds, work)
         else:
             put = put_bench(base, args.clients, args.seconds)
-        print(f"PUT from {args.clients} {client} clients: {put}", file=sys.stderr)
+        put["serve_cpu_us"] = round((process_cpu_s(proc.pid) - serve_before) / max(1, put["docs"]) * 1e6)
+        server = store.since(server_before, put["docs"]) if store is not None else {}
+        print(f"{'store' if store is not None else 'data directory'}: PUT from {args.clients} {client} clients: {put}"
+              + (f"; per PUT on the server: {server}" if server else ""), file=sys.stderr)
         sdk_put = sdk_bench(kv_port, args.clients, args.seconds) if sdk else None
         if sdk_put is not None:
             print(f"SDK upserts from {args.clients} threads: {sdk_put}", file=sys.stderr)
@@ -213,7 +269,7 @@ def main() -> None:
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
     t0 = time.monotonic()
-    subprocess.run([str(BIN), "bucket", "load", "bulk_cli", "--file", str(lines), "--data-dir", str(data)], check=True,
+    subprocess.run([str(BIN), "bucket", "load", "bulk_cli", "--file", str(lines), *where], check=True,
                    env=env, stdout=subprocess.DEVNULL)
     cli_s = time.monotonic() - t0
     result = {
@@ -221,6 +277,14 @@ def main() -> None:
         "bulk_http_rows_per_s": round(args.rows / http_s), "bucket_load_rows_per_s": round(args.rows / cli_s),
         "bulk_vs_bucket_load": round(cli_s / http_s, 2),
     }
+    if baseline is not None:
+        result.update({"store_docs_per_s": put["docs_per_s"], "docs_per_s": baseline["docs_per_s"],
+                       "store_put_errors": put["errors"], "put_errors": baseline["errors"],
+                       "store_vs_data_dir": round(put["docs_per_s"] / max(1, baseline["docs_per_s"]), 3),
+                       **({"store_p50_ms": put["p50_ms"], "store_p99_ms": put["p99_ms"]} if "p50_ms" in put else {})})
+        result["store_serve_cpu_us"] = put["serve_cpu_us"]
+        result["serve_cpu_us"] = baseline["serve_cpu_us"]
+        result.update({f"store_{k}_per_put": v for k, v in server.items()})
     if sdk_put is not None:
         result.update({"sdk_docs_per_s": sdk_put["docs_per_s"], "sdk_errors": sdk_put["errors"],
                        "sdk_vs_dataapi": round(sdk_put["docs_per_s"] / max(1, put["docs_per_s"]), 2)})

@@ -15,6 +15,15 @@ the transaction, a fraction of a millisecond before it commits, in whole millise
 up to 1 ms low). The handler also stores time.time() of its call, giving the write-to-handler-call figure
 too; the difference is the step's flush of effects.
 
+--store postgresql://... (or `postgresql`: a throwaway server started for the run, fsync on; see
+eventing.testing.bench_store) runs the same on a PostgreSQL store: buckets, function and checkpoints on the
+server, writes announced by NOTIFY after their commit (eventing.storage.postgres.wake). There the default
+rate is 1,000 writes/s, from --writers threads (default 8 on a store, 1 otherwise: with fsync on, one
+commit waits for the disk, ~2 ms on the development machine, so one thread cannot write 1,000 a second);
+each write still starts at its due time and is stamped when it returns. An effect's `arrival_ms` is stamped
+before its transaction's COMMIT, so the figures leave out that COMMIT's round trip and disk flush (as they
+leave out a bucket file's commit).
+
 Prints every phase; the last line is JSON: p50_ms, p99_ms, max_ms, rate (writes/s achieved) with waking on,
 and the same figures of the baseline under "baseline" (medians over --runs; every run under "runs").
 """
@@ -33,6 +42,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Any
 
@@ -140,13 +150,20 @@ def wait_http(port: int, timeout: float = 60.0) -> None:
 
 def effects(data_dir: str, prefix: str) -> dict[str, tuple[int, float]]:
     """key -> (arrival_ms of its effect in dst's log, the handler's time.time()), for keys of one phase."""
-    db = sqlite3.connect(f"file:{os.path.join(data_dir, 'buckets', 'dst.sqlite3')}?mode=ro", uri=True, timeout=30)
-    try:
-        rows = db.execute(
-            "SELECT key, arrival_ms, doc FROM log WHERE key >= ? AND key < ?", (prefix, prefix + "\uffff")
-        ).fetchall()
-    finally:
-        db.close()
+    if data_dir.startswith(("postgresql:", "postgres:")):
+        from metadata.postgres import PostgresDatabase
+
+        rows = PostgresDatabase.open(data_dir).read(
+            "SELECT l.key, l.arrival_ms, l.doc FROM bucket_log l JOIN bucket_registry r ON r.id = l.bucket "
+            "WHERE r.name = 'dst' AND l.key >= %s AND l.key < %s", (prefix, prefix + "\uffff"))
+    else:
+        db = sqlite3.connect(f"file:{os.path.join(data_dir, 'buckets', 'dst.sqlite3')}?mode=ro", uri=True, timeout=30)
+        try:
+            rows = db.execute(
+                "SELECT key, arrival_ms, doc FROM log WHERE key >= ? AND key < ?", (prefix, prefix + "\uffff")
+            ).fetchall()
+        finally:
+            db.close()
     out = {}
     for key, arrival, doc in rows:
         if key not in out:
@@ -154,9 +171,24 @@ def effects(data_dir: str, prefix: str) -> dict[str, tuple[int, float]]:
     return out
 
 
+def write_range(writer: Writer, prefix: str, numbers: range, begin: float, rate: float, written: dict[str, float],
+                call_s: list[float]) -> None:
+    """Write documents ``numbers``, each at its due time (begin + i / rate), stamping each when it returned."""
+    for i in numbers:
+        delay = begin + i / rate - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        key = f"{prefix}{i:08d}"
+        t0 = time.perf_counter()
+        writer.write(key, {"i": i, "written": time.time()})
+        written[key] = time.time() * 1000  # right after the write returned: it is committed
+        call_s.append(time.perf_counter() - t0)
+
+
 def phase(args: argparse.Namespace, app: Eventing, data_dir: str, label: str, waking: bool) -> dict[str, Any]:
     env = dict(os.environ, EVENTING_WAKE="1" if waking else "0", RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
-    command = [sys.executable, "-m", "eventing", "--data-dir", data_dir, "run", "--executor", args.executor, "--progress-every", "5"]
+    where = ["--store" if args.store else "--data-dir", data_dir]
+    command = [sys.executable, "-m", "eventing", *where, "run", "--executor", args.executor, "--progress-every", "5"]
     if args.ray_address:
         command += ["--ray-address", args.ray_address]
     runner = subprocess.Popen(command, env=env, cwd=ROOT)
@@ -166,13 +198,17 @@ def phase(args: argparse.Namespace, app: Eventing, data_dir: str, label: str, wa
         if args.http or args.sdk:
             port, kv_port, token = free_port(), free_port(), "bench-latency-token"
             server = subprocess.Popen(
-                [sys.executable, "-m", "eventing", "--data-dir", data_dir, "serve", "--port", str(port), "--kv-port",
+                [sys.executable, "-m", "eventing", *where, "serve", "--port", str(port), "--kv-port",
                  str(kv_port)], env=dict(env, EVENTING_ADMIN_TOKEN=token), cwd=ROOT,
             )
             wait_http(port)
-            writer = SdkWriter(kv_port, token) if args.sdk else HttpWriter(port, token)
+
+            def make_writer() -> Writer:
+                return SdkWriter(kv_port, token) if args.sdk else HttpWriter(port, token)
         else:
-            writer = ApiWriter(app)
+            def make_writer() -> Writer:
+                return ApiWriter(app)
+        writer = make_writer()
         # Up once a first write has its effect (workers started, vBuckets claimed); then a second to settle.
         started = time.monotonic()
         warm = f"{label}-warm"
@@ -190,16 +226,20 @@ def phase(args: argparse.Namespace, app: Eventing, data_dir: str, label: str, wa
         written: dict[str, float] = {}
         call_s: list[float] = []
         begin = time.monotonic()
-        for i in range(count):
-            due = begin + i / args.rate
-            delay = due - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-            key = f"{prefix}{i:08d}"
-            t0 = time.perf_counter()
-            writer.write(key, {"i": i, "written": time.time()})
-            written[key] = time.time() * 1000  # right after the write returned: it is committed
-            call_s.append(time.perf_counter() - t0)
+        if args.writers <= 1:
+            write_range(writer, prefix, range(count), begin, args.rate, written, call_s)
+        else:
+            # Write i still starts at its due time, from whichever thread has it (each thread its own writer).
+            writers = [writer] + [make_writer() for _ in range(args.writers - 1)]
+            threads = [threading.Thread(target=write_range, args=(w, prefix, range(n, count, args.writers), begin,
+                                                                  args.rate, written, call_s))
+                       for n, w in enumerate(writers)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            for w in writers[1:]:
+                w.close()
         took = time.monotonic() - begin
         deadline = time.monotonic() + 120
         seen = effects(data_dir, prefix)
@@ -247,7 +287,13 @@ def phase(args: argparse.Namespace, app: Eventing, data_dir: str, label: str, wa
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rate", type=float, default=2000.0, help="writes per second (default 2000)")
+    parser.add_argument("--rate", type=float, default=None,
+                        help="writes per second (default 2000; 1000 on a --store)")
+    parser.add_argument("--writers", type=int, default=None,
+                        help="threads writing (default 1; 8 on a --store), each write at its due time")
+    parser.add_argument("--store", default=None, metavar="postgresql[://...]",
+                        help="run on this PostgreSQL store: a URL, or `postgresql` for a throwaway server started "
+                             "for the run (fsync on)")
     parser.add_argument("--seconds", type=float, default=60.0, help="seconds of writes per phase (default 60)")
     parser.add_argument("--executor", choices=["ray", "in-process"], default="ray")
     parser.add_argument("--ray-address", default=None, help="run the function on the Ray cluster at this address")
@@ -264,8 +310,27 @@ def main() -> int:
     args = parser.parse_args()
     if args.http and not os.path.exists(os.path.join(ROOT, "eventing", "http", "dataapi.py")):
         parser.error("--http needs the Data API (eventing/http/dataapi.py)")
-    data_dir = args.data_dir or tempfile.mkdtemp(prefix="bench-latency-")
-    app = Eventing(data_dir, executor=args.executor)
+    if args.rate is None:
+        args.rate = 1000.0 if args.store else 2000.0
+    if args.writers is None:
+        args.writers = 8 if args.store else 1
+    if args.store is None:
+        return on_location(args, args.data_dir or tempfile.mkdtemp(prefix="bench-latency-"))
+    from eventing.testing.bench_store import BenchStore, check_option
+
+    why = check_option(args.store)
+    if why is None and (args.cluster or args.data_dir):
+        why = "--store runs without --cluster and --data-dir"
+    if why:
+        parser.error(why)
+    with BenchStore(args.store) as store:
+        args.server = store
+        print(f"store: {store.describe()}", flush=True)
+        return on_location(args, store.location("lat"))
+
+
+def on_location(args: argparse.Namespace, data_dir: str) -> int:
+    app = Eventing(store=data_dir, executor=args.executor) if args.store else Eventing(data_dir, executor=args.executor)
     app.create_bucket("src")
     app.create_bucket("dst")
     app.deploy(
@@ -281,7 +346,7 @@ def main() -> int:
     finally:
         if cluster is not None:
             cluster.stop()
-        if args.data_dir is None:  # the script's own temporary folder
+        if args.data_dir is None and not args.store:  # the script's own temporary folder
             shutil.rmtree(data_dir, ignore_errors=True)
 
 
@@ -308,7 +373,7 @@ def start_cluster(args: argparse.Namespace, data_dir: str) -> Any:
 def measure(args: argparse.Namespace, app: Eventing, data_dir: str) -> int:
     print(f"data dir {data_dir}; {args.rate:,.0f} writes/s for {args.seconds:.0f} s per phase, executor "
           f"{args.executor}{' on ' + args.ray_address if args.ray_address else ''}, {args.workers} workers, "
-          f"writes through {'the Data API' if args.http else 'the Python API'}", flush=True)
+          f"writes through {'the Data API' if args.http else 'the Python API'} from {args.writers} thread(s)", flush=True)
     runs: list[dict[str, Any]] = []
     for n in range(args.runs):
         on = phase(args, app, data_dir, f"r{n}-wake", True)
@@ -322,7 +387,8 @@ def measure(args: argparse.Namespace, app: Eventing, data_dir: str) -> int:
     fields = ("p50_ms", "p99_ms", "max_ms", "rate", "call_p50_ms", "call_p99_ms", "missing")
     out: dict[str, Any] = {field: median("wake", field) for field in fields}
     out["baseline"] = None if args.no_baseline else {field: median("baseline", field) for field in fields}
-    out.update(executor=args.executor, http=args.http, workers=args.workers, seconds=args.seconds, runs=runs)
+    out.update(executor=args.executor, http=args.http, workers=args.workers, seconds=args.seconds,
+               writers=args.writers, store=args.store is not None, runs=runs)
     print(json.dumps(out))
     return 0
 

@@ -244,8 +244,8 @@ class EventingService:
         except RuntimeError:  # the loop changed the set of functions meanwhile: the loop's pass covers it
             return
         sender = self._wake_sender
-        if sender is None:
-            return
+        if sender is None or self.state.directory is None:
+            return  # a server's workers listen themselves (eventing.storage.postgres.wake_wait)
         for sup in supervisors:
             if sup.defn.source_bucket == bucket:
                 sup.forward_wake(vbuckets, payload, sender)

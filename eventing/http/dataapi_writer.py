@@ -1,11 +1,18 @@
 """The Data API's group-commit writer: the data directory's buckets opened once, and one request thread a
-bucket that answers the requests queued since its last turn and makes their writes in one transaction."""
+bucket that answers the requests queued since its last turn and makes their writes in one transaction.
+
+On a state on a server (PostgreSQL) a bucket has SERVER_LANES request threads, each for the keys that hash
+to it: their transactions run at once (a bucket file takes one writer at a time; the server takes many, and
+commits that wait for the disk together share one flush), and the requests of one key still go through one
+thread in the order they came."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import threading
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -21,6 +28,10 @@ from eventing.storage.state import State
 from eventing.storage.values import Changed
 
 MAX_GROUP = 256  # document requests of one bucket answered in one turn (their writes: one transaction)
+# Request threads of a bucket on a server: a group commit waits for the server's disk flush (~2 ms on the
+# development machine) and its round trips, so one thread's turns bounded PUTs to ~1,500/s there; with
+# four, ~3,000/s (docs/benchmarks.md, "PostgreSQL store").
+SERVER_LANES = 4
 
 
 class PlannedRequest(Protocol):
@@ -28,6 +39,7 @@ class PlannedRequest(Protocol):
     taking its turns and group commits with the Data API's."""
 
     ks: Keyspace
+    key: str
 
     def plan(self, coll: Collection) -> Answer | Change: ...
 
@@ -60,8 +72,10 @@ class Buckets:
     def __init__(self, state: State):
         self.state = state
         self._open: dict[str, _Open] = {}
-        self._turns: dict[str, _Turns] = {}
+        self._turns: dict[tuple[str, int], _Turns] = {}
         self._guard = threading.Lock()
+        # A bucket file's connection runs one transaction at a time (its lock); a server's bucket takes many.
+        self.lanes = SERVER_LANES if state.directory is None else 1
 
     def get(self, name: str) -> _Open:
         inode = self.state.bucket_token(name)
@@ -111,10 +125,11 @@ class Buckets:
         """Queue a document request for its bucket's thread; the future holds its answer (or the ApiError
         to answer), set once its write is committed."""
         future: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
+        lane = (zlib.crc32(req.key.encode("utf-8", "surrogatepass")) % self.lanes) if self.lanes > 1 else 0
         with self._guard:
-            turns = self._turns.get(req.ks.bucket)
+            turns = self._turns.get((req.ks.bucket, lane))
             if turns is None:
-                turns = self._turns[req.ks.bucket] = _Turns(self, req.ks.bucket)
+                turns = self._turns[(req.ks.bucket, lane)] = _Turns(self, req.ks.bucket, lane)
         turns.queue.put((req, future))
         return future
 
@@ -135,11 +150,11 @@ class _Turns:
     for many concurrent writers, FileBucket.change_documents), each checked against the document as the
     writes before it left it; each request is answered only once that transaction has committed."""
 
-    def __init__(self, buckets: Buckets, name: str):
+    def __init__(self, buckets: Buckets, name: str, lane: int = 0):
         self.buckets, self.name = buckets, name
         self.queue: queue.SimpleQueue[tuple[DocRequest | PlannedRequest, asyncio.Future[Answer]] | None] = \
             queue.SimpleQueue()
-        threading.Thread(target=self._serve, name=f"dataapi-{name}", daemon=True).start()
+        threading.Thread(target=self._serve, name=f"dataapi-{name}" + (f"-{lane}" if lane else ""), daemon=True).start()
 
     def _serve(self) -> None:
         while True:
@@ -171,7 +186,8 @@ class _Turns:
 
     def _answer(self, reqs: list[DocRequest | PlannedRequest]) -> list[Answer | Exception]:
         opened = self.buckets.get(self.name)
-        with opened.lock:
+        # A server's bucket is used by its lanes at once (a pool of connections); a file's, by one at a time.
+        with opened.lock if self.buckets.lanes == 1 else contextlib.nullcontext():
             collections: dict[Keyspace, Collection] = {}
             planned: list[Answer | Change | Exception] = []
             for req in reqs:

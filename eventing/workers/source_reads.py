@@ -39,6 +39,7 @@ class WorkerReads(WorkerHandling):
     _read_rows: Callable[[int, int, int], list[tuple]]
     _prefilter: Prefilter | None
     _rotor: int
+    _resume_vb: int | None
     _scan_per_kept: float
 
     def _prefetch(self, work: list[int], limits: dict[int, int], budget: int) -> None:
@@ -81,9 +82,11 @@ class WorkerReads(WorkerHandling):
         scanned_all = kept_all = 0
         start = self._rotor % len(work)
         self._rotor = 0
+        self._resume_vb = None
         for i, vb in enumerate(work[start:] + work[:start]):
             if used >= budget:
                 self._rotor = start + i
+                self._resume_vb = vb
                 break
             position = self.positions[vb]
             if self._prefilter is not None:

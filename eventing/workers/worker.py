@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from eventing.core import counters as counter_names
 from eventing.core import filters
@@ -34,6 +34,9 @@ from eventing.workers.hang_guard import HangGuard
 from eventing.workers.source_reads import WorkerReads
 from eventing.workers.timer_firing import WorkerTimers
 from eventing.workers.write_waiter import WriteWaiter
+
+if TYPE_CHECKING:
+    from eventing.storage.postgres.wake_wait import PostgresWriteWaiter
 from metadata import TIMER_VB_BASE, DlqRow, TimerDone, owner_vb
 from sharding import vbucket_spans
 
@@ -87,6 +90,7 @@ class StepReport:
 # second instead of one per batch_size mutations, each of which costs the worker and the driver CPU.
 STEP_SLICE_S = 0.1
 EFFECT_FLUSH_MIN = 8000  # binding writes buffered before a flush within a step (every step ends with one)
+LOOK_AHEAD_PER_VB = 4000  # rows of one vBucket a look reads ahead at most (see WorkerCore._look)
 
 
 class WorkerCore(WorkerTimers, WorkerReads):
@@ -106,7 +110,11 @@ class WorkerCore(WorkerTimers, WorkerReads):
             )
         self.defn = FunctionDefinition.from_dict(record.definition)
         self.source = self.data.bucket(self.defn.source_bucket)
-        self._reads_ahead = self.source.reads_ahead  # a source behind the data service
+        # A source behind the data service reads ahead in calls of many batches (_prefetch); one on a server
+        # reached directly (a PostgreSQL store) looks at the high seqnos and next rows of the owned vBuckets
+        # in one round trip at each pass of a step (_look).
+        self._reads_ahead = self.source.reads_ahead and not self.data.local
+        self._looks_ahead = self.source.reads_ahead and self.data.local
         # Plain row tuples: no Mutation built per row by Python.
         self._read_rows = self.source.read_vb_rows
         # The state's application log; without the data directory, log() lines reach it through the data service.
@@ -122,6 +130,8 @@ class WorkerCore(WorkerTimers, WorkerReads):
         self._prefilter = (
             self.filter.prefilter if self._drops and self.filter is not None and not self._reads_ahead else None
         ) or None
+        # Rows are read ahead only for the path that reads them (not a filtered read's or a window's).
+        self._looks_ahead = self._looks_ahead and self._prefilter is None
         self.rw_bindings = self.runner.rw_bindings
         # at_least_once: no effect marks are read, fenced or written (see LocalBucket.apply_effects).
         self.marked = self.defn.delivery == "exactly_once"
@@ -149,7 +159,10 @@ class WorkerCore(WorkerTimers, WorkerReads):
         )
         self.dlq: list[DlqRow] = []
         self.last_commit = time.monotonic()
+        if self.on_update is None and self.window_rows is not None and self.filter is None:
+            self._looks_ahead = False  # a window-only function reads packed runs (_take_window_batch)
         self._rotor = 0
+        self._resume_vb: int | None = None  # where _process stopped: the first of the next look's runs
         self._scan_per_kept = 1.0  # filtered reads: entries scanned per row the query kept, lately
         self._handled_any = False
         self._closed = False
@@ -168,12 +181,26 @@ class WorkerCore(WorkerTimers, WorkerReads):
         self.crash_guard = CrashGuard(self.store, self.name, spec.generation, notes_fd, 1 + pool)
         # concurrency > 1: a pool runs the batch's calls, several documents at once (else None: one at a time).
         self.calls = concurrent_calls.attach(self)
-        self.waiter = WriteWaiter.open(spec.wake_address) if spec.wake_address and self.data.local else None
+        self.waiter = self._open_waiter() if spec.wake_address and self.data.local else None
         self.assign_vbuckets(spec.vbuckets)
         if recycle_on_hang:
             self.hang_guard.recycle_on_hang(
                 self.name, spec.generation, self.epochs, lambda: self.spec.data_access().metadata()
             )
+
+    def _open_waiter(self) -> WriteWaiter | PostgresWriteWaiter | None:
+        """The waiter of a caught-up step: this worker's socket, to which the service forwards its writes'
+        datagrams; on a server's state (PostgreSQL), a LISTEN connection of its own, which is woken on any
+        machine (eventing.storage.postgres.wake_wait)."""
+        state = self.data.state
+        if state.directory is None:
+            from eventing.storage.postgres.state import PostgresState
+            from eventing.storage.postgres.wake_wait import PostgresWriteWaiter
+
+            assert isinstance(state, PostgresState)
+            return PostgresWriteWaiter.open(state.db, self.defn.source_bucket, self.epochs)
+        assert self.spec.wake_address is not None
+        return WriteWaiter.open(self.spec.wake_address)
 
     # -- ownership ----------------------------------------------------------------------------------
 
@@ -254,6 +281,20 @@ class WorkerCore(WorkerTimers, WorkerReads):
             self._spans = vbucket_spans(self.epochs)
         return self._spans
 
+    def _look(self, budget: int) -> list[int]:
+        """The high seqnos of the owned vBuckets, with the next rows of those that have any read ahead in
+        the same round trip (a server's bucket: PostgresBucket.prefetch), in the order _process takes them:
+        from where it stopped, each vBucket up to its target."""
+        order = list(self.epochs)
+        if self._resume_vb in self.epochs:
+            at = order.index(self._resume_vb)
+            order = order[at:] + order[:at]
+        positions, targets = self.positions, self.targets
+        cap = max(budget, LOOK_AHEAD_PER_VB)
+        runs = [(vb, positions[vb], min(cap, targets[vb] - positions[vb]) if targets else cap) for vb in order]
+        self.source.prefetch(runs)
+        return self.source.high_seqnos(prefetched=True, spans=self._owned_spans())
+
     def _forget(self, vb: int) -> None:
         self._spans = None
         self.positions.pop(vb, None)
@@ -289,7 +330,9 @@ class WorkerCore(WorkerTimers, WorkerReads):
             waiter.drain()  # every write notified so far is seen by the first look below
             wait_ends = time.monotonic() + idle_wait_s
         while True:
-            if not remote:
+            if self._looks_ahead:
+                highs = self._look(budget)
+            elif not remote:
                 highs = self.source.high_seqnos(spans=self._owned_spans())
             # Limits only where there is work: a caught-up worker woken for one write does one pass over its
             # vBuckets, not three (this step runs once per write when writes are sparse).

@@ -289,6 +289,11 @@ class Cursor:
         return self._cur.copy(sql)
 
     @property
+    def pipelined(self) -> bool:
+        """Whether a statement executed now is sent without waiting for its answer."""
+        return self._pipe is not None and self._pipe.active
+
+    @property
     def raw(self) -> psycopg.Cursor:
         return self._cur
 

@@ -11,7 +11,9 @@ the store's listeners what it wrote (wake).
 What has no meaning on a server: ``path`` is None; ``copy_to`` and the file-only upkeep raise a StoreError
 naming what to use instead; ``partitions`` is recorded when the bucket is created and reported by
 ``stats``, nothing more (PostgreSQL takes concurrent writers of one table: writers of different vBuckets
-never wait for each other). Reading ahead is off: a log read is one statement on a pooled connection.
+never wait for each other). Reading ahead (``prefetch``) is a worker's look at its vBuckets: their high
+seqnos and next rows in one round trip (eventing.storage.postgres.read_ahead), which ``read_vb_rows`` and
+``high_seqnos(prefetched=True)`` then answer from.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from eventing.storage.postgres.documents import DocumentReader
 from eventing.storage.postgres.effects import EffectApplier
 from eventing.storage.postgres.keyspaces import Keyspaces
 from eventing.storage.postgres.log_reader import LogReader
+from eventing.storage.postgres.read_ahead import ReadAhead
 from eventing.storage.postgres.registry import BucketRef
 from eventing.storage.postgres.writer import LogWriter, Written
 from eventing.storage.values import (
@@ -53,7 +56,7 @@ class PostgresBucket:
     """One bucket of a PostgreSQL store (open it with eventing.storage.postgres.open_bucket)."""
 
     path = None  # no file: the rows are on the server
-    reads_ahead = False
+    reads_ahead = True  # a worker reaching the store directly looks ahead with `prefetch` (see the docstring)
 
     def __init__(self, ref: BucketRef, bucket_uuid: str, partitions: int = 1):
         self.ref = ref
@@ -65,6 +68,7 @@ class PostgresBucket:
         self._docs = DocumentReader(self._log)
         self._effects = EffectApplier(ref, self._writer)
         self._keyspaces = Keyspaces(ref, self._writer)
+        self._ahead = ReadAhead(ref)
 
     def __repr__(self) -> str:
         return f"<PostgreSQL bucket {self.name} at {self.ref.shown}>"
@@ -213,13 +217,28 @@ class PostgresBucket:
     # -- the mutation log -----------------------------------------------------------------------------
 
     def high_seqnos(self, *, prefetched: bool = False, spans: Spans | None = None) -> list[int]:
+        """With ``prefetched``, those the last ``prefetch`` read (once; they cover its runs' vBuckets)."""
+        if prefetched and self._ahead.highs is not None:
+            highs, self._ahead.highs = self._ahead.highs, None
+            return highs
         return self._log.high_seqnos(spans)
 
     def read_vb(self, vb: int, after_seqno: int, limit: int) -> list[Mutation]:
         return self._log.read_vb(vb, after_seqno, limit)
 
     def read_vb_rows(self, vb: int, after_seqno: int, limit: int) -> list[tuple]:
-        return self._log.read_vb_rows(vb, after_seqno, limit)
+        """The rows read ahead when they follow ``after_seqno`` (the rest, if any, read on the spot), else one
+        statement."""
+        if limit <= 0:
+            return []
+        found = self._ahead.take(vb, after_seqno, limit) if self._ahead.runs else None
+        if found is None:
+            return self._log.read_vb_rows(vb, after_seqno, limit)
+        rows, covered = found
+        if covered:
+            return rows
+        after = rows[-1][1] if rows else after_seqno
+        return rows + self._log.read_vb_rows(vb, after, limit - len(rows))
 
     def read_vb_columns(self, vb: int, after_seqno: int, limit: int) -> tuple | None:
         return self._log.read_vb_columns(vb, after_seqno, limit)
@@ -252,15 +271,16 @@ class PostgresBucket:
     def seqnos_before(self, time_ns: int) -> dict[int, int]:
         return self._log.seqnos_before(time_ns)
 
-    # Nothing to read ahead: a read is one statement on a pooled connection (see the Bucket protocol).
     def prefetch(self, runs: list[tuple[int, int, int]]) -> None:
-        pass
+        """A look at the runs' vBuckets (vb, after_seqno, limit), in the order they will be read: their high
+        seqnos, and the next rows of those with any, in one round trip (eventing.storage.postgres.read_ahead)."""
+        self._ahead.look(runs)
 
     def has_ahead(self, vb: int) -> bool:
-        return False
+        return self._ahead.has(vb)
 
     def forget_prefetched(self, positions: dict[int, int]) -> None:
-        pass
+        self._ahead.forget(positions)
 
     # -- effects of handler bindings ------------------------------------------------------------------
 

@@ -14,6 +14,15 @@ never wait for each other in a cycle.
 A transaction cut by a lost connection is run again whole (its writes and marks went together or not at
 all); one whose COMMIT got no answer raises StoreUnavailableError(ambiguous=True), and the worker's replay
 from its checkpoint is deduplicated by the marks.
+
+Effects commit without waiting for the server's disk (``synchronous_commit`` off for their transaction,
+ASYNC_EFFECTS): they are visible at once and on disk within the WAL writer's delay (200 ms by default), and
+the checkpoint that covers them, a transaction of the same server that does wait for the disk, is written
+after them in the WAL, so it is never on disk without them. If the server crashes before the flush, the
+effects and their marks are lost together and the checkpoint that would have covered them never existed:
+the worker replays from the one before and applies them again, once. (A bucket file's commits do not wait
+for the disk either: SQLite's WAL mode with synchronous=NORMAL syncs at its checkpoints.) What it saves is
+one disk flush per flush of effects, the largest part of a caught-up worker's time per write.
 """
 
 from __future__ import annotations
@@ -22,11 +31,13 @@ from collections.abc import Iterable, Sequence
 
 from eventing.storage.effects import resolve_conditions
 from eventing.storage.postgres.registry import BucketRef
-from eventing.storage.postgres.writer import LogWriter, Written, items_of, vb_of
+from eventing.storage.postgres.writer import BY_KEYS, LogWriter, Written, items_of, send, vb_of
 from eventing.storage.values import EffectGroup, EffectResult, Write
 from metadata.postgres.connection import Cursor
 
 Marks = dict[int, tuple[int, int]]  # vb -> (epoch, seqno)
+ASYNC_EFFECTS = True  # see the module docstring
+_ASYNC = "SET LOCAL synchronous_commit TO off"
 
 
 class EffectApplier:
@@ -38,23 +49,31 @@ class EffectApplier:
 
     # -- marks ----------------------------------------------------------------------------------------
 
+    _SELECT_MARKS = (
+        "SELECT vb, epoch, seqno FROM bucket_effect_marks WHERE bucket = %s AND function = %s "
+        "AND vb = ANY(%b::int2[]) ORDER BY vb FOR UPDATE"
+    )
+
     def _lock_marks(self, cur: Cursor, function: str, vbs: Iterable[int]) -> Marks:
         """Lock the marks of (function, vb) for ``vbs``, in vBucket order; those that did not exist are made
         (epoch 0, seqno 0: what a missing mark means) so they are locked too. Their values."""
+        return self._marks_of(cur, function, self._send_lock_marks(cur, function, vbs))
+
+    def _send_lock_marks(self, cur: Cursor, function: str, vbs: Iterable[int]) -> tuple[list[int], object]:
         wanted = sorted(set(vbs))
-        if not wanted:
+        return wanted, send(cur, self._SELECT_MARKS, (self.ref.id, function, wanted)) if wanted else None
+
+    def _marks_of(self, cur: Cursor, function: str, sent: tuple[list[int], object]) -> Marks:
+        wanted, answer = sent
+        if answer is None:
             return {}
-        select = (
-            "SELECT vb, epoch, seqno FROM bucket_effect_marks WHERE bucket = %s AND function = %s "
-            "AND vb = ANY(%s::int2[]) ORDER BY vb FOR UPDATE"
-        )
-        found: Marks = {vb: (epoch, seqno) for vb, epoch, seqno in cur.execute(
-            select, (self.ref.id, function, wanted)).fetchall()}
+        select = self._SELECT_MARKS
+        found: Marks = {vb: (epoch, seqno) for vb, epoch, seqno in answer.fetchall()}  # type: ignore[attr-defined]
         missing = [vb for vb in wanted if vb not in found]
         if missing:
             made = {r[0] for r in cur.execute(
                 "INSERT INTO bucket_effect_marks(bucket, function, vb, epoch, seqno) "
-                "SELECT %s, %s, vb, 0, 0 FROM unnest(%s::int2[]) AS vb ON CONFLICT DO NOTHING RETURNING vb",
+                "SELECT %s, %s, vb, 0, 0 FROM unnest(%b::int2[]) AS vb ON CONFLICT DO NOTHING RETURNING vb",
                 (self.ref.id, function, missing),
             ).fetchall()}
             raced = [vb for vb in missing if vb not in made]  # made by another transaction meanwhile
@@ -75,7 +94,7 @@ class EffectApplier:
         vbs = sorted(merged)
         cur.execute(
             "INSERT INTO bucket_effect_marks(bucket, function, vb, epoch, seqno) "
-            "SELECT %s, %s, m.vb, m.epoch, m.seqno FROM unnest(%s::int2[], %s::int8[], %s::int8[]) AS m(vb, epoch, seqno) "
+            "SELECT %s, %s, m.vb, m.epoch, m.seqno FROM unnest(%b::int2[], %b::int8[], %b::int8[]) AS m(vb, epoch, seqno) "
             "ON CONFLICT (bucket, function, vb) DO UPDATE SET epoch = excluded.epoch, "
             "seqno = GREATEST(bucket_effect_marks.seqno, excluded.seqno)",
             (self.ref.id, function, vbs, [merged[vb][0] for vb in vbs], [merged[vb][1] for vb in vbs]),
@@ -88,7 +107,7 @@ class EffectApplier:
         def body(cur: Cursor, written: Written) -> None:
             cur.execute(
                 "INSERT INTO bucket_effect_marks(bucket, function, vb, epoch, seqno) "
-                "SELECT %s, %s, m.vb, m.epoch, 0 FROM unnest(%s::int2[], %s::int8[]) AS m(vb, epoch) ORDER BY m.vb "
+                "SELECT %s, %s, m.vb, m.epoch, 0 FROM unnest(%b::int2[], %b::int8[]) AS m(vb, epoch) ORDER BY m.vb "
                 "ON CONFLICT (bucket, function, vb) DO UPDATE SET epoch = GREATEST(bucket_effect_marks.epoch, excluded.epoch)",
                 (self.ref.id, function, vbs, [epochs[vb] for vb in vbs]),
             )
@@ -113,7 +132,7 @@ class EffectApplier:
             if moved:
                 vbs = sorted(moved)
                 cur.execute(
-                    "UPDATE bucket_effect_marks m SET seqno = u.seqno FROM unnest(%s::int2[], %s::int8[]) AS u(vb, seqno) "
+                    "UPDATE bucket_effect_marks m SET seqno = u.seqno FROM unnest(%b::int2[], %b::int8[]) AS u(vb, seqno) "
                     "WHERE m.bucket = %s AND m.function = %s AND m.vb = u.vb",
                     (vbs, [seqnos[vb] for vb in vbs], self.ref.id, function),
                 )
@@ -124,7 +143,7 @@ class EffectApplier:
     def _lock_marks_present(self, cur: Cursor, function: str, vbs: Iterable[int]) -> Marks:
         rows = cur.execute(
             "SELECT vb, epoch, seqno FROM bucket_effect_marks WHERE bucket = %s AND function = %s "
-            "AND vb = ANY(%s::int2[]) ORDER BY vb FOR UPDATE",
+            "AND vb = ANY(%b::int2[]) ORDER BY vb FOR UPDATE",
             (self.ref.id, function, sorted(set(vbs))),
         ).fetchall()
         return {vb: (epoch, seqno) for vb, epoch, seqno in rows}
@@ -148,10 +167,12 @@ class EffectApplier:
             items = items_of(w for g in groups for _, w in g.writes)
 
             def unmarked(cur: Cursor, written: Written) -> EffectResult:
+                if ASYNC_EFFECTS:
+                    cur.execute(_ASYNC)
                 writer.log_in(cur, written, items, who, None)
                 return EffectResult(applied=len(items))
 
-            return writer.run(unmarked)
+            return writer.run(unmarked, pipeline=True)
 
         # Prepared before the transaction for the usual case, where no group is fenced or holds a write
         # already applied: the writes as one batch and each group's (vb, epoch, lowest and highest seqno).
@@ -163,8 +184,17 @@ class EffectApplier:
             for g in groups
         ]
 
+        targets = [vb_of(item[0]) for item in ready]
+
         def body(cur: Cursor, written: Written) -> EffectResult:
-            found = self._lock_marks(cur, function, (g.vb for g in groups))
+            # The marks, then the high seqnos of every vBucket the writes may go to, locked in that order
+            # (pipelined: one round trip with BEGIN); the writes and marks go with COMMIT.
+            if ASYNC_EFFECTS:
+                cur.execute(_ASYNC)
+            asked = self._send_lock_marks(cur, function, (g.vb for g in groups))
+            locked = writer.send_lock(cur, targets)
+            found = self._marks_of(cur, function, asked)
+            heads = writer.heads_of(locked)
             if not conditional:
                 new_marks = []
                 for vb, epoch, lowest, highest in spans:
@@ -173,12 +203,12 @@ class EffectApplier:
                         break
                     new_marks.append((vb, epoch, max(mark_seqno, highest)))
                 else:
-                    writer.log_in(cur, written, ready, who, None)
+                    writer.log_in(cur, written, ready, who, None, heads=heads)
                     self._set_marks(cur, function, new_marks)
                     return EffectResult(applied=len(ready))
-            return general(cur, written, found)
+            return general(cur, written, found, heads)
 
-        def general(cur: Cursor, written: Written, found: Marks) -> EffectResult:
+        def general(cur: Cursor, written: Written, found: Marks, heads: tuple[dict[int, int], dict[int, int]]) -> EffectResult:
             result = EffectResult()
             writes: list[Write] = []
             new_marks = []
@@ -202,21 +232,20 @@ class EffectApplier:
                 new_marks.append((g.vb, g.epoch, top))
             if conditional and pending:
                 # Every write goes through the check, in order, against the documents as they are under
-                # the locks of their vBuckets.
-                writer.lock_heads(cur, (vb_of(w.key) for _, _, w in pending))
+                # the locks of their vBuckets (taken with the marks).
                 stored = self._docs_in(cur, {w.key for _, _, w in pending})
                 writes, result.conflicts = resolve_conditions(pending, stored.get)
-            writer.log_in(cur, written, items_of(writes), who, None)
+            writer.log_in(cur, written, items_of(writes), who, None, heads=heads)
             result.applied = len(writes)
             self._set_marks(cur, function, new_marks)
             return result
 
-        return writer.run(body)
+        return writer.run(body, pipeline=True)
 
     def _docs_in(self, cur: Cursor, keys: set[str]) -> dict[str, tuple[bytes, int, int]]:
         rows = cur.execute(
-            "SELECT key, doc, cas, expiry FROM bucket_docs WHERE bucket = %s AND key = ANY(%s::text[]) AND NOT deleted",
-            (self.ref.id, [k for k in keys if "\x00" not in k]),
+            BY_KEYS.format(columns="d.key, d.doc, d.cas, d.expiry") + " WHERE NOT d.deleted",
+            ([k for k in keys if "\x00" not in k], self.ref.id),
         ).fetchall()
         return {key: (doc, cas, expiry) for key, doc, cas, expiry in rows}
 

@@ -15,6 +15,17 @@ A write transaction is three statements whatever its size:
 
 Also the check-and-set behind the Data API (``change_documents``: every document read and written under
 the locks of its vBuckets, so no other writer slips in between), expirations and imports.
+
+Writes, the Data API's check-and-set and effects run pipelined (metadata.postgres.connection): BEGIN, the
+locks and the reads made under them go in one round trip, the rows and COMMIT in a second, where each
+statement waited for its answer before (five round trips for a single document). The reads still run
+after the locks: the server runs a pipeline's statements in order, each with a snapshot of its own.
+
+The lookups of several keys are one primary key lookup per key (``BY_KEYS``: each key joined LATERAL to its
+row), not ``key = ANY(array)``: before the table's statistics exist (a new bucket, until autovacuum
+analyzes it) the planner takes ``bucket = $1`` for a rare value and chose to scan the bucket's whole part of
+the index, keeping the keys asked for, which cost 1-2 ms a lookup after a few thousand documents
+(docs/benchmarks.md, "PostgreSQL store").
 """
 
 from __future__ import annotations
@@ -43,8 +54,8 @@ _INSERT = """
 WITH l AS (
     INSERT INTO bucket_log(bucket, vb, seqno, key, op, cas, doc, origin, expiry, flags, arrival_ms)
     SELECT %(bucket)s, r.vb, r.seqno, r.key, r.op, r.cas, r.doc, %(origin)s, r.expiry, r.flags, r.arrival_ms
-    FROM unnest(%(vb)s::int2[], %(seqno)s::int8[], %(key)s::text[], %(op)s::int2[], %(cas)s::int8[],
-                %(doc)s::bytea[], %(expiry)s::int8[], %(flags)s::int8[], %(arrival)s::int8[])
+    FROM unnest(%(vb)b::int2[], %(seqno)b::int8[], %(key)b::text[], %(op)b::int2[], %(cas)b::int8[],
+                %(doc)b::bytea[], %(expiry)b::int8[], %(flags)b::int8[], %(arrival)b::int8[])
          AS r(vb, seqno, key, op, cas, doc, expiry, flags, arrival_ms)
     RETURNING vb, seqno, key, op, cas, doc, expiry, flags, arrival_ms
 ), d AS (
@@ -83,7 +94,7 @@ _COPY = ("COPY bucket_log(bucket, vb, seqno, key, op, cas, doc, origin, expiry, 
 _COPY_TYPES = ["int4", "int2", "int8", "text", "int2", "int8", "bytea", "text", "int8", "int8", "int8"]
 _AFTER_COPY = """
 WITH u AS (
-    SELECT * FROM unnest(%(vb)s::int2[], %(first)s::int8[], %(last)s::int8[], %(arrival)s::int8[])
+    SELECT * FROM unnest(%(vb)b::int2[], %(first)b::int8[], %(last)b::int8[], %(arrival)b::int8[])
         AS u(vb, first_seqno, last_seqno, arrival_ms)
 ), d AS (
     INSERT INTO bucket_docs(bucket, key, vb, seqno, cas, deleted, doc, expiry, flags)
@@ -96,13 +107,37 @@ WITH u AS (
 )
 UPDATE bucket_high h SET seqno = u.last_seqno, arrival_ms = u.arrival_ms FROM u WHERE h.bucket = %(bucket)s AND h.vb = u.vb
 """
-_LOCK = ("SELECT vb, seqno, arrival_ms FROM bucket_high WHERE bucket = %s AND vb = ANY(%s::int2[]) "
+_LOCK = ("SELECT vb, seqno, arrival_ms FROM bucket_high WHERE bucket = %s AND vb = ANY(%b::int2[]) "
          "ORDER BY vb FOR UPDATE")
 _LOCK_ONE = "SELECT vb, seqno, arrival_ms FROM bucket_high WHERE bucket = %s AND vb = %s FOR UPDATE"
-_DOCS = ("SELECT key, doc, cas, expiry, flags, vb, seqno FROM bucket_docs "
-         "WHERE bucket = %s AND key = ANY(%s::text[]) AND NOT deleted")
+
+# The rows of several keys, each found by the primary key whatever the table's statistics (see the module
+# docstring): {columns} of bucket_docs as `d`, the keys an array parameter, then the bucket's id.
+BY_KEYS = ("SELECT {columns} FROM unnest(%b::text[]) AS k(key) CROSS JOIN LATERAL "
+            "(SELECT * FROM bucket_docs WHERE bucket = %s AND key = k.key LIMIT 1) d")
+_DOCS = BY_KEYS.format(columns="d.key, d.doc, d.cas, d.expiry, d.flags, d.vb, d.seqno") + " WHERE NOT d.deleted"
+_LIVE = BY_KEYS.format(columns="d.key, d.deleted")
 _DOCS_ONE = ("SELECT key, doc, cas, expiry, flags, vb, seqno FROM bucket_docs "
              "WHERE bucket = %s AND key = %s AND NOT deleted")
+
+
+class _Fetched:
+    """The rows of a statement already answered (``send`` outside a pipeline)."""
+
+    __slots__ = ("rows",)
+
+    def __init__(self, rows: list[Any]):
+        self.rows = rows
+
+    def fetchall(self) -> list[Any]:
+        return self.rows
+
+
+def send(cur: Cursor, sql: str, args: Any) -> Any:
+    """Execute ``sql``; what it returns answers ``fetchall()``. In a pipeline the statement goes with the next
+    round trip (several sent before the first is read cost one); otherwise it is answered at once."""
+    answer = cur.execute(sql, args)
+    return answer if cur.pipelined else _Fetched(answer.fetchall())
 
 
 def vb_of(key: str) -> int:
@@ -166,16 +201,17 @@ class LogWriter:
 
     # -- transactions ---------------------------------------------------------------------------------
 
-    def run(self, body: Callable[[Cursor, Written], T]) -> T:
+    def run(self, body: Callable[[Cursor, Written], T], *, pipeline: bool = False) -> T:
         """``body`` in one transaction (run again from the start where the server went away, so it must
-        only compute from its inputs); once committed, the written vBuckets' owners are told."""
+        only compute from its inputs); once committed, the written vBuckets' owners are told. ``pipeline``:
+        the body's statements are sent without waiting for each answer (see the module docstring)."""
         written: Written = set()
 
         def once(cur: Cursor) -> T:
             written.clear()  # a transaction run again logs again
             return body(cur, written)
 
-        out = self.ref.db.transaction(once)
+        out = self.ref.db.transaction(once, pipeline=pipeline)
         if written:
             self.wake.notify(self.ref.name, written)
         return out
@@ -185,46 +221,65 @@ class LogWriter:
     def lock_heads(self, cur: Cursor, vbs: Iterable[int]) -> tuple[dict[int, int], dict[int, int]]:
         """Lock the high seqno rows of ``vbs`` (in vBucket order: two writers never wait for each other in
         a cycle); their high seqnos and last arrival times."""
+        return self.heads_of(self.send_lock(cur, vbs))
+
+    def send_lock(self, cur: Cursor, vbs: Iterable[int]) -> tuple[list[int], Any]:
+        """lock_heads's statement, sent (in a pipeline: answered with the next round trip); ``heads_of``
+        reads its answer."""
         wanted = sorted(set(vbs))
         if not wanted:
-            return {}, {}
+            return wanted, None
         if len(wanted) == 1:
-            rows = cur.execute(_LOCK_ONE, (self.ref.id, wanted[0])).fetchall()
-        else:
-            rows = cur.execute(_LOCK, (self.ref.id, wanted)).fetchall()
+            return wanted, send(cur, _LOCK_ONE, (self.ref.id, wanted[0]))
+        return wanted, send(cur, _LOCK, (self.ref.id, wanted))
+
+    def heads_of(self, sent: tuple[list[int], Any]) -> tuple[dict[int, int], dict[int, int]]:
+        wanted, answer = sent
+        if answer is None:
+            return {}, {}
+        rows = answer.fetchall()
         if len(rows) != len(wanted):
             raise self.ref.missing_rows()
         return {vb: seqno for vb, seqno, _ in rows}, {vb: last for vb, _, last in rows}
 
     def live_in(self, cur: Cursor, keys: Iterable[str]) -> dict[str, bool]:
         """Whether each key has a live document; keys without a row are left out."""
+        return self.live_of(self.send_live(cur, keys))
+
+    def send_live(self, cur: Cursor, keys: Iterable[str]) -> Any:
         wanted = list(keys)
         if not wanted:
-            return {}
-        rows = cur.execute(
-            "SELECT key, deleted FROM bucket_docs WHERE bucket = %s AND key = ANY(%s::text[])", (self.ref.id, wanted)
-        ).fetchall()
-        return {key: not deleted for key, deleted in rows}
+            return None
+        return send(cur, _LIVE, (wanted, self.ref.id))
+
+    @staticmethod
+    def live_of(answer: Any) -> dict[str, bool]:
+        return {} if answer is None else {key: not deleted for key, deleted in answer.fetchall()}
 
     def log_in(
         self, cur: Cursor, written: Written, items: Sequence[Item], origin: str | None, arrival_ms: int | None,
-        *, live: dict[str, bool] | None = None,
+        *, live: dict[str, bool] | None = None, heads: tuple[dict[int, int], dict[int, int]] | None = None,
     ) -> list[tuple[int, int] | None]:
         """Log ``items`` ``(key, op, doc, expiry, flags)``: each gets the next seqno of its vBucket, a fresh
         cas and the transaction's arrival time (never below its vBucket's last one); a delete of a document
         that does not exist (at that point of the batch) is skipped. Returns (vb, seqno) per item, None for
-        a skipped delete. ``live``: what the caller read already of the deleted keys (under the locks)."""
+        a skipped delete. ``live``: what the caller read already of the deleted keys (under the locks);
+        ``heads``: lock_heads's answer for the items' vBuckets, when the caller took the locks already."""
         if not items:
             return []
         arrival = int(time.time() * 1000) if arrival_ms is None else int(arrival_ms)
         for item in items:
             check_key(item[0])
         vbs = [vb_of(item[0]) for item in items]
-        highs, lasts = self.lock_heads(cur, vbs)
-        arrivals = {vb: max(arrival, last) for vb, last in lasts.items()}
+        locked = self.send_lock(cur, vbs) if heads is None else None
         deleting = {item[0] for item in items if item[1] != OP_UPDATE}
-        if deleting and live is None:
-            live = self.live_in(cur, deleting)
+        # Read after the lock (in a pipeline, in the same round trip): a document another writer of these
+        # vBuckets changed before the lock was granted is seen as that writer left it.
+        asked = self.send_live(cur, deleting) if deleting and live is None else None
+        highs, lasts = self.heads_of(locked) if locked is not None else heads or ({}, {})
+        arrivals = {vb: max(arrival, last) for vb, last in lasts.items()}
+        if asked is not None:
+            live = self.live_of(asked)
         live = dict(live or {})
         cas = _reserve_cas(len(items))
         order = sorted(range(len(items)), key=vbs.__getitem__)  # stable: a vBucket's seqnos follow the items
@@ -294,11 +349,11 @@ class LogWriter:
 
     def write(self, writes: Iterable[Write], origin: str | None, arrival_ms: int | None) -> list[tuple[int, int] | None]:
         items = items_of(writes)  # a transaction run again must see every write again
-        return self.run(lambda cur, written: self.log_in(cur, written, items, origin, arrival_ms))
+        return self.run(lambda cur, written: self.log_in(cur, written, items, origin, arrival_ms), pipeline=True)
 
     def load_rows(self, rows: Sequence[tuple[str, int, bytes | None, int]], arrival_ms: int | None) -> int:
         items = [(key, op, doc, expiry, 0) for key, op, doc, expiry in rows]
-        placed = self.run(lambda cur, written: self.log_in(cur, written, items, None, arrival_ms))
+        placed = self.run(lambda cur, written: self.log_in(cur, written, items, None, arrival_ms), pipeline=True)
         return sum(1 for p in placed if p is not None)
 
     def expire_due(self, now_s: float | None) -> int:
@@ -312,7 +367,9 @@ class LogWriter:
                 return 0
             # Read again under the locks of their vBuckets: a document deleted or touched meanwhile stays so.
             self.lock_heads(cur, map(vb_of, candidates))
-            keys = [r[0] for r in cur.execute(f"{due} AND key = ANY(%s::text[])", (self.ref.id, now, candidates)).fetchall()]
+            keys = [r[0] for r in cur.execute(
+                BY_KEYS.format(columns="d.key") + " WHERE d.expiry > 0 AND NOT d.deleted AND d.expiry <= %s",
+                (candidates, self.ref.id, now)).fetchall()]
             self.log_in(cur, written, [(k, OP_EXPIRE, None, 0, 0) for k in keys], None, None,
                         live=dict.fromkeys(keys, True))
             return len(keys)
@@ -366,7 +423,7 @@ class LogWriter:
             self.insert_in(cur, written, rows, origin)
             return out
 
-        return self.run(body)
+        return self.run(body, pipeline=True)
 
     def _lock_and_read(
         self, cur: Cursor, keys: set[str]
@@ -377,16 +434,17 @@ class LogWriter:
         writer it waited for."""
         if not keys:
             return ({}, {}), {}
-        heads = self.lock_heads(cur, (vb_of(key) for key in keys))
+        locked = self.send_lock(cur, (vb_of(key) for key in keys))
         if len(keys) == 1:
-            rows: list[Any] = cur.execute(_DOCS_ONE, (self.ref.id, next(iter(keys)))).fetchall()
+            asked = send(cur, _DOCS_ONE, (self.ref.id, next(iter(keys))))
         else:
-            rows = cur.execute(_DOCS, (self.ref.id, list(keys))).fetchall()
-        return heads, {row[0]: StoredDocument(*row) for row in rows}
+            asked = send(cur, _DOCS, (list(keys), self.ref.id))
+        heads = self.heads_of(locked)  # in a pipeline: the locks and the documents in one round trip
+        return heads, {row[0]: StoredDocument(*row) for row in asked.fetchall()}
 
     def _live_docs_in(self, cur: Cursor, keys: Iterable[str]) -> dict[str, StoredDocument | None]:
         wanted = list(keys)
         if not wanted:
             return {}
-        rows: list[Any] = cur.execute(_DOCS, (self.ref.id, wanted)).fetchall()
+        rows: list[Any] = cur.execute(_DOCS, (wanted, self.ref.id)).fetchall()
         return {row[0]: StoredDocument(*row) for row in rows}

@@ -1,0 +1,91 @@
+"""A worker's own wait for writes on a PostgreSQL store (eventing.storage.postgres.wake_wait): woken by a
+committed write to one of its vBuckets of its bucket, not by others'; the vBuckets it owns as they are at
+each wait; a lost connection wakes it once and is made again. A throwaway server, never skipped."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import pytest
+
+from eventing.storage import postgres as pg_buckets
+from eventing.storage.postgres.wake import sender_for
+from eventing.storage.postgres.wake_wait import PostgresWriteWaiter
+from metadata.postgres import PostgresDatabase
+from sharding import vbucket_of
+
+
+@pytest.fixture
+def db(pg_url):
+    store = PostgresDatabase.open(f"{pg_url}?schema=t_{uuid.uuid4().hex[:12]}")
+    yield store
+    store.close()
+
+
+def _key_in(vbs: set[int], avoid: set[int] | None = None) -> str:
+    """A key of one of ``vbs`` (or, with ``avoid``, of none of those)."""
+    for i in range(100_000):
+        key = f"k{i}"
+        vb = vbucket_of(key)
+        if (avoid is None and vb in vbs) or (avoid is not None and vb not in avoid):
+            return key
+    raise AssertionError("no such key")
+
+
+def _write_soon(bucket, key: str, delay: float = 0.15) -> threading.Thread:
+    writer = threading.Thread(target=lambda: (time.sleep(delay), bucket.upsert(key, {"x": 1})))
+    writer.start()
+    return writer
+
+
+def test_a_write_to_an_owned_vbucket_wakes_the_waiter_and_others_do_not(db):
+    src, other = pg_buckets.create_bucket(db, "src"), pg_buckets.create_bucket(db, "other")
+    owned = {vbucket_of("mine"), 5, 6}
+    waiter = PostgresWriteWaiter.open(db, "src", owned)
+    assert waiter is not None
+    try:
+        for bucket, key in ((src, _key_in(owned, avoid=owned)), (other, "mine")):  # another vBucket, bucket
+            writer = _write_soon(bucket, key)
+            started = time.monotonic()
+            assert not waiter.wait(0.6)
+            assert time.monotonic() - started >= 0.55
+            writer.join()
+        assert waiter.received >= 2  # both were read and passed over
+        writer = _write_soon(src, "mine")
+        started = time.monotonic()
+        assert waiter.wait(5.0)
+        assert time.monotonic() - started < 2.0
+        writer.join()
+        owned.add(vbucket_of("later"))  # a vBucket claimed meanwhile counts from the next wait
+        writer = _write_soon(src, "later")
+        assert waiter.wait(5.0)
+        writer.join()
+        src.upsert("mine", {"x": 2})
+        assert sender_for(db).flush()
+        deadline = time.monotonic() + 5
+        while not waiter.drain():  # the notification reaches the connection a little after the commit
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert not waiter.drain()  # drained: nothing left
+    finally:
+        waiter.close()
+
+
+def test_a_lost_connection_wakes_the_waiter_once_and_it_listens_again(db):
+    src = pg_buckets.create_bucket(db, "src")
+    waiter = PostgresWriteWaiter.open(db, "src", {vbucket_of("mine")})
+    assert waiter is not None
+    try:
+        pid = waiter._conn.info.backend_pid
+        db.read("SELECT pg_terminate_backend(%s)", (pid,))
+        assert waiter.wait(5.0)  # writes may have gone unannounced: look once
+        assert not waiter.wait(0.2)  # no new connection within RECONNECT_S: waits out as a poll
+        time.sleep(1.0)
+        writer = _write_soon(src, "mine", delay=0.5)
+        assert waiter.wait(5.0)  # connected again (and listening before the write committed)
+        writer.join()
+        assert waiter._conn is not None and waiter._conn.info.backend_pid != pid
+    finally:
+        waiter.close()
