@@ -11,6 +11,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+from eventing.core.function_names import full_name
 from eventing.core.keyspaces import Keyspace
 from eventing.errors import NotFoundError
 from eventing.http.auth import (
@@ -107,7 +108,13 @@ def filter_listing(result: Any, visible: set[str] | None) -> Any:
         return result
 
     def shown(item: Any) -> bool:
-        return isinstance(item, dict) and (item.get("name") or item.get("function_name") or item.get("appname")) in visible
+        if not isinstance(item, dict):
+            return False
+        name = str(item.get("name") or item.get("function_name") or item.get("appname") or "")
+        scope = item.get("function_scope")
+        if isinstance(scope, dict) and "." not in name:  # Couchbase's shapes: the plain name beside its namespace
+            name = full_name(name, str(scope.get("bucket")), str(scope.get("scope")))
+        return name in visible
 
     if isinstance(result, dict) and isinstance(result.get("functions"), list):  # /api/v1/list/functions
         return {**result, "functions": [n for n in result["functions"] if n in visible]}
@@ -117,6 +124,8 @@ def filter_listing(result: Any, visible: set[str] | None) -> Any:
         return [item for item in result if shown(item)]
     if isinstance(result, dict) and isinstance(result.get("apps"), list):
         return {**result, "apps": [a for a in result["apps"] if shown(a)]}
+    if isinstance(result, dict) and isinstance(result.get("app"), dict):  # /api/v1/status/NAME: checked already
+        return result
     return result
 
 
