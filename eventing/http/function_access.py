@@ -13,7 +13,7 @@ from typing import Any
 
 from eventing.core.function_names import full_name
 from eventing.core.keyspaces import Keyspace
-from eventing.errors import NotFoundError
+from eventing.errors import EventingError, NotFoundError
 from eventing.http.auth import (
     CLUSTER_MANAGE,
     CLUSTER_READ,
@@ -73,6 +73,13 @@ def authorize_endpoint(identity: Identity, method: str, path: str, params: Mappi
         targets = [(str(keyspace_fields(d).get("name", "")), keyspace_fields(d)) for d in items if isinstance(d, dict)]
     else:
         name = params.get("name") or query.get("name") or query.get("appName") or ""
+        if name and "name" not in params:  # a function named in the query: the one its namespace names
+            from eventing.http.routes_request import resolve_name
+
+            try:
+                name = resolve_name(state, name, dict(query))
+            except EventingError:
+                pass  # the endpoint answers the bad parameter
         if isinstance(body, dict):
             body = {k: v for k, v in keyspace_fields(body).items() if k != "name"}
         new = body if write and isinstance(body, dict) and path in (

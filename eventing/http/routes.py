@@ -38,6 +38,16 @@ from eventing.http.routes_couchbase import (
     running_apps,
     save_config,
 )
+from eventing.http.routes_couchbase_stats import (
+    dcp_events_remaining,
+    delete_all,
+    execution_stats,
+    failure_stats,
+    get_deployment_config,
+    latency_stats,
+    list_functions_query,
+    save_deployment_config,
+)
 from eventing.http.routes_functions import (
     appcode_checksum,
     create_functions,
@@ -103,6 +113,24 @@ ENDPOINTS: list[Endpoint] = [
              create_functions, couchbase=True),
     Endpoint("GET", "/api/v1/list/functions", "functions", "function names: {\"functions\": [...]} (?source_bucket=, "
              "?source_scope=, ?function_scope=BUCKET.SCOPE, ?deployed=)", list_function_names, couchbase=True),
+    Endpoint("DELETE", "/api/v1/functions", "functions", "delete every undeployed function: Couchbase's "
+             "[{\"code\", \"info\"}] per function (22 for one still deployed or paused, which stays)", delete_all,
+             couchbase=True),
+    Endpoint("GET", "/api/v1/list/functions/query", "functions", "function names: {\"functions\": [...]} "
+             "(?deployed=, ?source_bucket=, ?function_type=sbm|notsbm: writes to its own source or not)",
+             list_functions_query, couchbase=True),
+    Endpoint("GET", FUNCTION_PATH + "/config", "functions", "the function's deployment config (Couchbase's depcfg: "
+             "source, metadata keyspace, bindings)", get_deployment_config, couchbase=True),
+    Endpoint("POST", FUNCTION_PATH + "/config", "functions", "replace the deployment config (undeployed or paused "
+             "only)", save_deployment_config, couchbase=True),
+    Endpoint("GET", "/getExecutionStats", "status", "one function's execution statistics (?name=, ?bucket=&scope=; "
+             "deployed or paused)", execution_stats, couchbase=True),
+    Endpoint("GET", "/getFailureStats", "status", "one function's failure statistics (?name=, ?bucket=&scope=)",
+             failure_stats, couchbase=True),
+    Endpoint("GET", "/getLatencyStats", "status", "one function's handler latency histogram: microseconds -> calls "
+             "(?name=, ?bucket=&scope=)", latency_stats, couchbase=True),
+    Endpoint("GET", "/getDcpEventsRemaining", "status", "one function's backlog: {\"dcp_backlog\": N} (?name=, "
+             "?bucket=&scope=)", dcp_events_remaining, couchbase=True),
     Endpoint("GET", "/getDeployedApps", "status", "deployed (and paused) functions, by name", deployed_apps,
              couchbase=True),
     Endpoint("GET", "/getRunningApps", "status", "functions a running service processes, by name", running_apps,
