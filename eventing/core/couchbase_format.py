@@ -266,15 +266,16 @@ def check_settings(settings: dict[str, Any], where: str) -> None:
         if key not in settings or key == "curl_max_allowed_resp_size" and value == 0:
             continue
         if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0 or not float(value).is_integer():
-            raise InvalidSettingError(f"{key} of {where} is {json.dumps(value)}; Couchbase takes a positive whole "
-                                      "number")
+            unit = " in seconds" if key in ("execution_timeout", "checkpoint_interval") else ""
+            raise InvalidSettingError(f"{key} of {where} is {json.dumps(value)}; Couchbase gives it{unit}, a positive "
+                                      "whole number")
     for key in ("timer_context_size", "timer_context_max_size"):
         if key in settings and not TIMER_CONTEXT_RANGE[0] <= settings[key] <= TIMER_CONTEXT_RANGE[1]:
             raise InvalidSettingError(f"{key} of {where} is {settings[key]}; Couchbase takes {TIMER_CONTEXT_RANGE[0]} "
                                       f"to {TIMER_CONTEXT_RANGE[1]} bytes")
     boundary = settings.get("dcp_stream_boundary")
     if boundary is not None and boundary not in ("everything", "from_now"):
-        raise InvalidSettingError(f"dcp_stream_boundary of {where} is {json.dumps(boundary)}; use 'everything' or "
+        raise InvalidSettingError(f"dcp_stream_boundary of {where} is {boundary!r}; use 'everything' or "
                                   "'from_now' ('from_prior' was removed in Couchbase 6.6.2)")
 
 

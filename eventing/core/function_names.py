@@ -43,6 +43,7 @@ def full_name(plain: str, bucket: str, scope: str) -> str:
     if bucket == "*" or scope == "*":
         raise ConfigError(f"function scope {bucket}.{scope} is not valid; give a bucket and a scope, or */* "
                           "for the global namespace")
+    check_function_name(plain)
     if not NAMESPACE_BUCKET.match(bucket) or not NAMESPACE_SCOPE.match(scope):
         raise ConfigError(f"function scope {bucket!r}.{scope!r} is not valid; give a bucket name and a scope name "
                           "(letters, digits, '_', '-', '%'; a bucket may also have '.')")

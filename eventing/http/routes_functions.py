@@ -80,9 +80,17 @@ def stored_function(c: EndpointRequest) -> dict[str, Any]:
         return _document(store.get_function(c.name))
 
 
+PYTHON_SHAPE = ("function '{name}' has a Python handler, which Couchbase's function JSON cannot carry; it is "
+                "shown in this project's shape (?format=eventing)")
+
+
 def get_function(c: EndpointRequest) -> dict[str, Any] | Response:
-    """Couchbase's function JSON (errors in its shape); `?format=eventing`: this project's shape."""
+    """Couchbase's function JSON (errors in its shape); `?format=eventing`, and a Python function (which
+    that JSON cannot carry, named in the warnings header): this project's shape."""
     if _couchbase_format(c):
+        doc = stored_function(c)
+        if doc.get("language", "python") != "javascript":
+            return _with_warnings(doc, [PYTHON_SHAPE.format(name=c.name)])
         return _couchbase_call(lambda: _with_warnings(*lifecycle.export_couchbase(c.state, c.name)))
     return stored_function(c)
 
@@ -273,6 +281,11 @@ def export_functions(c: EndpointRequest) -> list[dict[str, Any]] | Response:
     if name:
         check_function_name(name)
         name = resolve_name(c.state, name, c.query)
+    if name and _couchbase_format(c):  # one Python function: this project's export of it, as GET does
+        doc = stored_function(EndpointRequest(c.state, {"name": name}, {}, b""))
+        if doc.get("language", "python") != "javascript":
+            return _with_warnings([lifecycle.export_function(c.state, name, with_secrets=secrets)],
+                                  [PYTHON_SHAPE.format(name=name)])
     if _couchbase_format(c):  # Couchbase's export: JavaScript functions (a Python one is named in a warning)
         def run() -> Response:
             names = [name] if name else [f["name"] for f in list_functions(c)]
