@@ -39,6 +39,8 @@ from eventing.storage.writes import CasSource
 from sharding import validate_key
 
 Tracer = Callable[[str, str, str, object], None]  # (operation, alias, key, value)
+_new_write = tuple.__new__  # a Write's fields in order (values.Write), without its __new__'s Python frame
+assert Write._fields[5:] == ("cas", "expect_cas", "delta"), "BucketBinding.__setitem__ builds Writes field by field"
 
 
 class EffectBuffer:
@@ -231,7 +233,11 @@ class BucketBinding:
             self.tracer("write", self.alias, key, doc)
         stored = self.prefix + key if self.prefix else key
         buf = self.buf
-        w = Write(stored, OP_UPDATE, data, 0, 0, buf.next_cas())
+        try:  # the write's cas (CasSource), inline: this is the path of every `b[key] = doc`
+            cas = buf.next_cas.next()
+        except StopIteration:
+            cas = buf.next_cas.refill()
+        w = _new_write(Write, (stored, OP_UPDATE, data, 0, 0, cas, None, None))  # Write(...) minus a frame
         buf.current.append(w)
         buf.current_overlay[stored] = w
 

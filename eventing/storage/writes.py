@@ -13,7 +13,7 @@ import sqlite3
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from operator import itemgetter
 from pathlib import Path
 
@@ -58,23 +58,26 @@ CAS_BLOCK = 256  # cas values a CasSource reserves at a time
 class CasSource:
     """The cas of the writes a handler makes, known when it makes them (Couchbase's insert/upsert answer the
     document's cas): values of this process's cas clock (`_reserve_cas`, nanoseconds since the epoch, never
-    repeated within the process), reserved CAS_BLOCK at a time, so a write costs a C-level `next` rather than
-    a lock and a clock read. The bucket writes a write's document with the cas it carries (Write.cas).
-    Safe across threads: `next` of a range iterator holds the GIL; two threads finding the block spent at
-    once each reserve one, and a value is still handed out once."""
+    repeated within the process), reserved CAS_BLOCK at a time. The bucket writes a write's document with the
+    cas it carries (Write.cas). On the hot path call `next` (a range iterator's C-level __next__, no lock)
+    and `refill()` when it raises StopIteration; `source()` does both. Safe across threads: `next` holds the
+    GIL; two threads finding the block spent at once each reserve one, and a value is still handed out once."""
 
-    __slots__ = ("_next",)
+    __slots__ = ("next",)
 
     def __init__(self) -> None:
-        self._next: Iterator[int] = iter(())
+        self.next: Callable[[], int] = iter(()).__next__
+
+    def refill(self) -> int:
+        first = _reserve_cas(CAS_BLOCK) + 1
+        self.next = iter(range(first + 1, first + CAS_BLOCK)).__next__
+        return first
 
     def __call__(self) -> int:
         try:
-            return next(self._next)
+            return self.next()
         except StopIteration:
-            first = _reserve_cas(CAS_BLOCK) + 1
-            self._next = iter(range(first, first + CAS_BLOCK))
-            return next(self._next)
+            return self.refill()
 
 
 def _items(writes: Iterable[Write]) -> list[Item]:
