@@ -19,6 +19,7 @@ from datetime import timedelta
 from typing import Any
 
 from eventing.core.definition import FunctionDefinition
+from eventing.core.function_names import full_name, function_scope, plain_name
 from eventing.errors import ConfigError
 
 DEFAULT = "_default"
@@ -108,6 +109,19 @@ def is_couchbase_function(item: Any) -> bool:
     return isinstance(item, dict) and ("appname" in item or "depcfg" in item or "appcode" in item)
 
 
+def namespaced_name(item: dict[str, Any]) -> str:
+    """The full name of a Couchbase function: its appname in the namespace of its function_scope (none, or
+    `*`/`*`, is the global namespace: eventing.core.function_names)."""
+    name = str(item.get("appname") or item.get("name") or "")
+    scope = item.get("function_scope")
+    if scope is None:
+        return name
+    if not isinstance(scope, dict) or not isinstance(scope.get("bucket"), str) or not isinstance(scope.get("scope"), str):
+        raise ConfigError(f"function '{name}': function_scope must be {{\"bucket\": ..., \"scope\": ...}} "
+                          "(\"*\" and \"*\" for the global namespace)")
+    return full_name(name, scope["bucket"], scope["scope"])
+
+
 def state_of(deployment_status: Any, processing_status: Any) -> str:
     """Couchbase's two flags as a state: deployed and processing is deployed, deployed and not processing is
     paused, not deployed is undeployed."""
@@ -148,15 +162,7 @@ def from_couchbase(item: Any) -> Converted:
     fields, state, source = _settings_from_couchbase(settings, where, warnings, appcode)
     fields.setdefault("curl_max_response_bytes", COUCHBASE_CURL_MAX_MB * MB)  # Couchbase's default, not 1 MiB
     definition.update(fields)
-    scope = item.get("function_scope")
-    if scope is not None:
-        own = (definition["source_bucket"], definition["source_scope"])
-        given = (scope.get("bucket"), scope.get("scope")) if isinstance(scope, dict) else (None, None)
-        if given not in (own, ("*", "*")):
-            warnings.append(
-                f"{where}: function_scope {given[0]}.{given[1]} is not kept; a function here belongs to its source's "
-                f"bucket and scope ({own[0]}.{own[1]}), which roles (eventing_manage_functions) are checked against"
-            )
+    definition["name"] = namespaced_name(item)
     try:
         defn = FunctionDefinition.from_dict(definition)
     except ConfigError as exc:
@@ -240,8 +246,42 @@ def _literal(text: Any, alias: Any, where: str) -> Any:
                       "string; write its value as JSON (a number, a \"string\", true, false, null, an object)")
 
 
+class InvalidSettingError(ConfigError):
+    """A setting Couchbase itself refuses (its ERR_INVALID_CONFIG): a status flag that is not a boolean, a
+    count or interval that is not a positive whole number, a boundary or size out of its range."""
+
+
+POSITIVE_WHOLE = ("worker_count", "checkpoint_interval", "execution_timeout", "app_log_max_size",
+                  "app_log_max_files", "curl_max_allowed_resp_size", "timer_context_size", "timer_context_max_size")
+TIMER_CONTEXT_RANGE = (20, 19 * MB)  # Couchbase's limits of timer_context_size
+
+
+def check_settings(settings: dict[str, Any], where: str) -> None:
+    """Refuse what Couchbase's own settings check refuses (InvalidSettingError naming the setting)."""
+    for key in ("deployment_status", "processing_status"):
+        if key in settings and not isinstance(settings[key], bool):
+            raise InvalidSettingError(f"{key} of {where} is {json.dumps(settings[key])}; Couchbase takes true or false")
+    for key in POSITIVE_WHOLE:
+        value = settings.get(key)
+        if key not in settings or key == "curl_max_allowed_resp_size" and value == 0:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0 or not float(value).is_integer():
+            unit = " in seconds" if key in ("execution_timeout", "checkpoint_interval") else ""
+            raise InvalidSettingError(f"{key} of {where} is {json.dumps(value)}; Couchbase gives it{unit}, a positive "
+                                      "whole number")
+    for key in ("timer_context_size", "timer_context_max_size"):
+        if key in settings and not TIMER_CONTEXT_RANGE[0] <= settings[key] <= TIMER_CONTEXT_RANGE[1]:
+            raise InvalidSettingError(f"{key} of {where} is {settings[key]}; Couchbase takes {TIMER_CONTEXT_RANGE[0]} "
+                                      f"to {TIMER_CONTEXT_RANGE[1]} bytes")
+    boundary = settings.get("dcp_stream_boundary")
+    if boundary is not None and boundary not in ("everything", "from_now"):
+        raise InvalidSettingError(f"dcp_stream_boundary of {where} is {boundary!r}; use 'everything' or "
+                                  "'from_now' ('from_prior' was removed in Couchbase 6.6.2)")
+
+
 def _settings_from_couchbase(settings: dict[str, Any], where: str, warnings: list[str],
                              appcode: str) -> tuple[dict[str, Any], str, str]:
+    check_settings(settings, where)
     out: dict[str, Any] = {}
     for key in settings:
         if key in MAPPED or key in NO_EFFECT:
@@ -294,8 +334,8 @@ def to_couchbase(definition: dict[str, Any], source: str, state: str = "undeploy
     decides) with its handler source as Couchbase's function JSON, and the warnings: project settings that
     Couchbase's format cannot carry, and the metadata keyspace Couchbase needs."""
     defn = FunctionDefinition.from_dict(definition)
-    name = defn.name
-    where = f"function '{name}'"
+    name = plain_name(defn.name)
+    where = f"function '{defn.name}'"
     if defn.language != "javascript":
         raise ConfigError(f"{where} has a Python handler; Couchbase runs JavaScript handlers only, so it cannot be "
                           "exported in Couchbase's format; export it without format couchbase")
@@ -354,7 +394,7 @@ def to_couchbase(definition: dict[str, Any], source: str, state: str = "undeploy
         "depcfg": depcfg,
         "settings": settings,
         "version": EXPORT_VERSION,
-        "function_scope": {"bucket": defn.source_bucket, "scope": defn.source_scope},
+        "function_scope": dict(zip(("bucket", "scope"), function_scope(defn.name), strict=True)),
     }
     return out, warnings
 
@@ -419,7 +459,11 @@ def keyspace_fields(item: dict[str, Any]) -> dict[str, Any]:
     if not is_couchbase_function(item):
         return item
     depcfg: dict[str, Any] = item["depcfg"] if isinstance(item.get("depcfg"), dict) else {}
-    return {"name": item.get("appname", ""), "source_bucket": depcfg.get("source_bucket", ""),
+    try:
+        name = namespaced_name(item)
+    except ConfigError:
+        name = str(item.get("appname", ""))
+    return {"name": name, "source_bucket": depcfg.get("source_bucket", ""),
             "source_scope": depcfg.get("source_scope") or DEFAULT,
             "source_collection": depcfg.get("source_collection") or DEFAULT}
 

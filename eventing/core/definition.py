@@ -12,12 +12,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from eventing.core import durations, filters
+from eventing.core.function_names import check_function_name
 from eventing.core.keyspaces import DEFAULT, Keyspace
 from eventing.core.names import check_bucket_name
 from eventing.errors import ConfigError
 from eventing.handler import RESERVED_NAMES
 
-FUNCTION_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,99}$")
+FUNCTION_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,99}$")  # a plain name (eventing.core.function_names)
 ALIAS = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 Boundary = Literal["everything", "from_now"]
@@ -30,14 +31,6 @@ ISOLATIONS = ("none", "sandbox")  # the first is DEFAULT_ADMIN_ISOLATION, named 
 # What a function deployed by a full admin gets without an `isolation` setting (see docs/guarantees.md,
 # "Sandboxed handlers", for the measured cost that decided it).
 DEFAULT_ADMIN_ISOLATION = "none"
-
-def check_function_name(name: object) -> None:
-    """The one rule for function names (they become file names and URL path segments)."""
-    if not isinstance(name, str) or not FUNCTION_NAME.match(name):
-        raise ConfigError(
-            f"function name {name!r} is not valid; use a letter then letters, digits, '_' or '-' (max 100)"
-        )
-
 
 def parse_duration(value: Any, field_name: str, function: str) -> timedelta:
     """eventing.core.durations.parse_duration (the rule window sizes follow too), as a ConfigError."""

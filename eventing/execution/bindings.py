@@ -35,9 +35,12 @@ from eventing.core.mutation import OP_DELETE, OP_UPDATE, decode_document, encode
 from eventing.errors import BindingError, InvalidDocumentError
 from eventing.storage.protocol import Bucket
 from eventing.storage.values import EffectGroup, Write
+from eventing.storage.writes import CasSource
 from sharding import validate_key
 
 Tracer = Callable[[str, str, str, object], None]  # (operation, alias, key, value)
+_new_write = tuple.__new__  # a Write's fields in order (values.Write), without its __new__'s Python frame
+assert Write._fields[5:] == ("cas", "expect_cas", "delta"), "BucketBinding.__setitem__ builds Writes field by field"
 
 
 class EffectBuffer:
@@ -45,14 +48,15 @@ class EffectBuffer:
     bucket see each other's writes and their writes reach the bucket in the order the handler made them."""
 
     def __init__(self) -> None:
-        self.overlay: dict[str, bytes | None] = {}  # batch writes not flushed yet, key -> doc bytes or None
+        self.overlay: dict[str, Write] = {}  # batch writes not flushed yet, key -> its last write
         self.current: list[Write] = []  # writes of the handler call in progress
-        self.current_overlay: dict[str, bytes | None] = {}
+        self.current_overlay: dict[str, Write] = {}
+        self.next_cas = CasSource()  # the cas of each write, known when the handler makes it
         self.groups: dict[int, EffectGroup] = {}
         # Kept writes set aside for a flush that runs while the next batch's calls do (concurrency > 1,
         # eventing.workers.concurrent_calls), and their overlay, read until that flush has committed.
         self.set_aside: list[EffectGroup] = []
-        self.flushing: dict[str, bytes | None] = {}
+        self.flushing: dict[str, Write] = {}
         self.flush_done = _DONE  # set once the writes in `flushing` are in the bucket (or were given up)
         self.source: tuple[int, int] = (0, 0)
         # Per source vBucket, the last source seqno whose effects this bucket already holds (read at
@@ -74,7 +78,7 @@ class _CallWrites(threading.local):
 
     def __init__(self) -> None:
         self.current: list[Write] = []
-        self.current_overlay: dict[str, bytes | None] = {}
+        self.current_overlay: dict[str, Write] = {}
         self.source: tuple[int, int] = (0, 0)
         self.conditional = False
 
@@ -192,11 +196,11 @@ class BucketBinding:
         stored = self.prefix + key if self.prefix else key
         flushing = buf.flushing  # replaced, never changed in place, by the flush that commits it
         if stored in buf.current_overlay:
-            raw = buf.current_overlay[stored]
+            raw = buf.current_overlay[stored].doc
         elif stored in buf.overlay:
-            raw = buf.overlay[stored]
+            raw = buf.overlay[stored].doc
         elif stored in flushing:
-            raw = flushing[stored]
+            raw = flushing[stored].doc
         else:
             raw = self.bucket.get_raw(stored)
         value = None if raw is None else decode_document(raw)
@@ -228,16 +232,24 @@ class BucketBinding:
         if self.tracer:
             self.tracer("write", self.alias, key, doc)
         stored = self.prefix + key if self.prefix else key
-        self.buf.current.append(Write(stored, OP_UPDATE, data))
-        self.buf.current_overlay[stored] = data
+        buf = self.buf
+        try:  # the write's cas (CasSource), inline: this is the path of every `b[key] = doc`
+            cas = buf.next_cas.next()
+        except StopIteration:
+            cas = buf.next_cas.refill()
+        w = _new_write(Write, (stored, OP_UPDATE, data, 0, 0, cas, None, None))  # Write(...) minus a frame
+        buf.current.append(w)
+        buf.current_overlay[stored] = w
 
     def __delitem__(self, key: str) -> None:
         self._check_writable("delete")
         if self.tracer:
             self.tracer("delete", self.alias, key, None)
         stored = self.prefix + key
-        self.buf.current.append(Write(stored, OP_DELETE))
-        self.buf.current_overlay[stored] = None
+        buf = self.buf
+        w = Write(stored, OP_DELETE, None, 0, 0, buf.next_cas())
+        buf.current.append(w)
+        buf.current_overlay[stored] = w
 
     # -- advanced accessors (Couchbase's couchbase.* API) -----------------------------------------
 
@@ -246,22 +258,21 @@ class BucketBinding:
         buf = self.buf
         stored = self.prefix + key
         if stored not in buf.current_overlay and stored not in buf.overlay and stored in buf.flushing:
-            # Being written beside this call (set aside): its cas is the bucket's once that write is in.
-            # A provisional cas would name a write of another transaction, which the check cannot see.
+            # Being written beside this call (set aside): read once that write is in (or was given up).
             buf.flush_done.wait()
         if stored in buf.current_overlay:
-            raw = buf.current_overlay[stored]
+            pending = buf.current_overlay[stored]
         elif stored in buf.overlay:
-            raw = buf.overlay[stored]
+            pending = buf.overlay[stored]
         else:
             got = self.bucket.get_doc(stored)
             if got is None:
                 return None
             return decode_document(got[0]), DocMeta(key, got[1], got[2])
-        if raw is None:
+        if pending.doc is None:
             return None
-        # A provisional cas: the identity of the pending write's bytes, alive while the write is pending.
-        return decode_document(raw), DocMeta(key, id(raw), buf.expiries.get(stored, 0))
+        # The cas the pending write carries: the document's once the write is applied.
+        return decode_document(pending.doc), DocMeta(key, pending.cas or 0, buf.expiries.get(stored, 0))
 
     def _outcome(self, error: str) -> OpResult:
         self.buf.ops[f"bkt_ops_{error}_count"] += 1
@@ -283,14 +294,12 @@ class BucketBinding:
         _check_key(key, self.alias)
         if self._visible(key) is not None:
             return self._outcome("key_exists")
-        self._write(key, doc, _expiry(expiry, self.alias), 0)
-        return OpResult(True, doc)
+        return self._written(key, doc, self._write(key, doc, _expiry(expiry, self.alias), 0))
 
     def upsert(self, key: str, doc: dict, *, expiry: Any = 0) -> OpResult:
         self._check_writable("upsert")
         _check_key(key, self.alias)
-        self._write(key, doc, _expiry(expiry, self.alias), None)
-        return OpResult(True, doc)
+        return self._written(key, doc, self._write(key, doc, _expiry(expiry, self.alias), None))
 
     def replace(self, key: str, doc: dict, *, cas: int | None = None, expiry: Any = 0) -> OpResult:
         """Replace an existing document; with `cas`, only if it is still the version read with that cas."""
@@ -302,8 +311,8 @@ class BucketBinding:
             return self._outcome("key_not_found")
         if cas is not None and cas != seen[1].cas:
             return self._outcome("cas_mismatch")
-        self._write(key, doc, _expiry(expiry, self.alias), self._condition(key, seen[1].cas, cas))
-        return OpResult(True, doc)
+        return self._written(key, doc, self._write(key, doc, _expiry(expiry, self.alias),
+                                                   self._condition(key, seen[1].cas, cas)))
 
     def delete(self, key: str, *, cas: int | None = None) -> OpResult:
         """Delete an existing document; with `cas`, only if it is still that version."""
@@ -315,8 +324,10 @@ class BucketBinding:
             return self._outcome("key_not_found")
         if cas is not None and cas != seen[1].cas:
             return self._outcome("cas_mismatch")
-        self._append(Write(self.prefix + key, OP_DELETE, expect_cas=self._condition(key, seen[1].cas, cas)), key, None, 0)
-        return OpResult(True)
+        w = Write(self.prefix + key, OP_DELETE, None, 0, 0, self.buf.next_cas(),
+                  expect_cas=self._condition(key, seen[1].cas, cas))
+        self._append(w, key, None, 0)
+        return OpResult(True, meta=DocMeta(key, w.cas or 0, 0))
 
     def increment(self, key: str, delta: int = 1) -> OpResult:
         """Add `delta` to the counter document `{"count": n}` (created at 0); `value` is the new count."""
@@ -341,8 +352,9 @@ class BucketBinding:
                 )
         doc = {"count": count + delta}
         data = encode_document(doc)
-        self._append(Write(self.prefix + key, OP_UPDATE, data, delta=delta), key, data, 0)
-        return OpResult(True, doc, value=doc["count"])
+        w = Write(self.prefix + key, OP_UPDATE, data, 0, 0, self.buf.next_cas(), delta=delta)
+        self._append(w, key, data, 0)
+        return OpResult(True, doc, DocMeta(key, w.cas or 0, 0), value=doc["count"])
 
     def touch(self, key: str, expiry: Any) -> OpResult:
         """Give an existing document a new expiry."""
@@ -351,8 +363,8 @@ class BucketBinding:
         seen = self._visible(key)
         if seen is None:
             return self._outcome("key_not_found")
-        self._write(key, seen[0], _expiry(expiry, self.alias), self._condition(key, seen[1].cas, seen[1].cas))
-        return OpResult(True, seen[0])
+        return self._written(key, seen[0], self._write(key, seen[0], _expiry(expiry, self.alias),
+                                                       self._condition(key, seen[1].cas, seen[1].cas)))
 
     def lookup_in(self, key: str, specs: list) -> OpResult:
         """Read parts of a document: specs ("get", path) and ("exists", path); `value` lists the results
@@ -388,21 +400,28 @@ class BucketBinding:
                 return self._outcome(error)
         # The whole document is written back: conditional on the version read, even without a cas, so a
         # concurrent change of another field is never overwritten.
-        self._write(key, doc, _expiry(expiry, self.alias), self._condition(key, seen[1].cas, seen[1].cas))
-        return OpResult(True, doc)
+        return self._written(key, doc, self._write(key, doc, _expiry(expiry, self.alias),
+                                                   self._condition(key, seen[1].cas, seen[1].cas)))
 
     @staticmethod
     def _condition(key: str, seen_cas: int, cas: int | None) -> int | None:
-        """The version a held write must still find when applied: the stored cas it read, or the pending
-        write it read (its provisional cas), which must then be applied before it in the same batch."""
+        """The version a held write must still find when applied: the cas it read, the stored document's or
+        the one a pending write carries (which must then be applied before it)."""
         return None if cas is None else seen_cas
 
-    def _write(self, key: str, doc: Any, expiry: int, expect_cas: int | None) -> None:
+    def _write(self, key: str, doc: Any, expiry: int, expect_cas: int | None) -> Write:
         try:
             data = encode_document(doc)
         except InvalidDocumentError as exc:
             raise BindingError(f"cannot write '{key}' through binding '{self.alias}': {exc}") from None
-        self._append(Write(self.prefix + key, OP_UPDATE, data, expiry, expect_cas=expect_cas), key, data, expiry)
+        w = Write(self.prefix + key, OP_UPDATE, data, expiry, 0, self.buf.next_cas(), expect_cas=expect_cas)
+        self._append(w, key, data, expiry)
+        return w
+
+    @staticmethod
+    def _written(key: str, doc: Any, w: Write) -> OpResult:
+        """A write's outcome with its meta: the cas the document has once the write is applied."""
+        return OpResult(True, doc, DocMeta(key, w.cas or 0, w.expiry))
 
     def _append(self, w: Write, key: str, data: bytes | None, expiry: int) -> None:
         """Hold write `w` (made with the stored key) of the handler's `key`."""
@@ -411,7 +430,7 @@ class BucketBinding:
             self.tracer("write" if data is not None else "delete", self.alias, key, data and decode_document(data))
         buf.current.append(w)
         stored = w.key
-        buf.current_overlay[stored] = data
+        buf.current_overlay[stored] = w
         if expiry or stored in buf.expiries:
             buf.expiries[stored] = expiry
         if w.expect_cas is not None or w.delta is not None:

@@ -11,8 +11,9 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
+from eventing.core.function_names import full_name
 from eventing.core.keyspaces import Keyspace
-from eventing.errors import NotFoundError
+from eventing.errors import EventingError, NotFoundError
 from eventing.http.auth import (
     CLUSTER_MANAGE,
     CLUSTER_READ,
@@ -72,6 +73,13 @@ def authorize_endpoint(identity: Identity, method: str, path: str, params: Mappi
         targets = [(str(keyspace_fields(d).get("name", "")), keyspace_fields(d)) for d in items if isinstance(d, dict)]
     else:
         name = params.get("name") or query.get("name") or query.get("appName") or ""
+        if name and "name" not in params:  # a function named in the query: the one its namespace names
+            from eventing.http.routes_request import resolve_name
+
+            try:
+                name = resolve_name(state, name, dict(query))
+            except EventingError:
+                pass  # the endpoint answers the bad parameter
         if isinstance(body, dict):
             body = {k: v for k, v in keyspace_fields(body).items() if k != "name"}
         new = body if write and isinstance(body, dict) and path in (
@@ -107,7 +115,13 @@ def filter_listing(result: Any, visible: set[str] | None) -> Any:
         return result
 
     def shown(item: Any) -> bool:
-        return isinstance(item, dict) and (item.get("name") or item.get("function_name") or item.get("appname")) in visible
+        if not isinstance(item, dict):
+            return False
+        name = str(item.get("name") or item.get("function_name") or item.get("appname") or "")
+        scope = item.get("function_scope")
+        if isinstance(scope, dict) and "." not in name:  # Couchbase's shapes: the plain name beside its namespace
+            name = full_name(name, str(scope.get("bucket")), str(scope.get("scope")))
+        return name in visible
 
     if isinstance(result, dict) and isinstance(result.get("functions"), list):  # /api/v1/list/functions
         return {**result, "functions": [n for n in result["functions"] if n in visible]}
@@ -117,6 +131,8 @@ def filter_listing(result: Any, visible: set[str] | None) -> Any:
         return [item for item in result if shown(item)]
     if isinstance(result, dict) and isinstance(result.get("apps"), list):
         return {**result, "apps": [a for a in result["apps"] if shown(a)]}
+    if isinstance(result, dict) and isinstance(result.get("app"), dict):  # /api/v1/status/NAME: checked already
+        return result
     return result
 
 

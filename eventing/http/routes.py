@@ -12,6 +12,7 @@ dead letters, windows, verify) and routes_collections; routes_request holds what
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,16 @@ from eventing.http.routes_couchbase import (
     running_apps,
     save_config,
 )
+from eventing.http.routes_couchbase_stats import (
+    dcp_events_remaining,
+    delete_all,
+    execution_stats,
+    failure_stats,
+    get_deployment_config,
+    latency_stats,
+    list_functions_query,
+    save_deployment_config,
+)
 from eventing.http.routes_functions import (
     appcode_checksum,
     create_functions,
@@ -53,7 +64,7 @@ from eventing.http.routes_functions import (
     get_function,
     get_settings,
     import_functions,
-    list_functions,
+    list_functions_endpoint,
     pause,
     resume,
     save_appcode,
@@ -76,7 +87,14 @@ from eventing.http.routes_ops import (
     windows,
 )
 from eventing.http.routes_pools import bucket, buckets, node_services, pools, pools_default
-from eventing.http.routes_request import FUNCTION_PATH, Endpoint, EndpointRequest, error_body
+from eventing.http.routes_request import (
+    FUNCTION_PATH,
+    Endpoint,
+    EndpointRequest,
+    couchbase_error,
+    error_body,
+    resolve_name,
+)
 from eventing.http.routes_status import all_stats, checkpoints, function_stats, metrics, status, vbmap
 
 STATIC_DIR = Path(__file__).parent / "static"
@@ -90,9 +108,10 @@ def openapi(c: EndpointRequest) -> dict[str, Any]:
 
 COLLECTION_PATH = "/api/v1/buckets/{bucket}/scopes/{scope}/collections/{collection}"
 ENDPOINTS: list[Endpoint] = [
-    Endpoint("GET", "/api/v1/functions", "functions", "every function: definition, handler source, state",
-             list_functions, couchbase=True),
-    Endpoint("GET", FUNCTION_PATH, "functions", "one function: definition, handler source, state", get_function, couchbase=True),
+    Endpoint("GET", "/api/v1/functions", "functions", "every function in Couchbase's function JSON (?format=eventing: "
+             "this project's definition, handler source, state)", list_functions_endpoint, couchbase=True),
+    Endpoint("GET", FUNCTION_PATH, "functions", "one function in Couchbase's function JSON (?format=eventing: this "
+             "project's shape); ?bucket=&scope= name its namespace", get_function, couchbase=True),
     Endpoint("POST", FUNCTION_PATH, "functions", "create or update a function (a definition with handler_source; "
              "undeployed or paused only)", save_function, couchbase=True),
     Endpoint("POST", "/api/v1/functions", "functions", "create or update functions: one or a list, in Couchbase's "
@@ -100,6 +119,24 @@ ENDPOINTS: list[Endpoint] = [
              create_functions, couchbase=True),
     Endpoint("GET", "/api/v1/list/functions", "functions", "function names: {\"functions\": [...]} (?source_bucket=, "
              "?source_scope=, ?function_scope=BUCKET.SCOPE, ?deployed=)", list_function_names, couchbase=True),
+    Endpoint("DELETE", "/api/v1/functions", "functions", "delete every undeployed function: Couchbase's "
+             "[{\"code\", \"info\"}] per function (22 for one still deployed or paused, which stays)", delete_all,
+             couchbase=True),
+    Endpoint("GET", "/api/v1/list/functions/query", "functions", "function names: {\"functions\": [...]} "
+             "(?deployed=, ?source_bucket=, ?function_type=sbm|notsbm: writes to its own source or not)",
+             list_functions_query, couchbase=True),
+    Endpoint("GET", FUNCTION_PATH + "/config", "functions", "the function's deployment config (Couchbase's depcfg: "
+             "source, metadata keyspace, bindings)", get_deployment_config, couchbase=True),
+    Endpoint("POST", FUNCTION_PATH + "/config", "functions", "replace the deployment config (undeployed or paused "
+             "only)", save_deployment_config, couchbase=True),
+    Endpoint("GET", "/getExecutionStats", "status", "one function's execution statistics (?name=, ?bucket=&scope=; "
+             "deployed or paused)", execution_stats, couchbase=True),
+    Endpoint("GET", "/getFailureStats", "status", "one function's failure statistics (?name=, ?bucket=&scope=)",
+             failure_stats, couchbase=True),
+    Endpoint("GET", "/getLatencyStats", "status", "one function's handler latency histogram: microseconds -> calls "
+             "(?name=, ?bucket=&scope=)", latency_stats, couchbase=True),
+    Endpoint("GET", "/getDcpEventsRemaining", "status", "one function's backlog: {\"dcp_backlog\": N} (?name=, "
+             "?bucket=&scope=)", dcp_events_remaining, couchbase=True),
     Endpoint("GET", "/getDeployedApps", "status", "deployed (and paused) functions, by name", deployed_apps,
              couchbase=True),
     Endpoint("GET", "/getRunningApps", "status", "functions a running service processes, by name", running_apps,
@@ -197,6 +234,9 @@ def _endpoint(ep: Endpoint) -> Callable[[Request], Any]:
         try:
             if "name" in call.params:
                 check_function_name(call.params["name"])
+                call.params["name"] = await run_in_threadpool(
+                    resolve_name, config.state, call.params["name"], call.query,
+                    creating=ep.method == "POST" and ep.path == FUNCTION_PATH)
             if not identity.is_admin:  # each endpoint's role, against the keyspace of the function it acts on
                 try:
                     body = call.json(default={}) if ep.method in auth.WRITE_METHODS and not ep.path.endswith("/appcode") else None
@@ -207,10 +247,16 @@ def _endpoint(ep: Endpoint) -> Callable[[Request], Any]:
             result = await run_in_threadpool(ep.handler, call)
             if ep.path in function_access.LISTINGS and not identity.is_admin:
                 visible = await run_in_threadpool(function_access.visible_functions, identity, config.state)
-                result = function_access.filter_listing(result, visible)
+                if isinstance(result, JSONResponse) and result.status_code == 200:  # a listing with warnings:
+                    # cut, without the warnings (they may name functions this caller does not cover)
+                    result = JSONResponse(function_access.filter_listing(json.loads(bytes(result.body)), visible))
+                else:
+                    result = function_access.filter_listing(result, visible)
         except auth.AuthError as refused:
             return JSONResponse(refused.body(), status_code=refused.status, headers=refused.headers)
         except (EventingError, InvalidKeyError) as exc:
+            if ep.couchbase:  # Couchbase's name, code and description beside this API's error and fix
+                return couchbase_error(exc)
             code, body = error_body(exc)
             return JSONResponse(body, status_code=code, headers=retry_after(exc) or None)
         if isinstance(result, Response):

@@ -13,10 +13,11 @@ from typing import Any
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from eventing.core.definition import check_function_name
+from eventing.core.function_names import function_scope
 from eventing.errors import ConfigError, NotFoundError
 from eventing.http import function_access
-from eventing.http.routes_functions import get_function, list_functions
-from eventing.http.routes_request import EndpointRequest, _couchbase_call
+from eventing.http.routes_functions import list_functions, stored_function
+from eventing.http.routes_request import EndpointRequest, _couchbase_call, resolve_name
 from eventing.ops import stats
 
 DEFAULT_LOG_BYTES = 40_960  # like Couchbase's getAppLog: the newest part of the log
@@ -30,6 +31,7 @@ def reset_stats(c: EndpointRequest) -> Response:
         if not name:
             raise ConfigError("resetStatsCounters needs ?appName=FUNCTION")
         check_function_name(name)
+        name = resolve_name(c.state, name, c.query)
         with c.state.metadata as store:
             store.get_function(name)
             store.reset_counters(name, keep_prefixes=("dlq_",))
@@ -39,12 +41,14 @@ def reset_stats(c: EndpointRequest) -> Response:
 
 
 def list_function_names(c: EndpointRequest) -> dict[str, Any] | Response:
-    """Couchbase's /api/v1/list/functions: {"functions": [names]}, filtered by ?source_bucket=, ?source_scope=,
-    ?function_scope=BUCKET.SCOPE (or BUCKET/SCOPE; here a function's scope is its source's) and ?deployed=."""
+    """Couchbase's /api/v1/list/functions: {"functions": [names]} (a function in a namespace by its full name),
+    filtered by ?source_bucket=, ?source_scope=, ?function_scope=BUCKET.SCOPE (or BUCKET/SCOPE; `*.*` is the
+    global namespace) and ?deployed=."""
     def run() -> dict[str, Any]:
         deployed = c.flag(c.query, "deployed") if "deployed" in c.query else None
         scope = c.query.get("function_scope")
-        wanted_scope = tuple(re.split(r"[./]", scope, maxsplit=1)) if scope else None
+        wanted_scope = tuple(re.split(r"[/]", scope, maxsplit=1) if "/" in scope else scope.rsplit(".", 1)) \
+            if scope else None
         names = []
         for f in list_functions(c):
             keyspace = function_access.function_keyspace(f)
@@ -52,7 +56,7 @@ def list_function_names(c: EndpointRequest) -> dict[str, Any] | Response:
                 continue
             if c.query.get("source_scope") and keyspace.scope != c.query["source_scope"]:
                 continue
-            if wanted_scope and wanted_scope != (keyspace.bucket, keyspace.scope):
+            if wanted_scope and wanted_scope != function_scope(f["name"]):
                 continue
             if deployed is not None and (f["state"] in ("deployed", "paused", "pausing", "deploying")) != deployed:
                 continue
@@ -105,9 +109,10 @@ def app_log(c: EndpointRequest) -> Response:
     if not name:
         raise ConfigError("getAppLog needs ?name=FUNCTION")
     check_function_name(name)
+    name = resolve_name(c.state, name, c.query)
     size = c.int_arg(c.query, "size", minimum=1) or DEFAULT_LOG_BYTES
     data = c.state.app_logs.tail_bytes(name, size)
     if data is None:
-        get_function(EndpointRequest(c.state, {"name": name}, {}, b""))  # an unknown function is a 404
+        stored_function(EndpointRequest(c.state, {"name": name}, {}, b""))  # an unknown function is a 404
         return PlainTextResponse("")  # a known one that has not logged yet: an empty log, not an error
     return PlainTextResponse(data.decode("utf-8", errors="replace"))

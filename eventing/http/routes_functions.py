@@ -16,10 +16,17 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from eventing.control import lifecycle
 from eventing.core import couchbase_format
 from eventing.core.definition import FunctionDefinition, check_function_name
+from eventing.core.function_names import plain_name
 from eventing.core.secrets import mask_definition
-from eventing.errors import ConfigError, NotFoundError
+from eventing.errors import ConfigError, NotFoundError, fix
 from eventing.http import function_access
-from eventing.http.routes_request import EndpointRequest, _couchbase_call, _with_warnings
+from eventing.http.routes_request import (
+    AlreadyInState,
+    EndpointRequest,
+    _couchbase_call,
+    _with_warnings,
+    resolve_name,
+)
 from eventing.ops import stats
 
 DEFAULT_WAIT_S = 60.0  # ?wait= of pause and undeploy: how long to wait for the running service
@@ -35,6 +42,7 @@ def _document(record: Any) -> dict[str, Any]:
 
 
 def list_functions(c: EndpointRequest) -> list[dict[str, Any]]:
+    """Every function in this project's shape (what the other endpoints read functions with)."""
     try:
         store = c.state.metadata
     except NotFoundError:
@@ -45,17 +53,53 @@ def list_functions(c: EndpointRequest) -> list[dict[str, Any]]:
         store.close()
 
 
-def get_function(c: EndpointRequest) -> dict[str, Any] | Response:
-    if _couchbase_format(c):  # ?format=couchbase: Couchbase's function JSON, errors in its shape
-        return _couchbase_call(lambda: _with_warnings(*lifecycle.export_couchbase(c.state, c.name)))
+def list_functions_endpoint(c: EndpointRequest) -> list[dict[str, Any]] | Response:
+    """GET /api/v1/functions: Couchbase's function JSON of every function (a Python function, which that
+    shape cannot carry, is named in the warnings header); `?format=eventing`: this project's shape."""
+    if not _couchbase_format(c):
+        return list_functions(c)
+
+    def run() -> Response:
+        out, warnings = [], []
+        for f in list_functions(c):
+            try:
+                exported, more = lifecycle.export_couchbase(c.state, f["name"])
+            except ConfigError as exc:
+                warnings.append(str(exc))
+                continue
+            out.append(exported)
+            warnings.extend(more)
+        return _with_warnings(out, warnings)
+
+    return _couchbase_call(run)
+
+
+def stored_function(c: EndpointRequest) -> dict[str, Any]:
+    """The function the request names, in this project's shape."""
     with c.state.metadata as store:
         return _document(store.get_function(c.name))
 
 
-def _couchbase_format(c: EndpointRequest) -> bool:
-    fmt = c.query.get("format", "eventing")
+PYTHON_SHAPE = ("function '{name}' has a Python handler, which Couchbase's function JSON cannot carry; it is "
+                "shown in this project's shape (?format=eventing)")
+
+
+def get_function(c: EndpointRequest) -> dict[str, Any] | Response:
+    """Couchbase's function JSON (errors in its shape); `?format=eventing`, and a Python function (which
+    that JSON cannot carry, named in the warnings header): this project's shape."""
+    if _couchbase_format(c):
+        doc = stored_function(c)
+        if doc.get("language", "python") != "javascript":
+            return _with_warnings(doc, [PYTHON_SHAPE.format(name=c.name)])
+        return _couchbase_call(lambda: _with_warnings(*lifecycle.export_couchbase(c.state, c.name)))
+    return stored_function(c)
+
+
+def _couchbase_format(c: EndpointRequest, default: str = "couchbase") -> bool:
+    fmt = c.query.get("format", default)
     if fmt not in ("eventing", "couchbase"):
-        raise ConfigError(f"format={fmt} is not valid; use format=couchbase or format=eventing (the default)")
+        raise ConfigError(f"format={fmt} is not valid; use format=couchbase or format=eventing "
+                          f"(the default here: {default})")
     return fmt == "couchbase"
 
 
@@ -103,10 +147,26 @@ def delete_function(c: EndpointRequest) -> dict[str, Any]:
     return {"name": c.name, "deleted": True}
 
 
+def _refuse_again(c: EndpointRequest, state: str) -> None:
+    """A deploy of a deployed function, or an undeploy of an undeployed one: Couchbase's "already in that
+    state" (eventing.http.routes_request.AlreadyInState), which its tools take as done."""
+    with c.state.metadata as store:
+        now = store.get_function(c.name).state.value
+    if now == state:
+        action = "deploy" if state == "deployed" else "undeploy"
+        raise AlreadyInState(plain_name(c.name), state, f"function '{c.name}' is already {state}; nothing to {action}; "
+                             f"see {{fix}}", fix=fix("status"))
+
+
 def deploy(c: EndpointRequest) -> dict[str, Any]:
-    boundary = c.json_object().get("boundary")
+    body = c.json_object()
+    boundary = body.get("boundary")
     if boundary not in (None, "everything", "from_now"):
         raise ConfigError(f"boundary {boundary!r} is not valid; use 'everything' or 'from_now'")
+    if boundary is None and "dcp_stream_boundary" in body:  # Couchbase's deploy body: its settings
+        fields, _, _ = couchbase_format.settings_from_couchbase(c.name, {"dcp_stream_boundary": body["dcp_stream_boundary"]})
+        boundary = fields["boundary"]
+    _refuse_again(c, "deployed")
     with function_access.deploying_as(c.state, c.name, c.identity):  # a non-admin's handler runs sandboxed
         return stats.function_view(lifecycle.deploy(c.state, c.name, boundary))
 
@@ -136,14 +196,14 @@ def resume(c: EndpointRequest) -> dict[str, Any]:
 
 
 def undeploy(c: EndpointRequest) -> dict[str, Any]:
+    _refuse_again(c, "undeployed")
     return stats.function_view(lifecycle.undeploy(c.state, c.name, wait_s=_wait_s(c)))
 
 
 def get_settings(c: EndpointRequest) -> dict[str, Any] | Response:
-    if _couchbase_format(c):
+    if _couchbase_format(c, default="eventing"):
         return _couchbase_call(lambda: lifecycle.export_couchbase(c.state, c.name)[0]["settings"])
-    doc = get_function(c)
-    assert isinstance(doc, dict)
+    doc = stored_function(c)
     return {k: v for k, v in doc.items() if k not in ("name", "handler_source", "state", "generation")}
 
 
@@ -169,7 +229,10 @@ def _save_couchbase_settings(c: EndpointRequest, body: dict[str, Any]) -> Respon
     fields, state, warnings = couchbase_format.settings_from_couchbase(c.name, body)
     with c.state.metadata as store:
         record = store.get_function(c.name)
-    changed = {k: v for k, v in fields.items() if k != "boundary"}
+    # dcp_stream_boundary is kept (the next deploy starts there), unless the body also deploys: then it is
+    # that deploy's boundary, which the deploy keeps
+    changed = {k: v for k, v in fields.items() if k != "boundary" or state is None or record.state.value == "undeployed"
+               and state == "undeployed"}
     updated = FunctionDefinition.from_dict({**record.definition, **changed})
     if updated != FunctionDefinition.from_dict(record.definition):  # only a change needs an undeployed or paused function
         record = lifecycle.save_function(c.state, updated, record.source, saved_by=c.identity)
@@ -180,16 +243,14 @@ def _save_couchbase_settings(c: EndpointRequest, body: dict[str, Any]) -> Respon
 
 
 def get_appcode(c: EndpointRequest) -> Response:
-    doc = get_function(c)
-    assert isinstance(doc, dict)
+    doc = stored_function(c)
     return PlainTextResponse(doc["handler_source"])
 
 
 def appcode_checksum(c: EndpointRequest) -> Response:
     """The handler source's SHA-256 (Couchbase's /appcode/checksum), text/plain."""
     def run() -> Response:
-        doc = get_function(c)
-        assert isinstance(doc, dict)
+        doc = stored_function(c)
         return PlainTextResponse(couchbase_format.checksum(doc["handler_source"]))
 
     return _couchbase_call(run)
@@ -217,12 +278,19 @@ def export_functions(c: EndpointRequest) -> list[dict[str, Any]] | Response:
                              "fix": "send the admin token, or leave out secrets=true to get the secrets as *****"},
                             status_code=403)
     name = c.query.get("name")
+    if name:
+        check_function_name(name)
+        name = resolve_name(c.state, name, c.query)
+    if name and _couchbase_format(c):  # one Python function: this project's export of it, as GET does
+        doc = stored_function(EndpointRequest(c.state, {"name": name}, {}, b""))
+        if doc.get("language", "python") != "javascript":
+            return _with_warnings([lifecycle.export_function(c.state, name, with_secrets=secrets)],
+                                  [PYTHON_SHAPE.format(name=name)])
     if _couchbase_format(c):  # Couchbase's export: JavaScript functions (a Python one is named in a warning)
         def run() -> Response:
             names = [name] if name else [f["name"] for f in list_functions(c)]
             out, warnings = [], []
             for n in names:
-                check_function_name(n)
                 try:
                     exported, more = lifecycle.export_couchbase(c.state, n, with_secrets=secrets)
                 except ConfigError as exc:
@@ -236,6 +304,5 @@ def export_functions(c: EndpointRequest) -> list[dict[str, Any]] | Response:
 
         return _couchbase_call(run)
     if name:
-        check_function_name(name)
         return [lifecycle.export_function(c.state, name, with_secrets=secrets)]
     return [lifecycle.export_function(c.state, f["name"], with_secrets=secrets) for f in list_functions(c)]

@@ -16,6 +16,8 @@ from typing import Any
 
 from starlette.responses import JSONResponse, Response
 
+from eventing.core.couchbase_format import InvalidSettingError
+from eventing.core.function_names import full_name, function_scope, plain_name, split_name
 from eventing.errors import (
     ConfigError,
     EventingError,
@@ -124,23 +126,79 @@ class Endpoint:
     couchbase: bool = False  # shaped like Couchbase Eventing's endpoint of the same path
 
 
-# Couchbase's error names and codes (its REST response package) for the errors of this project.
+# Couchbase's error names, codes and HTTP statuses (its REST response package) for the errors of this project.
 COUCHBASE_ERRORS: list[tuple[type[BaseException], str, int]] = [
     (NotFoundError, "ERR_APP_NOT_FOUND_TS", 13),
+    (InvalidSettingError, "ERR_INVALID_CONFIG", 38),
     (LifecycleError, "ERR_APP_NOT_UNDEPLOYED", 22),
     (EventingError, "ERR_READ_REQ", 15),
     (InvalidKeyError, "ERR_READ_REQ", 15),
 ]
+ALREADY = {"deployed": ("ERR_APP_ALREADY_DEPLOYED", 20, 422), "undeployed": ("ERR_APP_NOT_DEPLOYED", 12, 406)}
+
+
+class AlreadyInState(LifecycleError):
+    """A deploy of a deployed function or an undeploy of an undeployed one: Couchbase answers it with its own
+    code and HTTP status and the sentence its tools read as "already in that state" (couchbase-cli then
+    reports success)."""
+
+    def __init__(self, name: str, state: str, message: str, **kw: Any):
+        super().__init__(message, **kw)
+        self.couchbase_name, self.couchbase_code, self.couchbase_status = ALREADY[state]
+        self.description = f"Invalid operation. Function: {name} already in {state} state."
+
+
+def resolve_name(state: State, name: str, query: dict[str, str], *, creating: bool = False) -> str:
+    """The full name of the function a request names: `NAME` with `?bucket=B&scope=S` is the function in that
+    namespace (`B.S.NAME`; `*`/`*` is the global one), so a wrong scope finds nothing (404). Without them
+    (or with both empty, as couchbase-cli sends them) it is the global function of that name, else the only
+    function of that plain name in any namespace (one in several is a 400 asking for the namespace)."""
+    bucket, scope = query.get("bucket", ""), query.get("scope", "")
+    if bucket or scope:
+        if not (bucket and scope):
+            raise ConfigError("give both ?bucket= and ?scope= (the function's namespace), or neither")
+        if split_name(name) is not None:
+            if function_scope(name) != (bucket, scope):
+                raise ConfigError(f"function '{name}' names its namespace, which ?bucket={bucket}&scope={scope} "
+                                  "contradicts; leave them out or give the plain name")
+            return name
+        return full_name(name, bucket, scope)
+    if creating or split_name(name) is not None or not state.exists():
+        return name
+    with state.metadata as store:
+        try:
+            store.get_function(name)
+            return name
+        except NotFoundError:
+            pass
+        matches = sorted(r.name for r in store.list_functions() if split_name(r.name) and plain_name(r.name) == name)
+    if len(matches) > 1:
+        raise ConfigError(f"function '{name}' is in more than one namespace ({', '.join(matches)}); give ?bucket= "
+                          "and ?scope=, or the full name")
+    return matches[0] if matches else name
+
+
+def couchbase_fields(exc: BaseException, message: str) -> tuple[int | None, dict[str, Any]]:
+    """Couchbase's fields of an error (name, code, description, runtime_info) and, where its tools need
+    Couchbase's HTTP status rather than this API's, that status."""
+    if isinstance(exc, AlreadyInState):
+        name, code, status, description = (exc.couchbase_name, exc.couchbase_code, exc.couchbase_status,
+                                           exc.description)
+    else:
+        name, code = next((n, k) for kind, n, k in COUCHBASE_ERRORS if isinstance(exc, kind))
+        status, description = None, message
+        if isinstance(exc, LifecycleError) and "undeployed" in message.split(";")[0]:
+            name, code = "ERR_APP_NOT_DEPLOYED", 12
+    return status, {"name": name, "code": code, "description": description, "attributes": [],
+                    "runtime_info": {"code": code, "info": description}}
 
 
 def couchbase_error(exc: BaseException) -> Response:
-    """An error as Couchbase's Eventing REST API gives it: name, code, description, runtime_info."""
+    """An error as Couchbase's Eventing REST API gives it (name, code, description, runtime_info), with this
+    API's `error` and `fix` beside them."""
     status, body = error_body(exc)
-    name, code = next((n, k) for kind, n, k in COUCHBASE_ERRORS if isinstance(exc, kind))
-    if isinstance(exc, LifecycleError) and "undeployed" in body["error"].split(";")[0]:
-        name, code = "ERR_APP_NOT_DEPLOYED", 12
-    return JSONResponse({"name": name, "code": code, "description": body["error"], "attributes": [],
-                         "runtime_info": {"code": code, "info": body["error"]}}, status_code=status)
+    override, fields = couchbase_fields(exc, body["error"])
+    return JSONResponse({**fields, **body}, status_code=override or status)
 
 
 def _couchbase_call(fn: Callable[[], Any]) -> Any:

@@ -10,6 +10,7 @@ from typing import Any
 from starlette.responses import Response
 
 from eventing.control.nodes import Topology
+from eventing.core.function_names import function_scope, plain_name
 from eventing.errors import ConfigError, NotFoundError
 from eventing.http.routes_functions import list_functions
 from eventing.http.routes_request import EndpointRequest
@@ -18,8 +19,10 @@ from eventing.ops import stats
 
 def _status_app(view: dict[str, Any], nodes: int) -> dict[str, Any]:
     state = view["state"]
+    bucket, scope = function_scope(view["name"])
     return {
-        "name": view["name"],
+        "name": plain_name(view["name"]),
+        "function_scope": {"bucket": bucket, "scope": scope},
         "composite_status": state,
         "deployment_status": state in ("deployed", "deploying", "pausing", "paused"),
         "processing_status": state == "deployed",
@@ -34,7 +37,8 @@ def _status_app(view: dict[str, Any], nodes: int) -> dict[str, Any]:
 
 
 def status(c: EndpointRequest) -> dict[str, Any]:
-    """Couchbase's shape: {"apps": [{"name", "composite_status", ...}], "num_eventing_nodes": N}."""
+    """Couchbase's shape: {"apps": [{"name", "function_scope", "composite_status", ...}], "num_eventing_nodes":
+    N}; for one function (/api/v1/status/NAME) {"app": {...}, "num_eventing_nodes": N}."""
     name = c.params.get("name")
     try:
         data = stats.function_status(c.state, name)
@@ -44,8 +48,10 @@ def status(c: EndpointRequest) -> dict[str, Any]:
         return {"apps": [], "num_eventing_nodes": 0, "services": []}
     with c.state.metadata as store:
         nodes = len([n for n in Topology(store).nodes() if n["state"] != "joining"])
-    return {"apps": [_status_app(v, nodes) for v in data["functions"]], "num_eventing_nodes": nodes,
-            "services": data["services"]}
+    apps = [_status_app(v, nodes) for v in data["functions"]]
+    if name:
+        return {"app": apps[0], "num_eventing_nodes": nodes, "services": data["services"]}
+    return {"apps": apps, "num_eventing_nodes": nodes, "services": data["services"]}
 
 
 def all_stats(c: EndpointRequest) -> list[dict[str, Any]]:

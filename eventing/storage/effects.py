@@ -180,7 +180,7 @@ def resolve_conditions(
     conflicts: set[tuple[int, int]] = set()
     while True:
         # key -> (exists, version, doc): version is the stored cas, or for a document written earlier in
-        # this transaction the provisional cas a handler saw for it (the identity of the written bytes).
+        # this transaction the cas that write carries.
         state: dict[str, tuple[bool, int, bytes | None]] = {}
         out: list[Write] = []
         failed: set[tuple[int, int]] = set()
@@ -197,15 +197,17 @@ def resolve_conditions(
             ):
                 failed.add(source)
                 continue
-            version = id(w.doc) if w.doc is not None else 0
+            # the cas the write will have: a handler's carries it (CasSource); else the identity of its bytes,
+            # which no handler saw (it was told the cas its write carries)
+            version = w.cas if w.cas is not None else id(w.doc) if w.doc is not None else 0
             if w.delta is not None:
                 count = decode_document(doc).get("count") if exists and doc is not None else 0
                 if type(count) is not int:
                     failed.add(source)
                     continue
-                w = Write(w.key, OP_UPDATE, encode_document({"count": count + w.delta}), w.expiry, w.flags)
+                w = Write(w.key, OP_UPDATE, encode_document({"count": count + w.delta}), w.expiry, w.flags, w.cas)
             elif w.expect_cas is not None:
-                w = Write(w.key, w.op, w.doc, w.expiry, w.flags)
+                w = Write(w.key, w.op, w.doc, w.expiry, w.flags, w.cas)
             state[w.key] = (w.op == OP_UPDATE, version, w.doc)
             out.append(w)
         if not failed:

@@ -40,7 +40,10 @@ class Write(NamedTuple):
     """One document write: an upsert (doc is msgpack bytes) or a delete (doc is None).
 
     A binding's advanced accessors add conditions checked when the write is applied (apply_effects):
-    `expect_cas` > 0: the document must still have that cas; 0: it must not exist (insert). `delta`: a
+    `cas`: the cas the document gets, reserved when a handler made the write (eventing.storage.writes.CasSource)
+    so the handler can be told its document's real cas at once; None: the bucket gives a fresh one when
+    it applies the write. `expect_cas` > 0: the document must still have that cas; 0: it must not exist
+    (insert). `delta`: a
     counter update, `{"count": current + delta}` computed from the stored document at that moment.
 
     A named tuple rather than a frozen dataclass: one is made per handler write, and a frozen dataclass's
@@ -52,6 +55,7 @@ class Write(NamedTuple):
     doc: bytes | None = None
     expiry: int = 0
     flags: int = 0
+    cas: int | None = None  # the cas the write gets (a handler's write reserves it when made), else a fresh one
     expect_cas: int | None = None
     delta: int | None = None
 

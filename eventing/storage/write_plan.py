@@ -22,7 +22,7 @@ from eventing.core.keyspaces import COLLECTION_MARK, vbucket_of_stored
 from eventing.core.mutation import OP_UPDATE
 from sharding import NUM_VBUCKETS
 
-Item = tuple[str, int, "bytes | None", int, int]  # (key, op, doc, expiry, flags)
+Item = tuple[str, int, "bytes | None", int, int, "int | None"]  # (key, op, doc, expiry, flags, cas or None)
 
 
 def _pick(indices: list[int]):
@@ -38,7 +38,7 @@ class UpdatePlan:
     by vBucket (stable, so seqnos follow the items' order within a vBucket), the runs of each vBucket,
     and which sorted row is each key's last version (in key order, the order ``docs`` is written in)."""
 
-    __slots__ = ("count", "order", "vbs", "keys", "docs", "expiry", "flags", "runs", "last_by_key", "back")
+    __slots__ = ("count", "order", "vbs", "keys", "docs", "expiry", "flags", "given", "runs", "last_by_key", "back")
 
     def __init__(self, items: Sequence[Item]):
         self.count = len(items)
@@ -50,8 +50,10 @@ class UpdatePlan:
         self.order = sorted(range(len(items)), key=vbs.__getitem__)  # stable
         pick = _pick(self.order) if items else (lambda seq: ())
         self.vbs = pick(vbs)
-        keys, _, docs, expiry, flags = zip(*items, strict=True) if items else ((), (), (), (), ())
+        keys, _, docs, expiry, flags, given = zip(*items, strict=True) if items else ((), (), (), (), (), ())
         self.keys, self.docs, self.expiry, self.flags = pick(keys), pick(docs), pick(expiry), pick(flags)
+        # the cas each write carries (a handler's), in row order; None when no item carries one
+        self.given = None if given.count(None) == len(given) else pick(given)
         self.runs = [(vb, sum(1 for _ in rows)) for vb, rows in groupby(self.vbs)]  # (vb, rows) in vBucket order
         last: dict[str, int] = dict(zip(self.keys, range(len(self.keys)), strict=True))  # a later row of a key wins
         self.last_by_key = [last[k] for k in sorted(last)]
@@ -76,6 +78,8 @@ class UpdatePlan:
             highs[vb] += n
         times = chain.from_iterable(repeat(arrivals[vb], n) for vb, n in self.runs)
         cas = list(map((cas_before + 1).__add__, self.order))  # item i gets cas_before + 1 + i
+        if self.given is not None:  # ... unless it carries its own
+            cas = [c if g is None else g for c, g in zip(cas, self.given, strict=True)]
         log_rows = list(zip(
             self.vbs, seqnos, self.keys, repeat(OP_UPDATE), cas, self.docs, repeat(origin), self.expiry,
             self.flags, times, strict=False,  # repeat() and times are endless / as long as the rows

@@ -52,8 +52,36 @@ def _reserve_cas(count: int) -> int:
         return first - 1
 
 
+CAS_BLOCK = 256  # cas values a CasSource reserves at a time
+
+
+class CasSource:
+    """The cas of the writes a handler makes, known when it makes them (Couchbase's insert/upsert answer the
+    document's cas): values of this process's cas clock (`_reserve_cas`, nanoseconds since the epoch, never
+    repeated within the process), reserved CAS_BLOCK at a time. The bucket writes a write's document with the
+    cas it carries (Write.cas). On the hot path call `next` (a range iterator's C-level __next__, no lock)
+    and `refill()` when it raises StopIteration; `source()` does both. Safe across threads: `next` holds the
+    GIL; two threads finding the block spent at once each reserve one, and a value is still handed out once."""
+
+    __slots__ = ("next",)
+
+    def __init__(self) -> None:
+        self.next: Callable[[], int] = iter(()).__next__
+
+    def refill(self) -> int:
+        first = _reserve_cas(CAS_BLOCK) + 1
+        self.next = iter(range(first + 1, first + CAS_BLOCK)).__next__
+        return first
+
+    def __call__(self) -> int:
+        try:
+            return self.next()
+        except StopIteration:
+            return self.refill()
+
+
 def _items(writes: Iterable[Write]) -> list[Item]:
-    return [w[:5] for w in writes]  # (key, op, doc, expiry, flags)
+    return [w[:6] for w in writes]  # (key, op, doc, expiry, flags, cas)
 
 
 def _plan(items: list[Item]) -> UpdatePlan | None:
@@ -114,7 +142,7 @@ class BucketWrites:
         """``write`` for imports (``bucket load``): rows are ``(key, op, doc, expiry)`` with keys already
         validated, applied in one transaction with the same outcome as ``write`` of the same writes.
         Returns how many rows were logged."""
-        items = [(key, op, doc, expiry, 0) for key, op, doc, expiry in rows]
+        items: list[Item] = [(key, op, doc, expiry, 0, None) for key, op, doc, expiry in rows]
         plan = _plan(items)
         logged = _retry_locked(self.path, lambda: self._tx(lambda: self._log(items, None, arrival_ms, plan)))
         return sum(1 for r in logged if r is not None)
@@ -122,9 +150,9 @@ class BucketWrites:
     def _log(
         self, items: list[Item], origin: str | None, arrival_ms: int | None, plan: UpdatePlan | None = None
     ) -> list[tuple[int, int] | None]:
-        """The one write path: items are ``(key, op, doc, expiry, flags)``. Each logged item gets the next
-        seqno of its vBucket, a fresh cas and the transaction's arrival time; a delete of a document that
-        does not exist (at that point of the batch) is skipped.
+        """The one write path: items are ``(key, op, doc, expiry, flags, cas)``. Each logged item gets the
+        next seqno of its vBucket, its cas (a fresh one when None) and the transaction's arrival time; a
+        delete of a document that does not exist (at that point of the batch) is skipped.
 
         Built for batches: the high seqnos, last arrival times and the existence of deleted keys are read
         with a few queries rather than one per vBucket or key, log rows go in in (vb, seqno) order and only
@@ -145,11 +173,11 @@ class BucketWrites:
         highs, arrivals = self._heads(set(vbs), arrival)
         deleting = {item[0] for item in items if item[1] != OP_UPDATE}
         live = self._live(deleting)
-        cas = _reserve_cas(len(items))
+        fresh = _reserve_cas(len(items))
         log_rows = []
         docs: dict[str, tuple] = {}
         out: list[tuple[int, int] | None] = []
-        for (key, op, doc, expiry, flags), vb in zip(items, vbs, strict=True):
+        for (key, op, doc, expiry, flags, given), vb in zip(items, vbs, strict=True):
             if op != OP_UPDATE:
                 if not live.get(key, False):
                     out.append(None)
@@ -157,7 +185,8 @@ class BucketWrites:
                 live[key] = False
             elif key in deleting:
                 live[key] = True
-            cas += 1
+            fresh += 1
+            cas = fresh if given is None else given
             seqno = highs[vb] = highs[vb] + 1
             log_rows.append((vb, seqno, key, op, cas, doc, origin, expiry, flags, arrivals[vb]))
             deleted = 0 if op == OP_UPDATE else 1

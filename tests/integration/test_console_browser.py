@@ -144,7 +144,7 @@ def test_console_shows_live_counters_and_pauses_and_resumes_from_its_buttons(tmp
             wait_for(lambda: cell("state") == "paused", "the paused state", 60, every=0.2, retry_on=(Exception,))
             actions = [b.get_attribute("data-action") for b in browser.find_elements(By.CSS_SELECTOR, f"{row} button")]
             assert actions == ["resume", "undeploy"]
-            assert api.get("/api/v1/status/fn_live").json()["apps"][0]["composite_status"] == "paused"
+            assert api.get("/api/v1/status/fn_live").json()["app"]["composite_status"] == "paused"
             paused_at = seen()
             time.sleep(2.5)
             assert seen() == paused_at  # paused: nothing handled while the loader keeps writing

@@ -1,8 +1,8 @@
 """Couchbase's own command-line tool against `eventing serve`: `couchbase-cli eventing-function-setup` finds
 the eventing service through the cluster manager's documents (/pools, /pools/default/nodeServices) and
-imports, deploys, pauses, resumes, undeploys and deletes a function (--list and --export read Couchbase's
-shapes from /api/v1/functions and /api/v1/export, which answer this project's shape unless asked for
-?format=couchbase: see docs/http.md).
+imports, lists, exports, deploys, pauses, resumes, undeploys and deletes functions, each in the namespace
+its --bucket and --scope name (a function imported with function_scope shop/_default is `shop._default.audit`
+here), and reads a repeated deploy or undeploy as "already in that state".
 
 The tool is Couchbase's source (github.com/couchbase/couchbase-cli), found through $EVENTING_COUCHBASE_CLI
 (a checkout; it needs the `requests`, `pem` and `cryptography` packages); the test is skipped only when the
@@ -75,15 +75,63 @@ def test_import_and_the_lifecycle(cli):
     source.write_text(json.dumps([FUNCTION]))
     done = run("--import", "--file", str(source))
     assert done.returncode == 0 and "SUCCESS: Events imported" in done.stdout, done.stdout + done.stderr
-    assert state(data_dir, "audit") == "undeployed"
+    assert state(data_dir, "shop._default.audit") == "undeployed"
     with open_store(data_dir) as store:
-        assert store.get_function("audit").definition["metadata_keyspace"] == "meta._default._default"
+        assert store.get_function("shop._default.audit").definition["metadata_keyspace"] == "meta._default._default"
     for flag, expected in (("--deploy", "deployed"), ("--pause", "paused"), ("--resume", "deployed"),
                            ("--undeploy", "undeployed")):
         done = run(flag, "--name", "audit", "--bucket", "shop", "--scope", "_default")
         assert done.returncode == 0 and "SUCCESS" in done.stdout, (flag, done.stdout + done.stderr)
-        assert state(data_dir, "audit") == expected, flag
+        assert state(data_dir, "shop._default.audit") == expected, flag
     done = run("--delete", "--name", "audit", "--bucket", "shop", "--scope", "_default")
     assert done.returncode == 0 and "SUCCESS" in done.stdout, done.stdout + done.stderr
     with open_store(data_dir) as store:
         assert [r.name for r in store.list_functions()] == []
+
+
+def in_scope(scope: str) -> dict:
+    return {**FUNCTION, "function_scope": {"bucket": "shop", "scope": scope}}
+
+
+def test_list_export_namespaces_and_repeated_lifecycle(cli):
+    run, data_dir, files = cli
+    source = files / "two.json"
+    source.write_text(json.dumps([in_scope("_default"), in_scope("inventory")]))  # one name, two namespaces
+    done = run("--import", "--file", str(source))
+    assert done.returncode == 0, done.stdout + done.stderr
+    with open_store(data_dir) as store:
+        assert sorted(r.name for r in store.list_functions()) == ["shop._default.audit", "shop.inventory.audit"]
+
+    listed = run("--list")
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    assert "shop/_default/audit\n Status: undeployed\n Source: shop._default._default" in listed.stdout
+    assert "shop/inventory/audit\n Status: undeployed" in listed.stdout
+
+    one = files / "one.json"
+    done = run("--export", "--name", "audit", "--bucket", "shop", "--scope", "inventory", "--file", str(one))
+    assert done.returncode == 0 and "SUCCESS: Function exported to" in done.stdout, done.stdout + done.stderr
+    exported = json.loads(one.read_text())
+    assert [(f["appname"], f["function_scope"]) for f in exported] == [("audit", {"bucket": "shop", "scope": "inventory"})]
+    assert exported[0]["appcode"] == FUNCTION["appcode"] and exported[0]["depcfg"]["metadata_bucket"] == "meta"
+    every = files / "all.json"
+    done = run("--export-all", "--file", str(every))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(f["function_scope"]["scope"] for f in json.loads(every.read_text())) == ["_default", "inventory"]
+
+    at = ("--name", "audit", "--bucket", "shop", "--scope", "_default")
+    done = run("--deploy", *at)
+    assert done.returncode == 0 and "Request to deploy the function was accepted" in done.stdout, done.stdout
+    assert (state(data_dir, "shop._default.audit"), state(data_dir, "shop.inventory.audit")) == ("deployed", "undeployed")
+    again = run("--deploy", *at)
+    assert again.returncode == 0 and "Function is already in deployed state" in again.stdout, again.stdout + again.stderr
+    assert run("--undeploy", *at).returncode == 0
+    again = run("--undeploy", *at)
+    assert again.returncode == 0 and "Function is already in undeployed state" in again.stdout, again.stdout + again.stderr
+
+    wrong = run("--deploy", "--name", "audit", "--bucket", "shop", "--scope", "nope")
+    assert wrong.returncode != 0 and 'Function "shop/nope/audit" does not exist' in wrong.stdout, wrong.stdout
+    assert state(data_dir, "shop._default.audit") == "undeployed"
+    done = run("--delete", "--name", "audit", "--bucket", "shop", "--scope", "inventory")
+    assert done.returncode == 0, done.stdout + done.stderr
+    with open_store(data_dir) as store:
+        assert [r.name for r in store.list_functions()] == ["shop._default.audit"]

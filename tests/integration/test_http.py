@@ -77,7 +77,7 @@ def client(site, token: str | None = ADMIN) -> httpx.Client:
 
 
 def state_of(site, name: str) -> str:
-    return client(site, READ).get(f"/api/v1/status/{name}").json()["apps"][0]["composite_status"]
+    return client(site, READ).get(f"/api/v1/status/{name}").json()["app"]["composite_status"]
 
 
 def test_no_credentials_is_401_everywhere_but_the_console(site):
@@ -321,7 +321,7 @@ def test_eventing_run_serve_answers_from_inside_the_running_service(tmp_path):
         while time.monotonic() < deadline:
             try:
                 app = httpx.get(f"http://127.0.0.1:{port}/api/v1/status/fn_served",
-                                headers={"Authorization": f"Bearer {READ}"}).json()["apps"][0]
+                                headers={"Authorization": f"Bearer {READ}"}).json()["app"]
             except httpx.HTTPError:
                 app = None
             if app and app["vbuckets_leased"] == 1024 and app["num_deployed_nodes"] == 1:

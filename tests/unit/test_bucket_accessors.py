@@ -183,3 +183,34 @@ def test_concurrent_cas_writers_from_several_vbuckets_lose_no_update(data_dir):
     report = dlq_ops.replay(data_dir, "fn_cas", dlq_ops.DlqSelector(everything=True))
     assert report.failed == 0
     assert sum(acct.get(f"a{i}")["n"] for i in range(accounts)) == updates
+
+
+CAS_SEEN = '''
+def on_update(doc, meta):
+    up = dst.upsert(meta.id, {"v": 1})
+    ins = dst.insert(meta.id + ":i", {"v": 2})
+    dst[meta.id + ":plain"] = {"v": 3}
+    seen = [dst.get_result(meta.id).meta.cas, dst.get_result(meta.id + ":plain").meta.cas]
+    dst[meta.id + ":cas"] = {"upsert": up.meta.cas, "insert": ins.meta.cas, "read": seen[0], "plain": seen[1]}
+'''
+
+
+def test_the_cas_a_handler_gets_for_its_write_is_the_documents_cas_once_applied(data_dir):
+    source = LocalBucket.create(data_dir, "src")
+    deploy_function(data_dir, defn(), CAS_SEEN)
+    keys = [f"k{i}" for i in range(5)]
+    for key in keys:
+        source.upsert(key, {"n": 1})
+    w = worker(data_dir, range(NUM_VBUCKETS))
+    w.step()
+    w.commit()
+    dst = LocalBucket.open(data_dir, "dst")
+    told = []
+    for key in keys:
+        seen = dst.get(key + ":cas")
+        assert seen["read"] == seen["upsert"]  # a read of the pending write: the same cas
+        assert dst.get_doc(key)[1] == seen["upsert"]
+        assert dst.get_doc(key + ":i")[1] == seen["insert"]
+        assert dst.get_doc(key + ":plain")[1] == seen["plain"]
+        told += [seen["upsert"], seen["insert"], seen["plain"]]
+    assert len(set(told)) == len(told)  # one cas a write, never the same for two documents

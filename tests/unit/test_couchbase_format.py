@@ -30,7 +30,8 @@ def test_a_couchbase_export_becomes_a_javascript_definition():
     got = from_couchbase(exported())
     d = got.definition
     assert (d.name, d.language, d.source_keyspace.to_meta()) == (
-        "audit_orders", "javascript", {"bucket_name": "shop", "scope_name": "sales", "collection_name": "orders"})
+        "shop.sales.audit_orders", "javascript",  # in the namespace of its function_scope
+        {"bucket_name": "shop", "scope_name": "sales", "collection_name": "orders"})
     assert got.source == exported()["appcode"]
     assert [(b.alias, b.bucket, b.scope, b.collection, b.access) for b in d.bindings] == [
         ("customers", "crm", "_default", "_default", "r"), ("audit", "shop", "sales", "audit", "rw")]

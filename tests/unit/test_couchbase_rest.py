@@ -21,6 +21,7 @@ from metadata.factory import open_store
 ADMIN = "admin-token-0123456789abcdef"
 READ = "read-token-0123456789abcdef"
 FIXTURE = Path(__file__).parent / "fixtures" / "couchbase_export.json"
+FULL = "shop.sales.audit_orders"  # the fixture's function in its namespace (function_scope shop/sales)
 
 
 def export() -> list[dict]:
@@ -60,15 +61,15 @@ class Api:
 def test_a_couchbase_export_posted_as_a_list_then_status_flags_deploy_pause_resume_undeploy(api):
     r = api.call("POST", "/api/v1/functions", export())
     assert r.status_code == 200, r.text
-    assert [f["name"] for f in r.json()["functions"]] == ["audit_orders"]
+    assert [f["name"] for f in r.json()["functions"]] == [FULL]
     assert any("log_level" in w for w in json.loads(r.headers["x-eventing-warnings"]))
-    assert api.state("audit_orders") == "undeployed"
+    assert api.state(FULL) == "undeployed"
     for flags, state in (((True, True), "deployed"), ((True, False), "paused"), ((True, True), "deployed"),
                          ((False, False), "undeployed")):
         r = api.call("POST", "/api/v1/functions/audit_orders/settings?wait=0",
                      {"deployment_status": flags[0], "processing_status": flags[1]})
         assert r.status_code == 200, r.text
-        assert api.state("audit_orders") == state
+        assert api.state(FULL) == state
     assert api.call("GET", "/api/v1/functions/audit_orders/settings?format=couchbase").json()["worker_count"] == 3
 
 
@@ -80,9 +81,10 @@ def test_one_function_in_couchbase_json_and_its_appcode_checksum(api):
     assert code == item["appcode"]
     checksum = api.call("GET", "/api/v1/functions/audit_orders/appcode/checksum", token=READ)
     assert checksum.text == hashlib.sha256(code.encode()).hexdigest()
-    got = api.call("GET", "/api/v1/functions/audit_orders?format=couchbase", token=READ).json()
-    assert (got["appname"], got["depcfg"]["source_collection"], got["settings"]["dcp_stream_boundary"]) == (
-        "audit_orders", "orders", "from_now")
+    got = api.call("GET", "/api/v1/functions/audit_orders?bucket=shop&scope=sales", token=READ).json()
+    assert (got["appname"], got["function_scope"], got["depcfg"]["source_collection"],
+            got["settings"]["dcp_stream_boundary"]) == ("audit_orders", {"bucket": "shop", "scope": "sales"},
+                                                        "orders", "from_now")
     r = api.call("POST", "/api/v1/functions/other", item)  # the body names another function
     assert r.status_code == 400 and r.json()["name"] == "ERR_READ_REQ"
     assert "names function 'audit_orders' but the URL names 'other'" in r.json()["description"]
@@ -91,21 +93,21 @@ def test_one_function_in_couchbase_json_and_its_appcode_checksum(api):
 def test_listings_reset_stats_and_full_stats(api):
     api.call("POST", "/api/v1/import", export())
     assert api.call("GET", "/api/v1/list/functions?source_bucket=shop&function_scope=shop.sales",
-                    token=READ).json() == {"functions": ["audit_orders"]}
+                    token=READ).json() == {"functions": [FULL]}
     assert api.call("GET", "/api/v1/list/functions?source_bucket=crm", token=READ).json() == {"functions": []}
     assert api.call("GET", "/getDeployedApps", token=READ).json() == {}
     api.call("POST", "/api/v1/functions/audit_orders/deploy")
-    assert api.call("GET", "/getDeployedApps", token=READ).json() == {"audit_orders": ""}
+    assert api.call("GET", "/getDeployedApps", token=READ).json() == {FULL: ""}
     assert api.call("GET", "/getRunningApps", token=READ).json() == {}  # no service runs it
     store = open_store(api.data_dir)
-    store.add_counters("audit_orders", {"on_update_success": 4, "dlq_error": 1})
+    store.add_counters(FULL, {"on_update_success": 4, "dlq_error": 1})
     full = api.call("GET", "/api/v1/stats?type=full", token=READ).json()[0]
-    assert full["function_name"] == "audit_orders"
+    assert full["function_name"] == FULL
     assert full["execution_stats"]["on_update_success"] == 4 and full["event_processing_stats"]["dcp_mutation"] == 4
     assert full["failure_stats"]["dlq_count"] == 1
     assert api.call("POST", "/resetStatsCounters?appName=audit_orders", token=READ).status_code == 403
-    assert api.call("POST", "/resetStatsCounters?appName=audit_orders").json() == {"name": "audit_orders", "reset": True}
-    assert store.counters("audit_orders") == {"dlq_error": 1}
+    assert api.call("POST", "/resetStatsCounters?appName=audit_orders").json() == {"name": FULL, "reset": True}
+    assert store.counters(FULL) == {"dlq_error": 1}
     missing = api.call("POST", "/resetStatsCounters?appName=nope")
     assert missing.status_code == 404
     assert missing.json()["name"] == "ERR_APP_NOT_FOUND_TS" and missing.json()["runtime_info"]["code"] == 13
@@ -123,13 +125,13 @@ def test_export_in_couchbase_format_masks_secrets_unless_the_admin_asks(api):
     item = json.loads(FIXTURE.read_text())[0]
     item["settings"]["deployment_status"] = False
     api.call("POST", "/api/v1/import", [item])
-    masked = api.call("GET", "/api/v1/export?format=couchbase", token=READ).json()
+    masked = api.call("GET", "/api/v1/export", token=READ).json()  # Couchbase's shape by default
     assert masked[0]["depcfg"]["curl"][0]["bearer_key"] == "*****"
     clear = api.call("GET", "/api/v1/export?format=couchbase&secrets=true").json()
     assert clear[0]["depcfg"]["curl"][0]["bearer_key"] == "t0ps3cret"
     assert api.call("GET", "/api/v1/export?format=couchbase&secrets=true", token=READ).status_code == 403
     # posted back masked, the stored secret is kept
     assert api.call("POST", "/api/v1/functions", masked).status_code == 200
-    assert open_store(api.data_dir).get_function("audit_orders").definition["url_bindings"][0]["token"] == "t0ps3cret"
+    assert open_store(api.data_dir).get_function(FULL).definition["url_bindings"][0]["token"] == "t0ps3cret"
     bad = api.call("GET", "/api/v1/export?format=yaml", token=READ)
     assert bad.status_code == 400 and "format=yaml is not valid" in bad.text

@@ -157,6 +157,31 @@ function OnUpdate(doc, meta) {
     assert out["deleted"] is True and app.get("dst", "adv::1") is None
 
 
+def test_the_cas_insert_and_upsert_return_is_the_documents_real_cas(data_dir):
+    source = """
+function OnUpdate(doc, meta) {
+    var up = couchbase.upsert(dst, {id: meta.id}, {v: 1});
+    var ins = couchbase.insert(dst, {id: meta.id + ':i'}, {v: 2});
+    var read = couchbase.get(dst, {id: meta.id});
+    var replaced = couchbase.replace(dst, {id: meta.id, cas: up.meta.cas}, {v: 3});
+    dst[meta.id + ':cas'] = {upsert: up.meta.cas, insert: ins.meta.cas, read: read.meta.cas,
+                             replaced: replaced.meta.cas, replace_ok: replaced.success};
+}
+"""
+    keys = [f"k{i}" for i in range(4)]
+    app = app_with(data_dir, source, docs=[(k, {}) for k in keys])
+    run(app)
+    with app.state.open_bucket("dst") as dst:
+        told = []
+        for key in keys:
+            seen = app.get("dst", key + ":cas")
+            assert seen["read"] == seen["upsert"] and seen["replace_ok"] is True
+            assert dst.get_doc(key + ":i")[1] == int(seen["insert"])
+            assert dst.get_doc(key)[1] == int(seen["replaced"])  # the last write of the key: its cas
+            told += [seen["upsert"], seen["insert"], seen["replaced"]]
+    assert len(set(told)) == len(told)
+
+
 def test_builtins_and_constants(data_dir):
     source = """
 function OnUpdate(doc, meta) {

@@ -336,6 +336,26 @@ def test_only_an_undeployed_function_can_be_deleted_and_it_takes_its_state_along
     assert store.dlq_rows("fn", include_replayed=True) == []
 
 
+def test_one_name_in_two_namespaces_is_two_functions_with_their_own_state(store):
+    # A function's namespace is part of its name (eventing.core.function_names): `audit` is the global one,
+    # `shop._default.audit` and `shop.sales.audit` are others; none shares another's state.
+    names = ["audit", "shop._default.audit", "shop.sales.audit"]
+    _put_in_state(store, "shop._default.audit", FunctionState.DEPLOYED)
+    for i, name in enumerate(names):
+        if name != "shop._default.audit":
+            store.put_function(name, {"name": name, "n": i}, f"src {i}")
+    store.init_checkpoints("shop._default.audit", {0: 0}, "uuid")
+    e = store.claim("shop._default.audit", [0], "n/w0")
+    store.commit("shop._default.audit", {0: e[0].epoch}, {0: 7}, [], {"success": 2})
+    assert sorted(f.name for f in store.list_functions()) == names
+    assert [store.get_function(n).definition.get("n") for n in names] == [0, None, 2]
+    assert store.get_function("audit").state is FunctionState.UNDEPLOYED
+    assert (store.counters("audit"), store.checkpoints("shop.sales.audit")) == ({}, {})
+    assert store.counters("shop._default.audit") == {"success": 2}
+    store.delete_function("shop.sales.audit")
+    assert sorted(f.name for f in store.list_functions()) == names[:2]
+
+
 def test_racing_transitions_let_exactly_one_process_win(backend):
     first = backend.open()
     _put_in_state(first, "fn", FunctionState.DEPLOYED)

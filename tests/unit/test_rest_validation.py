@@ -113,7 +113,7 @@ def test_a_purge_with_all_true_still_purges(site):
 @pytest.mark.parametrize("action", ["pause", "undeploy"])
 def test_wait_must_be_a_number_of_seconds_at_least_zero(site, action, wait):
     bad_request(site.request("POST", f"{FN}/{action}?wait={wait}"), f"wait={wait}", "seconds >= 0")
-    assert site.request("GET", "/api/v1/status/fn_fail").json()["apps"][0]["composite_status"] == "deployed"
+    assert site.request("GET", "/api/v1/status/fn_fail").json()["app"]["composite_status"] == "deployed"
 
 
 def test_a_bad_parameter_is_a_400_in_every_state_and_a_good_one_in_the_wrong_state_a_409(site):

@@ -103,8 +103,8 @@ def test_mask_replaces_only_set_secrets_and_leaves_the_stored_definition_alone()
 @pytest.mark.parametrize("token", [READ, ADMIN])
 def test_rest_reads_mask_secrets_for_every_role(saved, token):
     with client(saved, token) as c:
-        for path in ("/api/v1/functions", "/api/v1/functions/fn_api", "/api/v1/functions/fn_api/settings",
-                     "/api/v1/export", "/api/v1/export?name=fn_api"):
+        for path in ("/api/v1/functions?format=eventing", "/api/v1/functions/fn_api", "/api/v1/functions/fn_api/settings",
+                     "/api/v1/export?format=eventing", "/api/v1/export?name=fn_api"):
             r = c.get(path)
             assert r.status_code == 200, (path, r.text)
             assert PASSWORD not in r.text and TOKEN not in r.text, path
@@ -212,5 +212,5 @@ def test_status_says_a_deployed_function_runs_nowhere_when_no_service_runs(saved
     assert view["running"] is False and "start one with `eventing run`" in view["hint"]
     lifecycle.pause(saved, "fn_api")
     with client(saved, READ) as c:
-        app = c.get("/api/v1/status/fn_api").json()["apps"][0]
+        app = c.get("/api/v1/status/fn_api").json()["app"]
     assert app["composite_status"] == "paused" and app["running"] is False and "hint" not in app

@@ -20,8 +20,10 @@ from eventing.storage.values import EffectGroup, Write
 
 KEYS = [f"doc::{i}" for i in range(40)]  # few keys: batches repeat keys and share vBuckets
 
-update = st.builds(lambda k, rev, exp: Write(KEYS[k], OP_UPDATE, bytes([0x81, 0xA1, 0x72, rev]), exp),
-                   st.integers(0, len(KEYS) - 1), st.integers(0, 127), st.sampled_from([0, 0, 0, 2_000_000_000]))
+# A handler's write carries the cas it reserved (eventing.storage.writes.CasSource); others get a fresh one.
+update = st.builds(lambda k, rev, exp, cas: Write(KEYS[k], OP_UPDATE, bytes([0x81, 0xA1, 0x72, rev]), exp, 0, cas),
+                   st.integers(0, len(KEYS) - 1), st.integers(0, 127), st.sampled_from([0, 0, 0, 2_000_000_000]),
+                   st.one_of(st.none(), st.none(), st.integers(1, 2**62)))
 delete = st.builds(lambda k: Write(KEYS[k], OP_DELETE), st.integers(0, len(KEYS) - 1))
 batches = st.lists(st.one_of(st.lists(update, max_size=30), st.lists(st.one_of(update, delete), max_size=30)),
                    min_size=1, max_size=6)
@@ -75,5 +77,5 @@ def test_a_planned_batch_logs_what_the_row_by_row_path_logs(batches, empty_bucke
 
 
 def test_a_batch_of_updates_is_planned_and_one_with_a_delete_is_not():
-    assert writes_module._plan([("k", OP_UPDATE, b"\x80", 0, 0)]) is not None
-    assert writes_module._plan([("k", OP_UPDATE, b"\x80", 0, 0), ("k", OP_DELETE, None, 0, 0)]) is None
+    assert writes_module._plan([("k", OP_UPDATE, b"\x80", 0, 0, None)]) is not None
+    assert writes_module._plan([("k", OP_UPDATE, b"\x80", 0, 0, None), ("k", OP_DELETE, None, 0, 0, None)]) is None

@@ -150,7 +150,11 @@ async function pollFunctions() {
   const now = Date.now() / 1000;
   const tbody = $("#functions tbody");
   const seen = new Set();
-  for (const app of status.apps) {
+  for (const shown of status.apps) {
+    // Couchbase's shape names a function in a namespace by its plain name beside function_scope; the
+    // console (and every request it makes) uses its full name, BUCKET.SCOPE.NAME
+    const scope = shown.function_scope || { bucket: "*", scope: "*" };
+    const app = scope.bucket === "*" ? shown : { ...shown, name: `${scope.bucket}.${scope.scope}.${shown.name}` };
     const s = byName[app.name] || {};
     seen.add(app.name);
     state.functions[app.name] = app;
@@ -191,7 +195,7 @@ async function pollFunctions() {
   }
   for (const row of [...tbody.children]) if (!seen.has(row.dataset.function)) row.remove();
   $("#no-functions").hidden = status.apps.length > 0;
-  if (!state.selected && status.apps.length) select(status.apps[0].name);
+  if (!state.selected && seen.size) select([...seen][0]);
   if (state.selected && state.functions[state.selected]) {
     const badge = $("#detail-state");
     badge.textContent = state.functions[state.selected].composite_status;

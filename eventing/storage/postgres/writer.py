@@ -47,7 +47,7 @@ from metadata.postgres.connection import Cursor
 from sharding import NUM_VBUCKETS
 
 T = TypeVar("T")
-Item = tuple[str, int, "bytes | None", int, int]  # (key, op, doc, expiry, flags)
+Item = tuple[str, int, "bytes | None", int, int, "int | None"]  # (key, op, doc, expiry, flags, cas or None)
 Written = set[int]  # the vBuckets a transaction logged writes in
 
 _INSERT = """
@@ -156,7 +156,7 @@ def check_key(key: str) -> None:
 
 
 def items_of(writes: Iterable[Write]) -> list[Item]:
-    return [w[:5] for w in writes]  # (key, op, doc, expiry, flags)
+    return [w[:6] for w in writes]  # (key, op, doc, expiry, flags, cas)
 
 
 class Rows:
@@ -260,9 +260,9 @@ class LogWriter:
         self, cur: Cursor, written: Written, items: Sequence[Item], origin: str | None, arrival_ms: int | None,
         *, live: dict[str, bool] | None = None, heads: tuple[dict[int, int], dict[int, int]] | None = None,
     ) -> list[tuple[int, int] | None]:
-        """Log ``items`` ``(key, op, doc, expiry, flags)``: each gets the next seqno of its vBucket, a fresh
-        cas and the transaction's arrival time (never below its vBucket's last one); a delete of a document
-        that does not exist (at that point of the batch) is skipped. Returns (vb, seqno) per item, None for
+        """Log ``items`` ``(key, op, doc, expiry, flags, cas)``: each gets the next seqno of its vBucket, its
+        cas (a fresh one when None) and the transaction's arrival time (never below its vBucket's last one); a
+        delete of a document that does not exist (at that point of the batch) is skipped. Returns (vb, seqno) per item, None for
         a skipped delete. ``live``: what the caller read already of the deleted keys (under the locks);
         ``heads``: lock_heads's answer for the items' vBuckets, when the caller took the locks already."""
         if not items:
@@ -286,7 +286,7 @@ class LogWriter:
         rows = Rows()
         out: list[tuple[int, int] | None] = [None] * len(items)
         for i in order:
-            key, op, doc, expiry, flags = items[i]
+            key, op, doc, expiry, flags, given = items[i]
             if op != OP_UPDATE:
                 if not live.get(key, False):
                     continue
@@ -296,7 +296,7 @@ class LogWriter:
                 live[key] = True
             vb = vbs[i]
             seqno = highs[vb] = highs[vb] + 1
-            rows.add(vb, seqno, key, op, cas + 1 + i, doc, expiry, flags, arrivals[vb])
+            rows.add(vb, seqno, key, op, cas + 1 + i if given is None else given, doc, expiry, flags, arrivals[vb])
             out[i] = (vb, seqno)
         self.insert_in(cur, written, rows, origin)
         return out
@@ -352,7 +352,7 @@ class LogWriter:
         return self.run(lambda cur, written: self.log_in(cur, written, items, origin, arrival_ms), pipeline=True)
 
     def load_rows(self, rows: Sequence[tuple[str, int, bytes | None, int]], arrival_ms: int | None) -> int:
-        items = [(key, op, doc, expiry, 0) for key, op, doc, expiry in rows]
+        items = [(key, op, doc, expiry, 0, None) for key, op, doc, expiry in rows]
         placed = self.run(lambda cur, written: self.log_in(cur, written, items, None, arrival_ms), pipeline=True)
         return sum(1 for p in placed if p is not None)
 
@@ -370,7 +370,7 @@ class LogWriter:
             keys = [r[0] for r in cur.execute(
                 BY_KEYS.format(columns="d.key") + " WHERE d.expiry > 0 AND NOT d.deleted AND d.expiry <= %s",
                 (candidates, self.ref.id, now)).fetchall()]
-            self.log_in(cur, written, [(k, OP_EXPIRE, None, 0, 0) for k in keys], None, None,
+            self.log_in(cur, written, [(k, OP_EXPIRE, None, 0, 0, None) for k in keys], None, None,
                         live=dict.fromkeys(keys, True))
             return len(keys)
 
