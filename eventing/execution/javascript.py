@@ -65,10 +65,11 @@ GC_EVERY_CALLS = 256  # how often a call checks the heap and collects garbage wh
 class _Call:
     """The call in flight in one thread's context, as the handler's watchdog sees it (under JsHandler.lock)."""
 
-    __slots__ = ("isolate", "running", "stopped", "deadline", "started", "in_host")
+    __slots__ = ("isolate", "running", "stopped", "deadline", "started", "in_host", "cc")
 
     def __init__(self, isolate: int):
         self.isolate = isolate
+        self.cc: CallContext | None = None  # the runner's call, whose deadline moves while curl waits for a limit
         self.running = False
         self.in_host = False  # in a host call (curl, a binding): no JavaScript runs, the heap does not grow
         self.stopped: str | None = None  # why it was terminated: timeout | memory
@@ -99,6 +100,13 @@ class JavaScriptError(Exception):
     def __init__(self, message: str, js_stack: str = ""):
         super().__init__(message)
         self.js_stack = js_stack
+
+    @property
+    def js_name(self) -> str:
+        """The thrown error's name (`TypeError`, a class of the handler's own): what retry.non_retryable
+        names; "" for a thrown value that is not an Error."""
+        name, sep, _ = str(self).partition(": ")
+        return name if sep and not name.startswith("Uncaught") and " " not in name else ""
 
 
 class JavaScriptMemoryError(JavaScriptError):
@@ -351,6 +359,7 @@ class JsHandler:
         self.source = source
         self.declarations = "\n".join(declarations)
         self.slice_s = min(BATCH_SLICE_S, timeout_s / 10)  # see the module docstring, "Batches"
+        self.key_base = b""  # meta.idempotency_key's (eventing.core.idempotency), set by the runner
         self.on_start: Any = None  # the batch in flight's callback (see batch)
         self.batch_at = 0
         self.module = types.ModuleType(f"eventing_handler_{function}")
@@ -433,6 +442,7 @@ class JsHandler:
             with self.lock:
                 flight.stopped, flight.in_host = None, False
                 flight.deadline, flight.started, flight.running = deadline, now, True
+                flight.cc = cc if cc is not None and cc.active else None
                 if self.watchdog is None:
                     self._start_watchdog()
             setattr(here.locals, "__in", text)
@@ -505,6 +515,11 @@ class JsHandler:
                 if not flight.running:
                     continue
                 deadline = flight.deadline
+                cc = flight.cc
+                if cc is not None and cc.deadline > deadline:  # curl waited for a URL binding's limit
+                    with self.lock:
+                        if flight.running and flight.cc is cc:
+                            flight.deadline = deadline = cc.deadline
                 if now >= deadline:
                     self._stop("timeout", flight, deadline)
                 elif now - flight.started >= WATCH_TICK_S and not flight.in_host:
@@ -587,7 +602,7 @@ class JsOnUpdate(JsFunction):
                 args[0]["datatype"] = datatype
             self.handler.run(CALL, json.dumps(["OnUpdate", value, *args]))
             return
-        if type(meta) is not Meta or rest or meta.previous is not None:
+        if not isinstance(meta, Meta) or rest or meta.previous is not None:
             self.handler.invoke("OnUpdate", (doc, meta, *rest))
             return
         ks = meta.keyspace

@@ -58,7 +58,7 @@ from eventing.workers.sandbox import SandboxedRunner, open_runner
 from metadata import DlqRow, MetadataStore
 from sharding import NUM_VBUCKETS, validate_key
 
-REPLAYABLE_REASONS = frozenset({"error", "timeout", "undecodable", "oversize", "timer_error", "cas_mismatch"})
+REPLAYABLE_REASONS = frozenset({"error", "timeout", "undecodable", "oversize", "timer_error", "cas_mismatch", "expired"})
 # Every reason a row can have: handler work (above), window rows (`late`, `bad_event_time`) and the rows the
 # arrival-time policies drop (eventing.windows.semantics.arrival.DROP_REASONS).
 DLQ_REASONS = REPLAYABLE_REASONS | {"late", "bad_event_time", "early", "late_arrival", "out_of_order", "no_substream_key"}

@@ -209,7 +209,8 @@ class SandboxedCore(_Sandboxed):
         finally:
             store.close()
         backend: Any = ServedData(access.state) if access.local else spec.data_service.client(spec.worker_id)
-        self._start(spec.function, defn, ScopedService(spec.function, defn, backend), private=_private(spec.location))
+        service = ScopedService(spec.function, defn, backend, limit_share=1 / max(1, spec.machines))
+        self._start(spec.function, defn, service, private=_private(spec.location))
         self.pid = self._rpc("__init__", (spec.function, spec))
 
     def __getattr__(self, method: str) -> Callable[..., Any]:
