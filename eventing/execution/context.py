@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import threading
 import time
+from typing import Any
 
 from eventing.core.mutation import Mutation
 
@@ -27,7 +28,7 @@ class HandlerTimeout(Exception):
 class CallContext:
     """The mutation a handler is running on, the epoch its writes are kept under, and when it must end."""
 
-    __slots__ = ("mutation", "epoch", "deadline", "active", "timeout_s", "batch_key", "attempt_at", "sent",
+    __slots__ = ("mutation", "epoch", "deadline", "active", "timeout_s", "batch", "attempt_at", "sent",
                  "statuses", "retry_after")
 
     def __init__(self, timeout_s: float):
@@ -36,8 +37,9 @@ class CallContext:
         self.epoch = 0  # the owner's epoch of the mutation's vBucket, under which the call's writes are kept
         self.deadline = 0.0  # time.monotonic() at which the call overruns execution_timeout
         self.active = False  # a handler call is running now
-        # An on_batch call outside any of its items: the idempotency key of the batch (else None).
-        self.batch_key: str | None = None
+        # An on_batch call while none of its items is current: the batch, whose idempotency key a request
+        # carries (eventing.execution.batch; else None).
+        self.batch: Any = None
         # What curl saw in the attempt in flight (see `attempt`): requests sent per idempotency key, the HTTP
         # statuses answered, the longest Retry-After asked for (seconds).
         self.attempt_at = -1.0

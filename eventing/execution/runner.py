@@ -186,6 +186,17 @@ class HandlerRunner:
         self.timers.module = module.__dict__
         self.on_update = module.__dict__.get("on_update")
         self.on_delete = module.__dict__.get("on_delete")
+        # on_batch(batch) instead of on_update and on_delete (eventing.execution.batch): a worker hands it
+        # many mutations at once (eventing.workers.batch_calls); anyone else calls it with a batch of one.
+        self.on_batch = module.__dict__.get("on_batch")
+        if self.on_batch is not None and (self.concurrent or defn.previous_version):
+            from eventing.errors import HandlerLoadError
+
+            raise HandlerLoadError(
+                f"handler of function '{function}' defines on_batch(batch), which "
+                f"{'concurrency > 1' if self.concurrent else 'previous_version'} does not take; use on_update/"
+                "on_delete, or remove that setting"
+            )
         self.keyspace = defn.source_keyspace.to_meta()  # meta.keyspace (the worker sets it per collection for `*`)
         self.max_bytes = defn.max_document_bytes
         # previous_version: key -> the bytes of its latest version seen here (None: deleted), so only the
@@ -213,8 +224,8 @@ class HandlerRunner:
     def call_key(self, context: CallContext) -> str | None:
         """The idempotency key of the call running in `context`: its mutation's or fired timer's, an
         on_batch call's outside its items, None outside a call of a mutation (on_deploy)."""
-        if context.batch_key is not None:
-            return context.batch_key
+        if context.batch is not None:
+            return context.batch.idempotency_key
         m = context.mutation
         if m is None or not m.key:
             return None
@@ -224,6 +235,8 @@ class HandlerRunner:
         """What `m` needs: the handler call with its arguments, or why it gets none. Updates are decoded
         here, once, and checked against max_document_bytes. `keyspace` is meta.keyspace when it is not
         the runner's current one (a call prepared on another thread than the one reading the source)."""
+        if self.on_batch is not None and m.op != OP_TIMER:
+            return self._prepare_batch_of_one(m)
         if m.op == OP_UPDATE:
             if self.on_update is None and not self.windowed:
                 return NO_HANDLER
@@ -250,6 +263,37 @@ class HandlerRunner:
         meta = self.meta_type(m.key, m.cas, m.vb, m.seqno, m.expiry, m.flags, "json", keyspace or self.keyspace)
         args = (meta, DeleteOptions(expired=m.op == OP_EXPIRE))
         return _new_call(HandlerCall, ("on_delete", self.on_delete, args, None))
+
+    def _prepare_batch_of_one(self, m: Mutation) -> HandlerCall | Rejection:
+        """An on_batch handler's call on one mutation (the same checks as on_update's)."""
+        if m.op != OP_UPDATE:
+            return _new_call(HandlerCall, ("on_delete", self._batch_of_one, (m,), None))
+        if m.doc is not None and len(m.doc) > self.max_bytes:
+            return Rejection("oversize", f"document is {len(m.doc)} bytes; max_document_bytes is {self.max_bytes}")
+        try:
+            doc = msgpack.unpackb(m.doc, raw=False)
+        except Exception as exc:  # noqa: BLE001 - any decode failure is the document's fault
+            return Rejection("undecodable", f"{type(exc).__name__}: {exc}")
+        return _new_call(HandlerCall, ("on_update", self._batch_of_one, (m,), doc))
+
+    def _batch_of_one(self, m: Mutation) -> None:
+        """on_batch with a batch of `m` alone, as a call: it raises when the item is reported failed, and
+        leaves the item's writes as the call's (to be kept or discarded by the caller)."""
+        from eventing.execution.batch import Batch, BatchItemFailed, BatchScope, failed_items
+
+        batch = Batch.of_rows(self, [(m.vb, [m])])
+        scope = BatchScope(self, batch)
+        try:
+            failed = failed_items(self.on_batch(batch), batch)  # type: ignore[misc]
+        finally:
+            scope.end()
+        if failed:
+            scope.discard()
+            error = failed[0]
+            if isinstance(error, Exception):
+                raise error
+            raise BatchItemFailed(str(error) if error else "on_batch reported the item failed")
+        scope.restore(0)
 
     def _previous_version(self, m: Mutation) -> dict | None:
         cache = self.previous

@@ -27,7 +27,7 @@ from eventing.storage.origins import deployment_origin
 from eventing.storage.remote import DataAccess, DataServiceRef
 from eventing.storage.values import EffectGroup, Spans
 from eventing.windows.runtime.row_writer import WindowRowWriter
-from eventing.workers import concurrent_calls
+from eventing.workers import batch_calls, concurrent_calls
 from eventing.workers.collections import SourceCollections
 from eventing.workers.hang_guard import HangGuard
 from eventing.workers.source_reads import WorkerReads
@@ -163,6 +163,8 @@ class WorkerCore(WorkerTimers, WorkerReads):
         self.hang_guard = HangGuard(self.runner.context, self.timeout_s)
         # concurrency > 1: a pool runs the batch's calls, several documents at once (else None: one at a time).
         self.calls = concurrent_calls.attach(self)
+        # on_batch: the batch's rows go to the handler in one call (else None: one call a mutation).
+        self.batches = batch_calls.attach(self)
         self.waiter = WriteWaiter.open(spec.wake_address) if spec.wake_address and self.data.local else None
         self.assign_vbuckets(spec.vbuckets)
         if recycle_on_hang:
