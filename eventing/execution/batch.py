@@ -12,7 +12,7 @@ item in turn the current one, as does `with item:`; a write, a timer or a log li
 and curl sends its idempotency key. `BatchScope` holds each item's writes and timer changes apart, so the
 caller keeps those of the items that succeeded (each under its own source seqno, as one call's) and drops the
 others'. A write made while no item is current is refused (BindingError): it would belong to no mutation.
-Reads see every write of the batch so far, a failed item's included.
+Reads see the writes of the items before in the call, a failed item's included (not a replayed one's).
 """
 
 from __future__ import annotations
@@ -345,7 +345,11 @@ class _Held:
 
 class BatchScope:
     """Holds each item's binding writes and timer changes apart while on_batch runs (see the module
-    docstring): `restore(i)` puts item i's back as a call's, for the runner to keep (`HandlerRunner.kept`)."""
+    docstring): `restore(i)` puts item i's back as a call's, for the runner to keep (`HandlerRunner.kept`).
+
+    Reads during the call see the writes of the items before (as kept writes: the buffer's overlay, put
+    back as it was when the call ends), except those of an item whose writes the bucket already holds (a
+    replay after a crash: BucketBinding.keep drops them), as a call a mutation would."""
 
     def __init__(self, runner: HandlerRunner, batch: Batch):
         seen: dict[int, Any] = {}
@@ -358,12 +362,14 @@ class BatchScope:
         self.batch = batch
         self.at: int | None = None
         self.held: dict[int, _Held] = {}
+        self._overlays: list[dict | None] = [None] * len(self.buffers)  # each buffer's overlay before the call
         batch.scope = self
         self._outside()
 
     def _outside(self) -> None:
         for buf in self.buffers:
             buf.current = _OutsideItems()
+            buf.current_overlay = {}
         self.timers.current = _OutsideItemsTimers()
         self.context.batch = self.batch
 
@@ -378,6 +384,7 @@ class BatchScope:
         vb, seqno = self.batch.where(i)
         for buf in self.buffers:
             buf.current = []
+            buf.current_overlay = {}
             buf.source = (vb, seqno)
         self.timers.current = []
         context = self.context
@@ -389,16 +396,22 @@ class BatchScope:
         if i is None:
             return
         held = self.held.get(i)
+        vb, seqno = self.batch.where(i)
         for k, buf in enumerate(self.buffers):
             current = buf.current
             if current or buf.conditional:
                 if held is None:
                     held = self.held[i] = _Held(len(self.buffers))
                 held.writes[k] += current
-                overlay = buf.current_overlay
-                held.overlay[k].update({w.key: overlay[w.key] for w in current if w.key in overlay})
+                written = buf.current_overlay
+                held.overlay[k].update(written)
                 held.conditional[k] = held.conditional[k] or buf.conditional
                 buf.conditional = False
+                if written and seqno > buf.applied_upto.get(vb, 0):  # visible to the items after it
+                    if self._overlays[k] is None:
+                        self._overlays[k] = dict(buf.overlay)
+                    buf.overlay.update(written)
+            buf.current, buf.current_overlay = [], {}
         changes = self.timers.current
         if changes:
             if held is None:
@@ -406,17 +419,21 @@ class BatchScope:
             held.timers += changes
 
     def end(self) -> None:
-        """The call returned or raised: the current item's writes join its held ones; nothing is current."""
+        """The call returned or raised: the current item's writes join its held ones; nothing is current,
+        and the buffers' overlays are as before the call (the kept items' writes go back in as kept)."""
         try:
             self._park()
         finally:
             self.at = None
             self.batch.scope = None
             self.context.batch = None
-            for buf in self.buffers:
+            for k, buf in enumerate(self.buffers):
                 buf.current = []
                 buf.current_overlay = {}
                 buf.conditional = False
+                before = self._overlays[k]
+                if before is not None:
+                    buf.overlay = before
             self.timers.current = []
 
     def restore(self, i: int) -> None:

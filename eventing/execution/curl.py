@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from eventing.core.counters import CURL_THROTTLED, CURL_THROTTLED_MS
 from eventing.core.idempotency import HEADER, request_key
 from eventing.errors import CurlError
 from eventing.execution.context import CallContext
@@ -221,8 +222,8 @@ class CurlClient:
         if not counted_in_deadline:
             call.extend(seconds)
         with self._ops_lock:
-            self.ops["curl_throttled_count"] += 1
-            self.ops["curl_throttled_ms"] += round(seconds * 1000)
+            self.ops[CURL_THROTTLED] += 1
+            self.ops[CURL_THROTTLED_MS] += round(seconds * 1000)
 
     def _send(self, binding: UrlBinding, method: str, url: str, data: bytes | None, headers: dict[str, str],
               timeout: float) -> tuple[int, dict[str, str], bytes]:

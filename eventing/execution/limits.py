@@ -38,8 +38,10 @@ MAX_SLEEP_S = 0.05  # a request waiting for a token sleeps at most this long bef
 
 
 def limits_folder() -> Path:
-    """Where this machine's binding limits live (one folder per user)."""
-    return Path(tempfile.gettempdir()) / f"eventing-limits-{os.getuid()}"
+    """Where this machine's binding limits live: $EVENTING_LIMITS_DIR, else a folder per user in the
+    temporary folder."""
+    given = os.environ.get("EVENTING_LIMITS_DIR")
+    return Path(given) if given else Path(tempfile.gettempdir()) / f"eventing-limits-{os.getuid()}"
 
 
 def retry_after_s(headers: dict[str, str], now: float | None = None) -> float:
