@@ -34,13 +34,17 @@ from functions import FUNCTIONS_DIR
 # The ledger handler is the example function fn_ledger (functions/fn_ledger.py, fn_ledger.json), one copy.
 LEDGER_HANDLER = (FUNCTIONS_DIR / "fn_ledger.py").read_text()
 
-# The ledger handler as on_batch(batch): the same effects per mutation. Items whose document's rev is a multiple
-# of the constant FAIL_EVERY (0: none) are reported failed at their first FAIL_ATTEMPTS attempts in this process.
+# The ledger handler as on_batch(batch): the same effects per mutation, SLEEP_MS once a batch. Items whose
+# document's rev is a multiple of the constant FAIL_EVERY (0: none) are reported failed at their first
+# FAIL_ATTEMPTS attempts in this process.
 BATCH_LEDGER_HANDLER = (FUNCTIONS_DIR / "fn_ledger.py").read_text().split("def on_update")[0] + '''
 tries = {}
 
 
 def on_batch(batch):
+    if SLEEP_MS:
+        import time
+        time.sleep(SLEEP_MS / 1000)  # a batch's bulk request
     failed = []
     for item in batch:
         meta, doc = item.meta, item.doc
