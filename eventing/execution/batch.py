@@ -463,7 +463,7 @@ def failed_items(result: Any, batch: Batch) -> dict[int, Any]:
     if result is None:
         return {}
     if isinstance(result, dict) and set(result) == {"batchItemFailures"}:
-        keys = {batch.key_of(i): i for i in range(len(batch))}
+        keys: dict[Any, int] = {batch.key_of(i): i for i in range(len(batch))}
         result = [keys.get(f.get("itemIdentifier"), f.get("itemIdentifier")) if isinstance(f, dict) else f
                   for f in result["batchItemFailures"] or []]
     if isinstance(result, str | bytes | dict) or not hasattr(result, "__iter__"):

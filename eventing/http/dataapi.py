@@ -148,10 +148,10 @@ class DataApi:
         body = await read_body(receive, headers)
         req = DocRequest(ks, key, "GET" if method == "HEAD" else method, op, headers,
                          scope.get("query_string", b"").decode("latin-1"), body)
-        key = headers.get(IDEMPOTENCY_HEADER)
-        if key is not None and method not in ("GET", "HEAD"):  # a retried write gets its first answer again
+        idempotency_key = headers.get(IDEMPOTENCY_HEADER)
+        if idempotency_key is not None and method not in ("GET", "HEAD"):  # a retried write: its first answer
             return await self.idempotency.answer(
-                caller, key, (method, raw_path.split(b"?")[0].decode("latin-1"), req.query, body),
+                caller, idempotency_key, (method, raw_path.split(b"?")[0].decode("latin-1"), req.query, body),
                 lambda: self.buckets.submit(req),
             )
         status, out_headers, out, ctype = await self.buckets.submit(req)

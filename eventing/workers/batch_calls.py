@@ -33,6 +33,7 @@ import msgpack
 import msgspec
 
 from eventing.core import counters as counter_names
+from eventing.core.counters import HandlerKind
 from eventing.core.mutation import OP_UPDATE, Mutation
 from eventing.core.retry import attempts_text, error_names
 from eventing.execution.batch import Batch, BatchScope, _Segment, failed_items
@@ -257,7 +258,7 @@ class BatchCalls:
         """Item i of the batch as a dead letter, with every attempt's error."""
         core = self.core
         m = batch.mutation(i)
-        kind = "on_update" if m.op == OP_UPDATE else "on_delete"
+        kind: HandlerKind = "on_update" if m.op == OP_UPDATE else "on_delete"
         core.counters[counter_names.handler_outcome(kind, "timeout" if reason == "timeout" else "failure")] += 1
         tried = errors.get((m.vb, m.seqno), [])
         if len(tried) > 1:
