@@ -47,6 +47,7 @@ from typing import Any, cast
 import msgpack
 
 from eventing.core.mutation import OP_NAMES, Mutation, unpack_mutation
+from eventing.core.retry import parse_attempts
 from eventing.errors import ConfigError, NotFoundError, fix
 from eventing.execution.runner import HandlerRunner, writes_by_bucket
 from eventing.execution.single_call import run_once
@@ -153,6 +154,7 @@ def row_view(row: DlqRow, *, full: bool = False) -> dict[str, Any]:
     }
     if full:
         view["traceback"] = row.traceback
+        view["attempt_errors"] = parse_attempts(row.traceback)  # every attempt's, when there was more than one
         view["mutation"] = _mutation_view(row.mutation)
     return view
 
