@@ -210,3 +210,16 @@ def test_a_429_with_retry_after_pauses_the_bindings_requests(data_dir, counting)
     assert LocalBucket.open(data_dir, "out").get("a-busy") == {"status": 429}
     first, *later = Counting.starts
     assert len(later) == 2 and min(later) - first >= 1.0  # no request of the binding started within the pause
+
+
+def test_a_sandboxs_host_makes_its_limited_requests_and_tells_it_the_wait(counting, tmp_path):
+    from eventing.execution.curl import HostCurl
+    from eventing.execution.limits import Limits
+
+    host = HostCurl([{"alias": "api", "url": counting, "rate_limit": {"per_second": 4, "burst": 1}},
+                     {"alias": "open", "url": counting}], 1000, 5.0, Limits("fn_sb", "uuid-1", folder=tmp_path))
+    first = host.exchange("api", "POST", counting + "/x", b"{}", {}, 2.0)
+    second = host.exchange("api", "POST", counting + "/x", b"{}", {}, 2.0)
+    assert first[0] == second[0] == "ok" and first[1] == second[1] == 200
+    assert first[4] < 0.05 and 0.1 <= second[4] < 1.0  # the second waited for the rate: the child's call moves by it
+    assert host.exchange("open", "POST", counting + "/x", b"{}", {}, 2.0)[0] == "error"  # nothing to do for it
