@@ -15,6 +15,7 @@ import json
 import logging
 from dataclasses import dataclass
 
+from eventing.core.idempotency import mutation_key
 from eventing.errors import CurlError, TimerError
 
 _logger = logging.getLogger("eventing.handler")
@@ -25,6 +26,9 @@ class Meta:
 
     __slots__ = ("id", "cas", "vb", "seq", "expiration", "flags", "datatype", "keyspace", "previous")
     previous: dict | None
+    # What the function's idempotency keys derive from (eventing.core.idempotency.key_base): a running
+    # function hands out metas of a subclass that sets it.
+    key_base: bytes = b""
 
     def __init__(self, id, cas, vb, seq, expiration, flags, datatype, keyspace):  # noqa: A002
         self.id: str = id
@@ -41,10 +45,14 @@ class Meta:
     def __getattr__(self, name: str):
         if name == "previous":
             return None
+        if name == "idempotency_key":  # made when asked: the same for every attempt of this mutation
+            return mutation_key(self.key_base, self.vb, self.seq)
         raise AttributeError(f"meta has no attribute {name!r}")
 
     def to_dict(self) -> dict:
-        return {name: getattr(self, name) for name in self.__slots__}
+        out = {name: getattr(self, name) for name in Meta.__slots__}
+        out["idempotency_key"] = self.idempotency_key
+        return out
 
     def __repr__(self) -> str:
         return f"Meta(id={self.id!r}, vb={self.vb}, seq={self.seq}, cas={self.cas})"

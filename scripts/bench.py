@@ -17,6 +17,10 @@ Workloads (--workload):
            docs/handler-api.md recommends for a bucket its workers write: each worker writes a file of its
            own. The plain loop writes the same partitioned bucket (as fast as a one-file bucket: one writer).
 
+--batch (W1): each run times W1 twice on the same loaded bucket, with the per-call handler and with a trivial
+batch handler (`on_batch`, keeping the same dict from the batch's columns); prints both rates and their ratio,
+the last line JSON with `batch_vs_per_call` (the median of the runs' ratios).
+
 --filter-ratio R (W1): the documents get a field `segment`, "vip" in a fraction R of them, and W1 runs twice
 per run in the same process, without a filter and with `{"field": "segment", "eq": "vip"}` (deletes, ~5%,
 pass too: a filter on document fields does not filter deletes); prints both rates and filtered/unfiltered.
@@ -56,7 +60,7 @@ from eventing.storage import loadgen  # noqa: E402
 from eventing.storage.bucket import LocalBucket  # noqa: E402
 from eventing.storage.factory import create_bucket, open_bucket  # noqa: E402
 from eventing.storage.values import Write  # noqa: E402
-from eventing.testing.workloads import TRIVIAL_HANDLER, load_bench_bucket  # noqa: E402
+from eventing.testing.workloads import TRIVIAL_BATCH_HANDLER, TRIVIAL_HANDLER, load_bench_bucket  # noqa: E402
 from eventing.workers.executor import RayExecutor  # noqa: E402
 
 FUNCTIONS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "functions")
@@ -131,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", default=None, help="default: a fresh temporary directory, removed at the end")
     parser.add_argument("--filter-ratio", type=float, default=None,
                         help="W1 with and without a filter passing this fraction of the updates (e.g. 0.1)")
+    parser.add_argument("--batch", action="store_true",
+                        help="W1 with an on_batch handler against the per-call one, in the same run (JSON: batch_vs_per_call)")
     parser.add_argument("--isolation", choices=("none", "sandbox", "both"), default="none",
                         help="the function's isolation; both: each run times eventing unsandboxed, then sandboxed")
     parser.add_argument("--runs", type=int, default=1,
@@ -170,6 +176,8 @@ def measure(args: argparse.Namespace, handler: str, writing: bool, temps: contex
         from eventing.testing.bench_store import BenchStore
 
         return measure_store(args, handler, data_dir, temps.enter_context(BenchStore(args.store)))
+    if args.batch:
+        return measure_batch(args, data_dir)
     t0 = time.perf_counter()
     bucket = load_bench_bucket(data_dir, "bench", args.documents, args.mutations)
     load_s = time.perf_counter() - t0
@@ -349,6 +357,37 @@ def measure_filter(args: argparse.Namespace, handler: str, data_dir: str) -> int
     print(json.dumps({
         "workload": "trivial", "filter_ratio": args.filter_ratio, "passing": passing, "mutations": args.mutations,
         "workers": args.workers, "ratio": statistics.median(r["ratio"] for r in runs), "runs": runs,
+    }))
+    return 0
+
+
+def measure_batch(args: argparse.Namespace, data_dir: str) -> int:
+    """W1 per call and W1 as one on_batch call a batch, alternating on the same loaded bucket."""
+    t0 = time.perf_counter()
+    load_bench_bucket(data_dir, "bench", args.documents, args.mutations)
+    print(f"load: {args.mutations:,} mutations over {args.documents:,} documents in {time.perf_counter() - t0:.1f}s")
+    runs: list[dict] = []
+    for run in range(1, args.runs + 1):
+        label = f"run {run}/{args.runs}: " if args.runs > 1 else ""
+        figures = {}
+        for kind, handler in (("per_call", TRIVIAL_HANDLER), ("batch", TRIVIAL_BATCH_HANDLER)):
+            executor = RayExecutor()
+            got = eventing_run(data_dir, executor, args, handler, run, args.mutations, None, name=f"fn_{kind}_{run}")
+            ray.shutdown()
+            if got is None:
+                return 1
+            figures[kind] = got["eventing_mps"]
+            print(f"{label}{kind}: {got['handled']:,} mutations in {got['run_s']:.2f}s = "
+                  f"{got['eventing_mps']:,.0f} mutations/s (workers up in {got['up_s']:.1f}s)")
+        ratio = figures["batch"] / figures["per_call"]
+        print(f"{label}ratio batch/per call: {ratio:.2f}")
+        runs.append({"per_call_mps": round(figures["per_call"]), "batch_mps": round(figures["batch"]),
+                     "ratio": round(ratio, 3)})
+    print(json.dumps({
+        "workload": "trivial", "batch": True, "mutations": args.mutations, "workers": args.workers,
+        "batch_size": args.batch_size, "per_call_mps": statistics.median(r["per_call_mps"] for r in runs),
+        "batch_mps": statistics.median(r["batch_mps"] for r in runs),
+        "batch_vs_per_call": statistics.median(r["ratio"] for r in runs), "runs": runs,
     }))
     return 0
 

@@ -18,7 +18,21 @@ def _config(args: argparse.Namespace, port: int) -> Any:
         state_of(args), host=args.host, port=port, admin_token=args.admin_token, read_token=args.read_token,
         admin_token_file=args.admin_token_file, read_token_file=args.read_token_file,
         max_body_bytes=args.max_body, cors_origins=tuple(args.cors_origin or ()),
+        idempotency_retention_s=_retention(args.idempotency_retention),
     )
+
+
+def _retention(value: str) -> float:
+    from eventing.core.durations import DurationError, parse_duration
+    from eventing.errors import ConfigError
+
+    try:
+        seconds = parse_duration(value, field="--idempotency-retention").total_seconds()
+    except DurationError as exc:
+        raise ConfigError(f"eventing serve {exc}") from None
+    if seconds <= 0:
+        raise ConfigError("--idempotency-retention must be positive, for example 24h")
+    return seconds
 
 
 def _credentials(config: Any) -> list[str]:
@@ -130,6 +144,9 @@ def _add_server_options(p: argparse.ArgumentParser, *, host: bool = True) -> Non
                    help=f"largest request body in bytes (default {DEFAULT_MAX_BODY}); larger ones get 413")
     p.add_argument("--cors-origin", action="append",
                    help="allow browser pages of this origin to call the API (repeatable; default: none)")
+    p.add_argument("--idempotency-retention", default="24h", metavar="DURATION",
+                   help="how long the Data API keeps the answer of a write sent with an Idempotency-Key, which a "
+                   "retry with the same key and body gets again (default 24h; docs/data-api.md)")
     p.add_argument("--kv-port", type=int, default=None, metavar="PORT",
                    help="serve the KV (memcached binary) protocol of Couchbase's SDKs on this port (default 11210, "
                    "left off with a warning when taken; 0 for none); see docs/couchbase-sdk.md")

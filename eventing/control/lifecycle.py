@@ -59,6 +59,15 @@ def _validate(state: StateLike, defn: FunctionDefinition, source: str, deployed_
     )
 
 
+def batch_refused_by(defn: FunctionDefinition) -> str | None:
+    """The setting of `defn` that on_batch(batch) cannot take, named for the error (None: none)."""
+    if defn.concurrency > 1:
+        return f"concurrency {defn.concurrency}"
+    if defn.previous_version:
+        return "previous_version"
+    return None
+
+
 def save_function(
     state: StateLike, defn: FunctionDefinition, source: str, *, saved_by: Saver | None = None
 ) -> FunctionRecord:
@@ -70,7 +79,8 @@ def save_function(
     binding's url, auth and verify_tls stay as stored; and a non-admin's save marks the function's code
     as a non-admin's (`deployed_by`), so nothing runs it unsandboxed before an admin deploys or resumes it."""
     state = as_state(state)
-    check_handler_source(defn.name, source, windowed=defn.window is not None, language=defn.language)
+    check_handler_source(defn.name, source, windowed=defn.window is not None, language=defn.language,
+                         batch_refused_by=batch_refused_by(defn))
     trusted = saved_by is None or saved_by.is_admin
     if saved_by is not None:
         saved_by.check_bindings(defn)
@@ -337,7 +347,8 @@ def import_functions(
     for defn, source, _ in plans:  # refused before any is saved: a role short of a binding, a handler that cannot load
         if saved_by is not None:
             saved_by.check_bindings(defn)
-        check_handler_source(defn.name, source, windowed=defn.window is not None, language=defn.language)
+        check_handler_source(defn.name, source, windowed=defn.window is not None, language=defn.language,
+                             batch_refused_by=batch_refused_by(defn))
     out = []
     for defn, source, wanted in plans:
         record = save_function(state, defn, source, saved_by=saved_by)

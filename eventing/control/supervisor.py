@@ -148,6 +148,10 @@ class FunctionSupervisor:
         # A fresh socket name for each start: a killed process may still hold the last one.
         if self.waking and self.executor.name != "in-process" and self.executor.shared is None:
             slot.spec = replace(slot.spec, wake_address=write_waiter.new_address())
+        # Each machine running the function's workers takes its share of the URL bindings' limits.
+        machines = len({self.placements.get(s.node) for s in self.slots.values()})
+        if machines != slot.spec.machines:
+            slot.spec = replace(slot.spec, machines=machines)
         slot.handle = self.warm.pop((self.name, slot.spec.worker_id, ray_node), None)
         if slot.handle is not None:
             slot.handle.call("respec", slot.spec)  # runs before "start": one actor's calls run in order

@@ -20,6 +20,9 @@ FILTERED = "filtered"  # a mutation the function's `filter` does not match (chec
 # a mutation of a rewound range that this deployment dead-lettered: its letter's replay handles it
 DEAD_LETTERED_SKIPPED = "dead_lettered_skipped"
 RETRIES = "retries"
+# curl requests that waited for their URL binding's rate_limit, max_in_flight or a Retry-After, and how long
+CURL_THROTTLED = "curl_throttled_count"
+CURL_THROTTLED_MS = "curl_throttled_ms"
 EFFECTS_APPLIED = "effects_applied"
 EFFECTS_DUPLICATE = "effects_duplicate"  # skipped: already applied before a crash or replay
 EFFECTS_FENCED = "effects_fenced"  # rejected: written by a stale owner

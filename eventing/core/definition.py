@@ -15,6 +15,7 @@ from eventing.core import durations, filters
 from eventing.core.function_names import check_function_name
 from eventing.core.keyspaces import DEFAULT, Keyspace
 from eventing.core.names import check_bucket_name
+from eventing.core.retry import RetryConfigError, RetryPolicy, legacy_policy, parse_retry, policy_of
 from eventing.errors import ConfigError
 from eventing.handler import RESERVED_NAMES
 
@@ -81,6 +82,9 @@ class FunctionDefinition:
     concurrency: int = 1
     retries: int = 0  # extra attempts after a handler error before the mutation goes to the DLQ
     retry_backoff: timedelta = timedelta(milliseconds=100)  # doubles after each attempt
+    # The retry policy (eventing.core.retry): max_attempts, initial_backoff, max_backoff, multiplier,
+    # max_event_age, non_retryable; None: the policy retries and retry_backoff give.
+    retry: dict[str, Any] | None = None
     max_document_bytes: int = 1024 * 1024  # larger documents go to the DLQ as `oversize`
     description: str = ""
     app_log_max_size: int = 40 * 1024 * 1024  # bytes of <data-dir>/logs/<function>.log before it rotates
@@ -224,9 +228,28 @@ class FunctionDefinition:
                 filters.check_filter(kwargs["filter"])
             except filters.FilterError as exc:
                 raise ConfigError(f"function '{name}': {exc}") from None
+        if kwargs.get("retry") is not None:
+            if kwargs.get("retries", 0) != 0 or kwargs.get("retry_backoff", timedelta(milliseconds=100)) != timedelta(
+                milliseconds=100
+            ):
+                raise ConfigError(
+                    f"function '{name}' sets both retry and retries/retry_backoff; give the policy in retry alone "
+                    '(retries N is "max_attempts": N + 1, retry_backoff is "initial_backoff")'
+                )
+            try:
+                kwargs["retry"] = parse_retry(kwargs["retry"])
+            except RetryConfigError as exc:
+                raise ConfigError(f"function '{name}': {exc}") from None
         if kwargs.get("execution_timeout", timedelta(seconds=1)).total_seconds() <= 0:
             raise ConfigError(f"execution_timeout of function '{name}' must be positive")
         return cls(**kwargs)
+
+    @property
+    def retry_policy(self) -> RetryPolicy:
+        """How a failed handler call is retried: the `retry` object, else retries and retry_backoff."""
+        if self.retry is None:
+            return legacy_policy(self.retries, self.retry_backoff)
+        return policy_of(self.retry)
 
     @property
     def source_keyspace(self) -> Keyspace:
@@ -248,6 +271,10 @@ class FunctionDefinition:
             out[key] = durations.format_duration(getattr(self, key))
         if out["window"] is None:
             del out["window"]
+        if out["retry"] is None:  # definitions without a policy read as they did before it
+            del out["retry"]
+        else:  # the policy says it all
+            del out["retries"], out["retry_backoff"]
         if out["filter"] is None:
             del out["filter"]
         if not self.isolation:  # the default reads as definitions did before the setting
@@ -306,11 +333,43 @@ def parse_url_bindings(raw: Any, function: str) -> tuple[dict, ...]:
         for flag in ("verify_tls", "allow_cookies"):
             if flag in item and not isinstance(item[flag], bool):
                 raise ConfigError(f"{flag} of url binding '{alias}' of function '{function}' must be true or false")
-        unknown = set(item) - {"alias", "url", "auth", "username", "password", "token", "verify_tls", "allow_cookies"}
+        unknown = set(item) - URL_BINDING_FIELDS
         if unknown:
             raise ConfigError(f"url binding '{alias}' of function '{function}' has unknown field(s) {', '.join(sorted(unknown))}")
+        _check_url_limits(item, f"url binding '{alias}' of function '{function}'")
         out.append(dict(item))
     return tuple(out)
+
+
+URL_BINDING_FIELDS = frozenset({
+    "alias", "url", "auth", "username", "password", "token", "verify_tls", "allow_cookies", "idempotency_header",
+    "rate_limit", "max_in_flight",
+})
+_HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,100}$")  # an HTTP header name (a token)
+
+
+def _check_url_limits(item: dict[str, Any], what: str) -> None:
+    """idempotency_header (a header name, or false), rate_limit ({per_second, burst}) and max_in_flight."""
+    header = item.get("idempotency_header", "Idempotency-Key")
+    if header is not False and not (isinstance(header, str) and _HEADER_NAME.match(header)):
+        raise ConfigError(
+            f"idempotency_header of {what} is {header!r}; give a header name such as \"Idempotency-Key\", or false "
+            "to send none"
+        )
+    rate = item.get("rate_limit")
+    if rate is not None:
+        per_second = rate.get("per_second") if isinstance(rate, dict) else None
+        burst = rate.get("burst", 1) if isinstance(rate, dict) else None
+        if (not isinstance(rate, dict) or set(rate) - {"per_second", "burst"} or isinstance(per_second, bool)
+                or not isinstance(per_second, int | float) or per_second <= 0 or isinstance(burst, bool)
+                or not isinstance(burst, int) or burst < 1):
+            raise ConfigError(
+                f"rate_limit of {what} is {rate!r}; give requests per second and a burst, for example "
+                '{"per_second": 50, "burst": 10} (burst: requests that may start at once after a quiet time, >= 1)'
+            )
+    in_flight = item.get("max_in_flight")
+    if in_flight is not None and (isinstance(in_flight, bool) or not isinstance(in_flight, int) or in_flight < 1):
+        raise ConfigError(f"max_in_flight of {what} is {in_flight!r}; give an integer >= 1 (requests at once)")
 
 
 def load_definition_file(path: str | Path) -> tuple[FunctionDefinition, str]:

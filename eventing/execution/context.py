@@ -14,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import threading
 import time
+from typing import Any
 
 from eventing.core.mutation import Mutation
 
@@ -27,7 +28,8 @@ class HandlerTimeout(Exception):
 class CallContext:
     """The mutation a handler is running on, the epoch its writes are kept under, and when it must end."""
 
-    __slots__ = ("mutation", "epoch", "deadline", "active", "timeout_s")
+    __slots__ = ("mutation", "epoch", "deadline", "active", "timeout_s", "batch", "attempt_at", "sent",
+                 "statuses", "retry_after")
 
     def __init__(self, timeout_s: float):
         self.timeout_s = timeout_s  # execution_timeout of every call
@@ -35,11 +37,43 @@ class CallContext:
         self.epoch = 0  # the owner's epoch of the mutation's vBucket, under which the call's writes are kept
         self.deadline = 0.0  # time.monotonic() at which the call overruns execution_timeout
         self.active = False  # a handler call is running now
+        # An on_batch call while none of its items is current: the batch, whose idempotency key a request
+        # carries (eventing.execution.batch; else None).
+        self.batch: Any = None
+        # What curl saw in the attempt in flight (see `attempt`): requests sent per idempotency key, the HTTP
+        # statuses answered, the longest Retry-After asked for (seconds).
+        self.attempt_at = -1.0
+        self.sent: dict[str, int] = {}
+        self.statuses: set[int] = set()
+        self.retry_after = 0.0
 
     def begin(self, m: Mutation, epoch: int) -> None:
         self.mutation, self.epoch = m, epoch
         self.deadline = time.monotonic() + self.timeout_s
         self.active = True
+
+    def attempt(self) -> CallContext:
+        """This context with curl's records of the attempt in flight: an attempt is told from the last by its
+        deadline (set afresh at each), so the hot path that sets the deadline inline resets nothing."""
+        if self.attempt_at != self.deadline:
+            self.attempt_at = self.deadline
+            self.sent, self.statuses, self.retry_after = {}, set(), 0.0
+        return self
+
+    def seen(self) -> tuple[set[int], float]:
+        """The statuses and Retry-After curl saw in the call that just failed (empty if it made no request)."""
+        if self.attempt_at != self.deadline:
+            return set(), 0.0
+        return self.statuses, self.retry_after
+
+    def extend(self, seconds: float) -> None:
+        """Move the call's deadline by `seconds` it spent waiting for a URL binding's limit (backpressure is
+        not the handler's time), keeping the attempt's records."""
+        if self.active and seconds > 0:
+            moved = self.attempt_at == self.deadline
+            self.deadline += seconds
+            if moved:
+                self.attempt_at = self.deadline
 
     def remaining_s(self) -> float:
         """Seconds left of execution_timeout for the call in flight (all of it outside a call)."""

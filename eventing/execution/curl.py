@@ -2,8 +2,13 @@
 
 HTTP calls are side effects outside the system: they are **at least once**. A handler that is retried,
 replayed from the dead-letter queue, or run again after a crash before its checkpoint calls the URL again
-(binding writes are exactly once; a remote server is not). Make the remote side idempotent, for example by
-sending meta.id and meta.seq and letting it ignore repeats.
+(binding writes are exactly once; a remote server is not). So every request carries the call's
+idempotency key (eventing.core.idempotency) in an `Idempotency-Key` header, the same at every attempt, and
+a server that honours it applies the request once.
+
+A binding's `rate_limit` and `max_in_flight` are waited for before a request starts (eventing.execution.
+limits), and a 429 or 503 with Retry-After pauses the binding's requests and is honoured before the call's
+next attempt (eventing.core.retry).
 """
 
 from __future__ import annotations
@@ -22,9 +27,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from eventing.core.counters import CURL_THROTTLED, CURL_THROTTLED_MS
+from eventing.core.idempotency import HEADER, request_key
 from eventing.errors import CurlError
 from eventing.execution.context import CallContext
 from eventing.execution.http_connection import HttpConnection
+from eventing.execution.limits import Limits, retry_after_s
 
 METHODS = ("GET", "POST", "PUT", "DELETE", "HEAD", "PATCH")
 
@@ -41,9 +49,16 @@ class UrlBinding:
     username: str = ""
     verify_tls: bool = True
     allow_cookies: bool = False  # keep the cookies the server sets and send them back (Couchbase's allow_cookies)
+    idempotency_header: str = HEADER  # the header the call's idempotency key goes in; "": none
+    rate_limit: tuple[float, float] | None = None  # (requests per second, burst) shared by the function's workers
+    max_in_flight: int | None = None  # requests at once, shared the same way
 
     def __repr__(self) -> str:
         return f"<url binding {self.alias} -> {self.url}>"
+
+    @property
+    def limited(self) -> bool:
+        return self.rate_limit is not None or self.max_in_flight is not None
 
 
 def url_bindings(defined: Any) -> tuple[list[UrlBinding], dict[str, str]]:
@@ -52,6 +67,11 @@ def url_bindings(defined: Any) -> tuple[list[UrlBinding], dict[str, str]]:
     bindings, secrets = [], {}
     for u in defined:
         fields = {k: v for k, v in u.items() if k not in ("password", "token")}
+        if fields.get("idempotency_header") is False:
+            fields["idempotency_header"] = ""
+        rate = fields.get("rate_limit")
+        if isinstance(rate, dict):
+            fields["rate_limit"] = (float(rate["per_second"]), float(rate.get("burst", 1)))
         binding = UrlBinding(**fields)
         bindings.append(binding)
         secret = u.get("token" if binding.auth == "bearer" else "password")
@@ -81,8 +101,11 @@ class CurlResponse:
 
 class CurlClient:
     def __init__(self, context: CallContext, bindings: list[UrlBinding], max_response_bytes: int,
-                 secrets: dict[str, str] | None = None):
+                 secrets: dict[str, str] | None = None, *, keys: Callable[[CallContext], str | None] | None = None,
+                 limits: Limits | None = None):
         self.context = context  # the call in flight: how much of its execution_timeout is left
+        self.keys = keys  # the idempotency key of a call (the runner's), None: requests carry none
+        self.limits = limits  # the bindings' rate_limit and max_in_flight (None: not applied here)
         self.bindings = {id(b): b for b in bindings}
         self._secrets = dict(secrets or {})  # alias -> password or token (url_bindings); never on a UrlBinding
         self.max_response_bytes = max_response_bytes
@@ -124,14 +147,17 @@ class CurlClient:
         else:
             data = json.dumps(body).encode()
             headers.setdefault("Content-Type", "application/json")
-        # The call counts against execution_timeout: it may take what is left of it, less a margin so the
-        # handler sees a CurlError before the worker's watchdog abandons the whole call.
         call = self.context.here()  # the call of this thread (a worker's pool thread has its own)
-        left = call.remaining_s()
-        left = left - min(0.2, left / 4)
+        if binding.idempotency_header and self.keys is not None and call.active:
+            key = self.keys(call)
+            lower = binding.idempotency_header.lower()
+            if key is not None and not any(k.lower() == lower for k in headers):
+                sent = call.attempt().sent
+                sent[key] = n = sent.get(key, 0) + 1
+                headers[binding.idempotency_header] = request_key(key, n)
         self._count(f"curl_{method.lower()}_count")
         try:
-            status, raw_headers, payload = self._exchange(binding, method, url, data, headers, max(0.05, left))
+            status, raw_headers, payload = self._exchange(binding, method, url, data, headers, call)
         except TimeoutError:
             self._count("curl_timeout_count")
             raise CurlError(f"curl {method} {url} timed out (execution_timeout {call.timeout_s}s)") from None
@@ -143,21 +169,64 @@ class CurlClient:
             reason = getattr(exc, "reason", exc)
             raise CurlError(f"curl {method} {url} failed: {reason}") from None
         self._count("curl_success_count" if status < 400 else "curl_non_2xx_count")
+        if call.active:  # what the retry policy looks at if the call fails (eventing.core.retry)
+            seen = call.attempt()
+            seen.statuses.add(status)
+            if status in (429, 503):
+                seen.retry_after = max(seen.retry_after, retry_after_s(raw_headers))
         return CurlResponse(status, raw_headers, _decode(payload, raw_headers))
 
     def _exchange(self, binding: UrlBinding, method: str, url: str, data: bytes | None, headers: dict[str, str],
-                  timeout: float) -> tuple[int, dict[str, str], bytes]:
-        """The request with the binding's credentials added: (status, headers, body). In a sandboxed child, a
-        binding with credentials is asked of the host instead, which holds them (HostCurl)."""
-        if binding.auth != "none" and _through_host is not None:
-            hosted = _through_host(binding.alias, method, url, data, headers, timeout)
+                  call: CallContext) -> tuple[int, dict[str, str], bytes]:
+        """The request, once the binding's limits let it start, with its credentials added: (status, headers,
+        body). It may take what is left of the call's execution_timeout (time waited for the limits is not
+        counted), less a margin so the handler sees a CurlError before the worker's watchdog abandons the
+        whole call. In a sandboxed child, a binding with credentials or limits is asked of the host instead,
+        which holds the secrets and the limits' files (HostCurl)."""
+        if (binding.auth != "none" or binding.limited) and _through_host is not None:
+            deadline, left = call.deadline, _left(call)
+            if call.active and binding.limited:
+                call.deadline = deadline + 86_400.0  # the host waits for the limits: not this call's time
+            try:
+                hosted = _through_host(binding.alias, method, url, data, headers, left)
+            finally:
+                if call.active and binding.limited:
+                    call.deadline = deadline
             if hosted[0] == "ok":
+                if len(hosted) > 4:
+                    self._waited(call, float(hosted[4]))
                 return int(hosted[1]), dict(hosted[2]), bytes(hosted[3])
             if hosted[0] == "timeout":
                 raise TimeoutError(hosted[1])
             if hosted[0] == "failed":
                 raise OSError(hosted[1])
             raise CurlError(str(hosted[1]))
+        limit = self.limits.of(binding) if self.limits is not None and binding.limited else None
+        if limit is None:
+            return self._send(binding, method, url, data, headers, _left(call))
+        waited, slot = limit.acquire(call.extend)
+        try:
+            self._waited(call, waited, counted_in_deadline=True)
+            answer = self._send(binding, method, url, data, headers, _left(call))
+        finally:
+            limit.release(slot)
+        if answer[0] in (429, 503):
+            limit.pause(retry_after_s(answer[1]))
+        return answer
+
+    def _waited(self, call: CallContext, seconds: float, counted_in_deadline: bool = False) -> None:
+        """A request waited `seconds` for its binding's limits: counted (backpressure), and not the call's
+        time (a wait in this process moved the deadline as it went; one in a sandbox's host moves it now)."""
+        if seconds <= 0.0005:
+            return
+        if not counted_in_deadline:
+            call.extend(seconds)
+        with self._ops_lock:
+            self.ops[CURL_THROTTLED] += 1
+            self.ops[CURL_THROTTLED_MS] += round(seconds * 1000)
+
+    def _send(self, binding: UrlBinding, method: str, url: str, data: bytes | None, headers: dict[str, str],
+              timeout: float) -> tuple[int, dict[str, str], bytes]:
         secret = self._secrets.get(binding.alias, "")
         if binding.auth == "basic":
             token = base64.b64encode(f"{binding.username}:{secret}".encode()).decode()
@@ -265,11 +334,11 @@ class HostCurl:
     URL. Answers are plain values for the sandbox's line: ("ok", status, headers, body), ("timeout", why),
     ("failed", why) or ("error", why)."""
 
-    def __init__(self, defined: Any, max_response_bytes: int, timeout_s: float):
+    def __init__(self, defined: Any, max_response_bytes: int, timeout_s: float, limits: Limits | None = None):
         bindings, secrets = url_bindings(defined)
         self.timeout_s = timeout_s
-        self.by_alias = {b.alias: b for b in bindings if b.auth != "none"}
-        self.client = CurlClient(CallContext(timeout_s), bindings, max_response_bytes, secrets)
+        self.by_alias = {b.alias: b for b in bindings if b.auth != "none" or b.limited}
+        self.client = CurlClient(CallContext(timeout_s), bindings, max_response_bytes, secrets, limits=limits)
 
     def exchange(self, alias: Any, method: Any, url: Any, data: Any, headers: Any, timeout: Any) -> tuple:
         binding = self.by_alias.get(alias) if isinstance(alias, str) else None
@@ -277,17 +346,30 @@ class HostCurl:
             return ("error", f"curl through URL binding {alias!r} may only call its own URL")
         if not isinstance(headers, dict) or not isinstance(data, bytes | None) or not isinstance(timeout, int | float):
             return ("error", "curl request is not one the sandbox's curl makes")
+        call = CallContext(min(max(0.05, float(timeout)), self.timeout_s))
+        call.begin(_NO_MUTATION, 0)  # the child's call, as far as its remaining time goes
+        deadline = call.deadline  # moved by the time the binding's limits make the request wait
         try:
             status, answer, payload = self.client._exchange(
-                binding, method, url, data, {str(k): str(v) for k, v in headers.items()},
-                min(max(0.05, float(timeout)), self.timeout_s))
+                binding, method, url, data, {str(k): str(v) for k, v in headers.items()}, call)
         except TimeoutError as exc:
             return ("timeout", str(exc))
         except CurlError as exc:
             return ("error", str(exc))
         except (urllib.error.URLError, OSError) as exc:
             return ("failed", str(getattr(exc, "reason", exc)))
-        return ("ok", status, answer, payload)
+        finally:
+            call.active = False
+        return ("ok", status, answer, payload, call.deadline - deadline)
+
+
+_NO_MUTATION: Any = None
+
+
+def _left(call: CallContext) -> float:
+    """The time a request may take: what is left of the call's execution_timeout, less a margin."""
+    left = call.remaining_s()
+    return max(0.05, left - min(0.2, left / 4))
 
 
 def _within(binding: UrlBinding, url: str) -> bool:

@@ -72,10 +72,11 @@ class _Call:
     """The call in flight in one thread's context, as the handler's watchdog sees it (under JsHandler.lock)."""
 
     __slots__ = ("isolate", "running", "stopped", "deadline", "started", "in_host", "memory", "external", "stats",
-                 "args", "base")
+                 "args", "base", "cc")
 
     def __init__(self, isolate: int):
         self.isolate = isolate
+        self.cc: CallContext | None = None  # the runner's call, whose deadline moves while curl waits for a limit
         self.running = False
         self.in_host = False  # in a host call (curl, a binding): no JavaScript runs, the heap does not grow
         self.stopped: str | None = None  # why it was terminated: timeout | memory
@@ -111,6 +112,13 @@ class JavaScriptError(Exception):
     def __init__(self, message: str, js_stack: str = ""):
         super().__init__(message)
         self.js_stack = js_stack
+
+    @property
+    def js_name(self) -> str:
+        """The thrown error's name (`TypeError`, a class of the handler's own): what retry.non_retryable
+        names; "" for a thrown value that is not an Error."""
+        name, sep, _ = str(self).partition(": ")
+        return name if sep and not name.startswith("Uncaught") and " " not in name else ""
 
 
 class JavaScriptMemoryError(JavaScriptError):
@@ -382,6 +390,7 @@ class JsHandler:
         self.source = source
         self.declarations = "\n".join(declarations)
         self.slice_s = min(BATCH_SLICE_S, timeout_s / 10)  # see the module docstring, "Batches"
+        self.key_base = b""  # meta.idempotency_key's (eventing.core.idempotency), set by the runner
         self.on_start: Any = None  # the batch in flight's callback (see batch)
         self.batch_at = 0
         self.module = types.ModuleType(f"eventing_handler_{function}")
@@ -467,6 +476,7 @@ class JsHandler:
             with self.lock:
                 flight.stopped, flight.in_host = None, False
                 flight.deadline, flight.started, flight.running = deadline, now, True
+                flight.cc = cc if cc is not None and cc.active else None
                 if self.watchdog is None:
                     self._start_watchdog()
             setattr(here.locals, "__in", text)
@@ -580,6 +590,11 @@ class JsHandler:
                 if not flight.running:
                     continue
                 deadline = flight.deadline
+                cc = flight.cc
+                if cc is not None and cc.deadline > deadline:  # curl waited for a URL binding's limit
+                    with self.lock:
+                        if flight.running and flight.cc is cc:
+                            flight.deadline = deadline = cc.deadline
                 if now >= deadline:
                     self._stop("timeout", flight, deadline)
                 elif now - flight.started >= WATCH_TICK_S and not flight.in_host:
@@ -662,7 +677,7 @@ class JsOnUpdate(JsFunction):
                 args[0]["datatype"] = datatype
             self.handler.run(CALL, json.dumps(["OnUpdate", value, *args]))
             return
-        if type(meta) is not Meta or rest or meta.previous is not None:
+        if not isinstance(meta, Meta) or rest or meta.previous is not None:
             self.handler.invoke("OnUpdate", (doc, meta, *rest))
             return
         ks = meta.keyspace

@@ -83,6 +83,9 @@ def _make_host(STPyV8: Any, h: JsHandler) -> Any:
         def builtin(self, name, text):
             return guarded(_builtin, name, text)
 
+        def key(self, vb, seq):
+            return guarded(_idempotency_key, h.key_base, vb, seq)
+
     return Host()
 
 
@@ -277,6 +280,12 @@ def _f32(value: float) -> float:
 
 
 # -- what the runner calls ---------------------------------------------------------------------------------
+
+
+def _idempotency_key(base: bytes, vb: Any, seq: Any) -> str:
+    from eventing.core.idempotency import mutation_key
+
+    return mutation_key(base, int(vb), int(seq))
 
 
 def _as_json(value: Any) -> Any:

@@ -224,14 +224,23 @@ function __fail(e) {
   __err = __stringify(__describe(e));
   return 1;
 }
+// meta.idempotency_key: asked of the host when read (eventing.core.idempotency), not made for every call.
+function __idemKey() { return __r(__host.key(this.vb, this.seq)); }
+function __keyed(meta) {
+  if (meta !== null && typeof meta === 'object' && typeof meta.seq === 'number') {
+    Object.defineProperty(meta, 'idempotency_key', {get: __idemKey, enumerable: false, configurable: true});
+  }
+  return meta;
+}
 function __call() {
   var a = JSON.parse(__in);
-  if (a[0] === 'OnUpdate') { a[1] = __docOf(a[1]); if (a.length === 3) { a.push({}); } }
+  if (a[0] === 'OnUpdate') { a[1] = __docOf(a[1]); if (a.length === 3) { a.push({}); } __keyed(a[2]); }
+  else if (a[0] === 'OnDelete') { __keyed(a[1]); }
   try { globalThis[a[0]].apply(null, a.slice(1)); return 0; } catch (e) { return __fail(e); }
 }
 function __update() {
   var a = JSON.parse(__in);
-  try { OnUpdate(a[0], a[1], {}); return 0; } catch (e) { return __fail(e); }
+  try { OnUpdate(a[0], __keyed(a[1]), {}); return 0; } catch (e) { return __fail(e); }
 }
 var __idx = 0;
 function __batch() {
@@ -243,7 +252,7 @@ function __batch() {
     var doc = docs[__idx], meta = {cas: cas[__idx], id: ids[__idx], expiration: exp[__idx], flags: flags[__idx], vb: vb,
                                    seq: seqs[__idx], datatype: 'json', keyspace: Object.assign({}, ks)};
     if (binary) { var bin = __docOf(doc); if (bin !== doc) { doc = bin; meta.datatype = 'binary'; } }
-    try { OnUpdate(doc, meta, {}); } catch (e) { __fail(e); return -1 - __idx; }
+    try { OnUpdate(doc, __keyed(meta), {}); } catch (e) { __fail(e); return -1 - __idx; }
   }
   return n;
 }

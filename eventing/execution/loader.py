@@ -54,18 +54,40 @@ def load_handler(
         ) from None
     on_update = module.__dict__.get("on_update")
     on_delete = module.__dict__.get("on_delete")
-    if on_update is None and on_delete is None and not windowed:
+    on_batch = module.__dict__.get("on_batch")
+    if on_update is None and on_delete is None and on_batch is None and not windowed:
         raise HandlerLoadError(
             f"handler of function '{function}' defines neither on_update(doc, meta) nor on_delete(meta, options); "
-            "define at least one"
+            "define at least one (or on_batch(batch))"
         )
-    for name, fn in (("on_update", on_update), ("on_delete", on_delete), ("on_deploy", module.__dict__.get("on_deploy"))):
+    check_batch_entry(function, on_batch is not None, on_update is not None or on_delete is not None,
+                      "a window" if windowed else None)
+    for name, fn in (("on_update", on_update), ("on_delete", on_delete), ("on_deploy", module.__dict__.get("on_deploy")),
+                     ("on_batch", on_batch)):
         if fn is not None:
             _check_entry_point(function, name, fn)
     return module
 
 
-_ENTRY_POINTS = {"on_update": ("doc", "meta"), "on_delete": ("meta", "options"), "on_deploy": ("action",)}
+_ENTRY_POINTS = {"on_update": ("doc", "meta"), "on_delete": ("meta", "options"), "on_deploy": ("action",),
+                 "on_batch": ("batch",)}
+
+
+def check_batch_entry(function: str, has_batch: bool, has_per_call: bool, refused_by: str | None) -> None:
+    """on_batch(batch) replaces on_update and on_delete (one or the other), and takes no setting that follows
+    the log one mutation at a time (`refused_by`: a window, previous_version, concurrency > 1)."""
+    if not has_batch:
+        return
+    if has_per_call:
+        raise HandlerLoadError(
+            f"handler of function '{function}' defines on_batch(batch) and on_update/on_delete; define on_batch "
+            "alone (it gets updates and deletes) or remove it"
+        )
+    if refused_by:
+        raise HandlerLoadError(
+            f"handler of function '{function}' defines on_batch(batch), which {refused_by} does not take; "
+            "use on_update/on_delete, or remove that setting"
+        )
 
 
 def _check_entry_point(function: str, name: str, fn: Any) -> None:

@@ -24,11 +24,14 @@ import msgpack
 
 from eventing import handler as handler_api
 from eventing.core.definition import FunctionDefinition
+from eventing.core.idempotency import key_base, key_of
 from eventing.core.keyspaces import key_prefix
 from eventing.core.mutation import OP_EXPIRE, OP_TIMER, OP_UPDATE, Mutation
+from eventing.core.retry import attempts_text, error_names
 from eventing.execution.bindings import BucketBinding, ConcurrentEffectBuffer, EffectBuffer
 from eventing.execution.context import CallContext, HandlerTimeout  # noqa: F401 - HandlerTimeout: its older home
 from eventing.execution.curl import CurlClient, url_bindings
+from eventing.execution.limits import Limits
 from eventing.execution.loader import load_handler
 from eventing.execution.timers import ConcurrentTimerTable, TimerTable
 from eventing.execution.wildcard_bindings import WildcardBinding
@@ -39,7 +42,7 @@ from eventing.storage.state import AppLogWriter as AppLogSink
 from eventing.storage.state import StateLike, as_state
 
 HandlerKind = Literal["on_update", "on_delete", "timer"]
-FailureStatus = Literal["error", "timeout", "quit"]
+FailureStatus = Literal["error", "timeout", "quit", "expired"]
 Invoke = Callable[..., Any]  # invoke(fn, *args): a plain call, or pdb's runcall in the debugger
 
 
@@ -76,7 +79,8 @@ _new_call = new_call = tuple.__new__
 
 @dataclass
 class Failure:
-    """A handler call that did not return: its writes were discarded."""
+    """A handler call that did not return: its writes were discarded. `traceback` ends with every attempt's
+    error when there was more than one (eventing.core.retry.attempts_text)."""
 
     status: FailureStatus
     kind: HandlerKind
@@ -84,6 +88,18 @@ class Failure:
     traceback: str
     attempts: int
     first_failed_at: float
+
+
+class Tried:
+    """The failed attempts of a call so far: when the first failed, each one's error, and how long to wait
+    before the next (the retry policy's backoff, or a server's Retry-After)."""
+
+    __slots__ = ("first_failed", "errors", "delay_s")
+
+    def __init__(self, first_failed: float):
+        self.first_failed = first_failed
+        self.errors: list[tuple[int, float, str]] = []
+        self.delay_s = 0.0
 
 
 @dataclass(frozen=True)
@@ -107,10 +123,16 @@ class HandlerRunner:
         source: AnyBucket,
         open_bucket: Callable[[str], AnyBucket],
         app_log: AppLogSink | None = None,
+        *,
+        limit_share: float = 1.0,
     ):
         self.function = function
         self.defn = defn
+        self.policy = defn.retry_policy
         self.source = source
+        # Idempotency keys (eventing.core.idempotency): meta.idempotency_key, and curl's header.
+        self.key_base = key_base(function, source.uuid)
+        self.meta_type: type[Meta] = type("Meta", (Meta,), {"__slots__": (), "key_base": self.key_base})
         self.buckets: dict[str, AnyBucket] = {source.name: source}
         self.bindings: list[BucketBinding] = []
         injected: dict[str, object] = dict(defn.constants)
@@ -144,7 +166,11 @@ class HandlerRunner:
         self.app_log = app_log
         injected["log"] = FunctionLog(function, self.app_log, self.context)
         urls, secrets = url_bindings(defn.url_bindings)  # the handler sees no secret: curl adds it
-        self.curl = CurlClient(self.context, urls, defn.curl_max_response_bytes, secrets)
+        # The URL bindings' limits, shared with every process running the function on this machine, which
+        # takes `limit_share` of them (eventing.execution.limits).
+        self.limits = Limits(function, source.uuid, limit_share)
+        self.curl = CurlClient(self.context, urls, defn.curl_max_response_bytes, secrets, keys=self.call_key,
+                               limits=self.limits)
         injected["curl"] = self.curl
         injected.update({u.alias: u for u in urls})
         injected["create_timer"] = self.timers.create_timer
@@ -154,9 +180,23 @@ class HandlerRunner:
             timeout_s=self.timeout_s, heap_limit_mb=defn.js_heap_limit_mb,
         )
         self.module = module
+        js = module.__dict__.get("__js_handler__")
+        if js is not None:
+            js.key_base = self.key_base  # a JavaScript meta's idempotency_key
         self.timers.module = module.__dict__
         self.on_update = module.__dict__.get("on_update")
         self.on_delete = module.__dict__.get("on_delete")
+        # on_batch(batch) instead of on_update and on_delete (eventing.execution.batch): a worker hands it
+        # many mutations at once (eventing.workers.batch_calls); anyone else calls it with a batch of one.
+        self.on_batch = module.__dict__.get("on_batch")
+        if self.on_batch is not None and (self.concurrent or defn.previous_version):
+            from eventing.errors import HandlerLoadError
+
+            raise HandlerLoadError(
+                f"handler of function '{function}' defines on_batch(batch), which "
+                f"{'concurrency > 1' if self.concurrent else 'previous_version'} does not take; use on_update/"
+                "on_delete, or remove that setting"
+            )
         self.keyspace = defn.source_keyspace.to_meta()  # meta.keyspace (the worker sets it per collection for `*`)
         self.max_bytes = defn.max_document_bytes
         # previous_version: key -> the bytes of its latest version seen here (None: deleted), so only the
@@ -179,12 +219,24 @@ class HandlerRunner:
     # -- one mutation ---------------------------------------------------------------------------------
 
     def meta(self, m: Mutation) -> Meta:
-        return Meta(m.key, m.cas, m.vb, m.seqno, m.expiry, m.flags, "json", self.keyspace)
+        return self.meta_type(m.key, m.cas, m.vb, m.seqno, m.expiry, m.flags, "json", self.keyspace)
+
+    def call_key(self, context: CallContext) -> str | None:
+        """The idempotency key of the call running in `context`: its mutation's or fired timer's, an
+        on_batch call's outside its items, None outside a call of a mutation (on_deploy)."""
+        if context.batch is not None:
+            return context.batch.idempotency_key
+        m = context.mutation
+        if m is None or not m.key:
+            return None
+        return key_of(self.key_base, m)
 
     def prepare(self, m: Mutation, keyspace: Any = None) -> HandlerCall | Rejection:
         """What `m` needs: the handler call with its arguments, or why it gets none. Updates are decoded
         here, once, and checked against max_document_bytes. `keyspace` is meta.keyspace when it is not
         the runner's current one (a call prepared on another thread than the one reading the source)."""
+        if self.on_batch is not None and m.op != OP_TIMER:
+            return self._prepare_batch_of_one(m)
         if m.op == OP_UPDATE:
             if self.on_update is None and not self.windowed:
                 return NO_HANDLER
@@ -198,7 +250,7 @@ class HandlerRunner:
                 return Rejection("undecodable", f"{type(exc).__name__}: {exc}")
             if self.on_update is None:
                 return _new_call(HandlerCall, ("on_update", None, (), doc))
-            meta = Meta(m.key, m.cas, m.vb, m.seqno, m.expiry, m.flags, "json", keyspace or self.keyspace)
+            meta = self.meta_type(m.key, m.cas, m.vb, m.seqno, m.expiry, m.flags, "json", keyspace or self.keyspace)
             if self.previous is not None:
                 meta.previous = self._previous_version(m)
             return _new_call(HandlerCall, ("on_update", self.on_update, (doc, meta), doc))
@@ -212,11 +264,42 @@ class HandlerRunner:
                 self.seen(m)
         if self.on_delete is None:
             return NO_HANDLER
-        meta = Meta(m.key, m.cas, m.vb, m.seqno, m.expiry, m.flags, "json", keyspace or self.keyspace)
+        meta = self.meta_type(m.key, m.cas, m.vb, m.seqno, m.expiry, m.flags, "json", keyspace or self.keyspace)
         if self.previous is not None:
             meta.previous = previous
         args = (meta, DeleteOptions(expired=m.op == OP_EXPIRE))
         return _new_call(HandlerCall, ("on_delete", self.on_delete, args, None))
+
+    def _prepare_batch_of_one(self, m: Mutation) -> HandlerCall | Rejection:
+        """An on_batch handler's call on one mutation (the same checks as on_update's)."""
+        if m.op != OP_UPDATE:
+            return _new_call(HandlerCall, ("on_delete", self._batch_of_one, (m,), None))
+        if m.doc is not None and len(m.doc) > self.max_bytes:
+            return Rejection("oversize", f"document is {len(m.doc)} bytes; max_document_bytes is {self.max_bytes}")
+        try:
+            doc = msgpack.unpackb(m.doc, raw=False)
+        except Exception as exc:  # noqa: BLE001 - any decode failure is the document's fault
+            return Rejection("undecodable", f"{type(exc).__name__}: {exc}")
+        return _new_call(HandlerCall, ("on_update", self._batch_of_one, (m,), doc))
+
+    def _batch_of_one(self, m: Mutation) -> None:
+        """on_batch with a batch of `m` alone, as a call: it raises when the item is reported failed, and
+        leaves the item's writes as the call's (to be kept or discarded by the caller)."""
+        from eventing.execution.batch import Batch, BatchItemFailed, BatchScope, failed_items
+
+        batch = Batch.of_rows(self, [(m.vb, [m])])
+        scope = BatchScope(self, batch)
+        try:
+            failed = failed_items(self.on_batch(batch), batch)  # type: ignore[misc]
+        finally:
+            scope.end()
+        if failed:
+            scope.discard()
+            error = failed[0]
+            if isinstance(error, Exception):
+                raise error
+            raise BatchItemFailed(str(error) if error else "on_batch reported the item failed")
+        scope.restore(0)
 
     def _previous_version(self, m: Mutation) -> dict | None:
         cache = self.previous
@@ -262,21 +345,21 @@ class HandlerRunner:
         *,
         epoch: int = 0,
         attempts: int = 1,
-        backoff_s: float = 0.0,
         timeout_s: float | None = None,
         invoke: Invoke | None = None,
         on_retry: Callable[[], None] | None = None,
         first_attempt: int = 1,
-        first_failed: float = 0.0,
+        tried: Tried | None = None,
     ) -> Failure | None:
         """Run the handler; None when it returned (its writes kept under `epoch`), else the failure.
 
-        An error is retried up to `attempts` times in all, sleeping backoff_s * 2**(n-1) between them; a
+        An error is retried up to `attempts` times in all, as the function's retry policy says (the wait
+        between attempts, the errors not worth another, the age past which the mutation expires); a
         timeout is not retried (a handler that hung once will likely hang again). With `timeout_s` a
         one-shot SIGALRM bounds the call; a worker passes None and arms its own per-step watchdog, which
         reads the call context (`context`). A KeyboardInterrupt discards the call's writes and propagates.
-        `first_attempt`/`first_failed` continue the attempts of a call whose first one ran elsewhere
-        (see retry_after).
+        `first_attempt`/`tried` continue the attempts of a call whose first one ran elsewhere (see
+        retry_after).
         """
         assert call.fn is not None
         fn, args = call.fn, call.args
@@ -293,13 +376,13 @@ class HandlerRunner:
                         (invoke or _plain_call)(fn, *args)
             except BaseException as exc:
                 context.active = False
-                outcome = self.failed(exc, call, attempt, attempts, first_failed)
+                outcome = self.failed(exc, m, call, attempt, attempts, tried)
                 if isinstance(outcome, Failure):
                     return outcome
-                first_failed = outcome
+                tried = outcome
                 if on_retry is not None:
                     on_retry()
-                time.sleep(backoff_s * (2 ** (attempt - 1)))
+                time.sleep(outcome.delay_s)
                 continue
             finally:
                 context.active = False
@@ -322,45 +405,56 @@ class HandlerRunner:
         *,
         epoch: int,
         attempts: int,
-        backoff_s: float,
         on_retry: Callable[[], None] | None = None,
     ) -> Failure | None:
         """`call`'s first attempt, made by the caller itself (a worker's inlined hot loop), raised `exc`:
         what call() would have done from there. Call it inside the `except` block (for the traceback)."""
-        outcome = self.failed(exc, call, 1, attempts, 0.0)
+        outcome = self.failed(exc, m, call, 1, attempts, None)
         if isinstance(outcome, Failure):
             return outcome
         if on_retry is not None:
             on_retry()
-        time.sleep(backoff_s)
+        time.sleep(outcome.delay_s)
         return self.call(
-            m, call, epoch=epoch, attempts=attempts, backoff_s=backoff_s, on_retry=on_retry,
-            first_attempt=2, first_failed=outcome,
+            m, call, epoch=epoch, attempts=attempts, on_retry=on_retry, first_attempt=2, tried=outcome,
         )
 
     def failed(
-        self, exc: BaseException, call: HandlerCall, attempt: int, attempts: int, first_failed: float
-    ) -> Failure | float:
+        self, exc: BaseException, m: Mutation, call: HandlerCall, attempt: int, attempts: int, tried: Tried | None
+    ) -> Failure | Tried:
         """Attempt `attempt` raised `exc` (inside its `except` block): its writes are discarded; the
-        Failure to report, or the time of the first failure when another attempt is due."""
+        Failure to report, or the attempts so far (with the wait before the next) when another is due. The
+        retry policy decides (eventing.core.retry): an error it names non-retryable (or an HTTP status curl
+        got in the attempt) fails at once, and a mutation past max_event_age fails as `expired`."""
         self._discard()
-        if isinstance(exc, HandlerTimeout):
-            return Failure(
-                "timeout", call.kind, f"{call.kind} ran longer than execution_timeout ({self.timeout_s}s)", "",
-                attempt, first_failed or time.time(),
-            )
+        now = time.time()
         if isinstance(exc, HandlerQuit):
-            return Failure("quit", call.kind, "", "", attempt, time.time())
-        if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: not the handler's data
+            return Failure("quit", call.kind, "", "", attempt, now)
+        if isinstance(exc, HandlerTimeout):
+            error, stack = f"{call.kind} ran longer than execution_timeout ({self.timeout_s}s)", ""
+        elif not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: not the handler's data
             raise exc
-        first_failed = first_failed or time.time()
-        if attempt < attempts:
-            return first_failed
-        # A JavaScript handler's error carries JavaScript's stack (eventing.execution.javascript).
-        stack = getattr(exc, "js_stack", None)
-        return Failure(
-            "error", call.kind, f"{type(exc).__name__}: {exc}", stack or traceback.format_exc(), attempt, first_failed
-        )
+        else:
+            # A JavaScript handler's error carries JavaScript's stack (eventing.execution.javascript).
+            error, stack = f"{type(exc).__name__}: {exc}", getattr(exc, "js_stack", None) or traceback.format_exc()
+        tried = tried or Tried(now)
+        tried.errors.append((attempt, now, error))
+        status: FailureStatus = "timeout" if isinstance(exc, HandlerTimeout) else "error"
+        if status == "error":
+            policy = self.policy
+            statuses, retry_after = self.context.here().seen()
+            refused = policy.refuses(error_names(exc), statuses)
+            if refused is not None:
+                error += f" (non_retryable: {refused})"
+            elif attempt < attempts:
+                tried.delay_s = policy.backoff(attempt, retry_after)
+                if not policy.expired(m.cas if m.op == OP_TIMER else m.arrival_ms, tried.delay_s, now):
+                    return tried
+                status = "expired"
+                error = f"{error} (older than retry.max_event_age, not retried)"
+        if len(tried.errors) > 1:
+            stack = f"{stack.rstrip()}\n{attempts_text(tried.errors)}" if stack else attempts_text(tried.errors)
+        return Failure(status, call.kind, error, stack, attempt, tried.first_failed)
 
     def _discard(self) -> None:
         for b in self.rw_bindings:
@@ -395,6 +489,7 @@ class HandlerRunner:
             js.close()
         for bucket in self.buckets.values():
             bucket.close()
+        self.limits.close()
         if self.app_log is not None:
             self.app_log.close()
 

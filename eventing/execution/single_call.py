@@ -13,7 +13,9 @@ from eventing.core.mutation import Mutation
 from eventing.execution.runner import HandlerCall, HandlerRunner, Invoke, Rejection
 from eventing.handler import Meta
 
-Status = Literal["ok", "no_handler", "filtered", "error", "timeout", "undecodable", "oversize", "quit", "timer_error"]
+Status = Literal[
+    "ok", "no_handler", "filtered", "error", "timeout", "undecodable", "oversize", "quit", "timer_error", "expired"
+]
 
 
 @dataclass

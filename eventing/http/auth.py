@@ -73,6 +73,8 @@ class ServerConfig:
     read_token: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY
     cors_origins: tuple[str, ...] = field(default_factory=tuple)  # closed unless listed
+    # How long the Data API keeps the answer of a write sent with an Idempotency-Key (eventing.http.dataapi_idempotency).
+    idempotency_retention_s: float = 24 * 3600.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "state", as_state(self.state))  # a location given is opened here

@@ -45,6 +45,8 @@ from eventing.http.auth import (
     ServerConfig,
 )
 from eventing.http.dataapi_errors import ApiError, bad, not_allowed, retry_after
+from eventing.http.dataapi_idempotency import HEADER as IDEMPOTENCY_HEADER
+from eventing.http.dataapi_idempotency import IdempotencyRecords
 from eventing.http.dataapi_load import LOAD_PREFIX, serve_load
 from eventing.http.dataapi_requests import (
     DOCUMENT_OPS,
@@ -80,6 +82,8 @@ class DataApi:
         self.app = app
         self.config = config
         self.buckets = shared_buckets(config.state)  # shared with the KV port (eventing.kv)
+        # Writes sent with an Idempotency-Key: their answers, kept for the retention window.
+        self.idempotency = IdempotencyRecords(config.state, config.idempotency_retention_s)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not serves(scope["path"]):
@@ -137,13 +141,19 @@ class DataApi:
         if method not in allowed.split(", ") and not (method == "HEAD" and not op):
             raise not_allowed(method, allowed)
         ks = Keyspace(bucket, scope_name, collection)
-        self.check(scope, headers, DATA_READ if method in ("GET", "HEAD") else DATA_WRITE, ks)
+        caller = self.check(scope, headers, DATA_READ if method in ("GET", "HEAD") else DATA_WRITE, ks)
         key_bytes = len(key.encode())
         if not 1 <= key_bytes <= MAX_KEY_BYTES:
             raise bad(f"Length of document key '{key[:60]}' is {key_bytes} bytes; a key is 1 to {MAX_KEY_BYTES} bytes")
         body = await read_body(receive, headers)
         req = DocRequest(ks, key, "GET" if method == "HEAD" else method, op, headers,
                          scope.get("query_string", b"").decode("latin-1"), body)
+        idempotency_key = headers.get(IDEMPOTENCY_HEADER)
+        if idempotency_key is not None and method not in ("GET", "HEAD"):  # a retried write: its first answer
+            return await self.idempotency.answer(
+                caller, idempotency_key, (method, raw_path.split(b"?")[0].decode("latin-1"), req.query, body),
+                lambda: self.buckets.submit(req),
+            )
         status, out_headers, out, ctype = await self.buckets.submit(req)
         return status, out_headers, (b"" if method == "HEAD" else out), ctype
 

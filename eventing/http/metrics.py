@@ -99,6 +99,9 @@ class EventingCollector:
         fam.fenced.add_metric([name, "effect"], c.get(names.EFFECTS_FENCED, 0))
         fam.fenced.add_metric([name, "checkpoint"], c.get(names.FENCED_CHECKPOINT_WRITES, 0))
         fam.throughput.add_metric([name], c.get("throughput_mps", 0.0))
+        fam.retries.add_metric([name], c.get(names.RETRIES, 0))
+        fam.curl_throttled.add_metric([name], c.get(names.CURL_THROTTLED, 0))
+        fam.curl_throttled_seconds.add_metric([name], c.get(names.CURL_THROTTLED_MS, 0) / 1000)
         cumulative = 0.0
         buckets = []
         for bound in names.LATENCY_BOUNDS_US:
@@ -176,6 +179,13 @@ class _Families:
         self.fenced = CounterMetricFamily("eventing_fenced_writes", "writes of a stale owner rejected by epoch",
                                           labels=[*f, "kind"])
         self.owned = GaugeMetricFamily("eventing_vbuckets_owned", "vBuckets held by live workers", labels=f)
+        self.retries = CounterMetricFamily("eventing_handler_retries", "handler attempts made again after a failure "
+                                           "(the retry policy)", labels=f)
+        self.curl_throttled = CounterMetricFamily(
+            "eventing_curl_throttled", "curl requests that waited for their URL binding's rate_limit, max_in_flight "
+            "or a server's Retry-After (backpressure)", labels=f)
+        self.curl_throttled_seconds = CounterMetricFamily(
+            "eventing_curl_throttled_seconds", "time curl requests waited for their URL bindings' limits", labels=f)
         self.throughput = GaugeMetricFamily("eventing_throughput_mutations_per_second",
                                             "mutations handled per second, as the service last measured", labels=f)
         self.mirror_lag_bytes = GaugeMetricFamily("eventing_mirror_lag_bytes", "WAL a mirror has yet to apply",

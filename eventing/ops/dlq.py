@@ -47,6 +47,7 @@ from typing import Any, cast
 import msgpack
 
 from eventing.core.mutation import OP_NAMES, Mutation, unpack_mutation
+from eventing.core.retry import parse_attempts
 from eventing.errors import ConfigError, NotFoundError, fix
 from eventing.execution.runner import HandlerRunner, writes_by_bucket
 from eventing.execution.single_call import run_once
@@ -58,7 +59,9 @@ from eventing.workers.sandbox import SandboxedRunner, open_runner
 from metadata import DlqRow, MetadataStore
 from sharding import NUM_VBUCKETS, validate_key
 
-REPLAYABLE_REASONS = frozenset({"error", "timeout", "crashed", "undecodable", "oversize", "timer_error", "cas_mismatch"})
+REPLAYABLE_REASONS = frozenset({
+    "error", "timeout", "crashed", "undecodable", "oversize", "timer_error", "cas_mismatch", "expired",
+})
 # Every reason a row can have: handler work (above), window rows (`late`, `bad_event_time`) and the rows the
 # arrival-time policies drop (eventing.windows.semantics.arrival.DROP_REASONS).
 DLQ_REASONS = REPLAYABLE_REASONS | {"late", "bad_event_time", "early", "late_arrival", "out_of_order", "no_substream_key"}
@@ -153,6 +156,7 @@ def row_view(row: DlqRow, *, full: bool = False) -> dict[str, Any]:
     }
     if full:
         view["traceback"] = row.traceback
+        view["attempt_errors"] = parse_attempts(row.traceback)  # every attempt's, when there was more than one
         view["mutation"] = _mutation_view(row.mutation)
     return view
 

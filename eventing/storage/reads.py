@@ -225,7 +225,9 @@ class BucketReads:
                 "group_concat(CASE WHEN op != 0 THEN seqno END), "
                 "CAST(group_concat(CASE WHEN op = 0 THEN key END, char(0)) AS BLOB), "
                 "CAST(group_concat(doc, '') AS BLOB), "
-                "min(CASE WHEN op = 0 THEN arrival_ms END), max(CASE WHEN op = 0 THEN arrival_ms END) "
+                "min(CASE WHEN op = 0 THEN arrival_ms END), max(CASE WHEN op = 0 THEN arrival_ms END), "
+                "CAST(group_concat(CASE WHEN op != 0 THEN key END, char(0)) AS BLOB), "
+                "group_concat(CASE WHEN op != 0 THEN op END) "
                 # A range scan of the primary key feeds the aggregates in (vb, seqno) order. (Before SQLite
                 # 3.44 group_concat takes no ORDER BY; a sorted subquery would cost a third more.)
                 "FROM log WHERE vb = ?1 AND seqno > ?2 AND seqno <= ?3",
@@ -233,7 +235,7 @@ class BucketReads:
             ).fetchone()
         except sqlite3.DataError:  # the concatenation is over SQLite's length limit (huge documents)
             return None
-        count, last, docs_count, own, others, keys, docs, first_arrival, last_arrival = row
+        count, last, docs_count, own, others, keys, docs, first_arrival, last_arrival, other_keys, other_ops = row
         if not count or last - after_seqno != count or own:
             return None
         other_seqnos = [int(s) for s in others.split(",")] if others else []
@@ -251,6 +253,7 @@ class BucketReads:
         return PackedUpdates(
             vb, after_seqno, last, other_seqnos, docs_count, keys or b"", docs or b"",
             first_arrival or 0, last_arrival or 0, arrivals,
+            other_keys or b"", [int(o) for o in other_ops.split(",")] if other_ops else None,
         )
 
     def first_arrival_after(self, positions: dict[int, int]) -> int | None:

@@ -63,7 +63,7 @@ class Write(NamedTuple):
 @dataclass(frozen=True)
 class PackedUpdates:
     """Log entries ``(after_seqno, last_seqno]`` of one vBucket (contiguous seqnos) in bulk: the seqnos of
-    its deletes and expirations, then its updates' keys (UTF-8, joined by NUL bytes) and documents
+    its deletes and expirations (with their keys and operations), then its updates' keys (UTF-8, joined by NUL bytes) and documents
     (msgpack values back to back), in seqno order."""
 
     vb: int
@@ -78,6 +78,10 @@ class PackedUpdates:
     arrival_min_ms: int = 0
     arrival_max_ms: int = 0
     arrivals: list[int] | None = None
+    # The deletes' and expirations' keys (joined by NUL bytes) and operations, as other_seqnos orders them;
+    # None where the reader does not give them (a batch handler then reads the rows).
+    other_keys: bytes = b""
+    other_ops: list[int] | None = None
 
     @property
     def count(self) -> int:

@@ -34,10 +34,36 @@ from functions import FUNCTIONS_DIR
 # The ledger handler is the example function fn_ledger (functions/fn_ledger.py, fn_ledger.json), one copy.
 LEDGER_HANDLER = (FUNCTIONS_DIR / "fn_ledger.py").read_text()
 
+# The ledger handler as on_batch(batch): the same effects per mutation, SLEEP_MS once a batch. Items whose
+# document's rev is a multiple of the constant FAIL_EVERY (0: none) are reported failed at their first
+# FAIL_ATTEMPTS attempts in this process.
+BATCH_LEDGER_HANDLER = (FUNCTIONS_DIR / "fn_ledger.py").read_text().split("def on_update")[0] + '''
+tries = {}
+
+
+def on_batch(batch):
+    if SLEEP_MS:
+        import time
+        time.sleep(SLEEP_MS / 1000)  # a batch's bulk request
+    failed = []
+    for item in batch:
+        meta, doc = item.meta, item.doc
+        if FAIL_EVERY and doc is not None and doc.get("rev", 0) % FAIL_EVERY == 0:
+            tries[(meta.id, meta.seq)] = tries.get((meta.id, meta.seq), 0) + 1
+            if tries[(meta.id, meta.seq)] <= FAIL_ATTEMPTS:
+                failed.append((item, f"rev {doc['rev']} declined"))
+                continue
+        if item.deleted:
+            _record(meta, "expire" if item.expired else "delete", None)
+        else:
+            _record(meta, "update", doc.get("rev"))
+    return failed
+'''
+
 # The ledger check and its report live in eventing.ops.verify (`eventing verify` uses them too).
 LedgerReport = VerifyReport
 __all__ = [
-    "LEDGER_HANDLER", "CallLogFigures", "LedgerReport", "call_log_figures", "check_ledger", "ledger_definition",
+    "BATCH_LEDGER_HANDLER", "LEDGER_HANDLER", "CallLogFigures", "LedgerReport", "call_log_figures", "check_ledger", "ledger_definition",
     "read_call_log",
 ]
 

@@ -22,6 +22,19 @@ def on_delete(meta, options):
 '''
 
 
+# W1 as a batch handler (on_batch): the same dict, made from the batch's columns in one pass.
+TRIVIAL_BATCH_HANDLER = '''
+seen = {}
+
+def on_batch(batch):
+    for key, doc in zip(batch.keys, batch.docs):
+        if doc is None:
+            seen.pop(key, None)
+        else:
+            seen[key] = doc.get("rev")
+'''
+
+
 def load_bench_bucket(
     data_dir: StateLike, name: str, documents: int, mutations: int, *, seed: int = 7, chunk: int = 50_000
 ) -> FileBucket:

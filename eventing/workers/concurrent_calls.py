@@ -317,8 +317,8 @@ class ConcurrentCalls:
     ) -> Failure | None:
         core = self.core
         runner, rw = core.runner, core.rw_bindings
-        attempts, backoff_s = core._attempts, core._backoff_s
-        first_failed = 0.0
+        attempts = core._attempts
+        tried = None
         assert call.fn is not None
         fn, args = call.fn, call.args
         for attempt in range(1, attempts + 1):
@@ -330,7 +330,7 @@ class ConcurrentCalls:
                     fn(*args)
                 except BaseException as exc:
                     lane.finish()
-                    outcome = runner.failed(exc, call, attempt, attempts, first_failed)
+                    outcome = runner.failed(exc, m, call, attempt, attempts, tried)
                 else:
                     lane.finish()
                     with self._keeping:  # one call's writes join the shared groups at a time
@@ -338,12 +338,12 @@ class ConcurrentCalls:
                     return None
             except HandlerTimeout as exc:  # raised as the call ended, before the lane finished: it overran
                 lane.finish()
-                outcome = runner.failed(exc, call, attempt, attempts, first_failed)
+                outcome = runner.failed(exc, m, call, attempt, attempts, tried)
             if isinstance(outcome, Failure):
                 return outcome
-            first_failed = outcome
+            tried = outcome
             counts[counter_names.RETRIES] += 1
-            time.sleep(backoff_s * (2 ** (attempt - 1)))
+            time.sleep(outcome.delay_s)
         raise AssertionError("unreachable: attempts >= 1")
 
     def _watch(self) -> None:

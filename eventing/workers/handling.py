@@ -30,7 +30,7 @@ from eventing.execution.runner import (
     new_call,
 )
 from eventing.execution.timers import TimerTable
-from eventing.handler import DeleteOptions, Meta
+from eventing.handler import DeleteOptions
 from eventing.storage.protocol import Bucket
 from eventing.windows.runtime.row_writer import WindowRowWriter
 from eventing.workers.crash_guard import CRASHED, CrashGuard
@@ -59,7 +59,6 @@ class WorkerHandling:
     max_bytes: int
     timeout_s: float
     _attempts: int
-    _backoff_s: float
     _success: dict[str, str]
     positions: dict[int, int]
     epochs: dict[int, int]
@@ -128,7 +127,7 @@ class WorkerHandling:
             return len(rows)
         if self._batch is not None:
             return self._handle_batched(vb, position, rows)
-        on_update, on_delete, rw, timers = self.on_update, runner.on_delete, self.rw_bindings, self.timers
+        on_update, on_delete, rw, timers, meta_type = self.on_update, runner.on_delete, self.rw_bindings, self.timers, runner.meta_type
         keyspace, max_bytes, epoch, unpack, monotonic = runner.keyspace, self.max_bytes, self.epochs[vb], msgpack.unpackb, time.monotonic
         context, timeout_s = runner.context, self.timeout_s  # CallContext.begin, inlined below
         context.epoch = epoch
@@ -149,7 +148,7 @@ class WorkerHandling:
                         pass
                     else:
                         kind, fn = "on_update", on_update
-                        args: tuple = (doc, Meta(key, cas, vb, seqno, expiry, flags, "json", keyspace))
+                        args: tuple = (doc, meta_type(key, cas, vb, seqno, expiry, flags, "json", keyspace))
             elif op == OP_DELETE or op == OP_EXPIRE:
                 doc = None
                 if on_delete is None:
@@ -157,7 +156,7 @@ class WorkerHandling:
                     position = positions[vb] = seqno
                     continue
                 kind, fn = "on_delete", on_delete
-                args = (Meta(key, cas, vb, seqno, expiry, flags, "json", keyspace), DeleteOptions(expired=op == OP_EXPIRE))
+                args = (meta_type(key, cas, vb, seqno, expiry, flags, "json", keyspace), DeleteOptions(expired=op == OP_EXPIRE))
             if fn is None:
                 self._handle(m)
             else:
@@ -173,8 +172,7 @@ class WorkerHandling:
                     context.active = False
                     call = new_call(HandlerCall, (kind, fn, args, doc))
                     failure = runner.retry_after(
-                        exc, m, call, epoch=epoch, attempts=self._attempts, backoff_s=self._backoff_s,
-                        on_retry=self._count_retry,
+                        exc, m, call, epoch=epoch, attempts=self._attempts, on_retry=self._count_retry,
                     )
                     self.counters[counter_names.MUTATIONS_SEEN] += 1
                     self._outcome(m, call, failure)
@@ -273,14 +271,13 @@ class WorkerHandling:
                 batch, docs = batch[done:], docs[done:]
                 continue
             m, doc = batch[done], docs[done]
-            meta = Meta(m[2], m[4], vb, m[1], m[7], m[8], "json", keyspace)
+            meta = runner.meta_type(m[2], m[4], vb, m[1], m[7], m[8], "json", keyspace)
             call = new_call(HandlerCall, ("on_update", self.on_update, (doc, meta), doc))
             try:
                 raise failed
             except BaseException as exc:  # noqa: BLE001 - the runner's failure path decides
                 failure = runner.retry_after(
-                    exc, m, call, epoch=epoch, attempts=self._attempts, backoff_s=self._backoff_s,
-                    on_retry=self._count_retry,
+                    exc, m, call, epoch=epoch, attempts=self._attempts, on_retry=self._count_retry,
                 )
             self.counters[counter_names.MUTATIONS_SEEN] += 1
             self._outcome(m, call, failure)
@@ -332,8 +329,7 @@ class WorkerHandling:
             if call.fn is None:  # a window-only function: the row is the whole effect
                 return  # counted as window_rows_written (no handler ran, so no on_update_success)
         failure = self.runner.call(
-            m, call, epoch=self.epochs[m.vb], attempts=self._attempts, backoff_s=self._backoff_s,
-            on_retry=self._count_retry,
+            m, call, epoch=self.epochs[m.vb], attempts=self._attempts, on_retry=self._count_retry,
         )
         self._outcome(m, call, failure)
 
@@ -344,9 +340,10 @@ class WorkerHandling:
         elif failure.status == "timeout":
             c[counter_names.handler_outcome(call.kind, "timeout")] += 1
             self._dead_letter(m, "timeout", failure.error, "", failure.attempts)
-        else:
+        else:  # error, or expired (retry.max_event_age)
             c[counter_names.handler_outcome(call.kind, "failure")] += 1
-            self._dead_letter(m, "error", failure.error, failure.traceback, failure.attempts, failure.first_failed_at)
+            self._dead_letter(m, failure.status, failure.error, failure.traceback, failure.attempts,
+                              failure.first_failed_at)
 
     def _count_retry(self) -> None:
         self.counters[counter_names.RETRIES] += 1

@@ -306,8 +306,8 @@ class SandboxedCore(_Sandboxed):
         notes_fd = open_notes_file(spec.location, spec.function, spec.worker_id,
                                    access.state.directory if access.local else None)
         try:
-            self._start(spec.function, defn, ScopedService(spec.function, defn, backend),
-                        private=_private(spec.location), notes_fd=notes_fd)
+            service = ScopedService(spec.function, defn, backend, limit_share=1 / max(1, spec.machines))
+            self._start(spec.function, defn, service, private=_private(spec.location), notes_fd=notes_fd)
         finally:
             if notes_fd is not None:
                 os.close(notes_fd)  # the child has its own

@@ -35,9 +35,10 @@ class ScopedService:
     binding's collection; log rows of the source bucket's other collections reach the worker without
     their key's user part, document or origin (it passes them over, as it would anyway)."""
 
-    def __init__(self, function: str, defn: Any, backend: Any):
+    def __init__(self, function: str, defn: Any, backend: Any, *, limit_share: float = 1.0):
         self.function = function
         self.backend = backend
+        self.limit_share = limit_share  # of the URL bindings' limits on this machine (eventing.execution.limits)
         self.defn = defn  # as stored, with its URL bindings' secrets: they stay in this process (host_curl)
         self._curl: Any = None
         self.readable = {defn.source_bucket} | {b.bucket for b in defn.bindings}
@@ -75,9 +76,14 @@ class ScopedService:
         has no secret (its definition comes masked) and asks for them by alias (eventing.execution.curl)."""
         if self._curl is None:
             from eventing.execution.curl import HostCurl
+            from eventing.execution.limits import Limits
 
+            limits = None
+            if any(u.get("rate_limit") or u.get("max_in_flight") for u in self.defn.url_bindings):
+                uuid = self.backend.call("bucket_info", self.defn.source_bucket)[1]
+                limits = Limits(self.function, uuid, self.limit_share)
             self._curl = HostCurl(self.defn.url_bindings, self.defn.curl_max_response_bytes,
-                                  self.defn.execution_timeout.total_seconds())
+                                  self.defn.execution_timeout.total_seconds(), limits)
         return self._curl
 
     # -- collections ------------------------------------------------------------------------------------

@@ -41,6 +41,9 @@ class WorkerReads(WorkerHandling):
     _rotor: int
     _resume_vb: int | None
     _scan_per_kept: float
+    # A run of one vBucket read in bulk by an on_batch worker (eventing.workers.batch_calls): how many log
+    # entries it took, 0 to leave them to the rows. None: every run is read as rows.
+    _take_packed: Callable[[int, int, int], int] | None = None
 
     def _prefetch(self, work: list[int], limits: dict[int, int], budget: int) -> None:
         """Through the data service: when the vBuckets _process takes next (in its order) have fewer than
@@ -78,6 +81,7 @@ class WorkerReads(WorkerHandling):
         if self._reads_ahead and not window_only:
             self._prefetch(work, limits, budget)
         handled = 0
+        take_packed = self._take_packed
         used = 0.0  # of the budget: `handled`, less what rejected rows do not cost
         scanned_all = kept_all = 0
         start = self._rotor % len(work)
@@ -100,6 +104,12 @@ class WorkerReads(WorkerHandling):
             limit = min(budget - int(used), limits[vb] - position)
             if window_only:
                 taken = self._take_window_batch(vb, position, limit)
+                if taken:
+                    handled += taken
+                    used += taken
+                    continue
+            elif take_packed is not None:
+                taken = take_packed(vb, position, limit)
                 if taken:
                     handled += taken
                     used += taken

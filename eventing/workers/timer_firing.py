@@ -69,8 +69,7 @@ class WorkerTimers(WorkerHandling):
             notes.note(0, m.vb, m.seqno, m.seqno)
             try:
                 failure = self.runner.call(
-                    m, call, epoch=self.epochs[t.vb], attempts=self._attempts,
-                    backoff_s=self._backoff_s, on_retry=self._count_retry,
+                    m, call, epoch=self.epochs[t.vb], attempts=self._attempts, on_retry=self._count_retry,
                 )
             finally:
                 notes.clear(0)
@@ -78,7 +77,7 @@ class WorkerTimers(WorkerHandling):
                 c[counter_names.TIMERS_FIRED] += 1
             else:
                 c[counter_names.TIMERS_FAILED] += 1
-                reason = "timeout" if failure.status == "timeout" else "timer_error"
+                reason = failure.status if failure.status in ("timeout", "expired") else "timer_error"
                 self._dead_letter(m, reason, failure.error, failure.traceback, failure.attempts, failure.first_failed_at)
         assert t.fire_seq is not None
         self.timers_done.append(TimerDone(t.vb, t.callback, t.reference, t.fire_seq))

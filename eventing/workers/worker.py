@@ -27,7 +27,7 @@ from eventing.storage.origins import deployment_origin
 from eventing.storage.remote import DataAccess, DataServiceRef
 from eventing.storage.values import EffectGroup, Spans
 from eventing.windows.runtime.row_writer import WindowRowWriter
-from eventing.workers import concurrent_calls
+from eventing.workers import batch_calls, concurrent_calls
 from eventing.workers.collections import SourceCollections
 from eventing.workers.crash_guard import CrashGuard, open_notes_file
 from eventing.workers.hang_guard import HangGuard
@@ -57,6 +57,9 @@ class WorkerSpec:
     # A caught-up worker waits for its next write in its step, woken through this socket (an abstract UNIX
     # name, eventing.workers.write_waiter); None: it is asked again by the service instead.
     wake_address: str | None = None
+    # Machines running the function's workers: each takes this share of its URL bindings' rate_limit and
+    # max_in_flight (eventing.execution.limits).
+    machines: int = 1
 
     def data_access(self) -> DataAccess:
         return DataAccess(self.location, self.data_service, key=self.worker_id)
@@ -119,7 +122,8 @@ class WorkerCore(WorkerTimers, WorkerReads):
         self._read_rows = self.source.read_vb_rows
         # The state's application log; without the data directory, log() lines reach it through the data service.
         self.app_log = self.data.app_log_writer(spec.function, self.defn.app_log_max_size, self.defn.app_log_max_files)
-        self.runner = HandlerRunner(self.name, self.defn, record.source, self.source, self.data.bucket, self.app_log)
+        self.runner = HandlerRunner(self.name, self.defn, record.source, self.source, self.data.bucket, self.app_log,
+                                    limit_share=1 / max(1, spec.machines))
         self.collections = SourceCollections(self.source, self.defn.source_keyspace)
         # The function's filter (eventing.core.filters): rows it does not match are dropped before any
         # handler path (_drop_filtered), or, with previous_version (whose versions follow the log order),
@@ -144,8 +148,7 @@ class WorkerCore(WorkerTimers, WorkerReads):
         self._batch_slice_s = getattr(getattr(self.on_update, "handler", None), "slice_s", 0.0)
         self.max_bytes = self.defn.max_document_bytes
         self.timeout_s = self.runner.timeout_s
-        self._attempts = self.defn.retries + 1
-        self._backoff_s = self.defn.retry_backoff.total_seconds()
+        self._attempts = self.runner.policy.max_attempts  # the retry policy's (eventing.core.retry)
         self._success = {kind: counter_names.handler_outcome(kind, "success") for kind in ("on_update", "on_delete")}
         self.positions: dict[int, int] = {}  # vb -> last handled seqno
         self.committed: dict[int, int] = {}  # vb -> last checkpointed seqno
@@ -181,6 +184,8 @@ class WorkerCore(WorkerTimers, WorkerReads):
         self.crash_guard = CrashGuard(self.store, self.name, spec.generation, notes_fd, 1 + pool)
         # concurrency > 1: a pool runs the batch's calls, several documents at once (else None: one at a time).
         self.calls = concurrent_calls.attach(self)
+        # on_batch: the batch's rows go to the handler in one call (else None: one call a mutation).
+        self.batches = batch_calls.attach(self)
         self.waiter = self._open_waiter() if spec.wake_address and self.data.local else None
         self.assign_vbuckets(spec.vbuckets)
         if recycle_on_hang:

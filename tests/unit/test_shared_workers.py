@@ -161,4 +161,6 @@ def test_a_shared_host_crashing_mid_run_restarts_its_cores_and_loses_nothing(dat
     summary = EventingService(data_dir, executor, until_caught_up=True, on_progress=crash).run()
     assert crashed == [4]
     check_every_ledger(data_dir, source, summary, 3000, replays=True)
-    assert executor.shared.started == 3
+    # The crashed host's cores came back in a host started for them (a host whose cores were all released
+    # as their functions caught up may be started again later, under load: hence at least, not exactly).
+    assert executor.shared.started >= 3
