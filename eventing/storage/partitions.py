@@ -139,8 +139,8 @@ class PartitionedBucket:
         buckets = self.path.parent
         targets = [Path(data_dir) / "buckets" / part.path.relative_to(buckets) for part in self.parts]
         for part, target in itertools.islice(zip(self.parts, targets, strict=True), 1, None):
-            part._copy_file_to(target)
-        return self.parts[0]._copy_file_to(targets[0])  # the main file last, as create does
+            part.copy_file_to(target)
+        return self.parts[0].copy_file_to(targets[0])  # the main file last, as create does
 
     # -- writes -------------------------------------------------------------------------------------
 
@@ -266,7 +266,7 @@ class PartitionedBucket:
 
     def _live_docs(self, prefix: str, limit: int | None, *, with_docs: bool, batch: int = 1000) -> Iterator[tuple]:
         merged = heapq.merge(
-            *(part._live_docs(prefix, limit, with_docs=with_docs, batch=batch) for part in self.parts),
+            *(part.live_docs(prefix, limit, with_docs=with_docs, batch=batch) for part in self.parts),
             key=lambda row: row[0],
         )
         return itertools.islice(merged, limit)
