@@ -55,6 +55,7 @@ from eventing.storage.files import (
     partition_path,
 )
 from eventing.storage.info_table import InfoTable
+from eventing.storage.protocol import NothingAhead
 from eventing.storage.reads import FileReader
 from eventing.storage.values import (
     Changed,
@@ -72,11 +73,10 @@ if TYPE_CHECKING:
     from eventing.storage.protocol import FileBucket
 
 
-class LocalBucket:
+class LocalBucket(NothingAhead):
     """A bucket stored in one SQLite file under `<data_dir>/buckets/`: the ``FileBucket`` protocol
-    (eventing.storage.protocol), each call answered by one of its collaborators."""
-
-    reads_ahead = False  # a read of the file costs no round trip: nothing to read ahead
+    (eventing.storage.protocol), each call answered by one of its collaborators. A read of the file costs
+    no round trip: nothing is read ahead (NothingAhead)."""
 
     def __init__(self, path: Path, name: str, db: sqlite3.Connection):
         self.path = path
@@ -362,16 +362,6 @@ class LocalBucket:
 
     def seqnos_before(self, time_ns: int) -> dict[int, int]:
         return self._reader.seqnos_before(time_ns)
-
-    # Nothing to read ahead (reads_ahead is False): a read of the file costs no round trip.
-    def prefetch(self, runs: list[tuple[int, int, int]]) -> None:
-        pass
-
-    def has_ahead(self, vb: int) -> bool:
-        return False
-
-    def forget_prefetched(self, positions: dict[int, int]) -> None:
-        pass
 
     # -- effects of handler bindings (the effect applier) -------------------------------------------------
 

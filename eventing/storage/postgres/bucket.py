@@ -33,6 +33,7 @@ from eventing.storage.postgres.keyspaces import Keyspaces
 from eventing.storage.postgres.log_reader import LogReader
 from eventing.storage.postgres.registry import BucketRef
 from eventing.storage.postgres.writer import LogWriter, Written
+from eventing.storage.protocol import NothingAhead
 from eventing.storage.values import (
     Changed,
     EffectGroup,
@@ -49,11 +50,11 @@ if TYPE_CHECKING:
     from eventing.storage.protocol import FileBucket
 
 
-class PostgresBucket:
-    """One bucket of a PostgreSQL store (open it with eventing.storage.postgres.open_bucket)."""
+class PostgresBucket(NothingAhead):
+    """One bucket of a PostgreSQL store (open it with eventing.storage.postgres.open_bucket). Nothing to
+    read ahead (NothingAhead): a read is one statement on a pooled connection."""
 
     path = None  # no file: the rows are on the server
-    reads_ahead = False
 
     def __init__(self, ref: BucketRef, bucket_uuid: str, partitions: int = 1):
         self.ref = ref
@@ -248,16 +249,6 @@ class PostgresBucket:
 
     def seqnos_before(self, time_ns: int) -> dict[int, int]:
         return self._log.seqnos_before(time_ns)
-
-    # Nothing to read ahead: a read is one statement on a pooled connection (see the Bucket protocol).
-    def prefetch(self, runs: list[tuple[int, int, int]]) -> None:
-        pass
-
-    def has_ahead(self, vb: int) -> bool:
-        return False
-
-    def forget_prefetched(self, positions: dict[int, int]) -> None:
-        pass
 
     # -- effects of handler bindings ------------------------------------------------------------------
 
