@@ -95,7 +95,7 @@ def raw_inserts(data_dir: str, chunks: list, *, ordered: bool = False) -> tuple[
     itself inserts them (log rows by vBucket, the last version of each document, by key), to show how much
     of the load's lead over plain inserts comes from that order."""
     bucket = LocalBucket.create(data_dir, "raw-ordered" if ordered else "raw")
-    db = bucket._db  # the bucket's own connection: the same pragmas
+    db = bucket.file.db  # the bucket's own connection: the same pragmas
     n = 0
     start = time.perf_counter()
     for log_rows, doc_rows, high_rows in chunks:
@@ -143,7 +143,7 @@ def load_subprocess(data_dir: str, path: str) -> tuple[int, float]:
 def same_log(data_dir: str, a: str, b: str) -> bool:
     """The two buckets hold the same log entries (all but cas and arrival time, which are per write)."""
     bucket = LocalBucket.open(data_dir, a)
-    db = bucket._db
+    db = bucket.file.db
     db.execute("ATTACH DATABASE ? AS other", (str(bucket.path.parent / f"{b}.sqlite3"),))
     cols = "vb, seqno, key, op, doc, origin, expiry, flags"
     diff = db.execute(

@@ -33,7 +33,7 @@ from typing import Any
 from eventing.core.keyspaces import check_user_key
 from eventing.core.mutation import OP_DELETE, OP_UPDATE, decode_document, encode_document
 from eventing.errors import BindingError, InvalidDocumentError
-from eventing.storage.protocol import Bucket
+from eventing.storage.protocol import BindingBucket
 from eventing.storage.values import EffectGroup, Write
 from eventing.storage.writes import CasSource
 from sharding import validate_key
@@ -164,7 +164,7 @@ class BucketBinding:
     """
 
     def __init__(
-        self, alias: str, bucket: Bucket, access: str, function: str, buffer: EffectBuffer | None = None,
+        self, alias: str, bucket: BindingBucket, access: str, function: str, buffer: EffectBuffer | None = None,
         prefix: str = "",
     ):
         self.alias = alias

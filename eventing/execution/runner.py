@@ -37,6 +37,7 @@ from eventing.execution.timers import ConcurrentTimerTable, TimerTable
 from eventing.execution.wildcard_bindings import WildcardBinding
 from eventing.handler import DeleteOptions, Meta
 from eventing.storage.keyspace import collection_id
+from eventing.storage.protocol import BindingBucket
 from eventing.storage.remote import AnyBucket
 from eventing.storage.state import AppLogWriter as AppLogSink
 from eventing.storage.state import StateLike, as_state
@@ -107,7 +108,7 @@ class HeldWrite:
     """A kept binding write not applied anywhere yet (the debugger and DLQ replay apply them themselves)."""
 
     alias: str
-    bucket: AnyBucket
+    bucket: BindingBucket
     seqno: int  # the source seqno that caused it
     write: Any  # eventing.storage.values.Write
 
@@ -514,9 +515,9 @@ class FunctionLog:
             self.writer.write(f"{self.function} {where} {text}")
 
 
-def writes_by_bucket(held: list[HeldWrite]) -> list[tuple[AnyBucket, list[tuple[int, Any]]]]:
+def writes_by_bucket(held: list[HeldWrite]) -> list[tuple[BindingBucket, list[tuple[int, Any]]]]:
     """Held writes grouped per bucket, each in the order they were made."""
-    out: dict[str, tuple[AnyBucket, list[tuple[int, Any]]]] = {}
+    out: dict[str, tuple[BindingBucket, list[tuple[int, Any]]]] = {}
     for h in held:
         out.setdefault(h.bucket.name, (h.bucket, []))[1].append((h.seqno, h.write))
     return list(out.values())

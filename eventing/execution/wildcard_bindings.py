@@ -16,7 +16,7 @@ from typing import Any
 from eventing.core.keyspaces import DEFAULT, Keyspace, key_prefix
 from eventing.errors import BindingError, fix
 from eventing.execution.bindings import BucketBinding, EffectBuffer
-from eventing.storage.protocol import Bucket
+from eventing.storage.protocol import BindingBucket
 
 # The bucket's collections are read again at least this often (and whenever a keyspace is not known), so a
 # collection dropped while the function runs is found gone within that time.
@@ -27,7 +27,7 @@ class WildcardBinding(BucketBinding):
     """A binding whose keyspace holds a `*`: the worker-facing calls (begin, keep, take_groups, ...) act on
     the shared buffer as for any binding; the handler reaches a collection through in_keyspace()."""
 
-    def __init__(self, alias: str, bucket: Bucket, access: str, function: str, buffer: EffectBuffer | None,
+    def __init__(self, alias: str, bucket: BindingBucket, access: str, function: str, buffer: EffectBuffer | None,
                  keyspace: Keyspace):
         super().__init__(alias, bucket, access, function, buffer)
         self.keyspace = keyspace

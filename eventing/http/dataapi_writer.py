@@ -23,7 +23,7 @@ from eventing.http.dataapi_documents import Answer, Change, plan_op
 from eventing.http.dataapi_errors import ApiError, api_error
 from eventing.http.dataapi_requests import DocRequest
 from eventing.storage.keyspace import Collection
-from eventing.storage.protocol import FileBucket
+from eventing.storage.protocol import DocumentChanges, FileBucket
 from eventing.storage.state import State
 from eventing.storage.values import Changed
 
@@ -204,9 +204,10 @@ class _Turns:
                     planned.append(api_error(exc))
             changes = [(p.key, p.change) for p in planned if isinstance(p, Change)]
             done: list[Changed | Exception] = []
+            writer: DocumentChanges = opened.bucket  # the group commit: check-and-set writes
             if changes:
                 try:
-                    done = opened.bucket.change_documents(changes)
+                    done = writer.change_documents(changes)
                 except Exception as exc:
                     if len(changes) == 1 or isinstance(exc, StoreLockedError | StoreUnavailableError):
                         raise  # the store, not a write, failed: each on its own would wait as long again
@@ -214,7 +215,7 @@ class _Turns:
                     done = []
                     for change in changes:
                         try:
-                            done += opened.bucket.change_documents([change])
+                            done += writer.change_documents([change])
                         except Exception as one:
                             done.append(one)
         results = iter(done)

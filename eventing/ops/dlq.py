@@ -52,7 +52,7 @@ from eventing.errors import ConfigError, NotFoundError, fix
 from eventing.execution.runner import HandlerRunner, writes_by_bucket
 from eventing.execution.single_call import run_once
 from eventing.storage.origins import deployment_origin
-from eventing.storage.protocol import FileBucket
+from eventing.storage.protocol import Maintenance
 from eventing.storage.state import StateLike, as_state
 from eventing.storage.values import EffectGroup
 from eventing.workers.sandbox import SandboxedRunner, open_runner
@@ -298,7 +298,7 @@ def _replay_row(
                 result.writes_skipped += applied.duplicates
                 if applied.conflicts:
                     # replay runs where the files are (HandlerRunner.open; a SandboxedRunner's writes are here)
-                    cast(FileBucket, bucket).drop_effect_marks(namespace)  # nothing of it applied: a later replay must run
+                    cast(Maintenance, bucket).drop_effect_marks(namespace)  # nothing of it applied: a later replay must run
                     conflict = f"a cas condition failed on bucket '{bucket.name}' again; replay it again"
             if conflict:
                 runtime.timers.discard()

@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 
 from eventing.core.definition import FunctionDefinition
 from eventing.errors import ConfigError, LifecycleError
+from eventing.storage.protocol import Maintenance
 from eventing.storage.state import StateLike, as_state
 from metadata import FunctionState
 from metadata.model import check_rewind_allowed, plan_rewind
@@ -109,7 +110,7 @@ def rewind(
         else:
             assert to_time is not None
             time_ns = parse_time_ns(to_time)
-            source = state.open_bucket(defn.source_bucket)
+            source: Maintenance = state.open_bucket(defn.source_bucket)
             try:
                 before = source.seqnos_before(time_ns)
             finally:
@@ -126,7 +127,7 @@ def rewind(
             # rewind below then fails, the marks only let effects apply that the user asked to apply again.
             lowered = {v: min(t, current[v][0]) for v, t in targets.items() if v in current}
             for bucket_name in sorted({b.bucket for b in defn.bindings if b.access == "rw"}):
-                bucket = state.open_bucket(bucket_name)
+                bucket: Maintenance = state.open_bucket(bucket_name)
                 try:
                     result.effect_marks_lowered[bucket_name] = len(bucket.lower_effect_marks(name, lowered))
                 finally:

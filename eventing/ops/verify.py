@@ -37,7 +37,7 @@ from eventing.core.wording import counted
 from eventing.errors import ConfigError, LifecycleError, fix
 from eventing.storage.keyspace import collection_id, open_keyspace
 from eventing.storage.origins import is_own
-from eventing.storage.protocol import FileBucket
+from eventing.storage.protocol import BucketDocuments, FileBucket, Maintenance
 from eventing.storage.state import StateLike, as_state
 from sharding import NUM_VBUCKETS
 
@@ -186,7 +186,7 @@ def _examples(items: Sequence[object]) -> str:
     return shown + (", ..." if len(items) > EXAMPLES else "")
 
 
-def ledger_functions(ledger: FileBucket, prefix: str = "") -> list[str]:
+def ledger_functions(ledger: Maintenance, prefix: str = "") -> list[str]:
     """Names of the functions with effects in a ledger bucket (in its collection whose key prefix is `prefix`)."""
     names = set()
     for text in ledger.logged_writes(prefix + EFFECT):
@@ -362,7 +362,7 @@ def verify_function(state: StateLike, function: str, *, ledger: str | None = Non
     return report
 
 
-def source_collection_ids(source: FileBucket, keyspace: Keyspace) -> set[int]:
+def source_collection_ids(source: BucketDocuments, keyspace: Keyspace) -> set[int]:
     """The ids of the collections a source keyspace takes (for `scope.*` and `*.*`, every one it covers)."""
     if not keyspace.is_wildcard:
         return {collection_id(source, keyspace)}

@@ -60,7 +60,7 @@ class Dumpable(Protocol):
 
 
 def file_meta(bucket: LocalBucket) -> BucketMeta:
-    info = dict(bucket._db.execute("SELECT key, value FROM info").fetchall())
+    info = dict(bucket.file.db.execute("SELECT key, value FROM info").fetchall())
     return BucketMeta(info["uuid"], float(info.get("created_at", 0) or 0), int(info.get("partitions", 1) or 1),
                       info.get("collections") or "{}")
 
@@ -68,7 +68,7 @@ def file_meta(bucket: LocalBucket) -> BucketMeta:
 def file_rows(bucket: LocalBucket, table: str) -> Iterator[list[tuple]]:
     """The file's rows of `table`, BATCH at a time, read in one snapshot (a read transaction)."""
     columns = ", ".join(COLUMNS[table])
-    cur = bucket._db.cursor()
+    cur = bucket.file.db.cursor()
     cur.execute("BEGIN")
     try:
         cur.execute(f"SELECT {columns} FROM {_FILE_TABLES[table]} ORDER BY {_ORDER[table]}")
@@ -91,15 +91,16 @@ class FileLoader:
 
     def __init__(self, bucket: LocalBucket, *, vbuckets: range | None = None):
         self.bucket, self.vbuckets = bucket, vbuckets
-        db = bucket._db
+        db = bucket.file.db
         if db.execute("SELECT EXISTS(SELECT 1 FROM log) OR EXISTS(SELECT 1 FROM docs)").fetchone()[0]:
             raise ConfigError(f"bucket '{bucket.name}' is not empty; a copy goes into a new bucket")
 
     def _tx(self, body: Callable[[sqlite3.Connection], object]) -> None:
         from metadata.sqlite_io import run_transaction
 
-        db = self.bucket._db
-        run_transaction(db, self.bucket.path, lambda: body(db))
+        file = self.bucket.file
+        run_transaction(file.db, file.path, lambda: body(file.db))
+        file.forget_highs()  # this connection's own commit: SQLite's data_version does not count it
 
     def meta(self, meta: BucketMeta) -> None:
         json.loads(meta.collections)  # a registry that is not JSON would be refused by every later read

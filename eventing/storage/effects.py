@@ -1,4 +1,4 @@
-"""Binding effects applied exactly once (``BucketEffects``, one part of ``LocalBucket``; see
+"""Binding effects applied exactly once (``EffectApplier``, a collaborator of ``LocalBucket``; see
 docs/architecture.md, 'Exactly once'): per (function, source vBucket) a bucket keeps an effect mark, the
 owner epoch and the last source seqno whose effects it holds, in the same transaction as the writes, so a
 replay applies nothing twice and a stale owner's writes are rejected (fenced). Also the cas conditions and
@@ -11,26 +11,33 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from eventing.core.mutation import OP_UPDATE, decode_document, encode_document
-from eventing.storage.files import _retry_locked
-from eventing.storage.reads import BucketReads
+from eventing.storage.bucket_file import BucketFile
+from eventing.storage.file_health import maps_file_errors
+from eventing.storage.reads import FileReader
 from eventing.storage.values import EffectGroup, EffectResult, Write
-from eventing.storage.writes import HEADS_BY_VB_MAX, BucketWrites, _items, _plan
+from eventing.storage.writes import HEADS_BY_VB_MAX, FileWriter, _items, _plan
 
 
-class BucketEffects(BucketWrites, BucketReads):
-    """Binding effects on a bucket's file. A part of LocalBucket (eventing.storage.bucket)."""
+class EffectApplier:
+    """Binding effects on one bucket file, written through its writer and checked against its documents
+    (the reader). A collaborator of LocalBucket (eventing.storage.bucket)."""
+
+    def __init__(self, file: BucketFile, writer: FileWriter, reader: FileReader):
+        self.file = file
+        self.writer = writer
+        self.reader = reader
 
     def fence(self, function: str, epochs: dict[int, int]) -> None:
         """Raise the epoch mark of (function, vb) so that writes of any older owner are rejected."""
 
         def body() -> None:
-            self._db.executemany(
+            self.file.db.executemany(
                 "INSERT INTO effect_marks VALUES(?,?,?,0) ON CONFLICT(function, vb) DO UPDATE SET "
                 "epoch=MAX(epoch, excluded.epoch)",
                 [(function, vb, e) for vb, e in epochs.items()],
             )
 
-        _retry_locked(self.path, lambda: self._tx(body))
+        self.file.transaction(body)
 
     def apply_effects(
         self, function: str, groups: Sequence[EffectGroup], *, origin: str | None = None, marks: bool = True
@@ -46,10 +53,10 @@ class BucketEffects(BucketWrites, BucketReads):
             plan = _plan(items)
 
             def unmarked() -> EffectResult:
-                self._log(items, origin or function, None, plan)
+                self.writer.log(items, origin or function, None, plan)
                 return EffectResult(applied=len(items))
 
-            return _retry_locked(self.path, lambda: self._tx(unmarked))
+            return self.file.transaction(unmarked)
 
         # Prepared before the lock for the usual case, where no group is fenced or holds a write already
         # applied: the writes as one planned batch, and each group's (vb, epoch, lowest and highest source
@@ -66,10 +73,10 @@ class BucketEffects(BucketWrites, BucketReads):
 
         def body() -> EffectResult:
             if len(groups) > HEADS_BY_VB_MAX:  # one query for the function's marks (<= 2,048 rows)
-                found = {vb: (e, s) for vb, e, s in self._db.execute(
+                found = {vb: (e, s) for vb, e, s in self.file.db.execute(
                     "SELECT vb, epoch, seqno FROM effect_marks WHERE function=?", (function,))}
             else:
-                found = {g.vb: row for g in groups if (row := self._db.execute(
+                found = {g.vb: row for g in groups if (row := self.file.db.execute(
                     "SELECT epoch, seqno FROM effect_marks WHERE function=? AND vb=?", (function, g.vb)
                 ).fetchone())}
             if not conditional:
@@ -80,7 +87,7 @@ class BucketEffects(BucketWrites, BucketReads):
                         break
                     marks.append((function, vb, epoch, max(mark_seqno, highest)))
                 else:
-                    self._log(ready, origin or function, None, ready_plan)
+                    self.writer.log(ready, origin or function, None, ready_plan)
                     self._set_marks(marks)
                     return EffectResult(applied=len(ready))
             return general(found)
@@ -113,15 +120,15 @@ class BucketEffects(BucketWrites, BucketReads):
             # eventing.storage.origins; `function` when none is given); `function` also names the marks,
             # which a replay keeps apart from the live ones (its origin stays the deployment's).
             items = _items(writes)
-            self._log(items, origin or function, None, _plan(items))
+            self.writer.log(items, origin or function, None, _plan(items))
             result.applied = len(writes)
             self._set_marks(marks)
             return result
 
-        return _retry_locked(self.path, lambda: self._tx(body))
+        return self.file.transaction(body)
 
     def _set_marks(self, marks: list[tuple[str, int, int, int]]) -> None:
-        self._db.executemany(
+        self.file.db.executemany(
             "INSERT INTO effect_marks VALUES(?,?,?,?) ON CONFLICT(function, vb) DO UPDATE SET "
             "epoch=excluded.epoch, seqno=MAX(seqno, excluded.seqno)",
             marks,
@@ -130,10 +137,11 @@ class BucketEffects(BucketWrites, BucketReads):
     def _resolve(self, pending: list[tuple[int, int, Write]]) -> tuple[list[Write], list[tuple[int, int]]]:
         """Check cas conditions and compute counter deltas against the stored documents, in this
         transaction (so no other writer can slip in between): see resolve_conditions."""
-        return resolve_conditions(pending, self.get_doc)
+        return resolve_conditions(pending, self.reader.get_doc)
 
+    @maps_file_errors
     def effect_marks(self, function: str) -> dict[int, tuple[int, int]]:
-        rows = self._db.execute("SELECT vb, epoch, seqno FROM effect_marks WHERE function=?", (function,))
+        rows = self.file.db.execute("SELECT vb, epoch, seqno FROM effect_marks WHERE function=?", (function,))
         return {vb: (epoch, seqno) for vb, epoch, seqno in rows}
 
     def lower_effect_marks(self, function: str, seqnos: dict[int, int]) -> dict[int, int]:
@@ -144,29 +152,17 @@ class BucketEffects(BucketWrites, BucketReads):
         def body() -> dict[int, int]:
             old = self.effect_marks(function)
             moved = {vb: old[vb][1] for vb, s in seqnos.items() if vb in old and old[vb][1] > s}
-            self._db.executemany(
+            self.file.db.executemany(
                 "UPDATE effect_marks SET seqno=? WHERE function=? AND vb=? AND seqno>?",
                 [(seqnos[vb], function, vb, seqnos[vb]) for vb in moved],
             )
             return moved
 
-        return _retry_locked(self.path, lambda: self._tx(body))
-
-    def seqnos_before(self, time_ns: int) -> dict[int, int]:
-        """Per vBucket with a mutation logged at or after `time_ns`: the seqno right before the first such
-        mutation. The time of a mutation is its arrival_ms where the log has that column, else its cas,
-        the wall-clock time of its write in nanoseconds (see _reserve_cas)."""
-        column, value = "cas", max(-(2**63), min(time_ns, 2**63 - 1))  # SQLite integers are 64-bit
-        if "arrival_ms" in {r[1] for r in self._db.execute("PRAGMA table_info(log)")}:
-            column, value = "arrival_ms", time_ns // 1_000_000  # the log's own arrival time, where it keeps one
-        rows = self._db.execute(f"SELECT vb, MIN(seqno) - 1 FROM log WHERE {column} >= ? GROUP BY vb", (value,))
-        return dict(rows.fetchall())
+        return self.file.transaction(body)
 
     def drop_effect_marks(self, function: str) -> None:
-        _retry_locked(
-            self.path,
-            lambda: self._tx(lambda: self._db.execute("DELETE FROM effect_marks WHERE function=?", (function,))),
-        )
+        db = self.file.db
+        self.file.transaction(lambda: db.execute("DELETE FROM effect_marks WHERE function=?", (function,)))
 
 
 def resolve_conditions(

@@ -2,7 +2,7 @@
 size before SQLite opens it (``header_problem``: SQLite would read a damaged bucket as empty or partial), the
 count of connections this process has open per file, which keeps that check from costing a live
 connection its locks, and the error lines for a damaged file, a full disk or a file unusable otherwise
-(``bucket_file_error``), which ``_mapping_errors`` puts on a bucket's reads.
+(``bucket_file_error``), which ``maps_file_errors`` puts on a bucket's reads.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ _open_lock = threading.Lock()
 
 
 class _OpenFile(Protocol):
-    """A bucket with a connection to its file (a LocalBucket)."""
+    """A connection to a bucket file (eventing.storage.bucket_file.BucketFile)."""
 
     path: Path
 
@@ -137,9 +137,11 @@ def _one_line(value: object) -> str:
     return " ".join(str(value).split())
 
 
-def _mapping_errors(method):
-    """Wrap a reading method so that SQLite's errors on a damaged or unusable file become one line naming
-    the file (bucket_file_error) wherever the read happens: a CLI command, a worker, the data service."""
+def maps_file_errors(method):
+    """Make SQLite's errors in a read of a bucket file one line naming the file (bucket_file_error),
+    wherever the read happens: a CLI command, a worker, the data service. For methods of the objects that
+    read a LocalBucket's file (its reader, effect applier, info table, the bucket itself), each holding the
+    file as ``self.file`` (eventing.storage.bucket_file)."""
     if inspect.isgeneratorfunction(method):
 
         @functools.wraps(method)
@@ -147,7 +149,7 @@ def _mapping_errors(method):
             try:
                 yield from method(self, *args, **kwargs)
             except sqlite3.DatabaseError as exc:
-                raise bucket_file_error(self.path, exc) from None
+                raise bucket_file_error(self.file.path, exc) from None
 
         return generator
 
@@ -156,6 +158,6 @@ def _mapping_errors(method):
         try:
             return method(self, *args, **kwargs)
         except sqlite3.DatabaseError as exc:
-            raise bucket_file_error(self.path, exc) from None
+            raise bucket_file_error(self.file.path, exc) from None
 
     return wrapper

@@ -15,7 +15,7 @@ from typing import Self
 from eventing.core.keyspaces import COLLECTION_MARK, DEFAULT, WILDCARD, Keyspace, check_user_key, key_prefix
 from eventing.core.mutation import OP_DELETE, OP_UPDATE, decode_document, encode_document
 from eventing.errors import ConfigError, MirrorWriteError, NotFoundError, fix
-from eventing.storage.protocol import Bucket, FileBucket
+from eventing.storage.protocol import BucketDocuments, FileBucket
 from eventing.storage.state import State, StateLike, as_state
 from eventing.storage.values import StoredDocument, Write
 from sharding import validate_key
@@ -29,7 +29,7 @@ def parse_keyspace(state: StateLike, text: str | Keyspace) -> Keyspace:
     return Keyspace.parse(text, known_buckets=set(state.bucket_names()) if "." in text else set())
 
 
-def collection_id(bucket: Bucket, keyspace: Keyspace) -> int:
+def collection_id(bucket: BucketDocuments, keyspace: Keyspace) -> int:
     """The id of a keyspace's collection in its bucket; NotFoundError naming it and the fix if unknown."""
     if keyspace.is_default:
         return 0
@@ -46,7 +46,7 @@ def collection_id(bucket: Bucket, keyspace: Keyspace) -> int:
     return cid
 
 
-def check_keyspace_exists(bucket: Bucket, keyspace: Keyspace) -> None:
+def check_keyspace_exists(bucket: BucketDocuments, keyspace: Keyspace) -> None:
     """NotFoundError naming the fix unless the keyspace's collection (for `*`, its scope) exists."""
     if keyspace.is_wildcard:
         keyspace.check(wildcard=True)
@@ -72,7 +72,7 @@ def open_keyspace(state: StateLike, keyspace: str | Keyspace) -> Collection:
         raise
 
 
-def list_collections(bucket: Bucket) -> list[tuple[Keyspace, int]]:
+def list_collections(bucket: BucketDocuments) -> list[tuple[Keyspace, int]]:
     """Every collection of a bucket, `_default._default` first, with its id."""
     found = [(Keyspace(bucket.name), 0)]
     found += sorted((Keyspace(bucket.name, s, c), cid) for (s, c), cid in bucket.collections().items())

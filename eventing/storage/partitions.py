@@ -37,6 +37,7 @@ from eventing.core.keyspaces import COLLECTION_MARK, vbucket_of_stored
 from eventing.core.mutation import Mutation, decode_document
 from eventing.storage.bucket import LocalBucket
 from eventing.storage.dumps import BucketMeta, FileLoader, merged_marks
+from eventing.storage.protocol import NothingAhead
 from eventing.storage.values import (
     Changed,
     EffectGroup,
@@ -66,15 +67,14 @@ def partition_ranges(partitions: int) -> list[range]:
     return [range(run[0], run[-1] + 1) for run in runs]
 
 
-class PartitionedBucket:
+class PartitionedBucket(NothingAhead):
     """A bucket whose vBuckets are spread over ``len(parts)`` files (``LocalBucket``s, partition 0 first):
     the ``FileBucket`` protocol (eventing.storage.protocol), each call sent to the partition that holds the
     key or vBucket, or to every partition and merged.
 
     ``path``, ``uuid`` and ``name`` are the main file's (partition 0). It holds its parts rather than
-    extending LocalBucket, so no method reaches partition 0 alone by accident."""
-
-    reads_ahead = False  # files: nothing to read ahead (see LocalBucket.prefetch)
+    extending LocalBucket, so no method reaches partition 0 alone by accident. Files: nothing to read
+    ahead (NothingAhead)."""
 
     def __init__(self, parts: Sequence[LocalBucket]):
         self.parts = list(parts)
@@ -139,8 +139,8 @@ class PartitionedBucket:
         buckets = self.path.parent
         targets = [Path(data_dir) / "buckets" / part.path.relative_to(buckets) for part in self.parts]
         for part, target in itertools.islice(zip(self.parts, targets, strict=True), 1, None):
-            part._copy_file_to(target)
-        return self.parts[0]._copy_file_to(targets[0])  # the main file last, as create does
+            part.copy_file_to(target)
+        return self.parts[0].copy_file_to(targets[0])  # the main file last, as create does
 
     # -- writes -------------------------------------------------------------------------------------
 
@@ -201,15 +201,6 @@ class PartitionedBucket:
             part.high_seqnos(spans=spans)[vbs.start:vbs.stop] for part, vbs in zip(self.parts, self.ranges, strict=True)
         ))
 
-    def prefetch(self, runs: list[tuple[int, int, int]]) -> None:
-        pass
-
-    def has_ahead(self, vb: int) -> bool:
-        return False
-
-    def forget_prefetched(self, positions: dict[int, int]) -> None:
-        pass
-
     def read_vb(self, vb: int, after_seqno: int, limit: int) -> list[Mutation]:
         return self.parts[self._part_of_vb[vb]].read_vb(vb, after_seqno, limit)
 
@@ -266,7 +257,7 @@ class PartitionedBucket:
 
     def _live_docs(self, prefix: str, limit: int | None, *, with_docs: bool, batch: int = 1000) -> Iterator[tuple]:
         merged = heapq.merge(
-            *(part._live_docs(prefix, limit, with_docs=with_docs, batch=batch) for part in self.parts),
+            *(part.live_docs(prefix, limit, with_docs=with_docs, batch=batch) for part in self.parts),
             key=lambda row: row[0],
         )
         return itertools.islice(merged, limit)

@@ -1,8 +1,8 @@
-"""The reads of a local bucket (``BucketReads``, one part of ``LocalBucket``): documents by key and in key
-order, the high seqnos (cached until a commit), a vBucket's log entries as rows, as columns or packed in
-bulk for the data service and the window fast path, the same entries less those a function's prefilter
-rules out (with the SQL that applies it, ``_prefilter_sql``), and scans of the whole log for verify and
-stats.
+"""The reads of a local bucket (``FileReader``, a collaborator of ``LocalBucket``): documents by key and in
+key order, the high seqnos (cached until a commit), a vBucket's log entries as rows, as columns or packed
+in bulk for the data service and the window fast path, the same entries less those a function's prefilter
+rules out (with the SQL that applies it, ``_prefilter_sql``), and scans of the whole log for verify, stats
+and rewinds. SQLite's errors on every read are one line naming the file (``maps_file_errors``).
 """
 
 from __future__ import annotations
@@ -10,11 +10,12 @@ from __future__ import annotations
 import functools
 import sqlite3
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 
 from eventing.core.filters import Prefilter
 from eventing.core.keyspaces import COLLECTION_MARK
 from eventing.core.mutation import OP_UPDATE, Mutation, decode_document
+from eventing.storage.bucket_file import BucketFile
+from eventing.storage.file_health import maps_file_errors
 from eventing.storage.files import _LOG_COLUMNS, _retry_locked
 from eventing.storage.origins import of_function_params, of_function_sql
 from eventing.storage.values import PackedUpdates, Spans
@@ -56,88 +57,80 @@ def _matching_sql(prefilter: Prefilter, origin: str) -> tuple[str, tuple]:
     return condition, (*of_function_params(origin), _AFTER_COLLECTIONS, COLLECTION_MARK, *params)
 
 
-class BucketReads:
-    """Reads of a bucket's file. A part of LocalBucket (eventing.storage.bucket), which sets these."""
+class FileReader:
+    """Reads of one bucket file. A collaborator of LocalBucket (eventing.storage.bucket)."""
 
-    path: Path
-    _db: sqlite3.Connection
-    _commits: int
-    _highs: list[int]
-    _highs_read_at: tuple[int, int, Spans | None]
+    def __init__(self, file: BucketFile):
+        self.file = file
 
     def get(self, key: str) -> dict | None:
         raw = self.get_raw(key)
         return None if raw is None else decode_document(raw)
 
+    @maps_file_errors
     def get_raw(self, key: str) -> bytes | None:
-        row = self._db.execute("SELECT doc FROM docs WHERE key=? AND deleted=0", (key,)).fetchone()
+        row = self.file.db.execute("SELECT doc FROM docs WHERE key=? AND deleted=0", (key,)).fetchone()
         return None if row is None else row[0]
 
+    @maps_file_errors
     def get_doc(self, key: str) -> tuple[bytes, int, int] | None:
         """(document bytes, cas, expiry) of a live document, else None."""
-        row = self._db.execute("SELECT doc, cas, expiry FROM docs WHERE key=? AND deleted=0", (key,)).fetchone()
+        row = self.file.db.execute("SELECT doc, cas, expiry FROM docs WHERE key=? AND deleted=0", (key,)).fetchone()
         return None if row is None else (row[0], row[1], row[2])
 
     def ensure_key_index(self) -> None:
         """Index the log by key, for previous_doc (functions with previous_version). Each logged write then
         also updates this index; see docs/handler-api.md for the measured cost."""
-        _retry_locked(self.path, lambda: self._db.execute("CREATE INDEX IF NOT EXISTS log_key ON log(key, seqno)"))
+        db = self.file.db
+        _retry_locked(self.file.path, lambda: db.execute("CREATE INDEX IF NOT EXISTS log_key ON log(key, seqno)"))
 
+    @maps_file_errors
     def previous_doc(self, key: str, before_seqno: int) -> bytes | None:
         """The document bytes of `key`'s newest log entry below `before_seqno` (None: none, or a delete)."""
-        row = self._db.execute(
+        row = self.file.db.execute(
             "SELECT doc FROM log WHERE key=? AND seqno<? ORDER BY seqno DESC LIMIT 1", (key, before_seqno)
         ).fetchone()
         return None if row is None else row[0]
 
+    @maps_file_errors
     def get_meta(self, key: str) -> dict | None:
-        row = self._db.execute(
+        row = self.file.db.execute(
             "SELECT vb, seqno, cas, expiry, flags FROM docs WHERE key=? AND deleted=0", (key,)
         ).fetchone()
         return None if row is None else dict(zip(("vb", "seqno", "cas", "expiry", "flags"), row, strict=True))
 
-    def high_seqnos(self, *, prefetched: bool = False, spans: Spans | None = None) -> list[int]:
+    @maps_file_errors
+    def high_seqnos(self, spans: Spans | None = None) -> list[int]:
         """High seqno of every vBucket, index = vBucket. Workers ask at every step; the table is read
         again only when a commit happened since (SQLite's data_version, a few microseconds to check).
         ``spans``: only these (first, last) vBucket ranges are read, the others answer 0; a worker reads
         its own (a quarter of the table for one of four workers: under a steady trickle of writes the
-        table changes between any two steps, and reading all of it was a third of a caught-up step).
-        ``prefetched`` changes nothing here: nothing is read ahead (see the Bucket protocol)."""
+        table changes between any two steps, and reading all of it was a third of a caught-up step)."""
+        file = self.file
+        db = file.db
         # Taken before reading: a commit that lands during the read changes it, so the next call reads again.
-        read_at = (self._db.execute("PRAGMA data_version").fetchone()[0], self._commits, spans)
-        if read_at != self._highs_read_at:
+        read_at = (db.execute("PRAGMA data_version").fetchone()[0], file.commits, spans)
+        if read_at != file.highs_read_at:
             highs = [0] * NUM_VBUCKETS
             if spans is None:
-                for vb, seqno in self._db.execute("SELECT vb, seqno FROM high"):
+                for vb, seqno in db.execute("SELECT vb, seqno FROM high"):
                     highs[vb] = seqno
             else:
                 for first, last in spans:
-                    for vb, seqno in self._db.execute("SELECT vb, seqno FROM high WHERE vb BETWEEN ? AND ?",
-                                                      (first, last)):
+                    for vb, seqno in db.execute("SELECT vb, seqno FROM high WHERE vb BETWEEN ? AND ?",
+                                                (first, last)):
                         highs[vb] = seqno
-            self._highs, self._highs_read_at = highs, read_at
-        return list(self._highs)
-
-    # Reading ahead is for buckets behind the data service (RemoteBucket): a read of the file costs no
-    # round trip, so there is nothing to read ahead.
-    reads_ahead = False
-
-    def prefetch(self, runs: list[tuple[int, int, int]]) -> None:
-        pass
-
-    def has_ahead(self, vb: int) -> bool:
-        return False
-
-    def forget_prefetched(self, positions: dict[int, int]) -> None:
-        pass
+            file.highs, file.highs_read_at = highs, read_at
+        return list(file.highs)
 
     def read_vb(self, vb: int, after_seqno: int, limit: int) -> list[Mutation]:
         """Mutations of one vBucket with seqno > after_seqno, in seqno order, at most `limit`."""
         return [Mutation(*r) for r in self.read_vb_rows(vb, after_seqno, limit)]
 
+    @maps_file_errors
     def read_vb_rows(self, vb: int, after_seqno: int, limit: int) -> list[tuple]:
         """read_vb's rows as plain tuples in Mutation's field order (what the data service ships)."""
-        return self._db.execute(
+        return self.file.db.execute(
             f"SELECT {_LOG_COLUMNS} FROM log WHERE vb=? AND seqno>? ORDER BY seqno LIMIT ?",
             (vb, after_seqno, limit),
         ).fetchall()
@@ -162,26 +155,27 @@ class BucketReads:
         if last <= after_seqno:
             return [], 0, after_seqno
         keep, params = _matching_sql(prefilter, origin)
-        rows = self._db.execute(
+        rows = self.file.db.execute(
             f"SELECT {_LOG_COLUMNS} FROM log WHERE vb = ? AND seqno > ? AND seqno <= ? AND (seqno = ? OR {keep}) "
             "ORDER BY seqno",
             (vb, after_seqno, last, last, *params),
         ).fetchall()
         if rows and rows[-1][1] == last:
             return rows, last - after_seqno, last
-        scanned, last = self._db.execute(
+        scanned, last = self.file.db.execute(
             "SELECT count(*), max(seqno) FROM (SELECT seqno FROM log WHERE vb = ?1 AND seqno > ?2 AND seqno <= ?3 "
             "ORDER BY seqno LIMIT ?4)",
             (vb, after_seqno, upto, limit),
         ).fetchone()
         if not scanned:
             return [], 0, after_seqno
-        rows = self._db.execute(
+        rows = self.file.db.execute(
             f"SELECT {_LOG_COLUMNS} FROM log WHERE vb = ? AND seqno > ? AND seqno <= ? AND {keep} ORDER BY seqno",
             (vb, after_seqno, last, *params),
         ).fetchall()
         return rows, scanned, last
 
+    @maps_file_errors
     def read_vb_columns(self, vb: int, after_seqno: int, limit: int) -> tuple | None:
         """read_vb_rows's answer column by column, concatenated by SQLite (no Python object per entry: about
         half the cost of fetching the rows), for the data service to ship: ``(count, last_seqno, ops, keys,
@@ -190,7 +184,7 @@ class BucketReads:
         lengths (-1: no document) and the numbers are comma-separated text. None when the entries are not
         that plain case (a gap in the seqnos, an origin, an expiry or flags): read the rows then."""
         try:
-            row = self._db.execute(
+            row = self.file.db.execute(
                 "SELECT count(*), max(seqno), max(origin IS NOT NULL OR expiry != 0 OR flags != 0), "
                 "group_concat(CASE WHEN op != 0 THEN seqno || ':' || op END), "
                 "CAST(group_concat(key, char(0)) AS BLOB), CAST(group_concat(doc, '') AS BLOB), "
@@ -207,6 +201,7 @@ class BucketReads:
             return None
         return count, last, ops, keys, docs or b"", lengths, cas, arrivals
 
+    @maps_file_errors
     def read_vb_packed(
         self, vb: int, after_seqno: int, limit: int, origin: str, *, exact_arrivals_over_ms: int | None = None
     ) -> PackedUpdates | None:
@@ -220,7 +215,7 @@ class BucketReads:
         The updates' arrival times come as their least and greatest; each one is read as well (a second
         query, about as costly as the first) only when they spread over ``exact_arrivals_over_ms`` or more."""
         try:
-            row = self._db.execute(
+            row = self.file.db.execute(
                 "SELECT count(*), max(seqno), count(doc), max(origin = ?4 OR substr(origin, 1, ?5) = ?6), "
                 "group_concat(CASE WHEN op != 0 THEN seqno END), "
                 "CAST(group_concat(CASE WHEN op = 0 THEN key END, char(0)) AS BLOB), "
@@ -245,7 +240,7 @@ class BucketReads:
         if docs_count and exact_arrivals_over_ms is not None and last_arrival - first_arrival >= exact_arrivals_over_ms:
             arrivals = [
                 r[0]
-                for r in self._db.execute(
+                for r in self.file.db.execute(
                     "SELECT arrival_ms FROM log WHERE vb=? AND seqno>? AND seqno<=? AND op=? ORDER BY seqno",
                     (vb, after_seqno, last, OP_UPDATE),
                 )
@@ -256,31 +251,46 @@ class BucketReads:
             other_keys or b"", [int(o) for o in other_ops.split(",")] if other_ops else None,
         )
 
+    @maps_file_errors
     def first_arrival_after(self, positions: dict[int, int]) -> int | None:
         """The earliest arrival time (epoch ms) of the log entries after ``positions[vb]`` in each given
         vBucket, or None when there are none: what a reader at those positions has still to read."""
         earliest: int | None = None
         for vb, after in positions.items():
             # Arrival times never go backwards within a vBucket: the first entry has the earliest.
-            row = self._db.execute(
+            row = self.file.db.execute(
                 "SELECT arrival_ms FROM log WHERE vb=? AND seqno>? ORDER BY seqno LIMIT 1", (vb, after)
             ).fetchone()
             if row is not None and (earliest is None or row[0] < earliest):
                 earliest = row[0]
         return earliest
 
+    @maps_file_errors
     def max_doc_bytes(self, vb: int, after_seqno: int, last_seqno: int) -> int:
         """Size of the largest document logged in one vBucket in ``(after_seqno, last_seqno]``."""
-        row = self._db.execute(
+        row = self.file.db.execute(
             "SELECT max(length(doc)) FROM log WHERE vb=? AND seqno>? AND seqno<=?", (vb, after_seqno, last_seqno)
         ).fetchone()
         return row[0] or 0
 
+    @maps_file_errors
+    def seqnos_before(self, time_ns: int) -> dict[int, int]:
+        """Per vBucket with a mutation logged at or after `time_ns`: the seqno right before the first such
+        mutation. The time of a mutation is its arrival_ms where the log has that column, else its cas,
+        the wall-clock time of its write in nanoseconds (see eventing.storage.writes._reserve_cas)."""
+        db = self.file.db
+        column, value = "cas", max(-(2**63), min(time_ns, 2**63 - 1))  # SQLite integers are 64-bit
+        if "arrival_ms" in {r[1] for r in db.execute("PRAGMA table_info(log)")}:
+            column, value = "arrival_ms", time_ns // 1_000_000  # the log's own arrival time, where it keeps one
+        rows = db.execute(f"SELECT vb, MIN(seqno) - 1 FROM log WHERE {column} >= ? GROUP BY vb", (value,))
+        return dict(rows.fetchall())
+
+    @maps_file_errors
     def scan_log(self, batch: int = 10_000) -> Iterable[list[Mutation]]:
         """The whole log in (vb, seqno) order, in batches."""
         last = (-1, 0)
         while True:
-            rows = self._db.execute(
+            rows = self.file.db.execute(
                 f"SELECT {_LOG_COLUMNS} FROM log WHERE (vb, seqno) > (?, ?) ORDER BY vb, seqno LIMIT ?",
                 (*last, batch),
             ).fetchall()
@@ -289,11 +299,12 @@ class BucketReads:
             yield [Mutation(*r) for r in rows]
             last = (rows[-1][0], rows[-1][1])
 
+    @maps_file_errors
     def log_index(self, batch: int = 50_000) -> Iterable[list[tuple[int, int, str, str | None]]]:
         """(vb, seqno, key, origin) of the whole log in (vb, seqno) order, in batches, without documents."""
         last = (-1, 0)
         while True:
-            rows = self._db.execute(
+            rows = self.file.db.execute(
                 "SELECT vb, seqno, key, origin FROM log WHERE (vb, seqno) > (?, ?) ORDER BY vb, seqno LIMIT ?",
                 (*last, batch),
             ).fetchall()
@@ -302,9 +313,10 @@ class BucketReads:
             yield rows
             last = (rows[-1][0], rows[-1][1])
 
+    @maps_file_errors
     def logged_writes(self, prefix: str) -> dict[str, int]:
         """How many upserts of each key starting with `prefix` the log holds (every version is kept)."""
-        rows = self._db.execute(
+        rows = self.file.db.execute(
             "SELECT key, COUNT(*) FROM log WHERE op=? AND substr(key, 1, ?)=? GROUP BY key",
             (OP_UPDATE, len(prefix), prefix),
         )
@@ -312,15 +324,16 @@ class BucketReads:
 
     def keys(self, prefix: str = "", limit: int | None = None) -> list[str]:
         """Keys of live documents in key order, those starting with `prefix`, at most `limit`."""
-        return [key for key, *_ in self._live_docs(prefix, limit, with_docs=False)]
+        return [key for key, *_ in self.live_docs(prefix, limit, with_docs=False)]
 
     def scan(self, prefix: str = "", limit: int | None = None) -> Iterator[tuple[str, dict, dict]]:
         """(key, document, meta) of live documents in key order; meta has vb, seqno, cas, expiry, flags."""
-        for key, vb, seqno, cas, expiry, flags, raw in self._live_docs(prefix, limit, with_docs=True):
+        for key, vb, seqno, cas, expiry, flags, raw in self.live_docs(prefix, limit, with_docs=True):
             meta = {"vb": vb, "seqno": seqno, "cas": cas, "expiry": expiry, "flags": flags}
             yield key, decode_document(raw), meta
 
-    def _live_docs(self, prefix: str, limit: int | None, *, with_docs: bool, batch: int = 1000) -> Iterator[tuple]:
+    @maps_file_errors
+    def live_docs(self, prefix: str, limit: int | None, *, with_docs: bool, batch: int = 1000) -> Iterator[tuple]:
         """Live documents in key order, read in batches (keyset paging, so a large bucket streams)."""
         columns = "key, vb, seqno, cas, expiry, flags" + (", doc" if with_docs else "")
         after: str | None = None
@@ -335,7 +348,7 @@ class BucketReads:
             if after is not None:
                 clauses.append("key > ?")
                 args.append(after)
-            rows = self._db.execute(
+            rows = self.file.db.execute(
                 f"SELECT {columns} FROM docs WHERE {' AND '.join(clauses)} ORDER BY key LIMIT ?", (*args, take)
             ).fetchall()
             yield from rows
@@ -345,12 +358,13 @@ class BucketReads:
             if left is not None:
                 left -= len(rows)
 
+    @maps_file_errors
     def count(self, prefix: str = "") -> int:
         """Live documents (deleted and expired-then-deleted ones are tombstones, not counted), those whose
         key starts with `prefix`."""
         if prefix:
-            return self._db.execute(
+            return self.file.db.execute(
                 "SELECT COUNT(*) FROM docs WHERE deleted=0 AND key >= ? AND substr(key, 1, ?) = ?",
                 (prefix, len(prefix), prefix),
             ).fetchone()[0]
-        return self._db.execute("SELECT COUNT(*) FROM docs WHERE deleted=0").fetchone()[0]
+        return self.file.db.execute("SELECT COUNT(*) FROM docs WHERE deleted=0").fetchone()[0]

@@ -1,42 +1,31 @@
-"""The write path of a local bucket (``BucketWrites``, one part of ``LocalBucket``): each write gets the next
-seqno of its vBucket, a fresh cas and its transaction's arrival time; writers of one file take turns
-(eventing.storage.write_turns), a batch of updates is planned before the write lock
-(eventing.storage.write_plan), and once a transaction commits a running service is told which vBuckets it
-wrote (eventing.storage.wake). Also the check-and-set behind the Data API (``change_document``,
-``change_documents``), expirations, and ``chunked``, which cuts a stream of writes into batches.
+"""The write path of a local bucket (``FileWriter``, a collaborator of ``LocalBucket``): each write gets the
+next seqno of its vBucket, a fresh cas and its transaction's arrival time, in a transaction of the file
+(``BucketFile.transaction``: writers of one file take turns, and once it commits a running service is told
+which vBuckets it wrote); a batch of updates is planned before the write lock (eventing.storage.write_plan).
+Also the check-and-set behind the Data API (``change_document``, ``change_documents``), expirations, and
+``chunked``, which cuts a stream of writes into batches.
 """
 
 from __future__ import annotations
 
 import itertools
-import sqlite3
 import threading
 import time
 import zlib
 from collections.abc import Callable, Iterable, Sequence
 from operator import itemgetter
-from pathlib import Path
 
 from eventing.core.keyspaces import COLLECTION_MARK, vbucket_of_stored
 from eventing.core.mutation import OP_DELETE, OP_EXPIRE, OP_UPDATE, encode_document
 from eventing.errors import NotFoundError
-from eventing.storage import wake, write_turns
-from eventing.storage.files import (
-    _LOG_COLUMNS,
-    SMALL_TX_CHECKPOINT_PAGES,
-    SMALL_TX_ROWS,
-    WAL_AUTOCHECKPOINT_PAGES,
-    _retry_locked,
-)
+from eventing.storage.bucket_file import BucketFile
+from eventing.storage.file_health import maps_file_errors
+from eventing.storage.files import _LOG_COLUMNS
 from eventing.storage.values import Changed, StoredDocument, Write
 from eventing.storage.write_plan import Item, UpdatePlan
-from metadata.sqlite_io import run_transaction
 from sharding import NUM_VBUCKETS, validate_key
 
 _by_vb = itemgetter(0)
-# Workers writing one bucket wait for its write lock by trying every millisecond rather than in SQLite's
-# busy handler, whose sleeps grow to 100 ms (see metadata.sqlite_io.begin_polling).
-WRITE_LOCK_POLL_S = 0.001
 HEADS_BY_VB_MAX = 32  # up to this many vBuckets in a write, their heads are read one query each
 _cas_lock = threading.Lock()
 _last_cas = 0
@@ -89,17 +78,11 @@ def _plan(items: list[Item]) -> UpdatePlan | None:
     return UpdatePlan(items) if UpdatePlan.applies_to(items) else None
 
 
+class FileWriter:
+    """The write path of one bucket file. A collaborator of LocalBucket (eventing.storage.bucket)."""
 
-class BucketWrites:
-    """Writes to a bucket's file. A part of LocalBucket (eventing.storage.bucket), which sets these."""
-
-    path: Path
-    name: str
-    _db: sqlite3.Connection
-    _commits: int
-    _written: set[int]
-    _wake_path: Path
-    _checkpoint_pages: int  # the connection's wal_autocheckpoint now
+    def __init__(self, file: BucketFile):
+        self.file = file
 
     def write(
         self, writes: Iterable[Write], *, origin: str | None = None, arrival_ms: int | None = None
@@ -111,32 +94,7 @@ class BucketWrites:
         """
         items = _items(writes)  # a retried transaction (locked, disk full) must see every write again
         plan = _plan(items)
-        return _retry_locked(self.path, lambda: self._tx(lambda: self._log(items, origin, arrival_ms, plan)))
-
-    def _tx(self, body):
-        written = self._written
-        written.clear()  # a retried transaction logs again
-        db = self._db
-
-        def sized_body():
-            before = db.total_changes
-            out = body()
-            pages = SMALL_TX_CHECKPOINT_PAGES if db.total_changes - before < SMALL_TX_ROWS else WAL_AUTOCHECKPOINT_PAGES
-            if pages != self._checkpoint_pages:  # SQLite checkpoints (if due) right after this COMMIT
-                db.execute(f"PRAGMA wal_autocheckpoint={pages}")
-                self._checkpoint_pages = pages
-            return out
-
-        with write_turns.turn(self.path):
-            try:
-                result = run_transaction(db, self.path, sized_body, poll_lock_s=WRITE_LOCK_POLL_S)
-            finally:
-                self._commits += 1
-                write_turns.keep_wal_short(self._db, self.path)
-        if written:
-            wake.notify(self._wake_path, self.name, written)
-            written.clear()
-        return result
+        return self.file.transaction(lambda: self.log(items, origin, arrival_ms, plan))
 
     def load_rows(self, rows: Sequence[tuple[str, int, bytes | None, int]], *, arrival_ms: int | None = None) -> int:
         """``write`` for imports (``bucket load``): rows are ``(key, op, doc, expiry)`` with keys already
@@ -144,13 +102,13 @@ class BucketWrites:
         Returns how many rows were logged."""
         items: list[Item] = [(key, op, doc, expiry, 0, None) for key, op, doc, expiry in rows]
         plan = _plan(items)
-        logged = _retry_locked(self.path, lambda: self._tx(lambda: self._log(items, None, arrival_ms, plan)))
+        logged = self.file.transaction(lambda: self.log(items, None, arrival_ms, plan))
         return sum(1 for r in logged if r is not None)
 
-    def _log(
+    def log(
         self, items: list[Item], origin: str | None, arrival_ms: int | None, plan: UpdatePlan | None = None
     ) -> list[tuple[int, int] | None]:
-        """The one write path: items are ``(key, op, doc, expiry, flags, cas)``. Each logged item gets the
+        """The one write path, inside a transaction of the file: items are ``(key, op, doc, expiry, flags, cas)``. Each logged item gets the
         next seqno of its vBucket, its cas (a fresh one when None) and the transaction's arrival time; a
         delete of a document that does not exist (at that point of the batch) is skipped.
 
@@ -198,17 +156,17 @@ class BucketWrites:
 
     def _insert(self, log_rows: list[tuple], docs_rows: list[tuple], highs: dict[int, int], arrivals: dict[int, int]) -> None:
         """Write log rows (in (vb, seqno) order), docs rows (in key order) and the moved high seqnos."""
-        db = self._db
+        db = self.file.db
         db.executemany(f"INSERT INTO log({_LOG_COLUMNS}) VALUES(?,?,?,?,?,?,?,?,?,?)", log_rows)
         db.executemany("INSERT OR REPLACE INTO docs VALUES(?,?,?,?,?,?,?,?)", docs_rows)
         moved = sorted({row[0] for row in log_rows})
-        self._written.update(moved)
+        self.file.written.update(moved)
         db.executemany("UPDATE high SET seqno=?, arrival_ms=? WHERE vb=?", [(highs[vb], arrivals[vb], vb) for vb in moved])
 
     def _heads(self, vbs: set[int], arrival: int) -> tuple[dict[int, int], dict[int, int]]:
         """High seqno and the arrival time new entries get (never below the vBucket's last one: readers find
         the earliest unread arrival first) of each vBucket in ``vbs``."""
-        db = self._db
+        db = self.file.db
         if len(vbs) > HEADS_BY_VB_MAX:  # one read of the 1,024-row table beats hundreds of lookups from Python
             rows = [r for r in db.execute("SELECT vb, seqno, arrival_ms FROM high") if r[0] in vbs]
         else:
@@ -220,7 +178,7 @@ class BucketWrites:
         live: dict[str, bool] = {}
         for part in chunked(keys, 500):
             marks = ",".join("?" * len(part))
-            for key, deleted in self._db.execute(f"SELECT key, deleted FROM docs WHERE key IN ({marks})", part):
+            for key, deleted in self.file.db.execute(f"SELECT key, deleted FROM docs WHERE key IN ({marks})", part):
                 live[key] = not deleted
         return live
 
@@ -238,7 +196,7 @@ class BucketWrites:
         validate_key(key)
         result = self.write([Write(key, OP_DELETE)], origin=origin)[0]
         if result is None:
-            raise NotFoundError(f"document '{key}' does not exist in bucket '{self.name}'")
+            raise NotFoundError(f"document '{key}' does not exist in bucket '{self.file.name}'")
         return result
 
     def change_document(
@@ -251,20 +209,20 @@ class BucketWrites:
         only compute. Returns the document's version afterwards (None when there is none)."""
 
         def body() -> StoredDocument | None:
-            row = self._db.execute(
+            row = self.file.db.execute(
                 "SELECT doc, cas, expiry, flags, vb, seqno FROM docs WHERE key=? AND deleted=0", (key,)
             ).fetchone()
             current = None if row is None else StoredDocument(key, *row)
             write = change(current)
             if write is None:
                 return current
-            placed = self._log(_items([write]), origin, None)[0]
+            placed = self.log(_items([write]), origin, None)[0]
             if placed is None or write.op != OP_UPDATE:
                 return None
-            cas = self._db.execute("SELECT cas FROM docs WHERE key=?", (key,)).fetchone()[0]
+            cas = self.file.db.execute("SELECT cas FROM docs WHERE key=?", (key,)).fetchone()[0]
             return StoredDocument(key, write.doc or b"", cas, write.expiry, write.flags, *placed)
 
-        return _retry_locked(self.path, lambda: self._tx(body))
+        return self.file.transaction(body)
 
     def change_documents(
         self, changes: Sequence[tuple[str, Callable[[StoredDocument | None], Write | None]]], *, origin: str | None = None
@@ -272,10 +230,10 @@ class BucketWrites:
         """``change_document`` for many documents in one transaction (a group commit: one commit for the
         concurrent writes of the Data API). Each change sees the document as the earlier ones in the list
         left it; a change that raises writes nothing and its exception takes its place in the answer,
-        the others go on. Any other failure (SQLite, a write refused by ``_log``) fails them all."""
+        the others go on. Any other failure (SQLite, a write refused by ``log``) fails them all."""
 
         def body() -> list[Changed | Exception]:
-            db = self._db
+            db = self.file.db
             out: list[Changed | Exception] = []
             for key, change in changes:
                 row = db.execute(
@@ -290,7 +248,7 @@ class BucketWrites:
                 if write is None:
                     out.append(Changed(current))
                     continue
-                placed = self._log(_items([write]), origin, None)[0]
+                placed = self.log(_items([write]), origin, None)[0]
                 if placed is None:  # a delete of nothing
                     out.append(Changed(None))
                     continue
@@ -299,14 +257,15 @@ class BucketWrites:
                 out.append(Changed(after if write.op == OP_UPDATE else None, cas, *placed))
             return out
 
-        return _retry_locked(self.path, lambda: self._tx(body))
+        return self.file.transaction(body)
 
+    @maps_file_errors
     def expire_due(self, now_s: float | None = None) -> int:
         """Turn documents whose expiry has passed into expiration mutations (on_delete with expired)."""
         now = int(time.time() if now_s is None else now_s)
         keys = [
             r[0]
-            for r in self._db.execute(
+            for r in self.file.db.execute(
                 "SELECT key FROM docs WHERE deleted=0 AND expiry>0 AND expiry<=?", (now,)
             ).fetchall()
         ]

@@ -10,7 +10,7 @@ from itertools import groupby
 from operator import itemgetter
 
 from eventing.core.keyspaces import COLLECTION_MARK, Keyspace, split_stored_key
-from eventing.storage.protocol import Bucket
+from eventing.storage.protocol import BucketDocuments
 
 COLLECTION_MARK_BYTES = COLLECTION_MARK.encode()
 _ABOVE_MARK = chr(ord(COLLECTION_MARK) + 1)
@@ -23,7 +23,7 @@ REGISTRY_TTL_S = 1.0
 class SourceCollections:
     """The source keyspace of one function over its bucket's collections (ids from the bucket's registry)."""
 
-    def __init__(self, bucket: Bucket, source: Keyspace):
+    def __init__(self, bucket: BucketDocuments, source: Keyspace):
         self.bucket = bucket
         self.source = source
         self.source_is_default = source.is_default

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from eventing.core import counters as counter_names
 from eventing.core.filters import Prefilter
+from eventing.storage.protocol import DirectLogSource, LogSource
 from eventing.workers.collections import COLLECTION_MARK_BYTES, SourceCollections
 from eventing.workers.crash_guard import CrashGuard, handle_alone
 from eventing.workers.handling import WorkerHandling
@@ -52,7 +53,7 @@ class WorkerReads(WorkerHandling):
         handled. read_vb takes rows read ahead from the
         front of each vBucket's rows; a read they do not cover is made on the spot (a round trip, never a
         wrong answer)."""
-        source = self.source
+        source: LogSource = self.source
         source.forget_prefetched(self.positions)
         positions = self.positions
         start = self._rotor % len(work)
@@ -127,8 +128,9 @@ class WorkerReads(WorkerHandling):
         leaves out the rows the filter's byte check rules out; they are counted as filtered here, the rest
         go on as read rows do. Returns how many entries it passed (0: none left up to `upto`) and how many
         of them it read (the others were ruled out in the query)."""
-        rows, scanned, last = self.source.read_vb_matching(  # type: ignore[attr-defined]
-            vb, position, limit, upto, self._prefilter, self.name
+        source = cast(DirectLogSource, self.source)  # a prefilter is set only where nothing is read ahead
+        rows, scanned, last = source.read_vb_matching(
+            vb, position, limit, upto, cast(Prefilter, self._prefilter), self.name
         )
         if rows:
             self._handle_rows(vb, position, rows)

@@ -34,11 +34,12 @@ replace with that CAS; on a CAS mismatch read again and re-check), so two writer
 What SQLite does in one transaction (a commit's dead letters, checkpoints and counters) happens here in
 order, dead letters first, so a crash in between leaves at most work that is redone, never skipped.
 
-Modules: documents.py (the key-value protocol the store needs), store.py (CouchbaseMetadataStore:
-functions, checkpoints, commits, counters) on cas.py (keys, reads, CAS loops), dlq.py (dead letters),
-timers.py (durable timers), users.py (users of the APIs) and cluster.py (services, leases, nodes,
-settings), window_state.py (CouchbaseWindowStateStore), adapter.py (that protocol on the Couchbase
-Python SDK).
+Modules: documents.py (the key-value protocol the store needs), cas.py (CasDocuments: keys, reads, CAS
+loops: the document access every part is given), store.py (CouchbaseMetadataStore: functions, checkpoints,
+commits, counters, and a facade over its collaborators), dlq.py (DeadLetters: dead letters and deaths),
+timers.py (Timers: durable timers), users.py (Users: users of the APIs), cluster.py (ClusterRecords:
+services, leases, nodes, settings), window_state.py (CouchbaseWindowStateStore), adapter.py (that protocol
+on the Couchbase Python SDK).
 """
 
 from __future__ import annotations

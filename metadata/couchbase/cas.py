@@ -1,5 +1,5 @@
-"""The document helpers every part of the Couchbase store builds on: keys, reads that report corruption,
-and the CAS loops that make each read-modify-write of one document atomic."""
+"""The shared document access every part of the Couchbase store is given (``CasDocuments``): keys, reads that
+report corruption, and the CAS loops that make each read-modify-write of one document atomic."""
 
 from __future__ import annotations
 
@@ -19,56 +19,53 @@ MAX_CAS_ATTEMPTS = 200
 
 
 class CasDocuments:
-    """The documents under one key prefix, read and changed through CAS loops."""
+    """The documents under one key prefix, read and changed through CAS loops. ``raw`` is the key-value
+    operations themselves (metadata.couchbase.documents), for the writes that need no loop."""
 
-    _docs: Documents
-    prefix: str
-    where: str
-
-    def _setup(self, documents: Documents, prefix: str) -> None:
-        self._docs = documents
+    def __init__(self, documents: Documents, prefix: str):
+        self.raw = documents
         self.prefix = prefix
         self.where = documents.where
 
-    def _corrupt(self, key: str, what: str) -> StoreCorruptError:
+    def corrupt(self, key: str, what: str) -> StoreCorruptError:
         return StoreCorruptError(
             f"metadata store {self.where}: document {key} {what}; restore the bucket from a backup "
             f"(cbbackupmgr), or remove the documents under prefix '{self.prefix}::' and deploy the functions again"
         )
 
-    def _get(self, key: str) -> tuple[Doc, int] | None:
+    def get(self, key: str) -> tuple[Doc, int] | None:
         """`Documents.get`, with a value that is not a JSON object reported as corruption."""
-        got = self._docs.get(key)
+        got = self.raw.get(key)
         if got is not None and not isinstance(got[0], dict):
-            raise self._corrupt(key, f"is not a JSON object (a {type(got[0]).__name__})")
+            raise self.corrupt(key, f"is not a JSON object (a {type(got[0]).__name__})")
         return got
 
-    def _get_many(self, keys: Sequence[str]) -> dict[str, tuple[Doc, int]]:
-        found = self._docs.get_many(keys)
+    def get_many(self, keys: Sequence[str]) -> dict[str, tuple[Doc, int]]:
+        found = self.raw.get_many(keys)
         for key, (value, _) in found.items():
             if not isinstance(value, dict):
-                raise self._corrupt(key, f"is not a JSON object (a {type(value).__name__})")
+                raise self.corrupt(key, f"is not a JSON object (a {type(value).__name__})")
         return found
 
-    def _decode(self, key: str, decode: Callable[..., T], *args: Any) -> T:
+    def decode(self, key: str, decode: Callable[..., T], *args: Any) -> T:
         """Turn a stored document into a value; missing or mistyped fields are corruption, not a crash."""
         try:
             return decode(*args)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise self._corrupt(key, f"lacks a valid field ({type(exc).__name__}: {exc})") from None
+            raise self.corrupt(key, f"lacks a valid field ({type(exc).__name__}: {exc})") from None
 
     # -- keys and CAS loops ---------------------------------------------------------------------------
 
-    def _key(self, *parts: object) -> str:
+    def key(self, *parts: object) -> str:
         return "::".join([self.prefix, *(str(p) for p in parts)])
 
-    def _cp_key(self, function: str, vb: int) -> str:
-        return self._key("cp", function, vb)
+    def cp_key(self, function: str, vb: int) -> str:
+        return self.key("cp", function, vb)
 
-    def _cp_keys(self, function: str) -> dict[int, str]:
-        return {vb: self._cp_key(function, vb) for vb in range(NUM_VBUCKETS)}
+    def cp_keys(self, function: str) -> dict[int, str]:
+        return {vb: self.cp_key(function, vb) for vb in range(NUM_VBUCKETS)}
 
-    def _mutate(
+    def mutate(
         self,
         key: str,
         change: Callable[[Doc | None], Doc | None],
@@ -82,14 +79,14 @@ class CasDocuments:
         decide from its argument.
         """
         for attempt in range(MAX_CAS_ATTEMPTS):
-            got = self._get(key)
+            got = self.get(key)
             new = change(copy.deepcopy(got[0]) if got else None)
             if new is None:
                 return None
             if got is None:
-                if self._docs.insert(key, new, expiry_s=expiry_s):
+                if self.raw.insert(key, new, expiry_s=expiry_s):
                     return new
-            elif self._docs.replace(key, new, got[1]):
+            elif self.raw.replace(key, new, got[1]):
                 return new
             if attempt >= 3:
                 time.sleep(min(0.001 * 2**attempt, 0.05))
@@ -98,25 +95,25 @@ class CasDocuments:
             f"({MAX_CAS_ATTEMPTS} attempts); check for a runaway process writing to it"
         )
 
-    def _mutate_many(self, changes: Mapping[str, Callable[[Doc | None], Doc | None]]) -> dict[str, Doc | None]:
-        """`_mutate` for many documents: one multi-get and one multi-replace, then each lost race alone."""
-        current = self._get_many(list(changes))
+    def mutate_many(self, changes: Mapping[str, Callable[[Doc | None], Doc | None]]) -> dict[str, Doc | None]:
+        """`mutate` for many documents: one multi-get and one multi-replace, then each lost race alone."""
+        current = self.get_many(list(changes))
         out: dict[str, Doc | None] = {}
         batch: dict[str, tuple[Doc, int]] = {}
         for key, change in changes.items():
             got = current.get(key)
             if got is None:
-                out[key] = self._mutate(key, change)
+                out[key] = self.mutate(key, change)
                 continue
             new = change(copy.deepcopy(got[0]))
             out[key] = new
             if new is not None:
                 batch[key] = (new, got[1])
-        for key in self._docs.replace_many(batch) if batch else set():
-            out[key] = self._mutate(key, changes[key])
+        for key in self.raw.replace_many(batch) if batch else set():
+            out[key] = self.mutate(key, changes[key])
         return out
 
-    def _index_add(self, key: str, field: str, values: Iterable[Any]) -> None:
+    def index_add(self, key: str, field: str, values: Iterable[Any]) -> None:
         wanted = list(values)
 
         def change(doc: Doc | None) -> Doc | None:
@@ -127,9 +124,9 @@ class CasDocuments:
             doc[field] = sorted(doc[field] + missing)
             return doc
 
-        self._mutate(key, change)
+        self.mutate(key, change)
 
-    def _index_remove(self, key: str, field: str, values: Iterable[Any]) -> None:
+    def index_remove(self, key: str, field: str, values: Iterable[Any]) -> None:
         unwanted = set(values)
 
         def change(doc: Doc | None) -> Doc | None:
@@ -138,4 +135,4 @@ class CasDocuments:
             doc[field] = [v for v in doc[field] if v not in unwanted]
             return doc
 
-        self._mutate(key, change)
+        self.mutate(key, change)

@@ -13,29 +13,33 @@ from metadata.model import Lease, next_lease
 SERVICE_TTL_S = 24 * 3600
 
 
-class ClusterDocuments(CasDocuments):
-    """Service heartbeats, leases, eventing nodes and settings of the MetadataStore protocol."""
+class ClusterRecords:
+    """Service heartbeats, leases, eventing nodes and settings of the MetadataStore protocol. A
+    collaborator of CouchbaseMetadataStore (metadata.couchbase.store), over its documents."""
+
+    def __init__(self, docs: CasDocuments):
+        self.docs = docs
 
     # -- services -------------------------------------------------------------------------------------
 
     def heartbeat(self, service_id: str, info: str) -> None:
-        self._docs.upsert(
-            self._key("svc", service_id), {"info": info, "heartbeat_at": time.time()}, expiry_s=SERVICE_TTL_S
+        self.docs.raw.upsert(
+            self.docs.key("svc", service_id), {"info": info, "heartbeat_at": time.time()}, expiry_s=SERVICE_TTL_S
         )
-        index = self._get(self._key("services"))
+        index = self.docs.get(self.docs.key("services"))
         if index is None or service_id not in index[0]["ids"]:
-            self._index_add(self._key("services"), "ids", [service_id])
+            self.docs.index_add(self.docs.key("services"), "ids", [service_id])
 
     def remove_service(self, service_id: str) -> None:
-        self._docs.remove(self._key("svc", service_id))
-        self._index_remove(self._key("services"), "ids", [service_id])
+        self.docs.raw.remove(self.docs.key("svc", service_id))
+        self.docs.index_remove(self.docs.key("services"), "ids", [service_id])
 
     def live_services(self, max_age_s: float) -> list[str]:
-        index = self._get(self._key("services"))
+        index = self.docs.get(self.docs.key("services"))
         ids = index[0]["ids"] if index else []
-        docs = self._get_many([self._key("svc", i) for i in ids])
+        docs = self.docs.get_many([self.docs.key("svc", i) for i in ids])
         since = time.time() - max_age_s
-        return [i for i in ids if self._key("svc", i) in docs and docs[self._key("svc", i)][0]["heartbeat_at"] >= since]
+        return [i for i in ids if self.docs.key("svc", i) in docs and docs[self.docs.key("svc", i)][0]["heartbeat_at"] >= since]
 
     # -- leases ---------------------------------------------------------------------------------------
 
@@ -51,11 +55,11 @@ class ClusterDocuments(CasDocuments):
             taken[0] = new
             return None if new is None else _lease_doc(new)
 
-        self._mutate(self._key("lease", name), change)
+        self.docs.mutate(self.docs.key("lease", name), change)
         return taken[0]
 
     def lease(self, name: str) -> Lease | None:
-        got = self._docs.get(self._key("lease", name))
+        got = self.docs.raw.get(self.docs.key("lease", name))
         return _lease(name, got[0]) if got else None
 
     def release_lease(self, name: str, holder: str) -> bool:
@@ -65,14 +69,14 @@ class ClusterDocuments(CasDocuments):
             released[0] = doc is not None and doc["holder"] == holder and doc["expires_at"] > 0
             return {**doc, "expires_at": 0} if doc is not None and released[0] else None
 
-        self._mutate(self._key("lease", name), change)
+        self.docs.mutate(self.docs.key("lease", name), change)
         return released[0]
 
     # -- eventing nodes -------------------------------------------------------------------------------
 
     def nodes(self) -> list[dict]:
         """Eventing nodes in the order they were added; state is active, joining or leaving."""
-        got = self._get(self._key("nodes"))
+        got = self.docs.get(self.docs.key("nodes"))
         nodes = [dict(n, name=name) for name, n in (got[0]["nodes"] if got else {}).items()]
         return [
             {"name": n["name"], "state": n["state"], "ray_node_id": n["ray_node_id"], "added_at": n["added_at"]}
@@ -89,7 +93,7 @@ class ClusterDocuments(CasDocuments):
                 old.update(state=state, ray_node_id=ray_node_id if ray_node_id is not None else old["ray_node_id"])
             return {"nodes": nodes}
 
-        self._mutate(self._key("nodes"), change)
+        self.docs.mutate(self.docs.key("nodes"), change)
 
     def delete_node(self, name: str) -> None:
         def change(doc: Doc | None) -> Doc | None:
@@ -98,16 +102,16 @@ class ClusterDocuments(CasDocuments):
             del doc["nodes"][name]
             return doc
 
-        self._mutate(self._key("nodes"), change)
+        self.docs.mutate(self.docs.key("nodes"), change)
 
     # -- small settings -------------------------------------------------------------------------------
 
     def get_kv(self, key: str) -> str | None:
-        got = self._get(self._key("kv", key))
+        got = self.docs.get(self.docs.key("kv", key))
         return got[0]["value"] if got else None
 
     def set_kv(self, key: str, value: str) -> None:
-        self._docs.upsert(self._key("kv", key), {"value": value})
+        self.docs.raw.upsert(self.docs.key("kv", key), {"value": value})
 
 
 def _lease(name: str, doc: Doc) -> Lease:

@@ -18,31 +18,35 @@ from sharding import NUM_VBUCKETS
 DLQ_FETCH_CHUNK = 500
 
 
-class DlqDocuments(CasDocuments):
-    """The dead-letter queue of the MetadataStore protocol."""
+class DeadLetters:
+    """The dead-letter queue of the MetadataStore protocol, and the deaths counted per mutation. A
+    collaborator of CouchbaseMetadataStore (metadata.couchbase.store), over its documents."""
+
+    def __init__(self, docs: CasDocuments):
+        self.docs = docs
 
     # -- dead letters ---------------------------------------------------------------------------------
 
     def _dlq_key(self, function: str, vb: int, seqno: int) -> str:
-        return self._key("dlq", function, vb, seqno)
+        return self.docs.key("dlq", function, vb, seqno)
 
-    def _insert_dlq(self, rows: Sequence[DlqRow]) -> None:
+    def insert(self, rows: Sequence[DlqRow]) -> None:
         """Insert each dead letter once (a second insert of the same key is a no-op), then index it."""
         by_vb: dict[tuple[str, int], list[int]] = defaultdict(list)
         for r in rows:
             key = self._dlq_key(r.function, r.vb, r.seqno)
-            if not self._docs.insert(key, _encode_dlq(r)):
-                self._mutate(key, functools.partial(_revive_dlq, row=r))
+            if not self.docs.raw.insert(key, _encode_dlq(r)):
+                self.docs.mutate(key, functools.partial(_revive_dlq, row=r))
             by_vb[(r.function, r.vb)].append(r.seqno)
         # Indexed after the rows: a crash in between is repaired when the batch is redone (the insert is
         # a no-op, the index entry is added then).
         for (function, vb), seqnos in by_vb.items():
-            self._index_add(self._key("dlqix", function, vb), "seqnos", seqnos)
+            self.docs.index_add(self.docs.key("dlqix", function, vb), "seqnos", seqnos)
 
     def _dlq_positions(self, function: str, vb: int | None) -> list[tuple[int, int]]:
         vbs = range(2 * NUM_VBUCKETS) if vb is None else [vb]
-        keys = {v: self._key("dlqix", function, v) for v in vbs}
-        docs = self._get_many(list(keys.values()))
+        keys = {v: self.docs.key("dlqix", function, v) for v in vbs}
+        docs = self.docs.get_many(list(keys.values()))
         return sorted((v, s) for v, key in keys.items() if key in docs for s in docs[key][0]["seqnos"])
 
     def dlq_rows(
@@ -52,7 +56,7 @@ class DlqDocuments(CasDocuments):
 
     def dlq_row(self, function: str, vb: int, seqno: int) -> DlqRow | None:
         """The dead letter of (function, vBucket, seqno), replayed or not; None if there is none."""
-        got = self._get(self._dlq_key(function, vb, seqno))
+        got = self.docs.get(self._dlq_key(function, vb, seqno))
         return _decode_dlq(got[0]) if got else None
 
     def find_dlq_rows(
@@ -74,7 +78,7 @@ class DlqDocuments(CasDocuments):
         found: list[DlqRow] = []
         for i in range(0, len(positions), DLQ_FETCH_CHUNK):
             keys = [self._dlq_key(function, v, s) for v, s in positions[i : i + DLQ_FETCH_CHUNK]]
-            docs = self._get_many(keys)
+            docs = self.docs.get_many(keys)
             for k in keys:
                 if k not in docs:
                     continue  # removed after the index was read, or before its index entry was
@@ -101,7 +105,7 @@ class DlqDocuments(CasDocuments):
                 return None
             return dict(doc, replayed_at=now)
 
-        written = self._mutate_many({self._dlq_key(function, vb, s): change for vb, s in keys})
+        written = self.docs.mutate_many({self._dlq_key(function, vb, s): change for vb, s in keys})
         return sum(1 for doc in written.values() if doc is not None)
 
     def record_replay_failure(
@@ -117,7 +121,7 @@ class DlqDocuments(CasDocuments):
                 attempts=doc["attempts"] + 1, last_failed_at=time.time(),
             )
 
-        self._mutate(self._dlq_key(function, vb, seqno), change)
+        self.docs.mutate(self._dlq_key(function, vb, seqno), change)
 
     def purge_dlq(
         self,
@@ -135,15 +139,14 @@ class DlqDocuments(CasDocuments):
         for r in rows:
             if selected is not None and (r.vb, r.seqno) not in selected:
                 continue
-            if self._docs.remove(self._dlq_key(function, r.vb, r.seqno)):
+            if self.docs.raw.remove(self._dlq_key(function, r.vb, r.seqno)):
                 removed[r.vb].append(r.seqno)
         for vb, seqnos in removed.items():
-            self._index_remove(self._key("dlqix", function, vb), "seqnos", seqnos)
+            self.docs.index_remove(self.docs.key("dlqix", function, vb), "seqnos", seqnos)
         if reason is None and not replayed_only and selected is None:
             # Everything went: drop the index documents too (entries whose row vanished included).
-            self._docs.remove_many([self._key("dlqix", function, vb) for vb in range(2 * NUM_VBUCKETS)])
+            self.docs.raw.remove_many([self.docs.key("dlqix", function, vb) for vb in range(2 * NUM_VBUCKETS)])
         return sum(len(s) for s in removed.values())
-
 
     # -- deaths on a mutation (eventing.workers.crash_guard) ------------------------------------------
 
@@ -156,16 +159,17 @@ class DlqDocuments(CasDocuments):
             counts[name] = int(counts.get(name, 0)) + 1
             return {"counts": counts}
 
-        written = self._mutate(self._key("deaths", function), change)
+        written = self.docs.mutate(self.docs.key("deaths", function), change)
         assert written is not None
         return int(written["counts"][name])
 
     def deaths(self, function: str) -> dict[tuple[int, int], int]:
-        key = self._key("deaths", function)
-        got = self._get(key)
+        key = self.docs.key("deaths", function)
+        got = self.docs.get(key)
         if got is None:
             return {}
-        return self._decode(key, _deaths_of, got[0])
+        return self.docs.decode(key, _deaths_of, got[0])
+
 
 def _encode_dlq(row: DlqRow) -> Doc:
     return {

@@ -1,22 +1,25 @@
 """CouchbaseMetadataStore: the MetadataStore protocol over Couchbase documents (layout and guarantees in
-the package docstring, metadata/couchbase/__init__.py): functions, checkpoints and ownership, commits and
-counters, on the parts it inherits (cas.py, dlq.py, timers.py, users.py, cluster.py)."""
+the package docstring, metadata/couchbase/__init__.py). It answers functions, checkpoints and ownership,
+commits and counters itself, and hands the rest to its collaborators, each made with the store's shared
+document access (cas.py, CasDocuments): the dead letters (dlq.py, DeadLetters), the durable timers
+(timers.py, Timers), the users of the APIs (users.py, Users) and the cluster's records (cluster.py,
+ClusterRecords: services, leases, nodes, settings)."""
 
 from __future__ import annotations
 
 import copy
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Self
 
 from metadata.couchbase.adapter import SdkDocuments
-from metadata.couchbase.cas import MAX_CAS_ATTEMPTS
-from metadata.couchbase.cluster import ClusterDocuments
-from metadata.couchbase.dlq import DlqDocuments
+from metadata.couchbase.cas import MAX_CAS_ATTEMPTS, CasDocuments
+from metadata.couchbase.cluster import ClusterRecords
+from metadata.couchbase.dlq import DeadLetters
 from metadata.couchbase.documents import Doc, Documents
-from metadata.couchbase.timers import TimerDocuments
-from metadata.couchbase.users import UserDocuments
+from metadata.couchbase.timers import Timers
+from metadata.couchbase.users import Users
 from metadata.errors import (
     ConfigError,
     FencedError,
@@ -33,8 +36,11 @@ from metadata.model import (
     DlqRow,
     FunctionRecord,
     FunctionState,
+    Lease,
     TimerChange,
     TimerDone,
+    TimerRecord,
+    UserRecord,
     check_rewind_allowed,
     check_transition,
     owner_vb,
@@ -47,7 +53,7 @@ if TYPE_CHECKING:
     from metadata.protocol import MetadataStore
 
 
-class CouchbaseMetadataStore(DlqDocuments, TimerDocuments, UserDocuments, ClusterDocuments):
+class CouchbaseMetadataStore:
     """MetadataStore on a Couchbase bucket (see metadata/couchbase/__init__.py for the layout and the guarantees).
 
     Connecting is eager: a cluster that does not answer within `timeout_s` raises StoreError naming the
@@ -74,16 +80,25 @@ class CouchbaseMetadataStore(DlqDocuments, TimerDocuments, UserDocuments, Cluste
         store._setup(documents, prefix)
         return store
 
+    def _setup(self, documents: Documents, prefix: str) -> None:
+        self.docs = CasDocuments(documents, prefix)
+        self.prefix = prefix
+        self.where = documents.where
+        self.dead_letters = DeadLetters(self.docs)
+        self.timers = Timers(self.docs)
+        self.users = Users(self.docs)
+        self.cluster = ClusterRecords(self.docs)
+
     def window_states(self) -> CouchbaseWindowStateStore:
         """The window coordinators' fenced state, one document per function (no cross-document transaction
         here: dead letters (insert-once) go first, then the state under its fence (CAS), then counters; a
         crash in between redoes the batch, and only counters can lag)."""
         from metadata.couchbase.window_state import CouchbaseWindowStateStore
 
-        return CouchbaseWindowStateStore(self)
+        return CouchbaseWindowStateStore(self.docs, self.dead_letters, self.add_counters)
 
     def close(self) -> None:
-        self._docs.close()
+        self.docs.raw.close()
 
     def __enter__(self) -> Self:
         return self
@@ -102,9 +117,9 @@ class CouchbaseMetadataStore(DlqDocuments, TimerDocuments, UserDocuments, Cluste
         """Read every function's documents (index, definition, checkpoints, counters) and check their shape:
         a document that is not a JSON object, or lacks the fields the store writes, raises StoreCorruptError
         naming it (the runtime must stop at its last checkpoint, never skip ahead of a damaged one)."""
-        got = self._get(self._key("functions"))
+        got = self.docs.get(self.docs.key("functions"))
         if got is not None and not (isinstance(got[0].get("names"), list) and all(isinstance(n, str) for n in got[0]["names"])):
-            raise self._corrupt(self._key("functions"), "is not a function index")
+            raise self.docs.corrupt(self.docs.key("functions"), "is not a function index")
         for record in self.list_functions():
             self.checkpoints(record.name)
             self.counters(record.name)
@@ -114,7 +129,7 @@ class CouchbaseMetadataStore(DlqDocuments, TimerDocuments, UserDocuments, Cluste
     def put_function(self, name: str, definition: dict, source: str) -> FunctionRecord:
         """Create a function (undeployed) or update the definition of an undeployed or paused one."""
         # Index first: a crash before the document is written leaves a name that listing skips.
-        self._index_add(self._key("functions"), "names", [name])
+        self.docs.index_add(self.docs.key("functions"), "names", [name])
 
         def change(doc: Doc | None) -> Doc:
             now = time.time()
@@ -127,44 +142,44 @@ class CouchbaseMetadataStore(DlqDocuments, TimerDocuments, UserDocuments, Cluste
                 )
             return dict(doc, definition=definition, source=source, updated_at=now)
 
-        written = self._mutate(self._key("fn", name), change)
+        written = self.docs.mutate(self.docs.key("fn", name), change)
         assert written is not None
         return _function(name, written)
 
     def get_function(self, name: str) -> FunctionRecord:
-        got = self._get(self._key("fn", name))
+        got = self.docs.get(self.docs.key("fn", name))
         if got is None:
             known = ", ".join(r.name for r in self.list_functions()) or "none"
             raise NotFoundError(f"unknown function '{name}' (known: {known}); see `eventing list`")
-        return self._decode(self._key("fn", name), _function, name, got[0])
+        return self.docs.decode(self.docs.key("fn", name), _function, name, got[0])
 
     def list_functions(self) -> list[FunctionRecord]:
-        index = self._get(self._key("functions"))
+        index = self.docs.get(self.docs.key("functions"))
         names = index[0]["names"] if index else []
-        docs = self._get_many([self._key("fn", n) for n in names])
+        docs = self.docs.get_many([self.docs.key("fn", n) for n in names])
         return [
-            self._decode(self._key("fn", n), _function, n, docs[self._key("fn", n)][0])
+            self.docs.decode(self.docs.key("fn", n), _function, n, docs[self.docs.key("fn", n)][0])
             for n in sorted(names)
-            if self._key("fn", n) in docs
+            if self.docs.key("fn", n) in docs
         ]
 
     def delete_function(self, name: str) -> None:
-        key = self._key("fn", name)
+        key = self.docs.key("fn", name)
         for _ in range(MAX_CAS_ATTEMPTS):
-            got = self._get(key)
+            got = self.docs.get(key)
             if got is None:
                 raise NotFoundError(f"unknown function '{name}'; see `eventing list`")
             if got[0]["state"] != FunctionState.UNDEPLOYED.value:
                 raise LifecycleError(f"cannot delete function '{name}': it is {got[0]['state']}; undeploy it first")
-            if self._docs.remove(key, got[1]):  # only if nobody deployed it since the check
+            if self.docs.raw.remove(key, got[1]):  # only if nobody deployed it since the check
                 break
         else:
             raise StoreError(f"metadata store {self.where}: function '{name}' kept changing while being deleted")
         self.drop_checkpoints(name)
         self.drop_timers(name)
         self.purge_dlq(name)
-        self._docs.remove_many([self._key("ctr", name), self._key("cpreg", name), self._key("win", name)])
-        self._index_remove(self._key("functions"), "names", [name])
+        self.docs.raw.remove_many([self.docs.key("ctr", name), self.docs.key("cpreg", name), self.docs.key("win", name)])
+        self.docs.index_remove(self.docs.key("functions"), "names", [name])
 
     def transition(
         self, name: str, target: FunctionState, action: str, *, bump_generation: bool = False
@@ -178,7 +193,7 @@ class CouchbaseMetadataStore(DlqDocuments, TimerDocuments, UserDocuments, Cluste
             generation = doc["generation"] + (1 if bump_generation else 0)
             return dict(doc, state=target.value, generation=generation, updated_at=time.time())
 
-        written = self._mutate(self._key("fn", name), change)
+        written = self.docs.mutate(self.docs.key("fn", name), change)
         assert written is not None
         return _function(name, written)
 
@@ -190,7 +205,7 @@ class CouchbaseMetadataStore(DlqDocuments, TimerDocuments, UserDocuments, Cluste
                 raise NotFoundError(f"unknown function '{name}'; see `eventing list`")
             return dict(doc, deployed_by=deployed_by)
 
-        self._mutate(self._key("fn", name), change)
+        self.docs.mutate(self.docs.key("fn", name), change)
 
     # -- checkpoints and ownership --------------------------------------------------------------------
 
@@ -206,8 +221,8 @@ class CouchbaseMetadataStore(DlqDocuments, TimerDocuments, UserDocuments, Cluste
         if bad:
             raise ConfigError(f"vBuckets {bad[:5]} of function '{function}' are outside 0..{NUM_VBUCKETS - 1}")
         now = time.time()
-        keys = self._cp_keys(function)
-        self._docs.upsert_many(
+        keys = self.docs.cp_keys(function)
+        self.docs.raw.upsert_many(
             {
                 keys[vb]: {
                     "seqno": seqno, "epoch": epoch_base, "owner": None, "bucket_uuid": bucket_uuid,
@@ -217,20 +232,20 @@ class CouchbaseMetadataStore(DlqDocuments, TimerDocuments, UserDocuments, Cluste
             }
         )
         dropped = [key for vb, key in keys.items() if vb not in positions]
-        self._docs.remove_many([*dropped, self._key("deaths", function)])  # the last deployment's deaths
+        self.docs.raw.remove_many([*dropped, self.docs.key("deaths", function)])  # the last deployment's deaths
 
     def drop_checkpoints(self, function: str) -> None:
-        self._docs.remove_many([*self._cp_keys(function).values(), self._key("deaths", function)])
+        self.docs.raw.remove_many([*self.docs.cp_keys(function).values(), self.docs.key("deaths", function)])
 
     def checkpoints(self, function: str) -> dict[int, Checkpoint]:
-        keys = self._cp_keys(function)
-        docs = self._get_many(list(keys.values()))
-        return {vb: self._decode(key, _checkpoint, function, vb, docs[key][0]) for vb, key in keys.items() if key in docs}
+        keys = self.docs.cp_keys(function)
+        docs = self.docs.get_many(list(keys.values()))
+        return {vb: self.docs.decode(key, _checkpoint, function, vb, docs[key][0]) for vb, key in keys.items() if key in docs}
 
     def checkpoint_starts(self, function: str) -> dict[int, int]:
         """Per vBucket, the seqno the current deployment started after (its feed boundary)."""
-        keys = self._cp_keys(function)
-        docs = self._get_many(list(keys.values()))
+        keys = self.docs.cp_keys(function)
+        docs = self.docs.get_many(list(keys.values()))
         return {vb: docs[key][0]["start"] for vb, key in keys.items() if key in docs}
 
     def checkpoint_regressions(self, function: str, *, min_epoch: int = 0) -> list[dict]:
@@ -244,7 +259,7 @@ class CouchbaseMetadataStore(DlqDocuments, TimerDocuments, UserDocuments, Cluste
         return [r for r in self._moves(function, min_epoch) if r["how"] in (REWIND, REWIND_REAPPLY)]
 
     def _moves(self, function: str, min_epoch: int) -> list[dict]:
-        got = self._get(self._key("cpreg", function))
+        got = self.docs.get(self.docs.key("cpreg", function))
         rows = [r for r in (got[0]["rows"] if got else []) if r["epoch"] >= min_epoch]
         return sorted(rows, key=lambda r: (r["at"], r["vb"]))
 
@@ -259,8 +274,8 @@ class CouchbaseMetadataStore(DlqDocuments, TimerDocuments, UserDocuments, Cluste
         The rewinds are recorded after the checkpoints moved.
         """
         check_rewind_allowed(function, self.get_function(function).state)
-        keys = {vb: self._cp_key(function, vb) for vb in targets}
-        docs = self._get_many(list(keys.values()))
+        keys = {vb: self.docs.cp_key(function, vb) for vb in targets}
+        docs = self.docs.get_many(list(keys.values()))
         current = {
             vb: (docs[k][0]["seqno"], docs[k][0]["epoch"], docs[k][0].get("start")) for vb, k in keys.items() if k in docs
         }
@@ -281,7 +296,7 @@ class CouchbaseMetadataStore(DlqDocuments, TimerDocuments, UserDocuments, Cluste
 
             return change
 
-        self._mutate_many({keys[vb]: rewind(vb, current[vb][1], to) for vb, (_, to) in moves.items()})
+        self.docs.mutate_many({keys[vb]: rewind(vb, current[vb][1], to) for vb, (_, to) in moves.items()})
         how = REWIND_REAPPLY if reapply_effects else REWIND
         done = {vb: m for vb, m in moves.items() if vb not in raced}
         rows = [
@@ -289,7 +304,7 @@ class CouchbaseMetadataStore(DlqDocuments, TimerDocuments, UserDocuments, Cluste
             for vb, (f, t) in done.items()
         ]
         if rows:
-            self._mutate(self._key("cpreg", function), lambda doc: {"rows": [*(doc or {"rows": []})["rows"], *rows]})
+            self.docs.mutate(self.docs.key("cpreg", function), lambda doc: {"rows": [*(doc or {"rows": []})["rows"], *rows]})
         if raced:
             raise LifecycleError(
                 f"function '{function}' was resumed while its checkpoints were being rewound: {len(done)} vBuckets "
@@ -317,8 +332,8 @@ class CouchbaseMetadataStore(DlqDocuments, TimerDocuments, UserDocuments, Cluste
 
             return change
 
-        written = self._mutate_many({self._cp_key(function, vb): take(vb) for vb in vbs})
-        claimed = {vb: written[self._cp_key(function, vb)] for vb in vbs}
+        written = self.docs.mutate_many({self.docs.cp_key(function, vb): take(vb) for vb in vbs})
+        claimed = {vb: written[self.docs.cp_key(function, vb)] for vb in vbs}
         missing = {vb for vb, doc in claimed.items() if doc is None}
         if missing:
             raise FencedError(
@@ -354,8 +369,8 @@ class CouchbaseMetadataStore(DlqDocuments, TimerDocuments, UserDocuments, Cluste
             set(epochs) | set(seqnos) | {owner_vb(r.vb) for r in dlq} | {c.source_vb for c in timer_list}
             | {d.vb for d in done}
         )
-        keys = {vb: self._cp_key(function, vb) for vb in vbs}
-        current = self._get_many(list(keys.values()))
+        keys = {vb: self.docs.cp_key(function, vb) for vb in vbs}
+        current = self.docs.get_many(list(keys.values()))
         fenced = fenced_vbuckets(vbs, {vb: current[k][0]["epoch"] for vb, k in keys.items() if k in current}, epochs)
         for vb, seqno in seqnos.items():
             if vb not in fenced and seqno < current[keys[vb]][0]["seqno"]:
@@ -364,9 +379,9 @@ class CouchbaseMetadataStore(DlqDocuments, TimerDocuments, UserDocuments, Cluste
         # 1. Dead letters first: a checkpoint never passes a mutation whose dead letter is not stored.
         #    A vBucket claimed by a new owner after the read above can still receive this batch's dead
         #    letters; they are keyed by (function, vBucket, seqno), the same documents the new owner writes.
-        self._insert_dlq([r for r in dlq if owner_vb(r.vb) not in fenced])
+        self.dead_letters.insert([r for r in dlq if owner_vb(r.vb) not in fenced])
         # Timers next (idempotent: a replay writes the same creates, a done matches its fire_seq once).
-        self._write_timers(function, timer_list, done, fenced, now)
+        self.timers.write(function, timer_list, done, fenced, now)
 
         # 2. Checkpoints, each replaced only while it still holds the caller's epoch (CAS): a claim since
         #    the read changes the CAS, the retry sees the new epoch and the write is fenced.
@@ -383,8 +398,8 @@ class CouchbaseMetadataStore(DlqDocuments, TimerDocuments, UserDocuments, Cluste
 
         changes = {keys[vb]: advance(vb, seqno) for vb, seqno in seqnos.items() if vb not in fenced}
         batch = {k: (c(copy.deepcopy(current[k][0])), current[k][1]) for k, c in changes.items()}
-        for key in self._docs.replace_many({k: (d, cas) for k, (d, cas) in batch.items() if d is not None}):
-            self._mutate(key, changes[key])
+        for key in self.docs.raw.replace_many({k: (d, cas) for k, (d, cas) in batch.items() if d is not None}):
+            self.docs.mutate(key, changes[key])
 
         # 3. Counters last; they are statistics, not positions.
         rejected = sum(1 for vb in seqnos if vb in fenced)
@@ -394,7 +409,7 @@ class CouchbaseMetadataStore(DlqDocuments, TimerDocuments, UserDocuments, Cluste
     def _refuse(self, function: str, vb: int, epoch: int, from_seqno: int, to_seqno: int, at: float) -> None:
         """Record a refused backwards move (for `eventing verify`) and raise OrderViolationError."""
         row = {"vb": vb, "epoch": epoch, "from_seqno": from_seqno, "to_seqno": to_seqno, "how": "refused", "at": at}
-        self._mutate(self._key("cpreg", function), lambda doc: {"rows": [*(doc or {"rows": []})["rows"], row]})
+        self.docs.mutate(self.docs.key("cpreg", function), lambda doc: {"rows": [*(doc or {"rows": []})["rows"], row]})
         raise OrderViolationError(
             f"checkpoint of function '{function}' vBucket {vb} would move backwards from {from_seqno} to {to_seqno}"
         )
@@ -412,7 +427,7 @@ class CouchbaseMetadataStore(DlqDocuments, TimerDocuments, UserDocuments, Cluste
 
             return change
 
-        self._mutate_many({self._cp_key(function, vb): give_up(vb, e) for vb, e in epochs.items()})
+        self.docs.mutate_many({self.docs.cp_key(function, vb): give_up(vb, e) for vb, e in epochs.items()})
         return fenced
 
     # -- counters -------------------------------------------------------------------------------------
@@ -428,17 +443,17 @@ class CouchbaseMetadataStore(DlqDocuments, TimerDocuments, UserDocuments, Cluste
                 values[name] = values.get(name, 0) + delta
             return {"values": values}
 
-        self._mutate(self._key("ctr", function), change)
+        self.docs.mutate(self.docs.key("ctr", function), change)
 
     def set_gauges(self, function: str, gauges: Mapping[str, float]) -> None:
         if gauges:
-            self._mutate(
-                self._key("ctr", function), lambda doc: {"values": {**(doc or {"values": {}})["values"], **gauges}}
+            self.docs.mutate(
+                self.docs.key("ctr", function), lambda doc: {"values": {**(doc or {"values": {}})["values"], **gauges}}
             )
 
     def counters(self, function: str) -> dict[str, float]:
-        got = self._get(self._key("ctr", function))
-        return self._decode(self._key("ctr", function), lambda: dict(got[0]["values"])) if got else {}
+        got = self.docs.get(self.docs.key("ctr", function))
+        return self.docs.decode(self.docs.key("ctr", function), lambda: dict(got[0]["values"])) if got else {}
 
     def reset_counters(self, function: str, *, keep_prefixes: tuple[str, ...] = ()) -> None:
         """Drop the function's counters (Couchbase's resetStatsCounters), but those whose name starts with
@@ -449,8 +464,119 @@ class CouchbaseMetadataStore(DlqDocuments, TimerDocuments, UserDocuments, Cluste
                 return None
             return {"values": {k: v for k, v in doc["values"].items() if k.startswith(keep_prefixes)}}
 
-        self._mutate(self._key("ctr", function), change)
+        self.docs.mutate(self.docs.key("ctr", function), change)
 
+
+    # -- dead letters and deaths (DeadLetters) ----------------------------------------------------------
+
+    def dlq_rows(self, function: str, *, limit: int | None = None, include_replayed: bool = False) -> list[DlqRow]:
+        return self.dead_letters.dlq_rows(function, limit=limit, include_replayed=include_replayed)
+
+    def dlq_row(self, function: str, vb: int, seqno: int) -> DlqRow | None:
+        return self.dead_letters.dlq_row(function, vb, seqno)
+
+    def find_dlq_rows(
+        self,
+        function: str,
+        *,
+        vb: int | None = None,
+        seqno: int | None = None,
+        key: str | None = None,
+        reason: str | None = None,
+        include_replayed: bool = False,
+        replayed_only: bool = False,
+        generation: int | None = None,
+        limit: int | None = None,
+    ) -> list[DlqRow]:
+        return self.dead_letters.find_dlq_rows(
+            function, vb=vb, seqno=seqno, key=key, reason=reason, include_replayed=include_replayed,
+            replayed_only=replayed_only, generation=generation, limit=limit,
+        )
+
+    def mark_replayed(self, function: str, keys: Iterable[tuple[int, int]]) -> int:
+        return self.dead_letters.mark_replayed(function, keys)
+
+    def record_replay_failure(self, function: str, vb: int, seqno: int, reason: str, error: str, traceback: str) -> None:
+        self.dead_letters.record_replay_failure(function, vb, seqno, reason, error, traceback)
+
+    def purge_dlq(
+        self, function: str, reason: str | None = None, replayed_only: bool = False, *,
+        keys: Iterable[tuple[int, int]] | None = None,
+    ) -> int:
+        return self.dead_letters.purge_dlq(function, reason, replayed_only, keys=keys)
+
+    def count_death(self, function: str, vb: int, seqno: int) -> int:
+        return self.dead_letters.count_death(function, vb, seqno)
+
+    def deaths(self, function: str) -> dict[tuple[int, int], int]:
+        return self.dead_letters.deaths(function)
+
+    # -- durable timers (Timers) ------------------------------------------------------------------------
+
+    def claim_timers(
+        self, function: str, epochs: Mapping[int, int], now_ms: int, limit: int, *, reclaim: Iterable[int] = ()
+    ) -> list[TimerRecord]:
+        return self.timers.claim_timers(function, epochs, now_ms, limit, reclaim=reclaim)
+
+    def get_timer(self, function: str, callback: str, reference: str) -> TimerRecord | None:
+        return self.timers.get_timer(function, callback, reference)
+
+    def timer_backlog(self, function: str, now_ms: int) -> dict[str, int]:
+        return self.timers.timer_backlog(function, now_ms)
+
+    def drop_timers(self, function: str) -> None:
+        self.timers.drop_timers(function)
+
+    # -- users of the APIs (Users) ----------------------------------------------------------------------
+
+    def put_user(self, name: str, password_hash: str, roles: Sequence[str]) -> UserRecord:
+        return self.users.put_user(name, password_hash, roles)
+
+    def get_user(self, name: str) -> UserRecord:
+        return self.users.get_user(name)
+
+    def list_users(self) -> list[UserRecord]:
+        return self.users.list_users()
+
+    def delete_user(self, name: str) -> None:
+        self.users.delete_user(name)
+
+    # -- services, leases, nodes and settings (ClusterRecords) ------------------------------------------
+
+    def heartbeat(self, service_id: str, info: str) -> None:
+        self.cluster.heartbeat(service_id, info)
+
+    def remove_service(self, service_id: str) -> None:
+        self.cluster.remove_service(service_id)
+
+    def live_services(self, max_age_s: float) -> list[str]:
+        return self.cluster.live_services(max_age_s)
+
+    def acquire_lease(
+        self, name: str, holder: str, ttl_s: float, *, info: str = "", take_from: str | None = None
+    ) -> Lease | None:
+        return self.cluster.acquire_lease(name, holder, ttl_s, info=info, take_from=take_from)
+
+    def lease(self, name: str) -> Lease | None:
+        return self.cluster.lease(name)
+
+    def release_lease(self, name: str, holder: str) -> bool:
+        return self.cluster.release_lease(name, holder)
+
+    def nodes(self) -> list[dict]:
+        return self.cluster.nodes()
+
+    def put_node(self, name: str, state: str, ray_node_id: str | None = None) -> None:
+        self.cluster.put_node(name, state, ray_node_id)
+
+    def delete_node(self, name: str) -> None:
+        self.cluster.delete_node(name)
+
+    def get_kv(self, key: str) -> str | None:
+        return self.cluster.get_kv(key)
+
+    def set_kv(self, key: str, value: str) -> None:
+        self.cluster.set_kv(key, value)
 
 def _function(name: str, doc: Doc) -> FunctionRecord:
     return FunctionRecord(

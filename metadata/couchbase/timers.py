@@ -13,15 +13,19 @@ from metadata.model import TimerChange, TimerDone, TimerRecord
 from sharding import NUM_VBUCKETS, vbucket_of
 
 
-class TimerDocuments(CasDocuments):
-    """The durable timers of the MetadataStore protocol (commit writes them through _write_timers)."""
+class Timers:
+    """The durable timers of the MetadataStore protocol (the store's commit writes them through ``write``). A
+    collaborator of CouchbaseMetadataStore (metadata.couchbase.store), over its documents."""
+
+    def __init__(self, docs: CasDocuments):
+        self.docs = docs
 
     # -- timers ---------------------------------------------------------------------------------------
 
     def _timer_key(self, function: str, vb: int) -> str:
-        return self._key("tmr", function, vb)
+        return self.docs.key("tmr", function, vb)
 
-    def _write_timers(
+    def write(
         self, function: str, changes: list[TimerChange], done: list[TimerDone], fenced: set[int], now: float
     ) -> None:
         """As SqliteMetadataStore: fired timers (if they still hold their fire_seq) first, then creates and
@@ -63,7 +67,7 @@ class TimerDocuments(CasDocuments):
             return change
 
         for vb, steps in per_vb.items():
-            self._mutate(self._timer_key(function, vb), run(steps))
+            self.docs.mutate(self._timer_key(function, vb), run(steps))
 
     def claim_timers(
         self,
@@ -77,7 +81,7 @@ class TimerDocuments(CasDocuments):
         """As SqliteMetadataStore.claim_timers; each vBucket's document is claimed with its own CAS loop."""
         vbs = sorted(epochs)
         again = set(reclaim) & set(vbs)
-        docs = self._docs.get_many([self._timer_key(function, vb) for vb in vbs])
+        docs = self.docs.raw.get_many([self._timer_key(function, vb) for vb in vbs])
         candidates: list[tuple[int, int, str]] = []
         for vb in vbs:
             got = docs.get(self._timer_key(function, vb))
@@ -92,10 +96,10 @@ class TimerDocuments(CasDocuments):
             wanted[vb].add(tid)
         if not wanted and not again:
             return []
-        cps = self._docs.get_many([self._cp_key(function, vb) for vb in set(wanted) | again])
+        cps = self.docs.raw.get_many([self.docs.cp_key(function, vb) for vb in set(wanted) | again])
         out: list[TimerRecord] = []
         for vb in sorted(set(wanted) | again):
-            cp = cps.get(self._cp_key(function, vb))
+            cp = cps.get(self.docs.cp_key(function, vb))
             if cp is None or not holds(cp[0]["epoch"], epochs[vb]):
                 continue
             claimed: list[TimerRecord] = []
@@ -119,23 +123,23 @@ class TimerDocuments(CasDocuments):
                     claimed.append(_timer(function, vb, t))
                 return doc if fresh else None
 
-            self._mutate(self._timer_key(function, vb), take)
+            self.docs.mutate(self._timer_key(function, vb), take)
             out.extend(claimed)
         return out
 
     def get_timer(self, function: str, callback: str, reference: str) -> TimerRecord | None:
         vb = vbucket_of(reference)
-        got = self._docs.get(self._timer_key(function, vb))
+        got = self.docs.raw.get(self._timer_key(function, vb))
         t = got[0]["timers"].get(_timer_id(callback, reference)) if got else None
         return None if t is None else _timer(function, vb, t)
 
     def timer_backlog(self, function: str, now_ms: int) -> dict[str, int]:
-        docs = self._docs.get_many([self._timer_key(function, vb) for vb in range(NUM_VBUCKETS)])
+        docs = self.docs.raw.get_many([self._timer_key(function, vb) for vb in range(NUM_VBUCKETS)])
         timers = [t for doc, _ in docs.values() for t in doc["timers"].values()]
         return {"pending": len(timers), "due": sum(1 for t in timers if t["due_ms"] <= now_ms)}
 
     def drop_timers(self, function: str) -> None:
-        self._docs.remove_many([self._timer_key(function, vb) for vb in range(NUM_VBUCKETS)])
+        self.docs.raw.remove_many([self._timer_key(function, vb) for vb in range(NUM_VBUCKETS)])
 
 
 def _timer_id(callback: str, reference: str) -> str:

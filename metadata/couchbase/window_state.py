@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
+from metadata.couchbase.cas import CasDocuments
+from metadata.couchbase.dlq import DeadLetters
 from metadata.couchbase.documents import Doc
 from metadata.fencing import holds
 from metadata.model import DlqRow
-
-if TYPE_CHECKING:  # the store makes its window state (window_states), never the other way round
-    from metadata.couchbase.store import CouchbaseMetadataStore
 
 
 class CouchbaseWindowStateStore:
@@ -20,13 +19,19 @@ class CouchbaseWindowStateStore:
 
     claim bumps the fence with a CAS loop; commit writes the state only while the document still holds
     the committer's fence (CAS), after the late rows' dead letters (insert-once) and before the counters.
+    The store makes it (CouchbaseMetadataStore.window_states) with its documents, its dead letters and its
+    counters.
     """
 
-    def __init__(self, store: CouchbaseMetadataStore):
-        self.store = store
+    def __init__(
+        self, docs: CasDocuments, dead_letters: DeadLetters, add_counters: Callable[[str, Mapping[str, int | float]], None]
+    ):
+        self.docs = docs
+        self.dead_letters = dead_letters
+        self.add_counters = add_counters
 
     def _key(self, function: str) -> str:
-        return self.store._key("win", function)
+        return self.docs.key("win", function)
 
     def claim(self, function: str) -> tuple[int, dict[str, Any] | None]:
         """Become the function's coordinator: returns the new fence and the last committed state (or None)."""
@@ -35,7 +40,7 @@ class CouchbaseWindowStateStore:
             doc = doc or {"fence": 0, "state": None}
             return dict(doc, fence=doc["fence"] + 1, updated_at=time.time())
 
-        written = self.store._mutate(self._key(function), change)
+        written = self.docs.mutate(self._key(function), change)
         assert written is not None
         return int(written["fence"]), written["state"]
 
@@ -48,10 +53,10 @@ class CouchbaseWindowStateStore:
         counters: Mapping[str, int | float] | None = None,
     ) -> bool:
         """Write state, DLQ rows and counters if ``fence`` is still current; False if fenced."""
-        got = self.store._get(self._key(function))
+        got = self.docs.get(self._key(function))
         if got is None or not holds(got[0]["fence"], fence):
             return False
-        self.store._insert_dlq(list(dlq_rows))
+        self.dead_letters.insert(list(dlq_rows))
         fenced = False
 
         def change(doc: Doc | None) -> Doc | None:
@@ -61,15 +66,15 @@ class CouchbaseWindowStateStore:
                 return None
             return dict(doc, state=dict(state), updated_at=time.time())
 
-        self.store._mutate(self._key(function), change)
+        self.docs.mutate(self._key(function), change)
         if fenced:
             return False
-        self.store.add_counters(function, dict(counters or {}))
+        self.add_counters(function, dict(counters or {}))
         return True
 
     def load(self, function: str) -> dict[str, Any] | None:
         """The last committed state, read-only (for inspection)."""
-        got = self.store._get(self._key(function))
+        got = self.docs.get(self._key(function))
         return got[0]["state"] if got else None
 
     def reset(self, function: str) -> None:
@@ -78,4 +83,4 @@ class CouchbaseWindowStateStore:
         def change(doc: Doc | None) -> Doc | None:
             return None if doc is None else dict(doc, fence=doc["fence"] + 1, state=None, updated_at=time.time())
 
-        self.store._mutate(self._key(function), change)
+        self.docs.mutate(self._key(function), change)

@@ -50,28 +50,28 @@ def pg_module_url(pg_server) -> str:
     return pg_server.create_database(f"contract_{uuid.uuid4().hex[:8]}")
 
 
-def _open(kind: str, request, data_dir: str) -> Iterator[Any]:
-    """A new, empty bucket "b" of that kind (the partitioned one and the PostgreSQL one created with 4
+def _open(kind: str, request, data_dir: str, name: str = "b") -> Iterator[Any]:
+    """A new, empty bucket `name` of that kind (the partitioned one and the PostgreSQL one created with 4
     partitions: a PostgreSQL bucket records them, nothing more)."""
     if kind == "postgres":
         # A schema of its own per test (the store's `schema=` parameter): an empty store in milliseconds.
         url = request.getfixturevalue("pg_module_url") + f"?schema=t_{uuid.uuid4().hex[:12]}"
         db = PostgresDatabase.open(url)
         try:
-            with postgres_buckets.create_bucket(db, "b", partitions=4) as pg:
+            with postgres_buckets.create_bucket(db, name, partitions=4) as pg:
                 assert type(pg) is PostgresBucket
                 yield pg
         finally:
             db.close()
         return
-    with create_bucket(data_dir, "b", partitions=4 if kind == "partitioned" else 1) as files:
+    with create_bucket(data_dir, name, partitions=4 if kind == "partitioned" else 1) as files:
         assert type(files) is (PartitionedBucket if kind == "partitioned" else LocalBucket)
         if kind != "remote":
             yield files
             return
         line = _PickledService(str(data_dir))
         try:
-            with RemoteBucket(line, "b") as remote:
+            with RemoteBucket(line, name) as remote:
                 yield remote
         finally:
             line.service.close()
@@ -428,6 +428,32 @@ def test_copy_to_copies_files_and_names_the_way_where_there_are_none(file_bucket
         assert [b for b in copy.scan_log()] == [b for b in file_bucket.scan_log()]
 
 
+def test_a_dump_loaded_into_an_empty_bucket_holds_the_same_rows(file_bucket, request, data_dir):
+    """dump_meta, dump_rows and load_dump (`eventing store copy`): every seqno, cas, origin, arrival time,
+    tombstone, high seqno, effect mark and collection id comes back, and the copy takes the uuid."""
+    kind = request.node.callspec.params["file_bucket"]
+    assert file_bucket.create_collection("s", "c") == 8
+    file_bucket.write([Write(k, OP_UPDATE, _doc(i), expiry=i % 3, flags=i % 2) for i, k in enumerate(KEYS)],
+                      origin="fn@1", arrival_ms=5_000)
+    file_bucket.write([Write(key_prefix(8) + "x", OP_UPDATE, _doc(1)), Write("k001", OP_DELETE)])
+    file_bucket.apply_effects("fn", _groups(2, range(1, 4)))
+    meta = file_bucket.dump_meta()
+    assert meta.uuid == file_bucket.uuid and '"s"' in meta.collections
+    tables = ("docs", "log", "high", "marks")
+    rows = {table: sorted(r for batch in file_bucket.dump_rows(table) for r in batch) for table in tables}
+    assert [len(rows[t]) for t in ("docs", "log", "high")] == [len(KEYS) + 1 + 240, len(KEYS) + 2 + 240, NUM_VBUCKETS]
+    for got in _open(kind, request, data_dir, "c"):
+        got.load_dump(meta, ((table, file_bucket.dump_rows(table)) for table in tables))
+        assert got.uuid == file_bucket.uuid and got.dump_meta().collections == meta.collections
+        assert {table: sorted(r for batch in got.dump_rows(table) for r in batch) for table in tables} == rows
+        assert got.high_seqnos() == file_bucket.high_seqnos() and got.effect_marks("fn") == file_bucket.effect_marks("fn")
+        assert got.collections() == {("s", "c"): 8} and got.get("k001") is None and got.keys() == file_bucket.keys()
+        vb = vbucket_of(KEYS[5])
+        assert got.read_vb_rows(vb, 0, 1000) == file_bucket.read_vb_rows(vb, 0, 1000)
+        with pytest.raises(ConfigError, match="is not empty"):
+            got.load_dump(meta, ((table, file_bucket.dump_rows(table)) for table in tables))
+
+
 def test_load_rows_logs_as_write_does(file_bucket):
     rows = [("k1", OP_UPDATE, _doc(1), 0), ("k2", OP_UPDATE, _doc(2), 2_000_000_000), ("k1", OP_DELETE, None, 0),
             ("nope", OP_DELETE, None, 0)]
@@ -615,3 +641,11 @@ def test_change_documents_one_transaction_each_change_seeing_the_ones_before(fil
     assert done[5] == Changed(done[5].after, meta["cas"], vb, 3) and meta["flags"] == 5 and done[5].after.cas == meta["cas"]
     assert file_bucket.get("x") == {"count": 3} and file_bucket.get("y") is None
     assert [m.origin for m in file_bucket.read_vb(vb, 0, 10) if m.key == "x"] == ["api"] * 3
+
+
+def test_a_mirrored_collection_is_known_as_one_until_it_is_dropped(file_bucket):
+    plain = file_bucket.create_collection("s", "plain")
+    mirrored = file_bucket.create_collection("s", "orders", mirror="table public.orders")
+    assert file_bucket.mirrors() == {mirrored: "table public.orders"} and plain not in file_bucket.mirrors()
+    file_bucket.drop_collection("s", "orders")
+    assert file_bucket.mirrors() == {}

@@ -16,12 +16,12 @@ from eventing.storage.values import Write
 
 
 def _log(bucket: LocalBucket) -> list[tuple]:
-    rows = bucket._db.execute("SELECT vb, seqno, key, op, doc, origin, expiry, flags FROM log ORDER BY vb, seqno")
+    rows = bucket.file.db.execute("SELECT vb, seqno, key, op, doc, origin, expiry, flags FROM log ORDER BY vb, seqno")
     return rows.fetchall()
 
 
 def _docs(bucket: LocalBucket) -> list[tuple]:
-    return bucket._db.execute("SELECT key, vb, seqno, deleted, doc, expiry FROM docs ORDER BY key").fetchall()
+    return bucket.file.db.execute("SELECT key, vb, seqno, deleted, doc, expiry FROM docs ORDER BY key").fetchall()
 
 
 def test_load_rows_matches_write_batch_by_batch(data_dir):
@@ -47,7 +47,7 @@ def test_load_rows_matches_write_batch_by_batch(data_dir):
     assert _log(a) == _log(b)
     assert _docs(a) == _docs(b)
     assert a.high_seqnos() == b.high_seqnos()
-    cas = [r[0] for r in b._db.execute("SELECT cas FROM log ORDER BY cas")]
+    cas = [r[0] for r in b.file.db.execute("SELECT cas FROM log ORDER BY cas")]
     assert len(set(cas)) == len(cas)  # every entry has its own cas
 
 
@@ -56,7 +56,7 @@ def test_load_rows_arrival_never_goes_backwards(data_dir):
     bucket.load_rows([("x", OP_UPDATE, encode_document({}), 0)], arrival_ms=5_000)
     bucket.load_rows([("x", OP_UPDATE, encode_document({}), 0), ("y", OP_UPDATE, encode_document({}), 0)],
                      arrival_ms=1_000)
-    arrivals = dict(((k, s), a) for k, s, a in bucket._db.execute("SELECT key, seqno, arrival_ms FROM log"))
+    arrivals = dict(((k, s), a) for k, s, a in bucket.file.db.execute("SELECT key, seqno, arrival_ms FROM log"))
     assert arrivals[("x", 1)] == 5_000 and arrivals[("x", 2)] == 5_000  # same vBucket: kept at 5000
     assert arrivals[("y", 1)] == 1_000  # another vBucket: its own time
 

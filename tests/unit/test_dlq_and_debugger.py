@@ -421,7 +421,7 @@ def test_the_debug_script_runs_the_same_command(data_dir, capsys):
 
 
 def corrupt(source: LocalBucket, vb: int, seqno: int, data: bytes) -> None:
-    source._db.execute("UPDATE log SET doc=? WHERE vb=? AND seqno=?", (data, vb, seqno))
+    source.file.db.execute("UPDATE log SET doc=? WHERE vb=? AND seqno=?", (data, vb, seqno))
 
 
 @pytest.mark.parametrize("kind", ["poison", "hang", "undecodable", "oversize"])

@@ -104,11 +104,11 @@ def test_change_documents_commits_a_group_each_change_seeing_the_ones_before(dat
         def remove(key):
             return key, lambda current: None if current is None else Write(key, OP_DELETE)
 
-        commits = sum(part._commits for part in getattr(bucket, "parts", [bucket]))
+        commits = sum(part.file.commits for part in getattr(bucket, "parts", [bucket]))
         out = bucket.change_documents([insert("a", 1), insert("a", 2), insert("k1", 3), remove("a"), remove("nope")])
         # one transaction in each file the keys live in (one file when unpartitioned)
         files = {id(bucket._part_of_key(k)) for k in ("a", "k1", "nope")} if partitions > 1 else {0}
-        assert sum(part._commits for part in getattr(bucket, "parts", [bucket])) == commits + len(files)
+        assert sum(part.file.commits for part in getattr(bucket, "parts", [bucket])) == commits + len(files)
         first, second, third, deleted, nothing = out
         assert isinstance(first, Changed) and first.after is not None and first.after.flags == 1
         assert isinstance(second, ConfigError) and "a exists" in str(second)  # saw the first insert

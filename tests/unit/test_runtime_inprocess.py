@@ -249,7 +249,7 @@ def test_an_undecodable_document_is_dead_lettered(data_dir):
     source = LocalBucket.create(data_dir, "src")
     source.upsert("good", {"a": 1})
     vb, seqno = source.upsert("bad", {"a": 2})
-    source._db.execute("UPDATE log SET doc=? WHERE vb=? AND seqno=?", (b"\xc1\xc1", vb, seqno))
+    source.file.db.execute("UPDATE log SET doc=? WHERE vb=? AND seqno=?", (b"\xc1\xc1", vb, seqno))
     defn = FunctionDefinition.from_dict({
         "name": "fn_u", "source_bucket": "src", "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
     })

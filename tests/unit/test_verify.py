@@ -58,7 +58,7 @@ def test_every_mutation_up_to_the_checkpoints_is_accounted_for(data_dir, process
 def test_a_deleted_ledger_effect_is_reported_missing(data_dir, processed):
     source, ledger = processed
     m = first_mutation(source)
-    ledger._db.execute("DELETE FROM log WHERE key=?", (effect_key("fn_v", m.key, m.seqno),))
+    ledger.file.db.execute("DELETE FROM log WHERE key=?", (effect_key("fn_v", m.key, m.seqno),))
     report = verify_function(data_dir, "fn_v")
     assert not report.ok
     assert [(r.key, r.vb, r.seqno) for r in report.missing] == [(m.key, m.vb, m.seqno)]
@@ -213,7 +213,7 @@ def test_verify_command_prints_the_verdict_and_exits_0_when_all_are_accounted_fo
 def test_verify_command_exits_1_and_names_what_is_missing(data_dir, processed, capsys):
     source, ledger = processed
     m = first_mutation(source)
-    ledger._db.execute("DELETE FROM log WHERE key=?", (effect_key("fn_v", m.key, m.seqno),))
+    ledger.file.db.execute("DELETE FROM log WHERE key=?", (effect_key("fn_v", m.key, m.seqno),))
     code, out, _ = cli(capsys, "verify", "fn_v", "--data-dir", data_dir)
     assert code == 1
     assert out.count("\n") == 1 and out.startswith("NOT ALL MUTATIONS ACCOUNTED FOR (599 of 600): 1 missing")

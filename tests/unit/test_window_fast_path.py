@@ -345,7 +345,7 @@ def test_read_vb_packed_gives_the_log_in_seqno_order_or_none_when_it_cannot(tmp_
     bucket.write([update(keys[3], None)])  # an update without a document
     assert bucket.read_vb_packed(vb, 8, 100, FN) is None
     assert bucket.max_doc_bytes(vb, 0, 9) == max(len(doc(i)) for i in (*range(6), 9, 1))
-    bucket._db.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 200)  # more documents than SQLite may concatenate
+    bucket.file.db.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 200)  # more documents than SQLite may concatenate
     assert bucket.read_vb_packed(vb, 0, 5, FN) is None
     assert bucket.read_vb_packed(vb, 0, 1, FN) is not None
     bucket.close()

@@ -32,7 +32,7 @@ batches = st.lists(st.one_of(st.lists(update, max_size=30), st.lists(st.one_of(u
 def _contents(bucket: LocalBucket) -> tuple[list, list, list]:
     """The bucket's rows with each cas replaced by its rank, and arrival times taken from the clock (the
     effects') by -1: both come from the clock."""
-    db = bucket._db
+    db = bucket.file.db
     ranks = {c: i for i, (c,) in enumerate(db.execute("SELECT cas FROM log ORDER BY cas"))}
     log = [(*r[:4], ranks[r[4]], *r[5:9], r[9] if r[9] < 10**12 else -1) for r in db.execute(
         "SELECT vb, seqno, key, op, cas, doc, origin, expiry, flags, arrival_ms FROM log ORDER BY vb, seqno")]
@@ -64,7 +64,7 @@ def _run(batches: list[list[Write]], planned: bool, empty_bucket: Path) -> tuple
         groups = [EffectGroup(vb, 3, [(s + 1, w) for s, w in enumerate(batch)]) for vb, batch in enumerate(batches)]
         results = [bucket.apply_effects("fx", groups), bucket.apply_effects("fx", groups),
                    bucket.apply_effects("fx", [EffectGroup(0, 2, groups[0].writes)])]
-        marks = sorted(bucket._db.execute("SELECT * FROM effect_marks"))
+        marks = sorted(bucket.file.db.execute("SELECT * FROM effect_marks"))
         contents = _contents(bucket)
         bucket.close()
         return answers, [(r.applied, r.duplicates, sorted(r.fenced_vbs)) for r in results], marks, contents

@@ -145,8 +145,8 @@ def test_a_writer_alone_never_truncates_the_wal(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(write_turns, "WAL_LIMIT_BYTES", 3_000_000)
     bucket = create_bucket(tmp_path, "dst")
-    bucket._db.execute("PRAGMA wal_autocheckpoint=200")  # ~0.8 MB: SQLite's checkpoint well under the limit
-    real = bucket._db
+    bucket.file.db.execute("PRAGMA wal_autocheckpoint=200")  # ~0.8 MB: SQLite's checkpoint well under the limit
+    real = bucket.file.db
 
     class Watch:
         def __getattr__(self, name):
@@ -157,7 +157,7 @@ def test_a_writer_alone_never_truncates_the_wal(tmp_path, monkeypatch):
                 calls.append(sql)
             return real.execute(sql, *args)
 
-    bucket._db = Watch()
+    bucket.file.db = Watch()
     for n in range(40):
         bucket.write(_writes(0, n))
     assert calls == []

@@ -55,6 +55,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from eventing.errors import FencedError
+from eventing.storage.protocol import DirectLogSource
 from eventing.storage.state import State, as_state
 from eventing.windows.batches import read_row_file, write_parquet_file, write_row_file
 from eventing.windows.runtime.arrivals import LIFTS, Judged
@@ -138,7 +139,7 @@ class WindowCoordinator:
         self._retry_at = 0.0
         self._jobs = 0
         self._last_waiting_check = 0.0
-        self._source: Any = None
+        self._source: DirectLogSource | None = None
         # Arrival-time policies (docs/time-semantics.md): None leaves the rows as they are, at no cost.
         self._policies = self.spec.uses_arrival_policies and self.spec.boundary == "event_time"
         # Substreams judge rows of every vBucket in one arrival order: rows wait (held/) until every
@@ -253,7 +254,7 @@ class WindowCoordinator:
         drop_orphans(self.area, self.generation, self.marks, {a.name for a in self.accepted}, held,
                      self.adjusted_next)
 
-    def _source_bucket(self) -> Any:
+    def _source_bucket(self) -> DirectLogSource:
         if self._source is None:
             assert self.source_bucket is not None
             self._source = self.state.open_bucket(self.source_bucket)
