@@ -245,7 +245,7 @@ def _endpoint(ep: Endpoint) -> Callable[[Request], Any]:
                 await run_in_threadpool(function_access.authorize_endpoint, identity, ep.method, ep.path, call.params,
                                         call.query, body, config.state)
             result = await run_in_threadpool(ep.handler, call)
-            if ep.path in function_access.LISTINGS and not identity.is_admin:
+            if ep.path in function_access.LISTINGS and ep.method == "GET" and not identity.is_admin:
                 visible = await run_in_threadpool(function_access.visible_functions, identity, config.state)
                 if isinstance(result, JSONResponse) and result.status_code == 200:  # a listing with warnings:
                     # cut, without the warnings (they may name functions this caller does not cover)

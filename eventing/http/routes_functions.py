@@ -55,13 +55,18 @@ def list_functions(c: EndpointRequest) -> list[dict[str, Any]]:
 
 def list_functions_endpoint(c: EndpointRequest) -> list[dict[str, Any]] | Response:
     """GET /api/v1/functions: Couchbase's function JSON of every function (a Python function, which that
-    shape cannot carry, is named in the warnings header); `?format=eventing`: this project's shape."""
+    shape cannot carry, is listed in this project's shape and named in the warnings header);
+    `?format=eventing`: this project's shape for every one."""
     if not _couchbase_format(c):
         return list_functions(c)
 
     def run() -> Response:
         out, warnings = [], []
         for f in list_functions(c):
+            if f.get("language", "python") != "javascript":  # listed as GET NAME shows it, not left out
+                out.append(f)
+                warnings.append(PYTHON_SHAPE.format(name=f["name"]))
+                continue
             try:
                 exported, more = lifecycle.export_couchbase(c.state, f["name"])
             except ConfigError as exc:

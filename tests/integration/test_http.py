@@ -141,8 +141,10 @@ def test_a_bad_function_name_is_400_with_the_rule(site, path):
     method = "POST" if path.endswith(("/deploy", "/pause")) else "GET"
     status, body = raw_request(site, method, path)
     assert status == 400, body
-    assert "is not valid; use a letter then letters, digits, '_' or '-' (max 100)" in body["error"]
-    assert body["fix"] == "use a letter then letters, digits, '_' or '-' (max 100)"
+    rule = ("use a letter then letters, digits, '_' or '-' (max 100), or BUCKET.SCOPE.NAME for a function in the "
+            "namespace of a bucket and scope")
+    assert f"is not valid; {rule}" in body["error"]
+    assert body["fix"] == rule
 
 
 def test_a_handler_upload_that_is_not_python_is_400_naming_the_line_and_the_old_one_stays(site):
@@ -191,8 +193,11 @@ def test_lifecycle_follows_the_cli_rules_and_messages(site):
     admin = client(site)
     r = admin.post("/api/v1/functions/fn_ledger/resume")
     assert r.status_code == 409
-    assert r.json() == {"error": "cannot resume function 'fn_ledger': it is deployed; only a paused function can be "
-                        "resumed; deploy it if it is undeployed", "fix": "deploy it if it is undeployed"}
+    body = r.json()  # this API's error and fix, beside Couchbase's name, code and description
+    assert (body["error"], body["fix"]) == ("cannot resume function 'fn_ledger': it is deployed; only a paused "
+                                            "function can be resumed; deploy it if it is undeployed",
+                                            "deploy it if it is undeployed")
+    assert body["code"] == 22 and body["description"] == body["error"]
     assert admin.post("/api/v1/functions/fn_nope/pause").status_code == 404
     assert admin.post("/api/v1/functions/fn_ledger/pause").json()["state"] == "paused"
     assert state_of(site, "fn_ledger") == "paused"
