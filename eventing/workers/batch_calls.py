@@ -18,6 +18,10 @@ How a batch runs (see docs/handler-api.md, "Batch handlers"):
    dead-letters every item as `timeout`.
 4. Kept writes are put back in seqno order per vBucket once the batch is done (a retried item keeps its
    writes after the later ones of other documents), as the effect marks need; nothing is flushed before.
+5. While on_batch runs, the worker's call notes (eventing.workers.crash_guard) name every vBucket's span of
+   the batch, one note slot each. A handler that ends the process leaves those spans as suspects: the
+   next start runs their items one at a time, each a batch of one with a note of its own (`run_alone`),
+   so the item that kills the worker again has its death counted and is dead-lettered as `crashed`.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from eventing.workers.collections import COLLECTION_MARK_BYTES
 _as_mutation = partial(tuple.__new__, Mutation)
 _by_seqno = itemgetter(0)
 _decode_array = msgspec.msgpack.Decoder().decode
+NOTE_SLOTS = 1024  # call-note slots a batch may fill: one per vBucket of the batch (slot 0 stays free)
 
 
 class BatchCalls:
@@ -53,6 +58,7 @@ class BatchCalls:
         self.runner = core.runner
         self.on_batch = core.runner.on_batch
         self.segments: list[_Segment] = []
+        self.spans: dict[int, tuple[int, int]] = {}  # vb -> (first, last) seqno of the segments taken
         self._read_batch = core._process  # WorkerReads._process: reads the batch, run by run
         core._process = self.process
         core._handle_run = self._take_run
@@ -66,9 +72,40 @@ class BatchCalls:
             return self._read_batch(work, limits, budget)
         finally:
             # Even when reading raised: positions already moved past the rows taken, so they are handled.
-            segments, self.segments = self.segments, []
+            self.flush()
+
+    def flush(self) -> None:
+        """on_batch over the segments taken so far, with each vBucket's span of them in the call notes."""
+        segments, spans, self.segments, self.spans = self.segments, self.spans, [], {}
+        if not segments:
+            return
+        notes = self.core.crash_guard.notes
+        noted = list(spans.items())[: NOTE_SLOTS]
+        for slot, (vb, (first, last)) in enumerate(noted, 1):
+            notes.note(slot, vb, first, last)
+        try:
+            self._run(Batch.build(self.runner, segments))
+        finally:
+            for slot in range(1, len(noted) + 1):
+                notes.clear(slot)
+
+    def run_alone(self, vb: int, position: int, row: Any) -> None:
+        """One suspect (eventing.workers.crash_guard.handle_alone): what was taken before it runs first, then
+        it alone, as a batch of one, noted alone (its death is counted against it)."""
+        self.flush()
+        notes = self.core.crash_guard.notes
+        notes.note(0, vb, row[1], row[1])
+        try:
+            self._take_run(vb, position, [row])
+            segments, self.segments, self.spans = self.segments, [], {}
             if segments:
                 self._run(Batch.build(self.runner, segments))
+        finally:
+            notes.clear(0)
+
+    def _span(self, vb: int, first: int, last: int) -> None:
+        known = self.spans.get(vb)
+        self.spans[vb] = (first, last) if known is None else (min(known[0], first), max(known[1], last))
 
     # -- reading ---------------------------------------------------------------------------------------
 
@@ -110,6 +147,7 @@ class BatchCalls:
             seg = _Segment(vb, items, keyspace=self.runner.keyspace)
             seg.docs = docs
             self.segments.append(seg)
+            self._span(vb, items[0][1], items[-1][1])
         if rows:
             positions[vb] = position
         return len(rows)
@@ -120,6 +158,8 @@ class BatchCalls:
         leaves them to the rows (_take_run), which handle every case."""
         core = self.core
         if core._lettered and any(lettered_vb == vb for lettered_vb, _ in core._lettered):
+            return 0
+        if vb in core.crash_guard.suspects:  # its rows go through handle_alone
             return 0
         source = core.source
         p = source.read_vb_packed(vb, position, limit, core.name)
@@ -138,6 +178,7 @@ class BatchCalls:
                        keyspace=self.runner.keyspace)
         seg.docs = docs
         self.segments.append(seg)
+        self._span(vb, position + 1, p.last_seqno)
         core.positions[vb] = p.last_seqno
         return p.count
 

@@ -246,6 +246,11 @@ def handle_alone(core: Any, vb: int, position: int, rows: list) -> int:
             finally:
                 notes.clear(0)
             position = core.positions[vb]
+        if core.batches is not None:  # on_batch: the suspect runs as a batch of its own
+            core.batches.run_alone(vb, position, row)
+            position = core.positions[vb]
+            start = i + 1
+            continue
         if core.calls is not None:
             core.calls.drain()
         pooled = core.__dict__.pop("_handle_run", None)  # a pool's sorter: this call runs here

@@ -181,7 +181,8 @@ class WorkerCore(WorkerTimers, WorkerReads):
             notes_fd = open_notes_file(spec.location, spec.function, spec.worker_id,
                                        self.data.state.directory if self.data.local else None)
         pool = self.defn.concurrency if self.defn.concurrency > 1 else 0
-        self.crash_guard = CrashGuard(self.store, self.name, spec.generation, notes_fd, 1 + pool)
+        batch_slots = batch_calls.NOTE_SLOTS if self.runner.on_batch is not None else 0
+        self.crash_guard = CrashGuard(self.store, self.name, spec.generation, notes_fd, 1 + pool + batch_slots)
         # concurrency > 1: a pool runs the batch's calls, several documents at once (else None: one at a time).
         self.calls = concurrent_calls.attach(self)
         # on_batch: the batch's rows go to the handler in one call (else None: one call a mutation).

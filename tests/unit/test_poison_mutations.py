@@ -20,7 +20,13 @@ from eventing.control.service import EventingService
 from eventing.core.definition import FunctionDefinition
 from eventing.ops import dlq as dlq_ops
 from eventing.storage.factory import create_bucket, open_bucket
-from eventing.testing import LEDGER_HANDLER, check_ledger, deploy_function, ledger_definition
+from eventing.testing import (
+    BATCH_LEDGER_HANDLER,
+    LEDGER_HANDLER,
+    check_ledger,
+    deploy_function,
+    ledger_definition,
+)
 from eventing.workers.crash_guard import _active, notes_path
 from eventing.workers.executor import InProcessExecutor
 from eventing.workers.worker import WorkerCore, WorkerSpec
@@ -53,12 +59,31 @@ def on_update(doc, meta):
 '''
 
 
+# The batch ledger handler (on_batch), dying on the poison item in the middle of its batch.
+POISONED_BATCH = BATCH_LEDGER_HANDLER + '''
+
+def _die():
+    import shutil
+    shutil.copyfile(NOTES, SNAPSHOT)
+    raise SystemExit(7)
+
+
+_on_batch = on_batch
+
+
+def on_batch(batch):
+    if any(item.id == "poison" for item in batch):
+        _die()
+    return _on_batch(batch)
+'''
+
+
 def same_vbucket_keys(key: str, count: int) -> list[str]:
     vb = vbucket_of(key)
     return [k for k in (f"n{i}" for i in range(100_000)) if vbucket_of(k) == vb][:count]
 
 
-def setup(data_dir: str, tmp_path: Path, **settings) -> tuple[str, Path, Path]:
+def setup(data_dir: str, tmp_path: Path, handler: str = POISONED, **settings) -> tuple[str, Path, Path]:
     """A source of 40 documents, 6 of them (the poison among them) in the poison's vBucket, and the poisoned
     ledger function on one worker."""
     source = create_bucket(data_dir, "src")
@@ -70,8 +95,8 @@ def setup(data_dir: str, tmp_path: Path, **settings) -> tuple[str, Path, Path]:
     notes = notes_path(data_dir, "fn_p", WORKER, Path(data_dir))
     defn = ledger_definition("fn_p", "src", "ledger", workers=1, **settings)
     defn = FunctionDefinition.from_dict({**defn.to_dict(), "constants": {
-        **defn.constants, "NOTES": str(notes), "SNAPSHOT": str(snapshot)}})
-    deploy_function(data_dir, defn, POISONED)
+        **defn.constants, "NOTES": str(notes), "SNAPSHOT": str(snapshot), "FAIL_EVERY": 0, "FAIL_ATTEMPTS": 0}})
+    deploy_function(data_dir, defn, handler)
     return "fn_p", notes, snapshot
 
 
@@ -138,6 +163,23 @@ def test_a_pool_hands_the_calls_in_flight_at_a_death_to_its_worker_thread_one_at
     summary = EventingService(data_dir, InProcessExecutor(), until_caught_up=True).run()
     assert not summary.errors
     assert open_store(data_dir).deaths("fn_p") == {(poison, seqno): 2}
+    check_the_rest_was_handled_once(data_dir)
+
+
+def test_a_batch_handler_that_dies_on_one_item_has_that_item_dead_lettered_and_the_rest_handled(data_dir, tmp_path):
+    _, notes, snapshot = setup(data_dir, tmp_path, POISONED_BATCH)
+    poison = vbucket_of("poison")
+    first = die_on_the_poison(data_dir, notes, snapshot)
+    # on_batch ran on the whole batch: every vBucket's span of it is noted, so none is counted yet.
+    assert len(first) > 1 and poison in {vb for vb, _, _ in first}
+    assert open_store(data_dir).deaths("fn_p") == {}
+    second = die_on_the_poison(data_dir, notes, snapshot)
+    (vb, seqno, last), = second  # the suspects ran one at a time, each a batch of one: the poison alone
+    assert (vb, seqno) == (poison, last)
+    die_on_the_poison(data_dir, notes, snapshot)
+    assert open_store(data_dir).deaths("fn_p") == {(poison, seqno): 1}
+    summary = EventingService(data_dir, InProcessExecutor(), until_caught_up=True).run()
+    assert not summary.errors
     check_the_rest_was_handled_once(data_dir)
 
 
