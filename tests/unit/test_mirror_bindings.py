@@ -77,15 +77,28 @@ def test_a_read_write_binding_of_a_mirror_is_refused_at_save_and_deploy(data_dir
         assert store.get_function("fn_ro").state.value == "deployed"
 
 
-def test_a_handler_write_into_a_mirror_is_dead_lettered_and_never_applied(data_dir):
+JS_INTO_SAME_COLLECTION = """
+function OnUpdate(doc, meta) {
+    var ks = meta.keyspace;
+    var into = {bucket_name: 'copies', scope_name: ks.scope_name, collection_name: ks.collection_name};
+    couchbase.upsert(copies, {id: meta.id, keyspace: into}, {n: doc.n});
+}
+"""
+
+
+@pytest.mark.parametrize("language", ["python", "javascript"])
+def test_a_handler_write_into_a_mirror_is_dead_lettered_and_never_applied(data_dir, language):
+    if language == "javascript":
+        pytest.importorskip("STPyV8")
     app = Eventing(data_dir, executor="in-process")
     app.create_bucket("shop")
     app.create_bucket("copies")
     for keyspace in ("shop.pg.orders", "shop.pg.plain", "copies.pg.plain"):
         app.create_collection(keyspace)
     # A binding over the scope `copies.pg.*`, deployed before the scope holds a mirror.
-    app.deploy(_definition("fn_all", "shop.pg.*", {"scope": "pg", "collection": "*", "access": "rw"}),
-               INTO_SAME_COLLECTION)
+    definition = _definition("fn_all", "shop.pg.*", {"scope": "pg", "collection": "*", "access": "rw"})
+    definition["language"] = language
+    app.deploy(definition, JS_INTO_SAME_COLLECTION if language == "javascript" else INTO_SAME_COLLECTION)
     _mirror(data_dir, "copies", "pg", "orders")
     app.upsert("shop.pg.orders", "o1", {"n": 1})
     app.upsert("shop.pg.plain", "p1", {"n": 2})
@@ -95,7 +108,7 @@ def test_a_handler_write_into_a_mirror_is_dead_lettered_and_never_applied(data_d
     with open_store(data_dir) as store:
         letters = store.find_dlq_rows("fn_all")
     assert [(row.key, row.reason) for row in letters] == [("o1", "error")]
-    assert "cannot write through binding 'copies'" in letters[0].error
+    assert "through binding 'copies'" in letters[0].error
     assert "mirrors table public.orders" in letters[0].error and "bind it read-only (access 'r')" in letters[0].error
 
 
