@@ -16,7 +16,8 @@ from eventing.core.secrets import mask_definition, restore_secrets
 from eventing.errors import ConfigError, LifecycleError, NotFoundError, fix
 from eventing.execution.loader import validate_handler
 from eventing.execution.static_check import check_handler_source
-from eventing.storage.keyspace import check_keyspace_exists
+from eventing.storage.keyspace import check_keyspace_exists, collection_id
+from eventing.storage.protocol import BucketDocuments
 from eventing.storage.state import StateLike, as_state
 from eventing.windows.runtime.paths import reset_windows
 from metadata import TIMER_VB_BASE, FunctionRecord, FunctionState, MetadataStore
@@ -90,6 +91,7 @@ def save_function(
             for keyspace in [defn.source_keyspace, *(b.keyspace for b in defn.bindings)]:
                 if keyspace.bucket == bucket:
                     check_keyspace_exists(opened, keyspace)
+            _refuse_mirror_writes(opened, defn)
     if defn.window is not None:
         from eventing.windows.semantics import WindowSpec
 
@@ -117,6 +119,32 @@ def save_function(
         except BaseException:
             store.set_deployed_by(defn.name, stored.deployed_by)
             raise
+
+
+def _refuse_mirror_writes(bucket: BucketDocuments, defn: FunctionDefinition) -> None:
+    """ConfigError naming the binding, its collection and the fix when a read-write binding of `defn` names a
+    collection of `bucket` that mirrors a table: its documents are written by its mirror alone. (A binding
+    over several collections, `scope.*`, may write its others; its writes into a mirror are refused as they
+    are made, and the mutation is dead-lettered.)"""
+    mirrors: dict[int, str] | None = None
+    for b in defn.bindings:
+        if b.access != "rw" or b.bucket != bucket.name or b.keyspace.is_wildcard or b.keyspace.is_default:
+            continue
+        mirrors = bucket.mirrors() if mirrors is None else mirrors
+        shown = mirrors.get(collection_id(bucket, b.keyspace))
+        if shown is not None:
+            raise ConfigError(
+                f"binding '{b.alias}' of function '{defn.name}' is read-write on '{b.keyspace}', which mirrors "
+                f"{shown} and is written by the mirror alone; bind it read-only (access 'r')"
+            )
+
+
+def check_mirror_bindings(state: StateLike, defn: FunctionDefinition) -> None:
+    """_refuse_mirror_writes for every bucket `defn` binds read-write (at deploy and resume: a collection
+    may have become a mirror since the definition was saved)."""
+    for name in dict.fromkeys(b.bucket for b in defn.bindings if b.access == "rw"):
+        with as_state(state).open_bucket(name) as opened:
+            _refuse_mirror_writes(opened, defn)
 
 
 def _stored(store: MetadataStore, name: str) -> FunctionRecord | None:
@@ -155,6 +183,7 @@ def deploy(state: StateLike, name: str, boundary: Boundary | None = None) -> Fun
             why = sandbox_unavailable()
             if why:  # never run it unsandboxed instead
                 raise ConfigError(f"function '{name}' must run sandboxed and cannot be deployed here: {why}")
+        check_mirror_bindings(state, defn)
         _validate(state, defn, record.source, record.deployed_by)
         if record.state is FunctionState.UNDEPLOYED and boundary is not None:
             record = store.put_function(name, defn.to_dict(), record.source)  # remember the chosen boundary
@@ -256,6 +285,7 @@ def resume(state: StateLike, name: str) -> FunctionRecord:
     with _store(state) as store:
         record = store.get_function(name)
         if record.state is FunctionState.PAUSED:
+            check_mirror_bindings(state, FunctionDefinition.from_dict(record.definition))
             run_on_deploy(state, store, record, "resume")
         return store.transition(name, FunctionState.DEPLOYED, "resume")
 

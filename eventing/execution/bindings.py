@@ -165,7 +165,7 @@ class BucketBinding:
 
     def __init__(
         self, alias: str, bucket: BindingBucket, access: str, function: str, buffer: EffectBuffer | None = None,
-        prefix: str = "",
+        prefix: str = "", mirror: str | None = None,
     ):
         self.alias = alias
         self.bucket = bucket
@@ -176,6 +176,9 @@ class BucketBinding:
         # The stored-key prefix of the bound collection ("" for a bucket's default collection): aliases of
         # several collections of one bucket share its buffer, which holds stored keys (eventing.core.keyspaces).
         self.prefix = prefix
+        # What the bound collection mirrors (eventing.storage.mirror), else None: its documents follow the
+        # table and are written by the mirror alone, so every write through this binding is refused.
+        self.mirror = mirror
 
     @property
     def applied_upto(self) -> dict[int, int]:
@@ -437,6 +440,12 @@ class BucketBinding:
             buf.conditional = True
 
     def _check_writable(self, what: str) -> None:
+        if self.mirror is not None:
+            raise BindingError(
+                f"cannot {what} through binding '{self.alias}' (bucket '{self.bucket.name}'): its collection mirrors "
+                f"{self.mirror} and is written by the mirror alone; bind it read-only (access 'r') and change the "
+                "rows in PostgreSQL"
+            )
         if self.access != "rw":
             raise BindingError(
                 f"cannot {what} through binding '{self.alias}' (bucket '{self.bucket.name}'): it is read-only; "

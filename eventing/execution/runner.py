@@ -150,8 +150,11 @@ class HandlerRunner:
             if b.keyspace.is_wildcard:  # several collections, reached with the document's keyspace
                 binding: BucketBinding = WildcardBinding(b.alias, bucket, b.access, function, buffer, b.keyspace)
             else:
-                prefix = key_prefix(collection_id(bucket, b.keyspace))  # the binding's collection (a NotFoundError names it)
-                binding = BucketBinding(b.alias, bucket, b.access, function, buffer, prefix)
+                cid = collection_id(bucket, b.keyspace)  # the binding's collection (a NotFoundError names it)
+                # A read-write binding of a mirror's collection (a definition stored before its collection was
+                # made a mirror under the same name) refuses every write: the mutation is dead-lettered, nothing is applied.
+                mirror = bucket.mirrors().get(cid) if cid and b.access == "rw" else None
+                binding = BucketBinding(b.alias, bucket, b.access, function, buffer, key_prefix(cid), mirror)
             injected[b.alias] = binding
             self.bindings.append(binding)
         self.rw_bindings = [b for b in self.bindings if b.access == "rw"]

@@ -34,6 +34,7 @@ class WildcardBinding(BucketBinding):
         self._ids: dict[tuple[str, str], int] = {}
         self._read_at = -REGISTRY_TTL_S
         self._members: dict[int, BucketBinding] = {}
+        self._mirrors: dict[int, str] = {}
 
     def in_keyspace(self, keyspace: Any) -> BucketBinding:
         """The binding of one collection this binding covers; `keyspace` as a meta gives it
@@ -49,7 +50,8 @@ class WildcardBinding(BucketBinding):
         member = self._members.get(cid)
         if member is None:
             member = self._members[cid] = BucketBinding(
-                self.alias, self.bucket, self.access, self.function, self.buf, key_prefix(cid)
+                self.alias, self.bucket, self.access, self.function, self.buf, key_prefix(cid),
+                self._mirrors.get(cid),  # a mirror's collection refuses this binding's writes
             )
         member.tracer = self.tracer
         return member
@@ -58,6 +60,9 @@ class WildcardBinding(BucketBinding):
         now = time.monotonic()
         if now - self._read_at > REGISTRY_TTL_S or (ks.scope, ks.collection) not in self._ids:
             self._ids = dict(self.bucket.collections())
+            # Read after the ids: a collection is a mirror from its creation on (ids are never reused), so
+            # every id just read has its mirror here.
+            self._mirrors = self.bucket.mirrors() if self.access == "rw" else {}
             self._read_at = now
         cid = self._ids.get((ks.scope, ks.collection))
         if cid is None:

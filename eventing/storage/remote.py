@@ -44,7 +44,7 @@ LOCALITY_ENV = "EVENTING_DATA_LOCALITY"  # "0": workers on the data node still g
 BUCKET_CALLS = frozenset({
     "high_seqnos", "read_vb_packed", "max_doc_bytes", "get_raw", "get", "get_meta", "get_doc", "previous_doc",
     "ensure_key_index", "apply_effects", "effect_marks", "fence", "write", "upsert", "delete", "flush", "keys",
-    "scan", "count", "collection_list",
+    "scan", "count", "collection_list", "mirror_list",
 })
 
 
@@ -85,6 +85,8 @@ class DataService:
     def do_bucket(self, name: str, method: str, args: tuple, kwargs: dict) -> Any:
         if method == "collection_list":  # tuples, not a dict with tuple keys, travel through msgpack
             return self.do_collection_list(name)
+        if method == "mirror_list":  # pairs, as msgpack keys are strings
+            return sorted(self._bucket(name).mirrors().items())
         if method not in BUCKET_CALLS:
             raise ConfigError(f"bucket method {method!r} is not served to remote workers")
         answer = getattr(self._bucket(name), method)(*args, **kwargs)
@@ -405,6 +407,9 @@ class RemoteBucket:
     def collections(self) -> dict[tuple[str, str], int]:
         listed = cast("list[tuple[str, str, int]]", self._bucket("collection_list"))
         return {(scope, name): cid for scope, name, cid in listed}
+
+    def mirrors(self) -> dict[int, str]:
+        return {int(cid): shown for cid, shown in cast("list[tuple[int, str]]", self._bucket("mirror_list"))}
 
     def close(self) -> None:
         pass

@@ -202,12 +202,14 @@ class KvClient:
 
     HEADER = struct.Struct(">BBHBBHIIQ")
     HELLO, SASL_AUTH, SELECT_BUCKET, SET = 0x1F, 0x21, 0x89, 0x01
-    XERROR = 0x07
+    XERROR, COLLECTIONS = 0x07, 0x12
 
-    def __init__(self, port: int, user: str, password: str, bucket: str, timeout_s: float = 60):
+    def __init__(self, port: int, user: str, password: str, bucket: str, timeout_s: float = 60, *,
+                 collections: bool = False):
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout_s)
         self.opaque = 0
-        self.call(self.HELLO, b"test", value=self.XERROR.to_bytes(2, "big"))
+        features = (self.XERROR, self.COLLECTIONS) if collections else (self.XERROR,)
+        self.call(self.HELLO, b"test", value=b"".join(f.to_bytes(2, "big") for f in features))
         status, body = self.call(self.SASL_AUTH, b"PLAIN", value=f"\0{user}\0{password}".encode())
         assert status == 0, f"KV login refused: {status:#x} {body!r}"
         status, body = self.call(self.SELECT_BUCKET, bucket.encode())
@@ -225,8 +227,10 @@ class KvClient:
         answer = self._read(total)
         return status, answer[extras_len + key_len:]
 
-    def set(self, key: str, document: dict) -> tuple[int, bytes]:
-        return self.call(self.SET, key.encode(), extras=struct.pack(">II", 0x02000006, 0),
+    def set(self, key: str, document: dict, *, collection_id: int | None = None) -> tuple[int, bytes]:
+        """A SET of `key` (in collection `collection_id`, as LEB128 before the key, with collections agreed)."""
+        stored = key.encode() if collection_id is None else _leb128(collection_id) + key.encode()
+        return self.call(self.SET, stored, extras=struct.pack(">II", 0x02000006, 0),
                          value=json.dumps(document).encode(), datatype=0x01)
 
     def _read(self, n: int) -> bytes:
@@ -240,3 +244,12 @@ class KvClient:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def _leb128(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)

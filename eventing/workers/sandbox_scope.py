@@ -14,7 +14,7 @@ from typing import Any
 
 READ_CALLS = frozenset({
     "high_seqnos", "read_vb_packed", "max_doc_bytes", "get_raw", "get", "get_meta", "get_doc", "previous_doc",
-    "ensure_key_index", "keys", "scan", "count", "collection_list",
+    "ensure_key_index", "keys", "scan", "count", "collection_list", "mirror_list",
 })
 KEY_CALLS = frozenset({"get_raw", "get", "get_meta", "get_doc", "previous_doc"})  # first argument: a stored key
 LIST_CALLS = frozenset({"keys", "scan", "count"})  # first argument: a stored-key prefix

@@ -1,8 +1,8 @@
 """Mirrors of PostgreSQL tables (eventing.storage.mirror) end to end, against throwaway PostgreSQL servers
 the tests start: every row's history reaches the collection whole, once and in commit order, and a ledger
-function handles each change exactly once, across kill -9 of the follower and of the service and a restart
-of PostgreSQL; the snapshot under concurrent writers; schema changes, a dropped table, a second mirror of
-a table, a slot dropped by hand."""
+function handles each change exactly once, across kill -9 of the follower, of the service and of Ray
+workers, and a restart of PostgreSQL; the snapshot under concurrent writers; schema changes, a dropped table,
+a second mirror of a table, a slot dropped by hand."""
 
 from __future__ import annotations
 
@@ -118,6 +118,68 @@ def test_a_ledger_function_on_a_mirror_sees_every_row_history_once_in_commit_ord
 def _verified(data_dir: str, owed: int) -> bool:
     report = verify_function(data_dir, "fn_orders")
     return report.ok and report.source_mutations == owed and report.handled == owed
+
+
+def test_kill_9_of_ray_workers_while_a_mirror_feeds_their_function_leaves_the_ledger_exact(
+    own_server, tmp_path, ray_executor
+):
+    """The service in this process on Ray, its mirror's follower following the slot while writers change the
+    table; two of the function's Ray workers are killed by pid (kill -9) in the middle. Their vBuckets are
+    handled again from their checkpoints: every change is handled once, none applied twice, in order."""
+    import threading
+
+    from eventing.control.service import EventingService
+
+    url = own_server.create_database("app")
+    make_table(url, rows=60)
+    data_dir = new_data_dir(tmp_path / "data", "shop", "ledger")
+    cid = mirrors.create_mirror(data_dir, KS, source=url, table="public.orders")["id"]
+    defn = ledger_definition("fn_orders", "shop", "ledger", workers=2, source_scope="pg", source_collection="orders")
+    state = open_state(data_dir)
+    lifecycle.save_function(state, defn, LEDGER_HANDLER)
+    lifecycle.deploy(state, defn.name)
+    state.close()
+    service = EventingService(data_dir, ray_executor)
+    thread = threading.Thread(target=service.run, daemon=True)
+    thread.start()
+    writers = Writers(url, list(range(1, 61)), threads=2)
+    killed: list[int] = []
+
+    def kill_a_worker(at_commits: int) -> None:
+        def ready_worker() -> int | None:
+            sup = service.supervisors.get("fn_orders")
+            if sup is None or writers.commits < at_commits:
+                return None
+            pids = [slot.pid for slot in sup.slots.values() if slot.ready and slot.pid and slot.pid not in killed]
+            return pids[0] if pids else None
+
+        pid = wait_for(ready_worker, f"a ready Ray worker of fn_orders after {at_commits} commits", timeout=120)
+        os.kill(pid, signal.SIGKILL)
+        killed.append(pid)
+
+    try:
+        wait_until_mirrored(data_dir, url, "shop", cid)  # the snapshot
+        writers.start(transactions=300)
+        kill_a_worker(100)
+        kill_a_worker(200)
+        writers.join()
+        wait_until_mirrored(data_dir, url, "shop", cid)
+        owed = sum(len(h) for h in collection_history(data_dir, "shop", cid).values())
+        wait_for(lambda: _verified(data_dir, owed), "the ledger function accounts for every change of the collection",
+                 timeout=180, every=0.5)
+        sup = service.supervisors["fn_orders"]
+        assert sum(slot.restarts for slot in sup.slots.values()) >= 2  # the killed workers were started again
+        assert not any(slot.pid in killed for slot in sup.slots.values())
+    finally:
+        service.stop()
+        thread.join(120)
+    assert len(killed) == 2 and not thread.is_alive()
+    history = collection_history(data_dir, "shop", cid)
+    for key, changes in writers.history.items():  # every row's history whole, once, in commit order
+        assert history[key] == ([("u", 0)] if int(key) <= 60 else []) + changes, key
+    report = verify_function(data_dir, "fn_orders")
+    assert report.ok and not report.missing and not report.duplicate_effects and not report.out_of_order
+    assert report.handled == report.source_mutations == owed
 
 
 def test_a_snapshot_of_100000_rows_taken_while_writers_run_misses_and_doubles_no_row(own_server, tmp_path):
