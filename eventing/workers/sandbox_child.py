@@ -200,6 +200,7 @@ def _child(fd: int, policy: dict) -> None:
                 function, spec = args
                 spec = replace(spec, data_service=_LineRef(line, spec.location))
                 core = WorkerCore(spec, recycle_on_hang=True, notes_fd=policy.get("notes_fd"))
+                import numpy  # noqa: F401 - the read ahead's decoding (rows_of_columns): at start, not in a step
                 result: tuple = (True, os.getpid())
             elif method == "__runner__":
                 core = _ChildRunner(line, *args)

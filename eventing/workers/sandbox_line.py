@@ -15,14 +15,18 @@ _HEADER = struct.Struct("!Q")
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    """The next `n` bytes, each piece of up to 16 MiB waited for in one call (MSG_WAITALL): a frame larger
+    than the socket's buffer would otherwise come in many reads, and the child's line thread takes the
+    interpreter lock back after each, which holds its busy main thread up and keeps the host blocked
+    sending meanwhile. A length the other end claims is never allocated before its bytes come."""
     chunks, left = [], n
     while left:
-        chunk = sock.recv(min(left, 1 << 20))
+        chunk = sock.recv(min(left, 1 << 24), socket.MSG_WAITALL)  # fewer: a signal came meanwhile
         if not chunk:
             raise EOFError("the other end of the sandbox line closed")
         chunks.append(chunk)
         left -= len(chunk)
-    return b"".join(chunks)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def _recv(sock: socket.socket) -> bytes:
