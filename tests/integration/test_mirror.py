@@ -13,6 +13,7 @@ import psycopg
 import pytest
 
 from eventing.control import lifecycle
+from eventing.errors import ConfigError, LifecycleError
 from eventing.ops import mirrors
 from eventing.ops.verify import verify_function
 from eventing.storage.mirror import definition as defs
@@ -116,7 +117,10 @@ def test_a_ledger_function_on_a_mirror_sees_every_row_history_once_in_commit_ord
 
 
 def _verified(data_dir: str, owed: int) -> bool:
-    report = verify_function(data_dir, "fn_orders")
+    try:
+        report = verify_function(data_dir, "fn_orders")
+    except (ConfigError, LifecycleError):  # no checkpoint or no ledger entry yet: the function is starting
+        return False
     return report.ok and report.source_mutations == owed and report.handled == owed
 
 
