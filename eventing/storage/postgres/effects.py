@@ -15,14 +15,11 @@ A transaction cut by a lost connection is run again whole (its writes and marks 
 all); one whose COMMIT got no answer raises StoreUnavailableError(ambiguous=True), and the worker's replay
 from its checkpoint is deduplicated by the marks.
 
-Effects commit without waiting for the server's disk (``synchronous_commit`` off for their transaction,
-ASYNC_EFFECTS): they are visible at once and on disk within the WAL writer's delay (200 ms by default), and
-the checkpoint that covers them, a transaction of the same server that does wait for the disk, is written
-after them in the WAL, so it is never on disk without them. If the server crashes before the flush, the
-effects and their marks are lost together and the checkpoint that would have covered them never existed:
-the worker replays from the one before and applies them again, once. (A bucket file's commits do not wait
-for the disk either: SQLite's WAL mode with synchronous=NORMAL syncs at its checkpoints.) What it saves is
-one disk flush per flush of effects, the largest part of a caught-up worker's time per write.
+Effects commit waiting for the server's disk, as every transaction of the store does (ASYNC_EFFECTS off).
+Committing them without waiting (``synchronous_commit`` off) was tried: it saves one disk flush per flush
+of effects, but a worker that outlives a server crash does not replay: it writes its checkpoint once the
+server is back, and that checkpoint then covers effects the crash lost (tests/integration/
+test_postgres_outage.py found effects missing after a kill -9 of the server).
 """
 
 from __future__ import annotations
@@ -36,7 +33,7 @@ from eventing.storage.values import EffectGroup, EffectResult, Write
 from metadata.postgres.connection import Cursor
 
 Marks = dict[int, tuple[int, int]]  # vb -> (epoch, seqno)
-ASYNC_EFFECTS = True  # see the module docstring
+ASYNC_EFFECTS = False  # see the module docstring: on only where a lost commit makes the worker replay
 _ASYNC = "SET LOCAL synchronous_commit TO off"
 
 
