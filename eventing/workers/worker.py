@@ -376,7 +376,11 @@ class WorkerCore(WorkerTimers, WorkerReads):
             # Effects go to their buckets in transactions of at least EFFECT_FLUSH_MIN writes (and at the end
             # of the step): each transaction rewrites the B-tree pages it touches, so fewer, larger ones
             # cost less per write. Reads see pending writes meanwhile (the bindings' overlay).
-            if self._pending_effects(set_aside=False) >= EFFECT_FLUSH_MIN:
+            # A waiting worker that has caught up with what it saw commits those effects before it looks
+            # again: while writes keep coming, each look finds a few more, and the effects of the first
+            # would otherwise wait for all of them.
+            pending = self._pending_effects(set_aside=False)
+            if pending >= EFFECT_FLUSH_MIN or (pending and waiter is not None and batch < budget):
                 fenced |= self.flush_effects()
             handled += batch
             if fenced or time.monotonic() >= slice_ends:
