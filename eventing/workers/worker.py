@@ -332,6 +332,7 @@ class WorkerCore(WorkerTimers, WorkerReads):
         positions = self.positions
         waiter = self.waiter if idle_wait_s > 0 and not remote else None
         waited = False
+        behind_on: list[int] | None = None
         if waiter is not None:
             waiter.drain()  # every write notified so far is seen by the first look below
             wait_ends = time.monotonic() + idle_wait_s
@@ -342,11 +343,15 @@ class WorkerCore(WorkerTimers, WorkerReads):
                 highs = self.source.high_seqnos(spans=self._owned_spans())
             # Limits only where there is work: a caught-up worker woken for one write does one pass over its
             # vBuckets, not three (this step runs once per write when writes are sparse).
+            # While its batches are full, a worker that is behind looks only at the vBuckets of its last pass
+            # (a pass over all 1,024 cost ~10% of a batch handler's time); a batch that was not full, or a
+            # new step, looks at them all again.
+            candidates = self.epochs if behind_on is None else [vb for vb in behind_on if vb in self.epochs]
             if targets:
-                limits = {vb: min(highs[vb], targets[vb]) for vb in self.epochs}
-                work = [vb for vb in self.epochs if positions[vb] < limits[vb]]
+                work = [vb for vb in candidates if positions[vb] < highs[vb] and positions[vb] < targets[vb]]
+                limits = {vb: min(highs[vb], targets[vb]) for vb in work}
             else:
-                work = [vb for vb in self.epochs if positions[vb] < highs[vb]]
+                work = [vb for vb in candidates if positions[vb] < highs[vb]]
                 limits = {vb: highs[vb] for vb in work}
             if not work and waiter is not None:
                 left = wait_ends - time.monotonic()
@@ -383,6 +388,7 @@ class WorkerCore(WorkerTimers, WorkerReads):
             if pending >= EFFECT_FLUSH_MIN or (pending and waiter is not None and batch < budget):
                 fenced |= self.flush_effects()
             handled += batch
+            behind_on = work if batch >= budget else None
             if fenced or time.monotonic() >= slice_ends:
                 break
             if batch < budget and (waiter is None or not batch or time.monotonic() >= wait_ends):
