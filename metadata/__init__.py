@@ -36,7 +36,7 @@ from metadata.model import (
     owner_vb,
 )
 from metadata.postgres import PostgresMetadataStore
-from metadata.protocol import MetadataStore
+from metadata.protocol import MetadataStore, WorkerMetadata
 from metadata.sqlite import SqliteMetadataStore
 
 __all__ = [
@@ -70,6 +70,7 @@ __all__ = [
     "TimerDone",
     "TimerRecord",
     "UserRecord",
+    "WorkerMetadata",
     "check_transition",
     "owner_vb",
     "open_store",

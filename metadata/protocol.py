@@ -1,4 +1,6 @@
-"""The MetadataStore protocol: what the runtime needs from any metadata backend."""
+"""The MetadataStore protocol: what the runtime needs from any metadata backend. ``WorkerMetadata`` is the
+part a worker calls (the data service serves exactly these to workers without the store: its table
+``eventing.storage.remote.META_CALLS``); ``MetadataStore`` is all of it."""
 
 from __future__ import annotations
 
@@ -38,10 +40,61 @@ class WindowStateStore(Protocol):
     def reset(self, function: str) -> None: ...
 
 
-class MetadataStore(Protocol):
+class WorkerMetadata(Protocol):
+    """What a worker asks of the metadata store for its own function: its record, ownership of vBuckets
+    (claim, release), commits, timers, its dead letters, deaths on a mutation."""
+
+    def get_function(self, name: str) -> FunctionRecord: ...
+    def claim(
+        self, function: str, vbuckets: Iterable[int], owner: str, *, min_epochs: Mapping[int, int] | None = None
+    ) -> dict[int, Checkpoint]: ...
+    def commit(
+        self,
+        function: str,
+        epochs: Mapping[int, int],
+        seqnos: Mapping[int, int],
+        dlq_rows: Iterable[DlqRow] = (),
+        counters: Mapping[str, int] | None = None,
+        timer_changes: Iterable[TimerChange] = (),
+        timers_done: Iterable[TimerDone] = (),
+    ) -> set[int]: ...
+    def release(self, function: str, epochs: Mapping[int, int]) -> set[int]: ...
+    def claim_timers(
+        self,
+        function: str,
+        epochs: Mapping[int, int],
+        now_ms: int,
+        limit: int,
+        *,
+        reclaim: Iterable[int] = (),
+    ) -> list[TimerRecord]: ...
+    def get_timer(self, function: str, callback: str, reference: str) -> TimerRecord | None: ...
+    def find_dlq_rows(
+        self,
+        function: str,
+        *,
+        vb: int | None = None,
+        seqno: int | None = None,
+        key: str | None = None,
+        reason: str | None = None,
+        include_replayed: bool = False,
+        replayed_only: bool = False,
+        generation: int | None = None,
+        limit: int | None = None,
+    ) -> list[DlqRow]: ...
+    def count_death(self, function: str, vb: int, seqno: int) -> int:
+        """One more death on the mutation (vb, seqno) (a timer's: TIMER_VB_BASE + vb, fire_seq); returns its
+        deaths so far in this deployment."""
+        ...
+    def deaths(self, function: str) -> dict[tuple[int, int], int]: ...
+    def close(self) -> None: ...
+
+
+class MetadataStore(WorkerMetadata, Protocol):
+    """Everything the runtime, ops and the APIs ask of a metadata backend (WorkerMetadata's calls too)."""
+
     # functions and lifecycle
     def put_function(self, name: str, definition: dict, source: str) -> FunctionRecord: ...
-    def get_function(self, name: str) -> FunctionRecord: ...
     def list_functions(self) -> list[FunctionRecord]: ...
     def delete_function(self, name: str) -> None: ...
     def transition(
@@ -61,9 +114,6 @@ class MetadataStore(Protocol):
     ) -> None: ...
     def drop_checkpoints(self, function: str) -> None: ...
     def checkpoints(self, function: str) -> dict[int, Checkpoint]: ...
-    def claim(
-        self, function: str, vbuckets: Iterable[int], owner: str, *, min_epochs: Mapping[int, int] | None = None
-    ) -> dict[int, Checkpoint]: ...
     def checkpoint_starts(self, function: str) -> dict[int, int]: ...
     def checkpoint_regressions(self, function: str, *, min_epoch: int = 0) -> list[dict]: ...
     def rewind_checkpoints(
@@ -80,41 +130,14 @@ class MetadataStore(Protocol):
         """
         ...
     def checkpoint_rewinds(self, function: str, *, min_epoch: int = 0) -> list[dict]: ...
-    def commit(
-        self,
-        function: str,
-        epochs: Mapping[int, int],
-        seqnos: Mapping[int, int],
-        dlq_rows: Iterable[DlqRow] = (),
-        counters: Mapping[str, int] | None = None,
-        timer_changes: Iterable[TimerChange] = (),
-        timers_done: Iterable[TimerDone] = (),
-    ) -> set[int]: ...
-    def release(self, function: str, epochs: Mapping[int, int]) -> set[int]: ...
 
-    # durable timers (partitioned by the vBucket of their reference, fenced by its epoch)
-    def claim_timers(
-        self,
-        function: str,
-        epochs: Mapping[int, int],
-        now_ms: int,
-        limit: int,
-        *,
-        reclaim: Iterable[int] = (),
-    ) -> list[TimerRecord]: ...
-    def get_timer(self, function: str, callback: str, reference: str) -> TimerRecord | None: ...
+    # durable timers (partitioned by the vBucket of their reference, fenced by its epoch; claimed and read:
+    # WorkerMetadata)
     def timer_backlog(self, function: str, now_ms: int) -> dict[str, int]: ...
     def drop_timers(self, function: str) -> None: ...
 
-    # deaths of a worker's process while its handler ran on one mutation alone (eventing.workers.crash_guard
-    # dead-letters a mutation that keeps ending its worker); dropped with the deployment's checkpoints
-    def count_death(self, function: str, vb: int, seqno: int) -> int:
-        """One more death on the mutation (vb, seqno) (a timer's: TIMER_VB_BASE + vb, fire_seq); returns its
-        deaths so far in this deployment."""
-        ...
-    def deaths(self, function: str) -> dict[tuple[int, int], int]: ...
-
-    # counters, dead letters, service liveness
+    # counters, dead letters, service liveness (deaths of a worker's process while its handler ran on one
+    # mutation alone, count_death and deaths in WorkerMetadata, go with the deployment's checkpoints)
     def add_counters(self, function: str, counters: Mapping[str, int | float]) -> None: ...
     def set_gauges(self, function: str, gauges: Mapping[str, float]) -> None: ...
     def counters(self, function: str) -> dict[str, float]: ...
@@ -123,19 +146,6 @@ class MetadataStore(Protocol):
         self, function: str, *, limit: int | None = None, include_replayed: bool = False
     ) -> list[DlqRow]: ...
     def dlq_row(self, function: str, vb: int, seqno: int) -> DlqRow | None: ...
-    def find_dlq_rows(
-        self,
-        function: str,
-        *,
-        vb: int | None = None,
-        seqno: int | None = None,
-        key: str | None = None,
-        reason: str | None = None,
-        include_replayed: bool = False,
-        replayed_only: bool = False,
-        generation: int | None = None,
-        limit: int | None = None,
-    ) -> list[DlqRow]: ...
     def mark_replayed(self, function: str, keys: Iterable[tuple[int, int]]) -> int: ...
     def record_replay_failure(
         self, function: str, vb: int, seqno: int, reason: str, error: str, traceback: str
@@ -171,7 +181,6 @@ class MetadataStore(Protocol):
         (SQLite's online backup); a backend backed up by its own tools raises StoreError naming them."""
         ...
     def window_states(self) -> WindowStateStore: ...
-    def close(self) -> None: ...
 
     def __enter__(self) -> MetadataStore: ...
 

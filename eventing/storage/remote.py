@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import repeat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, Self, cast
@@ -35,17 +35,58 @@ from eventing.storage.state import AppLogWriter, State, StateLike, as_state, is_
 from eventing.storage.values import EffectGroup, EffectResult, PackedUpdates, Spans, Write
 from metadata import MetadataStore
 from metadata.factory import SQLITE_FILE
+from metadata.model import Checkpoint, DlqRow, FunctionRecord, TimerChange, TimerDone, TimerRecord
+from metadata.protocol import WorkerMetadata
 from metadata.sqlite_io import private_folder
 
 LOCALITY_ENV = "EVENTING_DATA_LOCALITY"  # "0": workers on the data node still go through the service
 
-# What a remote worker may ask of a bucket: the Bucket protocol (eventing.storage.protocol) beyond the log
-# reads, which have calls of their own (read_vb, read_many). An iterator (scan) is answered as a list.
-BUCKET_CALLS = frozenset({
-    "high_seqnos", "read_vb_packed", "max_doc_bytes", "get_raw", "get", "get_meta", "get_doc", "previous_doc",
-    "ensure_key_index", "apply_effects", "effect_marks", "fence", "write", "upsert", "delete", "flush", "keys",
-    "scan", "count", "collection_list", "mirror_list",
-})
+# What a remote worker may ask of a bucket (a ``bucket`` call): the Bucket protocol
+# (eventing.storage.protocol) beyond the log reads, which have calls of their own (read_vb, read_many). Each
+# name served, and the method it calls; nothing else is. An iterator (scan) is answered as a list, and
+# collection_list is collections() as (scope, collection, id) tuples (a dict with tuple keys does not
+# travel through msgpack).
+BUCKET_CALLS: dict[str, Callable[[Bucket], Callable[..., Any]]] = {
+    "high_seqnos": lambda bucket: bucket.high_seqnos,
+    "read_vb_packed": lambda bucket: bucket.read_vb_packed,
+    "max_doc_bytes": lambda bucket: bucket.max_doc_bytes,
+    "get_raw": lambda bucket: bucket.get_raw,
+    "get": lambda bucket: bucket.get,
+    "get_meta": lambda bucket: bucket.get_meta,
+    "get_doc": lambda bucket: bucket.get_doc,
+    "previous_doc": lambda bucket: bucket.previous_doc,
+    "ensure_key_index": lambda bucket: bucket.ensure_key_index,
+    "apply_effects": lambda bucket: bucket.apply_effects,
+    "effect_marks": lambda bucket: bucket.effect_marks,
+    "fence": lambda bucket: bucket.fence,
+    "write": lambda bucket: bucket.write,
+    "upsert": lambda bucket: bucket.upsert,
+    "delete": lambda bucket: bucket.delete,
+    "flush": lambda bucket: bucket.flush,
+    "keys": lambda bucket: bucket.keys,
+    "scan": lambda bucket: bucket.scan,
+    "count": lambda bucket: bucket.count,
+    "collection_list": lambda bucket: lambda: _collection_list(bucket),
+    "mirror_list": lambda bucket: lambda: sorted(bucket.mirrors().items()),  # pairs: msgpack keys are strings
+}
+
+# What a remote worker may ask of the metadata store (a ``meta`` call): WorkerMetadata (metadata.protocol),
+# each name served and the method it calls; nothing else is.
+META_CALLS: dict[str, Callable[[WorkerMetadata], Callable[..., Any]]] = {
+    "get_function": lambda store: store.get_function,
+    "claim": lambda store: store.claim,
+    "release": lambda store: store.release,
+    "commit": lambda store: store.commit,
+    "claim_timers": lambda store: store.claim_timers,
+    "get_timer": lambda store: store.get_timer,
+    "find_dlq_rows": lambda store: store.find_dlq_rows,
+    "count_death": lambda store: store.count_death,
+    "deaths": lambda store: store.deaths,
+}
+
+
+def _collection_list(bucket: Bucket) -> list[tuple[str, str, int]]:
+    return [(scope, collection, cid) for (scope, collection), cid in bucket.collections().items()]
 
 
 class DataService:
@@ -59,6 +100,17 @@ class DataService:
         self.state = as_state(state)
         self.data_dir = self.state.location  # what `ping` reports
         self._buckets: dict[str, FileBucket] = {}
+        # The calls served, by name (a subclass serves more: eventing.workers.data_service.ServedData).
+        self.calls: dict[str, Callable[..., Any]] = {
+            "ping": self.do_ping,
+            "bucket_info": self.do_bucket_info,
+            "bucket": self.do_bucket,
+            "collection_list": self.do_collection_list,
+            "read_vb": self.do_read_vb,
+            "read_many": self.do_read_many,
+            "meta": self.do_meta,
+            "put_file": self.do_put_file,
+        }
 
     def _bucket(self, name: str) -> FileBucket:
         bucket = self._buckets.get(name)
@@ -73,7 +125,10 @@ class DataService:
     # -- calls (one entry point, so the Ray actor is a thin shell) -------------------------------------
 
     def call(self, method: str, *args: Any) -> Any:
-        return getattr(self, "do_" + method)(*args)
+        served = self.calls.get(method)
+        if served is None:
+            raise ConfigError(f"{method!r} is not a call the data service serves")
+        return served(*args)
 
     def do_ping(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "data_dir": self.data_dir}
@@ -83,17 +138,14 @@ class DataService:
         return bucket.name, bucket.uuid
 
     def do_bucket(self, name: str, method: str, args: tuple, kwargs: dict) -> Any:
-        if method == "collection_list":  # tuples, not a dict with tuple keys, travel through msgpack
-            return self.do_collection_list(name)
-        if method == "mirror_list":  # pairs, as msgpack keys are strings
-            return sorted(self._bucket(name).mirrors().items())
-        if method not in BUCKET_CALLS:
+        served = BUCKET_CALLS.get(method)
+        if served is None:
             raise ConfigError(f"bucket method {method!r} is not served to remote workers")
-        answer = getattr(self._bucket(name), method)(*args, **kwargs)
+        answer = served(self._bucket(name))(*args, **kwargs)
         return list(answer) if isinstance(answer, Iterator) else answer
 
     def do_collection_list(self, name: str) -> list[tuple[str, str, int]]:
-        return [(scope, collection, cid) for (scope, collection), cid in self._bucket(name).collections().items()]
+        return _collection_list(self._bucket(name))
 
     def do_read_vb(self, name: str, vb: int, after_seqno: int, limit: int) -> bytes:
         """``LocalBucket.read_vb`` as one msgpack blob of row tuples (no Mutation objects made here)."""
@@ -113,9 +165,10 @@ class DataService:
         return msgpack.packb(answers, use_bin_type=True), bucket.high_seqnos()
 
     def do_meta(self, method: str, args: tuple, kwargs: dict) -> Any:
-        if method.startswith("_") or method == "close":
+        served = META_CALLS.get(method)
+        if served is None:
             raise ConfigError(f"metadata method {method!r} is not served to remote workers")
-        return getattr(self.store, method)(*args, **kwargs)
+        return served(self.store)(*args, **kwargs)
 
     def do_put_file(self, relative: str, data: bytes) -> None:
         """Write ``data`` durably (fsync, atomic rename) at ``relative`` under the data directory: window
@@ -435,24 +488,81 @@ AnyBucket = Bucket
 
 
 class RemoteMetadataStore:
-    """Every ``MetadataStore`` method, answered by the data service."""
+    """``WorkerMetadata`` (metadata.protocol), answered by the data service (its META_CALLS)."""
 
     def __init__(self, client: DataClient):
         self._call = client.call
 
-    def __getattr__(self, method: str) -> Callable[..., Any]:
-        if method.startswith("_"):
-            raise AttributeError(method)
+    def _meta(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        # Iterables (generators of DLQ rows, dict views) become lists: they must survive pickling.
+        args = tuple(list(a) if _lazy(a) else a for a in args)
+        kwargs = {k: list(v) if _lazy(v) else v for k, v in kwargs.items()}
+        return self._call("meta", method, args, kwargs)
 
-        def forward(*args: Any, **kwargs: Any) -> Any:
-            # Iterables (generators of DLQ rows, dict views) become lists: they must survive pickling.
-            args = tuple(list(a) if _lazy(a) else a for a in args)
-            return self._call("meta", method, args, kwargs)
+    def get_function(self, name: str) -> FunctionRecord:
+        return cast(FunctionRecord, self._meta("get_function", name))
 
-        return forward
+    def claim(
+        self, function: str, vbuckets: Iterable[int], owner: str, *, min_epochs: Mapping[int, int] | None = None
+    ) -> dict[int, Checkpoint]:
+        return cast("dict[int, Checkpoint]", self._meta("claim", function, vbuckets, owner, min_epochs=min_epochs))
+
+    def commit(
+        self,
+        function: str,
+        epochs: Mapping[int, int],
+        seqnos: Mapping[int, int],
+        dlq_rows: Iterable[DlqRow] = (),
+        counters: Mapping[str, int] | None = None,
+        timer_changes: Iterable[TimerChange] = (),
+        timers_done: Iterable[TimerDone] = (),
+    ) -> set[int]:
+        return cast("set[int]", self._meta(
+            "commit", function, epochs, seqnos, dlq_rows, counters, timer_changes, timers_done))
+
+    def release(self, function: str, epochs: Mapping[int, int]) -> set[int]:
+        return cast("set[int]", self._meta("release", function, epochs))
+
+    def claim_timers(
+        self, function: str, epochs: Mapping[int, int], now_ms: int, limit: int, *, reclaim: Iterable[int] = ()
+    ) -> list[TimerRecord]:
+        return cast("list[TimerRecord]", self._meta("claim_timers", function, epochs, now_ms, limit, reclaim=reclaim))
+
+    def get_timer(self, function: str, callback: str, reference: str) -> TimerRecord | None:
+        return cast("TimerRecord | None", self._meta("get_timer", function, callback, reference))
+
+    def find_dlq_rows(
+        self,
+        function: str,
+        *,
+        vb: int | None = None,
+        seqno: int | None = None,
+        key: str | None = None,
+        reason: str | None = None,
+        include_replayed: bool = False,
+        replayed_only: bool = False,
+        generation: int | None = None,
+        limit: int | None = None,
+    ) -> list[DlqRow]:
+        return cast("list[DlqRow]", self._meta(
+            "find_dlq_rows", function, vb=vb, seqno=seqno, key=key, reason=reason, include_replayed=include_replayed,
+            replayed_only=replayed_only, generation=generation, limit=limit,
+        ))
+
+    def count_death(self, function: str, vb: int, seqno: int) -> int:
+        return cast(int, self._meta("count_death", function, vb, seqno))
+
+    def deaths(self, function: str) -> dict[tuple[int, int], int]:
+        return cast("dict[tuple[int, int], int]", self._meta("deaths", function))
 
     def close(self) -> None:
         pass
+
+
+if TYPE_CHECKING:
+
+    def _serves_the_worker_protocol(store: RemoteMetadataStore) -> WorkerMetadata:
+        return store  # mypy checks every WorkerMetadata method is here with a compatible signature
 
 
 def _lazy(value: Any) -> bool:
@@ -493,10 +603,11 @@ class DataAccess:
             return self.state.open_bucket(name)
         return RemoteBucket(self._client, name)
 
-    def metadata(self) -> MetadataStore:
+    def metadata(self) -> WorkerMetadata:
+        """The metadata store as a worker uses it: its own connection, or the data service's answers."""
         if self._client is None:
             return self.state.open_metadata()
-        return cast(MetadataStore, RemoteMetadataStore(self._client))
+        return RemoteMetadataStore(self._client)
 
     def app_log_writer(self, function: str, max_size: int, max_files: int) -> AppLogWriter:
         """The function's application log: the state's own where it is reached directly, else batches of

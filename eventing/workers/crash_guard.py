@@ -38,7 +38,7 @@ from urllib.parse import quote
 
 from eventing.core.mutation import Mutation
 from eventing.storage.wake import RUN_DIR
-from metadata import TIMER_VB_BASE, MetadataStore, owner_vb
+from metadata import TIMER_VB_BASE, WorkerMetadata, owner_vb
 
 DEATHS_TO_DEAD_LETTER = 2  # deaths of its worker with the mutation alone in flight
 CRASHED = "dlq_crashed"  # WorkerCore._lettered's mark of a mutation to dead-letter as `crashed` when it comes
@@ -150,7 +150,7 @@ class CrashGuard:
     """The call notes of one WorkerCore, the deaths its start counted, and the mutations it handles alone."""
 
     def __init__(
-        self, store: MetadataStore, function: str, generation: int, notes_fd: int | None, slots: int
+        self, store: WorkerMetadata, function: str, generation: int, notes_fd: int | None, slots: int
     ):
         self.store = store
         self.function = function

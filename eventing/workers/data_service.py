@@ -29,6 +29,7 @@ class ServedData(DataService):
         super().__init__(state)
         self._logs: dict[str, AppLogWriter] = {}
         self._limits: dict[str, tuple[int, int]] = {}
+        self.calls["app_log"] = self.do_app_log
 
     def do_app_log(self, function: str, lines: list[str], max_size: int, max_files: int) -> int:
         """Append a batch of stamped lines to the function's application log (rotated as a local writer

@@ -16,7 +16,7 @@ from eventing.core import counters as counter_names
 from eventing.core.mutation import Mutation, pack_mutation
 from eventing.execution.context import CallContext
 from eventing.execution.runner import HandlerTimeout
-from metadata import DlqRow, MetadataStore, owner_vb
+from metadata import DlqRow, WorkerMetadata, owner_vb
 
 HANG_GRACE_S = 2.0  # past execution_timeout, how long a handler SIGALRM could not stop may still run
 # How long after raising HandlerTimeout into a call that is still running it is raised again: one raised in a
@@ -70,7 +70,7 @@ class HangGuard:
         signal.signal(signal.SIGALRM, signal.SIG_DFL)
 
     def recycle_on_hang(
-        self, function: str, generation: int, epochs: dict[int, int], open_store: Callable[[], MetadataStore]
+        self, function: str, generation: int, epochs: dict[int, int], open_store: Callable[[], WorkerMetadata]
     ) -> None:
         """Start the thread that ends the process of a worker whose handler hangs (see _watch). `epochs` is
         the worker's own dict of owned vBuckets' epochs (kept up to date in place); `open_store` opens the
@@ -80,7 +80,7 @@ class HangGuard:
         ).start()
 
     def _watch(
-        self, function: str, generation: int, epochs: dict[int, int], open_store: Callable[[], MetadataStore]
+        self, function: str, generation: int, epochs: dict[int, int], open_store: Callable[[], WorkerMetadata]
     ) -> None:
         """Last resort for a handler that SIGALRM cannot interrupt (blocked in C code, signals masked):
         once it overruns execution_timeout by HANG_GRACE_S, record its mutation as a `timeout` dead letter

@@ -1,6 +1,7 @@
 """What a sandboxed worker may ask of the host: `ScopedService` answers each data request of the child
-for one function, passing on only the calls a worker makes for its own function (the calls allowed by
-name in READ_CALLS, KEY_CALLS, LIST_CALLS, EFFECT_CALLS and META_CALLS), reads only in the collections
+for one function from its table of calls, passing on only the calls a worker makes for its own function
+(the bucket calls allowed by name in READ_CALLS, KEY_CALLS, LIST_CALLS and EFFECT_CALLS, the metadata calls
+the data service serves a worker, META_CALLS), reads only in the collections
 its source and bindings name, effects only in its read-write bindings under its own name, its own
 application log and window row files; log rows of other collections reach the child redacted. The
 function's definition reaches the child with its URL bindings' secrets masked: a request of a binding with
@@ -10,7 +11,10 @@ credentials is made here (`curl`, eventing.execution.curl.HostCurl), only to tha
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
+
+from eventing.storage import remote
 
 READ_CALLS = frozenset({
     "high_seqnos", "read_vb_packed", "max_doc_bytes", "get_raw", "get", "get_meta", "get_doc", "previous_doc",
@@ -19,11 +23,9 @@ READ_CALLS = frozenset({
 KEY_CALLS = frozenset({"get_raw", "get", "get_meta", "get_doc", "previous_doc"})  # first argument: a stored key
 LIST_CALLS = frozenset({"keys", "scan", "count"})  # first argument: a stored-key prefix
 EFFECT_CALLS = frozenset({"apply_effects", "effect_marks", "fence"})
-# What a worker asks of the metadata store, each with the function's name as first argument.
-META_CALLS = frozenset({
-    "get_function", "claim", "release", "commit", "claim_timers", "get_timer", "find_dlq_rows", "count_death",
-    "deaths",
-})
+# What a worker asks of the metadata store, each with the function's name as first argument: the calls the
+# data service serves a worker (WorkerMetadata, metadata.protocol).
+META_CALLS = frozenset(remote.META_CALLS)
 
 
 class ScopedService:
@@ -51,25 +53,41 @@ class ScopedService:
             if b.access == "rw":
                 self.write_keyspaces.setdefault(b.bucket, []).append(b.keyspace)
         self._registry: dict[str, dict[int, tuple[str, str]]] = {}
+        # The calls a sandboxed worker may make, by name, and what answers each (check says which of their
+        # arguments are the function's own): nothing else is served.
+        self.calls: dict[str, Callable[..., Any]] = {
+            "ping": lambda: self.backend.call("ping"),
+            "bucket_info": lambda name: self.backend.call("bucket_info", name),
+            "read_vb": self._read_vb,
+            "read_many": self._read_many,
+            "bucket": self._bucket,
+            "meta": self._meta,
+            "app_log": lambda *args: self.backend.call("app_log", *args),
+            "put_file": lambda *args: self.backend.call("put_file", *args),
+            "curl": lambda *request: self.host_curl().exchange(*request),
+        }
 
     def call(self, method: str, *args: Any) -> Any:
-        self.check(method, args)
-        if method == "curl":
-            return self.host_curl().exchange(*args)
-        answer = self.backend.call(method, *args)
-        if method == "meta" and args[0] == "get_function":
-            return _without_secrets(answer)
-        if method == "read_vb":
-            return self._redact_blob(args[0], answer)
-        if method == "read_many":
-            return self._redact_many(args[0], args[1], answer)
-        if method == "bucket":
-            name, call = args[0], args[1]
-            if call == "read_vb_packed" and answer is not None and not self._plain_default(name, answer.keys):
-                return None  # the worker reads these rows with read_vb, redacted there
-            if call in ("keys", "scan"):
-                return [item for item in answer if self._allowed(name, item if call == "keys" else item[0])]
+        self.check(method, args)  # refuses a call not in the table, and any beyond the function's own data
+        return self.calls[method](*args)
+
+    def _read_vb(self, name: str, *args: Any) -> Any:
+        return self._redact_blob(name, self.backend.call("read_vb", name, *args))
+
+    def _read_many(self, name: str, runs: list, *args: Any) -> Any:
+        return self._redact_many(name, runs, self.backend.call("read_many", name, runs, *args))
+
+    def _bucket(self, name: str, call: str, call_args: tuple, kwargs: dict) -> Any:
+        answer = self.backend.call("bucket", name, call, call_args, kwargs)
+        if call == "read_vb_packed" and answer is not None and not self._plain_default(name, answer.keys):
+            return None  # the worker reads these rows with read_vb, redacted there
+        if call in ("keys", "scan"):
+            return [item for item in answer if self._allowed(name, item if call == "keys" else item[0])]
         return answer
+
+    def _meta(self, method: str, call_args: tuple, kwargs: dict) -> Any:
+        answer = self.backend.call("meta", method, call_args, kwargs)
+        return _without_secrets(answer) if method == "get_function" else answer
 
     def host_curl(self) -> Any:
         """The requests of the function's URL bindings with credentials, made here: the sandboxed process

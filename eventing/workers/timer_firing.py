@@ -15,14 +15,14 @@ from eventing.execution.timers import delay_counter, timer_mutation
 from eventing.workers.crash_guard import CRASHED
 from eventing.workers.handling import WorkerHandling
 from eventing.workers.hang_guard import HangGuard
-from metadata import MetadataStore, TimerDone, TimerRecord
+from metadata import TimerDone, TimerRecord, WorkerMetadata
 
 
 class WorkerTimers(WorkerHandling):
     """Firing timers. A part of WorkerCore (eventing.workers.worker), which sets these."""
 
     defn: FunctionDefinition
-    store: MetadataStore
+    store: WorkerMetadata
     hang_guard: HangGuard
     timers_done: list[TimerDone]
     _reclaim: set[int]

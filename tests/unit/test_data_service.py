@@ -20,6 +20,8 @@ from eventing.workers.data_service import ServedData
 from eventing.workers.executor import InProcessExecutor
 from sharding import vbucket_of
 
+HANDLER = "def on_update(doc, meta):\n    pass\n"
+
 
 class PickledDataService:
     """A DataServiceRef stand-in: calls a DataService in this process, pickling arguments and answers."""
@@ -175,6 +177,55 @@ def test_put_file_stays_inside_the_data_directory(data_dir):
     assert (pytest.importorskip("pathlib").Path(data_dir) / "windows/fn/incoming/a.arrow").read_bytes() == b"abc"
     with pytest.raises(ConfigError):
         service.call("put_file", "../outside", b"x")
+
+
+def test_the_service_answers_the_calls_of_its_tables_and_refuses_any_other_name(data_dir):
+    """Calls are looked up in explicit tables (DataService.calls, BUCKET_CALLS, META_CALLS): no other name
+    reaches a method, not the service's own (close), nor the store's beyond a worker's calls."""
+    from eventing.control import lifecycle
+    from eventing.core.definition import FunctionDefinition
+    from eventing.errors import ConfigError
+
+    load_source(data_dir, 10, 20, seed=1).close()
+    lifecycle.save_function(data_dir, FunctionDefinition.from_dict({"name": "fn", "source_bucket": "src"}), HANDLER)
+    service = ServedData(data_dir)
+    try:
+        assert service.call("meta", "get_function", ("fn",), {}).name == "fn"
+        assert service.call("bucket", "src", "count", (), {}) == service.call("bucket", "src", "scan", (), {}).__len__()
+        assert service.call("collection_list", "src") == service.call("bucket", "src", "collection_list", (), {}) == []
+        for method, args in [("close", ()), ("_bucket", ("src",)), ("state", ()), ("app_logs", ())]:
+            with pytest.raises(ConfigError, match=rf"'{method}' is not a call the data service serves"):
+                service.call(method, *args)
+        for call in ("delete_function", "put_user", "transition", "close", "_tx", "window_states"):
+            with pytest.raises(ConfigError, match=rf"metadata method '{call}' is not served to remote workers"):
+                service.call("meta", call, ("fn",), {})
+        for call in ("stats", "copy_to", "load_rows", "close", "_reader", "file"):
+            with pytest.raises(ConfigError, match=rf"bucket method '{call}' is not served to remote workers"):
+                service.call("bucket", "src", call, (), {})
+        assert service.state.metadata.get_function("fn").name == "fn"  # nothing was deleted or closed
+    finally:
+        service.close()
+
+
+def test_a_remote_metadata_store_answers_the_worker_calls_and_has_no_others(data_dir):
+    from eventing.control import lifecycle
+    from eventing.core.definition import FunctionDefinition
+    from eventing.storage.remote import META_CALLS, RemoteMetadataStore
+    from metadata import MetadataStore, WorkerMetadata
+
+    load_source(data_dir, 10, 20, seed=1).close()
+    lifecycle.save_function(data_dir, FunctionDefinition.from_dict({"name": "fn", "source_bucket": "src"}), HANDLER)
+    lifecycle.deploy(data_dir, "fn")
+    line = PickledDataService(data_dir)
+    store = RemoteMetadataStore(line)
+    claimed = store.claim("fn", (vb for vb in (1, 2)), "w0")  # a generator travels as a list
+    assert sorted(claimed) == [1, 2] and store.get_function("fn").name == "fn"
+    assert store.commit("fn", {vb: cp.epoch for vb, cp in claimed.items()}, {1: 0}) == set()
+    assert store.deaths("fn") == {} and store.find_dlq_rows("fn") == [] and store.get_timer("fn", "cb", "r") is None
+    worker_calls = {name for name in vars(WorkerMetadata) if not name.startswith("_")} - {"close"}
+    assert set(META_CALLS) == worker_calls and not hasattr(store, "put_user") and not hasattr(store, "backup")
+    assert worker_calls < {name for klass in MetadataStore.__mro__ for name in vars(klass)}
+    line.service.close()
 
 
 def _window_worker(data_dir: str, service: Any, handler: str) -> dict[str, Any]:

@@ -13,8 +13,10 @@ from eventing.core.keyspaces import key_prefix, split_stored_key
 from eventing.core.mutation import OP_UPDATE, encode_document
 from eventing.errors import ConfigError
 from eventing.storage.factory import create_bucket
-from eventing.storage.remote import DataService, rows_of_columns
+from eventing.storage.protocol import Bucket
+from eventing.storage.remote import BUCKET_CALLS, META_CALLS, DataService, rows_of_columns
 from eventing.storage.values import EffectGroup, Write
+from eventing.workers import sandbox_scope
 from eventing.workers.sandbox_scope import ScopedService
 from sharding import vbucket_of
 
@@ -107,3 +109,20 @@ def test_a_default_source_reads_its_log_whole(tmp_path):
         plain.close()
     finally:
         service.backend.close()
+
+
+def test_the_scoped_calls_are_calls_the_data_service_serves_and_no_write_of_a_bucket(scoped):
+    service, _ = scoped
+    served_bucket = set(BUCKET_CALLS)
+    assert sandbox_scope.READ_CALLS | sandbox_scope.EFFECT_CALLS <= served_bucket
+    assert sandbox_scope.KEY_CALLS | sandbox_scope.LIST_CALLS <= sandbox_scope.READ_CALLS
+    assert sandbox_scope.META_CALLS == set(META_CALLS)
+    assert served_bucket - {"collection_list", "mirror_list"} <= {name for klass in Bucket.__mro__ for name in vars(klass)}
+    for call in ("write", "upsert", "delete", "flush"):  # served to a worker of the cluster, never to a sandbox
+        assert call in served_bucket
+        with pytest.raises(ConfigError, match="runs sandboxed and may not call bucket"):
+            _bucket(service, "out", call, [])
+    with pytest.raises(ConfigError, match="runs sandboxed and may not call close"):
+        service.call("close")
+    assert set(service.calls) == {"ping", "bucket_info", "read_vb", "read_many", "bucket", "meta", "app_log",
+                                  "put_file", "curl"}
