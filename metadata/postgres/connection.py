@@ -400,7 +400,12 @@ class PostgresDatabase:
     def _configure(self, conn: psycopg.Connection) -> None:
         conn.autocommit = True
         if self.target.schema:
-            conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.target.schema}"')
+            # CREATE SCHEMA IF NOT EXISTS from several new connections at once can fail on the catalog's
+            # unique index (PostgreSQL checks before it inserts): made under the schema lock, when missing.
+            if conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (self.target.schema,)).fetchone() is None:
+                with conn.transaction():
+                    conn.execute("SELECT pg_advisory_xact_lock(hashtext('eventing_schema'))")
+                    conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.target.schema}"')
             conn.execute(f'SET search_path TO "{self.target.schema}"')
 
     def pool(self) -> Any:
