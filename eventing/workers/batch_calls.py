@@ -4,10 +4,10 @@ WorkerCore. Without on_batch nothing here runs and the worker keeps its one-call
 How a batch runs (see docs/handler-api.md, "Batch handlers"):
 
 1. The worker reads its batch as it always does (`_process`), but each run of rows is only sorted out
-   (`_take_run`): rows this deployment wrote (the recursion guard), rows it dead-lettered, rows the filter
+   (`take_run`): rows this deployment wrote (the recursion guard), rows it dead-lettered, rows the filter
    drops and documents that cannot be handled (oversize, undecodable) are counted or dead-lettered on the
    spot; the others join the batch, with their documents decoded. A plain run of a file source is read in
-   bulk instead (`_take_packed`: keys and documents back to back, no Python object per row).
+   bulk instead (`take_packed`: keys and documents back to back, no Python object per row).
 2. Once the batch is read, on_batch runs on all of it (`_run`). Each item's binding writes and timer
    changes are held apart (BatchScope); the items that succeeded keep theirs, each under its own source
    (vBucket, seqno), so they apply exactly once like any call's.
@@ -59,17 +59,13 @@ class BatchCalls:
         self.on_batch = core.runner.on_batch
         self.segments: list[_Segment] = []
         self.spans: dict[int, tuple[int, int]] = {}  # vb -> (first, last) seqno of the segments taken
-        self._read_batch = core._process  # WorkerReads._process: reads the batch, run by run
-        core._process = self.process
-        core._handle_run = self._take_run
         # Plain runs of a file source read in bulk; through the data service, the rows read ahead instead.
-        if not core._reads_ahead and core.filter is None and core.collections.source_is_default:
-            core._take_packed = self._take_packed
+        self.reads_packed = not core._reads_ahead and core.filter is None and core.collections.source_is_default
 
     def process(self, work: list[int], limits: dict[int, int], budget: int) -> int:
         """WorkerReads._process with on_batch run on what it read, returning once the batch is handled."""
         try:
-            return self._read_batch(work, limits, budget)
+            return self.core._process(work, limits, budget)
         finally:
             # Even when reading raised: positions already moved past the rows taken, so they are handled.
             self.flush()
@@ -96,7 +92,7 @@ class BatchCalls:
         notes = self.core.crash_guard.notes
         notes.note(0, vb, row[1], row[1])
         try:
-            self._take_run(vb, position, [row])
+            self.core._handle_run(vb, position, [row], self.take_run)
             segments, self.segments, self.spans = self.segments, [], {}
             if segments:
                 self._run(Batch.build(self.runner, segments))
@@ -109,16 +105,11 @@ class BatchCalls:
 
     # -- reading ---------------------------------------------------------------------------------------
 
-    def _take_run(self, vb: int, position: int, rows: list, matched: bool = False) -> int:
-        """WorkerHandling._handle_run for on_batch: sorts a run of one vBucket's rows into the batch."""
+    def take_run(self, vb: int, position: int, rows: list) -> int:
+        """The run handler for on_batch (WorkerHandling._handle_run, past the filter): sorts a run of one
+        vBucket's rows into the batch."""
         core = self.core
         positions = core.positions
-        if core._drops and not matched and rows:
-            kept = core._drop_filtered(vb, position, rows)
-            if kept:
-                self._take_run(vb, position, kept, True)
-            positions[vb] = rows[-1][1]
-            return len(rows)
         own, name, lettered, max_bytes = core.origin, core.name, core._lettered, core.max_bytes
         items: list = []
         docs: list = []
@@ -152,10 +143,10 @@ class BatchCalls:
             positions[vb] = position
         return len(rows)
 
-    def _take_packed(self, vb: int, position: int, limit: int) -> int:
+    def take_packed(self, vb: int, position: int, limit: int) -> int:
         """The next `limit` log entries of a vBucket read in bulk into the batch when they are plain (no
         write of this deployment, no letter of it, documents within max_document_bytes that decode); 0
-        leaves them to the rows (_take_run), which handle every case."""
+        leaves them to the rows (take_run), which handle every case."""
         core = self.core
         if core._lettered and any(lettered_vb == vb for lettered_vb, _ in core._lettered):
             return 0

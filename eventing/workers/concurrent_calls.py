@@ -5,7 +5,7 @@ concurrency > 1. With concurrency 1 nothing here runs and the worker keeps its o
 How a batch runs (see docs/functions.md, "Concurrency"):
 
 1. The worker reads its batch as it always does (`_process`), but each run of rows is only sorted out
-   (`_take_run`): rows the filter drops and rows this deployment dead-lettered are counted on the spot; the
+   (`take_run`): rows the filter drops and rows this deployment dead-lettered are counted on the spot; the
    others join the list of their document, in seqno order (a key lives in one vBucket), and the
    vBucket's position moves on.
 2. Each document is one task; `concurrency` pool threads take tasks, longest first, and run a task's
@@ -72,19 +72,14 @@ class ConcurrentCalls:
         self._threads: list[threading.Thread] = []
         self._closed = False
         self._keeping = threading.Lock()
-        self._read_batch = core._process  # WorkerReads._process: reads the batch, run by run
-        core._process = self.process
         # The next batch's rows, read while this batch's calls run (_read_ahead): vb -> (the position they
         # follow, rows). A file source's log below its high seqnos does not change under a deployed
         # function (a flush is refused), so rows read ahead stay right; a source behind the data service
         # reads ahead on its own (WorkerReads._prefetch), and a filtered one reads in its query.
         self._ahead: dict[int, tuple[int, list[tuple]]] = {}
         self._next_batch: tuple[list[int], dict[int, int], int] | None = None
-        self._reads_ahead = not core._reads_ahead and core._prefilter is None and core.on_update is not None
-        if self._reads_ahead:
-            self._read_source = core._read_rows
-            core._read_rows = self._read_rows
-        core._handle_run = self._take_run
+        self.reads_ahead = not core._reads_ahead and core._prefilter is None and core.on_update is not None
+        self._read_source = core.source.read_vb_rows
         core.hang_guard.lanes = self.lanes  # its recycling sees the pool's calls too
         self._buffers = list({id(b.buf): b.buf for b in core.rw_bindings}.values())
 
@@ -94,21 +89,16 @@ class ConcurrentCalls:
         """WorkerReads._process with the batch's calls run by the pool, returning after all of them."""
         self._next_batch = (work, limits, budget)
         try:
-            return self._read_batch(work, limits, budget)
+            return self.core._process(work, limits, budget)
         finally:
             # Even when reading raised: positions already moved past the rows taken, so they are handled.
             self._run_tasks()
 
-    def _take_run(self, vb: int, position: int, rows: list, matched: bool = False) -> int:
-        """WorkerHandling._handle_run for concurrency > 1: sorts a run of one vBucket's rows into tasks."""
+    def take_run(self, vb: int, position: int, rows: list) -> int:
+        """The run handler for concurrency > 1 (WorkerHandling._handle_run, past the filter): sorts a run of
+        one vBucket's rows into tasks."""
         core = self.core
         positions = core.positions
-        if core._drops and not matched and rows:
-            kept = core._drop_filtered(vb, position, rows)
-            if kept:
-                self._take_run(vb, position, kept, True)
-            positions[vb] = rows[-1][1]
-            return len(rows)
         keyspace, lettered, tasks = core.runner.keyspace, core._lettered, self.tasks
         for row in rows:
             seqno = row[1]
@@ -153,7 +143,7 @@ class ConcurrentCalls:
         except BaseException as exc:  # noqa: BLE001 - raised after the barrier
             flush_error = exc
         ahead_error: BaseException | None = None
-        if tasks and self._reads_ahead and flush_error is None:
+        if tasks and self.reads_ahead and flush_error is None:
             try:
                 self._read_ahead()
             except Exception:  # noqa: BLE001 - only a head start: the batch that needs the rows reads them again
@@ -221,7 +211,7 @@ class ConcurrentCalls:
                 taken += len(rows)
         self._ahead = ahead
 
-    def _read_rows(self, vb: int, position: int, limit: int) -> list[tuple]:
+    def read_rows(self, vb: int, position: int, limit: int) -> list[tuple]:
         """The source's read_vb_rows, from the rows read ahead where they follow `position`."""
         ahead = self._ahead.pop(vb, None)
         if ahead is None or ahead[0] != position or not ahead[1]:

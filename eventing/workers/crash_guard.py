@@ -253,14 +253,11 @@ def handle_alone(core: Any, vb: int, position: int, rows: list) -> int:
             continue
         if core.calls is not None:
             core.calls.drain()
-        pooled = core.__dict__.pop("_handle_run", None)  # a pool's sorter: this call runs here
         notes.note(0, vb, row[1], row[1])
-        try:
-            core._handle_rows_noted(vb, position, [row])
+        try:  # on the worker's thread, whatever run handler the worker has
+            core._handle_rows_noted(vb, position, [row], core._handle_serial)
         finally:
             notes.clear(0)
-            if pooled is not None:
-                core._handle_run = pooled
         position = core.positions[vb]
         start = i + 1
     if start < len(rows):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -65,6 +66,8 @@ class WorkerHandling:
     counters: Counter[str]
     dlq: list[DlqRow]
     _lettered: dict[tuple[int, int], str]
+    # The run handler chosen when the worker was built: _handle_serial, a pool's or on_batch's take_run.
+    _take_run: Callable[[int, int, list], int]
     crash_guard: CrashGuard
 
     def _drop_filtered(self, vb: int, position: int, rows: list) -> list:
@@ -102,8 +105,21 @@ class WorkerHandling:
             c[counter_names.FILTERED] += dropped
         return kept
 
-    def _handle_run(self, vb: int, position: int, rows: list, matched: bool = False) -> int:
-        """_handle over a run of one vBucket's log rows (tuples in Mutation's field order), with the common
+    def _handle_run(self, vb: int, position: int, rows: list, take: Callable[[int, int, list], int] | None = None) -> int:
+        """A run of one vBucket's log rows (tuples in Mutation's field order): the rows the function's filter
+        drops are counted, the others go to the run handler the worker chose when it was built (`_take_run`:
+        _handle_serial, a pool's or on_batch's), or to `take`."""
+        take = take or self._take_run
+        if self._drops and rows:
+            kept = self._drop_filtered(vb, position, rows)
+            if kept:
+                take(vb, position, kept)
+            self.positions[vb] = rows[-1][1]
+            return len(rows)
+        return take(vb, position, rows)
+
+    def _handle_serial(self, vb: int, position: int, rows: list) -> int:
+        """_handle over a run of one vBucket's log rows, one call a mutation on the worker's thread, with the common
         case inlined: an update of a decodable document within max_document_bytes for on_update, or a delete
         or expiry for on_delete, not written by any function. Anything else (dead letters, the recursion
         guard, window rows, previous_version, a failed call) goes through _handle or the runner's own failure
@@ -111,12 +127,6 @@ class WorkerHandling:
         HandlerCall, no dispatch, counters added once a run): a third of a worker's cost on a trivial handler."""
         runner = self.runner
         positions = self.positions
-        if self._drops and not matched and rows:
-            kept = self._drop_filtered(vb, position, rows)
-            if kept:
-                self._handle_run(vb, position, kept, True)
-            positions[vb] = rows[-1][1]
-            return len(rows)
         if self.on_update is None or self.window_rows is not None or runner.previous is not None or self._lettered:
             for row in rows:
                 m = _as_mutation(Mutation, row)

@@ -43,8 +43,9 @@ class WorkerReads(WorkerHandling):
     _resume_vb: int | None
     _scan_per_kept: float
     # A run of one vBucket read in bulk by an on_batch worker (eventing.workers.batch_calls): how many log
-    # entries it took, 0 to leave them to the rows. None: every run is read as rows.
-    _take_packed: Callable[[int, int, int], int] | None = None
+    # entries it took, 0 to leave them to the rows. None: every run is read as rows. Chosen when the
+    # worker is built, as _read_rows (the source's, or a pool's rows read ahead) is.
+    _take_packed: Callable[[int, int, int], int] | None
 
     def _prefetch(self, work: list[int], limits: dict[int, int], budget: int) -> None:
         """Through the data service: when the vBuckets _process takes next (in its order) have fewer than
@@ -158,12 +159,13 @@ class WorkerReads(WorkerHandling):
         finally:
             notes.clear(0)
 
-    def _handle_rows_noted(self, vb: int, position: int, rows: list) -> int:
+    def _handle_rows_noted(self, vb: int, position: int, rows: list, take: Callable[[int, int, list], int] | None = None) -> int:
+        """`take`: a run handler other than the one chosen when the worker was built (handle_alone's)."""
         if rows and self.collections.mixed(rows):
-            return self._handle_collections(vb, position, rows)
-        return self._handle_run(vb, position, rows)
+            return self._handle_collections(vb, position, rows, take)
+        return self._handle_run(vb, position, rows, take)
 
-    def _handle_collections(self, vb: int, position: int, rows: list) -> int:
+    def _handle_collections(self, vb: int, position: int, rows: list, take: Callable[[int, int, list], int] | None = None) -> int:
         """A run whose rows are not all of the source collection: the others are passed over (their seqnos
         still move the position, as Couchbase's DCP stream filtered by collection moves on), the source's
         go to _handle_run with their own keys and meta.keyspace."""
@@ -177,7 +179,7 @@ class WorkerReads(WorkerHandling):
                 position = self.positions[vb] = last
                 continue
             runner.keyspace = keyspace
-            self._handle_run(vb, position, group)
+            self._handle_run(vb, position, group, take)
             position = self.positions[vb]
         runner.keyspace = self.collections.default_meta
         return len(rows)

@@ -118,8 +118,6 @@ class WorkerCore(WorkerTimers, WorkerReads):
         # in one round trip at each pass of a step (_look).
         self._reads_ahead = self.source.reads_ahead and not self.data.local
         self._looks_ahead = self.source.reads_ahead and self.data.local
-        # Plain row tuples: no Mutation built per row by Python.
-        self._read_rows = self.source.read_vb_rows
         # The state's application log; without the data directory, log() lines reach it through the data service.
         self.app_log = self.data.app_log_writer(spec.function, self.defn.app_log_max_size, self.defn.app_log_max_files)
         self.runner = HandlerRunner(self.name, self.defn, record.source, self.source, self.data.bucket, self.app_log,
@@ -187,6 +185,23 @@ class WorkerCore(WorkerTimers, WorkerReads):
         self.calls = concurrent_calls.attach(self)
         # on_batch: the batch's rows go to the handler in one call (else None: one call a mutation).
         self.batches = batch_calls.attach(self)
+        # How a batch is handled, chosen once here and shared by one read loop (WorkerReads._process): each
+        # run of rows read goes to `_take_run`, and the batch runs in `_dispatch`. One call a mutation on
+        # this thread (_handle_serial, the read loop itself), a pool's calls (the pool runs what the loop
+        # sorted into tasks, reading the next batch's rows meanwhile), or on_batch (runs of a file source
+        # read in bulk, the handler called once the batch is read).
+        self._read_rows = self.source.read_vb_rows  # plain row tuples: no Mutation built per row by Python
+        self._take_packed = None
+        if self.batches is not None:
+            self._take_run, self._dispatch = self.batches.take_run, self.batches.process
+            if self.batches.reads_packed:
+                self._take_packed = self.batches.take_packed
+        elif self.calls is not None:
+            self._take_run, self._dispatch = self.calls.take_run, self.calls.process
+            if self.calls.reads_ahead:
+                self._read_rows = self.calls.read_rows
+        else:
+            self._take_run, self._dispatch = self._handle_serial, self._process
         self.waiter = self._open_waiter() if spec.wake_address and self.data.local else None
         self.assign_vbuckets(spec.vbuckets)
         if recycle_on_hang:
@@ -370,7 +385,7 @@ class WorkerCore(WorkerTimers, WorkerReads):
                 armed = self.hang_guard.arm()
                 started = time.perf_counter()
                 try:
-                    batch = self._process(work, limits, budget)
+                    batch = self._dispatch(work, limits, budget)
                 finally:
                     if armed:
                         self.hang_guard.disarm()

@@ -301,8 +301,10 @@ def test_only_a_function_with_concurrency_gets_the_pool_and_per_thread_buffers(d
         deploy_function(data_dir, ledger_definition(name, "src", f"ledger_{name}", concurrency=concurrency))
     one, many = worker(data_dir, "fn_one"), worker(data_dir, "fn_many", "n/w1")
     assert one.calls is None and type(one.rw_bindings[0].buf) is EffectBuffer
-    assert "_process" not in vars(one) and "_handle_run" not in vars(one)  # the class's methods, untouched
+    # One run loop; the dispatcher is chosen when the worker is built: its own serial path, or the pool's.
+    assert one._take_run == one._handle_serial and one._dispatch == one._process
     assert many.calls is not None and type(many.rw_bindings[0].buf) is ConcurrentEffectBuffer
+    assert many._take_run == many.calls.take_run and many._dispatch == many.calls.process
     one.close()
     many.close()
 
@@ -693,14 +695,14 @@ def test_rows_read_ahead_are_what_the_source_would_answer(data_dir, ahead_rows, 
     vb = max(range(NUM_VBUCKETS), key=lambda v: len(source.read_vb_rows(v, 0, 100)))
     position = source.read_vb_rows(vb, 0, 2)[-1][1]  # rows read ahead follow this position
     pool._ahead = {vb: (position, source.read_vb_rows(vb, position, ahead_rows))}
-    assert pool._read_rows(vb, position, limit) == source.read_vb_rows(vb, position, limit)
+    assert pool.read_rows(vb, position, limit) == source.read_vb_rows(vb, position, limit)
     rest = pool._ahead.get(vb)
     if rest is not None:  # what was left over follows the rows taken, and is taken as they would be read
         follows = source.read_vb_rows(vb, position, limit)[-1][1]
-        assert rest[0] == follows and pool._read_rows(vb, follows, 2) == source.read_vb_rows(vb, follows, 2)
+        assert rest[0] == follows and pool.read_rows(vb, follows, 2) == source.read_vb_rows(vb, follows, 2)
     # Rows read ahead after another position are not used: a rewound position reads from the source.
     pool._ahead = {vb: (position + 1, [("not", "these")])}
-    assert pool._read_rows(vb, position, limit) == source.read_vb_rows(vb, position, limit)
+    assert pool.read_rows(vb, position, limit) == source.read_vb_rows(vb, position, limit)
     pool.close()
 
 
