@@ -64,7 +64,7 @@ class UserRecord:
     """A user of the REST and Data APIs: a salted scrypt hash (never the password) and Couchbase-style roles."""
 
     name: str
-    password_hash: str  # "scrypt$n$r$p$salt$hash" (eventing.http.auth.hash_password)
+    password_hash: str  # "scrypt$n$r$p$salt$hash" (eventing.security.users.hash_password)
     roles: tuple[str, ...]  # e.g. ("data_writer[shop.sales.*]", "eventing_manage_functions[shop:sales]")
     created_at: float
 

@@ -37,7 +37,7 @@ def _retention(value: str) -> float:
 
 def _credentials(config: Any) -> list[str]:
     """What a caller must present, as the server will check it: the tokens given and the stored users."""
-    from eventing.http.auth import stored_user_count
+    from eventing.security.users import stored_user_count
 
     users = stored_user_count(config.state)
     return (["the admin token"] if config.admin_token else []) + (["the read-only token"] if config.read_token else []) \

@@ -31,14 +31,14 @@ def _password(args: argparse.Namespace) -> str:
     else:
         raise ConfigError(f"no password for user '{args.name}': stdin is not a terminal; pipe it with "
                           f"--password-stdin or set ${PASSWORD_ENV}")
-    from eventing.http.auth import check_password
+    from eventing.security.users import check_password
 
     return check_password(password)
 
 
 def cmd_user_add(args: argparse.Namespace) -> int:
     from eventing.cli.common import writable_state
-    from eventing.http.auth import check_user_name, hash_password, parse_roles
+    from eventing.security.users import check_user_name, hash_password, parse_roles
 
     check_user_name(args.name)
     roles = [str(g) for g in parse_roles(args.role or [])]

@@ -1,4 +1,5 @@
-"""Who may call what: tokens, users and roles, the bind rule, the body size limit and the origin check.
+"""Who may call what over HTTP: tokens, the caller's Identity, request authentication, the bind rule, the
+body size limit and the origin check.
 
 Callers authenticate with a token (`Authorization: Bearer TOKEN`, or HTTP Basic with the token as the
 password, so scripts written for Couchbase's `curl -u user:password` port) or as a user (HTTP Basic
@@ -6,15 +7,8 @@ password, so scripts written for Couchbase's `curl -u user:password` port) or as
 see `eventing user add`). Without tokens and users the server only binds a loopback address and every
 local caller is trusted, as a local CLI user is.
 
-Roles are Couchbase's, scoped to keyspaces (`*` for any part):
-
-    admin                                   everything
-    ro_admin                                read everything but secrets; change nothing
-    eventing_manage_functions[bucket:scope] read and manage the functions whose source is in bucket.scope
-    data_reader[bucket.scope.collection]    read documents of those keyspaces (Data API)
-    data_writer[bucket.scope.collection]    write documents of those keyspaces (Data API)
-
-The admin token is `admin`, the read-only token `ro_admin`. A role grants permissions (PERMISSIONS);
+Users, passwords, Couchbase's roles and the permissions each grants are eventing.security.users'. The admin
+token is `admin`, the read-only token `ro_admin`; an Identity holds the Grants of its roles, and
 `authorize(request, permission, keyspace)` is the check every endpoint makes. Failed logins are limited
 per user name and per client address (eventing.http.logins says what a lock holds back: never a valid
 token, nor a user's right password for another's failures); a verified name and password is remembered for a
@@ -32,20 +26,40 @@ import ipaddress
 import logging
 import math
 import os
-import re
 import secrets
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import unquote
 
 import anyio.to_thread
 
-from eventing.core.keyspaces import WILDCARD, Keyspace
+from eventing.core.keyspaces import Keyspace
 from eventing.errors import ConfigError, StoreLockedError
 from eventing.http.logins import BASE_LOCK_S, MAX_FAILURES, LoginThrottle  # noqa: F401 - read by callers as auth.*
+from eventing.security.users import (
+    ADMIN,
+    CLUSTER_MANAGE,
+    CLUSTER_READ,
+    DATA_READ,
+    DATA_READER,
+    DATA_WRITE,
+    DATA_WRITER,
+    FUNCTIONS_MANAGE,
+    FUNCTIONS_READ,
+    MANAGE_FUNCTIONS,
+    PERMISSIONS,
+    RO_ADMIN,
+    SECRETS_READ,
+    Grant,
+    grants_of,
+    has_admin_user,
+    store_had_users,
+    stored_users,
+    verify_password,
+)
 from eventing.storage.state import State, as_state
 from metadata.model import UserRecord
 
@@ -107,7 +121,7 @@ class ServerConfig:
                 )
         if self.admin_token and self.read_token and hmac.compare_digest(self.admin_token, self.read_token):
             raise ConfigError("the admin and read-only tokens are the same; give each role its own token")
-        if not is_loopback(self.host) and not self.admin_token and not _has_admin_user(self.state):
+        if not is_loopback(self.host) and not self.admin_token and not has_admin_user(self.state):
             raise ConfigError(
                 f"refusing to bind {self.host} without credentials: anyone who can reach it could deploy code; "
                 f"set --admin-token (or ${ADMIN_TOKEN_ENV}) and optionally --read-token, add an admin user "
@@ -194,145 +208,6 @@ def role_of(config: ServerConfig, token: str | None) -> Role | None:
 
 def needs_admin(method: str) -> bool:
     return method.upper() in WRITE_METHODS
-
-
-# -- passwords: salted scrypt, parameters kept with the hash -----------------------------------------------
-
-SCRYPT_N, SCRYPT_R, SCRYPT_P = 2**14, 8, 1  # ~50 ms a verification: slow for a guesser, once per client
-SALT_BYTES = 16
-MIN_PASSWORD_CHARS = 8
-_USER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@%+-]{0,127}$")
-
-
-def hash_password(password: str) -> str:
-    """`scrypt$N$r$p$salt$hash` (base64), with a fresh random 16-byte salt, then the SCRAM keys the KV port's
-    SASL needs (`;scram-sha512$...`: eventing.kv.sasl)."""
-    from eventing.kv.sasl import scram_secrets
-
-    salt = os.urandom(SALT_BYTES)
-    digest = _scrypt(password, salt, SCRYPT_N, SCRYPT_R, SCRYPT_P)
-    b64 = base64.b64encode
-    return f"scrypt${SCRYPT_N}${SCRYPT_R}${SCRYPT_P}${b64(salt).decode()}${b64(digest).decode()}" + scram_secrets(password)
-
-
-def verify_password(password: str, encoded: str) -> bool:
-    """Whether `password` matches a stored `hash_password` value (constant-time comparison). A password with
-    a NUL never does: scrypt's HMAC pads a short key with zero bytes, so `password\0` would hash as
-    `password` (no password may hold one, see check_password)."""
-    if "\0" in password:
-        return False
-    try:
-        scheme, n, r, p, salt, digest = encoded.split(";")[0].split("$")
-        if scheme != "scrypt":
-            return False
-        expected = base64.b64decode(digest)
-        got = _scrypt(password, base64.b64decode(salt), int(n), int(r), int(p), len(expected))
-    except (ValueError, binascii.Error):
-        return False
-    return hmac.compare_digest(got, expected)
-
-
-def _scrypt(password: str, salt: bytes, n: int, r: int, p: int, length: int = 32) -> bytes:
-    return hashlib.scrypt(password.encode("utf-8"), salt=salt, n=n, r=r, p=p, maxmem=256 * n * r, dklen=length)
-
-
-def check_user_name(name: str) -> str:
-    if not isinstance(name, str) or not _USER_NAME.match(name):
-        raise ConfigError(f"user name {name!r} is not valid; use 1-128 letters, digits, '_', '.', '@', '%', '+' "
-                          "or '-', starting with a letter or digit")
-    return name
-
-
-def check_password(password: str) -> str:
-    if "\0" in password:
-        raise ConfigError("the password holds a NUL character; use printable characters")
-    if len(password) < MIN_PASSWORD_CHARS:
-        raise ConfigError(f"the password is {len(password)} characters; use at least {MIN_PASSWORD_CHARS}")
-    return password
-
-
-# -- roles and permissions ------------------------------------------------------------------------------
-
-ADMIN, RO_ADMIN = "admin", "ro_admin"
-MANAGE_FUNCTIONS, DATA_READER, DATA_WRITER = "eventing_manage_functions", "data_reader", "data_writer"
-SCOPED_ROLES = {MANAGE_FUNCTIONS: 2, DATA_READER: 3, DATA_WRITER: 3}  # role -> parts of its keyspace
-
-# What an endpoint asks for. A keyspace-scoped permission is checked against the keyspace it acts on: the
-# function's source (bucket.scope) for the functions permissions, the documents' keyspace for data.
-CLUSTER_READ = "cluster.read"  # nodes, rebalance, status of every function, metrics
-CLUSTER_MANAGE = "cluster.manage"  # add or remove nodes, rebalance
-FUNCTIONS_READ = "functions.read"  # a function's definition (secrets masked), stats, logs, dead letters
-FUNCTIONS_MANAGE = "functions.manage"  # create, change, deploy, pause, resume, undeploy, delete; replay
-SECRETS_READ = "secrets.read"  # URL binding secrets in clear
-DATA_READ = "data.read"  # read documents
-DATA_WRITE = "data.write"  # write documents
-PERMISSIONS: dict[str, frozenset[str]] = {
-    ADMIN: frozenset({CLUSTER_READ, CLUSTER_MANAGE, FUNCTIONS_READ, FUNCTIONS_MANAGE, SECRETS_READ, DATA_READ,
-                      DATA_WRITE}),
-    RO_ADMIN: frozenset({CLUSTER_READ, FUNCTIONS_READ, DATA_READ}),
-    MANAGE_FUNCTIONS: frozenset({FUNCTIONS_READ, FUNCTIONS_MANAGE}),
-    DATA_READER: frozenset({DATA_READ}),
-    DATA_WRITER: frozenset({DATA_WRITE}),
-}
-
-
-@dataclass(frozen=True)
-class Grant:
-    """One role, over `bucket.scope.collection` (each part a name or `*`); admin and ro_admin cover all."""
-
-    role: str
-    bucket: str = WILDCARD
-    scope: str = WILDCARD
-    collection: str = WILDCARD
-
-    @classmethod
-    def parse(cls, text: str) -> Grant:
-        """`admin`, `ro_admin`, `eventing_manage_functions[bucket:scope]`, `data_reader[bucket.scope.collection]`
-        (parts separated by `:` as Couchbase writes them, or by `.`; missing trailing parts are `*`)."""
-        raw = text.strip() if isinstance(text, str) else ""
-        match = re.fullmatch(r"([a-z_]+)(?:\[([^\]]*)\])?", raw)
-        known = f"{ADMIN}, {RO_ADMIN}, {MANAGE_FUNCTIONS}[bucket:scope], {DATA_READER}[bucket.scope.collection], " \
-                f"{DATA_WRITER}[bucket.scope.collection]"
-        if not match or match.group(1) not in PERMISSIONS:
-            raise ConfigError(f"role {text!r} is not known; use one of {known} (`*` for any part)")
-        role, target = match.groups()
-        if role not in SCOPED_ROLES:
-            if target is not None:
-                raise ConfigError(f"role {role} covers everything and takes no keyspace; write it as {role}")
-            return cls(role)
-        if not target:
-            raise ConfigError(f"role {role} needs a keyspace, e.g. {role}[{'shop:sales' if role == MANAGE_FUNCTIONS else 'shop.sales.*'}] "
-                              "(`*` for any part)")
-        parts = target.split(":") if ":" in target else target.split(".")
-        if len(parts) > SCOPED_ROLES[role] or not all(parts):
-            raise ConfigError(f"role {text!r} names {target!r}; give at most {SCOPED_ROLES[role]} non-empty parts "
-                              f"({'bucket:scope' if role == MANAGE_FUNCTIONS else 'bucket.scope.collection'}, `*` for any part)")
-        parts += [WILDCARD] * (3 - len(parts))
-        return cls(role, *parts)
-
-    def __str__(self) -> str:
-        if self.role not in SCOPED_ROLES:
-            return self.role
-        if self.role == MANAGE_FUNCTIONS:
-            return f"{self.role}[{self.bucket}:{self.scope}]"
-        return f"{self.role}[{self.bucket}.{self.scope}.{self.collection}]"
-
-    def covers(self, keyspace: Keyspace | None) -> bool:
-        """Whether this grant's keyspace holds `keyspace` (None: "some keyspace", true for any grant)."""
-        if keyspace is None or self.role not in SCOPED_ROLES:
-            return True
-        wanted = (keyspace.bucket, keyspace.scope, keyspace.collection)
-        mine = (self.bucket, self.scope, self.collection)
-        return all(m == WILDCARD or m == w for m, w in zip(mine, wanted, strict=True))
-
-    def allows(self, permission: str, keyspace: Keyspace | None) -> bool:
-        return permission in PERMISSIONS[self.role] and self.covers(keyspace)
-
-
-def parse_roles(roles: Sequence[str]) -> tuple[Grant, ...]:
-    if not roles:
-        raise ConfigError("a user needs at least one role; give --role, e.g. --role ro_admin")
-    return tuple(Grant.parse(r) for r in roles)
 
 
 @dataclass(frozen=True)
@@ -506,10 +381,10 @@ class Authenticator:
         self.config = config
         self.clock = clock
         self.throttle = LoginThrottle(lambda: self.clock())
-        self._load_users = load_users or (lambda: _stored_users(config.state))
+        self._load_users = load_users or (lambda: stored_users(config.state))
         # Whether the store ever had users (metadata.model.USERS_MARK): then it never goes back to taking
         # callers without credentials, not when its users are deleted, nor after this server saw users.
-        self._users_marked = users_marked or (lambda: _users_marked(config.state))
+        self._users_marked = users_marked or (lambda: store_had_users(config.state))
         self.had_users = False
         self._users: dict[str, UserRecord] | None = None
         self._users_at = -math.inf
@@ -554,7 +429,7 @@ class Authenticator:
         record = users.get(user) if user else None
         if record is not None and self._verified_now(record, secret, verify):
             self.throttle.succeeded(f"user:{user}")
-            return Identity(record.name, _grants(record), "user")
+            return Identity(record.name, grants_of(record), "user")
         locked = self.throttle.retry_after(keys) is not None
         guess = hmac.new(self._cache_key, f"{user}\0{secret}".encode(), hashlib.sha256).digest()
         self.throttle.failed(keys, guess)  # counted for the user name even while the client is locked
@@ -637,45 +512,6 @@ def check_guarded(identity: Identity, method: str, path: str) -> None:
                             f"{DATA_WRITER}[{where}] or admin (a bulk load writes documents: no function role allows it)")
 
 
-def _grants(record: UserRecord) -> tuple[Grant, ...]:
-    grants = []
-    for role in record.roles:
-        try:
-            grants.append(Grant.parse(role))
-        except ConfigError:
-            log.warning("user %r has an unknown role %r; it grants nothing", record.name, role)
-    return tuple(grants)
-
-
 def _token_identity(config: ServerConfig, secret: str) -> Identity | None:
     role = role_of(config, secret) if config.secured else None
     return {"admin": ADMIN_TOKEN_IDENTITY, "read": READ_TOKEN_IDENTITY}.get(role or "")
-
-
-def _stored_users(state: State) -> list[UserRecord]:
-    if not state.exists():
-        return []
-    return state.metadata.list_users()
-
-
-def _users_marked(state: State) -> bool:
-    from metadata import USERS_MARK
-
-    if not state.exists():
-        return False
-    return state.metadata.get_kv(USERS_MARK) is not None
-
-
-def stored_user_count(state: State) -> int:
-    """How many users the metadata store holds (0 when it cannot be read: no user can sign in then either)."""
-    try:
-        return len(_stored_users(state))
-    except Exception:  # noqa: BLE001 - a damaged or busy store: the server's answers say so
-        return 0
-
-
-def _has_admin_user(state: State) -> bool:
-    try:
-        return any(any(r == ADMIN for r in u.roles) for u in _stored_users(state))
-    except Exception:  # an unreadable store is no credential; the bind is refused with the usual message
-        return False

@@ -35,15 +35,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from eventing.core.keyspaces import Keyspace
 from eventing.errors import StoreError
-from eventing.http.auth import (
-    AUTH_ERROR_SCOPE_KEY,
-    DATA_READ,
-    DATA_WRITE,
-    IDENTITY_SCOPE_KEY,
-    AuthError,
-    Identity,
-    ServerConfig,
-)
+from eventing.http.auth import AUTH_ERROR_SCOPE_KEY, IDENTITY_SCOPE_KEY, AuthError, Identity, ServerConfig
 from eventing.http.dataapi_errors import ApiError, bad, not_allowed, retry_after
 from eventing.http.dataapi_idempotency import HEADER as IDEMPOTENCY_HEADER
 from eventing.http.dataapi_idempotency import IdempotencyRecords
@@ -60,6 +52,7 @@ from eventing.http.dataapi_requests import (
     respond,
 )
 from eventing.http.dataapi_writer import shared_buckets
+from eventing.security.users import DATA_READ, DATA_WRITE
 
 # Importable from here as before the Data API was split into its dataapi_* modules.
 __all__ = ["FLAGS_BINARY", "FLAGS_JSON", "FLAGS_STRING", "MAX_BODY_BYTES", "ApiError", "DataApi", "serves"]

@@ -1,4 +1,4 @@
-"""Who may do what to functions over the REST API, on top of the roles of eventing.http.auth: each
+"""Who may do what to functions over the REST API, on top of the roles of eventing.security.users: each
 endpoint's check against the keyspace of the function it acts on (`authorize_endpoint`), the listings cut
 to the functions a caller covers, and what a function's bindings ask of whoever saves, deploys or resumes
 it (`check_bindings`), with the deployer recorded on the function (`deploying_as`).
@@ -14,15 +14,13 @@ from typing import Any
 from eventing.core.function_names import full_name
 from eventing.core.keyspaces import Keyspace
 from eventing.errors import EventingError, NotFoundError
-from eventing.http.auth import (
+from eventing.http.auth import WRITE_METHODS, Identity, forbidden
+from eventing.security.users import (
     CLUSTER_MANAGE,
     CLUSTER_READ,
     FUNCTIONS_MANAGE,
     FUNCTIONS_READ,
     SECRETS_READ,
-    WRITE_METHODS,
-    Identity,
-    forbidden,
 )
 from eventing.storage.state import State
 from metadata.model import FunctionRecord

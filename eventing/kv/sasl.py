@@ -1,11 +1,11 @@
 """SASL for the KV port: PLAIN, and the SCRAM-SHA mechanisms (RFC 5802) Couchbase's SDKs use without TLS.
 
 SCRAM needs, for each user, a salt, an iteration count and two keys derived from the password (StoredKey,
-ServerKey); they cannot be derived from the scrypt hash, so `eventing user add` keeps them beside it in the
-user's stored hash (`scram_secrets`, one `;`-separated part a mechanism, as Couchbase keeps its own). A user
-whose password was set before that has none: it signs in over PLAIN (or by HTTP), and over SCRAM once its
-password is set again. The tokens (--admin-token, --read-token) sign in with any user name, their keys
-derived once per process.
+ServerKey); `eventing user add` keeps them beside the scrypt hash in the user's stored hash
+(eventing.security.users: `scram_secrets`, `stored_scram_keys`, `derive_keys`). A user whose password was
+set before that has none: it signs in over PLAIN (or by HTTP), and over SCRAM once its password is set
+again. The tokens (--admin-token, --read-token) sign in with any user name, their keys derived once per
+process.
 """
 
 from __future__ import annotations
@@ -14,53 +14,12 @@ import base64
 import binascii
 import hashlib
 import hmac
-import os
 import secrets
-from dataclasses import dataclass
 
-SCRAM_ITERATIONS = 15_000  # Couchbase's default
+from eventing.security.users import ScramKeys
+
 SCRAM_MECHANISMS = {"SCRAM-SHA512": "sha512", "SCRAM-SHA256": "sha256", "SCRAM-SHA1": "sha1"}
 MECHANISMS = ("SCRAM-SHA512", "SCRAM-SHA256", "SCRAM-SHA1", "PLAIN")
-
-
-@dataclass(frozen=True)
-class ScramKeys:
-    salt: bytes
-    iterations: int
-    stored_key: bytes
-    server_key: bytes
-
-
-def derive_keys(password: str, digest: str, salt: bytes, iterations: int | None = None) -> ScramKeys:
-    iterations = SCRAM_ITERATIONS if iterations is None else iterations
-    salted = hashlib.pbkdf2_hmac(digest, password.encode("utf-8"), salt, iterations)
-    client_key = hmac.new(salted, b"Client Key", digest).digest()
-    server_key = hmac.new(salted, b"Server Key", digest).digest()
-    return ScramKeys(salt, iterations, hashlib.new(digest, client_key).digest(), server_key)
-
-
-def scram_secrets(password: str) -> str:
-    """The SCRAM keys of a password for every mechanism: `;scram-sha512$ITER$SALT$STOREDKEY$SERVERKEY;...`."""
-    parts = []
-    for digest in ("sha512", "sha256", "sha1"):
-        keys = derive_keys(password, digest, os.urandom(16))
-        b64 = base64.b64encode
-        parts.append(f"scram-{digest}${keys.iterations}${b64(keys.salt).decode()}${b64(keys.stored_key).decode()}"
-                     f"${b64(keys.server_key).decode()}")
-    return "".join(";" + p for p in parts)
-
-
-def stored_scram_keys(password_hash: str, digest: str) -> ScramKeys | None:
-    """The keys of one mechanism kept in a user's stored hash, or None (a password set before they were kept)."""
-    for part in password_hash.split(";")[1:]:
-        try:
-            name, iterations, salt, stored, server = part.split("$")
-            if name == f"scram-{digest}":
-                return ScramKeys(base64.b64decode(salt), int(iterations), base64.b64decode(stored),
-                                 base64.b64decode(server))
-        except (ValueError, binascii.Error):
-            continue
-    return None
 
 
 def parse_plain(data: bytes) -> tuple[str, str] | None:

@@ -2,8 +2,8 @@
 speak, served on asyncio (uvloop where installed) on a thread of `eventing serve` / `eventing run --serve`.
 
 A connection negotiates features (HELLO), signs in (SASL: eventing.kv.sasl; the users and roles of the Data
-API, eventing.http.auth), selects a bucket and reads its map (eventing.kv.bootstrap). Its document requests
-are planned and written on the bucket's request thread, shared with the Data API (eventing.http.
+API, eventing.security.users), selects a bucket and reads its map (eventing.kv.bootstrap). Its document
+requests are planned and written on the bucket's request thread, shared with the Data API (eventing.http.
 dataapi_writer), so an SDK write is a mutation like a Data API write: one group commit, the wake datagram,
 functions handle it in order and exactly once. The requests of one connection run in the order sent
 (document requests take their bucket's queue in that order) and are answered in that order, pipelined.
@@ -22,13 +22,7 @@ from typing import Any
 from eventing.core.keyspaces import DEFAULT, WILDCARD, Keyspace
 from eventing.errors import NotFoundError, StoreError
 from eventing.http.auth import (
-    ADMIN,
-    DATA_READ,
-    DATA_READER,
-    DATA_WRITE,
-    DATA_WRITER,
     LOCAL_IDENTITY,
-    RO_ADMIN,
     AuthError,
     Identity,
     ServerConfig,
@@ -40,6 +34,19 @@ from eventing.http.dataapi_writer import shared_buckets
 from eventing.kv import bootstrap, sasl
 from eventing.kv import protocol as p
 from eventing.kv.documents import DOCUMENT_OPCODES, KvCall, KvError, MultiPathFailure
+from eventing.security.users import (
+    ADMIN,
+    DATA_READ,
+    DATA_READER,
+    DATA_WRITE,
+    DATA_WRITER,
+    RO_ADMIN,
+    SCRAM_ITERATIONS,
+    ScramKeys,
+    derive_keys,
+    grants_of,
+    stored_scram_keys,
+)
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +67,7 @@ class KvServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.AbstractServer | None = None
         self._thread: threading.Thread | None = None
-        self._token_keys: dict[str, list[tuple[Identity, sasl.ScramKeys]]] = {}
+        self._token_keys: dict[str, list[tuple[Identity, ScramKeys]]] = {}
         self._fake_salt = threading.local()
 
     # -- running ----------------------------------------------------------------------------------------
@@ -146,14 +153,14 @@ class KvServer:
     async def bucket_uuid(self, bucket: str) -> str:
         return str(await asyncio.to_thread(self.buckets.run, Keyspace(bucket), lambda c: c.bucket.uuid))
 
-    def token_keys(self, digest: str) -> list[tuple[Identity, sasl.ScramKeys]]:
+    def token_keys(self, digest: str) -> list[tuple[Identity, ScramKeys]]:
         """The SCRAM keys of the admin and read-only tokens (any user name signs in with a token)."""
         found = self._token_keys.get(digest)
         if found is None:
             from eventing.http.auth import ADMIN_TOKEN_IDENTITY, READ_TOKEN_IDENTITY
 
             salt = self._token_salt()
-            found = [(identity, sasl.derive_keys(token, digest, salt)) for identity, token in
+            found = [(identity, derive_keys(token, digest, salt)) for identity, token in
                      ((ADMIN_TOKEN_IDENTITY, self.config.admin_token), (READ_TOKEN_IDENTITY, self.config.read_token))
                      if token]
             self._token_keys[digest] = found
@@ -191,7 +198,7 @@ class _Connection:
         self.identity: Identity | None = None
         self.bucket: str | None = None
         self.scram: sasl.ScramExchange | None = None
-        self.scram_candidates: list[tuple[Identity, sasl.ScramKeys]] = []
+        self.scram_candidates: list[tuple[Identity, ScramKeys]] = []
         # requests in the order received: (request, answer) where the answer is the packet, or a future
         self.pending: collections.deque[tuple[p.Request, bytes | asyncio.Future[Any]]] = collections.deque()
         peer = writer.get_extra_info("peername")
@@ -342,17 +349,15 @@ class _Connection:
             raise AuthError(429, f"too many failed logins from this client or for this user; wait {int(wait) + 1} s",
                             "wait, then check the user name and password")
         record = users.get(user)
-        candidates: list[tuple[Identity, sasl.ScramKeys]] = []
+        candidates: list[tuple[Identity, ScramKeys]] = []
         if record is not None:
-            keys = sasl.stored_scram_keys(record.password_hash, digest)
+            keys = stored_scram_keys(record.password_hash, digest)
             if keys is not None:
-                from eventing.http.auth import _grants
-
-                candidates.append((Identity(record.name, _grants(record), "user"), keys))
+                candidates.append((Identity(record.name, grants_of(record), "user"), keys))
         if not candidates:
             candidates = server.token_keys(digest)
         salt, iterations = (candidates[0][1].salt, candidates[0][1].iterations) if candidates else (
-            __import__("hashlib").sha256(user.encode() + server._token_salt()).digest()[:16], sasl.SCRAM_ITERATIONS)
+            __import__("hashlib").sha256(user.encode() + server._token_salt()).digest()[:16], SCRAM_ITERATIONS)
         self.scram_candidates = [c for c in candidates if c[1].salt == salt]
         _, server_first = exchange.start(req.value, salt, iterations)
         return p.response(req.opcode, req.opaque, p.AUTH_CONTINUE, value=server_first)
@@ -375,7 +380,7 @@ class _Connection:
             record = users.get(exchange.user)
             hint = ("its password was set before SCRAM keys were kept: set it again with `eventing user add "
                     f"{exchange.user} --replace`, or sign in with PLAIN") if record is not None and \
-                sasl.stored_scram_keys(record.password_hash, exchange.digest) is None else \
+                stored_scram_keys(record.password_hash, exchange.digest) is None else \
                 "check the user name and password (`eventing user list`)"
             return self.error(req, p.AUTH_ERROR, f"authentication of '{exchange.user}' failed; {hint}")
         authenticator.throttle.succeeded(f"user:{exchange.user}")

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from eventing.http.auth import ServerConfig, hash_password
+from eventing.http.auth import ServerConfig
 from eventing.http.server import start_in_thread
+from eventing.security.users import hash_password
 from eventing.storage.factory import create_bucket
 from metadata.factory import open_store
 

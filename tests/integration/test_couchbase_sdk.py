@@ -37,10 +37,11 @@ from couchbase.options import (  # noqa: E402
 from couchbase.transcoder import RawBinaryTranscoder  # noqa: E402
 
 from eventing.control.service import EventingService  # noqa: E402
-from eventing.http.auth import ServerConfig, hash_password  # noqa: E402
+from eventing.http.auth import ServerConfig  # noqa: E402
 from eventing.http.server import start_in_thread  # noqa: E402
 from eventing.kv.server import start_kv_server  # noqa: E402
 from eventing.ops.verify import verify_function  # noqa: E402
+from eventing.security.users import hash_password  # noqa: E402
 from eventing.storage.factory import create_bucket, open_bucket  # noqa: E402
 from eventing.storage.keyspace import create_collection, open_keyspace  # noqa: E402
 from eventing.testing import deploy_function, ledger_definition  # noqa: E402

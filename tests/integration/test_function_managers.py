@@ -28,10 +28,10 @@ import pytest
 
 from eventing.api import Eventing
 from eventing.control.service import EventingService
-from eventing.http import auth
 from eventing.http.auth import ServerConfig
 from eventing.http.function_access import deployed_by_admin
 from eventing.http.server import start_in_thread
+from eventing.security.users import hash_password
 from eventing.testing.http_peer import serve_http, url_of
 from eventing.workers.executor import InProcessExecutor
 from eventing.workers.sandbox_landlock import sandbox_unavailable
@@ -77,7 +77,7 @@ def site(data_dir, tmp_path):
     ev.upsert("secret", "pw", SECRET_DOC)
     with open_store(data_dir) as store:
         for name, (roles, password) in USERS.items():
-            store.put_user(name, auth.hash_password(password), roles)
+            store.put_user(name, hash_password(password), roles)
     config = ServerConfig(data_dir, port=free_port(), admin_token=ADMIN)
     server = start_in_thread(config)
     yield {"data_dir": data_dir, "base": f"http://127.0.0.1:{config.port}", "marker": str(tmp_path / "marker"),

@@ -308,7 +308,7 @@ def test_writes_answer_etag_and_mutation_token_and_a_delete_its_own_cas(api):
 
 
 def test_users_read_and_write_only_the_keyspaces_their_roles_name(data_dir):
-    from eventing.http import auth
+    from eventing.security.users import hash_password
     from metadata.factory import open_store
 
     LocalBucket.create(data_dir, "shop").close()
@@ -318,7 +318,7 @@ def test_users_read_and_write_only_the_keyspaces_their_roles_name(data_dir):
              "boss": ["admin"], "viewer": ["ro_admin"]}
     with open_store(data_dir) as store:
         for name, roles in users.items():
-            store.put_user(name, auth.hash_password(f"{name}-password"), roles)
+            store.put_user(name, hash_password(f"{name}-password"), roles)
     api = Client(build_app(ServerConfig(data_dir)))
 
     def as_user(name: str, password: str | None = None) -> dict[str, str]:

@@ -96,7 +96,7 @@ def test_reads_ignore_the_header_and_records_end_with_the_retention_window(data_
 
 
 def test_keys_are_per_caller(data_dir):
-    from eventing.http.auth import hash_password
+    from eventing.security.users import hash_password
 
     LocalBucket.create(data_dir, "shop").close()
     store = as_state(data_dir).metadata

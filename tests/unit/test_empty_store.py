@@ -22,6 +22,8 @@ from eventing.core.definition import FunctionDefinition
 from eventing.http import auth
 from eventing.http.app import build_app
 from eventing.http.auth import ServerConfig
+from eventing.security import users as security_users
+from eventing.security.users import hash_password
 from eventing.storage.bucket import LocalBucket
 from eventing.testing import deploy_function
 from metadata import StoreCorruptError
@@ -32,7 +34,7 @@ HANDLER = "def on_update(doc, meta):\n    pass\n"
 
 @pytest.fixture(autouse=True)
 def cheap_scrypt(monkeypatch):
-    monkeypatch.setattr(auth, "SCRYPT_N", 2**8)
+    monkeypatch.setattr(security_users, "SCRYPT_N", 2**8)
 
 
 def cli(capsys, data_dir: str, *argv: str) -> tuple[int, str]:
@@ -45,7 +47,7 @@ def deployed_with_a_user(data_dir: str) -> Path:
     LocalBucket.create(data_dir, "src").upsert("k", {"n": 1})
     deploy_function(data_dir, FunctionDefinition.from_dict({"name": "fn_src", "source_bucket": "src"}), HANDLER)
     with open_store(data_dir) as store:
-        store.put_user("root", auth.hash_password("root-password-1"), ["admin"])
+        store.put_user("root", hash_password("root-password-1"), ["admin"])
     return Path(data_dir) / SQLITE_FILE
 
 

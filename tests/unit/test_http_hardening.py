@@ -19,9 +19,10 @@ from starlette.testclient import TestClient
 from eventing.cli.app import main
 from eventing.cli.serve import _banner
 from eventing.errors import ConfigError
-from eventing.http import auth
 from eventing.http.app import build_app
 from eventing.http.auth import ServerConfig
+from eventing.security import users as security_users
+from eventing.security.users import check_password, hash_password, verify_password
 from eventing.storage.bucket import LocalBucket
 from eventing.storage.factory import open_bucket
 from eventing.storage.files import bucket_path
@@ -36,7 +37,7 @@ DEEP = "[" * 5000 + "]" * 5000
 
 @pytest.fixture(autouse=True)
 def cheap_scrypt(monkeypatch):
-    monkeypatch.setattr(auth, "SCRYPT_N", 2**8)
+    monkeypatch.setattr(security_users, "SCRYPT_N", 2**8)
 
 
 def basic(user: str, password: str) -> dict[str, str]:
@@ -51,8 +52,8 @@ def client(data_dir):
     shop.upsert("k", {"n": 1})
     shop.close()
     with open_store(data_dir) as store:
-        store.put_user("writer", auth.hash_password("writer-pass-12"), ["data_writer[shop.sales.*]"])
-        store.put_user("reader", auth.hash_password("reader-pass-12"), ["data_reader[shop]"])
+        store.put_user("writer", hash_password("writer-pass-12"), ["data_writer[shop.sales.*]"])
+        store.put_user("reader", hash_password("reader-pass-12"), ["data_reader[shop]"])
     return TestClient(build_app(ServerConfig(data_dir, admin_token=ADMIN)), base_url="http://127.0.0.1:8096",
                       raise_server_exceptions=False)
 
@@ -203,12 +204,12 @@ def test_a_refused_bulk_load_names_the_keyspace_and_data_writer(client):
 
 
 def test_a_password_with_a_nul_is_not_the_password_without_it(client, data_dir, monkeypatch):
-    assert auth.verify_password("password", auth.hash_password("password"))
-    assert not auth.verify_password("password\0", auth.hash_password("password"))
+    assert verify_password("password", hash_password("password"))
+    assert not verify_password("password\0", hash_password("password"))
     assert client.get("/api/v1/status", headers=basic("writer", "writer-pass-12\0")).status_code == 401
     assert client.get("/api/v1/status", headers=basic("writer", "writer-pass-12")).status_code == 403  # known, no role
     with pytest.raises(ConfigError, match="NUL"):
-        auth.check_password("new-password\0")
+        check_password("new-password\0")
     monkeypatch.setattr("sys.stdin", io.StringIO("nul-password\0\n"))
     assert main(["--data-dir", data_dir, "user", "add", "nul", "--role", "ro_admin", "--password-stdin"]) == 2
     with open_store(data_dir) as store:
@@ -222,7 +223,7 @@ def test_serve_says_which_credentials_are_in_force(data_dir):
     LocalBucket.create(data_dir, "shop").close()
     assert "no credentials: every local caller is trusted" in _banner(ServerConfig(data_dir))
     with open_store(data_dir) as store:
-        store.put_user("ann", auth.hash_password("ann-password"), ["ro_admin"])
+        store.put_user("ann", hash_password("ann-password"), ["ro_admin"])
     banner = _banner(ServerConfig(data_dir))
     assert "credentials required: the password of 1 user" in banner and "no credentials" not in banner
     banner = _banner(ServerConfig(data_dir, admin_token=ADMIN))

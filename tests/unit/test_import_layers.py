@@ -19,6 +19,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("metadata",),
     ("eventing.errors", "eventing.handler", "eventing.core"),
     ("eventing.storage",),
+    ("eventing.security",),
     ("eventing.windows.semantics", "eventing.windows.batches"),
     ("eventing.windows.runtime", "eventing.windows.spark"),
     ("eventing.execution",),

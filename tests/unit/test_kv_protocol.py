@@ -9,10 +9,10 @@ import hmac
 
 import pytest
 
-from eventing.http.auth import hash_password, verify_password
 from eventing.kv import protocol as p
 from eventing.kv import sasl
 from eventing.kv import subdoc as sd
+from eventing.security.users import hash_password, stored_scram_keys, verify_password
 
 
 def client_final(password: str, digest: str, client_first_bare: str, server_first: str) -> tuple[bytes, bytes]:
@@ -34,7 +34,7 @@ def test_scram_accepts_the_password_kept_with_the_user_and_refuses_another(mecha
     stored = hash_password("s3cret-pass")
     assert verify_password("s3cret-pass", stored) and not verify_password("other-pass", stored)
     digest = sasl.SCRAM_MECHANISMS[mechanism]
-    keys = sasl.stored_scram_keys(stored, digest)
+    keys = stored_scram_keys(stored, digest)
     assert keys is not None
     for password, accepted in (("s3cret-pass", True), ("other-pass", False)):
         exchange = sasl.ScramExchange(mechanism)
@@ -50,7 +50,7 @@ def test_scram_accepts_the_password_kept_with_the_user_and_refuses_another(mecha
 def test_a_password_hash_from_before_scram_keys_still_verifies_and_has_none():
     old = hash_password("s3cret-pass").split(";")[0]
     assert verify_password("s3cret-pass", old)
-    assert sasl.stored_scram_keys(old, "sha512") is None
+    assert stored_scram_keys(old, "sha512") is None
 
 
 def test_plain_messages():

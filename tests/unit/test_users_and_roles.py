@@ -20,9 +20,20 @@ from eventing.core.keyspaces import Keyspace
 from eventing.errors import ConfigError
 from eventing.http import auth
 from eventing.http.app import build_app
-from eventing.http.auth import Authenticator, AuthError, Grant, ServerConfig
+from eventing.http.auth import Authenticator, AuthError, ServerConfig
 from eventing.http.function_access import deployed_by_admin
-from eventing.kv import sasl
+from eventing.security import users as security_users
+from eventing.security.users import (
+    CLUSTER_MANAGE,
+    CLUSTER_READ,
+    DATA_READ,
+    DATA_WRITE,
+    FUNCTIONS_MANAGE,
+    SECRETS_READ,
+    Grant,
+    hash_password,
+    verify_password,
+)
 from eventing.storage.bucket import LocalBucket
 from eventing.testing import deploy_function
 from metadata.factory import open_store
@@ -45,8 +56,8 @@ def cheap_scrypt(request, monkeypatch):
     verification, paid for every user of every test). verify_password reads N from the stored hash, so
     hashing and verifying run the same code, faster. The tests of PRODUCTION_COST_TESTS keep SCRYPT_N."""
     if request.node.originalname not in PRODUCTION_COST_TESTS:
-        monkeypatch.setattr(auth, "SCRYPT_N", 2**8)
-        monkeypatch.setattr(sasl, "SCRAM_ITERATIONS", 64)  # the SCRAM keys kept beside the hash, likewise
+        monkeypatch.setattr(security_users, "SCRYPT_N", 2**8)
+        monkeypatch.setattr(security_users, "SCRAM_ITERATIONS", 64)  # the SCRAM keys kept beside the hash, likewise
 
 
 def basic(user: str, password: str | None = None) -> dict[str, str]:
@@ -64,7 +75,7 @@ def site(data_dir):
     deploy_function(data_dir, FunctionDefinition.from_dict({"name": "fn_src", "source_bucket": "src"}), HANDLER)
     store = open_store(data_dir)
     for name, roles in ROLES.items():
-        store.put_user(name, auth.hash_password(PASSWORDS[name]), roles)
+        store.put_user(name, hash_password(PASSWORDS[name]), roles)
     store.put_function("fn_sales", fn("fn_sales", "sales", "orders"), HANDLER)
     store.put_function("fn_hr", fn("fn_hr", "hr", "staff"), HANDLER)
     store.close()
@@ -81,17 +92,17 @@ def state(data_dir: str, name: str) -> str:
 
 
 def test_a_password_is_stored_only_as_a_salted_scrypt_hash_and_salted_scram_keys():
-    first, second = auth.hash_password("correct horse"), auth.hash_password("correct horse")
+    first, second = hash_password("correct horse"), hash_password("correct horse")
     assert first != second  # a fresh salt each time
     scrypt, *scram = first.split(";")
     scheme, n, r, p, salt, digest = scrypt.split("$")
     assert (scheme, int(n), int(r), int(p), len(base64.b64decode(salt))) == ("scrypt", 2**14, 8, 1, 16)
-    # the KV port's SCRAM keys (eventing.kv.sasl): salted, iterated, one set a mechanism
+    # the SCRAM keys the KV port's SASL checks (eventing.kv.sasl): salted, iterated, one set a mechanism
     assert [k.split("$")[:2] for k in scram] == [["scram-sha512", "15000"], ["scram-sha256", "15000"],
                                                   ["scram-sha1", "15000"]]
     assert "correct horse" not in first
-    assert auth.verify_password("correct horse", first) and not auth.verify_password("correct hors", first)
-    assert not auth.verify_password("x", "not a hash")
+    assert verify_password("correct horse", first) and not verify_password("correct hors", first)
+    assert not verify_password("x", "not a hash")
 
 
 def test_the_store_holds_no_password_in_clear(site, data_dir):
@@ -107,19 +118,19 @@ def test_the_store_holds_no_password_in_clear(site, data_dir):
 def test_roles_parse_with_couchbase_names_and_wildcards_cover_keyspaces():
     writer = Grant.parse("data_writer[shop.sales.*]")
     assert str(writer) == "data_writer[shop.sales.*]"
-    assert writer.allows(auth.DATA_WRITE, Keyspace("shop", "sales", "orders"))
-    assert not writer.allows(auth.DATA_WRITE, Keyspace("shop", "hr", "staff"))
-    assert not writer.allows(auth.DATA_READ, Keyspace("shop", "sales", "orders"))
-    assert Grant.parse("data_reader[shop]").allows(auth.DATA_READ, Keyspace("shop", "hr", "staff"))
+    assert writer.allows(DATA_WRITE, Keyspace("shop", "sales", "orders"))
+    assert not writer.allows(DATA_WRITE, Keyspace("shop", "hr", "staff"))
+    assert not writer.allows(DATA_READ, Keyspace("shop", "sales", "orders"))
+    assert Grant.parse("data_reader[shop]").allows(DATA_READ, Keyspace("shop", "hr", "staff"))
     assert Grant.parse("data_reader[*.*.orders]").covers(Keyspace("any", "thing", "orders"))
     assert not Grant.parse("data_reader[*.*.orders]").covers(Keyspace("any", "thing", "staff"))
     manager = Grant.parse("eventing_manage_functions[shop:sales]")
     assert str(manager) == "eventing_manage_functions[shop:sales]"
-    assert manager.allows(auth.FUNCTIONS_MANAGE, Keyspace("shop", "sales", "orders"))
-    assert not manager.allows(auth.FUNCTIONS_MANAGE, Keyspace("shop", "hr", "staff"))
-    assert not manager.allows(auth.CLUSTER_MANAGE, None)
-    assert Grant.parse("ro_admin").allows(auth.CLUSTER_READ, None)
-    assert not Grant.parse("ro_admin").allows(auth.SECRETS_READ, None)
+    assert manager.allows(FUNCTIONS_MANAGE, Keyspace("shop", "sales", "orders"))
+    assert not manager.allows(FUNCTIONS_MANAGE, Keyspace("shop", "hr", "staff"))
+    assert not manager.allows(CLUSTER_MANAGE, None)
+    assert Grant.parse("ro_admin").allows(CLUSTER_READ, None)
+    assert not Grant.parse("ro_admin").allows(SECRETS_READ, None)
     for bad in ("root", "admin[shop]", "data_writer", "data_writer[a.b.c.d]", "eventing_manage_functions[a:b:c]"):
         with pytest.raises(ConfigError):
             Grant.parse(bad)
@@ -189,7 +200,7 @@ def test_loopback_without_users_or_tokens_stays_open_and_a_user_closes_it(data_d
     client = TestClient(build_app(ServerConfig(data_dir)), base_url="http://127.0.0.1:8096")
     assert client.get("/api/v1/functions").status_code == 200
     with open_store(data_dir) as store:
-        store.put_user("ann", auth.hash_password("ann-password"), ["ro_admin"])
+        store.put_user("ann", hash_password("ann-password"), ["ro_admin"])
     auth.authenticator_for(ServerConfig(data_dir)).clock = lambda: time.monotonic() + 60  # past the user snapshot
     assert client.get("/api/v1/functions").status_code == 401
     assert client.get("/api/v1/functions", headers={"Authorization": "Basic " + base64.b64encode(b"ann:ann-password").decode()}).status_code == 200
@@ -223,8 +234,8 @@ class Clock:
 
 
 def _authenticator(clock: Clock) -> Authenticator:
-    users = [auth.UserRecord("ann", auth.hash_password("ann-password"), ("ro_admin",), 0.0),
-             auth.UserRecord("bob", auth.hash_password("bob-password"), ("ro_admin",), 0.0)]
+    users = [auth.UserRecord("ann", hash_password("ann-password"), ("ro_admin",), 0.0),
+             auth.UserRecord("bob", hash_password("bob-password"), ("ro_admin",), 0.0)]
     return Authenticator(ServerConfig("unused"), clock, load_users=lambda: users)
 
 
@@ -335,7 +346,7 @@ def test_user_commands_add_list_and_remove_without_showing_a_password(data_dir, 
     for secret in ("s3cret-password", "other-password", "scrypt$"):
         assert secret not in out.out + out.err + caplog.text
     with open_store(data_dir) as store:
-        assert auth.verify_password("s3cret-password", store.get_user("ann").password_hash)
+        assert verify_password("s3cret-password", store.get_user("ann").password_hash)
     assert main(["--data-dir", data_dir, "user", "remove", "ann"]) == 0
     assert main(["--data-dir", data_dir, "user", "remove", "ann"]) == 2
     with open_store(data_dir) as store:
@@ -344,7 +355,7 @@ def test_user_commands_add_list_and_remove_without_showing_a_password(data_dir, 
 
 def test_the_data_api_needs_credentials_once_users_exist_even_on_loopback(data_dir):
     with open_store(data_dir) as store:
-        store.put_user("ann", auth.hash_password("ann-password"), ["data_reader[shop.*.*]"])
+        store.put_user("ann", hash_password("ann-password"), ["data_reader[shop.*.*]"])
     client = TestClient(build_app(ServerConfig(data_dir)), base_url="http://127.0.0.1:8096")
     r = client.get("/v1/buckets/shop/scopes/_default/collections/_default/documents/k")
     assert r.status_code == 401 and r.json()["code"] == "Unauthorized"
