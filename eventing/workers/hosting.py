@@ -7,12 +7,25 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from eventing.errors import EventingError
 
 if TYPE_CHECKING:
     from eventing.workers.worker import WorkerCore, WorkerSpec
+
+
+# What the service asks of a worker's core (a WorkerCore, or a SandboxedCore that forwards these to its child),
+# by name, and the method each calls; nothing else is served.
+CORE_CALLS: dict[str, Callable[[Any], Callable[..., Any]]] = {
+    "step": lambda core: core.step,
+    "stop": lambda core: core.stop,
+    "assign_vbuckets": lambda core: core.assign_vbuckets,
+    "revoke_vbuckets": lambda core: core.revoke_vbuckets,
+    "owned": lambda core: core.owned,
+    "close": lambda core: core.close,
+}
 
 
 class WorkerHost:
@@ -56,7 +69,10 @@ class WorkerHost:
             self.core = WorkerCore(self.spec, recycle_on_hang=self.own_process)
             return os.getpid()
         assert self.core is not None, "worker not started"
-        return getattr(self.core, method)(*args)
+        served = CORE_CALLS.get(method)
+        if served is None:
+            raise EventingError(f"{method!r} is not a call a worker serves")
+        return served(self.core)(*args)
 
 
 class PooledWorkerHost(WorkerHost):

@@ -16,9 +16,19 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from eventing.errors import EventingError
+from eventing.workers.hosting import CORE_CALLS
 from eventing.workers.sandbox_confine import confine
 from eventing.workers.sandbox_landlock import _PR_SET_PDEATHSIG, _libc
 from eventing.workers.sandbox_line import _error, _raise, _recv, _send
+
+# What the host asks of the child's core, by name: a worker core's calls, and a runner's (_ChildRunner: a
+# deploy's on_deploy, the debugger's run_once).
+_CALLS: dict[str, Callable[[Any], Callable[..., Any]]] = {
+    **CORE_CALLS,
+    "on_deploy": lambda core: core.on_deploy,
+    "run_once": lambda core: core.run_once,
+}
 
 
 class _Line:
@@ -214,7 +224,10 @@ def _child(fd: int, policy: dict) -> None:
             elif method == "close" and core is None:
                 result = (True, None)
             else:
-                result = (True, getattr(core, method)(*args))
+                served = _CALLS.get(method)
+                if served is None:
+                    raise EventingError(f"{method!r} is not a call a sandboxed worker serves")
+                result = (True, served(core)(*args))
         except Exception as exc:  # noqa: BLE001 - answered to the host, which raises it
             result = (False, _error(exc))
         line.send(("done", None, *result))

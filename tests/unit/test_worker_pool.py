@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import pickle
 
+import pytest
+
+from eventing.errors import EventingError
 from eventing.testing import deploy_function, ledger_definition, load_source
 from eventing.workers import hosting
 from eventing.workers.executor import PooledWorkerHost
@@ -41,3 +44,18 @@ def test_a_pooled_worker_serves_one_run_at_a_time_and_starts_each_run_with_a_fre
     host.release("run-2")
     assert host.core is None and host.owner is None
     assert host.adopt("run-3", spec_for(data_dir, "fn_a", "local/w0"))
+
+
+def test_a_worker_serves_the_calls_of_its_table_and_refuses_any_other_name(data_dir):
+    load_source(data_dir, 10, 40, seed=3)
+    deploy_function(data_dir, ledger_definition("fn_t", "src", "ledger"))
+    host = hosting.WorkerHost(spec_for(data_dir, "fn_t", "local/w0"))
+    host.call("start")
+    try:
+        assert host.call("owned") == list(range(NUM_VBUCKETS))
+        assert host.call("step").handled == 40
+        for name in ("_write_commit", "commit", "__class__", "store"):  # methods and members outside the table
+            with pytest.raises(EventingError, match="is not a call a worker serves"):
+                host.call(name)
+    finally:
+        host.call("close")
