@@ -56,7 +56,8 @@ from sharding import validate_key
 log = logging.getLogger("eventing.mirror")
 
 MAX_BATCH = 20_000  # writes of whole source transactions applied in one bucket transaction at most
-MAX_DELAY_S = 0.02  # a batch waits at most this long for the stream to pause before it is applied
+MAX_DELAY_S = 0.1  # a batch waits at most this long for the stream to pause before it is applied (a busy
+# stream: larger bucket transactions touch each log page of the 1,024 vBuckets fewer times a row)
 SNAPSHOT_CHUNK = 5_000  # rows of the snapshot a bucket transaction
 REPORT_S = 1.0  # how often the follower reports its position, lag and retained WAL
 RECONNECT_S = (0.2, 5.0)  # the first and the longest wait before connecting to the source again
