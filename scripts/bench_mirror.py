@@ -8,13 +8,16 @@ tables"): a table mirrored into a collection, a trivial function copying each ro
   rows over the time from the first commit until the function's last effect.
 
 Without --url it starts a throwaway PostgreSQL server (eventing.testing.postgres). The last line is JSON with
-rows_per_s, p50_ms and p99_ms.
+rows_per_s, p50_ms and p99_ms, and (on Linux) the CPU time the service and the follower spent on the
+throughput phase, per row (cpu_us_per_row): on a machine shared with other work that figure moves much less
+than the rates do.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -28,12 +31,22 @@ sys.path.insert(0, str(ROOT))
 HANDLER = "def on_update(doc, meta):\n    dst[meta.id] = {}\n"
 
 
+def cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU time of a process so far (Linux /proc), None when it cannot be read."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def main() -> int:
     import psycopg
 
     from eventing.control import lifecycle
     from eventing.core.definition import FunctionDefinition
     from eventing.ops import mirrors
+    from eventing.storage.mirror import definition as mirror_defs
     from eventing.storage.state import open_state
     from eventing.testing import wait_for
     from metadata.factory import open_store
@@ -71,6 +84,9 @@ def main() -> int:
         service = subprocess.Popen([sys.executable, "-m", "eventing", "--data-dir", data_dir, "run", "--executor",
                                     "in-process", "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
+        def mirrors_pid() -> int | None:
+            return mirror_defs.status(state.metadata, "src.pg.rows").get("pid")
+
         def handled() -> int:
             with state.open_bucket("dst") as dst:
                 return dst.count()
@@ -105,6 +121,8 @@ def main() -> int:
         # throughput
         base = 10_000_000
         before = handled()
+        pids = {"service": service.pid, "follower": mirrors_pid()}
+        cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
         per_writer = args.rows // 2
 
         def write(offset: int) -> None:
@@ -125,10 +143,15 @@ def main() -> int:
         wait_for(lambda: handled() >= before + 2 * per_writer, "every throughput row handled", timeout=600, every=0.2)
         elapsed = time.perf_counter() - t0
         rate = 2 * per_writer / elapsed
+        cpu: dict[str, float] = {}
+        for name, pid in pids.items():
+            first, last = cpu_before[name], cpu_seconds(pid)
+            if first is not None and last is not None:
+                cpu[name] = round((last - first) / (2 * per_writer) * 1e6, 1)
         print(f"throughput: {2 * per_writer:,} rows committed in {written_s:.1f}s, handled in {elapsed:.1f}s: "
-              f"{rate:,.0f} rows/s")
+              f"{rate:,.0f} rows/s; CPU a row: " + ", ".join(f"{k} {v} us" for k, v in cpu.items()))
         print(json.dumps({"rows_per_s": round(rate), "p50_ms": round(p50, 1), "p99_ms": round(p99, 1),
-                          "rate": args.rate, "rows": 2 * per_writer}))
+                          "rate": args.rate, "rows": 2 * per_writer, "cpu_us_per_row": cpu}))
         state.close()
         return 0
     finally:

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import struct
 
+import pytest
+
+from eventing.core.mutation import MAX_DOCUMENT_BYTES, decode_document, encode_document
+from eventing.errors import InvalidDocumentError
+from eventing.storage.mirror.follower import Shape
 from eventing.storage.mirror.pgoutput import (
     PG_EPOCH_US,
     UNCHANGED,
@@ -67,3 +72,44 @@ def test_values_map_as_a_user_expects():
     assert t.converter(2950)("a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11") == "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"
     t.learn([(90001, 0, "E", 0), (90002, 90001, "A", 0), (90003, 0, "N", 23)])  # an enum, its array, a domain
     assert t.converter(90002)("{x,y}") == ["x", "y"] and t.converter(90003)("7") == 7
+
+
+def _reference(names, converters, row, current=None) -> dict:
+    """A row's document column by column, as the mapping of docs/postgresql-mirror.md says."""
+    doc = {}
+    for name, convert, value in zip(names, converters, row, strict=True):
+        doc[name] = (None if current is None else current.get(name)) if value is UNCHANGED else (
+            None if value is None else convert(value))
+    return doc
+
+
+def test_a_row_becomes_the_same_document_and_key_on_every_path():
+    t = Types()
+    oids = [20, 23, 25, 16, 701, 1700, 1184, 17, 2950, 3802, 1007]
+    names = ["id", "n", "note", "ok", "f", "amount", "at", "raw", "u", "meta", "tags"]
+    converters = [t.converter(oid) for oid in oids]
+    row = ["7", "-3", "é text", "f", "Infinity", "19.99", "2024-05-01 12:00:00+00", "\\x01", "a0eebc99-9c0b-4ef8-bb6d-"
+           "6bb9bd380a11", '{"a": 1}', "{1,NULL}"]
+    for columns in (list(range(9)), list(range(11))):  # only scalar columns (packed at once), then json and arrays
+        shape = Shape([names[i] for i in columns], [converters[i] for i in columns], [0])
+        values = [row[i] for i in columns]
+        expected = _reference(shape.names, shape.converters, values)
+        assert shape.document(values) == expected and shape.encode(values) == encode_document(expected)
+        nulls = [values[0]] + [None] * (len(values) - 1)
+        assert shape.encode(nulls) == encode_document({name: None if i else 7 for i, name in enumerate(shape.names)})
+    assert expected["f"] == "Infinity" and expected["amount"] == "19.99" and expected["tags"] == [1, None]
+    assert Shape(["id", "region"], [int, t.converter(25)], [0, 1]).key(["7", "eu"]) == "7::eu"
+    assert Shape(["region", "id"], [t.converter(25), int], [1]).key(["eu", "7"]) == "7"
+    toasted = Shape(["id", "body"], [int, t.converter(25)], [0])
+    assert decode_document(toasted.encode(["1", UNCHANGED], {"id": 1, "body": "kept"})) == {"id": 1, "body": "kept"}
+    assert toasted.document(["1", UNCHANGED]) == {"id": 1, "body": None}
+
+
+def test_a_row_over_the_document_limit_fails_as_any_document_does():
+    shape = Shape(["id", "body"], [int, Types().converter(25)], [0])
+    row = ["1", "x" * (MAX_DOCUMENT_BYTES + 1)]
+    with pytest.raises(InvalidDocumentError) as direct:
+        encode_document({"id": 1, "body": row[1]})
+    with pytest.raises(InvalidDocumentError) as mirrored:
+        shape.encode(row)
+    assert str(mirrored.value) == str(direct.value) and "split it" in str(mirrored.value)

@@ -28,7 +28,9 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from eventing.core.mutation import OP_DELETE, OP_UPDATE, decode_document, encode_document
+import msgpack
+
+from eventing.core.mutation import MAX_DOCUMENT_BYTES, OP_DELETE, OP_UPDATE, decode_document, encode_document
 from eventing.errors import EventingError, FencedError, StoreError
 from eventing.storage.keyspace import open_keyspace
 from eventing.storage.mirror import definition as defs
@@ -45,7 +47,7 @@ from eventing.storage.mirror.pgoutput import (
     decode,
     lsn_text,
 )
-from eventing.storage.mirror.pgtypes import Convert, Types
+from eventing.storage.mirror.pgtypes import Convert, Types, is_text, scalar
 from eventing.storage.mirror.source import Source, SourceError, Table, quote
 from eventing.storage.state import State
 from eventing.storage.values import EffectGroup, Write
@@ -54,11 +56,14 @@ from sharding import validate_key
 log = logging.getLogger("eventing.mirror")
 
 MAX_BATCH = 20_000  # writes of whole source transactions applied in one bucket transaction at most
-MAX_DELAY_S = 0.02  # a batch waits at most this long for the stream to pause before it is applied
+MAX_DELAY_S = 0.1  # a batch waits at most this long for the stream to pause before it is applied (a busy
+# stream: larger bucket transactions touch each log page of the 1,024 vBuckets fewer times a row)
 SNAPSHOT_CHUNK = 5_000  # rows of the snapshot a bucket transaction
 REPORT_S = 1.0  # how often the follower reports its position, lag and retained WAL
 RECONNECT_S = (0.2, 5.0)  # the first and the longest wait before connecting to the source again
 EXIT_STOPPED, EXIT_FAILED, EXIT_FENCED = 0, 3, 4
+STOP_CHECK_EVERY = 1_000  # messages read between two looks at should_stop while the stream is busy
+_pack = msgpack.Packer(use_bin_type=True).pack  # what encode_document packs with
 
 
 class MirrorStopped(EventingError):
@@ -66,17 +71,29 @@ class MirrorStopped(EventingError):
 
 
 class Shape:
-    """A relation's columns as documents: names, converters and which columns make the key."""
+    """A relation's columns as documents: names, converters and which columns make the key.
+
+    Built once a relation, used for every row: a text column's value goes into the document as it is (no
+    call), a one-column key is the column's value, and a document whose values can only be JSON values
+    (numbers, finite floats, text, booleans: no json, jsonb or arrays) is packed without walking it again."""
 
     def __init__(self, names: list[str], converters: list[Convert], key: list[int]):
         self.names = names
         self.converters = converters
         self.key_at = key
+        self._columns = [(name, None if is_text(convert) else convert) for name, convert in zip(names, converters, strict=True)]
+        self._one_key = key[0] if len(key) == 1 else None
+        self._checked = all(scalar(convert) for convert in converters)  # its documents are JSON by construction
 
     def key(self, row: list) -> str:
+        if self._one_key is not None:
+            return str(row[self._one_key])
         return "::".join(str(row[i]) for i in self.key_at)
 
     def document(self, row: list, current: dict | None = None) -> dict:
+        if UNCHANGED not in row:  # values are str or None (UNCHANGED only in an UPDATE with TOASTed columns)
+            return {name: value if value is None or convert is None else convert(value)
+                    for (name, convert), value in zip(self._columns, row, strict=True)}
         doc: dict[str, Any] = {}
         for name, convert, value in zip(self.names, self.converters, row, strict=True):
             if value is None:
@@ -86,6 +103,15 @@ class Shape:
             else:
                 doc[name] = convert(value)
         return doc
+
+    def encode(self, row: list, current: dict | None = None) -> bytes:
+        """The row's document as stored (``encode_document`` of ``document``, the same bytes and errors)."""
+        doc = self.document(row, current)
+        if self._checked and current is None:
+            data = _pack(doc)
+            if len(data) <= MAX_DOCUMENT_BYTES:
+                return data
+        return encode_document(doc)  # a document to check, or one over the limit: its error
 
 
 class Follower:
@@ -218,7 +244,7 @@ class Follower:
                     stored = self._stored(shape.key(row))
                     if stored is None:
                         continue
-                    raw = encode_document(shape.document(row))
+                    raw = shape.encode(row)
                     self.counts["snapshot_rows"] += 1
                     if existing:
                         seen.add(stored)
@@ -346,13 +372,20 @@ class Follower:
         self.state_name, self.error = "following", None
         self._report(force=True)
         fileno = conn.fileno()
-        while not self.should_stop():
-            msg = cur.read_message()
+        read, on = cur.read_message, self._on
+        received = 0
+        while True:
+            msg = read()
             if msg is not None:
-                self._on(decode(msg.payload))
+                on(decode(msg.payload))
                 if self.ready and (self.ready_writes >= MAX_BATCH or time.monotonic() - self.ready_since > MAX_DELAY_S):
                     self._flush(cur)
-                continue
+                received += 1
+                if received % STOP_CHECK_EVERY or not self.should_stop():  # (a system call: not every message)
+                    continue
+                break
+            if self.should_stop():
+                break
             if self.ready:
                 self._flush(cur)
             elif self.tx is None:
@@ -414,10 +447,10 @@ class Follower:
             old_stored = self._stored(shape.key(old))
             if old_stored is not None and old_stored != stored:
                 before = old_stored
-        current = self._current(before) if any(v is UNCHANGED for v in new) else None
+        current = self._current(before) if UNCHANGED in new else None
         if before != stored:  # the primary key changed: the old key's document goes
             self._add(Write(before, OP_DELETE))
-        self._add(Write(stored, OP_UPDATE, encode_document(shape.document(new, current))))
+        self._add(Write(stored, OP_UPDATE, shape.encode(new, current)))
 
     def _add(self, write: Write) -> None:
         if self.tx is None:

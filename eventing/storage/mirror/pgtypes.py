@@ -135,6 +135,20 @@ def parse_array(text: str, element: Convert) -> list | str:
     return result if result is not None else []
 
 
+_SCALAR_CONVERTERS = {_text, int, _bool, _float, _numeric, _bytea, _timestamp, _timestamptz}
+
+
+def is_text(convert: Convert) -> bool:
+    """Whether a converter gives the text as it is (the value needs no call)."""
+    return convert is _text
+
+
+def scalar(convert: Convert) -> bool:
+    """Whether a converter only gives JSON scalars: text, 64-bit integers, finite floats, booleans (not json,
+    jsonb or arrays, whose values a document must check)."""
+    return convert in _SCALAR_CONVERTERS
+
+
 class Types:
     """Converters by type oid, the built-ins' known, others learnt from the source's ``pg_type``."""
 
@@ -170,4 +184,4 @@ _TEXT_OIDS = {25, 1043, 1042, 19, 18, 2950, 1082, 1083, 1266, 1186, 869, 650, 82
               142, 600, 601, 602, 603, 604, 628, 718, 790, 3904, 3906, 3908, 3910, 3912, 3926, 24, 2202, 2205, 2206,
               3734, 3769, 4089, 4096, 2278, 705}
 
-__all__ = ["SESSION_OPTIONS", "Types", "parse_array"]
+__all__ = ["SESSION_OPTIONS", "Types", "is_text", "parse_array", "scalar"]
