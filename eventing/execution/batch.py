@@ -25,6 +25,7 @@ import msgpack
 from eventing.core.idempotency import batch_key, mutation_key
 from eventing.core.mutation import OP_EXPIRE, OP_UPDATE, Mutation
 from eventing.errors import BindingError, TimerError
+from eventing.execution.bindings import held_keys
 from eventing.handler import DeleteOptions
 
 if TYPE_CHECKING:
@@ -404,6 +405,9 @@ class BatchScope:
                     held = self.held[i] = _Held(len(self.buffers))
                 held.writes[k] += current
                 written = buf.current_overlay
+                if buf.partial and written:  # keys whose partition holds this item already: not visible
+                    kept_keys = written.keys() - held_keys(buf, vb, seqno, written)
+                    written = {key: written[key] for key in kept_keys}
                 held.overlay[k].update(written)
                 held.conditional[k] = held.conditional[k] or buf.conditional
                 buf.conditional = False

@@ -63,10 +63,46 @@ class EffectBuffer:
         # claim). A replayed mutation at or below it had its writes applied before a crash: they are
         # dropped here, so later mutations never read a replay's second copy (read-your-writes stays true).
         self.applied_upto: dict[int, int] = {}
+        # A bucket in partitions whose marks differ for a source vBucket (a crash fell between two
+        # partitions' commits): the partition of each vBucket's keys, and per source vBucket each
+        # partition's mark. A replayed mutation's write to a partition that holds it is dropped alone.
+        self.part_of_vb: list[int] = []
+        self.partial: dict[int, tuple[int, list[int]]] = {}  # vb -> (highest mark, each partition's)
         self.replayed_writes = 0
         self.conditional = False  # the call in progress made a write with a cas condition or a delta
         self.expiries: dict[str, int] = {}  # expiry of pending writes that set one (advanced accessors)
         self.ops: Counter[str] = Counter()  # accessor outcomes (bkt_ops_cas_mismatch_count, ...), taken by the worker
+
+
+def held_keys(buf: EffectBuffer, vb: int, seqno: int, keys: Any) -> set[str]:
+    """The keys among `keys` whose partition already holds the effects of source (vb, seqno) (empty unless
+    the bucket's partitions were left with different marks for vb)."""
+    partial = buf.partial.get(vb) if buf.partial else None
+    if partial is None or seqno > partial[0]:
+        return set()
+    from eventing.storage.partitions import vbucket_of_key
+
+    marks, part_of_vb = partial[1], buf.part_of_vb
+    return {key for key in keys if seqno <= marks[part_of_vb[vbucket_of_key(key)]]}
+
+
+def learn_partition_marks(buf: EffectBuffer, bucket: Any, function: str, vbs: Any) -> None:
+    """Where `bucket` is in partitions, the source vBuckets among `vbs` whose partitions hold different
+    marks (see EffectBuffer.partial)."""
+    by_partition = getattr(bucket, "partition_marks", None)
+    if by_partition is None:
+        return
+    answer = by_partition(function)
+    if answer is None:  # a bucket in one piece behind the data service
+        return
+    part_of_vb, marks = answer
+    buf.part_of_vb = part_of_vb
+    for vb in vbs:
+        each = [m.get(vb, 0) for m in marks]
+        if min(each) < max(each):
+            buf.partial[vb] = (max(each), each)
+        else:
+            buf.partial.pop(vb, None)
 
 
 _DONE = threading.Event()
@@ -479,6 +515,17 @@ class BucketBinding:
             buf.replayed_writes += len(current)
             self.discard()
             return
+        if buf.partial:
+            held = held_keys(buf, vb, seqno, buf.current_overlay)
+            if held:  # held by their partitions already: dropped, so later calls read the bucket's version
+                kept = [w for w in current if w.key not in held]
+                buf.replayed_writes += len(current) - len(kept)
+                for key in held:
+                    del buf.current_overlay[key]
+                if not kept:
+                    self.discard()
+                    return
+                buf.current = current = kept
         group = buf.groups.get(vb)
         if group is None:
             group = buf.groups[vb] = EffectGroup(vb, epoch)

@@ -55,10 +55,14 @@ if TYPE_CHECKING:
     from eventing.storage.protocol import FileBucket
 
 
-def _vb_of(key: str) -> int:
+def vbucket_of_key(key: str) -> int:
+    """The vBucket of a stored key (a collection's: of its own key), which names its partition."""
     if key.startswith(COLLECTION_MARK):  # a collection's stored key: the vBucket of its own key
         return vbucket_of_stored(key)
     return ((zlib.crc32(key.encode()) >> 16) & 0x7FFF) % NUM_VBUCKETS  # sharding.vbucket_of, inlined
+
+
+_vb_of = vbucket_of_key
 
 
 def partition_ranges(partitions: int) -> list[range]:
@@ -351,6 +355,13 @@ class PartitionedBucket(NothingAhead):
             conflicts.update(got.conflicts)
         result.conflicts = sorted(conflicts)
         return result
+
+    def partition_marks(self, function: str) -> tuple[list[int], list[dict[int, int]]]:
+        """The partition of each vBucket's keys, and each partition's effect mark (seqno) per source vBucket:
+        after a crash between two partitions' commits, a replayed mutation's writes are held by some
+        partitions and not others (eventing.execution.bindings.EffectBuffer.held_keys)."""
+        return list(self._part_of_vb), [{vb: s for vb, (_, s) in part.effect_marks(function).items()}
+                                        for part in self.parts]
 
     def effect_marks(self, function: str) -> dict[int, tuple[int, int]]:
         """Per source vBucket: the highest epoch any partition holds, and the lowest seqno that every

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from functools import partial
 from itertools import repeat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, Self, cast
@@ -68,7 +69,18 @@ BUCKET_CALLS: dict[str, Callable[[Bucket], Callable[..., Any]]] = {
     "count": lambda bucket: bucket.count,
     "collection_list": lambda bucket: lambda: _collection_list(bucket),
     "mirror_list": lambda bucket: lambda: sorted(bucket.mirrors().items()),  # pairs: msgpack keys are strings
+    "partition_marks": lambda bucket: partial(_partition_marks, bucket),
 }
+
+
+def _partition_marks(bucket: Bucket, function: str) -> tuple[list[int], list[list[tuple[int, int]]]] | None:
+    """A bucket in partitions' marks per partition (PartitionedBucket.partition_marks) as pairs; None for
+    a bucket in one piece."""
+    by_partition = getattr(bucket, "partition_marks", None)
+    if by_partition is None:
+        return None
+    part_of_vb, marks = by_partition(function)
+    return part_of_vb, [sorted(m.items()) for m in marks]
 
 # What a remote worker may ask of the metadata store (a ``meta`` call): WorkerMetadata (metadata.protocol),
 # each name served and the method it calls; nothing else is.
@@ -418,6 +430,14 @@ class RemoteBucket:
 
     def effect_marks(self, function: str) -> dict[int, tuple[int, int]]:
         return cast("dict[int, tuple[int, int]]", self._bucket("effect_marks", function))
+
+    def partition_marks(self, function: str) -> tuple[list[int], list[dict[int, int]]] | None:
+        """PartitionedBucket.partition_marks of the served bucket; None when it is in one piece."""
+        answer = self._bucket("partition_marks", function)
+        if answer is None:
+            return None
+        part_of_vb, marks = answer
+        return list(part_of_vb), [{int(vb): int(seqno) for vb, seqno in pairs} for pairs in marks]
 
     def fence(self, function: str, epochs: dict[int, int]) -> None:
         self._bucket("fence", function, dict(epochs))

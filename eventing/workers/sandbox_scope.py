@@ -22,7 +22,7 @@ READ_CALLS = frozenset({
 })
 KEY_CALLS = frozenset({"get_raw", "get", "get_meta", "get_doc", "previous_doc"})  # first argument: a stored key
 LIST_CALLS = frozenset({"keys", "scan", "count"})  # first argument: a stored-key prefix
-EFFECT_CALLS = frozenset({"apply_effects", "effect_marks", "fence"})
+EFFECT_CALLS = frozenset({"apply_effects", "effect_marks", "partition_marks", "fence"})
 # What a worker asks of the metadata store, each with the function's name as first argument: the calls the
 # data service serves a worker (WorkerMetadata, metadata.protocol).
 META_CALLS = frozenset(remote.META_CALLS)

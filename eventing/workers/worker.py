@@ -21,7 +21,7 @@ from eventing.core import filters
 from eventing.core.definition import FunctionDefinition
 from eventing.core.mutation import OP_TIMER, Mutation
 from eventing.errors import FencedError, StoreError
-from eventing.execution.bindings import BucketBinding
+from eventing.execution.bindings import BucketBinding, learn_partition_marks
 from eventing.execution.runner import HandlerRunner
 from eventing.storage.origins import deployment_origin
 from eventing.storage.remote import DataAccess, DataServiceRef
@@ -260,6 +260,7 @@ class WorkerCore(WorkerTimers, WorkerReads):
             marks = binding.bucket.effect_marks(self.name)
             for vb in epochs:
                 binding.applied_upto[vb] = marks.get(vb, (0, 0))[1]
+            learn_partition_marks(binding.buf, binding.bucket, self.name, epochs)
         self._reclaim.update(vbs)
         self._spans = None
         # Mutations ahead of the checkpoint that this deployment already dead-lettered are not handled again
@@ -615,6 +616,8 @@ class WorkerCore(WorkerTimers, WorkerReads):
             for vb in self.epochs:
                 binding.applied_upto[vb] = marks.get(vb, (0, 0))[1]
                 binding.applied_upto[TIMER_VB_BASE + vb] = marks.get(TIMER_VB_BASE + vb, (0, 0))[1]
+            learn_partition_marks(binding.buf, binding.bucket, self.name,
+                                  [*self.epochs, *(TIMER_VB_BASE + vb for vb in self.epochs)])
 
     def commit(self) -> set[int]:
         """The one place checkpoints are written. Order matters:

@@ -310,3 +310,19 @@ def test_log_lines_of_a_worker_without_the_files_reach_the_application_log_in_ba
     assert len(contents["remote"]) > 2500  # every update (the load has deletes too)
     assert contents["remote"] == contents["base"]
     assert executor.data_service.calls["app_log"] < 3000 / 100  # batched, not a call per line
+
+
+def test_a_bucket_in_partitions_tells_remote_workers_each_partitions_effect_marks(data_dir):
+    from eventing.storage.partitions import PartitionedBucket
+    from eventing.storage.values import EffectGroup
+
+    ledger = create_bucket(data_dir, "ledger", partitions=4)
+    assert isinstance(ledger, PartitionedBucket)
+    ledger.fence("fn", {7: 1})
+    ledger.apply_effects("fn", [EffectGroup(7, 1, [(3, Write("a", OP_UPDATE, b"\x80")), (5, Write("zz", OP_UPDATE, b"\x80"))])])
+    service = PickledDataService(data_dir)
+    remote = RemoteBucket(service.client("w"), "ledger")
+    assert remote.partition_marks("fn") == ledger.partition_marks("fn")
+    assert any(marks.get(7) == 5 for marks in ledger.partition_marks("fn")[1])
+    load_source(data_dir, 5, 10, seed=1)  # a bucket in one piece has none
+    assert RemoteBucket(service.client("w"), "src").partition_marks("fn") is None

@@ -117,7 +117,7 @@ def test_the_scoped_calls_are_calls_the_data_service_serves_and_no_write_of_a_bu
     assert sandbox_scope.READ_CALLS | sandbox_scope.EFFECT_CALLS <= served_bucket
     assert sandbox_scope.KEY_CALLS | sandbox_scope.LIST_CALLS <= sandbox_scope.READ_CALLS
     assert sandbox_scope.META_CALLS == set(META_CALLS)
-    assert served_bucket - {"collection_list", "mirror_list"} <= {name for klass in Bucket.__mro__ for name in vars(klass)}
+    assert served_bucket - {"collection_list", "mirror_list", "partition_marks"} <= {name for klass in Bucket.__mro__ for name in vars(klass)}
     for call in ("write", "upsert", "delete", "flush"):  # served to a worker of the cluster, never to a sandbox
         assert call in served_bucket
         with pytest.raises(ConfigError, match="runs sandboxed and may not call bucket"):
