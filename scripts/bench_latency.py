@@ -309,7 +309,7 @@ def main() -> int:
                              "the data directory, and run every worker there (needs root for the hidden node)")
     args = parser.parse_args()
     if args.http and not os.path.exists(os.path.join(ROOT, "eventing", "http", "dataapi.py")):
-        parser.error("--http needs the Data API (eventing/http/dataapi.py)")
+        parser.error("--http needs the Data API (eventing/http/dataapi/__init__.py)")
     if args.rate is None:
         args.rate = 1000.0 if args.store else 2000.0
     if args.writers is None:

@@ -32,7 +32,7 @@ from eventing.http.auth import (
 )
 from eventing.http.dataapi import DataApi
 from eventing.http.dataapi import serves as serves_data_api
-from eventing.http.dataapi_errors import retry_after
+from eventing.http.dataapi.errors import retry_after
 
 PROTECTED_PREFIXES = ("/api/", "/pools", "/metrics", "/getAppLog", "/getDeployedApps", "/getRunningApps", "/resetStatsCounters")
 DATA_API_PREFIXES = ("/v1/", "/v1.alpha/")  # authenticated here; refusals in the Data API's own shape

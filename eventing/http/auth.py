@@ -87,7 +87,7 @@ class ServerConfig:
     read_token: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY
     cors_origins: tuple[str, ...] = field(default_factory=tuple)  # closed unless listed
-    # How long the Data API keeps the answer of a write sent with an Idempotency-Key (eventing.http.dataapi_idempotency).
+    # How long the Data API keeps the answer of a write sent with an Idempotency-Key (eventing.http.dataapi.idempotency).
     idempotency_retention_s: float = 24 * 3600.0
 
     def __post_init__(self) -> None:

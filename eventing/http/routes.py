@@ -28,7 +28,7 @@ from starlette.types import Receive, Scope, Send
 from eventing.core.definition import check_function_name
 from eventing.errors import ConfigError, EventingError, InvalidKeyError
 from eventing.http import auth, function_access
-from eventing.http.dataapi_errors import retry_after
+from eventing.http.dataapi.errors import retry_after
 from eventing.http.routes_collections import (
     create_collection,
     drop_collection,

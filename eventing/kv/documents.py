@@ -1,4 +1,4 @@
-"""The KV port's document operations, planned like the Data API's (eventing.http.dataapi_documents): a read
+"""The KV port's document operations, planned like the Data API's (eventing.http.dataapi.documents): a read
 answers at once, a write is a `Change` (the check-and-set to run against the document as it is then, and the
 answer once the bucket's group commit has made it), run on the bucket's request thread in the order the
 connection sent them. Each answer is the response packet itself; a refusal is a `KvError` with its status.
@@ -19,8 +19,8 @@ from typing import Any
 
 from eventing.core.keyspaces import Keyspace
 from eventing.core.mutation import OP_DELETE, OP_UPDATE, decode_document, encode_document
-from eventing.http.dataapi_documents import Answer, Change, live, raw_of, stored_body, value_of
-from eventing.http.dataapi_requests import FLAGS_JSON, UINT64
+from eventing.http.dataapi.documents import Answer, Change, live, raw_of, stored_body, value_of
+from eventing.http.dataapi.requests import FLAGS_JSON, UINT64
 from eventing.kv import protocol as p
 from eventing.kv import subdoc as sd
 from eventing.storage.keyspace import Collection

@@ -4,7 +4,7 @@ speak, served on asyncio (uvloop where installed) on a thread of `eventing serve
 A connection negotiates features (HELLO), signs in (SASL: eventing.kv.sasl; the users and roles of the Data
 API, eventing.security.users), selects a bucket and reads its map (eventing.kv.bootstrap). Its document
 requests are planned and written on the bucket's request thread, shared with the Data API (eventing.http.
-dataapi_writer), so an SDK write is a mutation like a Data API write: one group commit, the wake datagram,
+dataapi.writer), so an SDK write is a mutation like a Data API write: one group commit, the wake datagram,
 functions handle it in order and exactly once. The requests of one connection run in the order sent
 (document requests take their bucket's queue in that order) and are answered in that order, pipelined.
 """
@@ -29,8 +29,8 @@ from eventing.http.auth import (
     authenticator_for,
     presented_credentials,
 )
-from eventing.http.dataapi_errors import ApiError
-from eventing.http.dataapi_writer import shared_buckets
+from eventing.http.dataapi.errors import ApiError
+from eventing.http.dataapi.writer import shared_buckets
 from eventing.kv import bootstrap, sasl
 from eventing.kv import protocol as p
 from eventing.kv.documents import DOCUMENT_OPCODES, KvCall, KvError, MultiPathFailure

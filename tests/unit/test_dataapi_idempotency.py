@@ -1,4 +1,4 @@
-"""The Data API's Idempotency-Key on writes (eventing.http.dataapi_idempotency), through the ASGI app
+"""The Data API's Idempotency-Key on writes (eventing.http.dataapi.idempotency), through the ASGI app
 in-process on real SQLite: a retried write gets its first answer again and makes no second mutation (counted
 in the bucket's log), another request with the same key is refused, keys are per caller, the retention
 window ends a record, and reads ignore the header."""
@@ -14,7 +14,7 @@ import pytest
 
 from eventing.http.app import build_app
 from eventing.http.auth import ServerConfig
-from eventing.http.dataapi_idempotency import IdempotencyRecords
+from eventing.http.dataapi.idempotency import IdempotencyRecords
 from eventing.storage.bucket import LocalBucket
 from eventing.storage.state import as_state
 

@@ -149,7 +149,7 @@ def test_a_store_that_is_away_is_a_503_with_retry_after_and_a_damaged_one_withou
     themselves: 503 with Retry-After, wherever the store failed (looking up the keyspace, committing the
     write, a bulk load), never a 400 that blames the request."""
     from eventing.errors import StoreCorruptError, StoreUnavailableError
-    from eventing.http.dataapi_writer import Buckets
+    from eventing.http.dataapi.writer import Buckets
 
     away = StoreUnavailableError("PostgreSQL at 127.0.0.1:5432 is unreachable (Connection refused); start the "
                                  "server or fix the host and port in --store (waited 2s)")

@@ -14,8 +14,8 @@ from urllib.parse import unquote_to_bytes
 import msgspec
 
 from eventing.core.mutation import NESTING_LIMIT, OP_DELETE, OP_UPDATE, decode_document, encode_document
-from eventing.http.dataapi_errors import ApiError, bad
-from eventing.http.dataapi_requests import (
+from eventing.http.dataapi.errors import ApiError, bad
+from eventing.http.dataapi.requests import (
     DURABILITY_LEVELS,
     FLAGS_BINARY,
     FLAGS_JSON,

@@ -24,7 +24,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from eventing.http.dataapi_errors import ApiError, bad
+from eventing.http.dataapi.errors import ApiError, bad
 from eventing.storage.state import State
 
 Answer = tuple[int, dict[str, str], bytes, str | None]

@@ -14,7 +14,7 @@ from typing import Any
 from starlette.types import Receive, Send
 
 from eventing.core.keyspaces import Keyspace
-from eventing.http.dataapi_errors import ApiError, bad
+from eventing.http.dataapi.errors import ApiError, bad
 
 MAX_BODY_BYTES = 20 * 1024 * 1024  # Couchbase's document limit; a larger body is a 413
 MAX_KEY_BYTES = 250

@@ -19,10 +19,10 @@ mutation of the bucket like any other: functions whose source is the keyspace se
 chunks as they arrive and committed in transactions of up to 20,000 lines; the first bad line stops it,
 and the answer says which line and how many rows before it were committed.
 
-This module is the ASGI side (paths, permissions, the answer's shape); its parts: dataapi_requests.py
-(limits, a request read and parsed, the answer written), dataapi_documents.py (each operation's checks,
-write and answer), dataapi_writer.py (the open buckets and the group-commit request thread of each),
-dataapi_load.py (the bulk load), dataapi_errors.py (the error shape).
+This module is the ASGI side (paths, permissions, the answer's shape); its parts: requests.py
+(limits, a request read and parsed, the answer written), documents.py (each operation's checks,
+write and answer), writer.py (the open buckets and the group-commit request thread of each),
+load.py (the bulk load), errors.py (the error shape).
 """
 
 from __future__ import annotations
@@ -36,11 +36,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from eventing.core.keyspaces import Keyspace
 from eventing.errors import StoreError
 from eventing.http.auth import AUTH_ERROR_SCOPE_KEY, IDENTITY_SCOPE_KEY, AuthError, Identity, ServerConfig
-from eventing.http.dataapi_errors import ApiError, bad, not_allowed, retry_after
-from eventing.http.dataapi_idempotency import HEADER as IDEMPOTENCY_HEADER
-from eventing.http.dataapi_idempotency import IdempotencyRecords
-from eventing.http.dataapi_load import LOAD_PREFIX, serve_load
-from eventing.http.dataapi_requests import (
+from eventing.http.dataapi.errors import ApiError, bad, not_allowed, retry_after
+from eventing.http.dataapi.idempotency import HEADER as IDEMPOTENCY_HEADER
+from eventing.http.dataapi.idempotency import IdempotencyRecords
+from eventing.http.dataapi.load import LOAD_PREFIX, serve_load
+from eventing.http.dataapi.requests import (
     DOCUMENT_OPS,
     FLAGS_BINARY,
     FLAGS_JSON,
@@ -51,10 +51,10 @@ from eventing.http.dataapi_requests import (
     read_body,
     respond,
 )
-from eventing.http.dataapi_writer import shared_buckets
+from eventing.http.dataapi.writer import shared_buckets
 from eventing.security.users import DATA_READ, DATA_WRITE
 
-# Importable from here as before the Data API was split into its dataapi_* modules.
+# Importable from the package as before the Data API became one.
 __all__ = ["FLAGS_BINARY", "FLAGS_JSON", "FLAGS_STRING", "MAX_BODY_BYTES", "ApiError", "DataApi", "serves"]
 
 log = logging.getLogger(__name__)
@@ -110,7 +110,7 @@ class DataApi:
         if segments[1:] == [b"openapi.json"]:  # no data in it: any authenticated caller
             if method not in ("GET", "HEAD"):
                 raise not_allowed(method, "GET")
-            from eventing.http.dataapi_openapi import dataapi_openapi
+            from eventing.http.dataapi.openapi import dataapi_openapi
 
             return 200, {}, (b"" if method == "HEAD" else json.dumps(dataapi_openapi()).encode()), "application/json"
         if segments[1:] == [b"callerIdentity"]:

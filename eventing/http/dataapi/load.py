@@ -14,9 +14,9 @@ from starlette.types import Receive, Scope, Send
 from eventing.core.keyspaces import Keyspace
 from eventing.core.mutation import MAX_DOCUMENT_BYTES
 from eventing.errors import ConfigError, EventingError, InvalidKeyError, StoreError
-from eventing.http.dataapi_errors import ApiError, retry_after
-from eventing.http.dataapi_requests import respond_json
-from eventing.http.dataapi_writer import Buckets
+from eventing.http.dataapi.errors import ApiError, retry_after
+from eventing.http.dataapi.requests import respond_json
+from eventing.http.dataapi.writer import Buckets
 from eventing.ops.jsonl import rows_of_lines
 from eventing.storage.keyspace import Collection, parse_keyspace
 from eventing.storage.state import State

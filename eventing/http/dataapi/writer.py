@@ -19,9 +19,9 @@ from typing import Any, Protocol
 
 from eventing.core.keyspaces import DEFAULT, Keyspace
 from eventing.errors import ConfigError, NotFoundError, StoreLockedError, StoreUnavailableError
-from eventing.http.dataapi_documents import Answer, Change, plan_op
-from eventing.http.dataapi_errors import ApiError, api_error
-from eventing.http.dataapi_requests import DocRequest
+from eventing.http.dataapi.documents import Answer, Change, plan_op
+from eventing.http.dataapi.errors import ApiError, api_error
+from eventing.http.dataapi.requests import DocRequest
 from eventing.storage.keyspace import Collection
 from eventing.storage.protocol import DocumentChanges, FileBucket
 from eventing.storage.state import State
