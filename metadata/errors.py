@@ -17,7 +17,7 @@ The CLI prints `error: <message>` for these and exits non-zero, without a traceb
 An error may carry its way out as data (`Fix`: an action and its arguments), which each face words
 itself: the message holds ``{fix}`` where the fix goes, `str(error)` words it as the CLI command
 (`CLI_WORDING`), and the REST API words it as a request and returns it as a field
-(eventing.http.routes_request), so no face rewrites another face's words.
+(eventing.http.routes.request), so no face rewrites another face's words.
 """
 
 from __future__ import annotations

@@ -72,7 +72,7 @@ def authorize_endpoint(identity: Identity, method: str, path: str, params: Mappi
     else:
         name = params.get("name") or query.get("name") or query.get("appName") or ""
         if name and "name" not in params:  # a function named in the query: the one its namespace names
-            from eventing.http.routes_request import resolve_name
+            from eventing.http.routes.request import resolve_name
 
             try:
                 name = resolve_name(state, name, dict(query))

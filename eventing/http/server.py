@@ -32,7 +32,7 @@ def make_server(config: ServerConfig) -> uvicorn.Server:
 
     config.check()
     check_port(config.host, config.port)
-    register_node(config, None)  # the /pools documents name this server's port (eventing.http.routes_pools)
+    register_node(config, None)  # the /pools documents name this server's port (eventing.http.routes.pools)
     app = build_app(config)
     # No proxy headers: a client cannot claim another address; access logs off (the API shows user data).
     return uvicorn.Server(uvicorn.Config(

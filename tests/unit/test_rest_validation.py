@@ -19,7 +19,7 @@ from eventing.errors import NotFoundError, fix
 from eventing.http.app import build_app
 from eventing.http.auth import ServerConfig
 from eventing.http.routes import ENDPOINTS
-from eventing.http.routes_request import error_body
+from eventing.http.routes.request import error_body
 from eventing.ops import dlq
 from eventing.storage.bucket import LocalBucket
 from eventing.testing import deploy_function

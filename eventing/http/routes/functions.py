@@ -20,7 +20,7 @@ from eventing.core.function_names import plain_name
 from eventing.core.secrets import mask_definition
 from eventing.errors import ConfigError, NotFoundError, fix
 from eventing.http import function_access
-from eventing.http.routes_request import (
+from eventing.http.routes.request import (
     AlreadyInState,
     EndpointRequest,
     _couchbase_call,
@@ -154,7 +154,7 @@ def delete_function(c: EndpointRequest) -> dict[str, Any]:
 
 def _refuse_again(c: EndpointRequest, state: str) -> None:
     """A deploy of a deployed function, or an undeploy of an undeployed one: Couchbase's "already in that
-    state" (eventing.http.routes_request.AlreadyInState), which its tools take as done."""
+    state" (eventing.http.routes.request.AlreadyInState), which its tools take as done."""
     with c.state.metadata as store:
         now = store.get_function(c.name).state.value
     if now == state:

@@ -12,8 +12,8 @@ from starlette.responses import Response
 from eventing.control.nodes import Topology
 from eventing.core.function_names import function_scope, plain_name
 from eventing.errors import ConfigError, NotFoundError
-from eventing.http.routes_functions import list_functions
-from eventing.http.routes_request import EndpointRequest
+from eventing.http.routes.functions import list_functions
+from eventing.http.routes.request import EndpointRequest
 from eventing.ops import stats
 
 

@@ -5,9 +5,9 @@ the rules and the messages are the CLI's. Errors come back as `{"error": message
 400 (bad input), 404 (unknown thing), 409 (illegal state) or 503 (store busy). One table, ENDPOINTS,
 drives the routes, the OpenAPI description and the docs. This module owns that table and the ASGI side:
 each endpoint's route (role checks, errors, 405s), the console page and the static files. The endpoints
-themselves live by job: routes_functions (functions and their lifecycle), routes_couchbase (the
-endpoints only Couchbase has), routes_status (status, stats, metrics), routes_ops (nodes, rebalance,
-dead letters, windows, verify) and routes_collections; routes_request holds what they share.
+themselves live by job: functions (functions and their lifecycle), couchbase (the
+endpoints only Couchbase has), status (status, stats, metrics), ops (nodes, rebalance,
+dead letters, windows, verify) and collections; request holds what they share.
 """
 
 from __future__ import annotations
@@ -29,13 +29,13 @@ from eventing.core.definition import check_function_name
 from eventing.errors import ConfigError, EventingError, InvalidKeyError
 from eventing.http import auth, function_access
 from eventing.http.dataapi.errors import retry_after
-from eventing.http.routes_collections import (
+from eventing.http.routes.collections import (
     create_collection,
     drop_collection,
     list_collections,
     resync_collection,
 )
-from eventing.http.routes_couchbase import (
+from eventing.http.routes.couchbase import (
     app_log,
     deployed_apps,
     get_config,
@@ -44,7 +44,7 @@ from eventing.http.routes_couchbase import (
     running_apps,
     save_config,
 )
-from eventing.http.routes_couchbase_stats import (
+from eventing.http.routes.couchbase_stats import (
     dcp_events_remaining,
     delete_all,
     execution_stats,
@@ -54,7 +54,7 @@ from eventing.http.routes_couchbase_stats import (
     list_functions_query,
     save_deployment_config,
 )
-from eventing.http.routes_functions import (
+from eventing.http.routes.functions import (
     appcode_checksum,
     create_functions,
     delete_function,
@@ -72,7 +72,7 @@ from eventing.http.routes_functions import (
     save_settings,
     undeploy,
 )
-from eventing.http.routes_ops import (
+from eventing.http.routes.ops import (
     add_node,
     dlq_list,
     dlq_purge,
@@ -86,8 +86,8 @@ from eventing.http.routes_ops import (
     verify,
     windows,
 )
-from eventing.http.routes_pools import bucket, buckets, node_services, pools, pools_default
-from eventing.http.routes_request import (
+from eventing.http.routes.pools import bucket, buckets, node_services, pools, pools_default
+from eventing.http.routes.request import (
     FUNCTION_PATH,
     Endpoint,
     EndpointRequest,
@@ -95,9 +95,9 @@ from eventing.http.routes_request import (
     error_body,
     resolve_name,
 )
-from eventing.http.routes_status import all_stats, checkpoints, function_stats, metrics, status, vbmap
+from eventing.http.routes.status import all_stats, checkpoints, function_stats, metrics, status, vbmap
 
-STATIC_DIR = Path(__file__).parent / "static"
+STATIC_DIR = Path(__file__).parent.parent / "static"  # eventing/http/static
 
 
 def openapi(c: EndpointRequest) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from eventing.http.routes_request import EndpointRequest
+from eventing.http.routes.request import EndpointRequest
 
 
 def _node(c: EndpointRequest) -> Any:

@@ -11,7 +11,7 @@ from typing import Any
 
 from eventing.control.nodes import Topology
 from eventing.errors import ConfigError
-from eventing.http.routes_request import FUNCTION_PATH, EndpointRequest
+from eventing.http.routes.request import FUNCTION_PATH, EndpointRequest
 from eventing.ops import dlq
 from eventing.ops import nodes as nodes_ops
 

@@ -3,7 +3,7 @@ latency statistics and its backlog (`/getExecutionStats`, `/getFailureStats`, `/
 `/getDcpEventsRemaining`: `?name=` with `?bucket=&scope=` for a function in a namespace; a function that is
 not deployed is Couchbase's ERR_APP_NOT_DEPLOYED), the filtered names (`/api/v1/list/functions/query`), a
 function's deployment config (`/api/v1/functions/NAME/config`) and the deletion of every undeployed function
-(`DELETE /api/v1/functions`). Their errors carry Couchbase's name and code (routes_request).
+(`DELETE /api/v1/functions`). Their errors carry Couchbase's name and code (routes.request).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from eventing.core.definition import check_function_name
 from eventing.core.keyspaces import Keyspace
 from eventing.errors import ConfigError, LifecycleError, NotFoundError
 from eventing.http.function_access import function_keyspace
-from eventing.http.routes_functions import list_functions, stored_function
-from eventing.http.routes_request import EndpointRequest, _with_warnings, resolve_name
+from eventing.http.routes.functions import list_functions, stored_function
+from eventing.http.routes.request import EndpointRequest, _with_warnings, resolve_name
 from eventing.ops import stats
 
 DEPLOYED = ("deployed", "paused", "pausing", "deploying")

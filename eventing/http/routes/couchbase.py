@@ -16,8 +16,8 @@ from eventing.core.definition import check_function_name
 from eventing.core.function_names import function_scope
 from eventing.errors import ConfigError, NotFoundError
 from eventing.http import function_access
-from eventing.http.routes_functions import list_functions, stored_function
-from eventing.http.routes_request import EndpointRequest, _couchbase_call, resolve_name
+from eventing.http.routes.functions import list_functions, stored_function
+from eventing.http.routes.request import EndpointRequest, _couchbase_call, resolve_name
 from eventing.ops import stats
 
 DEFAULT_LOG_BYTES = 40_960  # like Couchbase's getAppLog: the newest part of the log

@@ -8,7 +8,7 @@ from typing import Any
 
 from starlette.responses import JSONResponse, Response
 
-from eventing.http.routes_request import EndpointRequest
+from eventing.http.routes.request import EndpointRequest
 
 
 def _collection_keyspace(c: EndpointRequest) -> Any:
