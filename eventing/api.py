@@ -70,10 +70,19 @@ class FunctionStats:
     @classmethod
     def of(cls, view: dict[str, Any]) -> FunctionStats:
         return cls(
-            view["function"], view["state"], view["mutations_seen"], view["on_update_success"],
-            view["on_update_failure"], view["on_update_timeout"], view["on_delete_success"],
-            view["on_delete_failure"], view["on_delete_timeout"], dict(view["dlq"]), view["checkpoint_lag"],
-            view["throughput_mps"], view,
+            view["function"],
+            view["state"],
+            view["mutations_seen"],
+            view["on_update_success"],
+            view["on_update_failure"],
+            view["on_update_timeout"],
+            view["on_delete_success"],
+            view["on_delete_failure"],
+            view["on_delete_timeout"],
+            dict(view["dlq"]),
+            view["checkpoint_lag"],
+            view["throughput_mps"],
+            view,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -100,11 +109,17 @@ class VBucketMap:
 
     @classmethod
     def of(cls, view: dict[str, Any]) -> VBucketMap:
-        workers = tuple(WorkerVBuckets(w["worker"], w["vbuckets"], w["ranges"], w["live"]) for w in view["workers"])
+        workers = tuple(
+            WorkerVBuckets(w["worker"], w["vbuckets"], w["ranges"], w["live"]) for w in view["workers"]
+        )
         return cls(view["function"], view["source"], workers)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"function": self.function, "source": self.source, "workers": [vars(w).copy() for w in self.workers]}
+        return {
+            "function": self.function,
+            "source": self.source,
+            "workers": [vars(w).copy() for w in self.workers],
+        }
 
 
 @dataclass(frozen=True)
@@ -127,9 +142,16 @@ class WindowReport:
     @classmethod
     def of(cls, view: dict[str, Any]) -> WindowReport:
         return cls(
-            view["function"], view["window"], tuple(view["group_by"]), tuple(view["aggregates"]),
-            view.get("watermark_ms"), view.get("open_windows", 0), view.get("windows_emitted", 0),
-            view.get("late_rows", 0), tuple(view["results"]), view,
+            view["function"],
+            view["window"],
+            tuple(view["group_by"]),
+            tuple(view["aggregates"]),
+            view.get("watermark_ms"),
+            view.get("open_windows", 0),
+            view.get("windows_emitted", 0),
+            view.get("late_rows", 0),
+            tuple(view["results"]),
+            view,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -189,7 +211,9 @@ class Eventing:
     ):
         if data_dir is not None and store is not None:
             raise ConfigError("give Eventing a data directory or a store, not both")
-        location = store if store is not None else str(data_dir) if data_dir is not None else default_location()
+        location = (
+            store if store is not None else str(data_dir) if data_dir is not None else default_location()
+        )
         self.state = open_state(location)
         if self.state.directory is not None:
             private_folder(self.state.directory)
@@ -238,7 +262,12 @@ class Eventing:
         return open_keyspace(self.state, keyspace)
 
     def create_collection(
-        self, keyspace: str, *, mirror: str | None = None, table: str | None = None, publication: str | None = None,
+        self,
+        keyspace: str,
+        *,
+        mirror: str | None = None,
+        table: str | None = None,
+        publication: str | None = None,
         slot: str | None = None,
     ) -> int:
         """Create the collection `bucket.scope.collection` (`eventing collection create`); returns its id. With
@@ -250,8 +279,11 @@ class Eventing:
 
         if not table:
             raise ConfigError("create_collection(mirror=...) needs table='schema.table'")
-        return int(mirrors.create_mirror(self.state, keyspace, source=mirror, table=table, publication=publication,
-                                         slot=slot)["id"])
+        return int(
+            mirrors.create_mirror(
+                self.state, keyspace, source=mirror, table=table, publication=publication, slot=slot
+            )["id"]
+        )
 
     def mirrors(self) -> list[dict[str, Any]]:
         """Every mirror (no password) with its health: state, lag and the WAL its slot holds back."""
@@ -306,7 +338,9 @@ class Eventing:
                 written += sum(1 for r in target.bucket.write(stored) if r is not None)
             return written
 
-    def load(self, bucket: str, *, documents: int, mutations: int, seed: int = 0, prefix: str = "customer") -> int:
+    def load(
+        self, bucket: str, *, documents: int, mutations: int, seed: int = 0, prefix: str = "customer"
+    ) -> int:
         """Faker-generated customer mutations, deterministic per seed (`eventing bucket load`)."""
         if documents < 1 or mutations < documents:
             raise ConfigError("mutations must be >= documents >= 1 (each document is created once first)")
@@ -342,8 +376,10 @@ class Eventing:
         """Save and deploy a function: a definition file (its handler beside it), or a definition with the
         handler's source (`eventing deploy`)."""
         self.save(definition, handler)
-        name = definition.name if isinstance(definition, FunctionDefinition) else (
-            definition["name"] if isinstance(definition, dict) else _definition_name(definition)
+        name = (
+            definition.name
+            if isinstance(definition, FunctionDefinition)
+            else (definition["name"] if isinstance(definition, dict) else _definition_name(definition))
         )
         return lifecycle.deploy(self.state, name, boundary)
 
@@ -357,7 +393,11 @@ class Eventing:
             return lifecycle.save_from_file(self.state, definition)
         if handler is None:
             raise ConfigError("a definition given as data needs the handler's source code")
-        defn = definition if isinstance(definition, FunctionDefinition) else FunctionDefinition.from_dict(definition)
+        defn = (
+            definition
+            if isinstance(definition, FunctionDefinition)
+            else FunctionDefinition.from_dict(definition)
+        )
         return lifecycle.save_function(self.state, defn, handler)
 
     def pause(self, name: str, *, wait_s: float = 60.0) -> FunctionRecord:
@@ -414,7 +454,9 @@ class Eventing:
         (default local[*])."""
         service = EventingService(
             self.state,
-            make_executor(self.executor, self.ray_address, self.state, worker_processes=self.worker_processes),
+            make_executor(
+                self.executor, self.ray_address, self.state, worker_processes=self.worker_processes
+            ),
             until_caught_up=until_caught_up,
             functions=functions,
             on_progress=on_progress,

@@ -102,6 +102,7 @@ RESERVED_NAMES: dict[str, str] = {
     "base64_decode": "base64_decode()",
 }
 
+
 def _crc64_table() -> list[int]:
     table = []
     for i in range(256):
@@ -126,7 +127,9 @@ def _json_text(value: object) -> str:
     try:
         return json.dumps(value, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"value is not JSON ({exc}); pass dicts, lists, strings, numbers, booleans or None") from None
+        raise ValueError(
+            f"value is not JSON ({exc}); pass dicts, lists, strings, numbers, booleans or None"
+        ) from None
 
 
 def crc64(value: object) -> str:
@@ -166,13 +169,31 @@ def curl(method, binding, request=None):  # noqa: ARG001 - replaced at run time
 
 def create_timer(callback, when, reference=None, context=None) -> str:  # noqa: ARG001 - replaced at run time
     """Fire `callback(context)` at or after `when` (a datetime or epoch seconds); returns the reference."""
-    raise TimerError("create_timer works only inside a deployed handler (on_update, on_delete, a timer callback)")
+    raise TimerError(
+        "create_timer works only inside a deployed handler (on_update, on_delete, a timer callback)"
+    )
 
 
 def cancel_timer(callback, reference) -> bool:  # noqa: ARG001 - replaced at run time
     """Cancel the timer (callback, reference); True if there was one."""
-    raise TimerError("cancel_timer works only inside a deployed handler (on_update, on_delete, a timer callback)")
+    raise TimerError(
+        "cancel_timer works only inside a deployed handler (on_update, on_delete, a timer callback)"
+    )
 
 
-__all__ = ["RESERVED_NAMES", "CurlError", "DeleteOptions", "DeployAction", "Meta", "TimerError", "base64_decode", "base64_encode",
-           "crc64", "crc_64_go_iso", "curl", "cancel_timer", "create_timer", "log"]
+__all__ = [
+    "RESERVED_NAMES",
+    "CurlError",
+    "DeleteOptions",
+    "DeployAction",
+    "Meta",
+    "TimerError",
+    "base64_decode",
+    "base64_encode",
+    "crc64",
+    "crc_64_go_iso",
+    "curl",
+    "cancel_timer",
+    "create_timer",
+    "log",
+]

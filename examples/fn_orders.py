@@ -3,7 +3,9 @@ the order's key (docs/everyday-commands.md, 'Scopes and collections'). An order 
 total; a deleted order loses its total."""
 
 
-def on_update(doc, meta):  # meta.keyspace: {"bucket_name": "shop", "scope_name": "sales", "collection_name": "orders"}
+def on_update(
+    doc, meta
+):  # meta.keyspace: {"bucket_name": "shop", "scope_name": "sales", "collection_name": "orders"}
     if "price" in doc:
         totals[meta.id] = {"total": doc["qty"] * doc["price"], "collection": meta.keyspace["collection_name"]}
 

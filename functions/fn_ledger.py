@@ -8,7 +8,13 @@ import os
 
 def _record(meta, op, rev):
     ledger[f"e|{FUNCTION}|{meta.id}|{meta.seq}"] = {
-        "fn": FUNCTION, "key": meta.id, "seq": meta.seq, "vb": meta.vb, "op": op, "rev": rev}
+        "fn": FUNCTION,
+        "key": meta.id,
+        "seq": meta.seq,
+        "vb": meta.vb,
+        "op": op,
+        "rev": rev,
+    }
     history = ledger.get(f"h|{FUNCTION}|{meta.id}") or {"seqs": []}
     history["seqs"].append(meta.seq)
     ledger[f"h|{FUNCTION}|{meta.id}"] = history
@@ -20,6 +26,7 @@ def _record(meta, op, rev):
 def on_update(doc, meta):
     if SLEEP_MS:
         import time
+
         time.sleep(SLEEP_MS / 1000)
     _record(meta, "update", doc.get("rev"))
 

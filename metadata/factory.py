@@ -114,7 +114,9 @@ def parse_metadata_url(url: str, environ: Mapping[str, str] | None = None) -> Co
     except ValueError:
         timeout_s = -1.0
     if not timeout_s > 0:
-        raise StoreError(f"{METADATA_URL_ENV}={shown}: timeout={raw_timeout!r} is not a positive number of seconds")
+        raise StoreError(
+            f"{METADATA_URL_ENV}={shown}: timeout={raw_timeout!r} is not a positive number of seconds"
+        )
     prefix = query.pop("prefix", None) or DEFAULT_PREFIX
     connection_string = f"{scheme}://{hosts}" + (f"?{urlencode(query)}" if query else "")
     return CouchbaseTarget(connection_string, bucket, username, password, timeout_s, prefix)
@@ -127,6 +129,7 @@ def _redacted(url: str) -> str:
     if parts.password is not None:
         netloc = netloc.replace(f":{parts.password}@", ":***@", 1)
     query = "&".join(
-        f"{k}=***" if k == "password" else f"{k}={v}" for k, v in parse_qsl(parts.query, keep_blank_values=True)
+        f"{k}=***" if k == "password" else f"{k}={v}"
+        for k, v in parse_qsl(parts.query, keep_blank_values=True)
     )
     return parts._replace(netloc=netloc, query=query).geturl()

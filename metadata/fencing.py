@@ -18,7 +18,9 @@ def holds(stored: int | None, claimed: int | None) -> bool:
     return stored is not None and claimed is not None and stored == claimed
 
 
-def fenced_vbuckets(vbuckets: Iterable[int], stored: Mapping[int, int], claimed: Mapping[int, int]) -> set[int]:
+def fenced_vbuckets(
+    vbuckets: Iterable[int], stored: Mapping[int, int], claimed: Mapping[int, int]
+) -> set[int]:
     """The vBuckets among `vbuckets` whose writes are rejected: the writer's epoch (`claimed`) is not the
     stored one (`stored`; a vBucket missing from it has no checkpoint)."""
     return {vb for vb in vbuckets if not holds(stored.get(vb), claimed.get(vb))}

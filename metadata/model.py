@@ -111,7 +111,8 @@ def check_rewind_allowed(name: str, state: FunctionState) -> None:
     if state is not FunctionState.PAUSED:
         raise LifecycleError(
             f"cannot rewind function '{name}': it is {state.value}; only a paused function can be rewound "
-            "({fix} first)", fix=fix("pause", function=name)
+            "({fix} first)",
+            fix=fix("pause", function=name),
         )
 
 
@@ -129,11 +130,15 @@ def plan_rewind(
     """
     unknown = sorted(set(targets) - set(current))
     if unknown:
-        raise ConfigError(f"function '{name}' has no checkpoint for vBuckets {unknown[:5]}; vBuckets are 0..1023")
+        raise ConfigError(
+            f"function '{name}' has no checkpoint for vBuckets {unknown[:5]}; vBuckets are 0..1023"
+        )
     moves: dict[int, tuple[int, int]] = {}
     for vb, target in sorted(targets.items()):
         if target < 0:
-            raise ConfigError(f"cannot rewind vBucket {vb} of function '{name}' to seqno {target}; seqnos start at 0")
+            raise ConfigError(
+                f"cannot rewind vBucket {vb} of function '{name}' to seqno {target}; seqnos start at 0"
+            )
         seqno, _epoch, start = current[vb]
         if target >= seqno:
             continue

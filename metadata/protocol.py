@@ -46,7 +46,12 @@ class WorkerMetadata(Protocol):
 
     def get_function(self, name: str) -> FunctionRecord: ...
     def claim(
-        self, function: str, vbuckets: Iterable[int], owner: str, *, min_epochs: Mapping[int, int] | None = None
+        self,
+        function: str,
+        vbuckets: Iterable[int],
+        owner: str,
+        *,
+        min_epochs: Mapping[int, int] | None = None,
     ) -> dict[int, Checkpoint]: ...
     def commit(
         self,
@@ -86,6 +91,7 @@ class WorkerMetadata(Protocol):
         """One more death on the mutation (vb, seqno) (a timer's: TIMER_VB_BASE + vb, fire_seq); returns its
         deaths so far in this deployment."""
         ...
+
     def deaths(self, function: str) -> dict[tuple[int, int], int]: ...
     def close(self) -> None: ...
 
@@ -129,6 +135,7 @@ class MetadataStore(WorkerMetadata, Protocol):
         effect marks in the binding buckets is the caller's part (eventing.ops.rewind).
         """
         ...
+
     def checkpoint_rewinds(self, function: str, *, min_epoch: int = 0) -> list[dict]: ...
 
     # durable timers (partitioned by the vBucket of their reference, fenced by its epoch; claimed and read:
@@ -180,6 +187,7 @@ class MetadataStore(WorkerMetadata, Protocol):
         """A consistent copy of the store in the file `target`, safe while other processes use the store
         (SQLite's online backup); a backend backed up by its own tools raises StoreError naming them."""
         ...
+
     def window_states(self) -> WindowStateStore: ...
 
     def __enter__(self) -> MetadataStore: ...

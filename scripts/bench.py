@@ -123,33 +123,68 @@ def bucket_contents(bucket: LocalBucket) -> dict[str, dict | None]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workload", choices=("trivial", "writing"), default="trivial",
-                        help="trivial: W1, a dict-only handler (default); writing: W3, fn_email writing one document a mutation")
-    parser.add_argument("--mutations", type=int, default=None, help="default: 1,000,000 (trivial), 300,000 (writing)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--workload",
+        choices=("trivial", "writing"),
+        default="trivial",
+        help="trivial: W1, a dict-only handler (default); writing: W3, fn_email writing one document a mutation",
+    )
+    parser.add_argument(
+        "--mutations", type=int, default=None, help="default: 1,000,000 (trivial), 300,000 (writing)"
+    )
     parser.add_argument("--documents", type=int, default=50_000)
     parser.add_argument("--workers", type=int, default=4)
-    parser.add_argument("--partitions", type=int, default=None,
-                        help="partitions of the writing workload's output bucket, for both loops (default: --workers)")
+    parser.add_argument(
+        "--partitions",
+        type=int,
+        default=None,
+        help="partitions of the writing workload's output bucket, for both loops (default: --workers)",
+    )
     parser.add_argument("--batch-size", type=int, default=2000)
-    parser.add_argument("--data-dir", default=None, help="default: a fresh temporary directory, removed at the end")
-    parser.add_argument("--filter-ratio", type=float, default=None,
-                        help="W1 with and without a filter passing this fraction of the updates (e.g. 0.1)")
-    parser.add_argument("--batch", action="store_true",
-                        help="W1 with an on_batch handler against the per-call one, in the same run (JSON: batch_vs_per_call)")
-    parser.add_argument("--isolation", choices=("none", "sandbox", "both"), default="none",
-                        help="the function's isolation; both: each run times eventing unsandboxed, then sandboxed")
-    parser.add_argument("--runs", type=int, default=1,
-                        help="time the plain loop and eventing this many times, alternating (default 1)")
-    parser.add_argument("--store", default=None, metavar="postgresql[://...]",
-                        help="W1 also on this PostgreSQL store in the same run: a URL, or `postgresql` for a "
-                             "throwaway server started for the run (fsync on)")
+    parser.add_argument(
+        "--data-dir", default=None, help="default: a fresh temporary directory, removed at the end"
+    )
+    parser.add_argument(
+        "--filter-ratio",
+        type=float,
+        default=None,
+        help="W1 with and without a filter passing this fraction of the updates (e.g. 0.1)",
+    )
+    parser.add_argument(
+        "--batch",
+        action="store_true",
+        help="W1 with an on_batch handler against the per-call one, in the same run (JSON: batch_vs_per_call)",
+    )
+    parser.add_argument(
+        "--isolation",
+        choices=("none", "sandbox", "both"),
+        default="none",
+        help="the function's isolation; both: each run times eventing unsandboxed, then sandboxed",
+    )
+    parser.add_argument(
+        "--runs",
+        type=int,
+        default=1,
+        help="time the plain loop and eventing this many times, alternating (default 1)",
+    )
+    parser.add_argument(
+        "--store",
+        default=None,
+        metavar="postgresql[://...]",
+        help="W1 also on this PostgreSQL store in the same run: a URL, or `postgresql` for a "
+        "throwaway server started for the run (fsync on)",
+    )
     args = parser.parse_args(argv)
     if args.store is not None:
         from eventing.testing.bench_store import check_option
 
         why = check_option(args.store)
-        if why is None and (args.workload != "trivial" or args.filter_ratio is not None or args.isolation != "none"):
+        if why is None and (
+            args.workload != "trivial" or args.filter_ratio is not None or args.isolation != "none"
+        ):
             why = "--store times W1 only (no --workload writing, --filter-ratio or --isolation)"
         if why:
             parser.error(why)
@@ -181,13 +216,20 @@ def measure(args: argparse.Namespace, handler: str, writing: bool, temps: contex
     t0 = time.perf_counter()
     bucket = load_bench_bucket(data_dir, "bench", args.documents, args.mutations)
     load_s = time.perf_counter() - t0
-    print(f"load: {args.mutations:,} mutations over {args.documents:,} documents in {load_s:.1f}s "
-          f"({args.mutations / load_s:,.0f}/s)" + (f"; output bucket of {args.partitions} partitions" if writing else ""))
+    print(
+        f"load: {args.mutations:,} mutations over {args.documents:,} documents in {load_s:.1f}s "
+        f"({args.mutations / load_s:,.0f}/s)"
+        + (f"; output bucket of {args.partitions} partitions" if writing else "")
+    )
 
     runs: list[dict] = []
     for run in range(1, args.runs + 1):
         label = f"run {run}/{args.runs}: " if args.runs > 1 else ""
-        plain_out = create_bucket(temp_dir("eventing-bench-plain-"), "emails", partitions=args.partitions) if writing else None
+        plain_out = (
+            create_bucket(temp_dir("eventing-bench-plain-"), "emails", partitions=args.partitions)
+            if writing
+            else None
+        )
         n_plain, plain_s = plain_loop(bucket, handler, plain_out)
         plain_mps = n_plain / plain_s
         print(f"{label}plain loop: {n_plain:,} mutations in {plain_s:.2f}s = {plain_mps:,.0f} mutations/s")
@@ -197,16 +239,20 @@ def measure(args: argparse.Namespace, handler: str, writing: bool, temps: contex
             t1 = time.perf_counter()
             executor = RayExecutor()
             print(f"  ray.init {time.perf_counter() - t1:.1f}s")
-            figures = eventing_run(data_dir, executor, args, handler, run, n_plain, plain_out, isolation=isolation)
+            figures = eventing_run(
+                data_dir, executor, args, handler, run, n_plain, plain_out, isolation=isolation
+            )
             # Each run starts and ends a Ray instance of its own, as a single run does, so every plain loop
             # runs with no Ray on the machine.
             ray.shutdown()
             if figures is None:
                 return 1
             eventing_mps = figures["eventing_mps"]
-            print(f"{label}eventing ({args.workers} Ray workers, isolation {isolation}): {figures['handled']:,} "
-                  f"mutations in {figures['run_s']:.2f}s = {eventing_mps:,.0f} mutations/s once workers were up "
-                  f"(workers up in {figures['up_s']:.1f}s)")
+            print(
+                f"{label}eventing ({args.workers} Ray workers, isolation {isolation}): {figures['handled']:,} "
+                f"mutations in {figures['run_s']:.2f}s = {eventing_mps:,.0f} mutations/s once workers were up "
+                f"(workers up in {figures['up_s']:.1f}s)"
+            )
             ratio = eventing_mps / plain_mps
             print(f"{label}ratio eventing/plain ({isolation}): {ratio:.2f}")
             prefix = "sandbox_" if isolation == "sandbox" and len(isolations) > 1 else ""
@@ -220,15 +266,30 @@ def measure(args: argparse.Namespace, handler: str, writing: bool, temps: contex
     if args.runs > 1:
         ratios = ", ".join(f"{r['ratio']:.2f}" for r in runs)
         print(f"ratios: {ratios}; median {summary['ratio']:.2f}")
-    print(json.dumps({
-        "workload": args.workload, "plain_mps": round(summary["plain_mps"]), "eventing_mps": round(summary["eventing_mps"]),
-        "ratio": round(summary["ratio"], 3), "isolation": args.isolation,
-        **({"sandbox_eventing_mps": round(summary["sandbox_eventing_mps"]),
-            "sandbox_cost_median": statistics.median(r["sandbox_cost"] for r in runs)}
-           if args.isolation == "both" else {}),
-        "load_mps": round(args.mutations / load_s), "mutations": args.mutations,
-        "workers": args.workers, **({"partitions": args.partitions} if writing else {}), **({"runs": runs} if args.runs > 1 else {}),
-    }))
+    print(
+        json.dumps(
+            {
+                "workload": args.workload,
+                "plain_mps": round(summary["plain_mps"]),
+                "eventing_mps": round(summary["eventing_mps"]),
+                "ratio": round(summary["ratio"], 3),
+                "isolation": args.isolation,
+                **(
+                    {
+                        "sandbox_eventing_mps": round(summary["sandbox_eventing_mps"]),
+                        "sandbox_cost_median": statistics.median(r["sandbox_cost"] for r in runs),
+                    }
+                    if args.isolation == "both"
+                    else {}
+                ),
+                "load_mps": round(args.mutations / load_s),
+                "mutations": args.mutations,
+                "workers": args.workers,
+                **({"partitions": args.partitions} if writing else {}),
+                **({"runs": runs} if args.runs > 1 else {}),
+            }
+        )
+    )
     return 0
 
 
@@ -249,8 +310,10 @@ def measure_store(args: argparse.Namespace, handler: str, data_dir: str, store) 
     # now so that it does not land in a timed run.
     state.db.run(lambda conn: conn.execute("VACUUM (ANALYZE)"))  # type: ignore[attr-defined]
     state.close()
-    print(f"load: {args.mutations:,} mutations over {args.documents:,} documents: data directory {load_s:.1f}s "
-          f"({args.mutations / load_s:,.0f}/s), store {store_load_s:.1f}s ({args.mutations / store_load_s:,.0f}/s)")
+    print(
+        f"load: {args.mutations:,} mutations over {args.documents:,} documents: data directory {load_s:.1f}s "
+        f"({args.mutations / load_s:,.0f}/s), store {store_load_s:.1f}s ({args.mutations / store_load_s:,.0f}/s)"
+    )
     runs: list[dict] = []
     for run in range(1, args.runs + 1):
         label = f"run {run}/{args.runs}: " if args.runs > 1 else ""
@@ -276,26 +339,44 @@ def measure_store(args: argparse.Namespace, handler: str, data_dir: str, store) 
             if kind == "store" and store.server is not None:
                 row["store_server_us"] = round(server_s / figures["handled"] * 1e6, 2)
                 extra = f"; the server's CPU {server_s:.1f}s ({row['store_server_us']} us a mutation)"
-            print(f"{label}eventing on {'the data directory' if kind == 'sqlite' else 'the store'} ({args.workers} "
-                  f"Ray workers): {figures['handled']:,} mutations in {figures['run_s']:.2f}s = {mps:,.0f} mutations/s "
-                  f"once workers were up (workers up in {figures['up_s']:.1f}s){extra}")
+            print(
+                f"{label}eventing on {'the data directory' if kind == 'sqlite' else 'the store'} ({args.workers} "
+                f"Ray workers): {figures['handled']:,} mutations in {figures['run_s']:.2f}s = {mps:,.0f} mutations/s "
+                f"once workers were up (workers up in {figures['up_s']:.1f}s){extra}"
+            )
         row["store_vs_sqlite"] = round(row["store_mps"] / row["eventing_mps"], 3)
-        print(f"{label}ratio eventing/plain: data directory {row['ratio']:.2f}, store {row['store_ratio']:.2f}; "
-              f"store/data directory {row['store_vs_sqlite']:.2f}")
+        print(
+            f"{label}ratio eventing/plain: data directory {row['ratio']:.2f}, store {row['store_ratio']:.2f}; "
+            f"store/data directory {row['store_vs_sqlite']:.2f}"
+        )
         runs.append(row)
     summary = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
     if args.runs > 1:
-        print("store/data directory: " + ", ".join(f"{r['store_vs_sqlite']:.2f}" for r in runs)
-              + f"; median {summary['store_vs_sqlite']:.2f}")
-    print(json.dumps({
-        "workload": args.workload, "plain_mps": round(summary["plain_mps"]), "eventing_mps": round(summary["eventing_mps"]),
-        "ratio": round(summary["ratio"], 3), "store_mps": round(summary["store_mps"]),
-        "store_ratio": round(summary["store_ratio"], 3), "store_vs_sqlite": round(summary["store_vs_sqlite"], 3),
-        **({"store_server_us": summary["store_server_us"]} if "store_server_us" in summary else {}),
-        "store": "throwaway" if store.server is not None else "url",
-        "load_mps": round(args.mutations / load_s), "store_load_mps": round(args.mutations / store_load_s),
-        "mutations": args.mutations, "workers": args.workers, **({"runs": runs} if args.runs > 1 else {}),
-    }))
+        print(
+            "store/data directory: "
+            + ", ".join(f"{r['store_vs_sqlite']:.2f}" for r in runs)
+            + f"; median {summary['store_vs_sqlite']:.2f}"
+        )
+    print(
+        json.dumps(
+            {
+                "workload": args.workload,
+                "plain_mps": round(summary["plain_mps"]),
+                "eventing_mps": round(summary["eventing_mps"]),
+                "ratio": round(summary["ratio"], 3),
+                "store_mps": round(summary["store_mps"]),
+                "store_ratio": round(summary["store_ratio"], 3),
+                "store_vs_sqlite": round(summary["store_vs_sqlite"], 3),
+                **({"store_server_us": summary["store_server_us"]} if "store_server_us" in summary else {}),
+                "store": "throwaway" if store.server is not None else "url",
+                "load_mps": round(args.mutations / load_s),
+                "store_load_mps": round(args.mutations / store_load_s),
+                "mutations": args.mutations,
+                "workers": args.workers,
+                **({"runs": runs} if args.runs > 1 else {}),
+            }
+        )
+    )
     return 0
 
 
@@ -334,30 +415,49 @@ def measure_filter(args: argparse.Namespace, handler: str, data_dir: str) -> int
     t0 = time.perf_counter()
     _, passing = load_segmented(data_dir, args.documents, args.mutations, args.filter_ratio)
     load_s = time.perf_counter() - t0
-    print(f"load: {args.mutations:,} mutations over {args.documents:,} documents in {load_s:.1f}s; "
-          f"filter {json.dumps(FILTER)} passes {passing:,} ({passing / args.mutations:.1%})")
+    print(
+        f"load: {args.mutations:,} mutations over {args.documents:,} documents in {load_s:.1f}s; "
+        f"filter {json.dumps(FILTER)} passes {passing:,} ({passing / args.mutations:.1%})"
+    )
     runs: list[dict] = []
     for run in range(1, args.runs + 1):
         label = f"run {run}/{args.runs}: " if args.runs > 1 else ""
         figures = {}
         for kind, flt in (("unfiltered", None), ("filtered", FILTER)):
             executor = RayExecutor()
-            got = eventing_run(data_dir, executor, args, handler, run, args.mutations, None, flt=flt,
-                               name=f"fn_{kind}_{run}")
+            got = eventing_run(
+                data_dir, executor, args, handler, run, args.mutations, None, flt=flt, name=f"fn_{kind}_{run}"
+            )
             ray.shutdown()
             if got is None:
                 return 1
             figures[kind] = got["eventing_mps"]
-            print(f"{label}{kind}: {got['handled']:,} mutations in {got['run_s']:.2f}s = "
-                  f"{got['eventing_mps']:,.0f} mutations/s (workers up in {got['up_s']:.1f}s)")
+            print(
+                f"{label}{kind}: {got['handled']:,} mutations in {got['run_s']:.2f}s = "
+                f"{got['eventing_mps']:,.0f} mutations/s (workers up in {got['up_s']:.1f}s)"
+            )
         ratio = figures["filtered"] / figures["unfiltered"]
         print(f"{label}ratio filtered/unfiltered: {ratio:.2f}")
-        runs.append({"unfiltered_mps": round(figures["unfiltered"]), "filtered_mps": round(figures["filtered"]),
-                     "ratio": round(ratio, 3)})
-    print(json.dumps({
-        "workload": "trivial", "filter_ratio": args.filter_ratio, "passing": passing, "mutations": args.mutations,
-        "workers": args.workers, "ratio": statistics.median(r["ratio"] for r in runs), "runs": runs,
-    }))
+        runs.append(
+            {
+                "unfiltered_mps": round(figures["unfiltered"]),
+                "filtered_mps": round(figures["filtered"]),
+                "ratio": round(ratio, 3),
+            }
+        )
+    print(
+        json.dumps(
+            {
+                "workload": "trivial",
+                "filter_ratio": args.filter_ratio,
+                "passing": passing,
+                "mutations": args.mutations,
+                "workers": args.workers,
+                "ratio": statistics.median(r["ratio"] for r in runs),
+                "runs": runs,
+            }
+        )
+    )
     return 0
 
 
@@ -365,36 +465,65 @@ def measure_batch(args: argparse.Namespace, data_dir: str) -> int:
     """W1 per call and W1 as one on_batch call a batch, alternating on the same loaded bucket."""
     t0 = time.perf_counter()
     load_bench_bucket(data_dir, "bench", args.documents, args.mutations)
-    print(f"load: {args.mutations:,} mutations over {args.documents:,} documents in {time.perf_counter() - t0:.1f}s")
+    print(
+        f"load: {args.mutations:,} mutations over {args.documents:,} documents in {time.perf_counter() - t0:.1f}s"
+    )
     runs: list[dict] = []
     for run in range(1, args.runs + 1):
         label = f"run {run}/{args.runs}: " if args.runs > 1 else ""
         figures = {}
         for kind, handler in (("per_call", TRIVIAL_HANDLER), ("batch", TRIVIAL_BATCH_HANDLER)):
             executor = RayExecutor()
-            got = eventing_run(data_dir, executor, args, handler, run, args.mutations, None, name=f"fn_{kind}_{run}")
+            got = eventing_run(
+                data_dir, executor, args, handler, run, args.mutations, None, name=f"fn_{kind}_{run}"
+            )
             ray.shutdown()
             if got is None:
                 return 1
             figures[kind] = got["eventing_mps"]
-            print(f"{label}{kind}: {got['handled']:,} mutations in {got['run_s']:.2f}s = "
-                  f"{got['eventing_mps']:,.0f} mutations/s (workers up in {got['up_s']:.1f}s)")
+            print(
+                f"{label}{kind}: {got['handled']:,} mutations in {got['run_s']:.2f}s = "
+                f"{got['eventing_mps']:,.0f} mutations/s (workers up in {got['up_s']:.1f}s)"
+            )
         ratio = figures["batch"] / figures["per_call"]
         print(f"{label}ratio batch/per call: {ratio:.2f}")
-        runs.append({"per_call_mps": round(figures["per_call"]), "batch_mps": round(figures["batch"]),
-                     "ratio": round(ratio, 3)})
-    print(json.dumps({
-        "workload": "trivial", "batch": True, "mutations": args.mutations, "workers": args.workers,
-        "batch_size": args.batch_size, "per_call_mps": statistics.median(r["per_call_mps"] for r in runs),
-        "batch_mps": statistics.median(r["batch_mps"] for r in runs),
-        "batch_vs_per_call": statistics.median(r["ratio"] for r in runs), "runs": runs,
-    }))
+        runs.append(
+            {
+                "per_call_mps": round(figures["per_call"]),
+                "batch_mps": round(figures["batch"]),
+                "ratio": round(ratio, 3),
+            }
+        )
+    print(
+        json.dumps(
+            {
+                "workload": "trivial",
+                "batch": True,
+                "mutations": args.mutations,
+                "workers": args.workers,
+                "batch_size": args.batch_size,
+                "per_call_mps": statistics.median(r["per_call_mps"] for r in runs),
+                "batch_mps": statistics.median(r["batch_mps"] for r in runs),
+                "batch_vs_per_call": statistics.median(r["ratio"] for r in runs),
+                "runs": runs,
+            }
+        )
+    )
     return 0
 
 
 def eventing_run(
-    data_dir: str, executor: RayExecutor, args: argparse.Namespace, handler: str, run: int, expected: int,
-    plain_out: LocalBucket | None, *, isolation: str = "none", flt: dict | None = None, name: str | None = None,
+    data_dir: str,
+    executor: RayExecutor,
+    args: argparse.Namespace,
+    handler: str,
+    run: int,
+    expected: int,
+    plain_out: LocalBucket | None,
+    *,
+    isolation: str = "none",
+    flt: dict | None = None,
+    name: str | None = None,
 ) -> dict | None:
     """`eventing run --until-caught-up` of a freshly deployed function (and, writing, a fresh output bucket)
     over the loaded bucket; None (with one line on stderr) when it did not do what the plain loop did."""
@@ -404,12 +533,20 @@ def eventing_run(
         name, out_name = f"{name}_{isolation}", f"{out_name}_{isolation}"
     if plain_out is not None:
         create_bucket(data_dir, out_name, partitions=args.partitions)
-    defn = FunctionDefinition.from_dict({
-        "name": name, "source_bucket": "bench", "worker_count": args.workers,
-        "batch_size": args.batch_size, "checkpoint_interval": "1s", "isolation": isolation,
-        "bindings": [{"alias": "dst", "bucket": out_name, "access": "rw"}] if plain_out is not None else [],
-        **({"filter": flt} if flt is not None else {}),
-    })
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": name,
+            "source_bucket": "bench",
+            "worker_count": args.workers,
+            "batch_size": args.batch_size,
+            "checkpoint_interval": "1s",
+            "isolation": isolation,
+            "bindings": [{"alias": "dst", "bucket": out_name, "access": "rw"}]
+            if plain_out is not None
+            else [],
+            **({"filter": flt} if flt is not None else {}),
+        }
+    )
     lifecycle.save_function(data_dir, defn, handler)
     lifecycle.deploy(data_dir, name)
     marks: dict[str, float] = {}
@@ -420,7 +557,9 @@ def eventing_run(
             marks["ready"] = time.perf_counter()
             marks["handled_at_ready"] = sup.handled
 
-    service = EventingService(data_dir, executor, until_caught_up=True, functions=[name], on_progress=on_progress)
+    service = EventingService(
+        data_dir, executor, until_caught_up=True, functions=[name], on_progress=on_progress
+    )
     start_run = time.perf_counter()
     summary = service.run()
     end = time.perf_counter()
@@ -428,7 +567,9 @@ def eventing_run(
     if handled != expected:
         print(f"error: eventing handled {handled} mutations, plain loop {expected}", file=sys.stderr)
         return None
-    if plain_out is not None and bucket_contents(plain_out) != bucket_contents(open_bucket(data_dir, out_name)):
+    if plain_out is not None and bucket_contents(plain_out) != bucket_contents(
+        open_bucket(data_dir, out_name)
+    ):
         print("error: eventing and the plain loop left different emails buckets", file=sys.stderr)
         return None
     # Processing time: from every worker actor up and owning its vBuckets to the final checkpoint.
@@ -436,7 +577,9 @@ def eventing_run(
     ready = marks.get("ready", start_run)
     run_s = end - ready
     return {
-        "handled": handled, "run_s": run_s, "up_s": ready - start_run,
+        "handled": handled,
+        "run_s": run_s,
+        "up_s": ready - start_run,
         "eventing_mps": (handled - marks.get("handled_at_ready", 0)) / run_s,
     }
 

@@ -36,12 +36,12 @@ from eventing.workers.executor import RayExecutor, init_ray  # noqa: E402
 HANDLER = TRIVIAL_HANDLER
 
 IO_WORKERS = (4, 16)
-IO_HANDLER = '''
+IO_HANDLER = """
 import time
 
 def on_update(doc, meta):
     time.sleep(0.001)
-'''
+"""
 
 
 def _sleeper(count: int) -> None:
@@ -74,7 +74,9 @@ def timed_run(data_dir: str, executor, function: str) -> tuple[int, float]:
             marks["ready"] = time.perf_counter()
             marks["handled"] = sup.handled
 
-    service = EventingService(data_dir, executor, until_caught_up=True, functions=[function], on_progress=on_progress)
+    service = EventingService(
+        data_dir, executor, until_caught_up=True, functions=[function], on_progress=on_progress
+    )
     start = time.perf_counter()
     summary = service.run()
     end = time.perf_counter()
@@ -85,10 +87,15 @@ def timed_run(data_dir: str, executor, function: str) -> tuple[int, float]:
 
 
 def deploy(data_dir: str, name: str, source: str, handler: str, workers: int, batch_size: int) -> None:
-    defn = FunctionDefinition.from_dict({
-        "name": name, "source_bucket": source, "worker_count": workers, "batch_size": batch_size,
-        "checkpoint_interval": "1s",
-    })
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": name,
+            "source_bucket": source,
+            "worker_count": workers,
+            "batch_size": batch_size,
+            "checkpoint_interval": "1s",
+        }
+    )
     lifecycle.save_function(data_dir, defn, handler)
     lifecycle.deploy(data_dir, name)
 
@@ -110,17 +117,26 @@ def place(data_dir: str, nodes: dict[str, str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--mutations", type=int, default=1_000_000)
     parser.add_argument("--documents", type=int, default=50_000)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=2000)
     parser.add_argument("--skip-io", action="store_true", help="only the bench.py workload")
-    parser.add_argument("--io-seconds", type=float, default=5.0,
-                        help="ideal seconds of each I/O-bound run (mutations = workers x 1,000 x this)")
+    parser.add_argument(
+        "--io-seconds",
+        type=float,
+        default=5.0,
+        help="ideal seconds of each I/O-bound run (mutations = workers x 1,000 x this)",
+    )
     args = parser.parse_args(argv)
     if not LocalRayCluster.can_hide():
-        print("error: a node hidden from the data directory needs root and `unshare`; run as root", file=sys.stderr)
+        print(
+            "error: a node hidden from the data directory needs root and `unshare`; run as root",
+            file=sys.stderr,
+        )
         return 2
 
     root = tempfile.mkdtemp(prefix="eventing-bench-cluster-")
@@ -132,7 +148,9 @@ def main(argv: list[str] | None = None) -> int:
         count = int(total * 1000 * args.io_seconds)
         for chunk in chunked(loadgen.generate(2_000, count, seed=8, delete_ratio=0.0), 50_000):
             io_bucket.write(chunk)
-    print(f"loaded {args.mutations:,} mutations, and {args.io_seconds:.0f} ideal seconds for each I/O-bound run")
+    print(
+        f"loaded {args.mutations:,} mutations, and {args.io_seconds:.0f} ideal seconds for each I/O-bound run"
+    )
     figures: dict[str, object] = {"mutations": args.mutations, "workers": args.workers}
 
     # (a) embedded: a local Ray instance, workers open the files.
@@ -157,8 +175,10 @@ def main(argv: list[str] | None = None) -> int:
         executor = RayExecutor(cluster.address)
         n, seconds = timed_run(data_dir, executor, "fn_cluster")
         remote = n / seconds
-        print(f"(b) cluster, {args.workers} workers on the hidden node: {n:,} mutations in {seconds:.2f}s = "
-              f"{remote:,.0f}/s")
+        print(
+            f"(b) cluster, {args.workers} workers on the hidden node: {n:,} mutations in {seconds:.2f}s = "
+            f"{remote:,.0f}/s"
+        )
         ratio = remote / embedded
         print(f"ratio cluster/embedded: {ratio:.2f}")
         figures.update(embedded_mps=round(embedded), cluster_mps=round(remote), ratio=round(ratio, 3))
@@ -171,9 +191,11 @@ def main(argv: list[str] | None = None) -> int:
             n, seconds = timed_run(data_dir, executor, name)
             rate, ideal = n / seconds, total * 1000.0
             plain = plain_sleepers(total, n)
-            print(f"I/O-bound, {total} workers over 2 nodes: {n:,} mutations in {seconds:.2f}s = {rate:,.0f}/s "
-                  f"({rate / ideal:.2f} of the ideal {ideal:,.0f}/s; {total} plain processes sleeping 1 ms "
-                  f"do {plain:,.0f}/s here now, eventing/plain {rate / plain:.2f})")
+            print(
+                f"I/O-bound, {total} workers over 2 nodes: {n:,} mutations in {seconds:.2f}s = {rate:,.0f}/s "
+                f"({rate / ideal:.2f} of the ideal {ideal:,.0f}/s; {total} plain processes sleeping 1 ms "
+                f"do {plain:,.0f}/s here now, eventing/plain {rate / plain:.2f})"
+            )
             figures[f"io_{total}_mps"] = round(rate)
             figures[f"io_{total}_of_ideal"] = round(rate / ideal, 3)
             figures[f"io_{total}_plain_mps"] = round(plain)

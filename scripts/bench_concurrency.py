@@ -50,7 +50,7 @@ from eventing.storage.factory import create_bucket, open_bucket  # noqa: E402
 from eventing.testing import check_ledger, load_source  # noqa: E402
 from eventing.workers.executor import RayExecutor  # noqa: E402
 
-HANDLER = '''
+HANDLER = """
 def on_update(doc, meta):
     r = curl("GET", api, {"path": "/doc", "params": {"id": meta.id, "seq": meta.seq}})
     if r.status != 200:
@@ -59,10 +59,10 @@ def on_update(doc, meta):
     history = ledger.get(f"h|{FUNCTION}|{meta.id}") or {"seqs": []}
     history["seqs"].append(meta.seq)
     ledger[f"h|{FUNCTION}|{meta.id}"] = history
-'''
+"""
 
 # The same handler in JavaScript (--language javascript), as a Couchbase Eventing function would write it.
-HANDLER_JS = '''
+HANDLER_JS = """
 function OnUpdate(doc, meta) {
     var r = curl("GET", api, {path: "/doc", params: {id: meta.id, seq: meta.seq}});
     if (r.status !== 200) {
@@ -73,12 +73,12 @@ function OnUpdate(doc, meta) {
     history.seqs.push(meta.seq);
     ledger["h|" + FUNCTION + "|" + meta.id] = history;
 }
-'''
+"""
 
 # The HTTP service: answers each request --call-ms after it arrived; keeps a connection open unless asked to
 # close. A bare asyncio protocol, so that its own CPU per request stays small (a service elsewhere would cost
 # this machine nothing).
-SERVER = r'''
+SERVER = r"""
 import asyncio, selectors, sys
 
 DELAY = float(sys.argv[2]) / 1000
@@ -133,7 +133,7 @@ async def main():
 
 # select(), unlike epoll, sleeps to the microsecond: epoll rounds each wait up to the next millisecond.
 asyncio.SelectorEventLoop(selectors.SelectSelector()).run_until_complete(main())
-'''
+"""
 
 
 def free_port() -> int:
@@ -151,12 +151,16 @@ def compile_service(into: str) -> str | None:
     source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_service.c")
     built = subprocess.run([compiler, "-O2", "-o", binary, source], capture_output=True, text=True)
     if built.returncode != 0:
-        print(f"note: could not build bench_service.c ({built.stderr.strip()[:200]}); using the asyncio service")
+        print(
+            f"note: could not build bench_service.c ({built.stderr.strip()[:200]}); using the asyncio service"
+        )
         return None
     return binary
 
 
-def start_server(call_ms: float, kind: str, processes: int, workdir: str) -> tuple[list[subprocess.Popen], str, str]:
+def start_server(
+    call_ms: float, kind: str, processes: int, workdir: str
+) -> tuple[list[subprocess.Popen], str, str]:
     """The HTTP service: the C one (kind "c", one process), or `processes` asyncio ones on one port
     (SO_REUSEPORT: the kernel spreads the connections). Returns the processes, the URL and the kind run."""
     binary = compile_service(workdir) if kind == "c" else None
@@ -165,7 +169,11 @@ def start_server(call_ms: float, kind: str, processes: int, workdir: str) -> tup
     port = free_port()
     procs = []
     for _ in range(1 if binary else processes):
-        command = [binary, str(port), str(call_ms)] if binary else [sys.executable, "-c", SERVER, str(port), str(call_ms)]
+        command = (
+            [binary, str(port), str(call_ms)]
+            if binary
+            else [sys.executable, "-c", SERVER, str(port), str(call_ms)]
+        )
         proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
         procs.append(proc)
         assert proc.stdout is not None
@@ -199,23 +207,41 @@ def order_violations(ledger, name: str, expected: dict[str, list[int]]) -> int:
     violations = 0
     for key, seqnos in expected.items():
         got = (ledger.get(f"h|{name}|{key}") or {"seqs": []})["seqs"]
-        violations += sum(1 for a, b in zip(got, seqnos, strict=False) if a != b) + abs(len(got) - len(seqnos))
+        violations += sum(1 for a, b in zip(got, seqnos, strict=False) if a != b) + abs(
+            len(got) - len(seqnos)
+        )
     return violations
 
 
-def one_run(data_dir: str, source, args: argparse.Namespace, url: str, concurrency: int, mutations: int,
-            run: int, expected: dict[str, list[int]], server_pids: list[int]) -> dict:
+def one_run(
+    data_dir: str,
+    source,
+    args: argparse.Namespace,
+    url: str,
+    concurrency: int,
+    mutations: int,
+    run: int,
+    expected: dict[str, list[int]],
+    server_pids: list[int],
+) -> dict:
     name = f"fn_io_c{concurrency}_r{run}"
     ledger_name = f"ledger_c{concurrency}_r{run}"
     create_bucket(data_dir, ledger_name)
-    defn = FunctionDefinition.from_dict({
-        "name": name, "source_bucket": "src", "worker_count": args.workers, "concurrency": concurrency,
-        "language": args.language,
-        "batch_size": args.batch_size, "checkpoint_interval": "1s", "execution_timeout": "30s",
-        "bindings": [{"alias": "ledger", "bucket": ledger_name, "access": "rw"}],
-        "url_bindings": [{"alias": "api", "url": url}],
-        "constants": {"FUNCTION": name},
-    })
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": name,
+            "source_bucket": "src",
+            "worker_count": args.workers,
+            "concurrency": concurrency,
+            "language": args.language,
+            "batch_size": args.batch_size,
+            "checkpoint_interval": "1s",
+            "execution_timeout": "30s",
+            "bindings": [{"alias": "ledger", "bucket": ledger_name, "access": "rw"}],
+            "url_bindings": [{"alias": "api", "url": url}],
+            "constants": {"FUNCTION": name},
+        }
+    )
     lifecycle.save_function(data_dir, defn, HANDLER_JS if args.language == "javascript" else HANDLER)
     lifecycle.deploy(data_dir, name)
     marks: dict[str, float] = {}
@@ -232,7 +258,9 @@ def one_run(data_dir: str, source, args: argparse.Namespace, url: str, concurren
             last[0] = time.perf_counter()
             print(f"    ... {sup.handled:,} handled", flush=True)
 
-    service = EventingService(data_dir, RayExecutor(), until_caught_up=True, functions=[name], on_progress=on_progress)
+    service = EventingService(
+        data_dir, RayExecutor(), until_caught_up=True, functions=[name], on_progress=on_progress
+    )
     started = time.perf_counter()
     service_cpu_at_start = cpu_seconds(server_pids)
     summary = service.run()
@@ -247,12 +275,18 @@ def one_run(data_dir: str, source, args: argparse.Namespace, url: str, concurren
     ledger = open_bucket(data_dir, ledger_name)
     report = check_ledger(source, ledger)
     return {
-        "concurrency": concurrency, "mutations": handled, "throughput": round(throughput, 1),
+        "concurrency": concurrency,
+        "mutations": handled,
+        "throughput": round(throughput, 1),
         "efficiency": round(throughput / (args.workers * concurrency / (args.call_ms / 1000)), 3),
-        "order_violations": order_violations(ledger, name, expected), "ledger_ok": report.ok,
-        "up_s": round(ready - started, 1), "run_s": round(end - ready, 2),
+        "order_violations": order_violations(ledger, name, expected),
+        "ledger_ok": report.ok,
+        "up_s": round(ready - started, 1),
+        "run_s": round(end - ready, 2),
         # The HTTP service's share of this machine while the workers ran (cores): CPU the workers could not use.
-        "service_cores": round((service_cpu - marks.get("service_cpu_at_ready", service_cpu_at_start)) / (end - ready), 2),
+        "service_cores": round(
+            (service_cpu - marks.get("service_cpu_at_ready", service_cpu_at_start)) / (end - ready), 2
+        ),
     }
 
 
@@ -261,7 +295,9 @@ def load_avg() -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--call-ms", type=float, default=10.0, help="the service's wait before each answer")
@@ -271,14 +307,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--documents", type=int, default=20_000)
     parser.add_argument("--baseline-mutations", type=int, default=3_000)
     parser.add_argument("--batch-size", type=int, default=2000)
-    parser.add_argument("--service", choices=("c", "python"), default="c",
-                        help="the HTTP service: scripts/bench_service.c (built with cc; the asyncio one without a "
-                             "compiler) or the asyncio one")
-    parser.add_argument("--server-processes", type=int, default=2,
-                        help="processes of the asyncio service (one port): its own CPU must not be the limit; "
-                             "each serves up to ~1,000 connections (select())")
-    parser.add_argument("--language", choices=("python", "javascript"), default="python",
-                        help="the handler's language (the same handler in each)")
+    parser.add_argument(
+        "--service",
+        choices=("c", "python"),
+        default="c",
+        help="the HTTP service: scripts/bench_service.c (built with cc; the asyncio one without a "
+        "compiler) or the asyncio one",
+    )
+    parser.add_argument(
+        "--server-processes",
+        type=int,
+        default=2,
+        help="processes of the asyncio service (one port): its own CPU must not be the limit; "
+        "each serves up to ~1,000 connections (select())",
+    )
+    parser.add_argument(
+        "--language",
+        choices=("python", "javascript"),
+        default="python",
+        help="the handler's language (the same handler in each)",
+    )
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--progress", action="store_true", help="print the handled count every 2 s")
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
@@ -294,27 +342,42 @@ def main(argv: list[str] | None = None) -> int:
             os.makedirs(main_dir)
             os.makedirs(base_dir)
             source = load_source(main_dir, args.documents, args.mutations, delete_ratio=0.0, seed=7)
-            base_source = load_source(base_dir, min(args.documents, args.baseline_mutations),
-                                      args.baseline_mutations, delete_ratio=0.0, seed=7)
+            base_source = load_source(
+                base_dir,
+                min(args.documents, args.baseline_mutations),
+                args.baseline_mutations,
+                delete_ratio=0.0,
+                seed=7,
+            )
             expected, base_expected = source_seqnos(source), source_seqnos(base_source)
-            say(f"service ({service}): {url}, {args.call_ms:g} ms a call; {args.mutations:,} mutations over "
-                f"{args.documents:,} documents; baseline {args.baseline_mutations:,}; load {load_avg()}")
+            say(
+                f"service ({service}): {url}, {args.call_ms:g} ms a call; {args.mutations:,} mutations over "
+                f"{args.documents:,} documents; baseline {args.baseline_mutations:,}; load {load_avg()}"
+            )
             runs = []
             for run in range(1, args.runs + 1):
                 label = f"run {run}/{args.runs}: " if args.runs > 1 else ""
                 load = load_avg()
-                row = one_run(main_dir, source, args, url, args.concurrency, args.mutations, run, expected, pids)
+                row = one_run(
+                    main_dir, source, args, url, args.concurrency, args.mutations, run, expected, pids
+                )
                 row["load"] = load
-                say(f"{label}{args.workers} workers x concurrency {args.concurrency}: {row['throughput']:,.0f}/s, "
+                say(
+                    f"{label}{args.workers} workers x concurrency {args.concurrency}: {row['throughput']:,.0f}/s, "
                     f"efficiency {row['efficiency']:.2f}, order violations {row['order_violations']}, "
                     f"service {row['service_cores']} cores, "
-                    f"ledger {'ok' if row['ledger_ok'] else 'NOT OK'} (load {load})")
+                    f"ledger {'ok' if row['ledger_ok'] else 'NOT OK'} (load {load})"
+                )
                 load = load_avg()
-                base = one_run(base_dir, base_source, args, url, 1, args.baseline_mutations, run, base_expected, pids)
+                base = one_run(
+                    base_dir, base_source, args, url, 1, args.baseline_mutations, run, base_expected, pids
+                )
                 base["load"] = load
-                say(f"{label}{args.workers} workers x concurrency 1: {base['throughput']:,.0f}/s, "
+                say(
+                    f"{label}{args.workers} workers x concurrency 1: {base['throughput']:,.0f}/s, "
                     f"efficiency {base['efficiency']:.2f}, order violations {base['order_violations']}, "
-                    f"ledger {'ok' if base['ledger_ok'] else 'NOT OK'} (load {load})")
+                    f"ledger {'ok' if base['ledger_ok'] else 'NOT OK'} (load {load})"
+                )
                 row["speedup"] = round(row["throughput"] / base["throughput"], 2)
                 runs.append({**row, "baseline": base})
         finally:
@@ -327,14 +390,24 @@ def main(argv: list[str] | None = None) -> int:
 
     bases = [r["baseline"] for r in runs]
     out = {
-        "throughput": med(runs, "throughput"), "efficiency": med(runs, "efficiency"),
-        "order_violations": sum(r["order_violations"] for r in runs), "ledger_ok": all(r["ledger_ok"] for r in runs),
-        "speedup": med(runs, "speedup"), "workers": args.workers, "concurrency": args.concurrency,
-        "call_ms": args.call_ms, "mutations": args.mutations, "batch_size": args.batch_size,
-        "service": service, "service_cores": med(runs, "service_cores"), "language": args.language,
+        "throughput": med(runs, "throughput"),
+        "efficiency": med(runs, "efficiency"),
+        "order_violations": sum(r["order_violations"] for r in runs),
+        "ledger_ok": all(r["ledger_ok"] for r in runs),
+        "speedup": med(runs, "speedup"),
+        "workers": args.workers,
+        "concurrency": args.concurrency,
+        "call_ms": args.call_ms,
+        "mutations": args.mutations,
+        "batch_size": args.batch_size,
+        "service": service,
+        "service_cores": med(runs, "service_cores"),
+        "language": args.language,
         "baseline": {
-            "throughput": med(bases, "throughput"), "efficiency": med(bases, "efficiency"),
-            "order_violations": sum(b["order_violations"] for b in bases), "ledger_ok": all(b["ledger_ok"] for b in bases),
+            "throughput": med(bases, "throughput"),
+            "efficiency": med(bases, "efficiency"),
+            "order_violations": sum(b["order_violations"] for b in bases),
+            "ledger_ok": all(b["ledger_ok"] for b in bases),
             "mutations": args.baseline_mutations,
         },
         **({"runs": runs} if args.runs > 1 else {}),

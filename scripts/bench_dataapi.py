@@ -70,8 +70,11 @@ def put_bench(base: str, clients: int, seconds: float) -> dict[str, float]:
         with httpx.Client(timeout=30.0) as c:
             n = 0
             while time.monotonic() < stop:
-                r = c.put(f"{path}/c{i}-{n}", content=b'{"n": %d, "client": %d, "text": "a small document"}' % (n, i),
-                          headers={"Content-Type": "application/json"})
+                r = c.put(
+                    f"{path}/c{i}-{n}",
+                    content=b'{"n": %d, "client": %d, "text": "a small document"}' % (n, i),
+                    headers={"Content-Type": "application/json"},
+                )
                 if r.status_code == 200:
                     counts[i] += 1
                 else:
@@ -85,8 +88,12 @@ def put_bench(base: str, clients: int, seconds: float) -> dict[str, float]:
     for t in threads:
         t.join()
     elapsed = time.monotonic() - start
-    return {"docs": sum(counts), "errors": sum(errors), "seconds": round(elapsed, 2),
-            "docs_per_s": round(sum(counts) / elapsed)}
+    return {
+        "docs": sum(counts),
+        "errors": sum(errors),
+        "seconds": round(elapsed, 2),
+        "docs_per_s": round(sum(counts) / elapsed),
+    }
 
 
 def sdk_bench(kv_port: int, clients: int, seconds: float) -> dict[str, float]:
@@ -97,7 +104,9 @@ def sdk_bench(kv_port: int, clients: int, seconds: float) -> dict[str, float]:
     from couchbase.cluster import Cluster
     from couchbase.options import ClusterOptions
 
-    cluster = Cluster(f"couchbase://127.0.0.1:{kv_port}", ClusterOptions(PasswordAuthenticator("bench", "bench")))
+    cluster = Cluster(
+        f"couchbase://127.0.0.1:{kv_port}", ClusterOptions(PasswordAuthenticator("bench", "bench"))
+    )
     cluster.wait_until_ready(timedelta(seconds=30))
     coll = cluster.bucket("bench").default_collection()
     counts = [0] * clients
@@ -122,8 +131,12 @@ def sdk_bench(kv_port: int, clients: int, seconds: float) -> dict[str, float]:
         t.join()
     elapsed = time.monotonic() - start
     cluster.close()
-    return {"docs": sum(counts), "errors": sum(errors), "seconds": round(elapsed, 2),
-            "docs_per_s": round(sum(counts) / elapsed)}
+    return {
+        "docs": sum(counts),
+        "errors": sum(errors),
+        "seconds": round(elapsed, 2),
+        "docs_per_s": round(sum(counts) / elapsed),
+    }
 
 
 WRK_SCRIPT = r"""
@@ -154,16 +167,26 @@ def put_bench_wrk(base: str, clients: int, seconds: float, work: Path) -> dict[s
     """The same PUTs from wrk: keys w<thread>-<n>, one small JSON document each."""
     script = work / "put.lua"
     script.write_text(WRK_SCRIPT)
-    out = subprocess.run(["wrk", "-t2", f"-c{clients}", f"-d{max(1, round(seconds))}s", "-s", str(script), base + "/"],
-                         check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        ["wrk", "-t2", f"-c{clients}", f"-d{max(1, round(seconds))}s", "-s", str(script), base + "/"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     line = next((ln for ln in out.splitlines() if ln.startswith("WRK ")), None)
     if line is None:
         raise SystemExit(f"wrk printed no summary:\n{out}")
     got = json.loads(line[4:])
     errors = got["non_2xx"] + got["socket_errors"]
     elapsed = got["duration_us"] / 1e6
-    return {"docs": got["requests"] - errors, "errors": errors, "seconds": round(elapsed, 2),
-            "docs_per_s": round((got["requests"] - errors) / elapsed), "p50_ms": got["p50_ms"], "p99_ms": got["p99_ms"]}
+    return {
+        "docs": got["requests"] - errors,
+        "errors": errors,
+        "seconds": round(elapsed, 2),
+        "docs_per_s": round((got["requests"] - errors) / elapsed),
+        "p50_ms": got["p50_ms"],
+        "p99_ms": got["p99_ms"],
+    }
 
 
 def main() -> None:
@@ -171,12 +194,20 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--rows", type=int, default=200_000)
-    ap.add_argument("--client", choices=("auto", "wrk", "python", "sdk"), default="auto",
-                    help="who sends the PUTs: wrk when installed (auto), else Python threads; sdk: also Couchbase's "
-                    "SDK over the KV port, after the Data API's PUTs")
-    ap.add_argument("--store", default=None, metavar="postgresql[://...]",
-                    help="also on this PostgreSQL store, the data directory's PUTs first as the baseline: a URL, or "
-                         "`postgresql` for a throwaway server started for the run (fsync on)")
+    ap.add_argument(
+        "--client",
+        choices=("auto", "wrk", "python", "sdk"),
+        default="auto",
+        help="who sends the PUTs: wrk when installed (auto), else Python threads; sdk: also Couchbase's "
+        "SDK over the KV port, after the Data API's PUTs",
+    )
+    ap.add_argument(
+        "--store",
+        default=None,
+        metavar="postgresql[://...]",
+        help="also on this PostgreSQL store, the data directory's PUTs first as the baseline: a URL, or "
+        "`postgresql` for a throwaway server started for the run (fsync on)",
+    )
     args = ap.parse_args()
     if args.store is not None:
         from eventing.testing.bench_store import BenchStore, check_option
@@ -200,8 +231,12 @@ def process_cpu_s(pid: int) -> float:
 
 def serve(where: list[str], env: dict[str, str]) -> tuple[subprocess.Popen, str, int]:
     port, kv_port = free_port(), free_port()
-    proc = subprocess.Popen([str(BIN), "serve", *where, "--port", str(port), "--kv-port", str(kv_port)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [str(BIN), "serve", *where, "--port", str(port), "--kv-port", str(kv_port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     return proc, f"http://127.0.0.1:{port}", kv_port
 
 
@@ -217,15 +252,24 @@ def run(args: argparse.Namespace, store) -> None:  # noqa: ANN001 - a BenchStore
     env = {**os.environ, "EVENTING_ADMIN_TOKEN": "", "EVENTING_READ_TOKEN": ""}
     baseline = None
     if store is not None:  # the data directory's PUTs first, in the same run
-        subprocess.run([str(BIN), "bucket", "create", "bench", "--data-dir", str(data)], check=True, env=env,
-                       stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [str(BIN), "bucket", "create", "bench", "--data-dir", str(data)],
+            check=True,
+            env=env,
+            stdout=subprocess.DEVNULL,
+        )
         proc, base, _ = serve(["--data-dir", str(data)], env)
         try:
             wait_up(base, proc)
             serve_before = process_cpu_s(proc.pid)
-            baseline = put_bench_wrk(base, args.clients, args.seconds, work) if client == "wrk" else put_bench(
-                base, args.clients, args.seconds)
-            baseline["serve_cpu_us"] = round((process_cpu_s(proc.pid) - serve_before) / max(1, baseline["docs"]) * 1e6)
+            baseline = (
+                put_bench_wrk(base, args.clients, args.seconds, work)
+                if client == "wrk"
+                else put_bench(base, args.clients, args.seconds)
+            )
+            baseline["serve_cpu_us"] = round(
+                (process_cpu_s(proc.pid) - serve_before) / max(1, baseline["docs"]) * 1e6
+            )
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(30)
@@ -233,8 +277,9 @@ def run(args: argparse.Namespace, store) -> None:  # noqa: ANN001 - a BenchStore
     where = ["--store", store.location("dataapi")] if store is not None else ["--data-dir", str(data)]
     for bucket in ("bench", "bulk_http", "bulk_cli"):
         if store is not None or bucket != "bench" or baseline is None:
-            subprocess.run([str(BIN), "bucket", "create", bucket, *where], check=True, env=env,
-                           stdout=subprocess.DEVNULL)
+            subprocess.run(
+                [str(BIN), "bucket", "create", bucket, *where], check=True, env=env, stdout=subprocess.DEVNULL
+            )
     lines = work / "rows.jsonl"
     with open(lines, "wb") as f:
         for i in range(args.rows):
@@ -250,8 +295,11 @@ def run(args: argparse.Namespace, store) -> None:  # noqa: ANN001 - a BenchStore
             put = put_bench(base, args.clients, args.seconds)
         put["serve_cpu_us"] = round((process_cpu_s(proc.pid) - serve_before) / max(1, put["docs"]) * 1e6)
         server = store.since(server_before, put["docs"]) if store is not None else {}
-        print(f"{'store' if store is not None else 'data directory'}: PUT from {args.clients} {client} clients: {put}"
-              + (f"; per PUT on the server: {server}" if server else ""), file=sys.stderr)
+        print(
+            f"{'store' if store is not None else 'data directory'}: PUT from {args.clients} {client} clients: {put}"
+            + (f"; per PUT on the server: {server}" if server else ""),
+            file=sys.stderr,
+        )
         sdk_put = sdk_bench(kv_port, args.clients, args.seconds) if sdk else None
         if sdk_put is not None:
             print(f"SDK upserts from {args.clients} threads: {sdk_put}", file=sys.stderr)
@@ -269,25 +317,45 @@ def run(args: argparse.Namespace, store) -> None:  # noqa: ANN001 - a BenchStore
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
     t0 = time.monotonic()
-    subprocess.run([str(BIN), "bucket", "load", "bulk_cli", "--file", str(lines), *where], check=True,
-                   env=env, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [str(BIN), "bucket", "load", "bulk_cli", "--file", str(lines), *where],
+        check=True,
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
     cli_s = time.monotonic() - t0
     result = {
-        "client": client, "clients": args.clients, "docs_per_s": put["docs_per_s"], "put_errors": put["errors"], "rows": args.rows,
-        "bulk_http_rows_per_s": round(args.rows / http_s), "bucket_load_rows_per_s": round(args.rows / cli_s),
+        "client": client,
+        "clients": args.clients,
+        "docs_per_s": put["docs_per_s"],
+        "put_errors": put["errors"],
+        "rows": args.rows,
+        "bulk_http_rows_per_s": round(args.rows / http_s),
+        "bucket_load_rows_per_s": round(args.rows / cli_s),
         "bulk_vs_bucket_load": round(cli_s / http_s, 2),
     }
     if baseline is not None:
-        result.update({"store_docs_per_s": put["docs_per_s"], "docs_per_s": baseline["docs_per_s"],
-                       "store_put_errors": put["errors"], "put_errors": baseline["errors"],
-                       "store_vs_data_dir": round(put["docs_per_s"] / max(1, baseline["docs_per_s"]), 3),
-                       **({"store_p50_ms": put["p50_ms"], "store_p99_ms": put["p99_ms"]} if "p50_ms" in put else {})})
+        result.update(
+            {
+                "store_docs_per_s": put["docs_per_s"],
+                "docs_per_s": baseline["docs_per_s"],
+                "store_put_errors": put["errors"],
+                "put_errors": baseline["errors"],
+                "store_vs_data_dir": round(put["docs_per_s"] / max(1, baseline["docs_per_s"]), 3),
+                **({"store_p50_ms": put["p50_ms"], "store_p99_ms": put["p99_ms"]} if "p50_ms" in put else {}),
+            }
+        )
         result["store_serve_cpu_us"] = put["serve_cpu_us"]
         result["serve_cpu_us"] = baseline["serve_cpu_us"]
         result.update({f"store_{k}_per_put": v for k, v in server.items()})
     if sdk_put is not None:
-        result.update({"sdk_docs_per_s": sdk_put["docs_per_s"], "sdk_errors": sdk_put["errors"],
-                       "sdk_vs_dataapi": round(sdk_put["docs_per_s"] / max(1, put["docs_per_s"]), 2)})
+        result.update(
+            {
+                "sdk_docs_per_s": sdk_put["docs_per_s"],
+                "sdk_errors": sdk_put["errors"],
+                "sdk_vs_dataapi": round(sdk_put["docs_per_s"] / max(1, put["docs_per_s"]), 2),
+            }
+        )
     shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(result))
 

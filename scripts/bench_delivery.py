@@ -67,7 +67,9 @@ def run_once(data_dir: str, mode: str, workers: int, executor_name: str) -> tupl
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--mutations", type=int, default=300_000)
     parser.add_argument("--documents", type=int, default=50_000)
     parser.add_argument("--workers", type=int, default=2)
@@ -93,19 +95,32 @@ def main(argv: list[str] | None = None) -> int:
                 rate, handled, contents = run_once(str(data_dir), mode, args.workers, args.executor)
                 rates[mode].append(rate)
                 finals[mode] = contents
-                print(f"{mode:>13}: run {i + 1}: {handled:,} mutations, {rate:,.0f} mutations/s once workers were up")
+                print(
+                    f"{mode:>13}: run {i + 1}: {handled:,} mutations, {rate:,.0f} mutations/s once workers were up"
+                )
                 shutil.rmtree(data_dir, ignore_errors=True)
         if finals["exactly_once"] != finals["at_least_once"]:
             print("error: the two modes left different emails buckets", file=sys.stderr)
             return 1
         medians = {m: statistics.median(r) for m, r in rates.items()}
         ratio = medians["at_least_once"] / medians["exactly_once"]
-        print(f"median: exactly_once {medians['exactly_once']:,.0f}/s, at_least_once {medians['at_least_once']:,.0f}/s; "
-              f"at_least_once/exactly_once {ratio:.2f}; same emails bucket ({len(finals['exactly_once']):,} drafts)")
-        print(json.dumps({"mutations": args.mutations, "workers": args.workers, "executor": args.executor,
-                          "exactly_once_mps": round(medians["exactly_once"]),
-                          "at_least_once_mps": round(medians["at_least_once"]), "ratio": round(ratio, 3),
-                          "runs": {m: [round(r) for r in v] for m, v in rates.items()}}))
+        print(
+            f"median: exactly_once {medians['exactly_once']:,.0f}/s, at_least_once {medians['at_least_once']:,.0f}/s; "
+            f"at_least_once/exactly_once {ratio:.2f}; same emails bucket ({len(finals['exactly_once']):,} drafts)"
+        )
+        print(
+            json.dumps(
+                {
+                    "mutations": args.mutations,
+                    "workers": args.workers,
+                    "executor": args.executor,
+                    "exactly_once_mps": round(medians["exactly_once"]),
+                    "at_least_once_mps": round(medians["at_least_once"]),
+                    "ratio": round(ratio, 3),
+                    "runs": {m: [round(r) for r in v] for m, v in rates.items()},
+                }
+            )
+        )
         return 0
     finally:
         shutil.rmtree(work, ignore_errors=True)

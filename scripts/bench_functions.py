@@ -62,14 +62,14 @@ from eventing.storage.factory import create_bucket, open_bucket  # noqa: E402
 from eventing.testing.workloads import load_bench_bucket  # noqa: E402
 
 # One binding write per mutation: the cheapest handler that still does what a function is for.
-HANDLER = '''
+HANDLER = """
 def on_update(doc, meta):
     dst[meta.id] = {"rev": doc.get("rev")}
 
 def on_delete(meta, options):
     if meta.id in dst:
         del dst[meta.id]
-'''
+"""
 
 SAMPLE_EVERY_S = 0.5
 
@@ -87,7 +87,7 @@ def _stat(pid: int) -> tuple[int, int, float] | None:
             stat = f.read()
     except OSError:
         return None
-    fields = stat[stat.rindex(")") + 2:].split()
+    fields = stat[stat.rindex(")") + 2 :].split()
     return int(fields[1]), int(fields[19]), (int(fields[11]) + int(fields[12])) / TICKS
 
 
@@ -195,7 +195,9 @@ class ProgressSampler(threading.Thread):
         self.data_dir, self.names, self.total = data_dir, [f"fn{i}" for i in range(functions)], total
         self.started = time.perf_counter()
         self.done_at: dict[str, float] = {}
-        self.least_when_first_done: float | None = None  # fraction of its mutations the last one had checkpointed
+        self.least_when_first_done: float | None = (
+            None  # fraction of its mutations the last one had checkpointed
+        )
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -204,7 +206,9 @@ class ProgressSampler(threading.Thread):
         with open_store(self.data_dir, create=False) as store:
             while not self.stop.wait(1.0) and len(self.done_at) < len(self.names):
                 now = time.perf_counter() - self.started
-                fractions = {n: sum(cp.seqno for cp in store.checkpoints(n).values()) / self.total for n in self.names}
+                fractions = {
+                    n: sum(cp.seqno for cp in store.checkpoints(n).values()) / self.total for n in self.names
+                }
                 for name, fraction in fractions.items():
                     if fraction >= 1.0 and name not in self.done_at:
                         self.done_at[name] = now
@@ -214,9 +218,11 @@ class ProgressSampler(threading.Thread):
     def figures(self) -> dict[str, Any]:
         if not self.done_at:
             return {}
-        return {"first_caught_up_s": round(min(self.done_at.values()), 1),
-                "last_caught_up_s": round(max(self.done_at.values()), 1),
-                "least_done_when_first_caught_up": round(self.least_when_first_done or 0.0, 3)}
+        return {
+            "first_caught_up_s": round(min(self.done_at.values()), 1),
+            "last_caught_up_s": round(max(self.done_at.values()), 1),
+            "least_done_when_first_caught_up": round(self.least_when_first_done or 0.0, 3),
+        }
 
 
 # -- one measurement -----------------------------------------------------------------------------------
@@ -226,11 +232,16 @@ def prepare(seed: Path, data_dir: Path, functions: int, workers: int) -> None:
     shutil.copytree(seed, data_dir)
     for i in range(functions):
         create_bucket(data_dir, f"dst{i}")
-        defn = FunctionDefinition.from_dict({
-            "name": f"fn{i}", "source_bucket": "src", "worker_count": workers,
-            "bindings": [{"alias": "dst", "bucket": f"dst{i}", "access": "rw"}],
-            "batch_size": 1000, "checkpoint_interval": "1s",
-        })
+        defn = FunctionDefinition.from_dict(
+            {
+                "name": f"fn{i}",
+                "source_bucket": "src",
+                "worker_count": workers,
+                "bindings": [{"alias": "dst", "bucket": f"dst{i}", "access": "rw"}],
+                "batch_size": 1000,
+                "checkpoint_interval": "1s",
+            }
+        )
         lifecycle.save_function(str(data_dir), defn, HANDLER)
         lifecycle.deploy(str(data_dir), f"fn{i}")
 
@@ -238,8 +249,20 @@ def prepare(seed: Path, data_dir: Path, functions: int, workers: int) -> None:
 def measure(
     data_dir: Path, executor: str, functions: int, mutations: int, env: dict[str, str], processes: int = 0
 ) -> dict[str, Any]:
-    command = [sys.executable, "-m", "eventing", "--data-dir", str(data_dir), "run", "--until-caught-up", "--json",
-               "--executor", executor, "--worker-processes", str(processes)]
+    command = [
+        sys.executable,
+        "-m",
+        "eventing",
+        "--data-dir",
+        str(data_dir),
+        "run",
+        "--until-caught-up",
+        "--json",
+        "--executor",
+        executor,
+        "--worker-processes",
+        str(processes),
+    ]
     load = os.getloadavg()[0]
     started = time.perf_counter()
     total = sum(open_bucket(str(data_dir), "src").high_seqnos())
@@ -262,22 +285,32 @@ def measure(
     try:
         result = json.loads(out[start:])
     except ValueError:
-        raise SystemExit(f"error: eventing run printed no JSON (exit {proc.returncode}): {out[-400:]!r} {err[-800:]!r}") from None
+        raise SystemExit(
+            f"error: eventing run printed no JSON (exit {proc.returncode}): {out[-400:]!r} {err[-800:]!r}"
+        ) from None
     handled = {name: f["handled"] for name, f in result["functions"].items()}
     if len(handled) != functions or any(n != mutations for n in handled.values()):
         raise SystemExit(f"error: not every function handled {mutations:,} mutations: {handled}")
     startup = result["startup"]["first_handler_call_s"]
     return {
-        "load": round(load, 2), "wall_s": round(wall, 2), "startup_s": startup,
-        "catch_up_s": round(wall - startup, 2), "run_seconds": result["seconds"],
-        "ray_s": result["startup"]["ray_s"], "workers_ready_s": result["startup"]["workers_ready_s"],
-        "peak_rss_mb": round(sampler.peak_rss), "peak_pss_mb": round(sampler.peak_pss),
+        "load": round(load, 2),
+        "wall_s": round(wall, 2),
+        "startup_s": startup,
+        "catch_up_s": round(wall - startup, 2),
+        "run_seconds": result["seconds"],
+        "ray_s": result["startup"]["ray_s"],
+        "workers_ready_s": result["startup"]["workers_ready_s"],
+        "peak_rss_mb": round(sampler.peak_rss),
+        "peak_pss_mb": round(sampler.peak_pss),
         "peak_worker_rss_mb": round(sampler.peak_worker_rss),
-        "peak_processes": sampler.peak_processes, "worker_processes": len(sampler.workers),
+        "peak_processes": sampler.peak_processes,
+        "worker_processes": len(sampler.workers),
         "leftovers_ended": leftovers,
         # CPU of every process of the tree, as last sampled: independent of how busy the machine is.
         "cpu_s": round(sum(cpu for _, cpu in sampler.seen.values()), 1),
-        "worker_cpu_s": round(sum(cpu for pid, (_, cpu) in sampler.seen.items() if pid in sampler.workers), 1),
+        "worker_cpu_s": round(
+            sum(cpu for pid, (_, cpu) in sampler.seen.items() if pid in sampler.workers), 1
+        ),
         # Fairness (from the command's start, sampled each second): when the first and the last function had
         # checkpointed all their mutations, and what share the least advanced one had when the first had.
         **progress.figures(),
@@ -285,41 +318,64 @@ def measure(
 
 
 def line(kind: str, r: dict[str, Any]) -> str:
-    return (f"{kind}: catch-up {r['catch_up_s']:.2f}s (command {r['wall_s']:.2f}s, start-up {r['startup_s']:.2f}s: Ray {r['ray_s']:.2f}s, "
-            f"workers up {r['workers_ready_s']:.2f}s), "
-            f"peak RSS {r['peak_rss_mb']:,} MB / PSS {r['peak_pss_mb']:,} MB over {r['peak_processes']} processes "
-            f"(Ray worker processes: {r['worker_processes']}, {r['peak_worker_rss_mb']:,} MB), "
-            f"CPU {r['cpu_s']:.1f}s (worker processes {r['worker_cpu_s']:.1f}s), load {r['load']}"
-            + (f"; functions caught up {r['first_caught_up_s']:.0f}-{r['last_caught_up_s']:.0f}s after the command, the "
-               f"least advanced at {r['least_done_when_first_caught_up']:.0%} when the first was"
-               if "first_caught_up_s" in r else ""))
+    return (
+        f"{kind}: catch-up {r['catch_up_s']:.2f}s (command {r['wall_s']:.2f}s, start-up {r['startup_s']:.2f}s: Ray {r['ray_s']:.2f}s, "
+        f"workers up {r['workers_ready_s']:.2f}s), "
+        f"peak RSS {r['peak_rss_mb']:,} MB / PSS {r['peak_pss_mb']:,} MB over {r['peak_processes']} processes "
+        f"(Ray worker processes: {r['worker_processes']}, {r['peak_worker_rss_mb']:,} MB), "
+        f"CPU {r['cpu_s']:.1f}s (worker processes {r['worker_cpu_s']:.1f}s), load {r['load']}"
+        + (
+            f"; functions caught up {r['first_caught_up_s']:.0f}-{r['last_caught_up_s']:.0f}s after the command, the "
+            f"least advanced at {r['least_done_when_first_caught_up']:.0%} when the first was"
+            if "first_caught_up_s" in r
+            else ""
+        )
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--functions", type=int, default=20)
     parser.add_argument("--workers", type=int, default=2, help="workers per function")
     parser.add_argument("--mutations", type=int, default=200_000)
     parser.add_argument("--documents", type=int, default=20_000)
     parser.add_argument("--executor", choices=("ray", "in-process"), default="ray")
     parser.add_argument("--runs", type=int, default=1)
-    parser.add_argument("--light-workers", choices=("on", "off", "both"), default="on",
-                        help="Ray worker processes without Ray's Arrow/Starlette serializers (the default, "
-                             "eventing/workers/ray_setup.py), without (EVENTING_RAY_LIGHT_WORKERS=0), or both in "
-                             "each run, for a before/after")
-    parser.add_argument("--worker-processes", type=int, nargs="+", default=[0], metavar="N",
-                        help="shared Ray worker processes for all the functions' workers (0: one process per "
-                             "worker, the default); several values measure each in every run")
+    parser.add_argument(
+        "--light-workers",
+        choices=("on", "off", "both"),
+        default="on",
+        help="Ray worker processes without Ray's Arrow/Starlette serializers (the default, "
+        "eventing/workers/ray_setup.py), without (EVENTING_RAY_LIGHT_WORKERS=0), or both in "
+        "each run, for a before/after",
+    )
+    parser.add_argument(
+        "--worker-processes",
+        type=int,
+        nargs="+",
+        default=[0],
+        metavar="N",
+        help="shared Ray worker processes for all the functions' workers (0: one process per "
+        "worker, the default); several values measure each in every run",
+    )
     args = parser.parse_args(argv)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+    }
     lights = ["off", "on"] if args.light_workers == "both" else [args.light_workers]
     variants = [f"{light}/{n}" for n in args.worker_processes for light in lights]
     work = Path(tempfile.mkdtemp(prefix="bench-functions-"))
     try:
         seed = work / "seed"
         load_bench_bucket(seed, "src", args.documents, args.mutations)
-        print(f"{args.functions} functions x {args.workers} workers over {args.mutations:,} mutations "
-              f"({args.documents:,} documents), executor {args.executor}", flush=True)
+        print(
+            f"{args.functions} functions x {args.workers} workers over {args.mutations:,} mutations "
+            f"({args.documents:,} documents), executor {args.executor}",
+            flush=True,
+        )
         runs: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
         for i in range(args.runs):
             order = variants if i % 2 == 0 else variants[::-1]
@@ -342,33 +398,54 @@ def main(argv: list[str] | None = None) -> int:
                 x_n = got["baseline"]["catch_up_s"] * args.functions
                 ratio = got["many"]["catch_up_s"] / x_n
                 cpu_ratio = got["many"]["cpu_s"] / (got["baseline"]["cpu_s"] * args.functions)
-                worker_cpu_ratio = got["many"]["worker_cpu_s"] / max(got["baseline"]["worker_cpu_s"] * args.functions, 1e-9)
-                print(f"{tag}: baseline catch-up x {args.functions} = {x_n:.2f}s; ratio {ratio:.2f}; CPU ratio "
-                      f"{cpu_ratio:.2f} (worker processes {worker_cpu_ratio:.2f}); RSS {got['many']['peak_rss_mb']:,} MB against one function's "
-                      f"{got['baseline']['peak_rss_mb']:,} MB", flush=True)
-                runs[variant].append({**got, "baseline_catch_up_x_n_s": round(x_n, 2), "ratio": round(ratio, 3),
-                                      "cpu_ratio": round(cpu_ratio, 3), "worker_cpu_ratio": round(worker_cpu_ratio, 3)})
+                worker_cpu_ratio = got["many"]["worker_cpu_s"] / max(
+                    got["baseline"]["worker_cpu_s"] * args.functions, 1e-9
+                )
+                print(
+                    f"{tag}: baseline catch-up x {args.functions} = {x_n:.2f}s; ratio {ratio:.2f}; CPU ratio "
+                    f"{cpu_ratio:.2f} (worker processes {worker_cpu_ratio:.2f}); RSS {got['many']['peak_rss_mb']:,} MB against one function's "
+                    f"{got['baseline']['peak_rss_mb']:,} MB",
+                    flush=True,
+                )
+                runs[variant].append(
+                    {
+                        **got,
+                        "baseline_catch_up_x_n_s": round(x_n, 2),
+                        "ratio": round(ratio, 3),
+                        "cpu_ratio": round(cpu_ratio, 3),
+                        "worker_cpu_ratio": round(worker_cpu_ratio, 3),
+                    }
+                )
 
         def summary(rs: list[dict[str, Any]]) -> dict[str, Any]:
             def med(kind: str, key: str) -> float:
                 return statistics.median(r[kind][key] for r in rs)
 
             return {
-                "peak_rss_mb": med("many", "peak_rss_mb"), "peak_pss_mb": med("many", "peak_pss_mb"),
+                "peak_rss_mb": med("many", "peak_rss_mb"),
+                "peak_pss_mb": med("many", "peak_pss_mb"),
                 "catch_up_s": med("many", "catch_up_s"),
-                "baseline_catch_up_x_n_s": round(statistics.median(r["baseline_catch_up_x_n_s"] for r in rs), 2),
+                "baseline_catch_up_x_n_s": round(
+                    statistics.median(r["baseline_catch_up_x_n_s"] for r in rs), 2
+                ),
                 "ratio": round(statistics.median(r["ratio"] for r in rs), 3),
                 "cpu_ratio": round(statistics.median(r["cpu_ratio"] for r in rs), 3),
                 "worker_cpu_ratio": round(statistics.median(r["worker_cpu_ratio"] for r in rs), 3),
-                "startup_s": med("many", "startup_s"), "worker_processes": med("many", "worker_processes"),
-                "baseline_peak_rss_mb": med("baseline", "peak_rss_mb"), "baseline_startup_s": med("baseline", "startup_s"),
+                "startup_s": med("many", "startup_s"),
+                "worker_processes": med("many", "worker_processes"),
+                "baseline_peak_rss_mb": med("baseline", "peak_rss_mb"),
+                "baseline_startup_s": med("baseline", "startup_s"),
             }
 
         main_variant = variants[-1]
         out: dict[str, Any] = {
-            "functions": args.functions, "workers": args.workers, "mutations": args.mutations,
-            "executor": args.executor, "light_workers": main_variant.split("/")[0],
-            "shared_processes": int(main_variant.split("/")[1]), **summary(runs[main_variant]),
+            "functions": args.functions,
+            "workers": args.workers,
+            "mutations": args.mutations,
+            "executor": args.executor,
+            "light_workers": main_variant.split("/")[0],
+            "shared_processes": int(main_variant.split("/")[1]),
+            **summary(runs[main_variant]),
         }
         if len(variants) > 1:  # every variant, by "light workers/shared processes" (0: one per worker)
             out["variants"] = {v: summary(runs[v]) for v in variants}

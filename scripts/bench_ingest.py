@@ -107,7 +107,9 @@ def raw_inserts(data_dir: str, chunks: list, *, ordered: bool = False) -> tuple[
         db.executemany("INSERT OR REPLACE INTO docs VALUES(?,?,?,?,?,?,?,?)", doc_rows)
         db.executemany("UPDATE high SET seqno=? WHERE vb=?", high_rows)
         db.execute("COMMIT")
-        keep_wal_short(db, bucket.path)  # the WAL discipline of every bucket write (eventing.storage.write_turns)
+        keep_wal_short(
+            db, bucket.path
+        )  # the WAL discipline of every bucket write (eventing.storage.write_turns)
         n += len(log_rows)
     seconds = time.perf_counter() - start
     bucket.close()
@@ -131,8 +133,22 @@ def load_subprocess(data_dir: str, path: str) -> tuple[int, float]:
     env = dict(os.environ, PYTHONPATH=ROOT)
     start = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "eventing", "bucket", "load", "sub", "--file", path, "--data-dir", data_dir, "--json"],
-        env=env, capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "eventing",
+            "bucket",
+            "load",
+            "sub",
+            "--file",
+            path,
+            "--data-dir",
+            data_dir,
+            "--json",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
     )
     seconds = time.perf_counter() - start
     if proc.returncode != 0:
@@ -164,7 +180,9 @@ def uptime() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--mutations", type=int, default=1_000_000)
     parser.add_argument("--documents", type=int, default=50_000)
     parser.add_argument("--runs", type=int, default=3)
@@ -207,8 +225,11 @@ def main(argv: list[str] | None = None) -> int:
         n_raw, raw_s = raw_inserts(data_dir, chunks)
         n_cli, cli_s = load_inprocess(data_dir, path)
         run: dict[str, Any] = {
-            "run": i + 1, "load_avg": load_before, "rows": n_raw,
-            "raw_mps": round(n_raw / raw_s), "load_mps": round(n_cli / cli_s),
+            "run": i + 1,
+            "load_avg": load_before,
+            "rows": n_raw,
+            "raw_mps": round(n_raw / raw_s),
+            "load_mps": round(n_cli / cli_s),
         }
         run["ratio"] = round(run["load_mps"] / run["raw_mps"], 3)
         if not args.no_ordered:
@@ -225,17 +246,32 @@ def main(argv: list[str] | None = None) -> int:
         if i == 0 and not same_log(data_dir, "raw", "cli"):
             print("error: the loaded bucket's log differs from the raw inserts'", file=sys.stderr)
             return 1
-        print(f"run {i + 1} (load avg {load_before}): raw {run['raw_mps']:,}/s, bucket load {run['load_mps']:,}/s "
-              f"(ratio {run['ratio']:.2f})"
-              + (f", subprocess {run['subprocess_mps']:,}/s (ratio {run['subprocess_ratio']:.2f})"
-                 if "subprocess_mps" in run else "")
-              + (f"; raw in the load's order {run['raw_ordered_mps']:,}/s (load/that {run['ratio_to_ordered']:.2f})"
-                 if "raw_ordered_mps" in run else ""))
+        print(
+            f"run {i + 1} (load avg {load_before}): raw {run['raw_mps']:,}/s, bucket load {run['load_mps']:,}/s "
+            f"(ratio {run['ratio']:.2f})"
+            + (
+                f", subprocess {run['subprocess_mps']:,}/s (ratio {run['subprocess_ratio']:.2f})"
+                if "subprocess_mps" in run
+                else ""
+            )
+            + (
+                f"; raw in the load's order {run['raw_ordered_mps']:,}/s (load/that {run['ratio_to_ordered']:.2f})"
+                if "raw_ordered_mps" in run
+                else ""
+            )
+        )
         runs.append(run)
         shutil.rmtree(data_dir, ignore_errors=True)
     result: dict = {"mutations": args.mutations, "documents": args.documents, "runs": runs}
-    for k in ("raw_mps", "load_mps", "ratio", "subprocess_mps", "subprocess_ratio", "raw_ordered_mps",
-              "ratio_to_ordered"):
+    for k in (
+        "raw_mps",
+        "load_mps",
+        "ratio",
+        "subprocess_mps",
+        "subprocess_ratio",
+        "raw_ordered_mps",
+        "ratio_to_ordered",
+    ):
         if k in runs[0]:
             result[f"median_{k}"] = statistics.median(r[k] for r in runs)
     print(json.dumps(result))

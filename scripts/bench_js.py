@@ -46,11 +46,19 @@ function OnDelete(meta, options) { delete seen[meta.id]; }
 
 def timed_run(data_dir: str, args: argparse.Namespace, language: str, run: int) -> tuple[int, float]:
     name = f"fn_{language}_{run}"
-    defn = FunctionDefinition.from_dict({
-        "name": name, "source_bucket": "bench", "worker_count": args.workers, "batch_size": args.batch_size,
-        "checkpoint_interval": "1s", "language": language,
-    })
-    lifecycle.save_function(data_dir, defn, JS_TRIVIAL_HANDLER if language == "javascript" else TRIVIAL_HANDLER)
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": name,
+            "source_bucket": "bench",
+            "worker_count": args.workers,
+            "batch_size": args.batch_size,
+            "checkpoint_interval": "1s",
+            "language": language,
+        }
+    )
+    lifecycle.save_function(
+        data_dir, defn, JS_TRIVIAL_HANDLER if language == "javascript" else TRIVIAL_HANDLER
+    )
     lifecycle.deploy(data_dir, name)
     executor = make_executor(args.executor)
     try:
@@ -73,8 +81,13 @@ def breakdown(bucket, count: int) -> dict[str, float]:
                 rows.append(row)
         if len(rows) >= count:
             break
-    calls = [(msgpack.unpackb(r[5], raw=False), Meta(r[2], r[4], r[0], r[1], 0, 0, "json", {"bucket_name": "bench"}))
-             for r in rows[:count]]
+    calls = [
+        (
+            msgpack.unpackb(r[5], raw=False),
+            Meta(r[2], r[4], r[0], r[1], 0, 0, "json", {"bucket_name": "bench"}),
+        )
+        for r in rows[:count]
+    ]
     js = load_js_handler("fn_js_parts", JS_TRIVIAL_HANDLER, {}, context=CallContext(60.0))
     py = load_handler("fn_py_parts", TRIVIAL_HANDLER, {})
     on_update_js, on_update_py = js.__dict__["on_update"], py.__dict__["on_update"]
@@ -96,12 +109,23 @@ def breakdown(bucket, count: int) -> dict[str, float]:
     def per_mutation_batched(size: int, run_it: bool) -> float:
         start = time.perf_counter()
         for i in range(0, n, size):
-            chunk = rows[i:i + size]
+            chunk = rows[i : i + size]
             if run_it:
-                on_update_js.batch(chunk, docs[i:i + size], keyspace, lambda at: None)
+                on_update_js.batch(chunk, docs[i : i + size], keyspace, lambda at: None)
             else:
-                encode([docs[i:i + size], [r[2] for r in chunk], [str(r[4]) for r in chunk], [r[7] for r in chunk],
-                        [r[8] for r in chunk], [r[1] for r in chunk], chunk[0][0], keyspace, 50.0]).decode()
+                encode(
+                    [
+                        docs[i : i + size],
+                        [r[2] for r in chunk],
+                        [str(r[4]) for r in chunk],
+                        [r[7] for r in chunk],
+                        [r[8] for r in chunk],
+                        [r[1] for r in chunk],
+                        chunk[0][0],
+                        keyspace,
+                        50.0,
+                    ]
+                ).decode()
         return (time.perf_counter() - start) / n * 1e6
 
     per_call(on_update_js)  # warm V8's compiler
@@ -120,7 +144,9 @@ def breakdown(bucket, count: int) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--mutations", type=int, default=200_000)
     parser.add_argument("--documents", type=int, default=50_000)
     parser.add_argument("--executor", choices=("in-process", "ray"), default="in-process")
@@ -129,24 +155,42 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=2, help="rounds of (Python, JavaScript), default 2")
     args = parser.parse_args(argv)
     with contextlib.ExitStack() as temps:
-        data_dir = temps.enter_context(tempfile.TemporaryDirectory(prefix="eventing-bench-js-", ignore_cleanup_errors=True))
+        data_dir = temps.enter_context(
+            tempfile.TemporaryDirectory(prefix="eventing-bench-js-", ignore_cleanup_errors=True)
+        )
         bucket = load_bench_bucket(data_dir, "bench", args.documents, args.mutations)
         rates: dict[str, list[float]] = {"python": [], "javascript": []}
         for run in range(1, args.runs + 1):
             for language in ("python", "javascript"):
                 handled, seconds = timed_run(data_dir, args, language, run)
                 if handled != args.mutations:
-                    print(f"error: {language} handled {handled} of {args.mutations} mutations", file=sys.stderr)
+                    print(
+                        f"error: {language} handled {handled} of {args.mutations} mutations", file=sys.stderr
+                    )
                     return 1
                 rates[language].append(handled / seconds)
-                print(f"run {run} {language}: {handled:,} mutations in {seconds:.2f}s = {handled / seconds:,.0f}/s")
+                print(
+                    f"run {run} {language}: {handled:,} mutations in {seconds:.2f}s = {handled / seconds:,.0f}/s"
+                )
         python_mps, js_mps = statistics.median(rates["python"]), statistics.median(rates["javascript"])
         parts = breakdown(bucket, 20_000)
-        print(f"median python {python_mps:,.0f}/s, javascript {js_mps:,.0f}/s, ratio {js_mps / python_mps:.2f}")
+        print(
+            f"median python {python_mps:,.0f}/s, javascript {js_mps:,.0f}/s, ratio {js_mps / python_mps:.2f}"
+        )
         print(f"per call: {parts}")
-        print(json.dumps({"python_mps": round(python_mps), "javascript_mps": round(js_mps),
-                          "ratio": round(js_mps / python_mps, 3), "mutations": args.mutations,
-                          "executor": args.executor, "workers": args.workers, "per_call_us": parts}))
+        print(
+            json.dumps(
+                {
+                    "python_mps": round(python_mps),
+                    "javascript_mps": round(js_mps),
+                    "ratio": round(js_mps / python_mps, 3),
+                    "mutations": args.mutations,
+                    "executor": args.executor,
+                    "workers": args.workers,
+                    "per_call_us": parts,
+                }
+            )
+        )
     return 0
 
 

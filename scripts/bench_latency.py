@@ -120,7 +120,9 @@ class SdkWriter(Writer):
         from couchbase.cluster import Cluster
         from couchbase.options import ClusterOptions
 
-        self.cluster = Cluster(f"couchbase://127.0.0.1:{kv_port}", ClusterOptions(PasswordAuthenticator("bench", token)))
+        self.cluster = Cluster(
+            f"couchbase://127.0.0.1:{kv_port}", ClusterOptions(PasswordAuthenticator("bench", token))
+        )
         self.cluster.wait_until_ready(timedelta(seconds=60))
         self.collection = self.cluster.bucket("src").default_collection()
 
@@ -155,9 +157,13 @@ def effects(data_dir: str, prefix: str) -> dict[str, tuple[int, float]]:
 
         rows = PostgresDatabase.open(data_dir).read(
             "SELECT l.key, l.arrival_ms, l.doc FROM bucket_log l JOIN bucket_registry r ON r.id = l.bucket "
-            "WHERE r.name = 'dst' AND l.key >= %s AND l.key < %s", (prefix, prefix + "\uffff"))
+            "WHERE r.name = 'dst' AND l.key >= %s AND l.key < %s",
+            (prefix, prefix + "\uffff"),
+        )
     else:
-        db = sqlite3.connect(f"file:{os.path.join(data_dir, 'buckets', 'dst.sqlite3')}?mode=ro", uri=True, timeout=30)
+        db = sqlite3.connect(
+            f"file:{os.path.join(data_dir, 'buckets', 'dst.sqlite3')}?mode=ro", uri=True, timeout=30
+        )
         try:
             rows = db.execute(
                 "SELECT key, arrival_ms, doc FROM log WHERE key >= ? AND key < ?", (prefix, prefix + "\uffff")
@@ -171,8 +177,15 @@ def effects(data_dir: str, prefix: str) -> dict[str, tuple[int, float]]:
     return out
 
 
-def write_range(writer: Writer, prefix: str, numbers: range, begin: float, rate: float, written: dict[str, float],
-                call_s: list[float]) -> None:
+def write_range(
+    writer: Writer,
+    prefix: str,
+    numbers: range,
+    begin: float,
+    rate: float,
+    written: dict[str, float],
+    call_s: list[float],
+) -> None:
     """Write documents ``numbers``, each at its due time (begin + i / rate), stamping each when it returned."""
     for i in numbers:
         delay = begin + i / rate - time.monotonic()
@@ -186,9 +199,24 @@ def write_range(writer: Writer, prefix: str, numbers: range, begin: float, rate:
 
 
 def phase(args: argparse.Namespace, app: Eventing, data_dir: str, label: str, waking: bool) -> dict[str, Any]:
-    env = dict(os.environ, EVENTING_WAKE="1" if waking else "0", RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
+    env = dict(
+        os.environ,
+        EVENTING_WAKE="1" if waking else "0",
+        RAY_AUTH_MODE="disabled",
+        RAY_USAGE_STATS_ENABLED="0",
+    )
     where = ["--store" if args.store else "--data-dir", data_dir]
-    command = [sys.executable, "-m", "eventing", *where, "run", "--executor", args.executor, "--progress-every", "5"]
+    command = [
+        sys.executable,
+        "-m",
+        "eventing",
+        *where,
+        "run",
+        "--executor",
+        args.executor,
+        "--progress-every",
+        "5",
+    ]
     if args.ray_address:
         command += ["--ray-address", args.ray_address]
     runner = subprocess.Popen(command, env=env, cwd=ROOT)
@@ -198,16 +226,29 @@ def phase(args: argparse.Namespace, app: Eventing, data_dir: str, label: str, wa
         if args.http or args.sdk:
             port, kv_port, token = free_port(), free_port(), "bench-latency-token"
             server = subprocess.Popen(
-                [sys.executable, "-m", "eventing", *where, "serve", "--port", str(port), "--kv-port",
-                 str(kv_port)], env=dict(env, EVENTING_ADMIN_TOKEN=token), cwd=ROOT,
+                [
+                    sys.executable,
+                    "-m",
+                    "eventing",
+                    *where,
+                    "serve",
+                    "--port",
+                    str(port),
+                    "--kv-port",
+                    str(kv_port),
+                ],
+                env=dict(env, EVENTING_ADMIN_TOKEN=token),
+                cwd=ROOT,
             )
             wait_http(port)
 
             def make_writer() -> Writer:
                 return SdkWriter(kv_port, token) if args.sdk else HttpWriter(port, token)
         else:
+
             def make_writer() -> Writer:
                 return ApiWriter(app)
+
         writer = make_writer()
         # Up once a first write has its effect (workers started, vBuckets claimed); then a second to settle.
         started = time.monotonic()
@@ -231,9 +272,13 @@ def phase(args: argparse.Namespace, app: Eventing, data_dir: str, label: str, wa
         else:
             # Write i still starts at its due time, from whichever thread has it (each thread its own writer).
             writers = [writer] + [make_writer() for _ in range(args.writers - 1)]
-            threads = [threading.Thread(target=write_range, args=(w, prefix, range(n, count, args.writers), begin,
-                                                                  args.rate, written, call_s))
-                       for n, w in enumerate(writers)]
+            threads = [
+                threading.Thread(
+                    target=write_range,
+                    args=(w, prefix, range(n, count, args.writers), begin, args.rate, written, call_s),
+                )
+                for n, w in enumerate(writers)
+            ]
             for t in threads:
                 t.start()
             for t in threads:
@@ -286,27 +331,46 @@ def phase(args: argparse.Namespace, app: Eventing, data_dir: str, label: str, wa
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rate", type=float, default=None,
-                        help="writes per second (default 2000; 1000 on a --store)")
-    parser.add_argument("--writers", type=int, default=None,
-                        help="threads writing (default 1; 8 on a --store), each write at its due time")
-    parser.add_argument("--store", default=None, metavar="postgresql[://...]",
-                        help="run on this PostgreSQL store: a URL, or `postgresql` for a throwaway server started "
-                             "for the run (fsync on)")
-    parser.add_argument("--seconds", type=float, default=60.0, help="seconds of writes per phase (default 60)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--rate", type=float, default=None, help="writes per second (default 2000; 1000 on a --store)"
+    )
+    parser.add_argument(
+        "--writers",
+        type=int,
+        default=None,
+        help="threads writing (default 1; 8 on a --store), each write at its due time",
+    )
+    parser.add_argument(
+        "--store",
+        default=None,
+        metavar="postgresql[://...]",
+        help="run on this PostgreSQL store: a URL, or `postgresql` for a throwaway server started "
+        "for the run (fsync on)",
+    )
+    parser.add_argument(
+        "--seconds", type=float, default=60.0, help="seconds of writes per phase (default 60)"
+    )
     parser.add_argument("--executor", choices=["ray", "in-process"], default="ray")
-    parser.add_argument("--ray-address", default=None, help="run the function on the Ray cluster at this address")
+    parser.add_argument(
+        "--ray-address", default=None, help="run the function on the Ray cluster at this address"
+    )
     parser.add_argument("--workers", type=int, default=4, help="the function's workers (default 4)")
     parser.add_argument("--runs", type=int, default=1, help="alternate both phases this many times")
     parser.add_argument("--http", action="store_true", help="write through the Data API of `eventing serve`")
-    parser.add_argument("--sdk", action="store_true",
-                        help="write through Couchbase's SDK to the KV port of `eventing serve`")
+    parser.add_argument(
+        "--sdk", action="store_true", help="write through Couchbase's SDK to the KV port of `eventing serve`"
+    )
     parser.add_argument("--no-baseline", action="store_true", help="only the phase with waking on")
     parser.add_argument("--data-dir", default=None, help="default: a fresh temporary folder")
-    parser.add_argument("--cluster", action="store_true",
-                        help="cluster mode: start a 2-node Ray cluster on this machine whose second node cannot see "
-                             "the data directory, and run every worker there (needs root for the hidden node)")
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="cluster mode: start a 2-node Ray cluster on this machine whose second node cannot see "
+        "the data directory, and run every worker there (needs root for the hidden node)",
+    )
     args = parser.parse_args()
     if args.http and not os.path.exists(os.path.join(ROOT, "eventing", "http", "dataapi.py")):
         parser.error("--http needs the Data API (eventing/http/dataapi/__init__.py)")
@@ -330,14 +394,22 @@ def main() -> int:
 
 
 def on_location(args: argparse.Namespace, data_dir: str) -> int:
-    app = Eventing(store=data_dir, executor=args.executor) if args.store else Eventing(data_dir, executor=args.executor)
+    app = (
+        Eventing(store=data_dir, executor=args.executor)
+        if args.store
+        else Eventing(data_dir, executor=args.executor)
+    )
     app.create_bucket("src")
     app.create_bucket("dst")
     app.deploy(
-        FunctionDefinition.from_dict({
-            "name": "lat", "source_bucket": "src", "worker_count": args.workers,
-            "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}],
-        }),
+        FunctionDefinition.from_dict(
+            {
+                "name": "lat",
+                "source_bucket": "src",
+                "worker_count": args.workers,
+                "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}],
+            }
+        ),
         HANDLER,
     )
     cluster = start_cluster(args, data_dir) if args.cluster else None
@@ -363,7 +435,11 @@ def start_cluster(args: argparse.Namespace, data_dir: str) -> Any:
     packages = [os.path.join(ROOT, name) for name in ("eventing", "metadata", "sharding")]
     args.ray_address = cluster.start()
     node = cluster.add_node("n2", hidden=[data_dir, *packages])
-    for command in (["node", "add", "n2", "--ray-node-id", node.node_id], ["node", "remove", "local"], ["rebalance"]):
+    for command in (
+        ["node", "add", "n2", "--ray-node-id", node.node_id],
+        ["node", "remove", "local"],
+        ["rebalance"],
+    ):
         if cli(["--data-dir", data_dir, *command]) != 0:
             cluster.stop()
             raise SystemExit(f"eventing {' '.join(command)} failed")
@@ -371,9 +447,12 @@ def start_cluster(args: argparse.Namespace, data_dir: str) -> Any:
 
 
 def measure(args: argparse.Namespace, app: Eventing, data_dir: str) -> int:
-    print(f"data dir {data_dir}; {args.rate:,.0f} writes/s for {args.seconds:.0f} s per phase, executor "
-          f"{args.executor}{' on ' + args.ray_address if args.ray_address else ''}, {args.workers} workers, "
-          f"writes through {'the Data API' if args.http else 'the Python API'} from {args.writers} thread(s)", flush=True)
+    print(
+        f"data dir {data_dir}; {args.rate:,.0f} writes/s for {args.seconds:.0f} s per phase, executor "
+        f"{args.executor}{' on ' + args.ray_address if args.ray_address else ''}, {args.workers} workers, "
+        f"writes through {'the Data API' if args.http else 'the Python API'} from {args.writers} thread(s)",
+        flush=True,
+    )
     runs: list[dict[str, Any]] = []
     for n in range(args.runs):
         on = phase(args, app, data_dir, f"r{n}-wake", True)
@@ -387,8 +466,15 @@ def measure(args: argparse.Namespace, app: Eventing, data_dir: str) -> int:
     fields = ("p50_ms", "p99_ms", "max_ms", "rate", "call_p50_ms", "call_p99_ms", "missing")
     out: dict[str, Any] = {field: median("wake", field) for field in fields}
     out["baseline"] = None if args.no_baseline else {field: median("baseline", field) for field in fields}
-    out.update(executor=args.executor, http=args.http, workers=args.workers, seconds=args.seconds,
-               writers=args.writers, store=args.store is not None, runs=runs)
+    out.update(
+        executor=args.executor,
+        http=args.http,
+        workers=args.workers,
+        seconds=args.seconds,
+        writers=args.writers,
+        store=args.store is not None,
+        runs=runs,
+    )
     print(json.dumps(out))
     return 0
 

@@ -49,7 +49,7 @@ def _children() -> dict[int, list[int]]:
                 stat = f.read()
         except OSError:
             continue
-        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
         tree.setdefault(ppid, []).append(int(name))
     return tree
 
@@ -99,10 +99,15 @@ def run_once(data_dir: str, mutations: int, documents: int, workers: int, interv
         bucket.load_rows([(w.key, w.op, w.doc, w.expiry) for w in chunk])
     bucket.close()
     load_s = time.perf_counter() - t
-    defn = FunctionDefinition.from_dict({
-        "name": "fn_mem", "source_bucket": "bench", "worker_count": workers, "batch_size": 2000,
-        "checkpoint_interval": "1s",
-    })
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": "fn_mem",
+            "source_bucket": "bench",
+            "worker_count": workers,
+            "batch_size": 2000,
+            "checkpoint_interval": "1s",
+        }
+    )
     lifecycle.save_function(data_dir, defn, HANDLER)
     lifecycle.deploy(data_dir, "fn_mem")
     executor = RayExecutor()
@@ -129,23 +134,32 @@ def run_once(data_dir: str, mutations: int, documents: int, workers: int, interv
     handled = summary.functions["fn_mem"].handled
     run_s = time.perf_counter() - start
     if not samples:
-        raise SystemExit(f"error: the run of {mutations:,} mutations ended within one sampling interval "
-                         f"({interval:g}s), so there is nothing to report; give more mutations or a smaller --interval")
+        raise SystemExit(
+            f"error: the run of {mutations:,} mutations ended within one sampling interval "
+            f"({interval:g}s), so there is nothing to report; give more mutations or a smaller --interval"
+        )
 
     def at(fraction: float) -> dict:
         want = fraction * handled
         return next((s for s in samples if s["handled"] >= want and s["workers"] > 0), samples[-1])
 
     return {
-        "mutations": mutations, "handled": handled, "load_s": round(load_s, 1), "run_s": round(run_s, 1),
-        "at_10pct": at(0.1), "at_50pct": at(0.5), "at_end": at(1.0),
+        "mutations": mutations,
+        "handled": handled,
+        "load_s": round(load_s, 1),
+        "run_s": round(run_s, 1),
+        "at_10pct": at(0.1),
+        "at_50pct": at(0.5),
+        "at_end": at(1.0),
         "peak": {k: max(s[k] for s in samples) for k in ("service", "workers", "ray")},
         "samples": samples,
     }
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--mutations", type=int, nargs="+", default=[1_000_000, 3_000_000, 10_000_000])
     parser.add_argument("--documents", type=int, default=50_000)
     parser.add_argument("--workers", type=int, default=4)
@@ -164,14 +178,25 @@ def main(argv: list[str] | None = None) -> int:
         ray.shutdown()  # each run gets fresh worker processes, as a new `eventing run` would
         shutil.rmtree(data_dir, ignore_errors=True)
         a, b, c = result["at_10pct"], result["at_50pct"], result["at_end"]
-        print(f"{n:,} mutations ({result['handled']:,} handled, load {result['load_s']}s, run {result['run_s']}s): "
-              f"service RSS {a['service']:.0f} / {b['service']:.0f} / {c['service']:.0f} MB, "
-              f"workers ({c['worker_processes']}) {a['workers']:.0f} / {b['workers']:.0f} / {c['workers']:.0f} MB "
-              f"at 10% / 50% / 100%; peak service {result['peak']['service']:.0f}, workers "
-              f"{result['peak']['workers']:.0f}, Ray itself {result['peak']['ray']:.0f} MB", flush=True)
+        print(
+            f"{n:,} mutations ({result['handled']:,} handled, load {result['load_s']}s, run {result['run_s']}s): "
+            f"service RSS {a['service']:.0f} / {b['service']:.0f} / {c['service']:.0f} MB, "
+            f"workers ({c['worker_processes']}) {a['workers']:.0f} / {b['workers']:.0f} / {c['workers']:.0f} MB "
+            f"at 10% / 50% / 100%; peak service {result['peak']['service']:.0f}, workers "
+            f"{result['peak']['workers']:.0f}, Ray itself {result['peak']['ray']:.0f} MB",
+            flush=True,
+        )
         runs.append(result)
-    curve = [{"mutations": r["mutations"], "service_mb": r["at_end"]["service"], "workers_mb": r["at_end"]["workers"],
-              "peak_service_mb": r["peak"]["service"], "peak_workers_mb": r["peak"]["workers"]} for r in runs]
+    curve = [
+        {
+            "mutations": r["mutations"],
+            "service_mb": r["at_end"]["service"],
+            "workers_mb": r["at_end"]["workers"],
+            "peak_service_mb": r["peak"]["service"],
+            "peak_workers_mb": r["peak"]["workers"],
+        }
+        for r in runs
+    ]
     print(json.dumps({"documents": args.documents, "workers": args.workers, "curve": curve, "runs": runs}))
     return 0
 

@@ -53,8 +53,9 @@ def timed_claims(store: Any, function: str, vbs: list[int], claims: int) -> floa
     return claims / (time.perf_counter() - start)
 
 
-def parallel_commits(open_store: Callable[[], Any], function: str, vbuckets: int, threads: int,
-                     seconds: float) -> float:
+def parallel_commits(
+    open_store: Callable[[], Any], function: str, vbuckets: int, threads: int, seconds: float
+) -> float:
     stores = [open_store() for _ in range(threads)]
     done = [0] * threads
     stop = threading.Event()
@@ -90,30 +91,48 @@ def run_store(name: str, open_store: Callable[[], Any], args: argparse.Namespace
     store = open_store()
     vbs = list(range(args.vbuckets))
     store.init_checkpoints("bench", dict.fromkeys(range(1024), 0), "uuid")
-    timed_commits(store, "bench", vbs, max(1, args.commits // 10))  # warm up: statements prepared, pages cached
+    timed_commits(
+        store, "bench", vbs, max(1, args.commits // 10)
+    )  # warm up: statements prepared, pages cached
     commits = timed_commits(store, "bench", vbs, args.commits)
     claims = timed_claims(store, "bench", vbs, args.claims)
     store.init_checkpoints("par", dict.fromkeys(range(1024), 0), "uuid")
     parallel = parallel_commits(open_store, "par", args.vbuckets, args.threads, args.seconds)
     store.close()
-    print(f"{name}: {commits:,.0f} commits/s ({args.vbuckets} vBuckets + {len(COUNTERS)} counters), "
-          f"{claims:,.0f} claims/s, {parallel:,.0f} commits/s from {args.threads} threads", flush=True)
-    return {"commits_per_s": round(commits), "claims_per_s": round(claims), "parallel_commits_per_s": round(parallel)}
+    print(
+        f"{name}: {commits:,.0f} commits/s ({args.vbuckets} vBuckets + {len(COUNTERS)} counters), "
+        f"{claims:,.0f} claims/s, {parallel:,.0f} commits/s from {args.threads} threads",
+        flush=True,
+    )
+    return {
+        "commits_per_s": round(commits),
+        "claims_per_s": round(claims),
+        "parallel_commits_per_s": round(parallel),
+    }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--store", help="postgresql://... URL (default: a throwaway server started here)")
     parser.add_argument("--only", choices=["sqlite", "postgresql"], help="time one store only")
-    parser.add_argument("--server-fsync", choices=["on", "off"], default="on",
-                        help="fsync of the throwaway server (default on)")
+    parser.add_argument(
+        "--server-fsync",
+        choices=["on", "off"],
+        default="on",
+        help="fsync of the throwaway server (default on)",
+    )
     parser.add_argument("--vbuckets", type=int, default=256)
     parser.add_argument("--commits", type=int, default=2000)
     parser.add_argument("--claims", type=int, default=200)
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=3.0)
     args = parser.parse_args()
-    out: dict[str, Any] = {"vbuckets": args.vbuckets, "server_fsync": args.server_fsync if not args.store else None}
+    out: dict[str, Any] = {
+        "vbuckets": args.vbuckets,
+        "server_fsync": args.server_fsync if not args.store else None,
+    }
     with tempfile.TemporaryDirectory(prefix="bench-metadata-") as folder:
         if args.only != "postgresql":
             path = os.path.join(folder, "metadata.sqlite3")

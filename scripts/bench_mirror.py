@@ -52,7 +52,9 @@ def main() -> int:
     from metadata.factory import open_store
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--url", help="a PostgreSQL database with wal_level=logical (default: a throwaway server)")
+    parser.add_argument(
+        "--url", help="a PostgreSQL database with wal_level=logical (default: a throwaway server)"
+    )
     parser.add_argument("--rate", type=int, default=1000, help="rows a second in the latency phase")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--rows", type=int, default=200_000, help="rows of the throughput phase")
@@ -76,13 +78,33 @@ def main() -> int:
         for name in ("src", "dst"):
             state.create_bucket(name).close()
         mirrors.create_mirror(state, "src.pg.rows", source=url, table="public.bench_rows")
-        defn = FunctionDefinition.from_dict({
-            "name": "fn_copy", "source_bucket": "src", "source_scope": "pg", "source_collection": "rows",
-            "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}], "worker_count": 1})
+        defn = FunctionDefinition.from_dict(
+            {
+                "name": "fn_copy",
+                "source_bucket": "src",
+                "source_scope": "pg",
+                "source_collection": "rows",
+                "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}],
+                "worker_count": 1,
+            }
+        )
         lifecycle.save_function(state, defn, HANDLER)
         lifecycle.deploy(state, "fn_copy")
-        service = subprocess.Popen([sys.executable, "-m", "eventing", "--data-dir", data_dir, "run", "--executor",
-                                    "in-process", "--quiet"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        service = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "eventing",
+                "--data-dir",
+                data_dir,
+                "run",
+                "--executor",
+                "in-process",
+                "--quiet",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
 
         def mirrors_pid() -> int | None:
             return mirror_defs.status(state.metadata, "src.pg.rows").get("pid")
@@ -116,7 +138,9 @@ def main() -> int:
         arrivals = committed_effects()
         lat = sorted(arrivals[k] - t for k, t in committed_at.items())
         p50, p99 = lat[len(lat) // 2], lat[int(len(lat) * 0.99)]
-        print(f"latency at {args.rate}/s for {args.seconds}s: p50 {p50:.1f} ms, p99 {p99:.1f} ms, max {lat[-1]:.1f} ms")
+        print(
+            f"latency at {args.rate}/s for {args.seconds}s: p50 {p50:.1f} ms, p99 {p99:.1f} ms, max {lat[-1]:.1f} ms"
+        )
 
         # throughput
         base = 10_000_000
@@ -140,7 +164,12 @@ def main() -> int:
         for w in writers:
             w.join()
         written_s = time.perf_counter() - t0
-        wait_for(lambda: handled() >= before + 2 * per_writer, "every throughput row handled", timeout=600, every=0.2)
+        wait_for(
+            lambda: handled() >= before + 2 * per_writer,
+            "every throughput row handled",
+            timeout=600,
+            every=0.2,
+        )
         elapsed = time.perf_counter() - t0
         rate = 2 * per_writer / elapsed
         cpu: dict[str, float] = {}
@@ -148,10 +177,22 @@ def main() -> int:
             first, last = cpu_before[name], cpu_seconds(pid)
             if first is not None and last is not None:
                 cpu[name] = round((last - first) / (2 * per_writer) * 1e6, 1)
-        print(f"throughput: {2 * per_writer:,} rows committed in {written_s:.1f}s, handled in {elapsed:.1f}s: "
-              f"{rate:,.0f} rows/s; CPU a row: " + ", ".join(f"{k} {v} us" for k, v in cpu.items()))
-        print(json.dumps({"rows_per_s": round(rate), "p50_ms": round(p50, 1), "p99_ms": round(p99, 1),
-                          "rate": args.rate, "rows": 2 * per_writer, "cpu_us_per_row": cpu}))
+        print(
+            f"throughput: {2 * per_writer:,} rows committed in {written_s:.1f}s, handled in {elapsed:.1f}s: "
+            f"{rate:,.0f} rows/s; CPU a row: " + ", ".join(f"{k} {v} us" for k, v in cpu.items())
+        )
+        print(
+            json.dumps(
+                {
+                    "rows_per_s": round(rate),
+                    "p50_ms": round(p50, 1),
+                    "p99_ms": round(p99, 1),
+                    "rate": args.rate,
+                    "rows": 2 * per_writer,
+                    "cpu_us_per_row": cpu,
+                }
+            )
+        )
         state.close()
         return 0
     finally:

@@ -161,8 +161,9 @@ def w1(data_dir: str, source: str, workers: int, run: str) -> int:
     from eventing.workers.executor import InProcessExecutor
 
     name = f"fn_w1_{run}"  # one function a store
-    defn = FunctionDefinition.from_dict({"name": name, "source_bucket": source, "worker_count": workers,
-                                         "checkpoint_interval": "1s"})
+    defn = FunctionDefinition.from_dict(
+        {"name": name, "source_bucket": source, "worker_count": workers, "checkpoint_interval": "1s"}
+    )
     lifecycle.save_function(data_dir, defn, TRIVIAL_HANDLER)
     lifecycle.deploy(data_dir, name)
     summary = EventingService(data_dir, InProcessExecutor(), until_caught_up=True, functions=[name]).run()
@@ -173,8 +174,12 @@ class BucketsOn:
     """While in effect, every bucket the service, its workers and the lifecycle open (by name) is the
     PostgreSQL store's."""
 
-    MODULES = ("eventing.control.lifecycle", "eventing.control.supervisor", "eventing.storage.remote",
-               "eventing.execution.runner")
+    MODULES = (
+        "eventing.control.lifecycle",
+        "eventing.control.supervisor",
+        "eventing.storage.remote",
+        "eventing.execution.runner",
+    )
 
     def __init__(self, db: PostgresDatabase):
         self.db = db
@@ -203,9 +208,16 @@ def effects(bucket: FileBucket, writes: int, batches: int) -> int:
     for _ in range(batches):
         groups = []
         for g in range(8):
-            groups.append(EffectGroup(g * 128, 1, [
-                (seqno + i + 1, Write(f"out-{g}-{seqno + i}", OP_UPDATE, doc)) for i in range(per_group)
-            ]))
+            groups.append(
+                EffectGroup(
+                    g * 128,
+                    1,
+                    [
+                        (seqno + i + 1, Write(f"out-{g}-{seqno + i}", OP_UPDATE, doc))
+                        for i in range(per_group)
+                    ],
+                )
+            )
         result = bucket.apply_effects("bench", groups)
         assert result.applied == per_group * 8, result
         seqno += per_group
@@ -244,7 +256,9 @@ def main() -> None:
             watched = server if store == "postgres" else None
             n, s = timed(lambda b=source: load(b, args.mutations), watched)
             figures[f"{store}_load_mps"] = round(n / s)
-            print(f"{store:8s} load     {n:>9,} mutations  {s:6.1f} s  {n / s:>10,.0f}/s  {cpu(n)}", flush=True)
+            print(
+                f"{store:8s} load     {n:>9,} mutations  {s:6.1f} s  {n / s:>10,.0f}/s  {cpu(n)}", flush=True
+            )
             if store == "postgres":
                 # What autovacuum does some time after a load, done now so that it does not run during
                 # the timed parts (it costs the server seconds of CPU after 1M rows).
@@ -261,19 +275,32 @@ def main() -> None:
                     assert n == args.mutations, n
                     figures[f"{store}_read_mps"] = round(n / s)
                     figures[f"{store}_read_cpu_us"] = round((CPU["client"] + CPU["server"]) / n * 1e6, 2)
-                    print(f"{store:8s} read     {n:>9,} mutations  {s:6.1f} s  {n / s:>10,.0f}/s  {cpu(n)} "
-                          f"(runs of {args.run}, {args.readers} reader(s))", flush=True)
+                    print(
+                        f"{store:8s} read     {n:>9,} mutations  {s:6.1f} s  {n / s:>10,.0f}/s  {cpu(n)} "
+                        f"(runs of {args.run}, {args.readers} reader(s))",
+                        flush=True,
+                    )
                 elif part == "highs":
-                    n, s = timed(lambda b=sources[store]: sum(1 for _ in range(2000) if b.high_seqnos(spans=((0, 255),))))
+                    n, s = timed(
+                        lambda b=sources[store]: sum(
+                            1 for _ in range(2000) if b.high_seqnos(spans=((0, 255),))
+                        )
+                    )
                     figures[f"{store}_highs_us"] = round(s / n * 1e6)
-                    print(f"{store:8s} highs    {n:>9,} calls      {s:6.1f} s  {s / n * 1e6:>10,.0f} us a call "
-                          "(256 vBuckets)", flush=True)
+                    print(
+                        f"{store:8s} highs    {n:>9,} calls      {s:6.1f} s  {s / n * 1e6:>10,.0f} us a call "
+                        "(256 vBuckets)",
+                        flush=True,
+                    )
                 elif part == "single":
                     target = make("single")
                     n, s = timed(lambda b=target: single_writes(b, args.single, args.threads), watched)
                     figures[f"{store}_single_wps"] = round(n / s)
-                    print(f"{store:8s} single   {n:>9,} writes     {s:6.1f} s  {n / s:>10,.0f}/s  {cpu(n)} "
-                          f"({args.threads} threads, one document a transaction)", flush=True)
+                    print(
+                        f"{store:8s} single   {n:>9,} writes     {s:6.1f} s  {n / s:>10,.0f}/s  {cpu(n)} "
+                        f"({args.threads} threads, one document a transaction)",
+                        flush=True,
+                    )
                 elif part == "w1":
                     data_dir = os.path.join(folder, "data")
                     route = BucketsOn(db) if store == "postgres" else contextlib.nullcontext()
@@ -281,26 +308,38 @@ def main() -> None:
                         n, s = timed(lambda d=data_dir, r=store: w1(d, "src", args.workers, r), watched)
                     assert n == args.mutations, n
                     figures[f"{store}_w1_mps"] = round(n / s)
-                    print(f"{store:8s} w1       {n:>9,} mutations  {s:6.1f} s  {n / s:>10,.0f}/s  {cpu(n)} "
-                          f"(in-process, {args.workers} worker cores; start-up included)", flush=True)
+                    print(
+                        f"{store:8s} w1       {n:>9,} mutations  {s:6.1f} s  {n / s:>10,.0f}/s  {cpu(n)} "
+                        f"(in-process, {args.workers} worker cores; start-up included)",
+                        flush=True,
+                    )
                 elif part == "grouped":
                     target = make("grouped")
                     n, s = timed(lambda b=target: grouped_writes(b, args.single, args.group), watched)
                     figures[f"{store}_grouped_wps"] = round(n / s)
-                    print(f"{store:8s} grouped  {n:>9,} writes     {s:6.1f} s  {n / s:>10,.0f}/s  {cpu(n)} "
-                          f"({args.group} documents a transaction, one thread)", flush=True)
+                    print(
+                        f"{store:8s} grouped  {n:>9,} writes     {s:6.1f} s  {n / s:>10,.0f}/s  {cpu(n)} "
+                        f"({args.group} documents a transaction, one thread)",
+                        flush=True,
+                    )
                 else:
                     target = make("effects")
                     n, s = timed(lambda b=target: effects(b, args.effects, args.effect_batches), watched)
                     figures[f"{store}_effects_wps"] = round(n / s)
-                    print(f"{store:8s} effects  {n:>9,} writes     {s:6.1f} s  {n / s:>10,.0f}/s  {cpu(n)} "
-                          f"({args.effects:,} a transaction)", flush=True)
+                    print(
+                        f"{store:8s} effects  {n:>9,} writes     {s:6.1f} s  {n / s:>10,.0f}/s  {cpu(n)} "
+                        f"({args.effects:,} a transaction)",
+                        flush=True,
+                    )
         if "sqlite_highs_us" in figures:
-            figures["highs_postgres_vs_sqlite_time"] = round(figures["postgres_highs_us"] / max(1, figures["sqlite_highs_us"]), 2)
+            figures["highs_postgres_vs_sqlite_time"] = round(
+                figures["postgres_highs_us"] / max(1, figures["sqlite_highs_us"]), 2
+            )
         for what in ("load_mps", "read_mps", "single_wps", "grouped_wps", "effects_wps", "w1_mps"):
             if f"sqlite_{what}" in figures and f"postgres_{what}" in figures:
                 figures[f"{what.rsplit('_', 1)[0]}_postgres_vs_sqlite"] = round(
-                    figures[f"postgres_{what}"] / figures[f"sqlite_{what}"], 3)
+                    figures[f"postgres_{what}"] / figures[f"sqlite_{what}"], 3
+                )
         db.close()
     finally:
         server.stop()

@@ -24,12 +24,12 @@ from eventing.workers.worker import WorkerCore, WorkerSpec  # noqa: E402
 from metadata.factory import open_store  # noqa: E402
 from sharding import NUM_VBUCKETS  # noqa: E402
 
-HANDLER = '''
+HANDLER = """
 seen = {}
 
 def on_update(doc, meta):
     seen[meta.id] = meta.previous is not None
-'''
+"""
 
 
 def load(data_dir: str, mutations: int, documents: int, index: bool) -> float:
@@ -43,8 +43,15 @@ def load(data_dir: str, mutations: int, documents: int, index: bool) -> float:
 
 
 def handle(data_dir: str, previous: bool) -> float:
-    defn = FunctionDefinition.from_dict({"name": "fn_prev", "source_bucket": "src", "batch_size": 2000,
-                                         "previous_version": previous, "checkpoint_interval": "1h"})
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": "fn_prev",
+            "source_bucket": "src",
+            "batch_size": 2000,
+            "previous_version": previous,
+            "checkpoint_interval": "1h",
+        }
+    )
     lifecycle.save_function(data_dir, defn, HANDLER)
     lifecycle.deploy(data_dir, "fn_prev")
     store = open_store(data_dir)
@@ -65,7 +72,9 @@ def handle(data_dir: str, previous: bool) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--mutations", type=int, default=200_000)
     parser.add_argument("--documents", type=int, default=20_000)
     args = parser.parse_args(argv)
@@ -78,10 +87,21 @@ def main(argv: list[str] | None = None) -> int:
         off = handle(plain_dir, False)
         on = handle(indexed_dir, True)
     print(f"load: {load_plain:,.0f}/s without the key index, {load_indexed:,.0f}/s with it")
-    print(f"handle: {off:,.0f}/s previous_version off, {on:,.0f}/s on (cold cache: {args.documents:,} log lookups)")
-    print(json.dumps({"handle_off_mps": round(off), "handle_on_mps": round(on), "handle_ratio": round(on / off, 3),
-                      "load_plain_mps": round(load_plain), "load_indexed_mps": round(load_indexed),
-                      "load_ratio": round(load_indexed / load_plain, 3)}))
+    print(
+        f"handle: {off:,.0f}/s previous_version off, {on:,.0f}/s on (cold cache: {args.documents:,} log lookups)"
+    )
+    print(
+        json.dumps(
+            {
+                "handle_off_mps": round(off),
+                "handle_on_mps": round(on),
+                "handle_ratio": round(on / off, 3),
+                "load_plain_mps": round(load_plain),
+                "load_indexed_mps": round(load_indexed),
+                "load_ratio": round(load_indexed / load_plain, 3),
+            }
+        )
+    )
     return 0
 
 

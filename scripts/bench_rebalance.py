@@ -31,7 +31,9 @@ from sharding.rebalance import minimum_moves  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--rate", type=float, default=2000, help="mutations/s written during the run")
     parser.add_argument("--window", type=float, default=3.0, help="seconds measured before and after")
@@ -44,7 +46,9 @@ def main(argv: list[str] | None = None) -> int:
 def measure(args: argparse.Namespace, data_dir: str) -> int:
     source = LocalBucket.create(data_dir, "src")
     LocalBucket.create(data_dir, "ledger")
-    lifecycle.save_function(data_dir, ledger_definition("fn_rb", "src", "ledger", workers=args.workers), LEDGER_HANDLER)
+    lifecycle.save_function(
+        data_dir, ledger_definition("fn_rb", "src", "ledger", workers=args.workers), LEDGER_HANDLER
+    )
     lifecycle.deploy(data_dir, "fn_rb")
     service = EventingService(data_dir, RayExecutor())
     runner = threading.Thread(target=service.run, daemon=True)
@@ -88,16 +92,18 @@ def measure(args: argparse.Namespace, data_dir: str) -> int:
         during = (handled() - h0) / (time.monotonic() - t0)
         after = rate_over(args.window)
         request = topology.request() or {}
-        results.append({
-            "step": " ".join(step),
-            "moves": plan.move_count,
-            "minimum_moves": minimum,
-            "seconds": request.get("seconds"),
-            "longest_unowned_ms": request.get("longest_unowned_ms"),
-            "mps_before": round(before),
-            "mps_during": round(during),
-            "mps_after": round(after),
-        })
+        results.append(
+            {
+                "step": " ".join(step),
+                "moves": plan.move_count,
+                "minimum_moves": minimum,
+                "seconds": request.get("seconds"),
+                "longest_unowned_ms": request.get("longest_unowned_ms"),
+                "mps_before": round(before),
+                "mps_during": round(during),
+                "mps_after": round(after),
+            }
+        )
     stop.set()
     writer.join()
     time.sleep(2)
@@ -106,9 +112,11 @@ def measure(args: argparse.Namespace, data_dir: str) -> int:
     report = check_ledger(source, LocalBucket.open(data_dir, "ledger"))
     print()
     for r in results:
-        print(f"{r['step']:<18} moves {r['moves']} (minimum {r['minimum_moves']}), done in {r['seconds']:.2f}s, "
-              f"longest unowned {r['longest_unowned_ms']:.0f} ms, mutations/s before {r['mps_before']:,} "
-              f"during {r['mps_during']:,} after {r['mps_after']:,}")
+        print(
+            f"{r['step']:<18} moves {r['moves']} (minimum {r['minimum_moves']}), done in {r['seconds']:.2f}s, "
+            f"longest unowned {r['longest_unowned_ms']:.0f} ms, mutations/s before {r['mps_before']:,} "
+            f"during {r['mps_during']:,} after {r['mps_after']:,}"
+        )
     print(f"ledger: {report.summary()}")
     print(json.dumps({"steps": results, "ledger_ok": report.ok}))
     return 0 if report.ok else 1

@@ -158,17 +158,30 @@ def run(data_dir: str, args: argparse.Namespace, handler: str, isolation: str, s
     if args.workload == "writing":
         create_bucket(data_dir, f"out_{isolation}", partitions=args.workers)
         bindings = [{"alias": "dst", "bucket": f"out_{isolation}", "access": "rw"}]
-    defn = FunctionDefinition.from_dict({
-        "name": name, "source_bucket": "bench", "worker_count": args.workers, "batch_size": args.batch_size,
-        "checkpoint_interval": "1s", "isolation": isolation, "bindings": bindings})
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": name,
+            "source_bucket": "bench",
+            "worker_count": args.workers,
+            "batch_size": args.batch_size,
+            "checkpoint_interval": "1s",
+            "isolation": isolation,
+            "bindings": bindings,
+        }
+    )
     lifecycle.save_function(data_dir, defn, handler)
     lifecycle.deploy(data_dir, name)
     cpu0, t0 = cpu_s(), time.perf_counter()
     summary = EventingService(data_dir, InProcessExecutor(), until_caught_up=True, functions=[name]).run()
     wall, host_cpu = time.perf_counter() - t0, cpu_s() - cpu0
     handled = summary.functions[name].handled
-    out: dict = {"isolation": isolation, "handled": handled, "wall_s": round(wall, 3), "mps": round(handled / wall),
-                 "host_cpu_s": round(host_cpu, 3)}
+    out: dict = {
+        "isolation": isolation,
+        "handled": handled,
+        "wall_s": round(wall, 3),
+        "mps": round(handled / wall),
+        "host_cpu_s": round(host_cpu, 3),
+    }
     if split is not None:
         out["child_cpu_s"] = round(sum(split.children.values()), 3)
         out["in_calls_to_child_s"] = round(sum(split.rpc_s.values()), 3)
@@ -177,10 +190,14 @@ def run(data_dir: str, args: argparse.Namespace, handler: str, isolation: str, s
         out["steps_host_answering_s"] = round(split.step_answer_s, 3)
         out["steps_host_cpu_s"] = round(split.step_host_cpu_s, 3)
         out["steps_child_cpu_s"] = round(split.step_child_cpu_s, 3)
-        out["answers"] = {k: [split.answers[k], round(v, 3)]
-                         for k, v in sorted(split.answer_s.items(), key=lambda item: -item[1])}
-        out["calls_to_child"] = {k: [split.rpcs[k], round(v, 3)]
-                                  for k, v in sorted(split.rpc_s.items(), key=lambda item: -item[1])[:6]}
+        out["answers"] = {
+            k: [split.answers[k], round(v, 3)]
+            for k, v in sorted(split.answer_s.items(), key=lambda item: -item[1])
+        }
+        out["calls_to_child"] = {
+            k: [split.rpcs[k], round(v, 3)]
+            for k, v in sorted(split.rpc_s.items(), key=lambda item: -item[1])[:6]
+        }
     return out
 
 
@@ -197,19 +214,26 @@ def summarise_profiles(folder: str) -> None:
     print(f"  the worker's child under cProfile: {total:.2f}s in Python calls; most own time:")
     rows = sorted(stats.stats.items(), key=lambda item: -item[1][2])[:18]  # type: ignore[attr-defined]
     for (file, line, name), (_, calls, own, cumulative, _) in rows:
-        print(f"    {own:7.3f}s own {cumulative:7.3f}s cum {calls:>9,} calls  {os.path.basename(file)}:{line} {name}")
+        print(
+            f"    {own:7.3f}s own {cumulative:7.3f}s cum {calls:>9,} calls  {os.path.basename(file)}:{line} {name}"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--workload", choices=("trivial", "writing"), default="trivial")
     parser.add_argument("--mutations", type=int, default=300_000)
     parser.add_argument("--documents", type=int, default=50_000)
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=2000)
-    parser.add_argument("--profile-child", metavar="DIR", default=None,
-                        help="run the sandboxed child under cProfile, its profile copied to DIR")
+    parser.add_argument(
+        "--profile-child",
+        metavar="DIR",
+        default=None,
+        help="run the sandboxed child under cProfile, its profile copied to DIR",
+    )
     args = parser.parse_args(argv)
     handler = TRIVIAL_HANDLER
     if args.workload == "writing":
@@ -221,25 +245,37 @@ def main(argv: list[str] | None = None) -> int:
         steps = time_steps()
         plain = run(data_dir, args, handler, "none", None)
         plain["steps_s"] = round(steps["steps_s"], 3)
-        print(f"none: {plain['handled']:,} mutations in {plain['wall_s']:.2f}s = {plain['mps']:,}/s, "
-              f"CPU {plain['host_cpu_s']:.2f}s; in steps {plain['steps_s']:.2f}s")
+        print(
+            f"none: {plain['handled']:,} mutations in {plain['wall_s']:.2f}s = {plain['mps']:,}/s, "
+            f"CPU {plain['host_cpu_s']:.2f}s; in steps {plain['steps_s']:.2f}s"
+        )
         split = Split()
         if args.profile_child:
             os.makedirs(args.profile_child, exist_ok=True)
             profile_children(args.profile_child)
         boxed = run(data_dir, args, handler, "sandbox", split)
-        print(f"sandbox: {boxed['handled']:,} mutations in {boxed['wall_s']:.2f}s = {boxed['mps']:,}/s, CPU host "
-              f"{boxed['host_cpu_s']:.2f}s + child {boxed['child_cpu_s']:.2f}s")
+        print(
+            f"sandbox: {boxed['handled']:,} mutations in {boxed['wall_s']:.2f}s = {boxed['mps']:,}/s, CPU host "
+            f"{boxed['host_cpu_s']:.2f}s + child {boxed['child_cpu_s']:.2f}s"
+        )
         child_side = boxed["steps_s"] - boxed["steps_host_answering_s"]
-        print(f"  in steps {boxed['steps_s']:.2f}s (CPU host {boxed['steps_host_cpu_s']:.2f}s + child "
-              f"{boxed['steps_child_cpu_s']:.2f}s): host answering the child's requests "
-              f"{boxed['steps_host_answering_s']:.2f}s, the child's own work and the line {child_side:.2f}s; "
-              f"starting and ending children {boxed['in_calls_to_child_s'] - boxed['steps_s']:.2f}s")
+        print(
+            f"  in steps {boxed['steps_s']:.2f}s (CPU host {boxed['steps_host_cpu_s']:.2f}s + child "
+            f"{boxed['steps_child_cpu_s']:.2f}s): host answering the child's requests "
+            f"{boxed['steps_host_answering_s']:.2f}s, the child's own work and the line {child_side:.2f}s; "
+            f"starting and ending children {boxed['in_calls_to_child_s'] - boxed['steps_s']:.2f}s"
+        )
         for kind, (count, seconds) in boxed["answers"].items():
-            print(f"    {kind}: {count:,} requests, {seconds:.3f}s ({1e6 * seconds / max(count, 1):,.0f} us each)")
+            print(
+                f"    {kind}: {count:,} requests, {seconds:.3f}s ({1e6 * seconds / max(count, 1):,.0f} us each)"
+            )
         if args.profile_child:
             summarise_profiles(args.profile_child)
-        print(json.dumps({"workload": args.workload, "mutations": args.mutations, "none": plain, "sandbox": boxed}))
+        print(
+            json.dumps(
+                {"workload": args.workload, "mutations": args.mutations, "none": plain, "sandbox": boxed}
+            )
+        )
     return 0
 
 

@@ -41,8 +41,12 @@ from metadata.factory import open_store  # noqa: E402
 
 FN = "fn_bench_sessions"
 WINDOW = {
-    "kind": "session", "gap": "10s", "time_field": "ts", "group_by": ["user"],
-    "aggregates": ["count", {"op": "sum", "field": "amount"}], "out_of_order_tolerance": "30s",
+    "kind": "session",
+    "gap": "10s",
+    "time_field": "ts",
+    "group_by": ["user"],
+    "aggregates": ["count", {"op": "sum", "field": "amount"}],
+    "out_of_order_tolerance": "30s",
 }
 T0 = 1_767_225_600_000
 BATCH = 2000
@@ -62,7 +66,9 @@ class HeldEmitter:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rows", type=int, default=300_000)
     parser.add_argument("--users", type=int, default=1000)
     parser.add_argument("--disorder-ms", type=int, default=20_000)
@@ -84,8 +90,17 @@ def main(argv: list[str] | None = None) -> int:
         incoming = WindowPaths.of(data_dir, FN).incoming
         store = open_store(data_dir)
         emitter = HeldEmitter()
-        coord = WindowCoordinator(data_dir, FN, 1, WINDOW, store, aggregator=lambda *a: None, emitter=emitter,
-                                  clock=lambda: T0, close_windows=True)
+        coord = WindowCoordinator(
+            data_dir,
+            FN,
+            1,
+            WINDOW,
+            store,
+            aggregator=lambda *a: None,
+            emitter=emitter,
+            clock=lambda: T0,
+            close_windows=True,
+        )
         seqnos = [0] * 64
         coordinator_s = 0.0
         for start in range(0, args.rows, BATCH):
@@ -104,11 +119,15 @@ def main(argv: list[str] | None = None) -> int:
             coord.poll(end_of_input=start + BATCH >= args.rows)
             coordinator_s += time.perf_counter() - started
         sessions = [p.job_key for p in coord.pending]
-        partial_rows = sum(pq.ParquetFile(p).metadata.num_rows for p in coord.paths.accepted.glob("*.parquet"))
+        partial_rows = sum(
+            pq.ParquetFile(p).metadata.num_rows for p in coord.paths.accepted.glob("*.parquet")
+        )
         late = args.rows - sum(a.rows for a in coord.accepted)
-        say(f"(a) coordinator: {args.rows:,} rows in {coordinator_s:.2f}s = {args.rows / coordinator_s:,.0f} rows/s "
+        say(
+            f"(a) coordinator: {args.rows:,} rows in {coordinator_s:.2f}s = {args.rows / coordinator_s:,.0f} rows/s "
             f"({coordinator_s / args.rows * 1e6:.2f} us a row); {len(sessions):,} sessions, {partial_rows:,} "
-            f"partial rows, {late} late rows")
+            f"partial rows, {late} late rows"
+        )
 
         from pyspark.sql import functions as F
 
@@ -121,7 +140,11 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(2):
             started = time.perf_counter()
             merged = merge_session_partials(
-                spark, coord.paths.accepted, gap_ms=10_000, group_by=["user"], aggregates=layout.aggregates,
+                spark,
+                coord.paths.accepted,
+                gap_ms=10_000,
+                group_by=["user"],
+                aggregates=layout.aggregates,
                 sessions=sessions,
             )
             merge_s = time.perf_counter() - started
@@ -135,8 +158,13 @@ def main(argv: list[str] | None = None) -> int:
                 spark.read.parquet(str(raw_dir))
                 .groupBy(F.session_window("event_time", "10 seconds").alias("s"), "user")
                 .agg(F.count(F.lit(1)).alias("count"), F.sum("amount").alias("sum_amount"))
-                .select(F.unix_millis("s.start").alias("window_start_ms"),
-                        F.unix_millis("s.end").alias("window_end_ms"), "user", "count", "sum_amount")
+                .select(
+                    F.unix_millis("s.start").alias("window_start_ms"),
+                    F.unix_millis("s.end").alias("window_end_ms"),
+                    "user",
+                    "count",
+                    "sum_amount",
+                )
             )
             sw = df.toArrow()
             sw_s = time.perf_counter() - started
@@ -144,15 +172,25 @@ def main(argv: list[str] | None = None) -> int:
         assert merged is not None and sw is not None
         same = None
         if not late:  # (c) cannot leave late rows out; compare when there are none
-            a = sorted((r["user"], r["window_start_ms"], r["window_end_ms"], r["count"]) for r in merged.to_pylist())
-            b = sorted((r["user"], r["window_start_ms"], r["window_end_ms"], r["count"]) for r in sw.to_pylist())
+            a = sorted(
+                (r["user"], r["window_start_ms"], r["window_end_ms"], r["count"]) for r in merged.to_pylist()
+            )
+            b = sorted(
+                (r["user"], r["window_start_ms"], r["window_end_ms"], r["count"]) for r in sw.to_pylist()
+            )
             same = a == b
             assert same, "session_window and the two-phase path disagree"
             say(f"results identical: {len(a):,} sessions")
         result = {
-            "rows": args.rows, "sessions": len(sessions), "partial_rows": partial_rows, "late_rows": late,
-            "coordinator_s": round(coordinator_s, 3), "coordinator_us_per_row": round(coordinator_s / args.rows * 1e6, 3),
-            "spark_merge_s": round(merge_s, 3), "spark_session_window_s": round(sw_s, 3), "identical": same,
+            "rows": args.rows,
+            "sessions": len(sessions),
+            "partial_rows": partial_rows,
+            "late_rows": late,
+            "coordinator_s": round(coordinator_s, 3),
+            "coordinator_us_per_row": round(coordinator_s / args.rows * 1e6, 3),
+            "spark_merge_s": round(merge_s, 3),
+            "spark_session_window_s": round(sw_s, 3),
+            "identical": same,
         }
         print(json.dumps(result))
         return 0

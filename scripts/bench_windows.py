@@ -72,7 +72,7 @@ WINDOW = {
     "aggregates": [{"op": "count"}, {"op": "sum", "field": "amount"}],
     "out_of_order_tolerance": "30s",
 }
-HANDLER = "\"\"\"Window-only: the window declared with the function does the work.\"\"\"\n"
+HANDLER = '"""Window-only: the window declared with the function does the work."""\n'
 SS_FILE_ROWS = 50_000
 RAY_SETTLE_S = 3.0  # a new Ray instance's prestarted worker processes are up well within this
 
@@ -94,8 +94,9 @@ class Timed:
 
 def load(data_dir: str, documents: int, mutations: int) -> LocalBucket:
     bucket = LocalBucket.create(data_dir, "bench")
-    for chunk in chunked(loadgen.generate(documents, mutations, seed=7, span_ms=2 * 3600 * 1000,
-                                          disorder_ms=30_000), 50_000):
+    for chunk in chunked(
+        loadgen.generate(documents, mutations, seed=7, span_ms=2 * 3600 * 1000, disorder_ms=30_000), 50_000
+    ):
         bucket.write(chunk)
     return bucket
 
@@ -107,10 +108,16 @@ def copy_bucket(bucket: LocalBucket, data_dir: str) -> str:
 
 
 def run_eventing(data_dir: str, workers: int, batch_size: int, aggregator: Timed) -> tuple[float, dict]:
-    defn = FunctionDefinition.from_dict({
-        "name": FUNCTION, "source_bucket": "bench", "worker_count": workers, "batch_size": batch_size,
-        "checkpoint_interval": "1s", "window": WINDOW,
-    })
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": FUNCTION,
+            "source_bucket": "bench",
+            "worker_count": workers,
+            "batch_size": batch_size,
+            "checkpoint_interval": "1s",
+            "window": WINDOW,
+        }
+    )
     lifecycle.save_function(data_dir, defn, HANDLER)
     lifecycle.deploy(data_dir, FUNCTION)
     marks: dict[str, float] = {}
@@ -124,7 +131,10 @@ def run_eventing(data_dir: str, workers: int, batch_size: int, aggregator: Timed
 
     # The end of the input closes every window, as `eventing run --close-windows`.
     service = EventingService(
-        data_dir, RayExecutor(), until_caught_up=True, on_progress=on_progress,
+        data_dir,
+        RayExecutor(),
+        until_caught_up=True,
+        on_progress=on_progress,
         windows=host.WindowOptions(close_windows=True),
     )
     stopped = service.windows.function_stopped
@@ -194,8 +204,14 @@ def run_ss(spark, rows_dir: str, out_dir: str):
     ended: list[float] = []
     start = time.perf_counter()
     results = run_structured_streaming(
-        spark, rows_dir, size_ms=60_000, group_by=list(layout.group_by), aggregates=layout.aggregates,
-        watermark_delay_ms=30_000, out_dir=out_dir, on_terminated=lambda: ended.append(time.perf_counter()),
+        spark,
+        rows_dir,
+        size_ms=60_000,
+        group_by=list(layout.group_by),
+        aggregates=layout.aggregates,
+        watermark_delay_ms=30_000,
+        out_dir=out_dir,
+        on_terminated=lambda: ended.append(time.perf_counter()),
     )
     return ended[0] - start, results
 
@@ -208,7 +224,10 @@ def compare(eventing, ss) -> float:
     worst = 0.0
     for x, y in zip(a, b, strict=True):
         assert (x["window_start_ms"], x["window_end_ms"], x["country"], x["count"]) == (
-            y["window_start_ms"], y["window_end_ms"], y["country"], y["count"]
+            y["window_start_ms"],
+            y["window_end_ms"],
+            y["country"],
+            y["count"],
         ), f"results differ: {x} != {y}"
         diff = abs(x["sum_amount"] - y["sum_amount"]) / max(1.0, abs(y["sum_amount"]))
         assert math.isclose(x["sum_amount"], y["sum_amount"], rel_tol=1e-9), f"sums differ: {x} != {y}"
@@ -217,11 +236,17 @@ def compare(eventing, ss) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--mutations", type=int, default=1_000_000)
     parser.add_argument("--documents", type=int, default=50_000)
-    parser.add_argument("--workers", type=int, default=os.cpu_count() or 2,
-                        help="Ray workers (default: one per core; more only contend for the cores)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=os.cpu_count() or 2,
+        help="Ray workers (default: one per core; more only contend for the cores)",
+    )
     parser.add_argument("--batch-size", type=int, default=2000)
     parser.add_argument("--warmup-mutations", type=int, default=100_000)
     parser.add_argument("--warmup-runs", type=int, default=3, help="runs of both pipelines before timing")
@@ -247,17 +272,27 @@ def main(argv: list[str] | None = None) -> int:
     write_ss_input(warm_bucket, os.path.join(root, "warmup-ss"))
     t0 = time.perf_counter()
     for run in range(args.warmup_runs):
-        run_eventing(copy_bucket(warm_bucket, os.path.join(root, f"warmup-{run}")), args.workers,
-                     args.batch_size, aggregator)
-        run_ss(spark, str(ss_source(os.path.join(root, "warmup-ss"))), os.path.join(root, f"warmup-ss-out-{run}"))
-    print(f"warm-up: both pipelines {args.warmup_runs}x over {args.warmup_mutations:,} mutations in "
-          f"{time.perf_counter() - t0:.1f}s")
+        run_eventing(
+            copy_bucket(warm_bucket, os.path.join(root, f"warmup-{run}")),
+            args.workers,
+            args.batch_size,
+            aggregator,
+        )
+        run_ss(
+            spark, str(ss_source(os.path.join(root, "warmup-ss"))), os.path.join(root, f"warmup-ss-out-{run}")
+        )
+    print(
+        f"warm-up: both pipelines {args.warmup_runs}x over {args.warmup_mutations:,} mutations in "
+        f"{time.perf_counter() - t0:.1f}s"
+    )
     aggregator.seconds, aggregator.jobs = 0.0, 0
 
     data_dir = os.path.join(root, "data")
     t0 = time.perf_counter()
     bucket = load(data_dir, args.documents, args.mutations)
-    print(f"load: {args.mutations:,} mutations over {args.documents:,} documents in {time.perf_counter() - t0:.1f}s")
+    print(
+        f"load: {args.mutations:,} mutations over {args.documents:,} documents in {time.perf_counter() - t0:.1f}s"
+    )
 
     # Ray afresh, as `eventing run` finds it: a new instance prestarts one idle worker process per CPU,
     # which worker actors take (the warm-up's actors used up this instance's). Not timed, like ray.init.
@@ -272,12 +307,18 @@ def main(argv: list[str] | None = None) -> int:
     late = int(counters.get("dlq_late", 0))
     eventing_results = ParquetWindowSink(WindowPaths.of(data_dir, FUNCTION).root / "results").read(FUNCTION)
     eventing_rps = rows / eventing_s
-    print(f"eventing ({args.workers} Ray workers, coordinator, Spark): {rows:,} rows in {eventing_s:.2f}s = "
-          f"{eventing_rps:,.0f} rows/s from service start to the last window in the sink")
-    print(f"  workers up at {phases.get('ready', 0):.2f}s, every row on disk and workers stopped at "
-          f"{phases.get('caught_up', 0):.2f}s; {phases['polls']} coordinator polls took {phases['poll_s']:.2f}s "
-          f"in the service thread; {aggregator.jobs} Spark job(s) took {aggregator.seconds:.2f}s")
-    print(f"  {int(counters['windows_emitted'])} windows, {eventing_results.num_rows} result rows, {late} late rows")
+    print(
+        f"eventing ({args.workers} Ray workers, coordinator, Spark): {rows:,} rows in {eventing_s:.2f}s = "
+        f"{eventing_rps:,.0f} rows/s from service start to the last window in the sink"
+    )
+    print(
+        f"  workers up at {phases.get('ready', 0):.2f}s, every row on disk and workers stopped at "
+        f"{phases.get('caught_up', 0):.2f}s; {phases['polls']} coordinator polls took {phases['poll_s']:.2f}s "
+        f"in the service thread; {aggregator.jobs} Spark job(s) took {aggregator.seconds:.2f}s"
+    )
+    print(
+        f"  {int(counters['windows_emitted'])} windows, {eventing_results.num_rows} result rows, {late} late rows"
+    )
     if late:
         raise SystemExit("error: the benchmark's tolerance covers its disorder, so no row should be late")
     after_start = eventing_s - phases.get("ready", 0.0)
@@ -286,23 +327,39 @@ def main(argv: list[str] | None = None) -> int:
     ss_dir = os.path.join(root, "ss")
     t0 = time.perf_counter()
     ss_rows = write_ss_input(bucket, ss_dir)
-    print(f"Structured Streaming input: {ss_rows:,} rows as Parquet in {time.perf_counter() - t0:.1f}s (not timed)")
+    print(
+        f"Structured Streaming input: {ss_rows:,} rows as Parquet in {time.perf_counter() - t0:.1f}s (not timed)"
+    )
     assert ss_rows == rows, f"eventing windowed {rows} rows, the extraction gave {ss_rows}"
     ss_s, ss_results = run_ss(spark, str(ss_source(ss_dir)), os.path.join(root, "ss-out"))
     spark_ss_rps = ss_rows / ss_s
-    print(f"Spark Structured Streaming: {ss_rows:,} rows in {ss_s:.2f}s = {spark_ss_rps:,.0f} rows/s "
-          "from query start to query end")
+    print(
+        f"Spark Structured Streaming: {ss_rows:,} rows in {ss_s:.2f}s = {spark_ss_rps:,.0f} rows/s "
+        "from query start to query end"
+    )
 
     worst = compare(eventing_results, ss_results)
-    print(f"results identical: {eventing_results.num_rows} (window, country) rows, equal counts, sums equal "
-          f"(largest relative difference {worst:.1e}, float summation order)")
+    print(
+        f"results identical: {eventing_results.num_rows} (window, country) rows, equal counts, sums equal "
+        f"(largest relative difference {worst:.1e}, float summation order)"
+    )
     ratio = eventing_rps / spark_ss_rps
     print(f"ratio eventing/Structured Streaming: {ratio:.2f}")
-    print(json.dumps({
-        "eventing_rps": round(eventing_rps), "spark_ss_rps": round(spark_ss_rps), "ratio": round(ratio, 3),
-        "rows": rows, "mutations": args.mutations, "eventing_s": round(eventing_s, 2), "spark_ss_s": round(ss_s, 2),
-        "eventing_rps_after_workers_up": round(rows / after_start), "workers": args.workers,
-    }))
+    print(
+        json.dumps(
+            {
+                "eventing_rps": round(eventing_rps),
+                "spark_ss_rps": round(spark_ss_rps),
+                "ratio": round(ratio, 3),
+                "rows": rows,
+                "mutations": args.mutations,
+                "eventing_s": round(eventing_s, 2),
+                "spark_ss_s": round(ss_s, 2),
+                "eventing_rps_after_workers_up": round(rows / after_start),
+                "workers": args.workers,
+            }
+        )
+    )
     if not args.data_dir:
         shutil.rmtree(root, ignore_errors=True)
     return 0

@@ -27,8 +27,10 @@ def _use_project_venv() -> None:
         python = os.path.join(venv, "bin", "python")
         if os.path.exists(python) and os.path.realpath(sys.prefix) != os.path.realpath(venv):
             os.execv(python, [python, os.path.abspath(__file__), *sys.argv[1:]])
-        sys.exit(f"error: the project's dependencies are not installed for {sys.executable}; run "
-                 "scripts/setup.sh first (it creates .venv), or run this script with .venv/bin/python")
+        sys.exit(
+            f"error: the project's dependencies are not installed for {sys.executable}; run "
+            "scripts/setup.sh first (it creates .venv), or run this script with .venv/bin/python"
+        )
 
 
 _use_project_venv()

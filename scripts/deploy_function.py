@@ -1,8 +1,8 @@
 """Deploy (or pause, resume, undeploy, delete, export, import) a function: a thin script over `eventing`.
 
-    python scripts/deploy_function.py functions/fn_email.json            # save + deploy
-    python scripts/deploy_function.py functions/fn_email.json --boundary from_now
-    python scripts/deploy_function.py --action pause fn_email
+python scripts/deploy_function.py functions/fn_email.json            # save + deploy
+python scripts/deploy_function.py functions/fn_email.json --boundary from_now
+python scripts/deploy_function.py --action pause fn_email
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ ACTIONS = ("deploy", "pause", "resume", "undeploy", "delete", "export", "import"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("target", help="definition file (deploy, create, import) or function name")
     parser.add_argument("--action", choices=ACTIONS, default="deploy")
     parser.add_argument("--boundary", choices=["everything", "from_now"])

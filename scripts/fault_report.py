@@ -34,13 +34,23 @@ def run_scenarios(folder: Path, soak: bool, pytest_args: list[str]) -> int:
     env.setdefault("RAY_AUTH_MODE", "disabled")
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     marker = "integration and not soak" if not soak else "integration"
-    command = [sys.executable, "-m", "pytest", "-q", "-m", marker, "tests/integration/test_faults.py", *pytest_args]
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-m",
+        marker,
+        "tests/integration/test_faults.py",
+        *pytest_args,
+    ]
     print("$ " + " ".join(command), file=sys.stderr)
     return subprocess.run(command, cwd=ROOT, env=env).returncode
 
 
 def read_figures(folder: Path) -> list[dict]:
     figures = [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))]
+
     def order(f: dict) -> tuple:
         number = f["scenario"].split()[0]
         return (int(number) if number.isdigit() else 99, f["scenario"], f["test"])
@@ -72,7 +82,9 @@ def render(figures: list[dict], markdown: bool) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--from", dest="source", metavar="DIR", help="tabulate figures already written to DIR")
+    parser.add_argument(
+        "--from", dest="source", metavar="DIR", help="tabulate figures already written to DIR"
+    )
     parser.add_argument("--soak", action="store_true", help="also run the soak variants (minutes)")
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")

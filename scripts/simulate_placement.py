@@ -39,7 +39,9 @@ def parse_steps(text: str) -> list[tuple[str, str]]:
         else:
             action, _, name = raw.partition(":")
         if action not in ("start", "stop") or not name:
-            raise PlacementError(f"step {raw!r} is not '+name', '-name', 'start:name' or 'stop:name'; fix --steps")
+            raise PlacementError(
+                f"step {raw!r} is not '+name', '-name', 'start:name' or 'stop:name'; fix --steps"
+            )
         steps.append((action, name))
     return steps
 
@@ -49,15 +51,28 @@ def simulate(steps: list[tuple[str, str]], capacity: int) -> list[dict]:
     out = []
     for action, name in steps:
         placement, step = placement.start(name) if action == "start" else placement.stop(name)
-        out.append({"step": step.describe(), "action": action, "function": name, "node": step.node,
-                    "slot": step.slot, "provisioned": step.provisioned, "released": step.released,
-                    "nodes": placement.to_dict()["nodes"]})
+        out.append(
+            {
+                "step": step.describe(),
+                "action": action,
+                "function": name,
+                "node": step.node,
+                "slot": step.slot,
+                "provisioned": step.provisioned,
+                "released": step.released,
+                "nodes": placement.to_dict()["nodes"],
+            }
+        )
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", help="comma-separated +name/-name steps (default: the seed's example, both branches)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--steps", help="comma-separated +name/-name steps (default: the seed's example, both branches)"
+    )
     parser.add_argument("--capacity", type=int, default=4, help="running functions a node hosts (default 4)")
     parser.add_argument("--json", action="store_true", help="print the steps as JSON")
     args = parser.parse_args(argv)
@@ -65,8 +80,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.steps:
             runs = {"steps": parse_steps(args.steps)}
         else:
-            runs = {"seed example": parse_steps(",".join(SEED_STEPS)),
-                    "seed example, proc10 before proc09 restarts": parse_steps(",".join(SEED_BRANCH))}
+            runs = {
+                "seed example": parse_steps(",".join(SEED_STEPS)),
+                "seed example, proc10 before proc09 restarts": parse_steps(",".join(SEED_BRANCH)),
+            }
         results = {title: simulate(steps, args.capacity) for title, steps in runs.items()}
     except PlacementError as exc:
         print(f"error: {exc}", file=sys.stderr)

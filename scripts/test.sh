@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 echo "== ruff"
 .venv/bin/ruff check --output-format concise .
+.venv/bin/ruff format --check --quiet . || { echo "run: .venv/bin/ruff format ." >&2; exit 1; }
 if [ $# -ne 0 ]; then
   echo "== mypy"
   .venv/bin/mypy

@@ -133,7 +133,9 @@ class PackedPlacement:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PackedPlacement:
         nodes = tuple(PackedNode(str(n["name"]), tuple(n["slots"])) for n in data.get("nodes", ()))
-        return cls(nodes, int(data.get("capacity", DEFAULT_CAPACITY)), int(data.get("provisioned", len(nodes))))
+        return cls(
+            nodes, int(data.get("capacity", DEFAULT_CAPACITY)), int(data.get("provisioned", len(nodes)))
+        )
 
 
 def _set(slots: tuple[str | None, ...], index: int, value: str | None) -> tuple[str | None, ...]:

@@ -45,13 +45,23 @@ COMMAND_MODULES: list[str] = [
 @functools.cache  # built once per process: tests and the console call main() many times
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--store", default=argparse.SUPPRESS, metavar="LOCATION",
-                        help="where buckets and metadata live: a data directory, or a PostgreSQL URL "
-                        "(postgresql://user@host:5432/db; docs/postgresql.md); default $EVENTING_STORE, else "
-                        f"$EVENTING_DATA_DIR or ./{DEFAULT_DATA_DIR}")
-    common.add_argument("--data-dir", default=argparse.SUPPRESS, metavar="DIR",
-                        help="a data directory as the store (the same as --store DIR)")
-    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output")
+    common.add_argument(
+        "--store",
+        default=argparse.SUPPRESS,
+        metavar="LOCATION",
+        help="where buckets and metadata live: a data directory, or a PostgreSQL URL "
+        "(postgresql://user@host:5432/db; docs/postgresql.md); default $EVENTING_STORE, else "
+        f"$EVENTING_DATA_DIR or ./{DEFAULT_DATA_DIR}",
+    )
+    common.add_argument(
+        "--data-dir",
+        default=argparse.SUPPRESS,
+        metavar="DIR",
+        help="a data directory as the store (the same as --store DIR)",
+    )
+    common.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output"
+    )
 
     parser = argparse.ArgumentParser(
         prog="eventing",
@@ -73,7 +83,6 @@ def build_parser() -> argparse.ArgumentParser:
     for module_name in COMMAND_MODULES:
         importlib.import_module(module_name).register(sub, add)
     return parser
-
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -38,5 +38,7 @@ def _print(args: argparse.Namespace, line: str) -> None:
 def register(sub: Any, add: Any) -> None:
     p = add("log", cmd_log, "show a function's application log (its handler's log() lines), newest last")
     p.add_argument("function")
-    p.add_argument("--lines", "-n", type=int, default=20, help="how many of the last lines to show (default 20)")
+    p.add_argument(
+        "--lines", "-n", type=int, default=20, help="how many of the last lines to show (default 20)"
+    )
     p.add_argument("--follow", "-f", action="store_true", help="keep printing new lines as they are written")

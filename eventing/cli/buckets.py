@@ -48,8 +48,12 @@ def cmd_bucket_list(args: argparse.Namespace) -> int:
     elif not rows:
         print(f"no buckets in {state.shown}; create one with `eventing bucket create NAME`")
     else:
-        print(table(["bucket", "documents", "tombstones", "mutations", "partitions"],
-                    [[r["name"], r["documents"], r["tombstones"], r["mutations"], r["partitions"]] for r in rows]))
+        print(
+            table(
+                ["bucket", "documents", "tombstones", "mutations", "partitions"],
+                [[r["name"], r["documents"], r["tombstones"], r["mutations"], r["partitions"]] for r in rows],
+            )
+        )
     return 0
 
 
@@ -66,7 +70,9 @@ def cmd_bucket_load(args: argparse.Namespace) -> int:
     if args.file:
         if args.file != "-" and not os.path.isfile(args.file):
             what = "is a directory" if os.path.isdir(args.file) else "does not exist"
-            raise NotFoundError(f"file {args.file} {what}; give a JSON lines file with --file (or - for stdin)")
+            raise NotFoundError(
+                f"file {args.file} {what}; give a JSON lines file with --file (or - for stdin)"
+            )
         batches = json_line_rows(args.file, rejected)
         total = None
     else:
@@ -79,22 +85,30 @@ def cmd_bucket_load(args: argparse.Namespace) -> int:
         total = args.mutations
     written = skipped = 0
     try:
-        with tqdm(total=total, unit="mut", disable=args.json or not progress_enabled(), desc=f"load {args.name}") as bar:
+        with tqdm(
+            total=total, unit="mut", disable=args.json or not progress_enabled(), desc=f"load {args.name}"
+        ) as bar:
             for rows in batches:
                 done = bucket.load_rows(rows)  # one transaction: a batch is committed whole or not at all
                 written += done
                 skipped += len(rows) - done
                 bar.update(len(rows))
     except StoreError as exc:  # a full disk, a damaged file: say what the batches before it committed
-        raise type(exc)(f"{exc}; {written:,} mutations of this load were committed to '{args.name}' before it "
-                        "(loading again adds every mutation of the load again)") from None
+        raise type(exc)(
+            f"{exc}; {written:,} mutations of this load were committed to '{args.name}' before it "
+            "(loading again adds every mutation of the load again)"
+        ) from None
     except KeyboardInterrupt:
         # Chunks are transactions: what was counted is committed, the chunk in flight was rolled back.
-        message = (f"interrupted: {written:,} mutations committed to '{args.name}' before Ctrl-C; the rest was not "
-                   "loaded (run the load again for it: a seed gives the same mutations again)")
+        message = (
+            f"interrupted: {written:,} mutations committed to '{args.name}' before Ctrl-C; the rest was not "
+            "loaded (run the load again for it: a seed gives the same mutations again)"
+        )
         if args.json:
-            print(json.dumps({"error": message, "exit": EXIT_INTERRUPTED, "mutations_written": written}),
-                  file=sys.stderr)
+            print(
+                json.dumps({"error": message, "exit": EXIT_INTERRUPTED, "mutations_written": written}),
+                file=sys.stderr,
+            )
         else:
             print(message, file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -111,8 +125,10 @@ def cmd_bucket_load(args: argparse.Namespace) -> int:
         summary["rejected"] = rejected[:100]
         emit_json(summary)
     else:
-        print(f"loaded {counted(written, 'mutation')} into '{args.name}' in {seconds:.1f}s "
-              f"({summary['mutations_per_s']:,}/s)")
+        print(
+            f"loaded {counted(written, 'mutation')} into '{args.name}' in {seconds:.1f}s "
+            f"({summary['mutations_per_s']:,}/s)"
+        )
         if skipped:
             print(f"  {skipped:,} deletes named documents that do not exist; nothing was logged for them")
         for line in rejected[:20]:
@@ -184,7 +200,9 @@ def cmd_bucket_get(args: argparse.Namespace) -> int:
         meta = bucket.get_meta(args.key)
     value, kind = _shown(doc)
     if args.json:
-        emit_json({"key": args.key, "meta": meta, "doc": value, **({"datatype": kind} if kind != "json" else {})})
+        emit_json(
+            {"key": args.key, "meta": meta, "doc": value, **({"datatype": kind} if kind != "json" else {})}
+        )
     elif kind == "json":
         print(json.dumps(value, indent=2, ensure_ascii=False))
     elif kind == "text":
@@ -253,7 +271,9 @@ def cmd_bucket_export(args: argparse.Namespace) -> int:
         out = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8")  # noqa: SIM115
     except OSError as exc:
         bucket.close()
-        raise ConfigError(f"cannot write {args.output}: {exc.strerror}; pick a writable path with -o") from None
+        raise ConfigError(
+            f"cannot write {args.output}: {exc.strerror}; pick a writable path with -o"
+        ) from None
     try:
         for item in bucket.scan(args.prefix, args.limit):
             out.write(json.dumps(_doc_line(*item), separators=(",", ":"), default=str) + "\n")
@@ -267,8 +287,10 @@ def cmd_bucket_export(args: argparse.Namespace) -> int:
         if args.json:
             emit_json(summary)
         else:
-            print(f"exported {counted(count, 'document')} of '{args.name}' to {args.output} "
-                  f"(read back with `eventing bucket load NAME --file {args.output}`)")
+            print(
+                f"exported {counted(count, 'document')} of '{args.name}' to {args.output} "
+                f"(read back with `eventing bucket load NAME --file {args.output}`)"
+            )
     return 0
 
 
@@ -293,8 +315,10 @@ def cmd_bucket_drop(args: argparse.Namespace) -> int:
     else:
         documents = counted(result["documents"], "document")
         tombstones = counted(result["tombstones"], "tombstone")
-        print(f"dropped bucket '{args.name}': deleted {result['path']} with {documents}, {tombstones} and a "
-              f"log of {counted(result['mutations'], 'mutation')}")
+        print(
+            f"dropped bucket '{args.name}': deleted {result['path']} with {documents}, {tombstones} and a "
+            f"log of {counted(result['mutations'], 'mutation')}"
+        )
         if result["named_by_undeployed_functions"]:
             names = ", ".join(result["named_by_undeployed_functions"])
             print(f"  undeployed functions still name it ({names}); recreate it before deploying them")
@@ -309,14 +333,18 @@ def cmd_bucket_flush(args: argparse.Namespace) -> int:
         emit_json(result)
     elif "keyspace" in result:
         documents = counted(result["documents"], "document")
-        print(f"flushed collection '{result['keyspace']}': deleted {documents}, one delete "
-              "mutation each (functions reading it handle them); the bucket's other collections are unchanged")
+        print(
+            f"flushed collection '{result['keyspace']}': deleted {documents}, one delete "
+            "mutation each (functions reading it handle them); the bucket's other collections are unchanged"
+        )
     else:
         documents = counted(result["documents"], "document")
         tombstones = counted(result["tombstones"], "tombstone")
-        print(f"flushed bucket '{args.name}': deleted {documents}, {tombstones} and a log of "
-              f"{counted(result['mutations'], 'mutation')}; "
-              "it has a new identity, so functions deployed later start from seqno 0")
+        print(
+            f"flushed bucket '{args.name}': deleted {documents}, {tombstones} and a log of "
+            f"{counted(result['mutations'], 'mutation')}; "
+            "it has a new identity, so functions deployed later start from seqno 0"
+        )
     return 0
 
 
@@ -324,27 +352,41 @@ KEYSPACE_HELP = "a bucket (its default collection) or BUCKET.SCOPE.COLLECTION"
 
 
 def register(sub: Any, add: Any) -> None:
-    bucket = sub.add_parser("bucket", help="local buckets: create, load, upsert, delete, get, info, list, keys, scan, export, "
-                            "count, drop, flush",
-                            description="Local buckets (SQLite files under the data directory). load, get, upsert, "
-                            "delete, keys, scan, export, count and flush take a keyspace BUCKET.SCOPE.COLLECTION "
-                            "where they take a bucket name.")
+    bucket = sub.add_parser(
+        "bucket",
+        help="local buckets: create, load, upsert, delete, get, info, list, keys, scan, export, "
+        "count, drop, flush",
+        description="Local buckets (SQLite files under the data directory). load, get, upsert, "
+        "delete, keys, scan, export, count and flush take a keyspace BUCKET.SCOPE.COLLECTION "
+        "where they take a bucket name.",
+    )
     bsub = bucket.add_subparsers(dest="bucket_command", metavar="ACTION", required=True)
     p = add("create", cmd_bucket_create, "create an empty bucket", bsub)
     p.add_argument("name")
     p.add_argument("--exist-ok", action="store_true", help="do nothing if it exists")
-    p.add_argument("--partitions", type=int, default=1, metavar="N",
-                   help="spread its vBuckets over N files (1-64, default 1): workers that write documents of "
-                        "their own vBuckets (N = the writing function's worker count) then write in parallel; "
-                        "see docs/handler-api.md")
+    p.add_argument(
+        "--partitions",
+        type=int,
+        default=1,
+        metavar="N",
+        help="spread its vBuckets over N files (1-64, default 1): workers that write documents of "
+        "their own vBuckets (N = the writing function's worker count) then write in parallel; "
+        "see docs/handler-api.md",
+    )
     add("list", cmd_bucket_list, "list buckets", bsub)
-    p = add("load", cmd_bucket_load, "generate faker mutations, or import JSON lines from a file or stdin", bsub)
+    p = add(
+        "load", cmd_bucket_load, "generate faker mutations, or import JSON lines from a file or stdin", bsub
+    )
     p.add_argument("name", metavar="KEYSPACE", help=KEYSPACE_HELP)
     p.add_argument("--documents", type=int, default=10_000, help="distinct documents (default 10000)")
-    p.add_argument("--mutations", type=int, default=100_000, help="total mutations, >= documents (default 100000)")
+    p.add_argument(
+        "--mutations", type=int, default=100_000, help="total mutations, >= documents (default 100000)"
+    )
     p.add_argument("--seed", type=int, default=0, help="same seed, same mutations (default 0)")
     p.add_argument("--prefix", default="customer", help="key prefix (default customer)")
-    p.add_argument("--file", help='JSON lines: {"key":..., "doc":{...}} or {"key":..., "op":"delete"}; - for stdin')
+    p.add_argument(
+        "--file", help='JSON lines: {"key":..., "doc":{...}} or {"key":..., "op":"delete"}; - for stdin'
+    )
     p = add("upsert", cmd_bucket_upsert, "create or replace one document", bsub)
     p.add_argument("name", metavar="KEYSPACE", help=KEYSPACE_HELP)
     p.add_argument("key")
@@ -364,24 +406,41 @@ def register(sub: Any, add: Any) -> None:
     p.add_argument("name", metavar="KEYSPACE", help=KEYSPACE_HELP)
     p.add_argument("--prefix", default="", help="only keys starting with this")
     p.add_argument("--limit", type=positive_int, help="at most this many keys")
-    p = add("scan", cmd_bucket_scan,
-            "print documents as JSON lines {key, doc, meta} in key order (--json: one JSON array)", bsub)
+    p = add(
+        "scan",
+        cmd_bucket_scan,
+        "print documents as JSON lines {key, doc, meta} in key order (--json: one JSON array)",
+        bsub,
+    )
     p.add_argument("name", metavar="KEYSPACE", help=KEYSPACE_HELP)
     p.add_argument("--prefix", default="", help="only keys starting with this")
     p.add_argument("--limit", type=positive_int, help="at most this many documents")
-    p = add("export", cmd_bucket_export, "write documents as JSON lines that `bucket load --file` reads back", bsub)
+    p = add(
+        "export",
+        cmd_bucket_export,
+        "write documents as JSON lines that `bucket load --file` reads back",
+        bsub,
+    )
     p.add_argument("name", metavar="KEYSPACE", help=KEYSPACE_HELP)
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="the file to write; - for stdout")
     p.add_argument("--prefix", default="", help="only keys starting with this")
     p.add_argument("--limit", type=positive_int, help="at most this many documents")
     p = add("count", cmd_bucket_count, "how many documents a bucket holds (tombstones not counted)", bsub)
     p.add_argument("name", metavar="KEYSPACE", help=KEYSPACE_HELP)
-    p = add("drop", cmd_bucket_drop,
-            "delete a bucket: its file, documents, mutation log and effect marks (refused while a deployed or "
-            "paused function uses it)", bsub)
+    p = add(
+        "drop",
+        cmd_bucket_drop,
+        "delete a bucket: its file, documents, mutation log and effect marks (refused while a deployed or "
+        "paused function uses it)",
+        bsub,
+    )
     p.add_argument("name")
-    p = add("flush", cmd_bucket_flush,
-            "empty a bucket: documents and mutation log deleted, new identity (refused while a deployed or "
-            "paused function uses it); of a collection BUCKET.SCOPE.COLLECTION: each of its documents deleted, a "
-            "delete mutation each", bsub)
+    p = add(
+        "flush",
+        cmd_bucket_flush,
+        "empty a bucket: documents and mutation log deleted, new identity (refused while a deployed or "
+        "paused function uses it); of a collection BUCKET.SCOPE.COLLECTION: each of its documents deleted, a "
+        "delete mutation each",
+        bsub,
+    )
     p.add_argument("name", metavar="KEYSPACE", help=KEYSPACE_HELP)

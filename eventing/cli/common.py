@@ -72,7 +72,9 @@ def check_function_buckets(state: State, functions: list[str] | None = None) -> 
         if (functions and record.name not in functions) or record.state.value == "undeployed":
             continue
         names.add(record.definition.get("source_bucket", ""))
-        names.update(b.get("bucket", "") for b in record.definition.get("bindings", []) if isinstance(b, dict))
+        names.update(
+            b.get("bucket", "") for b in record.definition.get("bindings", []) if isinstance(b, dict)
+        )
     for name in sorted(n for n in names if n and state.has_bucket(n)):
         with state.open_bucket(name) as bucket:
             bucket.verify_integrity()
@@ -109,7 +111,9 @@ class ProgressRenderer:
         for position, (name, p) in enumerate(sorted(summary.functions.items())):
             bar = self.bars.get(name)
             if bar is None:
-                bar = self.bars[name] = tqdm(desc=name, unit="mut", position=position, leave=True, dynamic_ncols=True)
+                bar = self.bars[name] = tqdm(
+                    desc=name, unit="mut", position=position, leave=True, dynamic_ncols=True
+                )
             total = p.handled + p.backlog
             if total and bar.total != total:
                 bar.total = total

@@ -79,9 +79,15 @@ def _print_event(event: dict) -> None:
     kind = event["event"]
     if kind == "pulled":
         m, cp = event["mutation"], event["checkpoint"]
-        owner = f"owner {cp['owner']}, {'live' if cp['leased'] else 'not running'}" if cp["owner"] else "never owned"
-        print(f"pulled a copy of vBucket {m['vb']} seqno {m['seqno']} (key '{m['key']}', {m['op']}) after "
-              f"checkpoint {cp['seqno']} ({owner}); the stream keeps the original")
+        owner = (
+            f"owner {cp['owner']}, {'live' if cp['leased'] else 'not running'}"
+            if cp["owner"]
+            else "never owned"
+        )
+        print(
+            f"pulled a copy of vBucket {m['vb']} seqno {m['seqno']} (key '{m['key']}', {m['op']}) after "
+            f"checkpoint {cp['seqno']} ({owner}); the stream keeps the original"
+        )
     elif kind == "call":
         if event["doc"] is not None:
             print(f"doc:  {_value(event['doc'])}")
@@ -110,8 +116,10 @@ def _print_footer(session: DebugSession) -> None:
     elif outcome.status == "no_handler":
         print("result: the handler defines no function for this operation; the worker skips it too")
     elif outcome.status == "filtered":
-        print("result: filtered out: the function's filter does not match this mutation, so the worker "
-              "checkpoints it without calling the handler (counter `filtered`)")
+        print(
+            "result: filtered out: the function's filter does not match this mutation, so the worker "
+            "checkpoints it without calling the handler (counter `filtered`)"
+        )
     elif outcome.status == "quit":
         print("result: pdb quit before the handler returned; its writes were discarded")
     else:
@@ -120,12 +128,16 @@ def _print_footer(session: DebugSession) -> None:
             print(outcome.traceback.rstrip())
     writes = len(session.writes)
     if writes and session.applied:
-        print(f"{writes} writes applied directly (origin '{session.function}'); the worker still handles this "
-              "mutation, so they may be applied twice")
+        print(
+            f"{writes} writes applied directly (origin '{session.function}'); the worker still handles this "
+            "mutation, so they may be applied twice"
+        )
     elif writes:
         print(f"{writes} writes shown, not applied (--apply writes them)")
     m = pulled.mutation
-    print(f"the mutation was not consumed: the worker that owns vBucket {m.vb} handles seqno {m.seqno} in its place")
+    print(
+        f"the mutation was not consumed: the worker that owns vBucket {m.vb} handles seqno {m.seqno} in its place"
+    )
 
 
 def _value(value: object) -> str:
@@ -144,13 +156,25 @@ def register(sub, add) -> None:
     p.add_argument("function")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--key", help="the first mutation of this key after the checkpoint of its vBucket")
-    which.add_argument("--vb", type=int, help="the next mutation of this vBucket (default: lowest with a backlog)")
+    which.add_argument(
+        "--vb", type=int, help="the next mutation of this vBucket (default: lowest with a backlog)"
+    )
     how = p.add_mutually_exclusive_group()
     how.add_argument("--pdb", action="store_true", help="run the handler under pdb (interactive)")
-    how.add_argument("--trace", action="store_true",
-                     help="non-interactive trace of doc, meta, logs, binding reads and writes, errors (default)")
-    p.add_argument("--apply", action="store_true",
-                   help="write the handler's binding writes directly (origin = the function); the worker still "
-                   "handles the mutation, so they may be applied twice")
-    p.add_argument("--wait", type=float, metavar="SECONDS",
-                   help="if no mutation is pending, poll the source this long for one")
+    how.add_argument(
+        "--trace",
+        action="store_true",
+        help="non-interactive trace of doc, meta, logs, binding reads and writes, errors (default)",
+    )
+    p.add_argument(
+        "--apply",
+        action="store_true",
+        help="write the handler's binding writes directly (origin = the function); the worker still "
+        "handles the mutation, so they may be applied twice",
+    )
+    p.add_argument(
+        "--wait",
+        type=float,
+        metavar="SECONDS",
+        help="if no mutation is pending, poll the source this long for one",
+    )

@@ -58,7 +58,9 @@ def run_demo(state: State, args: argparse.Namespace) -> int:
     say = (lambda *a: None) if args.json else print
     started = time.perf_counter()
     if state.metadata.live_services(lifecycle.SERVICE_STALE_S):
-        raise EventingError(f"an eventing service is running on {state.shown}; stop it (Ctrl-C) before the demo resets it")
+        raise EventingError(
+            f"an eventing service is running on {state.shown}; stop it (Ctrl-C) before the demo resets it"
+        )
     _reset(state)
     # Spark's cold start (~10 s of JVM, and a first job) overlaps loading and deploying instead of stalling
     # the first window.
@@ -73,11 +75,15 @@ def run_demo(state: State, args: argparse.Namespace) -> int:
     source = app.bucket("customers")
     load_s = time.perf_counter() - t0
     say(f"   {args.mutations / load_s:,.0f} mutations/s")
-    say(f"3. deploying fn_email (4 workers), fn_score (3 workers) and {WINDOW_FUNCTION} (2 workers; 1-minute "
-        "event-time windows per country, merged by PySpark)")
+    say(
+        f"3. deploying fn_email (4 workers), fn_score (3 workers) and {WINDOW_FUNCTION} (2 workers; 1-minute "
+        "event-time windows per country, merged by PySpark)"
+    )
     for name in DEMO_FUNCTIONS:
         app.deploy(FUNCTIONS_DIR / f"{name}.json")
-    say(f"4. processing everything on {'a local Ray instance' if args.executor == 'ray' and not args.ray_address else args.executor}")
+    say(
+        f"4. processing everything on {'a local Ray instance' if args.executor == 'ray' and not args.ray_address else args.executor}"
+    )
 
     renderer = ProgressRenderer(enabled=not args.json and progress_enabled())
     try:
@@ -93,7 +99,11 @@ def run_demo(state: State, args: argparse.Namespace) -> int:
     windows = app.windows(WINDOW_FUNCTION).to_dict()
     chart = str((state.directory or Path()).resolve() / f"{WINDOW_FUNCTION}.png")
     if windows["results"]:
-        write_chart(windows, "sum_amount" if "sum_amount" in windows["aggregates"] else windows["aggregates"][0], chart)
+        write_chart(
+            windows,
+            "sum_amount" if "sum_amount" in windows["aggregates"] else windows["aggregates"][0],
+            chart,
+        )
     else:
         chart = ""
     emails = app.bucket("emails")
@@ -106,8 +116,8 @@ def run_demo(state: State, args: argparse.Namespace) -> int:
         "stats": stats,
         "vbmap": vbmaps,
         "buckets": {b.name: b.stats()["documents"] for b in (source, emails, scores)},
-        "windows": {k: v for k, v in windows.items() if k != "results"} | {
-            "results_shown": _last_windows(windows)[1], "result_rows": len(windows["results"])},
+        "windows": {k: v for k, v in windows.items() if k != "results"}
+        | {"results_shown": _last_windows(windows)[1], "result_rows": len(windows["results"])},
         "chart": chart or None,
         "console": _console_hint(state),
         "demo_seconds": round(time.perf_counter() - started, 1),
@@ -119,14 +129,18 @@ def run_demo(state: State, args: argparse.Namespace) -> int:
     print()
     for name in HANDLER_FUNCTIONS:
         s = stats[name]
-        print(f"== {name}: {s['mutations_seen']:,} mutations seen, on_update ok {s['on_update_success']:,} / failed "
-              f"{s['on_update_failure']}, on_delete ok {s['on_delete_success']:,} / failed {s['on_delete_failure']}, "
-              f"checkpoint lag {s['checkpoint_lag']}, {s.get('last_run', {}).get('mutations_per_s', 0):,} mutations/s")
+        print(
+            f"== {name}: {s['mutations_seen']:,} mutations seen, on_update ok {s['on_update_success']:,} / failed "
+            f"{s['on_update_failure']}, on_delete ok {s['on_delete_success']:,} / failed {s['on_delete_failure']}, "
+            f"checkpoint lag {s['checkpoint_lag']}, {s.get('last_run', {}).get('mutations_per_s', 0):,} mutations/s"
+        )
         for w in vbmaps[name]["workers"]:
             print(f"   {w['worker']}: {w['vbuckets']} vBuckets  {w['ranges']}")
     print()
-    print(f"customers: {result['buckets']['customers']:,} documents; emails: {result['buckets']['emails']:,} drafts; "
-          f"scores: {result['buckets']['scores']:,} scores")
+    print(
+        f"customers: {result['buckets']['customers']:,} documents; emails: {result['buckets']['emails']:,} drafts; "
+        f"scores: {result['buckets']['scores']:,} scores"
+    )
     key = next(iter(emails.keys()), None)
     if key:
         print(f"example: emails[{key!r}] = {emails.get(key)}")
@@ -137,10 +151,14 @@ def run_demo(state: State, args: argparse.Namespace) -> int:
         print(f"   chart of sum_amount per window and country: {chart}")
     me = program()
     where = _store_option(state)
-    print(f"\nnext: {me} {where} stats fn_email   |   {me} {where} vbmap fn_score"
-          f"   |   {me} {where} windows {WINDOW_FUNCTION}")
+    print(
+        f"\nnext: {me} {where} stats fn_email   |   {me} {where} vbmap fn_score"
+        f"   |   {me} {where} windows {WINDOW_FUNCTION}"
+    )
     print(f"console: {_console_hint(state)}")
-    print(f"(demo took {result['demo_seconds']:.0f}s: loading {load_s:.0f}s, processing {summary.seconds:.0f}s)")
+    print(
+        f"(demo took {result['demo_seconds']:.0f}s: loading {load_s:.0f}s, processing {summary.seconds:.0f}s)"
+    )
     return 0
 
 
@@ -198,23 +216,36 @@ def _last_windows(report: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str
 
 def _print_windows(report: dict[str, Any], stats: dict[str, Any]) -> None:
     results = report["results"]
-    print(f"== {WINDOW_FUNCTION}: {stats['mutations_seen']:,} mutations seen; {report['windows_emitted']:,} windows "
-          f"emitted ({len(results):,} rows, one per window and country), {report['open_windows']} still open; "
-          f"late rows {report['late_rows']}")
-    print(f"   watermark: {report['watermark']} (per vBucket the latest event time seen minus the "
-          f"{report['window']['out_of_order_tolerance']} out-of-order tolerance; the least over active vBuckets; "
-          "windows ending at or before it are closed)")
+    print(
+        f"== {WINDOW_FUNCTION}: {stats['mutations_seen']:,} mutations seen; {report['windows_emitted']:,} windows "
+        f"emitted ({len(results):,} rows, one per window and country), {report['open_windows']} still open; "
+        f"late rows {report['late_rows']}"
+    )
+    print(
+        f"   watermark: {report['watermark']} (per vBucket the latest event time seen minus the "
+        f"{report['window']['out_of_order_tolerance']} out-of-order tolerance; the least over active vBuckets; "
+        "windows ending at or before it are closed)"
+    )
     if not results:
         print("   no window has closed yet")
         return
     aggregates = report["aggregates"]
     group, shown = _last_windows(report)
-    rows = [[r["window_start"], r["window_end"], *(r[g] for g in report["group_by"]),
-             *(round(r[a], 2) if isinstance(r[a], float) else r[a] for a in aggregates)]
-            for r in shown]
+    rows = [
+        [
+            r["window_start"],
+            r["window_end"],
+            *(r[g] for g in report["group_by"]),
+            *(round(r[a], 2) if isinstance(r[a], float) else r[a] for a in aggregates),
+        ]
+        for r in shown
+    ]
     if group:
-        print(f"   the last {len(shown)} closed windows of " + ", ".join(f"{g} {v}" for g, v in group.items())
-              + " (every group: the chart, or `eventing windows`):")
+        print(
+            f"   the last {len(shown)} closed windows of "
+            + ", ".join(f"{g} {v}" for g, v in group.items())
+            + " (every group: the chart, or `eventing windows`):"
+        )
     text = table(["window start", "window end", *report["group_by"], *aggregates], rows)
     print("   " + text.replace("\n", "\n   "))
 
@@ -224,11 +255,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any, add: Any) -> None:
-    p = add("demo", cmd_demo, "the main job on embedded defaults: load customers, deploy fn_email, fn_score and "
-            "the windowed fn_sales_per_minute, process everything on a local Ray instance with PySpark merging "
-            "the windows, print stats, vBucket maps, closed windows with the watermark, a chart, and the console")
+    p = add(
+        "demo",
+        cmd_demo,
+        "the main job on embedded defaults: load customers, deploy fn_email, fn_score and "
+        "the windowed fn_sales_per_minute, process everything on a local Ray instance with PySpark merging "
+        "the windows, print stats, vBucket maps, closed windows with the watermark, a chart, and the console",
+    )
     p.add_argument("--documents", type=int, default=20_000)
     p.add_argument("--mutations", type=int, default=200_000)
     p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--ray-address", default=None, help="join an existing Ray cluster (default $EVENTING_RAY_ADDRESS)")
+    p.add_argument(
+        "--ray-address", default=None, help="join an existing Ray cluster (default $EVENTING_RAY_ADDRESS)"
+    )
     p.add_argument("--executor", choices=["ray", "in-process"], default="ray")

@@ -31,8 +31,9 @@ def _selector(args: argparse.Namespace) -> dlq.DlqSelector:
 def cmd_list(args: argparse.Namespace) -> int:
     from eventing.ops import dlq
 
-    rows = dlq.list_rows(existing_state(args), args.function, reason=args.reason, limit=args.limit,
-                         include_replayed=args.all)
+    rows = dlq.list_rows(
+        existing_state(args), args.function, reason=args.reason, limit=args.limit, include_replayed=args.all
+    )
     if args.json:
         emit_json([dlq.row_view(r) for r in rows])
         return 0
@@ -41,15 +42,30 @@ def cmd_list(args: argparse.Namespace) -> int:
         hidden = "" if args.all else " (replayed rows are hidden; --all shows them)"
         print(f"function '{args.function}' has no dead letters{which}{hidden}")
         return 0
-    print(table(
-        ["vb", "seqno", "key", "reason", "attempts", "last failed", "replayed", "error"],
-        [[r.vb, r.seqno, r.key, r.reason, r.attempts, dlq.row_view(r)["last_failed_at"],
-          "yes" if r.replayed_at else "", _short(r.error)] for r in rows],
-    ))
+    print(
+        table(
+            ["vb", "seqno", "key", "reason", "attempts", "last failed", "replayed", "error"],
+            [
+                [
+                    r.vb,
+                    r.seqno,
+                    r.key,
+                    r.reason,
+                    r.attempts,
+                    dlq.row_view(r)["last_failed_at"],
+                    "yes" if r.replayed_at else "",
+                    _short(r.error),
+                ]
+                for r in rows
+            ],
+        )
+    )
     more = f"; --limit {args.limit} reached" if args.limit and len(rows) == args.limit else ""
     hidden = "" if args.all else "; replayed rows are hidden (--all shows them)"
-    print(f"{counted(len(rows), 'row')}{more}{hidden}. "
-          f"`eventing dlq show {args.function} --vb N --seqno S` shows one")
+    print(
+        f"{counted(len(rows), 'row')}{more}{hidden}. "
+        f"`eventing dlq show {args.function} --vb N --seqno S` shows one"
+    )
     return 0
 
 
@@ -64,7 +80,9 @@ def cmd_show(args: argparse.Namespace) -> int:
     for i, view in enumerate(views):
         if i:
             print()
-        print(f"dead letter of {args.function}: vBucket {view['vb']} seqno {view['seqno']} key '{view['key']}'")
+        print(
+            f"dead letter of {args.function}: vBucket {view['vb']} seqno {view['seqno']} key '{view['key']}'"
+        )
         for name in ("reason", "error", "attempts", "first_failed_at", "last_failed_at", "replayed_at"):
             print(f"  {name:>15}: {view[name] if view[name] is not None else '-'}")
         mutation = view["mutation"]
@@ -111,15 +129,27 @@ def cmd_replay(args: argparse.Namespace) -> int:
             return 0
         for r in report.rows:
             if r.outcome not in ("replayed", "not replayable"):
-                print(f"  still failing: vBucket {r.vb} seqno {r.seqno} '{r.key}': {r.outcome}: {_short(r.error, 100)}")
-        skipped = f", {report.writes_skipped} already applied by an interrupted replay" if report.writes_skipped else ""
+                print(
+                    f"  still failing: vBucket {r.vb} seqno {r.seqno} '{r.key}': {r.outcome}: {_short(r.error, 100)}"
+                )
+        skipped = (
+            f", {report.writes_skipped} already applied by an interrupted replay"
+            if report.writes_skipped
+            else ""
+        )
         print(
             f"replayed {report.replayed} of {report.selected} dead letters of '{args.function}' "
             f"({report.writes_applied} writes applied{skipped}); {report.failed} still failing"
-            + (f", {report.not_replayable} not replayable (not handler work)" if report.not_replayable else "")
+            + (
+                f", {report.not_replayable} not replayable (not handler work)"
+                if report.not_replayable
+                else ""
+            )
         )
         if report.failed:
-            print(f"rows still failing stay in the queue; see `eventing dlq show {args.function} --vb N --seqno S`")
+            print(
+                f"rows still failing stay in the queue; see `eventing dlq show {args.function} --vb N --seqno S`"
+            )
     return 1 if report.failed else 0
 
 
@@ -155,26 +185,41 @@ def register(sub, add) -> None:
     )
     dsub = group.add_subparsers(dest="dlq_command", metavar="ACTION", required=True)
 
-    p = add("list", cmd_list, "list dead letters in (vBucket, seqno) order; replayed ones only with --all", dsub)
+    p = add(
+        "list", cmd_list, "list dead letters in (vBucket, seqno) order; replayed ones only with --all", dsub
+    )
     p.add_argument("function")
     p.add_argument("--reason", help="only rows with this reason: error, timeout, undecodable, oversize, ...")
     p.add_argument("--limit", type=int, help="at most this many rows")
     p.add_argument("--all", action="store_true", help="include rows already replayed")
 
-    p = add("show", cmd_show, "one dead letter in full: error, traceback and the mutation (--vb and --seqno, or --key)",
-            dsub)
+    p = add(
+        "show",
+        cmd_show,
+        "one dead letter in full: error, traceback and the mutation (--vb and --seqno, or --key)",
+        dsub,
+    )
     p.add_argument("function")
     _add_selectors(p)
 
-    p = add("replay", cmd_replay, "re-run the function's current stored handler on dead letters, in per-document "
-            "order, applying each row exactly once (safe to interrupt and run again)", dsub)
+    p = add(
+        "replay",
+        cmd_replay,
+        "re-run the function's current stored handler on dead letters, in per-document "
+        "order, applying each row exactly once (safe to interrupt and run again)",
+        dsub,
+    )
     p.add_argument("function")
     _add_selectors(p)
     p.add_argument("--reason", help="only rows with this reason")
     p.add_argument("--all", action="store_true", help="every row not yet replayed")
 
-    p = add("purge", cmd_purge, "delete dead letters without asking: --all, --replayed or a selector; "
-            "prints how many were removed", dsub)
+    p = add(
+        "purge",
+        cmd_purge,
+        "delete dead letters without asking: --all, --replayed or a selector; prints how many were removed",
+        dsub,
+    )
     p.add_argument("function")
     _add_selectors(p)
     p.add_argument("--reason", help="only rows with this reason")

@@ -78,7 +78,9 @@ def cmd_resume(args: argparse.Namespace) -> int:
 def cmd_undeploy(args: argparse.Namespace) -> int:
     from eventing.control import lifecycle
 
-    return announce(args, lifecycle.undeploy(existing_state(args), args.function, wait_s=args.wait), "undeployed")
+    return announce(
+        args, lifecycle.undeploy(existing_state(args), args.function, wait_s=args.wait), "undeployed"
+    )
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
@@ -103,9 +105,22 @@ def cmd_list(args: argparse.Namespace) -> int:
     elif not views:
         print("no functions; deploy one with `eventing deploy functions/fn_email.json`")
     else:
-        print(table(["function", "state", "source", "workers", "boundary", "bindings"],
-                    [[v["name"], v["state"], v["source_bucket"], v["workers"], v["boundary"], " ".join(v["bindings"])]
-                     for v in views]))
+        print(
+            table(
+                ["function", "state", "source", "workers", "boundary", "bindings"],
+                [
+                    [
+                        v["name"],
+                        v["state"],
+                        v["source_bucket"],
+                        v["workers"],
+                        v["boundary"],
+                        " ".join(v["bindings"]),
+                    ]
+                    for v in views
+                ],
+            )
+        )
     return 0
 
 
@@ -116,29 +131,51 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     state = existing_state(args)
     status = function_status(state, args.function)
-    services, leader, standbys, views = status["services"], status["leader"], status["standbys"], status["functions"]
-    sandbox = sandbox_report()  # this machine's: what a sandboxed handler is confined by, or why it cannot run
+    services, leader, standbys, views = (
+        status["services"],
+        status["leader"],
+        status["standbys"],
+        status["functions"],
+    )
+    sandbox = (
+        sandbox_report()
+    )  # this machine's: what a sandboxed handler is confined by, or why it cannot run
     mirrored = mirror_health(state) if not args.function else []
     if args.json:
-        emit_json({"store": state.shown, "services": services, "leader": leader, "standbys": standbys,
-                   "functions": views, "sandbox": sandbox, "mirrors": mirrored})
+        emit_json(
+            {
+                "store": state.shown,
+                "services": services,
+                "leader": leader,
+                "standbys": standbys,
+                "functions": views,
+                "sandbox": sandbox,
+                "mirrors": mirrored,
+            }
+        )
     else:
         print(f"store: {state.shown}")  # never its password
         print(f"eventing service: {'running (' + ', '.join(services) + ')' if services else 'not running'}")
         print(f"sandbox: {sandbox}")
         if leader is not None:
-            print(f"  leader: {leader['id']} (lease term {leader['term']}, expires in {leader['expires_in_s']:.1f}s)")
+            print(
+                f"  leader: {leader['id']} (lease term {leader['term']}, expires in {leader['expires_in_s']:.1f}s)"
+            )
         if services:
             print(f"  standby: {', '.join(standbys) if standbys else 'none'}")
         for v in views:
             line = f"  {v['name']}: {v['state']} ({v['vbuckets_leased']}/{NUM_VBUCKETS} vBuckets owned by live workers"
             if v["vbuckets_leased_by_stopped_service"]:
-                line += (f"; {v['vbuckets_leased_by_stopped_service']} still leased by a service that stopped "
-                         "without releasing them, which the next `eventing run` takes over")
+                line += (
+                    f"; {v['vbuckets_leased_by_stopped_service']} still leased by a service that stopped "
+                    "without releasing them, which the next `eventing run` takes over"
+                )
             print(line + ")" + (f"; {v['hint']}" if v.get("hint") else ""))
         for m in mirrored:
-            print(f"  mirror {m['keyspace']} of {m['table']}: {m['state']}"
-                  + (f" (lag {m['lag_bytes']} bytes, {m['lag_s']} s)" if m["lag_bytes"] is not None else ""))
+            print(
+                f"  mirror {m['keyspace']} of {m['table']}: {m['state']}"
+                + (f" (lag {m['lag_bytes']} bytes, {m['lag_s']} s)" if m["lag_bytes"] is not None else "")
+            )
             for warning in m["warnings"]:
                 print(f"warning: mirror {m['keyspace']}: {warning}")
     return 0
@@ -149,8 +186,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     data: Any
     if args.format == "couchbase":  # Couchbase's export: a list of functions, as its console writes
-        exported, warnings = lifecycle.export_couchbase(existing_state(args), args.function,
-                                                        with_secrets=args.with_secrets)
+        exported, warnings = lifecycle.export_couchbase(
+            existing_state(args), args.function, with_secrets=args.with_secrets
+        )
         data = [exported]
         for line in warnings:
             print(f"warning: {line}", file=sys.stderr)
@@ -193,18 +231,28 @@ def cmd_import(args: argparse.Namespace) -> int:
 def register(sub: Any, add: Any) -> None:
     p = add("create", cmd_create, "save a function definition (JSON + handler file) without deploying it")
     p.add_argument("file")
-    p = add("deploy", cmd_deploy, "deploy a function: a definition file (saved first) or a stored function's name")
+    p = add(
+        "deploy", cmd_deploy, "deploy a function: a definition file (saved first) or a stored function's name"
+    )
     p.add_argument("function", help="NAME or path/to/definition.json")
-    p.add_argument("--boundary", choices=["everything", "from_now"], default=None,
-                   help="feed boundary: all mutations from seqno 0, or only new ones (default: the definition's)")
+    p.add_argument(
+        "--boundary",
+        choices=["everything", "from_now"],
+        default=None,
+        help="feed boundary: all mutations from seqno 0, or only new ones (default: the definition's)",
+    )
     p = add("pause", cmd_pause, "pause a deployed function: workers checkpoint and stop")
     p.add_argument("function")
-    p.add_argument("--wait", type=float, default=60.0, help="seconds to wait for a running service (default 60)")
+    p.add_argument(
+        "--wait", type=float, default=60.0, help="seconds to wait for a running service (default 60)"
+    )
     p = add("resume", cmd_resume, "resume a paused function right after its checkpoints")
     p.add_argument("function")
     p = add("undeploy", cmd_undeploy, "undeploy a function: workers stop and checkpoints are dropped")
     p.add_argument("function")
-    p.add_argument("--wait", type=float, default=60.0, help="seconds to wait for a running service (default 60)")
+    p.add_argument(
+        "--wait", type=float, default=60.0, help="seconds to wait for a running service (default 60)"
+    )
     p = add("delete", cmd_delete, "delete an undeployed function's definition")
     p.add_argument("function")
     add("list", cmd_list, "list functions and their states")
@@ -213,12 +261,23 @@ def register(sub: Any, add: Any) -> None:
     p = add("export", cmd_export, "print a function definition with its handler source as JSON")
     p.add_argument("function")
     p.add_argument("-o", "--output", help="write to this file instead of stdout")
-    p.add_argument("--format", choices=["eventing", "couchbase"], default="eventing",
-                   help="couchbase: Couchbase Eventing's export format (JavaScript functions), which Couchbase and "
-                        "`eventing import` read")
-    p.add_argument("--with-secrets", action="store_true",
-                   help="write URL binding passwords and tokens in clear (default: masked as *****, which an "
-                        "import of the file keeps as they are stored)")
-    p = add("import", cmd_import, "import function definitions exported with `eventing export`, or Couchbase "
-                                  "Eventing's export (deployed, paused or undeployed as its settings say)")
+    p.add_argument(
+        "--format",
+        choices=["eventing", "couchbase"],
+        default="eventing",
+        help="couchbase: Couchbase Eventing's export format (JavaScript functions), which Couchbase and "
+        "`eventing import` read",
+    )
+    p.add_argument(
+        "--with-secrets",
+        action="store_true",
+        help="write URL binding passwords and tokens in clear (default: masked as *****, which an "
+        "import of the file keeps as they are stored)",
+    )
+    p = add(
+        "import",
+        cmd_import,
+        "import function definitions exported with `eventing export`, or Couchbase "
+        "Eventing's export (deployed, paused or undeployed as its settings say)",
+    )
     p.add_argument("file")

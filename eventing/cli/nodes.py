@@ -29,8 +29,10 @@ def cmd_node_add(args: argparse.Namespace) -> int:
     else:
         print(f"node '{args.name}' is {node['state']}; run `eventing rebalance` to give it vBuckets")
         if was_failed and not args.ray_node_id and node["ray_node_id"]:
-            print(f"note: it stays pinned to Ray node {node['ray_node_id']}, the one that failed; if that node was "
-                  "restarted it has a new id: add it again with --ray-node-id NEW_ID")
+            print(
+                f"note: it stays pinned to Ray node {node['ray_node_id']}, the one that failed; if that node was "
+                "restarted it has a new id: add it again with --ray-node-id NEW_ID"
+            )
     return 0
 
 
@@ -53,8 +55,12 @@ def cmd_node_list(args: argparse.Namespace) -> int:
     if args.json:
         emit_json({"nodes": nodes, "last_rebalance": request})
         return 0
-    print(table(["node", "state", "vBuckets", "ray node"],
-                [[n["name"], n["state"], n["vbuckets"], n["ray_node_id"]] for n in nodes]))
+    print(
+        table(
+            ["node", "state", "vBuckets", "ray node"],
+            [[n["name"], n["state"], n["vbuckets"], n["ray_node_id"]] for n in nodes],
+        )
+    )
     if request:
         failover = request.get("failover")
         extra = ""
@@ -66,8 +72,10 @@ def cmd_node_list(args: argparse.Namespace) -> int:
         print(f"last rebalance {request['id']}: {request['status']}{extra}")
     failed = [n["name"] for n in nodes if n["state"] == "failed"]
     if failed:
-        print(f"failed over: {', '.join(failed)}; to bring one back, start its Ray node, then "
-              "`eventing node add NAME --ray-node-id NEW_ID` and `eventing rebalance`")
+        print(
+            f"failed over: {', '.join(failed)}; to bring one back, start its Ray node, then "
+            "`eventing node add NAME --ray-node-id NEW_ID` and `eventing rebalance`"
+        )
     return 0
 
 
@@ -109,8 +117,10 @@ def cmd_rebalance(args: argparse.Namespace) -> int:
     if args.json:
         emit_json({**described, "result": request})
     else:
-        print(f"rebalance {request['id']} done in {request.get('seconds', 0):.2f}s; "
-              f"longest time a vBucket had no owner: {request.get('longest_unowned_ms', 0):.0f} ms")
+        print(
+            f"rebalance {request['id']} done in {request.get('seconds', 0):.2f}s; "
+            f"longest time a vBucket had no owner: {request.get('longest_unowned_ms', 0):.0f} ms"
+        )
     return 0
 
 
@@ -135,9 +145,15 @@ def register(sub: Any, add: Any) -> None:
     p = add("remove", cmd_node_remove, "remove a node (it leaves at the next rebalance)", nsub)
     p.add_argument("name")
     add("list", cmd_node_list, "nodes, their states and vBucket counts", nsub)
-    p = add("rebalance", cmd_rebalance, "plan (and without --dry-run carry out) the minimal-move vBucket rebalance")
+    p = add(
+        "rebalance",
+        cmd_rebalance,
+        "plan (and without --dry-run carry out) the minimal-move vBucket rebalance",
+    )
     p.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
-    p.add_argument("--wait", type=float, default=120.0, help="seconds to wait for a running service (default 120)")
+    p.add_argument(
+        "--wait", type=float, default=120.0, help="seconds to wait for a running service (default 120)"
+    )
 
 
 __all__ = ["register"]

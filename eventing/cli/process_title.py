@@ -22,7 +22,7 @@ def hide_passwords() -> int:
     """Overwrite the passwords of PostgreSQL URLs among this process's arguments; how many were found."""
     if not sys.platform.startswith("linux"):
         return 0
-    from metadata.postgres.connection import password_spans
+    from metadata.postgres.location import password_spans
 
     try:
         fields = Path("/proc/self/stat").read_text().rpartition(")")[2].split()

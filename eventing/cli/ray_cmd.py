@@ -12,8 +12,13 @@ from eventing.cli.output import emit_json
 
 
 def _describe(instance: Any) -> dict[str, Any]:
-    return {"address": instance.address, "pid": instance.pid, "num_cpus": instance.num_cpus,
-            "temp_dir": instance.temp_dir, "up_s": round(time.time() - instance.started_at, 1)}
+    return {
+        "address": instance.address,
+        "pid": instance.pid,
+        "num_cpus": instance.num_cpus,
+        "temp_dir": instance.temp_dir,
+        "up_s": round(time.time() - instance.started_at, 1),
+    }
 
 
 def cmd_ray_start(args: argparse.Namespace) -> int:
@@ -28,9 +33,11 @@ def cmd_ray_start(args: argparse.Namespace) -> int:
     elif was_up:
         print(f"a Ray instance is already up for {state.shown} at {instance.address} (pid {instance.pid})")
     else:
-        print(f"Ray instance up at {instance.address} in {time.perf_counter() - started:.1f}s "
-              f"({instance.num_cpus} CPUs, {args.workers} worker processes waiting, pid {instance.pid}); "
-              f"`eventing run` on {state.shown} joins it; `eventing ray stop` ends it")
+        print(
+            f"Ray instance up at {instance.address} in {time.perf_counter() - started:.1f}s "
+            f"({instance.num_cpus} CPUs, {args.workers} worker processes waiting, pid {instance.pid}); "
+            f"`eventing run` on {state.shown} joins it; `eventing ray stop` ends it"
+        )
     return 0
 
 
@@ -54,26 +61,37 @@ def cmd_ray_status(args: argparse.Namespace) -> int:
     if args.json:
         emit_json({"running": instance is not None, **(_describe(instance) if instance else {})})
     elif instance is None:
-        print("no Ray instance is up for this store: each `eventing run` starts its own (~2.5s); "
-              "`eventing ray start` keeps one up")
+        print(
+            "no Ray instance is up for this store: each `eventing run` starts its own (~2.5s); "
+            "`eventing ray start` keeps one up"
+        )
     else:
-        print(f"up at {instance.address} for {time.time() - instance.started_at:,.0f}s "
-              f"({instance.num_cpus} CPUs, pid {instance.pid}); `eventing run` joins it")
+        print(
+            f"up at {instance.address} for {time.time() - instance.started_at:,.0f}s "
+            f"({instance.num_cpus} CPUs, pid {instance.pid}); `eventing run` joins it"
+        )
     return 0
 
 
 def register(sub: Any, add: Any) -> None:
     ray = sub.add_parser(
-        "ray", help="a Ray instance kept up for this data directory: start, stop, status",
+        "ray",
+        help="a Ray instance kept up for this data directory: start, stop, status",
         description="Keep a local Ray instance up for this data directory. Every `eventing run` there joins it "
         "(~0.1s) instead of starting a Ray instance of its own (~2.5s); --ray-address still picks a cluster.",
     )
     rsub = ray.add_subparsers(dest="ray_command", metavar="ACTION", required=True)
     p = add("start", cmd_ray_start, "start it (or say it is already up)", rsub)
-    p.add_argument("--num-cpus", type=int, default=None, help="CPUs Ray may schedule (default: the machine's)")
-    p.add_argument("--workers", type=int, default=4,
-                   help="worker processes kept waiting for runs (default 4; a run needing more starts more, "
-                   "and they stay)")
+    p.add_argument(
+        "--num-cpus", type=int, default=None, help="CPUs Ray may schedule (default: the machine's)"
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=4,
+        help="worker processes kept waiting for runs (default 4; a run needing more starts more, "
+        "and they stay)",
+    )
     add("stop", cmd_ray_stop, "end every process of it, by pid (other Ray instances are left alone)", rsub)
     add("status", cmd_ray_status, "whether it is up, and where", rsub)
 

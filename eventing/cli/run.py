@@ -46,8 +46,12 @@ class LineProgress:
         self.last = time.monotonic()
         for name, p in sorted(summary.functions.items()):
             letters = sum(p.dead_letters.values())
-            print(f"progress: {name}: {p.handled:,} handled, backlog {p.backlog:,}, {p.rate_mps:,.0f}/s, {p.state}"
-                  + (f", {letters:,} dead-lettered" if letters else ""), file=sys.stderr, flush=True)
+            print(
+                f"progress: {name}: {p.handled:,} handled, backlog {p.backlog:,}, {p.rate_mps:,.0f}/s, {p.state}"
+                + (f", {letters:,} dead-lettered" if letters else ""),
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -70,7 +74,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     ray_s = time.perf_counter() - began
     live = not args.json and not args.quiet
     bars = ProgressRenderer(enabled=live and progress_enabled())
-    lines = LineProgress(args.progress_every, enabled=live and not progress_enabled() and args.progress_every > 0)
+    lines = LineProgress(
+        args.progress_every, enabled=live and not progress_enabled() and args.progress_every > 0
+    )
 
     def on_progress(summary: Any) -> None:
         bars(summary)
@@ -78,14 +84,21 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     before = _read_counts(state)
     service = EventingService(
-        state, executor, until_caught_up=args.until_caught_up, functions=args.function or None,
+        state,
+        executor,
+        until_caught_up=args.until_caught_up,
+        functions=args.function or None,
         on_progress=on_progress,
         windows=WindowOptions(close_windows=args.close_windows, spark_master=args.spark_master),
-        standby=args.standby, failover_timeout_s=timeout_s,
+        standby=args.standby,
+        failover_timeout_s=timeout_s,
     )
     if args.standby and not args.json and not args.quiet:
-        print(f"standby {service.service_id}: waiting for the leader's lease; takes over when it stops",
-              file=sys.stderr, flush=True)
+        print(
+            f"standby {service.service_id}: waiting for the leader's lease; takes over when it stops",
+            file=sys.stderr,
+            flush=True,
+        )
     previous = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, lambda *_: service.stop())
     interrupted = False
@@ -114,8 +127,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     result: dict[str, Any] = {
         "seconds": round(summary.seconds, 2),
         "functions": {
-            name: {"handled": p.handled, "backlog": p.backlog, "state": p.state, "error": p.error,
-                   "dead_letters": p.dead_letters, "handler_log": p.log_path, "of_them": read.get(name, {})}
+            name: {
+                "handled": p.handled,
+                "backlog": p.backlog,
+                "state": p.state,
+                "error": p.error,
+                "dead_letters": p.dead_letters,
+                "handler_log": p.log_path,
+                "of_them": read.get(name, {}),
+            }
             for name, p in summary.functions.items()
         },
         "errors": summary.errors,
@@ -129,40 +149,62 @@ def cmd_run(args: argparse.Namespace) -> int:
         emit_json(result)
     elif not args.quiet:
         if summary.leadership.get("took_over_from"):
-            print(f"took over from {summary.leadership['took_over_from']} after waiting "
-                  f"{summary.leadership['waited_s']:.1f}s as a standby")
+            print(
+                f"took over from {summary.leadership['took_over_from']} after waiting "
+                f"{summary.leadership['waited_s']:.1f}s as a standby"
+            )
         for f in summary.failovers:
-            print(f"failed over node(s) {', '.join(f['nodes'])}: their vBuckets had no live owner for "
-                  f"{f['unowned_s']:.1f}s (failover timeout {f['timeout_s']:g}s)")
+            print(
+                f"failed over node(s) {', '.join(f['nodes'])}: their vBuckets had no live owner for "
+                f"{f['unowned_s']:.1f}s (failover timeout {f['timeout_s']:g}s)"
+            )
         if not summary.functions:
             print("no deployed functions to run; deploy one with `eventing deploy functions/fn_email.json`")
         for name, p in summary.functions.items():
             rate = p.handled / summary.seconds if summary.seconds else 0
             extra = f" error: {p.error}" if p.error else ""
-            print(f"{name}: {counted(p.handled, 'mutation')} handled in {summary.seconds:.1f}s ({rate:,.0f}/s), "
-                  f"{p.state}{extra}")
+            print(
+                f"{name}: {counted(p.handled, 'mutation')} handled in {summary.seconds:.1f}s ({rate:,.0f}/s), "
+                f"{p.state}{extra}"
+            )
             passed = {k: v for k, v in read.get(name, {}).items() if k != "handler_calls" and v}
             if passed:  # mutations of the source its workers moved past without a handler call
                 words = ", ".join(f"{n:,} {PASSED_OVER[k]}" for k, n in passed.items())
-                print(f"  {read[name].get('handler_calls', 0):,} of them called the handler; the others were passed "
-                      f"over: {words}")
+                print(
+                    f"  {read[name].get('handler_calls', 0):,} of them called the handler; the others were passed "
+                    f"over: {words}"
+                )
             if p.dead_letters:
                 reasons = ", ".join(f"{reason} {n:,}" for reason, n in sorted(p.dead_letters.items()))
-                print(f"  {sum(p.dead_letters.values()):,} went to the dead-letter queue in this run ({reasons}); "
-                      f"see `eventing dlq list {name}`")
+                print(
+                    f"  {sum(p.dead_letters.values()):,} went to the dead-letter queue in this run ({reasons}); "
+                    f"see `eventing dlq list {name}`"
+                )
             if p.log_path:
                 print(f"  handler log: {p.log_path}")
         startup = result["startup"]
         if startup["first_handler_call_s"] is not None:
-            ray = "" if args.executor == "in-process" else f"Ray {startup['ray_s']:.1f}s" + (
-                " (joined the `eventing ray start` instance)" if startup["joined_ray_instance"]
-                else " (own instance; `eventing ray start` keeps one up)" if args.executor == "ray" and not args.ray_address
-                else ""
-            ) + ", "
-            print(f"start-up: {ray}workers up {startup['workers_ready_s']:.1f}s; first handler call "
-                  f"{startup['first_handler_call_s']:.1f}s after the command started")
+            ray = (
+                ""
+                if args.executor == "in-process"
+                else f"Ray {startup['ray_s']:.1f}s"
+                + (
+                    " (joined the `eventing ray start` instance)"
+                    if startup["joined_ray_instance"]
+                    else " (own instance; `eventing ray start` keeps one up)"
+                    if args.executor == "ray" and not args.ray_address
+                    else ""
+                )
+                + ", "
+            )
+            print(
+                f"start-up: {ray}workers up {startup['workers_ready_s']:.1f}s; first handler call "
+                f"{startup['first_handler_call_s']:.1f}s after the command started"
+            )
         if interrupted:
-            print("interrupted: stopped after a checkpoint; `eventing run` resumes from there", file=sys.stderr)
+            print(
+                "interrupted: stopped after a checkpoint; `eventing run` resumes from there", file=sys.stderr
+            )
     return status
 
 
@@ -175,8 +217,11 @@ PASSED_OVER = {
     counter_names.DEAD_LETTERED_SKIPPED: "dead-lettered before",
     counter_names.HUNG_SKIPPED: "whose handler hung before",
 }
-HANDLER_CALLS = tuple(counter_names.handler_outcome(kind, outcome) for kind in ("on_update", "on_delete")
-                      for outcome in ("success", "failure", "timeout"))
+HANDLER_CALLS = tuple(
+    counter_names.handler_outcome(kind, outcome)
+    for kind in ("on_update", "on_delete")
+    for outcome in ("success", "failure", "timeout")
+)
 
 
 def _read_counts(state: State) -> dict[str, dict[str, float]]:
@@ -188,14 +233,18 @@ def _read_counts(state: State) -> dict[str, dict[str, float]]:
         return {}
 
 
-def _what_was_read(state: State, before: dict[str, dict[str, float]], names: list[str]) -> dict[str, dict[str, int]]:
+def _what_was_read(
+    state: State, before: dict[str, dict[str, float]], names: list[str]
+) -> dict[str, dict[str, int]]:
     """Per function, what the mutations it handled in this run were: handler calls, and those passed over."""
     after = _read_counts(state)
     out = {}
     for name in names:
         grew = {k: int(v - before.get(name, {}).get(k, 0)) for k, v in after.get(name, {}).items()}
-        out[name] = {"handler_calls": sum(max(0, grew.get(k, 0)) for k in HANDLER_CALLS),
-                     **{k: max(0, grew.get(k, 0)) for k in PASSED_OVER}}
+        out[name] = {
+            "handler_calls": sum(max(0, grew.get(k, 0)) for k in HANDLER_CALLS),
+            **{k: max(0, grew.get(k, 0)) for k in PASSED_OVER},
+        }
     return out
 
 
@@ -218,8 +267,15 @@ def cmd_vbmap(args: argparse.Namespace) -> int:
         emit_json(data)
     else:
         print(f"vBucket map of {data['function']} (from the {data['source']}):")
-        print(table(["worker", "vBuckets", "live", "ranges"],
-                    [[w["worker"], w["vbuckets"], "yes" if w["live"] else "no", w["ranges"]] for w in data["workers"]]))
+        print(
+            table(
+                ["worker", "vBuckets", "live", "ranges"],
+                [
+                    [w["worker"], w["vbuckets"], "yes" if w["live"] else "no", w["ranges"]]
+                    for w in data["workers"]
+                ],
+            )
+        )
     return 0
 
 
@@ -234,8 +290,14 @@ def cmd_stats(args: argparse.Namespace) -> int:
         from eventing.cli.watch import stats_line, watch
 
         state = existing_state(args)
-        return watch(lambda: function_stats(state, args.function), _print_stats, stats_line,
-                     interval_s=args.interval, as_json=args.json, count=args.count)
+        return watch(
+            lambda: function_stats(state, args.function),
+            _print_stats,
+            stats_line,
+            interval_s=args.interval,
+            as_json=args.json,
+            count=args.count,
+        )
     data = function_stats(existing_state(args), args.function)
     if args.json:
         emit_json(data)
@@ -261,46 +323,91 @@ def _interval(text: str) -> float:
 
 
 def register(sub: Any, add: Any) -> None:
-    p = add("run", cmd_run, "run every deployed function on Ray workers (Ctrl-C stops after a checkpoint); "
-            "exit 0: all handled, 1: a function failed, 3: mutations were dead-lettered, 130: interrupted")
-    p.add_argument("--until-caught-up", action="store_true",
-                   help="stop once the high seqnos seen at start are processed and checkpointed")
+    p = add(
+        "run",
+        cmd_run,
+        "run every deployed function on Ray workers (Ctrl-C stops after a checkpoint); "
+        "exit 0: all handled, 1: a function failed, 3: mutations were dead-lettered, 130: interrupted",
+    )
+    p.add_argument(
+        "--until-caught-up",
+        action="store_true",
+        help="stop once the high seqnos seen at start are processed and checkpointed",
+    )
     # Defaults read from the environment when the command runs (the parser is built once per process).
-    p.add_argument("--ray-address", default=None,
-                   help="join an existing Ray cluster (default $EVENTING_RAY_ADDRESS, else start a local Ray "
-                        "instance)")
-    p.add_argument("--executor", choices=["ray", "in-process"], default="ray",
-                   help="ray (default) or in-process (one process, for debugging and tests)")
-    p.add_argument("--worker-processes", type=non_negative_int, default=None, metavar="N",
-                   help="Ray: the workers of every function share N worker processes (per Ray node) instead of "
-                        "one process each; fewer processes, less memory, but a crash or an uninterruptible "
-                        "handler hang restarts every worker of its process (default $EVENTING_WORKER_PROCESSES, "
-                        "else 0: one process per worker)")
+    p.add_argument(
+        "--ray-address",
+        default=None,
+        help="join an existing Ray cluster (default $EVENTING_RAY_ADDRESS, else start a local Ray instance)",
+    )
+    p.add_argument(
+        "--executor",
+        choices=["ray", "in-process"],
+        default="ray",
+        help="ray (default) or in-process (one process, for debugging and tests)",
+    )
+    p.add_argument(
+        "--worker-processes",
+        type=non_negative_int,
+        default=None,
+        metavar="N",
+        help="Ray: the workers of every function share N worker processes (per Ray node) instead of "
+        "one process each; fewer processes, less memory, but a crash or an uninterruptible "
+        "handler hang restarts every worker of its process (default $EVENTING_WORKER_PROCESSES, "
+        "else 0: one process per worker)",
+    )
     p.add_argument("--function", action="append", help="run only this function (repeatable)")
     p.add_argument("--quiet", action="store_true", help="no progress and no summary")
-    p.add_argument("--standby", action="store_true",
-                   help="wait as a standby while another service leads; take over (resuming every function from "
-                        "its checkpoints) within seconds of its death")
-    p.add_argument("--failover-timeout", metavar="DURATION", default=None,
-                   help="fail over an eventing node whose Ray node is down this long, e.g. 10s; 0 turns it off "
-                        "(default: $EVENTING_FAILOVER_TIMEOUT or 10s)")
-    p.add_argument("--spark-master", default=None,
-                   help="Spark master for window aggregation, e.g. spark://HOST:7077, or a Spark Connect "
-                   "server, sc://HOST:15002 (needs `pip install 'eventing[spark-connect]'`) (default "
-                   "$EVENTING_SPARK_MASTER or local[*])")
-    p.add_argument("--close-windows", action="store_true",
-                   help="with --until-caught-up: at the end of the input close every window still open "
-                   "(default: windows close only by watermark and idle timeouts, and stay open for the next run)")
-    p.add_argument("--progress-every", type=float, default=PROGRESS_EVERY_S, metavar="SECONDS",
-                   help="when stderr is not a terminal, print one progress line per function this often "
-                   f"(default {PROGRESS_EVERY_S:.0f}; 0: never)")
+    p.add_argument(
+        "--standby",
+        action="store_true",
+        help="wait as a standby while another service leads; take over (resuming every function from "
+        "its checkpoints) within seconds of its death",
+    )
+    p.add_argument(
+        "--failover-timeout",
+        metavar="DURATION",
+        default=None,
+        help="fail over an eventing node whose Ray node is down this long, e.g. 10s; 0 turns it off "
+        "(default: $EVENTING_FAILOVER_TIMEOUT or 10s)",
+    )
+    p.add_argument(
+        "--spark-master",
+        default=None,
+        help="Spark master for window aggregation, e.g. spark://HOST:7077, or a Spark Connect "
+        "server, sc://HOST:15002 (needs `pip install 'eventing[spark-connect]'`) (default "
+        "$EVENTING_SPARK_MASTER or local[*])",
+    )
+    p.add_argument(
+        "--close-windows",
+        action="store_true",
+        help="with --until-caught-up: at the end of the input close every window still open "
+        "(default: windows close only by watermark and idle timeouts, and stay open for the next run)",
+    )
+    p.add_argument(
+        "--progress-every",
+        type=float,
+        default=PROGRESS_EVERY_S,
+        metavar="SECONDS",
+        help="when stderr is not a terminal, print one progress line per function this often "
+        f"(default {PROGRESS_EVERY_S:.0f}; 0: never)",
+    )
     p = add("vbmap", cmd_vbmap, "which worker owns which vBucket ranges")
     p.add_argument("function")
-    p = add("stats", cmd_stats, "mutations seen, handler successes and failures, checkpoint lag, throughput "
-            "(every function, one line each, when no name is given)")
+    p = add(
+        "stats",
+        cmd_stats,
+        "mutations seen, handler successes and failures, checkpoint lag, throughput "
+        "(every function, one line each, when no name is given)",
+    )
     p.add_argument("function", nargs="?")
-    p.add_argument("--watch", action="store_true",
-                   help="refresh until Ctrl-C: redrawn in place on a terminal, one line per refresh otherwise "
-                   "(with --json one JSON object per line)")
-    p.add_argument("--interval", type=_interval, default=2.0, metavar="S", help="seconds between refreshes (default 2)")
+    p.add_argument(
+        "--watch",
+        action="store_true",
+        help="refresh until Ctrl-C: redrawn in place on a terminal, one line per refresh otherwise "
+        "(with --json one JSON object per line)",
+    )
+    p.add_argument(
+        "--interval", type=_interval, default=2.0, metavar="S", help="seconds between refreshes (default 2)"
+    )
     p.add_argument("--count", type=positive_int, metavar="N", help="with --watch: stop after N refreshes")

@@ -15,9 +15,15 @@ def _config(args: argparse.Namespace, port: int) -> Any:
     from eventing.http.auth import ServerConfig
 
     return ServerConfig.from_env(
-        state_of(args), host=args.host, port=port, admin_token=args.admin_token, read_token=args.read_token,
-        admin_token_file=args.admin_token_file, read_token_file=args.read_token_file,
-        max_body_bytes=args.max_body, cors_origins=tuple(args.cors_origin or ()),
+        state_of(args),
+        host=args.host,
+        port=port,
+        admin_token=args.admin_token,
+        read_token=args.read_token,
+        admin_token_file=args.admin_token_file,
+        read_token_file=args.read_token_file,
+        max_body_bytes=args.max_body,
+        cors_origins=tuple(args.cors_origin or ()),
         idempotency_retention_s=_retention(args.idempotency_retention),
     )
 
@@ -40,16 +46,24 @@ def _credentials(config: Any) -> list[str]:
     from eventing.security.users import stored_user_count
 
     users = stored_user_count(config.state)
-    return (["the admin token"] if config.admin_token else []) + (["the read-only token"] if config.read_token else []) \
+    return (
+        (["the admin token"] if config.admin_token else [])
+        + (["the read-only token"] if config.read_token else [])
         + ([f"the password of {users} user{'s' if users != 1 else ''}"] if users else [])
+    )
 
 
 def _banner(config: Any) -> str:
     needed = _credentials(config)
-    auth = (f"credentials required: {', '.join(needed)}" if needed
-            else "no credentials: every local caller is trusted (loopback only)")
-    return (f"eventing console and API on http://{config.host}:{config.port}/ ({auth}); data {config.state.shown}; "
-            f"API description at /api/v1/openapi.json, metrics at /metrics")
+    auth = (
+        f"credentials required: {', '.join(needed)}"
+        if needed
+        else "no credentials: every local caller is trusted (loopback only)"
+    )
+    return (
+        f"eventing console and API on http://{config.host}:{config.port}/ ({auth}); data {config.state.shown}; "
+        f"API description at /api/v1/openapi.json, metrics at /metrics"
+    )
 
 
 def _start_kv(args: argparse.Namespace, config: Any) -> Any:
@@ -67,10 +81,16 @@ def _start_kv(args: argparse.Namespace, config: Any) -> Any:
         return start_kv_server(config, port)
     except OSError as exc:
         if args.kv_port is not None:
-            raise ConfigError(f"cannot listen for the KV protocol on {config.host}:{port} ({exc.strerror or exc}); "
-                              "pick another port with --kv-port, or 0 for none") from None
-        print(f"warning: the KV port {config.host}:{port} is taken ({exc.strerror or exc}); Couchbase SDKs cannot "
-              "connect to this server: give --kv-port PORT", file=sys.stderr, flush=True)
+            raise ConfigError(
+                f"cannot listen for the KV protocol on {config.host}:{port} ({exc.strerror or exc}); "
+                "pick another port with --kv-port, or 0 for none"
+            ) from None
+        print(
+            f"warning: the KV port {config.host}:{port} is taken ({exc.strerror or exc}); Couchbase SDKs cannot "
+            "connect to this server: give --kv-port PORT",
+            file=sys.stderr,
+            flush=True,
+        )
         return None
 
 
@@ -82,11 +102,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
     kv = _start_kv(args, config)
     kv_port = kv.node.kv_port if kv is not None else None
     if args.json:
-        emit_json({"url": f"http://{config.host}:{config.port}/", "data_dir": config.state.shown,
-                   "secured": bool(_credentials(config)), "credentials": _credentials(config), "kv_port": kv_port})
+        emit_json(
+            {
+                "url": f"http://{config.host}:{config.port}/",
+                "data_dir": config.state.shown,
+                "secured": bool(_credentials(config)),
+                "credentials": _credentials(config),
+                "kv_port": kv_port,
+            }
+        )
     else:
-        print(_banner(config) + (f"; Couchbase SDKs at couchbase://{config.host} (KV port {kv_port})" if kv_port else ""),
-              flush=True)
+        print(
+            _banner(config)
+            + (f"; Couchbase SDKs at couchbase://{config.host} (KV port {kv_port})" if kv_port else ""),
+            flush=True,
+        )
     try:
         server.run()
     finally:
@@ -107,7 +137,11 @@ def _with_serve(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.
         config = _config(args, args.serve)
         server = start_in_thread(config)
         kv = _start_kv(args, config)
-        print(_banner(config) + (f"; KV port {kv.node.kv_port}" if kv is not None else ""), file=sys.stderr, flush=True)
+        print(
+            _banner(config) + (f"; KV port {kv.node.kv_port}" if kv is not None else ""),
+            file=sys.stderr,
+            flush=True,
+        )
         try:
             return run(args)
         finally:
@@ -129,40 +163,79 @@ def _add_server_options(p: argparse.ArgumentParser, *, host: bool = True) -> Non
     )
 
     if host:
-        p.add_argument("--host", default=DEFAULT_HOST,
-                       help=f"address to bind (default {DEFAULT_HOST}; any other needs --admin-token)")
-    p.add_argument("--admin-token", default=None,
-                   help=f"token for state-changing requests (default ${ADMIN_TOKEN_ENV}); prefer a token file or the "
-                   "environment, since flags show in the process list")
-    p.add_argument("--admin-token-file", default=None, metavar="PATH",
-                   help=f"read the admin token from this file (default ${ADMIN_TOKEN_FILE_ENV}); unlike a variable, "
-                   "it stays out of /proc/PID/environ. The token variables are removed from the environment once read")
+        p.add_argument(
+            "--host",
+            default=DEFAULT_HOST,
+            help=f"address to bind (default {DEFAULT_HOST}; any other needs --admin-token)",
+        )
+    p.add_argument(
+        "--admin-token",
+        default=None,
+        help=f"token for state-changing requests (default ${ADMIN_TOKEN_ENV}); prefer a token file or the "
+        "environment, since flags show in the process list",
+    )
+    p.add_argument(
+        "--admin-token-file",
+        default=None,
+        metavar="PATH",
+        help=f"read the admin token from this file (default ${ADMIN_TOKEN_FILE_ENV}); unlike a variable, "
+        "it stays out of /proc/PID/environ. The token variables are removed from the environment once read",
+    )
     p.add_argument("--read-token", default=None, help=f"read-only token (default ${READ_TOKEN_ENV})")
-    p.add_argument("--read-token-file", default=None, metavar="PATH",
-                   help=f"read the read-only token from this file (default ${READ_TOKEN_FILE_ENV})")
-    p.add_argument("--max-body", type=int, default=DEFAULT_MAX_BODY,
-                   help=f"largest request body in bytes (default {DEFAULT_MAX_BODY}); larger ones get 413")
-    p.add_argument("--cors-origin", action="append",
-                   help="allow browser pages of this origin to call the API (repeatable; default: none)")
-    p.add_argument("--idempotency-retention", default="24h", metavar="DURATION",
-                   help="how long the Data API keeps the answer of a write sent with an Idempotency-Key, which a "
-                   "retry with the same key and body gets again (default 24h; docs/data-api.md)")
-    p.add_argument("--kv-port", type=int, default=None, metavar="PORT",
-                   help="serve the KV (memcached binary) protocol of Couchbase's SDKs on this port (default 11210, "
-                   "left off with a warning when taken; 0 for none); see docs/couchbase-sdk.md")
+    p.add_argument(
+        "--read-token-file",
+        default=None,
+        metavar="PATH",
+        help=f"read the read-only token from this file (default ${READ_TOKEN_FILE_ENV})",
+    )
+    p.add_argument(
+        "--max-body",
+        type=int,
+        default=DEFAULT_MAX_BODY,
+        help=f"largest request body in bytes (default {DEFAULT_MAX_BODY}); larger ones get 413",
+    )
+    p.add_argument(
+        "--cors-origin",
+        action="append",
+        help="allow browser pages of this origin to call the API (repeatable; default: none)",
+    )
+    p.add_argument(
+        "--idempotency-retention",
+        default="24h",
+        metavar="DURATION",
+        help="how long the Data API keeps the answer of a write sent with an Idempotency-Key, which a "
+        "retry with the same key and body gets again (default 24h; docs/data-api.md)",
+    )
+    p.add_argument(
+        "--kv-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve the KV (memcached binary) protocol of Couchbase's SDKs on this port (default 11210, "
+        "left off with a warning when taken; 0 for none); see docs/couchbase-sdk.md",
+    )
 
 
 def register(sub: Any, add: Callable[..., argparse.ArgumentParser]) -> None:
     from eventing.http.auth import DEFAULT_PORT
 
-    p = add("serve", cmd_serve, "serve the REST API (Couchbase-shaped), Prometheus /metrics and the web console")
-    p.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}, as Couchbase Eventing)")
+    p = add(
+        "serve", cmd_serve, "serve the REST API (Couchbase-shaped), Prometheus /metrics and the web console"
+    )
+    p.add_argument(
+        "--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}, as Couchbase Eventing)"
+    )
     _add_server_options(p)
     run = sub.choices.get("run")
     if run is None:
         return
-    run.add_argument("--serve", type=int, metavar="PORT", default=None,
-                     help="also serve the API, metrics and console on this port while running")
+    run.add_argument(
+        "--serve",
+        type=int,
+        metavar="PORT",
+        default=None,
+        help="also serve the API, metrics and console on this port while running",
+    )
     run.add_argument("--host", default="127.0.0.1", help="with --serve: address to bind (default 127.0.0.1)")
     _add_server_options(run, host=False)
     run.set_defaults(func=_with_serve(run.get_default("func")))

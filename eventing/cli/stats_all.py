@@ -10,7 +10,17 @@ from eventing.cli.common import existing_state
 from eventing.cli.output import emit_json, table
 from eventing.storage.state import State
 
-HEADERS = ["function", "state", "seen", "success", "failure", "timeout", "dead letters", "backlog", "mutations/s"]
+HEADERS = [
+    "function",
+    "state",
+    "seen",
+    "success",
+    "failure",
+    "timeout",
+    "dead letters",
+    "backlog",
+    "mutations/s",
+]
 
 
 def all_stats(state: State) -> list[dict[str, Any]]:
@@ -22,9 +32,19 @@ def all_stats(state: State) -> list[dict[str, Any]]:
 
 
 def _row(s: dict[str, Any]) -> list[Any]:
-    outcomes = [sum(s.get(f"{h}_{o}", 0) for h in ("on_update", "on_delete")) for o in ("success", "failure", "timeout")]
-    return [s["function"], s["state"], s["mutations_seen"], *outcomes, sum(s["dlq"].values()), s["checkpoint_lag"],
-            float(s["throughput_mps"])]
+    outcomes = [
+        sum(s.get(f"{h}_{o}", 0) for h in ("on_update", "on_delete"))
+        for o in ("success", "failure", "timeout")
+    ]
+    return [
+        s["function"],
+        s["state"],
+        s["mutations_seen"],
+        *outcomes,
+        sum(s["dlq"].values()),
+        s["checkpoint_lag"],
+        float(s["throughput_mps"]),
+    ]
 
 
 def cmd_stats_all(args: argparse.Namespace) -> int:
@@ -41,8 +61,10 @@ def cmd_stats_all(args: argparse.Namespace) -> int:
         print("no functions; deploy one with `eventing deploy functions/fn_email.json`")
     else:
         print(table(HEADERS, [_row(s) for s in stats]))
-        print("success, failure and timeout count on_update and on_delete calls; `eventing stats FN` shows one "
-              "function in full")
+        print(
+            "success, failure and timeout count on_update and on_delete calls; `eventing stats FN` shows one "
+            "function in full"
+        )
     _print_mirrors(state)
     return 0
 
@@ -55,9 +77,23 @@ def _print_mirrors(state: object) -> None:
     if not rows:
         return
     print()
-    print(table(["mirror", "table", "state", "lag (bytes)", "lag (s)", "retained WAL (bytes)", "changes applied"],
-                [[r["keyspace"], r["table"], r["state"], _or_dash(r["lag_bytes"]), _or_dash(r["lag_s"]),
-                  _or_dash(r["retained_bytes"]), r["applied_changes"]] for r in rows]))
+    print(
+        table(
+            ["mirror", "table", "state", "lag (bytes)", "lag (s)", "retained WAL (bytes)", "changes applied"],
+            [
+                [
+                    r["keyspace"],
+                    r["table"],
+                    r["state"],
+                    _or_dash(r["lag_bytes"]),
+                    _or_dash(r["lag_s"]),
+                    _or_dash(r["retained_bytes"]),
+                    r["applied_changes"],
+                ]
+                for r in rows
+            ],
+        )
+    )
     for r in rows:
         for warning in r["warnings"]:
             print(f"warning: mirror {r['keyspace']}: {warning}")

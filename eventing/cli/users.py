@@ -29,8 +29,10 @@ def _password(args: argparse.Namespace) -> str:
         if getpass.getpass("again: ") != password:
             raise ConfigError("the two passwords differ; run the command again")
     else:
-        raise ConfigError(f"no password for user '{args.name}': stdin is not a terminal; pipe it with "
-                          f"--password-stdin or set ${PASSWORD_ENV}")
+        raise ConfigError(
+            f"no password for user '{args.name}': stdin is not a terminal; pipe it with "
+            f"--password-stdin or set ${PASSWORD_ENV}"
+        )
     from eventing.security.users import check_password
 
     return check_password(password)
@@ -52,8 +54,10 @@ def cmd_user_add(args: argparse.Namespace) -> int:
         emit_json({"name": record.name, "roles": list(record.roles)})
     else:
         verb = "replaced" if args.name in names else "added"
-        print(f"user '{record.name}' {verb} with roles {', '.join(record.roles)}; it signs in by HTTP Basic "
-              "(curl -u NAME) within 2 s on a running server")
+        print(
+            f"user '{record.name}' {verb} with roles {', '.join(record.roles)}; it signs in by HTTP Basic "
+            "(curl -u NAME) within 2 s on a running server"
+        )
     return 0
 
 
@@ -92,16 +96,29 @@ def cmd_user_remove(args: argparse.Namespace) -> int:
 
 
 def register(sub: Any, add: Any) -> None:
-    user = sub.add_parser("user", help="users of the REST and Data APIs: add, list, remove",
-                          description="Users of the REST and Data APIs (HTTP Basic) and their roles.")
+    user = sub.add_parser(
+        "user",
+        help="users of the REST and Data APIs: add, list, remove",
+        description="Users of the REST and Data APIs (HTTP Basic) and their roles.",
+    )
     usub = user.add_subparsers(dest="user_command", metavar="ACTION", required=True)
-    p = add("add", cmd_user_add, "add a user; the password comes from a prompt, --password-stdin or "
-            f"${PASSWORD_ENV}", usub)
+    p = add(
+        "add",
+        cmd_user_add,
+        f"add a user; the password comes from a prompt, --password-stdin or ${PASSWORD_ENV}",
+        usub,
+    )
     p.add_argument("name")
-    p.add_argument("--role", action="append", metavar="ROLE",
-                   help="admin, ro_admin, eventing_manage_functions[BUCKET:SCOPE], data_reader[BUCKET.SCOPE.COLLECTION], "
-                   "data_writer[BUCKET.SCOPE.COLLECTION] (`*` for any part); repeat for several")
-    p.add_argument("--password-stdin", action="store_true", help="read the password from the first line of stdin")
+    p.add_argument(
+        "--role",
+        action="append",
+        metavar="ROLE",
+        help="admin, ro_admin, eventing_manage_functions[BUCKET:SCOPE], data_reader[BUCKET.SCOPE.COLLECTION], "
+        "data_writer[BUCKET.SCOPE.COLLECTION] (`*` for any part); repeat for several",
+    )
+    p.add_argument(
+        "--password-stdin", action="store_true", help="read the password from the first line of stdin"
+    )
     p.add_argument("--replace", action="store_true", help="replace an existing user's password and roles")
     add("list", cmd_user_list, "users and their roles (never a password or hash)", usub)
     p = add("remove", cmd_user_remove, "remove a user", usub)

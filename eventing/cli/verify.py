@@ -24,12 +24,16 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def register(sub, add) -> None:
     p = add(
-        "verify", cmd_verify,
+        "verify",
+        cmd_verify,
         "check a function against its ledger bucket: every mutation up to its checkpoints handled, "
         "dead-lettered or filtered; no effect twice; each document in seqno order; no checkpoint moved "
         "backwards (exit 0: all accounted for, 1: not)",
     )
     p.add_argument("function")
-    p.add_argument("--ledger", metavar="BUCKET",
-                   help="the ledger bucket, or a keyspace BUCKET.SCOPE.COLLECTION (default: the keyspace of the "
-                        "function's 'ledger' binding)")
+    p.add_argument(
+        "--ledger",
+        metavar="BUCKET",
+        help="the ledger bucket, or a keyspace BUCKET.SCOPE.COLLECTION (default: the keyspace of the "
+        "function's 'ledger' binding)",
+    )

@@ -30,7 +30,9 @@ def interval_seconds(text: str) -> float:
     except ValueError:
         value = 0.0
     if not value >= MIN_INTERVAL_S:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds of at least {MIN_INTERVAL_S}, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"must be a number of seconds of at least {MIN_INTERVAL_S}, got {text!r}"
+        )
     return value
 
 

@@ -12,12 +12,18 @@ from eventing.errors import ConfigError
 
 def _describe(spec: dict[str, Any]) -> str:
     if spec["kind"] == "session":
-        shape = f"session gap {spec['gap']}" + (f" max {spec['max_duration']}" if spec.get("max_duration") else "")
+        shape = f"session gap {spec['gap']}" + (
+            f" max {spec['max_duration']}" if spec.get("max_duration") else ""
+        )
     else:
-        shape = f"{spec['kind']} {spec['size']}" + (f" every {spec['slide']}" if spec["kind"] == "hopping" else "")
+        shape = f"{spec['kind']} {spec['size']}" + (
+            f" every {spec['slide']}" if spec["kind"] == "hopping" else ""
+        )
     if spec.get("offset"):
         shape += f" offset {spec['offset']}"
-    time_basis = f"event time '{spec['time_field']}'" if spec["boundary"] == "event_time" else "processing time"
+    time_basis = (
+        f"event time '{spec['time_field']}'" if spec["boundary"] == "event_time" else "processing time"
+    )
     return f"{shape}, {time_basis}"
 
 
@@ -54,12 +60,16 @@ def cmd_windows(args: argparse.Namespace) -> int:
     policies = report.get("arrival_policies")
     if report["watermark"] is not None:
         least = "substreams'" if report["watermark_of"] == "substreams" else "vBuckets'"
-        print(f"closing watermark: {report['watermark']} (the least of the {least} watermarks; windows close on it)")
+        print(
+            f"closing watermark: {report['watermark']} (the least of the {least} watermarks; windows close on it)"
+        )
     if policies is not None and policies["watermark_ms"] is not None:
         from eventing.core.times import iso_ms
 
-        print(f"arrival-time policies' greatest watermark: {iso_ms(policies['watermark_ms'])} (the most advanced "
-              "stream; watermark_delay_ms counts from it)")
+        print(
+            f"arrival-time policies' greatest watermark: {iso_ms(policies['watermark_ms'])} (the most advanced "
+            "stream; watermark_delay_ms counts from it)"
+        )
     if policies is not None:
         print(
             f"arrival-time policies: {policies['out_of_order_events']} out-of-order, {policies['late_input_events']} "
@@ -71,12 +81,26 @@ def cmd_windows(args: argparse.Namespace) -> int:
     if args.limit:
         rows = rows[-args.limit :]
     if not rows:
-        print("no window results yet; windows are emitted when they close (see `eventing run --close-windows`)")
+        print(
+            "no window results yet; windows are emitted when they close (see `eventing run --close-windows`)"
+        )
     else:
         headers = ["window start", "window end", *report["group_by"], *aggregates]
-        print(table(headers, [[r["window_start"], r["window_end"], *(r[g] for g in report["group_by"]),
-                               *(r[a] for a in aggregates)] for r in rows],
-                    plain={*ID_COLUMNS, *report["group_by"]}))  # group values are keys (a store id), not counts
+        print(
+            table(
+                headers,
+                [
+                    [
+                        r["window_start"],
+                        r["window_end"],
+                        *(r[g] for g in report["group_by"]),
+                        *(r[a] for a in aggregates),
+                    ]
+                    for r in rows
+                ],
+                plain={*ID_COLUMNS, *report["group_by"]},
+            )
+        )  # group values are keys (a store id), not counts
     if args.png:
         print(f"chart of {args.aggregate or aggregates[0]} written to {args.png}")
     return 0
@@ -102,17 +126,37 @@ def _adjusted(state: Any, args: argparse.Namespace) -> int:
     if not rows:
         print(f"no row of {args.function} was adjusted")
         return 0
-    print(table(["vb", "seqno", "key", "event time", "arrival", "windowed at", "rules", "substream"],
-                [[r["vb"], r["seqno"], r["key"], iso_ms(r["event_time_ms"]), iso_ms(r["arrival_ms"]),
-                  iso_ms(r["windowed_ms"]), r["rules"], r["substream"] or "-"] for r in rows]))
+    print(
+        table(
+            ["vb", "seqno", "key", "event time", "arrival", "windowed at", "rules", "substream"],
+            [
+                [
+                    r["vb"],
+                    r["seqno"],
+                    r["key"],
+                    iso_ms(r["event_time_ms"]),
+                    iso_ms(r["arrival_ms"]),
+                    iso_ms(r["windowed_ms"]),
+                    r["rules"],
+                    r["substream"] or "-",
+                ]
+                for r in rows
+            ],
+        )
+    )
     return 0
 
 
 def register(sub: Any, add: Callable[..., argparse.ArgumentParser]) -> None:
-    p = add("windows", cmd_windows, "results of a windowed function: one row per window and group, and a chart")
+    p = add(
+        "windows", cmd_windows, "results of a windowed function: one row per window and group, and a chart"
+    )
     p.add_argument("function")
     p.add_argument("--png", metavar="FILE", help="also write a chart of one aggregate over the windows (PNG)")
     p.add_argument("--aggregate", metavar="NAME", help="the aggregate to chart (default: the first one)")
     p.add_argument("--limit", type=int, default=0, help="show only the last N result rows (default: all)")
-    p.add_argument("--adjusted", action="store_true",
-                   help="list the rows the arrival-time policies windowed at another time than their event time")
+    p.add_argument(
+        "--adjusted",
+        action="store_true",
+        help="list the rows the arrival-time policies windowed at another time than their event time",
+    )

@@ -83,11 +83,17 @@ class FailoverDetector:
         for node, (alive, why) in health.items():
             if alive:
                 if node in self.down_since:
-                    log.warning("eventing node %s is reachable again after %.1fs", node, now - self.down_since[node])
+                    log.warning(
+                        "eventing node %s is reachable again after %.1fs", node, now - self.down_since[node]
+                    )
                 self.forget(node)
             elif node not in self.down_since:
-                log.warning("eventing node %s looks down (%s); failover in %gs unless it recovers",
-                            node, why, self.timeout_s)
+                log.warning(
+                    "eventing node %s looks down (%s); failover in %gs unless it recovers",
+                    node,
+                    why,
+                    self.timeout_s,
+                )
                 self.down_since[node] = now
                 self.why[node] = why
         if self.timeout_s <= 0:

@@ -55,7 +55,11 @@ def _validate(state: StateLike, defn: FunctionDefinition, source: str, deployed_
         validate_sandboxed(state, defn, source)
         return
     validate_handler(
-        defn.name, source, [b.alias for b in defn.bindings], defn.constants, windowed=defn.window is not None,
+        defn.name,
+        source,
+        [b.alias for b in defn.bindings],
+        defn.constants,
+        windowed=defn.window is not None,
         language=defn.language,
     )
 
@@ -80,8 +84,13 @@ def save_function(
     binding's url, auth and verify_tls stay as stored; and a non-admin's save marks the function's code
     as a non-admin's (`deployed_by`), so nothing runs it unsandboxed before an admin deploys or resumes it."""
     state = as_state(state)
-    check_handler_source(defn.name, source, windowed=defn.window is not None, language=defn.language,
-                         batch_refused_by=batch_refused_by(defn))
+    check_handler_source(
+        defn.name,
+        source,
+        windowed=defn.window is not None,
+        language=defn.language,
+        batch_refused_by=batch_refused_by(defn),
+    )
     trusted = saved_by is None or saved_by.is_admin
     if saved_by is not None:
         saved_by.check_bindings(defn)
@@ -108,7 +117,9 @@ def save_function(
             return store.put_function(defn.name, definition, source)
         assert saved_by is not None
         mark = {"user": saved_by.user, "admin": False, "at": time.time(), "saved": True}
-        if stored is None:  # a new function: nothing runs an undeployed one before its deploy records its deployer
+        if (
+            stored is None
+        ):  # a new function: nothing runs an undeployed one before its deploy records its deployer
             store.put_function(defn.name, definition, source)
             store.set_deployed_by(defn.name, mark)
             return store.get_function(defn.name)
@@ -212,13 +223,16 @@ def deploy(state: StateLike, name: str, boundary: Boundary | None = None) -> Fun
         return store.transition(name, FunctionState.DEPLOYED, "deploy")
 
 
-def _resolve_letters_handled_again(store: MetadataStore, name: str, generation: int, starts: list[int]) -> None:
+def _resolve_letters_handled_again(
+    store: MetadataStore, name: str, generation: int, starts: list[int]
+) -> None:
     """Dead letters of earlier deployments whose mutation this deployment handles again (after its feed
     boundary) are resolved, shown as replayed at the deploy: the new deployment's handler decides their
     fate (a new failure brings the letter back), so a later `dlq replay --all` cannot apply their effects a
     second time. Letters before the boundary, and timer callbacks' (timers start afresh), stay pending."""
     again = [
-        (row.vb, row.seqno) for row in store.find_dlq_rows(name)
+        (row.vb, row.seqno)
+        for row in store.find_dlq_rows(name)
         if row.generation < generation and row.vb < NUM_VBUCKETS and row.seqno > starts[row.vb]
     ]
     if again:
@@ -253,9 +267,13 @@ def run_on_deploy(state: StateLike, store: MetadataStore, record: FunctionRecord
             if fn is None:
                 return
             m = Mutation(0, 1, "", OP_UPDATE, 0, None, None, 0, 0)
-            runner.timers.lookup = lambda callback, reference: store.get_timer(record.name, callback, reference)
+            runner.timers.lookup = lambda callback, reference: store.get_timer(
+                record.name, callback, reference
+            )
             failure = runner.call(
-                m, HandlerCall("on_update", fn, (DeployAction(reason, delay),), None), timeout_s=runner.timeout_s
+                m,
+                HandlerCall("on_update", fn, (DeployAction(reason, delay),), None),
+                timeout_s=runner.timeout_s,
             )
         if failure is not None:
             raise LifecycleError(
@@ -264,8 +282,11 @@ def run_on_deploy(state: StateLike, store: MetadataStore, record: FunctionRecord
             )
         namespace = f"{record.name}#on_deploy:{record.generation}:{reason}:{int(record.updated_at * 1000)}"
         for bucket, writes in writes_by_bucket(runner.take_writes()):
-            bucket.apply_effects(namespace, [EffectGroup(0, 0, writes, conditional=True)],
-                                 origin=deployment_origin(record.name, record.generation))
+            bucket.apply_effects(
+                namespace,
+                [EffectGroup(0, 0, writes, conditional=True)],
+                origin=deployment_origin(record.name, record.generation),
+            )
         if runner.timers.kept:
             epochs = {vb: cp.epoch for vb, cp in store.checkpoints(record.name).items()}
             store.commit(record.name, epochs, {}, timer_changes=list(runner.timers.kept))
@@ -302,7 +323,9 @@ def delete(state: StateLike, name: str) -> None:
         store.delete_function(name)
 
 
-def _finish(store: MetadataStore, name: str, target: FunctionState, action: str, wait_s: float) -> FunctionRecord:
+def _finish(
+    store: MetadataStore, name: str, target: FunctionState, action: str, wait_s: float
+) -> FunctionRecord:
     """Wait for a running service to complete a transition, or complete it here if none runs."""
     deadline = time.monotonic() + wait_s
     while store.live_services(SERVICE_STALE_S):
@@ -312,7 +335,8 @@ def _finish(store: MetadataStore, name: str, target: FunctionState, action: str,
         if time.monotonic() > deadline:
             raise LifecycleError(
                 f"function '{name}' is still {record.state.value} after {wait_s:.0f}s; the running service "
-                "will finish it; check {fix}", fix=fix("status")
+                "will finish it; check {fix}",
+                fix=fix("status"),
             )
         time.sleep(0.1)
     return complete_transition(store, name, target, action)
@@ -344,15 +368,23 @@ def import_definitions(state: StateLike, data: Any, *, saved_by: Saver | None = 
             out.append(save_function(state, converted.definition, converted.source, saved_by=saved_by))
             continue
         if not isinstance(item, dict) or "handler_source" not in item:
-            raise ConfigError("an exported function must be a JSON object with 'handler_source' (or Couchbase's "
-                              "export, with appname, appcode and depcfg)")
-        out.append(save_function(state, FunctionDefinition.from_dict(item), item["handler_source"],
-                                 saved_by=saved_by))
+            raise ConfigError(
+                "an exported function must be a JSON object with 'handler_source' (or Couchbase's "
+                "export, with appname, appcode and depcfg)"
+            )
+        out.append(
+            save_function(
+                state, FunctionDefinition.from_dict(item), item["handler_source"], saved_by=saved_by
+            )
+        )
     return out
 
 
 def import_functions(
-    state: StateLike, data: Any, *, deploying: Callable[[str], AbstractContextManager[Any]] | None = None,
+    state: StateLike,
+    data: Any,
+    *,
+    deploying: Callable[[str], AbstractContextManager[Any]] | None = None,
     saved_by: Saver | None = None,
 ) -> tuple[list[FunctionRecord], list[str]]:
     """Import functions in either format, detected per function: this project's export, or Couchbase's
@@ -372,13 +404,24 @@ def import_functions(
         elif isinstance(item, dict) and "handler_source" in item:
             plans.append((FunctionDefinition.from_dict(item), item["handler_source"], None))
         else:
-            raise ConfigError("an exported function must be a JSON object with 'handler_source' (or Couchbase's "
-                              "export, with appname, appcode and depcfg)")
-    for defn, source, _ in plans:  # refused before any is saved: a role short of a binding, a handler that cannot load
+            raise ConfigError(
+                "an exported function must be a JSON object with 'handler_source' (or Couchbase's "
+                "export, with appname, appcode and depcfg)"
+            )
+    for (
+        defn,
+        source,
+        _,
+    ) in plans:  # refused before any is saved: a role short of a binding, a handler that cannot load
         if saved_by is not None:
             saved_by.check_bindings(defn)
-        check_handler_source(defn.name, source, windowed=defn.window is not None, language=defn.language,
-                             batch_refused_by=batch_refused_by(defn))
+        check_handler_source(
+            defn.name,
+            source,
+            windowed=defn.window is not None,
+            language=defn.language,
+            batch_refused_by=batch_refused_by(defn),
+        )
     out = []
     for defn, source, wanted in plans:
         record = save_function(state, defn, source, saved_by=saved_by)
@@ -389,7 +432,12 @@ def import_functions(
 
 
 def set_state(
-    state: StateLike, name: str, target: str, *, boundary: Boundary | None = None, wait_s: float = 60.0,
+    state: StateLike,
+    name: str,
+    target: str,
+    *,
+    boundary: Boundary | None = None,
+    wait_s: float = 60.0,
     deploying: Callable[[str], AbstractContextManager[Any]] | None = None,
 ) -> FunctionRecord:
     """Bring a function to `target` (deployed, paused or undeployed) the way Couchbase's deployment_status and
@@ -417,7 +465,9 @@ def set_state(
         return store.get_function(name)
 
 
-def export_couchbase(state: StateLike, name: str, *, with_secrets: bool = False) -> tuple[dict[str, Any], list[str]]:
+def export_couchbase(
+    state: StateLike, name: str, *, with_secrets: bool = False
+) -> tuple[dict[str, Any], list[str]]:
     """The function in Couchbase's export format (JavaScript functions only), and the warnings naming what
     the format cannot carry; URL binding secrets masked (`*****`) unless with_secrets."""
     with _store(state) as store:

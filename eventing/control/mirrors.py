@@ -72,7 +72,9 @@ class MirrorHost:
                     continue
                 self.running.pop(keyspace)
                 self._died(keyspace, definition, code)
-            if self._given_up.get(keyspace) == definition.generation or now < self._not_before.get(keyspace, 0.0):
+            if self._given_up.get(keyspace) == definition.generation or now < self._not_before.get(
+                keyspace, 0.0
+            ):
                 continue
             self._start(keyspace, definition.generation)
 
@@ -87,15 +89,22 @@ class MirrorHost:
         delay = self._delay[keyspace] = min(self._delay.get(keyspace, RESTART_S[0] / 2) * 2, RESTART_S[1])
         self._not_before[keyspace] = time.monotonic() + delay
         self.restarts += 1
-        log.warning("mirror %s: its follower ended (exit %s%s); starting it again in %.1fs", keyspace, code,
-                    f": {status['error']}" if status.get("error") else "", delay)
+        log.warning(
+            "mirror %s: its follower ended (exit %s%s); starting it again in %.1fs",
+            keyspace,
+            code,
+            f": {status['error']}" if status.get("error") else "",
+            delay,
+        )
 
     def _start(self, keyspace: str, generation: int) -> None:
         env = dict(os.environ)
         env[STORE_ENV] = self.state.location
         process = subprocess.Popen(
             [sys.executable, "-m", "eventing.storage.mirror.follower", keyspace],
-            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
         )
         self.running[keyspace] = _Running(process, generation, time.monotonic())
         log.info("mirror %s: follower started (pid %d)", keyspace, process.pid)

@@ -51,7 +51,9 @@ class Topology:
 
     def add_node(self, name: str, ray_node_id: str | None = None) -> dict[str, Any]:
         if not NODE_NAME.match(name or ""):
-            raise ConfigError(f"node name {name!r} is not valid; use letters, digits, '_', '-' or '.' (max 63)")
+            raise ConfigError(
+                f"node name {name!r} is not valid; use letters, digits, '_', '-' or '.' (max 63)"
+            )
         existing = {n["name"]: n for n in self.nodes()}
         if name in existing and existing[name]["state"] not in ("leaving", "failed"):
             raise ConfigError(f"node '{name}' is already {existing[name]['state']}; pick another name")
@@ -67,7 +69,9 @@ class Topology:
             raise NotFoundError(f"unknown node '{name}' (nodes: {known}); see `eventing node list`")
         staying = [n for n in self.target_nodes() if n != name]
         if not staying:
-            raise ConfigError(f"cannot remove node '{name}': it is the last eventing node; add another node first")
+            raise ConfigError(
+                f"cannot remove node '{name}': it is the last eventing node; add another node first"
+            )
         if existing[name]["state"] in ("joining", "failed"):
             self.store.delete_node(name)  # it owns nothing: just forget it
             return {**existing[name], "state": "removed"}
@@ -111,7 +115,8 @@ class Topology:
         ]
         if busy:
             raise LifecycleError(
-                f"cannot rebalance while {', '.join(busy)}; wait until it finishes (see {{fix}})", fix=fix("status")
+                f"cannot rebalance while {', '.join(busy)}; wait until it finishes (see {{fix}})",
+                fix=fix("status"),
             )
         request = self.pending_request()
         if request is not None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import os
 import socket
 import threading
@@ -15,21 +14,20 @@ import uuid
 from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from eventing.control import failover
 from eventing.control.failover import (
     HEALTH_POLL_S,
     LEADER_LEASE,
-    LEASE_RENEW_S,
     STANDBY_POLL_S,
     FailoverDetector,
     failover_survivors,
-    failover_timeout_s,
     lease_ttl_s,
     ray_node_health,
     wall_of,
 )
+from eventing.control.leadership import LeaseKeeper, expiry_hint, service_alive
 from eventing.control.lifecycle import SERVICE_STALE_S, complete_transition
 from eventing.control.mirrors import MirrorHost
 from eventing.control.nodes import Topology, function_assignment, packed_node_plan, save_packed_placement
@@ -130,10 +128,10 @@ class EventingService:
         self.role = "standby" if standby else "leader"
         self.lease_ttl_s = lease_ttl_s()
         self.detector = FailoverDetector(
-            _resolve_failover_timeout() if failover_timeout_s is None else failover_timeout_s
+            failover.failover_timeout_s() if failover_timeout_s is None else failover_timeout_s
         )
         self._last_health = 0.0
-        self._keeper: _LeaseKeeper | None = None
+        self._keeper: LeaseKeeper | None = None
         self._leading_since: float | None = None
         self._deferred: list[str] = []  # nodes due for failover while a rebalance runs (logged once)
         # A standby's workers, started while it waits (idle, claiming nothing), handed to its supervisors
@@ -160,7 +158,9 @@ class EventingService:
         self.waker: wake.WakeListener | None = None
         self._wake_sender: socket.socket | None = None  # the listener thread's, to pass notifications on
         self.wakes: Counter[str] = Counter()  # notifications that woke a worker, by bucket
-        self.wake_log: deque[tuple[float, str, frozenset[int], int]] = deque(maxlen=256)  # (time, bucket, vbs, woken)
+        self.wake_log: deque[tuple[float, str, frozenset[int], int]] = deque(
+            maxlen=256
+        )  # (time, bucket, vbs, woken)
 
     def _info(self) -> str:
         return json.dumps({"pid": os.getpid(), "executor": self.executor.name, "role": self.role})
@@ -177,15 +177,19 @@ class EventingService:
                 return self.summary
             start = self._leading_since = time.monotonic()
             self.store.heartbeat(self.service_id, self._info())
-            self._keeper = _LeaseKeeper(self)
+            self._keeper = LeaseKeeper(self)
             self._keeper.start()
             held.callback(self._keeper.finish)  # a clean stop frees the lease: a standby takes over at once
             self.executor.check_placements(Topology(self.store).placements())
-            self.executor.serve(self.state)  # the data service, for workers on nodes without the data directory
+            self.executor.serve(
+                self.state
+            )  # the data service, for workers on nodes without the data directory
             if not self.until_caught_up and wake.enabled():
                 waker = self.state.wake_listener()
                 self._wake_sender = write_waiter.sender_socket()
-                held.callback(self._wake_sender.close)  # after the listener's thread ended (callbacks run LIFO)
+                held.callback(
+                    self._wake_sender.close
+                )  # after the listener's thread ended (callbacks run LIFO)
                 if waker.start():
                     self.waker = waker
                     held.callback(waker.close)
@@ -217,15 +221,19 @@ class EventingService:
             self.windows.poll(self.supervisors)
             if self.mirrors is not None:
                 self.mirrors.poll()
-            if self._leading_since is not None and self.supervisors and all(
-                sup.ready for sup in self.supervisors.values()
+            if (
+                self._leading_since is not None
+                and self.supervisors
+                and all(sup.ready for sup in self.supervisors.values())
             ):
                 # Lease taken -> every function's workers up and claimed: the takeover's cost after the lease.
                 self.summary.leadership["workers_ready_s"] = round(time.monotonic() - self._leading_since, 3)
                 self._leading_since = None
                 self._cool_down()
-            if self.summary.workers_ready_s is None and self.supervisors and all(
-                sup.ready for sup in self.supervisors.values()
+            if (
+                self.summary.workers_ready_s is None
+                and self.supervisors
+                and all(sup.ready for sup in self.supervisors.values())
             ):
                 self.summary.workers_ready_s = round(time.monotonic() - start, 3)
             self._report(now - start)
@@ -296,9 +304,14 @@ class EventingService:
         """Become the leader: take the lease now, or (standby) wait for it. Without `standby`, a second
         service is refused as before."""
         if not self.standby:
-            others = [sid for sid in self.store.live_services(SERVICE_STALE_S) if _alive(sid)]
+            others = [sid for sid in self.store.live_services(SERVICE_STALE_S) if service_alive(sid)]
             lease = self.store.lease(LEADER_LEASE)
-            if not others and lease is not None and not lease.expired(time.time()) and _alive(lease.holder):
+            if (
+                not others
+                and lease is not None
+                and not lease.expired(time.time())
+                and service_alive(lease.holder)
+            ):
                 others = [lease.holder]
             taken = None if others else self._take_lease(lease)
             if taken is None:
@@ -306,7 +319,7 @@ class EventingService:
                 raise EventingError(
                     f"another eventing service ({holder}) is running on this data directory; stop it first "
                     "(Ctrl-C), or run commands against it instead of starting a second one; to wait as a standby "
-                    f"and take over when it stops, add --standby{_expiry_hint(lease, holder)}"
+                    f"and take over when it stops, add --standby{expiry_hint(lease, holder)}"
                 )
             self.summary.leadership = {"role": "leader", "term": taken.term, "waited_s": 0.0}
             return
@@ -324,15 +337,25 @@ class EventingService:
                 waited = time.monotonic() - waiting_since
                 self.role = "leader"
                 self.summary.leadership = {
-                    "role": "leader", "term": taken.term, "waited_s": round(waited, 3), "took_over_from": last_holder,
+                    "role": "leader",
+                    "term": taken.term,
+                    "waited_s": round(waited, 3),
+                    "took_over_from": last_holder,
                 }
                 if last_holder is not None:
-                    log.warning("standby %s took over from %s (lease term %d)", self.service_id, last_holder, taken.term)
-                    if not _alive(last_holder):
+                    log.warning(
+                        "standby %s took over from %s (lease term %d)",
+                        self.service_id,
+                        last_holder,
+                        taken.term,
+                    )
+                    if not service_alive(last_holder):
                         self.store.remove_service(last_holder)  # its heartbeat row would look live a while
                 return
             if not logged:
-                log.warning("standby %s waiting for the leader %s", self.service_id, lease.holder if lease else "?")
+                log.warning(
+                    "standby %s waiting for the leader %s", self.service_id, lease.holder if lease else "?"
+                )
                 logged = True
             self.store.heartbeat(self.service_id, self._info())
             self._warm_up()
@@ -346,7 +369,9 @@ class EventingService:
         try:
             self.executor.serve(self.state)
         except EventingError as exc:
-            log.warning("standby could not start its data service ahead of time (%s); it will at takeover", exc)
+            log.warning(
+                "standby could not start its data service ahead of time (%s); it will at takeover", exc
+            )
 
     def _warm_up(self) -> None:
         """Start (idle) the workers this standby would need now, every WARM_REFRESH_S: one per worker of
@@ -361,7 +386,9 @@ class EventingService:
             plan = VBucketPlan(tuple(pending["owners"])) if pending else topology.node_plan()
             placements = topology.placements()
             for record in self.store.list_functions():
-                if record.state is not FunctionState.DEPLOYED or (self.only is not None and record.name not in self.only):
+                if record.state is not FunctionState.DEPLOYED or (
+                    self.only is not None and record.name not in self.only
+                ):
                     continue
                 count = FunctionDefinition.from_dict(record.definition).worker_count
                 for worker in function_assignment(self.store, record.name, count, plan).workers():
@@ -369,8 +396,11 @@ class EventingService:
                     if key not in self.warm:
                         # A placeholder: the supervisor sends the real spec ("respec") before "start".
                         spec = WorkerSpec(
-                            location=self.state.location, function=record.name, generation=record.generation,
-                            worker_id=str(worker), vbuckets=(),
+                            location=self.state.location,
+                            function=record.name,
+                            generation=record.generation,
+                            worker_id=str(worker),
+                            vbuckets=(),
                             data_service=self.executor.data_service,
                         )
                         self.warm[key] = self.executor.start_worker(spec, key[2])
@@ -385,8 +415,14 @@ class EventingService:
 
     def _take_lease(self, lease: Lease | None) -> Lease | None:
         """Take the leader lease if it is free, or held by a service whose process is gone (same host)."""
-        dead = lease.holder if lease is not None and lease.holder != self.service_id and not _alive(lease.holder) else None
-        return self.store.acquire_lease(LEADER_LEASE, self.service_id, self.lease_ttl_s, info=self._info(), take_from=dead)
+        dead = (
+            lease.holder
+            if lease is not None and lease.holder != self.service_id and not service_alive(lease.holder)
+            else None
+        )
+        return self.store.acquire_lease(
+            LEADER_LEASE, self.service_id, self.lease_ttl_s, info=self._info(), take_from=dead
+        )
 
     def lost_leadership(self, holder: str | None) -> None:
         """Called by the lease keeper: another service holds the lease now. Stop; its workers have fenced ours."""
@@ -463,13 +499,17 @@ class EventingService:
                 for sup in self.supervisors.values():
                     sup.fail_node(node)
             if self._deferred != due:
-                log.warning("nodes %s are due for failover once the rebalance in progress ends", ", ".join(due))
+                log.warning(
+                    "nodes %s are due for failover once the rebalance in progress ends", ", ".join(due)
+                )
                 self._deferred = due
             return
         self._deferred = []
         survivors = failover_survivors(owning, due)
         if not survivors:
-            log.error("cannot fail over %s: no other node holds vBuckets; add a node and rebalance", ", ".join(due))
+            log.error(
+                "cannot fail over %s: no other node holds vBuckets; add a node and rebalance", ", ".join(due)
+            )
             return
         down_since = min(self.detector.down_since[n] for n in due)
         record = {
@@ -489,7 +529,11 @@ class EventingService:
         request = topology.request_rebalance(plan, failover=record)
         log.warning(
             "failed over eventing node(s) %s after %.1fs down: %d vBuckets go to %s (rebalance %s)",
-            ", ".join(due), time.monotonic() - down_since, plan.move_count, ", ".join(survivors), request["id"],
+            ", ".join(due),
+            time.monotonic() - down_since,
+            plan.move_count,
+            ", ".join(survivors),
+            request["id"],
         )
         self._follow_rebalance()
 
@@ -501,10 +545,12 @@ class EventingService:
         request = topology.pending_request()
         if request is None:
             return
-        live = [sid for sid in self.store.live_services(SERVICE_STALE_S) if _alive(sid)]
+        live = [sid for sid in self.store.live_services(SERVICE_STALE_S) if service_alive(sid)]
         if request["status"] == "running" and request.get("service") not in live:
             # The service that ran it stopped midway: carry it on from where the checkpoints' owners stand.
-            request = topology.update_request(request, status="requested", restarted=request.get("restarted", 0) + 1)
+            request = topology.update_request(
+                request, status="requested", restarted=request.get("restarted", 0) + 1
+            )
         if request["status"] == "requested":
             owners, nodes = tuple(request["owners"]), request["nodes"]
             placements = topology.placements()  # joining nodes' Ray nodes, before workers start there
@@ -531,7 +577,8 @@ class EventingService:
             self.summary.failovers.append({**request["failover"], "unowned_s": extra["failover_unowned_s"]})
             log.warning(
                 "failover of %s done: its vBuckets had no live owner for %.1fs",
-                ", ".join(request["failover"]["nodes"]), extra["failover_unowned_s"],
+                ", ".join(request["failover"]["nodes"]),
+                extra["failover_unowned_s"],
             )
         topology.update_request(
             request,
@@ -551,7 +598,9 @@ class EventingService:
         last = self._due_timer_wakes.get(sup.name)
         if due == 0 or (last is not None and due >= last):
             if due:
-                log.warning("function %s: %d due timers did not fire; they fire on the next run", sup.name, due)
+                log.warning(
+                    "function %s: %d due timers did not fire; they fire on the next run", sup.name, due
+                )
             return False
         self._due_timer_wakes[sup.name] = due
         sup.wake()
@@ -561,7 +610,10 @@ class EventingService:
         for record in self.store.list_functions():
             if self.only is not None and record.name not in self.only:
                 continue
-            if record.state in (FunctionState.DEPLOYED, FunctionState.DEPLOYING) and record.name not in self.finished:
+            if (
+                record.state in (FunctionState.DEPLOYED, FunctionState.DEPLOYING)
+                and record.name not in self.finished
+            ):
                 return False
         return True
 
@@ -580,14 +632,21 @@ class EventingService:
                 plan = VBucketPlan(tuple(pending["owners"])) if pending else topology.node_plan()
             assignment = function_assignment(self.store, record.name, worker_count, plan)
             sup = FunctionSupervisor(
-                self.state, record, self.executor, assignment,
-                until_caught_up=self.until_caught_up, placements=topology.placements(), warm=self.warm,
+                self.state,
+                record,
+                self.executor,
+                assignment,
+                until_caught_up=self.until_caught_up,
+                placements=topology.placements(),
+                warm=self.warm,
             )
             if packed is not None:
                 self.packed = packed
                 save_packed_placement(self.store, packed)
         except Exception as exc:  # noqa: BLE001 - one function that cannot start must not stop the others
-            message = str(exc) if isinstance(exc, EventingError) else f"cannot start: {type(exc).__name__}: {exc}"
+            message = (
+                str(exc) if isinstance(exc, EventingError) else f"cannot start: {type(exc).__name__}: {exc}"
+            )
             self._progress(record.name).error = message
             self._progress(record.name).state = "failed"
             self.summary.errors.append(f"{record.name}: {message}")
@@ -640,9 +699,15 @@ class EventingService:
         elapsed = time.monotonic() - sup.started_at
         # A stopped function handles nothing: its live throughput is 0 until it runs again; the rate of this
         # start while it was handling stays as last_run_mps.
-        self.store.set_gauges(name, {"last_run_handled": sup.handled, "last_run_seconds": elapsed,
-                                     "last_run_mps": sup.handled / max(busy, 1e-3) if sup.handled else 0.0,
-                                     "throughput_mps": 0.0})
+        self.store.set_gauges(
+            name,
+            {
+                "last_run_handled": sup.handled,
+                "last_run_seconds": elapsed,
+                "last_run_mps": sup.handled / max(busy, 1e-3) if sup.handled else 0.0,
+                "throughput_mps": 0.0,
+            },
+        )
         progress.dead_letters = self._run_dead_letters(name)
         progress.log_path = self.state.app_logs.where(name) or progress.log_path
 
@@ -653,7 +718,8 @@ class EventingService:
         if baseline is None:
             return {}
         return {
-            reason: n - baseline.get(reason, 0) for reason, n in self._dead_letters(name).items()
+            reason: n - baseline.get(reason, 0)
+            for reason, n in self._dead_letters(name).items()
             if n > baseline.get(reason, 0)
         }
 
@@ -702,84 +768,4 @@ class EventingService:
             self.on_progress(self.summary)
 
 
-class _LeaseKeeper(threading.Thread):
-    """Renews the leader lease every LEASE_RENEW_S on its own connection to the store, so a main loop busy
-    stopping a function for seconds never lets the lease lapse. If another service holds it, or it cannot
-    be renewed before it expires, the service stops (the new leader's claims have fenced its workers)."""
-
-    def __init__(self, service: EventingService):
-        super().__init__(name="eventing-lease", daemon=True)
-        self.service = service
-        self.done = threading.Event()
-        self.store = service.state.open_metadata()  # a connection of its own: renewals never queue
-
-    def run(self) -> None:
-        svc = self.service
-        renewed = time.monotonic()
-        while not self.done.wait(LEASE_RENEW_S):
-            try:
-                lease = self.store.acquire_lease(LEADER_LEASE, svc.service_id, svc.lease_ttl_s, info=svc._info())
-            except EventingError as exc:
-                log.warning("cannot renew the leader lease (%s)", exc)
-                if time.monotonic() - renewed > svc.lease_ttl_s:
-                    svc.lost_leadership(None)
-                    return
-                continue
-            if lease is None:
-                holder = self.store.lease(LEADER_LEASE)
-                svc.lost_leadership(holder.holder if holder else None)
-                return
-            renewed = time.monotonic()
-
-    def finish(self) -> None:
-        self.done.set()
-        self.join(timeout=5)
-        try:
-            self.store.release_lease(LEADER_LEASE, self.service.service_id)
-        finally:
-            self.store.close()
-
-
-def _resolve_failover_timeout() -> float:
-    return failover_timeout_s()
-
-
-def running_services(store) -> list[str]:
-    """Services whose heartbeat is fresh and, on this host, whose process still exists (a service killed
-    with kill -9 leaves a fresh heartbeat behind for up to SERVICE_STALE_S)."""
-    return [sid for sid in store.live_services(SERVICE_STALE_S) if _alive(sid)]
-
-
-def _expiry_hint(lease: Lease | None, holder: str) -> str:
-    """For a service that may have been killed (its process elsewhere, or not yet reaped): when its claim
-    lapses on its own, so the user knows how long to wait instead of guessing."""
-    now = time.time()
-    lapses = [SERVICE_STALE_S]  # its heartbeat counts for this long
-    if lease is not None and lease.holder == holder and not lease.expired(now):
-        lapses.append(lease.expires_at - now)
-    return (
-        f"; if that service was killed, its lease expires in at most {math.ceil(max(lapses))} s: run again then"
-    )
-
-
-def _alive(service_id: str) -> bool:
-    """A service on this host whose process is gone (or is a zombie no one has reaped yet, as after
-    kill -9 of a child) is not alive, whatever its last heartbeat says."""
-    host, _, rest = service_id.partition(":")
-    pid = rest.partition(":")[0]
-    if host != socket.gethostname() or not pid.isdigit():
-        return True
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rpartition(")")[2].split()[:1] != ["Z"]
-
-
-__all__ = ["EventingService", "FunctionProgress", "RunSummary", "running_services"]
+__all__ = ["EventingService", "FunctionProgress", "RunSummary"]

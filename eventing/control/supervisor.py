@@ -66,8 +66,12 @@ class Handoff:
     incoming: dict[str, list[int]]  # new worker -> vBuckets it will claim
     released_at: dict[int, float] = field(default_factory=dict)
     claimed_at: dict[int, float] = field(default_factory=dict)
-    waiting: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))  # released, not yet claimed
-    calls: dict[Any, tuple[str, str, list[int]]] = field(default_factory=dict)  # future -> (kind, worker, vbs)
+    waiting: dict[str, list[int]] = field(
+        default_factory=lambda: defaultdict(list)
+    )  # released, not yet claimed
+    calls: dict[Any, tuple[str, str, list[int]]] = field(
+        default_factory=dict
+    )  # future -> (kind, worker, vbs)
     revokes_issued: bool = False
     released_from: float = 0.0  # when the first revoke was sent (new workers were up by then)
     finished_at: float | None = None
@@ -114,7 +118,9 @@ class FunctionSupervisor:
         for worker in assignment.workers():
             self._add_slot(str(worker), worker.node, assignment.vbuckets_of(worker))
         self.handled = 0
-        self.first_handled_at = 0.0  # epoch s: the earliest first handled batch of its workers (start-up figure)
+        self.first_handled_at = (
+            0.0  # epoch s: the earliest first handled batch of its workers (start-up figure)
+        )
         self.error: EventingError | None = None
         self.started_at = time.monotonic()
         self.handoff: Handoff | None = None
@@ -128,7 +134,12 @@ class FunctionSupervisor:
 
     def _add_slot(self, wid: str, node: str, vbuckets: list[int]) -> WorkerSlot:
         spec = WorkerSpec(
-            self.state.location, self.name, self.record.generation, wid, tuple(vbuckets), self.targets,
+            self.state.location,
+            self.name,
+            self.record.generation,
+            wid,
+            tuple(vbuckets),
+            self.targets,
             data_service=self.executor.data_service,
             isolation=effective_isolation(self.defn, self.record.deployed_by),
         )
@@ -250,11 +261,20 @@ class FunctionSupervisor:
                 self._future_owner[fut] = slot.spec.worker_id
                 if slot.caught_up:
                     break  # an idle worker gets one probe at a time
-        pending = [f for s in self.slots.values() for f in ([s.starting] if s.starting is not None else []) + s.inflight]
+        pending = [
+            f
+            for s in self.slots.values()
+            for f in ([s.starting] if s.starting is not None else []) + s.inflight
+        ]
         if self.handoff is not None:
             pending.extend(self.handoff.calls)
-        if self.waking and pending and any(
-            s.ready and s.caught_up and not s.inflight and s.handle is not None for s in self.slots.values()
+        if (
+            self.waking
+            and pending
+            and any(
+                s.ready and s.caught_up and not s.inflight and s.handle is not None
+                for s in self.slots.values()
+            )
         ):
             timeout = min(timeout, WAKE_WAIT_S)
         before = self.handled
@@ -302,12 +322,16 @@ class FunctionSupervisor:
         slot.inflight.remove(fut)
         report: StepReport = value
         self.handled += report.handled
-        if report.first_handled_at and (not self.first_handled_at or report.first_handled_at < self.first_handled_at):
+        if report.first_handled_at and (
+            not self.first_handled_at or report.first_handled_at < self.first_handled_at
+        ):
             self.first_handled_at = report.first_handled_at
         slot.caught_up = report.caught_up
         slot.backlog = report.backlog
         if report.fenced:
-            log.warning("function %s worker %s lost %d vBuckets to a newer owner", self.name, wid, len(report.fenced))
+            log.warning(
+                "function %s worker %s lost %d vBuckets to a newer owner", self.name, wid, len(report.fenced)
+            )
         if report.handled or report.timers_fired or report.waited:
             # Busy: step again at once, even if an earlier step of this worker came back empty meanwhile.
             # A step that waited for a write is followed at once by the next waiting one.
@@ -324,7 +348,10 @@ class FunctionSupervisor:
         slot.restarts += 1
         log.warning(
             "function %s worker %s died (%s); restarting from its checkpoints in %.1fs",
-            self.name, slot.spec.worker_id, why, delay,
+            self.name,
+            slot.spec.worker_id,
+            why,
+            delay,
         )
         if slot.handle is not None:
             self.executor.kill(slot.handle)
@@ -396,7 +423,9 @@ class FunctionSupervisor:
         """
         from sharding import VBucketPlan
 
-        target = assign_function(VBucketPlan(node_owners), self.defn.worker_count, self.assignment, nodes=nodes)
+        target = assign_function(
+            VBucketPlan(node_owners), self.defn.worker_count, self.assignment, nodes=nodes
+        )
         handoff = Handoff(target, time.monotonic(), defaultdict(list), defaultdict(list))
         for move in function_moves(self.assignment, target):
             assert move.from_worker is not None
@@ -426,7 +455,9 @@ class FunctionSupervisor:
         for wid, vbs in handoff.outgoing.items():
             slot = self.slots[wid]
             leaving = set(vbs)
-            slot.spec = replace(slot.spec, vbuckets=tuple(vb for vb in slot.spec.vbuckets if vb not in leaving))
+            slot.spec = replace(
+                slot.spec, vbuckets=tuple(vb for vb in slot.spec.vbuckets if vb not in leaving)
+            )
             if slot.handle is None:
                 self._released(wid, vbs)  # down (waiting to respawn): its last checkpoint stands
             else:
@@ -514,7 +545,10 @@ class FunctionSupervisor:
         self.last_handoff, self.handoff = handoff, None
         log.info(
             "function %s rebalanced: %d vBuckets moved in %.2fs, longest unowned %.0f ms",
-            self.name, handoff.moves, handoff.finished_at - handoff.started_at, handoff.longest_unowned_s() * 1000,
+            self.name,
+            handoff.moves,
+            handoff.finished_at - handoff.started_at,
+            handoff.longest_unowned_s() * 1000,
         )
 
     def _end_slot(self, wid: str) -> None:
@@ -533,7 +567,9 @@ class FunctionSupervisor:
             self.pump(0.2)
         for slot in self.slots.values():
             while (slot.inflight or slot.starting is not None) and time.monotonic() < deadline:
-                for fut in self.executor.wait(list(slot.inflight) + ([slot.starting] if slot.starting else []), 0.5):
+                for fut in self.executor.wait(
+                    list(slot.inflight) + ([slot.starting] if slot.starting else []), 0.5
+                ):
                     self._settle(fut)
         stops = {}
         for wid, slot in self.slots.items():
@@ -546,7 +582,12 @@ class FunctionSupervisor:
                 self.executor.result(fut)
                 stopped.add(wid)
             except (WorkerDied, EventingError) as exc:
-                log.warning("function %s worker %s did not stop cleanly (%s); its checkpoints stand", self.name, wid, exc)
+                log.warning(
+                    "function %s worker %s did not stop cleanly (%s); its checkpoints stand",
+                    self.name,
+                    wid,
+                    exc,
+                )
         for wid, slot in self.slots.items():
             if slot.handle is not None:
                 # A worker that stopped cleanly may go back to a kept pool (eventing ray start); any other ends.

@@ -24,7 +24,9 @@ from eventing.errors import ConfigError
 
 DEFAULT = "_default"
 EXPORT_VERSION = "evt-7.6.0-0000-ce"  # the authoring tool an export names (Couchbase's pattern)
-LANGUAGE_COMPATIBILITY = "7.2.0"  # what an export declares: the JavaScript runtime follows Couchbase's current behaviour
+LANGUAGE_COMPATIBILITY = (
+    "7.2.0"  # what an export declares: the JavaScript runtime follows Couchbase's current behaviour
+)
 MB = 1024 * 1024
 COUCHBASE_CURL_MAX_MB = 100  # curl_max_allowed_resp_size when a Couchbase function does not set it
 
@@ -32,11 +34,28 @@ COUCHBASE_CURL_MAX_MB = 100  # curl_max_allowed_resp_size when a Couchbase funct
 TOP_LEVEL = {"appname", "appcode", "depcfg", "settings", "version", "function_scope"}
 # Identifiers the exporting cluster generated for its own deployment; they mean nothing in another system.
 GENERATED = {"handleruuid", "function_instance_id", "id", "enforce_schema", "using_timer", "metainfo"}
-DEPCFG = {"source_bucket", "source_scope", "source_collection", "metadata_bucket", "metadata_scope",
-          "metadata_collection", "buckets", "curl", "constants"}
+DEPCFG = {
+    "source_bucket",
+    "source_scope",
+    "source_collection",
+    "metadata_bucket",
+    "metadata_scope",
+    "metadata_collection",
+    "buckets",
+    "curl",
+    "constants",
+}
 BUCKET_BINDING = {"alias", "bucket_name", "scope_name", "collection_name", "access"}
-CURL_BINDING = {"hostname", "value", "auth_type", "username", "password", "bearer_key", "allow_cookies",
-                "validate_ssl_certificate"}
+CURL_BINDING = {
+    "hostname",
+    "value",
+    "auth_type",
+    "username",
+    "password",
+    "bearer_key",
+    "allow_cookies",
+    "validate_ssl_certificate",
+}
 AUTH_TYPES = {"no-auth": "none", "basic": "basic", "bearer": "bearer", "digest": "digest"}
 
 # Settings mapped to this project's (see _settings_from_couchbase for the unit conversions).
@@ -59,7 +78,10 @@ MAPPED = {
 # Settings accepted at Couchbase's default and warned about otherwise: tuning of Couchbase's own machinery
 # (libcouchbase, DCP, its C++ workers, SQL++), which this system does not have. Value: (default, why).
 NO_EFFECT: dict[str, tuple[Any, str]] = {
-    "log_level": ("INFO", "handler log() lines always go to the application log; system logging is not per function"),
+    "log_level": (
+        "INFO",
+        "handler log() lines always go to the application log; system logging is not per function",
+    ),
     "language_compatibility": (None, "the JavaScript runtime follows Couchbase's current (7.2) behaviour"),
     "n1ql_consistency": ("none", "SQL++ is not available to handlers here"),
     "n1ql_prepare_all": (False, "SQL++ is not available to handlers here"),
@@ -73,7 +95,10 @@ NO_EFFECT: dict[str, tuple[Any, str]] = {
     "tick_duration": (None, "statistics are written at every checkpoint"),
     "num_timer_partitions": (None, "timers are kept per vBucket in the metadata store"),
     "user_prefix": ("eventing", "metadata is kept in this system's metadata store"),
-    "enable_applog_rotation": (True, "the application log always rotates (app_log_max_size, app_log_max_files)"),
+    "enable_applog_rotation": (
+        True,
+        "the application log always rotates (app_log_max_size, app_log_max_files)",
+    ),
     "app_log_dir": (None, "the application log is <data-dir>/logs/FUNCTION.log"),
     "high_seq_check_interval": (None, "there is no DCP stream to poll"),
     "max_unacked_bytes": (None, "there is no DCP flow control"),
@@ -81,8 +106,14 @@ NO_EFFECT: dict[str, tuple[Any, str]] = {
     "flush_timer": (None, "there is no DCP flow control"),
     "max_parallel_vb": (None, "each worker owns a range of vBuckets"),
     "allow_transaction_mutations": (False, "there are no transactions; every mutation reaches the handler"),
-    "allow_sync_documents": (True, "Sync Gateway documents are not told apart; every mutation reaches the handler"),
-    "cursor_aware": (False, "every mutation of a document reaches the handler, in order, as cursor-aware functions promise"),
+    "allow_sync_documents": (
+        True,
+        "Sync Gateway documents are not told apart; every mutation reaches the handler",
+    ),
+    "cursor_aware": (
+        False,
+        "every mutation of a document reaches the handler, in order, as cursor-aware functions promise",
+    ),
     "dcp_gen_chan_size": (None, "there is no DCP stream"),
     "data_chan_size": (None, "there is no DCP stream"),
     "timer_queue_mem_cap": (None, "timers are kept in the metadata store"),
@@ -90,8 +121,20 @@ NO_EFFECT: dict[str, tuple[Any, str]] = {
 }
 # This project's settings that Couchbase's format has no field for: named in an export's warnings when not
 # at their default (an export is meant to load into Couchbase, which would refuse unknown settings).
-PROJECT_ONLY = ("batch_size", "retries", "retry_backoff", "max_document_bytes", "window", "placement", "delivery",
-                "previous_version", "js_heap_limit_mb", "concurrency", "filter", "isolation")
+PROJECT_ONLY = (
+    "batch_size",
+    "retries",
+    "retry_backoff",
+    "max_document_bytes",
+    "window",
+    "placement",
+    "delivery",
+    "previous_version",
+    "js_heap_limit_mb",
+    "concurrency",
+    "filter",
+    "isolation",
+)
 
 
 @dataclass(frozen=True)
@@ -116,9 +159,15 @@ def namespaced_name(item: dict[str, Any]) -> str:
     scope = item.get("function_scope")
     if scope is None:
         return name
-    if not isinstance(scope, dict) or not isinstance(scope.get("bucket"), str) or not isinstance(scope.get("scope"), str):
-        raise ConfigError(f"function '{name}': function_scope must be {{\"bucket\": ..., \"scope\": ...}} "
-                          "(\"*\" and \"*\" for the global namespace)")
+    if (
+        not isinstance(scope, dict)
+        or not isinstance(scope.get("bucket"), str)
+        or not isinstance(scope.get("scope"), str)
+    ):
+        raise ConfigError(
+            f'function \'{name}\': function_scope must be {{"bucket": ..., "scope": ...}} '
+            '("*" and "*" for the global namespace)'
+        )
     return full_name(name, scope["bucket"], scope["scope"])
 
 
@@ -133,7 +182,9 @@ def state_of(deployment_status: Any, processing_status: Any) -> str:
 def from_couchbase(item: Any) -> Converted:
     """A Couchbase function JSON as a definition; ConfigError naming the field for what cannot be kept."""
     if not isinstance(item, dict):
-        raise ConfigError("a Couchbase function must be a JSON object with appname, appcode, depcfg and settings")
+        raise ConfigError(
+            "a Couchbase function must be a JSON object with appname, appcode, depcfg and settings"
+        )
     name = item.get("appname")
     if not isinstance(name, str) or not name:
         raise ConfigError("the Couchbase function has no 'appname'; add the function's name")
@@ -141,8 +192,10 @@ def from_couchbase(item: Any) -> Converted:
     where = f"function '{name}'"
     unknown = sorted(set(item) - TOP_LEVEL - GENERATED)
     if unknown:
-        warnings.append(f"{where}: field(s) {', '.join(unknown)} are unknown here (from a newer Couchbase?) and "
-                        "were not imported")
+        warnings.append(
+            f"{where}: field(s) {', '.join(unknown)} are unknown here (from a newer Couchbase?) and "
+            "were not imported"
+        )
     appcode = item.get("appcode")
     if not isinstance(appcode, str) or not appcode.strip():
         raise ConfigError(f"{where} has no 'appcode'; the handler's JavaScript source is needed")
@@ -173,25 +226,40 @@ def from_couchbase(item: Any) -> Converted:
 def _depcfg_from_couchbase(depcfg: dict[str, Any], where: str, warnings: list[str]) -> dict[str, Any]:
     unknown = sorted(set(depcfg) - DEPCFG)
     if unknown:
-        warnings.append(f"{where}: depcfg field(s) {', '.join(unknown)} are unknown here and were not imported")
+        warnings.append(
+            f"{where}: depcfg field(s) {', '.join(unknown)} are unknown here and were not imported"
+        )
     out: dict[str, Any] = {
         "source_bucket": depcfg["source_bucket"],
         "source_scope": depcfg.get("source_scope") or DEFAULT,
         "source_collection": depcfg.get("source_collection") or DEFAULT,
     }
     if any(depcfg.get(k) for k in ("metadata_bucket", "metadata_scope", "metadata_collection")):
-        keyspace = ".".join(str(depcfg.get(k) or DEFAULT) for k in ("metadata_bucket", "metadata_scope", "metadata_collection"))
-        warnings.append(f"{where}: depcfg.metadata_bucket/scope/collection ({keyspace}) is not used; checkpoints and "
-                        "timers are kept in this system's metadata store, not in a bucket (it is kept for an export)")
+        keyspace = ".".join(
+            str(depcfg.get(k) or DEFAULT)
+            for k in ("metadata_bucket", "metadata_scope", "metadata_collection")
+        )
+        warnings.append(
+            f"{where}: depcfg.metadata_bucket/scope/collection ({keyspace}) is not used; checkpoints and "
+            "timers are kept in this system's metadata store, not in a bucket (it is kept for an export)"
+        )
         out["metadata_keyspace"] = keyspace
     bindings = []
     for raw in _list(depcfg.get("buckets"), "depcfg.buckets", where):
         extra = sorted(set(raw) - BUCKET_BINDING)
         if extra:
-            warnings.append(f"{where}: bucket binding '{raw.get('alias')}' field(s) {', '.join(extra)} are unknown here")
-        bindings.append({"alias": raw.get("alias", ""), "bucket": raw.get("bucket_name", ""),
-                         "scope": raw.get("scope_name") or DEFAULT, "collection": raw.get("collection_name") or DEFAULT,
-                         "access": raw.get("access", "rw")})  # Couchbase's default access is read-write
+            warnings.append(
+                f"{where}: bucket binding '{raw.get('alias')}' field(s) {', '.join(extra)} are unknown here"
+            )
+        bindings.append(
+            {
+                "alias": raw.get("alias", ""),
+                "bucket": raw.get("bucket_name", ""),
+                "scope": raw.get("scope_name") or DEFAULT,
+                "collection": raw.get("collection_name") or DEFAULT,
+                "access": raw.get("access", "rw"),
+            }
+        )  # Couchbase's default access is read-write
     urls = []
     for raw in _list(depcfg.get("curl"), "depcfg.curl", where):
         alias = raw.get("value", "")
@@ -200,8 +268,10 @@ def _depcfg_from_couchbase(depcfg: dict[str, Any], where: str, warnings: list[st
             warnings.append(f"{where}: curl binding '{alias}' field(s) {', '.join(extra)} are unknown here")
         auth = AUTH_TYPES.get(raw.get("auth_type", "no-auth"))
         if auth is None:
-            raise ConfigError(f"curl binding '{alias}' of {where} has auth_type {raw.get('auth_type')!r}; use no-auth, "
-                              "basic, bearer or digest")
+            raise ConfigError(
+                f"curl binding '{alias}' of {where} has auth_type {raw.get('auth_type')!r}; use no-auth, "
+                "basic, bearer or digest"
+            )
         url: dict[str, Any] = {"alias": alias, "url": raw.get("hostname", "")}
         if auth != "none":
             url["auth"] = auth
@@ -242,8 +312,10 @@ def _literal(text: Any, alias: Any, where: str) -> Any:
     quoted = re.fullmatch(r"'((?:[^'\\]|\\.)*)'", text.strip())
     if quoted:
         return json.loads('"' + quoted.group(1).replace("\\'", "'").replace('"', '\\"') + '"')
-    raise ConfigError(f"constant '{alias}' of {where} has the literal {text!r}, which is not a JSON value or a quoted "
-                      "string; write its value as JSON (a number, a \"string\", true, false, null, an object)")
+    raise ConfigError(
+        f"constant '{alias}' of {where} has the literal {text!r}, which is not a JSON value or a quoted "
+        'string; write its value as JSON (a number, a "string", true, false, null, an object)'
+    )
 
 
 class InvalidSettingError(ConfigError):
@@ -251,8 +323,16 @@ class InvalidSettingError(ConfigError):
     count or interval that is not a positive whole number, a boundary or size out of its range."""
 
 
-POSITIVE_WHOLE = ("worker_count", "checkpoint_interval", "execution_timeout", "app_log_max_size",
-                  "app_log_max_files", "curl_max_allowed_resp_size", "timer_context_size", "timer_context_max_size")
+POSITIVE_WHOLE = (
+    "worker_count",
+    "checkpoint_interval",
+    "execution_timeout",
+    "app_log_max_size",
+    "app_log_max_files",
+    "curl_max_allowed_resp_size",
+    "timer_context_size",
+    "timer_context_max_size",
+)
 TIMER_CONTEXT_RANGE = (20, 19 * MB)  # Couchbase's limits of timer_context_size
 
 
@@ -260,45 +340,69 @@ def check_settings(settings: dict[str, Any], where: str) -> None:
     """Refuse what Couchbase's own settings check refuses (InvalidSettingError naming the setting)."""
     for key in ("deployment_status", "processing_status"):
         if key in settings and not isinstance(settings[key], bool):
-            raise InvalidSettingError(f"{key} of {where} is {json.dumps(settings[key])}; Couchbase takes true or false")
+            raise InvalidSettingError(
+                f"{key} of {where} is {json.dumps(settings[key])}; Couchbase takes true or false"
+            )
     for key in POSITIVE_WHOLE:
         value = settings.get(key)
         if key not in settings or key == "curl_max_allowed_resp_size" and value == 0:
             continue
-        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0 or not float(value).is_integer():
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or value <= 0
+            or not float(value).is_integer()
+        ):
             unit = " in seconds" if key in ("execution_timeout", "checkpoint_interval") else ""
-            raise InvalidSettingError(f"{key} of {where} is {json.dumps(value)}; Couchbase gives it{unit}, a positive "
-                                      "whole number")
+            raise InvalidSettingError(
+                f"{key} of {where} is {json.dumps(value)}; Couchbase gives it{unit}, a positive whole number"
+            )
     for key in ("timer_context_size", "timer_context_max_size"):
         if key in settings and not TIMER_CONTEXT_RANGE[0] <= settings[key] <= TIMER_CONTEXT_RANGE[1]:
-            raise InvalidSettingError(f"{key} of {where} is {settings[key]}; Couchbase takes {TIMER_CONTEXT_RANGE[0]} "
-                                      f"to {TIMER_CONTEXT_RANGE[1]} bytes")
+            raise InvalidSettingError(
+                f"{key} of {where} is {settings[key]}; Couchbase takes {TIMER_CONTEXT_RANGE[0]} "
+                f"to {TIMER_CONTEXT_RANGE[1]} bytes"
+            )
     boundary = settings.get("dcp_stream_boundary")
     if boundary is not None and boundary not in ("everything", "from_now"):
-        raise InvalidSettingError(f"dcp_stream_boundary of {where} is {boundary!r}; use 'everything' or "
-                                  "'from_now' ('from_prior' was removed in Couchbase 6.6.2)")
+        raise InvalidSettingError(
+            f"dcp_stream_boundary of {where} is {boundary!r}; use 'everything' or "
+            "'from_now' ('from_prior' was removed in Couchbase 6.6.2)"
+        )
 
 
-def _settings_from_couchbase(settings: dict[str, Any], where: str, warnings: list[str],
-                             appcode: str) -> tuple[dict[str, Any], str, str]:
+def _settings_from_couchbase(
+    settings: dict[str, Any], where: str, warnings: list[str], appcode: str
+) -> tuple[dict[str, Any], str, str]:
     check_settings(settings, where)
     out: dict[str, Any] = {}
     for key in settings:
         if key in MAPPED or key in NO_EFFECT:
             continue
-        warnings.append(f"{where}: setting {key} is unknown here (from a newer Couchbase?) and was not imported")
+        warnings.append(
+            f"{where}: setting {key} is unknown here (from a newer Couchbase?) and was not imported"
+        )
     for key, (default, why) in NO_EFFECT.items():
-        if key in settings and settings[key] != default and not (key == "language_compatibility"
-                                                                    and settings[key] in ("6.6.2", "7.2.0")):
+        if (
+            key in settings
+            and settings[key] != default
+            and not (key == "language_compatibility" and settings[key] in ("6.6.2", "7.2.0"))
+        ):
             warnings.append(f"{where}: setting {key}={json.dumps(settings[key])} has no effect here; {why}")
     boundary = settings.get("dcp_stream_boundary")
     if boundary is not None:
         if boundary not in ("everything", "from_now"):
-            raise ConfigError(f"dcp_stream_boundary of {where} is {boundary!r}; use 'everything' or 'from_now' "
-                              "('from_prior' was removed in Couchbase 6.6.2)")
+            raise ConfigError(
+                f"dcp_stream_boundary of {where} is {boundary!r}; use 'everything' or 'from_now' "
+                "('from_prior' was removed in Couchbase 6.6.2)"
+            )
         out["boundary"] = boundary
-    for key, target in (("worker_count", "worker_count"), ("description", "description"),
-                        ("app_log_max_size", "app_log_max_size"), ("app_log_max_files", "app_log_max_files")):
+    for key, target in (
+        ("worker_count", "worker_count"),
+        ("description", "description"),
+        ("app_log_max_size", "app_log_max_size"),
+        ("app_log_max_files", "app_log_max_files"),
+    ):
         if key in settings:
             out[target] = settings[key]
     for key in ("timer_context_size", "timer_context_max_size"):
@@ -308,16 +412,22 @@ def _settings_from_couchbase(settings: dict[str, Any], where: str, warnings: lis
         if key in settings:
             value = settings[key]
             if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-                raise ConfigError(f"{key} of {where} is {value!r}; Couchbase gives it in seconds, a number >= 1")
+                raise ConfigError(
+                    f"{key} of {where} is {value!r}; Couchbase gives it in seconds, a number >= 1"
+                )
             value = int(value) if float(value).is_integer() else value
             out[key] = value
     if "curl_max_allowed_resp_size" in settings:
         size = settings["curl_max_allowed_resp_size"]
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-            raise ConfigError(f"curl_max_allowed_resp_size of {where} is {size!r}; give megabytes, a whole number")
+            raise ConfigError(
+                f"curl_max_allowed_resp_size of {where} is {size!r}; give megabytes, a whole number"
+            )
         if size == 0:
-            warnings.append(f"{where}: curl_max_allowed_resp_size=0 (no limit) is not kept; a curl response is "
-                            "limited to 1024 MB here")
+            warnings.append(
+                f"{where}: curl_max_allowed_resp_size=0 (no limit) is not kept; a curl response is "
+                "limited to 1024 MB here"
+            )
             size = 1024
         out["curl_max_response_bytes"] = size * MB
     headers, footers = settings.get("handler_headers") or [], settings.get("handler_footers") or []
@@ -329,7 +439,9 @@ def _settings_from_couchbase(settings: dict[str, Any], where: str, warnings: lis
     return out, state, source
 
 
-def to_couchbase(definition: dict[str, Any], source: str, state: str = "undeployed") -> tuple[dict[str, Any], list[str]]:
+def to_couchbase(
+    definition: dict[str, Any], source: str, state: str = "undeployed"
+) -> tuple[dict[str, Any], list[str]]:
     """A stored definition (as `FunctionDefinition.to_dict()` writes it, secrets masked or not: the caller
     decides) with its handler source as Couchbase's function JSON, and the warnings: project settings that
     Couchbase's format cannot carry, and the metadata keyspace Couchbase needs."""
@@ -337,21 +449,26 @@ def to_couchbase(definition: dict[str, Any], source: str, state: str = "undeploy
     name = plain_name(defn.name)
     where = f"function '{defn.name}'"
     if defn.language != "javascript":
-        raise ConfigError(f"{where} has a Python handler; Couchbase runs JavaScript handlers only, so it cannot be "
-                          "exported in Couchbase's format; export it without format couchbase")
+        raise ConfigError(
+            f"{where} has a Python handler; Couchbase runs JavaScript handlers only, so it cannot be "
+            "exported in Couchbase's format; export it without format couchbase"
+        )
     warnings: list[str] = []
     default = FunctionDefinition(name=name, source_bucket=defn.source_bucket)
     for key in PROJECT_ONLY:
         if getattr(defn, key) != getattr(default, key):
             value = definition.get(key, getattr(defn, key))
-            warnings.append(f"{where}: {key}={json.dumps(value, default=str)} has no field in Couchbase's format and "
-                            "was left out")
+            warnings.append(
+                f"{where}: {key}={json.dumps(value, default=str)} has no field in Couchbase's format and "
+                "was left out"
+            )
     metadata = _metadata_keyspace(defn, where, warnings)
     curl = []
     for u in definition.get("url_bindings") or []:
         auth = u.get("auth", "none")
         binding: dict[str, Any] = {
-            "hostname": u["url"], "value": u["alias"],
+            "hostname": u["url"],
+            "value": u["alias"],
             "auth_type": {v: k for k, v in AUTH_TYPES.items()}[auth],
             "allow_cookies": bool(u.get("allow_cookies", False)),
             "validate_ssl_certificate": bool(u.get("verify_tls", True)),
@@ -362,11 +479,22 @@ def to_couchbase(definition: dict[str, Any], source: str, state: str = "undeploy
             binding["bearer_key"] = u.get("token", "")
         curl.append(binding)
     depcfg = {
-        "source_bucket": defn.source_bucket, "source_scope": defn.source_scope,
+        "source_bucket": defn.source_bucket,
+        "source_scope": defn.source_scope,
         "source_collection": defn.source_collection,
-        "metadata_bucket": metadata[0], "metadata_scope": metadata[1], "metadata_collection": metadata[2],
-        "buckets": [{"alias": b.alias, "bucket_name": b.bucket, "scope_name": b.scope, "collection_name": b.collection,
-                     "access": b.access} for b in defn.bindings],
+        "metadata_bucket": metadata[0],
+        "metadata_scope": metadata[1],
+        "metadata_collection": metadata[2],
+        "buckets": [
+            {
+                "alias": b.alias,
+                "bucket_name": b.bucket,
+                "scope_name": b.scope,
+                "collection_name": b.collection,
+                "access": b.access,
+            }
+            for b in defn.bindings
+        ],
         "curl": curl,
         "constants": [{"value": k, "literal": json.dumps(v)} for k, v in defn.constants.items()],
     }
@@ -386,8 +514,10 @@ def to_couchbase(definition: dict[str, Any], source: str, state: str = "undeploy
         "log_level": "INFO",
     }
     if defn.curl_max_response_bytes % MB:
-        warnings.append(f"{where}: curl_max_response_bytes={defn.curl_max_response_bytes} is rounded up to "
-                        f"{settings['curl_max_allowed_resp_size']} MB (Couchbase gives it in whole megabytes)")
+        warnings.append(
+            f"{where}: curl_max_response_bytes={defn.curl_max_response_bytes} is rounded up to "
+            f"{settings['curl_max_allowed_resp_size']} MB (Couchbase gives it in whole megabytes)"
+        )
     out = {
         "appname": name,
         "appcode": source,
@@ -411,8 +541,10 @@ def _metadata_keyspace(defn: FunctionDefinition, where: str, warnings: list[str]
     chosen = (defn.source_bucket, DEFAULT, DEFAULT)
     if source == chosen:
         chosen = (defn.source_bucket, DEFAULT, "eventing")
-    warnings.append(f"{where}: depcfg.metadata_* is set to {'.'.join(chosen)}: Couchbase needs a metadata keyspace "
-                    "other than the source; create it (or change it) before importing into Couchbase")
+    warnings.append(
+        f"{where}: depcfg.metadata_* is set to {'.'.join(chosen)}: Couchbase needs a metadata keyspace "
+        "other than the source; create it (or change it) before importing into Couchbase"
+    )
     return chosen
 
 
@@ -420,21 +552,30 @@ def _seconds(value: timedelta, key: str, where: str, warnings: list[str]) -> int
     seconds = value.total_seconds()
     whole = max(1, math.ceil(seconds))
     if whole != seconds:
-        warnings.append(f"{where}: {key}={seconds:g}s is rounded up to {whole}s (Couchbase gives it in whole seconds)")
+        warnings.append(
+            f"{where}: {key}={seconds:g}s is rounded up to {whole}s (Couchbase gives it in whole seconds)"
+        )
     return whole
 
 
-def settings_from_couchbase(name: str, settings: dict[str, Any]) -> tuple[dict[str, Any], str | None, list[str]]:
+def settings_from_couchbase(
+    name: str, settings: dict[str, Any]
+) -> tuple[dict[str, Any], str | None, list[str]]:
     """A Couchbase settings body (POST /api/v1/functions/NAME/settings): the definition fields it changes,
     the state it asks for (None when it names neither deployment_status nor processing_status), warnings."""
     warnings: list[str] = []
     fields, state, _ = _settings_from_couchbase(
-        {k: v for k, v in settings.items() if k not in ("handler_headers", "handler_footers")}, f"function '{name}'",
-        warnings, "")
+        {k: v for k, v in settings.items() if k not in ("handler_headers", "handler_footers")},
+        f"function '{name}'",
+        warnings,
+        "",
+    )
     for key in ("handler_headers", "handler_footers"):
         if key in settings:
-            raise ConfigError(f"settings cannot change {key} of function '{name}'; put the lines in the handler "
-                              f"source (POST /api/v1/functions/{name}/appcode)")
+            raise ConfigError(
+                f"settings cannot change {key} of function '{name}'; put the lines in the handler "
+                f"source (POST /api/v1/functions/{name}/appcode)"
+            )
     for key in ("execution_timeout", "checkpoint_interval"):
         if key in fields:
             fields[key] = f"{fields[key]}s"
@@ -463,7 +604,9 @@ def keyspace_fields(item: dict[str, Any]) -> dict[str, Any]:
         name = namespaced_name(item)
     except ConfigError:
         name = str(item.get("appname", ""))
-    return {"name": name, "source_bucket": depcfg.get("source_bucket", ""),
-            "source_scope": depcfg.get("source_scope") or DEFAULT,
-            "source_collection": depcfg.get("source_collection") or DEFAULT}
-
+    return {
+        "name": name,
+        "source_bucket": depcfg.get("source_bucket", ""),
+        "source_scope": depcfg.get("source_scope") or DEFAULT,
+        "source_collection": depcfg.get("source_collection") or DEFAULT,
+    }

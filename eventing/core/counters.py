@@ -28,9 +28,13 @@ EFFECTS_DUPLICATE = "effects_duplicate"  # skipped: already applied before a cra
 EFFECTS_FENCED = "effects_fenced"  # rejected: written by a stale owner
 FENCED_CHECKPOINT_WRITES = "fenced_checkpoint_writes"
 WORKERS_RECYCLED = "workers_recycled"
-WINDOW_ROWS_WRITTEN = "window_rows_written"  # rows workers wrote for the window (a window-only function's updates)
+WINDOW_ROWS_WRITTEN = (
+    "window_rows_written"  # rows workers wrote for the window (a window-only function's updates)
+)
 WINDOW_ROWS_ACCEPTED = "window_rows_accepted"  # rows the coordinator windowed (not late, not replayed)
-WINDOW_VALUES_NOT_NUMERIC = "window_values_not_numeric"  # aggregated field values that were not numbers (skipped)
+WINDOW_VALUES_NOT_NUMERIC = (
+    "window_values_not_numeric"  # aggregated field values that were not numbers (skipped)
+)
 # Azure Stream Analytics' metrics of the arrival-time policies (rows dropped or adjusted alike).
 OUT_OF_ORDER_EVENTS = "window_out_of_order_events"
 LATE_INPUT_EVENTS = "window_late_input_events"
@@ -46,8 +50,24 @@ TIMERS_FAILED = "timers_failed"  # callbacks dead-lettered (timer_error or timeo
 # Handler latency histogram. A worker reads the clock once per batch, not per mutation, and counts each
 # batch's mutations in the bucket of the batch's mean time per mutation (read, decode, handler), so the
 # hot loop costs what it did. Upper bounds in microseconds; sums in microseconds.
-LATENCY_BOUNDS_US: tuple[int, ...] = (10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000,
-                                      100_000, 250_000, 1_000_000, 5_000_000)
+LATENCY_BOUNDS_US: tuple[int, ...] = (
+    10,
+    25,
+    50,
+    100,
+    250,
+    500,
+    1_000,
+    2_500,
+    5_000,
+    10_000,
+    25_000,
+    50_000,
+    100_000,
+    250_000,
+    1_000_000,
+    5_000_000,
+)
 LATENCY_COUNT = "latency_count"
 LATENCY_SUM_US = "latency_sum_us"
 

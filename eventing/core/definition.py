@@ -33,6 +33,7 @@ ISOLATIONS = ("none", "sandbox")  # the first is DEFAULT_ADMIN_ISOLATION, named 
 # "Sandboxed handlers", for the measured cost that decided it).
 DEFAULT_ADMIN_ISOLATION = "none"
 
+
 def parse_duration(value: Any, field_name: str, function: str) -> timedelta:
     """eventing.core.durations.parse_duration (the rule window sizes follow too), as a ConfigError."""
     try:
@@ -76,7 +77,9 @@ class FunctionDefinition:
     boundary: Boundary = "everything"
     checkpoint_interval: timedelta = timedelta(seconds=1)
     execution_timeout: timedelta = timedelta(seconds=60)
-    batch_size: int = 1000  # mutations a worker handles before flushing their effects; a step takes one or more
+    batch_size: int = (
+        1000  # mutations a worker handles before flushing their effects; a step takes one or more
+    )
     # Handler calls a worker runs at once, each for a different document (one document's mutations still run
     # one after another, in seqno order); for handlers that wait on I/O. 1 runs them one at a time.
     concurrency: int = 1
@@ -145,17 +148,28 @@ class FunctionDefinition:
                 bucket, _, access = rest.partition(":")
                 raw = {"alias": alias, "bucket": bucket, "access": access or "r"}
             if isinstance(raw, dict) and isinstance(raw.get("bucket"), str) and "scope" not in raw:
-                named = Keyspace.parse(raw["bucket"])  # "alias=bucket.scope.collection:rw" or a keyspace as bucket
+                named = Keyspace.parse(
+                    raw["bucket"]
+                )  # "alias=bucket.scope.collection:rw" or a keyspace as bucket
                 raw = {**raw, "bucket": named.bucket, "scope": named.scope, "collection": named.collection}
             if not isinstance(raw, dict):
-                raise ConfigError(f"a binding of function '{name}' must be an object with alias, bucket and access")
-            b = Binding(raw.get("alias", ""), raw.get("bucket", ""), raw.get("access", "r"),
-                        raw.get("scope") or DEFAULT, raw.get("collection") or DEFAULT)
+                raise ConfigError(
+                    f"a binding of function '{name}' must be an object with alias, bucket and access"
+                )
+            b = Binding(
+                raw.get("alias", ""),
+                raw.get("bucket", ""),
+                raw.get("access", "r"),
+                raw.get("scope") or DEFAULT,
+                raw.get("collection") or DEFAULT,
+            )
             _check_alias("binding alias", b.alias, name)
             check_bucket_name(b.bucket)
             b.keyspace.check(wildcard=True)  # a wildcard binding: couchbase.* accessors with meta.keyspace
             if b.access not in ("r", "rw"):
-                raise ConfigError(f"binding '{b.alias}' of function '{name}' has access {b.access!r}; use 'r' or 'rw'")
+                raise ConfigError(
+                    f"binding '{b.alias}' of function '{name}' has access {b.access!r}; use 'r' or 'rw'"
+                )
             bindings.append(b)
         url_bindings = parse_url_bindings(data.get("url_bindings", []), name)
         for u in url_bindings:
@@ -184,9 +198,17 @@ class FunctionDefinition:
         for key in ("checkpoint_interval", "execution_timeout", "retry_backoff"):
             if key in kwargs:
                 kwargs[key] = parse_duration(kwargs[key], key, name)
-        for key, low in (("worker_count", 1), ("batch_size", 1), ("retries", 0), ("max_document_bytes", 1),
-                         ("timer_context_size", 1), ("app_log_max_size", 1), ("app_log_max_files", 1),
-                         ("curl_max_response_bytes", 1), ("js_heap_limit_mb", 16)):
+        for key, low in (
+            ("worker_count", 1),
+            ("batch_size", 1),
+            ("retries", 0),
+            ("max_document_bytes", 1),
+            ("timer_context_size", 1),
+            ("app_log_max_size", 1),
+            ("app_log_max_files", 1),
+            ("curl_max_response_bytes", 1),
+            ("js_heap_limit_mb", 16),
+        ):
             value = kwargs.get(key, low)
             if isinstance(value, bool):  # True is an int to Python, not a count to anyone
                 raise ConfigError(
@@ -196,9 +218,15 @@ class FunctionDefinition:
             if not isinstance(value, int) or value < low:
                 raise ConfigError(f"{key} of function '{name}' must be an integer >= {low}, not {value!r}")
         if kwargs.get("worker_count", 1) > 64:
-            raise ConfigError(f"worker_count of function '{name}' is {kwargs['worker_count']}; the maximum is 64")
+            raise ConfigError(
+                f"worker_count of function '{name}' is {kwargs['worker_count']}; the maximum is 64"
+            )
         concurrency = kwargs.get("concurrency", 1)
-        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not 1 <= concurrency <= MAX_CONCURRENCY:
+        if (
+            isinstance(concurrency, bool)
+            or not isinstance(concurrency, int)
+            or not 1 <= concurrency <= MAX_CONCURRENCY
+        ):
             raise ConfigError(
                 f"concurrency of function '{name}' is {concurrency!r}; give an integer from 1 to {MAX_CONCURRENCY} "
                 "(handler calls a worker runs at once, for different documents)"
@@ -229,9 +257,9 @@ class FunctionDefinition:
             except filters.FilterError as exc:
                 raise ConfigError(f"function '{name}': {exc}") from None
         if kwargs.get("retry") is not None:
-            if kwargs.get("retries", 0) != 0 or kwargs.get("retry_backoff", timedelta(milliseconds=100)) != timedelta(
-                milliseconds=100
-            ):
+            if kwargs.get("retries", 0) != 0 or kwargs.get(
+                "retry_backoff", timedelta(milliseconds=100)
+            ) != timedelta(milliseconds=100):
                 raise ConfigError(
                     f"function '{name}' sets both retry and retries/retry_backoff; give the policy in retry alone "
                     '(retries N is "max_attempts": N + 1, retry_backoff is "initial_backoff")'
@@ -263,7 +291,9 @@ class FunctionDefinition:
         if self.language == "python":  # Python definitions read as they did before JavaScript handlers
             del out["language"], out["js_heap_limit_mb"]
         out["bindings"] = [
-            asdict(b) if not b.keyspace.is_default else {"alias": b.alias, "bucket": b.bucket, "access": b.access}
+            asdict(b)
+            if not b.keyspace.is_default
+            else {"alias": b.alias, "bucket": b.bucket, "access": b.access}
             for b in self.bindings
         ]
         out["url_bindings"] = [dict(u) for u in self.url_bindings]
@@ -325,26 +355,43 @@ def parse_url_bindings(raw: Any, function: str) -> tuple[dict, ...]:
         alias, url, auth = item.get("alias", ""), item.get("url", ""), item.get("auth", "none")
         scheme = urllib.parse.urlsplit(url).scheme if isinstance(url, str) else ""
         if scheme not in ("http", "https") or not urllib.parse.urlsplit(url).netloc:
-            raise ConfigError(f"url binding '{alias}' of function '{function}' has url {url!r}; give http(s)://host[:port]/path")
+            raise ConfigError(
+                f"url binding '{alias}' of function '{function}' has url {url!r}; give http(s)://host[:port]/path"
+            )
         if auth not in ("none", "basic", "bearer", "digest"):
             raise ConfigError(
                 f"url binding '{alias}' of function '{function}' has auth {auth!r}; use none, basic, bearer or digest"
             )
         for flag in ("verify_tls", "allow_cookies"):
             if flag in item and not isinstance(item[flag], bool):
-                raise ConfigError(f"{flag} of url binding '{alias}' of function '{function}' must be true or false")
+                raise ConfigError(
+                    f"{flag} of url binding '{alias}' of function '{function}' must be true or false"
+                )
         unknown = set(item) - URL_BINDING_FIELDS
         if unknown:
-            raise ConfigError(f"url binding '{alias}' of function '{function}' has unknown field(s) {', '.join(sorted(unknown))}")
+            raise ConfigError(
+                f"url binding '{alias}' of function '{function}' has unknown field(s) {', '.join(sorted(unknown))}"
+            )
         _check_url_limits(item, f"url binding '{alias}' of function '{function}'")
         out.append(dict(item))
     return tuple(out)
 
 
-URL_BINDING_FIELDS = frozenset({
-    "alias", "url", "auth", "username", "password", "token", "verify_tls", "allow_cookies", "idempotency_header",
-    "rate_limit", "max_in_flight",
-})
+URL_BINDING_FIELDS = frozenset(
+    {
+        "alias",
+        "url",
+        "auth",
+        "username",
+        "password",
+        "token",
+        "verify_tls",
+        "allow_cookies",
+        "idempotency_header",
+        "rate_limit",
+        "max_in_flight",
+    }
+)
 _HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,100}$")  # an HTTP header name (a token)
 
 
@@ -353,23 +400,34 @@ def _check_url_limits(item: dict[str, Any], what: str) -> None:
     header = item.get("idempotency_header", "Idempotency-Key")
     if header is not False and not (isinstance(header, str) and _HEADER_NAME.match(header)):
         raise ConfigError(
-            f"idempotency_header of {what} is {header!r}; give a header name such as \"Idempotency-Key\", or false "
+            f'idempotency_header of {what} is {header!r}; give a header name such as "Idempotency-Key", or false '
             "to send none"
         )
     rate = item.get("rate_limit")
     if rate is not None:
         per_second = rate.get("per_second") if isinstance(rate, dict) else None
         burst = rate.get("burst", 1) if isinstance(rate, dict) else None
-        if (not isinstance(rate, dict) or set(rate) - {"per_second", "burst"} or isinstance(per_second, bool)
-                or not isinstance(per_second, int | float) or per_second <= 0 or isinstance(burst, bool)
-                or not isinstance(burst, int) or burst < 1):
+        if (
+            not isinstance(rate, dict)
+            or set(rate) - {"per_second", "burst"}
+            or isinstance(per_second, bool)
+            or not isinstance(per_second, int | float)
+            or per_second <= 0
+            or isinstance(burst, bool)
+            or not isinstance(burst, int)
+            or burst < 1
+        ):
             raise ConfigError(
                 f"rate_limit of {what} is {rate!r}; give requests per second and a burst, for example "
                 '{"per_second": 50, "burst": 10} (burst: requests that may start at once after a quiet time, >= 1)'
             )
     in_flight = item.get("max_in_flight")
-    if in_flight is not None and (isinstance(in_flight, bool) or not isinstance(in_flight, int) or in_flight < 1):
-        raise ConfigError(f"max_in_flight of {what} is {in_flight!r}; give an integer >= 1 (requests at once)")
+    if in_flight is not None and (
+        isinstance(in_flight, bool) or not isinstance(in_flight, int) or in_flight < 1
+    ):
+        raise ConfigError(
+            f"max_in_flight of {what} is {in_flight!r}; give an integer >= 1 (requests at once)"
+        )
 
 
 def load_definition_file(path: str | Path) -> tuple[FunctionDefinition, str]:
@@ -382,7 +440,9 @@ def load_definition_file(path: str | Path) -> tuple[FunctionDefinition, str]:
     except json.JSONDecodeError as exc:
         raise ConfigError(f"definition file {path} is not valid JSON ({exc})") from None
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"definition file {path} is not UTF-8 text ({_decode_error(exc)}); save it as UTF-8") from None
+        raise ConfigError(
+            f"definition file {path} is not UTF-8 text ({_decode_error(exc)}); save it as UTF-8"
+        ) from None
     except OSError as exc:
         raise ConfigError(f"definition file {path} cannot be read ({exc.strerror})") from None
     if isinstance(data, dict) and "handler_source" in data:
@@ -390,7 +450,9 @@ def load_definition_file(path: str | Path) -> tuple[FunctionDefinition, str]:
     else:
         handler = data.get("handler") if isinstance(data, dict) else None
         if not handler:
-            raise ConfigError(f"definition file {path} names no 'handler' file; add \"handler\": \"my_handler.py\"")
+            raise ConfigError(
+                f'definition file {path} names no \'handler\' file; add "handler": "my_handler.py"'
+            )
         handler_path = (path.parent / handler).resolve()
         if handler_path.suffix == ".js" and "language" not in data:
             data = {**data, "language": "javascript"}

@@ -102,7 +102,11 @@ def compile_filter(spec: Any) -> CompiledFilter:
     needles: list[tuple[bytes, ...]] = []
     _necessary(spec, prefixes, needles)
     return CompiledFilter(
-        spec, update, lambda row: delete_tri(row) is not False, needs_doc, Prefilter(tuple(prefixes), tuple(needles)),
+        spec,
+        update,
+        lambda row: delete_tri(row) is not False,
+        needs_doc,
+        Prefilter(tuple(prefixes), tuple(needles)),
         not _reads_row(spec),
     )
 
@@ -129,10 +133,12 @@ def _show(value: Any) -> str:
 def _check(spec: Any, where: str, depth: int, counter: list[int]) -> None:
     counter[0] += 1
     if counter[0] > MAX_NODES or depth > MAX_DEPTH:
-        raise FilterError(f"{where} is too large (at most {MAX_NODES} parts, nested {MAX_DEPTH} deep); simplify it")
+        raise FilterError(
+            f"{where} is too large (at most {MAX_NODES} parts, nested {MAX_DEPTH} deep); simplify it"
+        )
     if not isinstance(spec, dict):
         raise FilterError(
-            f"{where} is {_show(spec)}; give an object such as {{\"field\": \"type\", \"eq\": \"order\"}}, "
+            f'{where} is {_show(spec)}; give an object such as {{"field": "type", "eq": "order"}}, '
             '{"key_prefix": "order::"}, {"and": [...]}, {"or": [...]} or {"not": {...}}'
         )
     if "field" in spec:
@@ -162,7 +168,9 @@ def _check(spec: Any, where: str, depth: int, counter: list[int]) -> None:
 def _check_condition(spec: dict, where: str) -> None:
     path = spec["field"]
     if not isinstance(path, str) or not path or any(not part for part in path.split(".")):
-        raise FilterError(f"{where}.field is {_show(path)}; give a dotted path such as \"total\" or \"address.city\"")
+        raise FilterError(
+            f'{where}.field is {_show(path)}; give a dotted path such as "total" or "address.city"'
+        )
     parts = path.split(".")
     if parts[0] == "meta" and (len(parts) != 2 or parts[1] not in META_FIELDS):
         raise FilterError(
@@ -182,7 +190,9 @@ def _check_condition(spec: dict, where: str) -> None:
     value = spec[op]
     if op == "in":
         if not isinstance(value, list) or not value or not all(_is_scalar(v) for v in value):
-            raise FilterError(f"{where}.in is {_show(value)}; give a non-empty list of strings, numbers, booleans or null")
+            raise FilterError(
+                f"{where}.in is {_show(value)}; give a non-empty list of strings, numbers, booleans or null"
+            )
     elif op == "exists":
         if not isinstance(value, bool):
             raise FilterError(f"{where}.exists is {_show(value)}; give true or false")

@@ -41,12 +41,16 @@ def full_name(plain: str, bucket: str, scope: str) -> str:
     if (bucket, scope) == GLOBAL:
         return plain
     if bucket == "*" or scope == "*":
-        raise ConfigError(f"function scope {bucket}.{scope} is not valid; give a bucket and a scope, or */* "
-                          "for the global namespace")
+        raise ConfigError(
+            f"function scope {bucket}.{scope} is not valid; give a bucket and a scope, or */* "
+            "for the global namespace"
+        )
     check_function_name(plain)
     if not NAMESPACE_BUCKET.match(bucket) or not NAMESPACE_SCOPE.match(scope):
-        raise ConfigError(f"function scope {bucket!r}.{scope!r} is not valid; give a bucket name and a scope name "
-                          "(letters, digits, '_', '-', '%'; a bucket may also have '.')")
+        raise ConfigError(
+            f"function scope {bucket!r}.{scope!r} is not valid; give a bucket name and a scope name "
+            "(letters, digits, '_', '-', '%'; a bucket may also have '.')"
+        )
     return f"{bucket}.{scope}.{plain}"
 
 
@@ -57,8 +61,12 @@ def check_function_name(name: object) -> None:
         parts = split_name(name)
         if parts is None and PLAIN_NAME.match(name):
             return
-        if parts is not None and PLAIN_NAME.match(parts[2]) and NAMESPACE_SCOPE.match(parts[1]) \
-                and NAMESPACE_BUCKET.match(parts[0]):
+        if (
+            parts is not None
+            and PLAIN_NAME.match(parts[2])
+            and NAMESPACE_SCOPE.match(parts[1])
+            and NAMESPACE_BUCKET.match(parts[0])
+        ):
             return
     raise ConfigError(
         f"function name {name!r} is not valid; use a letter then letters, digits, '_' or '-' (max 100), "

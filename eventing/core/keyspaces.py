@@ -69,8 +69,10 @@ class Keyspace:
 
     def covers(self, other: Keyspace) -> bool:
         """Whether `other` (a collection) is this keyspace or one of the collections its wildcards take."""
-        return self.bucket == other.bucket and self.scope in (WILDCARD, other.scope) and (
-            self.collection in (WILDCARD, other.collection)
+        return (
+            self.bucket == other.bucket
+            and self.scope in (WILDCARD, other.scope)
+            and (self.collection in (WILDCARD, other.collection))
         )
 
     def check(self, *, wildcard: bool = False) -> Keyspace:
@@ -127,4 +129,6 @@ def vbucket_of_stored(stored: str) -> int:
 def check_user_key(key: str) -> None:
     """Keys starting with the collection mark would read as another collection's: refuse them."""
     if isinstance(key, str) and key.startswith(COLLECTION_MARK):
-        raise InvalidKeyError(f"key {key[:40]!r} starts with the byte 0x01, which is reserved; use another key")
+        raise InvalidKeyError(
+            f"key {key[:40]!r} starts with the byte 0x01, which is reserved; use another key"
+        )

@@ -53,7 +53,9 @@ def _check_json(value: Any, path: str) -> None:
     is_dict = isinstance(value, dict)
     for k, item in items:
         if is_dict and type(k) is not str:
-            raise InvalidDocumentError(f"document field {path} has a non-string key {k!r}; JSON keys are strings")
+            raise InvalidDocumentError(
+                f"document field {path} has a non-string key {k!r}; JSON keys are strings"
+            )
         t = type(item)
         if t is str or t is int or t is bool or item is None:
             continue
@@ -80,18 +82,22 @@ def encode_document(doc: Any) -> bytes:
     if isinstance(doc, bytes):
         data = msgpack.packb(doc, use_bin_type=True)
         if len(data) > MAX_DOCUMENT_BYTES:
-            raise InvalidDocumentError(f"document is {len(doc):,} bytes, {len(data):,} stored, which exceeds the limit "
-                                       f"of {MAX_DOCUMENT_BYTES:,} bytes stored; split it")
+            raise InvalidDocumentError(
+                f"document is {len(doc):,} bytes, {len(data):,} stored, which exceeds the limit "
+                f"of {MAX_DOCUMENT_BYTES:,} bytes stored; split it"
+            )
         return data
     if not isinstance(doc, dict):
         raise InvalidDocumentError(
-            f"document is a JSON {_json_kind(doc)}, not an object; wrap it, for example {{\"value\": ...}}"
+            f'document is a JSON {_json_kind(doc)}, not an object; wrap it, for example {{"value": ...}}'
         )
     try:
         _check_json(doc, "$")
         data = msgpack.packb(doc, use_bin_type=True)
     except RecursionError:
-        raise InvalidDocumentError(f"document nests more than about {NESTING_LIMIT} levels deep; flatten it") from None
+        raise InvalidDocumentError(
+            f"document nests more than about {NESTING_LIMIT} levels deep; flatten it"
+        ) from None
     if len(data) > MAX_DOCUMENT_BYTES:
         raise InvalidDocumentError(
             f"document is {len(data):,} bytes encoded, which exceeds the limit of {MAX_DOCUMENT_BYTES:,} bytes; split it"

@@ -80,7 +80,9 @@ def parse_retry(raw: Any) -> dict[str, Any]:
         )
     unknown = sorted(set(raw) - set(FIELDS))
     if unknown:
-        raise RetryConfigError(f"retry has unknown field(s) {', '.join(unknown)}; known fields: {', '.join(FIELDS)}")
+        raise RetryConfigError(
+            f"retry has unknown field(s) {', '.join(unknown)}; known fields: {', '.join(FIELDS)}"
+        )
     out: dict[str, Any] = {}
     attempts = raw.get("max_attempts", 1)
     if isinstance(attempts, bool) or not isinstance(attempts, int) or not 1 <= attempts <= MAX_ATTEMPTS:
@@ -98,10 +100,14 @@ def parse_retry(raw: Any) -> dict[str, Any]:
         except durations.DurationError as exc:
             raise RetryConfigError(str(exc).removeprefix("has ")) from None
     if "max_event_age" in out and durations.parse_duration(out["max_event_age"]) <= timedelta(0):
-        raise RetryConfigError("retry.max_event_age is 0; give a positive duration such as '1h', or leave it out")
+        raise RetryConfigError(
+            "retry.max_event_age is 0; give a positive duration such as '1h', or leave it out"
+        )
     multiplier = raw.get("multiplier", 2)
     if isinstance(multiplier, bool) or not isinstance(multiplier, int | float) or not 1 <= multiplier <= 100:
-        raise RetryConfigError(f"retry.multiplier is {multiplier!r}; give a number from 1 to 100 (2 doubles the wait)")
+        raise RetryConfigError(
+            f"retry.multiplier is {multiplier!r}; give a number from 1 to 100 (2 doubles the wait)"
+        )
     out["multiplier"] = multiplier
     names, statuses = [], []
     listed = raw.get("non_retryable", [])
@@ -116,8 +122,8 @@ def parse_retry(raw: Any) -> dict[str, Any]:
             statuses.append(item)
         else:
             raise RetryConfigError(
-                f"retry.non_retryable has {item!r}; give exception or error names (\"ValueError\", "
-                "\"TypeError\") and HTTP statuses (400 to 599)"
+                f'retry.non_retryable has {item!r}; give exception or error names ("ValueError", '
+                '"TypeError") and HTTP statuses (400 to 599)'
             )
     out["non_retryable"] = sorted(set(names)) + sorted(set(statuses))
     return out
@@ -125,6 +131,7 @@ def parse_retry(raw: Any) -> dict[str, Any]:
 
 def policy_of(retry: dict[str, Any]) -> RetryPolicy:
     """The policy a normalised `retry` object (parse_retry's) declares."""
+
     def seconds(key: str) -> Any:
         return durations.parse_duration(retry[key]).total_seconds() if key in retry else None
 

@@ -37,7 +37,9 @@ def _mask_binding(binding: Any) -> Any:
 BOUND_FIELDS = ("url", "auth", "verify_tls")
 
 
-def restore_secrets(definition: dict[str, Any], stored: dict[str, Any] | None, *, trusted: bool = True) -> dict[str, Any]:
+def restore_secrets(
+    definition: dict[str, Any], stored: dict[str, Any] | None, *, trusted: bool = True
+) -> dict[str, Any]:
     """`definition` with each secret equal to MASK replaced by the stored secret of the URL binding with
     the same alias. ConfigError, naming the binding and the fix, when there is no stored secret to keep.
 

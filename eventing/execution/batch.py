@@ -46,8 +46,14 @@ class _Segment:
 
     __slots__ = ("vb", "rows", "packed", "load", "start", "docs", "keyspace")
 
-    def __init__(self, vb: int, rows: list | None, packed: Any = None, load: Callable[[], list] | None = None,
-                 keyspace: Any = None):
+    def __init__(
+        self,
+        vb: int,
+        rows: list | None,
+        packed: Any = None,
+        load: Callable[[], list] | None = None,
+        keyspace: Any = None,
+    ):
         self.vb, self.rows, self.packed, self.load, self.start = vb, rows, packed, load, 0
         self.docs: list | None = None
         self.keyspace = keyspace  # meta.keyspace of its items (None: the runner's)
@@ -63,8 +69,15 @@ class Batch(Sequence):
     """What on_batch(batch) gets: `len(batch)`, `batch[i]`, `for item in batch:` (each item current in
     turn), and the columns `batch.keys` and `batch.docs` (None for a deletion) made in bulk."""
 
-    def __init__(self, runner: HandlerRunner, segments: list[_Segment], keys: list[str], ops: list[int],
-                 seqnos: list[int], vbs: list[int]):
+    def __init__(
+        self,
+        runner: HandlerRunner,
+        segments: list[_Segment],
+        keys: list[str],
+        ops: list[int],
+        seqnos: list[int],
+        vbs: list[int],
+    ):
         self._runner = runner
         self._segments = segments
         self._keys, self._ops, self._seqnos, self._vbs = keys, ops, seqnos, vbs
@@ -96,10 +109,11 @@ class Batch(Sequence):
                     ops += [OP_UPDATE] * len(updated)
                 else:  # deletes and expiries among the updates, by seqno
                     at, prev = 0, p.after_seqno
-                    for seqno, key, op in zip(p.other_seqnos, p.other_keys.decode().split("\0"), p.other_ops,
-                                              strict=True):
+                    for seqno, key, op in zip(
+                        p.other_seqnos, p.other_keys.decode().split("\0"), p.other_ops, strict=True
+                    ):
                         gap = seqno - prev - 1  # updates between the last delete and this one
-                        keys += updated[at:at + gap]
+                        keys += updated[at : at + gap]
                         ops += [OP_UPDATE] * gap
                         keys.append(key)
                         ops.append(op)
@@ -215,8 +229,10 @@ class Batch(Sequence):
                 if seg.docs is not None:
                     out += seg.docs
                 else:
-                    out += [msgpack.unpackb(r[5], raw=False) if r[3] == OP_UPDATE and r[5] is not None else None
-                            for r in seg.rows or ()]
+                    out += [
+                        msgpack.unpackb(r[5], raw=False) if r[3] == OP_UPDATE and r[5] is not None else None
+                        for r in seg.rows or ()
+                    ]
                 continue
             docs = seg.docs  # a bulk read's documents are its updates' (None for its deletes)
             if docs is None:
@@ -226,7 +242,7 @@ class Batch(Sequence):
             at, prev = 0, p.after_seqno
             for seqno in p.other_seqnos:
                 gap = seqno - prev - 1
-                out += docs[at:at + gap]
+                out += docs[at : at + gap]
                 out.append(None)
                 at, prev = at + gap, seqno
             out += docs[at:]
@@ -363,7 +379,9 @@ class BatchScope:
         self.batch = batch
         self.at: int | None = None
         self.held: dict[int, _Held] = {}
-        self._overlays: list[dict | None] = [None] * len(self.buffers)  # each buffer's overlay before the call
+        self._overlays: list[dict | None] = [None] * len(
+            self.buffers
+        )  # each buffer's overlay before the call
         batch.scope = self
         self._outside()
 
@@ -468,8 +486,10 @@ def failed_items(result: Any, batch: Batch) -> dict[int, Any]:
         return {}
     if isinstance(result, dict) and set(result) == {"batchItemFailures"}:
         keys: dict[Any, int] = {batch.key_of(i): i for i in range(len(batch))}
-        result = [keys.get(f.get("itemIdentifier"), f.get("itemIdentifier")) if isinstance(f, dict) else f
-                  for f in result["batchItemFailures"] or []]
+        result = [
+            keys.get(f.get("itemIdentifier"), f.get("itemIdentifier")) if isinstance(f, dict) else f
+            for f in result["batchItemFailures"] or []
+        ]
     if isinstance(result, str | bytes | dict) or not hasattr(result, "__iter__"):
         raise TypeError(_RETURN_HELP.format(got=type(result).__name__))
     out: dict[int, Any] = {}

@@ -40,7 +40,9 @@ from sharding import validate_key
 
 Tracer = Callable[[str, str, str, object], None]  # (operation, alias, key, value)
 _new_write = tuple.__new__  # a Write's fields in order (values.Write), without its __new__'s Python frame
-assert Write._fields[5:] == ("cas", "expect_cas", "delta"), "BucketBinding.__setitem__ builds Writes field by field"
+assert Write._fields[5:] == ("cas", "expect_cas", "delta"), (
+    "BucketBinding.__setitem__ builds Writes field by field"
+)
 
 
 class EffectBuffer:
@@ -71,7 +73,9 @@ class EffectBuffer:
         self.replayed_writes = 0
         self.conditional = False  # the call in progress made a write with a cas condition or a delta
         self.expiries: dict[str, int] = {}  # expiry of pending writes that set one (advanced accessors)
-        self.ops: Counter[str] = Counter()  # accessor outcomes (bkt_ops_cas_mismatch_count, ...), taken by the worker
+        self.ops: Counter[str] = (
+            Counter()
+        )  # accessor outcomes (bkt_ops_cas_mismatch_count, ...), taken by the worker
 
 
 def held_keys(buf: EffectBuffer, vb: int, seqno: int, keys: Any) -> set[str]:
@@ -120,7 +124,9 @@ class _CallWrites(threading.local):
 
 
 def _per_thread(name: str) -> Any:
-    return property(lambda self: getattr(self._call, name), lambda self, value: setattr(self._call, name, value))
+    return property(
+        lambda self: getattr(self._call, name), lambda self, value: setattr(self._call, name, value)
+    )
 
 
 class ConcurrentEffectBuffer(EffectBuffer):
@@ -200,8 +206,14 @@ class BucketBinding:
     """
 
     def __init__(
-        self, alias: str, bucket: BindingBucket, access: str, function: str, buffer: EffectBuffer | None = None,
-        prefix: str = "", mirror: str | None = None,
+        self,
+        alias: str,
+        bucket: BindingBucket,
+        access: str,
+        function: str,
+        buffer: EffectBuffer | None = None,
+        prefix: str = "",
+        mirror: str | None = None,
     ):
         self.alias = alias
         self.bucket = bucket
@@ -350,8 +362,11 @@ class BucketBinding:
             return self._outcome("key_not_found")
         if cas is not None and cas != seen[1].cas:
             return self._outcome("cas_mismatch")
-        return self._written(key, doc, self._write(key, doc, _expiry(expiry, self.alias),
-                                                   self._condition(key, seen[1].cas, cas)))
+        return self._written(
+            key,
+            doc,
+            self._write(key, doc, _expiry(expiry, self.alias), self._condition(key, seen[1].cas, cas)),
+        )
 
     def delete(self, key: str, *, cas: int | None = None) -> OpResult:
         """Delete an existing document; with `cas`, only if it is still that version."""
@@ -363,8 +378,15 @@ class BucketBinding:
             return self._outcome("key_not_found")
         if cas is not None and cas != seen[1].cas:
             return self._outcome("cas_mismatch")
-        w = Write(self.prefix + key, OP_DELETE, None, 0, 0, self.buf.next_cas(),
-                  expect_cas=self._condition(key, seen[1].cas, cas))
+        w = Write(
+            self.prefix + key,
+            OP_DELETE,
+            None,
+            0,
+            0,
+            self.buf.next_cas(),
+            expect_cas=self._condition(key, seen[1].cas, cas),
+        )
         self._append(w, key, None, 0)
         return OpResult(True, meta=DocMeta(key, w.cas or 0, 0))
 
@@ -379,7 +401,9 @@ class BucketBinding:
         self._check_writable(what)
         _check_key(key, self.alias)
         if type(delta) is not int:
-            raise BindingError(f"{what} of '{key}' through binding '{self.alias}': delta {delta!r} is not an integer")
+            raise BindingError(
+                f"{what} of '{key}' through binding '{self.alias}': delta {delta!r} is not an integer"
+            )
         seen = self._visible(key)
         count: Any = 0
         if seen is not None:
@@ -402,8 +426,13 @@ class BucketBinding:
         seen = self._visible(key)
         if seen is None:
             return self._outcome("key_not_found")
-        return self._written(key, seen[0], self._write(key, seen[0], _expiry(expiry, self.alias),
-                                                       self._condition(key, seen[1].cas, seen[1].cas)))
+        return self._written(
+            key,
+            seen[0],
+            self._write(
+                key, seen[0], _expiry(expiry, self.alias), self._condition(key, seen[1].cas, seen[1].cas)
+            ),
+        )
 
     def lookup_in(self, key: str, specs: list) -> OpResult:
         """Read parts of a document: specs ("get", path) and ("exists", path); `value` lists the results
@@ -439,8 +468,13 @@ class BucketBinding:
                 return self._outcome(error)
         # The whole document is written back: conditional on the version read, even without a cas, so a
         # concurrent change of another field is never overwritten.
-        return self._written(key, doc, self._write(key, doc, _expiry(expiry, self.alias),
-                                                   self._condition(key, seen[1].cas, seen[1].cas)))
+        return self._written(
+            key,
+            doc,
+            self._write(
+                key, doc, _expiry(expiry, self.alias), self._condition(key, seen[1].cas, seen[1].cas)
+            ),
+        )
 
     @staticmethod
     def _condition(key: str, seen_cas: int, cas: int | None) -> int | None:
@@ -466,7 +500,9 @@ class BucketBinding:
         """Hold write `w` (made with the stored key) of the handler's `key`."""
         buf = self.buf
         if self.tracer:
-            self.tracer("write" if data is not None else "delete", self.alias, key, data and decode_document(data))
+            self.tracer(
+                "write" if data is not None else "delete", self.alias, key, data and decode_document(data)
+            )
         buf.current.append(w)
         stored = w.key
         buf.current_overlay[stored] = w
@@ -611,17 +647,27 @@ def _expiry(value: Any, alias: str) -> int:
         if value <= 0:
             return 0
         return int(time.time() + value) if value < RELATIVE_EXPIRY_LIMIT_S else int(value)
-    raise BindingError(f"binding '{alias}': expiry {value!r} is not a time; pass seconds, a datetime or a timedelta")
+    raise BindingError(
+        f"binding '{alias}': expiry {value!r} is not a time; pass seconds, a datetime or a timedelta"
+    )
 
 
 def _spec(spec: Any, allowed: tuple[str, ...], alias: str) -> tuple[str, str, Any]:
     if not isinstance(spec, tuple | list) or not spec or spec[0] not in allowed:
-        raise BindingError(f"binding '{alias}': sub-document spec {spec!r} is not one of {', '.join(allowed)}")
+        raise BindingError(
+            f"binding '{alias}': sub-document spec {spec!r} is not one of {', '.join(allowed)}"
+        )
     op = spec[0]
     needs_value = op not in ("get", "exists", "remove")
-    if len(spec) != (3 if needs_value else 2) or not isinstance(spec[1], str) or not SUBDOC_PATH.match(spec[1]):
+    if (
+        len(spec) != (3 if needs_value else 2)
+        or not isinstance(spec[1], str)
+        or not SUBDOC_PATH.match(spec[1])
+    ):
         shape = f"({op!r}, 'path', value)" if needs_value else f"({op!r}, 'path')"
-        raise BindingError(f"binding '{alias}': sub-document spec {spec!r} should be {shape} with a dotted path")
+        raise BindingError(
+            f"binding '{alias}': sub-document spec {spec!r} should be {shape} with a dotted path"
+        )
     return op, spec[1], spec[2] if needs_value else None
 
 

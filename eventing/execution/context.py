@@ -28,12 +28,24 @@ class HandlerTimeout(Exception):
 class CallContext:
     """The mutation a handler is running on, the epoch its writes are kept under, and when it must end."""
 
-    __slots__ = ("mutation", "epoch", "deadline", "active", "timeout_s", "batch", "attempt_at", "sent",
-                 "statuses", "retry_after")
+    __slots__ = (
+        "mutation",
+        "epoch",
+        "deadline",
+        "active",
+        "timeout_s",
+        "batch",
+        "attempt_at",
+        "sent",
+        "statuses",
+        "retry_after",
+    )
 
     def __init__(self, timeout_s: float):
         self.timeout_s = timeout_s  # execution_timeout of every call
-        self.mutation: Mutation | None = None  # of the call in flight, else of the last call (None before any)
+        self.mutation: Mutation | None = (
+            None  # of the call in flight, else of the last call (None before any)
+        )
         self.epoch = 0  # the owner's epoch of the mutation's vBucket, under which the call's writes are kept
         self.deadline = 0.0  # time.monotonic() at which the call overruns execution_timeout
         self.active = False  # a handler call is running now

@@ -48,9 +48,13 @@ class UrlBinding:
     auth: str = "none"  # none | basic | bearer | digest
     username: str = ""
     verify_tls: bool = True
-    allow_cookies: bool = False  # keep the cookies the server sets and send them back (Couchbase's allow_cookies)
+    allow_cookies: bool = (
+        False  # keep the cookies the server sets and send them back (Couchbase's allow_cookies)
+    )
     idempotency_header: str = HEADER  # the header the call's idempotency key goes in; "": none
-    rate_limit: tuple[float, float] | None = None  # (requests per second, burst) shared by the function's workers
+    rate_limit: tuple[float, float] | None = (
+        None  # (requests per second, burst) shared by the function's workers
+    )
     max_in_flight: int | None = None  # requests at once, shared the same way
 
     def __repr__(self) -> str:
@@ -100,20 +104,33 @@ class CurlResponse:
 
 
 class CurlClient:
-    def __init__(self, context: CallContext, bindings: list[UrlBinding], max_response_bytes: int,
-                 secrets: dict[str, str] | None = None, *, keys: Callable[[CallContext], str | None] | None = None,
-                 limits: Limits | None = None):
+    def __init__(
+        self,
+        context: CallContext,
+        bindings: list[UrlBinding],
+        max_response_bytes: int,
+        secrets: dict[str, str] | None = None,
+        *,
+        keys: Callable[[CallContext], str | None] | None = None,
+        limits: Limits | None = None,
+    ):
         self.context = context  # the call in flight: how much of its execution_timeout is left
         self.keys = keys  # the idempotency key of a call (the runner's), None: requests carry none
         self.limits = limits  # the bindings' rate_limit and max_in_flight (None: not applied here)
         self.bindings = {id(b): b for b in bindings}
-        self._secrets = dict(secrets or {})  # alias -> password or token (url_bindings); never on a UrlBinding
+        self._secrets = dict(
+            secrets or {}
+        )  # alias -> password or token (url_bindings); never on a UrlBinding
         self.max_response_bytes = max_response_bytes
         self.ops: Counter[str] = Counter()  # curl_success_count, ... taken by the worker
-        self._ops_lock = threading.Lock()  # calls of a function with concurrency > 1 count from several threads
+        self._ops_lock = (
+            threading.Lock()
+        )  # calls of a function with concurrency > 1 count from several threads
         self._openers: dict[tuple[int, bool], urllib.request.OpenerDirector] = {}
         self._kept = _KeptConnections()
-        self._origins: dict[int, tuple[int, str, int | None, bool]] = {}  # binding -> its URL's prefix, host, port
+        self._origins: dict[
+            int, tuple[int, str, int | None, bool]
+        ] = {}  # binding -> its URL's prefix, host, port
         # One cookie jar per binding that allows cookies, kept for the runner's life (Couchbase's session).
         self.cookies = {id(b): http.cookiejar.CookieJar() for b in bindings if b.allow_cookies}
 
@@ -176,8 +193,15 @@ class CurlClient:
                 seen.retry_after = max(seen.retry_after, retry_after_s(raw_headers))
         return CurlResponse(status, raw_headers, _decode(payload, raw_headers))
 
-    def _exchange(self, binding: UrlBinding, method: str, url: str, data: bytes | None, headers: dict[str, str],
-                  call: CallContext) -> tuple[int, dict[str, str], bytes]:
+    def _exchange(
+        self,
+        binding: UrlBinding,
+        method: str,
+        url: str,
+        data: bytes | None,
+        headers: dict[str, str],
+        call: CallContext,
+    ) -> tuple[int, dict[str, str], bytes]:
         """The request, once the binding's limits let it start, with its credentials added: (status, headers,
         body). It may take what is left of the call's execution_timeout (time waited for the limits is not
         counted), less a margin so the handler sees a CurlError before the worker's watchdog abandons the
@@ -225,8 +249,15 @@ class CurlClient:
             self.ops[CURL_THROTTLED] += 1
             self.ops[CURL_THROTTLED_MS] += round(seconds * 1000)
 
-    def _send(self, binding: UrlBinding, method: str, url: str, data: bytes | None, headers: dict[str, str],
-              timeout: float) -> tuple[int, dict[str, str], bytes]:
+    def _send(
+        self,
+        binding: UrlBinding,
+        method: str,
+        url: str,
+        data: bytes | None,
+        headers: dict[str, str],
+        timeout: float,
+    ) -> tuple[int, dict[str, str], bytes]:
         secret = self._secrets.get(binding.alias, "")
         if binding.auth == "basic":
             token = base64.b64encode(f"{binding.username}:{secret}".encode()).decode()
@@ -249,7 +280,13 @@ class CurlClient:
             return exc.code, dict(exc.headers.items()), self._read(exc)
 
     def _kept_alive(
-        self, method: str, url: str, data: bytes | None, headers: dict[str, str], binding: UrlBinding, timeout: float
+        self,
+        method: str,
+        url: str,
+        data: bytes | None,
+        headers: dict[str, str],
+        binding: UrlBinding,
+        timeout: float,
     ) -> tuple[int, dict[str, str], bytes] | None:
         """The request on a connection this thread keeps open to the host (urllib opens and closes one per
         request: ~3x the CPU); None for a redirect, left to urllib. A kept connection the server has closed
@@ -258,7 +295,10 @@ class CurlClient:
         if origin is None:  # the binding's scheme and host, split once: a call only adds a path and a query
             parts = urllib.parse.urlsplit(binding.url)
             origin = self._origins[id(binding)] = (
-                len(parts.scheme) + 3 + len(parts.netloc), parts.hostname or "", parts.port, parts.scheme == "https"
+                len(parts.scheme) + 3 + len(parts.netloc),
+                parts.hostname or "",
+                parts.port,
+                parts.scheme == "https",
             )
         prefix, host, port, https = origin
         key = (host, port, https, binding.verify_tls)
@@ -270,8 +310,9 @@ class CurlClient:
             if conn is None:
                 conn = HttpConnection(host, port, timeout, self._tls(binding) if https else None)
             try:
-                status, answer, payload, keep = conn.request(method, target, headers, data, timeout,
-                                                             self.max_response_bytes)
+                status, answer, payload, keep = conn.request(
+                    method, target, headers, data, timeout, self.max_response_bytes
+                )
             except (BrokenPipeError, ConnectionResetError):  # ClosedBeforeAnswer is one
                 conn.close()
                 if reused:
@@ -344,14 +385,19 @@ class HostCurl:
         binding = self.by_alias.get(alias) if isinstance(alias, str) else None
         if binding is None or method not in METHODS or not isinstance(url, str) or not _within(binding, url):
             return ("error", f"curl through URL binding {alias!r} may only call its own URL")
-        if not isinstance(headers, dict) or not isinstance(data, bytes | None) or not isinstance(timeout, int | float):
+        if (
+            not isinstance(headers, dict)
+            or not isinstance(data, bytes | None)
+            or not isinstance(timeout, int | float)
+        ):
             return ("error", "curl request is not one the sandbox's curl makes")
         call = CallContext(min(max(0.05, float(timeout)), self.timeout_s))
         call.begin(_NO_MUTATION, 0)  # the child's call, as far as its remaining time goes
         deadline = call.deadline  # moved by the time the binding's limits make the request wait
         try:
             status, answer, payload = self.client._exchange(
-                binding, method, url, data, {str(k): str(v) for k, v in headers.items()}, call)
+                binding, method, url, data, {str(k): str(v) for k, v in headers.items()}, call
+            )
         except TimeoutError as exc:
             return ("timeout", str(exc))
         except CurlError as exc:

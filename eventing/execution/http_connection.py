@@ -35,7 +35,9 @@ class HttpConnection:
         sock = socket.create_connection((host, self.port), timeout)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # the request leaves in one segment
-            self.sock: socket.socket | None = tls.wrap_socket(sock, server_hostname=host) if tls is not None else sock
+            self.sock: socket.socket | None = (
+                tls.wrap_socket(sock, server_hostname=host) if tls is not None else sock
+            )
         except BaseException:
             sock.close()
             raise
@@ -47,7 +49,13 @@ class HttpConnection:
             self.sock = None
 
     def request(
-        self, method: str, target: str, headers: dict[str, str], body: bytes | None, timeout: float, max_bytes: int
+        self,
+        method: str,
+        target: str,
+        headers: dict[str, str],
+        body: bytes | None,
+        timeout: float,
+        max_bytes: int,
     ) -> tuple[int, dict[str, str], bytes, bool]:
         """Send one request and read its answer: (status, headers, body, whether the connection can be kept).
         A body over ``max_bytes`` raises CurlError; the caller closes the connection on any exception."""
@@ -70,7 +78,9 @@ class HttpConnection:
             try:
                 length = int(lower["content-length"])
             except ValueError:
-                raise CurlError(f"curl answer has a bad Content-Length: {lower['content-length']!r}") from None
+                raise CurlError(
+                    f"curl answer has a bad Content-Length: {lower['content-length']!r}"
+                ) from None
             if length > max_bytes:
                 raise _too_large(max_bytes)
             payload = self._read_exactly(length)

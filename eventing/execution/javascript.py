@@ -71,12 +71,26 @@ GC_EVERY_CALLS = 256  # how often a call checks the heap and collects garbage wh
 class _Call:
     """The call in flight in one thread's context, as the handler's watchdog sees it (under JsHandler.lock)."""
 
-    __slots__ = ("isolate", "running", "stopped", "deadline", "started", "in_host", "memory", "external", "stats",
-                 "args", "base", "cc")
+    __slots__ = (
+        "isolate",
+        "running",
+        "stopped",
+        "deadline",
+        "started",
+        "in_host",
+        "memory",
+        "external",
+        "stats",
+        "args",
+        "base",
+        "cc",
+    )
 
     def __init__(self, isolate: int):
         self.isolate = isolate
-        self.cc: CallContext | None = None  # the runner's call, whose deadline moves while curl waits for a limit
+        self.cc: CallContext | None = (
+            None  # the runner's call, whose deadline moves while curl waits for a limit
+        )
         self.running = False
         self.in_host = False  # in a host call (curl, a binding): no JavaScript runs, the heap does not grow
         self.stopped: str | None = None  # why it was terminated: timeout | memory
@@ -153,7 +167,9 @@ class _V8:
         self.request_interrupt = lib._ZN2v87Isolate16RequestInterruptEPFvPS0_PvES2_
         self.request_interrupt.argtypes = [ctypes.c_void_p, self.INTERRUPT, ctypes.c_void_p]
         self.on_interrupt = self.INTERRUPT(_heap_check)  # kept alive for V8
-        self.zone_changed = lib._ZN2v87Isolate39DateTimeConfigurationChangeNotificationENS0_17TimeZoneDetectionE
+        self.zone_changed = (
+            lib._ZN2v87Isolate39DateTimeConfigurationChangeNotificationENS0_17TimeZoneDetectionE
+        )
         self.zone_changed.argtypes = [ctypes.c_void_p, ctypes.c_int]
         self.zones: dict[int, str | None] = {}  # isolate -> the TZ its dates were last set up for
         self.icu = _load_icu(lib)
@@ -188,7 +204,9 @@ def _load_icu(lib: Any) -> bool:
     initialize = lib._ZN2v82V813InitializeICUEPKc
     initialize.argtypes = [ctypes.c_char_p]
     initialize.restype = ctypes.c_bool
-    candidates = [Path(folder) / "icudtl.dat" for folder in getattr(STPyV8, "icu_data_folders", None) or () if folder]
+    candidates = [
+        Path(folder) / "icudtl.dat" for folder in getattr(STPyV8, "icu_data_folders", None) or () if folder
+    ]
     try:
         from importlib.resources import files
 
@@ -202,7 +220,9 @@ def _load_icu(lib: Any) -> bool:
 
 
 _v8: _V8 | None = None
-_thread = threading.local()  # .entered: the context left entered after its last call in this thread (entering costs ~1 us a call)
+_thread = (
+    threading.local()
+)  # .entered: the context left entered after its last call in this thread (entering costs ~1 us a call)
 _isolates: list[Any] = []  # isolates made for threads without one: kept for the process's life
 # Every context made, kept for the process's life (~0.4 MB each): STPyV8 tracks the Python objects a context
 # was given (its __host) with a weak callback that crashes the process (Context::Global on the dying
@@ -243,8 +263,14 @@ def _heap_check(isolate: int | None, data: int | None) -> None:
 
 _UNSUPPORTED = [
     (re.compile(r"\bN1QL\s*\("), "SQL++ (N1QL())"),
-    (re.compile(r"(?:^|[=(:,;{}?]|\breturn\b)\s*(?:SELECT|INSERT\s+INTO|UPSERT\s+INTO|DELETE\s+FROM|MERGE\s+INTO|"
-                r"UPDATE\s+[A-Za-z_`][\w`.]*\s+(?:SET|UNSET|USE)\b)\s", re.IGNORECASE), "inline SQL++"),
+    (
+        re.compile(
+            r"(?:^|[=(:,;{}?]|\breturn\b)\s*(?:SELECT|INSERT\s+INTO|UPSERT\s+INTO|DELETE\s+FROM|MERGE\s+INTO|"
+            r"UPDATE\s+[A-Za-z_`][\w`.]*\s+(?:SET|UNSET|USE)\b)\s",
+            re.IGNORECASE,
+        ),
+        "inline SQL++",
+    ),
     (re.compile(r"\bcouchbase\s*\.\s*analyticsQuery\b"), "Analytics (couchbase.analyticsQuery())"),
     # reading or writing them through an accessor's options; OnUpdate(doc, meta, xattrs) is fine: it gets {}
     (re.compile(r"\bxattrs\s*:\s*true\b"), "extended attributes (XATTRs)"),
@@ -322,7 +348,9 @@ def _load_error(function: str, exc: Exception, what: str) -> HandlerLoadError:
     text = str(exc)
     m = _JS_POSITION.match(text)
     if m is None:
-        return HandlerLoadError(f"handler of function '{function}' {what} ({text.splitlines()[0]}); fix the file and deploy again")
+        return HandlerLoadError(
+            f"handler of function '{function}' {what} ({text.splitlines()[0]}); fix the file and deploy again"
+        )
     return HandlerLoadError(
         f"handler of function '{function}' {what} at line {m['line']}: {m['message']}; fix the file and deploy again"
     )
@@ -351,8 +379,13 @@ class JsHandler:
     """One function's V8 context and the Python objects its JavaScript reaches."""
 
     def __init__(
-        self, function: str, source: str, injected: Mapping[str, Any], context: CallContext | None,
-        timeout_s: float, heap_limit_mb: int,
+        self,
+        function: str,
+        source: str,
+        injected: Mapping[str, Any],
+        context: CallContext | None,
+        timeout_s: float,
+        heap_limit_mb: int,
     ):
         import STPyV8  # type: ignore[import-not-found]
 
@@ -400,7 +433,9 @@ class JsHandler:
             self.module.__dict__[name] = JsFunction(self, name)
         for js_name, py_name in ENTRY_POINTS.items():
             if js_name in functions:
-                self.module.__dict__[py_name] = JsOnUpdate(self) if js_name == "OnUpdate" else self.module.__dict__[js_name]
+                self.module.__dict__[py_name] = (
+                    JsOnUpdate(self) if js_name == "OnUpdate" else self.module.__dict__[js_name]
+                )
         self.module.__dict__["__js_handler__"] = self
         _handlers[id(self)] = self
 
@@ -527,7 +562,8 @@ class JsHandler:
             return
         external = flight.stats[7]
         if external - flight.external > self.heap_limit // 4 or (
-                self.calls % GC_EVERY_CALLS < count and used > self.heap_limit // 2):
+            self.calls % GC_EVERY_CALLS < count and used > self.heap_limit // 2
+        ):
             self._collect(here.isolate)
             used, external = self.v8.used_memory(flight), flight.stats[7]
             flight.external = external
@@ -572,7 +608,11 @@ class JsHandler:
         """Terminate a call in flight (from the watchdog thread, or a host call or an interrupt on the call's
         own thread); with `deadline`, only the call that has it (not the next call of the same thread)."""
         with self.lock:
-            if flight.running and flight.stopped is None and (deadline is None or flight.deadline == deadline):
+            if (
+                flight.running
+                and flight.stopped is None
+                and (deadline is None or flight.deadline == deadline)
+            ):
                 flight.stopped = why
                 self.v8.terminate(flight.isolate)
 
@@ -691,7 +731,9 @@ class JsOnUpdate(JsFunction):
         )
         self.handler.run(UPDATE, text)
 
-    def batch(self, rows: list, docs: list, keyspace: dict, on_start: Any) -> tuple[int, BaseException | None]:
+    def batch(
+        self, rows: list, docs: list, keyspace: dict, on_start: Any
+    ) -> tuple[int, BaseException | None]:
         """OnUpdate over a run of one vBucket's plain updates in one crossing: `rows` are their log rows
         (Mutation's field order), `docs` their decoded documents. Returns how many returned in order, and the
         failure (JavaScriptError, HandlerTimeout, JavaScriptMemoryError) of the next one, or None when the
@@ -700,16 +742,32 @@ class JsOnUpdate(JsFunction):
         binary = any(type(d) is bytes for d in docs)
         if binary:  # see JsOnUpdate.__call__
             docs = [_js_doc(d)[0] for d in docs]
-        text = _encode([
-            docs, [r[2] for r in rows], [str(r[4]) for r in rows], [r[7] for r in rows], [r[8] for r in rows],
-            [r[1] for r in rows], vb, keyspace, self.handler.slice_s * 1000, binary,
-        ]).decode()
+        text = _encode(
+            [
+                docs,
+                [r[2] for r in rows],
+                [str(r[4]) for r in rows],
+                [r[7] for r in rows],
+                [r[8] for r in rows],
+                [r[1] for r in rows],
+                vb,
+                keyspace,
+                self.handler.slice_s * 1000,
+                binary,
+            ]
+        ).decode()
         return self.handler.batch(text, len(rows), on_start)
 
 
 def load_js_handler(
-    function: str, source: str, injected: Mapping[str, Any], *, context: CallContext | None = None,
-    timeout_s: float = 60.0, heap_limit_mb: int = 128, windowed: bool = False,
+    function: str,
+    source: str,
+    injected: Mapping[str, Any],
+    *,
+    context: CallContext | None = None,
+    timeout_s: float = 60.0,
+    heap_limit_mb: int = 128,
+    windowed: bool = False,
 ) -> types.ModuleType:
     """The handler as a module (see the module docstring). Raises HandlerLoadError with the line for a
     syntax error, a throw at load, SQL++/Analytics/XATTRs, or neither OnUpdate nor OnDelete."""

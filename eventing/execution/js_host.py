@@ -107,17 +107,39 @@ def _curl_request(request: Any) -> Any:
 # the Data Service's status (1 key not found, 2 key exists, also on a cas mismatch; 0xC0, 0xC9 sub-document)
 _ERRORS = {
     "key_not_found": (1, "LCB_KEY_ENOENT", "The document key does not exist on the server", "key_not_found"),
-    "key_exists": (2, "LCB_KEY_EEXISTS", "The document key already exists in the server.", "key_already_exists"),
-    "cas_mismatch": (2, "LCB_KEY_EEXISTS", "The document key exists with a CAS value different than specified",
-                     "cas_mismatch"),
-    "path_not_found": (192, "LCB_ERR_SUBDOC_PATH_NOT_FOUND", "The document key does not exist on the server",
-                       "field_not_found"),
+    "key_exists": (
+        2,
+        "LCB_KEY_EEXISTS",
+        "The document key already exists in the server.",
+        "key_already_exists",
+    ),
+    "cas_mismatch": (
+        2,
+        "LCB_KEY_EEXISTS",
+        "The document key exists with a CAS value different than specified",
+        "cas_mismatch",
+    ),
+    "path_not_found": (
+        192,
+        "LCB_ERR_SUBDOC_PATH_NOT_FOUND",
+        "The document key does not exist on the server",
+        "field_not_found",
+    ),
     "path_exists": (201, "LCB_ERR_SUBDOC_PATH_EXISTS", "The document path already exist", "field_exists"),
 }
 
 
-def _advanced(binding_of: Any, name: str, alias: str, key: str, cas: str | None, expiry: float, doc: str,
-              extra: str, keyspace: str = "null") -> str:
+def _advanced(
+    binding_of: Any,
+    name: str,
+    alias: str,
+    key: str,
+    cas: str | None,
+    expiry: float,
+    doc: str,
+    extra: str,
+    keyspace: str = "null",
+) -> str:
     """One couchbase.* call as the JSON text of Couchbase's result object, keys in Couchbase's order:
     `{doc, meta: {id, cas, expiry_date, datatype}, success}` for get and lookupIn (lookupIn's doc lists
     `{value, success}` per spec), `{doc: {count}, meta, success}` for the counters, `{meta: {id, cas,
@@ -157,14 +179,21 @@ def _advanced(binding_of: Any, name: str, alias: str, key: str, cas: str | None,
     elif name == "mutateIn":
         specs = json.loads(extra) or []
         r = b.mutate_in(
-            key, [(s["op"], s["path"]) if s["op"] == "remove" else (s["op"], s["path"], s.get("value")) for s in specs],
-            cas=cas_value, expiry=ttl,
+            key,
+            [
+                (s["op"], s["path"]) if s["op"] == "remove" else (s["op"], s["path"], s.get("value"))
+                for s in specs
+            ],
+            cas=cas_value,
+            expiry=ttl,
         )
     else:
         raise ValueError(f"couchbase.{name} is not an operation")
     if not r.success:
         code, error_name, desc, flag = _ERRORS.get(r.error, (0, r.error, r.error, r.error))
-        return json.dumps({"error": {"code": code, "name": error_name, "desc": desc, flag: True}, "success": False})
+        return json.dumps(
+            {"error": {"code": code, "name": error_name, "desc": desc, flag: True}, "success": False}
+        )
     out: dict[str, Any] = {}
     datatype = "json"
     if name == "get":
@@ -200,7 +229,9 @@ def _seen(binding: Any, key: str) -> Any:
     return None if found is None else found[1]
 
 
-BINARY = "\0binary"  # {BINARY: [bytes]}: a binary document on its way to or from JavaScript (an ArrayBuffer there)
+BINARY = (
+    "\0binary"  # {BINARY: [bytes]}: a binary document on its way to or from JavaScript (an ArrayBuffer there)
+)
 
 
 def _js_doc(doc: Any) -> tuple[Any, str]:
@@ -242,7 +273,9 @@ def _builtin(name: str, text: str) -> str:
     numbers (non-finite ones as their names). A decode answers JSON: its value, or null / an error's text."""
     value = json.loads(text)
     if name in ("crc64", "crc_64_go_iso"):
-        data = bytes(value[BINARY]) if isinstance(value, dict) else str(value).encode("utf-8", "surrogatepass")
+        data = (
+            bytes(value[BINARY]) if isinstance(value, dict) else str(value).encode("utf-8", "surrogatepass")
+        )
         return handler_api._crc64_go_iso(data)
     if name == "base64_encode":
         return base64.b64encode(str(value).encode("utf-8", "surrogatepass")).decode()
@@ -266,8 +299,12 @@ def _builtin(name: str, text: str) -> str:
             return json.dumps("Invalid input")
         if len(raw) % size:
             return json.dumps("Incorrect base64 string provided")
-        return json.dumps([v if math.isfinite(v) else str(v).replace("inf", "Infinity").replace("nan", "NaN")
-                           for v in struct.unpack(f"<{len(raw) // size}{fmt}", raw)])
+        return json.dumps(
+            [
+                v if math.isfinite(v) else str(v).replace("inf", "Infinity").replace("nan", "NaN")
+                for v in struct.unpack(f"<{len(raw) // size}{fmt}", raw)
+            ]
+        )
     raise ValueError(f"{name} is not a built-in function")
 
 
@@ -293,8 +330,16 @@ def _as_json(value: Any) -> Any:
     from eventing.handler import DeleteOptions, DeployAction, Meta
 
     if isinstance(value, Meta):
-        out = {"cas": str(value.cas), "id": value.id, "expiration": value.expiration, "flags": value.flags,
-               "vb": value.vb, "seq": value.seq, "datatype": value.datatype, "keyspace": value.keyspace}
+        out = {
+            "cas": str(value.cas),
+            "id": value.id,
+            "expiration": value.expiration,
+            "flags": value.flags,
+            "vb": value.vb,
+            "seq": value.seq,
+            "datatype": value.datatype,
+            "keyspace": value.keyspace,
+        }
         previous = value.previous
         if previous is not None:
             out["previous"] = previous

@@ -32,7 +32,9 @@ from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any
 
-_STATE = struct.Struct("<ddd")  # tokens, counted at (time.monotonic: one clock for every process), paused until
+_STATE = struct.Struct(
+    "<ddd"
+)  # tokens, counted at (time.monotonic: one clock for every process), paused until
 POLL_S = 0.005  # how often a request waiting for an in-flight slot looks again
 MAX_SLEEP_S = 0.05  # a request waiting for a token sleeps at most this long before looking again
 
@@ -64,8 +66,15 @@ class BindingLimit:
     """One URL binding's limits on this machine. `acquire` waits until a request may start and returns how
     long it waited and the slot it holds; `release` gives the slot back."""
 
-    def __init__(self, folder: Path, name: str, per_second: float | None, burst: float, max_in_flight: int | None,
-                 share: float = 1.0):
+    def __init__(
+        self,
+        folder: Path,
+        name: str,
+        per_second: float | None,
+        burst: float,
+        max_in_flight: int | None,
+        share: float = 1.0,
+    ):
         self.folder, self.name = folder, name
         self.rate = per_second * share if per_second else None
         self.capacity = max(1.0, burst * share) if per_second else 1.0
@@ -74,7 +83,9 @@ class BindingLimit:
         self._bucket_fd: int | None = None
         self._held: set[int] = set()  # slots threads of this process hold (flock does not tell them apart)
         self._lock = threading.Lock()
-        self._state_lock = threading.Lock()  # the rate file's: its flock does not tell this process's threads apart
+        self._state_lock = (
+            threading.Lock()
+        )  # the rate file's: its flock does not tell this process's threads apart
 
     @property
     def limited(self) -> bool:
@@ -216,8 +227,10 @@ class Limits:
             found = self._made.get(binding.alias)
             if found is None:
                 per_second, burst = binding.rate_limit or (None, 1.0)
-                settings = f"{self.function}\0{self.scope}\0{binding.alias}\0{binding.url}\0{per_second}\0{burst}\0" \
-                           f"{binding.max_in_flight}"
+                settings = (
+                    f"{self.function}\0{self.scope}\0{binding.alias}\0{binding.url}\0{per_second}\0{burst}\0"
+                    f"{binding.max_in_flight}"
+                )
                 name = hashlib.sha256(settings.encode()).hexdigest()[:24]
                 found = self._made[binding.alias] = BindingLimit(
                     self.folder, name, per_second, burst, binding.max_in_flight, self.share

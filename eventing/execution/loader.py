@@ -13,8 +13,15 @@ from eventing.errors import HandlerLoadError
 
 
 def load_handler(
-    function: str, source: str, injected: Mapping[str, Any], *, windowed: bool = False, language: str = "python",
-    context: Any = None, timeout_s: float = 60.0, heap_limit_mb: int = 128,
+    function: str,
+    source: str,
+    injected: Mapping[str, Any],
+    *,
+    windowed: bool = False,
+    language: str = "python",
+    context: Any = None,
+    timeout_s: float = 60.0,
+    heap_limit_mb: int = 128,
 ) -> types.ModuleType:
     """Execute the handler source with bindings, constants and `log` as globals.
 
@@ -26,11 +33,19 @@ def load_handler(
         from eventing.execution.javascript import load_js_handler
 
         return load_js_handler(
-            function, source, injected, context=context, timeout_s=timeout_s, heap_limit_mb=heap_limit_mb,
+            function,
+            source,
+            injected,
+            context=context,
+            timeout_s=timeout_s,
+            heap_limit_mb=heap_limit_mb,
             windowed=windowed,
         )
     module = types.ModuleType(f"eventing_handler_{function}")
-    helpers = {name: getattr(handler_api, name) for name in ("crc64", "crc_64_go_iso", "base64_encode", "base64_decode")}
+    helpers = {
+        name: getattr(handler_api, name)
+        for name in ("crc64", "crc_64_go_iso", "base64_encode", "base64_decode")
+    }
     module.__dict__.update({"log": handler_api.log, **helpers, **injected})
     filename = f"<handler of {function}>"
     try:
@@ -60,17 +75,29 @@ def load_handler(
             f"handler of function '{function}' defines neither on_update(doc, meta) nor on_delete(meta, options); "
             "define at least one (or on_batch(batch))"
         )
-    check_batch_entry(function, on_batch is not None, on_update is not None or on_delete is not None,
-                      "a window" if windowed else None)
-    for name, fn in (("on_update", on_update), ("on_delete", on_delete), ("on_deploy", module.__dict__.get("on_deploy")),
-                     ("on_batch", on_batch)):
+    check_batch_entry(
+        function,
+        on_batch is not None,
+        on_update is not None or on_delete is not None,
+        "a window" if windowed else None,
+    )
+    for name, fn in (
+        ("on_update", on_update),
+        ("on_delete", on_delete),
+        ("on_deploy", module.__dict__.get("on_deploy")),
+        ("on_batch", on_batch),
+    ):
         if fn is not None:
             _check_entry_point(function, name, fn)
     return module
 
 
-_ENTRY_POINTS = {"on_update": ("doc", "meta"), "on_delete": ("meta", "options"), "on_deploy": ("action",),
-                 "on_batch": ("batch",)}
+_ENTRY_POINTS = {
+    "on_update": ("doc", "meta"),
+    "on_delete": ("meta", "options"),
+    "on_deploy": ("action",),
+    "on_batch": ("batch",),
+}
 
 
 def check_batch_entry(function: str, has_batch: bool, has_per_call: bool, refused_by: str | None) -> None:
@@ -119,18 +146,28 @@ class _ImportTimeBinding:
         self._alias = alias
 
     def __getattr__(self, name: str):
-        raise HandlerLoadError(f"binding '{self._alias}' is used at import time; use it inside on_update/on_delete")
+        raise HandlerLoadError(
+            f"binding '{self._alias}' is used at import time; use it inside on_update/on_delete"
+        )
 
     __getitem__ = __setitem__ = __delitem__ = __contains__ = __getattr__
 
 
 def validate_handler(
-    function: str, source: str, aliases: list[str], constants: Mapping[str, Any], *, windowed: bool = False,
+    function: str,
+    source: str,
+    aliases: list[str],
+    constants: Mapping[str, Any],
+    *,
+    windowed: bool = False,
     language: str = "python",
 ) -> None:
     """A windowed function may define neither entry point: its window does the work."""
     module = load_handler(
-        function, source, {**{a: _ImportTimeBinding(a) for a in aliases}, **constants}, windowed=windowed,
+        function,
+        source,
+        {**{a: _ImportTimeBinding(a) for a in aliases}, **constants},
+        windowed=windowed,
         language=language,
     )
     closer = module.__dict__.get("__js_handler__")

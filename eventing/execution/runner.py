@@ -148,7 +148,9 @@ class HandlerRunner:
             buffer = buffers.setdefault(b.bucket, buffer_class())  # aliases of one bucket share writes
             bucket = self.buckets[b.bucket]
             if b.keyspace.is_wildcard:  # several collections, reached with the document's keyspace
-                binding: BucketBinding = WildcardBinding(b.alias, bucket, b.access, function, buffer, b.keyspace)
+                binding: BucketBinding = WildcardBinding(
+                    b.alias, bucket, b.access, function, buffer, b.keyspace
+                )
             else:
                 cid = collection_id(bucket, b.keyspace)  # the binding's collection (a NotFoundError names it)
                 # A read-write binding of a mirror's collection (a definition stored before its collection was
@@ -173,15 +175,22 @@ class HandlerRunner:
         # The URL bindings' limits, shared with every process running the function on this machine, which
         # takes `limit_share` of them (eventing.execution.limits).
         self.limits = Limits(function, source.uuid, limit_share)
-        self.curl = CurlClient(self.context, urls, defn.curl_max_response_bytes, secrets, keys=self.call_key,
-                               limits=self.limits)
+        self.curl = CurlClient(
+            self.context, urls, defn.curl_max_response_bytes, secrets, keys=self.call_key, limits=self.limits
+        )
         injected["curl"] = self.curl
         injected.update({u.alias: u for u in urls})
         injected["create_timer"] = self.timers.create_timer
         injected["cancel_timer"] = self.timers.cancel_timer
         module = load_handler(
-            function, source_code, injected, windowed=self.windowed, language=defn.language, context=self.context,
-            timeout_s=self.timeout_s, heap_limit_mb=defn.js_heap_limit_mb,
+            function,
+            source_code,
+            injected,
+            windowed=self.windowed,
+            language=defn.language,
+            context=self.context,
+            timeout_s=self.timeout_s,
+            heap_limit_mb=defn.js_heap_limit_mb,
         )
         self.module = module
         js = module.__dict__.get("__js_handler__")
@@ -201,7 +210,9 @@ class HandlerRunner:
                 f"{'concurrency > 1' if self.concurrent else 'previous_version'} does not take; use on_update/"
                 "on_delete, or remove that setting"
             )
-        self.keyspace = defn.source_keyspace.to_meta()  # meta.keyspace (the worker sets it per collection for `*`)
+        self.keyspace = (
+            defn.source_keyspace.to_meta()
+        )  # meta.keyspace (the worker sets it per collection for `*`)
         self.max_bytes = defn.max_document_bytes
         # previous_version: key -> the bytes of its latest version seen here (None: deleted), so only the
         # first mutation of a key since start asks the source's log. Cleared on rewind; capped.
@@ -247,14 +258,18 @@ class HandlerRunner:
             if m.doc is not None and len(m.doc) > self.max_bytes:
                 if self.previous is not None:
                     self.previous[m.key] = None  # a dead-lettered version is never anyone's previous
-                return Rejection("oversize", f"document is {len(m.doc)} bytes; max_document_bytes is {self.max_bytes}")
+                return Rejection(
+                    "oversize", f"document is {len(m.doc)} bytes; max_document_bytes is {self.max_bytes}"
+                )
             try:
                 doc = msgpack.unpackb(m.doc, raw=False)
             except Exception as exc:  # noqa: BLE001 - any decode failure is the document's fault
                 return Rejection("undecodable", f"{type(exc).__name__}: {exc}")
             if self.on_update is None:
                 return _new_call(HandlerCall, ("on_update", None, (), doc))
-            meta = self.meta_type(m.key, m.cas, m.vb, m.seqno, m.expiry, m.flags, "json", keyspace or self.keyspace)
+            meta = self.meta_type(
+                m.key, m.cas, m.vb, m.seqno, m.expiry, m.flags, "json", keyspace or self.keyspace
+            )
             if self.previous is not None:
                 meta.previous = self._previous_version(m)
             return _new_call(HandlerCall, ("on_update", self.on_update, (doc, meta), doc))
@@ -268,7 +283,9 @@ class HandlerRunner:
                 self.seen(m)
         if self.on_delete is None:
             return NO_HANDLER
-        meta = self.meta_type(m.key, m.cas, m.vb, m.seqno, m.expiry, m.flags, "json", keyspace or self.keyspace)
+        meta = self.meta_type(
+            m.key, m.cas, m.vb, m.seqno, m.expiry, m.flags, "json", keyspace or self.keyspace
+        )
         if self.previous is not None:
             meta.previous = previous
         args = (meta, DeleteOptions(expired=m.op == OP_EXPIRE))
@@ -279,7 +296,9 @@ class HandlerRunner:
         if m.op != OP_UPDATE:
             return _new_call(HandlerCall, ("on_delete", self._batch_of_one, (m,), None))
         if m.doc is not None and len(m.doc) > self.max_bytes:
-            return Rejection("oversize", f"document is {len(m.doc)} bytes; max_document_bytes is {self.max_bytes}")
+            return Rejection(
+                "oversize", f"document is {len(m.doc)} bytes; max_document_bytes is {self.max_bytes}"
+            )
         try:
             doc = msgpack.unpackb(m.doc, raw=False)
         except Exception as exc:  # noqa: BLE001 - any decode failure is the document's fault
@@ -420,11 +439,23 @@ class HandlerRunner:
             on_retry()
         time.sleep(outcome.delay_s)
         return self.call(
-            m, call, epoch=epoch, attempts=attempts, on_retry=on_retry, first_attempt=2, tried=outcome,
+            m,
+            call,
+            epoch=epoch,
+            attempts=attempts,
+            on_retry=on_retry,
+            first_attempt=2,
+            tried=outcome,
         )
 
     def failed(
-        self, exc: BaseException, m: Mutation, call: HandlerCall, attempt: int, attempts: int, tried: Tried | None
+        self,
+        exc: BaseException,
+        m: Mutation,
+        call: HandlerCall,
+        attempt: int,
+        attempts: int,
+        tried: Tried | None,
     ) -> Failure | Tried:
         """Attempt `attempt` raised `exc` (inside its `except` block): its writes are discarded; the
         Failure to report, or the attempts so far (with the wait before the next) when another is due. The
@@ -440,7 +471,10 @@ class HandlerRunner:
             raise exc
         else:
             # A JavaScript handler's error carries JavaScript's stack (eventing.execution.javascript).
-            error, stack = f"{type(exc).__name__}: {exc}", getattr(exc, "js_stack", None) or traceback.format_exc()
+            error, stack = (
+                f"{type(exc).__name__}: {exc}",
+                getattr(exc, "js_stack", None) or traceback.format_exc(),
+            )
         tried = tried or Tried(now)
         tried.errors.append((attempt, now, error))
         status: FailureStatus = "timeout" if isinstance(exc, HandlerTimeout) else "error"
@@ -457,7 +491,9 @@ class HandlerRunner:
                 status = "expired"
                 error = f"{error} (older than retry.max_event_age, not retried)"
         if len(tried.errors) > 1:
-            stack = f"{stack.rstrip()}\n{attempts_text(tried.errors)}" if stack else attempts_text(tried.errors)
+            stack = (
+                f"{stack.rstrip()}\n{attempts_text(tried.errors)}" if stack else attempts_text(tried.errors)
+            )
         return Failure(status, call.kind, error, stack, attempt, tried.first_failed)
 
     def _discard(self) -> None:

@@ -14,7 +14,16 @@ from eventing.execution.runner import HandlerCall, HandlerRunner, Invoke, Reject
 from eventing.handler import Meta
 
 Status = Literal[
-    "ok", "no_handler", "filtered", "error", "timeout", "undecodable", "oversize", "quit", "timer_error", "expired"
+    "ok",
+    "no_handler",
+    "filtered",
+    "error",
+    "timeout",
+    "undecodable",
+    "oversize",
+    "quit",
+    "timer_error",
+    "expired",
 ]
 
 

@@ -23,15 +23,34 @@ import re
 from eventing.errors import HandlerLoadError
 from eventing.execution.loader import check_batch_entry
 
-ENTRY_POINTS = {"on_update": ("doc", "meta"), "on_delete": ("meta", "options"), "on_deploy": ("action",),
-                "on_batch": ("batch",)}
+ENTRY_POINTS = {
+    "on_update": ("doc", "meta"),
+    "on_delete": ("meta", "options"),
+    "on_deploy": ("action",),
+    "on_batch": ("batch",),
+}
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
-_NOT_CALLABLE = (ast.Constant, ast.List, ast.Dict, ast.Tuple, ast.Set, ast.JoinedStr, ast.ListComp, ast.DictComp,
-                 ast.SetComp, ast.GeneratorExp)
+_NOT_CALLABLE = (
+    ast.Constant,
+    ast.List,
+    ast.Dict,
+    ast.Tuple,
+    ast.Set,
+    ast.JoinedStr,
+    ast.ListComp,
+    ast.DictComp,
+    ast.SetComp,
+    ast.GeneratorExp,
+)
 
 
 def check_handler_source(
-    function: str, source: str, *, windowed: bool = False, language: str = "python", batch_refused_by: str | None = None
+    function: str,
+    source: str,
+    *,
+    windowed: bool = False,
+    language: str = "python",
+    batch_refused_by: str | None = None,
 ) -> None:
     """Raise HandlerLoadError for a handler that cannot load, found without running any of it."""
     if language == "javascript":
@@ -40,23 +59,39 @@ def check_handler_source(
     filename = f"<handler of {function}>"
     try:
         tree = ast.parse(source, filename)
-        compile(tree, filename, "exec", dont_inherit=True)  # what parsing alone lets through ('return' outside def)
+        compile(
+            tree, filename, "exec", dont_inherit=True
+        )  # what parsing alone lets through ('return' outside def)
     except SyntaxError as exc:
         raise HandlerLoadError(
             f"handler of function '{function}' has a syntax error at line {exc.lineno}: {exc.msg}; "
             "fix the file and deploy again"
         ) from None
-    except (ValueError, RecursionError, MemoryError) as exc:  # NUL bytes; expressions nested too deep to compile
-        what = "is nested too deeply to compile" if not isinstance(exc, ValueError) else f"cannot be compiled ({exc})"
-        raise HandlerLoadError(f"handler of function '{function}' {what}; fix the file and deploy again") from None
+    except (
+        ValueError,
+        RecursionError,
+        MemoryError,
+    ) as exc:  # NUL bytes; expressions nested too deep to compile
+        what = (
+            "is nested too deeply to compile"
+            if not isinstance(exc, ValueError)
+            else f"cannot be compiled ({exc})"
+        )
+        raise HandlerLoadError(
+            f"handler of function '{function}' {what}; fix the file and deploy again"
+        ) from None
     bound = _top_level_bindings(tree)
     if "*" not in bound and not {"on_update", "on_delete", "on_batch"} & set(bound) and not windowed:
         raise HandlerLoadError(
             f"handler of function '{function}' defines neither on_update(doc, meta) nor on_delete(meta, options); "
             "define at least one (or on_batch(batch))"
         )
-    check_batch_entry(function, "on_batch" in bound, "on_update" in bound or "on_delete" in bound,
-                      "a window" if windowed else batch_refused_by)
+    check_batch_entry(
+        function,
+        "on_batch" in bound,
+        "on_update" in bound or "on_delete" in bound,
+        "a window" if windowed else batch_refused_by,
+    )
     for name, params in ENTRY_POINTS.items():
         values = bound.get(name, ())
         if len(values) == 1:  # bound more than once (or conditionally): the import at deploy knows which

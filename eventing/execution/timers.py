@@ -42,7 +42,9 @@ def delay_counter(delay_ms: float) -> str:
 
 def delay_percentile(counters: dict[str, float], q: float) -> float | None:
     """The histogram bucket bound (ms) under which `q` of the firing delays fell; None without firings."""
-    counts: list[tuple[float, float]] = [(b, counters.get(f"timer_delay_le_{b}ms", 0)) for b in DELAY_BOUNDS_MS]
+    counts: list[tuple[float, float]] = [
+        (b, counters.get(f"timer_delay_le_{b}ms", 0)) for b in DELAY_BOUNDS_MS
+    ]
     counts.append((math.inf, counters.get("timer_delay_gt_60000ms", 0)))
     total = sum(c for _, c in counts)
     if not total:
@@ -76,14 +78,18 @@ class TimerTable:
 
     # -- handler-facing ---------------------------------------------------------------------------------
 
-    def create_timer(self, callback: Any, when: Any, reference: str | None = None, context: Any = None) -> str:
+    def create_timer(
+        self, callback: Any, when: Any, reference: str | None = None, context: Any = None
+    ) -> str:
         """Fire `callback(context)` at or after `when`; returns the reference (generated if None)."""
         name = self._callback_name(callback, "create_timer")
         due_ms = _due_ms(when)
         try:
             text = json.dumps(context, allow_nan=False, separators=(",", ":"))
         except (TypeError, ValueError) as exc:
-            raise TimerError(f"create_timer context is not a JSON value ({exc}); pass dicts, lists, strings, numbers") from None
+            raise TimerError(
+                f"create_timer context is not a JSON value ({exc}); pass dicts, lists, strings, numbers"
+            ) from None
         size = len(text.encode())
         if size > self.context_limit:
             raise TimerError(

@@ -27,8 +27,15 @@ class WildcardBinding(BucketBinding):
     """A binding whose keyspace holds a `*`: the worker-facing calls (begin, keep, take_groups, ...) act on
     the shared buffer as for any binding; the handler reaches a collection through in_keyspace()."""
 
-    def __init__(self, alias: str, bucket: BindingBucket, access: str, function: str, buffer: EffectBuffer | None,
-                 keyspace: Keyspace):
+    def __init__(
+        self,
+        alias: str,
+        bucket: BindingBucket,
+        access: str,
+        function: str,
+        buffer: EffectBuffer | None,
+        keyspace: Keyspace,
+    ):
         super().__init__(alias, bucket, access, function, buffer)
         self.keyspace = keyspace
         self._ids: dict[tuple[str, str], int] = {}
@@ -50,7 +57,12 @@ class WildcardBinding(BucketBinding):
         member = self._members.get(cid)
         if member is None:
             member = self._members[cid] = BucketBinding(
-                self.alias, self.bucket, self.access, self.function, self.buf, key_prefix(cid),
+                self.alias,
+                self.bucket,
+                self.access,
+                self.function,
+                self.buf,
+                key_prefix(cid),
                 self._mirrors.get(cid),  # a mirror's collection refuses this binding's writes
             )
         member.tracer = self.tracer
@@ -96,8 +108,11 @@ def _keyspace_of(value: Any, alias: str, bound: Keyspace) -> Keyspace:
     if isinstance(value, Keyspace):
         return value
     if isinstance(value, dict) and isinstance(value.get("collection_name", DEFAULT), str):
-        return Keyspace(str(value.get("bucket_name", bound.bucket)), str(value.get("scope_name") or DEFAULT),
-                        str(value.get("collection_name") or DEFAULT))
+        return Keyspace(
+            str(value.get("bucket_name", bound.bucket)),
+            str(value.get("scope_name") or DEFAULT),
+            str(value.get("collection_name") or DEFAULT),
+        )
     raise BindingError(
         f"binding '{alias}' is over '{bound}', several collections: give the document's keyspace as "
         '{"bucket_name": ..., "scope_name": ..., "collection_name": ...}'

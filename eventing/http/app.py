@@ -34,12 +34,22 @@ from eventing.http.dataapi import DataApi
 from eventing.http.dataapi import serves as serves_data_api
 from eventing.http.dataapi.errors import retry_after
 
-PROTECTED_PREFIXES = ("/api/", "/pools", "/metrics", "/getAppLog", "/getDeployedApps", "/getRunningApps", "/resetStatsCounters")
+PROTECTED_PREFIXES = (
+    "/api/",
+    "/pools",
+    "/metrics",
+    "/getAppLog",
+    "/getDeployedApps",
+    "/getRunningApps",
+    "/resetStatsCounters",
+)
 DATA_API_PREFIXES = ("/v1/", "/v1.alpha/")  # authenticated here; refusals in the Data API's own shape
 # The console loads only its own script and style; nothing may frame it or sniff types.
 SECURITY_HEADERS = [
-    (b"content-security-policy",
-     b"default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; frame-ancestors 'none'"),
+    (
+        b"content-security-policy",
+        b"default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; frame-ancestors 'none'",
+    ),
     (b"x-content-type-options", b"nosniff"),
     (b"x-frame-options", b"DENY"),
     (b"referrer-policy", b"no-referrer"),
@@ -55,25 +65,41 @@ def build_app(config: ServerConfig) -> Starlette:
 
     middleware = []
     if config.cors_origins:
-        middleware.append(Middleware(
-            CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST", "DELETE"],
-            allow_headers=["Authorization", "Content-Type"],
-        ))
+        middleware.append(
+            Middleware(
+                CORSMiddleware,
+                allow_origins=list(config.cors_origins),
+                allow_methods=["GET", "POST", "DELETE"],
+                allow_headers=["Authorization", "Content-Type"],
+            )
+        )
     middleware.append(Middleware(GuardMiddleware, config=config))
-    middleware.append(Middleware(DataApi, config=config))  # the Data API and the bulk load (eventing.http.dataapi)
+    middleware.append(
+        Middleware(DataApi, config=config)
+    )  # the Data API and the bulk load (eventing.http.dataapi)
     app = Starlette(routes=routes(), middleware=middleware, exception_handlers=EXCEPTION_HANDLERS)
     app.state.config = config
     return app
 
 
-async def send_json(send: Send, status: int, body: dict[str, Any], headers: list[tuple[bytes, bytes]] = ()) -> None:  # type: ignore[assignment]
+async def send_json(
+    send: Send,
+    status: int,
+    body: dict[str, Any],
+    headers: list[tuple[bytes, bytes]] = (),  # type: ignore[assignment]
+) -> None:
     data = json.dumps(body).encode()
-    await send({
-        "type": "http.response.start",
-        "status": status,
-        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
-                    *headers],
-    })
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(data)).encode()),
+                *headers,
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": data})
 
 
@@ -92,13 +118,29 @@ class GuardMiddleware:
 
         host = _host_name(headers.get("host", ""))
         if is_loopback(self.config.host) and host and host not in LOOPBACK_NAMES:
-            await send_json(send, 421, {"error": f"host name '{host}' is not served here",
-                                        "fix": f"use http://{self.config.host}:{self.config.port}/"})
+            await send_json(
+                send,
+                421,
+                {
+                    "error": f"host name '{host}' is not served here",
+                    "fix": f"use http://{self.config.host}:{self.config.port}/",
+                },
+            )
             return
         origin = headers.get("origin")
-        if origin and origin not in self.config.cors_origins and not _same_origin(origin, headers.get("host", "")):
-            await send_json(send, 403, {"error": f"requests from origin {origin} are not allowed (CORS is closed)",
-                                        "fix": "serve the page from this server, or list the origin with --cors-origin"})
+        if (
+            origin
+            and origin not in self.config.cors_origins
+            and not _same_origin(origin, headers.get("host", ""))
+        ):
+            await send_json(
+                send,
+                403,
+                {
+                    "error": f"requests from origin {origin} are not allowed (CORS is closed)",
+                    "fix": "serve the page from this server, or list the origin with --cors-origin",
+                },
+            )
             return
 
         role_header: list[tuple[bytes, bytes]] = []
@@ -108,32 +150,61 @@ class GuardMiddleware:
             # 403 for a request no role of the caller could make; each endpoint then checks its keyspace.
             client = (scope.get("client") or ("", 0))[0]
             try:
-                identity = await authenticator_for(self.config).authenticate_async(headers.get("authorization"), client)
+                identity = await authenticator_for(self.config).authenticate_async(
+                    headers.get("authorization"), client
+                )
                 if not data_api:
                     check_guarded(identity, method, path)
-            except StoreError as exc:  # the users cannot be read: the store is busy or damaged (the CLI's line)
+            except (
+                StoreError
+            ) as exc:  # the users cannot be read: the store is busy or damaged (the CLI's line)
                 line = str(exc)
-                await send_json(send, 503, {"code": "UnderlyingServiceUnavailable", "message": line} if data_api
-                                else {"error": line, "fix": line.rpartition("; ")[2] or None},
-                                [(k.lower().encode(), v.encode()) for k, v in retry_after(exc).items()])
+                await send_json(
+                    send,
+                    503,
+                    {"code": "UnderlyingServiceUnavailable", "message": line}
+                    if data_api
+                    else {"error": line, "fix": line.rpartition("; ")[2] or None},
+                    [(k.lower().encode(), v.encode()) for k, v in retry_after(exc).items()],
+                )
                 return
             except AuthError as refused:
                 if data_api:  # answered in the Data API's error shape ({code, message})
                     no_credentials = "none was given" in refused.message
-                    code = {429: "TooManyRequests"}.get(refused.status, "Unauthorized" if no_credentials else "InvalidAuth")
-                    status = 403 if code == "InvalidAuth" else refused.status  # as the Data API answers bad credentials
-                    await send_json(send, status, {"code": code, "message": f"{refused.message}; {refused.fix}"},
-                                    [(k.lower().encode(), v.encode()) for k, v in refused.headers.items()])
+                    code = {429: "TooManyRequests"}.get(
+                        refused.status, "Unauthorized" if no_credentials else "InvalidAuth"
+                    )
+                    status = (
+                        403 if code == "InvalidAuth" else refused.status
+                    )  # as the Data API answers bad credentials
+                    await send_json(
+                        send,
+                        status,
+                        {"code": code, "message": f"{refused.message}; {refused.fix}"},
+                        [(k.lower().encode(), v.encode()) for k, v in refused.headers.items()],
+                    )
                     return
                 else:
-                    challenge = [(b"www-authenticate", b'Bearer realm="eventing"')] if refused.status == 401 else []
-                    await send_json(send, refused.status, refused.body(), challenge + [
-                        (k.lower().encode(), v.encode()) for k, v in refused.headers.items()
-                        if k.lower() != "www-authenticate"])
+                    challenge = (
+                        [(b"www-authenticate", b'Bearer realm="eventing"')] if refused.status == 401 else []
+                    )
+                    await send_json(
+                        send,
+                        refused.status,
+                        refused.body(),
+                        challenge
+                        + [
+                            (k.lower().encode(), v.encode())
+                            for k, v in refused.headers.items()
+                            if k.lower() != "www-authenticate"
+                        ],
+                    )
                     return
             else:
                 scope[IDENTITY_SCOPE_KEY] = identity
-                role_header = [(ROLE_HEADER, identity.role_header.encode())]  # the console hides what it cannot do
+                role_header = [
+                    (ROLE_HEADER, identity.role_header.encode())
+                ]  # the console hides what it cannot do
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -185,8 +256,10 @@ def _host_name(header: str) -> str:
 
 
 def _too_large(limit: int) -> dict[str, str]:
-    return {"error": f"request body is larger than {limit:,} bytes",
-            "fix": "send a smaller body, or start the server with a larger --max-body"}
+    return {
+        "error": f"request body is larger than {limit:,} bytes",
+        "fix": "send a smaller body, or start the server with a larger --max-body",
+    }
 
 
 def _same_origin(origin: str, host: str) -> bool:

@@ -94,15 +94,23 @@ class ServerConfig:
         object.__setattr__(self, "state", as_state(self.state))  # a location given is opened here
 
     @classmethod
-    def from_env(cls, state: State, *, admin_token_file: str | None = None, read_token_file: str | None = None,
-                 **kwargs: object) -> ServerConfig:
+    def from_env(
+        cls,
+        state: State,
+        *,
+        admin_token_file: str | None = None,
+        read_token_file: str | None = None,
+        **kwargs: object,
+    ) -> ServerConfig:
         """Each token not given as an argument comes from a file (`admin_token_file`, else the file named by
         $EVENTING_ADMIN_TOKEN_FILE), else from $EVENTING_ADMIN_TOKEN (the read-only token likewise). The
         token variables are then removed from this process's environment (forget_token_environment)."""
-        admin = _token(kwargs.pop("admin_token", None), admin_token_file, ADMIN_TOKEN_FILE_ENV, ADMIN_TOKEN_ENV,
-                       "admin")
-        read = _token(kwargs.pop("read_token", None), read_token_file, READ_TOKEN_FILE_ENV, READ_TOKEN_ENV,
-                      "read-only")
+        admin = _token(
+            kwargs.pop("admin_token", None), admin_token_file, ADMIN_TOKEN_FILE_ENV, ADMIN_TOKEN_ENV, "admin"
+        )
+        read = _token(
+            kwargs.pop("read_token", None), read_token_file, READ_TOKEN_FILE_ENV, READ_TOKEN_ENV, "read-only"
+        )
         forget_token_environment()
         return cls(state, admin_token=admin, read_token=read, **kwargs)  # type: ignore[arg-type]
 
@@ -154,13 +162,19 @@ def _token(given: object, path: str | None, file_env: str, env: str, label: str)
         with open(path, encoding="utf-8") as f:
             token = f.read().strip()
     except OSError as exc:
-        raise ConfigError(f"the {label} token file {path} cannot be read ({exc.strerror}); give a file holding "
-                          "the token (chmod 600)") from None
+        raise ConfigError(
+            f"the {label} token file {path} cannot be read ({exc.strerror}); give a file holding "
+            "the token (chmod 600)"
+        ) from None
     except UnicodeDecodeError:
-        raise ConfigError(f"the {label} token file {path} is not UTF-8 text; write the token as text") from None
+        raise ConfigError(
+            f"the {label} token file {path} is not UTF-8 text; write the token as text"
+        ) from None
     if not token or "\n" in token:
-        raise ConfigError(f"the {label} token file {path} holds {'nothing' if not token else 'several lines'}; "
-                          "write the token alone on one line")
+        raise ConfigError(
+            f"the {label} token file {path} holds {'nothing' if not token else 'several lines'}; "
+            "write the token alone on one line"
+        )
     return token
 
 
@@ -260,10 +274,13 @@ class Identity:
             name = full_name(keyspace)
             access = "read-write" if b.access == "rw" else "read-only"
             roles = f"{DATA_READER}[{name}]" + (f" and {DATA_WRITER}[{name}]" if b.access == "rw" else "")
-            raise forbidden(self, FUNCTIONS_MANAGE,
-                            f"bind {name} {access} as '{b.alias}' in function '{definition.name}'",
-                            f"{roles}, or {MANAGE_FUNCTIONS}[{keyspace.bucket}:{keyspace.scope}]; or bind a keyspace "
-                            "its roles cover")
+            raise forbidden(
+                self,
+                FUNCTIONS_MANAGE,
+                f"bind {name} {access} as '{b.alias}' in function '{definition.name}'",
+                f"{roles}, or {MANAGE_FUNCTIONS}[{keyspace.bucket}:{keyspace.scope}]; or bind a keyspace "
+                "its roles cover",
+            )
 
 
 ADMIN_TOKEN_IDENTITY = Identity("@admin-token", (Grant(ADMIN),), "token")
@@ -288,14 +305,23 @@ class AuthError(Exception):
 
 def forbidden(identity: Identity, permission: str, what: str, need: str | None = None) -> AuthError:
     roles = ", ".join(str(g) for g in identity.grants) or "none"
-    need = need or {
-        CLUSTER_READ: "ro_admin or admin", CLUSTER_MANAGE: "admin", SECRETS_READ: "admin",
-        FUNCTIONS_READ: f"ro_admin, admin or {MANAGE_FUNCTIONS}[bucket:scope] of its source",
-        FUNCTIONS_MANAGE: f"admin or {MANAGE_FUNCTIONS}[bucket:scope] of its source",
-        DATA_READ: f"{DATA_READER}[keyspace], ro_admin or admin", DATA_WRITE: f"{DATA_WRITER}[keyspace] or admin",
-    }[permission]
-    return AuthError(403, f"{identity.user} may not {what} (roles: {roles})",
-                     f"ask an admin for a role that allows it: {need}")
+    need = (
+        need
+        or {
+            CLUSTER_READ: "ro_admin or admin",
+            CLUSTER_MANAGE: "admin",
+            SECRETS_READ: "admin",
+            FUNCTIONS_READ: f"ro_admin, admin or {MANAGE_FUNCTIONS}[bucket:scope] of its source",
+            FUNCTIONS_MANAGE: f"admin or {MANAGE_FUNCTIONS}[bucket:scope] of its source",
+            DATA_READ: f"{DATA_READER}[keyspace], ro_admin or admin",
+            DATA_WRITE: f"{DATA_WRITER}[keyspace] or admin",
+        }[permission]
+    )
+    return AuthError(
+        403,
+        f"{identity.user} may not {what} (roles: {roles})",
+        f"ask an admin for a role that allows it: {need}",
+    )
 
 
 def full_name(keyspace: Keyspace) -> str:
@@ -314,8 +340,11 @@ def caller_identity(request: Any) -> Identity:
         raise refused
     identity = request.scope.get(IDENTITY_SCOPE_KEY)
     if identity is None:  # only paths the guard does not protect get here
-        raise AuthError(401, "this endpoint needs credentials and none were checked",
-                        "send `Authorization: Basic base64(user:password)` or `Authorization: Bearer TOKEN`")
+        raise AuthError(
+            401,
+            "this endpoint needs credentials and none were checked",
+            "send `Authorization: Basic base64(user:password)` or `Authorization: Bearer TOKEN`",
+        )
     return identity
 
 
@@ -375,9 +404,13 @@ def presented_credentials(authorization: str | None) -> tuple[str | None, str | 
 class Authenticator:
     """Turns a request's Authorization header into an Identity, or raises AuthError (401 or 429)."""
 
-    def __init__(self, config: ServerConfig, clock: Callable[[], float] = time.monotonic,
-                 load_users: Callable[[], list[UserRecord]] | None = None,
-                 users_marked: Callable[[], bool] | None = None):
+    def __init__(
+        self,
+        config: ServerConfig,
+        clock: Callable[[], float] = time.monotonic,
+        load_users: Callable[[], list[UserRecord]] | None = None,
+        users_marked: Callable[[], bool] | None = None,
+    ):
         self.config = config
         self.clock = clock
         self.throttle = LoginThrottle(lambda: self.clock())
@@ -408,24 +441,30 @@ class Authenticator:
     def secured(self) -> bool:
         return self.config.secured or bool(self.users()) or self.had_users
 
-    def authenticate(self, authorization: str | None, client: str,
-                     verify: Callable[[str, str], bool] = verify_password) -> Identity:
+    def authenticate(
+        self, authorization: str | None, client: str, verify: Callable[[str, str], bool] = verify_password
+    ) -> Identity:
         """The caller's Identity. `verify` runs scrypt (authenticate_async runs it on a worker thread)."""
         users = self.users()
         if not (self.config.secured or users or self.had_users):
             return LOCAL_IDENTITY  # loopback without credentials: trusted like the local CLI
         user, secret = presented_credentials(authorization)
         if secret is None:
-            raise AuthError(401, "this endpoint needs a token or a user's password and none was given",
-                            "send `Authorization: Bearer TOKEN` (the read-only token for reads, the admin token "
-                            "for changes), or a user's name and password by HTTP Basic (curl -u USER)",
-                            {"WWW-Authenticate": 'Basic realm="eventing"'})
+            raise AuthError(
+                401,
+                "this endpoint needs a token or a user's password and none was given",
+                "send `Authorization: Bearer TOKEN` (the read-only token for reads, the admin token "
+                "for changes), or a user's name and password by HTTP Basic (curl -u USER)",
+                {"WWW-Authenticate": 'Basic realm="eventing"'},
+            )
         token = _token_identity(self.config, secret)
         if token is not None:
             return token  # a valid token is never held back by others' failures (eventing.http.logins)
         keys = [f"client:{client}"] + ([f"user:{user}"] if user else [])
         if user:
-            self._refuse_if_locked([f"user:{user}"])  # before the password is checked: no guessing past a lock
+            self._refuse_if_locked(
+                [f"user:{user}"]
+            )  # before the password is checked: no guessing past a lock
         record = users.get(user) if user else None
         if record is not None and self._verified_now(record, secret, verify):
             self.throttle.succeeded(f"user:{user}")
@@ -436,18 +475,25 @@ class Authenticator:
         log.warning("failed login%s from %s", f" of user {user!r}" if user else " with a token", client)
         if locked:
             self._refuse_if_locked(keys)  # a locked client's wrong credentials: 429 until its lock ends
-        raise AuthError(401, "the credentials given are not accepted: neither the admin nor the read-only token, "
-                        "nor a user's name and password", "check the token (--admin-token / $EVENTING_ADMIN_TOKEN, "
-                        "--read-token / $EVENTING_READ_TOKEN), or the user name and password (`eventing user list`)",
-                        {"WWW-Authenticate": 'Basic realm="eventing"'})
+        raise AuthError(
+            401,
+            "the credentials given are not accepted: neither the admin nor the read-only token, "
+            "nor a user's name and password",
+            "check the token (--admin-token / $EVENTING_ADMIN_TOKEN, "
+            "--read-token / $EVENTING_READ_TOKEN), or the user name and password (`eventing user list`)",
+            {"WWW-Authenticate": 'Basic realm="eventing"'},
+        )
 
     def _refuse_if_locked(self, keys: list[str]) -> None:
         wait = self.throttle.retry_after(keys)
         if wait is not None:
             seconds = max(1, math.ceil(wait))
-            raise AuthError(429, f"too many failed logins from this client or for this user; wait {seconds} s",
-                            "wait for Retry-After seconds, then check the user name and password",
-                            {"Retry-After": str(seconds)})
+            raise AuthError(
+                429,
+                f"too many failed logins from this client or for this user; wait {seconds} s",
+                "wait for Retry-After seconds, then check the user name and password",
+                {"Retry-After": str(seconds)},
+            )
 
     async def authenticate_async(self, authorization: str | None, client: str) -> Identity:
         """`authenticate` without blocking the event loop: a remembered login is checked here, one that needs
@@ -458,8 +504,9 @@ class Authenticator:
             return await anyio.to_thread.run_sync(self.authenticate, authorization, client)
 
     def _verified_now(self, record: UserRecord, password: str, verify: Callable[[str, str], bool]) -> bool:
-        key = hmac.new(self._cache_key, "\0".join((record.name, password, record.password_hash)).encode(),
-                       hashlib.sha256).digest()
+        key = hmac.new(
+            self._cache_key, "\0".join((record.name, password, record.password_hash)).encode(), hashlib.sha256
+        ).digest()
         now = self.clock()
         until = self._verified.get(key)
         if until is not None and until > now:
@@ -496,20 +543,27 @@ def check_guarded(identity: Identity, method: str, path: str) -> None:
         return
     if method.upper() in WRITE_METHODS and not identity.changes_anything:
         if identity is READ_TOKEN_IDENTITY:
-            raise AuthError(403, f"{method} {path} changes state and needs the admin token; the read-only token was given",
-                            "send the admin token (--admin-token / $EVENTING_ADMIN_TOKEN)")
+            raise AuthError(
+                403,
+                f"{method} {path} changes state and needs the admin token; the read-only token was given",
+                "send the admin token (--admin-token / $EVENTING_ADMIN_TOKEN)",
+            )
         if not path.startswith(LOAD_PREFIX):  # a bulk load's refusal names data_writer, below
             raise forbidden(identity, FUNCTIONS_MANAGE, f"{method} {path}: its roles change nothing")
     if path.startswith(LOAD_PREFIX):
-        text = unquote(path[len(LOAD_PREFIX):].rpartition("/")[0])
+        text = unquote(path[len(LOAD_PREFIX) :].rpartition("/")[0])
         try:
             keyspace: Keyspace | None = Keyspace.parse(text)
         except ConfigError:
             keyspace = None
         if keyspace is None or not identity.can(DATA_WRITE, keyspace):
             where = full_name(keyspace) if keyspace else repr(text)
-            raise forbidden(identity, DATA_WRITE, f"load documents into {where}",
-                            f"{DATA_WRITER}[{where}] or admin (a bulk load writes documents: no function role allows it)")
+            raise forbidden(
+                identity,
+                DATA_WRITE,
+                f"load documents into {where}",
+                f"{DATA_WRITER}[{where}] or admin (a bulk load writes documents: no function role allows it)",
+            )
 
 
 def _token_identity(config: ServerConfig, secret: str) -> Identity | None:

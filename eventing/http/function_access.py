@@ -27,9 +27,25 @@ from metadata.model import FunctionRecord
 
 # -- endpoints of the REST API ---------------------------------------------------------------------------
 
-LISTINGS = frozenset({"/api/v1/functions", "/api/v1/status", "/api/v1/stats", "/api/v1/export",
-                      "/api/v1/list/functions", "/getDeployedApps", "/getRunningApps"})
-CLUSTER_PREFIXES = ("/api/v1/nodes", "/api/v1/rebalance", "/api/v1/buckets", "/metrics", "/api/v1/config", "/pools")
+LISTINGS = frozenset(
+    {
+        "/api/v1/functions",
+        "/api/v1/status",
+        "/api/v1/stats",
+        "/api/v1/export",
+        "/api/v1/list/functions",
+        "/getDeployedApps",
+        "/getRunningApps",
+    }
+)
+CLUSTER_PREFIXES = (
+    "/api/v1/nodes",
+    "/api/v1/rebalance",
+    "/api/v1/buckets",
+    "/metrics",
+    "/api/v1/config",
+    "/pools",
+)
 CREATES = frozenset({"/api/v1/import", "/api/v1/functions"})  # a POST body of functions, one or a list
 
 
@@ -42,8 +58,15 @@ def function_keyspace(definition: Mapping[str, Any]) -> Keyspace:
     return Keyspace.parse(bucket) if bucket else Keyspace("")
 
 
-def authorize_endpoint(identity: Identity, method: str, path: str, params: Mapping[str, str],
-                       query: Mapping[str, str], body: Any, state: State) -> None:
+def authorize_endpoint(
+    identity: Identity,
+    method: str,
+    path: str,
+    params: Mapping[str, str],
+    query: Mapping[str, str],
+    body: Any,
+    state: State,
+) -> None:
     """Raise AuthError(403) unless `identity` may call REST endpoint `method path` (its template) with
     these parameters; a function's permissions are checked against its stored source and, for a change,
     the source the request would give it. Reads the metadata store (call it off the event loop)."""
@@ -52,8 +75,12 @@ def authorize_endpoint(identity: Identity, method: str, path: str, params: Mappi
     write = method.upper() in WRITE_METHODS
     if path == "/api/v1/export" and query.get("secrets", "").strip().lower() in ("1", "true", "yes"):
         raise forbidden(identity, SECRETS_READ, "read URL binding secrets in clear (secrets=true)")
-    if path.startswith(CLUSTER_PREFIXES) or path in LISTINGS and not write and not (
-            path == "/api/v1/export" and query.get("name")):
+    if (
+        path.startswith(CLUSTER_PREFIXES)
+        or path in LISTINGS
+        and not write
+        and not (path == "/api/v1/export" and query.get("name"))
+    ):
         if path in LISTINGS and identity.can(FUNCTIONS_READ):
             return  # the listing shows only the functions this caller covers (visible_functions)
         permission = CLUSTER_MANAGE if write else CLUSTER_READ
@@ -68,7 +95,11 @@ def authorize_endpoint(identity: Identity, method: str, path: str, params: Mappi
 
     if path in CREATES and write:
         items = body if isinstance(body, list) else [body]
-        targets = [(str(keyspace_fields(d).get("name", "")), keyspace_fields(d)) for d in items if isinstance(d, dict)]
+        targets = [
+            (str(keyspace_fields(d).get("name", "")), keyspace_fields(d))
+            for d in items
+            if isinstance(d, dict)
+        ]
     else:
         name = params.get("name") or query.get("name") or query.get("appName") or ""
         if name and "name" not in params:  # a function named in the query: the one its namespace names
@@ -80,8 +111,13 @@ def authorize_endpoint(identity: Identity, method: str, path: str, params: Mappi
                 pass  # the endpoint answers the bad parameter
         if isinstance(body, dict):
             body = {k: v for k, v in keyspace_fields(body).items() if k != "name"}
-        new = body if write and isinstance(body, dict) and path in (
-            "/api/v1/functions/{name}", "/api/v1/functions/{name}/settings") else None
+        new = (
+            body
+            if write
+            and isinstance(body, dict)
+            and path in ("/api/v1/functions/{name}", "/api/v1/functions/{name}/settings")
+            else None
+        )
         targets = [(name, new)]
     store = state.metadata if state.exists() else None
     for name, new in targets:
@@ -92,8 +128,9 @@ def authorize_endpoint(identity: Identity, method: str, path: str, params: Mappi
         for definition in (stored, {**(stored or {}), **new} if new is not None else None):
             if definition is not None and not identity.can(permission, function_keyspace(definition)):
                 verb = "manage" if write else "read"
-                raise forbidden(identity, permission,
-                                f"{verb} function '{name}' (source {function_keyspace(definition)})")
+                raise forbidden(
+                    identity, permission, f"{verb} function '{name}' (source {function_keyspace(definition)})"
+                )
 
 
 def visible_functions(identity: Identity, state: State) -> set[str] | None:
@@ -104,7 +141,11 @@ def visible_functions(identity: Identity, state: State) -> set[str] | None:
     if not state.exists():
         return set()
     store = state.metadata
-    return {r.name for r in store.list_functions() if identity.can(FUNCTIONS_READ, function_keyspace(r.definition))}
+    return {
+        r.name
+        for r in store.list_functions()
+        if identity.can(FUNCTIONS_READ, function_keyspace(r.definition))
+    }
 
 
 def filter_listing(result: Any, visible: set[str] | None) -> Any:
@@ -117,19 +158,25 @@ def filter_listing(result: Any, visible: set[str] | None) -> Any:
             return False
         name = str(item.get("name") or item.get("function_name") or item.get("appname") or "")
         scope = item.get("function_scope")
-        if isinstance(scope, dict) and "." not in name:  # Couchbase's shapes: the plain name beside its namespace
+        if (
+            isinstance(scope, dict) and "." not in name
+        ):  # Couchbase's shapes: the plain name beside its namespace
             name = full_name(name, str(scope.get("bucket")), str(scope.get("scope")))
         return name in visible
 
     if isinstance(result, dict) and isinstance(result.get("functions"), list):  # /api/v1/list/functions
         return {**result, "functions": [n for n in result["functions"] if n in visible]}
-    if isinstance(result, dict) and all(isinstance(v, str) for v in result.values()):  # getDeployedApps: name -> ""
+    if isinstance(result, dict) and all(
+        isinstance(v, str) for v in result.values()
+    ):  # getDeployedApps: name -> ""
         return {k: v for k, v in result.items() if k in visible}
     if isinstance(result, list):
         return [item for item in result if shown(item)]
     if isinstance(result, dict) and isinstance(result.get("apps"), list):
         return {**result, "apps": [a for a in result["apps"] if shown(a)]}
-    if isinstance(result, dict) and isinstance(result.get("app"), dict):  # /api/v1/status/NAME: checked already
+    if isinstance(result, dict) and isinstance(
+        result.get("app"), dict
+    ):  # /api/v1/status/NAME: checked already
         return result
     return result
 

@@ -61,8 +61,11 @@ class EventingCollector:
 
         for row in mirror_health(self.state, query_source=False):
             labels = [row["keyspace"]]
-            for family, value in ((fam.mirror_lag_bytes, row["lag_bytes"]), (fam.mirror_lag_s, row["lag_s"]),
-                                  (fam.mirror_retained, row["retained_bytes"])):
+            for family, value in (
+                (fam.mirror_lag_bytes, row["lag_bytes"]),
+                (fam.mirror_lag_s, row["lag_s"]),
+                (fam.mirror_retained, row["retained_bytes"]),
+            ):
                 if value is not None:
                     family.add_metric(labels, float(value))
 
@@ -74,7 +77,9 @@ class EventingCollector:
         progress = rebalance_progress(topology)
         request = progress["request"]
         fam.rebalance_progress.add_metric([], progress["progress"])
-        fam.rebalance_running.add_metric([], 1.0 if request and request["status"] in ("requested", "running") else 0.0)
+        fam.rebalance_running.add_metric(
+            [], 1.0 if request and request["status"] in ("requested", "running") else 0.0
+        )
         fam.services.add_metric([], len(store.live_services(SERVICE_STALE_S)))
         by_state: dict[str, int] = {}
         for node in store.nodes():
@@ -155,67 +160,116 @@ class EventingCollector:
 class _Families:
     def __init__(self) -> None:
         f = ["function"]
-        self.state = GaugeMetricFamily("eventing_function_state", "1 for the function's current state",
-                                       labels=[*f, "state"])
+        self.state = GaugeMetricFamily(
+            "eventing_function_state", "1 for the function's current state", labels=[*f, "state"]
+        )
         self.seen = CounterMetricFamily("eventing_mutations_seen", "mutations read from the source", labels=f)
-        self.success = CounterMetricFamily("eventing_handler_success", "handler calls that returned",
-                                           labels=[*f, "handler"])
-        self.failure = CounterMetricFamily("eventing_handler_failure", "handler calls that raised on every attempt",
-                                           labels=[*f, "handler"])
-        self.timeout = CounterMetricFamily("eventing_handler_timeout", "handler calls past execution_timeout",
-                                           labels=[*f, "handler"])
-        self.dead_letters = CounterMetricFamily("eventing_dead_letters", "rows written to the dead-letter queue",
-                                                labels=[*f, "reason"])
-        self.backlog = GaugeMetricFamily("eventing_backlog_mutations",
-                                         "source high seqnos minus checkpoints, summed over vBuckets", labels=f)
+        self.success = CounterMetricFamily(
+            "eventing_handler_success", "handler calls that returned", labels=[*f, "handler"]
+        )
+        self.failure = CounterMetricFamily(
+            "eventing_handler_failure", "handler calls that raised on every attempt", labels=[*f, "handler"]
+        )
+        self.timeout = CounterMetricFamily(
+            "eventing_handler_timeout", "handler calls past execution_timeout", labels=[*f, "handler"]
+        )
+        self.dead_letters = CounterMetricFamily(
+            "eventing_dead_letters", "rows written to the dead-letter queue", labels=[*f, "reason"]
+        )
+        self.backlog = GaugeMetricFamily(
+            "eventing_backlog_mutations",
+            "source high seqnos minus checkpoints, summed over vBuckets",
+            labels=f,
+        )
         self.checkpoint_age = GaugeMetricFamily(
             "eventing_checkpoint_age_seconds",
-            "age of the oldest checkpoint of a vBucket that has a backlog (0 when caught up)", labels=f)
+            "age of the oldest checkpoint of a vBucket that has a backlog (0 when caught up)",
+            labels=f,
+        )
         self.latency = HistogramMetricFamily(
             "eventing_handler_latency_seconds",
-            "time per mutation in the worker (read, decode, handler); each batch counted at its mean", labels=f)
-        self.recycled = CounterMetricFamily("eventing_workers_recycled", "worker processes ended after a hung "
-                                            "handler", labels=f)
-        self.fenced = CounterMetricFamily("eventing_fenced_writes", "writes of a stale owner rejected by epoch",
-                                          labels=[*f, "kind"])
+            "time per mutation in the worker (read, decode, handler); each batch counted at its mean",
+            labels=f,
+        )
+        self.recycled = CounterMetricFamily(
+            "eventing_workers_recycled", "worker processes ended after a hung handler", labels=f
+        )
+        self.fenced = CounterMetricFamily(
+            "eventing_fenced_writes", "writes of a stale owner rejected by epoch", labels=[*f, "kind"]
+        )
         self.owned = GaugeMetricFamily("eventing_vbuckets_owned", "vBuckets held by live workers", labels=f)
-        self.retries = CounterMetricFamily("eventing_handler_retries", "handler attempts made again after a failure "
-                                           "(the retry policy)", labels=f)
+        self.retries = CounterMetricFamily(
+            "eventing_handler_retries",
+            "handler attempts made again after a failure (the retry policy)",
+            labels=f,
+        )
         self.curl_throttled = CounterMetricFamily(
-            "eventing_curl_throttled", "curl requests that waited for their URL binding's rate_limit, max_in_flight "
-            "or a server's Retry-After (backpressure)", labels=f)
+            "eventing_curl_throttled",
+            "curl requests that waited for their URL binding's rate_limit, max_in_flight "
+            "or a server's Retry-After (backpressure)",
+            labels=f,
+        )
         self.curl_throttled_seconds = CounterMetricFamily(
-            "eventing_curl_throttled_seconds", "time curl requests waited for their URL bindings' limits", labels=f)
-        self.throughput = GaugeMetricFamily("eventing_throughput_mutations_per_second",
-                                            "mutations handled per second, as the service last measured", labels=f)
-        self.mirror_lag_bytes = GaugeMetricFamily("eventing_mirror_lag_bytes", "WAL a mirror has yet to apply",
-                                                  labels=["mirror"])
-        self.mirror_lag_s = GaugeMetricFamily("eventing_mirror_lag_seconds",
-                                              "age of the oldest source commit a mirror has not applied", labels=["mirror"])
-        self.mirror_retained = GaugeMetricFamily("eventing_mirror_retained_wal_bytes",
-                                                 "WAL the mirror's slot holds back on the source", labels=["mirror"])
-        self.watermark_delay = GaugeMetricFamily("eventing_watermark_delay_seconds",
-                                                 "wall clock minus the function's watermark", labels=f)
+            "eventing_curl_throttled_seconds",
+            "time curl requests waited for their URL bindings' limits",
+            labels=f,
+        )
+        self.throughput = GaugeMetricFamily(
+            "eventing_throughput_mutations_per_second",
+            "mutations handled per second, as the service last measured",
+            labels=f,
+        )
+        self.mirror_lag_bytes = GaugeMetricFamily(
+            "eventing_mirror_lag_bytes", "WAL a mirror has yet to apply", labels=["mirror"]
+        )
+        self.mirror_lag_s = GaugeMetricFamily(
+            "eventing_mirror_lag_seconds",
+            "age of the oldest source commit a mirror has not applied",
+            labels=["mirror"],
+        )
+        self.mirror_retained = GaugeMetricFamily(
+            "eventing_mirror_retained_wal_bytes",
+            "WAL the mirror's slot holds back on the source",
+            labels=["mirror"],
+        )
+        self.watermark_delay = GaugeMetricFamily(
+            "eventing_watermark_delay_seconds", "wall clock minus the function's watermark", labels=f
+        )
         self.open_windows = GaugeMetricFamily("eventing_open_windows", "windows not yet closed", labels=f)
-        self.late_rows = CounterMetricFamily("eventing_late_rows", "rows for already closed windows (to the DLQ)",
-                                             labels=f)
-        self.windows_emitted = CounterMetricFamily("eventing_windows_emitted", "window results emitted", labels=f)
+        self.late_rows = CounterMetricFamily(
+            "eventing_late_rows", "rows for already closed windows (to the DLQ)", labels=f
+        )
+        self.windows_emitted = CounterMetricFamily(
+            "eventing_windows_emitted", "window results emitted", labels=f
+        )
         self.out_of_order_events = CounterMetricFamily(
-            "eventing_window_out_of_order_events", "rows behind their watermark (arrival-time policies: dropped or "
-            "adjusted)", labels=f)
+            "eventing_window_out_of_order_events",
+            "rows behind their watermark (arrival-time policies: dropped or adjusted)",
+            labels=f,
+        )
         self.late_input_events = CounterMetricFamily(
-            "eventing_window_late_input_events", "rows arriving later than late_arrival_tolerance after their "
-            "event time (dropped or adjusted)", labels=f)
+            "eventing_window_late_input_events",
+            "rows arriving later than late_arrival_tolerance after their event time (dropped or adjusted)",
+            labels=f,
+        )
         self.early_input_events = CounterMetricFamily(
-            "eventing_window_early_input_events", "rows whose event time is over 5 minutes after their arrival "
-            "(dropped or adjusted)", labels=f)
+            "eventing_window_early_input_events",
+            "rows whose event time is over 5 minutes after their arrival (dropped or adjusted)",
+            labels=f,
+        )
         self.adjusted_rows = CounterMetricFamily(
-            "eventing_window_rows_adjusted", "rows windowed at another time than their event time", labels=f)
+            "eventing_window_rows_adjusted", "rows windowed at another time than their event time", labels=f
+        )
         self.rebalance_progress = GaugeMetricFamily(
-            "eventing_rebalance_progress_ratio", "share of the last rebalance's moving vBuckets now on their "
-            "target node (1 when done)")
-        self.rebalance_running = GaugeMetricFamily("eventing_rebalance_running", "1 while a rebalance is under way")
-        self.services = GaugeMetricFamily("eventing_services_live", "eventing services with a recent heartbeat")
+            "eventing_rebalance_progress_ratio",
+            "share of the last rebalance's moving vBuckets now on their target node (1 when done)",
+        )
+        self.rebalance_running = GaugeMetricFamily(
+            "eventing_rebalance_running", "1 while a rebalance is under way"
+        )
+        self.services = GaugeMetricFamily(
+            "eventing_services_live", "eventing services with a recent heartbeat"
+        )
         self.nodes = GaugeMetricFamily("eventing_nodes", "eventing nodes by state", labels=["state"])
 
     def all(self) -> Iterator[Metric]:

@@ -13,9 +13,17 @@ def openapi_document(endpoints: Sequence[Any]) -> dict[str, Any]:
     paths: dict[str, dict[str, Any]] = {}
     for ep in endpoints:
         params = [
-            {"name": p, "in": "path", "required": True, "schema": {"type": "string"},
-             **({"description": "function name: a letter, then letters, digits, '_' or '-' (max 100)"}
-                if p == "name" else {})}
+            {
+                "name": p,
+                "in": "path",
+                "required": True,
+                "schema": {"type": "string"},
+                **(
+                    {"description": "function name: a letter, then letters, digits, '_' or '-' (max 100)"}
+                    if p == "name"
+                    else {}
+                ),
+            }
             for p in re.findall(r"{(\w+)}", ep.path)
         ]
         op: dict[str, Any] = {
@@ -50,16 +58,27 @@ def openapi_document(endpoints: Sequence[Any]) -> dict[str, Any]:
         "components": {
             "securitySchemes": {
                 "bearer": {"type": "http", "scheme": "bearer"},
-                "basic": {"type": "http", "scheme": "basic", "description": "any user name; the token as password"},
+                "basic": {
+                    "type": "http",
+                    "scheme": "basic",
+                    "description": "any user name; the token as password",
+                },
             },
             "responses": {
                 "Error": {
                     "description": "an error with the fix",
-                    "content": {"application/json": {"schema": {
-                        "type": "object",
-                        "properties": {"error": {"type": "string"}, "fix": {"type": ["string", "null"]}},
-                        "required": ["error"],
-                    }}},
+                    "content": {
+                        "application/json": {
+                            "schema": {
+                                "type": "object",
+                                "properties": {
+                                    "error": {"type": "string"},
+                                    "fix": {"type": ["string", "null"]},
+                                },
+                                "required": ["error"],
+                            }
+                        }
+                    },
                 },
             },
         },

@@ -35,10 +35,18 @@ def make_server(config: ServerConfig) -> uvicorn.Server:
     register_node(config, None)  # the /pools documents name this server's port (eventing.http.routes.pools)
     app = build_app(config)
     # No proxy headers: a client cannot claim another address; access logs off (the API shows user data).
-    return uvicorn.Server(uvicorn.Config(
-        app, host=config.host, port=config.port, log_level="warning", access_log=False,
-        proxy_headers=False, server_header=False, lifespan="off",
-    ))
+    return uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=config.host,
+            port=config.port,
+            log_level="warning",
+            access_log=False,
+            proxy_headers=False,
+            server_header=False,
+            lifespan="off",
+        )
+    )
 
 
 def serve(config: ServerConfig) -> None:

@@ -107,7 +107,9 @@ class KvCall:
             if cur is None:
                 raise KvError(p.KEY_ENOENT, f"document '{self.key}' does not exist")
             if cur.cas != self.req.cas:
-                raise KvError(p.KEY_EEXISTS, f"document '{self.key}' has another cas (it changed since it was read)")
+                raise KvError(
+                    p.KEY_EEXISTS, f"document '{self.key}' has another cas (it changed since it was read)"
+                )
 
     def datatype(self, value: Any, flags: int) -> int:
         if not self.json:
@@ -150,8 +152,13 @@ def _get(call: KvCall, coll: Collection, now: float) -> Answer:
         raise _missing(call)
     value = value_of(cur.doc)
     key = call.req.key if call.base == p.GETK else b""
-    return call.packet(extras=struct.pack(">I", cur.flags), key=key, value=raw_of(value), cas=cur.cas,
-                       datatype=call.datatype(value, cur.flags))
+    return call.packet(
+        extras=struct.pack(">I", cur.flags),
+        key=key,
+        value=raw_of(value),
+        cas=cur.cas,
+        datatype=call.datatype(value, cur.flags),
+    )
 
 
 def _get_meta(call: KvCall, coll: Collection, now: float) -> Answer:
@@ -172,7 +179,9 @@ def _store(call: KvCall, coll: Collection, now: float) -> Change:
     if call.req.datatype & (p.DATATYPE_SNAPPY | p.DATATYPE_XATTR):
         raise KvError(p.EINVAL, "compressed values and values with extended attributes are not accepted")
     flags, expiry = _FLAGS_EXPIRY.unpack(call.req.extras)
-    data = stored_body(call.req.value, flags, bool(call.req.datatype & p.DATATYPE_JSON) and _is_json(call.req.value))
+    data = stored_body(
+        call.req.value, flags, bool(call.req.datatype & p.DATATYPE_JSON) and _is_json(call.req.value)
+    )
     absolute = p.absolute_expiry(expiry, now)
     preserve = p.FRAME_PRESERVE_TTL in call.req.frames
     op = call.base
@@ -230,8 +239,12 @@ def _touch(call: KvCall, coll: Collection, now: float) -> Change:
         if call.base == p.TOUCH:
             return call.packet(cas=done.cas)
         value = value_of(after.doc)
-        return call.packet(extras=struct.pack(">I", after.flags), value=raw_of(value), cas=done.cas,
-                           datatype=call.datatype(value, after.flags))
+        return call.packet(
+            extras=struct.pack(">I", after.flags),
+            value=raw_of(value),
+            cas=done.cas,
+            datatype=call.datatype(value, after.flags),
+        )
 
     return Change(stored, touch, touched)
 
@@ -250,12 +263,16 @@ def _counter(call: KvCall, coll: Collection, now: float) -> Change:
             if expiry == _NO_CREATE:
                 raise _missing(call)
             result[:] = [initial]
-            return Write(stored, OP_UPDATE, encode_document(str(initial).encode()), p.absolute_expiry(expiry, now), 0)
+            return Write(
+                stored, OP_UPDATE, encode_document(str(initial).encode()), p.absolute_expiry(expiry, now), 0
+            )
         call.check_cas(cur)
         value = value_of(cur.doc)
         text = value.strip() if isinstance(value, bytes) else b""
         if not text.isdigit() or int(text) > UINT64:
-            raise KvError(p.DELTA_BADVAL, f"document '{call.key}' is not a counter (a whole number from 0 to {UINT64})")
+            raise KvError(
+                p.DELTA_BADVAL, f"document '{call.key}' is not a counter (a whole number from 0 to {UINT64})"
+            )
         number = (int(text) + delta) & UINT64 if increment else max(0, int(text) - delta)
         result[:] = [number]
         return Write(stored, OP_UPDATE, encode_document(str(number).encode()), cur.expiry, cur.flags)
@@ -300,10 +317,15 @@ def _json_of(cur: StoredDocument) -> tuple[bool, Any]:
 def _vattr(call: KvCall, coll: Collection, cur: StoredDocument) -> dict[str, Any]:
     value = value_of(cur.doc)
     return {
-        "CAS": f"0x{cur.cas:016x}", "vbucket_uuid": f"0x{vbucket_uuid(str(coll.bucket.uuid)):016x}",
-        "seqno": f"0x{cur.seqno:016x}", "exptime": cur.expiry, "value_bytes": len(raw_of(value)),
+        "CAS": f"0x{cur.cas:016x}",
+        "vbucket_uuid": f"0x{vbucket_uuid(str(coll.bucket.uuid)):016x}",
+        "seqno": f"0x{cur.seqno:016x}",
+        "exptime": cur.expiry,
+        "value_bytes": len(raw_of(value)),
         "datatype": ["json"] if call.datatype(value, cur.flags) or isinstance(value, dict) else ["raw"],
-        "deleted": False, "flags": cur.flags, "last_modified": str(cur.cas // 1_000_000_000),
+        "deleted": False,
+        "flags": cur.flags,
+        "last_modified": str(cur.cas // 1_000_000_000),
         "revid": str(cur.seqno),
     }
 
@@ -319,9 +341,9 @@ def _specs(value: bytes, mutation: bool) -> list[tuple[int, int, str, bytes]]:
             else:
                 (opcode, flags, plen), vlen = _SPEC_LOOKUP.unpack_from(value, i), 0
                 i += _SPEC_LOOKUP.size
-            path = value[i:i + plen].decode("utf-8")
+            path = value[i : i + plen].decode("utf-8")
             i += plen
-            out.append((opcode, flags, path, value[i:i + vlen]))
+            out.append((opcode, flags, path, value[i : i + vlen]))
             i += vlen
     except (struct.error, UnicodeDecodeError):
         raise KvError(p.EINVAL, "the sub-document specs are malformed") from None
@@ -349,8 +371,11 @@ def _lookup_in(call: KvCall, coll: Collection, now: float) -> Answer:
                     if parts and parts[0] == "$XTOC":
                         found: Any = []
                     else:
-                        raise sd.SubdocError(p.SUBDOC_PATH_ENOENT if parts and not str(parts[0]).startswith("$")
-                                             else p.SUBDOC_XATTR_UNKNOWN_VATTR)
+                        raise sd.SubdocError(
+                            p.SUBDOC_PATH_ENOENT
+                            if parts and not str(parts[0]).startswith("$")
+                            else p.SUBDOC_XATTR_UNKNOWN_VATTR
+                        )
                 else:
                     found = sd.lookup(_vattr(call, coll, cur), parts[1:])
             elif opcode == sd.GET_DOC:
@@ -387,8 +412,12 @@ def _mutate_in(call: KvCall, coll: Collection, now: float) -> Change:
             raise KvError(p.SUBDOC_INVALID_COMBO, f"sub-document opcode 0x{opcode:02x} is no mutation")
         if flags & sd.PATH_XATTR:
             if path.startswith("$"):
-                raise KvError(p.SUBDOC_XATTR_CANT_MODIFY_VATTR, f"virtual attribute {path!r} cannot be changed")
-            raise KvError(p.NOT_SUPPORTED, "this store keeps no extended attributes; write the document's body")
+                raise KvError(
+                    p.SUBDOC_XATTR_CANT_MODIFY_VATTR, f"virtual attribute {path!r} cannot be changed"
+                )
+            raise KvError(
+                p.NOT_SUPPORTED, "this store keeps no extended attributes; write the document's body"
+            )
     absolute = p.absolute_expiry(expiry, now) if expiry is not None else None
     preserve = p.FRAME_PRESERVE_TTL in call.req.frames
     stored = coll.stored(call.key)
@@ -432,17 +461,31 @@ def _mutate_in(call: KvCall, coll: Collection, now: float) -> Change:
         return Write(stored, OP_UPDATE, stored_body(sd.dumps(doc), flags_now, True), keep, flags_now)
 
     def answer(done: Changed) -> Answer:
-        body = b"".join(struct.pack(">BHI", i, p.SUCCESS, len(out)) + out
-                        for i, out in ((i, str(v).encode()) for i, v in results))
+        body = b"".join(
+            struct.pack(">BHI", i, p.SUCCESS, len(out)) + out
+            for i, out in ((i, str(v).encode()) for i, v in results)
+        )
         return call.packet(extras=call.token(coll, done), value=body, cas=done.cas)
 
     return Change(stored, change, answer)
 
 
 _PLANS: dict[int, Callable[[KvCall, Collection, float], Answer | Change]] = {
-    p.GET: _get, p.GETK: _get, p.GET_META: _get_meta, p.SET: _store, p.ADD: _store, p.REPLACE: _store,
-    p.DELETE: _delete, p.TOUCH: _touch, p.GAT: _touch, p.INCREMENT: _counter, p.DECREMENT: _counter,
-    p.APPEND: _concat, p.PREPEND: _concat, p.SUBDOC_MULTI_LOOKUP: _lookup_in, p.SUBDOC_MULTI_MUTATION: _mutate_in,
+    p.GET: _get,
+    p.GETK: _get,
+    p.GET_META: _get_meta,
+    p.SET: _store,
+    p.ADD: _store,
+    p.REPLACE: _store,
+    p.DELETE: _delete,
+    p.TOUCH: _touch,
+    p.GAT: _touch,
+    p.INCREMENT: _counter,
+    p.DECREMENT: _counter,
+    p.APPEND: _concat,
+    p.PREPEND: _concat,
+    p.SUBDOC_MULTI_LOOKUP: _lookup_in,
+    p.SUBDOC_MULTI_MUTATION: _mutate_in,
 }
 DOCUMENT_OPCODES = frozenset(_PLANS) | frozenset(k for k, v in p.QUIET.items() if v in _PLANS)
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
-HEADER = struct.Struct(">BBHBBHIIQ")  # magic, opcode, key length, extras length, datatype, vb/status, body, opaque, cas
+HEADER = struct.Struct(
+    ">BBHBBHIIQ"
+)  # magic, opcode, key length, extras length, datatype, vb/status, body, opaque, cas
 HEADER_SIZE = 24
 MAX_BODY = 21 * 1024 * 1024  # a 20 MiB document, its key, extras and sub-document specs
 
@@ -29,8 +31,20 @@ SUBDOC_MULTI_LOOKUP, SUBDOC_MULTI_MUTATION = 0xD0, 0xD1
 GET_ERROR_MAP = 0xFE
 
 # The quiet variants answer only a failure (a GetQ only a hit).
-QUIET = {GETQ: GET, GETKQ: GETK, SETQ: SET, ADDQ: ADD, REPLACEQ: REPLACE, DELETEQ: DELETE, INCREMENTQ: INCREMENT,
-         DECREMENTQ: DECREMENT, APPENDQ: APPEND, PREPENDQ: PREPEND, GATQ: GAT, QUITQ: QUIT}
+QUIET = {
+    GETQ: GET,
+    GETKQ: GETK,
+    SETQ: SET,
+    ADDQ: ADD,
+    REPLACEQ: REPLACE,
+    DELETEQ: DELETE,
+    INCREMENTQ: INCREMENT,
+    DECREMENTQ: DECREMENT,
+    APPENDQ: APPEND,
+    PREPENDQ: PREPEND,
+    GATQ: GAT,
+    QUITQ: QUIT,
+}
 
 # status codes (kv_engine include/mcbp/protocol/status.h)
 SUCCESS = 0x00
@@ -78,11 +92,21 @@ FEATURE_SYNC_REPLICATION = 0x11
 FEATURE_COLLECTIONS = 0x12
 FEATURE_PRESERVE_TTL = 0x14
 FEATURE_VATTR = 0x15
-SUPPORTED_FEATURES = frozenset({
-    FEATURE_TCP_NODELAY, FEATURE_MUTATION_SEQNO, FEATURE_XATTR, FEATURE_XERROR, FEATURE_SELECT_BUCKET,
-    FEATURE_JSON, FEATURE_ALT_REQUEST, FEATURE_SYNC_REPLICATION, FEATURE_COLLECTIONS, FEATURE_PRESERVE_TTL,
-    FEATURE_VATTR,
-})  # not snappy, duplex, unordered execution, tracing or clustermap notifications
+SUPPORTED_FEATURES = frozenset(
+    {
+        FEATURE_TCP_NODELAY,
+        FEATURE_MUTATION_SEQNO,
+        FEATURE_XATTR,
+        FEATURE_XERROR,
+        FEATURE_SELECT_BUCKET,
+        FEATURE_JSON,
+        FEATURE_ALT_REQUEST,
+        FEATURE_SYNC_REPLICATION,
+        FEATURE_COLLECTIONS,
+        FEATURE_PRESERVE_TTL,
+        FEATURE_VATTR,
+    }
+)  # not snappy, duplex, unordered execution, tracing or clustermap notifications
 
 DATATYPE_JSON = 0x01
 DATATYPE_SNAPPY = 0x02
@@ -91,7 +115,9 @@ DATATYPE_XATTR = 0x04
 # frame infos of a request's flexible framing extras
 FRAME_BARRIER, FRAME_DURABILITY, FRAME_STREAM_ID, FRAME_IMPERSONATE, FRAME_PRESERVE_TTL = 0, 1, 2, 4, 5
 
-RELATIVE_EXPIRY_LIMIT = 30 * 24 * 3600  # memcached's rule: up to 30 days an expiry is relative, above it absolute
+RELATIVE_EXPIRY_LIMIT = (
+    30 * 24 * 3600
+)  # memcached's rule: up to 30 days an expiry is relative, above it absolute
 
 
 class Request(NamedTuple):
@@ -120,9 +146,11 @@ def parse_request(header: bytes, body: bytes) -> Request:
     if framelen + extlen + keylen > total:
         raise ProtocolError("the header's lengths exceed the body")
     frames = parse_frames(body[:framelen])
-    extras = body[framelen:framelen + extlen]
-    key = body[framelen + extlen:framelen + extlen + keylen]
-    return Request(opcode, datatype, vbucket, opaque, cas, frames, extras, key, body[framelen + extlen + keylen:])
+    extras = body[framelen : framelen + extlen]
+    key = body[framelen + extlen : framelen + extlen + keylen]
+    return Request(
+        opcode, datatype, vbucket, opaque, cas, frames, extras, key, body[framelen + extlen + keylen :]
+    )
 
 
 def parse_frames(data: bytes) -> dict[int, bytes]:
@@ -135,15 +163,38 @@ def parse_frames(data: bytes) -> dict[int, bytes]:
             ident, i = 15 + data[i], i + 1
         if size == 15:
             size, i = 15 + data[i], i + 1
-        frames[ident] = data[i:i + size]
+        frames[ident] = data[i : i + size]
         i += size
     return frames
 
 
-def response(opcode: int, opaque: int, status: int = SUCCESS, *, extras: bytes = b"", key: bytes = b"",
-             value: bytes = b"", cas: int = 0, datatype: int = 0) -> bytes:
-    return HEADER.pack(MAGIC_RESPONSE, opcode, len(key), len(extras), datatype, status,
-                       len(extras) + len(key) + len(value), opaque, cas) + extras + key + value
+def response(
+    opcode: int,
+    opaque: int,
+    status: int = SUCCESS,
+    *,
+    extras: bytes = b"",
+    key: bytes = b"",
+    value: bytes = b"",
+    cas: int = 0,
+    datatype: int = 0,
+) -> bytes:
+    return (
+        HEADER.pack(
+            MAGIC_RESPONSE,
+            opcode,
+            len(key),
+            len(extras),
+            datatype,
+            status,
+            len(extras) + len(key) + len(value),
+            opaque,
+            cas,
+        )
+        + extras
+        + key
+        + value
+    )
 
 
 def split_collection(key: bytes, collections: bool) -> tuple[int, bytes]:
@@ -155,7 +206,7 @@ def split_collection(key: bytes, collections: bool) -> tuple[int, bytes]:
     for i, byte in enumerate(key):
         cid |= (byte & 0x7F) << shift
         if not byte & 0x80:
-            return cid, key[i + 1:]
+            return cid, key[i + 1 :]
         shift += 7
         if shift > 28:
             break

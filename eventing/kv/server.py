@@ -82,8 +82,11 @@ class KvServer:
             self._loop = loop
             asyncio.set_event_loop(loop)
             try:
-                self._server = loop.run_until_complete(asyncio.start_server(
-                    self._connection, self.config.host, self.node.kv_port, limit=p.MAX_BODY, backlog=128))
+                self._server = loop.run_until_complete(
+                    asyncio.start_server(
+                        self._connection, self.config.host, self.node.kv_port, limit=p.MAX_BODY, backlog=128
+                    )
+                )
             except BaseException as exc:
                 failure.append(exc)
                 ready.set()
@@ -146,7 +149,8 @@ class KvServer:
         if known is not None and not refresh:
             return known
         found: dict[tuple[str, str], int] = await asyncio.to_thread(
-            self.buckets.run, Keyspace(bucket), lambda c: dict(c.bucket.collections()))
+            self.buckets.run, Keyspace(bucket), lambda c: dict(c.bucket.collections())
+        )
         self._manifests[bucket] = found
         return found
 
@@ -160,9 +164,14 @@ class KvServer:
             from eventing.http.auth import ADMIN_TOKEN_IDENTITY, READ_TOKEN_IDENTITY
 
             salt = self._token_salt()
-            found = [(identity, derive_keys(token, digest, salt)) for identity, token in
-                     ((ADMIN_TOKEN_IDENTITY, self.config.admin_token), (READ_TOKEN_IDENTITY, self.config.read_token))
-                     if token]
+            found = [
+                (identity, derive_keys(token, digest, salt))
+                for identity, token in (
+                    (ADMIN_TOKEN_IDENTITY, self.config.admin_token),
+                    (READ_TOKEN_IDENTITY, self.config.read_token),
+                )
+                if token
+            ]
             self._token_keys[digest] = found
         return found
 
@@ -186,8 +195,11 @@ def _new_loop() -> asyncio.AbstractEventLoop:
 
 def may_use_bucket(identity: Identity, bucket: str) -> bool:
     """Whether some role of the caller reads or writes documents of the bucket (SELECT_BUCKET)."""
-    return any(g.role in (ADMIN, RO_ADMIN) or (g.role in (DATA_READER, DATA_WRITER) and g.bucket in (WILDCARD, bucket))
-               for g in identity.grants)
+    return any(
+        g.role in (ADMIN, RO_ADMIN)
+        or (g.role in (DATA_READER, DATA_WRITER) and g.bucket in (WILDCARD, bucket))
+        for g in identity.grants
+    )
 
 
 class _Connection:
@@ -236,8 +248,12 @@ class _Connection:
         if isinstance(exc, KvError):
             return self.error(req, exc.status, exc.message)
         if isinstance(exc, MultiPathFailure):
-            return p.response(req.opcode, req.opaque, p.SUBDOC_MULTI_PATH_FAILURE,
-                              value=bytes([exc.index]) + exc.status.to_bytes(2, "big"))
+            return p.response(
+                req.opcode,
+                req.opaque,
+                p.SUBDOC_MULTI_PATH_FAILURE,
+                value=bytes([exc.index]) + exc.status.to_bytes(2, "big"),
+            )
         if isinstance(exc, ApiError):
             if exc.code in ("CollectionNotFound", "ScopeNotFound"):
                 return self.error(req, p.UNKNOWN_COLLECTION, exc.message)
@@ -250,12 +266,16 @@ class _Connection:
         if isinstance(exc, StoreError):  # the store's server away or failing over, a file locked, a full disk
             return self.error(req, p.ETMPFAIL, f"{exc}")
         log.error("KV request 0x%02x failed", req.opcode, exc_info=exc)
-        return self.error(req, p.EINTERNAL, f"internal error ({type(exc).__name__}); the server log has the details")
+        return self.error(
+            req, p.EINTERNAL, f"internal error ({type(exc).__name__}); the server log has the details"
+        )
 
     def error(self, req: p.Request, status: int, message: str, **more: Any) -> bytes:
         if p.FEATURE_XERROR in self.features:
             body = json.dumps({"error": {"context": message}, **more}).encode() if (message or more) else b""
-            return p.response(req.opcode, req.opaque, status, value=body, datatype=p.DATATYPE_JSON if body else 0)
+            return p.response(
+                req.opcode, req.opaque, status, value=body, datatype=p.DATATYPE_JSON if body else 0
+            )
         return p.response(req.opcode, req.opaque, status)
 
     async def drain(self, final: bool = False) -> None:
@@ -284,7 +304,7 @@ class _Connection:
         op = req.opcode
         ok = lambda **fields: p.response(op, req.opaque, **fields)  # noqa: E731
         if op == p.HELLO:
-            asked = {int.from_bytes(req.value[i:i + 2], "big") for i in range(0, len(req.value) - 1, 2)}
+            asked = {int.from_bytes(req.value[i : i + 2], "big") for i in range(0, len(req.value) - 1, 2)}
             agreed = [f for f in sorted(asked) if f in p.SUPPORTED_FEATURES]
             if p.FEATURE_ALT_REQUEST not in agreed:
                 agreed = [f for f in agreed if f != p.FEATURE_SYNC_REPLICATION]
@@ -311,7 +331,9 @@ class _Connection:
         elif op in DOCUMENT_OPCODES:
             self.answer(req, await self.document(req))
         else:
-            self.answer(req, self.error(req, p.UNKNOWN_COMMAND, f"opcode 0x{op:02x} is not served by this server"))
+            self.answer(
+                req, self.error(req, p.UNKNOWN_COMMAND, f"opcode 0x{op:02x} is not served by this server")
+            )
 
     async def authenticate(self, req: p.Request) -> bytes:
         mechanism = req.key.decode("latin-1")
@@ -325,8 +347,11 @@ class _Connection:
                 self.identity = await server.authenticator.authenticate_async(header, self.client)
                 return p.response(req.opcode, req.opaque)
             if mechanism not in sasl.SCRAM_MECHANISMS:
-                return self.error(req, p.AUTH_ERROR, f"mechanism {mechanism[:40]!r} is not supported; use one of "
-                                  f"{', '.join(sasl.MECHANISMS)}")
+                return self.error(
+                    req,
+                    p.AUTH_ERROR,
+                    f"mechanism {mechanism[:40]!r} is not supported; use one of {', '.join(sasl.MECHANISMS)}",
+                )
             if req.opcode == p.SASL_AUTH:
                 return await self.scram_first(req, mechanism)
             return self.scram_final(req)
@@ -346,8 +371,11 @@ class _Connection:
         user, _ = probe.start(req.value, b"", 0)
         wait = server.authenticator.throttle.retry_after([f"client:{self.client}", f"user:{user}"])
         if wait is not None:
-            raise AuthError(429, f"too many failed logins from this client or for this user; wait {int(wait) + 1} s",
-                            "wait, then check the user name and password")
+            raise AuthError(
+                429,
+                f"too many failed logins from this client or for this user; wait {int(wait) + 1} s",
+                "wait, then check the user name and password",
+            )
         record = users.get(user)
         candidates: list[tuple[Identity, ScramKeys]] = []
         if record is not None:
@@ -356,8 +384,14 @@ class _Connection:
                 candidates.append((Identity(record.name, grants_of(record), "user"), keys))
         if not candidates:
             candidates = server.token_keys(digest)
-        salt, iterations = (candidates[0][1].salt, candidates[0][1].iterations) if candidates else (
-            __import__("hashlib").sha256(user.encode() + server._token_salt()).digest()[:16], SCRAM_ITERATIONS)
+        salt, iterations = (
+            (candidates[0][1].salt, candidates[0][1].iterations)
+            if candidates
+            else (
+                __import__("hashlib").sha256(user.encode() + server._token_salt()).digest()[:16],
+                SCRAM_ITERATIONS,
+            )
+        )
         self.scram_candidates = [c for c in candidates if c[1].salt == salt]
         _, server_first = exchange.start(req.value, salt, iterations)
         return p.response(req.opcode, req.opaque, p.AUTH_CONTINUE, value=server_first)
@@ -378,10 +412,14 @@ class _Connection:
             log.warning("failed KV login of user %r from %s", exchange.user, self.client)
             users = authenticator.users()
             record = users.get(exchange.user)
-            hint = ("its password was set before SCRAM keys were kept: set it again with `eventing user add "
-                    f"{exchange.user} --replace`, or sign in with PLAIN") if record is not None and \
-                stored_scram_keys(record.password_hash, exchange.digest) is None else \
-                "check the user name and password (`eventing user list`)"
+            hint = (
+                (
+                    "its password was set before SCRAM keys were kept: set it again with `eventing user add "
+                    f"{exchange.user} --replace`, or sign in with PLAIN"
+                )
+                if record is not None and stored_scram_keys(record.password_hash, exchange.digest) is None
+                else "check the user name and password (`eventing user list`)"
+            )
             return self.error(req, p.AUTH_ERROR, f"authentication of '{exchange.user}' failed; {hint}")
         authenticator.throttle.succeeded(f"user:{exchange.user}")
         self.identity = self.scram_candidates[found[0]][0]
@@ -395,8 +433,11 @@ class _Connection:
         try:
             await self.server.collections(name, refresh=True)
         except ApiError:
-            return self.error(req, p.EACCESS, f"bucket '{name}' does not exist; create it with "
-                              f"`eventing bucket create {name}`")
+            return self.error(
+                req,
+                p.EACCESS,
+                f"bucket '{name}' does not exist; create it with `eventing bucket create {name}`",
+            )
         self.bucket = name
         return p.response(req.opcode, req.opaque)
 
@@ -422,22 +463,36 @@ class _Connection:
             return self.error(req, p.NO_BUCKET, exc.message)
         uid = bootstrap.manifest_uid(found)
         if req.opcode == p.GET_COLLECTIONS_MANIFEST:
-            return p.response(req.opcode, req.opaque, value=json.dumps(bootstrap.manifest(found)).encode(),
-                              datatype=p.DATATYPE_JSON)
+            return p.response(
+                req.opcode,
+                req.opaque,
+                value=json.dumps(bootstrap.manifest(found)).encode(),
+                datatype=p.DATATYPE_JSON,
+            )
         path = (req.value or req.key).decode("utf-8", "replace")
         scope, _, name = path.partition(".")
         scope = scope or DEFAULT
         sids = bootstrap.scope_ids(found)
         if scope not in sids:
-            return self.error(req, p.UNKNOWN_SCOPE, f"scope '{scope}' not found in bucket '{self.bucket}'",
-                              manifest_uid=f"{uid:x}")
+            return self.error(
+                req,
+                p.UNKNOWN_SCOPE,
+                f"scope '{scope}' not found in bucket '{self.bucket}'",
+                manifest_uid=f"{uid:x}",
+            )
         if req.opcode == p.GET_SCOPE_ID:
-            return p.response(req.opcode, req.opaque, extras=uid.to_bytes(8, "big") + sids[scope].to_bytes(4, "big"))
+            return p.response(
+                req.opcode, req.opaque, extras=uid.to_bytes(8, "big") + sids[scope].to_bytes(4, "big")
+            )
         name = name or DEFAULT
         cid = 0 if (scope, name) == (DEFAULT, DEFAULT) else found.get((scope, name))
         if cid is None:
-            return self.error(req, p.UNKNOWN_COLLECTION, f"collection '{name}' not found in scope '{scope}' of "
-                              f"bucket '{self.bucket}'", manifest_uid=f"{uid:x}")
+            return self.error(
+                req,
+                p.UNKNOWN_COLLECTION,
+                f"collection '{name}' not found in scope '{scope}' of bucket '{self.bucket}'",
+                manifest_uid=f"{uid:x}",
+            )
         return p.response(req.opcode, req.opaque, extras=uid.to_bytes(8, "big") + cid.to_bytes(4, "big"))
 
     async def document(self, req: p.Request) -> bytes | asyncio.Future[Any]:
@@ -447,8 +502,12 @@ class _Connection:
         ks = await self.keyspace(cid)
         if ks is None:
             uid = bootstrap.manifest_uid(self.server._manifests.get(self.bucket, {}))
-            return self.error(req, p.UNKNOWN_COLLECTION, f"no collection with id {cid:#x} in bucket '{self.bucket}'",
-                              manifest_uid=f"{uid:x}")
+            return self.error(
+                req,
+                p.UNKNOWN_COLLECTION,
+                f"no collection with id {cid:#x} in bucket '{self.bucket}'",
+                manifest_uid=f"{uid:x}",
+            )
         try:
             text = key.decode("utf-8")
         except UnicodeDecodeError:
@@ -460,9 +519,17 @@ class _Connection:
         if not self.identity.can(permission, ks):
             verb = "read documents of" if permission == DATA_READ else "write documents into"
             need = "data_reader, ro_admin or admin" if permission == DATA_READ else "data_writer or admin"
-            return self.error(req, p.EACCESS, f"{self.identity.user} may not {verb} '{ks}'; this needs {need}")
-        call = KvCall(ks, text, req, req.opcode, p.FEATURE_MUTATION_SEQNO in self.features,
-                      p.FEATURE_JSON in self.features)
+            return self.error(
+                req, p.EACCESS, f"{self.identity.user} may not {verb} '{ks}'; this needs {need}"
+            )
+        call = KvCall(
+            ks,
+            text,
+            req,
+            req.opcode,
+            p.FEATURE_MUTATION_SEQNO in self.features,
+            p.FEATURE_JSON in self.features,
+        )
         future: Awaitable[Any] = self.server.buckets.submit(call)
         assert isinstance(future, asyncio.Future)
         return future
@@ -507,4 +574,12 @@ def start_kv_server(config: ServerConfig, kv_port: int = DEFAULT_KV_PORT) -> KvS
     return server
 
 
-__all__ = ["DEFAULT_KV_PORT", "KvServer", "may_use_bucket", "node_of", "presented_credentials", "register_node", "start_kv_server"]
+__all__ = [
+    "DEFAULT_KV_PORT",
+    "KvServer",
+    "may_use_bucket",
+    "node_of",
+    "presented_credentials",
+    "register_node",
+    "start_kv_server",
+]

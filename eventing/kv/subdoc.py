@@ -14,10 +14,30 @@ from eventing.kv import protocol as p
 # sub-document opcodes (in multi lookup/mutation specs)
 GET_DOC, SET_DOC, DELETE_DOC = 0x00, 0x01, 0x04
 GET, EXISTS, DICT_ADD, DICT_UPSERT, DELETE, REPLACE = 0xC5, 0xC6, 0xC7, 0xC8, 0xC9, 0xCA
-ARRAY_PUSH_LAST, ARRAY_PUSH_FIRST, ARRAY_INSERT, ARRAY_ADD_UNIQUE, COUNTER, GET_COUNT = 0xCB, 0xCC, 0xCD, 0xCE, 0xCF, 0xD2
+ARRAY_PUSH_LAST, ARRAY_PUSH_FIRST, ARRAY_INSERT, ARRAY_ADD_UNIQUE, COUNTER, GET_COUNT = (
+    0xCB,
+    0xCC,
+    0xCD,
+    0xCE,
+    0xCF,
+    0xD2,
+)
 LOOKUPS = frozenset({GET_DOC, GET, EXISTS, GET_COUNT})
-MUTATIONS = frozenset({SET_DOC, DELETE_DOC, DICT_ADD, DICT_UPSERT, DELETE, REPLACE, ARRAY_PUSH_LAST, ARRAY_PUSH_FIRST,
-                       ARRAY_INSERT, ARRAY_ADD_UNIQUE, COUNTER})
+MUTATIONS = frozenset(
+    {
+        SET_DOC,
+        DELETE_DOC,
+        DICT_ADD,
+        DICT_UPSERT,
+        DELETE,
+        REPLACE,
+        ARRAY_PUSH_LAST,
+        ARRAY_PUSH_FIRST,
+        ARRAY_INSERT,
+        ARRAY_ADD_UNIQUE,
+        COUNTER,
+    }
+)
 
 # path flags and document flags
 PATH_MKDIR_P, PATH_XATTR, PATH_EXPAND_MACROS = 0x01, 0x04, 0x10
@@ -48,7 +68,7 @@ def parse_path(path: str) -> list[Component]:
             end = path.find("]", i)
             if end < 0:
                 raise SubdocError(p.SUBDOC_PATH_EINVAL, f"path {path!r} has an unclosed '['")
-            text = path[i + 1:end]
+            text = path[i + 1 : end]
             try:
                 out.append(int(text))
             except ValueError:

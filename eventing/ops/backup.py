@@ -47,8 +47,12 @@ def backup(state: StateLike, output: str | None = None, *, with_buckets: bool = 
     effect marks skip the effects they already hold."""
     data_dir = _data_dir(state, "back it up")
     if with_buckets:
-        folder = Path(output) if output else default_backup_path(data_dir).with_name(
-            default_backup_path(data_dir).name.replace("metadata-", "backup-").removesuffix(".sqlite3")
+        folder = (
+            Path(output)
+            if output
+            else default_backup_path(data_dir).with_name(
+                default_backup_path(data_dir).name.replace("metadata-", "backup-").removesuffix(".sqlite3")
+            )
         )
         if folder.exists() and any(folder.iterdir()):
             raise ConfigError(f"backup folder {folder} is not empty; name a new folder with -o")
@@ -60,8 +64,12 @@ def backup(state: StateLike, output: str | None = None, *, with_buckets: bool = 
     with open_store(data_dir, create=False) as store:
         store.backup(target)
         functions = len(store.list_functions())
-    result: dict = {"file": str(target), "bytes": target.stat().st_size, "functions": functions,
-                    "created_folders": [str(f) for f in created]}
+    result: dict = {
+        "file": str(target),
+        "bytes": target.stat().st_size,
+        "functions": functions,
+        "created_folders": [str(f) for f in created],
+    }
     if with_buckets:
         copied = []
         for name in list_buckets(data_dir):
@@ -69,7 +77,8 @@ def backup(state: StateLike, output: str | None = None, *, with_buckets: bool = 
                 bucket.copy_to(target.parent)
             copied.append(name)
         result.update(
-            folder=str(target.parent), buckets=copied,
+            folder=str(target.parent),
+            buckets=copied,
             bytes=sum(f.stat().st_size for f in target.parent.rglob("*") if f.is_file()),
         )
     return result
@@ -151,7 +160,12 @@ def restore(state: StateLike, backup_file: str) -> dict:
     restored_buckets, kept_buckets = _restore_buckets(data_dir, folder) if folder else ([], [])
     with open_store(data_dir, create=False) as restored:
         records = restored.list_functions()
-    return {"restored": str(target), "from": backup_file, "previous": str(kept) if kept else None,
-            "functions": [{"name": r.name, "state": r.state.value} for r in records],
-            "buckets_restored": restored_buckets, "buckets_kept": kept_buckets,
-            "warnings": _missing_buckets(data_dir, records)}
+    return {
+        "restored": str(target),
+        "from": backup_file,
+        "previous": str(kept) if kept else None,
+        "functions": [{"name": r.name, "state": r.state.value} for r in records],
+        "buckets_restored": restored_buckets,
+        "buckets_kept": kept_buckets,
+        "warnings": _missing_buckets(data_dir, records),
+    }

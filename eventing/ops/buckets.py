@@ -40,7 +40,9 @@ def bucket_uses(state: StateLike, bucket: str) -> list[BucketUse]:
             uses.append(BucketUse(r.name, r.state.value, "source"))
         for b in d.get("bindings", []):
             if b.get("bucket") == bucket:
-                uses.append(BucketUse(r.name, r.state.value, f"binding '{b.get('alias')}' ({b.get('access')})"))
+                uses.append(
+                    BucketUse(r.name, r.state.value, f"binding '{b.get('alias')}' ({b.get('access')})")
+                )
     return uses
 
 
@@ -59,8 +61,14 @@ def collection_uses(state: StateLike, keyspace: Keyspace) -> list[BucketUse]:
             if "scope" not in b and isinstance(b.get("bucket"), str):
                 bound = Keyspace.parse(b["bucket"])  # a binding written as "bucket.scope.collection"
             if bound.covers(keyspace):
-                uses.append(BucketUse(r.name, r.state.value, f"binding '{b.get('alias')}' ({b.get('access')})",
-                                      bound.is_wildcard))
+                uses.append(
+                    BucketUse(
+                        r.name,
+                        r.state.value,
+                        f"binding '{b.get('alias')}' ({b.get('access')})",
+                        bound.is_wildcard,
+                    )
+                )
     return uses
 
 
@@ -86,7 +94,8 @@ def _refuse_active(uses: list[BucketUse], what: str) -> list[BucketUse]:
         more = f" (and {len(active) - 1} more)" if len(active) > 1 else ""
         raise LifecycleError(
             f"{what}: it is the {u.role} of function '{u.function}', which is "
-            f"{u.state}{more}; undeploy it first ({{fix}})", fix=fix("undeploy", function=u.function)
+            f"{u.state}{more}; undeploy it first ({{fix}})",
+            fix=fix("undeploy", function=u.function),
         )
     return uses
 
@@ -103,8 +112,12 @@ def drop(state: StateLike, bucket: str) -> dict:
         pass  # dropping is the way out of a damaged bucket; drop_bucket deletes its files as they are
     path = state.drop_bucket(bucket)
     return {
-        "bucket": bucket, "path": str(path), "documents": stats["documents"], "tombstones": stats["tombstones"],
-        "mutations": stats["mutations"], "named_by_undeployed_functions": sorted({u.function for u in uses}),
+        "bucket": bucket,
+        "path": str(path),
+        "documents": stats["documents"],
+        "tombstones": stats["tombstones"],
+        "mutations": stats["mutations"],
+        "named_by_undeployed_functions": sorted({u.function for u in uses}),
     }
 
 
@@ -136,8 +149,12 @@ def flush_collection(state: StateLike, keyspace: str | Keyspace) -> dict:
                 break
             placed = collection.bucket.write([Write(collection.stored(key), OP_DELETE) for key in keys])
             deleted += sum(1 for p in placed if p is not None)
-        return {"bucket": collection.keyspace.bucket, "keyspace": collection.name, "documents": deleted,
-                "delete_mutations": deleted}
+        return {
+            "bucket": collection.keyspace.bucket,
+            "keyspace": collection.name,
+            "documents": deleted,
+            "delete_mutations": deleted,
+        }
 
 
 def list_collections(state: StateLike, bucket: str) -> list[dict]:
@@ -147,9 +164,17 @@ def list_collections(state: StateLike, bucket: str) -> list[dict]:
         rows = []
         mirrored = target.mirrors()
         for ks, cid in keyspaces.list_collections(target):
-            rows.append({"keyspace": str(ks), "bucket": ks.bucket, "scope": ks.scope, "collection": ks.collection,
-                         "id": cid, "documents": keyspaces.Collection(target, ks, cid).count(),
-                         "mirror": mirrored.get(cid)})
+            rows.append(
+                {
+                    "keyspace": str(ks),
+                    "bucket": ks.bucket,
+                    "scope": ks.scope,
+                    "collection": ks.collection,
+                    "id": cid,
+                    "documents": keyspaces.Collection(target, ks, cid).count(),
+                    "mirror": mirrored.get(cid),
+                }
+            )
         return rows
 
 
@@ -157,7 +182,13 @@ def create_collection(state: StateLike, keyspace: str | Keyspace) -> dict:
     state = as_state(state)
     ks = keyspaces.parse_keyspace(state, keyspace)
     cid = keyspaces.create_collection(state, ks)
-    return {"keyspace": str(ks), "bucket": ks.bucket, "scope": ks.scope, "collection": ks.collection, "id": cid}
+    return {
+        "keyspace": str(ks),
+        "bucket": ks.bucket,
+        "scope": ks.scope,
+        "collection": ks.collection,
+        "id": cid,
+    }
 
 
 def drop_collection(state: StateLike, keyspace: str | Keyspace) -> dict:
@@ -178,8 +209,15 @@ def drop_collection(state: StateLike, keyspace: str | Keyspace) -> dict:
             log.warning("function %s undeployed: collection '%s' (its %s) is dropped", function, ks, roles)
     documents = keyspaces.drop_collection(state, ks)
     named = sorted({u.function for u in uses if not u.wildcard} - {u["function"] for u in undeployed})
-    return {"keyspace": str(ks), "bucket": ks.bucket, "scope": ks.scope, "collection": ks.collection,
-            "documents": documents, "undeployed_functions": undeployed, "named_by_undeployed_functions": named}
+    return {
+        "keyspace": str(ks),
+        "bucket": ks.bucket,
+        "scope": ks.scope,
+        "collection": ks.collection,
+        "documents": documents,
+        "undeployed_functions": undeployed,
+        "named_by_undeployed_functions": named,
+    }
 
 
 def _active_roles(uses: list[BucketUse]) -> dict[str, str]:

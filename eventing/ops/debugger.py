@@ -109,7 +109,9 @@ class Pulled:
     mutation: Mutation  # with the document's key in its collection
     checkpoint: Checkpoint  # the function's checkpoint of that vBucket when the copy was read
     keyspace: dict[str, str] | None = None  # meta.keyspace of the mutation's collection
-    origin: str | None = None  # the deployment's origin (eventing.storage.origins): of writes applied with `apply`
+    origin: str | None = (
+        None  # the deployment's origin (eventing.storage.origins): of writes applied with `apply`
+    )
 
 
 def find_next(
@@ -121,7 +123,8 @@ def find_next(
         state = store.get_function(function).state.value
         raise LifecycleError(
             f"function '{function}' is {state}, so it has no position in the stream to debug from; "
-            "deploy it first ({fix}; it may stay paused)", fix=fix("deploy", function=function)
+            "deploy it first ({fix}; it may stay paused)",
+            fix=fix("deploy", function=function),
         )
     record = store.get_function(function)
     source_keyspace = FunctionDefinition.from_dict(record.definition).source_keyspace
@@ -150,7 +153,9 @@ def find_next(
                     continue
                 for row in rows:
                     m = Mutation(*row)
-                    if is_own(m.origin, function, record.generation):  # the worker skips it too (recursion guard)
+                    if is_own(
+                        m.origin, function, record.generation
+                    ):  # the worker skips it too (recursion guard)
                         continue
                     if key is None or m.key == key:
                         return Pulled(m, cp, keyspace, deployment_origin(function, record.generation))
@@ -178,7 +183,9 @@ def pull(
             if time.monotonic() >= deadline:
                 break
             time.sleep(POLL_S)
-    where = f"of key '{key}'" if key is not None else f"in vBucket {vb}" if vb is not None else "in any vBucket"
+    where = (
+        f"of key '{key}'" if key is not None else f"in vBucket {vb}" if vb is not None else "in any vBucket"
+    )
     waited = f" within {wait_s:g}s" if wait_s else ""
     hint = "; write one, or pass {fix} to wait for one" if not wait_s else "; write one, or wait longer"
     raise NotFoundError(
@@ -219,8 +226,10 @@ class DebugSession:
         if self.vb is not None and not 0 <= self.vb < NUM_VBUCKETS:
             raise ConfigError(f"vBucket {self.vb} does not exist; use 0..{NUM_VBUCKETS - 1}")
         if self.wait_s is not None and self.wait_s < 0:
-            raise ConfigError("{fix} is negative; give seconds >= 0",
-                              fix=fix("option", flag="--wait", value=f"{self.wait_s:g}"))
+            raise ConfigError(
+                "{fix} is negative; give seconds >= 0",
+                fix=fix("option", flag="--wait", value=f"{self.wait_s:g}"),
+            )
         # A sandboxed function's handler runs in a sandboxed child (eventing.workers.sandbox); the mutation
         # is pulled, and held writes applied, here.
         runtime = open_runner(self.state, self.function)
@@ -234,8 +243,13 @@ class DebugSession:
             )
             if self.pulled.keyspace is not None:
                 runtime.keyspace = self.pulled.keyspace  # meta.keyspace, as the worker sets it
-            self._emit({"event": "pulled", "mutation": mutation_view(self.pulled.mutation),
-                        "checkpoint": checkpoint_view(self.pulled.checkpoint)})
+            self._emit(
+                {
+                    "event": "pulled",
+                    "mutation": mutation_view(self.pulled.mutation),
+                    "checkpoint": checkpoint_view(self.pulled.checkpoint),
+                }
+            )
             self.outcome = self._call(runtime)
             if self.outcome.ok:
                 self.writes = runtime.take_writes()
@@ -243,9 +257,17 @@ class DebugSession:
                     for bucket, writes in writes_by_bucket(self.writes):
                         bucket.write([w for _, w in writes], origin=self.pulled.origin or self.function)
                     self.applied = True
-            self._emit({"event": "result", "status": self.outcome.status, "error": self.outcome.error or None,
-                        "traceback": self.outcome.traceback or None, "seconds": round(self.outcome.seconds, 6),
-                        "writes": [write_view(h) for h in self.writes], "applied": self.applied})
+            self._emit(
+                {
+                    "event": "result",
+                    "status": self.outcome.status,
+                    "error": self.outcome.error or None,
+                    "traceback": self.outcome.traceback or None,
+                    "seconds": round(self.outcome.seconds, 6),
+                    "writes": [write_view(h) for h in self.writes],
+                    "applied": self.applied,
+                }
+            )
             return self.outcome
         finally:
             runtime.close()
@@ -265,8 +287,14 @@ class DebugSession:
             return outcome
         prepared = prepare_call(runtime, m)
         outcome = prepared[0]
-        self._emit({"event": "call", "kind": outcome.kind or None, "doc": outcome.doc,
-                    "meta": outcome.meta.to_dict() if outcome.meta else None})
+        self._emit(
+            {
+                "event": "call",
+                "kind": outcome.kind or None,
+                "doc": outcome.doc,
+                "meta": outcome.meta.to_dict() if outcome.meta else None,
+            }
+        )
         runtime.set_tracer(self._trace)
         previous_sink = handler_api.log.sink
         handler_api.log.sink = EventSink(self._emit)
@@ -310,8 +338,17 @@ class DebugSession:
 
 
 def mutation_view(m: Mutation) -> dict[str, Any]:
-    return {"vb": m.vb, "seqno": m.seqno, "key": m.key, "op": OP_NAMES.get(m.op, str(m.op)), "cas": m.cas,
-            "origin": m.origin, "expiry": m.expiry, "flags": m.flags, "bytes": len(m.doc) if m.doc else 0}
+    return {
+        "vb": m.vb,
+        "seqno": m.seqno,
+        "key": m.key,
+        "op": OP_NAMES.get(m.op, str(m.op)),
+        "cas": m.cas,
+        "origin": m.origin,
+        "expiry": m.expiry,
+        "flags": m.flags,
+        "bytes": len(m.doc) if m.doc else 0,
+    }
 
 
 def checkpoint_view(cp: Checkpoint) -> dict[str, Any]:
@@ -322,5 +359,10 @@ def write_view(h: HeldWrite) -> dict[str, Any]:
     doc = None
     if h.write.doc is not None:
         doc = msgpack.unpackb(h.write.doc, raw=False)
-    return {"alias": h.alias, "bucket": h.bucket.name, "key": h.write.key,
-            "op": "upsert" if h.write.op == OP_UPDATE else "delete", "doc": doc}
+    return {
+        "alias": h.alias,
+        "bucket": h.bucket.name,
+        "key": h.write.key,
+        "op": "upsert" if h.write.op == OP_UPDATE else "delete",
+        "doc": doc,
+    }

@@ -59,18 +59,36 @@ from eventing.workers.sandbox import SandboxedRunner, open_runner
 from metadata import DlqRow, MetadataStore
 from sharding import NUM_VBUCKETS, validate_key
 
-REPLAYABLE_REASONS = frozenset({
-    "error", "timeout", "crashed", "undecodable", "oversize", "timer_error", "cas_mismatch", "expired",
-})
+REPLAYABLE_REASONS = frozenset(
+    {
+        "error",
+        "timeout",
+        "crashed",
+        "undecodable",
+        "oversize",
+        "timer_error",
+        "cas_mismatch",
+        "expired",
+    }
+)
 # Every reason a row can have: handler work (above), window rows (`late`, `bad_event_time`) and the rows the
 # arrival-time policies drop (eventing.windows.semantics.arrival.DROP_REASONS).
-DLQ_REASONS = REPLAYABLE_REASONS | {"late", "bad_event_time", "early", "late_arrival", "out_of_order", "no_substream_key"}
+DLQ_REASONS = REPLAYABLE_REASONS | {
+    "late",
+    "bad_event_time",
+    "early",
+    "late_arrival",
+    "out_of_order",
+    "no_substream_key",
+}
 
 
 def check_reason(reason: str | None) -> None:
     """An unknown reason is a mistake (a typo would otherwise list, replay or purge nothing, silently)."""
     if reason is not None and reason not in DLQ_REASONS:
-        raise ConfigError(f"reason {reason!r} is not a dead-letter reason; use one of {', '.join(sorted(DLQ_REASONS))}")
+        raise ConfigError(
+            f"reason {reason!r} is not a dead-letter reason; use one of {', '.join(sorted(DLQ_REASONS))}"
+        )
 
 
 @dataclass(frozen=True)
@@ -89,7 +107,9 @@ class DlqSelector:
 
     def check(self, command: str) -> None:
         if self.seqno is not None and self.vb is None:
-            raise ConfigError(f"`dlq {command}` --seqno needs --vb: a seqno is only unique within its vBucket")
+            raise ConfigError(
+                f"`dlq {command}` --seqno needs --vb: a seqno is only unique within its vBucket"
+            )
         if self.vb is not None and not 0 <= self.vb < 2 * NUM_VBUCKETS:
             raise ConfigError(
                 f"vBucket {self.vb} does not exist; use 0..{NUM_VBUCKETS - 1} "
@@ -114,11 +134,19 @@ def replay_namespace(row: DlqRow) -> str:
 
 
 def list_rows(
-    state: StateLike, function: str, *, reason: str | None = None, limit: int | None = None, include_replayed: bool = False
+    state: StateLike,
+    function: str,
+    *,
+    reason: str | None = None,
+    limit: int | None = None,
+    include_replayed: bool = False,
 ) -> list[DlqRow]:
     state = as_state(state)
     if limit is not None and limit < 1:
-        raise ConfigError("{fix} is not positive; give a number of rows >= 1", fix=fix("option", flag="--limit", value=limit))
+        raise ConfigError(
+            "{fix} is not positive; give a number of rows >= 1",
+            fix=fix("option", flag="--limit", value=limit),
+        )
     check_reason(reason)
     with _store(state) as store:
         store.get_function(function)  # an unknown function is an error, not an empty queue
@@ -133,11 +161,14 @@ def show_rows(state: StateLike, function: str, selector: DlqSelector) -> list[Dl
         raise ConfigError("`dlq show` needs --vb N --seqno S or --key KEY; `dlq list` shows every row")
     with _store(state) as store:
         store.get_function(function)
-        rows = store.find_dlq_rows(function, vb=selector.vb, seqno=selector.seqno, key=selector.key,
-                                   include_replayed=True)
+        rows = store.find_dlq_rows(
+            function, vb=selector.vb, seqno=selector.seqno, key=selector.key, include_replayed=True
+        )
     if not rows:
-        raise NotFoundError(f"function '{function}' has no dead letter {_describe(selector)}; see {{fix}}",
-                            fix=fix("dlq_list", function=function))
+        raise NotFoundError(
+            f"function '{function}' has no dead letter {_describe(selector)}; see {{fix}}",
+            fix=fix("dlq_list", function=function),
+        )
     return rows
 
 
@@ -156,7 +187,9 @@ def row_view(row: DlqRow, *, full: bool = False) -> dict[str, Any]:
     }
     if full:
         view["traceback"] = row.traceback
-        view["attempt_errors"] = parse_attempts(row.traceback)  # every attempt's, when there was more than one
+        view["attempt_errors"] = parse_attempts(
+            row.traceback
+        )  # every attempt's, when there was more than one
         view["mutation"] = _mutation_view(row.mutation)
     return view
 
@@ -166,8 +199,14 @@ def _mutation_view(packed: bytes) -> dict[str, Any]:
         m = unpack_mutation(packed)
     except Exception as exc:  # noqa: BLE001 - a damaged row is shown, not fatal
         return {"error": f"the stored mutation cannot be unpacked ({type(exc).__name__}: {exc})"}
-    out: dict[str, Any] = {"op": OP_NAMES.get(m.op, str(m.op)), "cas": m.cas, "origin": m.origin,
-                           "expiry": m.expiry, "flags": m.flags, "bytes": len(m.doc) if m.doc else 0}
+    out: dict[str, Any] = {
+        "op": OP_NAMES.get(m.op, str(m.op)),
+        "cas": m.cas,
+        "origin": m.origin,
+        "expiry": m.expiry,
+        "flags": m.flags,
+        "bytes": len(m.doc) if m.doc else 0,
+    }
     if m.doc is not None:
         try:
             out["doc"] = msgpack.unpackb(m.doc, raw=False)
@@ -231,22 +270,26 @@ def replay(
     state = as_state(state)
     selector.check("replay")
     if not selector.everything and not selector.narrows:
-        raise ConfigError("`dlq replay` needs --all or a selector: --vb N [--seqno S], --key KEY or --reason R")
+        raise ConfigError(
+            "`dlq replay` needs --all or a selector: --vb N [--seqno S], --key KEY or --reason R"
+        )
     report = ReplayReport(function)
     # A sandboxed function's handler replays in a sandboxed child; its writes come back and apply here.
     runtime = open_runner(state, function)
     try:
         with _store(state) as store:
             runtime.timers.lookup = lambda callback, reference: store.get_timer(function, callback, reference)
-            rows = store.find_dlq_rows(function, vb=selector.vb, seqno=selector.seqno, key=selector.key,
-                                       reason=selector.reason)
+            rows = store.find_dlq_rows(
+                function, vb=selector.vb, seqno=selector.seqno, key=selector.key, reason=selector.reason
+            )
             if selector.seqno is not None and not rows:
                 _explain_missing(store, function, selector)
             report.selected = len(rows)
             origin = deployment_origin(function, store.get_function(function).generation)
             for row in rows:  # (vBucket, seqno) order: each document's rows in its order
-                result = _replay_row(store, runtime, row, after_effects, explicit=selector.seqno is not None,
-                                     origin=origin)
+                result = _replay_row(
+                    store, runtime, row, after_effects, explicit=selector.seqno is not None, origin=origin
+                )
                 report.rows.append(result)
                 report.writes_applied += result.writes_applied
                 report.writes_skipped += result.writes_skipped
@@ -284,7 +327,11 @@ def _replay_row(
     try:
         m: Mutation = unpack_mutation(row.mutation)
     except Exception as exc:  # noqa: BLE001 - a damaged row fails again, it does not stop the replay
-        outcome_status, error, tb = "undecodable", f"stored mutation cannot be unpacked ({type(exc).__name__}: {exc})", ""
+        outcome_status, error, tb = (
+            "undecodable",
+            f"stored mutation cannot be unpacked ({type(exc).__name__}: {exc})",
+            "",
+        )
     else:
         outcome = runtime.run_once(m)[0] if isinstance(runtime, SandboxedRunner) else run_once(runtime, m)
         outcome_status, error, tb = outcome.status, outcome.error, outcome.traceback
@@ -298,7 +345,9 @@ def _replay_row(
                 result.writes_skipped += applied.duplicates
                 if applied.conflicts:
                     # replay runs where the files are (HandlerRunner.open; a SandboxedRunner's writes are here)
-                    cast(Maintenance, bucket).drop_effect_marks(namespace)  # nothing of it applied: a later replay must run
+                    cast(Maintenance, bucket).drop_effect_marks(
+                        namespace
+                    )  # nothing of it applied: a later replay must run
                     conflict = f"a cas condition failed on bucket '{bucket.name}' again; replay it again"
             if conflict:
                 runtime.timers.discard()
@@ -332,10 +381,13 @@ def _explain_missing(store: MetadataStore, function: str, selector: DlqSelector)
     if row is not None and row.replayed_at is not None:
         raise NotFoundError(
             f"dead letter vBucket {row.vb} seqno {row.seqno} of function '{function}' was already replayed at "
-            f"{_iso(row.replayed_at)}; {{fix}} removes replayed rows", fix=fix("dlq_purge_replayed", function=function)
+            f"{_iso(row.replayed_at)}; {{fix}} removes replayed rows",
+            fix=fix("dlq_purge_replayed", function=function),
         )
-    raise NotFoundError(f"function '{function}' has no dead letter {_describe(selector)}; see {{fix}}",
-                        fix=fix("dlq_list", function=function))
+    raise NotFoundError(
+        f"function '{function}' has no dead letter {_describe(selector)}; see {{fix}}",
+        fix=fix("dlq_list", function=function),
+    )
 
 
 # -- purge -----------------------------------------------------------------------------------------------
@@ -356,8 +408,15 @@ def purge(state: StateLike, function: str, selector: DlqSelector, *, replayed_on
         store.get_function(function)
         if selector.vb is None and selector.key is None:
             return store.purge_dlq(function, selector.reason, replayed_only)
-        rows = store.find_dlq_rows(function, vb=selector.vb, seqno=selector.seqno, key=selector.key,
-                                   reason=selector.reason, include_replayed=True, replayed_only=replayed_only)
+        rows = store.find_dlq_rows(
+            function,
+            vb=selector.vb,
+            seqno=selector.seqno,
+            key=selector.key,
+            reason=selector.reason,
+            include_replayed=True,
+            replayed_only=replayed_only,
+        )
         return store.purge_dlq(function, selector.reason, replayed_only, keys=[(r.vb, r.seqno) for r in rows])
 
 

@@ -48,7 +48,9 @@ class _Line(msgspec.Struct):
 
 
 _line_decoder = msgspec.json.Decoder(_Line)
-_doc_encoder = msgspec.msgpack.Encoder()  # the same bytes as msgpack.packb(doc, use_bin_type=True) for JSON values
+_doc_encoder = (
+    msgspec.msgpack.Encoder()
+)  # the same bytes as msgpack.packb(doc, use_bin_type=True) for JSON values
 
 
 def json_line_rows(path: str, rejected: list[str], size: int = 20_000) -> Iterator[list[tuple]]:
@@ -88,7 +90,14 @@ def rows_of_lines(
                 if len(data) > MAX_DOCUMENT_BYTES:
                     raise ValueError(key)
                 rows.append((key, OP_UPDATE, data, line.expiry))
-        except (msgspec.DecodeError, msgspec.ValidationError, ValueError, OverflowError, UnicodeError, RecursionError):
+        except (
+            msgspec.DecodeError,
+            msgspec.ValidationError,
+            ValueError,
+            OverflowError,
+            UnicodeError,
+            RecursionError,
+        ):
             if not raw.strip():
                 continue
             row = _parse_line(raw, number, rejected)
@@ -107,8 +116,10 @@ def _expiry(value: Any) -> int:
     if isinstance(value, float) and value.is_integer():
         value = int(value)  # 5.0, as a JSON writer may give a whole number
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_EXPIRY:
-        raise InvalidDocumentError(f'"expiry" {json.dumps(value)[:40]} is not valid; give the Unix time in whole '
-                                   f"seconds when the document expires, from 1 to {MAX_EXPIRY} (0: never)")
+        raise InvalidDocumentError(
+            f'"expiry" {json.dumps(value)[:40]} is not valid; give the Unix time in whole '
+            f"seconds when the document expires, from 1 to {MAX_EXPIRY} (0: never)"
+        )
     return value
 
 
@@ -117,7 +128,9 @@ def _parse_line(raw: bytes, number: int, rejected: list[str]) -> tuple | None:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        rejected.append(f"line {number}: not UTF-8 ({exc.reason} at byte {exc.start}); re-encode the file as UTF-8")
+        rejected.append(
+            f"line {number}: not UTF-8 ({exc.reason} at byte {exc.start}); re-encode the file as UTF-8"
+        )
         return None
     try:
         item = json.loads(text)
@@ -138,8 +151,10 @@ def _parse_line(raw: bytes, number: int, rejected: list[str]) -> tuple | None:
     except OverflowError:
         rejected.append(f"line {number}: a number is out of range (documents hold 64-bit integers at most)")
     except RecursionError:
-        rejected.append(f"line {number}: the JSON nests more than about {NESTING_LIMIT} levels deep, deeper than "
-                        "documents may; flatten it")
+        rejected.append(
+            f"line {number}: the JSON nests more than about {NESTING_LIMIT} levels deep, deeper than "
+            "documents may; flatten it"
+        )
     except (EventingError, InvalidKeyError, ValueError, TypeError) as exc:
         rejected.append(f"line {number}: {exc}")
     return None

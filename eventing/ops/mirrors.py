@@ -34,30 +34,43 @@ def retained_warn_bytes() -> int:
 
 
 def create_mirror(
-    state: StateLike, keyspace: str | Keyspace, *, source: str, table: str, publication: str | None = None,
+    state: StateLike,
+    keyspace: str | Keyspace,
+    *,
+    source: str,
+    table: str,
+    publication: str | None = None,
     slot: str | None = None,
 ) -> dict[str, Any]:
     """A collection that mirrors ``table`` of the database at ``source`` (see the module docstring)."""
     state = as_state(state)
     ks = keyspaces.parse_keyspace(state, keyspace)
     if ks.is_default:
-        raise ConfigError(f"'{ks}' is a bucket's default collection; a mirror is a collection of its own: name "
-                          "BUCKET.SCOPE.COLLECTION")
+        raise ConfigError(
+            f"'{ks}' is a bucket's default collection; a mirror is a collection of its own: name "
+            "BUCKET.SCOPE.COLLECTION"
+        )
     ks.check()
     name = str(ks)
     store = state.metadata
     if defs.load(store, name) is not None:
-        raise ConfigError(f"keyspace '{name}' mirrors a table already; drop it first (`eventing collection drop {name}`)")
+        raise ConfigError(
+            f"keyspace '{name}' mirrors a table already; drop it first (`eventing collection drop {name}`)"
+        )
     qualified, publication_name, slot_name = defs.check_names(name, table, publication, slot)
     with state.open_bucket(ks.bucket) as bucket:
         if (ks.scope, ks.collection) in bucket.collections():
-            raise ConfigError(f"collection {name} exists already; a mirror makes a collection of its own: name a new "
-                              "one (or drop that one first)")
+            raise ConfigError(
+                f"collection {name} exists already; a mirror makes a collection of its own: name a new "
+                "one (or drop that one first)"
+            )
         parts = getattr(bucket, "parts", None)
         if parts is not None and len(parts) > 1:
-            raise ConfigError(f"bucket '{ks.bucket}' has {len(parts)} partitions; a mirror applies each source "
-                              "transaction in one bucket transaction, which needs a bucket of one partition: put "
-                              "the mirror in a bucket created without --partitions")
+            raise ConfigError(
+                f"bucket '{ks.bucket}' has {len(parts)} partitions; a mirror applies each source "
+                "transaction in one bucket transaction, which needs a bucket of one partition: put "
+                "the mirror in a bucket created without --partitions"
+            )
         src = Source(source)
         found = src.check(qualified, publication_name, slot_name, given_publication=publication is not None)
         own = publication is None
@@ -79,8 +92,14 @@ def create_mirror(
                 except EventingError:
                     pass
             raise
-    return {"keyspace": name, "bucket": ks.bucket, "scope": ks.scope, "collection": ks.collection,
-            "id": definition.cid, "mirror": definition.view()}
+    return {
+        "keyspace": name,
+        "bucket": ks.bucket,
+        "scope": ks.scope,
+        "collection": ks.collection,
+        "id": definition.cid,
+        "mirror": definition.view(),
+    }
 
 
 def mirror_of(state: StateLike, keyspace: str) -> MirrorDefinition | None:
@@ -195,29 +214,45 @@ def mirror_health(state: StateLike, *, query_source: bool = True) -> list[dict[s
     now_ms = int(time.time() * 1000)
     for definition in defs.load_all(store):
         status = defs.status(store, definition.keyspace)
-        fresh = bool(status) and now_ms - int(status.get("updated_ms", 0)) < 5_000 and status.get("state") == "following"
+        fresh = (
+            bool(status)
+            and now_ms - int(status.get("updated_ms", 0)) < 5_000
+            and status.get("state") == "following"
+        )
         row: dict[str, Any] = {
-            "keyspace": definition.keyspace, "table": definition.table, "source": definition.shown_source,
-            "slot": definition.slot, "publication": definition.publication,
-            "state": status.get("state", "not started") if fresh or status.get("state") in ("failed", "snapshot")
-            else "not running", "error": status.get("error"),
-            "lag_bytes": status.get("lag_bytes"), "lag_s": status.get("lag_s"),
-            "retained_bytes": status.get("retained_bytes"), "applied_changes": status.get("applied_changes", 0),
-            "snapshot_rows": status.get("snapshot_rows", 0), "warnings": [],
+            "keyspace": definition.keyspace,
+            "table": definition.table,
+            "source": definition.shown_source,
+            "slot": definition.slot,
+            "publication": definition.publication,
+            "state": status.get("state", "not started")
+            if fresh or status.get("state") in ("failed", "snapshot")
+            else "not running",
+            "error": status.get("error"),
+            "lag_bytes": status.get("lag_bytes"),
+            "lag_s": status.get("lag_s"),
+            "retained_bytes": status.get("retained_bytes"),
+            "applied_changes": status.get("applied_changes", 0),
+            "snapshot_rows": status.get("snapshot_rows", 0),
+            "warnings": [],
         }
         if query_source:
             try:
                 src = Source(definition.source)
                 found = src.query(
                     "SELECT pg_current_wal_lsn() - restart_lsn, pg_current_wal_lsn() - confirmed_flush_lsn "
-                    "FROM pg_replication_slots WHERE slot_name = %s", (definition.slot,))
+                    "FROM pg_replication_slots WHERE slot_name = %s",
+                    (definition.slot,),
+                )
                 if found:
                     row["retained_bytes"] = int(found[0][0] or 0)
                     if not fresh:
                         row["lag_bytes"] = int(found[0][1] or 0)
                 elif status.get("generation"):
-                    row["warnings"].append(f"slot {definition.slot} is gone; run `eventing collection resync "
-                                           f"{definition.keyspace}`")
+                    row["warnings"].append(
+                        f"slot {definition.slot} is gone; run `eventing collection resync "
+                        f"{definition.keyspace}`"
+                    )
             except EventingError as exc:
                 row["warnings"].append(str(exc))
         limit = retained_warn_bytes()
@@ -225,7 +260,8 @@ def mirror_health(state: StateLike, *, query_source: bool = True) -> list[dict[s
             row["warnings"].append(
                 f"slot {definition.slot} holds back {row['retained_bytes'] / 1048576:,.0f} MB of WAL on {definition.shown_source} "
                 f"(more than ${RETAINED_WARN_ENV}={limit / 1048576:,.0f}); run `eventing run` to follow it, or drop the "
-                f"mirror (`eventing collection drop {definition.keyspace}`) before the server's disk fills")
+                f"mirror (`eventing collection drop {definition.keyspace}`) before the server's disk fills"
+            )
         if row["state"] == "failed" and row["error"]:
             row["warnings"].append(str(row["error"]))
         rows.append(row)

@@ -60,8 +60,13 @@ def start_rebalance(topology: Topology, plan: RebalancePlan) -> dict[str, Any]:
     request = topology.request_rebalance(plan)
     if not topology.store.live_services(SERVICE_STALE_S):
         topology.complete(request["owners"])
-        request = topology.update_request(request, status="done", seconds=0.0, longest_unowned_ms=0.0,
-                                          note="no service was running; the plan applies at the next start")
+        request = topology.update_request(
+            request,
+            status="done",
+            seconds=0.0,
+            longest_unowned_ms=0.0,
+            note="no service was running; the plan applies at the next start",
+        )
     return request
 
 
@@ -72,7 +77,12 @@ def rebalance_progress(topology: Topology) -> dict[str, Any]:
     if request is None:
         return {"request": None, "progress": 1.0, "moved": 0, "moves": 0}
     if request["status"] == "done":
-        return {"request": request, "progress": 1.0, "moved": request.get("moves", 0), "moves": request.get("moves", 0)}
+        return {
+            "request": request,
+            "progress": 1.0,
+            "moved": request.get("moves", 0),
+            "moves": request.get("moves", 0),
+        }
     target = request["owners"]
     before = topology.node_plan().owners
     moving = [vb for vb in range(NUM_VBUCKETS) if before[vb] != target[vb]]

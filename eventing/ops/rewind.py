@@ -116,7 +116,11 @@ def rewind(
             finally:
                 source.close()
             targets = {v: before[v] for v in vbs if v in before}  # others: nothing arrived since then
-            shown = datetime.fromtimestamp(time_ns / 1e9, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+            shown = (
+                datetime.fromtimestamp(time_ns / 1e9, UTC)
+                .isoformat(timespec="milliseconds")
+                .replace("+00:00", "Z")
+            )
             described = f"time {shown}"
         result = RewindResult(name, described, reapply_effects)
         current = {v: (cp.seqno, cp.epoch, starts.get(v)) for v, cp in cps.items()}
@@ -136,5 +140,7 @@ def rewind(
             return result
         result.moves = store.rewind_checkpoints(name, targets, reapply_effects=reapply_effects)
         if store.get_function(name).state is not FunctionState.PAUSED:  # resumed by another process meanwhile
-            raise LifecycleError(f"function '{name}' was resumed while being rewound; pause it and rewind again")
+            raise LifecycleError(
+                f"function '{name}' was resumed while being rewound; pause it and rewind again"
+            )
         return result

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from eventing.control.service import running_services
+from eventing.control.leadership import running_services
 from eventing.core import counters as counter_names
 from eventing.execution.timers import delay_percentile
 from eventing.storage.state import StateLike, as_state
@@ -94,17 +94,35 @@ def couchbase_full_stats(state: StateLike, name: str) -> dict[str, Any]:
     return {
         "function_name": name,
         "event_processing_stats": {
-            "dcp_mutation": cb["dcp_mutation"], "dcp_deletion": cb["dcp_deletion"],
-            "timer_msg_counter": cb["timer_msg_counter"], "dlq_count": cb["dlq_count"],
+            "dcp_mutation": cb["dcp_mutation"],
+            "dcp_deletion": cb["dcp_deletion"],
+            "timer_msg_counter": cb["timer_msg_counter"],
+            "dlq_count": cb["dlq_count"],
             "processed_events": cb["dcp_mutation"] + cb["dcp_deletion"] + cb["timer_msg_counter"],
         },
         "execution_stats": {
-            k: cb[k] for k in ("on_update_success", "on_update_failure", "on_delete_success", "on_delete_failure",
-                               "timer_create_counter", "timer_cancel_counter", "timer_callback_success",
-                               "timer_callback_failure")
-        } | {"curl": {"get": cb["curl.get"], "post": cb["curl.post"], "put": cb["curl.put"],
-                      "delete": cb["curl.delete"], "head": cb["curl.head"]},
-             "curl_success_count": cb["curl_success_count"]},
+            k: cb[k]
+            for k in (
+                "on_update_success",
+                "on_update_failure",
+                "on_delete_success",
+                "on_delete_failure",
+                "timer_create_counter",
+                "timer_cancel_counter",
+                "timer_callback_success",
+                "timer_callback_failure",
+            )
+        }
+        | {
+            "curl": {
+                "get": cb["curl.get"],
+                "post": cb["curl.post"],
+                "put": cb["curl.put"],
+                "delete": cb["curl.delete"],
+                "head": cb["curl.head"],
+            },
+            "curl_success_count": cb["curl_success_count"],
+        },
         "failure_stats": {
             "timeout_count": cb["timeout_count"],
             "curl_timeout_count": cb["curl_timeout_count"],
@@ -125,7 +143,9 @@ def function_stats(state: StateLike, name: str) -> dict[str, Any]:
         cps = store.checkpoints(name)
         services = running_services(store)
         backlog = store.timer_backlog(name, int(time.time() * 1000))
-        window_state = store.window_states().load(name) if record.definition.get("window") is not None else None
+        window_state = (
+            store.window_states().load(name) if record.definition.get("window") is not None else None
+        )
     lag = None
     if cps:
         with state.open_bucket(record.definition["source_bucket"]) as source:
@@ -179,7 +199,8 @@ def function_stats(state: StateLike, name: str) -> dict[str, Any]:
             "handled": int(counters.get("last_run_handled", 0)),
             "seconds": round(counters["last_run_seconds"], 2),
             # Over the time it was handling (first batch to last), not its start-up: see last_run_mps.
-            "mutations_per_s": round(float(counters["last_run_mps"]), 1) if "last_run_mps" in counters
+            "mutations_per_s": round(float(counters["last_run_mps"]), 1)
+            if "last_run_mps" in counters
             else round(counters.get("last_run_handled", 0) / counters["last_run_seconds"], 1),
         }
     return out
@@ -247,8 +268,11 @@ def leader_view(store: Any, services: list[str]) -> dict[str, Any] | None:
     if lease is None or lease.expired(time.time()):
         return None
     return {
-        "id": lease.holder, "term": lease.term, "since": lease.acquired_at,
-        "expires_in_s": round(lease.expires_at - time.time(), 2), "heartbeat": lease.holder in services,
+        "id": lease.holder,
+        "term": lease.term,
+        "since": lease.acquired_at,
+        "expires_in_s": round(lease.expires_at - time.time(), 2),
+        "heartbeat": lease.holder in services,
     }
 
 
@@ -278,11 +302,19 @@ def checkpoint_view(
     rows = []
     for n, cp in sorted(cps.items()):
         backlog = max(0, highs[n] - cp.seqno)
-        rows.append({
-            "vb": n, "checkpoint": cp.seqno, "high_seqno": highs[n], "backlog": backlog,
-            "owner": cp.owner, "epoch": cp.epoch, "leased": cp.leased, "updated_at": cp.updated_at,
-            "start": starts.get(n),
-        })
+        rows.append(
+            {
+                "vb": n,
+                "checkpoint": cp.seqno,
+                "high_seqno": highs[n],
+                "backlog": backlog,
+                "owner": cp.owner,
+                "epoch": cp.epoch,
+                "leased": cp.leased,
+                "updated_at": cp.updated_at,
+                "start": starts.get(n),
+            }
+        )
     shown = [r for r in rows if (vb is None or r["vb"] == vb) and (not backlog_only or r["backlog"])]
     return {
         "function": name,

@@ -20,7 +20,9 @@ from eventing.storage.state import StateLike, as_state
 FILE_FOLDERS = ("incoming", "accepted", "held", "adjusted")  # staging is a Spark job's, made again
 
 
-def copy_store(source: StateLike, target: StateLike, *, on_step: Callable[[str], None] | None = None) -> dict[str, Any]:
+def copy_store(
+    source: StateLike, target: StateLike, *, on_step: Callable[[str], None] | None = None
+) -> dict[str, Any]:
     """Copy `source`'s whole state into the empty `target` (see the module docstring); returns what went."""
     from eventing.control.lifecycle import SERVICE_STALE_S
     from metadata.sql.store import SqlMetadataStore
@@ -34,15 +36,21 @@ def copy_store(source: StateLike, target: StateLike, *, on_step: Callable[[str],
     src_store, dst_store = src.metadata, dst.metadata
     for store, where in ((src_store, src.shown), (dst_store, dst.shown)):
         if not isinstance(_backend(store), SqlMetadataStore):
-            raise ConfigError(f"the metadata store of {where} is not SQLite or PostgreSQL (Couchbase's is copied "
-                              "with Couchbase's own tools); unset EVENTING_METADATA_URL")
+            raise ConfigError(
+                f"the metadata store of {where} is not SQLite or PostgreSQL (Couchbase's is copied "
+                "with Couchbase's own tools); unset EVENTING_METADATA_URL"
+            )
     services = src_store.live_services(SERVICE_STALE_S)
     if services:
-        raise LifecycleError(f"an eventing service runs on {src.shown} ({', '.join(services)}); stop it "
-                             "(Ctrl-C on `eventing run`) before copying, so the copy is one consistent state")
+        raise LifecycleError(
+            f"an eventing service runs on {src.shown} ({', '.join(services)}); stop it "
+            "(Ctrl-C on `eventing run`) before copying, so the copy is one consistent state"
+        )
     if dst.bucket_names():
-        raise ConfigError(f"{dst.shown} already holds buckets ({', '.join(dst.bucket_names())}); a copy goes into "
-                          "an empty store")
+        raise ConfigError(
+            f"{dst.shown} already holds buckets ({', '.join(dst.bucket_names())}); a copy goes into "
+            "an empty store"
+        )
     functions = src_store.list_functions()
     _refuse_flushes_cut_short(src, functions)
 
@@ -59,8 +67,10 @@ def copy_store(source: StateLike, target: StateLike, *, on_step: Callable[[str],
     src_store.window_states()  # (its table is made on first use)
     dst_store.window_states()
     copied["metadata_rows"] = load_tables(_backend(dst_store), dump_tables(_backend(src_store)))
-    say(f"metadata store: {len(functions)} function{'s' if len(functions) != 1 else ''}, "
-        f"{sum(copied['metadata_rows'].values()):,} rows")
+    say(
+        f"metadata store: {len(functions)} function{'s' if len(functions) != 1 else ''}, "
+        f"{sum(copied['metadata_rows'].values()):,} rows"
+    )
     copied["window_files"] = _copy_windows(src, dst, functions)
     copied["log_lines"] = _copy_logs(src, dst, functions)
     say(f"windows' files: {copied['window_files']}; application log lines: {copied['log_lines']:,}")
@@ -89,7 +99,9 @@ def _refuse_flushes_cut_short(src: Any, functions: list) -> None:
                 lowest = bucket.effect_marks(record.name)
                 highest: dict[int, int] = {}
                 for rows in bucket.dump_rows("marks"):
-                    highest.update({vb: seqno for function, vb, _epoch, seqno in rows if function == record.name})
+                    highest.update(
+                        {vb: seqno for function, vb, _epoch, seqno in rows if function == record.name}
+                    )
             for vb, seqno in highest.items():
                 cp = checkpoints.get(vb)
                 if cp is not None and seqno > cp.seqno and lowest.get(vb, (0, 0))[1] != seqno:
@@ -123,8 +135,9 @@ def _copy_windows(src: Any, dst: Any, functions: list) -> int:
         written = sorted(results.written_windows(record.name))
         if written:
             substream = layout.spec.substream_key if len(written[0]) == 3 else None
-            make_sink(dst, record.name, layout).write(record.name, results.read(record.name), windows=written,
-                                                      substream=substream)
+            make_sink(dst, record.name, layout).write(
+                record.name, results.read(record.name), windows=written, substream=substream
+            )
     return count
 
 

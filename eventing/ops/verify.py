@@ -59,7 +59,7 @@ def parse_effect_key(text: str) -> tuple[str, str, int] | None:
     """(function, document key, seqno) of an effect key; document keys may contain '|', names may not."""
     if not text.startswith(EFFECT):
         return None
-    parts = text[len(EFFECT):].split("|", 1)
+    parts = text[len(EFFECT) :].split("|", 1)
     if len(parts) != 2:
         return None
     key, _, seqno = parts[1].rpartition("|")
@@ -106,7 +106,10 @@ class VerifyReport:
     @property
     def ok(self) -> bool:
         return not (
-            self.missing or self.duplicate_effects or self.out_of_order or self.unexpected
+            self.missing
+            or self.duplicate_effects
+            or self.out_of_order
+            or self.unexpected
             or self.checkpoint_regressions
         )
 
@@ -129,7 +132,9 @@ class VerifyReport:
                 f"(e.g. {_examples(self.out_of_order)})"
             )
         if self.unexpected:
-            problems.append(f"{len(self.unexpected)} effects of no source mutation (e.g. {_examples(self.unexpected)})")
+            problems.append(
+                f"{len(self.unexpected)} effects of no source mutation (e.g. {_examples(self.unexpected)})"
+            )
         if self.checkpoint_regressions:
             shown = ", ".join(
                 f"vb {r['vb']} {r['from_seqno']}->{r['to_seqno']} ({r['how']})"
@@ -190,7 +195,7 @@ def ledger_functions(ledger: Maintenance, prefix: str = "") -> list[str]:
     """Names of the functions with effects in a ledger bucket (in its collection whose key prefix is `prefix`)."""
     names = set()
     for text in ledger.logged_writes(prefix + EFFECT):
-        parsed = parse_effect_key(text[len(prefix):])
+        parsed = parse_effect_key(text[len(prefix) :])
         if parsed:
             names.add(parsed[0])
     return sorted(names)
@@ -296,7 +301,8 @@ def ledger_bucket_of(defn: FunctionDefinition) -> str:
         return str(rw[0].keyspace)
     raise ConfigError(
         f"function '{defn.name}' has no read-write binding named 'ledger'; pass {{fix}} (or a keyspace "
-        "BUCKET.SCOPE.COLLECTION)", fix=fix("option", flag="--ledger", value="BUCKET")
+        "BUCKET.SCOPE.COLLECTION)",
+        fix=fix("option", flag="--ledger", value="BUCKET"),
     )
 
 
@@ -331,8 +337,10 @@ def verify_function(state: StateLike, function: str, *, ledger: str | None = Non
         if function not in ledger_functions(target, ledger_prefix):
             named = ledger is not None or any(b.alias == "ledger" for b in defn.bindings)
             if not named or not dead_letters:
-                how = "the bucket given with --ledger" if ledger else (
-                    "its binding 'ledger'" if named else "its only read-write binding"
+                how = (
+                    "the bucket given with --ledger"
+                    if ledger
+                    else ("its binding 'ledger'" if named else "its only read-write binding")
                 )
                 raise ConfigError(
                     f"function '{function}' has no ledger: bucket '{ledger_name}' ({how}) holds no ledger entries "
@@ -348,9 +356,17 @@ def verify_function(state: StateLike, function: str, *, ledger: str | None = Non
         upto = [checkpoints[vb].seqno if vb in checkpoints else 0 for vb in range(NUM_VBUCKETS)]
         start = [starts.get(vb, 0) for vb in range(NUM_VBUCKETS)]
         report = check_ledger(
-            source, target, function=function, upto=upto, start=start,
-            dead_letters=dead_letters, regressions=regressions, source_ids=source_ids, ledger_prefix=ledger_prefix,
-            matches=_filter_of(defn), generation=record.generation,
+            source,
+            target,
+            function=function,
+            upto=upto,
+            start=start,
+            dead_letters=dead_letters,
+            regressions=regressions,
+            source_ids=source_ids,
+            ledger_prefix=ledger_prefix,
+            matches=_filter_of(defn),
+            generation=record.generation,
         )
     finally:
         source.close()
@@ -366,7 +382,11 @@ def source_collection_ids(source: BucketDocuments, keyspace: Keyspace) -> set[in
     """The ids of the collections a source keyspace takes (for `scope.*` and `*.*`, every one it covers)."""
     if not keyspace.is_wildcard:
         return {collection_id(source, keyspace)}
-    ids = {cid for (s, c), cid in source.collections().items() if keyspace.covers(Keyspace(keyspace.bucket, s, c))}
+    ids = {
+        cid
+        for (s, c), cid in source.collections().items()
+        if keyspace.covers(Keyspace(keyspace.bucket, s, c))
+    }
     return ids | ({0} if keyspace.covers(Keyspace(keyspace.bucket)) else set())
 
 

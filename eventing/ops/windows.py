@@ -63,7 +63,9 @@ def window_status(state: StateLike, name: str) -> dict[str, Any]:
         # The coordinator's closing watermark: windows close when it passes their end + allowed_lateness.
         "watermark": iso_ms(watermark) if spec.boundary == "event_time" else None,
         "watermark_ms": watermark if spec.boundary == "event_time" else None,
-        "watermark_of": basis if spec.boundary == "event_time" else None,  # the least of: vbuckets, substreams
+        "watermark_of": basis
+        if spec.boundary == "event_time"
+        else None,  # the least of: vbuckets, substreams
         "watermark_is": WATERMARK_IS[basis] if spec.boundary == "event_time" else None,
         "open_windows": len(operator.get("open_windows") or [])
         + sum(len(sessions) for _, _, sessions in operator.get("open") or [])

@@ -53,7 +53,10 @@ def hash_password(password: str) -> str:
     salt = os.urandom(SALT_BYTES)
     digest = _scrypt(password, salt, SCRYPT_N, SCRYPT_R, SCRYPT_P)
     b64 = base64.b64encode
-    return f"scrypt${SCRYPT_N}${SCRYPT_R}${SCRYPT_P}${b64(salt).decode()}${b64(digest).decode()}" + scram_secrets(password)
+    return (
+        f"scrypt${SCRYPT_N}${SCRYPT_R}${SCRYPT_P}${b64(salt).decode()}${b64(digest).decode()}"
+        + scram_secrets(password)
+    )
 
 
 def verify_password(password: str, encoded: str) -> bool:
@@ -74,13 +77,17 @@ def verify_password(password: str, encoded: str) -> bool:
 
 
 def _scrypt(password: str, salt: bytes, n: int, r: int, p: int, length: int = 32) -> bytes:
-    return hashlib.scrypt(password.encode("utf-8"), salt=salt, n=n, r=r, p=p, maxmem=256 * n * r, dklen=length)
+    return hashlib.scrypt(
+        password.encode("utf-8"), salt=salt, n=n, r=r, p=p, maxmem=256 * n * r, dklen=length
+    )
 
 
 def check_user_name(name: str) -> str:
     if not isinstance(name, str) or not _USER_NAME.match(name):
-        raise ConfigError(f"user name {name!r} is not valid; use 1-128 letters, digits, '_', '.', '@', '%', '+' "
-                          "or '-', starting with a letter or digit")
+        raise ConfigError(
+            f"user name {name!r} is not valid; use 1-128 letters, digits, '_', '.', '@', '%', '+' "
+            "or '-', starting with a letter or digit"
+        )
     return name
 
 
@@ -119,8 +126,10 @@ def scram_secrets(password: str) -> str:
     for digest in ("sha512", "sha256", "sha1"):
         keys = derive_keys(password, digest, os.urandom(16))
         b64 = base64.b64encode
-        parts.append(f"scram-{digest}${keys.iterations}${b64(keys.salt).decode()}${b64(keys.stored_key).decode()}"
-                     f"${b64(keys.server_key).decode()}")
+        parts.append(
+            f"scram-{digest}${keys.iterations}${b64(keys.salt).decode()}${b64(keys.stored_key).decode()}"
+            f"${b64(keys.server_key).decode()}"
+        )
     return "".join(";" + p for p in parts)
 
 
@@ -130,8 +139,12 @@ def stored_scram_keys(password_hash: str, digest: str) -> ScramKeys | None:
         try:
             name, iterations, salt, stored, server = part.split("$")
             if name == f"scram-{digest}":
-                return ScramKeys(base64.b64decode(salt), int(iterations), base64.b64decode(stored),
-                                 base64.b64decode(server))
+                return ScramKeys(
+                    base64.b64decode(salt),
+                    int(iterations),
+                    base64.b64decode(stored),
+                    base64.b64decode(server),
+                )
         except (ValueError, binascii.Error):
             continue
     return None
@@ -153,8 +166,9 @@ SECRETS_READ = "secrets.read"  # URL binding secrets in clear
 DATA_READ = "data.read"  # read documents
 DATA_WRITE = "data.write"  # write documents
 PERMISSIONS: dict[str, frozenset[str]] = {
-    ADMIN: frozenset({CLUSTER_READ, CLUSTER_MANAGE, FUNCTIONS_READ, FUNCTIONS_MANAGE, SECRETS_READ, DATA_READ,
-                      DATA_WRITE}),
+    ADMIN: frozenset(
+        {CLUSTER_READ, CLUSTER_MANAGE, FUNCTIONS_READ, FUNCTIONS_MANAGE, SECRETS_READ, DATA_READ, DATA_WRITE}
+    ),
     RO_ADMIN: frozenset({CLUSTER_READ, FUNCTIONS_READ, DATA_READ}),
     MANAGE_FUNCTIONS: frozenset({FUNCTIONS_READ, FUNCTIONS_MANAGE}),
     DATA_READER: frozenset({DATA_READ}),
@@ -177,8 +191,10 @@ class Grant:
         (parts separated by `:` as Couchbase writes them, or by `.`; missing trailing parts are `*`)."""
         raw = text.strip() if isinstance(text, str) else ""
         match = re.fullmatch(r"([a-z_]+)(?:\[([^\]]*)\])?", raw)
-        known = f"{ADMIN}, {RO_ADMIN}, {MANAGE_FUNCTIONS}[bucket:scope], {DATA_READER}[bucket.scope.collection], " \
-                f"{DATA_WRITER}[bucket.scope.collection]"
+        known = (
+            f"{ADMIN}, {RO_ADMIN}, {MANAGE_FUNCTIONS}[bucket:scope], {DATA_READER}[bucket.scope.collection], "
+            f"{DATA_WRITER}[bucket.scope.collection]"
+        )
         if not match or match.group(1) not in PERMISSIONS:
             raise ConfigError(f"role {text!r} is not known; use one of {known} (`*` for any part)")
         role, target = match.groups()
@@ -187,12 +203,16 @@ class Grant:
                 raise ConfigError(f"role {role} covers everything and takes no keyspace; write it as {role}")
             return cls(role)
         if not target:
-            raise ConfigError(f"role {role} needs a keyspace, e.g. {role}[{'shop:sales' if role == MANAGE_FUNCTIONS else 'shop.sales.*'}] "
-                              "(`*` for any part)")
+            raise ConfigError(
+                f"role {role} needs a keyspace, e.g. {role}[{'shop:sales' if role == MANAGE_FUNCTIONS else 'shop.sales.*'}] "
+                "(`*` for any part)"
+            )
         parts = target.split(":") if ":" in target else target.split(".")
         if len(parts) > SCOPED_ROLES[role] or not all(parts):
-            raise ConfigError(f"role {text!r} names {target!r}; give at most {SCOPED_ROLES[role]} non-empty parts "
-                              f"({'bucket:scope' if role == MANAGE_FUNCTIONS else 'bucket.scope.collection'}, `*` for any part)")
+            raise ConfigError(
+                f"role {text!r} names {target!r}; give at most {SCOPED_ROLES[role]} non-empty parts "
+                f"({'bucket:scope' if role == MANAGE_FUNCTIONS else 'bucket.scope.collection'}, `*` for any part)"
+            )
         parts += [WILDCARD] * (3 - len(parts))
         return cls(role, *parts)
 
@@ -233,6 +253,7 @@ def grants_of(record: UserRecord) -> tuple[Grant, ...]:
 
 
 # -- the users of a deployment's metadata store -------------------------------------------------------
+
 
 def stored_users(state: State) -> list[UserRecord]:
     if not state.exists():

@@ -63,7 +63,9 @@ class AppLogWriter:
             size = 0
             for line in lines:
                 data = (line + "\n").encode()
-                if chunk and size + len(data) > room:  # the file is full: _append rotates before the next chunk
+                if (
+                    chunk and size + len(data) > room
+                ):  # the file is full: _append rotates before the next chunk
                     self._append(b"".join(chunk), locked=True)
                     chunk, size, room = [], 0, self.max_size
                 chunk.append(data)
@@ -142,8 +144,13 @@ class RemoteAppLog:
     bounded: a full buffer waits for the batch in flight before it is sent, so a handler that logs faster
     than the service writes is slowed down instead of growing the buffer."""
 
-    def __init__(self, send: Callable[[list[str]], Callable[[], object]], max_lines: int = REMOTE_BATCH_LINES,
-                 max_bytes: int = REMOTE_BATCH_BYTES, flush_s: float = REMOTE_FLUSH_S):
+    def __init__(
+        self,
+        send: Callable[[list[str]], Callable[[], object]],
+        max_lines: int = REMOTE_BATCH_LINES,
+        max_bytes: int = REMOTE_BATCH_BYTES,
+        flush_s: float = REMOTE_FLUSH_S,
+    ):
         self.send = send  # starts one batch's write, returns a thunk that waits for it
         self.max_lines, self.max_bytes, self.flush_s = max_lines, max_bytes, flush_s
         self._lines: list[str] = []
@@ -156,8 +163,11 @@ class RemoteAppLog:
         line = stamped(text)
         self._lines.append(line)
         self._bytes += len(line) + 1
-        if (len(self._lines) >= self.max_lines or self._bytes >= self.max_bytes
-                or time.monotonic() - self._last_sent >= self.flush_s):
+        if (
+            len(self._lines) >= self.max_lines
+            or self._bytes >= self.max_bytes
+            or time.monotonic() - self._last_sent >= self.flush_s
+        ):
             self._send()
 
     def write_lines(self, lines: list[str]) -> None:
@@ -188,8 +198,6 @@ class RemoteAppLog:
 
     def close(self) -> None:
         self.flush()
-
-
 
 
 def files_oldest_first(path: Path) -> list[Path]:
@@ -241,7 +249,9 @@ class DirectoryAppLogs:
     def __init__(self, directory: str | os.PathLike[str]):
         self.directory = Path(directory)
 
-    def writer(self, function: str, max_size: int = DEFAULT_MAX_SIZE, max_files: int = DEFAULT_MAX_FILES) -> AppLogWriter:
+    def writer(
+        self, function: str, max_size: int = DEFAULT_MAX_SIZE, max_files: int = DEFAULT_MAX_FILES
+    ) -> AppLogWriter:
         return AppLogWriter(log_path(self.directory, function), max_size, max_files)
 
     def where(self, function: str) -> str | None:

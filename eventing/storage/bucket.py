@@ -128,7 +128,9 @@ class LocalBucket(NothingAhead):
         return int(self.info.get_or("partitions", "1"))
 
     @classmethod
-    def open_partition(cls, data_dir: str | os.PathLike[str], name: str, part: int, partitions: int) -> LocalBucket:
+    def open_partition(
+        cls, data_dir: str | os.PathLike[str], name: str, part: int, partitions: int
+    ) -> LocalBucket:
         """Partition ``part`` (>= 1) of a bucket of ``partitions`` files."""
         part_path = partition_path(data_dir, name, part)
         if not part_path.exists():
@@ -233,8 +235,12 @@ class LocalBucket(NothingAhead):
         self.file.checkpoint_wal()
         self.uuid = new_uuid
         return {
-            "bucket": self.name, "documents": before["documents"], "tombstones": before["tombstones"],
-            "mutations": before["mutations"], "old_uuid": before["uuid"], "uuid": new_uuid,
+            "bucket": self.name,
+            "documents": before["documents"],
+            "tombstones": before["tombstones"],
+            "mutations": before["mutations"],
+            "old_uuid": before["uuid"],
+            "uuid": new_uuid,
         }
 
     @maps_file_errors
@@ -263,11 +269,19 @@ class LocalBucket(NothingAhead):
         """Apply writes in one transaction; each gets the next seqno of its vBucket (see FileWriter.write)."""
         return self._writer.write(writes, origin=origin, arrival_ms=arrival_ms)
 
-    def load_rows(self, rows: Sequence[tuple[str, int, bytes | None, int]], *, arrival_ms: int | None = None) -> int:
+    def load_rows(
+        self, rows: Sequence[tuple[str, int, bytes | None, int]], *, arrival_ms: int | None = None
+    ) -> int:
         return self._writer.load_rows(rows, arrival_ms=arrival_ms)
 
     def upsert(
-        self, key: str, doc: dict, *, origin: str | None = None, expiry: int = 0, arrival_ms: int | None = None
+        self,
+        key: str,
+        doc: dict,
+        *,
+        origin: str | None = None,
+        expiry: int = 0,
+        arrival_ms: int | None = None,
     ) -> tuple[int, int]:
         return self._writer.upsert(key, doc, origin=origin, expiry=expiry, arrival_ms=arrival_ms)
 
@@ -280,7 +294,10 @@ class LocalBucket(NothingAhead):
         return self._writer.change_document(key, change, origin=origin)
 
     def change_documents(
-        self, changes: Sequence[tuple[str, Callable[[StoredDocument | None], Write | None]]], *, origin: str | None = None
+        self,
+        changes: Sequence[tuple[str, Callable[[StoredDocument | None], Write | None]]],
+        *,
+        origin: str | None = None,
     ) -> list[Changed | Exception]:
         return self._writer.change_documents(changes, origin=origin)
 
@@ -313,7 +330,9 @@ class LocalBucket(NothingAhead):
     def scan(self, prefix: str = "", limit: int | None = None) -> Iterator[tuple[str, dict, dict]]:
         return self._reader.scan(prefix, limit)
 
-    def live_docs(self, prefix: str, limit: int | None, *, with_docs: bool, batch: int = 1000) -> Iterator[tuple]:
+    def live_docs(
+        self, prefix: str, limit: int | None, *, with_docs: bool, batch: int = 1000
+    ) -> Iterator[tuple]:
         """Live documents' rows in key order (a partition's share of PartitionedBucket's listings)."""
         return self._reader.live_docs(prefix, limit, with_docs=with_docs, batch=batch)
 
@@ -343,7 +362,9 @@ class LocalBucket(NothingAhead):
     def read_vb_packed(
         self, vb: int, after_seqno: int, limit: int, origin: str, *, exact_arrivals_over_ms: int | None = None
     ) -> PackedUpdates | None:
-        return self._reader.read_vb_packed(vb, after_seqno, limit, origin, exact_arrivals_over_ms=exact_arrivals_over_ms)
+        return self._reader.read_vb_packed(
+            vb, after_seqno, limit, origin, exact_arrivals_over_ms=exact_arrivals_over_ms
+        )
 
     def first_arrival_after(self, positions: dict[int, int]) -> int | None:
         return self._reader.first_arrival_after(positions)

@@ -49,7 +49,9 @@ class BucketFile:
         _connections_opened(self)  # before any read: a failing read still closes
         # This connection's commits: SQLite's data_version counts only the other connections' ones.
         self.commits = 0
-        self.checkpoint_pages = WAL_AUTOCHECKPOINT_PAGES  # the connection's wal_autocheckpoint, as _connect sets it
+        self.checkpoint_pages = (
+            WAL_AUTOCHECKPOINT_PAGES  # the connection's wal_autocheckpoint, as _connect sets it
+        )
         # vBuckets the current transaction logged writes in: once it commits, a running service is told
         # (eventing.storage.wake), so the workers owning them need not wait for their next poll.
         self.written: set[int] = set()
@@ -71,7 +73,11 @@ class BucketFile:
         def sized_body() -> T:
             before = db.total_changes
             out = body()
-            pages = SMALL_TX_CHECKPOINT_PAGES if db.total_changes - before < SMALL_TX_ROWS else WAL_AUTOCHECKPOINT_PAGES
+            pages = (
+                SMALL_TX_CHECKPOINT_PAGES
+                if db.total_changes - before < SMALL_TX_ROWS
+                else WAL_AUTOCHECKPOINT_PAGES
+            )
             if pages != self.checkpoint_pages:  # SQLite checkpoints (if due) right after this COMMIT
                 db.execute(f"PRAGMA wal_autocheckpoint={pages}")
                 self.checkpoint_pages = pages

@@ -61,8 +61,12 @@ class Dumpable(Protocol):
 
 def file_meta(bucket: LocalBucket) -> BucketMeta:
     info = dict(bucket.file.db.execute("SELECT key, value FROM info").fetchall())
-    return BucketMeta(info["uuid"], float(info.get("created_at", 0) or 0), int(info.get("partitions", 1) or 1),
-                      info.get("collections") or "{}")
+    return BucketMeta(
+        info["uuid"],
+        float(info.get("created_at", 0) or 0),
+        int(info.get("partitions", 1) or 1),
+        info.get("collections") or "{}",
+    )
 
 
 def file_rows(bucket: LocalBucket, table: str) -> Iterator[list[tuple]]:
@@ -123,7 +127,9 @@ class FileLoader:
             return
         columns = COLUMNS[table]
         verb = "INSERT OR REPLACE" if table == "high" else "INSERT"
-        sql = f"{verb} INTO {_FILE_TABLES[table]}({', '.join(columns)}) VALUES({','.join('?' * len(columns))})"
+        sql = (
+            f"{verb} INTO {_FILE_TABLES[table]}({', '.join(columns)}) VALUES({','.join('?' * len(columns))})"
+        )
         self._tx(lambda db: db.executemany(sql, rows))
 
 

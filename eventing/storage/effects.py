@@ -66,19 +66,34 @@ class EffectApplier:
             ready = _items(w for g in groups for _, w in g.writes)
             ready_plan = _plan(ready)
             spans = [
-                (g.vb, g.epoch, min(s for s, _ in g.writes) if g.writes else None,
-                 max(max(s for s, _ in g.writes) if g.writes else 0, g.upto))
+                (
+                    g.vb,
+                    g.epoch,
+                    min(s for s, _ in g.writes) if g.writes else None,
+                    max(max(s for s, _ in g.writes) if g.writes else 0, g.upto),
+                )
                 for g in groups
             ]
 
         def body() -> EffectResult:
             if len(groups) > HEADS_BY_VB_MAX:  # one query for the function's marks (<= 2,048 rows)
-                found = {vb: (e, s) for vb, e, s in self.file.db.execute(
-                    "SELECT vb, epoch, seqno FROM effect_marks WHERE function=?", (function,))}
+                found = {
+                    vb: (e, s)
+                    for vb, e, s in self.file.db.execute(
+                        "SELECT vb, epoch, seqno FROM effect_marks WHERE function=?", (function,)
+                    )
+                }
             else:
-                found = {g.vb: row for g in groups if (row := self.file.db.execute(
-                    "SELECT epoch, seqno FROM effect_marks WHERE function=? AND vb=?", (function, g.vb)
-                ).fetchone())}
+                found = {
+                    g.vb: row
+                    for g in groups
+                    if (
+                        row := self.file.db.execute(
+                            "SELECT epoch, seqno FROM effect_marks WHERE function=? AND vb=?",
+                            (function, g.vb),
+                        ).fetchone()
+                    )
+                }
             if not conditional:
                 marks = []
                 for vb, epoch, lowest, highest in spans:
@@ -201,7 +216,9 @@ def resolve_conditions(
                 if type(count) is not int:
                     failed.add(source)
                     continue
-                w = Write(w.key, OP_UPDATE, encode_document({"count": count + w.delta}), w.expiry, w.flags, w.cas)
+                w = Write(
+                    w.key, OP_UPDATE, encode_document({"count": count + w.delta}), w.expiry, w.flags, w.cas
+                )
             elif w.expect_cas is not None:
                 w = Write(w.key, w.op, w.doc, w.expiry, w.flags, w.cas)
             state[w.key] = (w.op == OP_UPDATE, version, w.doc)

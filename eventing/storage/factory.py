@@ -52,7 +52,9 @@ def drop_bucket(data_dir: str | os.PathLike[str], name: str) -> Path:
     try:
         bucket = open_bucket(data_dir, name)  # unknown name or not a bucket: the usual clear error
     except StoreCorruptError:
-        return drop_damaged(data_dir, name)  # dropping is the way out of a damaged bucket: its files go as they are
+        return drop_damaged(
+            data_dir, name
+        )  # dropping is the way out of a damaged bucket: its files go as they are
     with bucket:
         # A PartitionedBucket's files, the main file first; else the one file.
         parts = bucket.parts if isinstance(bucket, PartitionedBucket) else [cast(LocalBucket, bucket)]

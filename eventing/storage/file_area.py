@@ -86,7 +86,9 @@ def split_name(name: str) -> tuple[str, str]:
         raise ValueError(f"file name {name!r} must be a relative path such as 'incoming/x.arrow'")
     parts = name.split("/")
     if any(part in ("", ".", "..") for part in parts):
-        raise ValueError(f"file name {name!r} must be a relative path such as 'incoming/x.arrow' (no '', '.', '..')")
+        raise ValueError(
+            f"file name {name!r} must be a relative path such as 'incoming/x.arrow' (no '', '.', '..')"
+        )
     return "/".join(parts[:-1]), parts[-1]
 
 

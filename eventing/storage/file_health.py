@@ -39,7 +39,6 @@ _open_connections: dict[Path, int] = {}
 _open_lock = threading.Lock()
 
 
-
 class _OpenFile(Protocol):
     """A connection to a bucket file (eventing.storage.bucket_file.BucketFile)."""
 
@@ -79,7 +78,11 @@ def header_problem(path: Path) -> str | None:
     if size == 0:
         return "truncated to 0 bytes"
     if len(header) < 100 or not header.startswith(_SQLITE_MAGIC):
-        return "not a SQLite file: its header is overwritten" if len(header) == 100 else f"truncated to {size} bytes"
+        return (
+            "not a SQLite file: its header is overwritten"
+            if len(header) == 100
+            else f"truncated to {size} bytes"
+        )
     page_size = int.from_bytes(header[16:18], "big")
     page_size = 65536 if page_size == 1 else page_size
     if page_size < 512 or page_size & (page_size - 1):

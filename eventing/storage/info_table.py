@@ -61,7 +61,9 @@ class InfoTable:
             registry["next_id"] = cid + 1
             if mirror is not None:
                 registry.setdefault("mirrors", {})[str(cid)] = mirror
-            self.file.db.execute("INSERT OR REPLACE INTO info VALUES('collections', ?)", (json.dumps(registry),))
+            self.file.db.execute(
+                "INSERT OR REPLACE INTO info VALUES('collections', ?)", (json.dumps(registry),)
+            )
             return cid
 
         return self.file.transaction(body)
@@ -75,11 +77,15 @@ class InfoTable:
             known = registry.get("collections", [])
             match = [entry for entry in known if entry[0] == scope and entry[1] == collection]
             if not match:
-                raise NotFoundError(f"collection {self.file.name}.{scope}.{collection} does not exist; see {{fix}}",
-                                    fix=fix("collection_list", bucket=self.file.name))
+                raise NotFoundError(
+                    f"collection {self.file.name}.{scope}.{collection} does not exist; see {{fix}}",
+                    fix=fix("collection_list", bucket=self.file.name),
+                )
             registry["collections"] = [entry for entry in known if entry not in match]
             registry.get("mirrors", {}).pop(str(match[0][2]), None)
-            self.file.db.execute("INSERT OR REPLACE INTO info VALUES('collections', ?)", (json.dumps(registry),))
+            self.file.db.execute(
+                "INSERT OR REPLACE INTO info VALUES('collections', ?)", (json.dumps(registry),)
+            )
             return self._drop_documents_of(match[0][2])
 
         return self.file.transaction(body)

@@ -50,10 +50,13 @@ def check_keyspace_exists(bucket: BucketDocuments, keyspace: Keyspace) -> None:
     """NotFoundError naming the fix unless the keyspace's collection (for `*`, its scope) exists."""
     if keyspace.is_wildcard:
         keyspace.check(wildcard=True)
-        if keyspace.scope not in (DEFAULT, WILDCARD) and not any(s == keyspace.scope for s, _ in bucket.collections()):
+        if keyspace.scope not in (DEFAULT, WILDCARD) and not any(
+            s == keyspace.scope for s, _ in bucket.collections()
+        ):
             raise NotFoundError(
                 f"scope '{keyspace.scope}' of keyspace '{keyspace}' does not exist; create a collection in it with "
-                "{fix}", fix=fix("collection_create", keyspace=f"{keyspace.bucket}.{keyspace.scope}.NAME"),
+                "{fix}",
+                fix=fix("collection_create", keyspace=f"{keyspace.bucket}.{keyspace.scope}.NAME"),
             )
         return
     collection_id(bucket, keyspace)
@@ -117,7 +120,7 @@ class Collection:
         return self.prefix + key
 
     def user_key(self, stored: str) -> str:
-        return stored[len(self.prefix):]
+        return stored[len(self.prefix) :]
 
     # -- reads ----------------------------------------------------------------------------------------
 
@@ -132,9 +135,11 @@ class Collection:
         return self.bucket.get_meta(self.stored(key))
 
     def keys(self, prefix: str = "", limit: int | None = None) -> list[str]:
-        return [key for key, _, _ in self.scan(prefix, limit)] if self._shared_default(prefix) else [
-            self.user_key(k) for k in self.bucket.keys(self.prefix + prefix, limit)
-        ]
+        return (
+            [key for key, _, _ in self.scan(prefix, limit)]
+            if self._shared_default(prefix)
+            else [self.user_key(k) for k in self.bucket.keys(self.prefix + prefix, limit)]
+        )
 
     def scan(self, prefix: str = "", limit: int | None = None) -> Iterator[tuple[str, dict, dict]]:
         if self._shared_default(prefix):
@@ -157,9 +162,13 @@ class Collection:
 
     # -- writes ---------------------------------------------------------------------------------------
 
-    def upsert(self, key: str, doc: object, *, expiry: int = 0, flags: int = 0, origin: str | None = None) -> tuple[int, int]:
+    def upsert(
+        self, key: str, doc: object, *, expiry: int = 0, flags: int = 0, origin: str | None = None
+    ) -> tuple[int, int]:
         self.check_writable()
-        placed = self.bucket.write([Write(self.stored(key), OP_UPDATE, encode_document(doc), expiry, flags)], origin=origin)[0]
+        placed = self.bucket.write(
+            [Write(self.stored(key), OP_UPDATE, encode_document(doc), expiry, flags)], origin=origin
+        )[0]
         assert placed is not None
         return placed
 
@@ -170,7 +179,9 @@ class Collection:
             raise NotFoundError(f"document '{key}' does not exist in {self.keyspace_phrase()}")
         return placed
 
-    def load_rows(self, rows: Sequence[tuple[str, int, bytes | None, int]], *, arrival_ms: int | None = None) -> int:
+    def load_rows(
+        self, rows: Sequence[tuple[str, int, bytes | None, int]], *, arrival_ms: int | None = None
+    ) -> int:
         """`bucket load` rows `(key, op, doc, expiry)` (keys validated by the caller)."""
         self.check_writable()
         if self.cid:
@@ -188,7 +199,9 @@ class Collection:
         return self.bucket.change_document(self.stored(key), change, origin=origin)
 
     def keyspace_phrase(self) -> str:
-        return f"bucket '{self.keyspace.bucket}'" if self.keyspace.is_default else f"keyspace '{self.keyspace}'"
+        return (
+            f"bucket '{self.keyspace.bucket}'" if self.keyspace.is_default else f"keyspace '{self.keyspace}'"
+        )
 
 
 def _no_collection(state: State, ks: Keyspace, which: str) -> ConfigError:

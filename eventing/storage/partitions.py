@@ -152,7 +152,9 @@ class PartitionedBucket(NothingAhead):
         self, writes: Iterable[Write], *, origin: str | None = None, arrival_ms: int | None = None
     ) -> list[tuple[int, int] | None]:
         writes = list(writes)
-        arrival = int(time.time() * 1000) if arrival_ms is None else arrival_ms  # one time for the whole batch
+        arrival = (
+            int(time.time() * 1000) if arrival_ms is None else arrival_ms
+        )  # one time for the whole batch
         out: list[tuple[int, int] | None] = [None] * len(writes)
         for part, indices in self._split(w[0] for w in writes).items():
             placed = self.parts[part].write([writes[i] for i in indices], origin=origin, arrival_ms=arrival)
@@ -160,7 +162,9 @@ class PartitionedBucket(NothingAhead):
                 out[i] = where
         return out
 
-    def load_rows(self, rows: Sequence[tuple[str, int, bytes | None, int]], *, arrival_ms: int | None = None) -> int:
+    def load_rows(
+        self, rows: Sequence[tuple[str, int, bytes | None, int]], *, arrival_ms: int | None = None
+    ) -> int:
         arrival = int(time.time() * 1000) if arrival_ms is None else arrival_ms
         return sum(
             self.parts[part].load_rows([rows[i] for i in indices], arrival_ms=arrival)
@@ -168,7 +172,13 @@ class PartitionedBucket(NothingAhead):
         )
 
     def upsert(
-        self, key: str, doc: dict, *, origin: str | None = None, expiry: int = 0, arrival_ms: int | None = None
+        self,
+        key: str,
+        doc: dict,
+        *,
+        origin: str | None = None,
+        expiry: int = 0,
+        arrival_ms: int | None = None,
     ) -> tuple[int, int]:
         return self._part_of_key(key).upsert(key, doc, origin=origin, expiry=expiry, arrival_ms=arrival_ms)
 
@@ -201,9 +211,12 @@ class PartitionedBucket(NothingAhead):
             part.ensure_key_index()
 
     def high_seqnos(self, *, prefetched: bool = False, spans: Spans | None = None) -> list[int]:
-        return list(itertools.chain.from_iterable(
-            part.high_seqnos(spans=spans)[vbs.start:vbs.stop] for part, vbs in zip(self.parts, self.ranges, strict=True)
-        ))
+        return list(
+            itertools.chain.from_iterable(
+                part.high_seqnos(spans=spans)[vbs.start : vbs.stop]
+                for part, vbs in zip(self.parts, self.ranges, strict=True)
+            )
+        )
 
     def read_vb(self, vb: int, after_seqno: int, limit: int) -> list[Mutation]:
         return self.parts[self._part_of_vb[vb]].read_vb(vb, after_seqno, limit)
@@ -214,7 +227,9 @@ class PartitionedBucket(NothingAhead):
     def read_vb_matching(
         self, vb: int, after_seqno: int, limit: int, upto: int, prefilter: Prefilter, origin: str
     ) -> tuple[list[tuple], int, int]:
-        return self.parts[self._part_of_vb[vb]].read_vb_matching(vb, after_seqno, limit, upto, prefilter, origin)
+        return self.parts[self._part_of_vb[vb]].read_vb_matching(
+            vb, after_seqno, limit, upto, prefilter, origin
+        )
 
     def read_vb_columns(self, vb: int, after_seqno: int, limit: int) -> tuple | None:
         return self.parts[self._part_of_vb[vb]].read_vb_columns(vb, after_seqno, limit)
@@ -230,7 +245,9 @@ class PartitionedBucket(NothingAhead):
         by_part: dict[int, dict[int, int]] = {}
         for vb, after in positions.items():
             by_part.setdefault(self._part_of_vb[vb], {})[vb] = after
-        found = [t for part, own in by_part.items() if (t := self.parts[part].first_arrival_after(own)) is not None]
+        found = [
+            t for part, own in by_part.items() if (t := self.parts[part].first_arrival_after(own)) is not None
+        ]
         return min(found) if found else None
 
     def max_doc_bytes(self, vb: int, after_seqno: int, last_seqno: int) -> int:
@@ -259,7 +276,9 @@ class PartitionedBucket(NothingAhead):
             meta = {"vb": vb, "seqno": seqno, "cas": cas, "expiry": expiry, "flags": flags}
             yield key, decode_document(raw), meta
 
-    def _live_docs(self, prefix: str, limit: int | None, *, with_docs: bool, batch: int = 1000) -> Iterator[tuple]:
+    def _live_docs(
+        self, prefix: str, limit: int | None, *, with_docs: bool, batch: int = 1000
+    ) -> Iterator[tuple]:
         merged = heapq.merge(
             *(part.live_docs(prefix, limit, with_docs=with_docs, batch=batch) for part in self.parts),
             key=lambda row: row[0],
@@ -275,7 +294,10 @@ class PartitionedBucket(NothingAhead):
         return self._part_of_key(key).change_document(key, change, origin=origin)
 
     def change_documents(
-        self, changes: Sequence[tuple[str, Callable[[StoredDocument | None], Write | None]]], *, origin: str | None = None
+        self,
+        changes: Sequence[tuple[str, Callable[[StoredDocument | None], Write | None]]],
+        *,
+        origin: str | None = None,
     ) -> list[Changed | Exception]:
         """One transaction in each partition the changes touch (see LocalBucket.change_documents)."""
         groups: dict[int, tuple[LocalBucket, list[int]]] = {}
@@ -309,7 +331,9 @@ class PartitionedBucket(NothingAhead):
 
     def stats(self) -> dict:
         each = [part.stats() for part in self.parts]
-        summed = {k: sum(s[k] for s in each) for k in ("documents", "tombstones", "mutations", "vbuckets_with_data")}
+        summed = {
+            k: sum(s[k] for s in each) for k in ("documents", "tombstones", "mutations", "vbuckets_with_data")
+        }
         return {**each[0], **summed, "partitions": len(self.parts)}
 
     def flush(self, *, new_uuid: str | None = None) -> dict:
@@ -343,7 +367,9 @@ class PartitionedBucket(NothingAhead):
             for item in g.writes:
                 split.setdefault(part_of_vb[_vb_of(item[1].key)], []).append(item)
             for part, writes in split.items():
-                per_part.setdefault(part, []).append(EffectGroup(g.vb, g.epoch, writes, g.conditional, g.upto))
+                per_part.setdefault(part, []).append(
+                    EffectGroup(g.vb, g.epoch, writes, g.conditional, g.upto)
+                )
         result = EffectResult()
         conflicts: set[tuple[int, int]] = set()
         for part, part_groups in sorted(per_part.items()):
@@ -360,8 +386,9 @@ class PartitionedBucket(NothingAhead):
         """The partition of each vBucket's keys, and each partition's effect mark (seqno) per source vBucket:
         after a crash between two partitions' commits, a replayed mutation's writes are held by some
         partitions and not others (eventing.execution.bindings.EffectBuffer.held_keys)."""
-        return list(self._part_of_vb), [{vb: s for vb, (_, s) in part.effect_marks(function).items()}
-                                        for part in self.parts]
+        return list(self._part_of_vb), [
+            {vb: s for vb, (_, s) in part.effect_marks(function).items()} for part in self.parts
+        ]
 
     def effect_marks(self, function: str) -> dict[int, tuple[int, int]]:
         """Per source vBucket: the highest epoch any partition holds, and the lowest seqno that every

@@ -66,6 +66,7 @@ class BucketHandle(Protocol):
     def uuid(self) -> str:
         """The bucket's identity; a flush gives it a new one, so old checkpoints never resume on it."""
         ...
+
     @property
     def path(self) -> Path | None:
         """The main file (``<data-dir>/buckets/<name>.sqlite3``), None when the files are elsewhere (behind
@@ -85,6 +86,7 @@ class LogSource(BucketHandle, Protocol):
         read ahead may be answered (never older than the caller's previous read ahead). ``spans``: the
         caller reads only these (first, last) vBucket ranges; the others may answer 0."""
         ...
+
     def read_vb(self, vb: int, after_seqno: int, limit: int) -> list[Mutation]: ...
     def read_vb_rows(self, vb: int, after_seqno: int, limit: int) -> list[tuple]: ...
     def read_vb_packed(
@@ -97,6 +99,7 @@ class LogSource(BucketHandle, Protocol):
     def reads_ahead(self) -> bool:
         """Whether ``prefetch`` does anything (the caller then plans its runs ahead)."""
         ...
+
     def prefetch(self, runs: list[Run]) -> None: ...
     def has_ahead(self, vb: int) -> bool: ...
     def forget_prefetched(self, positions: dict[int, int]) -> None: ...
@@ -138,7 +141,13 @@ class BucketDocuments(BucketHandle, Protocol):
         self, writes: Iterable[Write], *, origin: str | None = None, arrival_ms: int | None = None
     ) -> list[tuple[int, int] | None]: ...
     def upsert(
-        self, key: str, doc: dict, *, origin: str | None = None, expiry: int = 0, arrival_ms: int | None = None
+        self,
+        key: str,
+        doc: dict,
+        *,
+        origin: str | None = None,
+        expiry: int = 0,
+        arrival_ms: int | None = None,
     ) -> tuple[int, int]: ...
     def delete(self, key: str, *, origin: str | None = None) -> tuple[int, int]: ...
 
@@ -163,7 +172,10 @@ class DocumentChanges(BucketDocuments, Protocol):
         self, key: str, change: Callable[[StoredDocument | None], Write | None], *, origin: str | None = None
     ) -> StoredDocument | None: ...
     def change_documents(
-        self, changes: Sequence[tuple[str, Callable[[StoredDocument | None], Write | None]]], *, origin: str | None = None
+        self,
+        changes: Sequence[tuple[str, Callable[[StoredDocument | None], Write | None]]],
+        *,
+        origin: str | None = None,
     ) -> list[Changed | Exception]: ...
     def load_rows(
         self, rows: Sequence[tuple[str, int, bytes | None, int]], *, arrival_ms: int | None = None
@@ -210,6 +222,7 @@ class Maintenance(BucketHandle, Protocol):
         """Collections mirroring a table (eventing.storage.mirror): id -> what they mirror; writes other
         than their mirror's are refused by the faces (Data API, KV port, bucket commands)."""
         ...
+
     def drop_collection(self, scope: str, collection: str) -> int: ...
 
     # the whole bucket as portable rows (eventing.storage.dumps): `eventing store copy`

@@ -51,9 +51,7 @@ def _matching_sql(prefilter: Prefilter, origin: str) -> tuple[str, tuple]:
     named collection, or not ruled out by ``prefilter``. Every rejected row is tested on all three, so each
     test is the cheapest SQLite has for it."""
     sql, params = _prefilter_sql(prefilter)
-    condition = (
-        f"((origin IS NOT NULL AND {of_function_sql()}) OR (key < ? AND key >= ?) OR ({sql}))"
-    )
+    condition = f"((origin IS NOT NULL AND {of_function_sql()}) OR (key < ? AND key >= ?) OR ({sql}))"
     return condition, (*of_function_params(origin), _AFTER_COLLECTIONS, COLLECTION_MARK, *params)
 
 
@@ -75,14 +73,18 @@ class FileReader:
     @maps_file_errors
     def get_doc(self, key: str) -> tuple[bytes, int, int] | None:
         """(document bytes, cas, expiry) of a live document, else None."""
-        row = self.file.db.execute("SELECT doc, cas, expiry FROM docs WHERE key=? AND deleted=0", (key,)).fetchone()
+        row = self.file.db.execute(
+            "SELECT doc, cas, expiry FROM docs WHERE key=? AND deleted=0", (key,)
+        ).fetchone()
         return None if row is None else (row[0], row[1], row[2])
 
     def ensure_key_index(self) -> None:
         """Index the log by key, for previous_doc (functions with previous_version). Each logged write then
         also updates this index; see docs/handler-api.md for the measured cost."""
         db = self.file.db
-        _retry_locked(self.file.path, lambda: db.execute("CREATE INDEX IF NOT EXISTS log_key ON log(key, seqno)"))
+        _retry_locked(
+            self.file.path, lambda: db.execute("CREATE INDEX IF NOT EXISTS log_key ON log(key, seqno)")
+        )
 
     @maps_file_errors
     def previous_doc(self, key: str, before_seqno: int) -> bytes | None:
@@ -117,8 +119,9 @@ class FileReader:
                     highs[vb] = seqno
             else:
                 for first, last in spans:
-                    for vb, seqno in db.execute("SELECT vb, seqno FROM high WHERE vb BETWEEN ? AND ?",
-                                                (first, last)):
+                    for vb, seqno in db.execute(
+                        "SELECT vb, seqno FROM high WHERE vb BETWEEN ? AND ?", (first, last)
+                    ):
                         highs[vb] = seqno
             file.highs, file.highs_read_at = highs, read_at
         return list(file.highs)
@@ -230,14 +233,30 @@ class FileReader:
             ).fetchone()
         except sqlite3.DataError:  # the concatenation is over SQLite's length limit (huge documents)
             return None
-        count, last, docs_count, own, others, keys, docs, first_arrival, last_arrival, other_keys, other_ops = row
+        (
+            count,
+            last,
+            docs_count,
+            own,
+            others,
+            keys,
+            docs,
+            first_arrival,
+            last_arrival,
+            other_keys,
+            other_ops,
+        ) = row
         if not count or last - after_seqno != count or own:
             return None
         other_seqnos = [int(s) for s in others.split(",")] if others else []
         if docs_count != count - len(other_seqnos):
             return None
         arrivals = None
-        if docs_count and exact_arrivals_over_ms is not None and last_arrival - first_arrival >= exact_arrivals_over_ms:
+        if (
+            docs_count
+            and exact_arrivals_over_ms is not None
+            and last_arrival - first_arrival >= exact_arrivals_over_ms
+        ):
             arrivals = [
                 r[0]
                 for r in self.file.db.execute(
@@ -246,9 +265,18 @@ class FileReader:
                 )
             ]
         return PackedUpdates(
-            vb, after_seqno, last, other_seqnos, docs_count, keys or b"", docs or b"",
-            first_arrival or 0, last_arrival or 0, arrivals,
-            other_keys or b"", [int(o) for o in other_ops.split(",")] if other_ops else None,
+            vb,
+            after_seqno,
+            last,
+            other_seqnos,
+            docs_count,
+            keys or b"",
+            docs or b"",
+            first_arrival or 0,
+            last_arrival or 0,
+            arrivals,
+            other_keys or b"",
+            [int(o) for o in other_ops.split(",")] if other_ops else None,
         )
 
     @maps_file_errors
@@ -269,7 +297,8 @@ class FileReader:
     def max_doc_bytes(self, vb: int, after_seqno: int, last_seqno: int) -> int:
         """Size of the largest document logged in one vBucket in ``(after_seqno, last_seqno]``."""
         row = self.file.db.execute(
-            "SELECT max(length(doc)) FROM log WHERE vb=? AND seqno>? AND seqno<=?", (vb, after_seqno, last_seqno)
+            "SELECT max(length(doc)) FROM log WHERE vb=? AND seqno>? AND seqno<=?",
+            (vb, after_seqno, last_seqno),
         ).fetchone()
         return row[0] or 0
 
@@ -281,7 +310,10 @@ class FileReader:
         db = self.file.db
         column, value = "cas", max(-(2**63), min(time_ns, 2**63 - 1))  # SQLite integers are 64-bit
         if "arrival_ms" in {r[1] for r in db.execute("PRAGMA table_info(log)")}:
-            column, value = "arrival_ms", time_ns // 1_000_000  # the log's own arrival time, where it keeps one
+            column, value = (
+                "arrival_ms",
+                time_ns // 1_000_000,
+            )  # the log's own arrival time, where it keeps one
         rows = db.execute(f"SELECT vb, MIN(seqno) - 1 FROM log WHERE {column} >= ? GROUP BY vb", (value,))
         return dict(rows.fetchall())
 
@@ -333,7 +365,9 @@ class FileReader:
             yield key, decode_document(raw), meta
 
     @maps_file_errors
-    def live_docs(self, prefix: str, limit: int | None, *, with_docs: bool, batch: int = 1000) -> Iterator[tuple]:
+    def live_docs(
+        self, prefix: str, limit: int | None, *, with_docs: bool, batch: int = 1000
+    ) -> Iterator[tuple]:
         """Live documents in key order, read in batches (keyset paging, so a large bucket streams)."""
         columns = "key, vb, seqno, cas, expiry, flags" + (", doc" if with_docs else "")
         after: str | None = None
@@ -349,7 +383,8 @@ class FileReader:
                 clauses.append("key > ?")
                 args.append(after)
             rows = self.file.db.execute(
-                f"SELECT {columns} FROM docs WHERE {' AND '.join(clauses)} ORDER BY key LIMIT ?", (*args, take)
+                f"SELECT {columns} FROM docs WHERE {' AND '.join(clauses)} ORDER BY key LIMIT ?",
+                (*args, take),
             ).fetchall()
             yield from rows
             if len(rows) < take:

@@ -82,6 +82,7 @@ def _partition_marks(bucket: Bucket, function: str) -> tuple[list[int], list[lis
     part_of_vb, marks = by_partition(function)
     return part_of_vb, [sorted(m.items()) for m in marks]
 
+
 # What a remote worker may ask of the metadata store (a ``meta`` call): WorkerMetadata (metadata.protocol),
 # each name served and the method it calls; nothing else is.
 META_CALLS: dict[str, Callable[[WorkerMetadata], Callable[..., Any]]] = {
@@ -173,7 +174,9 @@ class DataService:
         answers = []
         for vb, after, limit in runs:
             columns = bucket.read_vb_columns(vb, after, limit)
-            answers.append((1, *columns) if columns is not None else (0, bucket.read_vb_rows(vb, after, limit)))
+            answers.append(
+                (1, *columns) if columns is not None else (0, bucket.read_vb_rows(vb, after, limit))
+            )
         return msgpack.packb(answers, use_bin_type=True), bucket.high_seqnos()
 
     def do_meta(self, method: str, args: tuple, kwargs: dict) -> Any:
@@ -296,11 +299,21 @@ def rows_of_columns(vb: int, after: int, columns: tuple) -> tuple | None:
         for entry in ops.split(","):
             seqno, op = entry.split(":")
             op_list[int(seqno) - after - 1] = int(op)
-    return tuple(zip(
-        repeat(vb), range(after + 1, last + 1), key_list, op_list,
-        np.fromstring(cas, dtype=np.int64, sep=",").tolist(), doc_list, repeat(None), repeat(0), repeat(0),
-        np.fromstring(arrivals, dtype=np.int64, sep=",").tolist(), strict=False,  # repeat() is endless
-    ))
+    return tuple(
+        zip(
+            repeat(vb),
+            range(after + 1, last + 1),
+            key_list,
+            op_list,
+            np.fromstring(cas, dtype=np.int64, sep=",").tolist(),
+            doc_list,
+            repeat(None),
+            repeat(0),
+            repeat(0),
+            np.fromstring(arrivals, dtype=np.int64, sep=",").tolist(),
+            strict=False,  # repeat() is endless
+        )
+    )
 
 
 class RemoteBucket:
@@ -360,7 +373,9 @@ class RemoteBucket:
         runs, wait = self._pending
         self._pending, self._pending_vbs = None, frozenset()
         blob, self._highs = wait()
-        for (vb, after, limit), answer in zip(runs, msgpack.unpackb(blob, raw=False, use_list=False), strict=True):
+        for (vb, after, limit), answer in zip(
+            runs, msgpack.unpackb(blob, raw=False, use_list=False), strict=True
+        ):
             rows = answer[1] if answer[0] == 0 else rows_of_columns(vb, after, answer[1:])
             if rows is None:  # a key holding a NUL byte: its rows are read on the spot
                 continue
@@ -378,8 +393,12 @@ class RemoteBucket:
             self._settle()
         ahead = self._ahead.get(vb)
         if ahead is None or ahead.after != after_seqno:
-            return list(msgpack.unpackb(self._call("read_vb", self.name, vb, after_seqno, limit), raw=False, use_list=False))
-        taken = list(ahead.rows[ahead.i:ahead.i + limit])
+            return list(
+                msgpack.unpackb(
+                    self._call("read_vb", self.name, vb, after_seqno, limit), raw=False, use_list=False
+                )
+            )
+        taken = list(ahead.rows[ahead.i : ahead.i + limit])
         ahead.i += len(taken)
         if ahead.i >= len(ahead.rows):
             del self._ahead[vb]
@@ -399,7 +418,14 @@ class RemoteBucket:
     ) -> PackedUpdates | None:
         return cast(
             "PackedUpdates | None",
-            self._bucket("read_vb_packed", vb, after_seqno, limit, origin, exact_arrivals_over_ms=exact_arrivals_over_ms),
+            self._bucket(
+                "read_vb_packed",
+                vb,
+                after_seqno,
+                limit,
+                origin,
+                exact_arrivals_over_ms=exact_arrivals_over_ms,
+            ),
         )
 
     def max_doc_bytes(self, vb: int, after_seqno: int, last_seqno: int) -> int:
@@ -426,7 +452,9 @@ class RemoteBucket:
     def apply_effects(
         self, function: str, groups: Sequence[EffectGroup], *, origin: str | None = None, marks: bool = True
     ) -> EffectResult:
-        return cast(EffectResult, self._bucket("apply_effects", function, list(groups), origin=origin, marks=marks))
+        return cast(
+            EffectResult, self._bucket("apply_effects", function, list(groups), origin=origin, marks=marks)
+        )
 
     def effect_marks(self, function: str) -> dict[int, tuple[int, int]]:
         return cast("dict[int, tuple[int, int]]", self._bucket("effect_marks", function))
@@ -446,14 +474,22 @@ class RemoteBucket:
         self, writes: Iterable[Write], *, origin: str | None = None, arrival_ms: int | None = None
     ) -> list[tuple[int, int] | None]:
         return cast(
-            "list[tuple[int, int] | None]", self._bucket("write", list(writes), origin=origin, arrival_ms=arrival_ms)
+            "list[tuple[int, int] | None]",
+            self._bucket("write", list(writes), origin=origin, arrival_ms=arrival_ms),
         )
 
     def upsert(
-        self, key: str, doc: dict, *, origin: str | None = None, expiry: int = 0, arrival_ms: int | None = None
+        self,
+        key: str,
+        doc: dict,
+        *,
+        origin: str | None = None,
+        expiry: int = 0,
+        arrival_ms: int | None = None,
     ) -> tuple[int, int]:
         return cast(
-            "tuple[int, int]", self._bucket("upsert", key, doc, origin=origin, expiry=expiry, arrival_ms=arrival_ms)
+            "tuple[int, int]",
+            self._bucket("upsert", key, doc, origin=origin, expiry=expiry, arrival_ms=arrival_ms),
         )
 
     def delete(self, key: str, *, origin: str | None = None) -> tuple[int, int]:
@@ -523,9 +559,16 @@ class RemoteMetadataStore:
         return cast(FunctionRecord, self._meta("get_function", name))
 
     def claim(
-        self, function: str, vbuckets: Iterable[int], owner: str, *, min_epochs: Mapping[int, int] | None = None
+        self,
+        function: str,
+        vbuckets: Iterable[int],
+        owner: str,
+        *,
+        min_epochs: Mapping[int, int] | None = None,
     ) -> dict[int, Checkpoint]:
-        return cast("dict[int, Checkpoint]", self._meta("claim", function, vbuckets, owner, min_epochs=min_epochs))
+        return cast(
+            "dict[int, Checkpoint]", self._meta("claim", function, vbuckets, owner, min_epochs=min_epochs)
+        )
 
     def commit(
         self,
@@ -537,16 +580,26 @@ class RemoteMetadataStore:
         timer_changes: Iterable[TimerChange] = (),
         timers_done: Iterable[TimerDone] = (),
     ) -> set[int]:
-        return cast("set[int]", self._meta(
-            "commit", function, epochs, seqnos, dlq_rows, counters, timer_changes, timers_done))
+        return cast(
+            "set[int]",
+            self._meta("commit", function, epochs, seqnos, dlq_rows, counters, timer_changes, timers_done),
+        )
 
     def release(self, function: str, epochs: Mapping[int, int]) -> set[int]:
         return cast("set[int]", self._meta("release", function, epochs))
 
     def claim_timers(
-        self, function: str, epochs: Mapping[int, int], now_ms: int, limit: int, *, reclaim: Iterable[int] = ()
+        self,
+        function: str,
+        epochs: Mapping[int, int],
+        now_ms: int,
+        limit: int,
+        *,
+        reclaim: Iterable[int] = (),
     ) -> list[TimerRecord]:
-        return cast("list[TimerRecord]", self._meta("claim_timers", function, epochs, now_ms, limit, reclaim=reclaim))
+        return cast(
+            "list[TimerRecord]", self._meta("claim_timers", function, epochs, now_ms, limit, reclaim=reclaim)
+        )
 
     def get_timer(self, function: str, callback: str, reference: str) -> TimerRecord | None:
         return cast("TimerRecord | None", self._meta("get_timer", function, callback, reference))
@@ -564,10 +617,21 @@ class RemoteMetadataStore:
         generation: int | None = None,
         limit: int | None = None,
     ) -> list[DlqRow]:
-        return cast("list[DlqRow]", self._meta(
-            "find_dlq_rows", function, vb=vb, seqno=seqno, key=key, reason=reason, include_replayed=include_replayed,
-            replayed_only=replayed_only, generation=generation, limit=limit,
-        ))
+        return cast(
+            "list[DlqRow]",
+            self._meta(
+                "find_dlq_rows",
+                function,
+                vb=vb,
+                seqno=seqno,
+                key=key,
+                reason=reason,
+                include_replayed=include_replayed,
+                replayed_only=replayed_only,
+                generation=generation,
+                limit=limit,
+            ),
+        )
 
     def count_death(self, function: str, vb: int, seqno: int) -> int:
         return cast(int, self._meta("count_death", function, vb, seqno))
@@ -586,9 +650,9 @@ if TYPE_CHECKING:
 
 
 def _lazy(value: Any) -> bool:
-    return not isinstance(value, str | bytes | dict | list | tuple | set | int | float | type(None)) and hasattr(
-        value, "__iter__"
-    )
+    return not isinstance(
+        value, str | bytes | dict | list | tuple | set | int | float | type(None)
+    ) and hasattr(value, "__iter__")
 
 
 class DataAccess:
@@ -605,8 +669,11 @@ class DataAccess:
         self.data_dir = location  # the name workers and the window row writer know it by
         self.service = service
         # A sandboxed child's line is `remote_only`: it never opens the state itself, even one on a server.
-        self.local = service is None or not getattr(service, "remote_only", False) and (
-            is_server_location(location) or _sees_files(location, service))
+        self.local = (
+            service is None
+            or not getattr(service, "remote_only", False)
+            and (is_server_location(location) or _sees_files(location, service))
+        )
         self._client = None if self.local or service is None else service.client(key)
         self._state: State | None = None
 

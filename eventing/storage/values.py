@@ -55,7 +55,9 @@ class Write(NamedTuple):
     doc: bytes | None = None
     expiry: int = 0
     flags: int = 0
-    cas: int | None = None  # the cas the write gets (a handler's write reserves it when made), else a fresh one
+    cas: int | None = (
+        None  # the cas the write gets (a handler's write reserves it when made), else a fresh one
+    )
     expect_cas: int | None = None
     delta: int | None = None
 

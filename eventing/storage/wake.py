@@ -112,7 +112,9 @@ def notify(path: Path, bucket: str, vbuckets: Iterable[int]) -> None:
     try:
         pid = os.getpid()
         if _sender is None or _sender_pid != pid:
-            _sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
+            _sender = socket.socket(
+                socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC
+            )
             _sender_pid = pid
         address = _address(path)
         if address is not None:
@@ -162,7 +164,11 @@ class WakeListener:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
             self._inode = os.stat(self.path).st_ino
         except OSError as exc:
-            log.warning("cannot listen for write notifications at %s (%s); caught-up workers are polled", self.path, exc)
+            log.warning(
+                "cannot listen for write notifications at %s (%s); caught-up workers are polled",
+                self.path,
+                exc,
+            )
             return False
         self._sock = sock
         self._thread = threading.Thread(target=self._receive, name="eventing-wake", daemon=True)

@@ -38,12 +38,25 @@ class UpdatePlan:
     by vBucket (stable, so seqnos follow the items' order within a vBucket), the runs of each vBucket,
     and which sorted row is each key's last version (in key order, the order ``docs`` is written in)."""
 
-    __slots__ = ("count", "order", "vbs", "keys", "docs", "expiry", "flags", "given", "runs", "last_by_key", "back")
+    __slots__ = (
+        "count",
+        "order",
+        "vbs",
+        "keys",
+        "docs",
+        "expiry",
+        "flags",
+        "given",
+        "runs",
+        "last_by_key",
+        "back",
+    )
 
     def __init__(self, items: Sequence[Item]):
         self.count = len(items)
         vbs = [  # vbucket_of (a collection's stored key: of its own key, eventing.core.keyspaces)
-            vbucket_of_stored(k) if (k := item[0]).startswith(COLLECTION_MARK)
+            vbucket_of_stored(k)
+            if (k := item[0]).startswith(COLLECTION_MARK)
             else ((zlib.crc32(k.encode()) >> 16) & 0x7FFF) % NUM_VBUCKETS
             for item in items
         ]
@@ -54,8 +67,12 @@ class UpdatePlan:
         self.keys, self.docs, self.expiry, self.flags = pick(keys), pick(docs), pick(expiry), pick(flags)
         # the cas each write carries (a handler's), in row order; None when no item carries one
         self.given = None if given.count(None) == len(given) else pick(given)
-        self.runs = [(vb, sum(1 for _ in rows)) for vb, rows in groupby(self.vbs)]  # (vb, rows) in vBucket order
-        last: dict[str, int] = dict(zip(self.keys, range(len(self.keys)), strict=True))  # a later row of a key wins
+        self.runs = [
+            (vb, sum(1 for _ in rows)) for vb, rows in groupby(self.vbs)
+        ]  # (vb, rows) in vBucket order
+        last: dict[str, int] = dict(
+            zip(self.keys, range(len(self.keys)), strict=True)
+        )  # a later row of a key wins
         self.last_by_key = [last[k] for k in sorted(last)]
         # back[i]: the sorted row of item i (to answer (vb, seqno) in the items' order)
         back = [0] * len(items)
@@ -80,18 +97,37 @@ class UpdatePlan:
         cas = list(map((cas_before + 1).__add__, self.order))  # item i gets cas_before + 1 + i
         if self.given is not None:  # ... unless it carries its own
             cas = [c if g is None else g for c, g in zip(cas, self.given, strict=True)]
-        log_rows = list(zip(
-            self.vbs, seqnos, self.keys, repeat(OP_UPDATE), cas, self.docs, repeat(origin), self.expiry,
-            self.flags, times, strict=False,  # repeat() and times are endless / as long as the rows
-        ))
+        log_rows = list(
+            zip(
+                self.vbs,
+                seqnos,
+                self.keys,
+                repeat(OP_UPDATE),
+                cas,
+                self.docs,
+                repeat(origin),
+                self.expiry,
+                self.flags,
+                times,
+                strict=False,  # repeat() and times are endless / as long as the rows
+            )
+        )
         if self.last_by_key:
             pick = _pick(self.last_by_key)
-            docs_rows = list(zip(
-                pick(self.keys), pick(self.vbs), pick(seqnos), pick(cas), repeat(0), pick(self.docs),
-                pick(self.expiry), pick(self.flags), strict=False,
-            ))
+            docs_rows = list(
+                zip(
+                    pick(self.keys),
+                    pick(self.vbs),
+                    pick(seqnos),
+                    pick(cas),
+                    repeat(0),
+                    pick(self.docs),
+                    pick(self.expiry),
+                    pick(self.flags),
+                    strict=False,
+                )
+            )
         else:
             docs_rows = []
         placed = list(zip(self.vbs, seqnos, strict=True))
         return log_rows, docs_rows, [placed[row] for row in self.back]
-

@@ -96,7 +96,9 @@ class FileWriter:
         plan = _plan(items)
         return self.file.transaction(lambda: self.log(items, origin, arrival_ms, plan))
 
-    def load_rows(self, rows: Sequence[tuple[str, int, bytes | None, int]], *, arrival_ms: int | None = None) -> int:
+    def load_rows(
+        self, rows: Sequence[tuple[str, int, bytes | None, int]], *, arrival_ms: int | None = None
+    ) -> int:
         """``write`` for imports (``bucket load``): rows are ``(key, op, doc, expiry)`` with keys already
         validated, applied in one transaction with the same outcome as ``write`` of the same writes.
         Returns how many rows were logged."""
@@ -124,7 +126,8 @@ class FileWriter:
             self._insert(log_rows, docs_rows, highs, arrivals)
             return placed  # type: ignore[return-value]
         vbs = [  # vbucket_of (a collection's stored key: of its own key, eventing.core.keyspaces)
-            vbucket_of_stored(k) if (k := item[0]).startswith(COLLECTION_MARK)
+            vbucket_of_stored(k)
+            if (k := item[0]).startswith(COLLECTION_MARK)
             else ((zlib.crc32(k.encode()) >> 16) & 0x7FFF) % NUM_VBUCKETS
             for item in items
         ]
@@ -154,23 +157,33 @@ class FileWriter:
         self._insert(log_rows, [docs[k] for k in sorted(docs)], highs, arrivals)
         return out
 
-    def _insert(self, log_rows: list[tuple], docs_rows: list[tuple], highs: dict[int, int], arrivals: dict[int, int]) -> None:
+    def _insert(
+        self, log_rows: list[tuple], docs_rows: list[tuple], highs: dict[int, int], arrivals: dict[int, int]
+    ) -> None:
         """Write log rows (in (vb, seqno) order), docs rows (in key order) and the moved high seqnos."""
         db = self.file.db
         db.executemany(f"INSERT INTO log({_LOG_COLUMNS}) VALUES(?,?,?,?,?,?,?,?,?,?)", log_rows)
         db.executemany("INSERT OR REPLACE INTO docs VALUES(?,?,?,?,?,?,?,?)", docs_rows)
         moved = sorted({row[0] for row in log_rows})
         self.file.written.update(moved)
-        db.executemany("UPDATE high SET seqno=?, arrival_ms=? WHERE vb=?", [(highs[vb], arrivals[vb], vb) for vb in moved])
+        db.executemany(
+            "UPDATE high SET seqno=?, arrival_ms=? WHERE vb=?",
+            [(highs[vb], arrivals[vb], vb) for vb in moved],
+        )
 
     def _heads(self, vbs: set[int], arrival: int) -> tuple[dict[int, int], dict[int, int]]:
         """High seqno and the arrival time new entries get (never below the vBucket's last one: readers find
         the earliest unread arrival first) of each vBucket in ``vbs``."""
         db = self.file.db
-        if len(vbs) > HEADS_BY_VB_MAX:  # one read of the 1,024-row table beats hundreds of lookups from Python
+        if (
+            len(vbs) > HEADS_BY_VB_MAX
+        ):  # one read of the 1,024-row table beats hundreds of lookups from Python
             rows = [r for r in db.execute("SELECT vb, seqno, arrival_ms FROM high") if r[0] in vbs]
         else:
-            rows = [(vb, *db.execute("SELECT seqno, arrival_ms FROM high WHERE vb=?", (vb,)).fetchone()) for vb in vbs]
+            rows = [
+                (vb, *db.execute("SELECT seqno, arrival_ms FROM high WHERE vb=?", (vb,)).fetchone())
+                for vb in vbs
+            ]
         return {vb: seqno for vb, seqno, _ in rows}, {vb: max(arrival, last) for vb, _, last in rows}
 
     def _live(self, keys: set[str]) -> dict[str, bool]:
@@ -178,12 +191,20 @@ class FileWriter:
         live: dict[str, bool] = {}
         for part in chunked(keys, 500):
             marks = ",".join("?" * len(part))
-            for key, deleted in self.file.db.execute(f"SELECT key, deleted FROM docs WHERE key IN ({marks})", part):
+            for key, deleted in self.file.db.execute(
+                f"SELECT key, deleted FROM docs WHERE key IN ({marks})", part
+            ):
                 live[key] = not deleted
         return live
 
     def upsert(
-        self, key: str, doc: dict, *, origin: str | None = None, expiry: int = 0, arrival_ms: int | None = None
+        self,
+        key: str,
+        doc: dict,
+        *,
+        origin: str | None = None,
+        expiry: int = 0,
+        arrival_ms: int | None = None,
     ) -> tuple[int, int]:
         validate_key(key)
         result = self.write(
@@ -225,7 +246,10 @@ class FileWriter:
         return self.file.transaction(body)
 
     def change_documents(
-        self, changes: Sequence[tuple[str, Callable[[StoredDocument | None], Write | None]]], *, origin: str | None = None
+        self,
+        changes: Sequence[tuple[str, Callable[[StoredDocument | None], Write | None]]],
+        *,
+        origin: str | None = None,
     ) -> list[Changed | Exception]:
         """``change_document`` for many documents in one transaction (a group commit: one commit for the
         concurrent writes of the Data API). Each change sees the document as the earlier ones in the list

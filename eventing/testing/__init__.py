@@ -37,7 +37,9 @@ LEDGER_HANDLER = (FUNCTIONS_DIR / "fn_ledger.py").read_text()
 # The ledger handler as on_batch(batch): the same effects per mutation, SLEEP_MS once a batch. Items whose
 # document's rev is a multiple of the constant FAIL_EVERY (0: none) are reported failed at their first
 # FAIL_ATTEMPTS attempts in this process.
-BATCH_LEDGER_HANDLER = (FUNCTIONS_DIR / "fn_ledger.py").read_text().split("def on_update")[0] + '''
+BATCH_LEDGER_HANDLER = (
+    (FUNCTIONS_DIR / "fn_ledger.py").read_text().split("def on_update")[0]
+    + """
 tries = {}
 
 
@@ -58,28 +60,44 @@ def on_batch(batch):
         else:
             _record(meta, "update", doc.get("rev"))
     return failed
-'''
+"""
+)
 
 # The ledger check and its report live in eventing.ops.verify (`eventing verify` uses them too).
 LedgerReport = VerifyReport
 __all__ = [
-    "BATCH_LEDGER_HANDLER", "LEDGER_HANDLER", "CallLogFigures", "LedgerReport", "call_log_figures", "check_ledger", "ledger_definition",
+    "BATCH_LEDGER_HANDLER",
+    "LEDGER_HANDLER",
+    "CallLogFigures",
+    "LedgerReport",
+    "call_log_figures",
+    "check_ledger",
+    "ledger_definition",
     "read_call_log",
 ]
 
 
 def ledger_definition(
-    name: str, source: str, ledger: str, *, workers: int = 2, call_log: str | None = None, sleep_ms: float = 0, **extra
+    name: str,
+    source: str,
+    ledger: str,
+    *,
+    workers: int = 2,
+    call_log: str | None = None,
+    sleep_ms: float = 0,
+    **extra,
 ) -> FunctionDefinition:
-    return FunctionDefinition.from_dict({
-        "name": name,
-        "source_bucket": source,
-        "bindings": [{"alias": "ledger", "bucket": ledger, "access": "rw"}],
-        "constants": {"FUNCTION": name, "CALL_LOG": call_log or "", "SLEEP_MS": sleep_ms},
-        "worker_count": workers,
-        "checkpoint_interval": "100ms",
-        **extra,
-    })
+    return FunctionDefinition.from_dict(
+        {
+            "name": name,
+            "source_bucket": source,
+            "bindings": [{"alias": "ledger", "bucket": ledger, "access": "rw"}],
+            "constants": {"FUNCTION": name, "CALL_LOG": call_log or "", "SLEEP_MS": sleep_ms},
+            "worker_count": workers,
+            "checkpoint_interval": "100ms",
+            **extra,
+        }
+    )
 
 
 def read_call_log(path: str | Path) -> dict[str, list[int]]:
@@ -109,7 +127,13 @@ def call_log_figures(path: str | Path) -> CallLogFigures:
 
 
 def load_source(
-    data_dir: StateLike, documents: int, mutations: int, *, bucket: str = "src", chunk: int = 10_000, **generate: Any
+    data_dir: StateLike,
+    documents: int,
+    mutations: int,
+    *,
+    bucket: str = "src",
+    chunk: int = 10_000,
+    **generate: Any,
 ) -> FileBucket:
     """The bucket (created if missing) with ``loadgen.generate(documents, mutations, **generate)`` written
     into it in chunks."""
@@ -120,7 +144,10 @@ def load_source(
 
 
 def deploy_function(
-    data_dir: StateLike, defn: FunctionDefinition, handler: str = LEDGER_HANDLER, boundary: Boundary | None = None
+    data_dir: StateLike,
+    defn: FunctionDefinition,
+    handler: str = LEDGER_HANDLER,
+    boundary: Boundary | None = None,
 ) -> None:
     """Create the function's binding buckets, save it with ``handler`` and deploy it."""
     for b in defn.bindings:

@@ -37,8 +37,10 @@ def check_option(option: str) -> str | None:
 
         return unavailable()
     if urlsplit(option).scheme.lower() not in ("postgresql", "postgres"):
-        return (f"--store {option!r}: give `postgresql` (a throwaway server for the run) or a URL "
-                "postgresql://user@host:port/database")
+        return (
+            f"--store {option!r}: give `postgresql` (a throwaway server for the run) or a URL "
+            "postgresql://user@host:port/database"
+        )
     return None
 
 
@@ -74,7 +76,7 @@ class BenchStore:
                 self.server = None
 
     def _base_url(self) -> str:
-        from metadata.postgres.connection import parse_postgres_url
+        from metadata.postgres.location import parse_postgres_url
 
         return parse_postgres_url(self.option).url
 
@@ -115,7 +117,8 @@ class BenchStore:
         if self.server is None:
             return {}
         syncs, commits = self.server.sql(
-            "SELECT (SELECT wal_sync FROM pg_stat_wal), (SELECT sum(xact_commit) FROM pg_stat_database)").split("|")
+            "SELECT (SELECT wal_sync FROM pg_stat_wal), (SELECT sum(xact_commit) FROM pg_stat_database)"
+        ).split("|")
         return {"cpu_s": self.server_cpu_s(), "wal_syncs": float(syncs), "commits": float(commits)}
 
     def since(self, before: dict[str, float], per: float) -> dict[str, float]:
@@ -124,14 +127,16 @@ class BenchStore:
         now = self.snapshot()
         if not now or not before or per <= 0:
             return {}
-        return {"server_cpu_us": round((now["cpu_s"] - before["cpu_s"]) / per * 1e6, 1),
-                "wal_syncs": round((now["wal_syncs"] - before["wal_syncs"]) / per, 3),
-                "commits": round((now["commits"] - before["commits"]) / per, 3)}
+        return {
+            "server_cpu_us": round((now["cpu_s"] - before["cpu_s"]) / per * 1e6, 1),
+            "wal_syncs": round((now["wal_syncs"] - before["wal_syncs"]) / per, 3),
+            "commits": round((now["commits"] - before["commits"]) / per, 3),
+        }
 
     def describe(self) -> str:
         if self.server is not None:
             return f"a throwaway PostgreSQL server on port {self.server.port} (fsync on)"
-        from metadata.postgres.connection import redact
+        from metadata.postgres.location import redact
 
         return redact(self.option)
 

@@ -81,24 +81,50 @@ class LocalRayCluster:
         """Start the head node; returns its address."""
         self.port = port or _free_port()
         args = [
-            self._ray, "start", "--head", f"--port={self.port}", f"--num-cpus={self.head_cpus}",
-            f"--temp-dir={self.temp_dir}", "--include-dashboard=false", "--disable-usage-stats",
-            "--resources", json.dumps({"head": 100}), "--block",
+            self._ray,
+            "start",
+            "--head",
+            f"--port={self.port}",
+            f"--num-cpus={self.head_cpus}",
+            f"--temp-dir={self.temp_dir}",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+            "--resources",
+            json.dumps({"head": 100}),
+            "--block",
         ]
         self._launch("head", args, ())
         return self.address
 
     def add_node(
-        self, name: str, *, hidden: list[str] | tuple[str, ...] = (), num_cpus: int = 1, python: str | None = None
+        self,
+        name: str,
+        *,
+        hidden: list[str] | tuple[str, ...] = (),
+        num_cpus: int = 1,
+        python: str | None = None,
     ) -> RayNode:
         """Join a node with resource ``{name: 100}``; each folder in ``hidden`` looks empty to it. ``python``:
         the interpreter the node (and so its workers) runs, e.g. one of another environment."""
-        ray_cli = [self._ray] if python is None else [
-            python, "-c", "import sys; from ray.scripts.scripts import main; sys.argv[0] = 'ray'; sys.exit(main())"
-        ]
+        ray_cli = (
+            [self._ray]
+            if python is None
+            else [
+                python,
+                "-c",
+                "import sys; from ray.scripts.scripts import main; sys.argv[0] = 'ray'; sys.exit(main())",
+            ]
+        )
         args = [
-            *ray_cli, "start", f"--address={self.address}", f"--num-cpus={num_cpus}",
-            "--resources", json.dumps({name: 100}), f"--temp-dir={self.temp_dir}", "--disable-usage-stats", "--block",
+            *ray_cli,
+            "start",
+            f"--address={self.address}",
+            f"--num-cpus={num_cpus}",
+            "--resources",
+            json.dumps({name: 100}),
+            f"--temp-dir={self.temp_dir}",
+            "--disable-usage-stats",
+            "--block",
         ]
         return self._launch(name, args, tuple(os.path.abspath(h) for h in hidden))
 
@@ -108,11 +134,20 @@ class LocalRayCluster:
             if not self.can_hide():
                 raise RuntimeError("hidden nodes need root and `unshare` (mount namespaces)")
             mounts = " && ".join(f"mount -t tmpfs none {_quote(h)}" for h in hidden)
-            command = ["unshare", "--mount", "--propagation", "private", "bash", "-c",
-                       f"{mounts} && exec {' '.join(_quote(a) for a in args)}"]
+            command = [
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "bash",
+                "-c",
+                f"{mounts} && exec {' '.join(_quote(a) for a in args)}",
+            ]
         else:
             command = args
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+        process = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+        )
         node = RayNode(name, process, hidden)
         self.nodes.append(node)
         self._wait_for_raylet(node)
@@ -125,7 +160,9 @@ class LocalRayCluster:
                 text = (Path(self.temp_dir) / f"node-{node.name}.log").read_text(errors="replace")
                 raise RuntimeError(f"Ray node {node.name} exited at start:\n{text[-2000:]}")
             # `ray start --block` says it blocks once the node has registered with the head.
-            started = "block forever" in (Path(self.temp_dir) / f"node-{node.name}.log").read_text(errors="replace")
+            started = "block forever" in (Path(self.temp_dir) / f"node-{node.name}.log").read_text(
+                errors="replace"
+            )
             raylets = [p for p in _descendants(node.pid) if "raylet/raylet" in _cmdline(p)] if started else []
             if raylets:
                 node_id = self._node_id_of(raylets[0])
@@ -233,8 +270,12 @@ class LocalSparkCluster:
         self.worker_cores, self.worker_memory = worker_cores, worker_memory
         self.port = 0
         self.processes: list[subprocess.Popen] = []
-        self.env = {**os.environ, "SPARK_HOME": self.spark_home, "SPARK_LOCAL_IP": "127.0.0.1",
-                    "PYSPARK_PYTHON": sys.executable}
+        self.env = {
+            **os.environ,
+            "SPARK_HOME": self.spark_home,
+            "SPARK_LOCAL_IP": "127.0.0.1",
+            "PYSPARK_PYTHON": sys.executable,
+        }
 
     @property
     def master_url(self) -> str:
@@ -243,18 +284,45 @@ class LocalSparkCluster:
     def start(self, *, hidden: list[str] | tuple[str, ...] = (), timeout: float = 90.0) -> str:
         self.port = _free_port()
         spark_class = str(Path(self.spark_home) / "bin" / "spark-class")
-        self._launch("master", [spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                                "--port", str(self.port), "--webui-port", str(_free_port())], ())
+        self._launch(
+            "master",
+            [
+                spark_class,
+                "org.apache.spark.deploy.master.Master",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--webui-port",
+                str(_free_port()),
+            ],
+            (),
+        )
         _wait_port(self.port, timeout)
-        self._launch("worker", [spark_class, "org.apache.spark.deploy.worker.Worker", self.master_url,
-                                "--cores", str(self.worker_cores), "--memory", self.worker_memory,
-                                "--work-dir", self.work_dir, "--webui-port", str(_free_port())],
-                     tuple(os.path.abspath(h) for h in hidden))
+        self._launch(
+            "worker",
+            [
+                spark_class,
+                "org.apache.spark.deploy.worker.Worker",
+                self.master_url,
+                "--cores",
+                str(self.worker_cores),
+                "--memory",
+                self.worker_memory,
+                "--work-dir",
+                self.work_dir,
+                "--webui-port",
+                str(_free_port()),
+            ],
+            tuple(os.path.abspath(h) for h in hidden),
+        )
         deadline = time.monotonic() + timeout
         log = Path(self.work_dir) / "spark-worker.log"
         while "Successfully registered with master" not in log.read_text(errors="replace"):
             if time.monotonic() > deadline or self.processes[-1].poll() is not None:
-                raise RuntimeError(f"Spark worker did not register:\n{log.read_text(errors='replace')[-2000:]}")
+                raise RuntimeError(
+                    f"Spark worker did not register:\n{log.read_text(errors='replace')[-2000:]}"
+                )
             time.sleep(0.3)
         return self.master_url
 
@@ -262,8 +330,15 @@ class LocalSparkCluster:
         log = open(Path(self.work_dir) / f"spark-{name}.log", "wb")  # noqa: SIM115 - the process's lifetime
         if hidden:
             mounts = " && ".join(f"mount -t tmpfs none {_quote(h)}" for h in hidden)
-            args = ["unshare", "--mount", "--propagation", "private", "bash", "-c",
-                    f"{mounts} && exec {' '.join(_quote(a) for a in args)}"]
+            args = [
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "bash",
+                "-c",
+                f"{mounts} && exec {' '.join(_quote(a) for a in args)}",
+            ]
         self.processes.append(
             subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
         )
@@ -296,15 +371,29 @@ class LocalSparkConnectServer(LocalSparkCluster):
     def start(self, *, hidden: list[str] | tuple[str, ...] = (), timeout: float = 120.0) -> str:
         self.port = _free_port()
         submit = str(Path(self.spark_home) / "bin" / "spark-submit")
-        self._launch("connect", [
-            submit, "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
-            "--name", "Spark Connect server", "--master", f"local[{self.worker_cores}]",
-            "--driver-memory", self.worker_memory,
-            "--conf", f"spark.connect.grpc.binding.port={self.port}",
-            "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
-            "--conf", "spark.ui.enabled=false",
-            "--conf", f"spark.sql.warehouse.dir={Path(self.work_dir) / 'warehouse'}",
-        ], tuple(os.path.abspath(h) for h in hidden))
+        self._launch(
+            "connect",
+            [
+                submit,
+                "--class",
+                "org.apache.spark.sql.connect.service.SparkConnectServer",
+                "--name",
+                "Spark Connect server",
+                "--master",
+                f"local[{self.worker_cores}]",
+                "--driver-memory",
+                self.worker_memory,
+                "--conf",
+                f"spark.connect.grpc.binding.port={self.port}",
+                "--conf",
+                "spark.connect.grpc.binding.address=127.0.0.1",
+                "--conf",
+                "spark.ui.enabled=false",
+                "--conf",
+                f"spark.sql.warehouse.dir={Path(self.work_dir) / 'warehouse'}",
+            ],
+            tuple(os.path.abspath(h) for h in hidden),
+        )
         try:
             _wait_port(self.port, timeout, self.processes[-1])
         except RuntimeError as exc:
@@ -322,8 +411,23 @@ class ServiceProcess:
         self.log = Path(data_dir).parent / f"{Path(data_dir).name}-{log_name}.log"
         env = {**os.environ, "PYTHONPATH": root, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "eventing", "--data-dir", data_dir, "run", "--ray-address", address, "--json", *extra],
-            cwd=root, env=env, stdout=subprocess.PIPE, stderr=self.log.open("w"), text=True,
+            [
+                sys.executable,
+                "-m",
+                "eventing",
+                "--data-dir",
+                data_dir,
+                "run",
+                "--ray-address",
+                address,
+                "--json",
+                *extra,
+            ],
+            cwd=root,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=self.log.open("w"),
+            text=True,
         )
 
     @property
@@ -334,10 +438,14 @@ class ServiceProcess:
         """SIGTERM (a clean stop after a checkpoint); returns its JSON summary."""
         self.proc.send_signal(signal.SIGTERM)
         out, _ = self.proc.communicate(timeout=timeout)
-        assert self.proc.returncode == 0, f"exit {self.proc.returncode}: {out[-2000:]}\n{self.log.read_text()[-3000:]}"
+        assert self.proc.returncode == 0, (
+            f"exit {self.proc.returncode}: {out[-2000:]}\n{self.log.read_text()[-3000:]}"
+        )
         # Ray forwards its processes' messages to the driver's stdout too: the summary is the last JSON object.
         start = out.rfind("\n{\n") + 1 if not out.startswith("{\n") else 0
-        assert out[start:].strip(), f"no summary on stdout: {out[-2000:]}\nlog: {self.log.read_text()[-3000:]}"
+        assert out[start:].strip(), (
+            f"no summary on stdout: {out[-2000:]}\nlog: {self.log.read_text()[-3000:]}"
+        )
         summary, _ = json.JSONDecoder().raw_decode(out[start:])
         return summary
 
@@ -388,6 +496,11 @@ def _kill(pid: int) -> None:
 
 
 __all__ = [
-    "LocalRayCluster", "LocalSparkCluster", "LocalSparkConnectServer", "RayNode", "ServiceProcess", "descendants",
+    "LocalRayCluster",
+    "LocalSparkCluster",
+    "LocalSparkConnectServer",
+    "RayNode",
+    "ServiceProcess",
+    "descendants",
     "environment_without",
 ]

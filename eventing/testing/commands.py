@@ -33,24 +33,41 @@ class Commands:
     """Runs `python -m eventing ...` in `cwd` with `env` added to this process's environment (the checkout
     on PYTHONPATH, so the working directory can be any folder)."""
 
-    def __init__(self, cwd: str | os.PathLike[str], env: dict[str, str] | None = None, *, logs: str | None = None):
+    def __init__(
+        self, cwd: str | os.PathLike[str], env: dict[str, str] | None = None, *, logs: str | None = None
+    ):
         self.cwd = str(cwd)
-        self.env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled",
-                    "RAY_USAGE_STATS_ENABLED": "0", **(env or {})}
+        self.env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "RAY_AUTH_MODE": "disabled",
+            "RAY_USAGE_STATS_ENABLED": "0",
+            **(env or {}),
+        }
         self.logs = Path(logs) if logs else None
 
     def argv(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "eventing", *args]
 
-    def __call__(self, *args: str, timeout: float = 120, env: dict[str, str] | None = None,
-                 input: str | None = None) -> subprocess.CompletedProcess:
-        return subprocess.run(self.argv(*args), cwd=self.cwd, env={**self.env, **(env or {})}, capture_output=True,
-                              text=True, timeout=timeout, input=input)
+    def __call__(
+        self, *args: str, timeout: float = 120, env: dict[str, str] | None = None, input: str | None = None
+    ) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            self.argv(*args),
+            cwd=self.cwd,
+            env={**self.env, **(env or {})},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            input=input,
+        )
 
     def ok(self, *args: str, **kwargs) -> str:
         """Run a command that must succeed; its stdout."""
         done = self(*args, **kwargs)
-        assert done.returncode == 0, f"eventing {' '.join(args)}: exit {done.returncode}\n{done.stdout}\n{done.stderr}"
+        assert done.returncode == 0, (
+            f"eventing {' '.join(args)}: exit {done.returncode}\n{done.stdout}\n{done.stderr}"
+        )
         return done.stdout
 
     def start(self, *args: str, env: dict[str, str] | None = None, name: str = "process") -> EventingProcess:
@@ -71,7 +88,9 @@ class EventingProcess:
             folder = Path(tempfile.mkdtemp(prefix="eventing-proc-"))
             self.out_path, self.err_path = folder / f"{name}.out", folder / f"{name}.err"
         with self.out_path.open("wb") as out, self.err_path.open("wb") as err:
-            self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=err, start_new_session=True)
+            self.proc = subprocess.Popen(
+                argv, cwd=cwd, env=env, stdout=out, stderr=err, start_new_session=True
+            )
 
     @property
     def pid(self) -> int:
@@ -92,7 +111,9 @@ class EventingProcess:
             except OSError:
                 if not self.alive():
                     out, err = self.output()
-                    raise AssertionError(f"{self.name} ended (exit {self.proc.returncode}): {out[-2000:]}{err[-3000:]}") from None
+                    raise AssertionError(
+                        f"{self.name} ended (exit {self.proc.returncode}): {out[-2000:]}{err[-3000:]}"
+                    ) from None
                 time.sleep(0.1)
         raise AssertionError(f"{self.name}: nothing listens on port {port} after {timeout:.0f}s")
 
@@ -120,8 +141,10 @@ class EventingProcess:
 def data_api_path(keyspace: str, key: str) -> str:
     bucket, _, rest = keyspace.partition(".")
     scope, _, collection = rest.partition(".")
-    return (f"/v1/buckets/{bucket}/scopes/{scope or '_default'}/collections/{collection or '_default'}"
-            f"/documents/{key}")
+    return (
+        f"/v1/buckets/{bucket}/scopes/{scope or '_default'}/collections/{collection or '_default'}"
+        f"/documents/{key}"
+    )
 
 
 class DataApiWriters:
@@ -129,8 +152,15 @@ class DataApiWriters:
     until the block ends; every answer is counted by status. `acked`: the value of every key that got a 2xx,
     which must be there afterwards; `unavailable`: the answers 503, with their Retry-After header."""
 
-    def __init__(self, port: int, keyspace: str, *, threads: int = 2, timeout_s: float = 120,
-                 user: tuple[str, str] | None = None):
+    def __init__(
+        self,
+        port: int,
+        keyspace: str,
+        *,
+        threads: int = 2,
+        timeout_s: float = 120,
+        user: tuple[str, str] | None = None,
+    ):
         self.port, self.keyspace, self.timeout_s = port, keyspace, timeout_s
         self.headers = {"Content-Type": "application/json"}
         if user is not None:
@@ -167,7 +197,9 @@ class DataApiWriters:
             try:
                 if conn is None:
                     conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=self.timeout_s)
-                conn.request("PUT", data_api_path(self.keyspace, key), body=json.dumps(value), headers=self.headers)
+                conn.request(
+                    "PUT", data_api_path(self.keyspace, key), body=json.dumps(value), headers=self.headers
+                )
                 answer = conn.getresponse()
                 body = answer.read()
                 headers = {k.lower(): v for k, v in answer.getheaders()}
@@ -204,8 +236,16 @@ class KvClient:
     HELLO, SASL_AUTH, SELECT_BUCKET, SET = 0x1F, 0x21, 0x89, 0x01
     XERROR, COLLECTIONS = 0x07, 0x12
 
-    def __init__(self, port: int, user: str, password: str, bucket: str, timeout_s: float = 60, *,
-                 collections: bool = False):
+    def __init__(
+        self,
+        port: int,
+        user: str,
+        password: str,
+        bucket: str,
+        timeout_s: float = 60,
+        *,
+        collections: bool = False,
+    ):
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout_s)
         self.opaque = 0
         features = (self.XERROR, self.COLLECTIONS) if collections else (self.XERROR,)
@@ -215,23 +255,31 @@ class KvClient:
         status, body = self.call(self.SELECT_BUCKET, bucket.encode())
         assert status == 0, f"KV bucket {bucket} refused: {status:#x} {body!r}"
 
-    def call(self, opcode: int, key: bytes, *, extras: bytes = b"", value: bytes = b"", datatype: int = 0
-             ) -> tuple[int, bytes]:
+    def call(
+        self, opcode: int, key: bytes, *, extras: bytes = b"", value: bytes = b"", datatype: int = 0
+    ) -> tuple[int, bytes]:
         """One request; (status, value of the answer)."""
         self.opaque += 1
         body = extras + key + value
-        self.sock.sendall(self.HEADER.pack(0x80, opcode, len(key), len(extras), datatype, 0, len(body), self.opaque, 0)
-                          + body)
+        self.sock.sendall(
+            self.HEADER.pack(0x80, opcode, len(key), len(extras), datatype, 0, len(body), self.opaque, 0)
+            + body
+        )
         header = self._read(24)
         _magic, _op, key_len, extras_len, _dt, status, total, _opaque, _cas = self.HEADER.unpack(header)
         answer = self._read(total)
-        return status, answer[extras_len + key_len:]
+        return status, answer[extras_len + key_len :]
 
     def set(self, key: str, document: dict, *, collection_id: int | None = None) -> tuple[int, bytes]:
         """A SET of `key` (in collection `collection_id`, as LEB128 before the key, with collections agreed)."""
         stored = key.encode() if collection_id is None else _leb128(collection_id) + key.encode()
-        return self.call(self.SET, stored, extras=struct.pack(">II", 0x02000006, 0),
-                         value=json.dumps(document).encode(), datatype=0x01)
+        return self.call(
+            self.SET,
+            stored,
+            extras=struct.pack(">II", 0x02000006, 0),
+            value=json.dumps(document).encode(),
+            datatype=0x01,
+        )
 
     def _read(self, n: int) -> bytes:
         data = b""

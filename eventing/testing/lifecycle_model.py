@@ -52,7 +52,7 @@ LEDGER = "life_ledger"
 KEYS = tuple(f"doc{i}" for i in range(6))
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
-_RECORD = '''
+_RECORD = """
 import os
 
 def _record(meta, op):
@@ -65,30 +65,38 @@ def _record(meta, op):
 
 def on_delete(meta, options):
     _record(meta, "delete")
-'''
+"""
 
 HANDLERS: dict[str, str] = {
-    "ledger": 'VERSION = "ledger"\n' + _RECORD + '''
+    "ledger": 'VERSION = "ledger"\n'
+    + _RECORD
+    + """
 def on_update(doc, meta):
     _record(meta, "update")
-''',
-    "bad": 'VERSION = "bad"\n' + _RECORD + '''
+""",
+    "bad": 'VERSION = "bad"\n'
+    + _RECORD
+    + """
 def on_update(doc, meta):
     if doc.get("bad"):
         raise ValueError(f"document {meta.id} is marked bad")
     _record(meta, "update")
-''',
-    "hang": 'VERSION = "hang"\n' + _RECORD + '''
+""",
+    "hang": 'VERSION = "hang"\n'
+    + _RECORD
+    + """
 def on_update(doc, meta):
     if doc.get("hang"):
         while True:
             pass
     _record(meta, "update")
-''',
-    "fixed": 'VERSION = "fixed"\n' + _RECORD + '''
+""",
+    "fixed": 'VERSION = "fixed"\n'
+    + _RECORD
+    + """
 def on_update(doc, meta):
     _record(meta, "update")
-''',
+""",
 }
 
 
@@ -144,7 +152,9 @@ class ModelState:
 
     state: str = "none"  # none | undeployed | deployed | paused
     handler: str = "ledger"
-    settings: dict[str, Any] = field(default_factory=lambda: {"worker_count": 2, "batch_size": 100, "retries": 0})
+    settings: dict[str, Any] = field(
+        default_factory=lambda: {"worker_count": 2, "batch_size": 100, "retries": 0}
+    )
     deployment: Deployment | None = None
     dlq: dict[tuple[int, int], DeadLetter] = field(default_factory=dict)
 
@@ -163,7 +173,9 @@ class LifecycleDriver:
     """Applies steps to a data directory (through the Python API, the lifecycle functions and the CLI) and
     to the model; `check()` compares them. Steps are tuples, see `apply`."""
 
-    def __init__(self, data_dir: str | Path, *, executor: str = "in-process", known: frozenset[str] = frozenset()):
+    def __init__(
+        self, data_dir: str | Path, *, executor: str = "in-process", known: frozenset[str] = frozenset()
+    ):
         self.data_dir = str(data_dir)
         self.app = Eventing(self.data_dir, executor=executor)  # type: ignore[arg-type]
         self.app.create_bucket(SOURCE)
@@ -171,14 +183,20 @@ class LifecycleDriver:
         self.model = ModelState()
         # Open issues a test chooses to tolerate (see KNOWN_ISSUES); what they excused is kept in `excused`.
         self.known = known
-        self.stale_replays: set[tuple[int, str, int]] = set()  # (tag, key, seqno) a stale letter's replay applied again
+        self.stale_replays: set[tuple[int, str, int]] = (
+            set()
+        )  # (tag, key, seqno) a stale letter's replay applied again
         self.excused: list[Violation] = []
         self.muts: list[Mut] = []
         self.live: set[str] = set()
         self.rev = 0
         self.next_tag = 1
-        self.must: dict[int, set[tuple[str, int]]] = defaultdict(set)  # tag -> effects that must be in the ledger
-        self.may: dict[int, set[tuple[str, int]]] = defaultdict(set)  # tag -> effects that may appear (resolved by check)
+        self.must: dict[int, set[tuple[str, int]]] = defaultdict(
+            set
+        )  # tag -> effects that must be in the ledger
+        self.may: dict[int, set[tuple[str, int]]] = defaultdict(
+            set
+        )  # tag -> effects that may appear (resolved by check)
         # tag -> (key, seq) whose effect a replay applied: it lands after later versions' effects (documented),
         # so the per-document order check leaves it out
         self.replayed: dict[int, set[tuple[str, int]]] = defaultdict(set)
@@ -314,7 +332,9 @@ class LifecycleDriver:
                 self.must[d.tag].add((m.key, m.seq))
                 d.status[ident] = "effect"
             elif status == "dead":
-                self.may[d.tag].add((m.key, m.seq))  # a rewound dead letter: handled now or still a dead letter
+                self.may[d.tag].add(
+                    (m.key, m.seq)
+                )  # a rewound dead letter: handled now or still a dead letter
         else:
             if status is None:
                 d.status[ident] = "dead"
@@ -429,7 +449,9 @@ class LifecycleDriver:
                     elif count == 2 and (key, seq) in self.replayed[tag]:
                         kind = "replay_rerun"
                     found.append(Violation(kind, f"{text} written {count} times"))
-            letters = {(r.vb, r.seqno): r for r in store.dlq_rows(FUNCTION, include_replayed=True)} if store else {}
+            letters = (
+                {(r.vb, r.seqno): r for r in store.dlq_rows(FUNCTION, include_replayed=True)} if store else {}
+            )
             d = self.model.deployment
             for tag in sorted(set(self.must) | set(actual)):
                 must, may, got = self.must[tag], self.may[tag], actual[tag]
@@ -438,18 +460,31 @@ class LifecycleDriver:
                     row = letters.get((vb, seq))
                     letter = self.model.dlq.get((vb, seq))
                     if (
-                        d is not None and tag == d.tag and row is not None and row.reason == "timeout"
-                        and row.replayed_at is None and letter is not None and letter.tag != tag
+                        d is not None
+                        and tag == d.tag
+                        and row is not None
+                        and row.reason == "timeout"
+                        and row.replayed_at is None
+                        and letter is not None
+                        and letter.tag != tag
                     ):
-                        found.append(Violation(
-                            "timeout_skip",
-                            f"{key}@{vb}:{seq} not handled by deployment {tag}: a timeout dead letter of "
-                            f"deployment {letter.tag} made its worker skip it",
-                        ))
+                        found.append(
+                            Violation(
+                                "timeout_skip",
+                                f"{key}@{vb}:{seq} not handled by deployment {tag}: a timeout dead letter of "
+                                f"deployment {letter.tag} made its worker skip it",
+                            )
+                        )
                         continue
-                    found.append(Violation("missing", f"{key}@{vb}:{seq} has no effect under deployment {tag}"))
+                    found.append(
+                        Violation("missing", f"{key}@{vb}:{seq} has no effect under deployment {tag}")
+                    )
                 for key, seq in sorted(got - must - may):
-                    found.append(Violation("unexpected", f"{key}@{seq}: an effect under deployment {tag} it does not owe"))
+                    found.append(
+                        Violation(
+                            "unexpected", f"{key}@{seq}: an effect under deployment {tag} it does not owe"
+                        )
+                    )
             if d is not None:
                 for (vb, seq), status in sorted(d.status.items()):
                     if status == "dead":
@@ -457,18 +492,22 @@ class LifecycleDriver:
                         handled = (m_key, seq) in actual[d.tag]
                         row = letters.get((vb, seq))
                         if not handled and (row is None or row.replayed_at is not None):
-                            found.append(Violation(
-                                "dead_letter_missing",
-                                f"{m_key}@{vb}:{seq} failed under deployment {d.tag} but is neither handled nor a "
-                                "pending dead letter",
-                            ))
+                            found.append(
+                                Violation(
+                                    "dead_letter_missing",
+                                    f"{m_key}@{vb}:{seq} failed under deployment {d.tag} but is neither handled nor a "
+                                    "pending dead letter",
+                                )
+                            )
             for tag in sorted(actual):
                 replayed = self.replayed[tag]
                 for text, history, _meta in ledger.scan(f"{HISTORY}{FUNCTION}#{tag}|"):
                     key = text.rpartition("|")[2]
                     seqs = [s for s in history.get("seqs", []) if (key, s) not in replayed]
                     if any(b <= a for a, b in zip(seqs, seqs[1:], strict=False)):
-                        found.append(Violation("order", f"deployment {tag} handled {key} out of order: {seqs}"))
+                        found.append(
+                            Violation("order", f"deployment {tag} handled {key} out of order: {seqs}")
+                        )
             if store is not None:
                 found.extend(self._check_store(store))
         finally:
@@ -483,7 +522,9 @@ class LifecycleDriver:
         found = []
         record = store.get_function(FUNCTION)
         if record.state.value != self.model.state:
-            found.append(Violation("state", f"function is {record.state.value}, the model says {self.model.state}"))
+            found.append(
+                Violation("state", f"function is {record.state.value}, the model says {self.model.state}")
+            )
         d = self.model.deployment
         if d is not None and self.model.state in ("deployed", "paused"):
             cps = store.checkpoints(FUNCTION)
@@ -491,7 +532,9 @@ class LifecycleDriver:
                 want = d.processed.get(vb, 0)
                 got = cps[vb].seqno if vb in cps else None
                 if got != want:
-                    found.append(Violation("checkpoint", f"vBucket {vb} checkpoint {got}, the model says {want}"))
+                    found.append(
+                        Violation("checkpoint", f"vBucket {vb} checkpoint {got}, the model says {want}")
+                    )
         return found
 
     def _resolve(self) -> None:
@@ -536,7 +579,9 @@ class LifecycleDriver:
                 raise AssertionError(f"{self.log[-1]}: the refusal is not one line: {exc}") from None
             return
         except EventingError as exc:
-            raise AssertionError(f"{self.log[-1]}: refused with {type(exc).__name__}, not LifecycleError: {exc}") from None
+            raise AssertionError(
+                f"{self.log[-1]}: refused with {type(exc).__name__}, not LifecycleError: {exc}"
+            ) from None
         raise AssertionError(f"{self.log[-1]}: accepted in state {self.model.state}, expected a refusal")
 
     def describe(self) -> str:
@@ -545,9 +590,17 @@ class LifecycleDriver:
 
 FINALE: tuple[tuple, ...] = (
     # Fix the handler and replay every dead letter: the deployment has handled everything it owes.
-    ("pause",), ("edit", "fixed", {}), ("replay",), ("resume",), ("run",), ("complete",),
+    ("pause",),
+    ("edit", "fixed", {}),
+    ("replay",),
+    ("resume",),
+    ("run",),
+    ("complete",),
     # A fresh deployment from `everything` handles every mutation of the log, whatever came before.
-    ("undeploy",), ("deploy", "everything"), ("run",), ("complete",),
+    ("undeploy",),
+    ("deploy", "everything"),
+    ("run",),
+    ("complete",),
 )
 
 
@@ -565,8 +618,14 @@ KNOWN_ISSUES = {
 }
 
 
-def run_steps(data_dir: str | Path, steps: list[tuple] | tuple[tuple, ...], *, executor: str = "in-process",
-              finale: bool = True, known: frozenset[str] = frozenset()) -> LifecycleDriver:
+def run_steps(
+    data_dir: str | Path,
+    steps: list[tuple] | tuple[tuple, ...],
+    *,
+    executor: str = "in-process",
+    finale: bool = True,
+    known: frozenset[str] = frozenset(),
+) -> LifecycleDriver:
     """Apply `steps`, then run until caught up (and the FINALE); fail with the violations found after the
     first step that shows any, naming the steps so far."""
     driver = LifecycleDriver(data_dir, executor=executor, known=known)
@@ -588,8 +647,14 @@ class ServiceDriver(LifecycleDriver):
 
     execution_timeout = "1s"
 
-    def __init__(self, data_dir: str | Path, ray_address: str, *, known: frozenset[str] = frozenset(),
-                 catch_up_s: float = 60.0):
+    def __init__(
+        self,
+        data_dir: str | Path,
+        ray_address: str,
+        *,
+        known: frozenset[str] = frozenset(),
+        catch_up_s: float = 60.0,
+    ):
         super().__init__(data_dir, executor="ray", known=known)
         self.ray_address = ray_address
         self.catch_up_s = catch_up_s
@@ -600,7 +665,9 @@ class ServiceDriver(LifecycleDriver):
     def start_service(self) -> None:
         from eventing.testing.cluster import ServiceProcess
 
-        self.service = ServiceProcess(self.data_dir, self.ray_address, log_name=f"service{sum(self.kills.values())}")
+        self.service = ServiceProcess(
+            self.data_dir, self.ray_address, log_name=f"service{sum(self.kills.values())}"
+        )
 
     def close(self) -> None:
         if self.service is not None:
@@ -623,8 +690,12 @@ class ServiceDriver(LifecycleDriver):
 
         ledger = open_bucket(self.data_dir, LEDGER)
         try:
-            pids = [doc.get("pid") for _, doc, meta in sorted(
-                ledger.scan(f"{EFFECT}{FUNCTION}#"), key=lambda item: -item[2]["seqno"])]
+            pids = [
+                doc.get("pid")
+                for _, doc, meta in sorted(
+                    ledger.scan(f"{EFFECT}{FUNCTION}#"), key=lambda item: -item[2]["seqno"]
+                )
+            ]
         finally:
             ledger.close()
         for pid in pids:

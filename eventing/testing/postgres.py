@@ -37,8 +37,10 @@ def pg_bin_dir() -> Path | None:
 def unavailable() -> str | None:
     """Why no throwaway server can run here (one line), or None."""
     if pg_bin_dir() is None:
-        return ("PostgreSQL's server is not installed; install Debian's package (`apt-get install -y postgresql`, "
-                "which scripts/setup.sh does when run as root)")
+        return (
+            "PostgreSQL's server is not installed; install Debian's package (`apt-get install -y postgresql`, "
+            "which scripts/setup.sh does when run as root)"
+        )
     if os.geteuid() == 0 and shutil.which("runuser") is None:
         return "PostgreSQL refuses to run as root and `runuser` is missing to run it as the `postgres` user"
     return None
@@ -73,8 +75,14 @@ def free_port() -> int:
 class ThrowawayPostgres:
     """One server in its own folder (see the module docstring)."""
 
-    def __init__(self, folder: str | os.PathLike[str] | None = None, *, port: int | None = None,
-                 fsync: bool = False, settings: dict[str, str] | None = None):
+    def __init__(
+        self,
+        folder: str | os.PathLike[str] | None = None,
+        *,
+        port: int | None = None,
+        fsync: bool = False,
+        settings: dict[str, str] | None = None,
+    ):
         why = unavailable()
         if why:
             raise RuntimeError(why)
@@ -82,8 +90,11 @@ class ThrowawayPostgres:
         assert found is not None  # unavailable() said so otherwise
         self.bin: Path = found
         self._own_folder = folder is None
-        self.folder = Path(folder) if folder is not None else Path(tempfile.mkdtemp(prefix="eventing-pg-",
-                                                                                     dir=_server_parent()))
+        self.folder = (
+            Path(folder)
+            if folder is not None
+            else Path(tempfile.mkdtemp(prefix="eventing-pg-", dir=_server_parent()))
+        )
         self.data = self.folder / "data"
         self.port = port or free_port()
         # fsync off by default: a kill -9 of the server loses nothing committed (the OS keeps the pages);
@@ -99,8 +110,9 @@ class ThrowawayPostgres:
         return ["runuser", "-u", "postgres", "--", *argv] if os.geteuid() == 0 else argv
 
     def _run(self, argv: list[str], *, check: bool = True) -> subprocess.CompletedProcess:
-        return subprocess.run(self._as_server_user(argv), capture_output=True, text=True, check=check,
-                              cwd="/")
+        return subprocess.run(
+            self._as_server_user(argv), capture_output=True, text=True, check=check, cwd="/"
+        )
 
     def _give_to_server_user(self, path: Path) -> None:
         if os.geteuid() == 0:
@@ -113,12 +125,28 @@ class ThrowawayPostgres:
         self.folder.mkdir(parents=True, exist_ok=True)
         blocked = _unreachable_parent(self.folder) if os.geteuid() == 0 else None
         if blocked is not None:
-            raise RuntimeError(f"the server folder {self.folder} is inside {blocked}, which the `postgres` user "
-                               f"cannot enter; choose a folder under /tmp or run `chmod o+x {blocked}`")
+            raise RuntimeError(
+                f"the server folder {self.folder} is inside {blocked}, which the `postgres` user "
+                f"cannot enter; choose a folder under /tmp or run `chmod o+x {blocked}`"
+            )
         self._give_to_server_user(self.folder)
         os.chmod(self.folder, 0o700)
-        done = self._run([str(self.bin / "initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres",
-                          "--no-sync", "-E", "UTF8", "--locale=C.UTF-8"], check=False)
+        done = self._run(
+            [
+                str(self.bin / "initdb"),
+                "-D",
+                str(self.data),
+                "-A",
+                "trust",
+                "-U",
+                "postgres",
+                "--no-sync",
+                "-E",
+                "UTF8",
+                "--locale=C.UTF-8",
+            ],
+            check=False,
+        )
         if done.returncode != 0:
             raise RuntimeError(f"initdb failed: {done.stderr.strip().splitlines()[-1:]}")
         self._configure()
@@ -157,8 +185,20 @@ class ThrowawayPostgres:
         if not self._initialised and not (self.data / "PG_VERSION").exists():
             self.initdb()
         self._initialised = True
-        done = self._run([str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-w",
-                          "-t", str(int(START_TIMEOUT_S)), "start"], check=False)
+        done = self._run(
+            [
+                str(self.bin / "pg_ctl"),
+                "-D",
+                str(self.data),
+                "-l",
+                str(self.log),
+                "-w",
+                "-t",
+                str(int(START_TIMEOUT_S)),
+                "start",
+            ],
+            check=False,
+        )
         if done.returncode != 0:
             tail = self.log.read_text(errors="replace").strip().splitlines()[-3:] if self.log.exists() else []
             raise RuntimeError(f"PostgreSQL did not start on port {self.port}: {' / '.join(tail)}")
@@ -202,8 +242,9 @@ class ThrowawayPostgres:
         for standby in self.standbys:
             standby.stop(remove=remove)
         if self.running():
-            self._run([str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop"],
-                      check=False)
+            self._run(
+                [str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop"], check=False
+            )
             if self.running():
                 self.kill()
         if remove and self._own_folder:
@@ -213,8 +254,24 @@ class ThrowawayPostgres:
 
     def sql(self, statement: str, database: str = "postgres") -> str:
         """Run one statement with psql over the Unix socket; its output (tuples only)."""
-        done = self._run([str(self.bin / "psql"), "-h", str(self.folder), "-p", str(self.port), "-U", "postgres",
-                          "-d", database, "-v", "ON_ERROR_STOP=1", "-Atqc", statement], check=False)
+        done = self._run(
+            [
+                str(self.bin / "psql"),
+                "-h",
+                str(self.folder),
+                "-p",
+                str(self.port),
+                "-U",
+                "postgres",
+                "-d",
+                database,
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-Atqc",
+                statement,
+            ],
+            check=False,
+        )
         if done.returncode != 0:
             raise RuntimeError(f"psql failed: {done.stderr.strip()}")
         return done.stdout.strip()
@@ -240,10 +297,27 @@ class ThrowawayPostgres:
         standby.folder.mkdir(parents=True, exist_ok=True)
         standby._give_to_server_user(standby.folder)
         os.chmod(standby.folder, 0o700)
-        done = self._run([str(self.bin / "pg_basebackup"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres",
-                          "-D", str(standby.data), "-R", "-X", "stream", "--no-sync", "--checkpoint=fast",
-                          "-d", f"host=127.0.0.1 port={self.port} user=postgres application_name={name}"],
-                         check=False)
+        done = self._run(
+            [
+                str(self.bin / "pg_basebackup"),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "-U",
+                "postgres",
+                "-D",
+                str(standby.data),
+                "-R",
+                "-X",
+                "stream",
+                "--no-sync",
+                "--checkpoint=fast",
+                "-d",
+                f"host=127.0.0.1 port={self.port} user=postgres application_name={name}",
+            ],
+            check=False,
+        )
         if done.returncode != 0:
             raise RuntimeError(f"pg_basebackup failed: {done.stderr.strip()}")
         with open(standby.data / "postgresql.auto.conf", "a") as f:
@@ -255,8 +329,10 @@ class ThrowawayPostgres:
             self.sql(f"ALTER SYSTEM SET synchronous_standby_names = '{name}'")
             self.sql("SELECT pg_reload_conf()")
             deadline = time.monotonic() + START_TIMEOUT_S
-            while self.sql("SELECT sync_state FROM pg_stat_replication WHERE application_name = "
-                           f"'{name}'") != "sync":
+            while (
+                self.sql(f"SELECT sync_state FROM pg_stat_replication WHERE application_name = '{name}'")
+                != "sync"
+            ):
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"standby {name} did not become synchronous")
                 time.sleep(0.05)
@@ -311,7 +387,9 @@ def main(argv: list[str] | None = None) -> int:
     import json
 
     parser = argparse.ArgumentParser(prog="python -m eventing.testing.postgres", description=main.__doc__)
-    parser.add_argument("action", choices=["start", "stop", "kill", "standby", "promote", "url", "failover-url"])
+    parser.add_argument(
+        "action", choices=["start", "stop", "kill", "standby", "promote", "url", "failover-url"]
+    )
     parser.add_argument("--folder", required=True, help="the folder that knows the server (created by start)")
     parser.add_argument("--port", type=int, default=None, help="its port (start: a free one by default)")
     parser.add_argument("--database", default="eventing", help="a database start creates (default eventing)")
@@ -340,8 +418,10 @@ def main(argv: list[str] | None = None) -> int:
     elif args.action == "url":
         print(server.url(args.database))
     elif args.action == "failover-url":  # both servers; libpq takes the one that accepts writes
-        print(f"postgresql://postgres@127.0.0.1:{server.port},127.0.0.1:{info['standby']['port']}/{args.database}"
-              "?target_session_attrs=read-write")
+        print(
+            f"postgresql://postgres@127.0.0.1:{server.port},127.0.0.1:{info['standby']['port']}/{args.database}"
+            "?target_session_attrs=read-write"
+        )
     elif args.action == "kill":
         server.kill()
     elif args.action == "stop":

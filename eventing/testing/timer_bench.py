@@ -28,7 +28,7 @@ from eventing.workers.executor import Executor
 
 FUNCTION = "fn_timers"
 
-HANDLER = '''
+HANDLER = """
 import time
 
 def on_update(doc, meta):
@@ -36,7 +36,7 @@ def on_update(doc, meta):
 
 def fire(context):
     ledger["f|" + context["id"]] = {"due": context["due"], "fired": time.time()}
-'''
+"""
 
 
 @dataclass
@@ -58,9 +58,16 @@ class TimerBenchResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "timers": self.timers, "fired": self.fired_keys, "missing": self.missing, "fired_twice": self.fired_twice,
-            "kills": self.kills, "delay_p50_s": round(self.delay_p50_s, 3), "delay_p99_s": round(self.delay_p99_s, 3),
-            "delay_max_s": round(self.delay_max_s, 3), "seconds": round(self.seconds, 1), **self.counters,
+            "timers": self.timers,
+            "fired": self.fired_keys,
+            "missing": self.missing,
+            "fired_twice": self.fired_twice,
+            "kills": self.kills,
+            "delay_p50_s": round(self.delay_p50_s, 3),
+            "delay_p99_s": round(self.delay_p99_s, 3),
+            "delay_max_s": round(self.delay_max_s, 3),
+            "seconds": round(self.seconds, 1),
+            **self.counters,
         }
 
 
@@ -70,11 +77,17 @@ def prepare(data_dir: StateLike) -> None:
 
 
 def definition(workers: int, batch_size: int, base: float) -> FunctionDefinition:
-    return FunctionDefinition.from_dict({
-        "name": FUNCTION, "source_bucket": "timer_src", "worker_count": workers, "batch_size": batch_size,
-        "checkpoint_interval": "500ms", "bindings": [{"alias": "ledger", "bucket": "timer_ledger", "access": "rw"}],
-        "constants": {"BASE": base},
-    })
+    return FunctionDefinition.from_dict(
+        {
+            "name": FUNCTION,
+            "source_bucket": "timer_src",
+            "worker_count": workers,
+            "batch_size": batch_size,
+            "checkpoint_interval": "500ms",
+            "bindings": [{"alias": "ledger", "bucket": "timer_ledger", "access": "rw"}],
+            "constants": {"BASE": base},
+        }
+    )
 
 
 def run(
@@ -95,7 +108,9 @@ def run(
     lifecycle.save_function(data_dir, definition(workers, 1000, base), HANDLER)
     lifecycle.deploy(data_dir, FUNCTION)
     offsets = (span_s * i / max(1, timers - 1) for i in range(timers))
-    for chunk in chunked((Write(f"t{i}", OP_UPDATE, encode_document({"offset": off})) for i, off in enumerate(offsets)), 20_000):
+    for chunk in chunked(
+        (Write(f"t{i}", OP_UPDATE, encode_document({"offset": off})) for i, off in enumerate(offsets)), 20_000
+    ):
         source.write(chunk)
     service = EventingService(data_dir, executor, functions=[FUNCTION])
     thread = threading.Thread(target=service.run, name="timer-bench-service", daemon=True)

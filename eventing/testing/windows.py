@@ -100,8 +100,11 @@ def python_aggregator(partials_dir: Path, layout: RowLayout, windows: list[tuple
     if spec.is_session:
         return _python_session_aggregator(files, layout, windows)
     schema = partial_schema(layout.group_by, layout.aggregates)
-    partials = pa.concat_tables([pq.read_table(p).select(schema.names).cast(schema) for p in files]) if files \
+    partials = (
+        pa.concat_tables([pq.read_table(p).select(schema.names).cast(schema) for p in files])
+        if files
         else schema.empty_table()
+    )
     merged = merge_partial_tables(
         partials, size_ms=spec.size_ms, group_by=layout.group_by, aggregates=layout.aggregates
     )
@@ -122,8 +125,11 @@ def python_aggregator(partials_dir: Path, layout: RowLayout, windows: list[tuple
 
 def _python_session_aggregator(files: list[Path], layout: RowLayout, sessions: list[tuple]) -> pa.Table:
     schema = session_partial_schema(layout.group_by, layout.aggregates)
-    partials = pa.concat_tables([pq.read_table(p).select(schema.names).cast(schema) for p in files]) if files \
+    partials = (
+        pa.concat_tables([pq.read_table(p).select(schema.names).cast(schema) for p in files])
+        if files
         else schema.empty_table()
+    )
     merged = merge_session_partial_tables(
         partials, sessions, group_by=layout.group_by, aggregates=layout.aggregates, gap_ms=layout.spec.gap_ms
     )
@@ -208,8 +214,12 @@ def reference_results(
                 row[agg.field] = doc.get(agg.field)
         rows.append(row)
     return python_aggregate(
-        rows, size_ms=spec.size_ms, slide_ms=spec.slide_ms, group_by=spec.group_by,
-        aggregates=[(a.op, a.field, a.name) for a in spec.aggregates], windows=windows,
+        rows,
+        size_ms=spec.size_ms,
+        slide_ms=spec.slide_ms,
+        group_by=spec.group_by,
+        aggregates=[(a.op, a.field, a.name) for a in spec.aggregates],
+        windows=windows,
         offset_ms=spec.offset_ms,
     )
 
@@ -290,7 +300,9 @@ def reference_arrival_fates(
                 out.append((None, "out_of_order"))
                 continue
             t = watermark[stream]
-        watermark[stream] = max(watermark.get(stream, t - out_of_order_tolerance_ms), t - out_of_order_tolerance_ms)
+        watermark[stream] = max(
+            watermark.get(stream, t - out_of_order_tolerance_ms), t - out_of_order_tolerance_ms
+        )
         out.append((t, None))
     return out
 

@@ -11,7 +11,7 @@ from eventing.storage.writes import chunked
 
 # W1: the handler keeps a dict of each document's latest revision: the framework's own cost, with state that
 # grows with the documents, never with the mutations.
-TRIVIAL_HANDLER = '''
+TRIVIAL_HANDLER = """
 seen = {}
 
 def on_update(doc, meta):
@@ -19,11 +19,11 @@ def on_update(doc, meta):
 
 def on_delete(meta, options):
     seen.pop(meta.id, None)
-'''
+"""
 
 
 # W1 as a batch handler (on_batch): the same dict, made from the batch's columns in one pass.
-TRIVIAL_BATCH_HANDLER = '''
+TRIVIAL_BATCH_HANDLER = """
 seen = {}
 
 def on_batch(batch):
@@ -32,7 +32,7 @@ def on_batch(batch):
             seen.pop(key, None)
         else:
             seen[key] = doc.get("rev")
-'''
+"""
 
 
 def load_bench_bucket(

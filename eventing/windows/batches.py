@@ -229,7 +229,10 @@ def atomic_write_many(files: Sequence[tuple[Path, Callable[[Path], object]]], *,
 
 
 def _write_and_place(
-    staged: list[tuple[Path, Path]], files: Sequence[tuple[Path, Callable[[Path], object]]], *, overwrite: bool
+    staged: list[tuple[Path, Path]],
+    files: Sequence[tuple[Path, Callable[[Path], object]]],
+    *,
+    overwrite: bool,
 ) -> int:
     try:
         jobs = [(tmp, write) for (tmp, _), (_, write) in zip(staged, files, strict=True)]

@@ -60,7 +60,9 @@ class BatchCalls:
         self.segments: list[_Segment] = []
         self.spans: dict[int, tuple[int, int]] = {}  # vb -> (first, last) seqno of the segments taken
         # Plain runs of a file source read in bulk; through the data service, the rows read ahead instead.
-        self.reads_packed = not core._reads_ahead and core.filter is None and core.collections.source_is_default
+        self.reads_packed = (
+            not core._reads_ahead and core.filter is None and core.collections.source_is_default
+        )
 
     def process(self, work: list[int], limits: dict[int, int], budget: int) -> int:
         """WorkerReads._process with on_batch run on what it read, returning once the batch is handled."""
@@ -76,7 +78,7 @@ class BatchCalls:
         if not segments:
             return
         notes = self.core.crash_guard.notes
-        noted = list(spans.items())[: NOTE_SLOTS]
+        noted = list(spans.items())[:NOTE_SLOTS]
         for slot, (vb, (first, last)) in enumerate(noted, 1):
             notes.note(slot, vb, first, last)
         try:
@@ -119,8 +121,12 @@ class BatchCalls:
                 core._order_violation(vb, seqno, position)
             position = seqno
             origin, raw = row[6], row[5]
-            if (origin is not None and (origin == own or origin == name)) or (lettered and (vb, seqno) in lettered):
-                core._handle(_as_mutation(row))  # the recursion guard, or a letter of this deployment: no call
+            if (origin is not None and (origin == own or origin == name)) or (
+                lettered and (vb, seqno) in lettered
+            ):
+                core._handle(
+                    _as_mutation(row)
+                )  # the recursion guard, or a letter of this deployment: no call
                 continue
             if row[3] == OP_UPDATE:
                 try:
@@ -154,8 +160,12 @@ class BatchCalls:
             return 0
         source = core.source
         p = source.read_vb_packed(vb, position, limit, core.name)
-        if p is None or (p.other_seqnos and p.other_ops is None) or COLLECTION_MARK_BYTES in p.keys \
-                or COLLECTION_MARK_BYTES in p.other_keys:
+        if (
+            p is None
+            or (p.other_seqnos and p.other_ops is None)
+            or COLLECTION_MARK_BYTES in p.keys
+            or COLLECTION_MARK_BYTES in p.other_keys
+        ):
             return 0
         if len(p.docs) > core.max_bytes and source.max_doc_bytes(vb, position, p.last_seqno) > core.max_bytes:
             return 0
@@ -165,8 +175,13 @@ class BatchCalls:
             return 0
         if type(docs) is not list or len(docs) != p.update_count:
             return 0
-        seg = _Segment(vb, None, packed=p, load=partial(source.read_vb_rows, vb, position, p.count),
-                       keyspace=self.runner.keyspace)
+        seg = _Segment(
+            vb,
+            None,
+            packed=p,
+            load=partial(source.read_vb_rows, vb, position, p.count),
+            keyspace=self.runner.keyspace,
+        )
         seg.docs = docs
         self.segments.append(seg)
         self._span(vb, position + 1, p.last_seqno)
@@ -207,7 +222,9 @@ class BatchCalls:
                 errors.setdefault(where, []).append((attempt, now, text))
                 if raised is not None and trace:
                     traces[where] = trace
-                refused = policy.refuses(error_names(error) if isinstance(error, BaseException) else (), statuses)
+                refused = policy.refuses(
+                    error_names(error) if isinstance(error, BaseException) else (), statuses
+                )
                 if refused is not None:
                     letters[i] = ("error", f"{text} (non_retryable: {refused})")
                 elif attempt >= attempts:
@@ -285,13 +302,24 @@ class BatchCalls:
             scope.end()
         return scope, failed, raised, trace
 
-    def _letter(self, batch: Batch, i: int, reason: str, error: str, trace: str, attempt: int,
-                errors: dict[tuple[int, int], list[tuple[int, float, str]]], now: float) -> None:
+    def _letter(
+        self,
+        batch: Batch,
+        i: int,
+        reason: str,
+        error: str,
+        trace: str,
+        attempt: int,
+        errors: dict[tuple[int, int], list[tuple[int, float, str]]],
+        now: float,
+    ) -> None:
         """Item i of the batch as a dead letter, with every attempt's error."""
         core = self.core
         m = batch.mutation(i)
         kind: HandlerKind = "on_update" if m.op == OP_UPDATE else "on_delete"
-        core.counters[counter_names.handler_outcome(kind, "timeout" if reason == "timeout" else "failure")] += 1
+        core.counters[
+            counter_names.handler_outcome(kind, "timeout" if reason == "timeout" else "failure")
+        ] += 1
         tried = errors.get((m.vb, m.seqno), [])
         if len(tried) > 1:
             trace = f"{trace.rstrip()}\n{attempts_text(tried)}" if trace else attempts_text(tried)

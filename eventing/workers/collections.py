@@ -34,7 +34,9 @@ class SourceCollections:
 
     def _refresh(self) -> None:
         self._read_at = time.monotonic()
-        self._ids = {cid: Keyspace(self.bucket.name, s, c) for (s, c), cid in self.bucket.collections().items()}
+        self._ids = {
+            cid: Keyspace(self.bucket.name, s, c) for (s, c), cid in self.bucket.collections().items()
+        }
 
     def _wanted(self, cid: int) -> Keyspace | None:
         """The keyspace of collection `cid` if the function reads it, else None."""

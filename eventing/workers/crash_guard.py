@@ -221,7 +221,8 @@ class CrashGuard:
         n = self.deaths.get((m.vb, m.seqno), DEATHS_TO_DEAD_LETTER)
         return (
             f"the worker's process died {n} times while the handler ran on this mutation alone (it ended its "
-            "process, or crashed it in native code); dead-lettered so that the function goes on", n,
+            "process, or crashed it in native code); dead-lettered so that the function goes on",
+            n,
         )
 
     def close(self) -> None:

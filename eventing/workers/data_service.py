@@ -64,7 +64,9 @@ def start_data_service(data_dir: str, *, actors: int | None = None, wait: bool =
     node_id = ray.get_runtime_context().get_node_id()
     cls = ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)(ServedData)
     strategy = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
-    handles = [cls.options(scheduling_strategy=strategy).remote(os.path.abspath(data_dir)) for _ in range(count)]
+    handles = [
+        cls.options(scheduling_strategy=strategy).remote(os.path.abspath(data_dir)) for _ in range(count)
+    ]
     ref = DataServiceRef(handles, node_id, os.path.abspath(data_dir))
     if wait:
         ping(ref)

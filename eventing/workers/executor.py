@@ -34,7 +34,6 @@ if TYPE_CHECKING:
     from eventing.workers.worker import WorkerSpec
 
 
-
 class WorkerHandle(Protocol):
     def call(self, method: str, *args: Any) -> Any: ...
 
@@ -57,18 +56,18 @@ class Executor(Protocol):
     def release(self, handle: Any) -> None:
         """A worker that stopped cleanly (checkpointed, vBuckets released) is done with: kept for a later
         run where the executor keeps workers, else ended."""
+
     def check_placements(self, placements: dict[str, str | None]) -> None:
         """Refuse (EventingError) eventing nodes pinned to a place this executor cannot start workers on."""
+
     def serve(self, state: State) -> None:
         """Start what workers elsewhere need to reach `state` (the data service), if anything; idempotent."""
+
     def close(self) -> None:
         """Stop what serve() started; idempotent."""
 
 
-
-
 # -- in-process ---------------------------------------------------------------------------------------
-
 
 
 class _LocalHandle:
@@ -138,13 +137,6 @@ class InProcessExecutor:
 # -- Ray ----------------------------------------------------------------------------------------------
 
 
-
-
-
-
-
-
-
 class _RayHandle:
     def __init__(self, actor: Any):
         self.actor = actor
@@ -163,7 +155,11 @@ class RayExecutor:
     shared: Any = None  # SharedHosts when workers share processes
 
     def __init__(
-        self, address: str | None = None, *, join_local: str | None = None, worker_processes: int | None = None
+        self,
+        address: str | None = None,
+        *,
+        join_local: str | None = None,
+        worker_processes: int | None = None,
     ):
         import ray
 
@@ -216,7 +212,11 @@ class RayExecutor:
         known = {n["NodeID"]: n for n in self._ray.nodes()}
         for name, rid in pinned.items():
             if rid not in known:
-                alive = ", ".join(f"{nid[:12]}… ({n.get('NodeManagerAddress')})" for nid, n in known.items() if n.get("Alive"))
+                alive = ", ".join(
+                    f"{nid[:12]}… ({n.get('NodeManagerAddress')})"
+                    for nid, n in known.items()
+                    if n.get("Alive")
+                )
                 raise EventingError(
                     f"eventing node '{name}' is pinned to Ray node {rid!r}, which is not in this Ray cluster "
                     f"(alive: {alive or 'none'}); see `ray list nodes`, then `eventing node remove {name}` and "
@@ -278,7 +278,9 @@ class RayExecutor:
             cause = exc.as_instanceof_cause()
             if isinstance(cause, EventingError):
                 raise _again(cause) from None
-            if isinstance(original, WorkerDied):  # one core of a shared process (its sandbox ended, or dropped)
+            if isinstance(
+                original, WorkerDied
+            ):  # one core of a shared process (its sandbox ended, or dropped)
                 raise WorkerDied(str(original)) from None
             missing = missing_dependency(str(exc)) if isinstance(cause, ImportError) else None
             if missing is not None:
@@ -343,9 +345,12 @@ class RayExecutor:
         return handle
 
 
-
 def make_executor(
-    kind: str, ray_address: str | None = None, state: State | None = None, *, worker_processes: int | None = None
+    kind: str,
+    ray_address: str | None = None,
+    state: State | None = None,
+    *,
+    worker_processes: int | None = None,
 ) -> Executor:
     """``ray`` without an address joins the state's `eventing ray start` instance when it is up
     (~0.1 s), else starts a Ray instance of its own for the run (~2.5 s). ``worker_processes``: the

@@ -75,7 +75,12 @@ class WorkerHandling:
         function wrote (recursion guard) and rows this deployment dead-lettered stay: _handle counts them."""
         flt = self.filter
         assert flt is not None
-        match_update, match_delete, needs_doc, deletes_pass = flt.update, flt.delete, flt.needs_doc, flt.deletes_pass
+        match_update, match_delete, needs_doc, deletes_pass = (
+            flt.update,
+            flt.delete,
+            flt.needs_doc,
+            flt.deletes_pass,
+        )
         name, lettered, unpack = self.name, self._lettered, msgpack.unpackb
         kept = []
         for row in rows:
@@ -105,7 +110,9 @@ class WorkerHandling:
             c[counter_names.FILTERED] += dropped
         return kept
 
-    def _handle_run(self, vb: int, position: int, rows: list, take: Callable[[int, int, list], int] | None = None) -> int:
+    def _handle_run(
+        self, vb: int, position: int, rows: list, take: Callable[[int, int, list], int] | None = None
+    ) -> int:
         """A run of one vBucket's log rows (tuples in Mutation's field order): the rows the function's filter
         drops are counted, the others go to the run handler the worker chose when it was built (`_take_run`:
         _handle_serial, a pool's or on_batch's), or to `take`."""
@@ -127,7 +134,12 @@ class WorkerHandling:
         HandlerCall, no dispatch, counters added once a run): a third of a worker's cost on a trivial handler."""
         runner = self.runner
         positions = self.positions
-        if self.on_update is None or self.window_rows is not None or runner.previous is not None or self._lettered:
+        if (
+            self.on_update is None
+            or self.window_rows is not None
+            or runner.previous is not None
+            or self._lettered
+        ):
             for row in rows:
                 m = _as_mutation(Mutation, row)
                 if m.seqno <= position:
@@ -137,8 +149,20 @@ class WorkerHandling:
             return len(rows)
         if self._batch is not None:
             return self._handle_batched(vb, position, rows)
-        on_update, on_delete, rw, timers, meta_type = self.on_update, runner.on_delete, self.rw_bindings, self.timers, runner.meta_type
-        keyspace, max_bytes, epoch, unpack, monotonic = runner.keyspace, self.max_bytes, self.epochs[vb], msgpack.unpackb, time.monotonic
+        on_update, on_delete, rw, timers, meta_type = (
+            self.on_update,
+            runner.on_delete,
+            self.rw_bindings,
+            self.timers,
+            runner.meta_type,
+        )
+        keyspace, max_bytes, epoch, unpack, monotonic = (
+            runner.keyspace,
+            self.max_bytes,
+            self.epochs[vb],
+            msgpack.unpackb,
+            time.monotonic,
+        )
         context, timeout_s = runner.context, self.timeout_s  # CallContext.begin, inlined below
         context.epoch = epoch
         updated = deleted = no_handler = 0
@@ -166,7 +190,10 @@ class WorkerHandling:
                     position = positions[vb] = seqno
                     continue
                 kind, fn = "on_delete", on_delete
-                args = (meta_type(key, cas, vb, seqno, expiry, flags, "json", keyspace), DeleteOptions(expired=op == OP_EXPIRE))
+                args = (
+                    meta_type(key, cas, vb, seqno, expiry, flags, "json", keyspace),
+                    DeleteOptions(expired=op == OP_EXPIRE),
+                )
             if fn is None:
                 self._handle(m)
             else:
@@ -182,7 +209,12 @@ class WorkerHandling:
                     context.active = False
                     call = new_call(HandlerCall, (kind, fn, args, doc))
                     failure = runner.retry_after(
-                        exc, m, call, epoch=epoch, attempts=self._attempts, on_retry=self._count_retry,
+                        exc,
+                        m,
+                        call,
+                        epoch=epoch,
+                        attempts=self._attempts,
+                        on_retry=self._count_retry,
                     )
                     self.counters[counter_names.MUTATIONS_SEEN] += 1
                     self._outcome(m, call, failure)
@@ -241,7 +273,13 @@ class WorkerHandling:
         mutation makes it); the first that fails goes through the runner's failure path (retries, dead
         letter) and the batch goes on after it; a batch that stopped at its time slice goes on where it
         stopped."""
-        runner, rw, timers, context, positions = self.runner, self.rw_bindings, self.timers, self.runner.context, self.positions
+        runner, rw, timers, context, positions = (
+            self.runner,
+            self.rw_bindings,
+            self.timers,
+            self.runner.context,
+            self.positions,
+        )
         assert self._batch is not None
         batch_fn, keyspace, epoch = self._batch, runner.keyspace, self.epochs[vb]
         budget_s = self.timeout_s + self._batch_slice_s
@@ -287,13 +325,18 @@ class WorkerHandling:
                 raise failed
             except BaseException as exc:  # noqa: BLE001 - the runner's failure path decides
                 failure = runner.retry_after(
-                    exc, m, call, epoch=epoch, attempts=self._attempts, on_retry=self._count_retry,
+                    exc,
+                    m,
+                    call,
+                    epoch=epoch,
+                    attempts=self._attempts,
+                    on_retry=self._count_retry,
                 )
             self.counters[counter_names.MUTATIONS_SEEN] += 1
             self._outcome(m, call, failure)
             positions[vb] = m[1]
             context.epoch = epoch
-            batch, docs = batch[done + 1:], docs[done + 1:]
+            batch, docs = batch[done + 1 :], docs[done + 1 :]
         if handled_ok:
             c = self.counters
             c[counter_names.MUTATIONS_SEEN] += handled_ok
@@ -339,7 +382,11 @@ class WorkerHandling:
             if call.fn is None:  # a window-only function: the row is the whole effect
                 return  # counted as window_rows_written (no handler ran, so no on_update_success)
         failure = self.runner.call(
-            m, call, epoch=self.epochs[m.vb], attempts=self._attempts, on_retry=self._count_retry,
+            m,
+            call,
+            epoch=self.epochs[m.vb],
+            attempts=self._attempts,
+            on_retry=self._count_retry,
         )
         self._outcome(m, call, failure)
 
@@ -352,18 +399,31 @@ class WorkerHandling:
             self._dead_letter(m, "timeout", failure.error, "", failure.attempts)
         else:  # error, or expired (retry.max_event_age)
             c[counter_names.handler_outcome(call.kind, "failure")] += 1
-            self._dead_letter(m, failure.status, failure.error, failure.traceback, failure.attempts,
-                              failure.first_failed_at)
+            self._dead_letter(
+                m, failure.status, failure.error, failure.traceback, failure.attempts, failure.first_failed_at
+            )
 
     def _count_retry(self) -> None:
         self.counters[counter_names.RETRIES] += 1
 
-    def _dead_letter(self, m: Mutation, reason: str, error: str, tb: str, attempts: int, first: float = 0.0) -> None:
+    def _dead_letter(
+        self, m: Mutation, reason: str, error: str, tb: str, attempts: int, first: float = 0.0
+    ) -> None:
         now = time.time()
         self.counters[counter_names.dlq(reason)] += 1
         self.dlq.append(
             DlqRow(
-                self.name, m.vb, m.seqno, m.key, reason, error, tb, attempts, first or now, now, pack_mutation(m),
+                self.name,
+                m.vb,
+                m.seqno,
+                m.key,
+                reason,
+                error,
+                tb,
+                attempts,
+                first or now,
+                now,
+                pack_mutation(m),
                 generation=self.spec.generation,
             )
         )

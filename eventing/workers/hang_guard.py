@@ -47,7 +47,9 @@ class HangGuard:
         if not context.active:
             return
         now = time.monotonic()
-        if now < context.deadline or (self._raised_for == context.deadline and now < self._raised_at + TIMEOUT_REPEAT_S):
+        if now < context.deadline or (
+            self._raised_for == context.deadline and now < self._raised_at + TIMEOUT_REPEAT_S
+        ):
             return
         self._raised_for, self._raised_at = context.deadline, now
         raise HandlerTimeout()
@@ -76,7 +78,10 @@ class HangGuard:
         the worker's own dict of owned vBuckets' epochs (kept up to date in place); `open_store` opens the
         metadata store, only once a handler hangs."""
         threading.Thread(
-            target=self._watch, args=(function, generation, epochs, open_store), name="hang-guard", daemon=True
+            target=self._watch,
+            args=(function, generation, epochs, open_store),
+            name="hang-guard",
+            daemon=True,
         ).start()
 
     def _watch(
@@ -95,15 +100,26 @@ class HangGuard:
                 continue
             now = time.time()
             row = DlqRow(
-                function, m.vb, m.seqno, m.key, "timeout",
+                function,
+                m.vb,
+                m.seqno,
+                m.key,
+                "timeout",
                 f"handler did not return within execution_timeout ({self.timeout_s}s) and could not be "
                 "interrupted; the worker process was recycled",
-                "", 1, now, now, pack_mutation(m), generation=generation,
+                "",
+                1,
+                now,
+                now,
+                pack_mutation(m),
+                generation=generation,
             )
             try:
                 store = store or open_store()
                 vb = owner_vb(m.vb)  # a timer's dead letter is fenced by its vBucket
-                store.commit(function, {vb: epochs.get(vb, -1)}, {}, [row], {counter_names.WORKERS_RECYCLED: 1})
+                store.commit(
+                    function, {vb: epochs.get(vb, -1)}, {}, [row], {counter_names.WORKERS_RECYCLED: 1}
+                )
             finally:
                 os._exit(70)
 

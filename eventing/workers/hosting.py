@@ -130,7 +130,6 @@ class _Done:
         self.sender = sender  # the shared host that answered, if any (eventing.workers.shared_host)
 
 
-
 _MISSING_MODULE = re.compile(r"No module named '([^']+)'")
 
 
@@ -145,4 +144,3 @@ def missing_dependency(text: str) -> EventingError | None:
         f"project's dependencies on every node (`pip install ray msgpack msgspec pyarrow ...`, as in "
         f"pyproject.toml) with the same Python version, then run again"
     )
-

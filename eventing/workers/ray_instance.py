@@ -63,7 +63,9 @@ def start(data_dir: str | os.PathLike[str], *, num_cpus: int | None = None, work
 
     root = str(Path(__file__).resolve().parents[2])  # the folder holding eventing/, metadata/, sharding/
     env = {
-        **os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0",
+        **os.environ,
+        "RAY_AUTH_MODE": "disabled",
+        "RAY_USAGE_STATS_ENABLED": "0",
         "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
         **light_worker_env(),
     }
@@ -72,12 +74,21 @@ def start(data_dir: str | os.PathLike[str], *, num_cpus: int | None = None, work
     port = free_port()
     ray_cli = str(Path(sys.executable).with_name("ray"))
     args = [
-        ray_cli, "start", "--head", f"--port={port}", f"--num-cpus={cpus}", f"--temp-dir={temp_dir}",
-        "--include-dashboard=false", "--disable-usage-stats", "--block",
+        ray_cli,
+        "start",
+        "--head",
+        f"--port={port}",
+        f"--num-cpus={cpus}",
+        f"--temp-dir={temp_dir}",
+        "--include-dashboard=false",
+        "--disable-usage-stats",
+        "--block",
     ]
     log_path = Path(temp_dir) / "ray-start.log"
     with open(log_path, "wb") as log:
-        process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        process = subprocess.Popen(
+            args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
     instance = RayInstance(f"127.0.0.1:{port}", process.pid, temp_dir, cpus, time.time())
     deadline = time.monotonic() + START_TIMEOUT_S
     while "block forever" not in log_path.read_text(errors="replace"):
@@ -96,7 +107,9 @@ def start(data_dir: str | os.PathLike[str], *, num_cpus: int | None = None, work
             fill_pool(instance.address, workers)
         except Exception as exc:  # noqa: BLE001 - an instance that cannot host workers is no use: end it
             _end(instance)
-            raise EventingError(f"the new Ray instance could not start worker processes ({exc}); see `ray start --help`") from None
+            raise EventingError(
+                f"the new Ray instance could not start worker processes ({exc}); see `ray start --help`"
+            ) from None
     state_path(data_dir).write_text(json.dumps(asdict(instance)))
     return instance
 
@@ -196,4 +209,3 @@ def _answers(address: str) -> bool:
             return True
     except (OSError, ValueError):
         return False
-

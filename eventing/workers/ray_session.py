@@ -37,7 +37,9 @@ INLINE_LIMIT_ENV = "RAY_max_direct_call_object_size"
 INLINE_REPLY_BYTES = 32 << 20
 
 
-def init_ray(address: str | None = None, *, num_cpus: int | None = None, join_local: str | None = None) -> None:
+def init_ray(
+    address: str | None = None, *, num_cpus: int | None = None, join_local: str | None = None
+) -> None:
     """Start a local Ray instance, or join the cluster at `address`, once per process. ``join_local``: the
     address of a Ray instance on this machine started by `eventing ray start` (eventing.workers.ray_instance),
     whose workers already have this project's environment."""
@@ -84,8 +86,9 @@ def init_ray(address: str | None = None, *, num_cpus: int | None = None, join_lo
                 ray.init(address="local", **kwargs)
     except (ConnectionError, ValueError, RuntimeError) as exc:
         target = address or "a local Ray instance"
-        raise EventingError(f"cannot start or join {target}: {exc}; check --ray-address or `ray status`") from None
-
+        raise EventingError(
+            f"cannot start or join {target}: {exc}; check --ray-address or `ray status`"
+        ) from None
 
 
 def light_worker_env() -> dict[str, str]:
@@ -96,7 +99,6 @@ def light_worker_env() -> dict[str, str]:
     if os.environ.get("EVENTING_RAY_LIGHT_WORKERS") == "0" or os.environ.get(SETUP_HOOK_ENV):
         return {}
     return {SETUP_HOOK_ENV: SETUP_HOOK}
-
 
 
 POOL_ADOPT_TIMEOUT_S = 5.0
@@ -130,7 +132,6 @@ def check_ray_address(address: str, timeout: float = ADDRESS_CHECK_TIMEOUT_S) ->
         ) from None
 
 
-
 @contextlib.contextmanager
 def _environment(values: dict[str, str]) -> Iterator[None]:
     saved = {name: os.environ.get(name) for name in values}
@@ -143,7 +144,6 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-
 
 
 def fill_pool(address: str, workers: int) -> int:
@@ -167,4 +167,3 @@ def fill_pool(address: str, workers: int) -> int:
         return len(names)
     finally:
         ray.shutdown()
-

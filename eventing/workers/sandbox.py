@@ -84,7 +84,7 @@ def sweep_sandboxes() -> int:
             os.close(fd)
             continue  # its host is alive
         try:
-            shutil.rmtree(entry.path[:-len(".lock")], ignore_errors=True)
+            shutil.rmtree(entry.path[: -len(".lock")], ignore_errors=True)
             os.unlink(entry.path)
             removed += 1
         except OSError:
@@ -130,7 +130,9 @@ def _project() -> tuple[str, list[str]]:
     from eventing.core.names import PROJECT_PACKAGES
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    return root, [os.path.join(root, name) for name in PROJECT_PACKAGES if os.path.isdir(os.path.join(root, name))]
+    return root, [
+        os.path.join(root, name) for name in PROJECT_PACKAGES if os.path.isdir(os.path.join(root, name))
+    ]
 
 
 class _Sandboxed:
@@ -179,16 +181,36 @@ class _Sandboxed:
             site_dirs = {os.path.realpath(p) for p in (*site.getsitepackages(), site.getusersitepackages())}
             avoid = [*private, sandboxes_root(), os.path.expanduser("~"), *ray_folders()]
             if os.path.realpath(root) not in site_dirs:
-                avoid.append(root)  # a checkout: its packages are read, nothing else in it (a data directory...)
-            policy = {"code": packages, "avoid": avoid, "writable": [self.tmp], "tcp_ports": url_ports(defn),
-                      "memory_mb": memory_mb(defn), "notes_fd": notes_fd}
+                avoid.append(
+                    root
+                )  # a checkout: its packages are read, nothing else in it (a data directory...)
+            policy = {
+                "code": packages,
+                "avoid": avoid,
+                "writable": [self.tmp],
+                "tcp_ports": url_ports(defn),
+                "memory_mb": memory_mb(defn),
+                "notes_fd": notes_fd,
+            }
             env = {name: os.environ[name] for name in ("PATH", "LANG", "LC_ALL") if name in os.environ}
-            paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.abspath(p) != root]
+            paths = [
+                p
+                for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                if p and os.path.abspath(p) != root
+            ]
             env["PYTHONPATH"] = os.pathsep.join([view, *paths])
             env.update({"TMPDIR": self.tmp, "HOME": self.tmp, "PYTHONDONTWRITEBYTECODE": "1"})
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "eventing.workers.sandbox_child", str(theirs.fileno()), json.dumps(policy)],
-                stdin=subprocess.DEVNULL, env=env, cwd=self.tmp,
+                [
+                    sys.executable,
+                    "-m",
+                    "eventing.workers.sandbox_child",
+                    str(theirs.fileno()),
+                    json.dumps(policy),
+                ],
+                stdin=subprocess.DEVNULL,
+                env=env,
+                cwd=self.tmp,
                 pass_fds=(theirs.fileno(),) if notes_fd is None else (theirs.fileno(), notes_fd),
             )
         except BaseException:
@@ -257,7 +279,9 @@ class _Sandboxed:
         if self._curl_pool is None:
             from concurrent.futures import ThreadPoolExecutor
 
-            self._curl_pool = ThreadPoolExecutor(max_workers=self._concurrency, thread_name_prefix="sandbox-curl")
+            self._curl_pool = ThreadPoolExecutor(
+                max_workers=self._concurrency, thread_name_prefix="sandbox-curl"
+            )
         return self._curl_pool
 
     def _end(self) -> None:
@@ -303,8 +327,9 @@ class SandboxedCore(_Sandboxed):
 
         backend: Any = ServedData(access.state) if access.local else spec.data_service.client(spec.worker_id)
         # The worker's call notes (eventing.workers.crash_guard): the child cannot open the data directory.
-        notes_fd = open_notes_file(spec.location, spec.function, spec.worker_id,
-                                   access.state.directory if access.local else None)
+        notes_fd = open_notes_file(
+            spec.location, spec.function, spec.worker_id, access.state.directory if access.local else None
+        )
         try:
             service = ScopedService(spec.function, defn, backend, limit_share=1 / max(1, spec.machines))
             self._start(spec.function, defn, service, private=_private(spec.location), notes_fd=notes_fd)
@@ -332,13 +357,16 @@ class SandboxedCore(_Sandboxed):
             raise AttributeError(method)
         return lambda *args: self._rpc(method, args)
 
+
 class _NoData:
     """The backend of a sandbox that needs no data (deploy-time validation): every request is refused."""
 
     def call(self, method: str, *args: Any) -> Any:
         from eventing.errors import ConfigError
 
-        raise ConfigError(f"a handler being validated may not call {method}: bindings are not usable at import")
+        raise ConfigError(
+            f"a handler being validated may not call {method}: bindings are not usable at import"
+        )
 
 
 def _private(location: str) -> list[str]:
@@ -353,11 +381,21 @@ def validate_sandboxed(state: StateLike, defn: Any, source: str) -> None:
     """``eventing.execution.loader.validate_handler`` for `defn` run in a sandboxed child: the handler
     module's top-level code runs there, and a HandlerLoadError comes back as one."""
     sandbox = _Sandboxed()
-    sandbox._start(defn.name, defn, ScopedService(defn.name, defn, _NoData()),
-                   private=_private(as_state(state).location))
+    sandbox._start(
+        defn.name, defn, ScopedService(defn.name, defn, _NoData()), private=_private(as_state(state).location)
+    )
     try:
-        sandbox._rpc("validate", (defn.name, source, [b.alias for b in defn.bindings], dict(defn.constants),
-                                  defn.window is not None, defn.language))
+        sandbox._rpc(
+            "validate",
+            (
+                defn.name,
+                source,
+                [b.alias for b in defn.bindings],
+                dict(defn.constants),
+                defn.window is not None,
+                defn.language,
+            ),
+        )
     finally:
         sandbox.close()
 
@@ -398,8 +436,12 @@ class SandboxedRunner(_Sandboxed):
         self.timers = _HeldTimers()
         self._held: list[Any] = []
         self._buckets: dict[str, Any] = {}
-        self._start(self.function, self.defn, ScopedService(self.function, self.defn, ServedData(state.location)),
-                    private=_private(state.location))
+        self._start(
+            self.function,
+            self.defn,
+            ScopedService(self.function, self.defn, ServedData(state.location)),
+            private=_private(state.location),
+        )
         try:
             self._rpc("__runner__", (self.function, mask_definition(record.definition), record.source))
             self.source = state.open_bucket(self.defn.source_bucket)  # this process's: the debugger pulls
@@ -419,14 +461,20 @@ class SandboxedRunner(_Sandboxed):
         from metadata import TimerChange
 
         for bucket, alias, seqno, write in answer.get("writes", ()):
-            if not self.service._allowed(bucket, getattr(write, "key", None), write=True) or \
-                    bucket not in self.service.writable:
-                raise ConfigError(f"function '{self.function}' runs sandboxed and wrote outside its read-write "
-                                  f"bindings (bucket {bucket!r})")
+            if (
+                not self.service._allowed(bucket, getattr(write, "key", None), write=True)
+                or bucket not in self.service.writable
+            ):
+                raise ConfigError(
+                    f"function '{self.function}' runs sandboxed and wrote outside its read-write "
+                    f"bindings (bucket {bucket!r})"
+                )
             self._held.append(HeldWrite(alias, self._bucket(bucket), int(seqno), write))
         for change in answer.get("timers", ()):
             if not isinstance(change, TimerChange):
-                raise ConfigError(f"function '{self.function}' runs sandboxed and sent a timer change that is not one")
+                raise ConfigError(
+                    f"function '{self.function}' runs sandboxed and sent a timer change that is not one"
+                )
             self.timers.kept.append(change)
 
     def on_deploy(self, reason: str, delay: int) -> tuple[bool, Any]:
@@ -448,7 +496,9 @@ class SandboxedRunner(_Sandboxed):
 
         answer = self._rpc("run_once", (tuple(m), self.keyspace, trace))
         meta = answer.pop("meta")
-        outcome = CallOutcome(**{k: answer[k] for k in ("status", "kind", "doc", "error", "traceback", "seconds")})
+        outcome = CallOutcome(
+            **{k: answer[k] for k in ("status", "kind", "doc", "error", "traceback", "seconds")}
+        )
         if isinstance(meta, dict):
             outcome.meta = Meta(*(meta.get(k) for k in Meta.__slots__[:8]))
             outcome.meta.previous = meta.get("previous")

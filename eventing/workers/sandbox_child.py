@@ -118,10 +118,19 @@ class _ChildRunner:
 
         defn = FunctionDefinition.from_dict(definition)
         store = RemoteMetadataStore(line)
-        app_log = RemoteAppLog(lambda lines: line.submit("app_log", function, lines, defn.app_log_max_size,
-                                                         defn.app_log_max_files))
-        self.runner = HandlerRunner(function, defn, source_code, RemoteBucket(line, defn.source_bucket),
-                                    lambda name: RemoteBucket(line, name), app_log)
+        app_log = RemoteAppLog(
+            lambda lines: line.submit(
+                "app_log", function, lines, defn.app_log_max_size, defn.app_log_max_files
+            )
+        )
+        self.runner = HandlerRunner(
+            function,
+            defn,
+            source_code,
+            RemoteBucket(line, defn.source_bucket),
+            lambda name: RemoteBucket(line, name),
+            app_log,
+        )
         self.runner.timers.lookup = lambda callback, reference: store.get_timer(function, callback, reference)
         self.app_log = app_log
 
@@ -143,11 +152,21 @@ class _ChildRunner:
         if fn is None:
             return {"found": False}
         m = Mutation(0, 1, "", OP_UPDATE, 0, None, None, 0, 0)
-        failure = runner.call(m, HandlerCall("on_update", fn, (DeployAction(reason, delay),), None),
-                              timeout_s=runner.timeout_s)
+        failure = runner.call(
+            m, HandlerCall("on_update", fn, (DeployAction(reason, delay),), None), timeout_s=runner.timeout_s
+        )
         if failure is not None:
-            return {"found": True, "failure": (failure.status, failure.kind, failure.error, failure.traceback,
-                                               failure.attempts, failure.first_failed_at)}
+            return {
+                "found": True,
+                "failure": (
+                    failure.status,
+                    failure.kind,
+                    failure.error,
+                    failure.traceback,
+                    failure.attempts,
+                    failure.first_failed_at,
+                ),
+            }
         return {"found": True, "failure": None, **self._returned()}
 
     def run_once(self, fields: tuple, keyspace: dict, trace: bool) -> dict:
@@ -162,21 +181,37 @@ class _ChildRunner:
         runner.keyspace = keyspace
         prepared = prepare_call(runner, m)
         first = prepared[0]
-        events.append({"event": "call", "kind": first.kind or None, "doc": first.doc,
-                       "meta": first.meta.to_dict() if first.meta else None})
+        events.append(
+            {
+                "event": "call",
+                "kind": first.kind or None,
+                "doc": first.doc,
+                "meta": first.meta.to_dict() if first.meta else None,
+            }
+        )
         previous_sink = handler_api.log.sink
         if trace:
-            runner.set_tracer(lambda op, alias, key, value: events.append(
-                {"event": op, "alias": alias, "key": key, "value": copy.deepcopy(value)}))
+            runner.set_tracer(
+                lambda op, alias, key, value: events.append(
+                    {"event": op, "alias": alias, "key": key, "value": copy.deepcopy(value)}
+                )
+            )
             handler_api.log.sink = EventSink(events.append)
         try:
             outcome = run_once(runner, m, prepared=prepared)
         finally:
             handler_api.log.sink = previous_sink
             runner.set_tracer(None)
-        answer = {"status": outcome.status, "kind": outcome.kind, "doc": outcome.doc,
-                  "meta": outcome.meta.to_dict() if outcome.meta else None, "error": outcome.error,
-                  "traceback": outcome.traceback, "seconds": outcome.seconds, "events": events}
+        answer = {
+            "status": outcome.status,
+            "kind": outcome.kind,
+            "doc": outcome.doc,
+            "meta": outcome.meta.to_dict() if outcome.meta else None,
+            "error": outcome.error,
+            "traceback": outcome.traceback,
+            "seconds": outcome.seconds,
+            "events": events,
+        }
         if outcome.ok:
             answer.update(self._returned())
         return answer
@@ -191,7 +226,9 @@ def _child(fd: int, policy: dict) -> None:
     try:
         confine(policy)
     except OSError as exc:
-        _send(sock, pickle.dumps(("done", None, False, ("ConfigError", f"cannot sandbox this process: {exc}"))))
+        _send(
+            sock, pickle.dumps(("done", None, False, ("ConfigError", f"cannot sandbox this process: {exc}")))
+        )
         return
     from dataclasses import replace
 
@@ -211,6 +248,7 @@ def _child(fd: int, policy: dict) -> None:
                 spec = replace(spec, data_service=_LineRef(line, spec.location))
                 core = WorkerCore(spec, recycle_on_hang=True, notes_fd=policy.get("notes_fd"))
                 import numpy  # noqa: F401 - the read ahead's decoding (rows_of_columns): at start, not in a step
+
                 result: tuple = (True, os.getpid())
             elif method == "__runner__":
                 core = _ChildRunner(line, *args)

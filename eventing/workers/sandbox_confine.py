@@ -23,12 +23,36 @@ from eventing.workers.sandbox_landlock import _libc, landlock_abi, restrict, san
 # libraries and their loader's cache, CA certificates and OpenSSL's configuration, the files name
 # resolution reads, time zones, locales, STPyV8's data, the random devices and the CPU count.
 SYSTEM_READS = (
-    "/lib", "/lib32", "/lib64", "/usr/lib", "/usr/lib32", "/usr/lib64", "/usr/local/lib", "/etc/ld.so.cache",
-    "/etc/ssl/certs", "/etc/ssl/openssl.cnf", "/etc/ca-certificates", "/usr/share/ca-certificates",
-    "/etc/pki/tls/certs", "/etc/pki/ca-trust/extracted", "/usr/share/pki",
-    "/etc/resolv.conf", "/etc/hosts", "/etc/host.conf", "/etc/nsswitch.conf", "/etc/gai.conf", "/etc/services",
-    "/etc/protocols", "/etc/localtime", "/etc/timezone", "/usr/share/zoneinfo", "/usr/share/locale",
-    "/usr/share/stpyv8", "/dev/urandom", "/dev/random", "/sys/devices/system/cpu",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/usr/lib",
+    "/usr/lib32",
+    "/usr/lib64",
+    "/usr/local/lib",
+    "/etc/ld.so.cache",
+    "/etc/ssl/certs",
+    "/etc/ssl/openssl.cnf",
+    "/etc/ca-certificates",
+    "/usr/share/ca-certificates",
+    "/etc/pki/tls/certs",
+    "/etc/pki/ca-trust/extracted",
+    "/usr/share/pki",
+    "/etc/resolv.conf",
+    "/etc/hosts",
+    "/etc/host.conf",
+    "/etc/nsswitch.conf",
+    "/etc/gai.conf",
+    "/etc/services",
+    "/etc/protocols",
+    "/etc/localtime",
+    "/etc/timezone",
+    "/usr/share/zoneinfo",
+    "/usr/share/locale",
+    "/usr/share/stpyv8",
+    "/dev/urandom",
+    "/dev/random",
+    "/sys/devices/system/cpu",
 )
 OPEN_FILES = 256  # RLIMIT_NOFILE: a worker holds a few dozen
 FILE_MB = 1024  # RLIMIT_FSIZE: the largest file it may write in its private folder
@@ -47,9 +71,12 @@ def _interpreter_reads() -> list[str]:
     import ssl  # loads OpenSSL, which starts no thread; the worker imports it anyway (curl)
 
     verify = ssl.get_default_verify_paths()
-    return [*(entry or os.getcwd() for entry in sys.path), os.path.join(sys.base_prefix, "lib"),
-            os.path.join(sys.base_exec_prefix, "lib"),
-            *(p for p in (verify.cafile, verify.capath, verify.openssl_cafile, verify.openssl_capath) if p)]
+    return [
+        *(entry or os.getcwd() for entry in sys.path),
+        os.path.join(sys.base_prefix, "lib"),
+        os.path.join(sys.base_exec_prefix, "lib"),
+        *(p for p in (verify.cafile, verify.capath, verify.openssl_cafile, verify.openssl_capath) if p),
+    ]
 
 
 def allowed_reads(code: list[str], avoid: list[str]) -> list[str]:
@@ -69,7 +96,9 @@ def allowed_reads(code: list[str], avoid: list[str]) -> list[str]:
 def drop_capabilities() -> None:
     """Give up every capability, for good (a process without CAP_SETPCAP keeps the others' absence)."""
     for cap in range(64):
-        if _libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() == 22:  # EINVAL: past the last
+        if (
+            _libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() == 22
+        ):  # EINVAL: past the last
             break
     _libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
     header = struct.pack("=Ii", _CAPABILITY_VERSION_3, 0)
@@ -83,8 +112,12 @@ def set_limits(memory_mb: int) -> None:
     file. Soft and hard alike: without capabilities they cannot be raised again."""
     import resource
 
-    for limit, value in ((resource.RLIMIT_DATA, memory_mb << 20), (resource.RLIMIT_NOFILE, OPEN_FILES),
-                         (resource.RLIMIT_FSIZE, FILE_MB << 20), (resource.RLIMIT_CORE, 0)):
+    for limit, value in (
+        (resource.RLIMIT_DATA, memory_mb << 20),
+        (resource.RLIMIT_NOFILE, OPEN_FILES),
+        (resource.RLIMIT_FSIZE, FILE_MB << 20),
+        (resource.RLIMIT_CORE, 0),
+    ):
         hard = resource.getrlimit(limit)[1]
         value = value if hard == resource.RLIM_INFINITY else min(value, hard)
         resource.setrlimit(limit, (value, value))
@@ -108,9 +141,11 @@ def sandbox_report() -> str:
     if why:
         return f"unavailable: {why}"
     abi = landlock_abi()
-    line = (f"Landlock ABI {abi} (reads by allow-list, writes in a private folder, TCP only to URL bindings' "
-            "ports), a seccomp filter (no process, program, Unix socket or signal to another process), no "
-            f"capabilities, limited memory and {OPEN_FILES} open files")
+    line = (
+        f"Landlock ABI {abi} (reads by allow-list, writes in a private folder, TCP only to URL bindings' "
+        "ports), a seccomp filter (no process, program, Unix socket or signal to another process), no "
+        f"capabilities, limited memory and {OPEN_FILES} open files"
+    )
     if abi < 5:
         line += "; this kernel's Landlock leaves ioctl on devices open (ABI 5, Linux 6.10, confines it)"
     return line

@@ -27,7 +27,9 @@ SCOPE_ABSTRACT_UNIX, SCOPE_SIGNAL = 1 << 0, 1 << 1  # ABI 6
 MIN_ABI = 4  # files (1), renames across folders (2), truncation (3) and TCP (4) are all handled
 READ = FS_EXECUTE | FS_READ_FILE | FS_READ_DIR  # handled (and so refused where no rule allows it)
 READ_ONLY = FS_READ_FILE | FS_READ_DIR  # what a read rule allows: never FS_EXECUTE, so nothing is executed
-WRITABLE = ~(FS_EXECUTE | FS_MAKE_CHAR | FS_MAKE_SOCK | FS_MAKE_BLOCK)  # a writable folder: no devices, sockets
+WRITABLE = ~(
+    FS_EXECUTE | FS_MAKE_CHAR | FS_MAKE_SOCK | FS_MAKE_BLOCK
+)  # a writable folder: no devices, sockets
 FILE_RIGHTS = FS_EXECUTE | FS_WRITE_FILE | FS_READ_FILE | FS_TRUNCATE  # what a rule on a file may hold
 WRITABLE_DEVICES = ("/dev/null", "/dev/zero", "/dev/full")
 
@@ -37,7 +39,9 @@ _libc.syscall.restype = ctypes.c_long
 
 def landlock_abi() -> int:
     """The kernel's Landlock ABI version; 0 when it has none (too old, or disabled at boot)."""
-    version = _libc.syscall(ctypes.c_long(_CREATE_RULESET), None, ctypes.c_size_t(0), ctypes.c_uint32(_VERSION))
+    version = _libc.syscall(
+        ctypes.c_long(_CREATE_RULESET), None, ctypes.c_size_t(0), ctypes.c_uint32(_VERSION)
+    )
     return max(int(version), 0)
 
 
@@ -48,8 +52,10 @@ def sandbox_unavailable() -> str | None:
     abi = landlock_abi()
     if abi < MIN_ABI:
         found = f"ABI {abi}" if abi else "no Landlock (kernel too old, or `lsm=` at boot leaves it out)"
-        return (f"sandboxed functions need Landlock ABI {MIN_ABI}+ (Linux 6.7+); this kernel has {found}: "
-                "enable Landlock, or have an admin deploy the function with \"isolation\": \"none\"")
+        return (
+            f"sandboxed functions need Landlock ABI {MIN_ABI}+ (Linux 6.7+); this kernel has {found}: "
+            'enable Landlock, or have an admin deploy the function with "isolation": "none"'
+        )
     from eventing.workers.sandbox_seccomp import seccomp_unavailable
 
     why = seccomp_unavailable()
@@ -96,8 +102,12 @@ def restrict(*, read: list[str], deny: list[str], writable: list[str], tcp_ports
     if abi < MIN_ABI:
         raise OSError(sandbox_unavailable())
     handled_fs = READ | FS_WRITE_FILE | FS_MAKE | FS_REFER | FS_TRUNCATE | (FS_IOCTL_DEV if abi >= 5 else 0)
-    attr = struct.pack("=QQQ", handled_fs, NET_BIND_TCP | NET_CONNECT_TCP,
-                       SCOPE_ABSTRACT_UNIX | SCOPE_SIGNAL if abi >= 6 else 0)
+    attr = struct.pack(
+        "=QQQ",
+        handled_fs,
+        NET_BIND_TCP | NET_CONNECT_TCP,
+        SCOPE_ABSTRACT_UNIX | SCOPE_SIGNAL if abi >= 6 else 0,
+    )
     size = len(attr) if abi >= 6 else 16
     ruleset = _libc.syscall(ctypes.c_long(_CREATE_RULESET), attr, ctypes.c_size_t(size), ctypes.c_uint32(0))
     if ruleset < 0:
@@ -115,15 +125,31 @@ def restrict(*, read: list[str], deny: list[str], writable: list[str], tcp_ports
                 if not os.path.isdir(f"/proc/self/fd/{fd}"):
                     rights &= FILE_RIGHTS
                 rule = struct.pack("=Qi", rights, fd)
-                if _libc.syscall(ctypes.c_long(_ADD_RULE), ctypes.c_int(ruleset), ctypes.c_int(_RULE_PATH_BENEATH),
-                                 rule, ctypes.c_uint32(0)) < 0:
+                if (
+                    _libc.syscall(
+                        ctypes.c_long(_ADD_RULE),
+                        ctypes.c_int(ruleset),
+                        ctypes.c_int(_RULE_PATH_BENEATH),
+                        rule,
+                        ctypes.c_uint32(0),
+                    )
+                    < 0
+                ):
                     raise OSError(ctypes.get_errno(), f"landlock_add_rule failed for {path}")
             finally:
                 os.close(fd)
         for port in sorted(set(tcp_ports)):
             rule = struct.pack("=QQ", NET_CONNECT_TCP, port)
-            if _libc.syscall(ctypes.c_long(_ADD_RULE), ctypes.c_int(ruleset), ctypes.c_int(_RULE_NET_PORT),
-                             rule, ctypes.c_uint32(0)) < 0:
+            if (
+                _libc.syscall(
+                    ctypes.c_long(_ADD_RULE),
+                    ctypes.c_int(ruleset),
+                    ctypes.c_int(_RULE_NET_PORT),
+                    rule,
+                    ctypes.c_uint32(0),
+                )
+                < 0
+            ):
                 raise OSError(ctypes.get_errno(), f"landlock_add_rule failed for TCP port {port}")
         if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")

@@ -16,11 +16,27 @@ from typing import Any
 
 from eventing.storage import remote
 
-READ_CALLS = frozenset({
-    "high_seqnos", "read_vb_packed", "max_doc_bytes", "get_raw", "get", "get_meta", "get_doc", "previous_doc",
-    "ensure_key_index", "keys", "scan", "count", "collection_list", "mirror_list",
-})
-KEY_CALLS = frozenset({"get_raw", "get", "get_meta", "get_doc", "previous_doc"})  # first argument: a stored key
+READ_CALLS = frozenset(
+    {
+        "high_seqnos",
+        "read_vb_packed",
+        "max_doc_bytes",
+        "get_raw",
+        "get",
+        "get_meta",
+        "get_doc",
+        "previous_doc",
+        "ensure_key_index",
+        "keys",
+        "scan",
+        "count",
+        "collection_list",
+        "mirror_list",
+    }
+)
+KEY_CALLS = frozenset(
+    {"get_raw", "get", "get_meta", "get_doc", "previous_doc"}
+)  # first argument: a stored key
 LIST_CALLS = frozenset({"keys", "scan", "count"})  # first argument: a stored-key prefix
 EFFECT_CALLS = frozenset({"apply_effects", "effect_marks", "partition_marks", "fence"})
 # What a worker asks of the metadata store, each with the function's name as first argument: the calls the
@@ -40,7 +56,9 @@ class ScopedService:
     def __init__(self, function: str, defn: Any, backend: Any, *, limit_share: float = 1.0):
         self.function = function
         self.backend = backend
-        self.limit_share = limit_share  # of the URL bindings' limits on this machine (eventing.execution.limits)
+        self.limit_share = (
+            limit_share  # of the URL bindings' limits on this machine (eventing.execution.limits)
+        )
         self.defn = defn  # as stored, with its URL bindings' secrets: they stay in this process (host_curl)
         self._curl: Any = None
         self.readable = {defn.source_bucket} | {b.bucket for b in defn.bindings}
@@ -100,8 +118,12 @@ class ScopedService:
             if any(u.get("rate_limit") or u.get("max_in_flight") for u in self.defn.url_bindings):
                 uuid = self.backend.call("bucket_info", self.defn.source_bucket)[1]
                 limits = Limits(self.function, uuid, self.limit_share)
-            self._curl = HostCurl(self.defn.url_bindings, self.defn.curl_max_response_bytes,
-                                  self.defn.execution_timeout.total_seconds(), limits)
+            self._curl = HostCurl(
+                self.defn.url_bindings,
+                self.defn.curl_max_response_bytes,
+                self.defn.execution_timeout.total_seconds(),
+                limits,
+            )
         return self._curl
 
     # -- collections ------------------------------------------------------------------------------------
@@ -156,8 +178,20 @@ class ScopedService:
                 out.append(row)
             else:
                 changed = True
-                out.append((row[0], row[1], key_prefix(split_stored_key(row[2])[0]), row[3], 0, None, None, 0, 0,
-                            *row[9:]))
+                out.append(
+                    (
+                        row[0],
+                        row[1],
+                        key_prefix(split_stored_key(row[2])[0]),
+                        row[3],
+                        0,
+                        None,
+                        None,
+                        0,
+                        0,
+                        *row[9:],
+                    )
+                )
         return out, changed
 
     def _redact_blob(self, bucket: str, blob: bytes) -> bytes:
@@ -206,23 +240,36 @@ class ScopedService:
                     return
             if call in READ_CALLS and call not in KEY_CALLS and call not in LIST_CALLS:
                 return
-            if (call in EFFECT_CALLS and name in self.writable and call_args and call_args[0] == fn
-                    and isinstance(kwargs, dict) and _origin_function(kwargs.get("origin")) in (None, fn)
-                    and (call != "apply_effects" or self._effects_allowed(name, call_args))):
+            if (
+                call in EFFECT_CALLS
+                and name in self.writable
+                and call_args
+                and call_args[0] == fn
+                and isinstance(kwargs, dict)
+                and _origin_function(kwargs.get("origin")) in (None, fn)
+                and (call != "apply_effects" or self._effects_allowed(name, call_args))
+            ):
                 return
         if method == "meta" and len(args) == 3 and args[0] in META_CALLS and args[1] and args[1][0] == fn:
             return
         if method == "app_log" and args and args[0] == fn:
             return
-        if method == "curl" and len(args) == 6 and any(
-                u.get("alias") == args[0] and u.get("auth", "none") != "none" for u in self.defn.url_bindings):
+        if (
+            method == "curl"
+            and len(args) == 6
+            and any(
+                u.get("alias") == args[0] and u.get("auth", "none") != "none" for u in self.defn.url_bindings
+            )
+        ):
             return
         if method == "put_file" and args and isinstance(args[0], str):
             parts = os.path.normpath(args[0]).split(os.sep)
             if len(parts) >= 4 and parts[:3] == ["windows", fn, "incoming"] and ".." not in parts:
                 return
-        raise ConfigError(f"function '{fn}' runs sandboxed and may not call {method} {str(args[:2])[:120]}: "
-                          "it reaches only its own source, bindings, timers and log")
+        raise ConfigError(
+            f"function '{fn}' runs sandboxed and may not call {method} {str(args[:2])[:120]}: "
+            "it reaches only its own source, bindings, timers and log"
+        )
 
     def _others(self, bucket: str) -> bool:
         """Whether the bucket has named collections the function does not read (a count of the default
@@ -233,8 +280,11 @@ class ScopedService:
 
     def _effects_allowed(self, bucket: str, call_args: tuple) -> bool:
         groups = call_args[1] if len(call_args) > 1 else ()
-        return all(self._allowed(bucket, getattr(w, "key", None), write=True)
-                   for g in groups for _, w in getattr(g, "writes", ()))
+        return all(
+            self._allowed(bucket, getattr(w, "key", None), write=True)
+            for g in groups
+            for _, w in getattr(g, "writes", ())
+        )
 
 
 def _without_secrets(record: Any) -> Any:

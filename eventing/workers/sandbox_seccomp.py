@@ -28,43 +28,181 @@ _TIOCSTI, _TIOCLINUX = 0x5412, 0x541C
 
 # System call numbers by architecture: (audit arch, x32 bit or 0, {name: number}).
 _ARCHES = {
-    "x86_64": (0xC000003E, 0x40000000, {
-        "ioctl": 16, "socket": 41, "socketpair": 53, "clone": 56, "fork": 57, "vfork": 58, "execve": 59,
-        "kill": 62, "tkill": 200, "tgkill": 234, "rt_sigqueueinfo": 129, "rt_tgsigqueueinfo": 297,
-        "execveat": 322, "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "kcmp": 312,
-        "unshare": 272, "setns": 308, "mount": 165, "umount2": 166, "pivot_root": 155, "chroot": 161,
-        "keyctl": 250, "add_key": 248, "request_key": 249, "bpf": 321, "perf_event_open": 298,
-        "userfaultfd": 323, "shmget": 29, "shmat": 30, "msgget": 68, "semget": 64, "mq_open": 240,
-        "name_to_handle_at": 303, "open_by_handle_at": 304, "shmctl": 31, "semop": 65, "semctl": 66,
-        "semtimedop": 220, "msgsnd": 69, "msgrcv": 70, "msgctl": 71, "setpriority": 141, "sched_setparam": 142,
-        "sched_setscheduler": 144, "sched_setaffinity": 203, "ioprio_set": 251, "prlimit64": 302,
-        "sched_setattr": 314,
-    }),
-    "aarch64": (0xC00000B7, 0, {
-        "ioctl": 29, "socket": 198, "socketpair": 199, "clone": 220, "execve": 221,
-        "kill": 129, "tkill": 130, "tgkill": 131, "rt_sigqueueinfo": 138, "rt_tgsigqueueinfo": 240,
-        "execveat": 281, "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "kcmp": 272,
-        "unshare": 97, "setns": 268, "mount": 40, "umount2": 39, "pivot_root": 41, "chroot": 51,
-        "keyctl": 219, "add_key": 217, "request_key": 218, "bpf": 280, "perf_event_open": 241,
-        "userfaultfd": 282, "shmget": 194, "shmat": 196, "msgget": 186, "semget": 190, "mq_open": 180,
-        "name_to_handle_at": 264, "open_by_handle_at": 265, "shmctl": 195, "semop": 193, "semctl": 191,
-        "semtimedop": 192, "msgsnd": 189, "msgrcv": 188, "msgctl": 187, "setpriority": 140, "sched_setparam": 118,
-        "sched_setscheduler": 119, "sched_setaffinity": 122, "ioprio_set": 30, "prlimit64": 261,
-        "sched_setattr": 274,
-    }),
+    "x86_64": (
+        0xC000003E,
+        0x40000000,
+        {
+            "ioctl": 16,
+            "socket": 41,
+            "socketpair": 53,
+            "clone": 56,
+            "fork": 57,
+            "vfork": 58,
+            "execve": 59,
+            "kill": 62,
+            "tkill": 200,
+            "tgkill": 234,
+            "rt_sigqueueinfo": 129,
+            "rt_tgsigqueueinfo": 297,
+            "execveat": 322,
+            "ptrace": 101,
+            "process_vm_readv": 310,
+            "process_vm_writev": 311,
+            "kcmp": 312,
+            "unshare": 272,
+            "setns": 308,
+            "mount": 165,
+            "umount2": 166,
+            "pivot_root": 155,
+            "chroot": 161,
+            "keyctl": 250,
+            "add_key": 248,
+            "request_key": 249,
+            "bpf": 321,
+            "perf_event_open": 298,
+            "userfaultfd": 323,
+            "shmget": 29,
+            "shmat": 30,
+            "msgget": 68,
+            "semget": 64,
+            "mq_open": 240,
+            "name_to_handle_at": 303,
+            "open_by_handle_at": 304,
+            "shmctl": 31,
+            "semop": 65,
+            "semctl": 66,
+            "semtimedop": 220,
+            "msgsnd": 69,
+            "msgrcv": 70,
+            "msgctl": 71,
+            "setpriority": 141,
+            "sched_setparam": 142,
+            "sched_setscheduler": 144,
+            "sched_setaffinity": 203,
+            "ioprio_set": 251,
+            "prlimit64": 302,
+            "sched_setattr": 314,
+        },
+    ),
+    "aarch64": (
+        0xC00000B7,
+        0,
+        {
+            "ioctl": 29,
+            "socket": 198,
+            "socketpair": 199,
+            "clone": 220,
+            "execve": 221,
+            "kill": 129,
+            "tkill": 130,
+            "tgkill": 131,
+            "rt_sigqueueinfo": 138,
+            "rt_tgsigqueueinfo": 240,
+            "execveat": 281,
+            "ptrace": 117,
+            "process_vm_readv": 270,
+            "process_vm_writev": 271,
+            "kcmp": 272,
+            "unshare": 97,
+            "setns": 268,
+            "mount": 40,
+            "umount2": 39,
+            "pivot_root": 41,
+            "chroot": 51,
+            "keyctl": 219,
+            "add_key": 217,
+            "request_key": 218,
+            "bpf": 280,
+            "perf_event_open": 241,
+            "userfaultfd": 282,
+            "shmget": 194,
+            "shmat": 196,
+            "msgget": 186,
+            "semget": 190,
+            "mq_open": 180,
+            "name_to_handle_at": 264,
+            "open_by_handle_at": 265,
+            "shmctl": 195,
+            "semop": 193,
+            "semctl": 191,
+            "semtimedop": 192,
+            "msgsnd": 189,
+            "msgrcv": 188,
+            "msgctl": 187,
+            "setpriority": 140,
+            "sched_setparam": 118,
+            "sched_setscheduler": 119,
+            "sched_setaffinity": 122,
+            "ioprio_set": 30,
+            "prlimit64": 261,
+            "sched_setattr": 274,
+        },
+    ),
 }
 _COMMON = {  # the same numbers on both
-    "pidfd_send_signal": 424, "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
-    "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433,
-    "pidfd_open": 434, "clone3": 435, "pidfd_getfd": 438, "mount_setattr": 442,
+    "pidfd_send_signal": 424,
+    "io_uring_setup": 425,
+    "io_uring_enter": 426,
+    "io_uring_register": 427,
+    "open_tree": 428,
+    "move_mount": 429,
+    "fsopen": 430,
+    "fsconfig": 431,
+    "fsmount": 432,
+    "fspick": 433,
+    "pidfd_open": 434,
+    "clone3": 435,
+    "pidfd_getfd": 438,
+    "mount_setattr": 442,
 }
 _REFUSED = (
-    "fork", "vfork", "execve", "execveat", "tkill", "pidfd_send_signal", "pidfd_open", "pidfd_getfd",
-    "ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "unshare", "setns", "mount", "umount2",
-    "pivot_root", "chroot", "open_tree", "move_mount", "fsopen", "fsconfig", "fsmount", "fspick",
-    "mount_setattr", "keyctl", "add_key", "request_key", "bpf", "perf_event_open", "userfaultfd",
-    "io_uring_setup", "io_uring_enter", "io_uring_register", "shmget", "shmat", "shmctl", "msgget", "msgsnd",
-    "msgrcv", "msgctl", "semget", "semop", "semtimedop", "semctl", "mq_open", "name_to_handle_at",
+    "fork",
+    "vfork",
+    "execve",
+    "execveat",
+    "tkill",
+    "pidfd_send_signal",
+    "pidfd_open",
+    "pidfd_getfd",
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "kcmp",
+    "unshare",
+    "setns",
+    "mount",
+    "umount2",
+    "pivot_root",
+    "chroot",
+    "open_tree",
+    "move_mount",
+    "fsopen",
+    "fsconfig",
+    "fsmount",
+    "fspick",
+    "mount_setattr",
+    "keyctl",
+    "add_key",
+    "request_key",
+    "bpf",
+    "perf_event_open",
+    "userfaultfd",
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
+    "shmget",
+    "shmat",
+    "shmctl",
+    "msgget",
+    "msgsnd",
+    "msgrcv",
+    "msgctl",
+    "semget",
+    "semop",
+    "semtimedop",
+    "semctl",
+    "mq_open",
+    "name_to_handle_at",
     "open_by_handle_at",
 )
 _OWN_PID_ONLY = ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo")  # first argument: a process id
@@ -85,9 +223,14 @@ def _arch() -> tuple[int, int, dict[str, int]] | None:
 def seccomp_unavailable() -> str | None:
     """Why this machine cannot filter a sandboxed child's system calls (one line), or None."""
     if _arch() is None:
-        return f"the sandbox's system call filter knows x86_64 and aarch64; this machine is {platform.machine()}"
+        return (
+            f"the sandbox's system call filter knows x86_64 and aarch64; this machine is {platform.machine()}"
+        )
     # With a null program the kernel answers EFAULT where filters exist, EINVAL where they do not.
-    if _libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, None, 0, 0) == 0 or ctypes.get_errno() != errno.EFAULT:
+    if (
+        _libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, None, 0, 0) == 0
+        or ctypes.get_errno() != errno.EFAULT
+    ):
         return "this kernel has no seccomp filters (CONFIG_SECCOMP_FILTER)"
     return None
 
@@ -117,27 +260,71 @@ def program(pid: int) -> bytes:
     for name in _REFUSED:
         when(name, [_stmt(_RET, eperm)])
     when("clone3", [_stmt(_RET, _RET_ERRNO | errno.ENOSYS)])
-    when("clone", [  # a thread (CLONE_THREAD) in no new namespace; never a process
-        _stmt(_LD_W_ABS, _arg(0)), _stmt(_JSET, _CLONE_THREAD, 1, 0), _stmt(_RET, eperm),
-        _stmt(_JSET, _CLONE_NAMESPACES, 0, 1), _stmt(_RET, eperm), _stmt(_RET, allow),
-    ])
-    when("socket", [_stmt(_LD_W_ABS, _arg(0)), _stmt(_JEQ, _AF_UNIX, 0, 1), _stmt(_RET, eperm), _stmt(_RET, allow)])
-    when("socketpair", [  # a connected stream pair reaches no one; a datagram one could sendto() a path
-        _stmt(_LD_W_ABS, _arg(0)), _stmt(_JEQ, _AF_UNIX, 0, 4), _stmt(_LD_W_ABS, _arg(1)),
-        _stmt(_AND, _SOCK_TYPE_MASK), _stmt(_JEQ, _SOCK_STREAM, 1, 0), _stmt(_RET, eperm), _stmt(_RET, allow),
-    ])
+    when(
+        "clone",
+        [  # a thread (CLONE_THREAD) in no new namespace; never a process
+            _stmt(_LD_W_ABS, _arg(0)),
+            _stmt(_JSET, _CLONE_THREAD, 1, 0),
+            _stmt(_RET, eperm),
+            _stmt(_JSET, _CLONE_NAMESPACES, 0, 1),
+            _stmt(_RET, eperm),
+            _stmt(_RET, allow),
+        ],
+    )
+    when(
+        "socket",
+        [_stmt(_LD_W_ABS, _arg(0)), _stmt(_JEQ, _AF_UNIX, 0, 1), _stmt(_RET, eperm), _stmt(_RET, allow)],
+    )
+    when(
+        "socketpair",
+        [  # a connected stream pair reaches no one; a datagram one could sendto() a path
+            _stmt(_LD_W_ABS, _arg(0)),
+            _stmt(_JEQ, _AF_UNIX, 0, 4),
+            _stmt(_LD_W_ABS, _arg(1)),
+            _stmt(_AND, _SOCK_TYPE_MASK),
+            _stmt(_JEQ, _SOCK_STREAM, 1, 0),
+            _stmt(_RET, eperm),
+            _stmt(_RET, allow),
+        ],
+    )
     for name in _OWN_PID_ONLY:
-        when(name, [_stmt(_LD_W_ABS, _arg(0)), _stmt(_JEQ, pid, 0, 1), _stmt(_RET, allow), _stmt(_RET, eperm)])
+        when(
+            name, [_stmt(_LD_W_ABS, _arg(0)), _stmt(_JEQ, pid, 0, 1), _stmt(_RET, allow), _stmt(_RET, eperm)]
+        )
     for name in _OWN_PID_OR_ZERO:
-        when(name, [_stmt(_LD_W_ABS, _arg(0)), _stmt(_JEQ, 0, 2, 0), _stmt(_JEQ, pid, 1, 0), _stmt(_RET, eperm),
-                    _stmt(_RET, allow)])
+        when(
+            name,
+            [
+                _stmt(_LD_W_ABS, _arg(0)),
+                _stmt(_JEQ, 0, 2, 0),
+                _stmt(_JEQ, pid, 1, 0),
+                _stmt(_RET, eperm),
+                _stmt(_RET, allow),
+            ],
+        )
     for name, one_process in (("setpriority", _PRIO_PROCESS), ("ioprio_set", _IOPRIO_WHO_PROCESS)):
-        when(name, [_stmt(_LD_W_ABS, _arg(0)), _stmt(_JEQ, one_process, 0, 3), _stmt(_LD_W_ABS, _arg(1)),
-                    _stmt(_JEQ, 0, 2, 0), _stmt(_JEQ, pid, 1, 0), _stmt(_RET, eperm), _stmt(_RET, allow)])
-    when("ioctl", [
-        _stmt(_LD_W_ABS, _arg(1)), _stmt(_JEQ, _TIOCSTI, 1, 0), _stmt(_JEQ, _TIOCLINUX, 0, 1), _stmt(_RET, eperm),
-        _stmt(_RET, allow),
-    ])
+        when(
+            name,
+            [
+                _stmt(_LD_W_ABS, _arg(0)),
+                _stmt(_JEQ, one_process, 0, 3),
+                _stmt(_LD_W_ABS, _arg(1)),
+                _stmt(_JEQ, 0, 2, 0),
+                _stmt(_JEQ, pid, 1, 0),
+                _stmt(_RET, eperm),
+                _stmt(_RET, allow),
+            ],
+        )
+    when(
+        "ioctl",
+        [
+            _stmt(_LD_W_ABS, _arg(1)),
+            _stmt(_JEQ, _TIOCSTI, 1, 0),
+            _stmt(_JEQ, _TIOCLINUX, 0, 1),
+            _stmt(_RET, eperm),
+            _stmt(_RET, allow),
+        ],
+    )
     out.append(_stmt(_RET, allow))
     return b"".join(out)
 

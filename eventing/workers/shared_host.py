@@ -102,6 +102,7 @@ class HostBackend(Protocol):
     def finished(self, futures: list[Any]) -> list[Any]: ...
     def sender(self, future: Any) -> Any:
         """An identity of the host a future's call went to (compared with `identity`), or None."""
+
     def identity(self, actor: Any) -> Any: ...
 
 
@@ -167,7 +168,9 @@ class SharedHosts:
         if not host.cores:
             self._end(host)
             return
-        host.drops.append((self.backend.send(host.actor, "drop", handle.core_id), time.monotonic() + DROP_TIMEOUT_S))
+        host.drops.append(
+            (self.backend.send(host.actor, "drop", handle.core_id), time.monotonic() + DROP_TIMEOUT_S)
+        )
 
     release = kill  # a core that stopped cleanly goes as a killed one: no pool of shared hosts to return to
 

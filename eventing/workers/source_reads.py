@@ -159,13 +159,17 @@ class WorkerReads(WorkerHandling):
         finally:
             notes.clear(0)
 
-    def _handle_rows_noted(self, vb: int, position: int, rows: list, take: Callable[[int, int, list], int] | None = None) -> int:
+    def _handle_rows_noted(
+        self, vb: int, position: int, rows: list, take: Callable[[int, int, list], int] | None = None
+    ) -> int:
         """`take`: a run handler other than the one chosen when the worker was built (handle_alone's)."""
         if rows and self.collections.mixed(rows):
             return self._handle_collections(vb, position, rows, take)
         return self._handle_run(vb, position, rows, take)
 
-    def _handle_collections(self, vb: int, position: int, rows: list, take: Callable[[int, int, list], int] | None = None) -> int:
+    def _handle_collections(
+        self, vb: int, position: int, rows: list, take: Callable[[int, int, list], int] | None = None
+    ) -> int:
         """A run whose rows are not all of the source collection: the others are passed over (their seqnos
         still move the position, as Couchbase's DCP stream filtered by collection moves on), the source's
         go to _handle_run with their own keys and meta.keyspace."""
@@ -195,12 +199,23 @@ class WorkerReads(WorkerHandling):
         if not self.collections.source_is_default:
             return 0  # rows of other collections to pass over: one by one
         batch = self.source.read_vb_packed(
-            vb, position, limit, self.name, exact_arrivals_over_ms=self.window_rows.arrival_gap_ms  # type: ignore[union-attr]
+            vb,
+            position,
+            limit,
+            self.name,
+            exact_arrivals_over_ms=self.window_rows.arrival_gap_ms,  # type: ignore[union-attr]
         )
-        if batch is None or (batch.other_seqnos and self.on_delete is not None) or COLLECTION_MARK_BYTES in batch.keys:
+        if (
+            batch is None
+            or (batch.other_seqnos and self.on_delete is not None)
+            or COLLECTION_MARK_BYTES in batch.keys
+        ):
             return 0
         # An oversize document is dead-lettered: only a batch larger than the limit can hold one.
-        if len(batch.docs) > self.max_bytes and self.source.max_doc_bytes(vb, position, batch.last_seqno) > self.max_bytes:
+        if (
+            len(batch.docs) > self.max_bytes
+            and self.source.max_doc_bytes(vb, position, batch.last_seqno) > self.max_bytes
+        ):
             return 0
         if not self.window_rows.add_packed(batch):  # type: ignore[union-attr]
             return 0

@@ -34,7 +34,9 @@ class WorkerTimers(WorkerHandling):
         old fire_seq, so the effects they already applied are skipped."""
         reclaim = self._reclaim & set(self.epochs)
         now_ms = int(time.time() * 1000)
-        timers = self.store.claim_timers(self.name, self.epochs, now_ms, self.defn.batch_size, reclaim=reclaim)
+        timers = self.store.claim_timers(
+            self.name, self.epochs, now_ms, self.defn.batch_size, reclaim=reclaim
+        )
         self._reclaim -= reclaim
         if not timers:
             return 0
@@ -69,7 +71,11 @@ class WorkerTimers(WorkerHandling):
             notes.note(0, m.vb, m.seqno, m.seqno)
             try:
                 failure = self.runner.call(
-                    m, call, epoch=self.epochs[t.vb], attempts=self._attempts, on_retry=self._count_retry,
+                    m,
+                    call,
+                    epoch=self.epochs[t.vb],
+                    attempts=self._attempts,
+                    on_retry=self._count_retry,
                 )
             finally:
                 notes.clear(0)
@@ -78,7 +84,9 @@ class WorkerTimers(WorkerHandling):
             else:
                 c[counter_names.TIMERS_FAILED] += 1
                 reason = failure.status if failure.status in ("timeout", "expired") else "timer_error"
-                self._dead_letter(m, reason, failure.error, failure.traceback, failure.attempts, failure.first_failed_at)
+                self._dead_letter(
+                    m, reason, failure.error, failure.traceback, failure.attempts, failure.first_failed_at
+                )
         assert t.fire_seq is not None
         self.timers_done.append(TimerDone(t.vb, t.callback, t.reference, t.fire_seq))
 

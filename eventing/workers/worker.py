@@ -85,7 +85,9 @@ class StepReport:
     fenced: list[int] = field(default_factory=list)  # vBuckets lost to a newer owner
     owned: int = 0
     timers_fired: int = 0  # timer callbacks run in this step (not mutations: `handled` leaves them out)
-    first_handled_at: float = 0.0  # epoch s: when the worker's first handled batch began (its first step with any)
+    first_handled_at: float = (
+        0.0  # epoch s: when the worker's first handled batch began (its first step with any)
+    )
     waited: bool = False  # the step waited for a write (idle_wait_s): the next one may be sent at once
 
 
@@ -119,9 +121,18 @@ class WorkerCore(WorkerTimers, WorkerReads):
         self._reads_ahead = self.source.reads_ahead and not self.data.local
         self._looks_ahead = self.source.reads_ahead and self.data.local
         # The state's application log; without the data directory, log() lines reach it through the data service.
-        self.app_log = self.data.app_log_writer(spec.function, self.defn.app_log_max_size, self.defn.app_log_max_files)
-        self.runner = HandlerRunner(self.name, self.defn, record.source, self.source, self.data.bucket, self.app_log,
-                                    limit_share=1 / max(1, spec.machines))
+        self.app_log = self.data.app_log_writer(
+            spec.function, self.defn.app_log_max_size, self.defn.app_log_max_files
+        )
+        self.runner = HandlerRunner(
+            self.name,
+            self.defn,
+            record.source,
+            self.source,
+            self.data.bucket,
+            self.app_log,
+            limit_share=1 / max(1, spec.machines),
+        )
         self.collections = SourceCollections(self.source, self.defn.source_keyspace)
         # The function's filter (eventing.core.filters): rows it does not match are dropped before any
         # handler path (_drop_filtered), or, with previous_version (whose versions follow the log order),
@@ -130,7 +141,9 @@ class WorkerCore(WorkerTimers, WorkerReads):
         self.filter = filters.compile_filter(self.defn.filter) if self.defn.filter is not None else None
         self._drops = self.filter is not None and self.runner.previous is None
         self._prefilter = (
-            self.filter.prefilter if self._drops and self.filter is not None and not self._reads_ahead else None
+            self.filter.prefilter
+            if self._drops and self.filter is not None and not self._reads_ahead
+            else None
         ) or None
         # Rows are read ahead only for the path that reads them (not a filtered read's or a window's).
         self._looks_ahead = self._looks_ahead and self._prefilter is None
@@ -147,7 +160,9 @@ class WorkerCore(WorkerTimers, WorkerReads):
         self.max_bytes = self.defn.max_document_bytes
         self.timeout_s = self.runner.timeout_s
         self._attempts = self.runner.policy.max_attempts  # the retry policy's (eventing.core.retry)
-        self._success = {kind: counter_names.handler_outcome(kind, "success") for kind in ("on_update", "on_delete")}
+        self._success = {
+            kind: counter_names.handler_outcome(kind, "success") for kind in ("on_update", "on_delete")
+        }
         self.positions: dict[int, int] = {}  # vb -> last handled seqno
         self.committed: dict[int, int] = {}  # vb -> last checkpointed seqno
         self.epochs: dict[int, int] = {}
@@ -155,8 +170,13 @@ class WorkerCore(WorkerTimers, WorkerReads):
         self.targets = spec.targets
         self.counters: Counter[str] = Counter()
         self.window_rows = WindowRowWriter.for_worker(  # rows of a windowed function, else None
-            self.data.state if self.data.local else spec.location, spec.function, spec.generation, spec.worker_id,
-            self.defn.window, self.counters, put_file=None if self.data.local else self.data.put_file,
+            self.data.state if self.data.local else spec.location,
+            spec.function,
+            spec.generation,
+            spec.worker_id,
+            self.defn.window,
+            self.counters,
+            put_file=None if self.data.local else self.data.put_file,
         )
         self.dlq: list[DlqRow] = []
         self.last_commit = time.monotonic()
@@ -176,11 +196,17 @@ class WorkerCore(WorkerTimers, WorkerReads):
         # What the handler runs is noted in a file (its sandboxed host opens it: `notes_fd`), so that a death
         # is counted against its mutation and a mutation that keeps ending the process is dead-lettered.
         if notes_fd is None:
-            notes_fd = open_notes_file(spec.location, spec.function, spec.worker_id,
-                                       self.data.state.directory if self.data.local else None)
+            notes_fd = open_notes_file(
+                spec.location,
+                spec.function,
+                spec.worker_id,
+                self.data.state.directory if self.data.local else None,
+            )
         pool = self.defn.concurrency if self.defn.concurrency > 1 else 0
         batch_slots = batch_calls.NOTE_SLOTS if self.runner.on_batch is not None else 0
-        self.crash_guard = CrashGuard(self.store, self.name, spec.generation, notes_fd, 1 + pool + batch_slots)
+        self.crash_guard = CrashGuard(
+            self.store, self.name, spec.generation, notes_fd, 1 + pool + batch_slots
+        )
         # concurrency > 1: a pool runs the batch's calls, several documents at once (else None: one at a time).
         self.calls = concurrent_calls.attach(self)
         # on_batch: the batch's rows go to the handler in one call (else None: one call a mutation).
@@ -270,7 +296,9 @@ class WorkerCore(WorkerTimers, WorkerReads):
         # vBucket marks, so either way handling it again could apply its effects twice or not at all.
         # Letters of earlier deployments do not count: a fresh deployment handles every mutation of its
         # boundary, whatever an older handler did (the deploy resolved those letters).
-        for row in self.store.find_dlq_rows(self.name, include_replayed=True, generation=self.spec.generation):
+        for row in self.store.find_dlq_rows(
+            self.name, include_replayed=True, generation=self.spec.generation
+        ):
             if row.reason == "late":
                 continue
             hung = row.reason == "timeout" and row.replayed_at is None
@@ -313,7 +341,9 @@ class WorkerCore(WorkerTimers, WorkerReads):
             order = order[at:] + order[:at]
         positions, targets = self.positions, self.targets
         cap = max(budget, LOOK_AHEAD_PER_VB)
-        runs = [(vb, positions[vb], min(cap, targets[vb] - positions[vb]) if targets else cap) for vb in order]
+        runs = [
+            (vb, positions[vb], min(cap, targets[vb] - positions[vb]) if targets else cap) for vb in order
+        ]
         self.source.prefetch(runs)
         return self.source.high_seqnos(prefetched=True, spans=self._owned_spans())
 
@@ -584,11 +614,18 @@ class WorkerCore(WorkerTimers, WorkerReads):
                 m = Mutation(vb, seqno, "", OP_TIMER, 0, None, None, 0, 0)
             else:
                 found = self.source.read_vb(vb, seqno - 1, 1)
-                m = found[0] if found and found[0].seqno == seqno else Mutation(vb, seqno, "", 0, 0, None, None, 0, 0)
+                m = (
+                    found[0]
+                    if found and found[0].seqno == seqno
+                    else Mutation(vb, seqno, "", 0, 0, None, None, 0, 0)
+                )
             self._dead_letter(
-                m, "cas_mismatch",
+                m,
+                "cas_mismatch",
                 f"a write to bucket '{bucket}' found the document changed since the handler read it (cas); "
-                "the call's writes to that bucket were not applied; replay the dead letter to run it again", "", 1,
+                "the call's writes to that bucket were not applied; replay the dead letter to run it again",
+                "",
+                1,
             )
 
     def _rewind(self) -> None:
@@ -616,8 +653,12 @@ class WorkerCore(WorkerTimers, WorkerReads):
             for vb in self.epochs:
                 binding.applied_upto[vb] = marks.get(vb, (0, 0))[1]
                 binding.applied_upto[TIMER_VB_BASE + vb] = marks.get(TIMER_VB_BASE + vb, (0, 0))[1]
-            learn_partition_marks(binding.buf, binding.bucket, self.name,
-                                  [*self.epochs, *(TIMER_VB_BASE + vb for vb in self.epochs)])
+            learn_partition_marks(
+                binding.buf,
+                binding.bucket,
+                self.name,
+                [*self.epochs, *(TIMER_VB_BASE + vb for vb in self.epochs)],
+            )
 
     def commit(self) -> set[int]:
         """The one place checkpoints are written. Order matters:
@@ -650,7 +691,9 @@ class WorkerCore(WorkerTimers, WorkerReads):
         if changes:
             created = sum(1 for ch in changes if ch.due_ms is not None)
             counters[counter_names.TIMERS_CREATED] = counters.get(counter_names.TIMERS_CREATED, 0) + created
-            counters[counter_names.TIMERS_CANCELLED] = counters.get(counter_names.TIMERS_CANCELLED, 0) + len(changes) - created
+            counters[counter_names.TIMERS_CANCELLED] = (
+                counters.get(counter_names.TIMERS_CANCELLED, 0) + len(changes) - created
+            )
         return Checkpoint(moved, dlq, counters, changes, done)
 
     def _forget_taken(self) -> None:
@@ -662,7 +705,9 @@ class WorkerCore(WorkerTimers, WorkerReads):
 
     def _write_commit(self, taken: Checkpoint) -> set[int]:
         fenced: set[int] = set()
-        moved = {vb: seqno for vb, seqno in taken.moved.items() if vb in self.epochs}  # none forgotten meanwhile
+        moved = {
+            vb: seqno for vb, seqno in taken.moved.items() if vb in self.epochs
+        }  # none forgotten meanwhile
         if moved or taken.dlq or taken.counters or taken.done:
             fenced = self.store.commit(
                 self.name, self.epochs, moved, taken.dlq, taken.counters, taken.changes, taken.done

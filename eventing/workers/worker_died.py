@@ -6,4 +6,3 @@ from __future__ import annotations
 
 class WorkerDied(Exception):
     """The worker process is gone (killed, crashed); the supervisor restarts it from its checkpoints."""
-

@@ -25,14 +25,29 @@ CORRUPT_FIX = (
 MAX_VALUE_MIB = 20
 # SDK exceptions that mean the cluster cannot be reached or will not let us in: only these get CONNECT_FIX.
 CONNECTION_ERRORS = (
-    "AmbiguousTimeoutException", "AuthenticationException", "BucketNotFoundException",
-    "MissingConnectionException", "RequestCanceledException", "ServiceUnavailableException",
-    "TemporaryFailException", "TimeoutException", "UnAmbiguousTimeoutException",
+    "AmbiguousTimeoutException",
+    "AuthenticationException",
+    "BucketNotFoundException",
+    "MissingConnectionException",
+    "RequestCanceledException",
+    "ServiceUnavailableException",
+    "TemporaryFailException",
+    "TimeoutException",
+    "UnAmbiguousTimeoutException",
 )
 # ClusterOptions the SDK knows but that take Python objects, which a URL cannot carry.
-OBJECT_OPTIONS = frozenset({
-    "authenticator", "meter", "serializer", "span", "tracer", "transaction_config", "transcoder", "user_agent_extra",
-})
+OBJECT_OPTIONS = frozenset(
+    {
+        "authenticator",
+        "meter",
+        "serializer",
+        "span",
+        "tracer",
+        "transaction_config",
+        "transcoder",
+        "user_agent_extra",
+    }
+)
 
 
 def check_connection_options(url: str) -> None:
@@ -68,7 +83,9 @@ def check_connection_options(url: str) -> None:
                 get_valid_args(ClusterOptions, {name: parse_query_string_value(values)})
         except (CouchbaseException, ValueError, TypeError) as exc:
             fix = "give a valid value or remove it"
-            if name.endswith(("_timeout", "_interval", "_floor", "_backoff")) or name.startswith("tracing_threshold"):
+            if name.endswith(("_timeout", "_interval", "_floor", "_backoff")) or name.startswith(
+                "tracing_threshold"
+            ):
                 fix = (
                     "the SDK takes durations only from code, not from a URL; remove it "
                     "(eventing's ?timeout=SECONDS sets the connect and operation timeouts)"
@@ -104,7 +121,9 @@ class SdkDocuments:
         check_connection_options(url)
         timeout = timedelta(seconds=timeout_s)
         # bootstrap_timeout bounds the whole eager connect (connect_timeout alone still waits ~10 s).
-        timeouts = ClusterTimeoutOptions(bootstrap_timeout=timeout, connect_timeout=timeout, kv_timeout=timeout)
+        timeouts = ClusterTimeoutOptions(
+            bootstrap_timeout=timeout, connect_timeout=timeout, kv_timeout=timeout
+        )
         options = ClusterOptions(PasswordAuthenticator(username, password), timeout_options=timeouts)
         self._cluster: Any = None
         try:
@@ -231,7 +250,11 @@ class SdkDocuments:
             try:
                 # cas as a keyword argument: options passed as `opts=` are ignored by the SDK.
                 self._collection.replace(key, value, cas=cas)
-            except (self._x.CasMismatchException, self._x.DocumentExistsException, self._x.DocumentNotFoundException):
+            except (
+                self._x.CasMismatchException,
+                self._x.DocumentExistsException,
+                self._x.DocumentNotFoundException,
+            ):
                 return False
             return True
 
@@ -243,7 +266,11 @@ class SdkDocuments:
             result = self._collection.replace_multi(
                 {k: v for k, (v, _) in items.items()}, per_key_options=per_key, return_exceptions=True
             )
-        lost = (self._x.CasMismatchException, self._x.DocumentExistsException, self._x.DocumentNotFoundException)
+        lost = (
+            self._x.CasMismatchException,
+            self._x.DocumentExistsException,
+            self._x.DocumentNotFoundException,
+        )
         return self._check(result, "replace", lost)
 
     def upsert(self, key: str, value: Doc, *, expiry_s: float | None = None) -> None:
@@ -266,7 +293,11 @@ class SdkDocuments:
                     self._collection.remove(key)
                 else:
                     self._collection.remove(key, cas=cas)
-            except (self._x.CasMismatchException, self._x.DocumentExistsException, self._x.DocumentNotFoundException):
+            except (
+                self._x.CasMismatchException,
+                self._x.DocumentExistsException,
+                self._x.DocumentNotFoundException,
+            ):
                 return False
             return True
 

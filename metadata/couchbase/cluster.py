@@ -24,7 +24,9 @@ class ClusterRecords:
 
     def heartbeat(self, service_id: str, info: str) -> None:
         self.docs.raw.upsert(
-            self.docs.key("svc", service_id), {"info": info, "heartbeat_at": time.time()}, expiry_s=SERVICE_TTL_S
+            self.docs.key("svc", service_id),
+            {"info": info, "heartbeat_at": time.time()},
+            expiry_s=SERVICE_TTL_S,
         )
         index = self.docs.get(self.docs.key("services"))
         if index is None or service_id not in index[0]["ids"]:
@@ -39,7 +41,11 @@ class ClusterRecords:
         ids = index[0]["ids"] if index else []
         docs = self.docs.get_many([self.docs.key("svc", i) for i in ids])
         since = time.time() - max_age_s
-        return [i for i in ids if self.docs.key("svc", i) in docs and docs[self.docs.key("svc", i)][0]["heartbeat_at"] >= since]
+        return [
+            i
+            for i in ids
+            if self.docs.key("svc", i) in docs and docs[self.docs.key("svc", i)][0]["heartbeat_at"] >= since
+        ]
 
     # -- leases ---------------------------------------------------------------------------------------
 
@@ -51,7 +57,9 @@ class ClusterRecords:
         taken: list[Lease | None] = [None]
 
         def change(doc: Doc | None) -> Doc | None:
-            new = next_lease(_lease(name, doc) if doc else None, name, holder, ttl_s, info, take_from, time.time())
+            new = next_lease(
+                _lease(name, doc) if doc else None, name, holder, ttl_s, info, take_from, time.time()
+            )
             taken[0] = new
             return None if new is None else _lease_doc(new)
 
@@ -79,7 +87,12 @@ class ClusterRecords:
         got = self.docs.get(self.docs.key("nodes"))
         nodes = [dict(n, name=name) for name, n in (got[0]["nodes"] if got else {}).items()]
         return [
-            {"name": n["name"], "state": n["state"], "ray_node_id": n["ray_node_id"], "added_at": n["added_at"]}
+            {
+                "name": n["name"],
+                "state": n["state"],
+                "ray_node_id": n["ray_node_id"],
+                "added_at": n["added_at"],
+            }
             for n in sorted(nodes, key=lambda n: (n["added_at"], n["name"]))
         ]
 
@@ -90,7 +103,9 @@ class ClusterRecords:
             if old is None:
                 nodes[name] = {"state": state, "ray_node_id": ray_node_id, "added_at": time.time()}
             else:
-                old.update(state=state, ray_node_id=ray_node_id if ray_node_id is not None else old["ray_node_id"])
+                old.update(
+                    state=state, ray_node_id=ray_node_id if ray_node_id is not None else old["ray_node_id"]
+                )
             return {"nodes": nodes}
 
         self.docs.mutate(self.docs.key("nodes"), change)
@@ -120,6 +135,9 @@ def _lease(name: str, doc: Doc) -> Lease:
 
 def _lease_doc(lease: Lease) -> Doc:
     return {
-        "holder": lease.holder, "expires_at": lease.expires_at, "acquired_at": lease.acquired_at,
-        "term": lease.term, "info": lease.info,
+        "holder": lease.holder,
+        "expires_at": lease.expires_at,
+        "acquired_at": lease.acquired_at,
+        "term": lease.term,
+        "info": lease.info,
     }

@@ -117,8 +117,12 @@ class DeadLetters:
             if doc is None or doc["replayed_at"] is not None:
                 return None
             return dict(
-                doc, reason=reason, error=error, traceback=traceback,
-                attempts=doc["attempts"] + 1, last_failed_at=time.time(),
+                doc,
+                reason=reason,
+                error=error,
+                traceback=traceback,
+                attempts=doc["attempts"] + 1,
+                last_failed_at=time.time(),
             )
 
         self.docs.mutate(self._dlq_key(function, vb, seqno), change)
@@ -145,7 +149,9 @@ class DeadLetters:
             self.docs.index_remove(self.docs.key("dlqix", function, vb), "seqnos", seqnos)
         if reason is None and not replayed_only and selected is None:
             # Everything went: drop the index documents too (entries whose row vanished included).
-            self.docs.raw.remove_many([self.docs.key("dlqix", function, vb) for vb in range(2 * NUM_VBUCKETS)])
+            self.docs.raw.remove_many(
+                [self.docs.key("dlqix", function, vb) for vb in range(2 * NUM_VBUCKETS)]
+            )
         return sum(len(s) for s in removed.values())
 
     # -- deaths on a mutation (eventing.workers.crash_guard) ------------------------------------------
@@ -173,10 +179,18 @@ class DeadLetters:
 
 def _encode_dlq(row: DlqRow) -> Doc:
     return {
-        "function": row.function, "vb": row.vb, "seqno": row.seqno, "key": row.key, "reason": row.reason,
-        "error": row.error, "traceback": row.traceback, "attempts": row.attempts,
-        "first_failed_at": row.first_failed_at, "last_failed_at": row.last_failed_at,
-        "mutation": base64.b64encode(row.mutation).decode("ascii"), "replayed_at": row.replayed_at,
+        "function": row.function,
+        "vb": row.vb,
+        "seqno": row.seqno,
+        "key": row.key,
+        "reason": row.reason,
+        "error": row.error,
+        "traceback": row.traceback,
+        "attempts": row.attempts,
+        "first_failed_at": row.first_failed_at,
+        "last_failed_at": row.last_failed_at,
+        "mutation": base64.b64encode(row.mutation).decode("ascii"),
+        "replayed_at": row.replayed_at,
         "generation": row.generation,
     }
 

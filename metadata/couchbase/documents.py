@@ -24,4 +24,3 @@ class Documents(Protocol):
     def remove(self, key: str, cas: int | None = None) -> bool: ...  # False: gone, or changed since `cas`
     def remove_many(self, keys: Sequence[str]) -> None: ...  # missing keys are fine
     def close(self) -> None: ...
-

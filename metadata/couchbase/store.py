@@ -118,7 +118,9 @@ class CouchbaseMetadataStore:
         a document that is not a JSON object, or lacks the fields the store writes, raises StoreCorruptError
         naming it (the runtime must stop at its last checkpoint, never skip ahead of a damaged one)."""
         got = self.docs.get(self.docs.key("functions"))
-        if got is not None and not (isinstance(got[0].get("names"), list) and all(isinstance(n, str) for n in got[0]["names"])):
+        if got is not None and not (
+            isinstance(got[0].get("names"), list) and all(isinstance(n, str) for n in got[0]["names"])
+        ):
             raise self.docs.corrupt(self.docs.key("functions"), "is not a function index")
         for record in self.list_functions():
             self.checkpoints(record.name)
@@ -135,7 +137,13 @@ class CouchbaseMetadataStore:
             now = time.time()
             if doc is None:
                 state = FunctionState.UNDEPLOYED.value
-                return {"definition": definition, "source": source, "state": state, "generation": 0, "updated_at": now}
+                return {
+                    "definition": definition,
+                    "source": source,
+                    "state": state,
+                    "generation": 0,
+                    "updated_at": now,
+                }
             if doc["state"] not in (FunctionState.UNDEPLOYED.value, FunctionState.PAUSED.value):
                 raise LifecycleError(
                     f"cannot update function '{name}': it is {doc['state']}; pause or undeploy it first"
@@ -170,15 +178,21 @@ class CouchbaseMetadataStore:
             if got is None:
                 raise NotFoundError(f"unknown function '{name}'; see `eventing list`")
             if got[0]["state"] != FunctionState.UNDEPLOYED.value:
-                raise LifecycleError(f"cannot delete function '{name}': it is {got[0]['state']}; undeploy it first")
+                raise LifecycleError(
+                    f"cannot delete function '{name}': it is {got[0]['state']}; undeploy it first"
+                )
             if self.docs.raw.remove(key, got[1]):  # only if nobody deployed it since the check
                 break
         else:
-            raise StoreError(f"metadata store {self.where}: function '{name}' kept changing while being deleted")
+            raise StoreError(
+                f"metadata store {self.where}: function '{name}' kept changing while being deleted"
+            )
         self.drop_checkpoints(name)
         self.drop_timers(name)
         self.purge_dlq(name)
-        self.docs.raw.remove_many([self.docs.key("ctr", name), self.docs.key("cpreg", name), self.docs.key("win", name)])
+        self.docs.raw.remove_many(
+            [self.docs.key("ctr", name), self.docs.key("cpreg", name), self.docs.key("win", name)]
+        )
         self.docs.index_remove(self.docs.key("functions"), "names", [name])
 
     def transition(
@@ -219,20 +233,29 @@ class CouchbaseMetadataStore:
         """
         bad = sorted(vb for vb in positions if not 0 <= vb < NUM_VBUCKETS)
         if bad:
-            raise ConfigError(f"vBuckets {bad[:5]} of function '{function}' are outside 0..{NUM_VBUCKETS - 1}")
+            raise ConfigError(
+                f"vBuckets {bad[:5]} of function '{function}' are outside 0..{NUM_VBUCKETS - 1}"
+            )
         now = time.time()
         keys = self.docs.cp_keys(function)
         self.docs.raw.upsert_many(
             {
                 keys[vb]: {
-                    "seqno": seqno, "epoch": epoch_base, "owner": None, "bucket_uuid": bucket_uuid,
-                    "updated_at": now, "leased": False, "start": seqno,
+                    "seqno": seqno,
+                    "epoch": epoch_base,
+                    "owner": None,
+                    "bucket_uuid": bucket_uuid,
+                    "updated_at": now,
+                    "leased": False,
+                    "start": seqno,
                 }
                 for vb, seqno in positions.items()
             }
         )
         dropped = [key for vb, key in keys.items() if vb not in positions]
-        self.docs.raw.remove_many([*dropped, self.docs.key("deaths", function)])  # the last deployment's deaths
+        self.docs.raw.remove_many(
+            [*dropped, self.docs.key("deaths", function)]
+        )  # the last deployment's deaths
 
     def drop_checkpoints(self, function: str) -> None:
         self.docs.raw.remove_many([*self.docs.cp_keys(function).values(), self.docs.key("deaths", function)])
@@ -240,7 +263,11 @@ class CouchbaseMetadataStore:
     def checkpoints(self, function: str) -> dict[int, Checkpoint]:
         keys = self.docs.cp_keys(function)
         docs = self.docs.get_many(list(keys.values()))
-        return {vb: self.docs.decode(key, _checkpoint, function, vb, docs[key][0]) for vb, key in keys.items() if key in docs}
+        return {
+            vb: self.docs.decode(key, _checkpoint, function, vb, docs[key][0])
+            for vb, key in keys.items()
+            if key in docs
+        }
 
     def checkpoint_starts(self, function: str) -> dict[int, int]:
         """Per vBucket, the seqno the current deployment started after (its feed boundary)."""
@@ -277,7 +304,9 @@ class CouchbaseMetadataStore:
         keys = {vb: self.docs.cp_key(function, vb) for vb in targets}
         docs = self.docs.get_many(list(keys.values()))
         current = {
-            vb: (docs[k][0]["seqno"], docs[k][0]["epoch"], docs[k][0].get("start")) for vb, k in keys.items() if k in docs
+            vb: (docs[k][0]["seqno"], docs[k][0]["epoch"], docs[k][0].get("start"))
+            for vb, k in keys.items()
+            if k in docs
         }
         moves = plan_rewind(function, current, targets, reapply_effects)
         now = time.time()
@@ -290,7 +319,11 @@ class CouchbaseMetadataStore:
                     return None
                 start = doc.get("start")
                 return dict(
-                    doc, seqno=to, epoch=epoch + 1, leased=False, updated_at=now,
+                    doc,
+                    seqno=to,
+                    epoch=epoch + 1,
+                    leased=False,
+                    updated_at=now,
                     start=to if start is None else min(start, to),
                 )
 
@@ -304,7 +337,10 @@ class CouchbaseMetadataStore:
             for vb, (f, t) in done.items()
         ]
         if rows:
-            self.docs.mutate(self.docs.key("cpreg", function), lambda doc: {"rows": [*(doc or {"rows": []})["rows"], *rows]})
+            self.docs.mutate(
+                self.docs.key("cpreg", function),
+                lambda doc: {"rows": [*(doc or {"rows": []})["rows"], *rows]},
+            )
         if raced:
             raise LifecycleError(
                 f"function '{function}' was resumed while its checkpoints were being rewound: {len(done)} vBuckets "
@@ -314,7 +350,12 @@ class CouchbaseMetadataStore:
         return moves
 
     def claim(
-        self, function: str, vbuckets: Iterable[int], owner: str, *, min_epochs: Mapping[int, int] | None = None
+        self,
+        function: str,
+        vbuckets: Iterable[int],
+        owner: str,
+        *,
+        min_epochs: Mapping[int, int] | None = None,
     ) -> dict[int, Checkpoint]:
         """Take ownership of vBuckets with a higher epoch; any previous owner is fenced from then on.
 
@@ -328,7 +369,13 @@ class CouchbaseMetadataStore:
             def change(doc: Doc | None) -> Doc | None:
                 if doc is None:
                     return None
-                return dict(doc, epoch=next_epoch(doc["epoch"], floor.get(vb, 0)), owner=owner, leased=True, updated_at=now)
+                return dict(
+                    doc,
+                    epoch=next_epoch(doc["epoch"], floor.get(vb, 0)),
+                    owner=owner,
+                    leased=True,
+                    updated_at=now,
+                )
 
             return change
 
@@ -366,12 +413,17 @@ class CouchbaseMetadataStore:
         # Every held vBucket is checked, not only those that moved: a zombie learns at its next commit
         # that it lost them all, and stops working on them.
         vbs = sorted(
-            set(epochs) | set(seqnos) | {owner_vb(r.vb) for r in dlq} | {c.source_vb for c in timer_list}
+            set(epochs)
+            | set(seqnos)
+            | {owner_vb(r.vb) for r in dlq}
+            | {c.source_vb for c in timer_list}
             | {d.vb for d in done}
         )
         keys = {vb: self.docs.cp_key(function, vb) for vb in vbs}
         current = self.docs.get_many(list(keys.values()))
-        fenced = fenced_vbuckets(vbs, {vb: current[k][0]["epoch"] for vb, k in keys.items() if k in current}, epochs)
+        fenced = fenced_vbuckets(
+            vbs, {vb: current[k][0]["epoch"] for vb, k in keys.items() if k in current}, epochs
+        )
         for vb, seqno in seqnos.items():
             if vb not in fenced and seqno < current[keys[vb]][0]["seqno"]:
                 self._refuse(function, vb, epochs[vb], current[keys[vb]][0]["seqno"], seqno, now)
@@ -398,7 +450,9 @@ class CouchbaseMetadataStore:
 
         changes = {keys[vb]: advance(vb, seqno) for vb, seqno in seqnos.items() if vb not in fenced}
         batch = {k: (c(copy.deepcopy(current[k][0])), current[k][1]) for k, c in changes.items()}
-        for key in self.docs.raw.replace_many({k: (d, cas) for k, (d, cas) in batch.items() if d is not None}):
+        for key in self.docs.raw.replace_many(
+            {k: (d, cas) for k, (d, cas) in batch.items() if d is not None}
+        ):
             self.docs.mutate(key, changes[key])
 
         # 3. Counters last; they are statistics, not positions.
@@ -408,8 +462,17 @@ class CouchbaseMetadataStore:
 
     def _refuse(self, function: str, vb: int, epoch: int, from_seqno: int, to_seqno: int, at: float) -> None:
         """Record a refused backwards move (for `eventing verify`) and raise OrderViolationError."""
-        row = {"vb": vb, "epoch": epoch, "from_seqno": from_seqno, "to_seqno": to_seqno, "how": "refused", "at": at}
-        self.docs.mutate(self.docs.key("cpreg", function), lambda doc: {"rows": [*(doc or {"rows": []})["rows"], row]})
+        row = {
+            "vb": vb,
+            "epoch": epoch,
+            "from_seqno": from_seqno,
+            "to_seqno": to_seqno,
+            "how": "refused",
+            "at": at,
+        }
+        self.docs.mutate(
+            self.docs.key("cpreg", function), lambda doc: {"rows": [*(doc or {"rows": []})["rows"], row]}
+        )
         raise OrderViolationError(
             f"checkpoint of function '{function}' vBucket {vb} would move backwards from {from_seqno} to {to_seqno}"
         )
@@ -448,7 +511,8 @@ class CouchbaseMetadataStore:
     def set_gauges(self, function: str, gauges: Mapping[str, float]) -> None:
         if gauges:
             self.docs.mutate(
-                self.docs.key("ctr", function), lambda doc: {"values": {**(doc or {"values": {}})["values"], **gauges}}
+                self.docs.key("ctr", function),
+                lambda doc: {"values": {**(doc or {"values": {}})["values"], **gauges}},
             )
 
     def counters(self, function: str) -> dict[str, float]:
@@ -466,10 +530,11 @@ class CouchbaseMetadataStore:
 
         self.docs.mutate(self.docs.key("ctr", function), change)
 
-
     # -- dead letters and deaths (DeadLetters) ----------------------------------------------------------
 
-    def dlq_rows(self, function: str, *, limit: int | None = None, include_replayed: bool = False) -> list[DlqRow]:
+    def dlq_rows(
+        self, function: str, *, limit: int | None = None, include_replayed: bool = False
+    ) -> list[DlqRow]:
         return self.dead_letters.dlq_rows(function, limit=limit, include_replayed=include_replayed)
 
     def dlq_row(self, function: str, vb: int, seqno: int) -> DlqRow | None:
@@ -489,18 +554,31 @@ class CouchbaseMetadataStore:
         limit: int | None = None,
     ) -> list[DlqRow]:
         return self.dead_letters.find_dlq_rows(
-            function, vb=vb, seqno=seqno, key=key, reason=reason, include_replayed=include_replayed,
-            replayed_only=replayed_only, generation=generation, limit=limit,
+            function,
+            vb=vb,
+            seqno=seqno,
+            key=key,
+            reason=reason,
+            include_replayed=include_replayed,
+            replayed_only=replayed_only,
+            generation=generation,
+            limit=limit,
         )
 
     def mark_replayed(self, function: str, keys: Iterable[tuple[int, int]]) -> int:
         return self.dead_letters.mark_replayed(function, keys)
 
-    def record_replay_failure(self, function: str, vb: int, seqno: int, reason: str, error: str, traceback: str) -> None:
+    def record_replay_failure(
+        self, function: str, vb: int, seqno: int, reason: str, error: str, traceback: str
+    ) -> None:
         self.dead_letters.record_replay_failure(function, vb, seqno, reason, error, traceback)
 
     def purge_dlq(
-        self, function: str, reason: str | None = None, replayed_only: bool = False, *,
+        self,
+        function: str,
+        reason: str | None = None,
+        replayed_only: bool = False,
+        *,
         keys: Iterable[tuple[int, int]] | None = None,
     ) -> int:
         return self.dead_letters.purge_dlq(function, reason, replayed_only, keys=keys)
@@ -514,7 +592,13 @@ class CouchbaseMetadataStore:
     # -- durable timers (Timers) ------------------------------------------------------------------------
 
     def claim_timers(
-        self, function: str, epochs: Mapping[int, int], now_ms: int, limit: int, *, reclaim: Iterable[int] = ()
+        self,
+        function: str,
+        epochs: Mapping[int, int],
+        now_ms: int,
+        limit: int,
+        *,
+        reclaim: Iterable[int] = (),
     ) -> list[TimerRecord]:
         return self.timers.claim_timers(function, epochs, now_ms, limit, reclaim=reclaim)
 
@@ -578,16 +662,28 @@ class CouchbaseMetadataStore:
     def set_kv(self, key: str, value: str) -> None:
         self.cluster.set_kv(key, value)
 
+
 def _function(name: str, doc: Doc) -> FunctionRecord:
     return FunctionRecord(
-        name, doc["definition"], doc["source"], FunctionState(doc["state"]), doc["generation"], doc["updated_at"],
+        name,
+        doc["definition"],
+        doc["source"],
+        FunctionState(doc["state"]),
+        doc["generation"],
+        doc["updated_at"],
         doc.get("deployed_by"),
     )
 
 
 def _checkpoint(function: str, vb: int, doc: Doc) -> Checkpoint:
     return Checkpoint(
-        function, vb, doc["seqno"], doc["epoch"], doc["owner"], doc["bucket_uuid"], doc["updated_at"],
+        function,
+        vb,
+        doc["seqno"],
+        doc["epoch"],
+        doc["owner"],
+        doc["bucket_uuid"],
+        doc["updated_at"],
         bool(doc["leased"]),
     )
 

@@ -51,8 +51,12 @@ class Timers:
                     doc["timers"].pop(tid, None)
                 else:
                     doc["timers"][tid] = {
-                        "callback": c.callback, "reference": c.reference, "due_ms": c.due_ms,
-                        "context": c.context, "created_at": now, "fire_seq": None,
+                        "callback": c.callback,
+                        "reference": c.reference,
+                        "due_ms": c.due_ms,
+                        "context": c.context,
+                        "created_at": now,
+                        "fire_seq": None,
                     }
 
             per_vb[c.vb].append(apply)
@@ -109,12 +113,17 @@ class Timers:
                 if doc is None:
                     return None
                 if vb in again:
-                    old = sorted((t for t in doc["timers"].values() if t["fire_seq"] is not None),
-                                 key=lambda t: t["fire_seq"])
+                    old = sorted(
+                        (t for t in doc["timers"].values() if t["fire_seq"] is not None),
+                        key=lambda t: t["fire_seq"],
+                    )
                     claimed.extend(_timer(function, vb, t) for t in old)
                 fresh = sorted(
-                    (t for tid, t in doc["timers"].items()
-                     if tid in wanted.get(vb, ()) and t["fire_seq"] is None and t["due_ms"] <= now_ms),
+                    (
+                        t
+                        for tid, t in doc["timers"].items()
+                        if tid in wanted.get(vb, ()) and t["fire_seq"] is None and t["due_ms"] <= now_ms
+                    ),
                     key=lambda t: (t["due_ms"], t["callback"], t["reference"]),
                 )
                 for t in fresh:

@@ -24,7 +24,10 @@ class CouchbaseWindowStateStore:
     """
 
     def __init__(
-        self, docs: CasDocuments, dead_letters: DeadLetters, add_counters: Callable[[str, Mapping[str, int | float]], None]
+        self,
+        docs: CasDocuments,
+        dead_letters: DeadLetters,
+        add_counters: Callable[[str, Mapping[str, int | float]], None],
     ):
         self.docs = docs
         self.dead_letters = dead_letters
@@ -81,6 +84,8 @@ class CouchbaseWindowStateStore:
         """Forget the state (a new deployment starts its windows afresh) and fence its coordinator."""
 
         def change(doc: Doc | None) -> Doc | None:
-            return None if doc is None else dict(doc, fence=doc["fence"] + 1, state=None, updated_at=time.time())
+            return (
+                None if doc is None else dict(doc, fence=doc["fence"] + 1, state=None, updated_at=time.time())
+            )
 
         self.docs.mutate(self._key(function), change)

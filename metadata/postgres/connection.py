@@ -1,5 +1,5 @@
-"""Connections to a PostgreSQL store: the location (a libpq URL), a pool per process, transactions that
-are retried while the server is away, errors as one line, and the schema's version.
+"""Connections to a PostgreSQL store (its location: location.py): a pool per process, transactions that
+are retried while the server is away, and the schema's version.
 
     db = PostgresDatabase.open("postgresql://user@host:5432/db?schema=team_a")
     db.transaction(lambda cur: cur.execute("INSERT ..."))    # retried while the server restarts or fails over
@@ -31,13 +31,18 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
-from metadata.errors import ConfigError, StoreError, StoreUnavailableError
+from metadata.errors import StoreError, StoreUnavailableError
 from metadata.postgres import commits
+from metadata.postgres.location import (
+    DEFAULT_POOL_SIZE,
+    POOL_SIZE_ENV,
+    PostgresTarget,
+    describe_error,
+    parse_postgres_url,
+)
 
 if TYPE_CHECKING:
     import psycopg
@@ -48,13 +53,9 @@ logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)
 
 T = TypeVar("T")
 
-SCHEMES = ("postgresql", "postgres")
 STORE_WAIT_ENV = "EVENTING_STORE_WAIT_S"
 DEFAULT_WAIT_S = 60.0
-DEFAULT_CONNECT_TIMEOUT_S = "5"
 FIRST_CONTACT_S = 6.0
-POOL_SIZE_ENV = "EVENTING_PG_POOL_SIZE"
-DEFAULT_POOL_SIZE = 8
 POOL_WAIT_S = 1.0  # for a pooled connection, before trying one of its own (see PostgresDatabase._attempt)
 
 # SQLSTATEs that mean "run the transaction again": the connection is gone or the server is going away,
@@ -65,103 +66,15 @@ _RETRY_STATES = {
     "57P01",  # admin_shutdown (a fast or immediate stop; a failover)
     "57P02",  # crash_shutdown
     "57P03",  # cannot_connect_now (starting up, or in recovery)
-    "08000", "08003", "08006", "08001", "08004",  # connection exceptions
+    "08000",
+    "08003",
+    "08006",
+    "08001",
+    "08004",  # connection exceptions
     "25006",  # read_only_sql_transaction: connected to a standby that is not promoted yet
     "57014",  # query_canceled (statement_timeout): run it again
     "53300",  # too_many_connections
 }
-
-
-def is_postgres_url(location: str) -> bool:
-    return urlsplit(str(location)).scheme.lower() in SCHEMES
-
-
-@dataclass(frozen=True)
-class PostgresTarget:
-    """A PostgreSQL store's location: the libpq URL to connect with, its schema, and how to show it."""
-
-    url: str  # given to libpq, without our own parameters
-    schema: str | None
-    shown: str  # the URL without its password, for messages and `eventing status`
-
-    @property
-    def endpoints(self) -> str:
-        """The host:port list, for messages ("127.0.0.1:5432,10.0.0.2:5432")."""
-        parts = urlsplit(self.url)
-        hosts = parts.netloc.rpartition("@")[2] or "localhost:5432"
-        query = dict(parse_qsl(parts.query))
-        if "host" in query:
-            hosts = query["host"] + (f":{query['port']}" if "port" in query else "")
-        return hosts
-
-
-def parse_postgres_url(url: str) -> PostgresTarget:
-    """Split our `schema=` parameter off a libpq URL and default its connect_timeout; ConfigError naming the
-    mistake (never the password) when it is not a usable PostgreSQL URL."""
-    parts = urlsplit(url)
-    shown = redact(url)
-    if parts.scheme.lower() not in SCHEMES:
-        raise ConfigError(f"{shown} is not a PostgreSQL URL; use postgresql://user[:password]@host[:port]/database")
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    schema = None
-    kept = []
-    for key, value in query:
-        if key == "schema":
-            schema = value
-        else:
-            kept.append((key, value))
-    if schema is not None and not _plain_identifier(schema):
-        raise ConfigError(f"{shown}: schema={schema!r} must be a plain name (letters, digits and _, not starting "
-                          "with a digit)")
-    if not any(k == "connect_timeout" for k, _ in kept):
-        kept.append(("connect_timeout", DEFAULT_CONNECT_TIMEOUT_S))
-    if not any(k == "application_name" for k, _ in kept):
-        kept.append(("application_name", "eventing"))
-    # %20, not +, for a space: libpq decodes percent escapes only (options=-c%20statement_timeout%3D5000)
-    libpq = urlunsplit((parts.scheme, parts.netloc, parts.path, urlencode(kept, quote_via=quote), parts.fragment))
-    return PostgresTarget(libpq, schema, shown)
-
-
-def redact(url: str) -> str:
-    """The URL with any password (in the authority or as ?password=) replaced by ***."""
-    parts = urlsplit(str(url))
-    netloc = parts.netloc
-    userinfo, at, hosts = netloc.rpartition("@")
-    if at and ":" in userinfo:
-        netloc = f"{userinfo.split(':', 1)[0]}:***@{hosts}"
-    query = "&".join(
-        f"{k}=***" if k == "password" else f"{k}={v}" for k, v in parse_qsl(parts.query, keep_blank_values=True)
-    )
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
-
-
-def password_spans(text: str) -> list[tuple[int, int]]:
-    """Where the passwords of a PostgreSQL URL are in `text` as written (the authority's, and ?password='s),
-    as (start, end) indexes: `text` may be the URL or an option holding it (`--store=postgresql://...`)."""
-    import re
-
-    found = re.search(r"(?i)\b(postgresql|postgres)://", text)
-    if found is None:
-        return []
-    spans = []
-    begin = found.end()
-    rest = text[begin:]
-    stop = re.search(r"[/?#]", rest)
-    netloc_end = begin + (stop.start() if stop else len(rest))
-    at = text.rfind("@", begin, netloc_end)
-    colon = text.find(":", begin, at) if at != -1 else -1
-    if colon != -1 and colon + 1 < at:
-        spans.append((colon + 1, at))
-    query = text.find("?", begin)
-    if query != -1:
-        for pair in re.finditer(r"(?:^|&)password=([^&#]*)", text[query + 1:]):
-            if pair.group(1):
-                spans.append((query + 1 + pair.start(1), query + 1 + pair.end(1)))
-    return spans
-
-
-def _plain_identifier(name: str) -> bool:
-    return bool(name) and (name[0].isalpha() or name[0] == "_") and all(c.isalnum() or c == "_" for c in name)
 
 
 def store_wait_s() -> float:
@@ -169,69 +82,6 @@ def store_wait_s() -> float:
         return float(os.environ.get(STORE_WAIT_ENV, DEFAULT_WAIT_S))
     except ValueError:
         return DEFAULT_WAIT_S
-
-
-def describe_error(target: PostgresTarget, exc: BaseException) -> str:
-    """One line naming the server, what went wrong and the fix (never the password)."""
-    import psycopg
-
-    text = " ".join(str(exc).split())
-    text = text.replace(target.url, target.shown)
-    state = getattr(exc, "sqlstate", None) or ""
-    where = f"PostgreSQL at {target.endpoints}"
-    low = text.lower()
-    if "password authentication failed" in low or state == "28P01":
-        return (f"{where} refused the password ({_first_clause(text)}); check the password in --store, "
-                "$PGPASSWORD or ~/.pgpass")
-    if state == "28000" or "no pg_hba.conf entry" in low or "role" in low and "does not exist" in low:
-        return f"{where} refused the login ({_first_clause(text)}); check the user in --store and pg_hba.conf"
-    if state == "3D000" or ("database" in low and "does not exist" in low):
-        return f"{where}: {_first_clause(text)}; create it first (createdb, or CREATE DATABASE)"
-    if state == "42501":
-        return (f"{where}: {_first_clause(text)}; grant the store's user the privilege (it creates and writes its "
-                f"own tables: {_grant(target, low)})")
-    if state == "57014" or "statement timeout" in low:
-        return (f"{where} canceled a statement at its statement_timeout ({_first_clause(text)}); raise it "
-                "(?options=-c%20statement_timeout%3D60000 in --store, or ALTER ROLE ... SET statement_timeout) or "
-                "end what holds the locks it waited for (pg_locks)")
-    if state == "55P03" or "lock timeout" in low:
-        return (f"{where} canceled a statement at its lock_timeout ({_first_clause(text)}); raise it or end what "
-                "holds the lock (pg_locks)")
-    if state == "53300" or "too many clients" in low or "remaining connection slots" in low:
-        return (f"{where} has no connection slot left ({_first_clause(text)}); raise max_connections on the server "
-                f"or lower ${POOL_SIZE_ENV} (each eventing process keeps up to {DEFAULT_POOL_SIZE})")
-    if state == "25006" or "read-only transaction" in low:
-        return (f"{where} is read-only ({_first_clause(text)}): a standby; point --store at the primary, or list "
-                "every host with ?target_session_attrs=read-write")
-    if state in ("53100",) or "no space left" in low or "could not extend file" in low:
-        return (f"{where} is out of disk space ({_first_clause(text)}); free space on the server, then run the "
-                "command again (everything committed is kept)")
-    if "configuration parameter" in low or "invalid value for parameter" in low:
-        return f"{where} refused a setting ({_first_clause(text)}); fix options= in --store"
-    if isinstance(exc, psycopg.OperationalError):
-        return (f"{where} is unreachable ({_first_clause(text)}); start the server or fix the host and port in "
-                "--store")
-    return f"{where}: {_first_clause(text)}"
-
-
-def _grant(target: PostgresTarget, low: str) -> str:
-    """The GRANT a refused store's user needs, with its names."""
-    parts = urlsplit(target.url)
-    user = parts.username or os.environ.get("PGUSER") or "USER"
-    if "for database" in low:
-        return f"GRANT CREATE ON DATABASE {parts.path.lstrip('/') or 'DATABASE'} TO {user}"
-    return f"GRANT CREATE, USAGE ON SCHEMA {target.schema or 'public'} TO {user}"
-
-
-def _first_clause(text: str) -> str:
-    """The server's words without libpq's preamble (the host and port are named already) nor the statement
-    quoted after them (`LINE 1: CREATE TABLE ... ^`)."""
-    import re
-
-    text = re.sub(r"\s+LINE \d+: .*$", "", text)
-    text = re.sub(r'^(connection failed: )?connection to server at "[^"]*"(, port \d+)? failed: (FATAL: +)?', "", text)
-    text = text.replace("Is the server running on that host and accepting TCP/IP connections?", "").strip()
-    return text.split("\n")[0][:300]
 
 
 def retriable(exc: BaseException) -> bool:
@@ -248,10 +98,20 @@ def retriable(exc: BaseException) -> bool:
     return False
 
 
-_LOGIN_REFUSALS = ("password authentication failed", "does not exist", "no pg_hba.conf entry",
-                   "permission denied", "sslmode value", "invalid connection option", "invalid uri",
-                   "invalid sslmode", "no password supplied", "certificate", "unrecognized configuration parameter",
-                   "invalid value for parameter")
+_LOGIN_REFUSALS = (
+    "password authentication failed",
+    "does not exist",
+    "no pg_hba.conf entry",
+    "permission denied",
+    "sslmode value",
+    "invalid connection option",
+    "invalid uri",
+    "invalid sslmode",
+    "no password supplied",
+    "certificate",
+    "unrecognized configuration parameter",
+    "invalid value for parameter",
+)
 
 
 class Cursor:
@@ -270,7 +130,7 @@ class Cursor:
         self._cur = cur
         self._pipe = pipe
 
-    def execute(self, sql: str, args: Sequence[Any] | None = None) -> Any:
+    def execute(self, sql: str, args: Sequence[Any] | Mapping[str, Any] | None = None) -> Any:
         if self._pipe is None or not self._pipe.active:
             return self._cur.execute(_placeholders(sql), args, prepare=None)
         cur = self._cur.connection.cursor()
@@ -402,7 +262,12 @@ class PostgresDatabase:
         if self.target.schema:
             # CREATE SCHEMA IF NOT EXISTS from several new connections at once can fail on the catalog's
             # unique index (PostgreSQL checks before it inserts): made under the schema lock, when missing.
-            if conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (self.target.schema,)).fetchone() is None:
+            if (
+                conn.execute(
+                    "SELECT 1 FROM pg_namespace WHERE nspname = %s", (self.target.schema,)
+                ).fetchone()
+                is None
+            ):
                 with conn.transaction():
                     conn.execute("SELECT pg_advisory_xact_lock(hashtext('eventing_schema'))")
                     conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.target.schema}"')
@@ -415,8 +280,13 @@ class PostgresDatabase:
                     from psycopg_pool import ConnectionPool
 
                     self._pool = ConnectionPool(
-                        self.target.url, min_size=1, max_size=self._pool_size, open=False,
-                        configure=self._configure, reconnect_timeout=store_wait_s(), name="eventing",
+                        self.target.url,
+                        min_size=1,
+                        max_size=self._pool_size,
+                        open=False,
+                        configure=self._configure,
+                        reconnect_timeout=store_wait_s(),
+                        name="eventing",
                         timeout=store_wait_s(),
                     )
                     self._pool.open(wait=False)
@@ -460,7 +330,9 @@ class PostgresDatabase:
     def read(self, sql: str, args: Sequence[Any] | None = None) -> list[tuple]:
         """One statement outside a transaction (autocommit), retried while the server is away."""
         params = args or None  # no arguments: the text is not scanned for placeholders
-        return self._with_retries(lambda conn: conn.execute(_placeholders(sql), params).fetchall(), retry=True)
+        return self._with_retries(
+            lambda conn: conn.execute(_placeholders(sql), params).fetchall(), retry=True
+        )
 
     def run(self, fn: Callable[[psycopg.Connection], T]) -> T:
         """`fn(connection)` on a pooled connection, retried while the server is away (fn must be repeatable)."""
@@ -483,8 +355,15 @@ class PostgresDatabase:
                     if prune:
                         cur.execute(commits.prune_sql(self._wait_s()))
                 else:  # one simple query, one round trip
-                    cur.execute("; ".join(["BEGIN", commits.insert_sql(token),
-                                           *([commits.prune_sql(self._wait_s())] if prune else [])]))
+                    cur.execute(
+                        "; ".join(
+                            [
+                                "BEGIN",
+                                commits.insert_sql(token),
+                                *([commits.prune_sql(self._wait_s())] if prune else []),
+                            ]
+                        )
+                    )
                 out = body(Cursor(cur, pipe))
             except BaseException:
                 _roll_back(cur, pipe)
@@ -525,14 +404,19 @@ class PostgresDatabase:
         delay = 0.05
         while time.monotonic() - started < wait_s:
             try:
-                return self._attempt(lambda conn: commits.probe(conn, amb.token),
-                                     wait_s - (time.monotonic() - started))
+                return self._attempt(
+                    lambda conn: commits.probe(conn, amb.token), wait_s - (time.monotonic() - started)
+                )
             except (psycopg.Error, PoolTimeout) as exc:
                 self.failed_attempts += 1
                 if _lost_answer(exc):
                     self._check_pool()
                 # Away, a standby (read-only), or the transaction is still running (lock_timeout): ask again.
-                if not (retriable(exc) or getattr(exc, "sqlstate", None) == "55P03" or isinstance(exc, PoolTimeout)):
+                if not (
+                    retriable(exc)
+                    or getattr(exc, "sqlstate", None) == "55P03"
+                    or isinstance(exc, PoolTimeout)
+                ):
                     return None
             time.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, 1.0)
@@ -565,7 +449,9 @@ class PostgresDatabase:
                 lost = amb.cause  # not committed: run it again, as after any lost connection
                 self._check_pool()
                 if not retry or time.monotonic() - started >= wait_s:
-                    raise StoreUnavailableError(describe_error(self.target, lost) + " (nothing was committed)") from None
+                    raise StoreUnavailableError(
+                        describe_error(self.target, lost) + " (nothing was committed)"
+                    ) from None
                 self.retried["connection"] += 1
                 if not warned:
                     log.warning("%s; retrying for up to %.0fs", describe_error(self.target, lost), wait_s)
@@ -651,7 +537,9 @@ class PostgresDatabase:
                 return  # another thread renewed it already
             self._pool = None
             self.pool_renewals += 1
-        threading.Thread(target=stale.close, kwargs={"timeout": 30.0}, name="eventing-pool-close", daemon=True).start()
+        threading.Thread(
+            target=stale.close, kwargs={"timeout": 30.0}, name="eventing-pool-close", daemon=True
+        ).start()
 
     def _probe(self) -> BaseException | None:
         """Why a new connection cannot be made now (the pool only says it timed out), or None."""
@@ -743,7 +631,12 @@ def translate(target: PostgresTarget, exc: BaseException) -> BaseException:
     import psycopg
 
     state = getattr(exc, "sqlstate", None) or ""
-    if state[:2] in ("28", "3D", "42", "53", "58", "XX") and state not in ("42601", "42703", "42P01", "42804"):
+    if state[:2] in ("28", "3D", "42", "53", "58", "XX") and state not in (
+        "42601",
+        "42703",
+        "42P01",
+        "42804",
+    ):
         return StoreError(describe_error(target, exc))
     if not state and isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError):
         return StoreError(describe_error(target, exc))
@@ -761,7 +654,9 @@ def ensure_schema(db: PostgresDatabase, component: str, version: int, ddl: Seque
 
     def body(cur: Cursor) -> None:
         cur.execute("SELECT pg_advisory_xact_lock(hashtext('eventing_schema'))")
-        cur.execute(f"CREATE TABLE IF NOT EXISTS {SCHEMA_TABLE}(component TEXT PRIMARY KEY, version INTEGER NOT NULL)")
+        cur.execute(
+            f"CREATE TABLE IF NOT EXISTS {SCHEMA_TABLE}(component TEXT PRIMARY KEY, version INTEGER NOT NULL)"
+        )
         row = cur.execute(f"SELECT version FROM {SCHEMA_TABLE} WHERE component=%s", (component,)).fetchone()
         stored = row[0] if row else 0
         if stored > version:

@@ -85,4 +85,10 @@ DDL: tuple[str, ...] = (
 OWN_COLUMNS = {"checkpoint_regressions": ("id",)}
 
 # PostgreSQL's type of each checkpoint column a bulk update sets (UPDATE ... FROM unnest(...)).
-CHECKPOINT_TYPES = {"seqno": "bigint", "epoch": "bigint", "owner": "text", "updated_at": "float8", "leased": "bigint"}
+CHECKPOINT_TYPES = {
+    "seqno": "bigint",
+    "epoch": "bigint",
+    "owner": "text",
+    "updated_at": "float8",
+    "leased": "bigint",
+}

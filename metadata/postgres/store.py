@@ -39,7 +39,10 @@ def _array(values: Sequence[Any], kind: str) -> str:
         return "{" + ",".join([str(int(v)) for v in values]) + "}"
     if kind == "float8":
         return "{" + ",".join([repr(float(v)) for v in values]) + "}"
-    quoted = ['"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"' if v is not None else "NULL" for v in values]
+    quoted = [
+        '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"' if v is not None else "NULL"
+        for v in values
+    ]
     return "{" + ",".join(quoted) + "}"
 
 
@@ -95,7 +98,9 @@ class PostgresMetadataStore(SqlMetadataStore):
     def _in_vbs(self, vbs: Sequence[int]) -> tuple[str, tuple]:
         return _ARRAY, (_array(vbs, "bigint"),)
 
-    def _select_vbs(self, db: SqlDb, sql: str, function: str, vbs: list[int], *, lock: bool = False) -> list[tuple]:
+    def _select_vbs(
+        self, db: SqlDb, sql: str, function: str, vbs: list[int], *, lock: bool = False
+    ) -> list[tuple]:
         """One statement for any number of vBuckets; `lock` takes the rows' locks in vBucket order (so two
         transactions locking overlapping sets wait for each other rather than deadlock)."""
         if not vbs:
@@ -103,7 +108,9 @@ class PostgresMetadataStore(SqlMetadataStore):
         sql = sql.format(_ARRAY) + (" ORDER BY vb FOR UPDATE" if lock else "")
         return list(db.execute(sql, (function, _array(vbs, "bigint"))).fetchall())
 
-    def _update_checkpoints(self, db: SqlDb, function: str, columns: Sequence[str], rows: list[tuple]) -> None:
+    def _update_checkpoints(
+        self, db: SqlDb, function: str, columns: Sequence[str], rows: list[tuple]
+    ) -> None:
         """One UPDATE ... FROM unnest(...): the vBuckets and each column that differs between rows as arrays,
         a column with one value for all (the time, the owner) as that value."""
         if not rows:
@@ -165,7 +172,9 @@ class PostgresMetadataStore(SqlMetadataStore):
                 "tgname='checkpoint_moved_backwards'"
             )
             if not trigger or trigger[0][0] == "D":
-                problems.append("the trigger checkpoint_moved_backwards on checkpoints is missing or disabled")
+                problems.append(
+                    "the trigger checkpoint_moved_backwards on checkpoints is missing or disabled"
+                )
         if problems:
             raise StoreCorruptError(
                 f"{self.where} failed its integrity check ({'; '.join(problems)}); stop every eventing process, "

@@ -28,12 +28,16 @@ class SqlBackend:
         """What goes in `vb IN (...)` for these vBuckets, and its arguments."""
         raise NotImplementedError
 
-    def _select_vbs(self, db: SqlDb, sql: str, function: str, vbs: list[int], *, lock: bool = False) -> list[tuple]:
+    def _select_vbs(
+        self, db: SqlDb, sql: str, function: str, vbs: list[int], *, lock: bool = False
+    ) -> list[tuple]:
         """Run `sql`, whose last condition is `vb IN ({})`, for these vBuckets (`lock`: and lock the rows it
         reads, in vBucket order, until the transaction ends)."""
         raise NotImplementedError
 
-    def _update_checkpoints(self, db: SqlDb, function: str, columns: Sequence[str], rows: list[tuple]) -> None:
+    def _update_checkpoints(
+        self, db: SqlDb, function: str, columns: Sequence[str], rows: list[tuple]
+    ) -> None:
         """For each row (vb, value...): UPDATE checkpoints SET columns=values WHERE function AND vb."""
         raise NotImplementedError
 

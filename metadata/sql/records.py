@@ -40,16 +40,24 @@ class SqlRecords(SqlBackend):
         )
         if not again and (
             # The common case (nothing due anywhere) costs one index probe: no vBucket list, no write.
-            not self._read("SELECT 1 FROM timers WHERE function=? AND due_ms<=? AND fire_seq IS NULL LIMIT 1",
-                           (function, now_ms))
+            not self._read(
+                "SELECT 1 FROM timers WHERE function=? AND due_ms<=? AND fire_seq IS NULL LIMIT 1",
+                (function, now_ms),
+            )
             or not self._read(due_sql, (function, now_ms, *vb_args, 1))
         ):
             return []
 
         def body(db: SqlDb) -> list[TimerRecord]:
-            current = dict(self._select_vbs(
-                db, "SELECT vb, epoch FROM checkpoints WHERE function=? AND vb IN ({})", function, vbs, lock=True
-            ))
+            current = dict(
+                self._select_vbs(
+                    db,
+                    "SELECT vb, epoch FROM checkpoints WHERE function=? AND vb IN ({})",
+                    function,
+                    vbs,
+                    lock=True,
+                )
+            )
             valid = [vb for vb in vbs if holds(current.get(vb), epochs[vb])]
             if not valid:
                 return []
@@ -73,16 +81,24 @@ class SqlRecords(SqlBackend):
             if not rows:
                 return out
             touched = sorted({r[3] for r in rows})
-            seqs = dict(self._select_vbs(
-                db, "SELECT vb, seq FROM timer_seqs WHERE function=? AND vb IN ({})", function, touched, lock=True
-            ))
+            seqs = dict(
+                self._select_vbs(
+                    db,
+                    "SELECT vb, seq FROM timer_seqs WHERE function=? AND vb IN ({})",
+                    function,
+                    touched,
+                    lock=True,
+                )
+            )
             updates = []
             touched_set = set(touched)
             for r in rows:
                 seq = seqs[r[3]] = seqs.get(r[3], 0) + 1
                 updates.append((seq, function, r[1], r[2]))
                 out.append(TimerRecord(r[0], r[1], r[2], r[3], r[4], r[5], r[6], seq))
-            db.executemany("UPDATE timers SET fire_seq=? WHERE function=? AND callback=? AND reference=?", updates)
+            db.executemany(
+                "UPDATE timers SET fire_seq=? WHERE function=? AND callback=? AND reference=?", updates
+            )
             db.executemany(
                 "INSERT INTO timer_seqs VALUES(?,?,?) ON CONFLICT(function, vb) DO UPDATE SET seq=excluded.seq",
                 [(function, vb, seq) for vb, seq in seqs.items() if vb in touched_set],
@@ -93,7 +109,8 @@ class SqlRecords(SqlBackend):
 
     def get_timer(self, function: str, callback: str, reference: str) -> TimerRecord | None:
         rows = self._read(
-            "SELECT * FROM timers WHERE function=? AND callback=? AND reference=?", (function, callback, reference)
+            "SELECT * FROM timers WHERE function=? AND callback=? AND reference=?",
+            (function, callback, reference),
         )
         return TimerRecord(*rows[0]) if rows else None
 
@@ -132,25 +149,39 @@ class SqlRecords(SqlBackend):
 
     def count_death(self, function: str, vb: int, seqno: int) -> int:
         def body(db: SqlDb) -> int:
-            db.execute("INSERT INTO deaths VALUES(?,?,?,1) ON CONFLICT(function, vb, seqno) DO UPDATE SET "
-                       "count=deaths.count+1", (function, vb, seqno))
-            return int(db.execute("SELECT count FROM deaths WHERE function=? AND vb=? AND seqno=?",
-                                  (function, vb, seqno)).fetchone()[0])
+            db.execute(
+                "INSERT INTO deaths VALUES(?,?,?,1) ON CONFLICT(function, vb, seqno) DO UPDATE SET "
+                "count=deaths.count+1",
+                (function, vb, seqno),
+            )
+            return int(
+                db.execute(
+                    "SELECT count FROM deaths WHERE function=? AND vb=? AND seqno=?", (function, vb, seqno)
+                ).fetchone()[0]
+            )
 
         return self._tx(body)
 
     def deaths(self, function: str) -> dict[tuple[int, int], int]:
-        return {(vb, seqno): n for vb, seqno, n in self._read(
-            "SELECT vb, seqno, count FROM deaths WHERE function=?", (function,))}
+        return {
+            (vb, seqno): n
+            for vb, seqno, n in self._read(
+                "SELECT vb, seqno, count FROM deaths WHERE function=?", (function,)
+            )
+        }
 
     def reset_counters(self, function: str, *, keep_prefixes: tuple[str, ...] = ()) -> None:
         """Drop the function's counters (Couchbase's resetStatsCounters), but those whose name starts with
         one of `keep_prefixes`."""
 
         def body(db: SqlDb) -> None:
-            names = [n for (n,) in db.execute("SELECT name FROM counters WHERE function=?", (function,)).fetchall()]
-            db.executemany("DELETE FROM counters WHERE function=? AND name=?",
-                           [(function, n) for n in sorted(names) if not n.startswith(keep_prefixes)])
+            names = [
+                n for (n,) in db.execute("SELECT name FROM counters WHERE function=?", (function,)).fetchall()
+            ]
+            db.executemany(
+                "DELETE FROM counters WHERE function=? AND name=?",
+                [(function, n) for n in sorted(names) if not n.startswith(keep_prefixes)],
+            )
 
         self._tx(body)
 
@@ -187,7 +218,9 @@ class SqlRecords(SqlBackend):
     ) -> list[DlqRow]:
         """Dead letters matching every given filter, in (vBucket, seqno) order: per-document order.
         ``generation``: only the letters of that deployment."""
-        where, args = dlq_filter(function, vb, seqno, key, reason, include_replayed, replayed_only, generation)
+        where, args = dlq_filter(
+            function, vb, seqno, key, reason, include_replayed, replayed_only, generation
+        )
         sql = f"SELECT * FROM dlq WHERE {where} ORDER BY vb, seqno"
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
@@ -284,10 +317,14 @@ class SqlRecords(SqlBackend):
                     return None
                 values = (new.name, new.holder, new.expires_at, new.acquired_at, new.term, new.info)
                 if current is not None:
-                    db.execute("UPDATE leases SET holder=?, expires_at=?, acquired_at=?, term=?, info=? WHERE name=?",
-                               (*values[1:], name))
+                    db.execute(
+                        "UPDATE leases SET holder=?, expires_at=?, acquired_at=?, term=?, info=? WHERE name=?",
+                        (*values[1:], name),
+                    )
                     return new
-                if db.execute("INSERT INTO leases VALUES(?,?,?,?,?,?) ON CONFLICT(name) DO NOTHING", values).rowcount:
+                if db.execute(
+                    "INSERT INTO leases VALUES(?,?,?,?,?,?) ON CONFLICT(name) DO NOTHING", values
+                ).rowcount:
                     return new
                 # Another taker created it since the SELECT: look again, now at its row.
 
@@ -301,9 +338,12 @@ class SqlRecords(SqlBackend):
         """Expire the lease now if `holder` holds it (its term stays, so the next holder's is higher)."""
         return bool(
             self._tx(
-                lambda db: db.execute(
-                    "UPDATE leases SET expires_at=0 WHERE name=? AND holder=? AND expires_at>0", (name, holder)
-                ).rowcount
+                lambda db: (
+                    db.execute(
+                        "UPDATE leases SET expires_at=0 WHERE name=? AND holder=? AND expires_at>0",
+                        (name, holder),
+                    ).rowcount
+                )
             )
         )
 

@@ -30,8 +30,20 @@ def checkpoint_of(row: tuple) -> Checkpoint:
 
 
 def dlq_values(r: DlqRow) -> tuple:
-    return (r.function, r.vb, r.seqno, r.key, r.reason, r.error, r.traceback, r.attempts, r.first_failed_at,
-            r.last_failed_at, r.mutation, r.generation)
+    return (
+        r.function,
+        r.vb,
+        r.seqno,
+        r.key,
+        r.reason,
+        r.error,
+        r.traceback,
+        r.attempts,
+        r.first_failed_at,
+        r.last_failed_at,
+        r.mutation,
+        r.generation,
+    )
 
 
 # Keyed by (function, vb, seqno): the same failure written again after a crash is a no-op, but a mutation
@@ -80,7 +92,8 @@ def write_timers(
             continue
         if c.due_ms is None:
             db.execute(
-                "DELETE FROM timers WHERE function=? AND callback=? AND reference=?", (function, c.callback, c.reference)
+                "DELETE FROM timers WHERE function=? AND callback=? AND reference=?",
+                (function, c.callback, c.reference),
             )
         else:
             db.execute(
@@ -103,7 +116,13 @@ def dlq_filter(
 ) -> tuple[str, tuple]:
     clauses: list[str] = ["function=?"]
     args: list[str | int] = [function]
-    for column, value in (("vb", vb), ("seqno", seqno), ("key", key), ("reason", reason), ("generation", generation)):
+    for column, value in (
+        ("vb", vb),
+        ("seqno", seqno),
+        ("key", key),
+        ("reason", reason),
+        ("generation", generation),
+    ):
         if value is not None:
             clauses.append(f"{column}=?")
             args.append(value)

@@ -58,8 +58,15 @@ class SqlMetadataStore(SqlRecords):
     @staticmethod
     def _function(row: tuple) -> FunctionRecord:
         name, definition, source, state, generation, updated_at, deployed_by = row
-        return FunctionRecord(name, json.loads(definition), source, FunctionState(state), generation, updated_at,
-                              json.loads(deployed_by) if deployed_by else None)
+        return FunctionRecord(
+            name,
+            json.loads(definition),
+            source,
+            FunctionState(state),
+            generation,
+            updated_at,
+            json.loads(deployed_by) if deployed_by else None,
+        )
 
     def put_function(self, name: str, definition: dict, source: str) -> FunctionRecord:
         """Create a function (undeployed) or update the definition of an undeployed or paused one."""
@@ -75,10 +82,14 @@ class SqlMetadataStore(SqlRecords):
                     "INSERT INTO functions VALUES(?,?,?,?,0,?,NULL) ON CONFLICT(name) DO NOTHING",
                     (name, json.dumps(definition), source, FunctionState.UNDEPLOYED.value, now),
                 ).rowcount:
-                    return self._function(db.execute("SELECT * FROM functions WHERE name=?", (name,)).fetchone())
+                    return self._function(
+                        db.execute("SELECT * FROM functions WHERE name=?", (name,)).fetchone()
+                    )
             state = FunctionState(row[0])
             if state not in (FunctionState.UNDEPLOYED, FunctionState.PAUSED):
-                raise LifecycleError(f"cannot update function '{name}': it is {state.value}; pause or undeploy it first")
+                raise LifecycleError(
+                    f"cannot update function '{name}': it is {state.value}; pause or undeploy it first"
+                )
             db.execute(
                 "UPDATE functions SET definition=?, source=?, updated_at=? WHERE name=?",
                 (json.dumps(definition), source, now, name),
@@ -105,8 +116,15 @@ class SqlMetadataStore(SqlRecords):
             if row[0] != FunctionState.UNDEPLOYED.value:
                 raise LifecycleError(f"cannot delete function '{name}': it is {row[0]}; undeploy it first")
             db.execute("DELETE FROM functions WHERE name=?", (name,))
-            for table in ("checkpoints", "counters", "dlq", "checkpoint_starts", "checkpoint_regressions", "timers",
-                          "timer_seqs"):
+            for table in (
+                "checkpoints",
+                "counters",
+                "dlq",
+                "checkpoint_starts",
+                "checkpoint_regressions",
+                "timers",
+                "timer_seqs",
+            ):
                 db.execute(f"DELETE FROM {table} WHERE function=?", (name,))
 
         self._tx(body)
@@ -213,7 +231,12 @@ class SqlMetadataStore(SqlRecords):
         return {r[1]: checkpoint_of(r) for r in rows}
 
     def claim(
-        self, function: str, vbuckets: Iterable[int], owner: str, *, min_epochs: Mapping[int, int] | None = None
+        self,
+        function: str,
+        vbuckets: Iterable[int],
+        owner: str,
+        *,
+        min_epochs: Mapping[int, int] | None = None,
     ) -> dict[int, Checkpoint]:
         """Take ownership of vBuckets with a higher epoch; any previous owner is fenced from then on.
 
@@ -226,13 +249,21 @@ class SqlMetadataStore(SqlRecords):
 
         def body(db: SqlDb) -> dict[int, Checkpoint]:
             stored = self._select_vbs(
-                db, "SELECT vb, epoch FROM checkpoints WHERE function=? AND vb IN ({})", function, vbs, lock=True
+                db,
+                "SELECT vb, epoch FROM checkpoints WHERE function=? AND vb IN ({})",
+                function,
+                vbs,
+                lock=True,
             )
             self._update_checkpoints(
-                db, function, ("epoch", "owner", "leased", "updated_at"),
+                db,
+                function,
+                ("epoch", "owner", "leased", "updated_at"),
                 [(vb, next_epoch(epoch, floor.get(vb, 0)), owner, 1, now) for vb, epoch in stored],
             )
-            rows = self._select_vbs(db, "SELECT * FROM checkpoints WHERE function=? AND vb IN ({})", function, vbs)
+            rows = self._select_vbs(
+                db, "SELECT * FROM checkpoints WHERE function=? AND vb IN ({})", function, vbs
+            )
             return {r[1]: checkpoint_of(r) for r in rows}
 
         claimed = self._tx(body)
@@ -270,12 +301,20 @@ class SqlMetadataStore(SqlRecords):
             refused.clear()
             # Every held vBucket is checked, not only those that moved: a zombie learns at its next
             # commit that it lost them all, and stops working on them.
-            vbs = list(set(epochs) | set(seqnos) | {owner_vb(r.vb) for r in dlq} | {c.source_vb for c in changes}
-                       | {d.vb for d in done})
+            vbs = list(
+                set(epochs)
+                | set(seqnos)
+                | {owner_vb(r.vb) for r in dlq}
+                | {c.source_vb for c in changes}
+                | {d.vb for d in done}
+            )
             current = {
                 r[0]: (r[1], r[2])
                 for r in self._select_vbs(
-                    db, "SELECT vb, epoch, seqno FROM checkpoints WHERE function=? AND vb IN ({})", function, vbs,
+                    db,
+                    "SELECT vb, epoch, seqno FROM checkpoints WHERE function=? AND vb IN ({})",
+                    function,
+                    vbs,
                     lock=True,
                 )
             }
@@ -302,7 +341,9 @@ class SqlMetadataStore(SqlRecords):
             return self._tx(body)
         except OrderViolationError:
             # The commit rolled back; the refusal is recorded on its own so `eventing verify` reports it.
-            self._tx(lambda db: db.executemany("INSERT INTO checkpoint_regressions VALUES(?,?,?,?,?,?,?)", refused))
+            self._tx(
+                lambda db: db.executemany("INSERT INTO checkpoint_regressions VALUES(?,?,?,?,?,?,?)", refused)
+            )
             raise
 
     def checkpoint_starts(self, function: str) -> dict[int, int]:
@@ -372,9 +413,15 @@ class SqlMetadataStore(SqlRecords):
         vbs = list(epochs)
 
         def body(db: SqlDb) -> set[int]:
-            stored = dict(self._select_vbs(
-                db, "SELECT vb, epoch FROM checkpoints WHERE function=? AND vb IN ({})", function, vbs, lock=True
-            ))
+            stored = dict(
+                self._select_vbs(
+                    db,
+                    "SELECT vb, epoch FROM checkpoints WHERE function=? AND vb IN ({})",
+                    function,
+                    vbs,
+                    lock=True,
+                )
+            )
             fenced = fenced_vbuckets(vbs, stored, epochs)
             self._update_checkpoints(db, function, ("leased",), [(vb, 0) for vb in vbs if vb not in fenced])
             return fenced

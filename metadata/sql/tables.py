@@ -14,8 +14,21 @@ TABLES: dict[str, tuple[str, ...]] = {
     "checkpoint_starts": ("function", "vb", "seqno"),
     "checkpoint_regressions": ("function", "vb", "epoch", "from_seqno", "to_seqno", "how", "at"),
     "counters": ("function", "name", "value"),
-    "dlq": ("function", "vb", "seqno", "key", "reason", "error", "traceback", "attempts", "first_failed_at",
-            "last_failed_at", "mutation", "replayed_at", "generation"),
+    "dlq": (
+        "function",
+        "vb",
+        "seqno",
+        "key",
+        "reason",
+        "error",
+        "traceback",
+        "attempts",
+        "first_failed_at",
+        "last_failed_at",
+        "mutation",
+        "replayed_at",
+        "generation",
+    ),
     "services": ("id", "info", "heartbeat_at"),
     "kv": ("key", "value"),
     "nodes": ("name", "state", "ray_node_id", "added_at"),
@@ -26,4 +39,3 @@ TABLES: dict[str, tuple[str, ...]] = {
     "users": ("name", "hash", "roles", "created_at"),
     "window_state": ("function", "fence", "state", "updated_at"),
 }
-

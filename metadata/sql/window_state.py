@@ -64,7 +64,8 @@ class SqlWindowStateStore:
             if row is None or not holds(int(row[0]), fence):
                 return False
             db.execute(
-                "UPDATE window_state SET state=?, updated_at=? WHERE function=?", (text, time.time(), function)
+                "UPDATE window_state SET state=?, updated_at=? WHERE function=?",
+                (text, time.time(), function),
             )
             db.executemany(INSERT_DLQ_ONCE, [dlq_values(r) for r in rows])
             write_counters(db, function, dict(counters or {}))

@@ -15,7 +15,10 @@ from metadata.sqlite_io import private_file, private_folder
 
 
 def write_backup(
-    db: sqlite3.Connection, source: Path, target: str | os.PathLike[str], retry: Callable[[Callable[[], None]], None]
+    db: sqlite3.Connection,
+    source: Path,
+    target: str | os.PathLike[str],
+    retry: Callable[[Callable[[], None]], None],
 ) -> None:
     """Copy the store open on `db` (file `source`) to `target` with SQLite's online backup: a consistent
     snapshot even while other processes write. It copies in one step, inside one read transaction, which in
@@ -37,7 +40,9 @@ def write_backup(
         finally:
             copy.close()
         if check != "ok":
-            raise StoreCorruptError(f"the backup copy of {source} failed its integrity check ({one_line(check)})")
+            raise StoreCorruptError(
+                f"the backup copy of {source} failed its integrity check ({one_line(check)})"
+            )
         os.replace(staging, path)
     except (OSError, sqlite3.Error) as exc:
         staging.unlink(missing_ok=True)
@@ -64,11 +69,17 @@ def restore_sqlite_store(backup: str | os.PathLike[str], target: str | os.PathLi
         finally:
             db.close()
     except sqlite3.DatabaseError as exc:
-        raise StoreCorruptError(f"backup file {source} is not a SQLite database ({one_line(exc)}); pick another backup") from None
+        raise StoreCorruptError(
+            f"backup file {source} is not a SQLite database ({one_line(exc)}); pick another backup"
+        ) from None
     if check != "ok":
-        raise StoreCorruptError(f"backup file {source} failed its integrity check ({one_line(check)}); pick another backup")
+        raise StoreCorruptError(
+            f"backup file {source} failed its integrity check ({one_line(check)}); pick another backup"
+        )
     if not REQUIRED_TABLES <= tables:
-        raise StoreCorruptError(f"backup file {source} is a SQLite database but not an eventing metadata store")
+        raise StoreCorruptError(
+            f"backup file {source} is a SQLite database but not an eventing metadata store"
+        )
     staging = path.with_name(path.name + ".restoring")
     staging.unlink(missing_ok=True)
     private_file(staging)

@@ -90,9 +90,10 @@ def apply_schema(db: sqlite3.Connection) -> None:
     # A worker's claim reads only its deployment's letters: old deployments' letters cost it nothing.
     db.execute("CREATE INDEX IF NOT EXISTS dlq_generation ON dlq(function, generation, vb, seqno)")
     # A store whose users were created before it kept the users' mark (metadata.model.USERS_MARK).
-    if db.execute("SELECT 1 FROM users LIMIT 1").fetchone() and not db.execute(
-        "SELECT 1 FROM kv WHERE key='users_created'"
-    ).fetchone():
+    if (
+        db.execute("SELECT 1 FROM users LIMIT 1").fetchone()
+        and not db.execute("SELECT 1 FROM kv WHERE key='users_created'").fetchone()
+    ):
         db.execute("INSERT OR IGNORE INTO kv VALUES('users_created', '1')")
     columns = {r[1] for r in db.execute("PRAGMA table_info(functions)")}
     if "deployed_by" not in columns:  # a store written before deployments recorded their user (JSON or NULL)

@@ -36,7 +36,9 @@ class SqliteMetadataStore(SqlMetadataStore):
     `lock_wait_s`, then fail with StoreLockedError: processing waits, it never skips a checkpoint.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, lock_wait_s: float | None = None, create: bool = True):
+    def __init__(
+        self, path: str | os.PathLike[str], *, lock_wait_s: float | None = None, create: bool = True
+    ):
         self.path = Path(path)
         self.lock_wait_s = lock_wait_s  # None: $EVENTING_STORE_WAIT_S, default 60s (see retry_locked)
         self._update_sql: dict[tuple[str, tuple[str, ...]], str] = {}
@@ -73,7 +75,9 @@ class SqliteMetadataStore(SqlMetadataStore):
         except sqlite3.DatabaseError as exc:
             if type(exc) is not sqlite3.DatabaseError:  # a subclass: a bug or a constraint, not damage
                 raise
-            raise StoreCorruptError(f"metadata store {self.path} is damaged ({one_line(exc)}); {CORRUPT_RECOVERY}") from None
+            raise StoreCorruptError(
+                f"metadata store {self.path} is damaged ({one_line(exc)}); {CORRUPT_RECOVERY}"
+            ) from None
 
     def _tx(self, body: Callable[[sqlite3.Connection], T]) -> T:
         return self._retry(lambda: run_transaction(self._db, self.path, lambda: body(self._db)))
@@ -86,7 +90,9 @@ class SqliteMetadataStore(SqlMetadataStore):
     def _in_vbs(self, vbs: Sequence[int]) -> tuple[str, tuple]:
         return ",".join("?" * len(vbs)), tuple(vbs)
 
-    def _select_vbs(self, db: SqlDb, sql: str, function: str, vbs: list[int], *, lock: bool = False) -> list[tuple]:
+    def _select_vbs(
+        self, db: SqlDb, sql: str, function: str, vbs: list[int], *, lock: bool = False
+    ) -> list[tuple]:
         """IN lists in chunks that stay under SQLite's variable limit; no row locks (one writer at a time)."""
         out: list[tuple] = []
         for i in range(0, len(vbs), 500):
@@ -94,7 +100,9 @@ class SqliteMetadataStore(SqlMetadataStore):
             out.extend(db.execute(sql.format(",".join("?" * len(chunk))), (function, *chunk)).fetchall())
         return out
 
-    def _update_checkpoints(self, db: SqlDb, function: str, columns: Sequence[str], rows: list[tuple]) -> None:
+    def _update_checkpoints(
+        self, db: SqlDb, function: str, columns: Sequence[str], rows: list[tuple]
+    ) -> None:
         # Each row as it comes, (vb, values...), by numbered parameters; the function is a quoted literal, so
         # no row is copied to add it (a commit of 256 vBuckets made 256 tuples for nothing).
         key = (function, tuple(columns))
@@ -113,7 +121,8 @@ class SqliteMetadataStore(SqlMetadataStore):
 
     def _relabel_moves(self, db: SqlDb, mark: int, how: str, now: float, function: str) -> None:
         db.execute(
-            "UPDATE checkpoint_regressions SET how=?, at=? WHERE rowid>? AND function=?", (how, now, mark, function)
+            "UPDATE checkpoint_regressions SET how=?, at=? WHERE rowid>? AND function=?",
+            (how, now, mark, function),
         )
 
     # -- the file -------------------------------------------------------------------------------------

@@ -36,7 +36,9 @@ def connect_store_file(path: Path, *, create: bool, timeout_s: float) -> sqlite3
     try:
         empty = path.stat().st_size == 0
     except OSError as exc:
-        raise StoreError(f"cannot open metadata store {path}: {exc}; check that the data directory is readable") from None
+        raise StoreError(
+            f"cannot open metadata store {path}: {exc}; check that the data directory is readable"
+        ) from None
     if empty:
         raise _damaged(path, "truncated to 0 bytes")
     try:
@@ -50,7 +52,9 @@ def connect_store_file(path: Path, *, create: bool, timeout_s: float) -> sqlite3
     except sqlite3.DatabaseError as exc:
         db.close()
         if type(exc) is not sqlite3.DatabaseError and "locked" in str(exc):
-            raise StoreError(f"cannot open metadata store {path}: {exc}; another process holds it, try again") from None
+            raise StoreError(
+                f"cannot open metadata store {path}: {exc}; another process holds it, try again"
+            ) from None
         raise StoreCorruptError(
             f"metadata store {path} is damaged (not a valid SQLite database: {one_line(exc)}); {CORRUPT_RECOVERY}"
         ) from None
@@ -61,8 +65,9 @@ def connect_store_file(path: Path, *, create: bool, timeout_s: float) -> sqlite3
 
 
 def _damaged(path: Path, what: str) -> StoreCorruptError:
-    return StoreCorruptError(f"metadata store {path} is damaged ({what}); it was not made a new, empty store; "
-                             f"{CORRUPT_RECOVERY}")
+    return StoreCorruptError(
+        f"metadata store {path} is damaged ({what}); it was not made a new, empty store; {CORRUPT_RECOVERY}"
+    )
 
 
 def _create(path: Path) -> None:

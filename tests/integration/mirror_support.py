@@ -34,9 +34,13 @@ def new_data_dir(path: Path, *buckets: str) -> str:
 
 def make_table(url: str, name: str = "orders", rows: int = 100, *, extra: str = "") -> None:
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, rev int NOT NULL, note text, amount numeric{extra})")
+        conn.execute(
+            f"CREATE TABLE {name} (id int PRIMARY KEY, rev int NOT NULL, note text, amount numeric{extra})"
+        )
         if rows:
-            conn.execute(f"INSERT INTO {name} SELECT g, 0, 'n' || g, 1.5 FROM generate_series(1, %s) g", (rows,))
+            conn.execute(
+                f"INSERT INTO {name} SELECT g, 0, 'n' || g, 1.5 FROM generate_series(1, %s) g", (rows,)
+            )
 
 
 class Service:
@@ -49,8 +53,21 @@ class Service:
     def start(self) -> None:
         out = open(self.log, "a")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "eventing", "--data-dir", self.data_dir, "run", "--executor", "in-process",
-             "--quiet"], stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            [
+                sys.executable,
+                "-m",
+                "eventing",
+                "--data-dir",
+                self.data_dir,
+                "run",
+                "--executor",
+                "in-process",
+                "--quiet",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
 
     def kill(self) -> None:
         assert self.process is not None
@@ -99,7 +116,7 @@ def collection_docs(data_dir: str, bucket: str, cid: int) -> dict[str, dict]:
     try:
         with state.open_bucket(bucket) as b:
             prefix = key_prefix(cid)
-            return {k[len(prefix):]: doc for k, doc, _ in b.scan(prefix)}
+            return {k[len(prefix) :]: doc for k, doc, _ in b.scan(prefix)}
     finally:
         state.close()
 
@@ -114,8 +131,10 @@ def collection_history(data_dir: str, bucket: str, cid: int) -> dict[str, list[t
             for batch in b.scan_log():
                 for m in batch:
                     if m.key.startswith(prefix):
-                        key = m.key[len(prefix):]
-                        found[key].append(("u", decode_document(m.doc)["rev"]) if m.op == OP_UPDATE else ("d",))
+                        key = m.key[len(prefix) :]
+                        found[key].append(
+                            ("u", decode_document(m.doc)["rev"]) if m.op == OP_UPDATE else ("d",)
+                        )
     finally:
         state.close()
     return found
@@ -172,7 +191,9 @@ class Writers:
                     if choice < 0.6 or len(mine) < 5:
                         for key in rnd.sample(mine, min(len(mine), rnd.randint(1, 3))):
                             self.rev[key] += 1
-                            conn.execute(f"UPDATE {self.table} SET rev = %s WHERE id = %s", (self.rev[key], key))
+                            conn.execute(
+                                f"UPDATE {self.table} SET rev = %s WHERE id = %s", (self.rev[key], key)
+                            )
                             changes.append((str(key), ("u", self.rev[key])))
                     elif choice < 0.75:
                         key = rnd.choice(mine)
@@ -201,8 +222,9 @@ class Writers:
             self.errors.append(exc)
 
 
-def wait_until_mirrored(data_dir: str, url: str, bucket: str, cid: int, *, table: str = "orders",
-                        timeout: float = 180) -> None:
+def wait_until_mirrored(
+    data_dir: str, url: str, bucket: str, cid: int, *, table: str = "orders", timeout: float = 180
+) -> None:
     want = table_rows(url, table)
 
     def same() -> bool:

@@ -165,7 +165,11 @@ def test_the_second_node_cannot_see_the_data_directory_nor_the_checkout(env):
 
         import eventing as shipped
 
-        return os.path.exists(path), os.path.exists(os.path.join(package_dir, "__init__.py")), shipped.__file__
+        return (
+            os.path.exists(path),
+            os.path.exists(os.path.join(package_dir, "__init__.py")),
+            shipped.__file__,
+        )
 
     sees_data, sees_code, shipped = on_n2(look, os.path.join(data_dir, "probe"), PACKAGES[0])
     assert not sees_data and not sees_code
@@ -194,7 +198,9 @@ def test_workers_on_the_hidden_node_handle_every_mutation_once_in_order(env):
     deploy_function(data_dir, ledger_definition("fn_c", "src", "ledger", workers=3))
     pin_all_workers(data_dir, "n2", env.n2.node_id)
     places = WorkerPlaces(env, "fn_c")
-    service = EventingService(data_dir, RayExecutor(env.ray.address), until_caught_up=True, on_progress=places)
+    service = EventingService(
+        data_dir, RayExecutor(env.ray.address), until_caught_up=True, on_progress=places
+    )
     places.service = service
     summary = service.run()
     assert not summary.errors, summary.errors
@@ -256,12 +262,21 @@ def on_update(doc, meta):
 def test_log_lines_of_hidden_node_workers_reach_the_application_log(env, capsys):
     data_dir = env.new_data_dir()
     source = load_source(data_dir, 200, 4000, seed=15)
-    defn = FunctionDefinition.from_dict({"name": "fn_log", "source_bucket": "src", "worker_count": 2,
-                                         "app_log_max_size": 64 * 1024, "app_log_max_files": 100})
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": "fn_log",
+            "source_bucket": "src",
+            "worker_count": 2,
+            "app_log_max_size": 64 * 1024,
+            "app_log_max_files": 100,
+        }
+    )
     deploy_function(data_dir, defn, LOG_HANDLER)
     pin_all_workers(data_dir, "n2", env.n2.node_id)
     places = WorkerPlaces(env, "fn_log")
-    service = EventingService(data_dir, RayExecutor(env.ray.address), until_caught_up=True, on_progress=places)
+    service = EventingService(
+        data_dir, RayExecutor(env.ray.address), until_caught_up=True, on_progress=places
+    )
     places.service = service
     summary = service.run()
     assert not summary.errors, summary.errors
@@ -344,8 +359,12 @@ def test_a_standby_takes_over_hidden_node_workers_from_a_killed_leader_and_loses
     leader = ServiceProcess(data_dir, env.ray.address, log_name="leader")
     standby = None
     try:
-        wait_for(lambda: len(owners()) == NUM_VBUCKETS and all(o.startswith("n2/") and leased
-                                                               for o, _, leased in owners().values()))
+        wait_for(
+            lambda: (
+                len(owners()) == NUM_VBUCKETS
+                and all(o.startswith("n2/") and leased for o, _, leased in owners().values())
+            )
+        )
         standby = ServiceProcess(data_dir, env.ray.address, "--standby", log_name="standby")
         wait_for(lambda: any(f":{standby.proc.pid}:" in s for s in open_store(data_dir).live_services(5)))
         # The standby runs long before the leader dies: its data service is up, and so are the workers it
@@ -360,13 +379,20 @@ def test_a_standby_takes_over_hidden_node_workers_from_a_killed_leader_and_loses
 
             def reclaimed() -> bool:
                 now = owners()
-                return all(o.startswith("n2/") and leased and e > before[vb] for vb, (o, e, leased) in now.items())
+                return all(
+                    o.startswith("n2/") and leased and e > before[vb] for vb, (o, e, leased) in now.items()
+                )
 
             wait_for(reclaimed, timeout=60)
             claimed_at = time.time()
             handled_mark = sum(cp.seqno for cp in open_store(data_dir).checkpoints("fn_c").values())
-            wait_for(lambda: sum(cp.seqno for cp in open_store(data_dir).checkpoints("fn_c").values())
-                     > handled_mark + 100, timeout=60)
+            wait_for(
+                lambda: (
+                    sum(cp.seqno for cp in open_store(data_dir).checkpoints("fn_c").values())
+                    > handled_mark + 100
+                ),
+                timeout=60,
+            )
             moving_at = time.time()
             mark = stream.written
             wait_for(lambda: stream.written > mark + 300)
@@ -379,10 +405,12 @@ def test_a_standby_takes_over_hidden_node_workers_from_a_killed_leader_and_loses
     assert summary["leadership"]["took_over_from"], summary["leadership"]
     assert not summary["errors"], summary["errors"]
     assert {o.split("/")[0] for o, _, _ in owners().values()} == {"n2"}
-    print(f"\nstandby over the data service: lease seen {lease_at - killed_at:.2f}s after the leader's kill -9, "
-          f"every vBucket claimed again by hidden-node workers after {claimed_at - killed_at:.2f}s, checkpoints "
-          f"moving again after {moving_at - killed_at:.2f}s (the standby's own figure, lease to workers ready: "
-          f"{summary['leadership'].get('workers_ready_s')}s); the stream wrote {stream.written} mutations")
+    print(
+        f"\nstandby over the data service: lease seen {lease_at - killed_at:.2f}s after the leader's kill -9, "
+        f"every vBucket claimed again by hidden-node workers after {claimed_at - killed_at:.2f}s, checkpoints "
+        f"moving again after {moving_at - killed_at:.2f}s (the standby's own figure, lease to workers ready: "
+        f"{summary['leadership'].get('workers_ready_s')}s); the stream wrote {stream.written} mutations"
+    )
     assert claimed_at - killed_at < 15.0
     assert_ledger(data_dir, source)
 
@@ -420,8 +448,9 @@ def test_a_killed_data_service_actor_is_restarted_and_nothing_is_lost(env):
 
 def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "eventing", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "eventing", *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 def test_a_ray_address_that_does_not_answer_fails_fast_in_one_line(env):
@@ -443,7 +472,9 @@ def test_a_ray_node_id_that_does_not_exist_is_named(env):
     result = run_cli("--data-dir", data_dir, "run", "--ray-address", env.ray.address, "--until-caught-up")
     assert result.returncode != 0
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "'ghost'" in errors[0] and "not in this Ray cluster" in errors[0], result.stderr
+    assert len(errors) == 1 and "'ghost'" in errors[0] and "not in this Ray cluster" in errors[0], (
+        result.stderr
+    )
     assert "Traceback" not in result.stderr
 
 
@@ -466,13 +497,23 @@ def test_a_node_missing_a_dependency_is_named_with_the_fix(env, tmp_path):
         load_source(data_dir, 10, 100)
         deploy_function(data_dir, ledger_definition("fn_c", "src", "ledger", workers=1))
         pin_all_workers(data_dir, "n3", n3.node_id)
-        result = run_cli("--data-dir", data_dir, "run", "--ray-address", env.ray.address, "--until-caught-up",
-                         "--json", timeout=120)
+        result = run_cli(
+            "--data-dir",
+            data_dir,
+            "run",
+            "--ray-address",
+            env.ray.address,
+            "--until-caught-up",
+            "--json",
+            timeout=120,
+        )
     finally:
         env.ray.stop_node(n3)
     assert result.returncode != 0
     errors = [line for line in result.stderr.splitlines() if line.startswith("error") or "msgspec" in line]
-    assert any("Python package 'msgspec' is not installed there" in line for line in errors), result.stderr[-3000:]
+    assert any("Python package 'msgspec' is not installed there" in line for line in errors), result.stderr[
+        -3000:
+    ]
     assert "Traceback" not in result.stderr
 
 
@@ -480,7 +521,10 @@ def test_a_node_missing_a_dependency_is_named_with_the_fix(env, tmp_path):
 
 MIN = 60_000
 WINDOW = {
-    "kind": "tumbling", "size": "1m", "time_field": "ts", "group_by": ["country"],
+    "kind": "tumbling",
+    "size": "1m",
+    "time_field": "ts",
+    "group_by": ["country"],
     "aggregates": ["count", {"op": "sum", "field": "amount"}, {"op": "max", "field": "purchases"}],
     "out_of_order_tolerance": "5s",
 }
@@ -492,18 +536,33 @@ def _windows_with_spark(env, name: str, spark: LocalSparkCluster, seed: int, ran
     window against the plain computation. Returns ``ran(spark)``, read before Spark stops: what it ran."""
     data_dir = env.new_data_dir()
     source = load_source(data_dir, 250, 4000, seed=seed, span_ms=8 * MIN, disorder_ms=2_000)
-    defn = FunctionDefinition.from_dict({
-        "name": name, "source_bucket": "src", "worker_count": 2, "checkpoint_interval": "100ms",
-        "batch_size": 500, "window": WINDOW,
-    })
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": name,
+            "source_bucket": "src",
+            "worker_count": 2,
+            "checkpoint_interval": "100ms",
+            "batch_size": 500,
+            "window": WINDOW,
+        }
+    )
     lifecycle.save_function(data_dir, defn, "")
     lifecycle.deploy(data_dir, name)
     pin_all_workers(data_dir, "n2", env.n2.node_id)
     try:
         master = spark.start(hidden=[env.data_root])
         result = run_cli(
-            "--data-dir", data_dir, "run", "--ray-address", env.ray.address, "--spark-master", master,
-            "--until-caught-up", "--close-windows", "--json", timeout=240,
+            "--data-dir",
+            data_dir,
+            "run",
+            "--ray-address",
+            env.ray.address,
+            "--spark-master",
+            master,
+            "--until-caught-up",
+            "--close-windows",
+            "--json",
+            timeout=240,
         )
         record = ran(spark)
     finally:
@@ -512,12 +571,19 @@ def _windows_with_spark(env, name: str, spark: LocalSparkCluster, seed: int, ran
     store = open_store(data_dir)
     assert {cp.owner.split("/")[0] for cp in store.checkpoints(name).values()} == {"n2"}
     late = {(r.vb, r.seqno) for r in store.dlq_rows(name)}
-    docs = [(m.vb, m.seqno, decode_document(m.doc)) for batch in source.scan_log() for m in batch if m.op == OP_UPDATE]
+    docs = [
+        (m.vb, m.seqno, decode_document(m.doc))
+        for batch in source.scan_log()
+        for m in batch
+        if m.op == OP_UPDATE
+    ]
     on_time = [d for d in docs if (d[0], d[1]) not in late]
     windows = sorted({(t - t % MIN, t - t % MIN + MIN) for t in (d[2]["ts"] for d in on_time)})
     sink = ParquetWindowSink(WindowPaths.of(data_dir, name).root / "results")
     assert sorted(sink.written_windows(name)) == windows
-    assert_same_results(sink.read(name), reference_results(docs, WindowSpec.from_dict(WINDOW), windows, exclude=late))
+    assert_same_results(
+        sink.read(name), reference_results(docs, WindowSpec.from_dict(WINDOW), windows, exclude=late)
+    )
     assert store.counters(name)["window_rows_accepted"] == len(on_time)
     assert Topology(store).node_plan().counts() == {"n2": NUM_VBUCKETS}
     return record
@@ -525,8 +591,13 @@ def _windows_with_spark(env, name: str, spark: LocalSparkCluster, seed: int, ran
 
 def test_windows_on_hidden_workers_and_a_spark_cluster_equal_the_plain_computation(env):
     # The merge ran on the cluster: its worker started executors for the service's application.
-    apps = _windows_with_spark(env, "fn_w", LocalSparkCluster(), 14,
-                               lambda spark: [p.name for p in Path(spark.work_dir).glob("app-*")])
+    apps = _windows_with_spark(
+        env,
+        "fn_w",
+        LocalSparkCluster(),
+        14,
+        lambda spark: [p.name for p in Path(spark.work_dir).glob("app-*")],
+    )
     assert apps, "no Spark application ran on the standalone worker"
 
 
@@ -534,9 +605,11 @@ def test_windows_through_spark_connect_equal_the_plain_computation(env):
     """--spark-master sc://: a Spark Connect server that cannot see the data directory merges the windows
     (partials go to it as Arrow, results come back)."""
     server_log = _windows_with_spark(
-        env, "fn_sc", LocalSparkConnectServer(), 15,
+        env,
+        "fn_sc",
+        LocalSparkConnectServer(),
+        15,
         lambda server: (Path(server.work_dir) / "spark-connect.log").read_text(errors="replace"),
     )
     # The server ran the merge: its own log names the jobs it executed.
     assert "Job 0 finished" in server_log or "ResultStage" in server_log, server_log[-2000:]
-

@@ -22,13 +22,25 @@ from sharding import NUM_VBUCKETS
 pytestmark = pytest.mark.integration
 
 
-def test_killing_workers_of_a_concurrent_function_mid_run_loses_and_repeats_no_effect(data_dir, tmp_path, ray_executor):
+def test_killing_workers_of_a_concurrent_function_mid_run_loses_and_repeats_no_effect(
+    data_dir, tmp_path, ray_executor
+):
     mutations, kills = 6000, 2
     source = load_source(data_dir, 600, mutations, seed=11)
     calls = tmp_path / "calls.log"
-    deploy_function(data_dir, ledger_definition(
-        "fn_ck", "src", "ledger", workers=4, call_log=str(calls), sleep_ms=8, batch_size=200, concurrency=8,
-    ))
+    deploy_function(
+        data_dir,
+        ledger_definition(
+            "fn_ck",
+            "src",
+            "ledger",
+            workers=4,
+            call_log=str(calls),
+            sleep_ms=8,
+            batch_size=200,
+            concurrency=8,
+        ),
+    )
     service = EventingService(data_dir, ray_executor, until_caught_up=True)
     result: dict = {}
     thread = threading.Thread(target=lambda: result.update(summary=service.run()))
@@ -57,8 +69,10 @@ def test_killing_workers_of_a_concurrent_function_mid_run_loses_and_repeats_no_e
     cps = open_store(data_dir).checkpoints("fn_ck")
     assert [cps[vb].seqno for vb in range(NUM_VBUCKETS)] == source.high_seqnos()
     duplicates = open_store(data_dir).counters("fn_ck").get("effects_duplicate", 0)
-    print(f"concurrency 8, kill -9 x{kills}: {mutations} mutations, {total_calls} handler calls, "
-          f"{duplicates} replayed effects skipped")
+    print(
+        f"concurrency 8, kill -9 x{kills}: {mutations} mutations, {total_calls} handler calls, "
+        f"{duplicates} replayed effects skipped"
+    )
 
 
 def test_a_pool_call_that_cannot_be_interrupted_gets_its_worker_recycled(data_dir, ray_executor):
@@ -73,10 +87,16 @@ def test_a_pool_call_that_cannot_be_interrupted_gets_its_worker_recycled(data_di
         "        time.sleep(600)  # one blocking C call: the pool's timeout is raised only when it returns\n"
         "    out[meta.id] = doc\n"
     )
-    defn = FunctionDefinition.from_dict({
-        "name": "fn_stuck", "source_bucket": "src", "execution_timeout": "500ms", "checkpoint_interval": "100ms",
-        "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}], "concurrency": 4,
-    })
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": "fn_stuck",
+            "source_bucket": "src",
+            "execution_timeout": "500ms",
+            "checkpoint_interval": "100ms",
+            "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
+            "concurrency": 4,
+        }
+    )
     lifecycle.save_function(data_dir, defn, handler)
     lifecycle.deploy(data_dir, "fn_stuck")
     started = time.monotonic()

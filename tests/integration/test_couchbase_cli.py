@@ -29,12 +29,20 @@ pytestmark = pytest.mark.integration
 
 CHECKOUT = os.environ.get("EVENTING_COUCHBASE_CLI", "")
 FUNCTION = {
-    "appname": "audit", "appcode": "function OnUpdate(doc, meta) { log('seen', meta.id); }",
-    "depcfg": {"source_bucket": "shop", "source_scope": "_default", "source_collection": "_default",
-               "metadata_bucket": "meta", "metadata_scope": "_default", "metadata_collection": "_default",
-               "buckets": []},
+    "appname": "audit",
+    "appcode": "function OnUpdate(doc, meta) { log('seen', meta.id); }",
+    "depcfg": {
+        "source_bucket": "shop",
+        "source_scope": "_default",
+        "source_collection": "_default",
+        "metadata_bucket": "meta",
+        "metadata_scope": "_default",
+        "metadata_collection": "_default",
+        "buckets": [],
+    },
     "settings": {"dcp_stream_boundary": "everything", "deployment_status": False, "processing_status": False},
-    "version": "evt-7.6.0-0000-ee", "function_scope": {"bucket": "shop", "scope": "_default"},
+    "version": "evt-7.6.0-0000-ee",
+    "function_scope": {"bucket": "shop", "scope": "_default"},
 }
 
 
@@ -48,7 +56,9 @@ def free_port() -> int:
 def cli(tmp_path_factory):
     if not CHECKOUT:
         pytest.skip("set EVENTING_COUCHBASE_CLI to a checkout of couchbase/couchbase-cli")
-    assert (Path(CHECKOUT) / "couchbase-cli").is_file(), f"$EVENTING_COUCHBASE_CLI={CHECKOUT} has no couchbase-cli"
+    assert (Path(CHECKOUT) / "couchbase-cli").is_file(), (
+        f"$EVENTING_COUCHBASE_CLI={CHECKOUT} has no couchbase-cli"
+    )
     data_dir = str(tmp_path_factory.mktemp("cli") / "data")
     create_bucket(data_dir, "shop").close()
     with open_store(data_dir) as store:
@@ -57,9 +67,24 @@ def cli(tmp_path_factory):
     server = start_in_thread(config)
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "couchbase-cli", "eventing-function-setup", "-c",
-                               f"http://127.0.0.1:{config.port}", "-u", "Administrator", "-p", "admin-password", *args],
-                              cwd=CHECKOUT, capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            [
+                sys.executable,
+                "couchbase-cli",
+                "eventing-function-setup",
+                "-c",
+                f"http://127.0.0.1:{config.port}",
+                "-u",
+                "Administrator",
+                "-p",
+                "admin-password",
+                *args,
+            ],
+            cwd=CHECKOUT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
     yield run, data_dir, tmp_path_factory.mktemp("files")
     server.should_exit = True
@@ -78,9 +103,16 @@ def test_import_and_the_lifecycle(cli):
     assert done.returncode == 0 and "SUCCESS: Events imported" in done.stdout, done.stdout + done.stderr
     assert state(data_dir, "shop._default.audit") == "undeployed"
     with open_store(data_dir) as store:
-        assert store.get_function("shop._default.audit").definition["metadata_keyspace"] == "meta._default._default"
-    for flag, expected in (("--deploy", "deployed"), ("--pause", "paused"), ("--resume", "deployed"),
-                           ("--undeploy", "undeployed")):
+        assert (
+            store.get_function("shop._default.audit").definition["metadata_keyspace"]
+            == "meta._default._default"
+        )
+    for flag, expected in (
+        ("--deploy", "deployed"),
+        ("--pause", "paused"),
+        ("--resume", "deployed"),
+        ("--undeploy", "undeployed"),
+    ):
         done = run(flag, "--name", "audit", "--bucket", "shop", "--scope", "_default")
         assert done.returncode == 0 and "SUCCESS" in done.stdout, (flag, done.stdout + done.stderr)
         assert state(data_dir, "shop._default.audit") == expected, flag
@@ -101,7 +133,10 @@ def test_list_export_namespaces_and_repeated_lifecycle(cli):
     done = run("--import", "--file", str(source))
     assert done.returncode == 0, done.stdout + done.stderr
     with open_store(data_dir) as store:
-        assert sorted(r.name for r in store.list_functions()) == ["shop._default.audit", "shop.inventory.audit"]
+        assert sorted(r.name for r in store.list_functions()) == [
+            "shop._default.audit",
+            "shop.inventory.audit",
+        ]
 
     listed = run("--list")
     assert listed.returncode == 0, listed.stdout + listed.stderr
@@ -112,22 +147,36 @@ def test_list_export_namespaces_and_repeated_lifecycle(cli):
     done = run("--export", "--name", "audit", "--bucket", "shop", "--scope", "inventory", "--file", str(one))
     assert done.returncode == 0 and "SUCCESS: Function exported to" in done.stdout, done.stdout + done.stderr
     exported = json.loads(one.read_text())
-    assert [(f["appname"], f["function_scope"]) for f in exported] == [("audit", {"bucket": "shop", "scope": "inventory"})]
-    assert exported[0]["appcode"] == FUNCTION["appcode"] and exported[0]["depcfg"]["metadata_bucket"] == "meta"
+    assert [(f["appname"], f["function_scope"]) for f in exported] == [
+        ("audit", {"bucket": "shop", "scope": "inventory"})
+    ]
+    assert (
+        exported[0]["appcode"] == FUNCTION["appcode"] and exported[0]["depcfg"]["metadata_bucket"] == "meta"
+    )
     every = files / "all.json"
     done = run("--export-all", "--file", str(every))
     assert done.returncode == 0, done.stdout + done.stderr
-    assert sorted(f["function_scope"]["scope"] for f in json.loads(every.read_text())) == ["_default", "inventory"]
+    assert sorted(f["function_scope"]["scope"] for f in json.loads(every.read_text())) == [
+        "_default",
+        "inventory",
+    ]
 
     at = ("--name", "audit", "--bucket", "shop", "--scope", "_default")
     done = run("--deploy", *at)
     assert done.returncode == 0 and "Request to deploy the function was accepted" in done.stdout, done.stdout
-    assert (state(data_dir, "shop._default.audit"), state(data_dir, "shop.inventory.audit")) == ("deployed", "undeployed")
+    assert (state(data_dir, "shop._default.audit"), state(data_dir, "shop.inventory.audit")) == (
+        "deployed",
+        "undeployed",
+    )
     again = run("--deploy", *at)
-    assert again.returncode == 0 and "Function is already in deployed state" in again.stdout, again.stdout + again.stderr
+    assert again.returncode == 0 and "Function is already in deployed state" in again.stdout, (
+        again.stdout + again.stderr
+    )
     assert run("--undeploy", *at).returncode == 0
     again = run("--undeploy", *at)
-    assert again.returncode == 0 and "Function is already in undeployed state" in again.stdout, again.stdout + again.stderr
+    assert again.returncode == 0 and "Function is already in undeployed state" in again.stdout, (
+        again.stdout + again.stderr
+    )
 
     wrong = run("--deploy", "--name", "audit", "--bucket", "shop", "--scope", "nope")
     assert wrong.returncode != 0 and 'Function "shop/nope/audit" does not exist' in wrong.stdout, wrong.stdout

@@ -66,11 +66,16 @@ def site(tmp_path_factory):
     create_bucket(data_dir, "shop").close()
     create_collection(data_dir, "shop.sales.orders")
     with open_store(data_dir) as store:
-        store.put_user("app", hash_password(PASSWORD), ["data_reader[shop.*.*]", "data_writer[shop.*.*]",
-                                                         "data_writer[events.*.*]"])
+        store.put_user(
+            "app",
+            hash_password(PASSWORD),
+            ["data_reader[shop.*.*]", "data_writer[shop.*.*]", "data_writer[events.*.*]"],
+        )
         store.put_user("reader", hash_password(PASSWORD), ["data_reader[shop.*.*]"])
     config = ServerConfig(data_dir, port=free_port())
-    http = start_in_thread(config)  # the map names it as the management and eventing port, as eventing serve runs both
+    http = start_in_thread(
+        config
+    )  # the map names it as the management and eventing port, as eventing serve runs both
     kv = start_kv_server(config, free_port())
     yield {"data_dir": data_dir, "url": f"couchbase://127.0.0.1:{kv.node.kv_port}"}
     kv.stop()
@@ -79,7 +84,9 @@ def site(tmp_path_factory):
 
 def connect(site, user: str = "app", password: str = PASSWORD) -> Cluster:
     timeouts = ClusterTimeoutOptions(kv_timeout=timedelta(seconds=10), connect_timeout=timedelta(seconds=10))
-    cluster = Cluster(site["url"], ClusterOptions(PasswordAuthenticator(user, password), timeout_options=timeouts))
+    cluster = Cluster(
+        site["url"], ClusterOptions(PasswordAuthenticator(user, password), timeout_options=timeouts)
+    )
     cluster.wait_until_ready(timedelta(seconds=20))
     return cluster
 
@@ -154,12 +161,27 @@ def test_lookup_in_and_mutate_in(shop):
     r = c.lookup_in("sub", [SD.get("nested.k"), SD.exists("missing"), SD.count("tags"), SD.get("tags[0]")])
     assert r.content_as[str](0) == "v" and not r.exists(1) and r.content_as[int](2) == 1
     assert r.content_as[str](3) == "x"
-    c.mutate_in("sub", [SD.upsert("a.b", 5, create_parents=True), SD.array_append("tags", "y"),
-                        SD.array_prepend("tags", "w"), SD.array_insert("tags[1]", "z"),
-                        SD.array_addunique("tags", "q"), SD.increment("n", 4), SD.remove("name"),
-                        SD.replace("nested.k", "w"), SD.insert("fresh", True)])
-    assert c.get("sub").content_as[dict] == {"tags": ["w", "z", "x", "y", "q"], "n": 5, "nested": {"k": "w"},
-                                              "a": {"b": 5}, "fresh": True}
+    c.mutate_in(
+        "sub",
+        [
+            SD.upsert("a.b", 5, create_parents=True),
+            SD.array_append("tags", "y"),
+            SD.array_prepend("tags", "w"),
+            SD.array_insert("tags[1]", "z"),
+            SD.array_addunique("tags", "q"),
+            SD.increment("n", 4),
+            SD.remove("name"),
+            SD.replace("nested.k", "w"),
+            SD.insert("fresh", True),
+        ],
+    )
+    assert c.get("sub").content_as[dict] == {
+        "tags": ["w", "z", "x", "y", "q"],
+        "n": 5,
+        "nested": {"k": "w"},
+        "a": {"b": 5},
+        "fresh": True,
+    }
     with pytest.raises(PathNotFoundException):
         c.mutate_in("sub", [SD.replace("nope", 1)])
     with pytest.raises(PathExistsException):

@@ -37,8 +37,9 @@ def _official_spec_text() -> str | None:
     repo = os.environ.get("DATAAPI_SPEC_REPO")
     if not repo or not Path(repo).exists():
         return None
-    shown = subprocess.run(["git", "-C", repo, "show", "HEAD:dataapiv1/spec.yaml"],
-                           capture_output=True, text=True)
+    shown = subprocess.run(
+        ["git", "-C", repo, "show", "HEAD:dataapiv1/spec.yaml"], capture_output=True, text=True
+    )
     return shown.stdout if shown.returncode == 0 else None
 
 
@@ -46,13 +47,21 @@ def _official_spec_text() -> str | None:
 def server(tmp_path_factory):
     data = tmp_path_factory.mktemp("dataapi-schema")
     env = {**os.environ, "EVENTING_ADMIN_TOKEN": TOKEN, "EVENTING_READ_TOKEN": ""}
-    subprocess.run([str(BIN), "bucket", "create", "shop", "--data-dir", str(data)], check=True, env=env,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [str(BIN), "bucket", "create", "shop", "--data-dir", str(data)],
+        check=True,
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([str(BIN), "serve", "--data-dir", str(data), "--port", str(port)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [str(BIN), "serve", "--data-dir", str(data), "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     base = f"http://127.0.0.1:{port}"
 
     def up() -> bool:
@@ -98,7 +107,9 @@ def _media_ranges(node):
     return node
 
 
-SETTINGS = settings(max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+SETTINGS = settings(
+    max_examples=EXAMPLES, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+)
 
 
 def conforms(schema, base: str) -> None:

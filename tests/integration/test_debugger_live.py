@@ -28,7 +28,9 @@ pytestmark = pytest.mark.integration
 
 # The ledger handler; in a process with EVENTING_TEST_DEBUG_SLEEP set (the debugger's, never a worker's)
 # it logs and then sleeps that long first, so the test can interrupt it mid-handler.
-SLEEPY_LEDGER = LEDGER_HANDLER + '''
+SLEEPY_LEDGER = (
+    LEDGER_HANDLER
+    + """
 _ledger_update = on_update
 
 def on_update(doc, meta):
@@ -38,7 +40,8 @@ def on_update(doc, meta):
         log("sleeping in the debugger")
         time.sleep(float(pause))
     _ledger_update(doc, meta)
-'''
+"""
+)
 
 
 def key_in_vb(vb: int, prefix: str) -> str:
@@ -52,8 +55,6 @@ def checkpoint_total(data_dir: str, function: str) -> int:
 def caught_up(data_dir: str, function: str, source: LocalBucket) -> bool:
     cps = open_store(data_dir).checkpoints(function)
     return bool(cps) and [cps[vb].seqno for vb in range(NUM_VBUCKETS)] == source.high_seqnos()
-
-
 
 
 class Producer(BackgroundLoop):
@@ -94,8 +95,12 @@ def test_debugging_a_live_function_never_takes_a_mutation_out_of_the_stream(data
         # A JSON trace of the next mutation of a vBucket, taken in another process while workers run.
         vb = 511  # the last vBucket of worker 0: its backlog is reached last
         source.upsert(key_in_vb(vb, "debug::"), {"rev": 1})
-        done = subprocess.run([*cli, "debug", "fn_live", "--vb", str(vb), "--trace", "--json", "--wait", "20"],
-                              capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [*cli, "debug", "fn_live", "--vb", str(vb), "--trace", "--json", "--wait", "20"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert done.returncode == 0, done.stderr
         report = json.loads(done.stdout)
         assert report["mutation"]["vb"] == vb and report["outcome"] == "ok"
@@ -108,26 +113,38 @@ def test_debugging_a_live_function_never_takes_a_mutation_out_of_the_stream(data
         source.upsert(key_in_vb(vb, "sleepy::"), {"rev": 1})
         env = {**os.environ, "EVENTING_TEST_DEBUG_SLEEP": "30", "PYTHONUNBUFFERED": "1"}
         with Producer(data_dir) as producer:
-            session = subprocess.Popen([*cli, "debug", "fn_live", "--vb", str(vb), "--trace", "--wait", "20"],
-                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+            session = subprocess.Popen(
+                [*cli, "debug", "fn_live", "--vb", str(vb), "--trace", "--wait", "20"],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
             lines: queue.Queue[str] = queue.Queue()
             threading.Thread(target=read_lines, args=(session.stdout, lines), daemon=True).start()
             seen: list[str] = []
             deadline = time.monotonic() + 30
-            while not any("sleeping in the debugger" in line for line in seen) and time.monotonic() < deadline:
+            while (
+                not any("sleeping in the debugger" in line for line in seen) and time.monotonic() < deadline
+            ):
                 try:
                     seen.append(lines.get(timeout=0.2))
                 except queue.Empty:
                     assert session.poll() is None, session.stderr.read() if session.stderr else ""
             assert any("sleeping in the debugger" in line for line in seen), seen
             flowing_from = checkpoint_total(data_dir, "fn_live")
-            wait_for(lambda: checkpoint_total(data_dir, "fn_live") > flowing_from + 20, "the stream flows meanwhile")
+            wait_for(
+                lambda: checkpoint_total(data_dir, "fn_live") > flowing_from + 20,
+                "the stream flows meanwhile",
+            )
             session.send_signal(signal.SIGINT)
             _, err = session.communicate(timeout=30)
             assert producer.written > 0
         assert session.returncode == 130, err
         assert "was not consumed" in err and f"vBucket {vb}" in err and "Traceback" not in err
-        assert any("pulled a copy of vBucket 1023" in line and "owner local/w1, live" in line for line in seen)
+        assert any(
+            "pulled a copy of vBucket 1023" in line and "owner local/w1, live" in line for line in seen
+        )
 
         wait_for(lambda: caught_up(data_dir, "fn_live", source), "the function catches up")
     finally:

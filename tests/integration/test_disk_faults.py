@@ -46,8 +46,9 @@ def small_filesystem(path: Path, size_mb: int) -> Iterator[Path]:
     path.mkdir()
     if os.geteuid() != 0 or shutil.which("mount") is None:
         pytest.skip("mounting a size-limited tmpfs needs root (and mount)")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", str(path)],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", str(path)], capture_output=True, text=True
+    )
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
     try:
@@ -69,9 +70,16 @@ def fill_leaving(fs: Path, room_bytes: int) -> Path:
 def eventing(data_dir: str, *argv: str, wait_s: str = "1") -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "eventing", "--data-dir", data_dir, *argv],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
-        env={**os.environ, "EVENTING_STORE_WAIT_S": wait_s, "RAY_AUTH_MODE": "disabled",
-             "RAY_USAGE_STATS_ENABLED": "0"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env={
+            **os.environ,
+            "EVENTING_STORE_WAIT_S": wait_s,
+            "RAY_AUTH_MODE": "disabled",
+            "RAY_USAGE_STATS_ENABLED": "0",
+        },
     )
 
 
@@ -80,8 +88,19 @@ def set_up_ledger(data_dir: str, *, documents: int = 0, mutations: int = 0) -> N
     the CLI as a user would."""
     steps = [["bucket", "create", "customers"], ["bucket", "create", "ledger"]]
     if mutations:
-        steps.append(["bucket", "load", "customers", "--documents", str(documents), "--mutations", str(mutations),
-                      "--seed", "1"])
+        steps.append(
+            [
+                "bucket",
+                "load",
+                "customers",
+                "--documents",
+                str(documents),
+                "--mutations",
+                str(mutations),
+                "--seed",
+                "1",
+            ]
+        )
     steps.append(["deploy", str(ROOT / "functions" / "fn_ledger.json")])
     for argv in steps:
         assert eventing(data_dir, *argv).returncode == 0
@@ -123,9 +142,13 @@ def test_a_load_and_a_run_on_a_full_disk_stop_with_one_line_and_complete_once_sp
         load = ["bucket", "load", "customers", "--documents", "1000", "--mutations", "20000", "--seed", "1"]
         filler = fill_leaving(fs, 1 << 20)
         line = one_error_line(eventing(data_dir, *load))
-        assert "the disk is full" in line and f"free space on the file system of {data_dir}/buckets" in line, line
+        assert (
+            "the disk is full" in line and f"free space on the file system of {data_dir}/buckets" in line
+        ), line
         assert "run the command again" in line
-        committed = int(re.search(r"([\d,]+) mutations of this load were committed", line)[1].replace(",", ""))
+        committed = int(
+            re.search(r"([\d,]+) mutations of this load were committed", line)[1].replace(",", "")
+        )
         assert committed < 20_000
         assert logged_mutations(data_dir, "customers") == committed  # kept whole: nothing more, nothing less
         filler.unlink()
@@ -139,10 +162,14 @@ def test_a_load_and_a_run_on_a_full_disk_stop_with_one_line_and_complete_once_sp
         filler = fill_leaving(fs, 2 << 20)
         run = ["run", "--until-caught-up", "--executor", "in-process", "--quiet"]
         line = one_error_line(eventing(data_dir, *run))
-        assert "the disk is full" in line and "free space on the file system of" in line and data_dir in line, line
+        assert (
+            "the disk is full" in line and "free space on the file system of" in line and data_dir in line
+        ), line
         assert "run the command again" in line
         # Even a read needs room (SQLite's shared-memory index): verify says the disk is full, too.
-        assert "the disk is full" in one_error_line(eventing(data_dir, "verify", "fn_ledger", "--ledger", "ledger"))
+        assert "the disk is full" in one_error_line(
+            eventing(data_dir, "verify", "fn_ledger", "--ledger", "ledger")
+        )
         filler.unlink()
         assert_every_file_intact(data_dir)
         partial = eventing(data_dir, "verify", "fn_ledger", "--ledger", "ledger")
@@ -180,17 +207,31 @@ def test_a_window_sink_on_a_full_disk_stops_the_run_with_one_line_and_writes_eve
     source = load_source(data_dir, 200, 3000, seed=5, span_ms=30 * MIN)
     with small_filesystem(tmp_path / "small", 8) as fs:
         location = fs / ("results.sqlite3" if kind == "sqlite" else "results")
-        window = {"kind": "tumbling", "size": "1m", "time_field": "ts", "group_by": ["country"],
-                  "aggregates": ["count", {"op": "sum", "field": "amount"}],
-                  "sink": {"kind": kind, "path": str(location)}}
-        defn = FunctionDefinition.from_dict({"name": "fn_w", "source_bucket": "src", "worker_count": 2,
-                                             "checkpoint_interval": "100ms", "batch_size": 500, "window": window})
+        window = {
+            "kind": "tumbling",
+            "size": "1m",
+            "time_field": "ts",
+            "group_by": ["country"],
+            "aggregates": ["count", {"op": "sum", "field": "amount"}],
+            "sink": {"kind": kind, "path": str(location)},
+        }
+        defn = FunctionDefinition.from_dict(
+            {
+                "name": "fn_w",
+                "source_bucket": "src",
+                "worker_count": 2,
+                "checkpoint_interval": "100ms",
+                "batch_size": 500,
+                "window": window,
+            }
+        )
         lifecycle.save_function(data_dir, defn, "")
         lifecycle.deploy(data_dir, "fn_w")
 
         def run() -> list[str]:
-            service = EventingService(data_dir, InProcessExecutor(), until_caught_up=True,
-                                      windows=WindowOptions(close_windows=True))
+            service = EventingService(
+                data_dir, InProcessExecutor(), until_caught_up=True, windows=WindowOptions(close_windows=True)
+            )
             return service.run().errors
 
         def sink() -> ParquetWindowSink | SqliteWindowSink:
@@ -201,7 +242,9 @@ def test_a_window_sink_on_a_full_disk_stops_the_run_with_one_line_and_writes_eve
         assert len(errors) == 1, errors
         line = errors[0]
         assert line.startswith("fn_w: cannot write ") and "\n" not in line, line
-        assert "the disk is full" in line and f"free space on the file system of {location.parent}" in line, line
+        assert "the disk is full" in line and f"free space on the file system of {location.parent}" in line, (
+            line
+        )
         assert "run the command again" in line and "Error:" not in line, line
         filler.unlink()
         # Nothing was recorded as emitted that the sink does not hold, and no file is damaged.
@@ -215,13 +258,24 @@ def test_a_window_sink_on_a_full_disk_stops_the_run_with_one_line_and_writes_eve
         assert run() == []
         with open_store(data_dir) as store:
             late = {(r.vb, r.seqno) for r in store.dlq_rows("fn_w")}
-        docs = [(m.vb, m.seqno, decode_document(m.doc)) for batch in source.scan_log() for m in batch
-                if m.op == OP_UPDATE]
-        windows = sorted({(t - t % MIN, t - t % MIN + MIN) for vb, seqno, doc in docs if (vb, seqno) not in late
-                          for t in [doc["ts"]]})
+        docs = [
+            (m.vb, m.seqno, decode_document(m.doc))
+            for batch in source.scan_log()
+            for m in batch
+            if m.op == OP_UPDATE
+        ]
+        windows = sorted(
+            {
+                (t - t % MIN, t - t % MIN + MIN)
+                for vb, seqno, doc in docs
+                if (vb, seqno) not in late
+                for t in [doc["ts"]]
+            }
+        )
         assert sorted(sink().written_windows("fn_w")) == windows
-        assert_same_results(sink().read("fn_w"), reference_results(docs, WindowSpec.from_dict(window), windows,
-                                                                   exclude=late))
+        assert_same_results(
+            sink().read("fn_w"), reference_results(docs, WindowSpec.from_dict(window), windows, exclude=late)
+        )
         status = window_status(data_dir, "fn_w")
         assert status["windows_emitted"] == len(windows) and status["closed_not_emitted"] == 0, status
         if kind == "sqlite":
@@ -243,13 +297,17 @@ def test_the_metadata_store_on_a_full_disk_stops_a_run_with_one_line_while_the_b
         run = ["run", "--until-caught-up", "--executor", "in-process", "--quiet"]
         line = one_error_line(eventing(data_dir, *run))
         assert f"cannot write {data_dir}/metadata.sqlite3: the disk is full" in line, line
-        assert f"free space on the file system of {data_dir}" in line and "run the command again" in line, line
+        assert f"free space on the file system of {data_dir}" in line and "run the command again" in line, (
+            line
+        )
         filler.unlink()
         assert_every_file_intact(data_dir)
         done = eventing(data_dir, *run)
         assert done.returncode == 0, done.stdout + done.stderr
         verified = eventing(data_dir, "verify", "fn_ledger", "--ledger", "ledger")
-        assert "ALL MUTATIONS ACCOUNTED FOR (20000 of 20000)" in verified.stdout, verified.stdout + verified.stderr
+        assert "ALL MUTATIONS ACCOUNTED FOR (20000 of 20000)" in verified.stdout, (
+            verified.stdout + verified.stderr
+        )
         assert_every_file_intact(data_dir)
 
 
@@ -261,7 +319,9 @@ def test_a_run_on_ray_workers_on_a_full_disk_stops_with_one_line_and_completes_o
         filler = fill_leaving(fs, 2 << 20)
         run = ["run", "--until-caught-up", "--executor", "ray", "--quiet"]
         line = one_error_line(eventing(data_dir, *run))
-        assert "the disk is full" in line and "free space on the file system of" in line and data_dir in line, line
+        assert (
+            "the disk is full" in line and "free space on the file system of" in line and data_dir in line
+        ), line
         assert "run the command again" in line
         filler.unlink()
         assert_every_file_intact(data_dir)
@@ -289,9 +349,11 @@ def test_a_damaged_bucket_file_stops_get_load_and_run_with_one_line(tmp_path, da
         os.truncate(path, path.stat().st_size // 2)
     else:
         overwrite_middle(path)
-    for argv in (["bucket", "get", "customers", "customer::1"],
-                 ["bucket", "load", "customers", "--file", str(ROOT / "examples" / "changes.jsonl")],
-                 ["run", "--until-caught-up", "--executor", "in-process"]):
+    for argv in (
+        ["bucket", "get", "customers", "customer::1"],
+        ["bucket", "load", "customers", "--file", str(ROOT / "examples" / "changes.jsonl")],
+        ["run", "--until-caught-up", "--executor", "in-process"],
+    ):
         line = one_error_line(eventing(data_dir, *argv))
         assert f"bucket file {path} is damaged" in line, (argv, line)
         assert "`eventing bucket drop customers`" in line and "backup" in line

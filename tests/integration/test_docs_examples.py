@@ -28,13 +28,31 @@ NOT_RUN = re.compile(r"<!--\s*not-run:\s*(?P<reason>[^>]*?)\s*-->")
 FENCE = re.compile(r"^```(\w*)\s*$")
 BLOCK_TIMEOUT_S = 300
 # Left out of the copy: a checkout's own state and caches, not part of a fresh clone.
-NOT_COPIED = (".git", ".venv", ".eventing", "__pycache__", "*.egg-info", ".mypy_cache", ".ruff_cache",
-              ".pytest_cache", ".hypothesis", "rebalance-sim", "out", "backups")
+NOT_COPIED = (
+    ".git",
+    ".venv",
+    ".eventing",
+    "__pycache__",
+    "*.egg-info",
+    ".mypy_cache",
+    ".ruff_cache",
+    ".pytest_cache",
+    ".hypothesis",
+    "rebalance-sim",
+    "out",
+    "backups",
+)
 # Settings of the caller's shell that would point the examples at another deployment.
-CLEARED_ENV = ("EVENTING_DATA_DIR", "EVENTING_STORE", "EVENTING_METADATA_URL", "EVENTING_RAY_ADDRESS",
-               "EVENTING_SPARK_MASTER",
-               "EVENTING_COUCHBASE_USERNAME", "EVENTING_COUCHBASE_PASSWORD",
-               "VIRTUAL_ENV")
+CLEARED_ENV = (
+    "EVENTING_DATA_DIR",
+    "EVENTING_STORE",
+    "EVENTING_METADATA_URL",
+    "EVENTING_RAY_ADDRESS",
+    "EVENTING_SPARK_MASTER",
+    "EVENTING_COUCHBASE_USERNAME",
+    "EVENTING_COUCHBASE_PASSWORD",
+    "VIRTUAL_ENV",
+)
 
 
 @dataclass(frozen=True)
@@ -64,8 +82,15 @@ def blocks_of(page: Path) -> list[Block]:
         i += 1  # the closing fence
         previous = next((lines[j] for j in range(start - 1, -1, -1) if lines[j].strip()), "")
         marker = NOT_RUN.search(previous)
-        out.append(Block(page.relative_to(ROOT).as_posix(), start + 1, language, "\n".join(body) + "\n",
-                         marker.group("reason") if marker else None))
+        out.append(
+            Block(
+                page.relative_to(ROOT).as_posix(),
+                start + 1,
+                language,
+                "\n".join(body) + "\n",
+                marker.group("reason") if marker else None,
+            )
+        )
     return out
 
 
@@ -99,14 +124,23 @@ PRELUDE = 'set -eo pipefail\neventing() { python -m eventing "$@"; }\n'
 
 def run_block(block: Block, clone: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     # A session of its own, so a timeout ends this block's processes (and only them).
-    proc = subprocess.Popen(["bash", "-c", PRELUDE + block.text], cwd=clone, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(
+        ["bash", "-c", PRELUDE + block.text],
+        cwd=clone,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         out, err = proc.communicate(timeout=BLOCK_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
-        pytest.fail(f"{block.page}:{block.line} did not finish within {BLOCK_TIMEOUT_S}s\n{out[-3000:]}\n{err[-3000:]}")
+        pytest.fail(
+            f"{block.page}:{block.line} did not finish within {BLOCK_TIMEOUT_S}s\n{out[-3000:]}\n{err[-3000:]}"
+        )
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
@@ -161,9 +195,15 @@ def test_every_shell_block_runs_or_says_why_not() -> None:
             if block.language in ("sh", "shell", "console"):
                 pytest.fail(f"{block.page}:{block.line}: mark shell blocks ```bash so they are run or marked")
             commands = _without_heredocs(block.text)
-            if block.language == "bash" and block.not_run is None and re.search(r"&&|^\s*(if|for|while)\b", commands, re.M):
-                pytest.fail(f"{block.page}:{block.line}: one command per line in a runnable block; `a && b` or a "
-                            "compound command would hide a's failure from this check (set -e)")
+            if (
+                block.language == "bash"
+                and block.not_run is None
+                and re.search(r"&&|^\s*(if|for|while)\b", commands, re.M)
+            ):
+                pytest.fail(
+                    f"{block.page}:{block.line}: one command per line in a runnable block; `a && b` or a "
+                    "compound command would hide a's failure from this check (set -e)"
+                )
             if block.not_run is not None:
                 assert block.not_run, f"{block.page}:{block.line}: a not-run marker needs a reason"
                 assert block.language == "bash", f"{block.page}:{block.line}: not-run marks only bash blocks"
@@ -177,7 +217,9 @@ def test_the_readme_links_every_docs_page_and_every_link_resolves() -> None:
         for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
             if "://" in target:
                 continue
-            assert (page.parent / target).exists(), f"{page.relative_to(ROOT)} links {target}, which does not exist"
+            assert (page.parent / target).exists(), (
+                f"{page.relative_to(ROOT)} links {target}, which does not exist"
+            )
 
 
 MODULE_PATH = re.compile(r"`((?:eventing|metadata|sharding)(?:\.\w+)+)`")

@@ -44,7 +44,9 @@ class Recorder(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
         with Recorder.lock:
-            Recorder.seen.append({"body": body, "key": self.headers.get("Idempotency-Key"), "at": time.monotonic()})
+            Recorder.seen.append(
+                {"body": body, "key": self.headers.get("Idempotency-Key"), "at": time.monotonic()}
+            )
         if Recorder.delay_s:
             time.sleep(Recorder.delay_s)
         self.send_response(200)
@@ -85,7 +87,7 @@ def run_killing(data_dir: str, executor, name: str, kills: int, workers: int = 4
     assert not result["summary"].errors
 
 
-PAYING = '''
+PAYING = """
 import time
 
 def on_update(doc, meta):
@@ -97,17 +99,25 @@ def on_update(doc, meta):
 
 def on_delete(meta, options):
     curl("POST", api, {"path": "/charge", "body": {"id": meta.id, "seq": meta.seq}})
-'''
+"""
 
 
-def test_idempotency_keys_hold_through_kill_9_mid_batch_dlq_replay_and_rewind(data_dir, recorder, ray_executor):
+def test_idempotency_keys_hold_through_kill_9_mid_batch_dlq_replay_and_rewind(
+    data_dir, recorder, ray_executor
+):
     mutations = 3000
     source = load_source(data_dir, 300, mutations, seed=13)
-    defn = FunctionDefinition.from_dict({
-        "name": "fn_pay", "source_bucket": "src", "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
-        "url_bindings": [{"alias": "api", "url": recorder}], "worker_count": 4, "batch_size": 50,
-        "checkpoint_interval": "200ms",
-    })
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": "fn_pay",
+            "source_bucket": "src",
+            "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
+            "url_bindings": [{"alias": "api", "url": recorder}],
+            "worker_count": 4,
+            "batch_size": 50,
+            "checkpoint_interval": "200ms",
+        }
+    )
     deploy_function(data_dir, defn, PAYING)
     run_killing(data_dir, ray_executor, "fn_pay", kills=2)
     letters = open_store(data_dir).dlq_rows("fn_pay")
@@ -171,23 +181,37 @@ def test_four_workers_of_concurrency_16_stay_within_a_shared_rate_limit(data_dir
     rate, burst, mutations = 50, 5, 400
     load_source(data_dir, 400, mutations, seed=3)
     arrivals = tmp_path / "arrivals.jsonl"
-    server = subprocess.Popen([sys.executable, "-c", ARRIVALS_SERVER, str(arrivals)], stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [sys.executable, "-c", ARRIVALS_SERVER, str(arrivals)], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert server.stdout is not None
         url = f"http://127.0.0.1:{int(server.stdout.readline())}"
-        handler = '''
+        handler = """
 def on_update(doc, meta):
     curl("POST", api, {"path": "/send", "body": {"id": meta.id, "seq": meta.seq}})
     out[meta.id] = {"sent": meta.seq}
 
 def on_delete(meta, options):
     curl("POST", api, {"path": "/send", "body": {"id": meta.id, "seq": meta.seq}})
-'''
-        deploy_function(data_dir, FunctionDefinition.from_dict({
-            "name": "fn_rate", "source_bucket": "src", "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
-            "url_bindings": [{"alias": "api", "url": url, "rate_limit": {"per_second": rate, "burst": burst}}],
-            "worker_count": 4, "concurrency": 16, "execution_timeout": "5s",
-        }), handler)
+"""
+        deploy_function(
+            data_dir,
+            FunctionDefinition.from_dict(
+                {
+                    "name": "fn_rate",
+                    "source_bucket": "src",
+                    "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
+                    "url_bindings": [
+                        {"alias": "api", "url": url, "rate_limit": {"per_second": rate, "burst": burst}}
+                    ],
+                    "worker_count": 4,
+                    "concurrency": 16,
+                    "execution_timeout": "5s",
+                }
+            ),
+            handler,
+        )
         started = time.monotonic()
         summary = EventingService(data_dir, ray_executor, until_caught_up=True).run()
         assert not summary.errors
@@ -202,22 +226,39 @@ def on_delete(meta, options):
     assert not open_store(data_dir).dlq_rows("fn_rate")  # backpressure, never a dead letter
     stats = function_stats(data_dir, "fn_rate")
     assert stats["curl"]["curl_throttled_count"] > mutations / 2
-    metrics = [line for line in render(data_dir).decode().splitlines()
-               if line.startswith('eventing_curl_throttled_total{function="fn_rate"}')]
+    metrics = [
+        line
+        for line in render(data_dir).decode().splitlines()
+        if line.startswith('eventing_curl_throttled_total{function="fn_rate"}')
+    ]
     assert metrics and float(metrics[0].split()[-1]) == stats["curl"]["curl_throttled_count"]
-    print(f"rate_limit {rate}/s burst {burst}, 4 workers x concurrency 16: {mutations} requests, at most {most} "
-          f"in one second, {stats['curl']['curl_throttled_count']} waited")
+    print(
+        f"rate_limit {rate}/s burst {burst}, 4 workers x concurrency 16: {mutations} requests, at most {most} "
+        f"in one second, {stats['curl']['curl_throttled_count']} waited"
+    )
 
 
 def test_an_on_batch_handler_with_partial_failures_under_kill_9_comes_out_exact(data_dir, ray_executor):
     mutations = 12000
     source = load_source(data_dir, 600, mutations, seed=21)
-    defn = FunctionDefinition.from_dict({
-        "name": "fn_batch", "source_bucket": "src", "bindings": [{"alias": "ledger", "bucket": "ledger", "access": "rw"}],
-        "constants": {"FUNCTION": "fn_batch", "CALL_LOG": "", "SLEEP_MS": 60, "FAIL_EVERY": 4, "FAIL_ATTEMPTS": 1},
-        "worker_count": 4, "batch_size": 100, "checkpoint_interval": "100ms",
-        "retry": {"max_attempts": 3, "initial_backoff": "5ms"},
-    })
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": "fn_batch",
+            "source_bucket": "src",
+            "bindings": [{"alias": "ledger", "bucket": "ledger", "access": "rw"}],
+            "constants": {
+                "FUNCTION": "fn_batch",
+                "CALL_LOG": "",
+                "SLEEP_MS": 60,
+                "FAIL_EVERY": 4,
+                "FAIL_ATTEMPTS": 1,
+            },
+            "worker_count": 4,
+            "batch_size": 100,
+            "checkpoint_interval": "100ms",
+            "retry": {"max_attempts": 3, "initial_backoff": "5ms"},
+        }
+    )
     deploy_function(data_dir, defn, BATCH_LEDGER_HANDLER)
     run_killing(data_dir, ray_executor, "fn_batch", kills=3)
     report = check_ledger(source, open_bucket(data_dir, "ledger"), function="fn_batch")
@@ -227,5 +268,7 @@ def test_an_on_batch_handler_with_partial_failures_under_kill_9_comes_out_exact(
     assert counters["retries"] > 0  # items reported failed ran again, with the later ones of their documents
     cps = open_store(data_dir).checkpoints("fn_batch")
     assert [cps[vb].seqno for vb in range(NUM_VBUCKETS)] == source.high_seqnos()
-    print(f"on_batch, kill -9 x3: {mutations} mutations exact, {int(counters['retries'])} items retried, "
-          f"{int(counters.get('effects_duplicate', 0))} replayed effects skipped")
+    print(
+        f"on_batch, kill -9 x3: {mutations} mutations exact, {int(counters['retries'])} items retried, "
+        f"{int(counters.get('effects_duplicate', 0))} replayed effects skipped"
+    )

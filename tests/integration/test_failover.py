@@ -45,7 +45,9 @@ pytestmark = pytest.mark.integration
 RAY = str(Path(sys.executable).with_name("ray"))
 FAILOVER_TIMEOUT_S = 4.0
 HEAD = "node:__internal_head__"
-STANDBY_WARM_S = 5.0  # Ray needs ~2-6 s here to start the standby's idle workers  # a resource only the head node has
+STANDBY_WARM_S = (
+    5.0  # Ray needs ~2-6 s here to start the standby's idle workers  # a resource only the head node has
+)
 
 
 # -- a local multi-node Ray cluster, ended by pid --------------------------------------------------------
@@ -60,24 +62,41 @@ class LocalRayCluster:
         self.port = _free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
-        self.known: set[int] = set()  # every pid of this cluster seen so far (children outlive a killed raylet)
+        self.known: set[int] = (
+            set()
+        )  # every pid of this cluster seen so far (children outlive a killed raylet)
 
     def start(self) -> None:
-        self._ray("start", "--head", f"--port={self.port}", "--num-cpus=2", f"--temp-dir={self.temp_dir}",
-                  "--include-dashboard=false", "--disable-usage-stats")
+        self._ray(
+            "start",
+            "--head",
+            f"--port={self.port}",
+            "--num-cpus=2",
+            f"--temp-dir={self.temp_dir}",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+        )
 
     def add_node(self, resource: str) -> str:
         """Start a node carrying custom resource `resource`; returns its Ray node id."""
-        self._ray("start", f"--address={self.address}", f"--resources={json.dumps({resource: 100})}",
-                  f"--temp-dir={self.temp_dir}")
+        self._ray(
+            "start",
+            f"--address={self.address}",
+            f"--resources={json.dumps({resource: 100})}",
+            f"--temp-dir={self.temp_dir}",
+        )
         return self.raylet(resource)[1]
 
     def raylet(self, resource: str) -> tuple[int, str]:
         """(pid, node id) of the raylet of the node carrying `resource` (the head: node:__internal_head__)."""
         for pid, _, args in _processes():
             listed = re.search(r"--static_resource_list=(\S+)", args)
-            if (args.split()[0].endswith("/raylet") and self.temp_dir in args and listed
-                    and resource in listed.group(1).split(",")[::2]):
+            if (
+                args.split()[0].endswith("/raylet")
+                and self.temp_dir in args
+                and listed
+                and resource in listed.group(1).split(",")[::2]
+            ):
                 node_id = re.search(r"(?:^|\s)--node_id=([0-9a-f]+)", args)
                 assert node_id is not None
                 return pid, node_id.group(1)
@@ -215,9 +234,18 @@ def test_a_killed_ray_node_is_failed_over_then_added_back_and_nothing_is_lost(cl
     assert cli(["--data-dir", data_dir, "node", "add", "n2", "--ray-node-id", n2_id]) == 0
     assert cli(["--data-dir", data_dir, "node", "remove", "local"]) == 0
     assert cli(["--data-dir", data_dir, "rebalance"]) == 0  # no service yet: the plan applies at start
-    service = ServiceProcess(data_dir, cluster.address, "--failover-timeout", f"{FAILOVER_TIMEOUT_S:g}s", log_name="fo")
+    service = ServiceProcess(
+        data_dir, cluster.address, "--failover-timeout", f"{FAILOVER_TIMEOUT_S:g}s", log_name="fo"
+    )
     try:
-        on_n2 = lambda: {vb for vb, (o, _, leased) in owners(data_dir, fn).items() if o and o.startswith("n2/") and leased}  # noqa: E731
+
+        def on_n2():
+            return {
+                vb
+                for vb, (o, _, leased) in owners(data_dir, fn).items()
+                if o and o.startswith("n2/") and leased
+            }
+
         wait_for(lambda: len(on_n2()) == NUM_VBUCKETS // 2, what="n2's workers to claim their vBuckets")
         moved = on_n2()
         epochs_before = {vb: e for vb, (_, e, _) in owners(data_dir, fn).items()}
@@ -227,13 +255,17 @@ def test_a_killed_ray_node_is_failed_over_then_added_back_and_nothing_is_lost(cl
 
             def taken_over() -> bool:
                 now = owners(data_dir, fn)
-                return all(str(now[vb][0]).startswith("n1/") and now[vb][2] and now[vb][1] > epochs_before[vb]
-                           for vb in moved)
+                return all(
+                    str(now[vb][0]).startswith("n1/") and now[vb][2] and now[vb][1] > epochs_before[vb]
+                    for vb in moved
+                )
 
             wait_for(taken_over, timeout=FAILOVER_TIMEOUT_S + 60, what="the failover")
             owned_at = time.time()
             unowned_s = owned_at - killed_at
-            outlived = sorted(p for p in n2_workers if _running(p))  # zombies, if any: fenced by the new epochs
+            outlived = sorted(
+                p for p in n2_workers if _running(p)
+            )  # zombies, if any: fenced by the new epochs
             assert FAILOVER_TIMEOUT_S <= unowned_s <= FAILOVER_TIMEOUT_S + 5
             capsys.readouterr()
             assert cli(["--data-dir", data_dir, "node", "list", "--json"]) == 0
@@ -255,10 +287,12 @@ def test_a_killed_ray_node_is_failed_over_then_added_back_and_nothing_is_lost(cl
         service.end()
     failovers = summary["failovers"]
     assert [f["nodes"] for f in failovers] == [["n2"]]
-    print(f"\nfailover: n2's {len(moved)} vBuckets had no live owner for {unowned_s:.2f}s after its raylet's "
-          f"kill -9 (failover timeout {FAILOVER_TIMEOUT_S:g}s; the service's own figure, from the first sign of "
-          f"death to the last claim: {failovers[0]['unowned_s']:.2f}s); the stream wrote {stream.written} mutations; "
-          f"{len(outlived)} of the node's {len(n2_workers)} worker processes outlived its raylet by then")
+    print(
+        f"\nfailover: n2's {len(moved)} vBuckets had no live owner for {unowned_s:.2f}s after its raylet's "
+        f"kill -9 (failover timeout {FAILOVER_TIMEOUT_S:g}s; the service's own figure, from the first sign of "
+        f"death to the last claim: {failovers[0]['unowned_s']:.2f}s); the stream wrote {stream.written} mutations; "
+        f"{len(outlived)} of the node's {len(n2_workers)} worker processes outlived its raylet by then"
+    )
     assert failovers[0]["unowned_s"] <= FAILOVER_TIMEOUT_S + 5
     verify(data_dir, fn, source)
 
@@ -273,6 +307,7 @@ def test_a_standby_takes_over_from_a_killed_leader_and_finishes_the_stream(clust
     leader_started = time.time()
     standby = None
     try:
+
         def lease():
             store = open_store(data_dir)
             try:
@@ -280,12 +315,18 @@ def test_a_standby_takes_over_from_a_killed_leader_and_finishes_the_stream(clust
             finally:
                 store.close()
 
-        wait_for(lambda: (lease() is not None and f":{leader.pid}:" in lease().holder), what="the leader's lease")
-        wait_for(lambda: all(leased for _, _, leased in owners(data_dir, fn).values()), what="the leader's workers")
+        wait_for(
+            lambda: lease() is not None and f":{leader.pid}:" in lease().holder, what="the leader's lease"
+        )
+        wait_for(
+            lambda: all(leased for _, _, leased in owners(data_dir, fn).values()), what="the leader's workers"
+        )
         leader_up = time.time() - leader_started
         standby = ServiceProcess(data_dir, cluster.address, "--standby", log_name="standby")
-        wait_for(lambda: any(f":{standby.pid}:" in s for s in open_store(data_dir).live_services(5)),
-                 what="the standby's heartbeat")
+        wait_for(
+            lambda: any(f":{standby.pid}:" in s for s in open_store(data_dir).live_services(5)),
+            what="the standby's heartbeat",
+        )
         capsys.readouterr()
         assert cli(["--data-dir", data_dir, "status", "--json"]) == 0
         status = json.loads(capsys.readouterr().out)
@@ -296,17 +337,26 @@ def test_a_standby_takes_over_from_a_killed_leader_and_finishes_the_stream(clust
         with Stream(source, "live") as stream:
             wait_for(lambda: stream.written > 300, what="the stream to start")
             killed_at = leader.kill()
-            wait_for(lambda: f":{standby.pid}:" in lease().holder, timeout=30, what="the takeover", every=0.05)
+            wait_for(
+                lambda: f":{standby.pid}:" in lease().holder, timeout=30, what="the takeover", every=0.05
+            )
             taken_at = time.time()
             took = lease()
             wait_for(
-                lambda: any(leased and e > epochs_before[vb] for vb, (_, e, leased) in owners(data_dir, fn).items()),
-                timeout=60, what="a first claim", every=0.05,
+                lambda: any(
+                    leased and e > epochs_before[vb] for vb, (_, e, leased) in owners(data_dir, fn).items()
+                ),
+                timeout=60,
+                what="a first claim",
+                every=0.05,
             )
             first_claim = time.time()
             wait_for(
-                lambda: all(leased and e > epochs_before[vb] for vb, (_, e, leased) in owners(data_dir, fn).items()),
-                timeout=60, what="the standby's workers to claim every vBucket",
+                lambda: all(
+                    leased and e > epochs_before[vb] for vb, (_, e, leased) in owners(data_dir, fn).items()
+                ),
+                timeout=60,
+                what="the standby's workers to claim every vBucket",
             )
             resumed_at = time.time()
             assert took.term >= 2
@@ -317,14 +367,19 @@ def test_a_standby_takes_over_from_a_killed_leader_and_finishes_the_stream(clust
         wait_for(lambda: caught_up(data_dir, fn, source), what="the standby to finish the stream")
         summary = standby.stop()
         ready_s = summary["leadership"].get("workers_ready_s")
-        assert summary["leadership"]["took_over_from"] and f":{leader.pid}:" in summary["leadership"]["took_over_from"]
+        assert (
+            summary["leadership"]["took_over_from"]
+            and f":{leader.pid}:" in summary["leadership"]["took_over_from"]
+        )
     finally:
         leader.end()
         if standby is not None:
             standby.end()
     verify(data_dir, fn, source)
-    print(f"\nstandby: lease taken {took.acquired_at - killed_at:.2f}s after the leader's kill -9 (seen by the test "
-          f"{taken_at - killed_at:.2f}s); a first vBucket claimed again after {first_claim - killed_at:.2f}s, every "
-          f"one after {resumed_at - killed_at:.2f}s (the leader took {leader_up:.1f}s from its start to own every "
-          f"vBucket; the standby's own figure, lease to workers ready: {ready_s}s); the stream wrote {stream.written} "
-          "mutations")
+    print(
+        f"\nstandby: lease taken {took.acquired_at - killed_at:.2f}s after the leader's kill -9 (seen by the test "
+        f"{taken_at - killed_at:.2f}s); a first vBucket claimed again after {first_claim - killed_at:.2f}s, every "
+        f"one after {resumed_at - killed_at:.2f}s (the leader took {leader_up:.1f}s from its start to own every "
+        f"vBucket; the standby's own figure, lease to workers ready: {ready_s}s); the stream wrote {stream.written} "
+        "mutations"
+    )

@@ -49,7 +49,9 @@ from sharding import NUM_VBUCKETS
 
 pytestmark = pytest.mark.integration
 
-FIGURES_DIR = Path(os.environ.get("EVENTING_FAULT_FIGURES") or Path(tempfile.gettempdir()) / "eventing-fault-figures")
+FIGURES_DIR = Path(
+    os.environ.get("EVENTING_FAULT_FIGURES") or Path(tempfile.gettempdir()) / "eventing-fault-figures"
+)
 ROOT = Path(__file__).resolve().parents[2]
 
 # Holds the write lock of a SQLite file, as any other process could: prints "locked", sleeps, lets go.
@@ -66,7 +68,9 @@ db.execute("ROLLBACK")
 # -- harness ------------------------------------------------------------------------------------------
 
 
-def load(data_dir: str, documents: int, mutations: int, *, seed: int = 7, prefix: str = "customer") -> LocalBucket:
+def load(
+    data_dir: str, documents: int, mutations: int, *, seed: int = 7, prefix: str = "customer"
+) -> LocalBucket:
     return load_source(data_dir, documents, mutations, seed=seed, prefix=prefix)
 
 
@@ -86,7 +90,9 @@ class Checkpoints:
         self.backwards: list[tuple[int, int, int]] = []
 
     def read(self) -> dict[int, int]:
-        rows = self.db.execute("SELECT vb, seqno FROM checkpoints WHERE function=?", (self.function,)).fetchall()
+        rows = self.db.execute(
+            "SELECT vb, seqno FROM checkpoints WHERE function=?", (self.function,)
+        ).fetchall()
         current = dict(rows)
         for vb, seqno in current.items():
             if seqno < self.seen.get(vb, 0):
@@ -128,8 +134,6 @@ class RunningService:
     def __exit__(self, *exc: object) -> None:
         self.service.stop()
         self.thread.join(timeout=120)
-
-
 
 
 def run_until_caught_up(data_dir: str, executor) -> None:
@@ -182,7 +186,8 @@ def figures(request):
 def lock_metadata(data_dir: str, seconds: float) -> subprocess.Popen:
     holder = subprocess.Popen(
         [sys.executable, "-c", LOCK_HOLDER, str(Path(data_dir) / SQLITE_FILE), str(seconds)],
-        stdout=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
     return holder
@@ -194,8 +199,12 @@ def test_a_locked_metadata_store_pauses_processing_which_resumes_with_nothing_sk
     caplog.set_level(logging.WARNING, logger="eventing.metadata")
     source = load(data_dir, 300, 6000)
     calls = tmp_path / "calls.log"
-    deploy(data_dir, ledger_definition("fn_lock", "src", "ledger", workers=2, call_log=str(calls),
-                                       sleep_ms=1, batch_size=100))
+    deploy(
+        data_dir,
+        ledger_definition(
+            "fn_lock", "src", "ledger", workers=2, call_log=str(calls), sleep_ms=1, batch_size=100
+        ),
+    )
     cps = Checkpoints(data_dir, "fn_lock")
     lock_s = 4.0
     with RunningService(data_dir, ray_executor) as running:
@@ -219,10 +228,17 @@ def test_a_locked_metadata_store_pauses_processing_which_resumes_with_nothing_sk
     assert cps.backwards == []
     report = assert_verified(data_dir, "fn_lock", owed=6000)
     calls_seen = call_log_figures(calls)
-    figures("5 metadata store locked", mutations=6000, handled=report.handled, lock_s=lock_s,
-            checkpoint_at_lock=at_lock, handler_calls=calls_seen.calls,
-            duplicate_handler_calls=calls_seen.duplicate_calls, recovery_s=round(recovery_s, 2),
-            catch_up_after_release_s=round(recovery_s + catch_up_s, 2))
+    figures(
+        "5 metadata store locked",
+        mutations=6000,
+        handled=report.handled,
+        lock_s=lock_s,
+        checkpoint_at_lock=at_lock,
+        handler_calls=calls_seen.calls,
+        duplicate_handler_calls=calls_seen.duplicate_calls,
+        recovery_s=round(recovery_s, 2),
+        catch_up_after_release_s=round(recovery_s + catch_up_s, 2),
+    )
 
 
 # -- 6: the metadata store truncated or corrupted ----------------------------------------------------
@@ -281,7 +297,9 @@ def test_a_damaged_metadata_store_fails_closed_and_a_restored_backup_loses_nothi
     backup_metadata(data_dir, backup)
     load(data_dir, 100, 1000, seed=8, prefix="later")
     run_until_caught_up(data_dir, InProcessExecutor())
-    run_until_caught_up(data_dir, InProcessExecutor())  # a later claim: the backup's epochs fall behind the marks
+    run_until_caught_up(
+        data_dir, InProcessExecutor()
+    )  # a later claim: the backup's epochs fall behind the marks
     load(data_dir, 100, 1000, seed=9, prefix="pending")  # work an unsafe start could skip over
     meta = Path(data_dir) / SQLITE_FILE
     checkpoint_wal(meta)
@@ -292,9 +310,22 @@ def test_a_damaged_metadata_store_fails_closed_and_a_restored_backup_loses_nothi
     address = ray_session.get_runtime_context().gcs_address
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-m", "eventing", "--data-dir", data_dir, "run", "--until-caught-up", "--quiet",
-         "--ray-address", address],
-        capture_output=True, text=True, timeout=120, cwd=ROOT,
+        [
+            sys.executable,
+            "-m",
+            "eventing",
+            "--data-dir",
+            data_dir,
+            "run",
+            "--until-caught-up",
+            "--quiet",
+            "--ray-address",
+            address,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
     )
     failed_in_s = time.monotonic() - started
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
@@ -314,10 +345,18 @@ def test_a_damaged_metadata_store_fails_closed_and_a_restored_backup_loses_nothi
     assert counters["effects_duplicate"] == 2 * 1000
     calls_seen = call_log_figures(calls)
     assert calls_seen.duplicate_calls == 1000
-    figures("6 metadata store damaged", damage=damage, mutations=4000, handled=report.handled,
-            duplicate_handler_calls=calls_seen.duplicate_calls, recovery_s=round(recovery_s, 2),
-            error=errors[0].replace(data_dir, "DATA")[:200], failed_closed_in_s=round(failed_in_s, 2),
-            replayed_after_restore=1000, effects_skipped_as_duplicates=int(counters["effects_duplicate"]))
+    figures(
+        "6 metadata store damaged",
+        damage=damage,
+        mutations=4000,
+        handled=report.handled,
+        duplicate_handler_calls=calls_seen.duplicate_calls,
+        recovery_s=round(recovery_s, 2),
+        error=errors[0].replace(data_dir, "DATA")[:200],
+        failed_closed_in_s=round(failed_in_s, 2),
+        replayed_after_restore=1000,
+        effects_skipped_as_duplicates=int(counters["effects_duplicate"]),
+    )
 
 
 def test_an_empty_metadata_file_runs_nothing(data_dir, figures):
@@ -329,9 +368,21 @@ def test_an_empty_metadata_file_runs_nothing(data_dir, figures):
     checkpoint_wal(meta)
     os.truncate(meta, 0)
     done = subprocess.run(
-        [sys.executable, "-m", "eventing", "--data-dir", data_dir, "run", "--until-caught-up",
-         "--executor", "in-process"],
-        capture_output=True, text=True, timeout=60, cwd=ROOT,
+        [
+            sys.executable,
+            "-m",
+            "eventing",
+            "--data-dir",
+            data_dir,
+            "run",
+            "--until-caught-up",
+            "--executor",
+            "in-process",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
     )
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stdout + done.stderr
     assert f"metadata store {meta} is damaged (truncated to 0 bytes)" in done.stderr, done.stderr
@@ -365,7 +416,10 @@ def test_a_full_disk_pauses_processing_until_space_returns(data_dir, tmp_path, m
     caplog.set_level(logging.WARNING, logger="eventing.metadata")
     source = load(data_dir, 200, 3000)
     calls = tmp_path / "calls.log"
-    deploy(data_dir, ledger_definition("fn_full", "src", "ledger", call_log=str(calls), sleep_ms=1, batch_size=100))
+    deploy(
+        data_dir,
+        ledger_definition("fn_full", "src", "ledger", call_log=str(calls), sleep_ms=1, batch_size=100),
+    )
     full = DiskFull()
     monkeypatch.setattr(sqlite_io, "write_fault", full)
     cps = Checkpoints(data_dir, "fn_full")
@@ -385,9 +439,15 @@ def test_a_full_disk_pauses_processing_until_space_returns(data_dir, tmp_path, m
     assert any("the disk is full; waiting for free space" in r.getMessage() for r in caplog.records)
     report = assert_verified(data_dir, "fn_full", owed=3000)
     calls_seen = call_log_figures(calls)
-    figures("7 disk full (injected), space back within the wait", mutations=3000, handled=report.handled,
-            failed_writes=full.hits, handler_calls=calls_seen.calls,
-            duplicate_handler_calls=calls_seen.duplicate_calls, recovery_s=round(recovery_s, 2))
+    figures(
+        "7 disk full (injected), space back within the wait",
+        mutations=3000,
+        handled=report.handled,
+        failed_writes=full.hits,
+        handler_calls=calls_seen.calls,
+        duplicate_handler_calls=calls_seen.duplicate_calls,
+        recovery_s=round(recovery_s, 2),
+    )
 
 
 def test_a_disk_full_for_too_long_stops_cleanly_and_a_rerun_loses_nothing(
@@ -415,9 +475,16 @@ def test_a_disk_full_for_too_long_stops_cleanly_and_a_rerun_loses_nothing(
     run_until_caught_up(data_dir, InProcessExecutor())
     report = assert_verified(data_dir, "fn_stop", owed=3000)
     calls_seen = call_log_figures(calls)
-    figures("7 disk full (injected), longer than the wait", mutations=3000, handled=report.handled,
-            checkpointed_before_stop=stopped_at, failed_writes=full.hits, handler_calls=calls_seen.calls,
-            duplicate_handler_calls=calls_seen.duplicate_calls, recovery_s=round(time.monotonic() - started, 2))
+    figures(
+        "7 disk full (injected), longer than the wait",
+        mutations=3000,
+        handled=report.handled,
+        checkpointed_before_stop=stopped_at,
+        failed_writes=full.hits,
+        handler_calls=calls_seen.calls,
+        duplicate_handler_calls=calls_seen.duplicate_calls,
+        recovery_s=round(time.monotonic() - started, 2),
+    )
 
 
 @contextmanager
@@ -426,10 +493,13 @@ def small_filesystem(path: Path, size_mb: int) -> Iterator[Path]:
     path.mkdir()
     if os.geteuid() != 0 or shutil.which("mount") is None:
         pytest.skip("mounting a size-limited tmpfs needs root; the injected disk-full tests cover this")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", str(path)],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", str(path)], capture_output=True, text=True
+    )
     if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip()}); the injected disk-full tests cover this")
+        pytest.skip(
+            f"cannot mount a tmpfs here ({done.stderr.strip()}); the injected disk-full tests cover this"
+        )
     try:
         yield path
     finally:
@@ -458,8 +528,12 @@ def test_a_real_full_disk_pauses_ray_workers_and_a_run_that_cannot_wait_stops_cl
         data_dir = str(fs / "data")
         source = load(data_dir, 300, 6000)
         calls = tmp_path / "calls.log"  # outside the full file system
-        deploy(data_dir, ledger_definition("fn_disk", "src", "ledger", workers=2, call_log=str(calls),
-                                           sleep_ms=1, batch_size=100))
+        deploy(
+            data_dir,
+            ledger_definition(
+                "fn_disk", "src", "ledger", workers=2, call_log=str(calls), sleep_ms=1, batch_size=100
+            ),
+        )
         cps = Checkpoints(data_dir, "fn_disk")
         with RunningService(data_dir, ray_executor) as running:
             wait_for(lambda: cps.total() > 800, "processing is under way")
@@ -485,9 +559,21 @@ def test_a_real_full_disk_pauses_ray_workers_and_a_run_that_cannot_wait_stops_cl
             checkpoint_wal(Path(data_dir) / name)
         filler = fill_up(fs)
         done = subprocess.run(
-            [sys.executable, "-m", "eventing", "--data-dir", data_dir, "run", "--until-caught-up",
-             "--executor", "in-process"],
-            capture_output=True, text=True, timeout=180, cwd=ROOT,
+            [
+                sys.executable,
+                "-m",
+                "eventing",
+                "--data-dir",
+                data_dir,
+                "run",
+                "--until-caught-up",
+                "--executor",
+                "in-process",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            cwd=ROOT,
             env={**os.environ, sqlite_io.STORE_WAIT_ENV: "1"},
         )
         output = done.stdout + done.stderr
@@ -499,10 +585,19 @@ def test_a_real_full_disk_pauses_ray_workers_and_a_run_that_cannot_wait_stops_cl
         final = assert_verified(data_dir, "fn_disk", owed=8000)
         message = stops[-1].replace(data_dir, "DATA")
         exit_code = done.returncode
-    figures("7 disk full (tmpfs)", mutations=8000, handled=final.handled, checkpoint_at_full=at_full,
-            checkpoint_moves_while_full=during - at_full, handler_calls=calls_seen.calls,
-            duplicate_handler_calls=calls_seen.duplicate_calls, recovery_s=round(recovery_s, 2),
-            first_pass_handled=report.handled, stop_exit_code=exit_code, stop_message=message[:240])
+    figures(
+        "7 disk full (tmpfs)",
+        mutations=8000,
+        handled=final.handled,
+        checkpoint_at_full=at_full,
+        checkpoint_moves_while_full=during - at_full,
+        handler_calls=calls_seen.calls,
+        duplicate_handler_calls=calls_seen.duplicate_calls,
+        recovery_s=round(recovery_s, 2),
+        first_pass_handled=report.handled,
+        stop_exit_code=exit_code,
+        stop_message=message[:240],
+    )
 
 
 # -- 8: a 10x burst ------------------------------------------------------------------------------------
@@ -552,13 +647,22 @@ def test_a_10x_burst_keeps_worker_memory_bounded_and_the_lag_recovers(data_dir, 
     assert leak_mb > bound_mb
     assert growth < bound_mb, f"worker RSS grew by {growth:.1f} MB during the burst (bound {bound_mb} MB)"
     report = assert_verified(data_dir, "fn_burst", owed=11 * base)
-    figures("8 10x burst", mutations=11 * base, burst=10 * base, handled=report.handled,
-            burst_write_s=round(written - started, 2), peak_lag=peak_lag, recovery_s=round(recovery_s, 2),
-            burst_rate_mps=round(10 * base / (written - started + recovery_s)),
-            rss_baseline_mb={str(p): round(v, 1) for p, v in baseline.items()},
-            rss_peak_mb={str(p): round(v, 1) for p, v in peak.items()},
-            rss_after_mb={str(p): round(v, 1) for p, v in after.items()},
-            rss_growth_mb=round(growth, 1), bound_mb=bound_mb, leak_would_add_mb=round(leak_mb, 1))
+    figures(
+        "8 10x burst",
+        mutations=11 * base,
+        burst=10 * base,
+        handled=report.handled,
+        burst_write_s=round(written - started, 2),
+        peak_lag=peak_lag,
+        recovery_s=round(recovery_s, 2),
+        burst_rate_mps=round(10 * base / (written - started + recovery_s)),
+        rss_baseline_mb={str(p): round(v, 1) for p, v in baseline.items()},
+        rss_peak_mb={str(p): round(v, 1) for p, v in peak.items()},
+        rss_after_mb={str(p): round(v, 1) for p, v in after.items()},
+        rss_growth_mb=round(growth, 1),
+        bound_mb=bound_mb,
+        leak_would_add_mb=round(leak_mb, 1),
+    )
 
 
 # -- 9: mutations delivered again ------------------------------------------------------------------------
@@ -567,7 +671,10 @@ def test_a_10x_burst_keeps_worker_memory_bounded_and_the_lag_recovers(data_dir, 
 def test_a_replayed_range_applies_no_effect_twice(data_dir, tmp_path, ray_executor, figures):
     load(data_dir, 300, 4000)
     calls = tmp_path / "calls.log"
-    deploy(data_dir, ledger_definition("fn_replay", "src", "ledger", workers=2, call_log=str(calls), batch_size=200))
+    deploy(
+        data_dir,
+        ledger_definition("fn_replay", "src", "ledger", workers=2, call_log=str(calls), batch_size=200),
+    )
     run_until_caught_up(data_dir, ray_executor)
     before = open_store(data_dir).counters("fn_replay").get("effects_duplicate", 0)
     # The fault: rewind 64 vBuckets' checkpoints by up to 5 seqnos, as a stale writer would.
@@ -591,10 +698,17 @@ def test_a_replayed_range_applies_no_effect_twice(data_dir, tmp_path, ray_execut
     assert duplicates == 2 * replayed  # each replayed mutation's effect and history write, skipped
     calls_seen = call_log_figures(calls)
     assert calls_seen.duplicate_calls == replayed and calls_seen.distinct == 4000
-    figures("9 replayed range (checkpoints rewound)", mutations=4000, handled=report.handled,
-            replayed=replayed, duplicate_handler_calls=calls_seen.duplicate_calls,
-            effects_skipped_as_duplicates=int(duplicates), duplicate_effects_in_ledger=0,
-            checkpoint_regressions_reported=len(report.checkpoint_regressions), recovery_s=round(rerun_s, 2))
+    figures(
+        "9 replayed range (checkpoints rewound)",
+        mutations=4000,
+        handled=report.handled,
+        replayed=replayed,
+        duplicate_handler_calls=calls_seen.duplicate_calls,
+        effects_skipped_as_duplicates=int(duplicates),
+        duplicate_effects_in_ledger=0,
+        checkpoint_regressions_reported=len(report.checkpoint_regressions),
+        recovery_s=round(rerun_s, 2),
+    )
 
 
 def test_a_mutation_delivered_twice_by_the_source_is_refused_and_applied_once(
@@ -602,7 +716,9 @@ def test_a_mutation_delivered_twice_by_the_source_is_refused_and_applied_once(
 ):
     source = load(data_dir, 100, 1500)
     calls = tmp_path / "calls.log"
-    deploy(data_dir, ledger_definition("fn_dup", "src", "ledger", workers=1, call_log=str(calls), batch_size=100))
+    deploy(
+        data_dir, ledger_definition("fn_dup", "src", "ledger", workers=1, call_log=str(calls), batch_size=100)
+    )
     read_vb_rows = LocalBucket.read_vb_rows  # what a worker reads (rows in Mutation's field order)
     delivered: list[tuple[int, int]] = []
 
@@ -616,7 +732,10 @@ def test_a_mutation_delivered_twice_by_the_source_is_refused_and_applied_once(
     monkeypatch.setattr(LocalBucket, "read_vb_rows", stuttering_read)
     summary = EventingService(data_dir, InProcessExecutor(), until_caught_up=True).run()
     vb, seqno = delivered[0]
-    assert len(summary.errors) == 1 and f"vBucket {vb} of bucket 'src' went backwards: seqno {seqno}" in summary.errors[0]
+    assert (
+        len(summary.errors) == 1
+        and f"vBucket {vb} of bucket 'src' went backwards: seqno {seqno}" in summary.errors[0]
+    )
     report = verify_function(data_dir, "fn_dup")
     assert report.ok, report.summary()  # stopped loudly; what the checkpoints cover is whole
 
@@ -628,9 +747,14 @@ def test_a_mutation_delivered_twice_by_the_source_is_refused_and_applied_once(
         effect_key("fn_dup", key, seqno): 1
     }
     calls_seen = call_log_figures(calls)
-    figures("9 mutation delivered twice by the source", mutations=1500, handled=report.handled,
-            refused=f"vb {vb} seqno {seqno}", duplicate_handler_calls=calls_seen.duplicate_calls,
-            duplicate_effects_in_ledger=len(report.duplicate_effects))
+    figures(
+        "9 mutation delivered twice by the source",
+        mutations=1500,
+        handled=report.handled,
+        refused=f"vb {vb} seqno {seqno}",
+        duplicate_handler_calls=calls_seen.duplicate_calls,
+        duplicate_effects_in_ledger=len(report.duplicate_effects),
+    )
 
 
 # -- 10: one document mutated 1,000 times quickly --------------------------------------------------------
@@ -657,10 +781,16 @@ def hot_document(data_dir: str, executor, versions: int, calls: Path, figures, s
     assert ledger.get(history_key("fn_hot", "hot"))["seqs"] == seqnos
     hot_calls = read_call_log(calls)["hot"]
     assert hot_calls == seqnos
-    figures(scenario, mutations=500 + versions, versions=versions, handled=report.handled,
-            write_rate_mps=round(versions / (written - started)), handled_versions=len(revs),
-            duplicate_handler_calls=len(hot_calls) - len(set(hot_calls)),
-            caught_up_after_last_write_s=round(catch_up_s, 2))
+    figures(
+        scenario,
+        mutations=500 + versions,
+        versions=versions,
+        handled=report.handled,
+        write_rate_mps=round(versions / (written - started)),
+        handled_versions=len(revs),
+        duplicate_handler_calls=len(hot_calls) - len(set(hot_calls)),
+        caught_up_after_last_write_s=round(catch_up_s, 2),
+    )
 
 
 def test_a_document_mutated_1000_times_quickly_has_every_version_handled_in_order(
@@ -677,8 +807,12 @@ def test_soak_repeated_metadata_locks(data_dir, tmp_path, ray_executor, caplog, 
     caplog.set_level(logging.WARNING, logger="eventing.metadata")
     source = load(data_dir, 2000, 60_000)
     calls = tmp_path / "calls.log"
-    deploy(data_dir, ledger_definition("fn_lock", "src", "ledger", workers=4, call_log=str(calls),
-                                       sleep_ms=0.5, batch_size=200))
+    deploy(
+        data_dir,
+        ledger_definition(
+            "fn_lock", "src", "ledger", workers=4, call_log=str(calls), sleep_ms=0.5, batch_size=200
+        ),
+    )
     cps = Checkpoints(data_dir, "fn_lock")
     locks = 0
     with RunningService(data_dir, ray_executor) as running:
@@ -690,8 +824,13 @@ def test_soak_repeated_metadata_locks(data_dir, tmp_path, ray_executor, caplog, 
     assert running.error is None and not running.summary.errors and cps.backwards == []
     report = assert_verified(data_dir, "fn_lock", owed=60_000)
     calls_seen = call_log_figures(calls)
-    figures("5 soak: repeated locks", mutations=60_000, handled=report.handled, locks=locks,
-            duplicate_handler_calls=calls_seen.duplicate_calls)
+    figures(
+        "5 soak: repeated locks",
+        mutations=60_000,
+        handled=report.handled,
+        locks=locks,
+        duplicate_handler_calls=calls_seen.duplicate_calls,
+    )
 
 
 @pytest.mark.soak
@@ -712,8 +851,12 @@ def test_soak_repeated_bursts_do_not_grow_worker_memory(data_dir, ray_executor, 
     assert running.error is None and not running.summary.errors
     assert after_round[-1] - after_round[1] < 16.0, after_round
     report = assert_verified(data_dir, "fn_burst", owed=10_000 + rounds * burst)
-    figures("8 soak: repeated bursts", mutations=10_000 + rounds * burst, handled=report.handled,
-            rss_after_each_burst_mb=[round(v, 1) for v in after_round])
+    figures(
+        "8 soak: repeated bursts",
+        mutations=10_000 + rounds * burst,
+        handled=report.handled,
+        rss_after_each_burst_mb=[round(v, 1) for v in after_round],
+    )
 
 
 @pytest.mark.soak

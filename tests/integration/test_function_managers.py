@@ -41,12 +41,14 @@ pytestmark = pytest.mark.integration
 needs_sandbox = pytest.mark.skipif(sandbox_unavailable() is not None, reason=str(sandbox_unavailable()))
 
 ADMIN = "admin-token-0123456789abcdef"
-USERS = {"mgr": (["eventing_manage_functions[shop:sales]"], "mgr-password-12"),
-         "mgr_r": (["eventing_manage_functions[shop:sales]", "data_reader[secret]"], "mgr-r-password-12")}
+USERS = {
+    "mgr": (["eventing_manage_functions[shop:sales]"], "mgr-password-12"),
+    "mgr_r": (["eventing_manage_functions[shop:sales]", "data_reader[secret]"], "mgr-r-password-12"),
+}
 PASSWORD, TOKEN = "s3cret-pass-0451", "t0ken-secret-9923"
 SECRET_DOC = {"pw": "hunter2"}
 
-HOSTILE = '''
+HOSTILE = """
 try:
     with open(STORE, "rb") as store, open(MARKER, "w") as marker:
         marker.write(store.read(64).hex())
@@ -56,7 +58,7 @@ except OSError:
 
 def on_update(doc, meta):
     pass
-'''
+"""
 
 
 def free_port() -> int:
@@ -80,8 +82,12 @@ def site(data_dir, tmp_path):
             store.put_user(name, hash_password(password), roles)
     config = ServerConfig(data_dir, port=free_port(), admin_token=ADMIN)
     server = start_in_thread(config)
-    yield {"data_dir": data_dir, "base": f"http://127.0.0.1:{config.port}", "marker": str(tmp_path / "marker"),
-           "store": str(Path(data_dir) / SQLITE_FILE)}
+    yield {
+        "data_dir": data_dir,
+        "base": f"http://127.0.0.1:{config.port}",
+        "marker": str(tmp_path / "marker"),
+        "store": str(Path(data_dir) / SQLITE_FILE),
+    }
     server.should_exit = True
 
 
@@ -95,7 +101,13 @@ def as_user(site, name: str | None) -> httpx.Client:
 
 
 def definition(name: str, **extra) -> dict:
-    return {"name": name, "source_bucket": "shop", "source_scope": "sales", "source_collection": "orders", **extra}
+    return {
+        "name": name,
+        "source_bucket": "shop",
+        "source_scope": "sales",
+        "source_collection": "orders",
+        **extra,
+    }
 
 
 def record(site, name: str):
@@ -104,7 +116,10 @@ def record(site, name: str):
 
 
 def secret_untouched(site) -> bool:
-    return Eventing(site["data_dir"]).get("secret", "pw") == SECRET_DOC and Eventing(site["data_dir"]).count("secret") == 1
+    return (
+        Eventing(site["data_dir"]).get("secret", "pw") == SECRET_DOC
+        and Eventing(site["data_dir"]).count("secret") == 1
+    )
 
 
 # -- 1. saving runs none of the handler --------------------------------------------------------------------
@@ -130,7 +145,10 @@ def test_saving_a_managers_handler_runs_none_of_it_through_any_endpoint(site):
         assert "open(MARKER" in saved.source and not deployed_by_admin(saved)  # a non-admin's code, marked so
     # A handler that cannot load is still refused at save, with the line, and without running anything.
     r = mgr.post("/api/v1/functions/fn_h/appcode", content="def on_update(doc):\n    pass\n")
-    assert r.status_code == 400 and "on_update(doc) cannot be called as on_update(doc, meta)" in r.json()["error"]
+    assert (
+        r.status_code == 400
+        and "on_update(doc) cannot be called as on_update(doc, meta)" in r.json()["error"]
+    )
     r = mgr.post("/api/v1/functions/fn_h/appcode", content=HOSTILE + "\ndef broken(:\n")
     assert r.status_code == 400 and "syntax error at line" in r.json()["error"]
     assert not os.path.exists(site["marker"])
@@ -140,8 +158,12 @@ def test_saving_javascript_runs_none_of_it(site):
     """A JavaScript handler whose top-level code never ends saves at once: V8 compiles it and runs nothing."""
     mgr = as_user(site, "mgr")
     source = "while (true) {}\nfunction OnUpdate(doc, meta) {}\n"
-    r = httpx.post(site["base"] + "/api/v1/functions/fn_js", timeout=10, headers=mgr.headers,
-                   content=json.dumps({**definition("fn_js", language="javascript"), "handler_source": source}))
+    r = httpx.post(
+        site["base"] + "/api/v1/functions/fn_js",
+        timeout=10,
+        headers=mgr.headers,
+        content=json.dumps({**definition("fn_js", language="javascript"), "handler_source": source}),
+    )
     assert r.status_code == 200, r.text
     r = mgr.post("/api/v1/functions/fn_js/appcode", content="function OnUpdate(doc, meta) { var x = ; }\n")
     assert r.status_code == 400 and "syntax error at line 1" in r.json()["error"], r.text
@@ -150,7 +172,10 @@ def test_saving_javascript_runs_none_of_it(site):
 @needs_sandbox
 def test_a_managers_deploy_imports_the_handler_where_it_is_confined(site):
     mgr = as_user(site, "mgr")
-    body = {**definition("fn_h", constants={"MARKER": site["marker"], "STORE": site["store"]}), "handler_source": HOSTILE}
+    body = {
+        **definition("fn_h", constants={"MARKER": site["marker"], "STORE": site["store"]}),
+        "handler_source": HOSTILE,
+    }
     assert mgr.post("/api/v1/functions/fn_h", content=json.dumps(body)).status_code == 200
     r = mgr.post("/api/v1/functions/fn_h/deploy")
     assert r.status_code == 200, r.text
@@ -185,17 +210,23 @@ def test_every_bucket_binding_needs_a_role_of_its_keyspace(site):
     handler = "def on_update(doc, meta):\n    out[meta.id] = {'pw': src.get('pw')}\n"
 
     def save(client: httpx.Client, name: str, bindings: list[dict]) -> httpx.Response:
-        return client.post(f"/api/v1/functions/{name}",
-                           content=json.dumps({**definition(name, bindings=bindings), "handler_source": handler}))
+        return client.post(
+            f"/api/v1/functions/{name}",
+            content=json.dumps({**definition(name, bindings=bindings), "handler_source": handler}),
+        )
 
     own = {"alias": "out", "bucket": "shop", "scope": "sales", "collection": "out", "access": "rw"}
     steal = {"alias": "src", "bucket": "secret", "access": "rw"}
     peek = {"alias": "src", "bucket": "secret", "access": "r"}
     r = save(mgr, "fn_steal", [own, steal])
     assert r.status_code == 403, r.text
-    assert r.json()["error"] == ("mgr may not bind secret._default._default read-write as 'src' in function 'fn_steal' "
-                                 "(roles: eventing_manage_functions[shop:sales])")
-    assert "data_reader[secret._default._default] and data_writer[secret._default._default]" in r.json()["fix"]
+    assert r.json()["error"] == (
+        "mgr may not bind secret._default._default read-write as 'src' in function 'fn_steal' "
+        "(roles: eventing_manage_functions[shop:sales])"
+    )
+    assert (
+        "data_reader[secret._default._default] and data_writer[secret._default._default]" in r.json()["fix"]
+    )
     assert save(mgr, "fn_steal", [own, peek]).status_code == 403
     assert as_user(site, None).get("/api/v1/functions/fn_steal").status_code == 404  # nothing was saved
     assert save(mgr, "fn_own", [own]).status_code == 200  # its own scope: no data role needed
@@ -211,9 +242,21 @@ def test_couchbase_depcfg_buckets_are_checked_as_well(site):
     item = json.loads(fixture.read_text())[0]
     item["depcfg"]["curl"] = []
     item["depcfg"]["buckets"] = [
-        {"alias": "audit", "bucket_name": "shop", "scope_name": "sales", "collection_name": "out", "access": "rw"},
-        {"alias": "customers", "bucket_name": "secret", "scope_name": "_default", "collection_name": "_default",
-         "access": "rw"}]
+        {
+            "alias": "audit",
+            "bucket_name": "shop",
+            "scope_name": "sales",
+            "collection_name": "out",
+            "access": "rw",
+        },
+        {
+            "alias": "customers",
+            "bucket_name": "secret",
+            "scope_name": "_default",
+            "collection_name": "_default",
+            "access": "rw",
+        },
+    ]
     mgr = as_user(site, "mgr")
     for path in ("/api/v1/import", "/api/v1/functions", "/api/v1/functions/audit_orders"):
         r = mgr.post(path, content=json.dumps(item if path.endswith("audit_orders") else [item]))
@@ -224,15 +267,20 @@ def test_couchbase_depcfg_buckets_are_checked_as_well(site):
 
 def test_deploy_and_resume_of_a_function_binding_beyond_the_managers_roles_are_refused(site):
     admin, mgr = as_user(site, None), as_user(site, "mgr")
-    body = {**definition("fn_adm", bindings=[{"alias": "src", "bucket": "secret", "access": "rw"}]),
-            "handler_source": "def on_update(doc, meta):\n    src['stolen'] = src.get('pw')\n"}
+    body = {
+        **definition("fn_adm", bindings=[{"alias": "src", "bucket": "secret", "access": "rw"}]),
+        "handler_source": "def on_update(doc, meta):\n    src['stolen'] = src.get('pw')\n",
+    }
     assert admin.post("/api/v1/functions/fn_adm", content=json.dumps(body)).status_code == 200
     r = mgr.post("/api/v1/functions/fn_adm/deploy")
     assert r.status_code == 403 and "bind secret._default._default read-write as 'src'" in r.json()["error"]
     assert record(site, "fn_adm").state.value == "undeployed" and record(site, "fn_adm").deployed_by is None
     r = mgr.post("/api/v1/functions/fn_adm/settings", content=json.dumps({"deployment_status": True}))
     assert r.status_code == 403 and record(site, "fn_adm").state.value == "undeployed"
-    assert mgr.post("/api/v1/functions/fn_adm/settings", content=json.dumps({"description": "x"})).status_code == 403
+    assert (
+        mgr.post("/api/v1/functions/fn_adm/settings", content=json.dumps({"description": "x"})).status_code
+        == 403
+    )
     assert admin.post("/api/v1/functions/fn_adm/deploy").status_code == 200
     assert admin.post("/api/v1/functions/fn_adm/pause", params={"wait": "0"}).status_code == 200
     r = mgr.post("/api/v1/functions/fn_adm/resume")
@@ -252,7 +300,9 @@ class Listener(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         with Listener.lock:
-            Listener.seen.setdefault(self.server.server_address[1], []).append(self.headers.get("Authorization"))
+            Listener.seen.setdefault(self.server.server_address[1], []).append(
+                self.headers.get("Authorization")
+            )
         payload = b'{"ok": true}'
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -297,19 +347,31 @@ def listeners():
 
 
 def _url_function(site, owner: str, **extra) -> dict:
-    url_bindings = [{"alias": "api", "url": owner + "/v1", "auth": "basic", "username": "svc", "password": PASSWORD},
-                    {"alias": "tok", "url": owner + "/v2", "auth": "bearer", "token": TOKEN}]
+    url_bindings = [
+        {"alias": "api", "url": owner + "/v1", "auth": "basic", "username": "svc", "password": PASSWORD},
+        {"alias": "tok", "url": owner + "/v2", "auth": "bearer", "token": TOKEN},
+    ]
     out = {"alias": "out", "bucket": "shop", "scope": "sales", "collection": "out", "access": "rw"}
-    secrets = [PASSWORD, TOKEN, f"Bearer {TOKEN}", "Basic " + base64.b64encode(f"svc:{PASSWORD}".encode()).decode()]
+    secrets = [
+        PASSWORD,
+        TOKEN,
+        f"Bearer {TOKEN}",
+        "Basic " + base64.b64encode(f"svc:{PASSWORD}".encode()).decode(),
+    ]
     constants = {"SECRET_DIGESTS": [hashlib.sha256(s.encode()).hexdigest() for s in secrets]}
-    return {**definition("fn_url", bindings=[out], url_bindings=url_bindings, constants=constants, **extra),
-            "handler_source": SEES_NO_SECRET}
+    return {
+        **definition("fn_url", bindings=[out], url_bindings=url_bindings, constants=constants, **extra),
+        "handler_source": SEES_NO_SECRET,
+    }
 
 
 def test_a_kept_secret_is_not_sent_to_an_address_a_manager_chose(site, listeners):
     owner, thief, _, _ = listeners
     admin, mgr = as_user(site, None), as_user(site, "mgr")
-    assert admin.post("/api/v1/functions/fn_url", content=json.dumps(_url_function(site, owner))).status_code == 200
+    assert (
+        admin.post("/api/v1/functions/fn_url", content=json.dumps(_url_function(site, owner))).status_code
+        == 200
+    )
     shown = mgr.get("/api/v1/export", params={"name": "fn_url"}).json()[0]
     assert [u.get("password") or u.get("token") for u in shown["url_bindings"]] == ["*****", "*****"]
     stored = record(site, "fn_url").definition
@@ -318,7 +380,9 @@ def test_a_kept_secret_is_not_sent_to_an_address_a_manager_chose(site, listeners
         edited["url_bindings"][0].update(change)
         r = mgr.post("/api/v1/functions/fn_url", content=json.dumps(edited))
         assert r.status_code == 400, (change, r.text)
-        assert r.json()["error"].startswith(f"url binding 'api' of function 'fn_url' changes its {next(iter(change))}")
+        assert r.json()["error"].startswith(
+            f"url binding 'api' of function 'fn_url' changes its {next(iter(change))}"
+        )
         assert record(site, "fn_url").definition == stored  # nothing changed
     edited = json.loads(json.dumps(shown))
     edited["url_bindings"][1]["url"] = thief + "/v2"
@@ -331,16 +395,23 @@ def test_a_kept_secret_is_not_sent_to_an_address_a_manager_chose(site, listeners
     moved = {**json.loads(json.dumps(shown))}
     moved["url_bindings"][0]["url"] = owner + "/v3"
     assert admin.post("/api/v1/functions/fn_url", content=json.dumps(moved)).status_code == 200
-    assert record(site, "fn_url").definition["url_bindings"][0] == {**stored["url_bindings"][0], "url": owner + "/v3"}
+    assert record(site, "fn_url").definition["url_bindings"][0] == {
+        **stored["url_bindings"][0],
+        "url": owner + "/v3",
+    }
     edited["url_bindings"][0].update(url=thief + "/v1", password="the-managers-own")
     assert mgr.post("/api/v1/functions/fn_url", content=json.dumps(edited)).status_code == 200
     assert record(site, "fn_url").definition["url_bindings"][0]["password"] == "the-managers-own"
 
 
 def _run_and_read(site) -> dict:
-    summary = EventingService(site["data_dir"], InProcessExecutor(), until_caught_up=True, functions=["fn_url"]).run()
+    summary = EventingService(
+        site["data_dir"], InProcessExecutor(), until_caught_up=True, functions=["fn_url"]
+    ).run()
     assert summary.functions["fn_url"].handled == 4, summary
-    return {k: Eventing(site["data_dir"]).collection("shop.sales.out").get(k) for k in ("o0", "o1", "o2", "o3")}
+    return {
+        k: Eventing(site["data_dir"]).collection("shop.sales.out").get(k) for k in ("o0", "o1", "o2", "o3")
+    }
 
 
 def _check_seen(docs: dict, listeners, *, sandboxed: bool) -> None:
@@ -361,7 +432,10 @@ def _check_seen(docs: dict, listeners, *, sandboxed: bool) -> None:
 def test_an_admins_handler_sees_no_secret_and_curl_adds_it(site, listeners):
     owner = listeners[0]
     admin = as_user(site, None)
-    assert admin.post("/api/v1/functions/fn_url", content=json.dumps(_url_function(site, owner))).status_code == 200
+    assert (
+        admin.post("/api/v1/functions/fn_url", content=json.dumps(_url_function(site, owner))).status_code
+        == 200
+    )
     assert admin.post("/api/v1/functions/fn_url/deploy").status_code == 200
     _check_seen(_run_and_read(site), listeners, sandboxed=False)
 
@@ -370,7 +444,10 @@ def test_an_admins_handler_sees_no_secret_and_curl_adds_it(site, listeners):
 def test_a_sandboxed_process_never_holds_a_url_secret_and_its_curl_still_authenticates(site, listeners):
     owner = listeners[0]
     admin, mgr = as_user(site, None), as_user(site, "mgr")
-    assert admin.post("/api/v1/functions/fn_url", content=json.dumps(_url_function(site, owner))).status_code == 200
+    assert (
+        admin.post("/api/v1/functions/fn_url", content=json.dumps(_url_function(site, owner))).status_code
+        == 200
+    )
     r = mgr.post("/api/v1/functions/fn_url/deploy")  # deployed by a manager: it runs sandboxed
     assert r.status_code == 200, r.text
     _check_seen(_run_and_read(site), listeners, sandboxed=True)
@@ -380,15 +457,17 @@ def test_a_javascript_handler_sees_no_secret(site, listeners):
     owner = listeners[0]
     admin = as_user(site, None)
     body = _url_function(site, owner, language="javascript")
-    body["handler_source"] = '''
+    body["handler_source"] = """
 function OnUpdate(doc, meta) {
   out[meta.id] = {api: JSON.stringify(api), names: Object.getOwnPropertyNames(api).concat(Object.getOwnPropertyNames(tok)),
                   status: curl("GET", api, {path: "/x"}).status, tokStatus: curl("GET", tok, {path: "/x"}).status};
 }
-'''
+"""
     assert admin.post("/api/v1/functions/fn_url", content=json.dumps(body)).status_code == 200
     assert admin.post("/api/v1/functions/fn_url/deploy").status_code == 200
     for seen in _run_and_read(site).values():
         assert seen["status"] == 200 and seen["tokStatus"] == 200
-        assert PASSWORD not in seen["api"] and "password" not in seen["names"] and "token" not in seen["names"]
+        assert (
+            PASSWORD not in seen["api"] and "password" not in seen["names"] and "token" not in seen["names"]
+        )
     assert len(Listener.seen[listeners[2]]) == 8

@@ -28,16 +28,16 @@ pytestmark = pytest.mark.integration
 ADMIN = "admin-token-0123456789abcdef"
 READ = "read-token-0123456789abcdef"
 DOCS, MUTATIONS = 200, 2_000
-FAILING_HANDLER = '''
+FAILING_HANDLER = """
 def on_update(doc, meta):
     if meta.id.endswith("7"):
         raise ValueError(f"no luck for {meta.id}")
     out[meta.id] = {"ok": True}
-'''
-FIXED_HANDLER = '''
+"""
+FIXED_HANDLER = """
 def on_update(doc, meta):
     out[meta.id] = {"ok": True, "replayed": True}
-'''
+"""
 
 
 def free_port() -> int:
@@ -51,20 +51,36 @@ def site(tmp_path_factory):
     data_dir = str(tmp_path_factory.mktemp("http") / "data")
     load_source(data_dir, DOCS, MUTATIONS, seed=7)
     deploy_function(data_dir, ledger_definition("fn_ledger", "src", "ledger"))
-    failing = FunctionDefinition.from_dict({
-        "name": "fn_fail", "source_bucket": "src", "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
-        "checkpoint_interval": "100ms",
-    })
+    failing = FunctionDefinition.from_dict(
+        {
+            "name": "fn_fail",
+            "source_bucket": "src",
+            "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
+            "checkpoint_interval": "100ms",
+        }
+    )
     deploy_function(data_dir, failing, FAILING_HANDLER)
     summary = EventingService(data_dir, make_executor("in-process"), until_caught_up=True).run()
     assert not summary.errors
     # A windowed function, deployed after the run (no Spark here): its window metrics exist from the start.
-    windowed = FunctionDefinition.from_dict({
-        "name": "fn_windowed", "source_bucket": "src", "window": {
-            "kind": "tumbling", "size": "1m", "boundary": "event_time", "time_field": "ts",
-            "aggregates": [{"op": "count"}], "out_of_order_tolerance": "5s"}})
+    windowed = FunctionDefinition.from_dict(
+        {
+            "name": "fn_windowed",
+            "source_bucket": "src",
+            "window": {
+                "kind": "tumbling",
+                "size": "1m",
+                "boundary": "event_time",
+                "time_field": "ts",
+                "aggregates": [{"op": "count"}],
+                "out_of_order_tolerance": "5s",
+            },
+        }
+    )
     deploy_function(data_dir, windowed, "")
-    config = ServerConfig(data_dir, port=free_port(), admin_token=ADMIN, read_token=READ, max_body_bytes=64 * 1024)
+    config = ServerConfig(
+        data_dir, port=free_port(), admin_token=ADMIN, read_token=READ, max_body_bytes=64 * 1024
+    )
     server = start_in_thread(config)
     base = f"http://127.0.0.1:{config.port}"
     yield {"data_dir": data_dir, "base": base, "port": config.port}
@@ -94,7 +110,11 @@ def test_no_credentials_is_401_everywhere_but_the_console(site):
 
 def test_read_only_token_reads_but_a_write_is_403_and_changes_nothing(site):
     reader = client(site, READ)
-    assert [f["name"] for f in reader.get("/api/v1/functions").json()] == ["fn_fail", "fn_ledger", "fn_windowed"]
+    assert [f["name"] for f in reader.get("/api/v1/functions").json()] == [
+        "fn_fail",
+        "fn_ledger",
+        "fn_windowed",
+    ]
     r = reader.post("/api/v1/functions/fn_ledger/pause")
     assert r.status_code == 403
     assert "admin token" in r.json()["error"]
@@ -114,7 +134,9 @@ def test_body_over_the_limit_is_413_and_changes_nothing(site):
     assert r.status_code == 413
     assert "larger than 65,536 bytes" in r.json()["error"]
     # Without a Content-Length (chunked), the limit holds as the body streams in.
-    r = client(site).post("/api/v1/functions/fn_fail/appcode", content=iter([big.encode()[:40_000], big.encode()[40_000:]]))
+    r = client(site).post(
+        "/api/v1/functions/fn_fail/appcode", content=iter([big.encode()[:40_000], big.encode()[40_000:]])
+    )
     assert r.status_code == 413
     assert client(site).get("/api/v1/functions/fn_fail/appcode").text == before
 
@@ -129,20 +151,25 @@ def raw_request(site, method: str, path: str, body: bytes = b"") -> tuple[int, d
     return response.status, data
 
 
-@pytest.mark.parametrize("path", [
-    "/api/v1/functions/..%2F..%2Fetc%2Fpasswd",
-    "/api/v1/functions/..%2Fmetadata/deploy",
-    "/api/v1/functions/fn%20x/pause",
-    "/api/v1/functions/fn.ledger",
-    "/getAppLog?name=../../metadata.sqlite3",
-    "/getAppLog?name=fn%2F..%2Fx",
-])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/v1/functions/..%2F..%2Fetc%2Fpasswd",
+        "/api/v1/functions/..%2Fmetadata/deploy",
+        "/api/v1/functions/fn%20x/pause",
+        "/api/v1/functions/fn.ledger",
+        "/getAppLog?name=../../metadata.sqlite3",
+        "/getAppLog?name=fn%2F..%2Fx",
+    ],
+)
 def test_a_bad_function_name_is_400_with_the_rule(site, path):
     method = "POST" if path.endswith(("/deploy", "/pause")) else "GET"
     status, body = raw_request(site, method, path)
     assert status == 400, body
-    rule = ("use a letter then letters, digits, '_' or '-' (max 100), or BUCKET.SCOPE.NAME for a function in the "
-            "namespace of a bucket and scope")
+    rule = (
+        "use a letter then letters, digits, '_' or '-' (max 100), or BUCKET.SCOPE.NAME for a function in the "
+        "namespace of a bucket and scope"
+    )
     assert f"is not valid; {rule}" in body["error"]
     assert body["fix"] == rule
 
@@ -165,8 +192,10 @@ def test_a_handler_upload_that_is_not_python_is_400_naming_the_line_and_the_old_
 
 
 def test_cors_is_closed_by_default(site):
-    r = httpx.options(site["base"] + "/api/v1/functions", headers={
-        "Origin": "http://elsewhere.example", "Access-Control-Request-Method": "POST"})
+    r = httpx.options(
+        site["base"] + "/api/v1/functions",
+        headers={"Origin": "http://elsewhere.example", "Access-Control-Request-Method": "POST"},
+    )
     assert "access-control-allow-origin" not in r.headers
     r = client(site).post("/api/v1/functions/fn_ledger/pause", headers={"Origin": "http://elsewhere.example"})
     assert r.status_code == 403
@@ -179,14 +208,30 @@ def test_cors_is_closed_by_default(site):
 
 
 def test_binding_another_address_without_credentials_is_refused_with_one_line(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "eventing", "--data-dir", str(tmp_path), "serve", "--host", "0.0.0.0",
-                        "--port", str(free_port())], capture_output=True, text=True, timeout=60,
-                       env={**__import__("os").environ, "EVENTING_ADMIN_TOKEN": "", "EVENTING_READ_TOKEN": ""})
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "eventing",
+            "--data-dir",
+            str(tmp_path),
+            "serve",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(free_port()),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**__import__("os").environ, "EVENTING_ADMIN_TOKEN": "", "EVENTING_READ_TOKEN": ""},
+    )
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
         "error: refusing to bind 0.0.0.0 without credentials: anyone who can reach it could deploy code; set "
         "--admin-token (or $EVENTING_ADMIN_TOKEN) and optionally --read-token, add an admin user "
-        "(`eventing user add NAME --role admin`), or bind 127.0.0.1"]
+        "(`eventing user add NAME --role admin`), or bind 127.0.0.1"
+    ]
 
 
 def test_lifecycle_follows_the_cli_rules_and_messages(site):
@@ -194,9 +239,11 @@ def test_lifecycle_follows_the_cli_rules_and_messages(site):
     r = admin.post("/api/v1/functions/fn_ledger/resume")
     assert r.status_code == 409
     body = r.json()  # this API's error and fix, beside Couchbase's name, code and description
-    assert (body["error"], body["fix"]) == ("cannot resume function 'fn_ledger': it is deployed; only a paused "
-                                            "function can be resumed; deploy it if it is undeployed",
-                                            "deploy it if it is undeployed")
+    assert (body["error"], body["fix"]) == (
+        "cannot resume function 'fn_ledger': it is deployed; only a paused "
+        "function can be resumed; deploy it if it is undeployed",
+        "deploy it if it is undeployed",
+    )
     assert body["code"] == 22 and body["description"] == body["error"]
     assert admin.post("/api/v1/functions/fn_nope/pause").status_code == 404
     assert admin.post("/api/v1/functions/fn_ledger/pause").json()["state"] == "paused"
@@ -204,7 +251,10 @@ def test_lifecycle_follows_the_cli_rules_and_messages(site):
     assert admin.post("/api/v1/functions/fn_ledger/resume").json()["state"] == "deployed"
     status = admin.get("/api/v1/status").json()
     assert {a["name"]: a["composite_status"] for a in status["apps"]} == {
-        "fn_fail": "deployed", "fn_ledger": "deployed", "fn_windowed": "deployed"}
+        "fn_fail": "deployed",
+        "fn_ledger": "deployed",
+        "fn_windowed": "deployed",
+    }
     assert {a["name"] for a in status["apps"] if a["windowed"]} == {"fn_windowed"}
     assert status["num_eventing_nodes"] == 1
 
@@ -236,7 +286,9 @@ def test_vbuckets_checkpoints_nodes_rebalance_and_verify(site):
     r = reader.get("/api/v1/functions/fn_ledger/checkpoints?vb=2000")
     assert r.status_code == 400 and "vBucket 2000 does not exist" in r.json()["error"]
     assert {c["owner"] for c in cps} == {"local/w0", "local/w1"}
-    assert sum(w["vbuckets"] for w in reader.get("/api/v1/functions/fn_ledger/vbmap").json()["workers"]) == 1024
+    assert (
+        sum(w["vbuckets"] for w in reader.get("/api/v1/functions/fn_ledger/vbmap").json()["workers"]) == 1024
+    )
     assert reader.get("/api/v1/nodes").json()["nodes"][0]["vbuckets"] == 1024
     assert reader.get("/api/v1/rebalance/plan").json()["moves"] == 0
     assert reader.get("/api/v1/rebalance").json()["progress"] == 1.0
@@ -266,7 +318,9 @@ def test_dead_letters_list_show_replay_purge_and_their_metrics(site):
     report = admin.post("/api/v1/functions/fn_fail/dlq/replay", json={"all": True}).json()
     assert report["replayed"] == len(rows) and report["failed"] == 0
     assert admin.get("/api/v1/functions/fn_fail/dlq").json() == []
-    assert admin.post("/api/v1/functions/fn_fail/dlq/purge", json={"replayed": True}).json()["purged"] == len(rows)
+    assert admin.post("/api/v1/functions/fn_fail/dlq/purge", json={"replayed": True}).json()["purged"] == len(
+        rows
+    )
 
 
 def scrape(site) -> dict[tuple[str, tuple[str, ...]], float]:
@@ -282,10 +336,20 @@ def test_metrics_parse_with_the_prometheus_parser_and_match_the_stats(site):
     text = client(site, READ).get("/metrics")
     assert text.headers["content-type"].startswith("text/plain")
     families = {f.name: f for f in text_string_to_metric_families(text.text)}
-    for name in ("eventing_mutations_seen", "eventing_handler_success", "eventing_handler_failure",
-                 "eventing_handler_timeout", "eventing_dead_letters", "eventing_backlog_mutations",
-                 "eventing_handler_latency_seconds", "eventing_checkpoint_age_seconds", "eventing_workers_recycled",
-                 "eventing_fenced_writes", "eventing_rebalance_progress_ratio", "eventing_function_state"):
+    for name in (
+        "eventing_mutations_seen",
+        "eventing_handler_success",
+        "eventing_handler_failure",
+        "eventing_handler_timeout",
+        "eventing_dead_letters",
+        "eventing_backlog_mutations",
+        "eventing_handler_latency_seconds",
+        "eventing_checkpoint_age_seconds",
+        "eventing_workers_recycled",
+        "eventing_fenced_writes",
+        "eventing_rebalance_progress_ratio",
+        "eventing_function_state",
+    ):
         assert name in families, name
     assert families["eventing_handler_latency_seconds"].type == "histogram"
     m = scrape(site)
@@ -317,16 +381,34 @@ def test_eventing_run_serve_answers_from_inside_the_running_service(tmp_path):
     deploy_function(data_dir, ledger_definition("fn_served", "src", "ledger"))
     port = free_port()
     env = {**os.environ, "EVENTING_ADMIN_TOKEN": ADMIN, "EVENTING_READ_TOKEN": READ}
-    proc = subprocess.Popen([sys.executable, "-m", "eventing", "--data-dir", data_dir, "run", "--executor", "in-process",
-                             "--quiet", "--serve", str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "eventing",
+            "--data-dir",
+            data_dir,
+            "run",
+            "--executor",
+            "in-process",
+            "--quiet",
+            "--serve",
+            str(port),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 60
         app = None
         while time.monotonic() < deadline:
             try:
-                app = httpx.get(f"http://127.0.0.1:{port}/api/v1/status/fn_served",
-                                headers={"Authorization": f"Bearer {READ}"}).json()["app"]
+                app = httpx.get(
+                    f"http://127.0.0.1:{port}/api/v1/status/fn_served",
+                    headers={"Authorization": f"Bearer {READ}"},
+                ).json()["app"]
             except httpx.HTTPError:
                 app = None
             if app and app["vbuckets_leased"] == 1024 and app["num_deployed_nodes"] == 1:
@@ -337,8 +419,10 @@ def test_eventing_run_serve_answers_from_inside_the_running_service(tmp_path):
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
-    assert (f"eventing console and API on http://127.0.0.1:{port}/ (credentials required: the admin token, "
-            "the read-only token)") in err
+    assert (
+        f"eventing console and API on http://127.0.0.1:{port}/ (credentials required: the admin token, "
+        "the read-only token)"
+    ) in err
 
 
 def test_serve_reads_its_tokens_from_files_and_no_token_is_in_its_environment(tmp_path):
@@ -354,13 +438,32 @@ def test_serve_reads_its_tokens_from_files_and_no_token_is_in_its_environment(tm
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("EVENTING_")}
     env["EVENTING_READ_TOKEN_FILE"] = str(read_file)
-    proc = subprocess.Popen([sys.executable, "-m", "eventing", "--data-dir", str(tmp_path / "data"), "serve",
-                             "--port", str(port), "--admin-token-file", str(admin_file)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "eventing",
+            "--data-dir",
+            str(tmp_path / "data"),
+            "serve",
+            "--port",
+            str(port),
+            "--admin-token-file",
+            str(admin_file),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         base = f"http://127.0.0.1:{port}/api/v1/status"
-        r = wait_for(lambda: httpx.get(base, headers={"Authorization": f"Bearer {READ}"}), "the server answers",
-                     60, retry_on=(httpx.HTTPError,))
+        r = wait_for(
+            lambda: httpx.get(base, headers={"Authorization": f"Bearer {READ}"}),
+            "the server answers",
+            60,
+            retry_on=(httpx.HTTPError,),
+        )
         assert r.status_code == 200
         secrets = f"http://127.0.0.1:{port}/api/v1/export?secrets=true"  # the admin token's alone
         assert httpx.get(secrets, headers={"Authorization": f"Bearer {ADMIN}"}).status_code == 200

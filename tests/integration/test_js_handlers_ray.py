@@ -26,8 +26,10 @@ def js_function(data_dir: str, source: str, docs, **settings) -> Eventing:
     app.create_bucket("dst")
     for key, doc in docs:
         app.upsert("src", key, doc)
-    app.deploy({"name": "fn_js", "source_bucket": "src", "language": "javascript", "bindings": DST, **settings},
-               source)
+    app.deploy(
+        {"name": "fn_js", "source_bucket": "src", "language": "javascript", "bindings": DST, **settings},
+        source,
+    )
     return app
 
 
@@ -37,7 +39,7 @@ def counters(data_dir: str) -> dict[str, float]:
 
 
 def vbuckets(ranges: str) -> set[int]:
-    """"0-255,300" as the set of vBuckets it names."""
+    """ "0-255,300" as the set of vBuckets it names."""
     out: set[int] = set()
     for part in filter(None, ranges.split(",")):
         first, _, last = part.partition("-")

@@ -18,7 +18,9 @@ pytestmark = pytest.mark.integration
 
 KNOWN: frozenset[str] = frozenset()  # see tests/unit/test_lifecycle_property.py
 KIND = st.sampled_from(["plain", "plain", "plain", "bad", "delete"])  # no hangs: each costs a second
-LOAD = st.tuples(st.just("load"), st.lists(st.tuples(st.integers(0, len(KEYS) - 1), KIND), min_size=1, max_size=4))
+LOAD = st.tuples(
+    st.just("load"), st.lists(st.tuples(st.integers(0, len(KEYS) - 1), KIND), min_size=1, max_size=4)
+)
 STEP = st.one_of(
     LOAD,
     st.tuples(st.just("deploy"), st.sampled_from(["everything", "from_now"])),

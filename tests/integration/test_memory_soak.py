@@ -16,9 +16,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def test_rss_flat_from_1m_to_10m_mutations(tmp_path):
     result = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "scripts", "bench_memory.py"), "--mutations", "1000000", "10000000",
-         "--work-dir", str(tmp_path)],
-        capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT), timeout=3600,
+        [
+            sys.executable,
+            os.path.join(ROOT, "scripts", "bench_memory.py"),
+            "--mutations",
+            "1000000",
+            "10000000",
+            "--work-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=ROOT),
+        timeout=3600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     print(result.stdout)

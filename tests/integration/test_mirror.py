@@ -49,8 +49,11 @@ def own_server():
 
 def _slot(url: str, slot: str) -> tuple | None:
     with psycopg.connect(url) as conn:
-        return conn.execute("SELECT confirmed_flush_lsn - '0/0'::pg_lsn, active FROM pg_replication_slots "
-                            "WHERE slot_name = %s", (slot,)).fetchone()
+        return conn.execute(
+            "SELECT confirmed_flush_lsn - '0/0'::pg_lsn, active FROM pg_replication_slots "
+            "WHERE slot_name = %s",
+            (slot,),
+        ).fetchone()
 
 
 def _applied_mark(data_dir: str, cid: int) -> int:
@@ -70,7 +73,9 @@ def test_a_ledger_function_on_a_mirror_sees_every_row_history_once_in_commit_ord
     data_dir = new_data_dir(tmp_path / "data", "shop", "ledger")
     created = mirrors.create_mirror(data_dir, KS, source=url, table="public.orders")
     cid = created["id"]
-    defn = ledger_definition("fn_orders", "shop", "ledger", workers=2, source_scope="pg", source_collection="orders")
+    defn = ledger_definition(
+        "fn_orders", "shop", "ledger", workers=2, source_scope="pg", source_collection="orders"
+    )
     state = open_state(data_dir)
     lifecycle.save_function(state, defn, LEDGER_HANDLER)
     lifecycle.deploy(state, defn.name)
@@ -96,11 +101,17 @@ def test_a_ledger_function_on_a_mirror_sees_every_row_history_once_in_commit_ord
         writers.join()
         wait_until_mirrored(data_dir, url, "shop", cid)
         owed = sum(len(h) for h in collection_history(data_dir, "shop", cid).values())
-        wait_for(lambda: _verified(data_dir, owed), "the ledger function accounts for every change of the collection",
-                 timeout=180, every=0.5)
+        wait_for(
+            lambda: _verified(data_dir, owed),
+            "the ledger function accounts for every change of the collection",
+            timeout=180,
+            every=0.5,
+        )
         # The slot is told (within its status interval) once the changes are applied: it keeps no WAL for them.
         mark = _applied_mark(data_dir, cid)
-        wait_for(lambda: _slot(url, created["mirror"]["slot"])[0] >= mark, "the slot confirms what was applied")
+        wait_for(
+            lambda: _slot(url, created["mirror"]["slot"])[0] >= mark, "the slot confirms what was applied"
+        )
     finally:
         writers.go.set()
         service.stop()
@@ -138,7 +149,9 @@ def test_kill_9_of_ray_workers_while_a_mirror_feeds_their_function_leaves_the_le
     make_table(url, rows=60)
     data_dir = new_data_dir(tmp_path / "data", "shop", "ledger")
     cid = mirrors.create_mirror(data_dir, KS, source=url, table="public.orders")["id"]
-    defn = ledger_definition("fn_orders", "shop", "ledger", workers=2, source_scope="pg", source_collection="orders")
+    defn = ledger_definition(
+        "fn_orders", "shop", "ledger", workers=2, source_scope="pg", source_collection="orders"
+    )
     state = open_state(data_dir)
     lifecycle.save_function(state, defn, LEDGER_HANDLER)
     lifecycle.deploy(state, defn.name)
@@ -154,10 +167,14 @@ def test_kill_9_of_ray_workers_while_a_mirror_feeds_their_function_leaves_the_le
             sup = service.supervisors.get("fn_orders")
             if sup is None or writers.commits < at_commits:
                 return None
-            pids = [slot.pid for slot in sup.slots.values() if slot.ready and slot.pid and slot.pid not in killed]
+            pids = [
+                slot.pid for slot in sup.slots.values() if slot.ready and slot.pid and slot.pid not in killed
+            ]
             return pids[0] if pids else None
 
-        pid = wait_for(ready_worker, f"a ready Ray worker of fn_orders after {at_commits} commits", timeout=120)
+        pid = wait_for(
+            ready_worker, f"a ready Ray worker of fn_orders after {at_commits} commits", timeout=120
+        )
         os.kill(pid, signal.SIGKILL)
         killed.append(pid)
 
@@ -169,8 +186,12 @@ def test_kill_9_of_ray_workers_while_a_mirror_feeds_their_function_leaves_the_le
         writers.join()
         wait_until_mirrored(data_dir, url, "shop", cid)
         owed = sum(len(h) for h in collection_history(data_dir, "shop", cid).values())
-        wait_for(lambda: _verified(data_dir, owed), "the ledger function accounts for every change of the collection",
-                 timeout=180, every=0.5)
+        wait_for(
+            lambda: _verified(data_dir, owed),
+            "the ledger function accounts for every change of the collection",
+            timeout=180,
+            every=0.5,
+        )
         sup = service.supervisors["fn_orders"]
         assert sum(slot.restarts for slot in sup.slots.values()) >= 2  # the killed workers were started again
         assert not any(slot.pid in killed for slot in sup.slots.values())
@@ -208,7 +229,9 @@ def test_a_snapshot_of_100000_rows_taken_while_writers_run_misses_and_doubles_no
         expected = writers.history.get(key, [])
         snapshot_rev = [("u", 0)] if int(key) <= 100_000 else []
         full = snapshot_rev + expected
-        assert any(changes == full[i:] for i in range(len(full))) or (changes == [] and full and full[-1] == ("d",)), key
+        assert any(changes == full[i:] for i in range(len(full))) or (
+            changes == [] and full and full[-1] == ("d",)
+        ), key
 
 
 def test_schema_changes_a_second_mirror_a_dropped_table_and_a_slot_dropped_by_hand(own_server, tmp_path):
@@ -236,12 +259,17 @@ def test_schema_changes_a_second_mirror_a_dropped_table_and_a_slot_dropped_by_ha
         # A slot dropped by hand: the mirror says it needs a new snapshot, and resync takes one.
         slot = second["mirror"]["slot"]
         with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = %s", (slot,))
+            conn.execute(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = %s",
+                (slot,),
+            )
             wait_for(lambda: _slot(url, slot) is None or not _slot(url, slot)[1], "the slot is released")
             conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
             conn.execute("UPDATE orders SET rev = 3 WHERE id = 3")
-        failed = wait_for(lambda: (s := follower_status(data_dir, "copy.pg.orders")).get("state") == "failed" and s,
-                          "the second mirror stops for want of its slot")
+        failed = wait_for(
+            lambda: (s := follower_status(data_dir, "copy.pg.orders")).get("state") == "failed" and s,
+            "the second mirror stops for want of its slot",
+        )
         assert "cannot resume without a new snapshot" in failed["error"]
         assert "eventing collection resync copy.pg.orders" in failed["error"]
         mirrors.resync_mirror(data_dir, "copy.pg.orders")
@@ -250,8 +278,10 @@ def test_schema_changes_a_second_mirror_a_dropped_table_and_a_slot_dropped_by_ha
         before = collection_docs(data_dir, "shop", cid)
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute("DROP TABLE orders")
-        failed = wait_for(lambda: (s := follower_status(data_dir, KS)).get("state") == "failed" and s,
-                          "the mirror stops when its table is dropped")
+        failed = wait_for(
+            lambda: (s := follower_status(data_dir, KS)).get("state") == "failed" and s,
+            "the mirror stops when its table is dropped",
+        )
         assert "table public.orders was dropped" in failed["error"]
         assert collection_docs(data_dir, "shop", cid) == before
     finally:
@@ -259,9 +289,18 @@ def test_schema_changes_a_second_mirror_a_dropped_table_and_a_slot_dropped_by_ha
     result = mirrors.drop_mirror(data_dir, "copy.pg.orders")
     assert result["mirror"]["slot_kept"] == []
     with psycopg.connect(url) as conn:
-        assert conn.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()[0] == 0
-        assert conn.execute("SELECT count(*) FROM pg_publication WHERE pubname = %s",
-                            (second["mirror"]["publication"],)).fetchone()[0] == 0
+        assert (
+            conn.execute(
+                "SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+            ).fetchone()[0]
+            == 0
+        )
+        assert (
+            conn.execute(
+                "SELECT count(*) FROM pg_publication WHERE pubname = %s", (second["mirror"]["publication"],)
+            ).fetchone()[0]
+            == 0
+        )
 
 
 def test_bad_sources_are_refused_with_one_line_and_nothing_created(own_server, tmp_path):
@@ -284,21 +323,31 @@ def test_bad_sources_are_refused_with_one_line_and_nothing_created(own_server, t
     cases = {
         "public.missing": (url, "table public.missing does not exist"),
         "public.nokey": (url, "has no primary key"),
-        "public.orders": (f"postgresql://reader:secret-pw@127.0.0.1:{port}/app", "has no REPLICATION attribute"),
+        "public.orders": (
+            f"postgresql://reader:secret-pw@127.0.0.1:{port}/app",
+            "has no REPLICATION attribute",
+        ),
     }
     for table, (source, words) in cases.items():
         with pytest.raises(EventingError, match=words) as caught:
             mirrors.create_mirror(data_dir, KS, source=source, table=table)
         assert "secret-pw" not in str(caught.value) and "\n" not in str(caught.value)
     with pytest.raises(EventingError, match="GRANT SELECT ON") as caught:
-        mirrors.create_mirror(data_dir, KS, source=f"postgresql://norights:secret-pw@127.0.0.1:{port}/app",
-                              table="public.orders")
+        mirrors.create_mirror(
+            data_dir,
+            KS,
+            source=f"postgresql://norights:secret-pw@127.0.0.1:{port}/app",
+            table="public.orders",
+        )
     with pytest.raises(EventingError, match="refused the password") as caught:
-        mirrors.create_mirror(data_dir, KS, source=f"postgresql://locked:wrong-pw@127.0.0.1:{port}/app",
-                              table="public.orders")
+        mirrors.create_mirror(
+            data_dir, KS, source=f"postgresql://locked:wrong-pw@127.0.0.1:{port}/app", table="public.orders"
+        )
     assert "wrong-pw" not in str(caught.value)
     with pytest.raises(EventingError, match="is unreachable"):
-        mirrors.create_mirror(data_dir, KS, source="postgresql://postgres@127.0.0.1:1/app", table="public.orders")
+        mirrors.create_mirror(
+            data_dir, KS, source="postgresql://postgres@127.0.0.1:1/app", table="public.orders"
+        )
     replica = ThrowawayPostgres(settings={"wal_level": "replica"})
     replica.start()
     try:
@@ -320,15 +369,20 @@ def test_bad_sources_are_refused_with_one_line_and_nothing_created(own_server, t
     # A mirror with a password keeps it out of every view; its collection refuses writes, reads work.
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("ALTER ROLE locked WITH REPLICATION SUPERUSER")
-    mirrors.create_mirror(data_dir, KS, source=f"postgresql://locked:right-pw@127.0.0.1:{port}/app",
-                          table="public.orders")
+    mirrors.create_mirror(
+        data_dir, KS, source=f"postgresql://locked:right-pw@127.0.0.1:{port}/app", table="public.orders"
+    )
     assert "right-pw" not in repr(mirrors.list_mirrors(data_dir))
     assert "right-pw" not in repr(mirrors.mirror_health(data_dir))
     with open_keyspace(data_dir, KS) as coll:
         assert coll.get("1") is None
-        with pytest.raises(MirrorWriteError, match="mirrors table public.orders .*change the rows in PostgreSQL"):
+        with pytest.raises(
+            MirrorWriteError, match="mirrors table public.orders .*change the rows in PostgreSQL"
+        ):
             coll.upsert("1", {"x": 1})
         with pytest.raises(MirrorWriteError):
             coll.delete("1")
     with open_store(data_dir) as store:
-        assert "right-pw" in defs.require(store, KS).source  # kept for the follower, in the metadata store only
+        assert (
+            "right-pw" in defs.require(store, KS).source
+        )  # kept for the follower, in the metadata store only

@@ -46,8 +46,12 @@ def _request(port: int, method: str, path: str, body: dict | None = None) -> tup
     auth = "Basic " + base64.b64encode(":".join(USER).encode()).decode()
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     try:
-        conn.request(method, path, body=None if body is None else json.dumps(body),
-                     headers={"Authorization": auth, "Content-Type": "application/json"})
+        conn.request(
+            method,
+            path,
+            body=None if body is None else json.dumps(body),
+            headers={"Authorization": auth, "Content-Type": "application/json"},
+        )
         answer = conn.getresponse()
         return answer.status, answer.read().decode()
     finally:
@@ -87,7 +91,11 @@ def test_writes_into_a_mirror_through_the_data_api_and_the_kv_port_are_refused_a
             serve.wait_port(port)
             serve.wait_port(kv_port)
             # The Data API: 403 WriteRefused naming the keyspace, the table and the fix; reads answer.
-            for method, key, body in (("PUT", "1", {"x": 1}), ("PUT", "new", {"x": 1}), ("DELETE", "2", None)):
+            for method, key, body in (
+                ("PUT", "1", {"x": 1}),
+                ("PUT", "new", {"x": 1}),
+                ("DELETE", "2", None),
+            ):
                 status, text = _request(port, method, data_api_path(KS, key), body)
                 assert status == 403, (method, key, status, text)
                 assert "WriteRefused" in text and f"keyspace '{KS}' mirrors table public.orders" in text, text
@@ -106,9 +114,13 @@ def test_writes_into_a_mirror_through_the_data_api_and_the_kv_port_are_refused_a
             assert f"keyspace '{KS}' mirrors table public.orders" in context and REFUSED in context, context
             # Couchbase's SDK: every write raises the SDK's exception for no_access (its KeyValueErrorContext
             # keeps the status, not the server's context); reads work as usual.
-            timeouts = ClusterTimeoutOptions(kv_timeout=timedelta(seconds=10), connect_timeout=timedelta(seconds=10))
-            cluster = Cluster(f"couchbase://127.0.0.1:{kv_port}",
-                              ClusterOptions(PasswordAuthenticator(*USER), timeout_options=timeouts))
+            timeouts = ClusterTimeoutOptions(
+                kv_timeout=timedelta(seconds=10), connect_timeout=timedelta(seconds=10)
+            )
+            cluster = Cluster(
+                f"couchbase://127.0.0.1:{kv_port}",
+                ClusterOptions(PasswordAuthenticator(*USER), timeout_options=timeouts),
+            )
             try:
                 cluster.wait_until_ready(timedelta(seconds=20))
                 orders = cluster.bucket("shop").scope("pg").collection("orders")

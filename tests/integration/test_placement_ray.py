@@ -19,7 +19,9 @@ PACKED = [f"fn_p{i}" for i in range(1, 6)]
 def test_packed_functions_fill_a_node_before_the_next_on_ray(data_dir, ray_executor):
     source = load_source(data_dir, 100, 600, seed=5)
     for name in PACKED:
-        deploy_function(data_dir, ledger_definition(name, "src", f"ledger_{name}", workers=2, placement="packed"))
+        deploy_function(
+            data_dir, ledger_definition(name, "src", f"ledger_{name}", workers=2, placement="packed")
+        )
     deploy_function(data_dir, ledger_definition("fn_spread", "src", "ledger_spread", workers=2))
     seen: list[list[str]] = []
 

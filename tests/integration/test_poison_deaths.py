@@ -28,7 +28,9 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 
 # The ledger handler with a poison document; DEATH says how its process dies.
-POISONED = LEDGER_HANDLER + '''
+POISONED = (
+    LEDGER_HANDLER
+    + """
 
 def _die():
     import os
@@ -48,7 +50,8 @@ def on_update(doc, meta):
     if meta.id == "poison":
         _die()
     _on_update(doc, meta)
-'''
+"""
+)
 
 
 def poisoned(data_dir: str, *, death: str = "exit", documents: int = 300, **settings) -> None:
@@ -65,8 +68,11 @@ def check_poison_dead_lettered(data_dir: str, documents: int = 300) -> None:
     letters = dlq_ops.list_rows(data_dir, "fn_p")
     assert [(r.key, r.reason) for r in letters] == [("poison", "crashed")]
     assert open_store(data_dir).deaths("fn_p") == {(vbucket_of("poison"), letters[0].seqno): 2}
-    report = check_ledger(open_bucket(data_dir, "src"), open_bucket(data_dir, "ledger"),
-                          dead_letters=[(r.vb, r.seqno) for r in letters])
+    report = check_ledger(
+        open_bucket(data_dir, "src"),
+        open_bucket(data_dir, "ledger"),
+        dead_letters=[(r.vb, r.seqno) for r in letters],
+    )
     assert report.ok, report.summary()
     assert report.handled == documents - 1 and report.dead_lettered == 1
 
@@ -82,8 +88,17 @@ def test_a_ray_worker_that_dies_on_one_mutation_dead_letters_it_and_goes_on(data
 
 def test_an_in_process_run_that_dies_on_one_mutation_exits_until_it_is_dead_lettered(data_dir):
     poisoned(data_dir)
-    command = [sys.executable, "-m", "eventing", "--data-dir", data_dir, "run", "--executor", "in-process",
-               "--until-caught-up"]
+    command = [
+        sys.executable,
+        "-m",
+        "eventing",
+        "--data-dir",
+        data_dir,
+        "run",
+        "--executor",
+        "in-process",
+        "--until-caught-up",
+    ]
     codes = []
     while not codes or codes[-1] == 7:
         assert len(codes) < 6, f"the run kept dying: exit codes {codes}"
@@ -118,9 +133,19 @@ function OnUpdate(doc, meta) {
     keys = [f"k{i}" for i in range(200)] + ["cyclic", "proxy"]
     for key in keys:
         src.upsert(key, {"key": key})
-    deploy_function(data_dir, FunctionDefinition.from_dict({
-        "name": "fn_js", "source_bucket": "src", "language": "javascript", "worker_count": 2,
-        "bindings": [{"alias": "ledger", "bucket": "ledger", "access": "rw"}]}), source)
+    deploy_function(
+        data_dir,
+        FunctionDefinition.from_dict(
+            {
+                "name": "fn_js",
+                "source_bucket": "src",
+                "language": "javascript",
+                "worker_count": 2,
+                "bindings": [{"alias": "ledger", "bucket": "ledger", "access": "rw"}],
+            }
+        ),
+        source,
+    )
     summary = EventingService(data_dir, ray_executor, until_caught_up=True).run()
     assert not summary.errors, summary.errors
     letters = dlq_ops.list_rows(data_dir, "fn_js")

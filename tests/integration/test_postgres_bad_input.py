@@ -47,8 +47,15 @@ def cmd(tmp_path) -> Commands:
     return Commands(cwd, {"EVENTING_STORE_WAIT_S": "3"})
 
 
-def url(server: ThrowawayPostgres, database: str, *, user: str = "app", password: str = PASSWORD,
-        port: int | None = None, query: str = "") -> str:
+def url(
+    server: ThrowawayPostgres,
+    database: str,
+    *,
+    user: str = "app",
+    password: str = PASSWORD,
+    port: int | None = None,
+    query: str = "",
+) -> str:
     return f"postgresql://{user}:{password}@127.0.0.1:{port or server.port}/{database}{query}"
 
 
@@ -60,14 +67,18 @@ def one_line_error(done: subprocess.CompletedProcess, *expected: str, retried: b
     if retried:
         assert len(lines) == 2 and lines[0].startswith("WARNING ") and "retrying for up to" in lines[0], lines
     line = lines[-1]
-    assert len(lines) == 1 + retried and line.startswith("error: ") and "Traceback" not in done.stderr, done.stderr
+    assert len(lines) == 1 + retried and line.startswith("error: ") and "Traceback" not in done.stderr, (
+        done.stderr
+    )
     assert PASSWORD not in done.stdout + done.stderr
     for text in expected:
         assert text in line, line
     return line
 
 
-def timed(cmd: Commands, *args: str, env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess, float]:
+def timed(
+    cmd: Commands, *args: str, env: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess, float]:
     started = time.monotonic()
     done = cmd(*args, env=env, timeout=60)
     return done, time.monotonic() - started
@@ -76,13 +87,17 @@ def timed(cmd: Commands, *args: str, env: dict[str, str] | None = None) -> tuple
 def test_an_unreachable_server_is_named_with_its_host_and_port_within_seconds(server, cmd):
     port = free_port()  # nothing listens there
     done, took = timed(cmd, "--store", url(server, "db", port=port), "list")
-    one_line_error(done, f"PostgreSQL at 127.0.0.1:{port} is unreachable", "start the server or fix the host and port")
+    one_line_error(
+        done, f"PostgreSQL at 127.0.0.1:{port} is unreachable", "start the server or fix the host and port"
+    )
     assert took < 12, took
 
 
 def test_a_wrong_password_a_missing_database_and_an_unknown_user_are_each_one_line(server, cmd):
     done, took = timed(cmd, "--store", url(server, "postgres", password="not-" + PASSWORD), "list")
-    one_line_error(done, f"PostgreSQL at 127.0.0.1:{server.port} refused the password", "$PGPASSWORD or ~/.pgpass")
+    one_line_error(
+        done, f"PostgreSQL at 127.0.0.1:{server.port} refused the password", "$PGPASSWORD or ~/.pgpass"
+    )
     assert "not-" + PASSWORD not in done.stderr and took < 5
     done, took = timed(cmd, "--store", url(server, "nowhere"), "bucket", "create", "b")
     one_line_error(done, 'database "nowhere" does not exist', "create it first")
@@ -94,7 +109,9 @@ def test_a_wrong_password_a_missing_database_and_an_unknown_user_are_each_one_li
 def test_a_user_without_privileges_is_told_which_grant_it_needs_and_nothing_is_made(server, cmd):
     server.create_database("locked")  # owned by postgres: PostgreSQL 15 gives others no CREATE on public
     done, took = timed(cmd, "--store", url(server, "locked", user="limited"), "bucket", "create", "b")
-    line = one_line_error(done, "permission denied for schema public", "GRANT CREATE, USAGE ON SCHEMA public TO limited")
+    line = one_line_error(
+        done, "permission denied for schema public", "GRANT CREATE, USAGE ON SCHEMA public TO limited"
+    )
     assert "LINE 1" not in line and "CREATE TABLE" not in line and took < 5
     assert server.sql("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'", "locked") == "0"
     server.sql("GRANT CREATE, USAGE ON SCHEMA public TO limited", "locked")  # the fix the line names
@@ -104,8 +121,20 @@ def test_a_user_without_privileges_is_told_which_grant_it_needs_and_nothing_is_m
 def test_a_store_written_by_a_newer_version_is_refused(server, cmd):
     store = url(server, server.create_database("newer").rpartition("/")[2])
     assert cmd("--store", store, "bucket", "create", "b").returncode == 0
-    assert cmd("--store", store, "user", "add", "ann", "--role", "admin", "--password-stdin",
-               input="ann-password-1\n").returncode == 0  # the metadata store's tables too
+    assert (
+        cmd(
+            "--store",
+            store,
+            "user",
+            "add",
+            "ann",
+            "--role",
+            "admin",
+            "--password-stdin",
+            input="ann-password-1\n",
+        ).returncode
+        == 0
+    )  # the metadata store's tables too
     server.sql("UPDATE eventing_schema SET version = version + 1", "newer")  # every part: buckets, metadata
     for args in (("list",), ("bucket", "list"), ("bucket", "create", "c")):
         done, _ = timed(cmd, "--store", store, *args)
@@ -117,14 +146,30 @@ def test_a_store_written_by_a_newer_version_is_refused(server, cmd):
 def test_a_statement_timeout_is_named_as_such(server, cmd):
     store = url(server, server.create_database("slow").rpartition("/")[2])
     assert cmd("--store", store, "bucket", "create", "b").returncode == 0
-    locker = threading.Thread(target=server.sql, args=(
-        "BEGIN; LOCK TABLE bucket_registry IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(8); COMMIT;", "slow"),
-        daemon=True)
+    locker = threading.Thread(
+        target=server.sql,
+        args=(
+            "BEGIN; LOCK TABLE bucket_registry IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(8); COMMIT;",
+            "slow",
+        ),
+        daemon=True,
+    )
     locker.start()
-    wait_for(lambda: server.sql("SELECT count(*) FROM pg_locks WHERE mode = 'AccessExclusiveLock' AND "
-                                "relation = 'bucket_registry'::regclass", "slow") == "1", "the table to be locked")
+    wait_for(
+        lambda: (
+            server.sql(
+                "SELECT count(*) FROM pg_locks WHERE mode = 'AccessExclusiveLock' AND "
+                "relation = 'bucket_registry'::regclass",
+                "slow",
+            )
+            == "1"
+        ),
+        "the table to be locked",
+    )
     done, took = timed(cmd, "--store", store + "?options=-c%20statement_timeout%3D300", "bucket", "list")
-    line = one_line_error(done, "statement_timeout", "canceling statement due to statement timeout", retried=True)
+    line = one_line_error(
+        done, "statement_timeout", "canceling statement due to statement timeout", retried=True
+    )
     assert "unreachable" not in line and took < 8
     locker.join(30)
 
@@ -164,17 +209,28 @@ def test_a_full_disk_is_one_line_with_nothing_half_written_and_everything_back_o
     store = url(server, "full_disk")
     assert cmd("--store", store, "bucket", "create", "big").returncode == 0
     first = "".join(document(i) for i in range(FIRST))
-    assert cmd("--store", store, "bucket", "load", "big", "--file", "-", input=first, timeout=120).returncode == 0
-    rest = "".join(document(i) for i in range(FIRST, DOCUMENTS))  # one batch, one transaction: over the room left
+    assert (
+        cmd("--store", store, "bucket", "load", "big", "--file", "-", input=first, timeout=120).returncode
+        == 0
+    )
+    rest = "".join(
+        document(i) for i in range(FIRST, DOCUMENTS)
+    )  # one batch, one transaction: over the room left
     done = cmd("--store", store, "bucket", "load", "big", "--file", "-", input=rest, timeout=120)
-    one_line_error(done, "is out of disk space", "free space on the server",
-                   "0 mutations of this load were committed to 'big' before it")
+    one_line_error(
+        done,
+        "is out of disk space",
+        "free space on the server",
+        "0 mutations of this load were committed to 'big' before it",
+    )
     state = PostgresState(store)
     with state.open_bucket("big") as big:  # the first load whole, nothing of the second
         assert (big.count(), sum(big.high_seqnos())) == (FIRST, FIRST)
         assert sorted(big.keys()) == [f"k{i:06d}" for i in range(FIRST)]
     subprocess.run(["mount", "-o", "remount,size=128m", str(small_tablespace)], check=True)
-    assert cmd("--store", store, "bucket", "load", "big", "--file", "-", input=rest, timeout=120).returncode == 0
+    assert (
+        cmd("--store", store, "bucket", "load", "big", "--file", "-", input=rest, timeout=120).returncode == 0
+    )
     with state.open_bucket("big") as big:
         assert big.count() == DOCUMENTS and sum(big.high_seqnos()) == DOCUMENTS
     state.close()
@@ -186,12 +242,23 @@ def test_a_password_in_the_store_url_is_not_in_ps_nor_in_any_output(server, cmd,
     functions = tmp_path / "functions"
     functions.mkdir()
     (functions / "fn_copy.py").write_text("def on_update(doc, meta):\n    dst[meta.id] = doc\n")
-    (functions / "fn_copy.json").write_text(json.dumps({
-        "name": "fn_copy", "handler": "fn_copy.py", "source_bucket": "src",
-        "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}]}))
+    (functions / "fn_copy.json").write_text(
+        json.dumps(
+            {
+                "name": "fn_copy",
+                "handler": "fn_copy.py",
+                "source_bucket": "src",
+                "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}],
+            }
+        )
+    )
     outputs = []
-    for args in (("bucket", "create", "src"), ("bucket", "create", "dst"), ("deploy", str(functions / "fn_copy.json")),
-                 ("bucket", "load", "src", "--documents", "50", "--mutations", "100")):
+    for args in (
+        ("bucket", "create", "src"),
+        ("bucket", "create", "dst"),
+        ("deploy", str(functions / "fn_copy.json")),
+        ("bucket", "load", "src", "--documents", "50", "--mutations", "100"),
+    ):
         outputs.append(cmd.ok("--store", store, *args))
     run = cmd.start("--store", store, "run", "--executor", "in-process", name="run")
     try:
@@ -208,6 +275,8 @@ def test_a_password_in_the_store_url_is_not_in_ps_nor_in_any_output(server, cmd,
     finally:
         assert run.stop() == 0, run.describe()
     outputs.extend(run.output())
-    assert f"--store postgresql://app:{'*' * len(PASSWORD)}@127.0.0.1:{server.port}/{database}" in shown[0], shown[0]
+    assert f"--store postgresql://app:{'*' * len(PASSWORD)}@127.0.0.1:{server.port}/{database}" in shown[0], (
+        shown[0]
+    )
     assert not [text for text in shown + [ps] + outputs if PASSWORD in text]
     state.close()

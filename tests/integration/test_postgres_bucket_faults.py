@@ -42,7 +42,9 @@ def server():
 def db(server, request):
     if not server.running():
         server.start()
-    store = PostgresDatabase.open(server.create_database(f"f_{request.node.name[:30].lower()}_{time.monotonic_ns() % 10**6}"))
+    store = PostgresDatabase.open(
+        server.create_database(f"f_{request.node.name[:30].lower()}_{time.monotonic_ns() % 10**6}")
+    )
     yield store
     store.close()
 
@@ -69,7 +71,9 @@ class Writers:
     def _run(self, t: int) -> None:
         j = 0
         while not self.stop.is_set():
-            writes = [Write(f"t{t}-b{j}-{i}", OP_UPDATE, encode_document({"t": t, "j": j})) for i in range(BATCH)]
+            writes = [
+                Write(f"t{t}-b{j}-{i}", OP_UPDATE, encode_document({"t": t, "j": j})) for i in range(BATCH)
+            ]
             started = time.monotonic()
             try:
                 self.bucket.write(writes)
@@ -142,7 +146,11 @@ def test_a_server_away_longer_than_the_wait_fails_writes_with_one_line(server, d
             bucket.write([Write(f"k{i}", OP_UPDATE, encode_document({"i": i})) for i in range(BATCH)])
         assert 1.5 <= time.monotonic() - started < 15
         message = str(caught.value)
-        assert "\n" not in message and f"PostgreSQL at 127.0.0.1:{server.port}" in message and "waited" in message
+        assert (
+            "\n" not in message
+            and f"PostgreSQL at 127.0.0.1:{server.port}" in message
+            and "waited" in message
+        )
     finally:
         server.start()
     assert bucket.get("before") == {"x": 1} and bucket.count() == 1  # the failed write left nothing
@@ -151,8 +159,18 @@ def test_a_server_away_longer_than_the_wait_fails_writes_with_one_line(server, d
 
 
 def _groups(epoch: int, seqnos: range) -> list[EffectGroup]:
-    return [EffectGroup(vb, epoch, [(s, Write(f"out-{vb}-{s}-{j}", OP_UPDATE, encode_document({"s": s})))
-                                    for s in seqnos for j in range(25)]) for vb in (3, 900)]
+    return [
+        EffectGroup(
+            vb,
+            epoch,
+            [
+                (s, Write(f"out-{vb}-{s}-{j}", OP_UPDATE, encode_document({"s": s})))
+                for s in seqnos
+                for j in range(25)
+            ],
+        )
+        for vb in (3, 900)
+    ]
 
 
 @pytest.mark.parametrize("where", ["mid-transaction", "before-commit"])

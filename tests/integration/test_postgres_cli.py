@@ -52,21 +52,47 @@ def functions_folder(root: Path) -> Path:
     folder.mkdir()
     for name in ("fn_sales_per_minute.json", "fn_sales_per_minute.py", "fn_email.json", "fn_email.py"):
         shutil.copy(FUNCTIONS_DIR / name, folder / name)
-    for name in ("fn_total.json", "fn_total.py", "fn_total_fixed.json", "fn_total_fixed.py", "fn_js_orders.json",
-                 "fn_js_orders.js"):
+    for name in (
+        "fn_total.json",
+        "fn_total.py",
+        "fn_total_fixed.json",
+        "fn_total_fixed.py",
+        "fn_js_orders.json",
+        "fn_js_orders.js",
+    ):
         shutil.copy(EXAMPLES / name, folder / name)
     definitions = {
-        "fn_ledger": ({"source_bucket": "customers", "bindings": [{"alias": "ledger", "bucket": "ledger", "access": "rw"}],
-                       "constants": {"FUNCTION": "fn_ledger", "CALL_LOG": "", "SLEEP_MS": 0}, "worker_count": 2,
-                       "checkpoint_interval": "100ms"}, LEDGER_HANDLER),
-        "fn_remind": ({"source_bucket": "customers", "bindings": [{"alias": "reminders", "bucket": "reminders",
-                                                                   "access": "rw"}]}, TIMER_HANDLER),
-        "fn_boxed": ({"source_bucket": "customers", "isolation": "sandbox",
-                      "bindings": [{"alias": "copies", "bucket": "copies", "access": "rw"}]}, SANDBOXED_HANDLER),
+        "fn_ledger": (
+            {
+                "source_bucket": "customers",
+                "bindings": [{"alias": "ledger", "bucket": "ledger", "access": "rw"}],
+                "constants": {"FUNCTION": "fn_ledger", "CALL_LOG": "", "SLEEP_MS": 0},
+                "worker_count": 2,
+                "checkpoint_interval": "100ms",
+            },
+            LEDGER_HANDLER,
+        ),
+        "fn_remind": (
+            {
+                "source_bucket": "customers",
+                "bindings": [{"alias": "reminders", "bucket": "reminders", "access": "rw"}],
+            },
+            TIMER_HANDLER,
+        ),
+        "fn_boxed": (
+            {
+                "source_bucket": "customers",
+                "isolation": "sandbox",
+                "bindings": [{"alias": "copies", "bucket": "copies", "access": "rw"}],
+            },
+            SANDBOXED_HANDLER,
+        ),
     }
     for name, (definition, handler) in definitions.items():
         (folder / f"{name}.py").write_text(handler)
-        (folder / f"{name}.json").write_text(json.dumps({"name": name, "handler": f"{name}.py", **definition}))
+        (folder / f"{name}.json").write_text(
+            json.dumps({"name": name, "handler": f"{name}.py", **definition})
+        )
     return folder
 
 
@@ -99,14 +125,42 @@ def session(tmp_path_factory):
         cwd.mkdir()
         cmd = Commands(cwd, {"EVENTING_STORE": url, "EVENTING_DATA_DIR": str(never)}, logs=str(root / "logs"))
         folder = functions_folder(root)
-        created = [cmd.ok("bucket", "create", bucket) for bucket in (
-            "customers", "orders", "js_orders", "emails", "ledger", "reminders", "copies", "totals", "js_summaries")]
-        cmd.ok("bucket", "load", "customers", "--documents", str(CUSTOMERS), "--mutations", str(CUSTOMER_MUTATIONS),
-               "--seed", "5")
+        created = [
+            cmd.ok("bucket", "create", bucket)
+            for bucket in (
+                "customers",
+                "orders",
+                "js_orders",
+                "emails",
+                "ledger",
+                "reminders",
+                "copies",
+                "totals",
+                "js_summaries",
+            )
+        ]
+        cmd.ok(
+            "bucket",
+            "load",
+            "customers",
+            "--documents",
+            str(CUSTOMERS),
+            "--mutations",
+            str(CUSTOMER_MUTATIONS),
+            "--seed",
+            "5",
+        )
         cmd.ok("bucket", "load", "orders", "--file", str(EXAMPLES / "orders.jsonl"))
         cmd.ok("bucket", "load", "js_orders", "--file", str(EXAMPLES / "orders.jsonl"))
-        for name in ("fn_sales_per_minute", "fn_email", "fn_total", "fn_js_orders", "fn_ledger", "fn_remind",
-                     "fn_boxed"):
+        for name in (
+            "fn_sales_per_minute",
+            "fn_email",
+            "fn_total",
+            "fn_js_orders",
+            "fn_ledger",
+            "fn_remind",
+            "fn_boxed",
+        ):
             cmd.ok("deploy", str(folder / f"{name}.json"))
         # Every function's workers in two shared processes: seven functions' worth of processes would cost more
         # start-up than their work here (the other modules run a process per worker).
@@ -126,8 +180,10 @@ def test_one_run_on_ray_handles_every_function_and_says_what_it_dead_lettered(se
     # exit 3: mutations were dead-lettered (fn_total's order without a price), everything else handled
     assert session.run_exit == 3, session.run_output
     listed = {f["name"]: f["state"] for f in session.json("list")}
-    assert listed == dict.fromkeys(("fn_boxed", "fn_email", "fn_js_orders", "fn_ledger", "fn_remind",
-                                    "fn_sales_per_minute", "fn_total"), "deployed")
+    assert listed == dict.fromkeys(
+        ("fn_boxed", "fn_email", "fn_js_orders", "fn_ledger", "fn_remind", "fn_sales_per_minute", "fn_total"),
+        "deployed",
+    )
     state = session.state()
     with state.open_bucket("emails") as emails, state.open_bucket("customers") as customers:
         assert emails.count() == customers.count()
@@ -140,14 +196,18 @@ def test_windows_on_spark_count_every_customer_update_once(session):
     assert (result["open_windows"], result["closed_not_emitted"], result["late_rows"]) == (0, 0, 0), result
     rows = result["results"]
     updates = update_mutations(session.state(), "customers")
-    assert sum(row["count"] for row in rows) == len(updates)  # every window closed (--close-windows), each row once
+    assert sum(row["count"] for row in rows) == len(
+        updates
+    )  # every window closed (--close-windows), each row once
     total = sum(row["sum_amount"] for row in rows)
     assert total == pytest.approx(sum(decode_document(m.doc)["amount"] for m in updates), rel=1e-9)
 
 
 def test_timers_fire_for_every_reference_and_none_is_left_pending(session):
     state = session.state()
-    japanese = {m.key for m in update_mutations(state, "customers") if decode_document(m.doc)["country"] == "JP"}
+    japanese = {
+        m.key for m in update_mutations(state, "customers") if decode_document(m.doc)["country"] == "JP"
+    }
     with state.open_bucket("reminders") as reminders:
         assert set(reminders.keys()) == japanese
     stats = session.json("stats", "fn_remind")
@@ -160,10 +220,14 @@ def test_sandboxed_and_javascript_functions_write_through_their_bindings(session
     updated = {m.key for m in update_mutations(state, "customers")}
     with state.open_bucket("copies") as copies:
         assert set(copies.keys()) == updated
-    orders = [json.loads(line) for line in (EXAMPLES / "orders.jsonl").read_text().splitlines() if line.strip()]
+    orders = [
+        json.loads(line) for line in (EXAMPLES / "orders.jsonl").read_text().splitlines() if line.strip()
+    ]
     with state.open_bucket("js_summaries") as summaries:
         with_total = {o["key"] for o in orders if "total" in o["doc"]}
-        assert {k for k in summaries.keys() if k.startswith("summary::")} == {f"summary::{k}" for k in with_total}
+        assert {k for k in summaries.keys() if k.startswith("summary::")} == {
+            f"summary::{k}" for k in with_total
+        }
     lines = session.json("log", "fn_js_orders", "--lines", "100")["lines"]
     assert any("has no total; skipped" in line for line in lines), lines
 
@@ -180,7 +244,9 @@ def test_verify_then_rewind_to_the_start_handles_everything_again_without_applyi
     session.cmd.ok("run", "--until-caught-up", "--executor", "in-process", "--function", "fn_ledger")
     assert session.cmd.ok("verify", "fn_ledger").startswith("ALL MUTATIONS ACCOUNTED FOR")
     with session.state().open_bucket("ledger") as ledger:
-        assert sum(ledger.high_seqnos()) == before  # every effect of the rewound range was skipped by its mark
+        assert (
+            sum(ledger.high_seqnos()) == before
+        )  # every effect of the rewound range was skipped by its mark
     stats = session.json("stats", "fn_ledger")
     assert stats["on_update_success"] + stats["on_delete_success"] == 2 * CUSTOMER_MUTATIONS, stats
 
@@ -198,8 +264,14 @@ def test_dead_letters_are_listed_and_replayed_with_the_fixed_handler(session):
 
 
 def test_the_debugger_traces_the_next_mutation_without_consuming_it(session):
-    session.cmd.ok("bucket", "upsert", "customers", "debug::1", '{"name": "Ada", "email": "ada@example.com", '
-                   '"country": "FR", "amount": 1.5, "rev": 1, "ts": 1767225600000}')
+    session.cmd.ok(
+        "bucket",
+        "upsert",
+        "customers",
+        "debug::1",
+        '{"name": "Ada", "email": "ada@example.com", '
+        '"country": "FR", "amount": 1.5, "rev": 1, "ts": 1767225600000}',
+    )
     out = session.cmd.ok("debug", "fn_email", "--key", "debug::1", "--trace")
     assert "calling on_update" in out and "write   dst['debug::1']" in out, out
     assert "not applied" in out and "the mutation was not consumed" in out

@@ -74,7 +74,9 @@ def caught_up(state: PostgresState, function: str, source: str) -> bool:
     checkpoints = state.metadata.checkpoints(function)
     with state.open_bucket(source) as bucket:
         highs = bucket.high_seqnos()
-    return len(checkpoints) == NUM_VBUCKETS and all(checkpoints[vb].seqno == highs[vb] for vb in range(NUM_VBUCKETS))
+    return len(checkpoints) == NUM_VBUCKETS and all(
+        checkpoints[vb].seqno == highs[vb] for vb in range(NUM_VBUCKETS)
+    )
 
 
 def progress(state: PostgresState, function: str) -> int:
@@ -97,11 +99,19 @@ def assert_acked_are_there(state: PostgresState, keyspace: str, acked: dict[str,
     assert missing == [], f"{len(missing)} acknowledged writes are not there: {missing[:5]}"
 
 
-def run_and_serve(cmd: Commands, ray_address: str, port: int, kv_port: int = 0,
-                  serve_wait_s: float = SERVE_WAIT_S) -> tuple[EventingProcess, EventingProcess]:
+def run_and_serve(
+    cmd: Commands, ray_address: str, port: int, kv_port: int = 0, serve_wait_s: float = SERVE_WAIT_S
+) -> tuple[EventingProcess, EventingProcess]:
     run = cmd.start("run", "--ray-address", ray_address, "--quiet", name="run")
-    serve = cmd.start("serve", "--port", str(port), "--kv-port", str(kv_port), name="serve",
-                      env={"EVENTING_STORE_WAIT_S": f"{serve_wait_s:g}"})
+    serve = cmd.start(
+        "serve",
+        "--port",
+        str(port),
+        "--kv-port",
+        str(kv_port),
+        name="serve",
+        env={"EVENTING_STORE_WAIT_S": f"{serve_wait_s:g}"},
+    )
     serve.wait_port(port)
     if kv_port:
         serve.wait_port(kv_port)
@@ -122,10 +132,14 @@ class BackendTerminator:
     def _run(self) -> None:
         import psycopg
 
-        with psycopg.connect(self.server.url(self.database) + "?application_name=terminator", autocommit=True) as conn:
+        with psycopg.connect(
+            self.server.url(self.database) + "?application_name=terminator", autocommit=True
+        ) as conn:
             for _ in range(self.rounds):
-                rows = conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
-                                    "application_name = 'eventing' AND pid <> pg_backend_pid()").fetchall()
+                rows = conn.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
+                    "application_name = 'eventing' AND pid <> pg_backend_pid()"
+                ).fetchall()
                 self.ended += sum(1 for (ok,) in rows if ok)
                 time.sleep(self.every_s)
         self.done.set()
@@ -162,12 +176,16 @@ def test_run_and_serve_carry_on_through_a_server_restart_and_connections_ended_m
             killed_at = time.monotonic()
             # Writes now wait, then (after SERVE_WAIT_S) are answered 503 with Retry-After; the KV port
             # answers a temporary failure, which Couchbase's SDKs retry.
-            wait_for(lambda: load.unavailable and time.monotonic() - killed_at > AWAY_S,
-                     "Data API writes to be refused while the server is away")
+            wait_for(
+                lambda: load.unavailable and time.monotonic() - killed_at > AWAY_S,
+                "Data API writes to be refused while the server is away",
+            )
             kv_status, kv_body = kv.set("kv-during", {"kv": 2})
             written_while_away = load.written
             server.start()
-            wait_for(lambda: load.written > written_while_away + 100, "Data API writes to be acknowledged again")
+            wait_for(
+                lambda: load.written > written_while_away + 100, "Data API writes to be acknowledged again"
+            )
             assert kv.set("kv-after", {"kv": 3})[0] == 0
             # Then every connection of eventing's ended, 20 times in 3 s: transactions are retried whole (a
             # write still failing after the serve's 2 s wait is a 503, as any other).
@@ -175,7 +193,9 @@ def test_run_and_serve_carry_on_through_a_server_restart_and_connections_ended_m
             with BackendTerminator(server, "restart", rounds=20) as terminator:
                 terminator.done.wait(60)
             wait_for(lambda: load.written > acked_before + 100, "Data API writes to go on")
-        assert terminator.ended >= 20, terminator.ended  # eventing's connections were there to end, every round
+        assert terminator.ended >= 20, (
+            terminator.ended
+        )  # eventing's connections were there to end, every round
         assert kv_status == ETMPFAIL, (hex(kv_status), kv_body)
         assert b"PostgreSQL at 127.0.0.1" in kv_body
         assert run.alive(), run.describe()
@@ -200,8 +220,10 @@ def test_a_primary_killed_and_its_synchronous_standby_promoted_loses_no_acknowle
     try:
         primary.create_database("failover")
         standby = primary.add_standby(synchronous=True)
-        url = (f"postgresql://postgres@127.0.0.1:{primary.port},127.0.0.1:{standby.port}/failover"
-               "?target_session_attrs=read-write")
+        url = (
+            f"postgresql://postgres@127.0.0.1:{primary.port},127.0.0.1:{standby.port}/failover"
+            "?target_session_attrs=read-write"
+        )
         cmd = Commands(empty_cwd, {"EVENTING_STORE": url}, logs=str(tmp_path / "logs"))
         cmd.ok("bucket", "create", "src")
         deploy_ledger(cmd, tmp_path, "fn_failover", "src", workers=2, sleep_ms=1)
@@ -219,8 +241,11 @@ def test_a_primary_killed_and_its_synchronous_standby_promoted_loses_no_acknowle
                 wait_for(lambda: load.written > killed_at + 100, "Data API writes on the new primary")
             assert run.alive(), run.describe()
             assert serve.alive(), serve.describe()
-            wait_for(lambda: caught_up(state, "fn_failover", "src"), "the function to catch up on the new primary",
-                     timeout=120)
+            wait_for(
+                lambda: caught_up(state, "fn_failover", "src"),
+                "the function to catch up on the new primary",
+                timeout=120,
+            )
         finally:
             assert run.stop() == 0, run.describe()
             assert serve.stop(sig=signal.SIGINT) in (0, 130), serve.describe()
@@ -250,8 +275,10 @@ def test_soak_the_server_killed_again_and_again_under_run_and_serve(server, ray_
                 server.kill()
                 killed_at = time.monotonic()
                 away_s = 1 + round_ % 3 * AWAY_S / 2  # 1 s, 4 s, 7 s: within and beyond the serve's wait
-                wait_for(lambda killed_at=killed_at, away_s=away_s: time.monotonic() - killed_at > away_s,
-                         "the server to stay away")
+                wait_for(
+                    lambda killed_at=killed_at, away_s=away_s: time.monotonic() - killed_at > away_s,
+                    "the server to stay away",
+                )
                 server.start()
         assert run.alive(), run.describe()
         assert serve.alive(), serve.describe()

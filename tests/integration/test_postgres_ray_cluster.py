@@ -94,7 +94,10 @@ def pin(url: str, placement: dict[str, str]) -> None:
 
 def owners(state: PostgresState, function: str) -> dict[int, tuple[str | None, int, bool, int]]:
     """vBucket -> (owner, epoch, leased, checkpoint seqno)."""
-    return {vb: (cp.owner, cp.epoch, cp.leased, cp.seqno) for vb, cp in state.metadata.checkpoints(function).items()}
+    return {
+        vb: (cp.owner, cp.epoch, cp.leased, cp.seqno)
+        for vb, cp in state.metadata.checkpoints(function).items()
+    }
 
 
 def caught_up(state: PostgresState, function: str) -> bool:
@@ -157,7 +160,9 @@ def test_the_hidden_nodes_workers_handle_their_share_on_postgresql_and_killed_wo
     state = PostgresState(url)
     assert state.directory is None
     load_source(state, 300, 4000, seed=21)
-    deploy_function(state, ledger_definition("fn_share", "src", "ledger", workers=2, sleep_ms=1, batch_size=50))
+    deploy_function(
+        state, ledger_definition("fn_share", "src", "ledger", workers=2, sleep_ms=1, batch_size=50)
+    )
     pin(url, {"n1": env.head_id, "n2": env.n2.node_id})
     places = WorkerPids(env, "fn_share")
     service = EventingService(url, RayExecutor(env.ray.address), until_caught_up=True, on_progress=places)
@@ -169,6 +174,7 @@ def test_the_hidden_nodes_workers_handle_their_share_on_postgresql_and_killed_wo
     try:
         # kill -9 of a worker process on each node, mid-run
         for wid in ("n1/w0", "n2/w1"):
+
             def busy(wid: str = wid) -> bool:
                 sup = service.supervisors.get("fn_share")
                 slot = sup.slots.get(wid) if sup else None
@@ -211,13 +217,18 @@ def test_an_error_a_worker_raises_reaches_the_service_as_itself(env):
     def fails_on_n2() -> None:
         from metadata.errors import StoreUnavailableError
 
-        raise StoreUnavailableError("PostgreSQL at 127.0.0.1:5432 is unreachable (Connection refused); start the "
-                                    "server or fix the host and port in --store (waited 60s)", ambiguous=True)
+        raise StoreUnavailableError(
+            "PostgreSQL at 127.0.0.1:5432 is unreachable (Connection refused); start the "
+            "server or fix the host and port in --store (waited 60s)",
+            ambiguous=True,
+        )
 
     future = ray.remote(num_cpus=0, resources={"n2": 0.01})(fails_on_n2).remote()
     with pytest.raises(StoreUnavailableError) as caught:
         RayExecutor(env.ray.address).result(future)
-    assert str(caught.value).startswith("PostgreSQL at 127.0.0.1:5432 is unreachable") and "\n" not in str(caught.value)
+    assert str(caught.value).startswith("PostgreSQL at 127.0.0.1:5432 is unreachable") and "\n" not in str(
+        caught.value
+    )
     assert "ray::" not in str(caught.value) and caught.value.ambiguous
 
 
@@ -225,7 +236,9 @@ def test_an_error_a_worker_raises_reaches_the_service_as_itself(env):
 def test_soak_killing_workers_of_both_nodes_again_and_again_on_postgresql(env, url):
     state = PostgresState(url)
     load_source(state, 1000, 40_000, seed=24)
-    deploy_function(state, ledger_definition("fn_kills", "src", "ledger", workers=2, sleep_ms=1, batch_size=100))
+    deploy_function(
+        state, ledger_definition("fn_kills", "src", "ledger", workers=2, sleep_ms=1, batch_size=100)
+    )
     pin(url, {"n1": env.head_id, "n2": env.n2.node_id})
     service = EventingService(url, RayExecutor(env.ray.address), until_caught_up=True)
     result: dict = {}
@@ -234,6 +247,7 @@ def test_soak_killing_workers_of_both_nodes_again_and_again_on_postgresql(env, u
     kills = 0
     try:
         for wid in ["n1/w0", "n2/w0", "n1/w1", "n2/w1"] * 4:
+
             def busy(wid: str = wid) -> bool:
                 sup = service.supervisors.get("fn_kills")
                 slot = sup.slots.get(wid) if sup else None
@@ -241,7 +255,9 @@ def test_soak_killing_workers_of_both_nodes_again_and_again_on_postgresql(env, u
 
             if not thread.is_alive():
                 break
-            wait_for(lambda wid=wid: busy(wid) or not thread.is_alive(), f"worker {wid} to be busy", timeout=120)
+            wait_for(
+                lambda wid=wid: busy(wid) or not thread.is_alive(), f"worker {wid} to be busy", timeout=120
+            )
             if thread.is_alive():
                 os.kill(service.supervisors["fn_kills"].slots[wid].pid, signal.SIGKILL)
                 kills += 1
@@ -255,14 +271,19 @@ def test_soak_killing_workers_of_both_nodes_again_and_again_on_postgresql(env, u
 def test_a_driver_killed_mid_run_on_postgresql_resumes_from_its_checkpoints(env, url, tmp_path):
     state = PostgresState(url)
     load_source(state, 300, 4000, seed=22)
-    deploy_function(state, ledger_definition("fn_driver", "src", "ledger", workers=2, sleep_ms=1, batch_size=50))
+    deploy_function(
+        state, ledger_definition("fn_driver", "src", "ledger", workers=2, sleep_ms=1, batch_size=50)
+    )
     pin(url, {"n1": env.head_id, "n2": env.n2.node_id})
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     cmd = Commands(cwd, {"EVENTING_STORE": url}, logs=str(tmp_path / "logs"))
     driver = cmd.start("run", "--until-caught-up", "--quiet", "--ray-address", env.ray.address, name="driver")
     try:
-        wait_for(lambda: sum(o[3] for o in owners(state, "fn_driver").values()) > 500, "the driver to make progress")
+        wait_for(
+            lambda: sum(o[3] for o in owners(state, "fn_driver").values()) > 500,
+            "the driver to make progress",
+        )
     finally:
         driver.kill()  # kill -9 mid-run
     before = {vb: o[3] for vb, o in owners(state, "fn_driver").items()}
@@ -281,25 +302,39 @@ def test_a_ray_node_killed_mid_run_on_postgresql_is_failed_over_and_nothing_is_l
     """Last of the module: the hidden node's raylet is killed (kill -9), and stays dead."""
     state = PostgresState(url)
     load_source(state, 300, 2000, seed=23)
-    deploy_function(state, ledger_definition("fn_node", "src", "ledger", workers=2, sleep_ms=1, batch_size=50))
+    deploy_function(
+        state, ledger_definition("fn_node", "src", "ledger", workers=2, sleep_ms=1, batch_size=50)
+    )
     pin(url, {"n1": env.head_id, "n2": env.n2.node_id})
     service = EventingService(url, RayExecutor(env.ray.address), failover_timeout_s=FAILOVER_TIMEOUT_S)
     thread = threading.Thread(target=service.run, daemon=True)
     thread.start()
     try:
-        def n2_leased() -> set[int]:
-            return {vb for vb, (o, _, leased, _) in owners(state, "fn_node").items()
-                    if o and o.startswith("n2/") and leased}
 
-        wait_for(lambda: len(n2_leased()) == NUM_VBUCKETS // 2, "n2's workers to claim their vBuckets", timeout=120)
+        def n2_leased() -> set[int]:
+            return {
+                vb
+                for vb, (o, _, leased, _) in owners(state, "fn_node").items()
+                if o and o.startswith("n2/") and leased
+            }
+
+        wait_for(
+            lambda: len(n2_leased()) == NUM_VBUCKETS // 2, "n2's workers to claim their vBuckets", timeout=120
+        )
         moved = n2_leased()
         epochs = {vb: o[1] for vb, o in owners(state, "fn_node").items()}
         with Stream(state) as stream:
             wait_for(lambda: stream.written > 200, "the stream to start")
             env.ray.kill_node(env.n2)
-            wait_for(lambda: all(str(o[0]).startswith("n1/") and o[2] and o[1] > epochs[vb]
-                                 for vb, o in owners(state, "fn_node").items() if vb in moved),
-                     "n2's vBuckets to be failed over to n1", timeout=FAILOVER_TIMEOUT_S + 60)
+            wait_for(
+                lambda: all(
+                    str(o[0]).startswith("n1/") and o[2] and o[1] > epochs[vb]
+                    for vb, o in owners(state, "fn_node").items()
+                    if vb in moved
+                ),
+                "n2's vBuckets to be failed over to n1",
+                timeout=FAILOVER_TIMEOUT_S + 60,
+            )
             mark = stream.written
             wait_for(lambda: stream.written > mark + 200, "more mutations after the failover")
         wait_for(lambda: caught_up(state, "fn_node"), "the function to catch up", timeout=120)

@@ -42,7 +42,9 @@ def test_commits_wait_through_server_restarts_and_none_is_lost_or_applied_twice(
             try:
                 for n in range(1, COMMITS + 1):
                     letter = DlqRow("fn", n % 256, n, f"k{n}", "error", "boom", "tb", 1, 1.0, 1.0, b"m")
-                    assert store.commit("fn", epochs, dict.fromkeys(VBS, n), [letter], {"success": 1}) == set()
+                    assert (
+                        store.commit("fn", epochs, dict.fromkeys(VBS, n), [letter], {"success": 1}) == set()
+                    )
                     returned.append(n)
             except BaseException as exc:  # noqa: BLE001 - reported below
                 failed.append(exc)
@@ -67,7 +69,9 @@ def test_commits_wait_through_server_restarts_and_none_is_lost_or_applied_twice(
         assert {cp.seqno for vb, cp in store.checkpoints("fn").items() if vb in VBS} == {COMMITS}
         assert store.counters("fn") == {"success": COMMITS}  # none lost, none applied twice
         letters = store.dlq_rows("fn")
-        assert sorted(r.seqno for r in letters) == list(range(1, COMMITS + 1)) and {r.attempts for r in letters} == {1}
+        assert sorted(r.seqno for r in letters) == list(range(1, COMMITS + 1)) and {
+            r.attempts for r in letters
+        } == {1}
         assert sum(store.db.retried.values()) >= 3
         store.db.close()
     finally:

@@ -22,12 +22,19 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def cli(data_dir: str, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled"}
-    return subprocess.run([sys.executable, "-m", "eventing", "--data-dir", data_dir, *args],
-                          capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "eventing", "--data-dir", data_dir, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
 
 
 def pooled_workers(instance) -> set[int]:
-    return {pid for pid in ray_instance._processes(instance) if "PooledWorkerHost" in ray_instance.cmdline(pid)}
+    return {
+        pid for pid in ray_instance._processes(instance) if "PooledWorkerHost" in ray_instance.cmdline(pid)
+    }
 
 
 def test_runs_join_the_kept_instance_and_stop_ends_only_its_processes(tmp_path):
@@ -57,7 +64,9 @@ def test_runs_join_the_kept_instance_and_stop_ends_only_its_processes(tmp_path):
         text = cli(data_dir, "run", "--until-caught-up").stdout
         assert "50 mutations handled" in text and "joined the `eventing ray start` instance" in text, text
         assert check_ledger(source, LocalBucket.open(data_dir, "ledger")).ok
-        assert pooled_workers(instance) == pooled  # both runs adopted the same worker processes and gave them back
+        assert (
+            pooled_workers(instance) == pooled
+        )  # both runs adopted the same worker processes and gave them back
         assert ray_instance._processes(instance), "the instance's processes are found by pid"
     finally:
         stopped = cli(data_dir, "ray", "stop", "--json")

@@ -65,12 +65,19 @@ class CheckpointWatcher(BackgroundLoop):
         self.store.close()
 
 
-def kill_workers_during_run(data_dir, tmp_path, executor, *, mutations: int, kills: int, ledger_partitions: int = 1) -> None:
+def kill_workers_during_run(
+    data_dir, tmp_path, executor, *, mutations: int, kills: int, ledger_partitions: int = 1
+) -> None:
     """Run a slow ledger function on 4 workers and kill -9 one worker process `kills` times, in turn."""
     source = load(data_dir, documents=400, mutations=mutations)
     create_bucket(data_dir, "ledger", partitions=ledger_partitions).close()
     calls = tmp_path / "calls.log"
-    deploy(data_dir, ledger_definition("fn_k", "src", "ledger", workers=4, call_log=str(calls), sleep_ms=3, batch_size=100))
+    deploy(
+        data_dir,
+        ledger_definition(
+            "fn_k", "src", "ledger", workers=4, call_log=str(calls), sleep_ms=3, batch_size=100
+        ),
+    )
     service = EventingService(data_dir, executor, until_caught_up=True)
     result = {}
     thread = threading.Thread(target=lambda: result.update(summary=service.run()))
@@ -97,11 +104,15 @@ def kill_workers_during_run(data_dir, tmp_path, executor, *, mutations: int, kil
     assert watcher.backwards == [] and watcher.samples > 5
     per_doc = read_call_log(calls)
     total_calls = sum(len(v) for v in per_doc.values())
-    assert total_calls >= mutations  # at least once; replays after a kill are allowed, duplicate effects are not
+    assert (
+        total_calls >= mutations
+    )  # at least once; replays after a kill are allowed, duplicate effects are not
     cps = open_store(data_dir).checkpoints("fn_k")
     assert [cps[vb].seqno for vb in range(NUM_VBUCKETS)] == source.high_seqnos()
-    print(f"kill -9 x{kills}: {mutations} mutations, {total_calls} handler calls "
-          f"({total_calls - mutations} repeated after kills), {service.summary.seconds:.1f}s")
+    print(
+        f"kill -9 x{kills}: {mutations} mutations, {total_calls} handler calls "
+        f"({total_calls - mutations} repeated after kills), {service.summary.seconds:.1f}s"
+    )
 
 
 def test_killing_worker_processes_mid_run_loses_nothing(data_dir, tmp_path, ray_executor):
@@ -124,9 +135,20 @@ def test_a_driver_killed_mid_run_resumes_from_its_checkpoints(data_dir, ray_sess
     deploy(data_dir, ledger_definition("fn_d", "src", "ledger", workers=2, sleep_ms=1, batch_size=50))
     address = ray_session.get_runtime_context().gcs_address
     driver = subprocess.Popen(
-        [sys.executable, "-m", "eventing", "--data-dir", data_dir, "run", "--until-caught-up", "--quiet",
-         "--ray-address", address],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        [
+            sys.executable,
+            "-m",
+            "eventing",
+            "--data-dir",
+            data_dir,
+            "run",
+            "--until-caught-up",
+            "--quiet",
+            "--ray-address",
+            address,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     store = open_store(data_dir)
     deadline = time.monotonic() + 90
@@ -188,8 +210,6 @@ def caught_up(data_dir: str, function: str, source: LocalBucket) -> bool:
     return bool(cps) and [cps[vb].seqno for vb in range(NUM_VBUCKETS)] == source.high_seqnos()
 
 
-
-
 def test_a_handler_that_cannot_be_interrupted_gets_its_worker_recycled(data_dir, ray_executor):
     from eventing.core.definition import FunctionDefinition
 
@@ -205,10 +225,15 @@ def test_a_handler_that_cannot_be_interrupted_gets_its_worker_recycled(data_dir,
         "        time.sleep(600)\n"
         "    out[meta.id] = doc\n"
     )
-    defn = FunctionDefinition.from_dict({
-        "name": "fn_stuck", "source_bucket": "src", "execution_timeout": "500ms", "checkpoint_interval": "100ms",
-        "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
-    })
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": "fn_stuck",
+            "source_bucket": "src",
+            "execution_timeout": "500ms",
+            "checkpoint_interval": "100ms",
+            "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
+        }
+    )
     lifecycle.save_function(data_dir, defn, handler)
     lifecycle.deploy(data_dir, "fn_stuck")
     started = time.monotonic()

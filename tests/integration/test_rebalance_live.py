@@ -42,14 +42,18 @@ def start(data_dir: str, executor, *functions: tuple[str, int], before_service=N
     source = LocalBucket.create(data_dir, "src", exist_ok=True)
     for name, workers in functions:
         LocalBucket.create(data_dir, f"ledger_{name}", exist_ok=True)
-        lifecycle.save_function(data_dir, ledger_definition(name, "src", f"ledger_{name}", workers=workers), LEDGER_HANDLER)
+        lifecycle.save_function(
+            data_dir, ledger_definition(name, "src", f"ledger_{name}", workers=workers), LEDGER_HANDLER
+        )
         lifecycle.deploy(data_dir, name)
     if before_service is not None:
         before_service()
     service = EventingService(data_dir, executor)
     thread = threading.Thread(target=service.run, daemon=True)
     thread.start()
-    wait_for(lambda: all(name in service.supervisors and service.supervisors[name].ready for name, _ in functions))
+    wait_for(
+        lambda: all(name in service.supervisors and service.supervisors[name].ready for name, _ in functions)
+    )
     return source, service, thread
 
 
@@ -66,8 +70,6 @@ def finish(data_dir: str, source: LocalBucket, service, thread, functions) -> No
 def caught_up(data_dir: str, name: str, source: LocalBucket) -> bool:
     cps = open_store(data_dir).checkpoints(name)
     return bool(cps) and [cps[vb].seqno for vb in range(NUM_VBUCKETS)] == source.high_seqnos()
-
-
 
 
 def rebalance(data_dir: str, *steps: list[str]) -> dict:
@@ -108,7 +110,9 @@ def test_nodes_join_and_leave_repeatedly_under_load(data_dir, ray_executor):
     results = []
     with Stream(source):
         results.append(rebalance(data_dir, ["node", "add", "n2"]))
-        counts = Counter(cp.owner.split("/")[0] for cp in open_store(data_dir).checkpoints("fn_four").values())
+        counts = Counter(
+            cp.owner.split("/")[0] for cp in open_store(data_dir).checkpoints("fn_four").values()
+        )
         assert counts == {"local": 512, "n2": 512}
         results.append(rebalance(data_dir, ["node", "add", "n3"]))
         results.append(rebalance(data_dir, ["node", "remove", "n2"]))
@@ -118,7 +122,10 @@ def test_nodes_join_and_leave_repeatedly_under_load(data_dir, ray_executor):
     for name, workers in functions:
         cps = store.checkpoints(name)
         per_worker = Counter(cp.owner for cp in cps.values())
-        assert {o.split("/")[0] for o in per_worker} == {"n3", "n4"}  # every vBucket owned once, by a current node
+        assert {o.split("/")[0] for o in per_worker} == {
+            "n3",
+            "n4",
+        }  # every vBucket owned once, by a current node
         assert max(per_worker.values()) - min(per_worker.values()) <= 1 and len(per_worker) == 2 * workers
     assert [n["name"] for n in store.nodes()] == ["n3", "n4"]
     assert not waited, f"released vBuckets whose claim waited for their new worker: {waited[:10]}"
@@ -127,7 +134,9 @@ def test_nodes_join_and_leave_repeatedly_under_load(data_dir, ray_executor):
     assert longest < bound, f"a vBucket had no owner for {longest:.0f} ms (bound {bound:.0f} ms at this load)"
 
 
-def test_crashes_of_the_old_owner_after_release_and_the_new_owner_before_its_checkpoint(data_dir, ray_executor):
+def test_crashes_of_the_old_owner_after_release_and_the_new_owner_before_its_checkpoint(
+    data_dir, ray_executor
+):
     functions = [("fn_crash", 2)]
     source, service, thread = start(data_dir, ray_executor, *functions)
     sup = service.supervisors["fn_crash"]
@@ -159,7 +168,9 @@ def test_a_zombie_old_owner_is_fenced_after_the_handoff(data_dir, ray_executor):
         # An old owner of every vBucket that never stopped: the service's workers claim after it, with
         # higher epochs, and the rebalance claims again; the zombie keeps stepping and committing.
         generation = open_store(data_dir).get_function("fn_zombie").generation
-        zombies.append(WorkerCore(WorkerSpec(data_dir, "fn_zombie", generation, "old/w0", tuple(range(NUM_VBUCKETS)))))
+        zombies.append(
+            WorkerCore(WorkerSpec(data_dir, "fn_zombie", generation, "old/w0", tuple(range(NUM_VBUCKETS))))
+        )
 
     source, service, thread = start(data_dir, ray_executor, *functions, before_service=make_zombie)
     zombie = zombies[0]
@@ -219,8 +230,19 @@ def test_a_rebalance_stopped_midway_is_carried_on_by_the_next_service(data_dir, 
     lifecycle.deploy(data_dir, "fn_rs")
     address = ray_session.get_runtime_context().gcs_address
     driver = subprocess.Popen(
-        [sys.executable, "-m", "eventing", "--data-dir", data_dir, "run", "--quiet", "--ray-address", address],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "eventing",
+            "--data-dir",
+            data_dir,
+            "run",
+            "--quiet",
+            "--ray-address",
+            address,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     store = open_store(data_dir)
     wait_for(lambda: sum(cp.seqno for cp in store.checkpoints("fn_rs").values()) > 200, timeout=90)

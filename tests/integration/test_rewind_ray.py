@@ -22,7 +22,9 @@ def cli_json(capsys, *argv: str):
     return code, json.loads(out) if out.strip() else err
 
 
-def test_a_rewind_on_ray_reruns_the_handlers_and_applies_no_effect_twice(data_dir, ray_executor, tmp_path, capsys):
+def test_a_rewind_on_ray_reruns_the_handlers_and_applies_no_effect_twice(
+    data_dir, ray_executor, tmp_path, capsys
+):
     calls = tmp_path / "calls.log"
     load_source(data_dir, 200, 2000, seed=5)
     deploy_function(data_dir, ledger_definition("fn_r", "src", "ledger", workers=2, call_log=str(calls)))
@@ -39,7 +41,9 @@ def test_a_rewind_on_ray_reruns_the_handlers_and_applies_no_effect_twice(data_di
     assert report["checkpoint_regressions"] == []
 
     lifecycle.pause(data_dir, "fn_r")
-    code, result = cli_json(capsys, "rewind", "fn_r", "--to-seqno", "0", "--reapply-effects", "--data-dir", data_dir)
+    code, result = cli_json(
+        capsys, "rewind", "fn_r", "--to-seqno", "0", "--reapply-effects", "--data-dir", data_dir
+    )
     assert code == 0 and result["effects"] == "reapplied"
     lifecycle.resume(data_dir, "fn_r")
     EventingService(data_dir, ray_executor, until_caught_up=True).run()

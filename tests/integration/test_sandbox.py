@@ -25,7 +25,7 @@ pytestmark = [
     pytest.mark.skipif(sandbox_unavailable() is not None, reason=str(sandbox_unavailable())),
 ]
 
-HOSTILE = '''
+HOSTILE = """
 import os, sqlite3, subprocess, tempfile
 
 
@@ -102,10 +102,17 @@ def on_update(doc, meta):
         "write_private": attempt("write_private", write_private),
         "seen": doc.get("v"),
     }
-'''
+"""
 
-ATTEMPTS = ("read_store", "other_source", "read_bucket", "write_bucket", "write_bucket_os", "write_outside",
-            "read_with_cat")
+ATTEMPTS = (
+    "read_store",
+    "other_source",
+    "read_bucket",
+    "write_bucket",
+    "write_bucket_os",
+    "write_outside",
+    "read_with_cat",
+)
 DOCUMENTS = 12
 
 
@@ -115,17 +122,32 @@ def _setup(data_dir: str, outside: str, isolation: str) -> None:
     other = load_source(data_dir, 5, 20, bucket="tenant_b")
     assert other.count() == 5
     # another tenant's function, whose handler source the hostile one tries to read
-    deploy_function(data_dir, FunctionDefinition.from_dict({
-        "name": "fn_other", "source_bucket": "tenant_b", "bindings": [],
-    }), "def on_update(doc, meta):\n    pass\n")
-    hostile = FunctionDefinition.from_dict({
-        "name": "fn_hostile", "source_bucket": "src", "isolation": isolation,
-        "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
-        "constants": {
-            "DATA_DIR": data_dir, "STORE": os.path.join(data_dir, SQLITE_FILE), "OTHER_FUNCTION": "fn_other",
-            "OTHER_BUCKET": str(bucket_path(data_dir, "tenant_b")), "OUTSIDE": outside,
-        },
-    })
+    deploy_function(
+        data_dir,
+        FunctionDefinition.from_dict(
+            {
+                "name": "fn_other",
+                "source_bucket": "tenant_b",
+                "bindings": [],
+            }
+        ),
+        "def on_update(doc, meta):\n    pass\n",
+    )
+    hostile = FunctionDefinition.from_dict(
+        {
+            "name": "fn_hostile",
+            "source_bucket": "src",
+            "isolation": isolation,
+            "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
+            "constants": {
+                "DATA_DIR": data_dir,
+                "STORE": os.path.join(data_dir, SQLITE_FILE),
+                "OTHER_FUNCTION": "fn_other",
+                "OTHER_BUCKET": str(bucket_path(data_dir, "tenant_b")),
+                "OUTSIDE": outside,
+            },
+        }
+    )
     deploy_function(data_dir, hostile, HOSTILE)
 
 
@@ -140,7 +162,9 @@ def _tables(path: str) -> list[str]:
 
 
 def _run(data_dir: str) -> dict:
-    summary = EventingService(data_dir, InProcessExecutor(), until_caught_up=True, functions=["fn_hostile"]).run()
+    summary = EventingService(
+        data_dir, InProcessExecutor(), until_caught_up=True, functions=["fn_hostile"]
+    ).run()
     assert summary.functions["fn_hostile"].handled == DOCUMENTS, summary
     out = open_bucket(data_dir, "out")
     return {key: doc for key, doc, _ in out.scan()}
@@ -197,7 +221,9 @@ def test_a_non_admin_deployment_runs_sandboxed_whatever_its_setting(data_dir, tm
 
 # -- the handler outside a worker: deploy-time import, on_deploy, dlq replay, the debugger ----------------
 
-OUTSIDE_THE_WORKER = HOSTILE + '''
+OUTSIDE_THE_WORKER = (
+    HOSTILE
+    + """
 
 def probes(where):
     return {
@@ -222,7 +248,8 @@ def on_update(doc, meta):
     if ctl.get("mode", {}).get("fail"):
         raise RuntimeError("failing on purpose")
     out[meta.id] = {"import": AT_IMPORT, "call": probes(meta.id), "seen": doc.get("v")}
-'''
+"""
+)
 
 PROBES = ("read_store", "other_source", "read_bucket", "write_bucket", "write_outside", "read_with_cat")
 
@@ -232,17 +259,35 @@ def _setup_outside(data_dir: str, outside: str, isolation: str) -> None:
     source.write([Write(f"k{i}", OP_UPDATE, encode_document({"v": i})) for i in range(DOCUMENTS)])
     create_bucket(data_dir, "ctl").upsert("mode", {"fail": True})
     load_source(data_dir, 5, 20, bucket="tenant_b")
-    deploy_function(data_dir, FunctionDefinition.from_dict({
-        "name": "fn_other", "source_bucket": "tenant_b", "bindings": [],
-    }), "def on_update(doc, meta):\n    pass\n")
-    hostile = FunctionDefinition.from_dict({
-        "name": "fn_hostile", "source_bucket": "src", "isolation": isolation,
-        "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}, {"alias": "ctl", "bucket": "ctl"}],
-        "constants": {
-            "DATA_DIR": data_dir, "STORE": os.path.join(data_dir, SQLITE_FILE), "OTHER_FUNCTION": "fn_other",
-            "OTHER_BUCKET": str(bucket_path(data_dir, "tenant_b")), "OUTSIDE": outside,
-        },
-    })
+    deploy_function(
+        data_dir,
+        FunctionDefinition.from_dict(
+            {
+                "name": "fn_other",
+                "source_bucket": "tenant_b",
+                "bindings": [],
+            }
+        ),
+        "def on_update(doc, meta):\n    pass\n",
+    )
+    hostile = FunctionDefinition.from_dict(
+        {
+            "name": "fn_hostile",
+            "source_bucket": "src",
+            "isolation": isolation,
+            "bindings": [
+                {"alias": "out", "bucket": "out", "access": "rw"},
+                {"alias": "ctl", "bucket": "ctl"},
+            ],
+            "constants": {
+                "DATA_DIR": data_dir,
+                "STORE": os.path.join(data_dir, SQLITE_FILE),
+                "OTHER_FUNCTION": "fn_other",
+                "OTHER_BUCKET": str(bucket_path(data_dir, "tenant_b")),
+                "OUTSIDE": outside,
+            },
+        }
+    )
     deploy_function(data_dir, hostile, OUTSIDE_THE_WORKER)  # validation at save and deploy, then on_deploy
 
 
@@ -263,12 +308,16 @@ def _outside_the_worker(data_dir: str, outside) -> dict:
     (held,) = [w for w in session.report()["writes"] if w["key"] == "k3"]
     assert out.get("k3") is None  # held, not applied
     open_bucket(data_dir, "ctl").upsert("mode", {"fail": True})
-    summary = EventingService(data_dir, InProcessExecutor(), until_caught_up=True, functions=["fn_hostile"]).run()
+    summary = EventingService(
+        data_dir, InProcessExecutor(), until_caught_up=True, functions=["fn_hostile"]
+    ).run()
     assert summary.functions["fn_hostile"].handled == DOCUMENTS
     assert out.count() == 1  # only on_deploy's document: every mutation failed
     open_bucket(data_dir, "ctl").upsert("mode", {"fail": False})
     report = replay(data_dir, "fn_hostile", DlqSelector(everything=True))
-    assert (report.selected, report.replayed, report.writes_applied) == (DOCUMENTS, DOCUMENTS, DOCUMENTS), report
+    assert (report.selected, report.replayed, report.writes_applied) == (DOCUMENTS, DOCUMENTS, DOCUMENTS), (
+        report
+    )
     again = replay(data_dir, "fn_hostile", DlqSelector(everything=True))
     assert (again.replayed, again.writes_applied) == (0, 0)
     replayed = {key: doc for key, doc, _ in out.scan() if key != "on_deploy"}
@@ -285,8 +334,13 @@ def test_deploy_time_code_on_deploy_replay_and_debugger_run_sandboxed(data_dir, 
     tables_before = _tables(str(bucket_path(data_dir, "tenant_b")))
     seen = _outside_the_worker(data_dir, outside)
     assert seen["on_deploy"]["action"] == "deploy"
-    results = [seen["on_deploy"]["import"], seen["on_deploy"]["call"], seen["debug"]["import"],
-               seen["debug"]["call"], *(d[part] for d in seen["replay"].values() for part in ("import", "call"))]
+    results = [
+        seen["on_deploy"]["import"],
+        seen["on_deploy"]["call"],
+        seen["debug"]["import"],
+        seen["debug"]["call"],
+        *(d[part] for d in seen["replay"].values() for part in ("import", "call")),
+    ]
     for probed in results:
         for what in PROBES:
             assert probed[what] != "ok", f"{what} succeeded in the sandbox: {probed}"
@@ -300,8 +354,13 @@ def test_deploy_time_code_on_deploy_replay_and_debugger_without_the_sandbox(data
     outside.mkdir()
     _setup_outside(data_dir, str(outside), "none")
     seen = _outside_the_worker(data_dir, outside)
-    results = [seen["on_deploy"]["import"], seen["on_deploy"]["call"], seen["debug"]["import"],
-               seen["debug"]["call"], *(d[part] for d in seen["replay"].values() for part in ("import", "call"))]
+    results = [
+        seen["on_deploy"]["import"],
+        seen["on_deploy"]["call"],
+        seen["debug"]["import"],
+        seen["debug"]["call"],
+        *(d[part] for d in seen["replay"].values() for part in ("import", "call")),
+    ]
     for probed in results:
         for what in PROBES:
             assert probed[what] == "ok", f"{what} failed without the sandbox: {probed}"
@@ -312,7 +371,7 @@ def test_deploy_time_code_on_deploy_replay_and_debugger_without_the_sandbox(data
 
 # -- on the Ray executor -----------------------------------------------------------------------------------
 
-RAY_PROBE = '''
+RAY_PROBE = """
 import os
 
 
@@ -332,7 +391,7 @@ def read_ray_logs():
 
 def on_update(doc, meta):
     out[meta.id] = {"ray_logs": attempt(read_ray_logs), "seen": doc.get("v")}
-'''
+"""
 
 
 def test_sandboxed_workers_on_ray_killed_with_kill_9_lose_nothing_and_cannot_read_rays_folders(
@@ -350,13 +409,27 @@ def test_sandboxed_workers_on_ray_killed_with_kill_9_lose_nothing_and_cannot_rea
     assert any(n.endswith((".out", ".err")) for n in os.listdir(logs))  # readable here, outside the sandbox
     source = load_source(data_dir, 300, 3000, seed=5)
     create_bucket(data_dir, "src_probe").write(
-        [Write(f"p{i}", OP_UPDATE, encode_document({"v": i})) for i in range(4)])
-    deploy_function(data_dir, ledger_definition("fn_k", "src", "ledger", workers=2, sleep_ms=2, batch_size=50,
-                                                 isolation="sandbox"), LEDGER_HANDLER)
-    deploy_function(data_dir, FunctionDefinition.from_dict({
-        "name": "fn_probe", "source_bucket": "src_probe", "isolation": "sandbox", "worker_count": 1,
-        "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}], "constants": {"RAY_LOGS": logs},
-    }), RAY_PROBE)
+        [Write(f"p{i}", OP_UPDATE, encode_document({"v": i})) for i in range(4)]
+    )
+    deploy_function(
+        data_dir,
+        ledger_definition("fn_k", "src", "ledger", workers=2, sleep_ms=2, batch_size=50, isolation="sandbox"),
+        LEDGER_HANDLER,
+    )
+    deploy_function(
+        data_dir,
+        FunctionDefinition.from_dict(
+            {
+                "name": "fn_probe",
+                "source_bucket": "src_probe",
+                "isolation": "sandbox",
+                "worker_count": 1,
+                "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
+                "constants": {"RAY_LOGS": logs},
+            }
+        ),
+        RAY_PROBE,
+    )
     service = EventingService(data_dir, ray_executor, until_caught_up=True)
     result: dict = {}
     thread = threading.Thread(target=lambda: result.update(summary=service.run()))
@@ -364,9 +437,15 @@ def test_sandboxed_workers_on_ray_killed_with_kill_9_lose_nothing_and_cannot_rea
     killed = 0
     try:
         while killed < 2 and thread.is_alive():
-            wait_for(lambda: (sup := service.supervisors.get("fn_k")) is not None
-                     and all(s.ready and s.pid for s in sup.slots.values()) or not thread.is_alive(),
-                     "fn_k's sandboxed workers are up", timeout=120)
+            wait_for(
+                lambda: (
+                    (sup := service.supervisors.get("fn_k")) is not None
+                    and all(s.ready and s.pid for s in sup.slots.values())
+                    or not thread.is_alive()
+                ),
+                "fn_k's sandboxed workers are up",
+                timeout=120,
+            )
             slot = service.supervisors["fn_k"].slots[f"local/w{killed}"] if thread.is_alive() else None
             if slot is None or slot.caught_up:
                 break

@@ -34,7 +34,7 @@ pytestmark = [
 
 CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-HOSTILE = '''
+HOSTILE = """
 import os, socket, ssl, subprocess, tempfile, time
 
 
@@ -211,11 +211,29 @@ def on_update(doc, meta):
     if SANDBOXED:
         probes.update(LIMITS)  # unsandboxed, 3 GB would be taken
     out[meta.id] = {name: attempt(fn) for name, fn in probes.items()}
-'''
+"""
 
-ESCAPES = ("other_processes", "host_cmdline", "host_environ", "shadow", "root_home", "other_data",
-           "checkout", "system_tmp", "spawn", "fork", "unix_stream", "unix_datagram", "signal_host", "other_port",
-           "renice_other", "pin_other", "limit_other", "sysv_queue", "capabilities")
+ESCAPES = (
+    "other_processes",
+    "host_cmdline",
+    "host_environ",
+    "shadow",
+    "root_home",
+    "other_data",
+    "checkout",
+    "system_tmp",
+    "spawn",
+    "fork",
+    "unix_stream",
+    "unix_datagram",
+    "signal_host",
+    "other_port",
+    "renice_other",
+    "pin_other",
+    "limit_other",
+    "sysv_queue",
+    "capabilities",
+)
 NEEDS = ("own_proc", "certificates", "resolve", "time_zone", "private_folder")
 DOCUMENTS = 3
 
@@ -237,8 +255,12 @@ def _targets(tmp_path) -> Iterator[dict]:
     tcp = socket.create_server(("127.0.0.1", 0), backlog=64)
     sleeper = subprocess.Popen(["sleep", "600"])
     try:
-        yield {"UNIX_STREAM": stream.getsockname(), "UNIX_DATAGRAM": datagram.getsockname(),
-               "OTHER_PORT": tcp.getsockname()[1], "SLEEPER": sleeper.pid}
+        yield {
+            "UNIX_STREAM": stream.getsockname(),
+            "UNIX_DATAGRAM": datagram.getsockname(),
+            "OTHER_PORT": tcp.getsockname()[1],
+            "SLEEPER": sleeper.pid,
+        }
     finally:
         sleeper.kill()
         sleeper.wait()
@@ -246,24 +268,41 @@ def _targets(tmp_path) -> Iterator[dict]:
             s.close()
 
 
-def _deploy(data_dir: str, tmp_path, isolation: str, targets: dict, source: str = HOSTILE, **constants) -> None:
+def _deploy(
+    data_dir: str, tmp_path, isolation: str, targets: dict, source: str = HOSTILE, **constants
+) -> None:
     other = tmp_path / "other-data"
     create_bucket(str(other), "secrets").upsert("pw", {"pw": "hunter2"})
     create_bucket(data_dir, "src").write(
-        [Write(f"k{i}", OP_UPDATE, encode_document({"v": i})) for i in range(DOCUMENTS)])
-    deploy_function(data_dir, FunctionDefinition.from_dict({
-        "name": "fn_hostile", "source_bucket": "src", "isolation": isolation,
-        "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
-        "constants": {"SANDBOXED": isolation == "sandbox", "OTHER_BUCKET": str(bucket_path(str(other), "secrets")),
-                      "CHECKOUT": CHECKOUT, **targets, **constants},
-    }), source)
+        [Write(f"k{i}", OP_UPDATE, encode_document({"v": i})) for i in range(DOCUMENTS)]
+    )
+    deploy_function(
+        data_dir,
+        FunctionDefinition.from_dict(
+            {
+                "name": "fn_hostile",
+                "source_bucket": "src",
+                "isolation": isolation,
+                "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
+                "constants": {
+                    "SANDBOXED": isolation == "sandbox",
+                    "OTHER_BUCKET": str(bucket_path(str(other), "secrets")),
+                    "CHECKOUT": CHECKOUT,
+                    **targets,
+                    **constants,
+                },
+            }
+        ),
+        source,
+    )
 
 
 def _probe(data_dir: str, tmp_path, isolation: str) -> dict:
     with _targets(tmp_path) as targets:
         _deploy(data_dir, tmp_path, isolation, targets)
-        summary = EventingService(data_dir, InProcessExecutor(), until_caught_up=True,
-                                  functions=["fn_hostile"]).run()
+        summary = EventingService(
+            data_dir, InProcessExecutor(), until_caught_up=True, functions=["fn_hostile"]
+        ).run()
     assert summary.functions["fn_hostile"].handled == DOCUMENTS, summary
     docs = {key: doc for key, doc, _ in open_bucket(data_dir, "out").scan()}
     assert len(docs) == DOCUMENTS
@@ -285,12 +324,16 @@ def test_the_same_handler_unsandboxed_gets_out(data_dir, tmp_path):
         pytest.skip("the unsandboxed side reads /etc/shadow and /root and holds capabilities only as root")
     for key, doc in _probe(data_dir, tmp_path, "none").items():
         refused = {what: doc[what] for what in (*ESCAPES, *NEEDS) if doc[what] != "ok"}
-        assert not refused, f"{key}: these failed without the sandbox, so the sandbox test proves nothing: {refused}"
+        assert not refused, (
+            f"{key}: these failed without the sandbox, so the sandbox test proves nothing: {refused}"
+        )
 
 
 # -- on Ray: a Ray worker hosts the sandbox ------------------------------------------------------------------
 
-RAY_HOSTILE = HOSTILE + '''
+RAY_HOSTILE = (
+    HOSTILE
+    + """
 
 def ray_folder():
     os.listdir(RAY_TEMP)
@@ -308,7 +351,8 @@ def raylet():
 
 
 ESCAPES.update(ray_folder=ray_folder, ray_log=ray_log, raylet=raylet)
-'''
+"""
+)
 
 
 def test_a_sandboxed_handler_on_a_ray_worker_is_refused_every_way_out(data_dir, tmp_path, ray_executor):
@@ -316,16 +360,30 @@ def test_a_sandboxed_handler_on_a_ray_worker_is_refused_every_way_out(data_dir, 
 
     node = ray._private.worker.global_worker.node
     logs = os.path.join(node.get_session_dir_path(), "logs")
-    log = next(os.path.join(logs, n) for n in sorted(os.listdir(logs)) if n.endswith((".out", ".err", ".log")))
+    log = next(
+        os.path.join(logs, n) for n in sorted(os.listdir(logs)) if n.endswith((".out", ".err", ".log"))
+    )
     with _targets(tmp_path) as targets:
-        _deploy(data_dir, tmp_path, "sandbox", targets, RAY_HOSTILE, RAY_TEMP=node.get_temp_dir_path(), RAY_LOG=log,
-                RAYLET=node.raylet_socket_name)
-        summary = EventingService(data_dir, ray_executor, until_caught_up=True, functions=["fn_hostile"]).run()
+        _deploy(
+            data_dir,
+            tmp_path,
+            "sandbox",
+            targets,
+            RAY_HOSTILE,
+            RAY_TEMP=node.get_temp_dir_path(),
+            RAY_LOG=log,
+            RAYLET=node.raylet_socket_name,
+        )
+        summary = EventingService(
+            data_dir, ray_executor, until_caught_up=True, functions=["fn_hostile"]
+        ).run()
     assert summary.functions["fn_hostile"].handled == DOCUMENTS, summary
     docs = {key: doc for key, doc, _ in open_bucket(data_dir, "out").scan()}
     assert len(docs) == DOCUMENTS
     for key, doc in docs.items():
-        escaped = {what: doc[what] for what in (*ESCAPES, "ray_folder", "ray_log", "raylet") if doc[what] == "ok"}
+        escaped = {
+            what: doc[what] for what in (*ESCAPES, "ray_folder", "ray_log", "raylet") if doc[what] == "ok"
+        }
         assert not escaped, f"{key}: these escapes worked inside the sandbox on Ray: {escaped}"
         assert doc["memory"] == "MemoryError" and doc["open_files"] == "OSError", doc
         broken = {what: doc[what] for what in NEEDS if doc[what] != "ok"}
@@ -345,14 +403,31 @@ def test_eventing_run_on_ray_leaves_no_sandbox_folder(data_dir, tmp_path):
     from eventing.testing import LEDGER_HANDLER, check_ledger, ledger_definition, load_source
 
     source = load_source(data_dir, 50, 400, seed=3)
-    deploy_function(data_dir, ledger_definition("fn_ledger", "src", "ledger", workers=2, batch_size=50,
-                                                 isolation="sandbox"), LEDGER_HANDLER)
+    deploy_function(
+        data_dir,
+        ledger_definition("fn_ledger", "src", "ledger", workers=2, batch_size=50, isolation="sandbox"),
+        LEDGER_HANDLER,
+    )
     workers_tmp = tempfile.mkdtemp(prefix="ev", dir="/tmp")  # short: Ray's socket paths live beneath TMPDIR
     env = {**os.environ, "TMPDIR": workers_tmp, "RAY_TMPDIR": tempfile.gettempdir()}
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "eventing", "--data-dir", data_dir, "run", "--until-caught-up", "--quiet",
-             "--executor", "ray"], env=env, capture_output=True, text=True, timeout=300,
+            [
+                sys.executable,
+                "-m",
+                "eventing",
+                "--data-dir",
+                data_dir,
+                "run",
+                "--until-caught-up",
+                "--quiet",
+                "--executor",
+                "ray",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
         assert done.returncode == 0, done.stderr
         report = check_ledger(source, open_bucket(data_dir, "ledger"))
@@ -380,7 +455,9 @@ time.sleep(120)
 """
 
 
-def test_the_folder_of_a_sandbox_whose_host_was_killed_goes_with_the_next_sandbox(data_dir, tmp_path, monkeypatch):
+def test_the_folder_of_a_sandbox_whose_host_was_killed_goes_with_the_next_sandbox(
+    data_dir, tmp_path, monkeypatch
+):
     """A host killed with kill -9 leaves its sandbox's folder (its child ends with it); the next sandbox
     started on the machine removes it."""
     import signal
@@ -391,8 +468,12 @@ def test_the_folder_of_a_sandbox_whose_host_was_killed_goes_with_the_next_sandbo
     from eventing.testing import wait_for
     from eventing.workers.sandbox import validate_sandboxed
 
-    host = subprocess.Popen([sys.executable, "-c", HOST, data_dir], stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "TMPDIR": str(tmp_path)})
+    host = subprocess.Popen(
+        [sys.executable, "-c", HOST, data_dir],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )
     try:
         folder, child = host.stdout.readline().split()
         assert os.path.isdir(folder)
@@ -402,7 +483,9 @@ def test_the_folder_of_a_sandbox_whose_host_was_killed_goes_with_the_next_sandbo
         if host.poll() is None:
             host.kill()
             host.wait()
-    wait_for(lambda: not os.path.exists(f"/proc/{child}"), "the sandboxed child ends with its host", timeout=10)
+    wait_for(
+        lambda: not os.path.exists(f"/proc/{child}"), "the sandboxed child ends with its host", timeout=10
+    )
     assert os.path.isdir(folder)  # nothing ran to remove it
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     defn = FunctionDefinition.from_dict({"name": "fn_next", "source_bucket": "src", "isolation": "sandbox"})

@@ -44,12 +44,23 @@ def _function(data_dir: str, source: str, docs: int, **settings) -> Eventing:
     app.create_bucket("dst")
     for i in range(docs):
         app.upsert("src", f"k{i}", {"v": i})
-    app.deploy({"name": "fn_js", "source_bucket": "src", "language": "javascript", "isolation": "sandbox",
-                "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}], **settings}, source)
+    app.deploy(
+        {
+            "name": "fn_js",
+            "source_bucket": "src",
+            "language": "javascript",
+            "isolation": "sandbox",
+            "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}],
+            **settings,
+        },
+        source,
+    )
     return app
 
 
-@pytest.mark.timeout(120)  # a process that dies at start (V8 past the memory limit) would be restarted forever
+@pytest.mark.timeout(
+    120
+)  # a process that dies at start (V8 past the memory limit) would be restarted forever
 def test_a_sandboxed_javascript_pool_curls_its_url_binding(data_dir):
     source = """
 function OnUpdate(doc, meta) {

@@ -25,9 +25,18 @@ S = 1000
 T0 = 1_767_225_600_000
 FN = "fn_sessions"
 WINDOW: dict[str, Any] = {
-    "kind": "session", "gap": "10s", "max_duration": "2m", "time_field": "ts", "group_by": ["user"],
-    "aggregates": ["count", {"op": "sum", "field": "amount"}, {"op": "avg", "field": "amount"},
-                   {"op": "min", "field": "amount"}, {"op": "count", "field": "amount", "name": "n_amount"}],
+    "kind": "session",
+    "gap": "10s",
+    "max_duration": "2m",
+    "time_field": "ts",
+    "group_by": ["user"],
+    "aggregates": [
+        "count",
+        {"op": "sum", "field": "amount"},
+        {"op": "avg", "field": "amount"},
+        {"op": "min", "field": "amount"},
+        {"op": "count", "field": "amount", "name": "n_amount"},
+    ],
     "out_of_order_tolerance": "8s",
 }
 
@@ -40,8 +49,9 @@ def test_spark_merges_sessions_exactly_as_the_plain_computation(spark, data_dir)
     aggregator = SparkAggregator("local[2]")
 
     def coordinator() -> WindowCoordinator:
-        return WindowCoordinator(data_dir, FN, 1, WINDOW, store, aggregator=aggregator, clock=clock,
-                                 close_windows=True)
+        return WindowCoordinator(
+            data_dir, FN, 1, WINDOW, store, aggregator=aggregator, clock=clock, close_windows=True
+        )
 
     coord = coordinator()
     docs: list[tuple[int, int, dict]] = []
@@ -59,7 +69,9 @@ def test_spark_merges_sessions_exactly_as_the_plain_computation(spark, data_dir)
                     doc["user"] = rnd.choice(["ann", "bob", "cy", "dee"])  # a few rows without a user
                 if rnd.random() > 0.1:
                     doc["amount"] = float(rnd.randint(1, 40)) / 4
-                assert writer.add(Mutation(vb, seqnos[vb], f"k{vb}-{seqnos[vb]}", OP_UPDATE, 0, b"", None, 0, 0), doc)
+                assert writer.add(
+                    Mutation(vb, seqnos[vb], f"k{vb}-{seqnos[vb]}", OP_UPDATE, 0, b"", None, 0, 0), doc
+                )
                 docs.append((vb, seqnos[vb], doc))
             writer.flush()
         coord.poll()
@@ -81,7 +93,9 @@ def test_spark_merges_sessions_exactly_as_the_plain_computation(spark, data_dir)
     want = reference_sessions(docs, WindowSpec.from_dict(WINDOW), exclude=late)
     assert got.num_rows > 50
     assert_same_results(got, want)
-    assert sum(r["count"] for r in got.to_pylist()) + len(late) == len(docs), "every row once: a session or the DLQ"
+    assert sum(r["count"] for r in got.to_pylist()) + len(late) == len(docs), (
+        "every row once: a session or the DLQ"
+    )
     assert any(r["user"] is None for r in got.to_pylist())
     counters = store.counters(FN)
     assert counters["windows_emitted"] == counters["windows_closed"] == got.num_rows

@@ -25,13 +25,13 @@ from sharding import NUM_VBUCKETS
 
 pytestmark = pytest.mark.integration
 
-SPIN = '''
+SPIN = """
 def on_update(doc, meta):
     while True:  # a hang SIGALRM interrupts: the worker's watchdog ends the call at execution_timeout
         pass
-'''
+"""
 
-BLOCKED = '''
+BLOCKED = """
 import signal
 import time
 
@@ -39,7 +39,7 @@ import time
 def on_update(doc, meta):
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})  # SIGALRM cannot interrupt this call
     time.sleep(120)
-'''
+"""
 
 
 class PidWatch:
@@ -84,8 +84,12 @@ def test_several_functions_in_two_processes_each_ledger_exact(data_dir, ray_sess
         deploy_function(data_dir, ledger_definition(name, "src", f"ledger_{name}", workers=2, batch_size=200))
     if sandbox_unavailable() is None:  # a sandboxed function keeps its child process inside a shared host
         names.append("fn_sandboxed")
-        deploy_function(data_dir, ledger_definition(
-            "fn_sandboxed", "src", "ledger_fn_sandboxed", workers=2, batch_size=200, isolation="sandbox"))
+        deploy_function(
+            data_dir,
+            ledger_definition(
+                "fn_sandboxed", "src", "ledger_fn_sandboxed", workers=2, batch_size=200, isolation="sandbox"
+            ),
+        )
     executor = RayExecutor(worker_processes=2)
     watch = PidWatch()
     summary = run(data_dir, executor, watch).run()
@@ -102,7 +106,9 @@ def test_kill_9_of_a_shared_process_mid_run_restarts_its_workers_and_loses_nothi
     source = load_source(data_dir, 400, mutations, seed=12)
     names = ["fn_a", "fn_b", "fn_c"]
     for name in names:
-        deploy_function(data_dir, ledger_definition(name, "src", f"ledger_{name}", workers=2, batch_size=50, sleep_ms=1))
+        deploy_function(
+            data_dir, ledger_definition(name, "src", f"ledger_{name}", workers=2, batch_size=50, sleep_ms=1)
+        )
     executor = RayExecutor(worker_processes=2)
     watch = PidWatch()
     service = run(data_dir, executor, watch)
@@ -111,7 +117,9 @@ def test_kill_9_of_a_shared_process_mid_run_restarts_its_workers_and_loses_nothi
     thread.start()
     store = open_store(data_dir)
     try:
-        wait_for(lambda: sum(cp.seqno for cp in store.checkpoints("fn_a").values()) > 300, "fn_a checkpointed some")
+        wait_for(
+            lambda: sum(cp.seqno for cp in store.checkpoints("fn_a").values()) > 300, "fn_a checkpointed some"
+        )
         victim = next(s.pid for s in service.supervisors["fn_a"].slots.values() if s.pid)
         sharing = [n for n in names if victim in watch.pids.get(n, set())]
         os.kill(victim, signal.SIGKILL)  # kill -9 of a shared worker process, mid-run
@@ -148,12 +156,16 @@ def test_an_interruptible_hang_does_not_stop_a_function_sharing_its_process(data
     assert watch.finished_at["fn_ok"] - began < 120
 
 
-def test_an_uninterruptible_hang_ends_the_shared_process_and_its_neighbours_resume_exactly(data_dir, ray_session):
+def test_an_uninterruptible_hang_ends_the_shared_process_and_its_neighbours_resume_exactly(
+    data_dir, ray_session
+):
     """What sharing costs: the hang guard ends the whole process, so the healthy function's workers there
     restart from their checkpoints too. Nothing is lost or applied twice; the stuck call is dead-lettered."""
     mutations = 3000
     source = load_source(data_dir, 300, mutations, seed=15)
-    deploy_function(data_dir, ledger_definition("fn_ok", "src", "ledger_fn_ok", workers=2, batch_size=100, sleep_ms=2))
+    deploy_function(
+        data_dir, ledger_definition("fn_ok", "src", "ledger_fn_ok", workers=2, batch_size=100, sleep_ms=2)
+    )
     load_source(data_dir, 1, 1, bucket="stuck_src", seed=16)
     stuck = ledger_definition("fn_stuck", "stuck_src", "ledger_fn_stuck", workers=1, execution_timeout="1s")
     deploy_function(data_dir, stuck, BLOCKED)
@@ -175,7 +187,9 @@ def test_killing_or_releasing_one_worker_leaves_the_others_of_its_process_runnin
     handles = {}
     for name in names:
         deploy_function(data_dir, ledger_definition(name, "src", f"ledger_{name}", workers=1))
-        spec = WorkerSpec(data_dir, name, store.get_function(name).generation, "local/w0", tuple(range(NUM_VBUCKETS)))
+        spec = WorkerSpec(
+            data_dir, name, store.get_function(name).generation, "local/w0", tuple(range(NUM_VBUCKETS))
+        )
         handles[name] = executor.start_worker(spec)
     pids = {executor.result(h.call("start")) for h in handles.values()}
     assert len(pids) == 1  # one process holds the three

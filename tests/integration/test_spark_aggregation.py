@@ -417,7 +417,9 @@ def write_partials(directory: Path, rows: list[Row], *, size_ms: int, slide_ms: 
     directory.mkdir(parents=True, exist_ok=True)
     for i in range(0, len(rows), BATCH_ROWS):
         chunk = rows[i : i + BATCH_ROWS]
-        partials = combine_rows(row_batch(chunk), size_ms=size_ms, slide_ms=slide_ms, group_by=GROUP_BY, aggregates=AGGREGATES)
+        partials = combine_rows(
+            row_batch(chunk), size_ms=size_ms, slide_ms=slide_ms, group_by=GROUP_BY, aggregates=AGGREGATES
+        )
         assert partials.num_rows < len(chunk), "partials are fewer than the rows they stand for"
         atomic_write_parquet(partials, directory / f"partials-{i // BATCH_ROWS:03d}.parquet", overwrite=True)
 
@@ -430,29 +432,61 @@ def test_spark_merges_partials_into_the_results_of_the_rows(
     if through == "parquet":  # as for a large partial set: Spark reads the files itself
         monkeypatch.setattr(spark_job, "DRIVER_PARTIAL_ROWS", 0)
     write_partials(tmp_path / "partials", rows, size_ms=size_ms, slide_ms=slide_ms)
-    windows = hopping_windows(size_ms, slide_ms, BASE_MS - size_ms + slide_ms, BASE_MS + SPAN_MS - 2 * size_ms)
+    windows = hopping_windows(
+        size_ms, slide_ms, BASE_MS - size_ms + slide_ms, BASE_MS + SPAN_MS - 2 * size_ms
+    )
     windows.append((BASE_MS + 10 * SPAN_MS, BASE_MS + 10 * SPAN_MS + size_ms))  # no rows: no result row
     merged = merge_partials(
-        spark, tmp_path / "partials", size_ms=size_ms, slide_ms=slide_ms, group_by=GROUP_BY,
-        aggregates=AGGREGATES, windows=windows,
+        spark,
+        tmp_path / "partials",
+        size_ms=size_ms,
+        slide_ms=slide_ms,
+        group_by=GROUP_BY,
+        aggregates=AGGREGATES,
+        windows=windows,
     )
     assert_matches_reference(merged, reference(rows, windows))
     assert merged.equals(sort_results(merged))
     assert merged.schema == result_schema(GROUP_BY, AGGREGATES)
 
 
-def test_a_window_whose_values_are_all_null_merges_to_null_sums_and_zero_counts(spark, tmp_path: Path) -> None:
+def test_a_window_whose_values_are_all_null_merges_to_null_sums_and_zero_counts(
+    spark, tmp_path: Path
+) -> None:
     rows = [
-        {"vb": 1, "seqno": s, "key": f"k{s}", "event_time_ms": BASE_MS + s, "region": "eu", "tier": "gold",
-         "amount": None, "latency": None}
+        {
+            "vb": 1,
+            "seqno": s,
+            "key": f"k{s}",
+            "event_time_ms": BASE_MS + s,
+            "region": "eu",
+            "tier": "gold",
+            "amount": None,
+            "latency": None,
+        }
         for s in range(1, 4)
     ]
     write_partials(tmp_path / "partials", rows, size_ms=10_000, slide_ms=10_000)
     merged = merge_partials(
-        spark, tmp_path / "partials", size_ms=10_000, slide_ms=10_000, group_by=GROUP_BY,
-        aggregates=AGGREGATES, windows=[(BASE_MS, BASE_MS + 10_000)],
+        spark,
+        tmp_path / "partials",
+        size_ms=10_000,
+        slide_ms=10_000,
+        group_by=GROUP_BY,
+        aggregates=AGGREGATES,
+        windows=[(BASE_MS, BASE_MS + 10_000)],
     )
-    assert merged.to_pylist() == [{
-        WINDOW_START: BASE_MS, WINDOW_END: BASE_MS + 10_000, "region": "eu", "tier": "gold", "n": 3,
-        "n_amount": 0, "total": None, "mean": None, "fastest": None, "slowest": None,
-    }]
+    assert merged.to_pylist() == [
+        {
+            WINDOW_START: BASE_MS,
+            WINDOW_END: BASE_MS + 10_000,
+            "region": "eu",
+            "tier": "gold",
+            "n": 3,
+            "n_amount": 0,
+            "total": None,
+            "mean": None,
+            "fastest": None,
+            "slowest": None,
+        }
+    ]

@@ -39,10 +39,14 @@ CLOSE_WINDOWS = WindowOptions(close_windows=True)
 DAY = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 MIN = 60_000
 BASE = {
-    "kind": "tumbling", "size": "5m", "time_field": "ts", "group_by": ["device"],
+    "kind": "tumbling",
+    "size": "5m",
+    "time_field": "ts",
+    "group_by": ["device"],
     "aggregates": ["count", {"op": "sum", "field": "temp"}],
     # The seed's tolerances: out of order 2 minutes, late arrival 5 minutes (early arrival is fixed at 5).
-    "out_of_order_tolerance": "2m", "late_arrival_tolerance": "5m",
+    "out_of_order_tolerance": "2m",
+    "late_arrival_tolerance": "5m",
     # Windows close at the end of the input: what a window holds depends on the policies alone.
     "allowed_lateness": "1h",
 }
@@ -50,11 +54,16 @@ BASE = {
 FUNCTIONS = {
     "fn_fig1": ("one_vb", {"early_arrival_policy": "drop"}, {"early_arrival": "drop"}),
     "fn_fig2": ("one_vb", {"out_of_order_policy": "adjust"}, {"early_arrival": None}),
-    "fn_drops": ("one_vb", {"early_arrival_policy": "adjust", "out_of_order_policy": "drop",
-                            "late_arrival_policy": "drop"},
-                 {"early_arrival": "adjust", "out_of_order": "drop", "late_arrival": "drop"}),
-    "fn_devices": ("spread", {"early_arrival_policy": "drop", "substream_key": "device"},
-                   {"early_arrival": "drop", "substreams": True}),
+    "fn_drops": (
+        "one_vb",
+        {"early_arrival_policy": "adjust", "out_of_order_policy": "drop", "late_arrival_policy": "drop"},
+        {"early_arrival": "adjust", "out_of_order": "drop", "late_arrival": "drop"},
+    ),
+    "fn_devices": (
+        "spread",
+        {"early_arrival_policy": "drop", "substream_key": "device"},
+        {"early_arrival": "drop", "substreams": True},
+    ),
 }
 NO_DEVICE = ("12:28", "12:28", None)  # a reading without its device: no substream
 
@@ -87,10 +96,15 @@ def load(data_dir: str, bucket: str, rows: range) -> None:
 def deploy(data_dir: str, names: list[str]) -> None:
     for name in names:
         bucket, settings, _ = FUNCTIONS[name]
-        defn = FunctionDefinition.from_dict({
-            "name": name, "source_bucket": bucket, "worker_count": 2, "checkpoint_interval": "50ms",
-            "window": dict(BASE, **settings),
-        })
+        defn = FunctionDefinition.from_dict(
+            {
+                "name": name,
+                "source_bucket": bucket,
+                "worker_count": 2,
+                "checkpoint_interval": "50ms",
+                "window": dict(BASE, **settings),
+            }
+        )
         lifecycle.save_function(data_dir, defn, '"""Window-only: the window does the work."""\n')
         lifecycle.deploy(data_dir, name)
 
@@ -106,12 +120,17 @@ def expected_fates(name: str) -> dict[str, tuple[int | None, str | None]]:
     bucket, _, settings = FUNCTIONS[name]
     keys = KEYS[bucket]
     rows = sorted(  # arrival order: arrival time, then vBucket
-        ((clock_ms(DAY, a), vbucket_of(k), clock_ms(DAY, e), d, k) for (e, a, d), k in zip(ROWS, keys, strict=True)),
+        (
+            (clock_ms(DAY, a), vbucket_of(k), clock_ms(DAY, e), d, k)
+            for (e, a, d), k in zip(ROWS, keys, strict=True)
+        ),
         key=lambda r: r[:2],
     )
     fates = reference_arrival_fates(
-        [(vb, e, a, d) for a, vb, e, d, _ in rows], out_of_order_tolerance_ms=2 * MIN,
-        late_arrival_tolerance_ms=5 * MIN, **settings,
+        [(vb, e, a, d) for a, vb, e, d, _ in rows],
+        out_of_order_tolerance_ms=2 * MIN,
+        late_arrival_tolerance_ms=5 * MIN,
+        **settings,
     )
     return {r[4]: f for r, f in zip(rows, fates, strict=True)}
 
@@ -145,16 +164,28 @@ def reference_results(name: str) -> list[dict]:
         t, _ = fates[key]
         if t is not None:
             rows.append({"event_time_ms": t, "device": device, "temp": 20.0 + i})
-    windows = {(r["event_time_ms"] // (5 * MIN) * 5 * MIN, r["event_time_ms"] // (5 * MIN) * 5 * MIN + 5 * MIN)
-               for r in rows}
-    return python_aggregate(rows, size_ms=5 * MIN, slide_ms=5 * MIN, group_by=["device"],
-                            aggregates=[("count", None, "count"), ("sum", "temp", "sum_temp")],
-                            windows=windows).to_pylist()
+    windows = {
+        (r["event_time_ms"] // (5 * MIN) * 5 * MIN, r["event_time_ms"] // (5 * MIN) * 5 * MIN + 5 * MIN)
+        for r in rows
+    }
+    return python_aggregate(
+        rows,
+        size_ms=5 * MIN,
+        slide_ms=5 * MIN,
+        group_by=["device"],
+        aggregates=[("count", None, "count"), ("sum", "temp", "sum_temp")],
+        windows=windows,
+    ).to_pylist()
 
 
 def stats_json(data_dir: str, name: str) -> dict:
-    out = subprocess.run([sys.executable, "-m", "eventing", "--data-dir", data_dir, "stats", name, "--json"],
-                         capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "eventing", "--data-dir", data_dir, "stats", name, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     return json.loads(out.stdout)
 
 
@@ -175,8 +206,13 @@ def one_shot(tmp_path_factory, ray_session, spark):
 SEED_STATES = {
     "fn_fig1": {3: (None, "early"), 6: ("12:17", None), 12: ("12:22", None)},
     "fn_fig2": {3: ("12:17", None), 4: ("12:15", None), 6: ("12:17", None), 12: ("12:22", None)},
-    "fn_devices": {3: (None, "early"), 6: ("12:12", None), 9: ("12:16", None), 12: ("12:22", None),
-                   13: (None, "no_substream_key")},
+    "fn_devices": {
+        3: (None, "early"),
+        6: ("12:12", None),
+        9: ("12:16", None),
+        12: ("12:22", None),
+        13: (None, "no_substream_key"),
+    },
 }
 
 
@@ -207,7 +243,9 @@ def test_drop_policies_dead_letter_with_the_reason_and_the_setting_that_decided(
         assert setting in r.error
     # Early rows are adjusted here (to arrival + 5 minutes) and never moved the watermark.
     early = [r for r in adjusted_rows(one_shot, "fn_drops") if r["rules"] == "early"]
-    assert [(r["event_time_ms"], r["windowed_ms"]) for r in early] == [(clock_ms(DAY, "12:17"), clock_ms(DAY, "12:16"))]
+    assert [(r["event_time_ms"], r["windowed_ms"]) for r in early] == [
+        (clock_ms(DAY, "12:17"), clock_ms(DAY, "12:16"))
+    ]
 
 
 def test_azures_metrics_in_stats_json_and_in_metrics(one_shot):
@@ -225,18 +263,26 @@ def test_azures_metrics_in_stats_json_and_in_metrics(one_shot):
         p = stats["arrival_policies"]
         assert (p["early_input_events"], p["late_input_events"], p["out_of_order_events"]) == events, name
         assert p["rows_adjusted"] == adjusted and p["rows_held"] == 0
-        assert {k[len("dropped_"):]: v for k, v in p.items() if k.startswith("dropped_") and v} == dropped
+        assert {k[len("dropped_") :]: v for k, v in p.items() if k.startswith("dropped_") and v} == dropped
         assert p["watermark_delay_ms"] > 0
         assert stats["window"]["rows_accepted"] == len(ROWS) - sum(dropped.values())
-    config = ServerConfig(one_shot, port=_free_port(), admin_token="admin-token-0123456789", read_token="read-token-0123456789")
+    config = ServerConfig(
+        one_shot, port=_free_port(), admin_token="admin-token-0123456789", read_token="read-token-0123456789"
+    )
     server = start_in_thread(config)
     try:
-        text = httpx.get(f"http://127.0.0.1:{config.port}/metrics",
-                         headers={"Authorization": "Bearer read-token-0123456789"}, timeout=60).text
+        text = httpx.get(
+            f"http://127.0.0.1:{config.port}/metrics",
+            headers={"Authorization": "Bearer read-token-0123456789"},
+            timeout=60,
+        ).text
     finally:
         server.should_exit = True
-    samples = {(s.name, tuple(s.labels.values())): s.value
-               for f in text_string_to_metric_families(text) for s in f.samples}
+    samples = {
+        (s.name, tuple(s.labels.values())): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
     for name, ((early, late, ooo), adjusted, dropped) in want.items():
         assert samples[("eventing_window_early_input_events_total", (name,))] == early
         assert samples[("eventing_window_late_input_events_total", (name,))] == late
@@ -271,20 +317,39 @@ def test_a_stop_and_start_in_the_middle_gives_identical_results(one_shot, data_d
     for name in names:
         assert runtime_fates(data_dir, name) == runtime_fates(one_shot, name)
         assert results(data_dir, name) == results(one_shot, name)
-        assert stats_json(data_dir, name)["arrival_policies"] | {"watermark_delay_ms": 0} == \
-            stats_json(one_shot, name)["arrival_policies"] | {"watermark_delay_ms": 0}
+        assert stats_json(data_dir, name)["arrival_policies"] | {"watermark_delay_ms": 0} == stats_json(
+            one_shot, name
+        )["arrival_policies"] | {"watermark_delay_ms": 0}
 
 
-def test_a_service_killed_after_its_state_commit_gives_identical_results(one_shot, data_dir, ray_executor, spark):
+def test_a_service_killed_after_its_state_commit_gives_identical_results(
+    one_shot, data_dir, ray_executor, spark
+):
     """The service dies (os._exit, as kill -9) right after committing the closed windows and the policies'
     state, before the sink write; the next run on Ray emits them, and every fate is the one-shot run's."""
     names = ["fn_devices"]
     load(data_dir, "spread", range(len(ROWS)))
     deploy(data_dir, names)
     driver = subprocess.run(
-        [sys.executable, "-m", "eventing", "--data-dir", data_dir, "run", "--until-caught-up", "--quiet",
-         "--executor", "in-process", "--close-windows", "--spark-master", "local[1]"],
-        env={**os.environ, FAULT_ENV: "after_state_commit"}, capture_output=True, text=True, timeout=180,
+        [
+            sys.executable,
+            "-m",
+            "eventing",
+            "--data-dir",
+            data_dir,
+            "run",
+            "--until-caught-up",
+            "--quiet",
+            "--executor",
+            "in-process",
+            "--close-windows",
+            "--spark-master",
+            "local[1]",
+        ],
+        env={**os.environ, FAULT_ENV: "after_state_commit"},
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     assert driver.returncode == FAULT_EXIT_CODE, driver.stderr[-2000:]
     assert results(data_dir, "fn_devices") == []
@@ -296,9 +361,15 @@ def test_a_service_killed_after_its_state_commit_gives_identical_results(one_sho
 # -- windows closed per substream, on each device's own clock ---------------------------------------------
 
 PACES_WINDOW = {
-    "kind": "tumbling", "size": "1m", "time_field": "ts", "group_by": ["device"],
-    "aggregates": ["count", {"op": "sum", "field": "temp"}], "out_of_order_tolerance": "30s",
-    "late_arrival_tolerance": "5m", "substream_key": "device", "allowed_lateness": "0s",
+    "kind": "tumbling",
+    "size": "1m",
+    "time_field": "ts",
+    "group_by": ["device"],
+    "aggregates": ["count", {"op": "sum", "field": "temp"}],
+    "out_of_order_tolerance": "30s",
+    "late_arrival_tolerance": "5m",
+    "substream_key": "device",
+    "allowed_lateness": "0s",
 }
 T12 = clock_ms(DAY, "12:00")
 
@@ -331,12 +402,21 @@ def reference_paces() -> list[dict]:
     clock = max(a for _, _, a in rows)
     out = []
     for device in ("fast", "quiet", "slow"):
-        mine = [{"event_time_ms": t, "device": d, "temp": float(i)} for i, (d, t, _) in enumerate(rows) if d == device]
+        mine = [
+            {"event_time_ms": t, "device": d, "temp": float(i)}
+            for i, (d, t, _) in enumerate(rows)
+            if d == device
+        ]
         mark = max(max(r["event_time_ms"] for r in mine) - 30_000, clock - 5 * MIN)
         closed = {(s, s + MIN) for s in {r["event_time_ms"] // MIN * MIN for r in mine} if s + MIN <= mark}
-        out += python_aggregate(mine, size_ms=MIN, slide_ms=MIN, group_by=["device"],
-                                aggregates=[("count", None, "count"), ("sum", "temp", "sum_temp")],
-                                windows=closed).to_pylist()
+        out += python_aggregate(
+            mine,
+            size_ms=MIN,
+            slide_ms=MIN,
+            group_by=["device"],
+            aggregates=[("count", None, "count"), ("sum", "temp", "sum_temp")],
+            windows=closed,
+        ).to_pylist()
     return sorted(out, key=lambda r: (r["window_start_ms"], r["device"]))
 
 
@@ -354,8 +434,15 @@ def test_each_device_closes_its_windows_on_its_own_clock_and_a_stop_changes_noth
     runs = {}
     for name, cuts in (("one_shot", [n]), ("stopped", [n // 2, n])):
         data_dir = str(tmp_path / name)
-        defn = FunctionDefinition.from_dict({"name": "fn_paces", "source_bucket": "paces", "worker_count": 2,
-                                             "checkpoint_interval": "50ms", "window": PACES_WINDOW})
+        defn = FunctionDefinition.from_dict(
+            {
+                "name": "fn_paces",
+                "source_bucket": "paces",
+                "worker_count": 2,
+                "checkpoint_interval": "50ms",
+                "window": PACES_WINDOW,
+            }
+        )
         LocalBucket.create(data_dir, "paces", exist_ok=True).close()
         lifecycle.save_function(data_dir, defn, '"""Window-only: the window does the work."""\n')
         lifecycle.deploy(data_dir, "fn_paces")

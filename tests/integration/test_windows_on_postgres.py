@@ -40,9 +40,16 @@ MIN = 60_000
 T0 = loadgen.BASE_TIME_MS
 FN = "fn_pg_win"
 WINDOW: dict[str, Any] = {
-    "kind": "tumbling", "size": "1m", "time_field": "ts", "group_by": ["country"],
-    "aggregates": ["count", {"op": "sum", "field": "amount"}, {"op": "avg", "field": "amount"},
-                   {"op": "max", "field": "purchases"}],
+    "kind": "tumbling",
+    "size": "1m",
+    "time_field": "ts",
+    "group_by": ["country"],
+    "aggregates": [
+        "count",
+        {"op": "sum", "field": "amount"},
+        {"op": "avg", "field": "amount"},
+        {"op": "max", "field": "purchases"},
+    ],
     "out_of_order_tolerance": "5s",
 }
 # A service process whose windows keep their files and results in the store at argv[1].
@@ -70,16 +77,28 @@ def test_spark_merges_partials_kept_in_postgresql(spark, data_dir, files_on, mon
         monkeypatch.setattr(spark_job, "DRIVER_PARTIAL_ROWS", 0)
     layout = RowLayout.for_definition(FN, WINDOW)
     store = open_store(data_dir)
-    coordinator = WindowCoordinator(data_dir, FN, 1, WINDOW, store, aggregator=SparkAggregator("local[2]"),
-                                    clock=ManualClock(T0), close_windows=True)
+    coordinator = WindowCoordinator(
+        data_dir,
+        FN,
+        1,
+        WINDOW,
+        store,
+        aggregator=SparkAggregator("local[2]"),
+        clock=ManualClock(T0),
+        close_windows=True,
+    )
     assert isinstance(coordinator.sink, PostgresWindowSink)
     docs: list[tuple[int, int, dict]] = []
     for round_ in range(4):
         writer = WindowRowWriter(data_dir, FN, 1, f"local/w{round_ % 2}", layout)
         for i in range(300):
             vb, seqno = i % 8, round_ * 300 + i + 1
-            doc = {"ts": T0 + round_ * 40_000 + i * 170, "country": ["KR", "US", "FR"][i % 3],
-                   "amount": i / 4, "purchases": i % 7}
+            doc = {
+                "ts": T0 + round_ * 40_000 + i * 170,
+                "country": ["KR", "US", "FR"][i % 3],
+                "amount": i / 4,
+                "purchases": i % 7,
+            }
             assert writer.add(Mutation(vb, seqno, f"k{seqno}", OP_UPDATE, 0, b"", None, 0, 0), doc)
             docs.append((vb, seqno, doc))
         writer.flush()
@@ -99,17 +118,46 @@ def test_a_killed_service_s_windows_are_taken_over_from_postgresql_by_another_da
 ):
     first = str(tmp_path / "first")
     source = load_source(first, 300, 3000, seed=11, span_ms=10 * MIN, disorder_ms=5_000)
-    docs = [(m.vb, m.seqno, decode_document(m.doc)) for batch in source.scan_log() for m in batch
-            if m.op == OP_UPDATE]
+    docs = [
+        (m.vb, m.seqno, decode_document(m.doc))
+        for batch in source.scan_log()
+        for m in batch
+        if m.op == OP_UPDATE
+    ]
     source.close()
-    defn = FunctionDefinition.from_dict({"name": FN, "source_bucket": "src", "worker_count": 2,
-                                         "checkpoint_interval": "100ms", "batch_size": 100, "window": WINDOW})
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": FN,
+            "source_bucket": "src",
+            "worker_count": 2,
+            "checkpoint_interval": "100ms",
+            "batch_size": 100,
+            "window": WINDOW,
+        }
+    )
     lifecycle.save_function(first, defn, '"""Window-only."""\n')
     lifecycle.deploy(first, FN)
     driver = subprocess.run(
-        [sys.executable, "-c", DRIVER, files_on, "--data-dir", first, "run", "--until-caught-up", "--quiet",
-         "--executor", "in-process", "--close-windows", "--spark-master", "local[1]"],
-        env={**os.environ, FAULT_ENV: fault}, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-c",
+            DRIVER,
+            files_on,
+            "--data-dir",
+            first,
+            "run",
+            "--until-caught-up",
+            "--quiet",
+            "--executor",
+            "in-process",
+            "--close-windows",
+            "--spark-master",
+            "local[1]",
+        ],
+        env={**os.environ, FAULT_ENV: fault},
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert driver.returncode == FAULT_EXIT_CODE, driver.stderr[-2000:]
     assert not (Path(first) / "windows").exists(), "the dead service kept nothing of its windows on its disk"
@@ -121,8 +169,9 @@ def test_a_killed_service_s_windows_are_taken_over_from_postgresql_by_another_da
     # the same tables), no window file of the dead service.
     second = str(tmp_path / "second")
     shutil.copytree(first, second)
-    summary = EventingService(second, InProcessExecutor(), until_caught_up=True,
-                              windows=WindowOptions(close_windows=True)).run()
+    summary = EventingService(
+        second, InProcessExecutor(), until_caught_up=True, windows=WindowOptions(close_windows=True)
+    ).run()
     assert not summary.errors, summary.errors
     store = open_store(second)
     late = {(r.vb, r.seqno) for r in store.dlq_rows(FN)}

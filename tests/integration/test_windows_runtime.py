@@ -56,10 +56,17 @@ def load(data_dir: str, documents: int, mutations: int, seed: int = 5) -> LocalB
 
 
 def deploy(data_dir: str, *, workers: int = 3, sleep_ms: float = 0, window: dict | None = None) -> None:
-    defn = FunctionDefinition.from_dict({
-        "name": FN, "source_bucket": "src", "worker_count": workers, "checkpoint_interval": "100ms",
-        "batch_size": 100, "constants": {"SLEEP_MS": sleep_ms}, "window": window or WINDOW,
-    })
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": FN,
+            "source_bucket": "src",
+            "worker_count": workers,
+            "checkpoint_interval": "100ms",
+            "batch_size": 100,
+            "constants": {"SLEEP_MS": sleep_ms},
+            "window": window or WINDOW,
+        }
+    )
     lifecycle.save_function(data_dir, defn, SLOW_HANDLER)
     lifecycle.deploy(data_dir, FN)
 
@@ -70,8 +77,12 @@ def sink(data_dir: str) -> ParquetWindowSink:
 
 def assert_results_match_the_documents(data_dir: str, source: LocalBucket, late: set[tuple[int, int]]) -> int:
     """Every window with an on-time row is in the sink once, with the values computed from the documents."""
-    docs = [(m.vb, m.seqno, decode_document(m.doc)) for batch in source.scan_log() for m in batch
-            if m.op == OP_UPDATE]
+    docs = [
+        (m.vb, m.seqno, decode_document(m.doc))
+        for batch in source.scan_log()
+        for m in batch
+        if m.op == OP_UPDATE
+    ]
     on_time = [d for d in docs if (d[0], d[1]) not in late]
     spec = WindowSpec.from_dict(WINDOW)
     expected_windows = sorted({(t - t % MIN, t - t % MIN + MIN) for t in (d[2]["ts"] for d in on_time)})
@@ -152,9 +163,25 @@ def test_a_service_killed_between_state_commit_and_sink_write_emits_every_window
     deploy(data_dir, workers=2)
     env = {**os.environ, FAULT_ENV: fault}
     driver = subprocess.run(
-        [sys.executable, "-m", "eventing", "--data-dir", data_dir, "run", "--until-caught-up", "--quiet",
-         "--executor", "in-process", "--close-windows", "--spark-master", "local[1]"],
-        env=env, capture_output=True, text=True, timeout=180,
+        [
+            sys.executable,
+            "-m",
+            "eventing",
+            "--data-dir",
+            data_dir,
+            "run",
+            "--until-caught-up",
+            "--quiet",
+            "--executor",
+            "in-process",
+            "--close-windows",
+            "--spark-master",
+            "local[1]",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     assert driver.returncode == FAULT_EXIT_CODE, driver.stderr[-2000:]
     store = open_store(data_dir)
@@ -179,11 +206,16 @@ def test_a_window_only_function_killed_mid_run_on_ray_leaves_every_window_exact(
     while it has a backlog: the rows it had buffered die with it, and its restart reads them again from
     the checkpoint, so every window still comes out exact."""
     source = load(data_dir, documents=2000, mutations=60_000, seed=13)
-    defn = FunctionDefinition.from_dict({
-        "name": FN, "source_bucket": "src", "worker_count": 3, "checkpoint_interval": "100ms",
-        "batch_size": 5,  # many small bulk reads, so the run lasts long enough to be interrupted
-        "window": WINDOW,
-    })
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": FN,
+            "source_bucket": "src",
+            "worker_count": 3,
+            "checkpoint_interval": "100ms",
+            "batch_size": 5,  # many small bulk reads, so the run lasts long enough to be interrupted
+            "window": WINDOW,
+        }
+    )
     lifecycle.save_function(data_dir, defn, '"""Window-only: the window does the work."""\n')
     lifecycle.deploy(data_dir, FN)
     service = EventingService(data_dir, ray_executor, until_caught_up=True, windows=CLOSE_WINDOWS)

@@ -14,20 +14,21 @@ from eventing.storage.bucket import LocalBucket
 from eventing.testing import deploy_function
 from eventing.workers.executor import InProcessExecutor
 
-HANDLER = '''
+HANDLER = """
 from eventing.handler import log
 
 def on_update(doc, meta):
     log("handled", meta.id, doc["n"])
-'''
+"""
 
 
 def test_log_lines_reach_the_function_log_file_and_the_cli_shows_the_last_ones(data_dir, capsys):
     source = LocalBucket.create(data_dir, "src")
     for i in range(30):
         source.upsert(f"k{i:02d}", {"n": i})
-    defn = FunctionDefinition.from_dict({"name": "fn_log", "source_bucket": "src", "app_log_max_size": 600,
-                                         "app_log_max_files": 3})
+    defn = FunctionDefinition.from_dict(
+        {"name": "fn_log", "source_bucket": "src", "app_log_max_size": 600, "app_log_max_files": 3}
+    )
     deploy_function(data_dir, defn, HANDLER)
     EventingService(data_dir, InProcessExecutor(), until_caught_up=True).run()
     path = log_path(data_dir, "fn_log")
@@ -36,7 +37,9 @@ def test_log_lines_reach_the_function_log_file_and_the_cli_shows_the_last_ones(d
     assert all(p.stat().st_size <= 600 for p in path.parent.glob("fn_log.log*"))
     last = tail(path, 3)
     # <time> [INFO] <function> <vb>:<seqno> <key> <text>
-    assert len(last) == 3 and all(line.split(" ", 5)[1:3] == ["[INFO]", "fn_log"] and " handled k" in line for line in last)
+    assert len(last) == 3 and all(
+        line.split(" ", 5)[1:3] == ["[INFO]", "fn_log"] and " handled k" in line for line in last
+    )
     assert main(["log", "fn_log", "--lines", "2", "--data-dir", data_dir]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out == last[-2:]

@@ -20,8 +20,17 @@ ARCHITECTURE = ROOT / "docs" / "architecture.md"
 # The external document was cited as the capitalised word followed by a section sign, a section number
 # or its file suffix ("<word> §3.3", "<word> 3.6", "<word>.md"), or as "see <word>".
 EXTERNAL_CITATION = re.compile(r"\bDESIGN(?:\s*§|\s+\d+(?:\.\d+)*\b|\.md\b)|\bsee DESIGN\b")
-SKIPPED_DIRS = {".git", ".venv", ".hypothesis", ".mypy_cache", ".ruff_cache", ".pytest_cache", ".eventing",
-                "__pycache__", "node_modules"}
+SKIPPED_DIRS = {
+    ".git",
+    ".venv",
+    ".hypothesis",
+    ".mypy_cache",
+    ".ruff_cache",
+    ".pytest_cache",
+    ".eventing",
+    "__pycache__",
+    "node_modules",
+}
 MAX_TEXT_BYTES = 2_000_000
 
 MODULE = re.compile(r"\b((?:eventing|metadata|sharding)(?:\.\w+)+)")
@@ -36,7 +45,11 @@ def text_files() -> Iterator[Path]:
         folder = stack.pop()
         for entry in folder.iterdir():
             if entry.is_dir():
-                if entry.name not in SKIPPED_DIRS and not entry.name.endswith(".egg-info") and not entry.is_symlink():
+                if (
+                    entry.name not in SKIPPED_DIRS
+                    and not entry.name.endswith(".egg-info")
+                    and not entry.is_symlink()
+                ):
                     stack.append(entry)
             elif entry.is_file() and entry.stat().st_size <= MAX_TEXT_BYTES:
                 yield entry
@@ -67,8 +80,13 @@ def test_no_file_cites_an_external_design_document():
 
 def test_the_citation_check_sees_each_old_form():
     word = "DES" + "IGN"  # spelled apart so this file does not cite it
-    for cited in (f"the handoff rule ({word} §3.3)", f"agree ({word} 3.6).", f"({word} 3.1, 3.2)",
-                  f"see {word}.md", f"see {word}"):
+    for cited in (
+        f"the handoff rule ({word} §3.3)",
+        f"agree ({word} 3.6).",
+        f"({word} 3.1, 3.2)",
+        f"see {word}.md",
+        f"see {word}",
+    ):
         assert citations(cited), cited
     assert citations("see docs/architecture.md, 'Exactly once'") == []
     assert citations(f"{word}ED for speed") == []
@@ -138,7 +156,11 @@ def test_the_name_check_tells_a_stale_name():
 def enforced_layers() -> list[tuple[str, ...]]:
     tree = ast.parse((ROOT / "tests" / "unit" / "test_import_layers.py").read_text())
     for node in tree.body:
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == "LAYERS":
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and node.target.id == "LAYERS"
+        ):
             assert node.value is not None
             return ast.literal_eval(node.value)
     raise AssertionError("tests/unit/test_import_layers.py has no LAYERS")
@@ -180,7 +202,11 @@ def test_every_pointer_to_an_architecture_section_names_one_of_its_headings():
 
 
 def test_the_pointer_check_reads_both_forms():
-    assert POINTER.findall("see docs/architecture.md, 'Exactly once'") == [("architecture.md", "Exactly once")]
-    assert POINTER.findall("([architecture.md](architecture.md), 'Timers')") == [("architecture.md", "Timers")]
+    assert POINTER.findall("see docs/architecture.md, 'Exactly once'") == [
+        ("architecture.md", "Exactly once")
+    ]
+    assert POINTER.findall("([architecture.md](architecture.md), 'Timers')") == [
+        ("architecture.md", "Timers")
+    ]
     assert {"Exactly once", "Timers"} <= headings(ARCHITECTURE)
     assert "No such section" not in headings(ARCHITECTURE)

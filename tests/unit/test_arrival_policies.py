@@ -92,7 +92,11 @@ FIGURE_3 = [  # substreams by DeviceId: the watermark after each row is its devi
 FIGURES = {
     "figure1-early-policy": (dict(early_arrival="drop"), FIGURE_1, {"early": 1, "late": 1, "ooo": 2}),
     "figure2-no-early-policy": (dict(early_arrival=None), FIGURE_2, {"early": 0, "late": 1, "ooo": 3}),
-    "figure3-substreams": (dict(early_arrival="drop", substreams=True), FIGURE_3, {"early": 1, "late": 1, "ooo": 0}),
+    "figure3-substreams": (
+        dict(early_arrival="drop", substreams=True),
+        FIGURE_3,
+        {"early": 1, "late": 1, "ooo": 0},
+    ),
 }
 
 
@@ -104,9 +108,7 @@ def run_table(policy: ArrivalPolicy):
     return [policy.observe(hm(e), hm(a), key=device) for e, a, device in TABLE]
 
 
-CASES = [
-    pytest.param(name, i, id=f"{name}-row{i + 1}") for name in FIGURES for i in range(len(TABLE))
-]
+CASES = [pytest.param(name, i, id=f"{name}-row{i + 1}") for name in FIGURES for i in range(len(TABLE))]
 
 
 @pytest.mark.parametrize(("figure", "row"), CASES)
@@ -127,7 +129,9 @@ def test_seed_table_metrics(figure):
     policy = seed_policy(**settings)
     run_table(policy)
     assert (policy.early_input_events, policy.late_input_events, policy.out_of_order_events) == (
-        want["early"], want["late"], want["ooo"]
+        want["early"],
+        want["late"],
+        want["ooo"],
     )
     assert policy.watermark_delay_ms(hm("12:27")) == hm("12:27") - policy.max_watermark_ms
 
@@ -148,7 +152,11 @@ def test_drop_policies_send_rows_to_the_dead_letter_queue_with_their_reason():
 
 def test_an_adjusted_early_row_is_windowed_at_arrival_plus_five_minutes_and_leaves_the_watermark():
     fates = run_table(seed_policy(early_arrival="adjust"))
-    assert (fates[2].time_ms, fates[2].outcome, fates[2].watermark_ms) == (hm("12:16"), "adjusted", hm("12:06"))
+    assert (fates[2].time_ms, fates[2].outcome, fates[2].watermark_ms) == (
+        hm("12:16"),
+        "adjusted",
+        hm("12:06"),
+    )
     assert fates[3].outcome == "kept"  # the fourth row is not dragged forward as in the second figure
 
 
@@ -190,22 +198,32 @@ def test_bad_policy_declarations_name_the_field_and_the_fix(extra, field, words)
 
 def test_processing_time_windows_refuse_arrival_policies():
     with pytest.raises(WindowConfigError, match="only applies to event-time windows"):
-        WindowSpec.from_dict({"kind": "tumbling", "size": "1m", "boundary": "processing_time",
-                              "out_of_order_policy": "drop"})
+        WindowSpec.from_dict(
+            {"kind": "tumbling", "size": "1m", "boundary": "processing_time", "out_of_order_policy": "drop"}
+        )
 
 
 def test_a_spec_with_policies_round_trips_and_builds_the_seed_policy():
-    spec = WindowSpec.from_dict({
-        "kind": "tumbling", "size": "1m", "time_field": "ts", "out_of_order_tolerance": "2m",
-        "early_arrival_policy": "drop", "out_of_order_policy": "adjust", "late_arrival_tolerance": "5m",
-        "substream_key": "device",
-    })
+    spec = WindowSpec.from_dict(
+        {
+            "kind": "tumbling",
+            "size": "1m",
+            "time_field": "ts",
+            "out_of_order_tolerance": "2m",
+            "early_arrival_policy": "drop",
+            "out_of_order_policy": "adjust",
+            "late_arrival_tolerance": "5m",
+            "substream_key": "device",
+        }
+    )
     assert spec.uses_arrival_policies
     assert WindowSpec.from_dict(spec.to_dict()) == spec
     policy = ArrivalPolicy.for_spec(spec)
     fates = [policy.observe(hm(e), hm(a), key=d) for e, a, d in TABLE]
     assert [f.watermark_ms for f in fates] == [hm(w) for *_, w in FIGURE_3]
-    assert not WindowSpec.from_dict({"kind": "tumbling", "size": "1m", "time_field": "ts"}).uses_arrival_policies
+    assert not WindowSpec.from_dict(
+        {"kind": "tumbling", "size": "1m", "time_field": "ts"}
+    ).uses_arrival_policies
 
 
 def test_policy_state_resumes_exactly_midway_through_the_table():

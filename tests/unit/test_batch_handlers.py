@@ -36,12 +36,22 @@ from sharding import NUM_VBUCKETS
 
 
 def ledger_batch(name: str, *, fail_every: int = 0, fail_attempts: int = 0, call_log: str = "", **extra):
-    return FunctionDefinition.from_dict({
-        "name": name, "source_bucket": "src", "bindings": [{"alias": "ledger", "bucket": "ledger", "access": "rw"}],
-        "constants": {"FUNCTION": name, "CALL_LOG": call_log, "SLEEP_MS": 0, "FAIL_EVERY": fail_every,
-                      "FAIL_ATTEMPTS": fail_attempts},
-        "checkpoint_interval": "100ms", **extra,
-    })
+    return FunctionDefinition.from_dict(
+        {
+            "name": name,
+            "source_bucket": "src",
+            "bindings": [{"alias": "ledger", "bucket": "ledger", "access": "rw"}],
+            "constants": {
+                "FUNCTION": name,
+                "CALL_LOG": call_log,
+                "SLEEP_MS": 0,
+                "FAIL_EVERY": fail_every,
+                "FAIL_ATTEMPTS": fail_attempts,
+            },
+            "checkpoint_interval": "100ms",
+            **extra,
+        }
+    )
 
 
 def run(data_dir: str) -> None:
@@ -54,7 +64,7 @@ def letters(data_dir: str, function: str) -> list:
 
 
 # Records each call's items as (vb, seq, id, deleted, expired, doc, meta's fields) in a file, and the columns.
-RECORDING = '''
+RECORDING = """
 import json
 
 def on_batch(batch):
@@ -66,7 +76,7 @@ def on_batch(batch):
              item.meta.expiration, item.idempotency_key == item.meta.idempotency_key]
             for item in batch
         ]) + "\\n")
-'''
+"""
 
 
 @pytest.mark.parametrize("own_writes", [False, True], ids=["bulk", "rows"])
@@ -76,8 +86,15 @@ def test_on_batch_gets_the_workers_batch_in_seqno_order_per_vbucket(data_dir, tm
         for i in range(0, 200, 3):
             source.upsert(f"customer::{i}", {"own": True}, origin="fn_rec")
     calls = tmp_path / "calls.log"
-    defn = FunctionDefinition.from_dict({"name": "fn_rec", "source_bucket": "src", "constants": {"CALLS": str(calls)},
-                                         "batch_size": 500, "worker_count": 2})
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": "fn_rec",
+            "source_bucket": "src",
+            "constants": {"CALLS": str(calls)},
+            "batch_size": 500,
+            "worker_count": 2,
+        }
+    )
     deploy_function(data_dir, defn, RECORDING)
     run(data_dir)
     batches = [json.loads(line) for line in calls.read_text().splitlines()]
@@ -90,8 +107,11 @@ def test_on_batch_gets_the_workers_batch_in_seqno_order_per_vbucket(data_dir, tm
         for vb, seq, *_ in batch:
             assert seq > last.get(vb, 0)
             last[vb] = seq
-    rows = {(m.vb, m.seqno): m for m in source.read_vb_all()} if hasattr(source, "read_vb_all") else {
-        (m.vb, m.seqno): m for vb in range(NUM_VBUCKETS) for m in source.read_vb(vb, 0, 10**6)}
+    rows = (
+        {(m.vb, m.seqno): m for m in source.read_vb_all()}
+        if hasattr(source, "read_vb_all")
+        else {(m.vb, m.seqno): m for vb in range(NUM_VBUCKETS) for m in source.read_vb(vb, 0, 10**6)}
+    )
     for vb, seq, key, deleted, expired, doc, cas, expiration, same_key in items:
         m = rows[(vb, seq)]
         assert (key, cas, expiration, deleted, same_key) == (m.key, m.cas, m.expiry, m.op != 0, True)
@@ -107,11 +127,19 @@ def test_on_batch_gets_the_workers_batch_in_seqno_order_per_vbucket(data_dir, tm
     assert counters.get("recursion_filtered", 0) == own
 
 
-def test_failed_items_and_later_mutations_of_their_documents_run_again_and_every_effect_applies_once(data_dir, tmp_path):
+def test_failed_items_and_later_mutations_of_their_documents_run_again_and_every_effect_applies_once(
+    data_dir, tmp_path
+):
     source = load_source(data_dir, 150, 3000, seed=9)
     calls = tmp_path / "calls.log"
-    defn = ledger_batch("fn_bl", fail_every=4, fail_attempts=1, call_log=str(calls), batch_size=400,
-                        retry={"max_attempts": 3, "initial_backoff": "1ms"})
+    defn = ledger_batch(
+        "fn_bl",
+        fail_every=4,
+        fail_attempts=1,
+        call_log=str(calls),
+        batch_size=400,
+        retry={"max_attempts": 3, "initial_backoff": "1ms"},
+    )
     deploy_function(data_dir, defn, BATCH_LEDGER_HANDLER)
     run(data_dir)
     report = check_ledger(source, open_bucket(data_dir, "ledger"), function="fn_bl")
@@ -127,23 +155,33 @@ def test_failed_items_and_later_mutations_of_their_documents_run_again_and_every
 
 def test_items_failing_every_attempt_are_dead_lettered_with_each_attempts_error(data_dir):
     source = load_source(data_dir, 100, 1500, seed=3)
-    defn = ledger_batch("fn_bd", fail_every=5, fail_attempts=99, retry={"max_attempts": 2, "initial_backoff": "1ms"})
+    defn = ledger_batch(
+        "fn_bd", fail_every=5, fail_attempts=99, retry={"max_attempts": 2, "initial_backoff": "1ms"}
+    )
     deploy_function(data_dir, defn, BATCH_LEDGER_HANDLER)
     run(data_dir)
     rows = letters(data_dir, "fn_bd")
     assert rows and all(row.reason == "error" and row.attempts == 2 for row in rows)
-    assert rows[0].error.startswith("on_batch reported the item failed: rev ") and rows[0].error.endswith(" declined")
+    assert rows[0].error.startswith("on_batch reported the item failed: rev ") and rows[0].error.endswith(
+        " declined"
+    )
     assert [a["attempt"] for a in parse_attempts(rows[0].traceback)] == [1, 2]
     # The later mutations of a dead-lettered document were handled (after it, as one call a mutation would).
-    report = check_ledger(source, open_bucket(data_dir, "ledger"), function="fn_bd",
-                          dead_letters={(r.vb, r.seqno) for r in rows})
+    report = check_ledger(
+        source,
+        open_bucket(data_dir, "ledger"),
+        function="fn_bd",
+        dead_letters={(r.vb, r.seqno) for r in rows},
+    )
     assert report.ok, report.summary()
     assert report.handled + report.dead_lettered == 1500 and report.dead_lettered == len(rows)
 
 
-def test_a_batch_that_raises_fails_its_items_and_a_non_retryable_error_dead_letters_them_at_once(data_dir, tmp_path):
+def test_a_batch_that_raises_fails_its_items_and_a_non_retryable_error_dead_letters_them_at_once(
+    data_dir, tmp_path
+):
     source = LocalBucket.create(data_dir, "src")
-    handler = '''
+    handler = """
 def on_batch(batch):
     with open(CALLS, "a") as f:
         f.write("call\\n")
@@ -151,32 +189,59 @@ def on_batch(batch):
         raise ValueError("poisoned batch")
     for item in batch:
         out[item.id] = item.doc
-'''
+"""
     calls = tmp_path / "calls.log"
-    deploy_function(data_dir, FunctionDefinition.from_dict({
-        "name": "fn_raise", "source_bucket": "src", "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
-        "constants": {"CALLS": str(calls)}, "retry": {"max_attempts": 5, "non_retryable": ["ValueError"]},
-    }), handler)
+    deploy_function(
+        data_dir,
+        FunctionDefinition.from_dict(
+            {
+                "name": "fn_raise",
+                "source_bucket": "src",
+                "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
+                "constants": {"CALLS": str(calls)},
+                "retry": {"max_attempts": 5, "non_retryable": ["ValueError"]},
+            }
+        ),
+        handler,
+    )
     for i in range(20):
         source.upsert(f"k{i}", {"i": i, "poison": i == 7})
     run(data_dir)
     rows = letters(data_dir, "fn_raise")
     assert len(rows) == 20 and len(calls.read_text().splitlines()) == 1  # one call, no retry
-    assert all(r.error == "ValueError: poisoned batch (non_retryable: ValueError)" and r.attempts == 1 for r in rows)
+    assert all(
+        r.error == "ValueError: poisoned batch (non_retryable: ValueError)" and r.attempts == 1 for r in rows
+    )
     assert "Traceback" in rows[0].traceback and "poisoned batch" in rows[0].traceback
     assert LocalBucket.open(data_dir, "out").keys() == []
 
 
-@pytest.mark.parametrize("body, message", [
-    ("    out['total'] = {'n': len(batch)}\n", "BindingError: on_batch wrote through a binding while no item was current"),
-    ("    return 'oops'\n", "TypeError: on_batch returned str; return None when every item succeeded"),
-    ("    return [len(batch) + 5]\n", "TypeError: on_batch returned"),
-])
-def test_writes_outside_items_and_bad_return_values_fail_the_batch_with_one_clear_line(data_dir, body, message):
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        (
+            "    out['total'] = {'n': len(batch)}\n",
+            "BindingError: on_batch wrote through a binding while no item was current",
+        ),
+        ("    return 'oops'\n", "TypeError: on_batch returned str; return None when every item succeeded"),
+        ("    return [len(batch) + 5]\n", "TypeError: on_batch returned"),
+    ],
+)
+def test_writes_outside_items_and_bad_return_values_fail_the_batch_with_one_clear_line(
+    data_dir, body, message
+):
     source = LocalBucket.create(data_dir, "src")
-    deploy_function(data_dir, FunctionDefinition.from_dict({
-        "name": "fn_bad", "source_bucket": "src", "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
-    }), "def on_batch(batch):\n" + body)
+    deploy_function(
+        data_dir,
+        FunctionDefinition.from_dict(
+            {
+                "name": "fn_bad",
+                "source_bucket": "src",
+                "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
+            }
+        ),
+        "def on_batch(batch):\n" + body,
+    )
     source.upsert("a", {})
     source.upsert("b", {})
     run(data_dir)
@@ -187,7 +252,7 @@ def test_writes_outside_items_and_bad_return_values_fail_the_batch_with_one_clea
 
 def test_writes_made_with_an_item_current_belong_to_it(data_dir):
     source = LocalBucket.create(data_dir, "src")
-    handler = '''
+    handler = """
 def on_batch(batch):
     results = {key: doc["n"] * 2 for key, doc in zip(batch.keys, batch.docs)}  # one "bulk request"
     failed = []
@@ -197,10 +262,18 @@ def on_batch(batch):
         if item.doc["n"] == 3:
             failed.append(item)
     return failed
-'''
-    deploy_function(data_dir, FunctionDefinition.from_dict({
-        "name": "fn_with", "source_bucket": "src", "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
-    }), handler)
+"""
+    deploy_function(
+        data_dir,
+        FunctionDefinition.from_dict(
+            {
+                "name": "fn_with",
+                "source_bucket": "src",
+                "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
+            }
+        ),
+        handler,
+    )
     for i in range(6):
         source.upsert(f"k{i}", {"n": i})
     run(data_dir)
@@ -211,16 +284,25 @@ def on_batch(batch):
 
 def test_a_batch_past_execution_timeout_dead_letters_its_items_as_timeout(data_dir):
     source = LocalBucket.create(data_dir, "src")
-    handler = '''
+    handler = """
 import time
 
 def on_batch(batch):
     if any(doc.get("slow") for doc in batch.docs):
         time.sleep(5)
-'''
-    deploy_function(data_dir, FunctionDefinition.from_dict({
-        "name": "fn_slow", "source_bucket": "src", "execution_timeout": "300ms", "retry": {"max_attempts": 3},
-    }), handler)
+"""
+    deploy_function(
+        data_dir,
+        FunctionDefinition.from_dict(
+            {
+                "name": "fn_slow",
+                "source_bucket": "src",
+                "execution_timeout": "300ms",
+                "retry": {"max_attempts": 3},
+            }
+        ),
+        handler,
+    )
     for i in range(5):
         source.upsert(f"k{i}", {"slow": i == 2})
     run(data_dir)
@@ -230,8 +312,18 @@ def on_batch(batch):
 
 def test_a_worker_abandoned_mid_batch_applies_each_items_writes_once(data_dir):
     source = load_source(data_dir, 120, 2000, seed=2)
-    deploy_function(data_dir, ledger_batch("fn_ab", fail_every=6, fail_attempts=1, batch_size=300, checkpoint_interval="1h",
-                                           retry={"max_attempts": 2, "initial_backoff": "1ms"}), BATCH_LEDGER_HANDLER)
+    deploy_function(
+        data_dir,
+        ledger_batch(
+            "fn_ab",
+            fail_every=6,
+            fail_attempts=1,
+            batch_size=300,
+            checkpoint_interval="1h",
+            retry={"max_attempts": 2, "initial_backoff": "1ms"},
+        ),
+        BATCH_LEDGER_HANDLER,
+    )
     generation = open_store(data_dir).get_function("fn_ab").generation
     first = WorkerCore(WorkerSpec(data_dir, "fn_ab", generation, "n/w0", tuple(range(NUM_VBUCKETS))))
     first.step(budget=300)
@@ -245,12 +337,14 @@ def test_a_worker_abandoned_mid_batch_applies_each_items_writes_once(data_dir):
     report = check_ledger(source, open_bucket(data_dir, "ledger"), function="fn_ab")
     assert report.ok, report.summary()
     assert report.handled == 3000
-    assert open_store(data_dir).counters("fn_ab")["effects_duplicate"] > 0  # the replayed items' writes skipped
+    assert (
+        open_store(data_dir).counters("fn_ab")["effects_duplicate"] > 0
+    )  # the replayed items' writes skipped
 
 
 def test_dlq_replay_runs_on_batch_on_the_letters_item_alone(data_dir):
     source = LocalBucket.create(data_dir, "src")
-    handler = '''
+    handler = """
 def on_batch(batch):
     failed = []
     for item in batch:
@@ -259,10 +353,18 @@ def on_batch(batch):
         else:
             out[item.id] = {"paid": True, "key": item.idempotency_key}
     return failed
-'''
-    deploy_function(data_dir, FunctionDefinition.from_dict({
-        "name": "fn_rp", "source_bucket": "src", "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
-    }), handler)
+"""
+    deploy_function(
+        data_dir,
+        FunctionDefinition.from_dict(
+            {
+                "name": "fn_rp",
+                "source_bucket": "src",
+                "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
+            }
+        ),
+        handler,
+    )
     for i in range(8):
         source.upsert(f"k{i}", {"declined": i in (2, 5)})
     run(data_dir)
@@ -295,16 +397,24 @@ class Keys(BaseHTTPRequestHandler):
 def test_curl_sends_each_items_key_and_the_batchs_own_outside_items(data_dir):
     Keys.seen = []
     source = LocalBucket.create(data_dir, "src")
-    handler = '''
+    handler = """
 def on_batch(batch):
     curl("POST", api, {"body": {"bulk": batch.keys}})
     for item in batch:
         curl("POST", api, {"body": {"item": item.id, "key": item.idempotency_key}})
-'''
+"""
     with serve_http(Keys) as httpd:
-        deploy_function(data_dir, FunctionDefinition.from_dict({
-            "name": "fn_ck", "source_bucket": "src", "url_bindings": [{"alias": "api", "url": url_of(httpd)}],
-        }), handler)
+        deploy_function(
+            data_dir,
+            FunctionDefinition.from_dict(
+                {
+                    "name": "fn_ck",
+                    "source_bucket": "src",
+                    "url_bindings": [{"alias": "api", "url": url_of(httpd)}],
+                }
+            ),
+            handler,
+        )
         for i in range(10):
             source.upsert(f"k{i}", {})
         run(data_dir)
@@ -315,13 +425,26 @@ def on_batch(batch):
     assert not {r["key"] for r in bulk} & {r["key"] for r in items}
 
 
-@pytest.mark.parametrize("handler, extra, message", [
-    ("def on_batch(batch):\n    pass\n\ndef on_update(doc, meta):\n    pass\n", {}, "defines on_batch(batch) and on_update"),
-    ("def on_batch(batch):\n    pass\n", {"concurrency": 4}, "which concurrency 4 does not take"),
-    ("def on_batch(batch):\n    pass\n", {"previous_version": True}, "which previous_version does not take"),
-    ("def on_batch(a, b):\n    pass\n", {}, "on_batch(a, b) cannot be called as on_batch(batch)"),
-])
-def test_on_batch_alongside_on_update_or_with_settings_it_cannot_take_is_refused_at_save(data_dir, handler, extra, message):
+@pytest.mark.parametrize(
+    "handler, extra, message",
+    [
+        (
+            "def on_batch(batch):\n    pass\n\ndef on_update(doc, meta):\n    pass\n",
+            {},
+            "defines on_batch(batch) and on_update",
+        ),
+        ("def on_batch(batch):\n    pass\n", {"concurrency": 4}, "which concurrency 4 does not take"),
+        (
+            "def on_batch(batch):\n    pass\n",
+            {"previous_version": True},
+            "which previous_version does not take",
+        ),
+        ("def on_batch(a, b):\n    pass\n", {}, "on_batch(a, b) cannot be called as on_batch(batch)"),
+    ],
+)
+def test_on_batch_alongside_on_update_or_with_settings_it_cannot_take_is_refused_at_save(
+    data_dir, handler, extra, message
+):
     LocalBucket.create(data_dir, "src")
     defn = FunctionDefinition.from_dict({"name": "fn_no", "source_bucket": "src", **extra})
     with pytest.raises(HandlerLoadError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -331,12 +454,19 @@ def test_on_batch_alongside_on_update_or_with_settings_it_cannot_take_is_refused
 
 def test_on_batch_counts_each_item_like_a_call(data_dir):
     source = LocalBucket.create(data_dir, "src")
-    deploy_function(data_dir, FunctionDefinition.from_dict({"name": "fn_count", "source_bucket": "src"}),
-                    "def on_batch(batch):\n    return [i for i in range(len(batch)) if batch.docs[i] and batch.docs[i]['bad']]\n")
+    deploy_function(
+        data_dir,
+        FunctionDefinition.from_dict({"name": "fn_count", "source_bucket": "src"}),
+        "def on_batch(batch):\n    return [i for i in range(len(batch)) if batch.docs[i] and batch.docs[i]['bad']]\n",
+    )
     for i in range(10):
         source.upsert(f"k{i}", {"bad": i < 3})
     source.delete("k9")
     run(data_dir)
     counters = defaultdict(int, open_store(data_dir).counters("fn_count"))
-    assert (counters["on_update_success"], counters["on_update_failure"], counters["on_delete_success"]) == (7, 3, 1)
+    assert (counters["on_update_success"], counters["on_update_failure"], counters["on_delete_success"]) == (
+        7,
+        3,
+        1,
+    )
     assert counters["mutations_seen"] == 11 and counters["dlq_error"] == 3

@@ -14,7 +14,7 @@ import pytest
 
 SOURCE = Path(__file__).resolve().parents[2] / "scripts" / "bench_service.c"
 DELAY_S = 0.05
-ANSWER = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{\"ok\":true}"
+ANSWER = b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n{"ok":true}'
 
 
 @pytest.fixture(scope="module")

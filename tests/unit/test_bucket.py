@@ -108,7 +108,12 @@ def test_a_recreated_bucket_has_a_new_identity(data_dir, tmp_path):
 
 def test_effects_apply_exactly_once_when_replayed(data_dir):
     bucket = LocalBucket.create(data_dir, "dst")
-    group = lambda: [EffectGroup(5, 1, [(s, Write(f"k{s}", OP_UPDATE, encode_document({"s": s}))) for s in (1, 2, 3)])]  # noqa: E731
+
+    def group():
+        return [
+            EffectGroup(5, 1, [(s, Write(f"k{s}", OP_UPDATE, encode_document({"s": s}))) for s in (1, 2, 3)])
+        ]
+
     first = bucket.apply_effects("fn", group())
     again = bucket.apply_effects("fn", group())
     assert (first.applied, first.duplicates) == (3, 0)
@@ -119,7 +124,9 @@ def test_effects_apply_exactly_once_when_replayed(data_dir):
 def test_effects_of_a_stale_epoch_are_fenced(data_dir):
     bucket = LocalBucket.create(data_dir, "dst")
     bucket.fence("fn", {7: 2})
-    result = bucket.apply_effects("fn", [EffectGroup(7, 1, [(1, Write("z", OP_UPDATE, encode_document({})))])])
+    result = bucket.apply_effects(
+        "fn", [EffectGroup(7, 1, [(1, Write("z", OP_UPDATE, encode_document({})))])]
+    )
     assert result.fenced_vbs == {7} and result.fenced_writes == 1 and result.applied == 0
     assert bucket.get("z") is None
 
@@ -173,7 +180,9 @@ def test_a_copy_holds_the_same_log_and_documents(data_dir, tmp_path):
     copy = LocalBucket.open(tmp_path / "other", "b")
     assert copy.high_seqnos() == bucket.high_seqnos()
     assert copy.keys() == bucket.keys() and copy.get("k3") == bucket.get("k3")
-    assert [m for batch in copy.scan_log() for m in batch] == [m for batch in bucket.scan_log() for m in batch]
+    assert [m for batch in copy.scan_log() for m in batch] == [
+        m for batch in bucket.scan_log() for m in batch
+    ]
 
 
 def test_a_bucket_file_from_before_arrival_times_is_upgraded_when_opened(data_dir):
@@ -183,9 +192,7 @@ def test_a_bucket_file_from_before_arrival_times_is_upgraded_when_opened(data_di
     bucket.close()
     # The file as an earlier version wrote it: no arrival_ms in the log or the high table.
     db = sqlite3.connect(path)
-    db.executescript(
-        "ALTER TABLE log DROP COLUMN arrival_ms; ALTER TABLE high DROP COLUMN arrival_ms;"
-    )
+    db.executescript("ALTER TABLE log DROP COLUMN arrival_ms; ALTER TABLE high DROP COLUMN arrival_ms;")
     cas = db.execute("SELECT cas FROM log WHERE vb=? AND seqno=?", (vb, seqno)).fetchone()[0]
     db.close()
     reopened = LocalBucket.open(data_dir, "old")

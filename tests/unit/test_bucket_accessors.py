@@ -16,7 +16,7 @@ from eventing.workers.worker import WorkerCore, WorkerSpec
 from metadata.factory import open_store
 from sharding import NUM_VBUCKETS, split_even
 
-ACCESSORS = '''
+ACCESSORS = """
 def on_update(doc, meta):
     out = {}
     r = dst.get_result("missing")
@@ -49,13 +49,18 @@ def on_update(doc, meta):
             errors[name] = type(exc).__name__ + ": " + str(exc)
     out["errors"] = errors
     dst["report"] = out
-'''
+"""
 
 
 def defn(name: str = "fn_acc", workers: int = 1) -> FunctionDefinition:
     return FunctionDefinition.from_dict(
-        {"name": name, "source_bucket": "src", "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}],
-         "checkpoint_interval": "1h", "worker_count": workers}
+        {
+            "name": name,
+            "source_bucket": "src",
+            "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}],
+            "checkpoint_interval": "1h",
+            "worker_count": workers,
+        }
     )
 
 
@@ -95,7 +100,7 @@ def test_accessors_return_couchbase_outcomes_and_reject_bad_input(data_dir):
     assert counters["bkt_ops_cas_mismatch_count"] == 1 and counters["bkt_ops_key_not_found_count"] == 3
 
 
-CAS_UPDATE = '''
+CAS_UPDATE = """
 def on_update(doc, meta):
     r = acct.get_result(doc["acct"])
     if not r.success:
@@ -108,14 +113,20 @@ def on_update(doc, meta):
     if not result.success:
         raise RuntimeError("cas check failed at call time: " + result.error)
     acct.increment("counter|" + doc["acct"])
-'''
+"""
 
 
 def cas_setup(data_dir: str, workers: int, updates: int, accounts: int) -> LocalBucket:
     source = LocalBucket.create(data_dir, "src")
     d = FunctionDefinition.from_dict(
-        {"name": "fn_cas", "source_bucket": "src", "bindings": [{"alias": "acct", "bucket": "acct", "access": "rw"}],
-         "checkpoint_interval": "1h", "worker_count": workers, "batch_size": 7}
+        {
+            "name": "fn_cas",
+            "source_bucket": "src",
+            "bindings": [{"alias": "acct", "bucket": "acct", "access": "rw"}],
+            "checkpoint_interval": "1h",
+            "worker_count": workers,
+            "batch_size": 7,
+        }
     )
     deploy_function(data_dir, d, CAS_UPDATE)
     for i in range(updates):
@@ -129,7 +140,9 @@ def test_a_write_whose_document_changed_after_the_read_is_dead_lettered_and_repl
     acct.upsert("a0", {"n": 10, "seen": ["client"]})
     w = worker(data_dir, range(NUM_VBUCKETS), name="fn_cas")
     highs = w.source.high_seqnos()
-    w._process([vb for vb in w.epochs if highs[vb]], {vb: highs[vb] for vb in w.epochs}, 100)  # read + held write
+    w._process(
+        [vb for vb in w.epochs if highs[vb]], {vb: highs[vb] for vb in w.epochs}, 100
+    )  # read + held write
     acct.upsert("a0", {"n": 50, "seen": ["client", "client"]})  # another writer, between read and flush
     w.flush_effects()
     w.commit()
@@ -185,14 +198,14 @@ def test_concurrent_cas_writers_from_several_vbuckets_lose_no_update(data_dir):
     assert sum(acct.get(f"a{i}")["n"] for i in range(accounts)) == updates
 
 
-CAS_SEEN = '''
+CAS_SEEN = """
 def on_update(doc, meta):
     up = dst.upsert(meta.id, {"v": 1})
     ins = dst.insert(meta.id + ":i", {"v": 2})
     dst[meta.id + ":plain"] = {"v": 3}
     seen = [dst.get_result(meta.id).meta.cas, dst.get_result(meta.id + ":plain").meta.cas]
     dst[meta.id + ":cas"] = {"upsert": up.meta.cas, "insert": ins.meta.cas, "read": seen[0], "plain": seen[1]}
-'''
+"""
 
 
 def test_the_cas_a_handler_gets_for_its_write_is_the_documents_cas_once_applied(data_dir):

@@ -160,11 +160,24 @@ def test_keys_scan_and_count_in_key_order(bucket):
 def test_keys_in_byte_order_beyond_ascii(bucket):
     """Keys sort as their UTF-8 bytes (code points) everywhere, as a bucket file orders them, whatever the
     database's collation; a prefix of characters beyond ASCII is a prefix like any other."""
-    keys = ["Zed", "a", "a\u00e9", "a\u00e9\u00e9", "a\u00ff", "a\u0100", "a\u4e2d", "a\U0001f600", "b", "\u00e9t\u00e9"]
+    keys = [
+        "Zed",
+        "a",
+        "a\u00e9",
+        "a\u00e9\u00e9",
+        "a\u00ff",
+        "a\u0100",
+        "a\u4e2d",
+        "a\U0001f600",
+        "b",
+        "\u00e9t\u00e9",
+    ]
     bucket.write([Write(k, OP_UPDATE, _doc(i)) for i, k in enumerate(reversed(keys))])
     assert bucket.keys() == sorted(keys) == keys
     assert bucket.keys("a\u00e9") == ["a\u00e9", "a\u00e9\u00e9"] and bucket.count("a\u00e9") == 2
-    assert [k for k, _, _ in bucket.scan("a\U0001f601")] == [] and bucket.keys("a\U0001f600") == ["a\U0001f600"]
+    assert [k for k, _, _ in bucket.scan("a\U0001f601")] == [] and bucket.keys("a\U0001f600") == [
+        "a\U0001f600"
+    ]
     assert bucket.count("a") == 7 and bucket.keys("a", limit=2) == ["a", "a\u00e9"]
 
 
@@ -175,7 +188,9 @@ def test_the_log_of_a_vbucket_in_seqno_order(bucket):
         bucket.upsert(key, {"v": i})
     bucket.delete(key)
     log = bucket.read_vb(vb, 0, 100)
-    assert [(m.seqno, m.key, m.op) for m in log] == [(s, key, OP_UPDATE) for s in range(1, 6)] + [(6, key, OP_DELETE)]
+    assert [(m.seqno, m.key, m.op) for m in log] == [(s, key, OP_UPDATE) for s in range(1, 6)] + [
+        (6, key, OP_DELETE)
+    ]
     assert [decode_document(m.doc) for m in log[:5]] == [{"v": i} for i in range(5)]
     assert bucket.read_vb(vb, 2, 2) == log[2:4]
     assert [tuple(r) for r in bucket.read_vb_rows(vb, 1, 100)] == [tuple(m) for m in log[1:]]
@@ -201,7 +216,11 @@ def test_reading_ahead_gives_the_answer_a_plain_read_gives(bucket):
 def _groups(epoch: int, seqnos: range, tag: str = "") -> list[EffectGroup]:
     """Writes of source vBuckets 3 and 900, each source seqno writing keys all over the partitions."""
     return [
-        EffectGroup(vb, epoch, [(s, Write(f"out-{vb}-{s}-{j}{tag}", OP_UPDATE, _doc(s))) for s in seqnos for j in range(40)])
+        EffectGroup(
+            vb,
+            epoch,
+            [(s, Write(f"out-{vb}-{s}-{j}{tag}", OP_UPDATE, _doc(s))) for s in seqnos for j in range(40)],
+        )
         for vb in (3, 900)
     ]
 
@@ -237,15 +256,26 @@ def test_a_failed_cas_condition_applies_none_of_its_sources_writes(bucket):
     side = [k for k in (f"side-{i}" for i in range(20_000)) if vbucket_of(k) == vbucket_of("counter")][:2]
     bucket.upsert("counter", {"count": 1})
     _, cas, _ = bucket.get_doc("counter")
-    groups = [EffectGroup(7, 1, [
-        (1, Write("counter", OP_UPDATE, _doc(1), expect_cas=cas + 1)),  # stale cas: source 1 fails
-        (1, Write(side[0], OP_UPDATE, _doc(1))),
-        (2, Write(side[1], OP_UPDATE, _doc(2))),
-        (2, Write("counter", OP_UPDATE, None, delta=5)),
-    ], conditional=True)]
+    groups = [
+        EffectGroup(
+            7,
+            1,
+            [
+                (1, Write("counter", OP_UPDATE, _doc(1), expect_cas=cas + 1)),  # stale cas: source 1 fails
+                (1, Write(side[0], OP_UPDATE, _doc(1))),
+                (2, Write(side[1], OP_UPDATE, _doc(2))),
+                (2, Write("counter", OP_UPDATE, None, delta=5)),
+            ],
+            conditional=True,
+        )
+    ]
     result = bucket.apply_effects("fn", groups)
     assert result.conflicts == [(7, 1)]
-    assert bucket.get(side[0]) is None and bucket.get(side[1]) == {"i": 2} and bucket.get("counter") == {"count": 6}
+    assert (
+        bucket.get(side[0]) is None
+        and bucket.get(side[1]) == {"i": 2}
+        and bucket.get("counter") == {"count": 6}
+    )
 
 
 def test_flush_empties_the_bucket_and_gives_it_a_new_identity(bucket):
@@ -254,7 +284,9 @@ def test_flush_empties_the_bucket_and_gives_it_a_new_identity(bucket):
     bucket.fence("fn", {3: 2})
     old_uuid = bucket.uuid
     went = bucket.flush()
-    assert went["documents"] == len(KEYS) - 1 and went["tombstones"] == 1 and went["mutations"] == len(KEYS) + 1
+    assert (
+        went["documents"] == len(KEYS) - 1 and went["tombstones"] == 1 and went["mutations"] == len(KEYS) + 1
+    )
     assert went["old_uuid"] == old_uuid and went["uuid"] == bucket.uuid != old_uuid
     assert bucket.count() == 0 and bucket.keys() == [] and set(bucket.high_seqnos()) == {0}
     assert bucket.effect_marks("fn") == {} and bucket.get("k002") is None
@@ -287,9 +319,17 @@ def test_name_uuid_path_and_closing(bucket, request):
 def test_a_write_keeps_its_origin_expiry_flags_and_arrival_time(bucket):
     key = "k001"
     vb = vbucket_of(key)
-    bucket.write([Write(key, OP_UPDATE, _doc(1), expiry=2_000_000_000, flags=7)], origin="fn@3", arrival_ms=1_000)
+    bucket.write(
+        [Write(key, OP_UPDATE, _doc(1), expiry=2_000_000_000, flags=7)], origin="fn@3", arrival_ms=1_000
+    )
     bucket.write([Write(key, OP_UPDATE, _doc(2))], arrival_ms=500)  # a clock behind: the vBucket's time holds
-    assert bucket.get_meta(key) == {"vb": vb, "seqno": 2, "cas": bucket.get_doc(key)[1], "expiry": 0, "flags": 0}
+    assert bucket.get_meta(key) == {
+        "vb": vb,
+        "seqno": 2,
+        "cas": bucket.get_doc(key)[1],
+        "expiry": 0,
+        "flags": 0,
+    }
     bucket.write([Write(key, OP_DELETE)], arrival_ms=2_000)
     log = bucket.read_vb(vb, 0, 10)
     assert [(m.seqno, m.key, m.op, m.origin, m.expiry, m.flags, m.arrival_ms) for m in log] == [
@@ -304,17 +344,27 @@ def test_a_write_keeps_its_origin_expiry_flags_and_arrival_time(bucket):
 def test_a_batch_sees_its_own_earlier_writes(bucket):
     """Deletes in a batch: of a key the batch created (logged), of one it deleted already (nothing), and a
     key created again after its delete; a delete of a key that never existed logs nothing."""
-    placed = bucket.write([
-        Write("a", OP_UPDATE, _doc(1)), Write("a", OP_DELETE), Write("a", OP_DELETE), Write("a", OP_UPDATE, _doc(2)),
-        Write("never", OP_DELETE), Write("b", OP_UPDATE, _doc(3)),
-    ])
+    placed = bucket.write(
+        [
+            Write("a", OP_UPDATE, _doc(1)),
+            Write("a", OP_DELETE),
+            Write("a", OP_DELETE),
+            Write("a", OP_UPDATE, _doc(2)),
+            Write("never", OP_DELETE),
+            Write("b", OP_UPDATE, _doc(3)),
+        ]
+    )
     vb = vbucket_of("a")
     assert placed[:3] == [(vb, 1), (vb, 2), None] and placed[3] == (vb, 3) and placed[4] is None
     assert placed[5] == (vbucket_of("b"), 1 + (vbucket_of("b") == vb) * 3)
     assert bucket.get("a") == {"i": 2} and [m.op for m in bucket.read_vb(vb, 0, 10) if m.key == "a"] == [
-        OP_UPDATE, OP_DELETE, OP_UPDATE]
+        OP_UPDATE,
+        OP_DELETE,
+        OP_UPDATE,
+    ]
     assert bucket.high_seqnos()[vbucket_of("never")] == (3 if vbucket_of("never") == vb else 0) + (
-        1 if vbucket_of("never") == vbucket_of("b") else 0)
+        1 if vbucket_of("never") == vbucket_of("b") else 0
+    )
 
 
 def test_reading_a_vbucket_packed(bucket):
@@ -333,11 +383,18 @@ def test_reading_a_vbucket_packed(bucket):
     assert exact.arrivals == [1_000, 1_000, 1_000, 5_000]
     assert bucket.read_vb_packed(vb, 0, 100, "fn", exact_arrivals_over_ms=4_001).arrivals is None
     two = bucket.read_vb_packed(vb, 1, 2, "fn")
-    assert (two.after_seqno, two.last_seqno, two.update_count, two.keys) == (1, 3, 2, "\0".join(keys[1:3]).encode())
+    assert (two.after_seqno, two.last_seqno, two.update_count, two.keys) == (
+        1,
+        3,
+        2,
+        "\0".join(keys[1:3]).encode(),
+    )
     assert bucket.read_vb_packed(vb, 5, 100, "fn") is None  # nothing after the high seqno
     # An entry written by a deployment of the reader's own function: read those rows one by one instead.
     bucket.write([Write(keys[1], OP_UPDATE, _doc(9))], origin="fn@2")
-    assert bucket.read_vb_packed(vb, 0, 100, "fn") is None and bucket.read_vb_packed(vb, 0, 5, "fn") is not None
+    assert (
+        bucket.read_vb_packed(vb, 0, 100, "fn") is None and bucket.read_vb_packed(vb, 0, 5, "fn") is not None
+    )
     assert bucket.read_vb_packed(vb, 0, 100, "other").last_seqno == 6
 
 
@@ -374,18 +431,29 @@ def test_conditions_insert_counters_and_chains(bucket):
     taken, fresh, counter, bad, chain = keys
     bucket.upsert(taken, {"x": 1})
     bucket.upsert(bad, {"count": "many"})
-    groups = [EffectGroup(9, 1, [
-        (1, Write(taken, OP_UPDATE, _doc(1), expect_cas=0)),  # exists: source 1 fails
-        (2, Write(fresh, OP_UPDATE, _doc(2), expect_cas=0)),  # missing: inserted
-        (3, Write(counter, OP_UPDATE, None, delta=3)),
-        (4, Write(counter, OP_UPDATE, None, delta=4)),  # sees the 3 written just before
-        (5, Write(bad, OP_UPDATE, None, delta=1)),  # not a number: source 5 fails
-        (6, Write(chain, OP_UPDATE, _doc(6), expect_cas=0)),
-        (7, Write(chain, OP_DELETE, expect_cas=0)),  # chain exists now (written by source 6): fails
-    ], conditional=True)]
+    groups = [
+        EffectGroup(
+            9,
+            1,
+            [
+                (1, Write(taken, OP_UPDATE, _doc(1), expect_cas=0)),  # exists: source 1 fails
+                (2, Write(fresh, OP_UPDATE, _doc(2), expect_cas=0)),  # missing: inserted
+                (3, Write(counter, OP_UPDATE, None, delta=3)),
+                (4, Write(counter, OP_UPDATE, None, delta=4)),  # sees the 3 written just before
+                (5, Write(bad, OP_UPDATE, None, delta=1)),  # not a number: source 5 fails
+                (6, Write(chain, OP_UPDATE, _doc(6), expect_cas=0)),
+                (7, Write(chain, OP_DELETE, expect_cas=0)),  # chain exists now (written by source 6): fails
+            ],
+            conditional=True,
+        )
+    ]
     result = bucket.apply_effects("fn", groups)
     assert result.conflicts == [(9, 1), (9, 5), (9, 7)] and result.applied == 4
-    assert bucket.get(taken) == {"x": 1} and bucket.get(fresh) == {"i": 2} and bucket.get(counter) == {"count": 7}
+    assert (
+        bucket.get(taken) == {"x": 1}
+        and bucket.get(fresh) == {"i": 2}
+        and bucket.get(counter) == {"count": 7}
+    )
     assert bucket.get(bad) == {"count": "many"} and bucket.get(chain) == {"i": 6}
     assert bucket.effect_marks("fn")[9][0] == 1  # (a partitioned bucket: seqno 0 where a partition got none)
     assert bucket.apply_effects("fn", groups).duplicates == 7  # a replay is dropped before any condition
@@ -402,13 +470,17 @@ def test_stats_count_documents_tombstones_and_mutations(file_bucket, request):
     assert (stats["name"], stats["uuid"]) == ("b", file_bucket.uuid)
     assert (stats["documents"], stats["tombstones"], stats["mutations"]) == (len(KEYS) - 1, 1, len(KEYS) + 1)
     assert stats["vbuckets_with_data"] == len({vbucket_of(k) for k in KEYS})
-    assert stats["partitions"] == (1 if kind == "local" else 4)  # a PostgreSQL bucket records what it was given
+    assert stats["partitions"] == (
+        1 if kind == "local" else 4
+    )  # a PostgreSQL bucket records what it was given
     assert stats["path"] == (None if file_bucket.path is None else str(file_bucket.path))
 
 
 def test_verify_integrity_passes_on_a_sound_bucket(file_bucket):
     file_bucket.write([Write(k, OP_UPDATE, _doc(i)) for i, k in enumerate(KEYS)])
-    assert file_bucket.verify_integrity() is None  # damaged ones: test_damaged_files.py, test_postgres_buckets.py
+    assert (
+        file_bucket.verify_integrity() is None
+    )  # damaged ones: test_damaged_files.py, test_postgres_buckets.py
 
 
 def test_copy_to_copies_files_and_names_the_way_where_there_are_none(file_bucket, tmp_path):
@@ -433,21 +505,34 @@ def test_a_dump_loaded_into_an_empty_bucket_holds_the_same_rows(file_bucket, req
     tombstone, high seqno, effect mark and collection id comes back, and the copy takes the uuid."""
     kind = request.node.callspec.params["file_bucket"]
     assert file_bucket.create_collection("s", "c") == 8
-    file_bucket.write([Write(k, OP_UPDATE, _doc(i), expiry=i % 3, flags=i % 2) for i, k in enumerate(KEYS)],
-                      origin="fn@1", arrival_ms=5_000)
+    file_bucket.write(
+        [Write(k, OP_UPDATE, _doc(i), expiry=i % 3, flags=i % 2) for i, k in enumerate(KEYS)],
+        origin="fn@1",
+        arrival_ms=5_000,
+    )
     file_bucket.write([Write(key_prefix(8) + "x", OP_UPDATE, _doc(1)), Write("k001", OP_DELETE)])
     file_bucket.apply_effects("fn", _groups(2, range(1, 4)))
     meta = file_bucket.dump_meta()
     assert meta.uuid == file_bucket.uuid and '"s"' in meta.collections
     tables = ("docs", "log", "high", "marks")
     rows = {table: sorted(r for batch in file_bucket.dump_rows(table) for r in batch) for table in tables}
-    assert [len(rows[t]) for t in ("docs", "log", "high")] == [len(KEYS) + 1 + 240, len(KEYS) + 2 + 240, NUM_VBUCKETS]
+    assert [len(rows[t]) for t in ("docs", "log", "high")] == [
+        len(KEYS) + 1 + 240,
+        len(KEYS) + 2 + 240,
+        NUM_VBUCKETS,
+    ]
     for got in _open(kind, request, data_dir, "c"):
         got.load_dump(meta, ((table, file_bucket.dump_rows(table)) for table in tables))
         assert got.uuid == file_bucket.uuid and got.dump_meta().collections == meta.collections
         assert {table: sorted(r for batch in got.dump_rows(table) for r in batch) for table in tables} == rows
-        assert got.high_seqnos() == file_bucket.high_seqnos() and got.effect_marks("fn") == file_bucket.effect_marks("fn")
-        assert got.collections() == {("s", "c"): 8} and got.get("k001") is None and got.keys() == file_bucket.keys()
+        assert got.high_seqnos() == file_bucket.high_seqnos() and got.effect_marks(
+            "fn"
+        ) == file_bucket.effect_marks("fn")
+        assert (
+            got.collections() == {("s", "c"): 8}
+            and got.get("k001") is None
+            and got.keys() == file_bucket.keys()
+        )
         vb = vbucket_of(KEYS[5])
         assert got.read_vb_rows(vb, 0, 1000) == file_bucket.read_vb_rows(vb, 0, 1000)
         with pytest.raises(ConfigError, match="is not empty"):
@@ -455,23 +540,35 @@ def test_a_dump_loaded_into_an_empty_bucket_holds_the_same_rows(file_bucket, req
 
 
 def test_load_rows_logs_as_write_does(file_bucket):
-    rows = [("k1", OP_UPDATE, _doc(1), 0), ("k2", OP_UPDATE, _doc(2), 2_000_000_000), ("k1", OP_DELETE, None, 0),
-            ("nope", OP_DELETE, None, 0)]
+    rows = [
+        ("k1", OP_UPDATE, _doc(1), 0),
+        ("k2", OP_UPDATE, _doc(2), 2_000_000_000),
+        ("k1", OP_DELETE, None, 0),
+        ("nope", OP_DELETE, None, 0),
+    ]
     assert file_bucket.load_rows(rows, arrival_ms=1_234) == 3  # the delete of nothing is not logged
     assert file_bucket.get("k1") is None and file_bucket.get_doc("k2")[2] == 2_000_000_000
     logged = [m for vb in {vbucket_of("k1"), vbucket_of("k2")} for m in file_bucket.read_vb(vb, 0, 10)]
     assert sorted((m.key, m.op, m.arrival_ms, m.origin) for m in logged) == [
-        ("k1", OP_UPDATE, 1_234, None), ("k1", OP_DELETE, 1_234, None), ("k2", OP_UPDATE, 1_234, None)]
-    assert file_bucket.high_seqnos()[vbucket_of("nope")] == sum(vbucket_of(k) == vbucket_of("nope") for k in
-                                                                ("k1", "k1", "k2"))
+        ("k1", OP_UPDATE, 1_234, None),
+        ("k1", OP_DELETE, 1_234, None),
+        ("k2", OP_UPDATE, 1_234, None),
+    ]
+    assert file_bucket.high_seqnos()[vbucket_of("nope")] == sum(
+        vbucket_of(k) == vbucket_of("nope") for k in ("k1", "k1", "k2")
+    )
 
 
 def test_expire_due_turns_passed_expiries_into_expirations(file_bucket):
-    file_bucket.write([
-        Write("gone1", OP_UPDATE, _doc(1), expiry=100), Write("gone2", OP_UPDATE, _doc(2), expiry=200),
-        Write("later", OP_UPDATE, _doc(3), expiry=10**10), Write("plain", OP_UPDATE, _doc(4)),
-        Write("deleted", OP_UPDATE, _doc(5), expiry=50),
-    ])
+    file_bucket.write(
+        [
+            Write("gone1", OP_UPDATE, _doc(1), expiry=100),
+            Write("gone2", OP_UPDATE, _doc(2), expiry=200),
+            Write("later", OP_UPDATE, _doc(3), expiry=10**10),
+            Write("plain", OP_UPDATE, _doc(4)),
+            Write("deleted", OP_UPDATE, _doc(5), expiry=50),
+        ]
+    )
     file_bucket.delete("deleted")
     assert file_bucket.expire_due(now_s=150) == 1
     assert file_bucket.get("gone1") is None and file_bucket.get("gone2") == {"i": 2}
@@ -492,7 +589,9 @@ def test_columns_of_a_vbucket_rebuild_its_rows(file_bucket):
     assert list(rows_of_columns(vb, 1, file_bucket.read_vb_columns(vb, 1, 2))) == rows[1:3]
     assert file_bucket.read_vb_columns(vb, 6, 100) is None  # nothing there
     file_bucket.write([Write(keys[0], OP_UPDATE, _doc(0), flags=1)])  # not the plain case: read the rows
-    assert file_bucket.read_vb_columns(vb, 0, 100) is None and file_bucket.read_vb_columns(vb, 0, 6) is not None
+    assert (
+        file_bucket.read_vb_columns(vb, 0, 100) is None and file_bucket.read_vb_columns(vb, 0, 6) is not None
+    )
     file_bucket.write([Write(keys[1], OP_UPDATE, _doc(0))], origin="fn@1")
     assert file_bucket.read_vb_columns(vb, 7, 1) is None
 
@@ -502,20 +601,24 @@ def test_matching_reads_leave_out_what_the_prefilter_rules_out(file_bucket):
     vb = vbucket_of(keys[0])
     cid = file_bucket.create_collection("s", "c")
     own = _same_vb("u", 1, vb)[0]
-    file_bucket.write([
-        Write(keys[0], OP_UPDATE, encode_document({"type": "order"})),  # 1 matches
-        Write(keys[1], OP_UPDATE, encode_document({"type": "other"})),  # 2 ruled out
-        Write(keys[2], OP_UPDATE, encode_document({"type": "other"})),  # 3 ruled out
-        Write(key_prefix(cid) + own, OP_UPDATE, encode_document({"type": "x"})),  # 4 a named collection's
-        Write(keys[1], OP_DELETE),  # 5 a delete: its bytes tell nothing
-        Write(keys[3], OP_UPDATE, encode_document({"type": "other"})),  # 6 ruled out
-        Write(keys[4], OP_UPDATE, encode_document({"type": "other"})),  # 7 ruled out
-    ])
+    file_bucket.write(
+        [
+            Write(keys[0], OP_UPDATE, encode_document({"type": "order"})),  # 1 matches
+            Write(keys[1], OP_UPDATE, encode_document({"type": "other"})),  # 2 ruled out
+            Write(keys[2], OP_UPDATE, encode_document({"type": "other"})),  # 3 ruled out
+            Write(key_prefix(cid) + own, OP_UPDATE, encode_document({"type": "x"})),  # 4 a named collection's
+            Write(keys[1], OP_DELETE),  # 5 a delete: its bytes tell nothing
+            Write(keys[3], OP_UPDATE, encode_document({"type": "other"})),  # 6 ruled out
+            Write(keys[4], OP_UPDATE, encode_document({"type": "other"})),  # 7 ruled out
+        ]
+    )
     file_bucket.write([Write(keys[5], OP_UPDATE, encode_document({"type": "other"}))], origin="fn@2")  # 8 own
     prefilter = compile_filter({"field": "type", "eq": "order"}).prefilter
     rows, scanned, last = file_bucket.read_vb_matching(vb, 0, 100, 8, prefilter, "fn")
     assert [r[1] for r in rows] == [1, 4, 5, 8] and (scanned, last) == (8, 8)
-    assert [tuple(r) for r in rows] == [tuple(r) for r in file_bucket.read_vb_rows(vb, 0, 8) if r[1] in (1, 4, 5, 8)]
+    assert [tuple(r) for r in rows] == [
+        tuple(r) for r in file_bucket.read_vb_rows(vb, 0, 8) if r[1] in (1, 4, 5, 8)
+    ]
     # The range's last entry comes back as the check of its count, whatever the prefilter says of it.
     rows, scanned, last = file_bucket.read_vb_matching(vb, 0, 3, 8, prefilter, "fn")
     assert [r[1] for r in rows] == [1, 3] and (scanned, last) == (3, 3)
@@ -535,7 +638,10 @@ def test_first_arrival_after_positions(file_bucket):
     assert file_bucket.first_arrival_after({va: 0, vb: 0}) == 100
     assert file_bucket.first_arrival_after({va: 1, vb: 0}) == 150
     assert file_bucket.first_arrival_after({va: 1}) == 200
-    assert file_bucket.first_arrival_after({va: 2, vb: 1}) is None and file_bucket.first_arrival_after({}) is None
+    assert (
+        file_bucket.first_arrival_after({va: 2, vb: 1}) is None
+        and file_bucket.first_arrival_after({}) is None
+    )
 
 
 def test_scans_of_the_whole_log_in_vbucket_and_seqno_order(file_bucket):
@@ -550,10 +656,15 @@ def test_scans_of_the_whole_log_in_vbucket_and_seqno_order(file_bucket):
 
 
 def test_logged_writes_count_every_upsert_of_a_prefix(file_bucket):
-    file_bucket.write([Write("a|1", OP_UPDATE, _doc(1)), Write("a|2", OP_UPDATE, _doc(2)), Write("b|1", OP_UPDATE, _doc(3))])
+    file_bucket.write(
+        [Write("a|1", OP_UPDATE, _doc(1)), Write("a|2", OP_UPDATE, _doc(2)), Write("b|1", OP_UPDATE, _doc(3))]
+    )
     file_bucket.write([Write("a|1", OP_UPDATE, _doc(4)), Write("a|1", OP_DELETE)])
     assert file_bucket.logged_writes("a|") == {"a|1": 2, "a|2": 1}
-    assert file_bucket.logged_writes("") == {"a|1": 2, "a|2": 1, "b|1": 1} and file_bucket.logged_writes("c") == {}
+    assert (
+        file_bucket.logged_writes("") == {"a|1": 2, "a|2": 1, "b|1": 1}
+        and file_bucket.logged_writes("c") == {}
+    )
 
 
 def test_seqnos_before_a_time(file_bucket):
@@ -572,13 +683,23 @@ def test_lowering_and_dropping_effect_marks(file_bucket):
     file_bucket.apply_effects("fn", _groups(2, range(1, 6)))
     file_bucket.apply_effects("other", _groups(1, range(1, 2), "o"))
     assert file_bucket.effect_marks("fn") == {3: (2, 5), 900: (2, 5)}
-    moved = file_bucket.lower_effect_marks("fn", {3: 2, 900: 9, 77: 1})  # only downwards, only marks that exist
+    moved = file_bucket.lower_effect_marks(
+        "fn", {3: 2, 900: 9, 77: 1}
+    )  # only downwards, only marks that exist
     assert moved == {3: 5} and file_bucket.effect_marks("fn") == {3: (2, 2), 900: (2, 5)}
     again = file_bucket.apply_effects("fn", _groups(2, range(1, 6)))
-    assert (again.applied, again.duplicates) == (3 * 40, 2 * 40 + 5 * 40)  # vBucket 3's seqnos 3..5 apply again
+    assert (again.applied, again.duplicates) == (
+        3 * 40,
+        2 * 40 + 5 * 40,
+    )  # vBucket 3's seqnos 3..5 apply again
     file_bucket.drop_effect_marks("fn")
-    assert file_bucket.effect_marks("fn") == {} and file_bucket.effect_marks("other") == {3: (1, 1), 900: (1, 1)}
-    assert file_bucket.apply_effects("fn", _groups(2, range(1, 2))).applied == 80  # a new deployment starts afresh
+    assert file_bucket.effect_marks("fn") == {} and file_bucket.effect_marks("other") == {
+        3: (1, 1),
+        900: (1, 1),
+    }
+    assert (
+        file_bucket.apply_effects("fn", _groups(2, range(1, 2))).applied == 80
+    )  # a new deployment starts afresh
 
 
 def test_collections_are_created_with_new_ids_and_dropped_with_their_documents(file_bucket):
@@ -591,8 +712,12 @@ def test_collections_are_created_with_new_ids_and_dropped_with_their_documents(f
     assert file_bucket.collections() == {("s", "c"): 8, ("s", "d"): 9}
     assert file_bucket.drop_collection("s", "c") == 19  # live documents only
     assert file_bucket.collections() == {("s", "d"): 9} and file_bucket.count() == 2
-    assert file_bucket.get(key_prefix(8) + KEYS[1]) is None and file_bucket.get(key_prefix(9) + "x") == {"i": 1}
-    assert any(m.key == key_prefix(8) + KEYS[1] for m in file_bucket.read_vb(vbucket_of(KEYS[1]), 0, 10))  # log stays
+    assert file_bucket.get(key_prefix(8) + KEYS[1]) is None and file_bucket.get(key_prefix(9) + "x") == {
+        "i": 1
+    }
+    assert any(
+        m.key == key_prefix(8) + KEYS[1] for m in file_bucket.read_vb(vbucket_of(KEYS[1]), 0, 10)
+    )  # log stays
     with pytest.raises(NotFoundError, match=r"collection b\.s\.c does not exist"):
         file_bucket.drop_collection("s", "c")
     assert file_bucket.create_collection("s", "c") == 10  # ids are never reused
@@ -620,7 +745,10 @@ def test_change_document_reads_checks_and_writes_one_document(file_bucket):
         file_bucket.change_document("d1", insert)
     assert file_bucket.change_document("d1", lambda current: None) == after  # nothing to write: as it is
     assert file_bucket.change_document("d1", lambda current: Write("d1", OP_DELETE)) is None
-    assert file_bucket.get("d1") is None and file_bucket.change_document("d1", lambda current: current and None) is None
+    assert (
+        file_bucket.get("d1") is None
+        and file_bucket.change_document("d1", lambda current: current and None) is None
+    )
     log = file_bucket.read_vb(vbucket_of("d1"), 0, 10)
     assert [(m.op, m.origin) for m in log] == [(OP_UPDATE, "api"), (OP_DELETE, None)]
 
@@ -629,16 +757,30 @@ def test_change_documents_one_transaction_each_change_seeing_the_ones_before(fil
     """The Data API's write path: a group of requests, one transaction; a change that raises takes its
     exception's place and writes nothing, the others go on."""
     file_bucket.upsert("y", {"v": 1})
-    done = file_bucket.change_documents([
-        ("x", _counter), ("x", _counter), ("y", _refuse), ("z", lambda current: Write("z", OP_DELETE)),
-        ("y", lambda current: Write("y", OP_DELETE)), ("x", _counter), ("w", lambda current: None),
-    ], origin="api")
+    done = file_bucket.change_documents(
+        [
+            ("x", _counter),
+            ("x", _counter),
+            ("y", _refuse),
+            ("z", lambda current: Write("z", OP_DELETE)),
+            ("y", lambda current: Write("y", OP_DELETE)),
+            ("x", _counter),
+            ("w", lambda current: None),
+        ],
+        origin="api",
+    )
     vb = vbucket_of("x")
-    assert [d.after.doc for d in (done[0], done[1], done[5])] == [encode_document({"count": n}) for n in (1, 2, 3)]
+    assert [d.after.doc for d in (done[0], done[1], done[5])] == [
+        encode_document({"count": n}) for n in (1, 2, 3)
+    ]
     assert isinstance(done[2], ConfigError) and done[3] == Changed(None) and done[6] == Changed(None)
     assert done[4].after is None and (done[4].vb, done[4].seqno) == (vbucket_of("y"), 2) and done[4].cas > 0
     meta = file_bucket.get_meta("x")
-    assert done[5] == Changed(done[5].after, meta["cas"], vb, 3) and meta["flags"] == 5 and done[5].after.cas == meta["cas"]
+    assert (
+        done[5] == Changed(done[5].after, meta["cas"], vb, 3)
+        and meta["flags"] == 5
+        and done[5].after.cas == meta["cas"]
+    )
     assert file_bucket.get("x") == {"count": 3} and file_bucket.get("y") is None
     assert [m.origin for m in file_bucket.read_vb(vb, 0, 10) if m.key == "x"] == ["api"] * 3
 

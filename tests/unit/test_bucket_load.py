@@ -16,12 +16,16 @@ from eventing.storage.values import Write
 
 
 def _log(bucket: LocalBucket) -> list[tuple]:
-    rows = bucket.file.db.execute("SELECT vb, seqno, key, op, doc, origin, expiry, flags FROM log ORDER BY vb, seqno")
+    rows = bucket.file.db.execute(
+        "SELECT vb, seqno, key, op, doc, origin, expiry, flags FROM log ORDER BY vb, seqno"
+    )
     return rows.fetchall()
 
 
 def _docs(bucket: LocalBucket) -> list[tuple]:
-    return bucket.file.db.execute("SELECT key, vb, seqno, deleted, doc, expiry FROM docs ORDER BY key").fetchall()
+    return bucket.file.db.execute(
+        "SELECT key, vb, seqno, deleted, doc, expiry FROM docs ORDER BY key"
+    ).fetchall()
 
 
 def test_load_rows_matches_write_batch_by_batch(data_dir):
@@ -54,20 +58,28 @@ def test_load_rows_matches_write_batch_by_batch(data_dir):
 def test_load_rows_arrival_never_goes_backwards(data_dir):
     bucket = LocalBucket.create(data_dir, "a")
     bucket.load_rows([("x", OP_UPDATE, encode_document({}), 0)], arrival_ms=5_000)
-    bucket.load_rows([("x", OP_UPDATE, encode_document({}), 0), ("y", OP_UPDATE, encode_document({}), 0)],
-                     arrival_ms=1_000)
-    arrivals = dict(((k, s), a) for k, s, a in bucket.file.db.execute("SELECT key, seqno, arrival_ms FROM log"))
+    bucket.load_rows(
+        [("x", OP_UPDATE, encode_document({}), 0), ("y", OP_UPDATE, encode_document({}), 0)], arrival_ms=1_000
+    )
+    arrivals = dict(
+        ((k, s), a) for k, s, a in bucket.file.db.execute("SELECT key, seqno, arrival_ms FROM log")
+    )
     assert arrivals[("x", 1)] == 5_000 and arrivals[("x", 2)] == 5_000  # same vBucket: kept at 5000
     assert arrivals[("y", 1)] == 1_000  # another vBucket: its own time
 
 
 def test_load_file_gives_the_generator_bytes_and_the_same_rejections(capsys, data_dir, tmp_path):
-    lines = [json.dumps({"key": w.key, "doc": msgpack.unpackb(w.doc)} if w.op == OP_UPDATE
-                        else {"key": w.key, "op": "delete"})
-             for w in loadgen.generate(40, 300, seed=4)]
+    lines = [
+        json.dumps(
+            {"key": w.key, "doc": msgpack.unpackb(w.doc)}
+            if w.op == OP_UPDATE
+            else {"key": w.key, "op": "delete"}
+        )
+        for w in loadgen.generate(40, 300, seed=4)
+    ]
     lines += [  # after the generated lines, so those keep their seqnos
-        "",                                                     # blank: skipped
-        '{"key": "n", "doc": {"x": NaN}}',                      # rejected by both readers
+        "",  # blank: skipped
+        '{"key": "n", "doc": {"x": NaN}}',  # rejected by both readers
         '{"key": "big", "doc": {"x": 123456789012345678901234567890}}',
         '{"key": "null", "doc": null}',
         '{"key": "e", "doc": {"x": 1}, "expiry": 5.0, "meta": {"vb": 1}}',  # accepted: the general path
@@ -93,8 +105,24 @@ def test_load_file_gives_the_generator_bytes_and_the_same_rejections(capsys, dat
     assert bucket.get("u") == {"s": "\u00e9\U0001f600"}
     # The generator's own documents: the same msgpack bytes as loading them without the file.
     assert main(["bucket", "create", "g", "--data-dir", data_dir]) == 0
-    assert main(["bucket", "load", "g", "--documents", "40", "--mutations", "300", "--seed", "4",
-                 "--data-dir", data_dir]) == 0
+    assert (
+        main(
+            [
+                "bucket",
+                "load",
+                "g",
+                "--documents",
+                "40",
+                "--mutations",
+                "300",
+                "--seed",
+                "4",
+                "--data-dir",
+                data_dir,
+            ]
+        )
+        == 0
+    )
     generated = LocalBucket.open(data_dir, "g")
     keep = {r[2] for r in _log(generated)}
     assert [r for r in _log(bucket) if r[2] in keep] == _log(generated)

@@ -34,14 +34,32 @@ def dd(data_dir):
 def setup_demo_buckets(capsys, dd, mutations: int = 2000):
     for name in ("customers", "emails", "scores"):
         assert run_cli(capsys, "bucket", "create", name, *dd)[0] == 0
-    assert run_cli(capsys, "bucket", "load", "customers", "--documents", "200", "--mutations", str(mutations), *dd)[0] == 0
+    assert (
+        run_cli(
+            capsys, "bucket", "load", "customers", "--documents", "200", "--mutations", str(mutations), *dd
+        )[0]
+        == 0
+    )
 
 
 def test_bucket_load_is_deterministic_with_a_seed(capsys, tmp_path):
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
     for d in (a, b):
         run_cli(capsys, "bucket", "create", "c", "--data-dir", d)
-        run_cli(capsys, "bucket", "load", "c", "--documents", "50", "--mutations", "400", "--seed", "9", "--data-dir", d)
+        run_cli(
+            capsys,
+            "bucket",
+            "load",
+            "c",
+            "--documents",
+            "50",
+            "--mutations",
+            "400",
+            "--seed",
+            "9",
+            "--data-dir",
+            d,
+        )
     docs_a = json_of(capsys, "bucket", "get", "c", "customer::07", "--data-dir", a)
     docs_b = json_of(capsys, "bucket", "get", "c", "customer::07", "--data-dir", b)
     assert docs_a["doc"] == docs_b["doc"]
@@ -56,10 +74,9 @@ def test_bucket_load_imports_json_lines_and_reports_bad_lines(capsys, dd, tmp_pa
         b'{"key": "a", "doc": {"x": 1}}\n'
         b'{"key": "b", "doc": [1]}\n'
         b'{"key": "", "doc": {"x": 1}}\n'
-        b'not json\n'
+        b"not json\n"
         b'{"key": "\xff", "doc": {}}\n'
-        b'{"key": "a", "op": "delete"}\n'
-        + b'{"key": "' + b"k" * 251 + b'", "doc": {}}\n'
+        b'{"key": "a", "op": "delete"}\n' + b'{"key": "' + b"k" * 251 + b'", "doc": {}}\n'
     )
     code, out, err = run_cli(capsys, "bucket", "load", "c", "--file", str(lines), *dd)
     assert code == 1  # some lines were rejected: say so in the exit code
@@ -174,10 +191,24 @@ def test_deploy_with_an_unknown_bucket_is_refused_with_the_fix(capsys, dd):
 def test_a_command_loads_only_what_it_uses():
     """Every `eventing` command builds the whole parser; building it loads no engine (the service, workers,
     handler runner), no Ray, Spark or web stack: a command such as `bucket count` starts in ~0.2 s, not ~0.6 s."""
-    code = "import sys; from eventing.cli.app import build_parser; build_parser(); print(' '.join(sys.modules))"
-    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    heavy = ("ray", "pyspark", "uvicorn", "starlette", "eventing.control.service", "eventing.control.lifecycle",
-             "eventing.workers", "eventing.execution.runner", "eventing.ops.stats", "eventing.http.server")
+    code = (
+        "import sys; from eventing.cli.app import build_parser; build_parser(); print(' '.join(sys.modules))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split()
+    heavy = (
+        "ray",
+        "pyspark",
+        "uvicorn",
+        "starlette",
+        "eventing.control.service",
+        "eventing.control.lifecycle",
+        "eventing.workers",
+        "eventing.execution.runner",
+        "eventing.ops.stats",
+        "eventing.http.server",
+    )
     assert [m for m in loaded if any(m == h or m.startswith(h + ".") for h in heavy)] == []
 
 
@@ -185,7 +216,13 @@ def test_bucket_get_and_upsert_take_documents_that_are_not_objects(tmp_path, cap
     """Strings, arrays, numbers and null (as handlers, the Data API and the SDKs write them) and binary bytes."""
     dd = ("--data-dir", str(tmp_path / "d"))
     assert run_cli(capsys, "bucket", "create", "c", *dd)[0] == 0
-    for text, value in (('"hello"', "hello"), ("[1, 2]", [1, 2]), ("42", 42), ("null", None), ('{"a": 1}', {"a": 1})):
+    for text, value in (
+        ('"hello"', "hello"),
+        ("[1, 2]", [1, 2]),
+        ("42", 42),
+        ("null", None),
+        ('{"a": 1}', {"a": 1}),
+    ):
         assert run_cli(capsys, "bucket", "upsert", "c", "k", text, *dd)[0] == 0
         code, out, err = run_cli(capsys, "bucket", "get", "c", "k", *dd)
         assert code == 0 and json.loads(out) == value and "Traceback" not in err

@@ -42,8 +42,12 @@ def two_functions(data_dir: str, documents: int = 30) -> None:
     source = LocalBucket.create(data_dir, "src")
     for i in range(documents):
         source.upsert(f"k{i}", {"n": i})
-    deploy_function(data_dir, FunctionDefinition.from_dict({"name": "fn_ok", "source_bucket": "src"}), PASSING)
-    deploy_function(data_dir, FunctionDefinition.from_dict({"name": "fn_bad", "source_bucket": "src"}), FAILING)
+    deploy_function(
+        data_dir, FunctionDefinition.from_dict({"name": "fn_ok", "source_bucket": "src"}), PASSING
+    )
+    deploy_function(
+        data_dir, FunctionDefinition.from_dict({"name": "fn_bad", "source_bucket": "src"}), FAILING
+    )
     EventingService(data_dir, InProcessExecutor(), until_caught_up=True).run()
 
 
@@ -93,7 +97,9 @@ def test_identifiers_are_plain_integers_and_counts_keep_separators():
 
 def test_dlq_list_prints_vbuckets_and_seqnos_without_separators(capsys, dd, data_dir):
     source = LocalBucket.create(data_dir, "src")
-    deploy_function(data_dir, FunctionDefinition.from_dict({"name": "fn_bad", "source_bucket": "src"}), FAILING)
+    deploy_function(
+        data_dir, FunctionDefinition.from_dict({"name": "fn_bad", "source_bucket": "src"}), FAILING
+    )
     # A key of a vBucket above 999 with more than 999 mutations: both printed with a comma before.
     key = next(k for k in (f"d{i}" for i in range(10_000)) if vbucket_of(k) >= 1000)
     for i in range(1001):
@@ -109,7 +115,9 @@ def test_a_sub_second_run_reports_its_real_rate_in_the_summary_and_in_stats(caps
     source = LocalBucket.create(data_dir, "src")
     for i in range(2000):
         source.upsert(f"k{i}", {"n": i})
-    deploy_function(data_dir, FunctionDefinition.from_dict({"name": "fn_ok", "source_bucket": "src"}), PASSING)
+    deploy_function(
+        data_dir, FunctionDefinition.from_dict({"name": "fn_ok", "source_bucket": "src"}), PASSING
+    )
     summary = EventingService(data_dir, InProcessExecutor(), until_caught_up=True).run()
     progress = summary.functions["fn_ok"]
     assert progress.handled == 2000
@@ -125,10 +133,21 @@ def test_a_sub_second_run_reports_its_real_rate_in_the_summary_and_in_stats(caps
 
 def test_windows_json_names_each_watermark(capsys, dd, data_dir):
     LocalBucket.create(data_dir, "src")
-    defn = FunctionDefinition.from_dict({
-        "name": "fn_w", "source_bucket": "src", "window": {
-            "kind": "tumbling", "size": "1m", "boundary": "event_time", "time_field": "ts",
-            "aggregates": [{"op": "count"}], "out_of_order_tolerance": "5s", "late_arrival_tolerance": "5s"}})
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": "fn_w",
+            "source_bucket": "src",
+            "window": {
+                "kind": "tumbling",
+                "size": "1m",
+                "boundary": "event_time",
+                "time_field": "ts",
+                "aggregates": [{"op": "count"}],
+                "out_of_order_tolerance": "5s",
+                "late_arrival_tolerance": "5s",
+            },
+        }
+    )
     deploy_function(data_dir, defn, "")
     status = window_status(data_dir, "fn_w")
     assert status["watermark_of"] == "vbuckets"

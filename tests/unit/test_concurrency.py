@@ -33,7 +33,7 @@ from sharding import NUM_VBUCKETS
 
 # The ledger handler (history per document, one effect per mutation) with random short waits, and the
 # number of calls in flight at once, so a test sees both the order and the overlap.
-ORDERED = '''
+ORDERED = """
 import os
 import random
 import threading
@@ -69,7 +69,7 @@ def on_delete(meta, options):
     ledger[f"h|{FUNCTION}|{meta.id}"] = history
     with open(CALL_LOG, "a") as f:
         f.write(f"{meta.id} {meta.seq} {os.getpid()}\\n")
-'''
+"""
 
 
 def run(data_dir: str) -> None:
@@ -87,7 +87,9 @@ def worker(data_dir: str, name: str, wid: str = "n/w0") -> WorkerCore:
 def test_concurrent_calls_keep_each_documents_order_and_apply_effects_exactly_once(data_dir, tmp_path):
     source = load_source(data_dir, 200, 2000, seed=5, delete_ratio=0.1)
     calls = tmp_path / "calls"
-    defn = ledger_definition("fn_c", "src", "ledger", workers=2, call_log=str(calls), concurrency=8, batch_size=400)
+    defn = ledger_definition(
+        "fn_c", "src", "ledger", workers=2, call_log=str(calls), concurrency=8, batch_size=400
+    )
     deploy_function(data_dir, defn, ORDERED)
     run(data_dir)
     ledger = open_bucket(data_dir, "ledger")
@@ -106,8 +108,16 @@ def test_concurrent_calls_keep_each_documents_order_and_apply_effects_exactly_on
 def test_a_worker_abandoned_after_flushing_replays_without_applying_anything_twice(data_dir, tmp_path):
     source = load_source(data_dir, 100, 1500, seed=9)
     calls = tmp_path / "calls"
-    defn = ledger_definition("fn_c", "src", "ledger", workers=1, call_log=str(calls), concurrency=6,
-                             batch_size=200, checkpoint_interval="1h")
+    defn = ledger_definition(
+        "fn_c",
+        "src",
+        "ledger",
+        workers=1,
+        call_log=str(calls),
+        concurrency=6,
+        batch_size=200,
+        checkpoint_interval="1h",
+    )
     deploy_function(data_dir, defn, ORDERED)
     first = worker(data_dir, "fn_c")
     for _ in range(3):
@@ -121,10 +131,12 @@ def test_a_worker_abandoned_after_flushing_replays_without_applying_anything_twi
     assert report.handled == 1500
     replayed = sum(len(v) for v in read_call_log(calls).values()) - 1500
     assert replayed == 600  # the three batches ran again ...
-    assert open_store(data_dir).counters("fn_c")["effects_duplicate"] >= 600  # ... and their effects were skipped
+    assert (
+        open_store(data_dir).counters("fn_c")["effects_duplicate"] >= 600
+    )  # ... and their effects were skipped
 
 
-HANGS = '''
+HANGS = """
 import time
 
 _hanging = set()  # the hung calls running now
@@ -140,7 +152,7 @@ def on_update(doc, meta):
             _hanging.discard(meta.id)
     time.sleep(0.02)
     dst[meta.id] = {"seq": meta.seq, "during_hang": bool(_hanging)}
-'''
+"""
 
 
 def test_pool_calls_past_execution_timeout_are_dead_lettered_while_the_others_complete(data_dir):
@@ -149,10 +161,15 @@ def test_pool_calls_past_execution_timeout_are_dead_lettered_while_the_others_co
         source.upsert(f"hang{i}", {"i": i})
     for i in range(60):
         source.upsert(f"ok{i}", {"i": i})
-    defn = FunctionDefinition.from_dict({
-        "name": "fn_h", "source_bucket": "src", "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}],
-        "execution_timeout": "500ms", "concurrency": 8,
-    })
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": "fn_h",
+            "source_bucket": "src",
+            "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}],
+            "execution_timeout": "500ms",
+            "concurrency": 8,
+        }
+    )
     deploy_function(data_dir, defn, HANGS)
     run(data_dir)
     dst = open_bucket(data_dir, "dst")
@@ -167,7 +184,7 @@ def test_pool_calls_past_execution_timeout_are_dead_lettered_while_the_others_co
 
 
 # A call whose timeout lands in a __del__ (Python prints it as unraisable and drops it), then waits.
-LOSES_ITS_TIMEOUT = '''
+LOSES_ITS_TIMEOUT = """
 import time
 
 
@@ -185,7 +202,7 @@ def on_update(doc, meta):
         while time.monotonic() < ends:
             time.sleep(0.01)
     dst[meta.id] = doc
-'''
+"""
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
@@ -193,15 +210,22 @@ def test_a_pool_calls_timeout_that_python_dropped_is_raised_again(data_dir):
     source = LocalBucket.create(data_dir, "src")
     for key in ("a", "slow", "b"):
         source.upsert(key, {"k": key})
-    defn = FunctionDefinition.from_dict({
-        "name": "fn_h", "source_bucket": "src", "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}],
-        "execution_timeout": "300ms", "concurrency": 2,
-    })
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": "fn_h",
+            "source_bucket": "src",
+            "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}],
+            "execution_timeout": "300ms",
+            "concurrency": 2,
+        }
+    )
     deploy_function(data_dir, defn, LOSES_ITS_TIMEOUT)
     started = time.monotonic()
     run(data_dir)
     assert sorted(open_bucket(data_dir, "dst").keys()) == ["a", "b"]
-    assert [(row.key, row.reason) for row in open_store(data_dir).find_dlq_rows("fn_h")] == [("slow", "timeout")]
+    assert [(row.key, row.reason) for row in open_store(data_dir).find_dlq_rows("fn_h")] == [
+        ("slow", "timeout")
+    ]
     assert time.monotonic() - started < 4
 
 
@@ -231,7 +255,7 @@ def server():
         yield url_of(httpd)
 
 
-CALLS_OUT = '''
+CALLS_OUT = """
 import time
 
 
@@ -244,24 +268,30 @@ def on_update(doc, meta):
 
 def later(context):
     dst["fired|" + context["id"]] = {"seq": context["seq"]}
-'''
+"""
 
 
 def test_curl_timers_and_log_from_concurrent_calls_name_their_own_mutation(data_dir, server):
     source = LocalBucket.create(data_dir, "src")
     for i in range(40):
         source.upsert(f"k{i}", {"i": i})
-    defn = FunctionDefinition.from_dict({
-        "name": "fn_io", "source_bucket": "src", "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}],
-        "url_bindings": [{"alias": "api", "url": server}], "concurrency": 8, "checkpoint_interval": "100ms",
-    })
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": "fn_io",
+            "source_bucket": "src",
+            "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}],
+            "url_bindings": [{"alias": "api", "url": server}],
+            "concurrency": 8,
+            "checkpoint_interval": "100ms",
+        }
+    )
     deploy_function(data_dir, defn, CALLS_OUT)
     w = worker(data_dir, "fn_io")
     for _ in range(3):  # handle, commit (timers durable), fire
         w.step()
         w.commit()
     dst = open_bucket(data_dir, "dst")
-    seen = {k[len("seen|"):]: dst.get(k) for k in dst.keys() if k.startswith("seen|")}
+    seen = {k[len("seen|") :]: dst.get(k) for k in dst.keys() if k.startswith("seen|")}
     assert len(seen) == 40 and all(v["status"] == 200 and v["ok"] is True for v in seen.values())
     # Each curl went out once, from the call of its own document (its path and header agree).
     assert sorted(Recorder.seen) == sorted((f"/doc/k{i}", str(seen[f"k{i}"]["seq"])) for i in range(40))
@@ -285,14 +315,20 @@ def test_curl_timers_and_log_from_concurrent_calls_name_their_own_mutation(data_
 def test_concurrency_one_keeps_the_one_call_path_and_bad_values_are_refused():
     plain = FunctionDefinition.from_dict({"name": "f", "source_bucket": "s"})
     assert plain.concurrency == 1 and plain.to_dict()["concurrency"] == 1
-    assert FunctionDefinition.from_dict({"name": "f", "source_bucket": "s", "concurrency": 16}).concurrency == 16
+    assert (
+        FunctionDefinition.from_dict({"name": "f", "source_bucket": "s", "concurrency": 16}).concurrency == 16
+    )
     for bad in (0, 65, True, "4", 2.5):
-        with pytest.raises(ConfigError, match="concurrency of function 'f' is .*; give an integer from 1 to 64"):
+        with pytest.raises(
+            ConfigError, match="concurrency of function 'f' is .*; give an integer from 1 to 64"
+        ):
             FunctionDefinition.from_dict({"name": "f", "source_bucket": "s", "concurrency": bad})
     js = {"name": "f", "source_bucket": "s", "concurrency": 4, "language": "javascript"}
     assert FunctionDefinition.from_dict(js).concurrency == 4
     with pytest.raises(ConfigError, match="previous_version does not take"):
-        FunctionDefinition.from_dict({"name": "f", "source_bucket": "s", "concurrency": 4, "previous_version": True})
+        FunctionDefinition.from_dict(
+            {"name": "f", "source_bucket": "s", "concurrency": 4, "previous_version": True}
+        )
 
 
 def test_only_a_function_with_concurrency_gets_the_pool_and_per_thread_buffers(data_dir):
@@ -309,7 +345,7 @@ def test_only_a_function_with_concurrency_gets_the_pool_and_per_thread_buffers(d
     many.close()
 
 
-LAST_WRITER = '''
+LAST_WRITER = """
 import time
 
 
@@ -317,7 +353,7 @@ def on_update(doc, meta):
     if doc["slow"]:
         time.sleep(0.3)  # returns after the later mutation's call
     dst["last"] = {"seq": meta.seq, "key": meta.id}
-'''
+"""
 
 
 def test_writes_of_one_vbucket_reach_the_bucket_in_seqno_order_whatever_order_the_calls_end(data_dir):
@@ -328,23 +364,27 @@ def test_writes_of_one_vbucket_reach_the_bucket_in_seqno_order_whatever_order_th
     source = LocalBucket.create(data_dir, "src")
     source.upsert(first, {"slow": True})  # the lower seqno, whose call ends last
     source.upsert(second, {"slow": False})
-    defn = FunctionDefinition.from_dict({
-        "name": "fn_w", "source_bucket": "src", "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}],
-        "concurrency": 4,
-    })
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": "fn_w",
+            "source_bucket": "src",
+            "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}],
+            "concurrency": 4,
+        }
+    )
     deploy_function(data_dir, defn, LAST_WRITER)
     run(data_dir)
     dst = open_bucket(data_dir, "dst")
     assert dst.get("last")["key"] == second  # as one call at a time would leave it: the log's order
 
 
-FLAKY = '''
+FLAKY = """
 def on_update(doc, meta):
     if meta.id == "bad" and not dst.get("fixed"):
         raise RuntimeError("not yet")
     log("writing", meta.id)
     dst["out|" + meta.id] = {"seq": meta.seq}
-'''
+"""
 
 
 def test_the_debugger_and_dlq_replay_run_a_function_with_concurrency(data_dir):
@@ -354,10 +394,14 @@ def test_the_debugger_and_dlq_replay_run_a_function_with_concurrency(data_dir):
     source = LocalBucket.create(data_dir, "src")
     for key in ("a", "bad", "c"):
         source.upsert(key, {"k": key})
-    defn = FunctionDefinition.from_dict({
-        "name": "fn_d", "source_bucket": "src", "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}],
-        "concurrency": 4,
-    })
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": "fn_d",
+            "source_bucket": "src",
+            "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}],
+            "concurrency": 4,
+        }
+    )
     deploy_function(data_dir, defn, FLAKY)
     session = DebugSession(data_dir, "fn_d", key="c")
     outcome = session.run()
@@ -379,13 +423,13 @@ def test_the_example_of_the_concurrency_section_of_the_functions_doc_runs(capsys
     from pathlib import Path
 
     text = (Path(__file__).resolve().parents[2] / "docs" / "functions.md").read_text()
-    section = text[text.index("## Concurrency"):text.index("## Commands")]
+    section = text[text.index("## Concurrency") : text.index("## Commands")]
     (code,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
     exec(compile(code, "docs/functions.md", "exec"), {"__name__": "doc_example"})
     assert capsys.readouterr().out.startswith("200 orders priced in ")
 
 
-ECHO = '''
+ECHO = """
 import time
 
 
@@ -395,7 +439,7 @@ def on_update(doc, meta):
         seen[f"{meta.id}|{meta.seq}"] = {"from": doc.get("by")}
         return
     src["copy|" + meta.id] = {"by": FUNCTION}  # comes back to this function: the recursion guard skips it
-'''
+"""
 
 
 def test_mutations_written_by_bindings_go_through_the_recursion_guard_in_order(data_dir):
@@ -404,11 +448,18 @@ def test_mutations_written_by_bindings_go_through_the_recursion_guard_in_order(d
         source.upsert(f"k{i}", {"i": i})
     LocalBucket.create(data_dir, "seen")
     for name, concurrency in (("fn_a", 4), ("fn_b", 1)):
-        defn = FunctionDefinition.from_dict({
-            "name": name, "source_bucket": "src", "concurrency": concurrency, "constants": {"FUNCTION": name},
-            "bindings": [{"alias": "src", "bucket": "src", "access": "rw"},
-                         {"alias": "seen", "bucket": "seen", "access": "rw"}],
-        })
+        defn = FunctionDefinition.from_dict(
+            {
+                "name": name,
+                "source_bucket": "src",
+                "concurrency": concurrency,
+                "constants": {"FUNCTION": name},
+                "bindings": [
+                    {"alias": "src", "bucket": "src", "access": "rw"},
+                    {"alias": "seen", "bucket": "seen", "access": "rw"},
+                ],
+            }
+        )
         deploy_function(data_dir, defn, ECHO)
     run(data_dir)
     run(data_dir)  # the copies each function wrote reach the other one
@@ -431,8 +482,11 @@ def test_concurrency_is_a_setting_of_the_rest_api_like_the_others(data_dir):
     from eventing.http.auth import ServerConfig
 
     LocalBucket.create(data_dir, "src")
-    lifecycle.save_function(data_dir, FunctionDefinition.from_dict({"name": "fn_r", "source_bucket": "src"}),
-                            "def on_update(doc, meta):\n    pass\n")
+    lifecycle.save_function(
+        data_dir,
+        FunctionDefinition.from_dict({"name": "fn_r", "source_bucket": "src"}),
+        "def on_update(doc, meta):\n    pass\n",
+    )
     app = build_app(ServerConfig(data_dir))
 
     def request(method: str, path: str, **kwargs) -> httpx.Response:
@@ -477,7 +531,9 @@ def _spy_set_aside_flushes(core: WorkerCore, fail_at: int = 0) -> list[int]:
         tried[0] += 1
         _set_write_fault(fail if tried[0] == fail_at else None)
         try:
-            time.sleep(0.02)  # a slow disk: the calls read the set-aside writes before their transaction begins
+            time.sleep(
+                0.02
+            )  # a slow disk: the calls read the set-aside writes before their transaction begins
             real()
         finally:
             _set_write_fault(None)
@@ -499,11 +555,20 @@ def _set_write_fault(fault) -> None:  # metadata.sqlite_io calls it inside every
     sqlite_io.write_fault = fault
 
 
-def test_a_batchs_writes_are_flushed_while_the_next_batch_runs_and_read_as_before(data_dir, tmp_path,
-                                                                                  early_set_aside):
+def test_a_batchs_writes_are_flushed_while_the_next_batch_runs_and_read_as_before(
+    data_dir, tmp_path, early_set_aside
+):
     source = load_source(data_dir, 60, 1500, seed=13)  # 25 mutations per document: each read spans batches
-    defn = ledger_definition("fn_c", "src", "ledger", workers=1, call_log=str(tmp_path / "calls"), concurrency=6,
-                             batch_size=150, checkpoint_interval="1h")
+    defn = ledger_definition(
+        "fn_c",
+        "src",
+        "ledger",
+        workers=1,
+        call_log=str(tmp_path / "calls"),
+        concurrency=6,
+        batch_size=150,
+        checkpoint_interval="1h",
+    )
     deploy_function(data_dir, defn, ORDERED)
     core = worker(data_dir, "fn_c")
     applied = _spy_set_aside_flushes(core)
@@ -526,15 +591,24 @@ def _seqnos(source) -> dict[str, list[int]]:
 
 def _histories(ledger, name: str) -> dict[str, list[int]]:
     prefix = f"h|{name}|"
-    return {k[len(prefix):]: ledger.get(k)["seqs"] for k in ledger.keys(prefix)}
+    return {k[len(prefix) :]: ledger.get(k)["seqs"] for k in ledger.keys(prefix)}
 
 
-def test_a_flush_failing_beside_the_next_batch_rewinds_and_nothing_is_lost_or_applied_twice(data_dir, tmp_path,
-                                                                                            early_set_aside):
+def test_a_flush_failing_beside_the_next_batch_rewinds_and_nothing_is_lost_or_applied_twice(
+    data_dir, tmp_path, early_set_aside
+):
     source = load_source(data_dir, 60, 1500, seed=17)
     calls = tmp_path / "calls"
-    defn = ledger_definition("fn_c", "src", "ledger", workers=1, call_log=str(calls), concurrency=6,
-                             batch_size=150, checkpoint_interval="1h")
+    defn = ledger_definition(
+        "fn_c",
+        "src",
+        "ledger",
+        workers=1,
+        call_log=str(calls),
+        concurrency=6,
+        batch_size=150,
+        checkpoint_interval="1h",
+    )
     deploy_function(data_dir, defn, ORDERED)
     core = worker(data_dir, "fn_c")
     applied = _spy_set_aside_flushes(core, fail_at=2)
@@ -546,16 +620,27 @@ def test_a_flush_failing_beside_the_next_batch_rewinds_and_nothing_is_lost_or_ap
     assert report.ok, report.summary()
     assert report.handled == 1500
     assert sum(len(v) for v in read_call_log(calls).values()) > 1500  # calls ran again after the rewind ...
-    assert open_store(data_dir).counters("fn_c")["effects_duplicate"] >= applied[0]  # ... the flushed writes did not
+    assert (
+        open_store(data_dir).counters("fn_c")["effects_duplicate"] >= applied[0]
+    )  # ... the flushed writes did not
 
 
 def test_a_step_that_ends_behind_leaves_its_checkpoint_to_the_next_batch_and_a_crash_between_loses_nothing(
-        data_dir, tmp_path, monkeypatch):
+    data_dir, tmp_path, monkeypatch
+):
     monkeypatch.setattr(worker_module, "STEP_SLICE_S", 0.0)  # one batch per step: each ends behind
     source = load_source(data_dir, 100, 1500, seed=21)
     calls = tmp_path / "calls"
-    defn = ledger_definition("fn_c", "src", "ledger", workers=1, call_log=str(calls), concurrency=6,
-                             batch_size=200, checkpoint_interval="1ms")
+    defn = ledger_definition(
+        "fn_c",
+        "src",
+        "ledger",
+        workers=1,
+        call_log=str(calls),
+        concurrency=6,
+        batch_size=200,
+        checkpoint_interval="1ms",
+    )
     deploy_function(data_dir, defn, ORDERED)
     store = open_store(data_dir)
 
@@ -582,11 +667,21 @@ def test_a_step_that_ends_behind_leaves_its_checkpoint_to_the_next_batch_and_a_c
     assert counters["effects_applied"] == sum(open_bucket(data_dir, "ledger").logged_writes("").values())
 
 
-def test_a_checkpoint_left_by_a_step_is_written_before_the_vbuckets_are_released(data_dir, tmp_path, monkeypatch):
+def test_a_checkpoint_left_by_a_step_is_written_before_the_vbuckets_are_released(
+    data_dir, tmp_path, monkeypatch
+):
     monkeypatch.setattr(worker_module, "STEP_SLICE_S", 0.0)
     source = load_source(data_dir, 100, 1500, seed=23)
-    defn = ledger_definition("fn_c", "src", "ledger", workers=1, call_log=str(tmp_path / "calls"), concurrency=6,
-                             batch_size=200, checkpoint_interval="1ms")
+    defn = ledger_definition(
+        "fn_c",
+        "src",
+        "ledger",
+        workers=1,
+        call_log=str(tmp_path / "calls"),
+        concurrency=6,
+        batch_size=200,
+        checkpoint_interval="1ms",
+    )
     deploy_function(data_dir, defn, ORDERED)
     core = worker(data_dir, "fn_c")
     core.step()
@@ -600,7 +695,7 @@ def test_a_checkpoint_left_by_a_step_is_written_before_the_vbuckets_are_released
     assert check_ledger(source, open_bucket(data_dir, "ledger")).ok
 
 
-CAS_COUNTS = '''
+CAS_COUNTS = """
 def on_update(doc, meta):
     key = f"n|{meta.id}"
     seen = ledger.get_result(key)
@@ -610,15 +705,16 @@ def on_update(doc, meta):
         got = ledger.insert(key, {"n": 1})
     if not got.success:
         raise RuntimeError(f"{key}: {got.error}")
-'''
+"""
 
 
 def test_a_cas_read_of_a_write_being_flushed_beside_the_call_holds_at_apply(data_dir, early_set_aside):
     """Each document counts its mutations with a read and a cas-conditioned replace; its previous write is
     often being flushed beside the call. The read waits for that write's real cas: no cas_mismatch."""
     source = load_source(data_dir, 40, 1200, seed=29)
-    defn = ledger_definition("fn_c", "src", "ledger", workers=1, concurrency=6, batch_size=120,
-                             checkpoint_interval="1h")
+    defn = ledger_definition(
+        "fn_c", "src", "ledger", workers=1, concurrency=6, batch_size=120, checkpoint_interval="1h"
+    )
     deploy_function(data_dir, defn, CAS_COUNTS)
     core = worker(data_dir, "fn_c")
     applied = _spy_set_aside_flushes(core)
@@ -634,12 +730,21 @@ def test_a_cas_read_of_a_write_being_flushed_beside_the_call_holds_at_apply(data
     assert {key: (ledger.get(f"n|{key}") or {"n": 0})["n"] for key in updates} == updates
 
 
-def test_vbuckets_found_fenced_by_writes_beside_the_calls_are_dropped_after_the_batch(data_dir, tmp_path,
-                                                                                     early_set_aside, monkeypatch):
+def test_vbuckets_found_fenced_by_writes_beside_the_calls_are_dropped_after_the_batch(
+    data_dir, tmp_path, early_set_aside, monkeypatch
+):
     monkeypatch.setattr(worker_module, "STEP_SLICE_S", 0.0)  # one batch per step: each ends behind
     load_source(data_dir, 200, 3000, seed=31)
-    defn = ledger_definition("fn_c", "src", "ledger", workers=1, call_log=str(tmp_path / "calls"), concurrency=6,
-                             batch_size=300, checkpoint_interval="1h")
+    defn = ledger_definition(
+        "fn_c",
+        "src",
+        "ledger",
+        workers=1,
+        call_log=str(tmp_path / "calls"),
+        concurrency=6,
+        batch_size=300,
+        checkpoint_interval="1h",
+    )
     deploy_function(data_dir, defn, ORDERED)
     old = worker(data_dir, "fn_c")
     assert old.step().backlog  # the first batch's writes are set aside, to be written beside the next
@@ -654,8 +759,16 @@ def test_vbuckets_found_fenced_by_writes_beside_the_calls_are_dropped_after_the_
 
 def test_the_next_batchs_rows_are_read_while_the_calls_of_this_one_run(data_dir, tmp_path, early_set_aside):
     source = load_source(data_dir, 60, 600, seed=23)  # 10 mutations per document: its runs span batches
-    defn = ledger_definition("fn_c", "src", "ledger", workers=1, call_log=str(tmp_path / "calls"), concurrency=6,
-                             batch_size=150, checkpoint_interval="1h")
+    defn = ledger_definition(
+        "fn_c",
+        "src",
+        "ledger",
+        workers=1,
+        call_log=str(tmp_path / "calls"),
+        concurrency=6,
+        batch_size=150,
+        checkpoint_interval="1h",
+    )
     deploy_function(data_dir, defn, ORDERED)
     core = worker(data_dir, "fn_c")
     pool = core.calls
@@ -706,11 +819,20 @@ def test_rows_read_ahead_are_what_the_source_would_answer(data_dir, ahead_rows, 
     pool.close()
 
 
-def test_a_read_ahead_that_fails_leaves_the_batch_whole_and_the_next_reads_its_rows(data_dir, tmp_path,
-                                                                                     early_set_aside):
+def test_a_read_ahead_that_fails_leaves_the_batch_whole_and_the_next_reads_its_rows(
+    data_dir, tmp_path, early_set_aside
+):
     source = load_source(data_dir, 60, 600, seed=31)
-    defn = ledger_definition("fn_c", "src", "ledger", workers=1, call_log=str(tmp_path / "calls"), concurrency=6,
-                             batch_size=150, checkpoint_interval="1h")
+    defn = ledger_definition(
+        "fn_c",
+        "src",
+        "ledger",
+        workers=1,
+        call_log=str(tmp_path / "calls"),
+        concurrency=6,
+        batch_size=150,
+        checkpoint_interval="1h",
+    )
     deploy_function(data_dir, defn, ORDERED)
     core = worker(data_dir, "fn_c")
     pool = core.calls
@@ -729,7 +851,11 @@ def test_a_read_ahead_that_fails_leaves_the_batch_whole_and_the_next_reads_its_r
     core.stop()  # its checkpoint covers what the step handled, with the effects
     handled = {vb: seqno for vb, seqno in open_store(data_dir).checkpoints("fn_c").items()}
     ledger = open_bucket(data_dir, "ledger")
-    assert sum(len(v) for v in _histories(ledger, "fn_c").values()) == sum(cp.seqno for cp in handled.values()) > 0
+    assert (
+        sum(len(v) for v in _histories(ledger, "fn_c").values())
+        == sum(cp.seqno for cp in handled.values())
+        > 0
+    )
     run(data_dir)
     report = check_ledger(source, open_bucket(data_dir, "ledger"))
     assert report.ok, report.summary()

@@ -25,7 +25,8 @@ def _members(protocol: type) -> set[str]:
             continue
         for name, value in vars(klass).items():
             if (not name.startswith("_") or name in ("__enter__", "__exit__")) and (
-                    callable(value) or isinstance(value, property)):
+                callable(value) or isinstance(value, property)
+            ):
                 names.add(name)
     return names
 

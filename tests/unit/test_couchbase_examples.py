@@ -51,7 +51,7 @@ PAGES = Path(_DOCS) / "modules" / "eventing" / "pages" if _DOCS else None
 needs_docs = pytest.mark.skipif(
     PAGES is None or not PAGES.is_dir(),
     reason="set COUCHBASE_DOCS to a checkout of Couchbase's documentation source (couchbaselabs/docs-devex, "
-           "release/7.6) to run Couchbase's published examples",
+    "release/7.6) to run Couchbase's published examples",
 )
 # The zone the published examples were run in (their log stamps are -07:00, their dates US Pacific).
 PACIFIC = "America/Los_Angeles"
@@ -68,7 +68,9 @@ def page(name: str) -> str:
 def blocks(name: str, language: str) -> list[str]:
     """The listing blocks of a page marked `[source,<language>]`, in page order."""
     out = []
-    for m in re.finditer(r"^\[source\s*,\s*([^\],\s]+)[^\]]*\]\s*\n----\n(.*?)\n----\s*$", page(name), re.M | re.S):
+    for m in re.finditer(
+        r"^\[source\s*,\s*([^\],\s]+)[^\]]*\]\s*\n----\n(.*?)\n----\s*$", page(name), re.M | re.S
+    ):
         if m.group(1).lower() == language:
             out.append(m.group(2))
     return out
@@ -112,7 +114,7 @@ def _object_end(text: str, i: int) -> int:
 def json_at(text: str, start: int) -> Any:
     """The JSON object opening at the first '{' at or after `start`."""
     i = text.index("{", start)
-    return loads(text[i:_object_end(text, i)])
+    return loads(text[i : _object_end(text, i)])
 
 
 def objects(text: str) -> list[Any]:
@@ -170,7 +172,7 @@ def assert_in_published_order(ours: list[list[Any]], text: str, normalize=lambda
     at = 0
     for stamp in sorted(groups):
         size = len(groups[stamp])
-        assert sorted(json.dumps(normalize(m)) for m in ours[at:at + size]) == sorted(groups[stamp]), stamp
+        assert sorted(json.dumps(normalize(m)) for m in ours[at : at + size]) == sorted(groups[stamp]), stamp
         at += size
     assert at == len(ours)
 
@@ -185,8 +187,9 @@ def published_log(text: str) -> list[list[Any]]:
 # -- running a handler ----------------------------------------------------------------------------------------
 
 
-def app_for(data_dir: str, source: str, *, source_bucket: str = "src", bindings=(), docs=(),
-            buckets=(), **settings) -> Eventing:
+def app_for(
+    data_dir: str, source: str, *, source_bucket: str = "src", bindings=(), docs=(), buckets=(), **settings
+) -> Eventing:
     """The handler deployed (as a Couchbase export would be: language javascript) over `source_bucket`, its
     bucket bindings as (alias, bucket, access) and the input documents upserted first."""
     app = Eventing(data_dir, executor="in-process")
@@ -195,8 +198,13 @@ def app_for(data_dir: str, source: str, *, source_bucket: str = "src", bindings=
         app.create_bucket(b)
     for key, doc in docs:
         app.upsert(source_bucket, key, doc)
-    definition = {"name": FUNCTION, "source_bucket": source_bucket, "language": "javascript",
-                  "bindings": [{"alias": a, "bucket": b, "access": access} for a, b, access in bindings], **settings}
+    definition = {
+        "name": FUNCTION,
+        "source_bucket": source_bucket,
+        "language": "javascript",
+        "bindings": [{"alias": a, "bucket": b, "access": access} for a, b, access in bindings],
+        **settings,
+    }
     app.deploy(definition, source)
     return app
 
@@ -321,8 +329,14 @@ class _Server:
             def _answer(self):
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
-                outer.requests.append({"method": self.command, "path": self.path, "body": body,
-                                       "headers": {k.lower(): v for k, v in self.headers.items()}})
+                outer.requests.append(
+                    {
+                        "method": self.command,
+                        "path": self.path,
+                        "body": body,
+                        "headers": {k.lower(): v for k, v in self.headers.items()},
+                    }
+                )
                 status, payload, ctype = respond(outer.requests[-1])
                 self.send_response(status)
                 self.send_header("Content-Type", ctype)
@@ -367,8 +381,9 @@ def test_basic_bucket_ops(data_dir):
     """basicBucketOps, page 'Function: Basic Bucket Ops' (eventing-handler-basicBucketOps.adoc): its output
     is the application log, four lines, compared exactly (the page lists them newest first)."""
     given, published = blocks("eventing-handler-basicBucketOps", "json")
-    app = app_for(data_dir, handlers("eventing-handler-basicBucketOps")[0], bindings=[DST_RW],
-                  docs=keyed(given).items())
+    app = app_for(
+        data_dir, handlers("eventing-handler-basicBucketOps")[0], bindings=[DST_RW], docs=keyed(given).items()
+    )
     run(app)
     # the page lists them newest first, two of the same millisecond in either order
     assert sorted(map(json.dumps, logged(app))) == sorted(map(json.dumps, published_log(published)))
@@ -380,8 +395,12 @@ def test_fix_email_domains(data_dir):
     """fixEmailDomains, page 'Function: fixEmailDomains' (eventing-handler-fixEmailDomains.adoc): the source
     document is updated in place, compared exactly."""
     given, published = blocks("eventing-handler-fixEmailDomains", "json")
-    app = app_for(data_dir, handlers("eventing-handler-fixEmailDomains")[0], bindings=[SRC_RW],
-                  docs=keyed(given).items())
+    app = app_for(
+        data_dir,
+        handlers("eventing-handler-fixEmailDomains")[0],
+        bindings=[SRC_RW],
+        docs=keyed(given).items(),
+    )
     run(app)
     for key, doc in keyed(published).items():
         assert app.get("src", key) == doc
@@ -393,15 +412,21 @@ def test_redact_shared_data(data_dir):
     """redactSharedData, page 'Function: redactSharedData' (eventing-handler-redactSharedData.adoc): the
     redacted copy written to the destination, compared exactly."""
     given, published = blocks("eventing-handler-redactSharedData", "json")
-    app = app_for(data_dir, handlers("eventing-handler-redactSharedData")[0], bindings=[("aws_col", "dst", "rw")],
-                  docs=keyed(given).items())
+    app = app_for(
+        data_dir,
+        handlers("eventing-handler-redactSharedData")[0],
+        bindings=[("aws_col", "dst", "rw")],
+        docs=keyed(given).items(),
+    )
     run(app)
     assert keyed(published) and all(app.get("dst", k) == doc for k, doc in keyed(published).items())
 
 
 @needs_docs
-@pytest.mark.parametrize("name", ["eventing-handler-simpleFlatten", "eventing-handler-genericFlatten",
-                                  "eventing-handler-genericRename"])
+@pytest.mark.parametrize(
+    "name",
+    ["eventing-handler-simpleFlatten", "eventing-handler-genericFlatten", "eventing-handler-genericRename"],
+)
 def test_flatten_and_rename(data_dir, name):
     """simpleFlatten, genericFlatten and genericRename, pages 'Function: simpleFlatten' / 'genericFlatten' /
     'genericRename' (eventing-handler-<name>.adoc): the transformed copy in the destination collection,
@@ -420,7 +445,9 @@ def test_flatten_and_rename(data_dir, name):
 
 
 @needs_docs
-@pytest.mark.parametrize("name", ["eventing-handler-removeObjectStubs", "eventing-handler-removeNullsAndEmptys"])
+@pytest.mark.parametrize(
+    "name", ["eventing-handler-removeObjectStubs", "eventing-handler-removeNullsAndEmptys"]
+)
 def test_remove_stubs_and_nulls(data_dir, name):
     """removeObjectStubs and removeNullsAndEmptys, pages 'Function: removeObjectStubs' /
     'removeNullObjectsAndElements' (eventing-handler-<name>.adoc): the source document pruned in place,
@@ -438,10 +465,14 @@ def test_convert_xml_to_json(data_dir):
     source document gets out_json and the crc64 checksum xmlchksum, compared exactly. The page's output shows
     "id": 2 for its input's "id": 1, a field the handler never touches: compared as 1."""
     given, published = blocks("eventing-handler-convertXMLtoJSON", "json")
-    app = app_for(data_dir, handlers("eventing-handler-convertXMLtoJSON")[0], bindings=[SRC_RW],
-                  docs=keyed(given).items())
+    app = app_for(
+        data_dir,
+        handlers("eventing-handler-convertXMLtoJSON")[0],
+        bindings=[SRC_RW],
+        docs=keyed(given).items(),
+    )
     run(app)
-    (key, expected), = keyed(published).items()
+    ((key, expected),) = keyed(published).items()
     assert expected["id"] == 2 and keyed(given)[key]["id"] == 1  # the page's slip, as described above
     assert app.get("src", key) == {**expected, "id": 1}
     assert [m[1:] for m in logged(app)] == [
@@ -457,10 +488,14 @@ def test_convert_advanced_xml_to_json(data_dir):
     compared exactly. The page's input lacks the </ADVELEM2> its output's in_xml has (the handler never
     changes in_xml), and the published checksum is crc64 of the output's in_xml: that is the input run."""
     given, published = blocks("eventing-handler-convertAdvXMLtoJSON", "json")
-    (key, expected), = keyed(published).items()
+    ((key, expected),) = keyed(published).items()
     assert "</ADVELEM2>" in expected["in_xml"] and "</ADVELEM2>" not in keyed(given)[key]["in_xml"]
-    app = app_for(data_dir, handlers("eventing-handler-convertAdvXMLtoJSON")[0], bindings=[SRC_RW],
-                  docs=[(key, {**keyed(given)[key], "in_xml": expected["in_xml"]})])
+    app = app_for(
+        data_dir,
+        handlers("eventing-handler-convertAdvXMLtoJSON")[0],
+        bindings=[SRC_RW],
+        docs=[(key, {**keyed(given)[key], "in_xml": expected["in_xml"]})],
+    )
     run(app)
     assert app.get("src", key) == expected
 
@@ -471,10 +506,22 @@ def test_data_enrichment_case_1(data_dir):
     source document gets an enriched copy in the target collection (alias tgt); the page's two documents,
     created one after the other, compared exactly with its results."""
     text = page("eventing-example-data-enrichment").split("*Procedure (Case 2)*")[0]
-    shown = [d for b in re.findall(r"^----\n(\{.*?\})\n----$", text, re.M | re.S) for d in objects(b) if "click" not in d]
-    (first, second), results = [d for d in shown if "ip_num_start" not in d], [d for d in shown if "ip_num_start" in d]
-    app = app_for(data_dir, handlers("eventing-example-data-enrichment")[0], bindings=[("tgt", "dst", "rw")],
-                  docs=[("SampleDocument", first)])
+    shown = [
+        d
+        for b in re.findall(r"^----\n(\{.*?\})\n----$", text, re.M | re.S)
+        for d in objects(b)
+        if "click" not in d
+    ]
+    (first, second), results = (
+        [d for d in shown if "ip_num_start" not in d],
+        [d for d in shown if "ip_num_start" in d],
+    )
+    app = app_for(
+        data_dir,
+        handlers("eventing-example-data-enrichment")[0],
+        bindings=[("tgt", "dst", "rw")],
+        docs=[("SampleDocument", first)],
+    )
     run(app)
     assert app.get("dst", "SampleDocument") == results[0]
     app.upsert("src", "AnotherSampleDocument", second)
@@ -490,10 +537,22 @@ def test_data_enrichment_case_2(data_dir):
     documents are enriched in place (alias src, the source collection; the function's own write does not
     run it again), then the page's edit of AnotherSampleDocument is recalculated; compared exactly."""
     text = page("eventing-example-data-enrichment").split("*Procedure (Case 2)*")[1]
-    shown = [d for b in re.findall(r"^----\n(\{.*?\})\n----$", text, re.M | re.S) for d in objects(b) if "click" not in d]
-    (first, second), results = [d for d in shown if "ip_num_start" not in d], [d for d in shown if "ip_num_start" in d]
-    app = app_for(data_dir, handlers("eventing-example-data-enrichment")[1], bindings=[("src", "src", "rw")],
-                  docs=[("SampleDocument", first), ("AnotherSampleDocument", second)])
+    shown = [
+        d
+        for b in re.findall(r"^----\n(\{.*?\})\n----$", text, re.M | re.S)
+        for d in objects(b)
+        if "click" not in d
+    ]
+    (first, second), results = (
+        [d for d in shown if "ip_num_start" not in d],
+        [d for d in shown if "ip_num_start" in d],
+    )
+    app = app_for(
+        data_dir,
+        handlers("eventing-example-data-enrichment")[1],
+        bindings=[("src", "src", "rw")],
+        docs=[("SampleDocument", first), ("AnotherSampleDocument", second)],
+    )
     run(app)
     assert app.get("src", "SampleDocument") == results[0]
     assert app.get("src", "AnotherSampleDocument") == results[1]
@@ -607,7 +666,9 @@ def _one_at_a_time(app: Eventing, mutations: list[tuple[str, dict]]) -> None:
 
 
 @needs_docs
-@pytest.mark.parametrize("name", ["eventing-handler-advancedGetOp", "eventing-handler-advancedGetOpWithCache"])
+@pytest.mark.parametrize(
+    "name", ["eventing-handler-advancedGetOp", "eventing-handler-advancedGetOpWithCache"]
+)
 def test_advanced_get(data_dir, name):
     """advancedGetOp and advancedGetOpWithCache, pages 'Function: Advanced GET Operation' / '... with Cache'
     (eventing-handler-<name>.adoc): the logged input, the get of the document and the failed get of a
@@ -662,7 +723,9 @@ def test_advanced_replace_and_delete(data_dir, name):
 
 
 @needs_docs
-@pytest.mark.parametrize("name", ["eventing-handler-advancedIncrementOp", "eventing-handler-advancedDecrementOp"])
+@pytest.mark.parametrize(
+    "name", ["eventing-handler-advancedIncrementOp", "eventing-handler-advancedDecrementOp"]
+)
 def test_advanced_counters(data_dir, name):
     """advancedIncrementOp and advancedDecrementOp, pages 'Function: Advanced INCREMENT Operation' /
     '... DECREMENT ...' (eventing-handler-<name>.adoc): ten mutations count to 10 (-10); the counter document
@@ -726,8 +789,12 @@ def test_advanced_mutate_in_array(data_dir):
     names = re.findall(r'^\s*"([^"]+)",?\s*$', after, re.M)
     names = [n for n in names if n not in ("id", "landmark_names")]
     assert len(names) == 6
-    app = app_for(data_dir, handlers(name)[0], bindings=[DST_RW],
-                  docs=[(f"landmark_{i}", {"type": "landmark", "name": n}) for i, n in enumerate(names)])
+    app = app_for(
+        data_dir,
+        handlers(name)[0],
+        bindings=[DST_RW],
+        docs=[(f"landmark_{i}", {"type": "landmark", "name": n}) for i, n in enumerate(names)],
+    )
     for key, doc in keyed(before).items():
         app.upsert("dst", key, doc)
     run(app)
@@ -744,8 +811,12 @@ def test_basic_curl_get(data_dir, http_server):
     given, published = blocks(name, "json")
     ((label, body),) = published_log(published)
     server = http_server(lambda request: (200, json.dumps(body).encode(), "application/json"))
-    app = app_for(data_dir, handlers(name)[0], docs=keyed(given).items(),
-                  url_bindings=[{"alias": "exchangeRateApi", "url": server.url}])
+    app = app_for(
+        data_dir,
+        handlers(name)[0],
+        docs=keyed(given).items(),
+        url_bindings=[{"alias": "exchangeRateApi", "url": server.url}],
+    )
     run(app)
     assert [(r["method"], r["path"]) for r in server.requests] == [("GET", "/latest")]
     assert logged(app) == [[label, body]]
@@ -763,13 +834,24 @@ def test_basic_curl_post(data_dir, http_server):
 
     def echo(request):
         sent = json.loads(request["body"])
-        body = {"args": {}, "data": sent, "files": {}, "form": {}, "headers": request["headers"], "json": sent,
-                "url": "echo" + request["path"]}
+        body = {
+            "args": {},
+            "data": sent,
+            "files": {},
+            "form": {},
+            "headers": request["headers"],
+            "json": sent,
+            "url": "echo" + request["path"],
+        }
         return 200, json.dumps(body).encode(), "application/json"
 
     server = http_server(echo)
-    app = app_for(data_dir, handlers(name)[0], docs=keyed(given).items(),
-                  url_bindings=[{"alias": "curlEchoApi", "url": server.url}])
+    app = app_for(
+        data_dir,
+        handlers(name)[0],
+        docs=keyed(given).items(),
+        url_bindings=[{"alias": "curlEchoApi", "url": server.url}],
+    )
     run(app)
     (request,) = server.requests
     assert (request["method"], request["path"]) == ("POST", "/post")
@@ -809,14 +891,22 @@ def test_deep_clone_and_modify(data_dir, pacific):
     ((_, same_rules),) = keyed(blocks("eventing-handler-dateToEpochConversion", "json")[1]).items()
 
     def rules(page_name: str) -> list[str]:
-        return [line.strip() for line in handlers(page_name)[0].splitlines() if line.strip().startswith('{ "regx"')]
+        return [
+            line.strip()
+            for line in handlers(page_name)[0].splitlines()
+            if line.strip().startswith('{ "regx"')
+        ]
 
     assert len(rules(name)) == 4 and rules(name) == rules("eventing-handler-dateToEpochConversion")
     got = document(app, "src", key)
     assert got == same_rules
 
     def zoned(doc: dict) -> dict:
-        return {k: zoned(v) if isinstance(v, dict) else v for k, v in doc.items() if not re.match(r"datet\d[cd]_", k)}
+        return {
+            k: zoned(v) if isinstance(v, dict) else v
+            for k, v in doc.items()
+            if not re.match(r"datet\d[cd]_", k)
+        }
 
     assert zoned(got) == zoned(shown)
     swapped = {k for k in shown if re.match(r"datet\d[cd]_", k)}
@@ -834,8 +924,10 @@ def test_advanced_doc_controlled_self_expiry(data_dir, pacific):
     rows = dict(values_rows(blocks(name, "sqlpp")[0]))
     expiring = list(rows)[2:]
     published = [int(n) for n in re.findall(r"meta\.expiration set for (\d+)", page(name))]
-    assert [local_midnight_ms(rows[k]["trialStartDate"]) // 1000 + rows[k]["trialDurationDays"] * 86400
-            for k in expiring] == published
+    assert [
+        local_midnight_ms(rows[k]["trialStartDate"]) // 1000 + rows[k]["trialDurationDays"] * 86400
+        for k in expiring
+    ] == published
     today = datetime.now(ZoneInfo(PACIFIC))
     for key, days in zip(expiring, (90, 91), strict=True):
         rows[key]["trialStartDate"] = (today + timedelta(days=days)).strftime("%m-%d-%Y")
@@ -859,29 +951,55 @@ def test_convert_bucket_to_collections(data_dir):
     beer-sample bucket (1,412 breweries and 5,891 beers, an empty source after); a few documents of each
     type stand in for it, and a document of another type stays."""
     name = "eventing-handler-ConvertBucketToCollections"
-    docs = [("brewery_1", {"type": "brewery", "name": "a"}), ("brewery_2", {"type": "brewery", "name": "b"}),
-            ("beer_1", {"type": "beer", "name": "c"}), ("beer_2", {"type": "beer", "name": "d"}),
-            ("beer_3", {"type": "beer", "name": "e"}), ("other_1", {"type": "other"})]
-    app = app_for(data_dir, handlers(name)[0], source_bucket="beer-sample", docs=docs,
-                  bindings=[("src_col", "beer-sample", "rw"), ("beer_col", "beer", "rw"),
-                            ("brewery_col", "brewery", "rw")],
-                  constants={"DO_COPY": True, "DO_DELETE": True})
+    docs = [
+        ("brewery_1", {"type": "brewery", "name": "a"}),
+        ("brewery_2", {"type": "brewery", "name": "b"}),
+        ("beer_1", {"type": "beer", "name": "c"}),
+        ("beer_2", {"type": "beer", "name": "d"}),
+        ("beer_3", {"type": "beer", "name": "e"}),
+        ("other_1", {"type": "other"}),
+    ]
+    app = app_for(
+        data_dir,
+        handlers(name)[0],
+        source_bucket="beer-sample",
+        docs=docs,
+        bindings=[
+            ("src_col", "beer-sample", "rw"),
+            ("beer_col", "beer", "rw"),
+            ("brewery_col", "brewery", "rw"),
+        ],
+        constants={"DO_COPY": True, "DO_DELETE": True},
+    )
     run(app)
     assert app.keys("beer-sample") == ["other_1"]
-    assert app.keys("brewery") == ["brewery_1", "brewery_2"] and app.keys("beer") == ["beer_1", "beer_2", "beer_3"]
+    assert app.keys("brewery") == ["brewery_1", "brewery_2"] and app.keys("beer") == [
+        "beer_1",
+        "beer_2",
+        "beer_3",
+    ]
     assert all(app.get(doc["type"], key) == doc for key, doc in docs if doc["type"] != "other")
 
 
 @needs_docs
-@pytest.mark.parametrize("name", ["eventing-handler-basicN1qlSelectStmt", "eventing-handler-basicN1qlPreparedSelectStmt",
-                                  "eventing-handler-docControlledSelfExpiry", "eventing-handler-advancedSelfRecursion",
-                                  "eventing-examples-cascade-delete"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "eventing-handler-basicN1qlSelectStmt",
+        "eventing-handler-basicN1qlPreparedSelectStmt",
+        "eventing-handler-docControlledSelfExpiry",
+        "eventing-handler-advancedSelfRecursion",
+        "eventing-examples-cascade-delete",
+    ],
+)
 def test_examples_using_sql_are_refused_at_deploy(data_dir, name):
     """The examples that query with SQL++ (N1QL() or an inline statement): basicN1qlSelectStmt,
     basicN1qlPreparedSelectStmt, docControlledSelfExpiry, advancedSelfRecursion and Cascade Delete (pages
     eventing-handler-<name>.adoc, eventing-examples-cascade-delete.adoc) are refused when deployed, naming
     the line, since this system has no query service."""
-    with pytest.raises(HandlerLoadError, match=r"line \d+: (SQL\+\+ \(N1QL\(\)\)|inline SQL\+\+) is not supported"):
+    with pytest.raises(
+        HandlerLoadError, match=r"line \d+: (SQL\+\+ \(N1QL\(\)\)|inline SQL\+\+) is not supported"
+    ):
         app_for(data_dir, handlers(name)[0], bindings=[SRC_RW])
 
 
@@ -914,7 +1032,9 @@ def test_simple_timer(data_dir, monkeypatch, pacific):
     ours = logged(app)
     assert len(ours) == 2
     a_date = r"\w{3} \w{3} \d\d \d{4} \d\d:\d\d:\d\d GMT-0[78]00 \(Pacific (Daylight|Standard) Time\)"  # Date.toString()
-    assert re.sub(a_date, "<date>", ours[0][0]) == re.sub(a_date, "<date>", made[0]) and "<date>" in re.sub(a_date, "<date>", made[0])
+    assert re.sub(a_date, "<date>", ours[0][0]) == re.sub(a_date, "<date>", made[0]) and "<date>" in re.sub(
+        a_date, "<date>", made[0]
+    )
     for got, shown in ((ours[0], made), (ours[1], fired)):
         assert without(got[1], "random", "sched") == without(shown[1], "random", "sched")
         assert isinstance(got[1]["random"], float)
@@ -937,8 +1057,9 @@ def test_delete_v_expiry(data_dir, monkeypatch):
     with clock_ahead(monkeypatch, expiration + 1):
         app.bucket("src").expire_due()
     run(app)
-    placeholder = next(objects(b)[0] for b in re.findall(r"^----\n(\{.*?\})\n----$", page(name), re.M | re.S)
-                       if "click" in b)
+    placeholder = next(
+        objects(b)[0] for b in re.findall(r"^----\n(\{.*?\})\n----$", page(name), re.M | re.S) if "click" in b
+    )
     app.upsert("src", "SampleDocument3", placeholder)
     run(app)
     app.remove("src", "SampleDocument3")
@@ -1008,7 +1129,10 @@ def test_recurring_timer(data_dir, monkeypatch):
         time.sleep(0.002)
         run_at(app, monkeypatch, armed + 30.001)
     status = document(app, "src", "cur_" + key)
-    assert list(status) == ["last_update"] and abs(datetime.fromisoformat(status["last_update"]).timestamp() - time.time()) < 5
+    assert (
+        list(status) == ["last_update"]
+        and abs(datetime.fromisoformat(status["last_update"]).timestamp() - time.time()) < 5
+    )
     app.upsert("src", key, controls[2])
     run(app)
     listings = [b for b in re.findall(r"^----\n(.*?)\n----$", page(name), re.M | re.S) if "[INFO]" in b]
@@ -1025,7 +1149,9 @@ def test_document_archival(data_dir, monkeypatch):
     expiry the collection's TTL gives. At expiry - 120 s every copy is in the target, equal to its original;
     after the expiry the originals are gone and the copies stay, as the page says."""
     name = "eventing-examples-docarchive"
-    airports = [(f"airport_{i}", {"type": "airport", "id": i, "airportname": f"Airport {i}"}) for i in range(5)]
+    airports = [
+        (f"airport_{i}", {"type": "airport", "id": i, "airportname": f"Airport {i}"}) for i in range(5)
+    ]
     app = app_for(data_dir, handlers(name)[0], bindings=[("src", "src", "r"), ("tgt", "dst", "rw")])
     for key, doc in airports:
         app.upsert("src", key, doc, expiry=int(time.time()) + 600)
@@ -1048,14 +1174,23 @@ def test_shipping_notifier(data_dir, monkeypatch):
     shows compared exactly, but for shippedTs/deliveredTs and their notifyTs (the time of the step, here)."""
     name = "eventing-handler-shippingNotifier"
     given = values_rows(blocks(name, "sqlpp")[0])
-    app = app_for(data_dir, handlers(name)[0], source_bucket="active", docs=given,
-                  bindings=[("act_col", "active", "rw"), ("arc_col", "archive", "rw"), ("snd_col", "notify", "rw")])
+    app = app_for(
+        data_dir,
+        handlers(name)[0],
+        source_bucket="active",
+        docs=given,
+        bindings=[("act_col", "active", "rw"), ("arc_col", "archive", "rw"), ("snd_col", "notify", "rw")],
+    )
     run(app)
     run(app)  # the timer, due in 2020
     shown = [b for b in blocks(name, "json")]
     ship_key = next(k for k, _ in given if k.startswith("ship:"))
     steps = [keyed(b) for b in shown]
-    logs = [m for chunk in re.split(r"\n\*\* The [Aa]pplication log", page(name))[1:] for m in published_log(chunk)[:1]]
+    logs = [
+        m
+        for chunk in re.split(r"\n\*\* The [Aa]pplication log", page(name))[1:]
+        for m in published_log(chunk)[:1]
+    ]
     assert len(steps) == 6 and len(logs) == 3
 
     def step_time(doc: dict, field: str) -> int:
@@ -1084,7 +1219,8 @@ def test_shipping_notifier(data_dir, monkeypatch):
     ours = logged(app)
     assert ours[0] == logs[0]
     assert [m[:1] + [without(m[1], "shippedTs", "deliveredTs")] for m in ours[1:]] == [
-        m[:1] + [without(m[1], "shippedTs", "deliveredTs")] for m in logs[1:]]
+        m[:1] + [without(m[1], "shippedTs", "deliveredTs")] for m in logs[1:]
+    ]
 
 
 @needs_docs
@@ -1095,8 +1231,11 @@ def test_faster_to_local_string(data_dir):
     ways give the same M/D/YYYY, h:mm:ss AM|PM text. Run in a zone whose local hour is neither 23 nor 0 now
     (the hand-made one writes hour 0 as "0", and a date must not turn over between the two)."""
     name = "eventing-handler-fasterToLocalString"
-    zone = next(z for z in (PACIFIC, "America/New_York", "Asia/Tokyo")
-                if datetime.now(ZoneInfo(z)).hour not in (23, 0))
+    zone = next(
+        z
+        for z in (PACIFIC, "America/New_York", "Asia/Tokyo")
+        if datetime.now(ZoneInfo(z)).hour not in (23, 0)
+    )
     os.environ["TZ"], previous = zone, os.environ.get("TZ")
     time.tzset()
     try:
@@ -1113,7 +1252,10 @@ def test_faster_to_local_string(data_dir):
     assert [m[0] for m in ours] == [m[0] for m in published]
     local = ours[0][1]
     assert re.fullmatch(r"\d{1,2}/\d{1,2}/\d{4}, \d{1,2}:\d\d:\d\d [AP]M", local) and ours[2][1] == local
-    assert re.fullmatch(r"\d{1,2}/\d{1,2}/\d{4}, \d{1,2}:\d\d:\d\d [AP]M", published[0][1]) and published[2][1] == published[0][1]
+    assert (
+        re.fullmatch(r"\d{1,2}/\d{1,2}/\d{4}, \d{1,2}:\d\d:\d\d [AP]M", published[0][1])
+        and published[2][1] == published[0][1]
+    )
     assert all(re.fullmatch(r"\d+ ms\.", m[1]) for m in (*ours[1::2], *published[1::2]))
 
 
@@ -1132,8 +1274,13 @@ def test_external_rest_via_curl_get(data_dir, monkeypatch, pacific, http_server)
     controls = dedupe([d for d in shown_documents(name) if d.get("type") == "recurring_timer"])
     assert [c["active"] for c in controls] == [False, True, False]
     key = "recurring_timer::1"
-    app = app_for(data_dir, handlers(name)[0], bindings=[SRC_RW], docs=[(key, controls[0])],
-                  url_bindings=[{"alias": "exchangeRateApi", "url": server.url + "latest"}])
+    app = app_for(
+        data_dir,
+        handlers(name)[0],
+        bindings=[SRC_RW],
+        docs=[(key, controls[0])],
+        url_bindings=[{"alias": "exchangeRateApi", "url": server.url + "latest"}],
+    )
     run(app)
     app.upsert("src", key, controls[1])
     run(app)
@@ -1148,7 +1295,9 @@ def test_external_rest_via_curl_get(data_dir, monkeypatch, pacific, http_server)
     status = document(app, "src", "cur_" + key)
     page_status = next(d for d in shown_documents(name) if d.get("valid") is True)
     assert list(status) == list(page_status) and status["apiReqDateUtc"] == yesterday
-    assert status["curl_success"] is True and status["valid"] is True and isinstance(status["curl_time_ms"], int)
+    assert (
+        status["curl_success"] is True and status["valid"] is True and isinstance(status["curl_time_ms"], int)
+    )
     tomorrow = (today + timedelta(days=1)).isoformat() + "T00:00:00.000"
     ours = logged(app)
     assert ours[3][1][:10] == today.isoformat() and [m for m in ours if m[1:] == [tomorrow]]
@@ -1181,17 +1330,25 @@ def test_document_expiry(data_dir, monkeypatch):
     run_at(app, monkeypatch, expiration - 120 + 0.001)
     copy = document(app, "dst", key)
     assert isinstance(copy, bytes)  # a JSON string document, kept as its JSON text
-    written = re.search(r'tgt\[context\.docID\] = "([^"]*)" \+ JSON\.stringify\(src\[context\.docID\]\)', handlers(name)[0])
+    written = re.search(
+        r'tgt\[context\.docID\] = "([^"]*)" \+ JSON\.stringify\(src\[context\.docID\]\)', handlers(name)[0]
+    )
     assert written and json.loads(copy) == written.group(1) + json.dumps(doc, separators=(",", ":"))
     with clock_ahead(monkeypatch, ttl + 1):
         app.bucket("src").expire_due()
     run(app)
     assert app.get("src", key) is None and app.get("dst", key) == copy
-    listing = max((b for b in re.findall(r"^----\n(.*?)\n----$", page(name), re.M | re.S)), key=lambda b: b.count("[INFO]"))
+    listing = max(
+        (b for b in re.findall(r"^----\n(.*?)\n----$", page(name), re.M | re.S)),
+        key=lambda b: b.count("[INFO]"),
+    )
     ours = logged(app)
 
     def is_date(value: Any) -> bool:
-        return isinstance(value, str) and re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", value) is not None
+        return (
+            isinstance(value, str)
+            and re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", value) is not None
+        )
 
     (src_expiry,) = [m for m in ours if len(m) == 2 and is_date(m[1])]
     assert datetime.fromisoformat(src_expiry[1]).timestamp() == expiration
@@ -1218,10 +1375,20 @@ def test_multi_collection_eventing(data_dir):
     for ks in ("source.myscope.mycol1", "source.myscope.mycol2"):
         app.create_collection(ks)
     wildcard = {"bucket": "source", "scope": "myscope", "collection": "*"}
-    app.deploy({"name": FUNCTION, "source_bucket": "source", "source_scope": "*", "source_collection": "*",
-                "language": "javascript", "bindings": [{"alias": "alias_ro", **wildcard, "access": "r"},
-                                                       {"alias": "alias_rw", **wildcard, "access": "rw"}]},
-               handlers(name)[0])
+    app.deploy(
+        {
+            "name": FUNCTION,
+            "source_bucket": "source",
+            "source_scope": "*",
+            "source_collection": "*",
+            "language": "javascript",
+            "bindings": [
+                {"alias": "alias_ro", **wildcard, "access": "r"},
+                {"alias": "alias_rw", **wildcard, "access": "rw"},
+            ],
+        },
+        handlers(name)[0],
+    )
     given = re.findall(r"UPSERT INTO (\S+) \(KEY,VALUE\) VALUES \(\s*\"([^\"]+)\"", blocks(name, "sqlpp")[0])
     assert [k for _, k in given] == ["doc0", "doc1", "doc2"]
     for keyspace, key in given:
@@ -1233,8 +1400,11 @@ def test_multi_collection_eventing(data_dir):
     def normalize(message: list[Any]) -> list[Any]:
         if message[0] == ">>>A IN":
             meta = message[2]
-            return [message[0], message[1],
-                    {k: meta[k] for k in ("id", "expiration", "flags", "vb", "datatype", "keyspace")}]
+            return [
+                message[0],
+                message[1],
+                {k: meta[k] for k in ("id", "expiration", "flags", "vb", "datatype", "keyspace")},
+            ]
         out = _normalized(message)
         doc = out[-1].get("doc") if isinstance(out[-1], dict) else None
         for field in ("random1", "random2"):
@@ -1247,7 +1417,9 @@ def test_multi_collection_eventing(data_dir):
     assert_in_published_order(ours, blocks(name, "log")[0], normalize)
     assert logged(app)[-1][-1]["success"] is True
     assert app.get("source.myscope.mycol2", "doc2") == {"data": "doc2"}
-    assert app.get("source.myscope.mycol1", "doc1") == {"data": "doc1"} and app.get("source", "doc0") == {"data": "doc0"}
+    assert app.get("source.myscope.mycol1", "doc1") == {"data": "doc1"} and app.get("source", "doc0") == {
+        "data": "doc0"
+    }
 
 
 def _binary_kv(data_dir: str) -> tuple[Eventing, str, list[str]]:
@@ -1277,8 +1449,15 @@ def test_basic_binary_kv_second_deployment(data_dir):
     (meta as in _meta_part, with its datatype). The page's line 5 lacks the word "doc" its handler writes."""
     app, source, (_, second) = _binary_kv(data_dir)
     app.undeploy(FUNCTION)
-    app.deploy({"name": FUNCTION, "source_bucket": "src", "language": "javascript",
-                "bindings": [{"alias": "src_col", "bucket": "src", "access": "rw"}]}, source)
+    app.deploy(
+        {
+            "name": FUNCTION,
+            "source_bucket": "src",
+            "language": "javascript",
+            "bindings": [{"alias": "src_col", "bucket": "src", "access": "rw"}],
+        },
+        source,
+    )
     run(app)
     assert app.get("src", "bindoc_kvput") is None
     (got_4, got_5) = logged(app)[3:]
@@ -1352,14 +1531,32 @@ function OnUpdate(doc, meta) {
     r = document(app, "dst", "r")
     assert list(r["insert"]) == ["meta", "success"] and list(r["insert"]["meta"]) == ["id", "cas"]
     assert is_cas(r["insert"]["meta"]["cas"]) and r["get"]["meta"]["cas"] == r["insert"]["meta"]["cas"]
-    assert r["exists"] == {"error": {"code": 2, "name": "LCB_KEY_EEXISTS", "desc": "The document key already exists in the server.",
-                                     "key_already_exists": True}, "success": False}
+    assert r["exists"] == {
+        "error": {
+            "code": 2,
+            "name": "LCB_KEY_EEXISTS",
+            "desc": "The document key already exists in the server.",
+            "key_already_exists": True,
+        },
+        "success": False,
+    }
     assert list(r["get"]) == ["doc", "meta", "success"] and r["get"]["doc"] == {"n": 1}
     assert list(r["get"]["meta"]) == ["id", "cas", "datatype"] and r["get"]["meta"]["datatype"] == "json"
-    assert r["stale"]["error"] == {"code": 2, "name": "LCB_KEY_EEXISTS", "cas_mismatch": True,
-                                   "desc": "The document key exists with a CAS value different than specified"}
-    assert r["missing"] == {"error": {"code": 1, "name": "LCB_KEY_ENOENT", "desc": "The document key does not exist on the server",
-                                      "key_not_found": True}, "success": False}
+    assert r["stale"]["error"] == {
+        "code": 2,
+        "name": "LCB_KEY_EEXISTS",
+        "cas_mismatch": True,
+        "desc": "The document key exists with a CAS value different than specified",
+    }
+    assert r["missing"] == {
+        "error": {
+            "code": 1,
+            "name": "LCB_KEY_ENOENT",
+            "desc": "The document key does not exist on the server",
+            "key_not_found": True,
+        },
+        "success": False,
+    }
     assert list(r["expiring"]["meta"]) == ["id", "cas", "expiry_date"] and r["is_date"] is True
     assert list(r["read_expiring"]["meta"]) == ["id", "cas", "expiry_date", "datatype"]
     assert list(r["touch"]["meta"]) == ["id", "cas"]
@@ -1383,8 +1580,12 @@ function OnUpdate(doc, meta) {
     app = app_for(data_dir, source, bindings=[("dst", "dst", "rw")], docs=[("k", {})])
     run(app)
     assert app.get("dst", "r") == {
-        "local": "6/29/2009, 1:30:10 PM", "number": "1,234.5", "order": -1,
-        "string": "Mon Jun 29 2009 13:30:10 GMT-0700 (Pacific Daylight Time)", "parsed": 1246307410000, "month": "June",
+        "local": "6/29/2009, 1:30:10 PM",
+        "number": "1,234.5",
+        "order": -1,
+        "string": "Mon Jun 29 2009 13:30:10 GMT-0700 (Pacific Daylight Time)",
+        "parsed": 1246307410000,
+        "month": "June",
     }
 
 
@@ -1412,7 +1613,13 @@ function OnUpdate(doc, meta) {
         src.upsert("b", bytes([7, 8, 200]))
         src.upsert("s", b'"a string"')
     run(app)
-    assert app.get("dst", "r") == {"read": [1, 0, 255], "type": "binary", "got": [1, 0, 255], "str": "text", "arr": [1, 2]}
+    assert app.get("dst", "r") == {
+        "read": [1, 0, 255],
+        "type": "binary",
+        "got": [1, 0, 255],
+        "str": "text",
+        "arr": [1, 2],
+    }
     assert app.get("dst", "bin") == bytes([1, 0, 255]) and app.get("dst", "str") == b'"text"'
     assert app.get("dst", "seen::b") == {"datatype": "binary", "buffer": True, "value": [7, 8, 200]}
     assert app.get("dst", "seen::s") == {"datatype": "json", "buffer": False, "value": "a string"}
@@ -1425,7 +1632,9 @@ def test_curl_sends_an_object_body_as_compact_json(data_dir, http_server):
     app = app_for(data_dir, source, docs=[("k", {})], url_bindings=[{"alias": "api", "url": server.url}])
     run(app)
     (request,) = server.requests
-    assert request["body"] == b'{"a":1,"b":[true]}' and request["headers"]["content-type"] == "application/json"
+    assert (
+        request["body"] == b'{"a":1,"b":[true]}' and request["headers"]["content-type"] == "application/json"
+    )
 
 
 @needs_docs
@@ -1440,9 +1649,11 @@ def test_risk_assessment(data_dir):
     merchants.json, which the handler never reads (it handles transactions only): left out here."""
     name = "eventing-examples-high-risk"
     data = Path(_DOCS) / "modules" / "eventing" / "assets" / "attachments" / "examples" / "high_risk"
-    docs = [(f"{d['type']}:{d[field]}", d) for file, field in (("txns", "txnid"), ("cards", "cardnumber"),
-                                                              ("exchange_rates", "erid"))
-            for d in json.loads((data / f"{file}.json").read_text())]
+    docs = [
+        (f"{d['type']}:{d[field]}", d)
+        for file, field in (("txns", "txnid"), ("cards", "cardnumber"), ("exchange_rates", "erid"))
+        for d in json.loads((data / f"{file}.json").read_text())
+    ]
     source = handlers(name)[0]
     bindings = [("register", "register", "r"), ("review", "review", "rw")]
     app = app_for(data_dir, source, source_bucket="register", bindings=bindings, docs=docs)
@@ -1460,12 +1671,19 @@ def test_risk_assessment(data_dir):
     app.pause(FUNCTION)
     edited = source.replace("var verbose = 0;", "var verbose = 3;")
     assert edited != source
-    app.save({"name": FUNCTION, "language": "javascript", "source_bucket": "register",
-              "bindings": [{"alias": a, "bucket": b, "access": x} for a, b, x in bindings]}, edited)
+    app.save(
+        {
+            "name": FUNCTION,
+            "language": "javascript",
+            "source_bucket": "register",
+            "bindings": [{"alias": a, "bucket": b, "access": x} for a, b, x in bindings],
+        },
+        edited,
+    )
     app.resume(FUNCTION)
     key = "transaction:" + sample["txnid"]
     changed = document(app, "register", key)
     assert changed["amount"] == 5383.35
     app.upsert("register", key, {**changed, "amount": 5383.36})
     run(app)
-    assert len(published_log(tails[2])) == 9 and logged(app)[len(ours):] == published_log(tails[2])
+    assert len(published_log(tails[2])) == 9 and logged(app)[len(ours) :] == published_log(tails[2])

@@ -49,8 +49,9 @@ class Api:
             transport = httpx.ASGITransport(app=self.app)
             async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8096") as client:
                 content = body if isinstance(body, str | bytes) or body is None else json.dumps(body)
-                return await client.request(method, path, content=content,
-                                            headers={"Authorization": f"Bearer {token}"}, **kw)
+                return await client.request(
+                    method, path, content=content, headers={"Authorization": f"Bearer {token}"}, **kw
+                )
 
         return asyncio.run(run())
 
@@ -64,13 +65,23 @@ def test_a_couchbase_export_posted_as_a_list_then_status_flags_deploy_pause_resu
     assert [f["name"] for f in r.json()["functions"]] == [FULL]
     assert any("log_level" in w for w in json.loads(r.headers["x-eventing-warnings"]))
     assert api.state(FULL) == "undeployed"
-    for flags, state in (((True, True), "deployed"), ((True, False), "paused"), ((True, True), "deployed"),
-                         ((False, False), "undeployed")):
-        r = api.call("POST", "/api/v1/functions/audit_orders/settings?wait=0",
-                     {"deployment_status": flags[0], "processing_status": flags[1]})
+    for flags, state in (
+        ((True, True), "deployed"),
+        ((True, False), "paused"),
+        ((True, True), "deployed"),
+        ((False, False), "undeployed"),
+    ):
+        r = api.call(
+            "POST",
+            "/api/v1/functions/audit_orders/settings?wait=0",
+            {"deployment_status": flags[0], "processing_status": flags[1]},
+        )
         assert r.status_code == 200, r.text
         assert api.state(FULL) == state
-    assert api.call("GET", "/api/v1/functions/audit_orders/settings?format=couchbase").json()["worker_count"] == 3
+    assert (
+        api.call("GET", "/api/v1/functions/audit_orders/settings?format=couchbase").json()["worker_count"]
+        == 3
+    )
 
 
 def test_one_function_in_couchbase_json_and_its_appcode_checksum(api):
@@ -82,9 +93,12 @@ def test_one_function_in_couchbase_json_and_its_appcode_checksum(api):
     checksum = api.call("GET", "/api/v1/functions/audit_orders/appcode/checksum", token=READ)
     assert checksum.text == hashlib.sha256(code.encode()).hexdigest()
     got = api.call("GET", "/api/v1/functions/audit_orders?bucket=shop&scope=sales", token=READ).json()
-    assert (got["appname"], got["function_scope"], got["depcfg"]["source_collection"],
-            got["settings"]["dcp_stream_boundary"]) == ("audit_orders", {"bucket": "shop", "scope": "sales"},
-                                                        "orders", "from_now")
+    assert (
+        got["appname"],
+        got["function_scope"],
+        got["depcfg"]["source_collection"],
+        got["settings"]["dcp_stream_boundary"],
+    ) == ("audit_orders", {"bucket": "shop", "scope": "sales"}, "orders", "from_now")
     r = api.call("POST", "/api/v1/functions/other", item)  # the body names another function
     assert r.status_code == 400 and r.json()["name"] == "ERR_READ_REQ"
     assert "names function 'audit_orders' but the URL names 'other'" in r.json()["description"]
@@ -92,8 +106,9 @@ def test_one_function_in_couchbase_json_and_its_appcode_checksum(api):
 
 def test_listings_reset_stats_and_full_stats(api):
     api.call("POST", "/api/v1/import", export())
-    assert api.call("GET", "/api/v1/list/functions?source_bucket=shop&function_scope=shop.sales",
-                    token=READ).json() == {"functions": [FULL]}
+    assert api.call(
+        "GET", "/api/v1/list/functions?source_bucket=shop&function_scope=shop.sales", token=READ
+    ).json() == {"functions": [FULL]}
     assert api.call("GET", "/api/v1/list/functions?source_bucket=crm", token=READ).json() == {"functions": []}
     assert api.call("GET", "/getDeployedApps", token=READ).json() == {}
     api.call("POST", "/api/v1/functions/audit_orders/deploy")
@@ -103,10 +118,16 @@ def test_listings_reset_stats_and_full_stats(api):
     store.add_counters(FULL, {"on_update_success": 4, "dlq_error": 1})
     full = api.call("GET", "/api/v1/stats?type=full", token=READ).json()[0]
     assert full["function_name"] == FULL
-    assert full["execution_stats"]["on_update_success"] == 4 and full["event_processing_stats"]["dcp_mutation"] == 4
+    assert (
+        full["execution_stats"]["on_update_success"] == 4
+        and full["event_processing_stats"]["dcp_mutation"] == 4
+    )
     assert full["failure_stats"]["dlq_count"] == 1
     assert api.call("POST", "/resetStatsCounters?appName=audit_orders", token=READ).status_code == 403
-    assert api.call("POST", "/resetStatsCounters?appName=audit_orders").json() == {"name": FULL, "reset": True}
+    assert api.call("POST", "/resetStatsCounters?appName=audit_orders").json() == {
+        "name": FULL,
+        "reset": True,
+    }
     assert store.counters(FULL) == {"dlq_error": 1}
     missing = api.call("POST", "/resetStatsCounters?appName=nope")
     assert missing.status_code == 404

@@ -26,8 +26,14 @@ class Recorder(BaseHTTPRequestHandler):
     def _reply(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length).decode() if length else ""
-        Recorder.calls.append({"method": self.command, "path": self.path, "auth": self.headers.get("Authorization"),
-                               "body": body})
+        Recorder.calls.append(
+            {
+                "method": self.command,
+                "path": self.path,
+                "auth": self.headers.get("Authorization"),
+                "body": body,
+            }
+        )
         if self.path.startswith("/v1/big"):
             payload, kind = b"x" * 5000, "text/plain"
         elif self.path.startswith("/v1/slow"):
@@ -68,7 +74,7 @@ def server():
         yield url_of(httpd)
 
 
-HANDLER = '''
+HANDLER = """
 def on_update(doc, meta):
     out = {}
     r = curl("POST", api, {"path": "/items", "params": {"id": meta.id}, "body": {"n": doc["n"]}})
@@ -86,9 +92,9 @@ def on_update(doc, meta):
         except Exception as exc:
             out[name] = type(exc).__name__ + ": " + str(exc)
     dst[meta.id] = out
-'''
+"""
 
-RETRIED = '''
+RETRIED = """
 state = {"attempts": 0}
 
 def on_update(doc, meta):
@@ -97,15 +103,20 @@ def on_update(doc, meta):
     if state["attempts"] == 1:
         dst.upsert("marker", {})  # discarded with the failed attempt
         raise RuntimeError("fail after calling out")
-'''
+"""
 
 
 def definition(url: str, **extra) -> FunctionDefinition:
-    return FunctionDefinition.from_dict({
-        "name": "fn_curl", "source_bucket": "src", "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}],
-        "url_bindings": [{"alias": "api", "url": url + "/v1", "auth": "bearer", "token": "t0k"}],
-        "curl_max_response_bytes": 1000, **extra,
-    })
+    return FunctionDefinition.from_dict(
+        {
+            "name": "fn_curl",
+            "source_bucket": "src",
+            "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}],
+            "url_bindings": [{"alias": "api", "url": url + "/v1", "auth": "bearer", "token": "t0k"}],
+            "curl_max_response_bytes": 1000,
+            **extra,
+        }
+    )
 
 
 def test_curl_reaches_only_bound_urls_and_decodes_json(data_dir, server):
@@ -124,7 +135,11 @@ def test_curl_reaches_only_bound_urls_and_decodes_json(data_dir, server):
     assert Recorder.calls[0]["auth"] == "Bearer t0k"
     assert not any(c["path"].startswith("/admin") for c in Recorder.calls)  # never left the binding
     counters = open_store(data_dir).counters("fn_curl")
-    assert (counters["curl_success_count"], counters["curl_non_2xx_count"], counters["curl_failure_count"]) == (1, 1, 1)
+    assert (
+        counters["curl_success_count"],
+        counters["curl_non_2xx_count"],
+        counters["curl_failure_count"],
+    ) == (1, 1, 1)
 
 
 def test_curl_is_at_least_once_a_retried_handler_calls_again(data_dir, server):
@@ -139,32 +154,46 @@ def test_curl_is_at_least_once_a_retried_handler_calls_again(data_dir, server):
 
 def test_curl_honours_execution_timeout(data_dir, server):
     source = LocalBucket.create(data_dir, "src")
-    handler = '''
+    handler = """
 def on_update(doc, meta):
     try:
         curl("GET", api, {"path": "/slow"})
         dst[meta.id] = {"ok": True}
     except Exception as exc:
         dst[meta.id] = {"error": str(exc)}
-'''
+"""
     deploy_function(data_dir, definition(server, execution_timeout="500ms"), handler)
     source.upsert("s", {"n": 1})
     EventingService(data_dir, InProcessExecutor(), until_caught_up=True).run()
     got = LocalBucket.open(data_dir, "dst").get("s")
     store = open_store(data_dir)
     # Either the call timed out inside the handler, or the watchdog abandoned the handler: never a hang.
-    assert (got is not None and "timed out" in got["error"]) or store.dlq_rows("fn_curl")[0].reason == "timeout"
+    assert (got is not None and "timed out" in got["error"]) or store.dlq_rows("fn_curl")[
+        0
+    ].reason == "timeout"
 
 
 def test_bad_url_bindings_are_configuration_errors():
     with pytest.raises(ConfigError, match="has url 'ftp://x'"):
-        FunctionDefinition.from_dict({"name": "f", "source_bucket": "src", "url_bindings": [{"alias": "a", "url": "ftp://x"}]})
+        FunctionDefinition.from_dict(
+            {"name": "f", "source_bucket": "src", "url_bindings": [{"alias": "a", "url": "ftp://x"}]}
+        )
     with pytest.raises(ConfigError, match="auth 'ntlm'"):
-        FunctionDefinition.from_dict({"name": "f", "source_bucket": "src",
-                                      "url_bindings": [{"alias": "a", "url": "http://x", "auth": "ntlm"}]})
+        FunctionDefinition.from_dict(
+            {
+                "name": "f",
+                "source_bucket": "src",
+                "url_bindings": [{"alias": "a", "url": "http://x", "auth": "ntlm"}],
+            }
+        )
     with pytest.raises(ConfigError, match="allow_cookies of url binding 'a' .* must be true or false"):
-        FunctionDefinition.from_dict({"name": "f", "source_bucket": "src",
-                                      "url_bindings": [{"alias": "a", "url": "http://x", "allow_cookies": "yes"}]})
+        FunctionDefinition.from_dict(
+            {
+                "name": "f",
+                "source_bucket": "src",
+                "url_bindings": [{"alias": "a", "url": "http://x", "allow_cookies": "yes"}],
+            }
+        )
 
 
 class DigestAndCookies(BaseHTTPRequestHandler):
@@ -175,18 +204,24 @@ class DigestAndCookies(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         if self.path.startswith("/v1/digest"):
-            fields = dict(re.findall(r'(\w+)="?([^",]*)"?', self.headers.get("Authorization", "")[len("Digest "):]))
+            fields = dict(
+                re.findall(r'(\w+)="?([^",]*)"?', self.headers.get("Authorization", "")[len("Digest ") :])
+            )
 
             def md5(text: str) -> str:
                 return hashlib.md5(text.encode()).hexdigest()  # noqa: S324 - the digest scheme's hash
 
             ha1 = md5(f"{self.USER}:{self.REALM}:{self.PASSWORD}")
-            expected = md5(f"{ha1}:{self.NONCE}:{fields.get('nc')}:{fields.get('cnonce')}:auth:"
-                           f"{md5('GET:' + fields.get('uri', ''))}")
+            expected = md5(
+                f"{ha1}:{self.NONCE}:{fields.get('nc')}:{fields.get('cnonce')}:auth:"
+                f"{md5('GET:' + fields.get('uri', ''))}"
+            )
             if fields.get("response") != expected:
                 self.send_response(401)
-                self.send_header("WWW-Authenticate", f'Digest realm="{self.REALM}", nonce="{self.NONCE}", qop="auth", '
-                                                      'algorithm=MD5')
+                self.send_header(
+                    "WWW-Authenticate",
+                    f'Digest realm="{self.REALM}", nonce="{self.NONCE}", qop="auth", algorithm=MD5',
+                )
                 self.send_header("Content-Length", "0")
                 self.end_headers()
                 return
@@ -208,15 +243,26 @@ def test_digest_auth_and_cookies_as_couchbase_url_bindings_have_them(data_dir):
     with serve_http(DigestAndCookies) as httpd:
         url = url_of(httpd, "/v1")
         source = LocalBucket.create(data_dir, "src")
-        defn = FunctionDefinition.from_dict({
-            "name": "fn_curl", "source_bucket": "src", "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}],
-            "url_bindings": [
-                {"alias": "secured", "url": url, "auth": "digest", "username": "ada", "password": "s3cret"},
-                {"alias": "wrong", "url": url, "auth": "digest", "username": "ada", "password": "nope"},
-                {"alias": "session", "url": url, "allow_cookies": True},
-                {"alias": "plain", "url": url},
-            ]})
-        handler = '''
+        defn = FunctionDefinition.from_dict(
+            {
+                "name": "fn_curl",
+                "source_bucket": "src",
+                "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}],
+                "url_bindings": [
+                    {
+                        "alias": "secured",
+                        "url": url,
+                        "auth": "digest",
+                        "username": "ada",
+                        "password": "s3cret",
+                    },
+                    {"alias": "wrong", "url": url, "auth": "digest", "username": "ada", "password": "nope"},
+                    {"alias": "session", "url": url, "allow_cookies": True},
+                    {"alias": "plain", "url": url},
+                ],
+            }
+        )
+        handler = """
 def on_update(doc, meta):
     dst[meta.id] = {
         "digest": [curl("GET", secured, {"path": "/digest"}).body, curl("GET", wrong, {"path": "/digest"}).status],
@@ -225,7 +271,7 @@ def on_update(doc, meta):
         "plain": [curl("GET", plain, {"path": "/cookie"}).body["cookie"],
                   curl("GET", plain, {"path": "/cookie"}).body["cookie"]],
     }
-'''
+"""
         deploy_function(data_dir, defn, handler)
         source.upsert("a", {"n": 1})
         EventingService(data_dir, InProcessExecutor(), until_caught_up=True).run()

@@ -29,8 +29,13 @@ from eventing.windows.runtime.row_writer import RowLayout, WindowRowWriter
 from eventing.workers.executor import InProcessExecutor
 
 FN = "fn_w"
-WINDOW = {"kind": "tumbling", "size": "1m", "time_field": "ts", "group_by": ["country"],
-          "aggregates": ["count", {"op": "sum", "field": "amount"}]}
+WINDOW = {
+    "kind": "tumbling",
+    "size": "1m",
+    "time_field": "ts",
+    "group_by": ["country"],
+    "aggregates": ["count", {"op": "sum", "field": "amount"}],
+}
 T0 = 1_767_225_600_000
 
 
@@ -57,9 +62,13 @@ def deployed(data_dir: str) -> Path:
     """Bucket src (1,000 mutations) and ledger, a ledger function deployed on them; the source's path."""
     load_source(data_dir, 100, 1000, seed=3).close()  # closed: this process then holds no connection to it
     create_bucket(data_dir, "ledger").close()
-    defn = FunctionDefinition.from_dict({
-        "name": "fn_l", "source_bucket": "src", "bindings": [{"alias": "dst", "bucket": "ledger", "access": "rw"}],
-    })
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": "fn_l",
+            "source_bucket": "src",
+            "bindings": [{"alias": "dst", "bucket": "ledger", "access": "rw"}],
+        }
+    )
     lifecycle.save_function(data_dir, defn, "def on_update(doc, meta):\n    dst[meta.id] = doc\n")
     lifecycle.deploy(data_dir, "fn_l")
     return bucket_path(data_dir, "src")
@@ -75,9 +84,11 @@ def test_a_damaged_bucket_file_gets_one_line_from_get_load_and_run(capsys, data_
         os.truncate(deployed, deployed.stat().st_size // 3)
     else:
         os.truncate(deployed, 0)
-    for argv in (["bucket", "get", "src", some_key],
-                 ["bucket", "load", "src", "--documents", "5", "--mutations", "5"],
-                 ["run", "--until-caught-up", "--executor", "in-process", "--quiet"]):
+    for argv in (
+        ["bucket", "get", "src", some_key],
+        ["bucket", "load", "src", "--documents", "5", "--mutations", "5"],
+        ["run", "--until-caught-up", "--executor", "in-process", "--quiet"],
+    ):
         status, output = cli(capsys, data_dir, *argv)
         assert status != 0, (argv, output)
         assert "Traceback" not in output
@@ -109,7 +120,11 @@ def test_a_damaged_partition_names_its_own_file(capsys, data_dir):
     part = bucket_path(data_dir, "parts").parent / "parts.partitions" / "1.sqlite3"
     os.truncate(part, 1000)
     status, output = cli(capsys, data_dir, "bucket", "get", "parts", "k1")
-    assert status != 0 and f"bucket file {part} is damaged" in output and "`eventing bucket drop parts`" in output
+    assert (
+        status != 0
+        and f"bucket file {part} is damaged" in output
+        and "`eventing bucket drop parts`" in output
+    )
 
 
 def test_a_healthy_file_with_a_wal_to_checkpoint_is_not_called_truncated(data_dir):
@@ -134,9 +149,15 @@ def test_a_healthy_file_with_a_wal_to_checkpoint_is_not_called_truncated(data_di
 def row_table(n: int = 200) -> pa.Table:
     schema = batches.row_schema(["country"], ["amount"])
     return batches.build_row_batch(
-        schema, vb=[i % 4 for i in range(n)], seqno=list(range(1, n + 1)), key=[f"k{i}" for i in range(n)],
+        schema,
+        vb=[i % 4 for i in range(n)],
+        seqno=list(range(1, n + 1)),
+        key=[f"k{i}" for i in range(n)],
         event_time_ms=[T0 + i for i in range(n)],
-        columns={"country": ["KR" if i % 2 else "US" for i in range(n)], "amount": [float(i) for i in range(n)]},
+        columns={
+            "country": ["KR" if i % 2 else "US" for i in range(n)],
+            "amount": [float(i) for i in range(n)],
+        },
     )
 
 
@@ -185,7 +206,9 @@ def test_a_row_file_that_meets_a_full_disk_says_so_and_leaves_no_temporary_file(
         batches.atomic_write(target, no_space, overwrite=True)
     message = str(caught.value)
     assert f"cannot write {target}: the disk is full" in message
-    assert f"free space on the file system of {target.parent}" in message and "run the command again" in message
+    assert (
+        f"free space on the file system of {target.parent}" in message and "run the command again" in message
+    )
     assert list(target.parent.iterdir()) == []
 
 
@@ -198,8 +221,10 @@ def test_a_windowed_run_stops_on_a_damaged_row_file_naming_it(data_dir, monkeypa
     # A batch handed over by a worker of this deployment, damaged on disk before the coordinator reads it.
     writer = WindowRowWriter(data_dir, FN, generation, "local/w9", RowLayout.for_definition(FN, WINDOW))
     for seqno in range(1, 400):
-        writer.add(Mutation(0, seqno, f"x{seqno}", OP_UPDATE, 0, b"", None, 0, 0),
-                   {"ts": T0 + seqno, "country": "KR", "amount": 1.0})
+        writer.add(
+            Mutation(0, seqno, f"x{seqno}", OP_UPDATE, 0, b"", None, 0, 0),
+            {"ts": T0 + seqno, "country": "KR", "amount": 1.0},
+        )
     damaged = writer.flush()
     assert damaged is not None
     overwrite_middle(damaged, 256)
@@ -230,5 +255,7 @@ def test_opening_a_bucket_on_a_full_disk_waits_for_space_then_says_how_long_it_s
     monkeypatch.setenv(sqlite_io.STORE_WAIT_ENV, "0.3")
     with pytest.raises(StoreError) as caught:
         open_bucket(data_dir, "src")
-    assert str(caught.value).startswith(f"cannot write {path}: the disk is full (disk I/O error) and stayed full")
+    assert str(caught.value).startswith(
+        f"cannot write {path}: the disk is full (disk I/O error) and stayed full"
+    )
     assert len(tries) > 1  # it waited, trying again, before it gave up

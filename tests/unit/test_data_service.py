@@ -128,7 +128,9 @@ def test_rows_read_ahead_are_taken_from_the_front_and_a_read_they_do_not_cover_i
 def test_a_worker_without_the_files_handles_everything_exactly_once(data_dir, monkeypatch, batch_size):
     monkeypatch.setenv(LOCALITY_ENV, "0")
     source = load_source(data_dir, 200, 3000, seed=5)
-    deploy_function(data_dir, ledger_definition("fn_remote", "src", "ledger", workers=3, batch_size=batch_size))
+    deploy_function(
+        data_dir, ledger_definition("fn_remote", "src", "ledger", workers=3, batch_size=batch_size)
+    )
     executor = ServedExecutor(data_dir)
     summary = EventingService(data_dir, executor, until_caught_up=True).run()
     assert summary.functions["fn_remote"].handled == 3000, summary
@@ -139,7 +141,9 @@ def test_a_worker_without_the_files_handles_everything_exactly_once(data_dir, mo
     assert calls["read_many"] >= 3 and calls["meta"] > 0 and calls["bucket"] > 0
 
 
-def test_partitioned_source_and_ledger_through_the_service_handle_everything_exactly_once(data_dir, monkeypatch):
+def test_partitioned_source_and_ledger_through_the_service_handle_everything_exactly_once(
+    data_dir, monkeypatch
+):
     monkeypatch.setenv(LOCALITY_ENV, "0")
     create_bucket(data_dir, "src", partitions=4)
     create_bucket(data_dir, "ledger", partitions=3)
@@ -174,7 +178,9 @@ def test_put_file_stays_inside_the_data_directory(data_dir):
 
     service = DataService(data_dir)
     service.call("put_file", "windows/fn/incoming/a.arrow", b"abc")
-    assert (pytest.importorskip("pathlib").Path(data_dir) / "windows/fn/incoming/a.arrow").read_bytes() == b"abc"
+    assert (
+        pytest.importorskip("pathlib").Path(data_dir) / "windows/fn/incoming/a.arrow"
+    ).read_bytes() == b"abc"
     with pytest.raises(ConfigError):
         service.call("put_file", "../outside", b"x")
 
@@ -187,17 +193,28 @@ def test_the_service_answers_the_calls_of_its_tables_and_refuses_any_other_name(
     from eventing.errors import ConfigError
 
     load_source(data_dir, 10, 20, seed=1).close()
-    lifecycle.save_function(data_dir, FunctionDefinition.from_dict({"name": "fn", "source_bucket": "src"}), HANDLER)
+    lifecycle.save_function(
+        data_dir, FunctionDefinition.from_dict({"name": "fn", "source_bucket": "src"}), HANDLER
+    )
     service = ServedData(data_dir)
     try:
         assert service.call("meta", "get_function", ("fn",), {}).name == "fn"
-        assert service.call("bucket", "src", "count", (), {}) == service.call("bucket", "src", "scan", (), {}).__len__()
-        assert service.call("collection_list", "src") == service.call("bucket", "src", "collection_list", (), {}) == []
+        assert (
+            service.call("bucket", "src", "count", (), {})
+            == service.call("bucket", "src", "scan", (), {}).__len__()
+        )
+        assert (
+            service.call("collection_list", "src")
+            == service.call("bucket", "src", "collection_list", (), {})
+            == []
+        )
         for method, args in [("close", ()), ("_bucket", ("src",)), ("state", ()), ("app_logs", ())]:
             with pytest.raises(ConfigError, match=rf"'{method}' is not a call the data service serves"):
                 service.call(method, *args)
         for call in ("delete_function", "put_user", "transition", "close", "_tx", "window_states"):
-            with pytest.raises(ConfigError, match=rf"metadata method '{call}' is not served to remote workers"):
+            with pytest.raises(
+                ConfigError, match=rf"metadata method '{call}' is not served to remote workers"
+            ):
                 service.call("meta", call, ("fn",), {})
         for call in ("stats", "copy_to", "load_rows", "close", "_reader", "file"):
             with pytest.raises(ConfigError, match=rf"bucket method '{call}' is not served to remote workers"):
@@ -214,14 +231,20 @@ def test_a_remote_metadata_store_answers_the_worker_calls_and_has_no_others(data
     from metadata import MetadataStore, WorkerMetadata
 
     load_source(data_dir, 10, 20, seed=1).close()
-    lifecycle.save_function(data_dir, FunctionDefinition.from_dict({"name": "fn", "source_bucket": "src"}), HANDLER)
+    lifecycle.save_function(
+        data_dir, FunctionDefinition.from_dict({"name": "fn", "source_bucket": "src"}), HANDLER
+    )
     lifecycle.deploy(data_dir, "fn")
     line = PickledDataService(data_dir)
     store = RemoteMetadataStore(line)
     claimed = store.claim("fn", (vb for vb in (1, 2)), "w0")  # a generator travels as a list
     assert sorted(claimed) == [1, 2] and store.get_function("fn").name == "fn"
     assert store.commit("fn", {vb: cp.epoch for vb, cp in claimed.items()}, {1: 0}) == set()
-    assert store.deaths("fn") == {} and store.find_dlq_rows("fn") == [] and store.get_timer("fn", "cb", "r") is None
+    assert (
+        store.deaths("fn") == {}
+        and store.find_dlq_rows("fn") == []
+        and store.get_timer("fn", "cb", "r") is None
+    )
     worker_calls = {name for name in vars(WorkerMetadata) if not name.startswith("_")} - {"close"}
     assert set(META_CALLS) == worker_calls and not hasattr(store, "put_user") and not hasattr(store, "backup")
     assert worker_calls < {name for klass in MetadataStore.__mro__ for name in vars(klass)}
@@ -237,16 +260,32 @@ def _window_worker(data_dir: str, service: Any, handler: str) -> dict[str, Any]:
     from metadata.factory import open_store
     from sharding import NUM_VBUCKETS
 
-    defn = FunctionDefinition.from_dict({
-        "name": "fn_w", "source_bucket": "src", "batch_size": 500, "checkpoint_interval": "1h",
-        "window": {"kind": "tumbling", "size": "1m", "time_field": "ts", "group_by": ["country"],
-                   "aggregates": ["count", {"op": "sum", "field": "amount"}]},
-    })
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": "fn_w",
+            "source_bucket": "src",
+            "batch_size": 500,
+            "checkpoint_interval": "1h",
+            "window": {
+                "kind": "tumbling",
+                "size": "1m",
+                "time_field": "ts",
+                "group_by": ["country"],
+                "aggregates": ["count", {"op": "sum", "field": "amount"}],
+            },
+        }
+    )
     lifecycle.save_function(data_dir, defn, handler)
     lifecycle.deploy(data_dir, "fn_w")
     store = open_store(data_dir)
-    spec = WorkerSpec(data_dir, "fn_w", store.get_function("fn_w").generation, "local/w0",
-                      tuple(range(NUM_VBUCKETS)), data_service=service)
+    spec = WorkerSpec(
+        data_dir,
+        "fn_w",
+        store.get_function("fn_w").generation,
+        "local/w0",
+        tuple(range(NUM_VBUCKETS)),
+        data_service=service,
+    )
     core = WorkerCore(spec)
     assert core.data.local == (service is None)
     while not core.step().caught_up:
@@ -255,12 +294,19 @@ def _window_worker(data_dir: str, service: Any, handler: str) -> dict[str, Any]:
     files = sorted(WindowPaths.of(data_dir, "fn_w").incoming.glob("*.arrow"))
     rows = sorted(r for p in files for r in map(lambda d: tuple(d.values()), read_row_batch(p).to_pylist()))
     counters = store.counters("fn_w")
-    return {"rows": rows, "checkpoints": {vb: cp.seqno for vb, cp in store.checkpoints("fn_w").items()},
-            "counters": {k: v for k, v in counters.items() if not k.startswith(("last_", "throughput", "latency_"))}}  # clock-dependent
+    return {
+        "rows": rows,
+        "checkpoints": {vb: cp.seqno for vb, cp in store.checkpoints("fn_w").items()},
+        "counters": {
+            k: v for k, v in counters.items() if not k.startswith(("last_", "throughput", "latency_"))
+        },
+    }  # clock-dependent
 
 
 @pytest.mark.parametrize("handler", ["", "def on_update(doc, meta):\n    pass\n"])
-def test_window_rows_of_a_worker_without_the_files_equal_those_of_a_local_worker(tmp_path, monkeypatch, handler):
+def test_window_rows_of_a_worker_without_the_files_equal_those_of_a_local_worker(
+    tmp_path, monkeypatch, handler
+):
     import shutil
 
     base = tmp_path / "base"
@@ -292,8 +338,15 @@ def test_log_lines_of_a_worker_without_the_files_reach_the_application_log_in_ba
     base = tmp_path / "base"
     load_source(str(base), 100, 3000, seed=4)
     shutil.copytree(base, tmp_path / "remote")
-    defn = FunctionDefinition.from_dict({"name": "fn_log", "source_bucket": "src", "worker_count": 2,
-                                         "app_log_max_size": 40_000, "app_log_max_files": 50})
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": "fn_log",
+            "source_bucket": "src",
+            "worker_count": 2,
+            "app_log_max_size": 40_000,
+            "app_log_max_files": 50,
+        }
+    )
     contents = {}
     for name in ("base", "remote"):
         data_dir = str(tmp_path / name)
@@ -319,7 +372,9 @@ def test_a_bucket_in_partitions_tells_remote_workers_each_partitions_effect_mark
     ledger = create_bucket(data_dir, "ledger", partitions=4)
     assert isinstance(ledger, PartitionedBucket)
     ledger.fence("fn", {7: 1})
-    ledger.apply_effects("fn", [EffectGroup(7, 1, [(3, Write("a", OP_UPDATE, b"\x80")), (5, Write("zz", OP_UPDATE, b"\x80"))])])
+    ledger.apply_effects(
+        "fn", [EffectGroup(7, 1, [(3, Write("a", OP_UPDATE, b"\x80")), (5, Write("zz", OP_UPDATE, b"\x80"))])]
+    )
     service = PickledDataService(data_dir)
     remote = RemoteBucket(service.client("w"), "ledger")
     assert remote.partition_marks("fn") == ledger.partition_marks("fn")

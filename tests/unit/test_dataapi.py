@@ -85,7 +85,9 @@ def test_post_of_an_existing_key_is_a_409_and_changes_nothing(api):
 def test_if_match_replaces_only_the_version_it_names(api):
     etag = api("POST", f"{D}/o1", json={"v": 1}).headers["etag"]
     newer = api("PUT", f"{D}/o1", json={"v": 2}, headers={"If-Match": etag}).headers["etag"]
-    assert "did not match" in error(api("PUT", f"{D}/o1", json={"v": 3}, headers={"If-Match": etag}), 409, "CasMismatch")
+    assert "did not match" in error(
+        api("PUT", f"{D}/o1", json={"v": 3}, headers={"If-Match": etag}), 409, "CasMismatch"
+    )
     error(api("DELETE", f"{D}/o1", headers={"If-Match": etag}), 409, "CasMismatch")
     assert api("GET", f"{D}/o1").json() == {"v": 2}
     error(api("PUT", f"{D}/nope", json={"v": 1}, headers={"If-Match": etag}), 404, "DocumentNotFound")
@@ -104,10 +106,12 @@ def test_text_binary_and_non_object_bodies_round_trip_with_their_content_type(ap
     api("PUT", f"{D}/txt", content="héllo".encode(), headers={"Content-Type": "text/plain"})
     api("PUT", f"{D}/arr", content=b"[1, 2]", headers={"Content-Type": "application/json"})
     api("PUT", f"{D}/raw", content=b"plain words")  # no Content-Type: flags 0, the type guessed on read
-    for key, body, ctype, flags in [("bin", blob, "application/octet-stream", FLAGS_BINARY),
-                                    ("txt", "héllo".encode(), "text/plain", FLAGS_STRING),
-                                    ("arr", b"[1, 2]", "application/json", FLAGS_JSON),
-                                    ("raw", b"plain words", "text/plain", 0)]:
+    for key, body, ctype, flags in [
+        ("bin", blob, "application/octet-stream", FLAGS_BINARY),
+        ("txt", "héllo".encode(), "text/plain", FLAGS_STRING),
+        ("arr", b"[1, 2]", "application/json", FLAGS_JSON),
+        ("raw", b"plain words", "text/plain", 0),
+    ]:
         r = api("GET", f"{D}/{key}")
         assert (r.content, r.headers["content-type"], int(r.headers["x-cb-flags"])) == (body, ctype, flags)
     with open_keyspace(data_dir, "shop.sales.orders") as coll:
@@ -135,7 +139,9 @@ def test_expires_header_sets_the_expiry_a_put_without_it_keeps_and_get_reports(a
     api("PUT", f"{D}/gone", json={"v": 1}, headers={"Expires": "Thu, 01 Jan 1998 00:00:00 GMT"})
     error(api("GET", f"{D}/gone"), 404, "DocumentNotFound")  # past its expiry: reads as gone
     for bad in ("tomorrow", "5 minutes", "-3s", "Mon, 99 Foo 2020"):
-        assert "time" in error(api("PUT", f"{D}/e3", json={}, headers={"Expires": bad}), 400, "InvalidArgument")
+        assert "time" in error(
+            api("PUT", f"{D}/e3", json={}, headers={"Expires": bad}), 400, "InvalidArgument"
+        )
     assert r.status_code == 200
 
 
@@ -145,7 +151,11 @@ def test_append_prepend_keep_flags_and_honour_if_match(api):
     r = api("POST", f"{D}/log/prepend", content=b"a")
     assert r.status_code == 200 and r.headers["etag"]
     got = api("GET", f"{D}/log")
-    assert (got.content, got.headers["content-type"], got.headers["etag"]) == (b"abc", "text/plain", r.headers["etag"])
+    assert (got.content, got.headers["content-type"], got.headers["etag"]) == (
+        b"abc",
+        "text/plain",
+        r.headers["etag"],
+    )
     error(api("POST", f"{D}/log/append", content=b"d", headers={"If-Match": etag}), 409, "CasMismatch")
     error(api("POST", f"{D}/log/append", content=b""), 400, "InvalidArgument")
     error(api("POST", f"{D}/none/append", content=b"x"), 404, "DocumentNotFound")
@@ -166,10 +176,19 @@ def test_counters_initialise_increment_decrement_and_refuse_non_numbers(api):
     error(api("POST", f"{D}/obj/increment"), 400, "DocumentNotNumeric")
     for body in ({"delta": -1}, {"delta": "1"}, {"initial": 2**64}):
         error(api("POST", f"{D}/c/increment", json=body), 400, "InvalidArgument")
-    error(api("POST", f"{D}/c/increment", content=b"{", headers={"Content-Type": "application/json"}), 400,
-          "InvalidArgument")
-    error(api("POST", f"{D}/c/increment", content=b"1", headers={"Content-Type": "text/plain"}), 400, "InvalidArgument")
-    error(api("POST", f"{D}/n/increment", headers={"Expires": "1h"}), 400, "InvalidArgument")  # expiry, no initial
+    error(
+        api("POST", f"{D}/c/increment", content=b"{", headers={"Content-Type": "application/json"}),
+        400,
+        "InvalidArgument",
+    )
+    error(
+        api("POST", f"{D}/c/increment", content=b"1", headers={"Content-Type": "text/plain"}),
+        400,
+        "InvalidArgument",
+    )
+    error(
+        api("POST", f"{D}/n/increment", headers={"Expires": "1h"}), 400, "InvalidArgument"
+    )  # expiry, no initial
 
 
 def test_touch_sets_the_expiry_and_returns_the_content_on_request(api):
@@ -185,15 +204,24 @@ def test_touch_sets_the_expiry_and_returns_the_content_on_request(api):
 
 
 def test_unknown_bucket_scope_and_collection_are_404s_naming_them(api):
-    msg = error(api("GET", "/v1/buckets/nope/scopes/sales/collections/orders/documents/k"), 404, "BucketNotFound")
+    msg = error(
+        api("GET", "/v1/buckets/nope/scopes/sales/collections/orders/documents/k"), 404, "BucketNotFound"
+    )
     assert "'nope'" in msg
-    msg = error(api("PUT", "/v1/buckets/shop/scopes/other/collections/orders/documents/k", json={}), 404, "ScopeNotFound")
+    msg = error(
+        api("PUT", "/v1/buckets/shop/scopes/other/collections/orders/documents/k", json={}),
+        404,
+        "ScopeNotFound",
+    )
     assert "'other'" in msg
     r = api("GET", "/v1/buckets/shop/scopes/sales/collections/lines/documents/k")
     assert "'lines'" in error(r, 404, "CollectionNotFound")
     assert r.json()["resource"] == "/buckets/shop/scopes/sales/collections/lines"
     # the default collection of every bucket is there
-    assert api("PUT", "/v1/buckets/shop/scopes/_default/collections/_default/documents/k", json={}).status_code == 200
+    assert (
+        api("PUT", "/v1/buckets/shop/scopes/_default/collections/_default/documents/k", json={}).status_code
+        == 200
+    )
 
 
 def test_bad_keys_bodies_and_sizes_are_400s_and_413s_never_5xx(api):
@@ -203,8 +231,11 @@ def test_bad_keys_bodies_and_sizes_are_400s_and_413s_never_5xx(api):
     assert api("GET", f"{D}/a%2Fb").json() == {"slash": True}
     error(api("PUT", f"{D}/%01x", json={}), 400, "InvalidArgument")
     error(api("PUT", f"{D}/%FF", json={}), 400, "InvalidArgument")
-    assert "not valid JSON" in error(api("PUT", f"{D}/j", content=b"{nope", headers={"Content-Type": "application/json"}),
-                                     400, "InvalidArgument")
+    assert "not valid JSON" in error(
+        api("PUT", f"{D}/j", content=b"{nope", headers={"Content-Type": "application/json"}),
+        400,
+        "InvalidArgument",
+    )
     error(api("PUT", f"{D}/j", content=b"x" * (MAX_BODY_BYTES + 1)), 413, "InvalidArgument")
     error(api("PUT", f"{D}/j", json={}, headers={"X-CB-Flags": "-1"}), 400, "InvalidArgument")
     error(api("PUT", f"{D}/j", json={}, headers={"X-CB-DurabilityLevel": "Always"}), 400, "InvalidArgument")
@@ -212,8 +243,15 @@ def test_bad_keys_bodies_and_sizes_are_400s_and_413s_never_5xx(api):
     assert api("PUT", f"{D}/j", json={}, headers={"X-CB-DurabilityLevel": "Majority"}).status_code == 200
     error(api("PATCH", f"{D}/j", json={}), 405, "InvalidArgument")
     error(api("POST", f"{D}/j/lock", json={}), 404, "InvalidArgument")
-    error(api("POST", "/v1.alpha/buckets/shop/scopes/sales/collections/orders/documents/j/lock", json={"lockTime": 5}),
-          404, "InvalidArgument")
+    error(
+        api(
+            "POST",
+            "/v1.alpha/buckets/shop/scopes/sales/collections/orders/documents/j/lock",
+            json={"lockTime": 5},
+        ),
+        404,
+        "InvalidArgument",
+    )
 
 
 def test_tokens_decide_who_reads_and_writes_in_the_spec_s_error_shape(data_dir):
@@ -226,8 +264,15 @@ def test_tokens_decide_who_reads_and_writes_in_the_spec_s_error_shape(data_dir):
     error(api("PUT", path, json={}, headers={"Authorization": basic}), 403, "NoWriteAccess")
     assert api("PUT", path, json={}, headers={"Authorization": f"Bearer {ADMIN}"}).status_code == 200
     assert api("GET", path, headers={"Authorization": basic}).status_code == 200
-    assert api("GET", "/v1/callerIdentity", headers={"Authorization": basic}).json() == {"user": "@read-token"}
-    r = api("POST", "/api/v1/keyspaces/shop/load", content=b'{"key":"a","doc":{}}\n', headers={"Authorization": basic})
+    assert api("GET", "/v1/callerIdentity", headers={"Authorization": basic}).json() == {
+        "user": "@read-token"
+    }
+    r = api(
+        "POST",
+        "/api/v1/keyspaces/shop/load",
+        content=b'{"key":"a","doc":{}}\n',
+        headers={"Authorization": basic},
+    )
     assert r.status_code == 403  # the bulk load is an admin request like every other POST under /api/
 
 
@@ -236,14 +281,16 @@ def test_bulk_load_streams_lines_into_a_collection_and_stops_at_a_bad_line(api, 
 
     async def chunks():  # a streamed body, cut mid-line
         for start in range(0, len(lines), 65_537):
-            yield lines[start:start + 65_537]
+            yield lines[start : start + 65_537]
 
     r = api("POST", "/api/v1/keyspaces/shop.sales.orders/load", content=chunks())
     assert r.status_code == 200, r.text
     assert r.json() == {"keyspace": "shop.sales.orders", "committed": 45_000, "written": 45_000, "skipped": 0}
     with open_keyspace(data_dir, "shop.sales.orders") as coll:
         assert coll.count() == 45_000 and coll.get("k44999") == {"i": 44999}
-    body = b'{"key":"x1","doc":{}}\n{"key":"x2","op":"delete"}\n{"key":"x3","doc":[1]}\n{"key":"x4","doc":{}}\n'
+    body = (
+        b'{"key":"x1","doc":{}}\n{"key":"x2","op":"delete"}\n{"key":"x3","doc":[1]}\n{"key":"x4","doc":{}}\n'
+    )
     r = api("POST", "/api/v1/keyspaces/shop.sales.orders/load", content=body)
     assert r.status_code == 400
     answer = r.json()
@@ -259,8 +306,14 @@ def test_a_write_through_the_api_is_a_mutation_a_deployed_function_handles(data_
     ev = Eventing(data_dir, executor="in-process")
     ev.create_bucket("src")
     ev.create_bucket("out")
-    ev.deploy({"name": "fn_copy", "source_bucket": "src", "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}]},
-              "def on_update(doc, meta):\n    out[meta.id] = {'seen': doc}\n")
+    ev.deploy(
+        {
+            "name": "fn_copy",
+            "source_bucket": "src",
+            "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
+        },
+        "def on_update(doc, meta):\n    out[meta.id] = {'seen': doc}\n",
+    )
     api = Client(build_app(ServerConfig(data_dir)))
     path = "/v1/buckets/src/scopes/_default/collections/_default/documents"
     assert api("PUT", f"{path}/a", json={"n": 1}).status_code == 200
@@ -276,8 +329,9 @@ def test_concurrent_writes_share_a_commit_and_each_condition_sees_the_writes_bef
         async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8096") as c:
             created = await asyncio.gather(*(c.post(f"{D}/race", json={"n": i}) for i in range(12)))
             tag = next(r.headers["etag"] for r in created if r.status_code == 200)
-            replaced = await asyncio.gather(*(c.put(f"{D}/race", json={"r": i}, headers={"If-Match": tag})
-                                              for i in range(12)))
+            replaced = await asyncio.gather(
+                *(c.put(f"{D}/race", json={"r": i}, headers={"If-Match": tag}) for i in range(12))
+            )
             many = await asyncio.gather(*(c.put(f"{D}/m{i}", json={"m": i}) for i in range(30)))
             return created, replaced, many
 
@@ -304,7 +358,11 @@ def test_writes_answer_etag_and_mutation_token_and_a_delete_its_own_cas(api):
     _, dvb, dvbuuid, dseqno = gone.headers["x-cb-mutationtoken"].split(":")
     assert (dvb, dvbuuid) == (vb, vbuuid) and int(dseqno) == int(seqno) + 1
     counted = api("POST", f"{D}/counter/increment", json={"initial": 5})
-    assert counted.status_code == 200 and counted.json() == 5 and counted.headers["x-cb-mutationtoken"].startswith("shop:")
+    assert (
+        counted.status_code == 200
+        and counted.json() == 5
+        and counted.headers["x-cb-mutationtoken"].startswith("shop:")
+    )
 
 
 def test_users_read_and_write_only_the_keyspaces_their_roles_name(data_dir):
@@ -314,8 +372,12 @@ def test_users_read_and_write_only_the_keyspaces_their_roles_name(data_dir):
     LocalBucket.create(data_dir, "shop").close()
     create_collection(data_dir, "shop.sales.orders")
     create_collection(data_dir, "shop.hr.staff")
-    users = {"clerk": ["data_writer[shop.sales.orders]"], "auditor": ["data_reader[shop.*.*]"],
-             "boss": ["admin"], "viewer": ["ro_admin"]}
+    users = {
+        "clerk": ["data_writer[shop.sales.orders]"],
+        "auditor": ["data_reader[shop.*.*]"],
+        "boss": ["admin"],
+        "viewer": ["ro_admin"],
+    }
     with open_store(data_dir) as store:
         for name, roles in users.items():
             store.put_user(name, hash_password(f"{name}-password"), roles)
@@ -331,7 +393,10 @@ def test_users_read_and_write_only_the_keyspaces_their_roles_name(data_dir):
     assert "clerk" in message and "data_writer[shop.sales.orders]" in message
     assert api("PUT", f"{D}/o1", json={}, headers=as_user("clerk")).status_code == 200  # a writer may write
     error(api("GET", f"{D}/o1", headers=as_user("clerk")), 403, "NoReadAccess")  # but not read
-    assert api("GET", f"{D}/o1", headers=as_user("clerk")).json()["resource"] == "/buckets/shop/scopes/sales/collections/orders"
+    assert (
+        api("GET", f"{D}/o1", headers=as_user("clerk")).json()["resource"]
+        == "/buckets/shop/scopes/sales/collections/orders"
+    )
     assert api("GET", f"{D}/o1", headers=as_user("auditor")).status_code == 200
     assert api("GET", f"{staff}/none", headers=as_user("auditor")).status_code == 404  # may read: not there
     error(api("DELETE", f"{D}/o1", headers=as_user("auditor")), 403, "NoWriteAccess")

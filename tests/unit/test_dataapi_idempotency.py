@@ -49,17 +49,23 @@ def test_a_retried_write_gets_its_first_answer_and_makes_no_second_mutation(api,
     key = {"Idempotency-Key": "order-17-create"}
     first = api("POST", f"{D}/o17", json={"total": 40}, headers=key)
     assert first.status_code == 200 and "idempotent-replayed" not in first.headers
-    again = api("POST", f"{D}/o17", json={"total": 40}, headers=key)  # a create of an existing key: 409 if run
+    again = api(
+        "POST", f"{D}/o17", json={"total": 40}, headers=key
+    )  # a create of an existing key: 409 if run
     assert again.status_code == 200 and again.headers["etag"] == first.headers["etag"]
     assert again.headers["idempotent-replayed"] == "true"
     assert mutations(data_dir) == 1
     api("POST", f"{D}/counter/increment", json={"initial": 10})
-    increments = [api("POST", f"{D}/counter/increment", json={"delta": 5}, headers={"Idempotency-Key": "inc-1"})
-                  for _ in range(3)]
+    increments = [
+        api("POST", f"{D}/counter/increment", json={"delta": 5}, headers={"Idempotency-Key": "inc-1"})
+        for _ in range(3)
+    ]
     assert {r.status_code for r in increments} == {200} and {r.json() for r in increments} == {15}
     assert api("GET", f"{D}/counter").json() == 15  # incremented once
     assert mutations(data_dir) == 3
-    unkeyed = [api("PUT", f"{D}/o18", json={"total": 1}) for _ in range(2)]  # without the header: each applies
+    unkeyed = [
+        api("PUT", f"{D}/o18", json={"total": 1}) for _ in range(2)
+    ]  # without the header: each applies
     assert [r.status_code for r in unkeyed] == [200, 200] and mutations(data_dir) == 5
 
 

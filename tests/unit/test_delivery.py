@@ -28,8 +28,10 @@ def test_delivery_defaults_to_exactly_once_and_refuses_unknown_modes():
     base = {"name": "fn", "source_bucket": "src"}
     assert FunctionDefinition.from_dict(base).delivery == "exactly_once"
     assert FunctionDefinition.from_dict({**base, "delivery": "at_least_once"}).delivery == "at_least_once"
-    with pytest.raises(ConfigError, match="delivery of function 'fn' is 'at_most_once'; use one of "
-                                          "'exactly_once', 'at_least_once'"):
+    with pytest.raises(
+        ConfigError,
+        match="delivery of function 'fn' is 'at_most_once'; use one of 'exactly_once', 'at_least_once'",
+    ):
         FunctionDefinition.from_dict({**base, "delivery": "at_most_once"})
 
 
@@ -56,10 +58,15 @@ def test_every_mutation_has_its_effect_in_both_modes(data_dir, delivery):
 @pytest.mark.parametrize(("delivery", "replayed_again"), [("exactly_once", False), ("at_least_once", True)])
 def test_a_crash_replays_effects_only_at_least_once(data_dir, delivery, replayed_again):
     load_source(data_dir, 200, 2000)
-    defn = FunctionDefinition.from_dict({
-        "name": "fn_n", "source_bucket": "src", "bindings": [{"alias": "dst", "bucket": "counts", "access": "rw"}],
-        "batch_size": 100, "delivery": delivery,
-    })
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": "fn_n",
+            "source_bucket": "src",
+            "bindings": [{"alias": "dst", "bucket": "counts", "access": "rw"}],
+            "batch_size": 100,
+            "delivery": delivery,
+        }
+    )
     deploy_function(data_dir, defn, COUNTER)
     generation = open_store(data_dir).get_function("fn_n").generation
     spec = WorkerSpec(data_dir, "fn_n", generation, "local/w0", tuple(range(NUM_VBUCKETS)))

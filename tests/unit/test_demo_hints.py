@@ -18,16 +18,30 @@ VENV_BIN = Path(sys.executable).parent
 
 
 def runs_as_printed(command: str, path: str) -> bool:
-    done = subprocess.run(f"{command} --help", shell=True, cwd=ROOT, env={**os.environ, "PATH": path},
-                          capture_output=True, timeout=60)
+    done = subprocess.run(
+        f"{command} --help",
+        shell=True,
+        cwd=ROOT,
+        env={**os.environ, "PATH": path},
+        capture_output=True,
+        timeout=60,
+    )
     return done.returncode == 0 and b"usage: eventing" in done.stdout
 
 
-@pytest.mark.skipif(not (VENV_BIN / "eventing").exists(), reason="the eventing script is not installed beside python")
+@pytest.mark.skipif(
+    not (VENV_BIN / "eventing").exists(), reason="the eventing script is not installed beside python"
+)
 def test_the_demo_names_the_command_as_it_was_run(monkeypatch):
     monkeypatch.chdir(ROOT)
-    bare_path = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep)
-                                if p and Path(p).resolve() != VENV_BIN.resolve()) or "/usr/bin:/bin"
+    bare_path = (
+        os.pathsep.join(
+            p
+            for p in os.environ.get("PATH", "").split(os.pathsep)
+            if p and Path(p).resolve() != VENV_BIN.resolve()
+        )
+        or "/usr/bin:/bin"
+    )
     monkeypatch.setenv("PATH", bare_path)
     monkeypatch.setattr(sys, "argv", [os.path.relpath(VENV_BIN / "eventing"), "demo"])  # as scripts/demo.sh
     as_demo_sh = demo.program()

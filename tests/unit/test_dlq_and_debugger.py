@@ -32,7 +32,9 @@ ROOT = Path(__file__).resolve().parents[2]
 # The ledger handler (eventing.testing) behind a gate that fails on demand: a poison pill raises after a
 # write (which must be discarded), a hang loops until execution_timeout, and the environment variables
 # make one process's calls fail or be interrupted without touching the worker's.
-GATED_LEDGER = LEDGER_HANDLER + '''
+GATED_LEDGER = (
+    LEDGER_HANDLER
+    + """
 _ledger_update = on_update
 
 def on_update(doc, meta):
@@ -48,9 +50,10 @@ def on_update(doc, meta):
     if os.environ.get("EVENTING_TEST_CTRL_C") == meta.id:
         raise KeyboardInterrupt
     _ledger_update(doc, meta)
-'''
+"""
+)
 
-DEBUG_HANDLER = '''
+DEBUG_HANDLER = """
 def on_update(doc, meta):
     log("handling", meta.id, "rev", doc["rev"])
     previous = dst.get(meta.id)
@@ -60,7 +63,7 @@ def on_delete(meta, options):
     log("deleting", meta.id)
     if meta.id in dst:
         del dst[meta.id]
-'''
+"""
 
 
 # -- helpers ---------------------------------------------------------------------------------------------
@@ -125,13 +128,18 @@ def deploy_poisoned(data_dir: str) -> LocalBucket:
 
 
 def checkpoint_state(data_dir: str, function: str) -> dict[int, tuple]:
-    return {vb: (cp.seqno, cp.epoch, cp.owner, cp.leased) for vb, cp in open_store(data_dir).checkpoints(function).items()}
+    return {
+        vb: (cp.seqno, cp.epoch, cp.owner, cp.leased)
+        for vb, cp in open_store(data_dir).checkpoints(function).items()
+    }
 
 
 # -- the dead-letter queue -------------------------------------------------------------------------------
 
 
-def test_replay_after_fixing_a_poison_pill_handler_applies_each_row_once_in_per_document_order(data_dir, capsys):
+def test_replay_after_fixing_a_poison_pill_handler_applies_each_row_once_in_per_document_order(
+    data_dir, capsys
+):
     source = deploy_poisoned(data_dir)
     ledger = LocalBucket.open(data_dir, "ledger")
     assert not [k for k in ledger.keys() if k.startswith("partial|")]  # the failed attempts left nothing
@@ -185,7 +193,9 @@ def test_an_interrupted_replay_run_again_applies_nothing_twice(data_dir, capsys,
     assert len(store.dlq_rows("fn_p")) == 5  # the second row of this run is applied but unmarked
 
     report = cli_json(capsys, "dlq", "replay", "fn_p", "--all", "--data-dir", data_dir)
-    assert report["replayed"] == 5 and report["writes_skipped"] == 2  # that row's e| and h| were not re-applied
+    assert (
+        report["replayed"] == 5 and report["writes_skipped"] == 2
+    )  # that row's e| and h| were not re-applied
     counts = effect_counts(ledger, "fn_p")
     assert len(counts) == 36 and set(counts.values()) == {1}
     result = check_ledger(source, ledger, function="fn_p")
@@ -208,7 +218,9 @@ def test_a_row_whose_handler_still_fails_stays_in_the_dlq_with_attempts_incremen
     assert not [k for k in LocalBucket.open(data_dir, "ledger").keys() if k.startswith("partial|")]
 
 
-def test_a_row_that_failed_again_is_applied_by_a_later_replay_after_later_rows_of_its_vbucket(data_dir, capsys, monkeypatch):
+def test_a_row_that_failed_again_is_applied_by_a_later_replay_after_later_rows_of_its_vbucket(
+    data_dir, capsys, monkeypatch
+):
     # Replay marks are per row: a per-vBucket high-water mark would skip doc00@2 once doc00@3 is applied.
     deploy_poisoned(data_dir)
     update_handler(data_dir, "fn_p", GATED_LEDGER.replace('doc.get("poison")', "False"))
@@ -221,18 +233,28 @@ def test_a_row_that_failed_again_is_applied_by_a_later_replay_after_later_rows_o
     report = cli_json(capsys, "dlq", "replay", "fn_p", "--all", "--data-dir", data_dir)
     assert report["replayed"] == 1 and report["writes_applied"] == 2
     counts = effect_counts(LocalBucket.open(data_dir, "ledger"), "fn_p")
-    assert counts[effect_key("fn_p", "doc00", first.seqno)] == 1 and len(counts) == 36 and set(counts.values()) == {1}
+    assert (
+        counts[effect_key("fn_p", "doc00", first.seqno)] == 1
+        and len(counts) == 36
+        and set(counts.values()) == {1}
+    )
 
 
 def test_dlq_list_filters_and_show_prints_the_error_traceback_and_mutation(data_dir, capsys):
     deploy_poisoned(data_dir)
     dd = ["--data-dir", data_dir]
     rows = cli_json(capsys, "dlq", "list", "fn_p", "--reason", "error", "--limit", "3", *dd)
-    assert len(rows) == 3 and [(r["vb"], r["seqno"]) for r in rows] == sorted((r["vb"], r["seqno"]) for r in rows)
+    assert len(rows) == 3 and [(r["vb"], r["seqno"]) for r in rows] == sorted(
+        (r["vb"], r["seqno"]) for r in rows
+    )
     assert cli_json(capsys, "dlq", "list", "fn_p", "--reason", "timeout", *dd) == []
     first = rows[0]
-    shown = cli_json(capsys, "dlq", "show", "fn_p", "--vb", str(first["vb"]), "--seqno", str(first["seqno"]), *dd)
-    assert len(shown) == 1 and shown[0]["attempts"] == 1 and "ValueError: poison pill" in shown[0]["traceback"]
+    shown = cli_json(
+        capsys, "dlq", "show", "fn_p", "--vb", str(first["vb"]), "--seqno", str(first["seqno"]), *dd
+    )
+    assert (
+        len(shown) == 1 and shown[0]["attempts"] == 1 and "ValueError: poison pill" in shown[0]["traceback"]
+    )
     assert shown[0]["mutation"]["doc"]["poison"] is True and shown[0]["mutation"]["op"] == "update"
     assert len(cli_json(capsys, "dlq", "show", "fn_p", "--key", "doc06", *dd)) == 2
     code, out, _ = cli(capsys, "dlq", "list", "fn_p", *dd)
@@ -259,8 +281,15 @@ def test_purge_removes_only_the_selected_rows_and_says_how_many(data_dir, capsys
     assert code == 2 and "needs --all, --replayed or a selector" in err
     assert cli_json(capsys, "dlq", "purge", "fn_p", "--replayed", *dd)["purged"] == 2
     row = open_store(data_dir).dlq_rows("fn_p")[0]
-    assert cli_json(capsys, "dlq", "purge", "fn_p", "--vb", str(row.vb), "--seqno", str(row.seqno), *dd)["purged"] == 1
-    assert cli_json(capsys, "dlq", "purge", "fn_p", "--key", "doc03", *dd)["purged"] == 2 - (row.key == "doc03")
+    assert (
+        cli_json(capsys, "dlq", "purge", "fn_p", "--vb", str(row.vb), "--seqno", str(row.seqno), *dd)[
+            "purged"
+        ]
+        == 1
+    )
+    assert cli_json(capsys, "dlq", "purge", "fn_p", "--key", "doc03", *dd)["purged"] == 2 - (
+        row.key == "doc03"
+    )
     remaining = len(open_store(data_dir).dlq_rows("fn_p", include_replayed=True))
     code, out, _ = cli(capsys, "dlq", "purge", "fn_p", "--all", *dd)
     assert code == 0 and out.strip() == f"purged {remaining} dead letters of 'fn_p'"
@@ -275,10 +304,14 @@ def debug_setup(data_dir: str) -> LocalBucket:
     for key in ("alpha", "beta", "gamma"):
         source.upsert(key, {"rev": 1})
     source.upsert("alpha", {"rev": 2})
-    defn = FunctionDefinition.from_dict({
-        "name": "fn_d", "source_bucket": "src", "checkpoint_interval": "100ms",
-        "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}],
-    })
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": "fn_d",
+            "source_bucket": "src",
+            "checkpoint_interval": "100ms",
+            "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}],
+        }
+    )
     deploy(data_dir, defn, DEBUG_HANDLER)
     LocalBucket.open(data_dir, "dst").upsert("alpha", {"rev": 0})  # something for the handler to read
     return source
@@ -287,7 +320,11 @@ def debug_setup(data_dir: str) -> LocalBucket:
 def test_debug_trace_shows_doc_meta_log_reads_and_writes_and_applies_nothing(data_dir, capsys):
     source = debug_setup(data_dir)
     dst = LocalBucket.open(data_dir, "dst")
-    checkpoints, marks, dst_log = checkpoint_state(data_dir, "fn_d"), dst.effect_marks("fn_d"), dst.stats()["mutations"]
+    checkpoints, marks, dst_log = (
+        checkpoint_state(data_dir, "fn_d"),
+        dst.effect_marks("fn_d"),
+        dst.stats()["mutations"],
+    )
     first_vb = min(vbucket_of(k) for k in ("alpha", "beta", "gamma"))
     first = source.read_vb(first_vb, 0, 1)[0]
 
@@ -295,9 +332,15 @@ def test_debug_trace_shows_doc_meta_log_reads_and_writes_and_applies_nothing(dat
 
     assert report["mutation"]["vb"] == first_vb and report["mutation"]["seqno"] == first.seqno
     assert report["doc"] == {"rev": 1} and report["kind"] == "on_update"
-    assert report["meta"]["id"] == first.key and report["meta"]["vb"] == first_vb and report["meta"]["seq"] == 1
+    assert (
+        report["meta"]["id"] == first.key and report["meta"]["vb"] == first_vb and report["meta"]["seq"] == 1
+    )
     events = [(e["event"], e.get("key"), e.get("line")) for e in report["events"]]
-    assert events == [("log", None, f"handling {first.key} rev 1"), ("read", first.key, None), ("write", first.key, None)]
+    assert events == [
+        ("log", None, f"handling {first.key} rev 1"),
+        ("read", first.key, None),
+        ("write", first.key, None),
+    ]
     assert report["outcome"] == "ok" and report["applied"] is False and report["consumed"] is False
     assert report["writes"][0]["doc"]["rev"] == 1 and report["writes"][0]["bucket"] == "dst"
     # Nothing moved: no write, no checkpoint, no ownership, no effect mark.
@@ -306,9 +349,16 @@ def test_debug_trace_shows_doc_meta_log_reads_and_writes_and_applies_nothing(dat
 
     code, out, _ = cli(capsys, "debug", "fn_d", "--key", "alpha", "--data-dir", data_dir)
     assert code == 0
-    for text in ("pulled a copy of vBucket", "doc:  {\"rev\": 1}", "meta: {", "log     handling alpha rev 1",
-                 "read    dst['alpha'] -> {\"rev\": 0}", "write   dst['alpha'] = {\"rev\": 1, \"previous\": 0}",
-                 "1 writes shown, not applied", "the mutation was not consumed"):
+    for text in (
+        "pulled a copy of vBucket",
+        'doc:  {"rev": 1}',
+        "meta: {",
+        "log     handling alpha rev 1",
+        "read    dst['alpha'] -> {\"rev\": 0}",
+        'write   dst[\'alpha\'] = {"rev": 1, "previous": 0}',
+        "1 writes shown, not applied",
+        "the mutation was not consumed",
+    ):
         assert text in out, out
     assert dst.get("alpha") == {"rev": 0}
 
@@ -348,11 +398,17 @@ def test_debug_selects_the_next_mutation_of_a_key_or_a_vbucket_after_the_checkpo
 def test_debug_waits_for_a_mutation_when_none_is_pending(data_dir, capsys):
     source = debug_setup(data_dir)
     run(data_dir)
-    key = next(f"late{i}" for i in range(10_000) if vbucket_of(f"late{i}") not in {vbucket_of(k) for k in ("alpha", "beta", "gamma")})
+    key = next(
+        f"late{i}"
+        for i in range(10_000)
+        if vbucket_of(f"late{i}") not in {vbucket_of(k) for k in ("alpha", "beta", "gamma")}
+    )
     timer = threading.Timer(0.3, lambda: LocalBucket.open(data_dir, "src").upsert(key, {"rev": 7}))
     timer.start()
     started = time.monotonic()
-    report = cli_json(capsys, "debug", "fn_d", "--vb", str(vbucket_of(key)), "--wait", "10", "--data-dir", data_dir)
+    report = cli_json(
+        capsys, "debug", "fn_d", "--vb", str(vbucket_of(key)), "--wait", "10", "--data-dir", data_dir
+    )
     timer.join()
     assert report["meta"]["id"] == key and report["doc"] == {"rev": 7}
     assert 0.25 < time.monotonic() - started < 5
@@ -377,7 +433,9 @@ def test_debug_under_pdb_runs_the_handler_and_a_quit_applies_nothing(data_dir, c
     assert LocalBucket.open(data_dir, "dst").get("beta") is None
 
 
-def test_a_debug_session_that_fails_or_is_interrupted_leaves_the_mutation_to_its_worker(data_dir, capsys, monkeypatch):
+def test_a_debug_session_that_fails_or_is_interrupted_leaves_the_mutation_to_its_worker(
+    data_dir, capsys, monkeypatch
+):
     source = LocalBucket.create(data_dir, "src")
     for chunk in chunked(loadgen.generate(60, 400, seed=5), 1000):
         source.write(chunk)
@@ -431,24 +489,43 @@ def test_bad_input_goes_to_the_dlq_and_every_other_mutation_is_handled_once_in_o
         source.write(chunk)
     bad: list[tuple[int, int]] = []
     for key in ("customer::07", "customer::42", f"{kind}::new"):
-        doc = {"rev": 1000, "poison": True} if kind == "poison" else {"rev": 1000, "hang": True} if kind == "hang" \
-            else {"rev": 1000, "pad": "x" * 5000} if kind == "oversize" else {"rev": 1000}
+        doc = (
+            {"rev": 1000, "poison": True}
+            if kind == "poison"
+            else {"rev": 1000, "hang": True}
+            if kind == "hang"
+            else {"rev": 1000, "pad": "x" * 5000}
+            if kind == "oversize"
+            else {"rev": 1000}
+        )
         vb, seqno = source.upsert(key, doc)
         if kind == "undecodable":
             corrupt(source, vb, seqno, b"\xc1\xc1\xc1")
         bad.append((vb, seqno))
         source.upsert(key, {"rev": 1001})  # a later revision of the same document is still handled, in order
-    extra = {"execution_timeout": "200ms"} if kind == "hang" else {"max_document_bytes": 2000} if kind == "oversize" else {}
+    extra = (
+        {"execution_timeout": "200ms"}
+        if kind == "hang"
+        else {"max_document_bytes": 2000}
+        if kind == "oversize"
+        else {}
+    )
     deploy(data_dir, ledger_definition("fn_b", "src", "ledger", workers=2, **extra), GATED_LEDGER)
 
     run(data_dir)
 
     rows = open_store(data_dir).dlq_rows("fn_b")
-    reason = {"poison": "error", "hang": "timeout", "undecodable": "undecodable", "oversize": "oversize"}[kind]
+    reason = {"poison": "error", "hang": "timeout", "undecodable": "undecodable", "oversize": "oversize"}[
+        kind
+    ]
     assert sorted((r.vb, r.seqno) for r in rows) == sorted(bad)
     assert {r.reason for r in rows} == {reason}
-    message = {"poison": "ValueError: poison pill", "hang": "execution_timeout", "undecodable": "",
-               "oversize": "max_document_bytes is 2000"}[kind]
+    message = {
+        "poison": "ValueError: poison pill",
+        "hang": "execution_timeout",
+        "undecodable": "",
+        "oversize": "max_document_bytes is 2000",
+    }[kind]
     assert all(message in r.error and r.error for r in rows)
     dead = {(r.vb, r.seqno) for r in rows}
     report = check_ledger(source, LocalBucket.open(data_dir, "ledger"), function="fn_b", dead_letters=dead)
@@ -464,17 +541,28 @@ def test_a_250_byte_key_is_handled_and_a_251_byte_key_is_refused_at_ingest(data_
     with pytest.raises(InvalidKeyError, match="251 bytes long; the limit is 250 bytes"):
         source.upsert(key251, {"rev": 1})
     lines = tmp_path / "keys.jsonl"
-    lines.write_text("\n".join(json.dumps(item, ensure_ascii=False) for item in [
-        {"key": "plain", "doc": {"rev": 1}},
-        {"key": key251, "doc": {"rev": 1}},
-        {"key": key250, "doc": {"rev": 2}},
-    ]) + "\n", encoding="utf-8")
+    lines.write_text(
+        "\n".join(
+            json.dumps(item, ensure_ascii=False)
+            for item in [
+                {"key": "plain", "doc": {"rev": 1}},
+                {"key": key251, "doc": {"rev": 1}},
+                {"key": key250, "doc": {"rev": 2}},
+            ]
+        )
+        + "\n",
+        encoding="utf-8",
+    )
     code, _, err = cli(capsys, "bucket", "load", "src", "--file", str(lines), "--data-dir", data_dir)
     assert code == 1 and "line 2:" in err and "251 bytes long" in err
     assert source.stats()["mutations"] == 3
-    copy = FunctionDefinition.from_dict({
-        "name": "fn_copy", "source_bucket": "src", "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
-    })
+    copy = FunctionDefinition.from_dict(
+        {
+            "name": "fn_copy",
+            "source_bucket": "src",
+            "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
+        }
+    )
     deploy(data_dir, copy, "def on_update(doc, meta):\n    out[meta.id] = doc\n")
     # The ledger derives longer keys (e|<key>|<seqno>) from a 250-byte key: its writes fail with a clear
     # error and the mutations go to the DLQ; every other mutation is handled exactly once.
@@ -491,7 +579,9 @@ def test_a_250_byte_key_is_handled_and_a_251_byte_key_is_refused_at_ingest(data_
     assert_handled_once_in_order_except(report, dead)
 
 
-def test_non_utf8_lines_in_bucket_load_are_rejected_by_number_and_the_rest_is_handled(data_dir, capsys, tmp_path):
+def test_non_utf8_lines_in_bucket_load_are_rejected_by_number_and_the_rest_is_handled(
+    data_dir, capsys, tmp_path
+):
     LocalBucket.create(data_dir, "src")
     lines = tmp_path / "mixed.jsonl"
     lines.write_bytes(
@@ -526,9 +616,13 @@ def test_a_replayed_write_to_the_source_bucket_does_not_trigger_the_function_aga
     source.upsert("a", {"n": 1})
     broken = "def on_update(doc, meta):\n    raise ValueError('not yet')\n"
     fixed = "def on_update(doc, meta):\n    if 'copy' not in doc:\n        src[meta.id + '-copy'] = {'copy': True}\n"
-    defn = FunctionDefinition.from_dict({
-        "name": "fn_rg", "source_bucket": "src_rg", "bindings": [{"alias": "src", "bucket": "src_rg", "access": "rw"}],
-    })
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": "fn_rg",
+            "source_bucket": "src_rg",
+            "bindings": [{"alias": "src", "bucket": "src_rg", "access": "rw"}],
+        }
+    )
     lifecycle.save_function(data_dir, defn, broken)
     lifecycle.deploy(data_dir, "fn_rg")
     EventingService(data_dir, InProcessExecutor(), until_caught_up=True).run()

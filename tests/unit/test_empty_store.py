@@ -45,7 +45,9 @@ def cli(capsys, data_dir: str, *argv: str) -> tuple[int, str]:
 
 def deployed_with_a_user(data_dir: str) -> Path:
     LocalBucket.create(data_dir, "src").upsert("k", {"n": 1})
-    deploy_function(data_dir, FunctionDefinition.from_dict({"name": "fn_src", "source_bucket": "src"}), HANDLER)
+    deploy_function(
+        data_dir, FunctionDefinition.from_dict({"name": "fn_src", "source_bucket": "src"}), HANDLER
+    )
     with open_store(data_dir) as store:
         store.put_user("root", hash_password("root-password-1"), ["admin"])
     return Path(data_dir) / SQLITE_FILE
@@ -64,8 +66,12 @@ def test_a_store_file_without_a_store_is_damaged_and_never_made_a_new_store(data
         path.unlink()
         sqlite3.connect(path).execute("CREATE TABLE notes(text)").connection.close()
     before = path.read_bytes()
-    for argv in (["run", "--until-caught-up", "--executor", "in-process"], ["status"], ["user", "list"],
-                 ["deploy", "fn_src"]):
+    for argv in (
+        ["run", "--until-caught-up", "--executor", "in-process"],
+        ["status"],
+        ["user", "list"],
+        ["deploy", "fn_src"],
+    ):
         status, out = cli(capsys, data_dir, *argv)
         assert status == 2, (argv, out)
         lines = [line for line in out.splitlines() if line.strip()]
@@ -86,7 +92,9 @@ def test_a_store_file_moved_aside_starts_a_new_store(data_dir, capsys):
     path = deployed_with_a_user(data_dir)
     os.truncate(path, 0)
     path.rename(path.with_name("metadata.sqlite3.damaged"))
-    deploy_function(data_dir, FunctionDefinition.from_dict({"name": "fn_again", "source_bucket": "src"}), HANDLER)
+    deploy_function(
+        data_dir, FunctionDefinition.from_dict({"name": "fn_again", "source_bucket": "src"}), HANDLER
+    )
     with open_store(data_dir, create=False) as store:
         assert [f.name for f in store.list_functions()] == ["fn_again"] and store.list_users() == []
 

@@ -115,7 +115,9 @@ def test_a_limit_below_one_is_refused_in_one_line(capsys, dd, small_bucket, argv
 
 def test_browsing_an_unknown_bucket_names_the_fix(capsys, dd):
     code, _, err = run_cli(capsys, "bucket", "keys", "nope", *dd)
-    assert code == 2 and err.startswith("error: unknown bucket 'nope'") and "eventing bucket create nope" in err
+    assert (
+        code == 2 and err.startswith("error: unknown bucket 'nope'") and "eventing bucket create nope" in err
+    )
 
 
 def test_exporting_to_an_unwritable_path_names_the_fix(capsys, dd, small_bucket, tmp_path):
@@ -130,7 +132,9 @@ def test_flush_empties_documents_and_log_and_changes_the_identity(small_bucket):
     old_uuid = small_bucket.uuid
     result = small_bucket.flush()
     assert (result["documents"], result["tombstones"], result["mutations"]) == (5, 1, 7)
-    assert small_bucket.count() == 0 and small_bucket.keys() == [] and small_bucket.high_seqnos() == [0] * 1024
+    assert (
+        small_bucket.count() == 0 and small_bucket.keys() == [] and small_bucket.high_seqnos() == [0] * 1024
+    )
     assert small_bucket.uuid != old_uuid == result["old_uuid"]
     reopened = LocalBucket.open(small_bucket.path.parent.parent, "src")
     assert reopened.uuid == small_bucket.uuid and reopened.stats()["mutations"] == 0
@@ -161,7 +165,9 @@ def test_drop_and_flush_are_refused_while_a_deployed_or_paused_function_uses_the
     assert LocalBucket.open(data_dir, "src").count() > 0 and LocalBucket.open(data_dir, bucket).path.exists()
 
 
-def test_drop_after_undeploy_deletes_the_file_and_names_the_functions_that_still_name_it(capsys, dd, data_dir):
+def test_drop_after_undeploy_deletes_the_file_and_names_the_functions_that_still_name_it(
+    capsys, dd, data_dir
+):
     _deployed(data_dir)
     lifecycle.undeploy(data_dir, "fn_a")
     code, out, _ = run_cli(capsys, "bucket", "drop", "ledger", *dd)
@@ -172,7 +178,9 @@ def test_drop_after_undeploy_deletes_the_file_and_names_the_functions_that_still
     assert result["documents"] > 0 and LocalBucket.open(data_dir, "src").count() == 0
 
 
-def test_a_function_deployed_on_a_flushed_and_refilled_bucket_handles_only_the_new_mutations(capsys, dd, data_dir):
+def test_a_function_deployed_on_a_flushed_and_refilled_bucket_handles_only_the_new_mutations(
+    capsys, dd, data_dir
+):
     _deployed(data_dir)
     run_until_caught_up(data_dir)
     lifecycle.undeploy(data_dir, "fn_a")
@@ -213,19 +221,25 @@ def test_the_checkpoint_view_shows_backlog_owner_epoch_and_lease_per_vbucket(cap
     assert code == 0 and "no vBucket matches (no backlog anywhere)" in out
 
 
-def test_the_checkpoint_view_of_an_undeployed_function_or_a_missing_vbucket_names_the_fix(capsys, dd, data_dir):
+def test_the_checkpoint_view_of_an_undeployed_function_or_a_missing_vbucket_names_the_fix(
+    capsys, dd, data_dir
+):
     _deployed(data_dir)
     code, _, err = run_cli(capsys, "checkpoints", "fn_a", "--vb", "1024", *dd)
     assert code == 2 and "vBucket 1024 does not exist; vBuckets are numbered 0..1023" in err
     lifecycle.undeploy(data_dir, "fn_a")
     code, _, err = run_cli(capsys, "checkpoints", "fn_a", *dd)
-    assert code == 2 and err == "error: function 'fn_a' has no checkpoints (it is undeployed); deploy it first\n"
+    assert (
+        code == 2 and err == "error: function 'fn_a' has no checkpoints (it is undeployed); deploy it first\n"
+    )
 
 
 # -- rewind ---------------------------------------------------------------------------------------------------
 
 
-def _ran_and_paused(data_dir: str, tmp_path, documents: int = 100, mutations: int = 600, **deploy_kwargs) -> str:
+def _ran_and_paused(
+    data_dir: str, tmp_path, documents: int = 100, mutations: int = 600, **deploy_kwargs
+) -> str:
     calls = str(tmp_path / "calls.log")
     load_source(data_dir, documents, mutations)
     deploy_function(data_dir, ledger_definition("fn_a", "src", "ledger", call_log=calls), **deploy_kwargs)
@@ -240,7 +254,9 @@ def _calls(path: str) -> int:
     return sum(len(seqs) for seqs in read_call_log(path).values())
 
 
-def test_a_rewind_to_zero_reruns_every_handler_without_applying_an_effect_twice(capsys, dd, data_dir, tmp_path):
+def test_a_rewind_to_zero_reruns_every_handler_without_applying_an_effect_twice(
+    capsys, dd, data_dir, tmp_path
+):
     calls = _ran_and_paused(data_dir, tmp_path)
     assert _calls(calls) == 600
     code, out, _ = run_cli(capsys, "rewind", "fn_a", "--to-seqno", "0", *dd)
@@ -284,7 +300,9 @@ def test_a_rewind_to_a_time_handles_again_exactly_what_arrived_since(capsys, dd,
     run_until_caught_up(data_dir)
     lifecycle.pause(data_dir, "fn_a")
     result = json_of(capsys, "rewind", "fn_a", "--to-time", f"{since:.6f}", *dd)
-    assert result["mutations_again"] == 30 and result["vbuckets_moved"] == len({source.get_meta(f"late::{i}")["vb"] for i in range(30)})
+    assert result["mutations_again"] == 30 and result["vbuckets_moved"] == len(
+        {source.get_meta(f"late::{i}")["vb"] for i in range(30)}
+    )
     lifecycle.resume(data_dir, "fn_a")
     run_until_caught_up(data_dir)
     handled = read_call_log(calls)
@@ -309,7 +327,10 @@ def test_a_rewind_of_one_vbucket_moves_only_that_one(capsys, dd, data_dir, tmp_p
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--to-seqno", "0"], "cannot rewind function 'fn_a': it is deployed; only a paused function can be rewound"),
+        (
+            ["--to-seqno", "0"],
+            "cannot rewind function 'fn_a': it is deployed; only a paused function can be rewound",
+        ),
         (["--to-time", "yesterday"], None),
     ],
 )
@@ -340,7 +361,9 @@ def test_stats_watch_prints_one_line_per_refresh_when_not_on_a_terminal(capsys, 
     lines = out.splitlines()
     assert code == 0 and len(lines) == 3
     assert all(" fn_a state=deployed " in line and "checkpoint_lag=60" in line for line in lines)
-    code, out, _ = run_cli(capsys, "stats", "fn_a", "--watch", "--interval", "0.1", "--count", "2", "--json", *dd)
+    code, out, _ = run_cli(
+        capsys, "stats", "fn_a", "--watch", "--interval", "0.1", "--count", "2", "--json", *dd
+    )
     rows = [json.loads(line) for line in out.splitlines()]
     assert code == 0 and [r["function"] for r in rows] == ["fn_a", "fn_a"] and rows[1]["at"] >= rows[0]["at"]
 
@@ -363,8 +386,15 @@ def test_stats_watch_redraws_in_place_on_a_terminal_and_ctrl_c_exits_0_like_run(
             raise KeyboardInterrupt
 
     screen = Terminal()
-    code = watch(lambda: {"n": next(samples)}, lambda d: print(f"n is {d['n']}"), str, interval_s=0.5,
-                 as_json=False, out=screen, sleep=sleep)
+    code = watch(
+        lambda: {"n": next(samples)},
+        lambda d: print(f"n is {d['n']}"),
+        str,
+        interval_s=0.5,
+        as_json=False,
+        out=screen,
+        sleep=sleep,
+    )
     assert code == 130 and sleeps == [0.5, 0.5, 0.5]  # Ctrl-C, as for every command
     frames = screen.getvalue().split(CLEAR)[1:]
     assert len(frames) == 3 and [f.splitlines()[1] for f in frames] == ["n is 0", "n is 1", "n is 2"]
@@ -381,7 +411,9 @@ def test_a_watch_interval_below_a_tenth_of_a_second_is_refused(capsys, dd, inter
 # -- backup and restore of the metadata store ----------------------------------------------------------------
 
 
-def test_a_backup_taken_while_another_process_writes_is_a_whole_consistent_store(capsys, dd, data_dir, tmp_path):
+def test_a_backup_taken_while_another_process_writes_is_a_whole_consistent_store(
+    capsys, dd, data_dir, tmp_path
+):
     import threading
 
     from metadata import SqliteMetadataStore
@@ -414,10 +446,14 @@ def test_a_backup_taken_while_another_process_writes_is_a_whole_consistent_store
 def test_backup_writes_under_the_data_directory_by_default(capsys, dd, data_dir):
     _deployed(data_dir)
     code, out, _ = run_cli(capsys, "backup", *dd)
-    assert code == 0 and f"to {data_dir}/backups/metadata-" in out and "restore it with `eventing restore" in out
+    assert (
+        code == 0 and f"to {data_dir}/backups/metadata-" in out and "restore it with `eventing restore" in out
+    )
 
 
-def test_a_restore_brings_checkpoints_back_and_the_rerun_applies_no_effect_twice(capsys, dd, data_dir, tmp_path):
+def test_a_restore_brings_checkpoints_back_and_the_rerun_applies_no_effect_twice(
+    capsys, dd, data_dir, tmp_path
+):
     source = load_source(data_dir, 50, 300)
     deploy_function(data_dir, ledger_definition("fn_a", "src", "ledger"))
     run_until_caught_up(data_dir)

@@ -42,4 +42,6 @@ def test_every_example_of_the_everyday_commands_doc_runs(tmp_path, monkeypatch, 
     # The rerun after the first rewind (effects kept) wrote nothing to the binding bucket.
     assert re.search(rf"mutations: {emails_before_rewind}\n", outputs["bucket info emails"])
     assert "effects: kept." in outputs["rewind fn_email --to-seqno 0"]
-    assert "effects: REAPPLIED." in outputs["rewind fn_email --to-time 2020-01-01T00:00:00Z --reapply-effects"]
+    assert (
+        "effects: REAPPLIED." in outputs["rewind fn_email --to-time 2020-01-01T00:00:00Z --reapply-effects"]
+    )

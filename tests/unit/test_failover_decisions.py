@@ -105,7 +105,11 @@ def test_a_failover_plan_moves_only_the_failed_nodes_vbuckets(data_dir):
     assert plan.move_count == minimum_moves(plan.before, ["local"]) == 512
     topology.complete(list(plan.after.owners))
     states = {n["name"]: n["state"] for n in topology.nodes()}
-    assert states == {"local": "active", "n2": "failed", "n3": "joining"}  # listed until added back or removed
+    assert states == {
+        "local": "active",
+        "n2": "failed",
+        "n3": "joining",
+    }  # listed until added back or removed
     assert topology.target_nodes() == ["local", "n3"]
 
 
@@ -168,7 +172,11 @@ def test_a_node_down_for_the_timeout_is_failed_over_and_nothing_is_lost(data_dir
     owners = Counter(cp.owner for cp in open_store(data_dir).checkpoints("fn").values())
     assert set(owners) == {"local/w0", "local/w1"} and sum(owners.values()) == NUM_VBUCKETS
     request = Topology(open_store(data_dir)).request()
-    assert request is not None and request["failover"]["nodes"] == ["n2"] and request["failover_unowned_s"] >= 0.3
+    assert (
+        request is not None
+        and request["failover"]["nodes"] == ["n2"]
+        and request["failover_unowned_s"] >= 0.3
+    )
     assert service.summary.failovers and service.summary.failovers[0]["nodes"] == ["n2"]
     _verify(data_dir, source)
 
@@ -253,7 +261,9 @@ def test_a_standby_takes_over_when_the_leader_stops_and_finishes_the_stream(data
     leader.stop()
     leader_thread.join(30)
     wait_for(lambda: "fn" in standby.supervisors and standby.supervisors["fn"].ready)
-    assert {s.handle for s in standby.supervisors["fn"].slots.values()} == set(warm.values())  # taken, not restarted
+    assert {s.handle for s in standby.supervisors["fn"].slots.values()} == set(
+        warm.values()
+    )  # taken, not restarted
     assert standby.summary.leadership["took_over_from"] == leader.service_id
     lease = open_store(data_dir).lease(LEADER_LEASE)
     assert lease is not None and lease.term == 2
@@ -265,7 +275,7 @@ def test_a_standby_takes_over_when_the_leader_stops_and_finishes_the_stream(data
 
 
 def test_a_leader_that_loses_its_lease_stops(data_dir, monkeypatch):
-    monkeypatch.setattr("eventing.control.service.LEASE_RENEW_S", 0.05)
+    monkeypatch.setattr("eventing.control.leadership.LEASE_RENEW_S", 0.05)
     _deploy(data_dir, 1000)
     leader = EventingService(data_dir, InProcessExecutor())
     thread = _run(leader)

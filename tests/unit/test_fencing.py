@@ -29,7 +29,9 @@ def test_fenced_vbuckets_are_those_the_writer_lost_or_never_held():
     assert fenced_vbuckets([], stored, claimed) == set()
 
 
-@pytest.mark.parametrize(("stored", "floor", "expected"), [(0, 0, 1), (41, 0, 42), (41, 40, 42), (41, 100, 100)])
+@pytest.mark.parametrize(
+    ("stored", "floor", "expected"), [(0, 0, 1), (41, 0, 42), (41, 40, 42), (41, 100, 100)]
+)
 def test_a_claim_takes_an_epoch_above_the_stored_one_and_at_least_the_floor(stored, floor, expected):
     epoch = next_epoch(stored, floor)
     assert epoch == expected

@@ -53,8 +53,13 @@ def test_large_and_binary_files_keep_every_byte(make_area):
 
 def test_a_listing_holds_the_folders_own_files_sorted(make_area):
     area = make_area()
-    for name in ["incoming/g1-b-1-000000001.arrow", "incoming/g1-a-1-000000000.arrow", "incoming/sub/x.arrow",
-                 "accepted/f1-000000000.parquet", "top.txt"]:
+    for name in [
+        "incoming/g1-b-1-000000001.arrow",
+        "incoming/g1-a-1-000000000.arrow",
+        "incoming/sub/x.arrow",
+        "accepted/f1-000000000.parquet",
+        "top.txt",
+    ]:
         area.write(name, name.encode())
     assert area.list("incoming") == ["g1-a-1-000000000.arrow", "g1-b-1-000000001.arrow"]
     assert area.list("incoming/sub") == ["x.arrow"]
@@ -75,8 +80,13 @@ def test_deletes_take_what_they_name_and_a_missing_file_is_fine(make_area):
 
 def test_deleting_a_folder_takes_its_subfolders_and_nothing_else(make_area):
     area, other = make_area("windows/fn"), make_area("windows/fn_2")
-    for name in ["staging/job-1-1/a.parquet", "staging/job-1-2/b.parquet", "staging/c.parquet",
-                 "staging_old/d.parquet", "accepted/e.parquet"]:
+    for name in [
+        "staging/job-1-1/a.parquet",
+        "staging/job-1-2/b.parquet",
+        "staging/c.parquet",
+        "staging_old/d.parquet",
+        "accepted/e.parquet",
+    ]:
         area.write(name, b"x")
         other.write(name, b"y")
     area.delete_folder("staging")
@@ -112,8 +122,15 @@ def test_names_must_be_plain_relative_paths(make_area, name):
 def test_row_files_read_back_through_any_area_and_a_damaged_one_is_named(make_area):
     area = make_area()
     layout = row_schema(["country"], ["amount"])
-    table = build_row_batch(layout, vb=[0, 1], seqno=[1, 1], key=["a", "b"], event_time_ms=[0, 1],
-                            columns={"country": ["KR", None], "amount": [1.5, None]}, arrival_ms=[5, 6])
+    table = build_row_batch(
+        layout,
+        vb=[0, 1],
+        seqno=[1, 1],
+        key=["a", "b"],
+        event_time_ms=[0, 1],
+        columns={"country": ["KR", None], "amount": [1.5, None]},
+        arrival_ms=[5, 6],
+    )
     name = write_row_file(area, "incoming", "g1-w0-1-000000000", table)
     assert name == "incoming/g1-w0-1-000000000.arrow"
     assert read_row_file(area, name).equals(table)
@@ -125,8 +142,9 @@ def test_row_files_read_back_through_any_area_and_a_damaged_one_is_named(make_ar
     assert area.describe(name) in str(caught.value) and "function 'fn'" in str(caught.value)
 
 
-def test_reset_windows_empties_every_folder_of_the_function_and_keeps_other_functions(make_area, monkeypatch,
-                                                                                      data_dir):
+def test_reset_windows_empties_every_folder_of_the_function_and_keeps_other_functions(
+    make_area, monkeypatch, data_dir
+):
     area, other = make_area("windows/fn"), make_area("windows/fn_other")
     monkeypatch.setattr(DirectoryState, "file_area", lambda self, root: make_area(root))
     for folder in FOLDERS:
@@ -265,15 +283,21 @@ def results(rows: list[tuple[int, str | None, int, float | None]]) -> pa.Table:
 
     schema = result_schema(["country"], [("count", None, "count"), ("sum", "amount", "sum_amount")])
     return pa.Table.from_pylist(
-        [{"window_start_ms": s, "window_end_ms": s + 60, "country": c, "count": n, "sum_amount": v}
-         for s, c, n, v in rows], schema=schema)
+        [
+            {"window_start_ms": s, "window_end_ms": s + 60, "country": c, "count": n, "sum_amount": v}
+            for s, c, n, v in rows
+        ],
+        schema=schema,
+    )
 
 
 def test_the_postgresql_sink_writes_each_window_once_and_reads_back_as_the_sqlite_sink(pg_url, tmp_path):
     from eventing.windows.spark.postgres_sink import PostgresWindowSink
     from eventing.windows.spark.sink import SqliteWindowSink
 
-    table = results([(0, "KR", 2, 3.5), (0, None, 1, None), (60, "US", 1, float("inf")), (120, "KR", 4, -1.0)])
+    table = results(
+        [(0, "KR", 2, 3.5), (0, None, 1, None), (60, "US", 1, float("inf")), (120, "KR", 4, -1.0)]
+    )
     sink = PostgresWindowSink.open(pg_url)
     assert sink.write("fn", table.slice(0, 2)) == 1
     assert sink.write("fn", table, windows=[(180, 240)]) == 3  # [0, 60) was written already
@@ -321,8 +345,10 @@ def test_concurrent_sinks_write_a_window_once(pg_url):
 
     table = results([(s, c, 1, 1.0) for s in range(0, 600, 60) for c in ("KR", "US")])
     counts: list[int] = []
-    threads = [threading.Thread(target=lambda: counts.append(PostgresWindowSink.open(pg_url).write("fn_c", table)))
-               for _ in range(4)]
+    threads = [
+        threading.Thread(target=lambda: counts.append(PostgresWindowSink.open(pg_url).write("fn_c", table)))
+        for _ in range(4)
+    ]
     for t in threads:
         t.start()
     for t in threads:

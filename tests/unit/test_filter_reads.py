@@ -53,7 +53,9 @@ def _must_return(row: tuple, compiled) -> bool:
     limit=st.integers(1, 40),
     past=st.integers(-5, 5),
 )
-def test_the_filtered_read_returns_every_entry_the_filter_keeps_and_counts_the_range(entries, spec, after, limit, past):
+def test_the_filtered_read_returns_every_entry_the_filter_keeps_and_counts_the_range(
+    entries, spec, after, limit, past
+):
     compiled = compile_filter(spec)
     with tempfile.TemporaryDirectory() as data_dir:
         bucket = create_bucket(data_dir, "src")
@@ -69,12 +71,16 @@ def test_the_filtered_read_returns_every_entry_the_filter_keeps_and_counts_the_r
             log = [r for r in bucket.read_vb_rows(vb, 0, 1000)]
             # `upto` past the high seqno too: a range whose last entry is missing is counted by the log
             upto = max(0, highs[vb] + past)
-            rows, scanned, last = bucket.read_vb_matching(vb, after, limit, upto, compiled.prefilter, FUNCTION)
+            rows, scanned, last = bucket.read_vb_matching(
+                vb, after, limit, upto, compiled.prefilter, FUNCTION
+            )
             in_range = [r for r in log if after < r[1] <= upto][:limit]
             assert scanned == len(in_range)
             assert last == (in_range[-1][1] if in_range else after)
             assert rows == [r for r in in_range if r in rows]  # log rows of the range, in seqno order
-            assert [r for r in in_range if _must_return(r, compiled)] == [r for r in rows if _must_return(r, compiled)]
+            assert [r for r in in_range if _must_return(r, compiled)] == [
+                r for r in rows if _must_return(r, compiled)
+            ]
             # what SQLite leaves out fails the exact filter
             assert not any(compiled.matches(r, _decode) for r in in_range if r not in rows)
         bucket.close()
@@ -82,7 +88,9 @@ def test_the_filtered_read_returns_every_entry_the_filter_keeps_and_counts_the_r
 
 def test_a_range_whose_last_entry_the_filter_rules_out_still_counts_to_it(tmp_path):
     bucket = create_bucket(str(tmp_path), "src")
-    bucket.write([Write("k", OP_UPDATE, encode_document({"type": t})) for t in ("order", "x", "order", "x", "x")])
+    bucket.write(
+        [Write("k", OP_UPDATE, encode_document({"type": t})) for t in ("order", "x", "order", "x", "x")]
+    )
     vb = vbucket_of("k")
     compiled = compile_filter({"field": "type", "eq": "order"})
     rows, scanned, last = bucket.read_vb_matching(vb, 0, 4, 5, compiled.prefilter, FUNCTION)

@@ -30,7 +30,7 @@ def test_base64_round_trips_text_and_json_values():
         base64_decode("not base64!")
 
 
-HANDLER = '''
+HANDLER = """
 import time
 
 def on_update(doc, meta):
@@ -44,13 +44,18 @@ def on_delete(meta, options):
 
 def fire(context):
     dst["t|" + context["id"]] = {}
-'''
+"""
 
 
 def test_stats_json_reports_couchbase_statistic_names(data_dir, capsys):
     source = LocalBucket.create(data_dir, "src")
-    d = FunctionDefinition.from_dict({"name": "fn_s", "source_bucket": "src",
-                                      "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}]})
+    d = FunctionDefinition.from_dict(
+        {
+            "name": "fn_s",
+            "source_bucket": "src",
+            "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}],
+        }
+    )
     deploy_function(data_dir, d, HANDLER)
     for i in range(5):
         source.upsert(f"k{i}", {"n": i})

@@ -17,27 +17,29 @@ from eventing.storage.bucket import LocalBucket
 from eventing.testing import deploy_function
 from eventing.workers.executor import InProcessExecutor
 
-TWO_ALIASES = '''
+TWO_ALIASES = """
 def on_update(doc, meta):
     if FAIL:
         raise RuntimeError("failing until the handler is fixed")
     first[meta.id] = {"rev": doc["rev"]}
     seen = second.get(meta.id)
     second[meta.id + "#check"] = {"saw_own_write": seen is not None, "rev": doc["rev"]}
-'''
+"""
 
 
 def definition(name: str, dst: str, fail: bool) -> FunctionDefinition:
-    return FunctionDefinition.from_dict({
-        "name": name,
-        "source_bucket": "src",
-        "bindings": [
-            {"alias": "first", "bucket": dst, "access": "rw"},
-            {"alias": "second", "bucket": dst, "access": "rw"},
-        ],
-        "constants": {"FAIL": fail},
-        "retries": 0,
-    })
+    return FunctionDefinition.from_dict(
+        {
+            "name": name,
+            "source_bucket": "src",
+            "bindings": [
+                {"alias": "first", "bucket": dst, "access": "rw"},
+                {"alias": "second", "bucket": dst, "access": "rw"},
+            ],
+            "constants": {"FAIL": fail},
+            "retries": 0,
+        }
+    )
 
 
 def run_until_caught_up(data_dir: str) -> None:

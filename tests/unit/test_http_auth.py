@@ -39,12 +39,15 @@ def test_tokens_come_from_the_environment_when_not_given(monkeypatch):
     assert (config.admin_token, config.read_token) == (ADMIN, READ)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"host": "0.0.0.0"}, "refusing to bind 0.0.0.0 without credentials"),
-    ({"host": "10.0.0.5", "read_token": READ}, "refusing to bind 10.0.0.5 without credentials"),
-    ({"admin_token": "short"}, "the admin token is 5 characters; use at least 16"),
-    ({"admin_token": ADMIN, "read_token": ADMIN}, "the admin and read-only tokens are the same"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"host": "0.0.0.0"}, "refusing to bind 0.0.0.0 without credentials"),
+        ({"host": "10.0.0.5", "read_token": READ}, "refusing to bind 10.0.0.5 without credentials"),
+        ({"admin_token": "short"}, "the admin token is 5 characters; use at least 16"),
+        ({"admin_token": ADMIN, "read_token": ADMIN}, "the admin and read-only tokens are the same"),
+    ],
+)
 def test_unsafe_configurations_are_refused_with_the_fix(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         ServerConfig("d", **kwargs).check()

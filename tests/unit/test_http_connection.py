@@ -23,7 +23,9 @@ from eventing.execution.http_connection import HttpConnection
 
 
 @contextmanager
-def scripted(*connections: list[bytes], tls: ssl.SSLContext | None = None) -> Iterator[tuple[int, list[bytes]]]:
+def scripted(
+    *connections: list[bytes], tls: ssl.SSLContext | None = None
+) -> Iterator[tuple[int, list[bytes]]]:
     """A server that accepts one connection per list of answers, one after another. On each it reads one
     request (head and Content-Length body) per answer and writes the answer's bytes as they are; an answer
     of b"" closes the connection unanswered. Yields the port and the requests read."""
@@ -40,8 +42,14 @@ def scripted(*connections: list[bytes], tls: ssl.SSLContext | None = None) -> It
                         return
                     buf += chunk
                 head, _, buf = buf.partition(b"\r\n\r\n")
-                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                               if line.lower().startswith(b"content-length:")), 0)
+                length = next(
+                    (
+                        int(line.split(b":")[1])
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length:")
+                    ),
+                    0,
+                )
                 while len(buf) < length:
                     buf += conn.recv(65536)
                 requests.append(head + b"\r\n\r\n" + buf[:length])
@@ -82,26 +90,39 @@ def test_content_length_chunks_and_a_closed_end_frame_the_body():
         conn = HttpConnection("127.0.0.1", port, 5)
         got = [conn.request("GET", f"/r{i}", {}, None, 5, 1000) for i in range(len(answers))]
     assert [(status, body, keep) for status, _, body, keep in got] == [
-        (200, b"hello", True), (200, b"abcdefg", True), (201, b"ok", True), (204, b"", True), (200, b"lf", True),
+        (200, b"hello", True),
+        (200, b"abcdefg", True),
+        (201, b"ok", True),
+        (204, b"", True),
+        (200, b"lf", True),
         (200, b"until the end", False),
     ]
     assert got[0][1] == {"Content-Length": "5", "X-A": "1"}
-    assert requests[0] == f"GET /r0 HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAccept-Encoding: identity\r\n\r\n".encode()
+    assert (
+        requests[0]
+        == f"GET /r0 HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAccept-Encoding: identity\r\n\r\n".encode()
+    )
 
 
 def test_a_body_is_sent_with_its_length_and_connection_close_is_honoured():
     with scripted([b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"]) as (port, requests):
         conn = HttpConnection("127.0.0.1", port, 5)
-        status, _, body, keep = conn.request("POST", "/p", {"Content-Type": "application/json"}, b'{"a":1}', 5, 10)
+        status, _, body, keep = conn.request(
+            "POST", "/p", {"Content-Type": "application/json"}, b'{"a":1}', 5, 10
+        )
     assert (status, body, keep) == (200, b"", False)
     assert b"Content-Length: 7\r\n" in requests[0] and requests[0].endswith(b'\r\n\r\n{"a":1}')
 
 
-@pytest.mark.parametrize("answer", [
-    b"HTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\nhello world",
-    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n6\r\nhello \r\n5\r\nworld\r\n0\r\n\r\n",
-    b"HTTP/1.0 200 OK\r\n\r\nhello world",
-], ids=["length", "chunked", "to-the-end"])
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"HTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\nhello world",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n6\r\nhello \r\n5\r\nworld\r\n0\r\n\r\n",
+        b"HTTP/1.0 200 OK\r\n\r\nhello world",
+    ],
+    ids=["length", "chunked", "to-the-end"],
+)
 def test_a_body_over_the_limit_is_refused_however_it_is_framed(answer):
     with scripted([answer]) as (port, _):
         conn = HttpConnection("127.0.0.1", port, 5)
@@ -110,12 +131,15 @@ def test_a_body_over_the_limit_is_refused_however_it_is_framed(answer):
         conn.close()
 
 
-@pytest.mark.parametrize(("target", "headers"), [
-    ("/a b", {}),
-    ("/a", {"X-Evil": "1\r\nHost: other"}),
-    ("/a", {"X:Evil": "1"}),
-    ("/a", {"X-Name": "caf\u00e9 \u2603"}),
-])
+@pytest.mark.parametrize(
+    ("target", "headers"),
+    [
+        ("/a b", {}),
+        ("/a", {"X-Evil": "1\r\nHost: other"}),
+        ("/a", {"X:Evil": "1"}),
+        ("/a", {"X-Name": "caf\u00e9 \u2603"}),
+    ],
+)
 def test_what_would_split_or_garble_a_request_is_refused_before_sending(target, headers):
     with scripted([b""]) as (port, requests):
         conn = HttpConnection("127.0.0.1", port, 5)
@@ -144,8 +168,26 @@ def tls_contexts(tmp_path_factory) -> tuple[ssl.SSLContext, ssl.SSLContext]:
         pytest.skip("needs the openssl command to make a certificate")
     folder = tmp_path_factory.mktemp("tls")
     key, cert = folder / "key.pem", folder / "cert.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
-                    str(cert), "-days", "1", "-subj", "/CN=127.0.0.1"], check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+    )
     server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     server.load_cert_chain(cert, key)
     client = ssl.create_default_context()
@@ -155,7 +197,7 @@ def tls_contexts(tmp_path_factory) -> tuple[ssl.SSLContext, ssl.SSLContext]:
 
 def test_https_through_a_binding_that_does_not_verify_the_certificate(tls_contexts):
     server, _ = tls_contexts
-    answers = [b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 8\r\n\r\n{\"n\": 1}"] * 3
+    answers = [b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 8\r\n\r\n{"n": 1}'] * 3
     with scripted(answers, tls=server) as (port, requests):
         api = UrlBinding("api", f"https://127.0.0.1:{port}", verify_tls=False)
         curl = CurlClient(CallContext(5.0), [api], 1000)
@@ -173,7 +215,18 @@ def test_https_with_verification_refuses_a_self_signed_certificate(tls_contexts)
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.dictionaries(st.text(max_size=8), st.one_of(st.text(max_size=8), st.integers(), st.booleans(),
-                                                      st.floats(allow_nan=False), st.binary(max_size=6)), max_size=4))
+@given(
+    st.dictionaries(
+        st.text(max_size=8),
+        st.one_of(
+            st.text(max_size=8),
+            st.integers(),
+            st.booleans(),
+            st.floats(allow_nan=False),
+            st.binary(max_size=6),
+        ),
+        max_size=4,
+    )
+)
 def test_curl_query_strings_are_what_urlencode_makes(params):
     assert _query(params) == urllib.parse.urlencode(params)

@@ -19,10 +19,10 @@ from eventing.workers.executor import InProcessExecutor
 
 ADMIN = "admin-token-0123456789abcdef"
 READ = "read-token-0123456789abcdef"
-FAILING = '''
+FAILING = """
 def on_update(doc, meta):
     raise ValueError("no luck for " + meta.id)
-'''
+"""
 
 
 @pytest.fixture
@@ -30,7 +30,9 @@ def site(data_dir):
     source = LocalBucket.create(data_dir, "src")
     for i in range(12):
         source.upsert(f"k{i:02d}", {"n": i})
-    deploy_function(data_dir, FunctionDefinition.from_dict({"name": "fn_fail", "source_bucket": "src"}), FAILING)
+    deploy_function(
+        data_dir, FunctionDefinition.from_dict({"name": "fn_fail", "source_bucket": "src"}), FAILING
+    )
     EventingService(data_dir, InProcessExecutor(), until_caught_up=True).run()
     return Site(build_app(ServerConfig(data_dir, admin_token=ADMIN, read_token=READ)))
 
@@ -64,8 +66,10 @@ def test_app_log_of_a_function_that_has_not_logged_is_empty_and_of_an_unknown_on
 def test_dead_letters_page_with_limit_and_offset_in_vbucket_seqno_order(site):
     every = site.get("/api/v1/functions/fn_fail/dlq", headers=auth(READ)).json()
     assert len(every) == 12
-    pages = [site.get(f"/api/v1/functions/fn_fail/dlq?limit=5&offset={o}", headers=auth(READ)).json()
-             for o in (0, 5, 10, 15)]
+    pages = [
+        site.get(f"/api/v1/functions/fn_fail/dlq?limit=5&offset={o}", headers=auth(READ)).json()
+        for o in (0, 5, 10, 15)
+    ]
     assert [len(p) for p in pages] == [5, 5, 2, 0]
     assert [r["key"] for p in pages for r in p] == [r["key"] for r in every]
     r = site.get("/api/v1/functions/fn_fail/dlq?limit=5&offset=-1", headers=auth(READ))

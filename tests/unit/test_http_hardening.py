@@ -54,8 +54,11 @@ def client(data_dir):
     with open_store(data_dir) as store:
         store.put_user("writer", hash_password("writer-pass-12"), ["data_writer[shop.sales.*]"])
         store.put_user("reader", hash_password("reader-pass-12"), ["data_reader[shop]"])
-    return TestClient(build_app(ServerConfig(data_dir, admin_token=ADMIN)), base_url="http://127.0.0.1:8096",
-                      raise_server_exceptions=False)
+    return TestClient(
+        build_app(ServerConfig(data_dir, admin_token=ADMIN)),
+        base_url="http://127.0.0.1:8096",
+        raise_server_exceptions=False,
+    )
 
 
 def one_line(text: str) -> str:
@@ -71,8 +74,11 @@ def test_deeply_nested_json_is_a_400_with_one_line_everywhere(client):
     assert r.status_code == 400 and "nests more than about 900 levels" in one_line(r.json()["message"])
     r = client.put(f"{DOC}/deep", content='{"a":' * 5000 + "1" + "}" * 5000, headers=A)
     assert r.status_code == 400 and r.json()["code"] == "InvalidArgument"
-    r = client.post("/api/v1/keyspaces/shop/load", headers=A,
-                    content='{"key": "ok", "doc": {}}\n{"key": "deep", "doc": {"x": ' + DEEP + "}}\n")
+    r = client.post(
+        "/api/v1/keyspaces/shop/load",
+        headers=A,
+        content='{"key": "ok", "doc": {}}\n{"key": "deep", "doc": {"x": ' + DEEP + "}}\n",
+    )
     assert r.status_code == 400 and r.json()["committed"] == 1
     assert r.json()["error"].startswith("line 2: the JSON nests more than about 900 levels deep")
     r = client.post("/api/v1/functions/fn_x", headers=A, content=DEEP)
@@ -92,9 +98,13 @@ def test_an_expires_out_of_range_is_a_400_and_a_sub_second_one_rounds_up(client)
 
 
 def test_a_load_line_with_a_negative_expiry_is_refused(client):
-    r = client.post("/api/v1/keyspaces/shop/load", headers=A, content='{"key": "x", "doc": {}, "expiry": -5}\n')
+    r = client.post(
+        "/api/v1/keyspaces/shop/load", headers=A, content='{"key": "x", "doc": {}, "expiry": -5}\n'
+    )
     assert r.status_code == 400 and r.json()["committed"] == 0
-    assert r.json()["error"].startswith('line 1: "expiry" -5 is not valid; give the Unix time in whole seconds')
+    assert r.json()["error"].startswith(
+        'line 1: "expiry" -5 is not valid; give the Unix time in whole seconds'
+    )
     rejected: list[str] = []
     from eventing.ops.jsonl import rows_of_lines
 
@@ -122,7 +132,11 @@ def test_a_damaged_bucket_file_is_a_503_with_the_clis_line(client, data_dir, cap
     r = client.get("/api/v1/buckets/shop/collections", headers=A)
     assert (r.status_code, r.json()["error"]) == (503, cli_line)
     r = client.get(f"{DOC}/k", headers=A)
-    assert (r.status_code, r.json()["code"], r.json()["message"]) == (503, "UnderlyingServiceUnavailable", cli_line)
+    assert (r.status_code, r.json()["code"], r.json()["message"]) == (
+        503,
+        "UnderlyingServiceUnavailable",
+        cli_line,
+    )
     r = client.post("/api/v1/keyspaces/shop/load", headers=A, content='{"key": "x", "doc": {}}\n')
     assert (r.status_code, r.json()["error"], r.json()["committed"]) == (503, cli_line, 0)
 
@@ -136,7 +150,9 @@ def test_a_damaged_metadata_store_is_a_503_with_the_clis_line(data_dir, capsys):
     cli_line = capsys.readouterr().err.strip().removeprefix("error: ")
     assert "metadata store" in cli_line and "is damaged" in cli_line
     for config in (ServerConfig(data_dir), ServerConfig(data_dir, admin_token=ADMIN)):
-        client = TestClient(build_app(config), base_url="http://127.0.0.1:8096", raise_server_exceptions=False)
+        client = TestClient(
+            build_app(config), base_url="http://127.0.0.1:8096", raise_server_exceptions=False
+        )
         for path_ in ("/api/v1/functions", "/api/v1/status", "/metrics"):
             r = client.get(path_, headers=A)
             assert (r.status_code, r.json()["error"]) == (503, cli_line), path_
@@ -151,25 +167,36 @@ def test_a_store_that_is_away_is_a_503_with_retry_after_and_a_damaged_one_withou
     from eventing.errors import StoreCorruptError, StoreUnavailableError
     from eventing.http.dataapi.writer import Buckets
 
-    away = StoreUnavailableError("PostgreSQL at 127.0.0.1:5432 is unreachable (Connection refused); start the "
-                                 "server or fix the host and port in --store (waited 2s)")
+    away = StoreUnavailableError(
+        "PostgreSQL at 127.0.0.1:5432 is unreachable (Connection refused); start the "
+        "server or fix the host and port in --store (waited 2s)"
+    )
 
     def fail(*args, **kwargs):
         raise away
 
     for target in (Buckets, LocalBucket):
         with monkeypatch.context() as patch:
-            patch.setattr(*((target, "collection", fail) if target is Buckets else (target, "change_documents", fail)))
+            patch.setattr(
+                *((target, "collection", fail) if target is Buckets else (target, "change_documents", fail))
+            )
             r = client.put(f"{DOC}/k", content='{"n": 2}', headers=A)
-            assert (r.status_code, r.json()["code"], r.json()["message"]) == (503, "UnderlyingServiceUnavailable",
-                                                                              str(away)), target
+            assert (r.status_code, r.json()["code"], r.json()["message"]) == (
+                503,
+                "UnderlyingServiceUnavailable",
+                str(away),
+            ), target
             assert r.headers["retry-after"] == "1"
     with monkeypatch.context() as patch:
         patch.setattr(LocalBucket, "load_rows", fail)
         r = client.post("/api/v1/keyspaces/shop/load", headers=A, content='{"key": "x", "doc": {}}\n')
         assert (r.status_code, r.json()["committed"], r.headers["retry-after"]) == (503, 0, "1")
     with monkeypatch.context() as patch:
-        patch.setattr(LocalBucket, "change_documents", lambda *a, **k: (_ for _ in ()).throw(StoreCorruptError("damaged")))
+        patch.setattr(
+            LocalBucket,
+            "change_documents",
+            lambda *a, **k: (_ for _ in ()).throw(StoreCorruptError("damaged")),
+        )
         r = client.put(f"{DOC}/k", content='{"n": 2}', headers=A)
         assert r.status_code == 503 and "retry-after" not in r.headers  # someone must repair it first
     assert client.get(f"{DOC}/k", headers=A).json() == {"n": 1}
@@ -192,14 +219,23 @@ def test_host_names_compare_without_case(client):
 
 def test_a_refused_bulk_load_names_the_keyspace_and_data_writer(client):
     for user, password in (("writer", "writer-pass-12"), ("reader", "reader-pass-12")):
-        r = client.post("/api/v1/keyspaces/shop.hr.staff/load", headers=basic(user, password),
-                        content='{"key": "x", "doc": {}}\n')
+        r = client.post(
+            "/api/v1/keyspaces/shop.hr.staff/load",
+            headers=basic(user, password),
+            content='{"key": "x", "doc": {}}\n',
+        )
         assert r.status_code == 403, (user, r.text)
         assert r.json()["error"].startswith(f"{user} may not load documents into shop.hr.staff (roles: ")
-        assert "data_writer[shop.hr.staff]" in r.json()["fix"] and "eventing_manage_functions" not in r.json()["fix"]
+        assert (
+            "data_writer[shop.hr.staff]" in r.json()["fix"]
+            and "eventing_manage_functions" not in r.json()["fix"]
+        )
         assert "Keyspace(" not in r.text
-    r = client.post("/api/v1/keyspaces/shop/load", headers=basic("writer", "writer-pass-12"),
-                    content='{"key": "x", "doc": {}}\n')
+    r = client.post(
+        "/api/v1/keyspaces/shop/load",
+        headers=basic("writer", "writer-pass-12"),
+        content='{"key": "x", "doc": {}}\n',
+    )
     assert r.status_code == 403 and "load documents into shop._default._default" in r.json()["error"]
 
 
@@ -207,7 +243,9 @@ def test_a_password_with_a_nul_is_not_the_password_without_it(client, data_dir, 
     assert verify_password("password", hash_password("password"))
     assert not verify_password("password\0", hash_password("password"))
     assert client.get("/api/v1/status", headers=basic("writer", "writer-pass-12\0")).status_code == 401
-    assert client.get("/api/v1/status", headers=basic("writer", "writer-pass-12")).status_code == 403  # known, no role
+    assert (
+        client.get("/api/v1/status", headers=basic("writer", "writer-pass-12")).status_code == 403
+    )  # known, no role
     with pytest.raises(ConfigError, match="NUL"):
         check_password("new-password\0")
     monkeypatch.setattr("sys.stdin", io.StringIO("nul-password\0\n"))
@@ -259,13 +297,22 @@ def test_a_handler_run_by_eventing_run_finds_no_token_in_the_environment(data_di
     from eventing.core.definition import FunctionDefinition
 
     LocalBucket.create(data_dir, "src").upsert("k", {"n": 1})
-    defn = FunctionDefinition.from_dict({"name": "fn_env", "source_bucket": "src",
-                                         "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}]})
-    handler = ("import os\n\ndef on_update(doc, meta):\n"
-               "    out[meta.id] = {k: os.environ.get(k) for k in ('EVENTING_ADMIN_TOKEN', 'EVENTING_READ_TOKEN')}\n")
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": "fn_env",
+            "source_bucket": "src",
+            "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
+        }
+    )
+    handler = (
+        "import os\n\ndef on_update(doc, meta):\n"
+        "    out[meta.id] = {k: os.environ.get(k) for k in ('EVENTING_ADMIN_TOKEN', 'EVENTING_READ_TOKEN')}\n"
+    )
     deploy_function(data_dir, defn, handler)
     monkeypatch.setenv("EVENTING_ADMIN_TOKEN", ADMIN)
     monkeypatch.setenv("EVENTING_READ_TOKEN", "read-token-0123456789abcdef")
-    assert main(["--data-dir", data_dir, "run", "--until-caught-up", "--executor", "in-process", "--quiet"]) == 0
+    assert (
+        main(["--data-dir", data_dir, "run", "--until-caught-up", "--executor", "in-process", "--quiet"]) == 0
+    )
     with open_bucket(data_dir, "out") as out:
         assert out.get("k") == {"EVENTING_ADMIN_TOKEN": None, "EVENTING_READ_TOKEN": None}

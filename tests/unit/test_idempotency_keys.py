@@ -56,7 +56,7 @@ def server():
 
 # Posts the mutation with its meta.idempotency_key in the body; fails (after the request) for documents
 # marked "fail" until the document `fixed` exists, and the retried call's first attempt fails too.
-HANDLER = '''
+HANDLER = """
 def on_update(doc, meta):
     curl("POST", api, {"path": "/charge", "body": {"id": meta.id, "seq": meta.seq, "key": meta.idempotency_key}})
     if doc.get("twice"):
@@ -64,14 +64,20 @@ def on_update(doc, meta):
     if doc.get("fail") and out.get("fixed") is None:
         raise RuntimeError("declined")
     out[meta.id] = {"seq": meta.seq}
-'''
+"""
 
 
 def definition(url: str, name: str = "fn_pay", **extra) -> FunctionDefinition:
-    return FunctionDefinition.from_dict({
-        "name": name, "source_bucket": "src", "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
-        "url_bindings": [{"alias": "api", "url": url}], "checkpoint_interval": "1h", **extra,
-    })
+    return FunctionDefinition.from_dict(
+        {
+            "name": name,
+            "source_bucket": "src",
+            "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
+            "url_bindings": [{"alias": "api", "url": url}],
+            "checkpoint_interval": "1h",
+            **extra,
+        }
+    )
 
 
 def run(data_dir: str) -> None:
@@ -123,9 +129,12 @@ def test_every_attempt_of_a_mutation_sends_the_same_key_and_no_two_mutations_sha
     Keys.seen = []
     run(data_dir)
     again = charges()
-    assert {where: sent[0] for where, sent in again.items()} == {where: sent[0] for where, sent in first.items()
-                                                                  if where in again}
-    assert len(again) >= 25  # every mutation but the dead-lettered ones the rewound stream leaves to their letters
+    assert {where: sent[0] for where, sent in again.items()} == {
+        where: sent[0] for where, sent in first.items() if where in again
+    }
+    assert (
+        len(again) >= 25
+    )  # every mutation but the dead-lettered ones the rewound stream leaves to their letters
 
     # A redeploy from everything: a new deployment, the same mutations, the same keys.
     lifecycle.undeploy(data_dir, "fn_pay")
@@ -134,7 +143,9 @@ def test_every_attempt_of_a_mutation_sends_the_same_key_and_no_two_mutations_sha
     run(data_dir)
     redeployed = charges()
     assert set(redeployed) == set(first)
-    assert {where: sent[0] for where, sent in redeployed.items()} == {where: sent[0] for where, sent in first.items()}
+    assert {where: sent[0] for where, sent in redeployed.items()} == {
+        where: sent[0] for where, sent in first.items()
+    }
 
     # Another function handling the same mutations gets keys of its own.
     Keys.seen = []
@@ -176,19 +187,28 @@ def test_a_call_with_several_requests_sends_each_its_own_key_the_same_at_every_a
 
 def test_a_binding_renames_the_header_or_sends_none_and_a_handlers_own_header_stays(data_dir, server):
     source = LocalBucket.create(data_dir, "src")
-    handler = '''
+    handler = """
 def on_update(doc, meta):
     curl("POST", renamed, {"path": "/charge", "body": {"id": meta.id, "seq": meta.seq}})
     curl("POST", silent, {"path": "/charge", "body": {"id": meta.id, "seq": meta.seq}})
     curl("POST", own, {"path": "/charge", "body": {"id": meta.id, "seq": meta.seq},
                        "headers": {"Idempotency-Key": "mine-" + meta.id}})
-'''
-    deploy_function(data_dir, FunctionDefinition.from_dict({
-        "name": "fn_hdr", "source_bucket": "src",
-        "url_bindings": [{"alias": "renamed", "url": server, "idempotency_header": "X-Request-Key"},
-                         {"alias": "silent", "url": server, "idempotency_header": False},
-                         {"alias": "own", "url": server}],
-    }), handler)
+"""
+    deploy_function(
+        data_dir,
+        FunctionDefinition.from_dict(
+            {
+                "name": "fn_hdr",
+                "source_bucket": "src",
+                "url_bindings": [
+                    {"alias": "renamed", "url": server, "idempotency_header": "X-Request-Key"},
+                    {"alias": "silent", "url": server, "idempotency_header": False},
+                    {"alias": "own", "url": server},
+                ],
+            }
+        ),
+        handler,
+    )
     source.upsert("a", {})
     run(data_dir)
     renamed, silent, own = (r["headers"] for r in Keys.seen)
@@ -199,7 +219,7 @@ def on_update(doc, meta):
 
 def test_timer_firings_have_keys_of_their_own_the_same_when_fired_again(data_dir, server):
     source = LocalBucket.create(data_dir, "src")
-    handler = '''
+    handler = """
 import time
 
 def on_update(doc, meta):
@@ -208,7 +228,7 @@ def on_update(doc, meta):
 def remind(context):
     curl("POST", api, {"path": "/remind", "body": {"id": context["id"], "seq": 0}})
     out["reminded|" + context["id"]] = {}
-'''
+"""
     deploy_function(data_dir, definition(server, name="fn_tm"), handler)
     for i in range(10):
         source.upsert(f"t{i}", {})
@@ -226,4 +246,6 @@ def remind(context):
     assert len(fired) == 10
     assert all(len(sent) == 2 and sent[0] == sent[1] and sent[0].startswith("t") for sent in fired.values())
     assert len({sent[0] for sent in fired.values()}) == 10
-    assert LocalBucket.open(data_dir, "out").logged_writes("reminded|") == {f"reminded|t{i}": 1 for i in range(10)}
+    assert LocalBucket.open(data_dir, "out").logged_writes("reminded|") == {
+        f"reminded|t{i}": 1 for i in range(10)
+    }

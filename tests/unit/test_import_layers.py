@@ -72,8 +72,13 @@ def wrong_way_imports() -> list[str]:
         tree = ast.parse(path.read_text(), str(path))
         if name.split(".")[0] in HANDLERS:
             for line, target in imported_modules(tree):
-                if target.split(".")[0] in ("eventing", "metadata", "sharding") and target != "eventing.handler":
-                    problems.append(f"{path.relative_to(ROOT)}:{line} imports {target} (handlers use eventing.handler)")
+                if (
+                    target.split(".")[0] in ("eventing", "metadata", "sharding")
+                    and target != "eventing.handler"
+                ):
+                    problems.append(
+                        f"{path.relative_to(ROOT)}:{line} imports {target} (handlers use eventing.handler)"
+                    )
             continue
         own = layer_of(name)
         assert own is not None, f"{name} is in no layer; add it to LAYERS"
@@ -117,7 +122,8 @@ def runtime_imports(tree: ast.AST) -> list[str]:
             for alias in node.names:
                 sub = f"{node.module}.{alias.name}"
                 is_module = (ROOT / sub.replace(".", "/")).with_suffix(".py").exists() or (
-                    ROOT / sub.replace(".", "/") / "__init__.py").exists()
+                    ROOT / sub.replace(".", "/") / "__init__.py"
+                ).exists()
                 out.append(sub if is_module else node.module)
             continue
         kept.body = [node]
@@ -137,7 +143,9 @@ def import_cycles() -> list[list[str]]:
         return target or None
 
     graph = {
-        module_name(p): {o for t in runtime_imports(ast.parse(p.read_text())) if (o := owner(t)) and o != module_name(p)}
+        module_name(p): {
+            o for t in runtime_imports(ast.parse(p.read_text())) if (o := owner(t)) and o != module_name(p)
+        }
         for p in files
     }
     index: dict[str, int] = {}
@@ -178,5 +186,7 @@ def test_no_module_imports_itself_round_a_circle():
 
 
 def test_the_cycle_check_sees_a_circle():
-    tree = ast.parse("def f():\n    from eventing.workers.worker import WorkerCore\nif TYPE_CHECKING:\n    import x.y\n")
+    tree = ast.parse(
+        "def f():\n    from eventing.workers.worker import WorkerCore\nif TYPE_CHECKING:\n    import x.y\n"
+    )
     assert runtime_imports(tree) == ["eventing.workers.worker"]

@@ -30,8 +30,17 @@ def versions(data_dir: str, source: str, count: int, **settings) -> Eventing:
     app.create_bucket("dst")
     for v in range(count):
         app.upsert("src", "k", {"v": v})
-    app.deploy({"name": "fn_js", "source_bucket": "src", "language": "javascript", "bindings": DST,
-                "retries": 0, **settings}, source)
+    app.deploy(
+        {
+            "name": "fn_js",
+            "source_bucket": "src",
+            "language": "javascript",
+            "bindings": DST,
+            "retries": 0,
+            **settings,
+        },
+        source,
+    )
     return app
 
 
@@ -53,7 +62,9 @@ function OnUpdate(doc, meta) {
     assert not summary.errors and summary.functions["fn_js"].handled == 10
     seqnos = source_seqnos(app)
     rows = dlq_ops.list_rows(app.data_dir, "fn_js")
-    assert [(r.seqno, r.reason, r.error) for r in rows] == [(seqnos[4], "error", "JavaScriptError: RangeError: v is 4")]
+    assert [(r.seqno, r.reason, r.error) for r in rows] == [
+        (seqnos[4], "error", "JavaScriptError: RangeError: v is 4")
+    ]
     assert "at OnUpdate (fn_js.js:4" in rows[0].traceback
     dst = app.bucket("dst")
     for v in range(10):
@@ -124,8 +135,10 @@ def test_a_handler_is_called_from_another_thread_with_a_context_of_that_thread()
     """A context created in one thread and called from another: each thread gets its own context (global
     variables per thread, as per worker), and the first thread's goes on where it was."""
     module = load_js_handler(
-        "fn_threads", "var n = 0; var out = []; function OnUpdate(doc, meta) { n += 1; log(meta.id, n); }",
-        {"log": lambda text: lines.append(text)}, context=CallContext(5.0),
+        "fn_threads",
+        "var n = 0; var out = []; function OnUpdate(doc, meta) { n += 1; log(meta.id, n); }",
+        {"log": lambda text: lines.append(text)},
+        context=CallContext(5.0),
     )
     lines: list[str] = []
     on_update = module.__dict__["on_update"]
@@ -154,15 +167,21 @@ def test_a_javascript_function_runs_in_the_background_service_thread(data_dir):
     app = Eventing(data_dir, executor="in-process")
     app.create_bucket("src")
     app.create_bucket("dst")
-    app.deploy({"name": "fn_js", "source_bucket": "src", "language": "javascript", "bindings": DST},
-               "function OnUpdate(doc, meta) { dst[meta.id] = {v: doc.v * 2}; }")
+    app.deploy(
+        {"name": "fn_js", "source_bucket": "src", "language": "javascript", "bindings": DST},
+        "function OnUpdate(doc, meta) { dst[meta.id] = {v: doc.v * 2}; }",
+    )
     app.upsert("src", "a", {"v": 1})
     running = app.run(until_caught_up=False)
     try:
         wait_for(lambda: app.get("dst", "a") == {"v": 2}, "the service thread handled 'a'", timeout=60)
         for v in range(20):
             app.upsert("src", "b", {"v": v})
-        wait_for(lambda: app.get("dst", "b") == {"v": 38}, "the service thread handled every version of 'b'", timeout=60)
+        wait_for(
+            lambda: app.get("dst", "b") == {"v": 38},
+            "the service thread handled every version of 'b'",
+            timeout=60,
+        )
     finally:
         running.stop()
     summary = running.wait(timeout=60)

@@ -30,8 +30,13 @@ def app_with(data_dir: str, source: str, *, bindings=DST, docs=(), **settings) -
         app.create_bucket(b["bucket"])
     for key, doc in docs:
         app.upsert("src", key, doc)
-    definition = {"name": "fn_js", "source_bucket": "src", "language": "javascript", "bindings": list(bindings),
-                  **settings}
+    definition = {
+        "name": "fn_js",
+        "source_bucket": "src",
+        "language": "javascript",
+        "bindings": list(bindings),
+        **settings,
+    }
     app.deploy(definition, source)
     return app
 
@@ -88,8 +93,11 @@ function OnDelete(meta, options) {
     delete dst['profile::' + meta.id];
 }
 """
-    app = app_with(data_dir, source, docs=[("user::1", {"type": "user", "name": "Ada"}),
-                                           ("user::2", {"type": "user", "name": "Bob"})])
+    app = app_with(
+        data_dir,
+        source,
+        docs=[("user::1", {"type": "user", "name": "Ada"}), ("user::2", {"type": "user", "name": "Bob"})],
+    )
     run(app)
     assert app.get("dst", "profile::user::1") == {"user": "user::1", "name": "Ada"}
     app.remove("src", "user::1")
@@ -153,7 +161,9 @@ function OnUpdate(doc, meta) {
     assert out["replace"] is True
     assert out["stale"]["cas_mismatch"] is True
     assert out["counter"] == {"count": 1} and out["counter2"] == {"count": 0}
-    assert out["mutate"] is True and out["lookup"] == [{"value": 7, "success": True}]  # Couchbase's lookupIn doc
+    assert out["mutate"] is True and out["lookup"] == [
+        {"value": 7, "success": True}
+    ]  # Couchbase's lookupIn doc
     assert out["deleted"] is True and app.get("dst", "adv::1") is None
 
 
@@ -194,8 +204,14 @@ function OnUpdate(doc, meta) {
     run(app)
     from eventing.handler import crc64
 
-    assert app.get("dst", "b") == {"crc": "b90956c775a41001", "crc64": crc64({"x": 1}), "b64": "aGk=",
-                                   "back": "hi", "limit": 10, "f32": [1.5, -2]}
+    assert app.get("dst", "b") == {
+        "crc": "b90956c775a41001",
+        "crc64": crc64({"x": 1}),
+        "b64": "aGk=",
+        "back": "hi",
+        "limit": 10,
+        "f32": [1.5, -2],
+    }
 
 
 # -- failures ----------------------------------------------------------------------------------------------
@@ -247,8 +263,13 @@ function OnUpdate(doc, meta) {
     dst[meta.id] = {ok: true};
 }
 """
-    app = app_with(data_dir, source, docs=[("hog", {"hog": True}), ("fine", {})], js_heap_limit_mb=32,
-                   execution_timeout="20s")
+    app = app_with(
+        data_dir,
+        source,
+        docs=[("hog", {"hog": True}), ("fine", {})],
+        js_heap_limit_mb=32,
+        execution_timeout="20s",
+    )
     run(app)
     rows = letters(app)
     assert [(r.key, r.reason) for r in rows] == [("hog", "error")], [(r.key, r.error) for r in rows]
@@ -270,7 +291,10 @@ function OnUpdate(doc, meta) {
     run(app)
     rows = letters(app)
     assert [(r.key, r.reason) for r in rows] == [("hog", "error")]
-    assert "heap and its ArrayBuffers passed js_heap_limit_mb (64 MiB); the call failed when it returned" in rows[0].error
+    assert (
+        "heap and its ArrayBuffers passed js_heap_limit_mb (64 MiB); the call failed when it returned"
+        in rows[0].error
+    )
     assert app.get("dst", "hog") is None and app.get("dst", "fine") == {"ok": True}
 
 
@@ -283,8 +307,13 @@ function OnUpdate(doc, meta) {
     dst[meta.id] = {ok: true};
 }
 """
-    app = app_with(data_dir, source, docs=[("hog", {"hog": True}), ("fine", {})], js_heap_limit_mb=64,
-                   execution_timeout="20s")
+    app = app_with(
+        data_dir,
+        source,
+        docs=[("hog", {"hog": True}), ("fine", {})],
+        js_heap_limit_mb=64,
+        execution_timeout="20s",
+    )
     run(app)
     rows = letters(app)
     assert [(r.key, r.reason) for r in rows] == [("hog", "error")]
@@ -303,8 +332,14 @@ function OnUpdate(doc, meta) {
     dst[meta.id] = {v: doc.v, n: a.length};
 }
 """
-    app = app_with(data_dir, source, docs=[(f"k{i}", {"v": i}) for i in range(30)], js_heap_limit_mb=64,
-                   concurrency=4, execution_timeout="20s")
+    app = app_with(
+        data_dir,
+        source,
+        docs=[(f"k{i}", {"v": i}) for i in range(30)],
+        js_heap_limit_mb=64,
+        concurrency=4,
+        execution_timeout="20s",
+    )
     run(app)
     assert letters(app) == []
     assert all(app.get("dst", f"k{i}") == {"v": i, "n": 6} for i in range(30))
@@ -317,12 +352,26 @@ def test_a_handler_is_not_charged_with_another_handlers_memory_in_the_same_isola
     from eventing.execution.javascript import load_js_handler
     from eventing.handler import Meta
 
-    meta = Meta("k", 1, 0, 1, 0, 0, "json", {"bucket_name": "src", "scope_name": "_default",
-                                             "collection_name": "_default"})
-    big = load_js_handler("fn_big", "var keep = new Uint8Array(48 * 1024 * 1024); keep.fill(1);\n"
-                          "function OnUpdate(doc, meta) { keep[doc.v] = 2; }", {}, heap_limit_mb=128)
-    small = load_js_handler("fn_small", "var n = 0; function OnUpdate(doc, meta) { n += doc.v; }", {},
-                            heap_limit_mb=32)
+    meta = Meta(
+        "k",
+        1,
+        0,
+        1,
+        0,
+        0,
+        "json",
+        {"bucket_name": "src", "scope_name": "_default", "collection_name": "_default"},
+    )
+    big = load_js_handler(
+        "fn_big",
+        "var keep = new Uint8Array(48 * 1024 * 1024); keep.fill(1);\n"
+        "function OnUpdate(doc, meta) { keep[doc.v] = 2; }",
+        {},
+        heap_limit_mb=128,
+    )
+    small = load_js_handler(
+        "fn_small", "var n = 0; function OnUpdate(doc, meta) { n += doc.v; }", {}, heap_limit_mb=32
+    )
     for v in range(5):
         big.on_update({"v": v}, meta)
         small.on_update({"v": v}, meta)
@@ -337,14 +386,23 @@ def test_syntax_errors_and_sql_are_refused_at_deploy_with_the_line(data_dir):
     definition = {"name": "fn_js", "source_bucket": "src", "language": "javascript", "bindings": DST}
     with pytest.raises(HandlerLoadError, match=r"syntax error at line 3: SyntaxError: Unexpected token"):
         app.deploy(definition, "function OnUpdate(doc, meta) {\n  var a = 1;\n  var b = ;\n}\n")
-    with pytest.raises(HandlerLoadError, match=r"line 3: SQL\+\+ \(N1QL\(\)\) is not supported; read and write"):
-        app.deploy(definition, "function OnUpdate(doc, meta) {\n  // N1QL( in a comment is fine\n  N1QL('SELECT 1');\n}\n")
+    with pytest.raises(
+        HandlerLoadError, match=r"line 3: SQL\+\+ \(N1QL\(\)\) is not supported; read and write"
+    ):
+        app.deploy(
+            definition,
+            "function OnUpdate(doc, meta) {\n  // N1QL( in a comment is fine\n  N1QL('SELECT 1');\n}\n",
+        )
     with pytest.raises(HandlerLoadError, match=r"line 2: inline SQL\+\+ is not supported"):
-        app.deploy(definition, "function OnUpdate(doc, meta) {\n  var rows = SELECT * FROM `src` LIMIT 1;\n}\n")
+        app.deploy(
+            definition, "function OnUpdate(doc, meta) {\n  var rows = SELECT * FROM `src` LIMIT 1;\n}\n"
+        )
     with pytest.raises(HandlerLoadError, match=r"line 2: Analytics"):
         app.deploy(definition, "function OnUpdate(doc, meta) {\n  couchbase.analyticsQuery('SELECT 1');\n}\n")
     with pytest.raises(HandlerLoadError, match=r"line 2: extended attributes \(XATTRs\)"):
-        app.deploy(definition, "function OnUpdate(doc, meta) {\n  couchbase.get(dst, meta, {xattrs: true});\n}\n")
+        app.deploy(
+            definition, "function OnUpdate(doc, meta) {\n  couchbase.get(dst, meta, {xattrs: true});\n}\n"
+        )
     with pytest.raises(HandlerLoadError, match="defines neither OnUpdate"):
         app.deploy(definition, "function onupdate(doc, meta) {}\n")
     with pytest.raises(EventingError, match="language of function 'fn_js' is 'ruby'"):
@@ -370,9 +428,15 @@ function Remind(context) {
     dst['reminder::' + context.id] = {to: context.email};
 }
 """
-    app = app_with(data_dir, source, docs=[("order::1", {"email": "a@example.com"}),
-                                           ("order::2", {"email": "b@example.com"}),
-                                           ("x", {"cancel": True, "target": "order::2"})])
+    app = app_with(
+        data_dir,
+        source,
+        docs=[
+            ("order::1", {"email": "a@example.com"}),
+            ("order::2", {"email": "b@example.com"}),
+            ("x", {"cancel": True, "target": "order::2"}),
+        ],
+    )
     deadline = time.monotonic() + 30
     while app.get("dst", "reminder::order::1") is None and time.monotonic() < deadline:
         run(app)
@@ -409,8 +473,12 @@ function OnUpdate(doc, meta) {
 }
 """
         url = url_of(server, "/api")
-        app = app_with(data_dir, source, docs=[("order::1", {"total": 40})],
-                       url_bindings=[{"alias": "crm", "url": url, "auth": "bearer", "token": "secret"}])
+        app = app_with(
+            data_dir,
+            source,
+            docs=[("order::1", {"total": 40})],
+            url_bindings=[{"alias": "crm", "url": url, "auth": "bearer", "token": "secret"}],
+        )
         run(app)
     assert seen == [{"path": "/api/orders", "body": {"id": "order::1", "total": 40}, "auth": "Bearer secret"}]
     assert app.get("dst", "crm::order::1") == {"status": 201, "body": {"accepted": "order::1"}}
@@ -455,8 +523,14 @@ function OnUpdate(doc, meta) {
 """
     _Slow.flight = {"now": 0, "max": 0}
     with serve_http(_Slow) as server:
-        app = app_with(data_dir, source, docs=[], concurrency=8, execution_timeout="1s",
-                       url_bindings=[{"alias": "api", "url": url_of(server)}])
+        app = app_with(
+            data_dir,
+            source,
+            docs=[],
+            concurrency=8,
+            execution_timeout="1s",
+            url_bindings=[{"alias": "api", "url": url_of(server)}],
+        )
         for v in range(6):
             for k in range(16):
                 app.upsert("src", f"k{k}", {"v": v})
@@ -465,7 +539,9 @@ function OnUpdate(doc, meta) {
         run(app)
         elapsed = time.monotonic() - started
     for k in range(16):
-        assert app.get("dst", f"seen::k{k}")["versions"] == list(range(6)), [(r.key, r.reason, r.error) for r in letters(app)]
+        assert app.get("dst", f"seen::k{k}")["versions"] == list(range(6)), [
+            (r.key, r.reason, r.error) for r in letters(app)
+        ]
     assert app.get("dst", "calls") == {"count": 96}
     assert [(r.key, r.reason) for r in letters(app)] == [("spin", "timeout")]
     # 96 calls of 50 ms one at a time take 4.8 s; eight at once, 0.6 s (the endless loop is stopped at 1 s).
@@ -540,11 +616,21 @@ function OnUpdate(doc, meta, xattrs) {
     run(app)
     out = app.get("dst", "out")
     assert out["xattrs"] == {}
-    assert out["crc"] == ["3c3eeee2d8100000", "4320000000000000", "3b8002901291a293", "756fe1c0128e6be0",
-                          "3eeef9ddb0000000", "32cc7ee410300000", "fcd0dd899002d36d", "fcd0dd899002d36d",
-                          "508adbb2e62fe363"]
+    assert out["crc"] == [
+        "3c3eeee2d8100000",
+        "4320000000000000",
+        "3b8002901291a293",
+        "756fe1c0128e6be0",
+        "3eeef9ddb0000000",
+        "32cc7ee410300000",
+        "fcd0dd899002d36d",
+        "fcd0dd899002d36d",
+        "508adbb2e62fe363",
+    ]
     assert out["bigint"] == "TypeError"
-    assert out["b64"] == ["dW5kZWZpbmVk"] * 3  # JSON.stringify gives undefined: "undefined", as Couchbase's C++ reads it
+    assert (
+        out["b64"] == ["dW5kZWZpbmVk"] * 3
+    )  # JSON.stringify gives undefined: "undefined", as Couchbase's C++ reads it
     assert out["nul"] is True
     assert out["notArray"] == [True, True, "EventingError", "Argument must be of type Array"]
     assert out["notNumber"] == "Array elements should be of type Number"

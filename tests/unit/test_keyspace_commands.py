@@ -24,10 +24,10 @@ from eventing.testing import LEDGER_HANDLER, deploy_function, ledger_definition,
 from metadata.factory import open_store
 
 ORDERS = "shop.sales.orders"
-COPY_HANDLER = '''
+COPY_HANDLER = """
 def on_update(doc, meta):
     out[meta.id] = {"n": doc["n"], "from": meta.keyspace["collection_name"]}
-'''
+"""
 
 
 def cli(data_dir: str, *words: str) -> int:
@@ -63,14 +63,32 @@ def test_collection_create_list_drop_and_bucket_commands_on_a_collection(data_di
     assert cli_json(capsys, data_dir, "bucket", "keys", "shop") == []  # not in the default collection
     lines = tmp_path / "more.jsonl"
     lines.write_text('{"key": "o2", "doc": {"total": 5}}\n{"key": "o1", "op": "delete"}\n')
-    assert cli_json(capsys, data_dir, "bucket", "load", ORDERS, "--file", str(lines))["mutations_written"] == 2
-    assert cli_json(capsys, data_dir, "bucket", "load", ORDERS, "--documents", "4", "--mutations", "6",
-                    "--prefix", "gen")["mutations_written"] == 6
+    assert (
+        cli_json(capsys, data_dir, "bucket", "load", ORDERS, "--file", str(lines))["mutations_written"] == 2
+    )
+    assert (
+        cli_json(
+            capsys,
+            data_dir,
+            "bucket",
+            "load",
+            ORDERS,
+            "--documents",
+            "4",
+            "--mutations",
+            "6",
+            "--prefix",
+            "gen",
+        )["mutations_written"]
+        == 6
+    )
     keys = cli_json(capsys, data_dir, "bucket", "keys", ORDERS)
     assert len(keys) == 5 and keys[-1] == "o2" and all(k.startswith("gen") for k in keys[:4])
     assert cli_json(capsys, data_dir, "bucket", "count", ORDERS)["documents"] == 5
     assert cli_json(capsys, data_dir, "bucket", "count", "shop")["documents"] == 0
-    assert [line["key"] for line in cli_json(capsys, data_dir, "bucket", "scan", ORDERS, "--prefix", "o")] == ["o2"]
+    assert [
+        line["key"] for line in cli_json(capsys, data_dir, "bucket", "scan", ORDERS, "--prefix", "o")
+    ] == ["o2"]
     out = tmp_path / "orders.jsonl"
     assert cli_json(capsys, data_dir, "bucket", "export", ORDERS, "-o", str(out))["documents"] == 5
     assert all(not json.loads(line)["key"].startswith("\x01") for line in out.read_text().splitlines())
@@ -92,30 +110,51 @@ def test_collection_create_list_drop_and_bucket_commands_on_a_collection(data_di
     assert err.count("\n") == 1 and f"eventing collection create {ORDERS}" in err
 
 
-
-@pytest.mark.parametrize(("command", "named", "said"), [
-    ("create", "shop.sales", "'shop.sales' names no collection: a collection is named by three parts, "
-                             "BUCKET.SCOPE.COLLECTION (for example shop.sales.COLLECTION"),
-    ("drop", "shop.sales", "'shop.sales' names no collection"),
-    ("create", "shop", "'shop' is bucket 'shop', whose default collection always exists; name a collection as "
-                       "BUCKET.SCOPE.COLLECTION (for example shop.SCOPE.COLLECTION)"),
-    ("drop", "shop", "'shop' is bucket 'shop', whose default collection cannot be dropped (drop the bucket "
-                     "instead)"),
-])
-def test_a_name_of_one_or_two_parts_is_said_to_be_a_bucket_or_no_collection(data_dir, capsys, command, named, said):
+@pytest.mark.parametrize(
+    ("command", "named", "said"),
+    [
+        (
+            "create",
+            "shop.sales",
+            "'shop.sales' names no collection: a collection is named by three parts, "
+            "BUCKET.SCOPE.COLLECTION (for example shop.sales.COLLECTION",
+        ),
+        ("drop", "shop.sales", "'shop.sales' names no collection"),
+        (
+            "create",
+            "shop",
+            "'shop' is bucket 'shop', whose default collection always exists; name a collection as "
+            "BUCKET.SCOPE.COLLECTION (for example shop.SCOPE.COLLECTION)",
+        ),
+        (
+            "drop",
+            "shop",
+            "'shop' is bucket 'shop', whose default collection cannot be dropped (drop the bucket instead)",
+        ),
+    ],
+)
+def test_a_name_of_one_or_two_parts_is_said_to_be_a_bucket_or_no_collection(
+    data_dir, capsys, command, named, said
+):
     create_bucket(data_dir, "shop").close()
     capsys.readouterr()
     assert cli(data_dir, "collection", command, named) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and said in err and "a bucket's default collection" not in err
 
+
 def test_dropping_a_collection_undeploys_the_functions_reading_or_binding_it_and_no_other(data_dir, capsys):
     _shop(data_dir)
     create_bucket(data_dir, "results").close()
     create_collection(data_dir, "results.fn.copy")
     copy = {
-        "name": "fn_copy", "source_bucket": "shop", "source_scope": "sales", "source_collection": "orders",
-        "bindings": [{"alias": "out", "bucket": "results", "scope": "fn", "collection": "copy", "access": "rw"}],
+        "name": "fn_copy",
+        "source_bucket": "shop",
+        "source_scope": "sales",
+        "source_collection": "orders",
+        "bindings": [
+            {"alias": "out", "bucket": "results", "scope": "fn", "collection": "copy", "access": "rw"}
+        ],
     }
     other = {**copy, "name": "fn_other", "bindings": [{"alias": "out", "bucket": "results", "access": "rw"}]}
     deploy_function(data_dir, FunctionDefinition.from_dict(copy), COPY_HANDLER)
@@ -129,8 +168,10 @@ def test_dropping_a_collection_undeploys_the_functions_reading_or_binding_it_and
     capsys.readouterr()
     assert cli(data_dir, "collection", "drop", "results.fn.copy") == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0] == ("undeployed function 'fn_copy': collection 'results.fn.copy' is its binding 'out' (rw) "
-                      "(deploy it again once the collection is back)")
+    assert out[0] == (
+        "undeployed function 'fn_copy': collection 'results.fn.copy' is its binding 'out' (rw) "
+        "(deploy it again once the collection is back)"
+    )
     assert out[1].startswith("dropped collection 'results.fn.copy'") and len(out) == 2
     assert state("fn_copy") == "undeployed" and state("fn_other") == "deployed"
     # the source collection: fn_other goes; fn_copy, already undeployed, is only named
@@ -140,17 +181,22 @@ def test_dropping_a_collection_undeploys_the_functions_reading_or_binding_it_and
     assert dropped["named_by_undeployed_functions"] == ["fn_copy"]
     assert state("fn_other") == "undeployed"
     assert cli(data_dir, "collection", "create", "shop.sales.returns") == 0
-    assert cli_json(capsys, data_dir, "collection", "drop", "shop.sales.returns")["undeployed_functions"] == []
+    assert (
+        cli_json(capsys, data_dir, "collection", "drop", "shop.sales.returns")["undeployed_functions"] == []
+    )
 
 
-def test_a_collection_dropped_under_a_running_service_stops_its_function_and_nothing_else_is_lost(data_dir, capsys):
+def test_a_collection_dropped_under_a_running_service_stops_its_function_and_nothing_else_is_lost(
+    data_dir, capsys
+):
     _shop(data_dir)
     create_collection(data_dir, "shop.sales.returns")
     readers = {"fn_orders": ORDERS, "fn_returns": "shop.sales.returns"}
     for name, keyspace in readers.items():
         _, scope, collection = keyspace.split(".")
-        defn = ledger_definition(name, "shop", f"ledger_{name}", workers=2, source_scope=scope,
-                                 source_collection=collection)
+        defn = ledger_definition(
+            name, "shop", f"ledger_{name}", workers=2, source_scope=scope, source_collection=collection
+        )
         deploy_function(data_dir, defn, LEDGER_HANDLER)
     app = Eventing(data_dir, executor="in-process")
     running = app.run(until_caught_up=False)
@@ -160,10 +206,14 @@ def test_a_collection_dropped_under_a_running_service_stops_its_function_and_not
         capsys.readouterr()
         assert cli(data_dir, "collection", "drop", ORDERS) == 0
         assert capsys.readouterr().out.startswith(
-            f"undeployed function 'fn_orders': collection '{ORDERS}' is its source")
+            f"undeployed function 'fn_orders': collection '{ORDERS}' is its source"
+        )
         for i in range(40, 80):
             app.upsert("shop.sales.returns", f"r{i}", {"i": i})
-        wait_for(lambda: app.verify("fn_returns").handled == 80, "fn_returns has handled and checkpointed every write")
+        wait_for(
+            lambda: app.verify("fn_returns").handled == 80,
+            "fn_returns has handled and checkpointed every write",
+        )
         assert running.running
     finally:
         running.stop()
@@ -231,7 +281,10 @@ def test_rest_lists_creates_and_drops_collections_admin_only(data_dir):
     r = _request(data_dir, "POST", "/api/v1/buckets/shop/scopes/_bad/collections/x", ADMIN)
     assert r.status_code == 400 and "scope name '_bad'" in r.json()["error"]
     spec = _request(data_dir, "GET", "/api/v1/openapi.json", READ).json()
-    assert spec["paths"]["/api/v1/buckets/{bucket}/scopes/{scope}/collections/{collection}"]["post"]["x-role"] == "admin"
+    assert (
+        spec["paths"]["/api/v1/buckets/{bucket}/scopes/{scope}/collections/{collection}"]["post"]["x-role"]
+        == "admin"
+    )
 
 
 # -- functions sourced from a collection: verify, rewind, debug, windows --------------------------------
@@ -242,8 +295,14 @@ def test_verify_counts_only_the_source_collection_and_reads_a_ledger_collection(
     create_bucket(data_dir, "audit").close()
     create_collection(data_dir, "audit.fn.ledger")
     calls = tmp_path / "calls.log"
-    defn = ledger_definition("fn_orders", "shop", "audit.fn.ledger", call_log=str(calls),
-                             source_scope="sales", source_collection="orders")
+    defn = ledger_definition(
+        "fn_orders",
+        "shop",
+        "audit.fn.ledger",
+        call_log=str(calls),
+        source_scope="sales",
+        source_collection="orders",
+    )
     deploy_function(data_dir, defn, LEDGER_HANDLER)
     Eventing(data_dir, executor="in-process").run(until_caught_up=True)
     report = verify_function(data_dir, "fn_orders")
@@ -270,10 +329,15 @@ def test_verify_counts_only_the_source_collection_and_reads_a_ledger_collection(
 def test_the_debugger_pulls_the_source_collections_mutation_of_a_key(data_dir):
     _shop(data_dir)
     create_bucket(data_dir, "results").close()
-    defn = FunctionDefinition.from_dict({
-        "name": "fn_copy", "source_bucket": "shop", "source_scope": "sales", "source_collection": "orders",
-        "bindings": [{"alias": "out", "bucket": "results", "access": "rw"}],
-    })
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": "fn_copy",
+            "source_bucket": "shop",
+            "source_scope": "sales",
+            "source_collection": "orders",
+            "bindings": [{"alias": "out", "bucket": "results", "access": "rw"}],
+        }
+    )
     deploy_function(data_dir, defn, COPY_HANDLER)
     events: list[dict] = []
     session = DebugSession(data_dir, "fn_copy", key="k1", on_event=events.append)
@@ -293,18 +357,32 @@ def test_a_window_function_sourced_from_a_collection_counts_only_its_rows(data_d
     from eventing.testing.windows import python_aggregator
     from eventing.windows.runtime import host
 
-    monkeypatch.setattr(host, "make_aggregator", lambda master=None: python_aggregator)  # no Spark in unit tests
+    monkeypatch.setattr(
+        host, "make_aggregator", lambda master=None: python_aggregator
+    )  # no Spark in unit tests
     _shop(data_dir)
-    defn = FunctionDefinition.from_dict({
-        "name": "fn_win", "source_bucket": "shop", "source_scope": "sales", "source_collection": "orders",
-        "window": {"kind": "tumbling", "size": "1h", "boundary": "processing_time",
-                   "aggregates": [{"op": "count"}, {"op": "sum", "field": "n"}], "sink": {"kind": "sqlite"}},
-    })
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": "fn_win",
+            "source_bucket": "shop",
+            "source_scope": "sales",
+            "source_collection": "orders",
+            "window": {
+                "kind": "tumbling",
+                "size": "1h",
+                "boundary": "processing_time",
+                "aggregates": [{"op": "count"}, {"op": "sum", "field": "n"}],
+                "sink": {"kind": "sqlite"},
+            },
+        }
+    )
     deploy_function(data_dir, defn, "")
     Eventing(data_dir, executor="in-process").run(until_caught_up=True, close_windows=True)
     results = Eventing(data_dir, executor="in-process").windows("fn_win").to_dict()["results"]
     assert sum(r["count"] for r in results) == 5
-    assert sum(r["sum_n"] for r in results) == 0 + 1 + 2 + 3 + 4  # the default collection's 100s are not in it
+    assert (
+        sum(r["sum_n"] for r in results) == 0 + 1 + 2 + 3 + 4
+    )  # the default collection's 100s are not in it
 
 
 # -- backup ---------------------------------------------------------------------------------------------
@@ -313,8 +391,17 @@ def test_a_window_function_sourced_from_a_collection_counts_only_its_rows(data_d
 def test_a_backup_with_buckets_restores_collections_and_their_documents(data_dir, tmp_path, capsys):
     _shop(data_dir)
     create_bucket(data_dir, "results").close()
-    deploy_function(data_dir, FunctionDefinition.from_dict({"name": "fn_copy", "source_bucket": "shop",
-                    "bindings": [{"alias": "out", "bucket": "results", "access": "rw"}]}), COPY_HANDLER)
+    deploy_function(
+        data_dir,
+        FunctionDefinition.from_dict(
+            {
+                "name": "fn_copy",
+                "source_bucket": "shop",
+                "bindings": [{"alias": "out", "bucket": "results", "access": "rw"}],
+            }
+        ),
+        COPY_HANDLER,
+    )
     folder = tmp_path / "full"
     assert cli(data_dir, "backup", "--with-buckets", "-o", str(folder)) == 0
     restored = str(tmp_path / "restored")

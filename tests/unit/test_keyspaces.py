@@ -73,6 +73,7 @@ def test_change_document_checks_and_writes_in_one_transaction(data_dir):
     create_bucket(data_dir, "b").close()
     create_collection(data_dir, "b.s.c")
     with open_keyspace(data_dir, "b.s.c") as coll:
+
         def insert(current):
             if current is not None:
                 raise ConfigError("exists")
@@ -99,43 +100,55 @@ def test_change_documents_commits_a_group_each_change_seeing_the_ones_before(dat
                 if current is not None:
                     raise ConfigError(f"{key} exists")
                 return Write(key, OP_UPDATE, encode_document({"v": value}), 0, value)
+
             return key, change
 
         def remove(key):
             return key, lambda current: None if current is None else Write(key, OP_DELETE)
 
         commits = sum(part.file.commits for part in getattr(bucket, "parts", [bucket]))
-        out = bucket.change_documents([insert("a", 1), insert("a", 2), insert("k1", 3), remove("a"), remove("nope")])
+        out = bucket.change_documents(
+            [insert("a", 1), insert("a", 2), insert("k1", 3), remove("a"), remove("nope")]
+        )
         # one transaction in each file the keys live in (one file when unpartitioned)
         files = {id(bucket._part_of_key(k)) for k in ("a", "k1", "nope")} if partitions > 1 else {0}
         assert sum(part.file.commits for part in getattr(bucket, "parts", [bucket])) == commits + len(files)
         first, second, third, deleted, nothing = out
         assert isinstance(first, Changed) and first.after is not None and first.after.flags == 1
         assert isinstance(second, ConfigError) and "a exists" in str(second)  # saw the first insert
-        assert isinstance(third, Changed) and coll.get("k1") == {"v": 3} and third.cas == coll.get_doc("k1")[1]
+        assert (
+            isinstance(third, Changed) and coll.get("k1") == {"v": 3} and third.cas == coll.get_doc("k1")[1]
+        )
         assert isinstance(deleted, Changed) and deleted.after is None and deleted.cas > first.cas
         assert deleted.seqno > first.seqno and deleted.vb == first.vb  # the delete is a write of its own
         assert nothing == Changed(None) and coll.get("a") is None
 
 
-KEYSPACE_HANDLER = '''
+KEYSPACE_HANDLER = """
 def on_update(doc, meta):
     ks = meta.keyspace
     out[meta.id] = {"from": ks["scope_name"] + "." + ks["collection_name"], "n": doc["n"]}
 
 def on_delete(meta, options):
     del out[meta.id]
-'''
+"""
 
 
 def _deploy(data_dir: str, name: str, **source) -> None:
     from eventing.core.definition import FunctionDefinition
     from eventing.testing import deploy_function
 
-    defn = FunctionDefinition.from_dict({
-        "name": name, "source_bucket": "shop", **source, "worker_count": 2,
-        "bindings": [{"alias": "out", "bucket": "results", "scope": "fn", "collection": name, "access": "rw"}],
-    })
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": name,
+            "source_bucket": "shop",
+            **source,
+            "worker_count": 2,
+            "bindings": [
+                {"alias": "out", "bucket": "results", "scope": "fn", "collection": name, "access": "rw"}
+            ],
+        }
+    )
     deploy_function(data_dir, defn, KEYSPACE_HANDLER)
 
 
@@ -144,8 +157,14 @@ def test_a_function_handles_only_its_source_collection_and_writes_to_its_bound_c
 
     create_bucket(data_dir, "shop").close()
     create_bucket(data_dir, "results").close()
-    for ks in ("shop.sales.orders", "shop.sales.returns", "shop.hr.staff", "results.fn.orders_fn",
-               "results.fn.default_fn", "results.fn.sales_fn"):
+    for ks in (
+        "shop.sales.orders",
+        "shop.sales.returns",
+        "shop.hr.staff",
+        "results.fn.orders_fn",
+        "results.fn.default_fn",
+        "results.fn.sales_fn",
+    ):
         create_collection(data_dir, ks)
     _deploy(data_dir, "orders_fn", source_scope="sales", source_collection="orders")
     _deploy(data_dir, "default_fn")

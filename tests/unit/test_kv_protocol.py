@@ -15,7 +15,9 @@ from eventing.kv import subdoc as sd
 from eventing.security.users import hash_password, stored_scram_keys, verify_password
 
 
-def client_final(password: str, digest: str, client_first_bare: str, server_first: str) -> tuple[bytes, bytes]:
+def client_final(
+    password: str, digest: str, client_first_bare: str, server_first: str
+) -> tuple[bytes, bytes]:
     """A SCRAM client's final message and the server signature it expects (RFC 5802, section 3)."""
     attrs = dict(item.split("=", 1) for item in server_first.split(","))
     salted = hashlib.pbkdf2_hmac(digest, password.encode(), base64.b64decode(attrs["s"]), int(attrs["i"]))
@@ -70,11 +72,13 @@ def test_subdoc_paths_and_operations():
     assert sd.mutate(doc, sd.COUNTER, ["n"], 0, b"-3") == -2
     sd.mutate(doc, sd.DICT_UPSERT, ["deep", "er"], sd.PATH_MKDIR_P, b"true")
     assert doc == {"tags": ["w", "y", "x"], "n": -2, "deep": {"er": True}}
-    for opcode, path, raw, status in ((sd.DICT_ADD, ["n"], b"1", p.SUBDOC_PATH_EEXISTS),
-                                      (sd.REPLACE, ["zz"], b"1", p.SUBDOC_PATH_ENOENT),
-                                      (sd.ARRAY_ADD_UNIQUE, ["tags"], b'"x"', p.SUBDOC_PATH_EEXISTS),
-                                      (sd.ARRAY_PUSH_LAST, ["n"], b"1", p.SUBDOC_PATH_MISMATCH),
-                                      (sd.DICT_UPSERT, ["a", "b"], b"1", p.SUBDOC_PATH_ENOENT)):
+    for opcode, path, raw, status in (
+        (sd.DICT_ADD, ["n"], b"1", p.SUBDOC_PATH_EEXISTS),
+        (sd.REPLACE, ["zz"], b"1", p.SUBDOC_PATH_ENOENT),
+        (sd.ARRAY_ADD_UNIQUE, ["tags"], b'"x"', p.SUBDOC_PATH_EEXISTS),
+        (sd.ARRAY_PUSH_LAST, ["n"], b"1", p.SUBDOC_PATH_MISMATCH),
+        (sd.DICT_UPSERT, ["a", "b"], b"1", p.SUBDOC_PATH_ENOENT),
+    ):
         with pytest.raises(sd.SubdocError) as failed:
             sd.mutate(doc, opcode, path, 0, raw)
         assert failed.value.status == status, (opcode, path)

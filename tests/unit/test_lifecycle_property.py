@@ -20,11 +20,20 @@ from eventing.testing.lifecycle_model import HANDLERS, KEYS, run_steps
 KNOWN: frozenset[str] = frozenset()
 
 # One hang in ~40 loaded mutations: each one the `hang` handler meets costs execution_timeout (1 s).
-KIND = st.integers(0, 39).map(lambda n: "hang" if n == 0 else ("bad" if n < 9 else ("delete" if n < 17 else "plain")))
-LOAD = st.tuples(st.just("load"), st.lists(st.tuples(st.integers(0, len(KEYS) - 1), KIND), min_size=1, max_size=4))
-SETTINGS = st.fixed_dictionaries({}, optional={
-    "worker_count": st.integers(1, 3), "batch_size": st.sampled_from([1, 100]), "retries": st.integers(0, 1),
-})
+KIND = st.integers(0, 39).map(
+    lambda n: "hang" if n == 0 else ("bad" if n < 9 else ("delete" if n < 17 else "plain"))
+)
+LOAD = st.tuples(
+    st.just("load"), st.lists(st.tuples(st.integers(0, len(KEYS) - 1), KIND), min_size=1, max_size=4)
+)
+SETTINGS = st.fixed_dictionaries(
+    {},
+    optional={
+        "worker_count": st.integers(1, 3),
+        "batch_size": st.sampled_from([1, 100]),
+        "retries": st.integers(0, 1),
+    },
+)
 STEP = st.one_of(
     LOAD,
     LOAD,

@@ -94,7 +94,11 @@ class MemoryDocuments:
         with self._lock:
             if self._live(key) is not None:
                 return False
-            self._data[key] = (json.dumps(value), next(self._cas), None if expiry_s is None else time.time() + expiry_s)
+            self._data[key] = (
+                json.dumps(value),
+                next(self._cas),
+                None if expiry_s is None else time.time() + expiry_s,
+            )
             return True
 
     def replace(self, key: str, value: dict, cas: int) -> bool:
@@ -104,7 +108,11 @@ class MemoryDocuments:
             if item is None or item[1] != cas:
                 self.lost_races += 1
                 return False
-            self._data[key] = (json.dumps(value), next(self._cas), None)  # replace clears expiry, as in Couchbase
+            self._data[key] = (
+                json.dumps(value),
+                next(self._cas),
+                None,
+            )  # replace clears expiry, as in Couchbase
             return True
 
     def replace_many(self, items: Mapping[str, tuple[dict, int]]) -> set[str]:
@@ -112,7 +120,11 @@ class MemoryDocuments:
 
     def upsert(self, key: str, value: dict, *, expiry_s: float | None = None) -> None:
         with self._lock:
-            self._data[key] = (json.dumps(value), next(self._cas), None if expiry_s is None else time.time() + expiry_s)
+            self._data[key] = (
+                json.dumps(value),
+                next(self._cas),
+                None if expiry_s is None else time.time() + expiry_s,
+            )
 
     def upsert_many(self, items: Mapping[str, dict]) -> None:
         for k, v in items.items():
@@ -180,14 +192,21 @@ class Backend:
 def _live_backend() -> Backend:
     url = os.environ.get(LIVE_URL_ENV)
     if not url:
-        pytest.skip(f"no Couchbase cluster configured: set {LIVE_URL_ENV}=couchbase://host/bucket?username=..&password=..")
+        pytest.skip(
+            f"no Couchbase cluster configured: set {LIVE_URL_ENV}=couchbase://host/bucket?username=..&password=.."
+        )
     target = parse_metadata_url(url)
     prefix = f"contract-{uuid.uuid4().hex[:12]}"
     recorders: list[RecordingDocuments] = []
 
     def opener() -> CouchbaseMetadataStore:
         store = CouchbaseMetadataStore(
-            target.connection_string, target.bucket, target.username, target.password, target.timeout_s, prefix=prefix
+            target.connection_string,
+            target.bucket,
+            target.username,
+            target.password,
+            target.timeout_s,
+            prefix=prefix,
         )
         recorder = RecordingDocuments(store._docs)
         recorders.append(recorder)
@@ -280,9 +299,15 @@ def test_a_transition_can_bump_the_generation(store):
 
 
 def test_functions_are_stored_listed_by_name_and_deleted(store):
-    created = store.put_function("fn_b", {"name": "fn_b", "workers": 3, "nested": {"a": [1, 2]}}, "def on_update(): pass")
+    created = store.put_function(
+        "fn_b", {"name": "fn_b", "workers": 3, "nested": {"a": [1, 2]}}, "def on_update(): pass"
+    )
     store.put_function("fn_a", {"name": "fn_a"}, "src a")
-    assert (created.state, created.generation, created.source) == (FunctionState.UNDEPLOYED, 0, "def on_update(): pass")
+    assert (created.state, created.generation, created.source) == (
+        FunctionState.UNDEPLOYED,
+        0,
+        "def on_update(): pass",
+    )
     got = store.get_function("fn_b")
     assert got.definition == {"name": "fn_b", "workers": 3, "nested": {"a": [1, 2]}}
     assert got.updated_at == pytest.approx(time.time(), abs=60)
@@ -388,7 +413,13 @@ def test_init_checkpoints_records_the_boundary_and_replaces_older_ones(store):
     store.init_checkpoints("fn", {0: 10, 1: 11}, "uuid-2", epoch_base=1 << 32)
     cps = store.checkpoints("fn")
     assert sorted(cps) == [0, 1]
-    assert (cps[0].seqno, cps[0].epoch, cps[0].owner, cps[0].bucket_uuid, cps[0].leased) == (10, 1 << 32, None, "uuid-2", False)
+    assert (cps[0].seqno, cps[0].epoch, cps[0].owner, cps[0].bucket_uuid, cps[0].leased) == (
+        10,
+        1 << 32,
+        None,
+        "uuid-2",
+        False,
+    )
     assert cps[1].updated_at == pytest.approx(time.time(), abs=60)
     assert store.checkpoint_starts("fn") == {0: 10, 1: 11}
     store.drop_checkpoints("fn")
@@ -441,12 +472,18 @@ def test_checkpoint_never_moves_backwards(store):
     assert store.dlq_rows("fn") == []  # the refused commit wrote nothing
     (refused,) = store.checkpoint_regressions("fn")
     assert {k: refused[k] for k in ("vb", "epoch", "from_seqno", "to_seqno", "how")} == {
-        "vb": 0, "epoch": e, "from_seqno": 10, "to_seqno": 9, "how": "refused",
+        "vb": 0,
+        "epoch": e,
+        "from_seqno": 10,
+        "to_seqno": 9,
+        "how": "refused",
     }
     assert store.checkpoint_regressions("fn", min_epoch=e + 1) == []
 
 
-def _paused_with_checkpoints(store, positions: dict[int, int], starts: dict[int, int] | None = None) -> dict[int, int]:
+def _paused_with_checkpoints(
+    store, positions: dict[int, int], starts: dict[int, int] | None = None
+) -> dict[int, int]:
     """A paused function 'fn' whose checkpoints were claimed, committed at `positions` and released."""
     _put_in_state(store, "fn", FunctionState.PAUSED)
     store.init_checkpoints("fn", starts or dict.fromkeys(positions, 0), "uuid")
@@ -467,7 +504,8 @@ def test_a_rewind_moves_a_paused_functions_checkpoints_back_and_is_not_a_regress
     assert store.checkpoint_regressions("fn") == []
     rewinds = store.checkpoint_rewinds("fn")
     assert [(r["vb"], r["from_seqno"], r["to_seqno"], r["how"], r["epoch"]) for r in rewinds] == [
-        (0, 10, 4, "rewind", epochs[0] + 1), (1, 20, 0, "rewind", epochs[1] + 1),
+        (0, 10, 4, "rewind", epochs[0] + 1),
+        (1, 20, 0, "rewind", epochs[1] + 1),
     ]
     assert store.checkpoint_rewinds("fn", min_epoch=epochs[0] + 2) == []
 
@@ -484,13 +522,18 @@ def test_an_owner_from_before_a_rewind_is_fenced(store):
 def test_only_a_paused_function_can_be_rewound(store, state):
     _put_in_state(store, "fn", state)
     store.init_checkpoints("fn", {0: 0}, "uuid")
-    with pytest.raises(LifecycleError, match=f"cannot rewind function 'fn': it is {state.value}; only a paused"):
+    with pytest.raises(
+        LifecycleError, match=f"cannot rewind function 'fn': it is {state.value}; only a paused"
+    ):
         store.rewind_checkpoints("fn", {0: 0})
 
 
 def test_a_rewind_below_the_feed_boundary_needs_the_effects_reapplied(store):
     _paused_with_checkpoints(store, {0: 30, 1: 30}, starts={0: 20, 1: 0})
-    with pytest.raises(ConfigError, match="vBucket 0 .* started after seqno 20 .*rewind to 20 or later, or pass --reapply-effects"):
+    with pytest.raises(
+        ConfigError,
+        match="vBucket 0 .* started after seqno 20 .*rewind to 20 or later, or pass --reapply-effects",
+    ):
         store.rewind_checkpoints("fn", {0: 5, 1: 5})
     assert {vb: cp.seqno for vb, cp in store.checkpoints("fn").items()} == {0: 30, 1: 30}  # nothing moved
     assert store.rewind_checkpoints("fn", {0: 5, 1: 5}, reapply_effects=True) == {0: (30, 5), 1: (30, 5)}
@@ -555,7 +598,12 @@ def test_a_mutation_failing_again_after_its_replay_gets_its_dead_letter_back(sto
 def test_dlq_rows_can_be_found_replayed_retried_and_purged(store):
     store.init_checkpoints("fn", {0: 0, 5: 0}, "uuid")
     e = {vb: cp.epoch for vb, cp in store.claim("fn", [0, 5], "w").items()}
-    rows = [_dlq(5, 2, key="a"), _dlq(0, 7, key="b", reason="timeout"), _dlq(0, 3, key="a"), _dlq(5, 1, key="c")]
+    rows = [
+        _dlq(5, 2, key="a"),
+        _dlq(0, 7, key="b", reason="timeout"),
+        _dlq(0, 3, key="a"),
+        _dlq(5, 1, key="c"),
+    ]
     store.commit("fn", e, {0: 7, 5: 2}, rows)
     assert [(r.vb, r.seqno) for r in store.dlq_rows("fn")] == [(0, 3), (0, 7), (5, 1), (5, 2)]
     assert [(r.vb, r.seqno) for r in store.dlq_rows("fn", limit=2)] == [(0, 3), (0, 7)]
@@ -564,7 +612,12 @@ def test_dlq_rows_can_be_found_replayed_retried_and_purged(store):
     assert [(r.vb, r.seqno) for r in store.find_dlq_rows("fn", reason="timeout")] == [(0, 7)]
     store.commit("fn", e, {0: 7, 5: 2}, [dataclasses.replace(_dlq(5, 9, key="d"), generation=3)])
     assert [(r.vb, r.seqno) for r in store.find_dlq_rows("fn", generation=3)] == [(5, 9)]
-    assert [(r.vb, r.seqno) for r in store.find_dlq_rows("fn", generation=0)] == [(0, 3), (0, 7), (5, 1), (5, 2)]
+    assert [(r.vb, r.seqno) for r in store.find_dlq_rows("fn", generation=0)] == [
+        (0, 3),
+        (0, 7),
+        (5, 1),
+        (5, 2),
+    ]
     assert store.purge_dlq("fn", keys=[(5, 9)]) == 1
 
     assert store.mark_replayed("fn", [(0, 3), (5, 1), (9, 9)]) == 2
@@ -586,7 +639,6 @@ def test_dlq_rows_can_be_found_replayed_retried_and_purged(store):
     assert store.dlq_rows("fn", include_replayed=True) == []
 
 
-
 def test_deaths_on_a_mutation_are_counted_per_deployment(backend):
     store = backend.open()
     store.init_checkpoints("fn", {0: 0, 5: 0}, "uuid")
@@ -602,6 +654,7 @@ def test_deaths_on_a_mutation_are_counted_per_deployment(backend):
     store.count_death("fn", 5, 9)
     store.drop_checkpoints("fn")  # undeployed
     assert store.deaths("fn") == {}
+
 
 # -- counters, services, nodes, settings --------------------------------------------------------------
 
@@ -666,7 +719,10 @@ def test_nodes_keep_the_order_they_were_added_in(store):
     store.put_node("n2", "leaving")  # keeps its ray node id and its place
     store.put_node("n1", "active", "ray-1")
     nodes = store.nodes()
-    assert [(n["name"], n["state"], n["ray_node_id"]) for n in nodes] == [("n2", "leaving", "ray-2"), ("n1", "active", "ray-1")]
+    assert [(n["name"], n["state"], n["ray_node_id"]) for n in nodes] == [
+        ("n2", "leaving", "ray-2"),
+        ("n1", "active", "ray-1"),
+    ]
     assert nodes[0]["added_at"] <= nodes[1]["added_at"]
     store.delete_node("n2")
     store.delete_node("absent")
@@ -760,23 +816,38 @@ def test_window_state_keeps_the_arrival_policies_watermarks_and_metrics(backend)
     from a new coordinator's claim, in every backend's form."""
     from eventing.windows.semantics.arrival import ArrivalPolicy
 
-    policy = ArrivalPolicy(out_of_order_tolerance_ms=120_000, late_arrival_tolerance_ms=300_000, substreams=True)
-    for event, arrival, device in ((420_000, 420_000, "device1"), (1_020_000, 660_000, "device1"),
-                                   (480_000, 780_000, "device3"), (720_000, 1_020_000, 7)):
+    policy = ArrivalPolicy(
+        out_of_order_tolerance_ms=120_000, late_arrival_tolerance_ms=300_000, substreams=True
+    )
+    for event, arrival, device in (
+        (420_000, 420_000, "device1"),
+        (1_020_000, 660_000, "device1"),
+        (480_000, 780_000, "device3"),
+        (720_000, 1_020_000, 7),
+    ):
         policy.observe(event, arrival, key=device)
-    state = {"version": 2, "arrival": policy.to_state(), "held": [["f1-000000001.arrow", 3]], "held_next": 2,
-             "adjusted_next": 4}
+    state = {
+        "version": 2,
+        "arrival": policy.to_state(),
+        "held": [["f1-000000001.arrow", 3]],
+        "held_next": 2,
+        "adjusted_next": 4,
+    }
     ws = _window_state(backend.open())
     fence, _ = ws.claim("fn")
     assert ws.commit("fn", fence, state, [], {"window_early_input_events": 1})
     _, saved = _window_state(backend.open()).claim("fn")
     assert saved == json.loads(json.dumps(state))
-    resumed = ArrivalPolicy(out_of_order_tolerance_ms=120_000, late_arrival_tolerance_ms=300_000,
-                            substreams=True).restore(saved["arrival"])
+    resumed = ArrivalPolicy(
+        out_of_order_tolerance_ms=120_000, late_arrival_tolerance_ms=300_000, substreams=True
+    ).restore(saved["arrival"])
     assert resumed.to_state() == policy.to_state()
     assert resumed.watermark_ms(("key", 7)) == policy.watermark_ms(("key", 7))
-    assert resumed.metrics() == policy.metrics() == {"out_of_order_events": 0, "late_input_events": 0,
-                                                     "early_input_events": 1}
+    assert (
+        resumed.metrics()
+        == policy.metrics()
+        == {"out_of_order_events": 0, "late_input_events": 0, "early_input_events": 1}
+    )
 
 
 def test_resetting_window_state_forgets_it_and_fences_its_coordinator(store):
@@ -818,7 +889,11 @@ def test_a_transition_rechecks_the_state_another_process_set_in_between():
     docs = MemoryDocuments()
     a, b = CouchbaseMetadataStore.on_documents(docs), CouchbaseMetadataStore.on_documents(docs)
     _put_in_state(a, "fn", FunctionState.DEPLOYED)
-    _slip_in_once(docs, lambda key: key.endswith("::fn::fn"), lambda: b.transition("fn", FunctionState.UNDEPLOYING, "undeploy"))
+    _slip_in_once(
+        docs,
+        lambda key: key.endswith("::fn::fn"),
+        lambda: b.transition("fn", FunctionState.UNDEPLOYING, "undeploy"),
+    )
     with pytest.raises(LifecycleError, match="cannot pause function 'fn': it is undeploying"):
         a.transition("fn", FunctionState.PAUSING, "pause")
     assert a.get_function("fn").state is FunctionState.UNDEPLOYING
@@ -828,7 +903,11 @@ def test_a_function_deployed_while_being_deleted_is_kept():
     docs = MemoryDocuments()
     a, b = CouchbaseMetadataStore.on_documents(docs), CouchbaseMetadataStore.on_documents(docs)
     a.put_function("fn", {}, "")
-    _slip_in_once(docs, lambda key: key.endswith("::fn::fn"), lambda: b.transition("fn", FunctionState.DEPLOYING, "deploy"))
+    _slip_in_once(
+        docs,
+        lambda key: key.endswith("::fn::fn"),
+        lambda: b.transition("fn", FunctionState.DEPLOYING, "deploy"),
+    )
     with pytest.raises(LifecycleError, match="it is deploying; undeploy it first"):
         a.delete_function("fn")
     assert [f.name for f in a.list_functions()] == ["fn"]
@@ -875,11 +954,26 @@ def test_the_couchbase_documents_follow_the_documented_layout():
     store.acquire_lease("leader", "svc", 5)
     store.put_user("ann", "scrypt$16384$8$1$s$h", ["admin"])
     store.count_death("fn", 0, 7)
-    assert docs.keys() == sorted([
-        "p::functions", "p::fn::fn", "p::cp::fn::0", "p::cp::fn::1023", "p::ctr::fn", "p::dlq::fn::0::5",
-        "p::dlqix::fn::0", "p::deaths::fn", "p::services", "p::svc::svc", "p::nodes", "p::kv::plan",
-        "p::lease::leader", "p::users", "p::user::ann", "p::kv::users_created",
-    ])
+    assert docs.keys() == sorted(
+        [
+            "p::functions",
+            "p::fn::fn",
+            "p::cp::fn::0",
+            "p::cp::fn::1023",
+            "p::ctr::fn",
+            "p::dlq::fn::0::5",
+            "p::dlqix::fn::0",
+            "p::deaths::fn",
+            "p::services",
+            "p::svc::svc",
+            "p::nodes",
+            "p::kv::plan",
+            "p::lease::leader",
+            "p::users",
+            "p::user::ann",
+            "p::kv::users_created",
+        ]
+    )
 
 
 # -- the Couchbase failure path and the factory (no server needed) -----------------------------------------
@@ -914,19 +1008,32 @@ def test_the_factory_opens_couchbase_when_the_url_is_set(tmp_path, monkeypatch):
 
     import metadata.couchbase
 
-    monkeypatch.setattr(metadata.couchbase, "CouchbaseMetadataStore", Recorder)  # the factory imports it when used
-    monkeypatch.setenv("EVENTING_METADATA_URL", "couchbase://cb1:11210,cb2/meta?timeout=2&prefix=prod&network=external")
+    monkeypatch.setattr(
+        metadata.couchbase, "CouchbaseMetadataStore", Recorder
+    )  # the factory imports it when used
+    monkeypatch.setenv(
+        "EVENTING_METADATA_URL", "couchbase://cb1:11210,cb2/meta?timeout=2&prefix=prod&network=external"
+    )
     monkeypatch.setenv("EVENTING_COUCHBASE_USERNAME", "eventing")
     monkeypatch.setenv("EVENTING_COUCHBASE_PASSWORD", "s3cret")
     assert isinstance(open_store(tmp_path), Recorder)
-    assert opened == [(("couchbase://cb1:11210,cb2?network=external", "meta", "eventing", "s3cret", 2.0), {"prefix": "prod"})]
+    assert opened == [
+        (
+            ("couchbase://cb1:11210,cb2?network=external", "meta", "eventing", "s3cret", 2.0),
+            {"prefix": "prod"},
+        )
+    ]
     assert not (tmp_path / "metadata.sqlite3").exists()
 
 
 def test_the_factory_fails_fast_on_an_unreachable_cluster(tmp_path, monkeypatch):
-    monkeypatch.setenv("EVENTING_METADATA_URL", "couchbase://127.0.0.1:1/meta?username=u&password=hidden&timeout=0.3")
+    monkeypatch.setenv(
+        "EVENTING_METADATA_URL", "couchbase://127.0.0.1:1/meta?username=u&password=hidden&timeout=0.3"
+    )
     started = time.monotonic()
-    with pytest.raises(StoreError, match=r"cannot connect to the Couchbase metadata store at couchbase://127\.0\.0\.1:1 ") as caught:
+    with pytest.raises(
+        StoreError, match=r"cannot connect to the Couchbase metadata store at couchbase://127\.0\.0\.1:1 "
+    ) as caught:
         open_store(tmp_path)
     assert time.monotonic() - started < 3.5
     assert "hidden" not in str(caught.value)
@@ -935,13 +1042,19 @@ def test_the_factory_fails_fast_on_an_unreachable_cluster(tmp_path, monkeypatch)
 def test_credentials_in_the_url_win_over_the_environment():
     env = {"EVENTING_COUCHBASE_USERNAME": "env-user", "EVENTING_COUCHBASE_PASSWORD": "env-pw"}
     target = parse_metadata_url("couchbases://cb.example.com/meta?username=url-user&password=p%40ss", env)
-    assert (target.connection_string, target.username, target.password) == ("couchbases://cb.example.com", "url-user", "p@ss")
+    assert (target.connection_string, target.username, target.password) == (
+        "couchbases://cb.example.com",
+        "url-user",
+        "p@ss",
+    )
     assert (target.timeout_s, target.prefix) == (5.0, "eventing")
     assert parse_metadata_url("couchbase://u:pw@cb/meta", env).username == "u"
     assert parse_metadata_url("couchbase://cb/meta", env).password == "env-pw"
 
 
-@pytest.mark.parametrize("url", ["redis://cache/meta", "sqlite:///tmp/metadata.sqlite3", "cb.example.com/meta"])
+@pytest.mark.parametrize(
+    "url", ["redis://cache/meta", "sqlite:///tmp/metadata.sqlite3", "cb.example.com/meta"]
+)
 def test_an_unknown_scheme_names_the_supported_ones(url, tmp_path, monkeypatch):
     monkeypatch.setenv("EVENTING_METADATA_URL", url)
     with pytest.raises(StoreError, match="unsupported scheme .*supported: couchbase://, couchbases://"):
@@ -954,7 +1067,10 @@ def test_an_unknown_scheme_names_the_supported_ones(url, tmp_path, monkeypatch):
         ("couchbase://cb", "must name one host list and one bucket"),
         ("couchbase:///meta", "must name one host list and one bucket"),
         ("couchbase://cb/meta?username=u", "has no credentials; add \\?username=..&password=.."),
-        ("couchbase://cb/meta?username=u&password=pw&timeout=soon", "timeout='soon' is not a positive number"),
+        (
+            "couchbase://cb/meta?username=u&password=pw&timeout=soon",
+            "timeout='soon' is not a positive number",
+        ),
     ],
 )
 def test_a_malformed_couchbase_url_names_the_fix(url, fix):
@@ -1029,12 +1145,16 @@ def test_an_operation_after_close_raises_store_error_not_the_sdks_runtime_error(
     docs, collection = _sdk_docs()
     store = CouchbaseMetadataStore.on_documents(docs)
     store.close()
-    with pytest.raises(StoreError, match=r"metadata store .* is closed; get eventing::functions needs an open store"):
+    with pytest.raises(
+        StoreError, match=r"metadata store .* is closed; get eventing::functions needs an open store"
+    ):
         store.list_functions()
     store.close()  # closing twice is fine
     # The SDK raises a plain RuntimeError when its connection is gone: that is a StoreError too.
     docs, collection = _sdk_docs()
-    collection.raises["get"] = RuntimeError("Cannot perform operations without first establishing a connection.")
+    collection.raises["get"] = RuntimeError(
+        "Cannot perform operations without first establishing a connection."
+    )
     with pytest.raises(StoreError, match="establishing a connection"):
         CouchbaseMetadataStore.on_documents(docs).get_kv("plan")
 
@@ -1061,7 +1181,9 @@ def test_verify_integrity_reports_a_damaged_document_of_any_function():
     store.init_checkpoints("fn", {0: 0, 1: 0}, "uuid")
     store.verify_integrity()
     docs.upsert("eventing::cp::fn::1", ["not", "a", "checkpoint"])  # type: ignore[arg-type]
-    with pytest.raises(StoreCorruptError, match=r"document eventing::cp::fn::1 is not a JSON object \(a list\)"):
+    with pytest.raises(
+        StoreCorruptError, match=r"document eventing::cp::fn::1 is not a JSON object \(a list\)"
+    ):
         store.verify_integrity()
     docs.upsert("eventing::cp::fn::1", {"seqno": 3})
     with pytest.raises(StoreCorruptError, match=r"document eventing::cp::fn::1 lacks a valid field"):
@@ -1078,8 +1200,11 @@ def _sdk_error(name: str, **kwargs):
     ("op", "error", "expected"),
     [
         ("replace", ("DocumentLockedException", {}), "the document is locked by another client"),
-        ("upsert", ("CouchbaseException", {"message": "value too large", "error_code": 104}),
-         "over Couchbase's 20 MiB value limit"),
+        (
+            "upsert",
+            ("CouchbaseException", {"message": "value too large", "error_code": 104}),
+            "over Couchbase's 20 MiB value limit",
+        ),
         ("upsert", ("InvalidArgumentException", {"message": "Expected timedelta"}), "Expected timedelta"),
     ],
 )
@@ -1100,17 +1225,26 @@ def test_errors_that_are_not_connection_problems_get_their_own_message(op, error
 def test_a_connection_problem_carries_the_connection_hint():
     docs, collection = _sdk_docs()
     collection.raises["get"] = _sdk_error("UnAmbiguousTimeoutException", message="timed out")
-    with pytest.raises(StoreError, match=f"get eventing::kv::plan failed: UnAmbiguousTimeoutException: timed out; {CONNECT_HINT}"):
+    with pytest.raises(
+        StoreError,
+        match=f"get eventing::kv::plan failed: UnAmbiguousTimeoutException: timed out; {CONNECT_HINT}",
+    ):
         CouchbaseMetadataStore.on_documents(docs).get_kv("plan")
 
 
 @pytest.mark.parametrize(
     ("query", "expected"),
     [
-        ("kv_timeout=2500", "option kv_timeout=2500 is refused by the Couchbase SDK .*takes durations only from code"),
+        (
+            "kv_timeout=2500",
+            "option kv_timeout=2500 is refused by the Couchbase SDK .*takes durations only from code",
+        ),
         ("bogus=1", "option 'bogus' is not a Couchbase SDK connection option"),
         ("enable_tls=maybe", "option enable_tls=maybe is refused by the Couchbase SDK"),
-        ("network=external&kv_timout=1", "option 'kv_timout' is not a Couchbase SDK connection option \\(similar: kv_"),
+        (
+            "network=external&kv_timout=1",
+            "option 'kv_timout' is not a Couchbase SDK connection option \\(similar: kv_",
+        ),
         ("transcoder=raw", "option 'transcoder' is not a Couchbase SDK connection option"),
     ],
 )
@@ -1133,7 +1267,9 @@ def test_url_options_the_sdk_takes_pass():
 
 def test_a_bad_url_option_fails_before_connecting_with_its_own_message(tmp_path, monkeypatch):
     pytest.importorskip("couchbase")
-    monkeypatch.setenv("EVENTING_METADATA_URL", "couchbase://127.0.0.1:1/meta?username=u&password=p&kv_timeout=2500")
+    monkeypatch.setenv(
+        "EVENTING_METADATA_URL", "couchbase://127.0.0.1:1/meta?username=u&password=p&kv_timeout=2500"
+    )
     started = time.monotonic()
     with pytest.raises(StoreError, match="option kv_timeout=2500 is refused") as caught:
         open_store(tmp_path)
@@ -1144,7 +1280,9 @@ def test_a_bad_url_option_fails_before_connecting_with_its_own_message(tmp_path,
 # -- durable timers -------------------------------------------------------------------------------------
 
 
-def _timer(source_vb: int, reference: str, due_ms: int | None, *, callback: str = "cb", context: str = "{}") -> TimerChange:
+def _timer(
+    source_vb: int, reference: str, due_ms: int | None, *, callback: str = "cb", context: str = "{}"
+) -> TimerChange:
     return TimerChange(source_vb, callback, reference, vbucket_of(reference), due_ms, context)
 
 
@@ -1156,7 +1294,12 @@ def _timer_setup(store, refs: list[str]) -> dict[int, int]:
 
 def test_timers_become_durable_with_the_commit_and_the_same_callback_and_reference_overwrites(store):
     epochs = _timer_setup(store, ["a", "b"])
-    store.commit("fn", epochs, {0: 1}, timer_changes=[_timer(0, "a", 100), _timer(0, "b", 50), _timer(0, "a", 70, context='{"n": 2}')])
+    store.commit(
+        "fn",
+        epochs,
+        {0: 1},
+        timer_changes=[_timer(0, "a", 100), _timer(0, "b", 50), _timer(0, "a", 70, context='{"n": 2}')],
+    )
     a = store.get_timer("fn", "cb", "a")
     assert (a.vb, a.due_ms, a.context, a.fire_seq) == (vbucket_of("a"), 70, '{"n": 2}', None)
     assert store.timer_backlog("fn", 60) == {"pending": 2, "due": 1}
@@ -1168,13 +1311,17 @@ def test_timers_become_durable_with_the_commit_and_the_same_callback_and_referen
 def test_due_timers_are_claimed_once_with_increasing_fire_seqs_and_done_removes_them(store):
     refs = ["a", "b", "c"]
     epochs = _timer_setup(store, refs)
-    store.commit("fn", epochs, {0: 1}, timer_changes=[_timer(0, "a", 10), _timer(0, "b", 20), _timer(0, "c", 999)])
+    store.commit(
+        "fn", epochs, {0: 1}, timer_changes=[_timer(0, "a", 10), _timer(0, "b", 20), _timer(0, "c", 999)]
+    )
     first = store.claim_timers("fn", epochs, 30, 100)
     assert [t.reference for t in first] == ["a", "b"] and all(t.fire_seq for t in first)
     assert store.claim_timers("fn", epochs, 30, 100) == []  # claimed: not handed out twice
     again = store.claim_timers("fn", epochs, 30, 100, reclaim=epochs)  # a restarted owner gets them back
     assert {(t.reference, t.fire_seq) for t in again} == {(t.reference, t.fire_seq) for t in first}
-    store.commit("fn", epochs, {}, timers_done=[TimerDone(t.vb, t.callback, t.reference, t.fire_seq) for t in first])
+    store.commit(
+        "fn", epochs, {}, timers_done=[TimerDone(t.vb, t.callback, t.reference, t.fire_seq) for t in first]
+    )
     assert store.timer_backlog("fn", 10**6) == {"pending": 1, "due": 1}
     (c,) = store.claim_timers("fn", epochs, 10**6, 100)
     same_vb = [t.fire_seq for t in first if t.vb == c.vb]
@@ -1185,8 +1332,13 @@ def test_a_timer_set_again_while_claimed_survives_the_done_of_its_old_firing(sto
     epochs = _timer_setup(store, ["a"])
     store.commit("fn", epochs, {0: 1}, timer_changes=[_timer(0, "a", 10)])
     (t,) = store.claim_timers("fn", epochs, 10, 10)
-    store.commit("fn", epochs, {0: 2}, timer_changes=[_timer(0, "a", 500)],
-                 timers_done=[TimerDone(t.vb, t.callback, t.reference, t.fire_seq)])
+    store.commit(
+        "fn",
+        epochs,
+        {0: 2},
+        timer_changes=[_timer(0, "a", 500)],
+        timers_done=[TimerDone(t.vb, t.callback, t.reference, t.fire_seq)],
+    )
     again = store.get_timer("fn", "cb", "a")
     assert again is not None and (again.due_ms, again.fire_seq) == (500, None)
 
@@ -1203,7 +1355,9 @@ def test_timer_writes_and_claims_of_a_stale_owner_are_fenced(backend):
     assert zombie.commit("fn", old, {}, timer_changes=[_timer(0, "z", 5)]) >= {0}
     assert store.get_timer("fn", "cb", "z") is None
     (t,) = store.claim_timers("fn", new, 100, 10)
-    assert zombie.commit("fn", old, {}, timers_done=[TimerDone(t.vb, t.callback, t.reference, t.fire_seq)]) >= {vb}
+    assert zombie.commit(
+        "fn", old, {}, timers_done=[TimerDone(t.vb, t.callback, t.reference, t.fire_seq)]
+    ) >= {vb}
     assert store.get_timer("fn", "cb", "a") is not None  # the zombie's done was rejected
 
 
@@ -1242,12 +1396,12 @@ def test_users_are_stored_listed_by_name_replaced_and_deleted(store):
         store.delete_user("bob")
 
 
-
 def test_a_store_keeps_its_users_mark_once_its_last_user_is_deleted(store):
     assert store.get_kv(USERS_MARK) is None
     store.put_user("bob", "scrypt$16384$8$1$x$y", ["admin"])
     store.delete_user("bob")
     assert store.list_users() == [] and store.get_kv(USERS_MARK) is not None
+
 
 def test_who_deployed_a_function_is_kept_with_it(store):
     assert store.put_function("fn", {}, "").deployed_by is None

@@ -41,8 +41,14 @@ def _mirror(data_dir: str, bucket: str, scope: str, collection: str) -> int:
 
 def _definition(name: str, source: str, binding: dict) -> dict:
     bucket, scope, collection = source.split(".")
-    return {"name": name, "source_bucket": bucket, "source_scope": scope, "source_collection": collection,
-            "language": "python", "bindings": [{"alias": "copies", "bucket": "copies", **binding}]}
+    return {
+        "name": name,
+        "source_bucket": bucket,
+        "source_scope": scope,
+        "source_collection": collection,
+        "language": "python",
+        "bindings": [{"alias": "copies", "bucket": "copies", **binding}],
+    }
 
 
 def test_a_read_write_binding_of_a_mirror_is_refused_at_save_and_deploy(data_dir):
@@ -66,11 +72,15 @@ def test_a_read_write_binding_of_a_mirror_is_refused_at_save_and_deploy(data_dir
     # A definition saved while its collection was a plain one, which is then made a mirror under the same
     # name: refused at deploy.
     app.create_collection("copies.pg.plain")
-    later = _definition("fn_later", "shop.sales.orders", {"scope": "pg", "collection": "plain", "access": "rw"})
+    later = _definition(
+        "fn_later", "shop.sales.orders", {"scope": "pg", "collection": "plain", "access": "rw"}
+    )
     app.save(later, COPY)
     app.drop_collection("copies.pg.plain")
     _mirror(data_dir, "copies", "pg", "plain")
-    with pytest.raises(ConfigError, match="binding 'copies' of function 'fn_later' is read-write on 'copies.pg.plain'"):
+    with pytest.raises(
+        ConfigError, match="binding 'copies' of function 'fn_later' is read-write on 'copies.pg.plain'"
+    ):
         lifecycle.deploy(app.state, "fn_later")
     with open_store(data_dir) as store:
         assert store.get_function("fn_later").state.value == "undeployed"
@@ -109,7 +119,10 @@ def test_a_handler_write_into_a_mirror_is_dead_lettered_and_never_applied(data_d
         letters = store.find_dlq_rows("fn_all")
     assert [(row.key, row.reason) for row in letters] == [("o1", "error")]
     assert "through binding 'copies'" in letters[0].error
-    assert "mirrors table public.orders" in letters[0].error and "bind it read-only (access 'r')" in letters[0].error
+    assert (
+        "mirrors table public.orders" in letters[0].error
+        and "bind it read-only (access 'r')" in letters[0].error
+    )
 
 
 def test_a_runner_over_the_data_service_refuses_writes_through_a_binding_of_a_mirror(data_dir):
@@ -128,12 +141,16 @@ def test_a_runner_over_the_data_service_refuses_writes_through_a_binding_of_a_mi
     app.create_collection("copies.pg.plain")
     cid = _mirror(data_dir, "copies", "pg", "orders")
     defn = FunctionDefinition.from_dict(
-        _definition("fn_old", "shop._default._default", {"scope": "pg", "collection": "orders", "access": "rw"})
+        _definition(
+            "fn_old", "shop._default._default", {"scope": "pg", "collection": "orders", "access": "rw"}
+        )
     )
     service = DataService(app.state)
     scoped = ScopedService("fn_old", defn, service)
     assert RemoteBucket(scoped, "copies").mirrors() == {cid: SHOWN}
-    runner = HandlerRunner("fn_old", defn, COPY, RemoteBucket(scoped, "shop"), lambda b: RemoteBucket(scoped, b))
+    runner = HandlerRunner(
+        "fn_old", defn, COPY, RemoteBucket(scoped, "shop"), lambda b: RemoteBucket(scoped, b)
+    )
     try:
         binding = runner.bindings[0]
         with pytest.raises(BindingError, match="its collection mirrors table public.orders .*access 'r'"):

@@ -45,7 +45,11 @@ def test_transactions_and_changes_decode():
     rel = b"R" + struct.pack(">i", 16384) + b"public\x00orders\x00d" + struct.pack(">h", 2)
     rel += b"\x01id\x00" + struct.pack(">ii", 23, -1) + b"\x00note\x00" + struct.pack(">ii", 25, -1)
     decoded = decode(rel)
-    assert isinstance(decoded, Relation) and decoded.name == "orders" and [c.key for c in decoded.columns] == [True, False]
+    assert (
+        isinstance(decoded, Relation)
+        and decoded.name == "orders"
+        and [c.key for c in decoded.columns] == [True, False]
+    )
     assert decode(b"I" + struct.pack(">i", 16384) + b"N" + _tuple("1", None)) == Insert(16384, ["1", None])
     moved = decode(b"U" + struct.pack(">i", 1) + b"K" + _tuple("1", None) + b"N" + _tuple("2", UNCHANGED))
     assert moved == Update(1, ["1", None], "K", ["2", UNCHANGED])
@@ -78,8 +82,11 @@ def _reference(names, converters, row, current=None) -> dict:
     """A row's document column by column, as the mapping of docs/postgresql-mirror.md says."""
     doc = {}
     for name, convert, value in zip(names, converters, row, strict=True):
-        doc[name] = (None if current is None else current.get(name)) if value is UNCHANGED else (
-            None if value is None else convert(value))
+        doc[name] = (
+            (None if current is None else current.get(name))
+            if value is UNCHANGED
+            else (None if value is None else convert(value))
+        )
     return doc
 
 
@@ -88,20 +95,39 @@ def test_a_row_becomes_the_same_document_and_key_on_every_path():
     oids = [20, 23, 25, 16, 701, 1700, 1184, 17, 2950, 3802, 1007]
     names = ["id", "n", "note", "ok", "f", "amount", "at", "raw", "u", "meta", "tags"]
     converters = [t.converter(oid) for oid in oids]
-    row = ["7", "-3", "é text", "f", "Infinity", "19.99", "2024-05-01 12:00:00+00", "\\x01", "a0eebc99-9c0b-4ef8-bb6d-"
-           "6bb9bd380a11", '{"a": 1}', "{1,NULL}"]
-    for columns in (list(range(9)), list(range(11))):  # only scalar columns (packed at once), then json and arrays
+    row = [
+        "7",
+        "-3",
+        "é text",
+        "f",
+        "Infinity",
+        "19.99",
+        "2024-05-01 12:00:00+00",
+        "\\x01",
+        "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11",
+        '{"a": 1}',
+        "{1,NULL}",
+    ]
+    for columns in (
+        list(range(9)),
+        list(range(11)),
+    ):  # only scalar columns (packed at once), then json and arrays
         shape = Shape([names[i] for i in columns], [converters[i] for i in columns], [0])
         values = [row[i] for i in columns]
         expected = _reference(shape.names, shape.converters, values)
         assert shape.document(values) == expected and shape.encode(values) == encode_document(expected)
         nulls = [values[0]] + [None] * (len(values) - 1)
-        assert shape.encode(nulls) == encode_document({name: None if i else 7 for i, name in enumerate(shape.names)})
+        assert shape.encode(nulls) == encode_document(
+            {name: None if i else 7 for i, name in enumerate(shape.names)}
+        )
     assert expected["f"] == "Infinity" and expected["amount"] == "19.99" and expected["tags"] == [1, None]
     assert Shape(["id", "region"], [int, t.converter(25)], [0, 1]).key(["7", "eu"]) == "7::eu"
     assert Shape(["region", "id"], [t.converter(25), int], [1]).key(["eu", "7"]) == "7"
     toasted = Shape(["id", "body"], [int, t.converter(25)], [0])
-    assert decode_document(toasted.encode(["1", UNCHANGED], {"id": 1, "body": "kept"})) == {"id": 1, "body": "kept"}
+    assert decode_document(toasted.encode(["1", UNCHANGED], {"id": 1, "body": "kept"})) == {
+        "id": 1,
+        "body": "kept",
+    }
     assert toasted.document(["1", UNCHANGED]) == {"id": 1, "body": None}
 
 

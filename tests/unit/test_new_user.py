@@ -93,15 +93,20 @@ def test_a_handler_whose_entry_points_cannot_take_their_arguments_is_refused_at_
         (["on_update=dst:r"], {}, "would hide the handler API's on_update(doc, meta) entry point"),
         ([], {"log": 1}, "constant 'log' of function 'fn' would hide the handler API's log()"),
         ([], {"lambda": 1}, "constant 'lambda' of function 'fn' is a Python keyword"),
-        (["dst=dst:rw"], {"dst": 1},
-         "constant 'dst' of function 'fn' has the same name as the binding alias 'dst'; rename the constant or"),
+        (
+            ["dst=dst:rw"],
+            {"dst": 1},
+            "constant 'dst' of function 'fn' has the same name as the binding alias 'dst'; rename the constant or",
+        ),
         (["dst=dst:rw", "dst=src:r"], {}, "binds the alias 'dst' to two buckets"),
     ],
 )
 def test_aliases_that_would_break_the_handler_are_refused(capsys, dd, tmp_path, bindings, constants, message):
     load(capsys, dd)
     run_cli(capsys, "bucket", "create", "dst", *dd)
-    fn = write_function(tmp_path, "def on_update(doc, meta):\n    pass\n", bindings=bindings, constants=constants)
+    fn = write_function(
+        tmp_path, "def on_update(doc, meta):\n    pass\n", bindings=bindings, constants=constants
+    )
     code, _, err = run_cli(capsys, "deploy", str(fn), *dd)
     assert code == 2 and message in err, err
 
@@ -109,7 +114,9 @@ def test_aliases_that_would_break_the_handler_are_refused(capsys, dd, tmp_path, 
 # -- handler log ------------------------------------------------------------------------------------
 
 
-def test_handler_log_lines_reach_the_function_log_file_named_in_the_run_summary(capsys, dd, data_dir, tmp_path):
+def test_handler_log_lines_reach_the_function_log_file_named_in_the_run_summary(
+    capsys, dd, data_dir, tmp_path
+):
     load(capsys, dd, 5)
     handler = "def on_update(doc, meta):\n    log('saw', meta.id, {'n': 1}, 'two\\nlines')\n"
     assert run_cli(capsys, "deploy", str(write_function(tmp_path, handler)), *dd)[0] == 0
@@ -141,9 +148,18 @@ def test_a_window_only_function_reports_window_rows_not_handler_successes(capsys
     monkeypatch.setattr(host, "make_aggregator", lambda master=None: python_aggregator)
     run_cli(capsys, "bucket", "create", "customers", *dd)
     rows = tmp_path / "rows.jsonl"
-    rows.write_text("\n".join(json.dumps({"key": f"k{i}", "doc": {"ts": 1_767_225_600_000 + i, "country": "KR",
-                                                                "amount": "lots" if i == 0 else i}})
-                              for i in range(10)) + "\n")
+    rows.write_text(
+        "\n".join(
+            json.dumps(
+                {
+                    "key": f"k{i}",
+                    "doc": {"ts": 1_767_225_600_000 + i, "country": "KR", "amount": "lots" if i == 0 else i},
+                }
+            )
+            for i in range(10)
+        )
+        + "\n"
+    )
     assert run_cli(capsys, "bucket", "load", "customers", "--file", str(rows), *dd)[0] == 0
     assert run_cli(capsys, "deploy", str(ROOT / "functions" / "fn_sales_per_minute.json"), *dd)[0] == 0
     assert run_cli(capsys, "run", "--until-caught-up", "--executor", "in-process", *dd)[0] == 0
@@ -156,7 +172,12 @@ def test_a_window_only_function_reports_window_rows_not_handler_successes(capsys
 
 def test_status_after_a_killed_service_does_not_count_its_leases_as_live(capsys, dd, data_dir, tmp_path):
     load(capsys, dd)
-    assert run_cli(capsys, "deploy", str(write_function(tmp_path, "def on_update(doc, meta):\n    pass\n")), *dd)[0] == 0
+    assert (
+        run_cli(
+            capsys, "deploy", str(write_function(tmp_path, "def on_update(doc, meta):\n    pass\n")), *dd
+        )[0]
+        == 0
+    )
     store = open_store(data_dir)
     store.claim("fn", list(range(1024)), "local/w0")
     # The service was killed with kill -9: a fresh heartbeat, a process that no longer exists.
@@ -174,11 +195,18 @@ def test_status_after_a_killed_service_does_not_count_its_leases_as_live(capsys,
     assert not any(w["live"] for w in vbmap["workers"])
 
 
-def test_a_run_right_after_kill_9_of_the_service_starts_or_says_when_the_lease_expires(capsys, dd, data_dir, tmp_path):
+def test_a_run_right_after_kill_9_of_the_service_starts_or_says_when_the_lease_expires(
+    capsys, dd, data_dir, tmp_path
+):
     """A service killed with kill -9 and not yet reaped by its parent (a zombie) is dead: a new run starts at
     once. One on another host cannot be checked: the refusal says when its lease expires."""
     load(capsys, dd)
-    assert run_cli(capsys, "deploy", str(write_function(tmp_path, "def on_update(doc, meta):\n    pass\n")), *dd)[0] == 0
+    assert (
+        run_cli(
+            capsys, "deploy", str(write_function(tmp_path, "def on_update(doc, meta):\n    pass\n")), *dd
+        )[0]
+        == 0
+    )
     zombie = subprocess.Popen([sys.executable, "-c", "pass"])  # exits; not reaped until wait() below
     wait_for(lambda: Path(f"/proc/{zombie.pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z")
     store = open_store(data_dir)
@@ -188,7 +216,12 @@ def test_a_run_right_after_kill_9_of_the_service_starts_or_says_when_the_lease_e
         code, out, err = run_cli(capsys, "run", "--until-caught-up", "--executor", "in-process", *dd)
         assert code == 0, err
         store.heartbeat("elsewhere:4242:abcdef", "{}")
-        store.acquire_lease(LEADER_LEASE, "elsewhere:4242:abcdef", 30.0, take_from=f"{socket.gethostname()}:{zombie.pid}:abcdef")
+        store.acquire_lease(
+            LEADER_LEASE,
+            "elsewhere:4242:abcdef",
+            30.0,
+            take_from=f"{socket.gethostname()}:{zombie.pid}:abcdef",
+        )
         code, out, err = run_cli(capsys, "run", "--until-caught-up", "--executor", "in-process", *dd)
         assert code != 0
         assert "another eventing service (elsewhere:4242:abcdef) is running" in err
@@ -203,15 +236,18 @@ def test_the_run_summary_counts_what_was_handled_across_a_pause_and_resume(data_
     source = LocalBucket.create(data_dir, "src")
     for i in range(300):
         source.upsert(f"k{i}", {"i": i})
-    defn = FunctionDefinition.from_dict({"name": "fn", "source_bucket": "src", "worker_count": 1,
-                                         "checkpoint_interval": "50ms"})
+    defn = FunctionDefinition.from_dict(
+        {"name": "fn", "source_bucket": "src", "worker_count": 1, "checkpoint_interval": "50ms"}
+    )
     lifecycle.save_function(data_dir, defn, "def on_update(doc, meta):\n    pass\n")
     lifecycle.deploy(data_dir, "fn")
     service = EventingService(data_dir, InProcessExecutor())
     runner = threading.Thread(target=service.run)
     runner.start()
     try:
-        wait_for(lambda: service.summary.functions.get("fn") and service.summary.functions["fn"].handled == 300)
+        wait_for(
+            lambda: service.summary.functions.get("fn") and service.summary.functions["fn"].handled == 300
+        )
         lifecycle.pause(data_dir, "fn", wait_s=30)
         assert service.summary.functions["fn"].rate_mps == 0.0
         assert open_store(data_dir).counters("fn")["throughput_mps"] == 0.0
@@ -231,8 +267,9 @@ def test_progress_counts_dead_letters_while_running_and_across_a_pause_and_resum
     source = LocalBucket.create(data_dir, "src")
     for i in range(20):
         source.upsert(f"k{i}", {"bad": i % 4 == 0})
-    defn = FunctionDefinition.from_dict({"name": "fn", "source_bucket": "src", "worker_count": 1,
-                                         "checkpoint_interval": "50ms"})
+    defn = FunctionDefinition.from_dict(
+        {"name": "fn", "source_bucket": "src", "worker_count": 1, "checkpoint_interval": "50ms"}
+    )
     handler = "def on_update(doc, meta):\n    if doc['bad']:\n        raise ValueError(meta.id)\n"
     lifecycle.save_function(data_dir, defn, handler)
     lifecycle.deploy(data_dir, "fn")
@@ -240,7 +277,12 @@ def test_progress_counts_dead_letters_while_running_and_across_a_pause_and_resum
     runner = threading.Thread(target=service.run)
     runner.start()
     try:
-        wait_for(lambda: service.summary.functions.get("fn") and service.summary.functions["fn"].dead_letters == {"error": 5})
+        wait_for(
+            lambda: (
+                service.summary.functions.get("fn")
+                and service.summary.functions["fn"].dead_letters == {"error": 5}
+            )
+        )
         assert service.summary.functions["fn"].state == "running"
         lifecycle.pause(data_dir, "fn", wait_s=30)
         for i in range(20, 40):
@@ -259,14 +301,22 @@ def test_progress_counts_dead_letters_while_running_and_across_a_pause_and_resum
 def test_bucket_load_of_a_missing_file_is_one_line(capsys, dd, tmp_path):
     run_cli(capsys, "bucket", "create", "src", *dd)
     code, _, err = run_cli(capsys, "bucket", "load", "src", "--file", str(tmp_path / "nonexist.jsonl"), *dd)
-    assert code == 2 and err.strip() == f"error: file {tmp_path / 'nonexist.jsonl'} does not exist; give a JSON " \
+    assert (
+        code == 2
+        and err.strip()
+        == f"error: file {tmp_path / 'nonexist.jsonl'} does not exist; give a JSON "
         "lines file with --file (or - for stdin)"
+    )
 
 
 def test_a_boolean_worker_count_is_refused_and_does_not_block_other_functions(capsys, dd, data_dir, tmp_path):
     load(capsys, dd)
-    code, _, err = run_cli(capsys, "deploy", str(write_function(tmp_path, "def on_update(d, m):\n    pass\n",
-                                                                 worker_count=True)), *dd)
+    code, _, err = run_cli(
+        capsys,
+        "deploy",
+        str(write_function(tmp_path, "def on_update(d, m):\n    pass\n", worker_count=True)),
+        *dd,
+    )
     assert code == 2 and "worker_count of function 'fn' is true, a boolean; give a number >= 1" in err
     # One stored before this check existed fails alone; the other function still runs.
     good = write_function(tmp_path, "def on_update(d, m):\n    pass\n")
@@ -276,10 +326,12 @@ def test_a_boolean_worker_count_is_refused_and_does_not_block_other_functions(ca
     assert run_cli(capsys, "deploy", str(tmp_path / "fn2.json"), *dd)[0] == 0
     store = open_store(data_dir)
     record = store.get_function("fn")
-    store._tx(lambda db: db.execute(  # as an older build stored it
-        "UPDATE functions SET definition=? WHERE name='fn'",
-        (json.dumps(record.definition | {"worker_count": True}),),
-    ))
+    store._tx(
+        lambda db: db.execute(  # as an older build stored it
+            "UPDATE functions SET definition=? WHERE name='fn'",
+            (json.dumps(record.definition | {"worker_count": True}),),
+        )
+    )
     store.close()
     code, out, err = run_cli(capsys, "run", "--until-caught-up", "--executor", "in-process", *dd)
     assert code == 1 and "Traceback" not in out + err
@@ -322,11 +374,20 @@ def test_windows_json_honours_the_limit(capsys, dd, tmp_path, monkeypatch):
     monkeypatch.setattr(host, "make_aggregator", lambda master=None: python_aggregator)
     run_cli(capsys, "bucket", "create", "customers", *dd)
     rows = tmp_path / "rows.jsonl"
-    rows.write_text("\n".join(json.dumps({"key": f"k{i}", "doc": {"ts": 1_767_225_600_000 + i * 60_000,
-                                                                "country": "KR", "amount": 1}}) for i in range(4)))
+    rows.write_text(
+        "\n".join(
+            json.dumps(
+                {"key": f"k{i}", "doc": {"ts": 1_767_225_600_000 + i * 60_000, "country": "KR", "amount": 1}}
+            )
+            for i in range(4)
+        )
+    )
     run_cli(capsys, "bucket", "load", "customers", "--file", str(rows), *dd)
     run_cli(capsys, "deploy", str(ROOT / "functions" / "fn_sales_per_minute.json"), *dd)
-    assert run_cli(capsys, "run", "--until-caught-up", "--close-windows", "--executor", "in-process", *dd)[0] == 0
+    assert (
+        run_cli(capsys, "run", "--until-caught-up", "--close-windows", "--executor", "in-process", *dd)[0]
+        == 0
+    )
     report = json.loads(run_cli(capsys, "windows", "fn_sales_per_minute", "--json", "--limit", "2", *dd)[1])
     assert len(report["results"]) == 2 and report["results_total"] == 4
 
@@ -356,7 +417,9 @@ def test_deploy_while_paused_says_how_to_update_the_definition(capsys, dd, data_
 def test_verify_names_the_missing_ledger(capsys, dd, tmp_path):
     load(capsys, dd)
     run_cli(capsys, "bucket", "create", "dst", *dd)
-    fn = write_function(tmp_path, "def on_update(doc, meta):\n    dst[meta.id] = doc\n", bindings=["dst=dst:rw"])
+    fn = write_function(
+        tmp_path, "def on_update(doc, meta):\n    dst[meta.id] = doc\n", bindings=["dst=dst:rw"]
+    )
     assert run_cli(capsys, "deploy", str(fn), *dd)[0] == 0
     assert run_cli(capsys, "run", "--until-caught-up", "--executor", "in-process", *dd)[0] == 0
     code, _, err = run_cli(capsys, "verify", "fn", *dd)
@@ -382,8 +445,14 @@ def test_ctrl_c_during_bucket_load_says_how_many_rows_were_committed(capsys, dd,
 
 def test_debug_mutation_script_finds_the_project_without_an_active_venv(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "debug_mutation.py"), "--help"],
-                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "debug_mutation.py"), "--help"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert done.returncode == 0 and "Debug one mutation" in done.stdout
 
 
@@ -391,15 +460,19 @@ def test_run_prints_periodic_progress_lines_when_not_on_a_terminal(capsys, dd, t
     load(capsys, dd, 200)
     handler = "import time\ndef on_update(doc, meta):\n    time.sleep(0.002)\n"
     assert run_cli(capsys, "deploy", str(write_function(tmp_path, handler, batch_size=10)), *dd)[0] == 0
-    code, _, err = run_cli(capsys, "run", "--until-caught-up", "--executor", "in-process", "--progress-every", "0.05",
-                           *dd)
+    code, _, err = run_cli(
+        capsys, "run", "--until-caught-up", "--executor", "in-process", "--progress-every", "0.05", *dd
+    )
     assert code == 0
     assert "progress: fn: " in err and " handled, backlog " in err
 
 
 def test_ctrl_c_of_run_exits_130_as_bucket_load_does(capsys, dd, tmp_path, monkeypatch):
     load(capsys, dd)
-    assert run_cli(capsys, "deploy", str(write_function(tmp_path, "def on_update(d, m):\n    pass\n")), *dd)[0] == 0
+    assert (
+        run_cli(capsys, "deploy", str(write_function(tmp_path, "def on_update(d, m):\n    pass\n")), *dd)[0]
+        == 0
+    )
 
     def interrupted(self):
         raise KeyboardInterrupt

@@ -17,7 +17,7 @@ from metadata import FunctionState
 from metadata.factory import open_store
 from sharding import NUM_VBUCKETS
 
-HANDLER = '''
+HANDLER = """
 import time
 
 def on_deploy(action):
@@ -32,12 +32,16 @@ def tick(context):
 
 def on_update(doc, meta):
     dst["seen|" + meta.id] = {"ok": True}
-'''
+"""
 
 
 def defn() -> FunctionDefinition:
     return FunctionDefinition.from_dict(
-        {"name": "fn_d", "source_bucket": "src", "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}]}
+        {
+            "name": "fn_d",
+            "source_bucket": "src",
+            "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}],
+        }
     )
 
 
@@ -48,7 +52,11 @@ def test_on_deploy_runs_once_on_deploy_and_on_resume_and_its_timers_fire(data_di
     assert dst.get("runs|deploy") == {"count": 1} and dst.get("last")["reason"] == "deploy"
     store = open_store(data_dir)
     assert store.get_timer("fn_d", "tick", "boot") is not None
-    w = WorkerCore(WorkerSpec(data_dir, "fn_d", store.get_function("fn_d").generation, "n/w0", tuple(range(NUM_VBUCKETS))))
+    w = WorkerCore(
+        WorkerSpec(
+            data_dir, "fn_d", store.get_function("fn_d").generation, "n/w0", tuple(range(NUM_VBUCKETS))
+        )
+    )
     w.step()
     w.commit()
     assert dst.get("ticked|deploy") == {"ok": True}
@@ -64,7 +72,9 @@ def test_a_failing_on_deploy_keeps_the_function_undeployed_or_paused_with_the_er
     LocalBucket.create(data_dir, "src")
     dst = LocalBucket.create(data_dir, "dst")
     dst.upsert("fail_deploy", {"yes": True})
-    with pytest.raises(LifecycleError, match="on_deploy of function 'fn_d' failed .RuntimeError: setup failed on deploy"):
+    with pytest.raises(
+        LifecycleError, match="on_deploy of function 'fn_d' failed .RuntimeError: setup failed on deploy"
+    ):
         deploy_function(data_dir, defn(), HANDLER)
     store = open_store(data_dir)
     assert store.get_function("fn_d").state is FunctionState.UNDEPLOYED

@@ -21,10 +21,24 @@ from sharding.plan import worker_plan
 
 def _fill(bucket: LocalBucket) -> None:
     """The same writes, deletes, effects and marks for every bucket under comparison."""
-    bucket.write([Write(f"k{i}", OP_UPDATE, encode_document({"i": i}), expiry=(5 if i % 50 == 0 else 0)) for i in range(400)], arrival_ms=1_000)
-    bucket.write([Write(f"k{i}", OP_DELETE) for i in range(0, 400, 7)] + [Write("missing", OP_DELETE)], arrival_ms=2_000)
+    bucket.write(
+        [
+            Write(f"k{i}", OP_UPDATE, encode_document({"i": i}), expiry=(5 if i % 50 == 0 else 0))
+            for i in range(400)
+        ],
+        arrival_ms=1_000,
+    )
+    bucket.write(
+        [Write(f"k{i}", OP_DELETE) for i in range(0, 400, 7)] + [Write("missing", OP_DELETE)],
+        arrival_ms=2_000,
+    )
     bucket.upsert("k3", {"i": "again"}, arrival_ms=3_000)
-    groups = [EffectGroup(vb, 1, [(s, Write(f"e{vb}-{s}", OP_UPDATE, encode_document({"s": s}))) for s in (1, 2, 3)]) for vb in (5, 600, 1000)]
+    groups = [
+        EffectGroup(
+            vb, 1, [(s, Write(f"e{vb}-{s}", OP_UPDATE, encode_document({"s": s}))) for s in (1, 2, 3)]
+        )
+        for vb in (5, 600, 1000)
+    ]
     bucket.apply_effects("fn", groups)
     bucket.expire_due(now_s=10)
 
@@ -34,7 +48,8 @@ def _view(bucket: LocalBucket) -> dict:
     the writes that took the clock's (effects, expirations)."""
     log = [
         m._replace(cas=0, arrival_ms=m.arrival_ms if m.arrival_ms <= 3_000 else -1)
-        for batch in bucket.scan_log(batch=97) for m in batch
+        for batch in bucket.scan_log(batch=97)
+        for m in batch
     ]
     stats = bucket.stats()
     return {
@@ -116,7 +131,15 @@ def test_effects_stay_exactly_once_when_a_writer_dies_between_two_partitions_com
 
     def groups():  # writes of three source vBuckets, to keys all over the partitions
         return [
-            EffectGroup(vb, 1, [(s, Write(f"out-{vb}-{s}-{j}", OP_UPDATE, encode_document({"s": s}))) for s in range(1, 6) for j in range(4)])
+            EffectGroup(
+                vb,
+                1,
+                [
+                    (s, Write(f"out-{vb}-{s}-{j}", OP_UPDATE, encode_document({"s": s})))
+                    for s in range(1, 6)
+                    for j in range(4)
+                ],
+            )
             for vb in (1, 300, 900)
         ]
 
@@ -154,7 +177,11 @@ def test_a_partitioned_bucket_is_copied_flushed_and_dropped_whole(data_dir, tmp_
     bucket.write([Write(f"k{i}", OP_UPDATE, encode_document({"i": i})) for i in range(100)])
     bucket.copy_to(tmp_path / "copy")
     copy = open_bucket(tmp_path / "copy", "p")
-    assert copy.keys() == bucket.keys() and copy.high_seqnos() == bucket.high_seqnos() and copy.uuid == bucket.uuid
+    assert (
+        copy.keys() == bucket.keys()
+        and copy.high_seqnos() == bucket.high_seqnos()
+        and copy.uuid == bucket.uuid
+    )
     old = bucket.uuid
     flushed = bucket.flush()
     assert flushed["documents"] == 100 and bucket.count() == 0 and bucket.uuid != old
@@ -195,9 +222,19 @@ def test_a_crash_between_two_partitions_commits_leaves_no_replayed_copy_for_late
 
     source = LocalBucket.create(data_dir, "src")
     create_bucket(data_dir, "ledger", partitions=4).close()
-    key = next(f"customer::{i}" for i in range(1000)  # the history and the first effect in two partitions
-               if len({partition_ranges(4).index(r) for r in partition_ranges(4)
-                       for k in (f"h|fn_p|customer::{i}", f"e|fn_p|customer::{i}|1") if vbucket_of(k) in r}) == 2)
+    key = next(
+        f"customer::{i}"
+        for i in range(1000)  # the history and the first effect in two partitions
+        if len(
+            {
+                partition_ranges(4).index(r)
+                for r in partition_ranges(4)
+                for k in (f"h|fn_p|customer::{i}", f"e|fn_p|customer::{i}|1")
+                if vbucket_of(k) in r
+            }
+        )
+        == 2
+    )
     for rev in (1, 2):
         source.upsert(key, {"rev": rev})
     deploy_function(data_dir, ledger_definition("fn_p", "src", "ledger", workers=1, checkpoint_interval="1h"))

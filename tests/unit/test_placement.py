@@ -21,8 +21,14 @@ from sharding.placement import PackedPlacement, PlacementError
 # The seed's example, one row per step: (action, function, node it lands on / leaves, slot, provisioned,
 # released, every node's slots afterwards).
 SEED_STEPS = [
-    *[("start", f"proc{i:02d}", "packed-1", i - 1, "packed-1" if i == 1 else None, None) for i in range(1, 5)],
-    *[("start", f"proc{i:02d}", "packed-2", i - 5, "packed-2" if i == 5 else None, None) for i in range(5, 9)],
+    *[
+        ("start", f"proc{i:02d}", "packed-1", i - 1, "packed-1" if i == 1 else None, None)
+        for i in range(1, 5)
+    ],
+    *[
+        ("start", f"proc{i:02d}", "packed-2", i - 5, "packed-2" if i == 5 else None, None)
+        for i in range(5, 9)
+    ],
     # "proc09 starts: Atlas provisions a third worker to host it."
     ("start", "proc09", "packed-3", 0, "packed-3", None),
     # "Later proc03 stops on the first worker."
@@ -39,7 +45,12 @@ def test_the_seed_example_step_by_step():
     for action, fn, node, slot, provisioned, released in SEED_STEPS:
         placement, step = placement.start(fn) if action == "start" else placement.stop(fn)
         assert (step.action, step.function, step.node, step.slot, step.provisioned, step.released) == (
-            action, fn, node, slot, provisioned, released
+            action,
+            fn,
+            node,
+            slot,
+            provisioned,
+            released,
         ), step.describe()
     assert placement.describe() == SEED_END
 
@@ -63,7 +74,8 @@ def test_the_simulation_prints_the_seed_example(capsys):
     runs = json.loads(capsys.readouterr().out)
     last = runs["seed example"][-1]
     assert [n["slots"] for n in last["nodes"]] == [
-        ["proc01", "proc02", "proc09", "proc04"], ["proc05", "proc06", "proc07", "proc08"]
+        ["proc01", "proc02", "proc09", "proc04"],
+        ["proc05", "proc06", "proc07", "proc08"],
     ]
     assert simulate_placement.main(["--steps", "+a,nonsense"]) == 2
 
@@ -99,7 +111,9 @@ def test_the_definition_takes_placement_and_refuses_unknown_names():
     base = {"name": "fn", "source_bucket": "src"}
     assert FunctionDefinition.from_dict(base).placement == "spread"
     assert FunctionDefinition.from_dict({**base, "placement": "packed"}).placement == "packed"
-    with pytest.raises(ConfigError, match="placement of function 'fn' is 'dense'; use one of 'spread', 'packed'"):
+    with pytest.raises(
+        ConfigError, match="placement of function 'fn' is 'dense'; use one of 'spread', 'packed'"
+    ):
         FunctionDefinition.from_dict({**base, "placement": "dense"})
 
 

@@ -38,7 +38,9 @@ WORKER = "local/w0"  # the id a service gives the function's one worker: its not
 
 # The ledger handler, with a poison key that "kills" the worker: it leaves the notes as they are at that
 # moment in SNAPSHOT and ends the step (SystemExit propagates out of the worker, as a death would stop it).
-POISONED = LEDGER_HANDLER + '''
+POISONED = (
+    LEDGER_HANDLER
+    + """
 
 def _die():
     import shutil
@@ -56,11 +58,14 @@ def on_update(doc, meta):
             time.sleep(SLEEP_MS / 2000)
         _die()
     _on_update(doc, meta)
-'''
+"""
+)
 
 
 # The batch ledger handler (on_batch), dying on the poison item in the middle of its batch.
-POISONED_BATCH = BATCH_LEDGER_HANDLER + '''
+POISONED_BATCH = (
+    BATCH_LEDGER_HANDLER
+    + """
 
 def _die():
     import shutil
@@ -75,7 +80,8 @@ def on_batch(batch):
     if any(item.id == "poison" for item in batch):
         _die()
     return _on_batch(batch)
-'''
+"""
+)
 
 
 def same_vbucket_keys(key: str, count: int) -> list[str]:
@@ -94,8 +100,18 @@ def setup(data_dir: str, tmp_path: Path, handler: str = POISONED, **settings) ->
     snapshot = tmp_path / "notes-at-death"
     notes = notes_path(data_dir, "fn_p", WORKER, Path(data_dir))
     defn = ledger_definition("fn_p", "src", "ledger", workers=1, **settings)
-    defn = FunctionDefinition.from_dict({**defn.to_dict(), "constants": {
-        **defn.constants, "NOTES": str(notes), "SNAPSHOT": str(snapshot), "FAIL_EVERY": 0, "FAIL_ATTEMPTS": 0}})
+    defn = FunctionDefinition.from_dict(
+        {
+            **defn.to_dict(),
+            "constants": {
+                **defn.constants,
+                "NOTES": str(notes),
+                "SNAPSHOT": str(snapshot),
+                "FAIL_EVERY": 0,
+                "FAIL_ATTEMPTS": 0,
+            },
+        }
+    )
     deploy_function(data_dir, defn, handler)
     return "fn_p", notes, snapshot
 
@@ -123,8 +139,11 @@ def check_the_rest_was_handled_once(data_dir: str) -> None:
     letters = dlq_ops.list_rows(data_dir, "fn_p")
     assert [(r.key, r.reason, r.attempts) for r in letters] == [("poison", "crashed", 2)]
     assert "died 2 times while the handler ran on this mutation alone" in letters[0].error
-    report = check_ledger(open_bucket(data_dir, "src"), open_bucket(data_dir, "ledger"),
-                          dead_letters=[(r.vb, r.seqno) for r in letters])
+    report = check_ledger(
+        open_bucket(data_dir, "src"),
+        open_bucket(data_dir, "ledger"),
+        dead_letters=[(r.vb, r.seqno) for r in letters],
+    )
     assert report.ok, report.summary()
     assert report.handled == 39 and report.missing == []
 
@@ -137,7 +156,7 @@ def test_a_mutation_its_worker_dies_on_is_dead_lettered_after_two_deaths_alone(d
     assert len(first) == 1 and first[0][0] == poison and first[0][1] < first[0][2]
     second = die_on_the_poison(data_dir, notes, snapshot)
     assert open_store(data_dir).deaths("fn_p") == {}  # a run: its mutations became suspects, none counted
-    (vb, seqno, last), = second  # handled alone now: the note names the poison
+    ((vb, seqno, last),) = second  # handled alone now: the note names the poison
     assert (vb, seqno) == (poison, last)
     die_on_the_poison(data_dir, notes, snapshot)
     assert open_store(data_dir).deaths("fn_p") == {(poison, seqno): 1}
@@ -157,7 +176,7 @@ def test_a_pool_hands_the_calls_in_flight_at_a_death_to_its_worker_thread_one_at
     assert all(vb_first == vb_last for _, vb_first, vb_last in first)  # a pool thread notes each call
     assert open_store(data_dir).deaths("fn_p") == {}  # several calls: none of them counted
     second = die_on_the_poison(data_dir, notes, snapshot)
-    (vb, seqno, last), = second  # the pool finished its calls; the poison ran alone on the worker's thread
+    ((vb, seqno, last),) = second  # the pool finished its calls; the poison ran alone on the worker's thread
     assert (vb, seqno) == (poison, last)
     die_on_the_poison(data_dir, notes, snapshot)
     summary = EventingService(data_dir, InProcessExecutor(), until_caught_up=True).run()
@@ -166,7 +185,9 @@ def test_a_pool_hands_the_calls_in_flight_at_a_death_to_its_worker_thread_one_at
     check_the_rest_was_handled_once(data_dir)
 
 
-def test_a_batch_handler_that_dies_on_one_item_has_that_item_dead_lettered_and_the_rest_handled(data_dir, tmp_path):
+def test_a_batch_handler_that_dies_on_one_item_has_that_item_dead_lettered_and_the_rest_handled(
+    data_dir, tmp_path
+):
     _, notes, snapshot = setup(data_dir, tmp_path, POISONED_BATCH)
     poison = vbucket_of("poison")
     first = die_on_the_poison(data_dir, notes, snapshot)
@@ -174,7 +195,7 @@ def test_a_batch_handler_that_dies_on_one_item_has_that_item_dead_lettered_and_t
     assert len(first) > 1 and poison in {vb for vb, _, _ in first}
     assert open_store(data_dir).deaths("fn_p") == {}
     second = die_on_the_poison(data_dir, notes, snapshot)
-    (vb, seqno, last), = second  # the suspects ran one at a time, each a batch of one: the poison alone
+    ((vb, seqno, last),) = second  # the suspects ran one at a time, each a batch of one: the poison alone
     assert (vb, seqno) == (poison, last)
     die_on_the_poison(data_dir, notes, snapshot)
     assert open_store(data_dir).deaths("fn_p") == {(poison, seqno): 1}
@@ -198,7 +219,7 @@ def test_deaths_of_an_earlier_deployment_do_not_count(data_dir, tmp_path):
 
 
 # A timer whose callback "kills" the worker (as POISONED does for a mutation); the other timers write a mark.
-TIMER_POISON = '''
+TIMER_POISON = """
 import shutil
 import time
 
@@ -212,7 +233,7 @@ def ring(context):
         shutil.copyfile(NOTES, SNAPSHOT)
         raise SystemExit(7)
     out[context["key"]] = {"rang": True}
-'''
+"""
 
 
 def test_a_timer_callback_its_worker_dies_on_is_dead_lettered_after_two_deaths(data_dir, tmp_path):
@@ -221,12 +242,22 @@ def test_a_timer_callback_its_worker_dies_on_is_dead_lettered_after_two_deaths(d
         source.upsert(key, {"k": key})
     source.close()
     snapshot, notes = tmp_path / "notes-at-death", notes_path(data_dir, "fn_p", WORKER, Path(data_dir))
-    deploy_function(data_dir, FunctionDefinition.from_dict({
-        "name": "fn_p", "source_bucket": "src", "worker_count": 1, "checkpoint_interval": "10ms",
-        "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
-        "constants": {"NOTES": str(notes), "SNAPSHOT": str(snapshot)}}), TIMER_POISON)
+    deploy_function(
+        data_dir,
+        FunctionDefinition.from_dict(
+            {
+                "name": "fn_p",
+                "source_bucket": "src",
+                "worker_count": 1,
+                "checkpoint_interval": "10ms",
+                "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
+                "constants": {"NOTES": str(notes), "SNAPSHOT": str(snapshot)},
+            }
+        ),
+        TIMER_POISON,
+    )
     for _ in range(2):
-        (vb, fire_seq, last), = die_on_the_poison(data_dir, notes, snapshot)  # each callback is noted alone
+        ((vb, fire_seq, last),) = die_on_the_poison(data_dir, notes, snapshot)  # each callback is noted alone
         assert vb >= TIMER_VB_BASE and fire_seq == last
     summary = EventingService(data_dir, InProcessExecutor(), until_caught_up=True).run()
     assert not summary.errors
@@ -236,19 +267,27 @@ def test_a_timer_callback_its_worker_dies_on_is_dead_lettered_after_two_deaths(d
     assert sorted(open_bucket(data_dir, "out").keys()) == ["a", "b"]
     assert open_store(data_dir).counters("fn_p")["timers_fired"] == 2
 
+
 # -- JavaScript: what a handler throws becomes a plain error -------------------------------------------
 
 
-@pytest.mark.parametrize(("thrown", "message"), [
-    ("var o = {a: 1}; o.self = o; throw o;",
-     "Uncaught [object Object] (Converting circular structure to JSON"),
-    ("throw new Proxy({}, {get: trap, getPrototypeOf: trap, has: trap, ownKeys: trap, "
-     "getOwnPropertyDescriptor: trap});",
-     "Uncaught a value whose properties cannot be read (a Proxy whose traps throw)"),
-    ("throw Symbol('poison');", "Uncaught Symbol(poison)"),
-    # Past the prelude's catch (its describer replaced): V8's exception becomes a plain error all the same.
-    ("__describe = trap; throw 1;", "Error: trap"),
-])
+@pytest.mark.parametrize(
+    ("thrown", "message"),
+    [
+        (
+            "var o = {a: 1}; o.self = o; throw o;",
+            "Uncaught [object Object] (Converting circular structure to JSON",
+        ),
+        (
+            "throw new Proxy({}, {get: trap, getPrototypeOf: trap, has: trap, ownKeys: trap, "
+            "getOwnPropertyDescriptor: trap});",
+            "Uncaught a value whose properties cannot be read (a Proxy whose traps throw)",
+        ),
+        ("throw Symbol('poison');", "Uncaught Symbol(poison)"),
+        # Past the prelude's catch (its describer replaced): V8's exception becomes a plain error all the same.
+        ("__describe = trap; throw 1;", "Error: trap"),
+    ],
+)
 def test_a_javascript_throw_of_any_value_is_an_ordinary_dead_letter(data_dir, thrown, message):
     pytest.importorskip("STPyV8")
     source = """
@@ -270,8 +309,15 @@ function OnDelete(meta, options) {
         app.upsert("src", key, {"key": key})
     app.remove("src", "poison")  # OnDelete runs through the single-call path, OnUpdate in batches
     app.upsert("src", "after", {"key": "after"})
-    app.deploy({"name": "fn_js", "source_bucket": "src", "language": "javascript",
-                "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}]}, source)
+    app.deploy(
+        {
+            "name": "fn_js",
+            "source_bucket": "src",
+            "language": "javascript",
+            "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}],
+        },
+        source,
+    )
     summary = app.run(until_caught_up=True)
     assert not summary.errors, summary.errors
     letters = dlq_ops.list_rows(data_dir, "fn_js")

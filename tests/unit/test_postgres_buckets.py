@@ -47,13 +47,18 @@ def _rows(db: PostgresDatabase, table: str) -> int:
 
 
 def test_buckets_are_created_listed_opened_and_dropped(db):
-    with pytest.raises(NotFoundError, match=r"^unknown bucket 'orders' \(not in the store at postgresql://"
-                                            r"[^ ]+\); create it with `eventing bucket create orders`$"):
+    with pytest.raises(
+        NotFoundError,
+        match=r"^unknown bucket 'orders' \(not in the store at postgresql://"
+        r"[^ ]+\); create it with `eventing bucket create orders`$",
+    ):
         pg_buckets.open_bucket(db, "orders")
     orders = pg_buckets.create_bucket(db, "orders", partitions=8)
     pg_buckets.create_bucket(db, "audit").upsert("a", {"x": 1})
     assert pg_buckets.bucket_names(db) == ["audit", "orders"]
-    with pytest.raises(ConfigError, match=r"bucket 'orders' already exists in the store at .*; pick another name"):
+    with pytest.raises(
+        ConfigError, match=r"bucket 'orders' already exists in the store at .*; pick another name"
+    ):
         pg_buckets.create_bucket(db, "orders")
     assert pg_buckets.create_bucket(db, "orders", exist_ok=True).uuid == orders.uuid
     with pytest.raises(ConfigError, match="a bucket has 1 to 64 partitions, not 0"):
@@ -67,7 +72,11 @@ def test_buckets_are_created_listed_opened_and_dropped(db):
     pg_buckets.drop_bucket(db, "orders")
     assert pg_buckets.bucket_names(db) == ["audit"]
     # Everything of it went, and nothing of the other bucket.
-    assert _rows(db, "bucket_log") == 1 and _rows(db, "bucket_docs") == 1 and _rows(db, "bucket_effect_marks") == 0
+    assert (
+        _rows(db, "bucket_log") == 1
+        and _rows(db, "bucket_docs") == 1
+        and _rows(db, "bucket_effect_marks") == 0
+    )
     assert _rows(db, "bucket_high") == NUM_VBUCKETS
     assert db.read("SELECT to_regclass(%s)", (schema.key_index_name(orders.ref.id),))[0][0] is None
     with pytest.raises(NotFoundError, match="unknown bucket 'orders'"):
@@ -75,16 +84,25 @@ def test_buckets_are_created_listed_opened_and_dropped(db):
     with pytest.raises(NotFoundError, match="unknown bucket 'orders'"):
         orders.upsert("late", {})  # a handle on a dropped bucket writes nothing
     again = pg_buckets.create_bucket(db, "orders")
-    assert again.ref.id != orders.ref.id and again.count() == 0 and again.upsert("k1", {}) == (vbucket_of("k1"), 1)
+    assert (
+        again.ref.id != orders.ref.id
+        and again.count() == 0
+        and again.upsert("k1", {}) == (vbucket_of("k1"), 1)
+    )
 
 
 def test_the_schema_is_versioned_and_a_newer_one_refused(db):
     pg_buckets.create_bucket(db, "b")
     assert db.read("SELECT version FROM eventing_schema WHERE component = 'buckets'") == [(schema.VERSION,)]
-    db.transaction(lambda cur: cur.execute("UPDATE eventing_schema SET version = 99 WHERE component = 'buckets'"))
+    db.transaction(
+        lambda cur: cur.execute("UPDATE eventing_schema SET version = 99 WHERE component = 'buckets'")
+    )
     schema._ready.clear()  # as a process started after the newer version wrote the store
-    with pytest.raises(StoreError, match=r"written by a newer version of eventing \(buckets schema 99; this one "
-                                         r"knows 1\); upgrade eventing on this machine"):
+    with pytest.raises(
+        StoreError,
+        match=r"written by a newer version of eventing \(buckets schema 99; this one "
+        r"knows 1\); upgrade eventing on this machine",
+    ):
         pg_buckets.open_bucket(db, "b")
 
 
@@ -103,8 +121,12 @@ def test_keys_a_server_cannot_hold(db):
     with pytest.raises(InvalidKeyError, match=r"holds a NUL character, which a PostgreSQL store cannot keep"):
         bucket.write([Write("a\x00b", OP_UPDATE, _doc(1))])
     assert bucket.get("a\x00b") is None and bucket.previous_doc("a\x00b", 5) is None and bucket.count() == 0
-    done = bucket.change_documents([("a\x00b", lambda cur: Write("a\x00b", OP_UPDATE, _doc(1))),
-                                    ("ok", lambda cur: Write("ok", OP_UPDATE, _doc(2)))])
+    done = bucket.change_documents(
+        [
+            ("a\x00b", lambda cur: Write("a\x00b", OP_UPDATE, _doc(1))),
+            ("ok", lambda cur: Write("ok", OP_UPDATE, _doc(2))),
+        ]
+    )
     assert isinstance(done[0], InvalidKeyError) and bucket.get("ok") == {"i": 2}
 
 
@@ -112,10 +134,14 @@ def test_damage_and_the_way_out(db):
     bucket = pg_buckets.create_bucket(db, "b")
     bucket.verify_integrity()
     db.transaction(lambda cur: cur.execute("DELETE FROM bucket_high WHERE vb < 10"))
-    with pytest.raises(StoreCorruptError, match=r"bucket 'b' in the store at .* has 1014 of its 1024 high seqno rows"):
+    with pytest.raises(
+        StoreCorruptError, match=r"bucket 'b' in the store at .* has 1014 of its 1024 high seqno rows"
+    ):
         bucket.verify_integrity()
     with pytest.raises(StoreCorruptError, match="has 1014 of its 1024"):  # never a seqno made up
-        bucket.write([Write(next(f"k{i}" for i in range(999) if vbucket_of(f"k{i}") < 10), OP_UPDATE, _doc(1))])
+        bucket.write(
+            [Write(next(f"k{i}" for i in range(999) if vbucket_of(f"k{i}") < 10), OP_UPDATE, _doc(1))]
+        )
     pg_buckets.drop_bucket(db, "b")
     with pytest.raises(NotFoundError, match="unknown bucket 'b'"):
         bucket.verify_integrity()
@@ -133,8 +159,11 @@ def test_writers_of_other_vbuckets_do_not_wait_for_each_other(db):
     bucket = pg_buckets.create_bucket(db, "b")
     held_key = "k1"
     other = next(f"k{i}" for i in range(2, 999) if vbucket_of(f"k{i}") != vbucket_of(held_key))
-    holder = _hold(db, "SELECT 1 FROM bucket_high WHERE bucket = %s AND vb = %s FOR UPDATE",
-                   (bucket.ref.id, vbucket_of(held_key)))
+    holder = _hold(
+        db,
+        "SELECT 1 FROM bucket_high WHERE bucket = %s AND vb = %s FOR UPDATE",
+        (bucket.ref.id, vbucket_of(held_key)),
+    )
     try:
         started = time.monotonic()
         assert bucket.upsert(other, {"x": 1}) == (vbucket_of(other), 1)  # not held: at once
@@ -158,8 +187,12 @@ def test_concurrent_writers_get_every_seqno_once_and_in_order(db):
 
     def writer(t: int) -> None:
         for i in range(40):
-            got = bucket.write([Write(keys[(t + i) % len(keys)], OP_UPDATE, _doc(t * 1000 + i)),
-                                Write(keys[(t * 7 + i) % len(keys)], OP_UPDATE, _doc(i))])
+            got = bucket.write(
+                [
+                    Write(keys[(t + i) % len(keys)], OP_UPDATE, _doc(t * 1000 + i)),
+                    Write(keys[(t * 7 + i) % len(keys)], OP_UPDATE, _doc(i)),
+                ]
+            )
             with lock:
                 placed.extend(p for p in got if p is not None)
 
@@ -174,7 +207,9 @@ def test_concurrent_writers_get_every_seqno_once_and_in_order(db):
     highs = bucket.high_seqnos()
     assert len(placed) == 8 * 40 * 2
     for vb, seqnos in by_vb.items():
-        assert sorted(seqnos) == list(range(1, len(seqnos) + 1)) and highs[vb] == len(seqnos)  # no gap, none twice
+        assert sorted(seqnos) == list(range(1, len(seqnos) + 1)) and highs[vb] == len(
+            seqnos
+        )  # no gap, none twice
         assert [m.seqno for m in bucket.read_vb(vb, 0, 1000)] == sorted(seqnos)
         arrivals = [m.arrival_ms for m in bucket.read_vb(vb, 0, 1000)]
         assert arrivals == sorted(arrivals)  # never backwards within a vBucket
@@ -188,11 +223,17 @@ def test_a_fence_committed_while_a_batch_waits_rejects_that_batch(db):
     the fence and is rejected. (Read without the lock, the batch would see the old epoch and apply.)"""
     bucket = pg_buckets.create_bucket(db, "b")
     bucket.fence("fn", {3: 1})
-    new_owner = _hold(db, "UPDATE bucket_effect_marks SET epoch = 2 WHERE bucket = %s AND function = 'fn' AND vb = 3",
-                      (bucket.ref.id,))
+    new_owner = _hold(
+        db,
+        "UPDATE bucket_effect_marks SET epoch = 2 WHERE bucket = %s AND function = 'fn' AND vb = 3",
+        (bucket.ref.id,),
+    )
     results = []
-    zombie = threading.Thread(target=lambda: results.append(bucket.apply_effects(
-        "fn", [EffectGroup(3, 1, [(7, Write("z", OP_UPDATE, _doc(7)))])])))
+    zombie = threading.Thread(
+        target=lambda: results.append(
+            bucket.apply_effects("fn", [EffectGroup(3, 1, [(7, Write("z", OP_UPDATE, _doc(7)))])])
+        )
+    )
     zombie.start()
     zombie.join(0.5)
     assert zombie.is_alive()  # waits for the fence's transaction
@@ -210,17 +251,28 @@ def test_the_key_index_belongs_to_its_bucket(db):
     a.ensure_key_index()
     a.ensure_key_index()  # again: nothing to do
     index = schema.key_index_name(a.ref.id)
-    assert db.read("SELECT i.indisvalid, pg_get_indexdef(i.indexrelid) FROM pg_index i "
-                   "WHERE i.indexrelid = to_regclass(%s)", (index,))[0][0] is True
-    assert f"WHERE (bucket = {a.ref.id})" in db.read("SELECT pg_get_indexdef(to_regclass(%s))", (index,))[0][0]
+    assert (
+        db.read(
+            "SELECT i.indisvalid, pg_get_indexdef(i.indexrelid) FROM pg_index i "
+            "WHERE i.indexrelid = to_regclass(%s)",
+            (index,),
+        )[0][0]
+        is True
+    )
+    assert (
+        f"WHERE (bucket = {a.ref.id})" in db.read("SELECT pg_get_indexdef(to_regclass(%s))", (index,))[0][0]
+    )
     assert db.read("SELECT to_regclass(%s)", (schema.key_index_name(b.ref.id),))[0][0] is None
     assert a.previous_doc("k", 3) == encode_document({"v": 1}) and a.previous_doc("k", 1) is None
 
 
 def test_a_bucket_is_no_file_to_copy(db, tmp_path):
     bucket = pg_buckets.create_bucket(db, "b")
-    with pytest.raises(StoreError, match=r"^bucket 'b' is in the PostgreSQL store at postgresql://[^ ]+, not in a file "
-                                         r"to copy; move it to a data directory with `eventing store copy --from "):
+    with pytest.raises(
+        StoreError,
+        match=r"^bucket 'b' is in the PostgreSQL store at postgresql://[^ ]+, not in a file "
+        r"to copy; move it to a data directory with `eventing store copy --from ",
+    ):
         bucket.copy_to(tmp_path / "copy")
 
 
@@ -287,7 +339,9 @@ def test_notifications_of_concurrent_writers_all_arrive_and_stay_in_their_store(
             t.join()
         assert sender_for(db).flush()
         seen: set[int] = set()
-        assert _wait_for(lambda: seen.update(listener.take().get("b", set())) or seen == {vbucket_of(k) for k in keys})
+        assert _wait_for(
+            lambda: seen.update(listener.take().get("b", set())) or seen == {vbucket_of(k) for k in keys}
+        )
         assert other_listener.take() == {}
     finally:
         listener.close()

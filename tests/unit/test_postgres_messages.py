@@ -10,7 +10,7 @@ import sys
 import psycopg
 import pytest
 
-from metadata.postgres.connection import describe_error, parse_postgres_url, password_spans
+from metadata.postgres.location import describe_error, parse_postgres_url, password_spans
 
 
 def test_password_spans_are_where_the_url_holds_its_passwords():
@@ -26,10 +26,19 @@ def test_password_spans_are_where_the_url_holds_its_passwords():
 
 def test_a_commands_arguments_show_no_password_once_it_has_hidden_them():
     shown = subprocess.run(
-        [sys.executable, "-c", "from eventing.cli.process_title import hide_passwords as h; n = h(); "
-         "print(n, open('/proc/self/cmdline', 'rb').read().replace(b'\\0', b' ').decode())",
-         "--store", "postgresql://app:s3cret-pw@127.0.0.1:5432/db?password=other-s3cret", "run"],
-        capture_output=True, text=True, check=True).stdout
+        [
+            sys.executable,
+            "-c",
+            "from eventing.cli.process_title import hide_passwords as h; n = h(); "
+            "print(n, open('/proc/self/cmdline', 'rb').read().replace(b'\\0', b' ').decode())",
+            "--store",
+            "postgresql://app:s3cret-pw@127.0.0.1:5432/db?password=other-s3cret",
+            "run",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert shown.startswith("2 ") and "s3cret" not in shown
     assert "--store postgresql://app:*********@127.0.0.1:5432/db?password=************ run" in shown
 
@@ -37,19 +46,35 @@ def test_a_commands_arguments_show_no_password_once_it_has_hidden_them():
 TARGET = parse_postgres_url("postgresql://limited:pw@127.0.0.1:5432/events")
 
 
-@pytest.mark.parametrize(("error", "words"), [
-    (psycopg.errors.InsufficientPrivilege(
-        "permission denied for schema public\nLINE 1: CREATE TABLE IF NOT EXISTS eventing_commits(token UUID...\n"
-        "                                     ^"),
-     ["PostgreSQL at 127.0.0.1:5432: permission denied for schema public; grant",
-      "GRANT CREATE, USAGE ON SCHEMA public TO limited)"]),
-    (psycopg.errors.QueryCanceled("canceling statement due to statement timeout"),
-     ["canceled a statement at its statement_timeout (canceling statement due to statement timeout); raise it"]),
-    (psycopg.errors.TooManyConnections("sorry, too many clients already"),
-     ["has no connection slot left", "max_connections", "EVENTING_PG_POOL_SIZE"]),
-    (psycopg.errors.ReadOnlySqlTransaction("cannot execute INSERT in a read-only transaction"),
-     ["is read-only", "target_session_attrs=read-write"]),
-])
+@pytest.mark.parametrize(
+    ("error", "words"),
+    [
+        (
+            psycopg.errors.InsufficientPrivilege(
+                "permission denied for schema public\nLINE 1: CREATE TABLE IF NOT EXISTS eventing_commits(token UUID...\n"
+                "                                     ^"
+            ),
+            [
+                "PostgreSQL at 127.0.0.1:5432: permission denied for schema public; grant",
+                "GRANT CREATE, USAGE ON SCHEMA public TO limited)",
+            ],
+        ),
+        (
+            psycopg.errors.QueryCanceled("canceling statement due to statement timeout"),
+            [
+                "canceled a statement at its statement_timeout (canceling statement due to statement timeout); raise it"
+            ],
+        ),
+        (
+            psycopg.errors.TooManyConnections("sorry, too many clients already"),
+            ["has no connection slot left", "max_connections", "EVENTING_PG_POOL_SIZE"],
+        ),
+        (
+            psycopg.errors.ReadOnlySqlTransaction("cannot execute INSERT in a read-only transaction"),
+            ["is read-only", "target_session_attrs=read-write"],
+        ),
+    ],
+)
 def test_errors_are_one_line_naming_the_server_and_the_way_out(error, words):
     line = describe_error(TARGET, error)
     assert "\n" not in line and "LINE 1" not in line and "unreachable" not in line and ":pw@" not in line

@@ -65,7 +65,9 @@ def _plain(db, name: str, vb: int, after: int, limit: int) -> list[tuple]:
 
 
 def test_rows_read_ahead_are_what_plain_reads_answer_in_any_order_and_size(db, monkeypatch):
-    monkeypatch.setattr(read_ahead, "LOOK_AHEAD_ROWS", 900)  # the cap cuts the runs short: the rest on the spot
+    monkeypatch.setattr(
+        read_ahead, "LOOK_AHEAD_ROWS", 900
+    )  # the cap cuts the runs short: the rest on the spot
     bucket = pg_buckets.create_bucket(db, "src")
     rng = random.Random(3)
     _load(bucket, rng, 6000, 700)
@@ -82,7 +84,11 @@ def test_rows_read_ahead_are_what_plain_reads_answer_in_any_order_and_size(db, m
         assert [looked[vb] for vb in owned] == [highs[vb] for vb in owned]  # the runs' vBuckets (others: 0)
         for vb in rng.sample(owned, 40):
             rows = [tuple(r) for r in bucket.read_vb_rows(vb, positions[vb], rng.choice((1, 7, 100)))]
-            assert rows == _plain(db, "src", vb, positions[vb], len(rows)) if rows else positions[vb] == highs[vb]
+            assert (
+                rows == _plain(db, "src", vb, positions[vb], len(rows))
+                if rows
+                else positions[vb] == highs[vb]
+            )
             got[vb] += rows
             if rows:
                 positions[vb] = rows[-1][1]
@@ -144,7 +150,9 @@ def test_a_function_behind_on_a_postgresql_store_reads_ahead_and_handles_every_m
     mutations = 6000
     source = load_source(pg_url, 600, mutations, chunk=2000, seed=5)
     log = tmp_path / "calls"
-    deploy_function(pg_url, ledger_definition("fn_pg", "src", "ledger", workers=3, call_log=str(log), batch_size=250))
+    deploy_function(
+        pg_url, ledger_definition("fn_pg", "src", "ledger", workers=3, call_log=str(log), batch_size=250)
+    )
     summary = EventingService(pg_url, InProcessExecutor(), until_caught_up=True).run()
     assert not summary.errors and summary.functions["fn_pg"].handled == mutations
     report = check_ledger(source, open_state(pg_url).open_bucket("ledger"))
@@ -156,7 +164,9 @@ def test_a_function_behind_on_a_postgresql_store_reads_ahead_and_handles_every_m
     assert reads["looks"] >= 6 and reads["runs read on the spot"] < 300, reads
 
 
-def test_a_caught_up_function_on_a_postgresql_store_takes_each_new_write_from_its_look(pg_url, tmp_path, reads):
+def test_a_caught_up_function_on_a_postgresql_store_takes_each_new_write_from_its_look(
+    pg_url, tmp_path, reads
+):
     log = tmp_path / "calls"
     state = open_state(pg_url)
     source = state.create_bucket("src")
@@ -165,7 +175,9 @@ def test_a_caught_up_function_on_a_postgresql_store_takes_each_new_write_from_it
     runner = threading.Thread(target=service.run, daemon=True)
     runner.start()
     try:
-        wait_for(lambda: service.supervisors.get("fn_live") and service.supervisors["fn_live"].ready, "workers up")
+        wait_for(
+            lambda: service.supervisors.get("fn_live") and service.supervisors["fn_live"].ready, "workers up"
+        )
         reads.clear()
         for i in range(200):
             source.upsert(f"d{i % 40}", {"i": i})
@@ -186,9 +198,14 @@ def _indexed_rows_read(db: PostgresDatabase) -> int:
     """Entries read so far from the bucket_docs primary key of the store's schema, by the pool's one
     connection (its statistics flushed first)."""
     db.run(lambda conn: conn.execute("SELECT pg_stat_force_next_flush()"))
-    return int(db.run(lambda conn: conn.execute(
-        "SELECT idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = 'bucket_docs_pkey' "
-        "AND schemaname = current_schema()").fetchone()[0]))
+    return int(
+        db.run(
+            lambda conn: conn.execute(
+                "SELECT idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = 'bucket_docs_pkey' "
+                "AND schemaname = current_schema()"
+            ).fetchone()[0]
+        )
+    )
 
 
 def test_a_group_of_document_writes_reads_its_keys_only_after_the_bucket_grew_from_empty(module_url):
@@ -196,12 +213,16 @@ def test_a_group_of_document_writes_reads_its_keys_only_after_the_bucket_grew_fr
     and cached (prepared on the connection from its sixth run, a generic plan from the sixth run after), the
     lookup read every index entry of the bucket and kept the keys asked for: 1-2 ms a group after a few
     thousand documents."""
-    db = PostgresDatabase(PostgresDatabase.open(f"{module_url}?schema=t_{uuid.uuid4().hex[:12]}").target, pool_size=1)
+    db = PostgresDatabase(
+        PostgresDatabase.open(f"{module_url}?schema=t_{uuid.uuid4().hex[:12]}").target, pool_size=1
+    )
     try:
         bucket = pg_buckets.create_bucket(db, "docs")
 
         def put(keys: list[str]) -> None:
-            done = bucket.change_documents([(k, lambda current, k=k: Write(k, OP_UPDATE, _doc(1))) for k in keys])
+            done = bucket.change_documents(
+                [(k, lambda current, k=k: Write(k, OP_UPDATE, _doc(1))) for k in keys]
+            )
             assert all(not isinstance(d, Exception) for d in done)
 
         for n in range(16):  # on the nearly empty bucket, on the one pooled connection

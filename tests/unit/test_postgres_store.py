@@ -38,8 +38,9 @@ def _store(url: str) -> PostgresMetadataStore:
 def _conn(url: str) -> psycopg.Connection:
     """A plain connection to the store's schema, as an operator's psql session would be."""
     target = parse_postgres_url(url)
-    conn = psycopg.connect(target.url.replace("application_name=eventing", "application_name=operator"),
-                           autocommit=True)
+    conn = psycopg.connect(
+        target.url.replace("application_name=eventing", "application_name=operator"), autocommit=True
+    )
     if target.schema:
         conn.execute(f'SET search_path TO "{target.schema}"')
     return conn
@@ -91,6 +92,7 @@ def test_workers_claiming_the_same_vbuckets_at_once_each_get_a_higher_epoch_and_
             for _ in range(5):
                 claimed.setdefault(i, {})
                 claimed[i] = {vb: cp.epoch for vb, cp in workers[i].claim("fn", VBS, f"n/w{i}").items()}
+
         return work
 
     assert _run_all([claim(i) for i in range(4)]) == []
@@ -111,18 +113,35 @@ def test_commits_of_different_vbuckets_run_side_by_side_and_lose_no_count(stores
     first.init_checkpoints("fn", dict.fromkeys(range(1024), 0), "uuid")
     workers = [stores() for _ in range(4)]
     owned = [list(range(i * 256, (i + 1) * 256)) for i in range(4)]
-    epochs = [{vb: cp.epoch for vb, cp in w.claim("fn", owned[i], f"n/w{i}").items()} for i, w in enumerate(workers)]
+    epochs = [
+        {vb: cp.epoch for vb, cp in w.claim("fn", owned[i], f"n/w{i}").items()} for i, w in enumerate(workers)
+    ]
 
     def commits(i: int) -> Callable[[], None]:
         def work() -> None:
             for n in range(1, 31):
-                assert workers[i].commit("fn", epochs[i], dict.fromkeys(owned[i], n),
-                                         counters={"success": 2, "dcp_mutation": 3, f"w{i}": 1}) == set()
+                assert (
+                    workers[i].commit(
+                        "fn",
+                        epochs[i],
+                        dict.fromkeys(owned[i], n),
+                        counters={"success": 2, "dcp_mutation": 3, f"w{i}": 1},
+                    )
+                    == set()
+                )
+
         return work
 
     assert _run_all([commits(i) for i in range(4)]) == []
     assert {cp.seqno for cp in first.checkpoints("fn").values()} == {30}
-    assert first.counters("fn") == {"success": 240, "dcp_mutation": 360, "w0": 30, "w1": 30, "w2": 30, "w3": 30}
+    assert first.counters("fn") == {
+        "success": 240,
+        "dcp_mutation": 360,
+        "w0": 30,
+        "w1": 30,
+        "w2": 30,
+        "w3": 30,
+    }
     assert first.checkpoint_regressions("fn") == []
     # Row locks are taken in vBucket order and counters in name order: no transaction was chosen as a
     # deadlock victim and run again.
@@ -134,10 +153,12 @@ def test_counters_added_from_many_threads_in_any_name_order_are_exact(stores):
     names = ["a", "b", "c", "d", "e"]
 
     def add(i: int) -> Callable[[], None]:
-        order = names[i % 5:] + names[: i % 5]  # each thread names the counters in another order
+        order = names[i % 5 :] + names[: i % 5]  # each thread names the counters in another order
+
         def work() -> None:
             for _ in range(40):
                 workers[i].add_counters("fn", {n: 1 for n in (order if i % 2 else reversed(order))})
+
         return work
 
     assert _run_all([add(i) for i in range(8)]) == []
@@ -162,9 +183,11 @@ def test_more_writers_than_pooled_connections_wait_for_one_and_open_no_more(pg_s
         t.start()
     deadline = time.monotonic() + 1.5  # past POOL_WAIT_S: the waiting threads decided to keep waiting
     while time.monotonic() < deadline:
-        seen.append(watcher.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name='eventing' AND datname=current_database()"
-        ).fetchone()[0])
+        seen.append(
+            watcher.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name='eventing' AND datname=current_database()"
+            ).fetchone()[0]
+        )
         time.sleep(0.05)
     holder.execute("COMMIT")
     for t in writers:
@@ -185,6 +208,7 @@ def test_racing_takers_of_many_leases_get_each_one_exactly_once(stores):
                 if takers[i].acquire_lease(f"lease-{n}", f"svc-{i}", 60) is not None:
                     with lock:
                         won.setdefault(f"lease-{n}", []).append(f"svc-{i}")
+
         return work
 
     assert _run_all([take(i) for i in range(6)]) == []
@@ -198,14 +222,22 @@ def test_racing_takers_of_an_expired_lease_take_it_once_with_the_next_term(store
     takers[0].acquire_lease("leader", "old", 0.01)
     time.sleep(0.05)
     got: list[object] = []
-    assert _run_all([lambda i=i: got.append(takers[i].acquire_lease("leader", f"svc-{i}", 60)) for i in range(6)]) == []
+    assert (
+        _run_all(
+            [lambda i=i: got.append(takers[i].acquire_lease("leader", f"svc-{i}", 60)) for i in range(6)]
+        )
+        == []
+    )
     winners = [lease for lease in got if lease is not None]
     assert len(winners) == 1 and winners[0].term == 2 and takers[0].lease("leader") == winners[0]
 
 
 def test_racing_creators_of_a_function_make_it_once(stores):
     makers = [stores() for _ in range(4)]
-    assert _run_all([lambda i=i: makers[i].put_function("fn", {"by": i}, f"src {i}") and None for i in range(4)]) == []
+    assert (
+        _run_all([lambda i=i: makers[i].put_function("fn", {"by": i}, f"src {i}") and None for i in range(4)])
+        == []
+    )
     (record,) = makers[0].list_functions()
     assert record.name == "fn" and record.generation == 0 and record.source.startswith("src ")
 
@@ -224,8 +256,9 @@ def _backend_of(url: str, watcher: psycopg.Connection, *, waiting: bool, timeout
     while time.monotonic() < deadline:
         rows = watcher.execute(
             "SELECT pid FROM pg_stat_activity WHERE application_name='eventing' AND datname=current_database() "
-            "AND wait_event_type='Lock'" if waiting else
-            "SELECT pid FROM pg_stat_activity WHERE application_name='eventing' AND datname=current_database()"
+            "AND wait_event_type='Lock'"
+            if waiting
+            else "SELECT pid FROM pg_stat_activity WHERE application_name='eventing' AND datname=current_database()"
         ).fetchall()
         if rows:
             return int(rows[0][0])
@@ -245,12 +278,16 @@ def test_a_connection_dropped_before_commit_runs_the_transaction_again_whole(pg_
     holder.execute("BEGIN")
     holder.execute("SELECT * FROM counters WHERE function='fn' AND name='success' FOR UPDATE")
     done: list[set[int]] = []
-    t = threading.Thread(target=lambda: done.append(store.commit("fn", epochs, {0: 5, 1: 6}, [_dlq(0, 4)],
-                                                                   {"success": 2})))
+    t = threading.Thread(
+        target=lambda: done.append(store.commit("fn", epochs, {0: 5, 1: 6}, [_dlq(0, 4)], {"success": 2}))
+    )
     t.start()
     watcher = _conn(pg_schema_url)
     pid = _backend_of(pg_schema_url, watcher, waiting=True)
-    assert watcher.execute("SELECT seqno FROM checkpoints WHERE function='fn' ORDER BY vb").fetchall() == [(0,), (0,)]
+    assert watcher.execute("SELECT seqno FROM checkpoints WHERE function='fn' ORDER BY vb").fetchall() == [
+        (0,),
+        (0,),
+    ]
     assert watcher.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone() == (True,)
     holder.execute("COMMIT")
     t.join(30)
@@ -272,7 +309,9 @@ def test_a_statement_timeout_runs_the_transaction_again_until_the_lock_is_releas
     holder.execute("BEGIN")
     holder.execute("SELECT * FROM checkpoints WHERE function='fn' AND vb=1 FOR UPDATE")
     done: list[set[int]] = []
-    t = threading.Thread(target=lambda: done.append(store.commit("fn", epochs, {1: 9}, counters={"success": 1})))
+    t = threading.Thread(
+        target=lambda: done.append(store.commit("fn", epochs, {1: 9}, counters={"success": 1}))
+    )
     t.start()
     deadline = time.monotonic() + 10
     while not store.db.retried.get("57014") and time.monotonic() < deadline:
@@ -284,7 +323,9 @@ def test_a_statement_timeout_runs_the_transaction_again_until_the_lock_is_releas
     store.db.close()
 
 
-def test_a_statement_that_keeps_timing_out_fails_in_one_line_after_the_wait_having_changed_nothing(pg_schema_url):
+def test_a_statement_that_keeps_timing_out_fails_in_one_line_after_the_wait_having_changed_nothing(
+    pg_schema_url,
+):
     store = _store(pg_schema_url + "&options=-c%20statement_timeout%3D100")
     store.db.wait_s = 1.0
     epochs = _claimed(store)
@@ -358,8 +399,9 @@ def test_connections_the_server_ended_are_taken_out_of_the_pool_at_the_first_los
     errors = _run_all([lambda: db.read("SELECT pg_sleep(0.2)")] * 6)  # six pooled connections, idle after
     assert errors == []
     operator = _conn(pg_schema_url)
-    ended = operator.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE "
-                             "application_name = %s", (name,)).fetchone()[0]
+    ended = operator.execute(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = %s", (name,)
+    ).fetchone()[0]
     assert ended >= 6
     before = db.failed_attempts
     assert db.read("SELECT 42") == [(42,)]
@@ -496,9 +538,14 @@ def test_both_sql_schemas_hold_the_shared_tables_with_their_columns_in_order(tmp
     store = _store(pg_schema_url)
     conn = _conn(pg_schema_url)
     for table, columns in TABLES.items():
-        found = tuple(r[0] for r in conn.execute(
-            "SELECT column_name FROM information_schema.columns WHERE table_schema=current_schema() AND "
-            "table_name=%s ORDER BY ordinal_position", (table,)))
+        found = tuple(
+            r[0]
+            for r in conn.execute(
+                "SELECT column_name FROM information_schema.columns WHERE table_schema=current_schema() AND "
+                "table_name=%s ORDER BY ordinal_position",
+                (table,),
+            )
+        )
         assert found == (*columns, *OWN_COLUMNS.get(table, ())), table
     store.db.close()
 
@@ -510,7 +557,12 @@ def test_a_checkpoint_moved_back_behind_commits_back_is_recorded_and_a_rewind_is
     store.commit("fn", epochs, {0: 10, 1: 10})
     _conn(pg_schema_url).execute("UPDATE checkpoints SET seqno=seqno-4 WHERE function='fn' AND vb=0")
     (applied,) = store.checkpoint_regressions("fn")
-    assert (applied["vb"], applied["from_seqno"], applied["to_seqno"], applied["how"]) == (0, 10, 6, "applied")
+    assert (applied["vb"], applied["from_seqno"], applied["to_seqno"], applied["how"]) == (
+        0,
+        10,
+        6,
+        "applied",
+    )
     assert applied["at"] == pytest.approx(time.time(), abs=60)
     for state in ("deploying", "deployed", "pausing", "paused"):
         store.transition("fn", __import__("metadata").FunctionState(state), "move")

@@ -10,14 +10,14 @@ from eventing.workers.worker import WorkerCore, WorkerSpec
 from metadata.factory import open_store
 from sharding import NUM_VBUCKETS
 
-HANDLER = '''
+HANDLER = """
 def on_update(doc, meta):
     prev = meta.previous
     dst[meta.id + "@" + str(doc["rev"])] = {"previous_rev": None if prev is None else prev["rev"]}
 
 def on_delete(meta, options):
     pass
-'''
+"""
 
 
 def worker(data_dir: str, wid: str) -> WorkerCore:
@@ -28,8 +28,14 @@ def worker(data_dir: str, wid: str) -> WorkerCore:
 
 def test_meta_previous_is_the_previous_version_also_after_a_restart(data_dir):
     source = LocalBucket.create(data_dir, "src")
-    d = FunctionDefinition.from_dict({"name": "fn_p", "source_bucket": "src", "previous_version": True,
-                                      "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}]})
+    d = FunctionDefinition.from_dict(
+        {
+            "name": "fn_p",
+            "source_bucket": "src",
+            "previous_version": True,
+            "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}],
+        }
+    )
     deploy_function(data_dir, d, HANDLER)
     source.upsert("a", {"rev": 1})
     source.upsert("a", {"rev": 2})
@@ -50,8 +56,13 @@ def test_meta_previous_is_the_previous_version_also_after_a_restart(data_dir):
 
 def test_without_the_setting_meta_previous_is_none(data_dir):
     source = LocalBucket.create(data_dir, "src")
-    d = FunctionDefinition.from_dict({"name": "fn_p", "source_bucket": "src",
-                                      "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}]})
+    d = FunctionDefinition.from_dict(
+        {
+            "name": "fn_p",
+            "source_bucket": "src",
+            "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}],
+        }
+    )
     deploy_function(data_dir, d, HANDLER)
     source.upsert("a", {"rev": 1})
     source.upsert("a", {"rev": 2})

@@ -44,13 +44,20 @@ def test_a_data_directory_its_store_buckets_and_backups_are_private(tmp_path, ca
     assert cli(capsys, data_dir, "bucket", "create", "parts", "--partitions", "2")[0] == 0
     with open_bucket(data_dir, "src") as src:
         src.upsert("k", {"n": 1})
-    deploy_function(data_dir, FunctionDefinition.from_dict({"name": "fn_src", "source_bucket": "src"}), HANDLER)
+    deploy_function(
+        data_dir, FunctionDefinition.from_dict({"name": "fn_src", "source_bucket": "src"}), HANDLER
+    )
     with open_store(data_dir) as store:
         store.put_user("root", "scrypt$hash", ["admin"])  # the store is open: its -wal and -shm are there
         root = Path(data_dir)
-        files = [root / "metadata.sqlite3", root / "metadata.sqlite3-wal", root / "metadata.sqlite3-shm",
-                 root / "buckets" / "src.sqlite3", root / "buckets" / "parts.sqlite3",
-                 root / "buckets" / "parts.partitions" / "1.sqlite3"]
+        files = [
+            root / "metadata.sqlite3",
+            root / "metadata.sqlite3-wal",
+            root / "metadata.sqlite3-shm",
+            root / "buckets" / "src.sqlite3",
+            root / "buckets" / "parts.sqlite3",
+            root / "buckets" / "parts.partitions" / "1.sqlite3",
+        ]
         assert {str(f): mode(f) for f in files} == {str(f): 0o600 for f in files}
     assert cli(capsys, data_dir, "run", "--until-caught-up", "--executor", "in-process")[0] == 0
     folders = [root.parent, root, root / "buckets", root / "buckets" / "parts.partitions", root / "logs"]
@@ -70,7 +77,9 @@ def test_a_data_directory_its_store_buckets_and_backups_are_private(tmp_path, ca
 
 def test_a_restore_leaves_nothing_beside_the_backup(data_dir, tmp_path, capsys):
     create_bucket(data_dir, "src").close()
-    deploy_function(data_dir, FunctionDefinition.from_dict({"name": "fn_src", "source_bucket": "src"}), HANDLER)
+    deploy_function(
+        data_dir, FunctionDefinition.from_dict({"name": "fn_src", "source_bucket": "src"}), HANDLER
+    )
     backups = tmp_path / "backups"
     backups.mkdir()
     assert cli(capsys, data_dir, "backup", "-o", str(backups / "b.sqlite3"))[0] == 0

@@ -16,8 +16,14 @@ from functions import FUNCTIONS_DIR
 
 
 def test_the_public_names_are_exactly_the_documented_ones():
-    assert sorted(eventing.__all__) == ["Eventing", "EventingError", "FunctionDefinition", "RunSummary", "Write",
-                                        "__version__"]
+    assert sorted(eventing.__all__) == [
+        "Eventing",
+        "EventingError",
+        "FunctionDefinition",
+        "RunSummary",
+        "Write",
+        "__version__",
+    ]
     for name in eventing.__all__:
         assert getattr(eventing, name) is not None
     with pytest.raises(AttributeError):
@@ -42,8 +48,12 @@ def test_a_function_runs_end_to_end_from_python(tmp_path):
     assert app.bucket("emails").stats()["documents"] > 0 and app.bucket("emails").stats()["partitions"] == 4
     vbmap = app.vbucket_map("fn_email")
     assert isinstance(vbmap, VBucketMap) and sum(w.vbuckets for w in vbmap.workers) == 1024
-    assert vbmap.to_dict()["workers"][0] == {"worker": vbmap.workers[0].worker, "vbuckets": vbmap.workers[0].vbuckets,
-                                             "ranges": vbmap.workers[0].ranges, "live": False}
+    assert vbmap.to_dict()["workers"][0] == {
+        "worker": vbmap.workers[0].worker,
+        "vbuckets": vbmap.workers[0].vbuckets,
+        "ranges": vbmap.workers[0].ranges,
+        "live": False,
+    }
 
     app.pause("fn_email")
     app.undeploy("fn_email")
@@ -54,8 +64,13 @@ def test_a_definition_given_as_data_needs_its_handler_and_writes_go_through_writ
     app = Eventing(tmp_path / "data", executor="in-process")
     app.create_bucket("src")
     app.create_bucket("dst")
-    defn = FunctionDefinition.from_dict({"name": "copy", "source_bucket": "src",
-                                         "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}]})
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": "copy",
+            "source_bucket": "src",
+            "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}],
+        }
+    )
     with pytest.raises(EventingError, match="handler's source"):
         app.deploy(defn)
     app.deploy(defn, "def on_update(doc, meta):\n    dst[meta.id] = doc\n")
@@ -71,8 +86,13 @@ def test_run_without_until_caught_up_runs_in_the_background_until_stopped(tmp_pa
     app = Eventing(tmp_path / "data", executor="in-process")
     app.create_bucket("src")
     app.create_bucket("dst")
-    defn = FunctionDefinition.from_dict({"name": "copy", "source_bucket": "src",
-                                         "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}]})
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": "copy",
+            "source_bucket": "src",
+            "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}],
+        }
+    )
     app.deploy(defn, "def on_update(doc, meta):\n    dst[meta.id] = doc\n")
     running = app.run(until_caught_up=False)
     assert isinstance(running, RunningService)
@@ -95,7 +115,9 @@ def test_run_in_the_background_hands_a_start_failure_to_wait(tmp_path):
     first = app.run(until_caught_up=False)
     try:
         # The first holds the leader lease before the second starts (else the second may take it first).
-        wait_for(lambda: first._service.summary.leadership.get("role") == "leader", "the first service leads", 30)
+        wait_for(
+            lambda: first._service.summary.leadership.get("role") == "leader", "the first service leads", 30
+        )
         second = app.run(until_caught_up=False)
         with pytest.raises(EventingError, match="another eventing service"):
             second.wait(timeout=30)
@@ -105,8 +127,12 @@ def test_run_in_the_background_hands_a_start_failure_to_wait(tmp_path):
 
 
 def test_load_jsonl_imports_a_file_as_bucket_load_file_does(tmp_path, capsys):
-    lines = [{"key": "a", "doc": {"n": 1}}, {"key": "b", "doc": {"n": 2}, "expiry": 0}, {"key": "a", "op": "delete"},
-             {"key": "missing", "op": "delete"}]
+    lines = [
+        {"key": "a", "doc": {"n": 1}},
+        {"key": "b", "doc": {"n": 2}, "expiry": 0},
+        {"key": "a", "op": "delete"},
+        {"key": "missing", "op": "delete"},
+    ]
     path = tmp_path / "docs.jsonl"
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     app = Eventing(tmp_path / "api", executor="in-process")

@@ -11,7 +11,7 @@ from eventing.workers.executor import light_worker_env
 from eventing.workers.ray_setup import SETUP_HOOK, SETUP_HOOK_ENV, worker_process_setup
 
 # Run in a fresh interpreter: the test process may have imported pyarrow already.
-PROBE = r'''
+PROBE = r"""
 import json, sys, types
 import ray._private.worker as ray_worker
 from eventing.workers.ray_setup import worker_process_setup
@@ -33,7 +33,7 @@ after = {name: name in sys.modules for name in ("pyarrow", "starlette")}
 import pyarrow
 table = pyarrow.table({"a": [1, 2, 3]})
 print(json.dumps({"during": seen, "after": after, "sum": pyarrow.compute.sum(table["a"]).as_py()}))
-'''
+"""
 
 
 def test_the_context_is_built_without_pyarrow_and_starlette_which_import_afterwards():

@@ -22,9 +22,14 @@ def on_update(doc, meta):
 """
 
 DEFINITION = {
-    "name": "fn_copy", "source_bucket": "src", "boundary": "everything",
-    "bindings": [{"alias": "src", "bucket": "src", "access": "rw"}, {"alias": "seen", "bucket": "seen", "access": "rw"},
-                 {"alias": "ctl", "bucket": "ctl", "access": "r"}],
+    "name": "fn_copy",
+    "source_bucket": "src",
+    "boundary": "everything",
+    "bindings": [
+        {"alias": "src", "bucket": "src", "access": "rw"},
+        {"alias": "seen", "bucket": "seen", "access": "rw"},
+        {"alias": "ctl", "bucket": "ctl", "access": "r"},
+    ],
 }
 
 
@@ -77,7 +82,11 @@ def test_a_later_deployment_handles_an_earlier_ones_writes_once_and_never_its_ow
 
 
 def test_origins_name_the_deployment():
-    assert deployment_origin("fn", 3) == "fn@3" and origin_function("fn@3") == "fn" and origin_function(None) is None
+    assert (
+        deployment_origin("fn", 3) == "fn@3"
+        and origin_function("fn@3") == "fn"
+        and origin_function(None) is None
+    )
     assert is_own("fn@3", "fn", 3) and not is_own("fn@2", "fn", 3) and not is_own("fn2@3", "fn", 3)
     assert is_own("fn", "fn", 3) and is_own("fn", "fn", 1)  # a bare name: every deployment's own
     assert is_own("fn@2", "fn", None) and not is_own(None, "fn", 3) and not is_own("other", "fn", None)

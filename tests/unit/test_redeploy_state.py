@@ -13,7 +13,7 @@ from eventing.cli import main
 from eventing.storage.bucket import LocalBucket
 from metadata.factory import open_store
 
-LOOPING = '''
+LOOPING = """
 def on_update(doc, meta):
     if doc.get("loop"):
         while True:
@@ -21,12 +21,12 @@ def on_update(doc, meta):
     if doc.get("bad"):
         raise ValueError("bad document " + meta.id)
     dst[meta.id] = doc
-'''
+"""
 
-FIXED = '''
+FIXED = """
 def on_update(doc, meta):
     dst[meta.id] = doc
-'''
+"""
 
 
 def cli(capsys, *argv: str) -> tuple[int, str, str]:
@@ -43,7 +43,11 @@ def dd(data_dir):
 def write_function(tmp_path: Path, handler: str) -> Path:
     (tmp_path / "h.py").write_text(handler)
     spec = {
-        "name": "fl", "source_bucket": "src", "handler": "h.py", "worker_count": 1, "execution_timeout": "300ms",
+        "name": "fl",
+        "source_bucket": "src",
+        "handler": "h.py",
+        "worker_count": 1,
+        "execution_timeout": "300ms",
         "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}],
     }
     path = tmp_path / "fl.json"
@@ -75,7 +79,9 @@ def redeploy_fixed(capsys, dd, tmp_path: Path) -> None:
     assert cli(capsys, "deploy", "fl", *dd)[0] == 0
 
 
-def test_a_mutation_that_timed_out_is_handled_by_a_fresh_deployment_of_the_fixed_handler(capsys, dd, data_dir, tmp_path):
+def test_a_mutation_that_timed_out_is_handled_by_a_fresh_deployment_of_the_fixed_handler(
+    capsys, dd, data_dir, tmp_path
+):
     rows = [{"key": "a", "doc": {"x": 1}}, {"key": "b", "doc": {"loop": True}}, {"key": "c", "doc": {"x": 3}}]
     defn = setup(capsys, dd, tmp_path, rows)
     assert cli(capsys, "deploy", str(defn), *dd)[0] == 0
@@ -86,7 +92,9 @@ def test_a_mutation_that_timed_out_is_handled_by_a_fresh_deployment_of_the_fixed
     assert dst_keys(data_dir) == ["a", "b", "c"]
 
 
-def test_a_mutation_that_fails_under_two_deployments_counts_the_same_in_stats_and_the_dlq(capsys, dd, data_dir, tmp_path):
+def test_a_mutation_that_fails_under_two_deployments_counts_the_same_in_stats_and_the_dlq(
+    capsys, dd, data_dir, tmp_path
+):
     rows = [{"key": "a", "doc": {"x": 1}}, {"key": "b", "doc": {"bad": True}}]
     defn = setup(capsys, dd, tmp_path, rows)
     assert cli(capsys, "deploy", str(defn), *dd)[0] == 0
@@ -102,7 +110,9 @@ def test_a_mutation_that_fails_under_two_deployments_counts_the_same_in_stats_an
     assert errors == sum(r.attempts for r in letters) == 2
 
 
-def test_a_letter_replayed_once_and_failing_again_after_a_redeploy_is_replayed_again(capsys, dd, data_dir, tmp_path):
+def test_a_letter_replayed_once_and_failing_again_after_a_redeploy_is_replayed_again(
+    capsys, dd, data_dir, tmp_path
+):
     """The replay marks of the first replay must not make the second look like a duplicate."""
     rows = [{"key": "b", "doc": {"bad": True}}]
     defn = setup(capsys, dd, tmp_path, rows)

@@ -26,10 +26,10 @@ from eventing.testing import deploy_function
 from eventing.windows.semantics.arrival import DROP_REASONS
 from eventing.workers.executor import InProcessExecutor
 
-FAILING = '''
+FAILING = """
 def on_update(doc, meta):
     raise ValueError("no luck for " + meta.id)
-'''
+"""
 FN = "/api/v1/functions/fn_fail"
 
 
@@ -57,7 +57,9 @@ def site(data_dir):
     source = LocalBucket.create(data_dir, "src")
     for i in range(6):
         source.upsert(f"k{i}", {"n": i})
-    deploy_function(data_dir, FunctionDefinition.from_dict({"name": "fn_fail", "source_bucket": "src"}), FAILING)
+    deploy_function(
+        data_dir, FunctionDefinition.from_dict({"name": "fn_fail", "source_bucket": "src"}), FAILING
+    )
     EventingService(data_dir, InProcessExecutor(), until_caught_up=True).run()
     out = Site(data_dir)
     assert out.dead_letters() == 6
@@ -76,12 +78,16 @@ def bad_request(response: httpx.Response, *fragments: str) -> str:
 
 @pytest.mark.parametrize("size", ["-1", "0", "ten", "1.5"])
 def test_app_log_size_must_be_a_positive_whole_number(site, size):
-    bad_request(site.request("GET", f"/getAppLog?name=fn_fail&size={size}"), f"size={size}", "whole number >= 1")
+    bad_request(
+        site.request("GET", f"/getAppLog?name=fn_fail&size={size}"), f"size={size}", "whole number >= 1"
+    )
     assert site.request("GET", "/getAppLog?name=fn_fail&size=4096").status_code == 200
 
 
 def test_an_unknown_dead_letter_reason_is_refused_with_the_known_ones(site):
-    error = bad_request(site.request("GET", f"{FN}/dlq?reason=nope"), "reason 'nope'", "error", "timeout", "late")
+    error = bad_request(
+        site.request("GET", f"{FN}/dlq?reason=nope"), "reason 'nope'", "error", "timeout", "late"
+    )
     for reason in DROP_REASONS[1:]:  # the arrival-time policies' reasons are known reasons too
         assert reason in error
     assert len(site.request("GET", f"{FN}/dlq?reason=error").json()) == 6
@@ -128,10 +134,16 @@ def test_a_bad_parameter_is_a_400_in_every_state_and_a_good_one_in_the_wrong_sta
     bad_request(site.request("POST", f"{FN}/deploy", json={"boundary": "yesterday"}), "boundary")
 
 
-@pytest.mark.parametrize("path", ["/api/v1/functions/fn_fail/dlq?limit=0", "/api/v1/functions/fn_fail/dlq?limit=-3",
-                                  "/api/v1/functions/fn_fail/windows?limit=-1",
-                                  "/api/v1/functions/fn_fail/checkpoints?vb=-1",
-                                  "/api/v1/functions/fn_fail/dlq/show?vb=x&seqno=1"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/v1/functions/fn_fail/dlq?limit=0",
+        "/api/v1/functions/fn_fail/dlq?limit=-3",
+        "/api/v1/functions/fn_fail/windows?limit=-1",
+        "/api/v1/functions/fn_fail/checkpoints?vb=-1",
+        "/api/v1/functions/fn_fail/dlq/show?vb=x&seqno=1",
+    ],
+)
 def test_whole_number_parameters_name_themselves(site, path):
     name, value = re.search(r"\?(\w+)=([^&]+)", path).groups()  # type: ignore[union-attr]
     bad_request(site.request("GET", path), f"{name}={value}")
@@ -156,16 +168,19 @@ def test_methods_a_path_does_not_answer_are_405_with_an_allow_header_on_every_ro
     assert site.request("PUT", f"{FN}/nope").status_code == 404
 
 
-@pytest.mark.parametrize("method, path, body", [
-    ("GET", f"{FN}/dlq/show?vb=3&seqno=17", None),
-    ("GET", f"{FN}/dlq/show", None),
-    ("GET", f"{FN}/dlq/show?seqno=1", None),
-    ("GET", f"{FN}/dlq?limit=0", None),
-    ("POST", f"{FN}/dlq/purge", {}),
-    ("POST", f"{FN}/dlq/replay", {}),
-    ("POST", f"{FN}/dlq/purge", {"all": True, "vb": 3}),
-    ("GET", f"{FN}/verify", None),
-])
+@pytest.mark.parametrize(
+    "method, path, body",
+    [
+        ("GET", f"{FN}/dlq/show?vb=3&seqno=17", None),
+        ("GET", f"{FN}/dlq/show", None),
+        ("GET", f"{FN}/dlq/show?seqno=1", None),
+        ("GET", f"{FN}/dlq?limit=0", None),
+        ("POST", f"{FN}/dlq/purge", {}),
+        ("POST", f"{FN}/dlq/replay", {}),
+        ("POST", f"{FN}/dlq/purge", {"all": True, "vb": 3}),
+        ("GET", f"{FN}/verify", None),
+    ],
+)
 def test_errors_name_endpoints_and_parameters_not_cli_flags(site, method, path, body):
     r = site.request(method, path, json=body) if body is not None else site.request(method, path)
     assert r.status_code in (400, 404), r.text
@@ -173,20 +188,40 @@ def test_errors_name_endpoints_and_parameters_not_cli_flags(site, method, path, 
     assert "--" not in error and "`eventing" not in error, error
 
 
-@pytest.mark.parametrize("way, cli, rest", [
-    (fix("dlq_list", function="fn_x"), "`eventing dlq list fn_x`", "GET /api/v1/functions/fn_x/dlq"),
-    (fix("dlq_purge_replayed", function="fn_x"), "`eventing dlq purge fn_x --replayed`",
-     'POST /api/v1/functions/fn_x/dlq/purge with {"replayed": true}'),
-    (fix("undeploy", function="fn_x"), "`eventing undeploy fn_x`", "POST /api/v1/functions/fn_x/undeploy"),
-    (fix("status"), "`eventing status`", "GET /api/v1/status"),
-    (fix("option", flag="--ledger", value="BUCKET"), "--ledger BUCKET", "the query parameter ledger=BUCKET"),
-    (fix("collection_create", keyspace="b.s.c"), "`eventing collection create b.s.c`",
-     "POST /api/v1/buckets/b/scopes/s/collections/c"),
-])
+@pytest.mark.parametrize(
+    "way, cli, rest",
+    [
+        (fix("dlq_list", function="fn_x"), "`eventing dlq list fn_x`", "GET /api/v1/functions/fn_x/dlq"),
+        (
+            fix("dlq_purge_replayed", function="fn_x"),
+            "`eventing dlq purge fn_x --replayed`",
+            'POST /api/v1/functions/fn_x/dlq/purge with {"replayed": true}',
+        ),
+        (
+            fix("undeploy", function="fn_x"),
+            "`eventing undeploy fn_x`",
+            "POST /api/v1/functions/fn_x/undeploy",
+        ),
+        (fix("status"), "`eventing status`", "GET /api/v1/status"),
+        (
+            fix("option", flag="--ledger", value="BUCKET"),
+            "--ledger BUCKET",
+            "the query parameter ledger=BUCKET",
+        ),
+        (
+            fix("collection_create", keyspace="b.s.c"),
+            "`eventing collection create b.s.c`",
+            "POST /api/v1/buckets/b/scopes/s/collections/c",
+        ),
+    ],
+)
 def test_each_face_words_an_errors_way_out_itself(way, cli, rest):
     error = NotFoundError("it is missing; see {fix}", fix=way)
     assert str(error) == f"it is missing; see {cli}"  # the CLI prints str(error)
     status, body = error_body(error)
     assert status == 404 and body["error"] == f"it is missing; see {rest}" and body["fix"] == f"see {rest}"
-    assert body["fix_request"] == {"action": way.action, "args": {k: str(v) for k, v in way.args.items()},
-                                   "request": rest}
+    assert body["fix_request"] == {
+        "action": way.action,
+        "args": {k: str(v) for k, v in way.args.items()},
+        "request": rest,
+    }

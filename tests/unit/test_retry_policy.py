@@ -26,7 +26,7 @@ from metadata.factory import open_store
 
 # Every attempt appends its time to ATTEMPTS (a file: a failed attempt's binding writes are discarded),
 # then fails as the document says.
-FAILING = '''
+FAILING = """
 import json, time
 
 class PaymentDeclined(ValueError):
@@ -43,14 +43,19 @@ def on_update(doc, meta):
     if kind == "key":
         raise KeyError("missing")
     out[meta.id] = {"ok": True}
-'''
+"""
 
 
 def definition(name: str, attempts_file, **extra) -> FunctionDefinition:
-    return FunctionDefinition.from_dict({
-        "name": name, "source_bucket": "src", "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
-        "constants": {"ATTEMPTS": str(attempts_file)}, **extra,
-    })
+    return FunctionDefinition.from_dict(
+        {
+            "name": name,
+            "source_bucket": "src",
+            "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
+            "constants": {"ATTEMPTS": str(attempts_file)},
+            **extra,
+        }
+    )
 
 
 def run(data_dir: str) -> None:
@@ -161,13 +166,13 @@ class Statuses(BaseHTTPRequestHandler):
         pass
 
 
-CALLING = '''
+CALLING = """
 def on_update(doc, meta):
     r = curl("POST", api, {"path": doc["path"]})
     if r.status >= 400:
         raise RuntimeError(f"the server answered {r.status}")
     out[meta.id] = {"status": r.status}
-'''
+"""
 
 
 @pytest.fixture
@@ -178,16 +183,24 @@ def statuses():
 
 
 def calling(url: str, retry: dict) -> FunctionDefinition:
-    return FunctionDefinition.from_dict({
-        "name": "fn_http", "source_bucket": "src", "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
-        "url_bindings": [{"alias": "api", "url": url}], "retry": retry,
-    })
+    return FunctionDefinition.from_dict(
+        {
+            "name": "fn_http",
+            "source_bucket": "src",
+            "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
+            "url_bindings": [{"alias": "api", "url": url}],
+            "retry": retry,
+        }
+    )
 
 
 def test_non_retryable_http_statuses_dead_letter_at_once(data_dir, statuses):
     source = LocalBucket.create(data_dir, "src")
-    deploy_function(data_dir, calling(statuses, {"max_attempts": 3, "initial_backoff": "1ms",
-                                                 "non_retryable": [400, 404]}), CALLING)
+    deploy_function(
+        data_dir,
+        calling(statuses, {"max_attempts": 3, "initial_backoff": "1ms", "non_retryable": [400, 404]}),
+        CALLING,
+    )
     source.upsert("bad", {"path": "/bad"})
     source.upsert("flaky", {"path": "/flaky"})
     run(data_dir)
@@ -237,15 +250,18 @@ def test_max_event_age_dead_letters_a_mutation_as_expired_instead_of_retrying(da
     assert report.selected == 1 and len(attempts_of(attempts, "old")) == 2
 
 
-@pytest.mark.parametrize("retry, message", [
-    ({"max_attempts": 0}, "retry.max_attempts is 0"),
-    ({"max_attempts": 2, "bogus": 1}, "unknown field(s) bogus"),
-    ({"initial_backoff": "soon"}, "retry.initial_backoff 'soon'"),
-    ({"multiplier": 0.5}, "retry.multiplier is 0.5"),
-    ({"non_retryable": [42]}, "retry.non_retryable has 42"),
-    ({"non_retryable": "ValueError"}, "must be a list"),
-    ({"max_event_age": "0s"}, "retry.max_event_age is 0"),
-])
+@pytest.mark.parametrize(
+    "retry, message",
+    [
+        ({"max_attempts": 0}, "retry.max_attempts is 0"),
+        ({"max_attempts": 2, "bogus": 1}, "unknown field(s) bogus"),
+        ({"initial_backoff": "soon"}, "retry.initial_backoff 'soon'"),
+        ({"multiplier": 0.5}, "retry.multiplier is 0.5"),
+        ({"non_retryable": [42]}, "retry.non_retryable has 42"),
+        ({"non_retryable": "ValueError"}, "must be a list"),
+        ({"max_event_age": "0s"}, "retry.max_event_age is 0"),
+    ],
+)
 def test_bad_retry_policies_are_one_line_configuration_errors(retry, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         FunctionDefinition.from_dict({"name": "f", "source_bucket": "b", "retry": retry})
@@ -253,9 +269,13 @@ def test_bad_retry_policies_are_one_line_configuration_errors(retry, message):
 
 def test_retry_and_the_older_settings_are_not_given_together():
     with pytest.raises(ConfigError, match="sets both retry and retries/retry_backoff"):
-        FunctionDefinition.from_dict({"name": "f", "source_bucket": "b", "retries": 2, "retry": {"max_attempts": 3}})
+        FunctionDefinition.from_dict(
+            {"name": "f", "source_bucket": "b", "retries": 2, "retry": {"max_attempts": 3}}
+        )
     defn = FunctionDefinition.from_dict({"name": "f", "source_bucket": "b", "retry": {"max_attempts": 3}})
     again = FunctionDefinition.from_dict(defn.to_dict())  # an export reads back as it was
     assert again.retry_policy == defn.retry_policy and again.retry_policy.max_attempts == 3
-    assert "retries" not in defn.to_dict() and "retry" not in FunctionDefinition.from_dict(
-        {"name": "f", "source_bucket": "b"}).to_dict()
+    assert (
+        "retries" not in defn.to_dict()
+        and "retry" not in FunctionDefinition.from_dict({"name": "f", "source_bucket": "b"}).to_dict()
+    )

@@ -16,14 +16,14 @@ from eventing.http.auth import ServerConfig
 from eventing.storage.factory import create_bucket
 from eventing.storage.keyspace import create_collection, open_keyspace
 
-HANDLER = '''
+HANDLER = """
 def on_update(doc, meta):
     totals[meta.id] = {"n": doc["n"]}
 
 
 def on_delete(meta, options):
     del totals[meta.id]
-'''
+"""
 
 
 def cli(capsys, data_dir: str, *argv: str) -> tuple[int, str]:
@@ -41,11 +41,26 @@ def orders_and_totals(data_dir: str, tmp_path: Path) -> None:
         for i in range(4):
             orders.upsert(f"order::{i}", {"n": i})
     (tmp_path / "fn_orders.py").write_text(HANDLER)
-    (tmp_path / "fn_orders.json").write_text(json.dumps({
-        "name": "fn_orders", "source_bucket": "shop", "source_scope": "sales", "source_collection": "orders",
-        "handler": "fn_orders.py",
-        "bindings": [{"alias": "totals", "bucket": "shop", "scope": "sales", "collection": "totals", "access": "rw"}],
-    }))
+    (tmp_path / "fn_orders.json").write_text(
+        json.dumps(
+            {
+                "name": "fn_orders",
+                "source_bucket": "shop",
+                "source_scope": "sales",
+                "source_collection": "orders",
+                "handler": "fn_orders.py",
+                "bindings": [
+                    {
+                        "alias": "totals",
+                        "bucket": "shop",
+                        "scope": "sales",
+                        "collection": "totals",
+                        "access": "rw",
+                    }
+                ],
+            }
+        )
+    )
 
 
 def test_a_run_says_what_its_handled_mutations_were(data_dir, tmp_path, capsys):
@@ -62,8 +77,10 @@ def test_a_run_says_what_its_handled_mutations_were(data_dir, tmp_path, capsys):
     # the 4 deletes, and the 4 totals the first run's handler wrote after that run's end point (mutations of the
     # source bucket, in its other collection)
     assert lines[0].startswith("fn_orders: 8 mutations handled")
-    assert lines[1] == ("  4 of them called the handler; the others were passed over: 4 of other collections of "
-                        "the source bucket")
+    assert lines[1] == (
+        "  4 of them called the handler; the others were passed over: 4 of other collections of "
+        "the source bucket"
+    )
     # An in-process run starts no Ray: its start-up line says nothing of it.
     assert lines[2].startswith("start-up: workers up ") and "Ray" not in out
     status, out = cli(capsys, data_dir, "run", "--until-caught-up", "--executor", "in-process", "--json")

@@ -39,14 +39,21 @@ def run(data_dir: str, **kwargs):
     return EventingService(data_dir, InProcessExecutor(), until_caught_up=True, **kwargs).run()
 
 
-def test_several_functions_handle_every_mutation_once_in_per_document_order(data_dir, tmp_path, executor_kind, executor):
+def test_several_functions_handle_every_mutation_once_in_per_document_order(
+    data_dir, tmp_path, executor_kind, executor
+):
     mutations = 15_000 if executor_kind == "ray" else 3000
     source = load(data_dir, documents=mutations // 10, mutations=mutations, seed=3)
     workers = {"fn_four": 4, "fn_three": 3, "fn_two": 2}
     logs = {}
     for name, count in workers.items():
         logs[name] = tmp_path / f"{name}.calls"
-        deploy(data_dir, ledger_definition(name, "src", f"ledger_{name}", workers=count, call_log=str(logs[name]), batch_size=500))
+        deploy(
+            data_dir,
+            ledger_definition(
+                name, "src", f"ledger_{name}", workers=count, call_log=str(logs[name]), batch_size=500
+            ),
+        )
     summary = EventingService(data_dir, executor, until_caught_up=True).run()
     assert not summary.errors
     store = open_store(data_dir)
@@ -90,7 +97,9 @@ def test_from_now_boundary_skips_existing_mutations(data_dir):
     source.upsert("late-comer", {"rev": 1})
     run(data_dir)
     ledger = LocalBucket.open(data_dir, "ledger")
-    assert [k for k in ledger.keys() if k.startswith("e|")] == [f"e|fn_a|late-comer|{source.get_meta('late-comer')['seqno']}"]
+    assert [k for k in ledger.keys() if k.startswith("e|")] == [
+        f"e|fn_a|late-comer|{source.get_meta('late-comer')['seqno']}"
+    ]
 
 
 def test_a_function_writing_to_its_own_source_does_not_trigger_itself(data_dir):
@@ -98,7 +107,11 @@ def test_a_function_writing_to_its_own_source_does_not_trigger_itself(data_dir):
     source.upsert("a", {"n": 1})
     handler = "def on_update(doc, meta):\n    if 'copy' not in doc:\n        src[meta.id + '-copy'] = {'copy': True, **doc}\n"
     defn = FunctionDefinition.from_dict(
-        {"name": "fn_self", "source_bucket": "src", "bindings": [{"alias": "src", "bucket": "src", "access": "rw"}]}
+        {
+            "name": "fn_self",
+            "source_bucket": "src",
+            "bindings": [{"alias": "src", "bucket": "src", "access": "rw"}],
+        }
     )
     deploy(data_dir, defn, handler)
     run(data_dir)
@@ -114,16 +127,24 @@ def test_a_handler_error_goes_to_the_dlq_and_the_vbucket_moves_on(data_dir):
     for i in range(20):
         source.upsert(f"k{i}", {"i": i})
     handler = "def on_update(doc, meta):\n    if doc['i'] % 5 == 0:\n        raise ValueError('poison ' + meta.id)\n    out[meta.id] = doc\n"
-    defn = FunctionDefinition.from_dict({
-        "name": "fn_p", "source_bucket": "src", "retries": 2, "retry_backoff": "1ms",
-        "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
-    })
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": "fn_p",
+            "source_bucket": "src",
+            "retries": 2,
+            "retry_backoff": "1ms",
+            "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
+        }
+    )
     deploy(data_dir, defn, handler)
     run(data_dir)
     store = open_store(data_dir)
     rows = store.dlq_rows("fn_p")
     assert sorted(r.key for r in rows) == ["k0", "k10", "k15", "k5"]
-    assert all(r.reason == "error" and r.attempts == 3 and "poison" in r.error and "ValueError" in r.traceback for r in rows)
+    assert all(
+        r.reason == "error" and r.attempts == 3 and "poison" in r.error and "ValueError" in r.traceback
+        for r in rows
+    )
     assert unpack_mutation(rows[0].mutation).key == rows[0].key
     assert len(LocalBucket.open(data_dir, "out").keys()) == 16
     assert store.counters("fn_p")["retries"] == 8
@@ -143,16 +164,23 @@ def test_a_call_that_fails_once_succeeds_on_its_retry_with_only_the_retry_s_writ
         "    if doc['i'] % 4 == 0 and n == 1:\n"
         "        raise ValueError('first attempt of ' + meta.id)\n"
     )
-    defn = FunctionDefinition.from_dict({
-        "name": "fn_r", "source_bucket": "src", "retries": 1, "retry_backoff": "1ms",
-        "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
-    })
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": "fn_r",
+            "source_bucket": "src",
+            "retries": 1,
+            "retry_backoff": "1ms",
+            "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
+        }
+    )
     deploy(data_dir, defn, handler)
     run(data_dir)
     store = open_store(data_dir)
     assert store.dlq_rows("fn_r") == []
     out = LocalBucket.open(data_dir, "out")
-    assert {k: out.get(k)["attempt"] for k in out.keys()} == {f"k{i}": 2 if i % 4 == 0 else 1 for i in range(12)}
+    assert {k: out.get(k)["attempt"] for k in out.keys()} == {
+        f"k{i}": 2 if i % 4 == 0 else 1 for i in range(12)
+    }
     counters = store.counters("fn_r")
     assert counters["on_update_success"] == 12
     assert counters["retries"] == 3
@@ -162,9 +190,15 @@ def test_a_call_that_fails_once_succeeds_on_its_retry_with_only_the_retry_s_writ
 def test_a_failed_attempt_leaves_no_partial_effects(data_dir):
     source = LocalBucket.create(data_dir, "src")
     source.upsert("k", {"i": 1})
-    handler = "def on_update(doc, meta):\n    out['partial'] = {'x': 1}\n    raise RuntimeError('after a write')\n"
+    handler = (
+        "def on_update(doc, meta):\n    out['partial'] = {'x': 1}\n    raise RuntimeError('after a write')\n"
+    )
     defn = FunctionDefinition.from_dict(
-        {"name": "fn_p", "source_bucket": "src", "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}]}
+        {
+            "name": "fn_p",
+            "source_bucket": "src",
+            "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
+        }
     )
     deploy(data_dir, defn, handler)
     run(data_dir)
@@ -184,10 +218,14 @@ def test_a_hung_handler_is_abandoned_and_dead_lettered_as_timeout(data_dir):
         "            time.sleep(0.01)\n"
         "    out[meta.id] = doc\n"
     )
-    defn = FunctionDefinition.from_dict({
-        "name": "fn_h", "source_bucket": "src", "execution_timeout": "300ms",
-        "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
-    })
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": "fn_h",
+            "source_bucket": "src",
+            "execution_timeout": "300ms",
+            "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
+        }
+    )
     deploy(data_dir, defn, handler)
     run(data_dir)
     rows = open_store(data_dir).dlq_rows("fn_h")
@@ -217,10 +255,14 @@ def test_a_timeout_that_lands_where_python_cannot_raise_it_is_raised_again(data_
         "            time.sleep(0.01)\n"
         "    out[meta.id] = doc\n"
     )
-    defn = FunctionDefinition.from_dict({
-        "name": "fn_h", "source_bucket": "src", "execution_timeout": "300ms",
-        "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
-    })
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": "fn_h",
+            "source_bucket": "src",
+            "execution_timeout": "300ms",
+            "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
+        }
+    )
     deploy(data_dir, defn, handler)
     started = time.monotonic()
     run(data_dir)
@@ -234,10 +276,14 @@ def test_an_oversize_document_is_dead_lettered_before_the_handler(data_dir):
     source = LocalBucket.create(data_dir, "src")
     source.upsert("small", {"s": "x"})
     source.upsert("big", {"s": "x" * 5000})
-    defn = FunctionDefinition.from_dict({
-        "name": "fn_o", "source_bucket": "src", "max_document_bytes": 1000,
-        "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
-    })
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": "fn_o",
+            "source_bucket": "src",
+            "max_document_bytes": 1000,
+            "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
+        }
+    )
     deploy(data_dir, defn, "def on_update(doc, meta):\n    out[meta.id] = {'len': len(doc['s'])}\n")
     run(data_dir)
     rows = open_store(data_dir).dlq_rows("fn_o")
@@ -250,9 +296,13 @@ def test_an_undecodable_document_is_dead_lettered(data_dir):
     source.upsert("good", {"a": 1})
     vb, seqno = source.upsert("bad", {"a": 2})
     source.file.db.execute("UPDATE log SET doc=? WHERE vb=? AND seqno=?", (b"\xc1\xc1", vb, seqno))
-    defn = FunctionDefinition.from_dict({
-        "name": "fn_u", "source_bucket": "src", "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
-    })
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": "fn_u",
+            "source_bucket": "src",
+            "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
+        }
+    )
     deploy(data_dir, defn, "def on_update(doc, meta):\n    out[meta.id] = doc\n")
     run(data_dir)
     rows = open_store(data_dir).dlq_rows("fn_u")
@@ -263,9 +313,13 @@ def test_an_undecodable_document_is_dead_lettered(data_dir):
 def test_writing_through_a_read_only_binding_is_a_dlq_error(data_dir):
     source = LocalBucket.create(data_dir, "src")
     source.upsert("k", {"a": 1})
-    defn = FunctionDefinition.from_dict({
-        "name": "fn_r", "source_bucket": "src", "bindings": [{"alias": "ro", "bucket": "other", "access": "r"}],
-    })
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": "fn_r",
+            "source_bucket": "src",
+            "bindings": [{"alias": "ro", "bucket": "other", "access": "r"}],
+        }
+    )
     deploy(data_dir, defn, "def on_update(doc, meta):\n    ro[meta.id] = doc\n")
     run(data_dir)
     rows = open_store(data_dir).dlq_rows("fn_r")
@@ -275,7 +329,10 @@ def test_writing_through_a_read_only_binding_is_a_dlq_error(data_dir):
 def test_a_crashed_worker_resumes_after_its_checkpoint_without_duplicate_effects(data_dir):
     source = load(data_dir, 200, 2000)
     # A checkpoint interval no step reaches, however slow the machine: the second step must not checkpoint.
-    deploy(data_dir, ledger_definition("fn_c", "src", "ledger", workers=1, batch_size=100, checkpoint_interval="1h"))
+    deploy(
+        data_dir,
+        ledger_definition("fn_c", "src", "ledger", workers=1, batch_size=100, checkpoint_interval="1h"),
+    )
     generation = open_store(data_dir).get_function("fn_c").generation
     spec = WorkerSpec(data_dir, "fn_c", generation, "local/w0", tuple(range(NUM_VBUCKETS)))
     first = WorkerCore(spec)
@@ -365,10 +422,16 @@ def test_two_aliases_of_one_bucket_share_their_writes(data_dir):
         "    a[meta.id + '-a'] = {'i': doc['i']}\n"
         "    b[meta.id + '-b'] = {'seen_a': meta.id + '-a' in b}\n"
     )
-    defn = FunctionDefinition.from_dict({
-        "name": "fn_two", "source_bucket": "src",
-        "bindings": [{"alias": "a", "bucket": "out", "access": "rw"}, {"alias": "b", "bucket": "out", "access": "rw"}],
-    })
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": "fn_two",
+            "source_bucket": "src",
+            "bindings": [
+                {"alias": "a", "bucket": "out", "access": "rw"},
+                {"alias": "b", "bucket": "out", "access": "rw"},
+            ],
+        }
+    )
     deploy(data_dir, defn, handler)
     run(data_dir)
     out = LocalBucket.open(data_dir, "out")
@@ -377,13 +440,17 @@ def test_two_aliases_of_one_bucket_share_their_writes(data_dir):
     assert open_store(data_dir).counters("fn_two").get("effects_duplicate", 0) == 0
 
 
-def test_an_explicit_budget_is_one_batch_and_a_supervisor_step_keeps_going_while_behind(data_dir, monkeypatch):
+def test_an_explicit_budget_is_one_batch_and_a_supervisor_step_keeps_going_while_behind(
+    data_dir, monkeypatch
+):
     load(data_dir, 200, 2000)
     deploy(data_dir, ledger_definition("fn_s", "src", "ledger", workers=1, batch_size=100))
     generation = open_store(data_dir).get_function("fn_s").generation
     core = WorkerCore(WorkerSpec(data_dir, "fn_s", generation, "local/w0", tuple(range(NUM_VBUCKETS))))
     assert core.step(100).handled == 100
-    monkeypatch.setattr("eventing.workers.worker.STEP_SLICE_S", 60.0)  # the slice never runs out: only the backlog ends it
+    monkeypatch.setattr(
+        "eventing.workers.worker.STEP_SLICE_S", 60.0
+    )  # the slice never runs out: only the backlog ends it
     report = core.step()
     assert report.handled == 1900 and report.caught_up
     monkeypatch.setattr("eventing.workers.worker.STEP_SLICE_S", 0.0)  # an expired slice still takes one batch

@@ -17,7 +17,9 @@ def _folder(root: str, name: str, *, locked: bool) -> int | None:
         f.write("x")
     fd = os.open(os.path.join(root, name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
     if locked:
-        fcntl.flock(fd, fcntl.LOCK_EX)  # a live host's (flock locks of two opens conflict, in one process too)
+        fcntl.flock(
+            fd, fcntl.LOCK_EX
+        )  # a live host's (flock locks of two opens conflict, in one process too)
         return fd
     os.close(fd)
     return None

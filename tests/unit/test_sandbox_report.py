@@ -26,14 +26,20 @@ def test_status_names_what_the_sandbox_confines(data_dir, capsys):
     lines = [line for line in _status(capsys, data_dir).splitlines() if line.startswith("sandbox: ")]
     assert len(lines) == 1
     assert f"Landlock ABI {sandbox_landlock.landlock_abi()}" in lines[0] and "seccomp" in lines[0]
-    assert json.loads(_status(capsys, data_dir, "--json"))["sandbox"] == lines[0][len("sandbox: "):]
+    assert json.loads(_status(capsys, data_dir, "--json"))["sandbox"] == lines[0][len("sandbox: ") :]
 
 
-@pytest.mark.parametrize("abi, says", [
-    (0, "unavailable: sandboxed functions need Landlock ABI 4+ (Linux 6.7+); this kernel has no Landlock"),
-    (3, "unavailable: sandboxed functions need Landlock ABI 4+ (Linux 6.7+); this kernel has ABI 3"),
-    (4, "this kernel's Landlock leaves ioctl on devices open (ABI 5, Linux 6.10, confines it)"),
-])
+@pytest.mark.parametrize(
+    "abi, says",
+    [
+        (
+            0,
+            "unavailable: sandboxed functions need Landlock ABI 4+ (Linux 6.7+); this kernel has no Landlock",
+        ),
+        (3, "unavailable: sandboxed functions need Landlock ABI 4+ (Linux 6.7+); this kernel has ABI 3"),
+        (4, "this kernel's Landlock leaves ioctl on devices open (ABI 5, Linux 6.10, confines it)"),
+    ],
+)
 def test_status_says_where_the_kernel_falls_short(data_dir, capsys, monkeypatch, abi, says):
     monkeypatch.setattr(sandbox_landlock, "landlock_abi", lambda: abi)
     monkeypatch.setattr(sandbox_confine, "landlock_abi", lambda: abi)
@@ -44,8 +50,12 @@ def test_status_says_where_the_kernel_falls_short(data_dir, capsys, monkeypatch,
 
 def test_no_seccomp_filter_means_no_sandbox(monkeypatch):
     monkeypatch.setattr(sandbox_landlock, "landlock_abi", lambda: 6)
-    monkeypatch.setattr(sandbox_seccomp, "seccomp_unavailable",
-                        lambda: "this kernel has no seccomp filters (CONFIG_SECCOMP_FILTER)")
+    monkeypatch.setattr(
+        sandbox_seccomp,
+        "seccomp_unavailable",
+        lambda: "this kernel has no seccomp filters (CONFIG_SECCOMP_FILTER)",
+    )
     assert sandbox_confine.sandbox_report() == (
         "unavailable: sandboxed functions need a system call filter: this kernel has no seccomp filters "
-        "(CONFIG_SECCOMP_FILTER)")
+        "(CONFIG_SECCOMP_FILTER)"
+    )

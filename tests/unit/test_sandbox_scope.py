@@ -26,15 +26,25 @@ def scoped(tmp_path):
     data_dir = str(tmp_path)
     source = create_bucket(data_dir, "src")
     mine, theirs = source.create_collection("s", "mine"), source.create_collection("s", "theirs")
-    source.write([Write(key_prefix(cid) + f"k{i}", OP_UPDATE, encode_document({"c": cid, "i": i}))
-                  for i in range(40) for cid in (0, mine, theirs)])
+    source.write(
+        [
+            Write(key_prefix(cid) + f"k{i}", OP_UPDATE, encode_document({"c": cid, "i": i}))
+            for i in range(40)
+            for cid in (0, mine, theirs)
+        ]
+    )
     out = create_bucket(data_dir, "out")
     a, b = out.create_collection("t", "a"), out.create_collection("t", "b")
     out.write([Write(key_prefix(cid) + "doc", OP_UPDATE, encode_document({"c": cid})) for cid in (0, a, b)])
-    defn = FunctionDefinition.from_dict({
-        "name": "fn", "source_bucket": "src", "source_scope": "s", "source_collection": "mine",
-        "bindings": [{"alias": "o", "bucket": "out", "scope": "t", "collection": "a", "access": "rw"}],
-    })
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": "fn",
+            "source_bucket": "src",
+            "source_scope": "s",
+            "source_collection": "mine",
+            "bindings": [{"alias": "o", "bucket": "out", "scope": "t", "collection": "a", "access": "rw"}],
+        }
+    )
     service = ScopedService("fn", defn, DataService(data_dir))
     yield service, {"mine": mine, "theirs": theirs, "a": a, "b": b}
     service.backend.close()
@@ -48,8 +58,12 @@ def test_documents_are_read_only_in_the_bound_collections(scoped):
     service, ids = scoped
     assert _bucket(service, "out", "get_raw", key_prefix(ids["a"]) + "doc") is not None
     assert _bucket(service, "src", "get_raw", key_prefix(ids["mine"]) + "k1") is not None
-    for bucket, key in (("out", key_prefix(ids["b"]) + "doc"), ("out", "doc"),
-                        ("src", key_prefix(ids["theirs"]) + "k1"), ("src", "k1")):
+    for bucket, key in (
+        ("out", key_prefix(ids["b"]) + "doc"),
+        ("out", "doc"),
+        ("src", key_prefix(ids["theirs"]) + "k1"),
+        ("src", "k1"),
+    ):
         for call in ("get_raw", "get", "get_meta", "get_doc"):
             with pytest.raises(ConfigError, match="runs sandboxed"):
                 _bucket(service, bucket, call, key)
@@ -104,7 +118,9 @@ def test_a_default_source_reads_its_log_whole(tmp_path):
     try:
         vb = vbucket_of("k1")
         plain = DataService(data_dir)
-        assert service.call("read_many", "src", [(vb, 0, 100)]) == plain.call("read_many", "src", [(vb, 0, 100)])
+        assert service.call("read_many", "src", [(vb, 0, 100)]) == plain.call(
+            "read_many", "src", [(vb, 0, 100)]
+        )
         assert service.call("read_vb", "src", vb, 0, 100) == plain.call("read_vb", "src", vb, 0, 100)
         plain.close()
     finally:
@@ -117,12 +133,28 @@ def test_the_scoped_calls_are_calls_the_data_service_serves_and_no_write_of_a_bu
     assert sandbox_scope.READ_CALLS | sandbox_scope.EFFECT_CALLS <= served_bucket
     assert sandbox_scope.KEY_CALLS | sandbox_scope.LIST_CALLS <= sandbox_scope.READ_CALLS
     assert sandbox_scope.META_CALLS == set(META_CALLS)
-    assert served_bucket - {"collection_list", "mirror_list", "partition_marks"} <= {name for klass in Bucket.__mro__ for name in vars(klass)}
-    for call in ("write", "upsert", "delete", "flush"):  # served to a worker of the cluster, never to a sandbox
+    assert served_bucket - {"collection_list", "mirror_list", "partition_marks"} <= {
+        name for klass in Bucket.__mro__ for name in vars(klass)
+    }
+    for call in (
+        "write",
+        "upsert",
+        "delete",
+        "flush",
+    ):  # served to a worker of the cluster, never to a sandbox
         assert call in served_bucket
         with pytest.raises(ConfigError, match="runs sandboxed and may not call bucket"):
             _bucket(service, "out", call, [])
     with pytest.raises(ConfigError, match="runs sandboxed and may not call close"):
         service.call("close")
-    assert set(service.calls) == {"ping", "bucket_info", "read_vb", "read_many", "bucket", "meta", "app_log",
-                                  "put_file", "curl"}
+    assert set(service.calls) == {
+        "ping",
+        "bucket_info",
+        "read_vb",
+        "read_many",
+        "bucket",
+        "meta",
+        "app_log",
+        "put_file",
+        "curl",
+    }

@@ -21,37 +21,48 @@ from eventing.workers.sandbox_scope import ScopedService
 from metadata.factory import open_store
 
 
-@pytest.mark.parametrize("source, message", [
-    ("def on_update(doc, meta)\n    pass\n", "syntax error at line 1"),
-    ("return 1\ndef on_update(doc, meta): pass\n", "syntax error at line 1: 'return' outside function"),
-    ("x = 1\n", "defines neither on_update(doc, meta) nor on_delete(meta, options)"),
-    ("def helper():\n    def on_update(doc, meta): pass\n", "defines neither"),
-    ("class H:\n    def on_update(self, doc, meta): pass\n", "defines neither"),
-    ("def on_update(doc):\n    pass\n", "on_update(doc) cannot be called as on_update(doc, meta)"),
-    ("def on_update(doc, meta, extra):\n    pass\n", "on_update(doc, meta, extra) cannot be called"),
-    ("def on_update(doc, meta, *, flag):\n    pass\n", "cannot be called as on_update(doc, meta)"),
-    ("on_update = lambda doc: None\n", "on_update(doc) cannot be called"),
-    ("on_delete = 5\n", "on_delete is a int, not a function"),
-    ("def on_update(doc, meta): pass\ndef on_deploy(): pass\n", "on_deploy() cannot be called as on_deploy(action)"),
-    ("x = (" * 200 + "1" + ")" * 200 + "\ndef on_update(doc, meta): pass\n", "handler of function 'fn'"),
-    ("def on_update(doc, meta):\n    pass\n\0", "handler of function 'fn'"),
-])
+@pytest.mark.parametrize(
+    "source, message",
+    [
+        ("def on_update(doc, meta)\n    pass\n", "syntax error at line 1"),
+        ("return 1\ndef on_update(doc, meta): pass\n", "syntax error at line 1: 'return' outside function"),
+        ("x = 1\n", "defines neither on_update(doc, meta) nor on_delete(meta, options)"),
+        ("def helper():\n    def on_update(doc, meta): pass\n", "defines neither"),
+        ("class H:\n    def on_update(self, doc, meta): pass\n", "defines neither"),
+        ("def on_update(doc):\n    pass\n", "on_update(doc) cannot be called as on_update(doc, meta)"),
+        ("def on_update(doc, meta, extra):\n    pass\n", "on_update(doc, meta, extra) cannot be called"),
+        ("def on_update(doc, meta, *, flag):\n    pass\n", "cannot be called as on_update(doc, meta)"),
+        ("on_update = lambda doc: None\n", "on_update(doc) cannot be called"),
+        ("on_delete = 5\n", "on_delete is a int, not a function"),
+        (
+            "def on_update(doc, meta): pass\ndef on_deploy(): pass\n",
+            "on_deploy() cannot be called as on_deploy(action)",
+        ),
+        ("x = (" * 200 + "1" + ")" * 200 + "\ndef on_update(doc, meta): pass\n", "handler of function 'fn'"),
+        ("def on_update(doc, meta):\n    pass\n\0", "handler of function 'fn'"),
+    ],
+)
 def test_a_handler_that_cannot_load_is_refused_without_running_it(source, message):
-    with pytest.raises(HandlerLoadError, match=message.replace("(", r"\(").replace(")", r"\)").replace("*", r"\*")):
+    with pytest.raises(
+        HandlerLoadError, match=message.replace("(", r"\(").replace(")", r"\)").replace("*", r"\*")
+    ):
         check_handler_source("fn", source)
 
 
-@pytest.mark.parametrize("source", [
-    "def on_update(doc, meta):\n    pass\n",
-    "async def on_delete(meta, options=None):\n    pass\n",
-    "def on_update(doc, meta, extra=None, *rest):\n    pass\n",
-    "def on_update(*args):\n    pass\n",
-    "from helpers import *\n",  # may define anything: the import at deploy tells
-    "from helpers import on_update\n",
-    "import functools\n\n@functools.cache\ndef on_update(doc):\n    pass\n",  # a decorator may change it
-    "if True:\n    def on_update(doc, meta): pass\nelse:\n    def on_update(doc): pass\n",  # bound twice
-    "try:\n    import fast\nexcept ImportError:\n    fast = None\n\ndef on_delete(meta, options):\n    pass\n",
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "def on_update(doc, meta):\n    pass\n",
+        "async def on_delete(meta, options=None):\n    pass\n",
+        "def on_update(doc, meta, extra=None, *rest):\n    pass\n",
+        "def on_update(*args):\n    pass\n",
+        "from helpers import *\n",  # may define anything: the import at deploy tells
+        "from helpers import on_update\n",
+        "import functools\n\n@functools.cache\ndef on_update(doc):\n    pass\n",  # a decorator may change it
+        "if True:\n    def on_update(doc, meta): pass\nelse:\n    def on_update(doc): pass\n",  # bound twice
+        "try:\n    import fast\nexcept ImportError:\n    fast = None\n\ndef on_delete(meta, options):\n    pass\n",
+    ],
+)
 def test_what_only_the_import_can_tell_is_left_to_deploy(source):
     check_handler_source("fn", source)
 
@@ -68,13 +79,17 @@ def test_javascript_is_compiled_not_run():
     with pytest.raises(HandlerLoadError, match="defines neither OnUpdate"):
         check_handler_source("fn", "function onupdate(doc, meta) {}\n// OnUpdate\n", language="javascript")
     with pytest.raises(HandlerLoadError, match="SQL"):
-        check_handler_source("fn", "function OnUpdate(doc, meta) { N1QL('SELECT 1'); }\n", language="javascript")
+        check_handler_source(
+            "fn", "function OnUpdate(doc, meta) { N1QL('SELECT 1'); }\n", language="javascript"
+        )
 
 
 def test_saving_runs_no_top_level_code_and_deploy_does(data_dir, tmp_path):
     LocalBucket.create(data_dir, "src").close()
     marker = tmp_path / "marker"
-    defn = FunctionDefinition.from_dict({"name": "fn", "source_bucket": "src", "constants": {"MARKER": str(marker)}})
+    defn = FunctionDefinition.from_dict(
+        {"name": "fn", "source_bucket": "src", "constants": {"MARKER": str(marker)}}
+    )
     source = "open(MARKER, 'w').close()\n\ndef on_update(doc, meta):\n    pass\n"
     lifecycle.save_function(data_dir, defn, source)
     assert not marker.exists()
@@ -105,9 +120,22 @@ def service(data_dir):
     LocalBucket.create(data_dir, "src").close()
     with serve_http(Auth) as httpd:
         url = url_of(httpd)
-        defn = FunctionDefinition.from_dict({"name": "fn", "source_bucket": "src", "url_bindings": [
-            {"alias": "api", "url": url + "/v1", "auth": "basic", "username": "u", "password": "pw-0451"},
-            {"alias": "open", "url": url + "/v2"}]})
+        defn = FunctionDefinition.from_dict(
+            {
+                "name": "fn",
+                "source_bucket": "src",
+                "url_bindings": [
+                    {
+                        "alias": "api",
+                        "url": url + "/v1",
+                        "auth": "basic",
+                        "username": "u",
+                        "password": "pw-0451",
+                    },
+                    {"alias": "open", "url": url + "/v2"},
+                ],
+            }
+        )
         with open_store(data_dir) as store:
             store.put_function("fn", defn.to_dict(), "def on_update(doc, meta):\n    pass\n")
         scoped = ScopedService("fn", defn, DataService(data_dir))
@@ -120,8 +148,13 @@ def test_the_host_adds_the_secret_and_calls_only_the_bindings_own_url(service):
     answer = scoped.call("curl", "api", "GET", url + "/v1/items?id=1", None, {}, 5.0)
     assert answer[:2] == ("ok", 200) and answer[3] == b"ok"
     assert Auth.seen == ["Basic " + base64.b64encode(b"u:pw-0451").decode()]
-    for elsewhere in ("http://127.0.0.1:1/v1", url + "/v2/x", url + "/v1/../admin", url + "/v10", url.replace(
-            "127.0.0.1", "localhost") + "/v1/x"):
+    for elsewhere in (
+        "http://127.0.0.1:1/v1",
+        url + "/v2/x",
+        url + "/v1/../admin",
+        url + "/v10",
+        url.replace("127.0.0.1", "localhost") + "/v1/x",
+    ):
         assert scoped.call("curl", "api", "GET", elsewhere, None, {}, 5.0)[0] == "error", elsewhere
     assert Auth.seen == ["Basic " + base64.b64encode(b"u:pw-0451").decode()]  # none of those was sent
     for alias in ("open", "nope"):  # a binding without credentials is the child's own to call

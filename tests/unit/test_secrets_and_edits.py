@@ -30,9 +30,16 @@ HANDLER = "def on_update(doc, meta):\n    pass\n"
 
 def definition(source: str = "src", **extra) -> dict:
     return {
-        "name": "fn_api", "source_bucket": source,
+        "name": "fn_api",
+        "source_bucket": source,
         "url_bindings": [
-            {"alias": "api", "url": "https://example.com/v1", "auth": "basic", "username": "u", "password": PASSWORD},
+            {
+                "alias": "api",
+                "url": "https://example.com/v1",
+                "auth": "basic",
+                "username": "u",
+                "password": PASSWORD,
+            },
             {"alias": "hook", "url": "https://example.com/hook", "auth": "bearer", "token": TOKEN},
             {"alias": "open", "url": "https://example.com/open"},
         ],
@@ -103,8 +110,13 @@ def test_mask_replaces_only_set_secrets_and_leaves_the_stored_definition_alone()
 @pytest.mark.parametrize("token", [READ, ADMIN])
 def test_rest_reads_mask_secrets_for_every_role(saved, token):
     with client(saved, token) as c:
-        for path in ("/api/v1/functions?format=eventing", "/api/v1/functions/fn_api", "/api/v1/functions/fn_api/settings",
-                     "/api/v1/export?format=eventing", "/api/v1/export?name=fn_api"):
+        for path in (
+            "/api/v1/functions?format=eventing",
+            "/api/v1/functions/fn_api",
+            "/api/v1/functions/fn_api/settings",
+            "/api/v1/export?format=eventing",
+            "/api/v1/export?name=fn_api",
+        ):
             r = c.get(path)
             assert r.status_code == 200, (path, r.text)
             assert PASSWORD not in r.text and TOKEN not in r.text, path
@@ -149,8 +161,10 @@ def test_rest_settings_and_update_with_the_mask_keep_the_stored_secrets(saved):
     with client(saved, ADMIN) as c:
         settings = c.get("/api/v1/functions/fn_api/settings").json()
         assert settings["url_bindings"][1]["token"] == MASK
-        r = c.post("/api/v1/functions/fn_api/settings",
-                   json={"url_bindings": settings["url_bindings"], "description": "changed"})
+        r = c.post(
+            "/api/v1/functions/fn_api/settings",
+            json={"url_bindings": settings["url_bindings"], "description": "changed"},
+        )
         assert r.status_code == 200, r.text
         doc = c.get("/api/v1/functions/fn_api").json()
         body = {k: v for k, v in doc.items() if k not in ("state", "generation")}
@@ -165,8 +179,11 @@ def test_rest_settings_and_update_with_the_mask_keep_the_stored_secrets(saved):
 def test_a_mask_with_no_stored_secret_is_refused_not_stored(data_dir):
     LocalBucket.create(data_dir, "src")
     data = mask_definition(definition())
-    with pytest.raises(ConfigError, match=r"url binding 'api' of function 'fn_api' has password '\*\*\*\*\*'.*"
-                                          r"put the real password in the definition"):
+    with pytest.raises(
+        ConfigError,
+        match=r"url binding 'api' of function 'fn_api' has password '\*\*\*\*\*'.*"
+        r"put the real password in the definition",
+    ):
         lifecycle.import_definitions(data_dir, {**data, "handler_source": HANDLER})
     with open_store(data_dir) as store:
         assert store.list_functions() == []
@@ -179,8 +196,11 @@ def test_the_source_of_a_paused_function_cannot_change(saved):
     lifecycle.deploy(saved, "fn_api")
     lifecycle.pause(saved, "fn_api")
     moved = FunctionDefinition.from_dict(definition("other"))
-    with pytest.raises(LifecycleError, match="cannot change the source bucket of function 'fn_api' from 'src' to "
-                                             "'other'.*; undeploy it, then deploy the new definition"):
+    with pytest.raises(
+        LifecycleError,
+        match="cannot change the source bucket of function 'fn_api' from 'src' to "
+        "'other'.*; undeploy it, then deploy the new definition",
+    ):
         lifecycle.save_function(saved, moved, HANDLER)
     # other edits of a paused function stay allowed
     lifecycle.save_function(saved, FunctionDefinition.from_dict(definition(description="still src")), HANDLER)

@@ -51,7 +51,11 @@ def session_spec(**extra: Any) -> WindowSpec:
         ({"kind": "session", "gap": "10s", "offset": "1s"}, "offset", "set max_duration"),
         ({"kind": "tumbling", "size": "1m", "gap": "10s"}, "gap", "for session windows"),
         ({"kind": "tumbling", "size": "1h", "offset": "1h"}, "offset", "up to (not including)"),
-        ({"kind": "hopping", "size": "1h", "slide": "10m", "offset": "15m"}, "offset", "not shorter than the slide"),
+        (
+            {"kind": "hopping", "size": "1h", "slide": "10m", "offset": "15m"},
+            "offset",
+            "not shorter than the slide",
+        ),
         ({"kind": "tumbling"}, "size", "has no size"),
         ({"kind": "sliding", "size": "1m"}, "kind", "'tumbling', 'hopping' or 'session'"),
     ],
@@ -124,10 +128,14 @@ def test_the_operator_windows_rows_on_the_offset_grid():
 
 def test_rows_at_most_a_gap_apart_form_one_session_per_group():
     op = SessionOperator(session_spec())
-    fate = op.observe_batch(0, [("a",), ("a",), ("b",), ("a",)], [T0, T0 + 9 * S, T0 + 5 * S, T0 + 30 * S], T0)
+    fate = op.observe_batch(
+        0, [("a",), ("a",), ("b",), ("a",)], [T0, T0 + 9 * S, T0 + 5 * S, T0 + 30 * S], T0
+    )
     assert fate.late_count == 0
     assert [(s.group, s.start_ms - T0, s.end_ms - T0) for s in op.open_sessions] == [
-        (("b",), 5 * S, 15 * S), (("a",), 0, 19 * S), (("a",), 30 * S, 40 * S)
+        (("b",), 5 * S, 15 * S),
+        (("a",), 0, 19 * S),
+        (("a",), 30 * S, 40 * S),
     ]  # by end
     # The watermark (30 s) closed a and b's first sessions (ends 19 s and 15 s).
     closed = op.advance(T0)
@@ -140,7 +148,9 @@ def test_a_row_that_bridges_two_sessions_merges_them():
     assert len(op.open_sessions) == 2
     fate = op.observe_batch(1, [("a",)], [T0 + 9 * S], T0)  # 9 s from both: one session now
     assert fate.late == [False]
-    assert [(s.start_ms - T0, s.last_ms - T0, s.end_ms - T0) for s in op.open_sessions] == [(0, 18 * S, 28 * S)]
+    assert [(s.start_ms - T0, s.last_ms - T0, s.end_ms - T0) for s in op.open_sessions] == [
+        (0, 18 * S, 28 * S)
+    ]
     assert [(s.start_ms, s.end_ms) for s in op.close_all()] == [(T0, T0 + 28 * S)]
 
 
@@ -184,7 +194,9 @@ def test_max_duration_cuts_sessions_on_its_grid():
 
 
 def test_processing_time_sessions_use_the_arrival_time():
-    op = SessionOperator(WindowSpec.from_dict({"kind": "session", "gap": "10s", "boundary": "processing_time"}))
+    op = SessionOperator(
+        WindowSpec.from_dict({"kind": "session", "gap": "10s", "boundary": "processing_time"})
+    )
     op.observe_batch(0, [()], None, T0)
     op.observe_batch(0, [()], None, T0 + 8 * S)
     assert op.advance(T0 + 17 * S) == []
@@ -213,7 +225,9 @@ def test_sessions_equal_a_plain_computation_over_the_accepted_rows(seed):
     while i < len(rows):
         batch = rows[i : i + rnd.randint(1, 12)]
         i += len(batch)
-        fate = op.observe_batch([p for _, _, p in batch], [g for g, _, _ in batch], [t for _, t, _ in batch], T0)
+        fate = op.observe_batch(
+            [p for _, _, p in batch], [g for g, _, _ in batch], [t for _, t, _ in batch], T0
+        )
         accepted += [(g, t) for (g, t, _), late in zip(batch, fate.late, strict=True) if not late]
         emitted += op.advance(T0)
     emitted += op.close_all()
@@ -250,7 +264,13 @@ class SessionHarness:
 
     def restart(self) -> WindowCoordinator:
         self.coordinator = WindowCoordinator(
-            self.data_dir, FN, 1, self.window, self.store, aggregator=python_aggregator, clock=self.clock,
+            self.data_dir,
+            FN,
+            1,
+            self.window,
+            self.store,
+            aggregator=python_aggregator,
+            clock=self.clock,
             close_windows=True,
         )
         return self.coordinator
@@ -272,14 +292,23 @@ class SessionHarness:
 
 
 SESSION_WINDOW = {
-    "kind": "session", "gap": "10s", "time_field": "ts", "group_by": ["user"],
-    "aggregates": ["count", {"op": "sum", "field": "amount"}, {"op": "max", "field": "amount"},
-                   {"op": "avg", "field": "amount"}],
+    "kind": "session",
+    "gap": "10s",
+    "time_field": "ts",
+    "group_by": ["user"],
+    "aggregates": [
+        "count",
+        {"op": "sum", "field": "amount"},
+        {"op": "max", "field": "amount"},
+        {"op": "avg", "field": "amount"},
+    ],
     "out_of_order_tolerance": "20s",
 }
 
 
-def test_the_coordinator_emits_merged_sessions_once_from_rows_out_of_order_across_vbuckets(data_dir, window_files):
+def test_the_coordinator_emits_merged_sessions_once_from_rows_out_of_order_across_vbuckets(
+    data_dir, window_files
+):
     h = SessionHarness(data_dir, SESSION_WINDOW)
     # Two workers, two vBuckets each; user u's rows arrive out of order: 0 s and 18 s first, then the 9 s
     # row that bridges them from another vBucket, then a late one after the watermark passed.
@@ -304,7 +333,9 @@ def test_the_coordinator_emits_merged_sessions_once_from_rows_out_of_order_acros
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_random_sessions_over_many_polls_and_a_restart_equal_the_plain_computation(data_dir, seed, window_files):
+def test_random_sessions_over_many_polls_and_a_restart_equal_the_plain_computation(
+    data_dir, seed, window_files
+):
     rnd = random.Random(seed)
     window = dict(SESSION_WINDOW, out_of_order_tolerance=f"{rnd.choice([0, 5, 15])}s")
     if seed % 2:
@@ -319,7 +350,9 @@ def test_random_sessions_over_many_polls_and_a_restart_equal_the_plain_computati
                 vb = rnd.randrange(8)
                 seqnos[vb] += 1
                 t += rnd.randint(0, 3 * S)
-                rows.append((vb, seqnos[vb], t - rnd.randint(0, 25 * S), rnd.choice("xyz"), float(rnd.randint(1, 9))))
+                rows.append(
+                    (vb, seqnos[vb], t - rnd.randint(0, 25 * S), rnd.choice("xyz"), float(rnd.randint(1, 9)))
+                )
             h.write(worker, rows)
         h.coordinator.poll()
         if round_ == 6:
@@ -343,13 +376,22 @@ def test_processing_time_sessions_through_the_coordinator(data_dir):
     h.clock.advance(30 * S)
     h.coordinator.poll()
     h.coordinator.drain()
-    got = [(r["user"], r["window_start_ms"] - T0, r["window_end_ms"] - T0, r["count"]) for r in h.results().to_pylist()]
+    got = [
+        (r["user"], r["window_start_ms"] - T0, r["window_end_ms"] - T0, r["count"])
+        for r in h.results().to_pylist()
+    ]
     assert sorted(got) == [("u", 0, 16 * S, 2), ("v", 0, 10 * S, 1)]
 
 
 def test_offset_windows_through_the_coordinator(data_dir):
-    window = {"kind": "tumbling", "size": "1m", "offset": "20s", "time_field": "ts", "group_by": ["user"],
-              "aggregates": ["count"]}
+    window = {
+        "kind": "tumbling",
+        "size": "1m",
+        "offset": "20s",
+        "time_field": "ts",
+        "group_by": ["user"],
+        "aggregates": ["count"],
+    }
     h = SessionHarness(data_dir, window)
     h.write("local/w0", [(0, 1, 10 * S, "u", 1.0), (0, 2, 30 * S, "u", 1.0), (0, 3, 85 * S, "u", 1.0)])
     h.coordinator.finish(end_of_input=True)
@@ -367,7 +409,10 @@ def test_session_spec_keeps_timedelta_values():
 def test_rows_exactly_a_gap_apart_share_a_session_as_in_flink_and_spark():
     op = SessionOperator(session_spec(out_of_order_tolerance="1h"))
     op.observe_batch(0, [("a",), ("a",), ("a",)], [T0, T0 + 10 * S, T0 + 20 * S + 1], T0)
-    assert [(s.start_ms - T0, s.end_ms - T0) for s in op.close_all()] == [(0, 20 * S), (20 * S + 1, 30 * S + 1)]
+    assert [(s.start_ms - T0, s.end_ms - T0) for s in op.close_all()] == [
+        (0, 20 * S),
+        (20 * S + 1, 30 * S + 1),
+    ]
 
 
 def test_a_row_at_the_end_of_an_emitted_session_is_late():

@@ -31,7 +31,10 @@ def result(future: Any) -> Any:
 
 def test_cores_spread_over_at_most_n_hosts_least_loaded_first():
     hosts = SharedHosts(2, LocalHostBackend())
-    handles = [hosts.start_worker(spec(f"fn{i // 2}", f"w{i % 2}"), spec(f"fn{i // 2}", f"w{i % 2}")) for i in range(6)]
+    handles = [
+        hosts.start_worker(spec(f"fn{i // 2}", f"w{i % 2}"), spec(f"fn{i // 2}", f"w{i % 2}"))
+        for i in range(6)
+    ]
     assert len(hosts.hosts) == 2 and hosts.started == 2
     assert [len(h.cores) for h in hosts.hosts] == [3, 3]
     # The two workers of each function are in different processes.
@@ -121,7 +124,9 @@ def deploy_several(data_dir: str, mutations: int) -> Any:
     return source
 
 
-def check_every_ledger(data_dir: str, source: Any, summary: Any, mutations: int, *, replays: bool = False) -> None:
+def check_every_ledger(
+    data_dir: str, source: Any, summary: Any, mutations: int, *, replays: bool = False
+) -> None:
     assert not summary.errors
     for name in FUNCTIONS:
         handled = summary.functions[name].handled  # counts the calls replayed after a crash
@@ -136,7 +141,9 @@ def test_several_functions_in_two_shared_hosts_handle_every_mutation_once(data_d
     executor = InProcessExecutor(worker_processes=2)
     seen: list[list[int]] = []
     summary = EventingService(
-        data_dir, executor, until_caught_up=True,
+        data_dir,
+        executor,
+        until_caught_up=True,
         on_progress=lambda _: seen.append([len(h.cores) for h in executor.shared.hosts]),
     ).run()
     check_every_ledger(data_dir, source, summary, 2000)

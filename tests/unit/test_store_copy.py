@@ -40,8 +40,13 @@ def prepared(data_dir: str) -> None:
     state.create_bucket("out", partitions=4).close()
     with state.open_bucket("src") as src:
         src.create_collection("s", "c")
-    defn = FunctionDefinition.from_dict({"name": "fn_copy", "source_bucket": "src",
-                                         "bindings": [{"alias": "dst", "bucket": "out", "access": "rw"}]})
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": "fn_copy",
+            "source_bucket": "src",
+            "bindings": [{"alias": "dst", "bucket": "out", "access": "rw"}],
+        }
+    )
     deploy_function(data_dir, defn, HANDLER)
     assert main(["--data-dir", data_dir, "run", "--until-caught-up", "--executor", "in-process"]) == 0
     state.close()

@@ -25,8 +25,14 @@ T0 = 1_767_268_800_000  # 2026-01-01T12:00:00Z
 S = 1_000
 MIN = 60_000
 SPEC = {
-    "kind": "tumbling", "size": "1m", "time_field": "ts", "group_by": ["device"], "aggregates": ["count"],
-    "out_of_order_tolerance": "0s", "late_arrival_tolerance": "5m", "substream_key": "device",
+    "kind": "tumbling",
+    "size": "1m",
+    "time_field": "ts",
+    "group_by": ["device"],
+    "aggregates": ["count"],
+    "out_of_order_tolerance": "0s",
+    "late_arrival_tolerance": "5m",
+    "substream_key": "device",
 }
 
 
@@ -36,8 +42,13 @@ def operator(**changes) -> SubstreamWindowOperator:
 
 def feed(op: SubstreamWindowOperator, rows: list[tuple[str, int, int]]) -> list:
     """Rows (device, event ms, arrival ms) as one batch, then an advance: the windows that closed."""
-    fate = op.observe_batch([0] * len(rows), [t for _, t, _ in rows], T0, arrival_ms=max(a for _, _, a in rows),
-                            substreams=[d for d, _, _ in rows])
+    fate = op.observe_batch(
+        [0] * len(rows),
+        [t for _, t, _ in rows],
+        T0,
+        arrival_ms=max(a for _, _, a in rows),
+        substreams=[d for d, _, _ in rows],
+    )
     assert fate.late_count == 0
     return op.advance(T0)
 
@@ -83,7 +94,9 @@ def test_rows_of_a_closed_substream_window_are_late_and_others_are_not():
     op = operator()
     feed(op, [("a", T0 + 10 * S, T0 + 10 * S), ("b", T0 + 10 * S, T0 + 10 * S)])
     feed(op, [("a", T0 + 2 * MIN, T0 + 2 * MIN)])  # closes a's 12:00 window, not b's
-    fate = op.observe_batch([0, 0], [T0 + 20 * S, T0 + 20 * S], T0, arrival_ms=T0 + 2 * MIN, substreams=["a", "b"])
+    fate = op.observe_batch(
+        [0, 0], [T0 + 20 * S, T0 + 20 * S], T0, arrival_ms=T0 + 2 * MIN, substreams=["a", "b"]
+    )
     assert fate.late == [True, False]
     assert op.late_rows == 1
 
@@ -125,14 +138,19 @@ def test_sinks_keep_the_first_write_per_window_and_substream(tmp_path, kind, req
         sink: Any = PostgresWindowSink.open(request.getfixturevalue("pg_url"))
     else:
         sink = ParquetWindowSink(tmp_path) if kind == "parquet" else SqliteWindowSink(tmp_path / "r.db")
-    results = pa.table({"window_start_ms": [0, 0], "window_end_ms": [60, 60], "device": ["d1", "d/2 é"],
-                        "count": [1, 2]})
+    results = pa.table(
+        {"window_start_ms": [0, 0], "window_end_ms": [60, 60], "device": ["d1", "d/2 é"], "count": [1, 2]}
+    )
     only_first = results.slice(0, 1)
     assert sink.write("fn", only_first, windows=[(0, 60, "d1")], substream="device") == 1
     assert sink.written_windows("fn") == {(0, 60, "d1")}
     # The other device's window of the same bounds closes later: it is written then, d1's is not rewritten.
-    assert sink.write("fn", results, windows=[(0, 60, "d1"), (0, 60, "d/2 é"), (0, 60, "d3")],
-                      substream="device") == 2
+    assert (
+        sink.write(
+            "fn", results, windows=[(0, 60, "d1"), (0, 60, "d/2 é"), (0, 60, "d3")], substream="device"
+        )
+        == 2
+    )
     assert sink.written_windows("fn") == {(0, 60, "d1"), (0, 60, "d/2 é"), (0, 60, "d3")}
     assert sink.read("fn").to_pylist() == sorted(results.to_pylist(), key=lambda r: r["device"])
 
@@ -142,15 +160,20 @@ def test_sinks_keep_the_first_write_per_window_and_substream(tmp_path, kind, req
 FN = "fn_paces"
 
 
-def test_the_coordinator_emits_each_devices_windows_when_its_own_watermark_passes_them(data_dir, window_files):
+def test_the_coordinator_emits_each_devices_windows_when_its_own_watermark_passes_them(
+    data_dir, window_files
+):
     """Two devices at different paces and one that falls silent, delivered in two rounds with a restart
     between: each round emits exactly the windows a plain computation of each device's watermark closes."""
     from eventing.core.mutation import decode_document
 
     source = LocalBucket.create(data_dir, "src")
     window = dict(SPEC, aggregates=["count", {"op": "sum", "field": "v"}], out_of_order_tolerance="30s")
-    lifecycle.save_function(data_dir, FunctionDefinition.from_dict(
-        {"name": FN, "source_bucket": "src", "window": window}), '"""Window-only."""\n')
+    lifecycle.save_function(
+        data_dir,
+        FunctionDefinition.from_dict({"name": FN, "source_bucket": "src", "window": window}),
+        '"""Window-only."""\n',
+    )
     lifecycle.deploy(data_dir, FN)
     layout = RowLayout.for_definition(FN, window)
     rows = []  # (device, event, arrival)
@@ -165,8 +188,16 @@ def test_the_coordinator_emits_each_devices_windows_when_its_own_watermark_passe
     store = open_store(data_dir)
 
     def coordinator() -> WindowCoordinator:
-        return WindowCoordinator(data_dir, FN, 1, window, store, aggregator=python_aggregator,
-                                 clock=ManualClock(T0 + 20 * MIN), source_bucket="src")
+        return WindowCoordinator(
+            data_dir,
+            FN,
+            1,
+            window,
+            store,
+            aggregator=python_aggregator,
+            clock=ManualClock(T0 + 20 * MIN),
+            source_bucket="src",
+        )
 
     def deliver(upto: int) -> None:
         writer = WindowRowWriter(data_dir, FN, 1, f"w{upto}", layout)
@@ -184,10 +215,17 @@ def test_the_coordinator_emits_each_devices_windows_when_its_own_watermark_passe
         for device in ("fast", "quiet", "slow"):
             mine = [{"event_time_ms": t, "device": d, "v": 1.0} for d, t, _ in seen if d == device]
             mark = max(max(r["event_time_ms"] for r in mine) - 30 * S, clock - 5 * MIN)
-            closed = {(s, s + MIN) for s in {r["event_time_ms"] // MIN * MIN for r in mine} if s + MIN <= mark}
-            out += python_aggregate(mine, size_ms=MIN, slide_ms=MIN, group_by=["device"],
-                                    aggregates=[("count", None, "count"), ("sum", "v", "sum_v")],
-                                    windows=closed).to_pylist()
+            closed = {
+                (s, s + MIN) for s in {r["event_time_ms"] // MIN * MIN for r in mine} if s + MIN <= mark
+            }
+            out += python_aggregate(
+                mine,
+                size_ms=MIN,
+                slide_ms=MIN,
+                group_by=["device"],
+                aggregates=[("count", None, "count"), ("sum", "v", "sum_v")],
+                windows=closed,
+            ).to_pylist()
         return sorted(out, key=lambda r: (r["window_start_ms"], r["device"]))
 
     def emitted() -> list[dict]:
@@ -223,11 +261,21 @@ def test_the_coordinator_emits_each_devices_windows_when_its_own_watermark_passe
 
 
 def test_a_session_window_with_a_substream_key_keeps_the_function_watermark(data_dir):
-    window = {"kind": "session", "gap": "1m", "time_field": "ts", "group_by": ["device"], "aggregates": ["count"],
-              "late_arrival_tolerance": "5m", "substream_key": "device"}
+    window = {
+        "kind": "session",
+        "gap": "1m",
+        "time_field": "ts",
+        "group_by": ["device"],
+        "aggregates": ["count"],
+        "late_arrival_tolerance": "5m",
+        "substream_key": "device",
+    }
     LocalBucket.create(data_dir, "src")
-    lifecycle.save_function(data_dir, FunctionDefinition.from_dict(
-        {"name": FN, "source_bucket": "src", "window": window}), '"""Window-only."""\n')
+    lifecycle.save_function(
+        data_dir,
+        FunctionDefinition.from_dict({"name": FN, "source_bucket": "src", "window": window}),
+        '"""Window-only."""\n',
+    )
     lifecycle.deploy(data_dir, FN)
     store = open_store(data_dir)
     c = WindowCoordinator(data_dir, FN, 1, window, store, aggregator=python_aggregator, source_bucket="src")
@@ -248,8 +296,14 @@ from eventing.windows.semantics.arrival import ArrivalPolicy  # noqa: E402
 def device_rows(draw):
     n = draw(st.integers(1, 40))
     arrivals = sorted(draw(st.lists(st.integers(0, 20 * 60), min_size=n, max_size=n)))
-    rows = [(draw(st.sampled_from(["a", "b", "c"])), T0 + (a + draw(st.integers(-9 * 60, 6 * 60))) * S, T0 + a * S)
-            for a in arrivals]
+    rows = [
+        (
+            draw(st.sampled_from(["a", "b", "c"])),
+            T0 + (a + draw(st.integers(-9 * 60, 6 * 60))) * S,
+            T0 + a * S,
+        )
+        for a in arrivals
+    ]
     cuts = sorted(set(draw(st.lists(st.integers(1, n), max_size=5))))
     return rows, cuts, draw(st.sampled_from([["device"], []])), draw(st.sampled_from(["0s", "2m"]))
 
@@ -260,10 +314,19 @@ def test_rows_judged_in_arrival_order_are_never_late_and_close_the_same_windows_
     """The policies' windowed times, in any batches: no row is late, and the closed windows are those a
     plain computation of each substream's final watermark (its rows', or arrival clock - tolerance) gives."""
     rows, cuts, group_by, lateness = case
-    spec = WindowSpec.from_dict(dict(SPEC, group_by=group_by, allowed_lateness=lateness, out_of_order_tolerance="1m",
-                                     early_arrival_policy="adjust"))
+    spec = WindowSpec.from_dict(
+        dict(
+            SPEC,
+            group_by=group_by,
+            allowed_lateness=lateness,
+            out_of_order_tolerance="1m",
+            early_arrival_policy="adjust",
+        )
+    )
     policy = ArrivalPolicy.for_spec(spec)
-    fates = policy.observe_batch([t for _, t, _ in rows], [a for _, _, a in rows], keys=[d for d, _, _ in rows])
+    fates = policy.observe_batch(
+        [t for _, t, _ in rows], [a for _, _, a in rows], keys=[d for d, _, _ in rows]
+    )
     judged = [(d, int(fates.time_ms[i]), a, not fates.early[i]) for i, (d, _, a) in enumerate(rows)]
     op = SubstreamWindowOperator(spec)
     closed: list = []
@@ -271,8 +334,14 @@ def test_rows_judged_in_arrival_order_are_never_late_and_close_the_same_windows_
         batch = judged[lo:hi]
         if not batch:
             continue
-        fate = op.observe_batch([0] * len(batch), [t for _, t, _, _ in batch], T0, arrival_ms=batch[-1][2],
-                                lifts=[lift for *_, lift in batch], substreams=[d for d, *_ in batch])
+        fate = op.observe_batch(
+            [0] * len(batch),
+            [t for _, t, _, _ in batch],
+            T0,
+            arrival_ms=batch[-1][2],
+            lifts=[lift for *_, lift in batch],
+            substreams=[d for d, *_ in batch],
+        )
         assert fate.late_count == 0
         closed += op.advance(T0)
     clock = judged[-1][2]
@@ -283,10 +352,16 @@ def test_rows_judged_in_arrival_order_are_never_late_and_close_the_same_windows_
         if lift:
             marks[d] = max(marks[d], t - MIN)
     if group_by:
-        want = {SubstreamWindow(Window(t // MIN * MIN, t // MIN * MIN + MIN), d) for d, t, _, _ in judged
-                if t // MIN * MIN + MIN <= marks[d] - late_ms}
+        want = {
+            SubstreamWindow(Window(t // MIN * MIN, t // MIN * MIN + MIN), d)
+            for d, t, _, _ in judged
+            if t // MIN * MIN + MIN <= marks[d] - late_ms
+        }
     else:  # a window mixing devices waits for any device, even one not seen yet: the arrival clock's floor
-        want = {Window(t // MIN * MIN, t // MIN * MIN + MIN) for _, t, _, _ in judged
-                if t // MIN * MIN + MIN <= clock - 5 * MIN - late_ms}
+        want = {
+            Window(t // MIN * MIN, t // MIN * MIN + MIN)
+            for _, t, _, _ in judged
+            if t // MIN * MIN + MIN <= clock - 5 * MIN - late_ms
+        }
     assert sorted(closed) == sorted(want)
     assert len(closed) == len(set(closed))  # each window closes once

@@ -18,7 +18,7 @@ from metadata import TIMER_VB_BASE
 from metadata.factory import open_store
 from sharding import NUM_VBUCKETS
 
-HANDLER = '''
+HANDLER = """
 import time
 
 def on_update(doc, meta):
@@ -33,13 +33,18 @@ def fire(context):
     if context.get("rev") == "hang":
         time.sleep(5)
     dst["fired|" + context["id"]] = {"rev": context["rev"], "at": time.time()}
-'''
+"""
 
 
 def definition(name: str = "fn_t", **extra) -> FunctionDefinition:
     return FunctionDefinition.from_dict(
-        {"name": name, "source_bucket": "src", "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}],
-         "checkpoint_interval": "1h", **extra}
+        {
+            "name": name,
+            "source_bucket": "src",
+            "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}],
+            "checkpoint_interval": "1h",
+            **extra,
+        }
     )
 
 
@@ -161,7 +166,10 @@ def test_a_failing_callback_goes_to_the_dlq_with_its_context_and_replay_runs_it(
     assert (row.reason, row.vb >= TIMER_VB_BASE, row.key) == ("timer_error", True, "bad")
     assert "callback failed for bad" in row.error
     view = dlq_ops.row_view(row, full=True)
-    assert view["mutation"]["op"] == "timer" and view["mutation"]["doc"]["context"] == {"id": "bad", "rev": "boom"}
+    assert view["mutation"]["op"] == "timer" and view["mutation"]["doc"]["context"] == {
+        "id": "bad",
+        "rev": "boom",
+    }
     assert store.timer_backlog("fn_t", 10**13)["pending"] == 0  # done: dead-lettered, not retried forever
     LocalBucket.open(data_dir, "dst").upsert("fixed", {"yes": True})
     report = dlq_ops.replay(data_dir, "fn_t", dlq_ops.DlqSelector(reason="timer_error"))
@@ -178,7 +186,7 @@ def test_a_callback_past_execution_timeout_is_dead_lettered_as_timeout(data_dir)
     assert row.reason == "timeout" and row.vb >= TIMER_VB_BASE
 
 
-BAD_INPUT = '''
+BAD_INPUT = """
 import datetime
 
 def on_update(doc, meta):
@@ -202,7 +210,7 @@ def on_update(doc, meta):
 
 def fire(context):
     dst["fired|auto"] = {"ok": True}
-'''
+"""
 
 
 def test_bad_timer_input_raises_one_clear_timer_error_the_handler_can_catch(data_dir):
@@ -210,7 +218,15 @@ def test_bad_timer_input_raises_one_clear_timer_error_the_handler_can_catch(data
     source.upsert("a", {"n": 1})
     settle(worker(data_dir))
     errors = LocalBucket.open(data_dir, "dst").get("errors")
-    assert set(errors) == {"lambda", "not_module", "when", "bool_when", "context_json", "context_size", "reference"}
+    assert set(errors) == {
+        "lambda",
+        "not_module",
+        "when",
+        "bool_when",
+        "context_json",
+        "context_size",
+        "reference",
+    }
     assert all(e.startswith("TimerError: ") for e in errors.values()), errors
     assert "not a function defined in the handler module" in errors["lambda"]
     assert "not a time" in errors["when"] and "not a time" in errors["bool_when"]
@@ -224,7 +240,7 @@ def test_timer_context_size_must_be_positive():
         definition(timer_context_size=0)
 
 
-PAST_TIMERS = '''
+PAST_TIMERS = """
 import time
 
 def on_update(doc, meta):
@@ -233,7 +249,7 @@ def on_update(doc, meta):
 
 def fire(context):
     dst["fired|" + context["id"]] = {"id": context["id"]}
-'''
+"""
 
 
 @pytest.mark.parametrize("workers", [1, 3])

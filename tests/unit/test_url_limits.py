@@ -64,8 +64,15 @@ def most_in_one_second(times: list[float]) -> int:
 def test_processes_and_threads_of_a_machine_share_one_rate(tmp_path):
     rate = 40.0
     env = {**os.environ, "PYTHONPATH": ROOT}
-    procs = [subprocess.Popen([sys.executable, "-c", TAKER, str(tmp_path), str(rate), "25"], stdout=subprocess.PIPE,
-                              text=True, env=env) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", TAKER, str(tmp_path), str(rate), "25"],
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for _ in range(2)
+    ]
     here = BindingLimit(tmp_path, "shared", rate, 3, None)
     times: list[float] = []
     lock = threading.Lock()
@@ -90,8 +97,12 @@ def test_processes_and_threads_of_a_machine_share_one_rate(tmp_path):
 
 
 def test_a_slot_held_by_a_killed_process_is_free_again(tmp_path):
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path)], stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": ROOT})
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": ROOT},
+    )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
         limit = BindingLimit(tmp_path, "held", None, 1, 1)
@@ -147,18 +158,23 @@ def counting(tmp_path, monkeypatch):
         yield url_of(httpd)
 
 
-HANDLER = '''
+HANDLER = """
 def on_update(doc, meta):
     r = curl("POST", api, {"path": doc.get("path", "/x")})
     out[meta.id] = {"status": r.status}
-'''
+"""
 
 
 def limited(url: str, binding: dict, **extra) -> FunctionDefinition:
-    return FunctionDefinition.from_dict({
-        "name": "fn_lim", "source_bucket": "src", "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
-        "url_bindings": [{"alias": "api", "url": url, **binding}], **extra,
-    })
+    return FunctionDefinition.from_dict(
+        {
+            "name": "fn_lim",
+            "source_bucket": "src",
+            "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
+            "url_bindings": [{"alias": "api", "url": url, **binding}],
+            **extra,
+        }
+    )
 
 
 def run(data_dir: str) -> None:
@@ -182,7 +198,9 @@ def test_max_in_flight_holds_every_worker_and_pool_thread_to_the_limit(data_dir,
 def test_waiting_for_a_rate_limit_is_not_the_handlers_time(data_dir, counting):
     source = LocalBucket.create(data_dir, "src")
     # 5 requests a second for 20 mutations on 4 calls at once: the last waits ~4 s, past execution_timeout.
-    defn = limited(counting, {"rate_limit": {"per_second": 5, "burst": 1}}, concurrency=4, execution_timeout="1s")
+    defn = limited(
+        counting, {"rate_limit": {"per_second": 5, "burst": 1}}, concurrency=4, execution_timeout="1s"
+    )
     deploy_function(data_dir, defn, HANDLER)
     for i in range(20):
         source.upsert(f"k{i}", {})
@@ -195,7 +213,11 @@ def test_waiting_for_a_rate_limit_is_not_the_handlers_time(data_dir, counting):
     assert stats["curl"]["curl_throttled_count"] >= 15 and stats["curl"]["curl_throttled_ms"] >= 2000
     metrics = render(data_dir).decode()
     assert 'eventing_curl_throttled_total{function="fn_lim"}' in metrics
-    throttled = [line for line in metrics.splitlines() if line.startswith('eventing_curl_throttled_total{function="fn_lim"}')]
+    throttled = [
+        line
+        for line in metrics.splitlines()
+        if line.startswith('eventing_curl_throttled_total{function="fn_lim"}')
+    ]
     assert float(throttled[0].split()[-1]) >= 15
 
 
@@ -216,10 +238,21 @@ def test_a_sandboxs_host_makes_its_limited_requests_and_tells_it_the_wait(counti
     from eventing.execution.curl import HostCurl
     from eventing.execution.limits import Limits
 
-    host = HostCurl([{"alias": "api", "url": counting, "rate_limit": {"per_second": 4, "burst": 1}},
-                     {"alias": "open", "url": counting}], 1000, 5.0, Limits("fn_sb", "uuid-1", folder=tmp_path))
+    host = HostCurl(
+        [
+            {"alias": "api", "url": counting, "rate_limit": {"per_second": 4, "burst": 1}},
+            {"alias": "open", "url": counting},
+        ],
+        1000,
+        5.0,
+        Limits("fn_sb", "uuid-1", folder=tmp_path),
+    )
     first = host.exchange("api", "POST", counting + "/x", b"{}", {}, 2.0)
     second = host.exchange("api", "POST", counting + "/x", b"{}", {}, 2.0)
     assert first[0] == second[0] == "ok" and first[1] == second[1] == 200
-    assert first[4] < 0.05 and 0.1 <= second[4] < 1.0  # the second waited for the rate: the child's call moves by it
-    assert host.exchange("open", "POST", counting + "/x", b"{}", {}, 2.0)[0] == "error"  # nothing to do for it
+    assert (
+        first[4] < 0.05 and 0.1 <= second[4] < 1.0
+    )  # the second waited for the rate: the child's call moves by it
+    assert (
+        host.exchange("open", "POST", counting + "/x", b"{}", {}, 2.0)[0] == "error"
+    )  # nothing to do for it

@@ -40,10 +40,20 @@ from metadata.factory import open_store
 
 ADMIN_TOKEN = "admin-token-0123456789abcdef"
 READ_TOKEN = "read-token-0123456789abcdef"
-PASSWORDS = {"root": "root-password-1", "ro": "ro-password-12", "mgr": "mgr-password-12", "writer": "writer-pass-12",
-             "local": "local-password-1"}
-ROLES = {"root": ["admin"], "ro": ["ro_admin"], "mgr": ["eventing_manage_functions[shop:sales]"],
-         "writer": ["data_writer[shop.sales.*]"], "local": ["eventing_manage_functions[src:_default]"]}
+PASSWORDS = {
+    "root": "root-password-1",
+    "ro": "ro-password-12",
+    "mgr": "mgr-password-12",
+    "writer": "writer-pass-12",
+    "local": "local-password-1",
+}
+ROLES = {
+    "root": ["admin"],
+    "ro": ["ro_admin"],
+    "mgr": ["eventing_manage_functions[shop:sales]"],
+    "writer": ["data_writer[shop.sales.*]"],
+    "local": ["eventing_manage_functions[src:_default]"],
+}
 HANDLER = "def on_update(doc, meta):\n    pass\n"
 
 
@@ -57,7 +67,9 @@ def cheap_scrypt(request, monkeypatch):
     hashing and verifying run the same code, faster. The tests of PRODUCTION_COST_TESTS keep SCRYPT_N."""
     if request.node.originalname not in PRODUCTION_COST_TESTS:
         monkeypatch.setattr(security_users, "SCRYPT_N", 2**8)
-        monkeypatch.setattr(security_users, "SCRAM_ITERATIONS", 64)  # the SCRAM keys kept beside the hash, likewise
+        monkeypatch.setattr(
+            security_users, "SCRAM_ITERATIONS", 64
+        )  # the SCRAM keys kept beside the hash, likewise
 
 
 def basic(user: str, password: str | None = None) -> dict[str, str]:
@@ -72,7 +84,9 @@ def fn(name: str, scope: str, collection: str) -> dict:
 @pytest.fixture
 def site(data_dir):
     LocalBucket.create(data_dir, "src").upsert("k", {"n": 1})
-    deploy_function(data_dir, FunctionDefinition.from_dict({"name": "fn_src", "source_bucket": "src"}), HANDLER)
+    deploy_function(
+        data_dir, FunctionDefinition.from_dict({"name": "fn_src", "source_bucket": "src"}), HANDLER
+    )
     store = open_store(data_dir)
     for name, roles in ROLES.items():
         store.put_user(name, hash_password(PASSWORDS[name]), roles)
@@ -98,8 +112,11 @@ def test_a_password_is_stored_only_as_a_salted_scrypt_hash_and_salted_scram_keys
     scheme, n, r, p, salt, digest = scrypt.split("$")
     assert (scheme, int(n), int(r), int(p), len(base64.b64decode(salt))) == ("scrypt", 2**14, 8, 1, 16)
     # the SCRAM keys the KV port's SASL checks (eventing.kv.sasl): salted, iterated, one set a mechanism
-    assert [k.split("$")[:2] for k in scram] == [["scram-sha512", "15000"], ["scram-sha256", "15000"],
-                                                  ["scram-sha1", "15000"]]
+    assert [k.split("$")[:2] for k in scram] == [
+        ["scram-sha512", "15000"],
+        ["scram-sha256", "15000"],
+        ["scram-sha1", "15000"],
+    ]
     assert "correct horse" not in first
     assert verify_password("correct horse", first) and not verify_password("correct hors", first)
     assert not verify_password("x", "not a hash")
@@ -131,7 +148,13 @@ def test_roles_parse_with_couchbase_names_and_wildcards_cover_keyspaces():
     assert not manager.allows(CLUSTER_MANAGE, None)
     assert Grant.parse("ro_admin").allows(CLUSTER_READ, None)
     assert not Grant.parse("ro_admin").allows(SECRETS_READ, None)
-    for bad in ("root", "admin[shop]", "data_writer", "data_writer[a.b.c.d]", "eventing_manage_functions[a:b:c]"):
+    for bad in (
+        "root",
+        "admin[shop]",
+        "data_writer",
+        "data_writer[a.b.c.d]",
+        "eventing_manage_functions[a:b:c]",
+    ):
         with pytest.raises(ConfigError):
             Grant.parse(bad)
 
@@ -152,9 +175,19 @@ MATRIX = [
     ("POST", "/api/v1/functions/fn_sales/deploy", None, {"ro": False, "writer": False}),
     ("DELETE", "/api/v1/functions/fn_hr", None, {"ro": False, "mgr": False, "writer": False}),
     ("GET", "/api/v1/export?secrets=true", None, {"ro": False, "mgr": False}),
-    ("POST", "/api/v1/functions/fn_new", {**fn("fn_new", "hr", "staff"), "handler_source": HANDLER}, {"mgr": False}),
+    (
+        "POST",
+        "/api/v1/functions/fn_new",
+        {**fn("fn_new", "hr", "staff"), "handler_source": HANDLER},
+        {"mgr": False},
+    ),
     ("POST", "/api/v1/functions/fn_sales/settings", {"source_scope": "hr"}, {"mgr": False}),
-    ("POST", "/api/v1/import", [{**fn("fn_sales", "hr", "staff"), "handler_source": HANDLER}], {"mgr": False}),
+    (
+        "POST",
+        "/api/v1/import",
+        [{**fn("fn_sales", "hr", "staff"), "handler_source": HANDLER}],
+        {"mgr": False},
+    ),
     ("POST", "/api/v1/keyspaces/shop.hr.staff/load", None, {"writer": False, "mgr": False, "ro": False}),
 ]
 
@@ -163,7 +196,9 @@ MATRIX = [
 def test_each_role_is_allowed_or_refused_each_endpoint(site, data_dir, method, path, body, expected):
     before = {n: state(data_dir, n) for n in ("fn_sales", "fn_hr")}
     for user, allowed in expected.items():
-        r = site.request(method, path, headers=basic(user), content=None if body is None else json.dumps(body))
+        r = site.request(
+            method, path, headers=basic(user), content=None if body is None else json.dumps(body)
+        )
         if allowed:
             assert r.status_code not in (401, 403), (user, r.status_code, r.text)
         else:
@@ -176,20 +211,31 @@ def test_each_role_is_allowed_or_refused_each_endpoint(site, data_dir, method, p
 def test_a_function_manager_manages_its_scope_and_lists_only_its_functions(site, data_dir):
     names = [f["name"] for f in site.get("/api/v1/functions?format=eventing", headers=basic("mgr")).json()]
     assert names == ["fn_sales"]
-    assert [a["name"] for a in site.get("/api/v1/status", headers=basic("mgr")).json()["apps"]] == ["fn_sales"]
+    assert [a["name"] for a in site.get("/api/v1/status", headers=basic("mgr")).json()["apps"]] == [
+        "fn_sales"
+    ]
     assert {f["name"] for f in site.get("/api/v1/functions?format=eventing", headers=basic("ro")).json()} == {
-        "fn_src", "fn_sales", "fn_hr"}
+        "fn_src",
+        "fn_sales",
+        "fn_hr",
+    }
     assert site.get("/api/v1/functions", headers=basic("writer")).status_code == 403
-    r = site.post("/api/v1/functions/fn_sales/settings", headers=basic("mgr"), content=json.dumps({"description": "x"}))
+    r = site.post(
+        "/api/v1/functions/fn_sales/settings", headers=basic("mgr"), content=json.dumps({"description": "x"})
+    )
     assert r.status_code not in (401, 403)
     assert site.get("/api/v1/functions/fn_sales", headers=basic("mgr")).headers["x-eventing-role"] == "manage"
 
 
 def test_tokens_map_to_admin_and_ro_admin_and_credentials_are_needed(site):
     assert site.get("/api/v1/nodes", headers={"Authorization": f"Bearer {READ_TOKEN}"}).status_code == 200
-    r = site.post("/api/v1/nodes", headers={"Authorization": f"Bearer {READ_TOKEN}"}, content='{"name": "n2"}')
+    r = site.post(
+        "/api/v1/nodes", headers={"Authorization": f"Bearer {READ_TOKEN}"}, content='{"name": "n2"}'
+    )
     assert r.status_code == 403
-    r = site.post("/api/v1/nodes", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, content='{"name": "n2"}')
+    r = site.post(
+        "/api/v1/nodes", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, content='{"name": "n2"}'
+    )
     assert r.status_code == 200
     assert site.get("/api/v1/nodes").status_code == 401
     assert site.get("/api/v1/nodes", headers=basic("ro", "wrong-password")).status_code == 401
@@ -201,14 +247,30 @@ def test_loopback_without_users_or_tokens_stays_open_and_a_user_closes_it(data_d
     assert client.get("/api/v1/functions").status_code == 200
     with open_store(data_dir) as store:
         store.put_user("ann", hash_password("ann-password"), ["ro_admin"])
-    auth.authenticator_for(ServerConfig(data_dir)).clock = lambda: time.monotonic() + 60  # past the user snapshot
+    auth.authenticator_for(ServerConfig(data_dir)).clock = lambda: (
+        time.monotonic() + 60
+    )  # past the user snapshot
     assert client.get("/api/v1/functions").status_code == 401
-    assert client.get("/api/v1/functions", headers={"Authorization": "Basic " + base64.b64encode(b"ann:ann-password").decode()}).status_code == 200
+    assert (
+        client.get(
+            "/api/v1/functions",
+            headers={"Authorization": "Basic " + base64.b64encode(b"ann:ann-password").decode()},
+        ).status_code
+        == 200
+    )
 
 
 def test_a_function_deployed_by_a_non_admin_is_recorded_as_such(site, data_dir):
-    site.post("/api/v1/functions/fn_src/pause", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, params={"wait": "0"})
-    site.post("/api/v1/functions/fn_src/undeploy", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}, params={"wait": "0"})
+    site.post(
+        "/api/v1/functions/fn_src/pause",
+        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+        params={"wait": "0"},
+    )
+    site.post(
+        "/api/v1/functions/fn_src/undeploy",
+        headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+        params={"wait": "0"},
+    )
     with open_store(data_dir) as store:
         assert deployed_by_admin(store.get_function("fn_src"))
     r = site.post("/api/v1/functions/fn_src/deploy", headers=basic("local"))
@@ -217,7 +279,9 @@ def test_a_function_deployed_by_a_non_admin_is_recorded_as_such(site, data_dir):
         record = store.get_function("fn_src")
     assert record.deployed_by["user"] == "local" and not deployed_by_admin(record)
     r = site.post("/api/v1/functions/fn_src/deploy", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
-    assert r.status_code == 422  # already deployed (Couchbase's answer); a refused deploy leaves the record as it was
+    assert (
+        r.status_code == 422
+    )  # already deployed (Couchbase's answer); a refused deploy leaves the record as it was
     with open_store(data_dir) as store:
         assert store.get_function("fn_src").deployed_by["user"] == "local"
 
@@ -234,8 +298,10 @@ class Clock:
 
 
 def _authenticator(clock: Clock) -> Authenticator:
-    users = [auth.UserRecord("ann", hash_password("ann-password"), ("ro_admin",), 0.0),
-             auth.UserRecord("bob", hash_password("bob-password"), ("ro_admin",), 0.0)]
+    users = [
+        auth.UserRecord("ann", hash_password("ann-password"), ("ro_admin",), 0.0),
+        auth.UserRecord("bob", hash_password("bob-password"), ("ro_admin",), 0.0),
+    ]
     return Authenticator(ServerConfig("unused"), clock, load_users=lambda: users)
 
 
@@ -278,7 +344,10 @@ def test_others_failures_never_lock_out_a_valid_token_or_another_users_password(
         r = site.get("/api/v1/nodes", headers={"Authorization": f"Bearer wrong-token-{i:04d}-0123456789"})
         assert r.status_code in (401, 429)
         assert site.get("/api/v1/nodes", headers=basic("ro", f"bad-password-{i}")).status_code in (401, 429)
-    assert site.get("/api/v1/nodes", headers={"Authorization": "Bearer yet-another-wrong-token-000"}).status_code == 429
+    assert (
+        site.get("/api/v1/nodes", headers={"Authorization": "Bearer yet-another-wrong-token-000"}).status_code
+        == 429
+    )
     assert site.get("/api/v1/nodes", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}).status_code == 200
     assert site.get("/api/v1/nodes", headers={"Authorization": f"Bearer {READ_TOKEN}"}).status_code == 200
     assert site.get("/api/v1/nodes", headers=basic("root")).status_code == 200
@@ -330,8 +399,23 @@ def test_a_verified_login_is_remembered_so_scrypt_runs_once_for_thousands_of_req
 
 def test_user_commands_add_list_and_remove_without_showing_a_password(data_dir, monkeypatch, capsys, caplog):
     monkeypatch.setattr("sys.stdin", io.StringIO("s3cret-password\n"))
-    assert main(["--data-dir", data_dir, "user", "add", "ann", "--role", "data_writer[shop.sales.*]",
-                 "--role", "ro_admin", "--password-stdin"]) == 0
+    assert (
+        main(
+            [
+                "--data-dir",
+                data_dir,
+                "user",
+                "add",
+                "ann",
+                "--role",
+                "data_writer[shop.sales.*]",
+                "--role",
+                "ro_admin",
+                "--password-stdin",
+            ]
+        )
+        == 0
+    )
     monkeypatch.setenv("EVENTING_USER_PASSWORD", "other-password")
     assert main(["--data-dir", data_dir, "user", "add", "bob", "--role", "admin"]) == 0
     assert main(["--data-dir", data_dir, "user", "add", "bob", "--role", "admin"]) == 2  # exists: --replace
@@ -339,9 +423,11 @@ def test_user_commands_add_list_and_remove_without_showing_a_password(data_dir, 
     assert main(["--data-dir", data_dir, "user", "list"]) == 0
     assert main(["--data-dir", data_dir, "user", "list", "--json"]) == 0
     out = capsys.readouterr()
-    listed = json.loads(out.out[out.out.index("[\n"):])
-    assert [(u["name"], u["roles"]) for u in listed] == [("ann", ["data_writer[shop.sales.*]", "ro_admin"]),
-                                                         ("bob", ["admin"])]
+    listed = json.loads(out.out[out.out.index("[\n") :])
+    assert [(u["name"], u["roles"]) for u in listed] == [
+        ("ann", ["data_writer[shop.sales.*]", "ro_admin"]),
+        ("bob", ["admin"]),
+    ]
     assert "role 'nobody' is not known" in out.err and "--replace" in out.err
     for secret in ("s3cret-password", "other-password", "scrypt$"):
         assert secret not in out.out + out.err + caplog.text
@@ -359,5 +445,8 @@ def test_the_data_api_needs_credentials_once_users_exist_even_on_loopback(data_d
     client = TestClient(build_app(ServerConfig(data_dir)), base_url="http://127.0.0.1:8096")
     r = client.get("/v1/buckets/shop/scopes/_default/collections/_default/documents/k")
     assert r.status_code == 401 and r.json()["code"] == "Unauthorized"
-    r = client.get("/v1/callerIdentity", headers={"Authorization": "Basic " + base64.b64encode(b"ann:wrong-pass").decode()})
+    r = client.get(
+        "/v1/callerIdentity",
+        headers={"Authorization": "Basic " + base64.b64encode(b"ann:wrong-pass").decode()},
+    )
     assert r.status_code == 403 and r.json()["code"] == "InvalidAuth" and "wrong-pass" not in r.text

@@ -136,8 +136,12 @@ def test_a_running_function_owes_only_what_its_checkpoints_cover(data_dir):
     core.flush_effects()  # effects of 100 more are durable; the checkpoint has not moved yet
     report = verify_function(data_dir, "fn_r")
     assert report.ok, report.summary()
-    assert report.source_mutations == 200 and report.beyond_checkpoint == 100 and report.past_checkpoint == 400
-    assert report.summary().endswith("; 400 more past the checkpoints, not owed yet (100 of them already handled)")
+    assert (
+        report.source_mutations == 200 and report.beyond_checkpoint == 100 and report.past_checkpoint == 400
+    )
+    assert report.summary().endswith(
+        "; 400 more past the checkpoints, not owed yet (100 of them already handled)"
+    )
     assert sum(cp.seqno for cp in open_store(data_dir).checkpoints("fn_r").values()) == 200
 
 
@@ -204,7 +208,9 @@ def cli(capsys, *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-def test_verify_command_prints_the_verdict_and_exits_0_when_all_are_accounted_for(data_dir, processed, capsys):
+def test_verify_command_prints_the_verdict_and_exits_0_when_all_are_accounted_for(
+    data_dir, processed, capsys
+):
     code, out, _ = cli(capsys, "verify", "fn_v", "--data-dir", data_dir)
     assert code == 0
     assert out == "ALL MUTATIONS ACCOUNTED FOR (600 of 600): 600 handled\n"

@@ -48,10 +48,15 @@ def _app(data_dir: str, handler: str, language: str) -> Eventing:
         for ks in ("sales.orders", "hr.staff"):
             app.create_collection(f"{bucket}.{ks}")
     definition = {
-        "name": "fn_all", "source_bucket": "shop", "source_scope": "*", "source_collection": "*",
+        "name": "fn_all",
+        "source_bucket": "shop",
+        "source_scope": "*",
+        "source_collection": "*",
         "language": language,
-        "bindings": [{"alias": "everything", "bucket": "copies", "scope": "*", "collection": "*", "access": "rw"},
-                     {"alias": "seen", "bucket": "copies", "access": "rw"}],
+        "bindings": [
+            {"alias": "everything", "bucket": "copies", "scope": "*", "collection": "*", "access": "rw"},
+            {"alias": "seen", "bucket": "copies", "access": "rw"},
+        ],
     }
     app.deploy(definition, handler)
     return app
@@ -75,16 +80,24 @@ def test_a_function_over_every_collection_sees_each_one_and_picks_up_new_ones(da
     app.create_collection("copies.sales.returns")
     app.upsert("shop.sales.returns", "k4", {"n": 4})
     _run(app)
-    for keyspace, key, n in (("shop", "k1", 1), ("shop.sales.orders", "k2", 2), ("shop.hr.staff", "k3", 3),
-                             ("shop.sales.returns", "k4", 4)):
+    for keyspace, key, n in (
+        ("shop", "k1", 1),
+        ("shop.sales.orders", "k2", 2),
+        ("shop.hr.staff", "k3", 3),
+        ("shop.sales.returns", "k4", 4),
+    ):
         copy = app.get(keyspace.replace("shop", "copies"), key)
         assert copy is not None and copy["n"] == n, (keyspace, copy)
     if language == "javascript":
         assert app.get("copies.hr.staff", "k3") == {"n": 3, "from": "hr.staff"}
         counts = {key: app.get("copies", key) for key in app.keys("copies", "seen::")}
         # once each: the function's writes to `copies` are not its source, and a document is handled once
-        assert counts == {"seen::_default._default": {"count": 1}, "seen::hr.staff": {"count": 1},
-                          "seen::sales.orders": {"count": 1}, "seen::sales.returns": {"count": 1}}
+        assert counts == {
+            "seen::_default._default": {"count": 1},
+            "seen::hr.staff": {"count": 1},
+            "seen::sales.orders": {"count": 1},
+            "seen::sales.returns": {"count": 1},
+        }
         text = (Path(data_dir) / "logs" / "fn_all.log").read_text()
         assert text.count('"map access" true') == 4  # a bucket-map access names no collection: refused
 
@@ -109,29 +122,52 @@ def test_dropping_a_collection_leaves_a_wildcard_function_deployed(data_dir):
 
 
 def test_wildcard_keyspaces_in_definitions_and_couchbase_exports():
-    defn = FunctionDefinition.from_dict({"name": "f", "source_bucket": "b", "source_scope": "*",
-                                         "source_collection": "*"})
+    defn = FunctionDefinition.from_dict(
+        {"name": "f", "source_bucket": "b", "source_scope": "*", "source_collection": "*"}
+    )
     assert defn.source_keyspace == Keyspace("b", "*", "*") and str(defn.source_keyspace) == "b.*.*"
     with pytest.raises(ConfigError, match=r"use 'b\.\*\.\*' or name the scope"):
-        FunctionDefinition.from_dict({"name": "f", "source_bucket": "b", "source_scope": "*",
-                                      "source_collection": "c"})
-    assert Keyspace("b", "*", "*").covers(Keyspace("b", "s", "c")) and Keyspace("b", "*", "*").covers(Keyspace("b"))
-    assert Keyspace("b", "s", "*").covers(Keyspace("b", "s", "c")) and not Keyspace("b", "s", "*").covers(Keyspace("b"))
+        FunctionDefinition.from_dict(
+            {"name": "f", "source_bucket": "b", "source_scope": "*", "source_collection": "c"}
+        )
+    assert Keyspace("b", "*", "*").covers(Keyspace("b", "s", "c")) and Keyspace("b", "*", "*").covers(
+        Keyspace("b")
+    )
+    assert Keyspace("b", "s", "*").covers(Keyspace("b", "s", "c")) and not Keyspace("b", "s", "*").covers(
+        Keyspace("b")
+    )
     assert not Keyspace("b", "*", "*").covers(Keyspace("other", "s", "c"))
     exported = {
-        "appname": "multi", "appcode": "function OnUpdate(doc, meta) {}",
-        "depcfg": {"source_bucket": "source", "source_scope": "*", "source_collection": "*",
-                   "metadata_bucket": "rr100", "metadata_scope": "eventing", "metadata_collection": "metadata",
-                   "buckets": [{"alias": "alias_rw", "bucket_name": "source", "scope_name": "myscope",
-                                "collection_name": "*", "access": "rw"}]},
-        "settings": {}, "function_scope": {"bucket": "*", "scope": "*"},
+        "appname": "multi",
+        "appcode": "function OnUpdate(doc, meta) {}",
+        "depcfg": {
+            "source_bucket": "source",
+            "source_scope": "*",
+            "source_collection": "*",
+            "metadata_bucket": "rr100",
+            "metadata_scope": "eventing",
+            "metadata_collection": "metadata",
+            "buckets": [
+                {
+                    "alias": "alias_rw",
+                    "bucket_name": "source",
+                    "scope_name": "myscope",
+                    "collection_name": "*",
+                    "access": "rw",
+                }
+            ],
+        },
+        "settings": {},
+        "function_scope": {"bucket": "*", "scope": "*"},
     }
     converted = from_couchbase(exported)
     assert converted.definition.source_keyspace == Keyspace("source", "*", "*")
     assert converted.definition.bindings[0].keyspace == Keyspace("source", "myscope", "*")
 
 
-def test_a_sandboxed_function_reaches_every_collection_its_wildcards_cover_and_writes_as_its_deployment(data_dir):
+def test_a_sandboxed_function_reaches_every_collection_its_wildcards_cover_and_writes_as_its_deployment(
+    data_dir,
+):
     from eventing.core.keyspaces import key_prefix
     from eventing.storage.factory import create_bucket
     from eventing.storage.remote import DataService
@@ -144,13 +180,22 @@ def test_a_sandboxed_function_reaches_every_collection_its_wildcards_cover_and_w
     a, other = out.create_collection("t", "a"), out.create_collection("u", "b")
     for bucket, cids in ((source, (0, staff)), (out, (0, a, other))):
         bucket.write([Write(key_prefix(cid) + "doc", 0, b"\x80") for cid in cids])
-    defn = FunctionDefinition.from_dict({
-        "name": "fn", "source_bucket": "src", "source_scope": "*", "source_collection": "*",
-        "bindings": [{"alias": "o", "bucket": "out", "scope": "t", "collection": "*", "access": "rw"}],
-    })
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": "fn",
+            "source_bucket": "src",
+            "source_scope": "*",
+            "source_collection": "*",
+            "bindings": [{"alias": "o", "bucket": "out", "scope": "t", "collection": "*", "access": "rw"}],
+        }
+    )
     service = ScopedService("fn", defn, DataService(data_dir))
     try:
-        for bucket, key in (("src", "doc"), ("src", key_prefix(staff) + "doc"), ("out", key_prefix(a) + "doc")):
+        for bucket, key in (
+            ("src", "doc"),
+            ("src", key_prefix(staff) + "doc"),
+            ("out", key_prefix(a) + "doc"),
+        ):
             assert service.call("bucket", bucket, "get_raw", (key,), {}) is not None
         for key in ("doc", key_prefix(other) + "doc"):  # outside `out.t.*`
             with pytest.raises(ConfigError, match="runs sandboxed"):
@@ -159,7 +204,9 @@ def test_a_sandboxed_function_reaches_every_collection_its_wildcards_cover_and_w
         service.call("bucket", "out", "apply_effects", ("fn", [group]), {"origin": "fn@1", "marks": False})
         for origin in ("other@1", 7):  # another function's origin, or no origin at all
             with pytest.raises(ConfigError, match="runs sandboxed"):
-                service.call("bucket", "out", "apply_effects", ("fn", [group]), {"origin": origin, "marks": False})
+                service.call(
+                    "bucket", "out", "apply_effects", ("fn", [group]), {"origin": origin, "marks": False}
+                )
     finally:
         service.backend.close()
         source.close()

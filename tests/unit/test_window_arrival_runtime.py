@@ -42,8 +42,12 @@ DAY = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 MIN = 60_000
 FN = "fn_arrivals"
 BASE = {
-    "kind": "tumbling", "size": "5m", "time_field": "ts", "aggregates": ["count", {"op": "sum", "field": "v"}],
-    "out_of_order_tolerance": "2m", "late_arrival_tolerance": "5m",
+    "kind": "tumbling",
+    "size": "5m",
+    "time_field": "ts",
+    "aggregates": ["count", {"op": "sum", "field": "v"}],
+    "out_of_order_tolerance": "2m",
+    "late_arrival_tolerance": "5m",
     # Windows close only at the end of the input, so which rows a window holds depends on the policies
     # alone, not on how the rows were batched between polls.
     "allowed_lateness": "1h",
@@ -68,11 +72,19 @@ class Harness:
         self.window = window
         self.clock = ManualClock(clock_ms(DAY, "12:30"))
         monkeypatch.setattr(host, "make_aggregator", lambda master=None: python_aggregator)
-        monkeypatch.setattr(coordinator_module, "WindowCoordinator", functools.partial(WindowCoordinator, clock=self.clock))
+        monkeypatch.setattr(
+            coordinator_module, "WindowCoordinator", functools.partial(WindowCoordinator, clock=self.clock)
+        )
         self.source = LocalBucket.create(data_dir, "src")
-        defn = FunctionDefinition.from_dict({
-            "name": FN, "source_bucket": "src", "worker_count": 2, "checkpoint_interval": "10ms", "window": window,
-        })
+        defn = FunctionDefinition.from_dict(
+            {
+                "name": FN,
+                "source_bucket": "src",
+                "worker_count": 2,
+                "checkpoint_interval": "10ms",
+                "window": window,
+            }
+        )
         lifecycle.save_function(data_dir, defn, '"""Window-only."""\n')
         lifecycle.deploy(data_dir, FN)
         self.loaded: list[tuple[str, int, int, str | None]] = []
@@ -87,7 +99,9 @@ class Harness:
 
     def run(self, *, close: bool) -> None:
         windows = WindowOptions(close_windows=True) if close else None
-        summary = EventingService(self.data_dir, InProcessExecutor(), until_caught_up=True, windows=windows).run()
+        summary = EventingService(
+            self.data_dir, InProcessExecutor(), until_caught_up=True, windows=windows
+        ).run()
         assert not summary.errors, summary.errors
 
     def fates(self) -> dict[str, tuple[int | None, str | None]]:
@@ -103,12 +117,12 @@ class Harness:
         }
 
     def expected(self, **policies) -> dict[str, tuple[int | None, str | None]]:
-        rows = sorted(
-            ((vbucket_of(k), e, a, d, k) for k, e, a, d in self.loaded), key=lambda r: (r[2], r[0])
-        )
+        rows = sorted(((vbucket_of(k), e, a, d, k) for k, e, a, d in self.loaded), key=lambda r: (r[2], r[0]))
         fates = reference_arrival_fates(
-            [(vb, e, a, d) for vb, e, a, d, _ in rows], out_of_order_tolerance_ms=2 * MIN,
-            late_arrival_tolerance_ms=5 * MIN, **policies,
+            [(vb, e, a, d) for vb, e, a, d, _ in rows],
+            out_of_order_tolerance_ms=2 * MIN,
+            late_arrival_tolerance_ms=5 * MIN,
+            **policies,
         )
         return {r[4]: f for r, f in zip(rows, fates, strict=True)}
 
@@ -125,8 +139,11 @@ def expected_results(fates: dict[str, tuple[int | None, str | None]]) -> list[di
     rows = [{"event_time_ms": t, "v": 1.0} for t, _ in fates.values() if t is not None]
     windows = {(t - t % (5 * MIN), t - t % (5 * MIN) + 5 * MIN) for t in (r["event_time_ms"] for r in rows)}
     return python_aggregate(
-        rows, size_ms=5 * MIN, slide_ms=5 * MIN, group_by=[], aggregates=[("count", None, "count"),
-                                                                           ("sum", "v", "sum_v")],
+        rows,
+        size_ms=5 * MIN,
+        slide_ms=5 * MIN,
+        group_by=[],
+        aggregates=[("count", None, "count"), ("sum", "v", "sum_v")],
         windows=windows,
     ).to_pylist()
 
@@ -149,11 +166,17 @@ def test_figure_one_the_early_row_is_dead_lettered_and_late_or_out_of_order_rows
     assert fates == h.expected(early_arrival="drop")
     assert h.results() == expected_results(fates)
     c = h.counters()
-    assert (c["window_early_input_events"], c["window_late_input_events"], c["window_out_of_order_events"]) == (1, 1, 2)
+    assert (
+        c["window_early_input_events"],
+        c["window_late_input_events"],
+        c["window_out_of_order_events"],
+    ) == (1, 1, 2)
     assert c["dlq_early"] == 1 and c["window_rows_adjusted"] == 3 and c["window_rows_accepted"] == 11
 
 
-def test_drop_policies_dead_letter_late_and_out_of_order_rows_with_their_reason(data_dir, monkeypatch, window_files):
+def test_drop_policies_dead_letter_late_and_out_of_order_rows_with_their_reason(
+    data_dir, monkeypatch, window_files
+):
     window = dict(BASE, early_arrival_policy="adjust", out_of_order_policy="drop", late_arrival_policy="drop")
     h = Harness(data_dir, monkeypatch, window)
     keys = keys_in_one_vbucket(len(SEED_TABLE))
@@ -172,10 +195,15 @@ def test_drop_policies_dead_letter_late_and_out_of_order_rows_with_their_reason(
     errors = {r.reason: r.error for r in store.dlq_rows(FN)}
     store.close()
     assert "late_arrival_tolerance 5m" in errors["late_arrival"]
-    assert "behind the watermark" in errors["out_of_order"] and f"vBucket {vbucket_of(keys[0])}" in errors["out_of_order"]
+    assert (
+        "behind the watermark" in errors["out_of_order"]
+        and f"vBucket {vbucket_of(keys[0])}" in errors["out_of_order"]
+    )
 
 
-def test_substreams_judge_each_device_against_its_own_watermark_across_vbuckets_and_restarts(data_dir, monkeypatch, window_files):
+def test_substreams_judge_each_device_against_its_own_watermark_across_vbuckets_and_restarts(
+    data_dir, monkeypatch, window_files
+):
     window = dict(BASE, early_arrival_policy="drop", substream_key="device")
     h = Harness(data_dir, monkeypatch, window)
     keys = [f"reading-{i}" for i in range(len(SEED_TABLE))]
@@ -209,8 +237,12 @@ def test_the_gate_judges_in_arrival_order_and_keeps_early_rows_from_lifting_the_
     # Given out of arrival order: the gate sorts them (arrival, vBucket, seqno) first.
     order = list(reversed(range(n)))
     table = build_row_batch(
-        layout.schema, vb=[7] * n, seqno=[i + 1 for i in order], key=[f"k{i}" for i in order],
-        event_time_ms=[t[i] for i in order], arrival_ms=[a[i] for i in order],
+        layout.schema,
+        vb=[7] * n,
+        seqno=[i + 1 for i in order],
+        key=[f"k{i}" for i in order],
+        event_time_ms=[t[i] for i in order],
+        arrival_ms=[a[i] for i in order],
     )
     judged = ArrivalGate(layout).judge(table)
     assert judged.kept["seqno"].to_pylist() == list(range(1, n + 1))
@@ -225,8 +257,13 @@ def test_a_missing_substream_column_value_is_a_dead_letter_not_a_crash():
     layout = RowLayout.for_spec(spec)
     assert layout.substream_column == "device#substream"
     table = build_row_batch(
-        layout.schema, vb=[1, 2], seqno=[1, 1], key=["a", "b"], event_time_ms=[DAY, DAY],
-        arrival_ms=[DAY, DAY], columns={"device#substream": ["d1", None]},
+        layout.schema,
+        vb=[1, 2],
+        seqno=[1, 1],
+        key=["a", "b"],
+        event_time_ms=[DAY, DAY],
+        arrival_ms=[DAY, DAY],
+        columns={"device#substream": ["d1", None]},
     )
     judged = ArrivalGate(layout).judge(table)
     assert judged.kept["key"].to_pylist() == ["a"]
@@ -247,20 +284,33 @@ def test_eventing_windows_adjusted_lists_the_moved_rows_and_refuses_a_function_w
     assert main(["--data-dir", data_dir, "windows", FN, "--adjusted", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [(r["key"], r["windowed_ms"], r["rules"]) for r in rows] == [
-        (keys[5], clock_ms(DAY, "12:17"), "out_of_order"), (keys[8], clock_ms(DAY, "12:18"), "out_of_order"),
+        (keys[5], clock_ms(DAY, "12:17"), "out_of_order"),
+        (keys[8], clock_ms(DAY, "12:18"), "out_of_order"),
         (keys[11], clock_ms(DAY, "12:22"), "late_arrival"),
     ]
     assert main(["--data-dir", data_dir, "windows", FN, "--adjusted"]) == 0
     out = capsys.readouterr().out
     assert "2026-01-01T12:22:00Z" in out and "late_arrival" in out
     assert main(["--data-dir", data_dir, "windows", FN]) == 0
-    assert "arrival-time policies: 2 out-of-order, 1 late input and 1 early input events" in capsys.readouterr().out
-    plain = FunctionDefinition.from_dict({"name": "fn_plain", "source_bucket": "src",
-                                          "window": {k: v for k, v in BASE.items() if k != "late_arrival_tolerance"}})
+    assert (
+        "arrival-time policies: 2 out-of-order, 1 late input and 1 early input events"
+        in capsys.readouterr().out
+    )
+    plain = FunctionDefinition.from_dict(
+        {
+            "name": "fn_plain",
+            "source_bucket": "src",
+            "window": {k: v for k, v in BASE.items() if k != "late_arrival_tolerance"},
+        }
+    )
     lifecycle.save_function(data_dir, plain, '"""Window-only."""\n')
     assert main(["--data-dir", data_dir, "windows", "fn_plain", "--adjusted"]) != 0
     err = capsys.readouterr().err
-    assert "declares no arrival-time policies" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert (
+        "declares no arrival-time policies" in err
+        and "Traceback" not in err
+        and len(err.strip().splitlines()) == 1
+    )
 
 
 def test_stats_show_azures_metrics(data_dir, monkeypatch):
@@ -271,7 +321,11 @@ def test_stats_show_azures_metrics(data_dir, monkeypatch):
     h.run(close=True)
     stats = function_stats(data_dir, FN)
     policies = stats["arrival_policies"]
-    assert (policies["early_input_events"], policies["late_input_events"], policies["out_of_order_events"]) == (1, 1, 2)
+    assert (
+        policies["early_input_events"],
+        policies["late_input_events"],
+        policies["out_of_order_events"],
+    ) == (1, 1, 2)
     assert policies["dropped_early"] == 1 and policies["rows_adjusted"] == 3
     assert policies["watermark_ms"] == clock_ms(DAY, "12:21")
     assert policies["watermark_delay_ms"] > 0
@@ -281,8 +335,11 @@ def test_stats_show_azures_metrics(data_dir, monkeypatch):
 
     from eventing.http.metrics import render
 
-    samples = {(s.name, tuple(s.labels.values())): s.value
-               for f in text_string_to_metric_families(render(data_dir).decode()) for s in f.samples}
+    samples = {
+        (s.name, tuple(s.labels.values())): s.value
+        for f in text_string_to_metric_families(render(data_dir).decode())
+        for s in f.samples
+    }
     assert samples[("eventing_window_out_of_order_events_total", (FN,))] == 2
     assert samples[("eventing_window_late_input_events_total", (FN,))] == 1
     assert samples[("eventing_window_early_input_events_total", (FN,))] == 1
@@ -291,7 +348,9 @@ def test_stats_show_azures_metrics(data_dir, monkeypatch):
     assert samples[("eventing_watermark_delay_seconds", (FN,))] > 0
 
 
-def test_substream_rows_wait_for_earlier_arrivals_of_other_vbuckets_whatever_order_the_files_come_in(data_dir, window_files):
+def test_substream_rows_wait_for_earlier_arrivals_of_other_vbuckets_whatever_order_the_files_come_in(
+    data_dir, window_files
+):
     """Two vBuckets whose workers deliver in the wrong order (the later arrivals first), and a coordinator
     restarted while rows wait: the rows are still judged in one arrival order, as the reference does."""
     from eventing.core.mutation import decode_document
@@ -306,18 +365,32 @@ def test_substream_rows_wait_for_earlier_arrivals_of_other_vbuckets_whatever_ord
     for i, (event, arrival, device) in enumerate(SEED_TABLE):
         vb = vb_a if i % 2 == 0 else vb_b
         key = keys[vb][i // 2]
-        source.upsert(key, {"ts": clock_ms(DAY, event), "v": 1.0, "device": device}, arrival_ms=clock_ms(DAY, arrival))
+        source.upsert(
+            key, {"ts": clock_ms(DAY, event), "v": 1.0, "device": device}, arrival_ms=clock_ms(DAY, arrival)
+        )
         loaded.append((vb, clock_ms(DAY, event), clock_ms(DAY, arrival), device, key))
     window = dict(BASE, early_arrival_policy="drop", substream_key="device")
-    lifecycle.save_function(data_dir, FunctionDefinition.from_dict(
-        {"name": FN, "source_bucket": "src", "window": window}), '"""Window-only."""\n')
+    lifecycle.save_function(
+        data_dir,
+        FunctionDefinition.from_dict({"name": FN, "source_bucket": "src", "window": window}),
+        '"""Window-only."""\n',
+    )
     lifecycle.deploy(data_dir, FN)
     store = open_store(data_dir)
     clock = ManualClock(clock_ms(DAY, "12:30"))
 
     def coordinator() -> WindowCoordinator:
-        return WindowCoordinator(data_dir, FN, 1, window, store, aggregator=python_aggregator, clock=clock,
-                                 close_windows=True, source_bucket="src")
+        return WindowCoordinator(
+            data_dir,
+            FN,
+            1,
+            window,
+            store,
+            aggregator=python_aggregator,
+            clock=clock,
+            close_windows=True,
+            source_bucket="src",
+        )
 
     layout = RowLayout.for_definition(FN, window)
 
@@ -347,8 +420,11 @@ def test_substream_rows_wait_for_earlier_arrivals_of_other_vbuckets_whatever_ord
     moved = {r["key"]: r["windowed_ms"] for r in adjusted_rows(data_dir, FN)}
     got = [(None, dlq[k]) if k in dlq else (moved.get(k, e), None) for _, e, _, _, k in loaded]
     want = reference_arrival_fates(
-        [(vb, e, a, d) for vb, e, a, d, _ in loaded], out_of_order_tolerance_ms=2 * MIN,
-        late_arrival_tolerance_ms=5 * MIN, early_arrival="drop", substreams=True,
+        [(vb, e, a, d) for vb, e, a, d, _ in loaded],
+        out_of_order_tolerance_ms=2 * MIN,
+        late_arrival_tolerance_ms=5 * MIN,
+        early_arrival="drop",
+        substreams=True,
     )
     assert got == want
     results = results_sink(data_dir, FN, window).read(FN).to_pylist()
@@ -359,9 +435,16 @@ def test_substream_rows_wait_for_earlier_arrivals_of_other_vbuckets_whatever_ord
 def test_session_windows_take_the_policies_windowed_times_too(data_dir, monkeypatch, window_files):
     from eventing.testing.windows import reference_sessions
 
-    window = {"kind": "session", "gap": "3m", "time_field": "ts", "aggregates": ["count", {"op": "sum", "field": "v"}],
-              "out_of_order_tolerance": "2m", "late_arrival_tolerance": "5m", "early_arrival_policy": "drop",
-              "allowed_lateness": "1h"}
+    window = {
+        "kind": "session",
+        "gap": "3m",
+        "time_field": "ts",
+        "aggregates": ["count", {"op": "sum", "field": "v"}],
+        "out_of_order_tolerance": "2m",
+        "late_arrival_tolerance": "5m",
+        "early_arrival_policy": "drop",
+        "allowed_lateness": "1h",
+    }
     h = Harness(data_dir, monkeypatch, window)
     keys = keys_in_one_vbucket(len(SEED_TABLE))
     h.load(list(SEED_TABLE), keys)
@@ -399,12 +482,17 @@ def policy_batches(draw):
     )
     batches = []
     for _ in range(draw(st.integers(1, 3))):
-        rows = draw(st.lists(st.tuples(
-            st.integers(0, 40) .map(lambda m: DAY + m * MIN),  # event time
-            st.integers(0, 40).map(lambda m: DAY + m * MIN),  # arrival time
-            st.sampled_from([0, 1, 2]),  # vBucket
-            st.sampled_from(["d1", "d2", 3, None]),  # substream key
-        ), max_size=25))
+        rows = draw(
+            st.lists(
+                st.tuples(
+                    st.integers(0, 40).map(lambda m: DAY + m * MIN),  # event time
+                    st.integers(0, 40).map(lambda m: DAY + m * MIN),  # arrival time
+                    st.sampled_from([0, 1, 2]),  # vBucket
+                    st.sampled_from(["d1", "d2", 3, None]),  # substream key
+                ),
+                max_size=25,
+            )
+        )
         batches.append(rows)
     return settings_, batches
 
@@ -416,16 +504,25 @@ def test_observe_batch_gives_the_fates_state_and_metrics_of_observe_row_by_row(c
     one, many = ArrivalPolicy(**settings_), ArrivalPolicy(**settings_)
     for rows in batches:
         expected = [one.observe(t, a, partition=vb, key=k) for t, a, vb, k in rows]
-        got = many.observe_batch([r[0] for r in rows], [r[1] for r in rows], partitions=[r[2] for r in rows],
-                                 keys=[r[3] for r in rows])
+        got = many.observe_batch(
+            [r[0] for r in rows],
+            [r[1] for r in rows],
+            partitions=[r[2] for r in rows],
+            keys=[r[3] for r in rows],
+        )
         for i, fate in enumerate(expected):
             assert DROP_REASONS[got.reason[i]] == fate.reason, i
             if fate.time_ms is not None:
                 assert got.time_ms[i] == fate.time_ms, i
             assert (bool(got.early[i]), bool(got.late_arrival[i]), bool(got.out_of_order[i])) == (
-                fate.early, fate.late_arrival, fate.out_of_order), i
+                fate.early,
+                fate.late_arrival,
+                fate.out_of_order,
+            ), i
             if fate.out_of_order:
                 assert got.watermark_ms[i] != NO_WATERMARK and got.watermark_ms[i] == fate.watermark_ms
         mine, theirs = many.to_state(), one.to_state()
         assert mine["metrics"] == theirs["metrics"]
-        assert {json.dumps(s): w for s, w in mine["watermarks"]} == {json.dumps(s): w for s, w in theirs["watermarks"]}
+        assert {json.dumps(s): w for s, w in mine["watermarks"]} == {
+            json.dumps(s): w for s, w in theirs["watermarks"]
+        }

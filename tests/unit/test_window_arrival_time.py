@@ -45,7 +45,9 @@ class Runs:
         self.data_dir = data_dir
         self.clock = ManualClock(T0)
         monkeypatch.setattr(host, "make_aggregator", lambda master=None: python_aggregator)
-        monkeypatch.setattr(coordinator_module, "WindowCoordinator", functools.partial(WindowCoordinator, clock=self.clock))
+        monkeypatch.setattr(
+            coordinator_module, "WindowCoordinator", functools.partial(WindowCoordinator, clock=self.clock)
+        )
         self.source = LocalBucket.create(data_dir, SALES["source_bucket"])
         spec = dict(SALES, handler="fn_sales_per_minute.py", checkpoint_interval="10ms", worker_count=2)
         if window is not None:
@@ -148,10 +150,16 @@ def replay(data_dir: str, monkeypatch: pytest.MonkeyPatch, mutations, run_times)
 @settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(history=histories())
 # The shape: a row waits while the service is stopped past the idle timeout's deadline.
-@example(history=([("a", T0 + 5 * S, T0 + 10 * S), ("a", T0 + 8 * S, T0 + 13 * S)], [T0 + 11 * S, T0 + 63 * S]))
+@example(
+    history=([("a", T0 + 5 * S, T0 + 10 * S), ("a", T0 + 8 * S, T0 + 13 * S)], [T0 + 11 * S, T0 + 63 * S])
+)
 # A run, then a 40 s silence (past both idle timeouts) before two more rows, the second out of order.
-@example(history=([("a", T0 + 5 * S, T0 + 10 * S), ("b", T0 + 48 * S, T0 + 50 * S), ("c", T0 + 47 * S, T0 + 51 * S)],
-                  [T0 + 11 * S, T0 + 100 * S]))
+@example(
+    history=(
+        [("a", T0 + 5 * S, T0 + 10 * S), ("b", T0 + 48 * S, T0 + 50 * S), ("c", T0 + 47 * S, T0 + 51 * S)],
+        [T0 + 11 * S, T0 + 100 * S],
+    )
+)
 def test_the_same_arrivals_give_the_same_windows_whatever_the_service_stops_and_starts(
     tmp_path_factory, monkeypatch, history
 ):
@@ -178,7 +186,11 @@ def test_arrival_times_are_kept_with_the_mutation_and_never_go_backwards_in_a_vb
     assert [m.arrival_ms for m in log[:2]] == [T0 + 5 * S, T0 + 5 * S]
     assert log[2].arrival_ms > T0 + 5 * S  # now
     packed = bucket.read_vb_packed(vbucket_of("k"), 0, 10, "fn")
-    assert (packed.arrival_min_ms, packed.arrival_max_ms, packed.arrivals) == (T0 + 5 * S, log[2].arrival_ms, None)
+    assert (packed.arrival_min_ms, packed.arrival_max_ms, packed.arrivals) == (
+        T0 + 5 * S,
+        log[2].arrival_ms,
+        None,
+    )
     exact = bucket.read_vb_packed(vbucket_of("k"), 0, 10, "fn", exact_arrivals_over_ms=1)
     assert exact.arrivals == [m.arrival_ms for m in log]
     assert bucket.first_arrival_after({vbucket_of("k"): 1}) == T0 + 5 * S

@@ -57,8 +57,14 @@ WINDOW = {
 class Harness:
     """One function's coordinator over hand-written worker batches, with a movable clock."""
 
-    def __init__(self, data_dir: str, window: dict[str, Any] | None = None, emitter: Any = None,
-                 aggregator: Any = python_aggregator, source_bucket: str | None = None):
+    def __init__(
+        self,
+        data_dir: str,
+        window: dict[str, Any] | None = None,
+        emitter: Any = None,
+        aggregator: Any = python_aggregator,
+        source_bucket: str | None = None,
+    ):
         self.data_dir = data_dir
         self.source_bucket = source_bucket
         self.window = window or WINDOW
@@ -72,8 +78,15 @@ class Harness:
 
     def restart(self, **kwargs: Any) -> WindowCoordinator:
         self.coordinator = WindowCoordinator(
-            self.data_dir, FN, 1, self.window, self.store, aggregator=kwargs.get("aggregator", self.aggregator),
-            emitter=kwargs.get("emitter", self.emitter), clock=self.clock, close_windows=True,
+            self.data_dir,
+            FN,
+            1,
+            self.window,
+            self.store,
+            aggregator=kwargs.get("aggregator", self.aggregator),
+            emitter=kwargs.get("emitter", self.emitter),
+            clock=self.clock,
+            close_windows=True,
             source_bucket=self.source_bucket,
         )
         return self.coordinator
@@ -132,7 +145,9 @@ def test_rows_are_windowed_and_each_closed_window_is_emitted_once(data_dir, wind
     assert [(c.start_ms - T0, c.end_ms - T0) for c in closed] == [(0, MIN), (MIN, 2 * MIN)]
     assert h.results() == h.expected()
     assert [(r["window_start_ms"] - T0, r["country"], r["count"], r["sum_amount"]) for r in h.results()] == [
-        (0, "KR", 1, 10.0), (0, "US", 1, 5.5), (MIN, "KR", 1, 1.0),
+        (0, "KR", 1, 10.0),
+        (0, "US", 1, 5.5),
+        (MIN, "KR", 1, 1.0),
     ]
     h.coordinator.poll()
     h.coordinator.finish(end_of_input=True)
@@ -220,8 +235,15 @@ def test_a_crash_between_the_state_commit_and_the_sink_write_emits_every_window_
     emitter = ManualEmitter()
     h = Harness(data_dir, emitter=emitter)
     w = h.writer()
-    h.write(w, [(0, 1, 1_000, "KR", 1.0), (1, 1, 2_000, "US", 2.0), (0, 2, 200_000, "KR", 3.0),
-                (1, 2, 200_000, "US", 4.0)])
+    h.write(
+        w,
+        [
+            (0, 1, 1_000, "KR", 1.0),
+            (1, 1, 2_000, "US", 2.0),
+            (0, 2, 200_000, "KR", 3.0),
+            (1, 2, 200_000, "US", 4.0),
+        ],
+    )
     assert len(h.coordinator.poll()) == 1  # [0, 1m) closed and committed; its job never runs: a crash
     state = h.coordinator.states.load(FN)
     assert state is not None and len(state["pending"]) == 1
@@ -292,7 +314,9 @@ def test_a_hopping_window_counts_only_rows_accepted_before_it_closed(data_dir, w
     h.write(w, [(1, 1, 90_000, "US", 7.0), (1, 2, 121_000, "US", 1.0), (0, 3, 180_000, "KR", 1.0)])
     h.coordinator.poll()
     assert [len(job[2][1]) for job in emitter.jobs] == [2], "[-1m, 1m) and [0, 2m) wait for their job"
-    h.restart(emitter=None)  # the jobs never ran; the restarted coordinator stages them while the 90 s row exists
+    h.restart(
+        emitter=None
+    )  # the jobs never ran; the restarted coordinator stages them while the 90 s row exists
     h.coordinator.finish(end_of_input=True)
     by_window = {(r["window_start_ms"] - T0, r["country"]): r["count"] for r in h.results()}
     assert ("US", 0) not in {(c, s) for s, c in by_window}, "the 90 s row arrived after [0, 2m) closed"
@@ -339,8 +363,11 @@ def test_vbuckets_with_a_backlog_hold_the_watermark_until_they_deliver_or_catch_
     for key in keys.values():
         for rev in range(4):
             source.upsert(key, {"rev": rev})
-    lifecycle.save_function(data_dir, FunctionDefinition.from_dict({"name": FN, "source_bucket": "src",
-                                                                    "window": WINDOW}), "def on_update(d, m):\n  pass\n")
+    lifecycle.save_function(
+        data_dir,
+        FunctionDefinition.from_dict({"name": FN, "source_bucket": "src", "window": WINDOW}),
+        "def on_update(d, m):\n  pass\n",
+    )
     lifecycle.deploy(data_dir, FN)
     h = Harness(data_dir, source_bucket="src")
     w = h.writer()
@@ -375,30 +402,49 @@ def test_a_second_coordinator_fences_the_first(data_dir, window_files):
 
 
 def load(data_dir: str, documents: int, mutations: int, seed: int = 1) -> LocalBucket:
-    return load_source(data_dir, documents, mutations, chunk=5000, seed=seed, span_ms=10 * MIN, disorder_ms=5_000)
+    return load_source(
+        data_dir, documents, mutations, chunk=5000, seed=seed, span_ms=10 * MIN, disorder_ms=5_000
+    )
 
 
 def source_docs(source: LocalBucket) -> list[tuple[int, int, dict]]:
-    return [(m.vb, m.seqno, decode_document(m.doc)) for batch in source.scan_log() for m in batch
-            if m.op == OP_UPDATE and m.doc is not None]
+    return [
+        (m.vb, m.seqno, decode_document(m.doc))
+        for batch in source.scan_log()
+        for m in batch
+        if m.op == OP_UPDATE and m.doc is not None
+    ]
 
 
-def test_the_runtime_windows_every_update_and_dead_letters_documents_without_event_time(data_dir, monkeypatch, window_files):
+def test_the_runtime_windows_every_update_and_dead_letters_documents_without_event_time(
+    data_dir, monkeypatch, window_files
+):
     monkeypatch.setattr(host, "make_aggregator", lambda master=None: python_aggregator)
     source = load(data_dir, 200, 3000)
     source.upsert("no-time", {"country": "KR", "amount": 1.0})
     source.upsert("text-time", {"country": "KR", "amount": 1.0, "ts": "yesterday"})
-    defn = FunctionDefinition.from_dict({
-        "name": FN, "source_bucket": "src", "worker_count": 3, "checkpoint_interval": "50ms", "batch_size": 200,
-        "window": WINDOW,
-    })
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": FN,
+            "source_bucket": "src",
+            "worker_count": 3,
+            "checkpoint_interval": "50ms",
+            "batch_size": 200,
+            "window": WINDOW,
+        }
+    )
     lifecycle.save_function(data_dir, defn, "def on_delete(meta, options):\n    pass\n")  # no on_update
     lifecycle.deploy(data_dir, FN)
-    summary = EventingService(data_dir, InProcessExecutor(), until_caught_up=True, windows=CLOSE_WINDOWS).run()
+    summary = EventingService(
+        data_dir, InProcessExecutor(), until_caught_up=True, windows=CLOSE_WINDOWS
+    ).run()
     assert not summary.errors
     store = open_store(data_dir)
     dlq = store.dlq_rows(FN)
-    assert sorted((r.key, r.reason) for r in dlq) == [("no-time", "bad_event_time"), ("text-time", "bad_event_time")]
+    assert sorted((r.key, r.reason) for r in dlq) == [
+        ("no-time", "bad_event_time"),
+        ("text-time", "bad_event_time"),
+    ]
     assert "no event time field 'ts'" in next(r.error for r in dlq if r.key == "no-time")
     docs = [d for d in source_docs(source) if isinstance(d[2].get("ts"), int)]
     sink = results_sink(data_dir, FN, WINDOW)
@@ -445,8 +491,11 @@ def test_count_of_a_field_counts_documents_where_it_is_present(data_dir):
     window = {**WINDOW, "aggregates": [{"op": "count", "field": "email"}, {"op": "sum", "field": "amount"}]}
     h = Harness(data_dir, window=window)
     w = h.writer()
-    for vb, seqno, doc in [(0, 1, {"ts": T0, "email": "a@b", "amount": "2.5"}), (0, 2, {"ts": T0, "amount": None}),
-                           (0, 3, {"ts": T0, "email": None, "amount": "n/a"})]:
+    for vb, seqno, doc in [
+        (0, 1, {"ts": T0, "email": "a@b", "amount": "2.5"}),
+        (0, 2, {"ts": T0, "amount": None}),
+        (0, 3, {"ts": T0, "email": None, "amount": "n/a"}),
+    ]:
         assert w.add(Mutation(vb, seqno, "k", OP_UPDATE, 0, b"", None, 0, 0), doc)
     w.flush()
     h.coordinator.finish(end_of_input=True)
@@ -456,8 +505,14 @@ def test_count_of_a_field_counts_documents_where_it_is_present(data_dir):
 
 @pytest.mark.parametrize(
     ("value", "reason"),
-    [(None, "must be a number"), ("2026-01-01", "must be a number"), (True, "must be a number"),
-     (1_767_225_600.0, None), (float("inf"), "finite"), (10**20, "outside years")],
+    [
+        (None, "must be a number"),
+        ("2026-01-01", "must be a number"),
+        (True, "must be a number"),
+        (1_767_225_600.0, None),
+        (float("inf"), "finite"),
+        (10**20, "outside years"),
+    ],
 )
 def test_event_times_are_integer_epoch_milliseconds(value, reason):
     from eventing.windows.runtime.row_writer import event_time_of
@@ -473,7 +528,9 @@ def test_batch_files_of_one_worker_sort_in_write_order(tmp_path):
     layout = RowLayout.for_definition(FN, WINDOW)
     w = WindowRowWriter(str(tmp_path), FN, 3, "node-a/w1", layout)
     for i in range(12):
-        w.add(Mutation(0, i + 1, "k", OP_UPDATE, 0, b"", None, 0, 0), {"ts": T0, "country": "KR", "amount": 1})
+        w.add(
+            Mutation(0, i + 1, "k", OP_UPDATE, 0, b"", None, 0, 0), {"ts": T0, "country": "KR", "amount": 1}
+        )
         w.flush()
     names = [p.name for p in Path(w.directory).iterdir()]
     assert sorted(names) == [f"{w.prefix}-{i:09d}.arrow" for i in range(12)]
@@ -487,15 +544,33 @@ def test_the_windows_command_shows_results_and_writes_a_chart(data_dir, tmp_path
 
     monkeypatch.setattr(host, "make_aggregator", lambda master=None: python_aggregator)
     load(data_dir, 100, 1000)
-    lifecycle.save_function(data_dir, FunctionDefinition.from_dict({"name": FN, "source_bucket": "src",
-                                                                    "window": WINDOW}),
-                            "def on_update(doc, meta):\n    pass\n")
+    lifecycle.save_function(
+        data_dir,
+        FunctionDefinition.from_dict({"name": FN, "source_bucket": "src", "window": WINDOW}),
+        "def on_update(doc, meta):\n    pass\n",
+    )
     lifecycle.deploy(data_dir, FN)
-    assert cli.main(["--data-dir", data_dir, "run", "--until-caught-up", "--close-windows", "--quiet",
-                     "--executor", "in-process"]) == 0
+    assert (
+        cli.main(
+            [
+                "--data-dir",
+                data_dir,
+                "run",
+                "--until-caught-up",
+                "--close-windows",
+                "--quiet",
+                "--executor",
+                "in-process",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     chart = tmp_path / "chart.png"
-    assert cli.main(["--data-dir", data_dir, "windows", FN, "--png", str(chart), "--aggregate", "sum_amount"]) == 0
+    assert (
+        cli.main(["--data-dir", data_dir, "windows", FN, "--png", str(chart), "--aggregate", "sum_amount"])
+        == 0
+    )
     out = capsys.readouterr().out
     assert "11 emitted, 0 open" in out and "2026-01-01T00:00:00Z  2026-01-01T00:01:00Z" in out
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -524,9 +599,11 @@ def test_a_slow_spark_job_never_blocks_the_service_loop(data_dir, monkeypatch):
 
     monkeypatch.setattr(host, "make_aggregator", lambda master=None: slow_aggregator)
     load(data_dir, 100, 1000)
-    lifecycle.save_function(data_dir, FunctionDefinition.from_dict({"name": FN, "source_bucket": "src",
-                                                                    "window": WINDOW}),
-                            "def on_update(doc, meta):\n    pass\n")
+    lifecycle.save_function(
+        data_dir,
+        FunctionDefinition.from_dict({"name": FN, "source_bucket": "src", "window": WINDOW}),
+        "def on_update(doc, meta):\n    pass\n",
+    )
     lifecycle.deploy(data_dir, FN)
     service = EventingService(data_dir, InProcessExecutor(), until_caught_up=True, windows=CLOSE_WINDOWS)
     stopped = service.windows.function_stopped

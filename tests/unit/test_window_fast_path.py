@@ -37,12 +37,22 @@ WINDOW = {
     "time_field": "ts",
     "group_by": ["country"],
     # ts is also an aggregated field and amount both summed and counted: shared fields of one document.
-    "aggregates": ["count", {"op": "sum", "field": "amount"}, {"op": "count", "field": "email"},
-                   {"op": "count", "field": "amount"}, {"op": "max", "field": "ts"}],
+    "aggregates": [
+        "count",
+        {"op": "sum", "field": "amount"},
+        {"op": "count", "field": "email"},
+        {"op": "count", "field": "amount"},
+        {"op": "max", "field": "ts"},
+    ],
     "out_of_order_tolerance": "10s",
 }
-PROCESSING_WINDOW = {"kind": "tumbling", "size": "1m", "boundary": "processing_time", "group_by": ["country"],
-                     "aggregates": ["count", {"op": "sum", "field": "amount"}]}
+PROCESSING_WINDOW = {
+    "kind": "tumbling",
+    "size": "1m",
+    "boundary": "processing_time",
+    "group_by": ["country"],
+    "aggregates": ["count", {"op": "sum", "field": "amount"}],
+}
 ON_DELETE = "def on_delete(meta, options):\n    pass\n"
 MAX_BYTES = 300
 
@@ -61,8 +71,10 @@ def keys_by_vb(count: int, per_vb: int) -> list[list[str]]:
 
 
 def doc(i: int, **fields: Any) -> bytes:
-    return msgpack.packb({"ts": T0 + i * 1000, "country": "KR", "amount": 1.5 + i, "email": f"u{i}@x",
-                          "name": "n", **fields}, use_bin_type=True)
+    return msgpack.packb(
+        {"ts": T0 + i * 1000, "country": "KR", "amount": 1.5 + i, "email": f"u{i}@x", "name": "n", **fields},
+        use_bin_type=True,
+    )
 
 
 def update(key: str, data: bytes | None) -> Write:
@@ -75,36 +87,80 @@ def mix() -> tuple[list[list[str]], list[tuple[list[Write], str | None]]]:
     plain, deletes, floats, recursion, bad, oversize, odd, edges = vbs = keys_by_vb(8, 4)
     out: list[tuple[list[Write], str | None]] = []
     out.append(([update(k, doc(i + r, f0=99, f1="x")) for r in range(4) for i, k in enumerate(plain)], None))
-    out.append(([update(k, doc(i)) for i, k in enumerate(deletes)]
-                + [Write(deletes[0], OP_DELETE), Write(deletes[1], OP_EXPIRE)]
-                + [update(k, doc(i + 10)) for i, k in enumerate(deletes)], None))
-    out.append(([update(k, doc(i)) for i, k in enumerate(floats)]
-                + [update(floats[0], doc(0, ts=T0 + 1500.75)), update(floats[1], doc(1, ts=float(T0)))]
-                + [update(k, doc(i + 5)) for i, k in enumerate(floats)], None))
+    out.append(
+        (
+            [update(k, doc(i)) for i, k in enumerate(deletes)]
+            + [Write(deletes[0], OP_DELETE), Write(deletes[1], OP_EXPIRE)]
+            + [update(k, doc(i + 10)) for i, k in enumerate(deletes)],
+            None,
+        )
+    )
+    out.append(
+        (
+            [update(k, doc(i)) for i, k in enumerate(floats)]
+            + [update(floats[0], doc(0, ts=T0 + 1500.75)), update(floats[1], doc(1, ts=float(T0)))]
+            + [update(k, doc(i + 5)) for i, k in enumerate(floats)],
+            None,
+        )
+    )
     out.append(([update(k, doc(i)) for i, k in enumerate(recursion)], None))
     out.append(([update(recursion[0], doc(7))], FN))  # written by the function's own binding
     out.append(([update(k, doc(i + 20)) for i, k in enumerate(recursion)], None))
     bad_docs = [
         msgpack.packb({"country": "KR", "amount": 1}),  # no time field
-        doc(1, ts=None), doc(2, ts="yesterday"), doc(3, ts=True), doc(4, ts=10**18), doc(5, ts=float("nan")),
+        doc(1, ts=None),
+        doc(2, ts="yesterday"),
+        doc(3, ts=True),
+        doc(4, ts=10**18),
+        doc(5, ts=float("nan")),
         b"\xc1",  # not msgpack at all
         msgpack.packb({"ts": T0}) + b"\x00",  # trailing bytes
         None,  # an update without a document
     ]
     bad_docs += [msgpack.packb([1, 2]), msgpack.packb("text"), msgpack.packb(None)]  # not objects
-    out.append(([update(bad[i % len(bad)], d) for i, d in enumerate(bad_docs)]
-                + [update(k, doc(i + 30)) for i, k in enumerate(bad)], None))
-    out.append(([update(k, doc(i)) for i, k in enumerate(oversize)] + [update(oversize[0], doc(6, pad="x" * MAX_BYTES))]
-                + [update(k, doc(i + 40)) for i, k in enumerate(oversize)], None))
+    out.append(
+        (
+            [update(bad[i % len(bad)], d) for i, d in enumerate(bad_docs)]
+            + [update(k, doc(i + 30)) for i, k in enumerate(bad)],
+            None,
+        )
+    )
+    out.append(
+        (
+            [update(k, doc(i)) for i, k in enumerate(oversize)]
+            + [update(oversize[0], doc(6, pad="x" * MAX_BYTES))]
+            + [update(k, doc(i + 40)) for i, k in enumerate(oversize)],
+            None,
+        )
+    )
     odd_values = [
-        {"country": 7, "amount": "2.5"}, {"country": True, "amount": "abc"}, {"country": None, "amount": True},
-        {"country": [1, "a"], "amount": None, "email": None}, {"country": {"b": 1, "a": [2]}, "amount": "nan"},
-        {"country": 2.5, "amount": 3}, {"country": "", "amount": 2**64 - 1}, {"country": "DE", "amount": -0.0},
+        {"country": 7, "amount": "2.5"},
+        {"country": True, "amount": "abc"},
+        {"country": None, "amount": True},
+        {"country": [1, "a"], "amount": None, "email": None},
+        {"country": {"b": 1, "a": [2]}, "amount": "nan"},
+        {"country": 2.5, "amount": 3},
+        {"country": "", "amount": 2**64 - 1},
+        {"country": "DE", "amount": -0.0},
     ]
-    out.append(([update(odd[i % len(odd)], doc(i, **v)) for i, v in enumerate(odd_values)]
-                + [update(odd[0], msgpack.packb({"ts": T0, "email": "e"}))], None))  # only ts and email
-    out.append(([update(edges[0], doc(0, ts=MIN_EVENT_MS)), update(edges[1], doc(0, ts=MAX_EVENT_MS)),
-                 update(edges[2], doc(0, ts=0)), update(edges[3], doc(0, ts=-1))], None))
+    out.append(
+        (
+            [update(odd[i % len(odd)], doc(i, **v)) for i, v in enumerate(odd_values)]
+            + [update(odd[0], msgpack.packb({"ts": T0, "email": "e"}))],
+            None,
+        )
+    )  # only ts and email
+    out.append(
+        (
+            [
+                update(edges[0], doc(0, ts=MIN_EVENT_MS)),
+                update(edges[1], doc(0, ts=MAX_EVENT_MS)),
+                update(edges[2], doc(0, ts=0)),
+                update(edges[3], doc(0, ts=-1)),
+            ],
+            None,
+        )
+    )
     return vbs, out
 
 
@@ -116,15 +172,25 @@ def make_source(base: Path, writes: list[tuple[list[Write], str | None]]) -> Non
 
 
 def run_worker(
-    data_dir: Path, *, window: dict, handler: str = "", batch_size: int = 1000, hung: tuple[int, int] | None = None
+    data_dir: Path,
+    *,
+    window: dict,
+    handler: str = "",
+    batch_size: int = 1000,
+    hung: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
     """Deploy the function and drain the source with one in-process worker; what it left behind. `hung`:
     (vb, seqno) of a mutation a previous process of the worker hung on (a `timeout` dead letter)."""
-    defn = FunctionDefinition.from_dict({
-        "name": FN, "source_bucket": "src", "window": window, "batch_size": batch_size,
-        "checkpoint_interval": "1h",  # rows are written at the final commit (or when the buffer is full)
-        "max_document_bytes": MAX_BYTES,
-    })
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": FN,
+            "source_bucket": "src",
+            "window": window,
+            "batch_size": batch_size,
+            "checkpoint_interval": "1h",  # rows are written at the final commit (or when the buffer is full)
+            "max_document_bytes": MAX_BYTES,
+        }
+    )
     lifecycle.save_function(str(data_dir), defn, handler)
     lifecycle.deploy(str(data_dir), FN)
     store = open_store(data_dir)
@@ -134,7 +200,9 @@ def run_worker(
         generation = store.get_function(FN).generation  # a letter of this deployment: its workers skip it
         row = DlqRow(FN, vb, seqno, "?", "timeout", "hung", "", 1, 1.0, 1.0, b"", generation=generation)
         store.commit(FN, {vb: epoch}, {}, [row])
-    spec = WorkerSpec(str(data_dir), FN, store.get_function(FN).generation, "local/w0", tuple(range(NUM_VBUCKETS)))
+    spec = WorkerSpec(
+        str(data_dir), FN, store.get_function(FN).generation, "local/w0", tuple(range(NUM_VBUCKETS))
+    )
     core = WorkerCore(spec)
     assert core.on_update is None and core.window_rows is not None
     handled = 0
@@ -150,8 +218,10 @@ def run_worker(
         # Latency counters depend on the clock, not on the path taken; every other counter must match.
         "counters": {k: v for k, v in store.counters(FN).items() if not k.startswith("latency_")},
         "checkpoints": {vb: cp.seqno for vb, cp in store.checkpoints(FN).items()},
-        "dlq": [(r.vb, r.seqno, r.key, r.reason, r.error, r.traceback, r.attempts, r.mutation)
-                for r in store.dlq_rows(FN)],
+        "dlq": [
+            (r.vb, r.seqno, r.key, r.reason, r.error, r.traceback, r.attempts, r.mutation)
+            for r in store.dlq_rows(FN)
+        ],
     }
 
 
@@ -243,8 +313,9 @@ def test_processing_time_rows_match_except_for_their_times(tmp_path, monkeypatch
     _, writes = mix()
     fast, per_row, calls = both_paths(tmp_path, monkeypatch, writes, window=PROCESSING_WINDOW, batch_size=5)
     for outcome in (fast, per_row):
-        outcome["files"] = [[{k: v for k, v in row.items() if k != "event_time"} for row in f]
-                            for f in outcome["files"]]
+        outcome["files"] = [
+            [{k: v for k, v in row.items() if k != "event_time"} for row in f] for f in outcome["files"]
+        ]
     assert fast == per_row
     assert calls.taken
     # Processing time needs no time field, but grouping needs an object: lists, strings and null are not.
@@ -276,10 +347,14 @@ def test_plain_documents_never_go_row_by_row(tmp_path, monkeypatch):
     assert outcome["counters"]["no_handler"] == 3000 - updates
 
 
-def packed(vb: int, keys: list[str], docs: list[bytes], *, after: int = 0, others: list[int] = ()) -> PackedUpdates:
+def packed(
+    vb: int, keys: list[str], docs: list[bytes], *, after: int = 0, others: list[int] = ()
+) -> PackedUpdates:
     """The updates of keys and docs (and deletes at seqnos `others`) as read_vb_packed gives them."""
     last = after + len(docs) + len(others)
-    return PackedUpdates(vb, after, last, list(others), len(docs), b"\0".join(k.encode() for k in keys), b"".join(docs))
+    return PackedUpdates(
+        vb, after, last, list(others), len(docs), b"\0".join(k.encode() for k in keys), b"".join(docs)
+    )
 
 
 def flushed(writer: WindowRowWriter) -> list[dict]:
@@ -288,8 +363,10 @@ def flushed(writer: WindowRowWriter) -> list[dict]:
 
 def test_add_packed_buffers_what_add_buffers(tmp_path):
     layout = RowLayout.for_definition(FN, WINDOW)
-    docs = [{"ts": T0 + i, "country": c, "amount": a, "email": e, "f0": "not a row field"}
-            for i, (c, a, e) in enumerate([("KR", 1, "a"), (None, "2", None), (3, None, "b"), ([1], True, {})])]
+    docs = [
+        {"ts": T0 + i, "country": c, "amount": a, "email": e, "f0": "not a row field"}
+        for i, (c, a, e) in enumerate([("KR", 1, "a"), (None, "2", None), (3, None, "b"), ([1], True, {})])
+    ]
     docs.append({"ts": T0})  # every other field missing
     one, batch = (WindowRowWriter(tmp_path, FN, 1, w, layout) for w in ("one", "batch"))
     # Keys of every width, non-ASCII among them; seqnos 3 and 6 are deletes.
@@ -308,12 +385,27 @@ def test_add_packed_keeps_the_order_of_rows_add_buffered_before_and_after(tmp_pa
     writer.add(Mutation(1, 1, "a", OP_UPDATE, 0, b"", None, 0, 0), {"ts": T0})
     assert writer.add_packed(packed(2, ["b", "c"], [encode_document({"ts": T0 + 1})] * 2))
     writer.add(Mutation(1, 2, "d", OP_UPDATE, 0, b"", None, 0, 0), {"ts": T0 + 2})
-    assert [(r["vb"], r["seqno"], r["key"]) for r in flushed(writer)] == [(1, 1, "a"), (2, 1, "b"), (2, 2, "c"), (1, 2, "d")]
+    assert [(r["vb"], r["seqno"], r["key"]) for r in flushed(writer)] == [
+        (1, 1, "a"),
+        (2, 1, "b"),
+        (2, 2, "c"),
+        (1, 2, "d"),
+    ]
 
 
-@pytest.mark.parametrize("bad", [msgpack.packb({"ts": T0 + 0.5}), msgpack.packb({"ts": True}),
-                                 msgpack.packb({"ts": MAX_EVENT_MS + 1}), msgpack.packb({"ts": 2**64 - 1}),
-                                 msgpack.packb({}), msgpack.packb([1]), b"\xc1", b""])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        msgpack.packb({"ts": T0 + 0.5}),
+        msgpack.packb({"ts": True}),
+        msgpack.packb({"ts": MAX_EVENT_MS + 1}),
+        msgpack.packb({"ts": 2**64 - 1}),
+        msgpack.packb({}),
+        msgpack.packb([1]),
+        b"\xc1",
+        b"",
+    ],
+)
 def test_add_packed_refuses_a_batch_with_one_unusable_document_and_buffers_nothing(tmp_path, bad):
     writer = WindowRowWriter(tmp_path, FN, 1, "w", RowLayout.for_definition(FN, WINDOW))
     docs = [encode_document({"ts": T0, "country": "KR"}), bad, encode_document({"ts": T0})]

@@ -23,12 +23,14 @@ AGGREGATES = [
 ]
 SCHEMA = row_schema(GROUP_BY, ["v", "v#present"])
 
-row_strategy = st.fixed_dictionaries({
-    # Around the epoch, so negative times and their window alignment are covered too.
-    "event_time_ms": st.integers(-25_000, 25_000),
-    "g": st.sampled_from(["a", "b", None]),
-    "v": st.one_of(st.none(), st.integers(-1000, 1000).map(lambda i: i / 4)),
-})
+row_strategy = st.fixed_dictionaries(
+    {
+        # Around the epoch, so negative times and their window alignment are covered too.
+        "event_time_ms": st.integers(-25_000, 25_000),
+        "g": st.sampled_from(["a", "b", None]),
+        "v": st.one_of(st.none(), st.integers(-1000, 1000).map(lambda i: i / 4)),
+    }
+)
 
 
 def batch(rows: list[dict]) -> pa.Table:
@@ -56,12 +58,16 @@ def test_partials_of_any_split_merge_into_the_results_of_all_rows(rows, cuts, sh
     size_ms, slide_ms = shape
     bounds = sorted({0, len(rows), *(c for c in cuts if c <= len(rows))})
     parts = [
-        combine_rows(batch(rows[a:b]), size_ms=size_ms, slide_ms=slide_ms, group_by=GROUP_BY, aggregates=AGGREGATES)
+        combine_rows(
+            batch(rows[a:b]), size_ms=size_ms, slide_ms=slide_ms, group_by=GROUP_BY, aggregates=AGGREGATES
+        )
         for a, b in zip(bounds, bounds[1:], strict=False)
     ]
     schema = partial_schema(GROUP_BY, AGGREGATES)
     merged = merge_partial_tables(
-        pa.concat_tables(parts) if parts else schema.empty_table(), size_ms=size_ms, group_by=GROUP_BY,
+        pa.concat_tables(parts) if parts else schema.empty_table(),
+        size_ms=size_ms,
+        group_by=GROUP_BY,
         aggregates=AGGREGATES,
     )
     windows = {(s, s + size_ms) for s in range(-60_000, 60_000, slide_ms)}
@@ -86,13 +92,42 @@ def test_a_batch_becomes_one_partial_row_per_window_and_group() -> None:
         {"event_time_ms": 10_000, "g": "a", "v": 4.0},
         {"event_time_ms": 2_000, "g": None, "v": 2.5},
     ]
-    partials = combine_rows(batch(rows), size_ms=10_000, slide_ms=10_000, group_by=GROUP_BY, aggregates=AGGREGATES)
+    partials = combine_rows(
+        batch(rows), size_ms=10_000, slide_ms=10_000, group_by=GROUP_BY, aggregates=AGGREGATES
+    )
     got = sorted(partials.to_pylist(), key=lambda r: (r["window_start_ms"], r["g"] or ""))
     assert got == [
-        {"window_start_ms": 0, "g": None, "n": 1, "n_v": 1, "total": 2.5, "mean#sum": 2.5, "mean#n": 1,
-         "low": 2.5, "high": 2.5},
-        {"window_start_ms": 0, "g": "a", "n": 2, "n_v": 1, "total": 1.0, "mean#sum": 1.0, "mean#n": 1,
-         "low": 1.0, "high": 1.0},
-        {"window_start_ms": 10_000, "g": "a", "n": 1, "n_v": 1, "total": 4.0, "mean#sum": 4.0, "mean#n": 1,
-         "low": 4.0, "high": 4.0},
+        {
+            "window_start_ms": 0,
+            "g": None,
+            "n": 1,
+            "n_v": 1,
+            "total": 2.5,
+            "mean#sum": 2.5,
+            "mean#n": 1,
+            "low": 2.5,
+            "high": 2.5,
+        },
+        {
+            "window_start_ms": 0,
+            "g": "a",
+            "n": 2,
+            "n_v": 1,
+            "total": 1.0,
+            "mean#sum": 1.0,
+            "mean#n": 1,
+            "low": 1.0,
+            "high": 1.0,
+        },
+        {
+            "window_start_ms": 10_000,
+            "g": "a",
+            "n": 1,
+            "n_v": 1,
+            "total": 4.0,
+            "mean#sum": 4.0,
+            "mean#n": 1,
+            "low": 4.0,
+            "high": 4.0,
+        },
     ]

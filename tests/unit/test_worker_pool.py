@@ -20,7 +20,9 @@ def spec_for(data_dir: str, function: str, worker_id: str) -> bytes:
     return pickle.dumps(WorkerSpec(data_dir, function, generation, worker_id, tuple(range(NUM_VBUCKETS))))
 
 
-def test_a_pooled_worker_serves_one_run_at_a_time_and_starts_each_run_with_a_fresh_core(data_dir, monkeypatch):
+def test_a_pooled_worker_serves_one_run_at_a_time_and_starts_each_run_with_a_fresh_core(
+    data_dir, monkeypatch
+):
     load_source(data_dir, 50, 400, seed=5)
     deploy_function(data_dir, ledger_definition("fn_a", "src", "ledger"))
     host = PooledWorkerHost()
@@ -54,7 +56,12 @@ def test_a_worker_serves_the_calls_of_its_table_and_refuses_any_other_name(data_
     try:
         assert host.call("owned") == list(range(NUM_VBUCKETS))
         assert host.call("step").handled == 40
-        for name in ("_write_commit", "commit", "__class__", "store"):  # methods and members outside the table
+        for name in (
+            "_write_commit",
+            "commit",
+            "__class__",
+            "store",
+        ):  # methods and members outside the table
             with pytest.raises(EventingError, match="is not a call a worker serves"):
                 host.call(name)
     finally:

@@ -94,7 +94,9 @@ def test_a_write_waits_while_another_process_has_the_turn(tmp_path):
     assert release_at.value > 0 and wrote_at >= release_at.value
 
 
-def test_a_reader_on_an_old_snapshot_holds_no_writer_up_and_the_wal_is_truncated_after_it(tmp_path, monkeypatch):
+def test_a_reader_on_an_old_snapshot_holds_no_writer_up_and_the_wal_is_truncated_after_it(
+    tmp_path, monkeypatch
+):
     monkeypatch.setattr(write_turns, "WAL_LIMIT_BYTES", 200_000)
     bucket = create_bucket(tmp_path, "dst")
     bucket.write(_writes(0, 0))
@@ -145,7 +147,9 @@ def test_a_writer_alone_never_truncates_the_wal(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(write_turns, "WAL_LIMIT_BYTES", 3_000_000)
     bucket = create_bucket(tmp_path, "dst")
-    bucket.file.db.execute("PRAGMA wal_autocheckpoint=200")  # ~0.8 MB: SQLite's checkpoint well under the limit
+    bucket.file.db.execute(
+        "PRAGMA wal_autocheckpoint=200"
+    )  # ~0.8 MB: SQLite's checkpoint well under the limit
     real = bucket.file.db
 
     class Watch:
@@ -177,7 +181,11 @@ def test_small_transactions_keep_the_wal_short_and_large_ones_keep_the_long_inte
             bucket.upsert(f"doc-{i:05d}", {"i": i, "pad": "x" * 200})
         small_peak = os.stat(wal).st_size
         assert small_peak < 2 * SMALL_TX_CHECKPOINT_PAGES * page, small_peak
-        bucket.write([Write(f"big-{i:06d}", OP_UPDATE, msgpack.packb({"i": i, "pad": "y" * 400}))
-                      for i in range(20_000)])
+        bucket.write(
+            [
+                Write(f"big-{i:06d}", OP_UPDATE, msgpack.packb({"i": i, "pad": "y" * 400}))
+                for i in range(20_000)
+            ]
+        )
         assert os.stat(wal).st_size > 2 * SMALL_TX_CHECKPOINT_PAGES * page  # not checkpointed after a load
         assert os.stat(wal).st_size < 2 * WAL_AUTOCHECKPOINT_PAGES * page

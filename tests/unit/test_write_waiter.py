@@ -19,7 +19,9 @@ def _core(data_dir, address: str | None) -> WorkerCore:
     load_source(data_dir, 20, 100, seed=3)
     deploy_function(data_dir, ledger_definition("fn_w", "src", "ledger", workers=1))
     generation = open_store(data_dir).get_function("fn_w").generation
-    spec = WorkerSpec(data_dir, "fn_w", generation, "local/w0", tuple(range(NUM_VBUCKETS)), wake_address=address)
+    spec = WorkerSpec(
+        data_dir, "fn_w", generation, "local/w0", tuple(range(NUM_VBUCKETS)), wake_address=address
+    )
     return WorkerCore(spec)
 
 
@@ -51,7 +53,9 @@ def test_a_waiting_step_handles_a_write_notified_while_it_waits_and_commits_it_b
             write_waiter.forward(sender, address, wake.encode("src", [vbucket_of("late")]))
             # The effect is committed while the step still waits for more writes.
             assert waiting.wait(30)
-            if ledger.get("h|fn_w|late") is not None and ledger.count() == before + 2:  # its effect and history
+            if (
+                ledger.get("h|fn_w|late") is not None and ledger.count() == before + 2
+            ):  # its effect and history
                 seen_at.append(time.monotonic())
 
         writer = threading.Thread(target=write_and_watch)

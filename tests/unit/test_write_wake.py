@@ -25,8 +25,13 @@ def _copy_app(data_dir) -> Eventing:
     app = Eventing(data_dir, executor="in-process")
     app.create_bucket("src")
     app.create_bucket("dst")
-    defn = FunctionDefinition.from_dict({"name": "copy", "source_bucket": "src",
-                                         "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}]})
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": "copy",
+            "source_bucket": "src",
+            "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}],
+        }
+    )
     app.deploy(defn, COPY)
     return app
 
@@ -37,7 +42,9 @@ def _idle(service, poll_s: float) -> bool:
     if sup is None or not sup.slots:
         return False
     later = time.monotonic() + poll_s / 2
-    return all(s.ready and s.caught_up and not s.inflight and s.next_step_at > later for s in sup.slots.values())
+    return all(
+        s.ready and s.caught_up and not s.inflight and s.next_step_at > later for s in sup.slots.values()
+    )
 
 
 def test_a_write_wakes_a_caught_up_worker_long_before_its_poll(tmp_path, monkeypatch):
@@ -73,7 +80,9 @@ def test_with_waking_off_the_poll_still_finds_writes(tmp_path, monkeypatch):
     running = app.run(until_caught_up=False)
     service = running._service
     try:
-        wait_for(lambda: _idle(service, supervisor.IDLE_POLL_S), "the worker is caught up and idle", timeout=30)
+        wait_for(
+            lambda: _idle(service, supervisor.IDLE_POLL_S), "the worker is caught up and idle", timeout=30
+        )
         assert service.waker is None and not wake.socket_path(tmp_path / "data").exists()
         app.upsert("src", "a", {"x": 1})
         wait_for(lambda: app.bucket("dst").get("a") == {"x": 1}, "the effect of 'a'", timeout=30)

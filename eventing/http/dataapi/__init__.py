@@ -88,15 +88,27 @@ class DataApi:
         try:
             status, headers, body, ctype = await self.dispatch(scope, receive)
         except ApiError as exc:
-            status, headers, body, ctype = exc.status, exc.headers, json.dumps(exc.body()).encode(), "application/json"
-        except StoreError as exc:  # busy, away, damaged (the CLI's line: the file and the way out), or a full disk
+            status, headers, body, ctype = (
+                exc.status,
+                exc.headers,
+                json.dumps(exc.body()).encode(),
+                "application/json",
+            )
+        except (
+            StoreError
+        ) as exc:  # busy, away, damaged (the CLI's line: the file and the way out), or a full disk
             status, headers, ctype = 503, retry_after(exc), "application/json"
             body = json.dumps({"code": "UnderlyingServiceUnavailable", "message": f"{exc}"}).encode()
         except Exception as exc:  # a fault of this server: still the Data API's error shape
             log.exception("Data API: %s %s failed", scope["method"], scope["path"])
             status, headers, ctype = 500, {}, "application/json"
-            body = json.dumps({"code": "Internal", "message": f"An internal error occurred ({type(exc).__name__}); "
-                               "the server log has the details"}).encode()
+            body = json.dumps(
+                {
+                    "code": "Internal",
+                    "message": f"An internal error occurred ({type(exc).__name__}); "
+                    "the server log has the details",
+                }
+            ).encode()
         await respond(send, status, headers, body, ctype)
 
     async def dispatch(self, scope: Scope, receive: Receive) -> tuple[int, dict[str, str], bytes, str | None]:
@@ -105,31 +117,56 @@ class DataApi:
         method = scope["method"]
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         if segments[0] != b"v1":
-            raise ApiError(404, "InvalidArgument", f"{scope['path']} is not served: the alpha Data API (locking, "
-                           "sub-document operations) is not enabled on this server; see docs/data-api.md")
+            raise ApiError(
+                404,
+                "InvalidArgument",
+                f"{scope['path']} is not served: the alpha Data API (locking, "
+                "sub-document operations) is not enabled on this server; see docs/data-api.md",
+            )
         if segments[1:] == [b"openapi.json"]:  # no data in it: any authenticated caller
             if method not in ("GET", "HEAD"):
                 raise not_allowed(method, "GET")
             from eventing.http.dataapi.openapi import dataapi_openapi
 
-            return 200, {}, (b"" if method == "HEAD" else json.dumps(dataapi_openapi()).encode()), "application/json"
+            return (
+                200,
+                {},
+                (b"" if method == "HEAD" else json.dumps(dataapi_openapi()).encode()),
+                "application/json",
+            )
         if segments[1:] == [b"callerIdentity"]:
             if method not in ("GET", "HEAD"):
                 raise not_allowed(method, "GET")
             caller = self.check(scope, headers, DATA_READ, None)
             return 200, {}, json.dumps({"user": caller}).encode(), "application/json"
-        if not (len(segments) in (9, 10) and segments[1] == b"buckets" and segments[3] == b"scopes"
-                and segments[5] == b"collections" and segments[7] == b"documents"):
-            raise ApiError(404, "InvalidArgument", f"no Data API endpoint {scope['path']}; documents are at "
-                           "/v1/buckets/BUCKET/scopes/SCOPE/collections/COLLECTION/documents/KEY")
+        if not (
+            len(segments) in (9, 10)
+            and segments[1] == b"buckets"
+            and segments[3] == b"scopes"
+            and segments[5] == b"collections"
+            and segments[7] == b"documents"
+        ):
+            raise ApiError(
+                404,
+                "InvalidArgument",
+                f"no Data API endpoint {scope['path']}; documents are at "
+                "/v1/buckets/BUCKET/scopes/SCOPE/collections/COLLECTION/documents/KEY",
+            )
         try:
-            bucket, scope_name, collection, key = (unquote_to_bytes(s).decode("utf-8") for s in segments[2:9:2])
+            bucket, scope_name, collection, key = (
+                unquote_to_bytes(s).decode("utf-8") for s in segments[2:9:2]
+            )
         except UnicodeDecodeError:
-            raise bad("A path segment is not valid UTF-8 once percent-decoded; encode names and keys as UTF-8") from None
+            raise bad(
+                "A path segment is not valid UTF-8 once percent-decoded; encode names and keys as UTF-8"
+            ) from None
         op = segments[9].decode("latin-1") if len(segments) == 10 else ""
         if op and op not in DOCUMENT_OPS:
-            raise ApiError(404, "InvalidArgument", f"no document operation '{op[:40]}'; use one of "
-                           f"{', '.join(sorted(DOCUMENT_OPS))}")
+            raise ApiError(
+                404,
+                "InvalidArgument",
+                f"no document operation '{op[:40]}'; use one of {', '.join(sorted(DOCUMENT_OPS))}",
+            )
         allowed = "POST" if op else "GET, POST, PUT, DELETE"
         if method not in allowed.split(", ") and not (method == "HEAD" and not op):
             raise not_allowed(method, allowed)
@@ -137,14 +174,25 @@ class DataApi:
         caller = self.check(scope, headers, DATA_READ if method in ("GET", "HEAD") else DATA_WRITE, ks)
         key_bytes = len(key.encode())
         if not 1 <= key_bytes <= MAX_KEY_BYTES:
-            raise bad(f"Length of document key '{key[:60]}' is {key_bytes} bytes; a key is 1 to {MAX_KEY_BYTES} bytes")
+            raise bad(
+                f"Length of document key '{key[:60]}' is {key_bytes} bytes; a key is 1 to {MAX_KEY_BYTES} bytes"
+            )
         body = await read_body(receive, headers)
-        req = DocRequest(ks, key, "GET" if method == "HEAD" else method, op, headers,
-                         scope.get("query_string", b"").decode("latin-1"), body)
+        req = DocRequest(
+            ks,
+            key,
+            "GET" if method == "HEAD" else method,
+            op,
+            headers,
+            scope.get("query_string", b"").decode("latin-1"),
+            body,
+        )
         idempotency_key = headers.get(IDEMPOTENCY_HEADER)
         if idempotency_key is not None and method not in ("GET", "HEAD"):  # a retried write: its first answer
             return await self.idempotency.answer(
-                caller, idempotency_key, (method, raw_path.split(b"?")[0].decode("latin-1"), req.query, body),
+                caller,
+                idempotency_key,
+                (method, raw_path.split(b"?")[0].decode("latin-1"), req.query, body),
                 lambda: self.buckets.submit(req),
             )
         status, out_headers, out, ctype = await self.buckets.submit(req)
@@ -160,20 +208,39 @@ class DataApi:
         identity: Identity | None = scope.get(IDENTITY_SCOPE_KEY)
         if refused is not None or identity is None:
             if not headers.get("authorization", "").strip():
-                raise ApiError(401, "Unauthorized", "You must send authentication to use this endpoint; send "
-                               "`Authorization: Basic` (a user's name and password, or any name and a token as "
-                               "password) or `Bearer TOKEN`", headers={"WWW-Authenticate": 'Basic realm="eventing"'})
-            raise ApiError(403, "InvalidAuth", "Your username or password is invalid; check the user's password "
-                           "(`eventing user list` names the users) or the token (--admin-token / --read-token)")
+                raise ApiError(
+                    401,
+                    "Unauthorized",
+                    "You must send authentication to use this endpoint; send "
+                    "`Authorization: Basic` (a user's name and password, or any name and a token as "
+                    "password) or `Bearer TOKEN`",
+                    headers={"WWW-Authenticate": 'Basic realm="eventing"'},
+                )
+            raise ApiError(
+                403,
+                "InvalidAuth",
+                "Your username or password is invalid; check the user's password "
+                "(`eventing user list` names the users) or the token (--admin-token / --read-token)",
+            )
         if ks is not None and not identity.can(permission, ks):
             where = f"'{ks.bucket}/{ks.scope}/{ks.collection}'"
             resource = f"/buckets/{ks.bucket}/scopes/{ks.scope}/collections/{ks.collection}"
             roles = ", ".join(str(g) for g in identity.grants) or "none"
             if permission == DATA_WRITE:
-                raise ApiError(403, "NoWriteAccess", f"No permissions to write documents into {where} as "
-                               f"{identity.user} (roles: {roles}); a write needs data_writer[{ks}] or admin", resource)
-            raise ApiError(403, "NoReadAccess", f"No permissions to read documents from {where} as {identity.user} "
-                           f"(roles: {roles}); a read needs data_reader[{ks}], ro_admin or admin", resource)
+                raise ApiError(
+                    403,
+                    "NoWriteAccess",
+                    f"No permissions to write documents into {where} as "
+                    f"{identity.user} (roles: {roles}); a write needs data_writer[{ks}] or admin",
+                    resource,
+                )
+            raise ApiError(
+                403,
+                "NoReadAccess",
+                f"No permissions to read documents from {where} as {identity.user} "
+                f"(roles: {roles}); a read needs data_reader[{ks}], ro_admin or admin",
+                resource,
+            )
         return identity.user
 
     # -- bulk load ---------------------------------------------------------------------------------------

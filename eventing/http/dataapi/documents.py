@@ -77,12 +77,16 @@ def stored_body(raw: bytes, flags: int, declared_json: bool) -> bytes:
         try:
             value = _json_decode(raw)
         except RecursionError:
-            raise bad(f"The body's JSON nests more than about {NESTING_LIMIT} levels deep, deeper than documents "
-                      "may; flatten it") from None
+            raise bad(
+                f"The body's JSON nests more than about {NESTING_LIMIT} levels deep, deeper than documents "
+                "may; flatten it"
+            ) from None
         except (msgspec.DecodeError, UnicodeDecodeError) as exc:
             if declared_json:
-                raise bad(f"The body is declared application/json but is not valid JSON ({exc}); send JSON, or "
-                          "another Content-Type for a text or binary document") from None
+                raise bad(
+                    f"The body is declared application/json but is not valid JSON ({exc}); send JSON, or "
+                    "another Content-Type for a text or binary document"
+                ) from None
             value = None
         if isinstance(value, dict):
             try:
@@ -111,9 +115,13 @@ def _counter_value(doc: StoredDocument, req: DocRequest) -> int:
     value = value_of(doc.doc)
     text = value.strip() if isinstance(value, bytes) else b""
     if not text.isdigit() or int(text) > UINT64:
-        raise ApiError(400, "DocumentNotNumeric", f"Cannot perform counter operation on non-numeric document "
-                       f"'{req.key}' in {req.where}; a counter document holds a whole number from 0 to {UINT64}",
-                       req.resource)
+        raise ApiError(
+            400,
+            "DocumentNotNumeric",
+            f"Cannot perform counter operation on non-numeric document "
+            f"'{req.key}' in {req.where}; a counter document holds a whole number from 0 to {UINT64}",
+            req.resource,
+        )
     return int(text)
 
 
@@ -154,17 +162,25 @@ def plan_op(coll: Collection, req: DocRequest) -> Answer | Change:
         return _content(req, decode_document(doc[0]), doc[1], doc[2], meta["flags"])
 
     if h.get("x-cb-durabilitylevel") is not None and h["x-cb-durabilitylevel"] not in DURABILITY_LEVELS:
-        raise bad(f"Invalid durability level '{h['x-cb-durabilitylevel'][:40]}'; give one of "
-                  f"{', '.join(sorted(DURABILITY_LEVELS))}")
+        raise bad(
+            f"Invalid durability level '{h['x-cb-durabilitylevel'][:40]}'; give one of "
+            f"{', '.join(sorted(DURABILITY_LEVELS))}"
+        )
     cas = parse_cas(h.get("if-match")) if h.get("if-match", "").strip() != "*" else None
     any_version = h.get("if-match", "").strip() == "*"
     bucket_uuid = str(coll.bucket.uuid)
 
     def written(done: Changed) -> Answer:
-        return 200, {"ETag": etag(done.cas), "X-CB-MutationToken": mutation_token(req, bucket_uuid, done)}, b"", None
+        return (
+            200,
+            {"ETag": etag(done.cas), "X-CB-MutationToken": mutation_token(req, bucket_uuid, done)},
+            b"",
+            None,
+        )
 
     if req.op == "":
         if req.method == "DELETE":
+
             def remove(cur: StoredDocument | None) -> Write:
                 cur = live(cur, now)
                 if cur is None:
@@ -176,10 +192,15 @@ def plan_op(coll: Collection, req: DocRequest) -> Answer | Change:
             return Change(stored, remove, written)
         encoding = h.get("content-encoding")
         if encoding is not None and encoding.strip().lower() not in ("identity", ""):
-            raise bad(f"Content-Encoding '{encoding[:40]}' is not supported; send the document uncompressed (identity)")
+            raise bad(
+                f"Content-Encoding '{encoding[:40]}' is not supported; send the document uncompressed (identity)"
+            )
         ctype = h.get("content-type", "").split(";")[0].strip().lower()
-        flags = {"application/json": FLAGS_JSON, "text/plain": FLAGS_STRING,
-                 "application/octet-stream": FLAGS_BINARY}.get(ctype, 0)
+        flags = {
+            "application/json": FLAGS_JSON,
+            "text/plain": FLAGS_STRING,
+            "application/octet-stream": FLAGS_BINARY,
+        }.get(ctype, 0)
         given_flags = parse_flags(h.get("x-cb-flags"))
         flags = flags if given_flags is None else given_flags
         expiry = parse_expires(h.get("expires"))
@@ -213,8 +234,13 @@ def plan_op(coll: Collection, req: DocRequest) -> Answer | Change:
             old = raw_of(value_of(cur.doc))
             raw = old + req.body if req.op == "append" else req.body + old
             if len(raw) > MAX_BODY_BYTES:
-                raise ApiError(400, "ValueTooLarge", f"Updated value made document '{req.key}' larger than "
-                               f"{MAX_BODY_BYTES:,} bytes in {req.where}", req.resource)
+                raise ApiError(
+                    400,
+                    "ValueTooLarge",
+                    f"Updated value made document '{req.key}' larger than "
+                    f"{MAX_BODY_BYTES:,} bytes in {req.where}",
+                    req.resource,
+                )
             return Write(stored, OP_UPDATE, stored_body(raw, cur.flags, False), cur.expiry, cur.flags)
 
         return Change(stored, extend, written)
@@ -226,8 +252,10 @@ def plan_op(coll: Collection, req: DocRequest) -> Answer | Change:
         initial = uint64_field(body, "initial")
         expiry = parse_expires(h.get("expires"))
         if expiry and initial is None:
-            raise bad("Expiry cannot be set when the document does not exist and initial is not set; an expiry only "
-                      "applies to a counter document created by this request")
+            raise bad(
+                "Expiry cannot be set when the document does not exist and initial is not set; an expiry only "
+                "applies to a counter document created by this request"
+            )
         result: list[int] = []
 
         def count(cur: StoredDocument | None) -> Write:
@@ -275,15 +303,22 @@ def plan_op(coll: Collection, req: DocRequest) -> Answer | Change:
     return Change(stored, touch, touched)
 
 
-def _content(req: DocRequest, value: Any, cas: int, expiry: int, flags: int) -> tuple[int, dict[str, str], bytes, str]:
+def _content(
+    req: DocRequest, value: Any, cas: int, expiry: int, flags: int
+) -> tuple[int, dict[str, str], bytes, str]:
     headers = {"ETag": etag(cas), "X-CB-Flags": str(flags)}
     if expiry:
         headers["Expires"] = http_date(expiry)
     project = _project_fields(req.query)
     if project:
         if not isinstance(value, dict):
-            raise ApiError(400, "DocumentNotJson", f"Document '{req.key}' was not a JSON object in {req.where}; "
-                           "project only applies to JSON documents", req.resource)
+            raise ApiError(
+                400,
+                "DocumentNotJson",
+                f"Document '{req.key}' was not a JSON object in {req.where}; "
+                "project only applies to JSON documents",
+                req.resource,
+            )
         value = _projection(value, project)
     return 200, headers, raw_of(value), content_type_of(value, flags)
 

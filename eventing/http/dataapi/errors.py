@@ -22,7 +22,14 @@ RETRY_AFTER_S = 1
 class ApiError(Exception):
     """An answer in the Data API's error shape."""
 
-    def __init__(self, status: int, code: str, message: str, resource: str | None = None, headers: dict[str, str] | None = None):
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        resource: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
         super().__init__(message)
         self.status, self.code, self.message, self.resource = status, code, message, resource
         self.headers = headers or {}
@@ -39,8 +46,12 @@ def bad(message: str) -> ApiError:
 
 
 def not_allowed(method: str, allowed: str) -> ApiError:
-    return ApiError(405, "InvalidArgument", f"{method} is not allowed here; this path answers {allowed}",
-                    headers={"Allow": allowed})
+    return ApiError(
+        405,
+        "InvalidArgument",
+        f"{method} is not allowed here; this path answers {allowed}",
+        headers={"Allow": allowed},
+    )
 
 
 def api_error(exc: Exception) -> Exception:

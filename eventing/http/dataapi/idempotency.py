@@ -46,7 +46,11 @@ class IdempotencyRecords:
         self._pruned_at = 0.0
 
     async def answer(
-        self, caller: str, key: str, request: tuple[str, str, str, bytes], make: Callable[[], Awaitable[Answer]]
+        self,
+        caller: str,
+        key: str,
+        request: tuple[str, str, str, bytes],
+        make: Callable[[], Awaitable[Answer]],
     ) -> Answer:
         """The answer to `request` (method, path, query, body) sent by `caller` with Idempotency-Key `key`:
         the recorded one, or `make()`'s, recorded."""
@@ -58,14 +62,23 @@ class IdempotencyRecords:
             return _replayed(found, fingerprint, key)
         with self._lock:
             if name in self._running:
-                raise ApiError(409, "IdempotencyKeyInUse", f"A request with Idempotency-Key '{key[:80]}' is still "
-                               "being answered; retry once it has been")
+                raise ApiError(
+                    409,
+                    "IdempotencyKeyInUse",
+                    f"A request with Idempotency-Key '{key[:80]}' is still "
+                    "being answered; retry once it has been",
+                )
             self._running.add(name)
         try:
             try:
                 status, headers, body, ctype = await make()
             except ApiError as exc:
-                status, headers, body, ctype = exc.status, exc.headers, json.dumps(exc.body()).encode(), "application/json"
+                status, headers, body, ctype = (
+                    exc.status,
+                    exc.headers,
+                    json.dumps(exc.body()).encode(),
+                    "application/json",
+                )
             if status < 500:  # a server fault is not an answer to keep: a retry tries again
                 await asyncio.to_thread(self._write, name, fingerprint, (status, headers, body, ctype))
         finally:
@@ -87,10 +100,19 @@ class IdempotencyRecords:
     def _write(self, name: str, fingerprint: str, answer: Answer) -> None:
         status, headers, body, ctype = answer
         now = time.time()
-        self.area.write(name, json.dumps({
-            "at": now, "fingerprint": fingerprint, "status": status, "headers": headers,
-            "body": base64.b64encode(body).decode("ascii"), "content_type": ctype,
-        }).encode())
+        self.area.write(
+            name,
+            json.dumps(
+                {
+                    "at": now,
+                    "fingerprint": fingerprint,
+                    "status": status,
+                    "headers": headers,
+                    "body": base64.b64encode(body).decode("ascii"),
+                    "content_type": ctype,
+                }
+            ).encode(),
+        )
         if now - self._pruned_at >= PRUNE_EVERY_S:
             self._pruned_at = now
             self.prune(now)
@@ -117,8 +139,10 @@ class IdempotencyRecords:
 
 def check_key(key: str) -> None:
     if not 1 <= len(key) <= MAX_KEY_CHARS or not key.isprintable():
-        raise bad(f"Idempotency-Key '{key[:60]}' is not valid; send 1 to {MAX_KEY_CHARS} printable characters, "
-                  "for example a UUID")
+        raise bad(
+            f"Idempotency-Key '{key[:60]}' is not valid; send 1 to {MAX_KEY_CHARS} printable characters, "
+            "for example a UUID"
+        )
 
 
 def _record_name(caller: str, key: str) -> str:
@@ -135,9 +159,13 @@ def _fingerprint(method: str, path: str, query: str, body: bytes) -> str:
 
 def _replayed(record: dict[str, Any], fingerprint: str, key: str) -> Answer:
     if record.get("fingerprint") != fingerprint:
-        raise ApiError(422, "IdempotencyKeyReused", f"Idempotency-Key '{key[:80]}' was used for another request "
-                       "(another method, document or body) within the retention window; send each request its "
-                       "own key")
+        raise ApiError(
+            422,
+            "IdempotencyKeyReused",
+            f"Idempotency-Key '{key[:80]}' was used for another request "
+            "(another method, document or body) within the retention window; send each request its "
+            "own key",
+        )
     headers = dict(record.get("headers") or {})
     headers["Idempotent-Replayed"] = "true"
     return int(record["status"]), headers, base64.b64decode(record["body"]), record.get("content_type")

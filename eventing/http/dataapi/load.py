@@ -28,15 +28,28 @@ LOAD_PREFIX = "/api/v1/keyspaces/"
 
 async def serve_load(buckets: Buckets, state: State, scope: Scope, receive: Receive, send: Send) -> None:
     """POST /api/v1/keyspaces/{keyspace}/load (the guard has checked the token and the admin role)."""
-    rest = scope["path"][len(LOAD_PREFIX):]
+    rest = scope["path"][len(LOAD_PREFIX) :]
     keyspace, _, tail = rest.rpartition("/")
     if tail != "load" or not keyspace or "/" in keyspace:
-        await respond_json(send, 404, {"error": f"no endpoint {scope['path']}",
-                                       "fix": "POST JSON lines to /api/v1/keyspaces/KEYSPACE/load"})
+        await respond_json(
+            send,
+            404,
+            {
+                "error": f"no endpoint {scope['path']}",
+                "fix": "POST JSON lines to /api/v1/keyspaces/KEYSPACE/load",
+            },
+        )
         return
     if scope["method"] != "POST":
-        await respond_json(send, 405, {"error": f"{scope['method']} is not allowed on {scope['path']}; it answers POST",
-                                       "fix": "use POST"}, {"Allow": "POST"})
+        await respond_json(
+            send,
+            405,
+            {
+                "error": f"{scope['method']} is not allowed on {scope['path']}; it answers POST",
+                "fix": "use POST",
+            },
+            {"Allow": "POST"},
+        )
         return
     try:
         ks = parse_keyspace(state, keyspace)
@@ -48,6 +61,7 @@ async def serve_load(buckets: Buckets, state: State, scope: Scope, receive: Rece
     send_chunks, chunks = anyio.create_memory_object_stream[bytes | None](8)
     status, answer = 200, dict[str, Any]()
     async with anyio.create_task_group() as tg:
+
         async def feed() -> None:
             async with send_chunks:
                 while True:
@@ -94,7 +108,9 @@ class _Loader:
                 self.lines += 1
                 yield line + b"\n"
             if len(partial) > MAX_LINE_BYTES:
-                self.error = f"line {self.lines + 1}: longer than {MAX_LINE_BYTES:,} bytes; split the document"
+                self.error = (
+                    f"line {self.lines + 1}: longer than {MAX_LINE_BYTES:,} bytes; split the document"
+                )
                 return
         if partial.strip() and not self.abandoned:
             self.lines += 1
@@ -104,28 +120,41 @@ class _Loader:
         rejected: list[str] = []
         try:
             with chunks:
-                for rows in rows_of_lines(self._lines(chunks), rejected, LOAD_BATCH_LINES, stop_at_bad_line=True):
+                for rows in rows_of_lines(
+                    self._lines(chunks), rejected, LOAD_BATCH_LINES, stop_at_bad_line=True
+                ):
                     if self.abandoned:
                         break
-                    self.written += self.buckets.run(self.ks, functools.partial(Collection.load_rows, rows=rows))
+                    self.written += self.buckets.run(
+                        self.ks, functools.partial(Collection.load_rows, rows=rows)
+                    )
                     self.committed += len(rows)
         except ApiError as exc:
             return exc.status, {"error": exc.message, "fix": None, "committed": self.committed}
-        except StoreError as exc:  # the bucket is busy, damaged or on a full disk: no line of the load is at fault
+        except (
+            StoreError
+        ) as exc:  # the bucket is busy, damaged or on a full disk: no line of the load is at fault
             message = str(exc)  # the CLI's line; `committed` says how many rows went in before it
             self.headers = retry_after(exc)
-            return 503, {"error": message, "fix": message.rpartition("; ")[2] or None, "committed": self.committed}
+            return 503, {
+                "error": message,
+                "fix": message.rpartition("; ")[2] or None,
+                "committed": self.committed,
+            }
         except (EventingError, InvalidKeyError) as exc:
             rejected.append(f"{exc}")
         problem = rejected[0] if rejected else self.error
-        answer: dict[str, Any] = {"keyspace": str(self.ks), "committed": self.committed, "written": self.written,
-                                  "skipped": self.committed - self.written}
+        answer: dict[str, Any] = {
+            "keyspace": str(self.ks),
+            "committed": self.committed,
+            "written": self.written,
+            "skipped": self.committed - self.written,
+        }
         if problem:
             fix = "fix that line and send the lines from it on again"
             n = self.committed
             before = "the row before it is" if n == 1 else f"the {n:,} rows before it are"
-            return 400, {"error": f"{problem}; {before} committed, none after",
-                         "fix": fix, **answer}
+            return 400, {"error": f"{problem}; {before} committed, none after", "fix": fix, **answer}
         return 200, answer
 
 

@@ -33,8 +33,11 @@ _HEX = re.compile(r"^[0-9a-fA-F]{1,16}$")
 
 
 def too_large() -> ApiError:
-    return ApiError(413, "InvalidArgument", f"The content of the request was too large (over {MAX_BODY_BYTES:,} bytes); "
-                    "store a smaller document")
+    return ApiError(
+        413,
+        "InvalidArgument",
+        f"The content of the request was too large (over {MAX_BODY_BYTES:,} bytes); store a smaller document",
+    )
 
 
 def parse_expires(value: str | None, *, iso: bool = False) -> int | None:
@@ -64,8 +67,11 @@ def parse_expires(value: str | None, *, iso: bool = False) -> int | None:
             except ValueError:
                 when = None
     if when is None:
-        raise bad(f"Invalid time format '{value[:60]}': give 0, an HTTP date (Mon, 02 Jan 2006 15:04:05 GMT)"
-                  + (", an ISO 8601 time" if iso else "") + " or a duration such as 90s or 1h30m")
+        raise bad(
+            f"Invalid time format '{value[:60]}': give 0, an HTTP date (Mon, 02 Jan 2006 15:04:05 GMT)"
+            + (", an ISO 8601 time" if iso else "")
+            + " or a duration such as 90s or 1h30m"
+        )
     if not math.isfinite(when) or not 0 < when <= UINT32:  # a 5,000-digit duration is infinite here
         raise bad(f"Expiry '{value[:60]}' is out of range; give a time after 1970 and before 2106")
     # Expiries are whole seconds: rounded up, so a document lives at least as long as asked (500ms: up to 1 s
@@ -81,7 +87,9 @@ def parse_cas(value: str | None) -> int | None:
         text = text[2:]
     text = text.strip('"')
     if not _HEX.match(text):
-        raise bad(f"Invalid etag format '{value[:60]}'; send the ETag of the document as it was returned (hex)")
+        raise bad(
+            f"Invalid etag format '{value[:60]}'; send the ETag of the document as it was returned (hex)"
+        )
     cas = int(text, 16)
     if cas == 0:
         raise bad("CAS value cannot be zero; send the ETag of the document as it was returned")
@@ -116,15 +124,26 @@ class DocRequest:
         return f"'{self.ks.bucket}/{self.ks.scope}/{self.ks.collection}'"
 
     def missing(self) -> ApiError:
-        return ApiError(404, "DocumentNotFound", f"Document '{self.key}' not found in {self.where}", self.resource)
+        return ApiError(
+            404, "DocumentNotFound", f"Document '{self.key}' not found in {self.where}", self.resource
+        )
 
     def exists(self) -> ApiError:
-        return ApiError(409, "DocumentExists", f"Document '{self.key}' already exists in {self.where}; PUT replaces "
-                        "it, or POST another key", self.resource)
+        return ApiError(
+            409,
+            "DocumentExists",
+            f"Document '{self.key}' already exists in {self.where}; PUT replaces it, or POST another key",
+            self.resource,
+        )
 
     def cas_mismatch(self) -> ApiError:
-        return ApiError(409, "CasMismatch", f"The specified CAS for '{self.key}' in {self.where} did not match: the "
-                        "document changed since; GET it again for the current ETag", self.resource)
+        return ApiError(
+            409,
+            "CasMismatch",
+            f"The specified CAS for '{self.key}' in {self.where} did not match: the "
+            "document changed since; GET it again for the current ETag",
+            self.resource,
+        )
 
     def json_body(self) -> dict[str, Any] | None:
         """An optional JSON object body (counters), None when empty."""
@@ -182,5 +201,7 @@ async def respond(send: Send, status: int, headers: dict[str, str], body: bytes,
     await send({"type": "http.response.body", "body": body})
 
 
-async def respond_json(send: Send, status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+async def respond_json(
+    send: Send, status: int, body: dict[str, Any], headers: dict[str, str] | None = None
+) -> None:
     await respond(send, status, headers or {}, json.dumps(body).encode(), "application/json")

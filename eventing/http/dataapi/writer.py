@@ -88,13 +88,21 @@ class Buckets:
                 with found.lock:
                     found.bucket.close()
             if inode == -1:
-                raise ApiError(404, "BucketNotFound", f"Bucket '{name}' was not found; create it with "
-                               f"`eventing bucket create {name}`", f"/buckets/{name}")
+                raise ApiError(
+                    404,
+                    "BucketNotFound",
+                    f"Bucket '{name}' was not found; create it with `eventing bucket create {name}`",
+                    f"/buckets/{name}",
+                )
             try:
                 bucket = self.state.open_bucket(name)
             except (NotFoundError, ConfigError):
-                raise ApiError(404, "BucketNotFound", f"Bucket '{name}' was not found; create it with "
-                               f"`eventing bucket create {name}`", f"/buckets/{name}") from None
+                raise ApiError(
+                    404,
+                    "BucketNotFound",
+                    f"Bucket '{name}' was not found; create it with `eventing bucket create {name}`",
+                    f"/buckets/{name}",
+                ) from None
             opened = _Open(bucket, threading.Lock(), inode)
             self._open[name] = opened
             return opened
@@ -107,12 +115,20 @@ class Buckets:
         cid = registry.get((ks.scope, ks.collection))
         if cid is None:
             if ks.scope != DEFAULT and all(scope != ks.scope for scope, _ in registry):
-                raise ApiError(404, "ScopeNotFound", f"Scope '{ks.scope}' not found in '{ks.bucket}'; create a "
-                               f"collection in it with `eventing collection create {ks.bucket}.{ks.scope}.COLLECTION`",
-                               f"/buckets/{ks.bucket}/scopes/{ks.scope}")
-            raise ApiError(404, "CollectionNotFound", f"Collection '{ks.collection}' not found in '{ks.bucket}/{ks.scope}'; "
-                           f"create it with `eventing collection create {ks}`",
-                           f"/buckets/{ks.bucket}/scopes/{ks.scope}/collections/{ks.collection}")
+                raise ApiError(
+                    404,
+                    "ScopeNotFound",
+                    f"Scope '{ks.scope}' not found in '{ks.bucket}'; create a "
+                    f"collection in it with `eventing collection create {ks.bucket}.{ks.scope}.COLLECTION`",
+                    f"/buckets/{ks.bucket}/scopes/{ks.scope}",
+                )
+            raise ApiError(
+                404,
+                "CollectionNotFound",
+                f"Collection '{ks.collection}' not found in '{ks.bucket}/{ks.scope}'; "
+                f"create it with `eventing collection create {ks}`",
+                f"/buckets/{ks.bucket}/scopes/{ks.scope}/collections/{ks.collection}",
+            )
         return Collection(opened.bucket, ks, cid, mirror=opened.bucket.mirrors().get(cid))
 
     def run(self, ks: Keyspace, fn: Callable[[Collection], Any]) -> Any:
@@ -152,9 +168,12 @@ class _Turns:
 
     def __init__(self, buckets: Buckets, name: str, lane: int = 0):
         self.buckets, self.name = buckets, name
-        self.queue: queue.SimpleQueue[tuple[DocRequest | PlannedRequest, asyncio.Future[Answer]] | None] = \
+        self.queue: queue.SimpleQueue[tuple[DocRequest | PlannedRequest, asyncio.Future[Answer]] | None] = (
             queue.SimpleQueue()
-        threading.Thread(target=self._serve, name=f"dataapi-{name}" + (f"-{lane}" if lane else ""), daemon=True).start()
+        )
+        threading.Thread(
+            target=self._serve, name=f"dataapi-{name}" + (f"-{lane}" if lane else ""), daemon=True
+        ).start()
 
     def _serve(self) -> None:
         while True:
@@ -175,7 +194,9 @@ class _Turns:
                 answers = self._answer([req for req, _ in group])
             except Exception as exc:  # the bucket could not be opened, or the commit failed: all alike
                 answers = [exc] * len(group)
-            by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Answer], Answer | Exception]]] = {}
+            by_loop: dict[
+                asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Answer], Answer | Exception]]
+            ] = {}
             for (_, future), answer in zip(group, answers, strict=True):
                 by_loop.setdefault(future.get_loop(), []).append((future, answer))
             for loop, settled in by_loop.items():

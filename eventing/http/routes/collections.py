@@ -20,8 +20,13 @@ def _collection_keyspace(c: EndpointRequest) -> Any:
 def _admin_only(c: EndpointRequest, action: str) -> Response | None:
     if c.role == "admin":
         return None
-    return JSONResponse({"error": f"{action} needs the admin role; the caller is not an admin",
-                         "fix": "send the admin token or an admin user's credentials"}, status_code=403)
+    return JSONResponse(
+        {
+            "error": f"{action} needs the admin role; the caller is not an admin",
+            "fix": "send the admin token or an admin user's credentials",
+        },
+        status_code=403,
+    )
 
 
 def list_collections(c: EndpointRequest) -> list[dict[str, Any]]:
@@ -44,17 +49,27 @@ def create_collection(c: EndpointRequest) -> dict[str, Any] | Response:
         return buckets.create_collection(c.state, _collection_keyspace(c))
     if not isinstance(body.get("table"), str):
         raise ConfigError('a mirror needs "table": "schema.table" beside "mirror" in the request body')
-    return mirrors.create_mirror(c.state, _collection_keyspace(c), source=str(body["mirror"]), table=body["table"],
-                                 publication=body.get("publication"), slot=body.get("slot"))
+    return mirrors.create_mirror(
+        c.state,
+        _collection_keyspace(c),
+        source=str(body["mirror"]),
+        table=body["table"],
+        publication=body.get("publication"),
+        slot=body.get("slot"),
+    )
 
 
 def resync_collection(c: EndpointRequest) -> dict[str, Any] | Response:
     from eventing.ops import mirrors
 
-    return _admin_only(c, "taking a new snapshot of a mirror") or mirrors.resync_mirror(c.state, str(_collection_keyspace(c)))
+    return _admin_only(c, "taking a new snapshot of a mirror") or mirrors.resync_mirror(
+        c.state, str(_collection_keyspace(c))
+    )
 
 
 def drop_collection(c: EndpointRequest) -> dict[str, Any] | Response:
     from eventing.ops import mirrors
 
-    return _admin_only(c, "dropping a collection") or mirrors.drop_collection(c.state, str(_collection_keyspace(c)))
+    return _admin_only(c, "dropping a collection") or mirrors.drop_collection(
+        c.state, str(_collection_keyspace(c))
+    )

@@ -26,6 +26,7 @@ DEFAULT_LOG_BYTES = 40_960  # like Couchbase's getAppLog: the newest part of the
 def reset_stats(c: EndpointRequest) -> Response:
     """POST /resetStatsCounters?appName=FN: the function's counters start again from zero (dead-letter counts
     stay: they follow the queue, which `dlq purge` empties)."""
+
     def run() -> Response:
         name = c.query.get("appName") or c.query.get("name")
         if not name:
@@ -44,11 +45,15 @@ def list_function_names(c: EndpointRequest) -> dict[str, Any] | Response:
     """Couchbase's /api/v1/list/functions: {"functions": [names]} (a function in a namespace by its full name),
     filtered by ?source_bucket=, ?source_scope=, ?function_scope=BUCKET.SCOPE (or BUCKET/SCOPE; `*.*` is the
     global namespace) and ?deployed=."""
+
     def run() -> dict[str, Any]:
         deployed = c.flag(c.query, "deployed") if "deployed" in c.query else None
         scope = c.query.get("function_scope")
-        wanted_scope = tuple(re.split(r"[/]", scope, maxsplit=1) if "/" in scope else scope.rsplit(".", 1)) \
-            if scope else None
+        wanted_scope = (
+            tuple(re.split(r"[/]", scope, maxsplit=1) if "/" in scope else scope.rsplit(".", 1))
+            if scope
+            else None
+        )
         names = []
         for f in list_functions(c):
             keyspace = function_access.function_keyspace(f)
@@ -58,7 +63,10 @@ def list_function_names(c: EndpointRequest) -> dict[str, Any] | Response:
                 continue
             if wanted_scope and wanted_scope != function_scope(f["name"]):
                 continue
-            if deployed is not None and (f["state"] in ("deployed", "paused", "pausing", "deploying")) != deployed:
+            if (
+                deployed is not None
+                and (f["state"] in ("deployed", "paused", "pausing", "deploying")) != deployed
+            ):
                 continue
             names.append(f["name"])
         return {"functions": names}
@@ -68,7 +76,11 @@ def list_function_names(c: EndpointRequest) -> dict[str, Any] | Response:
 
 def deployed_apps(c: EndpointRequest) -> dict[str, str]:
     """Couchbase's /getDeployedApps: the names of deployed (and paused) functions as keys."""
-    return {f["name"]: "" for f in list_functions(c) if f["state"] in ("deployed", "paused", "pausing", "deploying")}
+    return {
+        f["name"]: ""
+        for f in list_functions(c)
+        if f["state"] in ("deployed", "paused", "pausing", "deploying")
+    }
 
 
 def running_apps(c: EndpointRequest) -> dict[str, str]:
@@ -89,16 +101,21 @@ def get_config(c: EndpointRequest) -> dict[str, Any]:
 
 def save_config(c: EndpointRequest) -> Response:
     """Couchbase's /api/v1/config: what this system has is kept; every other key is refused by name."""
+
     def run() -> Response:
         body = c.json_object()
         for key, value in body.items():
             if key not in SUPPORTED_CONFIG:
-                raise ConfigError(f"config {key} is not supported here; the settings are "
-                                  f"{', '.join(SUPPORTED_CONFIG)} (a function's own settings: "
-                                  "POST /api/v1/functions/NAME/settings)")
+                raise ConfigError(
+                    f"config {key} is not supported here; the settings are "
+                    f"{', '.join(SUPPORTED_CONFIG)} (a function's own settings: "
+                    "POST /api/v1/functions/NAME/settings)"
+                )
             if value != SUPPORTED_CONFIG[key]:
-                raise ConfigError(f"config {key}={json.dumps(value)} is not supported: the debugger (`eventing debug`) "
-                                  f"is always available here; send {key}={json.dumps(SUPPORTED_CONFIG[key])} or leave it out")
+                raise ConfigError(
+                    f"config {key}={json.dumps(value)} is not supported: the debugger (`eventing debug`) "
+                    f"is always available here; send {key}={json.dumps(SUPPORTED_CONFIG[key])} or leave it out"
+                )
         return JSONResponse({"restart_required": False, **SUPPORTED_CONFIG})
 
     return _couchbase_call(run)

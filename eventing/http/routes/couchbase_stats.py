@@ -31,13 +31,17 @@ def _deployed_function(c: EndpointRequest) -> tuple[str, dict[str, Any]]:
     statistics endpoints ask."""
     name = c.query.get("name") or c.query.get("appName")
     if not name:
-        raise ConfigError("this endpoint needs ?name=FUNCTION (and ?bucket=&scope= for a function in a namespace)")
+        raise ConfigError(
+            "this endpoint needs ?name=FUNCTION (and ?bucket=&scope= for a function in a namespace)"
+        )
     check_function_name(name)
     name = resolve_name(c.state, name, c.query)
     doc = stored_function(EndpointRequest(c.state, {"name": name}, {}, b""))
     if doc["state"] not in DEPLOYED:
-        raise LifecycleError(f"function '{name}' is undeployed; statistics are kept for a deployed or paused "
-                             f"function; deploy it first")
+        raise LifecycleError(
+            f"function '{name}' is undeployed; statistics are kept for a deployed or paused "
+            f"function; deploy it first"
+        )
     return name, doc
 
 
@@ -57,7 +61,9 @@ def latency_stats(c: EndpointRequest) -> dict[str, int]:
     name, _ = _deployed_function(c)
     with c.state.metadata as store:
         counters = store.counters(name)
-    out = {str(bound): int(counters.get(f"latency_le_{bound}us", 0)) for bound in counter_names.LATENCY_BOUNDS_US}
+    out = {
+        str(bound): int(counters.get(f"latency_le_{bound}us", 0)) for bound in counter_names.LATENCY_BOUNDS_US
+    }
     out["inf"] = int(counters.get("latency_le_inf", 0))
     return {k: v for k, v in out.items() if v}
 
@@ -85,8 +91,10 @@ def list_functions_query(c: EndpointRequest) -> dict[str, list[str]]:
             continue
         if kind:
             writes_source = any(
-                b.get("access") == "rw" and _overlap(Keyspace.of(b["bucket"], b.get("scope"), b.get("collection")), source)
-                for b in f.get("bindings", []))
+                b.get("access") == "rw"
+                and _overlap(Keyspace.of(b["bucket"], b.get("scope"), b.get("collection")), source)
+                for b in f.get("bindings", [])
+            )
             if writes_source != (kind == "sbm"):
                 continue
         names.append(f["name"])
@@ -113,8 +121,9 @@ def save_deployment_config(c: EndpointRequest) -> Response:
     saved again in Couchbase's format with the new depcfg, its handler and settings kept."""
     depcfg = c.json_object()
     exported, _ = lifecycle.export_couchbase(c.state, c.name, with_secrets=True)
-    exported["settings"] = {k: v for k, v in exported["settings"].items()
-                            if k not in ("deployment_status", "processing_status")}
+    exported["settings"] = {
+        k: v for k, v in exported["settings"].items() if k not in ("deployment_status", "processing_status")
+    }
     item = {**exported, "depcfg": depcfg}
     converted = couchbase_format.from_couchbase(item)
     if converted.definition.name != c.name:
@@ -122,8 +131,9 @@ def save_deployment_config(c: EndpointRequest) -> Response:
     with c.state.metadata as store:
         record = store.get_function(c.name)
     record = lifecycle.save_function(c.state, converted.definition, record.source, saved_by=c.identity)
-    return _with_warnings({**stats.function_view(record), "warnings": list(converted.warnings)},
-                          list(converted.warnings))
+    return _with_warnings(
+        {**stats.function_view(record), "warnings": list(converted.warnings)}, list(converted.warnings)
+    )
 
 
 def delete_all(c: EndpointRequest) -> list[dict[str, Any]]:

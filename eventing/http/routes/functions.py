@@ -37,8 +37,12 @@ DEFAULT_WAIT_S = 60.0  # ?wait= of pause and undeploy: how long to wait for the 
 
 def _document(record: Any) -> dict[str, Any]:
     """A stored function as every role reads it: URL binding secrets masked (`*****`)."""
-    return {**mask_definition(record.definition), "handler_source": record.source, "state": record.state.value,
-            "generation": record.generation}
+    return {
+        **mask_definition(record.definition),
+        "handler_source": record.source,
+        "state": record.state.value,
+        "generation": record.generation,
+    }
 
 
 def list_functions(c: EndpointRequest) -> list[dict[str, Any]]:
@@ -85,8 +89,10 @@ def stored_function(c: EndpointRequest) -> dict[str, Any]:
         return _document(store.get_function(c.name))
 
 
-PYTHON_SHAPE = ("function '{name}' has a Python handler, which Couchbase's function JSON cannot carry; it is "
-                "shown in this project's shape (?format=eventing)")
+PYTHON_SHAPE = (
+    "function '{name}' has a Python handler, which Couchbase's function JSON cannot carry; it is "
+    "shown in this project's shape (?format=eventing)"
+)
 
 
 def get_function(c: EndpointRequest) -> dict[str, Any] | Response:
@@ -103,8 +109,10 @@ def get_function(c: EndpointRequest) -> dict[str, Any] | Response:
 def _couchbase_format(c: EndpointRequest, default: str = "couchbase") -> bool:
     fmt = c.query.get("format", default)
     if fmt not in ("eventing", "couchbase"):
-        raise ConfigError(f"format={fmt} is not valid; use format=couchbase or format=eventing "
-                          f"(the default here: {default})")
+        raise ConfigError(
+            f"format={fmt} is not valid; use format=couchbase or format=eventing "
+            f"(the default here: {default})"
+        )
     return fmt == "couchbase"
 
 
@@ -117,7 +125,9 @@ def save_function(c: EndpointRequest) -> dict[str, Any] | Response:
     if "appcode" in body and "handler_source" not in body:
         body["handler_source"] = body.pop("appcode")
     if body.get("name", c.name) != c.name:
-        raise ConfigError(f"the body names function {body['name']!r} but the URL names '{c.name}'; make them agree")
+        raise ConfigError(
+            f"the body names function {body['name']!r} but the URL names '{c.name}'; make them agree"
+        )
     source = body.get("handler_source")
     if not isinstance(source, str):
         raise ConfigError("the body needs 'handler_source': the handler's Python code as a string")
@@ -127,9 +137,12 @@ def save_function(c: EndpointRequest) -> dict[str, Any] | Response:
 
 def _save_couchbase(c: EndpointRequest, body: dict[str, Any]) -> Response:
     if body.get("appname", c.name) != c.name:
-        raise ConfigError(f"the body names function {body['appname']!r} but the URL names '{c.name}'; make them agree")
-    records, warnings = lifecycle.import_functions(c.state, {**body, "appname": c.name}, deploying=_deploying(c),
-                                                   saved_by=c.identity)
+        raise ConfigError(
+            f"the body names function {body['appname']!r} but the URL names '{c.name}'; make them agree"
+        )
+    records, warnings = lifecycle.import_functions(
+        c.state, {**body, "appname": c.name}, deploying=_deploying(c), saved_by=c.identity
+    )
     return _with_warnings({**stats.function_view(records[0]), "warnings": warnings}, warnings)
 
 
@@ -139,10 +152,14 @@ def _deploying(c: EndpointRequest) -> Callable[[str], Any]:
 
 def create_functions(c: EndpointRequest) -> Response:
     """POST /api/v1/functions: one function or a list, in Couchbase's format or this project's (as import)."""
+
     def run() -> Response:
-        records, warnings = lifecycle.import_functions(c.state, c.json(), deploying=_deploying(c),
-                                                       saved_by=c.identity)
-        return _with_warnings({"functions": [stats.function_view(r) for r in records], "warnings": warnings}, warnings)
+        records, warnings = lifecycle.import_functions(
+            c.state, c.json(), deploying=_deploying(c), saved_by=c.identity
+        )
+        return _with_warnings(
+            {"functions": [stats.function_view(r) for r in records], "warnings": warnings}, warnings
+        )
 
     return _couchbase_call(run)
 
@@ -159,8 +176,12 @@ def _refuse_again(c: EndpointRequest, state: str) -> None:
         now = store.get_function(c.name).state.value
     if now == state:
         action = "deploy" if state == "deployed" else "undeploy"
-        raise AlreadyInState(plain_name(c.name), state, f"function '{c.name}' is already {state}; nothing to {action}; "
-                             f"see {{fix}}", fix=fix("status"))
+        raise AlreadyInState(
+            plain_name(c.name),
+            state,
+            f"function '{c.name}' is already {state}; nothing to {action}; see {{fix}}",
+            fix=fix("status"),
+        )
 
 
 def deploy(c: EndpointRequest) -> dict[str, Any]:
@@ -169,7 +190,9 @@ def deploy(c: EndpointRequest) -> dict[str, Any]:
     if boundary not in (None, "everything", "from_now"):
         raise ConfigError(f"boundary {boundary!r} is not valid; use 'everything' or 'from_now'")
     if boundary is None and "dcp_stream_boundary" in body:  # Couchbase's deploy body: its settings
-        fields, _, _ = couchbase_format.settings_from_couchbase(c.name, {"dcp_stream_boundary": body["dcp_stream_boundary"]})
+        fields, _, _ = couchbase_format.settings_from_couchbase(
+            c.name, {"dcp_stream_boundary": body["dcp_stream_boundary"]}
+        )
         boundary = fields["boundary"]
     _refuse_again(c, "deployed")
     with function_access.deploying_as(c.state, c.name, c.identity):  # a non-admin's handler runs sandboxed
@@ -186,8 +209,9 @@ def _wait_s(c: EndpointRequest) -> float:
     except ValueError:
         wait = -1.0
     if not math.isfinite(wait) or wait < 0:
-        raise ConfigError(f"wait={c.query['wait']} is not valid; give a number of seconds >= 0 "
-                          f"(default {DEFAULT_WAIT_S:g})")
+        raise ConfigError(
+            f"wait={c.query['wait']} is not valid; give a number of seconds >= 0 (default {DEFAULT_WAIT_S:g})"
+        )
     return wait
 
 
@@ -222,8 +246,10 @@ def save_settings(c: EndpointRequest) -> dict[str, Any] | Response:
         return _couchbase_call(lambda: _save_couchbase_settings(c, body))
     for key in ("name", "handler_source", "appcode"):
         if key in body:
-            raise ConfigError(f"settings cannot change '{key}'; use POST /api/v1/functions/{c.name}"
-                              + ("/appcode" if key != "name" else ""))
+            raise ConfigError(
+                f"settings cannot change '{key}'; use POST /api/v1/functions/{c.name}"
+                + ("/appcode" if key != "name" else "")
+            )
     with c.state.metadata as store:
         record = store.get_function(c.name)
     defn = FunctionDefinition.from_dict({**record.definition, **body})
@@ -236,14 +262,25 @@ def _save_couchbase_settings(c: EndpointRequest, body: dict[str, Any]) -> Respon
         record = store.get_function(c.name)
     # dcp_stream_boundary is kept (the next deploy starts there), unless the body also deploys: then it is
     # that deploy's boundary, which the deploy keeps
-    changed = {k: v for k, v in fields.items() if k != "boundary" or state is None or record.state.value == "undeployed"
-               and state == "undeployed"}
+    changed = {
+        k: v
+        for k, v in fields.items()
+        if k != "boundary" or state is None or record.state.value == "undeployed" and state == "undeployed"
+    }
     updated = FunctionDefinition.from_dict({**record.definition, **changed})
-    if updated != FunctionDefinition.from_dict(record.definition):  # only a change needs an undeployed or paused function
+    if updated != FunctionDefinition.from_dict(
+        record.definition
+    ):  # only a change needs an undeployed or paused function
         record = lifecycle.save_function(c.state, updated, record.source, saved_by=c.identity)
     if state is not None:
-        record = lifecycle.set_state(c.state, c.name, state, boundary=fields.get("boundary"), wait_s=_wait_s(c),
-                                     deploying=_deploying(c))
+        record = lifecycle.set_state(
+            c.state,
+            c.name,
+            state,
+            boundary=fields.get("boundary"),
+            wait_s=_wait_s(c),
+            deploying=_deploying(c),
+        )
     return _with_warnings({**stats.function_view(record), "warnings": warnings}, warnings)
 
 
@@ -254,6 +291,7 @@ def get_appcode(c: EndpointRequest) -> Response:
 
 def appcode_checksum(c: EndpointRequest) -> Response:
     """The handler source's SHA-256 (Couchbase's /appcode/checksum), text/plain."""
+
     def run() -> Response:
         doc = stored_function(c)
         return PlainTextResponse(couchbase_format.checksum(doc["handler_source"]))
@@ -271,7 +309,9 @@ def save_appcode(c: EndpointRequest) -> dict[str, Any]:
 
 def import_functions(c: EndpointRequest) -> Response:
     """This project's export or Couchbase's (one function or a list); Couchbase's status flags are carried out."""
-    records, warnings = lifecycle.import_functions(c.state, c.json(), deploying=_deploying(c), saved_by=c.identity)
+    records, warnings = lifecycle.import_functions(
+        c.state, c.json(), deploying=_deploying(c), saved_by=c.identity
+    )
     return _with_warnings([stats.function_view(r) for r in records], warnings)
 
 
@@ -279,9 +319,13 @@ def export_functions(c: EndpointRequest) -> list[dict[str, Any]] | Response:
     """Secrets masked (`*****`), or in clear with ?secrets=true for the admin token only."""
     secrets = c.flag(c.query, "secrets")
     if secrets and c.role != "admin":
-        return JSONResponse({"error": "secrets=true needs the admin token; the read-only token was given",
-                             "fix": "send the admin token, or leave out secrets=true to get the secrets as *****"},
-                            status_code=403)
+        return JSONResponse(
+            {
+                "error": "secrets=true needs the admin token; the read-only token was given",
+                "fix": "send the admin token, or leave out secrets=true to get the secrets as *****",
+            },
+            status_code=403,
+        )
     name = c.query.get("name")
     if name:
         check_function_name(name)
@@ -289,9 +333,12 @@ def export_functions(c: EndpointRequest) -> list[dict[str, Any]] | Response:
     if name and _couchbase_format(c):  # one Python function: this project's export of it, as GET does
         doc = stored_function(EndpointRequest(c.state, {"name": name}, {}, b""))
         if doc.get("language", "python") != "javascript":
-            return _with_warnings([lifecycle.export_function(c.state, name, with_secrets=secrets)],
-                                  [PYTHON_SHAPE.format(name=name)])
+            return _with_warnings(
+                [lifecycle.export_function(c.state, name, with_secrets=secrets)],
+                [PYTHON_SHAPE.format(name=name)],
+            )
     if _couchbase_format(c):  # Couchbase's export: JavaScript functions (a Python one is named in a warning)
+
         def run() -> Response:
             names = [name] if name else [f["name"] for f in list_functions(c)]
             out, warnings = [], []

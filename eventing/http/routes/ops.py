@@ -72,27 +72,37 @@ def _selector(c: EndpointRequest, source: dict[str, Any], action: str) -> dlq.Dl
     """The rows a dead-letter request names, checked here so that errors speak of parameters, not flags."""
     key, reason = source.get("key"), source.get("reason")
     if reason is not None and not isinstance(reason, str):
-        raise ConfigError(f"{c.shown(source, 'reason', reason)} is not valid; give one of the reasons: "
-                          + ", ".join(sorted(dlq.DLQ_REASONS)))
+        raise ConfigError(
+            f"{c.shown(source, 'reason', reason)} is not valid; give one of the reasons: "
+            + ", ".join(sorted(dlq.DLQ_REASONS))
+        )
     selector = dlq.DlqSelector(
-        vb=c.int_arg(source, "vb", minimum=0), seqno=c.int_arg(source, "seqno", minimum=0),
+        vb=c.int_arg(source, "vb", minimum=0),
+        seqno=c.int_arg(source, "seqno", minimum=0),
         key=str(key) if key not in (None, "") else None,
-        reason=reason or None, everything=c.flag(source, "all"),
+        reason=reason or None,
+        everything=c.flag(source, "all"),
     )
     q = source is c.query
-    vb, seqno, key_, all_, replayed = (("vb=N", "seqno=S", "key=KEY", "all=true", "replayed=true") if q else
-                                       ('"vb"', '"seqno"', '"key"', '{"all": true}', '{"replayed": true}'))
+    vb, seqno, key_, all_, replayed = (
+        ("vb=N", "seqno=S", "key=KEY", "all=true", "replayed=true")
+        if q
+        else ('"vb"', '"seqno"', '"key"', '{"all": true}', '{"replayed": true}')
+    )
     if selector.seqno is not None and selector.vb is None:
         raise ConfigError(f"{seqno} needs {vb} too: a seqno is only unique within its vBucket")
     if selector.everything and (selector.vb is not None or selector.key is not None):
         raise ConfigError(f"{all_} selects every row; send it without {vb}, {seqno} or {key_}")
     if action == "show" and selector.vb is None and selector.key is None:
-        raise ConfigError(f"dlq/show needs ?{vb}&{seqno} or ?{key_}; GET {FUNCTION_PATH.format(name=c.name)}/dlq lists every row")
+        raise ConfigError(
+            f"dlq/show needs ?{vb}&{seqno} or ?{key_}; GET {FUNCTION_PATH.format(name=c.name)}/dlq lists every row"
+        )
     if action == "replay" and not (selector.everything or selector.narrows):
-        raise ConfigError(f"dlq/replay needs {all_} or a selector: {vb} (with {seqno}), {key_} or \"reason\"")
+        raise ConfigError(f'dlq/replay needs {all_} or a selector: {vb} (with {seqno}), {key_} or "reason"')
     if action == "purge" and not (selector.everything or selector.narrows or c.flag(source, "replayed")):
-        raise ConfigError(f"dlq/purge needs {all_}, {replayed} or a selector: {vb} (with {seqno}), {key_} or "
-                          "\"reason\"")
+        raise ConfigError(
+            f'dlq/purge needs {all_}, {replayed} or a selector: {vb} (with {seqno}), {key_} or "reason"'
+        )
     return selector
 
 
@@ -101,9 +111,13 @@ def dlq_list(c: EndpointRequest) -> list[dict[str, Any]]:
     limit, offset = c.int_arg(c.query, "limit", minimum=1), c.int_arg(c.query, "offset") or 0
     if offset < 0:
         raise ConfigError(f"offset={offset} is negative; give the number of rows to skip (>= 0)")
-    rows = dlq.list_rows(c.state, c.name, reason=c.query.get("reason") or None,
-                         limit=None if limit is None else limit + offset,
-                         include_replayed=c.flag(c.query, "all"))
+    rows = dlq.list_rows(
+        c.state,
+        c.name,
+        reason=c.query.get("reason") or None,
+        limit=None if limit is None else limit + offset,
+        include_replayed=c.flag(c.query, "all"),
+    )
     return [dlq.row_view(r) for r in rows[offset:]]
 
 

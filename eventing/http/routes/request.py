@@ -75,7 +75,9 @@ class EndpointRequest:
         try:
             return self.body.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise ConfigError(f"the request body is not UTF-8 text (byte {exc.start}); send the handler as UTF-8") from None
+            raise ConfigError(
+                f"the request body is not UTF-8 text (byte {exc.start}); send the handler as UTF-8"
+            ) from None
 
     def shown(self, source: dict[str, Any], key: str, value: Any) -> str:
         """A parameter as the caller wrote it: `size=-1` in a query string, `"all": "yes"` in a JSON body."""
@@ -112,7 +114,9 @@ class EndpointRequest:
             raise ConfigError(f"{key}={value} is not valid; use {key}=true or {key}=false (or 1 and 0)")
         if isinstance(value, bool):
             return value
-        raise ConfigError(f"{self.shown(source, key, value)} is not valid; \"{key}\" is a JSON boolean: true or false")
+        raise ConfigError(
+            f'{self.shown(source, key, value)} is not valid; "{key}" is a JSON boolean: true or false'
+        )
 
 
 @dataclass(frozen=True)
@@ -159,8 +163,10 @@ def resolve_name(state: State, name: str, query: dict[str, str], *, creating: bo
             raise ConfigError("give both ?bucket= and ?scope= (the function's namespace), or neither")
         if split_name(name) is not None:
             if function_scope(name) != (bucket, scope):
-                raise ConfigError(f"function '{name}' names its namespace, which ?bucket={bucket}&scope={scope} "
-                                  "contradicts; leave them out or give the plain name")
+                raise ConfigError(
+                    f"function '{name}' names its namespace, which ?bucket={bucket}&scope={scope} "
+                    "contradicts; leave them out or give the plain name"
+                )
             return name
         return full_name(name, bucket, scope)
     if creating or split_name(name) is not None or not state.exists():
@@ -171,10 +177,14 @@ def resolve_name(state: State, name: str, query: dict[str, str], *, creating: bo
             return name
         except NotFoundError:
             pass
-        matches = sorted(r.name for r in store.list_functions() if split_name(r.name) and plain_name(r.name) == name)
+        matches = sorted(
+            r.name for r in store.list_functions() if split_name(r.name) and plain_name(r.name) == name
+        )
     if len(matches) > 1:
-        raise ConfigError(f"function '{name}' is in more than one namespace ({', '.join(matches)}); give ?bucket= "
-                          "and ?scope=, or the full name")
+        raise ConfigError(
+            f"function '{name}' is in more than one namespace ({', '.join(matches)}); give ?bucket= "
+            "and ?scope=, or the full name"
+        )
     return matches[0] if matches else name
 
 
@@ -182,15 +192,24 @@ def couchbase_fields(exc: BaseException, message: str) -> tuple[int | None, dict
     """Couchbase's fields of an error (name, code, description, runtime_info) and, where its tools need
     Couchbase's HTTP status rather than this API's, that status."""
     if isinstance(exc, AlreadyInState):
-        name, code, status, description = (exc.couchbase_name, exc.couchbase_code, exc.couchbase_status,
-                                           exc.description)
+        name, code, status, description = (
+            exc.couchbase_name,
+            exc.couchbase_code,
+            exc.couchbase_status,
+            exc.description,
+        )
     else:
         name, code = next((n, k) for kind, n, k in COUCHBASE_ERRORS if isinstance(exc, kind))
         status, description = None, message
         if isinstance(exc, LifecycleError) and "undeployed" in message.split(";")[0]:
             name, code = "ERR_APP_NOT_DEPLOYED", 12
-    return status, {"name": name, "code": code, "description": description, "attributes": [],
-                    "runtime_info": {"code": code, "info": description}}
+    return status, {
+        "name": name,
+        "code": code,
+        "description": description,
+        "attributes": [],
+        "runtime_info": {"code": code, "info": description},
+    }
 
 
 def couchbase_error(exc: BaseException) -> Response:
@@ -249,13 +268,18 @@ def rest_fix(error: BaseException) -> dict[str, Any] | None:
     way = getattr(error, "fix", None)
     if way is None:
         return None
-    return {"action": way.action, "args": {k: str(v) for k, v in way.args.items()}, "request": _rest_words(way)}
+    return {
+        "action": way.action,
+        "args": {k: str(v) for k, v in way.args.items()},
+        "request": _rest_words(way),
+    }
 
 
 def _rest_words(way: Any) -> str:
     if way.action == "option":
-        return REST_WORDING["option"].format(option=str(way.args["flag"]).lstrip("-").replace("-", "_"),
-                                             value=way.args["value"])
+        return REST_WORDING["option"].format(
+            option=str(way.args["flag"]).lstrip("-").replace("-", "_"), value=way.args["value"]
+        )
     if way.action == "collection_create":
         bucket, _, rest = str(way.args["keyspace"]).partition(".")
         scope, _, collection = rest.partition(".")

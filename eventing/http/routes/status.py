@@ -61,7 +61,9 @@ def all_stats(c: EndpointRequest) -> list[dict[str, Any]]:
         raise ConfigError(f"type={kind} is not valid; use type=full or leave it out")
     if kind == "full":
         return [stats.couchbase_full_stats(c.state, f["name"]) for f in list_functions(c)]
-    return [{"function_name": f["name"], **stats.function_stats(c.state, f["name"])} for f in list_functions(c)]
+    return [
+        {"function_name": f["name"], **stats.function_stats(c.state, f["name"])} for f in list_functions(c)
+    ]
 
 
 def function_stats(c: EndpointRequest) -> dict[str, Any]:
@@ -73,8 +75,9 @@ def vbmap(c: EndpointRequest) -> dict[str, Any]:
 
 
 def checkpoints(c: EndpointRequest) -> dict[str, Any]:
-    return stats.checkpoint_view(c.state, c.name, vb=c.int_arg(c.query, "vb", minimum=0),
-                                 backlog_only=c.flag(c.query, "backlog"))
+    return stats.checkpoint_view(
+        c.state, c.name, vb=c.int_arg(c.query, "vb", minimum=0), backlog_only=c.flag(c.query, "backlog")
+    )
 
 
 def metrics(c: EndpointRequest) -> Response:

@@ -46,7 +46,7 @@ def default_name(keyspace: str) -> str:
 
 
 def redact(url: str) -> str:
-    from metadata.postgres.connection import redact as _redact
+    from metadata.postgres.location import redact as _redact
 
     return _redact(url)
 
@@ -101,8 +101,10 @@ def require(store: Any, keyspace: str) -> MirrorDefinition:
     found = load(store, keyspace)
     if found is None:
         names = ", ".join(mirror_keyspaces(store)) or "none"
-        raise NotFoundError(f"keyspace '{keyspace}' is not a mirror (mirrors: {names}); create one with "
-                            f"`eventing collection create {keyspace} --mirror URL --table SCHEMA.TABLE`")
+        raise NotFoundError(
+            f"keyspace '{keyspace}' is not a mirror (mirrors: {names}); create one with "
+            f"`eventing collection create {keyspace} --mirror URL --table SCHEMA.TABLE`"
+        )
     return found
 
 
@@ -138,7 +140,9 @@ def check_names(keyspace: str, table: str, publication: str | None, slot: str | 
     if not re.fullmatch(r"[a-z0-9_]{1,63}", slot):
         raise ConfigError(f"--slot {slot!r} is not a slot name; use 1-63 lower-case letters, digits and _")
     if not re.fullmatch(r"[A-Za-z0-9_]{1,63}", publication):
-        raise ConfigError(f"--publication {publication!r} is not a publication name; use 1-63 letters, digits and _")
+        raise ConfigError(
+            f"--publication {publication!r} is not a publication name; use 1-63 letters, digits and _"
+        )
     return f"{schema}.{name}", publication, slot
 
 

@@ -81,9 +81,14 @@ class Shape:
         self.names = names
         self.converters = converters
         self.key_at = key
-        self._columns = [(name, None if is_text(convert) else convert) for name, convert in zip(names, converters, strict=True)]
+        self._columns = [
+            (name, None if is_text(convert) else convert)
+            for name, convert in zip(names, converters, strict=True)
+        ]
         self._one_key = key[0] if len(key) == 1 else None
-        self._checked = all(scalar(convert) for convert in converters)  # its documents are JSON by construction
+        self._checked = all(
+            scalar(convert) for convert in converters
+        )  # its documents are JSON by construction
 
     def key(self, row: list) -> str:
         if self._one_key is not None:
@@ -92,8 +97,10 @@ class Shape:
 
     def document(self, row: list, current: dict | None = None) -> dict:
         if UNCHANGED not in row:  # values are str or None (UNCHANGED only in an UPDATE with TOASTed columns)
-            return {name: value if value is None or convert is None else convert(value)
-                    for (name, convert), value in zip(self._columns, row, strict=True)}
+            return {
+                name: value if value is None or convert is None else convert(value)
+                for (name, convert), value in zip(self._columns, row, strict=True)
+            }
         doc: dict[str, Any] = {}
         for name, convert, value in zip(self.names, self.converters, row, strict=True):
             if value is None:
@@ -157,7 +164,9 @@ class Follower:
         """Raise the epoch of the mirror's marks: a follower that still runs from before is fenced."""
         marks = self.bucket.effect_marks(self.marks)
         self.epoch = max((epoch for epoch, _ in marks.values()), default=0) + 1
-        self.bucket.fence(self.marks, {MARK_LSN: self.epoch, MARK_CHUNK: self.epoch, MARK_SNAPSHOT: self.epoch})
+        self.bucket.fence(
+            self.marks, {MARK_LSN: self.epoch, MARK_CHUNK: self.epoch, MARK_SNAPSHOT: self.epoch}
+        )
         self.applied_lsn = marks.get(MARK_LSN, (0, 0))[1]
         self.chunk = marks.get(MARK_CHUNK, (0, 0))[1]
         self.snapshot_generation = marks.get(MARK_SNAPSHOT, (0, 0))[1]
@@ -165,8 +174,10 @@ class Follower:
     def _apply(self, groups: list[EffectGroup]) -> None:
         result = self.bucket.apply_effects(self.marks, groups)
         if result.fenced_vbs:
-            raise FencedError(f"mirror {self.keyspace}: another follower took over (epoch above {self.epoch}); "
-                              "this one stops")
+            raise FencedError(
+                f"mirror {self.keyspace}: another follower took over (epoch above {self.epoch}); "
+                "this one stops"
+            )
 
     # -- running ------------------------------------------------------------------------------------
 
@@ -225,20 +236,28 @@ class Follower:
         copy_conn = self.source.connect()
         try:
             copy_conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-            copy_conn.execute(psycopg.sql.SQL("SET TRANSACTION SNAPSHOT {}").format(psycopg.sql.Literal(snapshot_name)))
+            copy_conn.execute(
+                psycopg.sql.SQL("SET TRANSACTION SNAPSHOT {}").format(psycopg.sql.Literal(snapshot_name))
+            )
             self.table = table = self.source.table(self.defn.table, copy_conn)
             self.pk = table.key
             columns = copy_conn.execute(
                 "SELECT attname, atttypid FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped "
-                "AND attgenerated = '' ORDER BY attnum", (table.oid,)).fetchall()
+                "AND attgenerated = '' ORDER BY attnum",
+                (table.oid,),
+            ).fetchall()
             self._learn([oid for _, oid in columns], copy_conn)
             names = [name for name, _ in columns]
-            shape = Shape(names, [self.types.converter(oid) for _, oid in columns], [names.index(k) for k in table.key])
+            shape = Shape(
+                names, [self.types.converter(oid) for _, oid in columns], [names.index(k) for k in table.key]
+            )
             existing = self._existing()
             seen: set[str] = set()
             writes: list[Write] = []
             select_list = ", ".join(quote(n) for n in names)
-            with copy_conn.cursor().copy(f"COPY (SELECT {select_list} FROM {table.qualified}) TO STDOUT") as copy:
+            with copy_conn.cursor().copy(
+                f"COPY (SELECT {select_list} FROM {table.qualified}) TO STDOUT"
+            ) as copy:
                 for row in copy.rows():
                     row = list(row)
                     stored = self._stored(shape.key(row))
@@ -267,15 +286,22 @@ class Follower:
             copy_conn.close()
         writes += [Write(stored, OP_DELETE) for stored in existing if stored not in seen]
         self.chunk += 1
-        self._apply([
-            EffectGroup(MARK_CHUNK, self.epoch, [(self.chunk, w) for w in writes]),
-            EffectGroup(MARK_LSN, self.epoch, [], upto=consistent),
-            EffectGroup(MARK_SNAPSHOT, self.epoch, [], upto=self.defn.generation),
-        ])
+        self._apply(
+            [
+                EffectGroup(MARK_CHUNK, self.epoch, [(self.chunk, w) for w in writes]),
+                EffectGroup(MARK_LSN, self.epoch, [], upto=consistent),
+                EffectGroup(MARK_SNAPSHOT, self.epoch, [], upto=self.defn.generation),
+            ]
+        )
         self.applied_lsn = max(self.applied_lsn, consistent)
         self.snapshot_generation = self.defn.generation
-        log.info("mirror %s: snapshot of %s: %d rows; following the slot from %s", self.keyspace, self.defn.table,
-                 self.counts["snapshot_rows"], lsn_text(consistent))
+        log.info(
+            "mirror %s: snapshot of %s: %d rows; following the slot from %s",
+            self.keyspace,
+            self.defn.table,
+            self.counts["snapshot_rows"],
+            lsn_text(consistent),
+        )
         return rep, consistent
 
     def _chunk(self, writes: list[Write]) -> None:
@@ -298,16 +324,25 @@ class Follower:
             validate_key(key)
         except EventingError as exc:
             self.counts["skipped"] += 1
-            log.warning("mirror %s: a row's key cannot be a document key (%s); the row is left out", self.keyspace, exc)
+            log.warning(
+                "mirror %s: a row's key cannot be a document key (%s); the row is left out",
+                self.keyspace,
+                exc,
+            )
             return None
         return self.prefix + key
 
     def _learn(self, oids: Iterable[int], conn: Any = None) -> None:
         unknown = self.types.unknown(oids)
         if unknown:
-            rows = (conn or self._side()).execute(
-                "SELECT oid::int8, typelem::int8, typcategory, typbasetype::int8 FROM pg_type WHERE oid = ANY(%s)",
-                (unknown,)).fetchall()
+            rows = (
+                (conn or self._side())
+                .execute(
+                    "SELECT oid::int8, typelem::int8, typcategory, typbasetype::int8 FROM pg_type WHERE oid = ANY(%s)",
+                    (unknown,),
+                )
+                .fetchall()
+            )
             self.types.learn(rows)
 
     # -- the stream ---------------------------------------------------------------------------------
@@ -321,7 +356,12 @@ class Follower:
             try:
                 self._follow(conn, start)
                 return
-            except (psycopg2.OperationalError, psycopg2.InterfaceError, psycopg2.DatabaseError, SourceError) as exc:
+            except (
+                psycopg2.OperationalError,
+                psycopg2.InterfaceError,
+                psycopg2.DatabaseError,
+                SourceError,
+            ) as exc:
                 message = exc if isinstance(exc, SourceError) else self.source.describe(exc, replication=True)
                 if "does not exist" in str(message) and "slot" in str(message):
                     raise self._slot_gone() from None
@@ -351,7 +391,8 @@ class Follower:
         return MirrorStopped(
             f"the replication slot {self.defn.slot} of mirror {self.keyspace} is gone from {self.source.shown} (dropped "
             "by hand?); the mirror cannot resume without a new snapshot: run `eventing collection resync "
-            f"{self.keyspace}`")
+            f"{self.keyspace}`"
+        )
 
     def _follow(self, conn: Any, start: int) -> None:
         import psycopg2
@@ -362,9 +403,13 @@ class Follower:
         cur = conn.cursor()
         try:
             cur.start_replication(
-                slot_name=self.defn.slot, slot_type=psycopg2.extras.REPLICATION_LOGICAL, decode=False,
-                start_lsn=start, options={"proto_version": "1", "publication_names": self.defn.publication},
-                status_interval=1)
+                slot_name=self.defn.slot,
+                slot_type=psycopg2.extras.REPLICATION_LOGICAL,
+                decode=False,
+                start_lsn=start,
+                options={"proto_version": "1", "publication_names": self.defn.publication},
+                status_interval=1,
+            )
         except psycopg2.ProgrammingError as exc:
             if "does not exist" in str(exc):
                 raise self._slot_gone() from None
@@ -378,10 +423,14 @@ class Follower:
             msg = read()
             if msg is not None:
                 on(decode(msg.payload))
-                if self.ready and (self.ready_writes >= MAX_BATCH or time.monotonic() - self.ready_since > MAX_DELAY_S):
+                if self.ready and (
+                    self.ready_writes >= MAX_BATCH or time.monotonic() - self.ready_since > MAX_DELAY_S
+                ):
                     self._flush(cur)
                 received += 1
-                if received % STOP_CHECK_EVERY or not self.should_stop():  # (a system call: not every message)
+                if (
+                    received % STOP_CHECK_EVERY or not self.should_stop()
+                ):  # (a system call: not every message)
                     continue
                 break
             if self.should_stop():
@@ -497,8 +546,13 @@ class Follower:
             return
         self._last_report = now
         values: dict[str, Any] = {
-            "pid": os.getpid(), "state": self.state_name, "error": self.error, "epoch": self.epoch,
-            "applied_lsn": lsn_text(self.applied_lsn), "generation": self.snapshot_generation, **self.counts,
+            "pid": os.getpid(),
+            "state": self.state_name,
+            "error": self.error,
+            "epoch": self.epoch,
+            "applied_lsn": lsn_text(self.applied_lsn),
+            "generation": self.snapshot_generation,
+            **self.counts,
             "last_commit_ms": self.last_commit_us // 1000,
         }
         if self.table is not None and self.state_name == "following":
@@ -512,13 +566,16 @@ class Follower:
                 confirmed = max(where["confirmed_lsn"] or 0, self.applied_lsn)
                 values["lag_bytes"] = max(0, server - confirmed) if self.ready or self.tx is not None else 0
                 values["retained_bytes"] = max(0, server - (where["restart_lsn"] or server))
-                values["lag_s"] = (round(max(0.0, time.time() - self.ready[0][1] / 1e6), 3) if self.ready else 0.0)
+                values["lag_s"] = (
+                    round(max(0.0, time.time() - self.ready[0][1] / 1e6), 3) if self.ready else 0.0
+                )
                 if where["table_oid"] != self.table.oid:
                     self._flush(None)
                     raise MirrorStopped(
                         f"table {self.defn.table} was dropped from {self.source.shown}; mirror {self.keyspace} "
                         f"stopped (the {self.counts['applied_changes']:,} changes it applied stay in the collection); "
-                        f"drop the mirror with `eventing collection drop {self.keyspace}`")
+                        f"drop the mirror with `eventing collection drop {self.keyspace}`"
+                    )
         defs.report(self.state.metadata, self.keyspace, values)
 
 
@@ -552,8 +609,10 @@ def main(argv: list[str] | None = None) -> int:
 
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m eventing.storage.mirror.follower KEYSPACE (the state in $EVENTING_STORE)",
-              file=sys.stderr)
+        print(
+            "usage: python -m eventing.storage.mirror.follower KEYSPACE (the state in $EVENTING_STORE)",
+            file=sys.stderr,
+        )
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     keyspace = args[0]
@@ -582,10 +641,17 @@ def main(argv: list[str] | None = None) -> int:
     except EventingError as exc:
         log.error("mirror %s: %s", keyspace, exc)
         try:
-            defs.report(state.metadata, keyspace, {
-                "pid": os.getpid(), "state": "failed", "error": str(exc),
-                "generation": follower.defn.generation if follower else 0,
-                "permanent": isinstance(exc, MirrorStopped) or follower is None})
+            defs.report(
+                state.metadata,
+                keyspace,
+                {
+                    "pid": os.getpid(),
+                    "state": "failed",
+                    "error": str(exc),
+                    "generation": follower.defn.generation if follower else 0,
+                    "permanent": isinstance(exc, MirrorStopped) or follower is None,
+                },
+            )
         except EventingError:
             pass
         return EXIT_FAILED

@@ -12,7 +12,9 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
-PG_EPOCH_US = 946_684_800_000_000  # 2000-01-01 in microseconds since 1970-01-01: PostgreSQL's timestamps start there
+PG_EPOCH_US = (
+    946_684_800_000_000  # 2000-01-01 in microseconds since 1970-01-01: PostgreSQL's timestamps start there
+)
 UNCHANGED = object()  # a TOASTed column an UPDATE did not change (no value sent)
 
 Row = list  # column values in the relation's column order: str, None or UNCHANGED
@@ -95,7 +97,7 @@ def _tuple(data: bytes, pos: int) -> tuple[Row, int]:
         if kind == 0x74:  # 't': text
             (size,) = _I.unpack_from(data, pos)
             pos += 4
-            append(data[pos:pos + size].decode())
+            append(data[pos : pos + size].decode())
             pos += size
         elif kind == 0x6E:  # 'n': null
             append(None)

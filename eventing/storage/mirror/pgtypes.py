@@ -21,7 +21,9 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 # What both the snapshot's connection and the replication connection set, so values read alike.
-SESSION_OPTIONS = "-c DateStyle=ISO -c TimeZone=UTC -c IntervalStyle=iso_8601 -c extra_float_digits=3 -c bytea_output=hex"
+SESSION_OPTIONS = (
+    "-c DateStyle=ISO -c TimeZone=UTC -c IntervalStyle=iso_8601 -c extra_float_digits=3 -c bytea_output=hex"
+)
 
 Convert = Callable[[str], Any]
 
@@ -70,7 +72,7 @@ def _timestamptz(text: str) -> str:
     stamp = _timestamp(text)
     sign = max(stamp.rfind("+"), stamp.rfind("-"))
     if sign > 10:  # the offset: "+00" or "+05:30" or "-03:00:05"
-        offset = stamp[sign + 1:]
+        offset = stamp[sign + 1 :]
         if len(offset) == 2:
             stamp = f"{stamp}:00"
     return stamp
@@ -82,13 +84,43 @@ def _text(text: str) -> str:
 
 # oid -> converter of the built-in types a mirror knows; oid -> element oid of their arrays.
 SCALARS: dict[int, Convert] = {
-    16: _bool, 20: int, 21: int, 23: int, 26: int, 700: _float, 701: _float, 1700: _numeric,
-    114: _json, 3802: _json, 17: _bytea, 1114: _timestamp, 1184: _timestamptz,
+    16: _bool,
+    20: int,
+    21: int,
+    23: int,
+    26: int,
+    700: _float,
+    701: _float,
+    1700: _numeric,
+    114: _json,
+    3802: _json,
+    17: _bytea,
+    1114: _timestamp,
+    1184: _timestamptz,
 }
 ARRAYS: dict[int, int] = {
-    1000: 16, 1005: 21, 1007: 23, 1016: 20, 1028: 26, 1021: 700, 1022: 701, 1231: 1700, 199: 114, 3807: 3802,
-    1001: 17, 1115: 1114, 1185: 1184, 1009: 25, 1015: 1043, 1014: 1042, 2951: 2950, 1182: 1082, 1183: 1083,
-    1002: 18, 1003: 19, 1187: 1186,
+    1000: 16,
+    1005: 21,
+    1007: 23,
+    1016: 20,
+    1028: 26,
+    1021: 700,
+    1022: 701,
+    1231: 1700,
+    199: 114,
+    3807: 3802,
+    1001: 17,
+    1115: 1114,
+    1185: 1184,
+    1009: 25,
+    1015: 1043,
+    1014: 1042,
+    2951: 2950,
+    1182: 1082,
+    1183: 1083,
+    1002: 18,
+    1003: 19,
+    1187: 1186,
 }
 
 
@@ -162,8 +194,10 @@ class Types:
         return lambda text: parse_array(text, element)
 
     def unknown(self, oids: Iterable[int]) -> list[int]:
-        return sorted({oid for oid in oids if oid not in self._known and oid < 10_000 and oid not in _TEXT_OIDS}
-                      | {oid for oid in oids if oid >= 10_000 and oid not in self._known})
+        return sorted(
+            {oid for oid in oids if oid not in self._known and oid < 10_000 and oid not in _TEXT_OIDS}
+            | {oid for oid in oids if oid >= 10_000 and oid not in self._known}
+        )
 
     def learn(self, rows: Iterable[tuple[int, int, str, int]]) -> None:
         """``(oid, typelem, typcategory, typbasetype)`` rows of ``pg_type``: a domain converts as its base
@@ -180,8 +214,50 @@ class Types:
         return self._known.get(oid, _text)
 
 
-_TEXT_OIDS = {25, 1043, 1042, 19, 18, 2950, 1082, 1083, 1266, 1186, 869, 650, 829, 774, 1560, 1562, 3614, 3615,
-              142, 600, 601, 602, 603, 604, 628, 718, 790, 3904, 3906, 3908, 3910, 3912, 3926, 24, 2202, 2205, 2206,
-              3734, 3769, 4089, 4096, 2278, 705}
+_TEXT_OIDS = {
+    25,
+    1043,
+    1042,
+    19,
+    18,
+    2950,
+    1082,
+    1083,
+    1266,
+    1186,
+    869,
+    650,
+    829,
+    774,
+    1560,
+    1562,
+    3614,
+    3615,
+    142,
+    600,
+    601,
+    602,
+    603,
+    604,
+    628,
+    718,
+    790,
+    3904,
+    3906,
+    3908,
+    3910,
+    3912,
+    3926,
+    24,
+    2202,
+    2205,
+    2206,
+    3734,
+    3769,
+    4089,
+    4096,
+    2278,
+    705,
+}
 
 __all__ = ["SESSION_OPTIONS", "Types", "is_text", "parse_array", "scalar"]

@@ -44,7 +44,7 @@ class Source:
     """The source database of one mirror, at ``url`` (the password's only holder)."""
 
     def __init__(self, url: str):
-        from metadata.postgres.connection import parse_postgres_url
+        from metadata.postgres.location import parse_postgres_url
 
         try:
             self.target = parse_postgres_url(url)
@@ -60,8 +60,12 @@ class Source:
         import psycopg
 
         try:
-            return psycopg.connect(self.target.url, autocommit=autocommit, options=SESSION_OPTIONS,
-                                   application_name=APPLICATION_NAME)
+            return psycopg.connect(
+                self.target.url,
+                autocommit=autocommit,
+                options=SESSION_OPTIONS,
+                application_name=APPLICATION_NAME,
+            )
         except psycopg.Error as exc:
             raise SourceError(self.describe(exc)) from None
 
@@ -71,14 +75,18 @@ class Source:
         import psycopg2.extras
 
         try:
-            return psycopg2.connect(self.target.url, connection_factory=psycopg2.extras.LogicalReplicationConnection,
-                                    options=SESSION_OPTIONS, application_name=APPLICATION_NAME)
+            return psycopg2.connect(
+                self.target.url,
+                connection_factory=psycopg2.extras.LogicalReplicationConnection,
+                options=SESSION_OPTIONS,
+                application_name=APPLICATION_NAME,
+            )
         except psycopg2.Error as exc:
             raise SourceError(self.describe(exc, replication=True)) from None
 
     def describe(self, exc: BaseException, *, replication: bool = False) -> str:
         """One line for a failure of the source (the server, what went wrong, the fix; no password)."""
-        from metadata.postgres.connection import _first_clause
+        from metadata.postgres.location import _first_clause
 
         text = " ".join(str(exc).split()).replace(self.target.url, self.shown)
         if self.url in text:
@@ -90,19 +98,35 @@ class Source:
         if "password authentication failed" in low or state == "28P01":
             return f"{where}, refused the password ({clause}); check the password in --mirror"
         if replication and ("no pg_hba.conf entry for replication" in low or "replication connection" in low):
-            return (f"{where}, refused a replication connection ({clause}); add a `host replication USER ...` line "
-                    "to pg_hba.conf and reload the server")
+            return (
+                f"{where}, refused a replication connection ({clause}); add a `host replication USER ...` line "
+                "to pg_hba.conf and reload the server"
+            )
         if state == "28000" or "no pg_hba.conf entry" in low or ("role" in low and "does not exist" in low):
             return f"{where}, refused the login ({clause}); check the user in --mirror and pg_hba.conf"
         if state == "3D000" or ("database" in low and "does not exist" in low):
             return f"{where}: {clause}; check the database in --mirror"
-        if "must be superuser or replication role" in low or "permission denied to start" in low or (
-                "replication" in low and "permission" in low):
-            return (f"{where}: {clause}; the role needs the REPLICATION attribute: ALTER ROLE user WITH "
-                    "REPLICATION (as a superuser)")
-        if "connection" in low and ("refused" in low or "timeout" in low or "could not" in low or "closed" in low
-                                     or "terminat" in low or "no route" in low or "translate host" in low):
-            return f"{where}, is unreachable ({clause}); start the server or fix the host and port in --mirror"
+        if (
+            "must be superuser or replication role" in low
+            or "permission denied to start" in low
+            or ("replication" in low and "permission" in low)
+        ):
+            return (
+                f"{where}: {clause}; the role needs the REPLICATION attribute: ALTER ROLE user WITH "
+                "REPLICATION (as a superuser)"
+            )
+        if "connection" in low and (
+            "refused" in low
+            or "timeout" in low
+            or "could not" in low
+            or "closed" in low
+            or "terminat" in low
+            or "no route" in low
+            or "translate host" in low
+        ):
+            return (
+                f"{where}, is unreachable ({clause}); start the server or fix the host and port in --mirror"
+            )
         return f"{where}: {clause}"
 
     def query(self, sql: str, args: Any = None) -> list[tuple]:
@@ -123,14 +147,22 @@ class Source:
             "SELECT c.oid, c.relkind, c.relreplident FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
             "WHERE n.nspname = %s AND c.relname = %s"
         )
-        rows = conn.execute(sql, (schema, name)).fetchall() if conn is not None else self.query(sql, (schema, name))
+        rows = (
+            conn.execute(sql, (schema, name)).fetchall()
+            if conn is not None
+            else self.query(sql, (schema, name))
+        )
         if not rows or rows[0][1] not in ("r", "p"):
             found = self.query(
                 "SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-                "WHERE n.nspname = %s AND c.relkind IN ('r', 'p') ORDER BY 1 LIMIT 20", (schema,))
+                "WHERE n.nspname = %s AND c.relkind IN ('r', 'p') ORDER BY 1 LIMIT 20",
+                (schema,),
+            )
             listed = ", ".join(f"{schema}.{r[0]}" for r in found) or "none"
-            raise NotFoundError(f"table {qualified} does not exist in the mirror's source ({self.shown}); "
-                                f"tables of schema {schema}: {listed}; check --table")
+            raise NotFoundError(
+                f"table {qualified} does not exist in the mirror's source ({self.shown}); "
+                f"tables of schema {schema}: {listed}; check --table"
+            )
         oid, _, identity = rows[0]
         key_sql = (
             "SELECT a.attname FROM pg_index i JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, n) ON true "
@@ -138,11 +170,23 @@ class Source:
             "WHERE i.indrelid = %s AND {which} ORDER BY k.n"
         )
         args = (oid,)
-        key = [r[0] for r in (conn.execute(key_sql.format(which="i.indisprimary"), args).fetchall() if conn is not None
-                              else self.query(key_sql.format(which="i.indisprimary"), args))]
+        key = [
+            r[0]
+            for r in (
+                conn.execute(key_sql.format(which="i.indisprimary"), args).fetchall()
+                if conn is not None
+                else self.query(key_sql.format(which="i.indisprimary"), args)
+            )
+        ]
         if not key and identity == "i":
-            key = [r[0] for r in (conn.execute(key_sql.format(which="i.indisreplident"), args).fetchall()
-                                  if conn is not None else self.query(key_sql.format(which="i.indisreplident"), args))]
+            key = [
+                r[0]
+                for r in (
+                    conn.execute(key_sql.format(which="i.indisreplident"), args).fetchall()
+                    if conn is not None
+                    else self.query(key_sql.format(which="i.indisreplident"), args)
+                )
+            ]
         return Table(int(oid), schema, name, identity, key)
 
     # -- what `collection create --mirror` checks ---------------------------------------------------
@@ -153,46 +197,70 @@ class Source:
         rows = self.query(
             "SELECT current_setting('wal_level'), r.rolreplication OR r.rolsuper, current_user, "
             "current_setting('max_replication_slots')::int, (SELECT count(*) FROM pg_replication_slots), "
-            "current_database() FROM pg_roles r WHERE r.rolname = current_user")
+            "current_database() FROM pg_roles r WHERE r.rolname = current_user"
+        )
         wal_level, can_replicate, user, max_slots, slots, database = rows[0]
         where = f"the mirror's source ({self.shown})"
         if wal_level != "logical":
-            raise ConfigError(f"{where} has wal_level = {wal_level}; a mirror needs logical replication: set "
-                              "wal_level = logical (ALTER SYSTEM SET wal_level = logical) and restart the server")
+            raise ConfigError(
+                f"{where} has wal_level = {wal_level}; a mirror needs logical replication: set "
+                "wal_level = logical (ALTER SYSTEM SET wal_level = logical) and restart the server"
+            )
         table = self.table(qualified)
         if table.identity == "n":
-            raise ConfigError(f"table {qualified} has REPLICA IDENTITY NOTHING, so its updates and deletes cannot be "
-                              f"followed; ALTER TABLE {table.qualified} REPLICA IDENTITY DEFAULT (or FULL)")
+            raise ConfigError(
+                f"table {qualified} has REPLICA IDENTITY NOTHING, so its updates and deletes cannot be "
+                f"followed; ALTER TABLE {table.qualified} REPLICA IDENTITY DEFAULT (or FULL)"
+            )
         if not table.key:
-            raise ConfigError(f"table {qualified} has no primary key, which a mirror uses as the documents' key; "
-                              f"add one (ALTER TABLE {table.qualified} ADD PRIMARY KEY (...)) or set REPLICA "
-                              "IDENTITY USING INDEX of a unique index")
+            raise ConfigError(
+                f"table {qualified} has no primary key, which a mirror uses as the documents' key; "
+                f"add one (ALTER TABLE {table.qualified} ADD PRIMARY KEY (...)) or set REPLICA "
+                "IDENTITY USING INDEX of a unique index"
+            )
         (allowed,) = self.query("SELECT has_table_privilege(%s, 'SELECT')", (table.oid,))[0]
         if not allowed:
-            raise ConfigError(f"role {user} may not read table {qualified} in {where}; GRANT SELECT ON "
-                              f"{table.qualified} TO {quote(user)}")
+            raise ConfigError(
+                f"role {user} may not read table {qualified} in {where}; GRANT SELECT ON "
+                f"{table.qualified} TO {quote(user)}"
+            )
         if not can_replicate:
-            raise ConfigError(f"role {user} of {where} has no REPLICATION attribute, which following a slot needs; "
-                              f"ALTER ROLE {quote(user)} WITH REPLICATION (as a superuser)")
+            raise ConfigError(
+                f"role {user} of {where} has no REPLICATION attribute, which following a slot needs; "
+                f"ALTER ROLE {quote(user)} WITH REPLICATION (as a superuser)"
+            )
         if self.query("SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (slot,)):
-            raise ConfigError(f"a replication slot named {slot} exists already in {where}; give another with --slot "
-                              f"(or drop it: SELECT pg_drop_replication_slot('{slot}'))")
+            raise ConfigError(
+                f"a replication slot named {slot} exists already in {where}; give another with --slot "
+                f"(or drop it: SELECT pg_drop_replication_slot('{slot}'))"
+            )
         if slots >= max_slots:
-            raise ConfigError(f"{where} has all of its {max_slots} replication slots in use; raise "
-                              "max_replication_slots (and restart the server) or drop a slot no one uses")
+            raise ConfigError(
+                f"{where} has all of its {max_slots} replication slots in use; raise "
+                "max_replication_slots (and restart the server) or drop a slot no one uses"
+            )
         published = self.query("SELECT puballtables FROM pg_publication WHERE pubname = %s", (publication,))
         if given_publication:
             if not published:
-                raise NotFoundError(f"publication {publication} does not exist in {where}; create it (CREATE "
-                                    f"PUBLICATION {publication} FOR TABLE {table.qualified}) or leave --publication "
-                                    "out to have one made")
-            if not self.query("SELECT 1 FROM pg_publication_tables WHERE pubname = %s AND schemaname = %s AND "
-                              "tablename = %s", (publication, table.schema, table.name)):
-                raise ConfigError(f"publication {publication} does not publish table {qualified}; ALTER PUBLICATION "
-                                  f"{publication} ADD TABLE {table.qualified}")
+                raise NotFoundError(
+                    f"publication {publication} does not exist in {where}; create it (CREATE "
+                    f"PUBLICATION {publication} FOR TABLE {table.qualified}) or leave --publication "
+                    "out to have one made"
+                )
+            if not self.query(
+                "SELECT 1 FROM pg_publication_tables WHERE pubname = %s AND schemaname = %s AND "
+                "tablename = %s",
+                (publication, table.schema, table.name),
+            ):
+                raise ConfigError(
+                    f"publication {publication} does not publish table {qualified}; ALTER PUBLICATION "
+                    f"{publication} ADD TABLE {table.qualified}"
+                )
         elif published:
-            raise ConfigError(f"a publication named {publication} exists already in {where}; name it with "
-                              "--publication (or give this mirror another keyspace)")
+            raise ConfigError(
+                f"a publication named {publication} exists already in {where}; name it with "
+                "--publication (or give this mirror another keyspace)"
+            )
         conn = self.replication()  # pg_hba.conf must let this role open a replication connection
         conn.close()
         del database
@@ -262,8 +330,12 @@ class Source:
             "(SELECT confirmed_flush_lsn - '0/0'::pg_lsn FROM pg_replication_slots WHERE slot_name = %s), "
             "(SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
             " WHERE n.nspname = %s AND c.relname = %s)",
-            (slot, slot, table.schema, table.name))
+            (slot, slot, table.schema, table.name),
+        )
         current, restart, confirmed, oid = rows[0]
-        return {"server_lsn": int(current), "restart_lsn": None if restart is None else int(restart),
-                "confirmed_lsn": None if confirmed is None else int(confirmed),
-                "table_oid": None if oid is None else int(oid)}
+        return {
+            "server_lsn": int(current),
+            "restart_lsn": None if restart is None else int(restart),
+            "confirmed_lsn": None if confirmed is None else int(confirmed),
+            "table_oid": None if oid is None else int(oid),
+        }

@@ -27,7 +27,9 @@ def open_bucket(db: PostgresDatabase, name: str) -> PostgresBucket:
     return PostgresBucket(registry.BucketRef(db, bucket_id, name), bucket_uuid, partitions)
 
 
-def create_bucket(db: PostgresDatabase, name: str, *, exist_ok: bool = False, partitions: int = 1) -> PostgresBucket:
+def create_bucket(
+    db: PostgresDatabase, name: str, *, exist_ok: bool = False, partitions: int = 1
+) -> PostgresBucket:
     """Create a bucket and open it (ConfigError if it exists, unless ``exist_ok``: then it is opened as it
     is). ``partitions`` (1 to 64, as for a data directory) is recorded and reported, nothing more: a
     server takes concurrent writers of different vBuckets without files of their own."""
@@ -45,4 +47,11 @@ def bucket_names(db: PostgresDatabase) -> list[str]:
     return registry.names(db)
 
 
-__all__ = ["PostgresBucket", "PostgresWakeListener", "bucket_names", "create_bucket", "drop_bucket", "open_bucket"]
+__all__ = [
+    "PostgresBucket",
+    "PostgresWakeListener",
+    "bucket_names",
+    "create_bucket",
+    "drop_bucket",
+    "open_bucket",
+]

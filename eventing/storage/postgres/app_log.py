@@ -36,7 +36,9 @@ class PostgresAppLogs:
             ensure_schema(self.db, "app_log", SCHEMA_VERSION, DDL)
             self._ready = True
 
-    def writer(self, function: str, max_size: int = DEFAULT_MAX_SIZE, max_files: int = DEFAULT_MAX_FILES) -> PostgresAppLogWriter:
+    def writer(
+        self, function: str, max_size: int = DEFAULT_MAX_SIZE, max_files: int = DEFAULT_MAX_FILES
+    ) -> PostgresAppLogWriter:
         self._schema()
         return PostgresAppLogWriter(self.db, function, max_size * max(1, max_files))
 
@@ -50,7 +52,9 @@ class PostgresAppLogs:
         self._schema()
         if lines <= 0:
             return []
-        rows = self.db.read("SELECT line FROM app_log WHERE function=%s ORDER BY seq DESC LIMIT %s", (function, lines))
+        rows = self.db.read(
+            "SELECT line FROM app_log WHERE function=%s ORDER BY seq DESC LIMIT %s", (function, lines)
+        )
         return [r[0] for r in reversed(rows)]
 
     def tail_bytes(self, function: str, size: int) -> bytes | None:
@@ -69,8 +73,9 @@ class PostgresAppLogs:
         self._schema()
         last = self.db.read("SELECT COALESCE(MAX(seq), 0) FROM app_log WHERE function=%s", (function,))[0][0]
         while stop is None or time.monotonic() < stop:
-            rows = self.db.read("SELECT seq, line FROM app_log WHERE function=%s AND seq>%s ORDER BY seq",
-                                (function, last))
+            rows = self.db.read(
+                "SELECT seq, line FROM app_log WHERE function=%s AND seq>%s ORDER BY seq", (function, last)
+            )
             for seq, line in rows:
                 last = seq
                 yield line
@@ -118,12 +123,14 @@ class PostgresAppLogWriter:
             self._prune()
 
     def _prune(self) -> None:
-        self.db.transaction(lambda cur: cur.execute(
-            "DELETE FROM app_log WHERE function=%s AND seq <= (SELECT seq FROM (SELECT seq, SUM(octet_length(line) "
-            "+ 1) OVER (ORDER BY seq DESC) AS upto FROM app_log WHERE function=%s) t WHERE upto > %s "
-            "ORDER BY seq DESC LIMIT 1)",
-            (self.function, self.function, self.budget),
-        ))
+        self.db.transaction(
+            lambda cur: cur.execute(
+                "DELETE FROM app_log WHERE function=%s AND seq <= (SELECT seq FROM (SELECT seq, SUM(octet_length(line) "
+                "+ 1) OVER (ORDER BY seq DESC) AS upto FROM app_log WHERE function=%s) t WHERE upto > %s "
+                "ORDER BY seq DESC LIMIT 1)",
+                (self.function, self.function, self.budget),
+            )
+        )
 
     def close(self) -> None:
         try:

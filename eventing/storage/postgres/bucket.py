@@ -107,14 +107,24 @@ class PostgresBucket:
         transaction's arrival time. (vb, seqno) per write, None for a delete of a missing document."""
         return self._writer.write(writes, origin, arrival_ms)
 
-    def load_rows(self, rows: Sequence[tuple[str, int, bytes | None, int]], *, arrival_ms: int | None = None) -> int:
+    def load_rows(
+        self, rows: Sequence[tuple[str, int, bytes | None, int]], *, arrival_ms: int | None = None
+    ) -> int:
         return self._writer.load_rows(rows, arrival_ms)
 
     def upsert(
-        self, key: str, doc: dict, *, origin: str | None = None, expiry: int = 0, arrival_ms: int | None = None
+        self,
+        key: str,
+        doc: dict,
+        *,
+        origin: str | None = None,
+        expiry: int = 0,
+        arrival_ms: int | None = None,
     ) -> tuple[int, int]:
         validate_key(key)
-        placed = self.write([Write(key, OP_UPDATE, encode_document(doc), expiry)], origin=origin, arrival_ms=arrival_ms)[0]
+        placed = self.write(
+            [Write(key, OP_UPDATE, encode_document(doc), expiry)], origin=origin, arrival_ms=arrival_ms
+        )[0]
         assert placed is not None
         return placed
 
@@ -139,7 +149,10 @@ class PostgresBucket:
         return done.after
 
     def change_documents(
-        self, changes: Sequence[tuple[str, Callable[[StoredDocument | None], Write | None]]], *, origin: str | None = None
+        self,
+        changes: Sequence[tuple[str, Callable[[StoredDocument | None], Write | None]]],
+        *,
+        origin: str | None = None,
     ) -> list[Changed | Exception]:
         return self._writer.change_documents(changes, origin)
 
@@ -151,15 +164,22 @@ class PostgresBucket:
 
         def body(cur: Cursor, written: Written) -> tuple:
             # Locks in the order every writer takes them: marks, then high seqnos.
-            cur.execute("SELECT 1 FROM bucket_effect_marks WHERE bucket = %s ORDER BY function, vb FOR UPDATE", (bucket,))
+            cur.execute(
+                "SELECT 1 FROM bucket_effect_marks WHERE bucket = %s ORDER BY function, vb FOR UPDATE",
+                (bucket,),
+            )
             cur.execute("SELECT 1 FROM bucket_high WHERE bucket = %s ORDER BY vb FOR UPDATE", (bucket,))
-            row = cur.execute("SELECT uuid FROM bucket_registry WHERE id = %s FOR UPDATE", (bucket,)).fetchone()
+            row = cur.execute(
+                "SELECT uuid FROM bucket_registry WHERE id = %s FOR UPDATE", (bucket,)
+            ).fetchone()
             if row is None:
                 raise self.ref.gone()
             docs, deleted, mutations = cur.execute(
                 "SELECT count(*) FILTER (WHERE NOT deleted), count(*) FILTER (WHERE deleted), "
                 "(SELECT coalesce(sum(seqno), 0) FROM bucket_high WHERE bucket = %s) FROM bucket_docs "
-                "WHERE bucket = %s", (bucket, bucket)).fetchall()[0]
+                "WHERE bucket = %s",
+                (bucket, bucket),
+            ).fetchall()[0]
             for table in ("bucket_docs", "bucket_log", "bucket_effect_marks"):
                 cur.execute(f"DELETE FROM {table} WHERE bucket = %s", (bucket,))
             cur.execute("UPDATE bucket_high SET seqno = 0, arrival_ms = 0 WHERE bucket = %s", (bucket,))
@@ -169,8 +189,12 @@ class PostgresBucket:
         old_uuid, docs, deleted, mutations = self._writer.run(body)
         self.uuid = new_uuid
         return {
-            "bucket": self.name, "documents": docs, "tombstones": deleted, "mutations": mutations,
-            "old_uuid": old_uuid, "uuid": new_uuid,
+            "bucket": self.name,
+            "documents": docs,
+            "tombstones": deleted,
+            "mutations": mutations,
+            "old_uuid": old_uuid,
+            "uuid": new_uuid,
         }
 
     # -- documents ------------------------------------------------------------------------------------
@@ -246,7 +270,9 @@ class PostgresBucket:
     def read_vb_packed(
         self, vb: int, after_seqno: int, limit: int, origin: str, *, exact_arrivals_over_ms: int | None = None
     ) -> PackedUpdates | None:
-        return self._log.read_vb_packed(vb, after_seqno, limit, origin, exact_arrivals_over_ms=exact_arrivals_over_ms)
+        return self._log.read_vb_packed(
+            vb, after_seqno, limit, origin, exact_arrivals_over_ms=exact_arrivals_over_ms
+        )
 
     def read_vb_matching(
         self, vb: int, after_seqno: int, limit: int, upto: int, prefilter: Prefilter, origin: str
@@ -306,8 +332,14 @@ class PostgresBucket:
     def stats(self) -> dict:
         docs, deleted, mutations, with_data = self._log.counts()
         return {
-            "name": self.name, "uuid": self.uuid, "path": None, "store": self.ref.shown, "documents": docs,
-            "tombstones": deleted, "mutations": mutations, "vbuckets_with_data": with_data,
+            "name": self.name,
+            "uuid": self.uuid,
+            "path": None,
+            "store": self.ref.shown,
+            "documents": docs,
+            "tombstones": deleted,
+            "mutations": mutations,
+            "vbuckets_with_data": with_data,
             "partitions": self._partitions,
         }
 

@@ -48,7 +48,8 @@ class DocumentReader:
         if "\x00" in key:  # a PostgreSQL store holds no such key (eventing.storage.postgres.writer.check_key)
             return None
         rows = self.log.rows(
-            f"SELECT {columns} FROM bucket_docs WHERE bucket = %s AND key = %s AND NOT deleted", (self.ref.id, key)
+            f"SELECT {columns} FROM bucket_docs WHERE bucket = %s AND key = %s AND NOT deleted",
+            (self.ref.id, key),
         )
         return rows[0] if rows else None
 
@@ -82,9 +83,11 @@ class DocumentReader:
         db = self.ref.db
         if valid:
             db.run(lambda conn: conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {index}"))
-        db.run(lambda conn: conn.execute(
-            f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {index} ON bucket_log(key, seqno) WHERE bucket = {int(self.ref.id)}"
-        ))
+        db.run(
+            lambda conn: conn.execute(
+                f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {index} ON bucket_log(key, seqno) WHERE bucket = {int(self.ref.id)}"
+            )
+        )
 
     def previous_doc(self, key: str, before_seqno: int) -> bytes | None:
         """The document bytes of ``key``'s newest log entry below ``before_seqno`` (None: none, or a delete).
@@ -107,7 +110,9 @@ class DocumentReader:
             meta = {"vb": vb, "seqno": seqno, "cas": cas, "expiry": expiry, "flags": flags}
             yield key, decode_document(raw), meta
 
-    def live_docs(self, prefix: str, limit: int | None, *, with_docs: bool, batch: int = 1000) -> Iterator[tuple]:
+    def live_docs(
+        self, prefix: str, limit: int | None, *, with_docs: bool, batch: int = 1000
+    ) -> Iterator[tuple]:
         """Live documents in key order, read in batches (keyset paging, so a large bucket streams)."""
         columns = "key, vb, seqno, cas, expiry, flags" + (", doc" if with_docs else "")
         range_sql, range_args = _prefix_sql(prefix)
@@ -131,6 +136,9 @@ class DocumentReader:
     def count(self, prefix: str = "") -> int:
         """Live documents (tombstones not counted), those whose key starts with ``prefix``."""
         range_sql, range_args = _prefix_sql(prefix)
-        return int(self.log.one(
-            f"SELECT count(*) FROM bucket_docs WHERE bucket = %s AND NOT deleted{range_sql}", (self.ref.id, *range_args)
-        )[0])
+        return int(
+            self.log.one(
+                f"SELECT count(*) FROM bucket_docs WHERE bucket = %s AND NOT deleted{range_sql}",
+                (self.ref.id, *range_args),
+            )[0]
+        )

@@ -18,8 +18,9 @@ _ORDER = {"docs": "key", "log": "vb, seqno", "high": "vb", "marks": "function, v
 
 
 def meta_of(ref: BucketRef) -> BucketMeta:
-    rows = ref.db.read("SELECT uuid, created_at, partitions, collections FROM bucket_registry WHERE id = %s",
-                       (ref.id,))
+    rows = ref.db.read(
+        "SELECT uuid, created_at, partitions, collections FROM bucket_registry WHERE id = %s", (ref.id,)
+    )
     if not rows:
         raise ref.gone()
     uuid, created_at, partitions, collections = rows[0]
@@ -34,8 +35,11 @@ def rows_of(ref: BucketRef, table: str) -> Iterator[list[tuple]]:
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
         with conn.cursor(name=f"dump_{table}") as cur:
             cur.itersize = BATCH
-            cur.execute(f"SELECT {', '.join(COLUMNS[table])} FROM {_TABLES[table]} WHERE bucket = %s "
-                        f"ORDER BY {_ORDER[table]}", (ref.id,))
+            cur.execute(
+                f"SELECT {', '.join(COLUMNS[table])} FROM {_TABLES[table]} WHERE bucket = %s "
+                f"ORDER BY {_ORDER[table]}",
+                (ref.id,),
+            )
             while True:
                 rows = cur.fetchmany(BATCH)
                 if not rows:
@@ -52,11 +56,16 @@ def load(ref: BucketRef, meta: BucketMeta, tables: Iterable[tuple[str, Iterable[
     bucket = ref.id
 
     def registry(cur: Cursor) -> None:
-        if cur.execute("SELECT EXISTS(SELECT 1 FROM bucket_log WHERE bucket = %s) OR "
-                       "EXISTS(SELECT 1 FROM bucket_docs WHERE bucket = %s)", (bucket, bucket)).fetchone()[0]:
+        if cur.execute(
+            "SELECT EXISTS(SELECT 1 FROM bucket_log WHERE bucket = %s) OR "
+            "EXISTS(SELECT 1 FROM bucket_docs WHERE bucket = %s)",
+            (bucket, bucket),
+        ).fetchone()[0]:
             raise ConfigError(f"bucket '{ref.name}' is not empty; a copy goes into a new bucket")
-        cur.execute("UPDATE bucket_registry SET uuid = %s, created_at = %s, collections = %s WHERE id = %s",
-                    (meta.uuid, meta.created_at, meta.collections, bucket))
+        cur.execute(
+            "UPDATE bucket_registry SET uuid = %s, created_at = %s, collections = %s WHERE id = %s",
+            (meta.uuid, meta.created_at, meta.collections, bucket),
+        )
 
     ref.db.transaction(registry)
     for table, batches in tables:
@@ -68,7 +77,9 @@ def load(ref: BucketRef, meta: BucketMeta, tables: Iterable[tuple[str, Iterable[
 def _copy_in(cur: Cursor, bucket: int, table: str, rows: list[tuple]) -> None:
     columns = COLUMNS[table]
     if table == "high":  # every bucket has its 1,024 high rows from its creation: replaced, not added
-        cur.execute("DELETE FROM bucket_high WHERE bucket = %s AND vb = ANY(%s)", (bucket, [r[0] for r in rows]))
+        cur.execute(
+            "DELETE FROM bucket_high WHERE bucket = %s AND vb = ANY(%s)", (bucket, [r[0] for r in rows])
+        )
     with cur.copy(f"COPY {_TABLES[table]}(bucket, {', '.join(columns)}) FROM STDIN") as copy:
         for row in rows:
             copy.write_row((bucket, *row))

@@ -68,15 +68,22 @@ class EffectApplier:
         found: Marks = {vb: (epoch, seqno) for vb, epoch, seqno in answer.fetchall()}  # type: ignore[attr-defined]
         missing = [vb for vb in wanted if vb not in found]
         if missing:
-            made = {r[0] for r in cur.execute(
-                "INSERT INTO bucket_effect_marks(bucket, function, vb, epoch, seqno) "
-                "SELECT %s, %s, vb, 0, 0 FROM unnest(%b::int2[]) AS vb ON CONFLICT DO NOTHING RETURNING vb",
-                (self.ref.id, function, missing),
-            ).fetchall()}
+            made = {
+                r[0]
+                for r in cur.execute(
+                    "INSERT INTO bucket_effect_marks(bucket, function, vb, epoch, seqno) "
+                    "SELECT %s, %s, vb, 0, 0 FROM unnest(%b::int2[]) AS vb ON CONFLICT DO NOTHING RETURNING vb",
+                    (self.ref.id, function, missing),
+                ).fetchall()
+            }
             raced = [vb for vb in missing if vb not in made]  # made by another transaction meanwhile
             if raced:
-                found.update({vb: (epoch, seqno) for vb, epoch, seqno in cur.execute(
-                    select, (self.ref.id, function, raced)).fetchall()})
+                found.update(
+                    {
+                        vb: (epoch, seqno)
+                        for vb, epoch, seqno in cur.execute(select, (self.ref.id, function, raced)).fetchall()
+                    }
+                )
         return found
 
     def _set_marks(self, cur: Cursor, function: str, marks: list[tuple[int, int, int]]) -> None:
@@ -146,9 +153,11 @@ class EffectApplier:
         return {vb: (epoch, seqno) for vb, epoch, seqno in rows}
 
     def drop_effect_marks(self, function: str) -> None:
-        self.writer.run(lambda cur, written: cur.execute(
-            "DELETE FROM bucket_effect_marks WHERE bucket = %s AND function = %s", (self.ref.id, function)
-        ))
+        self.writer.run(
+            lambda cur, written: cur.execute(
+                "DELETE FROM bucket_effect_marks WHERE bucket = %s AND function = %s", (self.ref.id, function)
+            )
+        )
 
     # -- applying -------------------------------------------------------------------------------------
 
@@ -176,8 +185,12 @@ class EffectApplier:
         conditional = any(g.conditional for g in groups)
         ready = items_of(w for g in groups for _, w in g.writes)
         spans = [
-            (g.vb, g.epoch, min(s for s, _ in g.writes) if g.writes else None,
-                 max(max(s for s, _ in g.writes) if g.writes else 0, g.upto))
+            (
+                g.vb,
+                g.epoch,
+                min(s for s, _ in g.writes) if g.writes else None,
+                max(max(s for s, _ in g.writes) if g.writes else 0, g.upto),
+            )
             for g in groups
         ]
 
@@ -205,7 +218,9 @@ class EffectApplier:
                     return EffectResult(applied=len(ready))
             return general(cur, written, found, heads)
 
-        def general(cur: Cursor, written: Written, found: Marks, heads: tuple[dict[int, int], dict[int, int]]) -> EffectResult:
+        def general(
+            cur: Cursor, written: Written, found: Marks, heads: tuple[dict[int, int], dict[int, int]]
+        ) -> EffectResult:
             result = EffectResult()
             writes: list[Write] = []
             new_marks = []

@@ -70,29 +70,42 @@ class PostgresArea:
 
     def read(self, name: str) -> bytes:
         folder, file = split_name(name)
-        row = self.db.run(lambda conn: conn.execute(
-            f"SELECT data FROM {TABLE} WHERE root = %s AND folder = %s AND name = %s", (self.root, folder, file),
-            binary=True,
-        ).fetchone())
+        row = self.db.run(
+            lambda conn: conn.execute(
+                f"SELECT data FROM {TABLE} WHERE root = %s AND folder = %s AND name = %s",
+                (self.root, folder, file),
+                binary=True,
+            ).fetchone()
+        )
         if row is None:
             raise FileNotFoundError(f"no file {self.describe(name)}")
         return bytes(row[0])
 
     def list(self, folder: str) -> list[str]:
-        rows = self.db.run(lambda conn: conn.execute(
-            f"SELECT name FROM {TABLE} WHERE root = %s AND folder = %s", (self.root, check_folder(folder))
-        ).fetchall())
+        rows = self.db.run(
+            lambda conn: conn.execute(
+                f"SELECT name FROM {TABLE} WHERE root = %s AND folder = %s", (self.root, check_folder(folder))
+            ).fetchall()
+        )
         return sorted(name for (name,) in rows if not name.startswith("."))
 
     def exists(self, name: str) -> bool:
         folder, file = split_name(name)
-        return self.db.run(lambda conn: conn.execute(
-            f"SELECT 1 FROM {TABLE} WHERE root = %s AND folder = %s AND name = %s", (self.root, folder, file)
-        ).fetchone()) is not None
+        return (
+            self.db.run(
+                lambda conn: conn.execute(
+                    f"SELECT 1 FROM {TABLE} WHERE root = %s AND folder = %s AND name = %s",
+                    (self.root, folder, file),
+                ).fetchone()
+            )
+            is not None
+        )
 
     def delete(self, name: str) -> None:
         folder, file = split_name(name)
-        self._run(f"DELETE FROM {TABLE} WHERE root = %s AND folder = %s AND name = %s", (self.root, folder, file))
+        self._run(
+            f"DELETE FROM {TABLE} WHERE root = %s AND folder = %s AND name = %s", (self.root, folder, file)
+        )
 
     def delete_many(self, names: Iterable[str]) -> None:
         pairs = [split_name(name) for name in names]

@@ -23,13 +23,17 @@ class Keyspaces:
         self.writer = writer
 
     def _registry(self, cur: Cursor) -> dict:
-        row = cur.execute("SELECT collections FROM bucket_registry WHERE id = %s FOR UPDATE", (self.ref.id,)).fetchone()
+        row = cur.execute(
+            "SELECT collections FROM bucket_registry WHERE id = %s FOR UPDATE", (self.ref.id,)
+        ).fetchone()
         if row is None:
             raise self.ref.gone()
         return json.loads(row[0])
 
     def _save(self, cur: Cursor, registry: dict) -> None:
-        cur.execute("UPDATE bucket_registry SET collections = %s WHERE id = %s", (json.dumps(registry), self.ref.id))
+        cur.execute(
+            "UPDATE bucket_registry SET collections = %s WHERE id = %s", (json.dumps(registry), self.ref.id)
+        )
 
     def collections(self) -> dict[tuple[str, str], int]:
         """(scope, collection) -> id, besides `_default._default` (id 0); ids are never reused."""
@@ -73,8 +77,10 @@ class Keyspaces:
             known = registry.get("collections", [])
             match = [entry for entry in known if entry[0] == scope and entry[1] == collection]
             if not match:
-                raise NotFoundError(f"collection {self.ref.name}.{scope}.{collection} does not exist; see "
-                                    f"`eventing collection list {self.ref.name}`")
+                raise NotFoundError(
+                    f"collection {self.ref.name}.{scope}.{collection} does not exist; see "
+                    f"`eventing collection list {self.ref.name}`"
+                )
             registry["collections"] = [entry for entry in known if entry not in match]
             registry.get("mirrors", {}).pop(str(match[0][2]), None)
             self._save(cur, registry)

@@ -99,13 +99,17 @@ class LogReader:
         """High seqno of every vBucket (index = vBucket); with ``spans``, only those ranges are read and the
         others answer 0. One row of 1,024 numbers (an array: one value to load rather than 1,024 rows)."""
         if spans is None:
-            got = self.one("SELECT array_agg(seqno ORDER BY vb) FROM bucket_high WHERE bucket = %s", (self.ref.id,))[0]
+            got = self.one(
+                "SELECT array_agg(seqno ORDER BY vb) FROM bucket_high WHERE bucket = %s", (self.ref.id,)
+            )[0]
             if got is None:
                 raise self.ref.gone()
             return list(got)
         highs = [0] * NUM_VBUCKETS
         if spans:
-            for vb, seqno in self.rows(_spans_sql(len(spans)), (self.ref.id, *(v for span in spans for v in span))):
+            for vb, seqno in self.rows(
+                _spans_sql(len(spans)), (self.ref.id, *(v for span in spans for v in span))
+            ):
                 highs[vb] = seqno
         return highs
 
@@ -136,8 +140,10 @@ class LogReader:
             return [], 0, after_seqno
         keep, params = _matching_sql(prefilter, origin)
         base = f"SELECT {LOG_COLUMNS} FROM bucket_log WHERE bucket = %s AND vb = %s AND seqno > %s AND seqno <= %s"
-        rows = self.rows(f"{base} AND (seqno = %s OR {keep}) ORDER BY seqno",
-                         (self.ref.id, vb, after_seqno, last, last, *params))
+        rows = self.rows(
+            f"{base} AND (seqno = %s OR {keep}) ORDER BY seqno",
+            (self.ref.id, vb, after_seqno, last, last, *params),
+        )
         if rows and rows[-1][1] == last:
             return rows, last - after_seqno, last
         scanned, found_last = self.one(
@@ -147,7 +153,9 @@ class LogReader:
         )
         if not scanned:
             return [], 0, after_seqno
-        rows = self.rows(f"{base} AND {keep} ORDER BY seqno", (self.ref.id, vb, after_seqno, found_last, *params))
+        rows = self.rows(
+            f"{base} AND {keep} ORDER BY seqno", (self.ref.id, vb, after_seqno, found_last, *params)
+        )
         return rows, int(scanned), int(found_last)
 
     def read_vb_columns(self, vb: int, after_seqno: int, limit: int) -> tuple | None:
@@ -192,15 +200,30 @@ class LogReader:
         if docs_count != count - len(other_seqnos):
             return None
         arrivals = None
-        if docs_count and exact_arrivals_over_ms is not None and last_arrival - first_arrival >= exact_arrivals_over_ms:
-            arrivals = [r[0] for r in self.rows(
-                "SELECT arrival_ms FROM bucket_log WHERE bucket = %s AND vb = %s AND seqno > %s AND seqno <= %s "
-                "AND op = %s ORDER BY seqno",
-                (self.ref.id, vb, after_seqno, last, OP_UPDATE),
-            )]
+        if (
+            docs_count
+            and exact_arrivals_over_ms is not None
+            and last_arrival - first_arrival >= exact_arrivals_over_ms
+        ):
+            arrivals = [
+                r[0]
+                for r in self.rows(
+                    "SELECT arrival_ms FROM bucket_log WHERE bucket = %s AND vb = %s AND seqno > %s AND seqno <= %s "
+                    "AND op = %s ORDER BY seqno",
+                    (self.ref.id, vb, after_seqno, last, OP_UPDATE),
+                )
+            ]
         return PackedUpdates(
-            vb, after_seqno, last, other_seqnos, docs_count, bytes(keys or b""), bytes(docs or b""),
-            first_arrival or 0, last_arrival or 0, arrivals,
+            vb,
+            after_seqno,
+            last,
+            other_seqnos,
+            docs_count,
+            bytes(keys or b""),
+            bytes(docs or b""),
+            first_arrival or 0,
+            last_arrival or 0,
+            arrivals,
         )
 
     def first_arrival_after(self, positions: dict[int, int]) -> int | None:
@@ -248,17 +271,21 @@ class LogReader:
 
     def logged_writes(self, prefix: str) -> dict[str, int]:
         """How many upserts of each key starting with ``prefix`` the log holds."""
-        return dict(self.rows(
-            "SELECT key, count(*) FROM bucket_log WHERE bucket = %s AND op = %s AND starts_with(key, %s) GROUP BY key",
-            (self.ref.id, OP_UPDATE, prefix),
-        ))
+        return dict(
+            self.rows(
+                "SELECT key, count(*) FROM bucket_log WHERE bucket = %s AND op = %s AND starts_with(key, %s) GROUP BY key",
+                (self.ref.id, OP_UPDATE, prefix),
+            )
+        )
 
     def seqnos_before(self, time_ns: int) -> dict[int, int]:
         """Per vBucket with an entry that arrived at or after ``time_ns``: the seqno right before the first."""
-        return dict(self.rows(
-            "SELECT vb, min(seqno) - 1 FROM bucket_log WHERE bucket = %s AND arrival_ms >= %s GROUP BY vb",
-            (self.ref.id, time_ns // 1_000_000),
-        ))
+        return dict(
+            self.rows(
+                "SELECT vb, min(seqno) - 1 FROM bucket_log WHERE bucket = %s AND arrival_ms >= %s GROUP BY vb",
+                (self.ref.id, time_ns // 1_000_000),
+            )
+        )
 
     def counts(self) -> tuple[int, int, int, int]:
         """(live documents, tombstones, mutations, vBuckets with data) for stats and flush."""

@@ -92,7 +92,9 @@ class ReadAhead:
         next rows of the runs (vb, after_seqno, limit) not held already, in their order: one round trip."""
         self.forget({vb: after for vb, after, _ in wanted})
         held = self.held()
-        runs = [r for r in wanted if r[2] > 0 and r[0] not in self.runs] if held < LOOK_AHEAD_ROWS // 2 else []
+        runs = (
+            [r for r in wanted if r[2] > 0 and r[0] not in self.runs] if held < LOOK_AHEAD_ROWS // 2 else []
+        )
         vbs = tuple(vb for vb, _, _ in wanted)
         if self._spans[0] != vbs:
             self._spans = (vbs, vbucket_spans(vbs))
@@ -103,14 +105,26 @@ class ReadAhead:
             with conn.pipeline():
                 highs = conn.cursor(binary=True)
                 if spans:
-                    highs.execute(_spans_sql(len(spans)), (bucket, *(v for span in spans for v in span)),
-                                  prepare=True)
+                    highs.execute(
+                        _spans_sql(len(spans)), (bucket, *(v for span in spans for v in span)), prepare=True
+                    )
                 rows = conn.cursor(binary=True)
                 if runs:
                     vbs_asked = [r[0] for r in runs]
-                    rows.execute(_RUNS, (vbs_asked, [r[1] for r in runs], [r[2] for r in runs], bucket,
-                                         min(vbs_asked), max(vbs_asked), bucket, LOOK_AHEAD_ROWS - held),
-                                 prepare=True)
+                    rows.execute(
+                        _RUNS,
+                        (
+                            vbs_asked,
+                            [r[1] for r in runs],
+                            [r[2] for r in runs],
+                            bucket,
+                            min(vbs_asked),
+                            max(vbs_asked),
+                            bucket,
+                            LOOK_AHEAD_ROWS - held,
+                        ),
+                        prepare=True,
+                    )
                 return (highs.fetchall() if spans else []), (rows.fetchall() if runs else [])
 
         high_rows, rows = self.ref.db.run(fetch)
@@ -143,7 +157,7 @@ class ReadAhead:
         run = self.runs.get(vb)
         if run is None or run.after != after:
             return None
-        taken = run.rows[run.i:run.i + limit]
+        taken = run.rows[run.i : run.i + limit]
         run.i += len(taken)
         if run.i >= len(run.rows):
             del self.runs[vb]

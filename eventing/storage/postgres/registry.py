@@ -91,7 +91,9 @@ def register(db: PostgresDatabase, name: str, *, exist_ok: bool, partitions: int
 
     created = db.transaction(body)
     if not created and not exist_ok:
-        raise ConfigError(f"bucket '{name}' already exists in the store at {db.target.shown}; pick another name")
+        raise ConfigError(
+            f"bucket '{name}' already exists in the store at {db.target.shown}; pick another name"
+        )
     if created:
         # The planner's picture of the high seqno table, with this bucket's 1,024 rows in it: without it, a
         # write's lock of its vBuckets' rows read the bucket's every row (statistics of a smaller table).

@@ -11,7 +11,8 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Self
 
-from metadata.postgres.connection import PostgresDatabase, parse_postgres_url
+from metadata.postgres.connection import PostgresDatabase
+from metadata.postgres.location import parse_postgres_url
 
 if TYPE_CHECKING:
     from eventing.storage.file_area import FileArea
@@ -102,7 +103,9 @@ class PostgresState:
 
     def runtime_dir(self) -> Path:
         """Per machine and store: ~/.cache/eventing/<hash of the location> (sockets, the kept Ray instance)."""
-        digest = hashlib.sha256(self.target.url.encode() + (self.target.schema or "").encode()).hexdigest()[:16]
+        digest = hashlib.sha256(self.target.url.encode() + (self.target.schema or "").encode()).hexdigest()[
+            :16
+        ]
         base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "eventing"
         return base / f"run-{digest}"
 

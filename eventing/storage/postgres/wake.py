@@ -134,7 +134,9 @@ class WakeSender:
         while True:
             if not self._event.wait(SENDER_IDLE_S):
                 with self._lock:
-                    if not self._event.is_set():  # idle: the thread ends with its connection (notify starts another)
+                    if (
+                        not self._event.is_set()
+                    ):  # idle: the thread ends with its connection (notify starts another)
                         self._thread = None
                         self._drop_connection()
                         return
@@ -170,7 +172,9 @@ class WakeSender:
                     self._drop_connection()
                     return
             try:
-                self._conn.execute("SELECT pg_notify(%s, p) FROM unnest(%s::text[]) AS p", (self.channel, payloads))
+                self._conn.execute(
+                    "SELECT pg_notify(%s, p) FROM unnest(%s::text[]) AS p", (self.channel, payloads)
+                )
                 self.sent += 1
                 return
             except psycopg.Error:
@@ -228,8 +232,11 @@ class PostgresWakeListener:
         try:
             self._conn = self._listen()
         except StoreError as exc:
-            log.warning("cannot listen for write notifications on %s (%s); caught-up workers are polled",
-                        self.db.target.shown, exc)
+            log.warning(
+                "cannot listen for write notifications on %s (%s); caught-up workers are polled",
+                self.db.target.shown,
+                exc,
+            )
             return False
         self._thread = threading.Thread(target=self._receive, name="eventing-pg-wake-listen", daemon=True)
         self._thread.start()
@@ -332,4 +339,11 @@ class PostgresWakeListener:
         self._thread = None
 
 
-__all__ = ["PostgresWakeListener", "WakeSender", "channel_of", "decode_payload", "encode_payload", "sender_for"]
+__all__ = [
+    "PostgresWakeListener",
+    "WakeSender",
+    "channel_of",
+    "decode_payload",
+    "encode_payload",
+    "sender_for",
+]

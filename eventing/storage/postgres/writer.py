@@ -89,8 +89,10 @@ UPDATE bucket_high SET seqno = %(seqno)s, arrival_ms = %(arrival)s WHERE bucket 
 # a quarter of what building and sending the arrays costs), then the documents and high seqnos derived by
 # the server from the rows just copied (each vBucket's new seqnos are one range of the log's key).
 COPY_MIN_ROWS = 200
-_COPY = ("COPY bucket_log(bucket, vb, seqno, key, op, cas, doc, origin, expiry, flags, arrival_ms) "
-         "FROM STDIN (FORMAT BINARY)")
+_COPY = (
+    "COPY bucket_log(bucket, vb, seqno, key, op, cas, doc, origin, expiry, flags, arrival_ms) "
+    "FROM STDIN (FORMAT BINARY)"
+)
 _COPY_TYPES = ["int4", "int2", "int8", "text", "int2", "int8", "bytea", "text", "int8", "int8", "int8"]
 _AFTER_COPY = """
 WITH u AS (
@@ -107,18 +109,26 @@ WITH u AS (
 )
 UPDATE bucket_high h SET seqno = u.last_seqno, arrival_ms = u.arrival_ms FROM u WHERE h.bucket = %(bucket)s AND h.vb = u.vb
 """
-_LOCK = ("SELECT vb, seqno, arrival_ms FROM bucket_high WHERE bucket = %s AND vb = ANY(%b::int2[]) "
-         "ORDER BY vb FOR UPDATE")
+_LOCK = (
+    "SELECT vb, seqno, arrival_ms FROM bucket_high WHERE bucket = %s AND vb = ANY(%b::int2[]) "
+    "ORDER BY vb FOR UPDATE"
+)
 _LOCK_ONE = "SELECT vb, seqno, arrival_ms FROM bucket_high WHERE bucket = %s AND vb = %s FOR UPDATE"
 
 # The rows of several keys, each found by the primary key whatever the table's statistics (see the module
 # docstring): {columns} of bucket_docs as `d`, the keys an array parameter, then the bucket's id.
-BY_KEYS = ("SELECT {columns} FROM unnest(%b::text[]) AS k(key) CROSS JOIN LATERAL "
-            "(SELECT * FROM bucket_docs WHERE bucket = %s AND key = k.key LIMIT 1) d")
-_DOCS = BY_KEYS.format(columns="d.key, d.doc, d.cas, d.expiry, d.flags, d.vb, d.seqno") + " WHERE NOT d.deleted"
+BY_KEYS = (
+    "SELECT {columns} FROM unnest(%b::text[]) AS k(key) CROSS JOIN LATERAL "
+    "(SELECT * FROM bucket_docs WHERE bucket = %s AND key = k.key LIMIT 1) d"
+)
+_DOCS = (
+    BY_KEYS.format(columns="d.key, d.doc, d.cas, d.expiry, d.flags, d.vb, d.seqno") + " WHERE NOT d.deleted"
+)
 _LIVE = BY_KEYS.format(columns="d.key, d.deleted")
-_DOCS_ONE = ("SELECT key, doc, cas, expiry, flags, vb, seqno FROM bucket_docs "
-             "WHERE bucket = %s AND key = %s AND NOT deleted")
+_DOCS_ONE = (
+    "SELECT key, doc, cas, expiry, flags, vb, seqno FROM bucket_docs "
+    "WHERE bucket = %s AND key = %s AND NOT deleted"
+)
 
 
 class _Fetched:
@@ -175,8 +185,18 @@ class Rows:
         self.flags: list[int] = []
         self.arrival: list[int] = []
 
-    def add(self, vb: int, seqno: int, key: str, op: int, cas: int, doc: bytes | None, expiry: int, flags: int,
-            arrival: int) -> None:
+    def add(
+        self,
+        vb: int,
+        seqno: int,
+        key: str,
+        op: int,
+        cas: int,
+        doc: bytes | None,
+        expiry: int,
+        flags: int,
+        arrival: int,
+    ) -> None:
         self.vb.append(vb)
         self.seqno.append(seqno)
         self.key.append(key)
@@ -257,8 +277,15 @@ class LogWriter:
         return {} if answer is None else {key: not deleted for key, deleted in answer.fetchall()}
 
     def log_in(
-        self, cur: Cursor, written: Written, items: Sequence[Item], origin: str | None, arrival_ms: int | None,
-        *, live: dict[str, bool] | None = None, heads: tuple[dict[int, int], dict[int, int]] | None = None,
+        self,
+        cur: Cursor,
+        written: Written,
+        items: Sequence[Item],
+        origin: str | None,
+        arrival_ms: int | None,
+        *,
+        live: dict[str, bool] | None = None,
+        heads: tuple[dict[int, int], dict[int, int]] | None = None,
     ) -> list[tuple[int, int] | None]:
         """Log ``items`` ``(key, op, doc, expiry, flags, cas)``: each gets the next seqno of its vBucket, its
         cas (a fresh one when None) and the transaction's arrival time (never below its vBucket's last one); a
@@ -296,7 +323,9 @@ class LogWriter:
                 live[key] = True
             vb = vbs[i]
             seqno = highs[vb] = highs[vb] + 1
-            rows.add(vb, seqno, key, op, cas + 1 + i if given is None else given, doc, expiry, flags, arrivals[vb])
+            rows.add(
+                vb, seqno, key, op, cas + 1 + i if given is None else given, doc, expiry, flags, arrivals[vb]
+            )
             out[i] = (vb, seqno)
         self.insert_in(cur, written, rows, origin)
         return out
@@ -308,20 +337,43 @@ class LogWriter:
             return
         if len(rows) == 1:
             live = rows.op[0] == OP_UPDATE
-            cur.execute(_INSERT_ONE, {
-                "bucket": self.ref.id, "origin": origin, "vb": rows.vb[0], "seqno": rows.seqno[0], "key": rows.key[0],
-                "op": rows.op[0], "cas": rows.cas[0], "doc": rows.doc[0], "expiry": rows.expiry[0],
-                "flags": rows.flags[0], "arrival": rows.arrival[0], "deleted": not live,
-                "live_doc": rows.doc[0] if live else None,
-            })  # type: ignore[arg-type]
+            cur.execute(
+                _INSERT_ONE,
+                {
+                    "bucket": self.ref.id,
+                    "origin": origin,
+                    "vb": rows.vb[0],
+                    "seqno": rows.seqno[0],
+                    "key": rows.key[0],
+                    "op": rows.op[0],
+                    "cas": rows.cas[0],
+                    "doc": rows.doc[0],
+                    "expiry": rows.expiry[0],
+                    "flags": rows.flags[0],
+                    "arrival": rows.arrival[0],
+                    "deleted": not live,
+                    "live_doc": rows.doc[0] if live else None,
+                },
+            )
         elif len(rows) >= COPY_MIN_ROWS:
             self._copy_in(cur, rows, origin)
         else:
-            cur.execute(_INSERT, {
-                "bucket": self.ref.id, "origin": origin, "vb": rows.vb, "seqno": rows.seqno, "key": rows.key,
-                "op": rows.op, "cas": rows.cas, "doc": rows.doc, "expiry": rows.expiry, "flags": rows.flags,
-                "arrival": rows.arrival,
-            })  # type: ignore[arg-type]
+            cur.execute(
+                _INSERT,
+                {
+                    "bucket": self.ref.id,
+                    "origin": origin,
+                    "vb": rows.vb,
+                    "seqno": rows.seqno,
+                    "key": rows.key,
+                    "op": rows.op,
+                    "cas": rows.cas,
+                    "doc": rows.doc,
+                    "expiry": rows.expiry,
+                    "flags": rows.flags,
+                    "arrival": rows.arrival,
+                },
+            )
         written.update(rows.vb)
 
     def _copy_in(self, cur: Cursor, rows: Rows, origin: str | None) -> None:
@@ -329,8 +381,20 @@ class LogWriter:
         with cur.copy(_COPY) as copy:
             copy.set_types(_COPY_TYPES)
             write_row = copy.write_row
-            for row in zip(repeat(bucket), rows.vb, rows.seqno, rows.key, rows.op, rows.cas, rows.doc, repeat(origin),
-                           rows.expiry, rows.flags, rows.arrival, strict=False):  # repeat() is endless
+            for row in zip(
+                repeat(bucket),
+                rows.vb,
+                rows.seqno,
+                rows.key,
+                rows.op,
+                rows.cas,
+                rows.doc,
+                repeat(origin),
+                rows.expiry,
+                rows.flags,
+                rows.arrival,
+                strict=False,
+            ):  # repeat() is endless
                 write_row(row)
         runs: dict[int, list[int]] = {}  # vb -> [first seqno, last seqno, arrival]
         for vb, seqno, arrival in zip(rows.vb, rows.seqno, rows.arrival, strict=True):
@@ -340,20 +404,32 @@ class LogWriter:
             else:
                 run[1] = seqno
         vbs = sorted(runs)
-        cur.execute(_AFTER_COPY, {
-            "bucket": bucket, "vb": vbs, "first": [runs[vb][0] for vb in vbs], "last": [runs[vb][1] for vb in vbs],
-            "arrival": [runs[vb][2] for vb in vbs],
-        })  # type: ignore[arg-type]
+        cur.execute(
+            _AFTER_COPY,
+            {
+                "bucket": bucket,
+                "vb": vbs,
+                "first": [runs[vb][0] for vb in vbs],
+                "last": [runs[vb][1] for vb in vbs],
+                "arrival": [runs[vb][2] for vb in vbs],
+            },
+        )
 
     # -- what the bucket offers -----------------------------------------------------------------------
 
-    def write(self, writes: Iterable[Write], origin: str | None, arrival_ms: int | None) -> list[tuple[int, int] | None]:
+    def write(
+        self, writes: Iterable[Write], origin: str | None, arrival_ms: int | None
+    ) -> list[tuple[int, int] | None]:
         items = items_of(writes)  # a transaction run again must see every write again
-        return self.run(lambda cur, written: self.log_in(cur, written, items, origin, arrival_ms), pipeline=True)
+        return self.run(
+            lambda cur, written: self.log_in(cur, written, items, origin, arrival_ms), pipeline=True
+        )
 
     def load_rows(self, rows: Sequence[tuple[str, int, bytes | None, int]], arrival_ms: int | None) -> int:
         items = [(key, op, doc, expiry, 0, None) for key, op, doc, expiry in rows]
-        placed = self.run(lambda cur, written: self.log_in(cur, written, items, None, arrival_ms), pipeline=True)
+        placed = self.run(
+            lambda cur, written: self.log_in(cur, written, items, None, arrival_ms), pipeline=True
+        )
         return sum(1 for p in placed if p is not None)
 
     def expire_due(self, now_s: float | None) -> int:
@@ -367,17 +443,30 @@ class LogWriter:
                 return 0
             # Read again under the locks of their vBuckets: a document deleted or touched meanwhile stays so.
             self.lock_heads(cur, map(vb_of, candidates))
-            keys = [r[0] for r in cur.execute(
-                BY_KEYS.format(columns="d.key") + " WHERE d.expiry > 0 AND NOT d.deleted AND d.expiry <= %s",
-                (candidates, self.ref.id, now)).fetchall()]
-            self.log_in(cur, written, [(k, OP_EXPIRE, None, 0, 0, None) for k in keys], None, None,
-                        live=dict.fromkeys(keys, True))
+            keys = [
+                r[0]
+                for r in cur.execute(
+                    BY_KEYS.format(columns="d.key")
+                    + " WHERE d.expiry > 0 AND NOT d.deleted AND d.expiry <= %s",
+                    (candidates, self.ref.id, now),
+                ).fetchall()
+            ]
+            self.log_in(
+                cur,
+                written,
+                [(k, OP_EXPIRE, None, 0, 0, None) for k in keys],
+                None,
+                None,
+                live=dict.fromkeys(keys, True),
+            )
             return len(keys)
 
         return self.run(body)
 
     def change_documents(
-        self, changes: Sequence[tuple[str, Callable[[StoredDocument | None], Write | None]]], origin: str | None
+        self,
+        changes: Sequence[tuple[str, Callable[[StoredDocument | None], Write | None]]],
+        origin: str | None,
     ) -> list[Changed | Exception]:
         """LocalBucket.change_documents: one transaction for all; each change sees the document as the earlier
         ones left it; a change that raises writes nothing and its exception takes its place."""
@@ -415,9 +504,14 @@ class LogWriter:
                 cas = _reserve_cas(1) + 1
                 seqno = highs[vb] = highs[vb] + 1
                 doc = write.doc if write.op == OP_UPDATE else None
-                rows.add(vb, seqno, target, write.op, cas, doc, write.expiry, write.flags, max(arrival, lasts[vb]))
-                after = (StoredDocument(target, write.doc or b"", cas, write.expiry, write.flags, vb, seqno)
-                         if write.op == OP_UPDATE else None)
+                rows.add(
+                    vb, seqno, target, write.op, cas, doc, write.expiry, write.flags, max(arrival, lasts[vb])
+                )
+                after = (
+                    StoredDocument(target, write.doc or b"", cas, write.expiry, write.flags, vb, seqno)
+                    if write.op == OP_UPDATE
+                    else None
+                )
                 state[target] = after
                 out.append(Changed(after, cas, vb, seqno))
             self.insert_in(cur, written, rows, origin)

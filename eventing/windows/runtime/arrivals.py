@@ -20,6 +20,7 @@ arrival times are journalled with the mutations, so a replay judges every row as
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -37,16 +38,20 @@ from eventing.windows.semantics.windows import arrow_epoch_ms
 LIFTS = "#lifts"  # bool column of judged rows: False for rows that must not move the watermark (early)
 
 
-ADJUSTED_SCHEMA = pa.schema([
-    pa.field("vb", pa.int32(), nullable=False),
-    pa.field("seqno", pa.int64(), nullable=False),
-    pa.field("key", pa.string(), nullable=False),
-    pa.field("event_time_ms", pa.int64(), nullable=False),
-    pa.field("arrival_ms", pa.int64(), nullable=False),
-    pa.field("windowed_ms", pa.int64(), nullable=False),
-    pa.field("rules", pa.string(), nullable=False),  # which rules moved it: early, late_arrival, out_of_order
-    pa.field("substream", pa.string()),
-])
+ADJUSTED_SCHEMA = pa.schema(
+    [
+        pa.field("vb", pa.int32(), nullable=False),
+        pa.field("seqno", pa.int64(), nullable=False),
+        pa.field("key", pa.string(), nullable=False),
+        pa.field("event_time_ms", pa.int64(), nullable=False),
+        pa.field("arrival_ms", pa.int64(), nullable=False),
+        pa.field("windowed_ms", pa.int64(), nullable=False),
+        pa.field(
+            "rules", pa.string(), nullable=False
+        ),  # which rules moved it: early, late_arrival, out_of_order
+        pa.field("substream", pa.string()),
+    ]
+)
 
 
 @dataclass
@@ -64,8 +69,9 @@ def arrival_order(table: pa.Table) -> pa.Table:
     """Rows by arrival time, then vBucket and seqno: the one order every replay judges them in."""
     if table.num_rows < 2:
         return table
-    return table.take(pc.sort_indices(table, [("arrival_ms", "ascending"), ("vb", "ascending"),
-                                              ("seqno", "ascending")]))
+    return table.take(
+        pc.sort_indices(table, [("arrival_ms", "ascending"), ("vb", "ascending"), ("seqno", "ascending")])
+    )
 
 
 def _span(ms: int) -> str:
@@ -98,33 +104,60 @@ class ArrivalGate:
             rows = np.flatnonzero(fates.reason == code)
             out.dropped[reason] = table.take(pa.array(rows))
             out.errors[reason] = [
-                self._why(reason, int(times[i]), int(arrivals[i]), int(vbs[i]),
-                          None if streams is None else streams[i], int(fates.watermark_ms[i]))
+                self._why(
+                    reason,
+                    int(times[i]),
+                    int(arrivals[i]),
+                    int(vbs[i]),
+                    None if streams is None else streams[i],
+                    int(fates.watermark_ms[i]),
+                )
                 for i in rows.tolist()
             ]
         if not kept.all():
             out.kept = table.filter(pa.array(kept))
         moved = np.flatnonzero(kept & (fates.time_ms != times))
         if len(moved):
-            rules = [",".join(r for r, flags in (("early", fates.early), ("late_arrival", fates.late_arrival),
-                                                 ("out_of_order", fates.out_of_order)) if flags[i])
-                     for i in moved.tolist()]
+            rules = [
+                ",".join(
+                    r
+                    for r, flags in (
+                        ("early", fates.early),
+                        ("late_arrival", fates.late_arrival),
+                        ("out_of_order", fates.out_of_order),
+                    )
+                    if flags[i]
+                )
+                for i in moved.tolist()
+            ]
             picks = pa.array(moved)
-            out.adjusted = pa.Table.from_arrays([
-                table["vb"].take(picks), table["seqno"].take(picks), table["key"].take(picks),
-                pa.array(times[moved]), table["arrival_ms"].take(picks), pa.array(fates.time_ms[moved]),
-                pa.array(rules, pa.string()),
-                pa.array([streams[i] for i in moved.tolist()] if streams is not None else [None] * len(moved),
-                         pa.string()),
-            ], schema=ADJUSTED_SCHEMA)
+            out.adjusted = pa.Table.from_arrays(
+                [
+                    table["vb"].take(picks),
+                    table["seqno"].take(picks),
+                    table["key"].take(picks),
+                    pa.array(times[moved]),
+                    table["arrival_ms"].take(picks),
+                    pa.array(fates.time_ms[moved]),
+                    pa.array(rules, pa.string()),
+                    pa.array(
+                        [streams[i] for i in moved.tolist()] if streams is not None else [None] * len(moved),
+                        pa.string(),
+                    ),
+                ],
+                schema=ADJUSTED_SCHEMA,
+            )
         windowed = fates.time_ms[kept]
         result = out.kept
         if result.num_rows:
             stamped = pa.array(windowed).cast(pa.timestamp("ms", tz="UTC")).cast(EVENT_TIME_TYPE)
             result = result.set_column(result.schema.get_field_index(EVENT_TIME), EVENT_TIME, stamped)
         out.kept = result.append_column(LIFTS, pa.array(~fates.early[kept]))
-        for counter, n in ((OUT_OF_ORDER_EVENTS, fates.out_of_order), (LATE_INPUT_EVENTS, fates.late_arrival),
-                           (EARLY_INPUT_EVENTS, fates.early)):
+        for counter, n in (
+            (OUT_OF_ORDER_EVENTS, fates.out_of_order),
+            (LATE_INPUT_EVENTS, fates.late_arrival),
+            (EARLY_INPUT_EVENTS, fates.early),
+        ):
             if n.any():
                 out.counters[counter] += int(n.sum())
         if len(moved):
@@ -157,3 +190,26 @@ class ArrivalGate:
             f"'drop', out_of_order_tolerance {_span(self.spec.out_of_order_tolerance_ms)}); raise "
             "out_of_order_tolerance to keep such rows"
         )
+
+
+def known_arrivals(table: pa.Table, now: int) -> pa.Table:
+    """Rows of an older build (arrival 0, unknown) count as arriving ``now``."""
+    arrival = table["arrival_ms"]
+    if table.num_rows and pc.any(pc.equal(arrival, 0)).as_py():
+        arrival = pc.if_else(pc.equal(arrival, 0), now, arrival)
+        table = table.set_column(table.schema.get_field_index("arrival_ms"), "arrival_ms", arrival)
+    return table
+
+
+class OncePerPoll:
+    """A value computed at its first use in a poll, then kept (the source is asked at most once a poll)."""
+
+    def __init__(self, compute: Callable[[], int | None]):
+        self._compute = compute
+        self._done = False
+        self._value: int | None = None
+
+    def __call__(self) -> int | None:
+        if not self._done:
+            self._value, self._done = self._compute(), True
+        return self._value

@@ -58,19 +58,17 @@ from eventing.errors import FencedError
 from eventing.storage.protocol import DirectLogSource
 from eventing.storage.state import State, as_state
 from eventing.windows.batches import read_row_file, write_parquet_file, write_row_file
-from eventing.windows.runtime.arrivals import LIFTS, Judged
+from eventing.windows.runtime.arrivals import LIFTS, Judged, OncePerPoll, known_arrivals
 from eventing.windows.runtime.coordinator_state import AcceptedBatch, CoordinatorState, PendingWindow
 from eventing.windows.runtime.emission import (
-    DISK_FULL_RETRY_S,
     DRAIN_ATTEMPTS,
-    EMIT_RETRY_S,
     Aggregator,
+    EmitRetries,
     Emitter,
     InlineEmitter,
     Sink,
     emit,
     fault,
-    is_disk_full,
     job_sort_key,
     make_sink,
     stage,
@@ -85,7 +83,7 @@ from eventing.windows.semantics.sessions import SessionOperator
 from eventing.windows.semantics.substreams import SubstreamWindowOperator
 from eventing.windows.semantics.windows import arrow_epoch_ms
 from metadata import DlqRow, MetadataStore
-from metadata.sqlite_io import private_folder, store_wait_s
+from metadata.sqlite_io import private_folder
 
 log = logging.getLogger("eventing.windows")
 
@@ -133,10 +131,7 @@ class WindowCoordinator:
         self._hopping = not self._sessions and self.spec.slide_ms != self.spec.size_ms
         self._inflight: Future | None = None
         self._inflight_windows: list[PendingWindow] = []
-        self.last_error: BaseException | None = None
-        self._emit_failures = 0
-        self._disk_full_since: float | None = None  # when the sink first met a full disk, in this streak
-        self._retry_at = 0.0
+        self.retries = EmitRetries(function)
         self._jobs = 0
         self._last_waiting_check = 0.0
         self._source: DirectLogSource | None = None
@@ -145,7 +140,9 @@ class WindowCoordinator:
         # Substreams judge rows of every vBucket in one arrival order: rows wait (held/) until every
         # mutation that reached the source before them has been read.
         self._holds = self._policies and self.spec.substream_key is not None and source_bucket is not None
-        self._substream_windows = self._policies and self.spec.substream_key is not None and not self._sessions
+        self._substream_windows = (
+            self._policies and self.spec.substream_key is not None and not self._sessions
+        )
         self._after_commit: list[str] = []  # held files the committed state no longer lists
         self._judged_arrival_ms: int | None = None  # newest arrival the policies judged in this poll
         self._held_vb_cache: set[int] | None = None
@@ -162,9 +159,14 @@ class WindowCoordinator:
 
     def _load(self, saved: dict[str, Any] | None) -> None:
         now = self.clock()
-        state = CoordinatorState.decode(saved, function=self.function, generation=self.generation,
-                                        layout=self.layout, policies=self._policies,
-                                        substream_windows=self._substream_windows)
+        state = CoordinatorState.decode(
+            saved,
+            function=self.function,
+            generation=self.generation,
+            layout=self.layout,
+            policies=self._policies,
+            substream_windows=self._substream_windows,
+        )
         self.operator = state.operator
         self.classified_upto = state.classified_upto
         self.marks = state.marks
@@ -182,8 +184,18 @@ class WindowCoordinator:
 
     def _state(self) -> dict[str, Any]:
         return CoordinatorState(
-            self.operator, self.classified_upto, self.marks, self.accepted, self.next_seq, self.pending,
-            self.waiting, self.gate, self.held, self.held_next, self.adjusted_next, fresh=False,
+            self.operator,
+            self.classified_upto,
+            self.marks,
+            self.accepted,
+            self.next_seq,
+            self.pending,
+            self.waiting,
+            self.gate,
+            self.held,
+            self.held_next,
+            self.adjusted_next,
+            fresh=False,
         ).encode(self.generation)
 
     def _commit(self, dlq: list[DlqRow], counters: Counter[str]) -> None:
@@ -234,8 +246,12 @@ class WindowCoordinator:
         delivered = [vb for vb in self.waiting if tracker.partition_watermark_ms(vb) is not None]
         held = self._held_vbs() if self.held else set()  # rows read but held (substreams): on their way
         done = [
-            vb for vb, target in self.waiting.items()
-            if vb not in delivered and vb not in held and vb in checkpoints and checkpoints[vb].seqno >= target
+            vb
+            for vb, target in self.waiting.items()
+            if vb not in delivered
+            and vb not in held
+            and vb in checkpoints
+            and checkpoints[vb].seqno >= target
         ]
         if done:
             self.operator.revoke_partitions(done)
@@ -251,8 +267,9 @@ class WindowCoordinator:
 
     def _drop_orphans(self) -> None:
         held = {name for name, _ in self.held} if self._policies else None
-        drop_orphans(self.area, self.generation, self.marks, {a.name for a in self.accepted}, held,
-                     self.adjusted_next)
+        drop_orphans(
+            self.area, self.generation, self.marks, {a.name for a in self.accepted}, held, self.adjusted_next
+        )
 
     def _source_bucket(self) -> DirectLogSource:
         if self._source is None:
@@ -274,13 +291,15 @@ class WindowCoordinator:
             # _unread_arrival): a timeout must not fire while rows that reached the source before it wait.
             checkpoints = self.store.checkpoints(self.function)
         ready, marks, consumed, deferred = self._ready()
-        unread = _OncePerPoll(lambda: self._unread_arrival(checkpoints, deferred))
+        unread = OncePerPoll(lambda: self._unread_arrival(checkpoints, deferred))
         closed: list[Any] = []
         if ready or self.held:
             # Held rows (substreams) are looked at again every poll: the mutations they wait for may have
             # been read without giving a row (a delete, a dead letter).
             release_all = end_of_input and self.close_windows
-            closed += self._classify(ready, now, dlq, counters, unread, deferred=deferred, release_all=release_all)
+            closed += self._classify(
+                ready, now, dlq, counters, unread, deferred=deferred, release_all=release_all
+            )
         if ready:
             self.marks = marks
             self._dirty = True
@@ -319,7 +338,7 @@ class WindowCoordinator:
         deadline = self._next_deadline()
         return deadline is not None and deadline <= at_ms
 
-    def _timeout_clock(self, at_ms: int, unread: _OncePerPoll) -> int:
+    def _timeout_clock(self, at_ms: int, unread: OncePerPoll) -> int:
         """The processing time up to which timeouts may be applied now: ``at_ms``, unless a timeout would fire
         by then while mutations that reached the source earlier are still unread. Then just before the
         earliest of them: the source was not silent, only the service was slow or stopped.
@@ -382,7 +401,9 @@ class WindowCoordinator:
         bounds = pc.min_max(arrival).as_py()
         if bounds["max"] - bounds["min"] < gap:
             return [table]
-        order = pc.sort_indices(table, [("arrival_ms", "ascending"), ("vb", "ascending"), ("seqno", "ascending")])
+        order = pc.sort_indices(
+            table, [("arrival_ms", "ascending"), ("vb", "ascending"), ("seqno", "ascending")]
+        )
         table = table.take(order)
         times = table["arrival_ms"].to_numpy()
         cuts = (np.flatnonzero(np.diff(times) >= gap) + 1).tolist()
@@ -392,14 +413,20 @@ class WindowCoordinator:
     # -- arrival-time policies (docs/time-semantics.md) ------------------------------------------------
 
     def _apply_policies(
-        self, table: pa.Table, now: int, dlq: list[DlqRow], counters: Counter[str], unread: _OncePerPoll,
-        deferred: bool, release_all: bool,
+        self,
+        table: pa.Table,
+        now: int,
+        dlq: list[DlqRow],
+        counters: Counter[str],
+        unread: OncePerPoll,
+        deferred: bool,
+        release_all: bool,
     ) -> pa.Table:
         """Judge rows with the function's arrival-time policies (``eventing.windows.runtime.arrivals``):
         dropped rows become dead letters, adjusted ones are recorded under ``adjusted/``; returns the rows
         to window, at their windowed times, with the ``LIFTS`` column."""
         assert self.gate is not None
-        table = _known_arrivals(table, now)
+        table = known_arrivals(table, now)
         if self._holds:
             table = self._release(table, unread, deferred, release_all)
         if table.num_rows == 0:
@@ -417,7 +444,7 @@ class WindowCoordinator:
         self._dirty = True
         return judged.kept
 
-    def _release(self, table: pa.Table, unread: _OncePerPoll, deferred: bool, release_all: bool) -> pa.Table:
+    def _release(self, table: pa.Table, unread: OncePerPoll, deferred: bool, release_all: bool) -> pa.Table:
         """Substreams: the rows (held ones and ``table``) every mutation that reached the source before which
         has been read, so rows of all vBuckets are judged in one arrival order however the workers' files
         came; the others are held (``held/``, listed in the state) for a later poll."""
@@ -469,17 +496,31 @@ class WindowCoordinator:
         return dead_letters(self.function, self.generation, rows, reason, errors, now, source)
 
     def _classify(
-        self, files: list[str], now: int, dlq: list[DlqRow], counters: Counter[str], unread: _OncePerPoll, *,
-        deferred: bool = False, release_all: bool = False,
+        self,
+        files: list[str],
+        now: int,
+        dlq: list[DlqRow],
+        counters: Counter[str],
+        unread: OncePerPoll,
+        *,
+        deferred: bool = False,
+        release_all: bool = False,
     ) -> list[Window]:
         """Window the rows of ``files`` (and held rows the policies may judge now); returns the windows that
         closed between their arrivals."""
         if not files:
-            return self._judged_then_clock(self._apply_policies(
-                self.schema.empty_table(), now, dlq, counters, unread, deferred, release_all
-            ), now, dlq, counters, unread)
-        table, replayed = read_fresh_rows(self.area, files, self.schema.names, self.classified_upto,
-                                          function=self.function)
+            return self._judged_then_clock(
+                self._apply_policies(
+                    self.schema.empty_table(), now, dlq, counters, unread, deferred, release_all
+                ),
+                now,
+                dlq,
+                counters,
+                unread,
+            )
+        table, replayed = read_fresh_rows(
+            self.area, files, self.schema.names, self.classified_upto, function=self.function
+        )
         counters["window_rows_replayed"] += replayed
         if table.num_rows == 0 and not self.held:
             return []
@@ -495,7 +536,7 @@ class WindowCoordinator:
         return self._judged_then_clock(table, now, dlq, counters, unread)
 
     def _judged_then_clock(
-        self, table: pa.Table, now: int, dlq: list[DlqRow], counters: Counter[str], unread: _OncePerPoll
+        self, table: pa.Table, now: int, dlq: list[DlqRow], counters: Counter[str], unread: OncePerPoll
     ) -> list[Window]:
         """Window the judged rows; then, with substream windows, every judged row (dropped ones too: they
         are input) moves the arrival clock that closes a silent substream's windows (docs/time-semantics.md)."""
@@ -506,7 +547,7 @@ class WindowCoordinator:
         return closed
 
     def _classify_judged(
-        self, table: pa.Table, now: int, dlq: list[DlqRow], counters: Counter[str], unread: _OncePerPoll
+        self, table: pa.Table, now: int, dlq: list[DlqRow], counters: Counter[str], unread: OncePerPoll
     ) -> list[Window]:
         if table.num_rows == 0:
             return []
@@ -536,12 +577,15 @@ class WindowCoordinator:
         if isinstance(self.operator, SubstreamWindowOperator):
             column = self.layout.substream_column
             assert column is not None
-            fate = self.operator.observe_batch(vbs, table["event_time"], now, arrival_ms=arrival_ms, lifts=lifts,
-                                               substreams=table[column])
+            fate = self.operator.observe_batch(
+                vbs, table["event_time"], now, arrival_ms=arrival_ms, lifts=lifts, substreams=table[column]
+            )
             if fate.late_count:
                 fate = dataclasses.replace(fate, late=pa.array(fate.late, pa.bool_()))
         else:
-            fate = self.operator.observe_batch(vbs, table["event_time"], now, arrival_ms=arrival_ms, lifts=lifts)
+            fate = self.operator.observe_batch(
+                vbs, table["event_time"], now, arrival_ms=arrival_ms, lifts=lifts
+            )
         if fate.late_count:
             late = table.filter(fate.late)
             dlq.extend(self._late_rows(late, fate.cutoff_ms, now))
@@ -551,18 +595,16 @@ class WindowCoordinator:
             return
         from eventing.windows.spark.partials import combine_rows
 
-        seq = self.next_seq
-        name = f"f{self.fence}-{seq:09d}.parquet"
         # Only the batch's partial aggregates per (window, group) are kept: Spark merges them per window.
         partials = combine_rows(
-            table, size_ms=self.spec.size_ms, slide_ms=self.spec.slide_ms, group_by=self.layout.group_by,
-            aggregates=self.layout.aggregates, offset_ms=self.spec.offset_ms,
+            table,
+            size_ms=self.spec.size_ms,
+            slide_ms=self.spec.slide_ms,
+            group_by=self.layout.group_by,
+            aggregates=self.layout.aggregates,
+            offset_ms=self.spec.offset_ms,
         )
-        write_parquet_file(self.area, f"{ACCEPTED}/{name}", partials)
-        bounds = pc.min_max(arrow_epoch_ms(table["event_time"])).as_py()
-        self.accepted.append(AcceptedBatch(name, seq, bounds["min"], bounds["max"], table.num_rows))
-        self.next_seq = seq + 1
-        counters["window_rows_accepted"] += table.num_rows
+        self._accept(table, partials, counters)
 
     def _classify_sessions(
         self, operator: SessionOperator, table: pa.Table, now: int, dlq: list[DlqRow], counters: Counter[str]
@@ -587,11 +629,15 @@ class WindowCoordinator:
             chain_of_row = chain_of_row[~row_late]
         if table.num_rows == 0:
             return
-        seq = self.next_seq
-        name = f"f{self.fence}-{seq:09d}.parquet"
         partials = combine_session_rows(
             table, chain_of_row, first, last, group_by=group_by, aggregates=self.layout.aggregates
         )
+        self._accept(table, partials, counters)
+
+    def _accept(self, table: pa.Table, partials: pa.Table, counters: Counter[str]) -> None:
+        """Keep a batch's accepted rows as their partial aggregates, in the next accepted file."""
+        seq = self.next_seq
+        name = f"f{self.fence}-{seq:09d}.parquet"
         write_parquet_file(self.area, f"{ACCEPTED}/{name}", partials)
         bounds = pc.min_max(arrow_epoch_ms(table["event_time"])).as_py()
         self.accepted.append(AcceptedBatch(name, seq, bounds["min"], bounds["max"], table.num_rows))
@@ -641,7 +687,7 @@ class WindowCoordinator:
     # -- emission -------------------------------------------------------------------------------------
 
     def _submit(self) -> None:
-        if self._inflight is not None or not self.pending or time.monotonic() < self._retry_at:
+        if self._inflight is not None or not self.pending or time.monotonic() < self.retries.retry_at:
             return
         written = self.sink.written_windows(self.function)
         todo = [p for p in self.pending if p.sink_id not in written]
@@ -666,8 +712,9 @@ class WindowCoordinator:
 
     def _emit(self, staged: str, windows: list[tuple], substream_ids: list[tuple] | None = None) -> int:
         """Runs on the emitter (``eventing.windows.runtime.emission.emit``)."""
-        return emit(self.aggregator, self.sink, self.function, self.layout, self.area, staged, windows,
-                    substream_ids)
+        return emit(
+            self.aggregator, self.sink, self.function, self.layout, self.area, staged, windows, substream_ids
+        )
 
     def _collect(self, counters: Counter[str]) -> bool:
         """Record a finished emission; returns False if one is still running (or failed)."""
@@ -679,34 +726,11 @@ class WindowCoordinator:
         self._inflight = None
         group, self._inflight_windows = self._inflight_windows, []
         error = future.exception()
-        if error is not None and is_disk_full(error):
-            # As a metadata write does: wait for free space, trying again every second, and stop the
-            # function once the disk stayed full for $EVENTING_STORE_WAIT_S. The windows stay pending in the
-            # committed state, so the next run writes them.
-            now = time.monotonic()
-            if self._disk_full_since is None:
-                self._disk_full_since = now
-                log.warning("function %s: %s; waiting for free space (up to %.0fs)",
-                            self.function, error, store_wait_s())
-            counters["window_emit_failures"] += 1
-            self.last_error = error
-            if now - self._disk_full_since >= store_wait_s():
-                raise error
-            self._retry_at = now + DISK_FULL_RETRY_S
-            return False
         if error is not None:
-            delay = EMIT_RETRY_S[min(self._emit_failures, len(EMIT_RETRY_S) - 1)]
-            self._emit_failures += 1
-            self._retry_at = time.monotonic() + delay
             counters["window_emit_failures"] += 1
-            log.error(
-                "function %s: computing %d closed window(s) failed (%s: %s); retrying in %.0fs",
-                self.function, len(group), type(error).__name__, error, delay,
-            )
-            self.last_error = error
+            self.retries.failed(error, len(group))
             return False
-        self._emit_failures = 0
-        self._disk_full_since = None
+        self.retries.succeeded()
         self.pending = [p for p in self.pending if p not in group]
         counters["windows_emitted"] += len(group)
         self._dirty = True
@@ -717,7 +741,7 @@ class WindowCoordinator:
         what the semantics allow (every window at the end of input with ``close_windows``), commit, and
         start emitting. Does not wait for Spark: ``drain`` does."""
         self.poll(end_of_input=end_of_input)
-        self._retry_at = 0.0
+        self.retries.retry_at = 0.0
 
     def drain_step(self) -> bool:
         """Record a finished emission and start the next one, without waiting; True once every closed
@@ -739,13 +763,14 @@ class WindowCoordinator:
         """Wait until every closed window is emitted and recorded (True), or ``timeout`` passes (False: the
         rest is emitted by the next coordinator of the function, from the committed state)."""
         deadline = time.monotonic() + timeout
-        self._retry_at = 0.0
+        self.retries.retry_at = 0.0
         while not self.drain_step():
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or self._emit_failures >= DRAIN_ATTEMPTS:
+            if remaining <= 0 or self.retries.failures >= DRAIN_ATTEMPTS:
                 log.error(
                     "function %s: %d closed window(s) are not emitted yet; the next run emits them",
-                    self.function, len(self.pending),
+                    self.function,
+                    len(self.pending),
                 )
                 return False
             if self._inflight is not None:
@@ -754,7 +779,7 @@ class WindowCoordinator:
                 except TimeoutError:
                     pass
             else:
-                time.sleep(min(remaining, max(0.0, self._retry_at - time.monotonic()), 1.0))
+                time.sleep(min(remaining, max(0.0, self.retries.retry_at - time.monotonic()), 1.0))
         return True
 
     def finish(self, *, end_of_input: bool = False, timeout: float = 600.0) -> bool:
@@ -766,27 +791,3 @@ class WindowCoordinator:
         if self._source is not None:
             self._source.close()
             self._source = None
-
-
-def _known_arrivals(table: pa.Table, now: int) -> pa.Table:
-    """Rows of an older build (arrival 0, unknown) count as arriving ``now``."""
-    arrival = table["arrival_ms"]
-    if table.num_rows and pc.any(pc.equal(arrival, 0)).as_py():
-        arrival = pc.if_else(pc.equal(arrival, 0), now, arrival)
-        table = table.set_column(table.schema.get_field_index("arrival_ms"), "arrival_ms", arrival)
-    return table
-
-
-class _OncePerPoll:
-    """A value computed at its first use in a poll, then kept (the source is asked at most once a poll)."""
-
-    def __init__(self, compute: Callable[[], int | None]):
-        self._compute = compute
-        self._done = False
-        self._value: int | None = None
-
-    def __call__(self) -> int | None:
-        if not self._done:
-            self._value, self._done = self._compute(), True
-        return self._value
-

@@ -106,14 +106,24 @@ class CoordinatorState:
             "waiting": {str(vb): t for vb, t in self.waiting.items()},
         }
         if self.gate is not None:
-            state.update(arrival=self.gate.policy.to_state(), held=self.held, held_next=self.held_next,
-                         adjusted_next=self.adjusted_next)
+            state.update(
+                arrival=self.gate.policy.to_state(),
+                held=self.held,
+                held_next=self.held_next,
+                adjusted_next=self.adjusted_next,
+            )
         return state
 
     @classmethod
     def decode(
-        cls, saved: dict[str, Any] | None, *, function: str, generation: int, layout: RowLayout,
-        policies: bool, substream_windows: bool,
+        cls,
+        saved: dict[str, Any] | None,
+        *,
+        function: str,
+        generation: int,
+        layout: RowLayout,
+        policies: bool,
+        substream_windows: bool,
     ) -> CoordinatorState:
         """The state ``saved`` by a coordinator of this deployment, or a fresh one (none saved, or another
         generation's). ``policies``: the function judges rows with arrival-time policies;
@@ -131,8 +141,20 @@ class CoordinatorState:
         windows_cls = SubstreamWindowOperator if substream_windows else WindowOperator
         if saved is None:
             operator = SessionOperator(spec) if spec.is_session else windows_cls(spec)
-            return cls(operator, [0] * NUM_VBUCKETS, {}, [], 1, [], {},
-                       ArrivalGate(layout) if policies else None, [], 1, 1, fresh=True)
+            return cls(
+                operator,
+                [0] * NUM_VBUCKETS,
+                {},
+                [],
+                1,
+                [],
+                {},
+                ArrivalGate(layout) if policies else None,
+                [],
+                1,
+                1,
+                fresh=True,
+            )
         try:
             if spec.is_session:
                 operator = SessionOperator.from_state(spec, saved["operator"])

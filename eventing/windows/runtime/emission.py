@@ -9,6 +9,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
@@ -20,7 +21,7 @@ from eventing.errors import ConfigError
 from eventing.windows.runtime.coordinator_state import AcceptedBatch, PendingWindow
 from eventing.windows.runtime.paths import ACCEPTED, WindowPaths, window_area
 from eventing.windows.runtime.row_writer import RowLayout
-from metadata.sqlite_io import private_folder
+from metadata.sqlite_io import private_folder, store_wait_s
 
 if TYPE_CHECKING:
     from eventing.storage.file_area import FileArea
@@ -28,11 +29,59 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("eventing.windows")
 
-FAULT_ENV = "EVENTING_WINDOWS_FAULT"  # tests: "after_state_commit" or "after_sink_write" kills the process there
+FAULT_ENV = (
+    "EVENTING_WINDOWS_FAULT"  # tests: "after_state_commit" or "after_sink_write" kills the process there
+)
 FAULT_EXIT_CODE = 97
 EMIT_RETRY_S = (1.0, 5.0, 15.0, 30.0)
 DRAIN_ATTEMPTS = 3  # a stopping service gives up emitting after this many failed Spark jobs in a row
 DISK_FULL_RETRY_S = 1.0  # a sink on a full disk is tried again this often, up to $EVENTING_STORE_WAIT_S
+
+
+class EmitRetries:
+    """When a coordinator's next Spark job may start after failed ones: after a growing delay for a failed
+    job, and every DISK_FULL_RETRY_S while the sink's disk is full, as a metadata write waits for free
+    space; a disk full for $EVENTING_STORE_WAIT_S stops the function (the windows stay pending in the
+    committed state, so the next run writes them)."""
+
+    def __init__(self, function: str):
+        self.function = function
+        self.failures = 0  # failed jobs in a row (a full disk not counted)
+        self.retry_at = 0.0  # time.monotonic() before which no job starts
+        self.last_error: BaseException | None = None
+        self._disk_full_since: float | None = None  # when the sink first met a full disk, in this streak
+
+    def failed(self, error: BaseException, windows: int) -> None:
+        self.last_error = error
+        now = time.monotonic()
+        if is_disk_full(error):
+            if self._disk_full_since is None:
+                self._disk_full_since = now
+                log.warning(
+                    "function %s: %s; waiting for free space (up to %.0fs)",
+                    self.function,
+                    error,
+                    store_wait_s(),
+                )
+            if now - self._disk_full_since >= store_wait_s():
+                raise error
+            self.retry_at = now + DISK_FULL_RETRY_S
+            return
+        delay = EMIT_RETRY_S[min(self.failures, len(EMIT_RETRY_S) - 1)]
+        self.failures += 1
+        self.retry_at = now + delay
+        log.error(
+            "function %s: computing %d closed window(s) failed (%s: %s); retrying in %.0fs",
+            self.function,
+            windows,
+            type(error).__name__,
+            error,
+            delay,
+        )
+
+    def succeeded(self) -> None:
+        self.failures = 0
+        self._disk_full_since = None
 
 
 def is_disk_full(error: BaseException) -> bool:
@@ -50,7 +99,9 @@ class Aggregator(Protocol):
 
 
 class Sink(Protocol):
-    def write(self, function: str, results: pa.Table, *, windows: Any = (), substream: str | None = None) -> int: ...
+    def write(
+        self, function: str, results: pa.Table, *, windows: Any = (), substream: str | None = None
+    ) -> int: ...
     def read(self, function: str) -> pa.Table: ...
     def written_windows(self, function: str) -> set[tuple]: ...
 
@@ -71,8 +122,9 @@ class InlineEmitter:
         return future
 
 
-def make_sink(state: State | str | os.PathLike[str], function: str, layout: RowLayout,
-              area: FileArea | None = None) -> Sink:
+def make_sink(
+    state: State | str | os.PathLike[str], function: str, layout: RowLayout, area: FileArea | None = None
+) -> Sink:
     """The function's sink: the one its definition names at a path (a local path: the user's output,
     relative to the data directory, or to the working directory on a server state), else the default
     one beside its files: under ``windows/<fn>/`` of a data directory, or a table of the PostgreSQL store
@@ -88,7 +140,9 @@ def make_sink(state: State | str | os.PathLike[str], function: str, layout: RowL
         from eventing.windows.spark.postgres_sink import PostgresWindowSink
 
         if not isinstance(area, PostgresArea):
-            raise ConfigError(f"function '{function}': no default window sink for {area!r}; give the sink a path")
+            raise ConfigError(
+                f"function '{function}': no default window sink for {area!r}; give the sink a path"
+            )
         return PostgresWindowSink(area.db)
     directory = as_state(state).directory
     if directory is None and sink.path is not None:  # a server state: the user's path as given
@@ -125,8 +179,14 @@ def stage(area: FileArea, staged: str, accepted: list[AcceptedBatch], group: lis
 
 
 def emit(
-    aggregator: Aggregator, sink: Sink, function: str, layout: RowLayout, area: FileArea, staged: str,
-    windows: list[tuple], substream_ids: list[tuple] | None = None,
+    aggregator: Aggregator,
+    sink: Sink,
+    function: str,
+    layout: RowLayout,
+    area: FileArea,
+    staged: str,
+    windows: list[tuple],
+    substream_ids: list[tuple] | None = None,
 ) -> int:
     """Runs on the emitter: aggregate the windows with Spark and write them to the sink. Windows closed
     per substream (``substream_ids``: start, end, substream) keep only their substream's rows: the
@@ -169,7 +229,12 @@ def only_windows(results: pa.Table, column: str, ids: list[tuple]) -> pa.Table:
 
     wanted = set(ids)
     keep = [
-        (s, e, v) in wanted for s, e, v in zip(results[WINDOW_START].to_pylist(), results[WINDOW_END].to_pylist(),
-                                                 results[column].to_pylist(), strict=True)
+        (s, e, v) in wanted
+        for s, e, v in zip(
+            results[WINDOW_START].to_pylist(),
+            results[WINDOW_END].to_pylist(),
+            results[column].to_pylist(),
+            strict=True,
+        )
     ]
     return results if all(keep) else results.filter(pa.array(keep, pa.bool_()))

@@ -56,8 +56,12 @@ class SparkAggregator:
         spec = layout.spec
         if spec.is_session:
             return merge_session_partials(
-                get_spark(self.master), partials_dir, gap_ms=spec.gap_ms, group_by=list(layout.group_by),
-                aggregates=layout.aggregates, sessions=windows,
+                get_spark(self.master),
+                partials_dir,
+                gap_ms=spec.gap_ms,
+                group_by=list(layout.group_by),
+                aggregates=layout.aggregates,
+                sessions=windows,
             )
         return merge_partials(
             get_spark(self.master),
@@ -92,7 +96,9 @@ class WindowHost:
         self.coordinators: dict[str, WindowCoordinator] = {}
         self.draining: list[tuple[str, WindowCoordinator]] = []  # stopped functions still emitting windows
         self._last_poll: dict[str, float] = {}
-        self._failed_functions: set[tuple[str, int]] = set()  # (function, generation) whose coordinator failed
+        self._failed_functions: set[tuple[str, int]] = (
+            set()
+        )  # (function, generation) whose coordinator failed
         self._store: Any = None
         self._emitter: ThreadPoolExecutor | None = None
 
@@ -179,7 +185,7 @@ class WindowHost:
                 if wait and not done:
                     self.errors.append(
                         f"{name}: windows: {len(coordinator.pending)} closed window(s) could not be emitted "
-                        f"({coordinator.last_error or 'timed out'}); the next `eventing run` emits them"
+                        f"({coordinator.retries.last_error or 'timed out'}); the next `eventing run` emits them"
                     )
             except FencedError:
                 done = True  # the function runs again under a newer coordinator, which emits what is left
@@ -202,7 +208,9 @@ class WindowHost:
             self._failed(sup, exc, stopping)
         except Exception as exc:  # noqa: BLE001 - reported as the function's error, the service goes on
             log.exception("window coordinator of function %s failed", sup.name)
-            self._failed(sup, EventingError(f"window coordinator failed: {type(exc).__name__}: {exc}"), stopping)
+            self._failed(
+                sup, EventingError(f"window coordinator failed: {type(exc).__name__}: {exc}"), stopping
+            )
 
     def _failed(self, sup: Any, exc: EventingError, stopping: bool) -> None:
         log.error("function %s: windows: %s", sup.name, exc)

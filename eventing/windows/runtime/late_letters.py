@@ -57,7 +57,12 @@ def late_errors(
 
 
 def dead_letters(
-    function: str, generation: int, rows: pa.Table, reason: str, errors: list[str], now: int,
+    function: str,
+    generation: int,
+    rows: pa.Table,
+    reason: str,
+    errors: list[str],
+    now: int,
     source: Callable[[], Any] | None,
 ) -> list[DlqRow]:
     """DLQ rows of ``reason`` for ``rows``, each with its error text, carrying the original mutation from
@@ -73,12 +78,28 @@ def dead_letters(
         if original is None:
             doc = msgpack.packb({"event_time_ms": t_ms}, use_bin_type=True)
             original = Mutation(r["vb"], r["seqno"], r["key"], OP_UPDATE, 0, doc, None, 0, 0)
-        out.append(DlqRow(function, r["vb"], r["seqno"], r["key"], reason, error, "", 0, at, at,
-                          pack_mutation(original), generation=generation))
+        out.append(
+            DlqRow(
+                function,
+                r["vb"],
+                r["seqno"],
+                r["key"],
+                reason,
+                error,
+                "",
+                0,
+                at,
+                at,
+                pack_mutation(original),
+                generation=generation,
+            )
+        )
     return out
 
 
-def _originals(function: str, source: Callable[[], Any] | None, rows: list[dict[str, Any]]) -> dict[tuple[int, int], Mutation]:
+def _originals(
+    function: str, source: Callable[[], Any] | None, rows: list[dict[str, Any]]
+) -> dict[tuple[int, int], Mutation]:
     originals: dict[tuple[int, int], Mutation] = {}
     if source is None or not rows:
         return originals
@@ -92,5 +113,7 @@ def _originals(function: str, source: Callable[[], Any] | None, rows: list[dict[
             for m in bucket.read_vb(vb, lo - 1, hi - lo + 1):
                 originals[(m.vb, m.seqno)] = m
     except Exception as exc:  # noqa: BLE001 - the row itself is still kept
-        log.warning("function %s: cannot read dead-lettered rows' mutations from the source (%s)", function, exc)
+        log.warning(
+            "function %s: cannot read dead-lettered rows' mutations from the source (%s)", function, exc
+        )
     return originals

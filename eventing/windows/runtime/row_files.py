@@ -64,15 +64,21 @@ def ready_files(
 
 
 def drop_orphans(
-    area: FileArea, generation: int, marks: dict[str, int], accepted: set[str],
-    held: set[str] | None, adjusted_next: int,
+    area: FileArea,
+    generation: int,
+    marks: dict[str, int],
+    accepted: set[str],
+    held: set[str] | None,
+    adjusted_next: int,
 ) -> None:
     """Delete what no committed state lists (a poll that crashed before its commit): accepted files not in
     ``accepted``, incoming files already consumed (and older deployments' batches); with arrival-time
     policies (``held`` not None), held files not in ``held`` and adjusted files from ``adjusted_next`` on
     (the poll's replay writes them again)."""
     orphans = [f"{ACCEPTED}/{f}" for f in area.list(ACCEPTED) if ACCEPTED_NAME.match(f) and f not in accepted]
-    _, _, consumed, _ = ready_files(area, generation, marks)  # listing also deletes older deployments' batches
+    _, _, consumed, _ = ready_files(
+        area, generation, marks
+    )  # listing also deletes older deployments' batches
     orphans += consumed
     if held is not None:
         orphans += [f"{HELD}/{f}" for f in area.list(HELD) if HELD_NAME.match(f) and f not in held]
@@ -84,7 +90,12 @@ def drop_orphans(
 
 
 def read_fresh_rows(
-    area: FileArea, files: list[str], names: list[str], classified_upto: list[int], *, function: str | None = None
+    area: FileArea,
+    files: list[str],
+    names: list[str],
+    classified_upto: list[int],
+    *,
+    function: str | None = None,
 ) -> tuple[pa.Table, int]:
     """The rows of ``files`` (columns ``names``) above ``classified_upto[vb]`` (copies a restarted worker
     wrote again), the first of each duplicate ``(vb, seqno)``; and how many rows were dropped."""

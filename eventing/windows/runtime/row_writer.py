@@ -159,7 +159,10 @@ def event_time_of(doc: Any, field: str) -> tuple[int | None, str]:
         )
     if isinstance(value, float):
         if not math.isfinite(value):
-            return None, f"event time field {field!r} is {value}; it must be a finite number of epoch milliseconds"
+            return (
+                None,
+                f"event time field {field!r} is {value}; it must be a finite number of epoch milliseconds",
+            )
         value = math.floor(value)
     if not MIN_EVENT_MS <= value <= MAX_EVENT_MS:
         return None, (
@@ -218,8 +221,11 @@ class WindowRowWriter:
         # A worker without the data directory hands each batch to the data service (put_file), which
         # writes it durably under the same name before the worker's checkpoint moves.
         if area is None:
-            area = ServiceArea(put_file, window_root(function)) if put_file is not None else window_area(
-                state, function)
+            area = (
+                ServiceArea(put_file, window_root(function))
+                if put_file is not None
+                else window_area(state, function)
+            )
         self.area = area
         self.directory = area.local_path(INCOMING)  # None where the files are not on this machine
         self.counters = counters if counters is not None else Counter()
@@ -251,8 +257,10 @@ class WindowRowWriter:
         attrs = {name: f"f{i}" for i, name in enumerate(names)}
         # gc=False: decoded values cannot form cycles, and untracked instances are cheaper to create.
         struct = msgspec.defstruct(
-            "WindowFields", [(a, object, None) for a in attrs.values()],
-            rename={a: name for name, a in attrs.items()}, gc=False,
+            "WindowFields",
+            [(a, object, None) for a in attrs.values()],
+            rename={a: name for name, a in attrs.items()},
+            gc=False,
         )
         time_of = attrgetter(attrs[self._time_field]) if self._event_time else None
         decoder = msgspec.msgpack.Decoder(list[struct])  # type: ignore[valid-type]
@@ -260,8 +268,14 @@ class WindowRowWriter:
 
     @classmethod
     def for_worker(
-        cls, state: State | str, function: str, generation: int, worker_id: str, window: dict[str, Any] | None,
-        counters: Counter[str], put_file: Callable[[str, bytes], None] | None = None,
+        cls,
+        state: State | str,
+        function: str,
+        generation: int,
+        worker_id: str,
+        window: dict[str, Any] | None,
+        counters: Counter[str],
+        put_file: Callable[[str, bytes], None] | None = None,
     ) -> WindowRowWriter | None:
         """The writer for a worker of a windowed function (None when `window` is None). A windowed function
         needs no on_update of its own: every update still becomes a row (see WorkerCore._handle).
@@ -269,7 +283,12 @@ class WindowRowWriter:
         if window is None:
             return None
         return cls(
-            state, function, generation, worker_id, RowLayout.for_definition(function, window), counters,
+            state,
+            function,
+            generation,
+            worker_id,
+            RowLayout.for_definition(function, window),
+            counters,
             put_file=put_file,
         )
 
@@ -279,7 +298,9 @@ class WindowRowWriter:
         self._base: tuple[list[Any], ...] = ([], [], [], [], [])  # vb, seqno, key, event time, arrival
         self._values: tuple[list[Any], ...] = tuple([] for _ in self._fields)
         self._appends = tuple(column.append for column in self._base)
-        self._value_appends = tuple(zip(self._fields, (column.append for column in self._values), strict=True))
+        self._value_appends = tuple(
+            zip(self._fields, (column.append for column in self._values), strict=True)
+        )
 
     def __len__(self) -> int:
         return self._chunk_rows + len(self._base[0])
@@ -358,7 +379,11 @@ class WindowRowWriter:
             updates[np.array(batch.other_seqnos, np.int64) - (batch.after_seqno + 1)] = False
             seqnos = seqnos[updates]
         chunk = self._rows_table(
-            np.full(n, batch.vb, np.int32), seqnos, keys, event_ms, arrival_times(batch),
+            np.full(n, batch.vb, np.int32),
+            seqnos,
+            keys,
+            event_ms,
+            arrival_times(batch),
             [list(map(value_of, decoded)) for value_of in self._value_of],
         )
         self._seal()
@@ -395,18 +420,31 @@ class WindowRowWriter:
         # value in C instead of a Python expression per value.
         for name in layout.string_columns:
             column = next(columns_in)
-            columns[name] = column if set(map(type, column)) <= _STRINGS else [
-                v if v is None or type(v) is str else _group_value(v) for v in column
-            ]
+            columns[name] = (
+                column
+                if set(map(type, column)) <= _STRINGS
+                else [v if v is None or type(v) is str else _group_value(v) for v in column]
+            )
         for name in layout.numeric_fields:
             column = next(columns_in)
-            columns[name] = column if set(map(type, column)) <= _FLOATS else [
-                float(v) if type(v) is float or type(v) is int else _number(v, self.counters) for v in column
-            ]
+            columns[name] = (
+                column
+                if set(map(type, column)) <= _FLOATS
+                else [
+                    float(v) if type(v) is float or type(v) is int else _number(v, self.counters)
+                    for v in column
+                ]
+            )
         for name in layout.counted_fields:
             columns[count_column(name)] = [None if v is None else 1.0 for v in next(columns_in)]
         return build_row_batch(
-            layout.schema, vb=vb, seqno=seqno, key=key, event_time_ms=event_ms, columns=columns, arrival_ms=arrival_ms
+            layout.schema,
+            vb=vb,
+            seqno=seqno,
+            key=key,
+            event_time_ms=event_ms,
+            columns=columns,
+            arrival_ms=arrival_ms,
         )
 
     def flush(self) -> Path | None:

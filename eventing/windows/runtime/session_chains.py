@@ -50,14 +50,17 @@ def cut_chains(table: pa.Table, spec: WindowSpec, group_by: list[str]) -> ChainC
         for g in group_by:
             # Nulls compare as a value of their own (no document string holds NUL).
             col = pc.fill_null(table[g], "\x00").combine_chunks()
-            breaks[1:] |= np.asarray(pc.not_equal(col[1:], col[:-1]).to_numpy(zero_copy_only=False), dtype=bool)
+            breaks[1:] |= np.asarray(
+                pc.not_equal(col[1:], col[:-1]).to_numpy(zero_copy_only=False), dtype=bool
+            )
     chain_of_row = np.cumsum(breaks) - 1
     starts = np.flatnonzero(breaks)
     ends = np.append(starts[1:], n) - 1
     first, last = times[starts], times[ends]
     group_values = (
         list(zip(*(table[g].take(pa.array(starts)).to_pylist() for g in group_by), strict=True))
-        if group_by else [()] * len(starts)
+        if group_by
+        else [()] * len(starts)
     )
     chains = [
         Chain(tuple(gv), int(f), int(la), int(e - s + 1))
@@ -65,7 +68,8 @@ def cut_chains(table: pa.Table, spec: WindowSpec, group_by: list[str]) -> ChainC
     ]
     maxima = (
         {int(vb): int(t) for vb, t in _max_time_per_vb(lifting).items()}
-        if spec.boundary == "event_time" and lifting.num_rows else {}
+        if spec.boundary == "event_time" and lifting.num_rows
+        else {}
     )
     return ChainCut(table, chain_of_row, first, last, chains, maxima)
 

@@ -109,8 +109,12 @@ class ArrivalPolicy:
             if value not in POLICY_ACTIONS:
                 raise ValueError(f"{name} policy {value!r} is not one of {', '.join(POLICY_ACTIONS)}")
         if early_arrival is not None and early_arrival not in POLICY_ACTIONS:
-            raise ValueError(f"early_arrival policy {early_arrival!r} is not one of {', '.join(POLICY_ACTIONS)}")
-        if out_of_order_tolerance_ms < 0 or (late_arrival_tolerance_ms is not None and late_arrival_tolerance_ms < 0):
+            raise ValueError(
+                f"early_arrival policy {early_arrival!r} is not one of {', '.join(POLICY_ACTIONS)}"
+            )
+        if out_of_order_tolerance_ms < 0 or (
+            late_arrival_tolerance_ms is not None and late_arrival_tolerance_ms < 0
+        ):
             raise ValueError("tolerances are zero or more milliseconds")
         self.out_of_order_tolerance_ms = out_of_order_tolerance_ms
         self.out_of_order = out_of_order
@@ -181,7 +185,12 @@ class ArrivalPolicy:
             self.out_of_order_events += 1
             if self.out_of_order == "drop":
                 return ArrivalFate(
-                    None, "dropped", "out_of_order", late_arrival=late, out_of_order=True, watermark_ms=watermark
+                    None,
+                    "dropped",
+                    "out_of_order",
+                    late_arrival=late,
+                    out_of_order=True,
+                    watermark_ms=watermark,
                 )
             assert watermark is not None
             t = watermark
@@ -259,7 +268,9 @@ class ArrivalPolicy:
         self.out_of_order_events += int(behind.sum())
         return BatchFates(time_ms, reason, early, late, behind, watermark)
 
-    def _stream_codes(self, n: int, partitions: Any, keys: Sequence[Any] | None) -> tuple[Any, list[Hashable]]:
+    def _stream_codes(
+        self, n: int, partitions: Any, keys: Sequence[Any] | None
+    ) -> tuple[Any, list[Hashable]]:
         """Each row's stream as a small int (-1: no substream key) and the streams those ints stand for."""
         if self.substreams:
             if keys is None or len(keys) != n:
@@ -298,7 +309,8 @@ class ArrivalPolicy:
     def restore(self, state: dict[str, Any]) -> ArrivalPolicy:
         """Resume from ``to_state()`` (settings come from this policy, as a changed spec may change them)."""
         self._watermarks = {
-            (tuple(s) if isinstance(s, list) else s): ensure_ms(w, "watermark_ms") for s, w in state["watermarks"]
+            (tuple(s) if isinstance(s, list) else s): ensure_ms(w, "watermark_ms")
+            for s, w in state["watermarks"]
         }
         metrics = state["metrics"]
         self.out_of_order_events = int(metrics["out_of_order_events"])

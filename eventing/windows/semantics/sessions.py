@@ -66,7 +66,10 @@ def session_bucket(time_ms: int, max_duration_ms: int | None, offset_ms: int) ->
 
 
 def chains_of(
-    groups: Sequence[Group], times_ms: Sequence[int], gap_ms: int, max_duration_ms: int | None = None,
+    groups: Sequence[Group],
+    times_ms: Sequence[int],
+    gap_ms: int,
+    max_duration_ms: int | None = None,
     offset_ms: int = 0,
 ) -> tuple[list[Chain], list[int]]:
     """Cut rows into chains; returns the chains (by group, then time) and each row's chain index."""
@@ -78,8 +81,11 @@ def chains_of(
     for i in order:
         g, t = groups[i], times_ms[i]
         if (
-            chains and g == prev_group and t - prev_t <= gap_ms
-            and session_bucket(t, max_duration_ms, offset_ms) == session_bucket(prev_t, max_duration_ms, offset_ms)
+            chains
+            and g == prev_group
+            and t - prev_t <= gap_ms
+            and session_bucket(t, max_duration_ms, offset_ms)
+            == session_bucket(prev_t, max_duration_ms, offset_ms)
         ):
             c = chains[-1]
             chains[-1] = Chain(g, c.first_ms, t, c.rows + 1)
@@ -137,7 +143,8 @@ class SessionOperator(FrontierClock):
     def open_sessions(self) -> list[Session]:
         out = [
             Session(g, s, last, last + self._gap_ms)
-            for (g, _), sessions in self._open.items() for s, last in sessions
+            for (g, _), sessions in self._open.items()
+            for s, last in sessions
         ]
         return sorted(out, key=_session_key)
 
@@ -173,7 +180,9 @@ class SessionOperator(FrontierClock):
         now_ms = self._tick(now_ms)
         if self._event_time:
             if event_times_ms is None:
-                raise ValueError(f"event-time sessions need event times (document field {self._spec.time_field!r})")
+                raise ValueError(
+                    f"event-time sessions need event times (document field {self._spec.time_field!r})"
+                )
             times = [ensure_ms(t, "event_time_ms") for t in event_times_ms]
         else:
             times = [now_ms] * len(groups)
@@ -357,8 +366,11 @@ class SessionOperator(FrontierClock):
 
 def _fingerprint(spec: WindowSpec) -> dict[str, Any]:
     return {
-        "kind": spec.kind, "boundary": spec.boundary, "gap_ms": spec.gap_ms,
-        "max_duration_ms": spec.max_duration_ms, "offset_ms": spec.offset_ms,
+        "kind": spec.kind,
+        "boundary": spec.boundary,
+        "gap_ms": spec.gap_ms,
+        "max_duration_ms": spec.max_duration_ms,
+        "offset_ms": spec.offset_ms,
     }
 
 

@@ -195,7 +195,8 @@ class WindowSpec:
         for name in ("gap", "max_duration"):
             if getattr(self, name) is not None:
                 raise WindowConfigError(
-                    name, f"is {self.kind} but has {name}; {name} is for session windows: remove it or set kind "
+                    name,
+                    f"is {self.kind} but has {name}; {name} is for session windows: remove it or set kind "
                     "to session",
                 )
         _check_duration("size", self.size)
@@ -247,7 +248,8 @@ class WindowSpec:
     def _check_session(self) -> None:
         if self.gap is None:
             raise WindowConfigError(
-                "gap", "is a session window without a gap; set gap, such as '30s' (rows at most that far apart form "
+                "gap",
+                "is a session window without a gap; set gap, such as '30s' (rows at most that far apart form "
                 "one session)",
             )
         _check_duration("gap", self.gap)
@@ -257,7 +259,8 @@ class WindowSpec:
             )
         if self.size != timedelta(0) or self.slide is not None:
             raise WindowConfigError(
-                "size", "is a session window with a size or slide; sessions are as long as their rows: "
+                "size",
+                "is a session window with a size or slide; sessions are as long as their rows: "
                 "remove size and slide (gap sets when a session ends, max_duration caps it)",
             )
         if self.max_duration is not None:
@@ -270,11 +273,13 @@ class WindowSpec:
                 )
             if self.offset >= self.max_duration:
                 raise WindowConfigError(
-                    "offset", f"has offset {_show(self.offset)}, not shorter than max_duration; make it shorter"
+                    "offset",
+                    f"has offset {_show(self.offset)}, not shorter than max_duration; make it shorter",
                 )
         elif self.offset != timedelta(0):
             raise WindowConfigError(
-                "offset", "is a session window with an offset but no max_duration; the offset only aligns "
+                "offset",
+                "is a session window with an offset but no max_duration; the offset only aligns "
                 "max_duration: remove it or set max_duration",
             )
 
@@ -316,7 +321,8 @@ class WindowSpec:
             value = getattr(self, name)
             if value is not None and value not in POLICY_ACTIONS:
                 raise WindowConfigError(
-                    name, f"has {name} {value!r}; use 'adjust' or 'drop' (or remove it to leave the policy off)"
+                    name,
+                    f"has {name} {value!r}; use 'adjust' or 'drop' (or remove it to leave the policy off)",
                 )
         if self.late_arrival_tolerance is not None:
             _check_duration("late_arrival_tolerance", self.late_arrival_tolerance)
@@ -328,7 +334,8 @@ class WindowSpec:
         if self.substream_key is not None:
             if not isinstance(self.substream_key, str) or not self.substream_key:
                 raise WindowConfigError(
-                    "substream_key", f"has substream_key {self.substream_key!r}; name a document field, such as 'device_id'"
+                    "substream_key",
+                    f"has substream_key {self.substream_key!r}; name a document field, such as 'device_id'",
                 )
             if self.late_arrival_tolerance is None:
                 raise WindowConfigError(
@@ -342,7 +349,12 @@ class WindowSpec:
         """Whether rows are judged against their arrival time (needs each mutation's arrival time)."""
         return any(
             getattr(self, name) is not None
-            for name in ("early_arrival_policy", "out_of_order_policy", "late_arrival_tolerance", "substream_key")
+            for name in (
+                "early_arrival_policy",
+                "out_of_order_policy",
+                "late_arrival_tolerance",
+                "substream_key",
+            )
         )
 
     @property
@@ -465,7 +477,8 @@ class WindowSpec:
         if data["kind"] == "session":
             if data.get("gap") is None:
                 raise WindowConfigError(
-                    "gap", "is a session window without a gap; set gap, such as '30s' (rows at most that far apart "
+                    "gap",
+                    "is a session window without a gap; set gap, such as '30s' (rows at most that far apart "
                     "form one session)",
                 )
         elif data.get("size") is None:
@@ -473,12 +486,20 @@ class WindowSpec:
         for name in ("size", "slide", "offset", "gap", "max_duration"):
             if data.get(name) is not None:
                 kwargs[name] = parse_duration(data[name], field=name)
-        for name in ("boundary", "time_field", "early_arrival_policy", "out_of_order_policy",
-                     "late_arrival_policy", "substream_key"):
+        for name in (
+            "boundary",
+            "time_field",
+            "early_arrival_policy",
+            "out_of_order_policy",
+            "late_arrival_policy",
+            "substream_key",
+        ):
             if data.get(name) is not None:
                 kwargs[name] = data[name]
         if data.get("late_arrival_tolerance") is not None:
-            kwargs["late_arrival_tolerance"] = parse_duration(data["late_arrival_tolerance"], field="late_arrival_tolerance")
+            kwargs["late_arrival_tolerance"] = parse_duration(
+                data["late_arrival_tolerance"], field="late_arrival_tolerance"
+            )
         for name in ("out_of_order_tolerance", "allowed_lateness", "partition_idle_timeout", "idle_timeout"):
             if data.get(name) is not None:
                 kwargs[name] = parse_duration(data[name], field=name)

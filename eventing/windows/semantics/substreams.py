@@ -124,7 +124,11 @@ class SubstreamWindowOperator(WindowOperator):
     def close_frontier_ms(self) -> int | None:
         if self.per_substream:
             # Only for reading (stats, pruning): the least frontier among substreams with open windows.
-            fronts = [f for s, ws in self._sub_open.items() if ws and (f := self.substream_frontier_ms(s)) is not None]
+            fronts = [
+                f
+                for s, ws in self._sub_open.items()
+                if ws and (f := self.substream_frontier_ms(s)) is not None
+            ]
             return min(fronts) if fronts else self._closed_through_ms
         watermark = self.watermark_ms
         frontier = None if watermark is None else watermark - self._lateness_ms
@@ -139,8 +143,9 @@ class SubstreamWindowOperator(WindowOperator):
         if not self.per_substream:
             return late_cutoff_ms(self._spec, self.close_frontier_ms)
         cutoffs = [
-            c for s, ws in self._sub_open.items() if ws
-            and (c := late_cutoff_ms(self._spec, self.substream_frontier_ms(s))) is not None
+            c
+            for s, ws in self._sub_open.items()
+            if ws and (c := late_cutoff_ms(self._spec, self.substream_frontier_ms(s))) is not None
         ]
         if any(ws for ws in self._sub_open.values()):
             return min(cutoffs) if len(cutoffs) == sum(1 for ws in self._sub_open.values() if ws) else None
@@ -183,8 +188,9 @@ class SubstreamWindowOperator(WindowOperator):
         lifting = np.ones(n, bool) if lifts is None else np.asarray(_pylist(lifts), bool)
         shared_frontier = None if self.per_substream else self.close_frontier_ms
         frontiers = [self.substream_frontier_ms(s) if self.per_substream else shared_frontier for s in names]
-        cutoffs = np.array([_BIG * -1 if (c := late_cutoff_ms(self._spec, f)) is None else c for f in frontiers],
-                           np.int64)
+        cutoffs = np.array(
+            [_BIG * -1 if (c := late_cutoff_ms(self._spec, f)) is None else c for f in frontiers], np.int64
+        )
         late = times < cutoffs[codes] if n else np.zeros(0, bool)
         watermark = self.watermark_ms
         behind = int((times < watermark).sum()) if watermark is not None else 0
@@ -196,7 +202,8 @@ class SubstreamWindowOperator(WindowOperator):
         for code, last_start in pairs.tolist():
             frontier = frontiers[code]
             joined = {
-                Window(start, start + size) for start in (last_start - k * slide for k in range(size // slide))
+                Window(start, start + size)
+                for start in (last_start - k * slide for k in range(size // slide))
                 if frontier is None or start + size > frontier
             }
             every |= joined
@@ -218,8 +225,11 @@ class SubstreamWindowOperator(WindowOperator):
                 if self._arrival_clock_ms is None or arrival > self._arrival_clock_ms:
                     self._arrival_clock_ms = arrival
             # The vBucket watermark closes nothing here; it is kept for the runtime's backlog bookkeeping.
-            parts = np.full(n, partitions, np.int64) if isinstance(partitions, int) else np.asarray(
-                _pylist(partitions), np.int64)
+            parts = (
+                np.full(n, partitions, np.int64)
+                if isinstance(partitions, int)
+                else np.asarray(_pylist(partitions), np.int64)
+            )
             vbs, where = np.unique(parts, return_inverse=True)
             highest = np.full(len(vbs), -_BIG, np.int64)
             np.maximum.at(highest, where, times)
@@ -355,8 +365,10 @@ def _substream_codes(substreams: Any, n: int) -> tuple[list[str], Any]:
 
 def _no_nulls(nulls: int) -> None:
     if nulls:
-        raise ValueError(f"{nulls} row(s) without a substream reached the window; dead-letter them first "
-                         "(no_substream_key)")
+        raise ValueError(
+            f"{nulls} row(s) without a substream reached the window; dead-letter them first "
+            "(no_substream_key)"
+        )
 
 
 def _pylist(values: Any) -> list[Any]:

@@ -281,7 +281,11 @@ class WindowOperator(FrontierClock):
         return BatchFate(late, late_count, tuple(sorted(joined)), cutoff, behind)
 
     def _scan_python(
-        self, partitions: Any, event_times_ms: Sequence[int], cutoff: int | None, watermark: int | None,
+        self,
+        partitions: Any,
+        event_times_ms: Sequence[int],
+        cutoff: int | None,
+        watermark: int | None,
         lifts: Any = None,
     ) -> tuple[list[bool], int, int, set[int], dict[int, int]]:
         times = [ensure_ms(t, "event_time_ms") for t in event_times_ms]
@@ -305,7 +309,12 @@ class WindowOperator(FrontierClock):
         return late, late_count, behind, starts, maxima
 
     def _scan_arrow(
-        self, partitions: Any, event_times_ms: Any, cutoff: int | None, watermark: int | None, lifts: Any = None
+        self,
+        partitions: Any,
+        event_times_ms: Any,
+        cutoff: int | None,
+        watermark: int | None,
+        lifts: Any = None,
     ) -> tuple[Any, int, int, set[int], dict[int, int]]:
         import pyarrow as pa
         import pyarrow.compute as pc

@@ -97,7 +97,9 @@ def combine_rows(
         for result, (_, _, how, field) in zip(result_names, columns, strict=True)
     }
     grouped = expanded.group_by([WINDOW_START, *group_by], use_threads=False).aggregate(list(specs.values()))
-    picked = [grouped[result].cast(kind) for result, (_, kind, _, _) in zip(result_names, columns, strict=True)]
+    picked = [
+        grouped[result].cast(kind) for result, (_, kind, _, _) in zip(result_names, columns, strict=True)
+    ]
     arrays = [grouped[WINDOW_START], *(grouped[g] for g in group_by), *picked]
     return pa.Table.from_arrays(arrays, schema=schema)
 
@@ -176,7 +178,9 @@ def combine_session_rows(
     aggs = list(specs.values()) + [(g, "first") for g in group_by]
     grouped = base.group_by(["#chain"], use_threads=False).aggregate(aggs)
     chain = grouped["#chain"].to_numpy()
-    picked = [grouped[result].cast(kind) for result, (_, kind, _, _) in zip(result_names, columns, strict=True)]
+    picked = [
+        grouped[result].cast(kind) for result, (_, kind, _, _) in zip(result_names, columns, strict=True)
+    ]
     arrays = [
         pa.array(chain_first[chain], pa.int64()),
         pa.array(chain_last[chain], pa.int64()),
@@ -187,8 +191,12 @@ def combine_session_rows(
 
 
 def merge_session_partial_tables(
-    partials: pa.Table, sessions: Sequence[tuple[int, int, tuple]], *, group_by: Sequence[str],
-    aggregates: Sequence[AggregateColumn], gap_ms: int,
+    partials: pa.Table,
+    sessions: Sequence[tuple[int, int, tuple]],
+    *,
+    group_by: Sequence[str],
+    aggregates: Sequence[AggregateColumn],
+    gap_ms: int,
 ) -> dict[tuple, dict[str, object]]:
     """Merge session partials in plain Python: ``{(start, end, *groups): {aggregate: value}}`` for the given
     ``(start, end, group)`` sessions (tests and small tables; Spark does it for the runtime)."""

@@ -96,9 +96,12 @@ class PostgresWindowSink:
     def open(cls, url: str) -> PostgresWindowSink:
         return cls(PostgresDatabase.open(url))
 
-    def _table_for(self, cur: Cursor, function: str, schema: pa.Schema | None) -> tuple[str, pa.Schema] | None:
-        row = cur.execute(f"SELECT table_name, arrow_schema FROM {FUNCTIONS} WHERE function = %s",
-                          (function,)).fetchone()
+    def _table_for(
+        self, cur: Cursor, function: str, schema: pa.Schema | None
+    ) -> tuple[str, pa.Schema] | None:
+        row = cur.execute(
+            f"SELECT table_name, arrow_schema FROM {FUNCTIONS} WHERE function = %s", (function,)
+        ).fetchone()
         if row is not None:
             stored = pa.ipc.read_schema(pa.py_buffer(bytes(row[1])))
             if schema is not None and _columns(stored) != _columns(schema):
@@ -117,12 +120,19 @@ class PostgresWindowSink:
             f"CREATE TABLE IF NOT EXISTS {_quote(table)} ({', '.join(columns)}, group_key TEXT NOT NULL,"
             f" PRIMARY KEY (window_start_ms, window_end_ms, group_key))"
         )
-        cur.execute(f"INSERT INTO {FUNCTIONS} (function, table_name, arrow_schema) VALUES (%s, %s, %s)",
-                    (function, table, schema.serialize().to_pybytes()))
+        cur.execute(
+            f"INSERT INTO {FUNCTIONS} (function, table_name, arrow_schema) VALUES (%s, %s, %s)",
+            (function, table, schema.serialize().to_pybytes()),
+        )
         return table, schema
 
     def write(
-        self, function: str, results: pa.Table, *, windows: Iterable[WindowId] = (), substream: str | None = None
+        self,
+        function: str,
+        results: pa.Table,
+        *,
+        windows: Iterable[WindowId] = (),
+        substream: str | None = None,
     ) -> int:
         _check_function(function)
         parts = split_by_window(results, windows, substream)
@@ -139,18 +149,30 @@ class PostgresWindowSink:
             assert found is not None
             new: list[WindowId] = []
             if plain:
-                new += [tuple(r) for r in cur.execute(
-                    f"INSERT INTO {WINDOWS} SELECT %s, s, e, %s FROM unnest(%s::bigint[], %s::bigint[]) AS w(s, e)"
-                    " ON CONFLICT DO NOTHING RETURNING window_start_ms, window_end_ms",
-                    (function, now_ms, [w[0] for w in plain], [w[1] for w in plain]),
-                ).fetchall()]
+                new += [
+                    tuple(r)
+                    for r in cur.execute(
+                        f"INSERT INTO {WINDOWS} SELECT %s, s, e, %s FROM unnest(%s::bigint[], %s::bigint[]) AS w(s, e)"
+                        " ON CONFLICT DO NOTHING RETURNING window_start_ms, window_end_ms",
+                        (function, now_ms, [w[0] for w in plain], [w[1] for w in plain]),
+                    ).fetchall()
+                ]
             if split:
-                new += [tuple(r) for r in cur.execute(
-                    f"INSERT INTO {SUBSTREAM_WINDOWS} SELECT %s, s, e, v, %s FROM"
-                    " unnest(%s::bigint[], %s::bigint[], %s::text[]) AS w(s, e, v)"
-                    " ON CONFLICT DO NOTHING RETURNING window_start_ms, window_end_ms, substream",
-                    (function, now_ms, [w[0] for w in split], [w[1] for w in split], [str(w[2]) for w in split]),
-                ).fetchall()]
+                new += [
+                    tuple(r)
+                    for r in cur.execute(
+                        f"INSERT INTO {SUBSTREAM_WINDOWS} SELECT %s, s, e, v, %s FROM"
+                        " unnest(%s::bigint[], %s::bigint[], %s::text[]) AS w(s, e, v)"
+                        " ON CONFLICT DO NOTHING RETURNING window_start_ms, window_end_ms, substream",
+                        (
+                            function,
+                            now_ms,
+                            [w[0] for w in split],
+                            [w[1] for w in split],
+                            [str(w[2]) for w in split],
+                        ),
+                    ).fetchall()
+                ]
             rows: list[tuple[Any, ...]] = []
             for window in new:
                 for row in parts[window].to_pylist():
@@ -172,7 +194,9 @@ class PostgresWindowSink:
             if found is None:
                 return None
             table, schema = found
-            return schema, cur.execute(f"SELECT {', '.join(map(_quote, schema.names))} FROM {_quote(table)}").fetchall()
+            return schema, cur.execute(
+                f"SELECT {', '.join(map(_quote, schema.names))} FROM {_quote(table)}"
+            ).fetchall()
 
         got = self.db.transaction(body)
         if got is None:
@@ -186,7 +210,9 @@ class PostgresWindowSink:
 
     def written_windows(self, function: str) -> set[WindowId]:
         _check_function(function)
-        rows = self.db.read(f"SELECT window_start_ms, window_end_ms FROM {WINDOWS} WHERE function = %s", (function,))
+        rows = self.db.read(
+            f"SELECT window_start_ms, window_end_ms FROM {WINDOWS} WHERE function = %s", (function,)
+        )
         subs = self.db.read(
             f"SELECT window_start_ms, window_end_ms, substream FROM {SUBSTREAM_WINDOWS} WHERE function = %s",
             (function,),

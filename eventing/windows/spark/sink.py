@@ -42,7 +42,12 @@ class WindowSink(Protocol):
     """Stores closed-window results exactly once per window."""
 
     def write(
-        self, function: str, results: pa.Table, *, windows: Iterable[WindowId] = (), substream: str | None = None
+        self,
+        function: str,
+        results: pa.Table,
+        *,
+        windows: Iterable[WindowId] = (),
+        substream: str | None = None,
     ) -> int:
         """Store every window in ``results`` not stored before and return how many were new.
 
@@ -104,15 +109,21 @@ def split_by_window(
     return parts
 
 
-def _split_by_substream(results: pa.Table, extra_windows: Iterable[WindowId], column: str) -> dict[WindowId, pa.Table]:
+def _split_by_substream(
+    results: pa.Table, extra_windows: Iterable[WindowId], column: str
+) -> dict[WindowId, pa.Table]:
     if column not in results.schema.names:
-        raise ValueError(f"window results have no substream column {column!r}; it must be one of the group_by fields")
+        raise ValueError(
+            f"window results have no substream column {column!r}; it must be one of the group_by fields"
+        )
     parts: dict[WindowId, pa.Table] = {}
     for (start, end), part in split_by_window(results).items():
         values = part[column].to_pylist()
         for value in dict.fromkeys(values):
             if value is None:
-                raise ValueError(f"window ({start}, {end}) has result rows without a substream ({column!r} is null)")
+                raise ValueError(
+                    f"window ({start}, {end}) has result rows without a substream ({column!r} is null)"
+                )
             parts[(start, end, value)] = part.filter(pa.array([v == value for v in values], pa.bool_()))
     for start, end, value in extra_windows:
         parts.setdefault((int(start), int(end), str(value)), results.slice(0, 0))
@@ -143,7 +154,12 @@ class ParquetWindowSink:
         return self.directory / _check_function(function)
 
     def write(
-        self, function: str, results: pa.Table, *, windows: Iterable[WindowId] = (), substream: str | None = None
+        self,
+        function: str,
+        results: pa.Table,
+        *,
+        windows: Iterable[WindowId] = (),
+        substream: str | None = None,
     ) -> int:
         folder = self._function_dir(function)
         folder.mkdir(parents=True, exist_ok=True)
@@ -284,7 +300,12 @@ class SqliteWindowSink:
         return table_name, schema
 
     def write(
-        self, function: str, results: pa.Table, *, windows: Iterable[WindowId] = (), substream: str | None = None
+        self,
+        function: str,
+        results: pa.Table,
+        *,
+        windows: Iterable[WindowId] = (),
+        substream: str | None = None,
     ) -> int:
         _check_function(function)
         parts = split_by_window(results, windows, substream)
@@ -294,7 +315,12 @@ class SqliteWindowSink:
             return self._write(function, results.schema, parts, group_by, now_ms)
 
     def _write(
-        self, function: str, schema: pa.Schema, parts: dict[WindowId, pa.Table], group_by: list[str], now_ms: int
+        self,
+        function: str,
+        schema: pa.Schema,
+        parts: dict[WindowId, pa.Table],
+        group_by: list[str],
+        now_ms: int,
     ) -> int:
         names = schema.names
         written = 0

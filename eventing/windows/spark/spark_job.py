@@ -96,7 +96,9 @@ def _parquet_files(rows_dir: str) -> list[str]:
     found = []
     for root, dirs, names in os.walk(rows_dir):
         dirs[:] = [d for d in dirs if not d.startswith((".", "_"))]
-        found += [os.path.join(root, f) for f in names if f.endswith(".parquet") and not f.startswith((".", "_"))]
+        found += [
+            os.path.join(root, f) for f in names if f.endswith(".parquet") and not f.startswith((".", "_"))
+        ]
     return found
 
 
@@ -224,7 +226,9 @@ def merge_partials(
     starts = sorted({start for start, _ in windows})
     for start, end in windows:
         if end - start != size_ms:
-            raise ValueError(f"window [{start}, {end}) is not {size_ms} ms long; ask only for this function's windows")
+            raise ValueError(
+                f"window [{start}, {end}) is not {size_ms} ms long; ask only for this function's windows"
+            )
     path = os.fspath(partials_dir)
     shared = _shared_storage(path)
     files = [] if shared else _parquet_files(path)
@@ -245,7 +249,9 @@ def merge_partials(
         partials = spark.createDataFrame(local).coalesce(1)
     else:
         partials = (
-            spark.read.schema(spark_ddl(parts)).option("recursiveFileLookup", "true").parquet(path)
+            spark.read.schema(spark_ddl(parts))
+            .option("recursiveFileLookup", "true")
+            .parquet(path)
             .where(F.col(WINDOW_START).isin(starts))
         )
     df = (
@@ -284,7 +290,10 @@ def merge_session_partials(
         {
             "#start": pa.array([s for s, _, _ in sessions], pa.int64()),
             "#end": pa.array([e for _, e, _ in sessions], pa.int64()),
-            **{f"#{g}": pa.array([grp[i] for _, _, grp in sessions], pa.string()) for i, g in enumerate(group_by)},
+            **{
+                f"#{g}": pa.array([grp[i] for _, _, grp in sessions], pa.string())
+                for i, g in enumerate(group_by)
+            },
         }
     )
     if not shared and sum(pq.ParquetFile(f).metadata.num_rows for f in files) <= DRIVER_PARTIAL_ROWS:
@@ -295,8 +304,10 @@ def merge_session_partials(
         if labelled.num_rows == 0:
             return schema.empty_table()
         df = (
-            spark.createDataFrame(labelled).coalesce(1)
-            .groupBy("#start", "#end", *group_by).agg(*(merge_column(op, name) for op, _, name in aggregates))
+            spark.createDataFrame(labelled)
+            .coalesce(1)
+            .groupBy("#start", "#end", *group_by)
+            .agg(*(merge_column(op, name) for op, _, name in aggregates))
             .select(
                 F.col("#start").alias(WINDOW_START),
                 F.col("#end").alias(WINDOW_END),
@@ -307,17 +318,21 @@ def merge_session_partials(
         return to_result_table(df, schema)
     partials = spark.read.schema(spark_ddl(parts)).option("recursiveFileLookup", "true").parquet(path)
     # A chain belongs to the one session of its group that spans it (sessions of a group are disjoint).
-    condition = (F.col(WINDOW_START) >= F.col("#start")) & (F.col(SESSION_LAST) <= F.col("#end") - F.lit(gap_ms))
+    condition = (F.col(WINDOW_START) >= F.col("#start")) & (
+        F.col(SESSION_LAST) <= F.col("#end") - F.lit(gap_ms)
+    )
     for g in group_by:
         condition = condition & F.col(g).eqNullSafe(F.col(f"#{g}"))
     joined = partials.join(F.broadcast(spark.createDataFrame(closed)), condition, "inner")
-    df = joined.groupBy("#start", "#end", *group_by).agg(
-        *(merge_column(op, name) for op, _, name in aggregates)
-    ).select(
-        F.col("#start").alias(WINDOW_START),
-        F.col("#end").alias(WINDOW_END),
-        *(F.col(g) for g in group_by),
-        *(F.col(name) for _, _, name in aggregates),
+    df = (
+        joined.groupBy("#start", "#end", *group_by)
+        .agg(*(merge_column(op, name) for op, _, name in aggregates))
+        .select(
+            F.col("#start").alias(WINDOW_START),
+            F.col("#end").alias(WINDOW_END),
+            *(F.col(g) for g in group_by),
+            *(F.col(name) for _, _, name in aggregates),
+        )
     )
     return to_result_table(df, schema)
 

@@ -166,7 +166,9 @@ def _connect(url: str) -> SparkSession:
         return builder.getOrCreate()
     except Exception as exc:  # noqa: BLE001 - any failure to reach the server is the same user mistake
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConfigError(f"cannot open a Spark Connect session at {url} ({first}); check the server and --spark-master") from None
+        raise ConfigError(
+            f"cannot open a Spark Connect session at {url} ({first}); check the server and --spark-master"
+        ) from None
 
 
 # Printed by the JVM itself on every start (Spark's launcher always adds this module); it says nothing a user
