@@ -101,6 +101,11 @@ class LogSource(BucketHandle, Protocol):
         ...
 
     def prefetch(self, runs: list[Run]) -> None: ...
+    def read_changed(self, positions: list[tuple[int, int]], limit: int) -> None:
+        """Start reading the high seqnos, and the rows that follow these ``(vb, position)`` pairs where there
+        are any, in one round trip (``high_seqnos(prefetched=True)`` answers with them)."""
+        ...
+
     def has_ahead(self, vb: int) -> bool: ...
     def forget_prefetched(self, positions: dict[int, int]) -> None: ...
 
@@ -112,6 +117,9 @@ class NothingAhead:
     reads_ahead = False
 
     def prefetch(self, runs: list[Run]) -> None:
+        pass
+
+    def read_changed(self, positions: list[tuple[int, int]], limit: int) -> None:
         pass
 
     def has_ahead(self, vb: int) -> bool:

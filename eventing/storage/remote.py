@@ -98,6 +98,14 @@ META_CALLS: dict[str, Callable[[WorkerMetadata], Callable[..., Any]]] = {
 }
 
 
+def _read_runs(bucket: FileBucket, runs: list[tuple[int, int, int]]) -> bytes:
+    answers = []
+    for vb, after, limit in runs:
+        columns = bucket.read_vb_columns(vb, after, limit)
+        answers.append((1, *columns) if columns is not None else (0, bucket.read_vb_rows(vb, after, limit)))
+    return msgpack.packb(answers, use_bin_type=True)
+
+
 def _collection_list(bucket: Bucket) -> list[tuple[str, str, int]]:
     return [(scope, collection, cid) for (scope, collection), cid in bucket.collections().items()]
 
@@ -121,6 +129,7 @@ class DataService:
             "collection_list": self.do_collection_list,
             "read_vb": self.do_read_vb,
             "read_many": self.do_read_many,
+            "read_changed": self.do_read_changed,
             "meta": self.do_meta,
             "put_file": self.do_put_file,
         }
@@ -171,13 +180,23 @@ class DataService:
         case, ``(0, rows)``: the columns cost this process about half as much, the worker a little more
         (``rows_of_columns``)."""
         bucket = self._bucket(name)
-        answers = []
-        for vb, after, limit in runs:
-            columns = bucket.read_vb_columns(vb, after, limit)
-            answers.append(
-                (1, *columns) if columns is not None else (0, bucket.read_vb_rows(vb, after, limit))
-            )
-        return msgpack.packb(answers, use_bin_type=True), bucket.high_seqnos()
+        return _read_runs(bucket, runs), bucket.high_seqnos()
+
+    def do_read_changed(
+        self, name: str, positions: list[tuple[int, int]], limit: int
+    ) -> tuple[bytes, list[int], list[Run]]:
+        """The rows that follow ``(vb, position)`` in the vBuckets that have any, up to ``limit`` rows in all,
+        with the bucket's high seqnos read before them: ``read_many``'s answer, and the runs it read (a
+        worker that is caught up asks this at the end of a step, and does not know which vBuckets changed)."""
+        highs = self._bucket(name).high_seqnos()
+        runs: list[Run] = []
+        left = limit
+        for vb, position in positions:
+            backlog = highs[vb] - position
+            if backlog > 0 and left > 0:
+                runs.append((vb, position, min(backlog, left)))
+                left -= backlog
+        return _read_runs(self._bucket(name), runs), highs, runs
 
     def do_meta(self, method: str, args: tuple, kwargs: dict) -> Any:
         served = META_CALLS.get(method)
@@ -334,7 +353,8 @@ class RemoteBucket:
         self._client = client
         self._call = client.call
         self.name, self.uuid = client.call("bucket_info", name)
-        self._pending: tuple[list[Run], Callable[[], Any]] | None = None
+        # The read ahead in flight: its runs (None: a read_changed, whose runs come with its answer).
+        self._pending: tuple[list[Run] | None, Callable[[], Any]] | None = None
         self._pending_vbs: frozenset[int] = frozenset()
         self._ahead: dict[int, _Ahead] = {}
         self._highs: list[int] | None = None  # read by the service right after the last prefetched runs
@@ -345,6 +365,8 @@ class RemoteBucket:
     def high_seqnos(self, *, prefetched: bool = False, spans: Spans | None = None) -> list[int]:
         """The high seqnos; with ``prefetched``, those read along with the last prefetched runs if any
         (never older than this worker's previous read ahead: safe wherever a slightly older answer is)."""
+        if prefetched and self._pending is not None and self._pending[0] is None:
+            self._settle()  # read_changed: its high seqnos are what it was asked for
         if prefetched and self._highs is not None:
             highs, self._highs = self._highs, None
             return highs
@@ -353,12 +375,25 @@ class RemoteBucket:
     def prefetch(self, runs: list[Run]) -> None:
         """Start reading these runs in the background (one call; a call still in flight is settled
         first), leaving out vBuckets already read ahead or in flight."""
+        if self._pending is not None and self._pending[0] is None:
+            self._settle()  # a read_changed: which vBuckets it reads is known once it is answered
         wanted = [r for r in runs if r[2] > 0 and r[0] not in self._ahead and r[0] not in self._pending_vbs]
         if not wanted:
             return
         self._settle()
         self._pending = (wanted, self._client.submit("read_many", self.name, wanted))
         self._pending_vbs = frozenset(r[0] for r in wanted)
+
+    def highs_ahead(self) -> bool:
+        """Whether ``high_seqnos(prefetched=True)`` answers without a round trip of its own."""
+        return self._highs is not None or (self._pending is not None and self._pending[0] is None)
+
+    def read_changed(self, positions: list[tuple[int, int]], limit: int) -> None:
+        """Start reading, in one call, the high seqnos and the rows that follow these ``(vb, position)``
+        pairs where there are any (up to ``limit`` rows): ``high_seqnos(prefetched=True)`` answers with them
+        and the rows are read ahead. Rows already read ahead are kept."""
+        self._settle()
+        self._pending = (None, self._client.submit("read_changed", self.name, positions, limit))
 
     def ahead(self) -> tuple[int, bool]:
         """(rows read ahead and not taken yet, whether a read ahead is in flight)."""
@@ -372,7 +407,10 @@ class RemoteBucket:
             return
         runs, wait = self._pending
         self._pending, self._pending_vbs = None, frozenset()
-        blob, self._highs = wait()
+        if runs is None:
+            blob, self._highs, runs = wait()
+        else:
+            blob, self._highs = wait()
         for (vb, after, limit), answer in zip(
             runs, msgpack.unpackb(blob, raw=False, use_list=False), strict=True
         ):

@@ -78,6 +78,7 @@ class ScopedService:
             "bucket_info": lambda name: self.backend.call("bucket_info", name),
             "read_vb": self._read_vb,
             "read_many": self._read_many,
+            "read_changed": self._read_changed,
             "bucket": self._bucket,
             "meta": self._meta,
             "app_log": lambda *args: self.backend.call("app_log", *args),
@@ -94,6 +95,10 @@ class ScopedService:
 
     def _read_many(self, name: str, runs: list, *args: Any) -> Any:
         return self._redact_many(name, runs, self.backend.call("read_many", name, runs, *args))
+
+    def _read_changed(self, name: str, *args: Any) -> Any:
+        blob, highs, runs = self.backend.call("read_changed", name, *args)
+        return (*self._redact_many(name, runs, (blob, highs)), runs)
 
     def _bucket(self, name: str, call: str, call_args: tuple, kwargs: dict) -> Any:
         answer = self.backend.call("bucket", name, call, call_args, kwargs)
@@ -228,7 +233,11 @@ class ScopedService:
         fn = self.function
         if method == "ping":
             return
-        if method in ("bucket_info", "read_vb", "read_many") and args and args[0] in self.readable:
+        if (
+            method in ("bucket_info", "read_vb", "read_many", "read_changed")
+            and args
+            and args[0] in self.readable
+        ):
             return
         if method == "bucket" and len(args) == 4 and args[0] in self.readable:
             name, call, call_args, kwargs = args

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, cast
 
 from eventing.core import counters as counter_names
 from eventing.core import filters
@@ -24,14 +24,14 @@ from eventing.errors import FencedError, StoreError
 from eventing.execution.bindings import BucketBinding, learn_partition_marks
 from eventing.execution.runner import HandlerRunner
 from eventing.storage.origins import deployment_origin
-from eventing.storage.remote import DataAccess, DataServiceRef
+from eventing.storage.remote import DataAccess, DataServiceRef, RemoteBucket
 from eventing.storage.values import EffectGroup, Spans
 from eventing.windows.runtime.row_writer import WindowRowWriter
 from eventing.workers import batch_calls, concurrent_calls
 from eventing.workers.collections import SourceCollections
 from eventing.workers.crash_guard import CrashGuard, open_notes_file
 from eventing.workers.hang_guard import HangGuard
-from eventing.workers.source_reads import WorkerReads
+from eventing.workers.source_reads import REMOTE_READ_AHEAD, WorkerReads
 from eventing.workers.timer_firing import WorkerTimers
 from eventing.workers.write_waiter import WriteWaiter
 
@@ -192,6 +192,10 @@ class WorkerCore(WorkerTimers, WorkerReads):
         self.timers.lookup = lambda callback, reference: self.store.get_timer(self.name, callback, reference)
         self.timers_done: list[TimerDone] = []  # fired since the last commit
         self._reclaim: set[int] = set()  # newly owned vBuckets: timers a previous owner claimed fire first
+        # Where a claim of timers is a round trip (the data service, a server's store), a claim that found
+        # none is not made again for TIMER_CLAIM_IDLE_S (see WorkerTimers.fire_timers).
+        self._claims_travel = not self.data.local or self.data.state.directory is None
+        self._claim_after = 0.0
         self.hang_guard = HangGuard(self.runner.context, self.timeout_s)
         # What the handler runs is noted in a file (its sandboxed host opens it: `notes_fd`), so that a death
         # is counted against its mutation and a mutation that keeps ending the process is dead-lettered.
@@ -347,6 +351,24 @@ class WorkerCore(WorkerTimers, WorkerReads):
         self.source.prefetch(runs)
         return self.source.high_seqnos(prefetched=True, spans=self._owned_spans())
 
+    def _remote_highs(self) -> list[int]:
+        """Through the data service, the high seqnos a step starts from: those read with the rows read
+        ahead at the end of the last step (or during it) when they show work, with no round trip of their
+        own; otherwise (a step woken by a write made since, or polled) read now, with the rows that follow
+        the positions, in one round trip."""
+        source = cast(RemoteBucket, self.source)
+        positions = self.positions
+        if source.highs_ahead():
+            highs = source.high_seqnos(prefetched=True)
+            if any(positions[vb] < highs[vb] for vb in self.epochs):
+                return highs
+        self._read_changed()
+        return source.high_seqnos(prefetched=True)
+
+    def _read_changed(self) -> None:
+        positions = self.positions
+        self.source.read_changed([(vb, positions[vb]) for vb in self.epochs], REMOTE_READ_AHEAD)
+
     def _forget(self, vb: int) -> None:
         self._spans = None
         self.positions.pop(vb, None)
@@ -373,7 +395,7 @@ class WorkerCore(WorkerTimers, WorkerReads):
         # Through the data service, the high seqnos are asked at most once a step (those read along with
         # the last read ahead when there are: no round trip of their own while the worker is behind).
         remote = self._reads_ahead
-        highs = self.source.high_seqnos(prefetched=True) if remote else []
+        highs = self._remote_highs() if remote else []
         first_at = 0.0 if self._handled_any else time.time()
         positions = self.positions
         waiter = self.waiter if idle_wait_s > 0 and not remote else None
@@ -463,6 +485,9 @@ class WorkerCore(WorkerTimers, WorkerReads):
             fenced |= self.commit()
         elif behind:
             fenced |= self.flush_effects()
+        if remote and handled and batch < budget and not fenced and self.epochs:
+            # Caught up with what it read: the next step's rows are read while this one's report travels.
+            self._read_changed()
         timers_due = creates_due or fired >= self.defn.batch_size
         if handled and not self._handled_any:
             self._handled_any = True
@@ -713,6 +738,8 @@ class WorkerCore(WorkerTimers, WorkerReads):
                 self.name, self.epochs, moved, taken.dlq, taken.counters, taken.changes, taken.done
             )
             self.timers.committed(len(taken.changes))
+            if taken.changes:
+                self._claim_after = 0.0  # a timer this worker created may be due: look at once
             for vb, seqno in moved.items():
                 if vb not in fenced and vb in self.committed:
                     self.committed[vb] = seqno

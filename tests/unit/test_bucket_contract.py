@@ -213,6 +213,25 @@ def test_reading_ahead_gives_the_answer_a_plain_read_gives(bucket):
     assert bucket.read_vb_rows(vbs[0], 0, 100) == plain[vbs[0]]
 
 
+def test_reading_what_changed_gives_fresh_high_seqnos_and_the_rows_a_plain_read_gives(bucket):
+    bucket.write([Write(k, OP_UPDATE, _doc(i)) for i, k in enumerate(KEYS)])
+    vbs = sorted({vbucket_of(k) for k in KEYS})[:3]
+    bucket.read_changed([(vb, 0) for vb in vbs], 1000)
+    highs, fresh = bucket.high_seqnos(prefetched=True), bucket.high_seqnos()
+    assert [highs[vb] for vb in vbs] == [fresh[vb] for vb in vbs]  # others may answer 0
+    plain = {vb: bucket.read_vb_rows(vb, 0, 100) for vb in vbs}
+    assert all(plain.values())
+    bucket.read_changed([(vb, 0) for vb in vbs], 1000)
+    assert {vb: bucket.read_vb_rows(vb, 0, 100) for vb in vbs} == plain
+    # Written after the last look: a new look sees the write, with its row.
+    key = next(k for k in (f"late{i}" for i in range(1000)) if vbucket_of(k) == vbs[0])
+    bucket.write([Write(key, OP_UPDATE, _doc(-1))])
+    last = plain[vbs[0]][-1][1]
+    bucket.read_changed([(vbs[0], last)], 1000)
+    assert bucket.high_seqnos(prefetched=True)[vbs[0]] == last + 1
+    assert [r[2] for r in bucket.read_vb_rows(vbs[0], last, 100)] == [key]
+
+
 def _groups(epoch: int, seqnos: range, tag: str = "") -> list[EffectGroup]:
     """Writes of source vBuckets 3 and 900, each source seqno writing keys all over the partitions."""
     return [

@@ -138,7 +138,8 @@ def test_a_worker_without_the_files_handles_everything_exactly_once(data_dir, mo
     assert report.ok, report.summary()
     assert report.handled == 3000
     calls = executor.data_service.calls
-    assert calls["read_many"] >= 3 and calls["meta"] > 0 and calls["bucket"] > 0
+    assert calls.get("read_many", 0) + calls.get("read_changed", 0) >= 3  # rows read ahead, in bulk
+    assert calls["meta"] > 0 and calls["bucket"] > 0
 
 
 def test_partitioned_source_and_ledger_through_the_service_handle_everything_exactly_once(

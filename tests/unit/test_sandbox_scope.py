@@ -106,6 +106,11 @@ def test_log_rows_of_other_collections_carry_nothing(scoped):
     (answer,) = msgpack.unpackb(blob, raw=False)
     many = answer[1] if answer[0] == 0 else rows_of_columns(vb, 0, tuple(answer[1:]))
     assert [tuple(r) for r in many] == [tuple(r) for r in rows]
+    blob, changed_highs, runs = service.call("read_changed", "src", [(vb, 0)], 1000)
+    assert runs == [(vb, 0, highs[vb])] and changed_highs[vb] == highs[vb]
+    (answer,) = msgpack.unpackb(blob, raw=False)
+    changed = answer[1] if answer[0] == 0 else rows_of_columns(vb, 0, tuple(answer[1:]))
+    assert [tuple(r) for r in changed] == [tuple(r) for r in rows]  # scoped as read_many's
     assert _bucket(service, "src", "read_vb_packed", vb, 0, 1000, "fn") is None  # read again as rows
 
 
@@ -152,6 +157,7 @@ def test_the_scoped_calls_are_calls_the_data_service_serves_and_no_write_of_a_bu
         "bucket_info",
         "read_vb",
         "read_many",
+        "read_changed",
         "bucket",
         "meta",
         "app_log",

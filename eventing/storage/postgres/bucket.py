@@ -302,6 +302,9 @@ class PostgresBucket:
         seqnos, and the next rows of those with any, in one round trip (eventing.storage.postgres.read_ahead)."""
         self._ahead.look(runs)
 
+    def read_changed(self, positions: list[tuple[int, int]], limit: int) -> None:
+        self._ahead.look([(vb, position, limit) for vb, position in positions])
+
     def has_ahead(self, vb: int) -> bool:
         return self._ahead.has(vb)
 
