@@ -366,8 +366,11 @@ class WorkerCore(WorkerTimers, WorkerReads):
         return source.high_seqnos(prefetched=True)
 
     def _read_changed(self) -> None:
-        positions = self.positions
-        self.source.read_changed([(vb, positions[vb]) for vb in self.epochs], REMOTE_READ_AHEAD)
+        """Read ahead the rows that follow the positions, in the vBuckets not read ahead already that have any."""
+        source, positions = self.source, self.positions
+        source.read_changed(
+            [(vb, positions[vb]) for vb in self.epochs if not source.has_ahead(vb)], REMOTE_READ_AHEAD
+        )
 
     def _forget(self, vb: int) -> None:
         self._spans = None
@@ -485,7 +488,7 @@ class WorkerCore(WorkerTimers, WorkerReads):
             fenced |= self.commit()
         elif behind:
             fenced |= self.flush_effects()
-        if remote and handled and batch < budget and not fenced and self.epochs:
+        if remote and handled and not backlog and not fenced:
             # Caught up with what it read: the next step's rows are read while this one's report travels.
             self._read_changed()
         timers_due = creates_due or fired >= self.defn.batch_size
