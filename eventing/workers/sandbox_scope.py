@@ -288,12 +288,29 @@ class ScopedService:
         return any(not self._allowed(bucket, f"\x01{cid:x}\x01") for cid in self._registry[bucket])
 
     def _effects_allowed(self, bucket: str, call_args: tuple) -> bool:
+        """Whether every write of these effect groups is to a collection the function writes: judged once a
+        collection (a key of the default one starts without the collection mark), not once a write."""
+        from eventing.core.keyspaces import COLLECTION_MARK
+
         groups = call_args[1] if len(call_args) > 1 else ()
-        return all(
-            self._allowed(bucket, getattr(w, "key", None), write=True)
-            for g in groups
-            for _, w in getattr(g, "writes", ())
-        )
+        judged: dict[str, bool] = {}
+        for g in groups:
+            for _, w in getattr(g, "writes", ()):
+                key = getattr(w, "key", None)
+                if not isinstance(key, str):
+                    return False
+                prefix = ""
+                if key.startswith(COLLECTION_MARK):
+                    end = key.find(COLLECTION_MARK, 1)
+                    if end < 0:
+                        return False  # no collection id: not a key of any collection
+                    prefix = key[: end + 1]
+                verdict = judged.get(prefix)
+                if verdict is None:
+                    verdict = judged[prefix] = self._allowed(bucket, key, write=True)
+                if not verdict:
+                    return False
+        return True
 
 
 def _without_secrets(record: Any) -> Any:

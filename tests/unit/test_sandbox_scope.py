@@ -84,9 +84,17 @@ def test_effects_only_in_the_read_write_collection(scoped):
         return _bucket(service, "out", "apply_effects", "fn", [group], origin="fn")
 
     assert effects(key_prefix(ids["a"]) + "new").applied == 1
-    for key in (key_prefix(ids["b"]) + "new", "new"):
+    for key in (key_prefix(ids["b"]) + "new", "new", "\x01" + "no-collection-id"):
         with pytest.raises(ConfigError, match="runs sandboxed"):
             effects(key)
+    # Judged a collection at a time: a refused write late in a batch of allowed ones refuses the batch.
+    writes = [
+        (s, Write(key_prefix(ids["a"]) + f"n{s}", OP_UPDATE, encode_document({"s": s}))) for s in (2, 3)
+    ]
+    late = [(4, Write(key_prefix(ids["b"]) + "n4", OP_UPDATE, encode_document({"s": 4})))]
+    with pytest.raises(ConfigError, match="runs sandboxed"):
+        _bucket(service, "out", "apply_effects", "fn", [EffectGroup(0, 0, writes + late)], origin="fn")
+    assert _bucket(service, "out", "get_raw", key_prefix(ids["a"]) + "n2") is None  # nothing applied
 
 
 def test_log_rows_of_other_collections_carry_nothing(scoped):

@@ -1,0 +1,41 @@
+"""A batch's effects cross processes (a sandbox's line, Ray) with their writes as plain tuples
+(EffectGroup.__reduce__): they arrive equal, as Write objects, and a write of the wrong shape is refused."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from eventing.core.mutation import OP_DELETE, OP_UPDATE
+from eventing.storage.values import EffectGroup, Write
+from eventing.workers.sandbox_line import _values
+
+
+def _group() -> EffectGroup:
+    writes = [
+        (7, Write("a", OP_UPDATE, b"\x81\xa1x\x01", 0, 0, 123)),
+        (8, Write("b", OP_DELETE)),
+        (9, Write("c", OP_UPDATE, b"\x80", 60, 2, None, 0, 5)),
+    ]
+    return EffectGroup(3, 2, writes, conditional=True, upto=11)
+
+
+def test_effect_groups_arrive_equal_with_their_writes_as_write_objects():
+    group = _group()
+    for loads in (pickle.loads, _values):  # the plain unpickler, and the sandbox host's values-only one
+        arrived = loads(pickle.dumps([group], 5))[0]
+        assert arrived == group
+        assert all(type(w) is Write for _, w in arrived.writes)
+        assert arrived.writes[2][1].delta == 5 and arrived.writes[0][1].cas == 123
+
+
+def test_a_write_of_the_wrong_shape_is_refused():
+    with pytest.raises(TypeError, match="a write has 8 fields, not 2"):
+        EffectGroup(0, 0, [(1, ("k", OP_UPDATE))])
+
+
+def test_groups_made_in_process_keep_their_writes_as_given():
+    writes: list = []
+    group = EffectGroup(0, 0, writes)
+    assert group.writes is writes  # nothing copied: the worker appends to it
