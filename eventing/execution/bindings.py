@@ -288,7 +288,9 @@ class BucketBinding:
             cas = buf.next_cas.next()
         except StopIteration:
             cas = buf.next_cas.refill()
-        w = _new_write(Write, (stored, OP_UPDATE, data, 0, 0, cas, None, None, None))  # Write(...) minus a frame
+        w = _new_write(
+            Write, (stored, OP_UPDATE, data, 0, 0, cas, None, None, None)
+        )  # Write(...) minus a frame
         buf.current.append(w)
         buf.current_overlay[stored] = w
 

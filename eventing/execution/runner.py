@@ -27,8 +27,8 @@ from eventing.core.definition import FunctionDefinition
 from eventing.core.idempotency import key_base, key_of
 from eventing.core.keyspaces import key_prefix
 from eventing.core.mutation import OP_EXPIRE, OP_TIMER, OP_UPDATE, Mutation
-from eventing.core.xattrs import user_xattrs
 from eventing.core.retry import attempts_text, error_names
+from eventing.core.xattrs import user_xattrs
 from eventing.execution.bindings import BucketBinding, ConcurrentEffectBuffer, EffectBuffer
 from eventing.execution.context import CallContext, HandlerTimeout  # noqa: F401 - HandlerTimeout: its older home
 from eventing.execution.curl import CurlClient, url_bindings
