@@ -38,6 +38,9 @@ class Mutation(NamedTuple):
     expiry: int
     flags: int
     arrival_ms: int = 0
+    # The document's extended attributes as of this mutation (eventing.core.xattrs), None: none. A row read
+    # from a log always has this field; a mutation built by hand or an older dead-letter row may not.
+    xattrs: bytes | None = None
 
 
 def _check_json(value: Any, path: str) -> None:

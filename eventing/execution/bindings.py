@@ -40,7 +40,7 @@ from sharding import validate_key
 
 Tracer = Callable[[str, str, str, object], None]  # (operation, alias, key, value)
 _new_write = tuple.__new__  # a Write's fields in order (values.Write), without its __new__'s Python frame
-assert Write._fields[5:] == ("cas", "expect_cas", "delta"), (
+assert Write._fields[5:] == ("cas", "expect_cas", "delta", "xattrs"), (
     "BucketBinding.__setitem__ builds Writes field by field"
 )
 
@@ -288,7 +288,9 @@ class BucketBinding:
             cas = buf.next_cas.next()
         except StopIteration:
             cas = buf.next_cas.refill()
-        w = _new_write(Write, (stored, OP_UPDATE, data, 0, 0, cas, None, None))  # Write(...) minus a frame
+        w = _new_write(
+            Write, (stored, OP_UPDATE, data, 0, 0, cas, None, None, None)
+        )  # Write(...) minus a frame
         buf.current.append(w)
         buf.current_overlay[stored] = w
 

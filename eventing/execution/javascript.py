@@ -699,9 +699,12 @@ class JsFunction:
 
 
 class JsOnUpdate(JsFunction):
-    """OnUpdate(doc, meta): the hot path; the meta is written as JSON text directly."""
+    """OnUpdate(doc, meta, xattrs): the hot path; the meta is written as JSON text directly. Its third
+    argument is always given, as Couchbase gives it: the document's user extended attributes, `{}` when it
+    has none (the fast paths pass `{}` themselves)."""
 
     __slots__ = ("keyspaces",)
+    takes_xattrs = True  # eventing.execution.loader.takes_xattrs
 
     def __init__(self, handler: JsHandler):
         super().__init__(handler, "OnUpdate")
@@ -710,6 +713,8 @@ class JsOnUpdate(JsFunction):
     def __call__(self, doc: Any, meta: Any = None, *rest: Any) -> None:
         from eventing.handler import Meta
 
+        if rest and len(rest) == 1 and rest[0] == {}:
+            rest = ()  # no extended attributes: what the fast paths give
         if type(doc) is bytes:  # a binary document, or a JSON value other than an object
             value, datatype = _js_doc(doc)
             args = [_as_json(a) for a in (meta, *rest)]

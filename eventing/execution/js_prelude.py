@@ -8,8 +8,8 @@ progress; it returns how many returned, or -1 - i when mutation i threw. A host 
 error as text starting with NUL (JSON text never does), which `__r` throws as an Error, so a handler's
 try/catch sees binding errors as in Couchbase. `log` writes each argument as JSON.stringify does (an Error
 as its toString()), separated by spaces, as Couchbase's log does. OnUpdate gets a third argument as in
-Couchbase 7.6 (`OnUpdate(doc, meta, xattrs)`): the document's extended attributes, always `{}` since this
-system's buckets keep none. The built-ins check their arguments as Couchbase's C++ does and throw its
+Couchbase 7.6 (`OnUpdate(doc, meta, xattrs)`): the document's user extended attributes as of the mutation,
+`{}` when it has none (the fast paths `__update` and `__batch` take only such mutations). The built-ins check their arguments as Couchbase's C++ does and throw its
 EventingError; they, log, curl and the timers are on `couchbase` too.
 """
 

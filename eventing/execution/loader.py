@@ -133,10 +133,28 @@ def _check_entry_point(function: str, name: str, fn: Any) -> None:
     try:
         signature.bind(*[None] * len(_ENTRY_POINTS[name]))
     except TypeError:
+        if name == "on_update" and takes_xattrs(fn):
+            return  # on_update(doc, meta, xattrs)
         raise HandlerLoadError(
             f"handler of function '{function}': {name}{signature} cannot be called as {name}({params}); "
             f"define it as def {name}({params}):"
         ) from None
+
+
+def takes_xattrs(fn: Any) -> bool:
+    """Whether an on_update is called with a third argument, the document's user extended attributes
+    (Couchbase 7.6's OnUpdate(doc, meta, xattrs)): one that takes three positional arguments, or a JavaScript
+    handler's whose OnUpdate declares three parameters (its `takes_xattrs`)."""
+    if fn is None:
+        return False
+    marked = getattr(fn, "takes_xattrs", None)
+    if marked is not None:
+        return bool(marked)
+    try:
+        inspect.signature(fn).bind(None, None, None)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 class _ImportTimeBinding:

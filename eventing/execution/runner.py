@@ -28,11 +28,12 @@ from eventing.core.idempotency import key_base, key_of
 from eventing.core.keyspaces import key_prefix
 from eventing.core.mutation import OP_EXPIRE, OP_TIMER, OP_UPDATE, Mutation
 from eventing.core.retry import attempts_text, error_names
+from eventing.core.xattrs import user_xattrs
 from eventing.execution.bindings import BucketBinding, ConcurrentEffectBuffer, EffectBuffer
 from eventing.execution.context import CallContext, HandlerTimeout  # noqa: F401 - HandlerTimeout: its older home
 from eventing.execution.curl import CurlClient, url_bindings
 from eventing.execution.limits import Limits
-from eventing.execution.loader import load_handler
+from eventing.execution.loader import load_handler, takes_xattrs
 from eventing.execution.timers import ConcurrentTimerTable, TimerTable
 from eventing.execution.wildcard_bindings import WildcardBinding
 from eventing.handler import DeleteOptions, Meta
@@ -198,6 +199,9 @@ class HandlerRunner:
             js.key_base = self.key_base  # a JavaScript meta's idempotency_key
         self.timers.module = module.__dict__
         self.on_update = module.__dict__.get("on_update")
+        # on_update(doc, meta, xattrs): a third parameter gets the document's user extended attributes as
+        # of the mutation (Couchbase 7.6's OnUpdate(doc, meta, xattrs)); a handler of two gets none.
+        self.xattrs_arg = takes_xattrs(self.on_update)
         self.on_delete = module.__dict__.get("on_delete")
         # on_batch(batch) instead of on_update and on_delete (eventing.execution.batch): a worker hands it
         # many mutations at once (eventing.workers.batch_calls); anyone else calls it with a batch of one.
@@ -272,6 +276,9 @@ class HandlerRunner:
             )
             if self.previous is not None:
                 meta.previous = self._previous_version(m)
+            if self.xattrs_arg:
+                args: tuple = (doc, meta, user_xattrs(m[10] if len(m) > 10 else None))
+                return _new_call(HandlerCall, ("on_update", self.on_update, args, doc))
             return _new_call(HandlerCall, ("on_update", self.on_update, (doc, meta), doc))
         if m.op == OP_TIMER:
             return self._timer_call(m)

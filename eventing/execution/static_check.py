@@ -144,7 +144,10 @@ def _check_entry_point(function: str, name: str, params: tuple[str, ...], value:
     positional = len(args.posonlyargs) + len(args.args)
     required = positional - len(args.defaults)
     kw_required = any(default is None for default in args.kw_defaults)
-    if required > len(params) or (positional < len(params) and args.vararg is None) or kw_required:
+    # on_update(doc, meta, xattrs) is allowed as well: its third argument is the document's user extended
+    # attributes (eventing.execution.loader.takes_xattrs).
+    counts = (len(params), 3) if name == "on_update" else (len(params),)
+    if kw_required or all(required > n or (positional < n and args.vararg is None) for n in counts):
         raise HandlerLoadError(
             f"handler of function '{function}': {name}({ast.unparse(args)}) cannot be called as {name}({shown}); "
             f"define it as def {name}({shown}):"

@@ -157,6 +157,7 @@ _ERRORS: dict[int, tuple[str, str, list[str]]] = {
     p.UNKNOWN_COLLECTION: ("UNKNOWN_COLLECTION", "Unknown Collection", ["item-only", "fetch-config"]),
     p.UNKNOWN_SCOPE: ("UNKNOWN_SCOPE", "Unknown Scope", ["item-only", "fetch-config"]),
     p.DURABILITY_INVALID_LEVEL: ("DURABILITY_INVALID_LEVEL", "Invalid durability level", ["invalid-input"]),
+    p.XATTR_EINVAL: ("XATTR_EINVAL", "Invalid XATTR key or value", ["invalid-input", "item-only"]),
 }
 for _code, _name in (
     (p.SUBDOC_PATH_ENOENT, "PATH_ENOENT"),
@@ -171,6 +172,10 @@ for _code, _name in (
     (p.SUBDOC_MULTI_PATH_FAILURE, "MULTI_PATH_FAILURE"),
     (p.SUBDOC_XATTR_UNKNOWN_VATTR, "XATTR_UNKNOWN_VATTR"),
     (p.SUBDOC_XATTR_CANT_MODIFY_VATTR, "XATTR_CANT_MODIFY_VATTR"),
+    (p.SUBDOC_XATTR_INVALID_FLAG_COMBO, "XATTR_INVALID_FLAG_COMBO"),
+    (p.SUBDOC_XATTR_UNKNOWN_MACRO, "XATTR_UNKNOWN_MACRO"),
+    (p.SUBDOC_INVALID_XATTR_ORDER, "INVALID_XATTR_ORDER"),
+    (p.SUBDOC_XATTR_UNKNOWN_VATTR_MACRO, "XATTR_UNKNOWN_VATTR_MACRO"),
 ):
     _ERRORS[_code] = (
         f"SUBDOC_{_name}",

@@ -17,12 +17,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from eventing.core import xattrs as xattr_codec
 from eventing.core.keyspaces import Keyspace
 from eventing.core.mutation import OP_DELETE, OP_UPDATE, decode_document, encode_document
 from eventing.http.dataapi.documents import Answer, Change, live, raw_of, stored_body, value_of
 from eventing.http.dataapi.requests import FLAGS_JSON, UINT64
 from eventing.kv import protocol as p
 from eventing.kv import subdoc as sd
+from eventing.kv import xattr_specs as xs
 from eventing.storage.keyspace import Collection
 from eventing.storage.values import Changed, StoredDocument, Write
 
@@ -134,7 +136,13 @@ def _read(coll: Collection, key: str, now: float) -> StoredDocument | None:
     meta = coll.bucket.get_meta(stored)
     if meta is None:
         return None
-    return StoredDocument(stored, doc[0], doc[1], doc[2], meta["flags"], meta["vb"], meta["seqno"])
+    return StoredDocument(
+        stored, doc[0], doc[1], doc[2], meta["flags"], meta["vb"], meta["seqno"], meta.get("xattrs")
+    )
+
+
+def _kept(cur: StoredDocument | None) -> bytes | None:
+    return None if cur is None else cur.xattrs
 
 
 def _missing(call: KvCall) -> KvError:
@@ -195,7 +203,10 @@ def _store(call: KvCall, coll: Collection, now: float) -> Change:
             raise _missing(call)
         call.check_cas(cur)
         keep = cur.expiry if (preserve and cur is not None) else absolute
-        return Write(stored, OP_UPDATE, data, keep, flags)
+        # A full-document set, add or replace keeps the document's XATTRs, user and system ones: kv_engine
+        # copies the existing XATTRs into the new value (daemon/protocol/mcbp/mutation_context.cc,
+        # "Preserve XATTRs with mutation commands", since 5.0); only a delete drops the user ones.
+        return Write(stored, OP_UPDATE, data, keep, flags, xattrs=_kept(cur))
 
     return Change(stored, put, call.written(coll))
 
@@ -231,7 +242,7 @@ def _touch(call: KvCall, coll: Collection, now: float) -> Change:
         cur = live(cur, now)
         if cur is None:
             raise _missing(call)
-        return Write(stored, OP_UPDATE, cur.doc, expiry, cur.flags)
+        return Write(stored, OP_UPDATE, cur.doc, expiry, cur.flags, xattrs=cur.xattrs)
 
     def touched(done: Changed) -> Answer:
         after = done.after
@@ -275,7 +286,9 @@ def _counter(call: KvCall, coll: Collection, now: float) -> Change:
             )
         number = (int(text) + delta) & UINT64 if increment else max(0, int(text) - delta)
         result[:] = [number]
-        return Write(stored, OP_UPDATE, encode_document(str(number).encode()), cur.expiry, cur.flags)
+        return Write(
+            stored, OP_UPDATE, encode_document(str(number).encode()), cur.expiry, cur.flags, xattrs=cur.xattrs
+        )
 
     def counted(done: Changed) -> Answer:
         if call.quiet:
@@ -296,7 +309,9 @@ def _concat(call: KvCall, coll: Collection, now: float) -> Change:
         call.check_cas(cur)
         old = raw_of(value_of(cur.doc))
         raw = old + call.req.value if append else call.req.value + old
-        return Write(stored, OP_UPDATE, stored_body(raw, cur.flags, False), cur.expiry, cur.flags)
+        return Write(
+            stored, OP_UPDATE, stored_body(raw, cur.flags, False), cur.expiry, cur.flags, xattrs=cur.xattrs
+        )
 
     return Change(stored, extend, call.written(coll))
 
@@ -327,6 +342,7 @@ def _vattr(call: KvCall, coll: Collection, cur: StoredDocument) -> dict[str, Any
         "flags": cur.flags,
         "last_modified": str(cur.cas // 1_000_000_000),
         "revid": str(cur.seqno),
+        "value_crc32c": f"0x{xattr_codec.crc32c(raw_of(value)):08x}",
     }
 
 
@@ -354,10 +370,13 @@ def _specs(value: bytes, mutation: bool) -> list[tuple[int, int, str, bytes]]:
 
 def _lookup_in(call: KvCall, coll: Collection, now: float) -> Answer:
     specs = _specs(call.req.value, mutation=False)
+    _check_specs(specs, mutation=False)
     cur = _read(coll, call.key, now)
     if cur is None:
         raise _missing(call)
     is_json, doc = _json_of(cur)
+    xattrs = xattr_codec.decode(cur.xattrs)
+    vattr: dict[str, Any] | None = None
     body = bytearray()
     failed = False
     for opcode, flags, path, _ in specs:
@@ -366,18 +385,9 @@ def _lookup_in(call: KvCall, coll: Collection, now: float) -> Answer:
             if opcode not in sd.LOOKUPS:
                 raise sd.SubdocError(p.SUBDOC_INVALID_COMBO)
             if flags & sd.PATH_XATTR:
-                parts = sd.parse_path(path)
-                if not parts or parts[0] != "$document":
-                    if parts and parts[0] == "$XTOC":
-                        found: Any = []
-                    else:
-                        raise sd.SubdocError(
-                            p.SUBDOC_PATH_ENOENT
-                            if parts and not str(parts[0]).startswith("$")
-                            else p.SUBDOC_XATTR_UNKNOWN_VATTR
-                        )
-                else:
-                    found = sd.lookup(_vattr(call, coll, cur), parts[1:])
+                if vattr is None:
+                    vattr = _vattr(call, coll, cur)
+                found: Any = xs.lookup(xattrs, vattr, path)
             elif opcode == sd.GET_DOC:
                 found = None
                 out = raw_of(value_of(cur.doc))
@@ -397,6 +407,13 @@ def _lookup_in(call: KvCall, coll: Collection, now: float) -> Answer:
     return call.packet(p.SUBDOC_MULTI_PATH_FAILURE if failed else p.SUCCESS, value=bytes(body), cas=cur.cas)
 
 
+def _check_specs(specs: list[tuple[int, int, str, bytes]], mutation: bool) -> None:
+    try:
+        xs.check_specs(specs, mutation)
+    except xs.SpecRefused as exc:
+        raise KvError(exc.status, str(exc)) from None
+
+
 def _mutate_in(call: KvCall, coll: Collection, now: float) -> Change:
     specs = _specs(call.req.value, mutation=True)
     extras = call.req.extras
@@ -407,17 +424,11 @@ def _mutate_in(call: KvCall, coll: Collection, now: float) -> Change:
         raise KvError(p.EINVAL, "a sub-document mutation takes 0, 1, 4, 5, 8 or 9 bytes of extras")
     if doc_flags & sd.DOC_MKDOC and doc_flags & sd.DOC_ADD:
         raise KvError(p.SUBDOC_INVALID_COMBO, "create and insert together are not allowed")
-    for opcode, flags, path, _ in specs:
+    for opcode, _, _, _ in specs:
         if opcode not in sd.MUTATIONS:
             raise KvError(p.SUBDOC_INVALID_COMBO, f"sub-document opcode 0x{opcode:02x} is no mutation")
-        if flags & sd.PATH_XATTR:
-            if path.startswith("$"):
-                raise KvError(
-                    p.SUBDOC_XATTR_CANT_MODIFY_VATTR, f"virtual attribute {path!r} cannot be changed"
-                )
-            raise KvError(
-                p.NOT_SUPPORTED, "this store keeps no extended attributes; write the document's body"
-            )
+    _check_specs(specs, mutation=True)
+    body_specs = any(not flags & sd.PATH_XATTR for _, flags, _, _ in specs)
     absolute = p.absolute_expiry(expiry, now) if expiry is not None else None
     preserve = p.FRAME_PRESERVE_TTL in call.req.frames
     stored = coll.stored(call.key)
@@ -432,33 +443,44 @@ def _mutate_in(call: KvCall, coll: Collection, now: float) -> Change:
         call.check_cas(cur)
         if cur is None:
             doc: Any = {}
-        else:
+        elif body_specs:
             is_json, parsed = _json_of(cur)
             if not is_json:
                 raise MultiPathFailure(0, p.SUBDOC_DOC_NOT_JSON)
             doc = copy.deepcopy(parsed)
+        xattrs = xattr_codec.decode(cur.xattrs if cur is not None else None)
+        vattr = _vattr(call, coll, cur) if cur is not None else {}
         results.clear()
         delete = False
         for index, (opcode, flags, path, raw) in enumerate(specs):
             try:
-                if opcode == sd.DELETE_DOC:
+                if flags & sd.PATH_XATTR:
+                    outcome = xs.mutate(xattrs, vattr, (opcode, flags, path, raw))
+                elif opcode == sd.DELETE_DOC:
                     delete = True
                     continue
-                if opcode == sd.SET_DOC:
+                elif opcode == sd.SET_DOC:
                     doc = sd._values(raw, multi=False)[0]
                     continue
-                outcome = sd.mutate(doc, opcode, sd.parse_path(path), flags, raw)
+                else:
+                    outcome = sd.mutate(doc, opcode, sd.parse_path(path), flags, raw)
             except sd.SubdocError as exc:
                 raise MultiPathFailure(index, exc.status) from None
             if opcode == sd.COUNTER:
                 results.append((index, outcome))
-        if delete:
+        if delete:  # the body and the user XATTRs go (this system keeps no deleted document's system ones)
             if cur is None:
                 raise _missing(call)
             return Write(stored, OP_DELETE)
         flags_now = user_flags if user_flags is not None else (cur.flags if cur is not None else FLAGS_JSON)
         keep = absolute if absolute is not None else (cur.expiry if cur is not None and preserve else 0)
-        return Write(stored, OP_UPDATE, stored_body(sd.dumps(doc), flags_now, True), keep, flags_now)
+        if cur is not None and not body_specs:  # XATTRs alone: the body stays as it is, whatever it is
+            data = cur.doc
+            body = raw_of(value_of(cur.doc))
+        else:
+            body = sd.dumps(doc)
+            data = stored_body(body, flags_now, True)
+        return Write(stored, OP_UPDATE, data, keep, flags_now, xattrs=xs.finish(xattrs, body))
 
     def answer(done: Changed) -> Answer:
         body = b"".join(

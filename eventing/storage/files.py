@@ -26,11 +26,11 @@ SCHEMA = """
 CREATE TABLE IF NOT EXISTS info(key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS docs(
     key TEXT PRIMARY KEY, vb INTEGER NOT NULL, seqno INTEGER NOT NULL, cas INTEGER NOT NULL,
-    deleted INTEGER NOT NULL, doc BLOB, expiry INTEGER NOT NULL, flags INTEGER NOT NULL) WITHOUT ROWID;
+    deleted INTEGER NOT NULL, doc BLOB, expiry INTEGER NOT NULL, flags INTEGER NOT NULL, xattrs BLOB) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS log(
     vb INTEGER NOT NULL, seqno INTEGER NOT NULL, key TEXT NOT NULL, op INTEGER NOT NULL,
     cas INTEGER NOT NULL, doc BLOB, origin TEXT, expiry INTEGER NOT NULL, flags INTEGER NOT NULL,
-    arrival_ms INTEGER NOT NULL DEFAULT 0,
+    arrival_ms INTEGER NOT NULL DEFAULT 0, xattrs BLOB,
     PRIMARY KEY(vb, seqno)) WITHOUT ROWID;
 -- Per vBucket: its high seqno and the arrival time of that entry (what the next entry may not go below),
 -- so a write reads this small, always-cached table instead of a log page per vBucket.
@@ -43,7 +43,12 @@ CREATE TABLE IF NOT EXISTS effect_marks(
     PRIMARY KEY(function, vb)) WITHOUT ROWID;
 """
 
-_LOG_COLUMNS = "vb, seqno, key, op, cas, doc, origin, expiry, flags, arrival_ms"
+# The log's columns in Mutation's field order (eventing.core.mutation.Mutation). ``xattrs`` (a document's
+# extended attributes, eventing.core.xattrs) is NULL for a document without any, and the statements that
+# write a row without them leave it out, so such a write costs what it did before the column.
+_LOG_COLUMNS = "vb, seqno, key, op, cas, doc, origin, expiry, flags, arrival_ms, xattrs"
+_LOG_COLUMNS_PLAIN = "vb, seqno, key, op, cas, doc, origin, expiry, flags, arrival_ms"
+_DOCS_COLUMNS_PLAIN = "key, vb, seqno, cas, deleted, doc, expiry, flags"
 
 WAL_AUTOCHECKPOINT_PAGES = 10_000
 # A small transaction (fewer than SMALL_TX_ROWS rows changed: a write or a caught-up worker's flush of a few
@@ -125,12 +130,27 @@ def _connect(path: Path) -> sqlite3.Connection:
     return db
 
 
+# What _upgrade adds, by table: a file missing any of these was written by an earlier version.
+_ADDED_COLUMNS = {"log": ("arrival_ms", "xattrs"), "high": ("arrival_ms",), "docs": ("xattrs",)}
+
+
 def _upgrade(db: sqlite3.Connection, path: Path) -> None:
     """Bring a bucket file written by an earlier version up to date: the log's ``arrival_ms`` column
     (existing entries get the time of their cas, nanoseconds since the epoch taken when the entry was
-    written), then the high table's (each vBucket's last entry's arrival time)."""
+    written), then the high table's (each vBucket's last entry's arrival time), then the ``xattrs`` columns
+    of the log and the documents (NULL: no extended attributes, which is what every existing row has; adding
+    a nullable column rewrites nothing)."""
     if not {r[1] for r in db.execute("PRAGMA table_info(log)")}:
         return  # not a bucket: the caller's read reports it
+
+    def missing() -> list[tuple[str, str]]:
+        return [
+            (table, column)
+            for table, columns in _ADDED_COLUMNS.items()
+            for have in [{r[1] for r in db.execute(f"PRAGMA table_info({table})")}]
+            for column in columns
+            if column not in have
+        ]
 
     def body() -> None:
         # Checked again inside the transaction: another process may have upgraded the file first.
@@ -143,8 +163,11 @@ def _upgrade(db: sqlite3.Connection, path: Path) -> None:
                 "UPDATE high SET arrival_ms = COALESCE("
                 "(SELECT arrival_ms FROM log WHERE log.vb = high.vb AND log.seqno = high.seqno), 0)"
             )
+        for table, column in missing():
+            if column == "xattrs":
+                db.execute(f"ALTER TABLE {table} ADD COLUMN xattrs BLOB")
 
-    if all("arrival_ms" in {r[1] for r in db.execute(f"PRAGMA table_info({t})")} for t in ("log", "high")):
+    if not missing():
         return
     _retry_locked(path, lambda: run_transaction(db, path, body))
 

@@ -55,6 +55,14 @@ def _matching_sql(prefilter: Prefilter, origin: str) -> tuple[str, tuple]:
     return condition, (*of_function_params(origin), _AFTER_COLLECTIONS, COLLECTION_MARK, *params)
 
 
+def meta_of(row: tuple) -> dict:
+    """get_meta's answer from (vb, seqno, cas, expiry, flags, xattrs)."""
+    meta = dict(zip(("vb", "seqno", "cas", "expiry", "flags"), row, strict=False))
+    if row[5] is not None:
+        meta["xattrs"] = row[5]
+    return meta
+
+
 class FileReader:
     """Reads of one bucket file. A collaborator of LocalBucket (eventing.storage.bucket)."""
 
@@ -96,10 +104,12 @@ class FileReader:
 
     @maps_file_errors
     def get_meta(self, key: str) -> dict | None:
+        """vb, seqno, cas, expiry and flags of a live document, and its extended attributes (``xattrs``,
+        eventing.core.xattrs) when it has any."""
         row = self.file.db.execute(
-            "SELECT vb, seqno, cas, expiry, flags FROM docs WHERE key=? AND deleted=0", (key,)
+            "SELECT vb, seqno, cas, expiry, flags, xattrs FROM docs WHERE key=? AND deleted=0", (key,)
         ).fetchone()
-        return None if row is None else dict(zip(("vb", "seqno", "cas", "expiry", "flags"), row, strict=True))
+        return None if row is None else meta_of(row)
 
     @maps_file_errors
     def high_seqnos(self, spans: Spans | None = None) -> list[int]:
@@ -185,10 +195,11 @@ class FileReader:
         docs, doc_lengths, cas, arrivals)`` where ``ops`` lists the entries that are not updates as
         "seqno:op" (None when all are), keys are joined by NUL bytes, documents are back to back with their
         lengths (-1: no document) and the numbers are comma-separated text. None when the entries are not
-        that plain case (a gap in the seqnos, an origin, an expiry or flags): read the rows then."""
+        that plain case (a gap in the seqnos, an origin, an expiry, flags or extended attributes): read the
+        rows then."""
         try:
             row = self.file.db.execute(
-                "SELECT count(*), max(seqno), max(origin IS NOT NULL OR expiry != 0 OR flags != 0), "
+                "SELECT count(*), max(seqno), max(origin IS NOT NULL OR expiry != 0 OR flags != 0 OR xattrs IS NOT NULL), "
                 "group_concat(CASE WHEN op != 0 THEN seqno || ':' || op END), "
                 "CAST(group_concat(key, char(0)) AS BLOB), CAST(group_concat(doc, '') AS BLOB), "
                 "group_concat(ifnull(length(doc), -1)), group_concat(cas), group_concat(arrival_ms) "
@@ -213,7 +224,8 @@ class FileReader:
         entry (about half the cost of fetching the rows). None when the entries are not the plain case
         the caller can take whole: no entries, a gap in the seqnos, an entry written by a deployment of
         function ``origin`` (eventing.storage.origins), an
-        update without a document or a delete with one; read them with read_vb then.
+        update without a document or a delete with one, an entry with extended attributes; read them with
+        read_vb then.
 
         The updates' arrival times come as their least and greatest; each one is read as well (a second
         query, about as costly as the first) only when they spread over ``exact_arrivals_over_ms`` or more."""
@@ -225,7 +237,7 @@ class FileReader:
                 "CAST(group_concat(doc, '') AS BLOB), "
                 "min(CASE WHEN op = 0 THEN arrival_ms END), max(CASE WHEN op = 0 THEN arrival_ms END), "
                 "CAST(group_concat(CASE WHEN op != 0 THEN key END, char(0)) AS BLOB), "
-                "group_concat(CASE WHEN op != 0 THEN op END) "
+                "group_concat(CASE WHEN op != 0 THEN op END), max(xattrs IS NOT NULL) "
                 # A range scan of the primary key feeds the aggregates in (vb, seqno) order. (Before SQLite
                 # 3.44 group_concat takes no ORDER BY; a sorted subquery would cost a third more.)
                 "FROM log WHERE vb = ?1 AND seqno > ?2 AND seqno <= ?3",
@@ -245,8 +257,9 @@ class FileReader:
             last_arrival,
             other_keys,
             other_ops,
+            with_xattrs,
         ) = row
-        if not count or last - after_seqno != count or own:
+        if not count or last - after_seqno != count or own or with_xattrs:
             return None
         other_seqnos = [int(s) for s in others.split(",")] if others else []
         if docs_count != count - len(other_seqnos):

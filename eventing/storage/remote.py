@@ -330,6 +330,7 @@ def rows_of_columns(vb: int, after: int, columns: tuple) -> tuple | None:
             repeat(0),
             repeat(0),
             np.fromstring(arrivals, dtype=np.int64, sep=",").tolist(),
+            repeat(None),  # no extended attributes (read_vb_columns leaves such entries to the rows)
             strict=False,  # repeat() is endless
         )
     )

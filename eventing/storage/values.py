@@ -24,6 +24,7 @@ class StoredDocument(NamedTuple):
     flags: int
     vb: int
     seqno: int
+    xattrs: bytes | None = None  # its extended attributes (eventing.core.xattrs), None: none
 
 
 class Changed(NamedTuple):
@@ -60,6 +61,10 @@ class Write(NamedTuple):
     )
     expect_cas: int | None = None
     delta: int | None = None
+    # The document's extended attributes as they are to be after the write (eventing.core.xattrs.encode),
+    # None: none. A write replaces the document whole, XATTRs included: whoever keeps them (the KV port's
+    # full-document writes, as Couchbase does) passes the current ones on.
+    xattrs: bytes | None = None
 
 
 @dataclass(frozen=True)

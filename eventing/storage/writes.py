@@ -15,17 +15,20 @@ import zlib
 from collections.abc import Callable, Iterable, Sequence
 from operator import itemgetter
 
+from eventing.core import xattrs as xattr_codec
 from eventing.core.keyspaces import COLLECTION_MARK, vbucket_of_stored
 from eventing.core.mutation import OP_DELETE, OP_EXPIRE, OP_UPDATE, encode_document
 from eventing.errors import NotFoundError
 from eventing.storage.bucket_file import BucketFile
 from eventing.storage.file_health import maps_file_errors
-from eventing.storage.files import _LOG_COLUMNS
+from eventing.storage.files import _DOCS_COLUMNS_PLAIN, _LOG_COLUMNS, _LOG_COLUMNS_PLAIN
 from eventing.storage.values import Changed, StoredDocument, Write
 from eventing.storage.write_plan import Item, UpdatePlan
 from sharding import NUM_VBUCKETS, validate_key
 
 _by_vb = itemgetter(0)
+# A live document as change_document hands it to its change (StoredDocument's fields after the key).
+_LIVE_DOC = "SELECT doc, cas, expiry, flags, vb, seqno, xattrs FROM docs WHERE key=? AND deleted=0"
 HEADS_BY_VB_MAX = 32  # up to this many vBuckets in a write, their heads are read one query each
 _cas_lock = threading.Lock()
 _last_cas = 0
@@ -69,12 +72,24 @@ class CasSource:
             return self.refill()
 
 
+_xattrs_of = itemgetter(8)  # Write.xattrs
+
+
 def _items(writes: Iterable[Write]) -> list[Item]:
-    return [w[:6] for w in writes]  # (key, op, doc, expiry, flags, cas)
+    """(key, op, doc, expiry, flags, cas) of each write. In a batch where a write carries extended
+    attributes, every item has a seventh element, its write's (None: none): a batch without any is told
+    by its first item alone."""
+    writes = writes if isinstance(writes, list) else list(writes)
+    if any(map(_xattrs_of, writes)):
+        return [(*w[:6], w[8]) for w in writes]  # type: ignore[misc]
+    return [w[:6] for w in writes]
 
 
 def _plan(items: list[Item]) -> UpdatePlan | None:
-    """A batch of updates planned before the write lock; None when it holds deletes (see write_plan)."""
+    """A batch of updates planned before the write lock; None when it holds deletes or extended attributes
+    (see write_plan)."""
+    if items and len(items[0]) > 6:
+        return None
     return UpdatePlan(items) if UpdatePlan.applies_to(items) else None
 
 
@@ -138,7 +153,9 @@ class FileWriter:
         log_rows = []
         docs: dict[str, tuple] = {}
         out: list[tuple[int, int] | None] = []
-        for (key, op, doc, expiry, flags, given), vb in zip(items, vbs, strict=True):
+        with_xattrs = len(items[0]) > 6 if items else False
+        for item, vb in zip(items, vbs, strict=True):
+            key, op, doc, expiry, flags, given = item[:6]
             if op != OP_UPDATE:
                 if not live.get(key, False):
                     out.append(None)
@@ -149,9 +166,14 @@ class FileWriter:
             fresh += 1
             cas = fresh if given is None else given
             seqno = highs[vb] = highs[vb] + 1
-            log_rows.append((vb, seqno, key, op, cas, doc, origin, expiry, flags, arrivals[vb]))
             deleted = 0 if op == OP_UPDATE else 1
-            docs[key] = (key, vb, seqno, cas, deleted, None if deleted else doc, expiry, flags)
+            if with_xattrs:  # a delete takes the document's XATTRs with it
+                xattrs = None if deleted else item[6]  # type: ignore[misc]
+                log_rows.append((vb, seqno, key, op, cas, doc, origin, expiry, flags, arrivals[vb], xattrs))
+                docs[key] = (key, vb, seqno, cas, deleted, None if deleted else doc, expiry, flags, xattrs)
+            else:
+                log_rows.append((vb, seqno, key, op, cas, doc, origin, expiry, flags, arrivals[vb]))
+                docs[key] = (key, vb, seqno, cas, deleted, None if deleted else doc, expiry, flags)
             out.append((vb, seqno))
         log_rows.sort(key=_by_vb)  # stable: seqnos stay in order within a vBucket
         self._insert(log_rows, [docs[k] for k in sorted(docs)], highs, arrivals)
@@ -160,10 +182,21 @@ class FileWriter:
     def _insert(
         self, log_rows: list[tuple], docs_rows: list[tuple], highs: dict[int, int], arrivals: dict[int, int]
     ) -> None:
-        """Write log rows (in (vb, seqno) order), docs rows (in key order) and the moved high seqnos."""
+        """Write log rows (in (vb, seqno) order), docs rows (in key order) and the moved high seqnos. Rows
+        without extended attributes leave the xattrs columns out (NULL), so a write of documents without any
+        runs the statements it ran before the columns existed."""
         db = self.file.db
-        db.executemany(f"INSERT INTO log({_LOG_COLUMNS}) VALUES(?,?,?,?,?,?,?,?,?,?)", log_rows)
-        db.executemany("INSERT OR REPLACE INTO docs VALUES(?,?,?,?,?,?,?,?)", docs_rows)
+        if log_rows and len(log_rows[0]) > 10:
+            db.executemany(f"INSERT INTO log({_LOG_COLUMNS}) VALUES(?,?,?,?,?,?,?,?,?,?,?)", log_rows)
+            db.executemany(
+                f"INSERT OR REPLACE INTO docs({_DOCS_COLUMNS_PLAIN}, xattrs) VALUES(?,?,?,?,?,?,?,?,?)",
+                docs_rows,
+            )
+        else:
+            db.executemany(f"INSERT INTO log({_LOG_COLUMNS_PLAIN}) VALUES(?,?,?,?,?,?,?,?,?,?)", log_rows)
+            db.executemany(
+                f"INSERT OR REPLACE INTO docs({_DOCS_COLUMNS_PLAIN}) VALUES(?,?,?,?,?,?,?,?)", docs_rows
+            )
         moved = sorted({row[0] for row in log_rows})
         self.file.written.update(moved)
         db.executemany(
@@ -230,18 +263,16 @@ class FileWriter:
         only compute. Returns the document's version afterwards (None when there is none)."""
 
         def body() -> StoredDocument | None:
-            row = self.file.db.execute(
-                "SELECT doc, cas, expiry, flags, vb, seqno FROM docs WHERE key=? AND deleted=0", (key,)
-            ).fetchone()
+            row = self.file.db.execute(_LIVE_DOC, (key,)).fetchone()
             current = None if row is None else StoredDocument(key, *row)
             write = change(current)
             if write is None:
                 return current
-            placed = self.log(_items([write]), origin, None)[0]
+            placed = self.log(_items([self._expanded(write)]), origin, None)[0]
             if placed is None or write.op != OP_UPDATE:
                 return None
-            cas = self.file.db.execute("SELECT cas FROM docs WHERE key=?", (key,)).fetchone()[0]
-            return StoredDocument(key, write.doc or b"", cas, write.expiry, write.flags, *placed)
+            cas, xattrs = self.file.db.execute("SELECT cas, xattrs FROM docs WHERE key=?", (key,)).fetchone()
+            return StoredDocument(key, write.doc or b"", cas, write.expiry, write.flags, *placed, xattrs)
 
         return self.file.transaction(body)
 
@@ -260,9 +291,7 @@ class FileWriter:
             db = self.file.db
             out: list[Changed | Exception] = []
             for key, change in changes:
-                row = db.execute(
-                    "SELECT doc, cas, expiry, flags, vb, seqno FROM docs WHERE key=? AND deleted=0", (key,)
-                ).fetchone()
+                row = db.execute(_LIVE_DOC, (key,)).fetchone()
                 current = None if row is None else StoredDocument(key, *row)
                 try:
                     write = change(current)
@@ -272,16 +301,28 @@ class FileWriter:
                 if write is None:
                     out.append(Changed(current))
                     continue
-                placed = self.log(_items([write]), origin, None)[0]
+                placed = self.log(_items([self._expanded(write)]), origin, None)[0]
                 if placed is None:  # a delete of nothing
                     out.append(Changed(None))
                     continue
-                cas = db.execute("SELECT cas FROM docs WHERE key=?", (key,)).fetchone()[0]
-                after = StoredDocument(key, write.doc or b"", cas, write.expiry, write.flags, *placed)
+                cas, xattrs = db.execute("SELECT cas, xattrs FROM docs WHERE key=?", (key,)).fetchone()
+                after = StoredDocument(key, write.doc or b"", cas, write.expiry, write.flags, *placed, xattrs)
                 out.append(Changed(after if write.op == OP_UPDATE else None, cas, *placed))
             return out
 
         return self.file.transaction(body)
+
+    def _expanded(self, write: Write) -> Write:
+        """``write`` with the macros of its extended attributes (eventing.core.xattrs) replaced by the cas
+        and seqno it gets: the cas is reserved now, the seqno is its vBucket's next (read in the
+        transaction that logs it)."""
+        if not xattr_codec.has_macros(write.xattrs):
+            return write
+        vb = vbucket_of_stored(write.key)
+        seqno = self.file.db.execute("SELECT seqno FROM high WHERE vb=?", (vb,)).fetchone()[0] + 1
+        cas = write.cas if write.cas is not None else _reserve_cas(1) + 1
+        assert write.xattrs is not None
+        return write._replace(cas=cas, xattrs=xattr_codec.expand(write.xattrs, cas, seqno))
 
     @maps_file_errors
     def expire_due(self, now_s: float | None = None) -> int:

@@ -19,6 +19,7 @@ import msgpack
 from eventing.core import counters as counter_names
 from eventing.core.filters import CompiledFilter
 from eventing.core.mutation import OP_DELETE, OP_EXPIRE, OP_UPDATE, Mutation, pack_mutation
+from eventing.core.xattrs import user_xattrs
 from eventing.errors import OrderViolationError
 from eventing.execution.bindings import BucketBinding
 from eventing.execution.runner import (
@@ -149,12 +150,13 @@ class WorkerHandling:
             return len(rows)
         if self._batch is not None:
             return self._handle_batched(vb, position, rows)
-        on_update, on_delete, rw, timers, meta_type = (
+        on_update, on_delete, rw, timers, meta_type, with_xattrs = (
             self.on_update,
             runner.on_delete,
             self.rw_bindings,
             self.timers,
             runner.meta_type,
+            runner.xattrs_arg,
         )
         keyspace, max_bytes, epoch, unpack, monotonic = (
             runner.keyspace,
@@ -168,7 +170,7 @@ class WorkerHandling:
         updated = deleted = no_handler = 0
         for row in rows:
             m = _as_mutation(Mutation, row)
-            _, seqno, key, op, cas, raw, origin, expiry, flags, _ = m
+            _, seqno, key, op, cas, raw, origin, expiry, flags, _, xattrs = m
             if seqno <= position:
                 self._order_violation(vb, seqno, position)
             fn = None
@@ -183,6 +185,8 @@ class WorkerHandling:
                     else:
                         kind, fn = "on_update", on_update
                         args: tuple = (doc, meta_type(key, cas, vb, seqno, expiry, flags, "json", keyspace))
+                        if with_xattrs:  # on_update(doc, meta, xattrs): the user XATTRs as of this mutation
+                            args = (*args, user_xattrs(xattrs))
             elif op == OP_DELETE or op == OP_EXPIRE:
                 doc = None
                 if on_delete is None:
@@ -242,6 +246,7 @@ class WorkerHandling:
         eventing.execution.javascript, "Batches"): consecutive plain updates go to _run_batch together,
         anything else to _handle between them, so the order is the log's."""
         positions, max_bytes, unpack = self.positions, self.max_bytes, msgpack.unpackb
+        with_xattrs = self.runner.xattrs_arg
         batch: list[Mutation] = []
         docs: list = []
         for row in rows:
@@ -250,7 +255,13 @@ class WorkerHandling:
             if seqno <= position:
                 self._order_violation(vb, seqno, position)
             position = seqno
-            if m[3] == OP_UPDATE and m[6] is None and raw is not None and len(raw) <= max_bytes:
+            if (
+                m[3] == OP_UPDATE
+                and m[6] is None
+                and raw is not None
+                and len(raw) <= max_bytes
+                and not (with_xattrs and m[10] is not None)  # OnUpdate's xattrs: one call of its own
+            ):
                 try:
                     docs.append(unpack(raw, raw=False))
                 except Exception:  # noqa: BLE001 - _handle dead-letters it as undecodable

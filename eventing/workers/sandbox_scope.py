@@ -194,7 +194,8 @@ class ScopedService:
                         None,
                         0,
                         0,
-                        *row[9:],
+                        *row[9:10],
+                        *[None for _ in row[10:11]],  # its extended attributes, redacted too
                     )
                 )
         return out, changed

@@ -76,13 +76,18 @@ def test_a_handler_whose_entry_points_cannot_take_their_arguments_is_refused_at_
         "def on_update(doc):\n    pass\n": "on_update(doc) cannot be called as on_update(doc, meta)",
         "def on_delete(meta):\n    pass\n": "on_delete(meta) cannot be called as on_delete(meta, options)",
         "on_update = 5\n": "on_update is a int, not a function",
-        "def on_update(doc, meta, extra):\n    pass\n": "on_update(doc, meta, extra) cannot be called",
+        "def on_update(doc, meta, xattrs, extra):\n    pass\n": "on_update(doc, meta, xattrs, extra) cannot be called",
     }
     for handler, message in cases.items():
         code, _, err = run_cli(capsys, "deploy", str(write_function(tmp_path, handler)), *dd)
         assert code == 2 and message in err and "Traceback" not in err, err
     fine = "def on_update(doc, meta, extra=None):\n    pass\ndef on_delete(*args):\n    pass\n"
     assert run_cli(capsys, "deploy", str(write_function(tmp_path, fine)), *dd)[0] == 0
+    from eventing.execution.static_check import check_handler_source
+
+    check_handler_source(
+        "fn", "def on_update(doc, meta, xattrs):\n    pass\n"
+    )  # Couchbase 7.6's third argument
 
 
 @pytest.mark.parametrize(

@@ -101,7 +101,7 @@ def test_the_schema_is_versioned_and_a_newer_one_refused(db):
     with pytest.raises(
         StoreError,
         match=r"written by a newer version of eventing \(buckets schema 99; this one "
-        r"knows 1\); upgrade eventing on this machine",
+        rf"knows {schema.VERSION}\); upgrade eventing on this machine",
     ):
         pg_buckets.open_bucket(db, "b")
 

@@ -30,7 +30,10 @@ from metadata.factory import open_store
         ("def helper():\n    def on_update(doc, meta): pass\n", "defines neither"),
         ("class H:\n    def on_update(self, doc, meta): pass\n", "defines neither"),
         ("def on_update(doc):\n    pass\n", "on_update(doc) cannot be called as on_update(doc, meta)"),
-        ("def on_update(doc, meta, extra):\n    pass\n", "on_update(doc, meta, extra) cannot be called"),
+        (
+            "def on_update(doc, meta, xattrs, extra):\n    pass\n",
+            "on_update(doc, meta, xattrs, extra) cannot be called",
+        ),
         ("def on_update(doc, meta, *, flag):\n    pass\n", "cannot be called as on_update(doc, meta)"),
         ("on_update = lambda doc: None\n", "on_update(doc) cannot be called"),
         ("on_delete = 5\n", "on_delete is a int, not a function"),

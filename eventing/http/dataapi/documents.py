@@ -217,7 +217,8 @@ def plan_op(coll: Collection, req: DocRequest) -> Answer | Change:
             if cas is not None and cur is not None and cur.cas != cas:
                 raise req.cas_mismatch()
             keep = cur.expiry if (cur is not None and expiry is None) else (expiry or 0)
-            return Write(stored, OP_UPDATE, data, keep, flags)
+            # a document's extended attributes stay, as Couchbase's full-document writes keep them
+            return Write(stored, OP_UPDATE, data, keep, flags, xattrs=None if cur is None else cur.xattrs)
 
         return Change(stored, put, written)
 
@@ -241,7 +242,14 @@ def plan_op(coll: Collection, req: DocRequest) -> Answer | Change:
                     f"{MAX_BODY_BYTES:,} bytes in {req.where}",
                     req.resource,
                 )
-            return Write(stored, OP_UPDATE, stored_body(raw, cur.flags, False), cur.expiry, cur.flags)
+            return Write(
+                stored,
+                OP_UPDATE,
+                stored_body(raw, cur.flags, False),
+                cur.expiry,
+                cur.flags,
+                xattrs=cur.xattrs,
+            )
 
         return Change(stored, extend, written)
 
@@ -268,7 +276,14 @@ def plan_op(coll: Collection, req: DocRequest) -> Answer | Change:
             value = _counter_value(cur, req)
             value = (value + delta) & UINT64 if req.op == "increment" else max(0, value - delta)
             result[:] = [value]
-            return Write(stored, OP_UPDATE, encode_document(str(value).encode()), cur.expiry, cur.flags)
+            return Write(
+                stored,
+                OP_UPDATE,
+                encode_document(str(value).encode()),
+                cur.expiry,
+                cur.flags,
+                xattrs=cur.xattrs,
+            )
 
         def counted(done: Changed) -> Answer:
             _, headers, _, _ = written(done)
@@ -291,7 +306,7 @@ def plan_op(coll: Collection, req: DocRequest) -> Answer | Change:
         cur = live(cur, now)
         if cur is None:
             raise req.missing()
-        return Write(stored, OP_UPDATE, cur.doc, new_expiry, cur.flags)
+        return Write(stored, OP_UPDATE, cur.doc, new_expiry, cur.flags, xattrs=cur.xattrs)
 
     def touched(done: Changed) -> Answer:
         after = done.after

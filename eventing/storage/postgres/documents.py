@@ -12,8 +12,7 @@ from eventing.core.mutation import decode_document
 from eventing.storage.postgres.log_reader import LogReader
 from eventing.storage.postgres.schema import key_index_name
 from eventing.storage.postgres.writer import vb_of
-
-_META = ("vb", "seqno", "cas", "expiry", "flags")
+from eventing.storage.reads import meta_of
 
 
 def after_prefix(prefix: str) -> str | None:
@@ -67,8 +66,8 @@ class DocumentReader:
         return None if row is None else (row[0], row[1], row[2])
 
     def get_meta(self, key: str) -> dict | None:
-        row = self._live("vb, seqno, cas, expiry, flags", key)
-        return None if row is None else dict(zip(_META, row, strict=True))
+        row = self._live("vb, seqno, cas, expiry, flags, xattrs", key)
+        return None if row is None else meta_of(row)
 
     def ensure_key_index(self) -> None:
         """Index this bucket's log by key (a partial index of its rows alone), for previous_doc. Built

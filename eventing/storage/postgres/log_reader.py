@@ -162,7 +162,7 @@ class LogReader:
         """LocalBucket.read_vb_columns: ``(count, last_seqno, ops, keys, docs, doc_lengths, cas, arrivals)``
         aggregated by the server, or None when the entries are not the plain case."""
         row = self.aggregated(
-            "SELECT count(*), max(seqno), bool_or(origin IS NOT NULL OR expiry <> 0 OR flags <> 0), "
+            "SELECT count(*), max(seqno), bool_or(origin IS NOT NULL OR expiry <> 0 OR flags <> 0 OR xattrs IS NOT NULL), "
             "string_agg(CASE WHEN op <> 0 THEN seqno || ':' || op END, ',' ORDER BY seqno), "
             "string_agg(convert_to(key, 'UTF8'), '\\x00'::bytea ORDER BY seqno), "
             "string_agg(doc, ''::bytea ORDER BY seqno), "
@@ -181,9 +181,10 @@ class LogReader:
     def read_vb_packed(
         self, vb: int, after_seqno: int, limit: int, origin: str, *, exact_arrivals_over_ms: int | None = None
     ) -> PackedUpdates | None:
-        """LocalBucket.read_vb_packed: the updates' keys and documents concatenated by the server."""
+        """LocalBucket.read_vb_packed: the updates' keys and documents concatenated by the server (None, as
+        there, for entries of this function's or with extended attributes)."""
         row = self.aggregated(
-            f"SELECT count(*), max(seqno), count(doc), bool_or({_OWN}), "
+            f"SELECT count(*), max(seqno), count(doc), bool_or({_OWN} OR xattrs IS NOT NULL), "
             "string_agg(CASE WHEN op <> 0 THEN seqno::text END, ',' ORDER BY seqno), "
             "string_agg(CASE WHEN op = 0 THEN convert_to(key, 'UTF8') END, '\\x00'::bytea ORDER BY seqno), "
             "string_agg(doc, ''::bytea ORDER BY seqno), "

@@ -32,7 +32,9 @@ import threading
 from metadata.postgres import PostgresDatabase, ensure_schema
 
 COMPONENT = "buckets"
-VERSION = 1
+# A new column goes at the end of DDL (statements safe to run again) and bumps VERSION. 2: xattrs (a
+# document's extended attributes, eventing.core.xattrs; NULL: none) in bucket_docs and bucket_log.
+VERSION = 2
 
 DDL = (
     """CREATE TABLE IF NOT EXISTS bucket_registry(
@@ -60,10 +62,12 @@ DDL = (
         bucket INTEGER NOT NULL, function TEXT NOT NULL, vb SMALLINT NOT NULL, epoch BIGINT NOT NULL,
         seqno BIGINT NOT NULL,
         PRIMARY KEY(bucket, function, vb))""",
+    "ALTER TABLE bucket_docs ADD COLUMN IF NOT EXISTS xattrs BYTEA",
+    "ALTER TABLE bucket_log ADD COLUMN IF NOT EXISTS xattrs BYTEA",
 )
 
 # The log's columns in Mutation's field order (eventing.core.mutation.Mutation), as the files name them.
-LOG_COLUMNS = "vb, seqno, key, op, cas, doc, origin, expiry, flags, arrival_ms"
+LOG_COLUMNS = "vb, seqno, key, op, cas, doc, origin, expiry, flags, arrival_ms, xattrs"
 
 _ready: set[tuple[str, str]] = set()
 _ready_lock = threading.Lock()

@@ -36,13 +36,14 @@ from collections.abc import Callable, Iterable, Sequence
 from itertools import repeat
 from typing import Any, TypeVar
 
+from eventing.core import xattrs as xattr_codec
 from eventing.core.keyspaces import COLLECTION_MARK, vbucket_of_stored
 from eventing.core.mutation import OP_EXPIRE, OP_UPDATE
 from eventing.errors import InvalidKeyError
 from eventing.storage.postgres.registry import BucketRef
 from eventing.storage.postgres.wake import WakeSender
 from eventing.storage.values import Changed, StoredDocument, Write
-from eventing.storage.writes import _reserve_cas
+from eventing.storage.writes import _items, _reserve_cas
 from metadata.postgres.connection import Cursor
 from sharding import NUM_VBUCKETS
 
@@ -63,7 +64,8 @@ WITH l AS (
     SELECT DISTINCT ON (key) %(bucket)s, key, vb, seqno, cas, op <> 0, CASE WHEN op = 0 THEN doc END, expiry, flags
     FROM l ORDER BY key, seqno DESC
     ON CONFLICT (bucket, key) DO UPDATE SET vb = excluded.vb, seqno = excluded.seqno, cas = excluded.cas,
-        deleted = excluded.deleted, doc = excluded.doc, expiry = excluded.expiry, flags = excluded.flags
+        deleted = excluded.deleted, doc = excluded.doc, expiry = excluded.expiry, flags = excluded.flags,
+        xattrs = NULL
 )
 UPDATE bucket_high h SET seqno = m.seqno, arrival_ms = m.arrival_ms
 FROM (SELECT vb, max(seqno) AS seqno, max(arrival_ms) AS arrival_ms FROM l GROUP BY vb) m
@@ -81,7 +83,8 @@ WITH l AS (
     INSERT INTO bucket_docs(bucket, key, vb, seqno, cas, deleted, doc, expiry, flags)
     VALUES (%(bucket)s, %(key)s, %(vb)s, %(seqno)s, %(cas)s, %(deleted)s, %(live_doc)s, %(expiry)s, %(flags)s)
     ON CONFLICT (bucket, key) DO UPDATE SET vb = excluded.vb, seqno = excluded.seqno, cas = excluded.cas,
-        deleted = excluded.deleted, doc = excluded.doc, expiry = excluded.expiry, flags = excluded.flags
+        deleted = excluded.deleted, doc = excluded.doc, expiry = excluded.expiry, flags = excluded.flags,
+        xattrs = NULL
 )
 UPDATE bucket_high SET seqno = %(seqno)s, arrival_ms = %(arrival)s WHERE bucket = %(bucket)s AND vb = %(vb)s
 """
@@ -105,10 +108,59 @@ WITH u AS (
     FROM u JOIN bucket_log l ON l.bucket = %(bucket)s AND l.vb = u.vb AND l.seqno BETWEEN u.first_seqno AND u.last_seqno
     ORDER BY l.key, l.seqno DESC
     ON CONFLICT (bucket, key) DO UPDATE SET vb = excluded.vb, seqno = excluded.seqno, cas = excluded.cas,
-        deleted = excluded.deleted, doc = excluded.doc, expiry = excluded.expiry, flags = excluded.flags
+        deleted = excluded.deleted, doc = excluded.doc, expiry = excluded.expiry, flags = excluded.flags,
+        xattrs = NULL
 )
 UPDATE bucket_high h SET seqno = u.last_seqno, arrival_ms = u.arrival_ms FROM u WHERE h.bucket = %(bucket)s AND h.vb = u.vb
 """
+
+
+def _with_xattrs(sql: str, *changes: tuple[str, str]) -> str:
+    """A write statement that also writes the rows' extended attributes (eventing.core.xattrs): the plain
+    one with each (old, new) replaced, every one of which must be there. Only a batch holding a document
+    with XATTRs runs these; the others leave the columns NULL as before they existed."""
+    for old, new in changes:
+        assert old in sql, old
+        sql = sql.replace(old, new)
+    return sql
+
+
+_LOG_INTO = "INSERT INTO bucket_log(bucket, vb, seqno, key, op, cas, doc, origin, expiry, flags, arrival_ms"
+_DOCS_INTO = "INSERT INTO bucket_docs(bucket, key, vb, seqno, cas, deleted, doc, expiry, flags"
+_SET_X = ("xattrs = NULL", "xattrs = excluded.xattrs")
+_INSERT_X = _with_xattrs(
+    _INSERT,
+    (_LOG_INTO, _LOG_INTO + ", xattrs"),
+    ("r.flags, r.arrival_ms\n", "r.flags, r.arrival_ms, r.xattrs\n"),
+    ("%(arrival)b::int8[])", "%(arrival)b::int8[], %(xattrs)b::bytea[])"),
+    ("flags, arrival_ms)\n", "flags, arrival_ms, xattrs)\n"),
+    (
+        "RETURNING vb, seqno, key, op, cas, doc, expiry, flags, arrival_ms",
+        "RETURNING vb, seqno, key, op, cas, doc, expiry, flags, arrival_ms, xattrs",
+    ),
+    (_DOCS_INTO, _DOCS_INTO + ", xattrs"),
+    (
+        "CASE WHEN op = 0 THEN doc END, expiry, flags\n",
+        "CASE WHEN op = 0 THEN doc END, expiry, flags,\n    CASE WHEN op = 0 THEN xattrs END\n",
+    ),
+    _SET_X,
+)
+_INSERT_ONE_X = _with_xattrs(
+    _INSERT_ONE,
+    (_LOG_INTO, _LOG_INTO + ", xattrs"),
+    ("%(flags)s,\n            %(arrival)s)", "%(flags)s,\n            %(arrival)s, %(xattrs)s)"),
+    (_DOCS_INTO, _DOCS_INTO + ", xattrs"),
+    ("%(live_doc)s, %(expiry)s, %(flags)s)", "%(live_doc)s, %(expiry)s, %(flags)s, %(live_xattrs)s)"),
+    _SET_X,
+)
+_COPY_X = _with_xattrs(_COPY, ("arrival_ms)", "arrival_ms, xattrs)"))
+_COPY_TYPES_X = [*_COPY_TYPES, "bytea"]
+_AFTER_COPY_X = _with_xattrs(
+    _AFTER_COPY,
+    (_DOCS_INTO, _DOCS_INTO + ", xattrs"),
+    ("        l.expiry, l.flags\n", "        l.expiry, l.flags, CASE WHEN l.op = 0 THEN l.xattrs END\n"),
+    _SET_X,
+)
 _LOCK = (
     "SELECT vb, seqno, arrival_ms FROM bucket_high WHERE bucket = %s AND vb = ANY(%b::int2[]) "
     "ORDER BY vb FOR UPDATE"
@@ -122,11 +174,12 @@ BY_KEYS = (
     "(SELECT * FROM bucket_docs WHERE bucket = %s AND key = k.key LIMIT 1) d"
 )
 _DOCS = (
-    BY_KEYS.format(columns="d.key, d.doc, d.cas, d.expiry, d.flags, d.vb, d.seqno") + " WHERE NOT d.deleted"
+    BY_KEYS.format(columns="d.key, d.doc, d.cas, d.expiry, d.flags, d.vb, d.seqno, d.xattrs")
+    + " WHERE NOT d.deleted"
 )
 _LIVE = BY_KEYS.format(columns="d.key, d.deleted")
 _DOCS_ONE = (
-    "SELECT key, doc, cas, expiry, flags, vb, seqno FROM bucket_docs "
+    "SELECT key, doc, cas, expiry, flags, vb, seqno, xattrs FROM bucket_docs "
     "WHERE bucket = %s AND key = %s AND NOT deleted"
 )
 
@@ -166,15 +219,19 @@ def check_key(key: str) -> None:
 
 
 def items_of(writes: Iterable[Write]) -> list[Item]:
-    return [w[:6] for w in writes]  # (key, op, doc, expiry, flags, cas)
+    """(key, op, doc, expiry, flags, cas), and the XATTRs as a seventh element where a write of the batch
+    has some (eventing.storage.writes._items)."""
+    return _items(writes)
 
 
 class Rows:
     """Log rows being assembled, column by column (what ``insert`` sends as arrays)."""
 
-    __slots__ = ("vb", "seqno", "key", "op", "cas", "doc", "expiry", "flags", "arrival")
+    __slots__ = ("vb", "seqno", "key", "op", "cas", "doc", "expiry", "flags", "arrival", "xattrs")
 
     def __init__(self) -> None:
+        # row index -> its extended attributes, for the rows that have some (None: no row has any)
+        self.xattrs: dict[int, bytes] | None = None
         self.vb: list[int] = []
         self.seqno: list[int] = []
         self.key: list[str] = []
@@ -209,6 +266,17 @@ class Rows:
 
     def __len__(self) -> int:
         return len(self.vb)
+
+    def set_xattrs(self, xattrs: bytes | None) -> None:
+        """The extended attributes of the row added last (a delete's are dropped with its document)."""
+        if xattrs is not None and self.op[-1] == OP_UPDATE:
+            if self.xattrs is None:
+                self.xattrs = {}
+            self.xattrs[len(self.vb) - 1] = xattrs
+
+    def xattrs_column(self) -> list[bytes | None]:
+        extra = self.xattrs or {}
+        return [extra.get(i) for i in range(len(self.vb))]
 
 
 class LogWriter:
@@ -312,8 +380,9 @@ class LogWriter:
         order = sorted(range(len(items)), key=vbs.__getitem__)  # stable: a vBucket's seqnos follow the items
         rows = Rows()
         out: list[tuple[int, int] | None] = [None] * len(items)
+        with_xattrs = len(items[0]) > 6
         for i in order:
-            key, op, doc, expiry, flags, given = items[i]
+            key, op, doc, expiry, flags, given = items[i][:6]
             if op != OP_UPDATE:
                 if not live.get(key, False):
                     continue
@@ -326,6 +395,8 @@ class LogWriter:
             rows.add(
                 vb, seqno, key, op, cas + 1 + i if given is None else given, doc, expiry, flags, arrivals[vb]
             )
+            if with_xattrs:
+                rows.set_xattrs(items[i][6])  # type: ignore[misc]
             out[i] = (vb, seqno)
         self.insert_in(cur, written, rows, origin)
         return out
@@ -335,11 +406,15 @@ class LogWriter:
         high seqnos, in one statement."""
         if not rows:
             return
+        with_xattrs = rows.xattrs is not None
         if len(rows) == 1:
             live = rows.op[0] == OP_UPDATE
+            xattrs = rows.xattrs_column()[0] if with_xattrs else None
             cur.execute(
-                _INSERT_ONE,
+                _INSERT_ONE_X if with_xattrs else _INSERT_ONE,
                 {
+                    "xattrs": xattrs,
+                    "live_xattrs": xattrs if live else None,
                     "bucket": self.ref.id,
                     "origin": origin,
                     "vb": rows.vb[0],
@@ -359,8 +434,9 @@ class LogWriter:
             self._copy_in(cur, rows, origin)
         else:
             cur.execute(
-                _INSERT,
+                _INSERT_X if with_xattrs else _INSERT,
                 {
+                    "xattrs": rows.xattrs_column() if with_xattrs else None,
                     "bucket": self.ref.id,
                     "origin": origin,
                     "vb": rows.vb,
@@ -378,8 +454,9 @@ class LogWriter:
 
     def _copy_in(self, cur: Cursor, rows: Rows, origin: str | None) -> None:
         bucket = self.ref.id
-        with cur.copy(_COPY) as copy:
-            copy.set_types(_COPY_TYPES)
+        with_xattrs = rows.xattrs is not None
+        with cur.copy(_COPY_X if with_xattrs else _COPY) as copy:
+            copy.set_types(_COPY_TYPES_X if with_xattrs else _COPY_TYPES)
             write_row = copy.write_row
             for row in zip(
                 repeat(bucket),
@@ -393,6 +470,7 @@ class LogWriter:
                 rows.expiry,
                 rows.flags,
                 rows.arrival,
+                *([rows.xattrs_column()] if with_xattrs else []),
                 strict=False,
             ):  # repeat() is endless
                 write_row(row)
@@ -405,7 +483,7 @@ class LogWriter:
                 run[1] = seqno
         vbs = sorted(runs)
         cur.execute(
-            _AFTER_COPY,
+            _AFTER_COPY_X if with_xattrs else _AFTER_COPY,
             {
                 "bucket": bucket,
                 "vb": vbs,
@@ -507,8 +585,15 @@ class LogWriter:
                 rows.add(
                     vb, seqno, target, write.op, cas, doc, write.expiry, write.flags, max(arrival, lasts[vb])
                 )
+                xattrs = write.xattrs
+                if xattrs is not None:  # the cas and seqno macros of a sub-document mutation
+                    if xattr_codec.has_macros(xattrs):
+                        xattrs = xattr_codec.expand(xattrs, cas, seqno)
+                    rows.set_xattrs(xattrs)
                 after = (
-                    StoredDocument(target, write.doc or b"", cas, write.expiry, write.flags, vb, seqno)
+                    StoredDocument(
+                        target, write.doc or b"", cas, write.expiry, write.flags, vb, seqno, xattrs
+                    )
                     if write.op == OP_UPDATE
                     else None
                 )
