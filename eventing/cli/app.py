@@ -1,8 +1,9 @@
 """The `eventing` command's parser and entry point; each command group lives in its own module.
 
 Every subcommand takes --store (a data directory or a postgresql:// URL; default $EVENTING_STORE, else
-$EVENTING_DATA_DIR or ./.eventing), --data-dir as its older name, and, where it prints data, --json. User mistakes print `error: ...` naming the thing and the fix, and exit 2; under --json the
-error is one JSON object on stderr, `{"error": "...", "exit": 2}`. Ctrl-C exits 130.
+$EVENTING_DATA_DIR or ./.eventing), --data-dir as its older name, and, where it prints data, --json. User
+mistakes print `error: ...` naming the thing and the fix, and exit 2; under --json the error is one JSON
+object on stderr, `{"error": "...", "exit": 2}`. Ctrl-C exits 130.
 """
 
 from __future__ import annotations
@@ -65,10 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="eventing",
-        description="Couchbase-Eventing-style mutation processing: deploy Python handlers on Ray workers that "
-        "own vBuckets, keep per-document order and checkpoint their progress.",
+        description="Couchbase-Eventing-style mutation processing: deploy Python handlers on Ray workers "
+        "that own vBuckets, keep per-document order and checkpoint their progress.",
         epilog="Quick start: eventing demo   |   Typical flow: eventing bucket create customers; "
-        "eventing bucket load customers; eventing deploy functions/fn_email.json; eventing run --until-caught-up",
+        "eventing bucket load customers; eventing deploy functions/fn_email.json; eventing run "
+        "--until-caught-up",
         parents=[common],
     )
     parser.add_argument("--version", action="version", version=f"eventing {__version__}")

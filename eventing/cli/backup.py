@@ -21,7 +21,8 @@ def cmd_backup(args: argparse.Namespace) -> int:
     if folders:
         they = "it" if len(folders) == 1 else "they"
         print(
-            f"created the folder{'' if len(folders) == 1 else 's'} {', '.join(folders)} ({they} did not exist)"
+            f"created the folder{'' if len(folders) == 1 else 's'} {', '.join(folders)} ({they} did not "
+            "exist)"
         )
     if args.with_buckets:
         functions = f"{result['functions']} function" + ("" if result["functions"] == 1 else "s")
@@ -62,8 +63,8 @@ def cmd_restore(args: argparse.Namespace) -> int:
         print(f"warning: {warning}", file=sys.stderr)
     if result["warnings"]:
         print(
-            "functions whose buckets are here resume after the restored checkpoints; the others fail to start "
-            "until their buckets are back"
+            "functions whose buckets are here resume after the restored checkpoints; the others fail to "
+            "start until their buckets are back"
         )
     else:
         print(

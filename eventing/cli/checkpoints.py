@@ -27,9 +27,9 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
         return 0
     owners = ", ".join(data["owners"]) or "none yet"
     print(
-        f"{data['function']} ({data['state']}), source '{data['source_bucket']}': {data['vbuckets']} vBuckets, "
-        f"backlog {data['backlog']:,} in {data['vbuckets_with_backlog']} vBuckets, {data['leased']} leased; "
-        f"owners: {owners}"
+        f"{data['function']} ({data['state']}), source '{data['source_bucket']}': {data['vbuckets']} "
+        f"vBuckets, backlog {data['backlog']:,} in {data['vbuckets_with_backlog']} vBuckets, "
+        f"{data['leased']} leased; owners: {owners}"
     )
     if not data["source_identity_matches"]:
         print(
@@ -83,7 +83,8 @@ def cmd_rewind(args: argparse.Namespace) -> int:
     lowered = {b: n for b, n in result.effect_marks_lowered.items() if n}
     if not result.moves and not lowered:
         print(
-            f"nothing to rewind: every checkpoint of '{name}' in scope is already at or before {result.target}"
+            f"nothing to rewind: every checkpoint of '{name}' in scope is already at or before "
+            f"{result.target}"
         )
         return 0
     if result.moves:

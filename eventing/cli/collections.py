@@ -39,9 +39,9 @@ def cmd_collection_create(args: argparse.Namespace) -> int:
         else:
             m = result["mirror"]
             print(
-                f"collection '{result['keyspace']}' mirrors table {m['table']} of {m['source']} (slot {m['slot']}, "
-                f"publication {m['publication']}); the running service (`eventing run`) takes its snapshot and "
-                "follows the table"
+                f"collection '{result['keyspace']}' mirrors table {m['table']} of {m['source']} (slot "
+                f"{m['slot']}, publication {m['publication']}); the running service (`eventing run`) takes "
+                "its snapshot and follows the table"
             )
         return 0
     result = buckets.create_collection(writable_state(args), args.keyspace)
@@ -78,8 +78,8 @@ def cmd_collection_resync(args: argparse.Namespace) -> int:
         emit_json(result)
     else:
         print(
-            f"mirror '{result['keyspace']}' will take a new snapshot (generation {result['generation']}) on a new "
-            "slot; the running service does it now, or at its next start"
+            f"mirror '{result['keyspace']}' will take a new snapshot (generation {result['generation']}) on "
+            "a new slot; the running service does it now, or at its next start"
         )
     return 0
 
@@ -181,8 +181,8 @@ def register(sub: Any, add: Any) -> None:
     p = add(
         "drop",
         cmd_collection_drop,
-        "delete a collection and its documents; deployed or paused functions that read or bind it are undeployed "
-        "first; a mirror's slot and publication are dropped too",
+        "delete a collection and its documents; deployed or paused functions that read or bind it are "
+        "undeployed first; a mirror's slot and publication are dropped too",
         csub,
     )
     p.add_argument("keyspace", metavar="BUCKET.SCOPE.COLLECTION")

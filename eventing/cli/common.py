@@ -1,4 +1,5 @@
-"""What every command module shares: the state (--store / --data-dir), function views, progress on the terminal."""
+"""What every command module shares: the state (--store / --data-dir), function views, progress on the
+terminal."""
 
 from __future__ import annotations
 
@@ -50,8 +51,8 @@ def writable_state(args: argparse.Namespace) -> State:
         probe.unlink()
     except OSError as exc:
         raise EventingError(
-            f"data directory {path} is not writable ({exc.strerror}); pass --data-dir DIR (or --store) or set "
-            "EVENTING_DATA_DIR to a writable directory"
+            f"data directory {path} is not writable ({exc.strerror}); pass --data-dir DIR (or --store) or "
+            "set EVENTING_DATA_DIR to a writable directory"
         ) from None
     return state
 

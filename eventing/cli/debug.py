@@ -136,7 +136,8 @@ def _print_footer(session: DebugSession) -> None:
         print(f"{writes} writes shown, not applied (--apply writes them)")
     m = pulled.mutation
     print(
-        f"the mutation was not consumed: the worker that owns vBucket {m.vb} handles seqno {m.seqno} in its place"
+        f"the mutation was not consumed: the worker that owns vBucket {m.vb} handles seqno {m.seqno} in its "
+        "place"
     )
 
 
@@ -151,7 +152,8 @@ def register(sub, add) -> None:
         "debug",
         cmd_debug,
         "run the stored handler in the foreground on a copy of the function's next mutation (after its "
-        "checkpoint), with a trace or pdb; the mutation is never consumed: its worker still handles it in place",
+        "checkpoint), with a trace or pdb; the mutation is never consumed: its worker still handles it in "
+        "place",
     )
     p.add_argument("function")
     which = p.add_mutually_exclusive_group()

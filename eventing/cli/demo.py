@@ -82,7 +82,8 @@ def run_demo(state: State, args: argparse.Namespace) -> int:
     for name in DEMO_FUNCTIONS:
         app.deploy(FUNCTIONS_DIR / f"{name}.json")
     say(
-        f"4. processing everything on {'a local Ray instance' if args.executor == 'ray' and not args.ray_address else args.executor}"
+        "4. processing everything on "
+        f"{'a local Ray instance' if args.executor == 'ray' and not args.ray_address else args.executor}"
     )
 
     renderer = ProgressRenderer(enabled=not args.json and progress_enabled())
@@ -130,16 +131,17 @@ def run_demo(state: State, args: argparse.Namespace) -> int:
     for name in HANDLER_FUNCTIONS:
         s = stats[name]
         print(
-            f"== {name}: {s['mutations_seen']:,} mutations seen, on_update ok {s['on_update_success']:,} / failed "
-            f"{s['on_update_failure']}, on_delete ok {s['on_delete_success']:,} / failed {s['on_delete_failure']}, "
-            f"checkpoint lag {s['checkpoint_lag']}, {s.get('last_run', {}).get('mutations_per_s', 0):,} mutations/s"
+            f"== {name}: {s['mutations_seen']:,} mutations seen, on_update ok {s['on_update_success']:,} / "
+            f"failed {s['on_update_failure']}, on_delete ok {s['on_delete_success']:,} / failed "
+            f"{s['on_delete_failure']}, checkpoint lag {s['checkpoint_lag']}, "
+            f"{s.get('last_run', {}).get('mutations_per_s', 0):,} mutations/s"
         )
         for w in vbmaps[name]["workers"]:
             print(f"   {w['worker']}: {w['vbuckets']} vBuckets  {w['ranges']}")
     print()
     print(
-        f"customers: {result['buckets']['customers']:,} documents; emails: {result['buckets']['emails']:,} drafts; "
-        f"scores: {result['buckets']['scores']:,} scores"
+        f"customers: {result['buckets']['customers']:,} documents; emails: {result['buckets']['emails']:,} "
+        f"drafts; scores: {result['buckets']['scores']:,} scores"
     )
     key = next(iter(emails.keys()), None)
     if key:
@@ -217,14 +219,14 @@ def _last_windows(report: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str
 def _print_windows(report: dict[str, Any], stats: dict[str, Any]) -> None:
     results = report["results"]
     print(
-        f"== {WINDOW_FUNCTION}: {stats['mutations_seen']:,} mutations seen; {report['windows_emitted']:,} windows "
-        f"emitted ({len(results):,} rows, one per window and country), {report['open_windows']} still open; "
-        f"late rows {report['late_rows']}"
+        f"== {WINDOW_FUNCTION}: {stats['mutations_seen']:,} mutations seen; {report['windows_emitted']:,} "
+        f"windows emitted ({len(results):,} rows, one per window and country), {report['open_windows']} "
+        f"still open; late rows {report['late_rows']}"
     )
     print(
         f"   watermark: {report['watermark']} (per vBucket the latest event time seen minus the "
-        f"{report['window']['out_of_order_tolerance']} out-of-order tolerance; the least over active vBuckets; "
-        "windows ending at or before it are closed)"
+        f"{report['window']['out_of_order_tolerance']} out-of-order tolerance; the least over active "
+        "vBuckets; windows ending at or before it are closed)"
     )
     if not results:
         print("   no window has closed yet")

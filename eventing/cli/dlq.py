@@ -1,4 +1,5 @@
-"""`eventing dlq list|show|replay|purge FN`: the dead-letter queue from the command line (see eventing.ops.dlq)."""
+"""`eventing dlq list|show|replay|purge FN`: the dead-letter queue from the command line (see
+eventing.ops.dlq)."""
 
 from __future__ import annotations
 
@@ -116,7 +117,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
             f"interrupted: {counted(replayed, 'row')} of '{args.function}' "
             f"{'was' if replayed == 1 else 'were'} "
             "replayed and marked; the row in progress "
-            "was not marked. Run the same replay again to continue: rows already applied are not applied again",
+            "was not marked. Run the same replay again to continue: rows already applied are not applied "
+            "again",
             file=sys.stderr,
         )
         return EXIT_INTERRUPTED
@@ -130,7 +132,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         for r in report.rows:
             if r.outcome not in ("replayed", "not replayable"):
                 print(
-                    f"  still failing: vBucket {r.vb} seqno {r.seqno} '{r.key}': {r.outcome}: {_short(r.error, 100)}"
+                    f"  still failing: vBucket {r.vb} seqno {r.seqno} '{r.key}': {r.outcome}: "
+                    f"{_short(r.error, 100)}"
                 )
         skipped = (
             f", {report.writes_skipped} already applied by an interrupted replay"
@@ -148,7 +151,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         )
         if report.failed:
             print(
-                f"rows still failing stay in the queue; see `eventing dlq show {args.function} --vb N --seqno S`"
+                f"rows still failing stay in the queue; see `eventing dlq show {args.function} --vb N "
+                "--seqno S`"
             )
     return 1 if report.failed else 0
 
@@ -180,8 +184,8 @@ def register(sub, add) -> None:
     group = sub.add_parser(
         "dlq",
         help="dead-letter queue: list, show, replay (with the current handler) and purge failed mutations",
-        description="Mutations a function's handler could not process (error, timeout, undecodable, oversize). "
-        "Replay re-runs the current stored handler on them and applies each row exactly once.",
+        description="Mutations a function's handler could not process (error, timeout, undecodable, "
+        "oversize). Replay re-runs the current stored handler on them and applies each row exactly once.",
     )
     dsub = group.add_subparsers(dest="dlq_command", metavar="ACTION", required=True)
 

@@ -1,4 +1,5 @@
-"""Function lifecycle commands: create, deploy, pause, resume, undeploy, delete, list, status, export, import."""
+"""Function lifecycle commands: create, deploy, pause, resume, undeploy, delete, list, status, export,
+import."""
 
 from __future__ import annotations
 
@@ -41,8 +42,8 @@ def _refuse_if_paused(target: str, state: State) -> None:
         update = f"`eventing create {target}` updates its definition and handler, then " if is_file else ""
         raise LifecycleError(
             f"function '{name}' is paused, so it cannot be deployed again; {update}`eventing resume {name}` "
-            f"continues from its checkpoints (to start over from the feed boundary: `eventing undeploy {name}`, "
-            "then deploy)"
+            "continues from its checkpoints (to start over from the feed boundary: `eventing undeploy "
+            f"{name}`, then deploy)"
         )
 
 
@@ -159,12 +160,16 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"sandbox: {sandbox}")
         if leader is not None:
             print(
-                f"  leader: {leader['id']} (lease term {leader['term']}, expires in {leader['expires_in_s']:.1f}s)"
+                f"  leader: {leader['id']} (lease term {leader['term']}, expires in "
+                f"{leader['expires_in_s']:.1f}s)"
             )
         if services:
             print(f"  standby: {', '.join(standbys) if standbys else 'none'}")
         for v in views:
-            line = f"  {v['name']}: {v['state']} ({v['vbuckets_leased']}/{NUM_VBUCKETS} vBuckets owned by live workers"
+            line = (
+                f"  {v['name']}: {v['state']} ({v['vbuckets_leased']}/{NUM_VBUCKETS} vBuckets owned by live "
+                "workers"
+            )
             if v["vbuckets_leased_by_stopped_service"]:
                 line += (
                     f"; {v['vbuckets_leased_by_stopped_service']} still leased by a service that stopped "

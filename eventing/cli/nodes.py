@@ -30,8 +30,8 @@ def cmd_node_add(args: argparse.Namespace) -> int:
         print(f"node '{args.name}' is {node['state']}; run `eventing rebalance` to give it vBuckets")
         if was_failed and not args.ray_node_id and node["ray_node_id"]:
             print(
-                f"note: it stays pinned to Ray node {node['ray_node_id']}, the one that failed; if that node was "
-                "restarted it has a new id: add it again with --ray-node-id NEW_ID"
+                f"note: it stays pinned to Ray node {node['ray_node_id']}, the one that failed; if that node "
+                "was restarted it has a new id: add it again with --ray-node-id NEW_ID"
             )
     return 0
 

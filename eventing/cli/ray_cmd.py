@@ -77,8 +77,9 @@ def register(sub: Any, add: Any) -> None:
     ray = sub.add_parser(
         "ray",
         help="a Ray instance kept up for this data directory: start, stop, status",
-        description="Keep a local Ray instance up for this data directory. Every `eventing run` there joins it "
-        "(~0.1s) instead of starting a Ray instance of its own (~2.5s); --ray-address still picks a cluster.",
+        description="Keep a local Ray instance up for this data directory. Every `eventing run` there joins "
+        "it (~0.1s) instead of starting a Ray instance of its own (~2.5s); --ray-address still picks a "
+        "cluster.",
     )
     rsub = ray.add_subparsers(dest="ray_command", metavar="ACTION", required=True)
     p = add("start", cmd_ray_start, "start it (or say it is already up)", rsub)

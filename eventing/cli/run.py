@@ -47,8 +47,8 @@ class LineProgress:
         for name, p in sorted(summary.functions.items()):
             letters = sum(p.dead_letters.values())
             print(
-                f"progress: {name}: {p.handled:,} handled, backlog {p.backlog:,}, {p.rate_mps:,.0f}/s, {p.state}"
-                + (f", {letters:,} dead-lettered" if letters else ""),
+                f"progress: {name}: {p.handled:,} handled, backlog {p.backlog:,}, {p.rate_mps:,.0f}/s, "
+                f"{p.state}" + (f", {letters:,} dead-lettered" if letters else ""),
                 file=sys.stderr,
                 flush=True,
             )
@@ -164,21 +164,21 @@ def cmd_run(args: argparse.Namespace) -> int:
             rate = p.handled / summary.seconds if summary.seconds else 0
             extra = f" error: {p.error}" if p.error else ""
             print(
-                f"{name}: {counted(p.handled, 'mutation')} handled in {summary.seconds:.1f}s ({rate:,.0f}/s), "
-                f"{p.state}{extra}"
+                f"{name}: {counted(p.handled, 'mutation')} handled in {summary.seconds:.1f}s "
+                f"({rate:,.0f}/s), {p.state}{extra}"
             )
             passed = {k: v for k, v in read.get(name, {}).items() if k != "handler_calls" and v}
             if passed:  # mutations of the source its workers moved past without a handler call
                 words = ", ".join(f"{n:,} {PASSED_OVER[k]}" for k, n in passed.items())
                 print(
-                    f"  {read[name].get('handler_calls', 0):,} of them called the handler; the others were passed "
-                    f"over: {words}"
+                    f"  {read[name].get('handler_calls', 0):,} of them called the handler; the others were "
+                    f"passed over: {words}"
                 )
             if p.dead_letters:
                 reasons = ", ".join(f"{reason} {n:,}" for reason, n in sorted(p.dead_letters.items()))
                 print(
-                    f"  {sum(p.dead_letters.values()):,} went to the dead-letter queue in this run ({reasons}); "
-                    f"see `eventing dlq list {name}`"
+                    f"  {sum(p.dead_letters.values()):,} went to the dead-letter queue in this run "
+                    f"({reasons}); see `eventing dlq list {name}`"
                 )
             if p.log_path:
                 print(f"  handler log: {p.log_path}")
@@ -249,7 +249,8 @@ def _what_was_read(
 
 
 def _startup(executor: Any, ray_s: float, summary: Any) -> dict[str, Any]:
-    """Where a run's start-up went: Ray, the workers, and the time from the command to its first handler call."""
+    """Where a run's start-up went: Ray, the workers, and the time from the command to its first handler
+    call."""
     firsts = [p.first_handled_at for p in summary.functions.values() if p.first_handled_at]
     return {
         "ray_s": round(ray_s, 3),

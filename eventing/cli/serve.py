@@ -61,8 +61,8 @@ def _banner(config: Any) -> str:
         else "no credentials: every local caller is trusted (loopback only)"
     )
     return (
-        f"eventing console and API on http://{config.host}:{config.port}/ ({auth}); data {config.state.shown}; "
-        f"API description at /api/v1/openapi.json, metrics at /metrics"
+        f"eventing console and API on http://{config.host}:{config.port}/ ({auth}); data "
+        f"{config.state.shown}; API description at /api/v1/openapi.json, metrics at /metrics"
     )
 
 
@@ -86,8 +86,8 @@ def _start_kv(args: argparse.Namespace, config: Any) -> Any:
                 "pick another port with --kv-port, or 0 for none"
             ) from None
         print(
-            f"warning: the KV port {config.host}:{port} is taken ({exc.strerror or exc}); Couchbase SDKs cannot "
-            "connect to this server: give --kv-port PORT",
+            f"warning: the KV port {config.host}:{port} is taken ({exc.strerror or exc}); Couchbase SDKs "
+            "cannot connect to this server: give --kv-port PORT",
             file=sys.stderr,
             flush=True,
         )

@@ -32,8 +32,8 @@ def cmd_store_copy(args: argparse.Namespace) -> int:
         buckets = len(result["buckets"])
         print(
             f"copied {result['from']} to {result['to']}: {buckets} bucket{'s' if buckets != 1 else ''}, "
-            f"{result['functions']} function{'s' if result['functions'] != 1 else ''} with their checkpoints; "
-            f"run on it with `eventing --store {result['to']} run`"
+            f"{result['functions']} function{'s' if result['functions'] != 1 else ''} with their "
+            f"checkpoints; run on it with `eventing --store {result['to']} run`"
         )
     return 0
 
@@ -72,8 +72,8 @@ def register(sub: Any, add: Any) -> None:
     p = add(
         "copy",
         cmd_store_copy,
-        "copy every bucket, function (with its checkpoints), dead letter, timer, user, window and log from one "
-        "store into another, empty one; no service may run on the source",
+        "copy every bucket, function (with its checkpoints), dead letter, timer, user, window and log from "
+        "one store into another, empty one; no service may run on the source",
         ssub,
     )
     p.add_argument(

@@ -113,8 +113,9 @@ def register(sub: Any, add: Any) -> None:
         "--role",
         action="append",
         metavar="ROLE",
-        help="admin, ro_admin, eventing_manage_functions[BUCKET:SCOPE], data_reader[BUCKET.SCOPE.COLLECTION], "
-        "data_writer[BUCKET.SCOPE.COLLECTION] (`*` for any part); repeat for several",
+        help="admin, ro_admin, eventing_manage_functions[BUCKET:SCOPE], "
+        "data_reader[BUCKET.SCOPE.COLLECTION], data_writer[BUCKET.SCOPE.COLLECTION] (`*` for any part); "
+        "repeat for several",
     )
     p.add_argument(
         "--password-stdin", action="store_true", help="read the password from the first line of stdin"

@@ -1,4 +1,5 @@
-"""`eventing verify FN [--ledger BUCKET|KEYSPACE] [--json]`: the ledger check of eventing.ops.verify as a command."""
+"""`eventing verify FN [--ledger BUCKET|KEYSPACE] [--json]`: the ledger check of eventing.ops.verify as a
+command."""
 
 from __future__ import annotations
 

@@ -38,7 +38,8 @@ def cmd_windows(args: argparse.Namespace) -> int:
     aggregates = report["aggregates"]
     if args.aggregate is not None and args.aggregate not in aggregates:
         raise ConfigError(
-            f"function '{args.function}' has no aggregate {args.aggregate!r}; its aggregates are {', '.join(aggregates)}"
+            f"function '{args.function}' has no aggregate {args.aggregate!r}; its aggregates are "
+            f"{', '.join(aggregates)}"
         )
     if args.limit < 0:
         raise ConfigError(f"--limit is {args.limit}; give a number of result rows >= 1 (0: all)")
@@ -61,21 +62,22 @@ def cmd_windows(args: argparse.Namespace) -> int:
     if report["watermark"] is not None:
         least = "substreams'" if report["watermark_of"] == "substreams" else "vBuckets'"
         print(
-            f"closing watermark: {report['watermark']} (the least of the {least} watermarks; windows close on it)"
+            f"closing watermark: {report['watermark']} (the least of the {least} watermarks; windows close "
+            "on it)"
         )
     if policies is not None and policies["watermark_ms"] is not None:
         from eventing.core.times import iso_ms
 
         print(
-            f"arrival-time policies' greatest watermark: {iso_ms(policies['watermark_ms'])} (the most advanced "
-            "stream; watermark_delay_ms counts from it)"
+            f"arrival-time policies' greatest watermark: {iso_ms(policies['watermark_ms'])} (the most "
+            "advanced stream; watermark_delay_ms counts from it)"
         )
     if policies is not None:
         print(
-            f"arrival-time policies: {policies['out_of_order_events']} out-of-order, {policies['late_input_events']} "
-            f"late input and {policies['early_input_events']} early input events; {policies['rows_adjusted']} rows "
-            f"adjusted (`eventing windows {args.function} --adjusted`), {policies['rows_held']} waiting for "
-            "earlier arrivals"
+            f"arrival-time policies: {policies['out_of_order_events']} out-of-order, "
+            f"{policies['late_input_events']} late input and {policies['early_input_events']} early input "
+            f"events; {policies['rows_adjusted']} rows adjusted (`eventing windows {args.function} "
+            f"--adjusted`), {policies['rows_held']} waiting for earlier arrivals"
         )
     rows = report["results"]
     if args.limit:
