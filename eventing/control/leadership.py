@@ -76,7 +76,10 @@ def expiry_hint(lease: Lease | None, holder: str) -> str:
     lapses = [SERVICE_STALE_S]  # its heartbeat counts for this long
     if lease is not None and lease.holder == holder and not lease.expired(now):
         lapses.append(lease.expires_at - now)
-    return f"; if that service was killed, its lease expires in at most {math.ceil(max(lapses))} s: run again then"
+    return (
+        f"; if that service was killed, its lease expires in at most {math.ceil(max(lapses))} s: run again "
+        "then"
+    )
 
 
 def service_alive(service_id: str) -> bool:

@@ -23,8 +23,8 @@ from eventing.windows.runtime.paths import reset_windows
 from metadata import TIMER_VB_BASE, FunctionRecord, FunctionState, MetadataStore
 from sharding import NUM_VBUCKETS
 
-# A running `eventing run` writes a heartbeat every STATE_POLL_S (0.5 s, eventing.control.service); a command that
-# sees none this recent completes a pause or undeploy itself, since no worker is holding vBuckets.
+# A running `eventing run` writes a heartbeat every STATE_POLL_S (0.5 s, eventing.control.service); a command
+# that sees none this recent completes a pause or undeploy itself, since no worker is holding vBuckets.
 SERVICE_STALE_S = 5.0
 
 # Each deployment's epochs start at generation << 32, so workers of an older deployment stay fenced.
@@ -145,8 +145,8 @@ def _refuse_mirror_writes(bucket: BucketDocuments, defn: FunctionDefinition) -> 
         shown = mirrors.get(collection_id(bucket, b.keyspace))
         if shown is not None:
             raise ConfigError(
-                f"binding '{b.alias}' of function '{defn.name}' is read-write on '{b.keyspace}', which mirrors "
-                f"{shown} and is written by the mirror alone; bind it read-only (access 'r')"
+                f"binding '{b.alias}' of function '{defn.name}' is read-write on '{b.keyspace}', which "
+                f"mirrors {shown} and is written by the mirror alone; bind it read-only (access 'r')"
             )
 
 
@@ -171,9 +171,9 @@ def _refuse_source_change(stored: FunctionRecord, definition: dict[str, Any]) ->
     old, new = stored.definition["source_bucket"], definition["source_bucket"]
     if old != new:
         raise LifecycleError(
-            f"cannot change the source bucket of function '{stored.name}' from '{old}' to '{new}': the source of a "
-            "paused function cannot change, its checkpoints belong to the old source; undeploy it, then deploy "
-            "the new definition"
+            f"cannot change the source bucket of function '{stored.name}' from '{old}' to '{new}': the "
+            "source of a paused function cannot change, its checkpoints belong to the old source; undeploy "
+            "it, then deploy the new definition"
         )
 
 
@@ -277,8 +277,9 @@ def run_on_deploy(state: StateLike, store: MetadataStore, record: FunctionRecord
             )
         if failure is not None:
             raise LifecycleError(
-                f"on_deploy of function '{record.name}' failed ({failure.error or failure.status}); the function "
-                f"stays {'undeployed' if reason == 'deploy' else 'paused'}; fix the handler and {reason} again"
+                f"on_deploy of function '{record.name}' failed ({failure.error or failure.status}); the "
+                f"function stays {'undeployed' if reason == 'deploy' else 'paused'}; fix the handler and "
+                f"{reason} again"
             )
         namespace = f"{record.name}#on_deploy:{record.generation}:{reason}:{int(record.updated_at * 1000)}"
         for bucket, writes in writes_by_bucket(runner.take_writes()):
@@ -477,7 +478,8 @@ def export_couchbase(
 
 
 class _store:
-    """`with _store(state) as store:` the state's metadata store for one operation (the state keeps it open)."""
+    """`with _store(state) as store:` the state's metadata store for one operation (the state keeps it
+    open)."""
 
     def __init__(self, state: StateLike):
         self.store = as_state(state).metadata

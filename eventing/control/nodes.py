@@ -57,7 +57,8 @@ class Topology:
         existing = {n["name"]: n for n in self.nodes()}
         if name in existing and existing[name]["state"] not in ("leaving", "failed"):
             raise ConfigError(f"node '{name}' is already {existing[name]['state']}; pick another name")
-        # Re-adding a leaving node cancels its departure; a failed node comes back as joining (it owns nothing).
+        # Re-adding a leaving node cancels its departure; a failed node comes back as joining (it owns
+        # nothing).
         state = "active" if name in self.owning_nodes() else "joining"
         self.store.put_node(name, state, ray_node_id)
         return {n["name"]: n for n in self.store.nodes()}[name]

@@ -318,8 +318,8 @@ class EventingService:
                 holder = (others or [lease.holder if lease else "?"])[0]
                 raise EventingError(
                     f"another eventing service ({holder}) is running on this data directory; stop it first "
-                    "(Ctrl-C), or run commands against it instead of starting a second one; to wait as a standby "
-                    f"and take over when it stops, add --standby{expiry_hint(lease, holder)}"
+                    "(Ctrl-C), or run commands against it instead of starting a second one; to wait as a "
+                    f"standby and take over when it stops, add --standby{expiry_hint(lease, holder)}"
                 )
             self.summary.leadership = {"role": "leader", "term": taken.term, "waited_s": 0.0}
             return
@@ -425,7 +425,8 @@ class EventingService:
         )
 
     def lost_leadership(self, holder: str | None) -> None:
-        """Called by the lease keeper: another service holds the lease now. Stop; its workers have fenced ours."""
+        """Called by the lease keeper: another service holds the lease now. Stop; its workers have fenced
+        ours."""
         message = f"lost the leader lease to {holder or 'nobody (it could not be renewed)'}; stopping"
         log.error(message)
         self.summary.errors.append(message)

@@ -240,7 +240,8 @@ class FunctionSupervisor:
         return sum(s.restarts for s in self.slots.values())
 
     def pump(self, timeout: float = 0.1) -> int:
-        """Submit steps where credits allow, wait up to `timeout` for results, handle them. Returns handled."""
+        """Submit steps where credits allow, wait up to `timeout` for results, handle them. Returns
+        handled."""
         now = time.monotonic()
         for slot in self.slots.values():
             if slot.respawn_at is not None and now >= slot.respawn_at:
@@ -590,7 +591,8 @@ class FunctionSupervisor:
                 )
         for wid, slot in self.slots.items():
             if slot.handle is not None:
-                # A worker that stopped cleanly may go back to a kept pool (eventing ray start); any other ends.
+                # A worker that stopped cleanly may go back to a kept pool (eventing ray start); any other
+                # ends.
                 if wid in stopped:
                     self.executor.release(slot.handle)
                 else:
