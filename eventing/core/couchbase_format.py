@@ -1,11 +1,12 @@
-"""Couchbase Eventing's function JSON (its export format and REST bodies) to this project's definition and back.
+"""Couchbase Eventing's function JSON (its export format and REST bodies) to this project's definition and
+back.
 
 Pure: no I/O. A Couchbase function (`appname`, `appcode`, `depcfg`, `settings`, `version`, `function_scope`)
 becomes a JavaScript definition (`"language": "javascript"`, the appcode as handler source) plus the state its
-`deployment_status`/`processing_status` ask for. Every field has one fate (FATES lists the settings'): mapped to
-the setting that does the same here, refused with a ConfigError naming it, or accepted with a warning naming it
-and saying why it changes nothing here. A field this module does not know (a newer Couchbase's) is named in a
-warning too; nothing is dropped silently.
+`deployment_status`/`processing_status` ask for. Every field has one fate (FATES lists the settings'): mapped
+to the setting that does the same here, refused with a ConfigError naming it, or accepted with a warning
+naming it and saying why it changes nothing here. A field this module does not know (a newer Couchbase's) is
+named in a warning too; nothing is dropped silently.
 """
 
 from __future__ import annotations

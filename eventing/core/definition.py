@@ -178,7 +178,8 @@ class FunctionDefinition:
         for alias in aliases:
             if aliases.count(alias) > 1:
                 raise ConfigError(
-                    f"function '{name}' binds the alias '{alias}' to two buckets or URLs; give each binding its own alias"
+                    f"function '{name}' binds the alias '{alias}' to two buckets or URLs; give each binding "
+                    "its own alias"
                 )
         constants = data.get("constants", {})
         if not isinstance(constants, dict):
@@ -228,28 +229,30 @@ class FunctionDefinition:
             or not 1 <= concurrency <= MAX_CONCURRENCY
         ):
             raise ConfigError(
-                f"concurrency of function '{name}' is {concurrency!r}; give an integer from 1 to {MAX_CONCURRENCY} "
-                "(handler calls a worker runs at once, for different documents)"
+                f"concurrency of function '{name}' is {concurrency!r}; give an integer from 1 to "
+                f"{MAX_CONCURRENCY} (handler calls a worker runs at once, for different documents)"
             )
         for key in ("window", "previous_version"):
             if concurrency > 1 and kwargs.get(key):
                 raise ConfigError(
-                    f"concurrency of function '{name}' is {concurrency}, which {key} does not take (it follows "
-                    "the log one mutation at a time): use concurrency 1, or raise worker_count instead"
+                    f"concurrency of function '{name}' is {concurrency}, which {key} does not take (it "
+                    "follows the log one mutation at a time): use concurrency 1, or raise worker_count "
+                    "instead"
                 )
         if not isinstance(kwargs.get("previous_version", False), bool):
             raise ConfigError(f"previous_version of function '{name}' must be true or false")
         if kwargs.get("language", "python") not in LANGUAGES:
             raise ConfigError(
-                f"language of function '{name}' is {kwargs['language']!r}; use one of {', '.join(map(repr, LANGUAGES))}"
+                f"language of function '{name}' is {kwargs['language']!r}; use one of "
+                f"{', '.join(map(repr, LANGUAGES))}"
             )
         if kwargs.get("boundary", "everything") not in ("everything", "from_now"):
             raise ConfigError(f"boundary of function '{name}' must be 'everything' or 'from_now'")
         for key, allowed in (("placement", PLACEMENTS), ("delivery", DELIVERIES), ("isolation", ISOLATIONS)):
             if key in kwargs and kwargs[key] not in allowed:
                 raise ConfigError(
-                    f"{key} of function '{name}' is {kwargs[key]!r}; use one of {', '.join(map(repr, allowed))} "
-                    f"(default {allowed[0]!r})"
+                    f"{key} of function '{name}' is {kwargs[key]!r}; use one of "
+                    f"{', '.join(map(repr, allowed))} (default {allowed[0]!r})"
                 )
         if kwargs.get("filter") is not None:
             try:
@@ -261,7 +264,8 @@ class FunctionDefinition:
                 "retry_backoff", timedelta(milliseconds=100)
             ) != timedelta(milliseconds=100):
                 raise ConfigError(
-                    f"function '{name}' sets both retry and retries/retry_backoff; give the policy in retry alone "
+                    f"function '{name}' sets both retry and retries/retry_backoff; give the policy in retry "
+                    "alone "
                     '(retries N is "max_attempts": N + 1, retry_backoff is "initial_backoff")'
                 )
             try:
@@ -338,8 +342,8 @@ def _check_alias(kind: str, alias: Any, function: str) -> None:
         )
     if alias in RESERVED_NAMES:
         raise ConfigError(
-            f"{kind} '{alias}' of function '{function}' would hide the handler API's {RESERVED_NAMES[alias]}; "
-            f"rename it (for example '{alias}_bucket')"
+            f"{kind} '{alias}' of function '{function}' would hide the handler API's "
+            f"{RESERVED_NAMES[alias]}; rename it (for example '{alias}_bucket')"
         )
 
 
@@ -360,7 +364,8 @@ def parse_url_bindings(raw: Any, function: str) -> tuple[dict, ...]:
             )
         if auth not in ("none", "basic", "bearer", "digest"):
             raise ConfigError(
-                f"url binding '{alias}' of function '{function}' has auth {auth!r}; use none, basic, bearer or digest"
+                f"url binding '{alias}' of function '{function}' has auth {auth!r}; use none, basic, bearer "
+                "or digest"
             )
         for flag in ("verify_tls", "allow_cookies"):
             if flag in item and not isinstance(item[flag], bool):
@@ -370,7 +375,8 @@ def parse_url_bindings(raw: Any, function: str) -> tuple[dict, ...]:
         unknown = set(item) - URL_BINDING_FIELDS
         if unknown:
             raise ConfigError(
-                f"url binding '{alias}' of function '{function}' has unknown field(s) {', '.join(sorted(unknown))}"
+                f"url binding '{alias}' of function '{function}' has unknown field(s) "
+                f"{', '.join(sorted(unknown))}"
             )
         _check_url_limits(item, f"url binding '{alias}' of function '{function}'")
         out.append(dict(item))
@@ -400,7 +406,8 @@ def _check_url_limits(item: dict[str, Any], what: str) -> None:
     header = item.get("idempotency_header", "Idempotency-Key")
     if header is not False and not (isinstance(header, str) and _HEADER_NAME.match(header)):
         raise ConfigError(
-            f'idempotency_header of {what} is {header!r}; give a header name such as "Idempotency-Key", or false '
+            f'idempotency_header of {what} is {header!r}; give a header name such as "Idempotency-Key", or '
+            "false "
             "to send none"
         )
     rate = item.get("rate_limit")
@@ -419,7 +426,8 @@ def _check_url_limits(item: dict[str, Any], what: str) -> None:
         ):
             raise ConfigError(
                 f"rate_limit of {what} is {rate!r}; give requests per second and a burst, for example "
-                '{"per_second": 50, "burst": 10} (burst: requests that may start at once after a quiet time, >= 1)'
+                '{"per_second": 50, "burst": 10} (burst: requests that may start at once after a quiet time, '
+                ">= 1)"
             )
     in_flight = item.get("max_in_flight")
     if in_flight is not None and (
@@ -431,7 +439,8 @@ def _check_url_limits(item: dict[str, Any], what: str) -> None:
 
 
 def load_definition_file(path: str | Path) -> tuple[FunctionDefinition, str]:
-    """Read a definition JSON; its `handler` is a path relative to the JSON file, or `handler_source` inline."""
+    """Read a definition JSON; its `handler` is a path relative to the JSON file, or `handler_source`
+    inline."""
     path = Path(path)
     try:
         data = json.loads(path.read_text())
@@ -465,7 +474,8 @@ def load_definition_file(path: str | Path) -> tuple[FunctionDefinition, str]:
             ) from None
         except OSError as exc:
             raise ConfigError(
-                f"handler file {handler_path} of definition {path} cannot be read ({exc.strerror}); fix 'handler'"
+                f"handler file {handler_path} of definition {path} cannot be read ({exc.strerror}); fix "
+                "'handler'"
             ) from None
     return FunctionDefinition.from_dict(data), source
 

@@ -1,4 +1,5 @@
-"""Durations as users write them ('500ms', '30s', '1m30s', a number of seconds): one rule for every setting."""
+"""Durations as users write them ('500ms', '30s', '1m30s', a number of seconds): one rule for every
+setting."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ class DurationError(ValueError):
 
 def parse_duration(value: Any, *, field: str = "duration") -> timedelta:
     """A non-negative whole number of milliseconds from '500ms', '30s', '1m', '2h', '1d', '1m30s', a number
-    of seconds (int, float or numeric string) or a timedelta; anything else raises DurationError, whose message names ``field``."""
+    of seconds (int, float or numeric string) or a timedelta; anything else raises DurationError, whose
+    message names ``field``."""
     if isinstance(value, timedelta):
         result = value
     elif isinstance(value, bool) or not isinstance(value, int | float | str):
@@ -58,7 +60,8 @@ def parse_duration(value: Any, *, field: str = "duration") -> timedelta:
 
 
 def format_duration(value: timedelta) -> str:
-    """The exact duration in its largest whole unit: '2h', '90s', '500ms', '0s'; parse_duration reads it back."""
+    """The exact duration in its largest whole unit: '2h', '90s', '500ms', '0s'; parse_duration reads it
+    back."""
     total_ms = value // _MS
     if total_ms == 0:
         return "0s"

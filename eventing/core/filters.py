@@ -34,7 +34,8 @@ from eventing.core.mutation import OP_UPDATE
 
 COMPARE = ("lt", "lte", "gt", "gte")
 OPERATORS = ("eq", "ne", *COMPARE, "in", "exists")
-# meta field -> its index in a log row (Mutation's field order: vb, seqno, key, op, cas, doc, origin, expiry, flags)
+# meta field -> its index in a log row (Mutation's field order: vb, seqno, key, op, cas, doc, origin, expiry,
+# flags)
 META_FIELDS = {"id": 2, "cas": 4, "expiration": 7, "flags": 8, "vb": 0, "seq": 1}
 MAX_DEPTH = 32
 MAX_NODES = 1000
@@ -161,7 +162,8 @@ def _check(spec: Any, where: str, depth: int, counter: list[int]) -> None:
         _check(spec["not"], f"{where}.not", depth + 1, counter)
         return
     raise FilterError(
-        f"{where} has keys {', '.join(keys) or 'none'}; use one of field (with an operator), key_prefix, and, or, not"
+        f"{where} has keys {', '.join(keys) or 'none'}; use one of field (with an operator), key_prefix, "
+        "and, or, not"
     )
 
 
@@ -183,8 +185,9 @@ def _check_condition(spec: dict, where: str) -> None:
     unknown = [k for k in ops if k not in OPERATORS]
     if unknown or len(ops) != 1:
         raise FilterError(
-            f"{where} (field {path!r}) has {'operator(s) ' + ', '.join(sorted(ops)) if ops else 'no operator'}; "
-            f"give exactly one of {', '.join(OPERATORS)}"
+            f"{where} (field {path!r}) has "
+            f"{'operator(s) ' + ', '.join(sorted(ops)) if ops else 'no operator'}; give exactly one of "
+            f"{', '.join(OPERATORS)}"
         )
     op = ops[0]
     value = spec[op]

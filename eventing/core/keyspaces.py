@@ -88,8 +88,8 @@ class Keyspace:
                 continue
             if not isinstance(name, str) or not _NAME.match(name):
                 raise ConfigError(
-                    f"{kind} name {name!r} of keyspace '{self}' is not valid; use 1-251 letters, digits, '_', "
-                    "'-' or '%', starting with a letter or digit"
+                    f"{kind} name {name!r} of keyspace '{self}' is not valid; use 1-251 letters, digits, "
+                    "'_', '-' or '%', starting with a letter or digit"
                 )
         return self
 

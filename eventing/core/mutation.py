@@ -103,13 +103,15 @@ def encode_document(doc: Any) -> bytes:
         ) from None
     if len(data) > MAX_DOCUMENT_BYTES:
         raise InvalidDocumentError(
-            f"document is {len(data):,} bytes encoded, which exceeds the limit of {MAX_DOCUMENT_BYTES:,} bytes; split it"
+            f"document is {len(data):,} bytes encoded, which exceeds the limit of {MAX_DOCUMENT_BYTES:,} "
+            "bytes; split it"
         )
     return data
 
 
 def decode_document(data: bytes) -> dict:
-    """The stored document: a JSON object (a dict), or the bytes of a binary document (see encode_document)."""
+    """The stored document: a JSON object (a dict), or the bytes of a binary document (see
+    encode_document)."""
     return msgpack.unpackb(data, raw=False)
 
 

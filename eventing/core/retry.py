@@ -76,7 +76,8 @@ def parse_retry(raw: Any) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise RetryConfigError(
             'retry must be an object, for example {"max_attempts": 5, "initial_backoff": "200ms", '
-            '"max_backoff": "10s", "multiplier": 2, "max_event_age": "1h", "non_retryable": ["ValueError", 400]}'
+            '"max_backoff": "10s", "multiplier": 2, "max_event_age": "1h", "non_retryable": ["ValueError", '
+            "400]}"
         )
     unknown = sorted(set(raw) - set(FIELDS))
     if unknown:
@@ -113,7 +114,8 @@ def parse_retry(raw: Any) -> dict[str, Any]:
     listed = raw.get("non_retryable", [])
     if not isinstance(listed, list):
         raise RetryConfigError(
-            'retry.non_retryable must be a list of error names and HTTP statuses, for example ["ValueError", 400]'
+            'retry.non_retryable must be a list of error names and HTTP statuses, for example ["ValueError", '
+            "400]"
         )
     for item in listed:
         if isinstance(item, str) and item.strip() and item.replace(".", "").replace("_", "").isalnum():

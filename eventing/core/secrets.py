@@ -61,16 +61,17 @@ def restore_secrets(
             secret = before.get(key)
             if not secret:
                 raise ConfigError(
-                    f"url binding '{binding.get('alias')}' of function '{name}' has {key} {MASK!r}, the mask an "
-                    f"export writes, and no stored {key} to keep; put the real {key} in the definition "
+                    f"url binding '{binding.get('alias')}' of function '{name}' has {key} {MASK!r}, the mask "
+                    f"an export writes, and no stored {key} to keep; put the real {key} in the definition "
                     "(or export it with --with-secrets)"
                 )
             changed = [f for f in BOUND_FIELDS if _field(binding, f) != _field(before, f)]
             if changed and not trusted:
                 raise ConfigError(
-                    f"url binding '{binding.get('alias')}' of function '{name}' changes its {' and '.join(changed)} "
-                    f"and keeps the stored {key} ({MASK!r}); a stored secret is kept only for the address it was "
-                    f"given for; put the {key} for the new {changed[0]} in the definition (or ask an admin to save it)"
+                    f"url binding '{binding.get('alias')}' of function '{name}' changes its "
+                    f"{' and '.join(changed)} and keeps the stored {key} ({MASK!r}); a stored secret is kept "
+                    f"only for the address it was given for; put the {key} for the new {changed[0]} in the "
+                    "definition (or ask an admin to save it)"
                 )
             binding[key] = secret
         restored.append(binding)

@@ -1,4 +1,5 @@
-"""Counts in messages: `counted(1, "document")` is "1 document", `counted(1200, "document")` "1,200 documents"."""
+"""Counts in messages: `counted(1, "document")` is "1 document", `counted(1200, "document")` "1,200
+documents"."""
 
 from __future__ import annotations
 
