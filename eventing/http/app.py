@@ -48,14 +48,16 @@ DATA_API_PREFIXES = ("/v1/", "/v1.alpha/")  # authenticated here; refusals in th
 SECURITY_HEADERS = [
     (
         b"content-security-policy",
-        b"default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; frame-ancestors 'none'",
+        b"default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; frame-ancestors "
+        b"'none'",
     ),
     (b"x-content-type-options", b"nosniff"),
     (b"x-frame-options", b"DENY"),
     (b"referrer-policy", b"no-referrer"),
 ]
 # On every authenticated response: the caller's role ("admin", "manage" for a manager of some functions, or
-# "read"), so a client can offer only what it may do (the console hides the state-changing buttons from "read").
+# "read"), so a client can offer only what it may do (the console hides the state-changing buttons from
+# "read").
 ROLE_HEADER = b"x-eventing-role"
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]", "::1"})
 

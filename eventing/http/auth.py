@@ -87,7 +87,8 @@ class ServerConfig:
     read_token: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY
     cors_origins: tuple[str, ...] = field(default_factory=tuple)  # closed unless listed
-    # How long the Data API keeps the answer of a write sent with an Idempotency-Key (eventing.http.dataapi.idempotency).
+    # How long the Data API keeps the answer of a write sent with an Idempotency-Key
+    # (eventing.http.dataapi.idempotency).
     idempotency_retention_s: float = 24 * 3600.0
 
     def __post_init__(self) -> None:
@@ -131,9 +132,9 @@ class ServerConfig:
             raise ConfigError("the admin and read-only tokens are the same; give each role its own token")
         if not is_loopback(self.host) and not self.admin_token and not has_admin_user(self.state):
             raise ConfigError(
-                f"refusing to bind {self.host} without credentials: anyone who can reach it could deploy code; "
-                f"set --admin-token (or ${ADMIN_TOKEN_ENV}) and optionally --read-token, add an admin user "
-                f"(`eventing user add NAME --role admin`), or bind {DEFAULT_HOST}"
+                f"refusing to bind {self.host} without credentials: anyone who can reach it could deploy "
+                f"code; set --admin-token (or ${ADMIN_TOKEN_ENV}) and optionally --read-token, add an admin "
+                f"user (`eventing user add NAME --role admin`), or bind {DEFAULT_HOST}"
             )
         if not 0 < self.max_body_bytes:
             raise ConfigError(f"--max-body {self.max_body_bytes} is not positive; give a size in bytes")
@@ -226,7 +227,8 @@ def needs_admin(method: str) -> bool:
 
 @dataclass(frozen=True)
 class Identity:
-    """Who is calling: a user, a token (`@admin-token`, `@read-token`) or a trusted local caller (`@local`)."""
+    """Who is calling: a user, a token (`@admin-token`, `@read-token`) or a trusted local caller
+    (`@local`)."""
 
     user: str
     grants: tuple[Grant, ...]
@@ -385,7 +387,8 @@ def authenticator_for(config: ServerConfig) -> Authenticator:
 
 
 def presented_credentials(authorization: str | None) -> tuple[str | None, str | None]:
-    """(user name, secret) of `Basic base64(user:secret)`, (None, token) of `Bearer token`, else (None, None)."""
+    """(user name, secret) of `Basic base64(user:secret)`, (None, token) of `Bearer token`, else (None,
+    None)."""
     if not authorization:
         return None, None
     scheme, _, value = authorization.strip().partition(" ")

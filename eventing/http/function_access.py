@@ -149,7 +149,8 @@ def visible_functions(identity: Identity, state: State) -> set[str] | None:
 
 
 def filter_listing(result: Any, visible: set[str] | None) -> Any:
-    """A listing endpoint's result (a list of functions, or `{"apps": [...]}`) cut to the visible functions."""
+    """A listing endpoint's result (a list of functions, or `{"apps": [...]}`) cut to the visible
+    functions."""
     if visible is None:
         return result
 
@@ -185,7 +186,8 @@ def filter_listing(result: Any, visible: set[str] | None) -> Any:
 
 
 def check_bindings(identity: Identity, definition: Any) -> None:
-    """Whoever saves, deploys or resumes a function needs a role for each bucket binding (Identity.check_bindings)."""
+    """Whoever saves, deploys or resumes a function needs a role for each bucket binding
+    (Identity.check_bindings)."""
     identity.check_bindings(definition)
 
 

@@ -52,7 +52,8 @@ def openapi_document(endpoints: Sequence[Any]) -> dict[str, Any]:
             "title": "eventing REST API",
             "version": "1",
             "description": "Couchbase-Eventing-shaped function management, plus vBuckets, nodes, rebalance, "
-            "dead letters, windows and verify. Writes need the admin token, reads the read-only (or admin) one.",
+            "dead letters, windows and verify. Writes need the admin token, reads the read-only (or admin) "
+            "one.",
         },
         "paths": paths,
         "components": {

@@ -22,8 +22,8 @@ def check_port(host: str, port: int) -> None:
             probe.bind((host, port))
         except OSError as exc:
             raise ConfigError(
-                f"cannot listen on {host}:{port} ({exc.strerror}); pick another port with --port, or stop what "
-                "uses it"
+                f"cannot listen on {host}:{port} ({exc.strerror}); pick another port with --port, or stop "
+                "what uses it"
             ) from None
 
 
@@ -54,7 +54,8 @@ def serve(config: ServerConfig) -> None:
 
 
 def start_in_thread(config: ServerConfig) -> uvicorn.Server:
-    """Start serving on a daemon thread; returns once the port is bound. `server.should_exit = True` stops it."""
+    """Start serving on a daemon thread; returns once the port is bound. `server.should_exit = True` stops
+    it."""
     server = make_server(config)
     thread = threading.Thread(target=server.run, name="eventing-http", daemon=True)
     thread.start()

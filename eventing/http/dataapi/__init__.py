@@ -175,7 +175,8 @@ class DataApi:
         key_bytes = len(key.encode())
         if not 1 <= key_bytes <= MAX_KEY_BYTES:
             raise bad(
-                f"Length of document key '{key[:60]}' is {key_bytes} bytes; a key is 1 to {MAX_KEY_BYTES} bytes"
+                f"Length of document key '{key[:60]}' is {key_bytes} bytes; a key is 1 to {MAX_KEY_BYTES} "
+                "bytes"
             )
         body = await read_body(receive, headers)
         req = DocRequest(

@@ -193,7 +193,8 @@ def plan_op(coll: Collection, req: DocRequest) -> Answer | Change:
         encoding = h.get("content-encoding")
         if encoding is not None and encoding.strip().lower() not in ("identity", ""):
             raise bad(
-                f"Content-Encoding '{encoding[:40]}' is not supported; send the document uncompressed (identity)"
+                f"Content-Encoding '{encoding[:40]}' is not supported; send the document uncompressed "
+                "(identity)"
             )
         ctype = h.get("content-type", "").split(";")[0].strip().lower()
         flags = {
@@ -261,8 +262,8 @@ def plan_op(coll: Collection, req: DocRequest) -> Answer | Change:
         expiry = parse_expires(h.get("expires"))
         if expiry and initial is None:
             raise bad(
-                "Expiry cannot be set when the document does not exist and initial is not set; an expiry only "
-                "applies to a counter document created by this request"
+                "Expiry cannot be set when the document does not exist and initial is not set; an expiry "
+                "only applies to a counter document created by this request"
             )
         result: list[int] = []
 

@@ -1,5 +1,5 @@
-"""The Data API's error shape (`{"code", "message", "resource"}` with a status) and the refusals every part of it
-raises."""
+"""The Data API's error shape (`{"code", "message", "resource"}` with a status) and the refusals every part of
+it raises."""
 
 from __future__ import annotations
 

@@ -144,7 +144,8 @@ def _extend(where: str) -> dict[str, Any]:
         "post": {
             "operationId": f"{verb}ToDocument",
             "summary": f"{verb.capitalize()} bytes to a document",
-            "description": f"Adds the body's bytes at the {where} of the document (under If-Match: of that version only).",
+            "description": f"Adds the body's bytes at the {where} of the document (under If-Match: of that "
+            "version only).",
             "tags": ["Binary Operations"],
             "parameters": [_ref("parameters", "IfMatchHeader"), _ref("parameters", "DurabilityLevelHeader")],
             "requestBody": {"required": True, "content": {"*/*": {"schema": {}}}},
@@ -225,7 +226,8 @@ def dataapi_openapi() -> dict[str, Any]:
         "delete": {
             "operationId": "deleteDocument",
             "summary": "Delete a document",
-            "description": "Removes the document (under If-Match: that version only); ETag is the cas of the delete.",
+            "description": "Removes the document (under If-Match: that version only); ETag is the cas of the "
+            "delete.",
             "tags": ["Basic Document Operations"],
             "parameters": [_ref("parameters", "IfMatchHeader"), _ref("parameters", "DurabilityLevelHeader")],
             "responses": {"200": _written("The document was deleted"), **_errors(*WRITE_ERRORS)},
@@ -236,8 +238,8 @@ def dataapi_openapi() -> dict[str, Any]:
         "post": {
             "operationId": "touchDocument",
             "summary": "Change a document's expiry",
-            "description": "Sets the document's expiry (an ISO 8601 or HTTP date, a duration such as 90s, or 0 "
-            "for none), returning the document when `returnContent` is true.",
+            "description": "Sets the document's expiry (an ISO 8601 or HTTP date, a duration such as 90s, or "
+            "0 for none), returning the document when `returnContent` is true.",
             "tags": ["Basic Document Operations"],
             "parameters": [_ref("parameters", "AcceptEncodingHeader")],
             "requestBody": {

@@ -117,7 +117,10 @@ class DocRequest:
 
     @property
     def resource(self) -> str:
-        return f"/buckets/{self.ks.bucket}/scopes/{self.ks.scope}/collections/{self.ks.collection}/documents/{self.key}"
+        return (
+            f"/buckets/{self.ks.bucket}/scopes/{self.ks.scope}/collections/{self.ks.collection}"
+            f"/documents/{self.key}"
+        )
 
     @property
     def where(self) -> str:

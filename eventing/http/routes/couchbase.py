@@ -42,9 +42,9 @@ def reset_stats(c: EndpointRequest) -> Response:
 
 
 def list_function_names(c: EndpointRequest) -> dict[str, Any] | Response:
-    """Couchbase's /api/v1/list/functions: {"functions": [names]} (a function in a namespace by its full name),
-    filtered by ?source_bucket=, ?source_scope=, ?function_scope=BUCKET.SCOPE (or BUCKET/SCOPE; `*.*` is the
-    global namespace) and ?deployed=."""
+    """Couchbase's /api/v1/list/functions: {"functions": [names]} (a function in a namespace by its full
+    name), filtered by ?source_bucket=, ?source_scope=, ?function_scope=BUCKET.SCOPE (or BUCKET/SCOPE; `*.*`
+    is the global namespace) and ?deployed=."""
 
     def run() -> dict[str, Any]:
         deployed = c.flag(c.query, "deployed") if "deployed" in c.query else None
@@ -114,7 +114,8 @@ def save_config(c: EndpointRequest) -> Response:
             if value != SUPPORTED_CONFIG[key]:
                 raise ConfigError(
                     f"config {key}={json.dumps(value)} is not supported: the debugger (`eventing debug`) "
-                    f"is always available here; send {key}={json.dumps(SUPPORTED_CONFIG[key])} or leave it out"
+                    f"is always available here; send {key}={json.dumps(SUPPORTED_CONFIG[key])} or leave it "
+                    "out"
                 )
         return JSONResponse({"restart_required": False, **SUPPORTED_CONFIG})
 

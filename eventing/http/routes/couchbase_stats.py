@@ -27,8 +27,8 @@ DEPLOYED = ("deployed", "paused", "pausing", "deploying")
 
 
 def _deployed_function(c: EndpointRequest) -> tuple[str, dict[str, Any]]:
-    """The function `?name=` (with `?bucket=&scope=`) names, which must be deployed (or paused), as Couchbase's
-    statistics endpoints ask."""
+    """The function `?name=` (with `?bucket=&scope=`) names, which must be deployed (or paused), as
+    Couchbase's statistics endpoints ask."""
     name = c.query.get("name") or c.query.get("appName")
     if not name:
         raise ConfigError(

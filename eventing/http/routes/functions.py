@@ -308,7 +308,8 @@ def save_appcode(c: EndpointRequest) -> dict[str, Any]:
 
 
 def import_functions(c: EndpointRequest) -> Response:
-    """This project's export or Couchbase's (one function or a list); Couchbase's status flags are carried out."""
+    """This project's export or Couchbase's (one function or a list); Couchbase's status flags are carried
+    out."""
     records, warnings = lifecycle.import_functions(
         c.state, c.json(), deploying=_deploying(c), saved_by=c.identity
     )

@@ -95,7 +95,8 @@ def _selector(c: EndpointRequest, source: dict[str, Any], action: str) -> dlq.Dl
         raise ConfigError(f"{all_} selects every row; send it without {vb}, {seqno} or {key_}")
     if action == "show" and selector.vb is None and selector.key is None:
         raise ConfigError(
-            f"dlq/show needs ?{vb}&{seqno} or ?{key_}; GET {FUNCTION_PATH.format(name=c.name)}/dlq lists every row"
+            f"dlq/show needs ?{vb}&{seqno} or ?{key_}; GET {FUNCTION_PATH.format(name=c.name)}/dlq lists "
+            "every row"
         )
     if action == "replay" and not (selector.everything or selector.narrows):
         raise ConfigError(f'dlq/replay needs {all_} or a selector: {vb} (with {seqno}), {key_} or "reason"')

@@ -37,8 +37,9 @@ def _status_app(view: dict[str, Any], nodes: int) -> dict[str, Any]:
 
 
 def status(c: EndpointRequest) -> dict[str, Any]:
-    """Couchbase's shape: {"apps": [{"name", "function_scope", "composite_status", ...}], "num_eventing_nodes":
-    N}; for one function (/api/v1/status/NAME) {"app": {...}, "num_eventing_nodes": N}."""
+    """Couchbase's shape: {"apps": [{"name", "function_scope", "composite_status", ...}],
+    "num_eventing_nodes": N}; for one function (/api/v1/status/NAME) {"app": {...}, "num_eventing_nodes":
+    N}."""
     name = c.params.get("name")
     try:
         data = stats.function_status(c.state, name)
@@ -55,7 +56,8 @@ def status(c: EndpointRequest) -> dict[str, Any]:
 
 
 def all_stats(c: EndpointRequest) -> list[dict[str, Any]]:
-    """?type=full: Couchbase's per-function groups (event_processing_stats, execution_stats, failure_stats)."""
+    """?type=full: Couchbase's per-function groups (event_processing_stats, execution_stats,
+    failure_stats)."""
     kind = c.query.get("type")
     if kind not in (None, "", "full"):
         raise ConfigError(f"type={kind} is not valid; use type=full or leave it out")
