@@ -30,8 +30,8 @@ def _data_dir(state: StateLike, what: str) -> str:
     if state.directory is None:
         raise ConfigError(
             f"{state.shown} is a PostgreSQL store: {what} with the server's own tools (pg_dump, a standby, "
-            "point-in-time recovery), or copy it whole into a data directory with `eventing store copy --from "
-            f"{state.shown} --to DIR` (and back with --from DIR --to URL)"
+            "point-in-time recovery), or copy it whole into a data directory with `eventing store copy "
+            f"--from {state.shown} --to DIR` (and back with --from DIR --to URL)"
         )
     return str(state.directory)
 
@@ -118,9 +118,9 @@ def _missing_buckets(data_dir: str, functions: list) -> list[str]:
         for role, name in wanted:
             if name and name not in present:
                 warnings.append(
-                    f"bucket '{name}' ({role} of function '{record.name}') is not in {data_dir}: a metadata backup "
-                    "holds no buckets; copy its file into DATA_DIR/buckets/, or back up with `eventing backup "
-                    "--with-buckets` and restore that folder"
+                    f"bucket '{name}' ({role} of function '{record.name}') is not in {data_dir}: a metadata "
+                    "backup holds no buckets; copy its file into DATA_DIR/buckets/, or back up with "
+                    "`eventing backup --with-buckets` and restore that folder"
                 )
     return warnings
 
@@ -137,8 +137,8 @@ def restore(state: StateLike, backup_file: str) -> dict:
     data_dir = _data_dir(state, "restore it")
     if os.environ.get(METADATA_URL_ENV):
         raise ConfigError(
-            f"the metadata store is in Couchbase ({METADATA_URL_ENV} is set); restore it with Couchbase's own "
-            "tools (`cbbackupmgr restore`), not `eventing restore`"
+            f"the metadata store is in Couchbase ({METADATA_URL_ENV} is set); restore it with Couchbase's "
+            "own tools (`cbbackupmgr restore`), not `eventing restore`"
         )
     target = Path(data_dir) / SQLITE_FILE
     if target.exists():

@@ -117,7 +117,8 @@ class Pulled:
 def find_next(
     store: MetadataStore, source: Bucket, function: str, *, key: str | None = None, vb: int | None = None
 ) -> Pulled | None:
-    """The next mutation of `function` after its checkpoint (see the module docstring), or None. Reads only."""
+    """The next mutation of `function` after its checkpoint (see the module docstring), or None. Reads
+    only."""
     cps = store.checkpoints(function)
     if not cps:
         state = store.get_function(function).state.value
@@ -140,8 +141,8 @@ def find_next(
         cp = cps[v]
         if cp.bucket_uuid != source.uuid:
             raise StoreError(
-                f"source bucket '{source.name}' was recreated after function '{function}' was deployed, so its "
-                "checkpoints do not apply; undeploy and deploy the function again"
+                f"source bucket '{source.name}' was recreated after function '{function}' was deployed, so "
+                "its checkpoints do not apply; undeploy and deploy the function again"
             )
         after = cp.seqno
         while after < highs[v]:
@@ -236,7 +237,8 @@ class DebugSession:
         try:
             if isinstance(runtime, SandboxedRunner) and self.mode == "pdb":
                 raise ConfigError(
-                    f"function '{self.function}' runs sandboxed, where pdb has no terminal; debug it with a trace"
+                    f"function '{self.function}' runs sandboxed, where pdb has no terminal; debug it with a "
+                    "trace"
                 )
             self.pulled = pull(
                 self.state, runtime.source, self.function, key=self.key, vb=self.vb, wait_s=self.wait_s

@@ -344,7 +344,8 @@ def _replay_row(
                 result.writes_applied += applied.applied
                 result.writes_skipped += applied.duplicates
                 if applied.conflicts:
-                    # replay runs where the files are (HandlerRunner.open; a SandboxedRunner's writes are here)
+                    # replay runs where the files are (HandlerRunner.open; a SandboxedRunner's writes are
+                    # here)
                     cast(Maintenance, bucket).drop_effect_marks(
                         namespace
                     )  # nothing of it applied: a later replay must run
@@ -367,7 +368,8 @@ def _replay_row(
 
 def _commit_timers(store: MetadataStore, runtime: HandlerRunner | SandboxedRunner, function: str) -> None:
     """Timers the replayed call created or cancelled, written under the vBuckets' current epochs (a replay
-    runs beside the stream, like its binding writes). A deployed timer row replays its callback the same way."""
+    runs beside the stream, like its binding writes). A deployed timer row replays its callback the same
+    way."""
     changes = list(runtime.timers.kept)
     if changes:
         epochs = {vb: cp.epoch for vb, cp in store.checkpoints(function).items()}
@@ -380,8 +382,8 @@ def _explain_missing(store: MetadataStore, function: str, selector: DlqSelector)
     row = store.dlq_row(function, selector.vb, selector.seqno)
     if row is not None and row.replayed_at is not None:
         raise NotFoundError(
-            f"dead letter vBucket {row.vb} seqno {row.seqno} of function '{function}' was already replayed at "
-            f"{_iso(row.replayed_at)}; {{fix}} removes replayed rows",
+            f"dead letter vBucket {row.vb} seqno {row.seqno} of function '{function}' was already replayed "
+            f"at {_iso(row.replayed_at)}; {{fix}} removes replayed rows",
             fix=fix("dlq_purge_replayed", function=function),
         )
     raise NotFoundError(

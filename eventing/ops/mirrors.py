@@ -153,9 +153,10 @@ def drop_mirror(state: StateLike, keyspace: str, *, force: bool = False) -> dict
             definition.dropping = False
             defs.save(store, definition)
             raise SourceError(
-                f"{exc}; mirror {keyspace} is kept: its slot {definition.slot} would hold WAL on the source until "
-                f"dropped; start the source and drop again, or drop the slot by hand (SELECT "
-                f"pg_drop_replication_slot('{definition.slot}')) and run `eventing collection drop {keyspace} --force`"
+                f"{exc}; mirror {keyspace} is kept: its slot {definition.slot} would hold WAL on the source "
+                "until dropped; start the source and drop again, or drop the slot by hand (SELECT "
+                f"pg_drop_replication_slot('{definition.slot}')) and run `eventing collection drop "
+                f"{keyspace} --force`"
             ) from None
         kept.append(definition.slot)
     result = buckets.drop_collection(state, keyspace)
@@ -258,9 +259,10 @@ def mirror_health(state: StateLike, *, query_source: bool = True) -> list[dict[s
         limit = retained_warn_bytes()
         if row["retained_bytes"] is not None and row["retained_bytes"] > limit:
             row["warnings"].append(
-                f"slot {definition.slot} holds back {row['retained_bytes'] / 1048576:,.0f} MB of WAL on {definition.shown_source} "
-                f"(more than ${RETAINED_WARN_ENV}={limit / 1048576:,.0f}); run `eventing run` to follow it, or drop the "
-                f"mirror (`eventing collection drop {definition.keyspace}`) before the server's disk fills"
+                f"slot {definition.slot} holds back {row['retained_bytes'] / 1048576:,.0f} MB of WAL on "
+                f"{definition.shown_source} (more than ${RETAINED_WARN_ENV}={limit / 1048576:,.0f}); run "
+                "`eventing run` to follow it, or drop the mirror (`eventing collection drop "
+                f"{definition.keyspace}`) before the server's disk fills"
             )
         if row["state"] == "failed" and row["error"]:
             row["warnings"].append(str(row["error"]))

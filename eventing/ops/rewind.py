@@ -94,8 +94,8 @@ def rewind(
         defn = FunctionDefinition.from_dict(record.definition)
         if defn.window is not None:
             raise LifecycleError(
-                f"cannot rewind function '{name}': it aggregates windows, whose state would count the rewound "
-                "mutations twice; undeploy and deploy it to compute its windows afresh"
+                f"cannot rewind function '{name}': it aggregates windows, whose state would count the "
+                "rewound mutations twice; undeploy and deploy it to compute its windows afresh"
             )
         cps = store.checkpoints(name)
         if not cps:

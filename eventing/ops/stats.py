@@ -246,7 +246,8 @@ def function_status(state: StateLike, name: str | None = None) -> dict[str, Any]
         for r in records:
             view = function_view(r)
             leased = sum(1 for c in store.checkpoints(r.name).values() if c.leased)
-            # A lease held by a service that is gone (kill -9) is not a live worker: the next run takes it over.
+            # A lease held by a service that is gone (kill -9) is not a live worker: the next run takes it
+            # over.
             view["vbuckets_leased"] = leased if services else 0
             view["vbuckets_leased_by_stopped_service"] = 0 if services else leased
             view["service_running"] = bool(services)

@@ -107,8 +107,8 @@ def _refuse_flushes_cut_short(src: Any, functions: list) -> None:
                 if cp is not None and seqno > cp.seqno and lowest.get(vb, (0, 0))[1] != seqno:
                     raise LifecycleError(
                         f"function '{record.name}' stopped in the middle of applying its effects to bucket "
-                        f"'{name}' (vBucket {vb}); run it until it catches up (`eventing run --until-caught-up`), "
-                        "then copy"
+                        f"'{name}' (vBucket {vb}); run it until it catches up (`eventing run "
+                        "--until-caught-up`), then copy"
                     )
 
 

@@ -13,11 +13,12 @@ its workers pass them over.
 
 A function owes every source mutation after its deployment's feed boundary up to its checkpoint, per
 vBucket. Each is accounted for by an effect in the ledger, a dead letter for its (vBucket, seqno), or its
-origin being the deployment itself (the recursion guard filtered it; eventing.storage.origins). Effects of mutations past the
-checkpoint are allowed, since effects become durable before the checkpoint moves: a running function can be
-checked. Checkpoints are read first, then dead letters, then the buckets, so whatever a checkpoint covers
-is already visible. A function with a `filter` (eventing.core.filters) also accounts for every mutation its
-filter does not match (`filtered`): its workers checkpoint those without calling the handler.
+origin being the deployment itself (the recursion guard filtered it; eventing.storage.origins). Effects of
+mutations past the checkpoint are allowed, since effects become durable before the checkpoint moves: a running
+function can be checked. Checkpoints are read first, then dead letters, then the buckets, so whatever a
+checkpoint covers is already visible. A function with a `filter` (eventing.core.filters) also accounts for
+every mutation its filter does not match (`filtered`): its workers checkpoint those without calling the
+handler.
 """
 
 from __future__ import annotations
@@ -192,7 +193,8 @@ def _examples(items: Sequence[object]) -> str:
 
 
 def ledger_functions(ledger: Maintenance, prefix: str = "") -> list[str]:
-    """Names of the functions with effects in a ledger bucket (in its collection whose key prefix is `prefix`)."""
+    """Names of the functions with effects in a ledger bucket (in its collection whose key prefix is
+    `prefix`)."""
     names = set()
     for text in ledger.logged_writes(prefix + EFFECT):
         parsed = parse_effect_key(text[len(prefix) :])
@@ -230,7 +232,8 @@ def check_ledger(
         found = ledger_functions(ledger, ledger_prefix)
         if len(found) > 1:
             raise ConfigError(
-                f"ledger bucket '{ledger.name}' holds effects of several functions ({', '.join(found)}); name one"
+                f"ledger bucket '{ledger.name}' holds effects of several functions ({', '.join(found)}); "
+                "name one"
             )
         function = found[0] if found else ""
     report = VerifyReport(function=function or None, ledger=ledger.name)
@@ -343,15 +346,16 @@ def verify_function(state: StateLike, function: str, *, ledger: str | None = Non
                     else ("its binding 'ledger'" if named else "its only read-write binding")
                 )
                 raise ConfigError(
-                    f"function '{function}' has no ledger: bucket '{ledger_name}' ({how}) holds no ledger entries "
-                    "of it; verify checks a function whose handler writes a ledger (eventing.testing.LEDGER_HANDLER) "
-                    "through a binding named 'ledger', or the bucket named with {fix}",
+                    f"function '{function}' has no ledger: bucket '{ledger_name}' ({how}) holds no ledger "
+                    "entries of it; verify checks a function whose handler writes a ledger "
+                    "(eventing.testing.LEDGER_HANDLER) through a binding named 'ledger', or the bucket named "
+                    "with {fix}",
                     fix=fix("option", flag="--ledger", value="BUCKET"),
                 )
         if any(cp.bucket_uuid != source.uuid for cp in checkpoints.values()):
             raise ConfigError(
-                f"source bucket '{defn.source_bucket}' was recreated after function '{function}' was deployed; "
-                "its checkpoints do not apply to it, so there is nothing to verify against"
+                f"source bucket '{defn.source_bucket}' was recreated after function '{function}' was "
+                "deployed; its checkpoints do not apply to it, so there is nothing to verify against"
             )
         upto = [checkpoints[vb].seqno if vb in checkpoints else 0 for vb in range(NUM_VBUCKETS)]
         start = [starts.get(vb, 0) for vb in range(NUM_VBUCKETS)]
@@ -399,8 +403,8 @@ def _rewind_notes(rewinds: Sequence[Mapping[str, Any]]) -> list[str]:
     again = [r for r in rewinds if r["how"] == REWIND_REAPPLY]
     if kept:
         notes.append(
-            f"{len(kept)} checkpoint rewinds with effect marks kept (`eventing rewind`): the rewound ranges were "
-            "handled again without applying their effects twice; not counted as regressions"
+            f"{len(kept)} checkpoint rewinds with effect marks kept (`eventing rewind`): the rewound ranges "
+            "were handled again without applying their effects twice; not counted as regressions"
         )
     if again:
         notes.append(

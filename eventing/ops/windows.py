@@ -14,8 +14,8 @@ from eventing.storage.state import StateLike, as_state
 WATERMARK_IS = {
     "vbuckets": "closing watermark: the least of the active vBuckets' watermarks (each the latest event time "
     "seen there minus out_of_order_tolerance); windows close when it passes their end plus allowed_lateness",
-    "substreams": "closing watermark: the least of the substreams' watermarks (each the latest windowed time of "
-    "its rows minus out_of_order_tolerance, or the arrival clock minus late_arrival_tolerance); each "
+    "substreams": "closing watermark: the least of the substreams' watermarks (each the latest windowed time "
+    "of its rows minus out_of_order_tolerance, or the arrival clock minus late_arrival_tolerance); each "
     "substream's windows close on its own",
 }
 POLICIES_WATERMARK_IS = (
@@ -35,7 +35,8 @@ def window_status(state: StateLike, name: str) -> dict[str, Any]:
         window = record.definition.get("window")
         if window is None:
             raise ConfigError(
-                f"function '{name}' declares no window; add a \"window\" object to its definition and deploy it"
+                f"function '{name}' declares no window; add a \"window\" object to its definition and deploy "
+                "it"
             )
         layout = RowLayout.for_definition(name, window)
         saved = store.window_states().load(name)
