@@ -1,4 +1,5 @@
-"""The table formats that cross the aggregation boundary: row batches workers write, result tables sinks store.
+"""The table formats that cross the aggregation boundary: row batches workers write, result tables sinks
+store.
 
 Row batch: one row per mutation of a windowed function, ``vb int32, seqno int64, key string,
 event_time timestamp[us, UTC], arrival_ms int64`` (when the source assigned the seqno, epoch ms; 0 when
@@ -7,10 +8,10 @@ nullable). A row is identified by ``(vb, seqno)``: readers drop duplicates on th
 again after a crash (under the same or a new name) never counts twice. Batches are Parquet for Spark
 (``write_row_batch``) or Arrow IPC for a Python reader (``write_row_spool``, the worker-to-coordinator
 hand-off); ``read_row_batch`` reads both. ``write_row_file``, ``write_parquet_file`` and ``read_row_file``
-do the same in a file area (``eventing.storage.file_area``), memory-mapping a local folder's files. An Arrow row file ends with a checksum trailer, ``EVROWCRC`` and the
-CRC-32 (4 bytes, big-endian) of the Arrow IPC bytes before it, so a damaged file is refused with its name
-rather than read as other numbers (Arrow itself checks only the file's structure); files written before
-the trailer existed are read as they are.
+do the same in a file area (``eventing.storage.file_area``), memory-mapping a local folder's files. An Arrow
+row file ends with a checksum trailer, ``EVROWCRC`` and the CRC-32 (4 bytes, big-endian) of the Arrow IPC
+bytes before it, so a damaged file is refused with its name rather than read as other numbers (Arrow itself
+checks only the file's structure); files written before the trailer existed are read as they are.
 
 Result table: ``window_start_ms int64, window_end_ms int64``, the group-by columns, then one column per
 aggregate (``count`` int64, the others float64). The group-by column names ride in the schema metadata so a
@@ -196,7 +197,8 @@ def _fsync_dir(directory: Path) -> None:
 
 
 def atomic_write_parquet(table: pa.Table, path: Path, *, overwrite: bool) -> bool:
-    """Write ``table`` as Parquet to ``path`` so that readers see the whole file or nothing (``atomic_write``)."""
+    """Write ``table`` as Parquet to ``path`` so that readers see the whole file or nothing
+    (``atomic_write``)."""
     return atomic_write(path, lambda tmp: pq.write_table(table, tmp), overwrite=overwrite)
 
 
@@ -222,9 +224,9 @@ def atomic_write_many(files: Sequence[tuple[Path, Callable[[Path], object]]], *,
             raise
         folder = staged[0][1].parent
         raise StoreError(
-            f"cannot write {staged[0][1] if len(staged) == 1 else f'{len(staged)} files in {folder}'}: the disk is "
-            f"full ({exc.strerror or exc}); free space on the file system of {folder} (see `df {folder}`), then run "
-            "the command again (nothing was checkpointed past what is on disk)"
+            f"cannot write {staged[0][1] if len(staged) == 1 else f'{len(staged)} files in {folder}'}: the "
+            f"disk is full ({exc.strerror or exc}); free space on the file system of {folder} (see `df "
+            f"{folder}`), then run the command again (nothing was checkpointed past what is on disk)"
         ) from None
 
 
@@ -394,9 +396,10 @@ def damaged_row_file_error(
         in_windows = file.parent.parent.parent.name == "windows"  # <data_dir>/windows/<fn>/<folder>/<file>
         function = file.parent.parent.name if in_windows else "FN"
     return StoreCorruptError(
-        f"window row file {path} is damaged ({' '.join(str(detail).split())}); delete it, then undeploy and deploy "
-        f"function '{function}' again (`eventing undeploy {function}`, `eventing deploy DEFINITION`) so that its "
-        "windows are computed afresh from the source; see 'Faults and recovery' in docs/operations.md"
+        f"window row file {path} is damaged ({' '.join(str(detail).split())}); delete it, then undeploy and "
+        f"deploy function '{function}' again (`eventing undeploy {function}`, `eventing deploy DEFINITION`) "
+        "so that its windows are computed afresh from the source; see 'Faults and recovery' in "
+        "docs/operations.md"
     )
 
 
@@ -432,7 +435,8 @@ def result_schema(group_by: Sequence[str], aggregates: Sequence[AggregateColumn]
 
 
 def result_group_by(schema: pa.Schema) -> list[str]:
-    """Group-by columns of a result table: from its metadata, else every string column (results built by hand)."""
+    """Group-by columns of a result table: from its metadata, else every string column (results built by
+    hand)."""
     raw = (schema.metadata or {}).get(GROUP_BY_METADATA_KEY)
     if raw is not None:
         return list(json.loads(raw))

@@ -1,4 +1,5 @@
-"""Azure Stream Analytics' arrival-time policies applied to the window rows the coordinator reads (docs/time-semantics.md).
+"""Azure Stream Analytics' arrival-time policies applied to the window rows the coordinator reads
+(docs/time-semantics.md).
 
 ``ArrivalGate.judge`` runs a batch of rows, in arrival order (arrival time, vBucket, seqno), through an
 ``ArrivalPolicy`` (``eventing.windows.semantics.arrival``) before the window operator sees them:
@@ -168,20 +169,21 @@ class ArrivalGate:
         """The dead-letter text of a dropped row: the rule, the times, and the setting that decided it."""
         if reason == "no_substream_key":
             return (
-                f"document has no substream key field {self.spec.substream_key!r} (substream_key), so it belongs "
-                "to no substream; add the field to the document, or remove substream_key from the window"
+                f"document has no substream key field {self.spec.substream_key!r} (substream_key), so it "
+                "belongs to no substream; add the field to the document, or remove substream_key from the "
+                "window"
             )
         if reason == "early":
             return (
                 f"event time {iso_ms(t)} is {_span(t - a)} after its arrival time {iso_ms(a)}, more than the "
-                f"early-arrival limit of {_span(EARLY_ARRIVAL_MS)} (early_arrival_policy 'drop'): is the sender's "
-                "clock ahead?"
+                f"early-arrival limit of {_span(EARLY_ARRIVAL_MS)} (early_arrival_policy 'drop'): is the "
+                "sender's clock ahead?"
             )
         if reason == "late_arrival":
             return (
                 f"event time {iso_ms(t)} is {_span(a - t)} before its arrival time {iso_ms(a)}, more than "
-                f"late_arrival_tolerance {_span(self.spec.late_arrival_tolerance_ms or 0)} (late_arrival_policy "
-                "'drop'); raise the tolerance to keep such rows"
+                f"late_arrival_tolerance {_span(self.spec.late_arrival_tolerance_ms or 0)} "
+                "(late_arrival_policy 'drop'); raise the tolerance to keep such rows"
             )
         where = f"substream {self.spec.substream_key}={stream!r}" if stream is not None else f"vBucket {vb}"
         mark = iso_ms(None if watermark == NO_WATERMARK else watermark)

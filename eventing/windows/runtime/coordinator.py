@@ -1,4 +1,5 @@
-"""The window coordinator of one function: classifies the workers' rows, closes windows, emits each exactly once.
+"""The window coordinator of one function: classifies the workers' rows, closes windows, emits each exactly
+once.
 
 Every ``poll(now)``:
 
@@ -201,8 +202,8 @@ class WindowCoordinator:
     def _commit(self, dlq: list[DlqRow], counters: Counter[str]) -> None:
         if not self.states.commit(self.function, self.fence, self._state(), dlq, counters):
             raise FencedError(
-                f"the window coordinator of function '{self.function}' was replaced (another service runs it on "
-                "this data directory, or it was redeployed); this coordinator stops without writing"
+                f"the window coordinator of function '{self.function}' was replaced (another service runs it "
+                "on this data directory, or it was redeployed); this coordinator stops without writing"
             )
         self._dirty = False
 
@@ -539,7 +540,8 @@ class WindowCoordinator:
         self, table: pa.Table, now: int, dlq: list[DlqRow], counters: Counter[str], unread: OncePerPoll
     ) -> list[Window]:
         """Window the judged rows; then, with substream windows, every judged row (dropped ones too: they
-        are input) moves the arrival clock that closes a silent substream's windows (docs/time-semantics.md)."""
+        are input) moves the arrival clock that closes a silent substream's windows
+        (docs/time-semantics.md)."""
         closed = self._classify_judged(table, now, dlq, counters, unread)
         judged_arrival, self._judged_arrival_ms = self._judged_arrival_ms, None
         if judged_arrival is not None and isinstance(self.operator, SubstreamWindowOperator):

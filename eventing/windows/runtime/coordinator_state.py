@@ -33,8 +33,8 @@ class AcceptedBatch:
 
 @dataclass(frozen=True)
 class PendingWindow:
-    """A closed window not yet recorded as emitted; its rows are those of accepted batches up to ``closed_at``.
-    A session (``group`` set) is [first row, last row + gap) of that group."""
+    """A closed window not yet recorded as emitted; its rows are those of accepted batches up to
+    ``closed_at``. A session (``group`` set) is [first row, last row + gap) of that group."""
 
     window: Window
     closed_at: int
@@ -137,7 +137,8 @@ class CoordinatorState:
                 f"reads version {STATE_VERSION}: undeploy and deploy the function again to reset it"
             )
         operator: WindowOperator | SessionOperator
-        # Substreams close windows by each substream's clock (docs/time-semantics.md); sessions keep the function's.
+        # Substreams close windows by each substream's clock (docs/time-semantics.md); sessions keep the
+        # function's.
         windows_cls = SubstreamWindowOperator if substream_windows else WindowOperator
         if saved is None:
             operator = SessionOperator(spec) if spec.is_session else windows_cls(spec)

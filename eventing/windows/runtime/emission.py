@@ -93,7 +93,8 @@ def is_disk_full(error: BaseException) -> bool:
 
 class Aggregator(Protocol):
     """Computes the results of ``windows`` by merging every partial batch under ``partials_dir`` (layout of
-    ``eventing.windows.spark.partials.partial_schema``; results in ``eventing.windows.batches.result_schema``)."""
+    ``eventing.windows.spark.partials.partial_schema``; results in
+    ``eventing.windows.batches.result_schema``)."""
 
     def __call__(self, partials_dir: Path, layout: RowLayout, windows: list[tuple]) -> pa.Table: ...
 

@@ -185,7 +185,8 @@ class WindowHost:
                 if wait and not done:
                     self.errors.append(
                         f"{name}: windows: {len(coordinator.pending)} closed window(s) could not be emitted "
-                        f"({coordinator.retries.last_error or 'timed out'}); the next `eventing run` emits them"
+                        f"({coordinator.retries.last_error or 'timed out'}); the next `eventing run` emits "
+                        "them"
                     )
             except FencedError:
                 done = True  # the function runs again under a newer coordinator, which emits what is left

@@ -68,7 +68,8 @@ class WindowPaths:
 
     @property
     def held(self) -> Path:
-        """Rows read but not yet judged by the arrival-time policies (substreams wait for earlier arrivals)."""
+        """Rows read but not yet judged by the arrival-time policies (substreams wait for earlier
+        arrivals)."""
         return self.root / HELD
 
     @property
@@ -77,7 +78,8 @@ class WindowPaths:
         return self.root / ADJUSTED
 
     def sink_location(self, kind: str, path: str | None) -> Path:
-        """The sink's directory (parquet) or file (sqlite); a relative ``path`` is under the data directory."""
+        """The sink's directory (parquet) or file (sqlite); a relative ``path`` is under the data
+        directory."""
         if path is not None:
             given = Path(path).expanduser()
             return given if given.is_absolute() else self.data_dir / given

@@ -126,7 +126,8 @@ def has_duplicate_rows(table: pa.Table) -> bool:
 
 
 def drop_duplicate_rows(table: pa.Table) -> pa.Table:
-    """Keep the first of rows with equal (vb, seqno) in a table sorted by them (a worker replay within one poll)."""
+    """Keep the first of rows with equal (vb, seqno) in a table sorted by them (a worker replay within one
+    poll)."""
     if table.num_rows < 2:
         return table
     vb = table["vb"].combine_chunks()

@@ -2,12 +2,12 @@
 
 A row is ``vb, seqno, key, event_time`` (the document's time field, epoch ms UTC; for processing-time windows
 the time the worker saw it, which the coordinator replaces by its own clock), ``arrival_ms`` (when the source
-assigned the mutation's seqno: the coordinator judges the source's silence by it, see ``arrival_times``), the group-by fields as
-strings and the aggregated fields as floats. ``WindowRowWriter`` buffers rows and writes them as one
-batch file per checkpoint (``WorkerCore.commit`` flushes it before the metadata commit, the same rule as
-binding effects), so a checkpoint never covers a row that is not stored durably. After a crash the mutations
-after the checkpoint are handled again and their rows written again; the coordinator drops the copies
-by ``(vb, seqno)``.
+assigned the mutation's seqno: the coordinator judges the source's silence by it, see ``arrival_times``), the
+group-by fields as strings and the aggregated fields as floats. ``WindowRowWriter`` buffers rows and writes
+them as one batch file per checkpoint (``WorkerCore.commit`` flushes it before the metadata commit, the same
+rule as binding effects), so a checkpoint never covers a row that is not stored durably. After a crash the
+mutations after the checkpoint are handled again and their rows written again; the coordinator drops the
+copies by ``(vb, seqno)``.
 
 Batch files are Arrow IPC files (``eventing.windows.batches.write_row_file``) in ``incoming/`` of the
 function's file area (``eventing.windows.runtime.paths.window_area``; a remote worker's goes through the

@@ -1,4 +1,5 @@
-"""Time semantics of windowed aggregation in pure Python: window declarations, assignment, watermarks, closing.
+"""Time semantics of windowed aggregation in pure Python: window declarations, assignment, watermarks,
+closing.
 
 No Spark, Ray or I/O here: the runtime feeds rows (or Arrow batches) with explicit processing times and
 aggregates the windows this package tells it to open, flag late, and close.

@@ -52,7 +52,8 @@ class Session:
 
 @dataclass(frozen=True)
 class Chain:
-    """Rows of one group in one batch, consecutive ones at most gap apart: [first_ms, last_ms], ``rows`` rows."""
+    """Rows of one group in one batch, consecutive ones at most gap apart: [first_ms, last_ms], ``rows``
+    rows."""
 
     group: Group
     first_ms: int
@@ -348,8 +349,8 @@ class SessionOperator(FrontierClock):
         if state["window"] != _fingerprint(spec):
             raise WindowStateError(
                 f"window state was written for {state['window']} but the function now declares "
-                f"{_fingerprint(spec)}; restore the old window declaration, or redeploy the function with its "
-                "window state reset"
+                f"{_fingerprint(spec)}; restore the old window declaration, or redeploy the function with "
+                "its window state reset"
             )
         op = cls(spec)
         op._tracker = WatermarkTracker.from_state(

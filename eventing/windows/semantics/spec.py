@@ -1,4 +1,5 @@
-"""The window declaration of a function: window shape, time boundary, grouping, aggregates, time tolerances, sink."""
+"""The window declaration of a function: window shape, time boundary, grouping, aggregates, time tolerances,
+sink."""
 
 from __future__ import annotations
 
@@ -226,8 +227,8 @@ class WindowSpec:
         if self.slide > self.size:
             raise WindowConfigError(
                 "slide",
-                f"has slide {_show(self.slide)} longer than size {_show(self.size)}, which would skip events; "
-                "make slide at most size",
+                f"has slide {_show(self.slide)} longer than size {_show(self.size)}, which would skip "
+                "events; make slide at most size",
             )
         if self.size % self.slide:
             raise WindowConfigError(
@@ -241,8 +242,9 @@ class WindowSpec:
         if self.offset >= period:
             raise WindowConfigError(
                 "offset",
-                f"has offset {_show(self.offset)}, not shorter than the {'slide' if self.kind == 'hopping' else 'size'} "
-                f"{_show(period)}; use an offset from 0 up to (not including) {_show(period)}",
+                f"has offset {_show(self.offset)}, not shorter than the "
+                f"{'slide' if self.kind == 'hopping' else 'size'} {_show(period)}; use an offset from 0 up "
+                f"to (not including) {_show(period)}",
             )
 
     def _check_session(self) -> None:
@@ -268,8 +270,8 @@ class WindowSpec:
             if self.max_duration <= self.gap:
                 raise WindowConfigError(
                     "max_duration",
-                    f"has max_duration {_show(self.max_duration)}, not longer than the gap {_show(self.gap)}; "
-                    "make it longer than gap, or remove it",
+                    f"has max_duration {_show(self.max_duration)}, not longer than the gap "
+                    f"{_show(self.gap)}; make it longer than gap, or remove it",
                 )
             if self.offset >= self.max_duration:
                 raise WindowConfigError(
@@ -329,7 +331,8 @@ class WindowSpec:
         elif self.late_arrival_policy is not None:
             raise WindowConfigError(
                 "late_arrival_policy",
-                "has a late_arrival_policy but no late_arrival_tolerance; set late_arrival_tolerance, such as '5m'",
+                "has a late_arrival_policy but no late_arrival_tolerance; set late_arrival_tolerance, such "
+                "as '5m'",
             )
         if self.substream_key is not None:
             if not isinstance(self.substream_key, str) or not self.substream_key:
@@ -340,8 +343,8 @@ class WindowSpec:
             if self.late_arrival_tolerance is None:
                 raise WindowConfigError(
                     "substream_key",
-                    "has substreams but no late_arrival_tolerance, which bounds how far substreams drift apart; "
-                    "set late_arrival_tolerance, such as '5m'",
+                    "has substreams but no late_arrival_tolerance, which bounds how far substreams drift "
+                    "apart; set late_arrival_tolerance, such as '5m'",
                 )
 
     @property
@@ -449,9 +452,10 @@ class WindowSpec:
     def from_dict(cls, data: Mapping[str, Any], *, function: str | None = None) -> WindowSpec:
         """Read the ``window`` object of a JSON function definition; errors name ``function`` when given.
 
-        Keys: kind, size, slide (hopping), gap and max_duration (session), offset, boundary, time_field, group_by (list, or one field as a string),
-        aggregates (list of {op, field, name}), out_of_order_tolerance, allowed_lateness,
-        partition_idle_timeout, idle_timeout (durations; null for off), sink ({kind, path}).
+        Keys: kind, size, slide (hopping), gap and max_duration (session), offset, boundary, time_field,
+        group_by (list, or one field as a string), aggregates (list of {op, field, name}),
+        out_of_order_tolerance, allowed_lateness, partition_idle_timeout, idle_timeout (durations; null for
+        off), sink ({kind, path}).
         """
         owner = "window" if function is None else f"window of function '{function}'"
         try:

@@ -1,4 +1,5 @@
-"""Windows closed by each substream's own clock (Azure Stream Analytics' ``TIMESTAMP BY ... OVER key``, seed 003).
+"""Windows closed by each substream's own clock (Azure Stream Analytics' ``TIMESTAMP BY ... OVER key``, seed
+003).
 
 With substreams every key value (a device id) has its own watermark: the greatest time of its rows so far
 minus ``out_of_order_tolerance`` (early rows, which the policies flag, never move it). Seed 003 adds the rule
@@ -114,7 +115,8 @@ class SubstreamWindowOperator(WindowOperator):
     @property
     def watermark_ms(self) -> int | None:
         """Per substream: the least substream watermark. Shared: arrival clock - late-arrival tolerance,
-        the least watermark any substream, even one not seen yet, can have (what a shared window waits for)."""
+        the least watermark any substream, even one not seen yet, can have (what a shared window waits
+        for)."""
         if not self.per_substream:
             return self._floor_ms()
         marks = [w for s in self.substreams if (w := self.substream_watermark_ms(s)) is not None]
@@ -320,16 +322,16 @@ class SubstreamWindowOperator(WindowOperator):
         sub = state.get("substreams") if isinstance(state, Mapping) else None
         if sub is None:
             raise WindowStateError(
-                "window state was written before windows closed per substream; redeploy the function with its "
-                "window state reset"
+                "window state was written before windows closed per substream; redeploy the function with "
+                "its window state reset"
             )
         op = super().from_state(spec, state)
         assert isinstance(op, SubstreamWindowOperator)
         if bool(sub["per_substream"]) != op.per_substream:
             raise WindowStateError(
                 "window state was written with the substream key "
-                f"{'in' if sub['per_substream'] else 'not in'} group_by; restore the old group_by, or redeploy "
-                "the function with its window state reset"
+                f"{'in' if sub['per_substream'] else 'not in'} group_by; restore the old group_by, or "
+                "redeploy the function with its window state reset"
             )
         clock = sub["arrival_clock_ms"]
         op._arrival_clock_ms = None if clock is None else ensure_ms(clock, "arrival_clock_ms")

@@ -1,4 +1,5 @@
-"""The event-time watermark of one function: per-partition watermarks, their minimum over active partitions, idleness."""
+"""The event-time watermark of one function: per-partition watermarks, their minimum over active partitions,
+idleness."""
 
 from __future__ import annotations
 

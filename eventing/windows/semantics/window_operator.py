@@ -62,8 +62,9 @@ class BatchFate:
 class FrontierClock:
     """What window and session operators share: the spec, the watermark and the close frontier.
 
-    Subclasses set ``_spec``, ``_tracker``, ``_event_time``, ``_lateness_ms``, ``_clock_frontier_ms`` (processing
-    time: now_ms of the last advance) and ``_closed_through_ms`` (the frontier of the last close)."""
+    Subclasses set ``_spec``, ``_tracker``, ``_event_time``, ``_lateness_ms``, ``_clock_frontier_ms``
+    (processing time: now_ms of the last advance) and ``_closed_through_ms`` (the frontier of the last
+    close)."""
 
     _spec: WindowSpec
     _tracker: WatermarkTracker
@@ -88,7 +89,8 @@ class FrontierClock:
 
     @property
     def close_frontier_ms(self) -> int | None:
-        """Windows (sessions) with ``end_ms <= close_frontier_ms`` are closed; None until the first watermark/advance."""
+        """Windows (sessions) with ``end_ms <= close_frontier_ms`` are closed; None until the first
+        watermark/advance."""
         if self._event_time:
             watermark = self._tracker.watermark_ms
             frontier = None if watermark is None else watermark - self._lateness_ms
@@ -229,7 +231,8 @@ class WindowOperator(FrontierClock):
         arrival_ms: int | None = None,
         lifts: Sequence[bool] | Any | None = None,
     ) -> BatchFate:
-        """Window a batch arriving at ``now_ms``: one partition for all rows, or one per row (list or pyarrow).
+        """Window a batch arriving at ``now_ms``: one partition for all rows, or one per row (list or
+        pyarrow).
 
         ``arrival_ms``, when given, is when the batch's rows reached the source (the greatest of their
         arrival times): the source and its partitions count as active then, not at ``now_ms``, so a batch
@@ -251,7 +254,8 @@ class WindowOperator(FrontierClock):
             return self._observe_batch_processing_time(partitions, event_times_ms, now_ms)
         if event_times_ms is None:
             raise ValueError(
-                f"event-time window needs event times for the batch (document field {self._spec.time_field!r})"
+                "event-time window needs event times for the batch (document field "
+                f"{self._spec.time_field!r})"
             )
         cutoff = self.late_cutoff_ms
         frontier = self.close_frontier_ms
@@ -368,7 +372,8 @@ class WindowOperator(FrontierClock):
     # -- closing ---------------------------------------------------------------------------------------
 
     def advance(self, now_ms: int) -> list[Window]:
-        """Apply processing time ``now_ms`` and return the windows that closed since the last call, by start."""
+        """Apply processing time ``now_ms`` and return the windows that closed since the last call, by
+        start."""
         at_ms = ensure_ms(now_ms, "now_ms")
         now_ms = self._tick(at_ms)
         if self._event_time:
@@ -466,8 +471,9 @@ class WindowOperator(FrontierClock):
         changed; the window shape and time boundary may not."""
         if not isinstance(state, Mapping) or state.get("version") != STATE_VERSION:
             raise WindowStateError(
-                f"window state has version {state.get('version') if isinstance(state, Mapping) else state!r}; "
-                f"this build reads version {STATE_VERSION}: reset the function's window state"
+                "window state has version "
+                f"{state.get('version') if isinstance(state, Mapping) else state!r}; this build reads "
+                f"version {STATE_VERSION}: reset the function's window state"
             )
         saved, wanted = state["window"], _fingerprint(spec)
         if saved != wanted:

@@ -1,4 +1,5 @@
-"""Epoch-aligned window assignment: the [start, end) windows that hold a time, and the cut-off below which a time is late."""
+"""Epoch-aligned window assignment: the [start, end) windows that hold a time, and the cut-off below which a
+time is late."""
 
 from __future__ import annotations
 

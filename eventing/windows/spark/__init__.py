@@ -1,7 +1,7 @@
 """Spark side of windowed aggregation: row batches from workers in, closed-window results out to a sink.
 
-The window maths (watermarks, which windows are closed) lives in ``eventing.windows.semantics``; this package only
-computes the results for the windows it is given and stores them exactly once.
+The window maths (watermarks, which windows are closed) lives in ``eventing.windows.semantics``; this package
+only computes the results for the windows it is given and stores them exactly once.
 """
 
 from __future__ import annotations

@@ -40,8 +40,8 @@ DDL = (
     f"CREATE TABLE IF NOT EXISTS {WINDOWS} (function TEXT NOT NULL, window_start_ms BIGINT NOT NULL,"
     " window_end_ms BIGINT NOT NULL, written_at_ms BIGINT NOT NULL,"
     " PRIMARY KEY (function, window_start_ms, window_end_ms))",
-    f"CREATE TABLE IF NOT EXISTS {SUBSTREAM_WINDOWS} (function TEXT NOT NULL, window_start_ms BIGINT NOT NULL,"
-    " window_end_ms BIGINT NOT NULL, substream TEXT NOT NULL, written_at_ms BIGINT NOT NULL,"
+    f"CREATE TABLE IF NOT EXISTS {SUBSTREAM_WINDOWS} (function TEXT NOT NULL, window_start_ms BIGINT NOT "
+    "NULL, window_end_ms BIGINT NOT NULL, substream TEXT NOT NULL, written_at_ms BIGINT NOT NULL,"
     " PRIMARY KEY (function, window_start_ms, window_end_ms, substream))",
 )
 MAX_IDENTIFIER = 63  # PostgreSQL cuts longer names
@@ -106,10 +106,11 @@ class PostgresWindowSink:
             stored = pa.ipc.read_schema(pa.py_buffer(bytes(row[1])))
             if schema is not None and _columns(stored) != _columns(schema):
                 raise ValueError(
-                    f"function {function!r} already has window results in {self.db.target.shown} ({row[0]}) with "
-                    f"columns {stored.names} ({stored.types}); the new results have {schema.names} ({schema.types}). "
-                    f"Drop the table {row[0]} and delete the function's rows of {FUNCTIONS}, {WINDOWS} and "
-                    f"{SUBSTREAM_WINDOWS} before changing the function's aggregation, or give the window a sink path"
+                    f"function {function!r} already has window results in {self.db.target.shown} ({row[0]}) "
+                    f"with columns {stored.names} ({stored.types}); the new results have {schema.names} "
+                    f"({schema.types}). Drop the table {row[0]} and delete the function's rows of "
+                    f"{FUNCTIONS}, {WINDOWS} and {SUBSTREAM_WINDOWS} before changing the function's "
+                    "aggregation, or give the window a sink path"
                 )
             return row[0], stored
         if schema is None:
@@ -152,8 +153,8 @@ class PostgresWindowSink:
                 new += [
                     tuple(r)
                     for r in cur.execute(
-                        f"INSERT INTO {WINDOWS} SELECT %s, s, e, %s FROM unnest(%s::bigint[], %s::bigint[]) AS w(s, e)"
-                        " ON CONFLICT DO NOTHING RETURNING window_start_ms, window_end_ms",
+                        f"INSERT INTO {WINDOWS} SELECT %s, s, e, %s FROM unnest(%s::bigint[], %s::bigint[]) "
+                        "AS w(s, e) ON CONFLICT DO NOTHING RETURNING window_start_ms, window_end_ms",
                         (function, now_ms, [w[0] for w in plain], [w[1] for w in plain]),
                     ).fetchall()
                 ]

@@ -1,11 +1,11 @@
 """Where closed-window results go: each window of each function is stored exactly once, surviving restarts.
 
 A window is identified by ``(function, window_start_ms, window_end_ms)`` and each of its result rows by that
-plus the group values. Windows closed per substream (``substream_key`` in ``group_by``, docs/time-semantics.md) close
-at different times for different key values, so there the id is ``(start, end, substream value)``: each
-``write`` names the substream column. A window is written whole, in one call, or not at all; writing it again (a replay
-after a crash) changes nothing. Two backends share the contract: ``ParquetWindowSink`` (default, one file
-per window) and ``SqliteWindowSink`` (one typed table per function).
+plus the group values. Windows closed per substream (``substream_key`` in ``group_by``,
+docs/time-semantics.md) close at different times for different key values, so there the id is ``(start, end,
+substream value)``: each ``write`` names the substream column. A window is written whole, in one call, or not
+at all; writing it again (a replay after a crash) changes nothing. Two backends share the contract:
+``ParquetWindowSink`` (default, one file per window) and ``SqliteWindowSink`` (one typed table per function).
 """
 
 from __future__ import annotations
@@ -209,7 +209,8 @@ def _sql_type(field: pa.Field) -> str:
     if pa.types.is_string(field.type) or pa.types.is_large_string(field.type):
         return "TEXT"
     raise ValueError(
-        f"window result column {field.name!r} has type {field.type}; the SQLite sink stores only ints, floats and strings"
+        f"window result column {field.name!r} has type {field.type}; the SQLite sink stores only ints, "
+        "floats and strings"
     )
 
 
@@ -265,9 +266,9 @@ class SqliteWindowSink:
 
             folder = self.path.parent
             raise StoreError(
-                f"cannot write {self.path}: the disk is full ({exc}); free space on the file system of {folder} "
-                f"(see `df {folder}`), then run the command again (everything committed is kept: windows not "
-                "written yet are written then)"
+                f"cannot write {self.path}: the disk is full ({exc}); free space on the file system of "
+                f"{folder} (see `df {folder}`), then run the command again (everything committed is kept: "
+                "windows not written yet are written then)"
             ) from None
 
     def _table_for(

@@ -77,7 +77,8 @@ def results_from_windowed(
 
 
 def to_result_table(df: DataFrame, schema: pa.Schema) -> pa.Table:
-    """Bring a result frame to the driver as Arrow (~5x faster than collect() for large results) and order it."""
+    """Bring a result frame to the driver as Arrow (~5x faster than collect() for large results) and order
+    it."""
     table = df.toArrow()
     return sort_results(table.select(schema.names).cast(schema))
 

@@ -1,4 +1,5 @@
-"""Spark Structured Streaming over the same row batches: the reference our windowing is benchmarked and checked against.
+"""Spark Structured Streaming over the same row batches: the reference our windowing is benchmarked and
+checked against.
 
 Structured Streaming emits a window in append mode only once its watermark (max event time seen minus
 ``watermark_delay_ms``) passes the window's end, so the last windows of a finite input never close by
@@ -47,7 +48,8 @@ def write_watermark_sentinel(
     *,
     event_time_ms: int = SENTINEL_EVENT_TIME_MS,
 ) -> Path:
-    """Write one row at ``event_time_ms`` (vb -1, so it collides with no real row) that closes every earlier window."""
+    """Write one row at ``event_time_ms`` (vb -1, so it collides with no real row) that closes every earlier
+    window."""
     schema = row_schema(group_by, value_fields)
     batch = build_row_batch(
         schema, vb=[-1], seqno=[0], key=["__watermark_sentinel__"], event_time_ms=[event_time_ms]
