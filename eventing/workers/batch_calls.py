@@ -191,7 +191,8 @@ class BatchCalls:
     # -- running ---------------------------------------------------------------------------------------
 
     def _run(self, batch: Batch) -> None:
-        """on_batch over the batch, its failures retried as the retry policy says (see the module docstring)."""
+        """on_batch over the batch, its failures retried as the retry policy says (see the module
+        docstring)."""
         core, runner = self.core, self.runner
         policy, attempts, epochs = runner.policy, core._attempts, core.epochs
         c = core.counters

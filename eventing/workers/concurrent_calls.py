@@ -337,7 +337,8 @@ class ConcurrentCalls:
         raise AssertionError("unreachable: attempts >= 1")
 
     def _watch(self) -> None:
-        """Raise HandlerTimeout in pool calls past execution_timeout (checked as often as the SIGALRM tick)."""
+        """Raise HandlerTimeout in pool calls past execution_timeout (checked as often as the SIGALRM
+        tick)."""
         tick = max(0.01, min(0.25, self.core.timeout_s / 4))
         while not self._closed:
             time.sleep(tick)

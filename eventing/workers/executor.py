@@ -219,8 +219,8 @@ class RayExecutor:
                 )
                 raise EventingError(
                     f"eventing node '{name}' is pinned to Ray node {rid!r}, which is not in this Ray cluster "
-                    f"(alive: {alive or 'none'}); see `ray list nodes`, then `eventing node remove {name}` and "
-                    f"`eventing node add {name} --ray-node-id <id>`"
+                    f"(alive: {alive or 'none'}); see `ray list nodes`, then `eventing node remove {name}` "
+                    f"and `eventing node add {name} --ray-node-id <id>`"
                 )
 
     def start_worker(self, spec: WorkerSpec, ray_node_id: str | None = None) -> Any:

@@ -16,8 +16,8 @@ if TYPE_CHECKING:
     from eventing.workers.worker import WorkerCore, WorkerSpec
 
 
-# What the service asks of a worker's core (a WorkerCore, or a SandboxedCore that forwards these to its child),
-# by name, and the method each calls; nothing else is served.
+# What the service asks of a worker's core (a WorkerCore, or a SandboxedCore that forwards these to its
+# child), by name, and the method each calls; nothing else is served.
 CORE_CALLS: dict[str, Callable[[Any], Callable[..., Any]]] = {
     "step": lambda core: core.step,
     "stop": lambda core: core.stop,
@@ -140,7 +140,7 @@ def missing_dependency(text: str) -> EventingError | None:
         return None
     name = found.group(1).split(".")[0]
     return EventingError(
-        f"a Ray node cannot run eventing workers: Python package '{name}' is not installed there; install the "
-        f"project's dependencies on every node (`pip install ray msgpack msgspec pyarrow ...`, as in "
+        f"a Ray node cannot run eventing workers: Python package '{name}' is not installed there; install "
+        "the project's dependencies on every node (`pip install ray msgpack msgspec pyarrow ...`, as in "
         f"pyproject.toml) with the same Python version, then run again"
     )

@@ -490,7 +490,8 @@ class SandboxedRunner(_Sandboxed):
         return True, None
 
     def run_once(self, m: Any, *, trace: bool = False) -> tuple[Any, list[dict]]:
-        """``eventing.execution.single_call.run_once`` in the child, with the trace events (`trace`) it made."""
+        """``eventing.execution.single_call.run_once`` in the child, with the trace events (`trace`) it
+        made."""
         from eventing.execution.single_call import CallOutcome
         from eventing.handler import Meta
 

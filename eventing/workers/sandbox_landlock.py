@@ -48,7 +48,10 @@ def landlock_abi() -> int:
 def sandbox_unavailable() -> str | None:
     """Why this machine cannot run sandboxed functions (one line), or None when it can."""
     if not sys.platform.startswith("linux"):
-        return f"sandboxed functions need Linux with Landlock (ABI {MIN_ABI}+, kernel 6.7+); this is {sys.platform}"
+        return (
+            f"sandboxed functions need Linux with Landlock (ABI {MIN_ABI}+, kernel 6.7+); this is "
+            f"{sys.platform}"
+        )
     abi = landlock_abi()
     if abi < MIN_ABI:
         found = f"ABI {abi}" if abi else "no Landlock (kernel too old, or `lsm=` at boot leaves it out)"

@@ -2,10 +2,10 @@
 created (threads are), no program is executed, no Unix socket is opened (a pathname socket, such as a Ray
 raylet's, cannot be reached through Landlock alone), no signal goes to another process, nor a change of its
 scheduling, priority or limits; no ptrace, no new namespace, mount, keyring, BPF program, perf event,
-userfaultfd, io_uring, System V or POSIX IPC, and no TIOCSTI into an inherited terminal. A refused call fails with EPERM (a new process's clone3 with
-ENOSYS, so threads fall back to clone, whose flags a filter can read); a system call of another
-architecture's ABI (x32, or 32-bit through int 0x80) kills the process. The filter is a classic BPF
-program built here, installed with prctl through ctypes; nothing here starts a thread.
+userfaultfd, io_uring, System V or POSIX IPC, and no TIOCSTI into an inherited terminal. A refused call fails
+with EPERM (a new process's clone3 with ENOSYS, so threads fall back to clone, whose flags a filter can read);
+a system call of another architecture's ABI (x32, or 32-bit through int 0x80) kills the process. The filter is
+a classic BPF program built here, installed with prctl through ctypes; nothing here starts a thread.
 """
 
 from __future__ import annotations

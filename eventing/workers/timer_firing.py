@@ -17,7 +17,8 @@ from eventing.workers.handling import WorkerHandling
 from eventing.workers.hang_guard import HangGuard
 from metadata import TimerDone, TimerRecord, WorkerMetadata
 
-# After a claim that found no due timer, a worker whose claims are round trips waits this long before the next.
+# After a claim that found no due timer, a worker whose claims are round trips waits this long before the
+# next.
 TIMER_CLAIM_IDLE_S = 0.05
 
 

@@ -1,12 +1,13 @@
 """One worker of one function: owns vBuckets, streams their mutations from the source in seqno order,
 calls the handler, flushes binding effects and commits checkpoints.
 
-`WorkerCore` is a plain class so tests can drive it in-process; `eventing.workers.executor` wraps it in a Ray actor.
-It is put together from parts, each in a module of its own: reading the source (eventing.workers.source_reads),
-handling the rows read (eventing.workers.handling) and firing timers (eventing.workers.timer_firing), with a
-collaborator that interrupts or recycles a handler that overruns execution_timeout
-(eventing.workers.hang_guard). This module holds what a worker is given and reports (`WorkerSpec`,
-`StepReport`), and the core itself: ownership of vBuckets, the step, flushing effects and checkpoints.
+`WorkerCore` is a plain class so tests can drive it in-process; `eventing.workers.executor` wraps it in a Ray
+actor. It is put together from parts, each in a module of its own: reading the source
+(eventing.workers.source_reads), handling the rows read (eventing.workers.handling) and firing timers
+(eventing.workers.timer_firing), with a collaborator that interrupts or recycles a handler that overruns
+execution_timeout (eventing.workers.hang_guard). This module holds what a worker is given and reports
+(`WorkerSpec`, `StepReport`), and the core itself: ownership of vBuckets, the step, flushing effects and
+checkpoints.
 """
 
 from __future__ import annotations
@@ -120,7 +121,8 @@ class WorkerCore(WorkerTimers, WorkerReads):
         # in one round trip at each pass of a step (_look).
         self._reads_ahead = self.source.reads_ahead and not self.data.local
         self._looks_ahead = self.source.reads_ahead and self.data.local
-        # The state's application log; without the data directory, log() lines reach it through the data service.
+        # The state's application log; without the data directory, log() lines reach it through the data
+        # service.
         self.app_log = self.data.app_log_writer(
             spec.function, self.defn.app_log_max_size, self.defn.app_log_max_files
         )
@@ -211,7 +213,8 @@ class WorkerCore(WorkerTimers, WorkerReads):
         self.crash_guard = CrashGuard(
             self.store, self.name, spec.generation, notes_fd, 1 + pool + batch_slots
         )
-        # concurrency > 1: a pool runs the batch's calls, several documents at once (else None: one at a time).
+        # concurrency > 1: a pool runs the batch's calls, several documents at once (else None: one at a
+        # time).
         self.calls = concurrent_calls.attach(self)
         # on_batch: the batch's rows go to the handler in one call (else None: one call a mutation).
         self.batches = batch_calls.attach(self)
@@ -366,7 +369,8 @@ class WorkerCore(WorkerTimers, WorkerReads):
         return source.high_seqnos(prefetched=True)
 
     def _read_changed(self) -> None:
-        """Read ahead the rows that follow the positions, in the vBuckets not read ahead already that have any."""
+        """Read ahead the rows that follow the positions, in the vBuckets not read ahead already that have
+        any."""
         source, positions = self.source, self.positions
         source.read_changed(
             [(vb, positions[vb]) for vb in self.epochs if not source.has_ahead(vb)], REMOTE_READ_AHEAD
@@ -537,7 +541,8 @@ class WorkerCore(WorkerTimers, WorkerReads):
     def _collect_op_counts(self) -> None:
         """Counts the bindings and curl keep beside the worker's counters (taken while no call runs)."""
         for binding in self.rw_bindings:
-            # Replayed writes dropped before the batch (BucketBinding.keep) count even when nothing is pending.
+            # Replayed writes dropped before the batch (BucketBinding.keep) count even when nothing is
+            # pending.
             if binding.replayed_writes:
                 self.counters[counter_names.EFFECTS_DUPLICATE] += binding.replayed_writes
                 binding.replayed_writes = 0
@@ -712,7 +717,8 @@ class WorkerCore(WorkerTimers, WorkerReads):
         return fenced
 
     def _take_commit(self) -> Checkpoint:
-        """What a checkpoint writes now: moved positions, dead letters, counters, timer changes and firings."""
+        """What a checkpoint writes now: moved positions, dead letters, counters, timer changes and
+        firings."""
         moved = {vb: s for vb, s in self.positions.items() if s != self.committed.get(vb)}
         dlq, counters = self.dlq, dict(self.counters)
         changes, done = list(self.timers.kept), self.timers_done
