@@ -169,14 +169,16 @@ class Batch(Sequence):
 
     @property
     def docs(self) -> list:
-        """The items' documents, in order: None for a deletion or an expiry (decoded on first use, in bulk)."""
+        """The items' documents, in order: None for a deletion or an expiry (decoded on first use, in
+        bulk)."""
         if self._docs is None:
             self._docs = self._decode()
         return self._docs
 
     @property
     def idempotency_key(self) -> str:
-        """The key of a request made outside any item: the same items (in the same order) give the same key."""
+        """The key of a request made outside any item: the same items (in the same order) give the same
+        key."""
         if self._key is None:
             self._key = batch_key([self.key_of(i) for i in range(len(self._keys))])
         return self._key

@@ -197,7 +197,8 @@ _MISSING = object()
 
 
 class BucketBinding:
-    """`alias[key]`, `alias.get(key)`, `key in alias`, and for read-write aliases `alias[key] = doc`, `del alias[key]`.
+    """`alias[key]`, `alias.get(key)`, `key in alias`, and for read-write aliases `alias[key] = doc`, `del
+    alias[key]`.
 
     Writes of the mutation being handled are held until the handler returns: if it raises or times
     out they are discarded, so a failed attempt leaves no partial effects. Successful writes join the
@@ -222,7 +223,8 @@ class BucketBinding:
         self.tracer: Tracer | None = None
         self.buf = buffer if buffer is not None else EffectBuffer()
         # The stored-key prefix of the bound collection ("" for a bucket's default collection): aliases of
-        # several collections of one bucket share its buffer, which holds stored keys (eventing.core.keyspaces).
+        # several collections of one bucket share its buffer, which holds stored keys
+        # (eventing.core.keyspaces).
         self.prefix = prefix
         # What the bound collection mirrors (eventing.storage.mirror), else None: its documents follow the
         # table and are written by the mirror alone, so every write through this binding is refused.
@@ -516,14 +518,14 @@ class BucketBinding:
     def _check_writable(self, what: str) -> None:
         if self.mirror is not None:
             raise BindingError(
-                f"cannot {what} through binding '{self.alias}' (bucket '{self.bucket.name}'): its collection mirrors "
-                f"{self.mirror} and is written by the mirror alone; bind it read-only (access 'r') and change the "
-                "rows in PostgreSQL"
+                f"cannot {what} through binding '{self.alias}' (bucket '{self.bucket.name}'): its collection "
+                f"mirrors {self.mirror} and is written by the mirror alone; bind it read-only (access 'r') "
+                "and change the rows in PostgreSQL"
             )
         if self.access != "rw":
             raise BindingError(
-                f"cannot {what} through binding '{self.alias}' (bucket '{self.bucket.name}'): it is read-only; "
-                "declare it with access 'rw' in the function definition"
+                f"cannot {what} through binding '{self.alias}' (bucket '{self.bucket.name}'): it is "
+                "read-only; declare it with access 'rw' in the function definition"
             )
 
     def __repr__(self) -> str:

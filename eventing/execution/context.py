@@ -4,9 +4,9 @@ watches the call (a worker's watchdog and hang guard, from a signal handler or a
 Whoever runs a handler sets it before the call (`begin`, or the same three fields written inline on a
 worker's hot path) and clears `active` when the call returns or raises; everyone else only reads it.
 
-A function with `concurrency` > 1 runs calls on a worker's pool threads too (eventing.workers.concurrent_calls):
-each pool thread has a `LaneContext` of its own, bound to the thread, and what a handler calls into asks
-`context.here()` for the call of the thread it runs on.
+A function with `concurrency` > 1 runs calls on a worker's pool threads too
+(eventing.workers.concurrent_calls): each pool thread has a `LaneContext` of its own, bound to the thread, and
+what a handler calls into asks `context.here()` for the call of the thread it runs on.
 """
 
 from __future__ import annotations
@@ -73,7 +73,8 @@ class CallContext:
         return self
 
     def seen(self) -> tuple[set[int], float]:
-        """The statuses and Retry-After curl saw in the call that just failed (empty if it made no request)."""
+        """The statuses and Retry-After curl saw in the call that just failed (empty if it made no
+        request)."""
         if self.attempt_at != self.deadline:
             return set(), 0.0
         return self.statuses, self.retry_after

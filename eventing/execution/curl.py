@@ -430,7 +430,8 @@ def _within(binding: UrlBinding, url: str) -> bool:
 
 
 class _KeptConnections(threading.local):
-    """Per thread (each of a worker's pool threads runs calls of its own): (host, https, verify) -> connection."""
+    """Per thread (each of a worker's pool threads runs calls of its own): (host, https, verify) ->
+    connection."""
 
     def __init__(self) -> None:
         self.connections: dict[tuple[str, int | None, bool, bool], HttpConnection] = {}
@@ -443,7 +444,8 @@ def _join(binding: UrlBinding, path: Any) -> str:
     segments = path.split("?")[0].split("/")
     if parsed.scheme or parsed.netloc or path.startswith("//") or ".." in segments:
         raise CurlError(
-            f"curl path {path!r} leaves URL binding '{binding.alias}' ({binding.url}); pass a path relative to it"
+            f"curl path {path!r} leaves URL binding '{binding.alias}' ({binding.url}); pass a path relative "
+            "to it"
         )
     if not path:
         return binding.url

@@ -206,5 +206,6 @@ class HttpConnection:
 
 def _too_large(max_bytes: int) -> CurlError:
     return CurlError(
-        f"curl response is larger than curl_max_response_bytes ({max_bytes}); ask for less or raise the setting"
+        f"curl response is larger than curl_max_response_bytes ({max_bytes}); ask for less or raise the "
+        "setting"
     )

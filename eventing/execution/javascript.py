@@ -1,10 +1,11 @@
 """JavaScript handlers on V8 (STPyV8), behind the same HandlerRunner as Python handlers.
 
 `load_js_handler` runs a function's JavaScript source in a V8 context of its own (one per runner and thread
-that calls it: one per worker, and one per pool thread with `concurrency` > 1; reused for every call) and returns a module whose `on_update`, `on_delete`, `on_deploy` and one
-entry per top-level JavaScript function (timer callbacks are looked up by name) are Python callables. The
-runner and the worker call them exactly as they call a Python handler's functions, so per-document order,
-held binding writes, retries, dead letters, the debugger and `dlq replay` are the same code.
+that calls it: one per worker, and one per pool thread with `concurrency` > 1; reused for every call) and
+returns a module whose `on_update`, `on_delete`, `on_deploy` and one entry per top-level JavaScript function
+(timer callbacks are looked up by name) are Python callables. The runner and the worker call them exactly as
+they call a Python handler's functions, so per-document order, held binding writes, retries, dead letters, the
+debugger and `dlq replay` are the same code.
 
 What crosses between Python and V8 is JSON text: a call's arguments go in as one string the context parses,
 and every binding access goes out through `__host` (JsHost), which calls the function's real BucketBinding,
@@ -69,7 +70,8 @@ GC_EVERY_CALLS = 256  # how often a call checks the heap and collects garbage wh
 
 
 class _Call:
-    """The call in flight in one thread's context, as the handler's watchdog sees it (under JsHandler.lock)."""
+    """The call in flight in one thread's context, as the handler's watchdog sees it (under
+    JsHandler.lock)."""
 
     __slots__ = (
         "isolate",
@@ -318,8 +320,9 @@ def check_supported(function: str, source: str) -> None:
         for pattern, what in _UNSUPPORTED:
             if pattern.search(line):
                 raise HandlerLoadError(
-                    f"handler of function '{function}' line {lineno}: {what} is not supported; read and write "
-                    "documents through bucket bindings (dst[key], couchbase.get/upsert/mutateIn) instead"
+                    f"handler of function '{function}' line {lineno}: {what} is not supported; read and "
+                    "write documents through bucket bindings (dst[key], couchbase.get/upsert/mutateIn) "
+                    "instead"
                 )
 
 
@@ -330,7 +333,8 @@ def compile_only(function: str, source: str) -> None:
         import STPyV8
     except ImportError:
         raise HandlerLoadError(
-            f"function '{function}' is a JavaScript handler and the V8 engine is not installed; pip install stpyv8"
+            f"function '{function}' is a JavaScript handler and the V8 engine is not installed; pip install "
+            "stpyv8"
         ) from None
     _thread_isolate(STPyV8)
     ctx = STPyV8.JSContext()
@@ -352,7 +356,8 @@ def _load_error(function: str, exc: Exception, what: str) -> HandlerLoadError:
             f"handler of function '{function}' {what} ({text.splitlines()[0]}); fix the file and deploy again"
         )
     return HandlerLoadError(
-        f"handler of function '{function}' {what} at line {m['line']}: {m['message']}; fix the file and deploy again"
+        f"handler of function '{function}' {what} at line {m['line']}: {m['message']}; fix the file and "
+        "deploy again"
     )
 
 
@@ -462,7 +467,7 @@ class JsHandler:
                     kind += " in a new thread"
                 raise _load_error(self.function, exc, kind) from None
             names = ctx.eval(
-                "Object.getOwnPropertyNames(globalThis).filter(function (n) { return typeof globalThis[n] === 'function'; }).join('\\n')"
+                "Object.getOwnPropertyNames(globalThis).filter(function (n) { return typeof globalThis[n] === 'function'; }).join('\\n')"  # noqa: E501
             ).split("\n")
             engine = STPyV8.JSEngine()
             # Kept with the context: a compiled script refers to its engine without holding it, and a run
@@ -546,8 +551,8 @@ class JsHandler:
     def _measure(self, here: _ThreadContext, flight: _Call, returned: int | None, count: int) -> None:
         """After a call (`returned`: what it returned; None when it failed already, which is then not
         failed again): past js_heap_limit_mb, collect garbage and fail the call if it keeps more than the
-        limit, or took more than the limit by itself; otherwise collect garbage when ArrayBuffers of a quarter of the
-        limit have been dropped since the last collection (V8 frees them late: a call would start with
+        limit, or took more than the limit by itself; otherwise collect garbage when ArrayBuffers of a quarter
+        of the limit have been dropped since the last collection (V8 frees them late: a call would start with
         them and be stopped for them), or, every GC_EVERY_CALLS calls, when the heap is half full."""
         used = self.v8.used_memory(flight)
         if used > self.heap_limit:  # taken faster than the watchdog looks (large ArrayBuffers at once)
@@ -653,8 +658,8 @@ class JsHandler:
 
     def guarded(self, fn: Any, *args: Any) -> Any:
         """A host call: its errors become text JavaScript throws; a timeout signalled inside it (the worker's
-        SIGALRM watchdog, or a pool's watcher) terminates the call, so no JavaScript catch can swallow it. Inside a batch it first
-        reports which mutation is running when that changed."""
+        SIGALRM watchdog, or a pool's watcher) terminates the call, so no JavaScript catch can swallow it.
+        Inside a batch it first reports which mutation is running when that changed."""
         here = self.contexts.get(threading.get_ident())
         if here is not None:
             here.flight.in_host = True
@@ -781,14 +786,15 @@ def load_js_handler(
         import STPyV8  # noqa: F401
     except ImportError:
         raise HandlerLoadError(
-            f"function '{function}' is a JavaScript handler and the V8 engine is not installed; pip install stpyv8"
+            f"function '{function}' is a JavaScript handler and the V8 engine is not installed; pip install "
+            "stpyv8"
         ) from None
     handler = JsHandler(function, source, injected, context, timeout_s, heap_limit_mb)
     module = handler.module
     if "on_update" not in module.__dict__ and "on_delete" not in module.__dict__ and not windowed:
         handler.close()
         raise HandlerLoadError(
-            f"handler of function '{function}' defines neither OnUpdate(doc, meta) nor OnDelete(meta, options); "
-            "define at least one"
+            f"handler of function '{function}' defines neither OnUpdate(doc, meta) nor OnDelete(meta, "
+            "options); define at least one"
         )
     return module

@@ -9,8 +9,9 @@ error as text starting with NUL (JSON text never does), which `__r` throws as an
 try/catch sees binding errors as in Couchbase. `log` writes each argument as JSON.stringify does (an Error
 as its toString()), separated by spaces, as Couchbase's log does. OnUpdate gets a third argument as in
 Couchbase 7.6 (`OnUpdate(doc, meta, xattrs)`): the document's user extended attributes as of the mutation,
-`{}` when it has none (the fast paths `__update` and `__batch` take only such mutations). The built-ins check their arguments as Couchbase's C++ does and throw its
-EventingError; they, log, curl and the timers are on `couchbase` too.
+`{}` when it has none (the fast paths `__update` and `__batch` take only such mutations). The built-ins check
+their arguments as Couchbase's C++ does and throw its EventingError; they, log, curl and the timers are on
+`couchbase` too.
 """
 
 PRELUDE = r"""
@@ -256,4 +257,4 @@ function __batch() {
   }
   return n;
 }
-"""
+"""  # noqa: E501

@@ -72,8 +72,8 @@ def load_handler(
     on_batch = module.__dict__.get("on_batch")
     if on_update is None and on_delete is None and on_batch is None and not windowed:
         raise HandlerLoadError(
-            f"handler of function '{function}' defines neither on_update(doc, meta) nor on_delete(meta, options); "
-            "define at least one (or on_batch(batch))"
+            f"handler of function '{function}' defines neither on_update(doc, meta) nor on_delete(meta, "
+            "options); define at least one (or on_batch(batch))"
         )
     check_batch_entry(
         function,
@@ -107,8 +107,8 @@ def check_batch_entry(function: str, has_batch: bool, has_per_call: bool, refuse
         return
     if has_per_call:
         raise HandlerLoadError(
-            f"handler of function '{function}' defines on_batch(batch) and on_update/on_delete; define on_batch "
-            "alone (it gets updates and deletes) or remove it"
+            f"handler of function '{function}' defines on_batch(batch) and on_update/on_delete; define "
+            "on_batch alone (it gets updates and deletes) or remove it"
         )
     if refused_by:
         raise HandlerLoadError(

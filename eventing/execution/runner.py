@@ -75,7 +75,8 @@ class Rejection(NamedTuple):
 
 
 NO_HANDLER = Rejection("no_handler")
-# Builds a HandlerCall in C: HandlerCall(...) goes through a generated Python __new__, ~0.3 us a mutation on the hot path.
+# Builds a HandlerCall in C: HandlerCall(...) goes through a generated Python __new__, ~0.3 us a mutation on
+# the hot path.
 _new_call = new_call = tuple.__new__
 
 
@@ -155,7 +156,8 @@ class HandlerRunner:
             else:
                 cid = collection_id(bucket, b.keyspace)  # the binding's collection (a NotFoundError names it)
                 # A read-write binding of a mirror's collection (a definition stored before its collection was
-                # made a mirror under the same name) refuses every write: the mutation is dead-lettered, nothing is applied.
+                # made a mirror under the same name) refuses every write: the mutation is dead-lettered,
+                # nothing is applied.
                 mirror = bucket.mirrors().get(cid) if cid and b.access == "rw" else None
                 binding = BucketBinding(b.alias, bucket, b.access, function, buffer, key_prefix(cid), mirror)
             injected[b.alias] = binding
@@ -169,7 +171,8 @@ class HandlerRunner:
         self.timers = (ConcurrentTimerTable if self.concurrent else TimerTable)(
             function, defn.timer_context_size, self.context
         )
-        # The state's application log (a worker behind the data service passes one that sends its lines there).
+        # The state's application log (a worker behind the data service passes one that sends its lines
+        # there).
         self.app_log = app_log
         injected["log"] = FunctionLog(function, self.app_log, self.context)
         urls, secrets = url_bindings(defn.url_bindings)  # the handler sees no secret: curl adds it
@@ -211,8 +214,8 @@ class HandlerRunner:
 
             raise HandlerLoadError(
                 f"handler of function '{function}' defines on_batch(batch), which "
-                f"{'concurrency > 1' if self.concurrent else 'previous_version'} does not take; use on_update/"
-                "on_delete, or remove that setting"
+                f"{'concurrency > 1' if self.concurrent else 'previous_version'} does not take; use "
+                "on_update/on_delete, or remove that setting"
             )
         self.keyspace = (
             defn.source_keyspace.to_meta()
@@ -364,7 +367,8 @@ class HandlerRunner:
         if not callable(fn):
             return Rejection(
                 "timer_error",
-                f"timer callback '{name}' is not a function of the handler any more; restore it and replay the dead letter",
+                f"timer callback '{name}' is not a function of the handler any more; restore it and replay "
+                "the dead letter",
             )
         return HandlerCall("timer", fn, (context,), None)
 

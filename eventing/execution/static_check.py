@@ -83,8 +83,8 @@ def check_handler_source(
     bound = _top_level_bindings(tree)
     if "*" not in bound and not {"on_update", "on_delete", "on_batch"} & set(bound) and not windowed:
         raise HandlerLoadError(
-            f"handler of function '{function}' defines neither on_update(doc, meta) nor on_delete(meta, options); "
-            "define at least one (or on_batch(batch))"
+            f"handler of function '{function}' defines neither on_update(doc, meta) nor on_delete(meta, "
+            "options); define at least one (or on_batch(batch))"
         )
     check_batch_entry(
         function,
@@ -134,7 +134,8 @@ def _check_entry_point(function: str, name: str, params: tuple[str, ...], value:
     if isinstance(value, _NOT_CALLABLE):
         kind = type(value.value).__name__ if isinstance(value, ast.Constant) else type(value).__name__.lower()
         raise HandlerLoadError(
-            f"handler of function '{function}': {name} is a {kind}, not a function; define it as def {name}({shown}):"
+            f"handler of function '{function}': {name} is a {kind}, not a function; define it as def "
+            f"{name}({shown}):"
         )
     if not isinstance(value, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
         return  # bound by an import, a class or a call: checked when the handler is imported at deploy
@@ -149,8 +150,8 @@ def _check_entry_point(function: str, name: str, params: tuple[str, ...], value:
     counts = (len(params), 3) if name == "on_update" else (len(params),)
     if kw_required or all(required > n or (positional < n and args.vararg is None) for n in counts):
         raise HandlerLoadError(
-            f"handler of function '{function}': {name}({ast.unparse(args)}) cannot be called as {name}({shown}); "
-            f"define it as def {name}({shown}):"
+            f"handler of function '{function}': {name}({ast.unparse(args)}) cannot be called as "
+            f"{name}({shown}); define it as def {name}({shown}):"
         )
 
 
@@ -164,6 +165,6 @@ def _check_javascript(function: str, source: str, windowed: bool) -> None:
     compile_only(function, source)
     if not windowed and not _ENTRY.search(_code_only(source)):
         raise HandlerLoadError(
-            f"handler of function '{function}' defines neither OnUpdate(doc, meta) nor OnDelete(meta, options); "
-            "define at least one"
+            f"handler of function '{function}' defines neither OnUpdate(doc, meta) nor OnDelete(meta, "
+            "options); define at least one"
         )

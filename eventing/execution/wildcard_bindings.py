@@ -50,8 +50,8 @@ class WildcardBinding(BucketBinding):
         ks = _keyspace_of(keyspace, self.alias, self.keyspace)
         if not self.keyspace.covers(ks):
             raise BindingError(
-                f"keyspace '{ks}' is not in binding '{self.alias}' ('{self.keyspace}'); pass the keyspace of a "
-                "collection the binding covers"
+                f"keyspace '{ks}' is not in binding '{self.alias}' ('{self.keyspace}'); pass the keyspace of "
+                "a collection the binding covers"
             )
         cid = 0 if ks.is_default else self._collection_id(ks)
         member = self._members.get(cid)
@@ -87,8 +87,8 @@ class WildcardBinding(BucketBinding):
     def _refuse(self, *_: Any, **__: Any) -> Any:
         raise BindingError(
             f"binding '{self.alias}' is over '{self.keyspace}', several collections: name the document's "
-            "keyspace, with couchbase.get/insert/upsert/...(alias, {id, keyspace}) (or the handler's meta) in "
-            "JavaScript, alias.in_keyspace(meta.keyspace) in Python"
+            "keyspace, with couchbase.get/insert/upsert/...(alias, {id, keyspace}) (or the handler's meta) "
+            "in JavaScript, alias.in_keyspace(meta.keyspace) in Python"
         )
 
     # A bucket-map access or an accessor without a keyspace names no collection.
