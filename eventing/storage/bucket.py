@@ -108,7 +108,8 @@ class LocalBucket(NothingAhead):
         if partitions != 1:
             main.close()
             raise ConfigError(
-                f"bucket '{name}' has {partitions} partitions; open it with eventing.storage.factory.open_bucket"
+                f"bucket '{name}' has {partitions} partitions; open it with "
+                "eventing.storage.factory.open_bucket"
             )
         return main
 
@@ -418,7 +419,8 @@ class LocalBucket(NothingAhead):
         return self.info.drop_collection(scope, collection)
 
     def drop_collection_documents(self, cid: int) -> int:
-        """The documents of collection ``cid`` go (a partition's share of PartitionedBucket.drop_collection)."""
+        """The documents of collection ``cid`` go (a partition's share of
+        PartitionedBucket.drop_collection)."""
         return self.info.drop_collection_documents(cid)
 
 

@@ -42,7 +42,8 @@ class EffectApplier:
     def apply_effects(
         self, function: str, groups: Sequence[EffectGroup], *, origin: str | None = None, marks: bool = True
     ) -> EffectResult:
-        """Apply binding writes exactly once: skip those at or below the (function, vb) mark, reject stale epochs.
+        """Apply binding writes exactly once: skip those at or below the (function, vb) mark, reject stale
+        epochs.
 
         ``marks=False`` (a function with ``delivery: at_least_once``) applies every write as it comes, without
         reading or moving the marks: cheaper, but a replay applies its writes again and a zombie's are not

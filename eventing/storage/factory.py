@@ -59,7 +59,8 @@ def drop_bucket(data_dir: str | os.PathLike[str], name: str) -> Path:
         # A PartitionedBucket's files, the main file first; else the one file.
         parts = bucket.parts if isinstance(bucket, PartitionedBucket) else [cast(LocalBucket, bucket)]
         files = [part.path for part in parts]
-        # Move each WAL into its file first: a stale WAL left behind must never meet a new bucket of this name.
+        # Move each WAL into its file first: a stale WAL left behind must never meet a new bucket of this
+        # name.
         for part in parts:
             part.checkpoint_wal()
     # The main file goes last, so a drop cut short leaves a bucket that reports its missing partition.

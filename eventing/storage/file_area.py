@@ -107,8 +107,9 @@ def disk_full_error(path: Path, count: int, exc: OSError) -> StoreError | None:
     folder = path.parent
     what = path if count == 1 else f"{count} files in {folder}"
     return StoreError(
-        f"cannot write {what}: the disk is full ({exc.strerror or exc}); free space on the file system of {folder} "
-        f"(see `df {folder}`), then run the command again (nothing was checkpointed past what is on disk)"
+        f"cannot write {what}: the disk is full ({exc.strerror or exc}); free space on the file system of "
+        f"{folder} (see `df {folder}`), then run the command again (nothing was checkpointed past what is on "
+        "disk)"
     )
 
 

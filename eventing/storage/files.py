@@ -41,7 +41,7 @@ CREATE TABLE IF NOT EXISTS high(vb INTEGER PRIMARY KEY, seqno INTEGER NOT NULL, 
 CREATE TABLE IF NOT EXISTS effect_marks(
     function TEXT NOT NULL, vb INTEGER NOT NULL, epoch INTEGER NOT NULL, seqno INTEGER NOT NULL,
     PRIMARY KEY(function, vb)) WITHOUT ROWID;
-"""
+"""  # noqa: E501
 
 # The log's columns in Mutation's field order (eventing.core.mutation.Mutation). ``xattrs`` (a document's
 # extended attributes, eventing.core.xattrs) is NULL for a document without any, and the statements that
@@ -96,7 +96,8 @@ def create_files(
         _create_file(path, info)  # the main file last: a bucket appears whole or not at all
     except (OSError, sqlite3.Error) as exc:
         raise StoreError(
-            f"cannot create bucket '{name}' in {path.parent}: {exc}; check that the data directory is writable"
+            f"cannot create bucket '{name}' in {path.parent}: {exc}; check that the data directory is "
+            "writable"
         ) from None
 
 

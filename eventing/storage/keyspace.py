@@ -39,8 +39,8 @@ def collection_id(bucket: BucketDocuments, keyspace: Keyspace) -> int:
         scopes = {scope for scope, _ in bucket.collections()} | {DEFAULT}
         what = "collection" if keyspace.scope in scopes else "scope"
         raise NotFoundError(
-            f"{what} '{keyspace.scope if what == 'scope' else keyspace.collection}' of keyspace '{keyspace}' does "
-            f"not exist; create it with {{fix}} (see `eventing collection list {keyspace.bucket}`)",
+            f"{what} '{keyspace.scope if what == 'scope' else keyspace.collection}' of keyspace '{keyspace}' "
+            f"does not exist; create it with {{fix}} (see `eventing collection list {keyspace.bucket}`)",
             fix=fix("collection_create", keyspace=str(keyspace)),
         )
     return cid
@@ -54,8 +54,8 @@ def check_keyspace_exists(bucket: BucketDocuments, keyspace: Keyspace) -> None:
             s == keyspace.scope for s, _ in bucket.collections()
         ):
             raise NotFoundError(
-                f"scope '{keyspace.scope}' of keyspace '{keyspace}' does not exist; create a collection in it with "
-                "{fix}",
+                f"scope '{keyspace.scope}' of keyspace '{keyspace}' does not exist; create a collection in "
+                "it with {fix}",
                 fix=fix("collection_create", keyspace=f"{keyspace.bucket}.{keyspace.scope}.NAME"),
             )
         return
@@ -97,8 +97,8 @@ class Collection:
         """MirrorWriteError (one line) when the collection mirrors a table: its documents follow the table."""
         if self.mirror is not None:
             raise MirrorWriteError(
-                f"keyspace '{self.keyspace}' mirrors {self.mirror}: its documents follow the table and cannot be "
-                "written here; change the rows in PostgreSQL instead (reads work as usual)"
+                f"keyspace '{self.keyspace}' mirrors {self.mirror}: its documents follow the table and "
+                "cannot be written here; change the rows in PostgreSQL instead (reads work as usual)"
             )
 
     @property
@@ -209,8 +209,9 @@ def _no_collection(state: State, ks: Keyspace, which: str) -> ConfigError:
     bucket (its default collection `which`), `shop.sales` (no bucket of that name) is no keyspace at all."""
     if "." in ks.bucket and ks.bucket not in state.bucket_names():
         return ConfigError(
-            f"'{ks.bucket}' names no collection: a collection is named by three parts, BUCKET.SCOPE.COLLECTION "
-            f"(for example {ks.bucket}.COLLECTION for a collection of scope '{ks.bucket.split('.')[-1]}')"
+            f"'{ks.bucket}' names no collection: a collection is named by three parts, "
+            f"BUCKET.SCOPE.COLLECTION (for example {ks.bucket}.COLLECTION for a collection of scope "
+            f"'{ks.bucket.split('.')[-1]}')"
         )
     return ConfigError(
         f"'{ks}' is bucket '{ks.bucket}', whose default collection {which}; name a collection as "

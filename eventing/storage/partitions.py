@@ -121,11 +121,13 @@ class PartitionedBucket(NothingAhead):
             return
         for part, vbs in zip(self.parts, self.ranges, strict=True):
             for rows in part.dump_rows(table):
-                # every file has a high seqno row for each of the 1,024 vBuckets; its own are those of its range
+                # every file has a high seqno row for each of the 1,024 vBuckets; its own are those of its
+                # range
                 yield [r for r in rows if r[0] in vbs] if table == "high" else rows
 
     def load_dump(self, meta: BucketMeta, tables: Iterable[tuple[str, Iterable[list[tuple]]]]) -> None:
-        """Each partition takes the rows of its vBuckets and every mark (a copy's marks hold for all of them)."""
+        """Each partition takes the rows of its vBuckets and every mark (a copy's marks hold for all of
+        them)."""
         loaders = [FileLoader(part, vbuckets=vbs) for part, vbs in zip(self.parts, self.ranges, strict=True)]
         for loader in loaders:
             loader.meta(meta)
@@ -311,7 +313,8 @@ class PartitionedBucket(NothingAhead):
                 out[i] = result
         return out
 
-    # The collection registry lives in the main file (partition 0); documents in the partition of their vBucket.
+    # The collection registry lives in the main file (partition 0); documents in the partition of their
+    # vBucket.
     def collections(self) -> dict[tuple[str, str], int]:
         return self.parts[0].collections()
 

@@ -169,21 +169,22 @@ class FileReader:
             return [], 0, after_seqno
         keep, params = _matching_sql(prefilter, origin)
         rows = self.file.db.execute(
-            f"SELECT {_LOG_COLUMNS} FROM log WHERE vb = ? AND seqno > ? AND seqno <= ? AND (seqno = ? OR {keep}) "
-            "ORDER BY seqno",
+            f"SELECT {_LOG_COLUMNS} FROM log WHERE vb = ? AND seqno > ? AND seqno <= ? AND (seqno = ? OR "
+            f"{keep}) ORDER BY seqno",
             (vb, after_seqno, last, last, *params),
         ).fetchall()
         if rows and rows[-1][1] == last:
             return rows, last - after_seqno, last
         scanned, last = self.file.db.execute(
-            "SELECT count(*), max(seqno) FROM (SELECT seqno FROM log WHERE vb = ?1 AND seqno > ?2 AND seqno <= ?3 "
-            "ORDER BY seqno LIMIT ?4)",
+            "SELECT count(*), max(seqno) FROM (SELECT seqno FROM log WHERE vb = ?1 AND seqno > ?2 AND seqno "
+            "<= ?3 ORDER BY seqno LIMIT ?4)",
             (vb, after_seqno, upto, limit),
         ).fetchone()
         if not scanned:
             return [], 0, after_seqno
         rows = self.file.db.execute(
-            f"SELECT {_LOG_COLUMNS} FROM log WHERE vb = ? AND seqno > ? AND seqno <= ? AND {keep} ORDER BY seqno",
+            f"SELECT {_LOG_COLUMNS} FROM log WHERE vb = ? AND seqno > ? AND seqno <= ? AND {keep} ORDER BY "
+            "seqno",
             (vb, after_seqno, last, *params),
         ).fetchall()
         return rows, scanned, last
@@ -199,8 +200,8 @@ class FileReader:
         rows then."""
         try:
             row = self.file.db.execute(
-                "SELECT count(*), max(seqno), max(origin IS NOT NULL OR expiry != 0 OR flags != 0 OR xattrs IS NOT NULL), "
-                "group_concat(CASE WHEN op != 0 THEN seqno || ':' || op END), "
+                "SELECT count(*), max(seqno), max(origin IS NOT NULL OR expiry != 0 OR flags != 0 OR xattrs "
+                "IS NOT NULL), group_concat(CASE WHEN op != 0 THEN seqno || ':' || op END), "
                 "CAST(group_concat(key, char(0)) AS BLOB), CAST(group_concat(doc, '') AS BLOB), "
                 "group_concat(ifnull(length(doc), -1)), group_concat(cas), group_concat(arrival_ms) "
                 # One range scan of the primary key feeds every aggregate in (vb, seqno) order, as in
@@ -350,7 +351,8 @@ class FileReader:
         last = (-1, 0)
         while True:
             rows = self.file.db.execute(
-                "SELECT vb, seqno, key, origin FROM log WHERE (vb, seqno) > (?, ?) ORDER BY vb, seqno LIMIT ?",
+                "SELECT vb, seqno, key, origin FROM log WHERE (vb, seqno) > (?, ?) ORDER BY vb, seqno LIMIT "
+                "?",
                 (*last, batch),
             ).fetchall()
             if not rows:

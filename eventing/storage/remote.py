@@ -448,7 +448,8 @@ class RemoteBucket:
         return taken
 
     def forget_prefetched(self, positions: dict[int, int]) -> None:
-        """Drop rows read ahead that no longer follow the worker's positions (a rewind, a vBucket that left)."""
+        """Drop rows read ahead that no longer follow the worker's positions (a rewind, a vBucket that
+        left)."""
         for vb in [vb for vb, a in self._ahead.items() if positions.get(vb) != a.after]:
             del self._ahead[vb]
 

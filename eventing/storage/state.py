@@ -114,7 +114,8 @@ class State(Protocol):
 
 
 class AppLogWriter(Protocol):
-    """Appends a function's application log lines (``write`` stamps one; ``write_lines`` takes stamped ones)."""
+    """Appends a function's application log lines (``write`` stamps one; ``write_lines`` takes stamped
+    ones)."""
 
     def write(self, text: str) -> None: ...
     def write_lines(self, lines: list[str]) -> None: ...
@@ -315,7 +316,8 @@ def is_server_location(location: str) -> bool:
 def open_state(location: str | os.PathLike[str], *, reached_before: bool = False) -> State:
     """The state at `location`: a data directory, or a ``postgresql://`` URL. `reached_before`: this process
     is part of a running deployment (a worker), whose service reached the store: a server that does not
-    answer is an outage to wait out ($EVENTING_STORE_WAIT_S), not a mistake in the location to name at once."""
+    answer is an outage to wait out ($EVENTING_STORE_WAIT_S), not a mistake in the location to name at
+    once."""
     text = os.fspath(location)
     if is_server_location(text):
         from eventing.storage.postgres.state import PostgresState

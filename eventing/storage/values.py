@@ -41,10 +41,10 @@ class Write(NamedTuple):
     """One document write: an upsert (doc is msgpack bytes) or a delete (doc is None).
 
     A binding's advanced accessors add conditions checked when the write is applied (apply_effects):
-    `cas`: the cas the document gets, reserved when a handler made the write (eventing.storage.writes.CasSource)
-    so the handler can be told its document's real cas at once; None: the bucket gives a fresh one when
-    it applies the write. `expect_cas` > 0: the document must still have that cas; 0: it must not exist
-    (insert). `delta`: a
+    `cas`: the cas the document gets, reserved when a handler made the write
+    (eventing.storage.writes.CasSource) so the handler can be told its document's real cas at once; None: the
+    bucket gives a fresh one when it applies the write. `expect_cas` > 0: the document must still have that
+    cas; 0: it must not exist (insert). `delta`: a
     counter update, `{"count": current + delta}` computed from the stored document at that moment.
 
     A named tuple rather than a frozen dataclass: one is made per handler write, and a frozen dataclass's
@@ -70,8 +70,8 @@ class Write(NamedTuple):
 @dataclass(frozen=True)
 class PackedUpdates:
     """Log entries ``(after_seqno, last_seqno]`` of one vBucket (contiguous seqnos) in bulk: the seqnos of
-    its deletes and expirations (with their keys and operations), then its updates' keys (UTF-8, joined by NUL bytes) and documents
-    (msgpack values back to back), in seqno order."""
+    its deletes and expirations (with their keys and operations), then its updates' keys (UTF-8, joined by NUL
+    bytes) and documents (msgpack values back to back), in seqno order."""
 
     vb: int
     after_seqno: int

@@ -53,7 +53,8 @@ class CasSource:
     repeated within the process), reserved CAS_BLOCK at a time. The bucket writes a write's document with the
     cas it carries (Write.cas). On the hot path call `next` (a range iterator's C-level __next__, no lock)
     and `refill()` when it raises StopIteration; `source()` does both. Safe across threads: `next` holds the
-    GIL; two threads finding the block spent at once each reserve one, and a value is still handed out once."""
+    GIL; two threads finding the block spent at once each reserve one, and a value is still handed out
+    once."""
 
     __slots__ = ("next",)
 
@@ -125,9 +126,10 @@ class FileWriter:
     def log(
         self, items: list[Item], origin: str | None, arrival_ms: int | None, plan: UpdatePlan | None = None
     ) -> list[tuple[int, int] | None]:
-        """The one write path, inside a transaction of the file: items are ``(key, op, doc, expiry, flags, cas)``. Each logged item gets the
-        next seqno of its vBucket, its cas (a fresh one when None) and the transaction's arrival time; a
-        delete of a document that does not exist (at that point of the batch) is skipped.
+        """The one write path, inside a transaction of the file: items are ``(key, op, doc, expiry, flags,
+        cas)``. Each logged item gets the next seqno of its vBucket, its cas (a fresh one when None) and the
+        transaction's arrival time; a delete of a document that does not exist (at that point of the batch) is
+        skipped.
 
         Built for batches: the high seqnos, last arrival times and the existence of deleted keys are read
         with a few queries rather than one per vBucket or key, log rows go in in (vb, seqno) order and only

@@ -242,8 +242,8 @@ class Follower:
             self.table = table = self.source.table(self.defn.table, copy_conn)
             self.pk = table.key
             columns = copy_conn.execute(
-                "SELECT attname, atttypid FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped "
-                "AND attgenerated = '' ORDER BY attnum",
+                "SELECT attname, atttypid FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT "
+                "attisdropped AND attgenerated = '' ORDER BY attnum",
                 (table.oid,),
             ).fetchall()
             self._learn([oid for _, oid in columns], copy_conn)
@@ -338,7 +338,8 @@ class Follower:
             rows = (
                 (conn or self._side())
                 .execute(
-                    "SELECT oid::int8, typelem::int8, typcategory, typbasetype::int8 FROM pg_type WHERE oid = ANY(%s)",
+                    "SELECT oid::int8, typelem::int8, typcategory, typbasetype::int8 FROM pg_type WHERE oid "
+                    "= ANY(%s)",
                     (unknown,),
                 )
                 .fetchall()
@@ -389,9 +390,9 @@ class Follower:
 
     def _slot_gone(self) -> MirrorStopped:
         return MirrorStopped(
-            f"the replication slot {self.defn.slot} of mirror {self.keyspace} is gone from {self.source.shown} (dropped "
-            "by hand?); the mirror cannot resume without a new snapshot: run `eventing collection resync "
-            f"{self.keyspace}`"
+            f"the replication slot {self.defn.slot} of mirror {self.keyspace} is gone from "
+            f"{self.source.shown} (dropped by hand?); the mirror cannot resume without a new snapshot: run "
+            f"`eventing collection resync {self.keyspace}`"
         )
 
     def _follow(self, conn: Any, start: int) -> None:
@@ -572,9 +573,10 @@ class Follower:
                 if where["table_oid"] != self.table.oid:
                     self._flush(None)
                     raise MirrorStopped(
-                        f"table {self.defn.table} was dropped from {self.source.shown}; mirror {self.keyspace} "
-                        f"stopped (the {self.counts['applied_changes']:,} changes it applied stay in the collection); "
-                        f"drop the mirror with `eventing collection drop {self.keyspace}`"
+                        f"table {self.defn.table} was dropped from {self.source.shown}; mirror "
+                        f"{self.keyspace} stopped (the {self.counts['applied_changes']:,} changes it applied "
+                        "stay in the collection); drop the mirror with `eventing collection drop "
+                        f"{self.keyspace}`"
                     )
         defs.report(self.state.metadata, self.keyspace, values)
 

@@ -99,8 +99,8 @@ class Source:
             return f"{where}, refused the password ({clause}); check the password in --mirror"
         if replication and ("no pg_hba.conf entry for replication" in low or "replication connection" in low):
             return (
-                f"{where}, refused a replication connection ({clause}); add a `host replication USER ...` line "
-                "to pg_hba.conf and reload the server"
+                f"{where}, refused a replication connection ({clause}); add a `host replication USER ...` "
+                "line to pg_hba.conf and reload the server"
             )
         if state == "28000" or "no pg_hba.conf entry" in low or ("role" in low and "does not exist" in low):
             return f"{where}, refused the login ({clause}); check the user in --mirror and pg_hba.conf"
@@ -144,8 +144,8 @@ class Source:
         """The table named ``schema.table`` (NotFoundError naming it and the tables of that schema)."""
         schema, _, name = qualified.partition(".")
         sql = (
-            "SELECT c.oid, c.relkind, c.relreplident FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-            "WHERE n.nspname = %s AND c.relname = %s"
+            "SELECT c.oid, c.relkind, c.relreplident FROM pg_class c JOIN pg_namespace n ON n.oid = "
+            "c.relnamespace WHERE n.nspname = %s AND c.relname = %s"
         )
         rows = (
             conn.execute(sql, (schema, name)).fetchall()
@@ -165,8 +165,8 @@ class Source:
             )
         oid, _, identity = rows[0]
         key_sql = (
-            "SELECT a.attname FROM pg_index i JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, n) ON true "
-            "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum "
+            "SELECT a.attname FROM pg_index i JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, n) "
+            "ON true JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum "
             "WHERE i.indrelid = %s AND {which} ORDER BY k.n"
         )
         args = (oid,)
@@ -274,9 +274,10 @@ class Source:
                 conn.execute(f"CREATE PUBLICATION {quote(publication)} FOR TABLE {table.qualified}")
             except psycopg.errors.InsufficientPrivilege:
                 raise ConfigError(
-                    f"the mirror's source ({self.shown}) refused to create publication {publication}: only the owner "
-                    f"of table {table.schema}.{table.name} may; create it as the owner (CREATE PUBLICATION "
-                    f"{publication} FOR TABLE {table.qualified}) and pass --publication {publication}"
+                    f"the mirror's source ({self.shown}) refused to create publication {publication}: only "
+                    f"the owner of table {table.schema}.{table.name} may; create it as the owner (CREATE "
+                    f"PUBLICATION {publication} FOR TABLE {table.qualified}) and pass --publication "
+                    f"{publication}"
                 ) from None
             except psycopg.Error as exc:
                 raise SourceError(self.describe(exc)) from None

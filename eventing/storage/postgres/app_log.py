@@ -60,8 +60,8 @@ class PostgresAppLogs:
     def tail_bytes(self, function: str, size: int) -> bytes | None:
         self._schema()
         rows = self.db.read(
-            "SELECT line FROM (SELECT seq, line, SUM(octet_length(line) + 1) OVER (ORDER BY seq DESC) AS upto "
-            "FROM app_log WHERE function=%s) t WHERE upto - octet_length(line) - 1 < %s ORDER BY seq",
+            "SELECT line FROM (SELECT seq, line, SUM(octet_length(line) + 1) OVER (ORDER BY seq DESC) AS "
+            "upto FROM app_log WHERE function=%s) t WHERE upto - octet_length(line) - 1 < %s ORDER BY seq",
             (function, size),
         )
         if not rows:
@@ -125,9 +125,9 @@ class PostgresAppLogWriter:
     def _prune(self) -> None:
         self.db.transaction(
             lambda cur: cur.execute(
-                "DELETE FROM app_log WHERE function=%s AND seq <= (SELECT seq FROM (SELECT seq, SUM(octet_length(line) "
-                "+ 1) OVER (ORDER BY seq DESC) AS upto FROM app_log WHERE function=%s) t WHERE upto > %s "
-                "ORDER BY seq DESC LIMIT 1)",
+                "DELETE FROM app_log WHERE function=%s AND seq <= (SELECT seq FROM (SELECT seq, "
+                "SUM(octet_length(line) + 1) OVER (ORDER BY seq DESC) AS upto FROM app_log WHERE "
+                "function=%s) t WHERE upto > %s ORDER BY seq DESC LIMIT 1)",
                 (self.function, self.function, self.budget),
             )
         )

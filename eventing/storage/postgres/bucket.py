@@ -299,7 +299,8 @@ class PostgresBucket:
 
     def prefetch(self, runs: list[tuple[int, int, int]]) -> None:
         """A look at the runs' vBuckets (vb, after_seqno, limit), in the order they will be read: their high
-        seqnos, and the next rows of those with any, in one round trip (eventing.storage.postgres.read_ahead)."""
+        seqnos, and the next rows of those with any, in one round trip
+        (eventing.storage.postgres.read_ahead)."""
         self._ahead.look(runs)
 
     def read_changed(self, positions: list[tuple[int, int]], limit: int) -> None:
@@ -355,9 +356,9 @@ class PostgresBucket:
 
     def copy_to(self, data_dir: str | os.PathLike[str]) -> Path:
         raise StoreError(
-            f"bucket '{self.name}' is in the PostgreSQL store at {self.ref.shown}, not in a file to copy; move it "
-            f"to a data directory with `eventing store copy --from {self.ref.shown} --to {os.fspath(data_dir)}`, "
-            "or back it up with the server's own tools (pg_dump)"
+            f"bucket '{self.name}' is in the PostgreSQL store at {self.ref.shown}, not in a file to copy; "
+            f"move it to a data directory with `eventing store copy --from {self.ref.shown} --to "
+            f"{os.fspath(data_dir)}`, or back it up with the server's own tools (pg_dump)"
         )
 
 

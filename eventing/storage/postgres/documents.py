@@ -84,7 +84,8 @@ class DocumentReader:
             db.run(lambda conn: conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {index}"))
         db.run(
             lambda conn: conn.execute(
-                f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {index} ON bucket_log(key, seqno) WHERE bucket = {int(self.ref.id)}"
+                f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {index} ON bucket_log(key, seqno) WHERE bucket = "
+                f"{int(self.ref.id)}"
             )
         )
 
@@ -94,8 +95,8 @@ class DocumentReader:
         if "\x00" in key:
             return None
         rows = self.log.rows(
-            f"SELECT doc FROM bucket_log WHERE bucket = {int(self.ref.id)} AND vb = %s AND key = %s AND seqno < %s "
-            "ORDER BY seqno DESC LIMIT 1",
+            f"SELECT doc FROM bucket_log WHERE bucket = {int(self.ref.id)} AND vb = %s AND key = %s AND "
+            "seqno < %s ORDER BY seqno DESC LIMIT 1",
             (vb_of(key), key, before_seqno),
         )
         return rows[0][0] if rows else None

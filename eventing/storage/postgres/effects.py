@@ -72,7 +72,8 @@ class EffectApplier:
                 r[0]
                 for r in cur.execute(
                     "INSERT INTO bucket_effect_marks(bucket, function, vb, epoch, seqno) "
-                    "SELECT %s, %s, vb, 0, 0 FROM unnest(%b::int2[]) AS vb ON CONFLICT DO NOTHING RETURNING vb",
+                    "SELECT %s, %s, vb, 0, 0 FROM unnest(%b::int2[]) AS vb ON CONFLICT DO NOTHING RETURNING "
+                    "vb",
                     (self.ref.id, function, missing),
                 ).fetchall()
             }
@@ -98,8 +99,8 @@ class EffectApplier:
         vbs = sorted(merged)
         cur.execute(
             "INSERT INTO bucket_effect_marks(bucket, function, vb, epoch, seqno) "
-            "SELECT %s, %s, m.vb, m.epoch, m.seqno FROM unnest(%b::int2[], %b::int8[], %b::int8[]) AS m(vb, epoch, seqno) "
-            "ON CONFLICT (bucket, function, vb) DO UPDATE SET epoch = excluded.epoch, "
+            "SELECT %s, %s, m.vb, m.epoch, m.seqno FROM unnest(%b::int2[], %b::int8[], %b::int8[]) AS m(vb, "
+            "epoch, seqno) ON CONFLICT (bucket, function, vb) DO UPDATE SET epoch = excluded.epoch, "
             "seqno = GREATEST(bucket_effect_marks.seqno, excluded.seqno)",
             (self.ref.id, function, vbs, [merged[vb][0] for vb in vbs], [merged[vb][1] for vb in vbs]),
         )
@@ -111,8 +112,9 @@ class EffectApplier:
         def body(cur: Cursor, written: Written) -> None:
             cur.execute(
                 "INSERT INTO bucket_effect_marks(bucket, function, vb, epoch, seqno) "
-                "SELECT %s, %s, m.vb, m.epoch, 0 FROM unnest(%b::int2[], %b::int8[]) AS m(vb, epoch) ORDER BY m.vb "
-                "ON CONFLICT (bucket, function, vb) DO UPDATE SET epoch = GREATEST(bucket_effect_marks.epoch, excluded.epoch)",
+                "SELECT %s, %s, m.vb, m.epoch, 0 FROM unnest(%b::int2[], %b::int8[]) AS m(vb, epoch) ORDER "
+                "BY m.vb ON CONFLICT (bucket, function, vb) DO UPDATE SET epoch = "
+                "GREATEST(bucket_effect_marks.epoch, excluded.epoch)",
                 (self.ref.id, function, vbs, [epochs[vb] for vb in vbs]),
             )
 
@@ -136,8 +138,8 @@ class EffectApplier:
             if moved:
                 vbs = sorted(moved)
                 cur.execute(
-                    "UPDATE bucket_effect_marks m SET seqno = u.seqno FROM unnest(%b::int2[], %b::int8[]) AS u(vb, seqno) "
-                    "WHERE m.bucket = %s AND m.function = %s AND m.vb = u.vb",
+                    "UPDATE bucket_effect_marks m SET seqno = u.seqno FROM unnest(%b::int2[], %b::int8[]) AS "
+                    "u(vb, seqno) WHERE m.bucket = %s AND m.function = %s AND m.vb = u.vb",
                     (vbs, [seqnos[vb] for vb in vbs], self.ref.id, function),
                 )
             return moved

@@ -87,8 +87,8 @@ class Keyspaces:
             prefix = f"{COLLECTION_MARK}{match[0][2]:x}{COLLECTION_MARK}"
             end = prefix[:-1] + chr(ord(COLLECTION_MARK) + 1)
             row = cur.execute(
-                "WITH gone AS (DELETE FROM bucket_docs WHERE bucket = %s AND key >= %s AND key < %s RETURNING deleted) "
-                "SELECT count(*) FILTER (WHERE NOT deleted) FROM gone",
+                "WITH gone AS (DELETE FROM bucket_docs WHERE bucket = %s AND key >= %s AND key < %s "
+                "RETURNING deleted) SELECT count(*) FILTER (WHERE NOT deleted) FROM gone",
                 (self.ref.id, prefix, end),
             ).fetchone()
             return int(row[0]) if row else 0

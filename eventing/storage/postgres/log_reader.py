@@ -139,7 +139,10 @@ class LogReader:
         if last <= after_seqno:
             return [], 0, after_seqno
         keep, params = _matching_sql(prefilter, origin)
-        base = f"SELECT {LOG_COLUMNS} FROM bucket_log WHERE bucket = %s AND vb = %s AND seqno > %s AND seqno <= %s"
+        base = (
+            f"SELECT {LOG_COLUMNS} FROM bucket_log WHERE bucket = %s AND vb = %s AND seqno > %s AND seqno <= "
+            "%s"
+        )
         rows = self.rows(
             f"{base} AND (seqno = %s OR {keep}) ORDER BY seqno",
             (self.ref.id, vb, after_seqno, last, last, *params),
@@ -162,8 +165,8 @@ class LogReader:
         """LocalBucket.read_vb_columns: ``(count, last_seqno, ops, keys, docs, doc_lengths, cas, arrivals)``
         aggregated by the server, or None when the entries are not the plain case."""
         row = self.aggregated(
-            "SELECT count(*), max(seqno), bool_or(origin IS NOT NULL OR expiry <> 0 OR flags <> 0 OR xattrs IS NOT NULL), "
-            "string_agg(CASE WHEN op <> 0 THEN seqno || ':' || op END, ',' ORDER BY seqno), "
+            "SELECT count(*), max(seqno), bool_or(origin IS NOT NULL OR expiry <> 0 OR flags <> 0 OR xattrs "
+            "IS NOT NULL), string_agg(CASE WHEN op <> 0 THEN seqno || ':' || op END, ',' ORDER BY seqno), "
             "string_agg(convert_to(key, 'UTF8'), '\\x00'::bytea ORDER BY seqno), "
             "string_agg(doc, ''::bytea ORDER BY seqno), "
             "string_agg(coalesce(length(doc), -1)::text, ',' ORDER BY seqno), "
@@ -209,8 +212,8 @@ class LogReader:
             arrivals = [
                 r[0]
                 for r in self.rows(
-                    "SELECT arrival_ms FROM bucket_log WHERE bucket = %s AND vb = %s AND seqno > %s AND seqno <= %s "
-                    "AND op = %s ORDER BY seqno",
+                    "SELECT arrival_ms FROM bucket_log WHERE bucket = %s AND vb = %s AND seqno > %s AND "
+                    "seqno <= %s AND op = %s ORDER BY seqno",
                     (self.ref.id, vb, after_seqno, last, OP_UPDATE),
                 )
             ]
@@ -242,7 +245,8 @@ class LogReader:
 
     def max_doc_bytes(self, vb: int, after_seqno: int, last_seqno: int) -> int:
         got = self.one(
-            "SELECT max(length(doc)) FROM bucket_log WHERE bucket = %s AND vb = %s AND seqno > %s AND seqno <= %s",
+            "SELECT max(length(doc)) FROM bucket_log WHERE bucket = %s AND vb = %s AND seqno > %s AND seqno "
+            "<= %s",
             (self.ref.id, vb, after_seqno, last_seqno),
         )[0]
         return int(got or 0)
@@ -250,7 +254,8 @@ class LogReader:
     # -- the whole log --------------------------------------------------------------------------------
 
     def _pages(self, columns: str, batch: int) -> Iterable[list[tuple]]:
-        """The whole log in (vb, seqno) order, ``batch`` rows a statement (keyset paging on the primary key)."""
+        """The whole log in (vb, seqno) order, ``batch`` rows a statement (keyset paging on the primary
+        key)."""
         last = (-1, 0)
         while True:
             rows = self.rows(
@@ -274,16 +279,19 @@ class LogReader:
         """How many upserts of each key starting with ``prefix`` the log holds."""
         return dict(
             self.rows(
-                "SELECT key, count(*) FROM bucket_log WHERE bucket = %s AND op = %s AND starts_with(key, %s) GROUP BY key",
+                "SELECT key, count(*) FROM bucket_log WHERE bucket = %s AND op = %s AND starts_with(key, %s) "
+                "GROUP BY key",
                 (self.ref.id, OP_UPDATE, prefix),
             )
         )
 
     def seqnos_before(self, time_ns: int) -> dict[int, int]:
-        """Per vBucket with an entry that arrived at or after ``time_ns``: the seqno right before the first."""
+        """Per vBucket with an entry that arrived at or after ``time_ns``: the seqno right before the
+        first."""
         return dict(
             self.rows(
-                "SELECT vb, min(seqno) - 1 FROM bucket_log WHERE bucket = %s AND arrival_ms >= %s GROUP BY vb",
+                "SELECT vb, min(seqno) - 1 FROM bucket_log WHERE bucket = %s AND arrival_ms >= %s GROUP BY "
+                "vb",
                 (self.ref.id, time_ns // 1_000_000),
             )
         )
@@ -296,7 +304,8 @@ class LogReader:
             (self.ref.id,),
         )
         mutations, with_data = self.one(
-            "SELECT coalesce(sum(seqno), 0), count(*) FILTER (WHERE seqno > 0) FROM bucket_high WHERE bucket = %s",
+            "SELECT coalesce(sum(seqno), 0), count(*) FILTER (WHERE seqno > 0) FROM bucket_high WHERE bucket "
+            "= %s",
             (self.ref.id,),
         )
         return int(docs), int(deleted), int(mutations), int(with_data)

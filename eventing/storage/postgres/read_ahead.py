@@ -51,7 +51,7 @@ WITH p AS (
 SELECT l.* FROM q CROSS JOIN LATERAL (
     SELECT {LOG_COLUMNS} FROM bucket_log WHERE bucket = %s AND vb = q.vb AND seqno > q.after ORDER BY seqno LIMIT q.n
 ) l WHERE q.before < %s
-"""
+"""  # noqa: E501
 
 _vb_of = itemgetter(0)
 

@@ -39,15 +39,16 @@ class BucketRef:
         """The error for rows of this bucket that are not there: it was dropped, or its high seqno rows were
         deleted behind its back (damaged: never a seqno made up)."""
         rows = self.db.read(
-            "SELECT (SELECT count(*) FROM bucket_high WHERE bucket = r.id) FROM bucket_registry r WHERE r.id = %s",
+            "SELECT (SELECT count(*) FROM bucket_high WHERE bucket = r.id) FROM bucket_registry r WHERE r.id "
+            "= %s",
             (self.id,),
         )
         if not rows:
             return self.gone()
         return StoreCorruptError(
-            f"bucket '{self.name}' in the store at {self.shown} has {rows[0][0]} of its {NUM_VBUCKETS} high seqno "
-            f"rows; restore the store from a backup, or drop the bucket (`eventing bucket drop {self.name}`) and "
-            "load it again"
+            f"bucket '{self.name}' in the store at {self.shown} has {rows[0][0]} of its {NUM_VBUCKETS} high "
+            "seqno rows; restore the store from a backup, or drop the bucket (`eventing bucket drop "
+            f"{self.name}`) and load it again"
         )
 
 
@@ -84,7 +85,8 @@ def register(db: PostgresDatabase, name: str, *, exist_ok: bool, partitions: int
         if row is None:
             return False
         cur.execute(
-            "INSERT INTO bucket_high(bucket, vb, seqno, arrival_ms) SELECT %s, vb, 0, 0 FROM generate_series(0, %s) vb",
+            "INSERT INTO bucket_high(bucket, vb, seqno, arrival_ms) SELECT %s, vb, 0, 0 FROM "
+            "generate_series(0, %s) vb",
             (row[0], NUM_VBUCKETS - 1),
         )
         return True

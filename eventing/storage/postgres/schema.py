@@ -47,9 +47,10 @@ DDL = (
     """CREATE TABLE IF NOT EXISTS bucket_docs(
         bucket INTEGER NOT NULL, key TEXT COLLATE "C" NOT NULL, vb SMALLINT NOT NULL, seqno BIGINT NOT NULL,
         cas BIGINT NOT NULL, deleted BOOLEAN NOT NULL, doc BYTEA, expiry BIGINT NOT NULL, flags BIGINT NOT NULL,
-        PRIMARY KEY(bucket, key))""",
+        PRIMARY KEY(bucket, key))""",  # noqa: E501
     # expire_due's scan: only documents with an expiry are in it.
-    "CREATE INDEX IF NOT EXISTS bucket_docs_expiry ON bucket_docs(bucket, expiry) WHERE expiry > 0 AND NOT deleted",
+    "CREATE INDEX IF NOT EXISTS bucket_docs_expiry ON bucket_docs(bucket, expiry) WHERE expiry > 0 AND NOT "
+    "deleted",
     """CREATE TABLE IF NOT EXISTS bucket_log(
         bucket INTEGER NOT NULL, vb SMALLINT NOT NULL, seqno BIGINT NOT NULL, key TEXT COLLATE "C" NOT NULL,
         op SMALLINT NOT NULL, cas BIGINT NOT NULL, doc BYTEA, origin TEXT, expiry BIGINT NOT NULL,

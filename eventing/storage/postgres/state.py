@@ -102,7 +102,8 @@ class PostgresState:
         return PostgresAppLogs(self.db)
 
     def runtime_dir(self) -> Path:
-        """Per machine and store: ~/.cache/eventing/<hash of the location> (sockets, the kept Ray instance)."""
+        """Per machine and store: ~/.cache/eventing/<hash of the location> (sockets, the kept Ray
+        instance)."""
         digest = hashlib.sha256(self.target.url.encode() + (self.target.schema or "").encode()).hexdigest()[
             :16
         ]

@@ -94,7 +94,8 @@ class WakeSender:
         self._start()
 
     def _start(self) -> None:
-        """A new sender's state (again in a forked child: the parent's thread and connection are not its own)."""
+        """A new sender's state (again in a forked child: the parent's thread and connection are not its
+        own)."""
         self.sent = 0  # statements sent (each with one payload per bucket)
         self._pending: dict[str, set[int]] = {}
         self._lock = threading.Lock()

@@ -1,6 +1,6 @@
-"""The write path of a PostgreSQL bucket (``LogWriter``): each write gets the next seqno of its vBucket, a fresh
-cas and its transaction's arrival time, exactly as a bucket file's (eventing.storage.writes), and once the
-transaction commits the workers owning the written vBuckets are told (eventing.storage.postgres.wake).
+"""The write path of a PostgreSQL bucket (``LogWriter``): each write gets the next seqno of its vBucket, a
+fresh cas and its transaction's arrival time, exactly as a bucket file's (eventing.storage.writes), and once
+the transaction commits the workers owning the written vBuckets are told (eventing.storage.postgres.wake).
 
 A write transaction is three statements whatever its size:
 
@@ -70,7 +70,7 @@ WITH l AS (
 UPDATE bucket_high h SET seqno = m.seqno, arrival_ms = m.arrival_ms
 FROM (SELECT vb, max(seqno) AS seqno, max(arrival_ms) AS arrival_ms FROM l GROUP BY vb) m
 WHERE h.bucket = %(bucket)s AND h.vb = m.vb
-"""
+"""  # noqa: E501
 
 
 # One row (a Data API write): the same three changes with plain parameters, no arrays to build or unpack.
@@ -87,7 +87,7 @@ WITH l AS (
         xattrs = NULL
 )
 UPDATE bucket_high SET seqno = %(seqno)s, arrival_ms = %(arrival)s WHERE bucket = %(bucket)s AND vb = %(vb)s
-"""
+"""  # noqa: E501
 # A batch of at least COPY_MIN_ROWS rows: the log rows by binary COPY (the client packs a row in ~1 us,
 # a quarter of what building and sending the arrays costs), then the documents and high seqnos derived by
 # the server from the rows just copied (each vBucket's new seqnos are one range of the log's key).
@@ -112,7 +112,7 @@ WITH u AS (
         xattrs = NULL
 )
 UPDATE bucket_high h SET seqno = u.last_seqno, arrival_ms = u.arrival_ms FROM u WHERE h.bucket = %(bucket)s AND h.vb = u.vb
-"""
+"""  # noqa: E501
 
 
 def _with_xattrs(sql: str, *changes: tuple[str, str]) -> str:
@@ -214,7 +214,8 @@ def check_key(key: str) -> None:
     """PostgreSQL text holds no NUL character: a key with one is refused (a bucket file takes it)."""
     if "\x00" in key:
         raise InvalidKeyError(
-            f"key {key[:40]!r} holds a NUL character, which a PostgreSQL store cannot keep; use a key without it"
+            f"key {key[:40]!r} holds a NUL character, which a PostgreSQL store cannot keep; use a key "
+            "without it"
         )
 
 
@@ -357,9 +358,10 @@ class LogWriter:
     ) -> list[tuple[int, int] | None]:
         """Log ``items`` ``(key, op, doc, expiry, flags, cas)``: each gets the next seqno of its vBucket, its
         cas (a fresh one when None) and the transaction's arrival time (never below its vBucket's last one); a
-        delete of a document that does not exist (at that point of the batch) is skipped. Returns (vb, seqno) per item, None for
-        a skipped delete. ``live``: what the caller read already of the deleted keys (under the locks);
-        ``heads``: lock_heads's answer for the items' vBuckets, when the caller took the locks already."""
+        delete of a document that does not exist (at that point of the batch) is skipped. Returns (vb, seqno)
+        per item, None for a skipped delete. ``live``: what the caller read already of the deleted keys (under
+        the locks); ``heads``: lock_heads's answer for the items' vBuckets, when the caller took the locks
+        already."""
         if not items:
             return []
         arrival = int(time.time() * 1000) if arrival_ms is None else int(arrival_ms)
@@ -511,11 +513,15 @@ class LogWriter:
         return sum(1 for p in placed if p is not None)
 
     def expire_due(self, now_s: float | None) -> int:
-        """Documents whose expiry has passed become expirations (on_delete with expired), in one transaction."""
+        """Documents whose expiry has passed become expirations (on_delete with expired), in one
+        transaction."""
         now = int(time.time() if now_s is None else now_s)
 
         def body(cur: Cursor, written: Written) -> int:
-            due = "SELECT key FROM bucket_docs WHERE bucket = %s AND expiry > 0 AND NOT deleted AND expiry <= %s"
+            due = (
+                "SELECT key FROM bucket_docs WHERE bucket = %s AND expiry > 0 AND NOT deleted AND expiry <= "
+                "%s"
+            )
             candidates = [r[0] for r in cur.execute(due, (self.ref.id, now)).fetchall()]
             if not candidates:
                 return 0
