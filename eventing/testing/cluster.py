@@ -4,7 +4,8 @@ may be unable to see chosen folders (as on another machine), and ending exactly 
     cluster = LocalRayCluster()
     address = cluster.start()                          # "127.0.0.1:PORT", the head (2 CPUs)
     node = cluster.add_node("n2", hidden=[data_dir])   # a node that sees an empty folder at data_dir
-    node.node_id                                       # its Ray node id (for `eventing node add --ray-node-id`)
+    node.node_id                                       # its Ray node id (for `eventing node add
+                                                       # --ray-node-id`)
     cluster.kill_node(node)                            # kill -9 of its raylet (failover tests)
     cluster.stop_node(node)                            # every process of that node, by pid
     cluster.stop()                                     # every process of this cluster, by pid
@@ -12,7 +13,8 @@ may be unable to see chosen folders (as on another machine), and ending exactly 
 A hidden node is ``ray start --address ... --block`` under ``unshare --mount --propagation private`` with an
 empty tmpfs mounted over each hidden folder (needs root, as in CI: ``LocalRayCluster.can_hide()``). Every
 process of the cluster carries its private temp folder in its arguments or descends from a ``ray start``
-this object ran; ``stop`` ends those and nothing else (never ``ray stop``, which ends every Ray on the machine).
+this object ran; ``stop`` ends those and nothing else (never ``ray stop``, which ends every Ray on the
+machine).
 """
 
 from __future__ import annotations
@@ -441,7 +443,8 @@ class ServiceProcess:
         assert self.proc.returncode == 0, (
             f"exit {self.proc.returncode}: {out[-2000:]}\n{self.log.read_text()[-3000:]}"
         )
-        # Ray forwards its processes' messages to the driver's stdout too: the summary is the last JSON object.
+        # Ray forwards its processes' messages to the driver's stdout too: the summary is the last JSON
+        # object.
         start = out.rfind("\n{\n") + 1 if not out.startswith("{\n") else 0
         assert out[start:].strip(), (
             f"no summary on stdout: {out[-2000:]}\nlog: {self.log.read_text()[-3000:]}"

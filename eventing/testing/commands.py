@@ -1,6 +1,6 @@
-"""`eventing` commands as a user runs them, for tests: one-shot commands and long-running ones (`eventing run`,
-`eventing serve`) in subprocesses of their own, in a working directory of the test's choosing, each ended by
-its pid; and a steady load of Data API writes whose every answer is recorded.
+"""`eventing` commands as a user runs them, for tests: one-shot commands and long-running ones (`eventing
+run`, `eventing serve`) in subprocesses of their own, in a working directory of the test's choosing, each
+ended by its pid; and a steady load of Data API writes whose every answer is recorded.
 
     cmd = Commands(cwd=empty_folder, env={"EVENTING_STORE": url})
     done = cmd("bucket", "create", "src")           # subprocess.CompletedProcess (text)
@@ -271,7 +271,8 @@ class KvClient:
         return status, answer[extras_len + key_len :]
 
     def set(self, key: str, document: dict, *, collection_id: int | None = None) -> tuple[int, bytes]:
-        """A SET of `key` (in collection `collection_id`, as LEB128 before the key, with collections agreed)."""
+        """A SET of `key` (in collection `collection_id`, as LEB128 before the key, with collections
+        agreed)."""
         stored = key.encode() if collection_id is None else _leb128(collection_id) + key.encode()
         return self.call(
             self.SET,

@@ -65,7 +65,7 @@ def _record(meta, op):
 
 def on_delete(meta, options):
     _record(meta, "delete")
-"""
+"""  # noqa: E501
 
 HANDLERS: dict[str, str] = {
     "ledger": 'VERSION = "ledger"\n'
@@ -137,8 +137,8 @@ class DeadLetter:
 
 @dataclass
 class Violation:
-    kind: str  # duplicate | missing | unexpected | dead_letter_missing | order | state | checkpoint | timeout_skip
-    # | stale_replay | replay_rerun (KNOWN_ISSUES)
+    kind: str  # duplicate | missing | unexpected | dead_letter_missing | order | state | checkpoint
+    # | timeout_skip | stale_replay | replay_rerun (KNOWN_ISSUES)
     detail: str
 
     def __str__(self) -> str:
@@ -197,8 +197,8 @@ class LifecycleDriver:
         self.may: dict[int, set[tuple[str, int]]] = defaultdict(
             set
         )  # tag -> effects that may appear (resolved by check)
-        # tag -> (key, seq) whose effect a replay applied: it lands after later versions' effects (documented),
-        # so the per-document order check leaves it out
+        # tag -> (key, seq) whose effect a replay applied: it lands after later versions' effects
+        # (documented), so the per-document order check leaves it out
         self.replayed: dict[int, set[tuple[str, int]]] = defaultdict(set)
         self.backup: tuple[str, ModelState] | None = None
         self.log: list[str] = []
@@ -228,7 +228,8 @@ class LifecycleDriver:
         getattr(self, f"step_{step[0]}")(*step[1:])
 
     def step_load(self, ops: list[tuple[int, str]]) -> None:
-        """ops: (key index, kind) with kind plain | bad | hang | delete (a delete of a missing key upserts)."""
+        """ops: (key index, kind) with kind plain | bad | hang | delete (a delete of a missing key
+        upserts)."""
         for index, kind in ops:
             key = KEYS[index % len(KEYS)]
             if kind == "delete" and key in self.live:
@@ -401,7 +402,8 @@ class LifecycleDriver:
         left = sorted(owed - got)
         if left:
             raise AssertionError(
-                f"{self.log[-1]}: deployment {d.tag} has not handled {len(left)} mutations it owes, e.g. {left[:3]}"
+                f"{self.log[-1]}: deployment {d.tag} has not handled {len(left)} mutations it owes, e.g. "
+                f"{left[:3]}"
             )
 
     def step_backup(self) -> None:
@@ -495,8 +497,8 @@ class LifecycleDriver:
                             found.append(
                                 Violation(
                                     "dead_letter_missing",
-                                    f"{m_key}@{vb}:{seq} failed under deployment {d.tag} but is neither handled nor a "
-                                    "pending dead letter",
+                                    f"{m_key}@{vb}:{seq} failed under deployment {d.tag} but is neither "
+                                    "handled nor a pending dead letter",
                                 )
                             )
             for tag in sorted(actual):

@@ -38,8 +38,8 @@ def unavailable() -> str | None:
     """Why no throwaway server can run here (one line), or None."""
     if pg_bin_dir() is None:
         return (
-            "PostgreSQL's server is not installed; install Debian's package (`apt-get install -y postgresql`, "
-            "which scripts/setup.sh does when run as root)"
+            "PostgreSQL's server is not installed; install Debian's package (`apt-get install -y "
+            "postgresql`, which scripts/setup.sh does when run as root)"
         )
     if os.geteuid() == 0 and shutil.which("runuser") is None:
         return "PostgreSQL refuses to run as root and `runuser` is missing to run it as the `postgres` user"
