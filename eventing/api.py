@@ -270,8 +270,8 @@ class Eventing:
         publication: str | None = None,
         slot: str | None = None,
     ) -> int:
-        """Create the collection `bucket.scope.collection` (`eventing collection create`); returns its id. With
-        `mirror` (a PostgreSQL URL) and `table` ("schema.table"), its documents follow that table
+        """Create the collection `bucket.scope.collection` (`eventing collection create`); returns its id.
+        With `mirror` (a PostgreSQL URL) and `table` ("schema.table"), its documents follow that table
         (docs/postgresql-mirror.md): the running service takes its snapshot and follows it."""
         if mirror is None:
             return int(bucket_ops.create_collection(self.state, keyspace)["id"])
@@ -292,8 +292,8 @@ class Eventing:
         return mirrors.mirror_health(self.state)
 
     def drop_collection(self, keyspace: str) -> int:
-        """Drop a collection and its documents (`eventing collection drop`); a deployed or paused function that
-        reads or binds it is undeployed first, as in Couchbase. Returns how many documents went."""
+        """Drop a collection and its documents (`eventing collection drop`); a deployed or paused function
+        that reads or binds it is undeployed first, as in Couchbase. Returns how many documents went."""
         from eventing.ops import mirrors
 
         return int(mirrors.drop_collection(self.state, keyspace)["documents"])
@@ -323,7 +323,8 @@ class Eventing:
             return target.upsert(key, doc, expiry=expiry)
 
     def remove(self, bucket: str, key: str) -> tuple[int, int]:
-        """Delete one document, a tombstone mutation (`eventing bucket delete`); returns its (vBucket, seqno)."""
+        """Delete one document, a tombstone mutation (`eventing bucket delete`); returns its (vBucket,
+        seqno)."""
         with self.collection(bucket) as target:
             return target.delete(key)
 
@@ -359,8 +360,8 @@ class Eventing:
             written = load_json_lines(target, str(path), bad).written
         if rejected is None and len(bad) > before:
             raise InvalidDocumentError(
-                f"{len(bad) - before} line(s) of {path} were not loaded ({bad[before]}); the other {written:,} "
-                "mutations were: fix those lines and load them alone"
+                f"{len(bad) - before} line(s) of {path} were not loaded ({bad[before]}); the other "
+                f"{written:,} mutations were: fix those lines and load them alone"
             )
         return written
 

@@ -1,4 +1,5 @@
-"""The KV port: Couchbase's data-service protocol (memcached binary) for Couchbase's SDKs, beside the REST API.
+"""The KV port: Couchbase's data-service protocol (memcached binary) for Couchbase's SDKs, beside the REST
+API.
 
 protocol.py (packets, opcodes, statuses), sasl.py (PLAIN and SCRAM-SHA), bootstrap.py (cluster map, manifest,
 error map, the cluster manager's /pools documents), documents.py (the document operations, planned on the

@@ -134,7 +134,8 @@ def scram_secrets(password: str) -> str:
 
 
 def stored_scram_keys(password_hash: str, digest: str) -> ScramKeys | None:
-    """The keys of one mechanism kept in a user's stored hash, or None (a password set before they were kept)."""
+    """The keys of one mechanism kept in a user's stored hash, or None (a password set before they were
+    kept)."""
     for part in password_hash.split(";")[1:]:
         try:
             name, iterations, salt, stored, server = part.split("$")
@@ -187,8 +188,9 @@ class Grant:
 
     @classmethod
     def parse(cls, text: str) -> Grant:
-        """`admin`, `ro_admin`, `eventing_manage_functions[bucket:scope]`, `data_reader[bucket.scope.collection]`
-        (parts separated by `:` as Couchbase writes them, or by `.`; missing trailing parts are `*`)."""
+        """`admin`, `ro_admin`, `eventing_manage_functions[bucket:scope]`,
+        `data_reader[bucket.scope.collection]` (parts separated by `:` as Couchbase writes them, or by `.`;
+        missing trailing parts are `*`)."""
         raw = text.strip() if isinstance(text, str) else ""
         match = re.fullmatch(r"([a-z_]+)(?:\[([^\]]*)\])?", raw)
         known = (
@@ -204,14 +206,15 @@ class Grant:
             return cls(role)
         if not target:
             raise ConfigError(
-                f"role {role} needs a keyspace, e.g. {role}[{'shop:sales' if role == MANAGE_FUNCTIONS else 'shop.sales.*'}] "
-                "(`*` for any part)"
+                f"role {role} needs a keyspace, e.g. "
+                f"{role}[{'shop:sales' if role == MANAGE_FUNCTIONS else 'shop.sales.*'}] (`*` for any part)"
             )
         parts = target.split(":") if ":" in target else target.split(".")
         if len(parts) > SCOPED_ROLES[role] or not all(parts):
             raise ConfigError(
                 f"role {text!r} names {target!r}; give at most {SCOPED_ROLES[role]} non-empty parts "
-                f"({'bucket:scope' if role == MANAGE_FUNCTIONS else 'bucket.scope.collection'}, `*` for any part)"
+                f"({'bucket:scope' if role == MANAGE_FUNCTIONS else 'bucket.scope.collection'}, `*` for any "
+                "part)"
             )
         parts += [WILDCARD] * (3 - len(parts))
         return cls(role, *parts)
