@@ -5,9 +5,9 @@ metadata.postgres.connection for the URL), or Couchbase when $EVENTING_METADATA_
     EVENTING_METADATA_URL=couchbase://host[:port][,host2...]/bucket[?username=..&password=..&timeout=5&prefix=eventing]
     EVENTING_COUCHBASE_USERNAME, EVENTING_COUCHBASE_PASSWORD   credentials when the URL carries none
 
-`couchbases://` connects with TLS. Other query parameters go to the SDK's connection string once the installed SDK
-is known to take them (metadata.couchbase.adapter.check_connection_options); it would drop unknown ones silently.
-Every process of a deployment (CLI, service, Ray workers) must see the same variables.
+`couchbases://` connects with TLS. Other query parameters go to the SDK's connection string once the installed
+SDK is known to take them (metadata.couchbase.adapter.check_connection_options); it would drop unknown ones
+silently. Every process of a deployment (CLI, service, Ray workers) must see the same variables.
 """
 
 from __future__ import annotations

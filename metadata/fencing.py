@@ -14,7 +14,8 @@ from collections.abc import Iterable, Mapping
 
 
 def holds(stored: int | None, claimed: int | None) -> bool:
-    """True if a writer that claimed with epoch `claimed` may still write where `stored` is the stored epoch."""
+    """True if a writer that claimed with epoch `claimed` may still write where `stored` is the stored
+    epoch."""
     return stored is not None and claimed is not None and stored == claimed
 
 

@@ -61,7 +61,8 @@ class FunctionRecord:
 
 @dataclass(frozen=True)
 class UserRecord:
-    """A user of the REST and Data APIs: a salted scrypt hash (never the password) and Couchbase-style roles."""
+    """A user of the REST and Data APIs: a salted scrypt hash (never the password) and Couchbase-style
+    roles."""
 
     name: str
     password_hash: str  # "scrypt$n$r$p$salt$hash" (eventing.security.users.hash_password)
@@ -144,9 +145,10 @@ def plan_rewind(
             continue
         if not reapply_effects and start is not None and target < start:
             raise ConfigError(
-                f"cannot rewind vBucket {vb} of function '{name}' to seqno {target}: its deployment started after "
-                f"seqno {start} (boundary from_now), and with the effect marks kept the effects of the mutations "
-                f"in between, never handled, would be skipped; rewind to {start} or later, or pass --reapply-effects"
+                f"cannot rewind vBucket {vb} of function '{name}' to seqno {target}: its deployment started "
+                f"after seqno {start} (boundary from_now), and with the effect marks kept the effects of the "
+                f"mutations in between, never handled, would be skipped; rewind to {start} or later, or pass "
+                "--reapply-effects"
             )
         moves[vb] = (seqno, target)
     return moves
@@ -174,7 +176,8 @@ class Lease:
 def next_lease(
     current: Lease | None, name: str, holder: str, ttl_s: float, info: str, take_from: str | None, now: float
 ) -> Lease | None:
-    """The lease after `holder` asks for it at `now`, or None if it stays with someone else (both backends)."""
+    """The lease after `holder` asks for it at `now`, or None if it stays with someone else (both
+    backends)."""
     if current is not None and current.holder == holder and current.expires_at > 0:
         return Lease(name, holder, now + ttl_s, current.acquired_at, current.term, info)  # a renewal
     if current is not None and not current.expired(now) and current.holder != take_from:
@@ -185,8 +188,8 @@ def next_lease(
 # Timers get a seqno space of their own next to each vBucket's mutations: their effects and dead letters
 # are keyed by (TIMER_VB_BASE + vb, fire_seq), fenced by the epoch of vb.
 TIMER_VB_BASE = 1024
-# The setting (MetadataStore.get_kv) a store keeps from its first user on, deleted users or not: a server whose
-# store had users never takes a caller without credentials for the local CLI (eventing.http.auth).
+# The setting (MetadataStore.get_kv) a store keeps from its first user on, deleted users or not: a server
+# whose store had users never takes a caller without credentials for the local CLI (eventing.http.auth).
 USERS_MARK = "users_created"
 
 

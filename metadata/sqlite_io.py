@@ -85,8 +85,9 @@ def retry_locked(path: Path, fn: Callable[[], T], lock_wait_s: float | None = No
                 if full:
                     raise StoreError(
                         f"cannot write {path}: the disk is full ({msg}) and stayed full for {wait_s:.0f}s; "
-                        f"free space on the file system of {path.parent} (see `df {path.parent}`), then run the "
-                        "command again (everything committed is kept: processing resumes after the last checkpoint)"
+                        f"free space on the file system of {path.parent} (see `df {path.parent}`), then run "
+                        "the command again (everything committed is kept: processing resumes after the last "
+                        "checkpoint)"
                     ) from None
                 raise StoreLockedError(
                     f"{path} stayed locked by another process for {wait_s:.0f}s; "

@@ -1,4 +1,5 @@
-"""Minimal-move rebalance plans: which vBuckets change node when nodes join or leave, and which change worker."""
+"""Minimal-move rebalance plans: which vBuckets change node when nodes join or leave, and which change
+worker."""
 
 from __future__ import annotations
 

@@ -6,13 +6,15 @@ Document layout (keys start with a prefix, ``eventing`` by default, in the bucke
     <p>::functions                   {"names": [...]}                 index of function names
     <p>::fn::<name>                  {definition, source, state, generation, updated_at, deployed_by}
     <p>::cp::<fn>::<vb>              {seqno, epoch, owner, bucket_uuid, updated_at, leased, start}
-    <p>::cpreg::<fn>                 {"rows": [...]}                  checkpoint moves refused by commit, and rewinds
+    <p>::cpreg::<fn>                 {"rows": [...]}                  checkpoint moves refused by commit,
+                                                                      and rewinds
     <p>::ctr::<fn>                   {"values": {name: number}}       counters and gauges
     <p>::dlq::<fn>::<vb>::<seqno>    one dead letter (mutation base64), written with insert() only
     <p>::dlqix::<fn>::<vb>           {"seqnos": [...]}                index of that vBucket's dead letters
     <p>::deaths::<fn>                {"counts": {"vb:seqno": n}}      deaths of a worker per mutation
     <p>::services                    {"ids": [...]}                   index of service heartbeats
-    <p>::svc::<id>                   {info, heartbeat_at}             expires SERVICE_TTL_S after its last beat
+    <p>::svc::<id>                   {info, heartbeat_at}             expires SERVICE_TTL_S after its
+                                                                      last beat
     <p>::nodes                       {"nodes": {name: {...}}}         eventing nodes
     <p>::lease::<name>               {holder, expires_at, acquired_at, term, info}   a lease (leadership)
     <p>::tmr::<fn>::<vb>             {"seq": n, "timers": {...}}      durable timers of one vBucket

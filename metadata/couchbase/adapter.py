@@ -91,7 +91,8 @@ def check_connection_options(url: str) -> None:
                     "(eventing's ?timeout=SECONDS sets the connect and operation timeouts)"
                 )
             raise StoreError(
-                f"EVENTING_METADATA_URL option {shown} is refused by the Couchbase SDK ({_message(exc)}); {fix}"
+                f"EVENTING_METADATA_URL option {shown} is refused by the Couchbase SDK ({_message(exc)}); "
+                f"{fix}"
             ) from None
 
 
@@ -113,8 +114,8 @@ class SdkDocuments:
             from couchbase.options import ClusterOptions, ClusterTimeoutOptions, ReplaceOptions
         except ImportError:
             raise StoreError(
-                f"cannot use the Couchbase metadata store at {url}: the couchbase Python SDK is not installed; "
-                "install it (pip install 'eventing[couchbase]') or unset EVENTING_METADATA_URL"
+                f"cannot use the Couchbase metadata store at {url}: the couchbase Python SDK is not "
+                "installed; install it (pip install 'eventing[couchbase]') or unset EVENTING_METADATA_URL"
             ) from None
         self._x: Any = exceptions
         self._replace_options: Any = ReplaceOptions
@@ -209,7 +210,8 @@ class SdkDocuments:
             value = result.value
         except (self._x.CouchbaseException, ValueError) as exc:
             raise StoreCorruptError(
-                f"metadata store {self.where}: document {key} cannot be decoded ({_reason(exc)}); {CORRUPT_FIX}"
+                f"metadata store {self.where}: document {key} cannot be decoded ({_reason(exc)}); "
+                f"{CORRUPT_FIX}"
             ) from None
         if not isinstance(value, dict):
             raise StoreCorruptError(

@@ -30,7 +30,8 @@ class CasDocuments:
     def corrupt(self, key: str, what: str) -> StoreCorruptError:
         return StoreCorruptError(
             f"metadata store {self.where}: document {key} {what}; restore the bucket from a backup "
-            f"(cbbackupmgr), or remove the documents under prefix '{self.prefix}::' and deploy the functions again"
+            f"(cbbackupmgr), or remove the documents under prefix '{self.prefix}::' and deploy the functions "
+            "again"
         )
 
     def get(self, key: str) -> tuple[Doc, int] | None:

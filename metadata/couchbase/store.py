@@ -54,7 +54,8 @@ if TYPE_CHECKING:
 
 
 class CouchbaseMetadataStore:
-    """MetadataStore on a Couchbase bucket (see metadata/couchbase/__init__.py for the layout and the guarantees).
+    """MetadataStore on a Couchbase bucket (see metadata/couchbase/__init__.py for the layout and the
+    guarantees).
 
     Connecting is eager: a cluster that does not answer within `timeout_s` raises StoreError naming the
     URL and the fix. Operations that fail later (the cluster went away) raise StoreError too; processing
@@ -110,7 +111,8 @@ class CouchbaseMetadataStore:
         """Not done here: Couchbase backs its buckets up with its own tools."""
         raise StoreError(
             f"the metadata store is in Couchbase ({self.where}); back it up with Couchbase's own tools, "
-            f"e.g. `cbbackupmgr backup` of that bucket (documents under '{self.prefix}::'), not `eventing backup`"
+            f"e.g. `cbbackupmgr backup` of that bucket (documents under '{self.prefix}::'), not `eventing "
+            "backup`"
         )
 
     def verify_integrity(self) -> None:
@@ -212,7 +214,8 @@ class CouchbaseMetadataStore:
         return _function(name, written)
 
     def set_deployed_by(self, name: str, deployed_by: dict | None) -> None:
-        """Record who deploys or resumes a function over the API (None: the local CLI, trusted as an admin)."""
+        """Record who deploys or resumes a function over the API (None: the local CLI, trusted as an
+        admin)."""
 
         def change(doc: Doc | None) -> Doc:
             if doc is None:
@@ -343,9 +346,9 @@ class CouchbaseMetadataStore:
             )
         if raced:
             raise LifecycleError(
-                f"function '{function}' was resumed while its checkpoints were being rewound: {len(done)} vBuckets "
-                f"moved back, {len(raced)} (e.g. {sorted(raced)[:3]}) were claimed by a worker first; pause it and "
-                "rewind again"
+                f"function '{function}' was resumed while its checkpoints were being rewound: {len(done)} "
+                f"vBuckets moved back, {len(raced)} (e.g. {sorted(raced)[:3]}) were claimed by a worker "
+                "first; pause it and rewind again"
             )
         return moves
 
@@ -474,11 +477,13 @@ class CouchbaseMetadataStore:
             self.docs.key("cpreg", function), lambda doc: {"rows": [*(doc or {"rows": []})["rows"], row]}
         )
         raise OrderViolationError(
-            f"checkpoint of function '{function}' vBucket {vb} would move backwards from {from_seqno} to {to_seqno}"
+            f"checkpoint of function '{function}' vBucket {vb} would move backwards from {from_seqno} to "
+            f"{to_seqno}"
         )
 
     def release(self, function: str, epochs: Mapping[int, int]) -> set[int]:
-        """Give vBuckets up (lease cleared; owner and epoch kept) after a final commit; returns fenced ones."""
+        """Give vBuckets up (lease cleared; owner and epoch kept) after a final commit; returns fenced
+        ones."""
         fenced: set[int] = set()
 
         def give_up(vb: int, epoch: int) -> Callable[[Doc | None], Doc | None]:

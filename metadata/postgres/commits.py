@@ -55,8 +55,8 @@ def insert_sql(token: uuid.UUID) -> str:
 def prune_sql(wait_s: float) -> str:
     cutoff = uuid.UUID(int=int((time.time() - retention_s(wait_s)) * 1000) << 80)
     return (
-        f"DELETE FROM {COMMITS_TABLE} WHERE token IN (SELECT token FROM {COMMITS_TABLE} WHERE token < '{cutoff}' "
-        f"ORDER BY token LIMIT {PRUNE_ROWS} FOR UPDATE SKIP LOCKED)"
+        f"DELETE FROM {COMMITS_TABLE} WHERE token IN (SELECT token FROM {COMMITS_TABLE} WHERE token < "
+        f"'{cutoff}' ORDER BY token LIMIT {PRUNE_ROWS} FOR UPDATE SKIP LOCKED)"
     )
 
 

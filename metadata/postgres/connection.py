@@ -335,7 +335,8 @@ class PostgresDatabase:
         )
 
     def run(self, fn: Callable[[psycopg.Connection], T]) -> T:
-        """`fn(connection)` on a pooled connection, retried while the server is away (fn must be repeatable)."""
+        """`fn(connection)` on a pooled connection, retried while the server is away (fn must be
+        repeatable)."""
         return self._with_retries(fn, retry=True)
 
     def _once(self, conn: psycopg.Connection, body: Callable[[Cursor], T], pipeline: bool) -> T:
@@ -661,13 +662,14 @@ def ensure_schema(db: PostgresDatabase, component: str, version: int, ddl: Seque
         stored = row[0] if row else 0
         if stored > version:
             raise StoreError(
-                f"the store at {db.target.shown} was written by a newer version of eventing ({component} schema "
-                f"{stored}; this one knows {version}); upgrade eventing on this machine"
+                f"the store at {db.target.shown} was written by a newer version of eventing ({component} "
+                f"schema {stored}; this one knows {version}); upgrade eventing on this machine"
             )
         if stored < version:
             cur.execute(";\n".join(ddl))  # one round trip
             cur.execute(
-                f"INSERT INTO {SCHEMA_TABLE} VALUES(%s, %s) ON CONFLICT(component) DO UPDATE SET version=excluded.version",
+                f"INSERT INTO {SCHEMA_TABLE} VALUES(%s, %s) ON CONFLICT(component) DO UPDATE SET "
+                "version=excluded.version",
                 (component, version),
             )
 

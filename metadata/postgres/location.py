@@ -134,14 +134,14 @@ def describe_error(target: PostgresTarget, exc: BaseException) -> str:
         return f"{where}: {_first_clause(text)}; create it first (createdb, or CREATE DATABASE)"
     if state == "42501":
         return (
-            f"{where}: {_first_clause(text)}; grant the store's user the privilege (it creates and writes its "
-            f"own tables: {_grant(target, low)})"
+            f"{where}: {_first_clause(text)}; grant the store's user the privilege (it creates and writes "
+            f"its own tables: {_grant(target, low)})"
         )
     if state == "57014" or "statement timeout" in low:
         return (
             f"{where} canceled a statement at its statement_timeout ({_first_clause(text)}); raise it "
-            "(?options=-c%20statement_timeout%3D60000 in --store, or ALTER ROLE ... SET statement_timeout) or "
-            "end what holds the locks it waited for (pg_locks)"
+            "(?options=-c%20statement_timeout%3D60000 in --store, or ALTER ROLE ... SET statement_timeout) "
+            "or end what holds the locks it waited for (pg_locks)"
         )
     if state == "55P03" or "lock timeout" in low:
         return (
@@ -150,8 +150,8 @@ def describe_error(target: PostgresTarget, exc: BaseException) -> str:
         )
     if state == "53300" or "too many clients" in low or "remaining connection slots" in low:
         return (
-            f"{where} has no connection slot left ({_first_clause(text)}); raise max_connections on the server "
-            f"or lower ${POOL_SIZE_ENV} (each eventing process keeps up to {DEFAULT_POOL_SIZE})"
+            f"{where} has no connection slot left ({_first_clause(text)}); raise max_connections on the "
+            f"server or lower ${POOL_SIZE_ENV} (each eventing process keeps up to {DEFAULT_POOL_SIZE})"
         )
     if state == "25006" or "read-only transaction" in low:
         return (

@@ -26,7 +26,7 @@ DDL: tuple[str, ...] = (
     """CREATE TABLE IF NOT EXISTS checkpoints(
         function TEXT NOT NULL, vb BIGINT NOT NULL, seqno BIGINT NOT NULL, epoch BIGINT NOT NULL,
         owner TEXT, bucket_uuid TEXT NOT NULL, updated_at DOUBLE PRECISION NOT NULL, leased BIGINT NOT NULL DEFAULT 0,
-        PRIMARY KEY(function, vb)) WITH (fillfactor=50)""",
+        PRIMARY KEY(function, vb)) WITH (fillfactor=50)""",  # noqa: E501
     """CREATE TABLE IF NOT EXISTS checkpoint_starts(
         function TEXT NOT NULL, vb BIGINT NOT NULL, seqno BIGINT NOT NULL, PRIMARY KEY(function, vb))""",
     # Every backwards move of a checkpoint, for `eventing verify`: 'refused' by commit, 'applied' by a write
@@ -45,16 +45,16 @@ DDL: tuple[str, ...] = (
               COALESCE(NULLIF(current_setting('{MOVE_SETTING}', true), ''), 'applied'),
               extract(epoch FROM clock_timestamp())::double precision;
         RETURN NULL;
-    END $$""",
+    END $$""",  # noqa: E501
     """CREATE OR REPLACE TRIGGER checkpoint_moved_backwards AFTER UPDATE OF seqno ON checkpoints
         FOR EACH ROW WHEN (NEW.seqno < OLD.seqno) EXECUTE FUNCTION checkpoint_moved_backwards()""",
     """CREATE TABLE IF NOT EXISTS counters(
-        function TEXT NOT NULL, name TEXT NOT NULL, value DOUBLE PRECISION NOT NULL, PRIMARY KEY(function, name))""",
+        function TEXT NOT NULL, name TEXT NOT NULL, value DOUBLE PRECISION NOT NULL, PRIMARY KEY(function, name))""",  # noqa: E501
     """CREATE TABLE IF NOT EXISTS dlq(
         function TEXT NOT NULL, vb BIGINT NOT NULL, seqno BIGINT NOT NULL, key TEXT NOT NULL,
         reason TEXT NOT NULL, error TEXT NOT NULL, traceback TEXT NOT NULL, attempts BIGINT NOT NULL,
         first_failed_at DOUBLE PRECISION NOT NULL, last_failed_at DOUBLE PRECISION NOT NULL, mutation BYTEA NOT NULL,
-        replayed_at DOUBLE PRECISION, generation BIGINT NOT NULL DEFAULT 0, PRIMARY KEY(function, vb, seqno))""",
+        replayed_at DOUBLE PRECISION, generation BIGINT NOT NULL DEFAULT 0, PRIMARY KEY(function, vb, seqno))""",  # noqa: E501
     # A worker's claim reads only its deployment's letters: old deployments' letters cost it nothing.
     "CREATE INDEX IF NOT EXISTS dlq_generation ON dlq(function, generation, vb, seqno)",
     """CREATE TABLE IF NOT EXISTS services(
@@ -76,9 +76,9 @@ DDL: tuple[str, ...] = (
         function TEXT NOT NULL, vb BIGINT NOT NULL, seqno BIGINT NOT NULL, count BIGINT NOT NULL,
         PRIMARY KEY(function, vb, seqno))""",
     """CREATE TABLE IF NOT EXISTS users(
-        name TEXT PRIMARY KEY, hash TEXT NOT NULL, roles TEXT NOT NULL, created_at DOUBLE PRECISION NOT NULL)""",
+        name TEXT PRIMARY KEY, hash TEXT NOT NULL, roles TEXT NOT NULL, created_at DOUBLE PRECISION NOT NULL)""",  # noqa: E501
     """CREATE TABLE IF NOT EXISTS window_state(
-        function TEXT PRIMARY KEY, fence BIGINT NOT NULL, state TEXT, updated_at DOUBLE PRECISION NOT NULL)""",
+        function TEXT PRIMARY KEY, fence BIGINT NOT NULL, state TEXT, updated_at DOUBLE PRECISION NOT NULL)""",  # noqa: E501
 )
 
 # Columns the PostgreSQL tables have beyond the shared ones (metadata/sql/tables.py), at their end.

@@ -54,7 +54,8 @@ class PostgresMetadataStore(SqlMetadataStore):
     LEAST = "LEAST"
 
     def __init__(self, location: str | PostgresDatabase, *, create: bool = True):
-        # A database handed in stays its owner's to close; one opened here from a URL is closed with the store.
+        # A database handed in stays its owner's to close; one opened here from a URL is closed with the
+        # store.
         self._owns_db = not isinstance(location, PostgresDatabase)
         self.db = location if isinstance(location, PostgresDatabase) else PostgresDatabase.open(str(location))
         self.where = f"PostgreSQL store {self.db.target.shown}"
@@ -67,8 +68,8 @@ class PostgresMetadataStore(SqlMetadataStore):
                 )
             if not create and not self._created():
                 raise NotFoundError(
-                    f"there is no metadata store at {self.db.target.shown} yet; deploy a function first or pass "
-                    "the right --store"
+                    f"there is no metadata store at {self.db.target.shown} yet; deploy a function first or "
+                    "pass the right --store"
                 )
             ensure_schema(self.db, COMPONENT, VERSION, DDL)
         except BaseException:
@@ -151,8 +152,8 @@ class PostgresMetadataStore(SqlMetadataStore):
         place; StoreCorruptError naming what is not. (The server checks its own pages: data checksums.)"""
         found: dict[str, list[str]] = {}
         for table, column in self._read(
-            "SELECT table_name, column_name FROM information_schema.columns WHERE table_schema=current_schema() "
-            "ORDER BY table_name, ordinal_position"
+            "SELECT table_name, column_name FROM information_schema.columns WHERE "
+            "table_schema=current_schema() ORDER BY table_name, ordinal_position"
         ):
             found.setdefault(table, []).append(column)
         problems = []
@@ -177,9 +178,9 @@ class PostgresMetadataStore(SqlMetadataStore):
                 )
         if problems:
             raise StoreCorruptError(
-                f"{self.where} failed its integrity check ({'; '.join(problems)}); stop every eventing process, "
-                "then restore the database from a backup (pg_restore), or drop its tables and redeploy the "
-                "functions (they restart from their feed boundary)"
+                f"{self.where} failed its integrity check ({'; '.join(problems)}); stop every eventing "
+                "process, then restore the database from a backup (pg_restore), or drop its tables and "
+                "redeploy the functions (they restart from their feed boundary)"
             )
 
     def backup(self, target: str | os.PathLike[str]) -> None:
@@ -187,8 +188,8 @@ class PostgresMetadataStore(SqlMetadataStore):
         schema = f" -n {self.db.target.schema}" if self.db.target.schema else ""
         raise StoreError(
             f"the metadata store is in PostgreSQL ({self.db.target.shown}); back it up with PostgreSQL's own "
-            f"tools, e.g. `pg_dump -Fc{schema} -f {os.fspath(target)} <the store's URL>` (and the server's WAL "
-            "archiving for point-in-time recovery), or copy it into a data directory with "
+            f"tools, e.g. `pg_dump -Fc{schema} -f {os.fspath(target)} <the store's URL>` (and the server's "
+            "WAL archiving for point-in-time recovery), or copy it into a data directory with "
             "`eventing store copy --to DIR`; not `eventing backup`"
         )
 

@@ -74,8 +74,8 @@ class SqlRecords(SqlBackend):
                 ).fetchall()
                 out.extend(TimerRecord(*r) for r in rows)
             rows = db.execute(
-                f"SELECT * FROM timers WHERE function=? AND due_ms<=? AND fire_seq IS NULL AND vb IN ({keep}) "
-                f"ORDER BY due_ms, vb, callback, reference LIMIT ?{self.LOCK}",
+                "SELECT * FROM timers WHERE function=? AND due_ms<=? AND fire_seq IS NULL AND vb IN "
+                f"({keep}) ORDER BY due_ms, vb, callback, reference LIMIT ?{self.LOCK}",
                 (function, now_ms, *keep_args, limit),
             ).fetchall()
             if not rows:
@@ -100,7 +100,8 @@ class SqlRecords(SqlBackend):
                 "UPDATE timers SET fire_seq=? WHERE function=? AND callback=? AND reference=?", updates
             )
             db.executemany(
-                "INSERT INTO timer_seqs VALUES(?,?,?) ON CONFLICT(function, vb) DO UPDATE SET seq=excluded.seq",
+                "INSERT INTO timer_seqs VALUES(?,?,?) ON CONFLICT(function, vb) DO UPDATE SET "
+                "seq=excluded.seq",
                 [(function, vb, seq) for vb, seq in seqs.items() if vb in touched_set],
             )
             return out
@@ -117,7 +118,8 @@ class SqlRecords(SqlBackend):
     def timer_backlog(self, function: str, now_ms: int) -> dict[str, int]:
         """Timers waiting (`pending`) and, of those, already due but not fired (`due`)."""
         pending, due = self._read(
-            "SELECT COUNT(*), COALESCE(SUM(CASE WHEN due_ms<=? THEN 1 ELSE 0 END), 0) FROM timers WHERE function=?",
+            "SELECT COUNT(*), COALESCE(SUM(CASE WHEN due_ms<=? THEN 1 ELSE 0 END), 0) FROM timers WHERE "
+            "function=?",
             (now_ms, function),
         )[0]
         return {"pending": int(pending), "due": int(due)}
@@ -137,7 +139,8 @@ class SqlRecords(SqlBackend):
     def set_gauges(self, function: str, gauges: Mapping[str, float]) -> None:
         self._tx(
             lambda db: db.executemany(
-                "INSERT INTO counters VALUES(?,?,?) ON CONFLICT(function, name) DO UPDATE SET value=excluded.value",
+                "INSERT INTO counters VALUES(?,?,?) ON CONFLICT(function, name) DO UPDATE SET "
+                "value=excluded.value",
                 [(function, k, v) for k, v in sorted(gauges.items())],
             )
         )
@@ -235,7 +238,8 @@ class SqlRecords(SqlBackend):
             changed = 0
             for vb, seqno in rows:
                 cur = db.execute(
-                    "UPDATE dlq SET replayed_at=? WHERE function=? AND vb=? AND seqno=? AND replayed_at IS NULL",
+                    "UPDATE dlq SET replayed_at=? WHERE function=? AND vb=? AND seqno=? AND replayed_at IS "
+                    "NULL",
                     (now, function, vb, seqno),
                 )
                 changed += cur.rowcount
@@ -304,7 +308,8 @@ class SqlRecords(SqlBackend):
         A compare-and-set: the check and the write are one transaction holding the lease's row (SQLite:
         the write lock from BEGIN IMMEDIATE; PostgreSQL: the row lock of SELECT ... FOR UPDATE, and for a
         lease nobody took yet, the insert that only one taker makes), so of two racing takers exactly one
-        wins. `take_from`: a holder the caller knows is dead (its process is gone); its lease is taken at once.
+        wins. `take_from`: a holder the caller knows is dead (its process is gone); its lease is taken at
+        once.
         """
 
         def body(db: SqlDb) -> Lease | None:
@@ -318,7 +323,8 @@ class SqlRecords(SqlBackend):
                 values = (new.name, new.holder, new.expires_at, new.acquired_at, new.term, new.info)
                 if current is not None:
                     db.execute(
-                        "UPDATE leases SET holder=?, expires_at=?, acquired_at=?, term=?, info=? WHERE name=?",
+                        "UPDATE leases SET holder=?, expires_at=?, acquired_at=?, term=?, info=? WHERE "
+                        "name=?",
                         (*values[1:], name),
                     )
                     return new

@@ -60,7 +60,8 @@ UPSERT_DLQ = (
 # A window coordinator's late rows: inserted once, keyed like the workers' dead letters.
 INSERT_DLQ_ONCE = (
     "INSERT INTO dlq(function, vb, seqno, key, reason, error, traceback, attempts, first_failed_at, "
-    "last_failed_at, mutation, generation) VALUES(?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(function, vb, seqno) DO NOTHING"
+    "last_failed_at, mutation, generation) VALUES(?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(function, vb, seqno) "
+    "DO NOTHING"
 )
 
 
@@ -97,8 +98,8 @@ def write_timers(
             )
         else:
             db.execute(
-                "INSERT INTO timers VALUES(?,?,?,?,?,?,?,NULL) ON CONFLICT(function, callback, reference) DO UPDATE "
-                "SET vb=excluded.vb, due_ms=excluded.due_ms, context=excluded.context, "
+                "INSERT INTO timers VALUES(?,?,?,?,?,?,?,NULL) ON CONFLICT(function, callback, reference) DO "
+                "UPDATE SET vb=excluded.vb, due_ms=excluded.due_ms, context=excluded.context, "
                 "created_at=excluded.created_at, fire_seq=NULL",
                 (function, c.callback, c.reference, c.vb, c.due_ms, c.context, now),
             )

@@ -148,7 +148,8 @@ class SqlMetadataStore(SqlRecords):
         return self._tx(body)
 
     def set_deployed_by(self, name: str, deployed_by: dict | None) -> None:
-        """Record who deploys or resumes a function over the API (None: the local CLI, trusted as an admin)."""
+        """Record who deploys or resumes a function over the API (None: the local CLI, trusted as an
+        admin)."""
 
         def body(db: SqlDb) -> None:
             value = json.dumps(deployed_by) if deployed_by is not None else None
@@ -285,7 +286,8 @@ class SqlMetadataStore(SqlRecords):
         timer_changes: Iterable[TimerChange] = (),
         timers_done: Iterable[TimerDone] = (),
     ) -> set[int]:
-        """Write DLQ rows, timers, counters and checkpoints in one transaction, conditional on the owner's epoch.
+        """Write DLQ rows, timers, counters and checkpoints in one transaction, conditional on the owner's
+        epoch.
 
         Returns the vBuckets whose epoch moved on (the caller is a zombie for those): their checkpoints,
         DLQ rows, timer changes (by source vBucket) and fired timers (by the timer's vBucket) are rejected.
@@ -373,7 +375,8 @@ class SqlMetadataStore(SqlRecords):
     def rewind_checkpoints(
         self, function: str, targets: Mapping[int, int], *, reapply_effects: bool = False
     ) -> dict[int, tuple[int, int]]:
-        """Move a paused function's checkpoints back (see MetadataStore.rewind_checkpoints); one transaction."""
+        """Move a paused function's checkpoints back (see MetadataStore.rewind_checkpoints); one
+        transaction."""
         now = time.time()
         how = REWIND_REAPPLY if reapply_effects else REWIND
 
@@ -395,7 +398,8 @@ class SqlMetadataStore(SqlRecords):
             mark = self._label_moves(db, how)
             db.executemany(
                 # epoch + 1 fences any owner from before the pause: its late commit cannot move it forward.
-                "UPDATE checkpoints SET seqno=?, epoch=epoch+1, leased=0, updated_at=? WHERE function=? AND vb=?",
+                "UPDATE checkpoints SET seqno=?, epoch=epoch+1, leased=0, updated_at=? WHERE function=? AND "
+                "vb=?",
                 [(to, now, function, vb) for vb, (_, to) in moves.items()],
             )
             self._relabel_moves(db, mark, how, now, function)
@@ -408,7 +412,8 @@ class SqlMetadataStore(SqlRecords):
         return self._tx(body)
 
     def release(self, function: str, epochs: Mapping[int, int]) -> set[int]:
-        """Give vBuckets up (lease cleared; owner and epoch kept) after a final commit; returns fenced ones."""
+        """Give vBuckets up (lease cleared; owner and epoch kept) after a final commit; returns fenced
+        ones."""
 
         vbs = list(epochs)
 

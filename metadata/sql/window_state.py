@@ -35,7 +35,8 @@ class SqlWindowStateStore:
         def body(db: SqlDb) -> tuple[int, dict[str, Any] | None]:
             db.execute(
                 "INSERT INTO window_state VALUES(?, 1, NULL, ?) "
-                "ON CONFLICT(function) DO UPDATE SET fence=window_state.fence+1, updated_at=excluded.updated_at",
+                "ON CONFLICT(function) DO UPDATE SET fence=window_state.fence+1, "
+                "updated_at=excluded.updated_at",
                 (function, time.time()),
             )
             fence, state = db.execute(

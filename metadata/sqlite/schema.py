@@ -68,7 +68,7 @@ CREATE TABLE IF NOT EXISTS deaths(
 -- Users of the REST and Data APIs: a salted scrypt hash with its parameters (never a password), roles as JSON.
 CREATE TABLE IF NOT EXISTS users(
     name TEXT PRIMARY KEY, hash TEXT NOT NULL, roles TEXT NOT NULL, created_at REAL NOT NULL);
-"""
+"""  # noqa: E501
 
 
 # -- window coordinator state: one fenced JSON state per function (SqliteWindowStateStore)

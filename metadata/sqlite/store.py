@@ -48,7 +48,8 @@ class SqliteMetadataStore(SqlMetadataStore):
             self._retry(self._setup)
         except sqlite3.DatabaseError as exc:
             raise StoreCorruptError(
-                f"metadata store {self.path} is damaged (not a valid SQLite database: {one_line(exc)}); {CORRUPT_RECOVERY}"
+                f"metadata store {self.path} is damaged (not a valid SQLite database: {one_line(exc)}); "
+                f"{CORRUPT_RECOVERY}"
             ) from None
 
     def _setup(self) -> None:
@@ -64,7 +65,8 @@ class SqliteMetadataStore(SqlMetadataStore):
             result = str(exc)
         if result != "ok":
             raise StoreCorruptError(
-                f"metadata store {self.path} failed its integrity check ({one_line(result)}); {CORRUPT_RECOVERY}"
+                f"metadata store {self.path} failed its integrity check ({one_line(result)}); "
+                f"{CORRUPT_RECOVERY}"
             )
 
     # -- transactions -------------------------------------------------------------------------------

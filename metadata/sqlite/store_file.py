@@ -56,7 +56,8 @@ def connect_store_file(path: Path, *, create: bool, timeout_s: float) -> sqlite3
                 f"cannot open metadata store {path}: {exc}; another process holds it, try again"
             ) from None
         raise StoreCorruptError(
-            f"metadata store {path} is damaged (not a valid SQLite database: {one_line(exc)}); {CORRUPT_RECOVERY}"
+            f"metadata store {path} is damaged (not a valid SQLite database: {one_line(exc)}); "
+            f"{CORRUPT_RECOVERY}"
         ) from None
     if not REQUIRED_TABLES <= tables:
         db.close()
