@@ -1,7 +1,7 @@
 """fn_ledger: the ledger handler of the test harness (eventing.testing.LEDGER_HANDLER is this file's text), so
-`eventing verify` can check a function end to end (docs/operations.md). Per handled mutation it writes an effect `e|FN|key|seqno` and the
-document's history `h|FN|key` through the read-write binding `ledger`; FUNCTION, CALL_LOG and SLEEP_MS are
-constants of the definition."""
+`eventing verify` can check a function end to end (docs/operations.md). Per handled mutation it writes an
+effect `e|FN|key|seqno` and the document's history `h|FN|key` through the read-write binding `ledger`;
+FUNCTION, CALL_LOG and SLEEP_MS are constants of the definition."""
 
 import os
 

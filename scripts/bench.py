@@ -130,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         "--workload",
         choices=("trivial", "writing"),
         default="trivial",
-        help="trivial: W1, a dict-only handler (default); writing: W3, fn_email writing one document a mutation",
+        help="trivial: W1, a dict-only handler (default); writing: W3, fn_email writing one document a "
+        "mutation",
     )
     parser.add_argument(
         "--mutations", type=int, default=None, help="default: 1,000,000 (trivial), 300,000 (writing)"
@@ -156,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--batch",
         action="store_true",
-        help="W1 with an on_batch handler against the per-call one, in the same run (JSON: batch_vs_per_call)",
+        help="W1 with an on_batch handler against the per-call one, in the same run (JSON: "
+        "batch_vs_per_call)",
     )
     parser.add_argument(
         "--isolation",
@@ -249,9 +251,9 @@ def measure(args: argparse.Namespace, handler: str, writing: bool, temps: contex
                 return 1
             eventing_mps = figures["eventing_mps"]
             print(
-                f"{label}eventing ({args.workers} Ray workers, isolation {isolation}): {figures['handled']:,} "
-                f"mutations in {figures['run_s']:.2f}s = {eventing_mps:,.0f} mutations/s once workers were up "
-                f"(workers up in {figures['up_s']:.1f}s)"
+                f"{label}eventing ({args.workers} Ray workers, isolation {isolation}): "
+                f"{figures['handled']:,} mutations in {figures['run_s']:.2f}s = {eventing_mps:,.0f} "
+                f"mutations/s once workers were up (workers up in {figures['up_s']:.1f}s)"
             )
             ratio = eventing_mps / plain_mps
             print(f"{label}ratio eventing/plain ({isolation}): {ratio:.2f}")
@@ -312,7 +314,8 @@ def measure_store(args: argparse.Namespace, handler: str, data_dir: str, store) 
     state.close()
     print(
         f"load: {args.mutations:,} mutations over {args.documents:,} documents: data directory {load_s:.1f}s "
-        f"({args.mutations / load_s:,.0f}/s), store {store_load_s:.1f}s ({args.mutations / store_load_s:,.0f}/s)"
+        f"({args.mutations / load_s:,.0f}/s), store {store_load_s:.1f}s "
+        f"({args.mutations / store_load_s:,.0f}/s)"
     )
     runs: list[dict] = []
     for run in range(1, args.runs + 1):
@@ -340,14 +343,14 @@ def measure_store(args: argparse.Namespace, handler: str, data_dir: str, store) 
                 row["store_server_us"] = round(server_s / figures["handled"] * 1e6, 2)
                 extra = f"; the server's CPU {server_s:.1f}s ({row['store_server_us']} us a mutation)"
             print(
-                f"{label}eventing on {'the data directory' if kind == 'sqlite' else 'the store'} ({args.workers} "
-                f"Ray workers): {figures['handled']:,} mutations in {figures['run_s']:.2f}s = {mps:,.0f} mutations/s "
-                f"once workers were up (workers up in {figures['up_s']:.1f}s){extra}"
+                f"{label}eventing on {'the data directory' if kind == 'sqlite' else 'the store'} "
+                f"({args.workers} Ray workers): {figures['handled']:,} mutations in {figures['run_s']:.2f}s "
+                f"= {mps:,.0f} mutations/s once workers were up (workers up in {figures['up_s']:.1f}s){extra}"
             )
         row["store_vs_sqlite"] = round(row["store_mps"] / row["eventing_mps"], 3)
         print(
-            f"{label}ratio eventing/plain: data directory {row['ratio']:.2f}, store {row['store_ratio']:.2f}; "
-            f"store/data directory {row['store_vs_sqlite']:.2f}"
+            f"{label}ratio eventing/plain: data directory {row['ratio']:.2f}, store "
+            f"{row['store_ratio']:.2f}; store/data directory {row['store_vs_sqlite']:.2f}"
         )
         runs.append(row)
     summary = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
@@ -466,7 +469,8 @@ def measure_batch(args: argparse.Namespace, data_dir: str) -> int:
     t0 = time.perf_counter()
     load_bench_bucket(data_dir, "bench", args.documents, args.mutations)
     print(
-        f"load: {args.mutations:,} mutations over {args.documents:,} documents in {time.perf_counter() - t0:.1f}s"
+        f"load: {args.mutations:,} mutations over {args.documents:,} documents in "
+        f"{time.perf_counter() - t0:.1f}s"
     )
     runs: list[dict] = []
     for run in range(1, args.runs + 1):

@@ -6,9 +6,10 @@ arrived: scripts/bench_service.c, built with the machine's C compiler (--service
 asyncio server (--service python, or without a compiler; --server-processes processes on one port). The
 service shares this machine's cores with the workers, where a remote one would not: the C service takes
 ~0.2 core at 5,500 requests a second, the asyncio one ~0.5, and each run reports its share
-(`service_cores`). The handler calls it once per mutation through a URL binding (`curl`), then records the mutation in a ledger through the read-write binding `ledger`: the
-document's history `h|<key>` (the seqnos of its calls, in the order they ran, read and written back) and
-one effect `e|<key>|<seqno>`. Each run deploys a fresh function and ledger over the same loaded source:
+(`service_cores`). The handler calls it once per mutation through a URL binding (`curl`), then records the
+mutation in a ledger through the read-write binding `ledger`: the document's history `h|<key>` (the seqnos of
+its calls, in the order they ran, read and written back) and one effect `e|<key>|<seqno>`. Each run deploys a
+fresh function and ledger over the same loaded source:
 
   concurrency: --workers (4) workers with --concurrency (16) calls at once each, over --mutations;
   baseline:    the same workers with concurrency 1, over --baseline-mutations (it runs 16x slower).
@@ -59,7 +60,7 @@ def on_update(doc, meta):
     history = ledger.get(f"h|{FUNCTION}|{meta.id}") or {"seqs": []}
     history["seqs"].append(meta.seq)
     ledger[f"h|{FUNCTION}|{meta.id}"] = history
-"""
+"""  # noqa: E501
 
 # The same handler in JavaScript (--language javascript), as a Couchbase Eventing function would write it.
 HANDLER_JS = """
@@ -73,7 +74,7 @@ function OnUpdate(doc, meta) {
     history.seqs.push(meta.seq);
     ledger["h|" + FUNCTION + "|" + meta.id] = history;
 }
-"""
+"""  # noqa: E501
 
 # The HTTP service: answers each request --call-ms after it arrived; keeps a connection open unless asked to
 # close. A bare asyncio protocol, so that its own CPU per request stays small (a service elsewhere would cost
@@ -133,7 +134,7 @@ async def main():
 
 # select(), unlike epoll, sleeps to the microsecond: epoll rounds each wait up to the next millisecond.
 asyncio.SelectorEventLoop(selectors.SelectSelector()).run_until_complete(main())
-"""
+"""  # noqa: E501
 
 
 def free_port() -> int:
@@ -283,7 +284,8 @@ def one_run(
         "ledger_ok": report.ok,
         "up_s": round(ready - started, 1),
         "run_s": round(end - ready, 2),
-        # The HTTP service's share of this machine while the workers ran (cores): CPU the workers could not use.
+        # The HTTP service's share of this machine while the workers ran (cores): CPU the workers could not
+        # use.
         "service_cores": round(
             (service_cpu - marks.get("service_cpu_at_ready", service_cpu_at_start)) / (end - ready), 2
         ),
@@ -363,9 +365,9 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 row["load"] = load
                 say(
-                    f"{label}{args.workers} workers x concurrency {args.concurrency}: {row['throughput']:,.0f}/s, "
-                    f"efficiency {row['efficiency']:.2f}, order violations {row['order_violations']}, "
-                    f"service {row['service_cores']} cores, "
+                    f"{label}{args.workers} workers x concurrency {args.concurrency}: "
+                    f"{row['throughput']:,.0f}/s, efficiency {row['efficiency']:.2f}, order violations "
+                    f"{row['order_violations']}, service {row['service_cores']} cores, "
                     f"ledger {'ok' if row['ledger_ok'] else 'NOT OK'} (load {load})"
                 )
                 load = load_avg()

@@ -18,7 +18,7 @@ bulk figures are the store's.
 
     .venv/bin/python scripts/bench_dataapi.py [--clients 16] [--seconds 10] [--rows 200000] [--client auto|wrk|python|sdk]
     .venv/bin/python scripts/bench_dataapi.py --store postgresql --rows 50000
-"""
+"""  # noqa: E501
 
 from __future__ import annotations
 
@@ -296,8 +296,8 @@ def run(args: argparse.Namespace, store) -> None:  # noqa: ANN001 - a BenchStore
         put["serve_cpu_us"] = round((process_cpu_s(proc.pid) - serve_before) / max(1, put["docs"]) * 1e6)
         server = store.since(server_before, put["docs"]) if store is not None else {}
         print(
-            f"{'store' if store is not None else 'data directory'}: PUT from {args.clients} {client} clients: {put}"
-            + (f"; per PUT on the server: {server}" if server else ""),
+            f"{'store' if store is not None else 'data directory'}: PUT from {args.clients} {client} "
+            f"clients: {put}" + (f"; per PUT on the server: {server}" if server else ""),
             file=sys.stderr,
         )
         sdk_put = sdk_bench(kv_port, args.clients, args.seconds) if sdk else None

@@ -96,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
                 rates[mode].append(rate)
                 finals[mode] = contents
                 print(
-                    f"{mode:>13}: run {i + 1}: {handled:,} mutations, {rate:,.0f} mutations/s once workers were up"
+                    f"{mode:>13}: run {i + 1}: {handled:,} mutations, {rate:,.0f} mutations/s once workers "
+                    "were up"
                 )
                 shutil.rmtree(data_dir, ignore_errors=True)
         if finals["exactly_once"] != finals["at_least_once"]:
@@ -105,8 +106,9 @@ def main(argv: list[str] | None = None) -> int:
         medians = {m: statistics.median(r) for m, r in rates.items()}
         ratio = medians["at_least_once"] / medians["exactly_once"]
         print(
-            f"median: exactly_once {medians['exactly_once']:,.0f}/s, at_least_once {medians['at_least_once']:,.0f}/s; "
-            f"at_least_once/exactly_once {ratio:.2f}; same emails bucket ({len(finals['exactly_once']):,} drafts)"
+            f"median: exactly_once {medians['exactly_once']:,.0f}/s, at_least_once "
+            f"{medians['at_least_once']:,.0f}/s; at_least_once/exactly_once {ratio:.2f}; same emails bucket "
+            f"({len(finals['exactly_once']):,} drafts)"
         )
         print(
             json.dumps(

@@ -12,7 +12,8 @@ The baseline, measured in the same invocation on a copy of the same source: ONE 
 workers, alone, times N (its catch-up time x N; its RSS as it is). Reported per run:
 
 - catch_up_s: from the first handler call to the command's exit (the command's wall time less start-up);
-- startup_s: from the command to its first handler call (`eventing run --json`'s startup.first_handler_call_s);
+- startup_s: from the command to its first handler call (`eventing run --json`'s
+  startup.first_handler_call_s);
 - peak_rss_mb / peak_pss_mb: the peak of the tree's summed RSS / PSS, with how many processes it held;
   peak_worker_rss_mb: the peak of the Ray worker processes' summed RSS alone (worker_processes of them);
 - first/last_caught_up_s, least_done_when_first_caught_up: fairness between the functions, from their
@@ -127,7 +128,8 @@ def memory_mb(pid: int) -> tuple[float, float]:
 
 
 def _is_ray_worker(pid: int) -> bool:
-    """A Ray worker process (Ray sets its title to ray::<Class>.<method> or ray::IDLE), not one of Ray's agents."""
+    """A Ray worker process (Ray sets its title to ray::<Class>.<method> or ray::IDLE), not one of Ray's
+    agents."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             title = f.read().split(b"\0")[0].decode(errors="replace")
@@ -137,7 +139,8 @@ def _is_ray_worker(pid: int) -> bool:
 
 
 class TreeSampler(threading.Thread):
-    """Samples the summed RSS/PSS of a process tree every SAMPLE_EVERY_S; keeps the peaks and every pid seen."""
+    """Samples the summed RSS/PSS of a process tree every SAMPLE_EVERY_S; keeps the peaks and every pid
+    seen."""
 
     def __init__(self, root: int):
         super().__init__(daemon=True)
@@ -319,14 +322,14 @@ def measure(
 
 def line(kind: str, r: dict[str, Any]) -> str:
     return (
-        f"{kind}: catch-up {r['catch_up_s']:.2f}s (command {r['wall_s']:.2f}s, start-up {r['startup_s']:.2f}s: Ray {r['ray_s']:.2f}s, "
-        f"workers up {r['workers_ready_s']:.2f}s), "
-        f"peak RSS {r['peak_rss_mb']:,} MB / PSS {r['peak_pss_mb']:,} MB over {r['peak_processes']} processes "
-        f"(Ray worker processes: {r['worker_processes']}, {r['peak_worker_rss_mb']:,} MB), "
+        f"{kind}: catch-up {r['catch_up_s']:.2f}s (command {r['wall_s']:.2f}s, start-up "
+        f"{r['startup_s']:.2f}s: Ray {r['ray_s']:.2f}s, workers up {r['workers_ready_s']:.2f}s), "
+        f"peak RSS {r['peak_rss_mb']:,} MB / PSS {r['peak_pss_mb']:,} MB over {r['peak_processes']} "
+        f"processes (Ray worker processes: {r['worker_processes']}, {r['peak_worker_rss_mb']:,} MB), "
         f"CPU {r['cpu_s']:.1f}s (worker processes {r['worker_cpu_s']:.1f}s), load {r['load']}"
         + (
-            f"; functions caught up {r['first_caught_up_s']:.0f}-{r['last_caught_up_s']:.0f}s after the command, the "
-            f"least advanced at {r['least_done_when_first_caught_up']:.0%} when the first was"
+            f"; functions caught up {r['first_caught_up_s']:.0f}-{r['last_caught_up_s']:.0f}s after the "
+            f"command, the least advanced at {r['least_done_when_first_caught_up']:.0%} when the first was"
             if "first_caught_up_s" in r
             else ""
         )
@@ -403,7 +406,8 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 print(
                     f"{tag}: baseline catch-up x {args.functions} = {x_n:.2f}s; ratio {ratio:.2f}; CPU ratio "
-                    f"{cpu_ratio:.2f} (worker processes {worker_cpu_ratio:.2f}); RSS {got['many']['peak_rss_mb']:,} MB against one function's "
+                    f"{cpu_ratio:.2f} (worker processes {worker_cpu_ratio:.2f}); RSS "
+                    f"{got['many']['peak_rss_mb']:,} MB against one function's "
                     f"{got['baseline']['peak_rss_mb']:,} MB",
                     flush=True,
                 )

@@ -247,15 +247,16 @@ def main(argv: list[str] | None = None) -> int:
             print("error: the loaded bucket's log differs from the raw inserts'", file=sys.stderr)
             return 1
         print(
-            f"run {i + 1} (load avg {load_before}): raw {run['raw_mps']:,}/s, bucket load {run['load_mps']:,}/s "
-            f"(ratio {run['ratio']:.2f})"
+            f"run {i + 1} (load avg {load_before}): raw {run['raw_mps']:,}/s, bucket load "
+            f"{run['load_mps']:,}/s (ratio {run['ratio']:.2f})"
             + (
                 f", subprocess {run['subprocess_mps']:,}/s (ratio {run['subprocess_ratio']:.2f})"
                 if "subprocess_mps" in run
                 else ""
             )
             + (
-                f"; raw in the load's order {run['raw_ordered_mps']:,}/s (load/that {run['ratio_to_ordered']:.2f})"
+                f"; raw in the load's order {run['raw_ordered_mps']:,}/s (load/that "
+                f"{run['ratio_to_ordered']:.2f})"
                 if "raw_ordered_mps" in run
                 else ""
             )

@@ -7,7 +7,8 @@ JavaScript, each deployed fresh over the same bucket, alternating for --runs rou
 Then it splits one JavaScript call into its parts on the same documents (where the time goes): the
 arguments written as JSON text, the V8 call (set the input, run the compiled script, parse, call
 OnUpdate), and the Python handler's call for comparison; and the same per mutation when OnUpdate runs over
-batches of 2,000 in one V8 call as a worker runs it (JsOnUpdate.batch): the batch's JSON text, and V8. The last line is JSON with the rates and ratio.
+batches of 2,000 in one V8 call as a worker runs it (JsOnUpdate.batch): the batch's JSON text, and V8. The
+last line is JSON with the rates and ratio.
 """
 
 from __future__ import annotations
@@ -170,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
                     return 1
                 rates[language].append(handled / seconds)
                 print(
-                    f"run {run} {language}: {handled:,} mutations in {seconds:.2f}s = {handled / seconds:,.0f}/s"
+                    f"run {run} {language}: {handled:,} mutations in {seconds:.2f}s = "
+                    f"{handled / seconds:,.0f}/s"
                 )
         python_mps, js_mps = statistics.median(rates["python"]), statistics.median(rates["javascript"])
         parts = breakdown(bucket, 20_000)

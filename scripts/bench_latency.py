@@ -186,7 +186,8 @@ def write_range(
     written: dict[str, float],
     call_s: list[float],
 ) -> None:
-    """Write documents ``numbers``, each at its due time (begin + i / rate), stamping each when it returned."""
+    """Write documents ``numbers``, each at its due time (begin + i / rate), stamping each when it
+    returned."""
     for i in numbers:
         delay = begin + i / rate - time.monotonic()
         if delay > 0:
@@ -321,10 +322,11 @@ def phase(args: argparse.Namespace, app: Eventing, data_dir: str, label: str, wa
         "up_s": round(up_s, 2),
     }
     print(
-        f"{label}: waking {'on ' if waking else 'off'} {result['rate']:,.0f} writes/s, write to effect committed "
-        f"p50 {result['p50_ms']} ms, p90 {result['p90_ms']} ms, p99 {result['p99_ms']} ms, max {result['max_ms']} ms "
-        f"(to the handler call p50 {result['call_p50_ms']} ms, p99 {result['call_p99_ms']} ms; a write call p50 "
-        f"{result['write_call_p50_ms']} ms; missing {result['missing']}; run up in {result['up_s']} s)",
+        f"{label}: waking {'on ' if waking else 'off'} {result['rate']:,.0f} writes/s, write to effect "
+        f"committed p50 {result['p50_ms']} ms, p90 {result['p90_ms']} ms, p99 {result['p99_ms']} ms, max "
+        f"{result['max_ms']} ms (to the handler call p50 {result['call_p50_ms']} ms, p99 "
+        f"{result['call_p99_ms']} ms; a write call p50 {result['write_call_p50_ms']} ms; missing "
+        f"{result['missing']}; run up in {result['up_s']} s)",
         flush=True,
     )
     return result

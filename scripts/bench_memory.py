@@ -179,11 +179,11 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(data_dir, ignore_errors=True)
         a, b, c = result["at_10pct"], result["at_50pct"], result["at_end"]
         print(
-            f"{n:,} mutations ({result['handled']:,} handled, load {result['load_s']}s, run {result['run_s']}s): "
-            f"service RSS {a['service']:.0f} / {b['service']:.0f} / {c['service']:.0f} MB, "
-            f"workers ({c['worker_processes']}) {a['workers']:.0f} / {b['workers']:.0f} / {c['workers']:.0f} MB "
-            f"at 10% / 50% / 100%; peak service {result['peak']['service']:.0f}, workers "
-            f"{result['peak']['workers']:.0f}, Ray itself {result['peak']['ray']:.0f} MB",
+            f"{n:,} mutations ({result['handled']:,} handled, load {result['load_s']}s, run "
+            f"{result['run_s']}s): service RSS {a['service']:.0f} / {b['service']:.0f} / {c['service']:.0f} "
+            f"MB, workers ({c['worker_processes']}) {a['workers']:.0f} / {b['workers']:.0f} / "
+            f"{c['workers']:.0f} MB at 10% / 50% / 100%; peak service {result['peak']['service']:.0f}, "
+            f"workers {result['peak']['workers']:.0f}, Ray itself {result['peak']['ray']:.0f} MB",
             flush=True,
         )
         runs.append(result)

@@ -139,7 +139,8 @@ def main() -> int:
         lat = sorted(arrivals[k] - t for k, t in committed_at.items())
         p50, p99 = lat[len(lat) // 2], lat[int(len(lat) * 0.99)]
         print(
-            f"latency at {args.rate}/s for {args.seconds}s: p50 {p50:.1f} ms, p99 {p99:.1f} ms, max {lat[-1]:.1f} ms"
+            f"latency at {args.rate}/s for {args.seconds}s: p50 {p50:.1f} ms, p99 {p99:.1f} ms, max "
+            f"{lat[-1]:.1f} ms"
         )
 
         # throughput

@@ -82,7 +82,10 @@ def timed(fn: Callable[[], int], server: ThrowawayPostgres | None = None) -> tup
 
 def cpu(count: int) -> str:
     """The last timed call's CPU per item: this process's, and the server's."""
-    return f"[cpu/item: client {CPU['client'] / count * 1e6:5.1f} us, server {CPU['server'] / count * 1e6:5.1f} us]"
+    return (
+        f"[cpu/item: client {CPU['client'] / count * 1e6:5.1f} us, server {CPU['server'] / count * 1e6:5.1f} "
+        "us]"
+    )
 
 
 def load(bucket: FileBucket, mutations: int) -> int:

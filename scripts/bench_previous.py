@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         on = handle(indexed_dir, True)
     print(f"load: {load_plain:,.0f}/s without the key index, {load_indexed:,.0f}/s with it")
     print(
-        f"handle: {off:,.0f}/s previous_version off, {on:,.0f}/s on (cold cache: {args.documents:,} log lookups)"
+        f"handle: {off:,.0f}/s previous_version off, {on:,.0f}/s on (cold cache: {args.documents:,} log "
+        "lookups)"
     )
     print(
         json.dumps(

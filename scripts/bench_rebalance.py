@@ -113,9 +113,9 @@ def measure(args: argparse.Namespace, data_dir: str) -> int:
     print()
     for r in results:
         print(
-            f"{r['step']:<18} moves {r['moves']} (minimum {r['minimum_moves']}), done in {r['seconds']:.2f}s, "
-            f"longest unowned {r['longest_unowned_ms']:.0f} ms, mutations/s before {r['mps_before']:,} "
-            f"during {r['mps_during']:,} after {r['mps_after']:,}"
+            f"{r['step']:<18} moves {r['moves']} (minimum {r['minimum_moves']}), done in "
+            f"{r['seconds']:.2f}s, longest unowned {r['longest_unowned_ms']:.0f} ms, mutations/s before "
+            f"{r['mps_before']:,} during {r['mps_during']:,} after {r['mps_after']:,}"
         )
     print(f"ledger: {report.summary()}")
     print(json.dumps({"steps": results, "ledger_ok": report.ok}))

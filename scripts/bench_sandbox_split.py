@@ -215,7 +215,8 @@ def summarise_profiles(folder: str) -> None:
     rows = sorted(stats.stats.items(), key=lambda item: -item[1][2])[:18]  # type: ignore[attr-defined]
     for (file, line, name), (_, calls, own, cumulative, _) in rows:
         print(
-            f"    {own:7.3f}s own {cumulative:7.3f}s cum {calls:>9,} calls  {os.path.basename(file)}:{line} {name}"
+            f"    {own:7.3f}s own {cumulative:7.3f}s cum {calls:>9,} calls  {os.path.basename(file)}:{line} "
+            f"{name}"
         )
 
 
@@ -255,8 +256,8 @@ def main(argv: list[str] | None = None) -> int:
             profile_children(args.profile_child)
         boxed = run(data_dir, args, handler, "sandbox", split)
         print(
-            f"sandbox: {boxed['handled']:,} mutations in {boxed['wall_s']:.2f}s = {boxed['mps']:,}/s, CPU host "
-            f"{boxed['host_cpu_s']:.2f}s + child {boxed['child_cpu_s']:.2f}s"
+            f"sandbox: {boxed['handled']:,} mutations in {boxed['wall_s']:.2f}s = {boxed['mps']:,}/s, CPU "
+            f"host {boxed['host_cpu_s']:.2f}s + child {boxed['child_cpu_s']:.2f}s"
         )
         child_side = boxed["steps_s"] - boxed["steps_host_answering_s"]
         print(
@@ -267,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         for kind, (count, seconds) in boxed["answers"].items():
             print(
-                f"    {kind}: {count:,} requests, {seconds:.3f}s ({1e6 * seconds / max(count, 1):,.0f} us each)"
+                f"    {kind}: {count:,} requests, {seconds:.3f}s ({1e6 * seconds / max(count, 1):,.0f} us "
+                "each)"
             )
         if args.profile_child:
             summarise_profiles(args.profile_child)

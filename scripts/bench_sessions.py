@@ -124,9 +124,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         late = args.rows - sum(a.rows for a in coord.accepted)
         say(
-            f"(a) coordinator: {args.rows:,} rows in {coordinator_s:.2f}s = {args.rows / coordinator_s:,.0f} rows/s "
-            f"({coordinator_s / args.rows * 1e6:.2f} us a row); {len(sessions):,} sessions, {partial_rows:,} "
-            f"partial rows, {late} late rows"
+            f"(a) coordinator: {args.rows:,} rows in {coordinator_s:.2f}s = {args.rows / coordinator_s:,.0f} "
+            f"rows/s ({coordinator_s / args.rows * 1e6:.2f} us a row); {len(sessions):,} sessions, "
+            f"{partial_rows:,} partial rows, {late} late rows"
         )
 
         from pyspark.sql import functions as F

@@ -62,8 +62,8 @@ def measure(args: argparse.Namespace, data_dir: str) -> int:
 
     ray.shutdown()
     print(
-        f"{args.timers:,} timers over {args.span:.0f}s on {args.workers} workers, {result.kills} worker(s) killed: "
-        f"fired {result.fired_keys:,}, missing {result.missing}, fired twice {result.fired_twice}"
+        f"{args.timers:,} timers over {args.span:.0f}s on {args.workers} workers, {result.kills} worker(s) "
+        f"killed: fired {result.fired_keys:,}, missing {result.missing}, fired twice {result.fired_twice}"
     )
     print(
         f"firing delay p50 {result.delay_p50_s * 1000:.0f} ms, p99 {result.delay_p99_s * 1000:.0f} ms, "

@@ -291,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     bucket = load(data_dir, args.documents, args.mutations)
     print(
-        f"load: {args.mutations:,} mutations over {args.documents:,} documents in {time.perf_counter() - t0:.1f}s"
+        f"load: {args.mutations:,} mutations over {args.documents:,} documents in "
+        f"{time.perf_counter() - t0:.1f}s"
     )
 
     # Ray afresh, as `eventing run` finds it: a new instance prestarts one idle worker process per CPU,
@@ -313,11 +314,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"  workers up at {phases.get('ready', 0):.2f}s, every row on disk and workers stopped at "
-        f"{phases.get('caught_up', 0):.2f}s; {phases['polls']} coordinator polls took {phases['poll_s']:.2f}s "
-        f"in the service thread; {aggregator.jobs} Spark job(s) took {aggregator.seconds:.2f}s"
+        f"{phases.get('caught_up', 0):.2f}s; {phases['polls']} coordinator polls took "
+        f"{phases['poll_s']:.2f}s in the service thread; {aggregator.jobs} Spark job(s) took "
+        f"{aggregator.seconds:.2f}s"
     )
     print(
-        f"  {int(counters['windows_emitted'])} windows, {eventing_results.num_rows} result rows, {late} late rows"
+        f"  {int(counters['windows_emitted'])} windows, {eventing_results.num_rows} result rows, {late} late "
+        "rows"
     )
     if late:
         raise SystemExit("error: the benchmark's tolerance covers its disorder, so no row should be late")
@@ -328,7 +331,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     ss_rows = write_ss_input(bucket, ss_dir)
     print(
-        f"Structured Streaming input: {ss_rows:,} rows as Parquet in {time.perf_counter() - t0:.1f}s (not timed)"
+        f"Structured Streaming input: {ss_rows:,} rows as Parquet in {time.perf_counter() - t0:.1f}s (not "
+        "timed)"
     )
     assert ss_rows == rows, f"eventing windowed {rows} rows, the extraction gave {ss_rows}"
     ss_s, ss_results = run_ss(spark, str(ss_source(ss_dir)), os.path.join(root, "ss-out"))

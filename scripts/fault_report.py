@@ -1,6 +1,7 @@
 """Run the fault-injection scenarios and tabulate their figures for the project's notes.
 
-    .venv/bin/python scripts/fault_report.py              # run tests/integration/test_faults.py, print a table
+    .venv/bin/python scripts/fault_report.py              # run tests/integration/test_faults.py, print a
+                                                          # table
     .venv/bin/python scripts/fault_report.py --soak       # the long (soak) variants as well
     .venv/bin/python scripts/fault_report.py --from DIR   # only tabulate figures an earlier run wrote to DIR
     .venv/bin/python scripts/fault_report.py --markdown   # a Markdown table; --json for the raw figures

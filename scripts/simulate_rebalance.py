@@ -1,4 +1,5 @@
-"""Simulates a sequence of node joins and leaves with the rebalance planner and draws the vBucket map of each step.
+"""Simulates a sequence of node joins and leaves with the rebalance planner and draws the vBucket map of each
+step.
 
 Nothing runs: no Ray, no store. For each step it prints vBuckets per node and per worker, the moves
 against the minimum, and writes a PNG of the map before and after the step.
@@ -83,7 +84,10 @@ class Step:
     def file_stem(self) -> str:
         if self.plan.before is None:
             return f"step-{self.index:02d}-deploy-{_nodes_word(len(self.plan.nodes)).replace(' ', '-')}"
-        return f"step-{self.index:02d}-{self.nodes_before}-to-{_nodes_word(len(self.plan.nodes)).replace(' ', '-')}"
+        return (
+            f"step-{self.index:02d}-{self.nodes_before}-to-"
+            f"{_nodes_word(len(self.plan.nodes)).replace(' ', '-')}"
+        )
 
 
 def _nodes_word(count: int) -> str:
@@ -396,7 +400,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         type=parse_function,
         metavar="NAME:WORKERS",
-        help=f"a function and its workers per node; repeat for several (default: {' '.join(DEFAULT_FUNCTIONS)})",
+        help="a function and its workers per node; repeat for several (default: "
+        f"{' '.join(DEFAULT_FUNCTIONS)})",
     )
     parser.add_argument(
         "--vbuckets", type=int, default=NUM_VBUCKETS, help=f"number of vBuckets (default: {NUM_VBUCKETS})"
