@@ -1,4 +1,5 @@
-"""Shared fixtures: a fresh data directory per test; one Ray instance and one Spark session per test session."""
+"""Shared fixtures: a fresh data directory per test; one Ray instance and one Spark session per test
+session."""
 
 from __future__ import annotations
 
@@ -108,8 +109,8 @@ def executor(executor_kind, request):
 
 @pytest.fixture(scope="session")
 def spark():
-    """The process's one SparkSession (local[2]) for the whole session: a cold start costs ~10 s. The runtime's
-    window coordinators pick up the same session through get_spark()."""
+    """The process's one SparkSession (local[2]) for the whole session: a cold start costs ~10 s. The
+    runtime's window coordinators pick up the same session through get_spark()."""
     from eventing.windows.spark.spark_session import get_spark, stop_spark
 
     session = get_spark("local[2]")

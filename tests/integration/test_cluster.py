@@ -177,7 +177,8 @@ def test_the_second_node_cannot_see_the_data_directory_nor_the_checkout(env):
 
 
 def test_replies_across_nodes_may_be_sent_inline_up_to_the_data_services_read_ahead(env):
-    """A read ahead (~5 MB) comes back in the call's reply, not through the object stores (see INLINE_REPLY_BYTES)."""
+    """A read ahead (~5 MB) comes back in the call's reply, not through the object stores (see
+    INLINE_REPLY_BYTES)."""
     from eventing.workers.executor import INLINE_LIMIT_ENV, INLINE_REPLY_BYTES
 
     def limit() -> str | None:
@@ -406,10 +407,11 @@ def test_a_standby_takes_over_hidden_node_workers_from_a_killed_leader_and_loses
     assert not summary["errors"], summary["errors"]
     assert {o.split("/")[0] for o, _, _ in owners().values()} == {"n2"}
     print(
-        f"\nstandby over the data service: lease seen {lease_at - killed_at:.2f}s after the leader's kill -9, "
-        f"every vBucket claimed again by hidden-node workers after {claimed_at - killed_at:.2f}s, checkpoints "
-        f"moving again after {moving_at - killed_at:.2f}s (the standby's own figure, lease to workers ready: "
-        f"{summary['leadership'].get('workers_ready_s')}s); the stream wrote {stream.written} mutations"
+        f"\nstandby over the data service: lease seen {lease_at - killed_at:.2f}s after the leader's kill "
+        f"-9, every vBucket claimed again by hidden-node workers after {claimed_at - killed_at:.2f}s, "
+        f"checkpoints moving again after {moving_at - killed_at:.2f}s (the standby's own figure, lease to "
+        f"workers ready: {summary['leadership'].get('workers_ready_s')}s); the stream wrote {stream.written} "
+        "mutations"
     )
     assert claimed_at - killed_at < 15.0
     assert_ledger(data_dir, source)

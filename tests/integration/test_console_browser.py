@@ -374,7 +374,8 @@ def test_console_shows_a_cas_with_every_digit_and_epochs_and_times_as_the_cli(fa
     assert f'"cas": {cas},' in detail
     assert json.loads(detail) == full  # the whole row as the API sent it, every number exact
 
-    # Checkpoints: the epoch as generation:counter and the time as UTC date and time, as `eventing checkpoints`.
+    # Checkpoints: the epoch as generation:counter and the time as UTC date and time, as `eventing
+    # checkpoints`.
     rows = {r["vb"]: r for r in api.get("/api/v1/functions/fn_fail/checkpoints").json()["rows"]}
     wait_for(
         lambda: browser.find_elements(By.CSS_SELECTOR, "#checkpoints tbody tr"),

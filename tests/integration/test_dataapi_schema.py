@@ -121,8 +121,8 @@ def conforms(schema, base: str) -> None:
         @SETTINGS
         @given(case=operation.as_strategy())
         def check(case) -> None:
-            # not ignored_auth: its wrong credentials trip the server's failed-login limit (429 for this client),
-            # and credentials are tested in tests/unit/test_dataapi.py and test_users_and_roles.py
+            # not ignored_auth: its wrong credentials trip the server's failed-login limit (429 for this
+            # client), and credentials are tested in tests/unit/test_dataapi.py and test_users_and_roles.py
             case.call_and_validate(base_url=base, headers=AUTH, excluded_checks=[ignored_auth])
 
         try:

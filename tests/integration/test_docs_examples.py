@@ -1,9 +1,9 @@
-"""The documentation runs as written: every ```bash block of README.md and docs/*.md, top to bottom per page, in
-a fresh copy of the checkout, with the project's `eventing` and `python` on the path, must exit 0.
+"""The documentation runs as written: every ```bash block of README.md and docs/*.md, top to bottom per page,
+in a fresh copy of the checkout, with the project's `eventing` and `python` on the path, must exit 0.
 
 A block preceded by `<!-- not-run: REASON -->` is skipped (it needs a Couchbase cluster, is interactive, or is
-a long benchmark). Each page starts from a fresh clone because a reader follows one page at a time; blocks of a
-page share its directory, as a reader's shell would. The module and file paths the pages name must exist.
+a long benchmark). Each page starts from a fresh clone because a reader follows one page at a time; blocks of
+a page share its directory, as a reader's shell would. The module and file paths the pages name must exist.
 """
 
 from __future__ import annotations
@@ -139,7 +139,8 @@ def run_block(block: Block, clone: Path, env: dict[str, str]) -> subprocess.Comp
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
         pytest.fail(
-            f"{block.page}:{block.line} did not finish within {BLOCK_TIMEOUT_S}s\n{out[-3000:]}\n{err[-3000:]}"
+            f"{block.page}:{block.line} did not finish within "
+            f"{BLOCK_TIMEOUT_S}s\n{out[-3000:]}\n{err[-3000:]}"
         )
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 

@@ -35,7 +35,8 @@ pytestmark = pytest.mark.integration
 
 
 class Recorder(BaseHTTPRequestHandler):
-    """Records each request's JSON body, Idempotency-Key and arrival (monotonic); answers 200 after `delay_s`."""
+    """Records each request's JSON body, Idempotency-Key and arrival (monotonic); answers 200 after
+    `delay_s`."""
 
     seen: list[dict] = []
     lock = threading.Lock()
@@ -233,8 +234,8 @@ def on_delete(meta, options):
     ]
     assert metrics and float(metrics[0].split()[-1]) == stats["curl"]["curl_throttled_count"]
     print(
-        f"rate_limit {rate}/s burst {burst}, 4 workers x concurrency 16: {mutations} requests, at most {most} "
-        f"in one second, {stats['curl']['curl_throttled_count']} waited"
+        f"rate_limit {rate}/s burst {burst}, 4 workers x concurrency 16: {mutations} requests, at most "
+        f"{most} in one second, {stats['curl']['curl_throttled_count']} waited"
     )
 
 

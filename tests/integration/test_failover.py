@@ -103,7 +103,8 @@ class LocalRayCluster:
         raise AssertionError(f"no raylet with resource {resource} under {self.temp_dir}")
 
     def kill_raylet(self, resource: str) -> tuple[float, set[int]]:
-        """kill -9 the node's raylet; returns when, and the pids of its children (its workers) at that time."""
+        """kill -9 the node's raylet; returns when, and the pids of its children (its workers) at that
+        time."""
         self.remember()
         pid, _ = self.raylet(resource)
         children = {p for p, ppid, _ in _processes() if ppid == pid}
@@ -289,9 +290,10 @@ def test_a_killed_ray_node_is_failed_over_then_added_back_and_nothing_is_lost(cl
     assert [f["nodes"] for f in failovers] == [["n2"]]
     print(
         f"\nfailover: n2's {len(moved)} vBuckets had no live owner for {unowned_s:.2f}s after its raylet's "
-        f"kill -9 (failover timeout {FAILOVER_TIMEOUT_S:g}s; the service's own figure, from the first sign of "
-        f"death to the last claim: {failovers[0]['unowned_s']:.2f}s); the stream wrote {stream.written} mutations; "
-        f"{len(outlived)} of the node's {len(n2_workers)} worker processes outlived its raylet by then"
+        f"kill -9 (failover timeout {FAILOVER_TIMEOUT_S:g}s; the service's own figure, from the first sign "
+        f"of death to the last claim: {failovers[0]['unowned_s']:.2f}s); the stream wrote {stream.written} "
+        f"mutations; {len(outlived)} of the node's {len(n2_workers)} worker processes outlived its raylet by "
+        "then"
     )
     assert failovers[0]["unowned_s"] <= FAILOVER_TIMEOUT_S + 5
     verify(data_dir, fn, source)
@@ -377,9 +379,9 @@ def test_a_standby_takes_over_from_a_killed_leader_and_finishes_the_stream(clust
             standby.end()
     verify(data_dir, fn, source)
     print(
-        f"\nstandby: lease taken {took.acquired_at - killed_at:.2f}s after the leader's kill -9 (seen by the test "
-        f"{taken_at - killed_at:.2f}s); a first vBucket claimed again after {first_claim - killed_at:.2f}s, every "
-        f"one after {resumed_at - killed_at:.2f}s (the leader took {leader_up:.1f}s from its start to own every "
-        f"vBucket; the standby's own figure, lease to workers ready: {ready_s}s); the stream wrote {stream.written} "
-        "mutations"
+        f"\nstandby: lease taken {took.acquired_at - killed_at:.2f}s after the leader's kill -9 (seen by the "
+        f"test {taken_at - killed_at:.2f}s); a first vBucket claimed again after "
+        f"{first_claim - killed_at:.2f}s, every one after {resumed_at - killed_at:.2f}s (the leader took "
+        f"{leader_up:.1f}s from its start to own every vBucket; the standby's own figure, lease to workers "
+        f"ready: {ready_s}s); the stream wrote {stream.written} mutations"
     )

@@ -462,7 +462,7 @@ function OnUpdate(doc, meta) {
   out[meta.id] = {api: JSON.stringify(api), names: Object.getOwnPropertyNames(api).concat(Object.getOwnPropertyNames(tok)),
                   status: curl("GET", api, {path: "/x"}).status, tokStatus: curl("GET", tok, {path: "/x"}).status};
 }
-"""
+"""  # noqa: E501
     assert admin.post("/api/v1/functions/fn_url", content=json.dumps(body)).status_code == 200
     assert admin.post("/api/v1/functions/fn_url/deploy").status_code == 200
     for seen in _run_and_read(site).values():

@@ -1,5 +1,5 @@
-"""JavaScript handlers on real Ray worker actors: two workers handle every mutation once and in order through a
-bucket binding (V8 batches inside each worker process), and an endless loop is stopped by execution_timeout
+"""JavaScript handlers on real Ray worker actors: two workers handle every mutation once and in order through
+a bucket binding (V8 batches inside each worker process), and an endless loop is stopped by execution_timeout
 inside V8 on a Ray worker: a dead letter, and the worker process goes on."""
 
 from __future__ import annotations

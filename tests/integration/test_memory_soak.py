@@ -1,4 +1,5 @@
-"""Service and worker memory stays flat as runs get longer: 10M mutations against 1M (scripts/bench_memory.py)."""
+"""Service and worker memory stays flat as runs get longer: 10M mutations against 1M
+(scripts/bench_memory.py)."""
 
 from __future__ import annotations
 

@@ -94,7 +94,8 @@ def test_a_ledger_function_on_a_mirror_sees_every_row_history_once_in_commit_ord
         wait_for(lambda: writers.commits >= 700, "700 source transactions committed")
         service.start()
         follower_pid(data_dir, KS, other_than=second)
-        writers.go.clear()  # PostgreSQL restarts between two transactions of the writers (kill -9 of the server)
+        # PostgreSQL restarts between two transactions of the writers (kill -9 of the server)
+        writers.go.clear()
         own_server.kill()
         own_server.start()
         writers.go.set()
@@ -107,7 +108,8 @@ def test_a_ledger_function_on_a_mirror_sees_every_row_history_once_in_commit_ord
             timeout=180,
             every=0.5,
         )
-        # The slot is told (within its status interval) once the changes are applied: it keeps no WAL for them.
+        # The slot is told (within its status interval) once the changes are applied: it keeps no WAL for
+        # them.
         mark = _applied_mark(data_dir, cid)
         wait_for(
             lambda: _slot(url, created["mirror"]["slot"])[0] >= mark, "the slot confirms what was applied"

@@ -1,9 +1,9 @@
 """A mirror's collection is written by its mirror alone, through every face a client writes with: `eventing
 serve` answers a Data API write into it 403 WriteRefused with one line, and a write through the KV port
 no_access (0x24, as Couchbase answers a write without the right to it) with that line as the error's context,
-which Couchbase's Python SDK (the real `couchbase` package) raises as its no_access exception; nothing of the collection
-changes (its documents and the bucket's sequence numbers), and reads work as usual. Against a throwaway
-PostgreSQL server the test starts; every process is ended by its pid."""
+which Couchbase's Python SDK (the real `couchbase` package) raises as its no_access exception; nothing of the
+collection changes (its documents and the bucket's sequence numbers), and reads work as usual. Against a
+throwaway PostgreSQL server the test starts; every process is ended by its pid."""
 
 from __future__ import annotations
 

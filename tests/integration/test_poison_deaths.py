@@ -103,8 +103,8 @@ def test_an_in_process_run_that_dies_on_one_mutation_exits_until_it_is_dead_lett
     while not codes or codes[-1] == 7:
         assert len(codes) < 6, f"the run kept dying: exit codes {codes}"
         codes.append(subprocess.run(command, cwd=ROOT, capture_output=True, timeout=120).returncode)
-    # The poison's vBucket holds no other document: each death names it. The third run dead-letters it (exit 3:
-    # the run finished with dead letters); the next finds nothing left to do.
+    # The poison's vBucket holds no other document: each death names it. The third run dead-letters it (exit
+    # 3: the run finished with dead letters); the next finds nothing left to do.
     assert codes == [7, 7, 3]
     check_poison_dead_lettered(data_dir)
     assert subprocess.run(command, cwd=ROOT, capture_output=True, timeout=120).returncode == 0

@@ -1,5 +1,5 @@
-"""Mistakes and faults around a PostgreSQL store, met through the command line: each is one line (`error: ...`,
-exit 2) naming the server and the way out, within seconds, with no traceback and no password anywhere:
+"""Mistakes and faults around a PostgreSQL store, met through the command line: each is one line (`error:
+...`, exit 2) naming the server and the way out, within seconds, with no traceback and no password anywhere:
 an unreachable server, a wrong password, a missing database, a user without privileges, a store written by a
 newer version, a statement timeout, the server's disk full (a small tmpfs under a tablespace: nothing half
 written, everything back once there is room). A password given in --store is not in what `ps` shows of a

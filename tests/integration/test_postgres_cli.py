@@ -162,8 +162,8 @@ def session(tmp_path_factory):
             "fn_boxed",
         ):
             cmd.ok("deploy", str(folder / f"{name}.json"))
-        # Every function's workers in two shared processes: seven functions' worth of processes would cost more
-        # start-up than their work here (the other modules run a process per worker).
+        # Every function's workers in two shared processes: seven functions' worth of processes would cost
+        # more start-up than their work here (the other modules run a process per worker).
         run = cmd("run", "--until-caught-up", "--close-windows", "--worker-processes", "2", timeout=600)
         yield Session(cmd, url, cwd, never, folder, created[0], run.returncode, run.stdout + run.stderr)
     finally:

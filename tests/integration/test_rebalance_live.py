@@ -85,10 +85,11 @@ def rebalance(data_dir: str, *steps: list[str]) -> dict:
 
 
 def unowned_bound_ms() -> float:
-    """1 s on an idle machine: a handoff is one revoke and one claim call, tens of ms here (docs/benchmarks.md),
-    against the seconds of a worker start or a lease expiry it must never wait for. Under other load each
-    call waits its turn for a core: with L runnable processes on C cores a thread gets about C/L of one, so
-    the bound stretches by the load average over the cores (the last minute's, the test's own span)."""
+    """1 s on an idle machine: a handoff is one revoke and one claim call, tens of ms here
+    (docs/benchmarks.md), against the seconds of a worker start or a lease expiry it must never wait for.
+    Under other load each call waits its turn for a core: with L runnable processes on C cores a thread gets
+    about C/L of one, so the bound stretches by the load average over the cores (the last minute's, the test's
+    own span)."""
     return 1000.0 * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
 
 

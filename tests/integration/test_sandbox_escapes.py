@@ -2,11 +2,11 @@
 had: other processes' command lines and environments in /proc, /etc/shadow, /root, another data
 directory's buckets, the rest of the checkout, a subprocess or a fork, a Unix socket (stream or datagram)
 of another process, a signal to its host, another process's priority, affinity or limits, a System V
-message queue, TCP to a port that is no URL binding's, 3 GB of memory, 9,000 open files, capabilities. It records what it could do in its binding; each attempt must be refused, while
-what a handler needs (its own /proc entry, the standard library, CA certificates, name resolution, time
-zones, its private folder) still works. The same handler with "isolation": "none" succeeds at the
-attempts, so the refusals come from the sandbox. On Ray, the probe also tries Ray's folders and the
-raylet's socket."""
+message queue, TCP to a port that is no URL binding's, 3 GB of memory, 9,000 open files, capabilities. It
+records what it could do in its binding; each attempt must be refused, while what a handler needs (its own
+/proc entry, the standard library, CA certificates, name resolution, time zones, its private folder) still
+works. The same handler with "isolation": "none" succeeds at the attempts, so the refusals come from the
+sandbox. On Ray, the probe also tries Ray's folders and the raylet's socket."""
 
 from __future__ import annotations
 
@@ -211,7 +211,7 @@ def on_update(doc, meta):
     if SANDBOXED:
         probes.update(LIMITS)  # unsandboxed, 3 GB would be taken
     out[meta.id] = {name: attempt(fn) for name, fn in probes.items()}
-"""
+"""  # noqa: E501
 
 ESCAPES = (
     "other_processes",

@@ -78,8 +78,8 @@ function OnUpdate(doc, meta) {
 
 
 def test_a_sandboxed_javascript_call_past_its_memory_is_dead_lettered_and_the_process_goes_on(data_dir):
-    """One call asks for a 3 GiB ArrayBuffer (beyond the sandbox's memory limit: V8 throws), another fills typed
-    arrays past js_heap_limit_mb (the watchdog stops it): two dead letters with their reasons, and the
+    """One call asks for a 3 GiB ArrayBuffer (beyond the sandbox's memory limit: V8 throws), another fills
+    typed arrays past js_heap_limit_mb (the watchdog stops it): two dead letters with their reasons, and the
     same sandboxed process handles the other documents."""
     source = """
 var pid = null;
@@ -90,7 +90,7 @@ function OnUpdate(doc, meta) {
     }
     dst[meta.id] = {v: doc.v};
 }
-"""
+"""  # noqa: E501
     app = _function(data_dir, source, 10, js_heap_limit_mb=64, execution_timeout="20s")
     app.upsert("src", "hog_one", {"hog": "one"})
     app.upsert("src", "hog_many", {"hog": "many"})

@@ -1,7 +1,8 @@
 """Shared worker processes on real Ray (`eventing run --worker-processes N`, eventing.workers.shared_host):
 several functions' workers in few processes with every ledger exact, a sandboxed function among them, a
-shared process killed with kill -9 mid-run, one worker of a live process killed or released, a handler stuck in an (interruptible) infinite loop beside a
-healthy function in the same process, and a hang SIGALRM cannot interrupt, which ends the shared process. The bookkeeping alone runs in tests/unit/test_shared_workers.py.
+shared process killed with kill -9 mid-run, one worker of a live process killed or released, a handler stuck
+in an (interruptible) infinite loop beside a healthy function in the same process, and a hang SIGALRM cannot
+interrupt, which ends the shared process. The bookkeeping alone runs in tests/unit/test_shared_workers.py.
 Every test uses the session's one Ray instance (tests/conftest.py, `ray_session`)."""
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ def on_update(doc, meta):
 
 
 class PidWatch:
-    """Every worker pid and restart count the service's supervisors report, sampled at each progress report."""
+    """Every worker pid and restart count the service's supervisors report, sampled at each progress
+    report."""
 
     def __init__(self) -> None:
         self.service: EventingService | None = None

@@ -1,7 +1,7 @@
 """Azure Stream Analytics' arrival-time policies in the window runtime on real Ray workers and real PySpark
-(docs/time-semantics.md, seed 003), on the seed's example table loaded with its arrival times (``LocalBucket.upsert``
-takes the arrival time a mutation is journalled with, as an import would; every run judges by that
-journalled time, never by when it read the row).
+(docs/time-semantics.md, seed 003), on the seed's example table loaded with its arrival times
+(``LocalBucket.upsert`` takes the arrival time a mutation is journalled with, as an import would; every run
+judges by that journalled time, never by when it read the row).
 
 Row by row, for each figure of the seed and the drop variants: which rows were windowed at which time
 (``eventing windows FN --adjusted``), which went to the dead-letter queue with which reason, the window
@@ -191,7 +191,8 @@ def stats_json(data_dir: str, name: str) -> dict:
 
 @pytest.fixture(scope="module")
 def one_shot(tmp_path_factory, ray_session, spark):
-    """Every function deployed on the whole table, one `eventing run --until-caught-up --close-windows` on Ray."""
+    """Every function deployed on the whole table, one `eventing run --until-caught-up --close-windows` on
+    Ray."""
     from eventing.workers.executor import RayExecutor
 
     data_dir = str(tmp_path_factory.mktemp("arrivals") / "data")

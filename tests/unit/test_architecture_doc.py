@@ -35,7 +35,8 @@ MAX_TEXT_BYTES = 2_000_000
 
 MODULE = re.compile(r"\b((?:eventing|metadata|sharding)(?:\.\w+)+)")
 FILE = re.compile(r"\b((?:eventing|metadata|sharding|scripts|tests|functions|examples|docs)/[\w./-]*[\w/])")
-# "docs/architecture.md, 'Exactly once'" in code; "[architecture.md](architecture.md), 'Exactly once'" in docs.
+# "docs/architecture.md, 'Exactly once'" in code; "[architecture.md](architecture.md), 'Exactly once'" in
+# docs.
 POINTER = re.compile(r"(?:docs/|\]\()(architecture\.md)\)?,[ \t]*'([^'\n]+)'")
 
 

@@ -457,7 +457,8 @@ def test_on_batch_counts_each_item_like_a_call(data_dir):
     deploy_function(
         data_dir,
         FunctionDefinition.from_dict({"name": "fn_count", "source_bucket": "src"}),
-        "def on_batch(batch):\n    return [i for i in range(len(batch)) if batch.docs[i] and batch.docs[i]['bad']]\n",
+        "def on_batch(batch):\n    return [i for i in range(len(batch)) if batch.docs[i] and "
+        "batch.docs[i]['bad']]\n",
     )
     for i in range(10):
         source.upsert(f"k{i}", {"bad": i < 3})

@@ -49,7 +49,7 @@ def on_update(doc, meta):
             errors[name] = type(exc).__name__ + ": " + str(exc)
     out["errors"] = errors
     dst["report"] = out
-"""
+"""  # noqa: E501
 
 
 def defn(name: str = "fn_acc", workers: int = 1) -> FunctionDefinition:
@@ -113,7 +113,7 @@ def on_update(doc, meta):
     if not result.success:
         raise RuntimeError("cas check failed at call time: " + result.error)
     acct.increment("counter|" + doc["acct"])
-"""
+"""  # noqa: E501
 
 
 def cas_setup(data_dir: str, workers: int, updates: int, accounts: int) -> LocalBucket:

@@ -327,7 +327,8 @@ def _same_vb(prefix: str, count: int, vb: int | None = None) -> list[str]:
 def test_name_uuid_path_and_closing(bucket, request):
     kind = request.node.callspec.params["bucket"]
     assert bucket.name == "b" and len(bucket.uuid) == 32 and int(bucket.uuid, 16) >= 0
-    # The main file where the bucket has files this process opens; None behind the data service or on a server.
+    # The main file where the bucket has files this process opens; None behind the data service or on a
+    # server.
     assert (bucket.path is None) == (kind in ("remote", "postgres"))
     if bucket.path is not None:
         assert bucket.path.name == "b.sqlite3" and bucket.path.exists()

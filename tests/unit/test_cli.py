@@ -190,7 +190,8 @@ def test_deploy_with_an_unknown_bucket_is_refused_with_the_fix(capsys, dd):
 
 def test_a_command_loads_only_what_it_uses():
     """Every `eventing` command builds the whole parser; building it loads no engine (the service, workers,
-    handler runner), no Ray, Spark or web stack: a command such as `bucket count` starts in ~0.2 s, not ~0.6 s."""
+    handler runner), no Ray, Spark or web stack: a command such as `bucket count` starts in ~0.2 s, not ~0.6
+    s."""
     code = (
         "import sys; from eventing.cli.app import build_parser; build_parser(); print(' '.join(sys.modules))"
     )
@@ -213,7 +214,8 @@ def test_a_command_loads_only_what_it_uses():
 
 
 def test_bucket_get_and_upsert_take_documents_that_are_not_objects(tmp_path, capsys):
-    """Strings, arrays, numbers and null (as handlers, the Data API and the SDKs write them) and binary bytes."""
+    """Strings, arrays, numbers and null (as handlers, the Data API and the SDKs write them) and binary
+    bytes."""
     dd = ("--data-dir", str(tmp_path / "d"))
     assert run_cli(capsys, "bucket", "create", "c", *dd)[0] == 0
     for text, value in (

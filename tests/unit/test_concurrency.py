@@ -69,7 +69,7 @@ def on_delete(meta, options):
     ledger[f"h|{FUNCTION}|{meta.id}"] = history
     with open(CALL_LOG, "a") as f:
         f.write(f"{meta.id} {meta.seq} {os.getpid()}\\n")
-"""
+"""  # noqa: E501
 
 
 def run(data_dir: str) -> None:

@@ -3,10 +3,10 @@ with the documents and log lines Couchbase publishes for them.
 
 Couchbase publishes each example (a handler, its settings, its input documents and the documents or log
 lines it produced) in its Eventing documentation: the pages `modules/eventing/pages/*.adoc` of the
-documentation source (github.com/couchbaselabs/docs-devex, branch release/7.6; github.com/couchbase/docs-server
-holds the same pages for 7.2 and older). That documentation is Couchbase's, under its own licence, so this
-module carries none of it: it reads the handler, the input documents and the published output from the
-pages, at test time, in a checkout named by the environment variable COUCHBASE_DOCS:
+documentation source (github.com/couchbaselabs/docs-devex, branch release/7.6;
+github.com/couchbase/docs-server holds the same pages for 7.2 and older). That documentation is Couchbase's,
+under its own licence, so this module carries none of it: it reads the handler, the input documents and the
+published output from the pages, at test time, in a checkout named by the environment variable COUCHBASE_DOCS:
 
     git clone -b release/7.6 https://github.com/couchbaselabs/docs-devex.git /path/docs-devex
     COUCHBASE_DOCS=/path/docs-devex python -m pytest tests/unit/test_couchbase_examples.py
@@ -184,7 +184,7 @@ def published_log(text: str) -> list[list[Any]]:
     return [json_sequence(re.split(r"^\d{4}-\d\d-\d\dT", p, flags=re.M)[0]) for p in parts]
 
 
-# -- running a handler ----------------------------------------------------------------------------------------
+# -- running a handler ---------------------------------------------------------------------------------------
 
 
 def app_for(
@@ -566,9 +566,10 @@ def test_data_enrichment_case_2(data_dir):
 
 @needs_docs
 def test_keep_last_n(data_dir):
-    """keepLastN (userspace CAS), page 'Function: Keep the Last N User Items' (eventing-handler-keepLastN.adoc):
-    the page's ten notifications (its SQL++ UPSERT) leave each user's three latest, compared exactly but for
-    "random", the handler's Math.random() check value (a number in [0, 1) here)."""
+    """keepLastN (userspace CAS), page 'Function: Keep the Last N User Items'
+    (eventing-handler-keepLastN.adoc): the page's ten notifications (its SQL++ UPSERT) leave each user's three
+    latest, compared exactly but for "random", the handler's Math.random() check value (a number in [0, 1)
+    here)."""
     name = "eventing-handler-keepLastN"
     app = app_for(data_dir, handlers(name)[0], bindings=[SRC_RW], docs=values_rows(blocks(name, "sqlpp")[0]))
     run(app)
@@ -639,7 +640,8 @@ def _normalized(value: Any) -> Any:
 
 def _meta_part(meta: dict) -> dict:
     """What a logged meta shares with Couchbase's: id, expiration and the vBucket (Couchbase's mapping of
-    keys to its 1024 vBuckets); seq and flags depend on the cluster's history and the writer, cas is a time."""
+    keys to its 1024 vBuckets); seq and flags depend on the cluster's history and the writer, cas is a
+    time."""
     assert is_cas(meta["cas"])
     return {k: meta[k] for k in ("id", "expiration", "vb")}
 
@@ -672,7 +674,8 @@ def _one_at_a_time(app: Eventing, mutations: list[tuple[str, dict]]) -> None:
 def test_advanced_get(data_dir, name):
     """advancedGetOp and advancedGetOpWithCache, pages 'Function: Advanced GET Operation' / '... with Cache'
     (eventing-handler-<name>.adoc): the logged input, the get of the document and the failed get of a
-    missing one, compared with the page's log (see _normalized, _meta_part); the 7.x page's error code 1 too."""
+    missing one, compared with the page's log (see _normalized, _meta_part); the 7.x page's error code 1
+    too."""
     app = app_for(data_dir, handlers(name)[0], bindings=[SRC_RW], docs=_mutations(name))
     run(app)
     published = published_log(blocks(name, "json")[1])
@@ -867,7 +870,8 @@ def test_date_to_epoch_conversion(data_dir, pacific):
     """dateToEpochConversion, page 'Function: dateToEpochConversion'
     (eventing-handler-dateToEpochConversion.adoc): every date string of the document, at every depth, becomes
     epoch seconds or milliseconds by the handler's four patterns; compared exactly. Dates without a zone are
-    local time (Date.parse): run in US Pacific time, where the page's output was made (13:30:10 is 20:30:10Z)."""
+    local time (Date.parse): run in US Pacific time, where the page's output was made (13:30:10 is
+    20:30:10Z)."""
     name = "eventing-handler-dateToEpochConversion"
     given, published = blocks(name, "json")
     app = app_for(data_dir, handlers(name)[0], bindings=[SRC_RW], docs=keyed(given).items())
@@ -1031,7 +1035,8 @@ def test_simple_timer(data_dir, monkeypatch, pacific):
     fired, made = published_log(published)  # newest first
     ours = logged(app)
     assert len(ours) == 2
-    a_date = r"\w{3} \w{3} \d\d \d{4} \d\d:\d\d:\d\d GMT-0[78]00 \(Pacific (Daylight|Standard) Time\)"  # Date.toString()
+    # Date.toString()
+    a_date = r"\w{3} \w{3} \d\d \d{4} \d\d:\d\d:\d\d GMT-0[78]00 \(Pacific (Daylight|Standard) Time\)"
     assert re.sub(a_date, "<date>", ours[0][0]) == re.sub(a_date, "<date>", made[0]) and "<date>" in re.sub(
         a_date, "<date>", made[0]
     )
@@ -1069,11 +1074,12 @@ def test_delete_v_expiry(data_dir, monkeypatch):
 
 @needs_docs
 def test_cancel_or_overwrite_timer(data_dir, monkeypatch):
-    """Cancel or Overwrite Timer, page 'Cancel or Overwrite Timer' (eventing-examples-cancel-overwrite-timer.adoc):
-    the page's three tests: a timer fires after 60 s and writes its context to the target; a timer is
-    cancelled; a timer is overwritten by one with the same reference and fires once. Control documents are
-    the page's, in order; the seven log lines compared with the page's, but for tmr_time_to_fire (a Date of
-    the moment) and the trailing space of the page's key; the target documents likewise."""
+    """Cancel or Overwrite Timer, page 'Cancel or Overwrite Timer'
+    (eventing-examples-cancel-overwrite-timer.adoc): the page's three tests: a timer fires after 60 s and
+    writes its context to the target; a timer is cancelled; a timer is overwritten by one with the same
+    reference and fires once. Control documents are the page's, in order; the seven log lines compared with
+    the page's, but for tmr_time_to_fire (a Date of the moment) and the trailing space of the page's key; the
+    target documents likewise."""
     name = "eventing-examples-cancel-overwrite-timer"
     shown = shown_documents(name)
     controls = dedupe([d for d in shown if d.get("type") == "type_of_interest"])
@@ -1261,13 +1267,14 @@ def test_faster_to_local_string(data_dir):
 
 @needs_docs
 def test_external_rest_via_curl_get(data_dir, monkeypatch, pacific, http_server):
-    """External REST via cURL GET, page 'External REST via cURL GET' (eventing-examples-rest-via-curl-get.adoc):
-    a recurring timer, first 30 s ahead then at each local midnight, GETs yesterday's exchange rates from the
-    URL binding exchangeRateApi (here a local server answering with the rates document the page shows) and
-    stores them; cancelled by test 2. The page's log of test 1 and test 2 (not the optional next morning)
-    compared but for the moment's times (the timer's local times, the curl time in ms); the stored rates
-    exactly; the status document has the page's fields, valid (the page's next-morning one; its first one
-    shows body_valid false, as its own sample server answers with JSON text inside a JSON string)."""
+    """External REST via cURL GET, page 'External REST via cURL GET'
+    (eventing-examples-rest-via-curl-get.adoc): a recurring timer, first 30 s ahead then at each local
+    midnight, GETs yesterday's exchange rates from the URL binding exchangeRateApi (here a local server
+    answering with the rates document the page shows) and stores them; cancelled by test 2. The page's log of
+    test 1 and test 2 (not the optional next morning) compared but for the moment's times (the timer's local
+    times, the curl time in ms); the stored rates exactly; the status document has the page's fields, valid
+    (the page's next-morning one; its first one shows body_valid false, as its own sample server answers with
+    JSON text inside a JSON string)."""
     name = "eventing-examples-rest-via-curl-get"
     rates = next(d for d in shown_documents(name) if "amount" in d and len(d["rates"]) > 3)
     server = http_server(lambda request: (200, json.dumps(rates).encode(), "application/json"))
@@ -1505,7 +1512,8 @@ function OnUpdate(doc, meta) {
 
 def test_advanced_accessor_results_have_couchbases_shapes(data_dir):
     """couchbase.* results as Couchbase builds them (features/src/bucket_ops.cc): keys in its order, a
-    write's meta without datatype, errors with the Data Service's code, expiry_date a Date where one was set."""
+    write's meta without datatype, errors with the Data Service's code, expiry_date a Date where one was
+    set."""
     source = """
 function OnUpdate(doc, meta) {
     var later = new Date(Date.now() + 60 * 1000);
@@ -1525,7 +1533,7 @@ function OnUpdate(doc, meta) {
     r.deleted = couchbase.delete(dst, {id: 'a'});
     dst['r'] = r;
 }
-"""
+"""  # noqa: E501
     app = app_for(data_dir, source, bindings=[("dst", "dst", "rw")], docs=[("k", {})])
     run(app)
     r = document(app, "dst", "r")
@@ -1576,7 +1584,7 @@ function OnUpdate(doc, meta) {
                 string: d.toString(), parsed: Date.parse('2009/06/29 13:30:10'),
                 month: new Intl.DateTimeFormat('en-US', {month: 'long'}).format(d)};
 }
-"""
+"""  # noqa: E501
     app = app_for(data_dir, source, bindings=[("dst", "dst", "rw")], docs=[("k", {})])
     run(app)
     assert app.get("dst", "r") == {
@@ -1590,8 +1598,8 @@ function OnUpdate(doc, meta) {
 
 
 def test_binary_and_non_object_documents(data_dir):
-    """An ArrayBuffer is a binary document (stored as its bytes), any other JSON value a JSON document (kept as
-    its text); OnUpdate gets a binary document as an ArrayBuffer with meta.datatype "binary", a string
+    """An ArrayBuffer is a binary document (stored as its bytes), any other JSON value a JSON document (kept
+    as its text); OnUpdate gets a binary document as an ArrayBuffer with meta.datatype "binary", a string
     document as the string with "json"; couchbase.get tells them apart by meta.datatype."""
     source = """
 function OnUpdate(doc, meta) {
@@ -1607,7 +1615,7 @@ function OnUpdate(doc, meta) {
     dst['seen::' + meta.id] = {datatype: meta.datatype, buffer: doc instanceof ArrayBuffer,
                                value: doc instanceof ArrayBuffer ? Array.from(new Uint8Array(doc)) : doc};
 }
-"""
+"""  # noqa: E501
     app = app_for(data_dir, source, bindings=[("dst", "dst", "rw")], docs=[("go", {})])
     with app.collection("src") as src:
         src.upsert("b", bytes([7, 8, 200]))
@@ -1626,7 +1634,8 @@ function OnUpdate(doc, meta) {
 
 
 def test_curl_sends_an_object_body_as_compact_json(data_dir, http_server):
-    """curl's body, when not a string, goes as JSON.stringify writes it, with Content-Type application/json."""
+    """curl's body, when not a string, goes as JSON.stringify writes it, with Content-Type
+    application/json."""
     server = http_server(lambda request: (200, b'{"ok": true}', "application/json"))
     source = "function OnUpdate(doc, meta) { curl('POST', api, {path: 'p', body: {a: 1, b: [true]}}); }"
     app = app_for(data_dir, source, docs=[("k", {})], url_bindings=[{"alias": "api", "url": server.url}])

@@ -271,7 +271,7 @@ def on_update(doc, meta):
         "plain": [curl("GET", plain, {"path": "/cookie"}).body["cookie"],
                   curl("GET", plain, {"path": "/cookie"}).body["cookie"]],
     }
-"""
+"""  # noqa: E501
         deploy_function(data_dir, defn, handler)
         source.upsert("a", {"n": 1})
         EventingService(data_dir, InProcessExecutor(), until_caught_up=True).run()

@@ -1,6 +1,6 @@
-"""The commands `eventing demo` suggests next run as printed: `bash scripts/demo.sh` runs `.venv/bin/eventing`,
-which is on no PATH, so the hints name it that way (`eventing` where that is the one on PATH, `python -m
-eventing` when run so)."""
+"""The commands `eventing demo` suggests next run as printed: `bash scripts/demo.sh` runs
+`.venv/bin/eventing`, which is on no PATH, so the hints name it that way (`eventing` where that is the one on
+PATH, `python -m eventing` when run so)."""
 
 from __future__ import annotations
 

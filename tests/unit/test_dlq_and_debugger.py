@@ -104,7 +104,8 @@ def effect_counts(ledger: LocalBucket, function: str) -> dict[str, int]:
 
 
 def assert_handled_once_in_order_except(report: LedgerReport, dead: set[tuple[int, int]]) -> None:
-    """Every mutation but the dead-lettered (vBucket, seqno) ones was handled exactly once, in per-document order."""
+    """Every mutation but the dead-lettered (vBucket, seqno) ones was handled exactly once, in per-document
+    order."""
     assert report.ok, report.summary()
     assert report.dead_lettered == len(dead)
     assert report.handled == report.source_mutations - len(dead)
@@ -615,7 +616,10 @@ def test_a_replayed_write_to_the_source_bucket_does_not_trigger_the_function_aga
     source = LocalBucket.create(data_dir, "src_rg")
     source.upsert("a", {"n": 1})
     broken = "def on_update(doc, meta):\n    raise ValueError('not yet')\n"
-    fixed = "def on_update(doc, meta):\n    if 'copy' not in doc:\n        src[meta.id + '-copy'] = {'copy': True}\n"
+    fixed = (
+        "def on_update(doc, meta):\n    if 'copy' not in doc:\n        src[meta.id + '-copy'] = {'copy': "
+        "True}\n"
+    )
     defn = FunctionDefinition.from_dict(
         {
             "name": "fn_rg",

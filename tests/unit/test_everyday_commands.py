@@ -159,8 +159,8 @@ def test_drop_and_flush_are_refused_while_a_deployed_or_paused_function_uses_the
         code, _, err = run_cli(capsys, "bucket", action, bucket, *dd)
         assert code == 2
         assert err == (
-            f"error: cannot {action} bucket '{bucket}': it is the {role} of function 'fn_a', which is {state}; "
-            "undeploy it first (`eventing undeploy fn_a`)\n"
+            f"error: cannot {action} bucket '{bucket}': it is the {role} of function 'fn_a', which is "
+            f"{state}; undeploy it first (`eventing undeploy fn_a`)\n"
         )
     assert LocalBucket.open(data_dir, "src").count() > 0 and LocalBucket.open(data_dir, bucket).path.exists()
 
@@ -234,7 +234,7 @@ def test_the_checkpoint_view_of_an_undeployed_function_or_a_missing_vbucket_name
     )
 
 
-# -- rewind ---------------------------------------------------------------------------------------------------
+# -- rewind --------------------------------------------------------------------------------------------------
 
 
 def _ran_and_paused(
@@ -352,7 +352,7 @@ def test_a_bad_time_and_a_rewind_below_the_feed_boundary_name_the_fix(capsys, dd
     assert "one of the arguments --to-seqno --to-time is required" in capsys.readouterr().err
 
 
-# -- stats --watch ----------------------------------------------------------------------------------------------
+# -- stats --watch -------------------------------------------------------------------------------------------
 
 
 def test_stats_watch_prints_one_line_per_refresh_when_not_on_a_terminal(capsys, dd, data_dir):

@@ -36,7 +36,8 @@ def test_every_example_of_the_everyday_commands_doc_runs(tmp_path, monkeypatch, 
         assert code == 0, f"`eventing {shlex.join(argv)}` exited {code}: {err}"
         outputs[shlex.join(argv)] = out
     assert outputs["bucket count customers"].strip().isdigit()
-    # Scopes and collections: fn_orders wrote the totals of the priced orders, and the flush's deletes removed them.
+    # Scopes and collections: fn_orders wrote the totals of the priced orders, and the flush's deletes removed
+    # them.
     assert outputs["bucket keys shop.sales.totals"].split() == ["order::1", "order::3", "order::4"]
     assert outputs["bucket count shop.sales.totals"].strip() == "0"
     # The rerun after the first rewind (effects kept) wrote nothing to the binding bucket.

@@ -275,7 +275,7 @@ def test_a_store_whose_files_table_is_from_a_newer_version_is_refused_in_one_lin
     assert "newer version of eventing (files schema 99" in str(caught.value) and "\n" not in str(caught.value)
 
 
-# -- the PostgreSQL window sink -------------------------------------------------------------------------------
+# -- the PostgreSQL window sink ------------------------------------------------------------------------------
 
 
 def results(rows: list[tuple[int, str | None, int, float | None]]) -> pa.Table:

@@ -64,7 +64,7 @@ def on_update(doc, meta):
     if doc.get("fail") and out.get("fixed") is None:
         raise RuntimeError("declined")
     out[meta.id] = {"seq": meta.seq}
-"""
+"""  # noqa: E501
 
 
 def definition(url: str, name: str = "fn_pay", **extra) -> FunctionDefinition:

@@ -1,4 +1,5 @@
-"""Imports point one way (docs/architecture.md, 'Rooms and layers'): each module imports only from its own layer or the layers below.
+"""Imports point one way (docs/architecture.md, 'Rooms and layers'): each module imports only from its own
+layer or the layers below.
 
 Layers, lowest first. Lazy imports inside functions count too: a wrong-way import that is only deferred
 still ties the lower room to the upper one. `eventing/__init__.py` (the public facade, imported lazily by
@@ -106,7 +107,8 @@ def test_sharding_and_metadata_never_import_ray_or_spark(top):
 
 
 def runtime_imports(tree: ast.AST) -> list[str]:
-    """The modules a file imports when it runs: those under `if TYPE_CHECKING:` (for annotations only) left out."""
+    """The modules a file imports when it runs: those under `if TYPE_CHECKING:` (for annotations only) left
+    out."""
     skipped: set[int] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):

@@ -163,7 +163,8 @@ def test_a_handler_is_called_from_another_thread_with_a_context_of_that_thread()
 
 
 def test_a_javascript_function_runs_in_the_background_service_thread(data_dir):
-    """Eventing.run(until_caught_up=False) runs the service (and in-process workers) in a thread of its own."""
+    """Eventing.run(until_caught_up=False) runs the service (and in-process workers) in a thread of its
+    own."""
     app = Eventing(data_dir, executor="in-process")
     app.create_bucket("src")
     app.create_bucket("dst")

@@ -71,7 +71,7 @@ function get_numip_first_3_octets(ip) {
         return return_val;
     }
 }
-"""
+"""  # noqa: E501
     document = {"country": "AD", "ip_end": "5.62.60.9", "ip_start": "5.62.60.1"}
     app = app_with(data_dir, source, docs=[("ip_info::1", document)])
     run(app)
@@ -150,7 +150,7 @@ function OnUpdate(doc, meta) {
     out.deleted = couchbase.delete(dst, {id: 'adv::1'}).success;
     dst['result'] = out;
 }
-"""
+"""  # noqa: E501
     app = app_with(data_dir, source, docs=[("go", {})])
     run(app)
     out = app.get("dst", "result")
@@ -306,7 +306,7 @@ function OnUpdate(doc, meta) {
     if (doc.hog) { var a = []; for (var i = 0; i < 64; i++) { var b = new Uint8Array(8 * 1024 * 1024); b.fill(1); a.push(b); } }
     dst[meta.id] = {ok: true};
 }
-"""
+"""  # noqa: E501
     app = app_with(
         data_dir,
         source,
@@ -574,7 +574,10 @@ function OnUpdate(doc, meta) {
 
 
 def test_dlq_replay_runs_the_fixed_javascript_handler(data_dir):
-    source = "function OnUpdate(doc, meta) { if (!dst['fixed']) { throw new Error('not yet'); } dst[meta.id] = doc; }\n"
+    source = (
+        "function OnUpdate(doc, meta) { if (!dst['fixed']) { throw new Error('not yet'); } dst[meta.id] = "
+        "doc; }\n"
+    )
     app = app_with(data_dir, source, docs=[("k", {"n": 1})])
     run(app)
     assert [r.key for r in letters(app)] == ["k"]
@@ -611,7 +614,7 @@ function OnUpdate(doc, meta, xattrs) {
     out.mutate = m.success;
     dst['out'] = out;
 }
-"""
+"""  # noqa: E501
     app = app_with(data_dir, source, docs=[("k", {"x": 1})])
     run(app)
     out = app.get("dst", "out")

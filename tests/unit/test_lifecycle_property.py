@@ -103,8 +103,8 @@ STALE_LETTER_REPLAYED = [
 
 
 REPLAYED_THEN_REWOUND = [
-    # doc5 is dead-lettered; pause, fix the handler, replay the letter (doc5's effect applied), rewind to 0 and
-    # resume: the stream handles doc5 again and applies its effect a second time (rewind-then-replay too).
+    # doc5 is dead-lettered; pause, fix the handler, replay the letter (doc5's effect applied), rewind to 0
+    # and resume: the stream handles doc5 again and applies its effect a second time (rewind-then-replay too).
     ("load", [(5, "bad")]),
     ("edit", "bad", {}),
     ("deploy", "everything"),

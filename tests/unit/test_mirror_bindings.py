@@ -1,5 +1,5 @@
-"""A collection that mirrors a table (eventing.storage.mirror) is written by its mirror alone: a function whose
-binding is read-write on one is refused at save, deploy and resume with one line naming the binding, the
+"""A collection that mirrors a table (eventing.storage.mirror) is written by its mirror alone: a function
+whose binding is read-write on one is refused at save, deploy and resume with one line naming the binding, the
 collection and the fix; a handler write into one that reaches it anyway (a binding over several collections,
 `scope.*`, and a mirror made after the deploy) is dead-lettered, never applied. No PostgreSQL here: the
 collections are registered as mirrors the way `collection create --mirror` registers them."""

@@ -76,7 +76,8 @@ def test_a_handler_whose_entry_points_cannot_take_their_arguments_is_refused_at_
         "def on_update(doc):\n    pass\n": "on_update(doc) cannot be called as on_update(doc, meta)",
         "def on_delete(meta):\n    pass\n": "on_delete(meta) cannot be called as on_delete(meta, options)",
         "on_update = 5\n": "on_update is a int, not a function",
-        "def on_update(doc, meta, xattrs, extra):\n    pass\n": "on_update(doc, meta, xattrs, extra) cannot be called",
+        "def on_update(doc, meta, xattrs, extra):\n    pass\n": "on_update(doc, meta, xattrs, extra) cannot "
+        "be called",
     }
     for handler, message in cases.items():
         code, _, err = run_cli(capsys, "deploy", str(write_function(tmp_path, handler)), *dd)
@@ -101,7 +102,8 @@ def test_a_handler_whose_entry_points_cannot_take_their_arguments_is_refused_at_
         (
             ["dst=dst:rw"],
             {"dst": 1},
-            "constant 'dst' of function 'fn' has the same name as the binding alias 'dst'; rename the constant or",
+            "constant 'dst' of function 'fn' has the same name as the binding alias 'dst'; rename the "
+            "constant or",
         ),
         (["dst=dst:rw", "dst=src:r"], {}, "binds the alias 'dst' to two buckets"),
     ],

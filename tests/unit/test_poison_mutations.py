@@ -284,7 +284,8 @@ def test_a_timer_callback_its_worker_dies_on_is_dead_lettered_after_two_deaths(d
             "Uncaught a value whose properties cannot be read (a Proxy whose traps throw)",
         ),
         ("throw Symbol('poison');", "Uncaught Symbol(poison)"),
-        # Past the prelude's catch (its describer replaced): V8's exception becomes a plain error all the same.
+        # Past the prelude's catch (its describer replaced): V8's exception becomes a plain error all the
+        # same.
         ("__describe = trap; throw 1;", "Error: trap"),
     ],
 )

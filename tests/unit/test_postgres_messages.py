@@ -51,8 +51,8 @@ TARGET = parse_postgres_url("postgresql://limited:pw@127.0.0.1:5432/events")
     [
         (
             psycopg.errors.InsufficientPrivilege(
-                "permission denied for schema public\nLINE 1: CREATE TABLE IF NOT EXISTS eventing_commits(token UUID...\n"
-                "                                     ^"
+                "permission denied for schema public\nLINE 1: CREATE TABLE IF NOT EXISTS "
+                "eventing_commits(token UUID...\n                                     ^"
             ),
             [
                 "PostgreSQL at 127.0.0.1:5432: permission denied for schema public; grant",
@@ -62,7 +62,8 @@ TARGET = parse_postgres_url("postgresql://limited:pw@127.0.0.1:5432/events")
         (
             psycopg.errors.QueryCanceled("canceling statement due to statement timeout"),
             [
-                "canceled a statement at its statement_timeout (canceling statement due to statement timeout); raise it"
+                "canceled a statement at its statement_timeout (canceling statement due to statement "
+                "timeout); raise it"
             ],
         ),
         (

@@ -185,7 +185,8 @@ def test_more_writers_than_pooled_connections_wait_for_one_and_open_no_more(pg_s
     while time.monotonic() < deadline:
         seen.append(
             watcher.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name='eventing' AND datname=current_database()"
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name='eventing' AND "
+                "datname=current_database()"
             ).fetchone()[0]
         )
         time.sleep(0.05)
@@ -242,7 +243,7 @@ def test_racing_creators_of_a_function_make_it_once(stores):
     assert record.name == "fn" and record.generation == 0 and record.source.startswith("src ")
 
 
-# -- faults in the middle of a transaction --------------------------------------------------------------------
+# -- faults in the middle of a transaction -------------------------------------------------------------------
 
 
 def _claimed(store: PostgresMetadataStore) -> dict[int, int]:
@@ -255,10 +256,11 @@ def _backend_of(url: str, watcher: psycopg.Connection, *, waiting: bool, timeout
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         rows = watcher.execute(
-            "SELECT pid FROM pg_stat_activity WHERE application_name='eventing' AND datname=current_database() "
-            "AND wait_event_type='Lock'"
+            "SELECT pid FROM pg_stat_activity WHERE application_name='eventing' AND "
+            "datname=current_database() AND wait_event_type='Lock'"
             if waiting
-            else "SELECT pid FROM pg_stat_activity WHERE application_name='eventing' AND datname=current_database()"
+            else "SELECT pid FROM pg_stat_activity WHERE application_name='eventing' AND "
+            "datname=current_database()"
         ).fetchall()
         if rows:
             return int(rows[0][0])

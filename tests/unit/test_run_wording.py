@@ -1,7 +1,8 @@
 """What commands print, read as a user reads it: counts of one are singular ("1 document", "the row before it
 is"), an in-process run says nothing of Ray (it starts none), and a run's handled mutations are explained when
 some of them were passed over without a handler call (a 4-document flush of a collection reported as "7
-mutations handled": the other 3 were the function's own deletes in another collection of its source bucket)."""
+mutations handled": the other 3 were the function's own deletes in another collection of its source
+bucket)."""
 
 from __future__ import annotations
 
@@ -74,8 +75,8 @@ def test_a_run_says_what_its_handled_mutations_were(data_dir, tmp_path, capsys):
     status, out = cli(capsys, data_dir, "run", "--until-caught-up", "--executor", "in-process")
     assert status == 0, out
     lines = out.splitlines()
-    # the 4 deletes, and the 4 totals the first run's handler wrote after that run's end point (mutations of the
-    # source bucket, in its other collection)
+    # the 4 deletes, and the 4 totals the first run's handler wrote after that run's end point (mutations of
+    # the source bucket, in its other collection)
     assert lines[0].startswith("fn_orders: 8 mutations handled")
     assert lines[1] == (
         "  4 of them called the handler; the others were passed over: 4 of other collections of "

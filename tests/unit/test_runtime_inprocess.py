@@ -105,7 +105,10 @@ def test_from_now_boundary_skips_existing_mutations(data_dir):
 def test_a_function_writing_to_its_own_source_does_not_trigger_itself(data_dir):
     source = LocalBucket.create(data_dir, "src")
     source.upsert("a", {"n": 1})
-    handler = "def on_update(doc, meta):\n    if 'copy' not in doc:\n        src[meta.id + '-copy'] = {'copy': True, **doc}\n"
+    handler = (
+        "def on_update(doc, meta):\n    if 'copy' not in doc:\n        src[meta.id + '-copy'] = {'copy': "
+        "True, **doc}\n"
+    )
     defn = FunctionDefinition.from_dict(
         {
             "name": "fn_self",
@@ -126,7 +129,10 @@ def test_a_handler_error_goes_to_the_dlq_and_the_vbucket_moves_on(data_dir):
     source = LocalBucket.create(data_dir, "src")
     for i in range(20):
         source.upsert(f"k{i}", {"i": i})
-    handler = "def on_update(doc, meta):\n    if doc['i'] % 5 == 0:\n        raise ValueError('poison ' + meta.id)\n    out[meta.id] = doc\n"
+    handler = (
+        "def on_update(doc, meta):\n    if doc['i'] % 5 == 0:\n        raise ValueError('poison ' + "
+        "meta.id)\n    out[meta.id] = doc\n"
+    )
     defn = FunctionDefinition.from_dict(
         {
             "name": "fn_p",

@@ -63,7 +63,8 @@ def test_a_handler_that_cannot_load_is_refused_without_running_it(source, messag
         "from helpers import on_update\n",
         "import functools\n\n@functools.cache\ndef on_update(doc):\n    pass\n",  # a decorator may change it
         "if True:\n    def on_update(doc, meta): pass\nelse:\n    def on_update(doc): pass\n",  # bound twice
-        "try:\n    import fast\nexcept ImportError:\n    fast = None\n\ndef on_delete(meta, options):\n    pass\n",
+        "try:\n    import fast\nexcept ImportError:\n    fast = None\n\ndef on_delete(meta, options):\n    "
+        "pass\n",
     ],
 )
 def test_what_only_the_import_can_tell_is_left_to_deploy(source):

@@ -1,4 +1,5 @@
-"""Keys to vBuckets and the first-deployment plans for nodes and workers (docs/architecture.md, 'Rooms and layers')."""
+"""Keys to vBuckets and the first-deployment plans for nodes and workers (docs/architecture.md, 'Rooms and
+layers')."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""Windows closed by each substream's own clock (Azure ``TIMESTAMP BY ... OVER key``, docs/time-semantics.md, seed 003):
-the pure semantics (``SubstreamWindowOperator``), the sink's per-substream window ids, and the coordinator
-emitting each device's windows when that device's watermark passes them, with the pure-Python aggregator.
-The Ray and Spark version is in tests/integration/test_window_arrival_policies.py."""
+"""Windows closed by each substream's own clock (Azure ``TIMESTAMP BY ... OVER key``, docs/time-semantics.md,
+seed 003): the pure semantics (``SubstreamWindowOperator``), the sink's per-substream window ids, and the
+coordinator emitting each device's windows when that device's watermark passes them, with the pure-Python
+aggregator. The Ray and Spark version is in tests/integration/test_window_arrival_policies.py."""
 
 from __future__ import annotations
 
@@ -58,7 +58,8 @@ def w(device: str, minute: int) -> SubstreamWindow:
 
 
 def test_each_device_closes_its_windows_by_its_own_watermark():
-    """A fast device does not close a slow device's windows, and a slow one does not hold back a fast one's."""
+    """A fast device does not close a slow device's windows, and a slow one does not hold back a fast
+    one's."""
     op = operator()
     assert op.per_substream
     # The slow device's clock runs 2 minutes behind (within the 5-minute late-arrival tolerance).

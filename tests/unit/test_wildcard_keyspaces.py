@@ -30,7 +30,7 @@ function OnUpdate(doc, meta) {
         log('map access', e.message.indexOf('several collections') >= 0);
     }
 }
-"""
+"""  # noqa: E501
 
 PY_HANDLER = """
 def on_update(doc, meta):

@@ -1,5 +1,5 @@
-"""The arrival-time policies in the window runtime (docs/time-semantics.md, seed 003), with in-process workers and the
-pure-Python aggregator: the coordinator judges rows by their journalled arrival times before windowing
+"""The arrival-time policies in the window runtime (docs/time-semantics.md, seed 003), with in-process workers
+and the pure-Python aggregator: the coordinator judges rows by their journalled arrival times before windowing
 them, dead-letters what the policies drop, records what they adjust, persists the policies' watermarks with
 the window state and counts Azure's metrics. The Ray and Spark version is
 tests/integration/test_window_arrival_policies.py."""
@@ -148,7 +148,7 @@ def expected_results(fates: dict[str, tuple[int | None, str | None]]) -> list[di
     ).to_pylist()
 
 
-def test_figure_one_the_early_row_is_dead_lettered_and_late_or_out_of_order_rows_are_windowed_at_the_watermark(
+def test_figure_one_the_early_row_is_dead_lettered_and_late_or_out_of_order_rows_are_windowed_at_the_watermark(  # noqa: E501
     data_dir, monkeypatch, window_files
 ):
     h = Harness(data_dir, monkeypatch, dict(BASE, early_arrival_policy="drop"))

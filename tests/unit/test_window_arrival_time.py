@@ -205,8 +205,8 @@ def test_a_bucket_file_without_arrival_times_gets_them_from_its_cas_when_opened(
     # Rebuild the log as an older build wrote it: no arrival_ms column.
     db = sqlite3.connect(bucket_path(data_dir, "old"))
     db.executescript(
-        "CREATE TABLE log2(vb INTEGER NOT NULL, seqno INTEGER NOT NULL, key TEXT NOT NULL, op INTEGER NOT NULL, "
-        "cas INTEGER NOT NULL, doc BLOB, origin TEXT, expiry INTEGER NOT NULL, flags INTEGER NOT NULL, "
+        "CREATE TABLE log2(vb INTEGER NOT NULL, seqno INTEGER NOT NULL, key TEXT NOT NULL, op INTEGER NOT "
+        "NULL, cas INTEGER NOT NULL, doc BLOB, origin TEXT, expiry INTEGER NOT NULL, flags INTEGER NOT NULL, "
         "PRIMARY KEY(vb, seqno)) WITHOUT ROWID;"
         "INSERT INTO log2 SELECT vb, seqno, key, op, cas, doc, origin, expiry, flags FROM log;"
         "DROP TABLE log; ALTER TABLE log2 RENAME TO log;"

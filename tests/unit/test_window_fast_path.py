@@ -1,5 +1,5 @@
-"""The fast path of window-only functions (WorkerCore._take_window_batch, WindowRowWriter.add_packed) against the
-per-row path (WorkerCore._handle, WindowRowWriter.add): the same row files, counters, checkpoints and dead
+"""The fast path of window-only functions (WorkerCore._take_window_batch, WindowRowWriter.add_packed) against
+the per-row path (WorkerCore._handle, WindowRowWriter.add): the same row files, counters, checkpoints and dead
 letters for a mix of documents, on real SQLite buckets."""
 
 from __future__ import annotations

@@ -666,7 +666,7 @@ SPECS = st.builds(
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(window_spec=SPECS, ops=OPS)
-def test_every_window_closes_once_in_order_late_rows_are_exactly_those_of_closed_windows_and_checkpoints_change_nothing(
+def test_every_window_closes_once_in_order_late_rows_are_exactly_those_of_closed_windows_and_checkpoints_change_nothing(  # noqa: E501
     window_spec: WindowSpec, ops: list[tuple[str, int, int, int]]
 ) -> None:
     op = WindowOperator(window_spec)

@@ -1,4 +1,5 @@
-"""A pooled worker process (eventing ray start): one run at a time, fresh core per run, given back on release."""
+"""A pooled worker process (eventing ray start): one run at a time, fresh core per run, given back on
+release."""
 
 from __future__ import annotations
 

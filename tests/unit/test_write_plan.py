@@ -44,7 +44,8 @@ def _contents(bucket: LocalBucket) -> tuple[list, list, list]:
     log = [
         (*r[:4], ranks[r[4]], *r[5:9], r[9] if r[9] < 10**12 else -1)
         for r in db.execute(
-            "SELECT vb, seqno, key, op, cas, doc, origin, expiry, flags, arrival_ms FROM log ORDER BY vb, seqno"
+            "SELECT vb, seqno, key, op, cas, doc, origin, expiry, flags, arrival_ms FROM log ORDER BY vb, "
+            "seqno"
         )
     ]
     docs = [(*r[:3], ranks[r[3]], *r[4:]) for r in db.execute("SELECT * FROM docs ORDER BY key")]
@@ -53,7 +54,8 @@ def _contents(bucket: LocalBucket) -> tuple[list, list, list]:
 
 @pytest.fixture(scope="module")
 def empty_bucket(tmp_path_factory) -> Path:
-    """An empty bucket's file, created once (creating one syncs the disk several times): each run copies it."""
+    """An empty bucket's file, created once (creating one syncs the disk several times): each run copies
+    it."""
     data_dir = tmp_path_factory.mktemp("template")
     LocalBucket.create(data_dir, "b").close()
     return bucket_path(data_dir, "b")

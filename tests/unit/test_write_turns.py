@@ -143,7 +143,8 @@ def test_writes_go_on_without_turns_where_the_file_system_has_no_flock(tmp_path,
 
 
 def test_a_writer_alone_never_truncates_the_wal(tmp_path, monkeypatch):
-    """SQLite's own checkpoint keeps a lone writer's WAL short; truncating would cost it ~10% (the file grows again)."""
+    """SQLite's own checkpoint keeps a lone writer's WAL short; truncating would cost it ~10% (the file grows
+    again)."""
     calls = []
     monkeypatch.setattr(write_turns, "WAL_LIMIT_BYTES", 3_000_000)
     bucket = create_bucket(tmp_path, "dst")

@@ -2,7 +2,8 @@
 live row and in each log entry (so a reader of the log sees them as of that mutation), replaced with the
 document by a write that carries none, dropped by a delete, left to the row reads by the bulk reads, the cas
 and seqno macros expanded by the check-and-set, through each batch size of the PostgreSQL writer (one row,
-arrays, COPY); and a bucket file or a PostgreSQL store written by the previous version opens and takes them."""
+arrays, COPY); and a bucket file or a PostgreSQL store written by the previous version opens and takes
+them."""
 
 from __future__ import annotations
 
@@ -129,7 +130,8 @@ def test_a_bucket_file_written_before_xattrs_opens_and_takes_them(data_dir, monk
     db = sqlite3.connect(path)  # a document the previous version wrote
     vb = vbucket_of("kept")
     db.execute(
-        "INSERT INTO log(vb, seqno, key, op, cas, doc, origin, expiry, flags, arrival_ms) VALUES(?,1,'kept',0,5,?,NULL,0,0,1)",
+        "INSERT INTO log(vb, seqno, key, op, cas, doc, origin, expiry, flags, arrival_ms) "
+        "VALUES(?,1,'kept',0,5,?,NULL,0,0,1)",
         (vb, _doc(1)),
     )
     db.execute("INSERT INTO docs VALUES('kept', ?, 1, 5, 0, ?, 0, 0)", (vb, _doc(1)))
@@ -152,7 +154,10 @@ def test_a_postgresql_store_written_before_xattrs_opens_and_takes_them(request):
         assert len(old_ddl) == len(pg_schema.DDL) - 2
         ensure_schema(db, pg_schema.COMPONENT, 1, old_ddl)  # the store as schema 1 left it
         pg_schema._ready.clear()  # as a process of this version meeting it for the first time
-        columns = "SELECT count(*) FROM information_schema.columns WHERE column_name = 'xattrs' AND table_schema = current_schema()"
+        columns = (
+            "SELECT count(*) FROM information_schema.columns WHERE column_name = 'xattrs' AND table_schema = "
+            "current_schema()"
+        )
         assert db.read(columns) == [(0,)]
         b = pg_buckets.create_bucket(db, "b")
         assert db.read(columns) == [(2,)]
