@@ -34,8 +34,8 @@ from eventing.control.service import EventingService  # noqa: E402
 from eventing.core.definition import FunctionDefinition  # noqa: E402
 from eventing.storage.factory import create_bucket  # noqa: E402
 from eventing.testing.workloads import TRIVIAL_HANDLER, load_bench_bucket  # noqa: E402
-from eventing.workers import sandbox  # noqa: E402
 from eventing.workers.executor import InProcessExecutor  # noqa: E402
+from eventing.workers.sandbox import host as sandbox  # noqa: E402
 
 FUNCTIONS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "functions")
 TICK = os.sysconf("SC_CLK_TCK")
@@ -133,7 +133,7 @@ def profile_children(folder: str) -> None:
     popen, end = subprocess.Popen, sandbox._Sandboxed._end
 
     def profiled_popen(cmd: list, *args: object, **kwargs: object) -> object:
-        if cmd[1:3] == ["-m", "eventing.workers.sandbox_child"]:
+        if cmd[1:3] == ["-m", "eventing.workers.sandbox.child"]:
             cmd = [cmd[0], "-m", "cProfile", "-o", "child.prof", *cmd[1:]]
         return popen(cmd, *args, **kwargs)  # type: ignore[call-overload]
 

@@ -128,7 +128,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from eventing.ops.mirrors import mirror_health
     from eventing.ops.stats import function_status
-    from eventing.workers.sandbox_confine import sandbox_report
+    from eventing.workers.sandbox.confine import sandbox_report
 
     state = existing_state(args)
     status = function_status(state, args.function)

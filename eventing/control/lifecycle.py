@@ -50,7 +50,7 @@ def _validate(state: StateLike, defn: FunctionDefinition, source: str, deployed_
     child when the function runs sandboxed (eventing.workers.sandbox), else here. Only deploy and resume
     import a handler; saving checks it without running it (check_handler_source)."""
     if effective_isolation(defn, deployed_by) == "sandbox":
-        from eventing.workers.sandbox import validate_sandboxed
+        from eventing.workers.sandbox.host import validate_sandboxed
 
         validate_sandboxed(state, defn, source)
         return
@@ -189,7 +189,7 @@ def deploy(state: StateLike, name: str, boundary: Boundary | None = None) -> Fun
         record = store.get_function(name)
         defn = FunctionDefinition.from_dict(record.definition).with_boundary(boundary)
         if effective_isolation(defn, record.deployed_by) == "sandbox":
-            from eventing.workers.sandbox_landlock import sandbox_unavailable
+            from eventing.workers.sandbox.landlock import sandbox_unavailable
 
             why = sandbox_unavailable()
             if why:  # never run it unsandboxed instead
@@ -252,7 +252,7 @@ def run_on_deploy(state: StateLike, store: MetadataStore, record: FunctionRecord
     from eventing.handler import DeployAction
     from eventing.storage.origins import deployment_origin
     from eventing.storage.values import EffectGroup
-    from eventing.workers.sandbox import SandboxedRunner, open_runner
+    from eventing.workers.sandbox.host import SandboxedRunner, open_runner
 
     # A sandboxed function's on_deploy runs in a sandboxed child; its writes and timers come back here.
     runner = open_runner(state, record.name, record)

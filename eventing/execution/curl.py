@@ -84,7 +84,7 @@ def url_bindings(defined: Any) -> tuple[list[UrlBinding], dict[str, str]]:
     return bindings, secrets
 
 
-# In a sandboxed child (eventing.workers.sandbox_child): the call that has the host make a request of a URL
+# In a sandboxed child (eventing.workers.sandbox.child): the call that has the host make a request of a URL
 # binding with credentials, which the child never holds. None elsewhere.
 _through_host: Callable[..., tuple] | None = None
 

@@ -60,7 +60,7 @@ from eventing.storage.origins import deployment_origin, is_own
 from eventing.storage.protocol import Bucket
 from eventing.storage.state import StateLike, as_state
 from eventing.workers.collections import SourceCollections
-from eventing.workers.sandbox import SandboxedRunner, open_runner
+from eventing.workers.sandbox.host import SandboxedRunner, open_runner
 from metadata import Checkpoint, MetadataStore
 from sharding import NUM_VBUCKETS, validate_key, vbucket_of
 

@@ -55,7 +55,7 @@ from eventing.storage.origins import deployment_origin
 from eventing.storage.protocol import Maintenance
 from eventing.storage.state import StateLike, as_state
 from eventing.storage.values import EffectGroup
-from eventing.workers.sandbox import SandboxedRunner, open_runner
+from eventing.workers.sandbox.host import SandboxedRunner, open_runner
 from metadata import DlqRow, MetadataStore
 from sharding import NUM_VBUCKETS, validate_key
 

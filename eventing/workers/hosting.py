@@ -60,7 +60,7 @@ class WorkerHost:
                 raise missing_dependency(f"No module named '{exc.name}'") or EventingError(str(exc)) from None
             assert not isinstance(self.spec, bytes)
             if self.spec.isolation == "sandbox":
-                from eventing.workers.sandbox import SandboxedCore
+                from eventing.workers.sandbox.host import SandboxedCore
 
                 self.core = SandboxedCore(  # type: ignore[assignment]
                     self.spec, own_process=self.own_process and not self.shared

@@ -34,7 +34,7 @@ from eventing.http.server import start_in_thread
 from eventing.security.users import hash_password
 from eventing.testing.http_peer import serve_http, url_of
 from eventing.workers.executor import InProcessExecutor
-from eventing.workers.sandbox_landlock import sandbox_unavailable
+from eventing.workers.sandbox.landlock import sandbox_unavailable
 from metadata.factory import SQLITE_FILE, open_store
 
 pytestmark = pytest.mark.integration

@@ -19,7 +19,7 @@ from eventing.ops import dlq as dlq_ops
 from eventing.storage.factory import create_bucket, open_bucket
 from eventing.testing import LEDGER_HANDLER, check_ledger, deploy_function, ledger_definition
 from eventing.workers.executor import InProcessExecutor
-from eventing.workers.sandbox_landlock import sandbox_unavailable
+from eventing.workers.sandbox.landlock import sandbox_unavailable
 from metadata.factory import open_store
 from sharding import vbucket_of
 

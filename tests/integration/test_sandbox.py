@@ -17,7 +17,7 @@ from eventing.storage.files import bucket_path
 from eventing.storage.values import Write
 from eventing.testing import deploy_function, load_source
 from eventing.workers.executor import InProcessExecutor
-from eventing.workers.sandbox_landlock import sandbox_unavailable
+from eventing.workers.sandbox.landlock import sandbox_unavailable
 from metadata.factory import SQLITE_FILE, open_store
 
 pytestmark = [

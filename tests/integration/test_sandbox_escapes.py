@@ -25,7 +25,7 @@ from eventing.storage.files import bucket_path
 from eventing.storage.values import Write
 from eventing.testing import deploy_function
 from eventing.workers.executor import InProcessExecutor
-from eventing.workers.sandbox_landlock import sandbox_unavailable
+from eventing.workers.sandbox.landlock import sandbox_unavailable
 
 pytestmark = [
     pytest.mark.integration,
@@ -444,8 +444,8 @@ def test_eventing_run_on_ray_leaves_no_sandbox_folder(data_dir, tmp_path):
 HOST = """
 import sys, time
 from eventing.core.definition import FunctionDefinition
-from eventing.workers.sandbox import _NoData, _Sandboxed
-from eventing.workers.sandbox_scope import ScopedService
+from eventing.workers.sandbox.host import _NoData, _Sandboxed
+from eventing.workers.sandbox.scope import ScopedService
 
 defn = FunctionDefinition.from_dict({"name": "fn_killed", "source_bucket": "src", "isolation": "sandbox"})
 s = _Sandboxed()
@@ -466,7 +466,7 @@ def test_the_folder_of_a_sandbox_whose_host_was_killed_goes_with_the_next_sandbo
     import tempfile
 
     from eventing.testing import wait_for
-    from eventing.workers.sandbox import validate_sandboxed
+    from eventing.workers.sandbox.host import validate_sandboxed
 
     host = subprocess.Popen(
         [sys.executable, "-c", HOST, data_dir],

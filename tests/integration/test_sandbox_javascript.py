@@ -15,7 +15,7 @@ from eventing.control.service import EventingService
 from eventing.ops import dlq as dlq_ops
 from eventing.testing.http_peer import serve_http, url_of
 from eventing.workers.executor import InProcessExecutor
-from eventing.workers.sandbox_landlock import sandbox_unavailable
+from eventing.workers.sandbox.landlock import sandbox_unavailable
 
 pytest.importorskip("STPyV8")
 

@@ -19,7 +19,7 @@ from eventing.control.service import EventingService
 from eventing.storage.factory import open_bucket
 from eventing.testing import check_ledger, deploy_function, ledger_definition, load_source, wait_for
 from eventing.workers.executor import RayExecutor, WorkerDied
-from eventing.workers.sandbox_landlock import sandbox_unavailable
+from eventing.workers.sandbox.landlock import sandbox_unavailable
 from eventing.workers.worker import WorkerSpec
 from metadata.factory import open_store
 from sharding import NUM_VBUCKETS

@@ -9,7 +9,7 @@ import pytest
 
 from eventing.core.mutation import OP_DELETE, OP_UPDATE
 from eventing.storage.values import EffectGroup, Write
-from eventing.workers.sandbox_line import _values
+from eventing.workers.sandbox.line import _values
 
 
 def _group() -> EffectGroup:

@@ -133,7 +133,7 @@ def test_a_runner_over_the_data_service_refuses_writes_through_a_binding_of_a_mi
     from eventing.errors import BindingError
     from eventing.execution.runner import HandlerRunner
     from eventing.storage.remote import DataService, RemoteBucket
-    from eventing.workers.sandbox_scope import ScopedService
+    from eventing.workers.sandbox.scope import ScopedService
 
     app = Eventing(data_dir, executor="in-process")
     app.create_bucket("shop")

@@ -8,7 +8,7 @@ import fcntl
 import os
 import tempfile
 
-from eventing.workers import sandbox
+from eventing.workers.sandbox import host as sandbox
 
 
 def _folder(root: str, name: str, *, locked: bool) -> int | None:

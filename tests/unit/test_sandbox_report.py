@@ -10,7 +10,9 @@ import json
 import pytest
 
 from eventing.cli import main
-from eventing.workers import sandbox_confine, sandbox_landlock, sandbox_seccomp
+from eventing.workers.sandbox import confine as sandbox_confine
+from eventing.workers.sandbox import landlock as sandbox_landlock
+from eventing.workers.sandbox import seccomp as sandbox_seccomp
 from metadata.factory import open_store
 
 

@@ -16,8 +16,8 @@ from eventing.storage.factory import create_bucket
 from eventing.storage.protocol import Bucket
 from eventing.storage.remote import BUCKET_CALLS, META_CALLS, DataService, rows_of_columns
 from eventing.storage.values import EffectGroup, Write
-from eventing.workers import sandbox_scope
-from eventing.workers.sandbox_scope import ScopedService
+from eventing.workers.sandbox import scope as sandbox_scope
+from eventing.workers.sandbox.scope import ScopedService
 from sharding import vbucket_of
 
 

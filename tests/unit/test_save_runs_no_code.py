@@ -17,7 +17,7 @@ from eventing.execution.static_check import check_handler_source
 from eventing.storage.bucket import LocalBucket
 from eventing.storage.remote import DataService
 from eventing.testing.http_peer import serve_http, url_of
-from eventing.workers.sandbox_scope import ScopedService
+from eventing.workers.sandbox.scope import ScopedService
 from metadata.factory import open_store
 
 

@@ -172,7 +172,7 @@ def test_a_sandboxed_function_reaches_every_collection_its_wildcards_cover_and_w
     from eventing.storage.factory import create_bucket
     from eventing.storage.remote import DataService
     from eventing.storage.values import EffectGroup, Write
-    from eventing.workers.sandbox_scope import ScopedService
+    from eventing.workers.sandbox.scope import ScopedService
 
     source = create_bucket(data_dir, "src")
     staff = source.create_collection("hr", "staff")

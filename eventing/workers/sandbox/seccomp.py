@@ -16,7 +16,7 @@ import os
 import platform
 import struct
 
-_libc = ctypes.CDLL(None, use_errno=True)  # this module's own: sandbox_landlock asks it what it lacks
+_libc = ctypes.CDLL(None, use_errno=True)  # this module's own: landlock.py asks it what it lacks
 
 _PR_SET_SECCOMP, _SECCOMP_MODE_FILTER = 22, 2
 _RET_KILL, _RET_ALLOW, _RET_ERRNO = 0x80000000, 0x7FFF0000, 0x00050000

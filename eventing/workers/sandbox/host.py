@@ -4,12 +4,12 @@ a process of its own that cannot open the data directory, and reaches only its o
 How (see docs/guarantees.md, "Sandboxed handlers", for why this mechanism):
 
 - The worker host (a Ray actor, or the calling process in-process) starts a child process,
-  ``python -m eventing.workers.sandbox_child``, with no descriptor but its stdio and one socket to the host,
+  ``python -m eventing.workers.sandbox.child``, with no descriptor but its stdio and one socket to the host,
   a minimal environment (no store credentials), a private folder as ``TMPDIR`` and ``HOME`` (links in it to
   the project's packages are its import path) and a policy: the project's package folders, the folders
   no read may reach (the data directory, a checkout, the home folder, Ray's folder, the other sandboxes),
   the URL bindings' ports and a memory limit (`memory_mb`).
-- Before it imports anything that could start a thread, the child confines itself (sandbox_confine): no
+- Before it imports anything that could start a thread, the child confines itself (confine.py): no
   capabilities, limits on memory and open files, Landlock (reads by allow-list, writes in its folder, TCP
   to the URL bindings' ports, nothing executable) and a seccomp filter (no process, no Unix socket, no
   signal to another process). Both hold for every thread and cannot be lifted.
@@ -26,10 +26,9 @@ How (see docs/guarantees.md, "Sandboxed handlers", for why this mechanism):
 
 This module is the host's side: the process handle that starts the child and answers its data requests
 while a call runs (`SandboxedCore` for a worker, `SandboxedRunner` for on_deploy, the debugger and dlq
-replay, `validate_sandboxed` at deploy time, `open_runner` to pick a runner). Beside it:
-sandbox_confine, sandbox_landlock and sandbox_seccomp (what the child does to itself), sandbox_child (the
-child process), sandbox_line (the framing and the value-only unpickler) and sandbox_scope
-(``ScopedService``).
+replay, `validate_sandboxed` at deploy time, `open_runner` to pick a runner). Beside it in this package:
+confine, landlock and seccomp (what the child does to itself), child (the child process), line (the
+framing and the value-only unpickler) and scope (``ScopedService``).
 """
 
 from __future__ import annotations
@@ -43,9 +42,9 @@ from collections.abc import Callable
 from typing import Any
 
 from eventing.storage.state import StateLike, as_state
-from eventing.workers.sandbox_landlock import sandbox_unavailable
-from eventing.workers.sandbox_line import _error, _raise, _recv, _send, _values
-from eventing.workers.sandbox_scope import ScopedService
+from eventing.workers.sandbox.landlock import sandbox_unavailable
+from eventing.workers.sandbox.line import _error, _raise, _recv, _send, _values
+from eventing.workers.sandbox.scope import ScopedService
 
 _SANDBOXES = "eventing-sandboxes"  # under the system temporary folder: one private folder per sandbox
 MEMORY_MB = 1024  # a sandboxed process's memory (RLIMIT_DATA); a JavaScript function's isolates besides
@@ -129,7 +128,9 @@ def _project() -> tuple[str, list[str]]:
     into) and the packages' folders."""
     from eventing.core.names import PROJECT_PACKAGES
 
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    import eventing
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(eventing.__file__)))
     return root, [
         os.path.join(root, name) for name in PROJECT_PACKAGES if os.path.isdir(os.path.join(root, name))
     ]
@@ -204,7 +205,7 @@ class _Sandboxed:
                 [
                     sys.executable,
                     "-m",
-                    "eventing.workers.sandbox_child",
+                    "eventing.workers.sandbox.child",
                     str(theirs.fileno()),
                     json.dumps(policy),
                 ],

@@ -4,7 +4,7 @@ capability bypasses no file permission and raises no limit), takes its limits (m
 size, no core files), restricts itself with Landlock to an allow-list of reads (`allowed_reads`: the
 interpreter and the libraries it imports, the project's packages, system libraries, CA certificates, the
 /etc files DNS and TLS read, time zones, its own /proc entry) and its private folder for writes
-(sandbox_landlock), and installs its system call filter (sandbox_seccomp: no process, no program, no
+(landlock.py), and installs its system call filter (seccomp.py: no process, no program, no
 Unix socket, no signal to another process). `sandbox_report` says in one line what this machine's sandbox
 confines, for `eventing status`.
 """
@@ -17,7 +17,7 @@ import struct
 import sys
 from typing import Any
 
-from eventing.workers.sandbox_landlock import _libc, landlock_abi, restrict, sandbox_unavailable
+from eventing.workers.sandbox.landlock import _libc, landlock_abi, restrict, sandbox_unavailable
 
 # Read by a handler's process besides the interpreter, its sys.path and the project's packages: shared
 # libraries and their loader's cache, CA certificates and OpenSSL's configuration, the files name
@@ -126,7 +126,7 @@ def set_limits(memory_mb: int) -> None:
 def confine(policy: dict[str, Any]) -> None:
     """Everything above, for the policy the host sent (see eventing.workers.sandbox). Call it before any
     thread exists; OSError when the kernel refuses a part (the child then runs nothing)."""
-    from eventing.workers import sandbox_seccomp
+    from eventing.workers.sandbox import seccomp as sandbox_seccomp
 
     reads = allowed_reads(policy["code"], policy["avoid"])
     drop_capabilities()

@@ -1,5 +1,5 @@
-"""The sandboxed child process, run as ``python -m eventing.workers.sandbox_child``: it confines itself
-(eventing.workers.sandbox_confine) before it imports anything that could start a thread, then answers
+"""The sandboxed child process, run as ``python -m eventing.workers.sandbox.child``: it confines itself
+(eventing.workers.sandbox.confine) before it imports anything that could start a thread, then answers
 the host's calls over its one socket (`_Line`, which also carries its data requests to the host): a
 `WorkerCore` whose data access is that line (`_LineRef`), a handler runner for on_deploy, the debugger and
 dlq replay whose writes and timer changes are sent back rather than applied (`_ChildRunner`), or a
@@ -18,9 +18,9 @@ from typing import Any
 
 from eventing.errors import EventingError
 from eventing.workers.hosting import CORE_CALLS
-from eventing.workers.sandbox_confine import confine
-from eventing.workers.sandbox_landlock import _PR_SET_PDEATHSIG, _libc
-from eventing.workers.sandbox_line import _error, _raise, _recv, _send
+from eventing.workers.sandbox.confine import confine
+from eventing.workers.sandbox.landlock import _PR_SET_PDEATHSIG, _libc
+from eventing.workers.sandbox.line import _error, _raise, _recv, _send
 
 # What the host asks of the child's core, by name: a worker core's calls, and a runner's (_ChildRunner: a
 # deploy's on_deploy, the debugger's run_once).

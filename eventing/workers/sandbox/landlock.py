@@ -59,7 +59,7 @@ def sandbox_unavailable() -> str | None:
             f"sandboxed functions need Landlock ABI {MIN_ABI}+ (Linux 6.7+); this kernel has {found}: "
             'enable Landlock, or have an admin deploy the function with "isolation": "none"'
         )
-    from eventing.workers.sandbox_seccomp import seccomp_unavailable
+    from eventing.workers.sandbox.seccomp import seccomp_unavailable
 
     why = seccomp_unavailable()
     return f"sandboxed functions need a system call filter: {why}" if why else None
