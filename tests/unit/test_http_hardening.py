@@ -270,6 +270,34 @@ def test_serve_says_which_credentials_are_in_force(data_dir):
     assert client.get("/api/v1/status").status_code == 401  # as the banner says
 
 
+def test_serve_never_says_every_caller_is_trusted_when_it_accepts_none(data_dir, tmp_path):
+    """A store whose users were all removed still needs credentials (its users' mark), and a store that
+    cannot be read answers 503: the banner says so instead of "no credentials"."""
+    LocalBucket.create(data_dir, "shop").close()
+    with open_store(data_dir) as store:
+        store.put_user("ann", hash_password("ann-password"), ["ro_admin"])
+        store.delete_user("ann")
+    client = TestClient(build_app(ServerConfig(data_dir)), base_url="http://127.0.0.1:8096")
+    assert client.get("/api/v1/status").status_code == 401
+    banner = _banner(ServerConfig(data_dir))
+    assert "no credentials" not in banner and "credentials required: a user's password" in banner
+    assert (
+        "\nwarning: the metadata store had users and has none left" in banner
+        and "eventing user add" in banner
+    )
+    assert "warning" not in _banner(ServerConfig(data_dir, admin_token=ADMIN))  # the token is accepted
+    damaged = str(tmp_path / "damaged")
+    LocalBucket.create(damaged, "shop").close()
+    deploy_function(damaged, _definition(), "def on_update(doc, meta):\n    pass\n")
+    os.truncate(Path(damaged) / SQLITE_FILE, 0)  # emptied: damaged, never a new store without users
+    client = TestClient(build_app(ServerConfig(damaged)), base_url="http://127.0.0.1:8096")
+    assert client.get("/api/v1/status").status_code == 503
+    first, warning = _banner(ServerConfig(damaged), "; KV port 11210").split("\n")
+    assert "no credentials" not in first and first.endswith("; KV port 11210")
+    assert warning.startswith("warning: every request is answered 503 until the metadata store can be read: ")
+    assert "is damaged (truncated to 0 bytes)" in warning
+
+
 def test_tokens_come_from_files_and_leave_the_environment(tmp_path, monkeypatch):
     admin_file, read_file = tmp_path / "admin.token", tmp_path / "read.token"
     admin_file.write_text(ADMIN + "\n")
