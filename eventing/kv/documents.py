@@ -9,7 +9,6 @@ dict), any other value as its bytes, with the flags the client gave. Expiries ar
 
 from __future__ import annotations
 
-import copy
 import json
 import struct
 import time
@@ -18,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from eventing.core.keyspaces import Keyspace
-from eventing.core.mutation import OP_DELETE, OP_UPDATE, decode_document, encode_document
+from eventing.core.mutation import NESTING_LIMIT, OP_DELETE, OP_UPDATE, decode_document, encode_document
 from eventing.http.dataapi.documents import Answer, Change, live, raw_of, stored_body, value_of
 from eventing.http.dataapi.requests import FLAGS_JSON, UINT64
 from eventing.kv import protocol as p
@@ -206,6 +205,8 @@ def _is_json(raw: bytes) -> bool:
         return True
     except ValueError:
         return False
+    except RecursionError:
+        return True  # JSON nesting too deep to read: stored_body refuses it with one line (EINVAL)
 
 
 def _delete(call: KvCall, coll: Collection, now: float) -> Change:
@@ -436,7 +437,8 @@ def _mutate_in(call: KvCall, coll: Collection, now: float) -> Change:
             is_json, parsed = _json_of(cur)
             if not is_json:
                 raise MultiPathFailure(0, p.SUBDOC_DOC_NOT_JSON)
-            doc = copy.deepcopy(parsed)
+            doc = parsed  # decoded afresh from the stored bytes: nothing else holds it (no deep copy, which
+            # recursed past Python's limit on a document a few hundred levels deep)
         results.clear()
         delete = False
         for index, (opcode, flags, path, raw) in enumerate(specs):
@@ -450,6 +452,8 @@ def _mutate_in(call: KvCall, coll: Collection, now: float) -> Change:
                 outcome = sd.mutate(doc, opcode, sd.parse_path(path), flags, raw)
             except sd.SubdocError as exc:
                 raise MultiPathFailure(index, exc.status) from None
+            except RecursionError:
+                raise MultiPathFailure(index, p.SUBDOC_VALUE_ETOODEEP) from None
             if opcode == sd.COUNTER:
                 results.append((index, outcome))
         if delete:
@@ -458,7 +462,14 @@ def _mutate_in(call: KvCall, coll: Collection, now: float) -> Change:
             return Write(stored, OP_DELETE)
         flags_now = user_flags if user_flags is not None else (cur.flags if cur is not None else FLAGS_JSON)
         keep = absolute if absolute is not None else (cur.expiry if cur is not None and preserve else 0)
-        return Write(stored, OP_UPDATE, stored_body(sd.dumps(doc), flags_now, True), keep, flags_now)
+        try:
+            body = stored_body(sd.dumps(doc), flags_now, True)
+        except RecursionError:  # each value was readable, the document they make is not
+            raise KvError(
+                p.SUBDOC_VALUE_ETOODEEP,
+                f"the document would nest more than about {NESTING_LIMIT} levels deep; flatten it",
+            ) from None
+        return Write(stored, OP_UPDATE, body, keep, flags_now)
 
     def answer(done: Changed) -> Answer:
         body = b"".join(
