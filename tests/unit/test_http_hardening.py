@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import email.utils
 import io
+import json
 import os
 import time
 from pathlib import Path
@@ -18,7 +19,8 @@ from starlette.testclient import TestClient
 
 from eventing.cli.app import main
 from eventing.cli.serve import _banner
-from eventing.errors import ConfigError
+from eventing.core.mutation import encode_document
+from eventing.errors import ConfigError, InvalidDocumentError
 from eventing.http.app import build_app
 from eventing.http.auth import ServerConfig
 from eventing.security import users as security_users
@@ -83,6 +85,34 @@ def test_deeply_nested_json_is_a_400_with_one_line_everywhere(client):
     assert r.json()["error"].startswith("line 2: the JSON nests more than about 900 levels deep")
     r = client.post("/api/v1/functions/fn_x", headers=A, content=DEEP)
     assert r.status_code == 400 and "nests too deeply" in one_line(r.json()["error"])
+
+
+def test_documents_nest_at_most_900_deep_on_every_write_so_each_stored_one_reads_back(client):
+    """How deep a decoder reaches depends on the stack it runs on: a Data API PUT of 990 levels was stored and
+    its GET was a 500 (RecursionError). The limit is the same on every write: 900 levels."""
+
+    def nested(depth: int) -> str:
+        return '{"a":' * depth + "1" + "}" * depth
+
+    for depth, status in ((900, 200), (901, 400), (950, 400), (990, 400)):
+        r = client.put(
+            f"{DOC}/d{depth}", content=nested(depth), headers={**A, "content-type": "application/json"}
+        )
+        assert r.status_code == status, (depth, r.text)
+        got = client.get(f"{DOC}/d{depth}", headers=A)
+        if status == 200:
+            assert got.status_code == 200 and got.text == nested(depth)
+        else:
+            assert (
+                "nests more than about 900 levels" in one_line(r.json()["message"]) and got.status_code == 404
+            )
+    r = client.post(
+        "/api/v1/keyspaces/shop/load", headers=A, content='{"key": "l", "doc": ' + nested(901) + "}\n"
+    )
+    assert r.status_code == 400 and "nests more than about 900 levels deep" in r.json()["error"]
+    assert encode_document(json.loads(nested(900)))
+    with pytest.raises(InvalidDocumentError, match="nests more than about 900 levels deep"):
+        encode_document(json.loads(nested(901)))  # a handler's write
 
 
 def test_an_expires_out_of_range_is_a_400_and_a_sub_second_one_rounds_up(client):
