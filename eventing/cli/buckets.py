@@ -95,14 +95,15 @@ def cmd_bucket_load(args: argparse.Namespace) -> int:
                 bar.update(len(rows))
     except StoreError as exc:  # a full disk, a damaged file: say what the batches before it committed
         raise type(exc)(
-            f"{exc}; {written:,} mutations of this load were committed to '{args.name}' before it "
+            f"{exc}; {counted(written, 'mutation')} of this load "
+            f"{'was' if written == 1 else 'were'} committed to '{args.name}' before it "
             "(loading again adds every mutation of the load again)"
         ) from None
     except KeyboardInterrupt:
         # Chunks are transactions: what was counted is committed, the chunk in flight was rolled back.
         message = (
-            f"interrupted: {written:,} mutations committed to '{args.name}' before Ctrl-C; the rest was not "
-            "loaded (run the load again for it: a seed gives the same mutations again)"
+            f"interrupted: {counted(written, 'mutation')} committed to '{args.name}' before Ctrl-C; the rest "
+            "was not loaded (run the load again for it: a seed gives the same mutations again)"
         )
         if args.json:
             print(

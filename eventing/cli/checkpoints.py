@@ -97,7 +97,8 @@ def cmd_rewind(args: argparse.Namespace) -> int:
         print(f"the checkpoints of '{name}' in scope are already at or before {result.target}; none moved")
     if result.reapply_effects:
         shown = (
-            ", ".join(f"{b} ({n} vBuckets)" for b, n in lowered.items()) or "none was above the checkpoints"
+            ", ".join(f"{b} ({counted(n, 'vBucket')})" for b, n in lowered.items())
+            or "none was above the checkpoints"
         )
         print(
             f"effects: REAPPLIED. The effect marks were lowered ({shown}), so every binding write of the "

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from eventing.cli.common import existing_state
 from eventing.cli.output import emit_json
+from eventing.core.wording import counted
 
 if TYPE_CHECKING:
     from eventing.ops.debugger import DebugSession
@@ -129,11 +130,14 @@ def _print_footer(session: DebugSession) -> None:
     writes = len(session.writes)
     if writes and session.applied:
         print(
-            f"{writes} writes applied directly (origin '{session.function}'); the worker still handles this "
-            "mutation, so they may be applied twice"
+            f"{counted(writes, 'write')} applied directly (origin '{session.function}'); the worker still "
+            f"handles this mutation, so {'it' if writes == 1 else 'they'} may be applied twice"
         )
     elif writes:
-        print(f"{writes} writes shown, not applied (--apply writes them)")
+        print(
+            f"{counted(writes, 'write')} shown, not applied "
+            f"(--apply writes {'it' if writes == 1 else 'them'})"
+        )
     m = pulled.mutation
     print(
         f"the mutation was not consumed: the worker that owns vBucket {m.vb} handles seqno {m.seqno} in its "

@@ -141,8 +141,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
             else ""
         )
         print(
-            f"replayed {report.replayed} of {report.selected} dead letters of '{args.function}' "
-            f"({report.writes_applied} writes applied{skipped}); {report.failed} still failing"
+            f"replayed {report.replayed} of {counted(report.selected, 'dead letter')} of '{args.function}' "
+            f"({counted(report.writes_applied, 'write')} applied{skipped}); {report.failed} still failing"
             + (
                 f", {report.not_replayable} not replayable (not handler work)"
                 if report.not_replayable
@@ -164,7 +164,7 @@ def cmd_purge(args: argparse.Namespace) -> int:
     if args.json:
         emit_json({"function": args.function, "purged": removed})
     else:
-        print(f"purged {removed} dead letters of '{args.function}'")
+        print(f"purged {counted(removed, 'dead letter')} of '{args.function}'")
     return 0
 
 

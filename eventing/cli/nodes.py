@@ -7,6 +7,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from eventing.cli.output import emit_json, table
+from eventing.core.wording import counted
 from eventing.errors import LifecycleError
 
 if TYPE_CHECKING:
@@ -128,7 +129,7 @@ def _print_plan(d: dict[str, Any]) -> None:
     print("nodes (vBuckets before -> after):")
     for node, before in d["nodes_before"].items():
         print(f"  {node}: {before} -> {d['nodes_after'].get(node, 0)}")
-    print(f"moves: {d['moves']} vBuckets")
+    print(f"moves: {counted(d['moves'], 'vBucket')}")
     for g in d["move_groups"]:
         print(f"  {g['from']} -> {g['to']}: {g['vbuckets']} ({g['ranges']})")
     for name, f in d["functions"].items():

@@ -41,28 +41,46 @@ def _retention(value: str) -> float:
     return seconds
 
 
-def _credentials(config: Any) -> list[str]:
-    """What a caller must present, as the server will check it: the tokens given and the stored users."""
-    from eventing.security.users import stored_user_count
+def _credentials(config: Any) -> tuple[list[str], str | None]:
+    """What a caller must present, as the server will check it (the tokens given, the stored users), and why
+    no caller can be accepted now, if so: a metadata store that cannot be read, or one that had users and
+    has none left (it never goes back to trusting every local caller)."""
+    from eventing.security.users import store_had_users, stored_users
 
-    users = stored_user_count(config.state)
-    return (
-        (["the admin token"] if config.admin_token else [])
-        + (["the read-only token"] if config.read_token else [])
-        + ([f"the password of {users} user{'s' if users != 1 else ''}"] if users else [])
+    needed = (["the admin token"] if config.admin_token else []) + (
+        ["the read-only token"] if config.read_token else []
     )
+    try:
+        users = len(stored_users(config.state))
+        had_users = users > 0 or store_had_users(config.state)
+    except Exception as exc:  # noqa: BLE001 - a damaged or unreachable store: the guard answers 503 meanwhile
+        reason = (str(exc).splitlines() or [type(exc).__name__])[0]
+        return needed, f"every request is answered 503 until the metadata store can be read: {reason}"
+    if users:
+        needed.append(f"the password of {users} user{'s' if users != 1 else ''}")
+    elif had_users and not needed:
+        return ["a user's password"], (
+            "the metadata store had users and has none left, so no caller is accepted; add one with "
+            "`eventing user add NAME --role admin` (a running server sees it within 2 s)"
+        )
+    return needed, None
 
 
-def _banner(config: Any) -> str:
-    needed = _credentials(config)
+def _banner(config: Any, suffix: str = "") -> str:
+    """The line `serve` starts with (`suffix` at its end), and a warning line when no caller can be
+    accepted."""
+    needed, problem = _credentials(config)
     auth = (
         f"credentials required: {', '.join(needed)}"
         if needed
         else "no credentials: every local caller is trusted (loopback only)"
+        if problem is None
+        else "credentials: unknown until the metadata store can be read"
     )
     return (
         f"eventing console and API on http://{config.host}:{config.port}/ ({auth}); data "
-        f"{config.state.shown}; API description at /api/v1/openapi.json, metrics at /metrics"
+        f"{config.state.shown}; API description at /api/v1/openapi.json, metrics at /metrics{suffix}"
+        + (f"\nwarning: {problem}" if problem else "")
     )
 
 
@@ -102,19 +120,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
     kv = _start_kv(args, config)
     kv_port = kv.node.kv_port if kv is not None else None
     if args.json:
+        needed, problem = _credentials(config)
         emit_json(
             {
                 "url": f"http://{config.host}:{config.port}/",
                 "data_dir": config.state.shown,
-                "secured": bool(_credentials(config)),
-                "credentials": _credentials(config),
+                "secured": bool(needed) or problem is not None,
+                "credentials": needed,
+                "warning": problem,
                 "kv_port": kv_port,
             }
         )
     else:
         print(
-            _banner(config)
-            + (f"; Couchbase SDKs at couchbase://{config.host} (KV port {kv_port})" if kv_port else ""),
+            _banner(
+                config,
+                f"; Couchbase SDKs at couchbase://{config.host} (KV port {kv_port})" if kv_port else "",
+            ),
             flush=True,
         )
     try:
@@ -138,7 +160,7 @@ def _with_serve(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.
         server = start_in_thread(config)
         kv = _start_kv(args, config)
         print(
-            _banner(config) + (f"; KV port {kv.node.kv_port}" if kv is not None else ""),
+            _banner(config, f"; KV port {kv.node.kv_port}" if kv is not None else ""),
             file=sys.stderr,
             flush=True,
         )

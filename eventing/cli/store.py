@@ -9,6 +9,7 @@ from typing import Any
 
 from eventing.cli.common import state_of
 from eventing.cli.output import emit_json
+from eventing.core.wording import counted
 
 
 def cmd_store_copy(args: argparse.Namespace) -> int:
@@ -53,7 +54,7 @@ def cmd_store_info(args: argparse.Namespace) -> int:
         print(
             f"{info['kind']} store {info['store']}: "
             + (
-                f"{len(buckets)} buckets ({', '.join(buckets) or 'none'})"
+                f"{counted(len(buckets), 'bucket')} ({', '.join(buckets) or 'none'})"
                 if info["exists"]
                 else "nothing stored yet"
             )

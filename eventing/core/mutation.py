@@ -20,6 +20,7 @@ OP_NAMES = {OP_UPDATE: "update", OP_DELETE: "delete", OP_EXPIRE: "expire", OP_TI
 MAX_DOCUMENT_BYTES = 20 * 1024 * 1024
 # About how deep JSON may nest: Python's recursion limit (1,000 frames) stops reading it a little before.
 NESTING_LIMIT = 900
+_TOO_DEEP = f"document nests more than about {NESTING_LIMIT} levels deep; flatten it"
 
 
 class Mutation(NamedTuple):
@@ -43,8 +44,9 @@ class Mutation(NamedTuple):
     xattrs: bytes | None = None
 
 
-def _check_json(value: Any, path: str) -> None:
-    """Raise InvalidDocumentError unless value holds only JSON values. Scalars inside a container are
+def _check_json(value: Any, path: str, depth: int = 1) -> None:
+    """Raise InvalidDocumentError unless value holds only JSON values, nested at most NESTING_LIMIT deep (a
+    document stored deeper could not be read back as JSON: RecursionError). Scalars inside a container are
     checked inline (no call, no path string): most documents are flat, and this runs on every write."""
     if isinstance(value, dict):
         items: Any = value.items()
@@ -64,7 +66,9 @@ def _check_json(value: Any, path: str) -> None:
             continue
         if t is float and math.isfinite(item):
             continue
-        _check_json(item, f"{path}.{k}" if is_dict else f"{path}[{k}]")
+        if depth >= NESTING_LIMIT:
+            raise InvalidDocumentError(_TOO_DEEP)
+        _check_json(item, f"{path}.{k}" if is_dict else f"{path}[{k}]", depth + 1)
 
 
 def _check_scalar(value: Any, path: str) -> None:
@@ -98,15 +102,27 @@ def encode_document(doc: Any) -> bytes:
         _check_json(doc, "$")
         data = msgpack.packb(doc, use_bin_type=True)
     except RecursionError:
-        raise InvalidDocumentError(
-            f"document nests more than about {NESTING_LIMIT} levels deep; flatten it"
-        ) from None
+        raise InvalidDocumentError(_TOO_DEEP) from None
     if len(data) > MAX_DOCUMENT_BYTES:
         raise InvalidDocumentError(
             f"document is {len(data):,} bytes encoded, which exceeds the limit of {MAX_DOCUMENT_BYTES:,} "
             "bytes; split it"
         )
     return data
+
+
+def nests_too_deep(value: Any) -> bool:
+    """Whether a decoded JSON value nests more than NESTING_LIMIT containers deep (walked without
+    recursion)."""
+    stack = [(value, 1)] if isinstance(value, dict | list) else []
+    while stack:
+        node, depth = stack.pop()
+        for child in node.values() if isinstance(node, dict) else node:
+            if isinstance(child, dict | list):
+                if depth >= NESTING_LIMIT:
+                    return True
+                stack.append((child, depth + 1))
+    return False
 
 
 def decode_document(data: bytes) -> dict:

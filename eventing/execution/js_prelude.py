@@ -210,6 +210,7 @@ function __describe(e) {
   try {
     if (typeof e === 'string') { return ['Uncaught ' + e, '']; }
     if (typeof e === 'symbol') { return ['Uncaught ' + e.toString(), '']; }
+    if (typeof e === 'bigint') { return ['Uncaught ' + __string(e) + 'n', '']; }
   } catch (x) {}
   var why = '';
   try {

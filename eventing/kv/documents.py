@@ -9,7 +9,6 @@ dict), any other value as its bytes, with the flags the client gave. Expiries ar
 
 from __future__ import annotations
 
-import copy
 import json
 import struct
 import time
@@ -19,7 +18,7 @@ from typing import Any
 
 from eventing.core import xattrs as xattr_codec
 from eventing.core.keyspaces import Keyspace
-from eventing.core.mutation import OP_DELETE, OP_UPDATE, decode_document, encode_document
+from eventing.core.mutation import NESTING_LIMIT, OP_DELETE, OP_UPDATE, decode_document, encode_document
 from eventing.http.dataapi.documents import Answer, Change, live, raw_of, stored_body, value_of
 from eventing.http.dataapi.requests import FLAGS_JSON, UINT64
 from eventing.kv import protocol as p
@@ -217,6 +216,8 @@ def _is_json(raw: bytes) -> bool:
         return True
     except ValueError:
         return False
+    except RecursionError:
+        return True  # JSON nesting too deep to read: stored_body refuses it with one line (EINVAL)
 
 
 def _delete(call: KvCall, coll: Collection, now: float) -> Change:
@@ -447,7 +448,8 @@ def _mutate_in(call: KvCall, coll: Collection, now: float) -> Change:
             is_json, parsed = _json_of(cur)
             if not is_json:
                 raise MultiPathFailure(0, p.SUBDOC_DOC_NOT_JSON)
-            doc = copy.deepcopy(parsed)
+            doc = parsed  # decoded afresh from the stored bytes: nothing else holds it (no deep copy, which
+            # recursed past Python's limit on a document a few hundred levels deep)
         xattrs = xattr_codec.decode(cur.xattrs if cur is not None else None)
         vattr = _vattr(call, coll, cur) if cur is not None else {}
         results.clear()
@@ -466,6 +468,8 @@ def _mutate_in(call: KvCall, coll: Collection, now: float) -> Change:
                     outcome = sd.mutate(doc, opcode, sd.parse_path(path), flags, raw)
             except sd.SubdocError as exc:
                 raise MultiPathFailure(index, exc.status) from None
+            except RecursionError:
+                raise MultiPathFailure(index, p.SUBDOC_VALUE_ETOODEEP) from None
             if opcode == sd.COUNTER:
                 results.append((index, outcome))
         if delete:  # the body and the user XATTRs go (this system keeps no deleted document's system ones)
@@ -478,8 +482,14 @@ def _mutate_in(call: KvCall, coll: Collection, now: float) -> Change:
             data = cur.doc
             body = raw_of(value_of(cur.doc))
         else:
-            body = sd.dumps(doc)
-            data = stored_body(body, flags_now, True)
+            try:
+                body = sd.dumps(doc)
+                data = stored_body(body, flags_now, True)
+            except RecursionError:  # each value was readable, the document they make is not
+                raise KvError(
+                    p.SUBDOC_VALUE_ETOODEEP,
+                    f"the document would nest more than about {NESTING_LIMIT} levels deep; flatten it",
+                ) from None
         return Write(stored, OP_UPDATE, data, keep, flags_now, xattrs=xs.finish(xattrs, body))
 
     def answer(done: Changed) -> Answer:

@@ -12,7 +12,14 @@ from typing import Annotated, Any
 
 import msgspec
 
-from eventing.core.mutation import MAX_DOCUMENT_BYTES, NESTING_LIMIT, OP_DELETE, OP_UPDATE, encode_document
+from eventing.core.mutation import (
+    MAX_DOCUMENT_BYTES,
+    NESTING_LIMIT,
+    OP_DELETE,
+    OP_UPDATE,
+    encode_document,
+    nests_too_deep,
+)
 from eventing.errors import EventingError, InvalidDocumentError, InvalidKeyError
 from sharding import validate_key
 from sharding.vbucket import MAX_KEY_BYTES
@@ -86,6 +93,8 @@ def rows_of_lines(
             elif doc is msgspec.UNSET or line.op not in ("upsert", "update", "insert"):
                 raise ValueError(line.op)
             else:
+                if raw.count(b"{") + raw.count(b"[") > NESTING_LIMIT and nests_too_deep(doc):
+                    raise ValueError(key)  # _parse_line names it (encode_document)
                 data = encode(doc)
                 if len(data) > MAX_DOCUMENT_BYTES:
                     raise ValueError(key)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from eventing.core.wording import counted
 from eventing.errors import ConfigError, LifecycleError, NotFoundError
 from eventing.storage.dumps import TABLES as BUCKET_TABLES
 from eventing.storage.state import StateLike, as_state
@@ -61,7 +62,7 @@ def copy_store(
             with dst.create_bucket(name, partitions=meta.partitions) as made:
                 made.load_dump(meta, ((table, bucket.dump_rows(table)) for table in BUCKET_TABLES))
             copied["buckets"][name] = bucket.stats().get("mutations")
-        say(f"bucket {name}: {copied['buckets'][name] or 0:,} mutations")
+        say(f"bucket {name}: {counted(copied['buckets'][name] or 0, 'mutation')}")
     from metadata.sql.dump import dump_tables, load_tables
 
     src_store.window_states()  # (its table is made on first use)
@@ -69,7 +70,7 @@ def copy_store(
     copied["metadata_rows"] = load_tables(_backend(dst_store), dump_tables(_backend(src_store)))
     say(
         f"metadata store: {len(functions)} function{'s' if len(functions) != 1 else ''}, "
-        f"{sum(copied['metadata_rows'].values()):,} rows"
+        f"{counted(sum(copied['metadata_rows'].values()), 'row')}"
     )
     copied["window_files"] = _copy_windows(src, dst, functions)
     copied["log_lines"] = _copy_logs(src, dst, functions)

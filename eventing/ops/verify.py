@@ -141,7 +141,8 @@ class VerifyReport:
                 f"vb {r['vb']} {r['from_seqno']}->{r['to_seqno']} ({r['how']})"
                 for r in self.checkpoint_regressions[:EXAMPLES]
             )
-            problems.append(f"{len(self.checkpoint_regressions)} checkpoints moved backwards (e.g. {shown})")
+            moved = counted(len(self.checkpoint_regressions), "checkpoint")
+            problems.append(f"{moved} moved backwards (e.g. {shown})")
         return f"NOT ALL MUTATIONS ACCOUNTED FOR ({counts}): " + "; ".join(problems)
 
     def _breakdown(self) -> str:
@@ -154,7 +155,7 @@ class VerifyReport:
             parts.append(f"{self.filtered} not matching the function's filter")
         text = ", ".join(parts)
         if self.collection_filtered:
-            text += f"; {self.collection_filtered} mutations of other collections passed over"
+            text += f"; {counted(self.collection_filtered, 'mutation')} of other collections passed over"
         if self.past_checkpoint:
             text += (
                 f"; {self.past_checkpoint} more past the checkpoints, not owed yet "

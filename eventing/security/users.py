@@ -273,14 +273,6 @@ def store_had_users(state: State) -> bool:
     return state.metadata.get_kv(USERS_MARK) is not None
 
 
-def stored_user_count(state: State) -> int:
-    """How many users the metadata store holds (0 when it cannot be read: no user can sign in then either)."""
-    try:
-        return len(stored_users(state))
-    except Exception:  # noqa: BLE001 - a damaged or busy store: the server's answers say so
-        return 0
-
-
 def has_admin_user(state: State) -> bool:
     try:
         return any(any(r == ADMIN for r in u.roles) for u in stored_users(state))

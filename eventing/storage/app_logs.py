@@ -92,7 +92,7 @@ class AppLogWriter:
 
     def _rotate(self, fd: int, *, locked: bool = False) -> int:
         """Shift the files up by one under the rotation lock (``locked``: the caller holds it)."""
-        lock = -1 if locked else os.open(str(self.path) + ".lock", os.O_WRONLY | os.O_CREAT, 0o644)
+        lock = -1 if locked else os.open(str(self.path) + ".lock", os.O_WRONLY | os.O_CREAT, PRIVATE_FILE)
         try:
             if not locked:
                 fcntl.flock(lock, fcntl.LOCK_EX)

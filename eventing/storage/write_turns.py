@@ -28,7 +28,7 @@ import sqlite3
 import threading
 from pathlib import Path
 
-from metadata.sqlite_io import without_busy_wait
+from metadata.sqlite_io import PRIVATE_FILE, without_busy_wait
 
 # Four times SQLite's own checkpoint interval (bucket.WAL_AUTOCHECKPOINT_PAGES). A writer alone never
 # gets here: its WAL file peaks at 63-82 MB with transactions of 10,000 writes, and SQLite's checkpoint
@@ -50,7 +50,9 @@ class _Turn:
         self.lock.acquire()
         try:
             if self.fd is None:
-                self.fd = os.open(f"{self.path}{TURN_SUFFIX}", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                self.fd = os.open(
+                    f"{self.path}{TURN_SUFFIX}", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, PRIVATE_FILE
+                )
             fcntl.flock(self.fd, fcntl.LOCK_EX)
             self.flocked = True
         except OSError:

@@ -5,6 +5,7 @@ deployed function exactly once, in order (counted with the ledger)."""
 
 from __future__ import annotations
 
+import json
 import socket
 from datetime import timedelta
 
@@ -20,9 +21,11 @@ from couchbase.exceptions import (  # noqa: E402
     CasMismatchException,
     DocumentExistsException,
     DocumentNotFoundException,
+    InvalidArgumentException,
     PathExistsException,
     PathNotFoundException,
     UnAmbiguousTimeoutException,
+    ValueTooDeepException,
 )
 from couchbase.options import (  # noqa: E402
     ClusterOptions,
@@ -30,11 +33,12 @@ from couchbase.options import (  # noqa: E402
     GetOptions,
     IncrementOptions,
     InsertOptions,
+    MutateInOptions,
     ReplaceOptions,
     SignedInt64,
     UpsertOptions,
 )
-from couchbase.transcoder import RawBinaryTranscoder  # noqa: E402
+from couchbase.transcoder import RawBinaryTranscoder, RawJSONTranscoder  # noqa: E402
 
 from eventing.control.service import EventingService  # noqa: E402
 from eventing.http.auth import ServerConfig  # noqa: E402
@@ -188,6 +192,32 @@ def test_lookup_in_and_mutate_in(shop):
         c.mutate_in("sub", [SD.insert("fresh", 1)])
     with pytest.raises(DocumentNotFoundException):
         c.lookup_in("no-such-doc", [SD.get("x")])
+
+
+def test_json_nested_too_deep_is_refused_with_its_reason_never_an_internal_error(site, shop, caplog):
+    """A value nesting deeper than documents may (a RecursionError where it is read) is refused as the Data
+    API refuses it: a set by EINVAL naming the nesting, a sub-document value, or the document a value would
+    make, by SUBDOC_VALUE_ETOODEEP; nothing is stored and the server logs no internal error. A document
+    within the limit is changed by path."""
+    c = shop.default_collection()
+    raw = UpsertOptions(transcoder=RawJSONTranscoder())
+    deep = b'{"a":' * 5000 + b"1" + b"}" * 5000
+    with pytest.raises(InvalidArgumentException):  # EINVAL (status 4), not EINTERNAL
+        c.upsert("deep", deep, raw)
+    c.upsert("sub-deep", b'{"a":' * 200 + b"0" + b"}" * 200, raw)
+    raw_values = MutateInOptions(transcoder=RawJSONTranscoder())
+    with pytest.raises(ValueTooDeepException):
+        c.mutate_in("sub-deep", [SD.upsert("n", b"1"), SD.upsert("v", deep)], raw_values)
+    # each value readable, the document it would make too deep
+    with pytest.raises(ValueTooDeepException):
+        c.mutate_in("sub-deep", [SD.upsert(".".join(["a"] * 200), b"[" * 850 + b"]" * 850)], raw_values)
+    c.upsert("doc-deep", b'{"a":' * 700 + b"0" + b"}" * 700, raw)  # a document within the limit
+    c.mutate_in("doc-deep", [SD.upsert("n", 1)])  # changed by path (a deep copy of it once recursed too far)
+    assert c.lookup_in("doc-deep", [SD.get("n")]).content_as[int](0) == 1
+    with open_keyspace(site["data_dir"], "shop") as coll:
+        assert coll.get("deep") is None
+        assert json.dumps(coll.get("sub-deep")) == '{"a": ' * 200 + "0" + "}" * 200  # unchanged
+    assert "KV request" not in caplog.text
 
 
 def test_scopes_and_collections_and_an_unknown_collection(site, shop):

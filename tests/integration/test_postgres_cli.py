@@ -257,7 +257,7 @@ def test_dead_letters_are_listed_and_replayed_with_the_fixed_handler(session):
     session.cmd.ok("pause", "fn_total")
     session.cmd.ok("create", str(session.functions / "fn_total_fixed.json"))
     out = session.cmd.ok("dlq", "replay", "fn_total", "--all")
-    assert out.startswith("replayed 1 of 1 dead letters of 'fn_total'"), out
+    assert out.startswith("replayed 1 of 1 dead letter of 'fn_total'"), out
     session.cmd.ok("resume", "fn_total")
     assert json.loads(session.cmd.ok("bucket", "get", "totals", "order::2")) == {"total": 0}
     assert session.json("dlq", "list", "fn_total") == []

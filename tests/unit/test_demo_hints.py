@@ -58,3 +58,15 @@ def test_the_demo_names_the_command_as_it_was_run(monkeypatch):
     as_module = demo.program()
     assert as_module.endswith(" -m eventing") and runs_as_printed(as_module, bare_path)
     assert demo._console_hint(".eventing").startswith(f"{as_module} serve --data-dir .eventing")
+
+
+def test_the_readme_says_everything_the_demo_does():
+    """The README's paragraph on scripts/demo.sh names every bucket and function the demo makes, the chart
+    it draws, and the command form its hints print (a reader once learned of fn_email and fn_score only)."""
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("`scripts/demo.sh` creates")
+    paragraph = readme[start : readme.index("\n\n", start)]
+    for name in (*demo.DEMO_BUCKETS, *demo.DEMO_FUNCTIONS):
+        assert f"`{name}`" in paragraph, name
+    assert f"`.eventing/{demo.WINDOW_FUNCTION}.png`" in paragraph and "chart" in paragraph
+    assert "`.venv/bin/eventing`" in paragraph

@@ -293,7 +293,7 @@ def test_purge_removes_only_the_selected_rows_and_says_how_many(data_dir, capsys
     )
     remaining = len(open_store(data_dir).dlq_rows("fn_p", include_replayed=True))
     code, out, _ = cli(capsys, "dlq", "purge", "fn_p", "--all", *dd)
-    assert code == 0 and out.strip() == f"purged {remaining} dead letters of 'fn_p'"
+    assert code == 0 and out.strip() == f"purged {remaining} dead letter{'s' * (remaining != 1)} of 'fn_p'"
     assert open_store(data_dir).dlq_rows("fn_p", include_replayed=True) == []
 
 
@@ -357,7 +357,7 @@ def test_debug_trace_shows_doc_meta_log_reads_and_writes_and_applies_nothing(dat
         "log     handling alpha rev 1",
         "read    dst['alpha'] -> {\"rev\": 0}",
         'write   dst[\'alpha\'] = {"rev": 1, "previous": 0}',
-        "1 writes shown, not applied",
+        "1 write shown, not applied",
         "the mutation was not consumed",
     ):
         assert text in out, out

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import email.utils
 import io
+import json
 import os
 import time
 from pathlib import Path
@@ -18,7 +19,8 @@ from starlette.testclient import TestClient
 
 from eventing.cli.app import main
 from eventing.cli.serve import _banner
-from eventing.errors import ConfigError
+from eventing.core.mutation import encode_document
+from eventing.errors import ConfigError, InvalidDocumentError
 from eventing.http.app import build_app
 from eventing.http.auth import ServerConfig
 from eventing.security import users as security_users
@@ -83,6 +85,34 @@ def test_deeply_nested_json_is_a_400_with_one_line_everywhere(client):
     assert r.json()["error"].startswith("line 2: the JSON nests more than about 900 levels deep")
     r = client.post("/api/v1/functions/fn_x", headers=A, content=DEEP)
     assert r.status_code == 400 and "nests too deeply" in one_line(r.json()["error"])
+
+
+def test_documents_nest_at_most_900_deep_on_every_write_so_each_stored_one_reads_back(client):
+    """How deep a decoder reaches depends on the stack it runs on: a Data API PUT of 990 levels was stored and
+    its GET was a 500 (RecursionError). The limit is the same on every write: 900 levels."""
+
+    def nested(depth: int) -> str:
+        return '{"a":' * depth + "1" + "}" * depth
+
+    for depth, status in ((900, 200), (901, 400), (950, 400), (990, 400)):
+        r = client.put(
+            f"{DOC}/d{depth}", content=nested(depth), headers={**A, "content-type": "application/json"}
+        )
+        assert r.status_code == status, (depth, r.text)
+        got = client.get(f"{DOC}/d{depth}", headers=A)
+        if status == 200:
+            assert got.status_code == 200 and got.text == nested(depth)
+        else:
+            assert (
+                "nests more than about 900 levels" in one_line(r.json()["message"]) and got.status_code == 404
+            )
+    r = client.post(
+        "/api/v1/keyspaces/shop/load", headers=A, content='{"key": "l", "doc": ' + nested(901) + "}\n"
+    )
+    assert r.status_code == 400 and "nests more than about 900 levels deep" in r.json()["error"]
+    assert encode_document(json.loads(nested(900)))
+    with pytest.raises(InvalidDocumentError, match="nests more than about 900 levels deep"):
+        encode_document(json.loads(nested(901)))  # a handler's write
 
 
 def test_an_expires_out_of_range_is_a_400_and_a_sub_second_one_rounds_up(client):
@@ -268,6 +298,34 @@ def test_serve_says_which_credentials_are_in_force(data_dir):
     assert "credentials required: the admin token, the password of 1 user" in banner
     client = TestClient(build_app(ServerConfig(data_dir)), base_url="http://127.0.0.1:8096")
     assert client.get("/api/v1/status").status_code == 401  # as the banner says
+
+
+def test_serve_never_says_every_caller_is_trusted_when_it_accepts_none(data_dir, tmp_path):
+    """A store whose users were all removed still needs credentials (its users' mark), and a store that
+    cannot be read answers 503: the banner says so instead of "no credentials"."""
+    LocalBucket.create(data_dir, "shop").close()
+    with open_store(data_dir) as store:
+        store.put_user("ann", hash_password("ann-password"), ["ro_admin"])
+        store.delete_user("ann")
+    client = TestClient(build_app(ServerConfig(data_dir)), base_url="http://127.0.0.1:8096")
+    assert client.get("/api/v1/status").status_code == 401
+    banner = _banner(ServerConfig(data_dir))
+    assert "no credentials" not in banner and "credentials required: a user's password" in banner
+    assert (
+        "\nwarning: the metadata store had users and has none left" in banner
+        and "eventing user add" in banner
+    )
+    assert "warning" not in _banner(ServerConfig(data_dir, admin_token=ADMIN))  # the token is accepted
+    damaged = str(tmp_path / "damaged")
+    LocalBucket.create(damaged, "shop").close()
+    deploy_function(damaged, _definition(), "def on_update(doc, meta):\n    pass\n")
+    os.truncate(Path(damaged) / SQLITE_FILE, 0)  # emptied: damaged, never a new store without users
+    client = TestClient(build_app(ServerConfig(damaged)), base_url="http://127.0.0.1:8096")
+    assert client.get("/api/v1/status").status_code == 503
+    first, warning = _banner(ServerConfig(damaged), "; KV port 11210").split("\n")
+    assert "no credentials" not in first and first.endswith("; KV port 11210")
+    assert warning.startswith("warning: every request is answered 503 until the metadata store can be read: ")
+    assert "is damaged (truncated to 0 bytes)" in warning
 
 
 def test_tokens_come_from_files_and_leave_the_environment(tmp_path, monkeypatch):

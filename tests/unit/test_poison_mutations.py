@@ -284,6 +284,7 @@ def test_a_timer_callback_its_worker_dies_on_is_dead_lettered_after_two_deaths(d
             "Uncaught a value whose properties cannot be read (a Proxy whose traps throw)",
         ),
         ("throw Symbol('poison');", "Uncaught Symbol(poison)"),
+        ("throw 10n;", "Uncaught 10n"),  # as V8 shows it (JSON has no BigInt)
         # Past the prelude's catch (its describer replaced): V8's exception becomes a plain error all the
         # same.
         ("__describe = trap; throw 1;", "Error: trap"),

@@ -57,6 +57,7 @@ def test_a_data_directory_its_store_buckets_and_backups_are_private(tmp_path, ca
             root / "buckets" / "src.sqlite3",
             root / "buckets" / "parts.sqlite3",
             root / "buckets" / "parts.partitions" / "1.sqlite3",
+            root / "buckets" / "src.sqlite3-wlock",  # the writers' turns: a side file, empty, private too
         ]
         assert {str(f): mode(f) for f in files} == {str(f): 0o600 for f in files}
     assert cli(capsys, data_dir, "run", "--until-caught-up", "--executor", "in-process")[0] == 0

@@ -115,3 +115,51 @@ def test_counts_of_one_are_singular(data_dir, tmp_path, capsys):
     answer = client.post("/api/v1/keyspaces/src/load", content=b'{"key": "a", "doc": {}}\nnot json\n')
     assert answer.status_code == 400, answer.text
     assert "; the row before it is committed, none after" in answer.json()["error"]
+
+
+FAILING_ONCE = """
+def on_update(doc, meta):
+    if doc.get("bad") and not FIXED:
+        raise ValueError("bad doc")
+    out[meta.id] = doc
+"""
+
+
+def test_one_replayed_purged_or_debugged_write_and_a_first_bad_load_line_are_said_singular(
+    data_dir, tmp_path, capsys
+):
+    for name in ("src", "out"):
+        create_bucket(data_dir, name).close()
+    (tmp_path / "fn_d.py").write_text(FAILING_ONCE)
+    definition = {
+        "name": "fn_d",
+        "source_bucket": "src",
+        "handler": "fn_d.py",
+        "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
+        "constants": {"FIXED": False},
+    }
+    (tmp_path / "fn_d.json").write_text(json.dumps(definition))
+    with open_keyspace(data_dir, "src") as src:
+        src.upsert("k1", {"bad": True})
+    assert cli(capsys, data_dir, "deploy", str(tmp_path / "fn_d.json"))[0] == 0
+    assert cli(capsys, data_dir, "run", "--until-caught-up", "--executor", "in-process")[0] == 3
+    assert cli(capsys, data_dir, "pause", "fn_d")[0] == 0
+    (tmp_path / "fn_d.json").write_text(json.dumps({**definition, "constants": {"FIXED": True}}))
+    assert cli(capsys, data_dir, "create", str(tmp_path / "fn_d.json"))[0] == 0
+    status, out = cli(capsys, data_dir, "dlq", "replay", "fn_d", "--all")
+    assert status == 0 and "replayed 1 of 1 dead letter of 'fn_d' (1 write applied); 0 still failing" in out
+    status, out = cli(capsys, data_dir, "dlq", "purge", "fn_d", "--replayed")
+    assert status == 0 and "purged 1 dead letter of 'fn_d'" in out
+    assert cli(capsys, data_dir, "resume", "fn_d")[0] == 0
+    with open_keyspace(data_dir, "src") as src:
+        src.upsert("k2", {"n": 2})
+    status, out = cli(capsys, data_dir, "debug", "fn_d", "--key", "k2", "--trace")
+    assert status == 0 and "\n1 write shown, not applied (--apply writes it)\n" in out, out
+    status, out = cli(capsys, data_dir, "debug", "fn_d", "--key", "k2", "--apply")
+    assert (
+        "\n1 write applied directly (origin 'fn_d'); the worker still handles this mutation, so it may" in out
+    )
+    client = TestClient(build_app(ServerConfig(data_dir)), base_url="http://127.0.0.1:8096")
+    answer = client.post("/api/v1/keyspaces/src/load", content=b"not json\n")
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"].endswith("; nothing is committed") and "0 rows" not in answer.text

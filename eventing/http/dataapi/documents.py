@@ -13,7 +13,14 @@ from urllib.parse import unquote_to_bytes
 
 import msgspec
 
-from eventing.core.mutation import NESTING_LIMIT, OP_DELETE, OP_UPDATE, decode_document, encode_document
+from eventing.core.mutation import (
+    NESTING_LIMIT,
+    OP_DELETE,
+    OP_UPDATE,
+    decode_document,
+    encode_document,
+    nests_too_deep,
+)
 from eventing.http.dataapi.errors import ApiError, bad
 from eventing.http.dataapi.requests import (
     DURABILITY_LEVELS,
@@ -69,6 +76,13 @@ def content_type_of(value: Any, flags: int) -> str:
         return "application/json"
 
 
+def _too_deep() -> ApiError:
+    return bad(
+        f"The body's JSON nests more than about {NESTING_LIMIT} levels deep, deeper than documents may; "
+        "flatten it"
+    )
+
+
 def stored_body(raw: bytes, flags: int, declared_json: bool) -> bytes:
     """The msgpack bytes to store for a body: a JSON object as a map (what handlers read as a dict), anything
     else as its bytes. A body declared JSON (Content-Type application/json) must be JSON."""
@@ -77,10 +91,7 @@ def stored_body(raw: bytes, flags: int, declared_json: bool) -> bytes:
         try:
             value = _json_decode(raw)
         except RecursionError:
-            raise bad(
-                f"The body's JSON nests more than about {NESTING_LIMIT} levels deep, deeper than documents "
-                "may; flatten it"
-            ) from None
+            raise _too_deep() from None
         except (msgspec.DecodeError, UnicodeDecodeError) as exc:
             if declared_json:
                 raise bad(
@@ -89,6 +100,10 @@ def stored_body(raw: bytes, flags: int, declared_json: bool) -> bytes:
                 ) from None
             value = None
         if isinstance(value, dict):
+            # Readable here, yet deeper than documents may (how deep a decoder reaches depends on the stack):
+            # it would not be read back. Only a body with that many brackets can be, so most are not walked.
+            if raw.count(b"{") + raw.count(b"[") > NESTING_LIMIT and nests_too_deep(value):
+                raise _too_deep()
             try:
                 return _pack(value)
             except (OverflowError, TypeError, ValueError):

@@ -153,8 +153,14 @@ class _Loader:
         if problem:
             fix = "fix that line and send the lines from it on again"
             n = self.committed
-            before = "the row before it is" if n == 1 else f"the {n:,} rows before it are"
-            return 400, {"error": f"{problem}; {before} committed, none after", "fix": fix, **answer}
+            committed = (
+                "nothing is committed"
+                if n == 0
+                else "the row before it is committed, none after"
+                if n == 1
+                else f"the {n:,} rows before it are committed, none after"
+            )
+            return 400, {"error": f"{problem}; {committed}", "fix": fix, **answer}
         return 200, answer
 
 

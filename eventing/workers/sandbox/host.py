@@ -126,9 +126,8 @@ def memory_mb(defn: Any) -> int:
 def _project() -> tuple[str, list[str]]:
     """The folder holding the project's packages (a checkout, site-packages, or a folder Ray unpacked them
     into) and the packages' folders."""
-    from eventing.core.names import PROJECT_PACKAGES
-
     import eventing
+    from eventing.core.names import PROJECT_PACKAGES
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(eventing.__file__)))
     return root, [
