@@ -115,6 +115,23 @@ def test_documents_nest_at_most_900_deep_on_every_write_so_each_stored_one_reads
         encode_document(json.loads(nested(901)))  # a handler's write
 
 
+def test_a_document_stored_deeper_before_the_limit_still_reads_back(client, data_dir):
+    """Written before every write was held to 900 levels (a PUT of 990 levels was stored then)."""
+    import msgpack
+
+    from eventing.core.mutation import OP_UPDATE
+    from eventing.storage.values import Write
+
+    deep: object = 1
+    for _ in range(990):
+        deep = {"a": deep}
+    shop = LocalBucket.open(data_dir, "shop")
+    shop.write([Write("old-deep", OP_UPDATE, msgpack.packb(deep, use_bin_type=True))])
+    shop.close()
+    got = client.get(f"{DOC}/old-deep", headers=A)
+    assert got.status_code == 200 and got.text == '{"a":' * 990 + "1" + "}" * 990
+
+
 def test_an_expires_out_of_range_is_a_400_and_a_sub_second_one_rounds_up(client):
     r = client.put(f"{DOC}/e", content="{}", headers={**A, "expires": "9" * 5000 + "s"})
     assert r.status_code == 400 and "is out of range" in one_line(r.json()["message"])

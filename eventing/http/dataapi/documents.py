@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import email.utils
 import json
+import sys
+import threading
 import time
 import zlib
 from collections.abc import Callable
@@ -50,7 +52,26 @@ def raw_of(value: Any) -> bytes:
     """A stored document as the bytes of its body."""
     if isinstance(value, bytes):
         return value
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+    try:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+    except RecursionError:
+        return _deep_raw_of(value)
+
+
+_DEEP = threading.Lock()
+
+
+def _deep_raw_of(value: Any) -> bytes:
+    """A document stored before writes were held to NESTING_LIMIT levels (up to ~990) reads back: the
+    encoder recurses once a level, on a stack a server's request already holds part of. The limit is the
+    process's, so one such document at a time, and it is put back at once."""
+    with _DEEP:
+        limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(limit + 4 * NESTING_LIMIT)
+        try:
+            return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+        finally:
+            sys.setrecursionlimit(limit)
 
 
 def content_type_of(value: Any, flags: int) -> str:
