@@ -480,7 +480,10 @@ def _mutate_in(call: KvCall, coll: Collection, now: float) -> Change:
         else:
             body = sd.dumps(doc)
             data = stored_body(body, flags_now, True)
-        return Write(stored, OP_UPDATE, data, keep, flags_now, xattrs=xs.finish(xattrs, body))
+        after = xs.finish(xattrs, body)
+        if after is None and cur is not None and cur.xattrs is not None:
+            after = xattr_codec.NONE  # the last XATTR removed (None would keep the document's)
+        return Write(stored, OP_UPDATE, data, keep, flags_now, xattrs=after)
 
     def answer(done: Changed) -> Answer:
         body = b"".join(
