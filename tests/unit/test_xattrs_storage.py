@@ -189,3 +189,11 @@ def test_names_macros_and_the_crc():
     raw = X.encode({"c": X.CAS_MACRO, "other": "text"})
     assert X.has_macros(raw) and not X.has_macros(X.encode({"c": "${Mutation.CAS}"}))
     assert msgpack.unpackb(X.expand(raw, 1, 2)) == {"c": "0x0100000000000000", "other": "text"}
+
+
+def test_a_scan_gives_each_documents_xattrs_in_its_meta(bucket):
+    tagged = X.encode({"owner": "ada"})
+    bucket.write([Write("s1", OP_UPDATE, _doc(1), xattrs=tagged), Write("s2", OP_UPDATE, _doc(2))])
+    scanned = {key: (doc, meta) for key, doc, meta in bucket.scan("s")}
+    assert scanned["s1"][0] == {"i": 1} and scanned["s1"][1]["xattrs"] == tagged  # as get_meta gives them
+    assert "xattrs" not in scanned["s2"][1] and set(scanned) == {"s1", "s2"}
