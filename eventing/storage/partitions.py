@@ -163,9 +163,7 @@ class PartitionedBucket(NothingAhead):
                 out[i] = where
         return out
 
-    def load_rows(
-        self, rows: Sequence[tuple[str, int, bytes | None, int]], *, arrival_ms: int | None = None
-    ) -> int:
+    def load_rows(self, rows: Sequence[tuple], *, arrival_ms: int | None = None) -> int:
         arrival = int(time.time() * 1000) if arrival_ms is None else arrival_ms
         return sum(
             self.parts[part].load_rows([rows[i] for i in indices], arrival_ms=arrival)

@@ -136,6 +136,10 @@ def test_an_export_carries_the_documents_xattrs_and_a_load_puts_them_back(capsys
         X.encode({"t": 1}),
         None,
     ]
+    # into a named collection: the same lines, its keys stored under the collection's mark
+    assert run_cli(capsys, "collection", "create", "copy.s.c", *dd)[0] == 0
+    assert run_cli(capsys, "bucket", "load", "copy.s.c", "--file", str(out_file), *dd)[0] == 0
+    assert json_of(capsys, "bucket", "get", "copy.s.c", "a::2", *dd)["xattrs"] == tagged
 
 
 @pytest.mark.parametrize("argv", [["keys", "src", "--limit", "0"], ["scan", "src", "--limit", "-3"]])
