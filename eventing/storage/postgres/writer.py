@@ -2,13 +2,16 @@
 cas and its transaction's arrival time, exactly as a bucket file's (eventing.storage.writes), and once the
 transaction commits the workers owning the written vBuckets are told (eventing.storage.postgres.wake).
 
-A write transaction is three statements whatever its size:
+A write transaction is four statements whatever its size:
 
 1. ``lock_heads``: the high seqno rows of the vBuckets it writes, locked in vBucket order (``FOR UPDATE``):
    writers of other vBuckets go on, writers of the same vBuckets wait for the commit, so a vBucket's
    seqnos are handed out in order and never twice, and a reader never sees seqno n + 1 before n;
 2. for a batch holding deletes, whether each deleted key is live (a delete of nothing is not logged);
-3. ``insert_in``: the log rows, with the documents' new versions and the high seqnos derived from them by
+3. ``send_holds``: whether the bucket has any document with extended attributes, which its updates keep
+   (one probe of a partial index; only where it has some, a fifth statement reads those of the batch's
+   keys, in one more round trip);
+4. ``insert_in``: the log rows, with the documents' new versions and the high seqnos derived from them by
    the server (each key's last version, each vBucket's last seqno), so the rows cross the wire once: one
    row as plain parameters, up to COPY_MIN_ROWS as arrays (``unnest``) in one statement, more by binary
    COPY and one statement after it.
