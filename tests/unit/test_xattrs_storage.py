@@ -147,6 +147,9 @@ def test_a_bucket_file_written_before_xattrs_opens_and_takes_them(data_dir, monk
     assert "xattrs" not in {r[1] for r in db.execute("PRAGMA table_info(docs)")}
     db.close()
     with open_bucket(data_dir, "old") as b:
+        # the partial index a write probes for XATTRs to keep (a full scan of the documents without it)
+        plan = b.file.db.execute("EXPLAIN QUERY PLAN SELECT 1 FROM docs WHERE xattrs IS NOT NULL LIMIT 1")
+        assert "USING INDEX docs_xattrs" in str(plan.fetchall())
         assert b.get("kept") == {"i": 1} and "xattrs" not in b.get_meta("kept")
         assert b.read_vb(vb, 0, 10)[0].xattrs is None
         b.write([Write("kept", OP_UPDATE, _doc(2), xattrs=X.encode({"v": 2}))])
@@ -165,6 +168,8 @@ def test_a_postgresql_store_written_before_xattrs_opens_and_takes_them(request):
         assert db.read(columns) == [(0,)]
         b = pg_buckets.create_bucket(db, "b")
         assert db.read(columns) == [(2,)]
+        index = "SELECT count(*) FROM pg_indexes WHERE indexname = 'bucket_docs_xattrs' AND schemaname = current_schema()"
+        assert db.read(index) == [(1,)]
         assert db.read("SELECT version FROM eventing_schema WHERE component = 'buckets'") == [
             (pg_schema.VERSION,)
         ]
