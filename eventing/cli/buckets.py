@@ -14,6 +14,7 @@ from typing import Any
 
 from eventing.cli.common import EXIT_INTERRUPTED, parse_doc_arg, positive_int, state_of, writable_state
 from eventing.cli.output import emit_json, progress_enabled, table
+from eventing.core import xattrs as xattr_codec
 from eventing.core.wording import counted
 from eventing.errors import (
     ConfigError,
@@ -201,8 +202,15 @@ def cmd_bucket_get(args: argparse.Namespace) -> int:
         meta = bucket.get_meta(args.key)
     value, kind = _shown(doc)
     if args.json:
+        xattrs = meta.pop("xattrs", None) if meta else None
         emit_json(
-            {"key": args.key, "meta": meta, "doc": value, **({"datatype": kind} if kind != "json" else {})}
+            {
+                "key": args.key,
+                "meta": meta,
+                "doc": value,
+                **({"datatype": kind} if kind != "json" else {}),
+                **({"xattrs": xattr_codec.decode(xattrs)} if xattrs is not None else {}),
+            }
         )
     elif kind == "json":
         print(json.dumps(value, indent=2, ensure_ascii=False))
@@ -246,10 +254,13 @@ def cmd_bucket_keys(args: argparse.Namespace) -> int:
 
 
 def _doc_line(key: str, doc: dict, meta: dict) -> dict:
-    # `bucket load --file` reads key, doc and expiry back and ignores meta.
+    # `bucket load --file` reads key, doc, expiry and xattrs back and ignores meta.
     line: dict[str, Any] = {"key": key, "doc": doc}
     if meta["expiry"]:
         line["expiry"] = meta["expiry"]
+    xattrs = meta.pop("xattrs", None)
+    if xattrs is not None:  # the document's extended attributes, user and system ones, as JSON
+        line["xattrs"] = xattr_codec.decode(xattrs)
     line["meta"] = meta
     return line
 

@@ -28,9 +28,21 @@ _SEQNO_PACKED = msgpack.packb(SEQNO_MACRO)
 _MARK = b"\x00${Mutation."
 
 
+# What a write (eventing.storage.values.Write) carries to leave the document without XATTRs. A write that
+# carries None keeps the document's own, as every full-document write does in Couchbase; this one (an
+# empty map: ``decode`` reads it as {}) is stored as NULL.
+NONE = msgpack.packb({})
+
+
 def encode(xattrs: dict[str, Any]) -> bytes | None:
     """A document's XATTRs as stored: None when there are none."""
     return msgpack.packb(xattrs, use_bin_type=True) if xattrs else None
+
+
+def for_write(xattrs: dict[str, Any]) -> bytes:
+    """The XATTRs a write leaves the document with: ``NONE`` when there are none (not None, which keeps the
+    document's own)."""
+    return msgpack.packb(xattrs, use_bin_type=True) if xattrs else NONE
 
 
 def decode(raw: bytes | None) -> dict[str, Any]:
@@ -39,7 +51,7 @@ def decode(raw: bytes | None) -> dict[str, Any]:
 
 def user_xattrs(raw: bytes | None) -> dict[str, Any]:
     """The user XATTRs of stored ones (what Couchbase Eventing hands OnUpdate as its third argument)."""
-    if raw is None:
+    if raw is None or raw == NONE:
         return {}
     return {k: v for k, v in msgpack.unpackb(raw, raw=False).items() if not k.startswith("_")}
 

@@ -24,6 +24,7 @@ import msgpack
 
 from eventing.core.idempotency import batch_key, mutation_key
 from eventing.core.mutation import OP_EXPIRE, OP_UPDATE, Mutation
+from eventing.core.xattrs import user_xattrs
 from eventing.errors import BindingError, TimerError
 from eventing.execution.bindings import held_keys
 from eventing.handler import DeleteOptions
@@ -193,6 +194,18 @@ class Batch(Sequence):
         seg = self._segment(i)
         return _as_mutation(Mutation, seg.full_rows()[i - seg.start])
 
+    def xattrs_of(self, i: int) -> dict:
+        """Item i's user XATTRs as of its mutation (on_update's third argument): {} for a deletion. A bulk
+        read holds no entry with XATTRs (read_vb_packed leaves those to the rows), so only rows are looked
+        at, when asked: a batch without any costs nothing more."""
+        if self._ops[i] != OP_UPDATE:
+            return {}
+        seg = self._segment(i)
+        if seg.rows is None:
+            return {}
+        row = seg.rows[i - seg.start]
+        return user_xattrs(row[10]) if len(row) > 10 else {}
+
     def where(self, i: int) -> tuple[int, int]:
         return self._vbs[i], self._seqnos[i]
 
@@ -253,7 +266,8 @@ class Batch(Sequence):
 
 class BatchItem:
     """One mutation of a batch: `id`, `doc` (None for a deletion), `deleted`, `expired`, `meta` (as
-    on_update's), `idempotency_key`, `index`. `with item:` makes it the current item (writes go to it)."""
+    on_update's), `xattrs`, `idempotency_key`, `index`. `with item:` makes it the current item (writes go
+    to it)."""
 
     __slots__ = ("_batch", "index")
 
@@ -284,6 +298,12 @@ class BatchItem:
     @property
     def meta(self) -> Any:
         return self._batch.meta(self.index)
+
+    @property
+    def xattrs(self) -> dict:
+        """The document's user extended attributes as of this mutation, as on_update(doc, meta, xattrs)
+        gets them: {} for a document without any and for a deletion."""
+        return self._batch.xattrs_of(self.index)
 
     @property
     def idempotency_key(self) -> str:

@@ -30,9 +30,12 @@ from datetime import datetime, timedelta
 from operator import itemgetter
 from typing import Any
 
+from eventing.core import xattrs as xattr_codec
 from eventing.core.keyspaces import check_user_key
 from eventing.core.mutation import OP_DELETE, OP_UPDATE, decode_document, encode_document
 from eventing.errors import BindingError, InvalidDocumentError
+from eventing.execution import binding_xattrs
+from eventing.execution.binding_xattrs import carried
 from eventing.storage.protocol import BindingBucket
 from eventing.storage.values import EffectGroup, Write
 from eventing.storage.writes import CasSource
@@ -76,6 +79,9 @@ class EffectBuffer:
         self.ops: Counter[str] = (
             Counter()
         )  # accessor outcomes (bkt_ops_cas_mismatch_count, ...), taken by the worker
+        # A pending write sets a document's XATTRs (a mutate_in of XATTR paths): until the writes are
+        # applied, later writes carry the XATTRs of the pending write before them (binding_xattrs.carried).
+        self.xattr_writes = False
 
 
 def held_keys(buf: EffectBuffer, vb: int, seqno: int, keys: Any) -> set[str]:
@@ -290,8 +296,9 @@ class BucketBinding:
             cas = buf.next_cas.next()
         except StopIteration:
             cas = buf.next_cas.refill()
+        xattrs = carried(buf, stored) if buf.xattr_writes else None
         w = _new_write(
-            Write, (stored, OP_UPDATE, data, 0, 0, cas, None, None, None)
+            Write, (stored, OP_UPDATE, data, 0, 0, cas, None, None, xattrs)
         )  # Write(...) minus a frame
         buf.current.append(w)
         buf.current_overlay[stored] = w
@@ -419,7 +426,10 @@ class BucketBinding:
                 )
         doc = {"count": count + delta}
         data = encode_document(doc)
-        w = Write(self.prefix + key, OP_UPDATE, data, 0, 0, self.buf.next_cas(), delta=delta)
+        stored = self.prefix + key
+        buf = self.buf
+        xattrs = carried(buf, stored) if buf.xattr_writes else None
+        w = Write(stored, OP_UPDATE, data, 0, 0, buf.next_cas(), delta=delta, xattrs=xattrs)
         self._append(w, key, data, 0)
         return OpResult(True, doc, DocMeta(key, w.cas or 0, 0), value=doc["count"])
 
@@ -439,23 +449,28 @@ class BucketBinding:
         )
 
     def lookup_in(self, key: str, specs: list) -> OpResult:
-        """Read parts of a document: specs ("get", path) and ("exists", path); `value` lists the results
-        (the value, or None for a missing path; True/False for exists)."""
+        """Read parts of a document: specs ("get", path) and ("exists", path), each with an optional options
+        dict (`{"xattrs": True}`: a path of the document's user XATTRs, eventing.execution.binding_xattrs);
+        `value` lists the results (the value, or None for a missing path; True/False for exists)."""
         _check_key(key, self.alias)
         seen = self._visible(key)
         if seen is None:
             return self._outcome("key_not_found")
         values = []
+        xattrs: dict | None = None
         for spec in specs:
-            op, path = _spec(spec, ("get", "exists"), self.alias)[:2]
-            found = _path_get(seen[0], path)
+            op, path, _, xattr = _spec(spec, ("get", "exists"), self.alias)
+            if xattr and xattrs is None:
+                xattrs = binding_xattrs.visible(self, self.prefix + key)
+            found = _path_get(xattrs if xattr else seen[0], path)
             values.append(found is not _MISSING if op == "exists" else (None if found is _MISSING else found))
         return OpResult(True, seen[0], seen[1], value=values)
 
     def mutate_in(self, key: str, specs: list, *, cas: int | None = None, expiry: Any = 0) -> OpResult:
         """Change parts of an existing document: ("insert" | "upsert" | "replace", path, value),
         ("remove", path), ("array_append" | "array_prepend" | "array_add_unique", path, value),
-        ("array_insert", "path[i]", value); all or nothing."""
+        ("array_insert", "path[i]", value), each with an optional options dict (`{"xattrs": True}`: a path
+        of the document's user XATTRs); all or nothing."""
         self._check_writable("mutate_in")
         _check_key(key, self.alias)
         _check_cas(cas, self.alias)
@@ -465,9 +480,14 @@ class BucketBinding:
         if cas is not None and cas != seen[1].cas:
             return self._outcome("cas_mismatch")
         doc = copy.deepcopy(seen[0])
+        xattrs: dict | None = None
         for spec in specs:
-            op, path, value = _spec(spec, ("insert", "upsert", "replace", "remove", *ARRAY_OPS), self.alias)
-            error = _path_set(doc, op, path, value)
+            op, path, value, xattr = _spec(
+                spec, ("insert", "upsert", "replace", "remove", *ARRAY_OPS), self.alias
+            )
+            if xattr and xattrs is None:
+                xattrs = copy.deepcopy(binding_xattrs.visible(self, self.prefix + key))
+            error = _path_set(xattrs if xattr else doc, op, path, value)  # type: ignore[arg-type]
             if error:
                 return self._outcome(error)
         # The whole document is written back: conditional on the version read, even without a cas, so a
@@ -476,7 +496,11 @@ class BucketBinding:
             key,
             doc,
             self._write(
-                key, doc, _expiry(expiry, self.alias), self._condition(key, seen[1].cas, seen[1].cas)
+                key,
+                doc,
+                _expiry(expiry, self.alias),
+                self._condition(key, seen[1].cas, seen[1].cas),
+                None if xattrs is None else xattr_codec.for_write(xattrs),
             ),
         )
 
@@ -486,12 +510,21 @@ class BucketBinding:
         the one a pending write carries (which must then be applied before it)."""
         return None if cas is None else seen_cas
 
-    def _write(self, key: str, doc: Any, expiry: int, expect_cas: int | None) -> Write:
+    def _write(
+        self, key: str, doc: Any, expiry: int, expect_cas: int | None, xattrs: bytes | None = None
+    ) -> Write:
+        """A full-document write (keeping the document's XATTRs), or with `xattrs` the document with those."""
         try:
             data = encode_document(doc)
         except InvalidDocumentError as exc:
             raise BindingError(f"cannot write '{key}' through binding '{self.alias}': {exc}") from None
-        w = Write(self.prefix + key, OP_UPDATE, data, expiry, 0, self.buf.next_cas(), expect_cas=expect_cas)
+        stored = self.prefix + key
+        buf = self.buf
+        if xattrs is not None:
+            buf.xattr_writes = True
+        elif buf.xattr_writes:
+            xattrs = carried(buf, stored)
+        w = Write(stored, OP_UPDATE, data, expiry, 0, buf.next_cas(), expect_cas=expect_cas, xattrs=xattrs)
         self._append(w, key, data, expiry)
         return w
 
@@ -601,6 +634,7 @@ class BucketBinding:
         self.flushed()
         if buf.expiries:
             buf.expiries = {}
+        buf.xattr_writes = False  # nothing pending: a write keeps what the bucket holds
         return groups
 
     def set_aside(self) -> None:
@@ -656,23 +690,23 @@ def _expiry(value: Any, alias: str) -> int:
     )
 
 
-def _spec(spec: Any, allowed: tuple[str, ...], alias: str) -> tuple[str, str, Any]:
+def _spec(spec: Any, allowed: tuple[str, ...], alias: str) -> tuple[str, str, Any, bool]:
+    """(op, path, value, whether the path is an XATTR's) of a spec, with or without an options dict."""
     if not isinstance(spec, tuple | list) or not spec or spec[0] not in allowed:
         raise BindingError(
             f"binding '{alias}': sub-document spec {spec!r} is not one of {', '.join(allowed)}"
         )
     op = spec[0]
     needs_value = op not in ("get", "exists", "remove")
-    if (
-        len(spec) != (3 if needs_value else 2)
-        or not isinstance(spec[1], str)
-        or not SUBDOC_PATH.match(spec[1])
-    ):
+    size = 3 if needs_value else 2
+    if len(spec) not in (size, size + 1) or not isinstance(spec[1], str) or not SUBDOC_PATH.match(spec[1]):
         shape = f"({op!r}, 'path', value)" if needs_value else f"({op!r}, 'path')"
         raise BindingError(
-            f"binding '{alias}': sub-document spec {spec!r} should be {shape} with a dotted path"
+            f"binding '{alias}': sub-document spec {spec!r} should be {shape} with a dotted path, and "
+            "optionally its options, {'xattrs': True}"
         )
-    return op, spec[1], spec[2] if needs_value else None
+    xattr = binding_xattrs.spec_options(tuple(spec), needs_value, alias)
+    return op, spec[1], spec[2] if needs_value else None, xattr
 
 
 def _path_get(doc: Any, path: str) -> Any:

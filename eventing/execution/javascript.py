@@ -274,8 +274,6 @@ _UNSUPPORTED = [
         "inline SQL++",
     ),
     (re.compile(r"\bcouchbase\s*\.\s*analyticsQuery\b"), "Analytics (couchbase.analyticsQuery())"),
-    # reading or writing them through an accessor's options; OnUpdate(doc, meta, xattrs) is fine: it gets {}
-    (re.compile(r"\bxattrs\s*:\s*true\b"), "extended attributes (XATTRs)"),
 ]
 
 

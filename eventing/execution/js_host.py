@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from eventing import handler as handler_api
 from eventing.errors import HandlerLoadError
+from eventing.execution import binding_xattrs
 from eventing.execution.wildcard_bindings import WildcardBinding
 
 if TYPE_CHECKING:
@@ -175,13 +176,15 @@ def _advanced(
         r = b.touch(key, ttl)
     elif name == "lookupIn":
         specs = json.loads(extra) or []
-        r = b.lookup_in(key, [(s["op"], s["path"]) for s in specs])
+        r = b.lookup_in(key, [(s["op"], s["path"], *_options(s)) for s in specs])
     elif name == "mutateIn":
         specs = json.loads(extra) or []
         r = b.mutate_in(
             key,
             [
-                (s["op"], s["path"]) if s["op"] == "remove" else (s["op"], s["path"], s.get("value"))
+                (s["op"], s["path"], *_options(s))
+                if s["op"] == "remove"
+                else (s["op"], s["path"], s.get("value"), *_options(s))
                 for s in specs
             ],
             cas=cas_value,
@@ -199,7 +202,15 @@ def _advanced(
     if name == "get":
         out["doc"], datatype = _js_doc(r.doc)
     elif name == "lookupIn":
-        out["doc"] = [_lookup_entry(r.doc, s["op"], s["path"]) for s in specs]
+        xattrs = (
+            binding_xattrs.visible(b, getattr(b, "prefix", "") + key)
+            if any((s.get("options") or {}).get("xattrs") for s in specs)
+            else None
+        )
+        out["doc"] = [
+            _lookup_entry(xattrs if (s.get("options") or {}).get("xattrs") else r.doc, s["op"], s["path"])
+            for s in specs
+        ]
     elif name in ("increment", "decrement"):
         out["doc"] = {"count": r.value}
     if name in ("get", "lookupIn"):
@@ -220,6 +231,12 @@ def _advanced(
     out["meta"] = meta
     out["success"] = True
     return json.dumps(out)
+
+
+def _options(spec: dict) -> tuple:
+    """A spec's options, as the binding takes them (eventing.execution.binding_xattrs), when it has any."""
+    options = spec.get("options")
+    return () if options is None else (options,)
 
 
 def _seen(binding: Any, key: str) -> Any:

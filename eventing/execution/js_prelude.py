@@ -75,7 +75,11 @@ function __op(name, binding, meta, doc, extra) {
   if (res.doc !== undefined) { res.doc = __docOf(res.doc); }
   return res;
 }
-function __spec(op) { return function (path, value) { return {op: op, path: path, value: value}; }; }
+// A spec's options ({xattrs: true}: a path of the document's user XATTRs) go with it as Couchbase's do.
+function __lspec(op) { return function (path, options) { return {op: op, path: path, options: options}; }; }
+function __spec(op) {
+  return function (path, value, options) { return {op: op, path: path, value: value, options: options}; };
+}
 var couchbase = {
   get: function (b, meta, options) { return __op('get', b, meta, null, null); },
   insert: function (b, meta, doc) { return __op('insert', b, meta, doc, null); },
@@ -87,10 +91,10 @@ var couchbase = {
   touch: function (b, meta) { return __op('touch', b, meta, null, null); },
   lookupIn: function (b, meta, specs) { return __op('lookupIn', b, meta, null, specs); },
   mutateIn: function (b, meta, specs) { return __op('mutateIn', b, meta, null, specs); },
-  LookupInSpec: Object.freeze({get: __spec('get'), exists: __spec('exists')}),
+  LookupInSpec: Object.freeze({get: __lspec('get'), exists: __lspec('exists')}),
   MutateInSpec: Object.freeze({
     insert: __spec('insert'), upsert: __spec('upsert'), replace: __spec('replace'),
-    remove: __spec('remove'), arrayAppend: __spec('array_append'), arrayPrepend: __spec('array_prepend'),
+    remove: __lspec('remove'), arrayAppend: __spec('array_append'), arrayPrepend: __spec('array_prepend'),
     arrayInsert: __spec('array_insert'), arrayAddUnique: __spec('array_add_unique')
   })
 };

@@ -490,7 +490,10 @@ def _mutate_in(call: KvCall, coll: Collection, now: float) -> Change:
                     p.SUBDOC_VALUE_ETOODEEP,
                     f"the document would nest more than about {NESTING_LIMIT} levels deep; flatten it",
                 ) from None
-        return Write(stored, OP_UPDATE, data, keep, flags_now, xattrs=xs.finish(xattrs, body))
+        after = xs.finish(xattrs, body)
+        if after is None and cur is not None and cur.xattrs is not None:
+            after = xattr_codec.NONE  # the last XATTR removed (None would keep the document's)
+        return Write(stored, OP_UPDATE, data, keep, flags_now, xattrs=after)
 
     def answer(done: Changed) -> Answer:
         body = b"".join(

@@ -1,6 +1,8 @@
 """JSON lines import (`eventing bucket load --file`, `Eventing.load_jsonl`): one mutation a line,
-`{"key": ..., "doc": {...}}` (with an optional "expiry") or `{"key": ..., "op": "delete"}`, committed in
-transactions of up to 20,000 lines; a bad line is reported with its number, never loaded."""
+`{"key": ..., "doc": {...}}` (with an optional "expiry", and "xattrs": the document's extended attributes,
+as `eventing bucket export` writes them) or `{"key": ..., "op": "delete"}`, committed in transactions of up
+to 20,000 lines; a bad line is reported with its number, never loaded. An upsert without "xattrs" keeps
+those the document has, as Couchbase's full-document writes do; `"xattrs": {}` leaves it none."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from typing import Annotated, Any
 
 import msgspec
 
+from eventing.core import xattrs as xattr_codec
 from eventing.core.mutation import (
     MAX_DOCUMENT_BYTES,
     NESTING_LIMIT,
@@ -52,6 +55,7 @@ class _Line(msgspec.Struct):
     doc: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
     op: str = "upsert"
     expiry: Annotated[int, msgspec.Meta(ge=0, le=MAX_EXPIRY)] = 0
+    xattrs: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
 
 
 _line_decoder = msgspec.json.Decoder(_Line)
@@ -98,10 +102,14 @@ def rows_of_lines(
                 data = encode(doc)
                 if len(data) > MAX_DOCUMENT_BYTES:
                     raise ValueError(key)
-                rows.append((key, OP_UPDATE, data, line.expiry))
+                if line.xattrs is msgspec.UNSET:
+                    rows.append((key, OP_UPDATE, data, line.expiry))
+                else:
+                    rows.append((key, OP_UPDATE, data, line.expiry, xattrs_field(line.xattrs)))
         except (
             msgspec.DecodeError,
             msgspec.ValidationError,
+            InvalidDocumentError,
             ValueError,
             OverflowError,
             UnicodeError,
@@ -132,6 +140,26 @@ def _expiry(value: Any) -> int:
     return value
 
 
+def xattrs_field(value: Any) -> bytes:
+    """A line's "xattrs" as a write carries them (eventing.core.xattrs.for_write: {} leaves none)."""
+    if not isinstance(value, dict):
+        raise InvalidDocumentError(
+            '"xattrs" must be an object of extended attributes, {"name": value, ...}, as bucket export writes'
+        )
+    for name in value:
+        if name.startswith("$") or not xattr_codec.valid_name(name):
+            raise InvalidDocumentError(
+                f'"xattrs" holds {name[:40]!r}, not an extended attribute\'s name: 1 to 15 bytes, not '
+                'starting with "$" or punctuation other than "_"'
+            )
+    raw = xattr_codec.for_write(value)
+    if len(raw) > MAX_DOCUMENT_BYTES:
+        raise InvalidDocumentError(
+            f'"xattrs" is larger than {MAX_DOCUMENT_BYTES:,} bytes encoded; keep them smaller'
+        )
+    return raw
+
+
 def _parse_line(raw: bytes, number: int, rejected: list[str]) -> tuple | None:
     """One line the general way; a bad line is added to `rejected` with its number and what is wrong."""
     try:
@@ -153,7 +181,8 @@ def _parse_line(raw: bytes, number: int, rejected: list[str]) -> tuple | None:
         if op in ("upsert", "update", "insert"):
             if "doc" not in item:
                 raise InvalidDocumentError('an upsert line needs "doc"')
-            return (key, OP_UPDATE, encode_document(item["doc"]), _expiry(item.get("expiry", 0)))
+            row = (key, OP_UPDATE, encode_document(item["doc"]), _expiry(item.get("expiry", 0)))
+            return row if "xattrs" not in item else (*row, xattrs_field(item["xattrs"]))
         raise InvalidDocumentError(f'unknown op {op!r}; use "upsert" or "delete"')
     except json.JSONDecodeError as exc:
         rejected.append(f"line {number}: not valid JSON ({exc.msg} at column {exc.colno})")

@@ -270,9 +270,7 @@ class LocalBucket(NothingAhead):
         """Apply writes in one transaction; each gets the next seqno of its vBucket (see FileWriter.write)."""
         return self._writer.write(writes, origin=origin, arrival_ms=arrival_ms)
 
-    def load_rows(
-        self, rows: Sequence[tuple[str, int, bytes | None, int]], *, arrival_ms: int | None = None
-    ) -> int:
+    def load_rows(self, rows: Sequence[tuple], *, arrival_ms: int | None = None) -> int:
         return self._writer.load_rows(rows, arrival_ms=arrival_ms)
 
     def upsert(

@@ -1,11 +1,12 @@
 """A bucket whole, as portable rows: what `eventing store copy` moves between a data directory and a
 PostgreSQL store (eventing.ops.store_copy), with every seqno, cas, origin, arrival time, tombstone, high
-seqno, effect mark and collection id kept, so checkpoints and effect marks mean the same in the copy.
+seqno, effect mark and collection id kept, so checkpoints and effect marks mean the same in the copy, and
+each document's and log entry's extended attributes (``xattrs``, eventing.core.xattrs; NULL: none) with them.
 
 Both kinds of bucket keep the same columns (the PostgreSQL tables add the bucket's id):
 
-- ``docs``:  key, vb, seqno, cas, deleted, doc, expiry, flags
-- ``log``:   vb, seqno, key, op, cas, doc, origin, expiry, flags, arrival_ms
+- ``docs``:  key, vb, seqno, cas, deleted, doc, expiry, flags, xattrs
+- ``log``:   vb, seqno, key, op, cas, doc, origin, expiry, flags, arrival_ms, xattrs
 - ``high``:  vb, seqno, arrival_ms
 - ``marks``: function, vb, epoch, seqno
 
@@ -30,8 +31,8 @@ if TYPE_CHECKING:
 
 TABLES = ("docs", "log", "high", "marks")
 COLUMNS = {
-    "docs": ("key", "vb", "seqno", "cas", "deleted", "doc", "expiry", "flags"),
-    "log": ("vb", "seqno", "key", "op", "cas", "doc", "origin", "expiry", "flags", "arrival_ms"),
+    "docs": ("key", "vb", "seqno", "cas", "deleted", "doc", "expiry", "flags", "xattrs"),
+    "log": ("vb", "seqno", "key", "op", "cas", "doc", "origin", "expiry", "flags", "arrival_ms", "xattrs"),
     "high": ("vb", "seqno", "arrival_ms"),
     "marks": ("function", "vb", "epoch", "seqno"),
 }

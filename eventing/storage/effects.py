@@ -218,10 +218,16 @@ def resolve_conditions(
                     failed.add(source)
                     continue
                 w = Write(
-                    w.key, OP_UPDATE, encode_document({"count": count + w.delta}), w.expiry, w.flags, w.cas
+                    w.key,
+                    OP_UPDATE,
+                    encode_document({"count": count + w.delta}),
+                    w.expiry,
+                    w.flags,
+                    w.cas,
+                    xattrs=w.xattrs,
                 )
             elif w.expect_cas is not None:
-                w = Write(w.key, w.op, w.doc, w.expiry, w.flags, w.cas)
+                w = Write(w.key, w.op, w.doc, w.expiry, w.flags, w.cas, xattrs=w.xattrs)
             state[w.key] = (w.op == OP_UPDATE, version, w.doc)
             out.append(w)
         if not failed:

@@ -34,6 +34,9 @@ CREATE TABLE IF NOT EXISTS log(
     PRIMARY KEY(vb, seqno)) WITHOUT ROWID;
 -- Per vBucket: its high seqno and the arrival time of that entry (what the next entry may not go below),
 -- so a write reads this small, always-cached table instead of a log page per vBucket.
+-- The documents with extended attributes, and only those (a partial index: a document without any costs it
+-- nothing): whether the file holds any is one probe, which a write that keeps them makes first.
+CREATE INDEX IF NOT EXISTS docs_xattrs ON docs(key) WHERE xattrs IS NOT NULL;
 CREATE TABLE IF NOT EXISTS high(vb INTEGER PRIMARY KEY, seqno INTEGER NOT NULL, arrival_ms INTEGER NOT NULL DEFAULT 0);
 -- Per (function, source vBucket): the owner epoch and the last source seqno whose effects are applied.
 -- Effects carry their source seqno, so a replay after a crash applies nothing twice, and a stale
@@ -133,6 +136,9 @@ def _connect(path: Path) -> sqlite3.Connection:
 
 # What _upgrade adds, by table: a file missing any of these was written by an earlier version.
 _ADDED_COLUMNS = {"log": ("arrival_ms", "xattrs"), "high": ("arrival_ms",), "docs": ("xattrs",)}
+_ADDED_INDEXES = {
+    "docs_xattrs": "CREATE INDEX IF NOT EXISTS docs_xattrs ON docs(key) WHERE xattrs IS NOT NULL"
+}
 
 
 def _upgrade(db: sqlite3.Connection, path: Path) -> None:
@@ -140,7 +146,7 @@ def _upgrade(db: sqlite3.Connection, path: Path) -> None:
     (existing entries get the time of their cas, nanoseconds since the epoch taken when the entry was
     written), then the high table's (each vBucket's last entry's arrival time), then the ``xattrs`` columns
     of the log and the documents (NULL: no extended attributes, which is what every existing row has; adding
-    a nullable column rewrites nothing)."""
+    a nullable column rewrites nothing), and the partial index of the documents that have some."""
     if not {r[1] for r in db.execute("PRAGMA table_info(log)")}:
         return  # not a bucket: the caller's read reports it
 
@@ -151,6 +157,11 @@ def _upgrade(db: sqlite3.Connection, path: Path) -> None:
             for have in [{r[1] for r in db.execute(f"PRAGMA table_info({table})")}]
             for column in columns
             if column not in have
+        ] + [
+            ("docs", index)
+            for index in _ADDED_INDEXES
+            if db.execute("SELECT 1 FROM sqlite_master WHERE type='index' AND name=?", (index,)).fetchone()
+            is None
         ]
 
     def body() -> None:
@@ -167,6 +178,7 @@ def _upgrade(db: sqlite3.Connection, path: Path) -> None:
         for table, column in missing():
             if column == "xattrs":
                 db.execute(f"ALTER TABLE {table} ADD COLUMN xattrs BLOB")
+        db.execute(_ADDED_INDEXES["docs_xattrs"])
 
     if not missing():
         return

@@ -179,15 +179,14 @@ class Collection:
             raise NotFoundError(f"document '{key}' does not exist in {self.keyspace_phrase()}")
         return placed
 
-    def load_rows(
-        self, rows: Sequence[tuple[str, int, bytes | None, int]], *, arrival_ms: int | None = None
-    ) -> int:
-        """`bucket load` rows `(key, op, doc, expiry)` (keys validated by the caller)."""
+    def load_rows(self, rows: Sequence[tuple], *, arrival_ms: int | None = None) -> int:
+        """`bucket load` rows `(key, op, doc, expiry)`, or with the XATTRs as a fifth element (keys
+        validated by the caller)."""
         self.check_writable()
         if self.cid:
             for key, *_ in rows:
                 check_user_key(key)
-            rows = [(self.prefix + key, op, doc, expiry) for key, op, doc, expiry in rows]
+            rows = [(self.prefix + row[0], *row[1:]) for row in rows]
         return self.bucket.load_rows(rows, arrival_ms=arrival_ms)
 
     def change(

@@ -34,10 +34,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Self
 
 from eventing.core.keyspaces import COLLECTION_MARK, vbucket_of_stored
-from eventing.core.mutation import Mutation, decode_document
+from eventing.core.mutation import Mutation
 from eventing.storage.bucket import LocalBucket
 from eventing.storage.dumps import BucketMeta, FileLoader, merged_marks
 from eventing.storage.protocol import NothingAhead
+from eventing.storage.reads import scanned
 from eventing.storage.values import (
     Changed,
     EffectGroup,
@@ -164,9 +165,7 @@ class PartitionedBucket(NothingAhead):
                 out[i] = where
         return out
 
-    def load_rows(
-        self, rows: Sequence[tuple[str, int, bytes | None, int]], *, arrival_ms: int | None = None
-    ) -> int:
+    def load_rows(self, rows: Sequence[tuple], *, arrival_ms: int | None = None) -> int:
         arrival = int(time.time() * 1000) if arrival_ms is None else arrival_ms
         return sum(
             self.parts[part].load_rows([rows[i] for i in indices], arrival_ms=arrival)
@@ -274,9 +273,7 @@ class PartitionedBucket(NothingAhead):
         return [key for key, *_ in self._live_docs(prefix, limit, with_docs=False)]
 
     def scan(self, prefix: str = "", limit: int | None = None) -> Iterator[tuple[str, dict, dict]]:
-        for key, vb, seqno, cas, expiry, flags, raw in self._live_docs(prefix, limit, with_docs=True):
-            meta = {"vb": vb, "seqno": seqno, "cas": cas, "expiry": expiry, "flags": flags}
-            yield key, decode_document(raw), meta
+        return scanned(self._live_docs(prefix, limit, with_docs=True))
 
     def _live_docs(
         self, prefix: str, limit: int | None, *, with_docs: bool, batch: int = 1000

@@ -185,9 +185,7 @@ class DocumentChanges(BucketDocuments, Protocol):
         *,
         origin: str | None = None,
     ) -> list[Changed | Exception]: ...
-    def load_rows(
-        self, rows: Sequence[tuple[str, int, bytes | None, int]], *, arrival_ms: int | None = None
-    ) -> int: ...
+    def load_rows(self, rows: Sequence[tuple], *, arrival_ms: int | None = None) -> int: ...
 
 
 class EffectTarget(BucketHandle, Protocol):

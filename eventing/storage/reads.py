@@ -63,6 +63,16 @@ def meta_of(row: tuple) -> dict:
     return meta
 
 
+def scanned(rows: Iterable[tuple]) -> Iterator[tuple[str, dict, dict]]:
+    """scan's (key, document, meta) from live_docs's rows with documents; meta has vb, seqno, cas, expiry
+    and flags, and the document's extended attributes (``xattrs``, as get_meta's) when it has any."""
+    for key, vb, seqno, cas, expiry, flags, raw, xattrs in rows:
+        meta = {"vb": vb, "seqno": seqno, "cas": cas, "expiry": expiry, "flags": flags}
+        if xattrs is not None:
+            meta["xattrs"] = xattrs
+        yield key, decode_document(raw), meta
+
+
 class FileReader:
     """Reads of one bucket file. A collaborator of LocalBucket (eventing.storage.bucket)."""
 
@@ -374,17 +384,15 @@ class FileReader:
         return [key for key, *_ in self.live_docs(prefix, limit, with_docs=False)]
 
     def scan(self, prefix: str = "", limit: int | None = None) -> Iterator[tuple[str, dict, dict]]:
-        """(key, document, meta) of live documents in key order; meta has vb, seqno, cas, expiry, flags."""
-        for key, vb, seqno, cas, expiry, flags, raw in self.live_docs(prefix, limit, with_docs=True):
-            meta = {"vb": vb, "seqno": seqno, "cas": cas, "expiry": expiry, "flags": flags}
-            yield key, decode_document(raw), meta
+        """(key, document, meta) of live documents in key order (see ``scanned``)."""
+        return scanned(self.live_docs(prefix, limit, with_docs=True))
 
     @maps_file_errors
     def live_docs(
         self, prefix: str, limit: int | None, *, with_docs: bool, batch: int = 1000
     ) -> Iterator[tuple]:
         """Live documents in key order, read in batches (keyset paging, so a large bucket streams)."""
-        columns = "key, vb, seqno, cas, expiry, flags" + (", doc" if with_docs else "")
+        columns = "key, vb, seqno, cas, expiry, flags" + (", doc, xattrs" if with_docs else "")
         after: str | None = None
         left = limit
         while left is None or left > 0:

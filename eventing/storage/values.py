@@ -61,9 +61,9 @@ class Write(NamedTuple):
     )
     expect_cas: int | None = None
     delta: int | None = None
-    # The document's extended attributes as they are to be after the write (eventing.core.xattrs.encode),
-    # None: none. A write replaces the document whole, XATTRs included: whoever keeps them (the KV port's
-    # full-document writes, as Couchbase does) passes the current ones on.
+    # The document's extended attributes as they are to be after the write (eventing.core.xattrs.encode;
+    # xattrs.NONE: none). None keeps those the live document has, as Couchbase's full-document writes do
+    # (a set, add or replace: kv_engine copies the XATTRs into the new value); a delete drops them.
     xattrs: bytes | None = None
 
 

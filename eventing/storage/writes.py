@@ -18,6 +18,7 @@ from operator import itemgetter
 from eventing.core import xattrs as xattr_codec
 from eventing.core.keyspaces import COLLECTION_MARK, vbucket_of_stored
 from eventing.core.mutation import OP_DELETE, OP_EXPIRE, OP_UPDATE, encode_document
+from eventing.core.xattrs import NONE as NO_XATTRS
 from eventing.errors import NotFoundError
 from eventing.storage.bucket_file import BucketFile
 from eventing.storage.file_health import maps_file_errors
@@ -29,6 +30,10 @@ from sharding import NUM_VBUCKETS, validate_key
 _by_vb = itemgetter(0)
 # A live document as change_document hands it to its change (StoredDocument's fields after the key).
 _LIVE_DOC = "SELECT doc, cas, expiry, flags, vb, seqno, xattrs FROM docs WHERE key=? AND deleted=0"
+# Whether any document of the file has extended attributes: one probe of the partial index docs_xattrs
+# (eventing.storage.files), ~1 us, made once a transaction; only then does a write that keeps a document's
+# XATTRs (Write.xattrs None) read them.
+_HOLDS_XATTRS = "SELECT 1 FROM docs WHERE xattrs IS NOT NULL LIMIT 1"
 HEADS_BY_VB_MAX = 32  # up to this many vBuckets in a write, their heads are read one query each
 _cas_lock = threading.Lock()
 _last_cas = 0
@@ -78,12 +83,19 @@ _xattrs_of = itemgetter(8)  # Write.xattrs
 
 def _items(writes: Iterable[Write]) -> list[Item]:
     """(key, op, doc, expiry, flags, cas) of each write. In a batch where a write carries extended
-    attributes, every item has a seventh element, its write's (None: none): a batch without any is told
-    by its first item alone."""
+    attributes, every item has a seventh element, its write's (None: it keeps the document's own): a batch
+    without any is told by its first item alone."""
     writes = writes if isinstance(writes, list) else list(writes)
     if any(map(_xattrs_of, writes)):
         return [(*w[:6], w[8]) for w in writes]  # type: ignore[misc]
     return [w[:6] for w in writes]
+
+
+def load_items(rows: Sequence[tuple]) -> list[Item]:
+    """Items of ``load_rows``'s rows: ``(key, op, doc, expiry)``, or with the XATTRs as a fifth element."""
+    if any(len(row) > 4 for row in rows):
+        return [(*row[:4], 0, None, row[4] if len(row) > 4 else None) for row in rows]  # type: ignore[misc]
+    return [(key, op, doc, expiry, 0, None) for key, op, doc, expiry in rows]
 
 
 def _plan(items: list[Item]) -> UpdatePlan | None:
@@ -112,13 +124,11 @@ class FileWriter:
         plan = _plan(items)
         return self.file.transaction(lambda: self.log(items, origin, arrival_ms, plan))
 
-    def load_rows(
-        self, rows: Sequence[tuple[str, int, bytes | None, int]], *, arrival_ms: int | None = None
-    ) -> int:
+    def load_rows(self, rows: Sequence[tuple], *, arrival_ms: int | None = None) -> int:
         """``write`` for imports (``bucket load``): rows are ``(key, op, doc, expiry)`` with keys already
-        validated, applied in one transaction with the same outcome as ``write`` of the same writes.
-        Returns how many rows were logged."""
-        items: list[Item] = [(key, op, doc, expiry, 0, None) for key, op, doc, expiry in rows]
+        validated, or ``(key, op, doc, expiry, xattrs)`` (Write.xattrs), applied in one transaction with
+        the same outcome as ``write`` of the same writes. Returns how many rows were logged."""
+        items = load_items(rows)
         plan = _plan(items)
         logged = self.file.transaction(lambda: self.log(items, None, arrival_ms, plan))
         return sum(1 for r in logged if r is not None)
@@ -129,7 +139,10 @@ class FileWriter:
         """The one write path, inside a transaction of the file: items are ``(key, op, doc, expiry, flags,
         cas)``. Each logged item gets the next seqno of its vBucket, its cas (a fresh one when None) and the
         transaction's arrival time; a delete of a document that does not exist (at that point of the batch) is
-        skipped.
+        skipped. An update keeps the extended attributes its document has (unexpired, as the batch left it)
+        unless its item gives them (a seventh element: eventing.core.xattrs); a delete drops them. Those are
+        read only where the file holds any (``_kept``), so a bucket without XATTRs writes as it did before
+        they existed.
 
         Built for batches: the high seqnos, last arrival times and the existence of deleted keys are read
         with a few queries rather than one per vBucket or key, log rows go in in (vb, seqno) order and only
@@ -137,6 +150,9 @@ class FileWriter:
         transaction instead of jumping between random pages (random order costs ~3x once the docs table
         outgrows SQLite's page cache)."""
         arrival = int(time.time() * 1000) if arrival_ms is None else int(arrival_ms)
+        kept = self._kept(items)  # key -> XATTRs an update keeps; None: nothing to keep
+        if kept is not None:
+            plan = None
         if plan is not None:  # updates only, prepared before the lock (see eventing.storage.write_plan)
             highs, arrivals = self._heads({vb for vb, _ in plan.runs}, arrival)
             log_rows, docs_rows, placed = plan.rows(highs, arrivals, _reserve_cas(plan.count), origin)
@@ -155,7 +171,8 @@ class FileWriter:
         log_rows = []
         docs: dict[str, tuple] = {}
         out: list[tuple[int, int] | None] = []
-        with_xattrs = len(items[0]) > 6 if items else False
+        with_xattrs = kept is not None or (len(items[0]) > 6 if items else False)
+        current: dict[str, bytes | None] = dict(kept or {})  # each key's XATTRs as the batch leaves them
         for item, vb in zip(items, vbs, strict=True):
             key, op, doc, expiry, flags, given = item[:6]
             if op != OP_UPDATE:
@@ -169,8 +186,13 @@ class FileWriter:
             cas = fresh if given is None else given
             seqno = highs[vb] = highs[vb] + 1
             deleted = 0 if op == OP_UPDATE else 1
-            if with_xattrs:  # a delete takes the document's XATTRs with it
-                xattrs = None if deleted else item[6]  # type: ignore[misc]
+            if with_xattrs:  # a delete drops the document's XATTRs; an update keeps them or sets its own
+                if deleted:
+                    xattrs = None
+                else:
+                    xattrs = item[6] if len(item) > 6 else None  # type: ignore[misc]
+                    xattrs = current.get(key) if xattrs is None else None if xattrs == NO_XATTRS else xattrs
+                current[key] = xattrs
                 log_rows.append((vb, seqno, key, op, cas, doc, origin, expiry, flags, arrivals[vb], xattrs))
                 docs[key] = (key, vb, seqno, cas, deleted, None if deleted else doc, expiry, flags, xattrs)
             else:
@@ -180,6 +202,26 @@ class FileWriter:
         log_rows.sort(key=_by_vb)  # stable: seqnos stay in order within a vBucket
         self._insert(log_rows, [docs[k] for k in sorted(docs)], highs, arrivals)
         return out
+
+    def _kept(self, items: list[Item]) -> dict[str, bytes] | None:
+        """The extended attributes of the live, unexpired documents the batch's updates that give none of
+        their own keep (key -> XATTRs), or None when there are none: then the batch needs nothing more."""
+        db = self.file.db
+        if not items or db.execute(_HOLDS_XATTRS).fetchone() is None:
+            return None
+        keys = {item[0] for item in items if item[1] == OP_UPDATE and (len(item) < 7 or item[6] is None)}
+        now = int(time.time())
+        kept: dict[str, bytes] = {}
+        for part in chunked(keys, 500):
+            marks = ",".join("?" * len(part))
+            kept.update(
+                db.execute(
+                    f"SELECT key, xattrs FROM docs WHERE key IN ({marks}) AND xattrs IS NOT NULL "
+                    "AND deleted=0 AND (expiry=0 OR expiry>?)",
+                    (*part, now),
+                )
+            )
+        return kept or None
 
     def _insert(
         self, log_rows: list[tuple], docs_rows: list[tuple], highs: dict[int, int], arrivals: dict[int, int]

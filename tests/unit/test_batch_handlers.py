@@ -471,3 +471,44 @@ def test_on_batch_counts_each_item_like_a_call(data_dir):
         1,
     )
     assert counters["mutations_seen"] == 11 and counters["dlq_error"] == 3
+
+
+XATTRS_BATCH = """
+def on_batch(batch):
+    for item in batch:
+        out[item.id + "@" + str(item.meta.seq)] = {"xattrs": item.xattrs, "deleted": item.deleted}
+"""
+
+
+def test_batch_items_carry_their_mutations_user_xattrs(data_dir):
+    from eventing.core import xattrs as X
+    from eventing.core.mutation import OP_DELETE, OP_UPDATE, encode_document
+    from eventing.storage.values import Write
+
+    source = load_source(data_dir, 40, 200)  # plain vBuckets: read in bulk
+    source.write([Write("t1", OP_UPDATE, encode_document({}), xattrs=X.encode({"a": 1, "_sys": 2}))])
+    source.write([Write("t1", OP_UPDATE, encode_document({"n": 2}))])  # keeps them
+    source.write([Write("t1", OP_UPDATE, encode_document({"n": 3}), xattrs=X.encode({"b": 2}))])
+    source.write([Write("t1", OP_DELETE)])
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": "fn_bx",
+            "source_bucket": "src",
+            "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
+        }
+    )
+    deploy_function(data_dir, defn, XATTRS_BATCH)
+    run(data_dir)
+    out = open_bucket(data_dir, "out")
+    seen = {key: doc for key, doc, _ in out.scan()}
+    assert len(seen) == 204
+    tagged = sorted(
+        (int(key[3:]), doc["xattrs"], doc["deleted"]) for key, doc in seen.items() if key.startswith("t1@")
+    )
+    assert [row[1:] for row in tagged] == [
+        ({"a": 1}, False),
+        ({"a": 1}, False),
+        ({"b": 2}, False),
+        ({}, True),
+    ]
+    assert all(doc["xattrs"] == {} for key, doc in seen.items() if not key.startswith("t1@"))

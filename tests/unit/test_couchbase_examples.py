@@ -1008,13 +1008,23 @@ def test_examples_using_sql_are_refused_at_deploy(data_dir, name):
 
 
 @needs_docs
-def test_lookup_in_example_is_refused_for_xattrs(data_dir):
+def test_lookup_in_example_deploys_and_its_placeholder_paths_fail_its_call(data_dir):
     """advancedLookupInOp, page 'Function: Advanced Sub-Document LOOKUPIN Operation'
-    (eventing-handler-advancedLookupInOp.adoc) names XATTRs (an `xattrs` parameter and {"xattrs": false}), so
-    it is refused at deploy; its paths are placeholders ("<doc_path_0>") and the output it shows is three
-    results of one call, advancedMutateInField's page's, so it has nothing to compare with either."""
-    with pytest.raises(HandlerLoadError, match=r"line \d+: extended attributes \(XATTRs\) is not supported"):
-        app_for(data_dir, handlers("eventing-handler-advancedLookupInOp")[0], bindings=[SRC_RW])
+    (eventing-handler-advancedLookupInOp.adoc) names XATTRs (an `xattrs` parameter and {"xattrs": false}),
+    which bindings serve, so it deploys; its paths are placeholders ("<doc_path_0>"), which no document has,
+    so its call is refused and the mutation dead-lettered, and the output it shows is three results of one
+    call, advancedMutateInField's page's, so it has nothing to compare with."""
+    from eventing.ops import dlq as dlq_ops
+
+    app = app_for(
+        data_dir,
+        handlers("eventing-handler-advancedLookupInOp")[0],
+        bindings=[SRC_RW],
+        docs=[("lookupinfield:001", {"id": "lookupinfield:001"})],
+    )
+    run(app)
+    [letter] = dlq_ops.list_rows(data_dir, FUNCTION)
+    assert letter.key == "lookupinfield:001" and "<doc_path_0>" in letter.error and logged(app) == []
 
 
 # -- Couchbase's examples with timers and expiry ----------------------------------------------------------

@@ -11,6 +11,7 @@ import pytest
 from eventing.cli import main
 from eventing.control import lifecycle
 from eventing.control.service import EventingService
+from eventing.core import xattrs as X
 from eventing.core.mutation import OP_UPDATE, encode_document
 from eventing.ops import buckets as bucket_ops
 from eventing.storage.bucket import LocalBucket
@@ -18,6 +19,7 @@ from eventing.storage.values import Write
 from eventing.testing import deploy_function, ledger_definition, load_source
 from eventing.workers.executor import InProcessExecutor
 from metadata.factory import open_store
+from sharding import vbucket_of
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
@@ -103,6 +105,42 @@ def test_an_export_loads_back_into_an_equal_bucket(capsys, dd, small_bucket, tmp
         (r["key"], r["doc"], r["meta"]["expiry"]) for r in original
     ]
     assert json_of(capsys, "bucket", "export", "src", "-o", str(out_file), *dd)["documents"] == 5
+
+
+def test_an_export_carries_the_documents_xattrs_and_a_load_puts_them_back(capsys, dd, small_bucket, tmp_path):
+    tagged = {"audit": {"by": "ada"}, "_sync": {"rev": 2}}
+    small_bucket.write([Write("a::2", OP_UPDATE, encode_document({"n": 2}), xattrs=X.encode(tagged))])
+    out_file = tmp_path / "src.jsonl"
+    assert run_cli(capsys, "bucket", "export", "src", "-o", str(out_file), *dd)[0] == 0
+    lines = {line["key"]: line for line in map(json.loads, out_file.read_text().splitlines())}
+    assert lines["a::2"]["xattrs"] == tagged and "xattrs" not in lines["a::2"]["meta"]
+    assert "xattrs" not in lines["a::1"]
+    assert json_of(capsys, "bucket", "get", "src", "a::2", *dd)["xattrs"] == tagged
+    assert run_cli(capsys, "bucket", "create", "copy", *dd)[0] == 0
+    code, _, err = run_cli(capsys, "bucket", "load", "copy", "--file", str(out_file), *dd)
+    assert code == 0, err
+    copy = LocalBucket.open(dd[1], "copy")
+    assert X.decode(copy.get_meta("a::2")["xattrs"]) == tagged and "xattrs" not in copy.get_meta("a::1")
+    # a line without "xattrs" keeps the document's; {} leaves none; a bad name is one rejected line
+    fix = tmp_path / "fix.jsonl"
+    fix.write_text(
+        '{"key": "a::2", "doc": {"n": 20}}\n{"key": "a::1", "doc": {"n": 10}, "xattrs": {"t": 1}}\n'
+        '{"key": "a::1", "doc": {"n": 11}, "xattrs": {}}\n'
+        '{"key": "a::3", "doc": {}, "xattrs": {"$document": 1}}\n'
+    )
+    code, _, err = run_cli(capsys, "bucket", "load", "copy", "--file", str(fix), *dd)
+    assert code == 1 and "line 4: \"xattrs\" holds '$document', not an extended attribute's name" in err
+    assert X.decode(copy.get_meta("a::2")["xattrs"]) == tagged and copy.get("a::2") == {"n": 20}
+    assert "xattrs" not in copy.get_meta("a::1") and copy.get("a::3") == {"n": 3}
+    assert [m.xattrs for m in copy.read_vb(vbucket_of("a::1"), 0, 100) if m.key == "a::1"] == [
+        None,
+        X.encode({"t": 1}),
+        None,
+    ]
+    # into a named collection: the same lines, its keys stored under the collection's mark
+    assert run_cli(capsys, "collection", "create", "copy.s.c", *dd)[0] == 0
+    assert run_cli(capsys, "bucket", "load", "copy.s.c", "--file", str(out_file), *dd)[0] == 0
+    assert json_of(capsys, "bucket", "get", "copy.s.c", "a::2", *dd)["xattrs"] == tagged
 
 
 @pytest.mark.parametrize("argv", [["keys", "src", "--limit", "0"], ["scan", "src", "--limit", "-3"]])
@@ -491,6 +529,8 @@ def test_a_backup_with_buckets_restores_into_a_fresh_directory_and_carries_on_ex
     source = load_source(data_dir, 50, 300)
     deploy_function(data_dir, ledger_definition("fn_a", "src", "ledger"))
     run_until_caught_up(data_dir)
+    with LocalBucket.open(data_dir, "ledger") as ledger:  # a document with XATTRs: the file is copied whole
+        ledger.write([Write("tagged", OP_UPDATE, encode_document({}), xattrs=X.encode({"a": 1}))])
     folder = tmp_path / "full"
     code, out, _ = run_cli(capsys, "backup", "--with-buckets", "-o", str(folder), *dd)
     assert code == 0 and "buckets (ledger, src)" in out
@@ -500,6 +540,8 @@ def test_a_backup_with_buckets_restores_into_a_fresh_directory_and_carries_on_ex
     code, out, err = run_cli(capsys, "restore", str(folder), "--data-dir", fresh)
     assert code == 0 and err == "" and "restored buckets: ledger, src" in out
     assert "functions resume after the restored checkpoints" in out
+    with LocalBucket.open(fresh, "ledger") as restored:
+        assert X.decode(restored.get_meta("tagged")["xattrs"]) == {"a": 1}
     with LocalBucket.open(fresh, "src") as restored:
         restored.upsert("new::1", {"i": 1})
     assert run_until_caught_up(fresh).functions["fn_a"].handled == 1

@@ -399,10 +399,6 @@ def test_syntax_errors_and_sql_are_refused_at_deploy_with_the_line(data_dir):
         )
     with pytest.raises(HandlerLoadError, match=r"line 2: Analytics"):
         app.deploy(definition, "function OnUpdate(doc, meta) {\n  couchbase.analyticsQuery('SELECT 1');\n}\n")
-    with pytest.raises(HandlerLoadError, match=r"line 2: extended attributes \(XATTRs\)"):
-        app.deploy(
-            definition, "function OnUpdate(doc, meta) {\n  couchbase.get(dst, meta, {xattrs: true});\n}\n"
-        )
     with pytest.raises(HandlerLoadError, match="defines neither OnUpdate"):
         app.deploy(definition, "function onupdate(doc, meta) {}\n")
     with pytest.raises(EventingError, match="language of function 'fn_js' is 'ruby'"):

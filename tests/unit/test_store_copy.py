@@ -7,13 +7,17 @@ from __future__ import annotations
 import pytest
 
 from eventing.cli.app import main
+from eventing.core import xattrs as X
 from eventing.core.definition import FunctionDefinition
+from eventing.core.mutation import OP_UPDATE, encode_document
 from eventing.errors import ConfigError, LifecycleError
 from eventing.ops.store_copy import copy_store
 from eventing.storage.dumps import TABLES
 from eventing.storage.state import open_state
+from eventing.storage.values import Write
 from eventing.testing import deploy_function, ledger_definition, load_source
 from metadata.sql.dump import dump_tables
+from sharding import vbucket_of
 
 HANDLER = "def on_update(doc, meta):\n    dst[meta.id] = {'n': doc.get('n')}\n    log('seen', meta.id)\n"
 
@@ -65,6 +69,31 @@ def test_a_directory_copied_to_postgresql_and_back_is_row_for_row_the_same(data_
         assert metadata_rows(state) == metadata_rows(source)
         assert state.app_logs.tail("fn_copy", 1000) == source.app_logs.tail("fn_copy", 1000)
     assert len(source.app_logs.tail("fn_copy", 1000)) > 0
+
+
+def _xattrs_of(state, bucket_name: str, key: str) -> tuple[bytes | None, list[bytes | None]]:
+    """A document's stored XATTRs and those of each of its log entries."""
+    with state.open_bucket(bucket_name) as bucket:
+        live = (bucket.get_meta(key) or {}).get("xattrs")
+        entries = [m.xattrs for m in bucket.read_vb(vbucket_of(key), 0, 10_000) if m.key == key]
+    return live, entries
+
+
+def test_extended_attributes_are_copied_to_postgresql_and_back(data_dir, tmp_path, pg_schema_url):
+    prepared(data_dir)
+    source = open_state(data_dir)
+    tagged, other = X.encode({"audit": {"by": "ada"}, "_sync": {"rev": 3}}), X.encode({"audit": 1})
+    for name in ("src", "out"):  # a bucket of one file and one of four partitions
+        with source.open_bucket(name) as bucket:
+            bucket.write([Write("x1", OP_UPDATE, encode_document({"n": 1}), xattrs=other)])
+            bucket.write([Write("x1", OP_UPDATE, encode_document({"n": 2}), xattrs=tagged)])
+    expected = (tagged, [other, tagged])
+    server, back = open_state(pg_schema_url), open_state(str(tmp_path / "back"))
+    copy_store(source, server)
+    copy_store(server, back)
+    for state in (source, server, back):
+        for name in ("src", "out"):
+            assert _xattrs_of(state, name, "x1") == expected, (state.shown, name)
 
 
 def test_a_function_carries_on_in_the_copy_after_its_checkpoints(data_dir, pg_schema_url, capsys):

@@ -1,7 +1,8 @@
 """A document's extended attributes (eventing.core.xattrs) in both stores: kept beside the document in its
-live row and in each log entry (so a reader of the log sees them as of that mutation), replaced with the
-document by a write that carries none, dropped by a delete, left to the row reads by the bulk reads, the cas
-and seqno macros expanded by the check-and-set, through each batch size of the PostgreSQL writer (one row,
+live row and in each log entry (so a reader of the log sees them as of that mutation), kept by a write that
+carries none (as Couchbase's full-document writes keep them; test_binding_writes_keep_xattrs has the rest),
+left off by one that carries xattrs.NONE, dropped by a delete, left to the row reads by the bulk reads, the
+cas and seqno macros expanded by the check-and-set, through each batch size of the PostgreSQL writer (one row,
 arrays, COPY); and a bucket file or a PostgreSQL store written by the previous version opens and takes
 them."""
 
@@ -71,12 +72,16 @@ def test_xattrs_live_beside_the_document_and_in_each_log_entry(bucket, count):
         assert _entries(bucket, key) == [(OP_UPDATE, tagged if i % 2 == 0 else None)]
     first = keys[0]
     assert X.user_xattrs(bucket.get_meta(first)["xattrs"]) == {"owner": "ada"}
-    # a write that carries none replaces the document whole; a delete drops them; the log keeps each version
+    # a write that carries none keeps them (as Couchbase's full-document writes do), one that carries
+    # xattrs.NONE leaves none; a delete drops them; the log keeps each version
     bucket.write([Write(first, OP_UPDATE, _doc(7))])
+    assert bucket.get_meta(first)["xattrs"] == tagged
+    bucket.write([Write(first, OP_UPDATE, _doc(8), xattrs=X.NONE)])
     assert "xattrs" not in bucket.get_meta(first)
-    bucket.write([Write(first, OP_UPDATE, _doc(8), xattrs=tagged), Write(first, OP_DELETE)])
+    bucket.write([Write(first, OP_UPDATE, _doc(9), xattrs=tagged), Write(first, OP_DELETE)])
     assert bucket.get_meta(first) is None
     assert _entries(bucket, first) == [
+        (OP_UPDATE, tagged),
         (OP_UPDATE, tagged),
         (OP_UPDATE, None),
         (OP_UPDATE, tagged),
@@ -116,8 +121,12 @@ def test_the_check_and_set_keeps_xattrs_and_expands_the_cas_and_seqno_macros(buc
     assert _entries(bucket, "d")[-1] == (OP_UPDATE, bucket.get_meta("d")["xattrs"])
 
 
-OLD_FILE_SCHEMA = files.SCHEMA.replace(", xattrs BLOB) WITHOUT ROWID", ") WITHOUT ROWID").replace(
-    " xattrs BLOB,", ""
+OLD_FILE_SCHEMA = "\n".join(
+    line
+    for line in files.SCHEMA.replace(", xattrs BLOB) WITHOUT ROWID", ") WITHOUT ROWID")
+    .replace(" xattrs BLOB,", "")
+    .splitlines()
+    if "docs_xattrs" not in line
 )
 
 
@@ -140,6 +149,9 @@ def test_a_bucket_file_written_before_xattrs_opens_and_takes_them(data_dir, monk
     assert "xattrs" not in {r[1] for r in db.execute("PRAGMA table_info(docs)")}
     db.close()
     with open_bucket(data_dir, "old") as b:
+        # the partial index a write probes for XATTRs to keep (a full scan of the documents without it)
+        plan = b.file.db.execute("EXPLAIN QUERY PLAN SELECT 1 FROM docs WHERE xattrs IS NOT NULL LIMIT 1")
+        assert "USING INDEX docs_xattrs" in str(plan.fetchall())
         assert b.get("kept") == {"i": 1} and "xattrs" not in b.get_meta("kept")
         assert b.read_vb(vb, 0, 10)[0].xattrs is None
         b.write([Write("kept", OP_UPDATE, _doc(2), xattrs=X.encode({"v": 2}))])
@@ -151,7 +163,7 @@ def test_a_postgresql_store_written_before_xattrs_opens_and_takes_them(request):
     db = PostgresDatabase.open(_store_url(request))
     try:
         old_ddl = [s for s in pg_schema.DDL if "xattrs" not in s]
-        assert len(old_ddl) == len(pg_schema.DDL) - 2
+        assert len(old_ddl) == len(pg_schema.DDL) - 3
         ensure_schema(db, pg_schema.COMPONENT, 1, old_ddl)  # the store as schema 1 left it
         pg_schema._ready.clear()  # as a process of this version meeting it for the first time
         columns = (
@@ -161,6 +173,11 @@ def test_a_postgresql_store_written_before_xattrs_opens_and_takes_them(request):
         assert db.read(columns) == [(0,)]
         b = pg_buckets.create_bucket(db, "b")
         assert db.read(columns) == [(2,)]
+        index = (
+            "SELECT count(*) FROM pg_indexes WHERE indexname = 'bucket_docs_xattrs' "
+            "AND schemaname = current_schema()"
+        )
+        assert db.read(index) == [(1,)]
         assert db.read("SELECT version FROM eventing_schema WHERE component = 'buckets'") == [
             (pg_schema.VERSION,)
         ]
@@ -185,3 +202,11 @@ def test_names_macros_and_the_crc():
     raw = X.encode({"c": X.CAS_MACRO, "other": "text"})
     assert X.has_macros(raw) and not X.has_macros(X.encode({"c": "${Mutation.CAS}"}))
     assert msgpack.unpackb(X.expand(raw, 1, 2)) == {"c": "0x0100000000000000", "other": "text"}
+
+
+def test_a_scan_gives_each_documents_xattrs_in_its_meta(bucket):
+    tagged = X.encode({"owner": "ada"})
+    bucket.write([Write("s1", OP_UPDATE, _doc(1), xattrs=tagged), Write("s2", OP_UPDATE, _doc(2))])
+    scanned = {key: (doc, meta) for key, doc, meta in bucket.scan("s")}
+    assert scanned["s1"][0] == {"i": 1} and scanned["s1"][1]["xattrs"] == tagged  # as get_meta gives them
+    assert "xattrs" not in scanned["s2"][1] and set(scanned) == {"s1", "s2"}

@@ -107,9 +107,7 @@ class PostgresBucket:
         transaction's arrival time. (vb, seqno) per write, None for a delete of a missing document."""
         return self._writer.write(writes, origin, arrival_ms)
 
-    def load_rows(
-        self, rows: Sequence[tuple[str, int, bytes | None, int]], *, arrival_ms: int | None = None
-    ) -> int:
+    def load_rows(self, rows: Sequence[tuple], *, arrival_ms: int | None = None) -> int:
         return self._writer.load_rows(rows, arrival_ms)
 
     def upsert(

@@ -12,7 +12,7 @@ from eventing.core.mutation import decode_document
 from eventing.storage.postgres.log_reader import LogReader
 from eventing.storage.postgres.schema import key_index_name
 from eventing.storage.postgres.writer import vb_of
-from eventing.storage.reads import meta_of
+from eventing.storage.reads import meta_of, scanned
 
 
 def after_prefix(prefix: str) -> str | None:
@@ -105,16 +105,14 @@ class DocumentReader:
         return [row[0] for row in self.live_docs(prefix, limit, with_docs=False)]
 
     def scan(self, prefix: str = "", limit: int | None = None) -> Iterator[tuple[str, dict, dict]]:
-        """(key, document, meta) of live documents in key order; meta has vb, seqno, cas, expiry, flags."""
-        for key, vb, seqno, cas, expiry, flags, raw in self.live_docs(prefix, limit, with_docs=True):
-            meta = {"vb": vb, "seqno": seqno, "cas": cas, "expiry": expiry, "flags": flags}
-            yield key, decode_document(raw), meta
+        """(key, document, meta) of live documents in key order (eventing.storage.reads.scanned)."""
+        return scanned(self.live_docs(prefix, limit, with_docs=True))
 
     def live_docs(
         self, prefix: str, limit: int | None, *, with_docs: bool, batch: int = 1000
     ) -> Iterator[tuple]:
         """Live documents in key order, read in batches (keyset paging, so a large bucket streams)."""
-        columns = "key, vb, seqno, cas, expiry, flags" + (", doc" if with_docs else "")
+        columns = "key, vb, seqno, cas, expiry, flags" + (", doc, xattrs" if with_docs else "")
         range_sql, range_args = _prefix_sql(prefix)
         after: str | None = None
         left = limit

@@ -205,6 +205,7 @@ class EffectApplier:
                 cur.execute(_ASYNC)
             asked = self._send_lock_marks(cur, function, (g.vb for g in groups))
             locked = writer.send_lock(cur, targets)
+            holds = writer.send_holds(cur)  # whether any document has XATTRs the writes may keep
             found = self._marks_of(cur, function, asked)
             heads = writer.heads_of(locked)
             if not conditional:
@@ -215,13 +216,17 @@ class EffectApplier:
                         break
                     new_marks.append((vb, epoch, max(mark_seqno, highest)))
                 else:
-                    writer.log_in(cur, written, ready, who, None, heads=heads)
+                    writer.log_in(cur, written, ready, who, None, heads=heads, holds=holds)
                     self._set_marks(cur, function, new_marks)
                     return EffectResult(applied=len(ready))
-            return general(cur, written, found, heads)
+            return general(cur, written, found, heads, holds)
 
         def general(
-            cur: Cursor, written: Written, found: Marks, heads: tuple[dict[int, int], dict[int, int]]
+            cur: Cursor,
+            written: Written,
+            found: Marks,
+            heads: tuple[dict[int, int], dict[int, int]],
+            holds: object,
         ) -> EffectResult:
             result = EffectResult()
             writes: list[Write] = []
@@ -249,7 +254,7 @@ class EffectApplier:
                 # the locks of their vBuckets (taken with the marks).
                 stored = self._docs_in(cur, {w.key for _, _, w in pending})
                 writes, result.conflicts = resolve_conditions(pending, stored.get)
-            writer.log_in(cur, written, items_of(writes), who, None, heads=heads)
+            writer.log_in(cur, written, items_of(writes), who, None, heads=heads, holds=holds)
             result.applied = len(writes)
             self._set_marks(cur, function, new_marks)
             return result

@@ -2,13 +2,16 @@
 fresh cas and its transaction's arrival time, exactly as a bucket file's (eventing.storage.writes), and once
 the transaction commits the workers owning the written vBuckets are told (eventing.storage.postgres.wake).
 
-A write transaction is three statements whatever its size:
+A write transaction is four statements whatever its size:
 
 1. ``lock_heads``: the high seqno rows of the vBuckets it writes, locked in vBucket order (``FOR UPDATE``):
    writers of other vBuckets go on, writers of the same vBuckets wait for the commit, so a vBucket's
    seqnos are handed out in order and never twice, and a reader never sees seqno n + 1 before n;
 2. for a batch holding deletes, whether each deleted key is live (a delete of nothing is not logged);
-3. ``insert_in``: the log rows, with the documents' new versions and the high seqnos derived from them by
+3. ``send_holds``: whether the bucket has any document with extended attributes, which its updates keep
+   (one probe of a partial index; only where it has some, a fifth statement reads those of the batch's
+   keys, in one more round trip);
+4. ``insert_in``: the log rows, with the documents' new versions and the high seqnos derived from them by
    the server (each key's last version, each vBucket's last seqno), so the rows cross the wire once: one
    row as plain parameters, up to COPY_MIN_ROWS as arrays (``unnest``) in one statement, more by binary
    COPY and one statement after it.
@@ -39,11 +42,12 @@ from typing import Any, TypeVar
 from eventing.core import xattrs as xattr_codec
 from eventing.core.keyspaces import COLLECTION_MARK, vbucket_of_stored
 from eventing.core.mutation import OP_EXPIRE, OP_UPDATE
+from eventing.core.xattrs import NONE as NO_XATTRS
 from eventing.errors import InvalidKeyError
 from eventing.storage.postgres.registry import BucketRef
 from eventing.storage.postgres.wake import WakeSender
 from eventing.storage.values import Changed, StoredDocument, Write
-from eventing.storage.writes import _items, _reserve_cas
+from eventing.storage.writes import _items, _reserve_cas, load_items
 from metadata.postgres.connection import Cursor
 from sharding import NUM_VBUCKETS
 
@@ -178,6 +182,13 @@ _DOCS = (
     + " WHERE NOT d.deleted"
 )
 _LIVE = BY_KEYS.format(columns="d.key, d.deleted")
+# Whether the bucket has any document with extended attributes (a probe of the partial index
+# bucket_docs_xattrs), sent with the locks; only then are the XATTRs that updates keep read (_KEPT).
+_HOLDS_XATTRS = "SELECT EXISTS(SELECT 1 FROM bucket_docs WHERE bucket = %s AND xattrs IS NOT NULL)"
+_KEPT = (
+    BY_KEYS.format(columns="d.key, d.xattrs")
+    + " WHERE d.xattrs IS NOT NULL AND NOT d.deleted AND (d.expiry = 0 OR d.expiry > %s)"
+)
 _DOCS_ONE = (
     "SELECT key, doc, cas, expiry, flags, vb, seqno, xattrs FROM bucket_docs "
     "WHERE bucket = %s AND key = %s AND NOT deleted"
@@ -223,6 +234,14 @@ def items_of(writes: Iterable[Write]) -> list[Item]:
     """(key, op, doc, expiry, flags, cas), and the XATTRs as a seventh element where a write of the batch
     has some (eventing.storage.writes._items)."""
     return _items(writes)
+
+
+NOTHING_KEPT = _Fetched([(False,)])  # log_in's ``holds`` where no update is in the batch (expirations)
+
+
+def _kept_keys(items: Sequence[Item]) -> list[str]:
+    """The keys of the updates that keep their document's XATTRs (giving none of their own)."""
+    return [item[0] for item in items if item[1] == OP_UPDATE and (len(item) < 7 or item[6] is None)]  # type: ignore[misc]
 
 
 class Rows:
@@ -355,13 +374,19 @@ class LogWriter:
         *,
         live: dict[str, bool] | None = None,
         heads: tuple[dict[int, int], dict[int, int]] | None = None,
+        holds: Any = None,
     ) -> list[tuple[int, int] | None]:
         """Log ``items`` ``(key, op, doc, expiry, flags, cas)``: each gets the next seqno of its vBucket, its
         cas (a fresh one when None) and the transaction's arrival time (never below its vBucket's last one); a
         delete of a document that does not exist (at that point of the batch) is skipped. Returns (vb, seqno)
         per item, None for a skipped delete. ``live``: what the caller read already of the deleted keys (under
         the locks); ``heads``: lock_heads's answer for the items' vBuckets, when the caller took the locks
-        already."""
+        already.
+
+        An update keeps the extended attributes of its live, unexpired document (as the batch left it)
+        unless its item gives them (a seventh element: eventing.core.xattrs); a delete drops them. They are
+        read only when the bucket holds any (``send_holds``, sent with the locks; ``holds``: the caller's,
+        sent after its locks), in one more round trip."""
         if not items:
             return []
         arrival = int(time.time() * 1000) if arrival_ms is None else int(arrival_ms)
@@ -373,16 +398,20 @@ class LogWriter:
         # Read after the lock (in a pipeline, in the same round trip): a document another writer of these
         # vBuckets changed before the lock was granted is seen as that writer left it.
         asked = self.send_live(cur, deleting) if deleting and live is None else None
+        if holds is None:
+            holds = self.send_holds(cur)
         highs, lasts = self.heads_of(locked) if locked is not None else heads or ({}, {})
         arrivals = {vb: max(arrival, last) for vb, last in lasts.items()}
         if asked is not None:
             live = self.live_of(asked)
         live = dict(live or {})
+        kept = self.kept_in(cur, holds, items)
         cas = _reserve_cas(len(items))
         order = sorted(range(len(items)), key=vbs.__getitem__)  # stable: a vBucket's seqnos follow the items
         rows = Rows()
         out: list[tuple[int, int] | None] = [None] * len(items)
-        with_xattrs = len(items[0]) > 6
+        with_xattrs = kept is not None or len(items[0]) > 6
+        current: dict[str, bytes | None] = dict(kept or {})  # each key's XATTRs as the batch leaves them
         for i in order:
             key, op, doc, expiry, flags, given = items[i][:6]
             if op != OP_UPDATE:
@@ -397,11 +426,34 @@ class LogWriter:
             rows.add(
                 vb, seqno, key, op, cas + 1 + i if given is None else given, doc, expiry, flags, arrivals[vb]
             )
-            if with_xattrs:
-                rows.set_xattrs(items[i][6])  # type: ignore[misc]
+            if with_xattrs:  # a delete drops the XATTRs; an update keeps them or sets its own
+                if op != OP_UPDATE:
+                    xattrs = None
+                else:
+                    xattrs = items[i][6] if len(items[i]) > 6 else None  # type: ignore[misc]
+                    xattrs = current.get(key) if xattrs is None else None if xattrs == NO_XATTRS else xattrs
+                    rows.set_xattrs(xattrs)
+                current[key] = xattrs
             out[i] = (vb, seqno)
         self.insert_in(cur, written, rows, origin)
         return out
+
+    def send_holds(self, cur: Cursor) -> Any:
+        """Whether the bucket holds any document with extended attributes, sent (in a pipeline: answered
+        with the next round trip); ``kept_in`` reads its answer. Sent after the locks, it sees every
+        document of their vBuckets as their last writer left it."""
+        return send(cur, _HOLDS_XATTRS, (self.ref.id,))
+
+    def kept_in(self, cur: Cursor, holds: Any, items: Sequence[Item]) -> dict[str, bytes] | None:
+        """The XATTRs of the live, unexpired documents the updates of ``items`` keep (key -> XATTRs), or
+        None when there are none; read only where ``holds`` (send_holds's answer) says the bucket has any."""
+        if not holds.fetchall()[0][0]:
+            return None
+        keys = _kept_keys(items)
+        if not keys:
+            return None
+        rows = cur.execute(_KEPT, (keys, self.ref.id, int(time.time()))).fetchall()
+        return {key: bytes(xattrs) for key, xattrs in rows} or None
 
     def insert_in(self, cur: Cursor, written: Written, rows: Rows, origin: str | None) -> None:
         """The log rows (their vBuckets locked by ``lock_heads``), the documents' new versions and the moved
@@ -505,8 +557,8 @@ class LogWriter:
             lambda cur, written: self.log_in(cur, written, items, origin, arrival_ms), pipeline=True
         )
 
-    def load_rows(self, rows: Sequence[tuple[str, int, bytes | None, int]], arrival_ms: int | None) -> int:
-        items = [(key, op, doc, expiry, 0, None) for key, op, doc, expiry in rows]
+    def load_rows(self, rows: Sequence[tuple], arrival_ms: int | None) -> int:
+        items = load_items(rows)
         placed = self.run(
             lambda cur, written: self.log_in(cur, written, items, None, arrival_ms), pipeline=True
         )
@@ -542,6 +594,7 @@ class LogWriter:
                 None,
                 None,
                 live=dict.fromkeys(keys, True),
+                holds=NOTHING_KEPT,
             )
             return len(keys)
 
@@ -559,6 +612,7 @@ class LogWriter:
             keys = {key for key, _ in changes if "\x00" not in key}
             (highs, lasts), state = self._lock_and_read(cur, keys)
             arrival = int(time.time() * 1000)
+            now = arrival // 1000
             rows = Rows()
             out: list[Changed | Exception] = []
             for key, change in changes:
@@ -592,9 +646,14 @@ class LogWriter:
                     vb, seqno, target, write.op, cas, doc, write.expiry, write.flags, max(arrival, lasts[vb])
                 )
                 xattrs = write.xattrs
-                if xattrs is not None:  # the cas and seqno macros of a sub-document mutation
-                    if xattr_codec.has_macros(xattrs):
-                        xattrs = xattr_codec.expand(xattrs, cas, seqno)
+                if xattrs is None:  # kept: the live, unexpired document's (as the earlier changes left it)
+                    before = state.get(target)
+                    xattrs = before.xattrs if before is not None and not 0 < before.expiry <= now else None
+                elif xattrs == NO_XATTRS:
+                    xattrs = None
+                elif xattr_codec.has_macros(xattrs):  # the cas and seqno macros of a sub-document mutation
+                    xattrs = xattr_codec.expand(xattrs, cas, seqno)
+                if write.op == OP_UPDATE:
                     rows.set_xattrs(xattrs)
                 after = (
                     StoredDocument(
