@@ -18,8 +18,7 @@ import msgpack
 
 from eventing.core import counters as counter_names
 from eventing.core.filters import CompiledFilter
-from eventing.core.mutation import OP_DELETE, OP_EXPIRE, OP_UPDATE, Mutation, pack_mutation
-from eventing.errors import OrderViolationError
+from eventing.core.mutation import OP_DELETE, OP_EXPIRE, OP_UPDATE, Mutation
 from eventing.execution.bindings import BucketBinding
 from eventing.execution.runner import (
     NO_HANDLER,
@@ -35,6 +34,7 @@ from eventing.handler import DeleteOptions
 from eventing.storage.protocol import Bucket
 from eventing.windows.runtime.row_writer import WindowRowWriter
 from eventing.workers.crash_guard import CRASHED, CrashGuard
+from eventing.workers.progress import WorkerProgress
 from metadata import DlqRow
 
 _as_mutation = tuple.__new__  # a row tuple as a Mutation, built in C (Mutation(*row) is ~0.3 us)
@@ -69,6 +69,7 @@ class WorkerHandling:
     # The run handler chosen when the worker was built: _handle_serial, a pool's or on_batch's take_run.
     _take_run: Callable[[int, int, list], int]
     crash_guard: CrashGuard
+    progress: WorkerProgress
 
     def _drop_filtered(self, vb: int, position: int, rows: list) -> list:
         """The rows of a run the filter matches, in order (the others counted as filtered). Rows this
@@ -409,26 +410,7 @@ class WorkerHandling:
     def _dead_letter(
         self, m: Mutation, reason: str, error: str, tb: str, attempts: int, first: float = 0.0
     ) -> None:
-        now = time.time()
-        self.counters[counter_names.dlq(reason)] += 1
-        self.dlq.append(
-            DlqRow(
-                self.name,
-                m.vb,
-                m.seqno,
-                m.key,
-                reason,
-                error,
-                tb,
-                attempts,
-                first or now,
-                now,
-                pack_mutation(m),
-                generation=self.spec.generation,
-            )
-        )
+        self.progress.dead_letter(m, reason, error, tb, attempts, first)
 
     def _order_violation(self, vb: int, seqno: int, position: int) -> None:
-        raise OrderViolationError(
-            f"vBucket {vb} of bucket '{self.source.name}' went backwards: seqno {seqno} after {position}"
-        )
+        self.progress.order_violation(vb, seqno, position)

@@ -31,6 +31,7 @@ from eventing.workers import batch_calls, concurrent_calls
 from eventing.workers.collections import SourceCollections
 from eventing.workers.crash_guard import CrashGuard, open_notes_file
 from eventing.workers.hang_guard import HangGuard
+from eventing.workers.progress import WorkerProgress
 from eventing.workers.source_reads import WorkerReads
 from eventing.workers.timer_firing import WorkerTimers
 from eventing.workers.write_waiter import WriteWaiter
@@ -163,12 +164,11 @@ class WorkerCore(WorkerTimers, WorkerReads):
         self._success = {
             kind: counter_names.handler_outcome(kind, "success") for kind in ("on_update", "on_delete")
         }
-        self.positions: dict[int, int] = {}  # vb -> last handled seqno
-        self.committed: dict[int, int] = {}  # vb -> last checkpointed seqno
-        self.epochs: dict[int, int] = {}
+        # Positions, checkpoints, epochs, counters, dead letters, letters and fired timers: what the parts
+        # share and the checkpoint takes (eventing.workers.progress).
+        self.progress = WorkerProgress(self.name, spec.generation, self.source.name)
         self._spans: Spans | None = None  # the owned vBuckets as ranges, made again when ownership changes
         self.targets = spec.targets
-        self.counters: Counter[str] = Counter()
         self.window_rows = WindowRowWriter.for_worker(  # rows of a windowed function, else None
             self.data.state if self.data.local else spec.location,
             spec.function,
@@ -178,7 +178,6 @@ class WorkerCore(WorkerTimers, WorkerReads):
             self.counters,
             put_file=None if self.data.local else self.data.put_file,
         )
-        self.dlq: list[DlqRow] = []
         self.last_commit = time.monotonic()
         if self.on_update is None and self.window_rows is not None and self.filter is None:
             self._looks_ahead = False  # a window-only function reads packed runs (_take_window_batch)
@@ -187,10 +186,8 @@ class WorkerCore(WorkerTimers, WorkerReads):
         self._scan_per_kept = 1.0  # filtered reads: entries scanned per row the query kept, lately
         self._handled_any = False
         self._closed = False
-        self._lettered: dict[tuple[int, int], str] = {}  # (vb, seqno) -> the counter of its skip
         self.timers = self.runner.timers
         self.timers.lookup = lambda callback, reference: self.store.get_timer(self.name, callback, reference)
-        self.timers_done: list[TimerDone] = []  # fired since the last commit
         self._reclaim: set[int] = set()  # newly owned vBuckets: timers a previous owner claimed fire first
         self.hang_guard = HangGuard(self.runner.context, self.timeout_s)
         # What the handler runs is noted in a file (its sandboxed host opens it: `notes_fd`), so that a death
@@ -234,6 +231,19 @@ class WorkerCore(WorkerTimers, WorkerReads):
             self.hang_guard.recycle_on_hang(
                 self.name, spec.generation, self.epochs, lambda: self.spec.data_access().metadata()
             )
+
+    # The progress the parts share, by its old names (until each part holds it).
+    positions = property(lambda self: self.progress.positions)
+    committed = property(lambda self: self.progress.committed)
+    epochs = property(lambda self: self.progress.epochs)
+    _lettered = property(lambda self: self.progress.lettered)
+    counters = property(
+        lambda self: self.progress.counters, lambda self, v: setattr(self.progress, "counters", v)
+    )
+    dlq = property(lambda self: self.progress.dlq, lambda self, v: setattr(self.progress, "dlq", v))
+    timers_done = property(
+        lambda self: self.progress.timers_done, lambda self, v: setattr(self.progress, "timers_done", v)
+    )
 
     def _open_waiter(self) -> WriteWaiter | PostgresWriteWaiter | None:
         """The waiter of a caught-up step: this worker's socket, to which the service forwards its writes'
