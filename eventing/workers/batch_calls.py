@@ -94,7 +94,7 @@ class BatchCalls:
         notes = self.core.crash_guard.notes
         notes.note(0, vb, row[1], row[1])
         try:
-            self.core._handle_run(vb, position, [row], self.take_run)
+            self.core.handler.handle_run(vb, position, [row], self.take_run)
             segments, self.segments, self.spans = self.segments, [], {}
             if segments:
                 self._run(Batch.build(self.runner, segments))
@@ -118,13 +118,13 @@ class BatchCalls:
         for row in rows:
             seqno = row[1]
             if seqno <= position:
-                core._order_violation(vb, seqno, position)
+                core.progress.order_violation(vb, seqno, position)
             position = seqno
             origin, raw = row[6], row[5]
             if (origin is not None and (origin == own or origin == name)) or (
                 lettered and (vb, seqno) in lettered
             ):
-                core._handle(
+                core.handler.handle(
                     _as_mutation(row)
                 )  # the recursion guard, or a letter of this deployment: no call
                 continue
@@ -134,7 +134,7 @@ class BatchCalls:
                         raise ValueError
                     doc = msgpack.unpackb(raw, raw=False)
                 except Exception:  # noqa: BLE001 - _handle dead-letters it (oversize, undecodable)
-                    core._handle(_as_mutation(row))
+                    core.handler.handle(_as_mutation(row))
                     continue
             else:
                 doc = None
@@ -193,7 +193,7 @@ class BatchCalls:
     def _run(self, batch: Batch) -> None:
         """on_batch over the batch, its failures retried as the retry policy says (see the module docstring)."""
         core, runner = self.core, self.runner
-        policy, attempts, epochs = runner.policy, core._attempts, core.epochs
+        policy, attempts, epochs = runner.policy, core.handler.attempts, core.epochs
         c = core.counters
         c[counter_names.MUTATIONS_SEEN] += len(batch)
         errors: dict[tuple[int, int], list[tuple[int, float, str]]] = {}
@@ -261,9 +261,9 @@ class BatchCalls:
                         runner.kept(epochs[vbs[i]])
             scope.discard()
             if done - deletes:
-                c[core._success["on_update"]] += done - deletes
+                c[core.handler.success["on_update"]] += done - deletes
             if deletes:
-                c[core._success["on_delete"]] += deletes
+                c[core.handler.success["on_delete"]] += deletes
             for i, (reason, text) in sorted(letters.items()):
                 self._letter(batch, i, reason, text, traces.get(batch.where(i), ""), attempt, errors, now)
             if not retry:
@@ -323,7 +323,7 @@ class BatchCalls:
         tried = errors.get((m.vb, m.seqno), [])
         if len(tried) > 1:
             trace = f"{trace.rstrip()}\n{attempts_text(tried)}" if trace else attempts_text(tried)
-        core._dead_letter(m, reason, error, trace, attempt, tried[0][1] if tried else now)
+        core.progress.dead_letter(m, reason, error, trace, attempt, tried[0][1] if tried else now)
 
 
 def _error_text(error: Any) -> str:

@@ -103,11 +103,13 @@ class ConcurrentCalls:
         for row in rows:
             seqno = row[1]
             if seqno <= position:
-                core._order_violation(vb, seqno, position)
+                core.progress.order_violation(vb, seqno, position)
             position = seqno
             m = _as_mutation(row)
             if lettered and (vb, seqno) in lettered:
-                core._handle(m)  # dead-lettered by this deployment already: counted and skipped, no call
+                core.handler.handle(
+                    m
+                )  # dead-lettered by this deployment already: counted and skipped, no call
                 continue
             task = tasks.get((vb, m.key))
             if task is None:
@@ -158,7 +160,7 @@ class ConcurrentCalls:
                 keyspace, runner.keyspace = runner.keyspace, item.keyspace
                 core.crash_guard.notes.note(0, item.m.vb, item.m.seqno, item.m.seqno)
                 try:
-                    core._handle(item.m)
+                    core.handler.handle(item.m)
                 except BaseException as exc:  # noqa: BLE001 - raised after the barrier
                     error = error or exc
                 finally:
@@ -178,9 +180,9 @@ class ConcurrentCalls:
             c.update(counts)
             for m, call, failure in failed:
                 if failure is not None:
-                    core._outcome(m, call, failure)
+                    core.handler.outcome(m, call, failure)
                 else:
-                    core._dead_letter(m, call.status, call.error, "", 0)
+                    core.progress.dead_letter(m, call.status, call.error, "", 0)
         if flush_error is not None:
             core._rewind()
             raise flush_error
@@ -283,7 +285,7 @@ class ConcurrentCalls:
             assert type(call) is HandlerCall
             failure = self._call(lane, slot, m, call, core.epochs[m.vb], counts)
             if failure is None:
-                counts[core._success[call.kind]] += 1
+                counts[core.handler.success[call.kind]] += 1
             else:
                 failed.append((m, call, failure))
         return counts, failed
@@ -307,7 +309,7 @@ class ConcurrentCalls:
     ) -> Failure | None:
         core = self.core
         runner, rw = core.runner, core.rw_bindings
-        attempts = core._attempts
+        attempts = core.handler.attempts
         tried = None
         assert call.fn is not None
         fn, args = call.fn, call.args

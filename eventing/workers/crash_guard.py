@@ -256,7 +256,7 @@ def handle_alone(core: Any, vb: int, position: int, rows: list) -> int:
             core.calls.drain()
         notes.note(0, vb, row[1], row[1])
         try:  # on the worker's thread, whatever run handler the worker has
-            core._handle_rows_noted(vb, position, [row], core._handle_serial)
+            core._handle_rows_noted(vb, position, [row], core.handler.handle_serial)
         finally:
             notes.clear(0)
         position = core.positions[vb]

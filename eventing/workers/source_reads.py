@@ -16,7 +16,8 @@ from eventing.core.filters import Prefilter
 from eventing.storage.protocol import DirectLogSource, LogSource
 from eventing.workers.collections import COLLECTION_MARK_BYTES, SourceCollections
 from eventing.workers.crash_guard import CrashGuard, handle_alone
-from eventing.workers.handling import WorkerHandling
+from eventing.workers.handling import MutationHandler
+from eventing.workers.progress import WorkerProgress
 
 # A worker reading through the data service reads this many mutations ahead in one call, and keeps one
 # such call in flight while fewer than this many are read ahead: a call across Ray nodes costs milliseconds
@@ -30,9 +31,21 @@ REMOTE_READ_AHEAD = int(os.environ.get("EVENTING_REMOTE_READ_AHEAD", "32000"))
 REJECTED_ROWS_PER_MUTATION = 8
 
 
-class WorkerReads(WorkerHandling):
+class WorkerReads:
     """Reading the source. A part of WorkerCore (eventing.workers.worker), which sets these."""
 
+    name: str
+    source: Any
+    runner: Any
+    filter: Any
+    window_rows: Any
+    on_update: Any
+    max_bytes: int
+    positions: dict[int, int]
+    counters: Any
+    _lettered: dict[tuple[int, int], str]
+    handler: MutationHandler
+    progress: WorkerProgress
     collections: SourceCollections
     crash_guard: CrashGuard
     on_delete: Any
@@ -151,7 +164,7 @@ class WorkerReads(WorkerHandling):
         if guard.suspects and guard.suspected(vb, rows):
             return handle_alone(self, vb, position, rows)
         if not rows:
-            return self._handle_run(vb, position, rows)
+            return self.handler.handle_run(vb, position, rows)
         notes = guard.notes
         notes.note(0, vb, rows[0][1], rows[-1][1])
         try:
@@ -165,7 +178,7 @@ class WorkerReads(WorkerHandling):
         """`take`: a run handler other than the one chosen when the worker was built (handle_alone's)."""
         if rows and self.collections.mixed(rows):
             return self._handle_collections(vb, position, rows, take)
-        return self._handle_run(vb, position, rows, take)
+        return self.handler.handle_run(vb, position, rows, take)
 
     def _handle_collections(
         self, vb: int, position: int, rows: list, take: Callable[[int, int, list], int] | None = None
@@ -179,11 +192,11 @@ class WorkerReads(WorkerHandling):
                 self.counters[counter_names.COLLECTION_FILTERED] += len(group)
                 last = group[-1][1]
                 if last <= position:
-                    self._order_violation(vb, last, position)
+                    self.progress.order_violation(vb, last, position)
                 position = self.positions[vb] = last
                 continue
             runner.keyspace = keyspace
-            self._handle_run(vb, position, group, take)
+            self.handler.handle_run(vb, position, group, take)
             position = self.positions[vb]
         runner.keyspace = self.collections.default_meta
         return len(rows)

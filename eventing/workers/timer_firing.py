@@ -7,20 +7,31 @@ timers of its owned vBuckets are claimed, fenced by their epochs, and their call
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from eventing.core import counters as counter_names
 from eventing.core.definition import FunctionDefinition
 from eventing.execution.runner import HandlerCall, Rejection
 from eventing.execution.timers import delay_counter, timer_mutation
 from eventing.workers.crash_guard import CRASHED
-from eventing.workers.handling import WorkerHandling
+from eventing.workers.handling import MutationHandler
 from eventing.workers.hang_guard import HangGuard
+from eventing.workers.progress import WorkerProgress
 from metadata import TimerDone, TimerRecord, WorkerMetadata
 
 
-class WorkerTimers(WorkerHandling):
+class WorkerTimers:
     """Firing timers. A part of WorkerCore (eventing.workers.worker), which sets these."""
 
+    name: str
+    runner: Any
+    timers: Any
+    epochs: dict[int, int]
+    counters: Any
+    _lettered: dict[tuple[int, int], str]
+    crash_guard: Any
+    handler: MutationHandler
+    progress: WorkerProgress
     defn: FunctionDefinition
     store: WorkerMetadata
     hang_guard: HangGuard
@@ -59,12 +70,12 @@ class WorkerTimers(WorkerHandling):
             if self._lettered[(m.vb, m.seqno)] == CRASHED:  # its worker died on it (see crash_guard)
                 c[counter_names.TIMERS_FAILED] += 1
                 error, deaths = self.crash_guard.letter(m)
-                self._dead_letter(m, "crashed", error, "", deaths)
+                self.progress.dead_letter(m, "crashed", error, "", deaths)
             else:
                 c[counter_names.HUNG_SKIPPED] += 1  # its dead letter was written when it hung
         elif type(call) is Rejection:
             c[counter_names.TIMERS_FAILED] += 1
-            self._dead_letter(m, "timer_error", call.error, "", 0)
+            self.progress.dead_letter(m, "timer_error", call.error, "", 0)
         else:
             assert type(call) is HandlerCall
             notes = self.crash_guard.notes
@@ -74,8 +85,8 @@ class WorkerTimers(WorkerHandling):
                     m,
                     call,
                     epoch=self.epochs[t.vb],
-                    attempts=self._attempts,
-                    on_retry=self._count_retry,
+                    attempts=self.handler.attempts,
+                    on_retry=self.handler.count_retry,
                 )
             finally:
                 notes.clear(0)
@@ -84,7 +95,7 @@ class WorkerTimers(WorkerHandling):
             else:
                 c[counter_names.TIMERS_FAILED] += 1
                 reason = failure.status if failure.status in ("timeout", "expired") else "timer_error"
-                self._dead_letter(
+                self.progress.dead_letter(
                     m, reason, failure.error, failure.traceback, failure.attempts, failure.first_failed_at
                 )
         assert t.fire_seq is not None

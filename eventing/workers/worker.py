@@ -30,6 +30,7 @@ from eventing.windows.runtime.row_writer import WindowRowWriter
 from eventing.workers import batch_calls, concurrent_calls
 from eventing.workers.collections import SourceCollections
 from eventing.workers.crash_guard import CrashGuard, open_notes_file
+from eventing.workers.handling import MutationHandler
 from eventing.workers.hang_guard import HangGuard
 from eventing.workers.progress import WorkerProgress
 from eventing.workers.source_reads import WorkerReads
@@ -136,15 +137,13 @@ class WorkerCore(WorkerTimers, WorkerReads):
         )
         self.collections = SourceCollections(self.source, self.defn.source_keyspace)
         # The function's filter (eventing.core.filters): rows it does not match are dropped before any
-        # handler path (_drop_filtered), or, with previous_version (whose versions follow the log order),
-        # one by one in _handle. A file source also skips them in its query when their bytes tell
-        # (read_vb_matching): those rows never become Python objects.
+        # handler path (MutationHandler.drop_filtered), or, with previous_version (whose versions follow the
+        # log order), one by one in MutationHandler.handle. A file source also skips them in its query when
+        # their bytes tell (read_vb_matching): those rows never become Python objects.
         self.filter = filters.compile_filter(self.defn.filter) if self.defn.filter is not None else None
-        self._drops = self.filter is not None and self.runner.previous is None
+        drops = self.filter is not None and self.runner.previous is None
         self._prefilter = (
-            self.filter.prefilter
-            if self._drops and self.filter is not None and not self._reads_ahead
-            else None
+            self.filter.prefilter if drops and self.filter is not None and not self._reads_ahead else None
         ) or None
         # Rows are read ahead only for the path that reads them (not a filtered read's or a window's).
         self._looks_ahead = self._looks_ahead and self._prefilter is None
@@ -155,15 +154,8 @@ class WorkerCore(WorkerTimers, WorkerReads):
         self._deferred: Checkpoint | None = None  # a checkpoint defer_end took, written after its writes
         self.on_update = self.runner.on_update
         self.on_delete = self.runner.on_delete
-        # A handler taking a run of updates in one call (JavaScript: see _handle_batched), else None.
-        self._batch = getattr(self.on_update, "batch", None)
-        self._batch_slice_s = getattr(getattr(self.on_update, "handler", None), "slice_s", 0.0)
         self.max_bytes = self.defn.max_document_bytes
         self.timeout_s = self.runner.timeout_s
-        self._attempts = self.runner.policy.max_attempts  # the retry policy's (eventing.core.retry)
-        self._success = {
-            kind: counter_names.handler_outcome(kind, "success") for kind in ("on_update", "on_delete")
-        }
         # Positions, checkpoints, epochs, counters, dead letters, letters and fired timers: what the parts
         # share and the checkpoint takes (eventing.workers.progress).
         self.progress = WorkerProgress(self.name, spec.generation, self.source.name)
@@ -204,27 +196,36 @@ class WorkerCore(WorkerTimers, WorkerReads):
         self.crash_guard = CrashGuard(
             self.store, self.name, spec.generation, notes_fd, 1 + pool + batch_slots
         )
+        self.handler = MutationHandler(
+            self.progress,
+            self.runner,
+            origin=self.origin,
+            filter=self.filter,
+            window_rows=self.window_rows,
+            max_bytes=self.max_bytes,
+            crash_guard=self.crash_guard,
+        )
         # concurrency > 1: a pool runs the batch's calls, several documents at once (else None: one at a time).
         self.calls = concurrent_calls.attach(self)
         # on_batch: the batch's rows go to the handler in one call (else None: one call a mutation).
         self.batches = batch_calls.attach(self)
         # How a batch is handled, chosen once here and shared by one read loop (WorkerReads._process): each
-        # run of rows read goes to `_take_run`, and the batch runs in `_dispatch`. One call a mutation on
-        # this thread (_handle_serial, the read loop itself), a pool's calls (the pool runs what the loop
+        # run of rows read goes to the handler's `take_run`, and the batch runs in `_dispatch`. One call a
+        # mutation on this thread (MutationHandler.handle_serial, the read loop itself), a pool's calls (the pool runs what the loop
         # sorted into tasks, reading the next batch's rows meanwhile), or on_batch (runs of a file source
         # read in bulk, the handler called once the batch is read).
         self._read_rows = self.source.read_vb_rows  # plain row tuples: no Mutation built per row by Python
         self._take_packed = None
         if self.batches is not None:
-            self._take_run, self._dispatch = self.batches.take_run, self.batches.process
+            self.handler.take_run, self._dispatch = self.batches.take_run, self.batches.process
             if self.batches.reads_packed:
                 self._take_packed = self.batches.take_packed
         elif self.calls is not None:
-            self._take_run, self._dispatch = self.calls.take_run, self.calls.process
+            self.handler.take_run, self._dispatch = self.calls.take_run, self.calls.process
             if self.calls.reads_ahead:
                 self._read_rows = self.calls.read_rows
         else:
-            self._take_run, self._dispatch = self._handle_serial, self._process
+            self._dispatch = self._process
         self.waiter = self._open_waiter() if spec.wake_address and self.data.local else None
         self.assign_vbuckets(spec.vbuckets)
         if recycle_on_hang:
@@ -629,7 +630,7 @@ class WorkerCore(WorkerTimers, WorkerReads):
                     if found and found[0].seqno == seqno
                     else Mutation(vb, seqno, "", 0, 0, None, None, 0, 0)
                 )
-            self._dead_letter(
+            self.progress.dead_letter(
                 m,
                 "cas_mismatch",
                 f"a write to bucket '{bucket}' found the document changed since the handler read it (cas); "
