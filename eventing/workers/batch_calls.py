@@ -67,7 +67,7 @@ class BatchCalls:
     def process(self, work: list[int], limits: dict[int, int], budget: int) -> int:
         """WorkerReads._process with on_batch run on what it read, returning once the batch is handled."""
         try:
-            return self.core._process(work, limits, budget)
+            return self.core.reader.process(work, limits, budget)
         finally:
             # Even when reading raised: positions already moved past the rows taken, so they are handled.
             self.flush()

@@ -89,7 +89,7 @@ class ConcurrentCalls:
         """WorkerReads._process with the batch's calls run by the pool, returning after all of them."""
         self._next_batch = (work, limits, budget)
         try:
-            return self.core._process(work, limits, budget)
+            return self.core.reader.process(work, limits, budget)
         finally:
             # Even when reading raised: positions already moved past the rows taken, so they are handled.
             self._run_tasks()
@@ -202,7 +202,7 @@ class ConcurrentCalls:
         left = [vb for vb in work if positions[vb] < limits[vb]]
         ahead: dict[int, tuple[int, list[tuple]]] = {}
         if left:
-            start = core._rotor % len(left)
+            start = core.reader.rotor % len(left)
             taken = 0
             for vb in left[start:] + left[:start]:
                 if taken >= budget:

@@ -33,7 +33,7 @@ from eventing.workers.crash_guard import CrashGuard, open_notes_file
 from eventing.workers.handling import MutationHandler
 from eventing.workers.hang_guard import HangGuard
 from eventing.workers.progress import WorkerProgress
-from eventing.workers.source_reads import WorkerReads
+from eventing.workers.source_reads import SourceReader
 from eventing.workers.timer_firing import WorkerTimers
 from eventing.workers.write_waiter import WriteWaiter
 
@@ -100,7 +100,7 @@ EFFECT_FLUSH_MIN = 8000  # binding writes buffered before a flush within a step 
 LOOK_AHEAD_PER_VB = 4000  # rows of one vBucket a look reads ahead at most (see WorkerCore._look)
 
 
-class WorkerCore(WorkerTimers, WorkerReads):
+class WorkerCore(WorkerTimers):
     """Processes its vBuckets strictly in seqno order; every write it makes is fenced by its epochs."""
 
     def __init__(self, spec: WorkerSpec, *, recycle_on_hang: bool = False, notes_fd: int | None = None):
@@ -117,7 +117,7 @@ class WorkerCore(WorkerTimers, WorkerReads):
             )
         self.defn = FunctionDefinition.from_dict(record.definition)
         self.source = self.data.bucket(self.defn.source_bucket)
-        # A source behind the data service reads ahead in calls of many batches (_prefetch); one on a server
+        # A source behind the data service reads ahead in calls of many batches (SourceReader.prefetch); one on a server
         # reached directly (a PostgreSQL store) looks at the high seqnos and next rows of the owned vBuckets
         # in one round trip at each pass of a step (_look).
         self._reads_ahead = self.source.reads_ahead and not self.data.local
@@ -172,10 +172,7 @@ class WorkerCore(WorkerTimers, WorkerReads):
         )
         self.last_commit = time.monotonic()
         if self.on_update is None and self.window_rows is not None and self.filter is None:
-            self._looks_ahead = False  # a window-only function reads packed runs (_take_window_batch)
-        self._rotor = 0
-        self._resume_vb: int | None = None  # where _process stopped: the first of the next look's runs
-        self._scan_per_kept = 1.0  # filtered reads: entries scanned per row the query kept, lately
+            self._looks_ahead = False  # a window-only function reads packed runs (take_window_batch)
         self._handled_any = False
         self._closed = False
         self.timers = self.runner.timers
@@ -205,27 +202,37 @@ class WorkerCore(WorkerTimers, WorkerReads):
             max_bytes=self.max_bytes,
             crash_guard=self.crash_guard,
         )
+        self.reader = SourceReader(
+            self.progress,
+            self.source,
+            self.collections,
+            self.handler,
+            self.crash_guard,
+            reads_ahead=self._reads_ahead,
+            prefilter=self._prefilter,
+        )
         # concurrency > 1: a pool runs the batch's calls, several documents at once (else None: one at a time).
         self.calls = concurrent_calls.attach(self)
         # on_batch: the batch's rows go to the handler in one call (else None: one call a mutation).
         self.batches = batch_calls.attach(self)
-        # How a batch is handled, chosen once here and shared by one read loop (WorkerReads._process): each
-        # run of rows read goes to the handler's `take_run`, and the batch runs in `_dispatch`. One call a
-        # mutation on this thread (MutationHandler.handle_serial, the read loop itself), a pool's calls (the pool runs what the loop
-        # sorted into tasks, reading the next batch's rows meanwhile), or on_batch (runs of a file source
-        # read in bulk, the handler called once the batch is read).
-        self._read_rows = self.source.read_vb_rows  # plain row tuples: no Mutation built per row by Python
-        self._take_packed = None
+        # How a batch is handled, chosen once here and shared by one read loop (SourceReader.process): each
+        # run of rows read (the reader's `read_rows`: plain row tuples, no Mutation built per row by Python)
+        # goes to the handler's `take_run`, and the batch runs in `_dispatch`. One call a mutation on this
+        # thread (MutationHandler.handle_serial, the read loop itself), a pool's calls (the pool runs what the
+        # loop sorted into tasks, reading the next batch's rows meanwhile), or on_batch (runs of a file
+        # source read in bulk, the handler called once the batch is read).
+        reader = self.reader
+        reader.calls, reader.batches = self.calls, self.batches
         if self.batches is not None:
             self.handler.take_run, self._dispatch = self.batches.take_run, self.batches.process
             if self.batches.reads_packed:
-                self._take_packed = self.batches.take_packed
+                reader.take_packed = self.batches.take_packed
         elif self.calls is not None:
             self.handler.take_run, self._dispatch = self.calls.take_run, self.calls.process
             if self.calls.reads_ahead:
-                self._read_rows = self.calls.read_rows
+                reader.read_rows = self.calls.read_rows
         else:
-            self._dispatch = self._process
+            self._dispatch = reader.process
         self.waiter = self._open_waiter() if spec.wake_address and self.data.local else None
         self.assign_vbuckets(spec.vbuckets)
         if recycle_on_hang:
@@ -347,8 +354,9 @@ class WorkerCore(WorkerTimers, WorkerReads):
         the same round trip (a server's bucket: PostgresBucket.prefetch), in the order _process takes them:
         from where it stopped, each vBucket up to its target."""
         order = list(self.epochs)
-        if self._resume_vb in self.epochs:
-            at = order.index(self._resume_vb)
+        resume_vb = self.reader.resume_vb
+        if resume_vb in self.epochs:
+            at = order.index(resume_vb)
             order = order[at:] + order[:at]
         positions, targets = self.positions, self.targets
         cap = max(budget, LOOK_AHEAD_PER_VB)
