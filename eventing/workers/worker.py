@@ -34,7 +34,7 @@ from eventing.workers.handling import MutationHandler
 from eventing.workers.hang_guard import HangGuard
 from eventing.workers.progress import WorkerProgress
 from eventing.workers.source_reads import SourceReader
-from eventing.workers.timer_firing import WorkerTimers
+from eventing.workers.timer_firing import TimerFiring
 from eventing.workers.write_waiter import WriteWaiter
 
 if TYPE_CHECKING:
@@ -100,7 +100,7 @@ EFFECT_FLUSH_MIN = 8000  # binding writes buffered before a flush within a step 
 LOOK_AHEAD_PER_VB = 4000  # rows of one vBucket a look reads ahead at most (see WorkerCore._look)
 
 
-class WorkerCore(WorkerTimers):
+class WorkerCore:
     """Processes its vBuckets strictly in seqno order; every write it makes is fenced by its epochs."""
 
     def __init__(self, spec: WorkerSpec, *, recycle_on_hang: bool = False, notes_fd: int | None = None):
@@ -177,7 +177,6 @@ class WorkerCore(WorkerTimers):
         self._closed = False
         self.timers = self.runner.timers
         self.timers.lookup = lambda callback, reference: self.store.get_timer(self.name, callback, reference)
-        self._reclaim: set[int] = set()  # newly owned vBuckets: timers a previous owner claimed fire first
         self.hang_guard = HangGuard(self.runner.context, self.timeout_s)
         # What the handler runs is noted in a file (its sandboxed host opens it: `notes_fd`), so that a death
         # is counted against its mutation and a mutation that keeps ending the process is dead-lettered.
@@ -210,6 +209,15 @@ class WorkerCore(WorkerTimers):
             self.crash_guard,
             reads_ahead=self._reads_ahead,
             prefilter=self._prefilter,
+        )
+        self.timer_firing = TimerFiring(
+            self.progress,
+            self.store,
+            self.runner,
+            self.handler,
+            self.hang_guard,
+            self.crash_guard,
+            batch_size=self.defn.batch_size,
         )
         # concurrency > 1: a pool runs the batch's calls, several documents at once (else None: one at a time).
         self.calls = concurrent_calls.attach(self)
@@ -252,6 +260,10 @@ class WorkerCore(WorkerTimers):
     timers_done = property(
         lambda self: self.progress.timers_done, lambda self, v: setattr(self.progress, "timers_done", v)
     )
+
+    def fire_timers(self) -> int:
+        """Claim and fire the due timers of owned vBuckets (TimerFiring.fire_timers)."""
+        return self.timer_firing.fire_timers()
 
     def _open_waiter(self) -> WriteWaiter | PostgresWriteWaiter | None:
         """The waiter of a caught-up step: this worker's socket, to which the service forwards its writes'
@@ -305,7 +317,7 @@ class WorkerCore(WorkerTimers):
             for vb in epochs:
                 binding.applied_upto[vb] = marks.get(vb, (0, 0))[1]
             learn_partition_marks(binding.buf, binding.bucket, self.name, epochs)
-        self._reclaim.update(vbs)
+        self.timer_firing.reclaim.update(vbs)
         self._spans = None
         # Mutations ahead of the checkpoint that this deployment already dead-lettered are not handled again
         # by the stream: one a previous process of this worker hung on (and was recycled for) would hang
@@ -472,7 +484,7 @@ class WorkerCore(WorkerTimers):
         # Caught up includes timers already due: a full batch of firings may leave more, and a timer created
         # for the past can be claimed only once its create is durable, so a caught-up worker commits now
         # (creates and firings) instead of at the checkpoint interval.
-        creates_due = not backlog and self._creates_due()
+        creates_due = not backlog and self.timer_firing.creates_due()
         commit_due = bool(creates_due or (not backlog and self.timers_done)) or (
             time.monotonic() - self.last_commit >= self.defn.checkpoint_interval.total_seconds()
         )
@@ -666,7 +678,7 @@ class WorkerCore(WorkerTimers):
         self.timers.discard()
         self.timers.committed(len(self.timers.kept))
         self.timers_done = []
-        self._reclaim.update(self.epochs)
+        self.timer_firing.reclaim.update(self.epochs)
         for binding in self.rw_bindings if self.marked else ():
             marks = binding.bucket.effect_marks(self.name)
             for vb in self.epochs:
