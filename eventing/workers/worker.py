@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -115,50 +116,41 @@ class WorkerCore:
                 f"function '{spec.function}' was redeployed (generation {record.generation}, "
                 f"worker for {spec.generation}); this worker stops"
             )
-        self.defn = FunctionDefinition.from_dict(record.definition)
-        self.source = self.data.bucket(self.defn.source_bucket)
-        # A source behind the data service reads ahead in calls of many batches (SourceReader.prefetch); one on a server
-        # reached directly (a PostgreSQL store) looks at the high seqnos and next rows of the owned vBuckets
-        # in one round trip at each pass of a step (_look).
+        self.defn = defn = FunctionDefinition.from_dict(record.definition)
+        self.source = self.data.bucket(defn.source_bucket)
+        # A source behind the data service reads ahead in calls of many batches (SourceReader.prefetch); one
+        # on a server reached directly (a PostgreSQL store) looks at the high seqnos and next rows of the
+        # owned vBuckets in one round trip at each pass of a step (_look).
         self._reads_ahead = self.source.reads_ahead and not self.data.local
         self._looks_ahead = self.source.reads_ahead and self.data.local
         # The state's application log; without the data directory, log() lines reach it through the data service.
-        self.app_log = self.data.app_log_writer(
-            spec.function, self.defn.app_log_max_size, self.defn.app_log_max_files
-        )
-        self.runner = HandlerRunner(
+        self.app_log = self.data.app_log_writer(spec.function, defn.app_log_max_size, defn.app_log_max_files)
+        self.runner = runner = HandlerRunner(
             self.name,
-            self.defn,
+            defn,
             record.source,
             self.source,
             self.data.bucket,
             self.app_log,
             limit_share=1 / max(1, spec.machines),
         )
-        self.collections = SourceCollections(self.source, self.defn.source_keyspace)
         # The function's filter (eventing.core.filters): rows it does not match are dropped before any
         # handler path (MutationHandler.drop_filtered), or, with previous_version (whose versions follow the
         # log order), one by one in MutationHandler.handle. A file source also skips them in its query when
         # their bytes tell (read_vb_matching): those rows never become Python objects.
-        self.filter = filters.compile_filter(self.defn.filter) if self.defn.filter is not None else None
-        drops = self.filter is not None and self.runner.previous is None
-        self._prefilter = (
-            self.filter.prefilter if drops and self.filter is not None and not self._reads_ahead else None
-        ) or None
+        flt = filters.compile_filter(defn.filter) if defn.filter is not None else None
+        drops = flt is not None and runner.previous is None
+        prefilter = (flt.prefilter if drops and flt is not None and not self._reads_ahead else None) or None
         # Rows are read ahead only for the path that reads them (not a filtered read's or a window's).
-        self._looks_ahead = self._looks_ahead and self._prefilter is None
-        self.rw_bindings = self.runner.rw_bindings
+        self._looks_ahead = self._looks_ahead and prefilter is None
+        self.rw_bindings = runner.rw_bindings
         # at_least_once: no effect marks are read, fenced or written (see LocalBucket.apply_effects).
-        self.marked = self.defn.delivery == "exactly_once"
+        self.marked = defn.delivery == "exactly_once"
         self._fenced_aside: set[int] = set()  # what a flush of set-aside writes fenced (flush_set_aside)
         self._deferred: Checkpoint | None = None  # a checkpoint defer_end took, written after its writes
-        self.on_update = self.runner.on_update
-        self.on_delete = self.runner.on_delete
-        self.max_bytes = self.defn.max_document_bytes
-        self.timeout_s = self.runner.timeout_s
         # Positions, checkpoints, epochs, counters, dead letters, letters and fired timers: what the parts
         # share and the checkpoint takes (eventing.workers.progress).
-        self.progress = WorkerProgress(self.name, spec.generation, self.source.name)
+        self.progress = progress = WorkerProgress(self.name, spec.generation, self.source.name)
         self._spans: Spans | None = None  # the owned vBuckets as ranges, made again when ownership changes
         self.targets = spec.targets
         self.window_rows = WindowRowWriter.for_worker(  # rows of a windowed function, else None
@@ -166,18 +158,18 @@ class WorkerCore:
             spec.function,
             spec.generation,
             spec.worker_id,
-            self.defn.window,
-            self.counters,
+            defn.window,
+            progress.counters,
             put_file=None if self.data.local else self.data.put_file,
         )
         self.last_commit = time.monotonic()
-        if self.on_update is None and self.window_rows is not None and self.filter is None:
+        if runner.on_update is None and self.window_rows is not None and flt is None:
             self._looks_ahead = False  # a window-only function reads packed runs (take_window_batch)
         self._handled_any = False
         self._closed = False
-        self.timers = self.runner.timers
+        self.timers = runner.timers
         self.timers.lookup = lambda callback, reference: self.store.get_timer(self.name, callback, reference)
-        self.hang_guard = HangGuard(self.runner.context, self.timeout_s)
+        self.hang_guard = HangGuard(runner.context, runner.timeout_s)
         # What the handler runs is noted in a file (its sandboxed host opens it: `notes_fd`), so that a death
         # is counted against its mutation and a mutation that keeps ending the process is dead-lettered.
         if notes_fd is None:
@@ -187,56 +179,63 @@ class WorkerCore:
                 spec.worker_id,
                 self.data.state.directory if self.data.local else None,
             )
-        pool = self.defn.concurrency if self.defn.concurrency > 1 else 0
-        batch_slots = batch_calls.NOTE_SLOTS if self.runner.on_batch is not None else 0
+        pool = defn.concurrency if defn.concurrency > 1 else 0
+        batch_slots = batch_calls.NOTE_SLOTS if runner.on_batch is not None else 0
         self.crash_guard = CrashGuard(
             self.store, self.name, spec.generation, notes_fd, 1 + pool + batch_slots
         )
-        self.handler = MutationHandler(
-            self.progress,
-            self.runner,
+        # The parts, each with what it works with: the handler of the rows read, the reader of the source
+        # (which hands its runs of rows to the handler) and the firing of timers (whose callbacks run as the
+        # handler's calls do).
+        self.handler = handler = MutationHandler(
+            progress,
+            runner,
             origin=self.origin,
-            filter=self.filter,
+            filter=flt,
             window_rows=self.window_rows,
-            max_bytes=self.max_bytes,
+            max_bytes=defn.max_document_bytes,
             crash_guard=self.crash_guard,
         )
-        self.reader = SourceReader(
-            self.progress,
+        self.reader = reader = SourceReader(
+            progress,
             self.source,
-            self.collections,
-            self.handler,
+            SourceCollections(self.source, defn.source_keyspace),
+            handler,
             self.crash_guard,
             reads_ahead=self._reads_ahead,
-            prefilter=self._prefilter,
+            prefilter=prefilter,
         )
         self.timer_firing = TimerFiring(
-            self.progress,
+            progress,
             self.store,
-            self.runner,
-            self.handler,
+            runner,
+            handler,
             self.hang_guard,
             self.crash_guard,
-            batch_size=self.defn.batch_size,
+            batch_size=defn.batch_size,
         )
-        # concurrency > 1: a pool runs the batch's calls, several documents at once (else None: one at a time).
-        self.calls = concurrent_calls.attach(self)
+        # concurrency > 1: a pool runs the batch's calls, several documents at once (else None: one at a time),
+        # writing what earlier batches left (this core's writes set aside) while they run.
+        self.calls = concurrent_calls.attach(defn.concurrency, handler, reader, self, language=defn.language)
+        if self.calls is not None:
+            self.hang_guard.lanes = self.calls.lanes  # its recycling sees the pool's calls too
         # on_batch: the batch's rows go to the handler in one call (else None: one call a mutation).
-        self.batches = batch_calls.attach(self)
+        self.batches = batch_calls.attach(handler, reader)
         # How a batch is handled, chosen once here and shared by one read loop (SourceReader.process): each
         # run of rows read (the reader's `read_rows`: plain row tuples, no Mutation built per row by Python)
         # goes to the handler's `take_run`, and the batch runs in `_dispatch`. One call a mutation on this
         # thread (MutationHandler.handle_serial, the read loop itself), a pool's calls (the pool runs what the
         # loop sorted into tasks, reading the next batch's rows meanwhile), or on_batch (runs of a file
-        # source read in bulk, the handler called once the batch is read).
-        reader = self.reader
+        # source read in bulk, the handler called once the batch is read). A suspect of the crash guard is
+        # handled alone, after the pool's calls or as a batch of its own (the reader's `calls`, `batches`).
         reader.calls, reader.batches = self.calls, self.batches
+        self._dispatch: Callable[[list[int], dict[int, int], int], int]
         if self.batches is not None:
-            self.handler.take_run, self._dispatch = self.batches.take_run, self.batches.process
+            handler.take_run, self._dispatch = self.batches.take_run, self.batches.process
             if self.batches.reads_packed:
                 reader.take_packed = self.batches.take_packed
         elif self.calls is not None:
-            self.handler.take_run, self._dispatch = self.calls.take_run, self.calls.process
+            handler.take_run, self._dispatch = self.calls.take_run, self.calls.process
             if self.calls.reads_ahead:
                 reader.read_rows = self.calls.read_rows
         else:
@@ -245,21 +244,21 @@ class WorkerCore:
         self.assign_vbuckets(spec.vbuckets)
         if recycle_on_hang:
             self.hang_guard.recycle_on_hang(
-                self.name, spec.generation, self.epochs, lambda: self.spec.data_access().metadata()
+                self.name, spec.generation, progress.epochs, lambda: self.spec.data_access().metadata()
             )
 
-    # The progress the parts share, by its old names (until each part holds it).
-    positions = property(lambda self: self.progress.positions)
-    committed = property(lambda self: self.progress.committed)
-    epochs = property(lambda self: self.progress.epochs)
-    _lettered = property(lambda self: self.progress.lettered)
-    counters = property(
-        lambda self: self.progress.counters, lambda self, v: setattr(self.progress, "counters", v)
-    )
-    dlq = property(lambda self: self.progress.dlq, lambda self, v: setattr(self.progress, "dlq", v))
-    timers_done = property(
-        lambda self: self.progress.timers_done, lambda self, v: setattr(self.progress, "timers_done", v)
-    )
+    # What the parts share, for those who look at the worker from outside (the service's tests, tools).
+    @property
+    def positions(self) -> dict[int, int]:
+        return self.progress.positions
+
+    @property
+    def epochs(self) -> dict[int, int]:
+        return self.progress.epochs
+
+    @property
+    def counters(self) -> Counter[str]:
+        return self.progress.counters
 
     def fire_timers(self) -> int:
         """Claim and fire the due timers of owned vBuckets (TimerFiring.fire_timers)."""
@@ -275,7 +274,7 @@ class WorkerCore:
             from eventing.storage.postgres.wake_wait import PostgresWriteWaiter
 
             assert isinstance(state, PostgresState)
-            return PostgresWriteWaiter.open(state.db, self.defn.source_bucket, self.epochs)
+            return PostgresWriteWaiter.open(state.db, self.defn.source_bucket, self.progress.epochs)
         assert self.spec.wake_address is not None
         return WriteWaiter.open(self.spec.wake_address)
 
@@ -286,6 +285,7 @@ class WorkerCore:
         vbs = list(vbuckets)
         if not vbs:
             return
+        progress = self.progress
         # A bucket whose effect marks hold a higher epoch than the store (the store was restored from a
         # backup) would reject every effect of this claim as a zombie's: claim above its marks instead.
         # Normally the marks trail the store's epochs and this changes nothing.
@@ -303,12 +303,12 @@ class WorkerCore:
                     f"source bucket '{self.defn.source_bucket}' was recreated after function '{self.name}' "
                     "was deployed, so its checkpoints do not apply; undeploy and deploy the function again"
                 )
-            self.positions[vb] = self.committed[vb] = cp.seqno
-            self.epochs[vb] = cp.epoch
+            progress.positions[vb] = progress.committed[vb] = cp.seqno
+            progress.epochs[vb] = cp.epoch
         # Raise the effect fences first, so a zombie's binding writes are rejected from now on (timer
         # callbacks' writes are marked under TIMER_VB_BASE + vb, with the same epoch).
-        epochs = {vb: self.epochs[vb] for vb in vbs}
-        epochs.update({TIMER_VB_BASE + vb: self.epochs[vb] for vb in vbs})
+        epochs = {vb: progress.epochs[vb] for vb in vbs}
+        epochs.update({TIMER_VB_BASE + vb: progress.epochs[vb] for vb in vbs})
         for bucket in {id(b.bucket): b.bucket for b in self.rw_bindings if self.marked}.values():
             bucket.fence(self.name, epochs)
         # Then learn how far each bucket already holds this function's effects (see BucketBinding.keep).
@@ -332,45 +332,47 @@ class WorkerCore:
             if row.reason == "late":
                 continue
             hung = row.reason == "timeout" and row.replayed_at is None
-            if row.vb in wanted and row.seqno > self.committed[row.vb]:
-                self._lettered[(row.vb, row.seqno)] = (
+            if row.vb in wanted and row.seqno > progress.committed[row.vb]:
+                progress.lettered[(row.vb, row.seqno)] = (
                     counter_names.HUNG_SKIPPED if hung else counter_names.DEAD_LETTERED_SKIPPED
                 )
             elif hung and row.vb >= TIMER_VB_BASE and owner_vb(row.vb) in wanted:
                 # a timer whose callback hung: recorded as done instead
-                self._lettered[(row.vb, row.seqno)] = counter_names.HUNG_SKIPPED
+                progress.lettered[(row.vb, row.seqno)] = counter_names.HUNG_SKIPPED
         # Mutations a worker of this deployment died on: dead-lettered when they come, or handled alone.
-        self.crash_guard.claimed(vbs, self.committed, self._lettered)
+        self.crash_guard.claimed(vbs, progress.committed, progress.lettered)
 
     def revoke_vbuckets(self, vbuckets) -> dict[int, int]:
         """Finish, flush, checkpoint and release vBuckets; returns their final checkpoints."""
         self.commit()
-        vbs = [vb for vb in vbuckets if vb in self.epochs]  # after the commit: it forgets fenced vBuckets
-        self.store.release(self.name, {vb: self.epochs[vb] for vb in vbs})
-        out = {vb: self.committed[vb] for vb in vbs}
+        epochs = self.progress.epochs
+        vbs = [vb for vb in vbuckets if vb in epochs]  # after the commit: it forgets fenced vBuckets
+        self.store.release(self.name, {vb: epochs[vb] for vb in vbs})
+        out = {vb: self.progress.committed[vb] for vb in vbs}
         for vb in vbs:
             self._forget(vb)
         return out
 
     def stop(self) -> dict[int, int]:
-        return self.revoke_vbuckets(list(self.epochs))
+        return self.revoke_vbuckets(list(self.progress.epochs))
 
     def _owned_spans(self) -> Spans:
         """The owned vBuckets as (first, last) ranges, for high_seqnos to read only those."""
         if self._spans is None:
-            self._spans = vbucket_spans(self.epochs)
+            self._spans = vbucket_spans(self.progress.epochs)
         return self._spans
 
     def _look(self, budget: int) -> list[int]:
         """The high seqnos of the owned vBuckets, with the next rows of those that have any read ahead in
         the same round trip (a server's bucket: PostgresBucket.prefetch), in the order _process takes them:
         from where it stopped, each vBucket up to its target."""
-        order = list(self.epochs)
+        epochs = self.progress.epochs
+        order = list(epochs)
         resume_vb = self.reader.resume_vb
-        if resume_vb in self.epochs:
+        if resume_vb in epochs:
             at = order.index(resume_vb)
             order = order[at:] + order[:at]
-        positions, targets = self.positions, self.targets
+        positions, targets = self.progress.positions, self.targets
         cap = max(budget, LOOK_AHEAD_PER_VB)
         runs = [
             (vb, positions[vb], min(cap, targets[vb] - positions[vb]) if targets else cap) for vb in order
@@ -380,12 +382,13 @@ class WorkerCore:
 
     def _forget(self, vb: int) -> None:
         self._spans = None
-        self.positions.pop(vb, None)
-        self.committed.pop(vb, None)
-        self.epochs.pop(vb, None)
+        progress = self.progress
+        progress.positions.pop(vb, None)
+        progress.committed.pop(vb, None)
+        progress.epochs.pop(vb, None)
 
     def owned(self) -> list[int]:
-        return sorted(self.epochs)
+        return sorted(self.progress.epochs)
 
     # -- processing ---------------------------------------------------------------------------------
 
@@ -406,7 +409,8 @@ class WorkerCore:
         remote = self._reads_ahead
         highs = self.source.high_seqnos(prefetched=True) if remote else []
         first_at = 0.0 if self._handled_any else time.time()
-        positions = self.positions
+        progress = self.progress
+        positions, epochs = progress.positions, progress.epochs
         waiter = self.waiter if idle_wait_s > 0 and not remote else None
         waited = False
         behind_on: list[int] | None = None
@@ -423,7 +427,7 @@ class WorkerCore:
             # While its batches are full, a worker that is behind looks only at the vBuckets of its last pass
             # (a pass over all 1,024 cost ~10% of a batch handler's time); a batch that was not full, or a
             # new step, looks at them all again.
-            candidates = self.epochs if behind_on is None else [vb for vb in behind_on if vb in self.epochs]
+            candidates = epochs if behind_on is None else [vb for vb in behind_on if vb in epochs]
             if targets:
                 work = [vb for vb in candidates if positions[vb] < highs[vb] and positions[vb] < targets[vb]]
                 limits = {vb: min(highs[vb], targets[vb]) for vb in work}
@@ -475,17 +479,17 @@ class WorkerCore:
         behind = self.calls is not None and batch >= budget and not fenced
         if not behind:
             fenced |= self.flush_effects()
-        fired = self.fire_timers() if self.epochs else 0
+        fired = self.timer_firing.fire_timers() if epochs else 0
         if fired:
             behind = False
             fenced |= self.flush_effects()
         # Every owned vBucket outside `limits` had no work at its last pass, and positions never go back.
-        backlog = sum(max(0, limit - positions[vb]) for vb, limit in limits.items() if vb in self.epochs)
+        backlog = sum(max(0, limit - positions[vb]) for vb, limit in limits.items() if vb in epochs)
         # Caught up includes timers already due: a full batch of firings may leave more, and a timer created
         # for the past can be claimed only once its create is durable, so a caught-up worker commits now
         # (creates and firings) instead of at the checkpoint interval.
         creates_due = not backlog and self.timer_firing.creates_due()
-        commit_due = bool(creates_due or (not backlog and self.timers_done)) or (
+        commit_due = bool(creates_due or (not backlog and progress.timers_done)) or (
             time.monotonic() - self.last_commit >= self.defn.checkpoint_interval.total_seconds()
         )
         if behind and backlog and not creates_due:
@@ -505,7 +509,7 @@ class WorkerCore:
             caught_up=backlog == 0 and not timers_due,
             backlog=backlog,
             fenced=sorted(fenced),
-            owned=len(self.epochs),
+            owned=len(epochs),
             timers_fired=fired,
             first_handled_at=first_at,
             waited=waited,
@@ -516,7 +520,7 @@ class WorkerCore:
 
     def _observe_latency(self, seconds: float, count: int) -> None:
         """One histogram observation per batch, weighted by its size (see counters.LATENCY_BOUNDS_US)."""
-        c = self.counters
+        c = self.progress.counters
         c[counter_names.latency_bucket(seconds * 1e6 / count)] += count
         c[counter_names.LATENCY_COUNT] += count
         c[counter_names.LATENCY_SUM_US] += round(seconds * 1e6)
@@ -533,23 +537,24 @@ class WorkerCore:
                     self._fenced_aside |= self._apply(binding, binding.take_groups())
             self._collect_op_counts()
         except Exception:
-            self._rewind()
+            self.rewind()
             raise
         return self.forget_fenced_aside()
 
     def _collect_op_counts(self) -> None:
         """Counts the bindings and curl keep beside the worker's counters (taken while no call runs)."""
+        counters = self.progress.counters
         for binding in self.rw_bindings:
             # Replayed writes dropped before the batch (BucketBinding.keep) count even when nothing is pending.
             if binding.replayed_writes:
-                self.counters[counter_names.EFFECTS_DUPLICATE] += binding.replayed_writes
+                counters[counter_names.EFFECTS_DUPLICATE] += binding.replayed_writes
                 binding.replayed_writes = 0
         for binding in self.runner.bindings:
             if binding.buf.ops:
-                self.counters.update(binding.buf.ops)
+                counters.update(binding.buf.ops)
                 binding.buf.ops.clear()
         if self.runner.curl.ops:
-            self.counters.update(self.runner.curl.ops)
+            counters.update(self.runner.curl.ops)
             self.runner.curl.ops.clear()
 
     # -- a pool's flushes and checkpoints beside its calls ---------------------------------------------
@@ -589,8 +594,9 @@ class WorkerCore:
         conflicts as dead letters, effect counts) belongs to the mutations those writes came from, so it
         goes into that checkpoint, or, without one, to the worker's next. Fenced vBuckets are forgotten
         when no call runs (forget_fenced_aside, flush_effects)."""
-        live_dlq, live_counters = self.dlq, self.counters
-        self.dlq, self.counters = [], Counter()
+        progress = self.progress  # its dead letters and counters are swapped: every part sees the swap
+        live_dlq, live_counters = progress.dlq, progress.counters
+        progress.dlq, progress.counters = [], Counter()
         try:
             for binding in self.rw_bindings:
                 groups = binding.take_set_aside()
@@ -600,15 +606,15 @@ class WorkerCore:
                     finally:
                         binding.flushed()  # a read waiting on these writes goes on (after a failure: rewound)
         finally:
-            found_dlq, found_counters = self.dlq, self.counters
-            self.dlq, self.counters = live_dlq, live_counters
+            found_dlq, found_counters = progress.dlq, progress.counters
+            progress.dlq, progress.counters = live_dlq, live_counters
         if self._deferred is not None:
             self._deferred.dlq.extend(found_dlq)
             for name, n in found_counters.items():
                 self._deferred.counters[name] = self._deferred.counters.get(name, 0) + n
         else:
-            self.dlq.extend(found_dlq)
-            self.counters.update(found_counters)
+            progress.dlq.extend(found_dlq)
+            progress.counters.update(found_counters)
         self._fenced_aside |= self._commit_deferred()
 
     def forget_fenced_aside(self) -> set[int]:
@@ -629,9 +635,10 @@ class WorkerCore:
 
     def _apply(self, binding: BucketBinding, groups: list[EffectGroup]) -> set[int]:
         result = binding.bucket.apply_effects(self.name, groups, origin=self.origin, marks=self.marked)
-        self.counters[counter_names.EFFECTS_APPLIED] += result.applied
-        self.counters[counter_names.EFFECTS_DUPLICATE] += result.duplicates
-        self.counters[counter_names.EFFECTS_FENCED] += result.fenced_writes
+        counters = self.progress.counters
+        counters[counter_names.EFFECTS_APPLIED] += result.applied
+        counters[counter_names.EFFECTS_DUPLICATE] += result.duplicates
+        counters[counter_names.EFFECTS_FENCED] += result.fenced_writes
         if result.conflicts:
             self._cas_conflicts(binding.bucket.name, result.conflicts)
         return result.fenced_vbs
@@ -640,7 +647,7 @@ class WorkerCore:
         """Calls whose cas condition failed when their writes were applied (another writer changed the
         document after the read): their writes to `bucket` were dropped; they become dead letters."""
         for vb, seqno in sources:
-            self.counters["bkt_ops_cas_mismatch_count"] += 1
+            self.progress.counters["bkt_ops_cas_mismatch_count"] += 1
             if vb >= TIMER_VB_BASE:
                 m = Mutation(vb, seqno, "", OP_TIMER, 0, None, None, 0, 0)
             else:
@@ -659,7 +666,7 @@ class WorkerCore:
                 1,
             )
 
-    def _rewind(self) -> None:
+    def rewind(self) -> None:
         """A flush failed (disk full, a damaged bucket): the writes it took are gone from memory. Forget
         everything since the last checkpoint (positions, buffered writes, DLQ rows, counters) so that no
         later commit, not even the one at stop, checkpoints past effects that never became durable. The
@@ -668,27 +675,28 @@ class WorkerCore:
             binding.take_groups()
             binding.discard()
             binding.replayed_writes = 0
-        self.dlq = []
-        self.counters.clear()
+        progress, epochs = self.progress, self.progress.epochs
+        progress.dlq = []
+        progress.counters.clear()
         self._deferred = None  # a checkpoint defer_end took: its writes are the ones lost
-        self.positions.update(self.committed)
+        progress.positions.update(progress.committed)
         if self.runner.previous is not None:
             self.runner.previous.clear()  # the replay reads versions again from the log
         # Timer changes are made again by the replayed calls; fired timers are claimed again (same fire_seq).
         self.timers.discard()
         self.timers.committed(len(self.timers.kept))
-        self.timers_done = []
-        self.timer_firing.reclaim.update(self.epochs)
+        progress.timers_done = []
+        self.timer_firing.reclaim.update(epochs)
         for binding in self.rw_bindings if self.marked else ():
             marks = binding.bucket.effect_marks(self.name)
-            for vb in self.epochs:
+            for vb in epochs:
                 binding.applied_upto[vb] = marks.get(vb, (0, 0))[1]
                 binding.applied_upto[TIMER_VB_BASE + vb] = marks.get(TIMER_VB_BASE + vb, (0, 0))[1]
             learn_partition_marks(
                 binding.buf,
                 binding.bucket,
                 self.name,
-                [*self.epochs, *(TIMER_VB_BASE + vb for vb in self.epochs)],
+                [*epochs, *(TIMER_VB_BASE + vb for vb in epochs)],
             )
 
     def commit(self) -> set[int]:
@@ -716,9 +724,10 @@ class WorkerCore:
 
     def _take_commit(self) -> Checkpoint:
         """What a checkpoint writes now: moved positions, dead letters, counters, timer changes and firings."""
-        moved = {vb: s for vb, s in self.positions.items() if s != self.committed.get(vb)}
-        dlq, counters = self.dlq, dict(self.counters)
-        changes, done = list(self.timers.kept), self.timers_done
+        progress = self.progress
+        moved = {vb: s for vb, s in progress.positions.items() if s != progress.committed.get(vb)}
+        dlq, counters = progress.dlq, dict(progress.counters)
+        changes, done = list(self.timers.kept), progress.timers_done
         if changes:
             created = sum(1 for ch in changes if ch.due_ms is not None)
             counters[counter_names.TIMERS_CREATED] = counters.get(counter_names.TIMERS_CREATED, 0) + created
@@ -730,23 +739,23 @@ class WorkerCore:
     def _forget_taken(self) -> None:
         """The worker collects the next checkpoint's dead letters, counters and firings (timer changes leave
         when written, in _write_commit)."""
-        self.dlq = []
-        self.counters.clear()
-        self.timers_done = []
+        progress = self.progress
+        progress.dlq = []
+        progress.counters.clear()
+        progress.timers_done = []
 
     def _write_commit(self, taken: Checkpoint) -> set[int]:
         fenced: set[int] = set()
-        moved = {
-            vb: seqno for vb, seqno in taken.moved.items() if vb in self.epochs
-        }  # none forgotten meanwhile
+        epochs, committed = self.progress.epochs, self.progress.committed
+        moved = {vb: seqno for vb, seqno in taken.moved.items() if vb in epochs}  # none forgotten meanwhile
         if moved or taken.dlq or taken.counters or taken.done:
             fenced = self.store.commit(
-                self.name, self.epochs, moved, taken.dlq, taken.counters, taken.changes, taken.done
+                self.name, epochs, moved, taken.dlq, taken.counters, taken.changes, taken.done
             )
             self.timers.committed(len(taken.changes))
             for vb, seqno in moved.items():
-                if vb not in fenced and vb in self.committed:
-                    self.committed[vb] = seqno
+                if vb not in fenced and vb in committed:
+                    committed[vb] = seqno
         self.last_commit = time.monotonic()
         return fenced
 

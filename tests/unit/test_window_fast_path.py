@@ -205,7 +205,7 @@ def run_worker(
         str(data_dir), FN, store.get_function(FN).generation, "local/w0", tuple(range(NUM_VBUCKETS))
     )
     core = WorkerCore(spec)
-    assert core.on_update is None and core.window_rows is not None
+    assert core.handler.on_update is None and core.window_rows is not None
     handled = 0
     while not (report := core.step()).caught_up:
         handled += report.handled
