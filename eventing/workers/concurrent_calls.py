@@ -6,24 +6,24 @@ one-call-at-a-time path.
 
 How a batch runs (see docs/functions.md, "Concurrency"):
 
-1. The worker reads its batch as it always does (SourceReader.process), but each run of rows is only sorted out
-   (`take_run`): rows the filter drops and rows this deployment dead-lettered are counted on the spot; the
-   others join the list of their document, in seqno order (a key lives in one vBucket), and the
+1. The worker reads its batch as it always does (SourceReader.process), but each run of rows is only sorted
+   out (`take_run`): rows the filter drops and rows this deployment dead-lettered are counted on the spot;
+   the others join the list of their document, in seqno order (a key lives in one vBucket), and the
    vBucket's position moves on.
 2. Each document is one task; `concurrency` pool threads take tasks, longest first, and run a task's
    mutations one after another: one document's mutations stay in seqno order, different documents' run
    at the same time. A mutation that another function's binding wrote (it may be this function's own:
-   the recursion guard of MutationHandler.handle decides) is handed to the worker's thread, which handles it
-   while the task waits, so counters, dead letters and the guard stay where they are.
+   the recursion guard of MutationHandler.handle decides) is handed to the worker's thread, which handles
+   it while the task waits, so counters, dead letters and the guard stay where they are.
 3. The batch waits for all its tasks (the barrier) before the read returns, so the effects flush and
    checkpoints that follow cover finished calls only; kept writes are then put back in seqno order per
    vBucket (ConcurrentEffectBuffer.in_seqno_order), as the effect marks need. Counters and dead letters
    of the tasks are added on the worker's thread after the barrier.
 4. While a batch's tasks run, the worker's thread writes what earlier batches left: the writes set aside
    after them and a checkpoint a step left behind it (WorkerCore.set_aside_effects, defer_end,
-   flush_set_aside: the pool's `effects`), so the pool does not wait for the disk. A failed write is rewound after the barrier.
-   It then reads the rows the next batch will take (_read_ahead), so the pool does not wait for those
-   between batches either.
+   flush_set_aside: the pool's `effects`), so the pool does not wait for the disk. A failed write is
+   rewound after the barrier. It then reads the rows the next batch will take (_read_ahead), so the pool
+   does not wait for those between batches either.
 
 Timeouts: SIGALRM reaches only the main thread, so a watcher thread raises HandlerTimeout inside a pool
 thread's call that overran (LaneContext.interrupt); the mutation is dead-lettered as `timeout` and the other

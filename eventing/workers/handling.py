@@ -140,12 +140,13 @@ class MutationHandler:
         return take(vb, position, rows)
 
     def handle_serial(self, vb: int, position: int, rows: list) -> int:
-        """handle over a run of one vBucket's log rows, one call a mutation on the worker's thread, with the common
-        case inlined: an update of a decodable document within max_document_bytes for on_update, or a delete
-        or expiry for on_delete, not written by any function. Anything else (dead letters, the recursion
-        guard, window rows, previous_version, a failed call) goes through handle or the runner's own failure
-        path, so both ways give the same effects, counters and dead letters. Inlining saves ~1.5 us a mutation (no
-        HandlerCall, no dispatch, counters added once a run): a third of a worker's cost on a trivial handler."""
+        """handle over a run of one vBucket's log rows, one call a mutation on the worker's thread, with the
+        common case inlined: an update of a decodable document within max_document_bytes for on_update, or a
+        delete or expiry for on_delete, not written by any function. Anything else (dead letters, the
+        recursion guard, window rows, previous_version, a failed call) goes through handle or the runner's
+        own failure path, so both ways give the same effects, counters and dead letters. Inlining saves
+        ~1.5 us a mutation (no HandlerCall, no dispatch, counters added once a run): a third of a worker's
+        cost on a trivial handler."""
         runner = self.runner
         positions = self.positions
         if (

@@ -2,10 +2,14 @@
 calls the handler, flushes binding effects and commits checkpoints.
 
 `WorkerCore` is a plain class so tests can drive it in-process; `eventing.workers.executor` wraps it in a Ray actor.
-It is put together from parts, each in a module of its own: reading the source (eventing.workers.source_reads),
-handling the rows read (eventing.workers.handling) and firing timers (eventing.workers.timer_firing), with a
-collaborator that interrupts or recycles a handler that overruns execution_timeout
-(eventing.workers.hang_guard). This module holds what a worker is given and reports (`WorkerSpec`,
+It is the facade that the executor, the hosts, the sandbox and the service call, and it builds its parts, each
+in a module of its own and given what it works with: what they share and the checkpoint takes
+(`WorkerProgress`, eventing.workers.progress), handling the rows read (`MutationHandler`,
+eventing.workers.handling), reading the source (`SourceReader`, eventing.workers.source_reads) and firing
+timers (`TimerFiring`, eventing.workers.timer_firing), with a pool of calls or on_batch where the function
+has them (eventing.workers.concurrent_calls, batch_calls) and collaborators that interrupt or recycle a
+handler that overruns execution_timeout (eventing.workers.hang_guard) or that ends the process
+(eventing.workers.crash_guard). This module holds what a worker is given and reports (`WorkerSpec`,
 `StepReport`), and the core itself: ownership of vBuckets, the step, flushing effects and checkpoints.
 """
 
@@ -214,8 +218,8 @@ class WorkerCore:
             self.crash_guard,
             batch_size=defn.batch_size,
         )
-        # concurrency > 1: a pool runs the batch's calls, several documents at once (else None: one at a time),
-        # writing what earlier batches left (this core's writes set aside) while they run.
+        # concurrency > 1: a pool runs the batch's calls, several documents at once (else None: one at a
+        # time), writing what earlier batches left (this core's writes set aside) while they run.
         self.calls = concurrent_calls.attach(defn.concurrency, handler, reader, self, language=defn.language)
         if self.calls is not None:
             self.hang_guard.lanes = self.calls.lanes  # its recycling sees the pool's calls too
@@ -247,7 +251,7 @@ class WorkerCore:
                 self.name, spec.generation, progress.epochs, lambda: self.spec.data_access().metadata()
             )
 
-    # What the parts share, for those who look at the worker from outside (the service's tests, tools).
+    # What the parts share, read-only, for those who look at the worker from outside (tests, tools).
     @property
     def positions(self) -> dict[int, int]:
         return self.progress.positions
@@ -259,10 +263,6 @@ class WorkerCore:
     @property
     def counters(self) -> Counter[str]:
         return self.progress.counters
-
-    def fire_timers(self) -> int:
-        """Claim and fire the due timers of owned vBuckets (TimerFiring.fire_timers)."""
-        return self.timer_firing.fire_timers()
 
     def _open_waiter(self) -> WriteWaiter | PostgresWriteWaiter | None:
         """The waiter of a caught-up step: this worker's socket, to which the service forwards its writes'
@@ -364,8 +364,8 @@ class WorkerCore:
 
     def _look(self, budget: int) -> list[int]:
         """The high seqnos of the owned vBuckets, with the next rows of those that have any read ahead in
-        the same round trip (a server's bucket: PostgresBucket.prefetch), in the order _process takes them:
-        from where it stopped, each vBucket up to its target."""
+        the same round trip (a server's bucket: PostgresBucket.prefetch), in the order SourceReader.process
+        takes them: from where it stopped, each vBucket up to its target."""
         epochs = self.progress.epochs
         order = list(epochs)
         resume_vb = self.reader.resume_vb
@@ -514,6 +514,10 @@ class WorkerCore:
             first_handled_at=first_at,
             waited=waited,
         )
+
+    def fire_timers(self) -> int:
+        """Claim and fire the due timers of owned vBuckets (TimerFiring.fire_timers)."""
+        return self.timer_firing.fire_timers()
 
     def _pending_effects(self, set_aside: bool = True) -> int:
         return sum(b.pending(set_aside) for b in self.rw_bindings) if self.rw_bindings else 0

@@ -1,6 +1,6 @@
-"""The fast path of window-only functions (WorkerCore._take_window_batch, WindowRowWriter.add_packed) against the
-per-row path (MutationHandler.handle, WindowRowWriter.add): the same row files, counters, checkpoints and dead
-letters for a mix of documents, on real SQLite buckets."""
+"""The fast path of window-only functions (SourceReader.take_window_batch, WindowRowWriter.add_packed) against
+the per-row path (MutationHandler.handle, WindowRowWriter.add): the same row files, counters, checkpoints and
+dead letters for a mix of documents, on real SQLite buckets."""
 
 from __future__ import annotations
 
