@@ -33,12 +33,15 @@ import mmap
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from eventing.core.mutation import Mutation
 from eventing.storage.wake import RUN_DIR
 from metadata import TIMER_VB_BASE, WorkerMetadata, owner_vb
+
+if TYPE_CHECKING:
+    from eventing.workers.source_reads import SourceReader
 
 DEATHS_TO_DEAD_LETTER = 2  # deaths of its worker with the mutation alone in flight
 CRASHED = (
@@ -231,12 +234,12 @@ class CrashGuard:
         self.notes.close()
 
 
-def handle_alone(reader: Any, vb: int, position: int, rows: list) -> int:
+def handle_alone(reader: SourceReader, vb: int, position: int, rows: list) -> int:
     """A worker's SourceReader (eventing.workers.source_reads) handling a run of one vBucket's rows holding
     suspects (CrashGuard): the rows between them as runs, each suspect alone, with a note naming it. A pool
     (`concurrency` > 1) first finishes the calls it took, and the suspect runs on the worker's thread while
     no other call runs."""
-    guard: CrashGuard = reader.crash_guard
+    guard = reader.crash_guard
     notes = guard.notes
     positions = reader.positions
     start = 0

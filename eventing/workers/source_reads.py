@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any, cast
+from typing import TYPE_CHECKING, cast
 
 from eventing.core import counters as counter_names
 from eventing.core.filters import Prefilter
@@ -20,6 +20,10 @@ from eventing.workers.collections import COLLECTION_MARK_BYTES, SourceCollection
 from eventing.workers.crash_guard import CrashGuard, handle_alone
 from eventing.workers.handling import MutationHandler
 from eventing.workers.progress import WorkerProgress
+
+if TYPE_CHECKING:
+    from eventing.workers.batch_calls import BatchCalls
+    from eventing.workers.concurrent_calls import ConcurrentCalls
 
 # A worker reading through the data service reads this many mutations ahead in one call, and keeps one
 # such call in flight while fewer than this many are read ahead: a call across Ray nodes costs milliseconds
@@ -76,8 +80,8 @@ class SourceReader:
         self.take_packed: Callable[[int, int, int], int] | None = None
         # A pool's calls or on_batch's, when the worker has one: handle_alone waits for them, or runs a
         # suspect as a batch of its own (eventing.workers.crash_guard).
-        self.calls: Any = None
-        self.batches: Any = None
+        self.calls: ConcurrentCalls | None = None
+        self.batches: BatchCalls | None = None
 
     def prefetch(self, work: list[int], limits: dict[int, int], budget: int) -> None:
         """Through the data service: when the vBuckets process takes next (in its order) have fewer than
