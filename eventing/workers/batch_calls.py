@@ -1,10 +1,11 @@
 """A worker whose handler defines `on_batch(batch)` (eventing.execution.batch): `BatchCalls`, attached to a
-WorkerCore. Without on_batch nothing here runs and the worker keeps its one-call-at-a-time path.
+WorkerCore, built with the worker's parts it works with (its MutationHandler and SourceReader). Without
+on_batch nothing here runs and the worker keeps its one-call-at-a-time path.
 
 How a batch runs (see docs/handler-api.md, "Batch handlers"):
 
-1. The worker reads its batch as it always does (`_process`), but each run of rows is only sorted out
-   (`take_run`): rows this deployment wrote (the recursion guard), rows it dead-lettered, rows the filter
+1. The worker reads its batch as it always does (SourceReader.process), but each run of rows is only sorted
+   out (`take_run`): rows this deployment wrote (the recursion guard), rows it dead-lettered, rows the filter
    drops and documents that cannot be handled (oversize, undecodable) are counted or dead-lettered on the
    spot; the others join the batch, with their documents decoded. A plain run of a file source is read in
    bulk instead (`take_packed`: keys and documents back to back, no Python object per row).
@@ -43,6 +44,8 @@ from eventing.core.retry import attempts_text, error_names
 from eventing.execution.batch import Batch, BatchScope, _Segment, failed_items
 from eventing.execution.context import HandlerTimeout
 from eventing.workers.collections import COLLECTION_MARK_BYTES
+from eventing.workers.handling import MutationHandler
+from eventing.workers.source_reads import SourceReader
 
 _as_mutation = partial(tuple.__new__, Mutation)
 _by_seqno = itemgetter(0)
@@ -51,23 +54,29 @@ NOTE_SLOTS = 1024  # call-note slots a batch may fill: one per vBucket of the ba
 
 
 class BatchCalls:
-    """The on_batch path of one WorkerCore (eventing.workers.worker)."""
+    """The on_batch path of one WorkerCore (eventing.workers.worker): what the worker's `reader` reads
+    (eventing.workers.source_reads) goes to on_batch, with its `handler`'s counters and dead letters
+    (eventing.workers.handling) and the worker's progress (eventing.workers.progress)."""
 
-    def __init__(self, core: Any):
-        self.core = core
-        self.runner = core.runner
-        self.on_batch = core.runner.on_batch
+    def __init__(self, handler: MutationHandler, reader: SourceReader):
+        self.handler = handler
+        self.reader = reader
+        self.progress = handler.progress
+        self.runner = handler.runner
+        self.notes = reader.crash_guard.notes
+        assert handler.runner.on_batch is not None  # attach
+        self.on_batch = handler.runner.on_batch
         self.segments: list[_Segment] = []
         self.spans: dict[int, tuple[int, int]] = {}  # vb -> (first, last) seqno of the segments taken
         # Plain runs of a file source read in bulk; through the data service, the rows read ahead instead.
         self.reads_packed = (
-            not core._reads_ahead and core.filter is None and core.collections.source_is_default
+            not reader.reads_ahead and handler.filter is None and reader.collections.source_is_default
         )
 
     def process(self, work: list[int], limits: dict[int, int], budget: int) -> int:
-        """WorkerReads._process with on_batch run on what it read, returning once the batch is handled."""
+        """SourceReader.process with on_batch run on what it read, returning once the batch is handled."""
         try:
-            return self.core._process(work, limits, budget)
+            return self.reader.process(work, limits, budget)
         finally:
             # Even when reading raised: positions already moved past the rows taken, so they are handled.
             self.flush()
@@ -77,7 +86,7 @@ class BatchCalls:
         segments, spans, self.segments, self.spans = self.segments, self.spans, [], {}
         if not segments:
             return
-        notes = self.core.crash_guard.notes
+        notes = self.notes
         noted = list(spans.items())[:NOTE_SLOTS]
         for slot, (vb, (first, last)) in enumerate(noted, 1):
             notes.note(slot, vb, first, last)
@@ -91,10 +100,10 @@ class BatchCalls:
         """One suspect (eventing.workers.crash_guard.handle_alone): what was taken before it runs first, then
         it alone, as a batch of one, noted alone (its death is counted against it)."""
         self.flush()
-        notes = self.core.crash_guard.notes
+        notes = self.notes
         notes.note(0, vb, row[1], row[1])
         try:
-            self.core._handle_run(vb, position, [row], self.take_run)
+            self.handler.handle_run(vb, position, [row], self.take_run)
             segments, self.segments, self.spans = self.segments, [], {}
             if segments:
                 self._run(Batch.build(self.runner, segments))
@@ -108,33 +117,31 @@ class BatchCalls:
     # -- reading ---------------------------------------------------------------------------------------
 
     def take_run(self, vb: int, position: int, rows: list) -> int:
-        """The run handler for on_batch (WorkerHandling._handle_run, past the filter): sorts a run of one
+        """The run handler for on_batch (MutationHandler.handle_run, past the filter): sorts a run of one
         vBucket's rows into the batch."""
-        core = self.core
-        positions = core.positions
-        own, name, lettered, max_bytes = core.origin, core.name, core._lettered, core.max_bytes
+        handler, progress = self.handler, self.progress
+        positions, handle = progress.positions, handler.handle
+        own, name, lettered, max_bytes = handler.origin, handler.name, progress.lettered, handler.max_bytes
         items: list = []
         docs: list = []
         for row in rows:
             seqno = row[1]
             if seqno <= position:
-                core._order_violation(vb, seqno, position)
+                progress.order_violation(vb, seqno, position)
             position = seqno
             origin, raw = row[6], row[5]
             if (origin is not None and (origin == own or origin == name)) or (
                 lettered and (vb, seqno) in lettered
             ):
-                core._handle(
-                    _as_mutation(row)
-                )  # the recursion guard, or a letter of this deployment: no call
+                handle(_as_mutation(row))  # the recursion guard, or a letter of this deployment: no call
                 continue
             if row[3] == OP_UPDATE:
                 try:
                     if raw is None or len(raw) > max_bytes:
                         raise ValueError
                     doc = msgpack.unpackb(raw, raw=False)
-                except Exception:  # noqa: BLE001 - _handle dead-letters it (oversize, undecodable)
-                    core._handle(_as_mutation(row))
+                except Exception:  # noqa: BLE001 - handle dead-letters it (oversize, undecodable)
+                    handle(_as_mutation(row))
                     continue
             else:
                 doc = None
@@ -153,13 +160,13 @@ class BatchCalls:
         """The next `limit` log entries of a vBucket read in bulk into the batch when they are plain (no
         write of this deployment, no letter of it, documents within max_document_bytes that decode); 0
         leaves them to the rows (take_run), which handle every case."""
-        core = self.core
-        if core._lettered and any(lettered_vb == vb for lettered_vb, _ in core._lettered):
+        lettered, max_bytes = self.progress.lettered, self.handler.max_bytes
+        if lettered and any(lettered_vb == vb for lettered_vb, _ in lettered):
             return 0
-        if vb in core.crash_guard.suspects:  # its rows go through handle_alone
+        if vb in self.reader.crash_guard.suspects:  # its rows go through handle_alone
             return 0
-        source = core.source
-        p = source.read_vb_packed(vb, position, limit, core.name)
+        source = self.reader.source
+        p = source.read_vb_packed(vb, position, limit, self.handler.name)
         if (
             p is None
             or (p.other_seqnos and p.other_ops is None)
@@ -167,7 +174,7 @@ class BatchCalls:
             or COLLECTION_MARK_BYTES in p.other_keys
         ):
             return 0
-        if len(p.docs) > core.max_bytes and source.max_doc_bytes(vb, position, p.last_seqno) > core.max_bytes:
+        if len(p.docs) > max_bytes and source.max_doc_bytes(vb, position, p.last_seqno) > max_bytes:
             return 0
         try:  # the documents as one msgpack array, decoded in one call (about half msgpack's time a document)
             docs = _decode_array(struct.pack(">BI", 0xDD, p.update_count) + p.docs)
@@ -185,7 +192,7 @@ class BatchCalls:
         seg.docs = docs
         self.segments.append(seg)
         self._span(vb, position + 1, p.last_seqno)
-        core.positions[vb] = p.last_seqno
+        self.progress.positions[vb] = p.last_seqno
         return p.count
 
     # -- running ---------------------------------------------------------------------------------------
@@ -193,9 +200,9 @@ class BatchCalls:
     def _run(self, batch: Batch) -> None:
         """on_batch over the batch, its failures retried as the retry policy says (see the module
         docstring)."""
-        core, runner = self.core, self.runner
-        policy, attempts, epochs = runner.policy, core._attempts, core.epochs
-        c = core.counters
+        handler, runner = self.handler, self.runner
+        policy, attempts, epochs = runner.policy, handler.attempts, self.progress.epochs
+        c = self.progress.counters
         c[counter_names.MUTATIONS_SEEN] += len(batch)
         errors: dict[tuple[int, int], list[tuple[int, float, str]]] = {}
         traces: dict[tuple[int, int], str] = {}
@@ -207,7 +214,7 @@ class BatchCalls:
             now = time.time()
             if raised is not None and isinstance(raised, HandlerTimeout):
                 scope.discard()
-                error = f"on_batch ran longer than execution_timeout ({core.timeout_s}s) on a batch of {n}"
+                error = f"on_batch ran longer than execution_timeout ({handler.timeout_s}s) on a batch of {n}"
                 for i in range(n):
                     self._letter(batch, i, "timeout", error, "", attempt, errors, now)
                 break
@@ -262,9 +269,9 @@ class BatchCalls:
                         runner.kept(epochs[vbs[i]])
             scope.discard()
             if done - deletes:
-                c[core._success["on_update"]] += done - deletes
+                c[handler.success["on_update"]] += done - deletes
             if deletes:
-                c[core._success["on_delete"]] += deletes
+                c[handler.success["on_delete"]] += deletes
             for i, (reason, text) in sorted(letters.items()):
                 self._letter(batch, i, reason, text, traces.get(batch.where(i), ""), attempt, errors, now)
             if not retry:
@@ -288,7 +295,7 @@ class BatchCalls:
         raised: BaseException | None = None
         trace = ""
         context.mutation = batch.light_mutation(0)
-        context.deadline = time.monotonic() + self.core.timeout_s
+        context.deadline = time.monotonic() + self.handler.timeout_s
         context.active = True
         try:
             result = self.on_batch(batch)
@@ -315,16 +322,16 @@ class BatchCalls:
         now: float,
     ) -> None:
         """Item i of the batch as a dead letter, with every attempt's error."""
-        core = self.core
+        progress = self.progress
         m = batch.mutation(i)
         kind: HandlerKind = "on_update" if m.op == OP_UPDATE else "on_delete"
-        core.counters[
+        progress.counters[
             counter_names.handler_outcome(kind, "timeout" if reason == "timeout" else "failure")
         ] += 1
         tried = errors.get((m.vb, m.seqno), [])
         if len(tried) > 1:
             trace = f"{trace.rstrip()}\n{attempts_text(tried)}" if trace else attempts_text(tried)
-        core._dead_letter(m, reason, error, trace, attempt, tried[0][1] if tried else now)
+        progress.dead_letter(m, reason, error, trace, attempt, tried[0][1] if tried else now)
 
 
 def _error_text(error: Any) -> str:
@@ -339,8 +346,8 @@ def _event_ms(m: Mutation) -> int:
     return m.arrival_ms
 
 
-def attach(core: Any) -> BatchCalls | None:
-    """The on_batch path for `core` when its handler defines on_batch, else None (nothing changes)."""
-    if core.runner.on_batch is None:
+def attach(handler: MutationHandler, reader: SourceReader) -> BatchCalls | None:
+    """The on_batch path for a worker whose handler defines on_batch, else None (nothing changes)."""
+    if handler.runner.on_batch is None:
         return None
-    return BatchCalls(core)
+    return BatchCalls(handler, reader)

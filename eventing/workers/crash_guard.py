@@ -33,15 +33,20 @@ import mmap
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from eventing.core.mutation import Mutation
 from eventing.storage.wake import RUN_DIR
 from metadata import TIMER_VB_BASE, WorkerMetadata, owner_vb
 
+if TYPE_CHECKING:
+    from eventing.workers.source_reads import SourceReader
+
 DEATHS_TO_DEAD_LETTER = 2  # deaths of its worker with the mutation alone in flight
-CRASHED = "dlq_crashed"  # WorkerCore._lettered's mark of a mutation to dead-letter as `crashed` when it comes
+CRASHED = (
+    "dlq_crashed"  # WorkerProgress.lettered's mark of a mutation to dead-letter as `crashed` when it comes
+)
 _HEADER = 4  # 64-bit numbers before the slots: version, generation, slots, spare
 log = logging.getLogger("eventing.workers")
 
@@ -229,12 +234,14 @@ class CrashGuard:
         self.notes.close()
 
 
-def handle_alone(core: Any, vb: int, position: int, rows: list) -> int:
-    """WorkerReads' handling of a run of one vBucket's rows holding suspects (CrashGuard): the rows between
-    them as runs, each suspect alone, with a note naming it. A pool (`concurrency` > 1) first finishes the
-    calls it took, and the suspect runs on the worker's thread while no other call runs."""
-    guard: CrashGuard = core.crash_guard
+def handle_alone(reader: SourceReader, vb: int, position: int, rows: list) -> int:
+    """A worker's SourceReader (eventing.workers.source_reads) handling a run of one vBucket's rows holding
+    suspects (CrashGuard): the rows between them as runs, each suspect alone, with a note naming it. A pool
+    (`concurrency` > 1) first finishes the calls it took, and the suspect runs on the worker's thread while
+    no other call runs."""
+    guard = reader.crash_guard
     notes = guard.notes
+    positions = reader.positions
     start = 0
     for i, row in enumerate(rows):
         if not guard.is_suspect(vb, row[1]):
@@ -243,30 +250,30 @@ def handle_alone(core: Any, vb: int, position: int, rows: list) -> int:
             run = rows[start:i]
             notes.note(0, vb, run[0][1], run[-1][1])
             try:
-                core._handle_rows_noted(vb, position, run)
+                reader.handle_rows_noted(vb, position, run)
             finally:
                 notes.clear(0)
-            position = core.positions[vb]
-        if core.batches is not None:  # on_batch: the suspect runs as a batch of its own
-            core.batches.run_alone(vb, position, row)
-            position = core.positions[vb]
+            position = positions[vb]
+        if reader.batches is not None:  # on_batch: the suspect runs as a batch of its own
+            reader.batches.run_alone(vb, position, row)
+            position = positions[vb]
             start = i + 1
             continue
-        if core.calls is not None:
-            core.calls.drain()
+        if reader.calls is not None:
+            reader.calls.drain()
         notes.note(0, vb, row[1], row[1])
         try:  # on the worker's thread, whatever run handler the worker has
-            core._handle_rows_noted(vb, position, [row], core._handle_serial)
+            reader.handle_rows_noted(vb, position, [row], reader.handler.handle_serial)
         finally:
             notes.clear(0)
-        position = core.positions[vb]
+        position = positions[vb]
         start = i + 1
     if start < len(rows):
         run = rows[start:]
         notes.note(0, vb, run[0][1], run[-1][1])
         try:
-            core._handle_rows_noted(vb, position, run)
+            reader.handle_rows_noted(vb, position, run)
         finally:
             notes.clear(0)
-    guard.passed(vb, core.positions[vb])
+    guard.passed(vb, positions[vb])
     return len(rows)

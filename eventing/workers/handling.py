@@ -1,15 +1,16 @@
-"""How a worker handles the log rows it reads (``WorkerHandling``, one part of ``WorkerCore``,
-eventing.workers.worker): a run of one vBucket's rows, less those the function's filter drops
-(``_drop_filtered``), with the common case inlined (``_handle_run``) or through a handler that takes a run
-of updates in one call (``_handle_batched``, ``_run_batch``); any other mutation one at a time
-(``_handle``); a call's outcome counted or dead-lettered (``_outcome``, ``_dead_letter``); a seqno that goes
-backwards refused (``_order_violation``).
+"""How a worker handles the log rows it reads (``MutationHandler``, a part of ``WorkerCore``,
+eventing.workers.worker, built by it): a run of one vBucket's rows (``handle_run``), less those the
+function's filter drops (``drop_filtered``), goes to the run handler chosen when the worker was built
+(``take_run``): one call a mutation with the common case inlined (``handle_serial``) or through a handler
+that takes a run of updates in one call (``handle_batched``, ``run_batch``), else a pool's or on_batch's
+(eventing.workers.concurrent_calls, batch_calls); any other mutation one at a time (``handle``); a call's
+outcome counted or dead-lettered (``outcome``; the dead letters, counters and positions are the worker's
+``WorkerProgress``, eventing.workers.progress).
 """
 
 from __future__ import annotations
 
 import time
-from collections import Counter
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -18,9 +19,8 @@ import msgpack
 
 from eventing.core import counters as counter_names
 from eventing.core.filters import CompiledFilter
-from eventing.core.mutation import OP_DELETE, OP_EXPIRE, OP_UPDATE, Mutation, pack_mutation
+from eventing.core.mutation import OP_DELETE, OP_EXPIRE, OP_UPDATE, Mutation
 from eventing.core.xattrs import user_xattrs
-from eventing.errors import OrderViolationError
 from eventing.execution.bindings import BucketBinding
 from eventing.execution.runner import (
     NO_HANDLER,
@@ -33,47 +33,61 @@ from eventing.execution.runner import (
 )
 from eventing.execution.timers import TimerTable
 from eventing.handler import DeleteOptions
-from eventing.storage.protocol import Bucket
 from eventing.windows.runtime.row_writer import WindowRowWriter
 from eventing.workers.crash_guard import CRASHED, CrashGuard
-from metadata import DlqRow
+from eventing.workers.progress import WorkerProgress
 
 _as_mutation = tuple.__new__  # a row tuple as a Mutation, built in C (Mutation(*row) is ~0.3 us)
 _unpack = partial(msgpack.unpackb, raw=False)
 
 
-class WorkerHandling:
-    """Handling mutations. A part of WorkerCore (eventing.workers.worker), which sets these."""
+class MutationHandler:
+    """Handles the rows a worker read, one vBucket's run at a time (see the module docstring). Built by
+    WorkerCore (eventing.workers.worker) with what it needs; the worker's `progress` (positions, epochs,
+    counters, dead letters, letters: eventing.workers.progress) is shared with the worker's other parts."""
 
-    name: str
-    origin: str  # this deployment's writes (eventing.storage.origins): the recursion guard
-    spec: Any  # the core's WorkerSpec (eventing.workers.worker): a dead letter carries its generation
-    source: Bucket
-    runner: HandlerRunner
-    rw_bindings: list[BucketBinding]
-    timers: TimerTable
-    window_rows: WindowRowWriter | None
-    filter: CompiledFilter | None
-    _drops: bool
-    on_update: Any
-    _batch: Any
-    _batch_slice_s: float
-    max_bytes: int
-    timeout_s: float
-    _attempts: int
-    _success: dict[str, str]
-    positions: dict[int, int]
-    epochs: dict[int, int]
-    counters: Counter[str]
-    dlq: list[DlqRow]
-    _lettered: dict[tuple[int, int], str]
-    # The run handler chosen when the worker was built: _handle_serial, a pool's or on_batch's take_run.
-    _take_run: Callable[[int, int, list], int]
-    crash_guard: CrashGuard
+    def __init__(
+        self,
+        progress: WorkerProgress,
+        runner: HandlerRunner,
+        *,
+        origin: str,
+        filter: CompiledFilter | None,
+        window_rows: WindowRowWriter | None,
+        max_bytes: int,
+        crash_guard: CrashGuard,
+    ):
+        self.progress = progress
+        self.name = progress.name
+        self.origin = origin  # this deployment's writes (eventing.storage.origins): the recursion guard
+        self.runner = runner
+        # The function's filter (eventing.core.filters): rows it does not match are dropped before any
+        # handler path (drop_filtered), or, with previous_version (whose versions follow the log order), one
+        # by one in handle.
+        self.filter = filter
+        self.drops = filter is not None and runner.previous is None
+        self.window_rows = window_rows  # rows of a windowed function, else None
+        self.max_bytes = max_bytes
+        self.crash_guard = crash_guard
+        # Changed in place only (eventing.workers.progress): held here for the loops below.
+        self.positions, self.epochs, self.lettered = progress.positions, progress.epochs, progress.lettered
+        self.on_update = runner.on_update
+        self.rw_bindings: list[BucketBinding] = runner.rw_bindings
+        self.timers: TimerTable = runner.timers
+        self.timeout_s = runner.timeout_s
+        self.attempts = runner.policy.max_attempts  # the retry policy's (eventing.core.retry)
+        # A handler taking a run of updates in one call (JavaScript: see handle_batched), else None.
+        self.batch: Any = getattr(self.on_update, "batch", None)
+        self.batch_slice_s: float = getattr(getattr(self.on_update, "handler", None), "slice_s", 0.0)
+        self.success = {
+            kind: counter_names.handler_outcome(kind, "success") for kind in ("on_update", "on_delete")
+        }
+        # The run handler, chosen when the worker is built: handle_serial, or a pool's or on_batch's take_run.
+        self.take_run: Callable[[int, int, list], int] = self.handle_serial
 
-    def _drop_filtered(self, vb: int, position: int, rows: list) -> list:
+    def drop_filtered(self, vb: int, position: int, rows: list) -> list:
         """The rows of a run the filter matches, in order (the others counted as filtered). Rows this
-        function wrote (recursion guard) and rows this deployment dead-lettered stay: _handle counts them."""
+        function wrote (recursion guard) and rows this deployment dead-lettered stay: handle counts them."""
         flt = self.filter
         assert flt is not None
         match_update, match_delete, needs_doc, deletes_pass = (
@@ -82,12 +96,12 @@ class WorkerHandling:
             flt.needs_doc,
             flt.deletes_pass,
         )
-        name, lettered, unpack = self.name, self._lettered, msgpack.unpackb
+        name, lettered, unpack = self.name, self.lettered, msgpack.unpackb
         kept = []
         for row in rows:
             seqno = row[1]
             if seqno <= position:
-                self._order_violation(vb, seqno, position)
+                self.progress.order_violation(vb, seqno, position)
             position = seqno
             if row[6] == name or (lettered and (vb, seqno) in lettered):
                 kept.append(row)
@@ -106,51 +120,51 @@ class WorkerHandling:
                 kept.append(row)
         dropped = len(rows) - len(kept)
         if dropped:
-            c = self.counters
+            c = self.progress.counters
             c[counter_names.MUTATIONS_SEEN] += dropped
             c[counter_names.FILTERED] += dropped
         return kept
 
-    def _handle_run(
+    def handle_run(
         self, vb: int, position: int, rows: list, take: Callable[[int, int, list], int] | None = None
     ) -> int:
         """A run of one vBucket's log rows (tuples in Mutation's field order): the rows the function's filter
-        drops are counted, the others go to the run handler the worker chose when it was built (`_take_run`:
-        _handle_serial, a pool's or on_batch's), or to `take`."""
-        take = take or self._take_run
-        if self._drops and rows:
-            kept = self._drop_filtered(vb, position, rows)
+        drops are counted, the others go to the run handler the worker chose when it was built (`take_run`:
+        handle_serial, a pool's or on_batch's), or to `take`."""
+        take = take or self.take_run
+        if self.drops and rows:
+            kept = self.drop_filtered(vb, position, rows)
             if kept:
                 take(vb, position, kept)
             self.positions[vb] = rows[-1][1]
             return len(rows)
         return take(vb, position, rows)
 
-    def _handle_serial(self, vb: int, position: int, rows: list) -> int:
-        """_handle over a run of one vBucket's log rows, one call a mutation on the worker's thread, with the
+    def handle_serial(self, vb: int, position: int, rows: list) -> int:
+        """handle over a run of one vBucket's log rows, one call a mutation on the worker's thread, with the
         common case inlined: an update of a decodable document within max_document_bytes for on_update, or a
         delete or expiry for on_delete, not written by any function. Anything else (dead letters, the
-        recursion guard, window rows, previous_version, a failed call) goes through _handle or the runner's
-        own failure path, so both ways give the same effects, counters and dead letters. Inlining saves ~1.5
-        us a mutation (no HandlerCall, no dispatch, counters added once a run): a third of a worker's cost on
-        a trivial handler."""
+        recursion guard, window rows, previous_version, a failed call) goes through handle or the runner's
+        own failure path, so both ways give the same effects, counters and dead letters. Inlining saves
+        ~1.5 us a mutation (no HandlerCall, no dispatch, counters added once a run): a third of a worker's
+        cost on a trivial handler."""
         runner = self.runner
         positions = self.positions
         if (
             self.on_update is None
             or self.window_rows is not None
             or runner.previous is not None
-            or self._lettered
+            or self.lettered
         ):
             for row in rows:
                 m = _as_mutation(Mutation, row)
                 if m.seqno <= position:
-                    self._order_violation(vb, m.seqno, position)
-                self._handle(m)
+                    self.progress.order_violation(vb, m.seqno, position)
+                self.handle(m)
                 position = positions[vb] = m.seqno
             return len(rows)
-        if self._batch is not None:
-            return self._handle_batched(vb, position, rows)
+        if self.batch is not None:
+            return self.handle_batched(vb, position, rows)
         on_update, on_delete, rw, timers, meta_type, with_xattrs = (
             self.on_update,
             runner.on_delete,
@@ -173,15 +187,15 @@ class WorkerHandling:
             m = _as_mutation(Mutation, row)
             _, seqno, key, op, cas, raw, origin, expiry, flags, _, xattrs = m
             if seqno <= position:
-                self._order_violation(vb, seqno, position)
+                self.progress.order_violation(vb, seqno, position)
             fn = None
             if origin is not None:
-                pass  # another function's write, or this one's (the recursion guard): _handle
+                pass  # another function's write, or this one's (the recursion guard): handle
             elif op == OP_UPDATE:
                 if raw is not None and len(raw) <= max_bytes:
                     try:
                         doc = unpack(raw, raw=False)
-                    except Exception:  # noqa: BLE001 - _handle dead-letters it as undecodable
+                    except Exception:  # noqa: BLE001 - handle dead-letters it as undecodable
                         pass
                     else:
                         kind, fn = "on_update", on_update
@@ -200,7 +214,7 @@ class WorkerHandling:
                     DeleteOptions(expired=op == OP_EXPIRE),
                 )
             if fn is None:
-                self._handle(m)
+                self.handle(m)
             else:
                 for b in rw:
                     b.begin(vb, seqno)
@@ -218,11 +232,11 @@ class WorkerHandling:
                         m,
                         call,
                         epoch=epoch,
-                        attempts=self._attempts,
-                        on_retry=self._count_retry,
+                        attempts=self.attempts,
+                        on_retry=self.count_retry,
                     )
-                    self.counters[counter_names.MUTATIONS_SEEN] += 1
-                    self._outcome(m, call, failure)
+                    self.progress.counters[counter_names.MUTATIONS_SEEN] += 1
+                    self.outcome(m, call, failure)
                 else:
                     if rw or timers.current:
                         runner.kept(epoch)
@@ -232,20 +246,20 @@ class WorkerHandling:
                         updated += 1
             position = positions[vb] = seqno
         if updated or deleted or no_handler:
-            c = self.counters
+            c = self.progress.counters
             c[counter_names.MUTATIONS_SEEN] += updated + deleted + no_handler
             if updated:
-                c[self._success["on_update"]] += updated
+                c[self.success["on_update"]] += updated
             if deleted:
-                c[self._success["on_delete"]] += deleted
+                c[self.success["on_delete"]] += deleted
             if no_handler:
                 c[counter_names.NO_HANDLER] += no_handler
         return len(rows)
 
-    def _handle_batched(self, vb: int, position: int, rows: list) -> int:
-        """_handle_run for a handler that takes a run of updates in one call (a JavaScript OnUpdate, see
-        eventing.execution.javascript, "Batches"): consecutive plain updates go to _run_batch together,
-        anything else to _handle between them, so the order is the log's."""
+    def handle_batched(self, vb: int, position: int, rows: list) -> int:
+        """handle_run for a handler that takes a run of updates in one call (a JavaScript OnUpdate, see
+        eventing.execution.javascript, "Batches"): consecutive plain updates go to run_batch together,
+        anything else to handle between them, so the order is the log's."""
         positions, max_bytes, unpack = self.positions, self.max_bytes, msgpack.unpackb
         with_xattrs = self.runner.xattrs_arg
         batch: list[Mutation] = []
@@ -254,7 +268,7 @@ class WorkerHandling:
             m = _as_mutation(Mutation, row)
             seqno, raw = m[1], m[5]
             if seqno <= position:
-                self._order_violation(vb, seqno, position)
+                self.progress.order_violation(vb, seqno, position)
             position = seqno
             if (
                 m[3] == OP_UPDATE
@@ -265,21 +279,21 @@ class WorkerHandling:
             ):
                 try:
                     docs.append(unpack(raw, raw=False))
-                except Exception:  # noqa: BLE001 - _handle dead-letters it as undecodable
+                except Exception:  # noqa: BLE001 - handle dead-letters it as undecodable
                     pass
                 else:
                     batch.append(m)
                     continue
             if batch:
-                self._run_batch(vb, batch, docs)
+                self.run_batch(vb, batch, docs)
                 batch, docs = [], []
-            self._handle(m)
+            self.handle(m)
             positions[vb] = seqno
         if batch:
-            self._run_batch(vb, batch, docs)
+            self.run_batch(vb, batch, docs)
         return len(rows)
 
-    def _run_batch(self, vb: int, batch: list[Mutation], docs: list) -> None:
+    def run_batch(self, vb: int, batch: list[Mutation], docs: list) -> None:
         """Plain updates of one vBucket through the handler's batch call, with per-mutation outcomes: the
         writes of each mutation are kept under its own seqno (the handler reports, before a host call, which
         mutation makes it); the first that fails goes through the runner's failure path (retries, dead
@@ -292,9 +306,9 @@ class WorkerHandling:
             self.runner.context,
             self.positions,
         )
-        assert self._batch is not None
-        batch_fn, keyspace, epoch = self._batch, runner.keyspace, self.epochs[vb]
-        budget_s = self.timeout_s + self._batch_slice_s
+        assert self.batch is not None
+        batch_fn, keyspace, epoch = self.batch, runner.keyspace, self.epochs[vb]
+        budget_s = self.timeout_s + self.batch_slice_s
         context.epoch = epoch
         handled_ok = 0
         while batch:
@@ -341,21 +355,21 @@ class WorkerHandling:
                     m,
                     call,
                     epoch=epoch,
-                    attempts=self._attempts,
-                    on_retry=self._count_retry,
+                    attempts=self.attempts,
+                    on_retry=self.count_retry,
                 )
-            self.counters[counter_names.MUTATIONS_SEEN] += 1
-            self._outcome(m, call, failure)
+            self.progress.counters[counter_names.MUTATIONS_SEEN] += 1
+            self.outcome(m, call, failure)
             positions[vb] = m[1]
             context.epoch = epoch
             batch, docs = batch[done + 1 :], docs[done + 1 :]
         if handled_ok:
-            c = self.counters
+            c = self.progress.counters
             c[counter_names.MUTATIONS_SEEN] += handled_ok
-            c[self._success["on_update"]] += handled_ok
+            c[self.success["on_update"]] += handled_ok
 
-    def _handle(self, m: Mutation) -> None:
-        c = self.counters
+    def handle(self, m: Mutation) -> None:
+        c = self.progress.counters
         c[counter_names.MUTATIONS_SEEN] += 1
         if m.origin == self.origin or m.origin == self.name:
             # Recursion guard: this deployment's own binding wrote it (a bare name: written before origins
@@ -364,17 +378,17 @@ class WorkerHandling:
             if self.runner.previous is not None:
                 self.runner.seen(m)
             return
-        if self._lettered and (m.vb, m.seqno) in self._lettered:
-            mark = self._lettered[(m.vb, m.seqno)]
+        if self.lettered and (m.vb, m.seqno) in self.lettered:
+            mark = self.lettered[(m.vb, m.seqno)]
             if mark == CRASHED:  # its worker died on it (eventing.workers.crash_guard): no call this time
                 error, deaths = self.crash_guard.letter(m)
-                self._dead_letter(m, "crashed", error, "", deaths)
+                self.progress.dead_letter(m, "crashed", error, "", deaths)
             else:
                 c[mark] += 1  # this deployment dead-lettered it already (see assign_vbuckets)
             if self.runner.previous is not None:
                 self.runner.seen(m)
             return
-        if not self._drops and self.filter is not None and not self.filter.matches(m, _unpack):
+        if not self.drops and self.filter is not None and not self.filter.matches(m, _unpack):
             c[counter_names.FILTERED] += 1  # with previous_version: its version is still seen, in log order
             if self.runner.previous is not None:
                 self.runner.seen(m)
@@ -384,12 +398,12 @@ class WorkerHandling:
             if call is NO_HANDLER:
                 c[counter_names.NO_HANDLER] += 1
             else:
-                self._dead_letter(m, call.status, call.error, "", 0)
+                self.progress.dead_letter(m, call.status, call.error, "", 0)
             return
         assert type(call) is HandlerCall
         if self.window_rows is not None and call.kind == "on_update":
             if not self.window_rows.add(m, call.doc):
-                self._dead_letter(m, "bad_event_time", self.window_rows.rejection, "", 0)
+                self.progress.dead_letter(m, "bad_event_time", self.window_rows.rejection, "", 0)
                 return
             if call.fn is None:  # a window-only function: the row is the whole effect
                 return  # counted as window_rows_written (no handler ran, so no on_update_success)
@@ -397,50 +411,23 @@ class WorkerHandling:
             m,
             call,
             epoch=self.epochs[m.vb],
-            attempts=self._attempts,
-            on_retry=self._count_retry,
+            attempts=self.attempts,
+            on_retry=self.count_retry,
         )
-        self._outcome(m, call, failure)
+        self.outcome(m, call, failure)
 
-    def _outcome(self, m: Mutation, call: HandlerCall, failure: Failure | None) -> None:
-        c = self.counters
+    def outcome(self, m: Mutation, call: HandlerCall, failure: Failure | None) -> None:
+        c = self.progress.counters
         if failure is None:
-            c[self._success[call.kind]] += 1
+            c[self.success[call.kind]] += 1
         elif failure.status == "timeout":
             c[counter_names.handler_outcome(call.kind, "timeout")] += 1
-            self._dead_letter(m, "timeout", failure.error, "", failure.attempts)
+            self.progress.dead_letter(m, "timeout", failure.error, "", failure.attempts)
         else:  # error, or expired (retry.max_event_age)
             c[counter_names.handler_outcome(call.kind, "failure")] += 1
-            self._dead_letter(
+            self.progress.dead_letter(
                 m, failure.status, failure.error, failure.traceback, failure.attempts, failure.first_failed_at
             )
 
-    def _count_retry(self) -> None:
-        self.counters[counter_names.RETRIES] += 1
-
-    def _dead_letter(
-        self, m: Mutation, reason: str, error: str, tb: str, attempts: int, first: float = 0.0
-    ) -> None:
-        now = time.time()
-        self.counters[counter_names.dlq(reason)] += 1
-        self.dlq.append(
-            DlqRow(
-                self.name,
-                m.vb,
-                m.seqno,
-                m.key,
-                reason,
-                error,
-                tb,
-                attempts,
-                first or now,
-                now,
-                pack_mutation(m),
-                generation=self.spec.generation,
-            )
-        )
-
-    def _order_violation(self, vb: int, seqno: int, position: int) -> None:
-        raise OrderViolationError(
-            f"vBucket {vb} of bucket '{self.source.name}' went backwards: seqno {seqno} after {position}"
-        )
+    def count_retry(self) -> None:
+        self.progress.counters[counter_names.RETRIES] += 1

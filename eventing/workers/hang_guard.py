@@ -10,7 +10,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from eventing.core import counters as counter_names
 from eventing.core.mutation import Mutation, pack_mutation
@@ -35,7 +35,7 @@ class HangGuard:
         self.closed = False  # ends the recycling thread: a pooled worker process outlives its cores
         # The calls of a worker's pool threads (concurrency > 1, eventing.workers.concurrent_calls): their
         # timeouts are raised by the pool's own watcher; one that cannot be interrupted is recycled here.
-        self.lanes: list[CallContext] = []
+        self.lanes: Sequence[CallContext] = []
         self._raised_for = 0.0  # the deadline of the call HandlerTimeout was last raised into ...
         self._raised_at = 0.0  # ... and when
 

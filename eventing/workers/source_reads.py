@@ -1,22 +1,30 @@
-"""How a worker reads its source (``WorkerReads``, one part of ``WorkerCore``, eventing.workers.worker): a
-batch taken across the owned vBuckets in rotation (``_process``), read ahead through the data service
-(``_prefetch``), from a file source less the rows the filter's byte check rules out (``_read_matching``),
-split by collection (``_handle_collections``), or, for a window-only function, packed in bulk
-(``_take_window_batch``); the rows go on to eventing.workers.handling.
+"""How a worker reads its source (``SourceReader``, a part of ``WorkerCore``, eventing.workers.worker, built
+by it): a batch taken across the owned vBuckets in rotation (``process``), read ahead through the data
+service (``prefetch``), from a file source less the rows the filter's byte check rules out
+(``read_matching``), split by collection (``handle_collections``), or, for a window-only function, packed in
+bulk (``take_window_batch``); each run of rows read is noted in the worker's call notes, or handled alone
+where it holds a suspect (``handle_rows``, eventing.workers.crash_guard), and goes on to the worker's
+``MutationHandler`` (eventing.workers.handling).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any, cast
+from typing import TYPE_CHECKING, cast
 
 from eventing.core import counters as counter_names
 from eventing.core.filters import Prefilter
-from eventing.storage.protocol import DirectLogSource, LogSource
+from eventing.storage.protocol import Bucket, DirectLogSource, LogSource
+from eventing.storage.remote import RemoteBucket
 from eventing.workers.collections import COLLECTION_MARK_BYTES, SourceCollections
 from eventing.workers.crash_guard import CrashGuard, handle_alone
-from eventing.workers.handling import WorkerHandling
+from eventing.workers.handling import MutationHandler
+from eventing.workers.progress import WorkerProgress
+
+if TYPE_CHECKING:
+    from eventing.workers.batch_calls import BatchCalls
+    from eventing.workers.concurrent_calls import ConcurrentCalls
 
 # A worker reading through the data service reads this many mutations ahead in one call, and keeps one
 # such call in flight while fewer than this many are read ahead: a call across Ray nodes costs milliseconds
@@ -30,25 +38,77 @@ REMOTE_READ_AHEAD = int(os.environ.get("EVENTING_REMOTE_READ_AHEAD", "32000"))
 REJECTED_ROWS_PER_MUTATION = 8
 
 
-class WorkerReads(WorkerHandling):
-    """Reading the source. A part of WorkerCore (eventing.workers.worker), which sets these."""
+class SourceReader:
+    """Reads a worker's source for its handler (see the module docstring). Built by WorkerCore
+    (eventing.workers.worker) with what it needs; the worker's `progress` (eventing.workers.progress) is
+    shared with the handler and the worker's other parts."""
 
-    collections: SourceCollections
-    crash_guard: CrashGuard
-    on_delete: Any
-    _reads_ahead: bool
-    _read_rows: Callable[[int, int, int], list[tuple]]
-    _prefilter: Prefilter | None
-    _rotor: int
-    _resume_vb: int | None
-    _scan_per_kept: float
-    # A run of one vBucket read in bulk by an on_batch worker (eventing.workers.batch_calls): how many log
-    # entries it took, 0 to leave them to the rows. None: every run is read as rows. Chosen when the
-    # worker is built, as _read_rows (the source's, or a pool's rows read ahead) is.
-    _take_packed: Callable[[int, int, int], int] | None
+    def __init__(
+        self,
+        progress: WorkerProgress,
+        source: Bucket,
+        collections: SourceCollections,
+        handler: MutationHandler,
+        crash_guard: CrashGuard,
+        *,
+        reads_ahead: bool,
+        prefilter: Prefilter | None,
+    ):
+        self.progress = progress
+        self.name = progress.name
+        self.source = source
+        self.collections = collections
+        self.handler = handler
+        self.crash_guard = crash_guard
+        # Through the data service: reads ahead in calls of many batches (prefetch).
+        self.reads_ahead = reads_ahead
+        # The filter's byte check, for a file source's query (read_matching), else None.
+        self.prefilter = prefilter
+        # Changed in place only (eventing.workers.progress): held here.
+        self.positions, self.lettered = progress.positions, progress.lettered
+        # A window-only function (no on_update, no filter) reads packed runs (take_window_batch).
+        self.window_only = (
+            handler.on_update is None and handler.window_rows is not None and handler.filter is None
+        )
+        self.rotor = 0
+        self.resume_vb: int | None = None  # where process stopped: the first of the next look's runs
+        self.scan_per_kept = 1.0  # filtered reads: entries scanned per row the query kept, lately
+        # Chosen when the worker is built: how a run of rows is read (the source's, or a pool's rows read
+        # ahead: eventing.workers.concurrent_calls), and a run read in bulk by an on_batch worker
+        # (eventing.workers.batch_calls: how many log entries it took, 0 to leave them to the rows; None:
+        # every run is read as rows).
+        self.read_rows: Callable[[int, int, int], list[tuple]] = source.read_vb_rows
+        self.take_packed: Callable[[int, int, int], int] | None = None
+        # A pool's calls or on_batch's, when the worker has one: handle_alone waits for them, or runs a
+        # suspect as a batch of its own (eventing.workers.crash_guard).
+        self.calls: ConcurrentCalls | None = None
+        self.batches: BatchCalls | None = None
 
-    def _prefetch(self, work: list[int], limits: dict[int, int], budget: int) -> None:
-        """Through the data service: when the vBuckets _process takes next (in its order) have fewer than
+    def remote_highs(self) -> list[int]:
+        """Through the data service, the high seqnos a step starts from: those read with the rows read
+        ahead at the end of the last step (or during it) when they show work, with no round trip of their
+        own; otherwise (a step woken by a write made since, or polled) read now, with the rows that follow
+        the positions, in one round trip."""
+        source = cast(RemoteBucket, self.source)
+        positions = self.positions
+        if source.highs_ahead():
+            highs = source.high_seqnos(prefetched=True)
+            if any(positions[vb] < highs[vb] for vb in self.progress.epochs):
+                return highs
+        self.read_changed()
+        return source.high_seqnos(prefetched=True)
+
+    def read_changed(self) -> None:
+        """Read ahead the rows that follow the positions, in the vBuckets not read ahead already that have
+        any (a caught-up step asks as it ends: the next one starts with them)."""
+        source, positions = self.source, self.positions
+        source.read_changed(
+            [(vb, positions[vb]) for vb in self.progress.epochs if not source.has_ahead(vb)],
+            REMOTE_READ_AHEAD,
+        )
+
+    def prefetch(self, work: list[int], limits: dict[int, int], budget: int) -> None:
+        """Through the data service: when the vBuckets process takes next (in its order) have fewer than
         REMOTE_READ_AHEAD mutations (or less than this batch) read ahead or in flight, ask for the next
         REMOTE_READ_AHEAD in one call (a call still in flight is waited for first), while this batch is
         handled. read_vb takes rows read ahead from the
@@ -57,7 +117,7 @@ class WorkerReads(WorkerHandling):
         source: LogSource = self.source
         source.forget_prefetched(self.positions)
         positions = self.positions
-        start = self._rotor % len(work)
+        start = self.rotor % len(work)
         covered = 0
         runs: list[tuple[int, int, int]] = []
         total = 0
@@ -76,28 +136,28 @@ class WorkerReads(WorkerHandling):
                     break
         source.prefetch(runs)
 
-    def _process(self, work: list[int], limits: dict[int, int], budget: int) -> int:
+    def process(self, work: list[int], limits: dict[int, int], budget: int) -> int:
         # Resume the rotation where the last step stopped, so every vBucket makes progress even when
         # the budget is smaller than the backlog; read long runs of one vBucket per query.
-        window_only = self.on_update is None and self.window_rows is not None and self.filter is None
-        if self._reads_ahead and not window_only:
-            self._prefetch(work, limits, budget)
+        window_only = self.window_only
+        if self.reads_ahead and not window_only:
+            self.prefetch(work, limits, budget)
         handled = 0
-        take_packed = self._take_packed
+        take_packed = self.take_packed
         used = 0.0  # of the budget: `handled`, less what rejected rows do not cost
         scanned_all = kept_all = 0
-        start = self._rotor % len(work)
-        self._rotor = 0
-        self._resume_vb = None
+        start = self.rotor % len(work)
+        self.rotor = 0
+        self.resume_vb = None
         for i, vb in enumerate(work[start:] + work[:start]):
             if used >= budget:
-                self._rotor = start + i
-                self._resume_vb = vb
+                self.rotor = start + i
+                self.resume_vb = vb
                 break
             position = self.positions[vb]
-            if self._prefilter is not None:
-                limit = min(max(1, int((budget - used) * self._scan_per_kept)), limits[vb] - position)
-                scanned, kept = self._read_matching(vb, position, limit, limits[vb])
+            if self.prefilter is not None:
+                limit = min(max(1, int((budget - used) * self.scan_per_kept)), limits[vb] - position)
+                scanned, kept = self.read_matching(vb, position, limit, limits[vb])
                 handled += scanned
                 used += kept + (scanned - kept) / REJECTED_ROWS_PER_MUTATION
                 scanned_all += scanned
@@ -105,7 +165,7 @@ class WorkerReads(WorkerHandling):
                 continue
             limit = min(budget - int(used), limits[vb] - position)
             if window_only:
-                taken = self._take_window_batch(vb, position, limit)
+                taken = self.take_window_batch(vb, position, limit)
                 if taken:
                     handled += taken
                     used += taken
@@ -116,112 +176,111 @@ class WorkerReads(WorkerHandling):
                     handled += taken
                     used += taken
                     continue
-            rows = self._read_rows(vb, position, limit)
-            taken = self._handle_rows(vb, position, rows)
+            rows = self.read_rows(vb, position, limit)
+            taken = self.handle_rows(vb, position, rows)
             handled += taken
             used += taken
         if scanned_all:
-            self._scan_per_kept = min(REJECTED_ROWS_PER_MUTATION, scanned_all / max(kept_all, 1))
+            self.scan_per_kept = min(REJECTED_ROWS_PER_MUTATION, scanned_all / max(kept_all, 1))
         return handled
 
-    def _read_matching(self, vb: int, position: int, limit: int, upto: int) -> tuple[int, int]:
-        """_process's read of the next `limit` log entries of a vBucket from a file source whose query
+    def read_matching(self, vb: int, position: int, limit: int, upto: int) -> tuple[int, int]:
+        """process's read of the next `limit` log entries of a vBucket from a file source whose query
         leaves out the rows the filter's byte check rules out; they are counted as filtered here, the rest
         go on as read rows do. Returns how many entries it passed (0: none left up to `upto`) and how many
         of them it read (the others were ruled out in the query)."""
         source = cast(DirectLogSource, self.source)  # a prefilter is set only where nothing is read ahead
         rows, scanned, last = source.read_vb_matching(
-            vb, position, limit, upto, cast(Prefilter, self._prefilter), self.name
+            vb, position, limit, upto, cast(Prefilter, self.prefilter), self.name
         )
         if rows:
-            self._handle_rows(vb, position, rows)
+            self.handle_rows(vb, position, rows)
         skipped = scanned - len(rows)
         if skipped:
-            c = self.counters
+            c = self.progress.counters
             c[counter_names.MUTATIONS_SEEN] += skipped
             c[counter_names.FILTERED] += skipped
         if last > self.positions[vb]:
             self.positions[vb] = last
         return scanned, len(rows)
 
-    def _handle_rows(self, vb: int, position: int, rows: list) -> int:
+    def handle_rows(self, vb: int, position: int, rows: list) -> int:
         """A run of one vBucket's rows, read: handled with the run noted in the worker's call notes, or, when
         it holds mutations to be handled alone, by handle_alone (eventing.workers.crash_guard)."""
         guard = self.crash_guard
         if guard.suspects and guard.suspected(vb, rows):
             return handle_alone(self, vb, position, rows)
         if not rows:
-            return self._handle_run(vb, position, rows)
+            return self.handler.handle_run(vb, position, rows)
         notes = guard.notes
         notes.note(0, vb, rows[0][1], rows[-1][1])
         try:
-            return self._handle_rows_noted(vb, position, rows)
+            return self.handle_rows_noted(vb, position, rows)
         finally:
             notes.clear(0)
 
-    def _handle_rows_noted(
+    def handle_rows_noted(
         self, vb: int, position: int, rows: list, take: Callable[[int, int, list], int] | None = None
     ) -> int:
         """`take`: a run handler other than the one chosen when the worker was built (handle_alone's)."""
         if rows and self.collections.mixed(rows):
-            return self._handle_collections(vb, position, rows, take)
-        return self._handle_run(vb, position, rows, take)
+            return self.handle_collections(vb, position, rows, take)
+        return self.handler.handle_run(vb, position, rows, take)
 
-    def _handle_collections(
+    def handle_collections(
         self, vb: int, position: int, rows: list, take: Callable[[int, int, list], int] | None = None
     ) -> int:
         """A run whose rows are not all of the source collection: the others are passed over (their seqnos
         still move the position, as Couchbase's DCP stream filtered by collection moves on), the source's
-        go to _handle_run with their own keys and meta.keyspace."""
-        runner = self.runner
+        go to handle_run with their own keys and meta.keyspace."""
+        runner = self.handler.runner
         for keyspace, group in self.collections.split(rows):
             if keyspace is None:
-                self.counters[counter_names.COLLECTION_FILTERED] += len(group)
+                self.progress.counters[counter_names.COLLECTION_FILTERED] += len(group)
                 last = group[-1][1]
                 if last <= position:
-                    self._order_violation(vb, last, position)
+                    self.progress.order_violation(vb, last, position)
                 position = self.positions[vb] = last
                 continue
             runner.keyspace = keyspace
-            self._handle_run(vb, position, group, take)
+            self.handler.handle_run(vb, position, group, take)
             position = self.positions[vb]
         runner.keyspace = self.collections.default_meta
         return len(rows)
 
-    def _take_window_batch(self, vb: int, position: int, limit: int) -> int:
+    def take_window_batch(self, vb: int, position: int, limit: int) -> int:
         """For a window-only function (no on_update): buffer the rows of the next ``limit`` log entries
-        of a vBucket whole, read in bulk, and count them as _handle would, when every entry is a plain
-        update (or a delete without on_delete) that gives a row. Returns how many entries it took: 0, with
-        nothing counted or buffered, leaves them to _handle one by one (dead letters, the function's own
+        of a vBucket whole, read in bulk, and count them as MutationHandler.handle would, when every entry is
+        a plain update (or a delete without on_delete) that gives a row. Returns how many entries it took: 0,
+        with nothing counted or buffered, leaves them to handle one by one (dead letters, the function's own
         writes, float times, ...), with the same rows, counters and dead letters either way."""
-        if self._lettered and any(lettered_vb == vb for lettered_vb, _ in self._lettered):
+        if self.lettered and any(lettered_vb == vb for lettered_vb, _ in self.lettered):
             return 0
         if not self.collections.source_is_default:
             return 0  # rows of other collections to pass over: one by one
+        handler = self.handler
+        window_rows, max_bytes = handler.window_rows, handler.max_bytes
+        assert window_rows is not None
         batch = self.source.read_vb_packed(
-            vb,
-            position,
-            limit,
-            self.name,
-            exact_arrivals_over_ms=self.window_rows.arrival_gap_ms,  # type: ignore[union-attr]
+            vb, position, limit, self.name, exact_arrivals_over_ms=window_rows.arrival_gap_ms
         )
         if (
             batch is None
-            or (batch.other_seqnos and self.on_delete is not None)
+            or (batch.other_seqnos and handler.runner.on_delete is not None)
             or COLLECTION_MARK_BYTES in batch.keys
         ):
             return 0
         # An oversize document is dead-lettered: only a batch larger than the limit can hold one.
         if (
-            len(batch.docs) > self.max_bytes
-            and self.source.max_doc_bytes(vb, position, batch.last_seqno) > self.max_bytes
+            len(batch.docs) > max_bytes
+            and self.source.max_doc_bytes(vb, position, batch.last_seqno) > max_bytes
         ):
             return 0
-        if not self.window_rows.add_packed(batch):  # type: ignore[union-attr]
+        if not window_rows.add_packed(batch):
             return 0
         self.positions[vb] = batch.last_seqno
-        c = self.counters
+        c = self.progress.counters
         c[counter_names.MUTATIONS_SEEN] += batch.count
-        if batch.other_seqnos:  # as _handle, no zero entries: a counter appears once it counts something
+        if batch.other_seqnos:  # as handle, no zero entries: a counter appears once it counts something
             c[counter_names.NO_HANDLER] += len(batch.other_seqnos)
-        return batch.count  # the updates count as window_rows_written once flushed, as in _handle
+        return batch.count  # the updates count as window_rows_written once flushed, as in handle

@@ -2,20 +2,24 @@
 calls the handler, flushes binding effects and commits checkpoints.
 
 `WorkerCore` is a plain class so tests can drive it in-process; `eventing.workers.executor` wraps it in a Ray
-actor. It is put together from parts, each in a module of its own: reading the source
-(eventing.workers.source_reads), handling the rows read (eventing.workers.handling) and firing timers
-(eventing.workers.timer_firing), with a collaborator that interrupts or recycles a handler that overruns
-execution_timeout (eventing.workers.hang_guard). This module holds what a worker is given and reports
-(`WorkerSpec`, `StepReport`), and the core itself: ownership of vBuckets, the step, flushing effects and
-checkpoints.
+actor. It is the facade that the executor, the hosts, the sandbox and the service call, and it builds its
+parts, each in a module of its own and given what it works with: what they share and the checkpoint takes
+(`WorkerProgress`, eventing.workers.progress), handling the rows read (`MutationHandler`,
+eventing.workers.handling), reading the source (`SourceReader`, eventing.workers.source_reads) and firing
+timers (`TimerFiring`, eventing.workers.timer_firing), with a pool of calls or on_batch where the function
+has them (eventing.workers.concurrent_calls, batch_calls) and collaborators that interrupt or recycle a
+handler that overruns execution_timeout (eventing.workers.hang_guard) or that ends the process
+(eventing.workers.crash_guard). This module holds what a worker is given and reports (`WorkerSpec`,
+`StepReport`), and the core itself: ownership of vBuckets, the step, flushing effects and checkpoints.
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple, cast
+from typing import TYPE_CHECKING, NamedTuple
 
 from eventing.core import counters as counter_names
 from eventing.core import filters
@@ -25,15 +29,17 @@ from eventing.errors import FencedError, StoreError
 from eventing.execution.bindings import BucketBinding, learn_partition_marks
 from eventing.execution.runner import HandlerRunner
 from eventing.storage.origins import deployment_origin
-from eventing.storage.remote import DataAccess, DataServiceRef, RemoteBucket
+from eventing.storage.remote import DataAccess, DataServiceRef
 from eventing.storage.values import EffectGroup, Spans
 from eventing.windows.runtime.row_writer import WindowRowWriter
 from eventing.workers import batch_calls, concurrent_calls
 from eventing.workers.collections import SourceCollections
 from eventing.workers.crash_guard import CrashGuard, open_notes_file
+from eventing.workers.handling import MutationHandler
 from eventing.workers.hang_guard import HangGuard
-from eventing.workers.source_reads import REMOTE_READ_AHEAD, WorkerReads
-from eventing.workers.timer_firing import WorkerTimers
+from eventing.workers.progress import WorkerProgress
+from eventing.workers.source_reads import SourceReader
+from eventing.workers.timer_firing import TimerFiring
 from eventing.workers.write_waiter import WriteWaiter
 
 if TYPE_CHECKING:
@@ -99,7 +105,7 @@ EFFECT_FLUSH_MIN = 8000  # binding writes buffered before a flush within a step 
 LOOK_AHEAD_PER_VB = 4000  # rows of one vBucket a look reads ahead at most (see WorkerCore._look)
 
 
-class WorkerCore(WorkerTimers, WorkerReads):
+class WorkerCore:
     """Processes its vBuckets strictly in seqno order; every write it makes is fenced by its epochs."""
 
     def __init__(self, spec: WorkerSpec, *, recycle_on_hang: bool = False, notes_fd: int | None = None):
@@ -114,91 +120,61 @@ class WorkerCore(WorkerTimers, WorkerReads):
                 f"function '{spec.function}' was redeployed (generation {record.generation}, "
                 f"worker for {spec.generation}); this worker stops"
             )
-        self.defn = FunctionDefinition.from_dict(record.definition)
-        self.source = self.data.bucket(self.defn.source_bucket)
-        # A source behind the data service reads ahead in calls of many batches (_prefetch); one on a server
-        # reached directly (a PostgreSQL store) looks at the high seqnos and next rows of the owned vBuckets
-        # in one round trip at each pass of a step (_look).
+        self.defn = defn = FunctionDefinition.from_dict(record.definition)
+        self.source = self.data.bucket(defn.source_bucket)
+        # A source behind the data service reads ahead in calls of many batches (SourceReader.prefetch); one
+        # on a server reached directly (a PostgreSQL store) looks at the high seqnos and next rows of the
+        # owned vBuckets in one round trip at each pass of a step (_look).
         self._reads_ahead = self.source.reads_ahead and not self.data.local
         self._looks_ahead = self.source.reads_ahead and self.data.local
         # The state's application log; without the data directory, log() lines reach it through the data
         # service.
-        self.app_log = self.data.app_log_writer(
-            spec.function, self.defn.app_log_max_size, self.defn.app_log_max_files
-        )
-        self.runner = HandlerRunner(
+        self.app_log = self.data.app_log_writer(spec.function, defn.app_log_max_size, defn.app_log_max_files)
+        self.runner = runner = HandlerRunner(
             self.name,
-            self.defn,
+            defn,
             record.source,
             self.source,
             self.data.bucket,
             self.app_log,
             limit_share=1 / max(1, spec.machines),
         )
-        self.collections = SourceCollections(self.source, self.defn.source_keyspace)
         # The function's filter (eventing.core.filters): rows it does not match are dropped before any
-        # handler path (_drop_filtered), or, with previous_version (whose versions follow the log order),
-        # one by one in _handle. A file source also skips them in its query when their bytes tell
-        # (read_vb_matching): those rows never become Python objects.
-        self.filter = filters.compile_filter(self.defn.filter) if self.defn.filter is not None else None
-        self._drops = self.filter is not None and self.runner.previous is None
-        self._prefilter = (
-            self.filter.prefilter
-            if self._drops and self.filter is not None and not self._reads_ahead
-            else None
-        ) or None
+        # handler path (MutationHandler.drop_filtered), or, with previous_version (whose versions follow the
+        # log order), one by one in MutationHandler.handle. A file source also skips them in its query when
+        # their bytes tell (read_vb_matching): those rows never become Python objects.
+        flt = filters.compile_filter(defn.filter) if defn.filter is not None else None
+        drops = flt is not None and runner.previous is None
+        prefilter = (flt.prefilter if drops and flt is not None and not self._reads_ahead else None) or None
         # Rows are read ahead only for the path that reads them (not a filtered read's or a window's).
-        self._looks_ahead = self._looks_ahead and self._prefilter is None
-        self.rw_bindings = self.runner.rw_bindings
+        self._looks_ahead = self._looks_ahead and prefilter is None
+        self.rw_bindings = runner.rw_bindings
         # at_least_once: no effect marks are read, fenced or written (see LocalBucket.apply_effects).
-        self.marked = self.defn.delivery == "exactly_once"
+        self.marked = defn.delivery == "exactly_once"
         self._fenced_aside: set[int] = set()  # what a flush of set-aside writes fenced (flush_set_aside)
         self._deferred: Checkpoint | None = None  # a checkpoint defer_end took, written after its writes
-        self.on_update = self.runner.on_update
-        self.on_delete = self.runner.on_delete
-        # A handler taking a run of updates in one call (JavaScript: see _handle_batched), else None.
-        self._batch = getattr(self.on_update, "batch", None)
-        self._batch_slice_s = getattr(getattr(self.on_update, "handler", None), "slice_s", 0.0)
-        self.max_bytes = self.defn.max_document_bytes
-        self.timeout_s = self.runner.timeout_s
-        self._attempts = self.runner.policy.max_attempts  # the retry policy's (eventing.core.retry)
-        self._success = {
-            kind: counter_names.handler_outcome(kind, "success") for kind in ("on_update", "on_delete")
-        }
-        self.positions: dict[int, int] = {}  # vb -> last handled seqno
-        self.committed: dict[int, int] = {}  # vb -> last checkpointed seqno
-        self.epochs: dict[int, int] = {}
+        # Positions, checkpoints, epochs, counters, dead letters, letters and fired timers: what the parts
+        # share and the checkpoint takes (eventing.workers.progress).
+        self.progress = progress = WorkerProgress(self.name, spec.generation, self.source.name)
         self._spans: Spans | None = None  # the owned vBuckets as ranges, made again when ownership changes
         self.targets = spec.targets
-        self.counters: Counter[str] = Counter()
         self.window_rows = WindowRowWriter.for_worker(  # rows of a windowed function, else None
             self.data.state if self.data.local else spec.location,
             spec.function,
             spec.generation,
             spec.worker_id,
-            self.defn.window,
-            self.counters,
+            defn.window,
+            progress.counters,
             put_file=None if self.data.local else self.data.put_file,
         )
-        self.dlq: list[DlqRow] = []
         self.last_commit = time.monotonic()
-        if self.on_update is None and self.window_rows is not None and self.filter is None:
-            self._looks_ahead = False  # a window-only function reads packed runs (_take_window_batch)
-        self._rotor = 0
-        self._resume_vb: int | None = None  # where _process stopped: the first of the next look's runs
-        self._scan_per_kept = 1.0  # filtered reads: entries scanned per row the query kept, lately
+        if runner.on_update is None and self.window_rows is not None and flt is None:
+            self._looks_ahead = False  # a window-only function reads packed runs (take_window_batch)
         self._handled_any = False
         self._closed = False
-        self._lettered: dict[tuple[int, int], str] = {}  # (vb, seqno) -> the counter of its skip
-        self.timers = self.runner.timers
+        self.timers = runner.timers
         self.timers.lookup = lambda callback, reference: self.store.get_timer(self.name, callback, reference)
-        self.timers_done: list[TimerDone] = []  # fired since the last commit
-        self._reclaim: set[int] = set()  # newly owned vBuckets: timers a previous owner claimed fire first
-        # Where a claim of timers is a round trip (the data service, a server's store), a claim that found
-        # none is not made again for TIMER_CLAIM_IDLE_S (see WorkerTimers.fire_timers).
-        self._claims_travel = not self.data.local or self.data.state.directory is None
-        self._claim_after = 0.0
-        self.hang_guard = HangGuard(self.runner.context, self.timeout_s)
+        self.hang_guard = HangGuard(runner.context, runner.timeout_s)
         # What the handler runs is noted in a file (its sandboxed host opens it: `notes_fd`), so that a death
         # is counted against its mutation and a mutation that keeps ending the process is dead-lettered.
         if notes_fd is None:
@@ -208,39 +184,89 @@ class WorkerCore(WorkerTimers, WorkerReads):
                 spec.worker_id,
                 self.data.state.directory if self.data.local else None,
             )
-        pool = self.defn.concurrency if self.defn.concurrency > 1 else 0
-        batch_slots = batch_calls.NOTE_SLOTS if self.runner.on_batch is not None else 0
+        pool = defn.concurrency if defn.concurrency > 1 else 0
+        batch_slots = batch_calls.NOTE_SLOTS if runner.on_batch is not None else 0
         self.crash_guard = CrashGuard(
             self.store, self.name, spec.generation, notes_fd, 1 + pool + batch_slots
         )
+        # The parts, each with what it works with: the handler of the rows read, the reader of the source
+        # (which hands its runs of rows to the handler) and the firing of timers (whose callbacks run as the
+        # handler's calls do).
+        self.handler = handler = MutationHandler(
+            progress,
+            runner,
+            origin=self.origin,
+            filter=flt,
+            window_rows=self.window_rows,
+            max_bytes=defn.max_document_bytes,
+            crash_guard=self.crash_guard,
+        )
+        self.reader = reader = SourceReader(
+            progress,
+            self.source,
+            SourceCollections(self.source, defn.source_keyspace),
+            handler,
+            self.crash_guard,
+            reads_ahead=self._reads_ahead,
+            prefilter=prefilter,
+        )
+        self.timer_firing = TimerFiring(
+            progress,
+            self.store,
+            runner,
+            handler,
+            self.hang_guard,
+            self.crash_guard,
+            batch_size=defn.batch_size,
+            # A claim of timers through the data service, on a server's store or from a sandbox is a round
+            # trip: one that found none is not made again for a while (timer_firing.TIMER_CLAIM_IDLE_S).
+            claims_travel=not self.data.local or self.data.state.directory is None,
+        )
         # concurrency > 1: a pool runs the batch's calls, several documents at once (else None: one at a
-        # time).
-        self.calls = concurrent_calls.attach(self)
+        # time), writing what earlier batches left (this core's writes set aside) while they run.
+        self.calls = concurrent_calls.attach(defn.concurrency, handler, reader, self, language=defn.language)
+        if self.calls is not None:
+            self.hang_guard.lanes = self.calls.lanes  # its recycling sees the pool's calls too
         # on_batch: the batch's rows go to the handler in one call (else None: one call a mutation).
-        self.batches = batch_calls.attach(self)
-        # How a batch is handled, chosen once here and shared by one read loop (WorkerReads._process): each
-        # run of rows read goes to `_take_run`, and the batch runs in `_dispatch`. One call a mutation on
-        # this thread (_handle_serial, the read loop itself), a pool's calls (the pool runs what the loop
-        # sorted into tasks, reading the next batch's rows meanwhile), or on_batch (runs of a file source
-        # read in bulk, the handler called once the batch is read).
-        self._read_rows = self.source.read_vb_rows  # plain row tuples: no Mutation built per row by Python
-        self._take_packed = None
+        self.batches = batch_calls.attach(handler, reader)
+        # How a batch is handled, chosen once here and shared by one read loop (SourceReader.process): each
+        # run of rows read (the reader's `read_rows`: plain row tuples, no Mutation built per row by Python)
+        # goes to the handler's `take_run`, and the batch runs in `_dispatch`. One call a mutation on this
+        # thread (MutationHandler.handle_serial, the read loop itself), a pool's calls (the pool runs what the
+        # loop sorted into tasks, reading the next batch's rows meanwhile), or on_batch (runs of a file
+        # source read in bulk, the handler called once the batch is read). A suspect of the crash guard is
+        # handled alone, after the pool's calls or as a batch of its own (the reader's `calls`, `batches`).
+        reader.calls, reader.batches = self.calls, self.batches
+        self._dispatch: Callable[[list[int], dict[int, int], int], int]
         if self.batches is not None:
-            self._take_run, self._dispatch = self.batches.take_run, self.batches.process
+            handler.take_run, self._dispatch = self.batches.take_run, self.batches.process
             if self.batches.reads_packed:
-                self._take_packed = self.batches.take_packed
+                reader.take_packed = self.batches.take_packed
         elif self.calls is not None:
-            self._take_run, self._dispatch = self.calls.take_run, self.calls.process
+            handler.take_run, self._dispatch = self.calls.take_run, self.calls.process
             if self.calls.reads_ahead:
-                self._read_rows = self.calls.read_rows
+                reader.read_rows = self.calls.read_rows
         else:
-            self._take_run, self._dispatch = self._handle_serial, self._process
+            self._dispatch = reader.process
         self.waiter = self._open_waiter() if spec.wake_address and self.data.local else None
         self.assign_vbuckets(spec.vbuckets)
         if recycle_on_hang:
             self.hang_guard.recycle_on_hang(
-                self.name, spec.generation, self.epochs, lambda: self.spec.data_access().metadata()
+                self.name, spec.generation, progress.epochs, lambda: self.spec.data_access().metadata()
             )
+
+    # What the parts share, read-only, for those who look at the worker from outside (tests, tools).
+    @property
+    def positions(self) -> dict[int, int]:
+        return self.progress.positions
+
+    @property
+    def epochs(self) -> dict[int, int]:
+        return self.progress.epochs
+
+    @property
+    def counters(self) -> Counter[str]:
+        return self.progress.counters
 
     def _open_waiter(self) -> WriteWaiter | PostgresWriteWaiter | None:
         """The waiter of a caught-up step: this worker's socket, to which the service forwards its writes'
@@ -252,7 +278,7 @@ class WorkerCore(WorkerTimers, WorkerReads):
             from eventing.storage.postgres.wake_wait import PostgresWriteWaiter
 
             assert isinstance(state, PostgresState)
-            return PostgresWriteWaiter.open(state.db, self.defn.source_bucket, self.epochs)
+            return PostgresWriteWaiter.open(state.db, self.defn.source_bucket, self.progress.epochs)
         assert self.spec.wake_address is not None
         return WriteWaiter.open(self.spec.wake_address)
 
@@ -263,6 +289,7 @@ class WorkerCore(WorkerTimers, WorkerReads):
         vbs = list(vbuckets)
         if not vbs:
             return
+        progress = self.progress
         # A bucket whose effect marks hold a higher epoch than the store (the store was restored from a
         # backup) would reject every effect of this claim as a zombie's: claim above its marks instead.
         # Normally the marks trail the store's epochs and this changes nothing.
@@ -280,12 +307,12 @@ class WorkerCore(WorkerTimers, WorkerReads):
                     f"source bucket '{self.defn.source_bucket}' was recreated after function '{self.name}' "
                     "was deployed, so its checkpoints do not apply; undeploy and deploy the function again"
                 )
-            self.positions[vb] = self.committed[vb] = cp.seqno
-            self.epochs[vb] = cp.epoch
+            progress.positions[vb] = progress.committed[vb] = cp.seqno
+            progress.epochs[vb] = cp.epoch
         # Raise the effect fences first, so a zombie's binding writes are rejected from now on (timer
         # callbacks' writes are marked under TIMER_VB_BASE + vb, with the same epoch).
-        epochs = {vb: self.epochs[vb] for vb in vbs}
-        epochs.update({TIMER_VB_BASE + vb: self.epochs[vb] for vb in vbs})
+        epochs = {vb: progress.epochs[vb] for vb in vbs}
+        epochs.update({TIMER_VB_BASE + vb: progress.epochs[vb] for vb in vbs})
         for bucket in {id(b.bucket): b.bucket for b in self.rw_bindings if self.marked}.values():
             bucket.fence(self.name, epochs)
         # Then learn how far each bucket already holds this function's effects (see BucketBinding.keep).
@@ -294,7 +321,7 @@ class WorkerCore(WorkerTimers, WorkerReads):
             for vb in epochs:
                 binding.applied_upto[vb] = marks.get(vb, (0, 0))[1]
             learn_partition_marks(binding.buf, binding.bucket, self.name, epochs)
-        self._reclaim.update(vbs)
+        self.timer_firing.reclaim.update(vbs)
         self._spans = None
         # Mutations ahead of the checkpoint that this deployment already dead-lettered are not handled again
         # by the stream: one a previous process of this worker hung on (and was recycled for) would hang
@@ -309,44 +336,47 @@ class WorkerCore(WorkerTimers, WorkerReads):
             if row.reason == "late":
                 continue
             hung = row.reason == "timeout" and row.replayed_at is None
-            if row.vb in wanted and row.seqno > self.committed[row.vb]:
-                self._lettered[(row.vb, row.seqno)] = (
+            if row.vb in wanted and row.seqno > progress.committed[row.vb]:
+                progress.lettered[(row.vb, row.seqno)] = (
                     counter_names.HUNG_SKIPPED if hung else counter_names.DEAD_LETTERED_SKIPPED
                 )
             elif hung and row.vb >= TIMER_VB_BASE and owner_vb(row.vb) in wanted:
                 # a timer whose callback hung: recorded as done instead
-                self._lettered[(row.vb, row.seqno)] = counter_names.HUNG_SKIPPED
+                progress.lettered[(row.vb, row.seqno)] = counter_names.HUNG_SKIPPED
         # Mutations a worker of this deployment died on: dead-lettered when they come, or handled alone.
-        self.crash_guard.claimed(vbs, self.committed, self._lettered)
+        self.crash_guard.claimed(vbs, progress.committed, progress.lettered)
 
     def revoke_vbuckets(self, vbuckets) -> dict[int, int]:
         """Finish, flush, checkpoint and release vBuckets; returns their final checkpoints."""
         self.commit()
-        vbs = [vb for vb in vbuckets if vb in self.epochs]  # after the commit: it forgets fenced vBuckets
-        self.store.release(self.name, {vb: self.epochs[vb] for vb in vbs})
-        out = {vb: self.committed[vb] for vb in vbs}
+        epochs = self.progress.epochs
+        vbs = [vb for vb in vbuckets if vb in epochs]  # after the commit: it forgets fenced vBuckets
+        self.store.release(self.name, {vb: epochs[vb] for vb in vbs})
+        out = {vb: self.progress.committed[vb] for vb in vbs}
         for vb in vbs:
             self._forget(vb)
         return out
 
     def stop(self) -> dict[int, int]:
-        return self.revoke_vbuckets(list(self.epochs))
+        return self.revoke_vbuckets(list(self.progress.epochs))
 
     def _owned_spans(self) -> Spans:
         """The owned vBuckets as (first, last) ranges, for high_seqnos to read only those."""
         if self._spans is None:
-            self._spans = vbucket_spans(self.epochs)
+            self._spans = vbucket_spans(self.progress.epochs)
         return self._spans
 
     def _look(self, budget: int) -> list[int]:
         """The high seqnos of the owned vBuckets, with the next rows of those that have any read ahead in
-        the same round trip (a server's bucket: PostgresBucket.prefetch), in the order _process takes them:
-        from where it stopped, each vBucket up to its target."""
-        order = list(self.epochs)
-        if self._resume_vb in self.epochs:
-            at = order.index(self._resume_vb)
+        the same round trip (a server's bucket: PostgresBucket.prefetch), in the order SourceReader.process
+        takes them: from where it stopped, each vBucket up to its target."""
+        epochs = self.progress.epochs
+        order = list(epochs)
+        resume_vb = self.reader.resume_vb
+        if resume_vb in epochs:
+            at = order.index(resume_vb)
             order = order[at:] + order[:at]
-        positions, targets = self.positions, self.targets
+        positions, targets = self.progress.positions, self.targets
         cap = max(budget, LOOK_AHEAD_PER_VB)
         runs = [
             (vb, positions[vb], min(cap, targets[vb] - positions[vb]) if targets else cap) for vb in order
@@ -354,36 +384,15 @@ class WorkerCore(WorkerTimers, WorkerReads):
         self.source.prefetch(runs)
         return self.source.high_seqnos(prefetched=True, spans=self._owned_spans())
 
-    def _remote_highs(self) -> list[int]:
-        """Through the data service, the high seqnos a step starts from: those read with the rows read
-        ahead at the end of the last step (or during it) when they show work, with no round trip of their
-        own; otherwise (a step woken by a write made since, or polled) read now, with the rows that follow
-        the positions, in one round trip."""
-        source = cast(RemoteBucket, self.source)
-        positions = self.positions
-        if source.highs_ahead():
-            highs = source.high_seqnos(prefetched=True)
-            if any(positions[vb] < highs[vb] for vb in self.epochs):
-                return highs
-        self._read_changed()
-        return source.high_seqnos(prefetched=True)
-
-    def _read_changed(self) -> None:
-        """Read ahead the rows that follow the positions, in the vBuckets not read ahead already that have
-        any."""
-        source, positions = self.source, self.positions
-        source.read_changed(
-            [(vb, positions[vb]) for vb in self.epochs if not source.has_ahead(vb)], REMOTE_READ_AHEAD
-        )
-
     def _forget(self, vb: int) -> None:
         self._spans = None
-        self.positions.pop(vb, None)
-        self.committed.pop(vb, None)
-        self.epochs.pop(vb, None)
+        progress = self.progress
+        progress.positions.pop(vb, None)
+        progress.committed.pop(vb, None)
+        progress.epochs.pop(vb, None)
 
     def owned(self) -> list[int]:
-        return sorted(self.epochs)
+        return sorted(self.progress.epochs)
 
     # -- processing ---------------------------------------------------------------------------------
 
@@ -402,9 +411,10 @@ class WorkerCore(WorkerTimers, WorkerReads):
         # Through the data service, the high seqnos are asked at most once a step (those read along with
         # the last read ahead when there are: no round trip of their own while the worker is behind).
         remote = self._reads_ahead
-        highs = self._remote_highs() if remote else []
+        highs = self.reader.remote_highs() if remote else []
         first_at = 0.0 if self._handled_any else time.time()
-        positions = self.positions
+        progress = self.progress
+        positions, epochs = progress.positions, progress.epochs
         waiter = self.waiter if idle_wait_s > 0 and not remote else None
         waited = False
         behind_on: list[int] | None = None
@@ -421,7 +431,7 @@ class WorkerCore(WorkerTimers, WorkerReads):
             # While its batches are full, a worker that is behind looks only at the vBuckets of its last pass
             # (a pass over all 1,024 cost ~10% of a batch handler's time); a batch that was not full, or a
             # new step, looks at them all again.
-            candidates = self.epochs if behind_on is None else [vb for vb in behind_on if vb in self.epochs]
+            candidates = epochs if behind_on is None else [vb for vb in behind_on if vb in epochs]
             if targets:
                 work = [vb for vb in candidates if positions[vb] < highs[vb] and positions[vb] < targets[vb]]
                 limits = {vb: min(highs[vb], targets[vb]) for vb in work}
@@ -473,17 +483,17 @@ class WorkerCore(WorkerTimers, WorkerReads):
         behind = self.calls is not None and batch >= budget and not fenced
         if not behind:
             fenced |= self.flush_effects()
-        fired = self.fire_timers() if self.epochs else 0
+        fired = self.timer_firing.fire_timers() if epochs else 0
         if fired:
             behind = False
             fenced |= self.flush_effects()
         # Every owned vBucket outside `limits` had no work at its last pass, and positions never go back.
-        backlog = sum(max(0, limit - positions[vb]) for vb, limit in limits.items() if vb in self.epochs)
+        backlog = sum(max(0, limit - positions[vb]) for vb, limit in limits.items() if vb in epochs)
         # Caught up includes timers already due: a full batch of firings may leave more, and a timer created
         # for the past can be claimed only once its create is durable, so a caught-up worker commits now
         # (creates and firings) instead of at the checkpoint interval.
-        creates_due = not backlog and self._creates_due()
-        commit_due = bool(creates_due or (not backlog and self.timers_done)) or (
+        creates_due = not backlog and self.timer_firing.creates_due()
+        commit_due = bool(creates_due or (not backlog and progress.timers_done)) or (
             time.monotonic() - self.last_commit >= self.defn.checkpoint_interval.total_seconds()
         )
         if behind and backlog and not creates_due:
@@ -494,7 +504,7 @@ class WorkerCore(WorkerTimers, WorkerReads):
             fenced |= self.flush_effects()
         if remote and handled and not backlog and not fenced:
             # Caught up with what it read: the next step's rows are read while this one's report travels.
-            self._read_changed()
+            self.reader.read_changed()
         timers_due = creates_due or fired >= self.defn.batch_size
         if handled and not self._handled_any:
             self._handled_any = True
@@ -506,18 +516,22 @@ class WorkerCore(WorkerTimers, WorkerReads):
             caught_up=backlog == 0 and not timers_due,
             backlog=backlog,
             fenced=sorted(fenced),
-            owned=len(self.epochs),
+            owned=len(epochs),
             timers_fired=fired,
             first_handled_at=first_at,
             waited=waited,
         )
+
+    def fire_timers(self) -> int:
+        """Claim and fire the due timers of owned vBuckets (TimerFiring.fire_timers)."""
+        return self.timer_firing.fire_timers()
 
     def _pending_effects(self, set_aside: bool = True) -> int:
         return sum(b.pending(set_aside) for b in self.rw_bindings) if self.rw_bindings else 0
 
     def _observe_latency(self, seconds: float, count: int) -> None:
         """One histogram observation per batch, weighted by its size (see counters.LATENCY_BOUNDS_US)."""
-        c = self.counters
+        c = self.progress.counters
         c[counter_names.latency_bucket(seconds * 1e6 / count)] += count
         c[counter_names.LATENCY_COUNT] += count
         c[counter_names.LATENCY_SUM_US] += round(seconds * 1e6)
@@ -534,24 +548,25 @@ class WorkerCore(WorkerTimers, WorkerReads):
                     self._fenced_aside |= self._apply(binding, binding.take_groups())
             self._collect_op_counts()
         except Exception:
-            self._rewind()
+            self.rewind()
             raise
         return self.forget_fenced_aside()
 
     def _collect_op_counts(self) -> None:
         """Counts the bindings and curl keep beside the worker's counters (taken while no call runs)."""
+        counters = self.progress.counters
         for binding in self.rw_bindings:
             # Replayed writes dropped before the batch (BucketBinding.keep) count even when nothing is
             # pending.
             if binding.replayed_writes:
-                self.counters[counter_names.EFFECTS_DUPLICATE] += binding.replayed_writes
+                counters[counter_names.EFFECTS_DUPLICATE] += binding.replayed_writes
                 binding.replayed_writes = 0
         for binding in self.runner.bindings:
             if binding.buf.ops:
-                self.counters.update(binding.buf.ops)
+                counters.update(binding.buf.ops)
                 binding.buf.ops.clear()
         if self.runner.curl.ops:
-            self.counters.update(self.runner.curl.ops)
+            counters.update(self.runner.curl.ops)
             self.runner.curl.ops.clear()
 
     # -- a pool's flushes and checkpoints beside its calls ---------------------------------------------
@@ -591,8 +606,9 @@ class WorkerCore(WorkerTimers, WorkerReads):
         conflicts as dead letters, effect counts) belongs to the mutations those writes came from, so it
         goes into that checkpoint, or, without one, to the worker's next. Fenced vBuckets are forgotten
         when no call runs (forget_fenced_aside, flush_effects)."""
-        live_dlq, live_counters = self.dlq, self.counters
-        self.dlq, self.counters = [], Counter()
+        progress = self.progress  # its dead letters and counters are swapped: every part sees the swap
+        live_dlq, live_counters = progress.dlq, progress.counters
+        progress.dlq, progress.counters = [], Counter()
         try:
             for binding in self.rw_bindings:
                 groups = binding.take_set_aside()
@@ -602,15 +618,15 @@ class WorkerCore(WorkerTimers, WorkerReads):
                     finally:
                         binding.flushed()  # a read waiting on these writes goes on (after a failure: rewound)
         finally:
-            found_dlq, found_counters = self.dlq, self.counters
-            self.dlq, self.counters = live_dlq, live_counters
+            found_dlq, found_counters = progress.dlq, progress.counters
+            progress.dlq, progress.counters = live_dlq, live_counters
         if self._deferred is not None:
             self._deferred.dlq.extend(found_dlq)
             for name, n in found_counters.items():
                 self._deferred.counters[name] = self._deferred.counters.get(name, 0) + n
         else:
-            self.dlq.extend(found_dlq)
-            self.counters.update(found_counters)
+            progress.dlq.extend(found_dlq)
+            progress.counters.update(found_counters)
         self._fenced_aside |= self._commit_deferred()
 
     def forget_fenced_aside(self) -> set[int]:
@@ -631,9 +647,10 @@ class WorkerCore(WorkerTimers, WorkerReads):
 
     def _apply(self, binding: BucketBinding, groups: list[EffectGroup]) -> set[int]:
         result = binding.bucket.apply_effects(self.name, groups, origin=self.origin, marks=self.marked)
-        self.counters[counter_names.EFFECTS_APPLIED] += result.applied
-        self.counters[counter_names.EFFECTS_DUPLICATE] += result.duplicates
-        self.counters[counter_names.EFFECTS_FENCED] += result.fenced_writes
+        counters = self.progress.counters
+        counters[counter_names.EFFECTS_APPLIED] += result.applied
+        counters[counter_names.EFFECTS_DUPLICATE] += result.duplicates
+        counters[counter_names.EFFECTS_FENCED] += result.fenced_writes
         if result.conflicts:
             self._cas_conflicts(binding.bucket.name, result.conflicts)
         return result.fenced_vbs
@@ -642,7 +659,7 @@ class WorkerCore(WorkerTimers, WorkerReads):
         """Calls whose cas condition failed when their writes were applied (another writer changed the
         document after the read): their writes to `bucket` were dropped; they become dead letters."""
         for vb, seqno in sources:
-            self.counters["bkt_ops_cas_mismatch_count"] += 1
+            self.progress.counters["bkt_ops_cas_mismatch_count"] += 1
             if vb >= TIMER_VB_BASE:
                 m = Mutation(vb, seqno, "", OP_TIMER, 0, None, None, 0, 0)
             else:
@@ -652,7 +669,7 @@ class WorkerCore(WorkerTimers, WorkerReads):
                     if found and found[0].seqno == seqno
                     else Mutation(vb, seqno, "", 0, 0, None, None, 0, 0)
                 )
-            self._dead_letter(
+            self.progress.dead_letter(
                 m,
                 "cas_mismatch",
                 f"a write to bucket '{bucket}' found the document changed since the handler read it (cas); "
@@ -661,7 +678,7 @@ class WorkerCore(WorkerTimers, WorkerReads):
                 1,
             )
 
-    def _rewind(self) -> None:
+    def rewind(self) -> None:
         """A flush failed (disk full, a damaged bucket): the writes it took are gone from memory. Forget
         everything since the last checkpoint (positions, buffered writes, DLQ rows, counters) so that no
         later commit, not even the one at stop, checkpoints past effects that never became durable. The
@@ -670,27 +687,28 @@ class WorkerCore(WorkerTimers, WorkerReads):
             binding.take_groups()
             binding.discard()
             binding.replayed_writes = 0
-        self.dlq = []
-        self.counters.clear()
+        progress, epochs = self.progress, self.progress.epochs
+        progress.dlq = []
+        progress.counters.clear()
         self._deferred = None  # a checkpoint defer_end took: its writes are the ones lost
-        self.positions.update(self.committed)
+        progress.positions.update(progress.committed)
         if self.runner.previous is not None:
             self.runner.previous.clear()  # the replay reads versions again from the log
         # Timer changes are made again by the replayed calls; fired timers are claimed again (same fire_seq).
         self.timers.discard()
         self.timers.committed(len(self.timers.kept))
-        self.timers_done = []
-        self._reclaim.update(self.epochs)
+        progress.timers_done = []
+        self.timer_firing.reclaim.update(epochs)
         for binding in self.rw_bindings if self.marked else ():
             marks = binding.bucket.effect_marks(self.name)
-            for vb in self.epochs:
+            for vb in epochs:
                 binding.applied_upto[vb] = marks.get(vb, (0, 0))[1]
                 binding.applied_upto[TIMER_VB_BASE + vb] = marks.get(TIMER_VB_BASE + vb, (0, 0))[1]
             learn_partition_marks(
                 binding.buf,
                 binding.bucket,
                 self.name,
-                [*self.epochs, *(TIMER_VB_BASE + vb for vb in self.epochs)],
+                [*epochs, *(TIMER_VB_BASE + vb for vb in epochs)],
             )
 
     def commit(self) -> set[int]:
@@ -719,9 +737,10 @@ class WorkerCore(WorkerTimers, WorkerReads):
     def _take_commit(self) -> Checkpoint:
         """What a checkpoint writes now: moved positions, dead letters, counters, timer changes and
         firings."""
-        moved = {vb: s for vb, s in self.positions.items() if s != self.committed.get(vb)}
-        dlq, counters = self.dlq, dict(self.counters)
-        changes, done = list(self.timers.kept), self.timers_done
+        progress = self.progress
+        moved = {vb: s for vb, s in progress.positions.items() if s != progress.committed.get(vb)}
+        dlq, counters = progress.dlq, dict(progress.counters)
+        changes, done = list(self.timers.kept), progress.timers_done
         if changes:
             created = sum(1 for ch in changes if ch.due_ms is not None)
             counters[counter_names.TIMERS_CREATED] = counters.get(counter_names.TIMERS_CREATED, 0) + created
@@ -733,25 +752,25 @@ class WorkerCore(WorkerTimers, WorkerReads):
     def _forget_taken(self) -> None:
         """The worker collects the next checkpoint's dead letters, counters and firings (timer changes leave
         when written, in _write_commit)."""
-        self.dlq = []
-        self.counters.clear()
-        self.timers_done = []
+        progress = self.progress
+        progress.dlq = []
+        progress.counters.clear()
+        progress.timers_done = []
 
     def _write_commit(self, taken: Checkpoint) -> set[int]:
         fenced: set[int] = set()
-        moved = {
-            vb: seqno for vb, seqno in taken.moved.items() if vb in self.epochs
-        }  # none forgotten meanwhile
+        epochs, committed = self.progress.epochs, self.progress.committed
+        moved = {vb: seqno for vb, seqno in taken.moved.items() if vb in epochs}  # none forgotten meanwhile
         if moved or taken.dlq or taken.counters or taken.done:
             fenced = self.store.commit(
-                self.name, self.epochs, moved, taken.dlq, taken.counters, taken.changes, taken.done
+                self.name, epochs, moved, taken.dlq, taken.counters, taken.changes, taken.done
             )
             self.timers.committed(len(taken.changes))
             if taken.changes:
-                self._claim_after = 0.0  # a timer this worker created may be due: look at once
+                self.timer_firing.claim_after = 0.0  # a timer this worker created may be due: look at once
             for vb, seqno in moved.items():
-                if vb not in fenced and vb in self.committed:
-                    self.committed[vb] = seqno
+                if vb not in fenced and vb in committed:
+                    committed[vb] = seqno
         self.last_commit = time.monotonic()
         return fenced
 

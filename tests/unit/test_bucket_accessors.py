@@ -140,7 +140,7 @@ def test_a_write_whose_document_changed_after_the_read_is_dead_lettered_and_repl
     acct.upsert("a0", {"n": 10, "seen": ["client"]})
     w = worker(data_dir, range(NUM_VBUCKETS), name="fn_cas")
     highs = w.source.high_seqnos()
-    w._process(
+    w.reader.process(
         [vb for vb in w.epochs if highs[vb]], {vb: highs[vb] for vb in w.epochs}, 100
     )  # read + held write
     acct.upsert("a0", {"n": 50, "seen": ["client", "client"]})  # another writer, between read and flush

@@ -338,9 +338,9 @@ def test_only_a_function_with_concurrency_gets_the_pool_and_per_thread_buffers(d
     one, many = worker(data_dir, "fn_one"), worker(data_dir, "fn_many", "n/w1")
     assert one.calls is None and type(one.rw_bindings[0].buf) is EffectBuffer
     # One run loop; the dispatcher is chosen when the worker is built: its own serial path, or the pool's.
-    assert one._take_run == one._handle_serial and one._dispatch == one._process
+    assert one.handler.take_run == one.handler.handle_serial and one._dispatch == one.reader.process
     assert many.calls is not None and type(many.rw_bindings[0].buf) is ConcurrentEffectBuffer
-    assert many._take_run == many.calls.take_run and many._dispatch == many.calls.process
+    assert many.handler.take_run == many.calls.take_run and many._dispatch == many.calls.process
     one.close()
     many.close()
 

@@ -1,6 +1,6 @@
-"""The fast path of window-only functions (WorkerCore._take_window_batch, WindowRowWriter.add_packed) against
-the per-row path (WorkerCore._handle, WindowRowWriter.add): the same row files, counters, checkpoints and dead
-letters for a mix of documents, on real SQLite buckets."""
+"""The fast path of window-only functions (SourceReader.take_window_batch, WindowRowWriter.add_packed) against
+the per-row path (MutationHandler.handle, WindowRowWriter.add): the same row files, counters, checkpoints and
+dead letters for a mix of documents, on real SQLite buckets."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from eventing.windows.batches import read_row_batch
 from eventing.windows.runtime import row_writer as rows_module
 from eventing.windows.runtime.paths import WindowPaths
 from eventing.windows.runtime.row_writer import MAX_EVENT_MS, MIN_EVENT_MS, RowLayout, WindowRowWriter
+from eventing.workers.handling import MutationHandler
 from eventing.workers.worker import WorkerCore, WorkerSpec
 from metadata import DlqRow
 from metadata.factory import open_store
@@ -204,7 +205,7 @@ def run_worker(
         str(data_dir), FN, store.get_function(FN).generation, "local/w0", tuple(range(NUM_VBUCKETS))
     )
     core = WorkerCore(spec)
-    assert core.on_update is None and core.window_rows is not None
+    assert core.handler.on_update is None and core.window_rows is not None
     handled = 0
     while not (report := core.step()).caught_up:
         handled += report.handled
@@ -334,10 +335,10 @@ def test_plain_documents_never_go_row_by_row(tmp_path, monkeypatch):
     writes = [(chunk, None) for chunk in chunked(loadgen.generate(200, 3000, seed=3, span_ms=600_000), 1000)]
     make_source(tmp_path, writes)
 
-    def refuse(core, m):
+    def refuse(handler, m):
         raise AssertionError(f"{m} took the per-row path")
 
-    monkeypatch.setattr(WorkerCore, "_handle", refuse)
+    monkeypatch.setattr(MutationHandler, "handle", refuse)
     calls = FastPathCalls(monkeypatch)
     outcome = run_worker(tmp_path, window=WINDOW, batch_size=300)
     assert outcome["handled"] == 3000
