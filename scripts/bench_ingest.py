@@ -42,7 +42,7 @@ from eventing.cli.app import main as cli_main  # noqa: E402
 from eventing.core.mutation import OP_UPDATE  # noqa: E402
 from eventing.storage import loadgen  # noqa: E402
 from eventing.storage.bucket import LocalBucket  # noqa: E402
-from eventing.storage.files import _LOG_COLUMNS  # noqa: E402
+from eventing.storage.files import _DOCS_COLUMNS_PLAIN, _LOG_COLUMNS_PLAIN  # noqa: E402
 from eventing.storage.write_turns import keep_wal_short  # noqa: E402
 
 CHUNK = 20_000  # rows per transaction, as `bucket load` commits them
@@ -103,8 +103,10 @@ def raw_inserts(data_dir: str, chunks: list, *, ordered: bool = False) -> tuple[
             log_rows = sorted(log_rows, key=lambda r: r[0])
             doc_rows = sorted({r[0]: r for r in doc_rows}.values(), key=lambda r: r[0])
         db.execute("BEGIN IMMEDIATE")
-        db.executemany(f"INSERT INTO log({_LOG_COLUMNS}) VALUES(?,?,?,?,?,?,?,?,?,?)", log_rows)
-        db.executemany("INSERT OR REPLACE INTO docs VALUES(?,?,?,?,?,?,?,?)", doc_rows)
+        db.executemany(f"INSERT INTO log({_LOG_COLUMNS_PLAIN}) VALUES(?,?,?,?,?,?,?,?,?,?)", log_rows)
+        db.executemany(
+            f"INSERT OR REPLACE INTO docs({_DOCS_COLUMNS_PLAIN}) VALUES(?,?,?,?,?,?,?,?)", doc_rows
+        )
         db.executemany("UPDATE high SET seqno=? WHERE vb=?", high_rows)
         db.execute("COMMIT")
         keep_wal_short(
