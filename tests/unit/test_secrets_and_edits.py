@@ -234,3 +234,18 @@ def test_status_says_a_deployed_function_runs_nowhere_when_no_service_runs(saved
     with client(saved, READ) as c:
         app = c.get("/api/v1/status/fn_api").json()["app"]
     assert app["composite_status"] == "paused" and app["running"] is False and "hint" not in app
+
+
+def test_a_function_as_a_get_gave_it_saves_back_and_its_state_is_changed_only_by_its_own_endpoints(saved):
+    with client(saved, ADMIN) as c:
+        got = c.get("/api/v1/functions/fn_api?format=eventing").json()
+        assert got["state"] == "undeployed" and "generation" in got
+        assert c.post("/api/v1/functions/fn_api", json={**got, "description": "again"}).status_code == 200
+        assert c.get("/api/v1/functions/fn_api?format=eventing").json()["description"] == "again"
+        r = c.post("/api/v1/functions/fn_api", json={**got, "state": "deployed"})
+        assert r.status_code == 400
+        assert (
+            "'state' of function 'fn_api' is 'undeployed', not 'deployed'" in r.text and "/deploy" in r.text
+        )
+        new = {**got, "name": "fn_copy", "url_bindings": []}  # masked secrets have nothing to keep there
+        assert c.post("/api/v1/functions/fn_copy", json=new).status_code == 200  # saved undeployed

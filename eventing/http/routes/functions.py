@@ -128,6 +128,7 @@ def save_function(c: EndpointRequest) -> dict[str, Any] | Response:
         raise ConfigError(
             f"the body names function {body['name']!r} but the URL names '{c.name}'; make them agree"
         )
+    _drop_read_only(c, body)
     source = body.get("handler_source")
     if not isinstance(source, str):
         raise ConfigError("the body needs 'handler_source': the handler's Python code as a string")
@@ -222,6 +223,32 @@ def pause(c: EndpointRequest) -> dict[str, Any]:
 def resume(c: EndpointRequest) -> dict[str, Any]:
     with function_access.deploying_as(c.state, c.name, c.identity):
         return stats.function_view(lifecycle.resume(c.state, c.name))
+
+
+READ_ONLY = ("state", "generation")  # what a GET adds to a definition (_document)
+
+
+def _drop_read_only(c: EndpointRequest, body: dict[str, Any]) -> None:
+    """A function as a GET gave it can be saved back: its state and generation go, when they are what is
+    stored (a new function's state is undeployed); another state is asked of its own endpoint."""
+    given = {key: body.pop(key) for key in READ_ONLY if key in body}
+    if not given:
+        return
+    with c.state.metadata as store:
+        try:
+            record = store.get_function(c.name)
+        except NotFoundError:
+            record = None
+    now = (
+        {"state": record.state.value, "generation": record.generation} if record else {"state": "undeployed"}
+    )
+    changed = sorted(key for key, value in given.items() if key in now and value != now[key])
+    if changed:
+        raise ConfigError(
+            f"'{changed[0]}' of function '{c.name}' is {now[changed[0]]!r}, not {given[changed[0]]!r}, and a "
+            f"save does not change it; leave it out, or POST /api/v1/functions/{c.name}/deploy (or /pause, "
+            "/resume, /undeploy) to change the state"
+        )
 
 
 def undeploy(c: EndpointRequest) -> dict[str, Any]:
