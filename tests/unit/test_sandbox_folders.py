@@ -1,6 +1,7 @@
 """Sandbox folders are removed whichever way their host ends: `sweep_sandboxes` removes a folder whose
 host's lock on `<folder>.lock` is free (the kernel frees it when the host ends, even by kill -9), and
-leaves a folder whose lock is held, or that has no lock file (being created, or another version's)."""
+leaves a folder whose lock is held, or that has no lock file (being created, or another version's) unless
+nothing changed it for an hour."""
 
 from __future__ import annotations
 
@@ -40,3 +41,14 @@ def test_a_sweep_removes_only_the_folders_of_hosts_that_ended(tmp_path, monkeypa
         os.close(held)  # the live host ends
     assert sandbox.sweep_sandboxes() == 1
     assert os.listdir(root) == ["fn_unlocked-3"]
+
+
+def test_a_folder_without_a_lock_goes_once_it_is_an_hour_old(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    root = sandbox.sandboxes_root()
+    for name in ("fn_new-1", "fn_old-2"):
+        os.mkdir(os.path.join(root, name))
+    hours_ago = os.stat(root).st_mtime - sandbox.ORPHAN_AGE_S - 60
+    os.utime(os.path.join(root, "fn_old-2"), (hours_ago, hours_ago))
+    assert sandbox.sweep_sandboxes() == 1
+    assert os.listdir(root) == ["fn_new-1"]  # being created: its lock comes next

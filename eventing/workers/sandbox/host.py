@@ -38,6 +38,7 @@ import pickle
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -60,6 +61,9 @@ def sandboxes_root() -> str:
     root = os.path.join(tempfile.gettempdir(), _SANDBOXES)
     os.makedirs(root, mode=0o700, exist_ok=True)
     return root
+
+
+ORPHAN_AGE_S = 3600  # a sandbox folder without a lock file this old has no host (see sweep_sandboxes)
 
 
 def sweep_sandboxes() -> int:
@@ -90,6 +94,20 @@ def sweep_sandboxes() -> int:
             pass
         finally:
             os.close(fd)
+    # A folder whose host never made its lock (killed in the moment between the two, or an older version
+    # that made none) and that nothing has changed for ORPHAN_AGE_S.
+    old = time.time() - ORPHAN_AGE_S
+    for entry in os.scandir(root):
+        try:
+            if (
+                entry.is_dir(follow_symlinks=False)
+                and not os.path.exists(entry.path + ".lock")
+                and entry.stat(follow_symlinks=False).st_mtime < old
+            ):
+                shutil.rmtree(entry.path, ignore_errors=True)
+                removed += 1
+        except OSError:
+            pass
     return removed
 
 
