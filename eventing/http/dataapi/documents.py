@@ -53,9 +53,13 @@ def raw_of(value: Any) -> bytes:
     if isinstance(value, bytes):
         return value
     try:
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+        return _json_bytes(value)
     except RecursionError:
         return _deep_raw_of(value)
+
+
+def _json_bytes(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 _DEEP = threading.Lock()
@@ -69,7 +73,7 @@ def _deep_raw_of(value: Any) -> bytes:
         limit = sys.getrecursionlimit()
         sys.setrecursionlimit(limit + 4 * NESTING_LIMIT)
         try:
-            return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+            return _json_bytes(value)
         finally:
             sys.setrecursionlimit(limit)
 

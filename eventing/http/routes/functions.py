@@ -260,7 +260,7 @@ def get_settings(c: EndpointRequest) -> dict[str, Any] | Response:
     if _couchbase_format(c, default="eventing"):
         return _couchbase_call(lambda: lifecycle.export_couchbase(c.state, c.name)[0]["settings"])
     doc = stored_function(c)
-    return {k: v for k, v in doc.items() if k not in ("name", "handler_source", "state", "generation")}
+    return {k: v for k, v in doc.items() if k not in ("name", "handler_source", *READ_ONLY)}
 
 
 def save_settings(c: EndpointRequest) -> dict[str, Any] | Response:
