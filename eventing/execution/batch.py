@@ -26,6 +26,7 @@ from eventing.core.idempotency import batch_key, mutation_key
 from eventing.core.mutation import OP_EXPIRE, OP_UPDATE, Mutation
 from eventing.core.xattrs import user_xattrs
 from eventing.errors import BindingError, TimerError
+from eventing.execution import batch_columns
 from eventing.execution.bindings import held_keys
 from eventing.handler import DeleteOptions
 
@@ -68,7 +69,8 @@ class _Segment:
 
 class Batch(Sequence):
     """What on_batch(batch) gets: `len(batch)`, `batch[i]`, `for item in batch:` (each item current in
-    turn), and the columns `batch.keys` and `batch.docs` (None for a deletion) made in bulk."""
+    turn), and the columns `batch.keys`, `batch.docs` (None for a deletion), `batch.deleted` and
+    `batch.column(field)` made in bulk."""
 
     def __init__(
         self,
@@ -84,6 +86,9 @@ class Batch(Sequence):
         self._keys, self._ops, self._seqnos, self._vbs = keys, ops, seqnos, vbs
         self._docs: list | None = None
         self._key: str | None = None
+        # Items whose document cannot be decoded (None in `docs`), found when the documents are decoded: they
+        # are dead-lettered as `undecodable`, whatever on_batch said of them.
+        self.undecodable: dict[int, str] = {}
         self.scope: BatchScope | None = None  # the call in progress's (set while on_batch runs)
 
     # -- building ----------------------------------------------------------------------------------------
@@ -177,6 +182,30 @@ class Batch(Sequence):
         return self._docs
 
     @property
+    def deleted(self) -> list[bool]:
+        """For each item, whether it is a deletion or an expiry."""
+        return [op != OP_UPDATE for op in self._ops]
+
+    def column(self, field: str, default: Any = None) -> list:
+        """The top-level field `field` of each item's document: `default` for a deletion and for a document
+        without it (or not an object), as `doc.get(field, default)` would give. Read in bulk without decoding
+        the rest of the documents, unless they are decoded already."""
+        if self._docs is not None:
+            return [doc.get(field, default) if type(doc) is dict else default for doc in self._docs]
+        out: list = []
+        for seg in self._segments:
+            p = seg.packed
+            values = None
+            if p is not None and seg.docs is None:
+                values = batch_columns.field_of(p, field, default)
+            if values is None:  # from the segment's documents (decoded by the reader, or now)
+                docs = self._segment_docs(seg)
+                out += [doc.get(field, default) if type(doc) is dict else default for doc in docs]
+                continue
+            _interleave(out, values, p, default)
+        return out
+
+    @property
     def idempotency_key(self) -> str:
         """The key of a request made outside any item: the same items (in the same order) give the same
         key."""
@@ -239,29 +268,40 @@ class Batch(Sequence):
     def _decode(self) -> list:
         out: list = []
         for seg in self._segments:
-            p = seg.packed
-            if p is None:  # from rows: documents decoded by the reader, or here
-                if seg.docs is not None:
-                    out += seg.docs
-                else:
-                    out += [
-                        msgpack.unpackb(r[5], raw=False) if r[3] == OP_UPDATE and r[5] is not None else None
-                        for r in seg.rows or ()
-                    ]
-                continue
-            docs = seg.docs  # a bulk read's documents are its updates' (None for its deletes)
-            if docs is None:
-                unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(len(p.docs), 1 << 20))
-                unpacker.feed(p.docs)
-                docs = seg.docs = list(unpacker)
-            at, prev = 0, p.after_seqno
-            for seqno in p.other_seqnos:
-                gap = seqno - prev - 1
-                out += docs[at : at + gap]
-                out.append(None)
-                at, prev = at + gap, seqno
-            out += docs[at:]
+            out += self._segment_docs(seg)
         return out
+
+    def _segment_docs(self, seg: _Segment) -> list:
+        """A segment's documents, one per item (None for a deletion)."""
+        p = seg.packed
+        if p is None:  # from rows: documents decoded by the reader, or here
+            if seg.docs is not None:
+                return seg.docs
+            return [
+                msgpack.unpackb(r[5], raw=False) if r[3] == OP_UPDATE and r[5] is not None else None
+                for r in seg.rows or ()
+            ]
+        docs = seg.docs  # a bulk read's documents are its updates' (None for its deletes)
+        if docs is None:
+            docs, bad = batch_columns.docs_of(p)
+            seg.docs = docs
+            if bad:  # update j -> the item it is
+                updates = [seg.start + k for k in range(p.count) if self._ops[seg.start + k] == OP_UPDATE]
+                self.undecodable.update((updates[j], why) for j, why in bad.items())
+        out: list = []
+        _interleave(out, docs, p, None)
+        return out
+
+
+def _interleave(out: list, updates: list, p: Any, deleted: Any) -> None:
+    """A bulk read's values of its updates onto `out`, with `deleted` at its deletes' and expiries' places."""
+    at, prev = 0, p.after_seqno
+    for seqno in p.other_seqnos:
+        gap = seqno - prev - 1
+        out += updates[at : at + gap]
+        out.append(deleted)
+        at, prev = at + gap, seqno
+    out += updates[at:]
 
 
 class BatchItem:

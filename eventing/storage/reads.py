@@ -242,37 +242,45 @@ class FileReader:
         query, about as costly as the first) only when they spread over ``exact_arrivals_over_ms`` or more."""
         try:
             row = self.file.db.execute(
-                "SELECT count(*), max(seqno), count(doc), max(origin = ?4 OR substr(origin, 1, ?5) = ?6), "
-                "group_concat(CASE WHEN op != 0 THEN seqno END), "
+                "SELECT count(*), max(seqno), count(doc), max(origin), count(xattrs), "
                 "CAST(group_concat(CASE WHEN op = 0 THEN key END, char(0)) AS BLOB), "
                 "CAST(group_concat(doc, '') AS BLOB), "
                 "min(CASE WHEN op = 0 THEN arrival_ms END), max(CASE WHEN op = 0 THEN arrival_ms END), "
-                "CAST(group_concat(CASE WHEN op != 0 THEN key END, char(0)) AS BLOB), "
-                "group_concat(CASE WHEN op != 0 THEN op END), max(xattrs IS NOT NULL) "
+                # The deletes and expiries as "seqno,op,key", joined by NUL bytes: one CASE a row, not three.
+                "CAST(group_concat(CASE WHEN op != 0 THEN seqno || ',' || op || ',' || key END, char(0)) "
+                "AS BLOB) "
                 # A range scan of the primary key feeds the aggregates in (vb, seqno) order. (Before SQLite
                 # 3.44 group_concat takes no ORDER BY; a sorted subquery would cost a third more.)
                 "FROM log WHERE vb = ?1 AND seqno > ?2 AND seqno <= ?3",
-                (vb, after_seqno, after_seqno + limit, *of_function_params(origin)),
+                (vb, after_seqno, after_seqno + limit),
             ).fetchone()
         except sqlite3.DataError:  # the concatenation is over SQLite's length limit (huge documents)
             return None
-        (
-            count,
-            last,
-            docs_count,
-            own,
-            others,
-            keys,
-            docs,
-            first_arrival,
-            last_arrival,
-            other_keys,
-            other_ops,
-            with_xattrs,
-        ) = row
-        if not count or last - after_seqno != count or own or with_xattrs:
+        count, last, docs_count, any_origin, with_xattrs, keys, docs, first_arrival, last_arrival, others = (
+            row
+        )
+        if not count or last - after_seqno != count or with_xattrs:
             return None
-        other_seqnos = [int(s) for s in others.split(",")] if others else []
+        # Entries written by bindings carry an origin: only then is it looked at whether they are this
+        # function's (a second, rarer query; most sources hold none).
+        if (
+            any_origin is not None
+            and self.file.db.execute(
+                "SELECT 1 FROM log WHERE vb = ?1 AND seqno > ?2 AND seqno <= ?3 "
+                "AND (origin = ?4 OR substr(origin, 1, ?5) = ?6) LIMIT 1",
+                (vb, after_seqno, last, *of_function_params(origin)),
+            ).fetchone()
+        ):
+            return None
+        other_seqnos: list[int] = []
+        other_keys: list[str] = []
+        other_ops: list[int] = []
+        if others:
+            for entry in others.decode().split("\0"):
+                seqno, op, key = entry.split(",", 2)
+                other_seqnos.append(int(seqno))
+                other_ops.append(int(op))
+                other_keys.append(key)
         if docs_count != count - len(other_seqnos):
             return None
         arrivals = None
@@ -299,8 +307,8 @@ class FileReader:
             first_arrival or 0,
             last_arrival or 0,
             arrivals,
-            other_keys or b"",
-            [int(o) for o in other_ops.split(",")] if other_ops else None,
+            "\0".join(other_keys).encode(),
+            other_ops or None,
         )
 
     @maps_file_errors

@@ -22,8 +22,21 @@ def on_delete(meta, options):
 """
 
 
-# W1 as a batch handler (on_batch): the same dict, made from the batch's columns in one pass.
+# W1 as a batch handler (on_batch): the same dict, made in one pass from the batch's columns, with the one
+# field it keeps read as a column (the documents' other fields are never decoded).
 TRIVIAL_BATCH_HANDLER = """
+seen = {}
+
+def on_batch(batch):
+    for key, rev, deleted in zip(batch.keys, batch.column("rev"), batch.deleted):
+        if deleted:
+            seen.pop(key, None)
+        else:
+            seen[key] = rev
+"""
+
+# The same from whole documents (batch.docs): every document decoded, as on_update gets it.
+TRIVIAL_BATCH_DOCS_HANDLER = """
 seen = {}
 
 def on_batch(batch):

@@ -27,7 +27,6 @@ How a batch runs (see docs/handler-api.md, "Batch handlers"):
 
 from __future__ import annotations
 
-import struct
 import time
 import traceback
 from functools import partial
@@ -35,12 +34,12 @@ from operator import itemgetter
 from typing import Any
 
 import msgpack
-import msgspec
 
 from eventing.core import counters as counter_names
 from eventing.core.counters import HandlerKind
 from eventing.core.mutation import OP_UPDATE, Mutation
 from eventing.core.retry import attempts_text, error_names
+from eventing.execution import batch_columns
 from eventing.execution.batch import Batch, BatchScope, _Segment, failed_items
 from eventing.execution.context import HandlerTimeout
 from eventing.workers.collections import COLLECTION_MARK_BYTES
@@ -49,7 +48,6 @@ from eventing.workers.source_reads import SourceReader
 
 _as_mutation = partial(tuple.__new__, Mutation)
 _by_seqno = itemgetter(0)
-_decode_array = msgspec.msgpack.Decoder().decode
 NOTE_SLOTS = 1024  # call-note slots a batch may fill: one per vBucket of the batch (slot 0 stays free)
 
 
@@ -176,12 +174,10 @@ class BatchCalls:
             return 0
         if len(p.docs) > max_bytes and source.max_doc_bytes(vb, position, p.last_seqno) > max_bytes:
             return 0
-        try:  # the documents as one msgpack array, decoded in one call (about half msgpack's time a document)
-            docs = _decode_array(struct.pack(">BI", 0xDD, p.update_count) + p.docs)
-        except Exception:  # noqa: BLE001 - an undecodable document: the rows dead-letter it
-            return 0
-        if type(docs) is not list or len(docs) != p.update_count:
-            return 0
+        # Each document one whole msgpack value; they are decoded when on_batch asks for them (eventing.
+        # execution.batch_columns), all at once or a field at a time.
+        if not batch_columns.well_formed(p):
+            return 0  # a malformed document: the rows dead-letter it
         seg = _Segment(
             vb,
             None,
@@ -189,7 +185,6 @@ class BatchCalls:
             load=partial(source.read_vb_rows, vb, position, p.count),
             keyspace=self.runner.keyspace,
         )
-        seg.docs = docs
         self.segments.append(seg)
         self._span(vb, position + 1, p.last_seqno)
         self.progress.positions[vb] = p.last_seqno
@@ -220,6 +215,9 @@ class BatchCalls:
                 break
             if raised is not None:
                 failed = dict.fromkeys(range(n), raised)
+            undecodable = batch.undecodable  # what it did with a document it got as None is not kept
+            for i in undecodable:
+                failed.pop(i, None)
             statuses, retry_after = runner.context.seen()
             delay = policy.backoff(attempt, retry_after)
             retry: set[int] = set()
@@ -241,6 +239,8 @@ class BatchCalls:
                     letters[i] = ("expired", f"{text} (older than retry.max_event_age, not retried)")
                 else:
                     retry.add(i)
+            for i, why in undecodable.items():
+                letters[i] = ("undecodable", why)
             # The later items of a document whose item runs again ran after its failure: they run again too.
             if retry:
                 first: dict[tuple[int, str], int] = {}
@@ -248,7 +248,7 @@ class BatchCalls:
                     first.setdefault((batch.where(i)[0], batch.keys[i]), batch.where(i)[1])
                 for i in range(n):
                     seqno = first.get((batch.where(i)[0], batch.keys[i]))
-                    if seqno is not None and batch.where(i)[1] > seqno:
+                    if seqno is not None and batch.where(i)[1] > seqno and i not in undecodable:
                         retry.add(i)
                         letters.pop(i, None)
             done = n - len(retry | letters.keys() | failed.keys())  # the items that keep what they did

@@ -68,8 +68,12 @@ RECORDING = """
 import json
 
 def on_batch(batch):
+    revs, countries, deleted = batch.column("rev", -1), batch.column("country"), batch.deleted  # before docs
     assert batch.keys == [item.id for item in batch[:]]
     assert batch.docs == [item.doc for item in batch[:]]
+    assert deleted == [item.deleted for item in batch[:]]
+    assert revs == [doc.get("rev", -1) if doc else -1 for doc in batch.docs] == batch.column("rev", -1)
+    assert countries == [doc and doc.get("country") for doc in batch.docs] == batch.column("country")
     with open(CALLS, "a") as f:
         f.write(json.dumps([
             [item.meta.vb, item.meta.seq, item.id, item.deleted, item.expired, item.doc, item.meta.cas,
@@ -512,3 +516,46 @@ def test_batch_items_carry_their_mutations_user_xattrs(data_dir):
         ({}, True),
     ]
     assert all(doc["xattrs"] == {} for key, doc in seen.items() if not key.startswith("t1@"))
+
+
+UNDECODABLE = """
+def on_batch(batch):
+    values = batch.docs if WHOLE else batch.column("rev")
+    for item, value in zip(batch, values):
+        out[item.id + "@" + str(item.meta.seq)] = {"got": value}
+"""
+
+
+@pytest.mark.parametrize("whole", [True, False], ids=["docs", "column"])
+def test_a_document_that_cannot_be_decoded_is_dead_lettered_when_its_batch_reads_it_whole(data_dir, whole):
+    from eventing.core.mutation import OP_UPDATE, encode_document
+    from eventing.storage.values import Write
+
+    source = load_source(data_dir, 40, 200)  # plain vBuckets: read in bulk
+    bad = b"\x82\xa3rev\x07\xa4name\xa1\xff"  # {"rev": 7, "name": <a byte that is not UTF-8>}
+    source.write([Write("t1", OP_UPDATE, bad)])
+    source.write([Write("t1", OP_UPDATE, encode_document({"rev": 8}))])
+    name = f"fn_undecodable_{whole}"
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": name,
+            "source_bucket": "src",
+            "bindings": [{"alias": "out", "bucket": "out", "access": "rw"}],
+            "constants": {"WHOLE": whole},
+        }
+    )
+    deploy_function(data_dir, defn, UNDECODABLE)
+    run(data_dir)
+    seen = {key: doc["got"] for key, doc, _ in open_bucket(data_dir, "out").scan()}
+    got = sorted((int(key[3:]), value) for key, value in seen.items() if key.startswith("t1@"))
+    if (
+        whole
+    ):  # its item is dead-lettered, nothing it wrote kept; the next mutation of the document is handled
+        assert [value for _, value in got] == [{"rev": 8}]
+        (letter,) = letters(data_dir, name)
+        assert (letter.key, letter.reason) == ("t1", "undecodable")
+        assert "utf-8" in letter.error.lower()
+    else:  # the field it asked for decodes: both mutations handled
+        assert [value for _, value in got] == [7, 8]
+        assert letters(data_dir, name) == []
+    assert len(seen) == 200 + len(got)
