@@ -3,11 +3,11 @@ maps, `couchbase.*`, timers, `curl`, `log`, the built-in functions) written over
 object of eventing.execution.javascript that reaches the function's real bindings.
 
 Values cross as JSON text, a binary document (an ArrayBuffer) as `{"\u0000binary": [its bytes]}` (`__doc`,
-`__docOf`). `__batch` runs OnUpdate over a run of mutations (JsOnUpdate.batch), `__idx` being the one in
-progress; it returns how many returned, or -1 - i when mutation i threw. A host call that failed returns its
-error as text starting with NUL (JSON text never does), which `__r` throws as an Error, so a handler's
-try/catch sees binding errors as in Couchbase. `log` writes each argument as JSON.stringify does (an Error
-as its toString()), separated by spaces, as Couchbase's log does. OnUpdate gets a third argument as in
+`__docOf`). `__batch` runs OnUpdate (and OnDelete) over a run of mutations (JsOnUpdate.batch), `__idx` being
+the one in progress; it returns how many returned, or -1 - i when mutation i threw. A host call that failed
+returns its error as text starting with NUL (JSON text never does), which `__r` throws as an Error, so a
+handler's try/catch sees binding errors as in Couchbase. `log` writes each argument as JSON.stringify does (an
+Error as its toString()), separated by spaces, as Couchbase's log does. OnUpdate gets a third argument as in
 Couchbase 7.6 (`OnUpdate(doc, meta, xattrs)`): the document's user extended attributes as of the mutation,
 `{}` when it has none (the fast paths `__update` and `__batch` take only such mutations). The built-ins check
 their arguments as Couchbase's C++ does and throw its EventingError; they, log, curl and the timers are on
@@ -252,11 +252,16 @@ var __idx = 0;
 function __batch() {
   var a = JSON.parse(__in);
   var docs = a[0], ids = a[1], cas = a[2], exp = a[3], flags = a[4], seqs = a[5], vb = a[6], ks = a[7];
-  var n = docs.length, stop = Date.now() + a[8], binary = a[9];
+  var n = docs.length, stop = Date.now() + a[8], binary = a[9], ops = a[10];  // ops: null when all are updates
   for (__idx = 0; __idx < n; __idx++) {
     if (__idx > 0 && Date.now() >= stop) { return __idx; }
     var doc = docs[__idx], meta = {cas: cas[__idx], id: ids[__idx], expiration: exp[__idx], flags: flags[__idx], vb: vb,
                                    seq: seqs[__idx], datatype: 'json', keyspace: Object.assign({}, ks)};
+    var op = ops === null ? 0 : ops[__idx];
+    if (op !== 0) {  // a deletion (1) or an expiry (2)
+      try { OnDelete(__keyed(meta), {expired: op === 2}); } catch (e) { __fail(e); return -1 - __idx; }
+      continue;
+    }
     if (binary) { var bin = __docOf(doc); if (bin !== doc) { doc = bin; meta.datatype = 'binary'; } }
     try { OnUpdate(doc, __keyed(meta), {}); } catch (e) { __fail(e); return -1 - __idx; }
   }

@@ -258,10 +258,12 @@ class MutationHandler:
 
     def handle_batched(self, vb: int, position: int, rows: list) -> int:
         """handle_run for a handler that takes a run of updates in one call (a JavaScript OnUpdate, see
-        eventing.execution.javascript, "Batches"): consecutive plain updates go to run_batch together,
-        anything else to handle between them, so the order is the log's."""
+        eventing.execution.javascript, "Batches"): consecutive plain updates (and deletions and expiries, for
+        a handler with OnDelete) go to run_batch together, anything else to handle between them, so the order
+        is the log's."""
         positions, max_bytes, unpack = self.positions, self.max_bytes, msgpack.unpackb
         with_xattrs = self.runner.xattrs_arg
+        deletes = self.runner.on_delete is not None  # OnDelete runs in the batch too
         batch: list[Mutation] = []
         docs: list = []
         for row in rows:
@@ -270,6 +272,10 @@ class MutationHandler:
             if seqno <= position:
                 self.progress.order_violation(vb, seqno, position)
             position = seqno
+            if m[3] != OP_UPDATE and deletes and m[6] is None:
+                batch.append(m)
+                docs.append(None)
+                continue
             if (
                 m[3] == OP_UPDATE
                 and m[6] is None
@@ -294,10 +300,10 @@ class MutationHandler:
         return len(rows)
 
     def run_batch(self, vb: int, batch: list[Mutation], docs: list) -> None:
-        """Plain updates of one vBucket through the handler's batch call, with per-mutation outcomes: the
-        writes of each mutation are kept under its own seqno (the handler reports, before a host call, which
-        mutation makes it); the first that fails goes through the runner's failure path (retries, dead
-        letter) and the batch goes on after it; a batch that stopped at its time slice goes on where it
+        """Plain updates (and deletions) of one vBucket through the handler's batch call, with per-mutation
+        outcomes: the writes of each mutation are kept under its own seqno (the handler reports, before a host
+        call, which mutation makes it); the first that fails goes through the runner's failure path (retries,
+        dead letter) and the batch goes on after it; a batch that stopped at its time slice goes on where it
         stopped."""
         runner, rw, timers, context, positions = (
             self.runner,
@@ -310,7 +316,7 @@ class MutationHandler:
         batch_fn, keyspace, epoch = self.batch, runner.keyspace, self.epochs[vb]
         budget_s = self.timeout_s + self.batch_slice_s
         context.epoch = epoch
-        handled_ok = 0
+        handled_ok = deleted_ok = 0
         while batch:
             at = 0
 
@@ -340,13 +346,18 @@ class MutationHandler:
                 runner.kept(epoch)
             if done:
                 handled_ok += done
+                deleted_ok += sum(1 for m in batch[:done] if m[3] != OP_UPDATE)
                 positions[vb] = batch[done - 1][1]
             if failed is None:
                 batch, docs = batch[done:], docs[done:]
                 continue
             m, doc = batch[done], docs[done]
             meta = runner.meta_type(m[2], m[4], vb, m[1], m[7], m[8], "json", keyspace)
-            call = new_call(HandlerCall, ("on_update", self.on_update, (doc, meta), doc))
+            if m[3] == OP_UPDATE:
+                call = new_call(HandlerCall, ("on_update", self.on_update, (doc, meta), doc))
+            else:
+                options = DeleteOptions(expired=m[3] == OP_EXPIRE)
+                call = new_call(HandlerCall, ("on_delete", runner.on_delete, (meta, options), None))
             try:
                 raise failed
             except BaseException as exc:  # noqa: BLE001 - the runner's failure path decides
@@ -366,7 +377,10 @@ class MutationHandler:
         if handled_ok:
             c = self.progress.counters
             c[counter_names.MUTATIONS_SEEN] += handled_ok
-            c[self.success["on_update"]] += handled_ok
+            if handled_ok - deleted_ok:
+                c[self.success["on_update"]] += handled_ok - deleted_ok
+            if deleted_ok:
+                c[self.success["on_delete"]] += deleted_ok
 
     def handle(self, m: Mutation) -> None:
         c = self.progress.counters

@@ -10,8 +10,10 @@ import threading
 import pytest
 
 from eventing.api import Eventing
+from eventing.core.mutation import OP_DELETE, OP_EXPIRE
 from eventing.execution.context import CallContext
 from eventing.ops import dlq as dlq_ops
+from eventing.storage.values import Write
 from eventing.testing import wait_for
 from sharding.vbucket import vbucket_of
 
@@ -88,6 +90,52 @@ function OnUpdate(doc, meta) {
     marks = app.bucket("dst").effect_marks("fn_js")
     assert marks[vbucket_of("k")][1] == seqnos[4]
     assert app.get("dst", "count") == {"count": 5}
+
+
+def test_deletions_run_in_the_batch_in_log_order_with_their_own_outcomes(data_dir):
+    """Deletions among the updates run OnDelete inside the same batch, in log order (each write under its
+    own seqno), counted as on_delete; one that throws is dead-lettered alone, the batch goes on after it."""
+    source = """
+function OnUpdate(doc, meta) { dst['seen::' + meta.seq] = {op: 'update', v: doc.v}; }
+function OnDelete(meta, options) {
+    if (meta.seq % 7 === 0) { throw new Error('delete at ' + meta.seq); }
+    dst['seen::' + meta.seq] = {op: 'delete', id: meta.id, expired: options.expired};
+}
+"""
+    app = Eventing(data_dir, executor="in-process")
+    app.create_bucket("src")
+    app.create_bucket("dst")
+    src = app.bucket("src")
+    for v in range(30):
+        app.upsert("src", "k", {"v": v})
+        if v % 3 == 2:  # a deletion, or (every third) an expiry
+            src.write([Write("k", OP_EXPIRE if v % 9 == 8 else OP_DELETE)])
+    app.deploy(
+        {"name": "fn_js", "source_bucket": "src", "language": "javascript", "bindings": DST, "retries": 0},
+        source,
+    )
+    summary = app.run(until_caught_up=True)
+    assert not summary.errors
+    rows = app.bucket("src").read_vb_rows(vbucket_of("k"), 0, 1000)
+    dst = app.bucket("dst")
+    thrown = [r[1] for r in rows if r[3] != 0 and r[1] % 7 == 0]
+    for r in rows:
+        seen = dst.get(f"seen::{r[1]}")
+        if r[3] == 0:
+            assert seen == {"op": "update", "v": seen["v"]}
+        elif r[1] in thrown:
+            assert seen is None
+        else:
+            assert seen == {"op": "delete", "id": "k", "expired": r[3] == OP_EXPIRE}
+    letters = dlq_ops.list_rows(app.data_dir, "fn_js")
+    assert [(r.seqno, r.reason) for r in letters] == [(s, "error") for s in thrown] and thrown
+    stats = app.stats("fn_js")
+    assert (stats.on_update_success, stats.on_delete_success, stats.on_delete_failure) == (
+        30,
+        10 - len(thrown),
+        len(thrown),
+    )
+    assert [r[1] for r in rows] == sorted(r[1] for r in rows)
 
 
 # The loop's host calls run Python: the worker's SIGALRM may raise HandlerTimeout in a weakref callback one
