@@ -158,6 +158,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"store: {state.shown}")  # never its password
         print(f"eventing service: {'running (' + ', '.join(services) + ')' if services else 'not running'}")
         print(f"sandbox: {sandbox}")
+        unconfined = [v["name"] for v in views if v["isolation"] == "none" and v["state"] != "undeployed"]
+        if unconfined:
+            print(
+                f"  unconfined (isolation none): {', '.join(unconfined)}; their handlers can read and write "
+                'every bucket and the metadata store: deploy with "isolation": "sandbox" to confine them'
+            )
         if leader is not None:
             print(
                 f"  leader: {leader['id']} (lease term {leader['term']}, expires in "

@@ -7,6 +7,7 @@ from typing import Any
 
 from eventing.control.leadership import running_services
 from eventing.core import counters as counter_names
+from eventing.core.definition import FunctionDefinition, effective_isolation
 from eventing.execution.timers import delay_percentile
 from eventing.storage.state import StateLike, as_state
 from metadata import FunctionRecord
@@ -255,6 +256,8 @@ def function_status(state: StateLike, name: str | None = None) -> dict[str, Any]
             view["running"] = bool(services) and r.state.value == "deployed"
             if r.state.value == "deployed" and not services:
                 view["hint"] = NO_SERVICE_HINT
+            # How its handler runs: "none" is unconfined (the worker's access to every bucket and the store).
+            view["isolation"] = effective_isolation(FunctionDefinition.from_dict(r.definition), r.deployed_by)
             views.append(view)
         leader = leader_view(store, services)
     standbys = [sid for sid in services if leader is None or sid != leader["id"]]

@@ -61,3 +61,27 @@ def test_no_seccomp_filter_means_no_sandbox(monkeypatch):
         "unavailable: sandboxed functions need a system call filter: this kernel has no seccomp filters "
         "(CONFIG_SECCOMP_FILTER)"
     )
+
+
+def test_status_names_the_functions_that_run_unconfined(data_dir, capsys):
+    from eventing.core.definition import FunctionDefinition
+    from eventing.storage.bucket import LocalBucket
+    from eventing.testing import deploy_function
+
+    LocalBucket.create(data_dir, "src")
+    handler = "def on_update(doc, meta):\n    pass\n"
+    for name, extra in (("fn_open", {}), ("fn_shut", {"isolation": "sandbox"}), ("fn_off", {})):
+        defn = FunctionDefinition.from_dict({"name": name, "source_bucket": "src", **extra})
+        deploy_function(data_dir, defn, handler)
+    assert main(["--data-dir", data_dir, "undeploy", "fn_off"]) == 0
+    capsys.readouterr()
+    lines = [line for line in _status(capsys, data_dir).splitlines() if "unconfined" in line]
+    assert (
+        len(lines) == 1 and "fn_open" in lines[0] and "fn_shut" not in lines[0] and "fn_off" not in lines[0]
+    )
+    views = json.loads(_status(capsys, data_dir, "--json"))["functions"]
+    assert {v["name"]: v["isolation"] for v in views} == {
+        "fn_open": "none",
+        "fn_shut": "sandbox",
+        "fn_off": "none",
+    }
