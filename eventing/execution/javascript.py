@@ -742,13 +742,12 @@ class JsOnUpdate(JsFunction):
     def batch(
         self, rows: list, docs: list, keyspace: dict, on_start: Any
     ) -> tuple[int, BaseException | None]:
-        """OnUpdate over a run of one vBucket's plain updates in one crossing, and OnDelete over its
-        deletions and expiries among them: `rows` are their log rows (Mutation's field order), `docs` the
-        updates' decoded documents (None for a deletion). Returns how many returned in order, and the
-        failure (JavaScriptError, HandlerTimeout, JavaScriptMemoryError) of the next one, or None when the
-        batch stopped at its time slice with the rest not started. `on_start(i)`: see JsHandler.batch."""
-        vb = rows[0][0]
-        ops = [r[3] for r in rows]
+        """OnUpdate (OnDelete for a deletion) over a run of one vBucket's plain mutations in one crossing:
+        `rows` are their log rows (Mutation's field order), `docs` their decoded documents (None: deleted).
+        Returns how many returned in order, and the failure (JavaScriptError, HandlerTimeout,
+        JavaScriptMemoryError) of the next one, or None when the batch stopped at its time slice with the
+        rest not started. `on_start(i)`: see JsHandler.batch."""
+        vb, ops = rows[0][0], [r[3] for r in rows]
         binary = any(type(d) is bytes for d in docs)
         if binary:  # see JsOnUpdate.__call__
             docs = [None if d is None else _js_doc(d)[0] for d in docs]
