@@ -44,6 +44,7 @@ from eventing.core.keyspaces import COLLECTION_MARK, vbucket_of_stored
 from eventing.core.mutation import OP_EXPIRE, OP_UPDATE
 from eventing.core.xattrs import NONE as NO_XATTRS
 from eventing.errors import InvalidKeyError
+from eventing.storage.postgres.groups import groups_for
 from eventing.storage.postgres.registry import BucketRef
 from eventing.storage.postgres.wake import WakeSender
 from eventing.storage.values import Changed, StoredDocument, Write
@@ -553,6 +554,17 @@ class LogWriter:
         self, writes: Iterable[Write], origin: str | None, arrival_ms: int | None
     ) -> list[tuple[int, int] | None]:
         items = items_of(writes)  # a transaction run again must see every write again
+        if arrival_ms is not None:
+            return self._write_items(items, origin, arrival_ms)
+        for item in items:
+            check_key(item[0])  # a key refused fails its own call only, not the group it would join
+        return groups_for(self.ref.db, self.ref.id, origin).run(
+            items, lambda group: self._write_items(group, origin, None)
+        )
+
+    def _write_items(
+        self, items: Sequence[Item], origin: str | None, arrival_ms: int | None
+    ) -> list[tuple[int, int] | None]:
         return self.run(
             lambda cur, written: self.log_in(cur, written, items, origin, arrival_ms), pipeline=True
         )
