@@ -1,10 +1,11 @@
 """The Data API's group-commit writer: the data directory's buckets opened once, and one request thread a
 bucket that answers the requests queued since its last turn and makes their writes in one transaction.
 
-On a state on a server (PostgreSQL) a bucket has SERVER_LANES request threads, each for the keys that hash
-to it: their transactions run at once (a bucket file takes one writer at a time; the server takes many, and
-commits that wait for the disk together share one flush), and the requests of one key still go through one
-thread in the order they came."""
+On a state on a server (PostgreSQL) a bucket may have SERVER_LANES request threads, each for the keys that
+hash to it: their transactions run at once, and the requests of one key still go through one thread in the
+order they came. One is best there too: a transaction costs the serving process and PostgreSQL about the
+same CPU whatever its size, so where the cores are the bound the largest groups give the most PUTs
+(docs/benchmarks.md, "The PostgreSQL store against the data directory")."""
 
 from __future__ import annotations
 
@@ -28,10 +29,11 @@ from eventing.storage.state import State
 from eventing.storage.values import Changed
 
 MAX_GROUP = 256  # document requests of one bucket answered in one turn (their writes: one transaction)
-# Request threads of a bucket on a server: a group commit waits for the server's disk flush (~2 ms on the
-# development machine) and its round trips, so one thread's turns bounded PUTs to ~1,500/s there; with
-# four, ~3,000/s (docs/benchmarks.md, "PostgreSQL store").
-SERVER_LANES = 4
+# Request threads of a bucket on a server. A group commit waits for the server's disk flush (~2 ms on the
+# development machine) and its round trips: when a transaction took five round trips, one thread's turns
+# bounded PUTs to ~1,500/s there. Pipelined (two), one thread's groups grow with the load instead: 16 clients
+# on two cores made ~4 PUTs a transaction and ~4,100 PUTs/s with one thread, 2,200-2,700/s with four.
+SERVER_LANES = 1
 
 
 class PlannedRequest(Protocol):

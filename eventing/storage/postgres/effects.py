@@ -46,9 +46,15 @@ class EffectApplier:
 
     # -- marks ----------------------------------------------------------------------------------------
 
+    # The marks of the vBuckets (a sorted array), then the bucket and the function: each found by the primary
+    # key and locked in the array's order. Not ``vb = ANY(array)``: before the table's statistics exist the
+    # planner took (bucket, function) for one row and scanned all of the function's marks (1,024, with their
+    # dead versions), keeping those asked for, ~0.7 ms a commit of effects at 1,000 writes/s
+    # (eventing.storage.postgres.writer.BY_KEYS does the same for documents).
     _SELECT_MARKS = (
-        "SELECT vb, epoch, seqno FROM bucket_effect_marks WHERE bucket = %s AND function = %s "
-        "AND vb = ANY(%b::int2[]) ORDER BY vb FOR UPDATE"
+        "SELECT m.vb, m.epoch, m.seqno FROM unnest(%b::int2[]) AS k(vb) CROSS JOIN LATERAL "
+        "(SELECT vb, epoch, seqno FROM bucket_effect_marks WHERE bucket = %s AND function = %s AND vb = k.vb "
+        "FOR UPDATE) m"
     )
 
     def _lock_marks(self, cur: Cursor, function: str, vbs: Iterable[int]) -> Marks:
@@ -58,7 +64,7 @@ class EffectApplier:
 
     def _send_lock_marks(self, cur: Cursor, function: str, vbs: Iterable[int]) -> tuple[list[int], object]:
         wanted = sorted(set(vbs))
-        return wanted, send(cur, self._SELECT_MARKS, (self.ref.id, function, wanted)) if wanted else None
+        return wanted, send(cur, self._SELECT_MARKS, (wanted, self.ref.id, function)) if wanted else None
 
     def _marks_of(self, cur: Cursor, function: str, sent: tuple[list[int], object]) -> Marks:
         wanted, answer = sent
@@ -82,7 +88,7 @@ class EffectApplier:
                 found.update(
                     {
                         vb: (epoch, seqno)
-                        for vb, epoch, seqno in cur.execute(select, (self.ref.id, function, raced)).fetchall()
+                        for vb, epoch, seqno in cur.execute(select, (raced, self.ref.id, function)).fetchall()
                     }
                 )
         return found
@@ -147,11 +153,7 @@ class EffectApplier:
         return self.writer.run(body)
 
     def _lock_marks_present(self, cur: Cursor, function: str, vbs: Iterable[int]) -> Marks:
-        rows = cur.execute(
-            "SELECT vb, epoch, seqno FROM bucket_effect_marks WHERE bucket = %s AND function = %s "
-            "AND vb = ANY(%b::int2[]) ORDER BY vb FOR UPDATE",
-            (self.ref.id, function, sorted(set(vbs))),
-        ).fetchall()
+        rows = cur.execute(self._SELECT_MARKS, (sorted(set(vbs)), self.ref.id, function)).fetchall()
         return {vb: (epoch, seqno) for vb, epoch, seqno in rows}
 
     def drop_effect_marks(self, function: str) -> None:

@@ -60,8 +60,20 @@ def _matching_sql(prefilter: Prefilter, origin: str) -> tuple[str, tuple]:
 
 @functools.lru_cache(maxsize=64)
 def _spans_sql(count: int) -> str:
+    """The high seqnos of the vBuckets in ``count`` spans (the bucket's id, then each span's first and last
+    vBucket): one row of two arrays, the vBuckets and their seqnos (a worker's look read 256 rows of two
+    numbers each time; as two values the client loads them in one go). NULLs where no row matched."""
     ranges = " OR ".join(["vb BETWEEN %s AND %s"] * count)
-    return f"SELECT vb, seqno FROM bucket_high WHERE bucket = %s AND ({ranges})"
+    return f"SELECT array_agg(vb), array_agg(seqno) FROM bucket_high WHERE bucket = %s AND ({ranges})"
+
+
+def spans_highs(row: tuple | None) -> list[int]:
+    """``_spans_sql``'s answer as high seqnos (index = vBucket; 0 for the vBuckets it did not name)."""
+    highs = [0] * NUM_VBUCKETS
+    if row is not None and row[0] is not None:
+        for vb, seqno in zip(row[0], row[1], strict=True):
+            highs[vb] = seqno
+    return highs
 
 
 class LogReader:
@@ -105,13 +117,11 @@ class LogReader:
             if got is None:
                 raise self.ref.gone()
             return list(got)
-        highs = [0] * NUM_VBUCKETS
-        if spans:
-            for vb, seqno in self.rows(
-                _spans_sql(len(spans)), (self.ref.id, *(v for span in spans for v in span))
-            ):
-                highs[vb] = seqno
-        return highs
+        if not spans:
+            return [0] * NUM_VBUCKETS
+        return spans_highs(
+            self.one(_spans_sql(len(spans)), (self.ref.id, *(v for span in spans for v in span)))
+        )
 
     # -- a vBucket's entries --------------------------------------------------------------------------
 

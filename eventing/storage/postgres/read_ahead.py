@@ -24,11 +24,11 @@ from itertools import groupby
 from operator import itemgetter
 from typing import Any
 
-from eventing.storage.postgres.log_reader import _spans_sql
+from eventing.storage.postgres.log_reader import _spans_sql, spans_highs
 from eventing.storage.postgres.registry import BucketRef
 from eventing.storage.postgres.schema import LOG_COLUMNS
 from eventing.storage.values import Spans
-from sharding import NUM_VBUCKETS, vbucket_spans
+from sharding import vbucket_spans
 
 # Rows held read ahead per worker at most (about 200 bytes each for small documents); a look reads more only
 # once fewer than half are left, so a worker that is behind reads in statements of thousands of rows.
@@ -101,7 +101,7 @@ class ReadAhead:
         spans = self._spans[1]
         bucket = self.ref.id
 
-        def fetch(conn: Any) -> tuple[list[tuple], list[tuple]]:
+        def fetch(conn: Any) -> tuple[tuple | None, list[tuple]]:
             with conn.pipeline():
                 highs = conn.cursor(binary=True)
                 if spans:
@@ -125,13 +125,10 @@ class ReadAhead:
                         ),
                         prepare=True,
                     )
-                return (highs.fetchall() if spans else []), (rows.fetchall() if runs else [])
+                return (highs.fetchone() if spans else None), (rows.fetchall() if runs else [])
 
-        high_rows, rows = self.ref.db.run(fetch)
-        highs = [0] * NUM_VBUCKETS
-        for vb, seqno in high_rows:
-            highs[vb] = seqno
-        self.highs = highs
+        high_row, rows = self.ref.db.run(fetch)
+        self.highs = spans_highs(high_row)
         if runs:
             self.looks += 1
             self._keep(runs, rows)

@@ -28,7 +28,9 @@ The lookups of several keys are one primary key lookup per key (``BY_KEYS``: eac
 row), not ``key = ANY(array)``: before the table's statistics exist (a new bucket, until autovacuum
 analyzes it) the planner takes ``bucket = $1`` for a rare value and chose to scan the bucket's whole part of
 the index, keeping the keys asked for, which cost 1-2 ms a lookup after a few thousand documents
-(docs/benchmarks.md, "PostgreSQL store").
+(docs/benchmarks.md, "PostgreSQL store"). Likewise the high seqnos a batch moves are found through the index
+by the batch's vBuckets (``vb = ANY`` beside the join): joined to the rows alone, the planner read all of the
+bucket's 1,024 high seqnos (and their dead versions) into a hash, ~0.4 ms a write of a few rows.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from eventing.core.keyspaces import COLLECTION_MARK, vbucket_of_stored
 from eventing.core.mutation import OP_EXPIRE, OP_UPDATE
 from eventing.core.xattrs import NONE as NO_XATTRS
 from eventing.errors import InvalidKeyError
+from eventing.storage.postgres.groups import groups_for
 from eventing.storage.postgres.registry import BucketRef
 from eventing.storage.postgres.wake import WakeSender
 from eventing.storage.values import Changed, StoredDocument, Write
@@ -73,7 +76,7 @@ WITH l AS (
 )
 UPDATE bucket_high h SET seqno = m.seqno, arrival_ms = m.arrival_ms
 FROM (SELECT vb, max(seqno) AS seqno, max(arrival_ms) AS arrival_ms FROM l GROUP BY vb) m
-WHERE h.bucket = %(bucket)s AND h.vb = m.vb
+WHERE h.bucket = %(bucket)s AND h.vb = ANY(%(vb)b::int2[]) AND h.vb = m.vb
 """  # noqa: E501
 
 
@@ -115,7 +118,8 @@ WITH u AS (
         deleted = excluded.deleted, doc = excluded.doc, expiry = excluded.expiry, flags = excluded.flags,
         xattrs = NULL
 )
-UPDATE bucket_high h SET seqno = u.last_seqno, arrival_ms = u.arrival_ms FROM u WHERE h.bucket = %(bucket)s AND h.vb = u.vb
+UPDATE bucket_high h SET seqno = u.last_seqno, arrival_ms = u.arrival_ms FROM u
+WHERE h.bucket = %(bucket)s AND h.vb = ANY(%(vb)b::int2[]) AND h.vb = u.vb
 """  # noqa: E501
 
 
@@ -553,6 +557,17 @@ class LogWriter:
         self, writes: Iterable[Write], origin: str | None, arrival_ms: int | None
     ) -> list[tuple[int, int] | None]:
         items = items_of(writes)  # a transaction run again must see every write again
+        if arrival_ms is not None:
+            return self._write_items(items, origin, arrival_ms)
+        for item in items:
+            check_key(item[0])  # a key refused fails its own call only, not the group it would join
+        return groups_for(self.ref.db, self.ref.id, origin).run(
+            items, lambda group: self._write_items(group, origin, None)
+        )
+
+    def _write_items(
+        self, items: Sequence[Item], origin: str | None, arrival_ms: int | None
+    ) -> list[tuple[int, int] | None]:
         return self.run(
             lambda cur, written: self.log_in(cur, written, items, origin, arrival_ms), pipeline=True
         )
