@@ -25,6 +25,7 @@ import json
 import os
 import sys
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -58,7 +59,8 @@ class Split:
         self.rpcs: collections.Counter[str] = collections.Counter()
         self.children: dict[int, float] = {}  # pid: its CPU seconds when last seen alive
         self.in_step = False
-        self.step_answer_s = 0.0  # the host answering requests made during steps
+        self.step_answer_s = 0.0  # the host answering requests made during steps, on its line's thread
+        self.beside_s = 0.0  # the host applying effects handed over, on its writer thread (the child goes on)
         self.step_host_cpu_s = self.step_child_cpu_s = 0.0  # CPU of either side while a step ran
         split = self
         rpc, answer = sandbox._Sandboxed._rpc, sandbox._Sandboxed._answer
@@ -98,7 +100,9 @@ class Split:
             finally:
                 split.answer_s[kind] += time.perf_counter() - t0
                 split.answers[kind] += 1
-                if split.in_step:
+                if threading.current_thread().name.startswith("sandbox-effects"):
+                    split.beside_s += time.perf_counter() - t0
+                elif split.in_step:
                     split.step_answer_s += time.perf_counter() - t0
 
         sandbox._Sandboxed._rpc = timed_rpc  # type: ignore[method-assign]
@@ -188,6 +192,7 @@ def run(data_dir: str, args: argparse.Namespace, handler: str, isolation: str, s
         out["host_answering_s"] = round(sum(split.answer_s.values()), 3)
         out["steps_s"] = round(split.rpc_s["step"], 3)
         out["steps_host_answering_s"] = round(split.step_answer_s, 3)
+        out["host_applying_beside_s"] = round(split.beside_s, 3)
         out["steps_host_cpu_s"] = round(split.step_host_cpu_s, 3)
         out["steps_child_cpu_s"] = round(split.step_child_cpu_s, 3)
         out["answers"] = {
@@ -265,6 +270,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{boxed['steps_child_cpu_s']:.2f}s): host answering the child's requests "
             f"{boxed['steps_host_answering_s']:.2f}s, the child's own work and the line {child_side:.2f}s; "
             f"starting and ending children {boxed['in_calls_to_child_s'] - boxed['steps_s']:.2f}s"
+        )
+        print(
+            "  the host applying effects handed over, beside the child: "
+            f"{boxed['host_applying_beside_s']:.2f}s"
         )
         for kind, (count, seconds) in boxed["answers"].items():
             print(

@@ -19,12 +19,11 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from eventing.core import counters as counter_names
 from eventing.core import filters
 from eventing.core.definition import FunctionDefinition
-from eventing.core.mutation import OP_TIMER, Mutation
 from eventing.errors import FencedError, StoreError
 from eventing.execution.bindings import BucketBinding, learn_partition_marks
 from eventing.execution.runner import HandlerRunner
@@ -36,6 +35,7 @@ from eventing.workers import batch_calls, concurrent_calls
 from eventing.workers.collections import SourceCollections
 from eventing.workers.crash_guard import CrashGuard, open_notes_file
 from eventing.workers.handling import MutationHandler
+from eventing.workers.handover import count_applied
 from eventing.workers.hang_guard import HangGuard
 from eventing.workers.progress import WorkerProgress
 from eventing.workers.source_reads import SourceReader
@@ -153,6 +153,7 @@ class WorkerCore:
         self.marked = defn.delivery == "exactly_once"
         self._fenced_aside: set[int] = set()  # what a flush of set-aside writes fenced (flush_set_aside)
         self._deferred: Checkpoint | None = None  # a checkpoint defer_end took, written after its writes
+        self.handover: Any = None  # a sandboxed core's writes applied beside its next batch (handover.py)
         # Positions, checkpoints, epochs, counters, dead letters, letters and fired timers: what the parts
         # share and the checkpoint takes (eventing.workers.progress).
         self.progress = progress = WorkerProgress(self.name, spec.generation, self.source.name)
@@ -289,6 +290,8 @@ class WorkerCore:
         vbs = list(vbuckets)
         if not vbs:
             return
+        if self.handover is not None:
+            self.flush_effects()  # the marks read below are after the writes in flight
         progress = self.progress
         # A bucket whose effect marks hold a higher epoch than the store (the store was restored from a
         # backup) would reject every effect of this claim as a zombie's: claim above its marks instead.
@@ -471,7 +474,7 @@ class WorkerCore:
             # would otherwise wait for all of them.
             pending = self._pending_effects(set_aside=False)
             if pending >= EFFECT_FLUSH_MIN or (pending and waiter is not None and batch < budget):
-                fenced |= self.flush_effects()
+                fenced |= self.flush_effects() if self.handover is None else self._hand_over()
             handled += batch
             behind_on = work if batch >= budget else None
             if fenced or time.monotonic() >= slice_ends:
@@ -481,7 +484,10 @@ class WorkerCore:
         # A pool of calls still behind (its last batch was full) leaves the step's flush and checkpoint to its
         # next batch, which writes them while its calls run (defer_end); otherwise they happen here.
         behind = self.calls is not None and batch >= budget and not fenced
-        if not behind:
+        handing = self.handover is not None and batch >= budget and not fenced  # applied beside the next
+        if handing:
+            fenced |= self._hand_over()
+        elif not behind:
             fenced |= self.flush_effects()
         fired = self.timer_firing.fire_timers() if epochs else 0
         if fired:
@@ -500,7 +506,7 @@ class WorkerCore:
             self.defer_end(commit_due)
         elif commit_due:
             fenced |= self.commit()
-        elif behind:
+        elif behind or (handing and not backlog):  # caught up: its writes are durable when it says so
             fenced |= self.flush_effects()
         if remote and handled and not backlog and not fenced:
             # Caught up with what it read: the next step's rows are read while this one's report travels.
@@ -541,6 +547,8 @@ class WorkerCore:
     def flush_effects(self) -> set[int]:
         """Apply buffered binding writes to their buckets (deduplicated by source seqno, fenced by epoch)."""
         try:
+            if self.handover is not None:
+                self.handover.settle()  # the writes handed over first
             # Writes set aside first, with the checkpoint a step left (a pool's: defer_end), then the rest.
             self.flush_set_aside()
             for binding in self.rw_bindings:
@@ -647,36 +655,11 @@ class WorkerCore:
 
     def _apply(self, binding: BucketBinding, groups: list[EffectGroup]) -> set[int]:
         result = binding.bucket.apply_effects(self.name, groups, origin=self.origin, marks=self.marked)
-        counters = self.progress.counters
-        counters[counter_names.EFFECTS_APPLIED] += result.applied
-        counters[counter_names.EFFECTS_DUPLICATE] += result.duplicates
-        counters[counter_names.EFFECTS_FENCED] += result.fenced_writes
-        if result.conflicts:
-            self._cas_conflicts(binding.bucket.name, result.conflicts)
-        return result.fenced_vbs
+        return count_applied(self.progress, self.source, binding.bucket.name, result)
 
-    def _cas_conflicts(self, bucket: str, sources: list[tuple[int, int]]) -> None:
-        """Calls whose cas condition failed when their writes were applied (another writer changed the
-        document after the read): their writes to `bucket` were dropped; they become dead letters."""
-        for vb, seqno in sources:
-            self.progress.counters["bkt_ops_cas_mismatch_count"] += 1
-            if vb >= TIMER_VB_BASE:
-                m = Mutation(vb, seqno, "", OP_TIMER, 0, None, None, 0, 0)
-            else:
-                found = self.source.read_vb(vb, seqno - 1, 1)
-                m = (
-                    found[0]
-                    if found and found[0].seqno == seqno
-                    else Mutation(vb, seqno, "", 0, 0, None, None, 0, 0)
-                )
-            self.progress.dead_letter(
-                m,
-                "cas_mismatch",
-                f"a write to bucket '{bucket}' found the document changed since the handler read it (cas); "
-                "the call's writes to that bucket were not applied; replay the dead letter to run it again",
-                "",
-                1,
-            )
+    def _hand_over(self) -> set[int]:
+        self.handover.hand_over()
+        return self.forget_fenced_aside()
 
     def rewind(self) -> None:
         """A flush failed (disk full, a damaged bucket): the writes it took are gone from memory. Forget
@@ -776,6 +759,8 @@ class WorkerCore:
 
     def close(self) -> None:
         self._closed = True
+        if self.handover is not None:
+            self.handover.close()
         self.hang_guard.close()  # ends its thread: a pooled worker process outlives its cores
         if self.calls is not None:
             self.calls.close()  # ends the pool's threads

@@ -1,5 +1,6 @@
-"""A batch's effects cross processes (a sandbox's line, Ray) with their writes as plain tuples
-(EffectGroup.__reduce__): they arrive equal, as Write objects, and a write of the wrong shape is refused."""
+"""A batch's effects cross processes (a sandbox's line, Ray) with their writes packed as one msgpack array, or
+as plain tuples where msgpack cannot carry a value (EffectGroup.__reduce__): they arrive equal, as Write
+objects, and a write of the wrong shape is refused."""
 
 from __future__ import annotations
 
@@ -28,6 +29,24 @@ def test_effect_groups_arrive_equal_with_their_writes_as_write_objects():
         assert arrived == group
         assert all(type(w) is Write for _, w in arrived.writes)
         assert arrived.writes[2][1].delta == 5 and arrived.writes[0][1].cas == 123
+
+
+def test_writes_cross_packed_and_a_key_msgpack_cannot_carry_crosses_as_tuples():
+    group = _group()
+    assert type(group.__reduce__()[1][2]) is bytes  # packed: one msgpack array
+    odd = EffectGroup(4, 1, [(2, Write("\udc80", OP_UPDATE, b"\x80"))])  # a lone surrogate: no UTF-8
+    assert type(odd.__reduce__()[1][2]) is list
+    for sent in (group, odd):
+        arrived = _values(pickle.dumps(sent, 5))
+        assert arrived == sent and all(type(w) is Write for _, w in arrived.writes)
+
+
+def test_packed_writes_of_the_wrong_shape_are_refused():
+    import msgpack
+
+    for packed, shape in (([[1, "k", OP_UPDATE]], "arrays of a source seqno"), ({"k": 1}, "arrays of")):
+        with pytest.raises(TypeError, match=shape):
+            EffectGroup(0, 0, msgpack.packb(packed))
 
 
 def test_a_write_of_the_wrong_shape_is_refused():

@@ -247,6 +247,10 @@ def _child(fd: int, policy: dict) -> None:
                 function, spec = args
                 spec = replace(spec, data_service=_LineRef(line, spec.location))
                 core = WorkerCore(spec, recycle_on_hang=True, notes_fd=policy.get("notes_fd"))
+                if core.calls is None:  # a pool applies its writes beside its calls already
+                    from eventing.workers.handover import HandOver
+
+                    core.handover = HandOver(core)  # the host applies its writes beside its next batch
                 import numpy  # noqa: F401 - the read ahead's decoding (rows_of_columns): at start, not in a step
 
                 result: tuple = (True, os.getpid())

@@ -177,6 +177,7 @@ class _Sandboxed:
         self.service = service
         self._send_lock = threading.Lock()
         self._curl_pool: Any = None
+        self._writer_pool: Any = None  # applies the child's effects, in the order they came (_writer)
         self._concurrency = max(1, int(getattr(defn, "concurrency", 1) or 1))
         self._ended = False
         self._rmtree = shutil.rmtree
@@ -268,6 +269,10 @@ class _Sandboxed:
                 if ok == "curl":  # a request of a URL binding with credentials: on a thread, others go on
                     self._curl_threads().submit(self._answer_later, ident, ok, value)
                     continue
+                if ok == "bucket" and isinstance(value, tuple) and value[1:2] == ("apply_effects",):
+                    # Writes handed over (eventing.workers.handover): applied while the child goes on.
+                    self._writer().submit(self._answer_later, ident, ok, value)
+                    continue
                 self._answer(ident, ok, value)
         except (EOFError, OSError, pickle.UnpicklingError) as exc:
             self._end()
@@ -302,12 +307,23 @@ class _Sandboxed:
             )
         return self._curl_pool
 
+    def _writer(self) -> Any:
+        """One thread that applies the child's effects, one request after the other: the child hands its
+        writes over and handles its next batch meanwhile; it waits for them before any checkpoint."""
+        if self._writer_pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._writer_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sandbox-effects")
+        return self._writer_pool
+
     def _end(self) -> None:
         if self._ended:
             return
         self._ended = True
         if self._curl_pool is not None:
             self._curl_pool.shutdown(wait=False, cancel_futures=True)
+        if self._writer_pool is not None:  # effects not started are dropped (no checkpoint covers them)
+            self._writer_pool.shutdown(wait=True, cancel_futures=True)
         try:
             self.sock.close()
         finally:

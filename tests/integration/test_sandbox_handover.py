@@ -1,0 +1,97 @@
+"""A sandboxed worker hands its writes over to its host and goes on with its next batch while the host
+applies them (eventing.workers.handover). Whatever happens to a hand-over while the child has gone on (the
+host applies it and the child is killed before it hears so, the child is killed before anything is
+applied, or applying fails), every mutation's effect is in the ledger exactly once and each document's
+history is in seqno order (read-your-writes across the hand-over): counted by check_ledger."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from eventing.errors import StoreError
+from eventing.storage.bucket import LocalBucket
+from eventing.testing import LEDGER_HANDLER, check_ledger, deploy_function, ledger_definition, load_source
+from eventing.workers.sandbox import host
+from eventing.workers.sandbox.landlock import sandbox_unavailable
+from eventing.workers.worker import WorkerSpec
+from eventing.workers.worker_died import WorkerDied
+from metadata.factory import open_store
+from sharding import NUM_VBUCKETS
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(sandbox_unavailable() is not None, reason=str(sandbox_unavailable())),
+]
+
+MUTATIONS = 2000
+CAUGHT = 3  # the hand-over acted on: the third
+
+
+@pytest.mark.parametrize("fate", ["applied_then_killed", "killed_before_applied", "failed"])
+def test_writes_handed_over_are_applied_once_whatever_happens_meanwhile(data_dir, monkeypatch, fate):
+    source = load_source(data_dir, 200, MUTATIONS, chunk=5000, seed=3)
+    deploy_function(
+        data_dir,
+        ledger_definition("fn_h", "src", "ledger", workers=1, batch_size=100, isolation="sandbox"),
+        LEDGER_HANDLER,
+    )
+    generation = open_store(data_dir).get_function("fn_h").generation
+    spec = WorkerSpec(data_dir, "fn_h", generation, "local/w0", tuple(range(NUM_VBUCKETS)))
+
+    handed, acted = [], []
+    next_call = threading.Event()  # the host called the child again: it went on past its hand-over
+    answer_later, send = host._Sandboxed._answer_later, host._Sandboxed._send
+
+    def watched_send(self, message):
+        if message[0] == "call" and handed and not acted:
+            next_call.set()
+        send(self, message)
+
+    def intercepted(self, ident, method, args):
+        if not threading.current_thread().name.startswith("sandbox-effects"):
+            return answer_later(self, ident, method, args)
+        handed.append(ident)
+        if len(handed) != CAUGHT:
+            return answer_later(self, ident, method, args)
+        assert next_call.wait(60), "the child did not go on while its writes were being applied"
+        acted.append(fate)
+        if fate == "applied_then_killed":
+            self.service.call(method, *args)  # in the bucket, with its marks; the child never hears so
+            self.proc.kill()
+        elif fate == "killed_before_applied":
+            self.proc.kill()
+        else:
+            self._send(("ans", ident, False, ("StoreError", "the disk is full (a test's failure)")))
+
+    monkeypatch.setattr(host._Sandboxed, "_answer_later", intercepted)
+    monkeypatch.setattr(host._Sandboxed, "_send", watched_send)
+
+    core = host.SandboxedCore(spec)
+    store = open_store(data_dir)
+    died = failed = steps = 0
+    try:
+        while True:
+            steps += 1
+            assert steps < 500, "the worker did not catch up"
+            try:
+                if core.step(100).caught_up:
+                    break
+            except WorkerDied:
+                died += 1
+                core.close()
+                core = host.SandboxedCore(spec)  # claims again, resumes after its last checkpoint
+            except StoreError as exc:
+                assert "disk is full" in str(exc)
+                failed += 1  # the child rewound to its checkpoint: the same core goes on
+    finally:
+        core.stop()
+
+    assert acted == [fate] and len(handed) > CAUGHT
+    assert (died, failed) == ((0, 1) if fate == "failed" else (1, 0))
+    report = check_ledger(source, LocalBucket.open(data_dir, "ledger"))
+    assert report.ok and report.handled == MUTATIONS, report.summary()
+    counters = store.counters("fn_h")
+    if fate == "applied_then_killed":
+        assert counters["effects_duplicate"] > 0  # applied before the kill, recognised and skipped after it
