@@ -243,8 +243,9 @@ class WindowRowWriter:
         substream = () if layout.substream_field is None else (layout.substream_field,)
         self._fields = (*layout.group_by, *substream, *layout.numeric_fields, *layout.counted_fields)
         self._decode, self._time_of, self._value_of = self._field_decoder()
-        # Arrow chunks of rows in buffer order (add_packed's, and add()'s once sealed), then add()'s lists.
-        self._chunks: list[pa.Table] = []
+        # Rows in buffer order: add_packed's runs (_Run, made into one Arrow table per flush) and Arrow chunks
+        # of add()'s rows once sealed; then add()'s lists.
+        self._chunks: list[pa.Table | _Run] = []
         self._chunk_rows = 0
         self._clear()
 
@@ -376,8 +377,8 @@ class WindowRowWriter:
             updates = np.ones(len(seqnos), bool)
             updates[np.array(batch.other_seqnos, np.int64) - (batch.after_seqno + 1)] = False
             seqnos = seqnos[updates]
-        chunk = self._rows_table(
-            np.full(n, batch.vb, np.int32),
+        run = _Run(
+            batch.vb,
             seqnos,
             keys,
             event_ms,
@@ -389,10 +390,10 @@ class WindowRowWriter:
         # a failed write left full takes one row per retry, as in add()).
         start = 0
         while start < n:
-            piece = chunk.slice(start, max(1, MAX_BUFFERED_ROWS - len(self)))
+            piece = run.slice(start, max(1, MAX_BUFFERED_ROWS - len(self)))
             self._chunks.append(piece)
-            self._chunk_rows += piece.num_rows
-            start += piece.num_rows
+            self._chunk_rows += len(piece)
+            start += len(piece)
             if len(self) >= MAX_BUFFERED_ROWS:
                 self.flush()
         return True
@@ -474,13 +475,72 @@ class WindowRowWriter:
 
         self._seal()
         # One record batch per file: the coordinator's compute then runs over whole columns, not over
-        # hundreds of small chunks (one per vBucket run).
-        table = pa.concat_tables(self._chunks).combine_chunks()
+        # hundreds of small chunks (one per vBucket run). Consecutive runs become one table at once.
+        tables: list[pa.Table] = []
+        runs: list[_Run] = []
+        for chunk in [*self._chunks, None]:
+            if isinstance(chunk, _Run):
+                runs.append(chunk)
+                continue
+            if runs:
+                tables.append(self._rows_table(*_Run.joined(runs)))
+                runs = []
+            if chunk is not None:
+                tables.append(chunk)
+        table = tables[0] if len(tables) == 1 else pa.concat_tables(tables).combine_chunks()
         name = write_row_file(self.area, INCOMING, f"{self.prefix}-{self.files_written:09d}", table)
         self.files_written += 1
         self.counters["window_rows_written"] += rows
         self._chunks, self._chunk_rows = [], 0
         return self.area.local_path(name) or Path(name)
+
+
+@dataclass(frozen=True)
+class _Run:
+    """Rows of one vBucket's bulk read (add_packed), as read: numpy columns, the keys as an Arrow array and
+    the value fields as lists. A flush makes the runs it writes into one Arrow table."""
+
+    vb: int
+    seqnos: Any
+    keys: pa.Array
+    event_ms: Any
+    arrival_ms: Any
+    values: list[list[Any]]
+
+    def __len__(self) -> int:
+        return len(self.seqnos)
+
+    def slice(self, start: int, length: int) -> _Run:
+        if start == 0 and length >= len(self):
+            return self
+        end = start + length
+        return _Run(
+            self.vb,
+            self.seqnos[start:end],
+            self.keys.slice(start, length),
+            self.event_ms[start:end],
+            self.arrival_ms[start:end],
+            [column[start:end] for column in self.values],
+        )
+
+    @staticmethod
+    def joined(runs: list[_Run]) -> tuple[Any, ...]:
+        """The columns of consecutive runs, end to end (``_rows_table``'s arguments)."""
+        import numpy as np
+        import pyarrow as pa
+
+        values: list[list[Any]] = [[] for _ in runs[0].values]
+        for run in runs:
+            for column, part in zip(values, run.values, strict=True):
+                column += part
+        return (
+            np.repeat(np.array([r.vb for r in runs], np.int32), [len(r) for r in runs]),
+            np.concatenate([r.seqnos for r in runs]),
+            pa.concat_arrays([r.keys for r in runs]),
+            np.concatenate([r.event_ms for r in runs]),
+            np.concatenate([r.arrival_ms for r in runs]),
+            values,
+        )
 
 
 def arrival_times(batch: PackedUpdates) -> Any:
