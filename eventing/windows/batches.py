@@ -29,7 +29,7 @@ import zlib
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
 import pyarrow as pa
@@ -170,15 +170,16 @@ def string_column(values: list[str | None]) -> pa.Array:
     """Strings and Nones as a string array (None: null): joined and encoded in one go, the offsets from
     their lengths (in characters where the text is ASCII, else each one encoded)."""
     valid = None
+    strings = cast("list[str]", values)
     if None in values:
         valid = np.array(values, dtype=object) != None  # noqa: E711 - elementwise
-        values = ["" if v is None else v for v in values]
-    text = "".join(values)
+        strings = ["" if v is None else v for v in values]
+    text = "".join(strings)
     if text.isascii():
         data = text.encode()
-        lengths = np.fromiter(map(len, values), np.int64, len(values))
+        lengths = np.fromiter(map(len, strings), np.int64, len(strings))
     else:
-        encoded = [v.encode() for v in values]
+        encoded = [v.encode() for v in strings]
         data = b"".join(encoded)
         lengths = np.fromiter(map(len, encoded), np.int64, len(encoded))
     if len(data) > np.iinfo(np.int32).max:

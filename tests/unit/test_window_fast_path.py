@@ -470,3 +470,34 @@ assert [(r["key"], r["country"], r["amount"]) for r in rows] == [
 
     done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        [],
+        ["KR"] * 3,
+        ["KR", None, "", "a\0b", None],
+        ["ключ", "𝄞", None, "k\u00e9y", "plain"],
+        [None, None],
+    ],
+)
+def test_string_columns_built_from_buffers_equal_pyarrows(values):
+    import pyarrow as pa
+
+    from eventing.windows.batches import string_column
+
+    built = string_column(list(values))
+    built.validate(full=True)
+    assert built.equals(pa.array(values, pa.string()))
+
+
+@pytest.mark.parametrize("values", [[], [1.5, -2.0], [None, 0.0, None, 3.25], [None]])
+def test_float_columns_built_from_buffers_equal_pyarrows(values):
+    import pyarrow as pa
+
+    from eventing.windows.batches import float_column
+
+    built = float_column(list(values))
+    built.validate(full=True)
+    assert built.equals(pa.array(values, pa.float64()))
