@@ -33,8 +33,6 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from eventing.errors import StoreCorruptError, StoreError
 from metadata.sqlite_io import private_folder
@@ -227,7 +225,9 @@ def _checked_rows(table: pa.Table) -> pa.Table:
             )
     base = [f.name for f in _BASE_FIELDS]
     table = table.select([*base, *(name for name in table.schema.names if name not in _BASE_NAMES)])
-    return table.cast(pa.schema([*_BASE_FIELDS, *list(table.schema)[len(_BASE_FIELDS) :]]))
+    checked = pa.schema([*_BASE_FIELDS, *list(table.schema)[len(_BASE_FIELDS) :]])
+    # A table built on the row schema (a worker's) is already checked: no cast, no pyarrow.compute import.
+    return table if table.schema.equals(checked) else table.cast(checked)
 
 
 def batch_file_name(batch_name: str, suffix: str = ".parquet") -> str:
@@ -252,6 +252,8 @@ def _fsync_dir(directory: Path) -> None:
 def atomic_write_parquet(table: pa.Table, path: Path, *, overwrite: bool) -> bool:
     """Write ``table`` as Parquet to ``path`` so that readers see the whole file or nothing
     (``atomic_write``)."""
+    import pyarrow.parquet as pq
+
     return atomic_write(path, lambda tmp: pq.write_table(table, tmp), overwrite=overwrite)
 
 
@@ -387,6 +389,8 @@ def read_row_batch(path: str | os.PathLike[str]) -> pa.Table:
 
     A file that is cut short, overwritten or fails its checksum raises StoreCorruptError naming it and the
     way out; a missing file raises FileNotFoundError."""
+    import pyarrow.parquet as pq
+
     try:
         if os.fspath(path).endswith(ROW_SPOOL_SUFFIX):
             # Mapped, not copied. The map lives as long as the table's buffers do.
@@ -401,6 +405,8 @@ def read_row_batch(path: str | os.PathLike[str]) -> pa.Table:
 def read_row_file(area: FileArea, name: str, *, function: str | None = None) -> pa.Table:
     """``read_row_batch`` of the file ``name`` of a file area: memory-mapped where the area is a folder of
     this machine, else its bytes read whole. ``function`` names the function in a damaged file's message."""
+    import pyarrow.parquet as pq
+
     local = area.local_path(name)
     if local is not None:
         return read_row_batch(local)
@@ -434,6 +440,8 @@ def write_row_file(area: FileArea, folder: str, batch_name: str, table: pa.Table
 
 def write_parquet_file(area: FileArea, name: str, table: pa.Table) -> None:
     """``table`` as the Parquet file ``name`` of a file area, written whole and durably."""
+    import pyarrow.parquet as pq
+
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink)
     area.write(name, memoryview(sink.getvalue()))
@@ -498,6 +506,8 @@ def result_group_by(schema: pa.Schema) -> list[str]:
 
 def sort_results(table: pa.Table) -> pa.Table:
     """Order results by window, then group values (a null group value sorts after every string)."""
+    import pyarrow.compute as pc
+
     keys = [(WINDOW_START, "ascending"), (WINDOW_END, "ascending")]
     keys += [(name, "ascending") for name in result_group_by(table.schema)]
     return table.take(pc.sort_indices(table, sort_keys=keys))
