@@ -461,7 +461,7 @@ docs = [encode_document({{"ts": {T0} + i, "country": None if i else "KR", "amoun
 assert writer.add_packed(PackedUpdates(2, 0, 3, [], 3, b"b\\0c\\0d", b"".join(docs)))
 path = writer.flush()
 imported = [m for m in ("pandas", "pyarrow.compute", "pyarrow.parquet") if m in sys.modules]
-assert not imported, f"a worker's rows imported {imported}"
+assert not imported, f"a worker's rows imported {{imported}}"
 rows = read_row_batch(path).to_pylist()
 assert [(r["key"], r["country"], r["amount"]) for r in rows] == [
     ("a", "3", 2.0), ("b", "KR", 0.0), ("c", None, 1.0), ("d", None, 2.0)
