@@ -103,8 +103,9 @@ class StepReport:
 STEP_SLICE_S = 0.1
 EFFECT_FLUSH_MIN = 8000  # binding writes buffered before a flush within a step (every step ends with one)
 LOOK_AHEAD_PER_VB = 4000  # rows of one vBucket a look reads ahead at most (see WorkerCore._look)
-# A window-only function's batch at least: no handler runs, so a batch only bounds a read; each costs a
-# pass over the vBuckets with work (~1 ms), and a small one cuts a vBucket's run into several reads.
+# A window-only function's batch at least (no handler runs; each read still takes at most batch_size
+# entries): each batch costs a pass over the vBuckets with work (~1 ms), and a batch of batch_size would
+# cut a vBucket's run into several reads.
 WINDOW_ONLY_BATCH = 20_000
 
 
@@ -215,6 +216,7 @@ class WorkerCore:
             reads_ahead=self._reads_ahead,
             prefilter=prefilter,
         )
+        reader.window_read = defn.batch_size
         self.timer_firing = TimerFiring(
             progress,
             self.store,
