@@ -29,12 +29,10 @@ import zlib
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from eventing.errors import StoreCorruptError, StoreError
 from metadata.sqlite_io import private_folder
@@ -126,7 +124,7 @@ def build_row_batch(
     ]
     for field in list(schema)[len(_BASE_FIELDS) :]:
         values = columns.get(field.name)
-        arrays.append(pa.nulls(n, field.type) if values is None else pa.array(values, field.type))
+        arrays.append(pa.nulls(n, field.type) if values is None else _array(values, field.type))
     lengths = {len(a) for a in arrays}
     if len(lengths) != 1:
         raise ValueError(
@@ -141,9 +139,62 @@ def _array(values: Sequence[object] | pa.Array, type_: pa.DataType) -> pa.Array:
     return pa.array(values, type_)
 
 
-def _event_times(event_time_ms: Sequence[int]) -> pa.Array:
+# Columns built from their buffers. pyarrow.array() looks for pandas types in whatever it is given, so
+# its first call in a process imports pandas (~0.15 s); a window worker builds its rows with these instead.
+
+
+def numpy_column(values: Any, type_: pa.DataType, valid: Any = None) -> pa.Array:
+    """A numpy array of ``type_``'s width (int32, int64, float64; a timestamp's int64) as an Arrow array;
+    ``valid``: a bool array, False where the value is null."""
+    data = np.ascontiguousarray(values)
+    if valid is None:
+        return pa.Array.from_buffers(type_, len(data), [None, pa.py_buffer(data)], null_count=0)
+    bitmap = pa.py_buffer(np.packbits(valid, bitorder="little"))
+    nulls = len(data) - int(np.count_nonzero(valid))
+    return pa.Array.from_buffers(type_, len(data), [bitmap, pa.py_buffer(data)], null_count=nulls)
+
+
+def float_column(values: list[float | None]) -> pa.Array:
+    """Floats and Nones as a float64 array (None: null)."""
+    if None not in values:
+        return numpy_column(np.array(values, np.float64), pa.float64())
+    valid = np.array(values, dtype=object) != None  # noqa: E711 - elementwise
+    data = np.array(values, np.float64)  # None reads as NaN, masked by `valid`
+    data[~valid] = 0.0
+    return numpy_column(data, pa.float64(), valid)
+
+
+def string_column(values: list[str | None]) -> pa.Array:
+    """Strings and Nones as a string array (None: null): joined and encoded in one go, the offsets from
+    their lengths (in characters where the text is ASCII, else each one encoded)."""
+    valid = None
+    strings = cast("list[str]", values)
+    if None in values:
+        valid = np.array(values, dtype=object) != None  # noqa: E711 - elementwise
+        strings = ["" if v is None else v for v in values]
+    text = "".join(strings)
+    if text.isascii():
+        data = text.encode()
+        lengths = np.fromiter(map(len, strings), np.int64, len(strings))
+    else:
+        encoded = [v.encode() for v in strings]
+        data = b"".join(encoded)
+        lengths = np.fromiter(map(len, encoded), np.int64, len(encoded))
+    if len(data) > np.iinfo(np.int32).max:
+        return pa.array(values, pa.string())  # over a string array's 2 GiB: Arrow says so
+    offsets = np.zeros(len(values) + 1, np.int32)
+    np.cumsum(lengths, out=offsets[1:], dtype=np.int32)
+    bitmap = None if valid is None else pa.py_buffer(np.packbits(valid, bitorder="little"))
+    nulls = 0 if valid is None else len(values) - int(np.count_nonzero(valid))
+    return pa.StringArray.from_buffers(len(values), pa.py_buffer(offsets), pa.py_buffer(data), bitmap, nulls)
+
+
+def _event_times(event_time_ms: Sequence[int] | pa.Array) -> pa.Array:
     """Epoch ms as the row batches' microsecond timestamps: multiplied in numpy (~5x faster than Arrow's
-    checked cast) when no value can overflow, else cast with Arrow's overflow check."""
+    checked cast) when no value can overflow, else cast with Arrow's overflow check. An array already
+    of the row batches' timestamp type is taken as it is."""
+    if isinstance(event_time_ms, pa.Array) and event_time_ms.type == EVENT_TIME_TYPE:
+        return event_time_ms
     ms = np.array(event_time_ms, dtype=np.int64)
     if len(ms) and -_MAX_MS_AS_US <= ms.min() and ms.max() <= _MAX_MS_AS_US:
         return pa.array(ms * 1000, EVENT_TIME_TYPE)
@@ -174,7 +225,9 @@ def _checked_rows(table: pa.Table) -> pa.Table:
             )
     base = [f.name for f in _BASE_FIELDS]
     table = table.select([*base, *(name for name in table.schema.names if name not in _BASE_NAMES)])
-    return table.cast(pa.schema([*_BASE_FIELDS, *list(table.schema)[len(_BASE_FIELDS) :]]))
+    checked = pa.schema([*_BASE_FIELDS, *list(table.schema)[len(_BASE_FIELDS) :]])
+    # A table built on the row schema (a worker's) is already checked: no cast, no pyarrow.compute import.
+    return table if table.schema.equals(checked) else table.cast(checked)
 
 
 def batch_file_name(batch_name: str, suffix: str = ".parquet") -> str:
@@ -199,6 +252,8 @@ def _fsync_dir(directory: Path) -> None:
 def atomic_write_parquet(table: pa.Table, path: Path, *, overwrite: bool) -> bool:
     """Write ``table`` as Parquet to ``path`` so that readers see the whole file or nothing
     (``atomic_write``)."""
+    import pyarrow.parquet as pq
+
     return atomic_write(path, lambda tmp: pq.write_table(table, tmp), overwrite=overwrite)
 
 
@@ -334,6 +389,8 @@ def read_row_batch(path: str | os.PathLike[str]) -> pa.Table:
 
     A file that is cut short, overwritten or fails its checksum raises StoreCorruptError naming it and the
     way out; a missing file raises FileNotFoundError."""
+    import pyarrow.parquet as pq
+
     try:
         if os.fspath(path).endswith(ROW_SPOOL_SUFFIX):
             # Mapped, not copied. The map lives as long as the table's buffers do.
@@ -348,6 +405,8 @@ def read_row_batch(path: str | os.PathLike[str]) -> pa.Table:
 def read_row_file(area: FileArea, name: str, *, function: str | None = None) -> pa.Table:
     """``read_row_batch`` of the file ``name`` of a file area: memory-mapped where the area is a folder of
     this machine, else its bytes read whole. ``function`` names the function in a damaged file's message."""
+    import pyarrow.parquet as pq
+
     local = area.local_path(name)
     if local is not None:
         return read_row_batch(local)
@@ -381,6 +440,8 @@ def write_row_file(area: FileArea, folder: str, batch_name: str, table: pa.Table
 
 def write_parquet_file(area: FileArea, name: str, table: pa.Table) -> None:
     """``table`` as the Parquet file ``name`` of a file area, written whole and durably."""
+    import pyarrow.parquet as pq
+
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink)
     area.write(name, memoryview(sink.getvalue()))
@@ -445,6 +506,8 @@ def result_group_by(schema: pa.Schema) -> list[str]:
 
 def sort_results(table: pa.Table) -> pa.Table:
     """Order results by window, then group values (a null group value sorts after every string)."""
+    import pyarrow.compute as pc
+
     keys = [(WINDOW_START, "ascending"), (WINDOW_END, "ascending")]
     keys += [(name, "ascending") for name in result_group_by(table.schema)]
     return table.take(pc.sort_indices(table, sort_keys=keys))

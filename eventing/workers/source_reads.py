@@ -70,6 +70,7 @@ class SourceReader:
         self.window_only = (
             handler.on_update is None and handler.window_rows is not None and handler.filter is None
         )
+        self.window_read = 1 << 62  # a window-only read's entries at most (the worker sets batch_size)
         self.rotor = 0
         self.resume_vb: int | None = None  # where process stopped: the first of the next look's runs
         self.scan_per_kept = 1.0  # filtered reads: entries scanned per row the query kept, lately
@@ -165,6 +166,7 @@ class SourceReader:
                 continue
             limit = min(budget - int(used), limits[vb] - position)
             if window_only:
+                limit = min(limit, self.window_read)  # in bulk or row by row, the same runs
                 taken = self.take_window_batch(vb, position, limit)
                 if taken:
                     handled += taken

@@ -103,6 +103,10 @@ class StepReport:
 STEP_SLICE_S = 0.1
 EFFECT_FLUSH_MIN = 8000  # binding writes buffered before a flush within a step (every step ends with one)
 LOOK_AHEAD_PER_VB = 4000  # rows of one vBucket a look reads ahead at most (see WorkerCore._look)
+# A window-only function's batch at least (no handler runs; each read still takes at most batch_size
+# entries): each batch costs a pass over the vBuckets with work (~1 ms), and a batch of batch_size would
+# cut a vBucket's run into several reads.
+WINDOW_ONLY_BATCH = 20_000
 
 
 class WorkerCore:
@@ -169,8 +173,10 @@ class WorkerCore:
             put_file=None if self.data.local else self.data.put_file,
         )
         self.last_commit = time.monotonic()
-        if runner.on_update is None and self.window_rows is not None and flt is None:
+        window_only = runner.on_update is None and self.window_rows is not None and flt is None
+        if window_only:
             self._looks_ahead = False  # a window-only function reads packed runs (take_window_batch)
+        self._batch = max(defn.batch_size, WINDOW_ONLY_BATCH) if window_only else defn.batch_size
         self._handled_any = False
         self._closed = False
         self.timers = runner.timers
@@ -211,6 +217,7 @@ class WorkerCore:
             reads_ahead=self._reads_ahead,
             prefilter=prefilter,
         )
+        reader.window_read = defn.batch_size
         self.timer_firing = TimerFiring(
             progress,
             self.store,
@@ -407,7 +414,7 @@ class WorkerCore:
         and a waiter (eventing.workers.write_waiter), a step that finds nothing to do waits up to that long
         (from its start) for writes to its vBuckets and handles each at once."""
         slice_ends = time.monotonic() + (STEP_SLICE_S if budget is None else 0.0)
-        budget = budget or self.defn.batch_size
+        budget = budget or self._batch
         targets = self.targets
         handled = 0
         fenced: set[int] = set()

@@ -72,3 +72,42 @@ def test_ray_loads_the_hook_by_its_name():
     from ray._common.utils import load_class
 
     assert load_class(SETUP_HOOK) is worker_process_setup
+
+
+PRELOAD_PROBE = r"""
+import json, sys
+import ray._private.worker as ray_worker
+from eventing.workers.ray_setup import worker_process_setup
+
+class FakeWorker:
+    def get_serialization_context(self):
+        pass
+
+ray_worker.global_worker = FakeWorker()
+worker_process_setup()
+print(json.dumps({name: name in sys.modules for name in (
+    "eventing.workers.hosting", "eventing.workers.worker", "numpy", "pyarrow", "pandas"
+)}))
+"""
+
+
+def test_the_set_up_imports_what_a_worker_starts_with_but_not_numpy_or_pyarrow():
+    out = subprocess.run(
+        [sys.executable, "-c", PRELOAD_PROBE], capture_output=True, text=True, check=True
+    ).stdout
+    assert json.loads(out.strip().splitlines()[-1]) == {
+        "eventing.workers.hosting": True,
+        "eventing.workers.worker": True,
+        "numpy": False,
+        "pyarrow": False,
+        "pandas": False,
+    }
+
+
+def test_a_module_that_cannot_be_imported_is_left_to_the_worker_start(monkeypatch):
+    from eventing.workers import ray_setup
+
+    monkeypatch.setattr(ray_setup, "PRELOAD", ("eventing.no_such_module", "json"))
+    monkeypatch.delitem(sys.modules, "eventing.no_such_module", raising=False)
+    ray_setup.preload()  # never raises
+    assert "eventing.no_such_module" not in sys.modules

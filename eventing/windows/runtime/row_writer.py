@@ -26,6 +26,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -129,7 +130,7 @@ class RowLayout:
         extra = self.substream_field
         return self.group_by if extra is None else (*self.group_by, substream_column(extra))
 
-    @property
+    @cached_property
     def schema(self) -> pa.Schema:
         from eventing.windows.batches import row_schema
 
@@ -242,8 +243,9 @@ class WindowRowWriter:
         substream = () if layout.substream_field is None else (layout.substream_field,)
         self._fields = (*layout.group_by, *substream, *layout.numeric_fields, *layout.counted_fields)
         self._decode, self._time_of, self._value_of = self._field_decoder()
-        # Arrow chunks of rows in buffer order (add_packed's, and add()'s once sealed), then add()'s lists.
-        self._chunks: list[pa.Table] = []
+        # Rows in buffer order: add_packed's runs (_Run, made into one Arrow table per flush) and Arrow chunks
+        # of add()'s rows once sealed; then add()'s lists.
+        self._chunks: list[pa.Table | _Run] = []
         self._chunk_rows = 0
         self._clear()
 
@@ -345,8 +347,6 @@ class WindowRowWriter:
         array: this relies on every document being one JSON-only msgpack value, which every write path
         guarantees (encode_document checks each write)."""
         import numpy as np
-        import pyarrow as pa
-        import pyarrow.compute as pc
 
         n = batch.update_count
         if not n:
@@ -359,27 +359,26 @@ class WindowRowWriter:
         except Exception:  # noqa: BLE001 - not an object, undecodable, ...: add()'s path says why
             return False
         if self._event_time:
-            # Arrow's type inference does the checks in C: a float, bool, null or huge time gives another
-            # type or an error, and those rows go the per-row way (rejected or floored there).
+            # Only ints in range take this way: a float, bool, null or huge time goes the per-row way
+            # (rejected or floored there). The type check runs in C, one set of the values' types.
+            times = list(map(self._time_of, decoded))
+            if set(map(type, times)) != {int}:
+                return False
             try:
-                times = pa.array(list(map(self._time_of, decoded)))
-            except (pa.ArrowException, OverflowError):
+                event_ms = np.array(times, np.int64)
+            except OverflowError:
                 return False
-            if times.type != pa.int64() or times.null_count:
+            if event_ms.min() < MIN_EVENT_MS or event_ms.max() > MAX_EVENT_MS:
                 return False
-            bounds = pc.min_max(times).as_py()
-            if bounds["min"] < MIN_EVENT_MS or bounds["max"] > MAX_EVENT_MS:
-                return False
-            event_ms: Any = times.to_numpy()
         else:
-            event_ms = [int(time.time() * 1000)] * n
+            event_ms = np.full(n, int(time.time() * 1000), np.int64)
         seqnos = np.arange(batch.after_seqno + 1, batch.last_seqno + 1, dtype=np.int64)
         if batch.other_seqnos:  # the updates' seqnos: the range without the deletes'
             updates = np.ones(len(seqnos), bool)
             updates[np.array(batch.other_seqnos, np.int64) - (batch.after_seqno + 1)] = False
             seqnos = seqnos[updates]
-        chunk = self._rows_table(
-            np.full(n, batch.vb, np.int32),
+        run = _Run(
+            batch.vb,
             seqnos,
             keys,
             event_ms,
@@ -391,10 +390,10 @@ class WindowRowWriter:
         # a failed write left full takes one row per retry, as in add()).
         start = 0
         while start < n:
-            piece = chunk.slice(start, max(1, MAX_BUFFERED_ROWS - len(self)))
+            piece = run.slice(start, max(1, MAX_BUFFERED_ROWS - len(self)))
             self._chunks.append(piece)
-            self._chunk_rows += piece.num_rows
-            start += piece.num_rows
+            self._chunk_rows += len(piece)
+            start += len(piece)
             if len(self) >= MAX_BUFFERED_ROWS:
                 self.flush()
         return True
@@ -410,12 +409,23 @@ class WindowRowWriter:
     def _rows_table(
         self, vb: Any, seqno: Any, key: Any, event_ms: Any, arrival_ms: Any, values: Sequence[list[Any]]
     ) -> pa.Table:
-        """Rows as a table of the row schema, the values converted as the layout says."""
-        from eventing.windows.batches import build_row_batch
+        """Rows as a table of the row schema, the values converted as the layout says. Every column is built
+        from its buffers (``eventing.windows.batches.numpy_column``): no pyarrow.array call, whose first
+        call imports pandas, so a worker process never does."""
+        import numpy as np
+        import pyarrow as pa
+
+        from eventing.windows.batches import (
+            EVENT_TIME_TYPE,
+            build_row_batch,
+            float_column,
+            numpy_column,
+            string_column,
+        )
 
         layout = self.layout
         columns_in = iter(values)
-        columns: dict[str, list[Any]] = {}
+        columns: dict[str, Any] = {}
         # A column of only the expected types (the common case) goes to Arrow as is; one type check per
         # value in C instead of a Python expression per value.
         for name in layout.string_columns:
@@ -437,14 +447,19 @@ class WindowRowWriter:
             )
         for name in layout.counted_fields:
             columns[count_column(name)] = [None if v is None else 1.0 for v in next(columns_in)]
+        for name in layout.string_columns:
+            columns[name] = string_column(columns[name])
+        for name in layout.value_columns:
+            columns[name] = float_column(columns[name])
+        # Event times are validated epoch ms (MIN_EVENT_MS..MAX_EVENT_MS): as microseconds they fit.
         return build_row_batch(
             layout.schema,
-            vb=vb,
-            seqno=seqno,
-            key=key,
-            event_time_ms=event_ms,
+            vb=numpy_column(np.asarray(vb, np.int32), pa.int32()),
+            seqno=numpy_column(np.asarray(seqno, np.int64), pa.int64()),
+            key=key if isinstance(key, pa.Array) else string_column(key),
+            event_time_ms=numpy_column(np.asarray(event_ms, np.int64) * 1000, EVENT_TIME_TYPE),
             columns=columns,
-            arrival_ms=arrival_ms,
+            arrival_ms=numpy_column(np.asarray(arrival_ms, np.int64), pa.int64()),
         )
 
     def flush(self) -> Path | None:
@@ -460,13 +475,72 @@ class WindowRowWriter:
 
         self._seal()
         # One record batch per file: the coordinator's compute then runs over whole columns, not over
-        # hundreds of small chunks (one per vBucket run).
-        table = pa.concat_tables(self._chunks).combine_chunks()
+        # hundreds of small chunks (one per vBucket run). Consecutive runs become one table at once.
+        tables: list[pa.Table] = []
+        runs: list[_Run] = []
+        for chunk in [*self._chunks, None]:
+            if isinstance(chunk, _Run):
+                runs.append(chunk)
+                continue
+            if runs:
+                tables.append(self._rows_table(*_Run.joined(runs)))
+                runs = []
+            if chunk is not None:
+                tables.append(chunk)
+        table = tables[0] if len(tables) == 1 else pa.concat_tables(tables).combine_chunks()
         name = write_row_file(self.area, INCOMING, f"{self.prefix}-{self.files_written:09d}", table)
         self.files_written += 1
         self.counters["window_rows_written"] += rows
         self._chunks, self._chunk_rows = [], 0
         return self.area.local_path(name) or Path(name)
+
+
+@dataclass(frozen=True)
+class _Run:
+    """Rows of one vBucket's bulk read (add_packed), as read: numpy columns, the keys as an Arrow array and
+    the value fields as lists. A flush makes the runs it writes into one Arrow table."""
+
+    vb: int
+    seqnos: Any
+    keys: pa.Array
+    event_ms: Any
+    arrival_ms: Any
+    values: list[list[Any]]
+
+    def __len__(self) -> int:
+        return len(self.seqnos)
+
+    def slice(self, start: int, length: int) -> _Run:
+        if start == 0 and length >= len(self):
+            return self
+        end = start + length
+        return _Run(
+            self.vb,
+            self.seqnos[start:end],
+            self.keys.slice(start, length),
+            self.event_ms[start:end],
+            self.arrival_ms[start:end],
+            [column[start:end] for column in self.values],
+        )
+
+    @staticmethod
+    def joined(runs: list[_Run]) -> tuple[Any, ...]:
+        """The columns of consecutive runs, end to end (``_rows_table``'s arguments)."""
+        import numpy as np
+        import pyarrow as pa
+
+        values: list[list[Any]] = [[] for _ in runs[0].values]
+        for run in runs:
+            for column, part in zip(values, run.values, strict=True):
+                column += part
+        return (
+            np.repeat(np.array([r.vb for r in runs], np.int32), [len(r) for r in runs]),
+            np.concatenate([r.seqnos for r in runs]),
+            pa.concat_arrays([r.keys for r in runs]),
+            np.concatenate([r.event_ms for r in runs]),
+            np.concatenate([r.arrival_ms for r in runs]),
+            values,
+        )
 
 
 def arrival_times(batch: PackedUpdates) -> Any:
