@@ -91,6 +91,13 @@ def test_debugging_a_live_function_never_takes_a_mutation_out_of_the_stream(data
     cli = [sys.executable, "-m", "eventing", "--data-dir", data_dir]
     try:
         wait_for(lambda: checkpoint_total(data_dir, "fn_live") > 0, "the service makes progress")
+        # Both workers live (each owning its half): on a loaded machine the second starts later.
+        wait_for(
+            lambda: all(
+                cp.leased and cp.owner for cp in open_store(data_dir).checkpoints("fn_live").values()
+            ),
+            "both workers own their vBuckets",
+        )
 
         # A JSON trace of the next mutation of a vBucket, taken in another process while workers run.
         vb = 511  # the last vBucket of worker 0: its backlog is reached last
@@ -144,7 +151,7 @@ def test_debugging_a_live_function_never_takes_a_mutation_out_of_the_stream(data
         assert "was not consumed" in err and f"vBucket {vb}" in err and "Traceback" not in err
         assert any(
             "pulled a copy of vBucket 1023" in line and "owner local/w1, live" in line for line in seen
-        )
+        ), seen
 
         wait_for(lambda: caught_up(data_dir, "fn_live", source), "the function catches up")
     finally:
