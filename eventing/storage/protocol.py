@@ -100,7 +100,11 @@ class LogSource(BucketHandle, Protocol):
         """Whether ``prefetch`` does anything (the caller then plans its runs ahead)."""
         ...
 
-    def prefetch(self, runs: list[Run]) -> None: ...
+    def prefetch(self, runs: list[Run], *, partial: bool = False) -> None:
+        """Start reading the runs' rows; ``partial``: the runs are a few of the reader's vBuckets, the rows
+        held for the others stay."""
+        ...
+
     def read_changed(self, positions: list[tuple[int, int]], limit: int) -> None:
         """Start reading the high seqnos, and the rows that follow these ``(vb, position)`` pairs where there
         are any, in one round trip (``high_seqnos(prefetched=True)`` answers with them)."""
@@ -116,7 +120,7 @@ class NothingAhead:
 
     reads_ahead = False
 
-    def prefetch(self, runs: list[Run]) -> None:
+    def prefetch(self, runs: list[Run], *, partial: bool = False) -> None:
         pass
 
     def read_changed(self, positions: list[tuple[int, int]], limit: int) -> None:

@@ -373,7 +373,7 @@ class RemoteBucket:
             return highs
         return cast(list[int], self._bucket("high_seqnos", spans=spans))
 
-    def prefetch(self, runs: list[Run]) -> None:
+    def prefetch(self, runs: list[Run], *, partial: bool = False) -> None:
         """Start reading these runs in the background (one call; a call still in flight is settled
         first), leaving out vBuckets already read ahead or in flight."""
         if self._pending is not None and self._pending[0] is None:

@@ -29,7 +29,7 @@ from eventing.execution.bindings import BucketBinding, learn_partition_marks
 from eventing.execution.runner import HandlerRunner
 from eventing.storage.origins import deployment_origin
 from eventing.storage.remote import DataAccess, DataServiceRef
-from eventing.storage.values import EffectGroup, Spans
+from eventing.storage.values import EffectGroup
 from eventing.windows.runtime.row_writer import WindowRowWriter
 from eventing.workers import batch_calls, concurrent_calls
 from eventing.workers.collections import SourceCollections
@@ -37,6 +37,7 @@ from eventing.workers.crash_guard import CrashGuard, open_notes_file
 from eventing.workers.handling import MutationHandler
 from eventing.workers.handover import count_applied
 from eventing.workers.hang_guard import HangGuard
+from eventing.workers.looks import SourceLooks
 from eventing.workers.progress import WorkerProgress
 from eventing.workers.source_reads import SourceReader
 from eventing.workers.timer_firing import TimerFiring
@@ -45,7 +46,6 @@ from eventing.workers.write_waiter import WriteWaiter
 if TYPE_CHECKING:
     from eventing.storage.postgres.wake_wait import PostgresWriteWaiter
 from metadata import TIMER_VB_BASE, DlqRow, TimerDone, owner_vb
-from sharding import vbucket_spans
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,6 @@ class StepReport:
 # second instead of one per batch_size mutations, each of which costs the worker and the driver CPU.
 STEP_SLICE_S = 0.1
 EFFECT_FLUSH_MIN = 8000  # binding writes buffered before a flush within a step (every step ends with one)
-LOOK_AHEAD_PER_VB = 4000  # rows of one vBucket a look reads ahead at most (see WorkerCore._look)
 # A window-only function's batch at least (no handler runs; each read still takes at most batch_size
 # entries): each batch costs a pass over the vBuckets with work (~1 ms), and a batch of batch_size would
 # cut a vBucket's run into several reads.
@@ -161,7 +160,6 @@ class WorkerCore:
         # Positions, checkpoints, epochs, counters, dead letters, letters and fired timers: what the parts
         # share and the checkpoint takes (eventing.workers.progress).
         self.progress = progress = WorkerProgress(self.name, spec.generation, self.source.name)
-        self._spans: Spans | None = None  # the owned vBuckets as ranges, made again when ownership changes
         self.targets = spec.targets
         self.window_rows = WindowRowWriter.for_worker(  # rows of a windowed function, else None
             self.data.state if self.data.local else spec.location,
@@ -218,6 +216,7 @@ class WorkerCore:
             prefilter=prefilter,
         )
         reader.window_read = defn.batch_size
+        self.looks = SourceLooks(self.source, progress, reader, self.targets)
         self.timer_firing = TimerFiring(
             progress,
             self.store,
@@ -332,7 +331,7 @@ class WorkerCore:
                 binding.applied_upto[vb] = marks.get(vb, (0, 0))[1]
             learn_partition_marks(binding.buf, binding.bucket, self.name, epochs)
         self.timer_firing.reclaim.update(vbs)
-        self._spans = None
+        self.looks.changed()
         # Mutations ahead of the checkpoint that this deployment already dead-lettered are not handled again
         # by the stream: one a previous process of this worker hung on (and was recycled for) would hang
         # again, and after a rewind a letter belongs to `dlq replay`, whose effects are marked per letter
@@ -370,32 +369,8 @@ class WorkerCore:
     def stop(self) -> dict[int, int]:
         return self.revoke_vbuckets(list(self.progress.epochs))
 
-    def _owned_spans(self) -> Spans:
-        """The owned vBuckets as (first, last) ranges, for high_seqnos to read only those."""
-        if self._spans is None:
-            self._spans = vbucket_spans(self.progress.epochs)
-        return self._spans
-
-    def _look(self, budget: int) -> list[int]:
-        """The high seqnos of the owned vBuckets, with the next rows of those that have any read ahead in
-        the same round trip (a server's bucket: PostgresBucket.prefetch), in the order SourceReader.process
-        takes them: from where it stopped, each vBucket up to its target."""
-        epochs = self.progress.epochs
-        order = list(epochs)
-        resume_vb = self.reader.resume_vb
-        if resume_vb in epochs:
-            at = order.index(resume_vb)
-            order = order[at:] + order[:at]
-        positions, targets = self.progress.positions, self.targets
-        cap = max(budget, LOOK_AHEAD_PER_VB)
-        runs = [
-            (vb, positions[vb], min(cap, targets[vb] - positions[vb]) if targets else cap) for vb in order
-        ]
-        self.source.prefetch(runs)
-        return self.source.high_seqnos(prefetched=True, spans=self._owned_spans())
-
     def _forget(self, vb: int) -> None:
-        self._spans = None
+        self.looks.changed()
         progress = self.progress
         progress.positions.pop(vb, None)
         progress.committed.pop(vb, None)
@@ -428,14 +403,27 @@ class WorkerCore:
         waiter = self.waiter if idle_wait_s > 0 and not remote else None
         waited = False
         behind_on: list[int] | None = None
-        if waiter is not None:
+        # A caught-up worker whose looks are round trips (a server's bucket) looks again, once it has handled
+        # all a look found, only at the vBuckets announced as written since, here and in its next steps
+        # (eventing.workers.looks).
+        announcing = waiter if self._looks_ahead and self.calls is None else None
+        looks = self.looks
+        seen = looks.resume()
+        quiet = False  # the last pass handled all its look found
+        if announcing is not None and seen is not None:
+            highs, quiet = seen, True
+        elif waiter is not None:
             waiter.drain()  # every write notified so far is seen by the first look below
+            waiter.take_woken()
+        if waiter is not None:
             wait_ends = time.monotonic() + idle_wait_s
         while True:
-            if self._looks_ahead:
-                highs = self._look(budget)
+            if quiet and announcing is not None:
+                highs = looks.look_announced(budget, highs, announcing)
+            elif self._looks_ahead:
+                highs = looks.look(budget)
             elif not remote:
-                highs = self.source.high_seqnos(spans=self._owned_spans())
+                highs = looks.high_seqnos()
             # Limits only where there is work: a caught-up worker woken for one write does one pass over its
             # vBuckets, not three (this step runs once per write when writes are sparse).
             # While its batches are full, a worker that is behind looks only at the vBuckets of its last pass
@@ -448,6 +436,7 @@ class WorkerCore:
             else:
                 work = [vb for vb in candidates if positions[vb] < highs[vb]]
                 limits = {vb: highs[vb] for vb in work}
+            quiet = not work
             if not work and waiter is not None:
                 left = wait_ends - time.monotonic()
                 if left > 0:
@@ -471,6 +460,7 @@ class WorkerCore:
                         self.hang_guard.disarm()
                 if batch:
                     self._observe_latency(time.perf_counter() - started, batch)
+            quiet = batch < budget
             if self._fenced_aside:  # found by a pool's writes beside its calls
                 fenced |= self.forget_fenced_aside()
             # Effects go to their buckets in transactions of at least EFFECT_FLUSH_MIN writes (and at the end
@@ -488,6 +478,8 @@ class WorkerCore:
                 break
             if batch < budget and (waiter is None or not batch or time.monotonic() >= wait_ends):
                 break
+        if quiet and announcing is not None and not fenced:
+            looks.keep(highs)
         # A pool of calls still behind (its last batch was full) leaves the step's flush and checkpoint to its
         # next batch, which writes them while its calls run (defer_end); otherwise they happen here.
         behind = self.calls is not None and batch >= budget and not fenced
@@ -682,6 +674,7 @@ class WorkerCore:
         progress.counters.clear()
         self._deferred = None  # a checkpoint defer_end took: its writes are the ones lost
         progress.positions.update(progress.committed)
+        self.looks.changed()
         if self.runner.previous is not None:
             self.runner.previous.clear()  # the replay reads versions again from the log
         # Timer changes are made again by the replayed calls; fired timers are claimed again (same fire_seq).

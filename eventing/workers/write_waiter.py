@@ -74,6 +74,10 @@ class WriteWaiter:
             ready = []
         return bool(ready) and self.drain()
 
+    def take_woken(self) -> set[int] | None:
+        """Which vBuckets the notifications named is not read from them here: None (any may be)."""
+        return None
+
     def close(self) -> None:
         self._sock.close()
 

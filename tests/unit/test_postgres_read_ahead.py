@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 import uuid
 from collections import Counter
 
@@ -17,6 +18,7 @@ from eventing.control.service import EventingService
 from eventing.core.mutation import OP_DELETE, OP_UPDATE, encode_document
 from eventing.storage import postgres as pg_buckets
 from eventing.storage.postgres import log_reader, read_ahead
+from eventing.storage.postgres.wake import sender_for
 from eventing.storage.state import open_state
 from eventing.storage.values import StoredDocument, Write
 from eventing.testing import (
@@ -28,6 +30,9 @@ from eventing.testing import (
     wait_for,
 )
 from eventing.workers.executor import InProcessExecutor
+from eventing.workers.looks import FULL_LOOK_S
+from eventing.workers.worker import WorkerCore, WorkerSpec
+from metadata import open_store
 from metadata.postgres import PostgresDatabase
 from sharding import NUM_VBUCKETS, vbucket_of
 
@@ -124,15 +129,34 @@ def test_rows_read_ahead_that_no_longer_follow_the_position_are_not_used(db):
     assert not bucket.has_ahead(vb)
 
 
+def test_a_partial_look_reads_its_vbuckets_and_keeps_the_rows_held_for_the_others(db):
+    bucket = pg_buckets.create_bucket(db, "src")
+    bucket.write([Write(k, OP_UPDATE, _doc(i)) for i, k in enumerate(["a1", "b7"] * 10)])
+    vb_a, vb_b = vbucket_of("a1"), vbucket_of("b7")
+    assert vb_a != vb_b
+    bucket.prefetch([(vb_a, 0, 1000), (vb_b, 0, 1000)])
+    highs = bucket.high_seqnos(prefetched=True)
+    bucket.upsert("a1", {"i": -1})
+    bucket.upsert("b7", {"i": -2})
+    bucket.prefetch([(vb_b, highs[vb_b], 1000)], partial=True)
+    found = bucket.high_seqnos(prefetched=True)
+    assert found[vb_b] == highs[vb_b] + 1  # the vBucket looked at: its new high seqno and its new row
+    assert found[vb_a] == 0  # not looked at: the caller keeps what it knew
+    assert bucket.has_ahead(vb_a)  # the rows held for the other vBucket stay
+    assert [r[1] for r in bucket.read_vb_rows(vb_a, 0, highs[vb_a])] == list(range(1, highs[vb_a] + 1))
+    assert [(r[1], r[2]) for r in bucket.read_vb_rows(vb_b, highs[vb_b], 1000)] == [(highs[vb_b] + 1, "b7")]
+
+
 @pytest.fixture
 def reads(monkeypatch) -> Counter:
     """Counts of this process's log statements: looks (read ahead) and reads of one vBucket's run."""
     counts: Counter = Counter()
     look, read = read_ahead.ReadAhead.look, log_reader.LogReader.read_vb_rows
 
-    def counted_look(self, wanted):
+    def counted_look(self, wanted, *, partial=False):
         counts["looks"] += 1
-        return look(self, wanted)
+        counts["partial looks"] += partial
+        return look(self, wanted, partial=partial)
 
     def counted_read(self, vb, after, limit):
         counts["runs read on the spot"] += 1
@@ -192,6 +216,76 @@ def test_a_caught_up_function_on_a_postgresql_store_takes_each_new_write_from_it
     assert all(seqs == sorted(set(seqs)) for seqs in calls.values())
     report = check_ledger(source, state.open_bucket("ledger"))
     assert report.ok and report.handled == 200, report.summary()
+
+
+def _waiting_core(pg_url) -> WorkerCore:
+    """One worker of a ledger function on ``src``, caught up, whose steps wait for writes (its own LISTEN)."""
+    load_source(pg_url, 20, 100, seed=3)
+    deploy_function(pg_url, ledger_definition("fn_wait", "src", "ledger", workers=1))
+    generation = open_store(pg_url).get_function("fn_wait").generation
+    everything = tuple(range(NUM_VBUCKETS))
+    spec = WorkerSpec(pg_url, "fn_wait", generation, "local/w0", everything, wake_address="pg")
+    core = WorkerCore(spec)
+    assert core.waiter is not None and core.step().handled == 100
+    return core
+
+
+def test_a_waiting_worker_on_a_postgresql_store_looks_again_only_at_the_vbuckets_announced(pg_url, reads):
+    core = _waiting_core(pg_url)
+    state = open_state(pg_url)
+    source, ledger = state.open_bucket("src"), state.open_bucket("ledger")
+    done = threading.Event()
+
+    def write_one_at_a_time() -> None:
+        for i in range(30):
+            key = f"w{i}"
+            source.upsert(key, {"i": i})
+            wait_for(lambda key=key: ledger.get(f"h|fn_wait|{key}") is not None, f"the effect of {key}")
+        done.set()
+
+    try:
+        reads.clear()
+        started = time.monotonic()
+        writer = threading.Thread(target=write_one_at_a_time)
+        writer.start()
+        handled = steps = 0
+        while not done.is_set():
+            handled += core.step(None, 1.0).handled
+            steps += 1
+        writer.join()
+        handled += core.step().handled
+        assert handled == 30
+        # The looks after the first look at every vBucket are at the vBuckets announced since, in this step
+        # and the next ones; one at all of them every FULL_LOOK_S at least.
+        assert reads["partial looks"] >= 25, reads
+        full_looks = reads["looks"] - reads["partial looks"]
+        assert full_looks <= 2 + (time.monotonic() - started) / FULL_LOOK_S, reads
+        report = check_ledger(source, ledger)
+        assert report.ok and report.handled == 130, report.summary()
+    finally:
+        core.close()
+
+
+def test_a_write_whose_notification_was_lost_is_found_by_the_next_step(pg_url, monkeypatch):
+    core = _waiting_core(pg_url)
+    state = open_state(pg_url)
+    source, ledger = state.open_bucket("src"), state.open_bucket("ledger")
+    sender = sender_for(PostgresDatabase.open(pg_url))
+    monkeypatch.setattr(sender, "notify", lambda bucket, vbuckets: None)  # every notification lost
+    try:
+        writer = threading.Timer(0.2, lambda: source.upsert("unannounced", {"n": 1}))
+        writer.start()
+        handled = core.step(None, 0.6).handled  # waits, unwoken: the write is not looked for at once
+        writer.join()
+        deadline = time.monotonic() + 3 * FULL_LOOK_S + 2
+        while not handled:  # a look at every vBucket, at least every FULL_LOOK_S, finds it
+            assert time.monotonic() < deadline
+            handled += core.step(None, 0.05).handled
+        assert handled == 1 and ledger.get("h|fn_wait|unannounced") is not None
+        report = check_ledger(source, ledger)
+        assert report.ok and report.handled == 101, report.summary()
+    finally:
+        core.close()
 
 
 def _indexed_rows_read(db: PostgresDatabase) -> int:

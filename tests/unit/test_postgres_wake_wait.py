@@ -89,3 +89,31 @@ def test_a_lost_connection_wakes_the_waiter_once_and_it_listens_again(db):
         assert waiter._conn is not None and waiter._conn.info.backend_pid != pid
     finally:
         waiter.close()
+
+
+def test_the_waiter_names_the_owned_vbuckets_announced_since_it_was_last_asked(db):
+    src, other = pg_buckets.create_bucket(db, "src"), pg_buckets.create_bucket(db, "other")
+    owned = {vbucket_of("mine"), vbucket_of("also")}
+    waiter = PostgresWriteWaiter.open(db, "src", owned)
+    assert waiter is not None
+    try:
+        src.upsert(_key_in(owned, avoid=owned), {"x": 1})  # not one of its vBuckets
+        other.upsert("mine", {"x": 1})  # another bucket
+        src.upsert("mine", {"x": 1})
+        src.upsert("also", {"x": 1})
+        assert sender_for(db).flush()
+        deadline = time.monotonic() + 5
+        woken: set[int] = set()
+        while woken != owned:  # the notifications reach the connection a little after the commits
+            assert time.monotonic() < deadline, woken
+            waiter.wait(0.2)
+            found = waiter.take_woken()
+            assert found is not None and found <= owned
+            woken |= found
+        assert waiter.take_woken() == set()  # taken: nothing announced since
+        db.read("SELECT pg_terminate_backend(%s)", (waiter._conn.info.backend_pid,))
+        assert waiter.wait(5.0)
+        assert waiter.take_woken() is None  # writes may have gone unannounced: any vBucket
+        assert waiter.take_woken() == set()
+    finally:
+        waiter.close()

@@ -295,11 +295,11 @@ class PostgresBucket:
     def seqnos_before(self, time_ns: int) -> dict[int, int]:
         return self._log.seqnos_before(time_ns)
 
-    def prefetch(self, runs: list[tuple[int, int, int]]) -> None:
+    def prefetch(self, runs: list[tuple[int, int, int]], *, partial: bool = False) -> None:
         """A look at the runs' vBuckets (vb, after_seqno, limit), in the order they will be read: their high
         seqnos, and the next rows of those with any, in one round trip
-        (eventing.storage.postgres.read_ahead)."""
-        self._ahead.look(runs)
+        (eventing.storage.postgres.read_ahead; ``partial``: a few of the worker's vBuckets)."""
+        self._ahead.look(runs, partial=partial)
 
     def read_changed(self, positions: list[tuple[int, int]], limit: int) -> None:
         self._ahead.look([(vb, position, limit) for vb, position in positions])

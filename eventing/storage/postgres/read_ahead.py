@@ -87,18 +87,28 @@ class ReadAhead:
     def has(self, vb: int) -> bool:
         return vb in self.runs
 
-    def look(self, wanted: list[tuple[int, int, int]]) -> None:
+    def look(self, wanted: list[tuple[int, int, int]], *, partial: bool = False) -> None:
         """The high seqnos of the runs' vBuckets and, while fewer than half of LOOK_AHEAD_ROWS are held, the
-        next rows of the runs (vb, after_seqno, limit) not held already, in their order: one round trip."""
-        self.forget({vb: after for vb, after, _ in wanted})
+        next rows of the runs (vb, after_seqno, limit) not held already, in their order: one round trip.
+        ``partial``: the runs are a few of the worker's vBuckets (those a notification named); the rows held
+        for the others are kept."""
+        asked = {vb: after for vb, after, _ in wanted}
+        if partial:
+            for vb in [vb for vb in asked if vb in self.runs and self.runs[vb].after != asked[vb]]:
+                del self.runs[vb]
+        else:
+            self.forget(asked)
         held = self.held()
         runs = (
             [r for r in wanted if r[2] > 0 and r[0] not in self.runs] if held < LOOK_AHEAD_ROWS // 2 else []
         )
-        vbs = tuple(vb for vb, _, _ in wanted)
-        if self._spans[0] != vbs:
-            self._spans = (vbs, vbucket_spans(vbs))
-        spans = self._spans[1]
+        vbs = tuple(asked)
+        if partial:
+            spans = vbucket_spans(vbs)
+        else:
+            if self._spans[0] != vbs:
+                self._spans = (vbs, vbucket_spans(vbs))
+            spans = self._spans[1]
         bucket = self.ref.id
 
         def fetch(conn: Any) -> tuple[tuple | None, list[tuple]]:

@@ -38,6 +38,9 @@ class PostgresWriteWaiter:
         self._conn: Any = None
         self._failed_at = 0.0
         self.received = 0  # notifications read (every bucket's)
+        # The owned vBuckets named by the notifications read since the last take_woken; None: unknown (the
+        # connection was lost, so writes may have gone unannounced).
+        self._woken: set[int] | None = set()
 
     @classmethod
     def open(cls, db: PostgresDatabase, bucket: str, owned: Container[int]) -> PostgresWriteWaiter | None:
@@ -69,8 +72,18 @@ class PostgresWriteWaiter:
         if found is None:
             return False
         bucket, vbs = found
+        if bucket != self.bucket:
+            return False
         owned = self.owned
-        return bucket == self.bucket and any(vb in owned for vb in vbs)
+        mine = {vb for vb in vbs if vb in owned}
+        if mine and self._woken is not None:
+            self._woken |= mine
+        return bool(mine)
+
+    def take_woken(self) -> set[int] | None:
+        """The owned vBuckets announced as written since the last call (None: any may have been)."""
+        woken, self._woken = self._woken, set()
+        return woken
 
     def _batch(self, timeout_s: float) -> tuple[bool, bool]:
         """The notifications of the next packet to arrive within ``timeout_s`` (0: one already here): (any
@@ -80,7 +93,7 @@ class PostgresWriteWaiter:
         for note in self._conn.notifies(timeout=timeout_s, stop_after=1):
             got = True
             self.received += 1
-            if not mine and self._mine(note.payload):
+            if self._mine(note.payload):  # every one read: take_woken names all they announced
                 mine = True
         return got, mine
 
@@ -137,6 +150,7 @@ class PostgresWriteWaiter:
             return True
 
     def _lost(self) -> None:
+        self._woken = None
         self.close()
         self._failed_at = time.monotonic()
 
