@@ -158,14 +158,14 @@ def merge_on_driver(
     group_by: Sequence[str],
     aggregates: Sequence[AggregateColumn],
     windows: Sequence[tuple[int, int]],
-    max_rows: int = DRIVER_MERGE_ROWS,
+    max_rows: int | None = None,
 ) -> pa.Table | None:
     """``eventing.windows.spark.spark_job.merge_partials`` with Arrow's hash aggregation in this process: the
     results of the closed ``windows`` (``result_schema``, ordered by window then group) merged from every
     partial batch under ``partials_dir``, each aggregate as Spark merges it (counts and sums summed, min of
     mins, max of maxes, avg as sum / n, null when n is 0; nulls skipped). None, to leave the merge to Spark,
-    when the files hold more than ``max_rows`` partial rows or a min or max partial is NaN (Spark orders NaN
-    above every number, Arrow skips it)."""
+    when the files hold more than ``max_rows`` (default ``DRIVER_MERGE_ROWS``) partial rows or a min or max
+    partial is NaN (Spark orders NaN above every number, Arrow skips it)."""
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
@@ -181,7 +181,8 @@ def merge_on_driver(
     files = partial_files(partials_dir)
     if not starts or not files:
         return schema.empty_table()
-    if sum(pq.ParquetFile(f).metadata.num_rows for f in files) > max_rows:
+    limit = DRIVER_MERGE_ROWS if max_rows is None else max_rows
+    if sum(pq.ParquetFile(f).metadata.num_rows for f in files) > limit:
         return None
     parts = partial_schema(group_by, aggregates)
     table = pa.concat_tables([pq.read_table(f, schema=parts) for f in files])
