@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     host.make_aggregator = lambda master=None: aggregator
 
     t0 = time.perf_counter()
-    init_ray()
+    init_ray(windows=True)  # as `eventing run` starts it with a windowed function deployed
     spark = get_spark(args.spark_master)
     spark.range(1).count()
     print(f"start-up: Ray and Spark in {time.perf_counter() - t0:.1f}s")
@@ -299,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     # Ray afresh, as `eventing run` finds it: a new instance prestarts one idle worker process per CPU,
     # which worker actors take (the warm-up's actors used up this instance's). Not timed, like ray.init.
     ray.shutdown()
-    init_ray()
+    init_ray(windows=True)  # as `eventing run` starts it with a windowed function deployed
     time.sleep(RAY_SETTLE_S)
 
     eventing_s, phases = run_eventing(data_dir, args.workers, args.batch_size, aggregator)
