@@ -160,13 +160,14 @@ class RayExecutor:
         *,
         join_local: str | None = None,
         worker_processes: int | None = None,
+        windows: bool = False,
     ):
         import ray
 
         from eventing.workers.shared_host import worker_processes_setting
 
         processes = worker_processes_setting(worker_processes)  # a bad value fails before Ray starts
-        init_ray(address, join_local=join_local)
+        init_ray(address, join_local=join_local, windows=windows)
         self.joined = join_local  # the `eventing ray start` instance joined, if any
         self._ray = ray
         self._actor_cls = ray.remote(num_cpus=0, max_restarts=0)(WorkerHost)
@@ -365,8 +366,19 @@ def make_executor(
             instance = running(state.runtime_dir())
             if instance is not None:
                 return RayExecutor(join_local=instance.address, worker_processes=worker_processes)
-        return RayExecutor(ray_address, worker_processes=worker_processes)
+        windows = state is not None and windows_deployed(state)
+        return RayExecutor(ray_address, worker_processes=worker_processes, windows=windows)
     raise EventingError(f"unknown executor {kind!r}; use 'ray' or 'in-process'")
+
+
+def windows_deployed(state: State) -> bool:
+    """Whether a function with a window is deployed: then a new local Ray instance's idle worker processes
+    import numpy and pyarrow while it starts (eventing.workers.ray_setup), instead of each window worker at
+    its first rows."""
+    return any(
+        record.definition.get("window") and record.state.value != "undeployed"
+        for record in state.metadata.list_functions()
+    )
 
 
 def _again(error: BaseException) -> BaseException:

@@ -38,11 +38,16 @@ INLINE_REPLY_BYTES = 32 << 20
 
 
 def init_ray(
-    address: str | None = None, *, num_cpus: int | None = None, join_local: str | None = None
+    address: str | None = None,
+    *,
+    num_cpus: int | None = None,
+    join_local: str | None = None,
+    windows: bool = False,
 ) -> None:
     """Start a local Ray instance, or join the cluster at `address`, once per process. ``join_local``: the
     address of a Ray instance on this machine started by `eventing ray start` (eventing.workers.ray_instance),
-    whose workers already have this project's environment."""
+    whose workers already have this project's environment. ``windows``: a windowed function will run, so a
+    local instance's worker processes import numpy and pyarrow ahead (eventing.workers.ray_setup)."""
     import ray
 
     if ray.is_initialized():
@@ -82,7 +87,7 @@ def init_ray(
             # address="local": always a new instance of our own. Without it Ray joins the last cluster
             # `ray start` left on this machine (/tmp/ray/ray_current_cluster), whose workers run in
             # another directory with another environment: joining one takes --ray-address.
-            with _environment({**env, **light_worker_env()}):
+            with _environment({**env, **light_worker_env(windows=windows)}):
                 ray.init(address="local", **kwargs)
     except (ConnectionError, ValueError, RuntimeError) as exc:
         target = address or "a local Ray instance"
@@ -91,14 +96,15 @@ def init_ray(
         ) from None
 
 
-def light_worker_env() -> dict[str, str]:
+def light_worker_env(*, windows: bool = False) -> dict[str, str]:
     """The environment that makes a local instance's worker processes ~40 MB lighter each
-    (eventing.workers.ray_setup); empty when EVENTING_RAY_LIGHT_WORKERS=0 or another set-up hook is set."""
-    from eventing.workers.ray_setup import SETUP_HOOK, SETUP_HOOK_ENV
+    (eventing.workers.ray_setup), or, with ``windows``, has them import numpy and pyarrow ahead; empty when
+    EVENTING_RAY_LIGHT_WORKERS=0 or another set-up hook is set."""
+    from eventing.workers.ray_setup import SETUP_HOOK, SETUP_HOOK_ENV, WINDOWS_ENV
 
     if os.environ.get("EVENTING_RAY_LIGHT_WORKERS") == "0" or os.environ.get(SETUP_HOOK_ENV):
         return {}
-    return {SETUP_HOOK_ENV: SETUP_HOOK}
+    return {SETUP_HOOK_ENV: SETUP_HOOK, **({WINDOWS_ENV: "1"} if windows else {})}
 
 
 POOL_ADOPT_TIMEOUT_S = 5.0

@@ -25,7 +25,7 @@ from eventing.windows.batches import (
     write_row_batch,
 )
 from eventing.windows.spark import spark_job
-from eventing.windows.spark.partials import combine_rows
+from eventing.windows.spark.partials import combine_rows, merge_on_driver
 from eventing.windows.spark.sink import ParquetWindowSink, SqliteWindowSink, WindowSink
 from eventing.windows.spark.spark_job import aggregate_windows, merge_partials
 from eventing.windows.spark.structured_streaming import run_structured_streaming, write_watermark_sentinel
@@ -450,6 +450,22 @@ def test_spark_merges_partials_into_the_results_of_the_rows(
     assert merged.schema == result_schema(GROUP_BY, AGGREGATES)
 
 
+@pytest.mark.parametrize(("size_ms", "slide_ms"), [(10_000, 10_000), (10_000, 2_500)])
+def test_a_merge_on_the_driver_gives_exactly_sparks_results(spark, tmp_path: Path, rows, size_ms, slide_ms):
+    """The merge a local master's runtime does with Arrow (eventing.windows.spark.partials.merge_on_driver)
+    against Spark's over the same partials: the same table, null groups, null values and averages included."""
+    write_partials(tmp_path / "partials", rows, size_ms=size_ms, slide_ms=slide_ms)
+    windows = hopping_windows(
+        size_ms, slide_ms, BASE_MS - size_ms + slide_ms, BASE_MS + SPAN_MS - 2 * size_ms
+    )
+    windows.append((BASE_MS + 10 * SPAN_MS, BASE_MS + 10 * SPAN_MS + size_ms))  # no rows: no result row
+    shape = {"size_ms": size_ms, "group_by": GROUP_BY, "aggregates": AGGREGATES, "windows": windows}
+    on_driver = merge_on_driver(tmp_path / "partials", **shape)
+    assert on_driver is not None
+    assert on_driver.equals(merge_partials(spark, tmp_path / "partials", slide_ms=slide_ms, **shape))
+    assert on_driver.num_rows > 0
+
+
 def test_a_window_whose_values_are_all_null_merges_to_null_sums_and_zero_counts(
     spark, tmp_path: Path
 ) -> None:
@@ -476,6 +492,14 @@ def test_a_window_whose_values_are_all_null_merges_to_null_sums_and_zero_counts(
         aggregates=AGGREGATES,
         windows=[(BASE_MS, BASE_MS + 10_000)],
     )
+    on_driver = merge_on_driver(
+        tmp_path / "partials",
+        size_ms=10_000,
+        group_by=GROUP_BY,
+        aggregates=AGGREGATES,
+        windows=[(BASE_MS, BASE_MS + 10_000)],
+    )
+    assert on_driver is not None and on_driver.equals(merged)
     assert merged.to_pylist() == [
         {
             WINDOW_START: BASE_MS,

@@ -29,7 +29,7 @@ from eventing.windows.runtime.emission import FAULT_ENV, FAULT_EXIT_CODE
 from eventing.windows.runtime.host import SparkAggregator, WindowOptions
 from eventing.windows.runtime.row_writer import RowLayout, WindowRowWriter
 from eventing.windows.semantics import WindowSpec
-from eventing.windows.spark import spark_job
+from eventing.windows.spark import partials, spark_job
 from eventing.windows.spark.postgres_sink import PostgresWindowSink
 from eventing.workers.executor import InProcessExecutor
 from metadata.factory import open_store
@@ -71,8 +71,10 @@ def files_on(monkeypatch, pg_url) -> str:
     return pg_url
 
 
-@pytest.mark.parametrize("through", ["arrow", "parquet"])
+@pytest.mark.parametrize("through", ["driver", "arrow", "parquet"])
 def test_spark_merges_partials_kept_in_postgresql(spark, data_dir, files_on, monkeypatch, through):
+    if through != "driver":  # past what the driver merges with Arrow: a Spark job
+        monkeypatch.setattr(partials, "DRIVER_MERGE_ROWS", 0)
     if through == "parquet":  # partials past the driver's share: local Spark reads the scratch copy's files
         monkeypatch.setattr(spark_job, "DRIVER_PARTIAL_ROWS", 0)
     layout = RowLayout.for_definition(FN, WINDOW)

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from eventing.workers.executor import light_worker_env
-from eventing.workers.ray_setup import SETUP_HOOK, SETUP_HOOK_ENV, worker_process_setup
+from eventing.workers.ray_setup import SETUP_HOOK, SETUP_HOOK_ENV, WINDOWS_ENV, worker_process_setup
 
 # Run in a fresh interpreter: the test process may have imported pyarrow already.
 PROBE = r"""
@@ -66,6 +66,13 @@ def test_light_worker_env_names_the_hook_unless_turned_off_or_another_hook_is_se
     monkeypatch.delenv("EVENTING_RAY_LIGHT_WORKERS")
     monkeypatch.setenv(SETUP_HOOK_ENV, "my.own.hook")
     assert light_worker_env() == {}
+    assert light_worker_env(windows=True) == {}
+
+
+def test_light_worker_env_of_a_run_with_windows_has_the_workers_import_numpy_and_pyarrow(monkeypatch):
+    monkeypatch.delenv("EVENTING_RAY_LIGHT_WORKERS", raising=False)
+    monkeypatch.delenv(SETUP_HOOK_ENV, raising=False)
+    assert light_worker_env(windows=True) == {SETUP_HOOK_ENV: SETUP_HOOK, WINDOWS_ENV: "1"}
 
 
 def test_ray_loads_the_hook_by_its_name():
@@ -91,7 +98,8 @@ print(json.dumps({name: name in sys.modules for name in (
 """
 
 
-def test_the_set_up_imports_what_a_worker_starts_with_but_not_numpy_or_pyarrow():
+def test_the_set_up_imports_what_a_worker_starts_with_but_not_numpy_or_pyarrow(monkeypatch):
+    monkeypatch.delenv(WINDOWS_ENV, raising=False)
     out = subprocess.run(
         [sys.executable, "-c", PRELOAD_PROBE], capture_output=True, text=True, check=True
     ).stdout
@@ -102,6 +110,45 @@ def test_the_set_up_imports_what_a_worker_starts_with_but_not_numpy_or_pyarrow()
         "pyarrow": False,
         "pandas": False,
     }
+
+
+def test_the_set_up_of_an_instance_for_windows_imports_numpy_and_pyarrow_but_not_pandas(monkeypatch):
+    monkeypatch.setenv(WINDOWS_ENV, "1")
+    out = subprocess.run(
+        [sys.executable, "-c", PRELOAD_PROBE], capture_output=True, text=True, check=True
+    ).stdout
+    assert json.loads(out.strip().splitlines()[-1]) == {
+        "eventing.workers.hosting": True,
+        "eventing.workers.worker": True,
+        "numpy": True,
+        "pyarrow": True,
+        "pandas": False,
+    }
+
+
+def test_windows_deployed_tells_whether_a_deployed_function_has_a_window(tmp_path):
+    from eventing.control import lifecycle
+    from eventing.core.definition import FunctionDefinition
+    from eventing.storage.bucket import LocalBucket
+    from eventing.storage.state import as_state
+    from eventing.workers.executor import windows_deployed
+
+    data_dir = str(tmp_path)
+    LocalBucket.create(data_dir, "src").close()
+    plain = {"name": "plain", "source_bucket": "src"}
+    window = {"kind": "tumbling", "size": "1m", "time_field": "ts", "aggregates": [{"op": "count"}]}
+    lifecycle.save_function(
+        data_dir, FunctionDefinition.from_dict(plain), "def on_update(doc, meta):\n    pass\n"
+    )
+    windowed = FunctionDefinition.from_dict({"name": "windowed", "source_bucket": "src", "window": window})
+    lifecycle.save_function(data_dir, windowed, '"""Window-only."""\n')
+    state = as_state(data_dir)
+    lifecycle.deploy(data_dir, "plain")
+    assert not windows_deployed(state)  # saved, not deployed
+    lifecycle.deploy(data_dir, "windowed")
+    assert windows_deployed(state)
+    lifecycle.undeploy(data_dir, "windowed")
+    assert not windows_deployed(state)
 
 
 def test_a_module_that_cannot_be_imported_is_left_to_the_worker_start(monkeypatch):

@@ -11,6 +11,7 @@ Options are a ``WindowOptions`` the service is given (``eventing run --spark-mas
 from __future__ import annotations
 
 import logging
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -49,11 +50,32 @@ class SparkAggregator:
     def __init__(self, master: str | None = None):
         self.master = master
 
+    @property
+    def local(self) -> bool:
+        """Whether the merges run on this machine's Spark (``local[...]``, the default) rather than a
+        cluster's, which gets every merge as a Spark job."""
+        from eventing.windows.spark.spark_session import DEFAULT_MASTER, MASTER_ENV
+
+        return (self.master or os.environ.get(MASTER_ENV) or DEFAULT_MASTER).startswith("local")
+
     def __call__(self, partials_dir: Path, layout: RowLayout, windows: list[tuple]) -> pa.Table:
+        spec = layout.spec
+        if not spec.is_session and self.local:
+            # A local master's merge of a few partial rows per window and group: Arrow, in this process.
+            from eventing.windows.spark.partials import merge_on_driver
+
+            merged = merge_on_driver(
+                partials_dir,
+                size_ms=spec.size_ms,
+                group_by=list(layout.group_by),
+                aggregates=layout.aggregates,
+                windows=windows,
+            )
+            if merged is not None:
+                return merged
         from eventing.windows.spark.spark_job import merge_partials, merge_session_partials
         from eventing.windows.spark.spark_session import get_spark
 
-        spec = layout.spec
         if spec.is_session:
             return merge_session_partials(
                 get_spark(self.master),

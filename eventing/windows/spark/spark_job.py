@@ -27,6 +27,7 @@ from eventing.windows.spark.partials import (
     AVG_COUNT,
     AVG_SUM,
     SESSION_LAST,
+    partial_files,
     partial_schema,
     session_partial_schema,
 )
@@ -94,13 +95,7 @@ def check_window_shape(size_ms: int, slide_ms: int) -> None:
 
 def _parquet_files(rows_dir: str) -> list[str]:
     """The Parquet files under a local folder that Spark would read (hidden and ``_`` names skipped)."""
-    found = []
-    for root, dirs, names in os.walk(rows_dir):
-        dirs[:] = [d for d in dirs if not d.startswith((".", "_"))]
-        found += [
-            os.path.join(root, f) for f in names if f.endswith(".parquet") and not f.startswith((".", "_"))
-        ]
-    return found
+    return partial_files(rows_dir)
 
 
 def _shared_storage(path: str) -> bool:
