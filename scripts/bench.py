@@ -27,6 +27,10 @@ JSON with `batch_vs_per_call` and `batch_docs_vs_per_call` (the medians of the r
 per run in the same process, without a filter and with `{"field": "segment", "eq": "vip"}` (deletes, ~5%,
 pass too: a filter on document fields does not filter deletes); prints both rates and filtered/unfiltered.
 
+--cpu (W1, W3): each eventing run also prints the CPU its processes used per mutation, from /proc, over the
+timed window: the workers' processes (for a sandboxed function, its hosts), the sandboxed children and Ray's
+own processes; the JSON's runs carry them as `cpu_us` (and `sandbox_cpu_us`).
+
 --store postgresql://... (W1): the same W1 also on a PostgreSQL store, in the same run: the bucket is loaded
 into the data directory and into the store, and each run times the plain loop (over the data directory's
 bucket), eventing on the data directory and eventing on the store (these two in alternating order, run to
@@ -129,6 +133,87 @@ def bucket_contents(bucket: LocalBucket) -> dict[str, dict | None]:
     return {key: bucket.get(key) for key in bucket.keys()}
 
 
+class ProcessCpu:
+    """--cpu: the CPU of this process's descendants (Ray's processes, the workers, sandboxed children),
+    read from /proc/<pid>/stat every 20 ms on a thread (the tree looked at again every 0.2 s); `window`
+    gives each kind's CPU seconds between two time.perf_counter() times: "workers" (the Ray actors serving a
+    function's workers: for a sandboxed function, the hosts), "sandboxed children", "Ray" (the rest)."""
+
+    TICK = os.sysconf("SC_CLK_TCK")
+
+    def __init__(self) -> None:
+        import threading
+
+        self.samples: dict[int, tuple[str, list[tuple[float, float]]]] = {}
+        threading.Thread(target=self._poll, name="bench-cpu", daemon=True).start()
+
+    @staticmethod
+    def _stat(pid: int) -> tuple[int, float]:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[1]), (int(fields[11]) + int(fields[12])) / ProcessCpu.TICK
+
+    @staticmethod
+    def _kind(pid: int) -> str | None:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            return None
+        if not cmdline:
+            return None  # ended (a zombie): it keeps the kind it had
+        if "eventing.workers.sandbox.child" in cmdline:
+            return "sandboxed children"
+        return "workers" if "ray::WorkerHost" in cmdline else "Ray"
+
+    def _poll(self) -> None:
+        me, looked = os.getpid(), 0.0
+        known: set[int] = set()
+        while True:
+            now = time.perf_counter()
+            if now - looked >= 0.2:
+                looked, parents = now, {}
+                for name in os.listdir("/proc"):
+                    if name.isdigit():
+                        try:
+                            parents[int(name)] = self._stat(int(name))[0]
+                        except (OSError, ValueError, IndexError):
+                            pass
+                for pid in parents:
+                    up, depth = parents[pid], 0
+                    while up and up != me and depth < 16:
+                        up, depth = parents.get(up, 0), depth + 1
+                    if up == me:
+                        known.add(pid)
+                        kind = self._kind(pid)
+                        if kind is not None and (pid not in self.samples or kind != "Ray"):
+                            self.samples[pid] = (kind, self.samples.get(pid, (kind, []))[1])
+            for pid in list(known):
+                try:
+                    cpu = self._stat(pid)[1]
+                except (OSError, ValueError, IndexError):
+                    known.discard(pid)
+                    continue
+                if pid in self.samples:
+                    self.samples[pid][1].append((now, cpu))
+            time.sleep(0.02)
+
+    def window(self, start: float, end: float) -> dict[str, float]:
+        def at(series: list[tuple[float, float]], t: float) -> float:
+            value = series[0][1]
+            for when, cpu in series:
+                if when > t:
+                    break
+                value = cpu
+            return value
+
+        spent = {"workers": 0.0, "sandboxed children": 0.0, "Ray": 0.0}
+        for kind, series in list(self.samples.values()):
+            if series and series[-1][0] >= start and series[0][0] <= end:
+                spent[kind] += at(series, end) - at(series, start)
+        return spent
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -181,6 +266,12 @@ def main(argv: list[str] | None = None) -> int:
         help="time the plain loop and eventing this many times, alternating (default 1)",
     )
     parser.add_argument(
+        "--cpu",
+        action="store_true",
+        help="also print the CPU per mutation of the workers' processes (for a sandboxed function: its "
+        "hosts and its children) and of Ray's own, in each eventing run (from /proc; JSON: cpu_us)",
+    )
+    parser.add_argument(
         "--store",
         default=None,
         metavar="postgresql[://...]",
@@ -198,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
             why = "--store times W1 only (no --workload writing, --filter-ratio or --isolation)"
         if why:
             parser.error(why)
+    if args.cpu and (args.store is not None or args.batch or args.filter_ratio is not None):
+        parser.error("--cpu measures W1 and W3 runs only (no --store, --batch or --filter-ratio)")
     writing = args.workload == "writing"
     if args.mutations is None:
         args.mutations = 300_000 if writing else 1_000_000
@@ -233,6 +326,7 @@ def measure(args: argparse.Namespace, handler: str, writing: bool, temps: contex
     )
 
     runs: list[dict] = []
+    cpu = ProcessCpu() if args.cpu else None
     for run in range(1, args.runs + 1):
         label = f"run {run}/{args.runs}: " if args.runs > 1 else ""
         plain_out = (
@@ -267,11 +361,19 @@ def measure(args: argparse.Namespace, handler: str, writing: bool, temps: contex
             print(f"{label}ratio eventing/plain ({isolation}): {ratio:.2f}")
             prefix = "sandbox_" if isolation == "sandbox" and len(isolations) > 1 else ""
             row.update({f"{prefix}eventing_mps": round(eventing_mps), f"{prefix}ratio": round(ratio, 3)})
+            if cpu is not None:
+                spent = cpu.window(*figures["window"])
+                per = {kind: round(s * 1e6 / figures["timed"], 2) for kind, s in spent.items() if s > 0}
+                print(
+                    f"{label}CPU a mutation ({isolation}): "
+                    + ", ".join(f"{kind} {us:.2f} us" for kind, us in per.items())
+                )
+                row[f"{prefix}cpu_us"] = per
         if len(isolations) > 1:
             row["sandbox_cost"] = round(1 - row["sandbox_eventing_mps"] / row["eventing_mps"], 3)
             print(f"{label}sandboxed/unsandboxed: {row['sandbox_eventing_mps'] / row['eventing_mps']:.2f}")
         runs.append(row)
-    keys = [k for k in runs[0] if k != "sandbox_cost"]
+    keys = [k for k in runs[0] if k != "sandbox_cost" and not isinstance(runs[0][k], dict)]
     summary = {key: statistics.median(r[key] for r in runs) for key in keys}
     if args.runs > 1:
         ratios = ", ".join(f"{r['ratio']:.2f}" for r in runs)
@@ -604,6 +706,8 @@ def eventing_run(
         "run_s": run_s,
         "up_s": ready - start_run,
         "eventing_mps": (handled - marks.get("handled_at_ready", 0)) / run_s,
+        "timed": handled - marks.get("handled_at_ready", 0),  # the mutations handled in the timed window
+        "window": (ready, end),
     }
 
 

@@ -134,7 +134,7 @@ def profile_children(folder: str) -> None:
     import shutil
     import subprocess
 
-    popen, end = subprocess.Popen, sandbox._Sandboxed._end
+    popen, end = subprocess.Popen, sandbox._Sandboxed._end_child
 
     def profiled_popen(cmd: list, *args: object, **kwargs: object) -> object:
         if cmd[1:3] == ["-m", "eventing.workers.sandbox.child"]:
@@ -153,7 +153,7 @@ def profile_children(folder: str) -> None:
         end(self)
 
     subprocess.Popen = profiled_popen  # type: ignore[misc,assignment]
-    sandbox._Sandboxed._end = end_profiled  # type: ignore[method-assign]
+    sandbox._Sandboxed._end_child = end_profiled  # type: ignore[method-assign]
 
 
 def run(data_dir: str, args: argparse.Namespace, handler: str, isolation: str, split: Split | None) -> dict:

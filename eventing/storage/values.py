@@ -109,18 +109,19 @@ class EffectGroup:
 
     def __post_init__(self) -> None:
         writes = self.writes
-        if type(writes) is bytes:  # unpickled (__reduce__): the writes packed, `(seqno, *write)` each
-            self.writes = [(w[0], tuple.__new__(Write, w[1:])) for w in _unpacked(writes)]
+        if type(writes) is bytes:  # unpickled (__reduce__): the writes packed as columns
+            self.writes = _unpacked(writes)
         elif writes and type(writes[0][1]) is tuple:  # unpickled (__reduce__): the writes as plain tuples
             self.writes = [(seqno, _as_write(write)) for seqno, write in writes]
 
     def __reduce__(self) -> tuple:
         # A batch's effects cross processes (a sandbox's line, Ray) with the writes packed as one msgpack
-        # array (~0.3 us a write each way; pickled plain tuples cost ~0.7 and ~0.5 us, named tuples ~1.4 and
-        # ~0.5 us), and W3's writes were most of what the sandbox cost (docs/benchmarks.md, "Sandboxed
-        # functions"); a value msgpack cannot carry (a key that is no UTF-8) goes as plain tuples.
+        # array of columns, the source seqnos then each of a write's fields (~0.15 us a write to pack, ~0.2
+        # us to load back as Write objects; a msgpack array a write cost ~0.35 and ~0.45 us, pickled plain
+        # tuples ~0.7 and ~0.5 us): W3's writes were most of what the sandbox cost (docs/benchmarks.md,
+        # "Sandboxed functions"); a value msgpack cannot carry (a key that is no UTF-8) goes as plain tuples.
         try:
-            writes: bytes | list = _packb([(seqno, *write) for seqno, write in self.writes])
+            writes: bytes | list = _packb(_columns(self.writes))
         except (TypeError, ValueError, OverflowError):
             writes = [(seqno, tuple(write)) for seqno, write in self.writes]
         return (EffectGroup, (self.vb, self.epoch, writes, self.conditional, self.upto))
@@ -135,21 +136,43 @@ def _as_write(value: tuple) -> Write:
     return tuple.__new__(Write, value)
 
 
-def _packb(writes: list) -> bytes:
+def _columns(writes: list[tuple[int, Write]]) -> list:
+    """``(source seqno, write)`` pairs as columns: the seqnos, then each field of the writes (C-level
+    transposition, no object a write)."""
+    if not writes:
+        return []
+    seqnos, rows = zip(*writes, strict=True)
+    columns = [seqnos, *zip(*rows, strict=True)]  # ValueError: writes of unequal shapes
+    if len(columns) != _WRITE_FIELDS + 1:
+        raise TypeError("a write of the wrong shape")  # sent as tuples: the receiver names it
+    return columns
+
+
+def _packb(columns: list) -> bytes:
     import msgpack
 
-    return msgpack.packb(writes, use_bin_type=True)
+    return msgpack.packb(columns, use_bin_type=True)
 
 
-def _unpacked(packed: bytes) -> tuple:
+def _unpacked(packed: bytes) -> list[tuple[int, Write]]:
+    """The ``(source seqno, write)`` pairs of packed columns (_columns), each write a Write."""
+    from itertools import repeat
+
     import msgpack
 
-    writes = msgpack.unpackb(packed, raw=False, use_list=False)
-    if type(writes) is not tuple or not all(type(w) is tuple and len(w) == _WRITE_FIELDS + 1 for w in writes):
+    columns = msgpack.unpackb(packed, raw=False, use_list=False)
+    if columns == ():
+        return []
+    if (
+        type(columns) is not tuple
+        or len(columns) != _WRITE_FIELDS + 1
+        or not all(type(c) is tuple and len(c) == len(columns[0]) for c in columns)
+    ):
         raise TypeError(
-            f"packed writes are not arrays of a source seqno and a write's {_WRITE_FIELDS} fields"
+            f"packed writes are not columns of source seqnos and of a write's {_WRITE_FIELDS} fields"
         )
-    return writes
+    writes = map(tuple.__new__, repeat(Write), zip(*columns[1:], strict=True))
+    return list(zip(columns[0], writes, strict=True))
 
 
 @dataclass

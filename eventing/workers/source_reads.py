@@ -122,14 +122,18 @@ class SourceReader:
         covered = 0
         runs: list[tuple[int, int, int]] = []
         total = 0
+        enough = max(budget, REMOTE_READ_AHEAD)
+        has_ahead = source.has_ahead
         for vb in work[start:] + work[:start]:
             backlog = min(limits[vb] - positions[vb], REMOTE_READ_AHEAD)
-            if source.has_ahead(vb):
+            if has_ahead(vb):
                 if not runs:
                     covered += backlog
+                    if covered >= enough:
+                        return  # enough read ahead in the order of the coming batches
                 continue
-            if not runs and covered >= max(budget, REMOTE_READ_AHEAD):
-                return  # enough read ahead in the order of the coming batches
+            if not runs and covered >= enough:
+                return
             if backlog > 0:
                 runs.append((vb, positions[vb], backlog))
                 total += backlog

@@ -6,6 +6,7 @@ history is in seqno order (read-your-writes across the hand-over): counted by ch
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
@@ -95,3 +96,29 @@ def test_writes_handed_over_are_applied_once_whatever_happens_meanwhile(data_dir
     counters = store.counters("fn_h")
     if fate == "applied_then_killed":
         assert counters["effects_duplicate"] > 0  # applied before the kill, recognised and skipped after it
+
+
+def test_stop_ends_the_child_and_leaves_the_hosts_connections_to_close(data_dir):
+    """A stop ends the child and removes its folder at once, but the host's bucket connections are closed
+    only by close() (or with the process): closing the last connection to a written bucket checkpoints its
+    WAL, which an unsandboxed worker's stop does not wait for either."""
+    source = load_source(data_dir, 50, 300, chunk=300, seed=5)
+    deploy_function(
+        data_dir,
+        ledger_definition("fn_s", "src", "ledger", workers=1, batch_size=100, isolation="sandbox"),
+        LEDGER_HANDLER,
+    )
+    generation = open_store(data_dir).get_function("fn_s").generation
+    core = host.SandboxedCore(
+        WorkerSpec(data_dir, "fn_s", generation, "local/w0", tuple(range(NUM_VBUCKETS)))
+    )
+    while not core.step(100).caught_up:
+        pass
+    backend = core.service.backend
+    core.stop()
+    assert core.proc.poll() is not None and not os.path.exists(core.tmp)
+    assert core.service.backend is backend and backend._buckets, "stop closed the host's connections"
+    core.close()
+    assert core.service.backend is None and not backend._buckets
+    report = check_ledger(source, LocalBucket.open(data_dir, "ledger"))
+    assert report.ok and report.handled == 300, report.summary()

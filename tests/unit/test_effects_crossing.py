@@ -1,11 +1,13 @@
-"""A batch's effects cross processes (a sandbox's line, Ray) with their writes packed as one msgpack array, or
-as plain tuples where msgpack cannot carry a value (EffectGroup.__reduce__): they arrive equal, as Write
-objects, and a write of the wrong shape is refused."""
+"""A batch's effects cross processes (a sandbox's line, Ray) with their writes packed as one msgpack array of
+columns (the source seqnos, then each field of the writes), or as plain tuples where msgpack cannot carry a
+value (EffectGroup.__reduce__): they arrive equal, as Write objects, and writes of the wrong shape are
+refused."""
 
 from __future__ import annotations
 
 import pickle
 
+import msgpack
 import pytest
 
 from eventing.core.mutation import OP_DELETE, OP_UPDATE
@@ -33,7 +35,12 @@ def test_effect_groups_arrive_equal_with_their_writes_as_write_objects():
 
 def test_writes_cross_packed_and_a_key_msgpack_cannot_carry_crosses_as_tuples():
     group = _group()
-    assert type(group.__reduce__()[1][2]) is bytes  # packed: one msgpack array
+    packed = group.__reduce__()[1][2]
+    assert type(packed) is bytes  # packed: one msgpack array of columns
+    columns = msgpack.unpackb(packed)
+    assert columns[:3] == [[7, 8, 9], ["a", "b", "c"], [OP_UPDATE, OP_DELETE, OP_UPDATE]]
+    assert len(columns) == 1 + len(Write._fields)
+    assert _values(pickle.dumps(EffectGroup(5, 1, []), 5)).writes == []
     odd = EffectGroup(4, 1, [(2, Write("\udc80", OP_UPDATE, b"\x80"))])  # a lone surrogate: no UTF-8
     assert type(odd.__reduce__()[1][2]) is list
     for sent in (group, odd):
@@ -42,10 +49,14 @@ def test_writes_cross_packed_and_a_key_msgpack_cannot_carry_crosses_as_tuples():
 
 
 def test_packed_writes_of_the_wrong_shape_are_refused():
-    import msgpack
-
-    for packed, shape in (([[1, "k", OP_UPDATE]], "arrays of a source seqno"), ({"k": 1}, "arrays of")):
-        with pytest.raises(TypeError, match=shape):
+    fields = len(Write._fields)
+    for packed in (
+        [[1], ["k"], [OP_UPDATE]],  # too few columns
+        [[1, 2], *[["k"] for _ in range(fields)]],  # columns of unequal lengths
+        [[1, "k", OP_UPDATE]],
+        {"k": 1},
+    ):
+        with pytest.raises(TypeError, match="not columns of source seqnos"):
             EffectGroup(0, 0, msgpack.packb(packed))
 
 

@@ -317,6 +317,13 @@ class _Sandboxed:
         return self._writer_pool
 
     def _end(self) -> None:
+        try:
+            self._end_child()
+        finally:
+            self._close_backend()
+
+    def _end_child(self) -> None:
+        """End the child and remove its folder; the host's own connections (`_close_backend`) stay."""
         if self._ended:
             return
         self._ended = True
@@ -330,8 +337,15 @@ class _Sandboxed:
             if self.proc.poll() is None:
                 self.proc.kill()
             self.proc.wait()
-            self.service.backend.close() if hasattr(self.service.backend, "close") else None
             self._remove()
+
+    def _close_backend(self) -> None:
+        """Close the host's connections to the function's buckets and store (once). Closing the last
+        connection to a bucket file that was written moves its WAL into the file (0.3-0.4 s for W3's output
+        at a run's end), so a stopped worker leaves it to a later close, as an unsandboxed one does."""
+        backend, self.service.backend = self.service.backend, None
+        if backend is not None and hasattr(backend, "close"):
+            backend.close()
 
     def close(self) -> None:
         if not self._ended:
@@ -380,11 +394,19 @@ class SandboxedCore(_Sandboxed):
     def stop(self) -> Any:
         """The worker's last call (it checkpoints and releases its vBuckets): the sandbox ends with it, so
         its process and folder are gone before the host is ended (Ray ends a stopped worker's process with
-        SIGKILL, which leaves nothing to clean up after)."""
+        SIGKILL, which leaves nothing to clean up after). The host's own connections stay until close()."""
         try:
             return self._rpc("stop", ())
         finally:
-            self.close()
+            if not self._ended:
+                try:
+                    self._rpc("close", ())
+                except Exception:  # noqa: BLE001 - ended all the same
+                    pass
+            # The child and its folder go now; the host's connections with close() (a kept or shared
+            # process, the in-process executor) or with the process (Ray ends it), as an unsandboxed
+            # worker's do: their close checkpoints a written bucket's WAL, which is no part of a stop.
+            self._end_child()
 
     def __getattr__(self, method: str) -> Callable[..., Any]:
         if method.startswith("_"):

@@ -34,7 +34,15 @@ def _recv(sock: socket.socket) -> bytes:
 
 
 def _send(sock: socket.socket, payload: bytes) -> None:
-    sock.sendall(_HEADER.pack(len(payload)) + payload)
+    header = _HEADER.pack(len(payload))
+    if len(payload) < _JOINED_MAX:
+        sock.sendall(header + payload)
+    else:  # a large frame (a read's rows, a batch's writes) is not copied to be joined to its header
+        sock.sendall(header)
+        sock.sendall(payload)
+
+
+_JOINED_MAX = 1 << 16
 
 
 # What the host accepts from a sandboxed process: plain values and these classes (no callables).

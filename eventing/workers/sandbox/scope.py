@@ -71,6 +71,7 @@ class ScopedService:
             if b.access == "rw":
                 self.write_keyspaces.setdefault(b.bucket, []).append(b.keyspace)
         self._registry: dict[str, dict[int, tuple[str, str]]] = {}
+        self._verdicts: dict[tuple[str, int, bool], bool] = {}  # (bucket, collection id, write): allowed
         # The calls a sandboxed worker may make, by name, and what answers each (check says which of their
         # arguments are the function's own): nothing else is served.
         self.calls: dict[str, Callable[..., Any]] = {
@@ -141,22 +142,36 @@ class ScopedService:
         known = self._registry.get(bucket)
         if known is None or cid not in known:  # created since the last look (ids are never reused)
             listed = self.backend.call("bucket", bucket, "collection_list", (), {})
-            known = self._registry[bucket] = {c: (s, n) for s, n, c in listed}
+            known = self._list(bucket, listed)
         return known.get(cid)
+
+    def _list(self, bucket: str, listed: list) -> dict[int, tuple[str, str]]:
+        """Take a bucket's collection registry as listed now; the verdicts judged on the last one go."""
+        self._verdicts.clear()
+        known = self._registry[bucket] = {c: (s, n) for s, n, c in listed}
+        return known
 
     def _allowed(self, bucket: str, key: Any, *, write: bool = False) -> bool:
         from eventing.core.keyspaces import split_stored_key
 
         if not isinstance(key, str):
             return False
-        named = self._collection(bucket, split_stored_key(key)[0])
+        cid = split_stored_key(key)[0]
+        verdict = self._verdicts.get((bucket, cid, write))  # judged once a collection, not once a key
+        if verdict is not None:
+            return verdict
+        named = self._collection(bucket, cid)
         if named is None:
             return False
         from eventing.core.keyspaces import Keyspace
 
         scope, collection = named
         keyspaces = (self.write_keyspaces if write else self.read_keyspaces).get(bucket, [])
-        return any(k.covers(Keyspace(bucket, scope, collection)) for k in keyspaces)  # `scope.*`, `*.*` too
+        verdict = any(
+            k.covers(Keyspace(bucket, scope, collection)) for k in keyspaces
+        )  # `scope.*`, `*.*` too
+        self._verdicts[(bucket, cid, write)] = verdict
+        return verdict
 
     def _prefix_allowed(self, bucket: str, prefix: Any) -> bool:
         from eventing.core.keyspaces import COLLECTION_MARK
@@ -222,8 +237,9 @@ class ScopedService:
                     raise EOFError("a log read cannot be scoped to the function's collections")
             else:
                 rows = run[1]
-            redacted, _ = self._redact(bucket, rows)
-            answers[i], changed = (0, redacted), True
+            redacted, redacted_any = self._redact(bucket, rows)
+            if redacted_any:  # else the run goes as it came (the blob is packed again only if one changed)
+                answers[i], changed = (0, redacted), True
         return (msgpack.packb(answers, use_bin_type=True), highs) if changed else answer
 
     # -- what may be asked ------------------------------------------------------------------------------
@@ -284,8 +300,7 @@ class ScopedService:
     def _others(self, bucket: str) -> bool:
         """Whether the bucket has named collections the function does not read (a count of the default
         collection's prefix "" would include their documents)."""
-        listed = self.backend.call("bucket", bucket, "collection_list", (), {})
-        self._registry[bucket] = {c: (s, n) for s, n, c in listed}
+        self._list(bucket, self.backend.call("bucket", bucket, "collection_list", (), {}))
         return any(not self._allowed(bucket, f"\x01{cid:x}\x01") for cid in self._registry[bucket])
 
     def _effects_allowed(self, bucket: str, call_args: tuple) -> bool:
