@@ -151,6 +151,16 @@ def partial_files(partials_dir: str | os.PathLike[str]) -> list[str]:
     return sorted(found)
 
 
+def requested_starts(windows: Sequence[tuple[int, int]], size_ms: int) -> list[int]:
+    """The starts of the closed ``windows`` a merge is asked for, each checked to be ``size_ms`` long."""
+    for start, end in windows:
+        if end - start != size_ms:
+            raise ValueError(
+                f"window [{start}, {end}) is not {size_ms} ms long; ask only for this function's windows"
+            )
+    return sorted({start for start, _ in windows})
+
+
 def merge_on_driver(
     partials_dir: str | os.PathLike[str],
     *,
@@ -172,12 +182,7 @@ def merge_on_driver(
     from eventing.windows.batches import WINDOW_END, result_schema, sort_results
 
     schema = result_schema(group_by, aggregates)
-    starts = sorted({start for start, _ in windows})
-    for start, end in windows:
-        if end - start != size_ms:
-            raise ValueError(
-                f"window [{start}, {end}) is not {size_ms} ms long; ask only for this function's windows"
-            )
+    starts = requested_starts(windows, size_ms)
     files = partial_files(partials_dir)
     if not starts or not files:
         return schema.empty_table()

@@ -29,6 +29,7 @@ from eventing.windows.spark.partials import (
     SESSION_LAST,
     partial_files,
     partial_schema,
+    requested_starts,
     session_partial_schema,
 )
 
@@ -219,12 +220,7 @@ def merge_partials(
     gives from the rows themselves. A requested window with no partials has no result row."""
     check_window_shape(size_ms, slide_ms)
     schema = result_schema(group_by, aggregates)
-    starts = sorted({start for start, _ in windows})
-    for start, end in windows:
-        if end - start != size_ms:
-            raise ValueError(
-                f"window [{start}, {end}) is not {size_ms} ms long; ask only for this function's windows"
-            )
+    starts = requested_starts(windows, size_ms)
     path = os.fspath(partials_dir)
     shared = _shared_storage(path)
     files = [] if shared else _parquet_files(path)
