@@ -662,6 +662,9 @@ class ServiceDriver(LifecycleDriver):
         self.catch_up_s = catch_up_s
         self.service: Any = None
         self.kills = {"worker": 0, "service": 0}
+        # `eventing run` refuses a directory with no metadata store (a mistyped --data-dir); the first
+        # deploy may come after the service looked, so the store exists before it starts.
+        open_store(self.data_dir, create=True).close()
         self.start_service()
 
     def start_service(self) -> None:
