@@ -327,6 +327,31 @@ class PostgresDatabase:
         `pipeline`: send the body's statements without waiting for each answer (see Cursor)."""
         return self._with_retries(lambda conn: self._once(conn, body, pipeline), retry=retry)
 
+    def call(self, sql: str, args: Sequence[Any], *, committed: T) -> T:
+        """One statement that is a transaction of its own: a call of a function of the store that takes a
+        commit token as its first argument and inserts it (metadata.postgres.commits) exactly when it
+        commits changes. One round trip and one statement where BEGIN, the token and COMMIT are three. The
+        first column of its answer; ``committed`` where that answer was lost and the token says the call
+        committed. Retried as ``transaction`` is."""
+
+        def once(conn: psycopg.Connection) -> T:
+            import psycopg
+
+            if not self._commits_ready:
+                self._create_commits_table(conn)
+            if self._prune_due():
+                conn.execute(commits.prune_sql(self._wait_s()))
+            token = commits.new_token()
+            try:
+                row = conn.execute(_placeholders(sql), (token, *args), prepare=None).fetchone()
+            except psycopg.Error as exc:
+                if _lost_answer(exc):
+                    raise _Ambiguous(exc, token, committed) from None
+                raise
+            return row[0]  # type: ignore[index, no-any-return]
+
+        return self._with_retries(once, retry=True)
+
     def read(self, sql: str, args: Sequence[Any] | None = None) -> list[tuple]:
         """One statement outside a transaction (autocommit), retried while the server is away."""
         params = args or None  # no arguments: the text is not scanned for placeholders

@@ -24,17 +24,47 @@ test_postgres_outage.py found effects missing after a kill -9 of the server).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Sequence
 
+from eventing.core.mutation import OP_UPDATE
 from eventing.storage.effects import resolve_conditions
 from eventing.storage.postgres.registry import BucketRef
-from eventing.storage.postgres.writer import BY_KEYS, LogWriter, Written, items_of, send, vb_of
+from eventing.storage.postgres.writer import (
+    BY_KEYS,
+    COPY_MIN_ROWS,
+    Item,
+    LogWriter,
+    Written,
+    check_key,
+    items_of,
+    send,
+    vb_of,
+)
 from eventing.storage.values import EffectGroup, EffectResult, Write
+from eventing.storage.writes import _reserve_cas
+from metadata.postgres.arrays import Byteas, Int2s, Int8s, Texts
 from metadata.postgres.connection import Cursor
 
 Marks = dict[int, tuple[int, int]]  # vb -> (epoch, seqno)
+_APPLY_USUAL = (
+    "SELECT eventing_apply_effects(%s, %s, %s, %s, %s, %b::int2[], %b::int8[], %b::int8[], %b::int2[], "
+    "%b::int8[], %b::int8[], %b::int2[], %b::text[], %b::bytea[], %b::int8[], %b::int8[], %b::int8[])"
+)
 ASYNC_EFFECTS = False  # see the module docstring: on only where a lost commit makes the worker replay
 _ASYNC = "SET LOCAL synchronous_commit TO off"
+
+
+def _usual(items: list[Item]) -> bool:
+    """Whether the server's function can apply these writes (eventing.storage.postgres.functions): updates
+    without extended attributes of their own, fewer than a COPY's worth, keys PostgreSQL can hold."""
+    if not items or len(items) >= COPY_MIN_ROWS or len(items[0]) > 6:
+        return False
+    for item in items:
+        check_key(item[0])
+        if item[1] != OP_UPDATE:
+            return False
+    return True
 
 
 class EffectApplier:
@@ -199,6 +229,10 @@ class EffectApplier:
         ]
 
         targets = [vb_of(item[0]) for item in ready]
+        if not conditional and _usual(ready):
+            applied = self._apply_usual(function, groups, ready, targets, who)
+            if applied is not None:
+                return applied
 
         def body(cur: Cursor, written: Written) -> EffectResult:
             # The marks, then the high seqnos of every vBucket the writes may go to, locked in that order
@@ -262,6 +296,47 @@ class EffectApplier:
             return result
 
         return writer.run(body, pipeline=True)
+
+    def _apply_usual(
+        self, function: str, groups: Sequence[EffectGroup], ready: list[Item], targets: list[int], who: str
+    ) -> EffectResult | None:
+        """The usual flush as one statement, the transaction of its own (eventing.storage.postgres.functions).
+        None where the server found a group fenced or a write applied already (it changed no document): the
+        general path sorts those out."""
+        last: dict[int, tuple[int, int]] = {}  # vb -> (the last group's epoch, the highest seqno to mark)
+        lowest: list[int | None] = []
+        for g in groups:
+            top = max(max(s for s, _ in g.writes) if g.writes else 0, g.upto)
+            if g.vb in last:
+                top = max(top, last[g.vb][1])
+            last[g.vb] = (g.epoch, top)
+            lowest.append(min(s for s, _ in g.writes) if g.writes else None)
+        marked = sorted(last)
+        cas = _reserve_cas(len(ready))
+        args = (
+            self.ref.id,
+            function,
+            who,
+            int(time.time() * 1000),
+            Int2s([g.vb for g in groups]),
+            Int8s([g.epoch for g in groups]),
+            Int8s(lowest),
+            Int2s(marked),
+            Int8s([last[vb][0] for vb in marked]),
+            Int8s([last[vb][1] for vb in marked]),
+            Int2s(targets),
+            Texts([item[0] for item in ready]),
+            Byteas([item[2] for item in ready]),
+            Int8s([item[3] for item in ready]),
+            Int8s([item[4] for item in ready]),
+            Int8s([cas + 1 + i if item[5] is None else item[5] for i, item in enumerate(ready)]),
+        )
+
+        if not self.ref.db.call(_APPLY_USUAL, args, committed=True):
+            return None
+        if targets:
+            self.writer.wake.notify(self.ref.name, set(targets))
+        return EffectResult(applied=len(ready))
 
     def _docs_in(self, cur: Cursor, keys: set[str]) -> dict[str, tuple[bytes, int, int]]:
         rows = cur.execute(

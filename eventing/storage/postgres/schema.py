@@ -29,14 +29,16 @@ from __future__ import annotations
 
 import threading
 
+from eventing.storage.postgres.functions import FUNCTIONS
 from metadata.postgres import PostgresDatabase, ensure_schema
 
 COMPONENT = "buckets"
 # A new column goes at the end of DDL (statements safe to run again) and bumps VERSION. 2: xattrs (a
 # document's extended attributes, eventing.core.xattrs; NULL: none) in bucket_docs and bucket_log. 3: the
 # partial index of the documents that have some (whether a bucket holds any is one probe of it, which a
-# write that keeps a document's XATTRs makes first: eventing.storage.postgres.writer).
-VERSION = 3
+# write that keeps a document's XATTRs makes first: eventing.storage.postgres.writer). 4: the server-side
+# function for a flush of effects in the usual case (eventing.storage.postgres.functions).
+VERSION = 4
 
 DDL = (
     """CREATE TABLE IF NOT EXISTS bucket_registry(
@@ -68,6 +70,7 @@ DDL = (
     "ALTER TABLE bucket_docs ADD COLUMN IF NOT EXISTS xattrs BYTEA",
     "ALTER TABLE bucket_log ADD COLUMN IF NOT EXISTS xattrs BYTEA",
     "CREATE INDEX IF NOT EXISTS bucket_docs_xattrs ON bucket_docs(bucket, key) WHERE xattrs IS NOT NULL",
+    *FUNCTIONS,
 )
 
 # The log's columns in Mutation's field order (eventing.core.mutation.Mutation), as the files name them.
