@@ -327,12 +327,12 @@ class PostgresDatabase:
         `pipeline`: send the body's statements without waiting for each answer (see Cursor)."""
         return self._with_retries(lambda conn: self._once(conn, body, pipeline), retry=retry)
 
-    def call(self, sql: str, args: Sequence[Any], *, committed: T) -> T:
+    def call(self, sql: str, args: Sequence[Any], *, committed: Callable[[], T]) -> T:
         """One statement that is a transaction of its own: a call of a function of the store that takes a
         commit token as its first argument and inserts it (metadata.postgres.commits) exactly when it
         commits changes. One round trip and one statement where BEGIN, the token and COMMIT are three. The
-        first column of its answer; ``committed`` where that answer was lost and the token says the call
-        committed. Retried as ``transaction`` is."""
+        first column of its answer; where that answer was lost and the token says the call committed,
+        ``committed()`` (what it would have answered, found again). Retried as ``transaction`` is."""
 
         def once(conn: psycopg.Connection) -> T:
             import psycopg
@@ -346,7 +346,7 @@ class PostgresDatabase:
                 row = conn.execute(_placeholders(sql), (token, *args), prepare=None).fetchone()
             except psycopg.Error as exc:
                 if _lost_answer(exc):
-                    raise _Ambiguous(exc, token, committed) from None
+                    raise _Ambiguous(exc, token, None, then=committed) from None
                 raise
             return row[0]  # type: ignore[index, no-any-return]
 
@@ -465,7 +465,7 @@ class PostgresDatabase:
                 committed = self._resolve(amb, started, wait_s)
                 self.resolved[{True: "committed", False: "not committed", None: "unknown"}[committed]] += 1
                 if committed:
-                    return amb.out  # type: ignore[no-any-return]
+                    return amb.then() if amb.then is not None else amb.out  # type: ignore[no-any-return]
                 if committed is None:
                     raise StoreUnavailableError(
                         describe_error(self.target, amb.cause) + "; the last write may or may not have been "
@@ -604,13 +604,17 @@ class PostgresDatabase:
 
 
 class _Ambiguous(Exception):
-    """A COMMIT sent and its answer lost; `out` is what the body returned, `token` its commit token."""
+    """A COMMIT sent and its answer lost; `out` is what the body returned (or `then()` finds it), `token` its
+    commit token."""
 
-    def __init__(self, cause: BaseException, token: uuid.UUID, out: Any):
+    def __init__(
+        self, cause: BaseException, token: uuid.UUID, out: Any, *, then: Callable[[], Any] | None = None
+    ):
         super().__init__(str(cause))
         self.cause = cause
         self.token = token
         self.out = out
+        self.then = then  # once it committed: finds what it answered (a call's answer lost with it)
 
 
 def _lost_answer(exc: BaseException) -> bool:

@@ -1,7 +1,7 @@
-"""The server-side flush of effects (eventing.storage.postgres.functions, ``eventing_apply_effects``) against
-the statements it stands in for: the same sequences of flushes, fences and writes on two stores, one taking
-the function where it can and one never, leave the same documents, log, high seqnos and marks, and answer
-the same. Then what the function does when it cannot apply a flush, and its commit token."""
+"""The server-side functions of a PostgreSQL bucket (eventing.storage.postgres.functions) against the
+statements they stand in for: the same sequences of flushes of effects, fences and writes on two stores, one
+taking the functions where it can and one never, leave the same documents, log, high seqnos and marks, and
+answer the same. Then what the functions do where they cannot apply a batch, and their commit tokens."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from eventing.core import xattrs as X
 from eventing.core.mutation import OP_DELETE, OP_UPDATE, encode_document
 from eventing.storage import postgres as pg_buckets
 from eventing.storage.postgres import effects as pg_effects
+from eventing.storage.postgres import writer as pg_writer
 from eventing.storage.values import EffectGroup, Write
 from metadata.postgres import PostgresDatabase
 from sharding import vbucket_of
@@ -42,6 +43,10 @@ def _bucket(request):
             yield bucket, db
     finally:
         db.close()
+
+
+def _writes_by_statements(monkeypatch) -> None:
+    monkeypatch.setattr(pg_writer, "plain_updates", lambda items: False)
 
 
 class _Counting:
@@ -109,6 +114,7 @@ _step = st.one_of(
     ),
     st.tuples(st.just("fence"), st.sampled_from(SOURCE_VBS), st.integers(1, 3)),
     st.tuples(st.just("xattrs"), st.sampled_from(KEYS)),
+    st.tuples(st.just("write"), st.lists(_write, min_size=1, max_size=4)),
 )
 
 
@@ -121,6 +127,8 @@ def _run(bucket, steps) -> list:
             bucket.fence(FUNCTION, {step[1]: step[2]})
         elif step[0] == "xattrs":  # a document with extended attributes, which updates keep
             bucket.write([Write(step[1], OP_UPDATE, encode_document({"x": 1}), xattrs=X.encode({"m": 1}))])
+        elif step[0] == "write":  # a batch of the bucket's own writes: (vb, seqno) or None each
+            answers.append(bucket.write(step[1]))
         else:
             groups = []
             for vb, epoch, back, writes in step[1]:
@@ -144,6 +152,7 @@ def test_the_servers_flush_leaves_what_the_statements_leave(request, monkeypatch
             fast_answers = _run(fast, steps)
         with monkeypatch.context() as m:
             _Counting(m, allowed=False)
+            _writes_by_statements(m)
             slow_answers = _run(slow, steps)
         assert fast_answers == slow_answers
         assert _state(fast, fast_db) == _state(slow, slow_db)
@@ -238,3 +247,32 @@ def test_an_update_through_the_function_keeps_the_documents_extended_attributes(
             (bucket.ref.id,),
         )
         assert [bytes(x) if x else None for _, x in logged] == [X.encode({"m": 1})] * 2
+
+
+def test_plain_writes_go_through_the_function_and_a_lost_answer_is_found_again(request, monkeypatch):
+    calls = []
+    real = pg_writer.LogWriter._write_updates
+
+    def spy(writer, *args):
+        calls.append(len(args[0]))
+        return real(writer, *args)
+
+    monkeypatch.setattr(pg_writer.LogWriter, "_write_updates", spy)
+    with _bucket(request) as (bucket, db):
+        key = KEYS[2]
+        placed = bucket.write([Write(key, OP_UPDATE, encode_document({"n": i})) for i in range(3)])
+        vb = vbucket_of(key)
+        assert placed == [(vb, 1), (vb, 2), (vb, 3)] and calls == [3]
+        assert bucket.get(key) == {"n": 2}
+        # a delete takes the statements
+        assert bucket.write([Write(key, OP_DELETE)]) == [(vb, 4)] and calls == [3]
+        # what a call whose answer was lost answers once its token says it committed: each write's seqno
+        # found again from its cas
+        bucket.write(
+            [
+                Write(key, OP_UPDATE, encode_document({"n": 5}), cas=111),
+                Write("other", OP_UPDATE, b"\x80", cas=222),
+            ]
+        )
+        writer = bucket._writer
+        assert writer._placed([vb, vbucket_of("other")], [111, 222]) == [5, 1]

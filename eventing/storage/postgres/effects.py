@@ -27,23 +27,21 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Sequence
 
-from eventing.core.mutation import OP_UPDATE
 from eventing.storage.effects import resolve_conditions
 from eventing.storage.postgres.registry import BucketRef
 from eventing.storage.postgres.writer import (
     BY_KEYS,
-    COPY_MIN_ROWS,
     Item,
     LogWriter,
     Written,
-    check_key,
     items_of,
+    plain_updates,
     send,
+    update_columns,
     vb_of,
 )
 from eventing.storage.values import EffectGroup, EffectResult, Write
-from eventing.storage.writes import _reserve_cas
-from metadata.postgres.arrays import Byteas, Int2s, Int8s, Texts
+from metadata.postgres.arrays import Int2s, Int8s
 from metadata.postgres.connection import Cursor
 
 Marks = dict[int, tuple[int, int]]  # vb -> (epoch, seqno)
@@ -53,18 +51,6 @@ _APPLY_USUAL = (
 )
 ASYNC_EFFECTS = False  # see the module docstring: on only where a lost commit makes the worker replay
 _ASYNC = "SET LOCAL synchronous_commit TO off"
-
-
-def _usual(items: list[Item]) -> bool:
-    """Whether the server's function can apply these writes (eventing.storage.postgres.functions): updates
-    without extended attributes of their own, fewer than a COPY's worth, keys PostgreSQL can hold."""
-    if not items or len(items) >= COPY_MIN_ROWS or len(items[0]) > 6:
-        return False
-    for item in items:
-        check_key(item[0])
-        if item[1] != OP_UPDATE:
-            return False
-    return True
 
 
 class EffectApplier:
@@ -229,7 +215,7 @@ class EffectApplier:
         ]
 
         targets = [vb_of(item[0]) for item in ready]
-        if not conditional and _usual(ready):
+        if not conditional and plain_updates(ready):
             applied = self._apply_usual(function, groups, ready, targets, who)
             if applied is not None:
                 return applied
@@ -312,7 +298,6 @@ class EffectApplier:
             last[g.vb] = (g.epoch, top)
             lowest.append(min(s for s, _ in g.writes) if g.writes else None)
         marked = sorted(last)
-        cas = _reserve_cas(len(ready))
         args = (
             self.ref.id,
             function,
@@ -324,15 +309,9 @@ class EffectApplier:
             Int2s(marked),
             Int8s([last[vb][0] for vb in marked]),
             Int8s([last[vb][1] for vb in marked]),
-            Int2s(targets),
-            Texts([item[0] for item in ready]),
-            Byteas([item[2] for item in ready]),
-            Int8s([item[3] for item in ready]),
-            Int8s([item[4] for item in ready]),
-            Int8s([cas + 1 + i if item[5] is None else item[5] for i, item in enumerate(ready)]),
+            *update_columns(ready, targets),
         )
-
-        if not self.ref.db.call(_APPLY_USUAL, args, committed=True):
+        if not self.ref.db.call(_APPLY_USUAL, args, committed=lambda: True):
             return None
         if targets:
             self.writer.wake.notify(self.ref.name, set(targets))

@@ -29,6 +29,60 @@ Parameters:
 
 from __future__ import annotations
 
+LOG_UPDATES = r"""
+CREATE OR REPLACE FUNCTION eventing_log_updates(
+    p_bucket integer, p_origin text, p_arrival bigint,
+    i_vb int2[], i_key text[], i_doc bytea[], i_expiry int8[], i_flags int8[], i_cas int8[]
+) RETURNS int8[] LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $fn$
+DECLARE
+    targets int2[];
+    h_vb int2[];
+    h_seqno int8[];
+    h_arrival int8[];
+    holds boolean;
+    seqnos int8[];
+BEGIN
+    -- The high seqnos of the vBuckets written, locked in vBucket order (as eventing.storage.postgres.writer).
+    targets := ARRAY(SELECT DISTINCT t.vb FROM unnest(i_vb) AS t(vb) ORDER BY t.vb);
+    SELECT array_agg(h.vb), array_agg(h.seqno), array_agg(h.arrival_ms) INTO h_vb, h_seqno, h_arrival FROM (
+        SELECT vb, seqno, arrival_ms FROM bucket_high WHERE bucket = p_bucket AND vb = ANY(targets) ORDER BY vb
+        FOR UPDATE) h;
+    IF coalesce(cardinality(h_vb), 0) < cardinality(targets) THEN
+        RETURN NULL;
+    END IF;
+    -- An update keeps the extended attributes of its live, unexpired document.
+    holds := EXISTS(SELECT 1 FROM bucket_docs WHERE bucket = p_bucket AND xattrs IS NOT NULL);
+    WITH r AS (
+        SELECT i.ord, i.vb, h.seqno + row_number() OVER (PARTITION BY i.vb ORDER BY i.ord) AS seqno, i.key, i.cas,
+            i.doc, i.expiry, i.flags, greatest(p_arrival, h.arrival_ms) AS arrival_ms,
+            CASE WHEN holds THEN (
+                SELECT d.xattrs FROM bucket_docs d
+                WHERE d.bucket = p_bucket AND d.key = i.key AND d.xattrs IS NOT NULL AND NOT d.deleted
+                    AND (d.expiry = 0 OR d.expiry > p_arrival / 1000)) END AS xattrs
+        FROM unnest(i_vb, i_key, i_doc, i_expiry, i_flags, i_cas) WITH ORDINALITY
+            AS i(vb, key, doc, expiry, flags, cas, ord)
+        JOIN unnest(h_vb, h_seqno, h_arrival) AS h(vb, seqno, arrival_ms) ON h.vb = i.vb
+    ), l AS (
+        INSERT INTO bucket_log(bucket, vb, seqno, key, op, cas, doc, origin, expiry, flags, arrival_ms, xattrs)
+        SELECT p_bucket, vb, seqno, key, 0, cas, doc, p_origin, expiry, flags, arrival_ms, xattrs FROM r
+    ), d AS (
+        INSERT INTO bucket_docs(bucket, key, vb, seqno, cas, deleted, doc, expiry, flags, xattrs)
+        SELECT DISTINCT ON (key) p_bucket, key, vb, seqno, cas, false, doc, expiry, flags, xattrs
+        FROM r ORDER BY key, seqno DESC
+        ON CONFLICT (bucket, key) DO UPDATE SET vb = excluded.vb, seqno = excluded.seqno, cas = excluded.cas,
+            deleted = false, doc = excluded.doc, expiry = excluded.expiry, flags = excluded.flags,
+            xattrs = excluded.xattrs
+    ), moved AS (
+        UPDATE bucket_high h SET seqno = m.seqno, arrival_ms = m.arrival_ms
+        FROM (SELECT vb, max(seqno) AS seqno, max(arrival_ms) AS arrival_ms FROM r GROUP BY vb) m
+        WHERE h.bucket = p_bucket AND h.vb = ANY(targets) AND h.vb = m.vb
+    )
+    SELECT array_agg(r.seqno ORDER BY r.ord) INTO seqnos FROM r;
+    RETURN seqnos;
+END
+$fn$
+"""  # noqa: E501
+
 APPLY_EFFECTS = r"""
 CREATE OR REPLACE FUNCTION eventing_apply_effects(
     p_token uuid, p_bucket integer, p_function text, p_origin text, p_arrival bigint,
@@ -40,11 +94,6 @@ DECLARE
     m_vb int2[];
     m_epoch int8[];
     m_seqno int8[];
-    targets int2[];
-    h_vb int2[];
-    h_seqno int8[];
-    h_arrival int8[];
-    holds boolean;
 BEGIN
     -- The marks, each found by its primary key and locked in vBucket order; the missing ones made. Every
     -- statement here finds its rows by primary key whatever the plan's estimates: a generic plan took
@@ -69,39 +118,10 @@ BEGIN
         RETURN false;
     END IF;
     IF cardinality(i_vb) > 0 THEN
-        targets := ARRAY(SELECT DISTINCT t.vb FROM unnest(i_vb) AS t(vb) ORDER BY t.vb);
-        SELECT array_agg(h.vb), array_agg(h.seqno), array_agg(h.arrival_ms) INTO h_vb, h_seqno, h_arrival FROM (
-            SELECT vb, seqno, arrival_ms FROM bucket_high WHERE bucket = p_bucket AND vb = ANY(targets) ORDER BY vb
-            FOR UPDATE) h;
-        IF coalesce(cardinality(h_vb), 0) < cardinality(targets) THEN
+        IF eventing_log_updates(p_bucket, p_origin, p_arrival, i_vb, i_key, i_doc, i_expiry, i_flags, i_cas)
+            IS NULL THEN
             RETURN false;
         END IF;
-        -- An update keeps the extended attributes of its live, unexpired document.
-        holds := EXISTS(SELECT 1 FROM bucket_docs WHERE bucket = p_bucket AND xattrs IS NOT NULL);
-        WITH r AS (
-            SELECT i.vb, h.seqno + row_number() OVER (PARTITION BY i.vb ORDER BY i.ord) AS seqno, i.key, i.cas,
-                i.doc, i.expiry, i.flags, greatest(p_arrival, h.arrival_ms) AS arrival_ms,
-                CASE WHEN holds THEN (
-                    SELECT d.xattrs FROM bucket_docs d
-                    WHERE d.bucket = p_bucket AND d.key = i.key AND d.xattrs IS NOT NULL AND NOT d.deleted
-                        AND (d.expiry = 0 OR d.expiry > p_arrival / 1000)) END AS xattrs
-            FROM unnest(i_vb, i_key, i_doc, i_expiry, i_flags, i_cas) WITH ORDINALITY
-                AS i(vb, key, doc, expiry, flags, cas, ord)
-            JOIN unnest(h_vb, h_seqno, h_arrival) AS h(vb, seqno, arrival_ms) ON h.vb = i.vb
-        ), l AS (
-            INSERT INTO bucket_log(bucket, vb, seqno, key, op, cas, doc, origin, expiry, flags, arrival_ms, xattrs)
-            SELECT p_bucket, vb, seqno, key, 0, cas, doc, p_origin, expiry, flags, arrival_ms, xattrs FROM r
-        ), d AS (
-            INSERT INTO bucket_docs(bucket, key, vb, seqno, cas, deleted, doc, expiry, flags, xattrs)
-            SELECT DISTINCT ON (key) p_bucket, key, vb, seqno, cas, false, doc, expiry, flags, xattrs
-            FROM r ORDER BY key, seqno DESC
-            ON CONFLICT (bucket, key) DO UPDATE SET vb = excluded.vb, seqno = excluded.seqno, cas = excluded.cas,
-                deleted = false, doc = excluded.doc, expiry = excluded.expiry, flags = excluded.flags,
-                xattrs = excluded.xattrs
-        )
-        UPDATE bucket_high h SET seqno = m.seqno, arrival_ms = m.arrival_ms
-        FROM (SELECT vb, max(seqno) AS seqno, max(arrival_ms) AS arrival_ms FROM r GROUP BY vb) m
-        WHERE h.bucket = p_bucket AND h.vb = ANY(targets) AND h.vb = m.vb;
     END IF;
     INSERT INTO bucket_effect_marks(bucket, function, vb, epoch, seqno)
     SELECT p_bucket, p_function, u.vb, u.epoch, u.seqno FROM unnest(u_vb, u_epoch, u_seqno) AS u(vb, epoch, seqno)
@@ -113,6 +133,24 @@ END
 $fn$
 """  # noqa: E501
 
-FUNCTIONS = (APPLY_EFFECTS,)
+WRITE_UPDATES = r"""
+CREATE OR REPLACE FUNCTION eventing_write_updates(
+    p_token uuid, p_bucket integer, p_origin text, p_arrival bigint,
+    i_vb int2[], i_key text[], i_doc bytea[], i_expiry int8[], i_flags int8[], i_cas int8[]
+) RETURNS int8[] LANGUAGE plpgsql AS $fn$
+DECLARE
+    seqnos int8[];
+BEGIN
+    seqnos := eventing_log_updates(
+        p_bucket, p_origin, p_arrival, i_vb, i_key, i_doc, i_expiry, i_flags, i_cas);
+    IF seqnos IS NOT NULL THEN
+        INSERT INTO eventing_commits VALUES (p_token);
+    END IF;
+    RETURN seqnos;
+END
+$fn$
+"""
 
-__all__ = ["APPLY_EFFECTS", "FUNCTIONS"]
+FUNCTIONS = (LOG_UPDATES, APPLY_EFFECTS, WRITE_UPDATES)
+
+__all__ = ["APPLY_EFFECTS", "FUNCTIONS", "LOG_UPDATES", "WRITE_UPDATES"]

@@ -51,6 +51,7 @@ from eventing.storage.postgres.registry import BucketRef
 from eventing.storage.postgres.wake import WakeSender
 from eventing.storage.values import Changed, StoredDocument, Write
 from eventing.storage.writes import _items, _reserve_cas, load_items
+from metadata.postgres.arrays import Byteas, Int2s, Int8s, Texts
 from metadata.postgres.connection import Cursor
 from sharding import NUM_VBUCKETS
 
@@ -169,6 +170,10 @@ _AFTER_COPY_X = _with_xattrs(
     ("        l.expiry, l.flags\n", "        l.expiry, l.flags, CASE WHEN l.op = 0 THEN l.xattrs END\n"),
     _SET_X,
 )
+_WRITE_UPDATES = (
+    "SELECT eventing_write_updates(%s, %s, %s, %s, %b::int2[], %b::text[], %b::bytea[], %b::int8[], "
+    "%b::int8[], %b::int8[])"
+)
 _LOCK = (
     "SELECT vb, seqno, arrival_ms FROM bucket_high WHERE bucket = %s AND vb = ANY(%b::int2[]) "
     "ORDER BY vb FOR UPDATE"
@@ -238,6 +243,33 @@ def items_of(writes: Iterable[Write]) -> list[Item]:
     """(key, op, doc, expiry, flags, cas), and the XATTRs as a seventh element where a write of the batch
     has some (eventing.storage.writes._items)."""
     return _items(writes)
+
+
+def plain_updates(items: Sequence[Item]) -> bool:
+    """Whether the server's functions can log these writes (eventing.storage.postgres.functions): updates
+    that give no extended attributes of their own, fewer than a COPY's worth. A key PostgreSQL cannot hold
+    is refused here, as log_in refuses it."""
+    if not items or len(items) >= COPY_MIN_ROWS or len(items[0]) > 6:
+        return False
+    for item in items:
+        check_key(item[0])
+        if item[1] != OP_UPDATE:
+            return False
+    return True
+
+
+def update_columns(items: Sequence[Item], vbs: Sequence[int]) -> tuple:
+    """The columns eventing_log_updates takes for ``items`` (plain_updates) and their vBuckets: each write's
+    cas its own where it has one, else a fresh one."""
+    cas = _reserve_cas(len(items))
+    return (
+        Int2s(vbs),
+        Texts([item[0] for item in items]),
+        Byteas([item[2] for item in items]),
+        Int8s([item[3] for item in items]),
+        Int8s([item[4] for item in items]),
+        Int8s([cas + 1 + i if item[5] is None else item[5] for i, item in enumerate(items)]),
+    )
 
 
 NOTHING_KEPT = _Fetched([(False,)])  # log_in's ``holds`` where no update is in the batch (expirations)
@@ -568,9 +600,42 @@ class LogWriter:
     def _write_items(
         self, items: Sequence[Item], origin: str | None, arrival_ms: int | None
     ) -> list[tuple[int, int] | None]:
+        if plain_updates(items):
+            placed = self._write_updates(items, origin, arrival_ms)
+            if placed is not None:
+                return placed
         return self.run(
             lambda cur, written: self.log_in(cur, written, items, origin, arrival_ms), pipeline=True
         )
+
+    def _write_updates(
+        self, items: Sequence[Item], origin: str | None, arrival_ms: int | None
+    ) -> list[tuple[int, int] | None] | None:
+        """Plain updates as one statement, its own transaction (eventing_write_updates); None where a
+        vBucket's high seqno row is missing (log_in says so)."""
+        vbs = [vb_of(item[0]) for item in items]
+        columns = update_columns(items, vbs)
+        arrival = int(time.time() * 1000) if arrival_ms is None else int(arrival_ms)
+        seqnos = self.ref.db.call(
+            _WRITE_UPDATES,
+            (self.ref.id, origin, arrival, *columns),
+            committed=lambda: self._placed(vbs, columns[-1]),
+        )
+        if seqnos is None:
+            return None
+        self.wake.notify(self.ref.name, set(vbs))
+        return list(zip(vbs, seqnos, strict=True))
+
+    def _placed(self, vbs: list[int], cas: list[int]) -> list[int]:
+        """The seqnos the writes of these cas values got (a call whose answer was lost, but which committed):
+        each found from its vBucket's end of the log (a cas is this process's own, never given twice)."""
+        rows = self.ref.db.read(
+            "SELECT l.seqno FROM unnest(%b::int2[], %b::int8[]) WITH ORDINALITY AS w(vb, cas, ord) "
+            "CROSS JOIN LATERAL (SELECT seqno FROM bucket_log WHERE bucket = %s AND vb = w.vb "
+            "AND cas = w.cas ORDER BY seqno DESC LIMIT 1) l ORDER BY w.ord",
+            (Int2s(vbs), Int8s(cas), self.ref.id),
+        )
+        return [seqno for (seqno,) in rows]
 
     def load_rows(self, rows: Sequence[tuple], arrival_ms: int | None) -> int:
         items = load_items(rows)
