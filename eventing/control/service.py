@@ -156,6 +156,7 @@ class EventingService:
         # the caught-up workers owning their vBuckets. Not in until_caught_up mode (its targets are fixed),
         # nor with EVENTING_WAKE=0 (the poll alone).
         self.waker: wake.WakeListener | None = None
+        self.workers_wait = False  # workers wait for writes in their steps without the service's waker
         self._wake_sender: socket.socket | None = None  # the listener thread's, to pass notifications on
         self.wakes: Counter[str] = Counter()  # notifications that woke a worker, by bucket
         self.wake_log: deque[tuple[float, str, frozenset[int], int]] = deque(
@@ -184,7 +185,12 @@ class EventingService:
             self.executor.serve(
                 self.state
             )  # the data service, for workers on nodes without the data directory
-            if not self.until_caught_up and wake.enabled():
+            if not self.until_caught_up and wake.enabled() and self._workers_listen():
+                # A server's workers each listen on a connection of their own and wait in their steps
+                # (eventing.storage.postgres.wake_wait): a LISTEN of the service would receive every write
+                # notification once more and step no worker sooner.
+                self.workers_wait = True
+            elif not self.until_caught_up and wake.enabled():
                 waker = self.state.wake_listener()
                 self._wake_sender = write_waiter.sender_socket()
                 held.callback(
@@ -257,6 +263,15 @@ class EventingService:
         for sup in supervisors:
             if sup.defn.source_bucket == bucket:
                 sup.forward_wake(vbuckets, payload, sender)
+
+    def _workers_listen(self) -> bool:
+        """Whether every worker listens for the writes to its vBuckets itself: on a server's state (its
+        notifications reach any machine), in a process of its own (a waiting step holds up no other)."""
+        return (
+            self.state.directory is None
+            and self.executor.name != "in-process"
+            and self.executor.shared is None
+        )
 
     def _apply_wakes(self) -> None:
         """Step now the workers whose vBuckets got writes since the last pass."""
@@ -656,7 +671,7 @@ class EventingService:
             return
         if record.name not in self._dlq_baseline:
             self._dlq_baseline[record.name] = self._dead_letters(record.name)
-        sup.waking = self.waker is not None
+        sup.waking = self.waker is not None or self.workers_wait
         sup.start()
         self.supervisors[record.name] = sup
         progress = self._progress(record.name)
