@@ -8,10 +8,11 @@ import threading
 import time
 import uuid
 
+import psycopg
 import pytest
 
 from eventing.storage import postgres as pg_buckets
-from eventing.storage.postgres.wake import sender_for
+from eventing.storage.postgres.wake import INTEREST_REFRESH_S, channel_of, sender_for
 from eventing.storage.postgres.wake_wait import PostgresWriteWaiter
 from metadata.postgres import PostgresDatabase
 from sharding import vbucket_of
@@ -52,7 +53,8 @@ def test_a_write_to_an_owned_vbucket_wakes_the_waiter_and_others_do_not(db):
             assert not waiter.wait(0.6)
             assert time.monotonic() - started >= 0.55
             writer.join()
-        assert waiter.received >= 2  # both were read and passed over
+        # the other vBucket's was read and passed over; the other bucket's was not sent: nobody listens for it
+        assert waiter.received >= 1 and sender_for(db).skipped >= 1
         writer = _write_soon(src, "mine")
         started = time.monotonic()
         assert waiter.wait(5.0)
@@ -117,3 +119,74 @@ def test_the_waiter_names_the_owned_vbuckets_announced_since_it_was_last_asked(d
         assert waiter.take_woken() == set()
     finally:
         waiter.close()
+
+
+def _listen_raw(db, bucket: str | None):
+    """A listener of "another process": its interest written by a connection of its own (this process's
+    senders are not told), then LISTEN."""
+    conn = psycopg.connect(db.target.url, autocommit=True)
+    if db.target.schema:
+        conn.execute(f'SET search_path TO "{db.target.schema}"')
+    if bucket is not None:
+        conn.execute(
+            "INSERT INTO eventing_wake_interest VALUES (%s, extract(epoch FROM clock_timestamp()) + 30) "
+            "ON CONFLICT (bucket) DO UPDATE SET until = excluded.until",
+            (bucket,),
+        )
+    conn.execute(f'LISTEN "{channel_of(db)}"')
+    return conn
+
+
+def _announced(conn, bucket: str, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for note in conn.notifies(timeout=0.1, stop_after=1):
+            if note.payload.split(" ")[0] == bucket:
+                return True
+    return False
+
+
+def test_only_buckets_someone_listens_for_are_announced(db):
+    sender = sender_for(db)
+    quiet, heard = pg_buckets.create_bucket(db, "quiet"), pg_buckets.create_bucket(db, "heard")
+    conn = _listen_raw(db, None)  # listens, but noted no interest
+    try:
+        skipped, sent = sender.skipped, sender.sent
+        quiet.upsert("a", {"x": 1})
+        assert sender.flush()
+        assert sender.sent == sent and sender.skipped == skipped + 1  # no statement at all
+        assert not _announced(conn, "quiet", 0.3)
+        # a listener of this process: its interest is seen at the next notification
+        waiter = PostgresWriteWaiter.open(db, "heard", {vbucket_of("b")})
+        assert waiter is not None
+        try:
+            heard.upsert("b", {"x": 1})
+            assert sender.flush() and sender.sent == sent + 1
+            assert waiter.wait(5.0)
+        finally:
+            waiter.close()
+    finally:
+        conn.close()
+
+
+def test_another_processs_listener_is_announced_to_within_the_refresh_and_an_old_interest_lapses(db):
+    sender = sender_for(db)
+    bucket = pg_buckets.create_bucket(db, "late")
+    bucket.upsert("a", {"x": 1})  # the sender reads who listens: nobody for "late"
+    assert sender.flush()
+    conn = _listen_raw(db, "late")
+    try:
+        started = time.monotonic()
+        while not _announced(conn, "late", 0.05):  # each write announced once the sender looked again
+            assert time.monotonic() - started < INTEREST_REFRESH_S + 5
+            bucket.upsert("a", {"x": 1})
+        db.read(
+            "UPDATE eventing_wake_interest SET until = 0 WHERE bucket = 'late' RETURNING bucket"
+        )  # lapsed
+        started, skipped = time.monotonic(), sender.skipped
+        while sender.skipped == skipped:  # no longer announced once the sender looked again
+            assert time.monotonic() - started < INTEREST_REFRESH_S + 5
+            bucket.upsert("a", {"x": 2})
+            assert sender.flush()
+    finally:
+        conn.close()

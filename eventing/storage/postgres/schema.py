@@ -37,7 +37,8 @@ COMPONENT = "buckets"
 # document's extended attributes, eventing.core.xattrs; NULL: none) in bucket_docs and bucket_log. 3: the
 # partial index of the documents that have some (whether a bucket holds any is one probe of it, which a
 # write that keeps a document's XATTRs makes first: eventing.storage.postgres.writer). 4: the server-side
-# function for a flush of effects in the usual case (eventing.storage.postgres.functions).
+# functions for plain writes and a flush of effects (eventing.storage.postgres.functions), and the listeners'
+# interests (eventing.storage.postgres.wake).
 VERSION = 4
 
 DDL = (
@@ -71,6 +72,9 @@ DDL = (
     "ALTER TABLE bucket_log ADD COLUMN IF NOT EXISTS xattrs BYTEA",
     "CREATE INDEX IF NOT EXISTS bucket_docs_xattrs ON bucket_docs(bucket, key) WHERE xattrs IS NOT NULL",
     *FUNCTIONS,
+    # who listens for which bucket's write notifications (eventing.storage.postgres.wake.note_interest)
+    "CREATE TABLE IF NOT EXISTS eventing_wake_interest(bucket TEXT PRIMARY KEY, until DOUBLE PRECISION NOT "
+    "NULL)",
 )
 
 # The log's columns in Mutation's field order (eventing.core.mutation.Mutation), as the files name them.

@@ -8,6 +8,15 @@ database-wide) with a payload naming the bucket and the vBuckets as ranges (``or
 eventing.storage.wake.WakeListener gives it (``start``, ``take``, ``wait``, ``interrupt``, ``close``,
 ``on_notify`` with the same datagram bytes), so the service uses either.
 
+Only buckets someone listens for are announced: a listener records its interest before it LISTENs
+(``note_interest``: a row of ``eventing_wake_interest`` naming its bucket, or ``*`` for every bucket,
+valid for INTEREST_S and renewed while it listens), and a sender looks up which buckets are listened for at
+most every INTEREST_REFRESH_S (at once after a listener of its own process noted one). A binding's writes to
+a bucket no function reads (most of them) then cost no notification: at 1,000 writes/s that was one
+transaction in two for the server, and each listener read and passed over every one. A listener that a
+sender has not seen yet misses at most INTEREST_REFRESH_S of notifications, which the workers' looks at
+all their vBuckets (at start, then every second) find.
+
 Why after the commit, from a thread of its own, rather than NOTIFY inside the write transaction: PostgreSQL
 serialises the commits of notifying transactions (a lock on the notification queue, held through the
 commit's WAL flush), so with fsync on, single-document writes from 16 threads fell from ~3,000 to ~900
@@ -29,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from eventing.storage import wake as file_wake
 from eventing.storage.postgres import registry
+from eventing.storage.postgres.schema import ensure_bucket_schema
 from metadata.errors import StoreError
 from metadata.postgres import PostgresDatabase
 from sharding import NUM_VBUCKETS
@@ -42,6 +52,15 @@ CHANNEL = "eventing_wake"
 LISTEN_POLL_S = 0.2  # how often the listening thread looks up from the connection (to see close())
 RECONNECT_MAX_S = 2.0
 SENDER_IDLE_S = 10.0  # a sender's thread ends, closing its connection, after this long without a notification
+INTEREST_S = 30.0  # how long a listener's noted interest lasts; renewed every INTEREST_S / 3 while it listens
+INTEREST_REFRESH_S = 1.0  # how long a sender trusts what it last read of the listeners' interest
+EVERY_BUCKET = "*"  # a listener's interest in every bucket (the service's)
+_LISTENED = "SELECT bucket FROM eventing_wake_interest WHERE until > extract(epoch FROM clock_timestamp())"
+_NOTE = (
+    "INSERT INTO eventing_wake_interest VALUES (%s, extract(epoch FROM clock_timestamp()) + %s) "
+    "ON CONFLICT (bucket) DO UPDATE SET until = greatest(eventing_wake_interest.until, excluded.until)"
+)
+_noted = 0  # interests noted by this process's listeners: its senders look again at once when it moves
 
 
 def channel_of(db: PostgresDatabase) -> str:
@@ -81,6 +100,35 @@ def decode_payload(payload: str) -> tuple[str, set[int]] | None:
     return bucket, {vb for vb in vbs if 0 <= vb < NUM_VBUCKETS}
 
 
+# -- interest -------------------------------------------------------------------------------------------
+
+
+def note_interest(conn: Any, bucket: str) -> None:
+    """Record on ``conn`` that a listener wants ``bucket``'s notifications (EVERY_BUCKET: all) for the next
+    INTEREST_S; made before it LISTENs, so a sender that sees it finds the listener there."""
+    global _noted
+    conn.execute(_NOTE, (bucket, INTEREST_S))
+    _noted += 1
+
+
+class InterestRenewal:
+    """A listener's renewals of its interest, every INTEREST_S / 3, on a pooled connection (not its
+    listening one, which only reads notifications); a failure is tried again at the next one."""
+
+    def __init__(self, db: PostgresDatabase, bucket: str):
+        self.db, self.bucket = db, bucket
+        self.noted_at = time.monotonic()
+
+    def due(self) -> None:
+        if time.monotonic() - self.noted_at < INTEREST_S / 3:
+            return
+        self.noted_at = time.monotonic()
+        try:
+            self.db.transaction(lambda cur: note_interest(cur, self.bucket), retry=False)
+        except StoreError as exc:
+            log.debug("renewing the interest in %s's notifications failed: %s", self.bucket, exc)
+
+
 # -- sending --------------------------------------------------------------------------------------------
 
 
@@ -105,6 +153,12 @@ class WakeSender:
         self._failed_at = 0.0
         self._busy = False  # a statement is being sent
         self._pid = os.getpid()
+        self.skipped = 0  # buckets' notifications not sent: nobody listened for them
+        # The buckets listened for (None: not known) as read at _listened_at, after _listened_noted interests
+        # of this process.
+        self._listened: set[str] | None = None
+        self._listened_at = 0.0
+        self._listened_noted = -1
 
     def notify(self, bucket: str, vbuckets: Iterable[int]) -> None:
         """Tell the store's listeners (after the commit of the write that logged in ``vbuckets``)."""
@@ -148,15 +202,16 @@ class WakeSender:
                 self._busy = bool(pending)
             if pending:
                 try:
-                    self._send([encode_payload(bucket, vbs) for bucket, vbs in pending.items()])
+                    self._send(pending)
                 finally:
                     with self._lock:
                         self._busy = False
 
-    def _send(self, payloads: list[str]) -> None:
-        """One statement with every payload. A connection found broken (the server restarted since the last
-        notification) is replaced once at once; when no new one can be made, notifications are dropped for
-        RECONNECT_MAX_S (the poll finds those writes) rather than held up."""
+    def _send(self, pending: dict[str, set[int]]) -> None:
+        """One statement with the payload of every bucket listened for. A connection found broken (the
+        server restarted since the last notification) is replaced once at once; when no new one can be
+        made, notifications are dropped for RECONNECT_MAX_S (the poll finds those writes) rather than held
+        up."""
         import psycopg
 
         for _attempt in range(2):
@@ -173,16 +228,47 @@ class WakeSender:
                     self._drop_connection()
                     return
             try:
-                self._conn.execute(
-                    "SELECT pg_notify(%s, p) FROM unnest(%s::text[]) AS p", (self.channel, payloads)
-                )
-                self.sent += 1
+                listened = self._listened_for()
+                payloads = [
+                    encode_payload(bucket, vbs)
+                    for bucket, vbs in pending.items()
+                    if listened is None or bucket in listened or EVERY_BUCKET in listened
+                ]
+                self.skipped += len(pending) - len(payloads)
+                if payloads:
+                    self._conn.execute(
+                        "SELECT pg_notify(%s, p) FROM unnest(%s::text[]) AS p", (self.channel, payloads)
+                    )
+                    self.sent += 1
                 return
             except psycopg.Error:
                 self._drop_connection()
                 if made:
                     self._failed_at = time.monotonic()
                     return
+
+    def _listened_for(self) -> set[str] | None:
+        """The buckets some listener wants notifications of, read again after INTEREST_REFRESH_S or once a
+        listener of this process noted its interest; None (every bucket) where it cannot be read."""
+        import psycopg
+
+        if (
+            self._listened is not None
+            and time.monotonic() - self._listened_at < INTEREST_REFRESH_S
+            and self._listened_noted == _noted
+        ):
+            return self._listened
+        noted = _noted
+        try:
+            assert self._conn is not None
+            rows = self._conn.execute(_LISTENED).fetchall()
+        except psycopg.OperationalError:
+            raise  # the connection: _send's retry
+        except psycopg.Error:  # the table is missing (a store being made): everything is announced
+            return None
+        self._listened = {bucket for (bucket,) in rows}
+        self._listened_at, self._listened_noted = time.monotonic(), noted
+        return self._listened
 
     def _drop_connection(self) -> None:
         conn, self._conn = self._conn, None
@@ -244,8 +330,10 @@ class PostgresWakeListener:
         return True
 
     def _listen(self) -> Any:
+        ensure_bucket_schema(self.db)  # the interests' table
         conn = self.db.connect()
         try:
+            note_interest(conn, EVERY_BUCKET)
             conn.execute(f'LISTEN "{self.channel}"')
         except BaseException:
             conn.close()
@@ -255,7 +343,9 @@ class PostgresWakeListener:
     def _receive(self) -> None:
         import psycopg
 
+        renewal = InterestRenewal(self.db, EVERY_BUCKET)
         while not self._closing:
+            renewal.due()
             try:
                 for note in self._conn.notifies(timeout=LISTEN_POLL_S):
                     self._deliver(note.payload)
@@ -341,10 +431,13 @@ class PostgresWakeListener:
 
 
 __all__ = [
+    "EVERY_BUCKET",
+    "InterestRenewal",
     "PostgresWakeListener",
     "WakeSender",
     "channel_of",
     "decode_payload",
     "encode_payload",
+    "note_interest",
     "sender_for",
 ]

@@ -8,7 +8,9 @@ state may run on any node of a Ray cluster, so it listens itself; the notificati
 other vBuckets are read and passed over (a payload is a bucket name and vBucket ranges). It answers what
 eventing.workers.write_waiter.WriteWaiter answers (``drain``, ``wait``, ``close``). A lost connection
 counts as a write (the worker looks once, as after its poll) and is made again at the next wait; while the
-server is away, waits time out as a poll.
+server is away, waits time out as a poll. Before it LISTENs, the connection notes the worker's interest in
+its bucket (eventing.storage.postgres.wake.note_interest), renewed while it waits: writers announce only
+the buckets listened for.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import time
 from collections.abc import Container
 from typing import Any
 
-from eventing.storage.postgres.wake import channel_of, decode_payload
+from eventing.storage.postgres.schema import ensure_bucket_schema
+from eventing.storage.postgres.wake import InterestRenewal, channel_of, decode_payload, note_interest
 from metadata.errors import StoreError
 from metadata.postgres import PostgresDatabase
 
@@ -41,6 +44,7 @@ class PostgresWriteWaiter:
         # The owned vBuckets named by the notifications read since the last take_woken; None: unknown (the
         # connection was lost, so writes may have gone unannounced).
         self._woken: set[int] | None = set()
+        self._renewal = InterestRenewal(db, bucket)
 
     @classmethod
     def open(cls, db: PostgresDatabase, bucket: str, owned: Container[int]) -> PostgresWriteWaiter | None:
@@ -53,12 +57,14 @@ class PostgresWriteWaiter:
 
     def _connect(self) -> bool:
         try:
+            ensure_bucket_schema(self.db)  # the interests' table
             conn = self.db.connect()
         except StoreError as exc:
             self._failed_at = time.monotonic()
             log.warning("cannot listen for write notifications (%s); this worker is polled", exc)
             return False
         try:
+            note_interest(conn, self.bucket)
             conn.execute(f'LISTEN "{self.channel}"')
         except Exception:  # noqa: BLE001 - the server went away between the two: as a failed connection
             conn.close()
@@ -115,6 +121,7 @@ class PostgresWriteWaiter:
 
         if not self._ready(0.0):
             return False
+        self._renewal.due()
         mine = False
         try:
             while True:
@@ -135,6 +142,7 @@ class PostgresWriteWaiter:
             return self.drain()
         if not self._ready(timeout_s):
             return False
+        self._renewal.due()
         deadline = time.monotonic() + timeout_s
         try:
             while True:
