@@ -28,6 +28,7 @@ from eventing.storage.postgres.log_reader import _spans_sql, spans_highs
 from eventing.storage.postgres.registry import BucketRef
 from eventing.storage.postgres.schema import LOG_COLUMNS
 from eventing.storage.values import Spans
+from metadata.postgres.arrays import Int2s, Int8s
 from sharding import vbucket_spans
 
 # Rows held read ahead per worker at most (about 200 bytes each for small documents); a look reads more only
@@ -124,9 +125,9 @@ class ReadAhead:
                     rows.execute(
                         _RUNS,
                         (
-                            vbs_asked,
-                            [r[1] for r in runs],
-                            [r[2] for r in runs],
+                            Int2s(vbs_asked),
+                            Int8s([r[1] for r in runs]),
+                            Int8s([r[2] for r in runs]),
                             bucket,
                             min(vbs_asked),
                             max(vbs_asked),
