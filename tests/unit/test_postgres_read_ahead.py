@@ -69,7 +69,8 @@ def _plain(db, name: str, vb: int, after: int, limit: int) -> list[tuple]:
     return [tuple(r) for r in pg_buckets.open_bucket(db, name).read_vb_rows(vb, after, limit)]
 
 
-def test_rows_read_ahead_are_what_plain_reads_answer_in_any_order_and_size(db, monkeypatch):
+@pytest.mark.parametrize("partial", [False, True], ids=["look", "partial look"])
+def test_rows_read_ahead_are_what_plain_reads_answer_in_any_order_and_size(db, monkeypatch, partial):
     monkeypatch.setattr(
         read_ahead, "LOOK_AHEAD_ROWS", 900
     )  # the cap cuts the runs short: the rest on the spot
@@ -83,7 +84,8 @@ def test_rows_read_ahead_are_what_plain_reads_answer_in_any_order_and_size(db, m
     got: dict[int, list[tuple]] = {vb: [] for vb in owned}
     looks = 0
     while any(positions[vb] < highs[vb] for vb in owned):
-        bucket.prefetch([(vb, positions[vb], rng.choice((3, 50, 4000))) for vb in owned])
+        # a partial look (one statement, _ANNOUNCED) reads what a look at all of them reads
+        bucket.prefetch([(vb, positions[vb], rng.choice((3, 50, 4000))) for vb in owned], partial=partial)
         looks += 1
         looked = bucket.high_seqnos(prefetched=True)
         assert [looked[vb] for vb in owned] == [highs[vb] for vb in owned]  # the runs' vBuckets (others: 0)

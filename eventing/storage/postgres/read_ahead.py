@@ -29,7 +29,7 @@ from eventing.storage.postgres.registry import BucketRef
 from eventing.storage.postgres.schema import LOG_COLUMNS
 from eventing.storage.values import Spans
 from metadata.postgres.arrays import Int2s, Int8s
-from sharding import vbucket_spans
+from sharding import NUM_VBUCKETS, vbucket_spans
 
 # Rows held read ahead per worker at most (about 200 bytes each for small documents); a look reads more only
 # once fewer than half are left, so a worker that is behind reads in statements of thousands of rows.
@@ -52,6 +52,24 @@ WITH p AS (
 SELECT l.* FROM q CROSS JOIN LATERAL (
     SELECT {LOG_COLUMNS} FROM bucket_log WHERE bucket = %s AND vb = q.vb AND seqno > q.after ORDER BY seqno LIMIT q.n
 ) l WHERE q.before < %s
+"""  # noqa: E501
+
+# A partial look (a few vBuckets a notification named) in one statement: each vBucket asked once with its
+# high seqno (NULL log columns where it has no new row, or where its rows are held already: `lim` 0), then
+# its next rows as _RUNS reads them. One statement where the high seqnos were a second one in a pipeline.
+_ANNOUNCED = f"""
+WITH p AS (
+    SELECT p.vb, p.after, p.ord, h.seqno AS high, greatest(least(h.seqno - p.after, p.lim), 0) AS n
+    FROM unnest(%b::int2[], %b::int8[], %b::int8[]) WITH ORDINALITY AS p(vb, after, lim, ord)
+    JOIN bucket_high h ON h.bucket = %s AND h.vb = p.vb
+    WHERE h.vb BETWEEN %s AND %s
+), q AS (
+    SELECT vb, after, n, high, ord, sum(n) OVER (ORDER BY ord) - n AS before FROM p
+)
+SELECT q.vb, q.high, l.* FROM q LEFT JOIN LATERAL (
+    SELECT {LOG_COLUMNS} FROM bucket_log WHERE bucket = %s AND vb = q.vb AND seqno > q.after AND q.before < %s
+    ORDER BY seqno LIMIT q.n
+) l ON true ORDER BY q.ord, l.seqno
 """  # noqa: E501
 
 _vb_of = itemgetter(0)
@@ -91,8 +109,8 @@ class ReadAhead:
     def look(self, wanted: list[tuple[int, int, int]], *, partial: bool = False) -> None:
         """The high seqnos of the runs' vBuckets and, while fewer than half of LOOK_AHEAD_ROWS are held, the
         next rows of the runs (vb, after_seqno, limit) not held already, in their order: one round trip.
-        ``partial``: the runs are a few of the worker's vBuckets (those a notification named); the rows held
-        for the others are kept."""
+        ``partial``: the runs are a few of the worker's vBuckets (those a notification named), looked at in
+        one statement; the rows held for the others are kept."""
         asked = {vb: after for vb, after, _ in wanted}
         if partial:
             for vb in [vb for vb in asked if vb in self.runs and self.runs[vb].after != asked[vb]]:
@@ -103,13 +121,13 @@ class ReadAhead:
         runs = (
             [r for r in wanted if r[2] > 0 and r[0] not in self.runs] if held < LOOK_AHEAD_ROWS // 2 else []
         )
-        vbs = tuple(asked)
         if partial:
-            spans = vbucket_spans(vbs)
-        else:
-            if self._spans[0] != vbs:
-                self._spans = (vbs, vbucket_spans(vbs))
-            spans = self._spans[1]
+            self._look_announced(wanted, runs, held)
+            return
+        vbs = tuple(asked)
+        if self._spans[0] != vbs:
+            self._spans = (vbs, vbucket_spans(vbs))
+        spans = self._spans[1]
         bucket = self.ref.id
 
         def fetch(conn: Any) -> tuple[tuple | None, list[tuple]]:
@@ -140,6 +158,43 @@ class ReadAhead:
 
         high_row, rows = self.ref.db.run(fetch)
         self.highs = spans_highs(high_row)
+        if runs:
+            self.looks += 1
+            self._keep(runs, rows)
+
+    def _look_announced(
+        self, wanted: list[tuple[int, int, int]], runs: list[tuple[int, int, int]], held: int
+    ) -> None:
+        """A partial look in one statement (_ANNOUNCED): the high seqnos of every vBucket asked, and the next
+        rows of the runs not held already."""
+        if not wanted:
+            self.highs = spans_highs(None)
+            return
+        reading = {vb for vb, _, _ in runs}
+        vbs = [vb for vb, _, _ in wanted]
+        args = (
+            Int2s(vbs),
+            Int8s([after for _, after, _ in wanted]),
+            Int8s([limit if vb in reading else 0 for vb, _, limit in wanted]),
+            self.ref.id,
+            min(vbs),
+            max(vbs),
+            self.ref.id,
+            LOOK_AHEAD_ROWS - held,
+        )
+
+        def fetch(conn: Any) -> list[tuple]:
+            with conn.cursor(binary=True) as cur:
+                return cur.execute(_ANNOUNCED, args, prepare=True).fetchall()
+
+        answer = self.ref.db.run(fetch)
+        highs = [0] * NUM_VBUCKETS
+        rows = []
+        for row in answer:
+            highs[row[0]] = row[1]
+            if row[3] is not None:  # the log row's seqno: NULL where the vBucket has none to give
+                rows.append(row[2:])
+        self.highs = highs
         if runs:
             self.looks += 1
             self._keep(runs, rows)
