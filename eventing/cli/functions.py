@@ -142,6 +142,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         sandbox_report()
     )  # this machine's: what a sandboxed handler is confined by, or why it cannot run
     mirrored = mirror_health(state) if not args.function else []
+    # Deployed or paused functions whose handlers run unconfined: asked for "isolation": "none" (an admin),
+    # or on a machine that cannot sandbox.
+    unconfined = [v["name"] for v in views if v["isolation"] == "none" and v["state"] != "undeployed"]
     if args.json:
         emit_json(
             {
@@ -151,6 +154,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                 "standbys": standbys,
                 "functions": views,
                 "sandbox": sandbox,
+                "unconfined": unconfined,
                 "mirrors": mirrored,
             }
         )
@@ -158,11 +162,15 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"store: {state.shown}")  # never its password
         print(f"eventing service: {'running (' + ', '.join(services) + ')' if services else 'not running'}")
         print(f"sandbox: {sandbox}")
-        unconfined = [v["name"] for v in views if v["isolation"] == "none" and v["state"] != "undeployed"]
         if unconfined:
+            fix = (
+                "this machine cannot sandbox (above)"
+                if sandbox.startswith("unavailable")
+                else 'leave "isolation": "none" out of their definitions to confine them'
+            )
             print(
                 f"  unconfined (isolation none): {', '.join(unconfined)}; their handlers can read and write "
-                'every bucket and the metadata store: deploy with "isolation": "sandbox" to confine them'
+                f"every bucket and the metadata store: {fix}"
             )
         if leader is not None:
             print(

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from eventing.core.couchbase_format import from_couchbase, is_couchbase_function, to_couchbase
-from eventing.core.definition import Boundary, FunctionDefinition, effective_isolation, load_definition_file
+from eventing.core.definition import Boundary, FunctionDefinition, load_definition_file
 from eventing.core.secrets import mask_definition, restore_secrets
 from eventing.errors import ConfigError, LifecycleError, NotFoundError, fix
 from eventing.execution.loader import validate_handler
@@ -20,6 +20,7 @@ from eventing.storage.keyspace import check_keyspace_exists, collection_id
 from eventing.storage.protocol import BucketDocuments
 from eventing.storage.state import StateLike, as_state
 from eventing.windows.runtime.paths import reset_windows
+from eventing.workers.sandbox.default import isolation_of
 from metadata import TIMER_VB_BASE, FunctionRecord, FunctionState, MetadataStore
 from sharding import NUM_VBUCKETS
 
@@ -49,7 +50,7 @@ def _validate(state: StateLike, defn: FunctionDefinition, source: str, deployed_
     """Import the handler module (its top-level code runs) and check its entry points: in a sandboxed
     child when the function runs sandboxed (eventing.workers.sandbox), else here. Only deploy and resume
     import a handler; saving checks it without running it (check_handler_source)."""
-    if effective_isolation(defn, deployed_by) == "sandbox":
+    if isolation_of(defn, deployed_by) == "sandbox":
         from eventing.workers.sandbox.host import validate_sandboxed
 
         validate_sandboxed(state, defn, source)
@@ -188,7 +189,7 @@ def deploy(state: StateLike, name: str, boundary: Boundary | None = None) -> Fun
     with _store(state) as store:
         record = store.get_function(name)
         defn = FunctionDefinition.from_dict(record.definition).with_boundary(boundary)
-        if effective_isolation(defn, record.deployed_by) == "sandbox":
+        if isolation_of(defn, record.deployed_by) == "sandbox":
             from eventing.workers.sandbox.landlock import sandbox_unavailable
 
             why = sandbox_unavailable()

@@ -12,11 +12,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from eventing.core.definition import FunctionDefinition, effective_isolation
+from eventing.core.definition import FunctionDefinition
 from eventing.errors import EventingError, FencedError
 from eventing.storage.state import State
 from eventing.workers import write_waiter
 from eventing.workers.executor import Executor, WorkerDied
+from eventing.workers.sandbox.default import isolation_of
 from eventing.workers.worker import StepReport, WorkerSpec
 from metadata import FunctionRecord
 from sharding.rebalance import FunctionAssignment, assign_function, function_moves
@@ -141,7 +142,7 @@ class FunctionSupervisor:
             tuple(vbuckets),
             self.targets,
             data_service=self.executor.data_service,
-            isolation=effective_isolation(self.defn, self.record.deployed_by),
+            isolation=isolation_of(self.defn, self.record.deployed_by),
         )
         slot = self.slots[wid] = WorkerSlot(spec, node)
         return slot

@@ -28,10 +28,11 @@ Placement = Literal["spread", "packed"]
 Delivery = Literal["exactly_once", "at_least_once"]
 PLACEMENTS = ("spread", "packed")
 DELIVERIES = ("exactly_once", "at_least_once")
-ISOLATIONS = ("none", "sandbox")  # the first is DEFAULT_ADMIN_ISOLATION, named as the default in errors
-# What a function deployed by a full admin gets without an `isolation` setting (see docs/guarantees.md,
-# "Sandboxed handlers", for the measured cost that decided it).
-DEFAULT_ADMIN_ISOLATION = "none"
+ISOLATIONS = ("sandbox", "none")  # the first is DEFAULT_ADMIN_ISOLATION, named as the default in errors
+# What a function deployed by a full admin gets without an `isolation` setting where the machine can sandbox
+# ("none" where it cannot: eventing.workers.sandbox.default; see docs/guarantees.md, "Sandboxed handlers",
+# for the measured cost that decided it).
+DEFAULT_ADMIN_ISOLATION = "sandbox"
 
 
 def parse_duration(value: Any, field_name: str, function: str) -> timedelta:
@@ -321,13 +322,14 @@ class FunctionDefinition:
         return self if boundary is None else replace(self, boundary=boundary)
 
 
-def effective_isolation(defn: FunctionDefinition, deployed_by: dict | None) -> str:
+def effective_isolation(defn: FunctionDefinition, deployed_by: dict | None, default: str) -> str:
     """How a deployed function runs: always "sandbox" when a user who is not a full admin deployed or
     resumed it (``deployed_by`` of its record; None is the local CLI, trusted as an admin), else its
-    ``isolation`` setting, or DEFAULT_ADMIN_ISOLATION without one."""
+    ``isolation`` setting, or without one `default`: the machine's (eventing.workers.sandbox.default:
+    DEFAULT_ADMIN_ISOLATION where it can sandbox, "none" where it cannot)."""
     if deployed_by is not None and deployed_by.get("admin") is not True:
         return "sandbox"
-    return defn.isolation or DEFAULT_ADMIN_ISOLATION
+    return defn.isolation or default
 
 
 def _check_alias(kind: str, alias: Any, function: str) -> None:

@@ -15,7 +15,7 @@ from eventing.storage.bucket_file import BucketFile
 from eventing.storage.file_health import maps_file_errors
 from eventing.storage.reads import FileReader
 from eventing.storage.values import EffectGroup, EffectResult, Write
-from eventing.storage.writes import HEADS_BY_VB_MAX, FileWriter, _items, _plan
+from eventing.storage.writes import HEADS_BY_VB_MAX, FileWriter, _items, _plan, group_items
 
 
 class EffectApplier:
@@ -50,7 +50,7 @@ class EffectApplier:
         rejected."""
 
         if not marks:
-            items = _items(w for g in groups for _, w in g.writes)
+            items = group_items(groups)
             plan = _plan(items)
 
             def unmarked() -> EffectResult:
@@ -64,16 +64,12 @@ class EffectApplier:
         # seqno). The transaction checks that case against the marks, else takes the general path below.
         conditional = any(g.conditional for g in groups)
         if not conditional:
-            ready = _items(w for g in groups for _, w in g.writes)
+            ready = group_items(groups)  # straight from the columns of groups that crossed processes
             ready_plan = _plan(ready)
             spans = [
-                (
-                    g.vb,
-                    g.epoch,
-                    min(s for s, _ in g.writes) if g.writes else None,
-                    max(max(s for s, _ in g.writes) if g.writes else 0, g.upto),
-                )
+                (g.vb, g.epoch, min(seqnos) if seqnos else None, max(max(seqnos, default=0), g.upto))
                 for g in groups
+                for seqnos in (g.seqnos(),)
             ]
 
         def body() -> EffectResult:

@@ -66,6 +66,34 @@ def vbucket_of_key(key: str) -> int:
 _vb_of = vbucket_of_key
 
 
+def _split_columns(group: EffectGroup, part_of_vb: Sequence[int]) -> list[tuple[int, EffectGroup]]:
+    """A group holding its writes as columns (EffectGroup.columns), split by the partition of each key:
+    the group itself where every key is in one partition, else a group of columns per partition (each
+    in the order of the writes)."""
+    columns = group.columns
+    assert columns is not None
+    parts = [part_of_vb[_vb_of(key)] for key in columns[1]]
+    first = parts[0]
+    if parts.count(first) == len(parts):
+        return [(first, group)]
+    where: dict[int, list[int]] = {}
+    for i, part in enumerate(parts):
+        where.setdefault(part, []).append(i)
+    return [
+        (
+            part,
+            EffectGroup.of_columns(
+                group.vb,
+                group.epoch,
+                tuple(tuple(map(column.__getitem__, rows)) for column in columns),
+                group.conditional,
+                group.upto,
+            ),
+        )
+        for part, rows in where.items()
+    ]
+
+
 def partition_ranges(partitions: int) -> list[range]:
     """The vBuckets of each partition: contiguous, as a function with that many workers splits them."""
     runs = split_even(range(NUM_VBUCKETS), partitions)
@@ -360,6 +388,10 @@ class PartitionedBucket(NothingAhead):
         per_part: dict[int, list[EffectGroup]] = {}
         part_of_vb = self._part_of_vb
         for g in groups:
+            if g.columns is not None:  # crossed processes: split by its key column, no Write made
+                for part, group in _split_columns(g, part_of_vb):
+                    per_part.setdefault(part, []).append(group)
+                continue
             if not g.writes:
                 per_part.setdefault(0, []).append(g)
                 continue

@@ -7,8 +7,10 @@ and a sandboxed worker may send them, so they live apart from the classes that m
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from itertools import repeat
+from typing import Any, NamedTuple
 
 # (first, last) vBucket ranges, both ends included: the vBuckets a worker owns, as high_seqnos reads them.
 Spans = tuple[tuple[int, int], ...]
@@ -97,7 +99,13 @@ class PackedUpdates:
 
 @dataclass
 class EffectGroup:
-    """Binding writes of one function caused by one source vBucket, in source seqno order."""
+    """Binding writes of one function caused by one source vBucket, in source seqno order.
+
+    A group that crossed processes (a sandbox's line, the data service) arrives with its writes packed as
+    columns (``__reduce__``) and keeps them so (`columns`: the source seqnos, then each field of Write):
+    applying it reads its items, seqnos and keys from the columns, and the `Write` objects of `writes`
+    are made only when something reads `writes` (a conditional write, a replayed one), which drops the
+    columns (the list may then change)."""
 
     vb: int
     epoch: int
@@ -106,22 +114,62 @@ class EffectGroup:
     # A source position the group covers even where it has no write there (a mirror's transaction that
     # changed nothing, a snapshot's end): the mark moves to at least this, with the writes (0: none).
     upto: int = 0
+    # The writes as they crossed, until `writes` is read: columns of the source seqnos and of each field of
+    # Write (tuples of equal lengths, at least one write). None: `writes` holds them.
+    columns: tuple[tuple, ...] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         writes = self.writes
         if type(writes) is bytes:  # unpickled (__reduce__): the writes packed as columns
-            self.writes = _unpacked(writes)
+            columns = _unpacked(writes)
+            if columns and columns[0]:
+                self.columns = columns
+                del self.writes  # made from the columns when first read (__getattr__)
+            else:
+                self.writes = []
         elif writes and type(writes[0][1]) is tuple:  # unpickled (__reduce__): the writes as plain tuples
             self.writes = [(seqno, _as_write(write)) for seqno, write in writes]
 
+    def __getattr__(self, name: str) -> list[tuple[int, Write]]:
+        # Only `writes` of a group holding its columns is missing: its Write objects, made once.
+        columns = self.__dict__.get("columns")
+        if name != "writes" or columns is None:
+            raise AttributeError(name)
+        made = map(tuple.__new__, repeat(Write), zip(*columns[1:], strict=True))
+        self.writes = list(zip(columns[0], made, strict=True))
+        self.columns = None
+        return self.writes
+
+    @classmethod
+    def of_columns(
+        cls, vb: int, epoch: int, columns: tuple[tuple, ...], conditional: bool = False, upto: int = 0
+    ) -> EffectGroup:
+        """A group holding its writes as columns (`columns`, at least one write)."""
+        group = cls(vb, epoch, [], conditional, upto)
+        group.columns = columns
+        del group.writes
+        return group
+
+    def seqnos(self) -> Sequence[int]:
+        """The source seqnos of the group's writes, in order."""
+        columns = self.columns
+        return columns[0] if columns is not None else [seqno for seqno, _ in self.writes]
+
+    def keys(self) -> Sequence[Any]:
+        """The keys of the group's writes, in order (as sent: a key that is no str is refused where read)."""
+        columns = self.columns
+        return columns[1] if columns is not None else [w[0] for _, w in self.writes]
+
     def __reduce__(self) -> tuple:
         # A batch's effects cross processes (a sandbox's line, Ray) with the writes packed as one msgpack
-        # array of columns, the source seqnos then each of a write's fields (~0.15 us a write to pack, ~0.2
-        # us to load back as Write objects; a msgpack array a write cost ~0.35 and ~0.45 us, pickled plain
-        # tuples ~0.7 and ~0.5 us): W3's writes were most of what the sandbox cost (docs/benchmarks.md,
-        # "Sandboxed functions"); a value msgpack cannot carry (a key that is no UTF-8) goes as plain tuples.
+        # array of columns, the source seqnos then each of a write's fields (~0.15 us a write to pack; the
+        # receiver applies them from the columns, no Write made; a msgpack array a write cost ~0.35 and
+        # ~0.45 us, pickled plain tuples ~0.7 and ~0.5 us): W3's writes were most of what the sandbox cost
+        # (docs/benchmarks.md, "Sandboxed functions"); a value msgpack cannot carry (a key that is no UTF-8)
+        # goes as plain tuples.
         try:
-            writes: bytes | list = _packb(_columns(self.writes))
+            columns = self.columns
+            writes: bytes | list = _packb(list(columns) if columns is not None else _columns(self.writes))
         except (TypeError, ValueError, OverflowError):
             writes = [(seqno, tuple(write)) for seqno, write in self.writes]
         return (EffectGroup, (self.vb, self.epoch, writes, self.conditional, self.upto))
@@ -154,15 +202,13 @@ def _packb(columns: list) -> bytes:
     return msgpack.packb(columns, use_bin_type=True)
 
 
-def _unpacked(packed: bytes) -> list[tuple[int, Write]]:
-    """The ``(source seqno, write)`` pairs of packed columns (_columns), each write a Write."""
-    from itertools import repeat
-
+def _unpacked(packed: bytes) -> tuple[tuple, ...]:
+    """The columns of packed writes (_columns): the source seqnos, then each field of Write; () for none."""
     import msgpack
 
     columns = msgpack.unpackb(packed, raw=False, use_list=False)
     if columns == ():
-        return []
+        return ()
     if (
         type(columns) is not tuple
         or len(columns) != _WRITE_FIELDS + 1
@@ -171,8 +217,7 @@ def _unpacked(packed: bytes) -> list[tuple[int, Write]]:
         raise TypeError(
             f"packed writes are not columns of source seqnos and of a write's {_WRITE_FIELDS} fields"
         )
-    writes = map(tuple.__new__, repeat(Write), zip(*columns[1:], strict=True))
-    return list(zip(columns[0], writes, strict=True))
+    return columns
 
 
 @dataclass

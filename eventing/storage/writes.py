@@ -23,7 +23,7 @@ from eventing.errors import NotFoundError
 from eventing.storage.bucket_file import BucketFile
 from eventing.storage.file_health import maps_file_errors
 from eventing.storage.files import _DOCS_COLUMNS_PLAIN, _LOG_COLUMNS, _LOG_COLUMNS_PLAIN
-from eventing.storage.values import Changed, StoredDocument, Write
+from eventing.storage.values import Changed, EffectGroup, StoredDocument, Write
 from eventing.storage.write_plan import Item, UpdatePlan
 from sharding import NUM_VBUCKETS, validate_key
 
@@ -89,6 +89,22 @@ def _items(writes: Iterable[Write]) -> list[Item]:
     if any(map(_xattrs_of, writes)):
         return [(*w[:6], w[8]) for w in writes]  # type: ignore[misc]
     return [w[:6] for w in writes]
+
+
+def group_items(groups: Sequence[EffectGroup]) -> list[Item]:
+    """_items of the groups' writes, in order. Groups that crossed processes and still hold their columns
+    (EffectGroup.columns) give their items straight from the columns, no Write made."""
+    if any(g.columns is None and g.writes for g in groups):
+        return _items(w for g in groups for _, w in g.writes)
+    items: list[Item] = []
+    held = [c for g in groups if (c := g.columns) is not None]
+    if any(any(c[9]) for c in held):  # Write.xattrs (its column follows the seqnos')
+        for c in held:
+            items.extend(zip(*c[1:7], c[9], strict=True))
+    else:
+        for c in held:
+            items.extend(zip(*c[1:7], strict=True))
+    return items
 
 
 def load_items(rows: Sequence[tuple]) -> list[Item]:

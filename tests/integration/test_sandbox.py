@@ -214,9 +214,10 @@ def test_a_non_admin_deployment_runs_sandboxed_whatever_its_setting(data_dir, tm
     from eventing.core.definition import effective_isolation
 
     defn = FunctionDefinition.from_dict({"name": "f", "source_bucket": "src", "isolation": "none"})
-    assert effective_isolation(defn, {"user": "u", "admin": False}) == "sandbox"
-    assert effective_isolation(defn, {"user": "a", "admin": True}) == "none"
-    assert effective_isolation(defn, None) == "none"
+    for default in ("sandbox", "none"):  # the machine's default (eventing.workers.sandbox.default)
+        assert effective_isolation(defn, {"user": "u", "admin": False}, default) == "sandbox"
+        assert effective_isolation(defn, {"user": "a", "admin": True}, default) == "none"
+        assert effective_isolation(defn, None, default) == "none"
 
 
 # -- the handler outside a worker: deploy-time import, on_deploy, dlq replay, the debugger ----------------

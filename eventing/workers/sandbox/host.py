@@ -579,12 +579,13 @@ class SandboxedRunner(_Sandboxed):
 def open_runner(state: StateLike, function: str, record: Any = None) -> Any:
     """The runner a caller outside a worker runs `function`'s handler with: a SandboxedRunner when its
     effective isolation is "sandbox", else a HandlerRunner in this process."""
-    from eventing.core.definition import FunctionDefinition, effective_isolation
+    from eventing.core.definition import FunctionDefinition
     from eventing.execution.runner import HandlerRunner
+    from eventing.workers.sandbox.default import isolation_of
 
     state = as_state(state)
     if record is None:
         record = state.metadata.get_function(function)
-    if effective_isolation(FunctionDefinition.from_dict(record.definition), record.deployed_by) == "sandbox":
+    if isolation_of(FunctionDefinition.from_dict(record.definition), record.deployed_by) == "sandbox":
         return SandboxedRunner(state, record)
     return HandlerRunner.open(state, function)

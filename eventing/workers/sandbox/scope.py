@@ -307,12 +307,14 @@ class ScopedService:
         """Whether every write of these effect groups is to a collection the function writes: judged once a
         collection (a key of the default one starts without the collection mark), not once a write."""
         from eventing.core.keyspaces import COLLECTION_MARK
+        from eventing.storage.values import EffectGroup
 
         groups = call_args[1] if len(call_args) > 1 else ()
         judged: dict[str, bool] = {}
         for g in groups:
-            for _, w in getattr(g, "writes", ()):
-                key = getattr(w, "key", None)
+            if type(g) is not EffectGroup:
+                return False
+            for key in g.keys():  # from its columns as it crossed (no Write made: it is applied from them)
                 if not isinstance(key, str):
                     return False
                 prefix = ""

@@ -1,0 +1,37 @@
+"""How a function runs on this machine (`isolation_of`): "sandbox" for every function wherever the machine
+can sandbox (Landlock and a seccomp filter, eventing.workers.sandbox.landlock), unless a full admin asked
+for "isolation": "none"; "none" by default where it cannot, or where the service's environment sets
+EVENTING_DEFAULT_ISOLATION=none (an admin's choice for the machine: functions deployed by a user who is not
+a full admin run sandboxed all the same, eventing.core.definition.effective_isolation).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+DEFAULT_ISOLATION_ENV = "EVENTING_DEFAULT_ISOLATION"
+
+
+def default_isolation() -> str:
+    """The isolation of a function deployed by a full admin without an `isolation` setting, here."""
+    from eventing.core.definition import DEFAULT_ADMIN_ISOLATION, ISOLATIONS
+    from eventing.errors import ConfigError
+    from eventing.workers.sandbox.landlock import sandbox_unavailable
+
+    chosen = os.environ.get(DEFAULT_ISOLATION_ENV, "")
+    if chosen and chosen not in ISOLATIONS:
+        raise ConfigError(
+            f"{DEFAULT_ISOLATION_ENV} is {chosen!r}; use one of {', '.join(map(repr, ISOLATIONS))}, or "
+            "leave it unset (sandbox where this machine can sandbox)"
+        )
+    if (chosen or DEFAULT_ADMIN_ISOLATION) == "none" or sandbox_unavailable() is not None:
+        return "none"
+    return "sandbox"
+
+
+def isolation_of(defn: Any, deployed_by: dict | None) -> str:
+    """How `defn` runs here: eventing.core.definition.effective_isolation with this machine's default."""
+    from eventing.core.definition import effective_isolation
+
+    return effective_isolation(defn, deployed_by, default_isolation())

@@ -1,0 +1,134 @@
+"""Functions run sandboxed by default wherever the machine can sandbox (eventing.workers.sandbox.default):
+a function deployed by an admin without an `isolation` setting runs in the sandbox, `"isolation": "none"`
+(an admin's explicit choice) and a machine that cannot sandbox run it unconfined, and `eventing status` names
+the unconfined functions in one line (`"unconfined"` in `--json`). The suite pins the old default
+(tests/conftest.py); these tests unset it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from eventing.cli import main
+from eventing.core.definition import FunctionDefinition
+from eventing.errors import ConfigError
+from eventing.storage.bucket import LocalBucket
+from eventing.testing import deploy_function
+from eventing.workers.sandbox import confine as sandbox_confine
+from eventing.workers.sandbox import landlock as sandbox_landlock
+from eventing.workers.sandbox.default import DEFAULT_ISOLATION_ENV, default_isolation, isolation_of
+from metadata.factory import open_store
+
+UNAVAILABLE = sandbox_landlock.sandbox_unavailable()
+needs_sandbox = pytest.mark.skipif(UNAVAILABLE is not None, reason=str(UNAVAILABLE))
+NO_LANDLOCK = "sandboxed functions need Landlock ABI 4+ (Linux 6.7+); this kernel has ABI 0"
+
+
+@pytest.fixture(autouse=True)
+def product_default(monkeypatch):
+    monkeypatch.delenv(DEFAULT_ISOLATION_ENV, raising=False)
+
+
+def _defn(name: str, **extra) -> FunctionDefinition:
+    return FunctionDefinition.from_dict({"name": name, "source_bucket": "src", **extra})
+
+
+def _cannot_sandbox(monkeypatch) -> None:
+    monkeypatch.setattr(sandbox_landlock, "sandbox_unavailable", lambda: NO_LANDLOCK)
+    monkeypatch.setattr(sandbox_confine, "sandbox_unavailable", lambda: NO_LANDLOCK)
+
+
+@needs_sandbox
+def test_an_admins_function_runs_sandboxed_unless_it_asks_for_none():
+    admin, user = {"user": "a", "admin": True}, {"user": "u", "admin": False}
+    assert default_isolation() == "sandbox"
+    for deployed_by in (None, admin):  # the local CLI, an admin over HTTP
+        assert isolation_of(_defn("f"), deployed_by) == "sandbox"
+        assert isolation_of(_defn("f", isolation="none"), deployed_by) == "none"
+    assert isolation_of(_defn("f", isolation="none"), user) == "sandbox"  # never unconfined for a non-admin
+
+
+def test_a_machine_that_cannot_sandbox_runs_them_unconfined_by_default(monkeypatch):
+    _cannot_sandbox(monkeypatch)
+    assert default_isolation() == "none"
+    assert isolation_of(_defn("f"), None) == "none"
+    assert isolation_of(_defn("f", isolation="sandbox"), None) == "sandbox"  # asked for: refused at deploy
+    assert isolation_of(_defn("f"), {"user": "u", "admin": False}) == "sandbox"
+
+
+def test_the_machines_default_can_be_set_to_none_and_nothing_else(monkeypatch):
+    monkeypatch.setenv(DEFAULT_ISOLATION_ENV, "none")
+    assert isolation_of(_defn("f"), None) == "none"
+    assert isolation_of(_defn("f"), {"user": "u", "admin": False}) == "sandbox"
+    monkeypatch.setenv(DEFAULT_ISOLATION_ENV, "off")
+    with pytest.raises(ConfigError, match=f"{DEFAULT_ISOLATION_ENV} is 'off'; use one of 'sandbox', 'none'"):
+        default_isolation()
+
+
+def _status(capsys, data_dir: str, *flags: str) -> str:
+    open_store(data_dir).close()
+    capsys.readouterr()
+    assert main(["--data-dir", data_dir, "status", *flags]) == 0
+    return capsys.readouterr().out
+
+
+def _deploy_three(data_dir: str) -> None:
+    LocalBucket.create(data_dir, "src")
+    handler = "def on_update(doc, meta):\n    pass\n"
+    for defn in (_defn("fn_default"), _defn("fn_none", isolation="none"), _defn("fn_gone", isolation="none")):
+        deploy_function(data_dir, defn, handler)
+    assert main(["--data-dir", data_dir, "undeploy", "fn_gone"]) == 0
+
+
+@needs_sandbox
+def test_status_names_in_one_line_the_functions_that_asked_to_run_unconfined(data_dir, capsys):
+    _deploy_three(data_dir)
+    lines = [line for line in _status(capsys, data_dir).splitlines() if "unconfined" in line]
+    assert len(lines) == 1 and "fn_none" in lines[0] and "fn_default" not in lines[0], lines
+    assert "fn_gone" not in lines[0] and 'leave "isolation": "none" out' in lines[0]
+    shown = json.loads(_status(capsys, data_dir, "--json"))
+    assert shown["unconfined"] == ["fn_none"]
+    assert {v["name"]: v["isolation"] for v in shown["functions"]}["fn_default"] == "sandbox"
+
+
+def test_status_names_every_function_when_the_machine_cannot_sandbox(data_dir, capsys, monkeypatch):
+    _cannot_sandbox(monkeypatch)
+    _deploy_three(data_dir)
+    lines = [line for line in _status(capsys, data_dir).splitlines() if "unconfined" in line]
+    assert len(lines) == 1 and "fn_default, fn_none" in lines[0] and "cannot sandbox" in lines[0], lines
+    assert json.loads(_status(capsys, data_dir, "--json"))["unconfined"] == ["fn_default", "fn_none"]
+
+
+PROBE = """
+def on_update(doc, meta):
+    try:
+        open(STORE, "rb").read(1)
+        out[meta.id] = {"store": "read"}
+    except OSError as exc:
+        out[meta.id] = {"store": type(exc).__name__}
+"""
+
+
+@needs_sandbox
+@pytest.mark.parametrize(("extra", "outcome"), [({}, "PermissionError"), ({"isolation": "none"}, "read")])
+def test_a_function_without_an_isolation_setting_cannot_open_the_metadata_store(data_dir, extra, outcome):
+    import os
+
+    LocalBucket.create(data_dir, "src").upsert("k1", {"v": 1})
+    store = os.path.join(data_dir, "metadata.sqlite3")
+    open_store(data_dir).close()
+    assert os.path.exists(store)
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": "fn_probe",
+            "source_bucket": "src",
+            "bindings": [{"alias": "out", "bucket": "probe_out", "access": "rw"}],
+            "constants": {"STORE": store},
+            **extra,
+        }
+    )
+    deploy_function(data_dir, defn, PROBE)
+    argv = ["--data-dir", data_dir, "run", "--until-caught-up", "--executor", "in-process", "--quiet"]
+    assert main(argv) == 0
+    assert LocalBucket.open(data_dir, "probe_out").get("k1") == {"store": outcome}
