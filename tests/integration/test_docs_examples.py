@@ -52,6 +52,9 @@ CLEARED_ENV = (
     "EVENTING_COUCHBASE_USERNAME",
     "EVENTING_COUCHBASE_PASSWORD",
     "VIRTUAL_ENV",
+    # the suite runs its own functions unconfined (tests/conftest.py); the docs run as a user runs them:
+    # sandboxed by default where the machine can sandbox
+    "EVENTING_DEFAULT_ISOLATION",
 )
 
 

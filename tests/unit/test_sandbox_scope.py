@@ -172,3 +172,29 @@ def test_the_scoped_calls_are_calls_the_data_service_serves_and_no_write_of_a_bu
         "put_file",
         "curl",
     }
+
+
+def test_the_host_makes_requests_only_of_the_functions_bindings_with_credentials_or_limits(tmp_path):
+    create_bucket(str(tmp_path), "src")
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": "fn",
+            "source_bucket": "src",
+            "url_bindings": [
+                {"alias": "secret", "url": "http://127.0.0.1:9", "auth": "bearer", "token": "t"},
+                {"alias": "limited", "url": "http://127.0.0.1:9", "rate_limit": {"per_second": 5}},
+                {"alias": "few", "url": "http://127.0.0.1:9", "max_in_flight": 2},
+                {"alias": "open", "url": "http://127.0.0.1:9"},
+            ],
+        }
+    )
+    service = ScopedService("fn", defn, DataService(str(tmp_path)))
+    try:
+        request = ("POST", "http://127.0.0.1:9/x", b"{}", {}, 1.0)
+        for alias in ("secret", "limited", "few"):
+            service.check("curl", (alias, *request))  # the child asks the host for these
+        for alias in ("open", "other"):  # the child makes these itself, or they are not the function's
+            with pytest.raises(ConfigError, match="runs sandboxed and may not call curl"):
+                service.check("curl", (alias, *request))
+    finally:
+        service.backend.close()

@@ -280,13 +280,7 @@ class ScopedService:
             return
         if method == "app_log" and args and args[0] == fn:
             return
-        if (
-            method == "curl"
-            and len(args) == 6
-            and any(
-                u.get("alias") == args[0] and u.get("auth", "none") != "none" for u in self.defn.url_bindings
-            )
-        ):
+        if method == "curl" and len(args) == 6 and any(_hosted(u, args[0]) for u in self.defn.url_bindings):
             return
         if method == "put_file" and args and isinstance(args[0], str):
             parts = os.path.normpath(args[0]).split(os.sep)
@@ -346,3 +340,13 @@ def _origin_function(origin: Any) -> str | None:
     from eventing.storage.origins import origin_function
 
     return origin_function(origin) if origin is None or isinstance(origin, str) else ""
+
+
+def _hosted(binding: dict, alias: str) -> bool:
+    """Whether the host makes the requests of URL binding `alias` for the child: one with credentials (the
+    child has none) or with limits shared by the function's processes (eventing.execution.curl)."""
+    return binding.get("alias") == alias and (
+        binding.get("auth", "none") != "none"
+        or bool(binding.get("rate_limit"))
+        or bool(binding.get("max_in_flight"))
+    )
