@@ -9,12 +9,12 @@ import pytest
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-# Functions run sandboxed by default where the machine can sandbox (eventing.workers.sandbox.default). Most
-# tests' handlers write call logs into the test's own folder and their faults are injected into the worker in
-# this process, which a sandboxed handler cannot reach: the suite runs admins' functions unconfined unless a
-# test asks for the sandbox (`"isolation": "sandbox"`), and the tests of the default itself unset this
-# (tests/unit/test_default_isolation.py).
-os.environ.setdefault("EVENTING_DEFAULT_ISOLATION", "none")
+# A machine's default isolation for admins' functions (eventing.workers.sandbox.default) is pinned to the
+# product's default, whatever the shell running the suite sets: most tests' handlers write call logs into the
+# test's own folder and their faults are injected into the worker in this process, which a sandboxed handler
+# cannot reach. Tests ask for the sandbox with `"isolation": "sandbox"`; the tests of the default set it
+# themselves (tests/unit/test_default_isolation.py).
+os.environ["EVENTING_DEFAULT_ISOLATION"] = "none"
 
 
 def pytest_collection_modifyitems(config, items):

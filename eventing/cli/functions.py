@@ -166,7 +166,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             fix = (
                 "this machine cannot sandbox (above)"
                 if sandbox.startswith("unavailable")
-                else 'leave "isolation": "none" out of their definitions to confine them'
+                else 'deploy with "isolation": "sandbox" to confine them (EVENTING_DEFAULT_ISOLATION='
+                "sandbox: every function without the setting)"
             )
             print(
                 f"  unconfined (isolation none): {', '.join(unconfined)}; their handlers can read and write "

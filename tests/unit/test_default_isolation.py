@@ -1,8 +1,8 @@
-"""Functions run sandboxed by default wherever the machine can sandbox (eventing.workers.sandbox.default):
-a function deployed by an admin without an `isolation` setting runs in the sandbox, `"isolation": "none"`
-(an admin's explicit choice) and a machine that cannot sandbox run it unconfined, and `eventing status` names
-the unconfined functions in one line (`"unconfined"` in `--json`). The suite pins the old default
-(tests/conftest.py); these tests unset it."""
+"""A machine's default isolation (eventing.workers.sandbox.default): a function deployed by an admin
+without an `isolation` setting runs unconfined unless the service's environment sets
+EVENTING_DEFAULT_ISOLATION=sandbox (then sandboxed where the machine can sandbox); a non-admin's always runs
+sandboxed; and `eventing status` names the unconfined functions in one line (`"unconfined"` in `--json`).
+The suite pins the setting to the product's default (tests/conftest.py); these tests set it themselves."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from metadata.factory import open_store
 UNAVAILABLE = sandbox_landlock.sandbox_unavailable()
 needs_sandbox = pytest.mark.skipif(UNAVAILABLE is not None, reason=str(UNAVAILABLE))
 NO_LANDLOCK = "sandboxed functions need Landlock ABI 4+ (Linux 6.7+); this kernel has ABI 0"
+ADMIN, USER = {"user": "a", "admin": True}, {"user": "u", "admin": False}
 
 
 @pytest.fixture(autouse=True)
@@ -39,30 +40,38 @@ def _cannot_sandbox(monkeypatch) -> None:
     monkeypatch.setattr(sandbox_confine, "sandbox_unavailable", lambda: NO_LANDLOCK)
 
 
+def test_an_admins_function_runs_unconfined_by_default_and_a_non_admins_sandboxed():
+    assert default_isolation() == "none"
+    for deployed_by in (None, ADMIN):  # the local CLI, an admin over HTTP
+        assert isolation_of(_defn("f"), deployed_by) == "none"
+        assert isolation_of(_defn("f", isolation="sandbox"), deployed_by) == "sandbox"
+    assert isolation_of(_defn("f"), USER) == "sandbox"
+    assert isolation_of(_defn("f", isolation="none"), USER) == "sandbox"  # never unconfined for a non-admin
+
+
 @needs_sandbox
-def test_an_admins_function_runs_sandboxed_unless_it_asks_for_none():
-    admin, user = {"user": "a", "admin": True}, {"user": "u", "admin": False}
+def test_the_machines_default_can_be_the_sandbox(monkeypatch):
+    monkeypatch.setenv(DEFAULT_ISOLATION_ENV, "sandbox")
     assert default_isolation() == "sandbox"
-    for deployed_by in (None, admin):  # the local CLI, an admin over HTTP
+    for deployed_by in (None, ADMIN):
         assert isolation_of(_defn("f"), deployed_by) == "sandbox"
-        assert isolation_of(_defn("f", isolation="none"), deployed_by) == "none"
-    assert isolation_of(_defn("f", isolation="none"), user) == "sandbox"  # never unconfined for a non-admin
+        assert isolation_of(_defn("f", isolation="none"), deployed_by) == "none"  # an admin's explicit choice
 
 
-def test_a_machine_that_cannot_sandbox_runs_them_unconfined_by_default(monkeypatch):
+def test_a_machine_that_cannot_sandbox_keeps_them_unconfined_whatever_its_default(monkeypatch):
     _cannot_sandbox(monkeypatch)
+    monkeypatch.setenv(DEFAULT_ISOLATION_ENV, "sandbox")
     assert default_isolation() == "none"
     assert isolation_of(_defn("f"), None) == "none"
     assert isolation_of(_defn("f", isolation="sandbox"), None) == "sandbox"  # asked for: refused at deploy
-    assert isolation_of(_defn("f"), {"user": "u", "admin": False}) == "sandbox"
+    assert isolation_of(_defn("f"), USER) == "sandbox"
 
 
-def test_the_machines_default_can_be_set_to_none_and_nothing_else(monkeypatch):
+def test_the_machines_default_is_none_or_sandbox_and_nothing_else(monkeypatch):
     monkeypatch.setenv(DEFAULT_ISOLATION_ENV, "none")
     assert isolation_of(_defn("f"), None) == "none"
-    assert isolation_of(_defn("f"), {"user": "u", "admin": False}) == "sandbox"
     monkeypatch.setenv(DEFAULT_ISOLATION_ENV, "off")
-    with pytest.raises(ConfigError, match=f"{DEFAULT_ISOLATION_ENV} is 'off'; use one of 'sandbox', 'none'"):
+    with pytest.raises(ConfigError, match=f"{DEFAULT_ISOLATION_ENV} is 'off'; use one of 'none', 'sandbox'"):
         default_isolation()
 
 
@@ -82,11 +91,16 @@ def _deploy_three(data_dir: str) -> None:
 
 
 @needs_sandbox
-def test_status_names_in_one_line_the_functions_that_asked_to_run_unconfined(data_dir, capsys):
+def test_status_names_in_one_line_the_functions_that_run_unconfined(data_dir, capsys, monkeypatch):
     _deploy_three(data_dir)
     lines = [line for line in _status(capsys, data_dir).splitlines() if "unconfined" in line]
+    assert len(lines) == 1 and "fn_default, fn_none" in lines[0] and "fn_gone" not in lines[0], lines
+    assert '"isolation": "sandbox"' in lines[0]
+    shown = json.loads(_status(capsys, data_dir, "--json"))
+    assert shown["unconfined"] == ["fn_default", "fn_none"]
+    monkeypatch.setenv(DEFAULT_ISOLATION_ENV, "sandbox")  # the machine's default: only the explicit none left
+    lines = [line for line in _status(capsys, data_dir).splitlines() if "unconfined" in line]
     assert len(lines) == 1 and "fn_none" in lines[0] and "fn_default" not in lines[0], lines
-    assert "fn_gone" not in lines[0] and 'leave "isolation": "none" out' in lines[0]
     shown = json.loads(_status(capsys, data_dir, "--json"))
     assert shown["unconfined"] == ["fn_none"]
     assert {v["name"]: v["isolation"] for v in shown["functions"]}["fn_default"] == "sandbox"
@@ -111,10 +125,22 @@ def on_update(doc, meta):
 
 
 @needs_sandbox
-@pytest.mark.parametrize(("extra", "outcome"), [({}, "PermissionError"), ({"isolation": "none"}, "read")])
-def test_a_function_without_an_isolation_setting_cannot_open_the_metadata_store(data_dir, extra, outcome):
+@pytest.mark.parametrize(
+    ("extra", "default", "outcome"),
+    [
+        ({}, None, "read"),
+        ({}, "sandbox", "PermissionError"),
+        ({"isolation": "sandbox"}, None, "PermissionError"),
+        ({"isolation": "none"}, "sandbox", "read"),
+    ],
+)
+def test_a_function_opens_the_metadata_store_only_where_it_runs_unconfined(
+    data_dir, monkeypatch, extra, default, outcome
+):
     import os
 
+    if default is not None:
+        monkeypatch.setenv(DEFAULT_ISOLATION_ENV, default)
     LocalBucket.create(data_dir, "src").upsert("k1", {"v": 1})
     store = os.path.join(data_dir, "metadata.sqlite3")
     open_store(data_dir).close()

@@ -1,8 +1,8 @@
-"""How a function runs on this machine (`isolation_of`): "sandbox" for every function wherever the machine
-can sandbox (Landlock and a seccomp filter, eventing.workers.sandbox.landlock), unless a full admin asked
-for "isolation": "none"; "none" by default where it cannot, or where the service's environment sets
-EVENTING_DEFAULT_ISOLATION=none (an admin's choice for the machine: functions deployed by a user who is not
-a full admin run sandboxed all the same, eventing.core.definition.effective_isolation).
+"""How a function runs on this machine (`isolation_of`): a function deployed by a full admin without an
+`isolation` setting gets the machine's default, "none" (DEFAULT_ADMIN_ISOLATION) unless the service's
+environment sets EVENTING_DEFAULT_ISOLATION=sandbox, which holds where the machine can sandbox (Landlock and
+a seccomp filter, eventing.workers.sandbox.landlock). A function deployed by a user who is not a full admin
+runs sandboxed whatever either says (eventing.core.definition.effective_isolation).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def default_isolation() -> str:
     if chosen and chosen not in ISOLATIONS:
         raise ConfigError(
             f"{DEFAULT_ISOLATION_ENV} is {chosen!r}; use one of {', '.join(map(repr, ISOLATIONS))}, or "
-            "leave it unset (sandbox where this machine can sandbox)"
+            "leave it unset (none)"
         )
     if (chosen or DEFAULT_ADMIN_ISOLATION) == "none" or sandbox_unavailable() is not None:
         return "none"
