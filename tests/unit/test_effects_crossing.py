@@ -131,6 +131,35 @@ def test_groups_that_crossed_are_applied_from_their_columns_as_the_same_writes_m
         there.close()
 
 
+@pytest.mark.parametrize("deletes", [False, True], ids=["updates", "with deletes"])
+def test_groups_that_crossed_are_applied_on_a_postgresql_store_as_the_same_writes_made_in_process(
+    pg_url, deletes
+):
+    from eventing.storage import postgres as pg_buckets
+    from metadata.postgres import PostgresDatabase
+
+    made = [_writes(vb, 40) for vb in (3, 700, 1000)]
+    if not deletes:  # plain updates: the server's function, from the columns
+        made = [
+            EffectGroup(g.vb, g.epoch, [(s, w) for s, w in g.writes if w.op == OP_UPDATE], upto=g.upto)
+            for g in made
+        ]
+    crossed = _crossed(made)
+    db = PostgresDatabase.open(pg_url)
+    try:
+        here, there = pg_buckets.create_bucket(db, "here"), pg_buckets.create_bucket(db, "there")
+        assert here.apply_effects("fn", made) == there.apply_effects("fn", crossed)
+        if not deletes:  # no Write made on the way
+            assert all(g.columns is not None and "writes" not in vars(g) for g in crossed)
+        keys = [w.key for g in made for _, w in g.writes]
+        assert _docs(here, keys) == _docs(there, keys) and any(_docs(here, keys).values())
+        assert here.effect_marks("fn") == there.effect_marks("fn") == {vb: (1, 43) for vb in (3, 700, 1000)}
+        assert there.apply_effects("fn", _crossed(made)) == here.apply_effects("fn", made)
+        assert _docs(here, keys) == _docs(there, keys)
+    finally:
+        db.close()
+
+
 def test_reading_the_writes_of_a_group_that_crossed_makes_them_once_and_drops_its_columns():
     crossed = _crossed([_writes(9, 4)])[0]
     assert list(crossed.seqnos()) == [1, 2, 3, 4] and list(crossed.keys())[0] == "k9-1"

@@ -98,12 +98,17 @@ print(json.dumps({name: name in sys.modules for name in (
 """
 
 
-def test_the_set_up_imports_what_a_worker_starts_with_but_not_numpy_or_pyarrow(monkeypatch):
-    monkeypatch.delenv(WINDOWS_ENV, raising=False)
+def _preloaded() -> dict[str, bool]:
+    """Which modules a worker process's set-up imported (PRELOAD_PROBE in a fresh interpreter)."""
     out = subprocess.run(
         [sys.executable, "-c", PRELOAD_PROBE], capture_output=True, text=True, check=True
     ).stdout
-    assert json.loads(out.strip().splitlines()[-1]) == {
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_the_set_up_imports_what_a_worker_starts_with_but_not_numpy_or_pyarrow(monkeypatch):
+    monkeypatch.delenv(WINDOWS_ENV, raising=False)
+    assert _preloaded() == {
         "eventing.workers.hosting": True,
         "eventing.workers.worker": True,
         "numpy": False,
@@ -114,10 +119,7 @@ def test_the_set_up_imports_what_a_worker_starts_with_but_not_numpy_or_pyarrow(m
 
 def test_the_set_up_of_an_instance_for_windows_imports_numpy_and_pyarrow_but_not_pandas(monkeypatch):
     monkeypatch.setenv(WINDOWS_ENV, "1")
-    out = subprocess.run(
-        [sys.executable, "-c", PRELOAD_PROBE], capture_output=True, text=True, check=True
-    ).stdout
-    assert json.loads(out.strip().splitlines()[-1]) == {
+    assert _preloaded() == {
         "eventing.workers.hosting": True,
         "eventing.workers.worker": True,
         "numpy": True,

@@ -41,6 +41,7 @@ from eventing.storage.postgres.writer import (
     vb_of,
 )
 from eventing.storage.values import EffectGroup, EffectResult, Write
+from eventing.storage.writes import group_items
 from metadata.postgres.arrays import Int2s, Int8s
 from metadata.postgres.connection import Cursor
 
@@ -190,7 +191,7 @@ class EffectApplier:
         who = origin or function  # the writes' origin (eventing.storage.origins); `function` names the marks
         writer = self.writer
         if not marks:
-            items = items_of(w for g in groups for _, w in g.writes)
+            items = group_items(groups)
 
             def unmarked(cur: Cursor, written: Written) -> EffectResult:
                 if ASYNC_EFFECTS:
@@ -203,20 +204,16 @@ class EffectApplier:
         # Prepared before the transaction for the usual case, where no group is fenced or holds a write
         # already applied: the writes as one batch and each group's (vb, epoch, lowest and highest seqno).
         conditional = any(g.conditional for g in groups)
-        ready = items_of(w for g in groups for _, w in g.writes)
+        ready = group_items(groups)  # straight from the columns of groups that crossed processes
         spans = [
-            (
-                g.vb,
-                g.epoch,
-                min(s for s, _ in g.writes) if g.writes else None,
-                max(max(s for s, _ in g.writes) if g.writes else 0, g.upto),
-            )
+            (g.vb, g.epoch, min(seqnos) if seqnos else None, max(max(seqnos, default=0), g.upto))
             for g in groups
+            for seqnos in (g.seqnos(),)
         ]
 
         targets = [vb_of(item[0]) for item in ready]
         if not conditional and plain_updates(ready):
-            applied = self._apply_usual(function, groups, ready, targets, who)
+            applied = self._apply_usual(function, spans, ready, targets, who)
             if applied is not None:
                 return applied
 
@@ -284,28 +281,29 @@ class EffectApplier:
         return writer.run(body, pipeline=True)
 
     def _apply_usual(
-        self, function: str, groups: Sequence[EffectGroup], ready: list[Item], targets: list[int], who: str
+        self,
+        function: str,
+        spans: list[tuple[int, int, int | None, int]],
+        ready: list[Item],
+        targets: list[int],
+        who: str,
     ) -> EffectResult | None:
         """The usual flush as one statement, the transaction of its own (eventing.storage.postgres.functions).
-        None where the server found a group fenced or a write applied already (it changed no document): the
-        general path sorts those out."""
+        ``spans``: each group's (vb, epoch, lowest source seqno or None, highest to mark). None where the
+        server found a group fenced or a write applied already (it changed no document): the general path
+        sorts those out."""
         last: dict[int, tuple[int, int]] = {}  # vb -> (the last group's epoch, the highest seqno to mark)
-        lowest: list[int | None] = []
-        for g in groups:
-            top = max(max(s for s, _ in g.writes) if g.writes else 0, g.upto)
-            if g.vb in last:
-                top = max(top, last[g.vb][1])
-            last[g.vb] = (g.epoch, top)
-            lowest.append(min(s for s, _ in g.writes) if g.writes else None)
+        for vb, epoch, _, highest in spans:
+            last[vb] = (epoch, max(highest, last[vb][1]) if vb in last else highest)
         marked = sorted(last)
         args = (
             self.ref.id,
             function,
             who,
             int(time.time() * 1000),
-            Int2s([g.vb for g in groups]),
-            Int8s([g.epoch for g in groups]),
-            Int8s(lowest),
+            Int2s([vb for vb, _, _, _ in spans]),
+            Int8s([epoch for _, epoch, _, _ in spans]),
+            Int8s([lowest for _, _, lowest, _ in spans]),
             Int2s(marked),
             Int8s([last[vb][0] for vb in marked]),
             Int8s([last[vb][1] for vb in marked]),
