@@ -105,7 +105,9 @@ class LogSource(BucketHandle, Protocol):
         held for the others stay."""
         ...
 
-    def read_changed(self, positions: list[tuple[int, int]], limit: int) -> None:
+    def read_changed(
+        self, positions: list[tuple[int, int]], limit: int, *, for_next_step: bool = False
+    ) -> None:
         """Start reading the high seqnos, and the rows that follow these ``(vb, position)`` pairs where there
         are any, in one round trip (``high_seqnos(prefetched=True)`` answers with them)."""
         ...
@@ -123,7 +125,9 @@ class NothingAhead:
     def prefetch(self, runs: list[Run], *, partial: bool = False) -> None:
         pass
 
-    def read_changed(self, positions: list[tuple[int, int]], limit: int) -> None:
+    def read_changed(
+        self, positions: list[tuple[int, int]], limit: int, *, for_next_step: bool = False
+    ) -> None:
         pass
 
     def has_ahead(self, vb: int) -> bool:

@@ -183,12 +183,13 @@ class DataService:
         return _read_runs(bucket, runs), bucket.high_seqnos()
 
     def do_read_changed(
-        self, name: str, positions: list[tuple[int, int]], limit: int
+        self, name: str, positions: list[tuple[int, int]], limit: int, spans: Spans | None = None
     ) -> tuple[bytes, list[int], list[Run]]:
         """The rows that follow ``(vb, position)`` in the vBuckets that have any, up to ``limit`` rows in all,
         with the bucket's high seqnos read before them: ``read_many``'s answer, and the runs it read (a
-        worker that is caught up asks this at the end of a step, and does not know which vBuckets changed)."""
-        highs = self._bucket(name).high_seqnos()
+        worker that is caught up asks this at the end of a step, and does not know which vBuckets changed).
+        ``spans``: the high seqnos of these vBucket ranges alone (the others answer 0)."""
+        highs = self._bucket(name).high_seqnos(spans=spans)
         runs: list[Run] = []
         left = limit
         for vb, position in positions:
@@ -389,12 +390,16 @@ class RemoteBucket:
         """Whether ``high_seqnos(prefetched=True)`` answers without a round trip of its own."""
         return self._highs is not None or (self._pending is not None and self._pending[0] is None)
 
-    def read_changed(self, positions: list[tuple[int, int]], limit: int) -> None:
+    def read_changed(
+        self, positions: list[tuple[int, int]], limit: int, *, for_next_step: bool = False
+    ) -> None:
         """Start reading, in one call, the high seqnos and the rows that follow these ``(vb, position)``
         pairs where there are any (up to ``limit`` rows): ``high_seqnos(prefetched=True)`` answers with them
-        and the rows are read ahead. Rows already read ahead are kept."""
+        and the rows are read ahead. Rows already read ahead are kept. ``for_next_step``: asked as a step
+        ends, for the next; a sandbox's host reads them when it makes that call (its ``submit_ahead``)."""
         self._settle()
-        self._pending = (None, self._client.submit("read_changed", self.name, positions, limit))
+        submit = getattr(self._client, "submit_ahead", None) if for_next_step else None
+        self._pending = (None, (submit or self._client.submit)("read_changed", self.name, positions, limit))
 
     def ahead(self) -> tuple[int, bool]:
         """(rows read ahead and not taken yet, whether a read ahead is in flight)."""

@@ -99,13 +99,14 @@ class SourceReader:
         self.read_changed()
         return source.high_seqnos(prefetched=True)
 
-    def read_changed(self) -> None:
+    def read_changed(self, for_next_step: bool = False) -> None:
         """Read ahead the rows that follow the positions, in the vBuckets not read ahead already that have
-        any (a caught-up step asks as it ends: the next one starts with them)."""
+        any (a caught-up step asks as it ends, `for_next_step`: the next one starts with them)."""
         source, positions = self.source, self.positions
         source.read_changed(
             [(vb, positions[vb]) for vb in self.progress.epochs if not source.has_ahead(vb)],
             REMOTE_READ_AHEAD,
+            for_next_step=for_next_step,
         )
 
     def prefetch(self, work: list[int], limits: dict[int, int], budget: int) -> None:

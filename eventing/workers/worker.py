@@ -41,7 +41,7 @@ from eventing.workers.looks import SourceLooks
 from eventing.workers.progress import WorkerProgress
 from eventing.workers.source_reads import SourceReader
 from eventing.workers.timer_firing import TimerFiring
-from eventing.workers.write_waiter import WriteWaiter
+from eventing.workers.write_waiter import WriteWaiter, open_waiter
 
 if TYPE_CHECKING:
     from eventing.storage.postgres.wake_wait import PostgresWriteWaiter
@@ -276,18 +276,11 @@ class WorkerCore:
         return self.progress.counters
 
     def _open_waiter(self) -> WriteWaiter | PostgresWriteWaiter | None:
-        """The waiter of a caught-up step: this worker's socket, to which the service forwards its writes'
-        datagrams; on a server's state (PostgreSQL), a LISTEN connection of its own, which is woken on any
-        machine (eventing.storage.postgres.wake_wait)."""
-        state = self.data.state
-        if state.directory is None:
-            from eventing.storage.postgres.state import PostgresState
-            from eventing.storage.postgres.wake_wait import PostgresWriteWaiter
-
-            assert isinstance(state, PostgresState)
-            return PostgresWriteWaiter.open(state.db, self.defn.source_bucket, self.progress.epochs)
+        """The waiter of a caught-up step (eventing.workers.write_waiter.open_waiter)."""
         assert self.spec.wake_address is not None
-        return WriteWaiter.open(self.spec.wake_address)
+        return open_waiter(
+            self.data.state, self.spec.wake_address, self.defn.source_bucket, self.progress.epochs
+        )
 
     # -- ownership ----------------------------------------------------------------------------------
 
@@ -509,7 +502,7 @@ class WorkerCore:
             fenced |= self.flush_effects()
         if remote and handled and not backlog and not fenced:
             # Caught up with what it read: the next step's rows are read while this one's report travels.
-            self.reader.read_changed()
+            self.reader.read_changed(for_next_step=True)
         timers_due = creates_due or fired >= self.defn.batch_size
         if handled and not self._handled_any:
             self._handled_any = True

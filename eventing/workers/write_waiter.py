@@ -20,6 +20,8 @@ import logging
 import select
 import socket
 import uuid
+from collections.abc import Container
+from typing import Any
 
 log = logging.getLogger("eventing.workers.write_waiter")
 
@@ -82,6 +84,20 @@ class WriteWaiter:
         self._sock.close()
 
 
+def open_waiter(state: Any, address: str, bucket: str, owned: Container[int]) -> Any:
+    """The waiter of a worker whose state is `state` (opened here): the socket at `address`, to which the
+    service forwards the datagrams of writes to a data directory; on a server's state (PostgreSQL), a LISTEN
+    connection of its own, woken on any machine (eventing.storage.postgres.wake_wait). ``owned`` is the
+    worker's vBuckets as they are at each wait. None: the worker is polled."""
+    if state.directory is None:
+        from eventing.storage.postgres.state import PostgresState
+        from eventing.storage.postgres.wake_wait import PostgresWriteWaiter
+
+        assert isinstance(state, PostgresState)
+        return PostgresWriteWaiter.open(state.db, bucket, owned)
+    return WriteWaiter.open(address)
+
+
 def forward(sender: socket.socket, address: str, payload: bytes) -> None:
     """Pass one notification on to a worker's waiter. Never blocks, never raises: a worker that is gone or
     busy (its queue full) finds the write with its next look at the source."""
@@ -95,4 +111,4 @@ def sender_socket() -> socket.socket:
     return socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
 
 
-__all__ = ["WriteWaiter", "forward", "new_address", "sender_socket"]
+__all__ = ["WriteWaiter", "forward", "new_address", "open_waiter", "sender_socket"]

@@ -301,7 +301,9 @@ class PostgresBucket:
         (eventing.storage.postgres.read_ahead; ``partial``: a few of the worker's vBuckets)."""
         self._ahead.look(runs, partial=partial)
 
-    def read_changed(self, positions: list[tuple[int, int]], limit: int) -> None:
+    def read_changed(
+        self, positions: list[tuple[int, int]], limit: int, *, for_next_step: bool = False
+    ) -> None:
         self._ahead.look([(vb, position, limit) for vb, position in positions])
 
     def has_ahead(self, vb: int) -> bool:

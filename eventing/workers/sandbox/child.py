@@ -77,13 +77,24 @@ class _Line:
         return self.submit(method, *args)()
 
     def submit(self, method: str, *args: Any) -> Callable[[], Any]:
+        return self._submit("req", method, args)
+
+    def submit_ahead(self, method: str, *args: Any) -> Callable[[], Any]:
+        """A request whose answer is wanted by the host's next call (a caught-up step's read of the rows to
+        come): the host answers it just before it makes that call, with what has been written by then,
+        instead of at once with what will be stale. Waited for sooner, it is asked for now."""
+        return self._submit("ahead", method, args)
+
+    def _submit(self, kind: str, method: str, args: tuple) -> Callable[[], Any]:
         with self._lock:
             self._next += 1
             ident = self._next
-        self.send(("req", ident, method, args))
+        self.send((kind, ident, method, args))
 
         def wait() -> Any:
             with self._cond:
+                if kind == "ahead" and ident not in self._answers:
+                    self.send(("now", ident, None, None))
                 while ident not in self._answers:
                     self._cond.wait()
                 ok, value = self._answers.pop(ident)

@@ -180,6 +180,8 @@ class _Sandboxed:
         self._writer_pool: Any = None  # applies the child's effects, in the order they came (_writer)
         self._concurrency = max(1, int(getattr(defn, "concurrency", 1) or 1))
         self._ended = False
+        self._held: list[tuple] = []  # requests answered just before the next call (`_answer_held`)
+        self.held_answered = 0
         self._rmtree = shutil.rmtree
         try:
             sweep_sandboxes()
@@ -259,6 +261,7 @@ class _Sandboxed:
         if self._ended:
             raise WorkerDied("the sandboxed worker process has ended")
         try:
+            self._answer_held()
             self._send(("call", method, args))
             while True:
                 kind, ident, ok, value = _values(_recv(self.sock))
@@ -266,6 +269,12 @@ class _Sandboxed:
                     if not ok:
                         _raise(value)
                     return value
+                if kind == "ahead":  # answered before the next call (the child's _Line.submit_ahead)
+                    self._held.append((ident, ok, value))
+                    continue
+                if kind == "now":  # a request held is waited for after all
+                    self._answer_held(ident)
+                    continue
                 if ok == "curl":  # a request of a URL binding with credentials: on a thread, others go on
                     self._curl_threads().submit(self._answer_later, ident, ok, value)
                     continue
@@ -280,12 +289,32 @@ class _Sandboxed:
                 os._exit(70)
             raise WorkerDied(f"the sandboxed worker process ended ({exc})") from None
 
+    def _answer_held(self, ident: Any = None) -> None:
+        """Answer the requests held for the next call (all of them, or the one `ident` names)."""
+        held = self._held
+        while held:
+            if ident is None:
+                self._send(("ans", *self._answer_ahead(*held.pop(0))))
+                self.held_answered += 1
+                continue
+            for i, request in enumerate(held):
+                if request[0] == ident:
+                    self._send(("ans", *self._answer_ahead(*held.pop(i))))
+                    break
+            return
+
+    def _answer_ahead(self, ident: Any, method: str, args: Any) -> tuple:
+        """A request held for the next call, answered now: (ident, ok, value)."""
+        return (ident, *self._served(method, args))
+
     def _answer(self, ident: Any, method: str, args: Any) -> None:
+        self._send(("ans", ident, *self._served(method, args)))
+
+    def _served(self, method: str, args: Any) -> tuple[bool, Any]:
         try:
-            answer = (True, self.service.call(method, *args))
+            return True, self.service.call(method, *args)
         except Exception as exc:  # noqa: BLE001 - the child's call fails with it
-            answer = (False, _error(exc))
-        self._send(("ans", ident, *answer))
+            return False, _error(exc)
 
     def _answer_later(self, ident: Any, method: str, args: Any) -> None:
         try:
@@ -385,11 +414,95 @@ class SandboxedCore(_Sandboxed):
             if notes_fd is not None:
                 os.close(notes_fd)  # the child has its own
 
+        # The child cannot listen for writes (no Unix socket, no credentials): its host waits for them, in
+        # a step whose child found nothing to do (`step`), as an unsandboxed worker waits in its own step.
+        self._owned: set[int] = set(spec.vbuckets)
+        self.waiter: Any = None
+        # The owned vBuckets' high seqnos at the last look made for the child (`_answer_ahead`), when the
+        # next look at all of them is due, and which vBuckets the waiter announced since.
+        self._highs: list[int] | None = None
+        self._full_due = 0.0
+        self._announced: set[int] | None = None
         try:
             self.pid = self._rpc("__init__", (spec.function, spec))
+            if spec.wake_address and access.local:
+                from eventing.workers.write_waiter import open_waiter
+
+                self.waiter = open_waiter(access.state, spec.wake_address, defn.source_bucket, self._owned)
         except BaseException:
             self.close()
             raise
+
+    def step(self, budget: int | None = None, idle_wait_s: float = 0.0) -> Any:
+        """The child's step; with `idle_wait_s` and a waiter, a step that left the child caught up waits up
+        to that long (from its start) for a write to its vBuckets and steps the child again at once, as
+        WorkerCore.step does with its own waiter: one call from the service per wait, not one per write."""
+        waiter = self.waiter
+        if waiter is None or idle_wait_s <= 0:
+            return self._rpc("step", (budget, 0.0))
+        ends = time.monotonic() + idle_wait_s
+        waiter.drain()  # every write notified so far is seen by the child's first look
+        waiter.take_woken()
+        report = self._rpc("step", (budget, 0.0))
+        while report.caught_up and not report.fenced:
+            left = ends - time.monotonic()
+            if left <= 0:
+                break
+            report.waited = True
+            if not waiter.wait(left):
+                break
+            self._announced = waiter.take_woken()
+            report = _merged(report, self._rpc("step", (budget, 0.0)))
+        return report
+
+    def _answer_ahead(self, ident: Any, method: str, args: Any) -> tuple:
+        """The read a caught-up step asked for as it ended (RemoteBucket.read_changed), made as the next step
+        is called: at the owned vBuckets' high seqnos, or, after a wait whose waiter named the vBuckets
+        written (a server's notifications), at those alone, the others' kept from the last look (as
+        eventing.workers.looks does for an unsandboxed worker: a look at every owned vBucket at least every
+        FULL_LOOK_S, for a write whose notification was lost)."""
+        if method != "read_changed" or len(args) != 3:
+            return super()._answer_ahead(ident, method, args)
+        from eventing.workers.looks import FULL_LOOK_S
+        from sharding import vbucket_spans
+
+        name, positions, limit = args
+        announced, self._announced = self._announced, None
+        highs = self._highs
+        if announced and highs is not None and time.monotonic() < self._full_due:
+            positions = [(vb, at) for vb, at in positions if vb in announced]
+            ok, value = self._served(method, (name, positions, limit, vbucket_spans(announced)))
+            if ok:
+                blob, found, runs = value
+                highs = list(highs)
+                for vb in announced:
+                    highs[vb] = found[vb]
+                self._highs, value = highs, (blob, highs, runs)
+            return ident, ok, value
+        ok, value = self._served(method, (name, positions, limit, vbucket_spans(self._owned)))
+        if ok:
+            self._highs, self._full_due = value[1], time.monotonic() + FULL_LOOK_S
+        return ident, ok, value
+
+    def assign_vbuckets(self, vbuckets: Any) -> Any:
+        vbs = list(vbuckets)
+        answer = self._rpc("assign_vbuckets", (vbs,))
+        self._owned.update(vbs)
+        self._highs = None
+        return answer
+
+    def revoke_vbuckets(self, vbuckets: Any) -> Any:
+        vbs = list(vbuckets)
+        answer = self._rpc("revoke_vbuckets", (vbs,))
+        self._owned.difference_update(vbs)
+        self._highs = None
+        return answer
+
+    def _close_backend(self) -> None:
+        waiter, self.waiter = getattr(self, "waiter", None), None
+        if waiter is not None:
+            waiter.close()
+        super()._close_backend()
 
     def stop(self) -> Any:
         """The worker's last call (it checkpoints and releases its vBuckets): the sandbox ends with it, so
@@ -412,6 +525,20 @@ class SandboxedCore(_Sandboxed):
         if method.startswith("_"):
             raise AttributeError(method)
         return lambda *args: self._rpc(method, args)
+
+
+def _merged(first: Any, then: Any) -> Any:
+    """One report for two steps of a child in a row (`SandboxedCore.step`): counts added, the state the
+    second left."""
+    then.handled += first.handled
+    then.timers_fired += first.timers_fired
+    then.fenced = sorted({*first.fenced, *then.fenced})
+    if first.first_handled_at and (
+        not then.first_handled_at or first.first_handled_at < then.first_handled_at
+    ):
+        then.first_handled_at = first.first_handled_at
+    then.waited = True
+    return then
 
 
 class _NoData:
