@@ -74,7 +74,10 @@ class _Line:
                 self._signal.pthread_sigmask(self._signal.SIG_UNBLOCK, {self._signal.SIGALRM})
 
     def call(self, method: str, *args: Any) -> Any:
-        return self.submit(method, *args)()
+        # "wait": the worker's own thread waits for the answer and asks nothing meanwhile (its flush of
+        # effects: the host may apply them on its own thread, eventing.workers.sandbox.host).
+        main = threading.current_thread() is threading.main_thread()
+        return self._submit("wait" if main else "req", method, args)()
 
     def submit(self, method: str, *args: Any) -> Callable[[], Any]:
         return self._submit("req", method, args)

@@ -180,6 +180,8 @@ class _Sandboxed:
         self._writer_pool: Any = None  # applies the child's effects, in the order they came (_writer)
         self._concurrency = max(1, int(getattr(defn, "concurrency", 1) or 1))
         self._ended = False
+        # Effects handed to the writer thread (counted by this thread) and applied (by the writer's).
+        self._handed = self._applied = 0
         self._held: list[tuple] = []  # requests answered just before the next call (`_answer_held`)
         self.held_answered = 0
         self._rmtree = shutil.rmtree
@@ -278,9 +280,17 @@ class _Sandboxed:
                 if ok == "curl":  # a request of a URL binding with credentials: on a thread, others go on
                     self._curl_threads().submit(self._answer_later, ident, ok, value)
                     continue
-                if ok == "bucket" and isinstance(value, tuple) and value[1:2] == ("apply_effects",):
-                    # Writes handed over (eventing.workers.handover): applied while the child goes on.
-                    self._writer().submit(self._answer_later, ident, ok, value)
+                if (
+                    ok == "bucket"
+                    and isinstance(value, tuple)
+                    and value[1:2] == ("apply_effects",)
+                    and (kind != "wait" or self._handed != self._applied)
+                ):
+                    # Writes handed over (eventing.workers.handover): applied while the child goes on. Those
+                    # the child's own thread waits for (a flush) are applied here, one thread hand-off less
+                    # on a write's way to its effect, unless others are still being applied (in order).
+                    self._handed += 1
+                    self._writer().submit(self._apply_later, ident, ok, value)
                     continue
                 self._answer(ident, ok, value)
         except (EOFError, OSError, pickle.UnpicklingError) as exc:
@@ -326,6 +336,12 @@ class _Sandboxed:
         data = pickle.dumps(message, protocol=5)
         with self._send_lock:
             _send(self.sock, data)
+
+    def _apply_later(self, ident: Any, method: str, args: Any) -> None:
+        try:
+            self._answer_later(ident, method, args)
+        finally:
+            self._applied += 1
 
     def _curl_threads(self) -> Any:
         if self._curl_pool is None:
