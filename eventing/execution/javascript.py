@@ -59,9 +59,8 @@ import msgspec
 from eventing import handler as handler_api
 from eventing.errors import HandlerLoadError
 from eventing.execution.context import CallContext, HandlerTimeout
-from eventing.execution.js_host import _as_json, _js_doc, _make_host, put_writes
+from eventing.execution.js_host import _as_json, _js_doc, _make_host
 from eventing.execution.js_prelude import PRELUDE
-from eventing.execution.js_refusals import _code_only, check_supported  # noqa: F401 - static_check's
 
 ENTRY_POINTS = {"OnUpdate": "on_update", "OnDelete": "on_delete", "OnDeploy": "on_deploy"}
 CALL, UPDATE, BATCH = 0, 1, 2  # the compiled scripts of a context: __call(), __update(), __batch()
@@ -87,7 +86,6 @@ class _Call:
         "args",
         "base",
         "cc",
-        "held",
     )
 
     def __init__(self, isolate: int):
@@ -105,7 +103,6 @@ class _Call:
         self.external = 0  # the ArrayBuffers after the last garbage collection (JsHandler._measure)
         self.stats = (ctypes.c_size_t * 32)()  # v8::HeapStatistics, read on this context's thread only
         self.args = (ctypes.c_void_p(isolate), ctypes.byref(self.stats))  # made once: ~0.4 us a read saved
-        self.held: bool | None = None  # the context's __deferWrites (JsHandler.hold_writes), once set
 
 
 class _ThreadContext(NamedTuple):
@@ -253,20 +250,6 @@ def _thread_isolate(STPyV8: Any) -> None:
         _isolates.append(isolate)
 
 
-def _writes_cannot_be_refused(binding: Any) -> bool:
-    """Whether a write through `binding` can be refused only for its key or document (what the prelude
-    checks before holding it): a read-write binding of one collection, not a mirror's."""
-    from eventing.execution.bindings import BucketBinding
-    from eventing.execution.wildcard_bindings import WildcardBinding
-
-    return (
-        isinstance(binding, BucketBinding)
-        and not isinstance(binding, WildcardBinding)
-        and getattr(binding, "access", None) == "rw"
-        and getattr(binding, "mirror", None) is None
-    )
-
-
 def _heap_check(isolate: int | None, data: int | None) -> None:
     """Runs on the JavaScript thread, inside the running call (a V8 interrupt)."""
     h = _handlers.get(data or 0)
@@ -276,6 +259,69 @@ def _heap_check(isolate: int | None, data: int | None) -> None:
     assert _v8 is not None
     if _v8.used_memory(here.flight) > h.heap_limit:
         h._stop("memory", here.flight)
+
+
+# -- refusals at deploy ------------------------------------------------------------------------------------
+
+_UNSUPPORTED = [
+    (re.compile(r"\bN1QL\s*\("), "SQL++ (N1QL())"),
+    (
+        re.compile(
+            r"(?:^|[=(:,;{}?]|\breturn\b)\s*(?:SELECT|INSERT\s+INTO|UPSERT\s+INTO|DELETE\s+FROM|MERGE\s+INTO|"
+            r"UPDATE\s+[A-Za-z_`][\w`.]*\s+(?:SET|UNSET|USE)\b)\s",
+            re.IGNORECASE,
+        ),
+        "inline SQL++",
+    ),
+    (re.compile(r"\bcouchbase\s*\.\s*analyticsQuery\b"), "Analytics (couchbase.analyticsQuery())"),
+]
+
+
+def _code_only(source: str) -> str:
+    """`source` with comments and the text of string literals blanked (newlines kept, so lines stay)."""
+    out: list[str] = []
+    i, n = 0, len(source)
+    while i < n:
+        c = source[i]
+        nxt = source[i + 1] if i + 1 < n else ""
+        if c == "/" and nxt == "/":
+            while i < n and source[i] != "\n":
+                out.append(" ")
+                i += 1
+        elif c == "/" and nxt == "*":
+            end = source.find("*/", i + 2)
+            end = n if end < 0 else end + 2
+            out.extend("\n" if ch == "\n" else " " for ch in source[i:end])
+            i = end
+        elif c in "'\"`":
+            out.append(c)
+            i += 1
+            while i < n and source[i] != c:
+                if source[i] == "\\" and i + 1 < n:
+                    out.append("  ")
+                    i += 2
+                    continue
+                out.append("\n" if source[i] == "\n" else " ")
+                i += 1
+            if i < n:
+                out.append(c)
+                i += 1
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def check_supported(function: str, source: str) -> None:
+    """Refuse what this system does not run: SQL++ (N1QL() and inline statements), Analytics, XATTRs."""
+    for lineno, line in enumerate(_code_only(source).splitlines(), start=1):
+        for pattern, what in _UNSUPPORTED:
+            if pattern.search(line):
+                raise HandlerLoadError(
+                    f"handler of function '{function}' line {lineno}: {what} is not supported; read and "
+                    "write documents through bucket bindings (dst[key], couchbase.get/upsert/mutateIn) "
+                    "instead"
+                )
 
 
 def compile_only(function: str, source: str) -> None:
@@ -360,13 +406,11 @@ class JsHandler:
         self.watchdog: threading.Thread | None = None
         self.bindings: dict[str, Any] = {}
         self.url_bindings: dict[str, Any] = {}
-        self.hold_writes = True  # a call's binding writes may cross together (js_prelude); not while traced
         declarations = []
         for name, value in injected.items():
             if isinstance(value, BucketBinding) or type(value).__name__ == "_ImportTimeBinding":
                 self.bindings[name] = value
-                held = "true" if _writes_cannot_be_refused(value) else "false"
-                declarations.append(f"var {name} = __bucketMap({json.dumps(name)}, {held});")
+                declarations.append(f"var {name} = __bucketMap({json.dumps(name)});")
             elif isinstance(value, UrlBinding):
                 self.url_bindings[name] = value
                 declarations.append(f"var {name} = __urlBinding({json.dumps(name)});")
@@ -466,9 +510,6 @@ class JsHandler:
             _thread.entered = None
             ctx.enter()
             _thread.entered = ctx
-        if flight.held is not self.hold_writes:
-            flight.held = self.hold_writes
-            setattr(here.locals, "__deferWrites", self.hold_writes)
         try:
             with self.lock:
                 flight.stopped, flight.in_host = None, False
@@ -488,9 +529,6 @@ class JsHandler:
             if stopped is not None:
                 self.v8.cancel(here.isolate)
         self.calls += count
-        held = None
-        if rc.__class__ is str:  # the binding writes the call held (js_prelude): made once it is measured
-            held, rc = rc, 0
         if thrown is not None and stopped is None:
             self._measure(here, flight, None, count)
             raise thrown
@@ -506,24 +544,7 @@ class JsHandler:
             self._measure(here, flight, None, count)
             raise error
         self._measure(here, flight, rc if which != BATCH or rc >= 0 else None, count)
-        if held is not None:
-            self._put_held(held)
         return rc
-
-    def _put_held(self, text: str) -> None:
-        """Make the binding writes a call held; one the binding refuses fails the call as its assignment
-        would have (an Error thrown and not caught)."""
-        try:
-            put_writes(self, text)
-        except HandlerTimeout:
-            raise
-        except Exception as exc:  # noqa: BLE001 - the failure of an uncaught throw of the host's error
-            raise JavaScriptError("Error: " + _error(exc)[1:]) from None
-
-    def trace(self, traced: bool) -> None:
-        """A tracer watches the bindings (the debugger): every write crosses at its assignment, so the
-        trace lists the handler's steps in the order they ran."""
-        self.hold_writes = not traced
 
     def _measure(self, here: _ThreadContext, flight: _Call, returned: int | None, count: int) -> None:
         """After a call (`returned`: what it returned; None when it failed already, which is then not

@@ -29,17 +29,12 @@ def _make_host(STPyV8: Any, h: JsHandler) -> Any:
     """The `__host` object JavaScript sees (an STPyV8.JSClass: its methods are callable synchronously)."""
     guarded = h.guarded
 
-    def get(alias: str, key: str, held: str | None) -> str | None:
-        if held is not None:  # the binding writes JavaScript held since its last host call, made first
-            puts(held)
+    def get(alias: str, key: str) -> str | None:
         value = h.binding(alias).get(key)
         return None if value is None else _json_text(_js_doc(value)[0])
 
     def set_(alias: str, key: str, text: str) -> None:
         h.binding(alias)[key] = _stored(_json_value(text))
-
-    def puts(text: str) -> None:
-        put_writes(h, text)
 
     def remove(alias: str, key: str) -> None:
         del h.binding(alias)[key]
@@ -64,11 +59,8 @@ def _make_host(STPyV8: Any, h: JsHandler) -> Any:
         return _json_text({"status": r.status, "headers": r.headers, "body": _as_json(r.body)})
 
     class Host(STPyV8.JSClass):
-        def get(self, alias, key, held=None):
-            return guarded(get, alias, key, held)
-
-        def puts(self, text):
-            return guarded(puts, text)
+        def get(self, alias, key):
+            return guarded(get, alias, key)
 
         def set(self, alias, key, text):
             return guarded(set_, alias, key, text)
@@ -98,15 +90,6 @@ def _make_host(STPyV8: Any, h: JsHandler) -> Any:
             return guarded(_idempotency_key, h.key_base, vb, seq)
 
     return Host()
-
-
-def put_writes(h: JsHandler, text: str) -> None:
-    """The binding writes a call held (js_prelude, "Held binding writes"): the JSON text of [alias, key,
-    document, ...], made in that order, each as `binding[key] = document` from JavaScript makes it."""
-    held = _json_value(text)
-    binding = h.binding
-    for i in range(0, len(held), 3):
-        binding(held[i])[held[i + 1]] = _stored(held[i + 2])
 
 
 _msgspec_encode = msgspec.json.Encoder().encode

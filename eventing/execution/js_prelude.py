@@ -21,7 +21,7 @@ var __in = null;
 // the Python object each time), a call of the method held here ~1 us.
 var __hostFn = {get: __host.get, set: __host.set, remove: __host.remove, op: __host.op, log: __host.log,
                 create_timer: __host.create_timer, cancel_timer: __host.cancel_timer, curl: __host.curl,
-                builtin: __host.builtin, key: __host.key, puts: __host.puts};
+                builtin: __host.builtin, key: __host.key};
 function __r(s) {
   if (typeof s === 'string' && s.charCodeAt(0) === 0) { throw new Error(s.slice(1)); }
   return s;
@@ -39,49 +39,17 @@ function __docOf(v) {
   if (v !== null && typeof v === 'object' && !Array.isArray(v) && __BIN in v) { return new Uint8Array(v[__BIN]).buffer; }
   return v;
 }
-// Held binding writes: inside a call (__call, __update; not __batch, not at load, not while a tracer
-// watches: __deferWrites), a map write the host cannot refuse (a writable binding of one collection, an ASCII
-// key of 1-250 bytes not starting with 0x01, a document text short and shallow enough, no integer past 64
-// bits) is kept here as JSON text and handed over with the next read of a map (`get`'s third argument), in
-// one `puts` before any other host call that sees bindings (remove, couchbase.*, the timers), or as what
-// the call returns (JsHandler.run applies it): one crossing for several writes instead of one each. Writes
-// are applied in the order they were made, before anything that could read them.
-var __defer = false, __deferWrites = false, __pw = [];
-var __KEY_OK = /^[\x00\x02-\x7f][\x00-\x7f]{0,249}$/, __BIG_INT = /\d{19}/, __OPENS = /[\[{]/g;
-function __docOk(text) {
-  return text.length <= 65536 && !__BIG_INT.test(text) &&
-         (text.length < 1800 || (text.match(__OPENS) || []).length < 890);
-}
-function __pending() {
-  if (__pw.length === 0) { return null; }
-  var text = '[' + __pw.join(',') + ']';
-  __pw = [];
-  return text;
-}
-function __flush() { if (__pw.length !== 0) { __r(__hostFn.puts(__pending())); } }
 var __aliases = new WeakMap();
-function __bucketMap(alias, deferrable) {
-  var aliasText = JSON.stringify(alias);
+function __bucketMap(alias) {
   var map = new Proxy(Object.create(null), {
     get: function (t, key) {
       if (typeof key !== 'string') { return undefined; }
       if (key === 'toJSON' || key === 'then') { return undefined; }
-      return __docOf(__j(__hostFn.get(alias, key, __pending())));
+      return __docOf(__j(__hostFn.get(alias, key)));
     },
-    set: function (t, key, value) {
-      var k = String(key), text = __doc(value);
-      if (__defer && deferrable && __KEY_OK.test(k) && __docOk(text)) {
-        __pw.push(aliasText, JSON.stringify(k), text);
-        return true;
-      }
-      __flush();
-      __r(__hostFn.set(alias, k, text));
-      return true;
-    },
-    deleteProperty: function (t, key) { __flush(); __r(__hostFn.remove(alias, String(key))); return true; },
-    has: function (t, key) {
-      return typeof key === 'string' && __j(__hostFn.get(alias, key, __pending())) !== undefined;
-    },
+    set: function (t, key, value) { __r(__hostFn.set(alias, String(key), __doc(value))); return true; },
+    deleteProperty: function (t, key) { __r(__hostFn.remove(alias, String(key))); return true; },
+    has: function (t, key) { return typeof key === 'string' && __j(__hostFn.get(alias, key)) !== undefined; },
     ownKeys: function () { return []; }
   });
   __aliases.set(map, alias);
@@ -106,7 +74,6 @@ function __expiry(meta) {
 }
 function __op(name, binding, meta, doc, extra) {
   var cas = (meta && meta.cas !== undefined) ? String(meta.cas) : null;
-  __flush();
   var res = __j(__hostFn.op(name, __alias(binding), __id(meta), cas, __expiry(meta), __doc(doc), __text(extra),
                           __text(meta.keyspace)));
   if (res.meta && res.meta.expiry_date) { res.meta.expiry_date = new Date(res.meta.expiry_date * 1000); }
@@ -158,13 +125,10 @@ function createTimer(callback, date, reference, context) {
     throw new Error('createTimer: the date is not a Date; pass new Date(...)');
   }
   var ref = (reference === undefined || reference === null) ? null : String(reference);
-  __flush();
   return __r(__hostFn.create_timer(name, date.getTime() / 1000, ref, __text(context)));
 }
 function cancelTimer(callback, reference) {
-  var name = __callbackName(callback, 'cancelTimer'), ref = String(reference);
-  __flush();
-  return __j(__hostFn.cancel_timer(name, ref));
+  return __j(__hostFn.cancel_timer(__callbackName(callback, 'cancelTimer'), String(reference)));
 }
 function curl(method, binding, request) {
   if (binding === null || typeof binding !== 'object' || binding.__url_binding === undefined) {
@@ -279,29 +243,18 @@ function __keyed(meta) {
   }
   return meta;
 }
-// A call returns 0, 1 when it threw (__err), or the JSON text of the binding writes it still holds.
-function __held() {
-  __defer = false;
-  return __pw.length === 0 ? 0 : __pending();
-}
 function __call() {
   var a = JSON.parse(__in);
   if (a[0] === 'OnUpdate') { a[1] = __docOf(a[1]); if (a.length === 3) { a.push({}); } __keyed(a[2]); }
   else if (a[0] === 'OnDelete') { __keyed(a[1]); }
-  __pw = [];
-  __defer = __deferWrites;
-  try { globalThis[a[0]].apply(null, a.slice(1)); return __held(); } catch (e) { __defer = false; return __fail(e); }
+  try { globalThis[a[0]].apply(null, a.slice(1)); return 0; } catch (e) { return __fail(e); }
 }
 function __update() {
   var a = JSON.parse(__in);
-  __pw = [];
-  __defer = __deferWrites;
-  try { OnUpdate(a[0], __keyed(a[1]), {}); return __held(); } catch (e) { __defer = false; return __fail(e); }
+  try { OnUpdate(a[0], __keyed(a[1]), {}); return 0; } catch (e) { return __fail(e); }
 }
 var __idx = 0;
 function __batch() {
-  __defer = false;  // a call terminated inside a held write's call left it set
-  __pw = [];
   var a = JSON.parse(__in);
   var docs = a[0], ids = a[1], cas = a[2], exp = a[3], flags = a[4], seqs = a[5], vb = a[6], ks = a[7];
   var n = docs.length, stop = Date.now() + a[8], binary = a[9], ops = a[10];  // ops: null when all are updates

@@ -526,9 +526,6 @@ class HandlerRunner:
     def set_tracer(self, tracer: Callable[[str, str, str, object], None] | None) -> None:
         for b in self.bindings:
             b.tracer = tracer
-        js = self.module.__dict__.get("__js_handler__")  # its writes then cross one by one, as they run
-        if js is not None:
-            js.trace(tracer is not None)
 
     def prepare_thread(self) -> None:
         """Ready the handler for calls from the calling thread (a worker's pool thread): a JavaScript handler
