@@ -20,6 +20,12 @@ time (--call-ms): 1.0 would be every call slot busy all the time. order_violatio
 ledger: per document, each place where its history does not list its source seqnos in the log's order
 (a seqno out of order, missing or twice). `ledger_ok` is the harness's ledger check (exactly once, in order).
 
+With --executor in-process the workers run in this process (threads of the in-process executor instead of
+Ray actors), and each run also reports `cpu_us_per_call`: this process's CPU time from every worker up to the
+final checkpoint over the mutations handled then (the workers' calls, reads and effect writes, and the
+service loop beside them): what a call costs, which the machine's other load moves far less than it moves
+the throughput.
+
 Prints each run; the last line is JSON with throughput, efficiency, order_violations, ledger_ok, the same
 figures of the baseline under "baseline", speedup (throughput / the baseline's) and, with --runs N, every
 run under "runs" (medians at the top; this machine's figures move from run to run, more so when shared).
@@ -49,7 +55,7 @@ from eventing.core.definition import FunctionDefinition  # noqa: E402
 from eventing.core.mutation import OP_UPDATE  # noqa: E402
 from eventing.storage.factory import create_bucket, open_bucket  # noqa: E402
 from eventing.testing import check_ledger, load_source  # noqa: E402
-from eventing.workers.executor import RayExecutor  # noqa: E402
+from eventing.workers.executor import InProcessExecutor, RayExecutor  # noqa: E402
 
 HANDLER = """
 def on_update(doc, meta):
@@ -255,24 +261,32 @@ def one_run(
         if sup.ready and "ready" not in marks:
             marks["ready"], marks["handled_at_ready"] = time.perf_counter(), sup.handled
             marks["service_cpu_at_ready"] = cpu_seconds(server_pids)
+            marks["cpu_at_ready"] = time.process_time()
         if args.progress and time.perf_counter() - last[0] >= 2:
             last[0] = time.perf_counter()
             print(f"    ... {sup.handled:,} handled", flush=True)
 
     service = EventingService(
-        data_dir, RayExecutor(), until_caught_up=True, functions=[name], on_progress=on_progress
+        data_dir,
+        RayExecutor() if args.executor == "ray" else InProcessExecutor(),
+        until_caught_up=True,
+        functions=[name],
+        on_progress=on_progress,
     )
     started = time.perf_counter()
     service_cpu_at_start = cpu_seconds(server_pids)
     summary = service.run()
     end = time.perf_counter()
+    cpu = time.process_time()
     service_cpu = cpu_seconds(server_pids)
-    ray.shutdown()
+    if args.executor == "ray":
+        ray.shutdown()
     handled = summary.functions[name].handled
     if handled != mutations:
         raise SystemExit(f"error: {name} handled {handled} mutations, expected {mutations}")
     ready = marks.get("ready", started)
     throughput = (handled - marks.get("handled_at_ready", 0)) / (end - ready)
+    cpu_per_call = (cpu - marks.get("cpu_at_ready", cpu)) / max(1, handled - marks.get("handled_at_ready", 0))
     ledger = open_bucket(data_dir, ledger_name)
     report = check_ledger(source, ledger)
     return {
@@ -282,6 +296,7 @@ def one_run(
         "efficiency": round(throughput / (args.workers * concurrency / (args.call_ms / 1000)), 3),
         "order_violations": order_violations(ledger, name, expected),
         "ledger_ok": report.ok,
+        "cpu_us_per_call": round(cpu_per_call * 1e6, 1) if args.executor == "in-process" else None,
         "up_s": round(ready - started, 1),
         "run_s": round(end - ready, 2),
         # The HTTP service's share of this machine while the workers ran (cores): CPU the workers could not
@@ -329,6 +344,13 @@ def main(argv: list[str] | None = None) -> int:
         default="python",
         help="the handler's language (the same handler in each)",
     )
+    parser.add_argument(
+        "--executor",
+        choices=("ray", "in-process"),
+        default="ray",
+        help="where the workers run: Ray actors (the default), or threads of this process, which then "
+        "also reports the process's CPU a call (cpu_us_per_call)",
+    )
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--progress", action="store_true", help="print the handled count every 2 s")
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
@@ -368,7 +390,9 @@ def main(argv: list[str] | None = None) -> int:
                     f"{label}{args.workers} workers x concurrency {args.concurrency}: "
                     f"{row['throughput']:,.0f}/s, efficiency {row['efficiency']:.2f}, order violations "
                     f"{row['order_violations']}, service {row['service_cores']} cores, "
-                    f"ledger {'ok' if row['ledger_ok'] else 'NOT OK'} (load {load})"
+                    f"ledger {'ok' if row['ledger_ok'] else 'NOT OK'}"
+                    + (f", {row['cpu_us_per_call']:,.0f} us CPU a call" if row["cpu_us_per_call"] else "")
+                    + f" (load {load})"
                 )
                 load = load_avg()
                 base = one_run(
@@ -404,6 +428,8 @@ def main(argv: list[str] | None = None) -> int:
         "batch_size": args.batch_size,
         "service": service,
         "service_cores": med(runs, "service_cores"),
+        "executor": args.executor,
+        "cpu_us_per_call": med(runs, "cpu_us_per_call") if args.executor == "in-process" else None,
         "language": args.language,
         "baseline": {
             "throughput": med(bases, "throughput"),

@@ -90,3 +90,23 @@ def test_many_connections_wait_at_once(service):
     finally:
         for conn in conns:
             conn.close()
+
+
+def test_the_bench_runs_its_workers_in_process_and_reports_the_cpu_a_call(capsys):
+    """`--executor in-process`: the same runs, the workers as threads of the bench's process, each run with
+    that process's CPU a call (the figure docs/benchmarks.md compares JavaScript and Python by)."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_concurrency", SOURCE.with_name("bench_concurrency.py")
+    )
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    argv = ["--executor", "in-process", "--workers", "1", "--concurrency", "4", "--call-ms", "2"]
+    argv += ["--mutations", "300", "--documents", "60", "--baseline-mutations", "40", "--json"]
+    assert bench.main(argv) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["executor"] == "in-process" and out["ledger_ok"] and out["order_violations"] == 0
+    assert out["cpu_us_per_call"] > 0 and out["throughput"] > 0
