@@ -15,6 +15,11 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 # cannot reach. Tests ask for the sandbox with `"isolation": "sandbox"`; the tests of the default set it
 # themselves (tests/unit/test_default_isolation.py).
 os.environ["EVENTING_DEFAULT_ISOLATION"] = "none"
+# Hypothesis runs the "hypothesis" entry points of every installed package when it is imported: trio's (a
+# dependency of selenium) imports trio and registers its random generator, which makes Hypothesis collect
+# and search the whole heap; no test uses trio, and each process importing Hypothesis (the xdist processes,
+# and the main one at the end of the run, its heap full of reports) saved from ~0.15 s to over a second.
+os.environ.setdefault("HYPOTHESIS_NO_PLUGINS", "1")
 
 
 def pytest_collection_modifyitems(config, items):
