@@ -51,6 +51,8 @@ QUICK_POLLS = {
     "eventing.control.service.DEAD_LETTERS_EVERY_S": 0.05,
     "eventing.control.service.HEALTH_POLL_S": 0.05,
     "eventing.control.service.STANDBY_POLL_S": 0.05,
+    # how long a PostgreSQL store's notification sender trusts what it read of who listens
+    "eventing.storage.postgres.wake.INTEREST_REFRESH_S": 0.2,
 }
 
 
