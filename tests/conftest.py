@@ -3,6 +3,7 @@ session."""
 
 from __future__ import annotations
 
+import gc
 import os
 
 import pytest
@@ -15,6 +16,19 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 # cannot reach. Tests ask for the sandbox with `"isolation": "sandbox"`; the tests of the default set it
 # themselves (tests/unit/test_default_isolation.py).
 os.environ["EVENTING_DEFAULT_ISOLATION"] = "none"
+# Hypothesis runs the "hypothesis" entry points of every installed package when it is imported: trio's (a
+# dependency of selenium) imports trio and registers its random generator, which makes Hypothesis collect
+# and search the whole heap; no test uses trio, and each process importing Hypothesis (the xdist processes,
+# and the main one at the end of the run, its heap full of reports) saved from ~0.15 s to over a second.
+os.environ.setdefault("HYPOTHESIS_NO_PLUGINS", "1")
+
+
+def pytest_collection_finish(session):
+    """What collection made (the modules, the items, their marks: about half of a test process's objects)
+    lives until the end: it is moved out of the garbage collector's reach, so that each of the process's
+    full collections does not go through it again."""
+    gc.collect()
+    gc.freeze()
 
 
 def pytest_collection_modifyitems(config, items):
@@ -37,6 +51,8 @@ QUICK_POLLS = {
     "eventing.control.service.DEAD_LETTERS_EVERY_S": 0.05,
     "eventing.control.service.HEALTH_POLL_S": 0.05,
     "eventing.control.service.STANDBY_POLL_S": 0.05,
+    # how long a PostgreSQL store's notification sender trusts what it read of who listens
+    "eventing.storage.postgres.wake.INTEREST_REFRESH_S": 0.2,
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import traceback
 import types
@@ -10,6 +11,13 @@ from typing import Any
 
 from eventing import handler as handler_api
 from eventing.errors import HandlerLoadError
+
+
+@functools.lru_cache(maxsize=32)
+def _compiled(source: str, filename: str) -> types.CodeType:
+    """The handler's code object, compiled once per source in a process (a code object is never changed by
+    running it): every worker of a function, and every restart of one, loads the same source again."""
+    return compile(source, filename, "exec")
 
 
 def load_handler(
@@ -49,7 +57,7 @@ def load_handler(
     module.__dict__.update({"log": handler_api.log, **helpers, **injected})
     filename = f"<handler of {function}>"
     try:
-        code = compile(source, filename, "exec")
+        code = _compiled(source, filename)
         exec(code, module.__dict__)
         # `from eventing.handler import create_timer` binds the import-time stand-in over the injected
         # function; put the injected one back.

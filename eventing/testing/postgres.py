@@ -277,7 +277,12 @@ class ThrowawayPostgres:
         return done.stdout.strip()
 
     def create_database(self, name: str) -> str:
-        self.sql(f'CREATE DATABASE "{name}"')
+        # Over a connection of this process rather than psql: `runuser` and `psql` cost ~0.1-0.3 s of
+        # processes a database, ten times the statement (the unit tests create a database in ~150 tests).
+        import psycopg
+
+        with psycopg.connect(self.url(), autocommit=True, connect_timeout=int(START_TIMEOUT_S)) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"'.encode())
         return self.url(name)
 
     def add_user(self, name: str, password: str, *, superuser: bool = False) -> str:

@@ -9,6 +9,7 @@ name) is the one exception.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,13 @@ def imported_modules(tree: ast.AST) -> list[tuple[int, str]]:
     return out
 
 
+@functools.cache
+def parsed(path: Path) -> ast.Module:
+    """A file's syntax tree, parsed once a process: the checks below read the same ~300 files (read only:
+    nothing changes a tree)."""
+    return ast.parse(path.read_text(), str(path))
+
+
 def project_files() -> list[Path]:
     files = [p for top in ("sharding", "metadata", "eventing", *HANDLERS) for p in (ROOT / top).rglob("*.py")]
     # The facade and empty package markers (eventing/windows/__init__.py) belong to no layer.
@@ -70,7 +78,7 @@ def wrong_way_imports() -> list[str]:
     problems: list[str] = []
     for path in project_files():
         name = module_name(path)
-        tree = ast.parse(path.read_text(), str(path))
+        tree = parsed(path)
         if name.split(".")[0] in HANDLERS:
             for line, target in imported_modules(tree):
                 if (
@@ -102,7 +110,7 @@ def test_the_check_sees_a_wrong_way_import(tmp_path, monkeypatch):
 @pytest.mark.parametrize("top", ["sharding", "metadata"])
 def test_sharding_and_metadata_never_import_ray_or_spark(top):
     for path in (ROOT / top).rglob("*.py"):
-        for _, target in imported_modules(ast.parse(path.read_text())):
+        for _, target in imported_modules(parsed(path)):
             assert target.split(".")[0] not in ("ray", "pyspark"), f"{path} imports {target}"
 
 
@@ -145,9 +153,7 @@ def import_cycles() -> list[list[str]]:
         return target or None
 
     graph = {
-        module_name(p): {
-            o for t in runtime_imports(ast.parse(p.read_text())) if (o := owner(t)) and o != module_name(p)
-        }
+        module_name(p): {o for t in runtime_imports(parsed(p)) if (o := owner(t)) and o != module_name(p)}
         for p in files
     }
     index: dict[str, int] = {}

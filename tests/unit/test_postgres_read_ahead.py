@@ -242,7 +242,11 @@ def test_a_waiting_worker_on_a_postgresql_store_looks_again_only_at_the_vbuckets
         for i in range(30):
             key = f"w{i}"
             source.upsert(key, {"i": i})
-            wait_for(lambda key=key: ledger.get(f"h|fn_wait|{key}") is not None, f"the effect of {key}")
+            wait_for(  # looked at often: 30 effects, each handled within milliseconds of its notification
+                lambda key=key: ledger.get(f"h|fn_wait|{key}") is not None,
+                f"the effect of {key}",
+                every=0.005,
+            )
         done.set()
 
     try:
