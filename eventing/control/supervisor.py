@@ -12,7 +12,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from eventing.control.step_reads import StepReads
 from eventing.core.definition import FunctionDefinition
 from eventing.errors import EventingError, FencedError
 from eventing.storage.state import State
@@ -56,7 +55,6 @@ class WorkerSlot:
     # having handled nothing may have looked before that write, so the worker is stepped again at once.
     woken: bool = False
     wakes: int = 0  # notifications that stepped this worker
-    ahead: tuple | None = None  # the read its last step kept back for the next (eventing.control.step_reads)
 
 
 @dataclass
@@ -134,7 +132,6 @@ class FunctionSupervisor:
         self._future_owner: dict[Any, str] = {}
         self.waking = False  # the service listens for write notifications (wake_vbuckets)
         self.wakes = 0  # notifications that stepped at least one of its workers
-        self.step_reads = StepReads(state)
 
     def _add_slot(self, wid: str, node: str, vbuckets: list[int]) -> WorkerSlot:
         spec = WorkerSpec(
@@ -258,12 +255,8 @@ class FunctionSupervisor:
             while len(slot.inflight) < CREDITS and now >= slot.next_step_at:
                 slot.woken = False  # this step starts after every write notified so far
                 # A caught-up worker with a waiter waits in its step for its next write (forward_wake).
-                idle_wait = IDLE_POLL_S if slot.caught_up and slot.spec.wake_address else 0.0
-                ahead, slot.ahead = self.step_reads.answer(slot.ahead), None
-                if ahead is not None:
-                    fut = slot.handle.call("step", None, idle_wait, ahead)
-                elif idle_wait:
-                    fut = slot.handle.call("step", None, idle_wait)
+                if slot.caught_up and slot.spec.wake_address:
+                    fut = slot.handle.call("step", None, IDLE_POLL_S)
                 else:
                     fut = slot.handle.call("step")
                 slot.inflight.append(fut)
@@ -337,7 +330,6 @@ class FunctionSupervisor:
             self.first_handled_at = report.first_handled_at
         slot.caught_up = report.caught_up
         slot.backlog = report.backlog
-        slot.ahead = report.ahead
         if report.fenced:
             log.warning(
                 "function %s worker %s lost %d vBuckets to a newer owner", self.name, wid, len(report.fenced)
@@ -598,7 +590,6 @@ class FunctionSupervisor:
                     wid,
                     exc,
                 )
-        self.step_reads.close()
         for wid, slot in self.slots.items():
             if slot.handle is not None:
                 # A worker that stopped cleanly may go back to a kept pool (eventing ray start); any other

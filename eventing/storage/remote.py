@@ -106,22 +106,6 @@ def _read_runs(bucket: FileBucket, runs: list[tuple[int, int, int]]) -> bytes:
     return msgpack.packb(answers, use_bin_type=True)
 
 
-def read_changed(
-    bucket: FileBucket, positions: list[tuple[int, int]], limit: int, spans: Spans | None = None
-) -> tuple[bytes, list[int], list[Run]]:
-    """``DataService.do_read_changed``'s answer, read from `bucket` (the service's own reads of a step's
-    rows ahead, eventing.control.supervisor, read the same way)."""
-    highs = bucket.high_seqnos(spans=spans)
-    runs: list[Run] = []
-    left = limit
-    for vb, position in positions:
-        backlog = highs[vb] - position
-        if backlog > 0 and left > 0:
-            runs.append((vb, position, min(backlog, left)))
-            left -= backlog
-    return _read_runs(bucket, runs), highs, runs
-
-
 def _collection_list(bucket: Bucket) -> list[tuple[str, str, int]]:
     return [(scope, collection, cid) for (scope, collection), cid in bucket.collections().items()]
 
@@ -205,7 +189,15 @@ class DataService:
         with the bucket's high seqnos read before them: ``read_many``'s answer, and the runs it read (a
         worker that is caught up asks this at the end of a step, and does not know which vBuckets changed).
         ``spans``: the high seqnos of these vBucket ranges alone (the others answer 0)."""
-        return read_changed(self._bucket(name), positions, limit, spans)
+        highs = self._bucket(name).high_seqnos(spans=spans)
+        runs: list[Run] = []
+        left = limit
+        for vb, position in positions:
+            backlog = highs[vb] - position
+            if backlog > 0 and left > 0:
+                runs.append((vb, position, min(backlog, left)))
+                left -= backlog
+        return _read_runs(self._bucket(name), runs), highs, runs
 
     def do_meta(self, method: str, args: tuple, kwargs: dict) -> Any:
         served = META_CALLS.get(method)
@@ -272,38 +264,6 @@ class DataClient(Protocol):
 class _RayClient:
     def __init__(self, actor: Any):
         self.actor = actor
-        # A request asked for the next step (submit_ahead), not sent: (ident, method, args) until the step's
-        # report takes it to the service (take_deferred); the answer the next step brought (answer).
-        self._deferred: tuple[int, str, tuple] | None = None
-        self._answered: tuple[int, Any] | None = None
-        self._idents = 0
-
-    def submit_ahead(self, method: str, *args: Any) -> Callable[[], Any]:
-        """A request whose answer the worker's next step wants (a caught-up step's read of the rows to
-        come): it goes to the service with the step's report, and the service, which reads the files
-        itself, sends the answer with its next call of the step, read as it makes that call (with the
-        writes that woke the worker), instead of the data service answering at once with what will be
-        stale and the next step asking again. Waited for without that answer, it is sent then."""
-        self._idents += 1
-        ident = self._idents
-        self._deferred = (ident, method, args)
-
-        def wait() -> Any:
-            answered, self._answered = self._answered, None
-            if answered is not None and answered[0] == ident:
-                return answered[1]
-            if self._deferred is not None and self._deferred[0] == ident:
-                self._deferred = None
-            return self.submit(method, *args)()
-
-        return wait
-
-    def take_deferred(self) -> tuple[int, str, tuple] | None:
-        deferred, self._deferred = self._deferred, None
-        return deferred
-
-    def answer(self, ident: int, value: Any) -> None:
-        self._answered = (ident, value)
 
     def call(self, method: str, *args: Any) -> Any:
         return self.submit(method, *args)()
@@ -440,17 +400,6 @@ class RemoteBucket:
         self._settle()
         submit = getattr(self._client, "submit_ahead", None) if for_next_step else None
         self._pending = (None, (submit or self._client.submit)("read_changed", self.name, positions, limit))
-
-    def deferred_request(self) -> tuple[int, str, tuple] | None:
-        """The read asked for the next step and kept back by a line that lets the worker's caller answer
-        it (``_RayClient.submit_ahead``), taken once; None: nothing kept."""
-        take = getattr(self._client, "take_deferred", None)
-        return take() if take is not None else None
-
-    def answer_deferred(self, ident: int, value: Any) -> None:
-        answer = getattr(self._client, "answer", None)
-        if answer is not None:
-            answer(ident, value)
 
     def ahead(self) -> tuple[int, bool]:
         """(rows read ahead and not taken yet, whether a read ahead is in flight)."""

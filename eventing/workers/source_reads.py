@@ -99,14 +99,6 @@ class SourceReader:
         self.read_changed()
         return source.high_seqnos(prefetched=True)
 
-    def deferred_request(self) -> tuple | None:
-        """Through the data service: the read of the rows to come kept back for the caller of the next step
-        (RemoteBucket.deferred_request)."""
-        return cast(RemoteBucket, self.source).deferred_request()
-
-    def answer_deferred(self, ident: int, value: object) -> None:
-        cast(RemoteBucket, self.source).answer_deferred(ident, value)
-
     def read_changed(self, for_next_step: bool = False) -> None:
         """Read ahead the rows that follow the positions, in the vBuckets not read ahead already that have
         any (a caught-up step asks as it ends, `for_next_step`: the next one starts with them)."""

@@ -96,10 +96,6 @@ class StepReport:
         0.0  # epoch s: when the worker's first handled batch began (its first step with any)
     )
     waited: bool = False  # the step waited for a write (idle_wait_s): the next one may be sent at once
-    # A worker behind the data service: the read of the rows to come it asked as it ended, kept back for the
-    # service to answer with the next step's call ((ident, method, args): eventing.storage.remote.
-    # _RayClient.submit_ahead).
-    ahead: tuple | None = None
 
 
 # A supervisor's step keeps taking batches this long while the worker is behind: ~10 round trips a
@@ -378,18 +374,13 @@ class WorkerCore:
 
     # -- processing ---------------------------------------------------------------------------------
 
-    def step(
-        self, budget: int | None = None, idle_wait_s: float = 0.0, ahead: tuple | None = None
-    ) -> StepReport:
+    def step(self, budget: int | None = None, idle_wait_s: float = 0.0) -> StepReport:
         """Handle mutations across owned vBuckets in batches of `budget` (default batch_size), flushing
         effects after each batch, and checkpoint if due. An explicit budget is exactly one batch; the
         supervisor's call (no budget) keeps taking batches for STEP_SLICE_S while a backlog is left, so a
         worker that is behind pays one round trip per slice instead of one per batch. With `idle_wait_s`
         and a waiter (eventing.workers.write_waiter), a step that finds nothing to do waits up to that long
-        (from its start) for writes to its vBuckets and handles each at once. `ahead`: (ident, answer) of
-        the read the last step kept back (StepReport.ahead), made by the caller as it called this step."""
-        if ahead is not None and self._reads_ahead:
-            self.reader.answer_deferred(*ahead)
+        (from its start) for writes to its vBuckets and handles each at once."""
         slice_ends = time.monotonic() + (STEP_SLICE_S if budget is None else 0.0)
         budget = budget or self._batch
         targets = self.targets
@@ -512,7 +503,6 @@ class WorkerCore:
         if remote and handled and not backlog and not fenced:
             # Caught up with what it read: the next step's rows are read while this one's report travels.
             self.reader.read_changed(for_next_step=True)
-        kept_back = self.reader.deferred_request() if remote else None
         timers_due = creates_due or fired >= self.defn.batch_size
         if handled and not self._handled_any:
             self._handled_any = True
@@ -528,7 +518,6 @@ class WorkerCore:
             timers_fired=fired,
             first_handled_at=first_at,
             waited=waited,
-            ahead=kept_back,
         )
 
     def fire_timers(self) -> int:

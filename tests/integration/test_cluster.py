@@ -448,30 +448,6 @@ def test_a_killed_data_service_actor_is_restarted_and_nothing_is_lost(env):
     assert_ledger(data_dir, source)
 
 
-def test_caught_up_hidden_node_workers_get_their_next_rows_with_the_step_call(env):
-    """A caught-up worker on the hidden node keeps back its read of the rows to come; the service reads them
-    as it calls the step a write woke the worker for (eventing.control.step_reads): every write is handled
-    once, in order, with those reads answered by the service."""
-    data_dir = env.new_data_dir()
-    source = load_source(data_dir, 50, 200, seed=14)
-    deploy_function(data_dir, ledger_definition("fn_c", "src", "ledger", workers=2))
-    pin_all_workers(data_dir, "n2", env.n2.node_id)
-    service = EventingService(data_dir, RayExecutor(env.ray.address))
-    thread = threading.Thread(target=service.run, daemon=True)
-    thread.start()
-    try:
-        wait_for(lambda: caught_up(data_dir, "fn_c", source), "the loaded documents are handled")
-        reads = service.supervisors["fn_c"].step_reads
-        before = reads.answered
-        with Stream(source, pause_s=0.01):
-            wait_for(lambda: reads.answered >= before + 20, "steps called with the rows read ahead")
-        wait_for(lambda: caught_up(data_dir, "fn_c", source), "the streamed writes are handled")
-    finally:
-        service.stop()
-        thread.join(timeout=60)
-    assert_ledger(data_dir, source)
-
-
 def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run(

@@ -449,7 +449,7 @@ class SandboxedCore(_Sandboxed):
             self.close()
             raise
 
-    def step(self, budget: int | None = None, idle_wait_s: float = 0.0, ahead: Any = None) -> Any:
+    def step(self, budget: int | None = None, idle_wait_s: float = 0.0) -> Any:
         """The child's step; with `idle_wait_s` and a waiter, a step that left the child caught up waits up
         to that long (from its start) for a write to its vBuckets and steps the child again at once, as
         WorkerCore.step does with its own waiter: one call from the service per wait, not one per write."""
