@@ -301,17 +301,14 @@ class _Sandboxed:
 
     def _answer_held(self, ident: Any = None) -> None:
         """Answer the requests held for the next call (all of them, or the one `ident` names)."""
-        held = self._held
-        while held:
-            if ident is None:
-                self._send(("ans", *self._answer_ahead(*held.pop(0))))
-                self.held_answered += 1
-                continue
-            for i, request in enumerate(held):
-                if request[0] == ident:
-                    self._send(("ans", *self._answer_ahead(*held.pop(i))))
-                    break
-            return
+        if ident is not None:
+            answering = [r for r in self._held if r[0] == ident]
+            self._held = [r for r in self._held if r[0] != ident]
+        else:
+            answering, self._held = self._held, []
+            self.held_answered += len(answering)
+        for request in answering:
+            self._send(("ans", *self._answer_ahead(*request)))
 
     def _answer_ahead(self, ident: Any, method: str, args: Any) -> tuple:
         """A request held for the next call, answered now: (ident, ok, value)."""
@@ -515,7 +512,7 @@ class SandboxedCore(_Sandboxed):
         return answer
 
     def _close_backend(self) -> None:
-        waiter, self.waiter = getattr(self, "waiter", None), None
+        waiter, self.waiter = self.waiter, None
         if waiter is not None:
             waiter.close()
         super()._close_backend()
