@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,11 @@ def test_a_busy_process_is_counted_in_the_group_its_command_line_names():
     spinning = subprocess.Popen([sys.executable, "-c", "while True: pass", "-m eventing"])
     sleeping = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "scripts/bench_x.py"])
     try:
+        deadline = time.monotonic() + 10  # a process's command line is empty until it has started
+        while cpu_split._group(str(sleeping.pid)) is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        while cpu_split._group(str(spinning.pid)) is None and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert cpu_split._group(str(sleeping.pid)) == "bench (writers)"
         used, idle, cores = cpu_split.split(0.5)
     finally:

@@ -170,13 +170,15 @@ def test_more_writers_than_pooled_connections_wait_for_one_and_open_no_more(pg_s
     """Six threads, a pool of two, every transaction held up by a row lock for a while: the others wait
     for a pooled connection (longer than the pool's first second) instead of opening their own or
     counting the server as away."""
+    watcher = _conn(pg_schema_url)
+    # Connections this test opens: pools of earlier tests of this process may still be open on the database.
+    (began,) = watcher.execute("SELECT clock_timestamp()").fetchone()
     db = PostgresDatabase(parse_postgres_url(pg_schema_url), pool_size=2)
     store = PostgresMetadataStore(db)
     store.add_counters("fn", {"n": 0.5})
     holder = _conn(pg_schema_url)
     holder.execute("BEGIN")
     holder.execute("SELECT * FROM counters WHERE function='fn' AND name='n' FOR UPDATE")
-    watcher = _conn(pg_schema_url)
     seen: list[int] = []
     writers = [threading.Thread(target=store.add_counters, args=("fn", {"n": 1})) for _ in range(6)]
     for t in writers:
@@ -186,7 +188,8 @@ def test_more_writers_than_pooled_connections_wait_for_one_and_open_no_more(pg_s
         seen.append(
             watcher.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE application_name='eventing' AND "
-                "datname=current_database()"
+                "datname=current_database() AND backend_start >= %s",
+                (began,),
             ).fetchone()[0]
         )
         time.sleep(0.05)
