@@ -51,9 +51,9 @@ def _validate(state: StateLike, defn: FunctionDefinition, source: str, deployed_
     child when the function runs sandboxed (eventing.workers.sandbox), else here. Only deploy and resume
     import a handler; saving checks it without running it (check_handler_source)."""
     if isolation_of(defn, deployed_by) == "sandbox":
-        from eventing.workers.sandbox.host import validate_sandboxed
+        from eventing.workers.sandbox.host import granted_writes, validate_sandboxed
 
-        validate_sandboxed(state, defn, source)
+        validate_sandboxed(state, defn, source, granted_writes(defn, deployed_by))
         return
     validate_handler(
         defn.name,
@@ -93,6 +93,11 @@ def save_function(
         batch_refused_by=batch_refused_by(defn),
     )
     trusted = saved_by is None or saved_by.is_admin
+    if not trusted and defn.sandbox_writable:
+        raise ConfigError(
+            f"function '{defn.name}' sets sandbox_writable, which opens folders outside its sandbox to its "
+            "handler: only a full admin may set it; remove it, or ask an admin to save the function"
+        )
     if saved_by is not None:
         saved_by.check_bindings(defn)
     for bucket in dict.fromkeys([defn.source_bucket, *(b.bucket for b in defn.bindings)]):

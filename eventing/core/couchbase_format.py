@@ -135,6 +135,7 @@ PROJECT_ONLY = (
     "concurrency",
     "filter",
     "isolation",
+    "sandbox_writable",
 )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import keyword
+import os
 import re
 import urllib.parse
 from dataclasses import asdict, dataclass, field, replace
@@ -116,6 +117,10 @@ class FunctionDefinition:
     # files) and reaches only its own bindings through a scoped data service; none: the worker opens the
     # files. "" is the default: sandbox for a function a non-admin deployed, DEFAULT_ADMIN_ISOLATION else.
     isolation: str = ""
+    # Folders (or files) outside its own where a sandboxed handler may write (a call log, an export), set by
+    # a full admin only: Landlock opens them to the sandbox's writes. Absolute paths that exist; never the
+    # data directory or one that holds it. Nothing for a function that runs with isolation none.
+    sandbox_writable: tuple[str, ...] = ()
     # Couchbase's metadata keyspace (depcfg.metadata_*) of a function imported from Couchbase, as
     # BUCKET.SCOPE.COLLECTION: not used here (checkpoints and timers live in the metadata store), kept so an
     # export gives Couchbase back the keyspace it had. "" for a function made here.
@@ -256,6 +261,8 @@ class FunctionDefinition:
                     f"{key} of function '{name}' is {kwargs[key]!r}; use one of "
                     f"{', '.join(map(repr, allowed))} (default {allowed[0]!r})"
                 )
+        if "sandbox_writable" in kwargs:
+            kwargs["sandbox_writable"] = _writable_paths(name, kwargs["sandbox_writable"])
         if kwargs.get("filter") is not None:
             try:
                 filters.check_filter(kwargs["filter"])
@@ -315,6 +322,10 @@ class FunctionDefinition:
             del out["filter"]
         if not self.isolation:  # the default reads as definitions did before the setting
             del out["isolation"]
+        if self.sandbox_writable:
+            out["sandbox_writable"] = list(self.sandbox_writable)
+        else:
+            del out["sandbox_writable"]
         if not self.metadata_keyspace:
             del out["metadata_keyspace"]
         return out
@@ -331,6 +342,26 @@ def effective_isolation(defn: FunctionDefinition, deployed_by: dict | None, defa
     if deployed_by is not None and deployed_by.get("admin") is not True:
         return "sandbox"
     return defn.isolation or default
+
+
+def _writable_paths(function: str, paths: Any) -> tuple[str, ...]:
+    """`sandbox_writable` as absolute, normalized paths (existence and overlap with the data directory are
+    checked where the sandbox starts: eventing.workers.sandbox.host)."""
+    if not isinstance(paths, (list, tuple)) or not all(isinstance(p, str) and p for p in paths):
+        raise ConfigError(
+            f"sandbox_writable of function '{function}' must be a list of absolute paths, for example "
+            '["/var/log/my-function"]'
+        )
+    out = []
+    for path in paths:
+        normal = os.path.normpath(path)
+        if not os.path.isabs(path) or normal == "/":
+            raise ConfigError(
+                f"sandbox_writable of function '{function}' names {path!r}: give an absolute path of a "
+                "folder or file below / (for example /var/log/my-function)"
+            )
+        out.append(normal)
+    return tuple(dict.fromkeys(out))
 
 
 def _check_alias(kind: str, alias: Any, function: str) -> None:

@@ -160,7 +160,14 @@ class _Sandboxed:
     own_process = False
 
     def _start(
-        self, function: str, defn: Any, service: Any, *, private: list[str], notes_fd: int | None = None
+        self,
+        function: str,
+        defn: Any,
+        service: Any,
+        *,
+        private: list[str],
+        notes_fd: int | None = None,
+        writable: tuple[str, ...] = (),
     ) -> None:
         import fcntl
         import json
@@ -210,7 +217,7 @@ class _Sandboxed:
             policy = {
                 "code": packages,
                 "avoid": avoid,
-                "writable": [self.tmp],
+                "writable": [self.tmp, *_granted(function, writable, avoid)],
                 "tcp_ports": url_ports(defn),
                 "memory_mb": memory_mb(defn),
                 "notes_fd": notes_fd,
@@ -410,7 +417,8 @@ class SandboxedCore(_Sandboxed):
         access = DataAccess(spec.location, spec.data_service, key=spec.worker_id)
         store = access.metadata()
         try:
-            defn = FunctionDefinition.from_dict(store.get_function(spec.function).definition)
+            record = store.get_function(spec.function)
+            defn = FunctionDefinition.from_dict(record.definition)
         finally:
             store.close()
         from eventing.workers.crash_guard import open_notes_file
@@ -422,7 +430,14 @@ class SandboxedCore(_Sandboxed):
         )
         try:
             service = ScopedService(spec.function, defn, backend, limit_share=1 / max(1, spec.machines))
-            self._start(spec.function, defn, service, private=_private(spec.location), notes_fd=notes_fd)
+            self._start(
+                spec.function,
+                defn,
+                service,
+                private=_private(spec.location),
+                notes_fd=notes_fd,
+                writable=granted_writes(defn, record.deployed_by),
+            )
         finally:
             if notes_fd is not None:
                 os.close(notes_fd)  # the child has its own
@@ -565,6 +580,41 @@ class _NoData:
         )
 
 
+def granted_writes(defn: Any, deployed_by: dict | None) -> tuple[str, ...]:
+    """The folders outside its own a sandboxed function's handler may write (`sandbox_writable`): granted
+    by a full admin, so honoured only while an admin (or the local CLI) deployed or resumed the function."""
+    trusted = deployed_by is None or deployed_by.get("admin") is True
+    return tuple(defn.sandbox_writable) if trusted else ()
+
+
+def _granted(function: str, paths: tuple[str, ...], avoid: list[str]) -> list[str]:
+    """`paths` resolved, each checked: it exists, and it neither lies in nor holds a folder the sandbox
+    keeps closed (the data directory, the checkout, the home folder, Ray's, the other sandboxes)."""
+    from eventing.errors import ConfigError
+
+    out = []
+    for path in paths:
+        real = os.path.realpath(path)
+        if not os.path.exists(real):
+            raise ConfigError(
+                f"sandbox_writable of function '{function}' names {path}, which does not exist; create it "
+                "(the sandbox opens existing folders and files only)"
+            )
+        for closed in avoid:
+            shut = os.path.realpath(closed)
+            if (
+                real == shut
+                or real.startswith(shut.rstrip("/") + "/")
+                or shut.startswith(real.rstrip("/") + "/")
+            ):
+                raise ConfigError(
+                    f"sandbox_writable of function '{function}' names {path}, which would open {closed} to "
+                    "its handler; name a folder outside it"
+                )
+        out.append(real)
+    return out
+
+
 def _private(location: str) -> list[str]:
     """What a sandboxed child may never open: the data directory of a state held in files (a state on a
     server is reached through the host only: the child has no credentials)."""
@@ -573,12 +623,17 @@ def _private(location: str) -> list[str]:
     return [] if is_server_location(location) else [location]
 
 
-def validate_sandboxed(state: StateLike, defn: Any, source: str) -> None:
+def validate_sandboxed(state: StateLike, defn: Any, source: str, writable: tuple[str, ...] = ()) -> None:
     """``eventing.execution.loader.validate_handler`` for `defn` run in a sandboxed child: the handler
-    module's top-level code runs there, and a HandlerLoadError comes back as one."""
+    module's top-level code runs there, and a HandlerLoadError comes back as one. `writable`
+    (granted_writes) is checked as a worker's sandbox will check it."""
     sandbox = _Sandboxed()
     sandbox._start(
-        defn.name, defn, ScopedService(defn.name, defn, _NoData()), private=_private(as_state(state).location)
+        defn.name,
+        defn,
+        ScopedService(defn.name, defn, _NoData()),
+        private=_private(as_state(state).location),
+        writable=writable,
     )
     try:
         sandbox._rpc(
@@ -637,6 +692,7 @@ class SandboxedRunner(_Sandboxed):
             self.defn,
             ScopedService(self.function, self.defn, ServedData(state.location)),
             private=_private(state.location),
+            writable=granted_writes(self.defn, record.deployed_by),
         )
         try:
             self._rpc("__runner__", (self.function, mask_definition(record.definition), record.source))
