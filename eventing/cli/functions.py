@@ -145,6 +145,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     # Deployed or paused functions whose handlers run unconfined: asked for "isolation": "none" (an admin),
     # or on a machine that cannot sandbox.
     unconfined = [v["name"] for v in views if v["isolation"] == "none" and v["state"] != "undeployed"]
+    # Sandboxed functions an admin let write outside their sandbox (sandbox_writable), with where.
+    granted = [
+        f"{v['name']} ({', '.join(v['sandbox_writable'])})"
+        for v in views
+        if v.get("sandbox_writable") and v["state"] != "undeployed"
+    ]
     if args.json:
         emit_json(
             {
@@ -173,6 +179,8 @@ def cmd_status(args: argparse.Namespace) -> int:
                 f"  unconfined (isolation none): {', '.join(unconfined)}; their handlers can read and write "
                 f"every bucket and the metadata store: {fix}"
             )
+        if granted:
+            print(f"  sandboxed, writing outside their sandbox too (sandbox_writable): {'; '.join(granted)}")
         if leader is not None:
             print(
                 f"  leader: {leader['id']} (lease term {leader['term']}, expires in "

@@ -51,7 +51,8 @@ def _validate(state: StateLike, defn: FunctionDefinition, source: str, deployed_
     child when the function runs sandboxed (eventing.workers.sandbox), else here. Only deploy and resume
     import a handler; saving checks it without running it (check_handler_source)."""
     if isolation_of(defn, deployed_by) == "sandbox":
-        from eventing.workers.sandbox.host import granted_writes, validate_sandboxed
+        from eventing.workers.sandbox.default import granted_writes
+        from eventing.workers.sandbox.host import validate_sandboxed
 
         validate_sandboxed(state, defn, source, granted_writes(defn, deployed_by))
         return

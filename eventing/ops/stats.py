@@ -10,7 +10,7 @@ from eventing.core import counters as counter_names
 from eventing.core.definition import FunctionDefinition
 from eventing.execution.timers import delay_percentile
 from eventing.storage.state import StateLike, as_state
-from eventing.workers.sandbox.default import isolation_of
+from eventing.workers.sandbox.default import granted_writes, isolation_of
 from metadata import FunctionRecord
 from sharding import NUM_VBUCKETS, format_ranges, worker_plan
 
@@ -258,7 +258,10 @@ def function_status(state: StateLike, name: str | None = None) -> dict[str, Any]
             if r.state.value == "deployed" and not services:
                 view["hint"] = NO_SERVICE_HINT
             # How its handler runs: "none" is unconfined (the worker's access to every bucket and the store).
-            view["isolation"] = isolation_of(FunctionDefinition.from_dict(r.definition), r.deployed_by)
+            defn = FunctionDefinition.from_dict(r.definition)
+            view["isolation"] = isolation_of(defn, r.deployed_by)
+            if view["isolation"] == "sandbox":  # folders an admin opened to its writes (sandbox_writable)
+                view["sandbox_writable"] = list(granted_writes(defn, r.deployed_by))
             views.append(view)
         leader = leader_view(store, services)
     standbys = [sid for sid in services if leader is None or sid != leader["id"]]

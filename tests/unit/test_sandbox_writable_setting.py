@@ -1,16 +1,21 @@
 """`sandbox_writable` in a definition: absolute paths only, kept as given (normalized), left out of a
 definition without it; only a full admin may save it, and a sandbox honours it only while an admin (or the
-local CLI) deployed the function."""
+local CLI) deployed the function; `eventing status` says which sandboxed functions have one, and where."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from eventing.cli import main
 from eventing.control.lifecycle import save_function
 from eventing.core.definition import FunctionDefinition
 from eventing.errors import ConfigError
 from eventing.storage.factory import create_bucket
-from eventing.workers.sandbox.host import granted_writes
+from eventing.testing import deploy_function
+from eventing.workers.sandbox.default import granted_writes
+from eventing.workers.sandbox.landlock import sandbox_unavailable
 
 BASE = {"name": "fn", "source_bucket": "src", "bindings": []}
 
@@ -52,3 +57,27 @@ def test_a_sandbox_honours_a_grant_only_while_an_admin_deployed_the_function():
     assert granted_writes(defn, None) == ("/var/log/fn",)  # the local CLI
     assert granted_writes(defn, {"user": "root", "admin": True}) == ("/var/log/fn",)
     assert granted_writes(defn, {"user": "ann", "admin": False}) == ()
+
+
+@pytest.mark.skipif(
+    sandbox_unavailable() is not None, reason="deploying a sandboxed function needs the sandbox"
+)
+def test_status_says_which_sandboxed_functions_write_outside_their_sandbox_and_where(
+    data_dir, capsys, tmp_path
+):
+    create_bucket(data_dir, "src")
+    handler = "def on_update(doc, meta):\n    pass\n"
+    logs = tmp_path / "logs"  # beside the data directory, not around it
+    logs.mkdir()
+    granted = FunctionDefinition.from_dict(
+        {**BASE, "name": "fn_logs", "isolation": "sandbox", "sandbox_writable": [str(logs)]}
+    )
+    deploy_function(data_dir, granted, handler)
+    deploy_function(data_dir, FunctionDefinition.from_dict({**BASE, "isolation": "sandbox"}), handler)
+    capsys.readouterr()
+    assert main(["--data-dir", data_dir, "status"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if "sandbox_writable" in line]
+    assert lines == [f"  sandboxed, writing outside their sandbox too (sandbox_writable): fn_logs ({logs})"]
+    assert main(["--data-dir", data_dir, "status", "--json"]) == 0
+    views = {v["name"]: v for v in json.loads(capsys.readouterr().out)["functions"]}
+    assert views["fn_logs"]["sandbox_writable"] == [str(logs)] and views["fn"]["sandbox_writable"] == []

@@ -2,7 +2,8 @@
 `isolation` setting gets the machine's default, "none" (DEFAULT_ADMIN_ISOLATION) unless the service's
 environment sets EVENTING_DEFAULT_ISOLATION=sandbox, which holds where the machine can sandbox (Landlock and
 a seccomp filter, eventing.workers.sandbox.landlock). A function deployed by a user who is not a full admin
-runs sandboxed whatever either says (eventing.core.definition.effective_isolation).
+runs sandboxed whatever either says (eventing.core.definition.effective_isolation). What a sandboxed one
+may write outside its own folder (`granted_writes`) is decided here too.
 """
 
 from __future__ import annotations
@@ -35,3 +36,10 @@ def isolation_of(defn: Any, deployed_by: dict | None) -> str:
     from eventing.core.definition import effective_isolation
 
     return effective_isolation(defn, deployed_by, default_isolation())
+
+
+def granted_writes(defn: Any, deployed_by: dict | None) -> tuple[str, ...]:
+    """The folders outside its own a sandboxed function's handler may write (`sandbox_writable`): granted
+    by a full admin, so honoured only while an admin (or the local CLI) deployed or resumed the function."""
+    trusted = deployed_by is None or deployed_by.get("admin") is True
+    return tuple(defn.sandbox_writable) if trusted else ()

@@ -43,6 +43,7 @@ from collections.abc import Callable
 from typing import Any
 
 from eventing.storage.state import StateLike, as_state
+from eventing.workers.sandbox.default import granted_writes
 from eventing.workers.sandbox.landlock import sandbox_unavailable
 from eventing.workers.sandbox.line import _error, _raise, _recv, _send, _values
 from eventing.workers.sandbox.scope import ScopedService
@@ -578,13 +579,6 @@ class _NoData:
         raise ConfigError(
             f"a handler being validated may not call {method}: bindings are not usable at import"
         )
-
-
-def granted_writes(defn: Any, deployed_by: dict | None) -> tuple[str, ...]:
-    """The folders outside its own a sandboxed function's handler may write (`sandbox_writable`): granted
-    by a full admin, so honoured only while an admin (or the local CLI) deployed or resumed the function."""
-    trusted = deployed_by is None or deployed_by.get("admin") is True
-    return tuple(defn.sandbox_writable) if trusted else ()
 
 
 def _granted(function: str, paths: tuple[str, ...], avoid: list[str]) -> list[str]:
