@@ -226,10 +226,17 @@ class DataService:
         return served(self.store)(*args, **kwargs)
 
     def do_put_file(self, relative: str, data: bytes) -> None:
-        """Write ``data`` durably (fsync, atomic rename) at ``relative`` under the data directory: window
-        row batches of remote workers, written before their checkpoint moves."""
+        """Write ``data`` durably (fsync, atomic rename) at ``relative`` under the data directory, or into
+        the file area of a server's store (``windows/<fn>/incoming/<file>``): window row batches of remote
+        and sandboxed workers, written before their checkpoint moves."""
         if self.state.directory is None:
-            raise ConfigError(f"{self.state.shown} has no data directory to write {relative!r} into")
+            parts = relative.split("/")
+            if len(parts) < 3 or parts[0] != "windows":
+                raise ConfigError(
+                    f"{relative!r} is not a file of a windowed function's area (windows/<fn>/...)"
+                )
+            self.state.file_area("/".join(parts[:2])).write("/".join(parts[2:]), data)
+            return
         root = self.state.directory.resolve()
         path = (root / relative).resolve()
         if root not in path.parents:

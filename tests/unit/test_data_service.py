@@ -186,6 +186,27 @@ def test_put_file_stays_inside_the_data_directory(data_dir):
         service.call("put_file", "../outside", b"x")
 
 
+def test_put_file_on_a_server_s_store_writes_into_its_file_area(pg_url):
+    """A sandboxed or remote windowed worker's row batch on a PostgreSQL store: into the function's file
+    area on the server, where the coordinator lists and reads it."""
+    from eventing.errors import ConfigError
+    from eventing.storage.state import open_state
+    from eventing.windows.runtime.paths import window_area
+
+    service = DataService(pg_url)
+    state = open_state(pg_url)
+    try:
+        service.call("put_file", "windows/fn/incoming/a.arrow", b"abc")
+        area = window_area(state, "fn")
+        assert area.list("incoming") == ["a.arrow"] and area.read("incoming/a.arrow") == b"abc"
+        for outside in ("../outside", "buckets/x", "windows/fn"):
+            with pytest.raises(ConfigError):
+                service.call("put_file", outside, b"x")
+    finally:
+        state.close()
+        service.close()
+
+
 def test_the_service_answers_the_calls_of_its_tables_and_refuses_any_other_name(data_dir):
     """Calls are looked up in explicit tables (DataService.calls, BUCKET_CALLS, META_CALLS): no other name
     reaches a method, not the service's own (close), nor the store's beyond a worker's calls."""

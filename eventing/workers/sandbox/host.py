@@ -33,6 +33,7 @@ framing and the value-only unpickler) and scope (``ScopedService``).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 import socket
@@ -453,7 +454,9 @@ class SandboxedCore(_Sandboxed):
         self._full_due = 0.0
         self._announced: set[int] | None = None
         try:
-            self.pid = self._rpc("__init__", (spec.function, spec))
+            # Not the data service's actor handle of a node without the data directory: the child is no
+            # Ray process (it could not unpickle one) and asks its host instead.
+            self.pid = self._rpc("__init__", (spec.function, dataclasses.replace(spec, data_service=None)))
             if spec.wake_address and access.local:
                 from eventing.workers.write_waiter import open_waiter
 
