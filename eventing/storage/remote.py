@@ -38,7 +38,6 @@ from metadata import MetadataStore
 from metadata.factory import SQLITE_FILE
 from metadata.model import Checkpoint, DlqRow, FunctionRecord, TimerChange, TimerDone, TimerRecord
 from metadata.protocol import WorkerMetadata
-from metadata.sqlite_io import private_folder
 
 LOCALITY_ENV = "EVENTING_DATA_LOCALITY"  # "0": workers on the data node still go through the service
 
@@ -226,33 +225,16 @@ class DataService:
         return served(self.store)(*args, **kwargs)
 
     def do_put_file(self, relative: str, data: bytes) -> None:
-        """Write ``data`` durably (fsync, atomic rename) at ``relative`` under the data directory, or into
-        the file area of a server's store (``windows/<fn>/incoming/<file>``): window row batches of remote
+        """Write ``data`` durably and atomically at ``relative`` (``windows/<fn>/incoming/<file>``) in the
+        state's file area (the data directory's folder or a server's files): window row batches of remote
         and sandboxed workers, written before their checkpoint moves."""
-        if self.state.directory is None:
-            parts = relative.split("/")
-            if len(parts) < 3 or parts[0] != "windows":
-                raise ConfigError(
-                    f"{relative!r} is not a file of a windowed function's area (windows/<fn>/...)"
-                )
-            self.state.file_area("/".join(parts[:2])).write("/".join(parts[2:]), data)
-            return
-        root = self.state.directory.resolve()
-        path = (root / relative).resolve()
-        if root not in path.parents:
-            raise ConfigError(f"{relative!r} is not a path inside the data directory")
-        private_folder(path.parent)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fd = os.open(path.parent, os.O_RDONLY)
+        parts = relative.split("/")
         try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+            if len(parts) < 3 or parts[0] != "windows":
+                raise ValueError("not a file of a windowed function's area (windows/<fn>/...)")
+            self.state.file_area("/".join(parts[:2])).write("/".join(parts[2:]), data)
+        except ValueError as exc:
+            raise ConfigError(f"{relative!r} is not a path inside the state's file area: {exc}") from None
 
     def close(self) -> None:
         for bucket in self._buckets.values():

@@ -7,7 +7,8 @@ The ledger handler writes, through a read-write binding `ledger`:
   - `h|<function>|<key>`: the document's history, the list of source seqnos in the order their effects
     applied (it reads its own previous write, so a reordering or a lost effect is visible in the list).
 The function's name (the constant `FUNCTION`) is in both, so one ledger bucket can serve several functions.
-Set the constant `CALL_LOG` to a file path to also record every handler call (at-least-once).
+Set the constant `CALL_LOG` to a file path to also record every handler call (at-least-once): a sandboxed
+handler (the default) appends to it because `ledger_definition` grants that one file (`sandbox_writable`).
 """
 
 from __future__ import annotations
@@ -87,6 +88,11 @@ def ledger_definition(
     sleep_ms: float = 0,
     **extra,
 ) -> FunctionDefinition:
+    if call_log:
+        # The one file outside its sandbox the handler writes: it must exist to be granted.
+        call_log = os.path.abspath(call_log)
+        Path(call_log).touch()
+        extra = {"sandbox_writable": [call_log], **extra}
     return FunctionDefinition.from_dict(
         {
             "name": name,

@@ -2,7 +2,9 @@
 the data directory, nor this project's packages (an empty tmpfs over each, in its own mount namespace), as
 on a second machine. Workers there reach the data through the data service and get the code through Ray's
 runtime_env. Each test ends with the ledger check (every mutation handled, effects exactly once, per-document
-order). One cluster for the module; every process it started is ended by pid."""
+order). Functions run as a user's do, sandboxed by default (the suite's pin to unconfined is lifted here):
+a sandboxed worker's child on n2 reaches the data through its host. One cluster for the module; every
+process it started is ended by pid."""
 
 from __future__ import annotations
 
@@ -74,6 +76,14 @@ class Env:
         return self.ray.nodes[0].node_id
 
 
+@pytest.fixture(scope="module", autouse=True)
+def product_default_isolation():
+    """The product's default isolation (sandboxed where the machine can sandbox), not the suite's pin."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("EVENTING_DEFAULT_ISOLATION", raising=False)
+        yield
+
+
 @pytest.fixture(scope="module")
 def env():
     if not LocalRayCluster.can_hide():
@@ -117,6 +127,7 @@ class WorkerPlaces:
     def __init__(self, env: Env, function: str):
         self.env, self.function = env, function
         self.seen: dict[int, bool] = {}  # worker pid -> runs on n2
+        self.sandboxed: dict[int, bool] = {}  # worker pid -> its handler runs in a sandbox's child process
         self.service: EventingService | None = None
 
     def __call__(self, summary) -> None:
@@ -128,6 +139,9 @@ class WorkerPlaces:
             on_n2 = descendants(self.env.n2.pid)
             for pid in new:
                 self.seen[pid] = pid in on_n2
+                self.sandboxed[pid] = any(
+                    "eventing.workers.sandbox.child" in cmdline(p) for p in (pid, *descendants(pid))
+                )
 
 
 class Stream(BackgroundLoop):
@@ -207,6 +221,7 @@ def test_workers_on_the_hidden_node_handle_every_mutation_once_in_order(env):
     assert not summary.errors, summary.errors
     assert summary.functions["fn_c"].handled == 6000
     assert len(places.seen) == 3 and all(places.seen.values()), places.seen  # all three ran on n2
+    assert all(places.sandboxed.values()), places.sandboxed  # in sandboxes: the product's default
     assert_ledger(data_dir, source, 6000)
     owners = {cp.owner for cp in open_store(data_dir).checkpoints("fn_c").values()}
     assert owners == {"n2/w0", "n2/w1", "n2/w2"}
