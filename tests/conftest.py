@@ -10,13 +10,11 @@ import pytest
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-# A machine's default isolation for admins' functions (eventing.workers.sandbox.default) is pinned to none,
-# whatever the shell running the suite sets, where the product's default is the sandbox: most tests inject
-# faults into the worker in this process (patched reads, hangs, deaths), which a sandboxed handler's process
-# does not see, and a sandbox per worker would double the suite's processes. Tests ask for the sandbox with
-# `"isolation": "sandbox"`; the product's default runs where a user's runs would: the docs' examples
-# (tests/integration/test_docs_examples.py), cluster mode (tests/integration/test_cluster.py) and the
-# tests of the default (tests/unit/test_default_isolation.py) lift the pin.
+# A machine's default isolation for admins' functions (eventing.workers.sandbox.default) is pinned to the
+# product's default, whatever the shell running the suite sets: most tests' handlers write call logs into the
+# test's own folder and their faults are injected into the worker in this process, which a sandboxed handler
+# cannot reach. Tests ask for the sandbox with `"isolation": "sandbox"`; the tests of the default set it
+# themselves (tests/unit/test_default_isolation.py).
 os.environ["EVENTING_DEFAULT_ISOLATION"] = "none"
 # Hypothesis runs the "hypothesis" entry points of every installed package when it is imported: trio's (a
 # dependency of selenium) imports trio and registers its random generator, which makes Hypothesis collect

@@ -143,7 +143,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     )  # this machine's: what a sandboxed handler is confined by, or why it cannot run
     mirrored = mirror_health(state) if not args.function else []
     # Deployed or paused functions whose handlers run unconfined: asked for "isolation": "none" (an admin),
-    # on a machine whose EVENTING_DEFAULT_ISOLATION is none, or on one that cannot sandbox.
+    # or on a machine that cannot sandbox.
     unconfined = [v["name"] for v in views if v["isolation"] == "none" and v["state"] != "undeployed"]
     # Sandboxed functions an admin let write outside their sandbox (sandbox_writable), with where.
     granted = [
@@ -172,8 +172,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             fix = (
                 "this machine cannot sandbox (above)"
                 if sandbox.startswith("unavailable")
-                else 'deploy them with "isolation": "sandbox" to confine them (EVENTING_DEFAULT_ISOLATION='
-                "none unconfines every function without the setting)"
+                else 'deploy with "isolation": "sandbox" to confine them (EVENTING_DEFAULT_ISOLATION='
+                "sandbox: every function without the setting)"
             )
             print(
                 f"  unconfined (isolation none): {', '.join(unconfined)}; their handlers can read and write "

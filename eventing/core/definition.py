@@ -29,12 +29,13 @@ Placement = Literal["spread", "packed"]
 Delivery = Literal["exactly_once", "at_least_once"]
 PLACEMENTS = ("spread", "packed")
 DELIVERIES = ("exactly_once", "at_least_once")
-ISOLATIONS = ("sandbox", "none")  # the first is DEFAULT_ADMIN_ISOLATION, named as the default in errors
-# What a function deployed by a full admin gets without an `isolation` setting, wherever the machine can
-# sandbox, unless the machine's EVENTING_DEFAULT_ISOLATION says none (eventing.workers.sandbox.default): its
-# throughput is within 5% of an unconfined function's on W1 and W3 (docs/benchmarks.md), and "none" stays an
-# admin's explicit choice, named by `eventing status`.
-DEFAULT_ADMIN_ISOLATION = "sandbox"
+ISOLATIONS = ("none", "sandbox")  # the first is DEFAULT_ADMIN_ISOLATION, named as the default in errors
+# What a function deployed by a full admin gets without an `isolation` setting, unless the machine's
+# EVENTING_DEFAULT_ISOLATION says sandbox (eventing.workers.sandbox.default). Its throughput is within 5% on
+# W1 and W3, but a windowed function's is about half (2.1-2.3x Spark against 3.9-4.1x), a write's way to its
+# effect crosses two processes more, and each worker's child holds ~90 MB (docs/benchmarks.md, "The
+# sandbox as everyone's default"), so it is not yet the default.
+DEFAULT_ADMIN_ISOLATION = "none"
 
 
 def parse_duration(value: Any, field_name: str, function: str) -> timedelta:

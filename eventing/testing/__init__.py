@@ -8,7 +8,7 @@ The ledger handler writes, through a read-write binding `ledger`:
     applied (it reads its own previous write, so a reordering or a lost effect is visible in the list).
 The function's name (the constant `FUNCTION`) is in both, so one ledger bucket can serve several functions.
 Set the constant `CALL_LOG` to a file path to also record every handler call (at-least-once): a sandboxed
-handler (the default) appends to it because `ledger_definition` grants that one file (`sandbox_writable`).
+handler appends to it too, since `ledger_definition` grants it that one file (`sandbox_writable`).
 """
 
 from __future__ import annotations

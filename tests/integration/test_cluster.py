@@ -2,9 +2,9 @@
 the data directory, nor this project's packages (an empty tmpfs over each, in its own mount namespace), as
 on a second machine. Workers there reach the data through the data service and get the code through Ray's
 runtime_env. Each test ends with the ledger check (every mutation handled, effects exactly once, per-document
-order). Functions run as a user's do, sandboxed by default (the suite's pin to unconfined is lifted here):
-a sandboxed worker's child on n2 reaches the data through its host. One cluster for the module; every
-process it started is ended by pid."""
+order). Functions run sandboxed here (the machine's default set to the sandbox for the module): a sandboxed
+worker's child on n2 reaches the data through its host. One cluster for the module; every process it
+started is ended by pid."""
 
 from __future__ import annotations
 
@@ -77,10 +77,11 @@ class Env:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def product_default_isolation():
-    """The product's default isolation (sandboxed where the machine can sandbox), not the suite's pin."""
+def sandboxed_by_default():
+    """Every function of the module sandboxed (EVENTING_DEFAULT_ISOLATION=sandbox), as on a machine that
+    makes the sandbox its default: cluster mode's paths with a child per worker."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.delenv("EVENTING_DEFAULT_ISOLATION", raising=False)
+        patch.setenv("EVENTING_DEFAULT_ISOLATION", "sandbox")
         yield
 
 
@@ -221,7 +222,7 @@ def test_workers_on_the_hidden_node_handle_every_mutation_once_in_order(env):
     assert not summary.errors, summary.errors
     assert summary.functions["fn_c"].handled == 6000
     assert len(places.seen) == 3 and all(places.seen.values()), places.seen  # all three ran on n2
-    assert all(places.sandboxed.values()), places.sandboxed  # in sandboxes: the product's default
+    assert all(places.sandboxed.values()), places.sandboxed  # each in a sandbox's child process
     assert_ledger(data_dir, source, 6000)
     owners = {cp.owner for cp in open_store(data_dir).checkpoints("fn_c").values()}
     assert owners == {"n2/w0", "n2/w1", "n2/w2"}

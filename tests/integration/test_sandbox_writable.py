@@ -92,3 +92,18 @@ def test_a_grant_that_would_open_the_data_directory_or_names_nothing_stops_the_d
     message = str(refused.value)
     assert "sandbox_writable of function 'fn_logged'" in message and path in message
     assert ("does not exist" in message) == (where == "missing")
+
+
+def test_the_ledger_harness_grants_its_call_log_so_a_sandboxed_ledger_records_every_call(data_dir, tmp_path):
+    from eventing.testing import LEDGER_HANDLER, check_ledger, ledger_definition, load_source, read_call_log
+
+    source = load_source(data_dir, 50, 400, seed=3)
+    calls = tmp_path / "calls.log"
+    defn = ledger_definition("fn_l", "src", "ledger", workers=2, call_log=str(calls), isolation="sandbox")
+    assert defn.sandbox_writable == (str(calls),) and calls.exists()
+    deploy_function(data_dir, defn, LEDGER_HANDLER)
+    summary = EventingService(data_dir, InProcessExecutor(), until_caught_up=True).run()
+    assert not summary.errors, summary.errors
+    report = check_ledger(source, open_bucket(data_dir, "ledger"))
+    assert report.ok and report.handled == 400, report.summary()
+    assert sum(len(seqs) for seqs in read_call_log(calls).values()) == 400  # none refused, none dead-lettered

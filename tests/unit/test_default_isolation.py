@@ -1,9 +1,8 @@
 """A machine's default isolation (eventing.workers.sandbox.default): a function deployed by an admin
-without an `isolation` setting runs sandboxed wherever the machine can sandbox, unless the service's
-environment sets EVENTING_DEFAULT_ISOLATION=none; `"isolation": "none"` is an admin's explicit choice; a
-non-admin's always runs sandboxed; and `eventing status` names the unconfined functions in one line
-(`"unconfined"` in `--json`). The suite pins the setting to none for the tests that inject faults into a
-worker in their own process (tests/conftest.py); these tests set it themselves."""
+without an `isolation` setting runs unconfined unless the service's environment sets
+EVENTING_DEFAULT_ISOLATION=sandbox (then sandboxed where the machine can sandbox); a non-admin's always runs
+sandboxed; and `eventing status` names the unconfined functions in one line (`"unconfined"` in `--json`).
+The suite pins the setting to the product's default (tests/conftest.py); these tests set it themselves."""
 
 from __future__ import annotations
 
@@ -41,28 +40,26 @@ def _cannot_sandbox(monkeypatch) -> None:
     monkeypatch.setattr(sandbox_confine, "sandbox_unavailable", lambda: NO_LANDLOCK)
 
 
-@needs_sandbox
-def test_every_function_runs_sandboxed_by_default_and_none_is_an_admins_explicit_choice():
-    assert default_isolation() == "sandbox"
+def test_an_admins_function_runs_unconfined_by_default_and_a_non_admins_sandboxed():
+    assert default_isolation() == "none"
     for deployed_by in (None, ADMIN):  # the local CLI, an admin over HTTP
-        assert isolation_of(_defn("f"), deployed_by) == "sandbox"
-        assert isolation_of(_defn("f", isolation="none"), deployed_by) == "none"
+        assert isolation_of(_defn("f"), deployed_by) == "none"
+        assert isolation_of(_defn("f", isolation="sandbox"), deployed_by) == "sandbox"
     assert isolation_of(_defn("f"), USER) == "sandbox"
     assert isolation_of(_defn("f", isolation="none"), USER) == "sandbox"  # never unconfined for a non-admin
 
 
-def test_a_machine_can_leave_admins_functions_unconfined_by_default(monkeypatch):
-    monkeypatch.setenv(DEFAULT_ISOLATION_ENV, "none")
-    assert default_isolation() == "none"
+@needs_sandbox
+def test_the_machines_default_can_be_the_sandbox(monkeypatch):
+    monkeypatch.setenv(DEFAULT_ISOLATION_ENV, "sandbox")
+    assert default_isolation() == "sandbox"
     for deployed_by in (None, ADMIN):
-        assert isolation_of(_defn("f"), deployed_by) == "none"
-        assert isolation_of(_defn("f", isolation="sandbox"), deployed_by) == "sandbox"
-    assert isolation_of(_defn("f"), USER) == "sandbox"
+        assert isolation_of(_defn("f"), deployed_by) == "sandbox"
+        assert isolation_of(_defn("f", isolation="none"), deployed_by) == "none"  # an admin's explicit choice
 
 
 def test_a_machine_that_cannot_sandbox_keeps_them_unconfined_whatever_its_default(monkeypatch):
     _cannot_sandbox(monkeypatch)
-    assert default_isolation() == "none"
     monkeypatch.setenv(DEFAULT_ISOLATION_ENV, "sandbox")
     assert default_isolation() == "none"
     assert isolation_of(_defn("f"), None) == "none"
@@ -74,7 +71,7 @@ def test_the_machines_default_is_none_or_sandbox_and_nothing_else(monkeypatch):
     monkeypatch.setenv(DEFAULT_ISOLATION_ENV, "none")
     assert isolation_of(_defn("f"), None) == "none"
     monkeypatch.setenv(DEFAULT_ISOLATION_ENV, "off")
-    with pytest.raises(ConfigError, match=f"{DEFAULT_ISOLATION_ENV} is 'off'; use one of 'sandbox', 'none'"):
+    with pytest.raises(ConfigError, match=f"{DEFAULT_ISOLATION_ENV} is 'off'; use one of 'none', 'sandbox'"):
         default_isolation()
 
 
@@ -97,16 +94,16 @@ def _deploy_three(data_dir: str) -> None:
 def test_status_names_in_one_line_the_functions_that_run_unconfined(data_dir, capsys, monkeypatch):
     _deploy_three(data_dir)
     lines = [line for line in _status(capsys, data_dir).splitlines() if "unconfined" in line]
+    assert len(lines) == 1 and "fn_default, fn_none" in lines[0] and "fn_gone" not in lines[0], lines
+    assert '"isolation": "sandbox"' in lines[0]
+    shown = json.loads(_status(capsys, data_dir, "--json"))
+    assert shown["unconfined"] == ["fn_default", "fn_none"]
+    monkeypatch.setenv(DEFAULT_ISOLATION_ENV, "sandbox")  # the machine's default: only the explicit none left
+    lines = [line for line in _status(capsys, data_dir).splitlines() if "unconfined" in line]
     assert len(lines) == 1 and "fn_none" in lines[0] and "fn_default" not in lines[0], lines
-    assert "fn_gone" not in lines[0] and '"isolation": "sandbox"' in lines[0]
     shown = json.loads(_status(capsys, data_dir, "--json"))
     assert shown["unconfined"] == ["fn_none"]
     assert {v["name"]: v["isolation"] for v in shown["functions"]}["fn_default"] == "sandbox"
-    monkeypatch.setenv(DEFAULT_ISOLATION_ENV, "none")  # a machine that leaves admins' functions unconfined
-    lines = [line for line in _status(capsys, data_dir).splitlines() if "unconfined" in line]
-    assert len(lines) == 1 and "fn_default, fn_none" in lines[0], lines
-    shown = json.loads(_status(capsys, data_dir, "--json"))
-    assert shown["unconfined"] == ["fn_default", "fn_none"]
 
 
 def test_status_names_every_function_when_the_machine_cannot_sandbox(data_dir, capsys, monkeypatch):
@@ -131,10 +128,10 @@ def on_update(doc, meta):
 @pytest.mark.parametrize(
     ("extra", "default", "outcome"),
     [
-        ({}, None, "PermissionError"),
-        ({}, "none", "read"),
-        ({"isolation": "sandbox"}, "none", "PermissionError"),
-        ({"isolation": "none"}, None, "read"),
+        ({}, None, "read"),
+        ({}, "sandbox", "PermissionError"),
+        ({"isolation": "sandbox"}, None, "PermissionError"),
+        ({"isolation": "none"}, "sandbox", "read"),
     ],
 )
 def test_a_function_opens_the_metadata_store_only_where_it_runs_unconfined(

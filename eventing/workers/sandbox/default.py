@@ -1,9 +1,9 @@
 """How a function runs on this machine (`isolation_of`): a function deployed by a full admin without an
-`isolation` setting gets the machine's default, "sandbox" (DEFAULT_ADMIN_ISOLATION) wherever the machine can
-sandbox (Landlock and a seccomp filter, eventing.workers.sandbox.landlock) unless the service's environment
-sets EVENTING_DEFAULT_ISOLATION=none; "none" where it cannot. A function deployed by a user who is not a
-full admin runs sandboxed whatever either says (eventing.core.definition.effective_isolation). What a
-sandboxed one may write outside its own folder (`granted_writes`) is decided here too.
+`isolation` setting gets the machine's default, "none" (DEFAULT_ADMIN_ISOLATION) unless the service's
+environment sets EVENTING_DEFAULT_ISOLATION=sandbox, which holds where the machine can sandbox (Landlock and
+a seccomp filter, eventing.workers.sandbox.landlock). A function deployed by a user who is not a full admin
+runs sandboxed whatever either says (eventing.core.definition.effective_isolation). What a sandboxed one
+may write outside its own folder (`granted_writes`) is decided here too.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def default_isolation() -> str:
     if chosen and chosen not in ISOLATIONS:
         raise ConfigError(
             f"{DEFAULT_ISOLATION_ENV} is {chosen!r}; use one of {', '.join(map(repr, ISOLATIONS))}, or "
-            "leave it unset (sandbox where the machine can sandbox)"
+            "leave it unset (none)"
         )
     if (chosen or DEFAULT_ADMIN_ISOLATION) == "none" or sandbox_unavailable() is not None:
         return "none"
