@@ -15,7 +15,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from eventing.workers.ray_instance import cmdline  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 # The first key found in a process's command line names its group.
@@ -33,12 +37,8 @@ GROUPS = (
 
 
 def _group(pid: str) -> str | None:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            args = f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return None
-    return next((name for key, name in GROUPS if key in args), None)
+    args = cmdline(int(pid))  # "" once it ended
+    return next((name for key, name in GROUPS if key in args), None) if args else None
 
 
 def _cpu_s(pid: int) -> float | None:
