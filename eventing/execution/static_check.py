@@ -98,6 +98,24 @@ def check_handler_source(
             _check_entry_point(function, name, params, values[0])
 
 
+def runs_no_code(source: str, language: str = "python") -> bool:
+    """Whether importing the handler runs nothing of its author's: a Python module of docstrings, other
+    constants and `pass`, or a script of comments alone (a window-only function's usual file). A sandbox
+    would confine none of such a handler's code, so its worker runs unconfined (eventing.workers.hosting)."""
+    if language == "javascript":
+        from eventing.execution.javascript import _code_only
+
+        return not _code_only(source).strip()
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return False  # the import reports it, sandboxed
+    return all(
+        isinstance(node, ast.Pass) or (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))
+        for node in tree.body
+    )
+
+
 def _top_level_bindings(tree: ast.Module) -> dict[str, list[ast.AST]]:
     """Names bound at module level (in `if`, `try`, `with` and loops too, not inside a def or class): name
     -> what each binding binds (a def, a lambda, a constant, or the statement for anything else). A star

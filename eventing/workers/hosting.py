@@ -59,7 +59,7 @@ class WorkerHost:
             except ImportError as exc:
                 raise missing_dependency(f"No module named '{exc.name}'") or EventingError(str(exc)) from None
             assert not isinstance(self.spec, bytes)
-            if self.spec.isolation == "sandbox":
+            if self.spec.isolation == "sandbox" and _sandbox_confines_code(self.spec):
                 from eventing.workers.sandbox.host import SandboxedCore
 
                 self.core = SandboxedCore(  # type: ignore[assignment]
@@ -73,6 +73,22 @@ class WorkerHost:
         if served is None:
             raise EventingError(f"{method!r} is not a call a worker serves")
         return served(self.core)(*args)
+
+
+def _sandbox_confines_code(spec: WorkerSpec) -> bool:
+    """Whether the function's handler has code for a sandbox to confine. A handler without any (a
+    window-only function's docstring: eventing.execution.static_check.runs_no_code) runs nothing of its
+    author's, so its worker runs here, without the sandbox's child and its cost a mutation (reading for
+    it, decoding there, the rows coming back): the window rows are the worker's own work."""
+    from eventing.core.definition import FunctionDefinition
+    from eventing.execution.static_check import runs_no_code
+
+    store = spec.data_access().metadata()
+    try:
+        record = store.get_function(spec.function)
+    finally:
+        store.close()
+    return not runs_no_code(record.source, FunctionDefinition.from_dict(record.definition).language)
 
 
 class PooledWorkerHost(WorkerHost):

@@ -171,3 +171,24 @@ def test_the_sandboxed_process_gets_its_definition_without_secrets(service):
     record = scoped.call("meta", "get_function", ("fn",), {})
     api = next(u for u in record.definition["url_bindings"] if u["alias"] == "api")
     assert api["password"] == "*****" and "pw-0451" not in repr(record)
+
+
+@pytest.mark.parametrize(
+    "source, language, none",
+    [
+        ('"""Window-only: the window does the work."""\n', "python", True),
+        ("# a comment\n\npass\n...\n", "python", True),
+        ("", "python", True),
+        ("import math\n", "python", False),
+        ('"""doc"""\nx = f"{open(\'/etc/passwd\').read()}"\n', "python", False),
+        ('f"{print(1)}"\n', "python", False),  # an f-string runs code
+        ("def helper():\n    pass\n", "python", False),
+        ("def on_update(doc, meta)\n", "python", False),  # does not parse: the sandboxed import says why
+        ("// window-only\n/* nothing else */\n", "javascript", True),
+        ('"use strict";\n', "javascript", False),
+    ],
+)
+def test_runs_no_code_only_for_a_handler_whose_import_runs_nothing(source, language, none):
+    from eventing.execution.static_check import runs_no_code
+
+    assert runs_no_code(source, language) is none
