@@ -32,9 +32,10 @@ DELIVERIES = ("exactly_once", "at_least_once")
 ISOLATIONS = ("none", "sandbox")  # the first is DEFAULT_ADMIN_ISOLATION, named as the default in errors
 # What a function deployed by a full admin gets without an `isolation` setting, unless the machine's
 # EVENTING_DEFAULT_ISOLATION says sandbox (eventing.workers.sandbox.default). Its throughput is within 5% on
-# W1 and W3, but a windowed function's is about half (2.1-2.3x Spark against 3.9-4.1x), a write's way to its
-# effect crosses two processes more, and each worker's child holds ~90 MB (docs/benchmarks.md, "The
-# sandbox as everyone's default"), so it is not yet the default.
+# W1 and W3 (and a window-only function whose handler has no code runs without the child), but a windowed
+# function with handler code runs at about half the speed, a write's way to its effect crosses two processes
+# more, and each worker's child holds ~90 MB (docs/benchmarks.md, "The sandbox as everyone's default"), so
+# it is not yet the default.
 DEFAULT_ADMIN_ISOLATION = "none"
 
 
