@@ -403,10 +403,13 @@ class RemoteBucket:
         self, positions: list[tuple[int, int]], limit: int, *, for_next_step: bool = False
     ) -> None:
         """Start reading, in one call, the high seqnos and the rows that follow these ``(vb, position)``
-        pairs where there are any (up to ``limit`` rows): ``high_seqnos(prefetched=True)`` answers with them
-        and the rows are read ahead. Rows already read ahead are kept. ``for_next_step``: asked as a step
+        pairs where there are any: ``high_seqnos(prefetched=True)`` answers with them and the rows are read
+        ahead. Rows already read ahead are kept and count against ``limit``: a worker behind asks at each
+        step for the high seqnos, and rows asked for on top of those it holds would pile up faster than it
+        handles them (a whole backlog in memory). ``for_next_step``: asked as a step
         ends, for the next; a sandbox's host reads them when it makes that call (its ``submit_ahead``)."""
         self._settle()
+        limit = max(0, limit - self.ahead()[0])
         submit = getattr(self._client, "submit_ahead", None) if for_next_step else None
         self._pending = (None, (submit or self._client.submit)("read_changed", self.name, positions, limit))
 

@@ -238,7 +238,7 @@ class ConcurrentCalls:
         left = [vb for vb in work if positions[vb] < limits[vb]]
         ahead: dict[int, tuple[int, list[tuple]]] = {}
         if left:
-            start = self.reader.rotor % len(left)
+            start = self.reader.rotation_start(left)
             taken = 0
             for vb in left[start:] + left[:start]:
                 if taken >= budget:

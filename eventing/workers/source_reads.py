@@ -101,13 +101,26 @@ class SourceReader:
 
     def read_changed(self, for_next_step: bool = False) -> None:
         """Read ahead the rows that follow the positions, in the vBuckets not read ahead already that have
-        any (a caught-up step asks as it ends, `for_next_step`: the next one starts with them)."""
+        any (a caught-up step asks as it ends, `for_next_step`: the next one starts with them), up to
+        REMOTE_READ_AHEAD rows read ahead in all (RemoteBucket.read_changed)."""
         source, positions = self.source, self.positions
         source.read_changed(
             [(vb, positions[vb]) for vb in self.progress.epochs if not source.has_ahead(vb)],
             REMOTE_READ_AHEAD,
             for_next_step=for_next_step,
         )
+
+    def rotation_start(self, work: list[int]) -> int:
+        """Where in `work` the rotation resumes: at the vBucket the last pass stopped before. vBuckets that
+        caught up since have left `work`, so the last pass's index would land past vBuckets still waiting
+        (a lap's worth of rows read ahead for them would wait in memory till the rotation came round)."""
+        resume = self.resume_vb
+        if resume is not None:
+            try:
+                return work.index(resume)
+            except ValueError:
+                pass  # it left `work` (revoked, or a look at other vBuckets): where the index falls
+        return self.rotor % len(work)
 
     def prefetch(self, work: list[int], limits: dict[int, int], budget: int) -> None:
         """Through the data service: when the vBuckets process takes next (in its order) have fewer than
@@ -119,7 +132,7 @@ class SourceReader:
         source: LogSource = self.source
         source.forget_prefetched(self.positions)
         positions = self.positions
-        start = self.rotor % len(work)
+        start = self.rotation_start(work)
         covered = 0
         runs: list[tuple[int, int, int]] = []
         total = 0
@@ -152,11 +165,17 @@ class SourceReader:
         take_packed = self.take_packed
         used = 0.0  # of the budget: `handled`, less what rejected rows do not cost
         scanned_all = kept_all = 0
-        start = self.rotor % len(work)
+        start = self.rotation_start(work)
         self.rotor = 0
         self.resume_vb = None
-        for i, vb in enumerate(work[start:] + work[:start]):
+        order = work[start:] + work[:start]
+        for i, vb in enumerate(order):
             if used >= budget:
+                if i and self.reads_ahead and self.source.has_ahead(order[i - 1]):
+                    # The vBucket left halfway is taken up first: the rest of its rows are read ahead, and
+                    # would otherwise wait in memory for a whole lap of the rotation (a lap of laps' rows).
+                    i -= 1
+                    vb = order[i]
                 self.rotor = start + i
                 self.resume_vb = vb
                 break
