@@ -124,11 +124,12 @@ class SourceReader:
 
     def prefetch(self, work: list[int], limits: dict[int, int], budget: int) -> None:
         """Through the data service: when the vBuckets process takes next (in its order) have fewer than
-        REMOTE_READ_AHEAD mutations (or less than this batch) read ahead or in flight, ask for the next
-        REMOTE_READ_AHEAD in one call (a call still in flight is waited for first), while this batch is
-        handled. read_vb takes rows read ahead from the
-        front of each vBucket's rows; a read they do not cover is made on the spot (a round trip, never a
-        wrong answer)."""
+        twice REMOTE_READ_AHEAD mutations (or less than this batch) read ahead or in flight, ask for the
+        next REMOTE_READ_AHEAD in one call (a call still in flight is waited for first), while this batch is
+        handled: one read being taken while the next comes (with one read's worth, a worker on another node
+        waited for its reads: 0.82-0.84 of the embedded rate against 0.86). read_vb takes rows read ahead
+        from the front of each vBucket's rows; a read they do not cover is made on the spot (a round trip,
+        never a wrong answer)."""
         source: LogSource = self.source
         source.forget_prefetched(self.positions)
         positions = self.positions
@@ -136,7 +137,7 @@ class SourceReader:
         covered = 0
         runs: list[tuple[int, int, int]] = []
         total = 0
-        enough = max(budget, REMOTE_READ_AHEAD)
+        enough = max(budget, 2 * REMOTE_READ_AHEAD)  # see above
         has_ahead = source.has_ahead
         for vb in work[start:] + work[:start]:
             backlog = min(limits[vb] - positions[vb], REMOTE_READ_AHEAD)
