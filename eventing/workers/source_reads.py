@@ -71,6 +71,9 @@ class SourceReader:
             handler.on_update is None and handler.window_rows is not None and handler.filter is None
         )
         self.window_read = 1 << 62  # a window-only read's entries at most (the worker sets batch_size)
+        # Rows a read ahead asks for: REMOTE_READ_AHEAD, fewer in a sandboxed child, whose host reads its
+        # files on the spot (eventing.workers.sandbox.child).
+        self.read_ahead = REMOTE_READ_AHEAD
         self.rotor = 0
         self.resume_vb: int | None = None  # where process stopped: the first of the next look's runs
         self.scan_per_kept = 1.0  # filtered reads: entries scanned per row the query kept, lately
@@ -106,7 +109,7 @@ class SourceReader:
         source, positions = self.source, self.positions
         source.read_changed(
             [(vb, positions[vb]) for vb in self.progress.epochs if not source.has_ahead(vb)],
-            REMOTE_READ_AHEAD,
+            self.read_ahead,
             for_next_step=for_next_step,
         )
 
@@ -137,10 +140,10 @@ class SourceReader:
         covered = 0
         runs: list[tuple[int, int, int]] = []
         total = 0
-        enough = max(budget, 2 * REMOTE_READ_AHEAD)  # see above
+        enough = max(budget, 2 * self.read_ahead)  # see above
         has_ahead = source.has_ahead
         for vb in work[start:] + work[:start]:
-            backlog = min(limits[vb] - positions[vb], REMOTE_READ_AHEAD)
+            backlog = min(limits[vb] - positions[vb], self.read_ahead)
             if has_ahead(vb):
                 if not runs:
                     covered += backlog
@@ -152,7 +155,7 @@ class SourceReader:
             if backlog > 0:
                 runs.append((vb, positions[vb], backlog))
                 total += backlog
-                if total >= REMOTE_READ_AHEAD:
+                if total >= self.read_ahead:
                     break
         source.prefetch(runs)
 
