@@ -34,8 +34,8 @@ ISOLATIONS = ("none", "sandbox")  # the first is DEFAULT_ADMIN_ISOLATION, named 
 # EVENTING_DEFAULT_ISOLATION says sandbox (eventing.workers.sandbox.default). Its throughput is within 5% on
 # W1 and W3 (and a window-only function whose handler has no code runs without the child), but a windowed
 # function with handler code runs at about half the speed, a write's way to its effect crosses two processes
-# more, and each worker's child holds ~90 MB (docs/benchmarks.md, "The sandbox as everyone's default"), so
-# it is not yet the default.
+# more, and each worker's child holds ~70 MB at its peak (docs/benchmarks.md, "The sandbox as everyone's
+# default"), so it is not yet the default.
 DEFAULT_ADMIN_ISOLATION = "none"
 
 
