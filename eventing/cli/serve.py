@@ -154,7 +154,7 @@ def _with_serve(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.
 
             forget_token_environment()  # no worker, sandbox or subprocess this run starts inherits a token
             return run(args)
-        from eventing.http.server import start_in_thread
+        from eventing.http.server import start_in_thread, stop_in_thread
 
         config = _config(args, args.serve)
         server = start_in_thread(config)
@@ -167,7 +167,7 @@ def _with_serve(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.
         try:
             return run(args)
         finally:
-            server.should_exit = True
+            stop_in_thread(server)
             if kv is not None:
                 kv.stop()
 

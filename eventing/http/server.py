@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import weakref
 
 import uvicorn
 
@@ -63,4 +64,18 @@ def start_in_thread(config: ServerConfig) -> uvicorn.Server:
         thread.join(0.05)
     if not server.started:
         raise OSError(f"the HTTP server could not listen on {config.host}:{config.port}")
+    _THREADS[server] = thread
     return server
+
+
+_THREADS: weakref.WeakKeyDictionary[uvicorn.Server, threading.Thread] = weakref.WeakKeyDictionary()
+STOP_TIMEOUT_S = 10.0
+
+
+def stop_in_thread(server: uvicorn.Server, timeout_s: float = STOP_TIMEOUT_S) -> None:
+    """Stop a server start_in_thread started and wait for its thread: a process that exits while the
+    server still closes its connections and the state it opened tears them down under it."""
+    server.should_exit = True
+    thread = _THREADS.pop(server, None)
+    if thread is not None:
+        thread.join(timeout_s)
