@@ -99,6 +99,13 @@ def save_function(
             f"function '{defn.name}' sets sandbox_writable, which opens folders outside its sandbox to its "
             "handler: only a full admin may set it; remove it, or ask an admin to save the function"
         )
+    sink = (defn.window or {}).get("sink")
+    if not trusted and isinstance(sink, dict) and sink.get("path") is not None:
+        raise ConfigError(
+            f"function '{defn.name}' sets window.sink.path, a place anywhere the service may write where it "
+            "puts the window results: only a full admin may set it; remove it (the results then go to the "
+            "function's own window area), or ask an admin to save the function"
+        )
     if saved_by is not None:
         saved_by.check_bindings(defn)
     for bucket in dict.fromkeys([defn.source_bucket, *(b.bucket for b in defn.bindings)]):

@@ -81,3 +81,21 @@ def test_status_says_which_sandboxed_functions_write_outside_their_sandbox_and_w
     assert main(["--data-dir", data_dir, "status", "--json"]) == 0
     views = {v["name"]: v for v in json.loads(capsys.readouterr().out)["functions"]}
     assert views["fn_logs"]["sandbox_writable"] == [str(logs)] and views["fn"]["sandbox_writable"] == []
+
+
+def test_only_a_full_admin_may_save_a_window_sink_path(data_dir, tmp_path):
+    """The service writes a window's results where its sink's path says (any folder or SQLite file it can
+    write): a function manager could otherwise have it write into the metadata store or any folder."""
+    create_bucket(data_dir, "src")
+    window = {"kind": "tumbling", "size": "1m", "time_field": "ts", "aggregates": ["count"]}
+    source = '"""Window-only."""\n'
+    for path in (str(tmp_path / "results.sqlite3"), "metadata.sqlite3"):
+        defn = FunctionDefinition.from_dict(
+            {**BASE, "window": {**window, "sink": {"kind": "sqlite", "path": path}}}
+        )
+        with pytest.raises(ConfigError, match="window.sink.path.*only a full admin may set it"):
+            save_function(data_dir, defn, source, saved_by=_User(admin=False))
+        saved = save_function(data_dir, defn, source, saved_by=_User(admin=True))
+        assert saved.definition["window"]["sink"]["path"] == path
+    plain = FunctionDefinition.from_dict({**BASE, "window": window})
+    assert save_function(data_dir, plain, source, saved_by=_User(admin=False)).definition["window"]
