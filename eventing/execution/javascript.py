@@ -277,6 +277,9 @@ _UNSUPPORTED = [
 ]
 
 
+_LINE_TERMINATORS = "\n\r\u2028\u2029"  # each ends a // comment (ECMAScript's LineTerminator)
+
+
 def _code_only(source: str) -> str:
     """`source` with comments and the text of string literals blanked (newlines kept, so lines stay)."""
     out: list[str] = []
@@ -285,7 +288,7 @@ def _code_only(source: str) -> str:
         c = source[i]
         nxt = source[i + 1] if i + 1 < n else ""
         if c == "/" and nxt == "/":
-            while i < n and source[i] != "\n":
+            while i < n and source[i] not in _LINE_TERMINATORS:  # JavaScript's four, not only \n
                 out.append(" ")
                 i += 1
         elif c == "/" and nxt == "*":

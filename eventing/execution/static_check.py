@@ -105,7 +105,9 @@ def runs_no_code(source: str, language: str = "python") -> bool:
     if language == "javascript":
         from eventing.execution.javascript import _code_only
 
-        return not _code_only(source).strip()
+        # Comments and whitespace alone; a carriage return or a Unicode line or paragraph separator ends a
+        # JavaScript line comment, so a file holding one is never taken for one without code.
+        return not _code_only(source).strip() and not any(c in source for c in "\r\u2028\u2029")
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):

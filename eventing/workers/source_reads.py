@@ -175,11 +175,18 @@ class SourceReader:
         order = work[start:] + work[:start]
         for i, vb in enumerate(order):
             if used >= budget:
-                if i and self.reads_ahead and self.source.has_ahead(order[i - 1]):
+                last = order[i - 1] if i else None
+                if (
+                    last is not None
+                    and self.reads_ahead
+                    and not window_only  # reads packed runs, never the rows read ahead
+                    and self.positions[last] < limits[last]
+                    and self.source.has_ahead(last)
+                ):
                     # The vBucket left halfway is taken up first: the rest of its rows are read ahead, and
                     # would otherwise wait in memory for a whole lap of the rotation (a lap of laps' rows).
                     i -= 1
-                    vb = order[i]
+                    vb = last
                 self.rotor = start + i
                 self.resume_vb = vb
                 break

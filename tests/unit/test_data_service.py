@@ -7,6 +7,7 @@ from __future__ import annotations
 import pickle
 from typing import Any
 
+import msgpack
 import pytest
 
 from eventing.control.service import EventingService
@@ -452,3 +453,47 @@ def test_a_remote_worker_far_behind_holds_a_bounded_read_ahead_and_takes_up_a_vb
     # At most about two reads ahead (one being taken, the next asked for, each up to a vBucket past its
     # limit), not a lap's rows (13,600 here before).
     assert max(held) <= 3 * 2_000, held
+
+
+def test_a_remote_window_only_worker_behind_rotates_over_its_vbuckets(data_dir, monkeypatch):
+    """A window-only worker reads packed runs, never the rows a look read ahead: a batch that ends halfway
+    through a vBucket moves on to the next (taking the vBucket up again would drain one vBucket at a time
+    and hold every other vBucket's watermark back)."""
+    from eventing.core.definition import FunctionDefinition
+    from eventing.workers import worker as worker_module
+    from eventing.workers.worker import WorkerCore, WorkerSpec
+    from metadata.factory import open_store
+
+    monkeypatch.setenv(LOCALITY_ENV, "0")
+    monkeypatch.setattr(worker_module, "WINDOW_ONLY_BATCH", 100)
+    keys: dict[int, str] = {}
+    i = 0
+    while len(keys) < 4:
+        keys.setdefault(vbucket_of(f"k{i}"), f"k{i}")
+        i += 1
+    source = create_bucket(data_dir, "src")
+    doc = msgpack.packb({"ts": 1_767_225_600_000, "country": "KR", "amount": 1}, use_bin_type=True)
+    source.write([Write(key, OP_UPDATE, doc) for _ in range(300) for key in keys.values()])
+    window = {"kind": "tumbling", "size": "1m", "time_field": "ts", "aggregates": ["count"]}
+    defn = FunctionDefinition.from_dict(
+        {"name": "fn_rows", "source_bucket": "src", "batch_size": 100, "window": window}
+    )
+    deploy_function(data_dir, defn, '"""Window-only."""\n')
+    generation = open_store(data_dir).get_function("fn_rows").generation
+    spec = WorkerSpec(
+        data_dir,
+        "fn_rows",
+        generation,
+        "n1/w0",
+        tuple(range(1024)),
+        data_service=PickledDataService(data_dir),
+    )
+    core = WorkerCore(spec)
+    try:
+        for _ in range(4):
+            core.step(100)
+        moved = {vb: core.progress.positions[vb] for vb in keys}
+    finally:
+        core.stop()
+        core.close()
+    assert all(position > 0 for position in moved.values()), moved  # every vBucket moved, none drained

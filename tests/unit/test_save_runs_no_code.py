@@ -186,6 +186,9 @@ def test_the_sandboxed_process_gets_its_definition_without_secrets(service):
         ("def on_update(doc, meta)\n", "python", False),  # does not parse: the sandboxed import says why
         ("// window-only\n/* nothing else */\n", "javascript", True),
         ('"use strict";\n', "javascript", False),
+        ("//x\u2028function OnUpdate(doc, meta) {}\n", "javascript", False),  # a line separator ends it
+        ("//x\rthrow new Error('ran')\n", "javascript", False),
+        ("//x\u2029;\n", "javascript", False),
     ],
 )
 def test_runs_no_code_only_for_a_handler_whose_import_runs_nothing(source, language, none):
