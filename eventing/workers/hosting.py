@@ -59,14 +59,19 @@ class WorkerHost:
             except ImportError as exc:
                 raise missing_dependency(f"No module named '{exc.name}'") or EventingError(str(exc)) from None
             assert not isinstance(self.spec, bytes)
-            if self.spec.isolation == "sandbox" and _sandbox_confines_code(self.spec):
-                from eventing.workers.sandbox.host import SandboxedCore
+            record = None
+            if self.spec.isolation == "sandbox":
+                record = _codeless_record(self.spec)
+                if record is None:
+                    from eventing.workers.sandbox.host import SandboxedCore
 
-                self.core = SandboxedCore(  # type: ignore[assignment]
-                    self.spec, own_process=self.own_process and not self.shared
-                )
-                return os.getpid()
-            self.core = WorkerCore(self.spec, recycle_on_hang=self.own_process)
+                    self.core = SandboxedCore(  # type: ignore[assignment]
+                        self.spec, own_process=self.own_process and not self.shared
+                    )
+                    return os.getpid()
+            # A codeless handler's worker runs the very record checked (a source saved since runs sandboxed
+            # when the worker starts again).
+            self.core = WorkerCore(self.spec, recycle_on_hang=self.own_process, record=record)
             return os.getpid()
         assert self.core is not None, "worker not started"
         served = CORE_CALLS.get(method)
@@ -75,11 +80,11 @@ class WorkerHost:
         return served(self.core)(*args)
 
 
-def _sandbox_confines_code(spec: WorkerSpec) -> bool:
-    """Whether the function's handler has code for a sandbox to confine. A handler without any (a
-    window-only function's docstring: eventing.execution.static_check.runs_no_code) runs nothing of its
-    author's, so its worker runs here, without the sandbox's child and its cost a mutation (reading for
-    it, decoding there, the rows coming back): the window rows are the worker's own work."""
+def _codeless_record(spec: WorkerSpec) -> Any:
+    """The function's record when its handler has no code for a sandbox to confine, else None. A handler
+    without any (a window-only function's docstring: eventing.execution.static_check.runs_no_code) runs
+    nothing of its author's, so its worker runs here, without the sandbox's child and its cost a mutation
+    (reading for it, decoding there, the rows coming back): the window rows are the worker's own work."""
     from eventing.core.definition import FunctionDefinition
     from eventing.execution.static_check import runs_no_code
 
@@ -88,7 +93,8 @@ def _sandbox_confines_code(spec: WorkerSpec) -> bool:
         record = store.get_function(spec.function)
     finally:
         store.close()
-    return not runs_no_code(record.source, FunctionDefinition.from_dict(record.definition).language)
+    language = FunctionDefinition.from_dict(record.definition).language
+    return record if runs_no_code(record.source, language) else None
 
 
 class PooledWorkerHost(WorkerHost):

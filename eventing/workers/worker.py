@@ -46,6 +46,7 @@ from eventing.workers.write_waiter import WriteWaiter, open_waiter
 if TYPE_CHECKING:
     from eventing.storage.postgres.wake_wait import PostgresWriteWaiter
 from metadata import TIMER_VB_BASE, DlqRow, TimerDone, owner_vb
+from metadata.model import FunctionRecord
 
 
 @dataclass(frozen=True)
@@ -111,13 +112,20 @@ WINDOW_ONLY_BATCH = 20_000
 class WorkerCore:
     """Processes its vBuckets strictly in seqno order; every write it makes is fenced by its epochs."""
 
-    def __init__(self, spec: WorkerSpec, *, recycle_on_hang: bool = False, notes_fd: int | None = None):
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        *,
+        recycle_on_hang: bool = False,
+        notes_fd: int | None = None,
+        record: FunctionRecord | None = None,  # the function's, read already by the caller
+    ):
         self.spec = spec
         self.name = spec.function
         self.origin = deployment_origin(spec.function, spec.generation)  # of its writes: the recursion guard
         self.data = spec.data_access()
         self.store = self.data.metadata()
-        record = self.store.get_function(spec.function)
+        record = record or self.store.get_function(spec.function)
         if record.generation != spec.generation:
             raise FencedError(
                 f"function '{spec.function}' was redeployed (generation {record.generation}, "

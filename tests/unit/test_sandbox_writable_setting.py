@@ -99,3 +99,30 @@ def test_only_a_full_admin_may_save_a_window_sink_path(data_dir, tmp_path):
         assert saved.definition["window"]["sink"]["path"] == path
     plain = FunctionDefinition.from_dict({**BASE, "window": window})
     assert save_function(data_dir, plain, source, saved_by=_User(admin=False)).definition["window"]
+
+
+def test_a_window_sink_path_is_used_only_while_an_admin_saved_or_deployed_the_function(data_dir, tmp_path):
+    """A definition that holds a sink path from before the save check (or an admin's, deployed by a
+    function manager) writes its results to its own area while a non-admin last saved or deployed it."""
+    from eventing.windows.runtime.emission import make_sink
+    from eventing.windows.runtime.row_writer import RowLayout
+    from metadata.factory import open_store
+
+    create_bucket(data_dir, "src")
+    given = str(tmp_path / "results.sqlite3")
+    window = {
+        "kind": "tumbling",
+        "size": "1m",
+        "time_field": "ts",
+        "aggregates": ["count"],
+        "sink": {"kind": "sqlite", "path": given},
+    }
+    defn = FunctionDefinition.from_dict({**BASE, "window": window})
+    save_function(data_dir, defn, '"""Window-only."""\n', saved_by=_User(admin=True))
+    layout = RowLayout.for_definition("fn", window)
+    assert str(make_sink(data_dir, "fn", layout).path) == given
+
+    with open_store(data_dir) as store:
+        store.set_deployed_by("fn", {"user": "ann", "admin": False, "at": 0.0})
+    assert str(make_sink(data_dir, "fn", layout).path) != given
+    assert "windows" in str(make_sink(data_dir, "fn", layout).path)

@@ -135,6 +135,14 @@ def make_sink(
     from eventing.windows.spark.sink import ParquetWindowSink, SqliteWindowSink
 
     sink = layout.spec.sink
+    if sink.path is not None and not _sink_path_trusted(state, function):
+        log.warning(
+            "function %s: its window sink path %r is left unused, as the function was saved or deployed by a "
+            "user who is not a full admin; its results go to its own area (an admin's deploy uses the path)",
+            function,
+            sink.path,
+        )
+        sink = type(sink)(sink.kind, None)
     area = area if area is not None else window_area(state, function)
     if sink.path is None and not isinstance(area, DirectoryArea):
         from eventing.storage.postgres.file_area import PostgresArea
@@ -155,6 +163,26 @@ def make_sink(
     if sink.kind == "sqlite":
         return SqliteWindowSink(location)
     return ParquetWindowSink(location)
+
+
+def _sink_path_trusted(state: State | str | os.PathLike[str], function: str) -> bool:
+    """Whether a full admin (or the local CLI) last saved or deployed the function: only then does the
+    service write its window results where the sink's path says, anywhere it may write (as a sandbox
+    honours `sandbox_writable`). A function with no record (a window run without one) is the caller's."""
+    from eventing.errors import NotFoundError
+    from eventing.storage.state import as_state
+
+    opened = as_state(state)
+    if not opened.exists():
+        return True
+    store = opened.open_metadata()
+    try:
+        record = store.get_function(function)
+    except NotFoundError:
+        return True
+    finally:
+        store.close()
+    return record.deployed_by is None or record.deployed_by.get("admin") is True
 
 
 def fault(point: str) -> None:
