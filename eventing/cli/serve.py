@@ -158,13 +158,14 @@ def _with_serve(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.
 
         config = _config(args, args.serve)
         server = start_in_thread(config)
-        kv = _start_kv(args, config)
-        print(
-            _banner(config, f"; KV port {kv.node.kv_port}" if kv is not None else ""),
-            file=sys.stderr,
-            flush=True,
-        )
+        kv = None
         try:
+            kv = _start_kv(args, config)
+            print(
+                _banner(config, f"; KV port {kv.node.kv_port}" if kv is not None else ""),
+                file=sys.stderr,
+                flush=True,
+            )
             return run(args)
         finally:
             stop_in_thread(server)
