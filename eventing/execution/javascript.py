@@ -277,9 +277,6 @@ _UNSUPPORTED = [
 ]
 
 
-_LINE_TERMINATORS = "\n\r\u2028\u2029"  # each ends a // comment (ECMAScript's LineTerminator)
-
-
 def _code_only(source: str) -> str:
     """`source` with comments and the text of string literals blanked (newlines kept, so lines stay)."""
     out: list[str] = []
@@ -288,7 +285,7 @@ def _code_only(source: str) -> str:
         c = source[i]
         nxt = source[i + 1] if i + 1 < n else ""
         if c == "/" and nxt == "/":
-            while i < n and source[i] not in _LINE_TERMINATORS:  # JavaScript's four, not only \n
+            while i < n and source[i] not in "\n\r\u2028\u2029":  # each ends it (ECMAScript's LineTerminator)
                 out.append(" ")
                 i += 1
         elif c == "/" and nxt == "*":
