@@ -336,12 +336,18 @@ class FunctionDefinition:
         return self if boundary is None else replace(self, boundary=boundary)
 
 
+def deployed_by_admin(deployed_by: dict | None) -> bool:
+    """Whether a function's record says a full admin last deployed, resumed or saved it (``deployed_by``;
+    None is the local CLI, trusted as an admin): what its sandbox, its grants and its sink path follow."""
+    return deployed_by is None or deployed_by.get("admin") is True
+
+
 def effective_isolation(defn: FunctionDefinition, deployed_by: dict | None, default: str) -> str:
     """How a deployed function runs: always "sandbox" when a user who is not a full admin deployed or
     resumed it (``deployed_by`` of its record; None is the local CLI, trusted as an admin), else its
     ``isolation`` setting, or without one `default`: the machine's (eventing.workers.sandbox.default:
     DEFAULT_ADMIN_ISOLATION where it can sandbox, "none" where it cannot)."""
-    if deployed_by is not None and deployed_by.get("admin") is not True:
+    if not deployed_by_admin(deployed_by):
         return "sandbox"
     return defn.isolation or default
 

@@ -194,7 +194,9 @@ def check_bindings(identity: Identity, definition: Any) -> None:
 def deployed_by_admin(record: FunctionRecord) -> bool:
     """Whether a function was last deployed or resumed by a full admin (or only through the local CLI,
     trusted as one); a function a non-admin deployed runs sandboxed."""
-    return record.deployed_by is None or record.deployed_by.get("admin") is True
+    from eventing.core.definition import deployed_by_admin as admin_deployed
+
+    return admin_deployed(record.deployed_by)
 
 
 @contextmanager

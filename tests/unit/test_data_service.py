@@ -406,38 +406,41 @@ def test_a_bucket_in_partitions_tells_remote_workers_each_partitions_effect_mark
     assert RemoteBucket(service.client("w"), "src").partition_marks("fn") is None
 
 
+def _remote_worker(data_dir: str, definition: dict, handler: str, per_key: int, vbuckets: int, doc: bytes):
+    """A WorkerCore reading through the data service (pickled both ways) over `per_key` updates of one key
+    in each of `vbuckets` vBuckets; returns it and the keys by vBucket."""
+    from eventing.core.definition import FunctionDefinition
+    from eventing.workers.worker import WorkerCore, WorkerSpec
+    from metadata.factory import open_store
+
+    keys: dict[int, str] = {}
+    i = 0
+    while len(keys) < vbuckets:
+        keys.setdefault(vbucket_of(f"k{i}"), f"k{i}")
+        i += 1
+    source = create_bucket(data_dir, "src")
+    source.write([Write(key, OP_UPDATE, doc) for _ in range(per_key) for key in keys.values()])
+    name = definition["name"]
+    deploy_function(data_dir, FunctionDefinition.from_dict({"source_bucket": "src", **definition}), handler)
+    generation = open_store(data_dir).get_function(name).generation
+    served = PickledDataService(data_dir)
+    spec = WorkerSpec(data_dir, name, generation, "n1/w0", tuple(range(1024)), data_service=served)
+    return WorkerCore(spec), keys
+
+
 def test_a_remote_worker_far_behind_holds_a_bounded_read_ahead_and_takes_up_a_vbucket_left_halfway(
     data_dir, monkeypatch
 ):
     """A batch that ends halfway through a vBucket whose rows are read ahead resumes there: rotating on
     left the rest in memory for a lap of the rotation, and the reads kept coming (a worker of a sandbox or
     a node without the data directory held a whole backlog: 360 MB for 800,000 mutations)."""
-    from eventing.core.definition import FunctionDefinition
     from eventing.workers import source_reads
-    from eventing.workers.worker import WorkerCore, WorkerSpec
-    from metadata.factory import open_store
 
     monkeypatch.setenv(LOCALITY_ENV, "0")
     monkeypatch.setattr(source_reads, "REMOTE_READ_AHEAD", 2_000)
-    keys: dict[int, str] = {}
-    i = 0
-    while len(keys) < 40:
-        keys.setdefault(vbucket_of(f"k{i}"), f"k{i}")
-        i += 1
-    source = create_bucket(data_dir, "src")
-    source.write([Write(key, OP_UPDATE, b"\x81\xa1n\x01") for _ in range(400) for key in keys.values()])
-    defn = FunctionDefinition.from_dict({"name": "fn_behind", "source_bucket": "src", "batch_size": 300})
-    deploy_function(data_dir, defn, HANDLER)
-    generation = open_store(data_dir).get_function("fn_behind").generation
-    spec = WorkerSpec(
-        data_dir,
-        "fn_behind",
-        generation,
-        "n1/w0",
-        tuple(range(1024)),
-        data_service=PickledDataService(data_dir),
+    core, _keys = _remote_worker(
+        data_dir, {"name": "fn_behind", "batch_size": 300}, HANDLER, 400, 40, b"\x81\xa1n\x01"
     )
-    core = WorkerCore(spec)
     held, handled = [], 0
     try:
         while True:
@@ -459,36 +462,20 @@ def test_a_remote_window_only_worker_behind_rotates_over_its_vbuckets(data_dir, 
     """A window-only worker reads packed runs, never the rows a look read ahead: a batch that ends halfway
     through a vBucket moves on to the next (taking the vBucket up again would drain one vBucket at a time
     and hold every other vBucket's watermark back)."""
-    from eventing.core.definition import FunctionDefinition
     from eventing.workers import worker as worker_module
-    from eventing.workers.worker import WorkerCore, WorkerSpec
-    from metadata.factory import open_store
 
     monkeypatch.setenv(LOCALITY_ENV, "0")
     monkeypatch.setattr(worker_module, "WINDOW_ONLY_BATCH", 100)
-    keys: dict[int, str] = {}
-    i = 0
-    while len(keys) < 4:
-        keys.setdefault(vbucket_of(f"k{i}"), f"k{i}")
-        i += 1
-    source = create_bucket(data_dir, "src")
     doc = msgpack.packb({"ts": 1_767_225_600_000, "country": "KR", "amount": 1}, use_bin_type=True)
-    source.write([Write(key, OP_UPDATE, doc) for _ in range(300) for key in keys.values()])
     window = {"kind": "tumbling", "size": "1m", "time_field": "ts", "aggregates": ["count"]}
-    defn = FunctionDefinition.from_dict(
-        {"name": "fn_rows", "source_bucket": "src", "batch_size": 100, "window": window}
-    )
-    deploy_function(data_dir, defn, '"""Window-only."""\n')
-    generation = open_store(data_dir).get_function("fn_rows").generation
-    spec = WorkerSpec(
+    core, keys = _remote_worker(
         data_dir,
-        "fn_rows",
-        generation,
-        "n1/w0",
-        tuple(range(1024)),
-        data_service=PickledDataService(data_dir),
+        {"name": "fn_rows", "batch_size": 100, "window": window},
+        '"""Window-only."""\n',
+        300,
+        4,
+        doc,
     )
-    core = WorkerCore(spec)
     try:
         for _ in range(4):
             core.step(100)

@@ -182,7 +182,9 @@ def _sink_path_trusted(state: State | str | os.PathLike[str], function: str) -> 
         return True
     finally:
         store.close()
-    return record.deployed_by is None or record.deployed_by.get("admin") is True
+    from eventing.core.definition import deployed_by_admin
+
+    return deployed_by_admin(record.deployed_by)
 
 
 def fault(point: str) -> None:

@@ -41,5 +41,6 @@ def isolation_of(defn: Any, deployed_by: dict | None) -> str:
 def granted_writes(defn: Any, deployed_by: dict | None) -> tuple[str, ...]:
     """The folders outside its own a sandboxed function's handler may write (`sandbox_writable`): granted
     by a full admin, so honoured only while an admin (or the local CLI) deployed or resumed the function."""
-    trusted = deployed_by is None or deployed_by.get("admin") is True
-    return tuple(defn.sandbox_writable) if trusted else ()
+    from eventing.core.definition import deployed_by_admin
+
+    return tuple(defn.sandbox_writable) if deployed_by_admin(deployed_by) else ()
