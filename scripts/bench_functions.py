@@ -82,13 +82,16 @@ TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def _stat(pid: int) -> tuple[int, int, float] | None:
-    """(parent pid, start time in clock ticks, CPU seconds used) of a live process."""
+    """(parent pid, start time in clock ticks, CPU seconds used) of a live process (not of a zombie: ended,
+    its parent has not yet collected its status)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             stat = f.read()
     except OSError:
         return None
     fields = stat[stat.rindex(")") + 2 :].split()
+    if fields[0] == "Z":
+        return None
     return int(fields[1]), int(fields[19]), (int(fields[11]) + int(fields[12])) / TICKS
 
 

@@ -129,17 +129,18 @@ def time_steps() -> dict[str, float]:
 
 
 def profile_children(folder: str) -> None:
-    """Run every sandboxed child under cProfile, its profile written in its private folder and copied to
-    `folder` before the folder goes (the host waits for the child to end rather than killing it)."""
+    """Run every sandboxed child under cProfile (eventing.workers.sandbox.zygote.PROFILE_ENV), its profile
+    written in its private folder and copied to `folder` before the folder goes (the host waits for the
+    child to end rather than killing it)."""
     import shutil
     import subprocess
 
-    popen, end = subprocess.Popen, sandbox._Sandboxed._end_child
+    from eventing.workers.sandbox.zygote import PROFILE_ENV
 
-    def profiled_popen(cmd: list, *args: object, **kwargs: object) -> object:
-        if cmd[1:3] == ["-m", "eventing.workers.sandbox.child"]:
-            cmd = [cmd[0], "-m", "cProfile", "-o", "child.prof", *cmd[1:]]
-        return popen(cmd, *args, **kwargs)  # type: ignore[call-overload]
+    child_env, end = sandbox.child_env, sandbox._Sandboxed._end_child
+
+    def profiled_env(*args: object) -> dict:
+        return {**child_env(*args), PROFILE_ENV: "1"}  # type: ignore[arg-type]
 
     def end_profiled(self: sandbox._Sandboxed) -> None:
         if not self._ended:
@@ -152,7 +153,7 @@ def profile_children(folder: str) -> None:
                 shutil.copy(found, os.path.join(folder, f"child-{self.proc.pid}.prof"))
         end(self)
 
-    subprocess.Popen = profiled_popen  # type: ignore[misc,assignment]
+    sandbox.child_env = profiled_env  # type: ignore[assignment]
     sandbox._Sandboxed._end_child = end_profiled  # type: ignore[method-assign]
 
 

@@ -53,6 +53,7 @@ from eventing.windows.semantics import WindowSpec
 from eventing.windows.spark.sink import ParquetWindowSink
 from eventing.workers.executor import RayExecutor, init_ray
 from eventing.workers.ray_instance import cmdline
+from eventing.workers.sandbox.zygote import is_sandboxed_child
 from metadata.factory import open_store
 from sharding import NUM_VBUCKETS
 
@@ -140,9 +141,7 @@ class WorkerPlaces:
             on_n2 = descendants(self.env.n2.pid)
             for pid in new:
                 self.seen[pid] = pid in on_n2
-                self.sandboxed[pid] = any(
-                    "eventing.workers.sandbox.child" in cmdline(p) for p in (pid, *descendants(pid))
-                )
+                self.sandboxed[pid] = any(is_sandboxed_child(p) for p in (pid, *descendants(pid)))
 
 
 class Stream(BackgroundLoop):

@@ -9,7 +9,7 @@ import fcntl
 import os
 import tempfile
 
-from eventing.workers.sandbox import host as sandbox
+from eventing.workers.sandbox import folders as sandbox
 
 
 def _folder(root: str, name: str, *, locked: bool) -> int | None:

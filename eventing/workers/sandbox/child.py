@@ -1,5 +1,5 @@
-"""The sandboxed child process, run as ``python -m eventing.workers.sandbox.child``: it confines itself
-(eventing.workers.sandbox.confine) before it imports anything that could start a thread, then answers
+"""The sandboxed child process, forked by its host's zygote (zygote.py), runs `_child`: it confines itself
+(eventing.workers.sandbox.confine) while it has one thread, then answers
 the host's calls over its one socket (`_Line`, which also carries its data requests to the host): a
 `WorkerCore` whose data access is that line (`_LineRef`), a handler runner for on_deploy, the debugger and
 dlq replay whose writes and timer changes are sent back rather than applied (`_ChildRunner`), or a
@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import pickle
 import socket
-import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -241,7 +240,8 @@ class _ChildRunner:
 
 
 def _child(fd: int, policy: dict) -> None:
-    _libc.prctl(_PR_SET_PDEATHSIG, 9, 0, 0, 0)  # SIGKILL when the host goes (kill -9 of a worker)
+    # SIGKILL when its zygote goes, which goes with the host (kill -9 of a worker); a line closed ends it too.
+    _libc.prctl(_PR_SET_PDEATHSIG, 9, 0, 0, 0)
     sock = socket.socket(fileno=fd)
     try:
         confine(policy)
@@ -296,9 +296,3 @@ def _child(fd: int, policy: dict) -> None:
         line.send(("done", None, *result))
         if method == "close":
             return
-
-
-if __name__ == "__main__":
-    import json
-
-    _child(int(sys.argv[1]), json.loads(sys.argv[2]))

@@ -3,8 +3,9 @@ a process of its own that cannot open the data directory, and reaches only its o
 
 How (see docs/guarantees.md, "Sandboxed handlers", for why this mechanism):
 
-- The worker host (a Ray actor, or the calling process in-process) starts a child process,
-  ``python -m eventing.workers.sandbox.child``, with no descriptor but its stdio and one socket to the host,
+- The worker host (a Ray actor, or the calling process in-process) has its zygote fork a child process
+  (zygote.py: a process per host that has imported the worker's modules; the child runs
+  eventing.workers.sandbox.child), with no descriptor but its stdio and one socket to the host,
   a minimal environment (no store credentials), a private folder as ``TMPDIR`` and ``HOME`` (links in it to
   the project's packages are its import path) and a policy: the project's package folders, the folders
   no read may reach (the data directory, a checkout, the home folder, Ray's folder, the other sandboxes),
@@ -27,8 +28,9 @@ How (see docs/guarantees.md, "Sandboxed handlers", for why this mechanism):
 This module is the host's side: the process handle that starts the child and answers its data requests
 while a call runs (`SandboxedCore` for a worker, `SandboxedRunner` for on_deploy, the debugger and dlq
 replay, `validate_sandboxed` at deploy time, `open_runner` to pick a runner). Beside it in this package:
-confine, landlock and seccomp (what the child does to itself), child (the child process), line (the
-framing and the value-only unpickler) and scope (``ScopedService``).
+confine, landlock and seccomp (what the child does to itself), child (the child process), zygote and
+zygote_process (the process children are forked from), folders (their private folders and environment),
+line (the framing and the value-only unpickler) and scope (``ScopedService``).
 """
 
 from __future__ import annotations
@@ -45,72 +47,23 @@ from typing import Any
 
 from eventing.storage.state import StateLike, as_state
 from eventing.workers.sandbox.default import granted_writes
+from eventing.workers.sandbox.folders import (
+    child_env,
+    claim_folder,
+    package_view,
+    project_packages,
+    sandboxes_root,
+    sweep_sandboxes,
+)
 from eventing.workers.sandbox.landlock import sandbox_unavailable
 from eventing.workers.sandbox.line import _error, _raise, _recv, _send, _values
 from eventing.workers.sandbox.scope import ScopedService
+from eventing.workers.sandbox.zygote import fork_child
 
-_SANDBOXES = "eventing-sandboxes"  # under the system temporary folder: one private folder per sandbox
 MEMORY_MB = 1024  # a sandboxed process's memory (RLIMIT_DATA); a JavaScript function's isolates besides
 # What RLIMIT_DATA counts of a V8 isolate besides its heap: V8 reserves its code range writable and executable
 # (512 MiB on x86_64, 128 MiB on arm64), untouched until code is compiled into it.
 V8_CODE_RANGE_MB = 512
-_CODE = ".eventing-code"  # in a sandbox's folder: links to the project's packages, the child's import path
-
-
-def sandboxes_root() -> str:
-    import tempfile
-
-    root = os.path.join(tempfile.gettempdir(), _SANDBOXES)
-    os.makedirs(root, mode=0o700, exist_ok=True)
-    return root
-
-
-ORPHAN_AGE_S = 3600  # a sandbox folder without a lock file this old has no host (see sweep_sandboxes)
-
-
-def sweep_sandboxes() -> int:
-    """Remove the private folders of sandboxes whose host has ended without removing them (a worker killed
-    with kill -9, or by Ray at the end of a run): a folder's host holds a lock on ``<folder>.lock`` while it
-    lives, and the kernel lets it go when the host ends, however it ends. Returns how many were removed."""
-    import fcntl
-    import shutil
-
-    root, removed = sandboxes_root(), 0
-    for entry in os.scandir(root):
-        if not entry.name.endswith(".lock"):
-            continue
-        try:
-            fd = os.open(entry.path, os.O_RDWR | os.O_CLOEXEC)
-        except OSError:
-            continue  # removed meanwhile by another sweep
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            continue  # its host is alive
-        try:
-            shutil.rmtree(entry.path[: -len(".lock")], ignore_errors=True)
-            os.unlink(entry.path)
-            removed += 1
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-    # A folder whose host never made its lock (killed in the moment between the two, or an older version
-    # that made none) and that nothing has changed for ORPHAN_AGE_S.
-    old = time.time() - ORPHAN_AGE_S
-    for entry in os.scandir(root):
-        try:
-            if (
-                entry.is_dir(follow_symlinks=False)
-                and not os.path.exists(entry.path + ".lock")
-                and entry.stat(follow_symlinks=False).st_mtime < old
-            ):
-                shutil.rmtree(entry.path, ignore_errors=True)
-                removed += 1
-        except OSError:
-            pass
-    return removed
 
 
 def ray_folders() -> list[str]:
@@ -143,18 +96,6 @@ def memory_mb(defn: Any) -> int:
     return MEMORY_MB
 
 
-def _project() -> tuple[str, list[str]]:
-    """The folder holding the project's packages (a checkout, site-packages, or a folder Ray unpacked them
-    into) and the packages' folders."""
-    import eventing
-    from eventing.core.names import PROJECT_PACKAGES
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(eventing.__file__)))
-    return root, [
-        os.path.join(root, name) for name in PROJECT_PACKAGES if os.path.isdir(os.path.join(root, name))
-    ]
-
-
 class _Sandboxed:
     """A sandboxed child process and the host's end of its line: each method call goes to the child,
     and the child's data requests are answered (scoped by `service`) while it runs."""
@@ -171,12 +112,8 @@ class _Sandboxed:
         notes_fd: int | None = None,
         writable: tuple[str, ...] = (),
     ) -> None:
-        import fcntl
-        import json
         import shutil
         import site
-        import subprocess
-        import tempfile
 
         from eventing.errors import ConfigError
 
@@ -194,22 +131,10 @@ class _Sandboxed:
         self._held: list[tuple] = []  # requests answered just before the next call (`_answer_held`)
         self.held_answered = 0
         self._rmtree = shutil.rmtree
-        try:
-            sweep_sandboxes()
-        except OSError:
-            pass  # another sweep's business
-        self.tmp = tempfile.mkdtemp(prefix=f"{function}-", dir=sandboxes_root())
-        # Held while this host lives (sweep_sandboxes); locked before a sweep can see it under its name.
-        self._lock = os.open(self.tmp + ".lock-new", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        fcntl.flock(self._lock, fcntl.LOCK_EX)
-        os.rename(self.tmp + ".lock-new", self.tmp + ".lock")
+        self.tmp, self._lock = claim_folder(f"{function}-")
         ours, theirs = socket.socketpair()
         try:
-            root, packages = _project()
-            view = os.path.join(self.tmp, _CODE)
-            os.mkdir(view)
-            for folder in packages:
-                os.symlink(folder, os.path.join(view, os.path.basename(folder)))
+            root, packages = project_packages()
             site_dirs = {os.path.realpath(p) for p in (*site.getsitepackages(), site.getusersitepackages())}
             avoid = [*private, sandboxes_root(), os.path.expanduser("~"), *ray_folders()]
             if os.path.realpath(root) not in site_dirs:
@@ -224,27 +149,9 @@ class _Sandboxed:
                 "memory_mb": memory_mb(defn),
                 "notes_fd": notes_fd,
             }
-            env = {name: os.environ[name] for name in ("PATH", "LANG", "LC_ALL") if name in os.environ}
-            paths = [
-                p
-                for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
-                if p and os.path.abspath(p) != root
-            ]
-            env["PYTHONPATH"] = os.pathsep.join([view, *paths])
-            env.update({"TMPDIR": self.tmp, "HOME": self.tmp, "PYTHONDONTWRITEBYTECODE": "1"})
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "eventing.workers.sandbox.child",
-                    str(theirs.fileno()),
-                    json.dumps(policy),
-                ],
-                stdin=subprocess.DEVNULL,
-                env=env,
-                cwd=self.tmp,
-                pass_fds=(theirs.fileno(),) if notes_fd is None else (theirs.fileno(), notes_fd),
-            )
+            env = child_env(self.tmp, package_view(self.tmp, packages), root)
+            fds = [theirs.fileno()] if notes_fd is None else [theirs.fileno(), notes_fd]
+            self.proc = fork_child(policy, env, self.tmp, fds)
         except BaseException:
             ours.close()
             self._remove()
