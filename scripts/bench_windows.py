@@ -72,7 +72,13 @@ WINDOW = {
     "aggregates": [{"op": "count"}, {"op": "sum", "field": "amount"}],
     "out_of_order_tolerance": "30s",
 }
-HANDLER = '"""Window-only: the window declared with the function does the work."""\n'
+# --handler: the function's handler file. Window-only holds no code (a sandboxed one then runs without its
+# child); on-update adds a handler called for every mutation beside the window (a sandboxed one crosses to
+# its child for each).
+HANDLERS = {
+    "window-only": '"""Window-only: the window declared with the function does the work."""\n',
+    "on-update": "def on_update(doc, meta):\n    pass\n",
+}
 SS_FILE_ROWS = 50_000
 RAY_SETTLE_S = 3.0  # a new Ray instance's prestarted worker processes are up well within this
 
@@ -108,7 +114,9 @@ def copy_bucket(bucket: LocalBucket, data_dir: str) -> str:
     return data_dir
 
 
-def run_eventing(data_dir: str, workers: int, batch_size: int, aggregator: Timed) -> tuple[float, dict]:
+def run_eventing(
+    data_dir: str, workers: int, batch_size: int, aggregator: Timed, handler: str = "window-only"
+) -> tuple[float, dict]:
     defn = FunctionDefinition.from_dict(
         {
             "name": FUNCTION,
@@ -119,7 +127,7 @@ def run_eventing(data_dir: str, workers: int, batch_size: int, aggregator: Timed
             "window": WINDOW,
         }
     )
-    lifecycle.save_function(data_dir, defn, HANDLER)
+    lifecycle.save_function(data_dir, defn, HANDLERS[handler])
     lifecycle.deploy(data_dir, FUNCTION)
     marks: dict[str, float] = {}
 
@@ -253,6 +261,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup-runs", type=int, default=3, help="runs of both pipelines before timing")
     parser.add_argument("--spark-master", default=None, help="default $EVENTING_SPARK_MASTER or local[*]")
     parser.add_argument("--data-dir", default=None, help="default: a fresh temporary directory")
+    parser.add_argument(
+        "--handler",
+        choices=sorted(HANDLERS),
+        default="window-only",
+        help="the function's handler: window-only (no code, the default) or on-update (an on_update called "
+        "for every mutation beside the window: a sandboxed function's child then runs the worker)",
+    )
     args = parser.parse_args(argv)
 
     root = args.data_dir or tempfile.mkdtemp(prefix="eventing-bench-windows-")
@@ -278,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
             args.workers,
             args.batch_size,
             aggregator,
+            args.handler,
         )
         run_ss(
             spark, str(ss_source(os.path.join(root, "warmup-ss"))), os.path.join(root, f"warmup-ss-out-{run}")
@@ -302,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     init_ray(windows=True)  # as `eventing run` starts it with a windowed function deployed
     time.sleep(RAY_SETTLE_S)
 
-    eventing_s, phases = run_eventing(data_dir, args.workers, args.batch_size, aggregator)
+    eventing_s, phases = run_eventing(data_dir, args.workers, args.batch_size, aggregator, args.handler)
     store = open_store(data_dir)
     counters = store.counters(FUNCTION)
     rows = int(counters["window_rows_accepted"])

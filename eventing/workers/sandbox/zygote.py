@@ -58,7 +58,11 @@ class ForkedChild:
         self.returncode: int | None = None
 
     def _ended(self, timeout: float | None) -> bool:
-        if self.returncode is None and select.select([self._pidfd], [], [], timeout)[0]:
+        if self.returncode is None:
+            poll = select.poll()  # not select(): a host with many sockets has descriptors past 1024
+            poll.register(self._pidfd, select.POLLIN)
+            if not poll.poll(None if timeout is None else timeout * 1000):
+                return False
             self.returncode = -signal.SIGKILL if self._killed else 0
             os.close(self._pidfd)
         return self.returncode is not None
