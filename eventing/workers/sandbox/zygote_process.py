@@ -115,6 +115,7 @@ def _forked(zygote_sock: socket.socket, fds: list[int], request: dict, base_path
         import tempfile
 
         sys.path[:] = [request["cwd"], *request["path"], *base_path]
+        sys.argv[:] = ["eventing.workers.sandbox.child", str(fds[0])]  # as a child started on its own had
         sys.path_importer_cache.clear()
         importlib.invalidate_caches()
         tempfile.tempdir = None  # TMPDIR is the child's folder now
