@@ -32,8 +32,7 @@ DELIVERIES = ("exactly_once", "at_least_once")
 ISOLATIONS = ("none", "sandbox")  # the first is DEFAULT_ADMIN_ISOLATION, named as the default in errors
 # What a function deployed by a full admin gets without an `isolation` setting, unless the machine's
 # EVENTING_DEFAULT_ISOLATION says sandbox (eventing.workers.sandbox.default). Its throughput is within 5% on
-# W1 and W3 (and a window-only function whose handler has no code runs without the child), but a windowed
-# function with handler code runs at about half the speed and a write's way to its effect crosses two
+# W1 and W3 and its memory within the goal of many functions, but a write's way to its effect crosses two
 # processes more (p50 3.4 ms against 1.1; docs/benchmarks.md, "Sandboxed children forked from a zygote"), so
 # it is not yet the default.
 DEFAULT_ADMIN_ISOLATION = "none"

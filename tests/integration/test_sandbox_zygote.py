@@ -115,13 +115,13 @@ from eventing.core.definition import FunctionDefinition
 from eventing.workers.sandbox.host import _NoData, _Sandboxed
 from eventing.workers.sandbox.scope import ScopedService
 
-pids = []
+sandboxes = []  # kept: a sandbox whose handle is collected closes its line, and its child ends
 for name in ("fn_a", "fn_b"):
     defn = FunctionDefinition.from_dict({"name": name, "source_bucket": "src", "isolation": "sandbox"})
     s = _Sandboxed()
     s._start(defn.name, defn, ScopedService(defn.name, defn, _NoData()), private=[sys.argv[1]])
-    pids.append(s.proc.pid)
-print(*pids, flush=True)
+    sandboxes.append(s)
+print(*(s.proc.pid for s in sandboxes), flush=True)
 time.sleep(120)
 """
 

@@ -12,6 +12,7 @@ import socket
 import sys
 from typing import Any
 
+from eventing.workers.sandbox.landlock import _PR_SET_PDEATHSIG, _libc
 from eventing.workers.sandbox.zygote import CHILD_NAME, MESSAGE_MAX, PROFILE_ENV, ZYGOTE_NAME
 
 # Imported by the zygote before it forks, so each child finds them loaded: what the child imports to confine
@@ -32,8 +33,6 @@ _PR_SET_NAME = 15
 
 
 def _name_process(name: bytes) -> None:
-    from eventing.workers.sandbox.landlock import _libc
-
     _libc.prctl(_PR_SET_NAME, name, 0, 0, 0)
 
 
@@ -77,9 +76,10 @@ def _serve(fd: int) -> None:
         request = json.loads(message)
         # No reap between the fork and the pidfd: the pid cannot be another process's meanwhile.
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+        zygote = os.getpid()
         pid = os.fork()
         if pid == 0:
-            _forked(sock, fds, request, base_path)  # never returns
+            _forked(zygote, sock, fds, request, base_path)  # never returns
         children.add(pid)
         pidfd = os.pidfd_open(pid)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
@@ -91,11 +91,16 @@ def _serve(fd: int) -> None:
             os.close(pidfd)
 
 
-def _forked(zygote_sock: socket.socket, fds: list[int], request: dict, base_path: list[str]) -> None:
+def _forked(
+    zygote: int, zygote_sock: socket.socket, fds: list[int], request: dict, base_path: list[str]
+) -> None:
     """The child, just forked: its own signals, descriptors, environment, folder and import path, then the
     child's work (eventing.workers.sandbox.child); it leaves without the zygote's exit handlers."""
     code = 1
     try:
+        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # dies with the zygote...
+        if os.getppid() != zygote:  # ...which may have gone before that was set
+            os._exit(code)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
         signal.signal(signal.SIGINT, signal.default_int_handler)
