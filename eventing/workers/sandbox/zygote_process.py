@@ -103,7 +103,7 @@ def _forked(
             os._exit(code)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        # SIGINT stays ignored: a terminal's Ctrl-C reaches the host too, which ends its child.
         _name_process(CHILD_NAME)
         zygote_sock.close()
         keep = set(fds)
