@@ -67,7 +67,7 @@ def _serve(fd: int) -> None:
         except OSError:
             message, fds = b"", []
         if not message:  # the host has ended: so do its children, and this process at once
-            for pid in children:
+            for pid in list(children):  # a copy: `reap` may change the set meanwhile
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
