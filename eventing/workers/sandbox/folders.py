@@ -106,13 +106,18 @@ def package_view(folder: str, packages: list[str]) -> str:
     return view
 
 
-def child_env(folder: str, view: str, root: str) -> dict[str, str]:
-    """A sandboxed process's whole environment: no store credentials, `folder` as its TMPDIR and HOME,
-    `view` on its import path instead of the checkout `root`, and OpenBLAS without threads (its zygote,
+def sandbox_env(first_path: str, root: str) -> dict[str, str]:
+    """The environment every sandboxed process starts with: no store credentials, `first_path` on its
+    import path instead of the checkout `root`, and OpenBLAS without threads (the zygote,
     eventing.workers.sandbox.zygote, imports numpy before it forks)."""
     env = {name: os.environ[name] for name in ("PATH", "LANG", "LC_ALL") if name in os.environ}
     paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
-    env["PYTHONPATH"] = os.pathsep.join([view, *(p for p in paths if p and os.path.abspath(p) != root)])
-    env.update({"TMPDIR": folder, "HOME": folder, "PYTHONDONTWRITEBYTECODE": "1"})
-    env["OPENBLAS_NUM_THREADS"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join([first_path, *(p for p in paths if p and os.path.abspath(p) != root)])
+    env.update({"PYTHONDONTWRITEBYTECODE": "1", "OPENBLAS_NUM_THREADS": "1"})
     return env
+
+
+def child_env(folder: str, view: str, root: str) -> dict[str, str]:
+    """A sandboxed child's whole environment: `sandbox_env` with `view` first on its import path, and
+    `folder` as its TMPDIR and HOME."""
+    return {**sandbox_env(view, root), "TMPDIR": folder, "HOME": folder}

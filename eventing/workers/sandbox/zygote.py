@@ -151,21 +151,9 @@ def _forget_zygote() -> None:
 os.register_at_fork(after_in_child=_forget_zygote)
 
 
-def _zygote_env(root: str) -> dict[str, str]:
-    """A child's environment less its folder: the project's `root` on the import path (a child sets its
-    own path before it confines itself, and reads only the packages of it)."""
-    env = {name: os.environ[name] for name in ("PATH", "LANG", "LC_ALL") if name in os.environ}
-    paths = [
-        p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.abspath(p) != root
-    ]
-    env.update(PYTHONPATH=os.pathsep.join([root, *paths]), PYTHONDONTWRITEBYTECODE="1")
-    env["OPENBLAS_NUM_THREADS"] = "1"  # numpy is imported before the forks: no thread may exist then
-    return env
-
-
 def fork_child(policy: dict, env: dict[str, str], folder: str, fds: list[int]) -> ForkedChild:
     """A sandboxed child forked by this process's zygote (started, or started again, when needed)."""
-    from eventing.workers.sandbox.folders import project_packages
+    from eventing.workers.sandbox.folders import project_packages, sandbox_env
 
     global _ZYGOTE
     request = {"policy": policy, "env": env, "cwd": folder, "path": env["PYTHONPATH"].split(os.pathsep)}
@@ -176,7 +164,8 @@ def fork_child(policy: dict, env: dict[str, str], folder: str, fds: list[int]) -
                 _ZYGOTE = None
             if _ZYGOTE is None:
                 root, _packages = project_packages()
-                _ZYGOTE = Zygote(root, _zygote_env(root))
+                # The project's root on its import path: a child sets its own before it confines itself.
+                _ZYGOTE = Zygote(root, sandbox_env(root, root))
             try:
                 return _ZYGOTE.fork(request, fds)
             except OSError:
