@@ -26,7 +26,6 @@ TICK = os.sysconf("SC_CLK_TCK")
 GROUPS = (
     ("ray::ServedData", "data service actors"),
     ("ray::WorkerHost", "worker actors"),
-    ("eventing.workers.sandbox.child", "sandbox children"),
     ("-m eventing", "service (eventing run, serve)"),
     ("scripts/bench", "bench (writers)"),
     ("postgres", "postgresql server"),
@@ -36,7 +35,18 @@ GROUPS = (
 )
 
 
+# Sandboxed children and their zygotes share the zygote's command line: their process names tell them apart.
+NAMED = {"sandboxed-child": "sandbox children", "sandbox-zygote": "sandbox zygotes"}
+
+
 def _group(pid: str) -> str | None:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            named = NAMED.get(f.read().strip())
+    except OSError:
+        return None  # ended meanwhile
+    if named:
+        return named
     args = cmdline(int(pid))  # "" once it ended
     return next((name for key, name in GROUPS if key in args), None) if args else None
 

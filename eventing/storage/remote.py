@@ -22,7 +22,6 @@ import os
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import partial
-from itertools import repeat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, Self, cast
 
@@ -32,6 +31,7 @@ from eventing.core.mutation import Mutation
 from eventing.errors import ConfigError, EventingError
 from eventing.storage.app_logs import RemoteAppLog
 from eventing.storage.protocol import Bucket, FileBucket
+from eventing.storage.rows_ahead import Ahead
 from eventing.storage.state import AppLogWriter, State, StateLike, as_state, is_server_location, open_state
 from eventing.storage.values import EffectGroup, EffectResult, PackedUpdates, Spans, Write
 from metadata import MetadataStore
@@ -297,63 +297,6 @@ class _RayClient:
 Run = tuple[int, int, int]  # (vb, after_seqno, limit)
 
 
-class _Ahead:
-    """Rows of one vBucket read ahead: ``rows[i:]`` follow seqno ``after``; ``complete`` when the read ended
-    before its limit (at the vBucket's end then). Rows that came as columns stay so until the first is taken
-    (``rows``): a row tuple costs ~400 bytes, its share of the columns ~150."""
-
-    __slots__ = ("after", "count", "i", "complete", "_rows", "_columns")
-
-    def __init__(self, after: int, count: int, complete: bool, rows: tuple = (), columns: tuple = ()):
-        self.after, self.count, self.i, self.complete = after, count, 0, complete
-        self._rows, self._columns = rows, columns
-
-    @property
-    def rows(self) -> tuple:
-        if self._columns:
-            vb, start, columns = self._columns
-            self._rows, self._columns = rows_of_columns(vb, start, columns) or (), ()
-        return self._rows
-
-
-def rows_of_columns(vb: int, after: int, columns: tuple) -> tuple | None:
-    """read_vb_rows's rows (tuples in Mutation's field order) from ``LocalBucket.read_vb_columns``'s answer,
-    built by C-level loops (numpy parses the numbers). None when a key holds a NUL byte."""
-    import numpy as np
-
-    count, last, ops, keys, docs, lengths, cas, arrivals = columns
-    key_list = keys.decode().split("\0")
-    if len(key_list) != count:
-        return None
-    sizes = np.fromstring(lengths, dtype=np.int64, sep=",")
-    ends = np.cumsum(np.maximum(sizes, 0)).tolist()
-    doc_list: list[bytes | None] = list(map(docs.__getitem__, map(slice, [0, *ends[:-1]], ends)))
-    for i in np.flatnonzero(sizes < 0).tolist():
-        doc_list[i] = None
-    op_list: Any = repeat(0)
-    if ops:
-        op_list = [0] * count
-        for entry in ops.split(","):
-            seqno, op = entry.split(":")
-            op_list[int(seqno) - after - 1] = int(op)
-    return tuple(
-        zip(
-            repeat(vb),
-            range(after + 1, last + 1),
-            key_list,
-            op_list,
-            np.fromstring(cas, dtype=np.int64, sep=",").tolist(),
-            doc_list,
-            repeat(None),
-            repeat(0),
-            repeat(0),
-            np.fromstring(arrivals, dtype=np.int64, sep=",").tolist(),
-            repeat(None),  # no extended attributes (read_vb_columns leaves such entries to the rows)
-            strict=False,  # repeat() is endless
-        )
-    )
-
-
 class RemoteBucket:
     """The ``Bucket`` protocol (eventing.storage.protocol), answered by the data service.
 
@@ -375,7 +318,7 @@ class RemoteBucket:
         # The read ahead in flight: its runs (None: a read_changed, whose runs come with its answer).
         self._pending: tuple[list[Run] | None, Callable[[], Any]] | None = None
         self._pending_vbs: frozenset[int] = frozenset()
-        self._ahead: dict[int, _Ahead] = {}
+        self._ahead: dict[int, Ahead] = {}
         self._highs: list[int] | None = None  # read by the service right after the last prefetched runs
 
     def _bucket(self, method: str, *args: Any, **kwargs: Any) -> Any:
@@ -428,6 +371,10 @@ class RemoteBucket:
     def has_ahead(self, vb: int) -> bool:
         return vb in self._ahead or vb in self._pending_vbs
 
+    def holds_ahead(self) -> bool:
+        """Whether any vBucket has rows read ahead or in flight (``has_ahead`` is false for all otherwise)."""
+        return bool(self._ahead or self._pending_vbs)
+
     def _settle(self) -> None:
         if self._pending is None:
             return
@@ -442,11 +389,11 @@ class RemoteBucket:
         ):
             if answer[0] == 0:
                 if answer[1]:
-                    self._ahead[vb] = _Ahead(after, len(answer[1]), len(answer[1]) < limit, rows=answer[1])
+                    self._ahead[vb] = Ahead(after, len(answer[1]), len(answer[1]) < limit, rows=answer[1])
                 continue
             count, keys = answer[1], answer[4]
             if count and keys.count(b"\0") == count - 1:  # else a key holds a NUL: read on the spot
-                self._ahead[vb] = _Ahead(after, count, count < limit, columns=(vb, after, answer[1:]))
+                self._ahead[vb] = Ahead(after, count, count < limit, columns=(vb, after, answer[1:]))
 
     def read_vb(self, vb: int, after_seqno: int, limit: int) -> list[Mutation]:
         return list(map(Mutation._make, self.read_vb_rows(vb, after_seqno, limit)))
@@ -521,6 +468,16 @@ class RemoteBucket:
     ) -> EffectResult:
         return cast(
             EffectResult, self._bucket("apply_effects", function, list(groups), origin=origin, marks=marks)
+        )
+
+    def apply_effects_later(
+        self, function: str, groups: Sequence[EffectGroup], *, origin: str | None = None, marks: bool = True
+    ) -> Callable[[], EffectResult]:
+        """apply_effects sent now; calling what this returns waits for its answer. A sandbox's line sends it
+        as a step's last flush (`submit_tail`), which its host applies before it reads on."""
+        submit = getattr(self._client, "submit_tail", self._client.submit)
+        return submit(
+            "bucket", self.name, "apply_effects", (function, list(groups)), {"origin": origin, "marks": marks}
         )
 
     def effect_marks(self, function: str) -> dict[int, tuple[int, int]]:

@@ -13,6 +13,9 @@ What keeps exactly-once and order:
   write that is not durable, and what applying found (effect counts, cas conflicts as dead letters, fenced
   vBuckets) goes into the checkpoint that first covers those mutations;
 - writes of one document are applied in the order they were made (one thread, one hand-over at a time);
+- the hand-over that ends a caught-up step is sent on the worker's own thread, its answer taken later (a
+  thread a step cost more than it saved): the host applies it before it reads the step's end, so a step
+  that reports caught up has its writes durable, and the worker does not wait for the round trip;
 - a document written by a handed-over write is read from the set-aside overlay until the host has applied
   it (`flushed`), then from the bucket: a later mutation sees its earlier writes;
 - a hand-over that fails rewinds the worker to its last checkpoint (WorkerCore.rewind) when it is waited
@@ -36,12 +39,14 @@ class HandOver:
     def __init__(self, core: Any):
         self.core = core
         self._thread: threading.Thread | None = None
+        self._sent: list[tuple[Any, Any]] = []  # (binding, the wait for its answer) sent as a step ended
         self._found: list[tuple[Any, Any]] = []  # (binding, EffectResult) of the hand-over in flight
         self._error: BaseException | None = None
 
-    def hand_over(self) -> None:
+    def hand_over(self, *, at_step_end: bool = False) -> None:
         """Wait for the hand-over in flight, then hand every kept write over to be applied beside the next
-        batch. A failure of the one waited for rewinds the worker and is raised."""
+        batch (`at_step_end`: sent on this thread, answered while the step ends). A failure of the one
+        waited for rewinds the worker and is raised."""
         core = self.core
         try:
             self.settle()
@@ -50,7 +55,12 @@ class HandOver:
             raise
         core.set_aside_effects(minimum=1)
         taken = [(b, g) for b in core.rw_bindings if (g := b.take_set_aside())]
-        if taken:
+        if taken and at_step_end:
+            self._sent = [
+                (b, b.bucket.apply_effects_later(core.name, g, origin=core.origin, marks=core.marked))
+                for b, g in taken
+            ]
+        elif taken:
             self._thread = threading.Thread(
                 target=self._apply, args=(taken,), name="effects-handover", daemon=True
             )
@@ -58,13 +68,24 @@ class HandOver:
 
     def _apply(self, taken: list[tuple[Any, list[Any]]]) -> None:
         core = self.core
-        for binding, groups in taken:
+        self._collect(
+            [
+                (
+                    b,
+                    lambda b=b, g=g: b.bucket.apply_effects(
+                        core.name, g, origin=core.origin, marks=core.marked
+                    ),
+                )
+                for b, g in taken
+            ]
+        )
+
+    def _collect(self, answers: list[tuple[Any, Any]]) -> None:
+        """Each binding's EffectResult from its callable; after a failure none is asked for again."""
+        for binding, answer in answers:
             try:
                 if self._error is None:
-                    found = binding.bucket.apply_effects(
-                        core.name, groups, origin=core.origin, marks=core.marked
-                    )
-                    self._found.append((binding, found))
+                    self._found.append((binding, answer()))
             except BaseException as exc:  # noqa: BLE001 - raised by settle(), on the worker's thread
                 self._error = exc
             finally:
@@ -74,11 +95,14 @@ class HandOver:
         """Wait for the hand-over in flight and count what applying it found into the worker's progress
         (its fenced vBuckets are forgotten by the worker's next look, as a pool's are); raise its failure
         (the caller rewinds)."""
-        thread = self._thread
-        if thread is None:
+        sent, self._sent = self._sent, []
+        if sent:
+            self._collect(sent)
+        elif self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        else:
             return
-        thread.join()
-        self._thread = None
         found, self._found = self._found, []
         error, self._error = self._error, None
         if error is not None:

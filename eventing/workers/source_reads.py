@@ -107,11 +107,12 @@ class SourceReader:
         any (a caught-up step asks as it ends, `for_next_step`: the next one starts with them), up to
         REMOTE_READ_AHEAD rows read ahead in all (RemoteBucket.read_changed)."""
         source, positions = self.source, self.positions
-        source.read_changed(
-            [(vb, positions[vb]) for vb in self.progress.epochs if not source.has_ahead(vb)],
-            self.read_ahead,
-            for_next_step=for_next_step,
-        )
+        epochs = self.progress.epochs
+        if source.holds_ahead():
+            asked = [(vb, positions[vb]) for vb in epochs if not source.has_ahead(vb)]
+        else:  # caught up, as a woken worker is: every owned vBucket, in C-level loops
+            asked = list(zip(epochs, map(positions.__getitem__, epochs), strict=True))
+        source.read_changed(asked, self.read_ahead, for_next_step=for_next_step)
 
     def rotation_start(self, work: list[int]) -> int:
         """Where in `work` the rotation resumes: at the vBucket the last pass stopped before. vBuckets that

@@ -487,6 +487,8 @@ class WorkerCore:
         handing = self.handover is not None and batch >= budget and not fenced  # applied beside the next
         if handing:
             fenced |= self._hand_over()
+        elif self.handover is not None and not fenced:  # sent as the step ends, applied before it answers
+            fenced |= self._hand_over(at_step_end=True)
         elif not behind:
             fenced |= self.flush_effects()
         fired = self.timer_firing.fire_timers() if epochs else 0
@@ -657,8 +659,8 @@ class WorkerCore:
         result = binding.bucket.apply_effects(self.name, groups, origin=self.origin, marks=self.marked)
         return count_applied(self.progress, self.source, binding.bucket.name, result)
 
-    def _hand_over(self) -> set[int]:
-        self.handover.hand_over()
+    def _hand_over(self, at_step_end: bool = False) -> set[int]:
+        self.handover.hand_over(at_step_end=at_step_end)
         return self.forget_fenced_aside()
 
     def rewind(self) -> None:

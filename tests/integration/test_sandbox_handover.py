@@ -122,3 +122,95 @@ def test_stop_ends_the_child_and_leaves_the_hosts_connections_to_close(data_dir)
     assert core.service.backend is None and not backend._buckets
     report = check_ledger(source, LocalBucket.open(data_dir, "ledger"))
     assert report.ok and report.handled == 300, report.summary()
+
+
+def _applies_seen(monkeypatch) -> list[str]:
+    """The kind of each apply_effects request the host reads from its child ("wait", "req" or "tail")."""
+    kinds: list[str] = []
+    values = host._values
+
+    def seen(data):
+        message = values(data)
+        if message[2] == "bucket" and isinstance(message[3], tuple) and message[3][1:2] == ("apply_effects",):
+            kinds.append(message[0])
+        return message
+
+    monkeypatch.setattr(host, "_values", seen)
+    return kinds
+
+
+def _sandboxed_core(data_dir, name: str):
+    source = load_source(data_dir, 50, 200, chunk=200, seed=7)
+    deploy_function(
+        data_dir,
+        ledger_definition(name, "src", "ledger", workers=1, batch_size=100, isolation="sandbox"),
+        LEDGER_HANDLER,
+    )
+    generation = open_store(data_dir).get_function(name).generation
+    spec = WorkerSpec(data_dir, name, generation, "local/w0", tuple(range(NUM_VBUCKETS)))
+    return source, host.SandboxedCore(spec)
+
+
+def test_a_caught_up_steps_writes_are_sent_as_it_ends_and_durable_when_it_reports(data_dir, monkeypatch):
+    """The child does not wait for its last flush: it sends it as a tail, which the host applies before
+    it reads the rest of the step, so the effect is in the bucket the moment the step reports."""
+    source, core = _sandboxed_core(data_dir, "fn_t")
+    ledger = LocalBucket.open(data_dir, "ledger")
+    try:
+        while not core.step(100).caught_up:
+            pass
+        kinds = _applies_seen(monkeypatch)
+        for i in range(5):
+            source.upsert(f"late-{i}", {"n": i})
+            report = core.step(None)
+            assert report.caught_up and report.handled == 1
+            assert ledger.keys(f"e|fn_t|late-{i}|"), (
+                f"write {i}'s effect was not durable when its step reported"
+            )
+        assert kinds == ["tail"] * 5, kinds
+    finally:
+        core.stop()
+        core.close()
+    report = check_ledger(source, ledger)
+    assert report.ok and report.handled == 205, report.summary()
+
+
+def test_a_step_whose_last_writes_fail_fails_and_its_mutations_are_handled_again(data_dir, monkeypatch):
+    """A step's tail that fails to apply fails that step (its report would say the writes are durable);
+    the child rewinds to its checkpoint as it takes the answer, and every mutation is applied once."""
+    source, core = _sandboxed_core(data_dir, "fn_f")
+    answer = host._Sandboxed._answer
+    tails: list[int] = []
+    counting = threading.Event()  # set once the worker caught up with the documents loaded
+
+    def failing(self, ident, method, args):
+        if method == "bucket" and args[1] == "apply_effects" and counting.is_set():
+            tails.append(ident)
+            if len(tails) == 2:  # the second step's writes: not applied, the disk "full"
+                failed = (False, ("StoreError", "the disk is full (a test's failure)"))
+                self._send(("ans", ident, *failed))
+                return failed
+        return answer(self, ident, method, args)
+
+    kinds = _applies_seen(monkeypatch)
+    monkeypatch.setattr(host._Sandboxed, "_answer", failing)
+    failures = 0
+    try:
+        while not core.step(100).caught_up:
+            pass
+        counting.set()
+        for i in range(4):
+            source.upsert(f"late-{i}", {"n": i})
+            for _attempt in range(5):
+                try:
+                    if core.step(None).caught_up:
+                        break
+                except StoreError as exc:
+                    assert "disk is full" in str(exc)
+                    failures += 1
+    finally:
+        core.stop()
+        core.close()
+    assert len(tails) > 2 and "tail" in kinds and failures >= 1
+    report = check_ledger(source, LocalBucket.open(data_dir, "ledger"))
+    assert report.ok and report.handled == 204, report.summary()

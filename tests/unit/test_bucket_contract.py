@@ -24,7 +24,8 @@ from eventing.storage.factory import create_bucket, open_bucket
 from eventing.storage.partitions import PartitionedBucket
 from eventing.storage.postgres import PostgresBucket
 from eventing.storage.protocol import Bucket, FileBucket
-from eventing.storage.remote import DataService, RemoteBucket, rows_of_columns
+from eventing.storage.remote import DataService, RemoteBucket
+from eventing.storage.rows_ahead import rows_of_columns
 from eventing.storage.values import Changed, EffectGroup, StoredDocument, Write
 from metadata.postgres import PostgresDatabase
 from sharding import NUM_VBUCKETS, vbucket_of

@@ -14,7 +14,8 @@ from eventing.control.service import EventingService
 from eventing.core.mutation import OP_UPDATE
 from eventing.storage.bucket import LocalBucket
 from eventing.storage.factory import create_bucket, open_bucket
-from eventing.storage.remote import LOCALITY_ENV, DataAccess, DataService, RemoteBucket, rows_of_columns
+from eventing.storage.remote import LOCALITY_ENV, DataAccess, DataService, RemoteBucket
+from eventing.storage.rows_ahead import rows_of_columns
 from eventing.storage.values import Write
 from eventing.testing import check_ledger, deploy_function, ledger_definition, load_source
 from eventing.workers.data_service import ServedData

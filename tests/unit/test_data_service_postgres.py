@@ -10,7 +10,8 @@ import random
 import msgpack
 import pytest
 
-from eventing.storage.remote import PARTIAL_LOOK, DataService, rows_of_columns
+from eventing.storage.remote import PARTIAL_LOOK, DataService
+from eventing.storage.rows_ahead import rows_of_columns
 from eventing.storage.state import as_state
 from eventing.testing import load_source
 from sharding import NUM_VBUCKETS, vbucket_spans

@@ -14,7 +14,8 @@ from eventing.core.mutation import OP_UPDATE, encode_document
 from eventing.errors import ConfigError
 from eventing.storage.factory import create_bucket
 from eventing.storage.protocol import Bucket
-from eventing.storage.remote import BUCKET_CALLS, META_CALLS, DataService, rows_of_columns
+from eventing.storage.remote import BUCKET_CALLS, META_CALLS, DataService
+from eventing.storage.rows_ahead import rows_of_columns
 from eventing.storage.values import EffectGroup, Write
 from eventing.workers.sandbox import scope as sandbox_scope
 from eventing.workers.sandbox.scope import ScopedService

@@ -8,6 +8,7 @@ handler validation.
 
 from __future__ import annotations
 
+import _signal
 import os
 import pickle
 import socket
@@ -35,16 +36,16 @@ _CALLS: dict[str, Callable[[Any], Callable[..., Any]]] = {
 # child peaks at 69-70 MB against 94-96 (docs/benchmarks.md); 8,000 saved 8 MB more and cost W1 3 points.
 SANDBOX_READ_AHEAD = 16_000
 
+_ALARM = (_signal.SIGALRM,)
+
 
 class _Line:
     """The child's end: data requests out (from any thread), answers and host calls in (a reader thread)."""
 
     def __init__(self, sock: socket.socket):
         import queue
-        import signal
 
         self.sock = sock
-        self._signal = signal
         self.calls: queue.Queue = queue.Queue()
         self._answers: dict[int, tuple] = {}
         self._cond = threading.Condition()
@@ -68,15 +69,16 @@ class _Line:
     def send(self, message: tuple) -> None:
         data = pickle.dumps(message, protocol=5)
         # A SIGALRM (execution_timeout) raising mid-write would cut a frame: hold it until the frame is out.
+        # (_signal's own call: signal.pthread_sigmask turns each answer into a set of enums, ~5 us a send.)
         masked = threading.current_thread() is threading.main_thread()
         if masked:
-            self._signal.pthread_sigmask(self._signal.SIG_BLOCK, {self._signal.SIGALRM})
+            _signal.pthread_sigmask(_signal.SIG_BLOCK, _ALARM)
         try:
             with self._lock:
                 _send(self.sock, data)
         finally:
             if masked:
-                self._signal.pthread_sigmask(self._signal.SIG_UNBLOCK, {self._signal.SIGALRM})
+                _signal.pthread_sigmask(_signal.SIG_UNBLOCK, _ALARM)
 
     def call(self, method: str, *args: Any) -> Any:
         # "wait": the worker's own thread waits for the answer and asks nothing meanwhile (its flush of
@@ -92,6 +94,11 @@ class _Line:
         come): the host answers it just before it makes that call, with what has been written by then,
         instead of at once with what will be stale. Waited for sooner, it is asked for now."""
         return self._submit("ahead", method, args)
+
+    def submit_tail(self, method: str, *args: Any) -> Callable[[], Any]:
+        """A step's last flush of effects: the host applies it before it reads the rest of the step (so
+        the step's end finds it durable), while the worker ends its step instead of waiting for it."""
+        return self._submit("tail", method, args)
 
     def _submit(self, kind: str, method: str, args: tuple) -> Callable[[], Any]:
         with self._lock:

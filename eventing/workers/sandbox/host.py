@@ -128,6 +128,7 @@ class _Sandboxed:
         self._ended = False
         # Effects handed to the writer thread (counted by this thread) and applied (by the writer's).
         self._handed = self._applied = 0
+        self._tail_failed: Any = None  # the error of a step's last writes (`_note_tail`)
         self._held: list[tuple] = []  # requests answered just before the next call (`_answer_held`)
         self.held_answered = 0
         self._rmtree = shutil.rmtree
@@ -181,11 +182,17 @@ class _Sandboxed:
         try:
             self._answer_held()
             self._send(("call", method, args))
+            tail_handed = False
             while True:
                 kind, ident, ok, value = _values(_recv(self.sock))
                 if kind == "done":
+                    if tail_handed:  # the step's last writes are durable when it reports
+                        self._writer().submit(int).result()
+                    failed, self._tail_failed = self._tail_failed, None
                     if not ok:
                         _raise(value)
+                    if failed is not None:  # the child rewinds as it takes that answer, in its next step
+                        _raise(failed)
                     return value
                 if kind == "ahead":  # answered before the next call (the child's _Line.submit_ahead)
                     self._held.append((ident, ok, value))
@@ -200,15 +207,19 @@ class _Sandboxed:
                     ok == "bucket"
                     and isinstance(value, tuple)
                     and value[1:2] == ("apply_effects",)
-                    and (kind != "wait" or self._handed != self._applied)
+                    and (kind not in ("wait", "tail") or self._handed != self._applied)
                 ):
                     # Writes handed over (eventing.workers.handover): applied while the child goes on. Those
-                    # the child's own thread waits for (a flush) are applied here, one thread hand-off less
-                    # on a write's way to its effect, unless others are still being applied (in order).
+                    # the child's own thread waits for (a flush), or sent as its step ends (a tail), are
+                    # applied here, one thread hand-off less on a write's way to its effect, unless others
+                    # are still being applied (in order).
+                    tail_handed = tail_handed or kind == "tail"
                     self._handed += 1
-                    self._writer().submit(self._apply_later, ident, ok, value)
+                    self._writer().submit(self._apply_later, ident, ok, value, kind == "tail")
                     continue
-                self._answer(ident, ok, value)
+                answer = self._answer(ident, ok, value)
+                if kind == "tail":
+                    self._note_tail(answer)
         except (EOFError, OSError, pickle.UnpicklingError) as exc:
             self._end()
             if self.own_process:  # a Ray actor ends with its sandbox, as a hung worker's process ends
@@ -230,8 +241,10 @@ class _Sandboxed:
         """A request held for the next call, answered now: (ident, ok, value)."""
         return (ident, *self._served(method, args))
 
-    def _answer(self, ident: Any, method: str, args: Any) -> None:
-        self._send(("ans", ident, *self._served(method, args)))
+    def _answer(self, ident: Any, method: str, args: Any) -> tuple[bool, Any]:
+        answer = self._served(method, args)
+        self._send(("ans", ident, *answer))
+        return answer
 
     def _served(self, method: str, args: Any) -> tuple[bool, Any]:
         try:
@@ -239,22 +252,30 @@ class _Sandboxed:
         except Exception as exc:  # noqa: BLE001 - the child's call fails with it
             return False, _error(exc)
 
-    def _answer_later(self, ident: Any, method: str, args: Any) -> None:
+    def _answer_later(self, ident: Any, method: str, args: Any) -> tuple[bool, Any] | None:
         try:
-            self._answer(ident, method, args)
+            return self._answer(ident, method, args)
         except OSError:
-            pass  # the sandbox ended meanwhile (a curl answered after its call was abandoned)
+            return None  # the sandbox ended meanwhile (a curl answered after its call was abandoned)
 
     def _send(self, message: tuple) -> None:
         data = pickle.dumps(message, protocol=5)
         with self._send_lock:
             _send(self.sock, data)
 
-    def _apply_later(self, ident: Any, method: str, args: Any) -> None:
+    def _apply_later(self, ident: Any, method: str, args: Any, tail: bool = False) -> None:
         try:
-            self._answer_later(ident, method, args)
+            answer = self._answer_later(ident, method, args)
+            if tail:
+                self._note_tail(answer)
         finally:
             self._applied += 1
+
+    def _note_tail(self, answer: tuple[bool, Any] | None) -> None:
+        """A step's last writes that failed to apply: the step fails with it (its report would say the
+        writes are durable)."""
+        if answer is not None and not answer[0]:
+            self._tail_failed = answer[1]
 
     def _curl_threads(self) -> Any:
         if self._curl_pool is None:

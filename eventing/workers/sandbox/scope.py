@@ -224,7 +224,7 @@ class ScopedService:
     def _redact_many(self, bucket: str, runs: list, answer: tuple) -> tuple:
         import msgpack
 
-        from eventing.storage.remote import rows_of_columns
+        from eventing.storage.rows_ahead import rows_of_columns
 
         blob, highs = answer
         answers, changed = msgpack.unpackb(blob, raw=False), False
