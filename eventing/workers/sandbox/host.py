@@ -101,6 +101,7 @@ class _Sandboxed:
     and the child's data requests are answered (scoped by `service`) while it runs."""
 
     own_process = False
+    _tail_failed: Any = None  # the error of a step's last writes that failed to apply (`_note_tail`)
 
     def _start(
         self,
@@ -128,7 +129,6 @@ class _Sandboxed:
         self._ended = False
         # Effects handed to the writer thread (counted by this thread) and applied (by the writer's).
         self._handed = self._applied = 0
-        self._tail_failed: Any = None  # the error of a step's last writes (`_note_tail`)
         self._held: list[tuple] = []  # requests answered just before the next call (`_answer_held`)
         self.held_answered = 0
         self._rmtree = shutil.rmtree
