@@ -106,7 +106,7 @@ class SourceReader:
         """Read ahead the rows that follow the positions, in the vBuckets not read ahead already that have
         any (a caught-up step asks as it ends, `for_next_step`: the next one starts with them), up to
         REMOTE_READ_AHEAD rows read ahead in all (RemoteBucket.read_changed)."""
-        source, positions = self.source, self.positions
+        source, positions = cast(RemoteBucket, self.source), self.positions
         epochs = self.progress.epochs
         if source.holds_ahead():
             asked = [(vb, positions[vb]) for vb in epochs if not source.has_ahead(vb)]
