@@ -334,15 +334,13 @@ class FunctionSupervisor:
             log.warning(
                 "function %s worker %s lost %d vBuckets to a newer owner", self.name, wid, len(report.fenced)
             )
-        if (
-            report.timers_fired
-            or report.waited
-            or (report.handled and not (report.caught_up and self.waking))
-        ):
+        woken_here = self.waking and not slot.spec.wake_address  # else it waits for writes in its steps
+        if report.timers_fired or report.waited or (report.handled and not (report.caught_up and woken_here)):
             # Busy: step again at once, even if an earlier step of this worker came back empty meanwhile.
-            # A step that waited for a write is followed at once by the next waiting one. One that caught up
-            # is stepped again when a write is notified (or polled): a step at once would find nothing,
-            # at the cost of a round trip and a look (a sandboxed or remote worker's, a read of its host).
+            # A step that waited for a write is followed at once by the next waiting one. One that caught up,
+            # where the service steps it as writes are notified (wake_vbuckets), waits for that or its poll:
+            # a step at once would find nothing, at the cost of a round trip and a look (a sandboxed or
+            # remote worker's, a read of its host).
             slot.next_step_at = 0.0
         elif not slot.woken:
             slot.next_step_at = time.monotonic() + IDLE_POLL_S

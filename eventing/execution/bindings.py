@@ -63,6 +63,9 @@ class EffectBuffer:
         self.set_aside: list[EffectGroup] = []
         self.flushing: dict[str, Write] = {}
         self.flush_done = _DONE  # set once the writes in `flushing` are in the bucket (or were given up)
+        # Set while those writes were sent as a sandboxed step ended (eventing.workers.handover): their
+        # answer is taken on the worker's own thread, which a read of one of them would otherwise wait on.
+        self.take_tail: Callable[[], None] | None = None
         self.source: tuple[int, int] = (0, 0)
         # Per source vBucket, the last source seqno whose effects this bucket already holds (read at
         # claim). A replayed mutation at or below it had its writes applied before a crash: they are
@@ -321,6 +324,8 @@ class BucketBinding:
         stored = self.prefix + key
         if stored not in buf.current_overlay and stored not in buf.overlay and stored in buf.flushing:
             # Being written beside this call (set aside): read once that write is in (or was given up).
+            if buf.take_tail is not None:
+                buf.take_tail()
             buf.flush_done.wait()
         if stored in buf.current_overlay:
             pending = buf.current_overlay[stored]

@@ -60,6 +60,8 @@ class HandOver:
                 (b, b.bucket.apply_effects_later(core.name, g, origin=core.origin, marks=core.marked))
                 for b, g in taken
             ]
+            for b, _ in taken:
+                b.buf.take_tail = self.take_tail
         elif taken:
             self._thread = threading.Thread(
                 target=self._apply, args=(taken,), name="effects-handover", daemon=True
@@ -80,29 +82,39 @@ class HandOver:
             ]
         )
 
-    def _collect(self, answers: list[tuple[Any, Any]]) -> None:
-        """Each binding's EffectResult from its callable; after a failure none is asked for again."""
+    def _collect(self, answers: list[tuple[Any, Any]], *, sent: bool = False) -> None:
+        """Each binding's EffectResult from its callable. After a failure the others are not applied, or,
+        when they were `sent` already (a tail), their answers are taken and dropped (the worker rewinds)."""
         for binding, answer in answers:
             try:
                 if self._error is None:
                     self._found.append((binding, answer()))
+                elif sent:
+                    answer()
             except BaseException as exc:  # noqa: BLE001 - raised by settle(), on the worker's thread
-                self._error = exc
+                if self._error is None:
+                    self._error = exc
             finally:
                 binding.flushed()  # reads of these documents go to the bucket now (after a failure: rewound)
+
+    def take_tail(self) -> None:
+        """Take the answers of the writes sent as the last step ended, on the worker's thread: at the next
+        settle, or sooner for a read of one of their documents that must wait for them
+        (BucketBinding._visible). What they found is counted by settle()."""
+        sent, self._sent = self._sent, []
+        for binding, _ in sent:
+            binding.buf.take_tail = None
+        if sent:
+            self._collect(sent, sent=True)
 
     def settle(self) -> None:
         """Wait for the hand-over in flight and count what applying it found into the worker's progress
         (its fenced vBuckets are forgotten by the worker's next look, as a pool's are); raise its failure
         (the caller rewinds)."""
-        sent, self._sent = self._sent, []
-        if sent:
-            self._collect(sent)
-        elif self._thread is not None:
+        self.take_tail()
+        if self._thread is not None:
             self._thread.join()
             self._thread = None
-        else:
-            return
         found, self._found = self._found, []
         error, self._error = self._error, None
         if error is not None:

@@ -24,6 +24,7 @@ CORE_CALLS: dict[str, Callable[[Any], Callable[..., Any]]] = {
     "assign_vbuckets": lambda core: core.assign_vbuckets,
     "revoke_vbuckets": lambda core: core.revoke_vbuckets,
     "owned": lambda core: core.owned,
+    "flush_effects": lambda core: core.flush_effects,  # a sandboxed child's, when a step's tail failed
     "close": lambda core: core.close,
 }
 

@@ -191,7 +191,9 @@ class _Sandboxed:
                     failed, self._tail_failed = self._tail_failed, None
                     if not ok:
                         _raise(value)
-                    if failed is not None:  # the child rewinds as it takes that answer, in its next step
+                    if failed is not None:
+                        # The child takes that answer now and rewinds to its checkpoint: the step fails, once.
+                        self._rpc("flush_effects", ())
                         _raise(failed)
                     return value
                 if kind == "ahead":  # answered before the next call (the child's _Line.submit_ahead)
