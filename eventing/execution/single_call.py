@@ -1,16 +1,19 @@
 """One call of a stored handler on one mutation, in the foreground, as a worker makes it (same checks,
 bindings and execution timeout; no retries): what the debugger runs, here and inside a sandboxed child
-(eventing.workers.sandbox), and the log sink that turns the handler's log lines into trace events."""
+(eventing.workers.sandbox), the call under pdb (`pdb_runner`), and the log sink that turns the handler's
+log lines into trace events."""
 
 from __future__ import annotations
 
+import bdb
+import pdb
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import IO, Any, Literal
 
 from eventing.core.mutation import Mutation
-from eventing.execution.runner import HandlerCall, HandlerRunner, Invoke, Rejection
+from eventing.execution.runner import HandlerCall, HandlerQuit, HandlerRunner, Invoke, Rejection
 from eventing.handler import Meta
 
 Status = Literal[
@@ -89,3 +92,30 @@ class EventSink(list):
     def append(self, line: str) -> None:
         super().append(line)
         self._emit({"event": "log", "line": line})
+
+
+class _QuitAwarePdb(pdb.Pdb):
+    """pdb whose `runcall` reports a quit: Bdb.runcall swallows BdbQuit, so a quit looked like a return."""
+
+    quit_requested = False
+
+    def set_quit(self) -> None:
+        self.quit_requested = True
+        super().set_quit()
+
+
+def pdb_runner(stdout: IO[str] | None = None, stdin: IO[str] | None = None) -> Invoke:
+    """An invoke that calls the handler under pdb (commands from `stdin`, prompts on `stdout`; default the
+    terminal's). A sandboxed child passes streams that cross its line to the debugger's terminal."""
+
+    def run(fn: Callable[..., Any], *args: Any) -> Any:
+        debugger = _QuitAwarePdb(stdin=stdin, stdout=stdout)
+        try:
+            result = debugger.runcall(fn, *args)
+        except bdb.BdbQuit:
+            raise HandlerQuit() from None
+        if debugger.quit_requested:
+            raise HandlerQuit()
+        return result
+
+    return run

@@ -26,15 +26,15 @@ still handles the mutation in its place, so with `apply` its effects may be appl
 The handler runs through `eventing.execution.runner.HandlerRunner`, the code a worker runs it with (same
 bindings, shared effect buffers, document checks and execution timeout); `run_once` is also what
 `eventing.ops.dlq` uses to replay dead letters. A function whose effective isolation is `sandbox` runs its
-handler in a sandboxed child the same way (`eventing.workers.sandbox.SandboxedRunner`, trace only: pdb has
-no terminal there); the trace events and held writes come back to this process.
+handler in a sandboxed child the same way (`eventing.workers.sandbox.SandboxedRunner`; under pdb, its
+commands and prompts cross the child's line to this process's terminal); the trace events and held writes
+come back to this process.
 """
 
 from __future__ import annotations
 
-import bdb
 import copy
-import pdb
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -49,13 +49,11 @@ from eventing.core.filters import compile_filter
 from eventing.core.mutation import OP_NAMES, OP_UPDATE, Mutation
 from eventing.errors import ConfigError, LifecycleError, NotFoundError, StoreError, fix
 from eventing.execution.runner import (
-    HandlerQuit,
     HandlerRunner,
     HeldWrite,
-    Invoke,
     writes_by_bucket,
 )
-from eventing.execution.single_call import CallOutcome, EventSink, prepare_call, run_once
+from eventing.execution.single_call import CallOutcome, EventSink, pdb_runner, prepare_call, run_once
 from eventing.storage.origins import deployment_origin, is_own
 from eventing.storage.protocol import Bucket
 from eventing.storage.state import StateLike, as_state
@@ -71,32 +69,6 @@ READ_BATCH = 1000  # mutations read per query while looking for a key
 
 
 # -- running a stored handler in this process ------------------------------------------------------------
-
-
-class _QuitAwarePdb(pdb.Pdb):
-    """pdb whose `runcall` reports a quit: Bdb.runcall swallows BdbQuit, so a quit looked like a return."""
-
-    quit_requested = False
-
-    def set_quit(self) -> None:
-        self.quit_requested = True
-        super().set_quit()
-
-
-def pdb_runner(stdout: TextIO | None = None) -> Invoke:
-    """An invoke that calls the handler under pdb (prompts on `stdout`, default the terminal's stdout)."""
-
-    def run(fn: Callable[..., Any], *args: Any) -> Any:
-        debugger = _QuitAwarePdb(stdout=stdout)
-        try:
-            result = debugger.runcall(fn, *args)
-        except bdb.BdbQuit:
-            raise HandlerQuit() from None
-        if debugger.quit_requested:
-            raise HandlerQuit()
-        return result
-
-    return run
 
 
 # -- pulling a copy of one mutation -----------------------------------------------------------------------
@@ -235,11 +207,6 @@ class DebugSession:
         # is pulled, and held writes applied, here.
         runtime = open_runner(self.state, self.function)
         try:
-            if isinstance(runtime, SandboxedRunner) and self.mode == "pdb":
-                raise ConfigError(
-                    f"function '{self.function}' runs sandboxed, where pdb has no terminal; debug it with a "
-                    "trace"
-                )
             self.pulled = pull(
                 self.state, runtime.source, self.function, key=self.key, vb=self.vb, wait_s=self.wait_s
             )
@@ -283,7 +250,9 @@ class DebugSession:
             self._emit({"event": "call", "kind": None, "doc": None, "meta": None, "filtered": True})
             return CallOutcome("filtered")
         if isinstance(runtime, SandboxedRunner):
-            outcome, events = runtime.run_once(m, trace=True)  # `call` first, then log, read, write, delete
+            # `call` first, then log, read, write, delete; pdb's commands and prompts cross to this terminal.
+            pdb_io = (sys.stdin, self.pdb_stdout or sys.stdout) if self.mode == "pdb" else None
+            outcome, events = runtime.run_once(m, trace=True, pdb_io=pdb_io)
             for event in events:
                 self._emit(event)
             return outcome

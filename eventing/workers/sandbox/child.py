@@ -132,6 +132,33 @@ class _LineRef:
         return self.line
 
 
+class _DebuggerStream:
+    """pdb's input and output in the child: a line read from, or text written to, the debugger's terminal
+    through the host (eventing.workers.sandbox.host.SandboxedRunner), which holds it; the child has none."""
+
+    encoding = "utf-8"
+
+    def __init__(self, line: _Line):
+        self.line = line
+        self._out: list[str] = []
+
+    def readline(self, size: int = -1) -> str:
+        self.flush()
+        return str(self.line.call("debug_input"))
+
+    def write(self, text: str) -> int:
+        self._out.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        if self._out:
+            text, self._out = "".join(self._out), []
+            self.line.call("debug_output", text)
+
+    def isatty(self) -> bool:
+        return False
+
+
 class _ChildRunner:
     """The sandboxed process's side of a SandboxedRunner: a HandlerRunner whose buckets, timers lookup
     and application log go through the line; writes and timer changes are sent back, never applied."""
@@ -159,6 +186,7 @@ class _ChildRunner:
         )
         self.runner.timers.lookup = lambda callback, reference: store.get_timer(function, callback, reference)
         self.app_log = app_log
+        self.line = line
 
     def _returned(self) -> dict:
         runner = self.runner
@@ -195,12 +223,12 @@ class _ChildRunner:
             }
         return {"found": True, "failure": None, **self._returned()}
 
-    def run_once(self, fields: tuple, keyspace: dict, trace: bool) -> dict:
+    def run_once(self, fields: tuple, keyspace: dict, trace: bool, under_pdb: bool = False) -> dict:
         import copy
 
         from eventing import handler as handler_api
         from eventing.core.mutation import Mutation
-        from eventing.execution.single_call import EventSink, prepare_call, run_once
+        from eventing.execution.single_call import EventSink, pdb_runner, prepare_call, run_once
 
         runner, events = self.runner, []
         m = Mutation(*fields)
@@ -223,8 +251,10 @@ class _ChildRunner:
                 )
             )
             handler_api.log.sink = EventSink(events.append)
+        # Under pdb, its commands and prompts cross the line to the debugger's terminal (the host's streams).
+        invoke = pdb_runner(_DebuggerStream(self.line), _DebuggerStream(self.line)) if under_pdb else None
         try:
-            outcome = run_once(runner, m, prepared=prepared)
+            outcome = run_once(runner, m, invoke=invoke, prepared=prepared)
         finally:
             handler_api.log.sink = previous_sink
             runner.set_tracer(None)

@@ -614,6 +614,7 @@ class SandboxedRunner(_Sandboxed):
         self.timers = _HeldTimers()
         self._held: list[Any] = []
         self._buckets: dict[str, Any] = {}
+        self._pdb_io: tuple[Any, Any] | None = None  # the debugger's streams while a call runs under pdb
         self._start(
             self.function,
             self.defn,
@@ -668,13 +669,20 @@ class SandboxedRunner(_Sandboxed):
         self._returned(answer)
         return True, None
 
-    def run_once(self, m: Any, *, trace: bool = False) -> tuple[Any, list[dict]]:
+    def run_once(
+        self, m: Any, *, trace: bool = False, pdb_io: tuple[Any, Any] | None = None
+    ) -> tuple[Any, list[dict]]:
         """``eventing.execution.single_call.run_once`` in the child, with the trace events (`trace`) it
-        made."""
+        made; with `pdb_io` (the debugger's input and output streams) under pdb, whose commands and
+        prompts the child reads and writes through this process (`_served`)."""
         from eventing.execution.single_call import CallOutcome
         from eventing.handler import Meta
 
-        answer = self._rpc("run_once", (tuple(m), self.keyspace, trace))
+        self._pdb_io = pdb_io
+        try:
+            answer = self._rpc("run_once", (tuple(m), self.keyspace, trace, pdb_io is not None))
+        finally:
+            self._pdb_io = None
         meta = answer.pop("meta")
         outcome = CallOutcome(
             **{k: answer[k] for k in ("status", "kind", "doc", "error", "traceback", "seconds")}
@@ -685,6 +693,16 @@ class SandboxedRunner(_Sandboxed):
         if outcome.ok:
             self._returned(answer)
         return outcome, list(answer.get("events", ()))
+
+    def _served(self, method: str, args: Any) -> tuple[bool, Any]:
+        if method in ("debug_input", "debug_output") and self._pdb_io is not None:
+            stdin, stdout = self._pdb_io
+            if method == "debug_input":
+                return True, stdin.readline()
+            stdout.write(str(args[0]))
+            stdout.flush()
+            return True, None
+        return super()._served(method, args)
 
     def take_writes(self) -> list[Any]:
         held, self._held = self._held, []

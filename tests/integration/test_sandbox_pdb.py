@@ -1,0 +1,78 @@
+"""`eventing debug --pdb` on a sandboxed function: the handler runs under pdb in its sandboxed child, whose
+commands come from the debugger's standard input and whose prompts reach its terminal through the host;
+a quit discards the call's writes, and the stream keeps the mutation either way."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from eventing.storage.factory import create_bucket, open_bucket
+from eventing.workers.sandbox.landlock import sandbox_unavailable
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(sandbox_unavailable() is not None, reason=str(sandbox_unavailable())),
+]
+
+HANDLER = """
+def on_update(doc, meta):
+    seen = dst.get("alpha")
+    dst[meta.id] = {"rev": doc["rev"], "was": seen}
+"""
+
+
+def _eventing(data_dir: str, *args: str, stdin: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "EVENTING_DEFAULT_ISOLATION": "none"}  # the function asks for the sandbox itself
+    return subprocess.run(
+        [sys.executable, "-m", "eventing", *args, "--data-dir", data_dir],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+
+
+@pytest.fixture()
+def sandboxed(data_dir, tmp_path):
+    create_bucket(data_dir, "src").upsert("gamma", {"rev": 3})
+    create_bucket(data_dir, "dst").upsert("alpha", {"rev": 0})
+    (tmp_path / "h.py").write_text(HANDLER)
+    definition = {
+        "name": "fn_d",
+        "source_bucket": "src",
+        "handler": str(tmp_path / "h.py"),
+        "isolation": "sandbox",
+        "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}],
+    }
+    (tmp_path / "fn.json").write_text(json.dumps(definition))
+    deployed = _eventing(data_dir, "deploy", str(tmp_path / "fn.json"), stdin="")
+    assert deployed.returncode == 0, deployed.stderr
+    return data_dir
+
+
+def test_pdb_drives_a_sandboxed_handler_from_the_debuggers_terminal(sandboxed):
+    commands = "p doc['rev'] * 100\nnext\nnext\np seen\ncontinue\n"
+    done = _eventing(sandboxed, "debug", "fn_d", "--key", "gamma", "--pdb", "--apply", "--json", stdin=commands)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["mode"] == "pdb" and report["outcome"] == "ok" and report["applied"] is True
+    assert "(Pdb) 300" in done.stderr  # the child evaluated the command and its answer reached the terminal
+    assert "(Pdb) {'rev': 0}" in done.stderr  # a local set by the handler, read through its binding
+    assert open_bucket(sandboxed, "dst").get("gamma") == {"rev": 3, "was": {"rev": 0}}
+
+
+def test_a_pdb_quit_in_the_sandbox_discards_the_writes_and_end_of_input_quits(sandboxed):
+    quit_ = _eventing(sandboxed, "debug", "fn_d", "--key", "gamma", "--pdb", "--apply", "--json", stdin="quit\n")
+    assert quit_.returncode == 0, quit_.stderr
+    report = json.loads(quit_.stdout)
+    assert (report["outcome"], report["writes"], report["applied"]) == ("quit", [], False)
+    ended = _eventing(sandboxed, "debug", "fn_d", "--key", "gamma", "--pdb", stdin="")
+    assert ended.returncode == 0, ended.stderr
+    assert "pdb quit before the handler returned" in ended.stdout
+    assert open_bucket(sandboxed, "dst").get("gamma") is None
