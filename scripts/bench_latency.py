@@ -24,6 +24,9 @@ each write still starts at its due time and is stamped when it returns. An effec
 before its transaction's COMMIT, so the figures leave out that COMMIT's round trip and disk flush (as they
 leave out a bucket file's commit).
 
+The function runs as the machine's default has it (sandboxed where the machine can sandbox);
+--isolation none or sandbox chooses (EVENTING_DEFAULT_ISOLATION for the `eventing run` subprocess).
+
 Prints every phase; the last line is JSON: p50_ms, p99_ms, max_ms, rate (writes/s achieved) with waking on,
 and the same figures of the baseline under "baseline" (medians over --runs; every run under "runs").
 """
@@ -206,6 +209,8 @@ def phase(args: argparse.Namespace, app: Eventing, data_dir: str, label: str, wa
         RAY_AUTH_MODE="disabled",
         RAY_USAGE_STATS_ENABLED="0",
     )
+    if args.isolation != "default":  # the machine's default for the function (it sets none of its own)
+        env["EVENTING_DEFAULT_ISOLATION"] = args.isolation
     where = ["--store" if args.store else "--data-dir", data_dir]
     command = [
         sys.executable,
@@ -366,6 +371,13 @@ def main() -> int:
         "--sdk", action="store_true", help="write through Couchbase's SDK to the KV port of `eventing serve`"
     )
     parser.add_argument("--no-baseline", action="store_true", help="only the phase with waking on")
+    parser.add_argument(
+        "--isolation",
+        choices=["default", "sandbox", "none"],
+        default="default",
+        help="how the function runs: the machine's default (sandbox where it can sandbox, unless "
+        "EVENTING_DEFAULT_ISOLATION says none), or this",
+    )
     parser.add_argument("--data-dir", default=None, help="default: a fresh temporary folder")
     parser.add_argument(
         "--cluster",
@@ -475,6 +487,7 @@ def measure(args: argparse.Namespace, app: Eventing, data_dir: str) -> int:
         seconds=args.seconds,
         writers=args.writers,
         store=args.store is not None,
+        isolation=args.isolation,
         runs=runs,
     )
     print(json.dumps(out))

@@ -61,7 +61,27 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     _refuse_if_paused(args.function, state)
     name = _name_or_file(args, state)
     record = lifecycle.deploy(state, name, args.boundary)
+    _say_if_unconfined_by_default(record)
     return announce(args, record, "deployed")
+
+
+def _say_if_unconfined_by_default(record) -> None:
+    """One line on stderr when a function without an `isolation` setting runs unconfined because this
+    machine cannot sandbox (an admin's EVENTING_DEFAULT_ISOLATION=none is a choice, said by `status`)."""
+    from eventing.core.definition import FunctionDefinition
+    from eventing.workers.sandbox.default import isolation_of, unconfined_by_default
+
+    defn = FunctionDefinition.from_dict(record.definition)
+    if defn.isolation or isolation_of(defn, record.deployed_by) != "none":
+        return
+    why = unconfined_by_default()
+    if not why or not why.startswith("this machine"):
+        return
+    print(
+        f"note: function '{record.name}' runs unconfined (isolation none), {why}; its handler can read and "
+        "write every bucket and the metadata store",
+        file=sys.stderr,
+    )
 
 
 def cmd_pause(args: argparse.Namespace) -> int:
@@ -73,7 +93,9 @@ def cmd_pause(args: argparse.Namespace) -> int:
 def cmd_resume(args: argparse.Namespace) -> int:
     from eventing.control import lifecycle
 
-    return announce(args, lifecycle.resume(existing_state(args), args.function), "resumed")
+    record = lifecycle.resume(existing_state(args), args.function)
+    _say_if_unconfined_by_default(record)
+    return announce(args, record, "resumed")
 
 
 def cmd_undeploy(args: argparse.Namespace) -> int:
@@ -143,7 +165,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     )  # this machine's: what a sandboxed handler is confined by, or why it cannot run
     mirrored = mirror_health(state) if not args.function else []
     # Deployed or paused functions whose handlers run unconfined: asked for "isolation": "none" (an admin),
-    # or on a machine that cannot sandbox.
+    # the service's EVENTING_DEFAULT_ISOLATION=none, or a machine that cannot sandbox.
     unconfined = [v["name"] for v in views if v["isolation"] == "none" and v["state"] != "undeployed"]
     # Sandboxed functions an admin let write outside their sandbox (sandbox_writable), with where.
     granted = [
@@ -172,8 +194,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             fix = (
                 "this machine cannot sandbox (above)"
                 if sandbox.startswith("unavailable")
-                else 'deploy with "isolation": "sandbox" to confine them (EVENTING_DEFAULT_ISOLATION='
-                "sandbox: every function without the setting)"
+                else 'they asked for "isolation": "none", or the service runs with '
+                "EVENTING_DEFAULT_ISOLATION=none; deploy them without either to confine them"
             )
             print(
                 f"  unconfined (isolation none): {', '.join(unconfined)}; their handlers can read and write "

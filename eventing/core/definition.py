@@ -29,13 +29,12 @@ Placement = Literal["spread", "packed"]
 Delivery = Literal["exactly_once", "at_least_once"]
 PLACEMENTS = ("spread", "packed")
 DELIVERIES = ("exactly_once", "at_least_once")
-ISOLATIONS = ("none", "sandbox")  # the first is DEFAULT_ADMIN_ISOLATION, named as the default in errors
-# What a function deployed by a full admin gets without an `isolation` setting, unless the machine's
-# EVENTING_DEFAULT_ISOLATION says sandbox (eventing.workers.sandbox.default). Its throughput is within 5% on
-# W1 and W3 and its memory within the goal of many functions, but a write's way to its effect crosses two
-# processes more (p50 3.4 ms against 1.1; docs/benchmarks.md, "Sandboxed children forked from a zygote"), so
-# it is not yet the default.
-DEFAULT_ADMIN_ISOLATION = "none"
+ISOLATIONS = ("sandbox", "none")  # the first is DEFAULT_ADMIN_ISOLATION, named as the default in errors
+# What a function deployed by a full admin gets without an `isolation` setting where the machine can
+# sandbox, unless the service's EVENTING_DEFAULT_ISOLATION says none (eventing.workers.sandbox.default):
+# every handler confined to its bindings, as Couchbase's are. Its throughput is within 5% of an unconfined
+# one's on W1 and W3; a write's way to its effect crosses two processes more (docs/benchmarks.md).
+DEFAULT_ADMIN_ISOLATION = "sandbox"
 
 
 def parse_duration(value: Any, field_name: str, function: str) -> timedelta:
@@ -116,7 +115,8 @@ class FunctionDefinition:
     filter: dict[str, Any] | None = None
     # sandbox: the worker runs in a process that cannot open the data directory (metadata store, bucket
     # files) and reaches only its own bindings through a scoped data service; none: the worker opens the
-    # files. "" is the default: sandbox for a function a non-admin deployed, DEFAULT_ADMIN_ISOLATION else.
+    # files. "" is the default: sandbox for a function a non-admin deployed, the machine's default else
+    # (DEFAULT_ADMIN_ISOLATION where it can sandbox).
     isolation: str = ""
     # Folders (or files) outside its own where a sandboxed handler may write (a call log, an export), set by
     # a full admin only: Landlock opens them to the sandbox's writes. Absolute paths that exist; never the

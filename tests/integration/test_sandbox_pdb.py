@@ -1,13 +1,16 @@
-"""`eventing debug --pdb` on a sandboxed function: the handler runs under pdb in its sandboxed child, whose
-commands come from the debugger's standard input and whose prompts reach its terminal through the host;
-a quit discards the call's writes, and the stream keeps the mutation either way."""
+"""`eventing debug` on a sandboxed function: under `--pdb` the handler runs under pdb in its sandboxed child,
+whose commands come from the debugger's standard input and whose prompts reach its terminal through the
+host, and a quit discards the call's writes; a trace shows each event as the child makes it, so a long
+call shows its progress and Ctrl-C ends the session mid-call. The stream keeps the mutation either way."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -20,8 +23,14 @@ pytestmark = [
 ]
 
 HANDLER = """
+import time
+
+
 def on_update(doc, meta):
     seen = dst.get("alpha")
+    if doc.get("slow"):
+        log("sleeping in the sandbox")
+        time.sleep(60)
     dst[meta.id] = {"rev": doc["rev"], "was": seen}
 """
 
@@ -58,7 +67,8 @@ def sandboxed(data_dir, tmp_path):
 
 def test_pdb_drives_a_sandboxed_handler_from_the_debuggers_terminal(sandboxed):
     commands = "p doc['rev'] * 100\nnext\nnext\np seen\ncontinue\n"
-    done = _eventing(sandboxed, "debug", "fn_d", "--key", "gamma", "--pdb", "--apply", "--json", stdin=commands)
+    debug = ("debug", "fn_d", "--key", "gamma", "--pdb", "--apply", "--json")
+    done = _eventing(sandboxed, *debug, stdin=commands)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["mode"] == "pdb" and report["outcome"] == "ok" and report["applied"] is True
@@ -68,7 +78,8 @@ def test_pdb_drives_a_sandboxed_handler_from_the_debuggers_terminal(sandboxed):
 
 
 def test_a_pdb_quit_in_the_sandbox_discards_the_writes_and_end_of_input_quits(sandboxed):
-    quit_ = _eventing(sandboxed, "debug", "fn_d", "--key", "gamma", "--pdb", "--apply", "--json", stdin="quit\n")
+    debug = ("debug", "fn_d", "--key", "gamma", "--pdb", "--apply", "--json")
+    quit_ = _eventing(sandboxed, *debug, stdin="quit\n")
     assert quit_.returncode == 0, quit_.stderr
     report = json.loads(quit_.stdout)
     assert (report["outcome"], report["writes"], report["applied"]) == ("quit", [], False)
@@ -76,3 +87,33 @@ def test_a_pdb_quit_in_the_sandbox_discards_the_writes_and_end_of_input_quits(sa
     assert ended.returncode == 0, ended.stderr
     assert "pdb quit before the handler returned" in ended.stdout
     assert open_bucket(sandboxed, "dst").get("gamma") is None
+
+
+def test_a_sandboxed_trace_shows_each_event_as_it_happens_and_ctrl_c_ends_it(sandboxed):
+    open_bucket(sandboxed, "src").upsert("slow", {"rev": 1, "slow": True})
+    session = subprocess.Popen(
+        [sys.executable, "-m", "eventing", "debug", "fn_d", "--key", "slow", "--data-dir", sandboxed],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "EVENTING_DEFAULT_ISOLATION": "none", "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        seen = []
+        deadline = time.monotonic() + 60
+        assert session.stdout is not None
+        while not any("sleeping in the sandbox" in line for line in seen):
+            line = session.stdout.readline()
+            assert line and time.monotonic() < deadline, seen
+            seen.append(line)
+        assert session.poll() is None  # the read and the log line came while the handler still runs
+        assert any("read    dst['alpha']" in line for line in seen), seen
+        session.send_signal(signal.SIGINT)
+        _, err = session.communicate(timeout=30)
+    finally:
+        if session.poll() is None:
+            session.kill()
+            session.wait()
+    assert session.returncode == 130, err
+    assert "was not consumed" in err and "Traceback" not in err
+    assert open_bucket(sandboxed, "dst").get("slow") is None

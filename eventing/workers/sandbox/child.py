@@ -132,6 +132,17 @@ class _LineRef:
         return self.line
 
 
+class _LiveEvents(list):
+    """A debugged call's trace events, each sent to the debugger (through the host) as it is made."""
+
+    def __init__(self, line: _Line):
+        super().__init__()
+        self.line = line
+
+    def append(self, event: Any) -> None:
+        self.line.call("debug_event", event)
+
+
 class _DebuggerStream:
     """pdb's input and output in the child: a line read from, or text written to, the debugger's terminal
     through the host (eventing.workers.sandbox.host.SandboxedRunner), which holds it; the child has none."""
@@ -223,14 +234,17 @@ class _ChildRunner:
             }
         return {"found": True, "failure": None, **self._returned()}
 
-    def run_once(self, fields: tuple, keyspace: dict, trace: bool, under_pdb: bool = False) -> dict:
+    def run_once(
+        self, fields: tuple, keyspace: dict, trace: bool, under_pdb: bool = False, live: bool = False
+    ) -> dict:
         import copy
 
         from eventing import handler as handler_api
         from eventing.core.mutation import Mutation
         from eventing.execution.single_call import EventSink, pdb_runner, prepare_call, run_once
 
-        runner, events = self.runner, []
+        # live: each trace event is sent to the debugger as it happens (a long call shows its progress).
+        runner, events = self.runner, (_LiveEvents(self.line) if live else [])
         m = Mutation(*fields)
         runner.keyspace = keyspace
         prepared = prepare_call(runner, m)
@@ -266,7 +280,7 @@ class _ChildRunner:
             "error": outcome.error,
             "traceback": outcome.traceback,
             "seconds": outcome.seconds,
-            "events": events,
+            "events": [] if live else events,
         }
         if outcome.ok:
             answer.update(self._returned())

@@ -222,6 +222,9 @@ class _Sandboxed:
                 answer = self._answer(ident, ok, value)
                 if kind == "tail":
                     self._note_tail(answer)
+        except KeyboardInterrupt:  # Ctrl-C mid-call (a debug session): the child's call is abandoned
+            self._end()
+            raise
         except (EOFError, OSError, pickle.UnpicklingError) as exc:
             self._end()
             if self.own_process:  # a Ray actor ends with its sandbox, as a hung worker's process ends
@@ -615,6 +618,7 @@ class SandboxedRunner(_Sandboxed):
         self._held: list[Any] = []
         self._buckets: dict[str, Any] = {}
         self._pdb_io: tuple[Any, Any] | None = None  # the debugger's streams while a call runs under pdb
+        self._on_event: Callable[[dict], None] | None = None  # the debugger's, while a traced call runs
         self._start(
             self.function,
             self.defn,
@@ -670,19 +674,26 @@ class SandboxedRunner(_Sandboxed):
         return True, None
 
     def run_once(
-        self, m: Any, *, trace: bool = False, pdb_io: tuple[Any, Any] | None = None
+        self,
+        m: Any,
+        *,
+        trace: bool = False,
+        pdb_io: tuple[Any, Any] | None = None,
+        on_event: Callable[[dict], None] | None = None,
     ) -> tuple[Any, list[dict]]:
         """``eventing.execution.single_call.run_once`` in the child, with the trace events (`trace`) it
-        made; with `pdb_io` (the debugger's input and output streams) under pdb, whose commands and
-        prompts the child reads and writes through this process (`_served`)."""
+        made, or each passed to `on_event` as the child makes it (then none are returned); with `pdb_io`
+        (the debugger's input and output streams) under pdb, whose commands and prompts the child reads
+        and writes through this process (`_served`)."""
         from eventing.execution.single_call import CallOutcome
         from eventing.handler import Meta
 
-        self._pdb_io = pdb_io
+        self._pdb_io, self._on_event = pdb_io, on_event
+        live = trace and on_event is not None
         try:
-            answer = self._rpc("run_once", (tuple(m), self.keyspace, trace, pdb_io is not None))
+            answer = self._rpc("run_once", (tuple(m), self.keyspace, trace, pdb_io is not None, live))
         finally:
-            self._pdb_io = None
+            self._pdb_io = self._on_event = None
         meta = answer.pop("meta")
         outcome = CallOutcome(
             **{k: answer[k] for k in ("status", "kind", "doc", "error", "traceback", "seconds")}
@@ -695,6 +706,9 @@ class SandboxedRunner(_Sandboxed):
         return outcome, list(answer.get("events", ()))
 
     def _served(self, method: str, args: Any) -> tuple[bool, Any]:
+        if method == "debug_event" and self._on_event is not None:
+            self._on_event(args[0])
+            return True, None
         if method in ("debug_input", "debug_output") and self._pdb_io is not None:
             stdin, stdout = self._pdb_io
             if method == "debug_input":
