@@ -11,6 +11,7 @@ from typing import Any
 
 from eventing import handler as handler_api
 from eventing.errors import HandlerLoadError
+from eventing.execution.refusals import refused_hint
 
 
 @functools.lru_cache(maxsize=32)
@@ -73,7 +74,7 @@ def load_handler(
         where = traceback.extract_tb(exc.__traceback__)[-1]
         raise HandlerLoadError(
             f"handler of function '{function}' fails on import ({type(exc).__name__}: {exc}, "
-            f"line {where.lineno}); fix the file and deploy again"
+            f"line {where.lineno}){refused_hint(exc)}; fix the file and deploy again"
         ) from None
     on_update = module.__dict__.get("on_update")
     on_delete = module.__dict__.get("on_delete")

@@ -34,6 +34,7 @@ from eventing.execution.context import CallContext, HandlerTimeout  # noqa: F401
 from eventing.execution.curl import CurlClient, url_bindings
 from eventing.execution.limits import Limits
 from eventing.execution.loader import load_handler, takes_xattrs
+from eventing.execution.refusals import refused_hint
 from eventing.execution.timers import ConcurrentTimerTable, TimerTable
 from eventing.execution.wildcard_bindings import WildcardBinding
 from eventing.handler import DeleteOptions, Meta
@@ -483,7 +484,7 @@ class HandlerRunner:
         else:
             # A JavaScript handler's error carries JavaScript's stack (eventing.execution.javascript).
             error, stack = (
-                f"{type(exc).__name__}: {exc}",
+                f"{type(exc).__name__}: {exc}{refused_hint(exc)}",
                 getattr(exc, "js_stack", None) or traceback.format_exc(),
             )
         tried = tried or Tried(now)

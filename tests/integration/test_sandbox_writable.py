@@ -107,3 +107,35 @@ def test_the_ledger_harness_grants_its_call_log_so_a_sandboxed_ledger_records_ev
     report = check_ledger(source, open_bucket(data_dir, "ledger"))
     assert report.ok and report.handled == 400, report.summary()
     assert sum(len(seqs) for seqs in read_call_log(calls).values()) == 400  # none refused, none dead-lettered
+
+
+REFUSED = """
+def on_update(doc, meta):
+    with open(OUTSIDE + "/" + meta.id, "w") as f:  # not granted: the sandbox refuses it
+        f.write("x")
+"""
+
+
+@pytest.mark.parametrize("isolation", ["sandbox", "none"])
+def test_a_refused_write_dead_letters_with_the_sandbox_and_its_fix_named(data_dir, tmp_path, isolation):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    create_bucket(data_dir, "src").upsert("k1", {"v": 1})
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": "fn_refused",
+            "source_bucket": "src",
+            "isolation": isolation,
+            "constants": {"OUTSIDE": str(outside)},
+        }
+    )
+    deploy_function(data_dir, defn, REFUSED)
+    EventingService(data_dir, InProcessExecutor(), until_caught_up=True, functions=["fn_refused"]).run()
+    rows = open_store(data_dir, create=False).dlq_rows("fn_refused")
+    if isolation == "none":  # unconfined, the write goes through and names nothing
+        assert rows == [] and (outside / "k1").exists()
+        return
+    (row,) = rows
+    assert row.error.startswith("PermissionError: ") and "refused by the sandbox" in row.error, row.error
+    assert '"sandbox_writable"' in row.error and '"isolation": "none"' in row.error
+    assert list(outside.iterdir()) == []

@@ -303,6 +303,9 @@ def _child(fd: int, policy: dict) -> None:
         return
     from dataclasses import replace
 
+    from eventing.execution import refusals
+
+    refusals.SANDBOXED = True  # a handler's PermissionError now comes from the sandbox: its error says so
     line = _Line(sock)
     from eventing.execution.curl import through_host
 
