@@ -1,7 +1,8 @@
 """What a handler's error says when its sandbox refused what the handler tried: a file outside its folders,
-a program, a connection to a host that is not a URL binding's. The refusal reaches the handler as a
-PermissionError; its dead letter (or its deploy's error, for an import) then names the sandbox and the
-fix, which matters most to a handler that ran unconfined before the sandbox became the default."""
+a program, a connection to a host that is not a URL binding's (a PermissionError), or a module in a folder
+the sandbox does not open (a ModuleNotFoundError). Its dead letter (or its deploy's error, for an import)
+then names the sandbox and the fix, which matters most to a handler that ran unconfined before the sandbox
+became the default."""
 
 from __future__ import annotations
 
@@ -13,6 +14,18 @@ HINT = (
 )
 
 
+IMPORT_HINT = (
+    " (in the sandbox a handler imports from the interpreter's library and the package folders of its "
+    "import path only, not from a checkout or a home folder: install the module into the environment, or "
+    'an admin deploys the function with "isolation": "none")'
+)
+
+
 def refused_hint(exc: BaseException) -> str:
-    """HINT for a PermissionError raised in a sandboxed child, else ""."""
-    return HINT if SANDBOXED and isinstance(exc, PermissionError) else ""
+    """What to add to the error of `exc` raised in a sandboxed child: HINT for a PermissionError,
+    IMPORT_HINT for a module not found (its folder may be one the sandbox does not open); else ""."""
+    if not SANDBOXED:
+        return ""
+    if isinstance(exc, PermissionError):
+        return HINT
+    return IMPORT_HINT if isinstance(exc, ModuleNotFoundError) else ""

@@ -1,6 +1,7 @@
 """`sandbox_writable`: a sandboxed handler writes in the folders a full admin granted it (a call log) and
 still nowhere else; a grant that would open the data directory, or names nothing, stops the deploy with
-one line."""
+one line. What the sandbox refuses (a write elsewhere, a module it cannot import) is named, with its fixes,
+in the dead letter or the deploy's error."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from eventing.control.service import EventingService
 from eventing.core.definition import FunctionDefinition
 from eventing.core.mutation import OP_UPDATE, encode_document
-from eventing.errors import ConfigError
+from eventing.errors import ConfigError, HandlerLoadError
 from eventing.storage.factory import create_bucket, open_bucket
 from eventing.storage.values import Write
 from eventing.testing import deploy_function
@@ -139,3 +140,19 @@ def test_a_refused_write_dead_letters_with_the_sandbox_and_its_fix_named(data_di
     assert row.error.startswith("PermissionError: ") and "refused by the sandbox" in row.error, row.error
     assert '"sandbox_writable"' in row.error and '"isolation": "none"' in row.error
     assert list(outside.iterdir()) == []
+
+
+@pytest.mark.parametrize("isolation", ["sandbox", "none"])
+def test_a_module_a_sandboxed_handler_cannot_import_stops_the_deploy_with_the_sandbox_named(
+    data_dir, isolation
+):
+    create_bucket(data_dir, "src")
+    defn = FunctionDefinition.from_dict(
+        {"name": "fn_imports", "source_bucket": "src", "isolation": isolation}
+    )
+    handler = "import no_such_module_here\n\n\ndef on_update(doc, meta):\n    pass\n"
+    with pytest.raises(HandlerLoadError) as refused:
+        deploy_function(data_dir, defn, handler)
+    message = str(refused.value)
+    assert "ModuleNotFoundError: No module named 'no_such_module_here'" in message
+    assert ("in the sandbox a handler imports from" in message) == (isolation == "sandbox"), message
