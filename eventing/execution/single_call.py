@@ -10,7 +10,7 @@ import pdb
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import IO, Any, Literal
+from typing import Any, Literal
 
 from eventing.core.mutation import Mutation
 from eventing.execution.runner import HandlerCall, HandlerQuit, HandlerRunner, Invoke, Rejection
@@ -104,9 +104,10 @@ class _QuitAwarePdb(pdb.Pdb):
         super().set_quit()
 
 
-def pdb_runner(stdout: IO[str] | None = None, stdin: IO[str] | None = None) -> Invoke:
-    """An invoke that calls the handler under pdb (commands from `stdin`, prompts on `stdout`; default the
-    terminal's). A sandboxed child passes streams that cross its line to the debugger's terminal."""
+def pdb_runner(stdout: Any = None, stdin: Any = None) -> Invoke:
+    """An invoke that calls the handler under pdb (commands from `stdin`, prompts on `stdout`: text streams
+    with readline, or write and flush; default the terminal's). A sandboxed child passes streams that cross
+    its line to the debugger's terminal."""
 
     def run(fn: Callable[..., Any], *args: Any) -> Any:
         debugger = _QuitAwarePdb(stdin=stdin, stdout=stdout)
