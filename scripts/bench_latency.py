@@ -24,8 +24,9 @@ each write still starts at its due time and is stamped when it returns. An effec
 before its transaction's COMMIT, so the figures leave out that COMMIT's round trip and disk flush (as they
 leave out a bucket file's commit).
 
-The function runs as the machine's default has it (sandboxed where the machine can sandbox);
---isolation none or sandbox chooses (EVENTING_DEFAULT_ISOLATION for the `eventing run` subprocess).
+The function runs as the machine's default has it (unconfined unless EVENTING_DEFAULT_ISOLATION says
+sandbox); --isolation none or sandbox chooses (EVENTING_DEFAULT_ISOLATION for the `eventing run`
+subprocess).
 
 Prints every phase; the last line is JSON: p50_ms, p99_ms, max_ms, rate (writes/s achieved) with waking on,
 and the same figures of the baseline under "baseline" (medians over --runs; every run under "runs").
@@ -375,8 +376,8 @@ def main() -> int:
         "--isolation",
         choices=["default", "sandbox", "none"],
         default="default",
-        help="how the function runs: the machine's default (sandbox where it can sandbox, unless "
-        "EVENTING_DEFAULT_ISOLATION says none), or this",
+        help="how the function runs: the machine's default (none, unless EVENTING_DEFAULT_ISOLATION "
+        "says sandbox), or this",
     )
     parser.add_argument("--data-dir", default=None, help="default: a fresh temporary folder")
     parser.add_argument(

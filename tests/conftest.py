@@ -10,13 +10,11 @@ import pytest
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-# A machine's default isolation for admins' functions (eventing.workers.sandbox.default; the product's is
-# sandbox) is pinned to none here, whatever the shell running the suite sets: many tests' handlers write call
-# logs into the test's own folder, report their process's pid for a kill, or have faults injected into the
-# worker in this process, none of which a sandboxed handler can do or reach. Tests ask for the sandbox with
-# `"isolation": "sandbox"` (tests/integration/test_sandbox*.py, the cluster module for every function); the
-# tests of the default unset it themselves (tests/unit/test_default_isolation.py), and the docs' examples
-# run with the product's default (tests/integration/test_docs_examples.py).
+# A machine's default isolation for admins' functions (eventing.workers.sandbox.default) is pinned to the
+# product's default, whatever the shell running the suite sets: most tests' handlers write call logs into the
+# test's own folder and their faults are injected into the worker in this process, which a sandboxed handler
+# cannot reach. Tests ask for the sandbox with `"isolation": "sandbox"`; the tests of the default set it
+# themselves (tests/unit/test_default_isolation.py).
 os.environ["EVENTING_DEFAULT_ISOLATION"] = "none"
 # Hypothesis runs the "hypothesis" entry points of every installed package when it is imported: trio's (a
 # dependency of selenium) imports trio and registers its random generator, which makes Hypothesis collect

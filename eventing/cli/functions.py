@@ -67,7 +67,8 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
 def _say_if_unconfined_by_default(record) -> None:
     """One line on stderr when a function without an `isolation` setting runs unconfined because this
-    machine cannot sandbox (an admin's EVENTING_DEFAULT_ISOLATION=none is a choice, said by `status`)."""
+    machine cannot sandbox although EVENTING_DEFAULT_ISOLATION asks for the sandbox (the default, none, is
+    said by `status`)."""
     from eventing.core.definition import FunctionDefinition
     from eventing.workers.sandbox.default import isolation_of, unconfined_by_default
 
@@ -165,7 +166,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     )  # this machine's: what a sandboxed handler is confined by, or why it cannot run
     mirrored = mirror_health(state) if not args.function else []
     # Deployed or paused functions whose handlers run unconfined: asked for "isolation": "none" (an admin),
-    # the service's EVENTING_DEFAULT_ISOLATION=none, or a machine that cannot sandbox.
+    # or on a machine that cannot sandbox.
     unconfined = [v["name"] for v in views if v["isolation"] == "none" and v["state"] != "undeployed"]
     # Sandboxed functions an admin let write outside their sandbox (sandbox_writable), with where.
     granted = [
@@ -194,8 +195,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             fix = (
                 "this machine cannot sandbox (above)"
                 if sandbox.startswith("unavailable")
-                else 'they asked for "isolation": "none", or the service runs with '
-                "EVENTING_DEFAULT_ISOLATION=none; deploy them without either to confine them"
+                else 'deploy with "isolation": "sandbox" to confine them (EVENTING_DEFAULT_ISOLATION='
+                "sandbox: every function without the setting)"
             )
             print(
                 f"  unconfined (isolation none): {', '.join(unconfined)}; their handlers can read and write "

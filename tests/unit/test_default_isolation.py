@@ -1,9 +1,8 @@
 """A machine's default isolation (eventing.workers.sandbox.default): a function deployed by an admin
-without an `isolation` setting runs sandboxed where the machine can sandbox, unless the service's
-environment sets EVENTING_DEFAULT_ISOLATION=none (and unconfined where it cannot, said in one line at
-deploy); a non-admin's always runs sandboxed; and `eventing status` names the unconfined functions in one
-line (`"unconfined"` in `--json`). The suite pins the setting to none (tests/conftest.py); these tests
-unset or set it themselves."""
+without an `isolation` setting runs unconfined unless the service's environment sets
+EVENTING_DEFAULT_ISOLATION=sandbox (then sandboxed where the machine can sandbox); a non-admin's always runs
+sandboxed; and `eventing status` names the unconfined functions in one line (`"unconfined"` in `--json`).
+The suite pins the setting to the product's default (tests/conftest.py); these tests set it themselves."""
 
 from __future__ import annotations
 
@@ -45,43 +44,38 @@ def _cannot_sandbox(monkeypatch) -> None:
         monkeypatch.setattr(module, "sandbox_unavailable", lambda: NO_LANDLOCK)
 
 
-@needs_sandbox
-def test_an_admins_function_runs_sandboxed_by_default_and_none_is_an_explicit_choice():
-    assert default_isolation() == "sandbox"
+def test_an_admins_function_runs_unconfined_by_default_and_a_non_admins_sandboxed():
+    assert default_isolation() == "none"
     for deployed_by in (None, ADMIN):  # the local CLI, an admin over HTTP
-        assert isolation_of(_defn("f"), deployed_by) == "sandbox"
-        assert isolation_of(_defn("f", isolation="none"), deployed_by) == "none"  # an admin's explicit choice
+        assert isolation_of(_defn("f"), deployed_by) == "none"
+        assert isolation_of(_defn("f", isolation="sandbox"), deployed_by) == "sandbox"
     assert isolation_of(_defn("f"), USER) == "sandbox"
     assert isolation_of(_defn("f", isolation="none"), USER) == "sandbox"  # never unconfined for a non-admin
 
 
-def test_the_service_can_keep_an_admins_functions_unconfined(monkeypatch):
-    monkeypatch.setenv(DEFAULT_ISOLATION_ENV, "none")
-    assert default_isolation() == "none"
+@needs_sandbox
+def test_the_machines_default_can_be_the_sandbox(monkeypatch):
+    monkeypatch.setenv(DEFAULT_ISOLATION_ENV, "sandbox")
+    assert default_isolation() == "sandbox"
     for deployed_by in (None, ADMIN):
-        assert isolation_of(_defn("f"), deployed_by) == "none"
-        assert isolation_of(_defn("f", isolation="sandbox"), deployed_by) == "sandbox"
-    assert isolation_of(_defn("f"), USER) == "sandbox"
+        assert isolation_of(_defn("f"), deployed_by) == "sandbox"
+        assert isolation_of(_defn("f", isolation="none"), deployed_by) == "none"  # an admin's explicit choice
 
 
 def test_a_machine_that_cannot_sandbox_keeps_them_unconfined_whatever_its_default(monkeypatch):
     _cannot_sandbox(monkeypatch)
-    for default in (None, "sandbox"):
-        if default:
-            monkeypatch.setenv(DEFAULT_ISOLATION_ENV, default)
-        assert default_isolation() == "none"
-        assert isolation_of(_defn("f"), None) == "none"
-        assert (
-            isolation_of(_defn("f", isolation="sandbox"), None) == "sandbox"
-        )  # asked for: refused at deploy
-        assert isolation_of(_defn("f"), USER) == "sandbox"
+    monkeypatch.setenv(DEFAULT_ISOLATION_ENV, "sandbox")
+    assert default_isolation() == "none"
+    assert isolation_of(_defn("f"), None) == "none"
+    assert isolation_of(_defn("f", isolation="sandbox"), None) == "sandbox"  # asked for: refused at deploy
+    assert isolation_of(_defn("f"), USER) == "sandbox"
 
 
 def test_the_machines_default_is_none_or_sandbox_and_nothing_else(monkeypatch):
     monkeypatch.setenv(DEFAULT_ISOLATION_ENV, "none")
     assert isolation_of(_defn("f"), None) == "none"
     monkeypatch.setenv(DEFAULT_ISOLATION_ENV, "off")
-    with pytest.raises(ConfigError, match=f"{DEFAULT_ISOLATION_ENV} is 'off'; use one of 'sandbox', 'none'"):
+    with pytest.raises(ConfigError, match=f"{DEFAULT_ISOLATION_ENV} is 'off'; use one of 'none', 'sandbox'"):
         default_isolation()
 
 
@@ -89,6 +83,7 @@ def test_deploy_says_in_one_line_that_a_function_runs_unconfined_where_the_machi
     data_dir, capsys, monkeypatch
 ):
     _cannot_sandbox(monkeypatch)
+    monkeypatch.setenv(DEFAULT_ISOLATION_ENV, "sandbox")  # asked for by default, which this machine cannot
     LocalBucket.create(data_dir, "src")
     handler = tmp_handler(data_dir)
     for name, extra in (("fn_default", {}), ("fn_none", {"isolation": "none"})):
@@ -141,15 +136,16 @@ def _deploy_three(data_dir: str) -> None:
 def test_status_names_in_one_line_the_functions_that_run_unconfined(data_dir, capsys, monkeypatch):
     _deploy_three(data_dir)
     lines = [line for line in _status(capsys, data_dir).splitlines() if "unconfined" in line]
+    assert len(lines) == 1 and "fn_default, fn_none" in lines[0] and "fn_gone" not in lines[0], lines
+    assert '"isolation": "sandbox"' in lines[0]
+    shown = json.loads(_status(capsys, data_dir, "--json"))
+    assert shown["unconfined"] == ["fn_default", "fn_none"]
+    monkeypatch.setenv(DEFAULT_ISOLATION_ENV, "sandbox")  # the machine's default: only the explicit none left
+    lines = [line for line in _status(capsys, data_dir).splitlines() if "unconfined" in line]
     assert len(lines) == 1 and "fn_none" in lines[0] and "fn_default" not in lines[0], lines
-    assert "EVENTING_DEFAULT_ISOLATION=none" in lines[0]
     shown = json.loads(_status(capsys, data_dir, "--json"))
     assert shown["unconfined"] == ["fn_none"]
     assert {v["name"]: v["isolation"] for v in shown["functions"]}["fn_default"] == "sandbox"
-    monkeypatch.setenv(DEFAULT_ISOLATION_ENV, "none")  # the service's choice: every function without it too
-    lines = [line for line in _status(capsys, data_dir).splitlines() if "unconfined" in line]
-    assert len(lines) == 1 and "fn_default, fn_none" in lines[0] and "fn_gone" not in lines[0], lines
-    assert json.loads(_status(capsys, data_dir, "--json"))["unconfined"] == ["fn_default", "fn_none"]
 
 
 def test_status_names_every_function_when_the_machine_cannot_sandbox(data_dir, capsys, monkeypatch):
@@ -174,10 +170,10 @@ def on_update(doc, meta):
 @pytest.mark.parametrize(
     ("extra", "default", "outcome"),
     [
-        ({}, None, "PermissionError"),
-        ({}, "none", "read"),
-        ({"isolation": "sandbox"}, "none", "PermissionError"),
-        ({"isolation": "none"}, None, "read"),
+        ({}, None, "read"),
+        ({}, "sandbox", "PermissionError"),
+        ({"isolation": "sandbox"}, None, "PermissionError"),
+        ({"isolation": "none"}, "sandbox", "read"),
     ],
 )
 def test_a_function_opens_the_metadata_store_only_where_it_runs_unconfined(

@@ -1,10 +1,10 @@
 """How a function runs on this machine (`isolation_of`): a function deployed by a full admin without an
-`isolation` setting gets the machine's default, "sandbox" (DEFAULT_ADMIN_ISOLATION) where the machine can
-sandbox (Landlock and a seccomp filter, eventing.workers.sandbox.landlock), unless the service's
-environment sets EVENTING_DEFAULT_ISOLATION=none; where it cannot, "none" (`eventing deploy` and `eventing
-status` say so in one line). A function deployed by a user who is not a full admin runs sandboxed whatever
-either says, and is refused where the machine cannot sandbox (eventing.core.definition.effective_isolation).
-What a sandboxed one may write outside its own folder (`granted_writes`) is decided here too.
+`isolation` setting gets the machine's default, "none" (DEFAULT_ADMIN_ISOLATION) unless the service's
+environment sets EVENTING_DEFAULT_ISOLATION=sandbox, which holds where the machine can sandbox (Landlock and
+a seccomp filter, eventing.workers.sandbox.landlock; where it cannot, `eventing deploy` says so in one
+line). A function deployed by a user who is not a full admin runs sandboxed whatever either says
+(eventing.core.definition.effective_isolation). What a sandboxed one may write outside its own folder
+(`granted_writes`) is decided here too.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ def default_isolation() -> str:
 
 def unconfined_by_default() -> str | None:
     """Why a function deployed by a full admin without an `isolation` setting runs unconfined here (the
-    service's EVENTING_DEFAULT_ISOLATION, or what keeps this machine from sandboxing), or None: it runs
-    sandboxed."""
+    default, or what keeps this machine from sandboxing when EVENTING_DEFAULT_ISOLATION asks for the
+    sandbox), or None: it runs sandboxed."""
     from eventing.core.definition import DEFAULT_ADMIN_ISOLATION, ISOLATIONS
     from eventing.errors import ConfigError
     from eventing.workers.sandbox.landlock import sandbox_unavailable
@@ -32,10 +32,10 @@ def unconfined_by_default() -> str | None:
     if chosen and chosen not in ISOLATIONS:
         raise ConfigError(
             f"{DEFAULT_ISOLATION_ENV} is {chosen!r}; use one of {', '.join(map(repr, ISOLATIONS))}, or "
-            "leave it unset (sandbox where this machine can sandbox)"
+            "leave it unset (none)"
         )
     if (chosen or DEFAULT_ADMIN_ISOLATION) == "none":
-        return f"the service's environment sets {DEFAULT_ISOLATION_ENV}=none"
+        return f"none is the default ({DEFAULT_ISOLATION_ENV}=sandbox makes it sandbox)"
     why = sandbox_unavailable()
     return f"this machine cannot sandbox: {why}" if why else None
 
