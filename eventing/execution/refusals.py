@@ -6,11 +6,13 @@ became the default."""
 
 from __future__ import annotations
 
+import errno
+
 SANDBOXED = False  # set in a sandboxed child once it is confined (eventing.workers.sandbox.child)
 HINT = (
-    " (refused by the sandbox: a sandboxed handler reaches its bindings, curl() of its URL bindings and its "
-    'private folder only; an admin can open a folder to it with "sandbox_writable", or deploy the function '
-    'with "isolation": "none")'
+    " (the sandbox may have refused it: a sandboxed handler reaches its bindings, curl() of its URL bindings "
+    'and its private folder only; an admin can open a folder to it with "sandbox_writable", or deploy the '
+    'function with "isolation": "none")'
 )
 
 
@@ -22,10 +24,11 @@ IMPORT_HINT = (
 
 
 def refused_hint(exc: BaseException) -> str:
-    """What to add to the error of `exc` raised in a sandboxed child: HINT for a PermissionError,
-    IMPORT_HINT for a module not found (its folder may be one the sandbox does not open); else ""."""
+    """What to add to the error of `exc` raised in a sandboxed child: HINT for a PermissionError the system
+    raised (EACCES, EPERM: a handler's own `raise PermissionError(...)` carries no errno), IMPORT_HINT for a
+    module not found (its folder may be one the sandbox does not open); else ""."""
     if not SANDBOXED:
         return ""
     if isinstance(exc, PermissionError):
-        return HINT
+        return HINT if exc.errno in (errno.EACCES, errno.EPERM) else ""
     return IMPORT_HINT if isinstance(exc, ModuleNotFoundError) else ""

@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from eventing.cli.debug import EXIT_HANDLER_FAILED
 from eventing.storage.factory import create_bucket, open_bucket
 from eventing.workers.sandbox.landlock import sandbox_unavailable
 
@@ -92,7 +93,18 @@ def test_a_pdb_quit_in_the_sandbox_discards_the_writes_and_end_of_input_quits(sa
 def test_a_sandboxed_trace_shows_each_event_as_it_happens_and_ctrl_c_ends_it(sandboxed):
     open_bucket(sandboxed, "src").upsert("slow", {"rev": 1, "slow": True})
     session = subprocess.Popen(
-        [sys.executable, "-m", "eventing", "debug", "fn_d", "--key", "slow", "--data-dir", sandboxed],
+        [
+            sys.executable,
+            "-m",
+            "eventing",
+            "debug",
+            "fn_d",
+            "--key",
+            "slow",
+            "--apply",
+            "--data-dir",
+            sandboxed,
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -116,4 +128,66 @@ def test_a_sandboxed_trace_shows_each_event_as_it_happens_and_ctrl_c_ends_it(san
             session.wait()
     assert session.returncode == 130, err
     assert "was not consumed" in err and "Traceback" not in err
-    assert open_bucket(sandboxed, "dst").get("slow") is None
+    assert open_bucket(sandboxed, "dst").get("slow") is None  # interrupted before it returned: not applied
+
+
+def test_pdb_prompts_share_the_terminal_with_the_trace_in_text_mode(sandboxed):
+    done = _eventing(sandboxed, "debug", "fn_d", "--key", "gamma", "--pdb", stdin="p doc\ncontinue\n")
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "(Pdb) {'rev': 3}" in out and "on_update returned" in out, out
+    assert out.index("calling on_update") < out.index("(Pdb)") < out.index("write   dst['gamma']"), out
+    assert open_bucket(sandboxed, "dst").get("gamma") is None  # shown, not applied
+
+
+def test_a_terminal_that_cannot_print_pdbs_output_fails_the_call_instead_of_hanging(sandboxed):
+    env = {**os.environ, "EVENTING_DEFAULT_ISOLATION": "none", "PYTHONIOENCODING": "ascii"}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "eventing",
+            "debug",
+            "fn_d",
+            "--key",
+            "gamma",
+            "--pdb",
+            "--data-dir",
+            sandboxed,
+        ],
+        input="p 'caf\\xe9'\ncontinue\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert done.returncode == EXIT_HANDLER_FAILED, (done.stdout, done.stderr)  # not a hang (timeout)
+    assert "result: error: " in done.stdout and "UnicodeEncodeError" in done.stdout, done.stdout
+    assert "Traceback" not in done.stderr  # the call's error is the result; the session itself ends cleanly
+
+
+FORGER = """
+import gc
+
+
+def on_update(doc, meta):
+    line = next(o for o in gc.get_objects() if type(o).__name__ == "_Line")  # the child's own line
+    line.call("debug_event", {"event": "call"})  # a trace event of no known shape
+"""
+
+
+def test_a_handler_that_forges_a_trace_event_fails_its_call_and_the_session_ends(data_dir, tmp_path):
+    create_bucket(data_dir, "src").upsert("k1", {"rev": 1})
+    (tmp_path / "h.py").write_text(FORGER)
+    definition = {
+        "name": "fn_f",
+        "source_bucket": "src",
+        "handler": str(tmp_path / "h.py"),
+        "isolation": "sandbox",
+    }
+    (tmp_path / "fn.json").write_text(json.dumps(definition))
+    assert _eventing(data_dir, "deploy", str(tmp_path / "fn.json"), stdin="").returncode == 0
+    done = _eventing(data_dir, "debug", "fn_f", "--key", "k1", "--json", stdin="")
+    assert done.returncode == EXIT_HANDLER_FAILED, done.stderr
+    report = json.loads(done.stdout)
+    assert report["outcome"] == "error" and "sent a trace event that is not one" in report["error"], report

@@ -137,7 +137,9 @@ def test_a_refused_write_dead_letters_with_the_sandbox_and_its_fix_named(data_di
         assert rows == [] and (outside / "k1").exists()
         return
     (row,) = rows
-    assert row.error.startswith("PermissionError: ") and "refused by the sandbox" in row.error, row.error
+    assert row.error.startswith("PermissionError: ") and "the sandbox may have refused it" in row.error, (
+        row.error
+    )
     assert '"sandbox_writable"' in row.error and '"isolation": "none"' in row.error
     assert list(outside.iterdir()) == []
 
@@ -156,3 +158,18 @@ def test_a_module_a_sandboxed_handler_cannot_import_stops_the_deploy_with_the_sa
     message = str(refused.value)
     assert "ModuleNotFoundError: No module named 'no_such_module_here'" in message
     assert ("in the sandbox a handler imports from" in message) == (isolation == "sandbox"), message
+
+
+OWN_REFUSAL = """
+def on_update(doc, meta):
+    raise PermissionError("not this account")
+"""
+
+
+def test_a_handlers_own_permission_error_is_not_blamed_on_the_sandbox(data_dir):
+    create_bucket(data_dir, "src").upsert("k1", {"v": 1})
+    defn = FunctionDefinition.from_dict({"name": "fn_own", "source_bucket": "src", "isolation": "sandbox"})
+    deploy_function(data_dir, defn, OWN_REFUSAL)
+    EventingService(data_dir, InProcessExecutor(), until_caught_up=True, functions=["fn_own"]).run()
+    (row,) = open_store(data_dir, create=False).dlq_rows("fn_own")
+    assert row.error == "PermissionError: not this account"

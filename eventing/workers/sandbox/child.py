@@ -9,6 +9,7 @@ handler validation.
 from __future__ import annotations
 
 import _signal
+import contextlib
 import os
 import pickle
 import socket
@@ -266,12 +267,16 @@ class _ChildRunner:
             )
             handler_api.log.sink = EventSink(events.append)
         # Under pdb, its commands and prompts cross the line to the debugger's terminal (the host's streams).
-        invoke = pdb_runner(_DebuggerStream(self.line), _DebuggerStream(self.line)) if under_pdb else None
+        streams = (_DebuggerStream(self.line), _DebuggerStream(self.line)) if under_pdb else ()
+        invoke = pdb_runner(*streams) if streams else None
         try:
             outcome = run_once(runner, m, invoke=invoke, prepared=prepared)
         finally:
             handler_api.log.sink = previous_sink
             runner.set_tracer(None)
+            for stream in streams:  # what pdb wrote last (a quit's newline) reaches the terminal too
+                with contextlib.suppress(Exception):  # best effort: the call's outcome is what counts
+                    stream.flush()
         answer = {
             "status": outcome.status,
             "kind": outcome.kind,

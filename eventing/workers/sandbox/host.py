@@ -179,6 +179,7 @@ class _Sandboxed:
 
         if self._ended:
             raise WorkerDied("the sandboxed worker process has ended")
+        finished = False  # the child answered the call: an error raised after that leaves the line sound
         try:
             self._answer_held()
             self._send(("call", method, args))
@@ -186,6 +187,7 @@ class _Sandboxed:
             while True:
                 kind, ident, ok, value = _values(_recv(self.sock))
                 if kind == "done":
+                    finished = True
                     if tail_handed:  # the step's last writes are durable when it reports
                         self._writer().submit(int).result()
                     failed, self._tail_failed = self._tail_failed, None
@@ -230,6 +232,10 @@ class _Sandboxed:
             if self.own_process:  # a Ray actor ends with its sandbox, as a hung worker's process ends
                 os._exit(70)
             raise WorkerDied(f"the sandboxed worker process ended ({exc})") from None
+        except Exception:
+            if not finished:  # mid-call, the child waits for an answer it will never get: end it
+                self._end()
+            raise
 
     def _answer_held(self, ident: Any = None) -> None:
         """Answer the requests held for the next call (all of them, or the one `ident` names)."""
@@ -703,19 +709,25 @@ class SandboxedRunner(_Sandboxed):
             outcome.meta.previous = meta.get("previous")
         if outcome.ok:
             self._returned(answer)
-        return outcome, list(answer.get("events", ()))
+        return outcome, [_trace_event(self.function, (event,)) for event in answer.get("events", ())]
 
     def _served(self, method: str, args: Any) -> tuple[bool, Any]:
-        if method == "debug_event" and self._on_event is not None:
-            self._on_event(args[0])
-            return True, None
-        if method in ("debug_input", "debug_output") and self._pdb_io is not None:
-            stdin, stdout = self._pdb_io
-            if method == "debug_input":
-                return True, stdin.readline()
-            stdout.write(str(args[0]))
-            stdout.flush()
-            return True, None
+        """The debugger's requests while a call runs under it (its trace events, pdb's input and output;
+        a failure is the child's, whose call fails with it), else the scoped data service's answers."""
+        try:
+            if method == "debug_event" and self._on_event is not None:
+                self._on_event(_trace_event(self.function, args))
+                return True, None
+            if method in ("debug_input", "debug_output") and self._pdb_io is not None:
+                stdin, stdout = self._pdb_io
+                if method == "debug_input":
+                    return True, str(stdin.readline())
+                (text,) = args
+                stdout.write(_printable(str(text)))
+                stdout.flush()
+                return True, None
+        except Exception as exc:  # noqa: BLE001 - the child's call fails with it
+            return False, _error(exc)
         return super()._served(method, args)
 
     def take_writes(self) -> list[Any]:
@@ -729,6 +741,34 @@ class SandboxedRunner(_Sandboxed):
         self._buckets.clear()
         if getattr(self, "source", None) is not None:
             self.source.close()
+
+
+# The debugger's trace events a sandboxed child may send, with the fields each must have.
+_TRACE_FIELDS = {
+    "call": ("kind", "doc", "meta"),
+    "log": ("line",),
+    "read": ("alias", "key", "value"),
+    "write": ("alias", "key", "value"),
+    "delete": ("alias", "key"),
+}
+
+
+def _trace_event(function: str, args: Any) -> dict:
+    """The one trace event in `args`, as the debugger prints it; a child's event of another shape (its
+    handler, which runs in the child, could send anything) is refused."""
+    from eventing.errors import ConfigError
+
+    event = args[0] if isinstance(args, tuple) and len(args) == 1 else None
+    fields = _TRACE_FIELDS.get(event.get("event")) if isinstance(event, dict) else None
+    if fields is None or not all(f in event for f in fields):
+        raise ConfigError(f"function '{function}' runs sandboxed and sent a trace event that is not one")
+    return {"event": event["event"], **{f: event[f] for f in fields}}
+
+
+def _printable(text: str) -> str:
+    """pdb's output from a sandboxed child, without the control characters (escape sequences) a handler's
+    text could carry to the debugger's terminal; lines and tabs stay."""
+    return "".join(c for c in text if c in "\n\t" or c >= " " and c != "\x7f")
 
 
 def open_runner(state: StateLike, function: str, record: Any = None) -> Any:
