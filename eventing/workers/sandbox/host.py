@@ -758,8 +758,8 @@ def _trace_event(function: str, args: Any) -> dict:
     handler, which runs in the child, could send anything) is refused."""
     from eventing.errors import ConfigError
 
-    event = args[0] if isinstance(args, tuple) and len(args) == 1 else None
-    fields = _TRACE_FIELDS.get(event.get("event")) if isinstance(event, dict) else None
+    event: Any = args[0] if isinstance(args, tuple) and len(args) == 1 else None
+    fields = _TRACE_FIELDS.get(str(event.get("event"))) if isinstance(event, dict) else None
     if fields is None or not all(f in event for f in fields):
         raise ConfigError(f"function '{function}' runs sandboxed and sent a trace event that is not one")
     return {"event": event["event"], **{f: event[f] for f in fields}}
