@@ -252,9 +252,7 @@ class DebugSession:
         if isinstance(runtime, SandboxedRunner):
             # `call` first, then log, read, write, delete; pdb's commands and prompts cross to this terminal.
             pdb_io = (sys.stdin, self.pdb_stdout or sys.stdout) if self.mode == "pdb" else None
-            outcome, events = runtime.run_once(m, trace=True, pdb_io=pdb_io, on_event=self._emit)
-            for event in events:
-                self._emit(event)
+            outcome, _ = runtime.run_once(m, trace=True, pdb_io=pdb_io, on_event=self._emit)  # emitted live
             return outcome
         prepared = prepare_call(runtime, m)
         outcome = prepared[0]

@@ -48,21 +48,22 @@ def _eventing(data_dir: str, *args: str, stdin: str) -> subprocess.CompletedProc
     )
 
 
+def _deploy_sandboxed(data_dir: str, folder, name: str, handler: str, **extra) -> None:
+    """Deploy `name` from a handler file and a definition file, as a user would, asking for the sandbox."""
+    (folder / "h.py").write_text(handler)
+    definition = {"name": name, "source_bucket": "src", "handler": str(folder / "h.py"), **extra}
+    (folder / "fn.json").write_text(json.dumps({**definition, "isolation": "sandbox"}))
+    deployed = _eventing(data_dir, "deploy", str(folder / "fn.json"), stdin="")
+    assert deployed.returncode == 0, deployed.stderr
+
+
 @pytest.fixture()
 def sandboxed(data_dir, tmp_path):
     create_bucket(data_dir, "src").upsert("gamma", {"rev": 3})
     create_bucket(data_dir, "dst").upsert("alpha", {"rev": 0})
-    (tmp_path / "h.py").write_text(HANDLER)
-    definition = {
-        "name": "fn_d",
-        "source_bucket": "src",
-        "handler": str(tmp_path / "h.py"),
-        "isolation": "sandbox",
-        "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}],
-    }
-    (tmp_path / "fn.json").write_text(json.dumps(definition))
-    deployed = _eventing(data_dir, "deploy", str(tmp_path / "fn.json"), stdin="")
-    assert deployed.returncode == 0, deployed.stderr
+    _deploy_sandboxed(
+        data_dir, tmp_path, "fn_d", HANDLER, bindings=[{"alias": "dst", "bucket": "dst", "access": "rw"}]
+    )
     return data_dir
 
 
@@ -178,15 +179,7 @@ def on_update(doc, meta):
 
 def test_a_handler_that_forges_a_trace_event_fails_its_call_and_the_session_ends(data_dir, tmp_path):
     create_bucket(data_dir, "src").upsert("k1", {"rev": 1})
-    (tmp_path / "h.py").write_text(FORGER)
-    definition = {
-        "name": "fn_f",
-        "source_bucket": "src",
-        "handler": str(tmp_path / "h.py"),
-        "isolation": "sandbox",
-    }
-    (tmp_path / "fn.json").write_text(json.dumps(definition))
-    assert _eventing(data_dir, "deploy", str(tmp_path / "fn.json"), stdin="").returncode == 0
+    _deploy_sandboxed(data_dir, tmp_path, "fn_f", FORGER)
     done = _eventing(data_dir, "debug", "fn_f", "--key", "k1", "--json", stdin="")
     assert done.returncode == EXIT_HANDLER_FAILED, done.stderr
     report = json.loads(done.stdout)
