@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from eventing.core.couchbase_format import from_couchbase, is_couchbase_function, to_couchbase
 from eventing.core.definition import Boundary, FunctionDefinition, load_definition_file
+from eventing.core.keyspaces import Keyspace
 from eventing.core.secrets import mask_definition, restore_secrets
 from eventing.errors import ConfigError, LifecycleError, NotFoundError, fix
 from eventing.execution.loader import validate_handler
@@ -44,6 +45,9 @@ class Saver(Protocol):
 
     def check_bindings(self, definition: FunctionDefinition) -> None:
         """Raise unless this caller may read (and write) every bucket binding of `definition`."""
+
+    def check_manages(self, name: str, keyspace: Keyspace) -> None:
+        """Raise unless this caller manages functions whose source is `keyspace`."""
 
 
 def _validate(state: StateLike, defn: FunctionDefinition, source: str, deployed_by: dict | None) -> None:
@@ -107,6 +111,7 @@ def save_function(
             "function's own window area), or ask an admin to save the function"
         )
     if saved_by is not None:
+        saved_by.check_manages(defn.name, defn.source_keyspace)
         saved_by.check_bindings(defn)
     for bucket in dict.fromkeys([defn.source_bucket, *(b.bucket for b in defn.bindings)]):
         with state.open_bucket(bucket) as opened:  # unknown bucket -> clear error now, not at run time
@@ -124,6 +129,8 @@ def save_function(
             raise ConfigError(f"window of function '{defn.name}': {exc}") from None
     with _store(state) as store:
         stored = _stored(store, defn.name)
+        if stored is not None and saved_by is not None:  # the function as stored is the caller's to change
+            saved_by.check_manages(defn.name, FunctionDefinition.from_dict(stored.definition).source_keyspace)
         definition = restore_secrets(defn.to_dict(), stored.definition if stored else None, trusted=trusted)
         if stored is not None and stored.state is FunctionState.PAUSED:
             _refuse_source_change(stored, definition)

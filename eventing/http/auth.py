@@ -258,6 +258,14 @@ class Identity:
     def to_dict(self) -> dict[str, Any]:
         return {"user": self.user, "kind": self.kind, "roles": [str(g) for g in self.grants]}
 
+    def check_manages(self, name: str, keyspace: Keyspace) -> None:
+        """Raise AuthError(403) unless this caller manages functions whose source is `keyspace`: checked
+        for the source a save gives function `name` and for the one it had, so no change takes a function
+        out of another scope or moves one there."""
+        if self.is_admin or self.can(FUNCTIONS_MANAGE, keyspace):
+            return
+        raise forbidden(self, FUNCTIONS_MANAGE, f"manage function '{name}' (source {full_name(keyspace)})")
+
     def check_bindings(self, definition: Any) -> None:
         """A function reads and writes through its bucket bindings whoever deploys it, so whoever saves,
         deploys or resumes it needs, for each binding's keyspace, data_reader (a read-only binding) or

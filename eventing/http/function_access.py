@@ -34,6 +34,7 @@ LISTINGS = frozenset(
         "/api/v1/stats",
         "/api/v1/export",
         "/api/v1/list/functions",
+        "/api/v1/list/functions/query",
         "/getDeployedApps",
         "/getRunningApps",
     }
@@ -47,6 +48,34 @@ CLUSTER_PREFIXES = (
     "/pools",
 )
 CREATES = frozenset({"/api/v1/import", "/api/v1/functions"})  # a POST body of functions, one or a list
+# DELETE /api/v1/functions deletes only what its caller manages (eventing.http.routes.couchbase_stats).
+
+
+SOURCE_FIELDS = ("source_bucket", "source_scope", "source_collection")
+# Writes whose body changes a function's definition (its source among it): checked for the source they give.
+CHANGES = frozenset(
+    {"/api/v1/functions/{name}", "/api/v1/functions/{name}/settings", "/api/v1/functions/{name}/config"}
+)
+
+
+def _named(params: Mapping[str, str], query: Mapping[str, str], state: State) -> list[str]:
+    """Every function a request names (the path's, and each of the query's `name` and `appName`: an
+    endpoint may read either), a query's resolved in its namespace; [""] when it names none."""
+    if params.get("name"):
+        return [params["name"]]
+    names: list[str] = []
+    for given in (query.get("name"), query.get("appName")):
+        if not given:
+            continue
+        from eventing.http.routes.request import resolve_name
+
+        try:
+            given = resolve_name(state, given, dict(query))
+        except EventingError:
+            pass  # the endpoint answers the bad parameter
+        if given not in names:
+            names.append(given)
+    return names or [""]
 
 
 def function_keyspace(definition: Mapping[str, Any]) -> Keyspace:
@@ -93,7 +122,7 @@ def authorize_endpoint(
     targets: list[tuple[str, dict | None]]
     from eventing.core.couchbase_format import keyspace_fields
 
-    if path in CREATES and write:
+    if path in CREATES and method.upper() == "POST":
         items = body if isinstance(body, list) else [body]
         targets = [
             (str(keyspace_fields(d).get("name", "")), keyspace_fields(d))
@@ -101,24 +130,18 @@ def authorize_endpoint(
             if isinstance(d, dict)
         ]
     else:
-        name = params.get("name") or query.get("name") or query.get("appName") or ""
-        if name and "name" not in params:  # a function named in the query: the one its namespace names
-            from eventing.http.routes.request import resolve_name
-
-            try:
-                name = resolve_name(state, name, dict(query))
-            except EventingError:
-                pass  # the endpoint answers the bad parameter
-        if isinstance(body, dict):
-            body = {k: v for k, v in keyspace_fields(body).items() if k != "name"}
-        new = (
-            body
-            if write
-            and isinstance(body, dict)
-            and path in ("/api/v1/functions/{name}", "/api/v1/functions/{name}/settings")
-            else None
-        )
-        targets = [(name, new)]
+        names = _named(params, query, state)
+        new = None
+        if write and isinstance(body, dict) and path in CHANGES:
+            if path.endswith("/config"):  # the body is a depcfg: the source it would give the function
+                new = {k: body[k] for k in SOURCE_FIELDS if k in body}
+            else:
+                fields = keyspace_fields({**body, "appname": names[0]} if "appname" in body else body)
+                named = str(fields.get("name") or "")
+                if named and named not in names:  # a body whose namespace names another function
+                    names.append(named)
+                new = {k: v for k, v in fields.items() if k != "name"}
+        targets = [(name, new) for name in names]
     store = state.metadata if state.exists() else None
     for name, new in targets:
         try:

@@ -40,6 +40,9 @@ class _User:
     def check_bindings(self, definition: FunctionDefinition) -> None:
         pass
 
+    def check_manages(self, name: str, keyspace) -> None:
+        pass
+
 
 def test_only_a_full_admin_may_save_a_grant(data_dir):
     create_bucket(data_dir, "src")

@@ -189,6 +189,14 @@ MATRIX = [
         {"mgr": False},
     ),
     ("POST", "/api/v1/keyspaces/shop.hr.staff/load", None, {"writer": False, "mgr": False, "ro": False}),
+    (  # a deployment config moving a function of the caller's scope to another's source
+        "POST",
+        "/api/v1/functions/fn_sales/config",
+        {"source_bucket": "shop", "source_scope": "hr", "source_collection": "staff"},
+        {"mgr": False},
+    ),
+    # a query naming two functions: each is checked, whichever one the endpoint reads
+    ("POST", "/resetStatsCounters?name=nosuchfn&appName=fn_hr", None, {"mgr": False}),
 ]
 
 
@@ -225,6 +233,55 @@ def test_a_function_manager_manages_its_scope_and_lists_only_its_functions(site,
     )
     assert r.status_code not in (401, 403)
     assert site.get("/api/v1/functions/fn_sales", headers=basic("mgr")).headers["x-eventing-role"] == "manage"
+
+
+def test_a_manager_cannot_take_over_another_scopes_function_through_a_bodys_namespace(site, data_dir):
+    with open_store(data_dir) as store:
+        store.put_function("shop.hr.audit", fn("shop.hr.audit", "hr", "staff"), HANDLER)
+    body = {
+        "appname": "audit",
+        "appcode": "function OnUpdate(doc, meta) {}",
+        "depcfg": {"source_bucket": "shop", "source_scope": "sales", "source_collection": "orders"},
+        "settings": {},
+        "function_scope": {"bucket": "shop", "scope": "hr"},
+    }
+    r = site.post("/api/v1/functions/audit", headers=basic("mgr"), content=json.dumps(body))
+    assert r.status_code == 403, r.text
+    assert "shop.hr.audit" in r.json()["error"]
+    with open_store(data_dir) as store:
+        kept = store.get_function("shop.hr.audit")
+    assert kept.source == HANDLER and kept.definition["source_scope"] == "hr"
+
+
+def test_a_save_is_checked_against_the_function_as_stored_whoever_calls_it(site, data_dir):
+    from eventing.control import lifecycle
+
+    manager = auth.Identity("local", (Grant.parse("eventing_manage_functions[src:_default]"),))
+    moved = FunctionDefinition.from_dict({"name": "fn_hr", "source_bucket": "src"})  # a source it manages
+    with pytest.raises(AuthError, match="fn_hr"):
+        lifecycle.save_function(data_dir, moved, HANDLER, saved_by=manager)
+    with pytest.raises(AuthError, match="fn_other"):  # nor may it save one whose source it does not manage
+        lifecycle.save_function(
+            data_dir,
+            FunctionDefinition.from_dict(fn("fn_other", "hr", "staff")),
+            HANDLER,
+            saved_by=manager,
+        )
+    assert state(data_dir, "fn_hr") == "undeployed"
+    with open_store(data_dir) as store:
+        assert store.get_function("fn_hr").definition["source_bucket"] == "shop"
+
+
+def test_delete_all_deletes_only_the_callers_functions_and_listings_show_only_them(site, data_dir):
+    names = site.get("/api/v1/list/functions/query", headers=basic("mgr")).json()
+    assert names == {"functions": ["fn_sales"]}
+    r = site.request(
+        "DELETE", "/api/v1/functions", headers=basic("mgr"), content=json.dumps({"source_bucket": "shop"})
+    )
+    assert r.status_code == 200, r.text
+    assert r.json() == [{"code": 0, "info": "Function: fn_sales deleted"}]
+    with open_store(data_dir) as store:
+        assert {f.name for f in store.list_functions()} == {"fn_src", "fn_hr"}
 
 
 def test_tokens_map_to_admin_and_ro_admin_and_credentials_are_needed(site):

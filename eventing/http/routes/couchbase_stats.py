@@ -22,6 +22,7 @@ from eventing.http.function_access import function_keyspace
 from eventing.http.routes.functions import list_functions, stored_function
 from eventing.http.routes.request import EndpointRequest, _with_warnings, resolve_name
 from eventing.ops import stats
+from eventing.security.users import FUNCTIONS_MANAGE
 
 DEPLOYED = ("deployed", "paused", "pausing", "deploying")
 
@@ -137,10 +138,13 @@ def save_deployment_config(c: EndpointRequest) -> Response:
 
 
 def delete_all(c: EndpointRequest) -> list[dict[str, Any]]:
-    """DELETE /api/v1/functions: every undeployed function is deleted; each function gets Couchbase's
-    runtime info (code 0, or ERR_APP_NOT_UNDEPLOYED's 22 for one that is deployed or paused, which stays)."""
+    """DELETE /api/v1/functions: every undeployed function the caller manages is deleted (all of them for an
+    admin); each gets Couchbase's runtime info (code 0, or ERR_APP_NOT_UNDEPLOYED's 22 for one that is
+    deployed or paused, which stays)."""
     out: list[dict[str, Any]] = []
     for f in list_functions(c):
+        if not c.identity.can(FUNCTIONS_MANAGE, function_keyspace(f)):
+            continue  # another scope's: not this caller's to delete, nor to be told of
         try:
             lifecycle.delete(c.state, f["name"])
             out.append({"code": 0, "info": f"Function: {f['name']} deleted"})
