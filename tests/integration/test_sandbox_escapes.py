@@ -2,7 +2,8 @@
 had: other processes' command lines and environments in /proc, /etc/shadow, /root, another data
 directory's buckets, the rest of the checkout, a subprocess or a fork, a Unix socket (stream or datagram)
 of another process, a signal to its host, another process's priority, affinity or limits, a System V
-message queue, TCP to a port that is no URL binding's, 3 GB of memory, 9,000 open files, capabilities. It
+message queue, TCP to a port that is no URL binding's, a netlink socket, shared anonymous memory or a
+memfd (which RLIMIT_DATA does not count), 3 GB of memory, 9,000 open files, capabilities. It
 records what it could do in its binding; each attempt must be refused, while what a handler needs (its own
 /proc entry, the standard library, CA certificates, name resolution, time zones, its private folder) still
 works. The same handler with "isolation": "none" succeeds at the attempts, so the refusals come from the
@@ -141,6 +142,21 @@ def sysv_queue():
     libc.msgctl(queue, 0, None)  # IPC_RMID
 
 
+def netlink():
+    s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 4)  # NETLINK_SOCK_DIAG: every socket of the host
+    s.close()
+
+
+def shared_memory():
+    import mmap
+
+    mmap.mmap(-1, 1 << 20, flags=mmap.MAP_SHARED).close()  # not counted by RLIMIT_DATA
+
+
+def memfd():
+    os.close(os.memfd_create("x"))
+
+
 def memory():
     block = bytearray(3 << 30)
     block[-1] = 1
@@ -199,7 +215,7 @@ ESCAPES = {
     "checkout": checkout, "system_tmp": system_tmp, "spawn": spawn, "fork": fork, "unix_stream": unix_stream,
     "unix_datagram": unix_datagram, "signal_host": signal_host, "other_port": other_port,
     "renice_other": renice_other, "pin_other": pin_other, "limit_other": limit_other, "sysv_queue": sysv_queue,
-    "capabilities": capabilities,
+    "capabilities": capabilities, "netlink": netlink, "shared_memory": shared_memory, "memfd": memfd,
 }
 NEEDS = {"own_proc": own_proc, "certificates": certificates, "resolve": resolve, "time_zone": time_zone,
          "private_folder": private_folder}
@@ -233,6 +249,9 @@ ESCAPES = (
     "limit_other",
     "sysv_queue",
     "capabilities",
+    "netlink",
+    "shared_memory",
+    "memfd",
 )
 NEEDS = ("own_proc", "certificates", "resolve", "time_zone", "private_folder")
 DOCUMENTS = 3

@@ -199,3 +199,34 @@ def test_the_host_makes_requests_only_of_the_functions_bindings_with_credentials
                 service.check("curl", (alias, *request))
     finally:
         service.backend.close()
+
+
+WINDOW = {"kind": "tumbling", "size": "1m", "time_field": "ts", "group_by": ["c"], "aggregates": ["count"]}
+ROW_BATCH = "windows/fn/incoming/g1-fn_w0-18a2b3c4d5e-000000003.arrow"
+
+
+@pytest.mark.parametrize(
+    "windowed,path,size,allowed",
+    [
+        (True, ROW_BATCH, 10, True),
+        (False, ROW_BATCH, 10, False),  # a function without a window writes no rows
+        (True, "windows/fn/incoming/big0", 10, False),  # not a row batch's name
+        (True, "windows/fn/incoming/sub/" + ROW_BATCH.rsplit("/", 1)[1], 10, False),
+        (True, ROW_BATCH.replace("/fn/", "/other/"), 10, False),  # another function's area
+        (True, ROW_BATCH, sandbox_scope.ROW_BATCH_MAX + 1, False),  # larger than any checkpoint's rows
+    ],
+)
+def test_a_sandbox_hands_over_only_its_own_window_row_batches(tmp_path, windowed, path, size, allowed):
+    create_bucket(str(tmp_path), "src")
+    defn = FunctionDefinition.from_dict(
+        {"name": "fn", "source_bucket": "src", **({"window": WINDOW} if windowed else {})}
+    )
+    service = ScopedService("fn", defn, DataService(str(tmp_path)))
+    try:
+        if allowed:
+            service.check("put_file", (path, bytes(size)))
+        else:
+            with pytest.raises(ConfigError, match="runs sandboxed and may not call put_file"):
+                service.check("put_file", (path, bytes(size)))
+    finally:
+        service.backend.close()

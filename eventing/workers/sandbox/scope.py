@@ -10,7 +10,7 @@ credentials is made here (`curl`, eventing.execution.curl.HostCurl), only to tha
 
 from __future__ import annotations
 
-import os
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -38,6 +38,10 @@ KEY_CALLS = frozenset(
     {"get_raw", "get", "get_meta", "get_doc", "previous_doc"}
 )  # first argument: a stored key
 LIST_CALLS = frozenset({"keys", "scan", "count"})  # first argument: a stored-key prefix
+# A window row batch as a worker names it (eventing.windows.runtime.row_writer: generation, worker,
+# incarnation, counter), and the most a sandboxed worker may hand over in one (a checkpoint's rows).
+_ROW_BATCH_NAME = re.compile(r"g\d+-[A-Za-z0-9_.=]+-[0-9a-f]+-\d{9,}\.arrow")
+ROW_BATCH_MAX = 256 << 20
 EFFECT_CALLS = frozenset({"apply_effects", "effect_marks", "partition_marks", "fence"})
 # What a worker asks of the metadata store, each with the function's name as first argument: the calls the
 # data service serves a worker (WorkerMetadata, metadata.protocol).
@@ -282,13 +286,26 @@ class ScopedService:
             return
         if method == "curl" and len(args) == 6 and any(_hosted(u, args[0]) for u in self.defn.url_bindings):
             return
-        if method == "put_file" and args and isinstance(args[0], str):
-            parts = os.path.normpath(args[0]).split(os.sep)
-            if len(parts) >= 4 and parts[:3] == ["windows", fn, "incoming"] and ".." not in parts:
-                return
+        if method == "put_file" and self._row_batch(args):
+            return
         raise ConfigError(
             f"function '{fn}' runs sandboxed and may not call {method} {str(args[:2])[:120]}: "
             "it reaches only its own source, bindings, timers and log"
+        )
+
+    def _row_batch(self, args: tuple) -> bool:
+        """Whether a put_file is one of this function's window row batches (a windowed function's, named as
+        eventing.windows.runtime.row_writer names them, in its own incoming folder, of a bounded size):
+        nothing else may be written into the data directory's file area."""
+        if self.defn.window is None or len(args) != 2 or not isinstance(args[0], str):
+            return False
+        if not isinstance(args[1], bytes | bytearray | memoryview) or len(args[1]) > ROW_BATCH_MAX:
+            return False
+        parts = args[0].split("/")
+        return (
+            len(parts) == 4
+            and parts[:3] == ["windows", self.defn.name, "incoming"]
+            and _ROW_BATCH_NAME.fullmatch(parts[3]) is not None
         )
 
     def _others(self, bucket: str) -> bool:

@@ -1,6 +1,8 @@
 """The seccomp filter of a sandboxed child (`install`), for what Landlock does not cover: no process is
-created (threads are), no program is executed, no Unix socket is opened (a pathname socket, such as a Ray
-raylet's, cannot be reached through Landlock alone), no signal goes to another process, nor a change of its
+created (threads are), no program is executed, no socket but an IPv4 or IPv6 one is opened (a pathname
+Unix socket, such as a Ray raylet's, cannot be reached through Landlock alone; a netlink one lists the
+host's sockets), no memory is mapped shared without a file nor made with memfd (RLIMIT_DATA does not count
+it), no signal goes to another process, nor a change of its
 scheduling, priority or limits; no ptrace, no new namespace, mount, keyring, BPF program, perf event,
 userfaultfd, io_uring, System V or POSIX IPC, and no TIOCSTI into an inherited terminal. A refused call fails
 with EPERM (a new process's clone3 with ENOSYS, so threads fall back to clone, whose flags a filter can read);
@@ -23,7 +25,8 @@ _RET_KILL, _RET_ALLOW, _RET_ERRNO = 0x80000000, 0x7FFF0000, 0x00050000
 _LD_W_ABS, _JEQ, _JGE, _JSET, _AND, _RET = 0x20, 0x15, 0x35, 0x45, 0x54, 0x06
 _CLONE_THREAD = 0x00010000
 _CLONE_NAMESPACES = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
-_AF_UNIX, _SOCK_STREAM, _SOCK_TYPE_MASK = 1, 1, 0xF
+_AF_UNIX, _AF_INET, _AF_INET6, _SOCK_STREAM, _SOCK_TYPE_MASK = 1, 2, 10, 1, 0xF
+_MAP_SHARED, _MAP_ANONYMOUS = 0x01, 0x20  # MAP_SHARED_VALIDATE (0x03) has MAP_SHARED's bit too
 _TIOCSTI, _TIOCLINUX = 0x5412, 0x541C
 
 # System call numbers by architecture: (audit arch, x32 bit or 0, {name: number}).
@@ -33,6 +36,8 @@ _ARCHES = {
         0x40000000,
         {
             "ioctl": 16,
+            "mmap": 9,
+            "memfd_create": 319,
             "socket": 41,
             "socketpair": 53,
             "clone": 56,
@@ -89,6 +94,8 @@ _ARCHES = {
         0,
         {
             "ioctl": 29,
+            "mmap": 222,
+            "memfd_create": 279,
             "socket": 198,
             "socketpair": 199,
             "clone": 220,
@@ -154,6 +161,7 @@ _COMMON = {  # the same numbers on both
     "clone3": 435,
     "pidfd_getfd": 438,
     "mount_setattr": 442,
+    "memfd_secret": 447,
 }
 _REFUSED = (
     "fork",
@@ -204,6 +212,10 @@ _REFUSED = (
     "mq_open",
     "name_to_handle_at",
     "open_by_handle_at",
+    # Memory outside RLIMIT_DATA's count (with a shared anonymous mmap, refused below): a handler could
+    # otherwise take the machine's memory past its memory limit.
+    "memfd_create",
+    "memfd_secret",
 )
 _OWN_PID_ONLY = ("kill", "tgkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo")  # first argument: a process id
 # First argument: a process id, 0 for the caller. A process of the same uid (root's, when the service runs as
@@ -273,7 +285,23 @@ def program(pid: int) -> bytes:
     )
     when(
         "socket",
-        [_stmt(_LD_W_ABS, _arg(0)), _stmt(_JEQ, _AF_UNIX, 0, 1), _stmt(_RET, eperm), _stmt(_RET, allow)],
+        [  # IPv4 and IPv6 only: no Unix socket, and no netlink one (sock_diag lists every socket of the host)
+            _stmt(_LD_W_ABS, _arg(0)),
+            _stmt(_JEQ, _AF_INET, 1, 0),
+            _stmt(_JEQ, _AF_INET6, 0, 1),
+            _stmt(_RET, allow),
+            _stmt(_RET, eperm),
+        ],
+    )
+    when(
+        "mmap",
+        [  # shared anonymous memory is not counted by RLIMIT_DATA: refused, private mappings are not
+            _stmt(_LD_W_ABS, _arg(3)),
+            _stmt(_AND, _MAP_SHARED | _MAP_ANONYMOUS),
+            _stmt(_JEQ, _MAP_SHARED | _MAP_ANONYMOUS, 0, 1),
+            _stmt(_RET, eperm),
+            _stmt(_RET, allow),
+        ],
     )
     when(
         "socketpair",
