@@ -131,6 +131,30 @@ def test_a_row_becomes_the_same_document_and_key_on_every_path():
     assert toasted.document(["1", UNCHANGED]) == {"id": 1, "body": None}
 
 
+def test_no_two_composite_keys_share_a_document_key():
+    text = Types().converter(25)
+    shape = Shape(["a", "b"], [text, text], [0, 1])
+    rows = [
+        ["a::b", "c"],
+        ["a", "b::c"],
+        ["a:", ":b"],
+        ["a", "::b"],
+        ["a:::", "b"],
+        ["a%3A%3Ab", "c"],
+        ["a%", "b"],
+        ["a%25", "b"],
+        ["x:y", "z"],
+        ["x", "y:z"],
+    ]
+    keys = [shape.key(row) for row in rows]
+    assert len(set(keys)) == len(rows), keys
+    assert shape.key(["7", "eu"]) == "7::eu" and shape.key(["x:y", "z"]) == "x:y::z"  # kept as they read
+    assert shape.key(["a::b", "c"]) == "a%3A%3Ab::c"
+    for key in keys:  # `::` in a key is always a separator: each part decodes back to its column
+        parts = key.split("::")
+        assert len(parts) == 2 and all(p and not p.startswith(":") and not p.endswith(":") for p in parts)
+
+
 def test_a_row_over_the_document_limit_fails_as_any_document_does():
     shape = Shape(["id", "body"], [int, Types().converter(25)], [0])
     row = ["1", "x" * (MAX_DOCUMENT_BYTES + 1)]
