@@ -223,10 +223,11 @@ def cmd_status(args: argparse.Namespace) -> int:
                 )
             print(line + ")" + (f"; {v['hint']}" if v.get("hint") else ""))
         for m in mirrored:
-            print(
-                f"  mirror {m['keyspace']} of {m['table']}: {m['state']}"
-                + (f" (lag {m['lag_bytes']} bytes, {m['lag_s']} s)" if m["lag_bytes"] is not None else "")
-            )
+            lag = ""
+            if m["lag_bytes"] is not None:  # the seconds are known only while changes wait to be applied
+                seconds = f", {m['lag_s']} s" if m["lag_s"] is not None else ""
+                lag = f" (lag {m['lag_bytes']} bytes{seconds})"
+            print(f"  mirror {m['keyspace']} of {m['table']}: {m['state']}{lag}")
             for warning in m["warnings"]:
                 print(f"warning: mirror {m['keyspace']}: {warning}")
     return 0

@@ -286,6 +286,18 @@ def test_schema_changes_a_second_mirror_a_dropped_table_and_a_slot_dropped_by_ha
         )
         assert "table public.orders was dropped" in failed["error"]
         assert collection_docs(data_dir, "shop", cid) == before
+        # A restart finds the table gone too: the same line, for good (no "check --table", no retries).
+        service.stop()
+        service = Service(data_dir, tmp_path / "service-again.log")
+        service.start()
+        again = wait_for(
+            lambda: (s := follower_status(data_dir, KS)).get("pid") != failed.get("pid")
+            and s.get("state") == "failed"
+            and s,
+            "the mirror stops again after a restart",
+        )
+        assert "table public.orders was dropped" in again["error"] and again["permanent"] is True
+        assert collection_docs(data_dir, "shop", cid) == before
     finally:
         service.stop()
     result = mirrors.drop_mirror(data_dir, "copy.pg.orders")

@@ -31,7 +31,7 @@ from typing import Any
 import msgpack
 
 from eventing.core.mutation import MAX_DOCUMENT_BYTES, OP_DELETE, OP_UPDATE, decode_document, encode_document
-from eventing.errors import EventingError, FencedError, StoreError
+from eventing.errors import EventingError, FencedError, NotFoundError, StoreError
 from eventing.storage.keyspace import open_keyspace
 from eventing.storage.mirror import definition as defs
 from eventing.storage.mirror.definition import MARK_CHUNK, MARK_LSN, MARK_SNAPSHOT
@@ -218,7 +218,10 @@ class Follower:
         return self.side
 
     def _connect(self) -> Any:
-        self.table = self.source.table(self.defn.table)
+        try:
+            self.table = self.source.table(self.defn.table)
+        except NotFoundError:  # dropped (or renamed) while the mirror was not running: for good, as below
+            raise self._table_gone() from None
         self.pk = self.table.key
         return self.source.replication()
 
@@ -582,13 +585,15 @@ class Follower:
                 )
                 if where["table_oid"] != self.table.oid:
                     self._flush(None)
-                    raise MirrorStopped(
-                        f"table {self.defn.table} was dropped from {self.source.shown}; mirror "
-                        f"{self.keyspace} stopped (the {self.counts['applied_changes']:,} changes it applied "
-                        "stay in the collection); drop the mirror with `eventing collection drop "
-                        f"{self.keyspace}`"
-                    )
+                    raise self._table_gone()
         defs.report(self.state.metadata, self.keyspace, values)
+
+    def _table_gone(self) -> MirrorStopped:
+        return MirrorStopped(
+            f"table {self.defn.table} was dropped from {self.source.shown}; mirror {self.keyspace} stopped "
+            "(the documents it mirrored stay in the collection); drop the mirror with `eventing collection "
+            f"drop {self.keyspace}`"
+        )
 
 
 class _Interrupted(Exception):
