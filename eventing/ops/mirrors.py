@@ -205,6 +205,10 @@ def resync_mirror(state: StateLike, keyspace: str) -> dict[str, Any]:
     return {"keyspace": keyspace, "generation": definition.generation, "mirror": definition.view()}
 
 
+def _recent(status: dict[str, Any], now_ms: int) -> bool:
+    return now_ms - int(status.get("updated_ms", 0)) < 5_000
+
+
 def mirror_health(state: StateLike, *, query_source: bool = True) -> list[dict[str, Any]]:
     """Per mirror: state, lag (bytes of WAL, seconds), the WAL its slot holds back, and warnings. With
     ``query_source``, the slot's figures are read from the source now (the follower's report may be old,
@@ -215,19 +219,19 @@ def mirror_health(state: StateLike, *, query_source: bool = True) -> list[dict[s
     now_ms = int(time.time() * 1000)
     for definition in defs.load_all(store):
         status = defs.status(store, definition.keyspace)
-        fresh = (
-            bool(status)
-            and now_ms - int(status.get("updated_ms", 0)) < 5_000
-            and status.get("state") == "following"
-        )
+        fresh = bool(status) and _recent(status, now_ms) and status.get("state") == "following"
         row: dict[str, Any] = {
             "keyspace": definition.keyspace,
             "table": definition.table,
             "source": definition.shown_source,
             "slot": definition.slot,
             "publication": definition.publication,
+            # A failure is shown while its report is fresh, or for good when it is permanent (the table or
+            # slot gone); a follower that failed for a passing reason and is not running now is "not running".
             "state": status.get("state", "not started")
-            if fresh or status.get("state") in ("failed", "snapshot")
+            if fresh
+            or status.get("state") == "snapshot"
+            or (status.get("state") == "failed" and (status.get("permanent") or _recent(status, now_ms)))
             else "not running",
             "error": status.get("error"),
             "lag_bytes": status.get("lag_bytes"),

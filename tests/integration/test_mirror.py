@@ -291,12 +291,16 @@ def test_schema_changes_a_second_mirror_a_dropped_table_and_a_slot_dropped_by_ha
         service = Service(data_dir, tmp_path / "service-again.log")
         service.start()
         again = wait_for(
-            lambda: (s := follower_status(data_dir, KS)).get("pid") != failed.get("pid")
-            and s.get("state") == "failed"
-            and s,
+            lambda: (
+                (s := follower_status(data_dir, KS)).get("pid") != failed.get("pid")
+                and s.get("state") == "failed"
+                and s
+            ),
             "the mirror stops again after a restart",
         )
         assert "table public.orders was dropped" in again["error"] and again["permanent"] is True
+        shown = {m["keyspace"]: m for m in mirrors.mirror_health(data_dir, query_source=False)}
+        assert shown[KS]["state"] == "failed"  # for good: shown so however old the report
         assert collection_docs(data_dir, "shop", cid) == before
     finally:
         service.stop()
