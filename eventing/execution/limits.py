@@ -163,8 +163,8 @@ class BindingLimit:
                 return paused - now
             if self.rate is None:
                 return 0.0
-            if at <= 0 or at > now:  # a new file (or one from before this machine's boot): one token
-                tokens, at = 1.0, now
+            if at <= 0 or at > now:  # a new file (or one from before this machine's boot): a quiet time,
+                tokens, at = self.capacity, now  # so the burst is there, as after any quiet time
             tokens = min(self.capacity, tokens + (now - at) * self.rate)
             if tokens >= 1.0:
                 os.pwrite(fd, _STATE.pack(tokens - 1.0, now, paused), 0)

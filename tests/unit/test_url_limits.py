@@ -96,6 +96,15 @@ def test_processes_and_threads_of_a_machine_share_one_rate(tmp_path):
     assert max(times) - min(times) >= (80 - 3) / rate - 0.05  # no more than the rate allowed overall
 
 
+def test_a_new_limit_starts_with_its_burst_then_keeps_the_rate(tmp_path):
+    limit = BindingLimit(tmp_path, "fresh", per_second=1.0, burst=3, max_in_flight=None)
+    try:
+        assert [limit._take_token() for _ in range(3)] == [0.0, 0.0, 0.0]  # the burst at once
+        assert 0.9 < limit._take_token() <= 1.0  # then one a second
+    finally:
+        limit.close()
+
+
 def test_a_slot_held_by_a_killed_process_is_free_again(tmp_path):
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLDER, str(tmp_path)],
