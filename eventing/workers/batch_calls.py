@@ -28,7 +28,6 @@ How a batch runs (see docs/handler-api.md, "Batch handlers"):
 from __future__ import annotations
 
 import time
-import traceback
 from functools import partial
 from operator import itemgetter
 from typing import Any
@@ -42,6 +41,7 @@ from eventing.core.retry import attempts_text, error_names
 from eventing.execution import batch_columns
 from eventing.execution.batch import Batch, BatchScope, _Segment, failed_items
 from eventing.execution.context import HandlerTimeout
+from eventing.execution.handler_trace import handler_traceback
 from eventing.workers.collections import COLLECTION_MARK_BYTES
 from eventing.workers.handling import MutationHandler
 from eventing.workers.source_reads import SourceReader
@@ -304,7 +304,7 @@ class BatchCalls:
         except Exception as exc:  # HandlerTimeout included: the runner's failure path, per item
             context.active = False
             raised = exc
-            trace = getattr(exc, "js_stack", None) or traceback.format_exc()
+            trace = getattr(exc, "js_stack", None) or handler_traceback(exc)
         finally:
             context.active = False
             scope.end()

@@ -85,6 +85,10 @@ def test_without_a_policy_retries_and_retry_backoff_decide_as_before(data_dir, t
     assert [a["attempt"] for a in parse_attempts(letter.traceback)] == [1, 2, 3]
     assert all(a["error"] == "KeyError: 'missing'" for a in parse_attempts(letter.traceback))
     assert "Traceback" in letter.traceback  # the last attempt's traceback comes first
+    # one traceback, the handler's: not the attempts before it chained, nor the worker's frames that called it
+    trace = letter.traceback.split("Attempts:")[0]
+    assert trace.count("Traceback") == 1 and "During handling" not in trace
+    assert trace.splitlines()[1].strip().startswith('File "<handler of fn_old>"'), trace
 
 
 def test_a_single_attempt_is_the_default_and_its_letter_lists_no_attempts(data_dir, tmp_path):

@@ -1,0 +1,18 @@
+"""The traceback a dead letter keeps of a handler's error: from the handler's own frame on (the worker's
+frames that called it say nothing to its author), and without the errors it was raised while handling (a
+retry's attempt runs inside the last attempt's `except`, whose error the letter lists under `Attempts:`)."""
+
+from __future__ import annotations
+
+import traceback
+
+HANDLER_FILE = "<handler of "  # the file name a handler's module is compiled with (eventing.execution.loader)
+
+
+def handler_traceback(exc: BaseException) -> str:
+    """`exc`'s traceback from the first frame of the handler's module, without its chained errors; the
+    whole traceback when no frame is the handler's (an error before or around the call)."""
+    tb = exc.__traceback__
+    while tb is not None and not tb.tb_frame.f_code.co_filename.startswith(HANDLER_FILE):
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb or exc.__traceback__, chain=False))
