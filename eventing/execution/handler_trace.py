@@ -16,3 +16,11 @@ def handler_traceback(exc: BaseException) -> str:
     while tb is not None and not tb.tb_frame.f_code.co_filename.startswith(HANDLER_FILE):
         tb = tb.tb_next
     return "".join(traceback.format_exception(type(exc), exc, tb or exc.__traceback__, chain=False))
+
+
+def error_text(exc: BaseException) -> str:
+    """The one line a dead letter gives a handler's error: `Type: message`; a JavaScript error's own
+    `Name: message` (TypeError, a class of the handler's), as Couchbase shows it."""
+    if getattr(exc, "js_stack", None) is not None:  # eventing.execution.javascript.JavaScriptError
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"

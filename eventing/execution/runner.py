@@ -31,7 +31,7 @@ from eventing.core.xattrs import user_xattrs
 from eventing.execution.bindings import BucketBinding, ConcurrentEffectBuffer, EffectBuffer
 from eventing.execution.context import CallContext, HandlerTimeout  # noqa: F401 - HandlerTimeout: its older home
 from eventing.execution.curl import CurlClient, url_bindings
-from eventing.execution.handler_trace import handler_traceback
+from eventing.execution.handler_trace import error_text, handler_traceback
 from eventing.execution.limits import Limits
 from eventing.execution.loader import load_handler, takes_xattrs
 from eventing.execution.refusals import refused_hint
@@ -484,7 +484,7 @@ class HandlerRunner:
         else:
             # A JavaScript handler's error carries JavaScript's stack (eventing.execution.javascript).
             error, stack = (
-                f"{type(exc).__name__}: {exc}{refused_hint(exc)}",
+                error_text(exc) + refused_hint(exc),
                 getattr(exc, "js_stack", None) or handler_traceback(exc),
             )
         tried = tried or Tried(now)

@@ -41,7 +41,7 @@ from eventing.core.retry import attempts_text, error_names
 from eventing.execution import batch_columns
 from eventing.execution.batch import Batch, BatchScope, _Segment, failed_items
 from eventing.execution.context import HandlerTimeout
-from eventing.execution.handler_trace import handler_traceback
+from eventing.execution.handler_trace import error_text, handler_traceback
 from eventing.workers.collections import COLLECTION_MARK_BYTES
 from eventing.workers.handling import MutationHandler
 from eventing.workers.source_reads import SourceReader
@@ -336,7 +336,7 @@ class BatchCalls:
 
 def _error_text(error: Any) -> str:
     if isinstance(error, BaseException):
-        return f"{type(error).__name__}: {error}"
+        return error_text(error)
     if error:
         return f"on_batch reported the item failed: {error}"
     return "on_batch reported the item failed"

@@ -65,7 +65,7 @@ function OnUpdate(doc, meta) {
     seqnos = source_seqnos(app)
     rows = dlq_ops.list_rows(app.data_dir, "fn_js")
     assert [(r.seqno, r.reason, r.error) for r in rows] == [
-        (seqnos[4], "error", "JavaScriptError: RangeError: v is 4")
+        (seqnos[4], "error", "RangeError: v is 4")
     ]
     assert "at OnUpdate (fn_js.js:4" in rows[0].traceback
     dst = app.bucket("dst")

@@ -232,7 +232,7 @@ function check(doc) {
     run(app)
     rows = letters(app)
     assert [(r.key, r.reason) for r in rows] == [("bad", "error")]
-    assert rows[0].error == "JavaScriptError: TypeError: bad document 2"
+    assert rows[0].error == "TypeError: bad document 2"  # JavaScript's Name: message, as Couchbase shows it
     assert "at check (fn_js.js:8" in rows[0].traceback and "at OnUpdate (fn_js.js:4" in rows[0].traceback
     assert app.get("dst", "partial::bad") is None and app.get("dst", "ok") == {"n": 1}
 
