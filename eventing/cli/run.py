@@ -63,6 +63,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     args.ray_address = args.ray_address or os.environ.get("EVENTING_RAY_ADDRESS")
     args.spark_master = args.spark_master or os.environ.get("EVENTING_SPARK_MASTER")
     state = existing_state(args)
+    for name in dict.fromkeys(args.function or ()):
+        state.metadata.get_function(name)  # an unknown name: `unknown function 'x' (known: ...)`, exit 2
     timeout_s = failover_timeout_s(args.failover_timeout)  # a bad value fails before Ray starts
     if args.spark_master:
         from eventing.windows.spark.spark_session import check_spark_master
