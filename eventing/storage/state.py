@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, Self, Union
 
-from eventing.errors import NotFoundError
+from eventing.errors import ConfigError, NotFoundError
 
 if TYPE_CHECKING:
     from eventing.storage.file_area import FileArea
@@ -323,6 +323,12 @@ def open_state(location: str | os.PathLike[str], *, reached_before: bool = False
         from eventing.storage.postgres.state import PostgresState
 
         return PostgresState(text, reached_before=reached_before)
+    if "://" in text:  # a URL of a kind no store is: not a folder named "foo:" to create
+        scheme = text.partition("://")[0]  # only the scheme: the rest may hold a password
+        raise ConfigError(
+            f"store location {scheme}://... is a URL of a kind no store has: --store (or $EVENTING_STORE) "
+            "takes a data directory or a PostgreSQL URL, postgresql://user@host:5432/db (postgres:// too)"
+        )
     return DirectoryState(text)
 
 

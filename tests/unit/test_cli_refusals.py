@@ -37,3 +37,19 @@ def test_run_names_an_unknown_function_instead_of_running_nothing_or_dropping_it
     code, out, err = run_cli(capsys, *dd, "run", "--until-caught-up", "--executor", "in-process", *flags)
     assert code == 2 and out == ""
     assert err.strip() == "error: unknown function 'nosuch' (known: fn_ok); see `eventing list`"
+
+
+@pytest.mark.parametrize(
+    "how", [["--store", "foo://bar"], ["--data-dir", "s3://user:secret@host/x"], "env"], ids=str
+)
+def test_a_store_that_looks_like_another_kind_of_url_is_refused_not_made_a_folder(
+    capsys, tmp_path, monkeypatch, how
+):
+    monkeypatch.chdir(tmp_path)
+    if how == "env":
+        monkeypatch.setenv("EVENTING_STORE", "foo://bar")
+        how = []
+    code, out, err = run_cli(capsys, *how, "bucket", "create", "q")
+    assert code == 2 and out == "" and list(tmp_path.iterdir()) == []
+    assert len(err.strip().splitlines()) == 1 and err.startswith("error: store location ")
+    assert "postgresql://" in err and "data directory" in err and "secret" not in err
