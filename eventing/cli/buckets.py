@@ -12,7 +12,14 @@ import sys
 import time
 from typing import Any
 
-from eventing.cli.common import EXIT_INTERRUPTED, parse_doc_arg, positive_int, state_of, writable_state
+from eventing.cli.common import (
+    EXIT_INTERRUPTED,
+    parse_doc_arg,
+    positive_int,
+    state_of,
+    store_int,
+    writable_state,
+)
 from eventing.cli.output import emit_json, progress_enabled, table
 from eventing.core import xattrs as xattr_codec
 from eventing.core.wording import counted
@@ -390,9 +397,9 @@ def register(sub: Any, add: Any) -> None:
         "load", cmd_bucket_load, "generate faker mutations, or import JSON lines from a file or stdin", bsub
     )
     p.add_argument("name", metavar="KEYSPACE", help=KEYSPACE_HELP)
-    p.add_argument("--documents", type=int, default=10_000, help="distinct documents (default 10000)")
+    p.add_argument("--documents", type=store_int, default=10_000, help="distinct documents (default 10000)")
     p.add_argument(
-        "--mutations", type=int, default=100_000, help="total mutations, >= documents (default 100000)"
+        "--mutations", type=store_int, default=100_000, help="total mutations, >= documents (default 100000)"
     )
     p.add_argument("--seed", type=int, default=0, help="same seed, same mutations (default 0)")
     p.add_argument("--prefix", default="customer", help="key prefix (default customer)")
@@ -403,7 +410,9 @@ def register(sub: Any, add: Any) -> None:
     p.add_argument("name", metavar="KEYSPACE", help=KEYSPACE_HELP)
     p.add_argument("key")
     p.add_argument("doc", help="the document as a JSON object")
-    p.add_argument("--expiry", type=int, default=0, help="epoch seconds after which it expires (0: never)")
+    p.add_argument(
+        "--expiry", type=store_int, default=0, help="epoch seconds after which it expires (0: never)"
+    )
     p = add("delete", cmd_bucket_delete, "delete one document (a tombstone mutation)", bsub)
     p.add_argument("name", metavar="KEYSPACE", help=KEYSPACE_HELP)
     p.add_argument("key")

@@ -127,24 +127,37 @@ class ProgressRenderer:
             bar.close()
 
 
+# The largest integer SQLite (and PostgreSQL's bigint) holds: a larger number given to a command that reaches
+# the store would fail there with a traceback (OverflowError), not as the user's mistake.
+STORE_INT_MAX = 2**63 - 1
+
+
 def positive_int(text: str) -> int:
-    """An argparse type: a whole number >= 1 (argparse prints the message on one line and exits 2)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}")
-    return value
+    """An argparse type: a whole number from 1 to STORE_INT_MAX (argparse prints the message on one line
+    and exits 2)."""
+    return _whole_number(text, 1)
 
 
 def non_negative_int(text: str) -> int:
+    """An argparse type: a whole number from 0 to STORE_INT_MAX."""
+    return _whole_number(text, 0)
+
+
+def store_int(text: str) -> int:
+    """An argparse type: a whole number a store can hold, -STORE_INT_MAX to STORE_INT_MAX (the command
+    checks its own range)."""
+    return _whole_number(text, -STORE_INT_MAX)
+
+
+def _whole_number(text: str, least: int) -> int:
     try:
         value = int(text)
     except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a whole number of at least 0, got {text!r}")
+        value = None
+    if value is None or not least <= value <= STORE_INT_MAX:
+        raise argparse.ArgumentTypeError(
+            f"must be a whole number from {least} to {STORE_INT_MAX}, got {text!r}"
+        )
     return value
 
 

@@ -7,7 +7,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from eventing.cli.common import existing_state
+from eventing.cli.common import existing_state, store_int
 from eventing.cli.output import emit_json, progress_enabled, table
 from eventing.core.wording import counted
 
@@ -174,8 +174,8 @@ def _short(text: str, width: int = 60) -> str:
 
 
 def _add_selectors(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--vb", type=int, help="rows of this vBucket")
-    p.add_argument("--seqno", type=int, help="with --vb: the row of this seqno")
+    p.add_argument("--vb", type=store_int, help="rows of this vBucket")
+    p.add_argument("--seqno", type=store_int, help="with --vb: the row of this seqno")
     p.add_argument("--key", help="rows of this document key")
 
 
@@ -194,7 +194,7 @@ def register(sub, add) -> None:
     )
     p.add_argument("function")
     p.add_argument("--reason", help="only rows with this reason: error, timeout, undecodable, oversize, ...")
-    p.add_argument("--limit", type=int, help="at most this many rows")
+    p.add_argument("--limit", type=store_int, help="at most this many rows")
     p.add_argument("--all", action="store_true", help="include rows already replayed")
 
     p = add(

@@ -28,6 +28,7 @@ from sharding import NUM_VBUCKETS
 
 # Epoch numbers at or above this are milliseconds (13 digits), below it seconds (10 digits today).
 MS_EPOCH_THRESHOLD = 100_000_000_000
+LATEST_TIME_S = 253_402_300_799  # 9999-12-31T23:59:59Z
 
 
 @dataclass
@@ -60,6 +61,7 @@ def parse_time_ns(text: str) -> int:
         pass
     else:
         seconds = number / 1000 if abs(number) >= MS_EPOCH_THRESHOLD else number
+        _check_time_range(text, seconds)  # NaN and infinity too
         return int(seconds * 1_000_000_000)
     try:
         moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
@@ -69,7 +71,19 @@ def parse_time_ns(text: str) -> int:
         ) from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
+    _check_time_range(text, moment.timestamp())
     return int(moment.timestamp()) * 1_000_000_000 + moment.microsecond * 1000
+
+
+def _check_time_range(text: str, seconds: float) -> None:
+    """Mutations are written after 1970 and datetimes end with year 9999 (a larger number would not fit the
+    log's 64-bit integers either)."""
+    if not 0 <= seconds < LATEST_TIME_S + 1:
+        raise ConfigError(
+            f"--to-time {text[:40]} is out of range; give a time from 1970-01-01T00:00:00Z to "
+            f"9999-12-31T23:59:59Z: ISO 8601, or epoch seconds 0 to {MS_EPOCH_THRESHOLD - 1} (a larger "
+            f"number is epoch milliseconds, up to {LATEST_TIME_S * 1000 + 999})"
+        )
 
 
 def rewind(

@@ -53,3 +53,49 @@ def test_a_store_that_looks_like_another_kind_of_url_is_refused_not_made_a_folde
     assert code == 2 and out == "" and list(tmp_path.iterdir()) == []
     assert len(err.strip().splitlines()) == 1 and err.startswith("error: store location ")
     assert "postgresql://" in err and "data directory" in err and "secret" not in err
+
+
+def paused_function(capsys, dd, data_dir) -> None:
+    one_function(data_dir)
+    assert run_cli(capsys, *dd, "run", "--until-caught-up", "--executor", "in-process", "--quiet")[0] == 0
+    assert run_cli(capsys, *dd, "pause", "fn_ok")[0] == 0
+
+
+TOO_LARGE = "99999999999999999999"  # above SQLite's (and PostgreSQL's bigint) 64-bit integers
+
+
+@pytest.mark.parametrize("when", [TOO_LARGE, "1e400", "nan", "-5", "0001-01-01T00:00:00Z", "253402300800000"])
+def test_rewind_to_a_time_out_of_range_names_the_option_and_the_range(capsys, dd, data_dir, when):
+    paused_function(capsys, dd, data_dir)
+    code, out, err = run_cli(capsys, *dd, "rewind", "fn_ok", "--to-time", when)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert err.startswith(
+        f"error: --to-time {when} is out of range; give a time from 1970-01-01T00:00:00Z to "
+    )
+    code, out, _ = run_cli(capsys, *dd, "rewind", "fn_ok", "--to-time", "253402300799999")  # the last one
+    assert code == 0 and "9999-12-31T23:59:59.99" in out
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["rewind", "fn_ok", "--to-seqno", TOO_LARGE],
+        ["bucket", "keys", "src", "--limit", TOO_LARGE],
+        ["bucket", "scan", "src", "--limit", TOO_LARGE],
+        ["bucket", "export", "src", "-o", "-", "--limit", TOO_LARGE],
+        ["bucket", "upsert", "src", "k", "{}", "--expiry", TOO_LARGE],
+        ["bucket", "load", "src", "--documents", TOO_LARGE, "--mutations", TOO_LARGE],
+        ["dlq", "list", "fn_ok", "--limit", TOO_LARGE],
+        ["dlq", "show", "fn_ok", "--vb", "1", "--seqno", TOO_LARGE],
+        ["dlq", "purge", "fn_ok", "--vb", TOO_LARGE],
+        ["checkpoints", "fn_ok", "--vb", TOO_LARGE],
+    ],
+    ids=lambda argv: " ".join(argv[:2] + argv[-2:-1]),
+)
+def test_numbers_too_large_for_the_store_are_usage_errors_not_tracebacks(capsys, dd, data_dir, argv):
+    paused_function(capsys, dd, data_dir)
+    with pytest.raises(SystemExit) as caught:
+        main([*dd, *argv])
+    out, err = capsys.readouterr()
+    assert caught.value.code == 2 and out == "" and "Traceback" not in err
+    assert "must be a whole number from " in err and f"to {2**63 - 1}, got '{TOO_LARGE}'" in err
