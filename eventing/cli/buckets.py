@@ -148,12 +148,17 @@ def cmd_bucket_load(args: argparse.Namespace) -> int:
 
 
 def cmd_bucket_upsert(args: argparse.Namespace) -> int:
-    if args.expiry < 0:
+    from eventing.kv.protocol import RELATIVE_EXPIRY_LIMIT, absolute_expiry
+    from eventing.ops.jsonl import MAX_EXPIRY
+
+    if not 0 <= args.expiry <= MAX_EXPIRY:
         raise ConfigError(
-            f"--expiry is {args.expiry}; give epoch seconds after which the document expires, or 0 for never"
+            f"--expiry is {args.expiry}; give seconds from now (up to {RELATIVE_EXPIRY_LIMIT}, 30 days), the "
+            f"Unix time when the document expires (up to {MAX_EXPIRY}), or 0 for never"
         )
+    expiry = absolute_expiry(args.expiry, time.time())  # Couchbase's rule: up to 30 days is from now
     with open_keyspace(writable_state(args), args.name) as bucket:
-        vb, seqno = bucket.upsert(args.key, _document_arg(args.doc), expiry=args.expiry)
+        vb, seqno = bucket.upsert(args.key, _document_arg(args.doc), expiry=expiry)
     _print_write(args, "upserted", vb, seqno)
     return 0
 
@@ -411,7 +416,12 @@ def register(sub: Any, add: Any) -> None:
     p.add_argument("key")
     p.add_argument("doc", help="the document as a JSON object")
     p.add_argument(
-        "--expiry", type=store_int, default=0, help="epoch seconds after which it expires (0: never)"
+        "--expiry",
+        type=store_int,
+        default=0,
+        metavar="SECONDS",
+        help="when it expires, as in Couchbase: up to 2592000 (30 days) seconds from now, a larger number "
+        "the Unix time (0: never)",
     )
     p = add("delete", cmd_bucket_delete, "delete one document (a tombstone mutation)", bsub)
     p.add_argument("name", metavar="KEYSPACE", help=KEYSPACE_HELP)

@@ -405,6 +405,24 @@ def test_upsert_refuses_a_negative_expiry(capsys, dd):
     assert code == 2 and "--expiry is -5" in err
 
 
+def test_upsert_reads_an_expiry_up_to_30_days_as_seconds_from_now_as_couchbase_does(capsys, dd):
+    """docs/handler-api.md's rule (memcached's): up to 30 days an expiry is relative, above it a Unix time."""
+    run_cli(capsys, "bucket", "create", "src", *dd)
+
+    def expiry_of(given: str) -> int:
+        assert run_cli(capsys, "bucket", "upsert", "src", "k", '{"a":1}', "--expiry", given, *dd)[0] == 0
+        return json.loads(run_cli(capsys, "bucket", "get", "src", "k", "--json", *dd)[1])["meta"]["expiry"]
+
+    before = int(time.time())
+    assert before + 5 <= expiry_of("5") <= int(time.time()) + 5  # not 1970
+    month = 30 * 24 * 3600
+    assert before + month <= expiry_of(str(month)) <= int(time.time()) + month
+    assert expiry_of(str(month + 1)) == month + 1  # above 30 days: a Unix time
+    assert expiry_of("4102444800") == 4102444800 and expiry_of("0") == 0
+    code, _, err = run_cli(capsys, "bucket", "upsert", "src", "k", "{}", "--expiry", str(2**32), *dd)
+    assert code == 2 and "up to 4294967295" in err
+
+
 def test_version(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["--version"])
