@@ -166,13 +166,15 @@ def cmd_bucket_upsert(args: argparse.Namespace) -> int:
 def _document_arg(text: str) -> object:
     """A JSON object as handlers read it (a dict); any other JSON value (a string, number, array, true, false,
     null) as its JSON text, as the Data API and the SDKs store them and handlers write them."""
+    from eventing.ops.jsonl import stored_document
+
     try:
         value = json.loads(text)
     except json.JSONDecodeError:
         return parse_doc_arg(text)  # its one-line error names the quoting
     if isinstance(value, dict):
         return parse_doc_arg(text)
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+    return stored_document(value)  # as `bucket load --file` stores the same value
 
 
 def _shown(doc: object) -> tuple[object, str]:
@@ -265,9 +267,12 @@ def cmd_bucket_keys(args: argparse.Namespace) -> int:
     return 0
 
 
-def _doc_line(key: str, doc: dict, meta: dict) -> dict:
-    # `bucket load --file` reads key, doc, expiry and xattrs back and ignores meta.
-    line: dict[str, Any] = {"key": key, "doc": doc}
+def _doc_line(key: str, doc: object, meta: dict) -> dict:
+    # `bucket load --file` reads key, doc (with its datatype), expiry and xattrs back and ignores meta.
+    value, kind = _shown(doc)  # a JSON value as it is; text and binary marked, as `bucket get --json` does
+    line: dict[str, Any] = {"key": key, "doc": value}
+    if kind != "json":
+        line["datatype"] = kind
     if meta["expiry"]:
         line["expiry"] = meta["expiry"]
     xattrs = meta.pop("xattrs", None)
@@ -409,7 +414,9 @@ def register(sub: Any, add: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="same seed, same mutations (default 0)")
     p.add_argument("--prefix", default="customer", help="key prefix (default customer)")
     p.add_argument(
-        "--file", help='JSON lines: {"key":..., "doc":{...}} or {"key":..., "op":"delete"}; - for stdin'
+        "--file",
+        help='JSON lines: {"key":..., "doc":...} (any JSON value, as upsert takes; "datatype": "binary" with '
+        'base64 or "text", as bucket export writes) or {"key":..., "op":"delete"}; - for stdin',
     )
     p = add("upsert", cmd_bucket_upsert, "create or replace one document", bsub)
     p.add_argument("name", metavar="KEYSPACE", help=KEYSPACE_HELP)

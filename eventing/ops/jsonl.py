@@ -1,11 +1,15 @@
 """JSON lines import (`eventing bucket load --file`, `Eventing.load_jsonl`): one mutation a line,
-`{"key": ..., "doc": {...}}` (with an optional "expiry", and "xattrs": the document's extended attributes,
-as `eventing bucket export` writes them) or `{"key": ..., "op": "delete"}`, committed in transactions of up
-to 20,000 lines; a bad line is reported with its number, never loaded. An upsert without "xattrs" keeps
-those the document has, as Couchbase's full-document writes do; `"xattrs": {}` leaves it none."""
+`{"key": ..., "doc": ...}` (a JSON object, or any other JSON value as `bucket upsert` takes it; "datatype":
+"text" or "binary" with base64 for a document that is not JSON; an optional "expiry", and "xattrs": the
+document's extended attributes; as `eventing bucket export` writes them) or `{"key": ..., "op": "delete"}`,
+committed in transactions of up to 20,000 lines; a bad line is reported with its number, never loaded. An
+upsert without "xattrs" keeps those the document has, as Couchbase's full-document writes do;
+`"xattrs": {}` leaves it none."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import sys
 from collections.abc import Iterable, Iterator
@@ -56,6 +60,7 @@ class _Line(msgspec.Struct):
     op: str = "upsert"
     expiry: Annotated[int, msgspec.Meta(ge=0, le=MAX_EXPIRY)] = 0
     xattrs: dict[str, Any] | msgspec.UnsetType = msgspec.UNSET
+    datatype: str = "json"
 
 
 _line_decoder = msgspec.json.Decoder(_Line)
@@ -94,7 +99,11 @@ def rows_of_lines(
             doc = line.doc
             if line.op == "delete":
                 rows.append((key, OP_DELETE, None, 0))
-            elif doc is msgspec.UNSET or line.op not in ("upsert", "update", "insert"):
+            elif (
+                doc is msgspec.UNSET
+                or line.op not in ("upsert", "update", "insert")
+                or line.datatype != "json"
+            ):
                 raise ValueError(line.op)
             else:
                 if raw.count(b"{") + raw.count(b"[") > NESTING_LIMIT and nests_too_deep(doc):
@@ -127,6 +136,34 @@ def rows_of_lines(
             rows = []
     if rows:
         yield rows
+
+
+def stored_document(value: Any, datatype: Any = "json") -> dict | bytes:
+    """A document as it is stored: a JSON object as it is; any other JSON value (an array, a string, a
+    number, true, false, null) as its JSON text, as `bucket upsert`, the Data API and the SDKs store them;
+    with "datatype": "text" a string's UTF-8 bytes, with "binary" its base64 decoded (how `bucket export`
+    and `bucket get --json` write documents that are not JSON)."""
+    if datatype == "json":
+        if isinstance(value, dict):
+            return value
+        try:
+            return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+        except ValueError:
+            raise InvalidDocumentError("document holds NaN or infinity, which JSON does not have") from None
+    if datatype == "text" and isinstance(value, str):
+        return value.encode("utf-8")
+    if datatype == "binary" and isinstance(value, str):
+        try:
+            return base64.b64decode(value, validate=True)
+        except binascii.Error:
+            raise InvalidDocumentError(
+                '"doc" of a "binary" document must be base64 text, as `bucket export` writes it'
+            ) from None
+    if datatype in ("text", "binary"):
+        raise InvalidDocumentError(f'"doc" of a {json.dumps(datatype)} document must be a string')
+    raise InvalidDocumentError(
+        f'"datatype" {json.dumps(datatype)[:40]} is not known; give "json" (the default), "text" or "binary"'
+    )
 
 
 def _expiry(value: Any) -> int:
@@ -181,7 +218,8 @@ def _parse_line(raw: bytes, number: int, rejected: list[str]) -> tuple | None:
         if op in ("upsert", "update", "insert"):
             if "doc" not in item:
                 raise InvalidDocumentError('an upsert line needs "doc"')
-            row = (key, OP_UPDATE, encode_document(item["doc"]), _expiry(item.get("expiry", 0)))
+            doc = stored_document(item["doc"], item.get("datatype", "json"))
+            row = (key, OP_UPDATE, encode_document(doc), _expiry(item.get("expiry", 0)))
             return row if "xattrs" not in item else (*row, xattrs_field(item["xattrs"]))
         raise InvalidDocumentError(f'unknown op {op!r}; use "upsert" or "delete"')
     except json.JSONDecodeError as exc:

@@ -289,7 +289,8 @@ def test_bulk_load_streams_lines_into_a_collection_and_stops_at_a_bad_line(api, 
     with open_keyspace(data_dir, "shop.sales.orders") as coll:
         assert coll.count() == 45_000 and coll.get("k44999") == {"i": 44999}
     body = (
-        b'{"key":"x1","doc":{}}\n{"key":"x2","op":"delete"}\n{"key":"x3","doc":[1]}\n{"key":"x4","doc":{}}\n'
+        b'{"key":"x1","doc":{}}\n{"key":"x2","op":"delete"}\n{"key":"x3","op":"drop"}\n'
+        b'{"key":"x4","doc":{}}\n'
     )
     r = api("POST", "/api/v1/keyspaces/shop.sales.orders/load", content=body)
     assert r.status_code == 400
