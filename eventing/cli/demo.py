@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import logging
 import os
 import shutil
@@ -14,10 +16,10 @@ from typing import Any
 
 from eventing.cli.common import ProgressRenderer, writable_state
 from eventing.cli.output import emit_json, progress_enabled, table
-from eventing.errors import EventingError
+from eventing.errors import ConfigError, EventingError, LifecycleError
 from eventing.storage.state import State, StateLike, as_state
 from functions import FUNCTIONS_DIR
-from metadata import FunctionState
+from metadata import FunctionRecord, FunctionState
 
 log = logging.getLogger("eventing.demo")
 
@@ -28,8 +30,81 @@ DEMO_FUNCTIONS = (*HANDLER_FUNCTIONS, WINDOW_FUNCTION)
 WINDOW_ROWS_SHOWN = 6
 
 
+DEMO_MARKER = "demo.made"  # metadata key: what the last demo made, so that the next one replaces only that
+
+
+def _made(state: State) -> dict[str, dict[str, str]]:
+    """What an earlier demo recorded making here: {"buckets": {name: uuid}, "functions": {name: mark}}."""
+    try:
+        made = json.loads(state.metadata.get_kv(DEMO_MARKER) or "{}")
+    except ValueError:
+        return {}
+    return made if isinstance(made, dict) else {}
+
+
+def _record(state: State, made: dict[str, dict[str, str]]) -> None:
+    state.metadata.set_kv(DEMO_MARKER, json.dumps(made, sort_keys=True))
+
+
+def _bucket_mark(state: State, name: str) -> str | None:
+    """A bucket's identity (a new one when it is dropped and created again, or flushed)."""
+    try:
+        with state.open_bucket(name) as bucket:
+            return bucket.uuid
+    except EventingError:  # damaged: not recognisably the demo's
+        return None
+
+
+def _function_mark(record: FunctionRecord) -> str:
+    """A function as the demo deployed it: its deployment's generation and its definition and code (a
+    redeploy, or a function of the same name saved anew with other code, is another)."""
+    body = json.dumps([record.definition, record.source], sort_keys=True)
+    return f"{record.generation}:{hashlib.sha256(body.encode()).hexdigest()[:16]}"
+
+
+def _check_replaceable(state: State, reset: bool) -> None:
+    """Before the demo drops its buckets and functions: refuse (one line) where they exist but an earlier demo
+    did not make them (a user's own `customers` or `fn_email`), unless --reset; and refuse, even with
+    --reset, to drop a bucket that a deployed or paused function other than the demo's own reads or writes.
+    A demo's own bucket is recognised by its identity, a demo's own function by its deployment generation and
+    code, both recorded in the metadata store when the demo made them."""
+    made = _made(state)
+    known = {r.name: r for r in state.metadata.list_functions()}
+    buckets = [b for b in DEMO_BUCKETS if state.has_bucket(b)]
+    theirs_b = [b for b in buckets if _bucket_mark(state, b) != made.get("buckets", {}).get(b)]
+    theirs_f = [
+        n
+        for n in DEMO_FUNCTIONS
+        if n in known and _function_mark(known[n]) != made.get("functions", {}).get(n)
+    ]
+    ours_f = {n for n in DEMO_FUNCTIONS if n in known and n not in theirs_f}
+    for record in known.values():
+        if record.name in ours_f or record.state is FunctionState.UNDEPLOYED:
+            continue
+        d = record.definition
+        named = [d.get("source_bucket")] + [
+            b.get("bucket") for b in d.get("bindings", []) if isinstance(b, dict)
+        ]
+        used = sorted({str(n).split(".")[0] for n in named if n} & set(buckets))
+        if used:
+            raise LifecycleError(
+                f"the demo would drop bucket '{used[0]}' in {state.shown}, which function '{record.name}' "
+                f"uses and is {record.state.value}; undeploy it first (`eventing undeploy {record.name}`), "
+                "or run the demo with another --data-dir"
+            )
+    if (theirs_b or theirs_f) and not reset:
+        named_all = [f"bucket '{b}'" for b in theirs_b] + [f"function '{n}'" for n in theirs_f]
+        listed = ", ".join(named_all[:-1]) + " and " + named_all[-1] if len(named_all) > 1 else named_all[0]
+        raise ConfigError(
+            f"the demo would drop and replace {listed} in {state.shown}, which no earlier demo made; run it "
+            "with another data directory (`eventing --data-dir /tmp/eventing-demo demo`), or pass --reset to "
+            "replace them"
+        )
+
+
 def _reset(state: State) -> None:
-    """Start from a clean slate so the demo can be run again: drop its functions and buckets."""
+    """Start from a clean slate so the demo can be run again: drop its functions and buckets (checked by
+    _check_replaceable first)."""
     from eventing.control import lifecycle
 
     store = state.metadata
@@ -46,6 +121,7 @@ def _reset(state: State) -> None:
     for name in DEMO_BUCKETS:
         if state.has_bucket(name):
             state.drop_bucket(name)
+    _record(state, {})
 
 
 def run_demo(state: State, args: argparse.Namespace) -> int:
@@ -61,14 +137,18 @@ def run_demo(state: State, args: argparse.Namespace) -> int:
         raise EventingError(
             f"an eventing service is running on {state.shown}; stop it (Ctrl-C) before the demo resets it"
         )
+    _check_replaceable(state, args.reset)
     _reset(state)
     # Spark's cold start (~10 s of JVM, and a first job) overlaps loading and deploying instead of stalling
     # the first window.
     warm = threading.Thread(target=_warm_spark, name="spark-warm-up", daemon=True)
     warm.start()
     say(f"1. creating buckets {', '.join(DEMO_BUCKETS)} in {state.shown}")
+    made: dict[str, dict[str, str]] = {"buckets": {}, "functions": {}}
     for name in DEMO_BUCKETS:
-        app.create_bucket(name, exist_ok=False)
+        with app.create_bucket(name, exist_ok=False) as bucket:
+            made["buckets"][name] = bucket.uuid
+        _record(state, made)  # at once: a demo stopped half way is still recognised as the demo's
     say(f"2. loading {args.mutations:,} faker mutations over {args.documents:,} customers (seed {args.seed})")
     t0 = time.perf_counter()
     app.load("customers", documents=args.documents, mutations=args.mutations, seed=args.seed)
@@ -80,7 +160,8 @@ def run_demo(state: State, args: argparse.Namespace) -> int:
         "event-time windows per country, merged by PySpark)"
     )
     for name in DEMO_FUNCTIONS:
-        app.deploy(FUNCTIONS_DIR / f"{name}.json")
+        made["functions"][name] = _function_mark(app.deploy(FUNCTIONS_DIR / f"{name}.json"))
+        _record(state, made)
     say(
         "4. processing everything on "
         f"{'a local Ray instance' if args.executor == 'ray' and not args.ray_address else args.executor}"
@@ -271,3 +352,10 @@ def register(sub: Any, add: Any) -> None:
         "--ray-address", default=None, help="join an existing Ray cluster (default $EVENTING_RAY_ADDRESS)"
     )
     p.add_argument("--executor", choices=["ray", "in-process"], default="ray")
+    p.add_argument(
+        "--reset",
+        action="store_true",
+        help=f"drop and replace the buckets {', '.join(DEMO_BUCKETS)} and the functions "
+        f"{', '.join(DEMO_FUNCTIONS)} even where no earlier demo made them (without it the demo replaces "
+        "only its own; never a bucket that another deployed or paused function uses)",
+    )
