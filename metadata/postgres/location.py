@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 from metadata.errors import ConfigError
@@ -16,7 +17,20 @@ DEFAULT_POOL_SIZE = 8
 
 
 def is_postgres_url(location: str) -> bool:
-    return urlsplit(str(location)).scheme.lower() in SCHEMES
+    scheme, sep, _ = str(location).partition("://")
+    return bool(sep) and scheme.lower() in SCHEMES  # a malformed rest is parse_postgres_url's to name
+
+
+def _split(url: str) -> Any:
+    """urlsplit, with a malformed authority (`[::1` unclosed) as one line that names no password."""
+    try:
+        return urlsplit(str(url))
+    except ValueError as exc:
+        scheme = str(url).partition("://")[0]
+        raise ConfigError(
+            f"the {scheme}:// URL is malformed ({exc}); write it as postgresql://user[:password]@host[:port]"
+            "/database, an IPv6 host in brackets ([::1])"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -41,7 +55,7 @@ class PostgresTarget:
 def parse_postgres_url(url: str) -> PostgresTarget:
     """Split our `schema=` parameter off a libpq URL and default its connect_timeout; ConfigError naming the
     mistake (never the password) when it is not a usable PostgreSQL URL."""
-    parts = urlsplit(url)
+    parts = _split(url)
     shown = redact(url)
     if parts.scheme.lower() not in SCHEMES:
         raise ConfigError(
@@ -73,7 +87,7 @@ def parse_postgres_url(url: str) -> PostgresTarget:
 
 def redact(url: str) -> str:
     """The URL with any password (in the authority or as ?password=) replaced by ***."""
-    parts = urlsplit(str(url))
+    parts = _split(url)
     netloc = parts.netloc
     userinfo, at, hosts = netloc.rpartition("@")
     if at and ":" in userinfo:

@@ -81,3 +81,21 @@ def test_errors_are_one_line_naming_the_server_and_the_way_out(error, words):
     assert "\n" not in line and "LINE 1" not in line and "unreachable" not in line and ":pw@" not in line
     for text in words:
         assert text in line, line
+
+
+@pytest.mark.parametrize("url", ["postgresql://x:secretpw@[::1", "postgres://u:secretpw@[fe80::1/db"])
+def test_a_malformed_url_is_one_line_without_its_password(url, tmp_path):
+    from metadata.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="malformed") as raised:
+        parse_postgres_url(url)
+    assert "secretpw" not in str(raised.value)
+    done = subprocess.run(
+        [sys.executable, "-m", "eventing", "--store", url, "bucket", "list"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith("error: ") and len(done.stderr.strip().splitlines()) == 1
+    assert "secretpw" not in done.stderr + done.stdout
