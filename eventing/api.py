@@ -12,6 +12,8 @@ parameters instead of flags and environment variables.
     print(app.stats("fn_email").on_update_success)
 
     running = app.run(until_caught_up=False)   # in a background thread until stopped
+    app.upsert("customers", "customer::new", {"name": "Ada", "email": "ada@example.com"})
+    running.wait_until_caught_up()             # that write handled, its effects applied
     running.stop(); summary = running.wait()
 
 The CLI's demo (`eventing demo`) runs on this API.
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +32,7 @@ from typing import Any, Literal, overload
 from eventing.control import lifecycle
 from eventing.control.service import EventingService, RunSummary
 from eventing.core.definition import Boundary, FunctionDefinition
-from eventing.errors import ConfigError, InvalidDocumentError
+from eventing.errors import ConfigError, EventingError, InvalidDocumentError
 from eventing.ops import buckets as bucket_ops
 from eventing.ops.jsonl import load_json_lines
 from eventing.ops.stats import function_stats, vbucket_map
@@ -37,15 +40,16 @@ from eventing.ops.verify import VerifyReport, verify_function
 from eventing.storage import loadgen
 from eventing.storage.keyspace import Collection, open_keyspace
 from eventing.storage.protocol import FileBucket
-from eventing.storage.state import default_location, open_state
+from eventing.storage.state import State, default_location, open_state
 from eventing.storage.values import Write
 from eventing.storage.writes import chunked
 from eventing.windows.runtime.host import WindowOptions
 from eventing.workers.executor import make_executor
-from metadata import FunctionRecord
+from metadata import FunctionRecord, FunctionState
 from metadata.sqlite_io import private_folder
 
 ExecutorKind = Literal["ray", "in-process"]
+CAUGHT_UP_POLL_S = 0.05  # how often RunningService.wait_until_caught_up looks at the checkpoints
 
 
 @dataclass(frozen=True)
@@ -160,7 +164,8 @@ class WindowReport:
 
 class RunningService:
     """A service started by `Eventing.run(until_caught_up=False)`, running in a background thread until
-    stop(); wait() gives its RunSummary (and raises what ended it, if it failed to start)."""
+    stop(); wait_until_caught_up() waits for what the sources hold to be handled; wait() gives its
+    RunSummary (and raises what ended it, if it failed to start)."""
 
     def __init__(self, service: EventingService):
         self._service = service
@@ -183,6 +188,53 @@ class RunningService:
         """Ask the service to stop: every function checkpoints and its workers end (wait() for it)."""
         self._service.stop()
 
+    def wait_until_caught_up(self, timeout: float = 60.0) -> None:
+        """Block until every deployed function this service runs has handled and checkpointed every
+        mutation its source bucket holds now (its high seqnos at this call): writes made before the call
+        have then been handled and their effects applied. The service keeps running. TimeoutError after
+        `timeout` seconds (naming the functions still behind); a function that failed, or a service that
+        ended, raises what ended it."""
+        service = self._service
+        targets = {name: _high_seqnos(service.state, source) for name, source in self._deployed().items()}
+        deadline = time.monotonic() + timeout
+        while True:
+            behind: dict[str, int] = {}
+            for name, highs in targets.items():
+                progress = service.summary.functions.get(name)
+                if progress is not None and progress.error is not None:
+                    raise EventingError(f"function '{name}' failed: {progress.error}")
+                with service.state.metadata as store:
+                    checkpoints = store.checkpoints(name)
+                lag = sum(
+                    max(0, high - (checkpoints[vb].seqno if vb in checkpoints else 0))
+                    for vb, high in enumerate(highs)
+                )
+                if lag:
+                    behind[name] = lag
+            if not behind:
+                return
+            if not self.running:
+                self.wait(0)  # raises what ended it
+                raise EventingError("the eventing service stopped before its functions caught up")
+            if time.monotonic() >= deadline:
+                left = ", ".join(f"{name} {lag:,}" for name, lag in sorted(behind.items()))
+                raise TimeoutError(
+                    f"not caught up after {timeout} s; mutations not yet checkpointed: {left} "
+                    "(the service keeps running: wait again, or stop() it)"
+                )
+            time.sleep(CAUGHT_UP_POLL_S)
+
+    def _deployed(self) -> dict[str, str]:
+        """The deployed functions this service runs, with their source keyspaces."""
+        only = self._service.only
+        with self._service.state.metadata as store:
+            records = store.list_functions()
+        return {
+            r.name: r.definition["source_bucket"]
+            for r in records
+            if r.state is FunctionState.DEPLOYED and (only is None or r.name in only)
+        }
+
     def wait(self, timeout: float | None = None) -> RunSummary:
         """The run's summary once the service has stopped; TimeoutError if it is still running after
         `timeout` seconds (it keeps running: stop() it, or wait again)."""
@@ -193,6 +245,11 @@ class RunningService:
             raise self._error
         assert self._summary is not None
         return self._summary
+
+
+def _high_seqnos(state: State, source: str) -> list[int]:
+    with state.open_bucket(source) as bucket:
+        return bucket.high_seqnos()
 
 
 class Eventing:
@@ -449,9 +506,10 @@ class Eventing:
         """Run the deployed functions (`eventing run`). By default until the high seqnos seen at start are
         handled and checkpointed: blocks and returns the RunSummary. With `until_caught_up=False` the
         service runs in a background thread and follows new mutations and lifecycle changes until
-        stopped: returns a RunningService (`stop()`, then `wait()` for the summary). Errors of a function
-        are in the summary's `errors`. Windowed functions: `close_windows` closes every open window at the
-        end of the input (with until_caught_up), `spark_master` sends merge jobs to a Spark cluster
+        stopped: returns a RunningService (`wait_until_caught_up()` for the writes made so far to be
+        handled, `stop()`, then `wait()` for the summary). Errors of a function are in the summary's
+        `errors`. Windowed functions: `close_windows` closes every open window at the end of the input
+        (with until_caught_up), `spark_master` sends merge jobs to a Spark cluster
         (default local[*])."""
         service = EventingService(
             self.state,

@@ -110,6 +110,57 @@ def test_run_without_until_caught_up_runs_in_the_background_until_stopped(tmp_pa
     assert app.stats("copy").on_update_success == 1
 
 
+def _copy_app(tmp_path, handler="def on_update(doc, meta):\n    dst[meta.id] = doc\n"):
+    app = Eventing(tmp_path / "data", executor="in-process")
+    app.create_bucket("src")
+    app.create_bucket("dst")
+    defn = FunctionDefinition.from_dict(
+        {
+            "name": "copy",
+            "source_bucket": "src",
+            "bindings": [{"alias": "dst", "bucket": "dst", "access": "rw"}],
+        }
+    )
+    app.deploy(defn, handler)
+    return app
+
+
+def test_wait_until_caught_up_returns_once_the_writes_made_before_it_are_handled(tmp_path):
+    app = _copy_app(tmp_path)
+    running = app.run(until_caught_up=False)
+    try:
+        for i in range(50):
+            app.upsert("src", f"k{i}", {"n": i})
+        running.wait_until_caught_up(timeout=30)
+        # No polling: every write made before the call has been handled and its effect applied.
+        assert app.count("dst") == 50 and app.get("dst", "k49") == {"n": 49}
+        assert app.stats("copy").checkpoint_lag == 0
+        assert running.running  # it keeps running
+        app.upsert("src", "late", {"n": -1})
+        running.wait_until_caught_up(timeout=30)
+        assert app.get("dst", "late") == {"n": -1}
+    finally:
+        running.stop()
+    summary = running.wait(timeout=30)
+    assert summary.functions["copy"].handled == 51 and not summary.errors
+
+
+def test_wait_until_caught_up_times_out_naming_what_is_behind_and_refuses_a_stopped_service(tmp_path):
+    app = _copy_app(tmp_path, "import time\n\ndef on_update(doc, meta):\n    time.sleep(0.2)\n")
+    running = app.run(until_caught_up=False)
+    try:
+        for i in range(20):
+            app.upsert("src", f"k{i}", {"n": i})
+        with pytest.raises(TimeoutError, match=r"not caught up after 0.1 s; .*copy \d+"):
+            running.wait_until_caught_up(timeout=0.1)
+    finally:
+        running.stop()
+    running.wait(timeout=60)
+    app.upsert("src", "after", {"n": 0})
+    with pytest.raises(EventingError, match="stopped before its functions caught up"):
+        running.wait_until_caught_up(timeout=5)
+
+
 def test_run_in_the_background_hands_a_start_failure_to_wait(tmp_path):
     app = Eventing(tmp_path / "data", executor="in-process")
     first = app.run(until_caught_up=False)
