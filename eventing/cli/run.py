@@ -314,9 +314,24 @@ def _print_stats(data: dict[str, Any]) -> None:
     for k, v in data.items():
         if k in ("function", "state"):
             continue
+        if k == "last_run":
+            _print_last_run(v)
+            continue
         if isinstance(v, dict):
             v = ", ".join(f"{a}={b}" for a, b in v.items()) or "-"
         print(f"  {k:>26}: {v if v is not None else '-'}")
+
+
+def _print_last_run(run: dict[str, Any]) -> None:
+    """The last run's two rates, each with the time it is over."""
+    print(
+        f"  {'last_run':>26}: handled={run['handled']} in seconds={run['seconds']} (start to stop, start-up "
+        f"included): handled_per_s={run['handled_per_s']}"
+    )
+    print(
+        f"  {'':>26}  busy_s={run['busy_s']} (first batch to last): mutations_per_s={run['mutations_per_s']} "
+        "(handled / busy_s; throughput_mps once no service runs it)"
+    )
 
 
 def _interval(text: str) -> float:

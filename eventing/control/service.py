@@ -721,6 +721,7 @@ class EventingService:
                 "last_run_handled": sup.handled,
                 "last_run_seconds": elapsed,
                 "last_run_mps": sup.handled / max(busy, 1e-3) if sup.handled else 0.0,
+                "last_run_busy_seconds": busy,
                 "throughput_mps": 0.0,
             },
         )

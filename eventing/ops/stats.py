@@ -197,15 +197,26 @@ def function_stats(state: StateLike, name: str) -> dict[str, Any]:
     out["curl"] = {k: int(v) for k, v in counters.items() if k.startswith("curl_")}
     out["couchbase"] = couchbase_stats(counters)
     if counters.get("last_run_seconds"):
-        out["last_run"] = {
-            "handled": int(counters.get("last_run_handled", 0)),
-            "seconds": round(counters["last_run_seconds"], 2),
-            # Over the time it was handling (first batch to last), not its start-up: see last_run_mps.
-            "mutations_per_s": round(float(counters["last_run_mps"]), 1)
-            if "last_run_mps" in counters
-            else round(counters.get("last_run_handled", 0) / counters["last_run_seconds"], 1),
-        }
+        out["last_run"] = last_run_view(counters)
     return out
+
+
+def last_run_view(counters: dict[str, float]) -> dict[str, Any]:
+    """The function's last start, from its start to its stop: `seconds` (start-up included) and
+    `handled_per_s` over them; `busy_s`, the time it was handling (its first batch to its last), and
+    `mutations_per_s` over that, the figure `throughput_mps` shows once no service runs the function."""
+    handled = int(counters.get("last_run_handled", 0))
+    seconds = float(counters["last_run_seconds"])
+    mps = float(counters.get("last_run_mps", handled / seconds))
+    # Runs recorded before the busy time was kept: it follows from the rate (handled / busy).
+    busy = counters.get("last_run_busy_seconds", handled / mps if mps else 0.0)
+    return {
+        "handled": handled,
+        "seconds": round(seconds, 2),
+        "handled_per_s": round(handled / seconds, 1),
+        "busy_s": round(float(busy), 3),
+        "mutations_per_s": round(mps, 1),
+    }
 
 
 def _arrival_policies(window: dict[str, Any], state: Any, counters: dict[str, Any]) -> dict[str, Any] | None:

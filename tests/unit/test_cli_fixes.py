@@ -125,6 +125,17 @@ def test_a_sub_second_run_reports_its_real_rate_in_the_summary_and_in_stats(caps
     stats = function_stats(data_dir, "fn_ok")
     assert stats["throughput_of"] == "last run" and stats["throughput_mps"] > 0
     assert stats["throughput_mps"] == stats["last_run"]["mutations_per_s"]
+    # Two rates, each named with the time it is over: the start-up is in `seconds`, not in `busy_s`.
+    run = stats["last_run"]
+    assert run["handled"] == 2000 and 0 <= run["busy_s"] <= run["seconds"]
+    # handled / seconds, with `seconds` shown to 0.01 s
+    assert run["handled_per_s"] * run["seconds"] == pytest.approx(2000, abs=run["handled_per_s"] * 0.005 + 1)
+    assert run["mutations_per_s"] >= run["handled_per_s"]
+    capsys.readouterr()
+    assert main(["--data-dir", data_dir, "stats", "fn_ok"]) == 0
+    shown = capsys.readouterr().out
+    assert f"last_run: handled=2000 in seconds={run['seconds']} (start to stop, start-up included)" in shown
+    assert f"busy_s={run['busy_s']} (first batch to last): mutations_per_s={run['mutations_per_s']}" in shown
     # Paused, it handles nothing, whatever its last run did.
     lifecycle.pause(data_dir, "fn_ok", wait_s=5)
     paused = function_stats(data_dir, "fn_ok")
