@@ -169,13 +169,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                 f"{name}: {counted(p.handled, 'mutation')} handled in {summary.seconds:.1f}s "
                 f"({rate:,.0f}/s), {p.state}{extra}"
             )
-            passed = {k: v for k, v in read.get(name, {}).items() if k != "handler_calls" and v}
-            if passed:  # mutations of the source its workers moved past without a handler call
-                words = ", ".join(f"{n:,} {PASSED_OVER[k]}" for k, n in passed.items())
-                print(
-                    f"  {read[name].get('handler_calls', 0):,} of them called the handler; the others were "
-                    f"passed over: {words}"
-                )
+            of_them = _of_them_line(read.get(name, {}))
+            if of_them:
+                print(f"  {of_them}")
             if p.dead_letters:
                 reasons = ", ".join(f"{reason} {n:,}" for reason, n in sorted(p.dead_letters.items()))
                 print(
@@ -245,9 +241,30 @@ def _what_was_read(
         grew = {k: int(v - before.get(name, {}).get(k, 0)) for k, v in after.get(name, {}).items()}
         out[name] = {
             "handler_calls": sum(max(0, grew.get(k, 0)) for k in HANDLER_CALLS),
+            # updates that became rows of the function's windows (with a handler, they called it too)
+            "window_rows": max(0, grew.get(counter_names.WINDOW_ROWS_WRITTEN, 0)),
             **{k: max(0, grew.get(k, 0)) for k in PASSED_OVER},
         }
     return out
+
+
+def _of_them_line(of_them: dict[str, int]) -> str | None:
+    """What a function's handled mutations were, when some of them called no handler: those that went to its
+    windows (a window-only function's updates) and those passed over, by why. None when every one called
+    the handler."""
+    calls, rows = of_them.get("handler_calls", 0), of_them.get("window_rows", 0)
+    passed = {k: n for k, n in of_them.items() if k in PASSED_OVER and n}
+    if rows and not calls:  # a window-only function: each update became a row and called nothing
+        head = f"{rows:,} of them went to its windows as rows (no handler call)"
+    elif passed:
+        also = f" ({rows:,} of those also went to its windows as rows)" if rows else ""
+        head = f"{calls:,} of them called the handler{also}"
+    else:
+        return None
+    if not passed:
+        return head
+    words = ", ".join(f"{n:,} {PASSED_OVER[k]}" for k, n in passed.items())
+    return f"{head}; the others were passed over: {words}"
 
 
 def _startup(executor: Any, ray_s: float, summary: Any) -> dict[str, Any]:

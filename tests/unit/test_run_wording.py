@@ -163,3 +163,50 @@ def test_one_replayed_purged_or_debugged_write_and_a_first_bad_load_line_are_sai
     answer = client.post("/api/v1/keyspaces/src/load", content=b"not json\n")
     assert answer.status_code == 400, answer.text
     assert answer.json()["error"].endswith("; nothing is committed") and "0 rows" not in answer.text
+
+
+def test_a_window_only_run_accounts_for_every_mutation(data_dir, tmp_path, capsys):
+    """A window-only function calls no handler: its updates go to the windows as rows, and the summary says
+    so instead of leaving them out ("0 of them called the handler; the others were passed over: 2 ...")."""
+    create_bucket(data_dir, "sales").close()
+    with open_keyspace(data_dir, "sales") as sales:
+        for i in range(8):
+            sales.upsert(f"sale::{i}", {"ts": 1_700_000_000_000 + i * 1000, "amount": i})
+        sales.delete("sale::0")
+        sales.delete("sale::1")
+    definition = {
+        "name": "fn_window_only",
+        "source_bucket": "sales",
+        "handler": "fn_window_only.py",
+        "window": {
+            "kind": "tumbling",
+            "size": "1m",
+            "boundary": "event_time",
+            "time_field": "ts",
+            "aggregates": [{"op": "count"}, {"op": "sum", "field": "amount"}],
+        },
+    }
+    (tmp_path / "fn_window_only.json").write_text(json.dumps(definition))
+    (tmp_path / "fn_window_only.py").write_text('"""No handler: the window does the work."""\n')
+    assert cli(capsys, data_dir, "deploy", str(tmp_path / "fn_window_only.json"))[0] == 0
+    status, out = cli(capsys, data_dir, "run", "--until-caught-up", "--executor", "in-process")
+    assert status == 0, out
+    lines = out.splitlines()
+    assert lines[0].startswith("fn_window_only: 10 mutations handled")
+    assert lines[1] == (
+        "  8 of them went to its windows as rows (no handler call); the others were passed over: "
+        "2 with no handler for their operation"
+    )
+
+
+def test_the_line_names_window_rows_beside_handler_calls():
+    from eventing.cli.run import _of_them_line
+
+    assert _of_them_line({"handler_calls": 5, "window_rows": 5}) is None  # every one called the handler
+    assert _of_them_line({"handler_calls": 5, "window_rows": 4, "no_handler": 0, "filtered": 2}) == (
+        "5 of them called the handler (4 of those also went to its windows as rows); the others were "
+        "passed over: 2 not matching the function's filter"
+    )
+    assert _of_them_line({"handler_calls": 0, "window_rows": 3}) == (
+        "3 of them went to its windows as rows (no handler call)"
+    )
