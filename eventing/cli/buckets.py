@@ -247,13 +247,31 @@ def cmd_bucket_info(args: argparse.Namespace) -> int:
 
 
 def cmd_bucket_expire(args: argparse.Namespace) -> int:
-    with writable_state(args).open_bucket(args.name) as bucket:
+    state = writable_state(args)
+    try:
+        opened = state.open_bucket(args.name)
+    except NotFoundError:
+        _refuse_a_collection(state, args.name)
+        raise
+    with opened as bucket:
         n = bucket.expire_due()
     if args.json:
         emit_json({"bucket": args.name, "expired": n})
     else:
         print(f"{n} expired documents turned into expiration mutations")
     return 0
+
+
+def _refuse_a_collection(state: Any, name: str) -> None:
+    """`name` is no bucket: if it is a collection of one (bucket.scope.collection), say that expiry runs
+    over the whole bucket, every collection of it."""
+    bucket = name.split(".", 1)[0]
+    if "." not in name or not state.has_bucket(bucket):
+        return
+    raise ConfigError(
+        f"'{name}' is a collection; `eventing bucket expire` turns the due documents of a whole bucket into "
+        f"expirations, every collection of it: run `eventing bucket expire {bucket}`"
+    )
 
 
 def cmd_bucket_keys(args: argparse.Namespace) -> int:

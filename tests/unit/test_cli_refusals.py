@@ -99,3 +99,13 @@ def test_numbers_too_large_for_the_store_are_usage_errors_not_tracebacks(capsys,
     out, err = capsys.readouterr()
     assert caught.value.code == 2 and out == "" and "Traceback" not in err
     assert "must be a whole number from " in err and f"to {2**63 - 1}, got '{TOO_LARGE}'" in err
+
+
+def test_bucket_expire_of_a_collection_names_its_bucket(capsys, dd, data_dir):
+    LocalBucket.create(data_dir, "shop").create_collection("s1", "c1")
+    code, out, err = run_cli(capsys, *dd, "bucket", "expire", "shop.s1.c1")
+    assert code == 2 and out == ""
+    assert err.startswith("error: 'shop.s1.c1' is a collection;") and "`eventing bucket expire shop`" in err
+    code, out, err = run_cli(capsys, *dd, "bucket", "expire", "nosuch.s1.c1")  # no such bucket either
+    assert code == 2 and "unknown bucket 'nosuch.s1.c1'" in err
+    assert run_cli(capsys, *dd, "bucket", "expire", "shop")[0] == 0
