@@ -34,9 +34,18 @@ def cmd_store_copy(args: argparse.Namespace) -> int:
         print(
             f"copied {result['from']} to {result['to']}: {buckets} bucket{'s' if buckets != 1 else ''}, "
             f"{result['functions']} function{'s' if result['functions'] != 1 else ''} with their "
-            f"checkpoints; run on it with `eventing --store {result['to']} run`"
+            f"checkpoints; run on it with `eventing {_location_option(result['to'])} run`"
         )
     return 0
+
+
+def _location_option(shown: str) -> str:
+    """The option that names a copy's target, quoted for a shell (a URL's `?` and `&` are its syntax)."""
+    import shlex
+
+    from metadata.postgres.location import is_postgres_url
+
+    return f"--store {shlex.quote(shown)}" if is_postgres_url(shown) else f"--data-dir {shlex.quote(shown)}"
 
 
 def cmd_store_info(args: argparse.Namespace) -> int:

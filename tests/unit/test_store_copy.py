@@ -99,6 +99,8 @@ def test_extended_attributes_are_copied_to_postgresql_and_back(data_dir, tmp_pat
 def test_a_function_carries_on_in_the_copy_after_its_checkpoints(data_dir, pg_schema_url, capsys):
     prepared(data_dir)
     assert main(["store", "copy", "--from", data_dir, "--to", pg_schema_url]) == 0
+    said = capsys.readouterr().out
+    assert "run on it with `eventing --store 'postgresql://" in said  # quoted: a URL's ? and & are a shell's
     load_source(pg_schema_url, 80, 200, seed=4)
     assert main(["--store", pg_schema_url, "run", "--until-caught-up", "--executor", "in-process"]) == 0
     capsys.readouterr()
