@@ -2,7 +2,8 @@
 Ray worker, in an in-process `eventing run`, in a sandboxed child (ending itself, or sending its host a frame
 that is no value); and JavaScript throws on Ray that STPyV8 would hand over as objects Ray cannot pickle.
 Each time the poison document is dead-lettered (`crashed` after its worker died on it twice alone; `error` for
-a throw) and every other mutation is handled exactly once (the ledger), so the function goes on."""
+a throw) and every other mutation is handled exactly once (the ledger), so the function goes on. A sandboxed
+handler that fills its private folder past EVENTING_SANDBOX_DISK_MB is ended by its host the same way."""
 
 from __future__ import annotations
 
@@ -36,6 +37,13 @@ def _die():
     import os
     if DEATH == "exit":
         os._exit(7)
+    if DEATH == "disk":  # fills its private folder until its host ends it (EVENTING_SANDBOX_DISK_MB)
+        import tempfile, time
+        folder = tempfile.mkdtemp()
+        for i in range(10_000):
+            with open(os.path.join(folder, f"f{i}"), "wb") as f:
+                f.write(b"x" * (4 << 20))
+            time.sleep(0.02)
     import socket, struct, sys  # a sandboxed child: a frame its host cannot read as values
     line = socket.socket(fileno=int(sys.argv[1]))
     line.sendall(struct.pack("!Q", 5) + b"junk!")
@@ -111,8 +119,9 @@ def test_an_in_process_run_that_dies_on_one_mutation_exits_until_it_is_dead_lett
 
 
 @pytest.mark.skipif(sandbox_unavailable() is not None, reason=str(sandbox_unavailable()))
-@pytest.mark.parametrize("death", ["exit", "malformed frame"])
-def test_a_sandboxed_child_that_dies_on_one_mutation_dead_letters_it(data_dir, death):
+@pytest.mark.parametrize("death", ["exit", "malformed frame", "disk"])
+def test_a_sandboxed_child_that_dies_on_one_mutation_dead_letters_it(data_dir, death, monkeypatch):
+    monkeypatch.setenv("EVENTING_SANDBOX_DISK_MB", "24")
     poisoned(data_dir, death=death, documents=120, workers=1, isolation="sandbox")
     summary = EventingService(data_dir, InProcessExecutor(), until_caught_up=True).run()
     assert not summary.errors, summary.errors

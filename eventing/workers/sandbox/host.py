@@ -47,6 +47,7 @@ from typing import Any
 
 from eventing.storage.state import StateLike, as_state
 from eventing.workers.sandbox.default import granted_writes
+from eventing.workers.sandbox.disk_watch import WATCH, over_disk
 from eventing.workers.sandbox.folders import (
     child_env,
     claim_folder,
@@ -102,6 +103,7 @@ class _Sandboxed:
 
     own_process = False
     _tail_failed: Any = None  # the error of a step's last writes that failed to apply (`_note_tail`)
+    _disk, _disk_error = None, None  # its key in the disk watch, and why that ended the child
 
     def _start(
         self,
@@ -160,6 +162,12 @@ class _Sandboxed:
         finally:
             theirs.close()
         self.sock = ours
+        notes = [os.dup(notes_fd)] if notes_fd is not None else []
+        self._disk = WATCH.watch(self.tmp, notes, lambda used: self._over_disk(function, used))
+
+    def _over_disk(self, function: str, used: int) -> None:
+        self._disk_error = over_disk(function, used)
+        self.proc.kill()
 
     def _remove(self) -> None:
         """Remove this sandbox's folder and lock, then any folder a host that ended left behind."""
@@ -231,7 +239,7 @@ class _Sandboxed:
             self._end()
             if self.own_process:  # a Ray actor ends with its sandbox, as a hung worker's process ends
                 os._exit(70)
-            raise WorkerDied(f"the sandboxed worker process ended ({exc})") from None
+            raise WorkerDied(self._disk_error or f"the sandboxed worker process ended ({exc})") from None
         except Exception:
             if not finished:  # mid-call, the child waits for an answer it will never get: end it
                 self._end()
@@ -327,6 +335,7 @@ class _Sandboxed:
             if self.proc.poll() is None:
                 self.proc.kill()
             self.proc.wait()
+            WATCH.forget(self._disk)
             self._remove()
 
     def _close_backend(self) -> None:
