@@ -64,9 +64,7 @@ function OnUpdate(doc, meta) {
     assert not summary.errors and summary.functions["fn_js"].handled == 10
     seqnos = source_seqnos(app)
     rows = dlq_ops.list_rows(app.data_dir, "fn_js")
-    assert [(r.seqno, r.reason, r.error) for r in rows] == [
-        (seqnos[4], "error", "RangeError: v is 4")
-    ]
+    assert [(r.seqno, r.reason, r.error) for r in rows] == [(seqnos[4], "error", "RangeError: v is 4")]
     assert "at OnUpdate (fn_js.js:4" in rows[0].traceback
     dst = app.bucket("dst")
     for v in range(10):
