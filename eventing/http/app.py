@@ -34,13 +34,13 @@ from eventing.http.dataapi import DataApi
 from eventing.http.dataapi import serves as serves_data_api
 from eventing.http.dataapi.errors import retry_after
 
+# Every REST endpoint's path starts with one of these (a test checks each endpoint): a caller is
+# authenticated before any of them runs. Only the console's page and static files are served to anyone.
 PROTECTED_PREFIXES = (
     "/api/",
     "/pools",
     "/metrics",
-    "/getAppLog",
-    "/getDeployedApps",
-    "/getRunningApps",
+    "/get",  # Couchbase's /getAppLog, /getDeployedApps, /getExecutionStats, /getFailureStats, ...
     "/resetStatsCounters",
 )
 DATA_API_PREFIXES = ("/v1/", "/v1.alpha/")  # authenticated here; refusals in the Data API's own shape

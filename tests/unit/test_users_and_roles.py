@@ -284,6 +284,20 @@ def test_delete_all_deletes_only_the_callers_functions_and_listings_show_only_th
         assert {f.name for f in store.list_functions()} == {"fn_src", "fn_hr"}
 
 
+def test_every_rest_endpoint_needs_credentials(site):
+    import re
+
+    from eventing.http.app import PROTECTED_PREFIXES
+    from eventing.http.routes import ENDPOINTS
+
+    for ep in ENDPOINTS:
+        path = re.sub(r"\{[^}]+\}", "fn_hr", ep.path)
+        assert path.startswith(PROTECTED_PREFIXES), f"{ep.method} {ep.path} is served without a login"
+        sep = "&" if "?" in path else "?"
+        r = site.request(ep.method, f"{path}{sep}name=fn_hr&appName=fn_hr")
+        assert r.status_code == 401, (ep.method, ep.path, r.status_code, r.text[:200])
+
+
 def test_tokens_map_to_admin_and_ro_admin_and_credentials_are_needed(site):
     assert site.get("/api/v1/nodes", headers={"Authorization": f"Bearer {READ_TOKEN}"}).status_code == 200
     r = site.post(

@@ -530,9 +530,11 @@ ENDPOINTS: list[Endpoint] = [
 def _endpoint(ep: Endpoint) -> Callable[[Request], Any]:
     async def run(request: Request) -> Response:
         config = request.app.state.config
-        identity = (
-            auth.caller_identity(request) if auth.IDENTITY_SCOPE_KEY in request.scope else auth.LOCAL_IDENTITY
-        )
+        if auth.IDENTITY_SCOPE_KEY not in request.scope:  # fail closed: an endpoint the guard did not cover
+            return JSONResponse(
+                {"error": f"{ep.path} was reached without authentication", "fix": "report this as a bug"}, 500
+            )
+        identity = auth.caller_identity(request)
         call = EndpointRequest(
             config.state,
             dict(request.path_params),
