@@ -52,6 +52,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_KV_PORT = 11210
 READS = frozenset({p.GET, p.GETQ, p.GETK, p.GETKQ, p.GET_META, p.SUBDOC_MULTI_LOOKUP})
+READ_WRITES = frozenset({p.GAT})  # get-and-touch changes the expiry and returns the document: both roles
 MAX_PENDING = 4096  # requests of one connection in flight before it stops reading
 
 
@@ -514,8 +515,11 @@ class _Connection:
             return self.error(req, p.EINVAL, "a document key is UTF-8 text")
         if not 1 <= len(key) <= 250:
             return self.error(req, p.EINVAL, "a document key is 1 to 250 bytes")
-        permission = DATA_READ if p.QUIET.get(req.opcode, req.opcode) in READS else DATA_WRITE
+        opcode = p.QUIET.get(req.opcode, req.opcode)
+        permission = DATA_READ if opcode in READS else DATA_WRITE
         assert self.identity is not None
+        if opcode in READ_WRITES and not self.identity.can(DATA_READ, ks):
+            permission = DATA_READ  # refused below as a read: it returns the document
         if not self.identity.can(permission, ks):
             verb = "read documents of" if permission == DATA_READ else "write documents into"
             need = "data_reader, ro_admin or admin" if permission == DATA_READ else "data_writer or admin"

@@ -76,6 +76,7 @@ def site(tmp_path_factory):
             ["data_reader[shop.*.*]", "data_writer[shop.*.*]", "data_writer[events.*.*]"],
         )
         store.put_user("reader", hash_password(PASSWORD), ["data_reader[shop.*.*]"])
+        store.put_user("writer", hash_password(PASSWORD), ["data_writer[shop.*.*]"])
     config = ServerConfig(data_dir, port=free_port())
     http = start_in_thread(
         config
@@ -251,6 +252,16 @@ def test_wrong_password_and_a_reader_that_writes(site, shop):
         reader.close()
     with open_keyspace(site["data_dir"], "shop") as coll:
         assert coll.get("by-reader") is None
+    writer = connect(site, "writer")
+    try:
+        c = writer.bucket("shop").default_collection()
+        c.upsert("by-writer", {"w": 1})
+        with pytest.raises(AuthenticationException):  # get-and-touch returns the document: a read
+            c.get_and_touch("for-reader", timedelta(seconds=60))
+        with pytest.raises(AuthenticationException):
+            c.get("for-reader")
+    finally:
+        writer.close()
 
 
 def test_sdk_writes_reach_a_deployed_function_once_each_in_order(site, shop):

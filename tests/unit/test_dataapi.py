@@ -394,6 +394,9 @@ def test_users_read_and_write_only_the_keyspaces_their_roles_name(data_dir):
     assert "clerk" in message and "data_writer[shop.sales.orders]" in message
     assert api("PUT", f"{D}/o1", json={}, headers=as_user("clerk")).status_code == 200  # a writer may write
     error(api("GET", f"{D}/o1", headers=as_user("clerk")), 403, "NoReadAccess")  # but not read
+    touch = {"expiry": "0", "returnContent": True}  # nor read through a touch that returns the document
+    error(api("POST", f"{D}/o1/touch", json=touch, headers=as_user("clerk")), 403, "NoReadAccess")
+    assert api("POST", f"{D}/o1/touch", json={"expiry": "0"}, headers=as_user("clerk")).status_code == 204
     assert (
         api("GET", f"{D}/o1", headers=as_user("clerk")).json()["resource"]
         == "/buckets/shop/scopes/sales/collections/orders"

@@ -179,6 +179,8 @@ class DataApi:
                 "bytes"
             )
         body = await read_body(receive, headers)
+        if op == "touch" and _returns_content(body):  # a touch that returns the document reads it too
+            self.check(scope, headers, DATA_READ, ks)
         req = DocRequest(
             ks,
             key,
@@ -249,3 +251,15 @@ class DataApi:
     async def load(self, scope: Scope, receive: Receive, send: Send) -> None:
         """POST /api/v1/keyspaces/{keyspace}/load (the guard has checked the token and the admin role)."""
         await serve_load(self.buckets, self.config.state, scope, receive, send)
+
+
+def _returns_content(body: bytes) -> bool:
+    """Whether a touch's body asks for the document back (`"returnContent": true`); a body that cannot be read
+    is the operation's to refuse."""
+    import json
+
+    try:
+        parsed = json.loads(body)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(parsed, dict) and parsed.get("returnContent") is True
