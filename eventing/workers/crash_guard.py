@@ -78,9 +78,18 @@ def open_notes_file(location: str, function: str, worker_id: str, directory: Pat
             folder = folder.parent
         for folder in reversed(missing):
             folder.mkdir(mode=0o700, exist_ok=True)
-        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     except OSError:
         return None
+    try:  # a file grown past what CallNotes reads (a sandboxed handler may write to it): cut back
+        if os.fstat(fd).st_size > _READ_MAX:
+            os.ftruncate(fd, _READ_MAX)
+    except OSError:
+        pass
+    return fd
+
+
+_READ_MAX = 1 << 16  # the most of a notes file a new CallNotes reads (far more than any notes take)
 
 
 class CallNotes:
@@ -89,7 +98,7 @@ class CallNotes:
     def __init__(self, fd: int, generation: int, slots: int):
         size = 8 * (_HEADER + 3 * slots)
         try:
-            old = os.pread(fd, 1 << 16, 0)
+            old = os.pread(fd, _READ_MAX, 0)
         except OSError:
             old = b""
         self.left = _active(old, generation)  # what the previous process of this worker had in flight

@@ -47,7 +47,7 @@ from typing import Any
 
 from eventing.storage.state import StateLike, as_state
 from eventing.workers.sandbox.default import granted_writes
-from eventing.workers.sandbox.disk_watch import WATCH, over_disk
+from eventing.workers.sandbox.disk_watch import WATCH, disk_limit_bytes, over_disk
 from eventing.workers.sandbox.folders import (
     child_env,
     claim_folder,
@@ -123,6 +123,7 @@ class _Sandboxed:
         why = sandbox_unavailable()
         if why:
             raise ConfigError(f"function '{function}' must run sandboxed, but {why}")
+        disk_limit = disk_limit_bytes()  # a bad EVENTING_SANDBOX_DISK_MB: refused before anything is made
         self.service = service
         self._send_lock = threading.Lock()
         self._curl_pool: Any = None
@@ -162,8 +163,7 @@ class _Sandboxed:
         finally:
             theirs.close()
         self.sock = ours
-        notes = [os.dup(notes_fd)] if notes_fd is not None else []
-        self._disk = WATCH.watch(self.tmp, notes, lambda used: self._over_disk(function, used))
+        self._disk = WATCH.watch(self.tmp, self.proc.pid, disk_limit, lambda n: self._over_disk(function, n))
 
     def _over_disk(self, function: str, used: int) -> None:
         self._disk_error = over_disk(function, used)
@@ -325,6 +325,7 @@ class _Sandboxed:
         if self._ended:
             return
         self._ended = True
+        WATCH.forget(self._disk)  # first: the watcher then never signals a pid waited for below
         if self._curl_pool is not None:
             self._curl_pool.shutdown(wait=False, cancel_futures=True)
         if self._writer_pool is not None:  # effects not started are dropped (no checkpoint covers them)
@@ -335,7 +336,6 @@ class _Sandboxed:
             if self.proc.poll() is None:
                 self.proc.kill()
             self.proc.wait()
-            WATCH.forget(self._disk)
             self._remove()
 
     def _close_backend(self) -> None:

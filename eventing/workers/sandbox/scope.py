@@ -41,7 +41,7 @@ LIST_CALLS = frozenset({"keys", "scan", "count"})  # first argument: a stored-ke
 # A window row batch as a worker names it (eventing.windows.runtime.row_writer: generation, worker,
 # incarnation, counter), and the most a sandboxed worker may hand over in one (a checkpoint's rows).
 _ROW_BATCH_NAME = re.compile(r"g\d+-[A-Za-z0-9_.=]+-[0-9a-f]+-\d{9,}\.arrow")
-ROW_BATCH_MAX = 256 << 20
+ROW_BATCH_MAX = 1 << 30  # as large as a file the child may write itself (RLIMIT_FSIZE)
 EFFECT_CALLS = frozenset({"apply_effects", "effect_marks", "partition_marks", "fence"})
 # What a worker asks of the metadata store, each with the function's name as first argument: the calls the
 # data service serves a worker (WorkerMetadata, metadata.protocol).
