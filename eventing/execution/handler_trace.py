@@ -1,6 +1,7 @@
 """The traceback a dead letter keeps of a handler's error: from the handler's own frame on (the worker's
-frames that called it say nothing to its author), and without the errors it was raised while handling (a
-retry's attempt runs inside the last attempt's `except`, whose error the letter lists under `Attempts:`)."""
+frames that called it say nothing to its author), with the causes the handler chained (`raise ... from`,
+an error raised while it handled another); the runner unchains an earlier attempt's error, which the letter
+lists under `Attempts:` (eventing.execution.runner.Tried)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,12 @@ HANDLER_FILE = "<handler of "  # the file name a handler's module is compiled wi
 
 
 def handler_traceback(exc: BaseException) -> str:
-    """`exc`'s traceback from the first frame of the handler's module, without its chained errors; the
-    whole traceback when no frame is the handler's (an error before or around the call)."""
+    """`exc`'s traceback from the first frame of the handler's module, with its chained errors; the whole
+    traceback when no frame is the handler's (an error before or around the call)."""
     tb = exc.__traceback__
     while tb is not None and not tb.tb_frame.f_code.co_filename.startswith(HANDLER_FILE):
         tb = tb.tb_next
-    return "".join(traceback.format_exception(type(exc), exc, tb or exc.__traceback__, chain=False))
+    return "".join(traceback.format_exception(type(exc), exc, tb or exc.__traceback__))
 
 
 def error_text(exc: BaseException) -> str:

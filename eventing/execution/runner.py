@@ -98,12 +98,30 @@ class Tried:
     """The failed attempts of a call so far: when the first failed, each one's error, and how long to wait
     before the next (the retry policy's backoff, or a server's Retry-After)."""
 
-    __slots__ = ("first_failed", "errors", "delay_s")
+    __slots__ = ("first_failed", "errors", "delay_s", "raised")
 
     def __init__(self, first_failed: float):
         self.first_failed = first_failed
         self.errors: list[tuple[int, float, str]] = []
         self.delay_s = 0.0
+        # Each attempt's exception: a later attempt runs while an earlier one's is being handled, so Python
+        # chains it to that one, which a dead letter lists under Attempts: rather than as its cause.
+        self.raised: list[BaseException] = []
+
+
+def _unchain(exc: BaseException, earlier: list[BaseException]) -> None:
+    """Cut every link of `exc`'s chain (its causes and contexts) to an earlier attempt's exception, which a
+    dead letter lists under Attempts: (see Tried); the handler's own causes stay."""
+    seen: set[int] = set()
+    pending = [exc]
+    while pending:
+        e = pending.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if any(e.__context__ is x for x in earlier):
+            e.__context__ = None
+        pending.extend(x for x in (e.__cause__, e.__context__) if x is not None)
 
 
 @dataclass(frozen=True)
@@ -482,6 +500,8 @@ class HandlerRunner:
         elif not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: not the handler's data
             raise exc
         else:
+            if tried is not None:
+                _unchain(exc, tried.raised)
             # A JavaScript handler's error carries JavaScript's stack (eventing.execution.javascript).
             error, stack = (
                 error_text(exc) + refused_hint(exc),
@@ -489,6 +509,7 @@ class HandlerRunner:
             )
         tried = tried or Tried(now)
         tried.errors.append((attempt, now, error))
+        tried.raised.append(exc)
         status: FailureStatus = "timeout" if isinstance(exc, HandlerTimeout) else "error"
         if status == "error":
             policy = self.policy

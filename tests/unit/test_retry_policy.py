@@ -42,6 +42,11 @@ def on_update(doc, meta):
         raise PaymentDeclined("card declined")
     if kind == "key":
         raise KeyError("missing")
+    if kind == "wrapped":
+        try:
+            json.loads("{")
+        except ValueError as exc:
+            raise RuntimeError("wrapped") from exc
     out[meta.id] = {"ok": True}
 """
 
@@ -89,6 +94,19 @@ def test_without_a_policy_retries_and_retry_backoff_decide_as_before(data_dir, t
     trace = letter.traceback.split("Attempts:")[0]
     assert trace.count("Traceback") == 1 and "During handling" not in trace
     assert trace.splitlines()[1].strip().startswith('File "<handler of fn_old>"'), trace
+
+
+def test_a_letter_keeps_the_cause_a_handler_chained_but_not_the_earlier_attempts(data_dir, tmp_path):
+    source = LocalBucket.create(data_dir, "src")
+    attempts = tmp_path / "attempts.log"
+    deploy_function(data_dir, definition("fn_cause", attempts, retries=2, retry_backoff="1ms"), FAILING)
+    source.upsert("k", {"fail": "wrapped"})
+    run(data_dir)
+    letter = letters(data_dir, "fn_cause")["k"]
+    trace = letter.traceback.split("Attempts:")[0]
+    assert letter.attempts == 3 and letter.error == "RuntimeError: wrapped"
+    assert "JSONDecodeError" in trace and "direct cause" in trace  # the handler's own cause, kept
+    assert "During handling" not in trace and trace.count("RuntimeError: wrapped") == 1
 
 
 def test_a_single_attempt_is_the_default_and_its_letter_lists_no_attempts(data_dir, tmp_path):
