@@ -72,10 +72,12 @@ class MirrorStopped(EventingError):
 
 def key_part(value: str) -> str:
     """One column of a composite key as it goes into the document key, where `::` joins the columns: as
-    it is, unless it holds `%`, `::` or starts or ends with `:`; then with `%` written `%25` and `:`
-    written `%3A`. So no two rows share a key (`a::b` + `c` against `a` + `b::c`), and the key reads as
-    the values wherever they hold no such character."""
-    if "%" in value or "::" in value or value.startswith(":") or value.endswith(":"):
+    it is, unless it holds `::`, starts or ends with `:`, or holds `%3A` or `%25` (any case); then with `%`
+    written `%25` and `:` written `%3A`. An escaped column always holds `%3A` or `%25` and a column as it
+    is never does, so no two rows share a key (`a::b` + `c` against `a` + `b::c`), and every key a mirror
+    made before (a column without those) stays the same."""
+    lowered = value.lower()
+    if "::" in value or value[:1] == ":" or value[-1:] == ":" or "%3a" in lowered or "%25" in lowered:
         return value.replace("%", "%25").replace(":", "%3A")
     return value
 
