@@ -96,9 +96,9 @@ def _check_replaceable(state: State, reset: bool) -> None:
         named_all = [f"bucket '{b}'" for b in theirs_b] + [f"function '{n}'" for n in theirs_f]
         listed = ", ".join(named_all[:-1]) + " and " + named_all[-1] if len(named_all) > 1 else named_all[0]
         raise ConfigError(
-            f"the demo would drop and replace {listed} in {state.shown}, which no earlier demo made; run it "
-            "with another data directory (`eventing --data-dir /tmp/eventing-demo demo`), or pass --reset to "
-            "replace them"
+            f"the demo would drop and replace {listed} in {state.shown}, which it has no record of making "
+            "(yours, or an older version's); run it with another data directory (`eventing --data-dir "
+            "/tmp/eventing-demo demo`), or pass --reset to replace them"
         )
 
 

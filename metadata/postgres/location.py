@@ -17,7 +17,7 @@ DEFAULT_POOL_SIZE = 8
 
 
 def is_postgres_url(location: str) -> bool:
-    scheme, sep, _ = str(location).partition("://")
+    scheme, sep, _ = str(location).strip().partition("://")
     return bool(sep) and scheme.lower() in SCHEMES  # a malformed rest is parse_postgres_url's to name
 
 

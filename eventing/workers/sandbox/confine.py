@@ -143,7 +143,8 @@ def sandbox_report() -> str:
     abi = landlock_abi()
     line = (
         f"Landlock ABI {abi} (reads by allow-list, writes in a private folder, TCP only to URL bindings' "
-        "ports), a seccomp filter (no process, program, Unix socket or signal to another process), no "
+        "ports), a seccomp filter (no process, program, socket but IPv4/IPv6, shared memory without a "
+        "file, or signal to another process), no "
         f"capabilities, limited memory and {OPEN_FILES} open files"
     )
     if abi < 5:
