@@ -238,6 +238,7 @@ class _Sandboxed:
         except (EOFError, OSError, pickle.UnpicklingError) as exc:
             self._end()
             if self.own_process:  # a Ray actor ends with its sandbox, as a hung worker's process ends
+                print(self._disk_error or "", file=sys.stderr, flush=True)  # why, in the worker's log
                 os._exit(70)
             raise WorkerDied(self._disk_error or f"the sandboxed worker process ended ({exc})") from None
         except Exception:
