@@ -284,6 +284,27 @@ def test_delete_all_deletes_only_the_callers_functions_and_listings_show_only_th
         assert {f.name for f in store.list_functions()} == {"fn_src", "fn_hr"}
 
 
+def test_a_bulk_load_checks_the_keyspace_it_writes_as_it_resolves_it(site, data_dir):
+    from eventing.storage.factory import open_bucket
+
+    LocalBucket.create(data_dir, "pay.roll.x").close()  # a bucket whose name reads like a keyspace
+    with open_store(data_dir) as store:
+        store.put_user("dotw", hash_password("dotw-password-1"), ["data_writer[pay.roll.x]"])
+    line = json.dumps({"key": "k1", "doc": {"n": 1}}) + "\n"
+    auth_header = {"Authorization": "Basic " + base64.b64encode(b"dotw:dotw-password-1").decode()}
+    r = site.post("/api/v1/keyspaces/pay.roll.x/load", headers=auth_header, content=line)
+    assert r.status_code == 403, r.text  # the role names collection x of scope roll of bucket pay
+    assert "pay.roll.x._default._default" in r.json()["error"]
+    with open_bucket(data_dir, "pay.roll.x") as bucket:
+        assert bucket.get("k1") is None
+    assert site.post(
+        "/api/v1/keyspaces/shop.sales.orders/load", headers=basic("writer"), content=line
+    ).status_code in (
+        200,
+        400,
+    )
+
+
 def test_every_rest_endpoint_needs_credentials(site):
     import re
 

@@ -14,10 +14,12 @@ from starlette.types import Receive, Scope, Send
 from eventing.core.keyspaces import Keyspace
 from eventing.core.mutation import MAX_DOCUMENT_BYTES
 from eventing.errors import ConfigError, EventingError, InvalidKeyError, StoreError
+from eventing.http.auth import IDENTITY_SCOPE_KEY, Identity, full_name, load_forbidden
 from eventing.http.dataapi.errors import ApiError, retry_after
 from eventing.http.dataapi.requests import respond_json
 from eventing.http.dataapi.writer import Buckets
 from eventing.ops.jsonl import rows_of_lines
+from eventing.security.users import DATA_WRITE
 from eventing.storage.keyspace import Collection, parse_keyspace
 from eventing.storage.state import State
 
@@ -56,6 +58,11 @@ async def serve_load(buckets: Buckets, state: State, scope: Scope, receive: Rece
         ks.check()
     except ConfigError as exc:
         await respond_json(send, 400, {"error": str(exc), "fix": None})
+        return
+    identity = scope.get(IDENTITY_SCOPE_KEY)  # set by the guard (eventing.http.app), which authenticated it
+    if identity is None or not identity.can(DATA_WRITE, ks):  # the keyspace as the load resolved it
+        refused = load_forbidden(identity or Identity("nobody", ()), full_name(ks))
+        await respond_json(send, refused.status, refused.body())
         return
     loader = _Loader(buckets, ks)
     send_chunks, chunks = anyio.create_memory_object_stream[bytes | None](8)
