@@ -16,6 +16,7 @@ import collections
 import json
 import logging
 import threading
+import time
 from collections.abc import Awaitable
 from typing import Any
 
@@ -23,6 +24,7 @@ from eventing.core.keyspaces import DEFAULT, WILDCARD, Keyspace
 from eventing.errors import NotFoundError, StoreError
 from eventing.http.auth import (
     LOCAL_IDENTITY,
+    USERS_REFRESH_S,
     AuthError,
     Identity,
     ServerConfig,
@@ -54,6 +56,11 @@ DEFAULT_KV_PORT = 11210
 READS = frozenset({p.GET, p.GETQ, p.GETK, p.GETKQ, p.GET_META, p.SUBDOC_MULTI_LOOKUP})
 READ_WRITES = frozenset({p.GAT})  # get-and-touch changes the expiry and returns the document: both roles
 MAX_PENDING = 4096  # requests of one connection in flight before it stops reading
+# Before it signs in, a connection sends small packets only (HELLO, SASL) and has this long to sign in: an
+# unauthenticated client cannot make the server hold 21 MiB bodies on many idle connections.
+PRE_AUTH_MAX_BODY = 64 << 10
+PRE_AUTH_IDLE_S = 30.0
+MAX_CONNECTIONS = 4096
 
 
 class KvServer:
@@ -69,6 +76,7 @@ class KvServer:
         self._server: asyncio.AbstractServer | None = None
         self._thread: threading.Thread | None = None
         self._token_keys: dict[str, list[tuple[Identity, ScramKeys]]] = {}
+        self._open = 0  # connections open now (MAX_CONNECTIONS)
         self._fake_salt = threading.local()
 
     # -- running ----------------------------------------------------------------------------------------
@@ -122,24 +130,36 @@ class KvServer:
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn = _Connection(self, writer)
+        self._open += 1
         try:
+            if self._open > MAX_CONNECTIONS:
+                raise p.ProtocolError(f"more than {MAX_CONNECTIONS} connections are open")
             while True:
-                header = await reader.readexactly(p.HEADER_SIZE)
+                signed_in = conn.identity is not None
+                header = await asyncio.wait_for(
+                    reader.readexactly(p.HEADER_SIZE), None if signed_in else PRE_AUTH_IDLE_S
+                )
                 total = int.from_bytes(header[8:12], "big")
-                if total > p.MAX_BODY:
-                    raise p.ProtocolError(f"a packet of {total:,} bytes is over the limit")
+                if total > (p.MAX_BODY if signed_in else PRE_AUTH_MAX_BODY):
+                    raise p.ProtocolError(
+                        f"a packet of {total:,} bytes is over the limit"
+                        + ("" if signed_in else " of a connection not signed in")
+                    )
                 body = await reader.readexactly(total) if total else b""
                 req = p.parse_request(header, body)
                 if req.opcode in (p.QUIT, p.QUITQ):
                     break
+                if signed_in and not await conn.still_allowed():
+                    break  # the user was removed: its open connections end too
                 await conn.handle(req)
                 if len(conn.pending) > MAX_PENDING or writer.transport.get_write_buffer_size() > 4 << 20:
                     await conn.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
+        except (asyncio.IncompleteReadError, ConnectionError, TimeoutError):
             pass
         except p.ProtocolError as exc:
             log.warning("KV connection from %s closed: %s", writer.get_extra_info("peername"), exc)
         finally:
+            self._open -= 1
             await conn.drain(final=True)
             writer.close()
 
@@ -203,6 +223,16 @@ def may_use_bucket(identity: Identity, bucket: str) -> bool:
     )
 
 
+def _refuse_if_locked(authenticator: Any, keys: list[str]) -> None:
+    wait = authenticator.throttle.retry_after(keys)
+    if wait is not None:
+        raise AuthError(
+            429,
+            f"too many failed logins from this client or for this user; wait {int(wait) + 1} s",
+            "wait, then check the user name and password",
+        )
+
+
 class _Connection:
     def __init__(self, server: KvServer, writer: asyncio.StreamWriter):
         self.server = server
@@ -216,6 +246,26 @@ class _Connection:
         self.pending: collections.deque[tuple[p.Request, bytes | asyncio.Future[Any]]] = collections.deque()
         peer = writer.get_extra_info("peername")
         self.client = str(peer[0]) if isinstance(peer, tuple) else "unix"
+        self.checked_at = 0.0  # when the signed-in user's record was last read (`still_allowed`)
+
+    async def still_allowed(self) -> bool:
+        """Whether the signed-in user still exists, its roles as they are now (read at most every
+        USERS_REFRESH_S): a user removed loses its open connections, one whose roles changed has them."""
+        identity = self.identity
+        now = time.monotonic()
+        if identity is None or identity.kind != "user" or now - self.checked_at < USERS_REFRESH_S:
+            return True
+        if not self.checked_at:  # just signed in: its record was read then
+            self.checked_at = now
+            return True
+        self.checked_at = now
+        record = (await asyncio.to_thread(self.server.authenticator.users)).get(identity.user)
+        if record is None:
+            log.warning("KV connection of user %r from %s closed: it was removed", identity.user, self.client)
+            self.identity = None
+            return False
+        self.identity = Identity(record.name, grants_of(record), "user")
+        return True
 
     # -- answers in order -------------------------------------------------------------------------------
 
@@ -370,13 +420,7 @@ class _Connection:
         # the user's name is read from the message before the salt is chosen: start with a placeholder
         probe = sasl.ScramExchange(mechanism)
         user, _ = probe.start(req.value, b"", 0)
-        wait = server.authenticator.throttle.retry_after([f"client:{self.client}", f"user:{user}"])
-        if wait is not None:
-            raise AuthError(
-                429,
-                f"too many failed logins from this client or for this user; wait {int(wait) + 1} s",
-                "wait, then check the user name and password",
-            )
+        _refuse_if_locked(server.authenticator, [f"user:{user}"])  # a client lock holds back its guesses only
         record = users.get(user)
         candidates: list[tuple[Identity, ScramKeys]] = []
         if record is not None:
@@ -406,10 +450,14 @@ class _Connection:
         if not authenticator.secured():
             self.identity = LOCAL_IDENTITY  # no credentials configured: local callers are trusted
             return p.response(req.opcode, req.opaque, value=exchange.unverified_final())
+        # Checked again here, before the proof: connections that each began a sign-in before the user was
+        # locked would otherwise each get a guess checked.
+        _refuse_if_locked(authenticator, [f"user:{exchange.user}"])
         found = exchange.final(req.value, [keys for _, keys in self.scram_candidates])
         keys = [f"client:{self.client}", f"user:{exchange.user}"]
         if found is None:
             authenticator.throttle.failed(keys, __import__("hashlib").sha256(req.value).digest())
+            _refuse_if_locked(authenticator, keys)  # a locked client's wrong proof: told to wait
             log.warning("failed KV login of user %r from %s", exchange.user, self.client)
             users = authenticator.users()
             record = users.get(exchange.user)
