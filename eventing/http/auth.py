@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hashlib
 import hmac
 import ipaddress
@@ -433,6 +434,9 @@ class Authenticator:
         self._users_at = -math.inf
         self._verified: dict[bytes, float] = {}
         self._rejected: dict[bytes, float] = {}
+        # A user's password checks run one at a time (a lock per user name's hash): requests sent at once
+        # would otherwise each get a guess checked before the first failures lock the name.
+        self._checking = [threading.Lock() for _ in range(64)]
         self._cache_key = secrets.token_bytes(32)  # per process: the cache holds no reusable password digest
         self.scrypt_runs = 0  # verifications that ran scrypt (the rest were remembered)
 
@@ -476,12 +480,20 @@ class Authenticator:
                 [f"user:{user}"]
             )  # before the password is checked: no guessing past a lock
         record = users.get(user) if user else None
-        if record is not None and self._verified_now(record, secret, verify):
-            self.throttle.succeeded(f"user:{user}")
-            return Identity(record.name, grants_of(record), "user")
-        locked = self.throttle.retry_after(keys) is not None
-        guess = hmac.new(self._cache_key, f"{user}\0{secret}".encode(), hashlib.sha256).digest()
-        self.throttle.failed(keys, guess)  # counted for the user name even while the client is locked
+        checking = (
+            self._checking[hash(user) % len(self._checking)]
+            if record is not None and verify is not _not_here  # scrypt may run: on a worker thread
+            else contextlib.nullcontext()
+        )
+        with checking:
+            if record is not None and verify is not _not_here:
+                self._refuse_if_locked([f"user:{user}"])  # again: a check just before may have locked it
+            if record is not None and self._verified_now(record, secret, verify):
+                self.throttle.succeeded(f"user:{user}")
+                return Identity(record.name, grants_of(record), "user")
+            locked = self.throttle.retry_after(keys) is not None
+            guess = hmac.new(self._cache_key, f"{user}\0{secret}".encode(), hashlib.sha256).digest()
+            self.throttle.failed(keys, guess)  # counted for the user name even while the client is locked
         log.warning("failed login%s from %s", f" of user {user!r}" if user else " with a token", client)
         if locked:
             self._refuse_if_locked(keys)  # a locked client's wrong credentials: 429 until its lock ends

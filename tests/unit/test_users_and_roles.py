@@ -398,6 +398,29 @@ def header(user: str, password: str) -> str:
     return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
 
 
+def test_guesses_sent_at_once_are_checked_no_more_than_guesses_sent_one_by_one():
+    import threading
+
+    a = _authenticator(Clock())
+    start, outcomes = threading.Barrier(24), []
+
+    def guess(i: int) -> None:
+        start.wait()
+        try:
+            a.authenticate(header("ann", f"guess-{i}"), f"10.0.1.{i}")  # each from its own address
+            outcomes.append(200)
+        except AuthError as refused:
+            outcomes.append(refused.status)
+
+    threads = [threading.Thread(target=guess, args=(i,)) for i in range(24)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert a.scrypt_runs == auth.MAX_FAILURES  # the rest met the lock before their password was checked
+    assert sorted(outcomes) == [401] * auth.MAX_FAILURES + [429] * (24 - auth.MAX_FAILURES)
+
+
 def test_failed_logins_lock_the_client_and_the_user_for_a_growing_delay(caplog):
     clock = Clock()
     a = _authenticator(clock)
