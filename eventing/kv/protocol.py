@@ -165,10 +165,15 @@ def parse_frames(data: bytes) -> dict[int, bytes]:
     while i < len(data):
         ident, size = data[i] >> 4, data[i] & 0x0F
         i += 1
-        if ident == 15:
-            ident, i = 15 + data[i], i + 1
-        if size == 15:
-            size, i = 15 + data[i], i + 1
+        try:
+            if ident == 15:
+                ident, i = 15 + data[i], i + 1
+            if size == 15:
+                size, i = 15 + data[i], i + 1
+        except IndexError:
+            raise ProtocolError("a flexible frame's escaped id or size is cut off") from None
+        if i + size > len(data):
+            raise ProtocolError("a flexible frame is longer than the framing extras")
         frames[ident] = data[i : i + size]
         i += size
     return frames

@@ -91,3 +91,11 @@ def test_collection_ids_and_expiries():
     assert p.absolute_expiry(0, 1000.0) == 0
     assert p.absolute_expiry(60, 1000.0) == 1060
     assert p.absolute_expiry(2_000_000_000, 1000.0) == 2_000_000_000
+
+
+@pytest.mark.parametrize("frames", [b"\x0f", b"\xf0", b"\x13ab"])
+def test_malformed_flexible_frames_are_a_protocol_error_not_a_crash(frames):
+    from eventing.kv import protocol as p
+
+    with pytest.raises(p.ProtocolError):
+        p.parse_frames(frames)
