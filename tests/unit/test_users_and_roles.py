@@ -302,6 +302,13 @@ def test_a_bulk_load_checks_the_keyspace_it_writes_as_it_resolves_it(site, data_
     assert r.status_code == 404, r.text
 
 
+def test_an_unknown_name_tells_a_manager_no_other_functions_names(site):
+    r = site.get("/api/v1/functions/nope", headers=basic("mgr"))
+    assert r.status_code == 404 and "fn_hr" not in r.text and "known:" not in r.text, r.text
+    r = site.get("/api/v1/functions/nope", headers=basic("ro"))  # ro_admin lists every function anyway
+    assert r.status_code == 404 and "fn_hr" in r.text
+
+
 def test_every_rest_endpoint_needs_credentials(site):
     import re
 

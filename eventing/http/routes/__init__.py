@@ -13,6 +13,7 @@ dead letters, windows, verify) and collections; request holds what they share.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import Receive, Scope, Send
 
 from eventing.core.definition import check_function_name
-from eventing.errors import ConfigError, EventingError, InvalidKeyError
+from eventing.errors import ConfigError, EventingError, InvalidKeyError, NotFoundError
 from eventing.http import auth, function_access
 from eventing.http.dataapi.errors import retry_after
 from eventing.http.routes.collections import (
@@ -585,6 +586,8 @@ def _endpoint(ep: Endpoint) -> Callable[[Request], Any]:
         except auth.AuthError as refused:
             return JSONResponse(refused.body(), status_code=refused.status, headers=refused.headers)
         except (EventingError, InvalidKeyError) as exc:
+            if isinstance(exc, NotFoundError) and not identity.can(auth.CLUSTER_READ):
+                exc = NotFoundError(_KNOWN.sub("", str(exc)))  # functions it may not see stay unnamed
             if ep.couchbase:  # Couchbase's name, code and description beside this API's error and fix
                 return couchbase_error(exc)
             code, body = error_body(exc)
@@ -595,6 +598,9 @@ def _endpoint(ep: Endpoint) -> Callable[[Request], Any]:
 
     run.__name__ = ep.handler.__name__
     return run
+
+
+_KNOWN = re.compile(r" \(known: [^)]*\)")  # the function names an unknown name's error lists
 
 
 async def _unknown_function_path(request: Request) -> Response:
