@@ -4,6 +4,8 @@ the files given to it hold on disk, links not followed, and the child past the l
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -28,19 +30,34 @@ def test_a_folder_counts_its_files_blocks_and_what_its_process_holds_open_not_wh
     alone = used_bytes(str(folder))
     assert 3 << 20 <= alone < (3 << 20) + (256 << 10)  # the folders' own blocks are counted too
     # what a process holds: a file outside the folder (its call notes), one removed while open, and the
-    # folder's own file open again (counted once)
-    notes = os.open(tmp_path / "notes", os.O_RDWR | os.O_CREAT)
-    removed = os.open(folder / "gone", os.O_RDWR | os.O_CREAT)
-    again = os.open(folder / "a", os.O_RDONLY)
+    # folder's own file open again (counted once); a process of its own, whose only open files are these
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import os, sys, time\n"
+            "notes = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n"
+            "removed = os.open(sys.argv[2], os.O_RDWR | os.O_CREAT)\n"
+            "again = os.open(sys.argv[3], os.O_RDONLY)\n"
+            "os.posix_fallocate(notes, 0, 3 << 20)\n"
+            "os.posix_fallocate(removed, 0, 5 << 20)\n"
+            "os.unlink(sys.argv[2])\n"
+            "print('ready', flush=True)\n"
+            "time.sleep(60)\n",
+            str(tmp_path / "notes"),
+            str(folder / "gone"),
+            str(folder / "a"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
-        os.posix_fallocate(notes, 0, 3 << 20)
-        os.posix_fallocate(removed, 0, 5 << 20)
-        os.unlink(folder / "gone")
-        used = used_bytes(str(folder), os.getpid())
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
+        used = used_bytes(str(folder), holder.pid)
     finally:
-        for fd in (notes, removed, again):
-            os.close(fd)
-    assert used - alone >= 8 << 20 and used - alone < (8 << 20) + (1 << 20)
+        holder.kill()
+        holder.wait()
+    assert used - alone >= 8 << 20 and used - alone < (8 << 20) + (1 << 20), (used, alone)
 
 
 def test_a_child_past_the_limit_is_reported_and_a_forgotten_one_is_not(tmp_path):
