@@ -11,8 +11,8 @@ from typing import Any
 ID_COLUMNS = frozenset({"vb", "seqno", "checkpoint", "high seqno"})
 
 
-def emit_json(data: Any) -> None:
-    print(json.dumps(data, indent=2, sort_keys=False, default=str))
+def emit_json(data: Any, out: Any = None) -> None:
+    print(json.dumps(data, indent=2, sort_keys=False, default=str), file=out or sys.stdout)
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], plain: Collection[str] = ID_COLUMNS) -> str:

@@ -55,6 +55,18 @@ class LineProgress:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    if not args.json:
+        return _run(args, sys.stdout)
+    # With --json, standard output holds the one JSON object: what else is printed while the run goes (Ray's
+    # lines from its workers and raylets, a handler's print) goes to standard error.
+    out, sys.stdout = sys.stdout, sys.stderr
+    try:
+        return _run(args, out)
+    finally:
+        sys.stdout = out
+
+
+def _run(args: argparse.Namespace, out: Any) -> int:
     from eventing.control.failover import failover_timeout_s
     from eventing.control.service import EventingService
     from eventing.windows.runtime.host import WindowOptions
@@ -148,7 +160,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         "startup": _startup(executor, ray_s, summary),
     }
     if args.json:
-        emit_json(result)
+        emit_json(result, out)
     elif not args.quiet:
         if summary.leadership.get("took_over_from"):
             print(

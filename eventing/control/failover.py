@@ -89,10 +89,12 @@ class FailoverDetector:
                 self.forget(node)
             elif node not in self.down_since:
                 log.warning(
-                    "eventing node %s looks down (%s); failover in %gs unless it recovers",
+                    "eventing node %s looks down (%s); %s",
                     node,
                     why,
-                    self.timeout_s,
+                    f"failover in {self.timeout_s:g}s unless it recovers"
+                    if self.timeout_s > 0
+                    else "no automatic failover (--failover-timeout 0): its vBuckets wait for it",
                 )
                 self.down_since[node] = now
                 self.why[node] = why

@@ -258,6 +258,7 @@ class RayExecutor:
         from ray.exceptions import (
             ActorDiedError,
             ActorUnavailableError,
+            ActorUnschedulableError,
             RayActorError,
             RayTaskError,
             WorkerCrashedError,
@@ -265,7 +266,13 @@ class RayExecutor:
 
         try:
             return self._ray.get(future)
-        except (RayActorError, ActorDiedError, ActorUnavailableError, WorkerCrashedError) as exc:
+        except (
+            RayActorError,
+            ActorDiedError,
+            ActorUnavailableError,
+            ActorUnschedulableError,  # pinned to a node that is dead: the worker is, until failover moves it
+            WorkerCrashedError,
+        ) as exc:
             missing = missing_dependency(str(exc))
             if missing is not None:
                 raise missing from None

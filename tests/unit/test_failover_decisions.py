@@ -3,6 +3,7 @@ topology, a failover and a standby takeover with the in-process executor, each c
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import Counter
 
@@ -285,3 +286,28 @@ def test_a_leader_that_loses_its_lease_stops(data_dir, monkeypatch):
     thread.join(30)
     assert not thread.is_alive()
     assert any("lost the leader lease to elsewhere:1:x" in e for e in leader.summary.errors)
+
+
+def test_a_worker_pinned_to_a_dead_node_is_a_dead_worker_not_a_crash_of_the_run():
+    """Ray answers a call of a worker pinned (hard affinity) to a node that died with
+    ActorUnschedulableError: the supervisor must see a dead worker, which failover then moves."""
+    from ray.exceptions import ActorUnschedulableError
+
+    from eventing.workers.executor import RayExecutor
+    from eventing.workers.worker_died import WorkerDied
+
+    class DeadNodeRay:
+        def get(self, future):
+            raise ActorUnschedulableError("NodeAffinitySchedulingStrategy ... soft=False: the node is dead")
+
+    executor = object.__new__(RayExecutor)
+    executor._ray, executor.shared = DeadNodeRay(), None
+    with pytest.raises(WorkerDied, match="NodeAffinitySchedulingStrategy"):
+        executor.result(object())
+
+
+def test_a_zero_timeout_says_there_is_no_automatic_failover(caplog):
+    detector = FailoverDetector(0.0)
+    with caplog.at_level(logging.WARNING):
+        assert detector.observe(0.0, {"n2": (False, "dead in Ray's node table")}) == []
+    assert "no automatic failover" in caplog.text and "failover in 0s" not in caplog.text

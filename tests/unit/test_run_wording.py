@@ -210,3 +210,21 @@ def test_the_line_names_window_rows_beside_handler_calls():
     assert _of_them_line({"handler_calls": 0, "window_rows": 3}) == (
         "3 of them went to its windows as rows (no handler call)"
     )
+
+
+def test_run_json_prints_only_its_json_object_on_standard_output(capsys, data_dir, tmp_path):
+    from eventing.core.definition import FunctionDefinition
+    from eventing.storage.bucket import LocalBucket
+    from eventing.testing import deploy_function
+
+    LocalBucket.create(data_dir, "src").upsert("k", {"n": 1})
+    chatty = "def on_update(doc, meta):\n    print('a line the handler prints')\n"
+    deploy_function(
+        data_dir, FunctionDefinition.from_dict({"name": "fn_chatty", "source_bucket": "src"}), chatty
+    )
+    capsys.readouterr()
+    status = main(["--data-dir", data_dir, "run", "--until-caught-up", "--executor", "in-process", "--json"])
+    captured = capsys.readouterr()
+    assert status == 0
+    assert json.loads(captured.out)["functions"]["fn_chatty"]["handled"] == 1  # nothing before or after it
+    assert "a line the handler prints" in captured.err
