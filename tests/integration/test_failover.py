@@ -299,6 +299,52 @@ def test_a_killed_ray_node_is_failed_over_then_added_back_and_nothing_is_lost(cl
     verify(data_dir, fn, source)
 
 
+@pytest.mark.soak
+def test_a_node_dead_longer_than_rays_own_detection_is_failed_over_not_a_crash(cluster, data_dir):
+    """A failover timeout past the ~15-30 s Ray takes to mark a node dead: meanwhile the node's workers are
+    restarted pinned to it, which Ray refuses (ActorUnschedulableError); the run goes on and fails it over."""
+    fn = "fn_slow_fo"
+    timeout_s = 40.0
+    source = deployed_ledger(data_dir, fn)
+    n3_id = cluster.add_node("n3")
+    assert cli(["--data-dir", data_dir, "node", "add", "n1", "--ray-node-id", cluster.raylet(HEAD)[1]]) == 0
+    assert cli(["--data-dir", data_dir, "node", "add", "n3", "--ray-node-id", n3_id]) == 0
+    assert cli(["--data-dir", data_dir, "node", "remove", "local"]) == 0
+    assert cli(["--data-dir", data_dir, "rebalance"]) == 0
+    service = ServiceProcess(
+        data_dir, cluster.address, "--failover-timeout", f"{timeout_s:g}s", log_name="slow"
+    )
+    try:
+        wait_for(
+            lambda: (
+                sum(
+                    1
+                    for o, _, leased in owners(data_dir, fn).values()
+                    if o and o.startswith("n3/") and leased
+                )
+                == NUM_VBUCKETS // 2
+            ),
+            what="n3's workers to claim their vBuckets",
+        )
+        with Stream(source, "live") as stream:
+            wait_for(lambda: stream.written > 300, what="the stream to start")
+            cluster.kill_raylet("n3")
+            wait_for(
+                lambda: all(
+                    str(o).startswith("n1/") and leased for o, _, leased in owners(data_dir, fn).values()
+                ),
+                timeout=timeout_s + 90,
+                what="the failover",
+            )
+            assert service.proc.poll() is None, "the run ended while the node was down"
+        wait_for(lambda: caught_up(data_dir, fn, source), what="the function to catch up")
+        summary = service.stop()
+    finally:
+        service.end()
+    assert [f["nodes"] for f in summary["failovers"]] == [["n3"]]
+    verify(data_dir, fn, source)
+
+
 # -- (b) a standby service --------------------------------------------------------------------------------
 
 
