@@ -259,7 +259,11 @@ class _Connection:
             self.checked_at = now
             return True
         self.checked_at = now
-        record = (await asyncio.to_thread(self.server.authenticator.users)).get(identity.user)
+        try:
+            users = await asyncio.to_thread(self.server.authenticator.users)
+        except StoreError:  # the store is away: the connection keeps its roles until it can be read again
+            return True
+        record = users.get(identity.user)
         if record is None:
             log.warning("KV connection of user %r from %s closed: it was removed", identity.user, self.client)
             self.identity = None
