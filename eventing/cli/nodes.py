@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from eventing.cli.output import emit_json, table
 from eventing.core.wording import counted
-from eventing.errors import LifecycleError
+from eventing.errors import ConfigError, LifecycleError
 
 if TYPE_CHECKING:
     from eventing.control.nodes import Topology
@@ -22,6 +22,11 @@ def _topology(args: argparse.Namespace) -> Topology:
 
 
 def cmd_node_add(args: argparse.Namespace) -> int:
+    if args.ray_node_id is not None and not args.ray_node_id.strip():
+        raise ConfigError(
+            "--ray-node-id is empty; give a Ray node id (`ray list nodes`), or leave the option out for a "
+            "node whose workers go on any Ray node"
+        )
     topology = _topology(args)
     was_failed = any(n["name"] == args.name and n["state"] == "failed" for n in topology.nodes())
     node = topology.add_node(args.name, args.ray_node_id)

@@ -109,3 +109,11 @@ def test_bucket_expire_of_a_collection_names_its_bucket(capsys, dd, data_dir):
     code, out, err = run_cli(capsys, *dd, "bucket", "expire", "nosuch.s1.c1")  # no such bucket either
     assert code == 2 and "unknown bucket 'nosuch.s1.c1'" in err
     assert run_cli(capsys, *dd, "bucket", "expire", "shop")[0] == 0
+
+
+def test_node_add_with_an_empty_ray_node_id_is_refused(capsys, dd, data_dir):
+    LocalBucket.create(data_dir, "src").close()
+    code, out, err = run_cli(capsys, *dd, "node", "add", "n9", "--ray-node-id", " ")
+    assert code == 2 and out == "" and "--ray-node-id is empty" in err
+    code, out, err = run_cli(capsys, *dd, "node", "list", "--json")
+    assert code == 0 and "n9" not in out
