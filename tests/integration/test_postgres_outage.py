@@ -152,6 +152,19 @@ class BackendTerminator:
         self.thread.join(60)
 
 
+def stop_both(run, serve, *closing) -> None:
+    """End the run, then the serve, whatever became of the other: a run that does not stop never leaves its
+    serve running; then both must have stopped cleanly."""
+    try:
+        run_exit = run.stop()
+    finally:
+        for close in closing:
+            close()
+        serve_exit = serve.stop(sig=signal.SIGINT)
+    assert run_exit == 0, run.describe()
+    assert serve_exit in (0, 130), serve.describe()
+
+
 def test_run_and_serve_carry_on_through_a_server_restart_and_connections_ended_mid_transaction(
     server, ray_session, tmp_path, empty_cwd
 ):
@@ -202,9 +215,7 @@ def test_run_and_serve_carry_on_through_a_server_restart_and_connections_ended_m
         assert serve.alive(), serve.describe()
         wait_for(lambda: caught_up(state, "fn_outage", "src"), "the function to catch up", timeout=120)
     finally:
-        assert run.stop() == 0, run.describe()
-        kv.close()
-        assert serve.stop(sig=signal.SIGINT) in (0, 130), serve.describe()
+        stop_both(run, serve, kv.close)
     assert load.errors == [] and set(load.statuses) <= {200, 201, 503}, (load.statuses, load.errors[:5])
     assert all(h.get("retry-after", "").isdigit() for h in load.unavailable), load.unavailable[:3]
     assert_acked_are_there(state, "src", {**load.acked, "kv-before": {"kv": 1}, "kv-after": {"kv": 3}})
@@ -247,8 +258,7 @@ def test_a_primary_killed_and_its_synchronous_standby_promoted_loses_no_acknowle
                 timeout=120,
             )
         finally:
-            assert run.stop() == 0, run.describe()
-            assert serve.stop(sig=signal.SIGINT) in (0, 130), serve.describe()
+            stop_both(run, serve)
         assert load.errors == [] and set(load.statuses) <= {200, 201}, (load.statuses, load.errors[:5])
         assert_acked_are_there(state, "src", load.acked)
         assert_ledger_exact(cmd, state, "fn_failover", "src")
@@ -284,8 +294,7 @@ def test_soak_the_server_killed_again_and_again_under_run_and_serve(server, ray_
         assert serve.alive(), serve.describe()
         wait_for(lambda: caught_up(state, "fn_restarts", "src"), "the function to catch up", timeout=300)
     finally:
-        assert run.stop() == 0, run.describe()
-        assert serve.stop(sig=signal.SIGINT) in (0, 130), serve.describe()
+        stop_both(run, serve)
     assert load.errors == [] and set(load.statuses) <= {200, 201, 503}, (load.statuses, load.errors[:5])
     assert all(h.get("retry-after", "").isdigit() for h in load.unavailable)
     assert_acked_are_there(state, "src", load.acked)
